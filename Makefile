@@ -1,0 +1,43 @@
+# Phalanx: two commands on a fresh machine — `make run` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench lint typecheck install clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# torch first: its exact version takes the CPU wheel that is on local disk (DEVELOPERS.md); the package's own
+# requirement is a range that this version satisfies, so pip installs nothing more for it.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/phalanx demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: lint typecheck
+	$(BIN)/python -m pytest -q
+
+$(VENV)/.bench: $(STAMP)
+	$(BIN)/pip install --quiet '.[bench]'
+	$(BIN)/pip install --quiet --no-deps byzfl==0.0.11
+	touch $(VENV)/.bench
+
+bench: $(VENV)/.bench
+	$(BIN)/python benchmarks/aggregators.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

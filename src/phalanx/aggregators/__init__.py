@@ -1,0 +1,18 @@
+"""Robust aggregation rules and pre-aggregators.
+
+>>> import torch
+>>> from phalanx import aggregators
+>>> agg = aggregators.make("nnm>cwtm", f=2)
+>>> agg(torch.randn(10, 5)).shape
+torch.Size([5])
+
+:func:`make` builds a rule or a chain from a spec; :func:`names` lists what it accepts. Every component carries its
+reference, its requirement on n and f, and (where the literature gives them) ε and κ. See docs/aggregators.md.
+"""
+
+from phalanx.aggregators import mean  # noqa: F401  (registers the rules)
+from phalanx.aggregators.base import Aggregator, PreAggregator
+from phalanx.aggregators.chain import Chain
+from phalanx.aggregators.registry import get_class, make, names, parse_spec, register
+
+__all__ = ["Aggregator", "Chain", "PreAggregator", "get_class", "make", "names", "parse_spec", "register"]

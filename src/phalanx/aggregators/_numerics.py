@@ -1,0 +1,76 @@
+"""Shared numerical building blocks: bad-row detection, pairwise distances, weighted sums that ignore bad rows.
+
+A *bad row* is one whose squared Euclidean norm is not finite in the compute dtype: it holds NaN or ±Inf, or values
+so large that the norm overflows. Distance-based rules treat a bad row as infinitely far from every other row, which
+is the limit of the honest formulas, so a Byzantine worker cannot turn NaN into a crash or into garbage output.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def row_sqnorms(x: Tensor) -> Tensor:
+    """Squared Euclidean norm of each row, ``(n,)``, in the dtype of ``x``."""
+    return torch.linalg.vector_norm(x, dim=1).square()
+
+
+def bad_rows(sqnorms: Tensor) -> Tensor:
+    """Boolean ``(n,)`` mask of rows whose squared norm is not finite."""
+    return ~torch.isfinite(sqnorms)
+
+
+def pairwise_sqdist(x: Tensor, sqnorms: Tensor | None = None) -> Tensor:
+    """Pairwise squared Euclidean distances ``D[i, j] = ‖xᵢ − xⱼ‖²`` from one Gram matrix, ``(n, n)``.
+
+    One matrix product (``x xᵀ``) instead of ``n²`` passes over the data: ``D = ‖xᵢ‖² + ‖xⱼ‖² − 2⟨xᵢ, xⱼ⟩``.
+    Rounding can make an entry slightly negative: it is clamped at 0; the diagonal is exactly 0. Any pair that
+    involves a bad row gets ``+inf`` (also on the diagonal, so a bad row is never anyone's nearest neighbour,
+    not even its own).
+    """
+    if sqnorms is None:
+        sqnorms = row_sqnorms(x)
+    bad = bad_rows(sqnorms)
+    if bool(bad.any()):
+        x = torch.where(bad[:, None], torch.zeros((), dtype=x.dtype, device=x.device), x)
+        sq = torch.where(bad, torch.zeros((), dtype=sqnorms.dtype, device=x.device), sqnorms)
+    else:
+        sq = sqnorms
+    gram = x @ x.T
+    dist = (sq[:, None] + sq[None, :] - 2.0 * gram).clamp_min_(0.0)
+    dist.fill_diagonal_(0.0)
+    dist = torch.nan_to_num(dist, nan=float("inf"), posinf=float("inf"))
+    if bool(bad.any()):
+        dist[bad, :] = float("inf")
+        dist[:, bad] = float("inf")
+    return dist
+
+
+def weighted_rows(weights: Tensor, x: Tensor) -> Tensor:
+    """``weights @ x`` (weights ``(k, n)`` or ``(n,)``) where a zero weight on a bad row contributes exactly 0.
+
+    Plain ``0 · NaN`` is NaN, so a matrix product would let one NaN row poison every output. Here bad rows are
+    zeroed first and any output that gives a bad row a *non-zero* weight is set to NaN (that output really is
+    built from garbage, and the rule downstream treats it as bad).
+    """
+    squeeze = weights.ndim == 1
+    w = weights[None, :] if squeeze else weights
+    w = w.to(x.dtype)
+    finite = torch.isfinite(x).all(dim=1)
+    if bool(finite.all()):
+        out = w @ x
+    else:
+        clean = torch.where(finite[:, None], x, torch.zeros((), dtype=x.dtype, device=x.device))
+        out = w @ clean
+        poisoned = (w[:, ~finite] != 0).any(dim=1)
+        if bool(poisoned.any()):
+            out[poisoned] = float("nan")
+    return out[0] if squeeze else out
+
+
+def selection_weights(index: Tensor, n: int, device: torch.device) -> Tensor:
+    """Uniform float64 weights ``1/|index|`` on the selected rows, 0 elsewhere, ``(n,)``."""
+    w = torch.zeros(n, dtype=torch.float64, device=device)
+    w[index] = 1.0 / index.numel()
+    return w

@@ -1,0 +1,217 @@
+"""The two interfaces of the aggregation core: robust rules and pre-aggregators.
+
+A *rule* maps a stacked float tensor ``x`` of shape ``(n, d)`` (one row per worker) to one vector of shape ``(d,)``.
+A *pre-aggregator* maps ``(n, d)`` to ``(n', d)`` and can be put in front of any rule (``"nnm>cwtm"``).
+
+Conventions shared by every component (DESIGN.md §6):
+
+* ``f`` is the number of Byzantine rows the component is *configured* to tolerate. How many rows actually attack is
+  not known to it.
+* The input is never modified; the output has the input's device and dtype.
+* A Byzantine row may hold anything (NaN, ±Inf, 1e38, denormals). With at most ``f`` such rows, every rule meant to
+  tolerate ``f`` rows returns a finite vector. A *bad row* is a row whose squared norm is not finite (NaN, ±Inf,
+  or so large that it overflows): such a row is infinitely far from every other row.
+* Configuration errors raise :class:`phalanx.errors.ConfigError` at construction; a badly shaped input raises
+  :class:`phalanx.errors.InputError` naming what was expected.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from phalanx.errors import ConfigError, InputError
+
+__all__ = ["Aggregator", "PreAggregator", "check_f", "check_input", "check_positive", "check_probability"]
+
+
+def check_f(f: Any) -> int:
+    """Validate the configured number of Byzantine workers ``f`` (an int ≥ 0)."""
+    if isinstance(f, bool) or not isinstance(f, int):
+        raise ConfigError("f", f, "an integer >= 0")
+    if f < 0:
+        raise ConfigError("f", f, "an integer >= 0")
+    return f
+
+
+def check_positive(name: str, value: Any, *, integer: bool = False, allow_zero: bool = False) -> Any:
+    """Validate a positive (or non-negative) scalar parameter and return it."""
+    kind = "an integer" if integer else "a number"
+    bound = ">= 0" if allow_zero else "> 0"
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type:
+        raise ConfigError(name, value, f"{kind} {bound}")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ConfigError(name, value, f"a finite {kind[3:] if integer else 'number'} {bound}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(name, value, f"{kind} {bound}")
+    return value
+
+
+def check_probability(name: str, value: Any, *, open_low: bool = True) -> float:
+    """Validate a fraction in (0, 1] (or [0, 1] with ``open_low=False``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ConfigError(name, value, "a number in (0, 1]" if open_low else "a number in [0, 1]")
+    if value > 1 or value < 0 or (open_low and value == 0):
+        raise ConfigError(name, value, "a number in (0, 1]" if open_low else "a number in [0, 1]")
+    return float(value)
+
+
+def check_input(x: Any, who: str) -> Tensor:
+    """Check that ``x`` is a non-empty floating-point tensor of shape ``(n, d)``."""
+    if not isinstance(x, Tensor):
+        raise InputError(f"{who}: x", type(x).__name__, "a torch.Tensor of shape (n, d)")
+    if x.ndim != 2:
+        raise InputError(f"{who}: x", f"a tensor of shape {tuple(x.shape)}", "a 2-D tensor of shape (n, d)")
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        raise InputError(f"{who}: x", f"a tensor of shape {tuple(x.shape)}", "n >= 1 rows and d >= 1 columns")
+    if not x.is_floating_point():
+        raise InputError(f"{who}: x", f"dtype {x.dtype}", "a floating-point dtype (float16/bfloat16/32/64)")
+    return x
+
+
+class _Component(ABC):
+    """What rules and pre-aggregators share: a name, a reference, ``f`` and the requirement on ``n``."""
+
+    name: ClassVar[str]
+    """The name :func:`phalanx.aggregators.make` knows this component by."""
+    reference: ClassVar[str]
+    """The paper that defines it (authors, title, venue, year, and the equation or algorithm used)."""
+    requirement: str = "n >= 1"
+    """The requirement on n and f, as text (``min_workers`` is the same as a number)."""
+    context_keys: frozenset[str] = frozenset()
+    """Per-call keyword arguments this component accepts (for example ``reference`` for FLTrust)."""
+
+    def __init__(self, f: int = 0) -> None:
+        self.f = check_f(f)
+
+    def min_workers(self) -> int:
+        """Smallest number of input rows for which the component is defined with this ``f``."""
+        return 1
+
+    def _check_rows(self, n: int) -> None:
+        need = self.min_workers()
+        if n < need:
+            raise ConfigError(
+                "n", n, f"n >= {need} for {self.name} with f={self.f} ({self.requirement})",
+            )
+
+    def _check_context(self, context: dict[str, Any]) -> None:
+        unknown = set(context) - self.context_keys
+        if unknown:
+            allowed = ", ".join(sorted(self.context_keys)) or "none"
+            raise ConfigError("context", sorted(unknown), f"keyword arguments accepted by {self.name}: {allowed}")
+
+    def params(self) -> dict[str, Any]:
+        """The configuration of this component (constructor arguments), for logs and manifests."""
+        return {"f": self.f}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{type(self).__name__}({args})"
+
+
+class Aggregator(_Component):
+    """A robust aggregation rule: ``(n, d) -> (d,)``.
+
+    Subclasses implement :meth:`_run`, which returns the output and, when asked, each row's contribution.
+    """
+
+    @abstractmethod
+    def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
+        """Aggregate a validated input; return ``(output (d,), contributions (n,) or None)``."""
+
+    def __call__(self, x: Tensor, **context: Any) -> Tensor:
+        """Aggregate the rows of ``x`` (shape ``(n, d)``) into one vector of shape ``(d,)``."""
+        return self.aggregate(x, **context)[0]
+
+    def aggregate(self, x: Tensor, **context: Any) -> tuple[Tensor, Tensor]:
+        """Aggregate and report who was trusted: return ``(output (d,), contributions (n,))``."""
+        x = self._prepare(x, context)
+        out, contrib = self._run(x, True, **context)
+        assert contrib is not None
+        return out, contrib
+
+    def contributions(self, x: Tensor, **context: Any) -> Tensor:
+        """Each input row's share of the output, an ``(n,)`` float64 tensor on the input's device.
+
+        Selection rules give their exact weights (Krum: 1 for the chosen row); coordinate-wise rules give the share
+        of coordinates at which the row was kept (weighted by its weight in that coordinate's average). The shares
+        are non-negative and add up to 1 for rules whose output is a convex combination of the inputs; rules whose
+        output also draws on something else (centered clipping's centre, FLTrust's rescaling) document their sum.
+        """
+        return self.aggregate(x, **context)[1]
+
+    def _prepare(self, x: Tensor, context: dict[str, Any]) -> Tensor:
+        x = check_input(x, self.name)
+        self._check_rows(x.shape[0])
+        self._check_context(context)
+        return x
+
+    def epsilon(self, n: int) -> float | None:
+        """No-attack aggregation error factor ε (Yang, Shi & Li, ICML 2025), or ``None`` when not known.
+
+        ε is the smallest constant with ``‖Agg(x) − mean(x)‖² ≤ ε · (1/n) Σᵢ ‖xᵢ − mean(x)‖²`` for all inputs.
+        """
+        return None
+
+    def kappa(self, n: int) -> float | None:
+        """(f, κ)-robustness coefficient (Allouah et al., AISTATS 2023), or ``None`` when not known."""
+        return None
+
+    def describe(self, n: int | None = None) -> dict[str, Any]:
+        """Metadata for tables: name, reference, requirement, and (given ``n``) ε and κ."""
+        info: dict[str, Any] = {
+            "name": self.name, "kind": "rule", "reference": self.reference, "requirement": self.requirement,
+            "params": self.params(),
+        }
+        if n is not None:
+            info["epsilon"] = self.epsilon(n)
+            info["kappa"] = self.kappa(n)
+        return info
+
+
+class PreAggregator(_Component):
+    """A pre-aggregator: ``(n, d) -> (n', d)``, placed in front of a rule.
+
+    :meth:`mix` also returns the provenance matrix ``M`` of shape ``(n', n)``: row ``i`` of the output was built from
+    input row ``j`` with share ``M[i, j]`` (rows of ``M`` add up to 1). Mixing rules (NNM, bucketing) have
+    ``y = M x``; scaling rules (clipping) have ``M = I``. It lets a chain report which *inputs* the final rule
+    trusted.
+    """
+
+    @abstractmethod
+    def _run(self, x: Tensor, **context: Any) -> tuple[Tensor, Tensor]:
+        """Transform a validated input; return ``(y (n', d), M (n', n) float64)``."""
+
+    def output_rows(self, n: int) -> int:
+        """Number of rows ``n'`` produced from ``n`` input rows."""
+        return n
+
+    def __call__(self, x: Tensor, **context: Any) -> Tensor:
+        """Transform ``x`` (shape ``(n, d)``) into ``(n', d)``."""
+        return self.mix(x, **context)[0]
+
+    def mix(self, x: Tensor, **context: Any) -> tuple[Tensor, Tensor]:
+        """Return ``(y, M)``: the transformed rows and their provenance matrix."""
+        x = check_input(x, self.name)
+        self._check_rows(x.shape[0])
+        self._check_context(context)
+        return self._run(x, **context)
+
+    def describe(self, n: int | None = None) -> dict[str, Any]:
+        """Metadata for tables."""
+        return {
+            "name": self.name, "kind": "pre", "reference": self.reference, "requirement": self.requirement,
+            "params": self.params(),
+        }
+
+
+def as_compute_dtype(x: Tensor) -> Tensor:
+    """Half-precision inputs are computed in float32 (results are cast back by the caller)."""
+    if x.dtype in (torch.float16, torch.bfloat16):
+        return x.float()
+    return x

@@ -1,0 +1,48 @@
+"""Typed errors raised by Phalanx.
+
+Every error that comes from a bad parameter names the parameter, the value it got and the allowed range, so a
+user sees at once what to change. Data sent by a Byzantine worker (NaN, Inf, huge values) is *not* an error: it is
+an attack, and the aggregators are built to survive it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PhalanxError(Exception):
+    """Base class of every error Phalanx raises on purpose."""
+
+
+class ConfigError(PhalanxError, ValueError):
+    """A configuration parameter has a value outside its allowed range.
+
+    Attributes
+    ----------
+    parameter: the parameter's name, as the user spells it.
+    value: the value it got.
+    allowed: a human-readable description of the allowed values.
+    """
+
+    def __init__(self, parameter: str, value: Any, allowed: str, hint: str | None = None) -> None:
+        self.parameter = parameter
+        self.value = value
+        self.allowed = allowed
+        message = f"{parameter}={value!r} is invalid: allowed {allowed}"
+        if hint:
+            message += f" ({hint})"
+        super().__init__(message)
+
+
+class InputError(PhalanxError, ValueError):
+    """The stacked input handed to an aggregator has the wrong type, rank, size or dtype.
+
+    This is a programming error of the caller (the server builds the stacked tensor), not an attack: a Byzantine
+    worker's *values* never raise it.
+    """
+
+    def __init__(self, parameter: str, value: Any, allowed: str) -> None:
+        self.parameter = parameter
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{parameter}: got {value}, expected {allowed}")
