@@ -10,7 +10,8 @@ torch.Size([5])
 reference, its requirement on n and f, and (where the literature gives them) ε and κ. See docs/aggregators.md.
 """
 
-from phalanx.aggregators import mean  # noqa: F401  (registers the rules)
+# Importing a module registers its rules with make()/names().
+from phalanx.aggregators import cc, coordinatewise, geomed, mean, signmaj  # noqa: F401
 from phalanx.aggregators.base import Aggregator, PreAggregator
 from phalanx.aggregators.chain import Chain
 from phalanx.aggregators.registry import get_class, make, names, parse_spec, register

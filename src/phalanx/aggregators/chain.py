@@ -69,7 +69,7 @@ class Chain(Aggregator):
     def describe(self, n: int | None = None) -> dict[str, Any]:
         info = super().describe(n)
         info["name"] = self.spec
-        info["elements"] = [c.describe(n) for c in [*self.pre, self.rule]]
+        info["elements"] = [p.describe(n) for p in self.pre] + [self.rule.describe(n)]
         return info
 
     def __repr__(self) -> str:

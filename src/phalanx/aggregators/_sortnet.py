@@ -1,0 +1,59 @@
+"""Coordinate-wise order statistics with a branch-free sorting network, vectorised across coordinates.
+
+Coordinate-wise rules (median, trimmed mean, MeaMed) need, for every one of the ``d`` coordinates, the ``n`` values
+of that coordinate in sorted order. Sorting along dim 0 of an ``(n, d)`` tensor walks a strided axis and is far from
+the memory floor (``torch.sort(x, 0)``: ~2.4 s at n=50, d=10⁶ here). Instead we apply Batcher's odd–even merge sort
+network (K. E. Batcher, "Sorting networks and their applications", AFIPS 1968) — a fixed list of compare-exchange
+pairs ``(a, b)`` that sorts any input — to a block of ``B`` coordinates at once: each compare-exchange is a
+``min``/``max`` of two contiguous rows of the block, which the compiler vectorises (SIMD) across coordinates.
+The kernel is C (``_cwkernel.c``, built at install time, optional); column ranges run in parallel threads with the
+GIL released. n=50 needs 403 compare-exchanges.
+
+After sorting, every coordinate-wise rule here is a *window mean*: the mean of sorted positions
+``[start, start + length)``. Trimmed mean: ``start = t``, ``length = n − 2t``; median: the middle one (odd n) or two
+(even n); MeaMed: the ``n − t`` values closest to the median, a contiguous window found by dropping, ``t`` times,
+whichever end of the sorted block is farther from the median.
+
+NaN is mapped to +∞ before sorting (a NaN is the most extreme value there is), so with at most ``t`` non-finite
+values per coordinate on each side the window holds only finite values.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+MODE_TRIMMED = 0
+MODE_MEDIAN = 1
+MODE_MEAMED = 2
+
+
+@functools.lru_cache(maxsize=64)
+def batcher_pairs(n: int) -> torch.Tensor:
+    """Compare-exchange pairs ``(a, b)``, ``a < b``, of Batcher's odd–even merge sort for ``n`` inputs, ``(m, 2)``.
+
+    The arbitrary-``n`` form of the network (pairs that would touch padding beyond ``n`` are dropped, which is
+    valid because padding with +∞ never moves).
+    """
+    pairs: list[tuple[int, int]] = []
+    p = 1
+    while p < n:
+        k = p
+        while k >= 1:
+            for j in range(k % p, n - k, 2 * k):
+                for i in range(min(k, n - j - k)):
+                    if (i + j) // (2 * p) == (i + j + k) // (2 * p):
+                        pairs.append((i + j, i + j + k))
+            k //= 2
+        p *= 2
+    return torch.tensor(pairs, dtype=torch.int64).reshape(-1, 2).contiguous()
+
+
+def window_params(n: int, mode: int, trim: int) -> tuple[int, int]:
+    """``(trim, length)`` of the window for a mode (median ignores ``trim``)."""
+    if mode == MODE_TRIMMED:
+        return trim, n - 2 * trim
+    if mode == MODE_MEDIAN:
+        return 0, 1 if n % 2 == 1 else 2
+    return trim, n - trim

@@ -1,0 +1,14 @@
+"""Shared test settings."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "phalanx", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "phalanx"))
+torch.set_num_threads(min(2, torch.get_num_threads()))

@@ -1,0 +1,141 @@
+"""Coordinate-wise median, trimmed mean and MeaMed: exact cases, the C kernel against torch.sort, NaN safety."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from phalanx import aggregators
+from phalanx.aggregators import _sortnet, coordinatewise
+from phalanx.errors import ConfigError
+
+
+@pytest.mark.parametrize("n", list(range(1, 70)))
+def test_batcher_network_sorts(n: int) -> None:
+    pairs = _sortnet.batcher_pairs(n)
+    gen = torch.Generator().manual_seed(n)
+    for _ in range(5):
+        v = torch.randn(n, generator=gen)
+        w = v.clone()
+        for a, b in pairs.tolist():
+            if w[a] > w[b]:
+                w[a], w[b] = w[b].clone(), w[a].clone()
+        assert torch.equal(w, torch.sort(v).values)
+
+
+def test_network_size_n50() -> None:
+    assert _sortnet.batcher_pairs(50).shape == (403, 2)
+
+
+def test_trimmed_mean_hand_example() -> None:
+    x = torch.tensor([[1.0, 10.0], [2.0, 20.0], [3.0, -30.0], [4.0, 40.0], [100.0, 50.0]])
+    # f = 1: drop min and max per coordinate: col0 -> mean(2,3,4) = 3; col1 -> mean(10,20,40) = 70/3
+    out = aggregators.make("cwtm", f=1)(x)
+    assert torch.allclose(out, torch.tensor([3.0, 70.0 / 3.0]))
+
+
+def test_median_even_n_is_midpoint() -> None:
+    x = torch.tensor([[1.0], [2.0], [10.0], [4.0]])
+    assert aggregators.make("cwmed", f=1)(x).item() == pytest.approx(3.0)
+
+
+def test_meamed_hand_example() -> None:
+    # values 0, 1, 2, 3, 100; median 2; the 3 closest to 2 are 1, 2, 3 -> mean 2
+    x = torch.tensor([[0.0], [1.0], [2.0], [3.0], [100.0]])
+    assert aggregators.make("meamed", f=2)(x).item() == pytest.approx(2.0)
+    # values 0, 10, 11, 12, 13: median 11; 4 closest: 10, 11, 12, 13 -> 11.5
+    x = torch.tensor([[0.0], [10.0], [11.0], [12.0], [13.0]])
+    assert aggregators.make("meamed", f=1)(x).item() == pytest.approx(11.5)
+
+
+@pytest.mark.parametrize("mode", ["trimmed", "median", "meamed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [2, 3, 4, 7, 16, 33, 50])
+def test_kernel_matches_torch_sort(mode: str, dtype: torch.dtype, n: int) -> None:
+    if not coordinatewise.HAVE_KERNEL:
+        pytest.skip("C kernel not built")
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randn(n, 517, generator=gen, dtype=dtype)
+    x[torch.rand(n, 517, generator=gen) < 0.15] = 0.5  # ties
+    x[0, :5] = float("nan")
+    x[-1, 5:9] = float("inf")
+    for trim in sorted({0, (n - 1) // 3, (n - 1) // 2}):
+        a, ca = coordinatewise.coordinate_window_mean(x, mode, trim, True)  # type: ignore[arg-type]
+        b, cb = coordinatewise._cw_torch(x, coordinatewise._MODES[mode], trim, True)
+        assert torch.allclose(a, b, atol=1e-6, equal_nan=True)
+        assert cb is not None and ca is not None
+        assert torch.allclose(ca, cb, atol=1e-9)
+
+
+def test_kernel_multithreaded_equals_single() -> None:
+    x = torch.randn(21, 5000)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        a = coordinatewise.coordinate_window_mean(x, "trimmed", 5, True)
+        torch.set_num_threads(2)
+        b = coordinatewise.coordinate_window_mean(x, "trimmed", 5, True)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(a[0], b[0])
+    assert a[1] is not None and b[1] is not None
+    assert torch.allclose(a[1], b[1])
+
+
+@given(
+    n=st.integers(3, 25), d=st.integers(1, 40), seed=st.integers(0, 2**31 - 1),
+)
+def test_cwtm_f0_is_mean_and_contributions(n: int, d: int, seed: int) -> None:
+    x = torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    out, c = aggregators.make("cwtm", f=0).aggregate(x)
+    assert torch.allclose(out, x.mean(0), atol=1e-12)
+    assert torch.allclose(c, torch.full((n,), 1.0 / n, dtype=torch.float64))
+
+
+@given(n=st.integers(3, 25), seed=st.integers(0, 2**31 - 1), data=st.data())
+def test_outputs_stay_in_honest_range_with_garbage(n: int, seed: int, data: st.DataObject) -> None:
+    f = data.draw(st.integers(0, (n - 1) // 2))
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 12, generator=gen)
+    garbage = [float("nan"), float("inf"), -float("inf"), 1e38, -1e38, 1e-40]
+    for i in range(f):
+        x[i] = garbage[data.draw(st.integers(0, len(garbage) - 1))]
+    honest = x[f:]
+    for spec in ("cwtm", "cwmed", "meamed"):
+        out = aggregators.make(spec, f=f)(x)
+        assert torch.isfinite(out).all(), spec
+        assert (out >= honest.min(0).values - 1e-6).all() and (out <= honest.max(0).values + 1e-6).all(), spec
+
+
+def test_contributions_of_trimmed_mean_exclude_the_extremes() -> None:
+    x = torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0], [3.0, 3.0], [1e9, -1e9]])
+    c = aggregators.make("cwtm", f=1).contributions(x)
+    # row 4 is trimmed everywhere; row 0 is kept only in column 1 (where row 4 is the minimum)
+    assert c[4] == 0
+    assert c.sum().item() == pytest.approx(1.0)
+    assert c[0].item() == pytest.approx(0.5 / 3)
+
+
+def test_ties_share_their_slots() -> None:
+    # all equal: every row gets 1/n
+    c = aggregators.make("cwtm", f=2).contributions(torch.ones(6, 3))
+    assert torch.allclose(c, torch.full((6,), 1 / 6, dtype=torch.float64))
+
+
+def test_requirement_n_greater_than_2f() -> None:
+    with pytest.raises(ConfigError, match="n >= 5"):
+        aggregators.make("cwtm", f=2)(torch.randn(4, 3))
+    with pytest.raises(ConfigError, match="mode"):
+        coordinatewise.coordinate_window_mean(torch.randn(3, 3), "mode?", 0, False)  # type: ignore[arg-type]
+
+
+def test_epsilon_and_kappa_metadata() -> None:
+    tm = aggregators.make("cwtm", f=3)
+    assert tm.epsilon(16) == pytest.approx(3 / 13)
+    assert tm.kappa(16) == pytest.approx(6 * 3 / 10 * (1 + 3 / 10))
+    med = aggregators.make("cwmed", f=3)
+    assert med.epsilon(16) == pytest.approx(7 / 9)
+    assert med.epsilon(15) == pytest.approx(7 / 8)
+    assert aggregators.make("meamed", f=1).epsilon(10) is None

@@ -1,0 +1,73 @@
+"""make(), names(), the spec parser and chains."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from phalanx import aggregators
+from phalanx.errors import ConfigError, InputError
+
+
+def test_names_lists_rules_and_pre() -> None:
+    rules = aggregators.names("rule")
+    for name in ("mean", "cwmed", "cwtm", "meamed", "geomed", "cc", "signmaj"):
+        assert name in rules
+    assert set(aggregators.names()) == set(rules) | set(aggregators.names("pre"))
+    with pytest.raises(ConfigError, match="kind"):
+        aggregators.names("rules")
+
+
+def test_unknown_name_suggests() -> None:
+    with pytest.raises(ConfigError, match="did you mean cwtm"):
+        aggregators.make("cwtn", f=1)
+
+
+def test_parse_spec() -> None:
+    assert aggregators.parse_spec("a(x=1, y=2.5, z=true, w=abc)>b") == [
+        ("a", {"x": 1, "y": 2.5, "z": True, "w": "abc"}), ("b", {}),
+    ]
+    for bad in ("", "cwtm(", "a>(x=1)", "cwtm(x)"):
+        with pytest.raises(ConfigError):
+            aggregators.parse_spec(bad)
+
+
+def test_params_routing_and_errors() -> None:
+    rule = aggregators.make("geomed", f=1, tol=1e-3)
+    assert rule.params()["tol"] == 1e-3
+    assert aggregators.make("geomed(max_iter=7)", f=1).params()["max_iter"] == 7
+    with pytest.raises(ConfigError, match="tol"):
+        aggregators.make("geomed", f=1, tol=-1)
+    with pytest.raises(ConfigError, match="parameters of geomed"):
+        aggregators.make("geomed", f=1, bogus=3)
+    with pytest.raises(ConfigError, match="f"):
+        aggregators.make("cwtm", f=-1)
+    with pytest.raises(ConfigError, match="f"):
+        aggregators.make("cwtm", f=1.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (torch.randn(5), "2-D"),
+        (torch.randn(0, 3), "n >= 1"),
+        (torch.randn(3, 0), "n >= 1"),
+        (torch.ones(3, 2, dtype=torch.int64), "floating"),
+        ([[1.0, 2.0]], "torch.Tensor"),
+    ],
+)
+def test_bad_input_is_a_clear_error(bad: object, match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        aggregators.make("cwtm", f=0)(bad)  # type: ignore[arg-type]
+
+
+def test_unknown_context_keyword() -> None:
+    with pytest.raises(ConfigError, match="context"):
+        aggregators.make("cwtm", f=0)(torch.randn(3, 2), reference=torch.zeros(2))
+
+
+def test_describe() -> None:
+    info = aggregators.make("cwtm", f=2).describe(10)
+    assert info["epsilon"] == pytest.approx(2 / 8)
+    assert "Yin" in info["reference"]
+    assert info["requirement"] == "n > 2f"
