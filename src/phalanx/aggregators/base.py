@@ -109,6 +109,13 @@ class _Component(ABC):
         """The configuration of this component (constructor arguments), for logs and manifests."""
         return {"f": self.f}
 
+    def describe(self, n: int | None = None) -> dict[str, Any]:
+        """Metadata for tables: name, kind, reference, requirement, parameters."""
+        return {
+            "name": self.name, "kind": "pre" if isinstance(self, PreAggregator) else "rule",
+            "reference": self.reference, "requirement": self.requirement, "params": self.params(),
+        }
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
         return f"{type(self).__name__}({args})"
@@ -164,10 +171,7 @@ class Aggregator(_Component):
 
     def describe(self, n: int | None = None) -> dict[str, Any]:
         """Metadata for tables: name, reference, requirement, and (given ``n``) ε and κ."""
-        info: dict[str, Any] = {
-            "name": self.name, "kind": "rule", "reference": self.reference, "requirement": self.requirement,
-            "params": self.params(),
-        }
+        info = super().describe(n)
         if n is not None:
             info["epsilon"] = self.epsilon(n)
             info["kappa"] = self.kappa(n)
@@ -201,13 +205,6 @@ class PreAggregator(_Component):
         self._check_rows(x.shape[0])
         self._check_context(context)
         return self._run(x, **context)
-
-    def describe(self, n: int | None = None) -> dict[str, Any]:
-        """Metadata for tables."""
-        return {
-            "name": self.name, "kind": "pre", "reference": self.reference, "requirement": self.requirement,
-            "params": self.params(),
-        }
 
 
 def as_compute_dtype(x: Tensor) -> Tensor:
