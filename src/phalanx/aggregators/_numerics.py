@@ -1,4 +1,6 @@
-"""Shared numerical building blocks: bad-row detection, pairwise distances, weighted sums that ignore bad rows.
+"""Shared numerical building blocks: bad-row detection and pairwise distances from one Gram matrix.
+
+Weighted sums that skip bad rows are in :mod:`phalanx.aggregators._rowops`.
 
 A *bad row* is one whose squared Euclidean norm is not finite in the compute dtype: it holds NaN or ±Inf, or values
 so large that the norm overflows. Distance-based rules treat a bad row as infinitely far from every other row, which
@@ -45,28 +47,6 @@ def pairwise_sqdist(x: Tensor, sqnorms: Tensor | None = None) -> Tensor:
         dist[bad, :] = float("inf")
         dist[:, bad] = float("inf")
     return dist
-
-
-def weighted_rows(weights: Tensor, x: Tensor) -> Tensor:
-    """``weights @ x`` (weights ``(k, n)`` or ``(n,)``) where a zero weight on a bad row contributes exactly 0.
-
-    Plain ``0 · NaN`` is NaN, so a matrix product would let one NaN row poison every output. Here bad rows are
-    zeroed first and any output that gives a bad row a *non-zero* weight is set to NaN (that output really is
-    built from garbage, and the rule downstream treats it as bad).
-    """
-    squeeze = weights.ndim == 1
-    w = weights[None, :] if squeeze else weights
-    w = w.to(x.dtype)
-    finite = torch.isfinite(x).all(dim=1)
-    if bool(finite.all()):
-        out = w @ x
-    else:
-        clean = torch.where(finite[:, None], x, torch.zeros((), dtype=x.dtype, device=x.device))
-        out = w @ clean
-        poisoned = (w[:, ~finite] != 0).any(dim=1)
-        if bool(poisoned.any()):
-            out[poisoned] = float("nan")
-    return out[0] if squeeze else out
 
 
 def selection_weights(index: Tensor, n: int, device: torch.device) -> Tensor:

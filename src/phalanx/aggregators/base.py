@@ -133,7 +133,8 @@ class Aggregator(_Component):
 
     def __call__(self, x: Tensor, **context: Any) -> Tensor:
         """Aggregate the rows of ``x`` (shape ``(n, d)``) into one vector of shape ``(d,)``."""
-        return self.aggregate(x, **context)[0]
+        x = self._prepare(x, context)
+        return self._run(x, False, **context)[0]
 
     def aggregate(self, x: Tensor, **context: Any) -> tuple[Tensor, Tensor]:
         """Aggregate and report who was trusted: return ``(output (d,), contributions (n,))``."""

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from phalanx.aggregators._numerics import bad_rows, row_sqnorms, weighted_rows
+from phalanx.aggregators._rowops import row_norms, weighted_sum
 from phalanx.aggregators.base import Aggregator, as_compute_dtype, check_positive
 from phalanx.aggregators.coordinatewise import coordinate_window_mean
 from phalanx.aggregators.registry import register
@@ -78,13 +78,14 @@ class CenteredClipping(Aggregator):
         xc = as_compute_dtype(x)
         n = xc.shape[0]
         v = self._start(xc, context.get("center"))
-        good = ~bad_rows(row_sqnorms(xc))
+        bad = row_norms(xc)[1]
+        good = ~bad
         a = torch.zeros(n, dtype=torch.float64, device=x.device)  # weights of the inputs in v
         for _ in range(self.iterations):
             dist = torch.linalg.vector_norm(xc - v, dim=1).double()
             scale = torch.where(good, (self.tau / dist.clamp_min(1e-30)).clamp(max=1.0), torch.zeros_like(dist)) / n
             # v ← (1 − Σ sᵢ) v + Σ sᵢ xᵢ
             keep = 1.0 - float(scale.sum())
-            v = keep * v + weighted_rows(scale, xc)
+            v = keep * v + weighted_sum(scale, xc, bad)
             a = keep * a + scale
         return v.to(x.dtype), a

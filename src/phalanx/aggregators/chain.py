@@ -53,8 +53,10 @@ class Chain(Aggregator):
             y, m = p.mix(y, **ctx)
             provenance = m if provenance is None else m @ provenance
         ctx = {k: v for k, v in context.items() if k in self.rule.context_keys}
-        out, c = self.rule.aggregate(y, **ctx)
         assert provenance is not None
+        if not want_contributions:
+            return self.rule(y, **ctx), None
+        out, c = self.rule.aggregate(y, **ctx)
         return out, c @ provenance.to(c.device)
 
     def params(self) -> dict[str, Any]:

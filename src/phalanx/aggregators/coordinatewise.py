@@ -226,6 +226,10 @@ class MeaMed(Aggregator):
 
     Reference: Xie, Koyejo, Gupta, "Generalized Byzantine-tolerant SGD", arXiv:1802.10116 (2018), Definition 5
     (mean-around-median). Requirement n > 2f. ε and κ: not given in the literature (``None``).
+
+    With at most f Byzantine values per coordinate the output is finite, but unlike the median and the trimmed
+    mean it can leave the honest values' range (by less than its width): a Byzantine value near the median is
+    kept. Honest {1, 2} and a Byzantine 0 (n = 3, f = 1) give 0.5.
     """
 
     name: ClassVar[str] = "meamed"

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from phalanx.aggregators._numerics import bad_rows, row_sqnorms, weighted_rows
+from phalanx.aggregators._numerics import bad_rows, row_sqnorms
 from phalanx.aggregators.base import Aggregator, as_compute_dtype, check_positive
 from phalanx.aggregators.coordinatewise import coordinate_window_mean
 from phalanx.aggregators.registry import register
@@ -82,7 +82,7 @@ class GeometricMedian(Aggregator):
             prev = objective
             w = 1.0 / dist.clamp_min(self.nu)
             wg = w / w.sum()
-            u = weighted_rows(wg, xr)
+            u = wg.to(xr.dtype) @ xr  # xr holds good rows only
         z = start + u
         beta[good] = wg
         return z.to(x.dtype), beta
