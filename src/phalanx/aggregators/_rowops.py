@@ -1,0 +1,97 @@
+"""Row-wise helpers shared by the clipping, filtering and trust-weighting components.
+
+They work from the row norms (one streaming pass over the data) and never scan the ``(n, d)`` input for NaN/Inf
+element by element: a row whose norm is finite has only finite entries, so the norm already tells which rows are
+bad. Weighted sums skip bad rows by running one matrix product per block of consecutive usable rows (views, no
+copy of the input), instead of building a cleaned copy of the whole input.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["clip_scales", "median_norm", "mix_rows", "row_norms", "scale_rows", "weighted_sum"]
+
+
+def row_norms(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Euclidean norm of each row as float64 ``(n,)`` and the mask of bad rows (norm not finite).
+
+    The norm is computed in the dtype of ``x``, so a row whose squared norm overflows that dtype is bad, as
+    everywhere in the aggregation core (``_numerics.bad_rows``).
+    """
+    norms = torch.linalg.vector_norm(x, dim=1).to(torch.float64)
+    return norms, ~torch.isfinite(norms)
+
+
+def median_norm(norms: Tensor, bad: Tensor) -> Tensor:
+    """Median of the row norms (mean of the two middle values when ``n`` is even), bad rows counted as +inf.
+
+    With fewer bad rows than half of the rows the result is finite. Returns a float64 scalar tensor.
+    """
+    key = torch.where(bad, torch.full_like(norms, float("inf")), norms)
+    s = torch.sort(key).values
+    n = s.numel()
+    if n % 2 == 1:
+        return s[n // 2]
+    lo, hi = s[n // 2 - 1], s[n // 2]
+    if bool(torch.isinf(hi)):
+        return hi
+    return 0.5 * (lo + hi)
+
+
+def clip_scales(norms: Tensor, bad: Tensor, threshold: Tensor | float) -> Tensor:
+    """Per-row factors ``min(1, τ/‖xᵢ‖)`` (float64 ``(n,)``); 1 for bad rows and for rows already within ``τ``.
+
+    Bad rows keep factor 1 so that they stay bad after scaling (a NaN row stays NaN, and the rule downstream still
+    sees it as bad instead of a harmless-looking zero row).
+    """
+    tau = torch.as_tensor(threshold, dtype=torch.float64, device=norms.device)
+    keep = bad | (norms <= tau)
+    safe = torch.where(keep, torch.ones_like(norms), norms)
+    return torch.where(keep, torch.ones_like(norms), tau / safe)
+
+
+def scale_rows(x: Tensor, scales: Tensor) -> Tensor:
+    """``x * scales[:, None]`` as a new tensor (never in place), in the dtype of ``x``."""
+    return x * scales.to(device=x.device, dtype=x.dtype)[:, None]
+
+
+def _runs(mask: Tensor) -> list[tuple[int, int]]:
+    """Maximal runs ``[a, b)`` of consecutive ``True`` entries of a small boolean vector."""
+    m = mask.detach().cpu().to(torch.int8)
+    edges = torch.diff(m, prepend=torch.zeros(1, dtype=torch.int8), append=torch.zeros(1, dtype=torch.int8))
+    starts = (edges == 1).nonzero().flatten().tolist()
+    ends = (edges == -1).nonzero().flatten().tolist()
+    return list(zip(starts, ends))
+
+
+def mix_rows(weights: Tensor, x: Tensor, bad: Tensor) -> Tensor:
+    """``weights @ x`` (weights ``(k, n)``) where rows of ``x`` flagged ``bad`` are skipped, not multiplied by 0.
+
+    ``0 · NaN`` is NaN, so a plain matrix product lets one NaN row poison every output. Here the product runs over
+    the blocks of consecutive rows that are good and carry a non-zero weight (views of ``x``, no copy). An output
+    row that gives a bad input row a non-zero weight really is built from garbage: it is set to NaN, so the rule
+    downstream treats it as bad. The result has the dtype of ``x``.
+    """
+    w = weights.to(device=x.device, dtype=x.dtype)
+    k, d = w.shape[0], x.shape[1]
+    nonzero = (weights != 0).to(x.device)
+    poisoned = (nonzero & bad[None, :]).any(dim=1)
+    usable = nonzero.any(dim=0) & ~bad
+    runs = [(0, x.shape[0])] if bool(usable.all()) else _runs(usable)
+    if not runs:
+        out = torch.zeros(k, d, dtype=x.dtype, device=x.device)
+    else:
+        (a0, b0), *rest = runs
+        out = w[:, a0:b0] @ x[a0:b0]
+        for a, b in rest:
+            out.addmm_(w[:, a:b], x[a:b])
+    if bool(poisoned.any()):
+        out[poisoned] = float("nan")
+    return out
+
+
+def weighted_sum(coef: Tensor, x: Tensor, bad: Tensor) -> Tensor:
+    """``Σᵢ coefᵢ xᵢ`` (``(d,)``) skipping the bad rows; NaN if a bad row has a non-zero coefficient."""
+    return mix_rows(coef[None, :], x, bad)[0]
