@@ -38,7 +38,9 @@ RULES: dict[str, Props] = {
     "signmaj": Props(translation=False, scale=False, identical=False),
     "krum": Props(min_n=lambda f: 2 * f + 3),
     "multikrum": Props(min_n=lambda f: 2 * f + 3),
-    "mda": Props(),
+    # MDA: exact ties between minimum-diameter subsets are generic (removing either end of the longest pair can leave
+    # the same second-longest pair); they go to the lexicographically smallest subset, which depends on row order.
+    "mda": Props(permutation=False),
     "bulyan": Props(min_n=lambda f: 4 * f + 3),
     "fltrust": Props(
         min_n=lambda f: 1, permutation=True, translation=False, scale=False, identical=False,

@@ -40,6 +40,7 @@ def pairwise_sqdist(x: Tensor, sqnorms: Tensor | None = None) -> Tensor:
     else:
         sq = sqnorms
     gram = x @ x.T
+    gram = 0.5 * (gram + gram.T)  # BLAS need not return an exactly symmetric product; ties must be exact ties
     dist = (sq[:, None] + sq[None, :] - 2.0 * gram).clamp_min_(0.0)
     dist.fill_diagonal_(0.0)
     dist = torch.nan_to_num(dist, nan=float("inf"), posinf=float("inf"))
