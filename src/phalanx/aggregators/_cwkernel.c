@@ -7,7 +7,8 @@
  * of a window of sorted positions is written out:
  *   mode 0 (trimmed mean): positions [trim, trim + length)
  *   mode 1 (median):       positions [(n-1)/2, (n-1)/2 + length), length 1 (odd n) or 2 (even n)
- *   mode 2 (MeaMed):       the n - trim values closest to the median: drop, trim times, the end farther from it.
+ *   mode 2 (MeaMed):       the n - trim values closest to the median: of the trim + 1 windows of that many
+ *                          consecutive sorted values, the one whose farthest value from the median is nearest.
  * Optionally each row's contribution (its share of the window, ties sharing their slots equally) is accumulated.
  *
  * The Python side (coordinatewise.py) splits the columns between threads and releases the GIL around each call.
@@ -41,16 +42,32 @@
 #define MAX_f64 fmax
 
 #define DEFINE_KERNEL(T, SUFFIX)                                                                                   \
-    static Py_ssize_t window_start_##SUFFIX(const T *buf, Py_ssize_t n, Py_ssize_t j, int mode, int trim) {       \
-        if (mode == 0) return trim;                                                                                \
-        if (mode == 1) return (n - 1) / 2;                                                                         \
-        T med = (n % 2 == 1) ? buf[(n / 2) * BLOCK + j]                                                            \
-                             : (T)(0.5 * buf[(n / 2 - 1) * BLOCK + j] + 0.5 * buf[(n / 2) * BLOCK + j]);           \
-        Py_ssize_t lo = 0, hi = n - 1;                                                                             \
-        for (int t = 0; t < trim; t++) {                                                                           \
-            if (med - buf[lo * BLOCK + j] > buf[hi * BLOCK + j] - med) lo++; else hi--;                            \
+    /* Window start of every lane of a sorted block. MeaMed: among the trim + 1 windows of `length` consecutive    */ \
+    /* sorted values, the one whose farthest value from the median is nearest (the first on ties): that window  */ \
+    /* holds the n - trim values closest to the median. Branch-free across lanes.                               */ \
+    static void window_starts_##SUFFIX(const T *buf, Py_ssize_t n, int mode, int trim, int length, int *st) {     \
+        if (mode != 2) {                                                                                           \
+            int s0 = mode == 0 ? trim : (int)((n - 1) / 2);                                                        \
+            for (int j = 0; j < BLOCK; j++) st[j] = s0;                                                            \
+            return;                                                                                                \
         }                                                                                                          \
-        return lo;                                                                                                 \
+        T med[BLOCK], best[BLOCK];                                                                                 \
+        const T *m1 = buf + (n / 2) * BLOCK, *m0 = buf + ((n - 1) / 2) * BLOCK;                                    \
+        for (int j = 0; j < BLOCK; j++) {                                                                          \
+            med[j] = (T)(0.5 * m0[j] + 0.5 * m1[j]);                                                               \
+            best[j] = (T)INFINITY;                                                                                 \
+            st[j] = 0;                                                                                             \
+        }                                                                                                          \
+        for (int s = 0; s <= trim; s++) {                                                                          \
+            const T *lo = buf + s * BLOCK, *hi = buf + (s + length - 1) * BLOCK;                                   \
+            for (int j = 0; j < BLOCK; j++) {                                                                      \
+                T a = med[j] - lo[j], b = hi[j] - med[j];                                                          \
+                T cost = a > b ? a : b;                                                                            \
+                int better = cost < best[j];                                                                       \
+                best[j] = better ? cost : best[j];                                                                 \
+                st[j] = better ? s : st[j];                                                                        \
+            }                                                                                                      \
+        }                                                                                                          \
     }                                                                                                              \
                                                                                                                    \
     MULTIVERSION FINITE_MATH static void network_##SUFFIX(T *buf, const long long *pairs, Py_ssize_t npairs) {                 \
@@ -69,6 +86,7 @@
                                 const long long *pairs, Py_ssize_t npairs, int mode, int trim, int length,         \
                                 T *out, double *contrib, T *buf, double *rowacc) {                                 \
         double inv = 1.0 / (double)length;                                                                         \
+        int st[BLOCK];                                                                                             \
         for (Py_ssize_t s = j0; s < j1; s += BLOCK) {                                                              \
             Py_ssize_t w = (j1 - s) < BLOCK ? (j1 - s) : BLOCK;                                                    \
             for (Py_ssize_t i = 0; i < n; i++) {                                                                   \
@@ -91,22 +109,24 @@
                 }                                                                                                  \
                 for (Py_ssize_t j = 0; j < w; j++) out[s + j] = (T)(acc[j] * inv);                                 \
             } else {                                                                                               \
-                for (Py_ssize_t j = 0; j < w; j++) {                                                               \
-                    Py_ssize_t st = window_start_##SUFFIX(buf, n, j, mode, trim);                                  \
-                    double a = 0.0;                                                                                \
-                    for (Py_ssize_t r = st; r < st + length; r++) a += (double)buf[r * BLOCK + j];                 \
-                    out[s + j] = (T)(a * inv);                                                                     \
+                double acc[BLOCK];                                                                                 \
+                window_starts_##SUFFIX(buf, n, mode, trim, length, st);                                            \
+                for (int j = 0; j < BLOCK; j++) acc[j] = 0.0;                                                      \
+                for (Py_ssize_t r = 0; r < n; r++) {                                                               \
+                    const T *row = buf + r * BLOCK;                                                                \
+                    for (int j = 0; j < BLOCK; j++)                                                                \
+                        acc[j] += (r >= st[j] && r < st[j] + length) ? (double)row[j] : 0.0;                       \
                 }                                                                                                  \
+                for (Py_ssize_t j = 0; j < w; j++) out[s + j] = (T)(acc[j] * inv);                                 \
             }                                                                                                      \
             if (contrib) {                                                                                         \
                 /* Row weight: 1/length strictly inside the window; a value tied with a window boundary gets the */ \
                 /* boundary value's window slots shared equally among all rows holding that value. Vectorised   */ \
                 /* across the block's columns; O(n) per column.                                                 */ \
-                Py_ssize_t st[BLOCK];                                                                              \
                 T lo[BLOCK], hi[BLOCK];                                                                            \
                 double lo_tot[BLOCK], lo_in[BLOCK], hi_tot[BLOCK], hi_in[BLOCK], lo_w[BLOCK], hi_w[BLOCK];       \
+                window_starts_##SUFFIX(buf, n, mode, trim, length, st);                                            \
                 for (int j = 0; j < BLOCK; j++) {                                                                  \
-                    st[j] = window_start_##SUFFIX(buf, n, j, mode, trim);                                          \
                     lo[j] = buf[st[j] * BLOCK + j];                                                                \
                     hi[j] = buf[(st[j] + length - 1) * BLOCK + j];                                                 \
                     lo_tot[j] = lo_in[j] = hi_tot[j] = hi_in[j] = 0.0;                                             \

@@ -78,20 +78,19 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Ten
     return out, (contrib.sum(dim=0) / d if contrib is not None else None)
 
 
-def _window_start_torch(xs: Tensor, mode: int, trim: int) -> Tensor:
+def _window_start_torch(xs: Tensor, mode: int, trim: int, length: int) -> Tensor:
     n, d = xs.shape
     if mode == _sortnet.MODE_TRIMMED:
         return torch.full((d,), trim, dtype=torch.long, device=xs.device)
     if mode == _sortnet.MODE_MEDIAN:
         return torch.full((d,), (n - 1) // 2, dtype=torch.long, device=xs.device)
-    med = xs[n // 2] if n % 2 == 1 else 0.5 * xs[n // 2 - 1] + 0.5 * xs[n // 2]
-    lo = torch.zeros(d, dtype=torch.long, device=xs.device)
-    hi = torch.full((d,), n - 1, dtype=torch.long, device=xs.device)
-    for _ in range(trim):
-        lo_far = (med - xs.gather(0, lo[None])[0]) > (xs.gather(0, hi[None])[0] - med)
-        lo = lo + lo_far.long()
-        hi = hi - (~lo_far).long()
-    return lo
+    # MeaMed: of the trim + 1 windows of `length` sorted values, the one whose farthest value from the median is
+    # nearest (the first on ties) — the same rule as the C kernel.
+    med = 0.5 * xs[(n - 1) // 2] + 0.5 * xs[n // 2]
+    lo = xs[: trim + 1]
+    hi = xs[length - 1 : length + trim]
+    cost = torch.maximum(med[None] - lo, hi - med[None])
+    return torch.nan_to_num(cost, nan=float("inf")).argmin(dim=0)
 
 
 def _cw_torch(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Tensor | None]:
@@ -100,7 +99,7 @@ def _cw_torch(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Tens
     trim_, length = _sortnet.window_params(n, mode, trim)
     clean = torch.where(torch.isnan(x), torch.full((), float("inf"), dtype=x.dtype, device=x.device), x)
     xs, order = torch.sort(clean, dim=0, stable=True)
-    start = _window_start_torch(xs, mode, trim_)
+    start = _window_start_torch(xs, mode, trim_, length)
     rows = start[None, :] + torch.arange(length, device=x.device)[:, None]
     out = (xs.gather(0, rows).sum(dim=0, dtype=torch.float64) / length).to(x.dtype)
     if not want:
