@@ -11,10 +11,23 @@ reference, its requirement on n and f, and (where the literature gives them) ε 
 """
 
 # Importing a module registers its rules with make()/names().
-from phalanx.aggregators import bulyan, cc, coordinatewise, geomed, krum, mda, mean, signmaj  # noqa: F401
+from phalanx.aggregators import (  # noqa: F401
+    bulyan,
+    cc,
+    clippedclustering,
+    coordinatewise,
+    dnc,
+    fltrust,
+    geomed,
+    krum,
+    mda,
+    mean,
+    signguard,
+    signmaj,
+)
 from phalanx.aggregators.base import Aggregator, PreAggregator
 from phalanx.aggregators.chain import Chain
-from phalanx.aggregators.pre import nnm  # noqa: F401
+from phalanx.aggregators.pre import arc, bucketing, clip, nnm  # noqa: F401
 from phalanx.aggregators.registry import get_class, make, names, parse_spec, register
 
 __all__ = ["Aggregator", "Chain", "PreAggregator", "get_class", "make", "names", "parse_spec", "register"]

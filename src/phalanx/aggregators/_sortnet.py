@@ -11,8 +11,8 @@ GIL released. n=50 needs 403 compare-exchanges.
 
 After sorting, every coordinate-wise rule here is a *window mean*: the mean of sorted positions
 ``[start, start + length)``. Trimmed mean: ``start = t``, ``length = n − 2t``; median: the middle one (odd n) or two
-(even n); MeaMed: the ``n − t`` values closest to the median, a contiguous window: of the ``t + 1`` windows of ``n − t`` consecutive sorted values, the one whose farthest value from the median is
-nearest (the first such window on ties).
+(even n); MeaMed: the ``n − t`` values closest to the median, a contiguous window: of the ``t + 1`` windows of
+``n − t`` consecutive sorted values, the one whose farthest value from the median is nearest (the first on ties).
 
 NaN is mapped to +∞ before sorting (a NaN is the most extreme value there is), so with at most ``t`` non-finite
 values per coordinate on each side the window holds only finite values.

@@ -1,0 +1,43 @@
+"""Smoke test of benchmarks/aggregators.py: quick mode, Phalanx only (no ByzFL / Flower needed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "aggregators.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("phalanx_bench_aggregators", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(not SCRIPT.exists(), reason="benchmark script missing")
+def test_quick_benchmark_prints_every_rule(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bench = _load_script()
+    from _bench_worker import CASES
+
+    md = tmp_path / "bench.md"
+    assert bench.main(["--quick", "--no-peers", "--markdown", str(md)]) == 0
+    out = capsys.readouterr().out
+    assert "Phalanx aggregators vs peers" in out
+    assert "n=20 d=10^4 f=4 · 1 thr" in out
+    rows = {line.split("│")[2].strip(): line for line in out.splitlines() if line.count("│") > 3}
+    for case in CASES:
+        if not case.optional:
+            assert case.key in rows, f"rule {case.key} missing from the table"
+    # the baseline always exists: its row has a time and a ratio to the streaming floor
+    assert re.search(r"\d+(\.\d+)? (µs|ms|s)", rows["mean"].split("│")[3])
+    assert re.search(r"\d+(\.\d+)?×", rows["mean"])
+    text = md.read_text()
+    assert "| `cwtm` |" in text and "| `mean` |" in text
+    assert "max \\|Δ\\| vs Phalanx" in text
