@@ -23,7 +23,7 @@ run: $(STAMP)
 	$(BIN)/phalanx demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check .
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
