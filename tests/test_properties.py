@@ -26,6 +26,7 @@ class Props:
     identical: bool = True  # identical rows give that row
     params: dict[str, Any] = field(default_factory=dict)
     context: Any = None  # callable(x) -> dict of per-call keywords
+    rtol: float = 1e-5  # iterative solvers are exact only up to their stopping tolerance
 
 
 RULES: dict[str, Props] = {
@@ -33,7 +34,8 @@ RULES: dict[str, Props] = {
     "cwmed": Props(),
     "cwtm": Props(),
     "meamed": Props(),
-    "geomed": Props(params={"tol": 1e-10, "max_iter": 2000}),
+    # Weiszfeld converges sublinearly when the median sits on an input point: compare to 1e-3.
+    "geomed": Props(params={"tol": 1e-10, "max_iter": 2000}, rtol=1e-3),
     "cc": Props(translation=False, scale=False, params={"tau": 1.0}),
     "signmaj": Props(translation=False, scale=False, identical=False),
     "krum": Props(min_n=lambda f: 2 * f + 3),
@@ -50,9 +52,6 @@ RULES: dict[str, Props] = {
     "signguard": Props(permutation=False, translation=False, scale=False),
     "clippedclustering": Props(translation=False, scale=True),
 }
-
-tol = {"atol": 1e-5, "rtol": 1e-5}
-
 
 def _rules() -> list[str]:
     return aggregators.names("rule")
@@ -91,6 +90,7 @@ def test_shape_dtype_and_input_untouched(name: str, data: st.DataObject, seed: i
 def test_symmetries(name: str, data: st.DataObject, seed: int) -> None:
     rule, x, props, ctx = _setup(name, data.draw, seed)
     out = rule(x, **ctx)
+    tol = {"atol": props.rtol, "rtol": props.rtol}
     if props.permutation:
         perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))
         assert torch.allclose(rule(x[perm], **ctx), out, **tol)
@@ -107,9 +107,9 @@ def test_symmetries(name: str, data: st.DataObject, seed: int) -> None:
 def test_identical_rows_return_that_row(name: str, data: st.DataObject, seed: int) -> None:
     if not RULES[name].identical:
         pytest.skip("not applicable")
-    rule, x, _props, ctx = _setup(name, data.draw, seed)
+    rule, x, props, ctx = _setup(name, data.draw, seed)
     x = x[:1].expand_as(x).clone()
-    assert torch.allclose(rule(x, **ctx), x[0], **tol)
+    assert torch.allclose(rule(x, **ctx), x[0], atol=props.rtol, rtol=props.rtol)
 
 
 GARBAGE = [float("nan"), float("inf"), -float("inf"), 1e38, -1e38, 1e-42]
