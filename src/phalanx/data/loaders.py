@@ -1,0 +1,251 @@
+"""``load(name)``: find a data set's files, read them, standardise, return a :class:`~phalanx.data.base.Dataset`.
+
+Where files are looked for (first match wins, recorded in ``Dataset.source``):
+
+1. ``root`` if given: ``root`` itself, ``root/<name>``, and torchvision's layouts under ``root``;
+2. ``$PHALANX_DATA/<name>`` (and torchvision's layouts under ``$PHALANX_DATA``) if the variable is set;
+3. ``/usr/share/datasets/<name>`` — where Debian's ``dataset-fashion-mnist`` package puts Fashion-MNIST;
+4. the cache, ``$XDG_CACHE_HOME/phalanx/<name>`` (default ``~/.cache/phalanx/<name>``);
+5. only with ``download=True``: a download into ``root/<name>`` if ``root`` is given, else into the cache.
+
+``digits`` needs none of this: it ships inside the package (``phalanx/data/_files/digits.csv.gz``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import gzip
+import io
+import os
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from phalanx.data import cifar, download
+from phalanx.data.base import DataFormatError, Dataset, DatasetNotFoundError, standardise
+from phalanx.data.idx import read_idx
+from phalanx.errors import ConfigError
+
+__all__ = ["cache_dir", "canonical", "digits_split", "load", "names", "search_dirs"]
+
+FASHION_CLASSES = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)
+_IDX_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+_TORCHVISION_DIR = {  # where torchvision keeps each data set's files under its root
+    "digits": ".", "mnist": "MNIST/raw", "fashion-mnist": "FashionMNIST/raw", "cifar10": "cifar-10-batches-py",
+}
+_ALIASES = {"digits": "digits", "mnist": "mnist", "fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist",
+            "cifar10": "cifar10"}
+_SYSTEM_DIR = Path("/usr/share/datasets")
+DIGITS_RESOURCE = "phalanx.data/_files/digits.csv.gz"
+
+
+def names() -> list[str]:
+    """The data sets :func:`load` knows, sorted."""
+    return sorted(_LOADERS)
+
+
+def canonical(name: str) -> str:
+    """The canonical spelling of a data-set name (``"Fashion_MNIST"`` → ``"fashion-mnist"``); ConfigError if unknown."""
+    if not isinstance(name, str):
+        raise ConfigError("name", name, "one of " + ", ".join(names()))
+    key = name.strip().lower().replace("-", "").replace("_", "")
+    if key in _ALIASES:
+        return _ALIASES[key]
+    close = difflib.get_close_matches(name.strip().lower(), names() + list(_ALIASES), n=3)
+    hint = f"did you mean {', '.join(dict.fromkeys(_ALIASES.get(c, c) for c in close))}?" if close else None
+    raise ConfigError("name", name, "one of " + ", ".join(names()), hint)
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/phalanx`` if the variable is set, else ``~/.cache/phalanx``."""
+    base = os.environ.get("XDG_CACHE_HOME")
+    return (Path(base) if base else Path.home() / ".cache") / "phalanx"
+
+
+def search_dirs(name: str, root: str | Path | None = None) -> list[Path]:
+    """The directories :func:`load` looks in for ``name``'s files, in order (existing or not).
+
+    Each base directory — ``root``, ``root/<name>``, ``$PHALANX_DATA/<name>``, ``/usr/share/datasets/<name>``,
+    ``<cache>/<name>`` — is tried as is and with torchvision's sub-directory (``MNIST/raw``, ``FashionMNIST/raw``,
+    ``cifar-10-batches-py``) appended; ``$PHALANX_DATA`` itself only with that sub-directory, since the MNIST and
+    Fashion-MNIST files have the same names.
+    """
+    name = canonical(name)
+    layout = _TORCHVISION_DIR[name]
+    out: list[Path] = []
+
+    def add(base: Path) -> None:
+        out.extend((base, base / layout))
+
+    if root is not None:
+        add(Path(root).expanduser())
+        add(Path(root).expanduser() / name)
+    env = os.environ.get("PHALANX_DATA")
+    if env:
+        add(Path(env).expanduser() / name)
+        out.append(Path(env).expanduser() / layout)
+    add(_SYSTEM_DIR / name)
+    add(cache_dir() / name)
+    return list(dict.fromkeys(out))
+
+
+# ---------------------------------------------------------------------------------------------------------- digits
+
+
+def _load_digits(root: str | Path | None, download_: bool) -> Dataset:
+    """sklearn's 8×8 digits, shipped with Phalanx; stratified deterministic split (see :func:`digits_split`)."""
+    with resources.files("phalanx.data").joinpath("_files/digits.csv.gz").open("rb") as fh:
+        text = gzip.decompress(fh.read()).decode("ascii")
+    table = np.loadtxt(io.StringIO(text), delimiter=",", dtype=np.int64)
+    if table.shape != (1797, 65):
+        raise DataFormatError(DIGITS_RESOURCE, f"expected 1797 rows of 65 integers, got {table.shape}")
+    pixels = table[:, :64].astype(np.uint8).reshape(-1, 1, 8, 8)
+    labels = table[:, 64]
+    test = digits_split(labels)
+    train_x, test_x, mean, std = standardise(pixels[~test], pixels[test], scale=16)
+    return Dataset(
+        name="digits", train_x=train_x, train_y=torch.from_numpy(labels[~test].copy()),
+        test_x=test_x, test_y=torch.from_numpy(labels[test].copy()), num_classes=10, input_shape=(1, 8, 8),
+        source=DIGITS_RESOURCE, mean=mean, std=std, classes=tuple(str(i) for i in range(10)),
+    )
+
+
+def digits_split(labels: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Test mask of the digits split: within each class, in file order, every 5th image (the 5th, 10th, ...).
+
+    Deterministic without any random generator (so it cannot change with a numpy or torch release) and
+    stratified: each class puts ⌊n_c / 5⌋ images in the test set — 355 of 1,797 (19.8 %), 1,442 for training.
+    """
+    test = np.zeros(labels.shape[0], dtype=bool)
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        test[idx[4::5]] = True
+    return test
+
+
+# ---------------------------------------------------------------------------------------------- MNIST-like (IDX)
+
+
+def _idx_file(folder: Path, stem: str) -> Path | None:
+    """The file for ``stem`` in ``folder``: ``.gz`` or plain, ``-idx`` or ``.idx`` spelling; None if absent."""
+    variants = (stem, stem.replace("-idx", ".idx"))
+    for v in variants:
+        for candidate in (folder / (v + ".gz"), folder / v):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def _find_idx(folder: Path) -> list[Path] | None:
+    files = [_idx_file(folder, s) for s in _IDX_STEMS]
+    return [f for f in files if f is not None] if all(files) else None
+
+
+def _how_idx(name: str, target: Path) -> str:
+    files = ", ".join(s + ".gz" for s in _IDX_STEMS)
+    lines = ["Get the files in one of these ways:"]
+    if name == "fashion-mnist":
+        lines.append(
+            "  - Debian/Ubuntu: sudo apt-get install dataset-fashion-mnist  (→ /usr/share/datasets/fashion-mnist)",
+        )
+    lines += [
+        f"  - put {files} (gzip or plain) into $PHALANX_DATA/{name}, or into a directory you pass as root=",
+        f"  - load({name!r}, download=True): downloads them (MD5-checked) into {target}",
+    ]
+    return "\n".join(lines)
+
+
+def _load_idx_set(name: str, root: str | Path | None, download_: bool) -> Dataset:
+    dirs = search_dirs(name, root)
+    found: list[Path] | None = None
+    for d in dirs:
+        found = _find_idx(d)
+        if found:
+            break
+    target = (Path(root).expanduser() / name) if root is not None else cache_dir() / name
+    if not found:
+        if not download_:
+            raise DatasetNotFoundError(name, [str(d) for d in dirs], _how_idx(name, target))
+        found = _find_idx(download.download_idx(name, target))
+        assert found is not None
+    train_x, train_y, test_x, test_y = (read_idx(p) for p in found)
+    for p, x, y in ((found[0], train_x, train_y), (found[2], test_x, test_y)):
+        if x.dtype != np.uint8 or x.ndim != 3:
+            raise DataFormatError(str(p), f"expected uint8 images (N, H, W), got {x.dtype} {x.shape}")
+        if y.ndim != 1 or y.shape[0] != x.shape[0]:
+            raise DataFormatError(str(p), f"{x.shape[0]} images but labels of shape {y.shape}")
+        if y.size and (int(y.min()) < 0 or int(y.max()) > 9):
+            raise DataFormatError(str(p), f"labels outside 0..9 (min {y.min()}, max {y.max()})")
+    if train_x.shape[1:] != test_x.shape[1:]:
+        raise DataFormatError(str(found[2]), f"test images {test_x.shape[1:]} vs training images {train_x.shape[1:]}")
+    tr, te, mean, std = standardise(train_x[:, None], test_x[:, None], scale=255)
+    return Dataset(
+        name=name, train_x=tr, train_y=torch.from_numpy(train_y.astype(np.int64)), test_x=te,
+        test_y=torch.from_numpy(test_y.astype(np.int64)), num_classes=10, input_shape=(1, *train_x.shape[1:]),
+        source=str(found[0].parent), mean=mean, std=std,
+        classes=FASHION_CLASSES if name == "fashion-mnist" else tuple(str(i) for i in range(10)),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------- CIFAR-10
+
+
+def _has_cifar(folder: Path) -> bool:
+    return all((folder / f).is_file() for f in (*cifar.TRAIN_FILES, cifar.TEST_FILE))
+
+
+def _load_cifar10(root: str | Path | None, download_: bool) -> Dataset:
+    dirs = search_dirs("cifar10", root)
+    folder = next((d for d in dirs if _has_cifar(d)), None)
+    target = (Path(root).expanduser() / "cifar10") if root is not None else cache_dir() / "cifar10"
+    if folder is None:
+        if not download_:
+            how = (
+                "Get the files in one of these ways:\n"
+                "  - unpack cifar-10-python.tar.gz (https://www.cs.toronto.edu/~kriz/cifar.html) into "
+                "$PHALANX_DATA/cifar10, or into a directory you pass as root=\n"
+                f"  - load('cifar10', download=True): downloads it (170 MB, MD5-checked) into {target}"
+            )
+            raise DatasetNotFoundError("cifar10", [str(d) for d in dirs], how)
+        folder = download.download_cifar10(target)
+    train_x, train_y, test_x, test_y = cifar.read_cifar10(folder)
+    tr, te, mean, std = standardise(train_x, test_x, scale=255)
+    return Dataset(
+        name="cifar10", train_x=tr, train_y=torch.from_numpy(train_y), test_x=te, test_y=torch.from_numpy(test_y),
+        num_classes=10, input_shape=(3, 32, 32), source=str(folder), mean=mean, std=std, classes=cifar.CLASSES,
+    )
+
+
+_LOADERS: dict[str, Callable[[str | Path | None, bool], Dataset]] = {
+    "digits": _load_digits,
+    "mnist": lambda root, dl: _load_idx_set("mnist", root, dl),
+    "fashion-mnist": lambda root, dl: _load_idx_set("fashion-mnist", root, dl),
+    "cifar10": _load_cifar10,
+}
+
+
+def load(name: str, root: str | Path | None = None, download: bool = False) -> Dataset:
+    """Load a data set by name (see :func:`names`; ``"Fashion_MNIST"``, ``"fmnist"``, ``"cifar-10"`` also work).
+
+    Parameters
+    ----------
+    name: ``"digits"`` (built in), ``"mnist"``, ``"fashion-mnist"`` or ``"cifar10"``.
+    root: a directory to look in first (the files directly in it, or in ``root/<name>``, or torchvision's layout);
+        ``digits`` ignores it, and ``download``, since it ships inside the package.
+    download: if the files are found nowhere (module docstring), download them from the standard mirrors with
+        MD5 checks. Off by default: nothing touches the network unless asked.
+
+    Raises :class:`~phalanx.data.base.DatasetNotFoundError` (a ConfigError) that lists the places searched and how to
+    get the files, or :class:`~phalanx.data.base.DataFormatError` for a corrupt file.
+    """
+    if not isinstance(download, bool):
+        raise ConfigError("download", download, "True or False")
+    if root is not None and not isinstance(root, (str, os.PathLike)):
+        raise ConfigError("root", root, "a directory path or None")
+    return _LOADERS[canonical(name)](root, download)
