@@ -1,0 +1,52 @@
+"""Byzantine attacks: what the Byzantine workers send (vector attacks) or train on (data attacks).
+
+>>> import torch
+>>> from phalanx import attacks
+>>> ctx = attacks.AttackContext(torch.randn(8, 5), n_byzantine=2, f=2, aggregator=None,
+...                             generator=torch.Generator().manual_seed(0))
+>>> attacks.make("alie")(ctx).shape
+torch.Size([2, 5])
+
+:func:`make` builds an attack by name; :func:`names` lists them. Every attack carries its reference and threat
+model (``describe()``). See docs/attacks.md.
+"""
+
+# Importing a module registers its attacks with make()/names().
+from phalanx.attacks import alie, fang, labelflip, mimic, minmax, noise, none, optimal, scaling  # noqa: F401
+from phalanx.attacks.alie import ALIE, alie_z_max
+from phalanx.attacks.base import Attack, AttackContext, DataAttack
+from phalanx.attacks.fang import Fang
+from phalanx.attacks.labelflip import LabelFlip
+from phalanx.attacks.mimic import Mimic
+from phalanx.attacks.minmax import MinMax, MinSum
+from phalanx.attacks.noise import Gaussian, Infinity, NotANumber
+from phalanx.attacks.none import NoAttack
+from phalanx.attacks.optimal import Optimal, OptimalSearch
+from phalanx.attacks.registry import get_class, make, names, register
+from phalanx.attacks.scaling import FallOfEmpires, InnerProductManipulation, SignFlip
+
+__all__ = [
+    "ALIE",
+    "Attack",
+    "AttackContext",
+    "DataAttack",
+    "FallOfEmpires",
+    "Fang",
+    "Gaussian",
+    "Infinity",
+    "InnerProductManipulation",
+    "LabelFlip",
+    "Mimic",
+    "MinMax",
+    "MinSum",
+    "NoAttack",
+    "NotANumber",
+    "Optimal",
+    "OptimalSearch",
+    "SignFlip",
+    "alie_z_max",
+    "get_class",
+    "make",
+    "names",
+    "register",
+]

@@ -1,0 +1,180 @@
+"""The interfaces of the attack package: the per-round context, vector attacks and data attacks.
+
+A *vector attack* is the Byzantine workers' strategy in one round: given what they know (the honest vectors of the
+round, the server's rule, the configured ``f``), it returns the ``b`` vectors they send. A *data attack* changes a
+Byzantine worker's batch; the worker then computes an honest-looking gradient on it.
+
+Conventions (DESIGN.md §6):
+
+* ``n_byzantine`` (``b``) is how many workers actually attack; ``f`` is what the server's aggregator is *configured*
+  to tolerate. They are different numbers and both are in the context.
+* An attack never modifies ``ctx.honest``; its output is a new ``(b, d)`` tensor with the honest vectors' dtype and
+  device (``(0, d)`` when ``b = 0``).
+* Randomness comes only from ``ctx.generator`` (the "attack" stream), so an attack is deterministic given it.
+* Configuration errors raise :class:`~phalanx.errors.ConfigError` at construction; an attack that needs something
+  the context lacks (the aggregator, a worker index out of range) raises it at call time, naming the field.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from phalanx.errors import ConfigError, InputError
+
+__all__ = ["Attack", "AttackContext", "DataAttack"]
+
+
+@dataclass
+class AttackContext:
+    """What the Byzantine workers know in one round.
+
+    Attributes
+    ----------
+    honest: the honest vectors of this round, shape ``(h, d)``, ``h >= 1`` (the attacker is omniscient).
+    n_byzantine: how many vectors to return, ``b >= 0``.
+    f: the number of Byzantine workers the server's aggregator is configured to tolerate.
+    aggregator: the server's rule ``(n, d) -> (d,)``, for adaptive attacks; ``None`` if unknown.
+    generator: a seeded CPU :class:`torch.Generator`, the "attack" random stream.
+    round: the training round (for attacks that depend on time; none of the built-in ones do).
+    """
+
+    honest: Tensor
+    n_byzantine: int
+    f: int
+    aggregator: Callable[[Tensor], Tensor] | None
+    generator: torch.Generator
+    round: int = 0
+
+    def __post_init__(self) -> None:
+        x = self.honest
+        if not isinstance(x, Tensor):
+            raise InputError("AttackContext.honest", type(x).__name__, "a torch.Tensor of shape (h, d)")
+        if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
+            raise InputError(
+                "AttackContext.honest", f"a tensor of shape {tuple(x.shape)}", "shape (h, d) with h >= 1 and d >= 1",
+            )
+        if not x.is_floating_point():
+            raise InputError("AttackContext.honest", f"dtype {x.dtype}", "a floating-point dtype")
+        for field_name in ("n_byzantine", "f", "round"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(field_name, value, "an integer >= 0")
+        if self.aggregator is not None and not callable(self.aggregator):
+            raise ConfigError("aggregator", self.aggregator, "a callable (n, d) -> (d,) or None")
+        if not isinstance(self.generator, torch.Generator):
+            raise ConfigError("generator", self.generator, "a torch.Generator (seeded, on the CPU)")
+        if self.generator.device.type != "cpu":
+            raise ConfigError("generator", self.generator, "a CPU torch.Generator")
+
+    @property
+    def n_honest(self) -> int:
+        """``h``, the number of honest rows."""
+        return int(self.honest.shape[0])
+
+    @property
+    def n_workers(self) -> int:
+        """``n = h + b``, the number of vectors the server receives."""
+        return self.n_honest + self.n_byzantine
+
+    @property
+    def dim(self) -> int:
+        """``d``, the length of each vector."""
+        return int(self.honest.shape[1])
+
+
+class _Configurable(ABC):
+    """Name, reference, threat model, parameters and their introspection."""
+
+    name: ClassVar[str]
+    """The name :func:`phalanx.attacks.make` knows this attack by."""
+    reference: ClassVar[str]
+    """The paper that defines it (authors, title, venue, year, and the equation or algorithm used)."""
+    threat: ClassVar[str] = "omniscient: sees every honest vector of the round"
+    """What the attacker knows, as text for tables."""
+    needs_aggregator: ClassVar[bool] = False
+    """True when the attack calls ``ctx.aggregator`` (adaptive attacks)."""
+    kind: ClassVar[str] = "vector"
+
+    def params(self) -> dict[str, Any]:
+        """The configuration of this attack (its constructor arguments), for logs and manifests."""
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        """Metadata for tables: name, kind, reference, threat model, whether it needs the aggregator, parameters."""
+        return {
+            "name": self.name, "kind": self.kind, "reference": self.reference, "threat": self.threat,
+            "needs_aggregator": self.needs_aggregator, "params": self.params(),
+        }
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{type(self).__name__}({args})"
+
+
+class Attack(_Configurable):
+    """A vector attack: ``ctx -> (b, d)`` Byzantine vectors.
+
+    Subclasses implement :meth:`_run`, called only with ``b >= 1`` and under ``torch.no_grad()``; it may return any
+    floating dtype on the honest vectors' device, and :meth:`__call__` casts the result to the honest dtype.
+    """
+
+    @abstractmethod
+    def _run(self, ctx: AttackContext) -> Tensor:
+        """Return the ``(b, d)`` Byzantine vectors for a validated context with ``b >= 1``."""
+
+    def __call__(self, ctx: AttackContext) -> Tensor:
+        """The ``ctx.n_byzantine`` Byzantine vectors of this round, shape ``(b, d)``, dtype/device of ``ctx.honest``."""
+        if not isinstance(ctx, AttackContext):
+            raise InputError(f"{self.name}: ctx", type(ctx).__name__, "a phalanx.attacks.AttackContext")
+        honest = ctx.honest
+        b, d = ctx.n_byzantine, ctx.dim
+        if b == 0:
+            return honest.new_empty((0, d))
+        with torch.no_grad():
+            out = self._run(ctx)
+        if tuple(out.shape) != (b, d):  # pragma: no cover - programming error in a subclass
+            raise RuntimeError(f"attack {self.name} returned shape {tuple(out.shape)}, expected {(b, d)}")
+        return out.to(dtype=honest.dtype, device=honest.device)
+
+
+class DataAttack(_Configurable):
+    """A data attack: transforms a Byzantine worker's batch ``(x, y)``; the worker then trains on it honestly."""
+
+    kind: ClassVar[str] = "data"
+    threat: ClassVar[str] = "data only: controls its own training batch, sees nothing else"
+
+    @abstractmethod
+    def _transform(
+        self, x: Tensor, y: Tensor, num_classes: int, generator: torch.Generator | None,
+    ) -> tuple[Tensor, Tensor]:
+        """Transform a validated batch."""
+
+    def transform(
+        self, x: Tensor, y: Tensor, num_classes: int, generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Return the poisoned batch ``(x', y')``; ``x`` and ``y`` are not modified.
+
+        ``y`` holds integer class labels in ``[0, num_classes)``, one per example of ``x`` (dim 0).
+        """
+        if not isinstance(x, Tensor) or not isinstance(y, Tensor):
+            raise InputError(f"{self.name}: (x, y)", f"{type(x).__name__}, {type(y).__name__}", "two torch.Tensors")
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise ConfigError("num_classes", num_classes, "an integer >= 1")
+        if y.ndim != 1 or (x.ndim >= 1 and x.shape[0] != y.shape[0]):
+            raise InputError(
+                f"{self.name}: y", f"shape {tuple(y.shape)} for x of shape {tuple(x.shape)}",
+                "a 1-D tensor with one label per example of x",
+            )
+        if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+            raise InputError(f"{self.name}: y", f"dtype {y.dtype}", "an integer dtype (class labels)")
+        if y.numel() > 0 and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+            raise InputError(
+                f"{self.name}: y", f"labels in [{int(y.min())}, {int(y.max())}]", f"labels in [0, {num_classes - 1}]",
+            )
+        return self._transform(x, y, num_classes, generator)
