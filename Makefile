@@ -20,7 +20,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/phalanx demo
+	$(BIN)/phalanx run --out runs/default
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Annotated
 
 import torch
@@ -134,6 +135,118 @@ def epsilon_cmd(
         f"{spec}: measured ε ≥ {est.value:.4f} (worst input: {est.worst_input}); theory {_fmt(est.theory, 4)}; "
         f"lower bound f/(n−f) = {est.lower_bound:.4f}"
     )
+
+
+def _load_grid(config: Path | None, overrides: list[str]) -> dict[str, object]:
+    from phalanx.training.config import apply_overrides, load_toml
+
+    data = load_toml(config) if config is not None else load_toml(DEFAULT_CONFIG)
+    return apply_overrides(data, overrides)
+
+
+DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.toml"
+
+
+def _run_grid(data: dict[str, object], out: Path, jobs: int) -> None:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from phalanx.experiments import grid, report, runner
+
+    cfgs = grid.configs(data)  # every point validated before anything runs
+    total = sum(c.rounds for c in cfgs)
+    console.print(f"[bold]{len(cfgs)} run(s)[/bold] → {out}")
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} rounds"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task("training", total=total)
+        offsets: dict[str, int] = {}
+
+        def on_round(cfg: object, t: int, rounds: int) -> None:
+            key = grid.run_id(cfg)  # type: ignore[arg-type]
+            done = offsets.get(key, 0)
+            bar.advance(task, t - done)
+            offsets[key] = t
+            bar.update(task, description=f"{cfg.aggregator} / {cfg.attack}")  # type: ignore[attr-defined]
+
+        def on_done(cfg: object, status: str) -> None:
+            key = grid.run_id(cfg)  # type: ignore[arg-type]
+            bar.advance(task, cfg.rounds - offsets.get(key, 0))  # type: ignore[attr-defined]
+            offsets[key] = cfg.rounds  # type: ignore[attr-defined]
+
+        runner.run_grid(cfgs, out, jobs=jobs, on_round=on_round, on_done=on_done)
+    result = report.write_report(out)
+    table = Table(title="Final test accuracy (seeds pooled)")
+    keys = result["keys"]
+    for k in [*keys, "final acc. %", "best acc. %", "agg. error", "Byz. share"]:
+        table.add_column(k, justify="left" if k in keys else "right")
+    for s in sorted(result["summary"], key=lambda s: -s["final_accuracy"]):
+        acc = f"{100 * s['final_accuracy']:.1f}" + (f" ± {100 * s['final_accuracy_std']:.1f}" if s["seeds"] > 1 else "")
+        table.add_row(*[str(s.get(k)) for k in keys], acc, f"{100 * s['best_accuracy']:.1f}",
+                      _fmt(s["agg_error"]), _fmt(s["byz_share"], 2))
+    console.print(table)
+    console.print(f"report: {out / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
+
+
+@app.command()
+def run(
+    config: Annotated[Path | None, typer.Argument(help="TOML config (default: the built-in default job).")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set f=2 (repeatable).")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/default"),
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel worker processes.")] = 1,
+) -> None:
+    """Train: one run, or one per combination of the list-valued keys; print the comparison, write report + plots."""
+    _run_grid(_load_grid(config, set_ or []), out, jobs)
+
+
+@app.command()
+def sweep(
+    config: Annotated[Path, typer.Argument(help="TOML config; every list-valued key is a grid axis.")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key (repeatable).")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/sweep"),
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel worker processes.")] = 2,
+) -> None:
+    """Run a grid in parallel processes; finished runs are skipped, unfinished ones resume."""
+    _run_grid(_load_grid(config, set_ or []), out, jobs)
+
+
+@app.command("report")
+def report_cmd(directory: Annotated[Path, typer.Argument(help="A run or sweep output directory.")]) -> None:
+    """Write report.md and PNG plots for the runs under a directory."""
+    from phalanx.experiments import report
+
+    result = report.write_report(directory)
+    console.print(f"{directory / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
+
+
+@list_app.command("attacks")
+def list_attacks() -> None:
+    """Attacks with their reference."""
+    from phalanx import attacks
+
+    table = Table(title="Phalanx attacks")
+    table.add_column("name")
+    table.add_column("reference", overflow="fold")
+    for name in attacks.names():
+        table.add_row(name, attacks.make(name).reference)
+    console.print(table)
+
+
+@list_app.command("datasets")
+def list_datasets() -> None:
+    """Data sets Phalanx can load."""
+    from phalanx import data
+
+    for name in data.names():
+        console.print(name)
+
+
+@list_app.command("models")
+def list_models() -> None:
+    """Models Phalanx can build."""
+    from phalanx import models
+
+    for name in models.names():
+        console.print(name)
 
 
 def main() -> None:

@@ -28,6 +28,7 @@ class ConfigError(PhalanxError, ValueError):
         self.parameter = parameter
         self.value = value
         self.allowed = allowed
+        self.hint = hint
         message = f"{parameter}={value!r} is invalid: allowed {allowed}"
         if hint:
             message += f" ({hint})"

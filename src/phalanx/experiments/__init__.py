@@ -1,0 +1,1 @@
+"""Experiments: run directories, results, checkpoints, sweeps and reports."""

@@ -1,0 +1,167 @@
+"""Reports: a summary table per setting, accuracy-vs-round plots, an aggregator × attack heat map, Markdown."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from phalanx.experiments import store
+
+SETTING_KEYS = ("aggregator", "f", "attack", "byzantine", "partition", "alpha", "dataset", "model", "workers")
+
+
+def collect(root: Path) -> list[dict[str, Any]]:
+    """Every metric row of every run directory under ``root`` (recursively)."""
+    rows: list[dict[str, Any]] = []
+    for cfg_path in sorted(root.rglob("config.json")):
+        run_dir = cfg_path.parent
+        for r in store.read_rows(run_dir):
+            r = dict(r)
+            r["run"] = run_dir.name
+            r["finished"] = store.is_finished(run_dir)
+            rows.append(r)
+    return rows
+
+
+def _setting(row: dict[str, Any], keys: tuple[str, ...]) -> tuple[Any, ...]:
+    return tuple(row.get(k) for k in keys)
+
+
+def summarize(rows: list[dict[str, Any]], keys: tuple[str, ...] = SETTING_KEYS) -> list[dict[str, Any]]:
+    """One line per setting (seeds pooled): final accuracy mean ± std over seeds, best accuracy, mean agg. error."""
+    final: dict[str, dict[str, Any]] = {}
+    by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_run[r["run"]].append(r)
+    per_setting: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for run, rs in by_run.items():
+        rs = sorted(rs, key=lambda r: r["round"])
+        last = rs[-1]
+        errs = [r["agg_error"] for r in rs if r.get("agg_error") is not None]
+        shares = [r["byz_share"] for r in rs if r.get("byz_share") is not None]
+        final[run] = {
+            "final": last["test_accuracy"], "best": max(r["test_accuracy"] for r in rs), "round": last["round"],
+            "agg_error": sum(errs) / len(errs) if errs else None,
+            "byz_share": sum(shares) / len(shares) if shares else None, "finished": last.get("finished", False),
+        }
+        per_setting[_setting(last, keys)].append(final[run])
+    out = []
+    for setting, runs in per_setting.items():
+        accs = [r["final"] for r in runs]
+        mean = sum(accs) / len(accs)
+        std = (sum((a - mean) ** 2 for a in accs) / (len(accs) - 1)) ** 0.5 if len(accs) > 1 else 0.0
+        errs = [r["agg_error"] for r in runs if r["agg_error"] is not None]
+        shares = [r["byz_share"] for r in runs if r["byz_share"] is not None]
+        line = dict(zip(keys, setting))
+        line.update({
+            "seeds": len(runs), "final_accuracy": mean, "final_accuracy_std": std,
+            "best_accuracy": sum(r["best"] for r in runs) / len(runs),
+            "agg_error": sum(errs) / len(errs) if errs else None,
+            "byz_share": sum(shares) / len(shares) if shares else None,
+            "rounds": max(r["round"] for r in runs), "finished": all(r["finished"] for r in runs),
+        })
+        out.append(line)
+    return out
+
+
+def varying(summary: list[dict[str, Any]], keys: tuple[str, ...] = SETTING_KEYS) -> list[str]:
+    """The setting keys that take more than one value in a summary."""
+    return [k for k in keys if len({json.dumps(s.get(k)) for s in summary}) > 1] or ["aggregator"]
+
+
+def markdown_table(summary: list[dict[str, Any]], keys: list[str]) -> str:
+    """The summary as a Markdown table (accuracy in %)."""
+    head = [*keys, "final acc. (%)", "best acc. (%)", "agg. error", "Byz. share", "seeds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in sorted(summary, key=lambda s: -s["final_accuracy"]):
+        acc = f"{100 * s['final_accuracy']:.1f}" + (f" ± {100 * s['final_accuracy_std']:.1f}" if s["seeds"] > 1 else "")
+        cells = [str(s.get(k)) for k in keys] + [
+            acc, f"{100 * s['best_accuracy']:.1f}",
+            "—" if s["agg_error"] is None else f"{s['agg_error']:.3g}",
+            "—" if s["byz_share"] is None else f"{s['byz_share']:.2f}", str(s["seeds"]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path:
+    """Test accuracy vs round, one line per setting (mean over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        label = ", ".join(f"{k}={r.get(k)}" if k != "aggregator" else str(r.get(k)) for k in keys)
+        curves[label][r["round"]].append(r["test_accuracy"])
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    for label, pts in sorted(curves.items()):
+        xs = sorted(pts)
+        ax.plot(xs, [100 * sum(pts[x]) / len(pts[x]) for x in xs], marker="o", markersize=3, label=label)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title("Test accuracy per setting")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_heatmap(summary: list[dict[str, Any]], path: Path) -> Path | None:
+    """Final accuracy, aggregator × attack (mean over the other keys); None if only one of each."""
+    aggs = sorted({s["aggregator"] for s in summary})
+    atts = sorted({s["attack"] for s in summary})
+    if len(aggs) < 2 and len(atts) < 2:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = [[float("nan")] * len(atts) for _ in aggs]
+    for i, a in enumerate(aggs):
+        for j, t in enumerate(atts):
+            vals = [s["final_accuracy"] for s in summary if s["aggregator"] == a and s["attack"] == t]
+            if vals:
+                grid[i][j] = 100 * sum(vals) / len(vals)
+    fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(atts), 1.2 + 0.45 * len(aggs)), dpi=120)
+    im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=100, aspect="auto")
+    ax.set_xticks(range(len(atts)), atts, rotation=30, ha="right")
+    ax.set_yticks(range(len(aggs)), aggs)
+    for i in range(len(aggs)):
+        for j in range(len(atts)):
+            if grid[i][j] == grid[i][j]:
+                ax.text(j, i, f"{grid[i][j]:.0f}", ha="center", va="center", color="w", fontsize=8)
+    fig.colorbar(im, ax=ax, label="final test accuracy (%)")
+    ax.set_title("Final accuracy: aggregator × attack")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_report(root: Path, out: Path | None = None) -> dict[str, Any]:
+    """Write ``report.md``, ``accuracy.png`` and (if useful) ``heatmap.png`` for the runs under ``root``."""
+    out = out or root
+    rows = collect(root)
+    if not rows:
+        from phalanx.errors import ConfigError
+
+        raise ConfigError("DIR", str(root), "a directory holding run directories (config.json + metrics.jsonl)")
+    summary = summarize(rows)
+    keys = varying(summary)
+    curves = plot_curves(rows, keys, out / "accuracy.png")
+    heat = plot_heatmap(summary, out / "heatmap.png")
+    md = ["# Phalanx report", "", f"Runs under `{root}`: {len({r['run'] for r in rows})}.", "",
+          markdown_table(summary, keys), "", f"![accuracy]({curves.name})"]
+    if heat is not None:
+        md += ["", f"![heatmap]({heat.name})"]
+    store.atomic_write_text(out / "report.md", "\n".join(md) + "\n")
+    return {"summary": summary, "keys": keys, "plots": [p for p in (curves, heat) if p is not None]}

@@ -1,0 +1,151 @@
+"""Training: vmap gradients equal the loop, one round by hand, determinism, resume = uninterrupted, config errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from phalanx import aggregators, attacks, models
+from phalanx.errors import ConfigError
+from phalanx.experiments import grid, report, runner, store
+from phalanx.training import make_config, train
+from phalanx.training.config import apply_overrides
+from phalanx.training.problem import Problem
+from phalanx.training.round import RoundState, WorkerData, aggregation_error, detection_auc, run_round
+
+SMALL = {
+    "dataset": "digits", "model": "mlp", "workers": 8, "byzantine": 2, "f": 2, "aggregator": "cwtm",
+    "attack": "signflip", "partition": "dirichlet", "alpha": 1.0, "rounds": 12, "batch_size": 8, "lr": 0.1,
+    "eval_every": 4, "checkpoint_every": 4, "seed": 3,
+}
+
+
+@pytest.mark.parametrize("name", ["logreg", "mlp", "cnn"])
+def test_vmap_gradients_equal_the_loop(name: str) -> None:
+    torch.manual_seed(0)
+    model = models.make(name, (1, 8, 8), 10)
+    problem = Problem(model)
+    theta = problem.initial_theta()
+    xb = torch.randn(5, 7, 1, 8, 8)
+    yb = torch.randint(0, 10, (5, 7))
+    assert torch.allclose(problem.grads(theta, xb, yb), problem.grads_loop(theta, xb, yb), atol=1e-5)
+
+
+def test_one_round_by_hand() -> None:
+    torch.manual_seed(0)
+    problem = Problem(models.make("logreg", (1, 2, 2), 3))
+    x = torch.randn(12, 1, 2, 2)
+    y = torch.randint(0, 3, (12,))
+    shards = [torch.arange(0, 4), torch.arange(4, 8), torch.arange(8, 12)]
+    data = WorkerData(x, y, shards, 3)
+    theta0 = problem.initial_theta()
+    state = RoundState(theta=theta0, momentum=None, previous=None)
+    gen = torch.Generator().manual_seed(1)
+    new, res = run_round(
+        state, problem, data, aggregators.make("mean", f=0), attacks.make("none"), workers=3, byzantine=0, f=0,
+        batch_size=4, lr=0.5, momentum=0.9, weight_decay=0.0, batch_gen=gen, attack_gen=torch.Generator(),
+        measure=True,
+    )
+    # the same round by hand: same batches (same generator), per-worker gradients, mean, one SGD step
+    gen2 = torch.Generator().manual_seed(1)
+    idx = torch.stack([s[torch.randint(4, (4,), generator=gen2)] for s in shards])
+    g = problem.grads_loop(theta0, x[idx], y[idx])
+    assert torch.allclose(new.theta, theta0 - 0.5 * g.mean(0), atol=1e-6)
+    assert new.momentum is not None and torch.allclose(new.momentum, g, atol=1e-6)  # m₀ = g₀
+    assert res is not None and res.agg_error == pytest.approx(0.0, abs=1e-10)
+
+
+def test_measurements() -> None:
+    honest = torch.tensor([[0.0, 0.0], [2.0, 0.0]])
+    assert aggregation_error(torch.tensor([1.0, 0.0]), honest) == 0.0
+    assert aggregation_error(torch.tensor([2.0, 0.0]), honest) == pytest.approx(1.0)
+    byz = torch.tensor([False, False, True])
+    assert detection_auc(torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64), byz) == 1.0
+    assert detection_auc(torch.tensor([0.0, 0.5, 0.5], dtype=torch.float64), byz) == 0.25
+
+
+def test_training_learns_and_is_deterministic(tmp_path: Path) -> None:
+    cfg = make_config({**SMALL, "attack": "none", "byzantine": 0, "rounds": 40, "eval_every": 20})
+    rows = train(cfg)
+    assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.3
+    assert rows == train(cfg)
+
+
+def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
+    cfg = make_config(SMALL)
+    full = train(cfg, tmp_path / "full")
+    # interrupted: run 8 rounds into the directory, then ask for all 12 (resumes from the round-8 checkpoint)
+    part_cfg = make_config({**SMALL, "rounds": 8})
+    partial_dir = tmp_path / "part"
+    train(part_cfg, partial_dir)
+    # the run directory must hold the same config to resume: rewrite it as an interrupted 12-round run would be
+    (partial_dir / "DONE").unlink()
+    (partial_dir / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2, sort_keys=True))
+    resumed = train(cfg, partial_dir)
+    assert [r["test_accuracy"] for r in resumed] == [r["test_accuracy"] for r in full]
+    assert [r["round"] for r in resumed] == [0, 4, 8, 12]
+    assert store.is_finished(partial_dir) and (partial_dir / "metrics.parquet").exists()
+
+
+def test_run_dir_refuses_another_config(tmp_path: Path) -> None:
+    train(make_config({**SMALL, "rounds": 2}), tmp_path)
+    with pytest.raises(ConfigError, match="differs in rounds"):
+        train(make_config({**SMALL, "rounds": 3}), tmp_path)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"bogus": 1}, "unknown key"),
+        ({"f": 4}, "f=4 must be < workers/2"),
+        ({"byzantine": 8}, "byzantine=8 must be < workers"),
+        ({"aggregator": "krum", "f": 3}, "workers"),
+        ({"aggregator": "nope"}, "aggregator"),
+        ({"attack": "nope"}, "attack"),
+        ({"dataset": "nope"}, "dataset"),
+        ({"lr": -1}, "lr"),
+        ({"partition": "random"}, "partition"),
+    ],
+)
+def test_config_errors(change: dict[str, object], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        make_config({**SMALL, **change})
+
+
+def test_overrides_and_grid() -> None:
+    data = apply_overrides(SMALL, ["f=1", "aggregator=['cwtm', 'krum']", "attack_params.scale=2.0", "seed=[0, 1]"])
+    assert data["f"] == 1 and data["attack_params"] == {"scale": 2.0}
+    cfgs = grid.configs(data)
+    assert [(c.aggregator, c.seed) for c in cfgs] == [("cwtm", 0), ("cwtm", 1), ("krum", 0), ("krum", 1)]
+    assert len({grid.run_id(c) for c in cfgs}) == 4
+
+
+def test_sweep_skips_finished_runs_and_reports(tmp_path: Path) -> None:
+    data = {**SMALL, "rounds": 4, "aggregator": ["cwtm", "cwmed"], "attack": ["none", "signflip"]}
+    cfgs = grid.configs(data)
+    seen: list[str] = []
+    runner.run_grid(cfgs, tmp_path, on_done=lambda c, s: seen.append(s))
+    assert seen == ["done"] * 4
+    seen.clear()
+    runner.run_grid(cfgs, tmp_path, on_done=lambda c, s: seen.append(s))
+    assert seen == ["skipped (finished)"] * 4
+    result = report.write_report(tmp_path)
+    assert {s["aggregator"] for s in result["summary"]} == {"cwtm", "cwmed"}
+    assert (tmp_path / "report.md").exists() and (tmp_path / "accuracy.png").exists()
+    assert (tmp_path / "heatmap.png").exists()
+
+
+@pytest.mark.skipif(
+    not Path("/usr/share/datasets/fashion-mnist").is_dir(),
+    reason="Debian's dataset-fashion-mnist is not installed (.ci/run installs it)",
+)
+def test_trains_on_real_fashion_mnist() -> None:
+    cfg = make_config({
+        "dataset": "fashion-mnist", "model": "logreg", "workers": 6, "byzantine": 1, "f": 1, "aggregator": "cwtm",
+        "attack": "signflip", "rounds": 30, "batch_size": 32, "lr": 0.1, "eval_every": 30, "seed": 0,
+    })
+    rows = train(cfg)
+    assert rows[-1]["test_accuracy"] > 0.6  # 10 classes: chance is 0.1
