@@ -20,6 +20,8 @@ app = typer.Typer(
 )
 list_app = typer.Typer(help="List what Phalanx provides.", no_args_is_help=True)
 app.add_typer(list_app, name="list")
+tension_app = typer.Typer(help="The price of robustness (Yang, Shi & Li, ICML 2025).", no_args_is_help=True)
+app.add_typer(tension_app, name="tension")
 console = Console()
 
 
@@ -247,6 +249,41 @@ def list_models() -> None:
 
     for name in models.names():
         console.print(name)
+
+
+@tension_app.command("theory")
+def tension_theory(
+    workers: Annotated[int, typer.Option("--workers", "-n", min=2, help="Number of workers n.")] = 16,
+    rules: Annotated[str, typer.Option("--rules", help="Comma-separated aggregator specs.")] = ",".join(
+        ("cwtm", "cwmed", "geomed", "krum", "multikrum", "meamed", "nnm>cwtm")
+    ),
+    measure: Annotated[bool, typer.Option("--measure", help="Also measure ε (worst cases + random search).")] = False,
+    trials: Annotated[int, typer.Option("--trials", min=0, help="Random inputs per (rule, f) when measuring.")] = 100,
+    fmt: Annotated[str, typer.Option("--format", help="table, markdown or csv.")] = "table",
+) -> None:
+    """For f = 0 … ⌊(n−1)/2⌋: each rule's ε and κ beside the lower bound ε ≥ f/(n−f) (and measured ε)."""
+    from phalanx.analysis import tension
+
+    if fmt not in ("table", "markdown", "csv"):
+        raise typer.BadParameter(f"--format={fmt!r}: allowed table, markdown or csv")
+    specs = [r.strip() for r in rules.split(",") if r.strip()]
+    rows = tension.theory_table(workers, specs, measure=measure, trials=trials)
+    if fmt == "markdown":
+        console.print(tension.to_markdown(rows, workers), markup=False, highlight=False)
+        return
+    if fmt == "csv":
+        typer.echo(tension.to_csv(rows), nl=False)
+        return
+    table = Table(title=f"Price of robustness at n = {workers}: no-attack error ε vs the bound f/(n−f)")
+    cols = ["rule", "f", "bound f/(n−f)", "ε theory", "κ theory"] + (["ε measured", "worst input"] if measure else [])
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("rule", "worst input") else "right")
+    for r in rows:
+        cells = [r.rule, str(r.f), _fmt(r.lower_bound, 4), _fmt(r.epsilon, 4), _fmt(r.kappa, 4)]
+        if measure:
+            cells += [_fmt(r.measured, 4), r.worst_input or (r.note or "")]
+        table.add_row(*cells)
+    console.print(table)
 
 
 def main() -> None:
