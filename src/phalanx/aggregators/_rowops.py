@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["clip_scales", "median_norm", "mix_rows", "row_norms", "scale_rows", "weighted_sum"]
+__all__ = ["clip_scales", "clipped_mean", "median_norm", "mix_rows", "row_norms", "scale_rows", "weighted_sum"]
 
 
 def row_norms(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -95,3 +95,18 @@ def mix_rows(weights: Tensor, x: Tensor, bad: Tensor) -> Tensor:
 def weighted_sum(coef: Tensor, x: Tensor, bad: Tensor) -> Tensor:
     """``Σᵢ coefᵢ xᵢ`` (``(d,)``) skipping the bad rows; NaN if a bad row has a non-zero coefficient."""
     return mix_rows(coef[None, :], x, bad)[0]
+
+
+def clipped_mean(
+    x: Tensor, kept: Tensor, norms: Tensor, bad: Tensor, threshold: Tensor | float,
+) -> tuple[Tensor, Tensor]:
+    """Mean of the kept rows, each clipped to ``threshold``; returns ``(out (d,), shares (n,) float64)``.
+
+    The shares are ``1/|kept|`` on the kept rows. With no row kept the output is the zero vector (no step).
+    """
+    n, d = x.shape
+    count = int(kept.sum())
+    if count == 0:
+        return torch.zeros(d, dtype=x.dtype, device=x.device), torch.zeros(n, dtype=torch.float64, device=x.device)
+    share = kept.to(device=norms.device, dtype=torch.float64) / count
+    return weighted_sum(share * clip_scales(norms, bad, threshold), x, bad), share.to(x.device)

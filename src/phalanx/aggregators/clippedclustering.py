@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from phalanx.aggregators._rowops import clip_scales, median_norm, weighted_sum
+from phalanx.aggregators._rowops import clipped_mean, median_norm
 from phalanx.aggregators.base import Aggregator, as_compute_dtype
 from phalanx.aggregators.registry import register
 
@@ -142,7 +142,6 @@ class ClippedClustering(Aggregator):
         return 2 * self.f + 1
 
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
-        n, d = x.shape
         xc = as_compute_dtype(x)
         dist, norms, bad = cosine_distances(xc)
         tau = median_norm(norms, bad)
@@ -150,13 +149,7 @@ class ClippedClustering(Aggregator):
         labels = torch.empty_like(order)
         labels[order] = average_linkage_two_clusters(dist[order][:, order])
         kept = self._choose(labels, dist).to(x.device) & ~bad
-        count = int(kept.sum())
-        if count == 0:
-            zero = torch.zeros(n, dtype=torch.float64, device=x.device)
-            return torch.zeros(d, dtype=x.dtype, device=x.device), (zero if want_contributions else None)
-        share = kept.to(torch.float64) / count
-        coef = share * clip_scales(norms, bad, tau)
-        out = weighted_sum(coef, xc, bad)
+        out, share = clipped_mean(xc, kept, norms, bad, tau)
         return out.to(x.dtype), (share if want_contributions else None)
 
     @staticmethod

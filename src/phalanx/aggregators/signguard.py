@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from phalanx.aggregators._rowops import clip_scales, median_norm, row_norms, weighted_sum
+from phalanx.aggregators._rowops import clipped_mean, median_norm, row_norms
 from phalanx.aggregators.base import Aggregator, as_compute_dtype, check_positive, check_probability
 from phalanx.aggregators.registry import register
 from phalanx.errors import ConfigError
@@ -145,7 +145,7 @@ class SignGuard(Aggregator):
         return 2 * self.f + 1
 
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
-        n, d = x.shape
+        d = x.shape[1]
         xc = as_compute_dtype(x)
         norms, bad = row_norms(xc)
         med = median_norm(norms, bad)
@@ -162,11 +162,5 @@ class SignGuard(Aggregator):
         kept = s1 & s2
         if not bool(kept.any()):
             kept = s1
-        count = int(kept.sum())
-        if count == 0:
-            zero = torch.zeros(n, dtype=torch.float64, device=x.device)
-            return torch.zeros(d, dtype=x.dtype, device=x.device), (zero if want_contributions else None)
-        share = kept.to(torch.float64) / count
-        coef = share * clip_scales(norms, bad, med)
-        out = weighted_sum(coef, xc, bad)
+        out, share = clipped_mean(xc, kept, norms, bad, med)
         return out.to(x.dtype), (share if want_contributions else None)
