@@ -55,3 +55,20 @@ def selection_weights(index: Tensor, n: int, device: torch.device) -> Tensor:
     w = torch.zeros(n, dtype=torch.float64, device=device)
     w[index] = 1.0 / index.numel()
     return w
+
+
+COLUMN_CHUNK = 65_536
+"""Columns per chunk for row-wise passes that would otherwise allocate an (n, d) temporary (cache-sized)."""
+
+
+def row_distances(x: Tensor, v: Tensor) -> Tensor:
+    """Euclidean distance of every row of ``x`` to the vector ``v``, float64 ``(n,)``, without an (n, d) temporary.
+
+    Exact (no Gram-style expansion, so no cancellation when a row is close to ``v``): the differences are formed
+    chunk by chunk of columns, each small enough to stay in cache. A row with NaN/Inf gets a non-finite distance.
+    """
+    total = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
+    for s in range(0, x.shape[1], COLUMN_CHUNK):
+        diff = x[:, s : s + COLUMN_CHUNK] - v[s : s + COLUMN_CHUNK]
+        total += torch.linalg.vector_norm(diff, dim=1).double().square()
+    return total.sqrt()

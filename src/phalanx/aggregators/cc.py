@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from phalanx.aggregators._numerics import row_distances
 from phalanx.aggregators._rowops import row_norms, weighted_sum
 from phalanx.aggregators.base import Aggregator, as_compute_dtype, check_positive
 from phalanx.aggregators.coordinatewise import coordinate_window_mean
@@ -82,7 +83,7 @@ class CenteredClipping(Aggregator):
         good = ~bad
         a = torch.zeros(n, dtype=torch.float64, device=x.device)  # weights of the inputs in v
         for _ in range(self.iterations):
-            dist = torch.linalg.vector_norm(xc - v, dim=1).double()
+            dist = row_distances(xc, v)
             scale = torch.where(good, (self.tau / dist.clamp_min(1e-30)).clamp(max=1.0), torch.zeros_like(dist)) / n
             # v ← (1 − Σ sᵢ) v + Σ sᵢ xᵢ
             keep = 1.0 - float(scale.sum())

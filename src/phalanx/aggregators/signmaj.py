@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from phalanx.aggregators._numerics import COLUMN_CHUNK
 from phalanx.aggregators.base import Aggregator, as_compute_dtype
 from phalanx.aggregators.registry import register
 
@@ -37,10 +38,14 @@ class SignMajority(Aggregator):
 
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
         xc = as_compute_dtype(x)
-        votes = torch.nan_to_num(torch.sign(xc), nan=0.0)
-        out = torch.sign(votes.sum(dim=0))
+        # Votes column chunk by column chunk (no (n, d) temporary); NaN casts no vote (nansum).
+        tally = torch.empty(xc.shape[1], dtype=xc.dtype, device=xc.device)
+        for s in range(0, xc.shape[1], COLUMN_CHUNK):
+            tally[s : s + COLUMN_CHUNK] = torch.sign(xc[:, s : s + COLUMN_CHUNK]).nansum(dim=0)
+        out = torch.sign(tally)
         contrib = None
         if want_contributions:
+            votes = torch.nan_to_num(torch.sign(xc), nan=0.0)
             agree = ((votes == out[None, :]) & (out[None, :] != 0)).sum(dim=1).to(torch.float64)
             total = agree.sum()
             n = x.shape[0]
