@@ -32,7 +32,7 @@ test: lint typecheck
 	$(BIN)/python -m pytest -q
 
 $(VENV)/.bench: $(STAMP)
-	$(BIN)/pip install --quiet '.[bench]'
+	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/pip install --quiet --no-deps byzfl==0.0.11
 	touch $(VENV)/.bench
 
