@@ -108,6 +108,9 @@
                     for (int j = 0; j < BLOCK; j++) acc[j] += (double)row[j];                                      \
                 }                                                                                                  \
                 for (Py_ssize_t j = 0; j < w; j++) out[s + j] = (T)(acc[j] * inv);                                 \
+            } else if (mode == 1) { /* median: the middle value, or the midpoint of the two middle values */     \
+                const T *m0 = buf + ((n - 1) / 2) * BLOCK, *m1 = buf + (n / 2) * BLOCK;                           \
+                for (Py_ssize_t j = 0; j < w; j++) out[s + j] = (T)(0.5 * (double)m0[j] + 0.5 * (double)m1[j]);   \
             } else {                                                                                               \
                 double acc[BLOCK];                                                                                 \
                 window_starts_##SUFFIX(buf, n, mode, trim, length, st);                                            \
