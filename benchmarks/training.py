@@ -339,7 +339,7 @@ def _forced_batches(xb: Any, yb: Any) -> Iterator[None]:
     from phalanx.training import round as round_module
 
     original = round_module.sample_batches
-    round_module.sample_batches = lambda data, workers, batch, gen: (xb[: len(workers)], yb[: len(workers)])
+    round_module.sample_batches = lambda data, workers, batch, gen: (xb[:workers], yb[:workers])
     try:
         yield
     finally:
@@ -363,7 +363,7 @@ def check_equivalence(phalanx: PhalanxRunner, loop: PhalanxRunner, byz: ByzflRun
     out: dict[str, Any] = {"n": phalanx.n, "dim": problem.dim, "shapes": [list(s) for s in problem.layout.shapes]}
     theta0 = problem.initial_theta()
     gen = generator(SEED + 1, "check")
-    batches = [sample_batches(phalanx.setup.worker_data, list(range(h)), BATCH, gen) for _ in range(rounds)]
+    batches = [sample_batches(phalanx.setup.worker_data, h, BATCH, gen) for _ in range(rounds)]
     thetas: dict[str, torch.Tensor] = {}
     for name, runner in (("phalanx", phalanx), ("loop", loop)):
         state = RoundState(theta=theta0.clone(), momentum=torch.zeros(h, problem.dim), previous=None, round=0)

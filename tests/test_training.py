@@ -51,7 +51,8 @@ def test_one_round_by_hand() -> None:
     )
     # the same round by hand: same batches (same generator), per-worker gradients, mean, one SGD step
     gen2 = torch.Generator().manual_seed(1)
-    idx = torch.stack([s[torch.randint(4, (4,), generator=gen2)] for s in shards])
+    pos = (torch.rand(3, 4, generator=gen2, dtype=torch.float64) * 4).long()  # uniform positions in each shard
+    idx = torch.stack([s[pos[i]] for i, s in enumerate(shards)])
     g = problem.grads_loop(theta0, x[idx], y[idx])
     assert torch.allclose(new.theta, theta0 - 0.5 * g.mean(0), atol=1e-6)
     assert new.momentum is not None and torch.allclose(new.momentum, g, atol=1e-6)  # m₀ = g₀
@@ -149,3 +150,16 @@ def test_trains_on_real_fashion_mnist() -> None:
     })
     rows = train(cfg)
     assert rows[-1]["test_accuracy"] > 0.6  # 10 classes: chance is 0.1
+
+
+def test_batches_come_from_each_workers_own_shard() -> None:
+    x = torch.arange(10, dtype=torch.float32)[:, None]
+    y = torch.arange(10)
+    shards = [torch.tensor([0, 1, 2]), torch.tensor([3]), torch.tensor([4, 5, 6, 7, 8, 9])]
+    data = WorkerData(x, y, shards, 10)
+    from phalanx.training.round import sample_batches
+
+    _, yb = sample_batches(data, 3, 400, torch.Generator().manual_seed(0))
+    for w, shard in enumerate(shards):
+        drawn = set(yb[w].tolist())
+        assert drawn == set(shard.tolist())  # every element drawn, nothing from another shard

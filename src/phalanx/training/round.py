@@ -37,13 +37,21 @@ class WorkerData:
     shards: list[Tensor]
     num_classes: int
 
+    def __post_init__(self) -> None:
+        # All shards in one index tensor, so that a round's batches are one gather, not a loop over workers.
+        self._flat = torch.cat(self.shards) if self.shards else torch.zeros(0, dtype=torch.long)
+        sizes = torch.tensor([s.numel() for s in self.shards], dtype=torch.long)
+        self._sizes = sizes
+        self._starts = torch.cumsum(sizes, 0) - sizes
+
 
 @dataclass
 class RoundState:
     """Everything that changes from round to round (and goes into a checkpoint)."""
 
     theta: Tensor
-    momentum: Tensor | None  # (W, d) for the W workers that compute gradients; None before the first round
+    momentum: Tensor | None  # (n, d): rows of honest (and data-attack) workers' momentum, then the Byzantine rows
+    # sent this round; None before the first round. run_round updates it in place (one buffer for all rounds).
     previous: Tensor | None  # previous aggregate (centre of centered clipping)
     round: int = 0
 
@@ -68,11 +76,15 @@ def detection_auc(contrib: Tensor, byzantine: Tensor) -> float | None:
     return float(((diff > 0).double() + 0.5 * (diff == 0).double()).mean())
 
 
-def sample_batches(data: WorkerData, workers: list[int], batch: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
-    """Each listed worker draws ``batch`` samples uniformly (with replacement) from its shard: ``(W, B, ...)``."""
-    idx = torch.stack([
-        data.shards[w][torch.randint(data.shards[w].numel(), (batch,), generator=gen)] for w in workers
-    ])
+def sample_batches(data: WorkerData, workers: int, batch: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Workers ``0 … workers−1`` each draw ``batch`` samples uniformly (with replacement) from their shard.
+
+    Returns ``(x (W, B, ...), y (W, B))``; one random draw and one gather for all workers.
+    """
+    sizes = data._sizes[:workers]
+    u = torch.rand(workers, batch, generator=gen, dtype=torch.float64)
+    pos = torch.minimum((u * sizes[:, None]).long(), sizes[:, None] - 1)
+    idx = data._flat[data._starts[:workers, None] + pos]
     return data.x[idx], data.y[idx]
 
 
@@ -105,10 +117,14 @@ def run_round(
     reference_batch: tuple[Tensor, Tensor] | None = None,
     measure: bool = False,
 ) -> tuple[RoundState, RoundResult | None]:
-    """Run one round and return the new state (and, with ``measure``, the round's measurements)."""
+    """Run one round and return the new state (and, with ``measure``, the round's measurements).
+
+    The state's momentum buffer is updated in place and handed on (one ``(n, d)`` buffer for the whole run, no
+    fresh allocation per round): the old state must not be used afterwards.
+    """
     honest_n = workers - byzantine
     data_attack = isinstance(attack, DataAttack)
-    computing = list(range(workers if data_attack else honest_n))
+    computing = workers if data_attack else honest_n
     xb, yb = sample_batches(data, computing, batch_size, batch_gen)
     if data_attack and byzantine:
         assert isinstance(attack, DataAttack)
@@ -122,18 +138,21 @@ def run_round(
         yb = torch.cat([yb[:honest_n], torch.stack(yb_b)])
     g = problem.grads(state.theta, xb, yb)
     if weight_decay:
-        g = g + weight_decay * state.theta
-    m = g if state.momentum is None else momentum * state.momentum + (1.0 - momentum) * g
-    honest = m[:honest_n]
-    if data_attack:
-        vectors = m
+        g.add_(state.theta, alpha=weight_decay)
+    if state.momentum is None:  # m₀ = g₀; one (n, d) buffer from now on, updated in place
+        m = torch.empty(workers, g.shape[1], dtype=g.dtype, device=g.device)
+        m[:computing] = g
     else:
+        m = state.momentum
+        m[:computing].lerp_(g, 1.0 - momentum)  # m ← β m + (1 − β) g
+    honest = m[:honest_n]
+    if not data_attack and byzantine:
         assert isinstance(attack, Attack)
         ctx = AttackContext(
             honest=honest, n_byzantine=byzantine, f=f, aggregator=rule, generator=attack_gen, round=state.round,
         )
-        byz = attack(ctx) if byzantine else honest[:0]
-        vectors = torch.cat([honest, byz.to(honest.dtype)]) if byzantine else honest
+        m[honest_n:] = attack(ctx)
+    vectors = m
     context: dict[str, Any] = {}
     if "center" in rule.context_keys and state.previous is not None:
         context["center"] = state.previous
