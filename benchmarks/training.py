@@ -366,7 +366,7 @@ def check_equivalence(phalanx: PhalanxRunner, loop: PhalanxRunner, byz: ByzflRun
     batches = [sample_batches(phalanx.setup.worker_data, h, BATCH, gen) for _ in range(rounds)]
     thetas: dict[str, torch.Tensor] = {}
     for name, runner in (("phalanx", phalanx), ("loop", loop)):
-        state = RoundState(theta=theta0.clone(), momentum=torch.zeros(h, problem.dim), previous=None, round=0)
+        state = RoundState(theta=theta0.clone(), momentum=torch.zeros(phalanx.n, problem.dim), previous=None, round=0)
         for xb, yb in batches:
             with _forced_batches(xb, yb):
                 state = runner.step(state)
@@ -660,7 +660,7 @@ def build_rows(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 MAIN_HEADERS = ("n", "threads", "ByzFL s/round", "loop s/round", "Phalanx s/round", "Phalanx rounds/s",
                 "speed-up vs ByzFL", "speed-up vs loop", f"≥{TARGET:.0f}× ByzFL (n≥{TARGET_FROM_N})")
 SPLIT_HEADERS = ("n", "threads", "Phalanx round", "gradients (vmap)", "aggregation (cwtm)",
-                 "rest (sampling, momentum, attack, concat, step)", "page-faulted per round")
+                 "rest (sampling, momentum, attack, step)", "page-faulted per round")
 
 
 def main_cells(row: dict[str, Any]) -> list[str]:
