@@ -99,27 +99,16 @@ def _minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
-
-
 def tune_malloc() -> str:
-    """Keep freed large blocks in glibc's heap instead of unmapping them (``mallopt``); what was done, for the notes.
+    """Apply the training engine's allocator setting (``phalanx.training.memory.tune_allocator``), as ``train()`` does.
 
-    glibc serves every block above its mmap threshold (dynamic, at most 32 MiB by default) with a fresh ``mmap``
-    and unmaps it on ``free``; the next round's block of the same size is page-faulted and zeroed again by the
-    kernel. With the threshold at 1 GiB and the trim threshold at 2 GiB, freed blocks are reused.
+    It is process-wide, so ByzFL and the loop, which run in the same process, get it too (the comparison stays fair).
     """
-    import ctypes
-    import ctypes.util
+    from phalanx.training.memory import tune_allocator
 
-    name = ctypes.util.find_library("c")
-    if not name:
-        return "not applied (no libc found)"
-    libc = ctypes.CDLL(name)
-    if not hasattr(libc, "mallopt"):
-        return "not applied (libc has no mallopt)"
-    ok = libc.mallopt(M_MMAP_THRESHOLD, 1 << 30) == 1 and libc.mallopt(M_TRIM_THRESHOLD, (1 << 31) - 1) == 1
-    return "mallopt(M_MMAP_THRESHOLD=1 GiB, M_TRIM_THRESHOLD=2 GiB)" + ("" if ok else " FAILED")
+    if tune_allocator():
+        return "mallopt(M_MMAP_THRESHOLD=1 GiB, M_TRIM_THRESHOLD=2 GiB) for all three, as phalanx.training.train does"
+    return "allocator setting not applied (not glibc, or PHALANX_NO_MALLOC_TUNING set)"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -424,7 +413,7 @@ def _measure(runners: dict[str, Any], warmup: int, rounds: int) -> dict[str, lis
 
 def run_thread_setting(args: argparse.Namespace, threads: int, out: str) -> None:
     """Measure every n at ``threads`` threads; write one JSON line per n to ``out``."""
-    malloc = tune_malloc() if args.tune_malloc else ""
+    malloc = "" if args.no_tune_malloc else tune_malloc()
     import torch
 
     torch.set_num_threads(threads)
@@ -532,8 +521,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help=f"ByzFL and the loop at n > 200: run 2 rounds if extrapolated ≤ {BIG_N_BUDGET_S:.0f} s "
                          "(auto), always (run), or only extrapolate (estimate)")
     ap.add_argument("--dataset", default=None, help="data set (default fashion-mnist; digits with --quick)")
-    ap.add_argument("--tune-malloc", action="store_true",
-                    help="keep freed large blocks in glibc's heap (mallopt) in every implementation's process")
+    ap.add_argument("--no-tune-malloc", action="store_true",
+                    help="skip the training engine's allocator setting (mallopt; applied by default, process-wide)")
     ap.add_argument("--profile", type=int, metavar="N", help="also profile 3 Phalanx rounds at n=N")
     ap.add_argument("--markdown", metavar="PATH", help="also write the tables and notes as Markdown to PATH")
     ap.add_argument("--json", metavar="PATH", help="also write every raw measurement as JSON to PATH")
@@ -564,8 +553,8 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
            "--big-rounds", str(args.big_rounds), "--big-peers", args.big_peers, "--dataset", args.dataset]
     if args.no_byzfl:
         cmd.append("--no-byzfl")
-    if args.tune_malloc:
-        cmd.append("--tune-malloc")
+    if args.no_tune_malloc:
+        cmd.append("--no-tune-malloc")
     if args.profile:
         cmd += ["--profile", str(args.profile)]
     return cmd
@@ -748,8 +737,8 @@ def notes(recs: list[dict[str, Any]], rows: list[dict[str, Any]], args: argparse
     )
     malloc = {e.get("malloc", "") for e in envs.values()} - {""}
     if malloc:
-        out.append(f"--tune-malloc: every worker process called {', '.join(sorted(malloc))} before importing torch "
-                   "(all three implementations alike).")
+        out.append(f"Allocator: every worker process applied {', '.join(sorted(malloc))} "
+                   "(all three implementations alike; --no-tune-malloc skips it).")
     missed = [r for r in rows if r["n"] >= TARGET_FROM_N and r["x_byzfl"] is not None and r["x_byzfl"] < TARGET]
     if missed:
         worst_row = min(missed, key=lambda r: r["x_byzfl"])

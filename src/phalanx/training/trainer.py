@@ -22,6 +22,7 @@ import torch
 from phalanx import aggregators, attacks, data, models
 from phalanx.experiments import store
 from phalanx.training.config import RunConfig
+from phalanx.training.memory import tune_allocator
 from phalanx.training.problem import Problem
 from phalanx.training.round import RoundState, WorkerData, run_round
 from phalanx.training.schedule import learning_rate
@@ -87,6 +88,7 @@ def train(
     With ``run_dir``, results and checkpoints are written there and an interrupted run resumes from its last
     checkpoint. ``progress(round, rounds, row_or_None)`` is called after every round.
     """
+    tune_allocator()
     setup = build(cfg, dataset)
     out = Path(run_dir) if run_dir is not None else None
     batch_gen = generator(cfg.seed, "batches")
