@@ -83,8 +83,6 @@ CASES: list[Case] = [
 # Threads
 # ---------------------------------------------------------------------------------------------------------------
 
-THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS",
-              "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 _LIMITS: list[Any] = []
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bench_peers import PEER_COLUMNS
 from _bench_report import build_rows, disagreements, markdown_table, notes, rich_table, setting_label
+from _subprocess import run_worker
 
 FULL_SETTINGS = [(50, 10**6, 10), (20, 10**5, 4)]
 QUICK_SETTING = (20, 10**4, 4)
@@ -83,7 +83,6 @@ def _worker(args: argparse.Namespace) -> int:
 def _run_setting_subprocess(
     n: int, d: int, f: int, threads: int, reps: int, args: argparse.Namespace, tmp: Path,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    from _bench_worker import THREAD_ENV
 
     out = tmp / f"n{n}_d{d}_f{f}_t{threads}.jsonl"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--_worker", str(n), str(d), str(f), str(threads),
@@ -92,16 +91,7 @@ def _run_setting_subprocess(
         cmd.append("--no-peers")
     if args.rules:
         cmd += ["--rules", args.rules]
-    env = dict(os.environ)
-    for var in THREAD_ENV:
-        env[var] = str(threads)
-    error = ""
-    try:
-        proc = subprocess.run(cmd, env=env, timeout=args.setting_timeout, check=False)
-        if proc.returncode != 0:
-            error = f"worker exited with code {proc.returncode}"
-    except subprocess.TimeoutExpired:
-        error = f"worker stopped after {args.setting_timeout:.0f} s"
+    error = run_worker(cmd, threads, args.setting_timeout)
     setting: dict[str, Any] = {"n": n, "d": d, "f": f, "threads": threads, "floor": None}
     cases: list[dict[str, Any]] = []
     if out.exists():

@@ -46,7 +46,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,6 +55,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _subprocess import run_worker
 
 FULL_NS = (10, 50, 200)
 BIG_N = 1000
@@ -68,8 +70,6 @@ BIG_N_BUDGET_S = 60.0
 DESIGN_BYZFL = {10: 0.013, 50: 0.10, 200: 0.49}
 """ByzFL's DSGD round in DESIGN.md §8 (same setting, 2 threads), seconds."""
 
-THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS",
-              "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 IMPLS = ("byzfl", "loop", "phalanx")
 HIDDEN = 100
 BATCH = 32
@@ -565,16 +565,7 @@ def run_subprocess(args: argparse.Namespace, threads: int, tmp: Path) -> list[di
     out = tmp / f"t{threads}.jsonl"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--_worker", str(threads), "--_out", str(out),
            *_forwarded(args)]
-    env = dict(os.environ)
-    for var in THREAD_ENV:
-        env[var] = str(threads)
-    error = ""
-    try:
-        proc = subprocess.run(cmd, env=env, timeout=args.timeout, check=False)
-        if proc.returncode != 0:
-            error = f"worker exited with code {proc.returncode}"
-    except subprocess.TimeoutExpired:
-        error = f"worker stopped after {args.timeout:.0f} s"
+    error = run_worker(cmd, threads, args.timeout)
     recs = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     if error:
         recs.append({"type": "error", "threads": threads, "error": error})
