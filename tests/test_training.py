@@ -163,3 +163,11 @@ def test_batches_come_from_each_workers_own_shard() -> None:
     for w, shard in enumerate(shards):
         drawn = set(yb[w].tolist())
         assert drawn == set(shard.tolist())  # every element drawn, nothing from another shard
+
+
+def test_no_heatmap_for_a_single_attack(tmp_path: Path) -> None:
+    cfgs = grid.configs({**SMALL, "rounds": 2, "aggregator": ["cwtm", "cwmed"]})
+    runner.run_grid(cfgs, tmp_path)
+    result = report.write_report(tmp_path)
+    assert [p.name for p in result["plots"]] == ["accuracy.png"]
+    assert not (tmp_path / "heatmap.png").exists()

@@ -115,10 +115,10 @@ def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path
 
 
 def plot_heatmap(summary: list[dict[str, Any]], path: Path) -> Path | None:
-    """Final accuracy, aggregator × attack (mean over the other keys); None if only one of each."""
+    """Final accuracy, aggregator × attack (mean over the other keys); None unless both axes have two values."""
     aggs = sorted({s["aggregator"] for s in summary})
     atts = sorted({s["attack"] for s in summary})
-    if len(aggs) < 2 and len(atts) < 2:
+    if len(aggs) < 2 or len(atts) < 2:
         return None
     import matplotlib
 
