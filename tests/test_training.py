@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from phalanx import aggregators, attacks, models
+from phalanx.analysis import aggregation_error
 from phalanx.errors import ConfigError
 from phalanx.experiments import grid, report, runner, store
 from phalanx.training import make_config, train
 from phalanx.training.config import apply_overrides
 from phalanx.training.problem import Problem
-from phalanx.training.round import RoundState, WorkerData, aggregation_error, detection_auc, run_round
+from phalanx.training.round import RoundState, WorkerData, detection_auc, run_round
 
 SMALL = {
     "dataset": "digits", "model": "mlp", "workers": 8, "byzantine": 2, "f": 2, "aggregator": "cwtm",

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators.base import Aggregator
+from phalanx.analysis.epsilon import aggregation_error
 from phalanx.attacks.base import Attack, AttackContext, DataAttack
 from phalanx.training.problem import Problem
 
@@ -86,16 +87,6 @@ def sample_batches(data: WorkerData, workers: int, batch: int, gen: torch.Genera
     pos = torch.minimum((u * sizes[:, None]).long(), sizes[:, None] - 1)
     idx = data._flat[data._starts[:workers, None] + pos]
     return data.x[idx], data.y[idx]
-
-
-def aggregation_error(agg: Tensor, honest: Tensor) -> float:
-    """‖Agg − honest mean‖² / ((1/h) Σ ‖hᵢ − honest mean‖²) (0 when all honest vectors coincide and Agg = mean)."""
-    mean = honest.double().mean(dim=0)
-    spread = float((honest.double() - mean).square().sum(dim=1).mean())
-    err = float((agg.double() - mean).square().sum())
-    if err != err:
-        return float("inf")
-    return err / spread if spread > 0 else (0.0 if err == 0 else float("inf"))
 
 
 def run_round(
