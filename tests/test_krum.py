@@ -186,8 +186,34 @@ def test_too_few_rows() -> None:
 
 def test_registry_and_metadata() -> None:
     agg = make("multikrum(m=3)", f=1)
-    assert isinstance(agg, MultiKrum) and agg.params() == {"f": 1, "m": 3}
+    assert isinstance(agg, MultiKrum) and agg.params() == {"f": 1, "m": 3, "strict": True}
     assert isinstance(make("krum", f=2), Krum)
     info = Krum(f=1).describe(n=10)
     assert info["requirement"] == "n > 2f + 2" and "Blanchard" in info["reference"]
     assert info["kappa"] == pytest.approx(6 * (1 + 1 / 8)) and info["epsilon"] is None
+
+
+def test_multikrum_strict_false_runs_where_blanchards_condition_fails() -> None:
+    x = torch.randn(16, 5, dtype=torch.float64)
+    with pytest.raises(ConfigError, match="n > 2f \\+ 2"):
+        make("multikrum", f=7)(x)
+    loose = make("multikrum(strict=false)", f=7)
+    assert loose.min_workers() == 10 and "no guarantee" in loose.requirement
+    out = loose(x)
+    # the same selection rule as the strict rule where both run: at f = 6 they agree
+    assert torch.allclose(make("multikrum(strict=false)", f=6)(x), make("multikrum", f=6)(x))
+    assert out.shape == (5,) and torch.isfinite(out).all()
+    with pytest.raises(ConfigError, match="n >= 10"):
+        loose(x[:9])
+    with pytest.raises(ConfigError, match="strict"):
+        make("multikrum(strict=2)", f=1)
+
+
+def test_element_with_its_own_f() -> None:
+    from phalanx.aggregators.chain import Chain
+
+    chain = make("nnm(f=2)>multikrum(strict=false)", f=7)
+    assert isinstance(chain, Chain)
+    assert chain.pre[0].f == 2 and chain.rule.f == 7
+    with pytest.raises(ConfigError, match="f"):
+        make("nnm(f=-1)>cwtm", f=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import torch
 import typer
@@ -13,6 +13,9 @@ from rich.table import Table
 
 from phalanx import __version__, aggregators
 from phalanx.errors import PhalanxError
+
+if TYPE_CHECKING:
+    from phalanx.training.config import RunConfig
 
 app = typer.Typer(
     name="phalanx", help="Byzantine-robust distributed learning: robust aggregators, attacks, price of robustness.",
@@ -149,33 +152,39 @@ def _load_grid(config: Path | None, overrides: list[str]) -> dict[str, object]:
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.toml"
 
 
-def _run_grid(data: dict[str, object], out: Path, jobs: int) -> None:
+def _train(cfgs: list[RunConfig], out: Path, jobs: int) -> None:
+    """Run validated configurations into ``out`` (finished runs skipped) under a rich progress bar with ETA."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from phalanx.experiments import grid, report, runner
+    from phalanx.experiments import grid, runner
 
-    cfgs = grid.configs(data)  # every point validated before anything runs
     total = sum(c.rounds for c in cfgs)
-    console.print(f"[bold]{len(cfgs)} run(s)[/bold] → {out}")
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} rounds"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task("training", total=total)
         offsets: dict[str, int] = {}
 
-        def on_round(cfg: object, t: int, rounds: int) -> None:
-            key = grid.run_id(cfg)  # type: ignore[arg-type]
-            done = offsets.get(key, 0)
-            bar.advance(task, t - done)
+        def on_round(cfg: RunConfig, t: int, rounds: int) -> None:
+            key = grid.run_id(cfg)
+            bar.advance(task, t - offsets.get(key, 0))
             offsets[key] = t
-            bar.update(task, description=f"{cfg.aggregator} / {cfg.attack}")  # type: ignore[attr-defined]
+            bar.update(task, description=f"{cfg.aggregator} / {cfg.attack}")
 
-        def on_done(cfg: object, status: str) -> None:
-            key = grid.run_id(cfg)  # type: ignore[arg-type]
-            bar.advance(task, cfg.rounds - offsets.get(key, 0))  # type: ignore[attr-defined]
-            offsets[key] = cfg.rounds  # type: ignore[attr-defined]
+        def on_done(cfg: RunConfig, status: str) -> None:
+            key = grid.run_id(cfg)
+            bar.advance(task, cfg.rounds - offsets.get(key, 0))
+            offsets[key] = cfg.rounds
 
         runner.run_grid(cfgs, out, jobs=jobs, on_round=on_round, on_done=on_done)
+
+
+def _run_grid(data: dict[str, object], out: Path, jobs: int) -> None:
+    from phalanx.experiments import grid, report
+
+    cfgs = grid.configs(data)  # every point validated before anything runs
+    console.print(f"[bold]{len(cfgs)} run(s)[/bold] → {out}")
+    _train(list(cfgs), out, jobs)
     result = report.write_report(out)
     table = Table(title="Final test accuracy (seeds pooled)")
     keys = result["keys"]
@@ -284,6 +293,132 @@ def tension_theory(
             cells += [_fmt(r.measured, 4), r.worst_input or (r.note or "")]
         table.add_row(*cells)
     console.print(table)
+
+
+def _cpu_jobs() -> int:
+    import os
+
+    return max(1, os.cpu_count() or 1)
+
+
+@tension_app.command("paper")
+def tension_paper(
+    preset_name: Annotated[str, typer.Option("--preset", help="quick (Fashion-MNIST/digits, CPU) or paper.")] = "quick",
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/tension-quick"),
+    seeds: Annotated[int, typer.Option("--seeds", min=2, help="Seeds per cell (0 … seeds−1).")] = 3,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Processes (default: cores).")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a run key: --set rounds=100.")] = None,
+) -> None:
+    """Yang, Shi & Li (ICML 2025), no attack, n = 16: Tables 3-6 (rows f or f_NNM, columns α), plot, trend verdicts."""
+    from phalanx import data
+    from phalanx.data.base import DatasetNotFoundError
+    from phalanx.experiments import grid, paper
+    from phalanx.training.config import apply_overrides
+
+    def available(name: str) -> bool:
+        try:
+            data.load(name)
+        except DatasetNotFoundError:
+            return False
+        return True
+
+    overrides = apply_overrides({}, set_ or [])
+    changes = {k: overrides.pop(k) for k in list(overrides) if k in paper.Preset.__dataclass_fields__}
+    changes = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
+    p = paper.preset(preset_name, **{"seeds": tuple(range(seeds)), **changes})
+    if "dataset" not in changes:
+        p = paper.resolve_dataset(p, available)
+    cells, cfgs = paper.plan(p, overrides)
+    distinct = paper.unique(cfgs)
+    console.print(f"[bold]preset {p.name}[/bold]: {p.description}; dataset {p.dataset}; {len(cells)} cells, "
+                  f"{len(distinct)} distinct runs → {out}")
+    t0 = time.perf_counter()
+    runs_dir = out / "runs"
+    _train(distinct, runs_dir, jobs or _cpu_jobs())
+    wall = time.perf_counter() - t0
+    acc = {c: paper.final_accuracy(runs_dir / grid.run_id(cfg)) for c, cfg in zip(cells, cfgs)}
+    results = paper.tabulate(cells, acc)
+    trends = paper.trends(results, p)
+    command = "phalanx tension paper --preset " + preset_name + f" --seeds {seeds}" + "".join(
+        f" --set {o}" for o in (set_ or []))
+    written = paper.write_outputs(results, trends, p, out, command=command, wall_seconds=wall, runs=len(distinct))
+    for table, meta in paper.TABLES.items():
+        t = Table(title=f"{table}: {meta['label'].replace('F', str(p.max_f))} — final accuracy % (lr₀)")
+        t.add_column(meta["vary"], justify="right")
+        for a in sorted(p.alphas):
+            t.add_column(f"α = {a:g}", justify="right")
+        for x in range(p.max_f + 1):
+            row = [str(x)]
+            for a in sorted(p.alphas):
+                r = results[(table, x, a)]
+                row.append(f"{100 * r.estimate.mean:.1f} ± {100 * r.estimate.half_width:.1f} ({r.lr:g})")
+            t.add_row(*row)
+        console.print(t)
+    verdicts = Table(title="Trends (per-seed statistics, 95 % intervals, accuracy points)")
+    for c in ("trend", "table", "α", "estimate", "interval", "verdict"):
+        verdicts.add_column(c)
+    for tr in trends:
+        e = tr.estimate
+        verdicts.add_row(tr.trend, tr.table, tr.alpha, f"{100 * e.mean:+.2f}",
+                         f"[{100 * e.low:+.2f}, {100 * e.high:+.2f}]", tr.verdict)
+    console.print(verdicts)
+    console.print("written: " + ", ".join(str(w) for w in written))
+
+
+@tension_app.command("plan")
+def tension_plan(
+    config: Annotated[Path | None, typer.Argument(help="Your run config (TOML; default: the built-in job).")] = None,
+    expect: Annotated[int, typer.Option("--expect-byzantine", "-k", min=0, help="Byzantine workers you expect.")] = 1,
+    rules: Annotated[str | None, typer.Option("--rules", help="Comma-separated aggregator specs.")] = None,
+    fs: Annotated[str | None, typer.Option("--f", help="Comma-separated f values (default: K/2, K, 2K).")] = None,
+    attacks_: Annotated[str | None, typer.Option("--attacks", help="Comma-separated attacks.")] = None,
+    tolerance: Annotated[float, typer.Option("--tolerance", min=0, max=50,
+                                             help="Accuracy points within which worst cases count as equal.")] = 1.0,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key of the config (repeatable).")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/plan"),
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Processes (default: cores).")] = None,
+) -> None:
+    """Your task, every rule × f, with no attack and under strong attacks: the trade-off table and a recommendation."""
+    from phalanx.experiments import planner
+    from phalanx.experiments.store import atomic_write_text
+
+    def split(text: str | None) -> list[str] | None:
+        return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
+
+    f_values = split(fs)
+    try:
+        f_list = None if f_values is None else [int(v) for v in f_values]
+    except ValueError:
+        raise typer.BadParameter(f"--f={fs!r}: comma-separated integers, e.g. 1,2,4") from None
+    plan = planner.make_plan(_load_grid(config, set_ or []), expect=expect, rules=split(rules), fs=f_list,
+                             attacks=split(attacks_))
+    console.print(f"[bold]plan[/bold]: rules {', '.join(plan.rules)}; f ∈ {plan.fs}; attacks "
+                  f"{', '.join(plan.attacks) if expect else '(none: K = 0)'}; K = {expect}; seeds {plan.seeds}; "
+                  f"{len(plan.configs)} runs → {out}")
+    for note in plan.skipped:
+        console.print(f"[yellow]skipped[/yellow] {note}")
+    _train(plan.configs, out / "runs", jobs or _cpu_jobs())
+    rows = planner.final_rows(plan, out / "runs")
+    rec = planner.recommend(rows, expect, tolerance / 100)
+    table = Table(title=f"Price of robustness on your task (n = {plan.configs[0].workers}, K = {expect})")
+    heads = ["rule", "f", "no attack %", "cost", "agg. error"] + ([*plan.attacks, "worst %"] if expect else [])
+    for h in heads:
+        table.add_column(h, justify="left" if h == "rule" else "right")
+    for r in rows:
+        cells = [r.rule, str(r.f), f"{100 * r.no_attack:.1f}", f"{100 * r.cost:+.1f}", _fmt(r.agg_error)]
+        if expect:
+            cells += [f"{100 * r.under_attack[a]:.1f}" if a in r.under_attack else "—" for a in plan.attacks]
+            cells.append(f"{100 * r.worst:.1f}" if r.worst is not None else "—")
+        style = "bold green" if (r.rule, r.f) == (rec.rule, rec.f) else None
+        table.add_row(*cells, style=style)
+    console.print(table)
+    console.print(rec.text)
+    md = (f"# Robustness plan\n\n{rec.text}\n\n" + planner.to_markdown(rows, plan, rec) + "\n\n"
+          + "".join(f"- skipped: {n}\n" for n in plan.skipped))
+    atomic_write_text(out / "plan.md", md)
+    atomic_write_text(out / "plan.csv", planner.to_csv(rows, plan))
+    fig = planner.plot(rows, plan, rec, out / "plan.png")
+    console.print(f"written: {out / 'plan.md'}, {out / 'plan.csv'}" + (f", {fig}" if fig else ""))
 
 
 def main() -> None:

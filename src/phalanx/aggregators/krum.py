@@ -124,24 +124,34 @@ class MultiKrum(Aggregator):
     only with ``m > n − f`` or with more than ``f`` bad rows), the finite-score rows are averaged instead, so at
     most ``f`` bad rows always give a finite output. Contributions: ``1/|S|`` on each selected row.
 
+    ``strict=False`` lifts the requirement to what the score needs, one neighbour (:math:`n \ge f + 3`): Blanchard
+    et al.'s guarantee is then void, but the rule still runs — as in ByzFL and in the price-of-robustness
+    experiments of Yang, Shi & Li (ICML 2025, Table 3), which configure Multi-Krum for f = 0 … 7 at n = 16.
+
     κ and ε: not verified for Multi-Krum in Allouah et al. (AISTATS 2023) or Yang, Shi & Li (ICML 2025): ``None``.
     """
 
     name: ClassVar[str] = "multikrum"
     reference: ClassVar[str] = _REFERENCE + ", Section 4 (Krum) and Section 5 (the Multi-Krum variant)"
-    requirement = "n > 2f + 2 and 1 <= m <= n (default m = n - f)"
 
-    def __init__(self, f: int = 0, m: int | None = None) -> None:
+    def __init__(self, f: int = 0, m: int | None = None, strict: bool = True) -> None:
         super().__init__(f=f)
         if m is not None:
             check_positive("m", m, integer=True)
+        if not isinstance(strict, bool):
+            raise ConfigError("strict", strict, "true or false")
         self.m = m
+        self.strict = strict
+        self.requirement = (
+            "n > 2f + 2 and 1 <= m <= n (default m = n - f)" if strict
+            else "n >= f + 3 and 1 <= m <= n (strict=false: no guarantee beyond n > 2f + 2)"
+        )
 
     def min_workers(self) -> int:
-        return max(2 * self.f + 3, self.m or 1)
+        return max(2 * self.f + 3 if self.strict else self.f + 3, self.m or 1)
 
     def params(self) -> dict[str, Any]:
-        return {"f": self.f, "m": self.m}
+        return {"f": self.f, "m": self.m, "strict": self.strict}
 
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
         n = x.shape[0]

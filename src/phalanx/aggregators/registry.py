@@ -6,6 +6,7 @@ A *spec* is a rule name, optionally behind a chain of pre-aggregators, each opti
     "nnm>cwtm"                  nearest-neighbour mixing, then trimmed mean
     "bucketing(s=2)>krum"       bucketing with buckets of 2, then Krum
     "clip(threshold=5)>nnm>cc(tau=1.0, iterations=3)"
+    "nnm(f=2)>cwtm"             an element with its own f (the rule keeps the f given to make)
 
 Keyword arguments of :func:`make` go to the final rule; ``name__param=value`` sends one to a named element.
 """
@@ -104,8 +105,13 @@ def parse_spec(spec: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _construct(cls: type[_Component], f: int, params: dict[str, Any]) -> Any:
+    # An element may carry its own f ("nnm(f=2)>cwtm"): NNM's f and the rule's f are separate choices
+    # (Yang, Shi & Li, ICML 2025, Tables 5-6 vary f_NNM under a rule configured for f = 7).
+    params = dict(params)
+    own_f = params.pop("f", f)
+    check_f(own_f)
     try:
-        return cls(f=f, **params)
+        return cls(f=own_f, **params)
     except TypeError as exc:
         import inspect
 

@@ -12,6 +12,20 @@ from phalanx.experiments import store
 SETTING_KEYS = ("aggregator", "f", "attack", "byzantine", "partition", "alpha", "dataset", "model", "workers")
 
 
+def save_figure(fig: Any, path: Path, dpi: int = 100) -> Path:
+    """Write a matplotlib figure as PNG atomically (a reader never sees half a file) and close it."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    store.atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
 def collect(root: Path) -> list[dict[str, Any]]:
     """Every metric row of every run directory under ``root`` (recursively)."""
     rows: list[dict[str, Any]] = []
@@ -108,10 +122,7 @@ def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path
     ax.legend(fontsize=7, loc="lower right")
     ax.set_title("Test accuracy per setting")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_heatmap(summary: list[dict[str, Any]], path: Path) -> Path | None:
@@ -142,9 +153,7 @@ def plot_heatmap(summary: list[dict[str, Any]], path: Path) -> Path | None:
     fig.colorbar(im, ax=ax, label="final test accuracy (%)")
     ax.set_title("Final accuracy: aggregator × attack")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write_report(root: Path, out: Path | None = None) -> dict[str, Any]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,34 @@ from phalanx.training.config import RunConfig
 RoundCallback = Callable[[RunConfig, int, int], None]
 DoneCallback = Callable[[RunConfig, str], None]
 
+# Data sets loaded by this process, by (name, root): a grid runs many configurations on the same data, and
+# parsing Fashion-MNIST's files takes ~2 s (more than a short run). Training never writes into a data set.
+_DATASETS: dict[tuple[str, str | None], Any] = {}
 
-def _run_one(cfg_json: dict[str, Any], run_dir: str, threads: int) -> str:
+
+def dataset_for(cfg: RunConfig) -> Any:
+    """The configuration's data set, loaded once per process (the last two kept)."""
+    from phalanx import data
+
+    key = (data.canonical(cfg.dataset), cfg.data_root)
+    if key not in _DATASETS:
+        while len(_DATASETS) >= 2:
+            _DATASETS.pop(next(iter(_DATASETS)))
+        _DATASETS[key] = data.load(cfg.dataset, root=cfg.data_root)
+    return _DATASETS[key]
+
+
+def _run_one(cfg_json: dict[str, Any], run_dir: str, threads: int, rounds_queue: Any = None) -> str:
     from phalanx.training.config import make_config
     from phalanx.training.trainer import train
 
     torch.set_num_threads(threads)
-    train(make_config(cfg_json), run_dir)
+    cfg = make_config(cfg_json)
+    progress = None
+    if rounds_queue is not None:  # report every round to the parent, which drives the progress bar
+        def progress(t: int, total: int, row: Any) -> None:
+            rounds_queue.put((run_dir, t))
+    train(cfg, run_dir, dataset=dataset_for(cfg), progress=progress)
     return run_dir
 
 
@@ -42,23 +64,57 @@ def run_grid(
 
     out.mkdir(parents=True, exist_ok=True)
     dirs = [out / run_id(c) for c in cfgs]
-    todo = [(c, d) for c, d in zip(cfgs, dirs) if not store.is_finished(d)]
+    seen: set[Path] = set()  # the same configuration twice in a grid is one run (one directory, one process)
+    todo = []
+    for c, d in zip(cfgs, dirs):
+        if d not in seen and not store.is_finished(d):
+            todo.append((c, d))
+        seen.add(d)
     for c, d in zip(cfgs, dirs):
         if store.is_finished(d) and on_done is not None:
             on_done(c, "skipped (finished)")
     if jobs <= 1 or len(todo) <= 1:
         for c, d in todo:
             cb = (lambda t, total, row, c=c: on_round(c, t, total)) if on_round is not None else None
-            train(c, d, progress=cb)
+            train(c, d, progress=cb, dataset=dataset_for(c))
             if on_done is not None:
                 on_done(c, "done")
         return dirs
     threads = max(1, (os.cpu_count() or 1) // jobs)
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futures = {pool.submit(_run_one, c.model_dump(mode="json"), str(d), threads): c for c, d in todo}
-        for fut in as_completed(futures):
-            fut.result()
-            if on_done is not None:
-                on_done(futures[fut], "done")
+    by_dir = {str(d): c for c, d in todo}
+    with ctx.Manager() as manager, ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        rounds_queue = manager.Queue() if on_round is not None else None
+        futures = {
+            pool.submit(_run_one, c.model_dump(mode="json"), str(d), threads, rounds_queue): c for c, d in todo
+        }
+        pending = set(futures)
+        done_dirs: set[str] = set()
+        while pending:
+            finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            _drain(rounds_queue, by_dir, done_dirs, on_round)
+            for fut in finished:
+                done_dirs.add(fut.result())
+                if on_done is not None:
+                    on_done(futures[fut], "done")
     return dirs
+
+
+def _drain(
+    rounds_queue: Any, by_dir: dict[str, RunConfig], done_dirs: set[str], on_round: RoundCallback | None,
+) -> None:
+    """Pass the rounds the worker processes reported to ``on_round`` (the latest per unfinished run)."""
+    if rounds_queue is None or on_round is None:
+        return
+    latest: dict[str, int] = {}
+    while True:
+        try:
+            run_dir, t = rounds_queue.get_nowait()
+        except queue.Empty:
+            break
+        latest[run_dir] = max(t, latest.get(run_dir, 0))
+    for run_dir, t in latest.items():
+        if run_dir in done_dirs:  # a late report of a run already counted as done
+            continue
+        cfg = by_dir[run_dir]
+        on_round(cfg, t, cfg.rounds)

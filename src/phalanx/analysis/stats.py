@@ -1,0 +1,81 @@
+"""Small-sample statistics for experiment reports: means with Student-t confidence intervals, per-seed slopes.
+
+Experiments here have few seeds (3–10), so intervals use Student's t with ``k − 1`` degrees of freedom, not the
+normal approximation. Comparisons are *paired by seed*: runs with the same seed share the data split, the initial
+model and the batch stream (the named random streams of :mod:`phalanx.training.trainer`), so a per-seed difference
+or slope removes that shared noise before the interval is taken.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from phalanx.errors import ConfigError
+
+# Two-sided 95 % quantiles t_{0.975, df} for df = 1 … 30 (standard tables); the normal 1.960 beyond.
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+    2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)
+
+
+def t_quantile_975(df: int) -> float:
+    """The 97.5 % quantile of Student's t with ``df`` degrees of freedom (two-sided 95 % intervals)."""
+    if isinstance(df, bool) or not isinstance(df, int) or df < 1:
+        raise ConfigError("df", df, "an integer >= 1")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    # Beyond the table: Cornish-Fisher expansion around the normal quantile (error < 1e-3 for df > 30).
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A sample mean with its 95 % confidence interval (``low``, ``high``); one sample gives an unbounded interval."""
+
+    mean: float
+    low: float
+    high: float
+    k: int
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    def verdict(self, expect: str) -> str:
+        """``holds`` if the whole interval has the expected sign (``"negative"`` or ``"positive"``), ``contradicted``
+        if the whole interval has the opposite sign, else ``inconclusive``."""
+        if expect not in ("negative", "positive"):
+            raise ConfigError("expect", expect, "'negative' or 'positive'")
+        below, above = self.high < 0, self.low > 0
+        if expect == "negative":
+            return "holds" if below else ("contradicted" if above else "inconclusive")
+        return "holds" if above else ("contradicted" if below else "inconclusive")
+
+
+def mean_ci(values: Sequence[float]) -> Estimate:
+    """Mean and 95 % Student-t interval of ``values`` (at least one finite value)."""
+    xs = [float(v) for v in values]
+    if not xs:
+        raise ConfigError("values", values, "at least one value")
+    k = len(xs)
+    m = sum(xs) / k
+    if k == 1:
+        return Estimate(m, -math.inf, math.inf, 1)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (k - 1))
+    h = t_quantile_975(k - 1) * sd / math.sqrt(k)
+    return Estimate(m, m - h, m + h, k)
+
+
+def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Ordinary least-squares slope of ``ys`` on ``xs`` (at least two distinct ``xs``)."""
+    if len(xs) != len(ys) or len(xs) < 2:
+        raise ConfigError("xs", list(xs), "two or more points, as many as ys")
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        raise ConfigError("xs", list(xs), "at least two distinct values")
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx

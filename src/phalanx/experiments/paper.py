@@ -1,0 +1,397 @@
+"""The price-of-robustness experiment of Yang, Shi & Li (ICML 2025) as a preset: grids, tables, trends, report.
+
+The experiment (their Section 6): distributed SGD with **no attack** on n = 16 workers, Dirichlet(α) splits with
+α ∈ {0.1, 1, 10}, batch 16 per worker, worker momentum 0.9, a cosine learning rate whose initial value is the best
+of {0.1, 0.2, 0.5, 1.0}. Four grids, each a table with rows = the varied parameter and columns = α:
+
+* **T3** Multi-Krum configured for f = 0 … 7;
+* **T4** coordinate-wise trimmed mean for f = 0 … 7;
+* **T5** NNM with f_NNM = 0 … 7 before Multi-Krum configured for f = 7;
+* **T6** NNM with f_NNM = 0 … 7 before the trimmed mean configured for f = 7.
+
+f = 0 (and f_NNM = 0) is the plain mean in every table: Multi-Krum with f = 0 averages all n rows, the trimmed mean
+trims nothing, and NNM with f_NNM = 0 replaces every row by the mean of all rows. Those cells run the ``mean``
+rule once and are shared by the four tables. Multi-Krum runs with ``strict=false``: Blanchard et al.'s condition
+n > 2f + 2 excludes f = 7 at n = 16, which the paper's Table 3 includes.
+
+The learning rate is chosen per cell (table, row, α) as the one with the best mean final accuracy over the seeds;
+the cell reports that accuracy with a 95 % Student-t interval over the seeds. (Choosing on the same seeds that are
+reported biases each cell up a little, the same way for every cell; the paper reports its best runs too.)
+
+Trend verdicts, each from per-seed statistics (runs with the same seed share the data split and initial model, so
+these are paired) with a 95 % interval: (a) accuracy falls as f grows — the per-seed least-squares slope of
+accuracy on f is negative; (b) it falls faster for small α — slope(α_min) − slope(α_max) is negative; (c) NNM reduces
+the drop — accuracy with NNM (f_NNM = f = 7) minus without (the rule alone at f = 7) is positive; (d) smaller f_NNM
+gives higher accuracy — the slope of accuracy on f_NNM is negative. ``holds`` when the whole interval has the
+expected sign, ``contradicted`` when it has the opposite sign, ``inconclusive`` otherwise.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import platform
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from phalanx.analysis.stats import Estimate, mean_ci, slope
+from phalanx.errors import ConfigError
+from phalanx.experiments import grid, store
+from phalanx.experiments.report import save_figure
+from phalanx.training.config import RunConfig, make_config
+
+TABLES: dict[str, dict[str, str]] = {
+    "T3": {"rule": "multikrum(strict=false)", "label": "Multi-Krum, f = 0 … F", "vary": "f"},
+    "T4": {"rule": "cwtm", "label": "trimmed mean, f = 0 … F", "vary": "f"},
+    "T5": {"rule": "multikrum(strict=false)", "label": "NNM(f_NNM) > Multi-Krum(f = F)", "vary": "f_NNM"},
+    "T6": {"rule": "cwtm", "label": "NNM(f_NNM) > trimmed mean(f = F)", "vary": "f_NNM"},
+}
+PAIRED = {"T5": "T3", "T6": "T4"}  # NNM table → the table of the same rule without NNM
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One setting of the experiment (everything but the grids, which follow from ``workers``)."""
+
+    name: str
+    description: str
+    dataset: str
+    model: str
+    model_params: dict[str, Any] = field(default_factory=dict)
+    rounds: int = 300
+    workers: int = 16
+    batch_size: int = 16
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    lrs: tuple[float, ...] = (0.1, 0.2, 0.5, 1.0)
+    alphas: tuple[float, ...] = (0.1, 1.0, 10.0)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    eval_every: int = 100
+    fallback_dataset: str | None = None
+
+    @property
+    def max_f(self) -> int:
+        """F = ⌊(n − 1)/2⌋, the largest f any rule can be configured for (7 at n = 16)."""
+        return (self.workers - 1) // 2
+
+
+PRESETS: dict[str, Preset] = {
+    "paper": Preset(
+        name="paper",
+        description="the paper's setup: ResNet-20 (GroupNorm) on CIFAR-10, 160 epochs (GPU and the data needed)",
+        dataset="cifar10", model="resnet20",
+        rounds=31_250,  # 160 epochs × 50,000 images / (16 workers × 16 images per round)
+        eval_every=1_000,
+    ),
+    "quick": Preset(
+        name="quick",
+        description="the same grids on Fashion-MNIST (digits when absent) with a one-hidden-layer MLP, 300 rounds",
+        dataset="fashion-mnist", model="mlp", model_params={"hidden": [64]}, rounds=300, eval_every=100,
+        fallback_dataset="digits",
+    ),
+}
+
+
+def preset(name: str, **changes: Any) -> Preset:
+    """A preset by name, with fields replaced (``seeds=(0, 1, 2, 3, 4)``, ``rounds=100``, ...)."""
+    if name not in PRESETS:
+        raise ConfigError("preset", name, "one of " + ", ".join(PRESETS))
+    unknown = sorted(set(changes) - set(Preset.__dataclass_fields__))
+    if unknown:
+        raise ConfigError("preset field", unknown, "fields of Preset: " + ", ".join(Preset.__dataclass_fields__))
+    p = replace(PRESETS[name], **changes)
+    if p.workers < 3:
+        raise ConfigError("workers", p.workers, ">= 3 (the grids need f >= 1)")
+    for key in ("lrs", "alphas", "seeds"):
+        if not getattr(p, key):
+            raise ConfigError(key, getattr(p, key), "a non-empty list")
+    if len(set(p.seeds)) < 2:
+        raise ConfigError("seeds", list(p.seeds), "at least two distinct seeds (the intervals need them)")
+    return p
+
+
+def resolve_dataset(p: Preset, available: Callable[[str], bool]) -> Preset:
+    """Fall back to ``p.fallback_dataset`` when the preset's data set is not on this machine."""
+    if available(p.dataset) or p.fallback_dataset is None:
+        return p
+    return replace(p, dataset=p.fallback_dataset)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid: a table row (``x`` = f or f_NNM), a column (α), a learning rate and a seed."""
+
+    table: str
+    x: int
+    alpha: float
+    lr: float
+    seed: int
+
+
+def spec_for(table: str, x: int, max_f: int) -> tuple[str, int]:
+    """The aggregator spec and the rule's f for a table row (f = 0 and f_NNM = 0 are the plain mean)."""
+    if table not in TABLES:
+        raise ConfigError("table", table, "one of " + ", ".join(TABLES))
+    rule = TABLES[table]["rule"]
+    if x == 0:
+        return "mean", 0
+    if TABLES[table]["vary"] == "f":
+        return rule, x
+    return f"nnm(f={x})>{rule}", max_f
+
+
+def cells(p: Preset) -> list[Cell]:
+    """Every (table, row, α, lr, seed) of the four grids."""
+    return [
+        Cell(t, x, a, lr, s)
+        for t in TABLES for x in range(p.max_f + 1) for a in p.alphas for lr in p.lrs for s in p.seeds
+    ]
+
+
+def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """The validated run configuration of one cell (no attack: ``byzantine = 0``)."""
+    spec, f = spec_for(cell.table, cell.x, p.max_f)
+    data: dict[str, Any] = {
+        "dataset": p.dataset, "model": p.model, "model_params": dict(p.model_params), "workers": p.workers,
+        "byzantine": 0, "f": f, "aggregator": spec, "attack": "none", "partition": "dirichlet", "alpha": cell.alpha,
+        "rounds": p.rounds, "batch_size": p.batch_size, "lr": cell.lr, "momentum": p.momentum,
+        "weight_decay": p.weight_decay, "schedule": "cosine", "seed": cell.seed, "eval_every": p.eval_every,
+        "checkpoint_every": max(p.eval_every, p.rounds // 4 or 1),
+    }
+    data.update(overrides or {})
+    return make_config(data)
+
+
+def plan(p: Preset, overrides: dict[str, Any] | None = None) -> tuple[list[Cell], list[RunConfig]]:
+    """The cells and their configurations (one per cell; shared cells give equal configurations)."""
+    cs = cells(p)
+    return cs, [config_for(p, c, overrides) for c in cs]
+
+
+def unique(cfgs: list[RunConfig]) -> list[RunConfig]:
+    """The distinct configurations, in first-seen order (the mean cells are shared by the four tables)."""
+    seen: dict[str, RunConfig] = {}
+    for c in cfgs:
+        seen.setdefault(grid.run_id(c), c)
+    return list(seen.values())
+
+
+def final_accuracy(run_dir: Path) -> float:
+    """The last evaluated round's test accuracy of a finished run."""
+    rows = store.read_rows(run_dir)
+    if not rows or not store.is_finished(run_dir):
+        raise ConfigError("run", str(run_dir), "a finished run (run the grid first)")
+    return float(max(rows, key=lambda r: r["round"])["test_accuracy"])
+
+
+@dataclass
+class CellResult:
+    """A table cell: the chosen learning rate, the per-seed accuracies at it, and their mean with an interval."""
+
+    table: str
+    x: int
+    alpha: float
+    lr: float
+    per_seed: dict[int, float]
+    estimate: Estimate
+    by_lr: dict[float, float]  # mean accuracy over seeds for every learning rate tried
+
+
+def tabulate(cs: list[Cell], accuracy: dict[Cell, float]) -> dict[tuple[str, int, float], CellResult]:
+    """Choose the learning rate per (table, row, α) and summarise the seeds."""
+    grouped: dict[tuple[str, int, float], dict[float, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for c in cs:
+        grouped[(c.table, c.x, c.alpha)][c.lr][c.seed] = accuracy[c]
+    out: dict[tuple[str, int, float], CellResult] = {}
+    for key, by_lr in grouped.items():
+        means = {lr: sum(v.values()) / len(v) for lr, v in by_lr.items()}
+        best = min(means, key=lambda lr: (-_finite(means[lr]), lr))  # ties: the smaller learning rate
+        seeds = by_lr[best]
+        out[key] = CellResult(key[0], key[1], key[2], best, dict(seeds), mean_ci(list(seeds.values())), means)
+    return out
+
+
+def _finite(v: float) -> float:
+    return v if math.isfinite(v) else -math.inf
+
+
+@dataclass
+class Trend:
+    """One trend test: what was measured, the estimate over seeds, and the verdict."""
+
+    trend: str
+    table: str
+    alpha: str
+    statistic: str
+    estimate: Estimate
+    verdict: str
+
+
+def trends(results: dict[tuple[str, int, float], CellResult], p: Preset) -> list[Trend]:
+    """The four trend tests (module docstring), per α and pooled over α (the per-seed average over α)."""
+    seeds = sorted(p.seeds)
+    xs = list(range(p.max_f + 1))
+    alphas = sorted(p.alphas)
+
+    def acc(table: str, x: int, alpha: float, seed: int) -> float:
+        return results[(table, x, alpha)].per_seed[seed]
+
+    def per_seed_slope(table: str, alpha: float, seed: int) -> float:
+        return slope(xs, [acc(table, x, alpha, seed) for x in xs])
+
+    out: list[Trend] = []
+
+    def add(trend: str, table: str, stat: str, expect: str, fn: Callable[[float, int], float]) -> None:
+        for a in alphas:
+            est = mean_ci([fn(a, s) for s in seeds])
+            out.append(Trend(trend, table, f"{a:g}", stat, est, est.verdict(expect)))
+        pooled = mean_ci([sum(fn(a, s) for a in alphas) / len(alphas) for s in seeds])
+        out.append(Trend(trend, table, "pooled", stat, pooled, pooled.verdict(expect)))
+
+    def slope_of(t: str) -> Callable[[float, int], float]:
+        return lambda a, s: per_seed_slope(t, a, s)
+
+    def nnm_gain(t: str, base: str) -> Callable[[float, int], float]:
+        return lambda a, s: acc(t, p.max_f, a, s) - acc(base, p.max_f, a, s)
+
+    for t in ("T3", "T4"):
+        add("(a) accuracy falls as f grows", t, "slope of accuracy on f (per f)", "negative", slope_of(t))
+    if len(alphas) >= 2:
+        lo, hi = alphas[0], alphas[-1]
+        for t in ("T3", "T4"):
+            diffs = [per_seed_slope(t, lo, s) - per_seed_slope(t, hi, s) for s in seeds]
+            est = mean_ci(diffs)
+            out.append(Trend("(b) faster for small α", t, f"{lo:g} vs {hi:g}",
+                             f"slope(α={lo:g}) − slope(α={hi:g})", est, est.verdict("negative")))
+    for t, base in PAIRED.items():
+        add("(c) NNM reduces the drop", t, f"accuracy with NNM(f_NNM = {p.max_f}) − without, rule at f = {p.max_f}",
+            "positive", nnm_gain(t, base))
+    for t in PAIRED:
+        add("(d) smaller f_NNM is better", t, "slope of accuracy on f_NNM (per f_NNM)", "negative", slope_of(t))
+    return out
+
+
+def table_markdown(results: dict[tuple[str, int, float], CellResult], p: Preset, table: str) -> str:
+    """One table in the paper's layout: rows = f (or f_NNM), columns = α; cells ``mean ± half-width (lr)`` in %."""
+    vary = TABLES[table]["vary"]
+    alphas = sorted(p.alphas)
+    lines = [f"| {vary} | " + " | ".join(f"α = {a:g}" for a in alphas) + " |",
+             "|---|" + "---|" * len(alphas)]
+    for x in range(p.max_f + 1):
+        cells_txt = []
+        for a in alphas:
+            r = results[(table, x, a)]
+            e = r.estimate
+            cells_txt.append(f"{100 * e.mean:.2f} ± {100 * e.half_width:.2f} (lr {r.lr:g})")
+        label = f"{x} (mean)" if x == 0 else str(x)
+        lines.append(f"| {label} | " + " | ".join(cells_txt) + " |")
+    return "\n".join(lines)
+
+
+def trends_markdown(ts: list[Trend]) -> str:
+    """The verdicts as a Markdown table (statistics in accuracy points, i.e. ×100)."""
+    lines = ["| trend | table | α | statistic | estimate (points) | 95 % interval | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for t in ts:
+        e = t.estimate
+        lines.append(
+            f"| {t.trend} | {t.table} | {t.alpha} | {t.statistic} | {100 * e.mean:+.2f} | "
+            f"[{100 * e.low:+.2f}, {100 * e.high:+.2f}] | **{t.verdict}** |"
+        )
+    return "\n".join(lines)
+
+
+def cells_csv(results: dict[tuple[str, int, float], CellResult]) -> str:
+    """Every cell as CSV: table, x, alpha, lr, mean, low, high, seeds, and the per-seed accuracies."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["table", "x", "alpha", "lr", "mean", "low", "high", "seeds", "per_seed", "mean_by_lr"])
+    for (t, x, a), r in sorted(results.items()):
+        e = r.estimate
+        w.writerow([t, x, a, r.lr, f"{e.mean:.6f}", f"{e.low:.6f}", f"{e.high:.6f}", e.k,
+                    ";".join(f"{s}:{v:.6f}" for s, v in sorted(r.per_seed.items())),
+                    ";".join(f"{lr:g}:{v:.6f}" for lr, v in sorted(r.by_lr.items()))])
+    return buf.getvalue()
+
+
+def plot(results: dict[tuple[str, int, float], CellResult], p: Preset, path: Path) -> Path:
+    """Accuracy vs f (or f_NNM) per α, one panel per table, 95 % intervals as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharey=True)
+    xs = list(range(p.max_f + 1))
+    for ax, table in zip(axes.flat, TABLES):
+        for a in sorted(p.alphas):
+            rs = [results[(table, x, a)] for x in xs]
+            means = [100 * r.estimate.mean for r in rs]
+            errs = [100 * r.estimate.half_width if r.estimate.k > 1 else 0.0 for r in rs]
+            ax.errorbar(xs, means, yerr=errs, marker="o", capsize=3, label=f"α = {a:g}")
+        label = TABLES[table]["label"].replace("F", str(p.max_f))
+        ax.set_title(f"{table}: {label}", fontsize=10)
+        ax.set_xlabel(TABLES[table]["vary"])
+        ax.set_ylabel("final test accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"No attack, n = {p.workers}: {p.dataset}, {p.model}, {p.rounds} rounds, {len(p.seeds)} seeds "
+                 "(95 % intervals)")
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=110)
+
+
+def machine() -> str:
+    """One line about where this ran."""
+    import torch
+
+    return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores, Python "
+            f"{platform.python_version()}, torch {torch.__version__}")
+
+
+def report_markdown(
+    results: dict[tuple[str, int, float], CellResult], ts: list[Trend], p: Preset, *, command: str,
+    wall_seconds: float | None, runs: int,
+) -> str:
+    """The whole report: setup, the four tables, the verdicts."""
+    F = p.max_f
+    parts = [
+        f"# Price of robustness — preset `{p.name}`",
+        "",
+        f"Command: `{command}`  ",
+        f"Machine: {machine()}  ",
+        f"Runs: {runs} distinct" + (f", wall time {wall_seconds / 60:.1f} min" if wall_seconds is not None else ""),
+        "",
+        f"Setup: no attack, n = {p.workers} workers, {p.dataset}, model {p.model} {p.model_params or ''}, "
+        f"Dirichlet α ∈ {{{', '.join(f'{a:g}' for a in sorted(p.alphas))}}}, batch {p.batch_size} per worker, "
+        f"worker momentum {p.momentum}, cosine learning rate over {p.rounds} rounds, lr₀ chosen per cell from "
+        f"{{{', '.join(f'{lr:g}' for lr in p.lrs)}}} by mean final accuracy, seeds {list(p.seeds)}. Cells: final "
+        "test accuracy (%) mean ± 95 % Student-t half-width over the seeds, and the chosen lr₀.",
+        "",
+    ]
+    for table, meta in TABLES.items():
+        parts += [f"## {table} — {meta['label'].replace('F', str(F))}", "", table_markdown(results, p, table), ""]
+    parts += ["## Trends", "", trends_markdown(ts), "",
+              "Statistics are per-seed (paired: same seed = same data split and initial model), then a 95 % "
+              "Student-t interval over seeds. *holds*: the interval excludes 0 on the expected side; "
+              "*contradicted*: on the other side; *inconclusive*: it contains 0.", ""]
+    return "\n".join(parts)
+
+
+def write_outputs(
+    results: dict[tuple[str, int, float], CellResult], ts: list[Trend], p: Preset, out: Path, *, command: str,
+    wall_seconds: float | None, runs: int,
+) -> list[Path]:
+    """Write ``report.md``, ``cells.csv`` and ``tension.png`` into ``out`` (atomically); return their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    report = out / "report.md"
+    store.atomic_write_text(report, report_markdown(results, ts, p, command=command, wall_seconds=wall_seconds,
+                                                    runs=runs) + "\n![accuracy vs f](tension.png)\n")
+    table = out / "cells.csv"
+    store.atomic_write_text(table, cells_csv(results))
+    return [report, table, plot(results, p, out / "tension.png")]

@@ -1,0 +1,94 @@
+"""The planner (`phalanx tension plan`): the grid it builds, its recommendation rule, and a tiny real run."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from phalanx import cli
+from phalanx.errors import ConfigError
+from phalanx.experiments import planner
+from phalanx.experiments.planner import Row
+
+BASE = {"dataset": "digits", "model": "mlp", "workers": 10, "rounds": 5, "eval_every": 5, "batch_size": 8}
+
+
+def test_default_fs() -> None:
+    assert planner.default_fs(2, 10) == [1, 2, 4]
+    assert planner.default_fs(3, 10) == [1, 3]  # 2K = 6 > ⌊9/2⌋
+    assert planner.default_fs(0, 16) == [1, 3]
+
+
+def test_make_plan_grid() -> None:
+    plan = planner.make_plan(BASE, expect=2, rules=["cwtm", "krum"], fs=[1, 2, 4], attacks=["alie", "signflip"])
+    # krum needs n > 2f + 2: f = 4 is skipped with the reason
+    assert any("krum with f=4" in s for s in plan.skipped)
+    settings = {(j.rule, j.f) for j in plan.jobs}
+    assert ("mean", 0) in settings and ("cwtm", 4) in settings and ("krum", 4) not in settings
+    for job, cfg in zip(plan.jobs, plan.configs):
+        assert cfg.byzantine == (0 if job.attack == "none" else 2)
+        assert cfg.f == job.f and cfg.aggregator == job.rule and cfg.attack == job.attack
+    assert len(plan.jobs) == (1 + 3 + 2) * 3  # settings × (none + 2 attacks), one seed
+
+
+def test_make_plan_takes_lists_from_the_config_and_rejects_others() -> None:
+    plan = planner.make_plan({**BASE, "aggregator": ["cwtm", "geomed"], "seed": [0, 1]}, expect=1, fs=[1])
+    assert plan.rules == ["cwtm", "geomed"] and plan.seeds == [0, 1]
+    with pytest.raises(ConfigError, match="alpha"):
+        planner.make_plan({**BASE, "alpha": [0.1, 1.0]}, expect=1)
+    with pytest.raises(ConfigError, match="expect_byzantine"):
+        planner.make_plan(BASE, expect=10)
+    with pytest.raises(ConfigError, match="rules"):
+        planner.make_plan(BASE, expect=1, rules=["nosuchrule"])
+
+
+def _row(rule: str, f: int, no: float, worst: float | None) -> Row:
+    return Row(rule, f, no, 0.9 - no, None, {"alie": worst} if worst is not None else {}, worst,
+               "alie" if worst is not None else None)
+
+
+def test_recommend_cheapest_among_equally_robust() -> None:
+    rows = [_row("mean", 0, 0.90, 0.10), _row("cwtm", 1, 0.89, 0.50), _row("cwtm", 2, 0.87, 0.80),
+            _row("cwtm", 4, 0.80, 0.81), _row("nnm>cwtm", 2, 0.885, 0.805)]
+    rec = planner.recommend(rows, expect=2, tolerance=0.01)
+    # cwtm f=4 has the best worst case (0.81); cwtm f=2 and nnm>cwtm f=2 are within 1 point; nnm>cwtm is cheapest
+    assert (rec.rule, rec.f) == ("nnm>cwtm", 2)
+    assert "80.5%" in rec.text and "10.0%" in rec.text
+    strict = planner.recommend(rows, expect=2, tolerance=0.0)
+    assert (strict.rule, strict.f) == ("cwtm", 4)
+    # f below the threat is never recommended, however good it looks
+    rows.append(_row("geomed", 1, 0.95, 0.95))
+    assert planner.recommend(rows, expect=2).rule != "geomed"
+    assert planner.recommend(rows, expect=0).rule == "geomed"
+    with pytest.raises(ConfigError, match="tolerance"):
+        planner.recommend(rows, expect=1, tolerance=2.0)
+
+
+def test_recommend_without_candidates_says_so() -> None:
+    rec = planner.recommend([_row("mean", 0, 0.9, 0.1), _row("cwtm", 1, 0.88, 0.5)], expect=3)
+    assert "f >= 3" in rec.text
+
+
+def test_tiny_plan_end_to_end(tmp_path: Path) -> None:
+    cfg = tmp_path / "task.toml"
+    cfg.write_text('dataset = "digits"\nmodel = "logreg"\nworkers = 7\nrounds = 4\neval_every = 2\nbatch_size = 8\n')
+    out = tmp_path / "plan"
+    res = CliRunner().invoke(cli.app, [
+        "tension", "plan", str(cfg), "--expect-byzantine", "1", "--rules", "cwtm,nnm>cwtm", "--f", "1,2",
+        "--attacks", "alie,signflip", "--out", str(out), "--jobs", "1",
+    ])
+    assert res.exit_code == 0, res.output
+    assert "use " in res.output
+    rows = list(csv.DictReader(io.StringIO((out / "plan.csv").read_text())))
+    assert [(r["rule"], r["f"]) for r in rows] == [("mean", "0"), ("cwtm", "1"), ("cwtm", "2"), ("nnm>cwtm", "1"),
+                                                   ("nnm>cwtm", "2")]
+    for r in rows:
+        assert 0 <= float(r["no_attack"]) <= 1 and r["worst_attack"] in ("alie", "signflip")
+        assert float(r["worst"]) == min(float(r["alie"]), float(r["signflip"]))
+    assert float(rows[0]["cost"]) == 0.0
+    assert (out / "plan.png").stat().st_size > 0 and "Robustness plan" in (out / "plan.md").read_text()
+    assert len(list((out / "runs").iterdir())) == 5 * 3

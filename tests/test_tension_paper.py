@@ -1,0 +1,133 @@
+"""The paper's experiment as a preset (Yang, Shi & Li, ICML 2025): grids, cell tables, trend verdicts, end to end."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from phalanx import aggregators, cli
+from phalanx.errors import ConfigError
+from phalanx.experiments import paper
+
+
+def test_spec_for_rows() -> None:
+    assert paper.spec_for("T3", 0, 7) == ("mean", 0)
+    assert paper.spec_for("T3", 5, 7) == ("multikrum(strict=false)", 5)
+    assert paper.spec_for("T4", 7, 7) == ("cwtm", 7)
+    assert paper.spec_for("T5", 0, 7) == ("mean", 0)
+    assert paper.spec_for("T6", 3, 7) == ("nnm(f=3)>cwtm", 7)
+    with pytest.raises(ConfigError, match="table"):
+        paper.spec_for("T9", 1, 7)
+
+
+def test_every_cell_of_the_paper_grid_is_a_valid_config_at_n16() -> None:
+    p = paper.preset("quick")
+    assert p.max_f == 7
+    cells, cfgs = paper.plan(p)
+    assert len(cells) == 4 * 8 * 3 * 4 * 3
+    # the f = 0 / f_NNM = 0 rows of the four tables are one run each
+    assert len(paper.unique(cfgs)) == len(cells) - 3 * 3 * 4 * 3
+    for cfg in paper.unique(cfgs):
+        assert cfg.byzantine == 0 and cfg.attack == "none" and cfg.workers == 16 and cfg.batch_size == 16
+        assert cfg.schedule == "cosine" and cfg.momentum == 0.9 and cfg.partition == "dirichlet"
+        rule = aggregators.make(cfg.aggregator, f=cfg.f)
+        assert rule(torch.randn(16, 4)).shape == (4,)  # every rule runs on 16 rows (multikrum f=7 included)
+
+
+def test_mean_rows_are_the_mean() -> None:
+    x = torch.randn(16, 6, dtype=torch.float64)
+    mean = x.mean(0)
+    for table in paper.TABLES:
+        spec, f = paper.spec_for(table, 0, 7)
+        assert torch.allclose(aggregators.make(spec, f=f)(x), mean)
+    # and the rules behind them at f = 0 / f_NNM = 0 are the mean too (why sharing the cell is exact)
+    assert torch.allclose(aggregators.make("multikrum(strict=false)", f=0)(x), mean)
+    assert torch.allclose(aggregators.make("cwtm", f=0)(x), mean)
+    assert torch.allclose(aggregators.make("nnm(f=0)>cwtm", f=7)(x), mean)
+
+
+def test_preset_validation() -> None:
+    with pytest.raises(ConfigError, match="preset"):
+        paper.preset("huge")
+    with pytest.raises(ConfigError, match="seeds"):
+        paper.preset("quick", seeds=(0,))
+    with pytest.raises(ConfigError, match="preset field"):
+        paper.preset("quick", epochs=3)
+    assert paper.preset("paper").rounds == 31_250  # 160 epochs of CIFAR-10 at 16 × 16 images per round
+    fallback = paper.resolve_dataset(paper.preset("quick"), lambda name: False)
+    assert fallback.dataset == "digits"
+    assert paper.resolve_dataset(paper.preset("quick"), lambda name: True).dataset == "fashion-mnist"
+
+
+def _synthetic(p: paper.Preset, drop: float, nnm_gain: float) -> dict[paper.Cell, float]:
+    """Accuracies with known trends: fall `drop·f/α-rank`, NNM gains, small per-seed noise, lr 0.5 best."""
+    acc = {}
+    alphas = sorted(p.alphas)
+    for c in paper.cells(p):
+        heterogeneity = len(alphas) - alphas.index(c.alpha)  # 3 for the smallest α
+        noise = 0.001 * ((c.seed * 7 + c.x * 3) % 5)
+        base = 0.9 - (0.02 if c.lr != 0.5 else 0.0) + noise
+        if c.table in ("T3", "T4"):
+            acc[c] = base - drop * heterogeneity * c.x
+        else:  # NNM: smaller f_NNM better, and at f_NNM = F better than the rule alone at F
+            acc[c] = base - (drop * heterogeneity * p.max_f - nnm_gain) * c.x / p.max_f
+    return acc
+
+
+def test_tabulate_and_trends_find_planted_trends() -> None:
+    p = paper.preset("quick", seeds=(0, 1, 2))
+    cells = paper.cells(p)
+    results = paper.tabulate(cells, _synthetic(p, drop=0.01, nnm_gain=0.05))
+    r = results[("T4", 3, 0.1)]
+    assert r.lr == 0.5 and set(r.per_seed) == {0, 1, 2}
+    assert r.estimate.mean == pytest.approx(0.9 - 0.03 * 3, abs=0.01)
+    verdicts = {(t.trend[:3], t.table, t.alpha): t.verdict for t in paper.trends(results, p)}
+    assert verdicts[("(a)", "T3", "pooled")] == "holds"
+    assert verdicts[("(b)", "T4", "0.1 vs 10")] == "holds"
+    assert verdicts[("(c)", "T5", "pooled")] == "holds"
+    assert verdicts[("(d)", "T6", "0.1")] == "holds"
+    # the opposite data contradict (a): accuracy rising with f
+    flipped = paper.tabulate(cells, _synthetic(p, drop=-0.01, nnm_gain=0.0))
+    v2 = {(t.trend[:3], t.table, t.alpha): t.verdict for t in paper.trends(flipped, p)}
+    assert v2[("(a)", "T3", "pooled")] == "contradicted"
+
+
+def test_report_files(tmp_path: Path) -> None:
+    p = paper.preset("quick", seeds=(0, 1, 2))
+    results = paper.tabulate(paper.cells(p), _synthetic(p, 0.01, 0.05))
+    written = paper.write_outputs(results, paper.trends(results, p), p, tmp_path, command="x", wall_seconds=1.0,
+                                  runs=10)
+    md = (tmp_path / "report.md").read_text()
+    for table in paper.TABLES:
+        assert f"## {table}" in md
+    assert "| 0 (mean) |" in md and "**holds**" in md
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "cells.csv").read_text())))
+    assert len(rows) == 4 * 8 * 3
+    assert all(p_.exists() and p_.stat().st_size > 0 for p_ in written)
+
+
+def test_tiny_end_to_end_cli(tmp_path: Path) -> None:
+    """The real command on a tiny grid (n = 6 → f = 0 … 2), digits, 3 rounds; then rerun: nothing is retrained."""
+    args = ["tension", "paper", "--preset", "quick", "--out", str(tmp_path), "--seeds", "2", "--jobs", "1",
+            "--set", "dataset=digits", "--set", "workers=6", "--set", "rounds=3", "--set", "eval_every=3",
+            "--set", "alphas=[0.5,5]", "--set", "lrs=[0.1]"]
+    res = CliRunner().invoke(cli.app, args)
+    assert res.exit_code == 0, res.output
+    md = (tmp_path / "report.md").read_text()
+    assert "n = 6 workers, digits" in md and "## T6" in md
+    cells = list(csv.DictReader(io.StringIO((tmp_path / "cells.csv").read_text())))
+    assert len(cells) == 4 * 3 * 2
+    assert all(0.0 <= float(c["mean"]) <= 1.0 for c in cells)
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert len(runs) == (1 + 4 * 2) * 2 * 2  # mean + 2 rows per table, × 2 α × 2 seeds
+    stamp = {r: (r / "DONE").stat().st_mtime_ns for r in runs}
+    first = (tmp_path / "cells.csv").read_text()
+    res2 = CliRunner().invoke(cli.app, args)
+    assert res2.exit_code == 0, res2.output
+    assert {r: (r / "DONE").stat().st_mtime_ns for r in runs} == stamp
+    assert (tmp_path / "cells.csv").read_text() == first  # the tables come from the stored runs
