@@ -27,6 +27,24 @@ def test_batcher_network_sorts(n: int) -> None:
 
 def test_network_size_n50() -> None:
     assert _sortnet.batcher_pairs(50).shape == (403, 2)
+    assert _sortnet.window_pairs(50, 5, 40).shape == (316, 2)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 21, 34, 50, 64, 65])
+def test_pruned_network_puts_every_value_in_its_group(n: int) -> None:
+    gen = torch.Generator().manual_seed(n)
+    windows = {(t, n - 2 * t) for t in range(0, (n + 1) // 2)} | {((n - 1) // 2, 1 if n % 2 else 2)}
+    for start, length in sorted(windows):
+        pairs = _sortnet.window_pairs(n, start, length).tolist()
+        for _ in range(20):
+            v = torch.randint(0, 4, (n,), generator=gen).double()  # many ties
+            w = v.clone()
+            for a, b in pairs:
+                if w[a] > w[b]:
+                    w[a], w[b] = w[b].clone(), w[a].clone()
+            s = torch.sort(v).values
+            for lo, hi in ((0, start), (start, start + length), (start + length, n)):
+                assert torch.equal(torch.sort(w[lo:hi]).values, s[lo:hi])
 
 
 def test_trimmed_mean_hand_example() -> None:
@@ -67,6 +85,8 @@ def test_kernel_matches_torch_sort(mode: str, dtype: torch.dtype, n: int) -> Non
         assert torch.allclose(a, b, atol=1e-6, equal_nan=True)
         assert cb is not None and ca is not None
         assert torch.allclose(ca, cb, atol=1e-9)
+        c, _ = coordinatewise.coordinate_window_mean(x, mode, trim, False)  # type: ignore[arg-type]
+        assert torch.allclose(c, b, atol=1e-6, equal_nan=True)  # the pruned network (trimmed mean, median)
 
 
 def test_kernel_multithreaded_equals_single() -> None:

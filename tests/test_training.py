@@ -172,3 +172,23 @@ def test_no_heatmap_for_a_single_attack(tmp_path: Path) -> None:
     result = report.write_report(tmp_path)
     assert [p.name for p in result["plots"]] == ["accuracy.png"]
     assert not (tmp_path / "heatmap.png").exists()
+
+
+def test_accumulate_grads_is_the_momentum_update_of_grads() -> None:
+    from phalanx.training.problem import Problem
+
+    torch.manual_seed(0)
+    model = models.make("mlp", (1, 8, 8), 10, generator=torch.Generator().manual_seed(1), hidden=[7, 5])
+    problem = Problem(model)
+    theta = problem.initial_theta()
+    xb, yb = torch.randn(4, 3, 1, 8, 8), torch.randint(0, 10, (4, 3))
+    g = problem.grads(theta, xb, yb) + 0.01 * theta
+    m0 = torch.randn(4, problem.dim)
+    buf = torch.empty(6, problem.dim)  # rows 0..3 used: a view of the momentum buffer, as the round passes it
+    buf[:4] = m0
+    problem.accumulate_grads(theta, xb, yb, buf[:4], 0.1, weight_decay=0.01)
+    assert torch.allclose(buf[:4], 0.9 * m0 + 0.1 * g, atol=1e-6)
+    problem.accumulate_grads(theta, xb, yb, buf[:4], 1.0, weight_decay=0.01)
+    assert torch.allclose(buf[:4], g, atol=1e-6)
+    with pytest.raises(ValueError, match="row-contiguous"):
+        problem.accumulate_grads(theta, xb, yb, torch.empty(problem.dim, 4).t(), 0.1)

@@ -50,6 +50,31 @@ def batcher_pairs(n: int) -> torch.Tensor:
     return torch.tensor(pairs, dtype=torch.int64).reshape(-1, 2).contiguous()
 
 
+@functools.lru_cache(maxsize=64)
+def window_pairs(n: int, start: int, length: int) -> torch.Tensor:
+    """Batcher's network pruned to what a window *sum* needs: positions ``[0, start)``, ``[start, start + length)``
+    and the rest must hold the right values as sets, not in order.
+
+    Walking the network backwards, a compare-exchange is dropped when no kept compare-exchange after it touches
+    either of its two wires and both wires end in the same one of the three groups: swapping their values (or not)
+    then changes no group. What remains moves every value to its group (the window's sum is exact) but leaves
+    each group unsorted, so it serves the trimmed mean and the median, not rules that read sorted positions.
+    Removes ~20 % of the pairs (n = 50, f = 5: 316 of 403).
+    """
+    def group(i: int) -> int:
+        return 0 if i < start else (1 if i < start + length else 2)
+
+    free = [True] * n
+    kept: list[tuple[int, int]] = []
+    for a, b in reversed(batcher_pairs(n).tolist()):
+        if free[a] and free[b] and group(a) == group(b):
+            continue
+        kept.append((a, b))
+        free[a] = free[b] = False
+    kept.reverse()
+    return torch.tensor(kept, dtype=torch.int64).reshape(-1, 2).contiguous()
+
+
 def window_params(n: int, mode: int, trim: int) -> tuple[int, int]:
     """``(trim, length)`` of the window for a mode (median ignores ``trim``)."""
     if mode == MODE_TRIMMED:

@@ -55,7 +55,11 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Ten
     x = x.contiguous()
     n, d = x.shape
     trim_, length = _sortnet.window_params(n, mode, trim)
-    pairs = _sortnet.batcher_pairs(n)
+    if want or mode == _sortnet.MODE_MEAMED:  # contributions and MeaMed read sorted positions: the whole network
+        pairs = _sortnet.batcher_pairs(n)
+    else:  # the trimmed mean and the median only sum a window: the pruned network
+        start = trim_ if mode == _sortnet.MODE_TRIMMED else (n - 1) // 2
+        pairs = _sortnet.window_pairs(n, start, length)
     out = torch.empty(d, dtype=x.dtype)
     threads = max(1, min(torch.get_num_threads(), (d + _BLOCK - 1) // _BLOCK))
     chunk = ((d + threads - 1) // threads + _BLOCK - 1) // _BLOCK * _BLOCK

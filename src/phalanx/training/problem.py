@@ -76,6 +76,32 @@ class Problem:
         per_worker = vmap(grad(self._loss), in_dims=(None, 0, 0))(params, xb, yb)
         return self.layout.flatten(per_worker, batch_dims=1)
 
+    def accumulate_grads(
+        self, theta: Tensor, xb: Tensor, yb: Tensor, out: Tensor, weight: float, weight_decay: float = 0.0,
+    ) -> Tensor:
+        """``out ← (1 − weight)·out + weight·(gᵢ + weight_decay·θ)`` row by row, with gᵢ as in :meth:`grads`.
+
+        The worker-momentum update mᵢ ← β mᵢ + (1 − β) gᵢ (``weight = 1 − β``; ``weight = 1`` writes gᵢ) fused
+        with the gradient: each parameter's ``(W, *shape)`` gradient from ``vmap`` goes straight into its columns
+        of ``out`` (a ``(W, d)`` tensor whose rows are contiguous, e.g. rows of the momentum buffer), so the
+        ``(W, d)`` matrix of flat gradients is never built — that copy cost as much as the momentum update itself.
+        Returns ``out``.
+        """
+        if out.dim() != 2 or out.shape != (xb.shape[0], self.dim) or out.stride(1) != 1:
+            raise ValueError(f"out must be a row-contiguous ({xb.shape[0]}, {self.dim}) tensor, got {tuple(out.shape)}")
+        params = {k: v.detach() for k, v in self.layout.views(theta).items()}
+        per_worker = vmap(grad(self._loss), in_dims=(None, 0, 0))(params, xb, yb)
+        w = xb.shape[0]
+        for name, shape, off in zip(self.layout.names, self.layout.shapes, self.layout.offsets):
+            cols = out[:, off : off + shape.numel()].view(w, *shape)
+            if weight == 1.0:
+                cols.copy_(per_worker[name])
+            else:
+                cols.lerp_(per_worker[name], weight)
+            if weight_decay:
+                cols.add_(params[name], alpha=weight * weight_decay)
+        return out
+
     def grads_loop(self, theta: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
         """The same as :meth:`grads` with a Python loop over workers (reference for tests)."""
         params = {k: v.detach() for k, v in self.layout.views(theta).items()}
