@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-training lint typecheck install clean
+.PHONY: run test bench bench-training bench-distributed lint typecheck install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -41,6 +41,9 @@ bench: $(VENV)/.bench
 
 bench-training: $(VENV)/.bench
 	$(BIN)/python benchmarks/training.py
+
+bench-distributed: $(STAMP)
+	$(BIN)/python benchmarks/distributed.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

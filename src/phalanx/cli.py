@@ -181,8 +181,11 @@ def _train(cfgs: list[RunConfig], out: Path, jobs: int) -> None:
 
 def _run_grid(data: dict[str, object], out: Path, jobs: int) -> None:
     from phalanx.experiments import grid, report
+    from phalanx.training.trainer import check_engine
 
     cfgs = grid.configs(data)  # every point validated before anything runs
+    for c in cfgs:
+        check_engine(c)  # a torchrun config is refused here, before a run directory exists
     console.print(f"[bold]{len(cfgs)} run(s)[/bold] → {out}")
     _train(list(cfgs), out, jobs)
     result = report.write_report(out)
@@ -429,6 +432,8 @@ def main() -> None:
         console.print(f"[red]error:[/red] {exc}")
         raise SystemExit(2) from None
 
+
+from phalanx.distributed.cli import register as _register_launch; _register_launch(app)  # noqa: E402, E702, I001
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -11,7 +11,15 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from phalanx.errors import ConfigError
 
@@ -22,7 +30,12 @@ else:  # pragma: no cover
 
 Schedule = Literal["constant", "step", "cosine"]
 Partition = Literal["iid", "dirichlet", "pathological"]
-Engine = Literal["simulated"]
+Engine = Literal["simulated", "torchrun"]
+Topology = Literal["server", "serverless"]
+Backend = Literal["auto", "gloo", "nccl"]
+DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend")
+"""Keys that only the ``torchrun`` engine reads. A simulated run's resolved config leaves them out, so that they
+change neither its results nor its run id / ``config.json`` (run directories written before they existed resume)."""
 
 
 class RunConfig(BaseModel):
@@ -53,7 +66,30 @@ class RunConfig(BaseModel):
     seed: int = Field(0, ge=0, description="the one seed; split into named streams")
     eval_every: int = Field(20, ge=1, description="evaluate every this many rounds (and at the end)")
     checkpoint_every: int = Field(100, ge=1, description="write a checkpoint every this many rounds")
-    engine: Engine = Field("simulated", description="where workers run")
+    engine: Engine = Field(
+        "simulated", description="where workers run: 'simulated' (one process, vmap) or 'torchrun' (one process per "
+        "worker, torch.distributed; start it with `phalanx launch` or torchrun, docs/distributed.md)",
+    )
+    topology: Topology = Field(
+        "server", description="torchrun engine: 'server' (rank 0 aggregates and broadcasts θ; survives missing "
+        "workers) or 'serverless' (every rank aggregates the all-gathered vectors; needs every rank alive)",
+    )
+    round_timeout: float = Field(
+        30.0, gt=0, le=86_400, description="torchrun engine: seconds the server waits for the vectors of a round; "
+        "workers still missing then count against f",
+    )
+    backend: Backend = Field(
+        "auto", description="torchrun engine, serverless topology: torch.distributed backend ('auto': nccl when CUDA "
+        "is available, else gloo)",
+    )
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        if self.engine == "simulated":
+            for key in DISTRIBUTED_KEYS:
+                out.pop(key, None)
+        return out
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -62,6 +98,11 @@ class RunConfig(BaseModel):
             raise ValueError(f"byzantine={self.byzantine} must be < workers={n} (at least one honest worker)")
         if 2 * self.f >= n:
             raise ValueError(f"f={self.f} must be < workers/2 = {n / 2} (f ≥ n/2 is beyond any robust rule)")
+        if self.backend == "nccl" and self.topology == "server":
+            raise ValueError(
+                "backend='nccl' needs topology='serverless' (the server topology sends vectors through the c10d "
+                "TCPStore, which survives missing workers; docs/distributed.md)"
+            )
         return self
 
     def label(self) -> str:

@@ -89,6 +89,107 @@ def sample_batches(data: WorkerData, workers: int, batch: int, gen: torch.Genera
     return data.x[idx], data.y[idx]
 
 
+def computing_workers(attack: Attack | DataAttack, workers: int, byzantine: int) -> int:
+    """How many workers compute a gradient this round: the honest ones, plus the Byzantine ones of a data attack.
+
+    They are workers ``0 … computing−1``; the rows of a vector attack's Byzantine workers come from the attack.
+    """
+    return workers if isinstance(attack, DataAttack) else workers - byzantine
+
+
+def worker_batches(
+    data: WorkerData, attack: Attack | DataAttack, *, workers: int, byzantine: int, batch_size: int,
+    batch_gen: torch.Generator, attack_gen: torch.Generator,
+) -> tuple[Tensor, Tensor]:
+    """Phase 1a: the batches of every computing worker of the round, ``(x (C, B, ...), y (C, B))``.
+
+    One draw of the ``batches`` stream for all ``C`` computing workers (:func:`sample_batches`); a data attack then
+    poisons the Byzantine workers' batches, one ``attack`` stream draw per Byzantine worker in index order. A
+    distributed engine calls this on every rank and keeps its own row, so that all ranks advance the streams alike
+    and a rank's batch is the one the simulated engine would have drawn for it.
+    """
+    honest_n = workers - byzantine
+    computing = computing_workers(attack, workers, byzantine)
+    xb, yb = sample_batches(data, computing, batch_size, batch_gen)
+    if isinstance(attack, DataAttack) and byzantine:
+        xs, ys = xb[honest_n:], yb[honest_n:]
+        xb_b, yb_b = [], []
+        for i in range(byzantine):
+            xi, yi = attack.transform(xs[i], ys[i], data.num_classes, attack_gen)
+            xb_b.append(xi)
+            yb_b.append(yi)
+        xb = torch.cat([xb[:honest_n], torch.stack(xb_b)])
+        yb = torch.cat([yb[:honest_n], torch.stack(yb_b)])
+    return xb, yb
+
+
+def local_momentum(
+    theta: Tensor, problem: Problem, xb: Tensor, yb: Tensor, rows: Tensor | None, *, momentum: float,
+    weight_decay: float,
+) -> Tensor:
+    """Phase 1b: gradients gᵢ = ∇ℓ(θ; batchᵢ) + λθ of the given workers and their momentum mᵢ ← β mᵢ + (1 − β) gᵢ.
+
+    ``rows`` holds those workers' momentum ``(W, d)`` and is updated in place (and returned); ``None`` in the first
+    round, where m₀ = g₀ (the gradients are returned).
+    """
+    if rows is None:
+        first = torch.empty(xb.shape[0], problem.dim, dtype=theta.dtype, device=theta.device)
+        return problem.accumulate_grads(theta, xb, yb, first, 1.0, weight_decay)
+    # m ← β m + (1 − β) g, fused with the gradient (no (W, d) matrix of flat gradients is built)
+    return problem.accumulate_grads(theta, xb, yb, rows, 1.0 - momentum, weight_decay)
+
+
+def byzantine_vectors(
+    attack: Attack, honest: Tensor, *, byzantine: int, f: int, rule: Aggregator, attack_gen: torch.Generator,
+    round: int,
+) -> Tensor:
+    """Phase 2: the ``(byzantine, d)`` vectors of a vector attack, given the honest vectors it may see."""
+    ctx = AttackContext(
+        honest=honest, n_byzantine=byzantine, f=f, aggregator=rule, generator=attack_gen, round=round,
+    )
+    return attack(ctx)
+
+
+def server_context(
+    rule: Aggregator, theta: Tensor, previous: Tensor | None, problem: Problem,
+    reference_batch: tuple[Tensor, Tensor] | None,
+) -> dict[str, Any]:
+    """What the rule gets besides the vectors: centered clipping's centre (the previous aggregate) and FLTrust's
+    reference gradient (the server's root batch at θ)."""
+    context: dict[str, Any] = {}
+    if "center" in rule.context_keys and previous is not None:
+        context["center"] = previous
+    if "reference" in rule.context_keys:
+        assert reference_batch is not None, "rules with a reference gradient need the server's root batch"
+        context["reference"] = problem.grads(theta, reference_batch[0][None], reference_batch[1][None])[0]
+    return context
+
+
+def aggregate_and_step(
+    theta: Tensor, vectors: Tensor, is_byzantine: Tensor, rule: Aggregator, *, previous: Tensor | None,
+    problem: Problem, reference_batch: tuple[Tensor, Tensor] | None, lr: float, measure: bool,
+) -> tuple[Tensor, Tensor, RoundResult | None]:
+    """Phase 3: aggregate the received vectors, step θ ← θ − η · Agg, and (with ``measure``) measure the round.
+
+    ``is_byzantine`` marks the Byzantine rows of ``vectors`` (a bool tensor, one entry per row). Returns
+    ``(θ_new, Agg, result)``.
+    """
+    context = server_context(rule, theta, previous, problem, reference_batch)
+    result = None
+    if measure:
+        agg, contrib = rule.aggregate(vectors, **context)
+        any_byz = bool(is_byzantine.any())
+        result = RoundResult(
+            agg_error=aggregation_error(agg, vectors[~is_byzantine] if any_byz else vectors),
+            byz_share=float(contrib[is_byzantine].sum()) if any_byz else 0.0,
+            detection_auc=detection_auc(contrib.cpu(), is_byzantine.cpu()),
+            agg_norm=float(torch.linalg.vector_norm(agg.double())),
+        )
+    else:
+        agg = rule(vectors, **context)
+    return theta - lr * agg, agg, result
+
+
 def run_round(
     state: RoundState,
     problem: Problem,
@@ -110,58 +211,32 @@ def run_round(
 ) -> tuple[RoundState, RoundResult | None]:
     """Run one round and return the new state (and, with ``measure``, the round's measurements).
 
+    The round is the three phases every engine calls — :func:`worker_batches` + :func:`local_momentum` (workers),
+    :func:`byzantine_vectors` (attack), :func:`aggregate_and_step` (server) — here on all n workers in one process.
     The state's momentum buffer is updated in place and handed on (one ``(n, d)`` buffer for the whole run, no
     fresh allocation per round): the old state must not be used afterwards.
     """
     honest_n = workers - byzantine
-    data_attack = isinstance(attack, DataAttack)
-    computing = workers if data_attack else honest_n
-    xb, yb = sample_batches(data, computing, batch_size, batch_gen)
-    if data_attack and byzantine:
-        assert isinstance(attack, DataAttack)
-        xs, ys = xb[honest_n:], yb[honest_n:]
-        xb_b, yb_b = [], []
-        for i in range(byzantine):
-            xi, yi = attack.transform(xs[i], ys[i], data.num_classes, attack_gen)
-            xb_b.append(xi)
-            yb_b.append(yi)
-        xb = torch.cat([xb[:honest_n], torch.stack(xb_b)])
-        yb = torch.cat([yb[:honest_n], torch.stack(yb_b)])
-    g = problem.grads(state.theta, xb, yb)
-    if weight_decay:
-        g.add_(state.theta, alpha=weight_decay)
+    computing = computing_workers(attack, workers, byzantine)
+    xb, yb = worker_batches(
+        data, attack, workers=workers, byzantine=byzantine, batch_size=batch_size, batch_gen=batch_gen,
+        attack_gen=attack_gen,
+    )
     if state.momentum is None:  # m₀ = g₀; one (n, d) buffer from now on, updated in place
+        g = local_momentum(state.theta, problem, xb, yb, None, momentum=momentum, weight_decay=weight_decay)
         m = torch.empty(workers, g.shape[1], dtype=g.dtype, device=g.device)
         m[:computing] = g
     else:
         m = state.momentum
-        m[:computing].lerp_(g, 1.0 - momentum)  # m ← β m + (1 − β) g
-    honest = m[:honest_n]
-    if not data_attack and byzantine:
-        assert isinstance(attack, Attack)
-        ctx = AttackContext(
-            honest=honest, n_byzantine=byzantine, f=f, aggregator=rule, generator=attack_gen, round=state.round,
+        local_momentum(state.theta, problem, xb, yb, m[:computing], momentum=momentum, weight_decay=weight_decay)
+    if not isinstance(attack, DataAttack) and byzantine:
+        m[honest_n:] = byzantine_vectors(
+            attack, m[:honest_n], byzantine=byzantine, f=f, rule=rule, attack_gen=attack_gen, round=state.round,
         )
-        m[honest_n:] = attack(ctx)
-    vectors = m
-    context: dict[str, Any] = {}
-    if "center" in rule.context_keys and state.previous is not None:
-        context["center"] = state.previous
-    if "reference" in rule.context_keys:
-        assert reference_batch is not None, "rules with a reference gradient need the server's root batch"
-        context["reference"] = problem.grads(state.theta, reference_batch[0][None], reference_batch[1][None])[0]
-    result = None
-    if measure:
-        agg, contrib = rule.aggregate(vectors, **context)
-        is_byz = torch.zeros(workers, dtype=torch.bool)
-        is_byz[honest_n:] = True
-        result = RoundResult(
-            agg_error=aggregation_error(agg, honest),
-            byz_share=float(contrib[honest_n:].sum()) if byzantine else 0.0,
-            detection_auc=detection_auc(contrib.cpu(), is_byz),
-            agg_norm=float(torch.linalg.vector_norm(agg.double())),
-        )
-    else:
-        agg = rule(vectors, **context)
-    theta = state.theta - lr * agg
+    is_byz = torch.zeros(workers, dtype=torch.bool)
+    is_byz[honest_n:] = True
+    theta, agg, result = aggregate_and_step(
+        state.theta, m, is_byz, rule, previous=state.previous, problem=problem, reference_batch=reference_batch,
+        lr=lr, measure=measure,
+    )
     return RoundState(theta=theta, momentum=m, previous=agg, round=state.round + 1), result

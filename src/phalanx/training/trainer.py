@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from phalanx import aggregators, attacks, data, models
+from phalanx.errors import ConfigError
 from phalanx.experiments import store
 from phalanx.training.config import RunConfig
 from phalanx.training.memory import tune_allocator
@@ -76,6 +77,17 @@ def build(cfg: RunConfig, dataset: data.Dataset | None = None) -> Setup:
     )
 
 
+def check_engine(cfg: RunConfig) -> None:
+    """Refuse a config of another engine: ``train`` runs every worker in this process (the simulated engine)."""
+    if cfg.engine != "simulated":
+        raise ConfigError(
+            "engine", cfg.engine, "'simulated' in `phalanx run` / `phalanx sweep` / train()",
+            "a torchrun run has one process per worker: start it with `phalanx launch --workers "
+            f"{cfg.workers} CONFIG` or `torchrun --nproc-per-node {cfg.workers} -m phalanx.distributed.worker CONFIG` "
+            "(docs/distributed.md)",
+        )
+
+
 Progress = Callable[[int, int, dict[str, Any] | None], None]
 
 
@@ -86,8 +98,10 @@ def train(
     """Train one configuration; return the metric rows (one per evaluated round).
 
     With ``run_dir``, results and checkpoints are written there and an interrupted run resumes from its last
-    checkpoint. ``progress(round, rounds, row_or_None)`` is called after every round.
+    checkpoint. ``progress(round, rounds, row_or_None)`` is called after every round. This is the simulated engine;
+    a config with ``engine = "torchrun"`` is started with ``phalanx launch`` or torchrun (:func:`check_engine`).
     """
+    check_engine(cfg)
     tune_allocator()
     setup = build(cfg, dataset)
     out = Path(run_dir) if run_dir is not None else None
@@ -104,7 +118,7 @@ def train(
             attack_gen.set_state(gens["attack"])
     columns = store.config_columns(cfg)
     if state.round == 0:
-        rows.append(_evaluate(setup, state, None, columns))
+        rows.append(evaluate_row(setup, state, None, columns))
     while state.round < cfg.rounds:
         t = state.round
         last = t + 1 == cfg.rounds
@@ -115,7 +129,7 @@ def train(
             lr=learning_rate(cfg, t), momentum=cfg.momentum, weight_decay=cfg.weight_decay,
             batch_gen=batch_gen, attack_gen=attack_gen, reference_batch=setup.reference_batch, measure=measure,
         )
-        row = _evaluate(setup, state, result, columns) if measure else None
+        row = evaluate_row(setup, state, result, columns) if measure else None
         if row is not None:
             rows.append(row)
         if out is not None and (state.round % cfg.checkpoint_every == 0 or last):
@@ -128,7 +142,8 @@ def train(
     return rows
 
 
-def _evaluate(setup: Setup, state: RoundState, result: Any, columns: dict[str, Any]) -> dict[str, Any]:
+def evaluate_row(setup: Setup, state: RoundState, result: Any, columns: dict[str, Any]) -> dict[str, Any]:
+    """One metric row: θ's test accuracy and loss, the round's measurements (``result``) and the config columns."""
     acc, loss = setup.problem.evaluate(state.theta, setup.dataset.test_x, setup.dataset.test_y)
     row: dict[str, Any] = {
         "round": state.round, "test_accuracy": acc, "test_loss": loss,

@@ -1,0 +1,203 @@
+"""Round time of the torchrun engine (one process per worker) against the simulated engine, and bytes per round.
+
+    .venv/bin/python benchmarks/distributed.py [--ns 4,8] [--rounds 300] [--warmup 30] [--markdown PATH] [--json PATH]
+
+Setting: the default MLP (64 hidden units, d = 4,810) on the embedded ``digits`` data set, batch 32 per worker, IID
+split, worker momentum 0.9, coordinate-wise trimmed mean with f = 1, and either no attack (b = 0) or one Byzantine
+worker running ALIE (b = 1; in the torchrun engine a real Byzantine process that is sent the honest vectors).
+
+* **simulated** — :func:`phalanx.training.round.run_round` in this process, ``warmup`` rounds then ``rounds`` timed
+  rounds, the median; once with 1 thread and once with all cores (``phalanx run``'s default). The ratios are taken
+  against the faster of the two.
+* **server** / **serverless** — ``phalanx launch``'s process start-up (:mod:`phalanx.distributed.launch`): n
+  processes of ``python -m phalanx.distributed.worker``, one thread each (``OMP_NUM_THREADS=1``, as torchrun sets),
+  store and process group on 127.0.0.1. Rank 0 times every round from publishing θ (server) or starting its
+  gradient (serverless) to the new θ — evaluation and checkpoints excluded, as for the simulated engine — and writes
+  the times to ``distributed.json``; the median over the rounds after the first ``warmup`` is reported (the first
+  round of every process pays torch.func's one-time set-up, ~2 s).
+
+**floor** — n × (one worker's gradient call alone, 1 thread) / cores: the compute every round needs when each of
+the n processes makes its own ``torch.func`` call; no transport can make a round faster on this machine.
+
+Bytes per round are payload bytes counted from the messages' sizes (no TCP/IP or store framing):
+server topology — what rank 0 sends (θ to each of the n − 1 workers, plus the honest vectors to each Byzantine
+rank of an omniscient attack) and receives (the n − 1 workers' vectors, plus each Byzantine rank's 5,056-byte
+attack-stream state); serverless — what one rank sends: its row to each of the n − 1 others per all-gather (one
+all-gather, two with a vector attack; gloo's ring all-gather sends the same amount per rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TOPOLOGIES = ("server", "serverless")
+ATTACKS = ("none", "alie")
+TARGET = 1.5
+"""Target from the issue: distributed round time ≤ 1.5 × simulated at n = 8 for the MLP."""
+
+
+def config(n: int, attack: str, rounds: int) -> dict[str, Any]:
+    """The benchmark's run config (torchrun keys are ignored by the simulated engine)."""
+    return {
+        "dataset": "digits", "model": "mlp", "workers": n, "byzantine": 0 if attack == "none" else 1, "f": 1,
+        "aggregator": "cwtm", "attack": attack, "partition": "iid", "rounds": rounds, "batch_size": 32, "lr": 0.1,
+        "momentum": 0.9, "seed": 0, "eval_every": rounds, "checkpoint_every": rounds, "round_timeout": 60.0,
+    }
+
+
+def simulated_round(n: int, attack: str, warmup: int, rounds: int, threads: int) -> float:
+    """Median wall time of the simulated engine's round (this process, ``threads`` intra-op threads)."""
+    import torch
+
+    from phalanx.training import make_config
+    from phalanx.training.memory import tune_allocator
+    from phalanx.training.round import RoundState, run_round
+    from phalanx.training.trainer import build, generator
+
+    tune_allocator()
+    torch.set_num_threads(threads)
+    cfg = make_config(config(n, attack, warmup + rounds))
+    setup = build(cfg)
+    bg, ag = generator(cfg.seed, "batches"), generator(cfg.seed, "attack")
+    state = RoundState(theta=setup.problem.initial_theta(), momentum=None, previous=None)
+    times = []
+    for t in range(warmup + rounds):
+        t0 = time.perf_counter()
+        state, _ = run_round(
+            state, setup.problem, setup.worker_data, setup.rule, setup.attack, workers=n, byzantine=cfg.byzantine,
+            f=cfg.f, batch_size=cfg.batch_size, lr=cfg.lr, momentum=cfg.momentum, weight_decay=0.0, batch_gen=bg,
+            attack_gen=ag,
+        )
+        if t >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def one_row_gradient(warmup: int, rounds: int) -> float:
+    """Median time of one worker's gradient call alone (``Problem.grads`` on one row, 1 thread): what every rank
+    pays per round. The torch.func call has a fixed cost that the simulated engine pays once for all n workers."""
+    import torch
+
+    from phalanx.training import make_config
+    from phalanx.training.trainer import build
+
+    torch.set_num_threads(1)
+    setup = build(make_config(config(4, "none", 1)))
+    theta = setup.problem.initial_theta()
+    x, y = setup.worker_data.x[:32][None], setup.worker_data.y[:32][None]
+    times = []
+    for t in range(warmup + rounds):
+        t0 = time.perf_counter()
+        setup.problem.grads(theta, x, y)
+        if t >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def distributed_round(n: int, attack: str, topology: str, warmup: int, rounds: int, timeout: float) -> dict[str, Any]:
+    """Launch one job; rank 0's median round time and bytes per round."""
+    from phalanx.distributed import launch
+
+    with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
+        cfg = {**config(n, attack, warmup + rounds), "topology": topology}
+        cfg_path = Path(tmp) / "job.toml"
+        cfg_path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in cfg.items()))
+        out = Path(tmp) / "out"
+        t0 = time.perf_counter()
+        with (Path(tmp) / "stderr").open("wb") as err:
+            procs = launch.spawn(n, launch.worker_args(cfg_path, [], out), stderr=err)
+            code = launch.supervise(procs, timeout_s=timeout, say=lambda s: None)
+        wall = time.perf_counter() - t0
+        if code != 0:
+            return {"error": f"rank 0 exit status {code}: {(Path(tmp) / 'stderr').read_text()[-800:]}"}
+        log = json.loads(next(out.iterdir()).joinpath("distributed.json").read_text())
+    timed = [r for r in log["rounds"] if warmup <= r["round"] < warmup + rounds - 1]  # last round measures
+    return {
+        "round_s": statistics.median(r["seconds"] for r in timed),
+        "sent": statistics.fmean(r["sent"] for r in timed), "received": statistics.fmean(r["received"] for r in timed),
+        "missing_rounds": sum(1 for r in log["rounds"] if r["missing"]), "job_wall_s": wall,
+    }
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The Markdown table of the measurements."""
+    head = (
+        "| n | attack | simulated ms (1 thr / all) | floor ms | server ms | ratio | serverless ms | ratio "
+        "| server bytes sent / received per round | serverless bytes sent per rank per round |\n"
+        "|---|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for r in rows:
+        cells = [str(r["n"]), r["attack"], f"{1e3 * r['simulated_1']:.2f} / {1e3 * r['simulated_all']:.2f}",
+                 f"{1e3 * r['floor']:.2f}"]
+        for topo in TOPOLOGIES:
+            d = r[topo]
+            if "error" in d:
+                cells += ["error", "—"]
+            else:
+                cells += [f"{1e3 * d['round_s']:.2f}", f"{d['round_s'] / r['simulated']:.1f}×"]
+        s, sl = r["server"], r["serverless"]
+        cells.append(f"{s.get('sent', 0):,.0f} / {s.get('received', 0):,.0f}" if "error" not in s else "—")
+        cells.append(f"{sl.get('sent', 0):,.0f}" if "error" not in sl else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--ns", default="4,8", help="comma-separated worker (= process) counts (default 4,8)")
+    ap.add_argument("--attacks", default=",".join(ATTACKS), help="comma-separated: none, alie (default both)")
+    ap.add_argument("--rounds", type=int, default=300, help="timed rounds (default 300)")
+    ap.add_argument("--warmup", type=int, default=30, help="untimed first rounds (default 30)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per launched job (default 600)")
+    ap.add_argument("--markdown", metavar="PATH", help="also write the table as Markdown to PATH")
+    ap.add_argument("--json", metavar="PATH", help="also write the raw measurements as JSON to PATH")
+    args = ap.parse_args(argv)
+    import torch
+
+    ns = [int(x) for x in args.ns.split(",")]
+    attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
+    env = {
+        "cores": len(os.sched_getaffinity(0)), "torch": torch.__version__, "python": platform.python_version(),
+        "platform": platform.platform(), "load_start": os.getloadavg()[0],
+    }
+    print(f"# {env}", flush=True)
+    rows = []
+    grad1 = one_row_gradient(args.warmup, args.rounds)
+    for n in ns:
+        for attack in attacks:
+            row: dict[str, Any] = {
+                "n": n, "attack": attack, "simulated_1": simulated_round(n, attack, args.warmup, args.rounds, 1),
+                "simulated_all": simulated_round(n, attack, args.warmup, args.rounds, env["cores"]),
+            }
+            row["simulated"] = min(row["simulated_1"], row["simulated_all"])
+            row["floor"] = n * grad1 / env["cores"]  # n one-row gradient calls shared by the cores
+            for topo in TOPOLOGIES:
+                row[topo] = distributed_round(n, attack, topo, args.warmup, args.rounds, args.timeout)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    env["load_end"] = os.getloadavg()[0]
+    md = table(rows)
+    print(md)
+    ratios = [r["server"]["round_s"] / r["simulated"] for r in rows if r["n"] == 8 and "round_s" in r["server"]]
+    if ratios:
+        verdict = "met" if max(ratios) <= TARGET else "not met"
+        print(f"target (server round ≤ {TARGET}× simulated at n = 8): {verdict} (worst {max(ratios):.1f}×)")
+    if args.markdown:
+        Path(args.markdown).write_text(md + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

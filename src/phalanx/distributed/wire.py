@@ -1,0 +1,80 @@
+"""What travels between ranks of the parameter-server topology: key names, tensors as bytes, byte counts.
+
+Every message of round t has t in its key, so a late worker's vector for round t can never be read as the vector of
+a later round: the server reads only ``v/<t>/<rank>`` in round t and deletes old keys as it goes.
+
+=================  ==========================================  =====================================
+key                value                                       written by / read by
+=================  ==========================================  =====================================
+``init``           torch.save of the start state               rank 0 / every worker
+``ready/<r>``      ``b"1"``                                    rank r / rank 0
+``latest``         the round rank 0 is in (ASCII)              rank 0 / workers (to skip lost rounds)
+``s/<t>``          ``b"T"`` + θ, or ``b"X"`` + reason (stop)    rank 0 / every worker
+``h/<t>``          ``b"H"`` + honest vectors (h', d), or ``X``  rank 0 / Byzantine ranks (vector attacks)
+``v/<t>/<r>``      the rank's vector (+ its attack-stream       rank r / rank 0
+                   state, Byzantine ranks of vector attacks)
+=================  ==========================================  =====================================
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import torch
+from torch import Tensor
+
+THETA = b"T"
+HONEST = b"H"
+STOP = b"X"
+KEEP_ROUNDS = 16
+"""Keys of rounds older than this are deleted; a worker further behind skips ahead to the current round."""
+
+
+def key_server(t: int) -> str:
+    """The server's message of round t (θ or stop)."""
+    return f"s/{t}"
+
+
+def key_honest(t: int) -> str:
+    """The honest vectors of round t, for the Byzantine ranks of an omniscient (vector) attack."""
+    return f"h/{t}"
+
+
+def key_vector(t: int, rank: int) -> str:
+    """A rank's vector of round t."""
+    return f"v/{t}/{rank}"
+
+
+def tensor_bytes(x: Tensor) -> bytes:
+    """The raw bytes of a tensor (CPU, contiguous)."""
+    return x.detach().to("cpu").contiguous().numpy().tobytes()
+
+
+def bytes_tensor(data: bytes | bytearray | memoryview, dtype: torch.dtype, shape: tuple[int, ...] = (-1,)) -> Tensor:
+    """A tensor over a copy of ``data`` (the inverse of :func:`tensor_bytes`)."""
+    if len(data) == 0:
+        return torch.empty(0, dtype=dtype).reshape(shape)
+    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
+
+
+def pack(obj: Any) -> bytes:
+    """``torch.save`` to bytes (the start state; small, once per run)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def unpack(data: bytes) -> Any:
+    """Inverse of :func:`pack` (tensors, numbers, strings and containers only)."""
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def put(store: Any, key: str, value: bytes | str) -> None:
+    """``store.set`` with bytes (the c10d stubs say ``str``; the store takes both)."""
+    store.set(key, value)
+
+
+def put_many(store: Any, keys: list[str], values: list[bytes]) -> None:
+    """Several keys in one round trip (``multi_set``)."""
+    store.multi_set(keys, values)

@@ -1,0 +1,116 @@
+"""The entry point of one rank: ``python -m phalanx.distributed.worker CONFIG [--set k=v …] [--out DIR]``.
+
+Started by ``phalanx launch`` (one machine) or by torchrun (one or many machines), which set ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``. Every rank reads the same CONFIG and overrides
+(``engine = "torchrun"`` is implied), builds the same data split, model and streams (``phalanx.training.build``),
+and the world size must equal ``workers``. Rank 0 writes the run directory ``OUT/<run id>`` (the same name and
+files as ``phalanx run``), which is also where a stopped run resumes from.
+
+Exit status: 0 done (workers also exit 0 when the server tells them to stop), 2 configuration error,
+3 too many workers missing (:class:`~phalanx.distributed.errors.WorkersLostError`, checkpoint written),
+4 the server went away (a worker rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from phalanx.distributed.errors import WorkersLostError
+from phalanx.errors import ConfigError, PhalanxError
+from phalanx.training.config import RunConfig
+
+WORKER_WAIT_S = 3600.0
+"""How long a worker waits for the server's next message (θ or stop) before giving up."""
+
+
+def resolve_config(config: str | None, overrides: list[str], point: int | None = None) -> RunConfig:
+    """The one run config of this job: CONFIG (TOML, default: the built-in job) + overrides, engine = torchrun.
+
+    A config with list-valued keys is a grid; ``point`` picks one of its runs (``phalanx launch`` runs them in turn).
+    """
+    from phalanx.experiments import grid
+    from phalanx.training.config import apply_overrides, load_toml
+
+    default = Path(__file__).resolve().parent.parent / "configs" / "default.toml"
+    data = load_toml(config if config is not None else default)
+    data = apply_overrides(data, [*overrides, "engine='torchrun'"])
+    cfgs = grid.configs(data)
+    if point is None:
+        if len(cfgs) != 1:
+            raise ConfigError(
+                "config", f"a grid of {len(cfgs)} runs", "exactly one run per job (no list-valued keys)",
+                "pick one point with --set, or use `phalanx launch`, which runs the points one after another",
+            )
+        return cfgs[0]
+    if not 0 <= point < len(cfgs):
+        raise ConfigError("--point", point, f"0 … {len(cfgs) - 1}")
+    return cfgs[point]
+
+
+def run_rank(cfg: RunConfig, out: Path | None) -> None:
+    """Run this process's rank of the job described by the torchrun environment."""
+    from phalanx.distributed import server, serverless
+    from phalanx.distributed.env import RankEnv, open_store
+    from phalanx.distributed.recorder import Recorder
+    from phalanx.experiments import grid
+    from phalanx.training.memory import tune_allocator
+    from phalanx.training.trainer import build
+
+    renv = RankEnv.from_environ()
+    if renv.world_size != cfg.workers:
+        raise ConfigError(
+            "WORLD_SIZE", renv.world_size, f"workers = {cfg.workers} (one process per worker, rank 0 is also the "
+            "server)", "launch as many processes as the config's workers, or --set workers=N",
+        )
+    tune_allocator()
+    setup = build(cfg)
+    store = open_store(renv, WORKER_WAIT_S)
+    rec = None
+    if renv.rank == 0:
+        run_dir = None if out is None else out / grid.run_id(cfg)
+        rec = Recorder(setup, run_dir, cfg.topology, renv.world_size)
+    if cfg.topology == "serverless":
+        serverless.run(setup, store, renv, rec)
+    elif rec is not None:
+        server.serve(setup, store, rec)
+    else:
+        server.work(setup, store, renv.rank)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the arguments, run this rank, map errors to one clear line and an exit status."""
+    parser = argparse.ArgumentParser(prog="python -m phalanx.distributed.worker", description=__doc__.split("\n")[0])
+    parser.add_argument("config", nargs="?", default=None, help="TOML config (default: the built-in job)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="override a key: --set f=2")
+    parser.add_argument("--out", type=Path, default=Path("runs/default"), help="output directory (rank 0 writes)")
+    parser.add_argument("--no-out", action="store_true", help="write nothing (benchmarks)")
+    parser.add_argument("--point", type=int, default=None, help="index of the run in a grid config")
+    args = parser.parse_args(argv)
+    rank = "?"
+    try:
+        import os
+
+        rank = os.environ.get("RANK", "?")
+        cfg = resolve_config(args.config, args.overrides, args.point)
+        run_rank(cfg, None if args.no_out else args.out)
+    except WorkersLostError as exc:
+        print(f"[phalanx rank {rank}] error: {exc}", file=sys.stderr, flush=True)
+        return 3
+    except PhalanxError as exc:
+        print(f"[phalanx rank {rank}] error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except Exception as exc:
+        import torch.distributed as dist
+
+        if rank != "0" and isinstance(exc, dist.DistError | ConnectionError):
+            print(f"[phalanx rank {rank}] the server went away ({str(exc)[:160]}); stopping", file=sys.stderr,
+                  flush=True)
+            return 4
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""The torchrun engine on this machine: same numbers as the simulated engine, Byzantine ranks, crashed and silent
+workers, too many missing workers (checkpoint + resume), config keys and errors.
+
+Every multi-process test runs real processes (``phalanx launch`` / :mod:`phalanx.distributed.launch`) with gloo and
+the c10d TCPStore on 127.0.0.1, on small runs (MLP on digits, 3–4 workers), each under a hard timeout.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from phalanx.distributed import launch, worker
+from phalanx.errors import ConfigError
+from phalanx.experiments import grid
+from phalanx.training import make_config, train
+
+JOB_TIMEOUT_S = 120.0
+BASE: dict[str, Any] = {
+    "dataset": "digits", "model": "mlp", "workers": 4, "byzantine": 1, "f": 1, "aggregator": "cwtm",
+    "attack": "alie", "partition": "dirichlet", "alpha": 1.0, "rounds": 10, "batch_size": 16, "lr": 0.1,
+    "seed": 5, "eval_every": 5, "checkpoint_every": 5, "round_timeout": 5.0,
+}
+
+
+def write_toml(path: Path, data: dict[str, Any]) -> Path:
+    lines = []
+    for k, v in data.items():
+        lines.append(f"{k} = {json.dumps(v)}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_dir(out: Path) -> Path:
+    found = glob.glob(str(out / "*" / "config.json"))
+    assert len(found) == 1, f"expected one run directory under {out}, found {found}"
+    return Path(found[0]).parent
+
+
+def simulated(data: dict[str, Any], out: Path) -> dict[str, torch.Tensor]:
+    """The simulated engine's final checkpoint for the same config (distributed-only keys dropped)."""
+    plain = {k: v for k, v in data.items() if k not in ("topology", "round_timeout", "backend", "engine")}
+    train(make_config(plain), out)
+    return load_file(str(out / "checkpoint.safetensors"))
+
+
+def assert_same_run(dist_dir: Path, sim: dict[str, torch.Tensor], sim_dir: Path) -> None:
+    got = load_file(str(dist_dir / "checkpoint.safetensors"))
+    for key in ("theta", "momentum", "previous"):
+        torch.testing.assert_close(got[key], sim[key], atol=1e-5, rtol=1e-4, msg=f"{key} differs")
+    assert torch.equal(got["rng.batches"], sim["rng.batches"]) and torch.equal(got["rng.attack"], sim["rng.attack"])
+    rows = [json.loads(x) for x in (dist_dir / "metrics.jsonl").read_text().splitlines()]
+    sim_rows = [json.loads(x) for x in (sim_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [r["round"] for r in sim_rows]
+    for r, s in zip(rows, sim_rows):
+        assert r["test_accuracy"] == pytest.approx(s["test_accuracy"], abs=3e-3)
+        if s["agg_error"] is not None:
+            assert r["agg_error"] == pytest.approx(s["agg_error"], rel=1e-3, abs=1e-6)
+    for name in ("config.json", "manifest.json", "metrics.parquet", "DONE", "distributed.json"):
+        assert (dist_dir / name).exists(), name
+
+
+def run_job(
+    data: dict[str, Any], out: Path, tmp: Path, env: dict[str, str] | None = None,
+    kill: tuple[int, int, str] | None = None,
+) -> tuple[int, str]:
+    """Run a job of ``data['workers']`` ranks; ``kill=(rank, round, text)`` SIGKILLs that rank once the metrics
+    reach ``round`` (a checkpoint at or after it) and ``text`` is in the ranks' stderr. Returns rank 0's exit
+    status and every rank's stderr."""
+    cfg_path = write_toml(tmp / f"job{time.monotonic_ns()}.toml", data)
+    errs = tmp / f"stderr{time.monotonic_ns()}.txt"
+    with errs.open("wb") as fh:
+        procs = launch.spawn(data["workers"], launch.worker_args(cfg_path, [], out), extra_env=env, stderr=fh,
+                             stdout=subprocess.DEVNULL)
+        try:
+            if kill is not None:
+                rank, after, marker = kill
+                deadline = time.monotonic() + JOB_TIMEOUT_S
+                while time.monotonic() < deadline and procs[0].poll() is None:
+                    done = [json.loads(x)["round"] for d in glob.glob(str(out / "*" / "metrics.jsonl"))
+                            for x in Path(d).read_text().splitlines()]
+                    if done and max(done) >= after and marker in errs.read_text():
+                        break
+                    time.sleep(0.02)
+                assert procs[rank].poll() is None, "the worker to kill had already stopped"
+                os.kill(procs[rank].pid, signal.SIGKILL)
+            code = launch.supervise(procs, grace_s=5.0, timeout_s=JOB_TIMEOUT_S, say=lambda s: None)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    return code, errs.read_text()
+
+
+def dist_log(d: Path) -> list[dict[str, Any]]:
+    rounds: list[dict[str, Any]] = json.loads((d / "distributed.json").read_text())["rounds"]
+    return rounds
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# config and errors (no processes)
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_distributed_keys_do_not_touch_simulated_runs() -> None:
+    simulated_cfg = make_config({**BASE, "round_timeout": 30.0})
+    dumped = simulated_cfg.model_dump(mode="json")
+    assert dumped["engine"] == "simulated"
+    assert not {"topology", "round_timeout", "backend"} & set(dumped)  # old run ids and config.json stay valid
+    other = make_config({**BASE, "round_timeout": 2.0, "topology": "serverless"})
+    assert grid.run_id(simulated_cfg) == grid.run_id(other)
+    dist_cfg = make_config({**BASE, "engine": "torchrun", "topology": "serverless"})
+    assert dist_cfg.model_dump()["topology"] == "serverless" and grid.run_id(dist_cfg) != grid.run_id(simulated_cfg)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"round_timeout": 0}, "round_timeout"),
+        ({"topology": "ring"}, "topology"),
+        ({"backend": "mpi"}, "backend"),
+        ({"engine": "ray"}, "engine"),
+        ({"backend": "nccl", "topology": "server"}, "serverless"),
+    ],
+)
+def test_distributed_config_errors(change: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        make_config({**BASE, **change})
+
+
+def test_simulated_trainer_refuses_a_torchrun_config() -> None:
+    with pytest.raises(ConfigError, match="phalanx launch"):
+        train(make_config({**BASE, "engine": "torchrun"}))
+
+
+def test_worker_checks_the_world_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    cfg_path = write_toml(tmp_path / "c.toml", BASE)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    assert worker.main([str(cfg_path), "--out", str(tmp_path / "o")]) == 2
+    assert "WORLD_SIZE=3" in capsys.readouterr().err
+    monkeypatch.delenv("RANK")
+    assert worker.main([str(cfg_path), "--out", str(tmp_path / "o")]) == 2
+    assert "RANK" in capsys.readouterr().err
+    grid_path = write_toml(tmp_path / "g.toml", {**BASE, "seed": [1, 2]})
+    assert worker.main([str(grid_path)]) == 2
+    assert "grid of 2 runs" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# same numbers as the simulated engine
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_launch_matches_simulated_with_a_byzantine_rank(tmp_path: Path) -> None:
+    """`phalanx launch --workers 4`, parameter server, one Byzantine rank running ALIE on the honest vectors it is
+    sent: final θ, momentum, last aggregate, random streams and metric rows equal the simulated engine's."""
+    data = {**BASE, "workers": 6}  # --workers 4 overrides it
+    cfg_path = write_toml(tmp_path / "job.toml", data)
+    out = tmp_path / "dist"
+    proc = subprocess.run(
+        [sys.executable, "-m", "phalanx.cli", "launch", "--workers", "4", str(cfg_path), "--out", str(out),
+         "--set", "round_timeout=20"],
+        capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    d = run_dir(out)
+    assert json.loads((d / "config.json").read_text())["engine"] == "torchrun"
+    sim = simulated({**data, "workers": 4}, tmp_path / "sim")
+    assert_same_run(d, sim, tmp_path / "sim")
+    log = dist_log(d)
+    assert [r["missing"] for r in log] == [[]] * data["rounds"]
+    assert all(r["received"] > 0 and r["sent"] > 0 for r in log)
+
+
+def test_serverless_matches_simulated(tmp_path: Path) -> None:
+    """Server-free topology (all-gather, every rank aggregates), centered clipping (the previous aggregate as its
+    centre) under ALIE: the same run as the simulated engine."""
+    data = {**BASE, "workers": 3, "aggregator": "cc", "topology": "serverless", "engine": "torchrun"}
+    code, err = run_job(data, tmp_path / "dist", tmp_path)
+    assert code == 0, err[-3000:]
+    sim = simulated(data, tmp_path / "sim")
+    assert_same_run(run_dir(tmp_path / "dist"), sim, tmp_path / "sim")
+
+
+def test_serverless_stops_cleanly_when_a_rank_is_silent(tmp_path: Path) -> None:
+    """The server-free topology needs every rank: a rank silent past round_timeout makes the all-gather fail, and
+    the run stops with WorkersLostError after rank 0 checkpointed the last finished round."""
+    data = {**BASE, "workers": 3, "topology": "serverless", "engine": "torchrun", "round_timeout": 1.5,
+            "rounds": 6, "eval_every": 2, "checkpoint_every": 6}
+    code, err = run_job(data, tmp_path / "dist", tmp_path, env={"PHALANX_TEST_SLEEP": "1:3:3"})
+    assert code == 3, err[-3000:]
+    assert "round 3: a rank failed or stayed silent longer than round_timeout=1.5 s" in err
+    assert "serverless topology needs every rank alive" in err and "Traceback" not in err
+    from safetensors import safe_open
+
+    with safe_open(str(run_dir(tmp_path / "dist") / "checkpoint.safetensors"), framework="pt") as fh:
+        assert fh.metadata()["round"] == "3"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# faults (parameter-server topology)
+# ---------------------------------------------------------------------------------------------------------------
+
+FAULTS: dict[str, Any] = {
+    **BASE, "workers": 3, "byzantine": 0, "attack": "none", "engine": "torchrun", "rounds": 30, "eval_every": 10,
+    "checkpoint_every": 5, "round_timeout": 1.0,
+}
+
+
+def test_sleeping_worker_is_left_out_then_rejoins_and_a_sigkilled_one_does_not_stop_training(tmp_path: Path) -> None:
+    """n = 4, f = 1. Rank 2 sleeps past round_timeout in round 5: that round is aggregated without it (f − 1 = 0),
+    it skips ahead and is aggregated again. Then rank 3 is SIGKILLed: training goes on without it to the end."""
+    data = {**FAULTS, "workers": 4, "rounds": 450, "eval_every": 50, "checkpoint_every": 50}
+    out = tmp_path / "dist"
+    code, err = run_job(data, out, tmp_path, env={"PHALANX_TEST_SLEEP": "2:5:2.0"},
+                        kill=(3, 300, "every rank is back"))
+    assert code == 0, err[-3000:]
+    d = run_dir(out)
+    assert (d / "DONE").exists()
+    log = dist_log(d)
+    assert [r["missing"] for r in log[:6]] == [[]] * 5 + [[2]]
+    assert data["round_timeout"] * 0.9 <= log[5]["seconds"] < 2.0  # the server waited round_timeout, no more
+    assert "ranks [2] missing; aggregating 3 vectors with f=0" in err
+    back = min(r["round"] for r in log if r["round"] > 5 and not r["missing"])
+    killed = min(r["round"] for r in log if r["round"] > back and r["missing"])
+    assert killed >= 300
+    assert all(r["missing"] == [3] for r in log if r["round"] >= killed)  # aggregated with f − 1 = 0 to the end
+    assert "rank 3" in err or "ranks [3] missing" in err
+    rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["round"] == 450 and rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.3
+
+
+def test_too_many_missing_stops_with_a_checkpoint_that_resumes(tmp_path: Path) -> None:
+    """Ranks 1 and 2 silent in round 7 with f = 1: a clear error naming round_timeout, the round and the ranks,
+    a checkpoint of round 7; the same job started again resumes and ends where the simulated engine ends
+    (rank 2 is a label-flipping Byzantine rank: a data attack)."""
+    data = {**FAULTS, "rounds": 12, "eval_every": 4, "byzantine": 1, "attack": "labelflip", "round_timeout": 1.5}
+    out = tmp_path / "dist"
+    code, err = run_job(data, out, tmp_path, env={"PHALANX_TEST_SLEEP": "1:7:2.5,2:7:2.5"})
+    assert code == 3, err[-3000:]
+    assert "round 7: 2 worker(s) missing (ranks 1, 2)" in err and "round_timeout=1.5" in err
+    assert "resume" in err
+    d = run_dir(out)
+    ckpt = load_file(str(d / "checkpoint.safetensors"))
+    from safetensors import safe_open
+
+    with safe_open(str(d / "checkpoint.safetensors"), framework="pt") as fh:
+        assert fh.metadata()["round"] == "7"
+    assert not (d / "DONE").exists() and ckpt["theta"].numel() > 0
+    code, err = run_job(data, out, tmp_path)
+    assert code == 0, err[-3000:]
+    assert "resuming from the checkpoint of round 7" in err
+    sim = simulated(data, tmp_path / "sim")
+    assert_same_run(d, sim, tmp_path / "sim")
