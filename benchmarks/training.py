@@ -28,7 +28,8 @@ and all cores) runs in its own subprocess of this script, with the OMP/MKL/OPENB
 torch is imported (and ``torch.set_num_threads``). Timing: ``warmup`` rounds, then ``rounds`` rounds in which the
 three implementations take turns (ByzFL, loop, Phalanx, ByzFL, …) so that a change in the machine's load hits all
 three alike; the median of each is reported. The split of Phalanx's round (gradients / aggregation / rest) is
-measured in the same rounds by thin timing wrappers around ``Problem.grads`` and the rule.
+measured in the same rounds by thin timing wrappers around the gradient call (``Problem.accumulate_grads``: the
+gradients fused with the momentum update) and the rule.
 
 Before timing, the three are checked to compute the same round: same parameter count and layout, and, from the
 same θ with the same batches, two rounds of each (ByzFL's momentum convention m₀ = 0 given to Phalanx) give the same
@@ -126,16 +127,33 @@ class Split:
 
 
 class _TimedProblem:
-    """Stands for a :class:`Problem` inside ``run_round``: times ``grads`` (``loop``: uses ``grads_loop``)."""
+    """Stands for a :class:`Problem` inside ``run_round``: times the gradient call (``loop``: ``grads_loop``).
+
+    ``run_round`` asks for the gradients fused with the momentum update (``accumulate_grads``); the loop variant
+    computes them with one ``grad`` call per worker and then applies the same update.
+    """
 
     def __init__(self, problem: Any, loop: bool, sink: list[float] | None) -> None:
         self.problem = problem
-        self._grads = problem.grads_loop if loop else problem.grads
+        self.loop = loop
         self.sink = sink
 
+    @property
+    def dim(self) -> int:
+        return int(self.problem.dim)
+
     def grads(self, theta: Any, xb: Any, yb: Any) -> Any:
+        return self.problem.grads_loop(theta, xb, yb) if self.loop else self.problem.grads(theta, xb, yb)
+
+    def accumulate_grads(self, theta: Any, xb: Any, yb: Any, out: Any, weight: float, weight_decay: float = 0.0) -> Any:
         t0 = time.perf_counter()
-        out = self._grads(theta, xb, yb)
+        if self.loop:
+            g = self.problem.grads_loop(theta, xb, yb)
+            if weight_decay:
+                g.add_(theta, alpha=weight_decay)
+            out.copy_(g) if weight == 1.0 else out.lerp_(g, weight)
+        else:
+            self.problem.accumulate_grads(theta, xb, yb, out, weight, weight_decay)
         if self.sink is not None:
             self.sink.append(time.perf_counter() - t0)
         return out

@@ -248,8 +248,11 @@ def plot(rows: list[Row], plan: Plan, rec: Recommendation, path: Path) -> Path |
     rules = list(dict.fromkeys(r.rule for r in rows))
     for i, rule in enumerate(rules):
         pts = [r for r in rows if r.rule == rule and r.worst is not None]
-        ax.plot([100 * r.no_attack for r in pts], [100 * (r.worst or 0) for r in pts], marker="o",
-                linestyle="-" if len(pts) > 1 else "none", color=f"C{i}", label=rule)
+        baseline = rule == "mean"  # the no-defence reference: a star drawn on top
+        ax.plot([100 * r.no_attack for r in pts], [100 * (r.worst or 0) for r in pts],
+                marker="*" if baseline else "o", markersize=14 if baseline else 6, zorder=5 if baseline else 2,
+                linestyle="-" if len(pts) > 1 else "none", color="k" if baseline else f"C{i}",
+                label="mean (no defence)" if baseline else rule)
         for r in pts:
             ax.annotate(f"f={r.f}", (100 * r.no_attack, 100 * (r.worst or 0)), fontsize=7,
                         textcoords="offset points", xytext=(4, 3))
