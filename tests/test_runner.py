@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from phalanx import data
+from phalanx.errors import ConfigError
 from phalanx.experiments import grid, runner, store
+from phalanx.training import train
 from phalanx.training.config import RunConfig, make_config
 
 
@@ -35,3 +41,25 @@ def test_dataset_loaded_once_per_process() -> None:
     a = runner.dataset_for(_cfg(seed=0))
     b = runner.dataset_for(_cfg(seed=5, alpha=0.3))
     assert a is b
+
+
+def test_download_key_reaches_the_loader_and_does_not_rename_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[bool] = []
+    real_load = data.load
+
+    def spy(name: str, root: Any = None, download: bool = False) -> data.Dataset:
+        calls.append(download)
+        return real_load(name, root=root)
+
+    monkeypatch.setattr(data, "load", spy)
+    plain, dl = _cfg(rounds=2, eval_every=2), _cfg(rounds=2, eval_every=2, download=True)
+    assert grid.run_id(plain) == grid.run_id(dl)  # a result-neutral key: the same run
+    assert "download" not in plain.identity()
+    train(dl, tmp_path / "r")
+    assert calls == [True]
+    train(plain, tmp_path / "r")  # the same run directory accepts the config without the key
+    assert store.is_finished(tmp_path / "r")
+    with pytest.raises(ConfigError, match="download"):
+        make_config({"download": "maybe"})

@@ -53,7 +53,7 @@ not there by then is missing from round 0 on (and counts against f)."""
 
 def config_digest(setup: Setup) -> str:
     """A hash of the resolved config: every rank must run the same one."""
-    return hashlib.sha256(json.dumps(setup.cfg.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(setup.cfg.identity(), sort_keys=True).encode()).hexdigest()
 
 
 def collect(store: dist.Store, keys: dict[int, str], suspects: set[int], timeout: float) -> dict[int, bytes]:

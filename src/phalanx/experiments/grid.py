@@ -43,7 +43,7 @@ def configs(data: dict[str, Any]) -> list[RunConfig]:
 
 def run_id(cfg: RunConfig) -> str:
     """A short, stable directory name for a configuration: readable prefix + hash of the full config."""
-    payload = json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()
+    payload = json.dumps(cfg.identity(), sort_keys=True).encode()
     digest = hashlib.sha256(payload).hexdigest()[:10]
     agg = "".join(c if c.isalnum() else "-" for c in cfg.aggregator)
     return f"{agg}_{cfg.attack}_f{cfg.f}_b{cfg.byzantine}_s{cfg.seed}_{digest}"

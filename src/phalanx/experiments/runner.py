@@ -37,7 +37,7 @@ def dataset_for(cfg: RunConfig) -> Any:
     if key not in _DATASETS:
         while len(_DATASETS) >= 2:
             _DATASETS.pop(next(iter(_DATASETS)))
-        _DATASETS[key] = data.load(cfg.dataset, root=cfg.data_root)
+        _DATASETS[key] = data.load(cfg.dataset, root=cfg.data_root, download=cfg.download)
     return _DATASETS[key]
 
 

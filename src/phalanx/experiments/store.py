@@ -64,7 +64,10 @@ def prepare_run_dir(out: Path, cfg: RunConfig, data_fingerprint: str) -> None:
     resolved = cfg.model_dump(mode="json")
     cfg_path = out / "config.json"
     if cfg_path.exists():
-        existing = json.loads(cfg_path.read_text())
+        from phalanx.training.config import RESULT_NEUTRAL_KEYS
+
+        existing = {k: v for k, v in json.loads(cfg_path.read_text()).items() if k not in RESULT_NEUTRAL_KEYS}
+        resolved = cfg.identity()
         if existing != resolved:
             changed = sorted(k for k in set(existing) | set(resolved) if existing.get(k) != resolved.get(k))
             raise ConfigError(

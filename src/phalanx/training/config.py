@@ -34,6 +34,9 @@ Engine = Literal["simulated", "torchrun"]
 Topology = Literal["server", "serverless"]
 Backend = Literal["auto", "gloo", "nccl"]
 DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend")
+RESULT_NEUTRAL_KEYS = ("download",)
+"""Keys that change how a run gets its inputs, never its results: left out of a run's identity (its run id and the
+check that a run directory holds the same configuration), so setting them does not orphan finished runs."""
 """Keys that only the ``torchrun`` engine reads. A simulated run's resolved config leaves them out, so that they
 change neither its results nor its run id / ``config.json`` (run directories written before they existed resume)."""
 
@@ -45,6 +48,10 @@ class RunConfig(BaseModel):
 
     dataset: str = Field("digits", description="data set name (phalanx list datasets)")
     data_root: str | None = Field(None, description="directory holding the data set files")
+    download: bool = Field(
+        False, description="download the data set (torchvision's mirrors, MD5-checked) when it is found nowhere; "
+        "off by default: nothing touches the network unless asked",
+    )
     model: str = Field("mlp", description="model name (phalanx list models)")
     model_params: dict[str, Any] = Field(default_factory=dict, description="extra model parameters")
     workers: int = Field(20, ge=1, le=100_000, description="n, all workers")
@@ -104,6 +111,13 @@ class RunConfig(BaseModel):
                 "TCPStore, which survives missing workers; docs/distributed.md)"
             )
         return self
+
+    def identity(self) -> dict[str, Any]:
+        """The resolved config without the result-neutral keys: what names a run and what a resume must match."""
+        out: dict[str, Any] = self.model_dump(mode="json")
+        for key in RESULT_NEUTRAL_KEYS:
+            out.pop(key, None)
+        return out
 
     def label(self) -> str:
         """A short human label of the setting."""

@@ -57,7 +57,7 @@ class Setup:
 
 def build(cfg: RunConfig, dataset: data.Dataset | None = None) -> Setup:
     """Load the data (unless given), split it, build the model, the rule and the attack."""
-    ds = dataset if dataset is not None else data.load(cfg.dataset, root=cfg.data_root)
+    ds = dataset if dataset is not None else data.load(cfg.dataset, root=cfg.data_root, download=cfg.download)
     shards = data.partition(
         ds.train_y, cfg.workers, cfg.partition, alpha=cfg.alpha, classes_per_worker=cfg.classes_per_worker,
         seed=stream_seed(cfg.seed, "partition") % (2**31),
