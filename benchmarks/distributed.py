@@ -17,7 +17,7 @@ worker running ALIE (b = 1; in the torchrun engine a real Byzantine process that
   round of every process pays torch.func's one-time set-up, ~2 s).
 
 **floor** — n × (one worker's gradient call alone, 1 thread) / cores: the compute every round needs when each of
-the n processes makes its own ``torch.func`` call; no transport can make a round faster on this machine.
+the n processes makes its own gradient call; no transport can make a round faster on this machine.
 
 Bytes per round are payload bytes counted from the messages' sizes (no TCP/IP or store framing):
 server topology — what rank 0 sends (θ to each of the n − 1 workers, plus the honest vectors to each Byzantine
@@ -83,8 +83,8 @@ def simulated_round(n: int, attack: str, warmup: int, rounds: int, threads: int)
 
 
 def one_row_gradient(warmup: int, rounds: int) -> float:
-    """Median time of one worker's gradient call alone (``Problem.grads`` on one row, 1 thread): what every rank
-    pays per round. The torch.func call has a fixed cost that the simulated engine pays once for all n workers."""
+    """Median time of one worker's gradient + momentum call alone (``Problem.accumulate_grads`` on one row, 1 thread,
+    the call a rank makes each round). Its fixed cost is what the simulated engine pays once for all n workers."""
     import torch
 
     from phalanx.training import make_config
@@ -94,10 +94,11 @@ def one_row_gradient(warmup: int, rounds: int) -> float:
     setup = build(make_config(config(4, "none", 1)))
     theta = setup.problem.initial_theta()
     x, y = setup.worker_data.x[:32][None], setup.worker_data.y[:32][None]
+    row = torch.zeros(1, setup.problem.dim)
     times = []
     for t in range(warmup + rounds):
         t0 = time.perf_counter()
-        setup.problem.grads(theta, x, y)
+        setup.problem.accumulate_grads(theta, x, y, row, 0.1)
         if t >= warmup:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)

@@ -192,3 +192,6 @@ def test_accumulate_grads_is_the_momentum_update_of_grads() -> None:
     assert torch.allclose(buf[:4], g, atol=1e-6)
     with pytest.raises(ValueError, match="row-contiguous"):
         problem.accumulate_grads(theta, xb, yb, torch.empty(problem.dim, 4).t(), 0.1)
+    one = torch.zeros(1, problem.dim)  # one worker takes the plain-autograd path: the same gradient
+    problem.accumulate_grads(theta, xb[1:2], yb[1:2], one, 1.0, weight_decay=0.01)
+    assert torch.allclose(one[0], g[1], atol=1e-6)

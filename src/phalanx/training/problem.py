@@ -90,8 +90,11 @@ class Problem:
         if out.dim() != 2 or out.shape != (xb.shape[0], self.dim) or out.stride(1) != 1:
             raise ValueError(f"out must be a row-contiguous ({xb.shape[0]}, {self.dim}) tensor, got {tuple(out.shape)}")
         params = {k: v.detach() for k, v in self.layout.views(theta).items()}
-        per_worker = vmap(grad(self._loss), in_dims=(None, 0, 0))(params, xb, yb)
         w = xb.shape[0]
+        if w == 1:  # one worker (a torchrun rank): plain autograd, ~3× cheaper than vmap(grad) for one row
+            per_worker = {k: g[None] for k, g in self._autograd_grads(theta, xb[0], yb[0]).items()}
+        else:
+            per_worker = vmap(grad(self._loss), in_dims=(None, 0, 0))(params, xb, yb)
         for name, shape, off in zip(self.layout.names, self.layout.shapes, self.layout.offsets):
             cols = out[:, off : off + shape.numel()].view(w, *shape)
             if weight == 1.0:
@@ -101,6 +104,14 @@ class Problem:
             if weight_decay:
                 cols.add_(params[name], alpha=weight * weight_decay)
         return out
+
+    def _autograd_grads(self, theta: Tensor, x: Tensor, y: Tensor) -> dict[str, Tensor]:
+        """One worker's gradient by ordinary reverse mode on leaf views of θ (no functorch transform)."""
+        leaves = {k: v.detach().requires_grad_() for k, v in self.layout.views(theta).items()}
+        with torch.enable_grad():
+            loss = self._loss(leaves, x, y)
+            grads = torch.autograd.grad(loss, list(leaves.values()))
+        return dict(zip(leaves, grads))
 
     def grads_loop(self, theta: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
         """The same as :meth:`grads` with a Python loop over workers (reference for tests)."""
