@@ -182,8 +182,10 @@ def test_contributions_are_a_selection(n: int, f: int, iterations: int, seed: in
     torch.testing.assert_close(out, x[support].mean(0))
 
 
-def test_empty_intersection_falls_back_to_rows_kept_most_often(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_empty_intersection_falls_back_to_the_rows_kept_most_often(monkeypatch: pytest.MonkeyPatch) -> None:
     # Three rounds keep {0,1,2}, {2,3,4}, {0,1,3}: the intersection is empty; rows 0-3 were kept twice, row 4 once.
+    # Only n - f = 3 rows may be averaged: ties broken by the total rank over the rounds — row 0: 0+3+0 = 3,
+    # row 2: 2+0+3 = 5, rows 1 and 3: 6 (the earlier index first) — so the good set is {0, 1, 2}.
     rounds = iter([
         torch.tensor([0.0, 0.0, 0.0, 9.0, 9.0]),
         torch.tensor([9.0, 9.0, 0.0, 0.0, 0.0]),
@@ -192,8 +194,9 @@ def test_empty_intersection_falls_back_to_rows_kept_most_often(monkeypatch: pyte
     monkeypatch.setattr("phalanx.aggregators.dnc.dnc_scores", lambda sub, bad: next(rounds).double())
     x = torch.arange(10, dtype=torch.float64).reshape(5, 2)
     out, contrib = DnC(f=2, iterations=3).aggregate(x)
-    torch.testing.assert_close(contrib, torch.tensor([0.25, 0.25, 0.25, 0.25, 0.0], dtype=torch.float64))
-    torch.testing.assert_close(out, x[:4].mean(0))
+    third = 1.0 / 3.0
+    torch.testing.assert_close(contrib, torch.tensor([third, third, third, 0.0, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(out, x[:3].mean(0))
 
 
 def test_intersection_over_rounds(monkeypatch: pytest.MonkeyPatch) -> None:

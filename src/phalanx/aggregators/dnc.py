@@ -69,8 +69,9 @@ class DnC(Aggregator):
 
     Robustness conventions (ours): bad rows (NaN/Inf or an overflowing norm) get score ``+inf`` so they are
     removed first; the mean ``μ`` and the singular vector are computed on the good rows only (the paper uses all
-    rows, which a single NaN would destroy). If the intersection over rounds is empty, the rows kept in the largest
-    number of rounds form the good set (identical to the intersection whenever it is non-empty).
+    rows, which a single NaN would destroy). If the intersection over rounds is empty, the good set is the
+    ``n − ⌈c f⌉`` rows kept in the most rounds (ties: the lower total score rank over the rounds), so the output
+    never averages more rows than one round keeps.
 
     Contributions: ``1/|good|`` on each row of the good set. ε and κ: not given in Yang, Shi & Li (ICML 2025) or
     Allouah et al. (AISTATS 2023); ``None``.
@@ -110,17 +111,24 @@ class DnC(Aggregator):
         _, bad = row_norms(xc)
         keep = n - self.removed()
         b = min(self.subsample, d)
-        counts = torch.zeros(n, dtype=torch.int64, device=x.device)
+        counts = torch.zeros(n, dtype=torch.int64)
+        rank_sum = torch.zeros(n, dtype=torch.int64)
         for _ in range(self.iterations):
             if b < d:
                 idx = torch.randperm(d, generator=self._generator)[:b].sort().values.to(x.device)
                 sub = xc.index_select(1, idx)
             else:
                 sub = xc
-            scores = dnc_scores(sub, bad)
-            chosen = torch.topk(scores, keep, largest=False).indices
-            counts[chosen] += 1
-        good = (counts == counts.max()).nonzero().flatten()
+            scores = dnc_scores(sub, bad).cpu()
+            order = torch.sort(scores, stable=True).indices
+            counts[order[:keep]] += 1
+            rank_sum[order] += torch.arange(n)
+        if bool((counts == self.iterations).any()):  # the paper's good set: the intersection over the rounds
+            good = (counts == self.iterations).nonzero().flatten()
+        else:  # empty intersection: the `keep` rows kept most often (ties: lower total rank across rounds)
+            by_rank = torch.sort(rank_sum, stable=True).indices
+            good = by_rank[torch.sort(-counts[by_rank], stable=True).indices][:keep].sort().values
+        good = good.to(x.device)
         weights = selection_weights(good, n, x.device)
         out = weighted_sum(weights, xc, bad)
         return out.to(x.dtype), (weights if want_contributions else None)
