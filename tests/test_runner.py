@@ -63,3 +63,27 @@ def test_download_key_reaches_the_loader_and_does_not_rename_runs(
     assert store.is_finished(tmp_path / "r")
     with pytest.raises(ConfigError, match="download"):
         make_config({"download": "maybe"})
+
+
+def test_phalanx_errors_survive_pickling() -> None:
+    import pickle
+
+    from phalanx.data.base import DataFormatError, DatasetNotFoundError
+    from phalanx.errors import InputError
+
+    for err in (ConfigError("f", 9, "an integer < n/2", "hint"), DatasetNotFoundError("cifar10", ["/a", "/b"], "how"),
+                InputError("x", "(3,)", "(n, d)"), DataFormatError("/p", "bad magic")):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err) and back.__dict__ == err.__dict__
+
+
+def test_a_failing_run_stops_a_parallel_grid_with_its_own_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PHALANX_DATA", str(empty))  # the worker processes inherit the environment
+    monkeypatch.setenv("XDG_CACHE_HOME", str(empty))
+    cfgs = [_cfg(seed=s, dataset="cifar10", model="logreg", data_root=str(empty)) for s in range(6)]
+    with pytest.raises(ConfigError, match="cifar10"):  # the worker's DatasetNotFoundError itself
+        runner.run_grid(cfgs, tmp_path / "out", jobs=2)

@@ -131,3 +131,20 @@ def test_tiny_end_to_end_cli(tmp_path: Path) -> None:
     assert res2.exit_code == 0, res2.output
     assert {r: (r / "DONE").stat().st_mtime_ns for r in runs} == stamp
     assert (tmp_path / "cells.csv").read_text() == first  # the tables come from the stored runs
+
+
+def test_missing_data_is_one_clear_error_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PHALANX_DATA", str(empty))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(empty))
+    monkeypatch.setattr("sys.argv", ["phalanx", "tension", "paper", "--preset", "paper", "--out", str(tmp_path / "o"),
+                                     "--set", f"data_root={empty}"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 2
+    out = capsys.readouterr().out
+    assert "cifar10" in out and "files not found" in out and "Traceback" not in out
+    assert not (tmp_path / "o" / "runs").exists()

@@ -318,19 +318,25 @@ def tension_paper(
     from phalanx.experiments import grid, paper
     from phalanx.training.config import apply_overrides
 
+    overrides = apply_overrides({}, set_ or [])
+    root = overrides.get("data_root")
+
     def available(name: str) -> bool:
         try:
-            data.load(name)
+            data.load(name, root=root)
         except DatasetNotFoundError:
             return False
         return True
 
-    overrides = apply_overrides({}, set_ or [])
     changes = {k: overrides.pop(k) for k in list(overrides) if k in paper.Preset.__dataclass_fields__}
     changes = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
     p = paper.preset(preset_name, **{"seeds": tuple(range(seeds)), **changes})
     if "dataset" not in changes:
         p = paper.resolve_dataset(p, available)
+    if not available(p.dataset):
+        # with --set download=true this fetches the files once; else it raises the clear error (where it looked,
+        # how to get the files) before any run starts
+        data.load(p.dataset, root=root, download=overrides.get("download", False) is True)
     cells, cfgs = paper.plan(p, overrides)
     distinct = paper.unique(cfgs)
     console.print(f"[bold]preset {p.name}[/bold]: {p.description}; dataset {p.dataset}; {len(cells)} cells, "

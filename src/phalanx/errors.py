@@ -10,8 +10,22 @@ from __future__ import annotations
 from typing import Any
 
 
+def _rebuild(cls: type[PhalanxError], args: tuple[Any, ...], state: dict[str, Any]) -> PhalanxError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
+
+
 class PhalanxError(Exception):
-    """Base class of every error Phalanx raises on purpose."""
+    """Base class of every error Phalanx raises on purpose.
+
+    Picklable whatever the subclass's constructor (its message and attributes are restored without calling it), so
+    an error raised in a worker process of a parallel sweep reaches the parent as itself, not as a broken pool.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
 
 
 class ConfigError(PhalanxError, ValueError):

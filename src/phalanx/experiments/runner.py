@@ -94,7 +94,11 @@ def run_grid(
             finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             _drain(rounds_queue, by_dir, done_dirs, on_round)
             for fut in finished:
-                done_dirs.add(fut.result())
+                try:
+                    done_dirs.add(fut.result())
+                except BaseException:  # a failed run stops the grid: queued runs are not started
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise
                 if on_done is not None:
                     on_done(futures[fut], "done")
     return dirs
