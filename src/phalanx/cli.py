@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -321,6 +322,7 @@ def tension_paper(
     overrides = apply_overrides({}, set_ or [])
     root = overrides.get("data_root")
 
+    @functools.cache  # asked twice (fallback, then the check below): load each data set once
     def available(name: str) -> bool:
         try:
             data.load(name, root=root)

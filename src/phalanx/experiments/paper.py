@@ -183,10 +183,7 @@ def unique(cfgs: list[RunConfig]) -> list[RunConfig]:
 
 def final_accuracy(run_dir: Path) -> float:
     """The last evaluated round's test accuracy of a finished run."""
-    rows = store.read_rows(run_dir)
-    if not rows or not store.is_finished(run_dir):
-        raise ConfigError("run", str(run_dir), "a finished run (run the grid first)")
-    return float(max(rows, key=lambda r: r["round"])["test_accuracy"])
+    return float(store.finished_rows(run_dir)[-1]["test_accuracy"])
 
 
 @dataclass

@@ -144,11 +144,8 @@ def final_rows(plan: Plan, runs_dir: Path) -> list[Row]:
     acc: dict[tuple[str, int, str], list[float]] = defaultdict(list)
     err: dict[tuple[str, int], list[float]] = defaultdict(list)
     for job, cfg in zip(plan.jobs, plan.configs):
-        d = runs_dir / grid.run_id(cfg)
-        rows = store.read_rows(d)
-        if not rows or not store.is_finished(d):
-            raise ConfigError("run", str(d), "a finished run (run the plan first)")
-        last = max(rows, key=lambda r: r["round"])
+        rows = store.finished_rows(runs_dir / grid.run_id(cfg))
+        last = rows[-1]
         acc[(job.rule, job.f, job.attack)].append(float(last["test_accuracy"]))
         if job.attack == "none":
             err[(job.rule, job.f)] += [float(r["agg_error"]) for r in rows if r.get("agg_error") is not None]

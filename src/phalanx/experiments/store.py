@@ -169,3 +169,11 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     if not metrics.exists():
         return []
     return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+
+
+def finished_rows(path: Path) -> list[dict[str, Any]]:
+    """The metric rows of a finished run, by round; a :class:`ConfigError` if the run has not finished."""
+    rows = read_rows(path)
+    if not rows or not is_finished(path):
+        raise ConfigError("run", str(path), "a finished run (run it first)")
+    return sorted(rows, key=lambda r: r["round"])
