@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given
@@ -89,19 +92,42 @@ def test_kernel_matches_torch_sort(mode: str, dtype: torch.dtype, n: int) -> Non
         assert torch.allclose(c, b, atol=1e-6, equal_nan=True)  # the pruned network (trimmed mean, median)
 
 
-def test_kernel_multithreaded_equals_single() -> None:
-    x = torch.randn(21, 5000)
+@pytest.mark.parametrize("split", ["kernel", "python-threads"])
+@pytest.mark.parametrize("mode", ["trimmed", "median", "meamed"])
+def test_kernel_multithreaded_equals_single(split: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Columns split over threads (the kernel's OpenMP team, or Python threads calling it per range) give the
+    one-thread result bit for bit, contributions included — also when called from a thread other than the main."""
+    if not coordinatewise.HAVE_KERNEL:
+        pytest.skip("C kernel not built")
+    if split == "python-threads":
+        monkeypatch.setattr(coordinatewise, "_KERNEL_OPENMP", False)
+    x = torch.randn(21, 5000 + 77, generator=torch.Generator().manual_seed(3))
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        a = coordinatewise.coordinate_window_mean(x, "trimmed", 5, True)
+        a = coordinatewise.coordinate_window_mean(x, mode, 5, True)  # type: ignore[arg-type]
         torch.set_num_threads(2)
-        b = coordinatewise.coordinate_window_mean(x, "trimmed", 5, True)
+        b = coordinatewise.coordinate_window_mean(x, mode, 5, True)  # type: ignore[arg-type]
+        with ThreadPoolExecutor(1) as ex:
+            c = ex.submit(coordinatewise.coordinate_window_mean, x, mode, 5, True).result()
     finally:
         torch.set_num_threads(old)
-    assert torch.equal(a[0], b[0])
-    assert a[1] is not None and b[1] is not None
-    assert torch.allclose(a[1], b[1])
+    for other in (b, c):
+        assert torch.equal(a[0], other[0])
+        assert a[1] is not None and other[1] is not None
+        assert torch.allclose(a[1], other[1], atol=1e-12)
+
+
+def test_kernel_shares_torchs_openmp_runtime() -> None:
+    """Built with OpenMP, the kernel must run on the libgomp torch loaded (one thread team), not a second copy."""
+    if not coordinatewise.HAVE_KERNEL or not coordinatewise._KERNEL_OPENMP:
+        pytest.skip("C kernel not built with OpenMP")
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        pytest.skip("no /proc/self/maps on this platform")
+    coordinatewise.coordinate_window_mean(torch.randn(9, 1000), "trimmed", 2, False)
+    gomp = {line.split()[-1] for line in maps.read_text().splitlines() if "libgomp" in line}
+    assert len(gomp) == 1, f"two OpenMP runtimes loaded: {sorted(gomp)}"
 
 
 @given(

@@ -31,9 +31,12 @@ try:  # the optional C kernel (setup.py); without it the torch.sort path gives t
     from phalanx.aggregators import _cwkernel  # type: ignore[attr-defined]
 
     HAVE_KERNEL = os.environ.get("PHALANX_NO_KERNEL", "") == ""
+    # Built with OpenMP (setup.py), the kernel splits the columns over torch's own intra-op thread team.
+    _KERNEL_ONE_CALL = hasattr(_cwkernel, "window_parallel")
+    _KERNEL_OPENMP = _KERNEL_ONE_CALL and bool(_cwkernel.has_openmp())
 except ImportError:  # pragma: no cover - exercised only where the extension could not be built
     _cwkernel = None
-    HAVE_KERNEL = False
+    HAVE_KERNEL = _KERNEL_ONE_CALL = _KERNEL_OPENMP = False
 
 _BLOCK = 128  # columns per block in the C kernel; thread chunks are multiples of it
 _POOL: ThreadPoolExecutor | None = None
@@ -62,10 +65,19 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Ten
         pairs = _sortnet.window_pairs(n, start, length)
     out = torch.empty(d, dtype=x.dtype)
     threads = max(1, min(torch.get_num_threads(), (d + _BLOCK - 1) // _BLOCK))
+    is_double = x.dtype == torch.float64
+    if _KERNEL_ONE_CALL and (_KERNEL_OPENMP or threads == 1):
+        # one call; with OpenMP the columns are split over torch's own thread team inside the kernel
+        contrib = torch.zeros((threads, n), dtype=torch.float64) if want else None
+        _cwkernel.window_parallel(
+            x.data_ptr(), n, d, pairs.data_ptr(), pairs.shape[0], mode, trim_, length, out.data_ptr(),
+            contrib.data_ptr() if contrib is not None else 0, is_double, threads,
+        )
+        return out, (contrib.sum(dim=0) / d if contrib is not None else None)
+    # no OpenMP in the build: split the columns between Python threads (the GIL is released inside)
     chunk = ((d + threads - 1) // threads + _BLOCK - 1) // _BLOCK * _BLOCK
     ranges = [(s, min(d, s + chunk)) for s in range(0, d, chunk)]
     contrib = torch.zeros((len(ranges), n), dtype=torch.float64) if want else None
-    is_double = x.dtype == torch.float64
 
     def work(k: int) -> None:
         j0, j1 = ranges[k]
@@ -75,10 +87,7 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Ten
             cptr, is_double,
         )
 
-    if len(ranges) == 1:
-        work(0)
-    else:
-        list(_pool().map(work, range(len(ranges))))
+    list(_pool().map(work, range(len(ranges))))
     return out, (contrib.sum(dim=0) / d if contrib is not None else None)
 
 
