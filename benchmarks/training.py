@@ -19,19 +19,23 @@ The three implementations of one round:
 * **loop** — Phalanx's :func:`phalanx.training.round.run_round` with the honest gradients from
   :meth:`Problem.grads_loop` (one ``torch.func.grad`` call per worker) instead of the single ``vmap(grad)`` call.
   Everything else (sampling, momentum, attack, rule, step) is Phalanx's: the ratio isolates vectorisation.
-* **Phalanx** — :func:`run_round` as the trainer calls it (``phalanx.training.trainer.build``).
+* **Phalanx** — :func:`run_round` as the trainer calls it (``phalanx.training.trainer.build``). For this MLP the
+  per-worker gradients come from explicit back-propagation (:mod:`phalanx.training.linear_stack`: batched matrix
+  products fused with the momentum update).
+* **vmap** — the same round with the gradients from the generic ``vmap(grad)`` path (``Problem(per_worker="vmap")``),
+  the one every other model (CNN, ResNet) takes: how fast Phalanx is on models without the fast path.
 
-n ∈ {10, 50, 200} for all three and n = 1000 for Phalanx; ByzFL and the loop at n = 1000 are run for 2 rounds (after
-1 warm-up round) when their time, extrapolated linearly from n = 200, stays under 60 s, else reported as that
-extrapolation (marked ≈; it is a lower bound on their time: ByzFL's sort grows faster than n). Each thread setting (1
-and all cores) runs in its own subprocess of this script, with the OMP/MKL/OPENBLAS thread variables set before
-torch is imported (and ``torch.set_num_threads``). Timing: ``warmup`` rounds, then ``rounds`` rounds in which the
-three implementations take turns (ByzFL, loop, Phalanx, ByzFL, …) so that a change in the machine's load hits all
-three alike; the median of each is reported. The split of Phalanx's round (gradients / aggregation / rest) is
+n ∈ {10, 50, 200} for all four and n = 1000 for Phalanx and vmap; ByzFL and the loop at n = 1000 are run for 2
+rounds (after 1 warm-up round) when their time, extrapolated linearly from n = 200, stays under 60 s, else reported
+as that extrapolation (marked ≈; it is a lower bound on their time: ByzFL's sort grows faster than n). Each thread
+setting (1 and all cores) runs in its own subprocess of this script, with the OMP/MKL/OPENBLAS thread variables set
+before torch is imported (and ``torch.set_num_threads``). Timing: ``warmup`` rounds, then ``rounds`` rounds in which the
+implementations take turns (ByzFL, loop, vmap, Phalanx, ByzFL, …) so that a change in the machine's load hits
+them alike; the median of each is reported. The split of Phalanx's round (gradients / aggregation / rest) is
 measured in the same rounds by thin timing wrappers around the gradient call (``Problem.accumulate_grads``: the
 gradients fused with the momentum update) and the rule.
 
-Before timing, the three are checked to compute the same round: same parameter count and layout, and, from the
+Before timing, the implementations are checked to compute the same round: same parameter count and layout, and, from the
 same θ with the same batches, two rounds of each (ByzFL's momentum convention m₀ = 0 given to Phalanx) give the same
 θ up to float32 rounding. What still differs between them is printed below the tables.
 
@@ -71,7 +75,7 @@ BIG_N_BUDGET_S = 60.0
 DESIGN_BYZFL = {10: 0.013, 50: 0.10, 200: 0.49}
 """ByzFL's DSGD round in DESIGN.md §8 (same setting, 2 threads), seconds."""
 
-IMPLS = ("byzfl", "loop", "phalanx")
+IMPLS = ("byzfl", "loop", "vmap", "phalanx")
 HIDDEN = 100
 BATCH = 32
 LR = 0.1
@@ -113,7 +117,7 @@ def tune_malloc() -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Phalanx (vmap) and the per-worker loop
+# Phalanx (fast path, vmap) and the per-worker loop
 # ---------------------------------------------------------------------------------------------------------------
 
 @dataclass
@@ -176,10 +180,12 @@ class _TimedRule:
 
 
 class PhalanxRunner:
-    """Phalanx's round (``loop=False``) or the same round with per-worker gradients (``loop=True``)."""
+    """Phalanx's round (``loop=False``) or the same round with per-worker gradients (``loop=True``); with
+    ``per_worker="vmap"`` the gradients take the generic ``vmap(grad)`` path instead of the MLP's fast path."""
 
-    def __init__(self, n: int, dataset: Any, dataset_name: str, loop: bool) -> None:
+    def __init__(self, n: int, dataset: Any, dataset_name: str, loop: bool, per_worker: str = "auto") -> None:
         from phalanx.training.config import make_config
+        from phalanx.training.problem import Problem
         from phalanx.training.round import RoundState
         from phalanx.training.trainer import build, generator
 
@@ -191,6 +197,8 @@ class PhalanxRunner:
             "batch_size": BATCH, "lr": LR, "momentum": MOMENTUM, "weight_decay": 0.0, "seed": SEED,
         })
         self.setup = build(self.cfg, dataset)
+        if per_worker != "auto":
+            self.setup.problem = Problem(self.setup.problem.model, per_worker=per_worker)
         self.batch_gen = generator(SEED, "batches")
         self.attack_gen = generator(SEED, "attack")
         self.state = RoundState(theta=self.setup.problem.initial_theta(), momentum=None, previous=None, round=0)
@@ -354,7 +362,7 @@ def _forced_batches(xb: Any, yb: Any) -> Iterator[None]:
 
 
 def check_equivalence(phalanx: PhalanxRunner, loop: PhalanxRunner, byz: ByzflRunner | None,
-                      rounds: int = 2) -> dict[str, Any]:
+                      vmap: PhalanxRunner | None = None, rounds: int = 2) -> dict[str, Any]:
     """Run ``rounds`` rounds of each from the same θ on the same batches; return max |Δθ| (relative to the update).
 
     Phalanx and the loop start from m₀ = 0 here, ByzFL's convention, so that all three compute the same numbers.
@@ -372,7 +380,8 @@ def check_equivalence(phalanx: PhalanxRunner, loop: PhalanxRunner, byz: ByzflRun
     gen = generator(SEED + 1, "check")
     batches = [sample_batches(phalanx.setup.worker_data, h, BATCH, gen) for _ in range(rounds)]
     thetas: dict[str, torch.Tensor] = {}
-    for name, runner in (("phalanx", phalanx), ("loop", loop)):
+    mine = [("phalanx", phalanx), ("loop", loop)] + ([("vmap", vmap)] if vmap is not None else [])
+    for name, runner in mine:
         state = RoundState(theta=theta0.clone(), momentum=torch.zeros(phalanx.n, problem.dim), previous=None, round=0)
         for xb, yb in batches:
             with _forced_batches(xb, yb):
@@ -395,7 +404,7 @@ def check_equivalence(phalanx: PhalanxRunner, loop: PhalanxRunner, byz: ByzflRun
             c.momentum_gradient.copy_(m)
         thetas["byzfl"] = torch.cat([p.detach().reshape(-1) for p in byz.server.model.parameters()]).clone()
     scale = float((thetas["phalanx"] - theta0).abs().max())
-    for name in ("loop", "byzfl"):
+    for name in ("loop", "vmap", "byzfl"):
         if name in thetas:
             diff = float((thetas[name] - thetas["phalanx"]).abs().max())
             out[f"{name}_max_abs"] = diff
@@ -472,22 +481,26 @@ def run_thread_setting(args: argparse.Namespace, threads: int, out: str) -> None
             runners["byzfl"] = ByzflRunner(n, dataset)
         if "loop" in peers:
             runners["loop"] = PhalanxRunner(n, dataset, args.dataset, loop=True)
+        runners["vmap"] = PhalanxRunner(n, dataset, args.dataset, loop=False, per_worker="vmap")
         phalanx = PhalanxRunner(n, dataset, args.dataset, loop=False)
         runners["phalanx"] = phalanx
         rec["build_s"] = time.perf_counter() - t_build
         if "loop" in runners and not big:
-            rec["check"] = check_equivalence(phalanx, runners["loop"], runners.get("byzfl"))
+            rec["check"] = check_equivalence(phalanx, runners["loop"], runners.get("byzfl"), runners["vmap"])
         warmup, rounds = (1, 2) if big else (args.warmup, args.rounds)
         if big:
-            rounds_by = {k: (args.big_rounds if k == "phalanx" else 2) for k in runners}
+            rounds_by = {k: (args.big_rounds if k in ("phalanx", "vmap") else 2) for k in runners}
         else:
             rounds_by = {k: rounds for k in runners}
         # take turns while every runner still has rounds to do, then finish Phalanx's extra rounds alone
         common = min(rounds_by.values())
         times = _measure(runners, warmup, common)
-        for k, r in runners.items():
-            for _ in range(rounds_by[k] - common):
-                times[k].append(r.round(record=True))
+        extra = {k: rounds_by[k] - common for k in runners}
+        for _ in range(max(extra.values())):  # Phalanx's (and vmap's) extra rounds, still taking turns
+            for k, r in runners.items():
+                if extra[k] > 0:
+                    times[k].append(r.round(record=True))
+                    extra[k] -= 1
         for k in runners:
             rec[k] = _median(times[k])
             rec[f"{k}_times"] = times[k]
@@ -495,6 +508,7 @@ def run_thread_setting(args: argparse.Namespace, threads: int, out: str) -> None
                 measured[k][n] = rec[k]
         rec["split_grads"] = _median(phalanx.split.grads)
         rec["split_agg"] = _median(phalanx.split.agg)
+        rec["split_grads_vmap"] = _median(runners["vmap"].split.grads)
         rec["faults"] = statistics.median(phalanx.split.faults) if phalanx.split.faults else None
         rec["rounds"] = {k: len(v) for k, v in times.items()}
         rec["dim"] = phalanx.setup.problem.dim
@@ -633,6 +647,11 @@ def build_rows(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             x = _ratio(row[k], p)
             row[f"x_{k}"] = x
             row[f"x_{k}_cell"] = "—" if x is None else ("≈" if row[f"{k}_est"] else "") + fmt_ratio(x)
+        v = r.get("vmap")
+        row["vmap"] = v
+        row["vmap_cell"] = fmt_time(v)
+        xv = _ratio(row["byzfl"], v)
+        row["x_vmap_cell"] = "—" if xv is None else ("≈" if row["byzfl_est"] else "") + fmt_ratio(xv)
         xb = row["x_byzfl"]
         if r["n"] < TARGET_FROM_N:
             row["target"] = "— (n < 50)"
@@ -646,6 +665,7 @@ def build_rows(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["split"] = [f"{fmt_time(v)} ({100 * v / p:.0f}%)" for v in (g, a, rest)]
         else:
             row["split"] = ["—"] * 3
+        row["split"].insert(1, fmt_time(r.get("split_grads_vmap")))
         faults = r.get("faults")
         row["split"].append("—" if faults is None else f"{faults * 4096 / 2**20:,.0f} MiB")
         row["check"] = r.get("check")
@@ -655,15 +675,17 @@ def build_rows(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-MAIN_HEADERS = ("n", "threads", "ByzFL s/round", "loop s/round", "Phalanx s/round", "Phalanx rounds/s",
-                "speed-up vs ByzFL", "speed-up vs loop", f"≥{TARGET:.0f}× ByzFL (n≥{TARGET_FROM_N})")
-SPLIT_HEADERS = ("n", "threads", "Phalanx round", "gradients (vmap)", "aggregation (cwtm)",
-                 "rest (sampling, momentum, attack, step)", "page-faulted per round")
+MAIN_HEADERS = ("n", "threads", "ByzFL s/round", "loop s/round", "vmap s/round", "Phalanx s/round",
+                "Phalanx rounds/s", "speed-up vs ByzFL", "speed-up vs loop", "vmap: speed-up vs ByzFL",
+                f"≥{TARGET:.0f}× ByzFL (n≥{TARGET_FROM_N})")
+SPLIT_HEADERS = ("n", "threads", "Phalanx round", "gradients + momentum", "(same by vmap)", "aggregation (cwtm)",
+                 "rest (sampling, attack, step)", "page-faulted per round")
 
 
 def main_cells(row: dict[str, Any]) -> list[str]:
-    return [str(row["n"]), str(row["threads"]), row["byzfl_cell"], row["loop_cell"], row["phalanx_cell"], row["rps"],
-            row["x_byzfl_cell"], row["x_loop_cell"], row["target"]]
+    return [str(row["n"]), str(row["threads"]), row["byzfl_cell"], row["loop_cell"], row["vmap_cell"],
+            row["phalanx_cell"], row["rps"], row["x_byzfl_cell"], row["x_loop_cell"], row["x_vmap_cell"],
+            row["target"]]
 
 
 def split_cells(row: dict[str, Any]) -> list[str]:
@@ -702,6 +724,8 @@ def notes(recs: list[dict[str, Any]], rows: list[dict[str, Any]], args: argparse
             continue
         seen.add(c["n"])
         part = f"n={c['n']}: loop {c.get('loop_max_abs', float('nan')):.1e}"
+        if "vmap_max_abs" in c:
+            part += f", vmap {c['vmap_max_abs']:.1e}"
         if "byzfl_max_abs" in c:
             part += f", ByzFL {c['byzfl_max_abs']:.1e}"
         lines.append(part + f" (largest |θ₂−θ₀| coordinate {c['update_max_abs']:.1e})")
@@ -712,7 +736,7 @@ def notes(recs: list[dict[str, Any]], rows: list[dict[str, Any]], args: argparse
         if "byzfl_dim" in c0:
             ok = c0["byzfl_shapes"] == c0["shapes"] and c0["byzfl_dim"] == c0["dim"]
             same = f"; ByzFL fc_mnist: {c0['byzfl_dim']:,} ({'same layout' if ok else 'DIFFERENT layout'})"
-        worst = max((c.get(k, 0.0) for c in checks for k in ("loop_rel", "byzfl_rel")), default=0.0)
+        worst = max((c.get(k, 0.0) for c in checks for k in ("loop_rel", "vmap_rel", "byzfl_rel")), default=0.0)
         verdict = "same round ✓" if worst < 1e-4 else "⚠ the rounds differ"
         out.append(
             f"Equivalence ({verdict}): parameters {c0['dim']:,} = {shapes}{same}. From the same θ₀ with the same "
@@ -723,7 +747,9 @@ def notes(recs: list[dict[str, Any]], rows: list[dict[str, Any]], args: argparse
         out.append(DIFFERENCES)
     else:
         out.append("The loop differs from Phalanx only in how the honest gradients are computed "
-                   "(Problem.grads_loop: one torch.func.grad call per worker, vs one vmap(grad) call).")
+                   "(Problem.grads_loop: one torch.func.grad call per worker, vs all workers at once).")
+    out.append("vmap differs from Phalanx only in the gradients: the generic vmap(grad) path (every model "
+               "without a fast path takes it) instead of the MLP's explicit back-propagation.")
     est_rows = [r for r in rows if r["byzfl_est"] or r["loop_est"]]
     big_run = [r for r in rows if r["n"] > max(FULL_NS) and not (r["byzfl_est"] or r["loop_est"])
                and (r["byzfl"] is not None or r["loop"] is not None)]
@@ -735,12 +761,12 @@ def notes(recs: list[dict[str, Any]], rows: list[dict[str, Any]], args: argparse
         )
     if big_run:
         out.append(f"†: n > {max(FULL_NS)}: ByzFL and the loop timed over 2 rounds after 1 warm-up round "
-                   f"(Phalanx: {args.big_rounds} rounds).")
+                   f"(Phalanx and vmap: {args.big_rounds} rounds).")
     out.append(
         f"Timing: {args.warmup} warm-up round(s), then the median of {args.rounds} rounds per implementation, the "
-        "three taking turns round by round; speed-up = peer s/round ÷ Phalanx s/round; split measured in the same "
-        "Phalanx rounds (rest = round − gradients − aggregation). Page-faulted per round: minor page faults of the "
-        "process during one Phalanx round × 4 KiB — memory the kernel had to map and zero again because a block "
+        "implementations taking turns round by round; speed-up = peer s/round ÷ Phalanx s/round; split measured in "
+        "the same Phalanx rounds (rest = round − gradients − aggregation). Page-faulted per round: minor page faults "
+        "of the process during one Phalanx round × 4 KiB — memory the kernel had to map and zero again because a block "
         "freed in the previous round was returned to it (glibc unmaps blocks above its mmap threshold, at most "
         "32 MiB by default, on free)."
     )

@@ -24,11 +24,12 @@ SMALL = {
 }
 
 
+@pytest.mark.parametrize("per_worker", ["auto", "vmap"])
 @pytest.mark.parametrize("name", ["logreg", "mlp", "cnn"])
-def test_vmap_gradients_equal_the_loop(name: str) -> None:
+def test_vmap_gradients_equal_the_loop(name: str, per_worker: str) -> None:
     torch.manual_seed(0)
     model = models.make(name, (1, 8, 8), 10)
-    problem = Problem(model)
+    problem = Problem(model, per_worker=per_worker)
     theta = problem.initial_theta()
     xb = torch.randn(5, 7, 1, 8, 8)
     yb = torch.randint(0, 10, (5, 7))
@@ -174,12 +175,11 @@ def test_no_heatmap_for_a_single_attack(tmp_path: Path) -> None:
     assert not (tmp_path / "heatmap.png").exists()
 
 
-def test_accumulate_grads_is_the_momentum_update_of_grads() -> None:
-    from phalanx.training.problem import Problem
-
+@pytest.mark.parametrize("per_worker", ["auto", "vmap"])
+def test_accumulate_grads_is_the_momentum_update_of_grads(per_worker: str) -> None:
     torch.manual_seed(0)
     model = models.make("mlp", (1, 8, 8), 10, generator=torch.Generator().manual_seed(1), hidden=[7, 5])
-    problem = Problem(model)
+    problem = Problem(model, per_worker=per_worker)
     theta = problem.initial_theta()
     xb, yb = torch.randn(4, 3, 1, 8, 8), torch.randint(0, 10, (4, 3))
     g = problem.grads(theta, xb, yb) + 0.01 * theta

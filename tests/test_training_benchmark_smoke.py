@@ -35,11 +35,14 @@ def test_quick_training_benchmark(capsys: pytest.CaptureFixture[str], tmp_path: 
     main, split = rows
     cells = [c.strip() for c in main.split("│")[1:-1]]
     assert cells[2] == "—"  # no ByzFL in quick mode
-    assert re.fullmatch(r"\d+(\.\d+)? (µs|ms|s)", cells[3]) and re.fullmatch(r"\d+(\.\d+)? (µs|ms|s)", cells[4])
-    assert re.fullmatch(r"\d+(\.\d+)?×", cells[7])  # speed-up vs the loop
-    assert "n < 50" in cells[8]
+    time_cell = r"\d+(\.\d+)? (µs|ms|s)"
+    assert all(re.fullmatch(time_cell, cells[k]) for k in (3, 4, 5))  # loop, vmap, Phalanx
+    assert re.fullmatch(r"\d+(\.\d+)?×", cells[8])  # speed-up vs the loop
+    assert cells[9] == "—"  # vmap vs ByzFL: no ByzFL
+    assert "n < 50" in cells[10]
     assert split.count("%") == 3
-    # the loop and Phalanx computed the same two rounds
+    assert re.fullmatch(time_cell, [c.strip() for c in split.split("│")[1:-1]][4])  # the gradients by vmap
+    # the loop, vmap and Phalanx computed the same two rounds
     assert "Equivalence (same round ✓)" in out
     text = md.read_text()
     assert "| 10 | 1 | — |" in text and "### Where Phalanx's round goes" in text
@@ -51,7 +54,7 @@ def test_table_logic_without_running() -> None:
     bench = _load_script()
     recs = [
         {"type": "row", "n": 50, "threads": 1, "b": 5, "byzfl": 0.2, "loop": 0.08, "phalanx": 0.01,
-         "split_grads": 0.005, "split_agg": 0.003, "faults": 0},
+         "vmap": 0.04, "split_grads": 0.005, "split_grads_vmap": 0.02, "split_agg": 0.003, "faults": 0},
         {"type": "row", "n": 200, "threads": 1, "b": 20, "byzfl": 1.0, "loop": 0.4, "phalanx": 0.2,
          "split_grads": 0.1, "split_agg": 0.05, "faults": 256},
         {"type": "row", "n": 1000, "threads": 1, "b": 100, "byzfl_estimate": 5.0, "byzfl_estimate_from": 200,
@@ -60,8 +63,9 @@ def test_table_logic_without_running() -> None:
     rows = bench.build_rows(recs)
     assert [r["n"] for r in rows] == [50, 200, 1000]
     assert rows[0]["x_byzfl_cell"] == "20.0×" and rows[0]["target"] == "✓"
+    assert rows[0]["x_vmap_cell"] == "5.0×" and rows[0]["split"][1] == "20.0 ms" and rows[1]["vmap_cell"] == "—"
     assert rows[1]["x_byzfl_cell"] == "5.0×" and rows[1]["target"] == "✗"
-    assert rows[1]["split"] == ["100.0 ms (50%)", "50.0 ms (25%)", "50.0 ms (25%)", "1 MiB"]
+    assert rows[1]["split"] == ["100.0 ms (50%)", "—", "50.0 ms (25%)", "50.0 ms (25%)", "1 MiB"]
     assert rows[2]["byzfl_cell"] == "≈5.00 s" and rows[2]["x_byzfl_cell"] == "≈5.0×"
     assert rows[2]["target"] == "✗ (≈)" and rows[2]["loop_cell"] == "2.00 s†"
     assert bench.fmt_ratio(9.98) == "9.98×" and bench.fmt_ratio(10.04) == "10.0×" and bench.fmt_ratio(5.26) == "5.3×"
