@@ -25,8 +25,14 @@ class Mean(Aggregator):
     requirement = "n >= 1; tolerates no Byzantine worker"
 
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
-        out = x.mean(dim=0)
         n = x.shape[0]
+        if x.dtype in (torch.float32, torch.float64):
+            # (1/n)·1ᵀX as one BLAS matrix-vector product: one streaming pass over X, ~2× faster than
+            # x.mean(dim=0)'s strided column reduction at n = 50, d = 10⁶ (docs/benchmarks.md); the same sum up to
+            # rounding, and the same NaN / Inf propagation
+            out = (torch.ones(1, n, dtype=x.dtype, device=x.device) @ x).squeeze(0) / n
+        else:
+            out = x.mean(dim=0)
         contrib = torch.full((n,), 1.0 / n, dtype=torch.float64, device=x.device) if want_contributions else None
         return out, contrib
 
