@@ -1,7 +1,11 @@
 """What travels between ranks of the parameter-server topology: key names, tensors as bytes, byte counts.
 
 Every message of round t has t in its key, so a late worker's vector for round t can never be read as the vector of
-a later round: the server reads only ``v/<t>/<rank>`` in round t and deletes old keys as it goes.
+a later round: the server reads only ``v/<t>/<rank>`` in round t. Keys of rounds older than :data:`KEEP_ROUNDS` are
+removed by a background thread of the server (its own store connection, off the round's critical path): ``v/`` and
+``h/`` keys are deleted; ``s/<t>`` is replaced by the 1-byte tombstone ``b"L"`` ("lapsed"), so that a worker that
+fell that far behind and asks for it gets an answer at once (then reads ``latest`` and skips ahead) instead of
+blocking on a key that will never come back.
 
 =================  ==========================================  =====================================
 key                value                                       written by / read by
@@ -9,7 +13,8 @@ key                value                                       written by / read
 ``init``           torch.save of the start state               rank 0 / every worker
 ``ready/<r>``      ``b"1"``                                    rank r / rank 0
 ``latest``         the round rank 0 is in (ASCII)              rank 0 / workers (to skip lost rounds)
-``s/<t>``          ``b"T"`` + θ, or ``b"X"`` + reason (stop)    rank 0 / every worker
+``s/<t>``          ``b"T"`` + θ, ``b"X"`` + reason (stop), or   rank 0 / every worker
+                   ``b"L"`` (lapsed: the round is long over)
 ``h/<t>``          ``b"H"`` + honest vectors (h', d), or ``X``  rank 0 / Byzantine ranks (vector attacks)
 ``v/<t>/<r>``      the rank's vector (+ its attack-stream       rank r / rank 0
                    state, Byzantine ranks of vector attacks)
@@ -27,6 +32,7 @@ from torch import Tensor
 THETA = b"T"
 HONEST = b"H"
 STOP = b"X"
+LAPSED = b"L"
 KEEP_ROUNDS = 16
 """Keys of rounds older than this are deleted; a worker further behind skips ahead to the current round."""
 

@@ -1,0 +1,72 @@
+"""The server's store helpers on a real in-process c10d TCPStore: ``collect`` (one request when everything arrives,
+partial results after a timeout, suspects not waited for) and the ``Janitor`` (old rounds' keys removed off the
+critical path, the server's message replaced by a tombstone)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from phalanx.distributed import wire
+from phalanx.distributed.env import free_port
+from phalanx.distributed.server import Janitor, collect
+
+
+@pytest.fixture
+def store() -> Iterator[dist.Store]:
+    port = free_port()
+    host = dist.TCPStore("127.0.0.1", port, None, True, timeout=timedelta(seconds=30), use_libuv=True)
+    yield dist.PrefixStore("test/", host)
+
+
+def test_collect_everything_present(store: dist.Store) -> None:
+    store.multi_set(["a", "b"], [b"1", b"2"])
+    assert collect(store, {1: "a", 2: "b"}, set(), timeout=5.0) == {1: b"1", 2: b"2"}
+    assert store.timeout == timedelta(seconds=30)  # type: ignore[attr-defined]  # the default is restored
+
+
+def test_collect_waits_for_a_late_key(store: dist.Store) -> None:
+    store.set("a", b"1")
+    threading.Timer(0.2, lambda: store.clone().set("b", b"2")).start()  # type: ignore[attr-defined]
+    t0 = time.perf_counter()
+    assert collect(store, {1: "a", 2: "b"}, set(), timeout=5.0) == {1: b"1", 2: b"2"}
+    assert 0.15 < time.perf_counter() - t0 < 4.0
+
+
+def test_collect_returns_what_arrived_after_the_timeout(store: dist.Store) -> None:
+    store.multi_set(["a", "c"], [b"1", b"3"])
+    t0 = time.perf_counter()
+    got = collect(store, {1: "a", 2: "b", 3: "c"}, set(), timeout=0.3)
+    assert got == {1: b"1", 3: b"3"}
+    assert 0.25 < time.perf_counter() - t0 < 5.0
+    assert store.timeout == timedelta(seconds=30)  # type: ignore[attr-defined]
+
+
+def test_collect_does_not_wait_for_suspects(store: dist.Store) -> None:
+    store.set("a", b"1")
+    t0 = time.perf_counter()
+    assert collect(store, {1: "a", 2: "b"}, {2}, timeout=10.0) == {1: b"1"}  # rank 2's key is absent: not waited
+    assert time.perf_counter() - t0 < 5.0
+    store.set("b", b"2")
+    assert collect(store, {1: "a", 2: "b"}, {2}, timeout=10.0) == {1: b"1", 2: b"2"}  # present: taken
+
+
+def test_janitor_removes_old_rounds_and_leaves_a_tombstone(store: dist.Store) -> None:
+    n, keep = 3, wire.KEEP_ROUNDS
+    janitor = Janitor(store, n)
+    for t in range(keep + 2):
+        store.multi_set(
+            [wire.key_server(t), wire.key_honest(t), *(wire.key_vector(t, r) for r in range(n))], [b"T"] * (n + 2),
+        )
+        janitor.round_started(t)
+    janitor.close()
+    for old in (0, 1):  # rounds t − KEEP_ROUNDS for t = KEEP, KEEP + 1
+        assert store.get(wire.key_server(old)) == wire.LAPSED
+        assert not store.check([wire.key_honest(old)])
+        assert not any(store.check([wire.key_vector(old, r)]) for r in range(n))
+    assert store.get(wire.key_server(2)) == b"T" and store.check([wire.key_vector(2, 0)])  # recent rounds stay
