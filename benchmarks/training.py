@@ -546,7 +546,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="thread settings to run (default: both 1 and all cores)")
     ap.add_argument("--no-byzfl", action="store_true", help="do not run ByzFL (Phalanx and the loop only)")
     ap.add_argument("--ns", help=f"comma-separated worker counts (default: {','.join(map(str, FULL_NS))},{BIG_N})")
-    ap.add_argument("--rounds", type=int, default=10, help="timed rounds per implementation (default 10)")
+    ap.add_argument("--rounds", type=int, default=20, help="timed rounds per implementation (default 20)")
     ap.add_argument("--warmup", type=int, default=2, help="warm-up rounds per implementation (default 2)")
     ap.add_argument("--big-rounds", type=int, default=5, help="timed Phalanx rounds at n > 200 (default 5)")
     ap.add_argument("--big-peers", choices=["auto", "run", "estimate"], default="auto",
