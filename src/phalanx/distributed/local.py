@@ -1,9 +1,9 @@
 """One rank's own worker: its batches, its momentum and, if it is Byzantine, its attack.
 
-Rank r is worker r of the simulated engine. It draws the round's batch indices for *all* computing workers from the
-shared ``batches`` stream (one ``(C, B)`` draw, as :func:`~phalanx.training.round.sample_batches` does) and keeps
-its own row, so its batch is the one the simulated engine would have given worker r, and every rank's stream stays
-in step. A Byzantine rank of a vector attack runs the attack's call on the honest vectors the server sends it, with
+Rank r is worker r of the simulated engine. It draws the round's batch positions for *all* computing workers from
+the shared ``batches`` stream (one ``(C, B)`` draw, as :func:`~phalanx.training.round.sample_batches` does) and
+gathers only its own row's samples, so its batch is the one the simulated engine would have given worker r, and
+every rank's stream stays in step. A Byzantine rank of a vector attack runs the attack's call on the honest vectors the server sends it, with
 the shared ``attack`` stream, and keeps its own row of the output: every Byzantine rank computes the same ``(b, d)``
 block and sends one row of it, as in the simulated engine.
 """
@@ -14,7 +14,13 @@ import torch
 from torch import Tensor
 
 from phalanx.attacks.base import DataAttack
-from phalanx.training.round import byzantine_vectors, computing_workers, local_momentum, worker_batches
+from phalanx.training.round import (
+    byzantine_vectors,
+    computing_workers,
+    local_momentum,
+    sample_batch_of,
+    worker_batches,
+)
 from phalanx.training.trainer import Setup
 
 
@@ -48,11 +54,22 @@ class LocalWorker:
         self.setup.problem.grads(theta, data.x[:1][None], data.y[:1][None])
 
     def _batches(self) -> tuple[Tensor, Tensor]:
+        """This rank's batch ``(x (1, B, ...), y (1, B))`` of the round; the shared streams advance as on every rank.
+
+        A data attack poisons the Byzantine workers' batches with one ``attack`` stream draw each, in index order,
+        so every rank builds them all (:func:`worker_batches`) to keep that stream in step; otherwise only this
+        rank's samples are gathered (:func:`sample_batch_of`).
+        """
         cfg = self.setup.cfg
-        return worker_batches(
-            self.setup.worker_data, self.setup.attack, workers=cfg.workers, byzantine=cfg.byzantine,
-            batch_size=cfg.batch_size, batch_gen=self.batch_gen, attack_gen=self.attack_gen,
-        )
+        data = self.setup.worker_data
+        if isinstance(self.setup.attack, DataAttack) and cfg.byzantine:
+            xb, yb = worker_batches(
+                data, self.setup.attack, workers=cfg.workers, byzantine=cfg.byzantine,
+                batch_size=cfg.batch_size, batch_gen=self.batch_gen, attack_gen=self.attack_gen,
+            )
+            row = min(self.rank, xb.shape[0] - 1)  # a vector-attack rank has no row; it only draws
+            return xb[row : row + 1], yb[row : row + 1]
+        return sample_batch_of(data, self.computing, cfg.batch_size, self.batch_gen, min(self.rank, self.computing - 1))
 
     def momentum_vector(self, theta: Tensor) -> Tensor | None:
         """Draw this round's batches; an honest (or data-attack) rank returns its new momentum ``(d,)``.
@@ -62,11 +79,9 @@ class LocalWorker:
         xb, yb = self._batches()
         if self.rank >= self.computing:
             return None
-        r = self.rank
         cfg = self.setup.cfg
         self.row = local_momentum(
-            theta, self.setup.problem, xb[r : r + 1], yb[r : r + 1], self.row, momentum=cfg.momentum,
-            weight_decay=cfg.weight_decay,
+            theta, self.setup.problem, xb, yb, self.row, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
         )
         return self.row[0]
 
