@@ -73,7 +73,7 @@ def test_meamed_hand_example() -> None:
 
 @pytest.mark.parametrize("mode", ["trimmed", "median", "meamed"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("n", [2, 3, 4, 7, 16, 33, 50])
+@pytest.mark.parametrize("n", [2, 3, 4, 7, 16, 33, 50, 330, 700])  # 330 (float64), 700: the kernel's small blocks
 def test_kernel_matches_torch_sort(mode: str, dtype: torch.dtype, n: int) -> None:
     if not coordinatewise.HAVE_KERNEL:
         pytest.skip("C kernel not built")
@@ -92,16 +92,17 @@ def test_kernel_matches_torch_sort(mode: str, dtype: torch.dtype, n: int) -> Non
         assert torch.allclose(c, b, atol=1e-6, equal_nan=True)  # the pruned network (trimmed mean, median)
 
 
+@pytest.mark.parametrize("n", [21, 700])
 @pytest.mark.parametrize("split", ["kernel", "python-threads"])
 @pytest.mark.parametrize("mode", ["trimmed", "median", "meamed"])
-def test_kernel_multithreaded_equals_single(split: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kernel_multithreaded_equals_single(split: str, mode: str, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Columns split over threads (the kernel's OpenMP team, or Python threads calling it per range) give the
     one-thread result bit for bit, contributions included — also when called from a thread other than the main."""
     if not coordinatewise.HAVE_KERNEL:
         pytest.skip("C kernel not built")
     if split == "python-threads":
         monkeypatch.setattr(coordinatewise, "_KERNEL_OPENMP", False)
-    x = torch.randn(21, 5000 + 77, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(n, 5000 + 77, generator=torch.Generator().manual_seed(3))
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(1)

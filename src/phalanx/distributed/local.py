@@ -3,9 +3,9 @@
 Rank r is worker r of the simulated engine. It draws the round's batch positions for *all* computing workers from
 the shared ``batches`` stream (one ``(C, B)`` draw, as :func:`~phalanx.training.round.sample_batches` does) and
 gathers only its own row's samples, so its batch is the one the simulated engine would have given worker r, and
-every rank's stream stays in step. A Byzantine rank of a vector attack runs the attack's call on the honest vectors the server sends it, with
-the shared ``attack`` stream, and keeps its own row of the output: every Byzantine rank computes the same ``(b, d)``
-block and sends one row of it, as in the simulated engine.
+every rank's stream stays in step. A Byzantine rank of a vector attack runs the attack's call on the honest vectors
+the server sends it, with the shared ``attack`` stream, and keeps its own row of the output: every Byzantine rank
+computes the same ``(b, d)`` block and sends one row of it, as in the simulated engine.
 """
 
 from __future__ import annotations
