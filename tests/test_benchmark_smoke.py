@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
+
+from _scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "aggregators.py"
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("phalanx_bench_aggregators", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/aggregators.py", "phalanx_bench_aggregators")
 
 
 @pytest.mark.skipif(not SCRIPT.exists(), reason="benchmark script missing")
