@@ -84,7 +84,8 @@ class LinearStack:
             h = torch.relu_(z) if k < last else z
         # δ_L = (softmax(z_L) − onehot(y)) / B: the gradient of each worker's *mean* loss over its own batch
         delta = torch.softmax(h, dim=1)
-        delta.scatter_add_(1, yb.reshape(-1, 1), torch.full((w_count * batch, 1), -1.0, dtype=delta.dtype))
+        minus_one = torch.full((w_count * batch, 1), -1.0, dtype=delta.dtype, device=delta.device)
+        delta.scatter_add_(1, yb.reshape(-1, 1), minus_one)
         delta.mul_(1.0 / batch)
         for k in range(last, -1, -1):
             layer = self.layers[k]
