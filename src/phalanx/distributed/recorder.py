@@ -19,7 +19,7 @@ from torch import Tensor
 
 from phalanx.experiments import store
 from phalanx.training.round import RoundResult, RoundState
-from phalanx.training.trainer import Setup, evaluate_row, generator
+from phalanx.training.trainer import Setup, evaluate_row, start_run
 
 
 @dataclass
@@ -47,24 +47,17 @@ class Recorder:
 
     def start(self) -> tuple[RoundState, dict[str, Tensor]]:
         """The state to start from and the random-stream states at that point (resumed from a checkpoint if any)."""
-        cfg = self.setup.cfg
-        state = RoundState(theta=self.setup.problem.initial_theta(), momentum=None, previous=None, round=0)
-        gens = {name: generator(cfg.seed, name).get_state() for name in ("batches", "attack")}
-        self.columns = store.config_columns(cfg)
-        if self.out is not None:
-            store.prepare_run_dir(self.out, cfg, self.setup.dataset.fingerprint())
-            resumed = store.load_checkpoint(self.out)
-            if resumed is not None:
-                state, saved, self.rows = resumed
-                gens.update(saved)
-                self._say(f"resuming from the checkpoint of round {state.round}")
-                old = self.out / "distributed.json"
-                if old.exists():
-                    logged = json.loads(old.read_text())["rounds"]
-                    self.log = [RoundLog(**r) for r in logged if r["round"] < state.round]
-        if state.round == 0:
-            self.rows = [evaluate_row(self.setup, state, None, self.columns)]
-        return state, gens
+        self.columns = store.config_columns(self.setup.cfg)
+        start = start_run(self.setup, self.out)
+        state, self.rows = start.state, start.rows
+        if start.resumed:
+            assert self.out is not None
+            self._say(f"resuming from the checkpoint of round {state.round}")
+            old = self.out / "distributed.json"
+            if old.exists():
+                logged = json.loads(old.read_text())["rounds"]
+                self.log = [RoundLog(**r) for r in logged if r["round"] < state.round]
+        return state, start.gens
 
     def after_round(
         self, state: RoundState, result: RoundResult | None, gens: dict[str, Tensor], log: RoundLog, measure: bool,
@@ -79,7 +72,7 @@ class Recorder:
                 f"round {state.round}/{cfg.rounds}: test accuracy {row['test_accuracy']:.3f}, "
                 f"loss {row['test_loss']:.3f}" + (f", missing ranks {log.missing}" if log.missing else "")
             )
-        if state.round % cfg.checkpoint_every == 0 or state.round == cfg.rounds:
+        if cfg.checkpoints(state.round):
             self.checkpoint(state, gens)
 
     def checkpoint(self, state: RoundState, gens: dict[str, Tensor]) -> str | None:

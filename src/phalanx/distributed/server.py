@@ -217,7 +217,7 @@ def serve(setup: Setup, store: dist.Store, rec: Recorder) -> None:
             assert not isinstance(rule, str)
             vectors = torch.stack([rows[r] for r in present])
             is_byz = torch.tensor([r >= h for r in present], dtype=torch.bool)
-            measure = (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.rounds
+            measure = cfg.evaluates(t)
             theta, agg, result = aggregate_and_step(
                 state.theta, vectors, is_byz, rule, previous=state.previous, problem=setup.problem,
                 reference_batch=setup.reference_batch, lr=learning_rate(cfg, t), measure=measure,

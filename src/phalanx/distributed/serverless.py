@@ -102,7 +102,7 @@ def run(setup: Setup, store: dist.Store, renv: RankEnv, rec: Recorder | None) ->
                     traffic += (row_bytes + state_u8.numel()) * (n - 1)
                 else:
                     attack_state = me.attack_gen.get_state()  # a data attack's stream runs on every rank alike
-                measure = (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.rounds
+                measure = cfg.evaluates(t)
                 theta, agg, result = aggregate_and_step(
                     state.theta, m, is_byz, setup.rule, previous=state.previous, problem=setup.problem,
                     reference_batch=setup.reference_batch, lr=learning_rate(cfg, t), measure=measure,

@@ -34,11 +34,11 @@ Engine = Literal["simulated", "torchrun"]
 Topology = Literal["server", "serverless"]
 Backend = Literal["auto", "gloo", "nccl"]
 DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend")
+"""Keys that only the ``torchrun`` engine reads. A simulated run's resolved config leaves them out, so that they
+change neither its results nor its run id / ``config.json`` (run directories written before they existed resume)."""
 RESULT_NEUTRAL_KEYS = ("download",)
 """Keys that change how a run gets its inputs, never its results: left out of a run's identity (its run id and the
 check that a run directory holds the same configuration), so setting them does not orphan finished runs."""
-"""Keys that only the ``torchrun`` engine reads. A simulated run's resolved config leaves them out, so that they
-change neither its results nor its run id / ``config.json`` (run directories written before they existed resume)."""
 
 
 class RunConfig(BaseModel):
@@ -111,6 +111,14 @@ class RunConfig(BaseModel):
                 "TCPStore, which survives missing workers; docs/distributed.md)"
             )
         return self
+
+    def evaluates(self, t: int) -> bool:
+        """Whether round ``t`` (counted from 0) ends with an evaluation: every ``eval_every`` rounds and the last."""
+        return (t + 1) % self.eval_every == 0 or t + 1 == self.rounds
+
+    def checkpoints(self, done: int) -> bool:
+        """Whether a checkpoint is due once ``done`` rounds are finished: every ``checkpoint_every`` and at the end."""
+        return done % self.checkpoint_every == 0 or done == self.rounds
 
     def identity(self) -> dict[str, Any]:
         """The resolved config without the result-neutral keys: what names a run and what a resume must match."""

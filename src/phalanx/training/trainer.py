@@ -91,6 +91,36 @@ def check_engine(cfg: RunConfig) -> None:
 Progress = Callable[[int, int, dict[str, Any] | None], None]
 
 
+@dataclass
+class Start:
+    """Where a run begins: the state, the random streams' states, the metric rows so far, and whether it resumed."""
+
+    state: RoundState
+    gens: dict[str, torch.Tensor]
+    rows: list[dict[str, Any]]
+    resumed: bool
+
+
+def start_run(setup: Setup, out: Path | None) -> Start:
+    """A fresh start (θ₀, fresh ``batches`` / ``attack`` streams, the round-0 evaluation), or, when ``out`` holds a
+    checkpoint, the state, streams and rows saved there (``out`` is prepared first: a directory of another config
+    or data set is refused). Both engines start here."""
+    cfg = setup.cfg
+    state = RoundState(theta=setup.problem.initial_theta(), momentum=None, previous=None, round=0)
+    gens = {name: generator(cfg.seed, name).get_state() for name in ("batches", "attack")}
+    rows: list[dict[str, Any]] = []
+    resumed = None
+    if out is not None:
+        store.prepare_run_dir(out, cfg, setup.dataset.fingerprint())
+        resumed = store.load_checkpoint(out)
+        if resumed is not None:
+            state, saved, rows = resumed
+            gens.update(saved)
+    if state.round == 0:
+        rows = [evaluate_row(setup, state, None, store.config_columns(cfg))]
+    return Start(state, gens, rows, resumed is not None)
+
+
 def train(
     cfg: RunConfig, run_dir: str | Path | None = None, *, dataset: data.Dataset | None = None,
     progress: Progress | None = None,
@@ -105,24 +135,15 @@ def train(
     tune_allocator()
     setup = build(cfg, dataset)
     out = Path(run_dir) if run_dir is not None else None
-    batch_gen = generator(cfg.seed, "batches")
-    attack_gen = generator(cfg.seed, "attack")
-    state = RoundState(theta=setup.problem.initial_theta(), momentum=None, previous=None, round=0)
-    rows: list[dict[str, Any]] = []
-    if out is not None:
-        store.prepare_run_dir(out, cfg, setup.dataset.fingerprint())
-        resumed = store.load_checkpoint(out)
-        if resumed is not None:
-            state, gens, rows = resumed
-            batch_gen.set_state(gens["batches"])
-            attack_gen.set_state(gens["attack"])
+    start = start_run(setup, out)
+    state, rows = start.state, start.rows
+    batch_gen, attack_gen = torch.Generator(), torch.Generator()
+    batch_gen.set_state(start.gens["batches"])
+    attack_gen.set_state(start.gens["attack"])
     columns = store.config_columns(cfg)
-    if state.round == 0:
-        rows.append(evaluate_row(setup, state, None, columns))
     while state.round < cfg.rounds:
         t = state.round
-        last = t + 1 == cfg.rounds
-        measure = (t + 1) % cfg.eval_every == 0 or last
+        measure = cfg.evaluates(t)
         state, result = run_round(
             state, setup.problem, setup.worker_data, setup.rule, setup.attack,
             workers=cfg.workers, byzantine=cfg.byzantine, f=cfg.f, batch_size=cfg.batch_size,
@@ -132,7 +153,7 @@ def train(
         row = evaluate_row(setup, state, result, columns) if measure else None
         if row is not None:
             rows.append(row)
-        if out is not None and (state.round % cfg.checkpoint_every == 0 or last):
+        if out is not None and cfg.checkpoints(state.round):
             store.save_checkpoint(out, state, {"batches": batch_gen.get_state(), "attack": attack_gen.get_state()},
                                   rows)
         if progress is not None:
