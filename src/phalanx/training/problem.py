@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from phalanx.errors import ConfigError
-from phalanx.training.linear_stack import LinearStack
+from phalanx.training.linear_stack import LinearStack, blend_rows
 
 
 @dataclass(frozen=True)
@@ -106,19 +106,12 @@ class Problem:
         params = {k: v.detach() for k, v in self.layout.views(theta).items()}
         if self.stack is not None:
             return self.stack.accumulate(params, self._offsets, xb, yb, out, weight, weight_decay)
-        w = xb.shape[0]
-        if w == 1:  # one worker (a torchrun rank): plain autograd, ~3× cheaper than vmap(grad) for one row
+        if xb.shape[0] == 1:  # one worker (a torchrun rank): plain autograd, ~3× cheaper than vmap(grad) for one row
             per_worker = {k: g[None] for k, g in self._autograd_grads(theta, xb[0], yb[0]).items()}
         else:
             per_worker = vmap(grad(self._loss), in_dims=(None, 0, 0))(params, xb, yb)
-        for name, shape, off in zip(self.layout.names, self.layout.shapes, self.layout.offsets):
-            cols = out[:, off : off + shape.numel()].view(w, *shape)
-            if weight == 1.0:
-                cols.copy_(per_worker[name])
-            else:
-                cols.lerp_(per_worker[name], weight)
-            if weight_decay:
-                cols.add_(params[name], alpha=weight * weight_decay)
+        for name, off in zip(self.layout.names, self.layout.offsets):
+            blend_rows(out, off, per_worker[name], params[name], weight, weight_decay)
         return out
 
     def _autograd_grads(self, theta: Tensor, x: Tensor, y: Tensor) -> dict[str, Tensor]:

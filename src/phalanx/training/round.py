@@ -122,8 +122,8 @@ def worker_batches(
 
     One draw of the ``batches`` stream for all ``C`` computing workers (:func:`sample_batches`); a data attack then
     poisons the Byzantine workers' batches, one ``attack`` stream draw per Byzantine worker in index order. A
-    distributed engine calls this on every rank and keeps its own row, so that all ranks advance the streams alike
-    and a rank's batch is the one the simulated engine would have drawn for it.
+    distributed rank calls it under a data attack (and keeps its own row) so that the ``attack`` stream advances
+    alike on every rank; otherwise it draws with :func:`sample_batch_of`.
     """
     honest_n = workers - byzantine
     computing = computing_workers(attack, workers, byzantine)
