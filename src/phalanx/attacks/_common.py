@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from phalanx.aggregators._rowops import column_mean
 from phalanx.errors import ConfigError
 
 __all__ = [
@@ -85,14 +86,9 @@ def work_dtype(x: Tensor) -> torch.dtype:
 
 
 def honest_mean(x: Tensor) -> Tensor:
-    """Coordinate-wise mean ``ḡ`` of the honest rows, shape ``(d,)``, in :func:`work_dtype`.
-
-    Computed as ``(1/h) · 1ᵀ X`` (a BLAS matrix-vector product): ~5× faster than ``X.mean(dim=0)`` for the
-    ``(h, d)`` momentum rows of a round here (0.49 vs 2.4 ms at h = 45, d = 79,510), the same sum up to rounding.
-    """
-    w = x.detach().to(work_dtype(x))
-    h = w.shape[0]
-    return (torch.ones(1, h, dtype=w.dtype, device=w.device) @ w).squeeze(0) / h
+    """Coordinate-wise mean ``ḡ`` of the honest rows, shape ``(d,)``, in :func:`work_dtype` (one matrix-vector
+    product, :func:`~phalanx.aggregators._rowops.column_mean`)."""
+    return column_mean(x.detach().to(work_dtype(x)))
 
 
 def coordinate_std(x: Tensor) -> Tensor:
