@@ -144,13 +144,9 @@ def epsilon_cmd(
 
 
 def _load_grid(config: Path | None, overrides: list[str]) -> dict[str, object]:
-    from phalanx.training.config import apply_overrides, load_toml
+    from phalanx.training.config import load_grid
 
-    data = load_toml(config) if config is not None else load_toml(DEFAULT_CONFIG)
-    return apply_overrides(data, overrides)
-
-
-DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.toml"
+    return load_grid(config, overrides)
 
 
 def _train(cfgs: list[RunConfig], out: Path, jobs: int) -> None:

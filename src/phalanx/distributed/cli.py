@@ -33,14 +33,13 @@ def launch(
 
     from phalanx.distributed import launch as local
     from phalanx.experiments import grid
-    from phalanx.training.config import apply_overrides, load_toml
+    from phalanx.training.config import load_grid
 
     console = Console(stderr=True)
     overrides = list(set_ or [])
     if workers is not None:
         overrides.append(f"workers={workers}")
-    default = Path(__file__).resolve().parent.parent / "configs" / "default.toml"
-    data = apply_overrides(load_toml(config if config is not None else default), [*overrides, "engine='torchrun'"])
+    data = load_grid(config, [*overrides, "engine='torchrun'"])
     cfgs = grid.configs(data)  # every point validated before anything starts
     for point, cfg in enumerate(cfgs):
         console.print(

@@ -31,11 +31,9 @@ def resolve_config(config: str | None, overrides: list[str], point: int | None =
     A config with list-valued keys is a grid; ``point`` picks one of its runs (``phalanx launch`` runs them in turn).
     """
     from phalanx.experiments import grid
-    from phalanx.training.config import apply_overrides, load_toml
+    from phalanx.training.config import load_grid
 
-    default = Path(__file__).resolve().parent.parent / "configs" / "default.toml"
-    data = load_toml(config if config is not None else default)
-    data = apply_overrides(data, [*overrides, "engine='torchrun'"])
+    data = load_grid(config, [*overrides, "engine='torchrun'"])
     cfgs = grid.configs(data)
     if point is None:
         if len(cfgs) != 1:

@@ -212,3 +212,13 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         return tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("config", str(p), f"valid TOML ({exc})") from None
+
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.toml"
+"""The built-in job (``make run``): digits, 20 workers, 4 Byzantine running ALIE, five rules."""
+
+
+def load_grid(config: str | Path | None, overrides: list[str]) -> dict[str, Any]:
+    """A config file (default: :data:`DEFAULT_CONFIG`) with ``key=value`` overrides applied; list values are grid
+    axes (:func:`phalanx.experiments.grid.configs` expands and validates them)."""
+    return apply_overrides(load_toml(config if config is not None else DEFAULT_CONFIG), overrides)
