@@ -6,9 +6,9 @@ Setting: the default MLP (64 hidden units, d = 4,810) on the embedded ``digits``
 split, worker momentum 0.9, coordinate-wise trimmed mean with f = 1, and either no attack (b = 0) or one Byzantine
 worker running ALIE (b = 1; in the torchrun engine a real Byzantine process that is sent the honest vectors).
 
-* **simulated** — :func:`phalanx.training.round.run_round` in this process, ``warmup`` rounds then ``rounds`` timed
-  rounds, the median; once with 1 thread and once with all cores (``phalanx run``'s default). The ratios are taken
-  against the faster of the two.
+* **simulated** — the training loop's round (:meth:`phalanx.training.Loop.step`, in-process transport) in this
+  process, ``warmup`` rounds then ``rounds`` timed rounds, the median; once with 1 thread and once with all cores
+  (``phalanx run``'s default). The ratios are taken against the faster of the two.
 * **server** / **serverless** — ``phalanx launch``'s process start-up (:mod:`phalanx.distributed.launch`): n
   processes of ``python -m phalanx.distributed.worker``, one thread each (``OMP_NUM_THREADS=1``, as torchrun sets),
   store and process group on 127.0.0.1. Rank 0 times every round from publishing θ (server) or starting its
@@ -58,25 +58,19 @@ def simulated_round(n: int, attack: str, warmup: int, rounds: int, threads: int)
     """Median wall time of the simulated engine's round (this process, ``threads`` intra-op threads)."""
     import torch
 
-    from phalanx.training import make_config
+    from phalanx.experiments import from_config, make_config
+    from phalanx.training import Loop
     from phalanx.training.memory import tune_allocator
-    from phalanx.training.round import RoundState, run_round
-    from phalanx.training.trainer import build, generator
 
     tune_allocator()
     torch.set_num_threads(threads)
-    cfg = make_config(config(n, attack, warmup + rounds))
-    setup = build(cfg)
-    bg, ag = generator(cfg.seed, "batches"), generator(cfg.seed, "attack")
-    state = RoundState(theta=setup.problem.initial_theta(), momentum=None, previous=None)
+    cfg = make_config({**config(n, attack, warmup + rounds), "eval_every": 10**9, "rounds": 10**9})
+    loop = Loop(from_config(cfg))  # no callbacks: no evaluation, as in the distributed rounds that are timed
+    loop.open()
     times = []
     for t in range(warmup + rounds):
         t0 = time.perf_counter()
-        state, _ = run_round(
-            state, setup.problem, setup.worker_data, setup.rule, setup.attack, workers=n, byzantine=cfg.byzantine,
-            f=cfg.f, batch_size=cfg.batch_size, lr=cfg.lr, momentum=cfg.momentum, weight_decay=0.0, batch_gen=bg,
-            attack_gen=ag,
-        )
+        loop.step()
         if t >= warmup:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
@@ -87,18 +81,17 @@ def one_row_gradient(warmup: int, rounds: int) -> float:
     the call a rank makes each round). Its fixed cost is what the simulated engine pays once for all n workers."""
     import torch
 
-    from phalanx.training import make_config
-    from phalanx.training.trainer import build
+    from phalanx.experiments import from_config, make_config
 
     torch.set_num_threads(1)
-    setup = build(make_config(config(4, "none", 1)))
-    theta = setup.problem.initial_theta()
-    x, y = setup.worker_data.x[:32][None], setup.worker_data.y[:32][None]
-    row = torch.zeros(1, setup.problem.dim)
+    exp = from_config(make_config(config(4, "none", 1)))
+    theta = exp.problem.initial_theta()
+    x, y = exp.data.x[:32][None], exp.data.y[:32][None]
+    row = torch.zeros(1, exp.problem.dim)
     times = []
     for t in range(warmup + rounds):
         t0 = time.perf_counter()
-        setup.problem.accumulate_grads(theta, x, y, row, 0.1)
+        exp.problem.accumulate_grads(theta, x, y, row, 0.1)
         if t >= warmup:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)

@@ -16,11 +16,11 @@ The three implementations of one round:
   collected, the attack appends its vectors, the server aggregates (``RobustAggregator``) and takes an SGD step,
   and the new model is loaded into every client. ByzFL's evaluation, logging and file writing are not timed (none
   happens in the rounds between two evaluations).
-* **loop** — Phalanx's :func:`phalanx.training.round.run_round` with the honest gradients from
-  :meth:`Problem.grads_loop` (one ``torch.func.grad`` call per worker) instead of the single ``vmap(grad)`` call.
+* **loop** — Phalanx's round (:meth:`phalanx.training.Loop.step`, in-process transport) with the honest gradients
+  from :meth:`Problem.grads_loop` (one ``torch.func.grad`` call per worker) instead of the single batched call.
   Everything else (sampling, momentum, attack, rule, step) is Phalanx's: the ratio isolates vectorisation.
-* **Phalanx** — :func:`run_round` as the trainer calls it (``phalanx.training.trainer.build``). For this MLP the
-  per-worker gradients come from explicit back-propagation (:mod:`phalanx.training.linear_stack`: batched matrix
+* **Phalanx** — the round as ``phalanx run`` runs it (``phalanx.experiments.from_config``, ``Loop.step``). For this
+  MLP the per-worker gradients come from explicit back-propagation (:mod:`phalanx.training.linear_stack`: batched matrix
   products fused with the momentum update).
 * **vmap** — the same round with the gradients from the generic ``vmap(grad)`` path (``Problem(per_worker="vmap")``),
   the one every other model (CNN, ResNet) takes: how fast Phalanx is on models without the fast path.
@@ -131,9 +131,9 @@ class Split:
 
 
 class _TimedProblem:
-    """Stands for a :class:`Problem` inside ``run_round``: times the gradient call (``loop``: ``grads_loop``).
+    """Stands for the experiment's :class:`Problem` in the round: times the gradient call (``loop``: ``grads_loop``).
 
-    ``run_round`` asks for the gradients fused with the momentum update (``accumulate_grads``); the loop variant
+    The round asks for the gradients fused with the momentum update (``accumulate_grads``); the loop variant
     computes them with one ``grad`` call per worker and then applies the same update.
     """
 
@@ -145,6 +145,9 @@ class _TimedProblem:
     @property
     def dim(self) -> int:
         return int(self.problem.dim)
+
+    def initial_theta(self) -> Any:
+        return self.problem.initial_theta()
 
     def grads(self, theta: Any, xb: Any, yb: Any) -> Any:
         return self.problem.grads_loop(theta, xb, yb) if self.loop else self.problem.grads(theta, xb, yb)
@@ -164,11 +167,10 @@ class _TimedProblem:
 
 
 class _TimedRule:
-    """Stands for the aggregator inside ``run_round`` (which only calls it and reads ``context_keys``)."""
+    """Stands for the server's aggregator in the round (which only calls it: no round of the benchmark measures)."""
 
     def __init__(self, rule: Any, sink: list[float] | None) -> None:
         self.rule = rule
-        self.context_keys = rule.context_keys
         self.sink = sink
 
     def __call__(self, x: Any, **context: Any) -> Any:
@@ -184,45 +186,45 @@ class PhalanxRunner:
     ``per_worker="vmap"`` the gradients take the generic ``vmap(grad)`` path instead of the MLP's fast path."""
 
     def __init__(self, n: int, dataset: Any, dataset_name: str, loop: bool, per_worker: str = "auto") -> None:
-        from phalanx.training.config import make_config
+        from phalanx.experiments import from_config, make_config
+        from phalanx.training import Loop
         from phalanx.training.problem import Problem
-        from phalanx.training.round import RoundState
-        from phalanx.training.trainer import build, generator
 
         b = byzantine_of(n)
         self.n, self.b, self.loop = n, b, loop
+        never = 10**9  # no round of the benchmark evaluates or measures
         self.cfg = make_config({
             "dataset": dataset_name, "model": "mlp", "model_params": {"hidden": [HIDDEN]}, "workers": n,
             "byzantine": b, "f": b, "aggregator": "cwtm", "attack": "signflip", "partition": "iid",
             "batch_size": BATCH, "lr": LR, "momentum": MOMENTUM, "weight_decay": 0.0, "seed": SEED,
+            "rounds": never, "eval_every": never,
         })
-        self.setup = build(self.cfg, dataset)
+        self.exp = from_config(self.cfg, dataset)
         if per_worker != "auto":
-            self.setup.problem = Problem(self.setup.problem.model, per_worker=per_worker)
-        self.batch_gen = generator(SEED, "batches")
-        self.attack_gen = generator(SEED, "attack")
-        self.state = RoundState(theta=self.setup.problem.initial_theta(), momentum=None, previous=None, round=0)
+            self.exp.problem = Problem(self.exp.problem.model, per_worker=per_worker)
+        self.model_problem = self.exp.problem
         self.split = Split()
-        self.problem = _TimedProblem(self.setup.problem, loop, self.split.grads)
-        self.rule = _TimedRule(self.setup.rule, self.split.agg)
+        self.problem = _TimedProblem(self.exp.problem, loop, self.split.grads)
+        self.rule = _TimedRule(self.exp.rule, self.split.agg)
+        self.exp.problem = self.problem  # type: ignore[assignment]
+        self.runner = Loop(self.exp)
+        self.runner.open()
+        self.runner.server.rule = self.rule  # type: ignore[assignment]
 
-    def step(self, state: Any, record: bool = False) -> Any:
-        from phalanx.training.round import run_round
+    def reset(self, theta: Any, momentum: Any) -> None:
+        """Continue from θ with the given ``(n, d)`` momentum rows (the equivalence check)."""
+        from phalanx.training import RoundState
 
-        self.problem.sink = self.split.grads if record else None
-        self.rule.sink = self.split.agg if record else None
-        new, _ = run_round(
-            state, self.problem, self.setup.worker_data, self.rule, self.setup.attack,  # type: ignore[arg-type]
-            workers=self.n, byzantine=self.b, f=self.b, batch_size=BATCH, lr=LR, momentum=MOMENTUM,
-            weight_decay=0.0, batch_gen=self.batch_gen, attack_gen=self.attack_gen,
-        )
-        return new
+        self.runner.state = RoundState(theta=theta, momentum=momentum, previous=None, round=0)
+        self.runner.transport.workers.buffer = momentum  # type: ignore[attr-defined]
 
     def round(self, record: bool = False) -> float:
         """Run one round on the runner's own state; return its wall time."""
+        self.problem.sink = self.split.grads if record else None
+        self.rule.sink = self.split.agg if record else None
         f0 = _minor_faults()
         t0 = time.perf_counter()
-        self.state = self.step(self.state, record)
+        self.runner.step()
         elapsed = time.perf_counter() - t0
         if record:
             self.split.faults.append(_minor_faults() - f0)
@@ -350,15 +352,15 @@ class ByzflRunner:
 
 @contextmanager
 def _forced_batches(xb: Any, yb: Any) -> Iterator[None]:
-    """Make ``run_round`` use the given ``(W, B, ...)`` batches instead of sampling its own."""
-    from phalanx.training import round as round_module
+    """Make the round use the given ``(W, B, ...)`` batches instead of sampling its own."""
+    from phalanx.training import dsgd
 
-    original = round_module.sample_batches
-    round_module.sample_batches = lambda data, workers, batch, gen: (xb[:workers], yb[:workers])
+    original = dsgd.sample_batches
+    dsgd.sample_batches = lambda data, workers, batch, gen: (xb[:workers], yb[:workers])
     try:
         yield
     finally:
-        round_module.sample_batches = original
+        dsgd.sample_batches = original
 
 
 def check_equivalence(phalanx: PhalanxRunner, loop: PhalanxRunner, byz: ByzflRunner | None,
@@ -370,23 +372,23 @@ def check_equivalence(phalanx: PhalanxRunner, loop: PhalanxRunner, byz: ByzflRun
     """
     import torch
 
-    from phalanx.training.round import RoundState, sample_batches
-    from phalanx.training.trainer import generator
+    from phalanx.training.shards import sample_batches
+    from phalanx.training.streams import generator
 
-    problem = phalanx.setup.problem
+    problem = phalanx.model_problem
     h = phalanx.n - phalanx.b
     out: dict[str, Any] = {"n": phalanx.n, "dim": problem.dim, "shapes": [list(s) for s in problem.layout.shapes]}
     theta0 = problem.initial_theta()
     gen = generator(SEED + 1, "check")
-    batches = [sample_batches(phalanx.setup.worker_data, h, BATCH, gen) for _ in range(rounds)]
+    batches = [sample_batches(phalanx.exp.data, h, BATCH, gen) for _ in range(rounds)]
     thetas: dict[str, torch.Tensor] = {}
     mine = [("phalanx", phalanx), ("loop", loop)] + ([("vmap", vmap)] if vmap is not None else [])
     for name, runner in mine:
-        state = RoundState(theta=theta0.clone(), momentum=torch.zeros(phalanx.n, problem.dim), previous=None, round=0)
+        runner.reset(theta0.clone(), torch.zeros(phalanx.n, problem.dim))
         for xb, yb in batches:
             with _forced_batches(xb, yb):
-                state = runner.step(state)
-        thetas[name] = state.theta
+                runner.round()
+        thetas[name] = runner.runner.state.theta
     if byz is not None:
         out["byzfl_dim"] = sum(math.prod(s) for s in byz.param_shapes())
         out["byzfl_shapes"] = [list(s) for s in byz.param_shapes()]
@@ -511,7 +513,7 @@ def run_thread_setting(args: argparse.Namespace, threads: int, out: str) -> None
         rec["split_grads_vmap"] = _median(runners["vmap"].split.grads)
         rec["faults"] = statistics.median(phalanx.split.faults) if phalanx.split.faults else None
         rec["rounds"] = {k: len(v) for k, v in times.items()}
-        rec["dim"] = phalanx.setup.problem.dim
+        rec["dim"] = phalanx.model_problem.dim
         rec["load"] = os.getloadavg()[0]
         _emit(out, rec)
         del runners, phalanx

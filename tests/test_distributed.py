@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from phalanx.distributed import launch, worker
+from phalanx.distributed import launch, wire, worker
+from phalanx.distributed.env import RankEnv, free_port, open_store
 from phalanx.errors import ConfigError
-from phalanx.experiments import grid
-from phalanx.training import make_config, train
+from phalanx.experiments import grid, make_config, train
 
 JOB_TIMEOUT_S = 120.0
 BASE: dict[str, Any] = {
@@ -71,30 +72,33 @@ def assert_same_run(dist_dir: Path, sim: dict[str, torch.Tensor], sim_dir: Path)
         assert (dist_dir / name).exists(), name
 
 
+def wait_for(text: str, errs: Path, rank0: subprocess.Popen[bytes]) -> None:
+    """Wait until ``text`` is in the ranks' stderr (the job must still run)."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while text not in errs.read_text():
+        assert time.monotonic() < deadline and rank0.poll() is None, f"never saw {text!r}: " + errs.read_text()[-3000:]
+        time.sleep(0.02)
+
+
+Script = Callable[[list[subprocess.Popen[bytes]], Path, Any], None]
+
+
 def run_job(
-    data: dict[str, Any], out: Path, tmp: Path, env: dict[str, str] | None = None,
-    kill: tuple[int, int, str] | None = None,
+    data: dict[str, Any], out: Path, tmp: Path, env: dict[str, str] | None = None, script: Script | None = None,
 ) -> tuple[int, str]:
-    """Run a job of ``data['workers']`` ranks; ``kill=(rank, round, text)`` SIGKILLs that rank once the metrics
-    reach ``round`` (a checkpoint at or after it) and ``text`` is in the ranks' stderr. Returns rank 0's exit
-    status and every rank's stderr."""
+    """Run a job of ``data['workers']`` ranks; ``script(procs, stderr_path, store)`` acts on it while it runs
+    (``store``: a client of the job's c10d store). Returns rank 0's exit status and every rank's stderr."""
     cfg_path = write_toml(tmp / f"job{time.monotonic_ns()}.toml", data)
     errs = tmp / f"stderr{time.monotonic_ns()}.txt"
+    port = free_port()
     with errs.open("wb") as fh:
         procs = launch.spawn(data["workers"], launch.worker_args(cfg_path, [], out), extra_env=env, stderr=fh,
-                             stdout=subprocess.DEVNULL)
+                             stdout=subprocess.DEVNULL, master_port=port)
         try:
-            if kill is not None:
-                rank, after, marker = kill
-                deadline = time.monotonic() + JOB_TIMEOUT_S
-                while time.monotonic() < deadline and procs[0].poll() is None:
-                    done = [json.loads(x)["round"] for d in glob.glob(str(out / "*" / "metrics.jsonl"))
-                            for x in Path(d).read_text().splitlines()]
-                    if done and max(done) >= after and marker in errs.read_text():
-                        break
-                    time.sleep(0.02)
-                assert procs[rank].poll() is None, "the worker to kill had already stopped"
-                os.kill(procs[rank].pid, signal.SIGKILL)
+            if script is not None:
+                # a client of the job's store, as a worker rank opens it (same key prefix)
+                client = RankEnv(1, data["workers"], 1, "127.0.0.1", port, agent_store=False, run_id="local.0")
+                script(procs, errs, open_store(client, JOB_TIMEOUT_S))
             code = launch.supervise(procs, grace_s=5.0, timeout_s=JOB_TIMEOUT_S, say=lambda s: None)
         finally:
             for p in procs:
@@ -221,24 +225,39 @@ FAULTS: dict[str, Any] = {
 
 
 def test_sleeping_worker_is_left_out_then_rejoins_and_a_sigkilled_one_does_not_stop_training(tmp_path: Path) -> None:
-    """n = 4, f = 1. Rank 2 sleeps past round_timeout in round 5: that round is aggregated without it (f − 1 = 0),
-    it skips ahead and is aggregated again. Then rank 3 is SIGKILLed: training goes on without it to the end."""
+    """n = 4, f = 1. Rank 2 stops answering in round 5: that round is aggregated without it (f − 1 = 0); once it
+    wakes it skips ahead and is aggregated again. Then rank 3 is SIGKILLed: training goes on without it to the end.
+
+    Every step waits on an event (test hooks: rank 2 sleeps until a file exists, the server holds before rounds 20
+    and 300 until a file exists), so the outcome does not depend on how fast this machine runs the rounds."""
     data = {**FAULTS, "workers": 4, "rounds": 450, "eval_every": 50, "checkpoint_every": 50}
     out = tmp_path / "dist"
-    code, err = run_job(data, out, tmp_path, env={"PHALANX_TEST_SLEEP": "2:5:2.0"},
-                        kill=(3, 300, "every rank is back"))
+    wake, go20, go300 = tmp_path / "wake", tmp_path / "go20", tmp_path / "go300"
+
+    def script(procs: list[subprocess.Popen[bytes]], errs: Path, store: Any) -> None:
+        wait_for("holding round 20", errs, procs[0])  # rank 2 was missing from round 5 on, still asleep
+        wake.touch()
+        while not store.check([wire.key_vector(19, 2)]):  # awake: it skipped to round 19 and sent its vector
+            assert procs[2].poll() is None
+            time.sleep(0.01)
+        go20.touch()  # round 20 waits for rank 2 again (its vector of round 19 arrived)
+        wait_for("holding round 300", errs, procs[0])
+        assert procs[3].poll() is None
+        os.kill(procs[3].pid, signal.SIGKILL)
+        procs[3].wait()
+        go300.touch()
+
+    env = {"PHALANX_TEST_SLEEP": f"2:5:{wake}", "PHALANX_TEST_HOLD": f"20:{go20},300:{go300}"}
+    code, err = run_job(data, out, tmp_path, env=env, script=script)
     assert code == 0, err[-3000:]
     d = run_dir(out)
     assert (d / "DONE").exists()
     log = dist_log(d)
-    assert [r["missing"] for r in log[:6]] == [[]] * 5 + [[2]]
-    assert data["round_timeout"] * 0.9 <= log[5]["seconds"] < 2.0  # the server waited round_timeout, no more
-    assert "ranks [2] missing; aggregating 3 vectors with f=0" in err
-    back = min(r["round"] for r in log if r["round"] > 5 and not r["missing"])
-    killed = min(r["round"] for r in log if r["round"] > back and r["missing"])
-    assert killed >= 300
-    assert all(r["missing"] == [3] for r in log if r["round"] >= killed)  # aggregated with f − 1 = 0 to the end
-    assert "rank 3" in err or "ranks [3] missing" in err
+    assert [r["missing"] for r in log[:21]] == [[]] * 5 + [[2]] * 15 + [[]]
+    assert "ranks [2] missing; aggregating 3 vectors with f=0" in err and "round 20: every rank is back" in err
+    assert all(r["missing"] == [] for r in log if 20 <= r["round"] < 300)
+    assert all(r["missing"] == [3] for r in log if r["round"] >= 300)  # aggregated with f − 1 = 0 to the end
+    assert "round 300: ranks [3] missing" in err
     rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["round"] == 450 and rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.3
 

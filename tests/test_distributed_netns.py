@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from phalanx.distributed.launch import rank_env, worker_args
-from phalanx.training import make_config, train
+from phalanx.experiments import make_config, train
 
 TIMEOUT_S = 120.0
 DATA: dict[str, Any] = {

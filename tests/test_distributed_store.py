@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from phalanx.distributed import wire
 from phalanx.distributed.env import free_port
-from phalanx.distributed.server import Janitor, collect
+from phalanx.distributed.parameter_server import Janitor, collect
 
 
 @pytest.fixture

@@ -9,9 +9,8 @@ import pytest
 
 from phalanx import data
 from phalanx.errors import ConfigError
-from phalanx.experiments import grid, runner, store
-from phalanx.training import train
-from phalanx.training.config import RunConfig, make_config
+from phalanx.experiments import grid, runner, store, train
+from phalanx.experiments.config import RunConfig, make_config
 
 
 def _cfg(**kw: object) -> RunConfig:

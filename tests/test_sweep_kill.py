@@ -44,8 +44,7 @@ def _results(out: Path) -> dict[str, list[tuple[int, float]]]:
 def test_killed_sweep_resumes_to_the_same_results(tmp_path: Path) -> None:
     cfg = tmp_path / "sweep.toml"
     cfg.write_text(CONFIG)
-    from phalanx.experiments import grid, runner
-    from phalanx.training import load_toml
+    from phalanx.experiments import grid, load_toml, runner
 
     runner.run_grid(grid.configs(load_toml(cfg)), tmp_path / "ref")  # the uninterrupted reference, in-process
 

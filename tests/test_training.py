@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from phalanx import aggregators, attacks, models
+from phalanx import aggregators, models
 from phalanx.analysis import aggregation_error
 from phalanx.errors import ConfigError
-from phalanx.experiments import grid, report, runner, store
-from phalanx.training import make_config, train
-from phalanx.training.config import apply_overrides
+from phalanx.experiments import grid, make_config, report, runner, store, train
+from phalanx.experiments.config import apply_overrides
+from phalanx.training import SGD, Experiment, Loop
 from phalanx.training.problem import Problem
-from phalanx.training.round import RoundState, WorkerData, detection_auc, run_round
+from phalanx.training.server import detection_auc
+from phalanx.training.shards import WorkerData, sample_batches
 
 SMALL = {
     "dataset": "digits", "model": "mlp", "workers": 8, "byzantine": 2, "f": 2, "aggregator": "cwtm",
@@ -36,29 +37,55 @@ def test_vmap_gradients_equal_the_loop(name: str, per_worker: str) -> None:
     assert torch.allclose(problem.grads(theta, xb, yb), problem.grads_loop(theta, xb, yb), atol=1e-5)
 
 
+class _Tensors:
+    """A data set given as tensors (what an Experiment needs of one)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> None:
+        self.train_x, self.train_y, self.test_x, self.test_y, self.num_classes = x, y, x, y, num_classes
+
+
 def test_one_round_by_hand() -> None:
     torch.manual_seed(0)
     problem = Problem(models.make("logreg", (1, 2, 2), 3))
     x = torch.randn(12, 1, 2, 2)
     y = torch.randint(0, 3, (12,))
     shards = [torch.arange(0, 4), torch.arange(4, 8), torch.arange(8, 12)]
-    data = WorkerData(x, y, shards, 3)
+    exp = Experiment(model=problem, dataset=_Tensors(x, y, 3), rule=aggregators.make("mean", f=0), workers=3,
+                     shards=shards, lr=0.5, rounds=1, eval_every=1, seed=4)
     theta0 = problem.initial_theta()
-    state = RoundState(theta=theta0, momentum=None, previous=None)
-    gen = torch.Generator().manual_seed(1)
-    new, res = run_round(
-        state, problem, data, aggregators.make("mean", f=0), attacks.make("none"), workers=3, byzantine=0, f=0,
-        batch_size=4, lr=0.5, momentum=0.9, weight_decay=0.0, batch_gen=gen, attack_gen=torch.Generator(),
-        measure=True,
-    )
-    # the same round by hand: same batches (same generator), per-worker gradients, mean, one SGD step
-    gen2 = torch.Generator().manual_seed(1)
-    pos = (torch.rand(3, 4, generator=gen2, dtype=torch.float64) * 4).long()  # uniform positions in each shard
+    loop = Loop(exp)
+    res = loop.step().result
+    # the same round by hand: same batches (the seed's batch stream), per-worker gradients, mean, one SGD step
+    from phalanx.training.streams import generator
+
+    gen2 = generator(4, "batches")
+    pos = (torch.rand(3, 32, generator=gen2, dtype=torch.float64) * 4).long()  # uniform positions in each shard
     idx = torch.stack([s[pos[i]] for i, s in enumerate(shards)])
     g = problem.grads_loop(theta0, x[idx], y[idx])
-    assert torch.allclose(new.theta, theta0 - 0.5 * g.mean(0), atol=1e-6)
-    assert new.momentum is not None and torch.allclose(new.momentum, g, atol=1e-6)  # m₀ = g₀
+    assert torch.allclose(loop.state.theta, theta0 - 0.5 * g.mean(0), atol=1e-6)
+    assert loop.state.momentum is not None and torch.allclose(loop.state.momentum, g, atol=1e-6)  # m₀ = g₀
     assert res is not None and res.agg_error == pytest.approx(0.0, abs=1e-10)
+
+
+def test_server_momentum_is_heavy_ball_on_the_aggregate() -> None:
+    """SGD(momentum=μ) on the server: u ← μ u + a, θ ← θ − η u, with a the round's aggregate (checked against the
+    plain run's aggregates, which do not depend on the server optimizer in round 0 and are recomputed by hand)."""
+    torch.manual_seed(0)
+    ds = _Tensors(torch.randn(40, 1, 2, 2), torch.randint(0, 3, (40,)), 3)
+    kw = {"dataset": ds, "rule": aggregators.make("cwtm", f=1), "workers": 4, "lr": 0.3, "rounds": 3,
+          "eval_every": 1}
+    problem = Problem(models.make("logreg", (1, 2, 2), 3, generator=torch.Generator().manual_seed(2)))
+    loop = Loop(Experiment(model=problem, optimizer=SGD(momentum=0.5), **kw))
+    theta, u = problem.initial_theta(), None
+    for _ in range(3):
+        loop.step()
+        a = loop.state.previous
+        assert a is not None
+        u = a.clone() if u is None else 0.5 * u + a
+        theta = theta - 0.3 * u
+        torch.testing.assert_close(loop.state.theta, theta)
+    assert torch.equal(loop.snapshot().optimizer["momentum_buffer"], loop.experiment.optimizer.state_dict()[
+        "momentum_buffer"])
 
 
 def test_measurements() -> None:
@@ -159,8 +186,6 @@ def test_batches_come_from_each_workers_own_shard() -> None:
     y = torch.arange(10)
     shards = [torch.tensor([0, 1, 2]), torch.tensor([3]), torch.tensor([4, 5, 6, 7, 8, 9])]
     data = WorkerData(x, y, shards, 10)
-    from phalanx.training.round import sample_batches
-
     _, yb = sample_batches(data, 3, 400, torch.Generator().manual_seed(0))
     for w, shard in enumerate(shards):
         drawn = set(yb[w].tolist())

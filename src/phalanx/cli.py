@@ -16,7 +16,7 @@ from phalanx import __version__, aggregators
 from phalanx.errors import PhalanxError
 
 if TYPE_CHECKING:
-    from phalanx.training.config import RunConfig
+    from phalanx.experiments.config import RunConfig
 
 app = typer.Typer(
     name="phalanx", help="Byzantine-robust distributed learning: robust aggregators, attacks, price of robustness.",
@@ -144,7 +144,7 @@ def epsilon_cmd(
 
 
 def _load_grid(config: Path | None, overrides: list[str]) -> dict[str, object]:
-    from phalanx.training.config import load_grid
+    from phalanx.experiments.config import load_grid
 
     return load_grid(config, overrides)
 
@@ -178,7 +178,7 @@ def _train(cfgs: list[RunConfig], out: Path, jobs: int) -> None:
 
 def _run_grid(data: dict[str, object], out: Path, jobs: int) -> None:
     from phalanx.experiments import grid, report
-    from phalanx.training.trainer import check_engine
+    from phalanx.experiments.build import check_engine
 
     cfgs = grid.configs(data)  # every point validated before anything runs
     for c in cfgs:
@@ -313,7 +313,7 @@ def tension_paper(
     from phalanx import data
     from phalanx.data.base import DatasetNotFoundError
     from phalanx.experiments import grid, paper
-    from phalanx.training.config import apply_overrides
+    from phalanx.experiments.config import apply_overrides
 
     overrides = apply_overrides({}, set_ or [])
     root = overrides.get("data_root")

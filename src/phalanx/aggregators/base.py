@@ -25,7 +25,9 @@ from torch import Tensor
 
 from phalanx.errors import ConfigError, InputError
 
-__all__ = ["Aggregator", "PreAggregator", "check_f", "check_input", "check_positive", "check_probability"]
+__all__ = [
+    "Aggregator", "PreAggregator", "check_f", "check_input", "check_positive", "check_probability", "random_source",
+]
 
 
 def check_f(f: Any) -> int:
@@ -73,6 +75,18 @@ def check_input(x: Any, who: str) -> Tensor:
     return x
 
 
+def random_source(context: dict[str, Any], own: torch.Generator) -> torch.Generator:
+    """The generator a stochastic component draws from in one call: ``context["generator"]`` when the caller passes
+    one (a training run passes its server's stream, which its checkpoints hold, so a resumed run draws what an
+    uninterrupted one would), else the component's own seeded generator (a stand-alone sequence of calls)."""
+    gen = context.get("generator")
+    if gen is None:
+        return own
+    if not isinstance(gen, torch.Generator):
+        raise ConfigError("generator", type(gen).__name__, "a torch.Generator or None")
+    return gen
+
+
 class _Component(ABC):
     """What rules and pre-aggregators share: a name, a reference, ``f`` and the requirement on ``n``."""
 
@@ -108,6 +122,12 @@ class _Component(ABC):
     def params(self) -> dict[str, Any]:
         """The configuration of this component (constructor arguments), for logs and manifests."""
         return {"f": self.f}
+
+    def with_f(self, f: int) -> Any:
+        """The same component configured for another ``f`` (every other parameter kept): a server that counts m
+        missing workers against f aggregates with ``rule.with_f(f − m)``. Rebuilt from :meth:`params`, so a
+        subclass whose constructor takes other arguments than ``params()`` lists overrides it."""
+        return type(self)(**{**self.params(), "f": check_f(f)})
 
     def describe(self, n: int | None = None) -> dict[str, Any]:
         """Metadata for tables: name, kind, reference, requirement, parameters."""

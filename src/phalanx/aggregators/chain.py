@@ -59,6 +59,11 @@ class Chain(Aggregator):
         out, c = self.rule.aggregate(y, **ctx)
         return out, c @ provenance.to(c.device)
 
+    def with_f(self, f: int) -> Chain:
+        """The chain for another ``f``: the rule and every element configured with the chain's ``f`` get the new one;
+        an element with its own ``f`` (``"nnm(f=2)>cwtm"``) keeps it."""
+        return Chain([p.with_f(f) if p.f == self.f else p for p in self.pre], self.rule.with_f(f))
+
     def params(self) -> dict[str, Any]:
         return {"spec": self.spec, **{c.name: c.params() for c in [*self.pre, self.rule]}}
 

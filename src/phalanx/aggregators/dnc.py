@@ -10,7 +10,7 @@ from torch import Tensor
 
 from phalanx.aggregators._numerics import selection_weights
 from phalanx.aggregators._rowops import row_norms, weighted_sum
-from phalanx.aggregators.base import Aggregator, as_compute_dtype, check_positive
+from phalanx.aggregators.base import Aggregator, as_compute_dtype, check_positive, random_source
 from phalanx.aggregators.registry import register
 
 __all__ = ["DnC"]
@@ -65,7 +65,8 @@ class DnC(Aggregator):
     10,000, the default of Blades' ``Dnc``; it is capped at ``d``, and with ``b ≥ d`` all coordinates are used
     and nothing is drawn), ``c`` (filtering fraction, default 1.0) and ``seed`` (a CPU
     ``torch.Generator`` owned by the object draws the coordinates, so a sequence of calls is reproducible from
-    the seed; the draws do not depend on the order of the rows).
+    the seed; the draws do not depend on the order of the rows). A caller may pass ``generator=`` per call to draw
+    from its own stream instead (a training run passes its server's stream, held by its checkpoints).
 
     Robustness conventions (ours): bad rows (NaN/Inf or an overflowing norm) get score ``+inf`` so they are
     removed first; the mean ``μ`` and the singular vector are computed on the good rows only (the paper uses all
@@ -83,6 +84,7 @@ class DnC(Aggregator):
         "defenses for federated learning', NDSS 2021, Algorithm 3 (DnC)"
     )
     requirement = "n > 2f and n - ceil(c*f) >= 1 (honest majority; keeps n - ceil(c*f) rows)"
+    context_keys = frozenset({"generator"})
 
     def __init__(
         self, f: int = 0, iterations: int = 1, subsample: int = 10_000, c: float = 1.0, seed: int = 0,
@@ -113,9 +115,10 @@ class DnC(Aggregator):
         b = min(self.subsample, d)
         counts = torch.zeros(n, dtype=torch.int64)
         rank_sum = torch.zeros(n, dtype=torch.int64)
+        gen = random_source(context, self._generator)
         for _ in range(self.iterations):
             if b < d:
-                idx = torch.randperm(d, generator=self._generator)[:b].sort().values.to(x.device)
+                idx = torch.randperm(d, generator=gen)[:b].sort().values.to(x.device)
                 sub = xc.index_select(1, idx)
             else:
                 sub = xc

@@ -8,7 +8,13 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators._rowops import clipped_mean, median_norm, row_norms
-from phalanx.aggregators.base import Aggregator, as_compute_dtype, check_positive, check_probability
+from phalanx.aggregators.base import (
+    Aggregator,
+    as_compute_dtype,
+    check_positive,
+    check_probability,
+    random_source,
+)
 from phalanx.aggregators.registry import register
 from phalanx.errors import ConfigError
 
@@ -100,7 +106,8 @@ class SignGuard(Aggregator):
     fractions (the authors' code divides each feature by its maximum over the rows, which blows up tiny
     differences in the rarely non-zero "zero" fraction; we do not). The coordinates are drawn without replacement
     by a CPU ``torch.Generator`` seeded with ``seed`` (the authors' code takes a contiguous block at a random
-    offset); with ``subsample=1.0`` all coordinates are used and nothing is drawn. The median is the usual one
+    offset), or from the ``generator=`` a caller passes per call (a training run passes its server's stream); with
+    ``subsample=1.0`` all coordinates are used and nothing is drawn. The median is the usual one
     (mean of the two middle norms when ``n`` is even).
 
     The price with no attack: as in the authors' implementation, rows left unlabelled by the mean shift (farther
@@ -123,6 +130,7 @@ class SignGuard(Aggregator):
         "collaborative malicious gradient filtering', ICDCS 2022 (arXiv 2109.05872), Algorithm 1"
     )
     requirement = "n > 2f (honest majority; f itself is not used by the rule)"
+    context_keys = frozenset({"generator"})
 
     def __init__(
         self, f: int = 0, lower: float = 0.1, upper: float = 3.0, subsample: float = 0.1, seed: int = 0,
@@ -152,7 +160,7 @@ class SignGuard(Aggregator):
         s1 = ~bad & (norms >= self.lower * med) & (norms <= self.upper * med)
         k = max(1, int(self.subsample * d))
         if k < d:
-            idx = torch.randperm(d, generator=self._generator)[:k].sort().values.to(x.device)
+            idx = torch.randperm(d, generator=random_source(context, self._generator))[:k].sort().values.to(x.device)
             sub = xc.index_select(1, idx)
         else:
             sub = xc

@@ -2,7 +2,7 @@
 
 Experiments here have few seeds (3–10), so intervals use Student's t with ``k − 1`` degrees of freedom, not the
 normal approximation. Comparisons are *paired by seed*: runs with the same seed share the data split, the initial
-model and the batch stream (the named random streams of :mod:`phalanx.training.trainer`), so a per-seed difference
+model and the batch stream (the named random streams of :mod:`phalanx.training.streams`), so a per-seed difference
 or slope removes that shared noise before the interval is taken.
 """
 

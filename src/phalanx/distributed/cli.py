@@ -33,7 +33,7 @@ def launch(
 
     from phalanx.distributed import launch as local
     from phalanx.experiments import grid
-    from phalanx.training.config import load_grid
+    from phalanx.experiments.config import load_grid
 
     console = Console(stderr=True)
     overrides = list(set_ or [])

@@ -15,7 +15,9 @@ key                value                                       written by / read
 ``latest``         the round rank 0 is in (ASCII)              rank 0 / workers (to skip lost rounds)
 ``s/<t>``          ``b"T"`` + θ, ``b"X"`` + reason (stop), or   rank 0 / every worker
                    ``b"L"`` (lapsed: the round is long over)
-``h/<t>``          ``b"H"`` + honest vectors (h', d), or ``X``  rank 0 / Byzantine ranks (vector attacks)
+``h/<t>``          ``b"H"`` + honest vectors (h', d), ``b"C"``   rank 0 / Byzantine ranks (vector attacks)
+                   + honest vectors and the server's context
+                   (:func:`honest_message`), or ``X``
 ``v/<t>/<r>``      the rank's vector (+ its attack-stream       rank r / rank 0
                    state, Byzantine ranks of vector attacks)
 =================  ==========================================  =====================================
@@ -31,6 +33,7 @@ from torch import Tensor
 
 THETA = b"T"
 HONEST = b"H"
+HONEST_CONTEXT = b"C"
 STOP = b"X"
 LAPSED = b"L"
 KEEP_ROUNDS = 16
@@ -84,3 +87,21 @@ def put(store: Any, key: str, value: bytes | str) -> None:
 def put_many(store: Any, keys: list[str], values: list[bytes]) -> None:
     """Several keys in one round trip (``multi_set``)."""
     store.multi_set(keys, values)
+
+
+def honest_message(honest: Tensor, context: dict[str, Tensor]) -> bytes:
+    """The ``h/<t>`` message: the honest vectors, raw, or — when an adaptive attacker needs the server's context
+    (centre, reference gradient, the aggregator stream's state) — both, packed."""
+    if not context:
+        return HONEST + tensor_bytes(honest)
+    return HONEST_CONTEXT + pack({"honest": honest, "context": context})
+
+
+def parse_honest(msg: bytes, dtype: torch.dtype, dim: int) -> tuple[Tensor, dict[str, Tensor]] | None:
+    """The honest vectors ``(h', d)`` and the server's context of an ``h/<t>`` message; None for a stop message."""
+    if msg[:1] == HONEST:
+        return bytes_tensor(msg[1:], dtype, (-1, dim)), {}
+    if msg[:1] == HONEST_CONTEXT:
+        obj = unpack(msg[1:])
+        return obj["honest"], obj["context"]
+    return None

@@ -2,7 +2,7 @@
 
 Started by ``phalanx launch`` (one machine) or by torchrun (one or many machines), which set ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``. Every rank reads the same CONFIG and overrides
-(``engine = "torchrun"`` is implied), builds the same data split, model and streams (``phalanx.training.build``),
+(``engine = "torchrun"`` is implied), builds the same experiment (``phalanx.experiments.from_config``),
 and the world size must equal ``workers``. Rank 0 writes the run directory ``OUT/<run id>`` (the same name and
 files as ``phalanx run``), which is also where a stopped run resumes from.
 
@@ -17,9 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from phalanx.distributed.errors import WorkersLostError
-from phalanx.errors import ConfigError, PhalanxError
-from phalanx.training.config import RunConfig
+from phalanx.errors import ConfigError, PhalanxError, WorkersLostError
+from phalanx.experiments.config import RunConfig
 
 WORKER_WAIT_S = 3600.0
 """How long a worker waits for the server's next message (θ or stop) before giving up."""
@@ -31,7 +30,7 @@ def resolve_config(config: str | None, overrides: list[str], point: int | None =
     A config with list-valued keys is a grid; ``point`` picks one of its runs (``phalanx launch`` runs them in turn).
     """
     from phalanx.experiments import grid
-    from phalanx.training.config import load_grid
+    from phalanx.experiments.config import load_grid
 
     data = load_grid(config, [*overrides, "engine='torchrun'"])
     cfgs = grid.configs(data)
@@ -48,13 +47,21 @@ def resolve_config(config: str | None, overrides: list[str], point: int | None =
 
 
 def run_rank(cfg: RunConfig, out: Path | None) -> None:
-    """Run this process's rank of the job described by the torchrun environment."""
-    from phalanx.distributed import server, serverless
+    """Run this process's rank of the job described by the torchrun environment.
+
+    Rank 0 (and, in the serverless topology, every rank) runs the training loop over the topology's transport;
+    the other ranks of the parameter-server topology serve the server's rounds.
+    """
     from phalanx.distributed.env import RankEnv, open_store
-    from phalanx.distributed.recorder import Recorder
+    from phalanx.distributed.parameter_server import ParameterServer, ParameterServerWorker, config_digest
+    from phalanx.distributed.recording import DistributedLog, RankLog
+    from phalanx.distributed.serverless import AllGather
     from phalanx.experiments import grid
+    from phalanx.experiments.build import from_config
+    from phalanx.experiments.rundir import RunDirectory
+    from phalanx.training.loop import Callback, Evaluate, Loop
     from phalanx.training.memory import tune_allocator
-    from phalanx.training.trainer import build
+    from phalanx.training.transport import Transport
 
     renv = RankEnv.from_environ()
     if renv.world_size != cfg.workers:
@@ -63,18 +70,30 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
             "server)", "launch as many processes as the config's workers, or --set workers=N",
         )
     tune_allocator()
-    setup = build(cfg)
+    exp = from_config(cfg)
     store = open_store(renv, WORKER_WAIT_S)
-    rec = None
+    digest = config_digest(cfg.identity())
+    if cfg.topology == "server" and renv.rank != 0:
+        ParameterServerWorker(exp, store, renv.rank, digest).run()
+        return
+    callbacks: list[Callback] = []
+    start = None
+    log = RankLog()
     if renv.rank == 0:
-        run_dir = None if out is None else out / grid.run_id(cfg)
-        rec = Recorder(setup, run_dir, cfg.topology, renv.world_size)
+        callbacks = [Evaluate()]
+        if out is not None:
+            run_dir = out / grid.run_id(cfg)
+            rundir = RunDirectory.of(run_dir, cfg.identity(), exp, cfg.checkpoint_every)
+            start = rundir.open()
+            callbacks += [rundir, DistributedLog(run_dir / "distributed.json", cfg.topology, renv.world_size,
+                                                 cfg.checkpoint_every, cfg.rounds)]
+        callbacks.append(log)
+    transport: Transport
     if cfg.topology == "serverless":
-        serverless.run(setup, store, renv, rec)
-    elif rec is not None:
-        server.serve(setup, store, rec)
+        transport = AllGather(store, renv, digest, cfg.round_timeout, cfg.backend)
     else:
-        server.work(setup, store, renv.rank)
+        transport = ParameterServer(store, digest, cfg.round_timeout, log.say)
+    Loop(exp, transport, callbacks, start).run()
 
 
 def main(argv: list[str] | None = None) -> int:

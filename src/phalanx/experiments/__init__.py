@@ -1,1 +1,7 @@
-"""Experiments: run directories, results, checkpoints, sweeps and reports."""
+"""Experiments: configs and how they become objects, run directories, checkpoints, sweeps and reports."""
+
+from phalanx.experiments.build import from_config
+from phalanx.experiments.config import RunConfig, apply_overrides, load_grid, load_toml, make_config
+from phalanx.experiments.train import train
+
+__all__ = ["RunConfig", "apply_overrides", "from_config", "load_grid", "load_toml", "make_config", "train"]

@@ -7,7 +7,7 @@ import itertools
 import json
 from typing import Any
 
-from phalanx.training.config import RunConfig, make_config
+from phalanx.experiments.config import RunConfig, make_config
 
 # Keys whose values are lists by nature (never expanded).
 _LIST_KEYS: frozenset[str] = frozenset()
@@ -29,11 +29,6 @@ def expand(data: dict[str, Any]) -> list[dict[str, Any]]:
         point.update(zip(keys, combo))
         out.append(point)
     return out
-
-
-def varying_keys(data: dict[str, Any]) -> list[str]:
-    """The keys that vary across the grid."""
-    return [k for k, v in data.items() if isinstance(v, list) and len(v) > 1]
 
 
 def configs(data: dict[str, Any]) -> list[RunConfig]:

@@ -42,8 +42,8 @@ from typing import Any
 from phalanx.analysis.stats import Estimate, mean_ci, slope
 from phalanx.errors import ConfigError
 from phalanx.experiments import grid, store
+from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.report import save_figure
-from phalanx.training.config import RunConfig, make_config
 
 TABLES: dict[str, dict[str, str]] = {
     "T3": {"rule": "multikrum(strict=false)", "label": "Multi-Krum, f = 0 … F", "vary": "f"},

@@ -23,8 +23,8 @@ from typing import Any
 from phalanx import aggregators
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.experiments import grid, store
+from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.report import save_figure
-from phalanx.training.config import RunConfig, make_config
 
 DEFAULT_RULES = ("cwtm", "nnm>cwtm", "multikrum", "geomed")
 DEFAULT_ATTACKS = ("alie", "foe", "signflip", "minmax")

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from phalanx.experiments import store
+from phalanx.experiments.config import RunConfig
 from phalanx.experiments.grid import run_id
-from phalanx.training.config import RunConfig
 
 RoundCallback = Callable[[RunConfig, int, int], None]
 DoneCallback = Callable[[RunConfig, str], None]
@@ -42,8 +42,8 @@ def dataset_for(cfg: RunConfig) -> Any:
 
 
 def _run_one(cfg_json: dict[str, Any], run_dir: str, threads: int, rounds_queue: Any = None) -> str:
-    from phalanx.training.config import make_config
-    from phalanx.training.trainer import train
+    from phalanx.experiments.config import make_config
+    from phalanx.experiments.train import train
 
     torch.set_num_threads(threads)
     cfg = make_config(cfg_json)
@@ -60,7 +60,7 @@ def run_grid(
     on_done: DoneCallback | None = None,
 ) -> list[Path]:
     """Run every configuration into ``out/<run_id>``; return the run directories (in the order of ``cfgs``)."""
-    from phalanx.training.trainer import train
+    from phalanx.experiments.train import train
 
     out.mkdir(parents=True, exist_ok=True)
     dirs = [out / run_id(c) for c in cfgs]

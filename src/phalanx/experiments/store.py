@@ -5,7 +5,8 @@ Layout of a run directory::
     config.json           the resolved configuration
     manifest.json         versions, seed, data fingerprint, start time
     metrics.jsonl         one row per evaluated round (rewritten atomically at every checkpoint)
-    checkpoint.safetensors  θ, worker momentum, previous aggregate, random-stream states, round (atomic)
+    checkpoint.safetensors  θ, worker momentum, previous aggregate, random-stream states, server optimizer
+                          state, round (atomic)
     metrics.parquet       the same rows as Parquet, written when the run finishes
     DONE                  marker of a finished run
 """
@@ -24,18 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from phalanx.errors import ConfigError
-from phalanx.training.config import RunConfig
-from phalanx.training.round import RoundState
-
-CONFIG_COLUMNS = (
-    "dataset", "model", "workers", "byzantine", "f", "aggregator", "attack", "partition", "alpha", "rounds",
-    "batch_size", "lr", "momentum", "schedule", "seed",
-)
-
-
-def config_columns(cfg: RunConfig) -> dict[str, Any]:
-    """The config values repeated on every metric row (so rows from many runs can be queried together)."""
-    return {k: getattr(cfg, k) for k in CONFIG_COLUMNS}
+from phalanx.training.state import RoundState, Snapshot
 
 
 def atomic_write_bytes(path: Path, payload: bytes) -> None:
@@ -58,16 +48,19 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def prepare_run_dir(out: Path, cfg: RunConfig, data_fingerprint: str) -> None:
-    """Create the run directory, or check that an existing one holds the same configuration."""
+def prepare_run_dir(out: Path, identity: dict[str, Any], seed: int, data_fingerprint: str) -> None:
+    """Create the run directory, or check that an existing one holds the same configuration.
+
+    ``identity`` is what names the run (a config's :meth:`~phalanx.experiments.config.RunConfig.identity`); the
+    resolved configuration is written as ``config.json``, with a manifest of versions, seed and data fingerprint.
+    """
+    from phalanx.experiments.config import RESULT_NEUTRAL_KEYS
+
     out.mkdir(parents=True, exist_ok=True)
-    resolved = cfg.model_dump(mode="json")
     cfg_path = out / "config.json"
     if cfg_path.exists():
-        from phalanx.training.config import RESULT_NEUTRAL_KEYS
-
         existing = {k: v for k, v in json.loads(cfg_path.read_text()).items() if k not in RESULT_NEUTRAL_KEYS}
-        resolved = cfg.identity()
+        resolved = {k: v for k, v in identity.items() if k not in RESULT_NEUTRAL_KEYS}
         if existing != resolved:
             changed = sorted(k for k in set(existing) | set(resolved) if existing.get(k) != resolved.get(k))
             raise ConfigError(
@@ -75,38 +68,47 @@ def prepare_run_dir(out: Path, cfg: RunConfig, data_fingerprint: str) -> None:
                 "use another --out or delete it",
             )
         return
-    atomic_write_text(cfg_path, json.dumps(resolved, indent=2, sort_keys=True))
+    atomic_write_text(cfg_path, json.dumps(identity, indent=2, sort_keys=True))
     from phalanx import __version__
 
     manifest = {
         "phalanx": __version__, "torch": torch.__version__, "python": platform.python_version(),
-        "platform": platform.platform(), "seed": cfg.seed, "data_fingerprint": data_fingerprint,
+        "platform": platform.platform(), "seed": seed, "data_fingerprint": data_fingerprint,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True))
 
 
-def save_checkpoint(out: Path, state: RoundState, gens: dict[str, torch.Tensor], rows: list[dict[str, Any]]) -> None:
-    """Write the metric rows so far, then the checkpoint (both atomically; rows first, so none are lost)."""
+def save_checkpoint(out: Path, snap: Snapshot) -> Path:
+    """Write the metric rows so far, then the checkpoint (both atomically; rows first, so none are lost).
+
+    Tensors: ``theta``, ``momentum``, ``previous``, ``rng.<stream>`` (random streams), ``optim.<name>`` (the server
+    optimizer's state); metadata: ``round`` and the number of rows.
+    """
+    state, rows = snap.state, snap.rows
     atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     tensors = {"theta": state.theta.contiguous()}
     if state.momentum is not None:
         tensors["momentum"] = state.momentum.contiguous()
     if state.previous is not None:
         tensors["previous"] = state.previous.contiguous()
-    for name, g in gens.items():
+    for name, g in snap.streams.items():
         tensors[f"rng.{name}"] = g
+    for name, t in snap.optimizer.items():
+        tensors[f"optim.{name}"] = t.contiguous()
+    path = out / "checkpoint.safetensors"
     fd, tmp = tempfile.mkstemp(dir=out, prefix=".checkpoint.", suffix=".tmp")
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata={"round": str(state.round), "rows": str(len(rows))})
-        os.replace(tmp, out / "checkpoint.safetensors")
+        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return path
 
 
-def load_checkpoint(out: Path) -> tuple[RoundState, dict[str, torch.Tensor], list[dict[str, Any]]] | None:
+def load_checkpoint(out: Path) -> Snapshot | None:
     """The last checkpoint of a run directory, with the metric rows up to it; None if there is none."""
     ckpt = out / "checkpoint.safetensors"
     if not ckpt.exists():
@@ -117,16 +119,13 @@ def load_checkpoint(out: Path) -> tuple[RoundState, dict[str, torch.Tensor], lis
         meta = fh.metadata()
     tensors = load_file(str(ckpt))
     round_ = int(meta["round"])
-    rows = []
-    metrics = out / "metrics.jsonl"
-    if metrics.exists():
-        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r["round"] <= round_]
+    rows = [r for r in read_rows(out) if r["round"] <= round_]
     state = RoundState(
         theta=tensors["theta"], momentum=tensors.get("momentum"), previous=tensors.get("previous"), round=round_,
     )
-    gens = {k.removeprefix("rng."): v for k, v in tensors.items() if k.startswith("rng.")}
-    return state, gens, rows
+    streams = {k.removeprefix("rng."): v for k, v in tensors.items() if k.startswith("rng.")}
+    optimizer = {k.removeprefix("optim."): v for k, v in tensors.items() if k.startswith("optim.")}
+    return Snapshot(state, streams, optimizer, rows, resumed=True)
 
 
 def finish_run(out: Path, rows: list[dict[str, Any]]) -> None:

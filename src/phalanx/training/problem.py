@@ -2,16 +2,19 @@
 
 All honest workers of a round are computed in one call: ``torch.func.vmap(torch.func.grad(loss))`` over the
 workers' batches, with :func:`torch.func.functional_call` running the user's unmodified ``nn.Module`` on parameters
-that are *views* of θ. Taking the gradient with respect to a dict of views (then concatenating) was ~3× faster here
-than with respect to one flat vector sliced inside the model (DESIGN.md §8). :meth:`Problem.grads_loop` is the plain
-per-worker loop, kept for the tests that check both give the same gradients. Fully connected ReLU networks
-(``logreg``, ``mlp``) skip ``vmap``: their per-worker gradients are a few batched matrix products
-(:mod:`phalanx.training.linear_stack`, the same numbers, 1.2–1.4× faster at n ≤ 50); ``per_worker="vmap"`` forces
-``vmap``.
+that are *views* of θ (the gradient is taken with respect to a dict of views, then concatenated, which is faster
+than slicing one flat vector inside the model; docs/benchmarks.md). :meth:`Problem.grads_loop` is the plain
+per-worker loop, kept for the tests that check both give the same gradients. Fully connected ReLU networks under
+the default cross-entropy (``logreg``, ``mlp``) skip ``vmap``: their per-worker gradients are a few batched matrix
+products (:mod:`phalanx.training.linear_stack`, the same numbers); ``per_worker="vmap"`` forces ``vmap``.
+
+The loss is a parameter: ``loss(logits, y)`` returning the mean over the batch (default
+``torch.nn.functional.cross_entropy``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +24,9 @@ from torch.func import functional_call, grad, vmap
 
 from phalanx.errors import ConfigError
 from phalanx.training.linear_stack import LinearStack, blend_rows
+
+Loss = Callable[[Tensor, Tensor], Tensor]
+"""``loss(logits, y)``: a scalar, the mean over the batch's samples."""
 
 
 @dataclass(frozen=True)
@@ -58,14 +64,19 @@ class ParamLayout:
 class Problem:
     """A model and its loss, seen as a function of the flat parameter vector θ."""
 
-    def __init__(self, model: nn.Module, per_worker: str = "auto") -> None:
+    def __init__(self, model: nn.Module, per_worker: str = "auto", loss: Loss | None = None) -> None:
         if per_worker not in ("auto", "vmap"):
             raise ConfigError("per_worker", per_worker, "'auto' (explicit back-propagation where it applies) or 'vmap'")
+        if not isinstance(model, nn.Module):
+            raise ConfigError("model", type(model).__name__, "a torch.nn.Module")
+        if loss is not None and not callable(loss):
+            raise ConfigError("loss", loss, "a function loss(logits, y) -> scalar (the batch mean), or None")
         self.model = model
+        self.loss = loss
         self.layout = ParamLayout.of(model)
         self.buffers = dict(model.named_buffers())
-        # explicit back-propagation for fully connected ReLU stacks (None: vmap(grad) for every other model)
-        self.stack = LinearStack.of(model) if per_worker == "auto" else None
+        # explicit back-propagation for fully connected ReLU stacks under cross-entropy (None: vmap(grad))
+        self.stack = LinearStack.of(model) if per_worker == "auto" and loss is None else None
         self._offsets = dict(zip(self.layout.names, self.layout.offsets))
 
     @property
@@ -79,10 +90,10 @@ class Problem:
 
     def _loss(self, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
         logits = functional_call(self.model, (params, self.buffers), (x,))
-        return F.cross_entropy(logits, y)
+        return F.cross_entropy(logits, y) if self.loss is None else self.loss(logits, y)
 
     def grads(self, theta: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
-        """Per-worker gradients ``(W, d)`` of the mean cross-entropy on batches ``xb (W, B, ...)``, ``yb (W, B)``."""
+        """Per-worker gradients ``(W, d)`` of the mean loss on batches ``xb (W, B, ...)``, ``yb (W, B)``."""
         if self.stack is not None:
             out = torch.empty(xb.shape[0], self.dim, dtype=theta.dtype, device=theta.device)
             return self.accumulate_grads(theta, xb, yb, out, 1.0)
@@ -137,7 +148,10 @@ class Problem:
         correct, total_loss = 0, 0.0
         for s in range(0, x.shape[0], batch):
             logits = functional_call(self.model, (params, self.buffers), (x[s : s + batch],))
-            total_loss += float(F.cross_entropy(logits, y[s : s + batch], reduction="sum"))
+            if self.loss is None:
+                total_loss += float(F.cross_entropy(logits, y[s : s + batch], reduction="sum"))
+            else:
+                total_loss += float(self.loss(logits, y[s : s + batch])) * logits.shape[0]
             correct += int((logits.argmax(dim=1) == y[s : s + batch]).sum())
         n = max(1, x.shape[0])
         loss = total_loss / n

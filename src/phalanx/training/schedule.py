@@ -1,20 +1,42 @@
-"""Learning-rate schedules."""
+"""Learning-rate schedules: the server's step size ηₜ of round t."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
-from phalanx.training.config import RunConfig
+from phalanx.errors import ConfigError
+
+Kind = Literal["constant", "step", "cosine"]
 
 
-def learning_rate(cfg: RunConfig, t: int) -> float:
-    """Learning rate of round ``t`` (0-based).
+@dataclass(frozen=True)
+class LRSchedule:
+    """ηₜ for round ``t`` (0-based) of a run of ``rounds`` rounds.
 
     ``constant``: η₀. ``step``: η₀ / 10^⌊t / step_every⌋. ``cosine``: η₀ (1 + cos(π t / T)) / 2 over the T rounds
     (the schedule of Yang, Shi & Li, ICML 2025, §5).
     """
-    if cfg.schedule == "constant":
-        return cfg.lr
-    if cfg.schedule == "step":
-        return cfg.lr * 0.1 ** (t // cfg.step_every)
-    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * t / cfg.rounds))
+
+    lr: float = 0.1
+    kind: Kind = "constant"
+    rounds: int = 1
+    step_every: int = 100
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lr, bool) or not isinstance(self.lr, int | float) or not self.lr > 0:
+            raise ConfigError("lr", self.lr, "a number > 0")
+        if self.kind not in ("constant", "step", "cosine"):
+            raise ConfigError("schedule", self.kind, "'constant', 'step' or 'cosine'")
+        for name in ("rounds", "step_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(name, value, "an integer >= 1")
+
+    def __call__(self, t: int) -> float:
+        if self.kind == "constant":
+            return self.lr
+        if self.kind == "step":
+            return self.lr * 0.1 ** (t // self.step_every)
+        return self.lr * 0.5 * (1.0 + math.cos(math.pi * t / self.rounds))

@@ -9,9 +9,8 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators._rowops import mix_rows, row_norms
-from phalanx.aggregators.base import PreAggregator, as_compute_dtype, check_positive
+from phalanx.aggregators.base import PreAggregator, as_compute_dtype, check_positive, random_source
 from phalanx.aggregators.registry import register
-from phalanx.errors import ConfigError
 
 __all__ = ["Bucketing"]
 
@@ -61,11 +60,7 @@ class Bucketing(PreAggregator):
         return math.ceil(n / self.s)
 
     def _run(self, x: Tensor, **context: Any) -> tuple[Tensor, Tensor]:
-        gen = context.get("generator")
-        if gen is None:
-            gen = self._generator
-        elif not isinstance(gen, torch.Generator):
-            raise ConfigError("generator", type(gen).__name__, "a torch.Generator or None")
+        gen = random_source(context, self._generator)
         n = x.shape[0]
         k = self.output_rows(n)
         perm = torch.randperm(n, generator=gen, device=gen.device).cpu()

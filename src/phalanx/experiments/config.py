@@ -21,7 +21,9 @@ from pydantic import (
     model_validator,
 )
 
+from phalanx import aggregators, attacks, data, models
 from phalanx.errors import ConfigError
+from phalanx.training import optim
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,6 +38,9 @@ Backend = Literal["auto", "gloo", "nccl"]
 DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend")
 """Keys that only the ``torchrun`` engine reads. A simulated run's resolved config leaves them out, so that they
 change neither its results nor its run id / ``config.json`` (run directories written before they existed resume)."""
+LATER_KEYS = ("server_optimizer", "server_momentum", "server_weight_decay")
+"""Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
+that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
 RESULT_NEUTRAL_KEYS = ("download",)
 """Keys that change how a run gets its inputs, never its results: left out of a run's identity (its run id and the
 check that a run directory holds the same configuration), so setting them does not orphan finished runs."""
@@ -69,6 +74,11 @@ class RunConfig(BaseModel):
     momentum: float = Field(0.9, ge=0, lt=1, description="worker momentum β: mᵢ ← β mᵢ + (1 − β) gᵢ")
     weight_decay: float = Field(0.0, ge=0, description="L2 penalty added to every worker's gradient")
     schedule: Schedule = Field("constant", description="learning-rate schedule")
+    server_optimizer: str = Field("sgd", description="the server optimizer that applies the aggregate (sgd)")
+    server_momentum: float = Field(
+        0.0, ge=0, lt=1, description="server momentum μ: u ← μ u + Agg, θ ← θ − η u (0: plain θ ← θ − η Agg)",
+    )
+    server_weight_decay: float = Field(0.0, ge=0, description="L2 penalty λ the server adds to the aggregate")
     step_every: int = Field(100, ge=1, description="'step' schedule: divide lr by 10 every this many rounds")
     seed: int = Field(0, ge=0, description="the one seed; split into named streams")
     eval_every: int = Field(20, ge=1, description="evaluate every this many rounds (and at the end)")
@@ -96,6 +106,9 @@ class RunConfig(BaseModel):
         if self.engine == "simulated":
             for key in DISTRIBUTED_KEYS:
                 out.pop(key, None)
+        for key in LATER_KEYS:
+            if key in out and out[key] == type(self).model_fields[key].default:
+                out.pop(key)
         return out
 
     @model_validator(mode="after")
@@ -115,10 +128,6 @@ class RunConfig(BaseModel):
     def evaluates(self, t: int) -> bool:
         """Whether round ``t`` (counted from 0) ends with an evaluation: every ``eval_every`` rounds and the last."""
         return (t + 1) % self.eval_every == 0 or t + 1 == self.rounds
-
-    def checkpoints(self, done: int) -> bool:
-        """Whether a checkpoint is due once ``done`` rounds are finished: every ``checkpoint_every`` and at the end."""
-        return done % self.checkpoint_every == 0 or done == self.rounds
 
     def identity(self) -> dict[str, Any]:
         """The resolved config without the result-neutral keys: what names a run and what a resume must match."""
@@ -158,9 +167,7 @@ def make_config(data: dict[str, Any]) -> RunConfig:
 
 
 def check_names(cfg: RunConfig) -> None:
-    """Check the aggregator spec, attack, data set and model names, and the aggregator's requirement on n."""
-    from phalanx import aggregators, attacks, data, models
-
+    """Check the aggregator spec, attack, data set, model and optimizer names, and the aggregator's requirement on n."""
     rule = aggregators.make(cfg.aggregator, f=cfg.f)
     if cfg.workers < rule.min_workers():
         raise ConfigError(
@@ -174,6 +181,7 @@ def check_names(cfg: RunConfig) -> None:
         raise ConfigError("dataset", cfg.dataset, exc.allowed, exc.hint) from None
     if cfg.model not in models.names():
         raise ConfigError("model", cfg.model, "one of " + ", ".join(models.names()))
+    optim.make(cfg.server_optimizer, momentum=cfg.server_momentum, weight_decay=cfg.server_weight_decay)
 
 
 def parse_value(text: str) -> Any:

@@ -1,0 +1,274 @@
+"""Parameter-server topology: rank 0 aggregates and sends θ; workers that crash or go silent do not stop training.
+
+Transport: the c10d ``TCPStore`` (part of torch.distributed). It was chosen over gloo point-to-point by measurement
+(torch 2.13, gloo, 2 CPU processes): a receive that times out waiting for a sleeping peer raises
+"Application timeout caused pair closure" and the pair to that peer is unusable afterwards, so a silent worker would
+be lost for good; collectives block on a dead rank. The store lives in rank 0 (``phalanx launch``) or in torchrun's
+agent, so a dead worker only means keys that never appear.
+
+Rank 0 runs the training loop (:class:`~phalanx.training.loop.Loop`) over :class:`ParameterServer`, which is also
+worker 0; every other rank runs :class:`ParameterServerWorker`. Round t of the transport:
+
+1. publish ``s/t`` = θ_t; compute its own vector (worker 0);
+2. wait at most ``round_timeout`` for the vectors ``v/t/r`` of the computing workers (honest, and the Byzantine
+   workers of a data attack); workers that missed the previous round ("suspects") are not waited for, only picked up
+   if their vector is already there — a suspect is waited for again once its (late) vector of the previous round
+   has arrived, so a worker that was only slow rejoins;
+3. vector attacks: publish the honest vectors that arrived as ``h/t`` (the omniscient attacker's view, sent
+   explicitly), with the server's context for an adaptive attack (centre, reference gradient, the aggregator
+   stream's state), and wait at most ``round_timeout`` more for the Byzantine ranks' vectors;
+4. deliver what arrived; the loop's server aggregates m missing workers' round with the rule for f − m, or gives
+   the round up when m > f (a checkpoint of the state at the start of round t, then
+   :class:`~phalanx.errors.WorkersLostError`; :meth:`ParameterServer.close` tells the workers to stop).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import sys
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from phalanx.distributed import _test_hooks, wire
+from phalanx.errors import ConfigError
+from phalanx.training.server import BoundRule
+from phalanx.training.state import Received, RoundAborted, Snapshot
+from phalanx.training.transport import Transport
+
+if TYPE_CHECKING:
+    from phalanx.training.dsgd import OneWorker
+    from phalanx.training.experiment import Experiment
+
+JOIN_TIMEOUT_S = 120.0
+"""How long rank 0 waits for every worker to start (import, load data, build the model) before round 0; a worker
+not there by then is missing from round 0 on (and counts against f)."""
+
+
+def config_digest(identity: dict[str, Any]) -> str:
+    """A hash of the resolved config: every rank must run the same one."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def check_digest(init: dict[str, Any], digest: str, rank: int) -> None:
+    """Refuse to run a config other than rank 0's."""
+    if init["config"] != digest:
+        raise ConfigError(
+            "config", f"rank {rank}'s config", "the same resolved config on every rank (rank 0's differs)",
+            "start every rank with the same CONFIG and --set overrides",
+        )
+
+
+def collect(store: dist.Store, keys: dict[int, str], suspects: set[int], timeout: float) -> dict[int, bytes]:
+    """The values of ``keys`` (rank → key) present within ``timeout`` seconds.
+
+    Waits for the keys of ranks not in ``suspects``; suspects' keys are only taken if they are already there. When
+    everything waited for arrives in time (the normal round) this is one request — ``multi_get`` under a timeout
+    (every store request costs a round trip between processes); after a timeout, each key is checked and the present
+    ones are read.
+    """
+    waited = [r for r in keys if r not in suspects]
+    got: dict[int, bytes] = {}
+    if waited:
+        default = store.timeout  # type: ignore[attr-defined]  # (missing from the c10d stubs)
+        store.set_timeout(timedelta(seconds=timeout))
+        try:
+            got = dict(zip(waited, store.multi_get([keys[r] for r in waited])))
+        except dist.DistStoreError:
+            got = {}
+        finally:
+            store.set_timeout(default)
+    late = [r for r in keys if r not in got and store.check([keys[r]])]
+    if late:
+        got.update(zip(late, store.multi_get([keys[r] for r in late])))
+    return dict(sorted(got.items()))
+
+
+class Janitor:
+    """Removes the keys of rounds older than :data:`~phalanx.distributed.wire.KEEP_ROUNDS`, on its own connection
+    to the store, in a background thread: n + 2 requests per round that would otherwise sit on the round's critical
+    path.
+
+    ``v/`` and ``h/`` keys are deleted; ``s/<t>`` becomes the tombstone ``LAPSED`` (a worker that far behind gets an
+    answer at once, reads ``latest`` and skips ahead).
+    """
+
+    def __init__(self, store: dist.Store, n: int) -> None:
+        self.store = store.clone()  # type: ignore[attr-defined]  # a new connection (missing from the stubs)
+        self.n = n
+        self.rounds: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="phalanx-janitor", daemon=True)
+        self.thread.start()
+
+    def round_started(self, t: int) -> None:
+        """Round t began: the keys of round t − KEEP_ROUNDS may go."""
+        if t >= wire.KEEP_ROUNDS:
+            self.rounds.put(t - wire.KEEP_ROUNDS)
+
+    def _run(self) -> None:
+        while (old := self.rounds.get()) is not None:
+            try:
+                self.store.set(wire.key_server(old), wire.LAPSED)
+                for key in (wire.key_honest(old), *(wire.key_vector(old, r) for r in range(self.n))):
+                    self.store.delete_key(key)
+            except (dist.DistError, ConnectionError, RuntimeError):  # the store went away: the job is ending
+                return
+
+    def close(self) -> None:
+        """Finish the queued work and stop the thread."""
+        self.rounds.put(None)
+        self.thread.join(timeout=10.0)
+
+
+class ParameterServer(Transport):
+    """Rank 0's side of the parameter-server topology (see the module's docstring)."""
+
+    def __init__(self, store: dist.Store, digest: str, round_timeout: float, say: Callable[[str], None]) -> None:
+        self.store = store
+        self.digest = digest
+        self.timeout = round_timeout
+        self.round_timeout = round_timeout
+        self.say = say
+        self.janitor: Janitor | None = None
+        self.next_round = 0  # the round whose s/ key the workers read next (a stop message goes there)
+
+    def open(self, experiment: Experiment, start: Snapshot) -> Snapshot:
+        exp, store = experiment, self.store
+        self.exp = exp
+        n, h = exp.workers, exp.honest
+        state = start.state
+        self.next_round = state.round
+        wire.put(store, "init", wire.pack({
+            "config": self.digest, "round": state.round, "batches": start.streams["batches"],
+            "attack": start.streams["attack"], "momentum": state.momentum,
+        }))
+        wire.put(store, "latest", str(state.round))
+        self.me: OneWorker = exp.algorithm.one_worker(
+            exp, 0, start.streams, None if state.momentum is None else state.momentum[0],
+        )
+        self.me.warm_up()
+        joined = collect(store, {r: f"ready/{r}" for r in range(1, n)}, set(), JOIN_TIMEOUT_S)
+        self.suspects = set(range(1, n)) - set(joined)
+        if self.suspects:
+            self.say(f"ranks {sorted(self.suspects)} did not start within {JOIN_TIMEOUT_S:g} s; training without them")
+        self.vector_attack = self.me.vector_attack
+        self.attack_state = start.streams["attack"]
+        self.phase1 = list(range(1, self.me.computing))
+        self.phase2 = list(range(h, n)) if self.vector_attack else []
+        self.dim = exp.problem.dim
+        self.itemsize = state.theta.element_size()
+        self.janitor = Janitor(store, n)
+        return start
+
+    def streams(self) -> dict[str, Tensor]:
+        attack = self.attack_state if self.vector_attack else self.me.attack_gen.get_state()
+        return {"batches": self.me.batch_gen.get_state(), "attack": attack}
+
+    def exchange(self, theta: Tensor, t: int, rule: BoundRule) -> Received:
+        store, exp, n = self.store, self.exp, self.exp.workers
+        assert self.janitor is not None, "open() first"
+        _test_hooks.maybe_hold(t)
+        msg = wire.THETA + wire.tensor_bytes(theta)
+        wire.put_many(store, [wire.key_server(t), "latest"], [msg, str(t).encode()])
+        self.next_round = t + 1
+        self.janitor.round_started(t)
+        # a suspect whose vector of the previous round did arrive (late) is back in step: wait for it again
+        self.suspects = {r for r in self.suspects if not (t > 0 and store.check([wire.key_vector(t - 1, r)]))}
+        sent, received = len(msg) * (n - 1), 0
+        v0 = self.me.vector(theta)
+        assert v0 is not None
+        rows: dict[int, Tensor] = {0: v0.clone()}
+        got = collect(store, {r: wire.key_vector(t, r) for r in self.phase1}, self.suspects, self.timeout)
+        row_bytes = self.dim * self.itemsize
+        for r, data in got.items():
+            received += len(data)
+            if len(data) == row_bytes:  # anything else (only a Byzantine rank could send it) is dropped
+                rows[r] = wire.bytes_tensor(data, theta.dtype)
+        if self.vector_attack:
+            missing_honest = [r for r in range(exp.honest) if r not in rows]
+            if len(missing_honest) > exp.f:
+                wire.put(store, wire.key_honest(t), wire.STOP)
+                raise RoundAborted(missing_honest + self.phase2)
+            honest = torch.stack([rows[r] for r in range(exp.honest) if r in rows])
+            hmsg = wire.honest_message(honest, rule.payload())
+            wire.put(store, wire.key_honest(t), hmsg)
+            sent += len(hmsg) * len(self.phase2)
+            got = collect(store, {r: wire.key_vector(t, r) for r in self.phase2}, self.suspects, self.timeout)
+            for r, data in got.items():
+                received += len(data)
+                if len(data) >= row_bytes:
+                    rows[r] = wire.bytes_tensor(data[:row_bytes], theta.dtype)
+                    tail = data[row_bytes:]
+                    if len(tail) == self.attack_state.numel():
+                        self.attack_state = wire.bytes_tensor(tail, torch.uint8)
+        present = sorted(rows)
+        missing = [r for r in range(n) if r not in rows]
+        self.suspects = set(missing)
+        vectors = torch.stack([rows[r] for r in present])
+        return Received(vectors, present if missing else None, missing, sent, received)
+
+    def close(self, error: BaseException | None) -> None:
+        """Tell the workers to stop: the run is finished, or (``error``) it stopped early, with the reason."""
+        if self.janitor is not None:
+            self.janitor.close()
+        try:
+            reason = b"finished" if error is None else str(error).encode()
+            wire.put(self.store, wire.key_server(self.next_round), wire.STOP + reason)
+            wire.put(self.store, "latest", str(self.next_round))
+        except (dist.DistError, ConnectionError, RuntimeError):  # the store is gone: nobody is listening
+            pass
+
+
+class ParameterServerWorker:
+    """A worker rank of the parameter-server topology: send this rank's vector every round until told to stop."""
+
+    def __init__(self, experiment: Experiment, store: dist.Store, rank: int, digest: str) -> None:
+        self.exp = experiment
+        self.store = store
+        self.rank = rank
+        self.digest = digest
+
+    def run(self) -> None:
+        """Serve rounds until the server's stop message (or until the run's last round)."""
+        exp, store, rank = self.exp, self.store, self.rank
+        init: dict[str, Any] = wire.unpack(store.get("init"))
+        check_digest(init, self.digest, rank)
+        momentum = init["momentum"]
+        me = exp.algorithm.one_worker(exp, rank, {"batches": init["batches"], "attack": init["attack"]},
+                                      None if momentum is None else momentum[rank])
+        me.warm_up()
+        wire.put(store, f"ready/{rank}", b"1")
+        dtype = exp.problem.initial_theta().dtype
+        t = int(init["round"])
+        while t < exp.rounds:
+            # one request: wait for the server's message of round t, read it with the server's current round
+            latest_b, msg = store.multi_get(["latest", wire.key_server(t)])
+            latest = int(latest_b)
+            if latest > t or msg[:1] == wire.LAPSED:  # this rank fell behind (it slept, or was slow): catch up
+                print(f"[phalanx rank {rank}] behind: skipping rounds {t}…{latest - 1}", file=sys.stderr, flush=True)
+                for _ in range(t, min(latest, exp.rounds)):
+                    me.skip()
+                t = max(t, latest)
+                continue
+            if msg[:1] == wire.STOP:
+                return
+            theta = wire.bytes_tensor(msg[1:], dtype)
+            _test_hooks.maybe_sleep(rank, t)
+            v = me.vector(theta)
+            if v is not None:
+                wire.put(store, wire.key_vector(t, rank), wire.tensor_bytes(v))
+            else:
+                parsed = wire.parse_honest(store.get(wire.key_honest(t)), dtype, exp.problem.dim)
+                if parsed is not None:
+                    honest, payload = parsed
+                    v = me.attack_vector(honest, BoundRule.from_payload(exp.rule, payload), t)
+                    payload_bytes = wire.tensor_bytes(v) + wire.tensor_bytes(me.attack_gen.get_state())
+                    wire.put(store, wire.key_vector(t, rank), payload_bytes)
+            t += 1

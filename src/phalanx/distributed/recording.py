@@ -1,0 +1,102 @@
+"""What rank 0 records besides the run directory: ``distributed.json`` (per round: wall time, missing ranks, payload
+bytes) and its messages on stderr. Both are callbacks of the training loop; only rank 0 has them."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from phalanx.experiments.store import atomic_write_text
+from phalanx.training.loop import Callback, Loop, RoundInfo
+from phalanx.training.state import Snapshot
+
+
+@dataclass
+class RoundLog:
+    """What rank 0 saw of one round."""
+
+    round: int
+    seconds: float
+    missing: list[int]
+    sent: int
+    received: int
+
+
+class DistributedLog(Callback):
+    """``distributed.json`` in the run directory, written with every checkpoint (``checkpoint_every``), when the
+    run stops early and at the end; on resume, the rounds logged before the checkpoint are kept."""
+
+    def __init__(self, path: Path, topology: str, world_size: int, checkpoint_every: int, rounds: int) -> None:
+        self.path = path
+        self.topology = topology
+        self.world_size = world_size
+        self.every = checkpoint_every
+        self.rounds = rounds
+        self.log: list[RoundLog] = []
+
+    def on_start(self, loop: Loop) -> None:
+        if loop.resumed and self.path.exists():
+            logged = json.loads(self.path.read_text())["rounds"]
+            self.log = [RoundLog(**r) for r in logged if r["round"] < loop.state.round]
+
+    def on_round(self, loop: Loop, info: RoundInfo) -> None:
+        self.log.append(RoundLog(info.round, info.seconds, info.missing, info.sent, info.received))
+        done = loop.state.round
+        if done % self.every == 0 or done == self.rounds:
+            self.write()
+
+    def on_abort(self, loop: Loop, snapshot: Snapshot) -> str | None:
+        self.write()
+        return None
+
+    def on_finish(self, loop: Loop) -> None:
+        self.write()
+
+    def summary(self) -> dict[str, Any]:
+        """Median round time and mean bytes per round (over the logged rounds)."""
+        secs = [r.seconds for r in self.log]
+        return {
+            "topology": self.topology, "world_size": self.world_size, "rounds_logged": len(self.log),
+            "median_round_s": statistics.median(secs) if secs else None,
+            "bytes_sent_per_round": statistics.fmean(r.sent for r in self.log) if self.log else None,
+            "bytes_received_per_round": statistics.fmean(r.received for r in self.log) if self.log else None,
+            "rounds_with_missing": sum(1 for r in self.log if r.missing),
+        }
+
+    def write(self) -> None:
+        """Write ``distributed.json`` (atomically)."""
+        payload = {"summary": self.summary(), "rounds": [vars(r) for r in self.log]}
+        atomic_write_text(self.path, json.dumps(payload, indent=1))
+
+
+class RankLog(Callback):
+    """Rank 0's messages on stderr: resuming, evaluations, and whenever the set of missing ranks changes."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self.last_missing: list[int] = []
+
+    def say(self, text: str) -> None:
+        """One line on stderr, prefixed with the rank."""
+        if not self.quiet:
+            print(f"[phalanx rank 0] {text}", file=sys.stderr, flush=True)
+
+    def on_start(self, loop: Loop) -> None:
+        if loop.resumed:
+            self.say(f"resuming from the checkpoint of round {loop.state.round}")
+
+    def on_round(self, loop: Loop, info: RoundInfo) -> None:
+        missing = info.missing
+        if missing != self.last_missing:  # say it when the set of missing ranks changes, not every round
+            f = loop.experiment.f
+            self.say(f"round {info.round}: ranks {missing} missing; aggregating {info.aggregated} vectors with "
+                     f"f={f - len(missing)}" if missing else f"round {info.round}: every rank is back")
+            self.last_missing = missing
+        if info.row is not None:
+            row = info.row
+            self.say(f"round {loop.state.round}/{loop.experiment.rounds}: test accuracy {row['test_accuracy']:.3f}, "
+                     f"loss {row['test_loss']:.3f}" + (f", missing ranks {missing}" if missing else ""))

@@ -1,0 +1,54 @@
+"""The run directory as a callback of the training loop: checkpoints every ``checkpoint_every`` rounds and at the
+end, the final metrics and the ``DONE`` marker (formats: :mod:`phalanx.experiments.store`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from phalanx.data.base import Dataset
+from phalanx.experiments import store
+from phalanx.training.experiment import Experiment
+from phalanx.training.loop import Callback, Loop, RoundInfo
+from phalanx.training.state import Snapshot
+
+
+class RunDirectory(Callback):
+    """Writes one run's directory; :meth:`open` prepares it and returns the checkpoint to resume from, if any."""
+
+    def __init__(
+        self, path: Path, identity: dict[str, Any], *, seed: int, fingerprint: str, checkpoint_every: int,
+        rounds: int,
+    ) -> None:
+        self.path = Path(path)
+        self.identity = identity
+        self.seed = seed
+        self.fingerprint = fingerprint
+        self.every = checkpoint_every
+        self.rounds = rounds
+
+    @classmethod
+    def of(cls, path: Path, identity: dict[str, Any], exp: Experiment, checkpoint_every: int) -> RunDirectory:
+        """The run directory of ``exp`` (its seed, rounds and data set's fingerprint), named by ``identity``."""
+        fingerprint = exp.dataset.fingerprint() if isinstance(exp.dataset, Dataset) else ""
+        return cls(path, identity, seed=exp.seed, fingerprint=fingerprint, checkpoint_every=checkpoint_every,
+                   rounds=exp.rounds)
+
+    def open(self) -> Snapshot | None:
+        """Create the directory (or check that it holds the same configuration); the last checkpoint, if any."""
+        store.prepare_run_dir(self.path, self.identity, self.seed, self.fingerprint)
+        return store.load_checkpoint(self.path)
+
+    def checkpoints(self, done: int) -> bool:
+        """Whether a checkpoint is due once ``done`` rounds are finished: every ``checkpoint_every`` and at the end."""
+        return done % self.every == 0 or done == self.rounds
+
+    def on_round(self, loop: Loop, info: RoundInfo) -> None:
+        if self.checkpoints(loop.state.round):
+            store.save_checkpoint(self.path, loop.snapshot())
+
+    def on_abort(self, loop: Loop, snapshot: Snapshot) -> str | None:
+        return str(store.save_checkpoint(self.path, snapshot))
+
+    def on_finish(self, loop: Loop) -> None:
+        store.finish_run(self.path, loop.rows)

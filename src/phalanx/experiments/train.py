@@ -1,0 +1,47 @@
+"""``train``: one run in this process (every worker simulated), from a config or from an experiment built from
+objects, optionally into a run directory that a killed run resumes from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from phalanx.data.base import Dataset
+from phalanx.experiments.build import check_engine, from_config
+from phalanx.experiments.config import RunConfig
+from phalanx.experiments.rundir import RunDirectory
+from phalanx.training.experiment import Experiment
+from phalanx.training.loop import Callback, Evaluate, Loop, OnRound, Progress
+from phalanx.training.memory import tune_allocator
+
+
+def train(
+    run: RunConfig | Experiment, run_dir: str | Path | None = None, *, dataset: Dataset | None = None,
+    progress: Progress | None = None, callbacks: Sequence[Callback] = (), checkpoint_every: int | None = None,
+) -> list[dict[str, Any]]:
+    """Train one configuration (or experiment); return the metric rows (one per evaluated round).
+
+    With ``run_dir``, results and checkpoints are written there and an interrupted run resumes from its last
+    checkpoint (the random streams and the server optimizer's state are restored with it, so the resumed run
+    equals an uninterrupted one). ``progress(round, rounds, row_or_None)`` is called after every round;
+    ``callbacks`` run after the built-in ones. A config with ``engine = "torchrun"`` is started with ``phalanx
+    launch`` or torchrun instead.
+    """
+    tune_allocator()
+    if isinstance(run, RunConfig):
+        check_engine(run)
+        exp = from_config(run, dataset)
+        identity, every = run.identity(), run.checkpoint_every
+    else:
+        exp, identity, every = run, run.describe(), 100
+    cbs: list[Callback] = [Evaluate()]
+    start = None
+    if run_dir is not None:
+        rundir = RunDirectory.of(Path(run_dir), identity, exp, checkpoint_every or every)
+        start = rundir.open()
+        cbs.append(rundir)
+    if progress is not None:
+        cbs.append(OnRound(progress))
+    cbs.extend(callbacks)
+    return Loop(exp, None, cbs, start).run()

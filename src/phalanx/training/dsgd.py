@@ -1,0 +1,239 @@
+"""Distributed SGD with worker momentum — the round algorithm of Karimireddy, He & Jaggi (ICML 2021) and Allouah et
+al. (AISTATS 2023), as a worker side that every transport drives.
+
+Round t:
+
+1. every honest worker i draws a batch from its own shard and computes gᵢ = ∇ℓ(θ; batch) + λθ;
+2. it updates its momentum mᵢ ← β mᵢ + (1 − β) gᵢ (m₀ = g₀) and sends mᵢ;
+3. Byzantine workers send what their attack says: a vector attack sees the honest vectors of the round (omniscient)
+   and the server's rule bound to the server's context; a data attack (label flipping) makes the worker compute an
+   honest-looking momentum on poisoned batches;
+4. the server aggregates the n vectors and its optimizer steps θ (:mod:`phalanx.training.server`,
+   :mod:`phalanx.training.optim`).
+
+Byzantine workers are the last ``byzantine`` indices. The worker side exists in two shapes: :class:`AllWorkers` —
+all n workers in one process, one batched gradient call (the in-process transport) — and :class:`OneWorker` — the
+worker of one process of a distributed run. Both draw from the same shared streams in the same order, so worker r
+gets the same batch in either shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from phalanx.attacks.base import Attack, AttackContext, DataAttack
+from phalanx.errors import ConfigError
+from phalanx.training.problem import Problem
+from phalanx.training.shards import WorkerData, sample_batch_of, sample_batches
+from phalanx.training.streams import restored
+
+if TYPE_CHECKING:
+    from phalanx.training.experiment import Experiment
+
+
+@dataclass(frozen=True)
+class DSGD:
+    """Distributed SGD with worker momentum: ``batch_size`` samples per worker per round, momentum β, L2 penalty λ."""
+
+    batch_size: int = 32
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    name = "dsgd"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError("batch_size", self.batch_size, "an integer >= 1")
+        m = self.momentum
+        if isinstance(m, bool) or not isinstance(m, int | float) or not 0 <= m < 1:
+            raise ConfigError("momentum", m, "a number in [0, 1)")
+        wd = self.weight_decay
+        if isinstance(wd, bool) or not isinstance(wd, int | float) or not wd >= 0:
+            raise ConfigError("weight_decay", wd, "a number >= 0")
+
+    def all_workers(self, exp: Experiment, streams: dict[str, Tensor], momentum: Tensor | None) -> AllWorkers:
+        """The n workers of ``exp`` in this process, from the given stream states and momentum rows."""
+        return AllWorkers(self, exp, streams, momentum)
+
+    def one_worker(self, exp: Experiment, rank: int, streams: dict[str, Tensor], momentum: Tensor | None) -> OneWorker:
+        """Worker ``rank`` of ``exp`` alone (``momentum``: its own row, ``(d,)``, or None)."""
+        return OneWorker(self, exp, rank, streams, momentum)
+
+
+def computing_workers(attack: Attack | DataAttack, workers: int, byzantine: int) -> int:
+    """How many workers compute a gradient each round: the honest ones, plus the Byzantine ones of a data attack.
+
+    They are workers ``0 … computing−1``; the rows of a vector attack's Byzantine workers come from the attack.
+    """
+    return workers if isinstance(attack, DataAttack) else workers - byzantine
+
+
+def worker_batches(
+    data: WorkerData, attack: Attack | DataAttack, *, workers: int, byzantine: int, batch_size: int,
+    batch_gen: torch.Generator, attack_gen: torch.Generator,
+) -> tuple[Tensor, Tensor]:
+    """The batches of every computing worker of the round, ``(x (C, B, ...), y (C, B))``.
+
+    One draw of the ``batches`` stream for all ``C`` computing workers (:func:`sample_batches`); a data attack then
+    poisons the Byzantine workers' batches, one ``attack`` stream draw per Byzantine worker in index order.
+    """
+    honest_n = workers - byzantine
+    computing = computing_workers(attack, workers, byzantine)
+    xb, yb = sample_batches(data, computing, batch_size, batch_gen)
+    if isinstance(attack, DataAttack) and byzantine:
+        xs, ys = xb[honest_n:], yb[honest_n:]
+        xb_b, yb_b = [], []
+        for i in range(byzantine):
+            xi, yi = attack.transform(xs[i], ys[i], data.num_classes, attack_gen)
+            xb_b.append(xi)
+            yb_b.append(yi)
+        xb = torch.cat([xb[:honest_n], torch.stack(xb_b)])
+        yb = torch.cat([yb[:honest_n], torch.stack(yb_b)])
+    return xb, yb
+
+
+def local_momentum(
+    theta: Tensor, problem: Problem, xb: Tensor, yb: Tensor, rows: Tensor | None, *, momentum: float,
+    weight_decay: float,
+) -> Tensor:
+    """Gradients gᵢ = ∇ℓ(θ; batchᵢ) + λθ of the given workers and their momentum mᵢ ← β mᵢ + (1 − β) gᵢ.
+
+    ``rows`` holds those workers' momentum ``(W, d)`` and is updated in place (and returned); ``None`` in the first
+    round, where m₀ = g₀ (the gradients are returned).
+    """
+    if rows is None:
+        first = torch.empty(xb.shape[0], problem.dim, dtype=theta.dtype, device=theta.device)
+        return problem.accumulate_grads(theta, xb, yb, first, 1.0, weight_decay)
+    # m ← β m + (1 − β) g, fused with the gradient (no (W, d) matrix of flat gradients is built)
+    return problem.accumulate_grads(theta, xb, yb, rows, 1.0 - momentum, weight_decay)
+
+
+def byzantine_vectors(
+    attack: Attack, honest: Tensor, *, byzantine: int, f: int, rule: Callable[[Tensor], Tensor],
+    attack_gen: torch.Generator, round: int,
+) -> Tensor:
+    """The ``(byzantine, d)`` vectors of a vector attack, given the honest vectors it may see and the server's rule
+    (bound to the server's context)."""
+    ctx = AttackContext(
+        honest=honest, n_byzantine=byzantine, f=f, aggregator=rule, generator=attack_gen, round=round,
+    )
+    return attack(ctx)
+
+
+class _Workers:
+    """What both shapes share: the experiment's sizes and the two worker-side streams."""
+
+    def __init__(self, algo: DSGD, exp: Experiment, streams: dict[str, Tensor]) -> None:
+        self.algo = algo
+        self.exp = exp
+        self.n, self.b, self.f = exp.workers, exp.byzantine, exp.f
+        self.honest_n = self.n - self.b
+        self.computing = computing_workers(exp.attack, self.n, self.b)
+        self.vector_attack = self.b > 0 and not isinstance(exp.attack, DataAttack)
+        self.batch_gen = restored(streams["batches"])
+        self.attack_gen = restored(streams["attack"])
+
+    def streams(self) -> dict[str, Tensor]:
+        """The worker-side streams' states now."""
+        return {"batches": self.batch_gen.get_state(), "attack": self.attack_gen.get_state()}
+
+    def _attack(self, honest: Tensor, rule: Callable[[Tensor], Tensor], t: int) -> Tensor:
+        assert isinstance(self.exp.attack, Attack)
+        return byzantine_vectors(self.exp.attack, honest, byzantine=self.b, f=self.f, rule=rule,
+                                 attack_gen=self.attack_gen, round=t)
+
+
+class AllWorkers(_Workers):
+    """All n workers in one process: one batched gradient call per round, one ``(n, d)`` momentum buffer."""
+
+    def __init__(self, algo: DSGD, exp: Experiment, streams: dict[str, Tensor], momentum: Tensor | None) -> None:
+        super().__init__(algo, exp, streams)
+        self.buffer = momentum
+
+    def round(self, theta: Tensor, t: int, rule: Callable[[Tensor], Tensor]) -> Tensor:
+        """The n vectors of round t, ``(n, d)``: the momentum rows of the computing workers, then the vector
+        attack's rows. The buffer is updated in place and returned (the same tensor every round)."""
+        exp, algo = self.exp, self.algo
+        xb, yb = worker_batches(
+            exp.data, exp.attack, workers=self.n, byzantine=self.b, batch_size=algo.batch_size,
+            batch_gen=self.batch_gen, attack_gen=self.attack_gen,
+        )
+        if self.buffer is None:  # m₀ = g₀; one (n, d) buffer from now on, updated in place
+            g = local_momentum(theta, exp.problem, xb, yb, None, momentum=algo.momentum,
+                               weight_decay=algo.weight_decay)
+            self.buffer = torch.empty(self.n, g.shape[1], dtype=g.dtype, device=g.device)
+            self.buffer[: self.computing] = g
+        else:
+            local_momentum(theta, exp.problem, xb, yb, self.buffer[: self.computing], momentum=algo.momentum,
+                           weight_decay=algo.weight_decay)
+        m = self.buffer
+        if self.vector_attack:
+            m[self.honest_n :] = self._attack(m[: self.honest_n], rule, t)
+        return m
+
+
+class OneWorker(_Workers):
+    """Worker ``rank`` alone, as one process of a distributed run runs it.
+
+    It draws the round's batch positions for *all* computing workers from the shared ``batches`` stream and gathers
+    only its own row's samples, so its batch is the one :class:`AllWorkers` gives worker ``rank`` and every
+    process's stream stays in step. A Byzantine rank of a vector attack runs the attack on the honest vectors it is
+    sent and keeps its own row of the ``(b, d)`` output, as :class:`AllWorkers` would.
+    """
+
+    def __init__(
+        self, algo: DSGD, exp: Experiment, rank: int, streams: dict[str, Tensor], momentum: Tensor | None,
+    ) -> None:
+        super().__init__(algo, exp, streams)
+        self.rank = rank
+        self.is_byzantine = rank >= self.honest_n
+        self.sends_attack = self.is_byzantine and self.vector_attack
+        self.row = None if momentum is None else momentum.reshape(1, -1).clone()
+
+    def warm_up(self) -> None:
+        """One throw-away gradient call on one sample (no random stream is touched): the first ``torch.func`` call
+        of a process costs seconds of lazy set-up, which must not count against a round's timeout."""
+        data, problem = self.exp.data, self.exp.problem
+        problem.grads(problem.initial_theta(), data.x[:1][None], data.y[:1][None])
+
+    def _batch(self) -> tuple[Tensor, Tensor]:
+        """This rank's batch ``(x (1, B, ...), y (1, B))``; the shared streams advance as on every rank.
+
+        Under a data attack every rank builds all the batches (:func:`worker_batches`), so that the ``attack``
+        stream, drawn once per Byzantine worker in index order, stays in step; otherwise only this rank's samples
+        are gathered (:func:`sample_batch_of`).
+        """
+        exp = self.exp
+        if isinstance(exp.attack, DataAttack) and self.b:
+            xb, yb = worker_batches(
+                exp.data, exp.attack, workers=self.n, byzantine=self.b, batch_size=self.algo.batch_size,
+                batch_gen=self.batch_gen, attack_gen=self.attack_gen,
+            )
+            row = min(self.rank, xb.shape[0] - 1)  # a vector-attack rank has no row; it only draws
+            return xb[row : row + 1], yb[row : row + 1]
+        return sample_batch_of(exp.data, self.computing, self.algo.batch_size, self.batch_gen,
+                               min(self.rank, self.computing - 1))
+
+    def vector(self, theta: Tensor) -> Tensor | None:
+        """Draw this round's batch; an honest (or data-attack) rank returns its new momentum ``(d,)``, a vector-attack
+        Byzantine rank None (it computes nothing, but draws, to stay in step)."""
+        xb, yb = self._batch()
+        if self.rank >= self.computing:
+            return None
+        self.row = local_momentum(theta, self.exp.problem, xb, yb, self.row, momentum=self.algo.momentum,
+                                  weight_decay=self.algo.weight_decay)
+        return self.row[0]
+
+    def attack_vector(self, honest: Tensor, rule: Callable[[Tensor], Tensor], t: int) -> Tensor:
+        """This Byzantine rank's vector of round t: its row of the attack's output on the honest vectors."""
+        return self._attack(honest, rule, t)[self.rank - self.honest_n]
+
+    def skip(self) -> None:
+        """A round this rank missed: draw its batch (the shared streams stay in step), compute nothing."""
+        self._batch()
+
+

@@ -1,0 +1,158 @@
+"""An experiment, built from objects: model and loss, data and its split, rule, attack, round algorithm, server
+optimizer, schedule. A TOML config is one way to build it (``phalanx.experiments.from_config``, the only place
+where names become objects); the Python API builds it directly::
+
+    from phalanx import aggregators, attacks, data, models
+    from phalanx.training import Experiment, run
+
+    ds = data.load("digits")
+    exp = Experiment(
+        model=models.make("mlp", ds.input_shape, ds.num_classes), dataset=ds, workers=10, byzantine=2,
+        rule=aggregators.make("cwtm", f=2), attack=attacks.make("alie"), rounds=100,
+    )
+    rows = run(exp)      # one metric row per evaluated round
+
+``workers`` is n, ``byzantine`` how many of them actually attack (the last indices), and ``rule.f`` what the rule
+is configured to tolerate — three separate numbers (Yang, Shi & Li, ICML 2025, measure the gap between the last
+two).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from phalanx.aggregators.base import Aggregator
+from phalanx.attacks.base import Attack, DataAttack
+from phalanx.attacks.none import NoAttack
+from phalanx.data.partition import partition
+from phalanx.errors import ConfigError
+from phalanx.training.dsgd import DSGD
+from phalanx.training.optim import SGD, ServerOptimizer
+from phalanx.training.problem import Loss, Problem
+from phalanx.training.schedule import LRSchedule
+from phalanx.training.shards import WorkerData
+from phalanx.training.streams import generator, stream_seed
+
+ROOT_SAMPLES = 100
+"""Size of the server's trusted root set for rules that need a reference gradient (FLTrust: Cao et al., NDSS
+2021, use 100 root samples)."""
+
+
+class TrainTest(Protocol):
+    """What an experiment needs of a data set (``phalanx.data.Dataset`` has it)."""
+
+    train_x: Tensor
+    train_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+    num_classes: int
+
+
+@dataclass(eq=False)
+class Experiment:
+    """One training run, as objects.
+
+    Attributes
+    ----------
+    model: the ``nn.Module`` to train (or a :class:`~phalanx.training.problem.Problem` already wrapping one).
+    dataset: training and test tensors (``train_x``, ``train_y``, ``test_x``, ``test_y``, ``num_classes``).
+    rule: the server's aggregator (``rule.f`` is the f it tolerates).
+    workers: n, all workers. byzantine: how many actually attack (the last indices).
+    attack: what they do (default: nothing — they send honest rows).
+    rounds: training rounds (server steps). algorithm: the round (default :class:`~phalanx.training.dsgd.DSGD`).
+    optimizer: the server optimizer (default plain SGD). lr: a learning rate, a schedule or any ``t ↦ ηₜ``.
+    shards: each worker's sample indices (default: an IID split drawn from the ``partition`` stream).
+    loss: ``loss(logits, y)``, mean over the batch (default cross-entropy). seed: the run's one seed.
+    eval_every: measure and evaluate every this many rounds (and after the last).
+    rule_for: builds the rule for another f (when workers go missing); default ``rule.with_f``.
+    columns: values repeated on every metric row (a config's keys).
+    """
+
+    model: nn.Module | Problem
+    dataset: TrainTest
+    rule: Aggregator
+    workers: int
+    byzantine: int = 0
+    attack: Attack | DataAttack = field(default_factory=NoAttack)
+    rounds: int = 100
+    algorithm: DSGD = field(default_factory=DSGD)
+    optimizer: ServerOptimizer = field(default_factory=SGD)
+    lr: float | Callable[[int], float] = 0.1
+    shards: list[Tensor] | None = None
+    loss: Loss | None = None
+    seed: int = 0
+    eval_every: int = 20
+    rule_for: Callable[[int], Aggregator] | None = None
+    columns: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("workers", "rounds", "eval_every"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("byzantine", self.byzantine, 0)
+        _check_int("seed", self.seed, 0)
+        n = self.workers
+        if self.byzantine >= n:
+            raise ConfigError("byzantine", self.byzantine, f"< workers = {n} (at least one honest worker)")
+        if not callable(self.rule) or not hasattr(self.rule, "f"):
+            raise ConfigError("rule", self.rule, "an aggregator (phalanx.aggregators.make(...))")
+        if 2 * self.rule.f >= n:
+            raise ConfigError("f", self.rule.f, f"< workers/2 = {n / 2} (f ≥ n/2 is beyond any robust rule)")
+        if n < self.rule.min_workers():
+            raise ConfigError("workers", n, f">= {self.rule.min_workers()} for {self.rule!r} ({self.rule.requirement})")
+        self.problem = self.model if isinstance(self.model, Problem) else Problem(self.model, loss=self.loss)
+        ds = self.dataset
+        if self.shards is None:
+            self.shards = partition(ds.train_y, n, "iid", seed=stream_seed(self.seed, "partition") % (2**31))
+        if len(self.shards) != n:
+            raise ConfigError("shards", f"{len(self.shards)} shards", f"one per worker ({n})")
+        self.data = WorkerData(ds.train_x, ds.train_y, list(self.shards), ds.num_classes)
+        if isinstance(self.lr, int | float) and not isinstance(self.lr, bool):
+            self.lr = LRSchedule(float(self.lr), "constant", self.rounds)
+        if not callable(self.lr):
+            raise ConfigError("lr", self.lr, "a number > 0, an LRSchedule or a function of the round")
+        self.reference_batch = self._root_batch() if "reference" in self.rule.context_keys else None
+
+    @property
+    def f(self) -> int:
+        """The number of Byzantine workers the rule is configured to tolerate."""
+        return int(self.rule.f)
+
+    @property
+    def honest(self) -> int:
+        """The number of honest workers, ``workers − byzantine``."""
+        return self.workers - self.byzantine
+
+    def learning_rate(self, t: int) -> float:
+        """ηₜ of round t."""
+        assert callable(self.lr)
+        return float(self.lr(t))
+
+    def evaluates(self, t: int) -> bool:
+        """Whether round ``t`` (counted from 0) ends with an evaluation: every ``eval_every`` rounds and the last."""
+        return (t + 1) % self.eval_every == 0 or t + 1 == self.rounds
+
+    def _root_batch(self) -> tuple[Tensor, Tensor]:
+        """The server's trusted root samples (FLTrust), drawn once from the ``server`` stream."""
+        ds = self.dataset
+        g = generator(self.seed, "server")
+        idx = torch.randperm(ds.train_y.numel(), generator=g)[: min(ROOT_SAMPLES, ds.train_y.numel())]
+        return ds.train_x[idx], ds.train_y[idx]
+
+    def describe(self) -> dict[str, Any]:
+        """What the run is, as JSON-friendly values (the identity of a run directory built from objects)."""
+        return {
+            "model": type(self.problem.model).__name__, "parameters": self.problem.dim, "rule": repr(self.rule),
+            "attack": repr(self.attack), "workers": self.workers, "byzantine": self.byzantine, "f": self.f,
+            "rounds": self.rounds, "algorithm": repr(self.algorithm), "optimizer": repr(self.optimizer),
+            "lr": repr(self.lr), "seed": self.seed, "eval_every": self.eval_every, **self.columns,
+        }
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(name, value, f"an integer >= {low}")

@@ -1,0 +1,235 @@
+"""The training loop — the one loop every engine and topology runs.
+
+Round t (any algorithm, any transport)::
+
+    context  = server.context(θ, previous)               # centre, reference gradient, generator
+    received = transport.exchange(θ, t, rule ∘ context)  # the workers' vectors (attack included)
+    a        = server.aggregate(received, context)       # the robust rule (for f − m if m workers are missing)
+    θ        = optimizer.step(θ, a, ηₜ)                  # the server optimizer
+
+Everything else — evaluation, metric rows, checkpoints, progress, logs — is a :class:`Callback`; the loop itself
+reads and writes no file. A run starts from a :class:`~phalanx.training.state.Snapshot` (fresh, or resumed from a
+checkpoint by a run-directory callback's owner) and the transport may replace it (a process that holds no run
+directory receives its start from the one that does). When the transport or the server gives a round up
+(:class:`~phalanx.training.state.RoundAborted`), the callbacks are handed the snapshot of the start of that round
+(to checkpoint it) and :class:`~phalanx.errors.WorkersLostError` is raised.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from torch import Tensor
+
+from phalanx.errors import WorkersLostError
+from phalanx.training.experiment import Experiment
+from phalanx.training.server import BoundRule, RoundResult, Server
+from phalanx.training.state import Received, RoundAborted, RoundState, Snapshot
+from phalanx.training.streams import ROUND_STREAMS, generator
+from phalanx.training.transport import InProcess, Transport
+
+Progress = Callable[[int, int, "dict[str, Any] | None"], None]
+"""``progress(round, rounds, row_or_None)``, called after every round."""
+
+
+@dataclass
+class RoundInfo:
+    """What one round did, for the callbacks: its index, whether it was measured, its learning rate and
+    measurements, the missing workers, payload bytes moved, wall time (transport + aggregation + step), and the
+    metric row once an evaluation callback has made one."""
+
+    round: int
+    measure: bool
+    lr: float
+    result: RoundResult | None
+    aggregated: int
+    missing: list[int] = field(default_factory=list)
+    sent: int = 0
+    received: int = 0
+    seconds: float = 0.0
+    row: dict[str, Any] | None = None
+
+
+class Callback:
+    """Hooks the loop calls; every method is optional. ``loop.state`` is the state after the round,
+    ``loop.rows`` the metric rows, ``loop.snapshot()`` what a checkpoint would hold now."""
+
+    def on_start(self, loop: Loop) -> None:
+        """The run is about to start its first round (``loop.resumed`` says whether it resumed)."""
+
+    def on_round(self, loop: Loop, info: RoundInfo) -> None:
+        """Round ``info.round`` is finished."""
+
+    def on_abort(self, loop: Loop, snapshot: Snapshot) -> str | None:
+        """The run stops at the start of round ``snapshot.state.round``; return a checkpoint's path if one is
+        written."""
+        return None
+
+    def on_finish(self, loop: Loop) -> None:
+        """Every round is done."""
+
+
+class Evaluate(Callback):
+    """Test accuracy and loss of θ (and the round's measurements) as a metric row: at round 0 and at every round the
+    experiment measures. The rows carry the experiment's ``columns``."""
+
+    def on_start(self, loop: Loop) -> None:
+        if loop.state.round == 0:
+            loop.rows[:] = [self.row(loop, None)]
+
+    def on_round(self, loop: Loop, info: RoundInfo) -> None:
+        if info.measure:
+            info.row = self.row(loop, info.result)
+            loop.rows.append(info.row)
+
+    @staticmethod
+    def row(loop: Loop, result: RoundResult | None) -> dict[str, Any]:
+        """One metric row of the current state."""
+        exp = loop.experiment
+        acc, loss = exp.problem.evaluate(loop.state.theta, exp.dataset.test_x, exp.dataset.test_y)
+        row: dict[str, Any] = {
+            "round": loop.state.round, "test_accuracy": acc, "test_loss": loss,
+            "agg_error": result.agg_error if result is not None else None,
+            "byz_share": result.byz_share if result is not None else None,
+            "detection_auc": result.detection_auc if result is not None else None,
+        }
+        row.update(exp.columns)
+        return row
+
+
+class OnRound(Callback):
+    """Calls ``fn(round, rounds, row_or_None)`` after every round (a progress bar, a queue to a parent process)."""
+
+    def __init__(self, fn: Progress) -> None:
+        self.fn = fn
+
+    def on_round(self, loop: Loop, info: RoundInfo) -> None:
+        self.fn(loop.state.round, loop.experiment.rounds, info.row)
+
+
+def fresh_start(exp: Experiment) -> Snapshot:
+    """Round 0: θ₀ from the model, the per-round streams seeded from the experiment's seed."""
+    state = RoundState(theta=exp.problem.initial_theta(), momentum=None, previous=None, round=0)
+    streams = {name: generator(exp.seed, name).get_state() for name in ROUND_STREAMS}
+    return Snapshot(state, streams)
+
+
+class Loop:
+    """Runs an experiment's rounds over a transport, calling the callbacks (see the module's docstring)."""
+
+    def __init__(
+        self, experiment: Experiment, transport: Transport | None = None, callbacks: Sequence[Callback] = (),
+        start: Snapshot | None = None,
+    ) -> None:
+        self.experiment = experiment
+        self.transport = transport if transport is not None else InProcess()
+        self.callbacks = list(callbacks)
+        self.start = start
+        self.server = Server(
+            experiment.rule, honest=experiment.honest, problem=experiment.problem,
+            reference_batch=experiment.reference_batch, generator=generator(experiment.seed, "aggregator"),
+            rule_for=experiment.rule_for,
+        )
+        self.state = RoundState(experiment.problem.initial_theta(), None, None, 0)
+        self.rows: list[dict[str, Any]] = []
+        self.resumed = False
+        self._opened = False
+
+    def open(self) -> None:
+        """Start the transport from the start snapshot (fresh unless given); call ``on_start``."""
+        exp = self.experiment
+        start = self.start if self.start is not None else fresh_start(exp)
+        start = self.transport.open(exp, start)
+        self.state, self.rows, self.resumed = start.state, list(start.rows), start.resumed
+        if "aggregator" in start.streams:
+            self.server.generator.set_state(start.streams["aggregator"])
+        exp.optimizer.load_state_dict({k: v.to(self.state.theta) for k, v in start.optimizer.items()})
+        self._opened = True
+        for cb in self.callbacks:
+            cb.on_start(self)
+
+    def snapshot(self) -> Snapshot:
+        """What a checkpoint of the current state holds."""
+        streams = {**self.transport.streams(), "aggregator": self.server.generator.get_state()}
+        return Snapshot(self.state, streams, self.experiment.optimizer.state_dict(), list(self.rows), self.resumed)
+
+    def step(self) -> RoundInfo:
+        """Run round ``state.round``; return what it did (after the callbacks saw it)."""
+        if not self._opened:
+            self.open()
+        exp, state = self.experiment, self.state
+        t = state.round
+        measure = exp.evaluates(t)
+        lr = exp.learning_rate(t)
+        t0 = time.perf_counter()
+        context = self.server.context(state.theta, state.previous)
+        streams = self.transport.streams()  # the worker side's streams at the start of the round (for an abort)
+        try:
+            got = self.transport.exchange(state.theta, t, BoundRule(exp.rule, context))
+            agg, result = self.server.aggregate(got, context, measure)
+        except RoundAborted as exc:
+            self._abort(exc, streams)
+        theta = exp.optimizer.step(state.theta, agg, lr)
+        self.state = RoundState(theta=theta, momentum=self._rows(got), previous=agg, round=t + 1)
+        info = RoundInfo(t, measure, lr, result, got.vectors.shape[0], got.missing, got.sent, got.received,
+                         time.perf_counter() - t0)
+        for cb in self.callbacks:
+            cb.on_round(self, info)
+        return info
+
+    def run(self) -> list[dict[str, Any]]:
+        """Every remaining round, then ``on_finish``; the metric rows."""
+        error: BaseException | None = None
+        try:
+            if not self._opened:
+                self.open()
+            while self.state.round < self.experiment.rounds:
+                self.step()
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self.transport.close(error)
+        for cb in self.callbacks:
+            cb.on_finish(self)
+        return self.rows
+
+    def _rows(self, got: Received) -> Tensor:
+        """Every worker's last vector, ``(n, d)``: the received matrix itself when all n arrived in order, else the
+        previous matrix with the received rows written in."""
+        if got.rows is None:
+            return got.vectors
+        rows = self.state.momentum
+        if rows is None:
+            rows = got.vectors.new_zeros(self.experiment.workers, got.vectors.shape[1])
+        rows[got.rows] = got.vectors
+        return rows
+
+    def _abort(self, exc: RoundAborted, streams: dict[str, Tensor]) -> NoReturn:
+        """Hand the snapshot of the start of this round to the callbacks, then raise :class:`WorkersLostError`."""
+        t = self.state.round
+        snap = self.snapshot()
+        snap.streams.update(streams)
+        snap.rows = [r for r in snap.rows if r["round"] <= t]
+        path = None
+        for cb in self.callbacks:
+            path = cb.on_abort(self, snap) or path
+        raise WorkersLostError(t, exc.missing, self.experiment.f, self.transport.round_timeout or 0.0, path,
+                               exc.detail) from None
+
+
+def run(
+    experiment: Experiment, transport: Transport | None = None, callbacks: Sequence[Callback] | None = None,
+    start: Snapshot | None = None,
+) -> list[dict[str, Any]]:
+    """Train ``experiment`` over ``transport`` (default: every worker in this process); the metric rows.
+
+    ``callbacks`` default to ``[Evaluate()]`` (a metric row at round 0 and at every evaluation round).
+    """
+    cbs = [Evaluate()] if callbacks is None else list(callbacks)
+    return Loop(experiment, transport, cbs, start).run()
+
+

@@ -1,0 +1,128 @@
+"""Server optimizers: how the server turns the round's aggregate into a step of the model.
+
+The aggregate ``a_t = Agg(v_1, …, v_n)`` is a (robust) estimate of the gradient — or, in federated rounds, of the
+negative model update — and the server optimizer applies it: ``θ_{t+1} = step(θ_t, a_t, η_t)``. An optimizer
+holds its own state (momentum buffers), exposed as ``state_dict()`` / ``load_state_dict()`` so that checkpoints
+hold it and a resumed run continues exactly.
+
+Optimizers are registered by name (:func:`make`, :func:`names`); a user's own is any object with ``step``,
+``state_dict`` and ``load_state_dict`` (subclassing :class:`ServerOptimizer` adds validation and ``params``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from torch import Tensor
+
+from phalanx.errors import ConfigError
+
+__all__ = ["SGD", "ServerOptimizer", "make", "names"]
+
+
+class ServerOptimizer(ABC):
+    """``θ_{t+1} = step(θ_t, a_t, η_t)`` with state that checkpoints hold."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def step(self, theta: Tensor, direction: Tensor, lr: float) -> Tensor:
+        """The new parameters (a new tensor; ``theta`` is not modified) after stepping along ``direction``."""
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The optimizer's state as named tensors (empty when it has none)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Restore a state saved by :meth:`state_dict` (an empty dict: the fresh state)."""
+        if state:
+            raise ConfigError("optimizer state", sorted(state), f"no state ({self.name} keeps none)")
+
+    def params(self) -> dict[str, Any]:
+        """The configuration (constructor arguments), for logs and manifests."""
+        return {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(" + ", ".join(f"{k}={v!r}" for k, v in self.params().items()) + ")"
+
+
+def _check_fraction(name: str, value: Any, *, high_open: bool) -> float:
+    ok = not isinstance(value, bool) and isinstance(value, int | float) and value == value
+    if not ok or value < 0 or value > 1 or (high_open and value == 1):
+        raise ConfigError(name, value, "a number in [0, 1)" if high_open else "a number in [0, 1]")
+    return float(value)
+
+
+class SGD(ServerOptimizer):
+    r"""Stochastic gradient descent with optional server momentum and weight decay.
+
+    .. math:: d_t = a_t + \lambda\theta_t,\qquad u_t = \mu u_{t-1} + d_t\ (u_0 = d_0),\qquad
+              \theta_{t+1} = \theta_t - \eta_t\,(d_t + \mu u_t \text{ if Nesterov else } u_t)
+
+    — PyTorch's ``torch.optim.SGD`` convention (no dampening). With μ = λ = 0 it is the plain step
+    :math:`\theta_{t+1} = \theta_t - \eta_t a_t` of distributed SGD. Server momentum over aggregated updates is
+    FedAvgM (Hsu, Qi & Brown, "Measuring the effects of non-identical data distribution for federated visual
+    classification", arXiv:1909.06335, 2019, §4); over aggregated gradients it is the server-side momentum that
+    Karimireddy, He & Jaggi (ICML 2021, §4) contrast with worker momentum.
+    """
+
+    name: ClassVar[str] = "sgd"
+
+    def __init__(self, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False) -> None:
+        self.momentum = _check_fraction("server_momentum", momentum, high_open=True)
+        if isinstance(weight_decay, bool) or not isinstance(weight_decay, int | float) or not weight_decay >= 0:
+            raise ConfigError("server_weight_decay", weight_decay, "a number >= 0")
+        self.weight_decay = float(weight_decay)
+        if not isinstance(nesterov, bool):
+            raise ConfigError("nesterov", nesterov, "true or false")
+        if nesterov and self.momentum == 0:
+            raise ConfigError("nesterov", nesterov, "false when server_momentum = 0 (Nesterov needs momentum)")
+        self.nesterov = nesterov
+        self.buffer: Tensor | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {"momentum": self.momentum, "weight_decay": self.weight_decay, "nesterov": self.nesterov}
+
+    def step(self, theta: Tensor, direction: Tensor, lr: float) -> Tensor:
+        d = direction + self.weight_decay * theta if self.weight_decay else direction
+        if self.momentum:
+            if self.buffer is None:
+                self.buffer = d.detach().clone()
+            else:
+                self.buffer.mul_(self.momentum).add_(d)
+            d = d + self.momentum * self.buffer if self.nesterov else self.buffer
+        return theta - lr * d
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {} if self.buffer is None else {"momentum_buffer": self.buffer.clone()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        unknown = set(state) - {"momentum_buffer"}
+        if unknown:
+            raise ConfigError("optimizer state", sorted(unknown), "momentum_buffer only (SGD)")
+        buf = state.get("momentum_buffer")
+        self.buffer = None if buf is None else buf.clone()
+
+
+_OPTIMIZERS: dict[str, type[ServerOptimizer]] = {SGD.name: SGD}
+
+
+def names() -> list[str]:
+    """Names :func:`make` accepts."""
+    return sorted(_OPTIMIZERS)
+
+
+def make(name: str, **params: Any) -> ServerOptimizer:
+    """Build a server optimizer by name (``"sgd"``) with its parameters."""
+    if name not in _OPTIMIZERS:
+        close = difflib.get_close_matches(str(name), names(), n=3)
+        raise ConfigError("server_optimizer", name, "one of " + ", ".join(names()),
+                          f"did you mean {', '.join(close)}?" if close else None)
+    return _OPTIMIZERS[name](**params)
+
+
+def restore(optimizer: ServerOptimizer, state: dict[str, Tensor], like: Tensor) -> None:
+    """Load ``state`` into ``optimizer`` with every tensor on ``like``'s device and dtype."""
+    optimizer.load_state_dict({k: v.to(device=like.device, dtype=like.dtype) for k, v in state.items()})

@@ -1,0 +1,168 @@
+"""The server's side of a round: its per-call context, the rule as an attacker sees it, aggregation with the
+round's measurements, and the rule it falls back to when workers are missing.
+
+Context (what a rule gets besides the vectors, ``rule(x, **context)``): centered clipping's centre — the previous
+aggregate (Karimireddy, He & Jaggi, ICML 2021, Eq. 3); FLTrust's reference gradient — the gradient at θ of the
+server's small trusted root set (Cao et al., NDSS 2021, Alg. 1); a stochastic rule's generator — the run's
+``aggregator`` stream, whose state checkpoints hold. An adaptive attack calls the rule *bound to that same context*
+(:class:`BoundRule`), so it optimises against what the server will really compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from phalanx.aggregators.base import Aggregator
+from phalanx.analysis.epsilon import aggregation_error
+from phalanx.errors import PhalanxError
+from phalanx.training.problem import Problem
+from phalanx.training.state import Received, RoundAborted
+from phalanx.training.streams import restored
+
+
+@dataclass
+class RoundResult:
+    """What one round measured (only at evaluation rounds: it costs the rule's contributions).
+
+    ``agg_error``: ‖Agg − honest mean‖² / honest spread, the price of robustness in this round (Yang, Shi & Li,
+    ICML 2025, Def. 3.1); ``byz_share``: the share of the output that came from Byzantine rows; ``detection_auc``:
+    P(a random honest row got a larger share than a random Byzantine one).
+    """
+
+    agg_error: float
+    byz_share: float
+    detection_auc: float | None
+
+
+def detection_auc(contrib: Tensor, byzantine: Tensor) -> float | None:
+    """P(a random honest worker got a larger share than a random Byzantine one); ties count ½. None if undefined."""
+    honest_c = contrib[~byzantine]
+    byz_c = contrib[byzantine]
+    if honest_c.numel() == 0 or byz_c.numel() == 0:
+        return None
+    diff = honest_c[:, None] - byz_c[None, :]
+    return float(((diff > 0).double() + 0.5 * (diff == 0).double()).mean())
+
+
+class BoundRule:
+    """The server's rule with the server's context of one round: ``bound(x) = rule(x, **context)``.
+
+    A stochastic rule's generator is not shared: every call starts from a copy of the server stream's state at the
+    start of the round, so an attacker that calls the rule many times sees the draws the server will make and does
+    not move the server's stream.
+    """
+
+    def __init__(self, rule: Callable[..., Tensor], context: dict[str, Any]) -> None:
+        self.rule = rule
+        self.context = {k: v for k, v in context.items() if k != "generator"}
+        gen = context.get("generator")
+        self.generator_state: Tensor | None = None if gen is None else gen.get_state()
+
+    def __call__(self, x: Tensor) -> Tensor:
+        context = dict(self.context)
+        if self.generator_state is not None:
+            context["generator"] = restored(self.generator_state)
+        return self.rule(x, **context)
+
+    def payload(self) -> dict[str, Tensor]:
+        """The context as tensors, for an attacker in another process (:meth:`from_payload` rebuilds it)."""
+        out = {k: v for k, v in self.context.items() if isinstance(v, Tensor)}
+        if self.generator_state is not None:
+            out["generator"] = self.generator_state
+        return out
+
+    @classmethod
+    def from_payload(cls, rule: Callable[..., Tensor], payload: dict[str, Tensor]) -> BoundRule:
+        """The bound rule of another process, from its :meth:`payload`."""
+        context: dict[str, Any] = {k: v for k, v in payload.items() if k != "generator"}
+        if "generator" in payload:
+            context["generator"] = restored(payload["generator"])
+        return cls(rule, context)
+
+
+class Server:
+    """Aggregates a round's vectors with the configured rule (or the one for f − m when m workers are missing).
+
+    ``honest`` is the number of honest workers (they are workers ``0 … honest − 1``; the rest are Byzantine), used
+    for the measurements. ``rule_for(f')`` builds the rule configured for ``f'`` (default: the rule's own
+    :meth:`~phalanx.aggregators.base.Aggregator.with_f`).
+    """
+
+    def __init__(
+        self, rule: Aggregator, *, honest: int, problem: Problem, reference_batch: tuple[Tensor, Tensor] | None,
+        generator: torch.Generator, rule_for: Callable[[int], Aggregator] | None = None,
+    ) -> None:
+        self.rule = rule
+        self.f = rule.f
+        self.honest = honest
+        self.problem = problem
+        self.reference_batch = reference_batch
+        self.generator = generator
+        self._rule_for = rule_for
+        self._rules: dict[int, Aggregator] = {self.f: rule}
+        keys = rule.context_keys
+        self._center = "center" in keys
+        self._reference = "reference" in keys
+        self._generator = "generator" in keys
+
+    def context(self, theta: Tensor, previous: Tensor | None) -> dict[str, Any]:
+        """The rule's context of the round at θ (centre, reference gradient, generator — what the rule accepts)."""
+        context: dict[str, Any] = {}
+        if self._center and previous is not None:
+            context["center"] = previous
+        if self._reference:
+            if self.reference_batch is None:
+                raise PhalanxError(f"{self.rule.name} needs the server's root batch (a reference gradient)")
+            x, y = self.reference_batch
+            context["reference"] = self.problem.grads(theta, x[None], y[None])[0]
+        if self._generator:
+            context["generator"] = self.generator
+        return context
+
+    def rule_for_missing(self, missing: int, received: int) -> Aggregator:
+        """The rule for ``missing`` absent workers: configured for f − m (each missing worker is one the adversary
+        could have controlled, so at most f − m of the received vectors are Byzantine and n − m > 2(f − m) still
+        holds); :class:`RoundAborted` when m > f or the rule is not defined on what arrived."""
+        f_eff = self.f - missing
+        if f_eff < 0:
+            raise RoundAborted([], "")
+        if f_eff not in self._rules:
+            try:
+                self._rules[f_eff] = self._rule_for(f_eff) if self._rule_for else self.rule.with_f(f_eff)
+            except PhalanxError as exc:
+                raise RoundAborted([], f"aggregator {self.rule.name!r} with f={f_eff}: {exc}") from None
+        rule = self._rules[f_eff]
+        if received < rule.min_workers():
+            raise RoundAborted(
+                [], f"aggregator {self.rule.name!r} with f={f_eff} needs {rule.min_workers()} vectors, got {received}",
+            )
+        return rule
+
+    def aggregate(
+        self, got: Received, context: dict[str, Any], measure: bool,
+    ) -> tuple[Tensor, RoundResult | None]:
+        """``Agg`` of the received vectors and (with ``measure``) the round's measurements."""
+        vectors = got.vectors
+        rule = self.rule
+        if got.missing:
+            try:
+                rule = self.rule_for_missing(len(got.missing), vectors.shape[0])
+            except RoundAborted as exc:
+                raise RoundAborted(got.missing, exc.detail) from None
+        if not measure:
+            return rule(vectors, **context), None
+        agg, contrib = rule.aggregate(vectors, **context)
+        rows = torch.arange(vectors.shape[0]) if got.rows is None else torch.tensor(got.rows)
+        is_byz = rows >= self.honest
+        any_byz = bool(is_byz.any())
+        result = RoundResult(
+            agg_error=aggregation_error(agg, vectors[~is_byz.to(vectors.device)] if any_byz else vectors),
+            byz_share=float(contrib[is_byz.to(contrib.device)].sum()) if any_byz else 0.0,
+            detection_auc=detection_auc(contrib.cpu(), is_byz),
+        )
+        return agg, result

@@ -1,0 +1,67 @@
+"""What a run carries from round to round, what a round's transport delivers, and how a round is given up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+
+@dataclass
+class RoundState:
+    """The model and the server's view of the workers after ``round`` rounds.
+
+    ``momentum`` holds every worker's last vector, ``(n, d)`` — for distributed SGD with worker momentum, the
+    workers' momentum rows, then the Byzantine rows sent last; ``None`` before the first round. The in-process
+    transport updates it in place (one buffer for the whole run): a state must not be used after the next round.
+    ``previous`` is the last aggregate (the centre of centered clipping).
+    """
+
+    theta: Tensor
+    momentum: Tensor | None
+    previous: Tensor | None
+    round: int = 0
+
+
+@dataclass
+class Snapshot:
+    """Everything a run needs to go on from the end of a round: what a checkpoint holds.
+
+    ``streams`` are the states of the per-round random streams (``batches``, ``attack``, ``aggregator``),
+    ``optimizer`` the server optimizer's ``state_dict()``, ``rows`` the metric rows so far, ``resumed`` whether it
+    was read back from a checkpoint.
+    """
+
+    state: RoundState
+    streams: dict[str, Tensor]
+    optimizer: dict[str, Tensor] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    resumed: bool = False
+
+
+@dataclass
+class Received:
+    """The vectors one round delivered to the aggregation.
+
+    ``vectors`` is ``(m, d)``; ``rows`` names the worker of each row (``None``: all n workers in index order, the
+    normal round); ``missing`` the workers whose vector did not arrive. ``sent`` / ``received`` count the payload
+    bytes the aggregating process moved (0 in process).
+    """
+
+    vectors: Tensor
+    rows: list[int] | None = None
+    missing: list[int] = field(default_factory=list)
+    sent: int = 0
+    received: int = 0
+
+
+class RoundAborted(Exception):
+    """A round cannot be completed (too many workers missing, a collective failed): the loop checkpoints the state
+    at the start of the round and raises :class:`~phalanx.errors.WorkersLostError`. ``missing``: the workers whose
+    vectors did not arrive; ``detail``: why, in words."""
+
+    def __init__(self, missing: list[int], detail: str = "") -> None:
+        super().__init__(detail)
+        self.missing = missing
+        self.detail = detail

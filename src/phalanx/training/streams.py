@@ -1,0 +1,45 @@
+"""Named random streams: the run's one seed split into independent generators.
+
+Changing one part of a run (the attack, the rule) must not change another's randomness (the data split, the initial
+model), so every consumer draws from its own stream, seeded from the run's seed and the stream's name:
+
+==============  =====================================================================================
+``partition``   how the training samples are split between workers (once)
+``init``        the model's initial weights (once)
+``server``      the server's trusted root samples (FLTrust's reference batch; once)
+``batches``     every worker's batch positions, every round (worker side)
+``attack``      the Byzantine workers' draws (noise, poisoned labels), every round (worker side)
+``aggregator``  a stochastic rule's draws (bucketing's permutation, DnC's / SignGuard's coordinates), every round
+                (server side)
+==============  =====================================================================================
+
+The per-round streams' states go into every checkpoint, so a resumed run draws exactly what an uninterrupted one
+would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+ROUND_STREAMS = ("batches", "attack", "aggregator")
+"""The streams drawn from every round, whose states a checkpoint holds (:func:`phalanx.training.loop.fresh_start`)."""
+
+
+def stream_seed(seed: int, stream: str) -> int:
+    """A 63-bit seed for a named random stream, derived from the run's seed (SHA-256 of ``phalanx:<seed>:<name>``)."""
+    digest = hashlib.sha256(f"phalanx:{seed}:{stream}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def generator(seed: int, stream: str) -> torch.Generator:
+    """A CPU generator for one named stream."""
+    return torch.Generator().manual_seed(stream_seed(seed, stream))
+
+
+def restored(state: torch.Tensor) -> torch.Generator:
+    """A CPU generator set to a saved state (``torch.Generator.get_state()``)."""
+    gen = torch.Generator()
+    gen.set_state(state)
+    return gen
