@@ -36,9 +36,12 @@ BASE: dict[str, Any] = {
 
 
 def write_toml(path: Path, data: dict[str, Any]) -> Path:
-    lines = []
-    for k, v in data.items():
-        lines.append(f"{k} = {json.dumps(v)}")
+    def value(v: Any) -> str:  # JSON scalars and lists are TOML; tables are written inline
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + "}"
+        return json.dumps(v)
+
+    lines = [f"{k} = {value(v)}" for k, v in data.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -187,6 +190,21 @@ def test_launch_matches_simulated_with_a_byzantine_rank(tmp_path: Path) -> None:
     log = dist_log(d)
     assert [r["missing"] for r in log] == [[]] * data["rounds"]
     assert all(r["received"] > 0 and r["sent"] > 0 for r in log)
+
+
+@pytest.mark.parametrize("topology", ["server", "serverless"])
+def test_adaptive_attack_gets_the_servers_context_on_every_topology(topology: str, tmp_path: Path) -> None:
+    """A Byzantine rank running the optimal attack against bucketing + centered clipping calls the rule with the
+    server's centre and the server's aggregator stream (sent with the honest vectors, or every rank's own in the
+    serverless topology): the run equals the simulated one, random streams included."""
+    data = {**BASE, "workers": 5, "aggregator": "bucketing(s=2)>cc", "attack": "optimal",
+            "attack_params": {"evaluations": 4}, "topology": topology, "engine": "torchrun", "round_timeout": 20.0}
+    code, err = run_job(data, tmp_path / "dist", tmp_path)
+    assert code == 0, err[-3000:]
+    d = run_dir(tmp_path / "dist")
+    sim = simulated(data, tmp_path / "sim")
+    assert_same_run(d, sim, tmp_path / "sim")
+    assert torch.equal(load_file(str(d / "checkpoint.safetensors"))["rng.aggregator"], sim["rng.aggregator"])
 
 
 def test_serverless_matches_simulated(tmp_path: Path) -> None:
