@@ -9,6 +9,7 @@ from torch import Tensor
 
 from phalanx.aggregators._numerics import pairwise_sqdist
 from phalanx.aggregators.base import Aggregator, as_compute_dtype
+from phalanx.aggregators.coordinatewise import coordinate_window_mean
 from phalanx.aggregators.krum import krum_scores
 from phalanx.aggregators.registry import register
 
@@ -96,8 +97,6 @@ class Bulyan(Aggregator):
         return 4 * self.f + 3
 
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
-        from phalanx.aggregators.coordinatewise import coordinate_window_mean
-
         n = x.shape[0]
         theta = n - 2 * self.f
         xc = as_compute_dtype(x)

@@ -14,10 +14,12 @@ Keyword arguments of :func:`make` go to the final rule; ``name__param=value`` se
 from __future__ import annotations
 
 import difflib
+import inspect
 import re
 from typing import Any, TypeVar
 
 from phalanx.aggregators.base import Aggregator, PreAggregator, _Component, check_f
+from phalanx.aggregators.chain import Chain
 from phalanx.errors import ConfigError
 
 _RULES: dict[str, type[Aggregator]] = {}
@@ -113,8 +115,6 @@ def _construct(cls: type[_Component], f: int, params: dict[str, Any]) -> Any:
     try:
         return cls(f=own_f, **params)
     except TypeError as exc:
-        import inspect
-
         accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "f")]
         bad = sorted(set(params) - set(accepted))
         raise ConfigError(
@@ -134,8 +134,6 @@ def make(spec: str, f: int, **params: Any) -> Aggregator:
 
     Returns an :class:`~phalanx.aggregators.base.Aggregator`; calling it on an ``(n, d)`` float tensor gives ``(d,)``.
     """
-    from phalanx.aggregators.chain import Chain
-
     check_f(f)
     items = parse_spec(spec)
     for name, _ in items:

@@ -14,11 +14,24 @@ Exit status: 0 done (workers also exit 0 when the server tells them to stop), 2 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
+import torch.distributed as dist
+
+from phalanx.distributed.env import RankEnv, open_store
+from phalanx.distributed.parameter_server import ParameterServer, ParameterServerWorker, config_digest
+from phalanx.distributed.recording import DistributedLog, RankLog
+from phalanx.distributed.serverless import AllGather
 from phalanx.errors import ConfigError, PhalanxError, WorkersLostError
-from phalanx.experiments.config import RunConfig
+from phalanx.experiments import grid
+from phalanx.experiments.build import from_config
+from phalanx.experiments.config import RunConfig, load_grid
+from phalanx.experiments.rundir import RunDirectory
+from phalanx.training.loop import Callback, Evaluate, Loop
+from phalanx.training.memory import tune_allocator
+from phalanx.training.transport import Transport
 
 WORKER_WAIT_S = 3600.0
 """How long a worker waits for the server's next message (θ or stop) before giving up."""
@@ -29,9 +42,6 @@ def resolve_config(config: str | None, overrides: list[str], point: int | None =
 
     A config with list-valued keys is a grid; ``point`` picks one of its runs (``phalanx launch`` runs them in turn).
     """
-    from phalanx.experiments import grid
-    from phalanx.experiments.config import load_grid
-
     data = load_grid(config, [*overrides, "engine='torchrun'"])
     cfgs = grid.configs(data)
     if point is None:
@@ -52,17 +62,6 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
     Rank 0 (and, in the serverless topology, every rank) runs the training loop over the topology's transport;
     the other ranks of the parameter-server topology serve the server's rounds.
     """
-    from phalanx.distributed.env import RankEnv, open_store
-    from phalanx.distributed.parameter_server import ParameterServer, ParameterServerWorker, config_digest
-    from phalanx.distributed.recording import DistributedLog, RankLog
-    from phalanx.distributed.serverless import AllGather
-    from phalanx.experiments import grid
-    from phalanx.experiments.build import from_config
-    from phalanx.experiments.rundir import RunDirectory
-    from phalanx.training.loop import Callback, Evaluate, Loop
-    from phalanx.training.memory import tune_allocator
-    from phalanx.training.transport import Transport
-
     renv = RankEnv.from_environ()
     if renv.world_size != cfg.workers:
         raise ConfigError(
@@ -107,8 +106,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rank = "?"
     try:
-        import os
-
         rank = os.environ.get("RANK", "?")
         cfg = resolve_config(args.config, args.overrides, args.point)
         run_rank(cfg, None if args.no_out else args.out)
@@ -119,8 +116,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[phalanx rank {rank}] error: {exc}", file=sys.stderr, flush=True)
         return 2
     except Exception as exc:
-        import torch.distributed as dist
-
         if rank != "0" and isinstance(exc, dist.DistError | ConnectionError):
             print(f"[phalanx rank {rank}] the server went away ({str(exc)[:160]}); stopping", file=sys.stderr,
                   flush=True)

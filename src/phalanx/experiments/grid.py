@@ -7,6 +7,7 @@ import itertools
 import json
 from typing import Any
 
+from phalanx.errors import ConfigError
 from phalanx.experiments.config import RunConfig, make_config
 
 # Keys whose values are lists by nature (never expanded).
@@ -20,8 +21,6 @@ def expand(data: dict[str, Any]) -> list[dict[str, Any]]:
         return [dict(data)]
     for k in keys:
         if not data[k]:
-            from phalanx.errors import ConfigError
-
             raise ConfigError(k, [], "a non-empty list (each value is one point of the grid)")
     out = []
     for combo in itertools.product(*(data[k] for k in keys)):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from phalanx.errors import ConfigError
 from phalanx.experiments import store
 
 SETTING_KEYS = ("aggregator", "f", "attack", "byzantine", "partition", "alpha", "dataset", "model", "workers")
@@ -14,8 +16,6 @@ SETTING_KEYS = ("aggregator", "f", "attack", "byzantine", "partition", "alpha", 
 
 def save_figure(fig: Any, path: Path, dpi: int = 100) -> Path:
     """Write a matplotlib figure as PNG atomically (a reader never sees half a file) and close it."""
-    import io
-
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
@@ -161,8 +161,6 @@ def write_report(root: Path, out: Path | None = None) -> dict[str, Any]:
     out = out or root
     rows = collect(root)
     if not rows:
-        from phalanx.errors import ConfigError
-
         raise ConfigError("DIR", str(root), "a directory holding run directories (config.json + metrics.jsonl)")
     summary = summarize(rows)
     keys = varying(summary)

@@ -17,9 +17,11 @@ from typing import Any
 
 import torch
 
+from phalanx import data
 from phalanx.experiments import store
-from phalanx.experiments.config import RunConfig
+from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.grid import run_id
+from phalanx.experiments.train import train
 
 RoundCallback = Callable[[RunConfig, int, int], None]
 DoneCallback = Callable[[RunConfig, str], None]
@@ -31,8 +33,6 @@ _DATASETS: dict[tuple[str, str | None], Any] = {}
 
 def dataset_for(cfg: RunConfig) -> Any:
     """The configuration's data set, loaded once per process (the last two kept)."""
-    from phalanx import data
-
     key = (data.canonical(cfg.dataset), cfg.data_root)
     if key not in _DATASETS:
         while len(_DATASETS) >= 2:
@@ -42,9 +42,6 @@ def dataset_for(cfg: RunConfig) -> Any:
 
 
 def _run_one(cfg_json: dict[str, Any], run_dir: str, threads: int, rounds_queue: Any = None) -> str:
-    from phalanx.experiments.config import make_config
-    from phalanx.experiments.train import train
-
     torch.set_num_threads(threads)
     cfg = make_config(cfg_json)
     progress = None
@@ -60,8 +57,6 @@ def run_grid(
     on_done: DoneCallback | None = None,
 ) -> list[Path]:
     """Run every configuration into ``out/<run_id>``; return the run directories (in the order of ``cfgs``)."""
-    from phalanx.experiments.train import train
-
     out.mkdir(parents=True, exist_ok=True)
     dirs = [out / run_id(c) for c in cfgs]
     seen: set[Path] = set()  # the same configuration twice in a grid is one run (one directory, one process)

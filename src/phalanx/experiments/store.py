@@ -22,9 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from phalanx import __version__
 from phalanx.errors import ConfigError
+from phalanx.experiments.config import RESULT_NEUTRAL_KEYS
 from phalanx.training.state import RoundState, Snapshot
 
 
@@ -54,8 +57,6 @@ def prepare_run_dir(out: Path, identity: dict[str, Any], seed: int, data_fingerp
     ``identity`` is what names the run (a config's :meth:`~phalanx.experiments.config.RunConfig.identity`); the
     resolved configuration is written as ``config.json``, with a manifest of versions, seed and data fingerprint.
     """
-    from phalanx.experiments.config import RESULT_NEUTRAL_KEYS
-
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.json"
     if cfg_path.exists():
@@ -69,8 +70,6 @@ def prepare_run_dir(out: Path, identity: dict[str, Any], seed: int, data_fingerp
             )
         return
     atomic_write_text(cfg_path, json.dumps(identity, indent=2, sort_keys=True))
-    from phalanx import __version__
-
     manifest = {
         "phalanx": __version__, "torch": torch.__version__, "python": platform.python_version(),
         "platform": platform.platform(), "seed": seed, "data_fingerprint": data_fingerprint,
@@ -113,8 +112,6 @@ def load_checkpoint(out: Path) -> Snapshot | None:
     ckpt = out / "checkpoint.safetensors"
     if not ckpt.exists():
         return None
-    from safetensors import safe_open
-
     with safe_open(str(ckpt), framework="pt") as fh:
         meta = fh.metadata()
     tensors = load_file(str(ckpt))

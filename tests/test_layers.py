@@ -1,0 +1,115 @@
+"""The package's layers, checked on its import graph (every import, including those inside functions).
+
+Data flows one way — data → workers → (attack) → aggregation → server optimizer → model — and so do imports: the
+numeric core (aggregators, attacks, models, data, analysis, training) imports no run-directory, engine or CLI code,
+and nothing in it writes files except a data set's download into its cache. docs/design.md gives the same table.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "phalanx"
+
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "aggregators": {"errors"},
+    "attacks": {"aggregators", "errors"},
+    "data": {"errors"},
+    "models": {"errors"},
+    "analysis": {"aggregators", "errors"},
+    "training": {"aggregators", "attacks", "data", "models", "analysis", "errors"},
+    "experiments": {"training", "aggregators", "attacks", "data", "models", "analysis", "errors", "__init__"},
+    "distributed": {"experiments", "training", "aggregators", "attacks", "data", "models", "errors"},
+    "cli": {"distributed", "experiments", "training", "aggregators", "attacks", "data", "models", "analysis",
+            "errors", "__init__"},
+    "__init__": {"errors"},
+}
+"""What each subpackage (or top-level module) may import from the others."""
+
+NUMERIC = ("aggregators", "attacks", "models", "data", "analysis", "training")
+WRITES = ("write_text", "write_bytes", "save_file", "mkdir", "unlink", "rmtree")
+OS_WRITES = ("replace", "rename", "remove", "makedirs")
+
+
+def _package(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return parts[0]
+
+
+def _imported(tree: ast.AST) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "phalanx":
+            parts = node.module.split(".")
+            if len(parts) > 1:
+                out.add(parts[1])
+            else:  # from phalanx import x: x is a subpackage, or a name of phalanx/__init__.py
+                out |= {a.name if (SRC / a.name).is_dir() or (SRC / f"{a.name}.py").exists() else "__init__"
+                        for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("phalanx.")}
+    return out
+
+
+def graph() -> dict[str, dict[str, set[str]]]:
+    """package → imported package → the modules that import it."""
+    edges: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for f in sorted(SRC.rglob("*.py")):
+        pkg = _package(f)
+        for target in _imported(ast.parse(f.read_text())) - {pkg}:
+            edges[pkg][target].add(str(f.relative_to(SRC)))
+    return edges
+
+
+def test_every_subpackage_imports_only_the_layers_below_it() -> None:
+    bad = {(pkg, target, tuple(sorted(mods))) for pkg, deps in graph().items() for target, mods in deps.items()
+           if target not in ALLOWED.get(pkg, set())}
+    assert not bad, f"imports across layers: {sorted(bad)}"
+
+
+def test_no_import_cycle_between_subpackages() -> None:
+    edges = {pkg: set(deps) for pkg, deps in graph().items()}
+    seen: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        if seen.get(node) == 1:
+            raise AssertionError("import cycle: " + " → ".join([*path, node]))
+        if seen.get(node) == 2:
+            return
+        seen[node] = 1
+        for nxt in edges.get(node, ()):
+            visit(nxt, [*path, node])
+        seen[node] = 2
+
+    for pkg in edges:
+        visit(pkg, [])
+
+
+@pytest.mark.parametrize("package", NUMERIC)
+def test_the_numeric_core_writes_no_files(package: str) -> None:
+    """No file-writing call in the numeric packages, except a data set's download (``data/download.py``)."""
+    found = []
+    for f in sorted((SRC / package).rglob("*.py")):
+        if f.name == "download.py":
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Call):
+                fn = node.func
+                name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+                mode = node.args[1] if name == "open" and len(node.args) > 1 else None
+                writes_open = isinstance(mode, ast.Constant) and any(c in str(mode.value) for c in "wax+")
+                os_call = isinstance(fn, ast.Attribute) and getattr(fn.value, "id", "") == "os" and name in OS_WRITES
+                if name in WRITES or os_call or writes_open or name == "save":
+                    found.append(f"{f.relative_to(SRC)}:{node.lineno} {name}")
+    assert not found, found
+
+
+def test_the_graph_sees_imports_inside_functions() -> None:
+    """The checker itself: an import inside a function counts (the layers would otherwise hide there)."""
+    tree = ast.parse("def f():\n    from phalanx.experiments import store\n")
+    assert _imported(tree) == {"experiments"}
