@@ -73,7 +73,8 @@ TARGET_FROM_N = 50
 BIG_N_BUDGET_S = 60.0
 """ByzFL and the loop run at n = 1000 when (1 warm-up + 2 timed rounds) are extrapolated to take at most this."""
 DESIGN_BYZFL = {10: 0.013, 50: 0.10, 200: 0.49}
-"""ByzFL's DSGD round in DESIGN.md §8 (same setting, 2 threads), seconds."""
+"""ByzFL's DSGD round as first measured on the development machine before Phalanx existed (same setting, 2 threads),
+seconds: docs/benchmarks.md, "Peers measured before Phalanx"."""
 
 IMPLS = ("byzfl", "loop", "vmap", "phalanx")
 HIDDEN = 100
@@ -785,7 +786,7 @@ def notes(recs: list[dict[str, Any]], rows: list[dict[str, Any]], args: argparse
             "and --profile N for where the time goes."
         )
     design = ", ".join(f"n={n}: {t} s" for n, t in DESIGN_BYZFL.items())
-    out.append(f"Reference: DESIGN.md §8 measured ByzFL's round at 2 threads as {design}.")
+    out.append(f"Reference: ByzFL's round at 2 threads was first measured as {design} (docs/benchmarks.md).")
     load = "; ".join(
         f"{t} thr: {envs[t]['load_start']:.1f} → {ends.get(t, {}).get('load_end', float('nan')):.1f}"
         for t in sorted(envs)

@@ -19,9 +19,9 @@ __all__ = [
 def column_mean(x: Tensor) -> Tensor:
     """The mean of the rows of ``x (n, d)``, shape ``(d,)``: ``(1/n)·1ᵀX`` as one BLAS matrix-vector product.
 
-    One streaming pass over X: 2–5× faster here than ``x.mean(dim=0)``'s strided column reduction on (n, d) inputs
-    (0.49 vs 2.4 ms at n = 45, d = 79,510; 14 vs 28 ms at n = 50, d = 10⁶), the same sum up to rounding and the same
-    NaN / Inf propagation. Other dtypes than float32 / float64 use ``mean(dim=0)``.
+    One streaming pass over X instead of ``x.mean(dim=0)``'s strided column reduction (timings:
+    docs/benchmarks.md), the same sum up to rounding and the same NaN / Inf propagation. Other dtypes than
+    float32 / float64 use ``mean(dim=0)``.
     """
     if x.dtype not in (torch.float32, torch.float64):
         return x.mean(dim=0)

@@ -3,7 +3,7 @@
 A *rule* maps a stacked float tensor ``x`` of shape ``(n, d)`` (one row per worker) to one vector of shape ``(d,)``.
 A *pre-aggregator* maps ``(n, d)`` to ``(n', d)`` and can be put in front of any rule (``"nnm>cwtm"``).
 
-Conventions shared by every component (DESIGN.md §6):
+Conventions shared by every component (docs/design.md, "Conventions"):
 
 * ``f`` is the number of Byzantine rows the component is *configured* to tolerate. How many rows actually attack is
   not known to it.

@@ -4,7 +4,7 @@ A *vector attack* is the Byzantine workers' strategy in one round: given what th
 round, the server's rule, the configured ``f``), it returns the ``b`` vectors they send. A *data attack* changes a
 Byzantine worker's batch; the worker then computes an honest-looking gradient on it.
 
-Conventions (DESIGN.md §6):
+Conventions (docs/design.md, "Conventions"):
 
 * ``n_byzantine`` (``b``) is how many workers actually attack; ``f`` is what the server's aggregator is *configured*
   to tolerate. They are different numbers and both are in the context.

@@ -70,14 +70,12 @@ class Infinity(Attack):
 
 @register
 class NotANumber(Attack):
-    r"""NaN: every coordinate of every Byzantine vector is NaN.
-
-    Measured on the peers (DESIGN.md §8): one NaN row makes ByzFL's Median, Krum, GeometricMedian,
-    CenteredClipping and Meamed, and Flower's median and Krum, return NaN.
+    r"""NaN: every coordinate of every Byzantine vector is NaN — a crashed or buggy worker, or one that tests
+    whether the server's rule survives garbage (which rules of other libraries do not: docs/benchmarks.md).
     """
 
     name: ClassVar[str] = "nan"
-    reference: ClassVar[str] = "garbage-value Byzantine worker (NaN everywhere); DESIGN.md section 8"
+    reference: ClassVar[str] = "garbage-value Byzantine worker (NaN everywhere)"
     threat: ClassVar[str] = "none needed"
 
     def _run(self, ctx: AttackContext) -> Tensor:

@@ -13,9 +13,8 @@ at 0 is 0, as in autograd). This is the per-example-gradient construction of Goo
 gradient computations", arXiv:1510.01799, 2015) applied per worker instead of per example.
 
 Compared with ``vmap(grad(...))`` (which computes the same numbers), it skips functorch's batching rules and the
-per-worker copies of the activations' gradients: on the 784-100-10 MLP with batch 32, the gradient-and-momentum
-step of a round at n = 50 takes 12–14 ms on one core instead of 16–17 ms; from n = 200 on, both are bound by the
-same matrix products and take the same time (docs/benchmarks.md). Any other model — convolutions, normalisation
+per-worker copies of the activations' gradients; with many workers both are bound by the same matrix products
+(measured in docs/benchmarks.md, "Training rounds"). Any other model — convolutions, normalisation
 layers, other activations — goes through ``vmap``; :meth:`LinearStack.of` decides.
 """
 
@@ -96,7 +95,7 @@ class LinearStack:
             blend_rows(out, offsets[layer.weight], grad_w, wt, weight, weight_decay)
             if layer.bias is not None:
                 blend_rows(out, offsets[layer.bias], d3.sum(dim=1), params[layer.bias], weight, weight_decay)
-            if k > 0:  # ReLU's backward, fused (3× faster here than multiplying by a boolean mask)
+            if k > 0:  # ReLU's backward, fused (cheaper than multiplying by a boolean mask)
                 delta = torch.ops.aten.threshold_backward(delta @ wt, inputs[k], 0)
         return out
 

@@ -117,7 +117,7 @@ class Problem:
         params = {k: v.detach() for k, v in self.layout.views(theta).items()}
         if self.stack is not None:
             return self.stack.accumulate(params, self._offsets, xb, yb, out, weight, weight_decay)
-        if xb.shape[0] == 1:  # one worker (a torchrun rank): plain autograd, ~3× cheaper than vmap(grad) for one row
+        if xb.shape[0] == 1:  # one worker (a torchrun rank): plain autograd, cheaper than vmap(grad) for one row
             per_worker = {k: g[None] for k, g in self._autograd_grads(theta, xb[0], yb[0]).items()}
         else:
             per_worker = vmap(grad(self._loss), in_dims=(None, 0, 0))(params, xb, yb)
