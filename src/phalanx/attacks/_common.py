@@ -95,12 +95,17 @@ def coordinate_std(x: Tensor) -> Tensor:
     """Coordinate-wise sample standard deviation of the rows (divisor ``h − 1``), shape ``(d,)``.
 
     The sample (unbiased-variance) form is the one ByzFL and Shejwalkar & Houmansadr's code use
-    (``torch.std``). With a single row it is defined as 0 (there is no spread to hide in).
+    (``torch.std``). With a single row it is defined as 0 (there is no spread to hide in). Computed in two passes,
+    σ² = (1/(h − 1)) Σᵢ (xᵢ − x̄)², each column sum a matrix-vector product
+    (:func:`~phalanx.aggregators._rowops.column_mean`): ``torch.std(dim=0)`` reduces along the strided axis and was
+    the slowest step of an ALIE round (docs/benchmarks.md).
     """
     w = x.detach().to(work_dtype(x))
-    if w.shape[0] < 2:
+    h = w.shape[0]
+    if h < 2:
         return torch.zeros(w.shape[1], dtype=w.dtype, device=w.device)
-    return w.std(dim=0, unbiased=True)
+    centred = w - column_mean(w)
+    return (column_mean(centred.square_()) * (h / (h - 1))).sqrt_()
 
 
 def repeat_row(vector: Tensor, rows: int, like: Tensor) -> Tensor:
