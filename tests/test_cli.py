@@ -36,3 +36,59 @@ def test_config_error_is_one_line(capsys: pytest.CaptureFixture[str], monkeypatc
     assert exc.value.code == 2
     out = capsys.readouterr().out
     assert "n=4 is invalid" in out and "Traceback" not in out
+
+
+def test_version() -> None:
+    res = runner.invoke(cli.app, ["--version"])
+    assert res.exit_code == 0 and res.output.strip().startswith("phalanx ")
+
+
+def test_set_values_are_parsed_for_their_key(tmp_path: pytest.TempPathFactory) -> None:
+    from phalanx.experiments import apply_overrides, make_config
+
+    data = apply_overrides({}, ["attack=nan", "workers=6", "byzantine=1", "f=1", "aggregator=['cwtm', 'nnm>cwmed']",
+                                "attack_params.scale=2", "model_params={hidden = [8]}", "lr=0.5"])
+    assert data["attack"] == "nan" and data["workers"] == 6 and data["aggregator"] == ["cwtm", "nnm>cwmed"]
+    assert data["model_params"] == {"hidden": [8]} and data["lr"] == 0.5
+    cfg = make_config({**data, "aggregator": "cwtm", "attack_params": {}})
+    assert cfg.attack == "nan"
+    with pytest.raises(Exception, match="workers='true' is invalid: allowed an integer"):
+        make_config(apply_overrides({}, ["workers=true"]))
+    with pytest.raises(Exception, match="download='yes' is invalid: allowed true or false"):
+        make_config(apply_overrides({}, ["download=yes"]))
+
+
+def test_run_with_nan_attack_from_the_shell(tmp_path: pytest.TempPathFactory) -> None:
+    res = runner.invoke(cli.app, ["run", "--set", "attack=nan", "--set", "aggregator=cwtm", "--set", "rounds=3",
+                                  "--set", "eval_every=3", "--set", "workers=6", "--set", "byzantine=1",
+                                  "--set", "f=1", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "nan" in res.output
+
+
+def test_a_grid_with_one_invalid_point_is_refused_before_any_run(tmp_path: pytest.TempPathFactory,
+                                                                  capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "grid"  # type: ignore[operator]
+    for bad, says in (("workers=[6, 5000]", "workers=5000 is invalid"),
+                      ("model_params={hidden = [0]}", "hidden=[0] is invalid")):
+        monkeypatch.setattr("sys.argv", ["phalanx", "run", "--set", bad, "--set", "rounds=2", "--set", "byzantine=0",
+                                         "--set", "aggregator=cwtm", "--set", "f=1", "--out", str(out)])
+        with pytest.raises(SystemExit) as exc:
+            cli.main()
+        assert exc.value.code == 2
+        printed = capsys.readouterr().out
+        assert says in printed and "Traceback" not in printed and "config={" not in printed
+        assert not out.exists() or not any(out.iterdir())  # nothing ran
+
+
+def test_relation_errors_name_the_parameter() -> None:
+    from phalanx.errors import ConfigError
+    from phalanx.experiments import make_config
+
+    for data, says in (({"workers": 4, "f": 2}, "f=2 is invalid: allowed < workers/2 = 2"),
+                       ({"workers": 4, "byzantine": 4}, "byzantine=4 is invalid: allowed < workers = 4"),
+                       ({"engine": "torchrun", "backend": "nccl"}, "backend='nccl' is invalid")):
+        with pytest.raises(ConfigError) as exc:
+            make_config(data)
+        assert says in str(exc.value) and "{" not in str(exc.value)

@@ -17,16 +17,19 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "phalanx"
 
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
-    "aggregators": {"errors"},
-    "attacks": {"aggregators", "errors"},
-    "data": {"errors"},
-    "models": {"errors"},
+    "plugins": {"errors"},
+    "aggregators": {"errors", "plugins"},
+    "attacks": {"aggregators", "errors", "plugins"},
+    "data": {"errors", "plugins"},
+    "models": {"errors", "plugins"},
     "analysis": {"aggregators", "errors"},
-    "training": {"aggregators", "attacks", "data", "models", "analysis", "errors"},
-    "experiments": {"training", "aggregators", "attacks", "data", "models", "analysis", "errors", "__init__"},
+    "testing": {"aggregators", "attacks", "errors"},
+    "training": {"aggregators", "attacks", "data", "models", "analysis", "errors", "plugins"},
+    "experiments": {"training", "aggregators", "attacks", "data", "models", "analysis", "errors", "plugins",
+                    "__init__"},
     "distributed": {"experiments", "training", "aggregators", "attacks", "data", "models", "errors"},
     "cli": {"distributed", "experiments", "training", "aggregators", "attacks", "data", "models", "analysis",
-            "errors", "__init__"},
+            "errors", "plugins", "__init__"},
     "__init__": {"errors"},
 }
 """What each subpackage (or top-level module) may import from the others."""

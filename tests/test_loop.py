@@ -340,3 +340,13 @@ def test_experiment_errors_name_the_parameter(kw: dict[str, Any], match: str) ->
                             "rule": aggregators.make("cwtm", f=1), "workers": 4}
     with pytest.raises(ConfigError, match=match):
         Experiment(**{**base, **kw})
+
+
+def test_the_default_loss_keeps_the_fast_path() -> None:
+    """A config's default loss (cross-entropy, by name) keeps the MLP's explicit back-propagation; a loss of one's
+    own takes the generic per-worker path."""
+    assert from_config(make_config(SMALL)).problem.stack is not None
+    ds = data.load("digits")
+    own = Experiment(model=models.make("mlp", ds.input_shape, ds.num_classes), dataset=ds,
+                     rule=aggregators.make("cwtm", f=1), workers=4, loss=lambda z, y: F.cross_entropy(z, y))
+    assert own.problem.stack is None

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from phalanx import data
+from phalanx.data import DatasetNotFoundError
 from phalanx.errors import ConfigError
 from phalanx.experiments import grid, runner, store, train
 from phalanx.experiments.config import RunConfig, make_config
@@ -76,13 +77,42 @@ def test_phalanx_errors_survive_pickling() -> None:
         assert type(back) is type(err) and str(back) == str(err) and back.__dict__ == err.__dict__
 
 
-def test_a_failing_run_stops_a_parallel_grid_with_its_own_error(
+def test_a_grid_whose_data_is_missing_is_refused_before_any_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    monkeypatch.setenv("PHALANX_DATA", str(empty))  # the worker processes inherit the environment
+    monkeypatch.setenv("PHALANX_DATA", str(empty))
     monkeypatch.setenv("XDG_CACHE_HOME", str(empty))
     cfgs = [_cfg(seed=s, dataset="cifar10", model="logreg", data_root=str(empty)) for s in range(6)]
-    with pytest.raises(ConfigError, match="cifar10"):  # the worker's DatasetNotFoundError itself
+    with pytest.raises(DatasetNotFoundError, match="cifar10"):
         runner.run_grid(cfgs, tmp_path / "out", jobs=2)
+    assert not (tmp_path / "out").exists()
+
+
+BOOM = """
+from phalanx.data import DatasetNotFoundError
+from phalanx.errors import ConfigError
+
+
+class Boom:
+    \"\"\"A rule that fails when it is called (only a run's rounds call it: the grid's checks do not).\"\"\"
+
+    def __init__(self, f=0):
+        self.f = f
+
+    def __call__(self, x):
+        raise ConfigError("boom", x.shape[0], "a rule that works")
+"""
+
+
+def test_a_failing_run_stops_a_parallel_grid_with_its_own_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "boomrule.py").write_text(BOOM)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the worker processes import the rule too
+    cfgs = [_cfg(seed=s, aggregator="boomrule:Boom") for s in range(6)]
+    with pytest.raises(ConfigError, match="boom=") as exc:  # the worker's ConfigError itself, not a broken pool
+        runner.run_grid(cfgs, tmp_path / "out", jobs=2)
+    assert type(exc.value) is ConfigError

@@ -130,8 +130,8 @@ def test_run_dir_refuses_another_config(tmp_path: Path) -> None:
     "change, match",
     [
         ({"bogus": 1}, "unknown key"),
-        ({"f": 4}, "f=4 must be < workers/2"),
-        ({"byzantine": 8}, "byzantine=8 must be < workers"),
+        ({"f": 4}, "f=4 is invalid: allowed < workers/2"),
+        ({"byzantine": 8}, "byzantine=8 is invalid: allowed < workers"),
         ({"aggregator": "krum", "f": 3}, "workers"),
         ({"aggregator": "nope"}, "aggregator"),
         ({"attack": "nope"}, "attack"),

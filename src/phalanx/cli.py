@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from phalanx import __version__, aggregators
+from phalanx.distributed import cli as distributed_cli
 from phalanx.errors import PhalanxError
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ app.add_typer(list_app, name="list")
 tension_app = typer.Typer(help="The price of robustness (Yang, Shi & Li, ICML 2025).", no_args_is_help=True)
 app.add_typer(tension_app, name="tension")
 console = Console()
+app.command("launch")(distributed_cli.launch)
 
 
 def _fmt(v: float | None, digits: int = 3) -> str:
@@ -37,11 +39,18 @@ def _fmt(v: float | None, digits: int = 3) -> str:
     return f"{v:.{digits}g}"
 
 
-@app.callback()
-def _main(version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False) -> None:
-    if version:
-        console.print(__version__)
+def _print_version(value: bool) -> None:
+    if value:
+        console.print(f"phalanx {__version__}")
         raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True,
+                                          callback=_print_version)] = False,
+) -> None:
+    """Byzantine-robust distributed learning: robust aggregators, attacks, price of robustness."""
 
 
 @list_app.command("aggregators")
@@ -176,13 +185,20 @@ def _train(cfgs: list[RunConfig], out: Path, jobs: int) -> None:
         runner.run_grid(cfgs, out, jobs=jobs, on_round=on_round, on_done=on_done)
 
 
-def _run_grid(data: dict[str, object], out: Path, jobs: int) -> None:
+def _run_grid(config: Path | None, overrides: list[str], out: Path, jobs: int) -> None:
+    """Train the grid of a config: in this process's workers (``engine = "simulated"``), or — ``engine =
+    "torchrun"`` — one process per worker, exactly as ``phalanx launch`` does."""
+    from phalanx.errors import ConfigError
     from phalanx.experiments import grid, report
-    from phalanx.experiments.build import check_engine
 
-    cfgs = grid.configs(data)  # every point validated before anything runs
-    for c in cfgs:
-        check_engine(c)  # a torchrun config is refused here, before a run directory exists
+    cfgs = grid.configs(_load_grid(config, overrides))  # every point validated before anything runs
+    engines = {c.engine for c in cfgs}
+    if engines == {"torchrun"}:
+        distributed_cli.launch(config=config, workers=None, set_=overrides, out=out)
+        return
+    if len(engines) > 1:
+        raise ConfigError("engine", sorted(engines), "one engine for the whole grid (run the torchrun points with "
+                          "`phalanx launch`)")
     console.print(f"[bold]{len(cfgs)} run(s)[/bold] → {out}")
     _train(list(cfgs), out, jobs)
     result = report.write_report(out)
@@ -205,8 +221,11 @@ def run(
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/default"),
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel worker processes.")] = 1,
 ) -> None:
-    """Train: one run, or one per combination of the list-valued keys; print the comparison, write report + plots."""
-    _run_grid(_load_grid(config, set_ or []), out, jobs)
+    """Train: one run, or one per combination of the list-valued keys; print the comparison, write report + plots.
+
+    With engine = "torchrun" every worker is its own process, as with `phalanx launch`.
+    """
+    _run_grid(config, set_ or [], out, jobs)
 
 
 @app.command()
@@ -217,7 +236,7 @@ def sweep(
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel worker processes.")] = 2,
 ) -> None:
     """Run a grid in parallel processes; finished runs are skipped, unfinished ones resume."""
-    _run_grid(_load_grid(config, set_ or []), out, jobs)
+    _run_grid(config, set_ or [], out, jobs)
 
 
 @app.command("report")
@@ -238,7 +257,7 @@ def list_attacks() -> None:
     table.add_column("name")
     table.add_column("reference", overflow="fold")
     for name in attacks.names():
-        table.add_row(name, attacks.make(name).reference)
+        table.add_row(name, attacks.get_class(name).reference)
     console.print(table)
 
 
@@ -387,7 +406,6 @@ def tension_plan(
 ) -> None:
     """Your task, every rule × f, with no attack and under strong attacks: the trade-off table and a recommendation."""
     from phalanx.experiments import planner
-    from phalanx.experiments.store import atomic_write_text
 
     def split(text: str | None) -> list[str] | None:
         return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
@@ -420,12 +438,8 @@ def tension_plan(
         table.add_row(*cells, style=style)
     console.print(table)
     console.print(rec.text)
-    md = (f"# Robustness plan\n\n{rec.text}\n\n" + planner.to_markdown(rows, plan, rec) + "\n\n"
-          + "".join(f"- skipped: {n}\n" for n in plan.skipped))
-    atomic_write_text(out / "plan.md", md)
-    atomic_write_text(out / "plan.csv", planner.to_csv(rows, plan))
-    fig = planner.plot(rows, plan, rec, out / "plan.png")
-    console.print(f"written: {out / 'plan.md'}, {out / 'plan.csv'}" + (f", {fig}" if fig else ""))
+    written = planner.write_outputs(rows, plan, rec, out)
+    console.print("written: " + ", ".join(str(w) for w in written))
 
 
 def main() -> None:
@@ -436,8 +450,6 @@ def main() -> None:
         console.print(f"[red]error:[/red] {exc}")
         raise SystemExit(2) from None
 
-
-from phalanx.distributed.cli import register as _register_launch; _register_launch(app)  # noqa: E402, E702, I001
 
 if __name__ == "__main__":  # pragma: no cover
     main()

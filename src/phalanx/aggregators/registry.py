@@ -13,59 +13,106 @@ Keyword arguments of :func:`make` go to the final rule; ``name__param=value`` se
 
 from __future__ import annotations
 
-import difflib
-import inspect
 import re
 from typing import Any, TypeVar
 
+import torch
+from torch import Tensor
+
 from phalanx.aggregators.base import Aggregator, PreAggregator, _Component, check_f
 from phalanx.aggregators.chain import Chain
-from phalanx.errors import ConfigError
+from phalanx.errors import ConfigError, InputError
+from phalanx.plugins import Registry, check_params
 
-_RULES: dict[str, type[Aggregator]] = {}
-_PRE: dict[str, type[PreAggregator]] = {}
+C = TypeVar("C")
 
-C = TypeVar("C", bound=type[_Component])
+
+def _accept(obj: Any, name: str) -> type[_Component]:
+    """A registered rule or pre-aggregator class as is; any other class becomes a rule through :func:`user_rule`."""
+    if isinstance(obj, type) and issubclass(obj, (Aggregator, PreAggregator)):
+        return obj
+    if isinstance(obj, type) or callable(obj):
+        return user_rule(obj, name)
+    raise ConfigError("aggregator", name, "a class whose constructor takes f and whose call maps (n, d) to (d,)")
+
+
+_REGISTRY: Registry[type[_Component]] = Registry("aggregator", "phalanx.aggregators", _accept)
 
 
 def register(cls: C) -> C:
-    """Class decorator: make a rule or pre-aggregator known to :func:`make` under ``cls.name``."""
-    name = cls.name
-    if name in _RULES or name in _PRE:
-        raise RuntimeError(f"aggregator name {name!r} registered twice")
-    if issubclass(cls, Aggregator):
-        _RULES[name] = cls
-    elif issubclass(cls, PreAggregator):
-        _PRE[name] = cls
-    else:  # pragma: no cover - programming error
-        raise TypeError(f"{cls!r} is neither an Aggregator nor a PreAggregator")
+    """Class decorator: make a rule or pre-aggregator known to :func:`make` under ``cls.name`` (for a class that
+    does not subclass :class:`Aggregator`: its ``name`` attribute, else its class name)."""
+    _REGISTRY.register(cls)
     return cls
 
 
 def names(kind: str | None = None) -> list[str]:
-    """Names :func:`make` accepts: ``kind="rule"``, ``kind="pre"`` or both (default), sorted."""
+    """Names :func:`make` accepts: ``kind="rule"``, ``kind="pre"`` or both (default), sorted (installed plug-ins'
+    entry points included; a ``module:attr`` spec is accepted too)."""
     if kind not in (None, "rule", "pre"):
         raise ConfigError("kind", kind, "'rule', 'pre' or None")
-    out: list[str] = []
-    if kind in (None, "rule"):
-        out += sorted(_RULES)
-    if kind in (None, "pre"):
-        out += sorted(_PRE)
-    return out
+    out: dict[str, list[str]] = {"rule": [], "pre": []}
+    for name in _REGISTRY.names():
+        out["pre" if issubclass(get_class(name), PreAggregator) else "rule"].append(name)
+    if kind is None:
+        return out["rule"] + out["pre"]
+    return out[kind]
 
 
 def get_class(name: str) -> type[_Component]:
-    """The class registered under ``name``; a :class:`ConfigError` with suggestions otherwise."""
-    if name in _RULES:
-        return _RULES[name]
-    if name in _PRE:
-        return _PRE[name]
-    close = difflib.get_close_matches(name, list(_RULES) + list(_PRE), n=3)
-    hint = f"did you mean {', '.join(close)}?" if close else None
-    raise ConfigError("aggregator", name, "one of " + ", ".join(names()), hint)
+    """The class of ``name`` (registered, ``module:attr``, or an entry point); a :class:`ConfigError` with
+    suggestions otherwise."""
+    return _REGISTRY.get(name, "aggregator")
 
 
-_ITEM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\((.*)\))?\s*$", re.S)
+def user_rule(obj: Any, spec: str) -> type[Aggregator]:
+    """A rule class around a user's class that does not subclass :class:`Aggregator`.
+
+    What is asked of the user's class: its constructor takes ``f`` (and its own keyword parameters) and its
+    instances map an ``(n, d)`` tensor to a ``(d,)`` tensor. Optional: ``contributions(x)`` (each row's share; without
+    it the rounds' Byzantine share and detection AUC are not measured), ``min_workers()``, class attributes
+    ``reference``, ``requirement`` and ``context_keys`` (the per-call keywords it accepts, e.g. ``{"center"}``).
+    The wrapper adds what every rule has: input checks, ``describe``, ``with_f`` and the server's context.
+    """
+    keys = frozenset(getattr(obj, "context_keys", ()))
+
+    class UserRule(Aggregator):
+        name = spec
+        reference = str(getattr(obj, "reference", f"user-defined rule {spec}"))
+        requirement = str(getattr(obj, "requirement", "n >= 1"))
+        context_keys = keys
+
+        def __init__(self, f: int = 0, **params: Any) -> None:
+            super().__init__(f)
+            check_params(spec, obj, params, skip=("f",))
+            self._params = dict(params)
+            self.inner = obj(f=self.f, **params)
+
+        def params(self) -> dict[str, Any]:
+            return {"f": self.f, **self._params}
+
+        def min_workers(self) -> int:
+            m = getattr(self.inner, "min_workers", None)
+            return int(m()) if callable(m) else 1
+
+        def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
+            out = self.inner(x, **context)
+            if not isinstance(out, Tensor) or tuple(out.shape) != (x.shape[1],):
+                got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+                raise InputError(f"{spec}: output", got, f"a tensor of shape ({x.shape[1]},)")
+            out = out.to(dtype=x.dtype, device=x.device)
+            if not want_contributions:
+                return out, None
+            share = getattr(self.inner, "contributions", None)
+            if callable(share):
+                return out, torch.as_tensor(share(x, **context), dtype=torch.float64, device=x.device)
+            return out, torch.full((x.shape[0],), float("nan"), dtype=torch.float64, device=x.device)
+
+    UserRule.__name__ = UserRule.__qualname__ = f"UserRule[{spec}]"
+    return UserRule
+
+
+_ITEM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.-]*(?::[A-Za-z_][A-Za-z0-9_.]*)?)\s*(?:\((.*)\))?\s*$", re.S)
 
 
 def _parse_value(text: str) -> Any:
@@ -112,14 +159,8 @@ def _construct(cls: type[_Component], f: int, params: dict[str, Any]) -> Any:
     params = dict(params)
     own_f = params.pop("f", f)
     check_f(own_f)
-    try:
-        return cls(f=own_f, **params)
-    except TypeError as exc:
-        accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "f")]
-        bad = sorted(set(params) - set(accepted))
-        raise ConfigError(
-            f"{cls.name} parameter", bad or params, f"parameters of {cls.name}: {', '.join(accepted) or 'none'}",
-        ) from exc
+    check_params(cls.name, cls.__init__, params, skip=("f",))
+    return cls(f=own_f, **params)
 
 
 def make(spec: str, f: int, **params: Any) -> Aggregator:
@@ -136,13 +177,12 @@ def make(spec: str, f: int, **params: Any) -> Aggregator:
     """
     check_f(f)
     items = parse_spec(spec)
-    for name, _ in items:
-        get_class(name)
+    classes = {name: get_class(name) for name, _ in items}
     *pre_items, (rule_name, rule_params) = items
-    if rule_name not in _RULES:
+    if not issubclass(classes[rule_name], Aggregator):
         raise ConfigError("aggregator", spec, f"a chain that ends in a rule ({', '.join(names('rule'))})")
     for name, _ in pre_items:
-        if name not in _PRE:
+        if not issubclass(classes[name], PreAggregator):
             raise ConfigError(
                 "aggregator", spec, f"pre-aggregators ({', '.join(names('pre'))}) before the final rule, got {name!r}",
             )
@@ -157,8 +197,8 @@ def make(spec: str, f: int, **params: Any) -> Aggregator:
                     p[sub] = value
         else:
             rule_params[key] = value
-    pre = [_construct(_PRE[name], f, p) for name, p in pre_items]
-    rule = _construct(_RULES[rule_name], f, rule_params)
+    pre = [_construct(classes[name], f, p) for name, p in pre_items]
+    rule = _construct(classes[rule_name], f, rule_params)
     if not pre:
         return rule
     return Chain(pre, rule)

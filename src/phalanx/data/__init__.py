@@ -16,7 +16,7 @@ See docs/data.md.
 
 from phalanx.data.base import DataFormatError, Dataset, DatasetNotFoundError, DownloadError
 from phalanx.data.idx import read_idx
-from phalanx.data.loaders import cache_dir, canonical, load, names, search_dirs
+from phalanx.data.loaders import cache_dir, canonical, load, names, register, search_dirs
 from phalanx.data.partition import SCHEMES, heterogeneity, partition
 
 __all__ = [
@@ -32,5 +32,6 @@ __all__ = [
     "names",
     "partition",
     "read_idx",
+    "register",
     "search_dirs",
 ]

@@ -94,6 +94,34 @@ class Dataset:
             if y.dtype != torch.int64 or y.ndim != 1 or y.shape[0] != x.shape[0]:
                 raise ValueError(f"{split}_y: expected int64 ({x.shape[0]},), got {y.dtype} {_shape_of(y)}")
 
+    @classmethod
+    def from_tensors(
+        cls, name: str, train_x: Any, train_y: Any, test_x: Any, test_y: Any, num_classes: int | None = None,
+        source: str = "tensors",
+    ) -> Dataset:
+        """A data set from arrays or tensors: inputs become float32 ``(N, ...)``, labels int64 ``(N,)`` (used as
+        given: standardise them first if the model expects it); ``num_classes`` defaults to the largest label + 1."""
+        try:
+            tx, vx = (torch.as_tensor(v).to(torch.float32) for v in (train_x, test_x))
+            ty, vy = (torch.as_tensor(v).to(torch.int64) for v in (train_y, test_y))
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ConfigError("dataset", name, f"arrays or tensors of numbers ({exc})") from None
+        if tx.ndim < 1 or tx.shape[1:] != vx.shape[1:] or tx.shape[0] == 0:
+            got = f"{_shape_of(tx)}, {_shape_of(vx)}"
+            raise ConfigError("dataset", name, f"non-empty train and test inputs of one shape, got {got}")
+        for split, x, y in (("train", tx, ty), ("test", vx, vy)):
+            if y.ndim != 1 or y.shape[0] != x.shape[0]:
+                got = f"{_shape_of(y)} for {_shape_of(x)}"
+                raise ConfigError("dataset", name, f"one label per {split} input, got {got}")
+        labels = torch.cat([ty, vy])
+        classes = int(labels.max()) + 1 if num_classes is None else int(num_classes)
+        if int(labels.min()) < 0 or int(labels.max()) >= classes or classes < 2:
+            raise ConfigError("dataset", name, f"labels in 0 … {classes - 1}, at least two classes")
+        shape = tuple(int(s) for s in tx.shape[1:]) or (1,)
+        if not tx.shape[1:]:
+            tx, vx = tx[:, None], vx[:, None]
+        return cls(name, tx.contiguous(), ty.contiguous(), vx.contiguous(), vy.contiguous(), classes, shape, source)
+
     @property
     def n_train(self) -> int:
         """Number of training images."""

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -29,6 +29,7 @@ from phalanx.data import cifar, download
 from phalanx.data.base import DataFormatError, Dataset, DatasetNotFoundError, standardise
 from phalanx.data.idx import read_idx
 from phalanx.errors import ConfigError
+from phalanx.plugins import Registry, accepted_params
 
 __all__ = ["cache_dir", "canonical", "digits_split", "load", "names", "search_dirs"]
 
@@ -42,24 +43,45 @@ _TORCHVISION_DIR = {  # where torchvision keeps each data set's files under its 
 _ALIASES = {"digits": "digits", "mnist": "mnist", "fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist",
             "cifar10": "cifar10"}
 _SYSTEM_DIR = Path("/usr/share/datasets")
+L = TypeVar("L", bound=Callable[..., Any])
+_REGISTRY: Registry[Callable[..., Any]] = Registry("dataset", "phalanx.datasets")
 DIGITS_RESOURCE = "phalanx.data/_files/digits.csv.gz"
 
 
 def names() -> list[str]:
-    """The data sets :func:`load` knows, sorted."""
-    return sorted(_LOADERS)
+    """The data sets :func:`load` knows, sorted: the built-in ones, those registered with :func:`register` and the
+    installed plug-ins' entry points (a ``module:attr`` spec is accepted too)."""
+    return _REGISTRY.names()
+
+
+def register(name: str) -> Callable[[L], L]:
+    """Decorator: make a loader known to :func:`load` under ``name``.
+
+    A loader is a function that may take ``root`` (a directory, or None) and ``download`` (bool) keyword arguments
+    and returns a :class:`~phalanx.data.base.Dataset`, or the tensors ``(train_x, train_y, test_x, test_y)``
+    (optionally a fifth item, the number of classes), or a dict with those keys.
+    """
+
+    def deco(loader: L) -> L:
+        _REGISTRY.register(loader, name=name)
+        return loader
+
+    return deco
 
 
 def canonical(name: str) -> str:
-    """The canonical spelling of a data-set name (``"Fashion_MNIST"`` → ``"fashion-mnist"``); ConfigError if unknown."""
+    """The canonical spelling of a data-set name (``"Fashion_MNIST"`` → ``"fashion-mnist"``; a registered name or a
+    ``module:attr`` spec as it is); ConfigError if unknown."""
     if not isinstance(name, str):
         raise ConfigError("name", name, "one of " + ", ".join(names()))
+    if name in _REGISTRY:
+        return name
     key = name.strip().lower().replace("-", "").replace("_", "")
     if key in _ALIASES:
         return _ALIASES[key]
     close = difflib.get_close_matches(name.strip().lower(), names() + list(_ALIASES), n=3)
     hint = f"did you mean {', '.join(dict.fromkeys(_ALIASES.get(c, c) for c in close))}?" if close else None
-    raise ConfigError("name", name, "one of " + ", ".join(names()), hint)
+    raise ConfigError("name", name, "one of " + ", ".join(names()) + " or a 'module:attr' spec", hint)
 
 
 def cache_dir() -> Path:
@@ -222,12 +244,27 @@ def _load_cifar10(root: str | Path | None, download_: bool) -> Dataset:
     )
 
 
-_LOADERS: dict[str, Callable[[str | Path | None, bool], Dataset]] = {
-    "digits": _load_digits,
-    "mnist": lambda root, dl: _load_idx_set("mnist", root, dl),
-    "fashion-mnist": lambda root, dl: _load_idx_set("fashion-mnist", root, dl),
-    "cifar10": _load_cifar10,
-}
+_REGISTRY.register(lambda root, download: _load_digits(root, download), name="digits")
+_REGISTRY.register(lambda root, download: _load_idx_set("mnist", root, download), name="mnist")
+_REGISTRY.register(lambda root, download: _load_idx_set("fashion-mnist", root, download), name="fashion-mnist")
+_REGISTRY.register(lambda root, download: _load_cifar10(root, download), name="cifar10")
+
+
+def _as_dataset(name: str, got: Any) -> Dataset:
+    """What a loader returned, as a :class:`Dataset`."""
+    if isinstance(got, Dataset):
+        return got
+    if isinstance(got, dict):
+        keys = ("train_x", "train_y", "test_x", "test_y")
+        if not all(k in got for k in keys):
+            raise ConfigError("dataset", name, f"a loader returning a Dataset, or a dict with {', '.join(keys)}")
+        return Dataset.from_tensors(name, got["train_x"], got["train_y"], got["test_x"], got["test_y"],
+                                    num_classes=got.get("num_classes"), source=f"loader {name}")
+    if isinstance(got, tuple | list) and len(got) in (4, 5):
+        return Dataset.from_tensors(name, got[0], got[1], got[2], got[3], num_classes=got[4] if len(got) == 5 else None,
+                                    source=f"loader {name}")
+    raise ConfigError("dataset", name, "a loader returning a Dataset, (train_x, train_y, test_x, test_y[, classes]) "
+                                       f"or a dict of them (it returned a {type(got).__name__})")
 
 
 def load(name: str, root: str | Path | None = None, download: bool = False) -> Dataset:
@@ -248,4 +285,8 @@ def load(name: str, root: str | Path | None = None, download: bool = False) -> D
         raise ConfigError("download", download, "True or False")
     if root is not None and not isinstance(root, (str, os.PathLike)):
         raise ConfigError("root", root, "a directory path or None")
-    return _LOADERS[canonical(name)](root, download)
+    key = canonical(name)
+    loader = _REGISTRY.get(key, "dataset")
+    accepted = accepted_params(loader)
+    kwargs = {k: v for k, v in (("root", root), ("download", download)) if accepted is None or k in accepted}
+    return _as_dataset(key, loader(**kwargs))

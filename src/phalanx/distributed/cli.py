@@ -33,6 +33,7 @@ def launch(
 
     from phalanx.distributed import launch as local
     from phalanx.experiments import grid
+    from phalanx.experiments.build import check_points
     from phalanx.experiments.config import load_grid
 
     console = Console(stderr=True)
@@ -41,6 +42,7 @@ def launch(
         overrides.append(f"workers={workers}")
     data = load_grid(config, [*overrides, "engine='torchrun'"])
     cfgs = grid.configs(data)  # every point validated before anything starts
+    check_points(cfgs)
     for point, cfg in enumerate(cfgs):
         console.print(
             f"[bold]phalanx launch[/bold] {point + 1}/{len(cfgs)}: {cfg.workers} processes, topology "
@@ -52,8 +54,3 @@ def launch(
         if code != 0:
             console.print(f"[red]rank 0 exited with status {code}[/red]")
             raise typer.Exit(code)
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``launch`` to the ``phalanx`` command line."""
-    app.command("launch")(launch)

@@ -7,12 +7,14 @@ draws from ``partition``, the initial model from ``init``, so changing the attac
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 from phalanx import aggregators, attacks, data, models
 from phalanx.errors import ConfigError
 from phalanx.experiments.config import RunConfig
-from phalanx.training import optim
+from phalanx.training import losses, optim
 from phalanx.training.dsgd import DSGD
 from phalanx.training.experiment import Experiment
 from phalanx.training.schedule import LRSchedule
@@ -42,7 +44,8 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None) -> Experime
     )
     spec = cfg.aggregator
     return Experiment(
-        model=model, dataset=ds, rule=aggregators.make(spec, f=cfg.f), workers=cfg.workers, byzantine=cfg.byzantine,
+        model=model, loss=losses.get(cfg.loss), dataset=ds, rule=aggregators.make(spec, f=cfg.f), workers=cfg.workers,
+        byzantine=cfg.byzantine,
         attack=attacks.make(cfg.attack, **cfg.attack_params), rounds=cfg.rounds,
         algorithm=DSGD(batch_size=cfg.batch_size, momentum=cfg.momentum, weight_decay=cfg.weight_decay),
         optimizer=optim.make(cfg.server_optimizer, momentum=cfg.server_momentum,
@@ -50,6 +53,46 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None) -> Experime
         lr=LRSchedule(cfg.lr, cfg.schedule, cfg.rounds, cfg.step_every), shards=shards, seed=cfg.seed,
         eval_every=cfg.eval_every, rule_for=lambda f: aggregators.make(spec, f=f), columns=config_columns(cfg),
     )
+
+
+def check_points(cfgs: list[RunConfig], load: Callable[[RunConfig], data.Dataset] | None = None) -> None:
+    """What validating each config alone cannot see, checked for every point of a grid before the first run starts:
+    its data set loads, it can be split among the workers as asked (enough samples for every worker), and the model
+    builds with its parameters on the data set's inputs. Each distinct data split and model is checked once.
+
+    ``load`` gives a config's data set (default :func:`phalanx.data.load`; a sweep passes its per-process cache).
+    A failure is a :class:`ConfigError` that says which point of the grid it is.
+    """
+    load = load or (lambda c: data.load(c.dataset, root=c.data_root, download=c.download))
+    splits: set[tuple[Any, ...]] = set()
+    nets: set[tuple[Any, ...]] = set()
+    for i, cfg in enumerate(cfgs):
+        try:
+            ds = load(cfg)
+            split = (cfg.dataset, cfg.data_root, cfg.workers, cfg.partition, cfg.alpha, cfg.classes_per_worker,
+                     cfg.seed)
+            if split not in splits:
+                data.partition(ds.train_y, cfg.workers, cfg.partition, alpha=cfg.alpha,
+                               classes_per_worker=cfg.classes_per_worker,
+                               seed=stream_seed(cfg.seed, "partition") % (2**31))
+                splits.add(split)
+            net = (cfg.model, json.dumps(cfg.model_params, sort_keys=True), ds.input_shape, ds.num_classes)
+            if net not in nets:
+                models.make(cfg.model, ds.input_shape, ds.num_classes, generator=generator(cfg.seed, "init"),
+                            **cfg.model_params)
+                nets.add(net)
+        except ConfigError as exc:
+            if type(exc) is not ConfigError:  # a more specific error (a data set not found) says enough itself
+                raise
+            where = f" (point {i + 1} of {len(cfgs)}: {cfg.label()})" if len(cfgs) > 1 else ""
+            parameter = {"n_workers": "workers", "name": "dataset"}.get(exc.parameter, exc.parameter)
+            raise ConfigError(parameter, exc.value, exc.allowed + where, exc.hint) from None
+        except (TypeError, ValueError, RuntimeError) as exc:  # a model builder that fails on these inputs
+            where = f"point {i + 1} of {len(cfgs)}: " if len(cfgs) > 1 else ""
+            raise ConfigError(
+                "model_params", cfg.model_params, f"parameters with which {cfg.model!r} builds on {cfg.dataset} "
+                f"({where}{type(exc).__name__}: {str(exc)[:200]})",
+            ) from None
 
 
 def check_engine(cfg: RunConfig) -> None:

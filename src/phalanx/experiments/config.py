@@ -8,6 +8,7 @@ price-of-robustness experiments measure (Yang, Shi & Li, ICML 2025).
 from __future__ import annotations
 
 import sys
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,12 +19,12 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     ValidationError,
     model_serializer,
-    model_validator,
 )
 
 from phalanx import aggregators, attacks, data, models
 from phalanx.errors import ConfigError
-from phalanx.training import optim
+from phalanx.plugins import check_params
+from phalanx.training import losses, optim
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,7 +39,7 @@ Backend = Literal["auto", "gloo", "nccl"]
 DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend")
 """Keys that only the ``torchrun`` engine reads. A simulated run's resolved config leaves them out, so that they
 change neither its results nor its run id / ``config.json`` (run directories written before they existed resume)."""
-LATER_KEYS = ("server_optimizer", "server_momentum", "server_weight_decay")
+LATER_KEYS = ("server_optimizer", "server_momentum", "server_weight_decay", "loss")
 """Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
 that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
 RESULT_NEUTRAL_KEYS = ("download",)
@@ -49,15 +50,15 @@ check that a run directory holds the same configuration), so setting them does n
 class RunConfig(BaseModel):
     """Everything that defines one training run. Unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    dataset: str = Field("digits", description="data set name (phalanx list datasets)")
+    dataset: str = Field("digits", description="data set name (phalanx list datasets) or a 'module:attr' loader")
     data_root: str | None = Field(None, description="directory holding the data set files")
     download: bool = Field(
         False, description="download the data set (torchvision's mirrors, MD5-checked) when it is found nowhere; "
         "off by default: nothing touches the network unless asked",
     )
-    model: str = Field("mlp", description="model name (phalanx list models)")
+    model: str = Field("mlp", description="model name (phalanx list models) or a 'module:attr' builder")
     model_params: dict[str, Any] = Field(default_factory=dict, description="extra model parameters")
     workers: int = Field(20, ge=1, le=100_000, description="n, all workers")
     byzantine: int = Field(0, ge=0, description="workers that actually attack")
@@ -79,6 +80,7 @@ class RunConfig(BaseModel):
         0.0, ge=0, lt=1, description="server momentum μ: u ← μ u + Agg, θ ← θ − η u (0: plain θ ← θ − η Agg)",
     )
     server_weight_decay: float = Field(0.0, ge=0, description="L2 penalty λ the server adds to the aggregate")
+    loss: str = Field("cross_entropy", description="loss(logits, y), the batch mean: a name or a 'module:attr' spec")
     step_every: int = Field(100, ge=1, description="'step' schedule: divide lr by 10 every this many rounds")
     seed: int = Field(0, ge=0, description="the one seed; split into named streams")
     eval_every: int = Field(20, ge=1, description="evaluate every this many rounds (and at the end)")
@@ -111,20 +113,6 @@ class RunConfig(BaseModel):
                 out.pop(key)
         return out
 
-    @model_validator(mode="after")
-    def _check(self) -> RunConfig:
-        n = self.workers
-        if self.byzantine >= n:
-            raise ValueError(f"byzantine={self.byzantine} must be < workers={n} (at least one honest worker)")
-        if 2 * self.f >= n:
-            raise ValueError(f"f={self.f} must be < workers/2 = {n / 2} (f ≥ n/2 is beyond any robust rule)")
-        if self.backend == "nccl" and self.topology == "server":
-            raise ValueError(
-                "backend='nccl' needs topology='serverless' (the server topology sends vectors through the c10d "
-                "TCPStore, which survives missing workers; docs/distributed.md)"
-            )
-        return self
-
     def evaluates(self, t: int) -> bool:
         """Whether round ``t`` (counted from 0) ends with an evaluation: every ``eval_every`` rounds and the last."""
         return (t + 1) % self.eval_every == 0 or t + 1 == self.rounds
@@ -145,29 +133,55 @@ class RunConfig(BaseModel):
         )
 
 
+_PLAIN = {
+    "int_type": "an integer", "int_parsing": "an integer", "float_type": "a number", "float_parsing": "a number",
+    "bool_type": "true or false", "string_type": "a string", "dict_type": "a table (key = value, …)",
+}
+
+
 def _friendly(exc: ValidationError) -> ConfigError:
+    """The first validation error as one line: the parameter, the value it got, what is allowed."""
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"]) or "config"
     value = err.get("input")
-    msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         known = ", ".join(RunConfig.model_fields)
         return ConfigError(loc, value, f"one of the known keys: {known}", "unknown key")
-    return ConfigError(loc, value, msg)
+    allowed = _PLAIN.get(err["type"]) or err["msg"].removeprefix("Value error, ").removeprefix("Input should be ")
+    return ConfigError(loc, value, allowed)
 
 
 def make_config(data: dict[str, Any]) -> RunConfig:
-    """Validate a dict into a :class:`RunConfig` (and check names against the registries)."""
+    """Validate a dict into a :class:`RunConfig`: types and ranges, the relations between keys, and the names
+    against the registries — one :class:`ConfigError` naming the first bad parameter."""
+    if not isinstance(data, dict):
+        raise ConfigError("config", type(data).__name__, "a table of key = value")
     try:
         cfg = RunConfig(**data)
     except ValidationError as exc:
         raise _friendly(exc) from None
+    check_relations(cfg)
     check_names(cfg)
     return cfg
 
 
+def check_relations(cfg: RunConfig) -> None:
+    """The rules that tie keys together: at least one honest worker, f < n/2, NCCL only without a server."""
+    n = cfg.workers
+    if cfg.byzantine >= n:
+        raise ConfigError("byzantine", cfg.byzantine, f"< workers = {n} (at least one honest worker)")
+    if 2 * cfg.f >= n:
+        raise ConfigError("f", cfg.f, f"< workers/2 = {n / 2:g} (f ≥ n/2 is beyond any robust rule)")
+    if cfg.backend == "nccl" and cfg.topology == "server":
+        raise ConfigError(
+            "backend", cfg.backend, "'auto' or 'gloo' with topology = 'server' (its vectors go through the c10d "
+            "TCPStore, which survives missing workers; NCCL needs topology = 'serverless'; docs/distributed.md)",
+        )
+
+
 def check_names(cfg: RunConfig) -> None:
-    """Check the aggregator spec, attack, data set, model and optimizer names, and the aggregator's requirement on n."""
+    """Check the aggregator spec, attack, data set, model, loss and optimizer names (built-in, registered,
+    ``module:attr`` or installed plug-ins), their parameters, and the aggregator's requirement on n."""
     rule = aggregators.make(cfg.aggregator, f=cfg.f)
     if cfg.workers < rule.min_workers():
         raise ConfigError(
@@ -179,35 +193,69 @@ def check_names(cfg: RunConfig) -> None:
         data.canonical(cfg.dataset)
     except ConfigError as exc:
         raise ConfigError("dataset", cfg.dataset, exc.allowed, exc.hint) from None
-    if cfg.model not in models.names():
-        raise ConfigError("model", cfg.model, "one of " + ", ".join(models.names()))
+    check_params(cfg.model, models.builder(cfg.model), cfg.model_params, skip=("input_shape", "num_classes"))
+    losses.get(cfg.loss)
     optim.make(cfg.server_optimizer, momentum=cfg.server_momentum, weight_decay=cfg.server_weight_decay)
 
 
-def parse_value(text: str) -> Any:
-    """Parse the value of ``--set key=value`` as TOML (numbers, booleans, lists, quoted strings) or a bare string."""
+def parse_value(text: str, key: str | None = None) -> Any:
+    """Parse the value of ``--set key=value`` for ``key``.
+
+    A list (``[…]``) is a grid axis, parsed as TOML. Otherwise the key's type decides: a string key keeps the text
+    as it is (``--set attack=nan`` is the attack ``nan``; quotes are removed), a number or boolean key takes a TOML
+    number or ``true``/``false`` (``workers=true`` stays text, which validation then refuses), a table takes a TOML
+    inline table. An unknown key's value is parsed as TOML, else kept as text.
+    """
+    t = text.strip()
+    kind = _kind(key)
+    if t.startswith("["):
+        return _toml(t, t)
+    if kind == "str":
+        return t[1:-1] if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"" else t
+    value = _toml(t, t)
+    if kind in ("int", "float") and isinstance(value, bool):
+        return t
+    return value
+
+
+def _toml(text: str, default: Any) -> Any:
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
-        return text
+        return default
+
+
+def _kind(key: str | None) -> str | None:
+    """``"str"``, ``"int"``, ``"float"``, ``"bool"`` or ``"dict"`` for a RunConfig key (None: unknown or nested)."""
+    field = RunConfig.model_fields.get(key or "")
+    if field is None:
+        return None
+    ann = field.annotation
+    args = set(typing.get_args(ann)) - {type(None)}
+    if ann is str or typing.get_origin(ann) is Literal or (args and all(a is str for a in args)):
+        return "str"
+    for name, typ in (("bool", bool), ("int", int), ("float", float)):
+        if ann is typ or typ in args:
+            return name
+    return "dict" if typing.get_origin(ann) is dict else None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key=value`` overrides (``attack_params.z=1.5`` sets a nested key)."""
+    """Apply ``key=value`` overrides (``attack_params.z=1.5`` sets a nested key), each value parsed for its key's
+    type (:func:`parse_value`)."""
     out = dict(data)
     for item in overrides:
         if "=" not in item:
             raise ConfigError("--set", item, "key=value")
         key, text = item.split("=", 1)
         key = key.strip()
-        value = parse_value(text.strip())
         if "." in key:
             outer, inner = key.split(".", 1)
             nested = dict(out.get(outer) or {})
-            nested[inner] = value
+            nested[inner] = parse_value(text)
             out[outer] = nested
         else:
-            out[key] = value
+            out[key] = parse_value(text, key)
     return out
 
 

@@ -264,3 +264,15 @@ def plot(rows: list[Row], plan: Plan, rec: Recommendation, path: Path) -> Path |
     ax.legend(fontsize=8)
     fig.tight_layout()
     return save_figure(fig, path, dpi=110)
+
+
+def write_outputs(rows: list[Row], plan: Plan, rec: Recommendation, out: Path) -> list[Path]:
+    """Write ``plan.md`` (the recommendation and the table), ``plan.csv`` and ``plan.png`` into ``out`` (atomically);
+    the paths written."""
+    md = (f"# Robustness plan\n\n{rec.text}\n\n" + to_markdown(rows, plan, rec) + "\n\n"
+          + "".join(f"- skipped: {n}\n" for n in plan.skipped))
+    store.atomic_write_text(out / "plan.md", md)
+    store.atomic_write_text(out / "plan.csv", to_csv(rows, plan))
+    written = [out / "plan.md", out / "plan.csv"]
+    fig = plot(rows, plan, rec, out / "plan.png")
+    return [*written, fig] if fig else written

@@ -19,6 +19,7 @@ import torch
 
 from phalanx import data
 from phalanx.experiments import store
+from phalanx.experiments.build import check_points
 from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.grid import run_id
 from phalanx.experiments.train import train
@@ -57,6 +58,7 @@ def run_grid(
     on_done: DoneCallback | None = None,
 ) -> list[Path]:
     """Run every configuration into ``out/<run_id>``; return the run directories (in the order of ``cfgs``)."""
+    check_points(cfgs, dataset_for)  # every point can run, before the first one starts
     out.mkdir(parents=True, exist_ok=True)
     dirs = [out / run_id(c) for c in cfgs]
     seen: set[Path] = set()  # the same configuration twice in a grid is one run (one directory, one process)

@@ -1,16 +1,18 @@
-"""Name → builder registry, :func:`make`, :func:`names`, :func:`count_parameters` and the seeded initialisation.
+"""Name → builder registry (:mod:`phalanx.plugins`), :func:`make`, :func:`names`, :func:`count_parameters` and the
+seeded initialisation.
 
-Every model is built on the ``meta`` device (no memory, no random draws) and then initialised by
-:func:`initialise` from exactly one random generator: the one passed to :func:`make`, or torch's global default
-generator when none is passed. So ``torch.manual_seed(s); make(...)`` and
-``make(..., generator=torch.Generator().manual_seed(s))`` give the same weights, and nothing else in the process
-moves the global generator during construction.
+A builder is any function ``builder(input_shape, num_classes, **params) -> nn.Module``. The built-in models are
+built on the ``meta`` device (no memory, no random draws) and then initialised by :func:`initialise` from exactly one
+random generator: the one passed to :func:`make`, or torch's global default generator when none is passed. So
+``torch.manual_seed(s); make(...)`` and ``make(..., generator=torch.Generator().manual_seed(s))`` give the same
+weights. A user's builder (registered with ``@models.register("name")``, a ``module:attr`` spec or an entry point of
+``phalanx.models``) runs on the CPU as written — it may read and draw tensors — with torch's global generator
+seeded from ``generator`` for the call (and restored after it), so its own initialisation is kept and is
+deterministic too.
 """
 
 from __future__ import annotations
 
-import difflib
-import inspect
 import math
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -19,29 +21,48 @@ import torch
 from torch import nn
 
 from phalanx.errors import ConfigError
+from phalanx.plugins import Registry, check_params
 
-__all__ = ["count_parameters", "initialise", "make", "names", "register"]
+__all__ = ["builder", "count_parameters", "initialise", "make", "names", "register"]
 
 Builder = Callable[..., nn.Module]
 B = TypeVar("B", bound=Builder)
-_BUILDERS: dict[str, Builder] = {}
 
 
-def register(name: str) -> Callable[[B], B]:
-    """Decorator: make ``builder(input_shape, num_classes, **params) -> nn.Module`` known to :func:`make`."""
+def _accept(obj: Any, name: str) -> Builder:
+    if not callable(obj):
+        raise ConfigError("model", name, "a function builder(input_shape, num_classes, **params) -> nn.Module")
+    return obj
+
+
+_REGISTRY: Registry[Builder] = Registry("model", "phalanx.models", _accept)
+_META_BUILT: set[str] = set()  # the built-ins: built on the meta device, then initialise()d
+
+
+def register(name: str, *, meta: bool = False) -> Callable[[B], B]:
+    """Decorator: make ``builder(input_shape, num_classes, **params) -> nn.Module`` known to :func:`make`.
+
+    ``meta=True`` (Phalanx's own models): build on the meta device and initialise with :func:`initialise`.
+    """
 
     def deco(builder: B) -> B:
-        if name in _BUILDERS:
-            raise RuntimeError(f"model name {name!r} registered twice")
-        _BUILDERS[name] = builder
+        _REGISTRY.register(builder, name=name)
+        if meta:
+            _META_BUILT.add(name)
         return builder
 
     return deco
 
 
+def builder(name: str) -> Builder:
+    """The builder of ``name`` (registered, ``module:attr`` or an entry point); a ConfigError if unknown."""
+    return _REGISTRY.get(name, "model")
+
+
 def names() -> list[str]:
-    """The model names :func:`make` accepts, sorted."""
-    return sorted(_BUILDERS)
+    """The model names :func:`make` accepts, sorted (installed plug-ins' entry points included; a ``module:attr``
+    spec is accepted too)."""
+    return _REGISTRY.names()
 
 
 def _check_shape(input_shape: Any) -> tuple[int, ...]:
@@ -64,7 +85,7 @@ def make(
 
     Parameters
     ----------
-    name: ``"logreg"``, ``"mlp"``, ``"cnn"`` or ``"resnet20"``.
+    name: ``"logreg"``, ``"mlp"``, ``"cnn"``, ``"resnet20"``, a registered name or a ``module:attr`` spec.
     input_shape: the shape of one input without the batch dimension, ``(C, H, W)`` for images (the convolutional
         models require three dimensions; the others flatten any shape).
     num_classes: number of outputs (logits), ≥ 2.
@@ -76,24 +97,29 @@ def make(
     input (no BatchNorm, no buffers that change, no in-place activations, no data-dependent control flow), so
     ``torch.func.functional_call`` + ``torch.func.vmap(torch.func.grad(...))`` computes per-worker gradients.
     """
-    if not isinstance(name, str) or name not in _BUILDERS:
-        close = difflib.get_close_matches(str(name), names(), n=3)
-        hint = f"did you mean {', '.join(close)}?" if close else None
-        raise ConfigError("model", name, "one of " + ", ".join(names()), hint)
+    build = builder(name)
     shape = _check_shape(input_shape)
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
         raise ConfigError("num_classes", num_classes, "an integer >= 2")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ConfigError("generator", generator, "a torch.Generator or None")
-    builder = _BUILDERS[name]
-    accepted = [p for p in inspect.signature(builder).parameters if p not in ("input_shape", "num_classes")]
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
-        raise ConfigError(f"{name} parameter", unknown, f"parameters of {name}: {', '.join(accepted) or 'none'}")
-    with torch.device("meta"):
-        model = builder(shape, num_classes, **params)
-    model = model.to_empty(device="cpu")
-    initialise(model, generator)
+    check_params(name, build, params, skip=("input_shape", "num_classes"))
+    if name in _META_BUILT:
+        with torch.device("meta"):
+            model = build(shape, num_classes, **params)
+        model = model.to_empty(device="cpu")
+        initialise(model, generator)
+        return model.train()
+    if generator is None:
+        model = build(shape, num_classes, **params)
+    else:
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = build(shape, num_classes, **params)
+    if not isinstance(model, nn.Module):
+        got = type(model).__name__
+        raise ConfigError("model", name, f"a builder that returns a torch.nn.Module (it returned a {got})")
     return model.train()
 
 

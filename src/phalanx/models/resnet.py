@@ -91,7 +91,7 @@ class ResNet20(nn.Module):
         return self.fc(out.mean(dim=(-2, -1)))  # global average pooling
 
 
-@register("resnet20")
+@register("resnet20", meta=True)
 def resnet20(input_shape: tuple[int, ...], num_classes: int, groups: int = 2) -> nn.Module:
     """ResNet-20 with GroupNorm (``groups`` groups per normalisation layer), see :class:`ResNet20`."""
     return ResNet20(input_shape, num_classes, groups=groups)

@@ -27,7 +27,7 @@ def _positive_ints(name: str, value: Any, allow_empty: bool = False) -> tuple[in
     return tuple(value)
 
 
-@register("logreg")
+@register("logreg", meta=True)
 def logreg(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Multinomial logistic regression: ``softmax(W·vec(x) + b)`` (the softmax is in the loss).
 
@@ -37,7 +37,7 @@ def logreg(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
 
 
-@register("mlp")
+@register("mlp", meta=True)
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: Sequence[int] = (64,)) -> nn.Module:
     """Fully connected ReLU network: ``Flatten → [Linear → ReLU] per hidden size → Linear``.
 
@@ -94,7 +94,7 @@ class LeNetLike(nn.Module):
         return self.classifier(self.features(x))
 
 
-@register("cnn")
+@register("cnn", meta=True)
 def cnn(
     input_shape: tuple[int, ...], num_classes: int, channels: Sequence[int] = (16, 32), kernel_size: int = 5,
     hidden: int = 128,

@@ -11,15 +11,17 @@ Optimizers are registered by name (:func:`make`, :func:`names`); a user's own is
 
 from __future__ import annotations
 
-import difflib
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from torch import Tensor
 
 from phalanx.errors import ConfigError
+from phalanx.plugins import Registry, check_params
 
-__all__ = ["SGD", "ServerOptimizer", "make", "names"]
+__all__ = ["SGD", "ServerOptimizer", "make", "names", "register"]
+
+Opt = TypeVar("Opt")
 
 
 class ServerOptimizer(ABC):
@@ -106,23 +108,31 @@ class SGD(ServerOptimizer):
         self.buffer = None if buf is None else buf.clone()
 
 
-_OPTIMIZERS: dict[str, type[ServerOptimizer]] = {SGD.name: SGD}
+def _accept(obj: Any, name: str) -> Any:
+    if not callable(obj):
+        raise ConfigError("server_optimizer", name, "a class whose instances have step, state_dict and load_state_dict")
+    return obj
+
+
+_REGISTRY: Registry[Any] = Registry("server_optimizer", "phalanx.optimizers", _accept)
+_REGISTRY.register(SGD)
+
+
+def register(cls: Opt) -> Opt:
+    """Class decorator: make a server optimizer known to :func:`make` under ``cls.name`` (else its class name)."""
+    _REGISTRY.register(cls)
+    return cls
 
 
 def names() -> list[str]:
-    """Names :func:`make` accepts."""
-    return sorted(_OPTIMIZERS)
+    """Names :func:`make` accepts (a ``module:attr`` spec too)."""
+    return _REGISTRY.names()
 
 
 def make(name: str, **params: Any) -> ServerOptimizer:
-    """Build a server optimizer by name (``"sgd"``) with its parameters."""
-    if name not in _OPTIMIZERS:
-        close = difflib.get_close_matches(str(name), names(), n=3)
-        raise ConfigError("server_optimizer", name, "one of " + ", ".join(names()),
-                          f"did you mean {', '.join(close)}?" if close else None)
-    return _OPTIMIZERS[name](**params)
-
-
-def restore(optimizer: ServerOptimizer, state: dict[str, Tensor], like: Tensor) -> None:
-    """Load ``state`` into ``optimizer`` with every tensor on ``like``'s device and dtype."""
-    optimizer.load_state_dict({k: v.to(device=like.device, dtype=like.dtype) for k, v in state.items()})
+    """Build a server optimizer by name (``"sgd"``, a registered name, a ``module:attr`` spec or an entry point) with
+    its parameters."""
+    cls = _REGISTRY.get(name, "server_optimizer")
+    check_params(str(name), cls, params)
+    opt: ServerOptimizer = cls(**params)
+    return opt

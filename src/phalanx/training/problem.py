@@ -72,11 +72,11 @@ class Problem:
         if loss is not None and not callable(loss):
             raise ConfigError("loss", loss, "a function loss(logits, y) -> scalar (the batch mean), or None")
         self.model = model
-        self.loss = loss
+        self.loss = None if loss is F.cross_entropy else loss  # the default: the fast explicit paths apply
         self.layout = ParamLayout.of(model)
         self.buffers = dict(model.named_buffers())
         # explicit back-propagation for fully connected ReLU stacks under cross-entropy (None: vmap(grad))
-        self.stack = LinearStack.of(model) if per_worker == "auto" and loss is None else None
+        self.stack = LinearStack.of(model) if per_worker == "auto" and self.loss is None else None
         self._offsets = dict(zip(self.layout.names, self.layout.offsets))
 
     @property

@@ -31,11 +31,12 @@ class RoundResult:
 
     ``agg_error``: ‖Agg − honest mean‖² / honest spread, the price of robustness in this round (Yang, Shi & Li,
     ICML 2025, Def. 3.1); ``byz_share``: the share of the output that came from Byzantine rows; ``detection_auc``:
-    P(a random honest row got a larger share than a random Byzantine one).
+    P(a random honest row got a larger share than a random Byzantine one). Both None for a rule that does not
+    report its contributions.
     """
 
     agg_error: float
-    byz_share: float
+    byz_share: float | None
     detection_auc: float | None
 
 
@@ -160,9 +161,10 @@ class Server:
         rows = torch.arange(vectors.shape[0]) if got.rows is None else torch.tensor(got.rows)
         is_byz = rows >= self.honest
         any_byz = bool(is_byz.any())
+        known = bool(torch.isfinite(contrib).all())  # a user's rule without contributions reports NaN shares
         result = RoundResult(
             agg_error=aggregation_error(agg, vectors[~is_byz.to(vectors.device)] if any_byz else vectors),
-            byz_share=float(contrib[is_byz.to(contrib.device)].sum()) if any_byz else 0.0,
-            detection_auc=detection_auc(contrib.cpu(), is_byz),
+            byz_share=(float(contrib[is_byz.to(contrib.device)].sum()) if any_byz else 0.0) if known else None,
+            detection_auc=detection_auc(contrib.cpu(), is_byz) if known else None,
         )
         return agg, result

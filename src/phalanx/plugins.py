@@ -1,0 +1,161 @@
+"""One registry mechanism for everything a user can bring: rules, attacks, models, data sets, losses and server
+optimizers.
+
+A name given to Phalanx (in Python, in a TOML config, on the command line) resolves, in this order, to:
+
+1. a built-in, or an entry registered in this process with the kind's decorator (``@aggregators.register``,
+   ``@attacks.register``, ``@models.register("name")``, ``@data.register("name")``, ``@losses.register("name")``);
+2. a ``module:attr`` spec — ``"mylab.rules:Trimmed2"`` — imported where it is resolved, so it reaches every process
+   that reads the config (a parallel sweep's workers, every torchrun rank) as long as ``mylab`` is importable there;
+3. an installed package's entry point in the kind's group (``phalanx.aggregators``, ``phalanx.attacks``,
+   ``phalanx.models``, ``phalanx.datasets``, ``phalanx.losses``, ``phalanx.optimizers``): ``pip install`` a plug-in
+   once and its names work everywhere, like the built-ins.
+
+An unknown name is a :class:`~phalanx.errors.ConfigError` naming the parameter, listing the known names and
+suggesting the closest ones.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from collections.abc import Callable
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, Generic, TypeVar, overload
+
+from phalanx.errors import ConfigError
+
+__all__ = ["Registry", "accepted_params", "check_params", "import_spec", "is_spec"]
+
+T = TypeVar("T")
+Obj = TypeVar("Obj")
+
+
+def is_spec(name: str) -> bool:
+    """Whether ``name`` is a ``module:attr`` spec (rather than a registered name)."""
+    return isinstance(name, str) and ":" in name
+
+
+def import_spec(spec: str, parameter: str) -> Any:
+    """The object a ``module:attr`` spec names (``attr`` may be dotted); a clear error if it cannot be imported."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(parameter, spec, "a registered name or a 'module:attr' spec such as 'mylab.rules:Trimmed2'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            parameter, spec, f"a 'module:attr' spec whose module can be imported ({exc})",
+            "is the module installed, or its directory on PYTHONPATH (for every process of a sweep or a launch)?",
+        ) from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(parameter, spec, f"an attribute that exists in {module_name} (no {part!r})")
+        obj = getattr(obj, part)
+    return obj
+
+
+def accepted_params(fn: Callable[..., Any], skip: tuple[str, ...] = ()) -> list[str] | None:
+    """The keyword parameters ``fn`` accepts (without ``self`` and ``skip``), or None when it takes ``**kwargs``."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    names = []
+    for p in sig.parameters.values():
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            return None
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+            if p.name != "self" and p.name not in skip:
+                names.append(p.name)
+    return names
+
+
+def check_params(what: str, fn: Callable[..., Any], params: dict[str, Any], skip: tuple[str, ...] = ()) -> None:
+    """Refuse parameters ``fn`` does not take, listing the ones it does (``what`` names the component)."""
+    accepted = accepted_params(fn, skip)
+    if accepted is None:
+        return
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ConfigError(f"{what} parameter", unknown, f"parameters of {what}: {', '.join(accepted) or 'none'}")
+
+
+class Registry(Generic[T]):
+    """Names of one kind of component → objects (classes or builder functions).
+
+    ``kind`` is how the user names the kind in errors (``"aggregator"``), ``group`` the entry-point group
+    (``"phalanx.aggregators"``), ``accept(obj, name)`` validates (or adapts) an object before it is handed out.
+    """
+
+    def __init__(self, kind: str, group: str, accept: Callable[[Any, str], T] | None = None) -> None:
+        self.kind = kind
+        self.group = group
+        self._accept = accept
+        self._entries: dict[str, T] = {}
+        self._entry_points: dict[str, EntryPoint] | None = None
+
+    @overload
+    def register(self, obj: Obj, *, name: str | None = None) -> Obj: ...
+
+    @overload
+    def register(self, obj: None = None, *, name: str | None = None) -> Callable[[Obj], Obj]: ...
+
+    def register(self, obj: Any = None, *, name: str | None = None) -> Any:
+        """Register ``obj`` under ``name`` (default: its ``name`` attribute, else its ``__name__``); usable as a
+        decorator with or without arguments. Registering a name twice is an error."""
+
+        def deco(o: Any) -> Any:
+            key = name or getattr(o, "name", None) or getattr(o, "__name__", None)
+            if not isinstance(key, str) or not key:
+                raise ConfigError(f"{self.kind} name", key, "a non-empty string (pass name=...)")
+            if is_spec(key) or ">" in key:
+                raise ConfigError(f"{self.kind} name", key, "a name without ':' or '>'")
+            if key in self._entries:
+                raise RuntimeError(f"{self.kind} name {key!r} registered twice")
+            self._entries[key] = self._accept(o, key) if self._accept else o
+            return o
+
+        return deco if obj is None else deco(obj)
+
+    def _eps(self) -> dict[str, EntryPoint]:
+        if self._entry_points is None:
+            self._entry_points = {ep.name: ep for ep in entry_points(group=self.group)}
+        return self._entry_points
+
+    def names(self) -> list[str]:
+        """Every name :meth:`get` knows without a spec: registered ones and installed entry points, sorted."""
+        return sorted(set(self._entries) | set(self._eps()))
+
+    def registered(self) -> dict[str, T]:
+        """The entries registered in this process (built-ins and decorators), by name."""
+        return dict(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        return name in self._entries or name in self._eps() or is_spec(name)
+
+    def get(self, name: str, parameter: str | None = None) -> T:
+        """The object for ``name`` (a registered name, a ``module:attr`` spec or an entry point's name)."""
+        parameter = parameter or self.kind
+        if isinstance(name, str) and name in self._entries:
+            return self._entries[name]
+        if isinstance(name, str) and is_spec(name):
+            obj = import_spec(name, parameter)
+            return self._accept(obj, name) if self._accept else obj
+        ep = self._eps().get(name) if isinstance(name, str) else None
+        if ep is not None:
+            try:
+                obj = ep.load()
+            except Exception as exc:  # a broken plug-in: say which one
+                raise ConfigError(parameter, name, f"an entry point of {self.group} that loads ({exc!r})") from None
+            accepted = self._accept(obj, name) if self._accept else obj
+            self._entries[name] = accepted
+            return accepted
+        close = difflib.get_close_matches(str(name), self.names(), n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else None
+        raise ConfigError(
+            parameter, name, "one of " + ", ".join(self.names()) + " or a 'module:attr' spec", hint,
+        )
