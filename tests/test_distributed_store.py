@@ -5,8 +5,7 @@ critical path, the server's message replaced by a tombstone)."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
@@ -32,26 +31,52 @@ def test_collect_everything_present(store: dist.Store) -> None:
 
 def test_collect_waits_for_a_late_key(store: dist.Store) -> None:
     store.set("a", b"1")
-    threading.Timer(0.2, lambda: store.clone().set("b", b"2")).start()  # type: ignore[attr-defined]
-    t0 = time.perf_counter()
-    assert collect(store, {1: "a", 2: "b"}, set(), timeout=5.0) == {1: b"1", 2: b"2"}
-    assert 0.15 < time.perf_counter() - t0 < 4.0
+    started = threading.Event()
+
+    def late() -> None:  # set "b" only once collect has begun waiting
+        started.wait(30)
+        store.clone().set("b", b"2")  # type: ignore[attr-defined]
+
+    threading.Thread(target=late, daemon=True).start()
+    spy = _Spy(store, on_wait=started.set)
+    assert collect(spy, {1: "a", 2: "b"}, set(), timeout=30.0) == {1: b"1", 2: b"2"}  # "b" came after the wait began
 
 
 def test_collect_returns_what_arrived_after_the_timeout(store: dist.Store) -> None:
     store.multi_set(["a", "c"], [b"1", b"3"])
-    t0 = time.perf_counter()
     got = collect(store, {1: "a", 2: "b", 3: "c"}, set(), timeout=0.3)
     assert got == {1: b"1", 3: b"3"}
-    assert 0.25 < time.perf_counter() - t0 < 5.0
     assert store.timeout == timedelta(seconds=30)  # type: ignore[attr-defined]
+
+
+class _Spy:
+    """A store that records which keys were read with a wait (``multi_get``) and which were only checked."""
+
+    def __init__(self, store: dist.Store, on_wait: Callable[[], None] = lambda: None) -> None:
+        self.store, self.on_wait = store, on_wait
+        self.waited: list[list[str]] = []
+
+    @property
+    def timeout(self) -> timedelta:
+        return self.store.timeout  # type: ignore[attr-defined, no-any-return]
+
+    def set_timeout(self, t: timedelta) -> None:
+        self.store.set_timeout(t)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        self.waited.append(list(keys))
+        self.on_wait()
+        return self.store.multi_get(keys)
+
+    def check(self, keys: list[str]) -> bool:
+        return self.store.check(keys)
 
 
 def test_collect_does_not_wait_for_suspects(store: dist.Store) -> None:
     store.set("a", b"1")
-    t0 = time.perf_counter()
-    assert collect(store, {1: "a", 2: "b"}, {2}, timeout=10.0) == {1: b"1"}  # rank 2's key is absent: not waited
-    assert time.perf_counter() - t0 < 5.0
+    spy = _Spy(store)
+    assert collect(spy, {1: "a", 2: "b"}, {2}, timeout=3600.0) == {1: b"1"}  # rank 2's key is absent: not waited
+    assert spy.waited == [["a"]]  # only rank 1's key was waited for; "b" was only checked
     store.set("b", b"2")
     assert collect(store, {1: "a", 2: "b"}, {2}, timeout=10.0) == {1: b"1", 2: b"2"}  # present: taken
 

@@ -100,13 +100,24 @@ def test_specs_reach_run_and_the_processes_of_a_parallel_sweep(tmp_path: Path) -
     assert set(one) == {"mylab.rules:MedianOfMeans", "cwtm"} == set(two)
     for rule in one:  # the same runs in this process and in the sweep's worker processes
         assert one[rule][0] == two[rule][0] and torch.equal(one[rule][1], two[rule][1])
+    # `phalanx run` with engine = torchrun launches one process per worker, each resolving the specs itself
+    launched = phalanx(["run", str(PLUGINS / "job.toml"), "--out", str(tmp_path / "launch"), *SMALL,
+                        "--set", "engine=torchrun", "--set", "aggregator=mylab.rules:MedianOfMeans",
+                        "--set", "round_timeout=30"], environ)
+    assert "phalanx launch" in launched.stdout + launched.stderr
+    assert len(list((tmp_path / "launch").glob("*/distributed.json"))) == 1
+    got = final(tmp_path / "launch")["mylab.rules:MedianOfMeans"]
+    torch.testing.assert_close(got[1], one["mylab.rules:MedianOfMeans"][1], atol=1e-5, rtol=1e-4)
 
 
 @pytest.fixture
 def installed(tmp_path: Path) -> Path:
     """A site directory holding the plug-in's distribution metadata, as `pip install ./examples/plugins` writes it:
     its entry points (from examples/plugins/pyproject.toml) are what Phalanx reads."""
-    import tomllib
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
 
     project = tomllib.loads((PLUGINS / "pyproject.toml").read_text())["project"]
     site = tmp_path / "site"
