@@ -17,19 +17,37 @@ suggesting the closest ones.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, ClassVar, Generic, TypeVar, overload
 
 from phalanx.errors import ConfigError
+from phalanx.validate import suggest
 
-__all__ = ["Registry", "accepted_params", "check_params", "import_spec", "is_spec"]
+__all__ = ["Component", "Registry", "accepted_params", "check_params", "import_spec", "is_spec"]
 
 T = TypeVar("T")
 Obj = TypeVar("Obj")
+
+
+class Component:
+    """What every registered component (rule, pre-aggregator, attack) has: the name it is known by, the paper that
+    defines it, its configuration (:meth:`params`, the constructor's arguments) and a ``repr`` that shows it."""
+
+    name: ClassVar[str]
+    """The name ``make`` knows it by."""
+    reference: ClassVar[str]
+    """The paper that defines it (authors, title, venue, year, and the equation or algorithm used)."""
+
+    def params(self) -> dict[str, Any]:
+        """The configuration (constructor arguments), for logs and manifests."""
+        return {}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{type(self).__name__}({args})"
 
 
 def is_spec(name: str) -> bool:
@@ -154,8 +172,7 @@ class Registry(Generic[T]):
             accepted = self._accept(obj, name) if self._accept else obj
             self._entries[name] = accepted
             return accepted
-        close = difflib.get_close_matches(str(name), self.names(), n=3)
-        hint = f"did you mean {', '.join(close)}?" if close else None
         raise ConfigError(
-            parameter, name, "one of " + ", ".join(self.names()) + " or a 'module:attr' spec", hint,
+            parameter, name, "one of " + ", ".join(self.names()) + " or a 'module:attr' spec",
+            suggest(name, self.names()),
         )

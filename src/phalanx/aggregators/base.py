@@ -18,12 +18,14 @@ Conventions shared by every component (docs/design.md, "Conventions"):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from phalanx.errors import ConfigError, InputError
+from phalanx.plugins import Component
+from phalanx.validate import check_int, check_real
 
 __all__ = [
     "Aggregator", "PreAggregator", "check_f", "check_input", "check_positive", "check_probability", "random_source",
@@ -40,26 +42,15 @@ def check_f(f: Any) -> int:
 
 
 def check_positive(name: str, value: Any, *, integer: bool = False, allow_zero: bool = False) -> Any:
-    """Validate a positive (or non-negative) scalar parameter and return it."""
-    kind = "an integer" if integer else "a number"
-    bound = ">= 0" if allow_zero else "> 0"
-    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok_type:
-        raise ConfigError(name, value, f"{kind} {bound}")
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ConfigError(name, value, f"a finite {kind[3:] if integer else 'number'} {bound}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(name, value, f"{kind} {bound}")
-    return value
+    """Validate a positive (or non-negative) scalar parameter and return it (:mod:`phalanx.validate`)."""
+    if integer:
+        return check_int(name, value, low=0 if allow_zero else 1)
+    return check_real(name, value, low=0.0, low_open=not allow_zero)
 
 
 def check_probability(name: str, value: Any, *, open_low: bool = True) -> float:
     """Validate a fraction in (0, 1] (or [0, 1] with ``open_low=False``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise ConfigError(name, value, "a number in (0, 1]" if open_low else "a number in [0, 1]")
-    if value > 1 or value < 0 or (open_low and value == 0):
-        raise ConfigError(name, value, "a number in (0, 1]" if open_low else "a number in [0, 1]")
-    return float(value)
+    return check_real(name, value, low=0.0, low_open=open_low, high=1.0)
 
 
 def check_input(x: Any, who: str) -> Tensor:
@@ -87,13 +78,9 @@ def random_source(context: dict[str, Any], own: torch.Generator) -> torch.Genera
     return gen
 
 
-class _Component(ABC):
+class _Component(Component, ABC):
     """What rules and pre-aggregators share: a name, a reference, ``f`` and the requirement on ``n``."""
 
-    name: ClassVar[str]
-    """The name :func:`phalanx.aggregators.make` knows this component by."""
-    reference: ClassVar[str]
-    """The paper that defines it (authors, title, venue, year, and the equation or algorithm used)."""
     requirement: str = "n >= 1"
     """The requirement on n and f, as text (``min_workers`` is the same as a number)."""
     context_keys: frozenset[str] = frozenset()
@@ -135,11 +122,6 @@ class _Component(ABC):
             "name": self.name, "kind": "pre" if isinstance(self, PreAggregator) else "rule",
             "reference": self.reference, "requirement": self.requirement, "params": self.params(),
         }
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
-        return f"{type(self).__name__}({args})"
-
 
 class Aggregator(_Component):
     """A robust aggregation rule: ``(n, d) -> (d,)``.

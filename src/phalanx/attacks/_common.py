@@ -5,15 +5,11 @@ Nothing here depends on the aggregators: the attack package is part of the numer
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from phalanx.aggregators._rowops import column_mean
-from phalanx.errors import ConfigError
+from phalanx.validate import check_choice, check_int, check_real
 
 __all__ = [
     "check_choice",
@@ -26,58 +22,6 @@ __all__ = [
     "uniform",
     "work_dtype",
 ]
-
-
-def _describe_range(kind: str, low: float | None, low_open: bool, high: float | None, high_open: bool) -> str:
-    parts = []
-    if low is not None:
-        parts.append(f"{'>' if low_open else '>='} {low:g}")
-    if high is not None:
-        parts.append(f"{'<' if high_open else '<='} {high:g}")
-    return f"a finite {kind}" + (" " + " and ".join(parts) if parts else "")
-
-
-def check_real(
-    name: str,
-    value: Any,
-    *,
-    low: float | None = None,
-    low_open: bool = False,
-    high: float | None = None,
-    high_open: bool = False,
-) -> float:
-    """Validate a finite real parameter inside an (optionally half-open) interval; return it as a float."""
-    allowed = _describe_range("number", low, low_open, high, high_open)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(name, value, allowed)
-    v = float(value)
-    if not math.isfinite(v):
-        raise ConfigError(name, value, allowed)
-    if low is not None and (v < low or (low_open and v == low)):
-        raise ConfigError(name, value, allowed)
-    if high is not None and (v > high or (high_open and v == high)):
-        raise ConfigError(name, value, allowed)
-    return v
-
-
-def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:
-    """Validate an integer parameter in ``[low, high]`` (either bound optional)."""
-    allowed = "an integer" + (f" >= {low}" if low is not None else "") + (
-        f"{' and' if low is not None else ''} <= {high}" if high is not None else ""
-    )
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(name, value, allowed)
-    if (low is not None and value < low) or (high is not None and value > high):
-        raise ConfigError(name, value, allowed)
-    return value
-
-
-def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
-    """Validate a string parameter against a fixed set of choices."""
-    options = list(choices)
-    if not isinstance(value, str) or value not in options:
-        raise ConfigError(name, value, "one of " + ", ".join(repr(c) for c in options))
-    return value
 
 
 def work_dtype(x: Tensor) -> torch.dtype:

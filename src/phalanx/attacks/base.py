@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from phalanx.errors import ConfigError, InputError
+from phalanx.plugins import Component
 
 __all__ = ["Attack", "AttackContext", "DataAttack"]
 
@@ -88,22 +89,14 @@ class AttackContext:
         return int(self.honest.shape[1])
 
 
-class _Configurable(ABC):
+class _Configurable(Component, ABC):
     """Name, reference, threat model, parameters and their introspection."""
 
-    name: ClassVar[str]
-    """The name :func:`phalanx.attacks.make` knows this attack by."""
-    reference: ClassVar[str]
-    """The paper that defines it (authors, title, venue, year, and the equation or algorithm used)."""
     threat: ClassVar[str] = "omniscient: sees every honest vector of the round"
     """What the attacker knows, as text for tables."""
     needs_aggregator: ClassVar[bool] = False
     """True when the attack calls ``ctx.aggregator`` (adaptive attacks)."""
     kind: ClassVar[str] = "vector"
-
-    def params(self) -> dict[str, Any]:
-        """The configuration of this attack (its constructor arguments), for logs and manifests."""
-        return {}
 
     def describe(self) -> dict[str, Any]:
         """Metadata for tables: name, kind, reference, threat model, whether it needs the aggregator, parameters."""
@@ -111,11 +104,6 @@ class _Configurable(ABC):
             "name": self.name, "kind": self.kind, "reference": self.reference, "threat": self.threat,
             "needs_aggregator": self.needs_aggregator, "params": self.params(),
         }
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
-        return f"{type(self).__name__}({args})"
-
 
 class Attack(_Configurable):
     """A vector attack: ``ctx -> (b, d)`` Byzantine vectors.

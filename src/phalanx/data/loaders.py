@@ -13,7 +13,6 @@ Where files are looked for (first match wins, recorded in ``Dataset.source``):
 
 from __future__ import annotations
 
-import difflib
 import gzip
 import io
 import os
@@ -30,6 +29,7 @@ from phalanx.data.base import DataFormatError, Dataset, DatasetNotFoundError, st
 from phalanx.data.idx import read_idx
 from phalanx.errors import ConfigError
 from phalanx.plugins import Registry, accepted_params
+from phalanx.validate import close_matches as suggest_names
 
 __all__ = ["cache_dir", "canonical", "digits_split", "load", "names", "search_dirs"]
 
@@ -79,8 +79,8 @@ def canonical(name: str) -> str:
     key = name.strip().lower().replace("-", "").replace("_", "")
     if key in _ALIASES:
         return _ALIASES[key]
-    close = difflib.get_close_matches(name.strip().lower(), names() + list(_ALIASES), n=3)
-    hint = f"did you mean {', '.join(dict.fromkeys(_ALIASES.get(c, c) for c in close))}?" if close else None
+    close = [_ALIASES.get(c, c) for c in suggest_names(name.strip().lower(), names() + list(_ALIASES))]
+    hint = f"did you mean {', '.join(dict.fromkeys(close))}?" if close else None
     raise ConfigError("name", name, "one of " + ", ".join(names()) + " or a 'module:attr' spec", hint)
 
 

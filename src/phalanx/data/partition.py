@@ -11,7 +11,6 @@ same partition on every machine.
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ import torch
 from torch import Tensor
 
 from phalanx.errors import ConfigError
+from phalanx.validate import check_int, suggest
 
 __all__ = ["SCHEMES", "heterogeneity", "partition"]
 
@@ -40,15 +40,6 @@ def _labels_array(labels: Any) -> np.ndarray[Any, Any]:
     if int(arr.min()) < 0:
         raise ConfigError("labels", f"min {int(arr.min())}", "class indices >= 0")
     return arr.astype(np.int64, copy=False)
-
-
-def _check_int(name: str, value: Any, low: int, high: int | None = None, why: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(name, value, f"an integer >= {low}" + (f" and <= {high}" if high is not None else ""))
-    if value < low or (high is not None and value > high):
-        allowed = f"an integer in {low}..{high}" if high is not None else f"an integer >= {low}"
-        raise ConfigError(name, value, allowed, why or None)
-    return int(value)
 
 
 def partition(
@@ -102,11 +93,9 @@ def partition(
     y = _labels_array(labels)
     n = y.shape[0]
     if not isinstance(scheme, str) or scheme not in SCHEMES:
-        close = difflib.get_close_matches(str(scheme), SCHEMES, n=2)
-        hint = f"did you mean {close[0]}?" if close else None
-        raise ConfigError("scheme", scheme, "one of " + ", ".join(SCHEMES), hint)
-    n_workers = _check_int("n_workers", n_workers, 1, n, f"there are only {n} samples")
-    min_size = _check_int("min_size", min_size, 1)
+        raise ConfigError("scheme", scheme, "one of " + ", ".join(SCHEMES), suggest(scheme, SCHEMES, n=1))
+    n_workers = check_int("n_workers", n_workers, low=1, high=n, hint=f"there are only {n} samples")
+    min_size = check_int("min_size", min_size, low=1)
     if n_workers * min_size > n:
         raise ConfigError(
             "min_size", min_size, f"an integer <= {n // n_workers}", f"{n_workers} workers × {min_size} > {n} samples",
@@ -116,7 +105,8 @@ def partition(
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ConfigError("seed", seed, "an integer >= 0")
     classes = np.unique(y)
-    k = _check_int("classes_per_worker", classes_per_worker, 1, len(classes), f"{len(classes)} classes in labels")
+    k = check_int("classes_per_worker", classes_per_worker, low=1, high=len(classes),
+                  hint=f"{len(classes)} classes in labels")
     rng = np.random.default_rng(int(seed))
     if scheme == "iid":
         parts = np.array_split(rng.permutation(n), n_workers)

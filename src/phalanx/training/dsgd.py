@@ -27,10 +27,10 @@ import torch
 from torch import Tensor
 
 from phalanx.attacks.base import Attack, AttackContext, DataAttack
-from phalanx.errors import ConfigError
 from phalanx.training.problem import Problem
 from phalanx.training.shards import WorkerData, sample_batch_of, sample_batches
 from phalanx.training.streams import restored
+from phalanx.validate import check_int, check_real
 
 if TYPE_CHECKING:
     from phalanx.training.experiment import Experiment
@@ -46,14 +46,9 @@ class DSGD:
     name = "dsgd"
 
     def __post_init__(self) -> None:
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ConfigError("batch_size", self.batch_size, "an integer >= 1")
-        m = self.momentum
-        if isinstance(m, bool) or not isinstance(m, int | float) or not 0 <= m < 1:
-            raise ConfigError("momentum", m, "a number in [0, 1)")
-        wd = self.weight_decay
-        if isinstance(wd, bool) or not isinstance(wd, int | float) or not wd >= 0:
-            raise ConfigError("weight_decay", wd, "a number >= 0")
+        check_int("batch_size", self.batch_size, low=1)
+        check_real("momentum", self.momentum, low=0.0, high=1.0, high_open=True)
+        check_real("weight_decay", self.weight_decay, low=0.0)
 
     def all_workers(self, exp: Experiment, streams: dict[str, Tensor], momentum: Tensor | None) -> AllWorkers:
         """The n workers of ``exp`` in this process, from the given stream states and momentum rows."""

@@ -37,6 +37,7 @@ from phalanx.training.problem import Loss, Problem
 from phalanx.training.schedule import LRSchedule
 from phalanx.training.shards import WorkerData
 from phalanx.training.streams import generator, stream_seed
+from phalanx.validate import check_int
 
 ROOT_SAMPLES = 100
 """Size of the server's trusted root set for rules that need a reference gradient (FLTrust: Cao et al., NDSS
@@ -92,9 +93,9 @@ class Experiment:
 
     def __post_init__(self) -> None:
         for name in ("workers", "rounds", "eval_every"):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("byzantine", self.byzantine, 0)
-        _check_int("seed", self.seed, 0)
+            check_int(name, getattr(self, name), low=1)
+        check_int("byzantine", self.byzantine, low=0)
+        check_int("seed", self.seed, low=0)
         n = self.workers
         if self.byzantine >= n:
             raise ConfigError("byzantine", self.byzantine, f"< workers = {n} (at least one honest worker)")
@@ -151,8 +152,3 @@ class Experiment:
             "rounds": self.rounds, "algorithm": repr(self.algorithm), "optimizer": repr(self.optimizer),
             "lr": repr(self.lr), "seed": self.seed, "eval_every": self.eval_every, **self.columns,
         }
-
-
-def _check_int(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(name, value, f"an integer >= {low}")

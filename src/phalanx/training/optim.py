@@ -18,6 +18,7 @@ from torch import Tensor
 
 from phalanx.errors import ConfigError
 from phalanx.plugins import Registry, check_params
+from phalanx.validate import check_real
 
 __all__ = ["SGD", "ServerOptimizer", "make", "names", "register"]
 
@@ -50,13 +51,6 @@ class ServerOptimizer(ABC):
         return f"{type(self).__name__}(" + ", ".join(f"{k}={v!r}" for k, v in self.params().items()) + ")"
 
 
-def _check_fraction(name: str, value: Any, *, high_open: bool) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, int | float) and value == value
-    if not ok or value < 0 or value > 1 or (high_open and value == 1):
-        raise ConfigError(name, value, "a number in [0, 1)" if high_open else "a number in [0, 1]")
-    return float(value)
-
-
 class SGD(ServerOptimizer):
     r"""Stochastic gradient descent with optional server momentum and weight decay.
 
@@ -73,10 +67,8 @@ class SGD(ServerOptimizer):
     name: ClassVar[str] = "sgd"
 
     def __init__(self, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False) -> None:
-        self.momentum = _check_fraction("server_momentum", momentum, high_open=True)
-        if isinstance(weight_decay, bool) or not isinstance(weight_decay, int | float) or not weight_decay >= 0:
-            raise ConfigError("server_weight_decay", weight_decay, "a number >= 0")
-        self.weight_decay = float(weight_decay)
+        self.momentum = check_real("server_momentum", momentum, low=0.0, high=1.0, high_open=True)
+        self.weight_decay = check_real("server_weight_decay", weight_decay, low=0.0)
         if not isinstance(nesterov, bool):
             raise ConfigError("nesterov", nesterov, "true or false")
         if nesterov and self.momentum == 0:

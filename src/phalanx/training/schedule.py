@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from phalanx.errors import ConfigError
+from phalanx.validate import check_choice, check_int, check_real
 
 Kind = Literal["constant", "step", "cosine"]
 
@@ -25,14 +25,10 @@ class LRSchedule:
     step_every: int = 100
 
     def __post_init__(self) -> None:
-        if isinstance(self.lr, bool) or not isinstance(self.lr, int | float) or not self.lr > 0:
-            raise ConfigError("lr", self.lr, "a number > 0")
-        if self.kind not in ("constant", "step", "cosine"):
-            raise ConfigError("schedule", self.kind, "'constant', 'step' or 'cosine'")
-        for name in ("rounds", "step_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(name, value, "an integer >= 1")
+        check_real("lr", self.lr, low=0.0, low_open=True)
+        check_choice("schedule", self.kind, ("constant", "step", "cosine"))
+        check_int("rounds", self.rounds, low=1)
+        check_int("step_every", self.step_every, low=1)
 
     def __call__(self, t: int) -> float:
         if self.kind == "constant":
