@@ -13,10 +13,11 @@ from typing import Any
 
 from phalanx import aggregators, attacks, data, models
 from phalanx.errors import ConfigError
-from phalanx.experiments.config import RunConfig
-from phalanx.training import losses, optim
+from phalanx.experiments.config import RunConfig, server_optimizer
+from phalanx.training import losses
 from phalanx.training.dsgd import DSGD
 from phalanx.training.experiment import Experiment
+from phalanx.training.fedavg import FedAvg
 from phalanx.training.schedule import LRSchedule
 from phalanx.training.streams import generator, stream_seed
 
@@ -27,9 +28,14 @@ CONFIG_COLUMNS = (
 """The config values repeated on every metric row (so rows from many runs can be queried together)."""
 
 
+FEDERATED_COLUMNS = ("algorithm", "clients_per_round", "local_steps", "local_epochs", "server_lr")
+"""Added to the rows of federated runs."""
+
+
 def config_columns(cfg: RunConfig) -> dict[str, Any]:
-    """The values of :data:`CONFIG_COLUMNS` in ``cfg``."""
-    return {k: getattr(cfg, k) for k in CONFIG_COLUMNS}
+    """The values of :data:`CONFIG_COLUMNS` in ``cfg`` (and of :data:`FEDERATED_COLUMNS` for a federated run)."""
+    keys = CONFIG_COLUMNS + (FEDERATED_COLUMNS if cfg.algorithm != "dsgd" else ())
+    return {k: getattr(cfg, k) for k in keys}
 
 
 def from_config(cfg: RunConfig, dataset: data.Dataset | None = None) -> Experiment:
@@ -43,14 +49,20 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None) -> Experime
         cfg.model, ds.input_shape, ds.num_classes, generator=generator(cfg.seed, "init"), **cfg.model_params,
     )
     spec = cfg.aggregator
+    lr = LRSchedule(cfg.lr, cfg.schedule, cfg.rounds, cfg.step_every)
+    algorithm: DSGD | FedAvg
+    if cfg.algorithm == "fedavg":  # lr is the clients' (local) learning rate, server_lr the server's step
+        algorithm = FedAvg(clients_per_round=cfg.clients_per_round, local_steps=cfg.local_steps,
+                           local_epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr, momentum=cfg.momentum,
+                           weight_decay=cfg.weight_decay, prox_mu=cfg.prox_mu)
+        lr = LRSchedule(cfg.server_lr, "constant", cfg.rounds, cfg.step_every)
+    else:
+        algorithm = DSGD(batch_size=cfg.batch_size, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     return Experiment(
         model=model, loss=losses.get(cfg.loss), dataset=ds, rule=aggregators.make(spec, f=cfg.f), workers=cfg.workers,
         byzantine=cfg.byzantine,
         attack=attacks.make(cfg.attack, **cfg.attack_params), rounds=cfg.rounds,
-        algorithm=DSGD(batch_size=cfg.batch_size, momentum=cfg.momentum, weight_decay=cfg.weight_decay),
-        optimizer=optim.make(cfg.server_optimizer, momentum=cfg.server_momentum,
-                             weight_decay=cfg.server_weight_decay),
-        lr=LRSchedule(cfg.lr, cfg.schedule, cfg.rounds, cfg.step_every), shards=shards, seed=cfg.seed,
+        algorithm=algorithm, optimizer=server_optimizer(cfg), lr=lr, shards=shards, seed=cfg.seed,
         eval_every=cfg.eval_every, rule_for=lambda f: aggregators.make(spec, f=f), columns=config_columns(cfg),
     )
 

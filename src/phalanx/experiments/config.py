@@ -33,13 +33,19 @@ else:  # pragma: no cover
 
 Schedule = Literal["constant", "step", "cosine"]
 Partition = Literal["iid", "dirichlet", "pathological"]
+Algorithm = Literal["dsgd", "fedavg"]
+FEDERATED_KEYS = ("clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu")
+"""Keys that only ``algorithm = "fedavg"`` reads."""
 Engine = Literal["simulated", "torchrun"]
 Topology = Literal["server", "serverless"]
 Backend = Literal["auto", "gloo", "nccl"]
 DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend")
 """Keys that only the ``torchrun`` engine reads. A simulated run's resolved config leaves them out, so that they
 change neither its results nor its run id / ``config.json`` (run directories written before they existed resume)."""
-LATER_KEYS = ("server_optimizer", "server_momentum", "server_weight_decay", "loss")
+LATER_KEYS = (
+    "server_optimizer", "server_momentum", "server_weight_decay", "server_optimizer_params", "loss", "algorithm",
+    "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu",
+)
 """Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
 that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
 RESULT_NEUTRAL_KEYS = ("download",)
@@ -81,6 +87,22 @@ class RunConfig(BaseModel):
     )
     server_weight_decay: float = Field(0.0, ge=0, description="L2 penalty λ the server adds to the aggregate")
     loss: str = Field("cross_entropy", description="loss(logits, y), the batch mean: a name or a 'module:attr' spec")
+    server_optimizer_params: dict[str, Any] = Field(
+        default_factory=dict, description="further parameters of the server optimizer (adam: beta1, beta2, tau)",
+    )
+    algorithm: Algorithm = Field(
+        "dsgd", description="the round: 'dsgd' (every worker one gradient step, worker momentum) or 'fedavg' (sampled "
+        "clients, local steps, pseudo-gradient updates; docs/federated.md)",
+    )
+    clients_per_round: int | None = Field(
+        None, ge=1, description="fedavg: clients sampled per round (default: all `workers`, the population)",
+    )
+    local_steps: int = Field(1, ge=1, description="fedavg: local SGD steps per sampled client and round")
+    local_epochs: float | None = Field(
+        None, gt=0, description="fedavg: local passes over the client's shard (instead of local_steps)",
+    )
+    server_lr: float = Field(1.0, gt=0, description="fedavg: the server's step size on the aggregated update")
+    prox_mu: float = Field(0.0, ge=0, description="fedavg: FedProx's proximal term μ (Li et al., MLSys 2020)")
     step_every: int = Field(100, ge=1, description="'step' schedule: divide lr by 10 every this many rounds")
     seed: int = Field(0, ge=0, description="the one seed; split into named streams")
     eval_every: int = Field(20, ge=1, description="evaluate every this many rounds (and at the end)")
@@ -170,8 +192,23 @@ def check_relations(cfg: RunConfig) -> None:
     n = cfg.workers
     if cfg.byzantine >= n:
         raise ConfigError("byzantine", cfg.byzantine, f"< workers = {n} (at least one honest worker)")
-    if 2 * cfg.f >= n:
+    if 2 * cfg.f >= n and cfg.algorithm == "dsgd":
         raise ConfigError("f", cfg.f, f"< workers/2 = {n / 2:g} (f ≥ n/2 is beyond any robust rule)")
+    if cfg.algorithm == "dsgd":
+        defaults = RunConfig.model_fields
+        for key in FEDERATED_KEYS:
+            if getattr(cfg, key) != defaults[key].default:
+                raise ConfigError(key, getattr(cfg, key), "its default with algorithm = 'dsgd' (it is read by "
+                                  "algorithm = 'fedavg' only)")
+    else:
+        c = cfg.clients_per_round or n
+        if c > n:
+            raise ConfigError("clients_per_round", c, f"<= workers = {n} (the client population)")
+        if 2 * cfg.f >= c:
+            raise ConfigError("f", cfg.f, f"< clients_per_round/2 = {c / 2:g} (the rule sees {c} updates a round)")
+        if cfg.engine == "torchrun":
+            raise ConfigError("engine", cfg.engine, "'simulated' with algorithm = 'fedavg' (federated rounds run in "
+                              "one process so far)")
     if cfg.backend == "nccl" and cfg.topology == "server":
         raise ConfigError(
             "backend", cfg.backend, "'auto' or 'gloo' with topology = 'server' (its vectors go through the c10d "
@@ -183,10 +220,11 @@ def check_names(cfg: RunConfig) -> None:
     """Check the aggregator spec, attack, data set, model, loss and optimizer names (built-in, registered,
     ``module:attr`` or installed plug-ins), their parameters, and the aggregator's requirement on n."""
     rule = aggregators.make(cfg.aggregator, f=cfg.f)
-    if cfg.workers < rule.min_workers():
+    m, what = (cfg.workers, "workers") if cfg.algorithm == "dsgd" else (cfg.clients_per_round or cfg.workers,
+                                                                          "clients_per_round")
+    if m < rule.min_workers():
         raise ConfigError(
-            "workers", cfg.workers, f">= {rule.min_workers()} for aggregator {cfg.aggregator!r} with f={cfg.f} "
-            f"({rule.requirement})",
+            what, m, f">= {rule.min_workers()} for aggregator {cfg.aggregator!r} with f={cfg.f} ({rule.requirement})",
         )
     attacks.make(cfg.attack, **cfg.attack_params)
     try:
@@ -195,7 +233,22 @@ def check_names(cfg: RunConfig) -> None:
         raise ConfigError("dataset", cfg.dataset, exc.allowed, exc.hint) from None
     check_params(cfg.model, models.builder(cfg.model), cfg.model_params, skip=("input_shape", "num_classes"))
     losses.get(cfg.loss)
-    optim.make(cfg.server_optimizer, momentum=cfg.server_momentum, weight_decay=cfg.server_weight_decay)
+    server_optimizer(cfg)
+
+
+def server_optimizer(cfg: RunConfig) -> optim.ServerOptimizer:
+    """The config's server optimizer: ``server_optimizer`` with ``server_optimizer_params``; SGD also takes
+    ``server_momentum`` and ``server_weight_decay``."""
+    params = dict(cfg.server_optimizer_params)
+    if cfg.server_optimizer == "sgd":
+        params.setdefault("momentum", cfg.server_momentum)
+        params.setdefault("weight_decay", cfg.server_weight_decay)
+    else:
+        for key in ("server_momentum", "server_weight_decay"):
+            if getattr(cfg, key) != 0.0:
+                raise ConfigError(key, getattr(cfg, key), f"0 with server_optimizer = {cfg.server_optimizer!r} "
+                                  "(its parameters go in server_optimizer_params)")
+    return optim.make(cfg.server_optimizer, **params)
 
 
 def parse_value(text: str, key: str | None = None) -> Any:

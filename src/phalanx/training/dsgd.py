@@ -29,6 +29,7 @@ from torch import Tensor
 from phalanx.attacks.base import Attack, AttackContext, DataAttack
 from phalanx.training.problem import Problem
 from phalanx.training.shards import WorkerData, sample_batch_of, sample_batches
+from phalanx.training.state import Received
 from phalanx.training.streams import restored
 from phalanx.validate import check_int, check_real
 
@@ -49,6 +50,10 @@ class DSGD:
         check_int("batch_size", self.batch_size, low=1)
         check_real("momentum", self.momentum, low=0.0, high=1.0, high_open=True)
         check_real("weight_decay", self.weight_decay, low=0.0)
+
+    def per_round(self, workers: int) -> int:
+        """How many vectors the server aggregates each round: every worker's."""
+        return workers
 
     def all_workers(self, exp: Experiment, streams: dict[str, Tensor], momentum: Tensor | None) -> AllWorkers:
         """The n workers of ``exp`` in this process, from the given stream states and momentum rows."""
@@ -149,9 +154,9 @@ class AllWorkers(_Workers):
         super().__init__(algo, exp, streams)
         self.buffer = momentum
 
-    def round(self, theta: Tensor, t: int, rule: Callable[[Tensor], Tensor]) -> Tensor:
+    def round(self, theta: Tensor, t: int, rule: Callable[[Tensor], Tensor]) -> Received:
         """The n vectors of round t, ``(n, d)``: the momentum rows of the computing workers, then the vector
-        attack's rows. The buffer is updated in place and returned (the same tensor every round)."""
+        attack's rows. The buffer is updated in place and delivered (the same tensor every round)."""
         exp, algo = self.exp, self.algo
         xb, yb = worker_batches(
             exp.data, exp.attack, workers=self.n, byzantine=self.b, batch_size=algo.batch_size,
@@ -168,7 +173,7 @@ class AllWorkers(_Workers):
         m = self.buffer
         if self.vector_attack:
             m[self.honest_n :] = self._attack(m[: self.honest_n], rule, t)
-        return m
+        return Received(m)
 
 
 class OneWorker(_Workers):

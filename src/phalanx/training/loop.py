@@ -96,6 +96,8 @@ class Evaluate(Callback):
             "byz_share": result.byz_share if result is not None else None,
             "detection_auc": result.detection_auc if result is not None else None,
         }
+        if result is not None and result.sampled_byzantine is not None:  # a federated round: who was sampled
+            row["byzantine_sampled"] = result.sampled_byzantine
         row.update(exp.columns)
         return row
 
@@ -197,9 +199,11 @@ class Loop:
             cb.on_finish(self)
         return self.rows
 
-    def _rows(self, got: Received) -> Tensor:
+    def _rows(self, got: Received) -> Tensor | None:
         """Every worker's last vector, ``(n, d)``: the received matrix itself when all n arrived in order, else the
         previous matrix with the received rows written in."""
+        if not got.state_rows:
+            return self.state.momentum
         if got.rows is None:
             return got.vectors
         rows = self.state.momentum

@@ -14,13 +14,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, TypeVar
 
+import torch
 from torch import Tensor
 
 from phalanx.errors import ConfigError
 from phalanx.plugins import Registry, check_params
 from phalanx.validate import check_real
 
-__all__ = ["SGD", "ServerOptimizer", "make", "names", "register"]
+__all__ = ["SGD", "Adam", "ServerOptimizer", "make", "names", "register"]
 
 Opt = TypeVar("Opt")
 
@@ -100,6 +101,65 @@ class SGD(ServerOptimizer):
         self.buffer = None if buf is None else buf.clone()
 
 
+class Adam(ServerOptimizer):
+    r"""Adam on the server, as FedAdam (Reddi et al., "Adaptive federated optimization", ICLR 2021, Algorithm 2):
+
+    .. math:: m_t = \beta_1 m_{t-1} + (1-\beta_1) a_t,\qquad v_t = \beta_2 v_{t-1} + (1-\beta_2) a_t^2,\qquad
+              \theta_{t+1} = \theta_t - \eta\, m_t / (\sqrt{v_t} + \tau)
+
+    with :math:`a_t` the aggregate (for federated rounds the aggregated pseudo-gradient θ − θᵢ, so this is the
+    paper's :math:`x_{t+1} = x_t + \eta\, m_t/(\sqrt{v_t}+\tau)` with :math:`\Delta_t = -a_t`), :math:`m_0 = v_0 = 0`,
+    no bias correction (as in the paper), and the adaptivity :math:`\tau` (the paper searches 10⁻⁹ … 10⁻¹; default
+    10⁻³). ``bias_correction=True`` gives PyTorch's Adam (Kingma & Ba 2015) with ε = τ.
+    """
+
+    name: ClassVar[str] = "adam"
+
+    def __init__(
+        self, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3, bias_correction: bool = False,
+    ) -> None:
+        self.beta1 = check_real("beta1", beta1, low=0.0, high=1.0, high_open=True)
+        self.beta2 = check_real("beta2", beta2, low=0.0, high=1.0, high_open=True)
+        self.tau = check_real("tau", tau, low=0.0, low_open=True)
+        if not isinstance(bias_correction, bool):
+            raise ConfigError("bias_correction", bias_correction, "true or false")
+        self.bias_correction = bias_correction
+        self.m: Tensor | None = None
+        self.v: Tensor | None = None
+        self.t = 0
+
+    def params(self) -> dict[str, Any]:
+        return {"beta1": self.beta1, "beta2": self.beta2, "tau": self.tau, "bias_correction": self.bias_correction}
+
+    def step(self, theta: Tensor, direction: Tensor, lr: float) -> Tensor:
+        if self.m is None or self.v is None:
+            self.m, self.v = torch.zeros_like(direction), torch.zeros_like(direction)
+        self.t += 1
+        self.m.mul_(self.beta1).add_(direction, alpha=1 - self.beta1)
+        self.v.mul_(self.beta2).addcmul_(direction, direction, value=1 - self.beta2)
+        m, v = self.m, self.v
+        if self.bias_correction:
+            m = m / (1 - self.beta1**self.t)
+            v = v / (1 - self.beta2**self.t)
+        return theta - lr * m / (v.sqrt() + self.tau)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        if self.m is None or self.v is None:
+            return {}
+        return {"m": self.m.clone(), "v": self.v.clone(), "step": torch.tensor([self.t], dtype=torch.float64)}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        unknown = set(state) - {"m", "v", "step"}
+        if unknown:
+            raise ConfigError("optimizer state", sorted(unknown), "m, v and step (Adam)")
+        if not state:
+            self.m = self.v = None
+            self.t = 0
+            return
+        self.m, self.v = state["m"].clone(), state["v"].clone()
+        self.t = int(state["step"].reshape(-1)[0])
+
+
 def _accept(obj: Any, name: str) -> Any:
     if not callable(obj):
         raise ConfigError("server_optimizer", name, "a class whose instances have step, state_dict and load_state_dict")
@@ -108,6 +168,7 @@ def _accept(obj: Any, name: str) -> Any:
 
 _REGISTRY: Registry[Any] = Registry("server_optimizer", "phalanx.optimizers", _accept)
 _REGISTRY.register(SGD)
+_REGISTRY.register(Adam)
 
 
 def register(cls: Opt) -> Opt:

@@ -101,6 +101,20 @@ class Problem:
         per_worker = vmap(grad(self._loss), in_dims=(None, 0, 0))(params, xb, yb)
         return self.layout.flatten(per_worker, batch_dims=1)
 
+    def grads_each(self, thetas: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
+        """Gradients ``(W, d)`` when every worker has parameters of its own: row i of ``thetas (W, d)`` on batch
+        ``(xb[i], yb[i])`` — one ``vmap(grad)`` over the stacked parameters (federated clients after their first
+        local step)."""
+        if thetas.dim() != 2 or thetas.shape != (xb.shape[0], self.dim):
+            raise ValueError(f"thetas must be ({xb.shape[0]}, {self.dim}), got {tuple(thetas.shape)}")
+        w = thetas.shape[0]
+        params = {
+            n: thetas[:, o : o + s.numel()].detach().view(w, *s)
+            for n, s, o in zip(self.layout.names, self.layout.shapes, self.layout.offsets)
+        }
+        per_worker = vmap(grad(self._loss), in_dims=(0, 0, 0))(params, xb, yb)
+        return self.layout.flatten(per_worker, batch_dims=1)
+
     def accumulate_grads(
         self, theta: Tensor, xb: Tensor, yb: Tensor, out: Tensor, weight: float, weight_decay: float = 0.0,
     ) -> Tensor:

@@ -57,3 +57,14 @@ def sample_batch_of(
     a distributed run does not copy the other n − 1 batches."""
     idx = _batch_indices(data, workers, batch, gen)[row]
     return data.x.index_select(0, idx)[None], data.y.index_select(0, idx)[None]
+
+
+def sample_batches_of(data: WorkerData, ids: Tensor, batch: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """The workers ``ids`` (any subset, in the given order) each draw ``batch`` samples uniformly (with replacement)
+    from their own shard: ``(x (len(ids), B, ...), y (len(ids), B))``, one draw of ``gen`` for all of them."""
+    sizes = data._sizes[ids]
+    u = torch.rand(ids.numel(), batch, generator=gen, dtype=torch.float64)
+    pos = torch.minimum((u * sizes[:, None]).long(), sizes[:, None] - 1)
+    idx = data._flat[data._starts[ids][:, None] + pos].reshape(-1)
+    xb = data.x.index_select(0, idx).view(ids.numel(), batch, *data.x.shape[1:])
+    return xb, data.y.index_select(0, idx).view(ids.numel(), batch)

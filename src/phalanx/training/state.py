@@ -45,7 +45,8 @@ class Received:
     """The vectors one round delivered to the aggregation.
 
     ``vectors`` is ``(m, d)``; ``rows`` names the worker of each row (``None``: all n workers in index order, the
-    normal round); ``missing`` the workers whose vector did not arrive. ``sent`` / ``received`` count the payload
+    normal DSGD round; a federated round names its sampled clients); ``missing`` the workers whose vector did not
+    arrive. ``sent`` / ``received`` count the payload
     bytes the aggregating process moved (0 in process).
     """
 
@@ -54,6 +55,9 @@ class Received:
     missing: list[int] = field(default_factory=list)
     sent: int = 0
     received: int = 0
+    state_rows: bool = True
+    """Whether the vectors are the workers' state to carry into the next round and the checkpoint (DSGD's momentum
+    rows); federated clients keep nothing between rounds."""
 
 
 class RoundAborted(Exception):

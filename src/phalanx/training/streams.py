@@ -11,6 +11,7 @@ model), so every consumer draws from its own stream, seeded from the run's seed 
 ``attack``      the Byzantine workers' draws (noise, poisoned labels), every round (worker side)
 ``aggregator``  a stochastic rule's draws (bucketing's permutation, DnC's / SignGuard's coordinates), every round
                 (server side)
+``clients``     which clients a federated round samples, every round
 ==============  =====================================================================================
 
 The per-round streams' states go into every checkpoint, so a resumed run draws exactly what an uninterrupted one
@@ -23,7 +24,7 @@ import hashlib
 
 import torch
 
-ROUND_STREAMS = ("batches", "attack", "aggregator")
+ROUND_STREAMS = ("batches", "attack", "aggregator", "clients")
 """The streams drawn from every round, whose states a checkpoint holds (:func:`phalanx.training.loop.fresh_start`)."""
 
 

@@ -18,7 +18,7 @@ worker-side stream states for a checkpoint; :meth:`close` ends the run (``error`
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor
 
@@ -26,8 +26,15 @@ from phalanx.training.server import BoundRule
 from phalanx.training.state import Received, Snapshot
 
 if TYPE_CHECKING:
-    from phalanx.training.dsgd import AllWorkers
     from phalanx.training.experiment import Experiment
+
+
+class WorkerSide(Protocol):
+    """What a round algorithm's in-process worker side does: one round's vectors, and its streams' states."""
+
+    def round(self, theta: Tensor, t: int, rule: BoundRule) -> Received: ...
+
+    def streams(self) -> dict[str, Tensor]: ...
 
 
 class Transport(ABC):
@@ -62,7 +69,7 @@ class InProcess(Transport):
     """
 
     def __init__(self) -> None:
-        self.workers: AllWorkers | None = None
+        self.workers: WorkerSide | None = None
 
     def open(self, experiment: Experiment, start: Snapshot) -> Snapshot:
         self.workers = experiment.algorithm.all_workers(experiment, start.streams, start.state.momentum)
@@ -70,7 +77,7 @@ class InProcess(Transport):
 
     def exchange(self, theta: Tensor, t: int, rule: BoundRule) -> Received:
         assert self.workers is not None, "open() first"
-        return Received(self.workers.round(theta, t, rule))
+        return self.workers.round(theta, t, rule)
 
     def streams(self) -> dict[str, Tensor]:
         assert self.workers is not None, "open() first"
