@@ -190,3 +190,48 @@ def test_config_errors(change: dict[str, Any], match: str) -> None:
 def test_dsgd_configs_keep_their_identity() -> None:
     cfg = make_config({k: v for k, v in FED.items() if k not in ("algorithm", "clients_per_round", "local_steps")})
     assert not {"algorithm", "clients_per_round", "local_steps", "server_lr"} & set(cfg.identity())
+
+
+def test_backdoor_trigger_poisoning_and_success_rate() -> None:
+    bd = attacks.make("backdoor", target=3, size=2, value=9.0, poison_fraction=0.5)
+    x, y = torch.zeros(8, 1, 4, 4), torch.arange(8) % 5
+    x2, y2 = bd.transform(x, y, 10, torch.Generator().manual_seed(0))
+    poisoned = (x2 != x).flatten(1).any(1)
+    assert int(poisoned.sum()) == 4 and bool((y2[poisoned] == 3).all()) and torch.equal(y2[~poisoned], y[~poisoned])
+    assert torch.equal(x2[poisoned][0, 0, 2:, 2:], torch.full((2, 2), 9.0)) and x2[poisoned][0, 0, :2].eq(0).all()
+    assert torch.equal(x, torch.zeros(8, 1, 4, 4))  # the input is not modified
+    flat = bd.trigger(torch.zeros(3, 10))
+    assert flat[:, -4:].eq(9.0).all() and flat[:, :-4].eq(0).all()
+    # success rate: the share of triggered non-target inputs classified as the target
+    fooled = bd.metrics(lambda xs: torch.full((xs.shape[0],), 3), x, y)
+    clean = bd.metrics(lambda xs: torch.zeros(xs.shape[0], dtype=torch.long), x, y)
+    assert fooled == {"attack_success": 1.0} and clean == {"attack_success": 0.0}
+    with pytest.raises(ConfigError, match="poison_fraction"):
+        attacks.make("backdoor", poison_fraction=0.0)
+
+
+def test_backdoor_in_federated_rounds_logs_its_success_and_boost_scales_the_update() -> None:
+    cfg = make_config({**FED, "attack": "backdoor", "rounds": 4, "eval_every": 2, "attack_params": {"boost": 1.0}})
+    rows = train(cfg)
+    assert all("attack_success" in r for r in rows)
+
+    def first_round_vectors(boost: float) -> tuple[torch.Tensor, list[int]]:
+        exp = from_config(make_config({**FED, "attack": "backdoor", "attack_params": {"boost": boost}}))
+        loop = Loop(exp)
+        loop.open()
+        workers = loop.transport.workers
+        assert workers is not None
+        got = workers.round(exp.problem.initial_theta(), 0, lambda x: x.mean(0))
+        assert got.rows is not None
+        return got.vectors, got.rows
+
+    plain, rows = first_round_vectors(1.0)
+    boosted, _ = first_round_vectors(4.0)
+    byz = torch.tensor([r >= 16 for r in rows])
+    assert bool(byz.any())
+    torch.testing.assert_close(boosted[byz], 4.0 * plain[byz])
+    torch.testing.assert_close(boosted[~byz], plain[~byz])
+    with pytest.raises(ConfigError, match="boost=4.0 is invalid: allowed 1 with distributed SGD"):
+        from_config(make_config({k: v for k, v in FED.items() if k not in (
+            "algorithm", "clients_per_round", "local_steps")} | {"attack": "backdoor",
+                                                                  "attack_params": {"boost": 4.0}}))

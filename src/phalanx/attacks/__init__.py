@@ -12,8 +12,9 @@ model (``describe()``). See docs/attacks.md.
 """
 
 # Importing a module registers its attacks with make()/names().
-from phalanx.attacks import alie, fang, labelflip, mimic, minmax, noise, none, optimal, scaling  # noqa: F401
+from phalanx.attacks import alie, backdoor, fang, labelflip, mimic, minmax, noise, none, optimal, scaling  # noqa: F401
 from phalanx.attacks.alie import ALIE, alie_z_max
+from phalanx.attacks.backdoor import Backdoor
 from phalanx.attacks.base import Attack, AttackContext, DataAttack
 from phalanx.attacks.fang import Fang
 from phalanx.attacks.labelflip import LabelFlip
@@ -29,6 +30,7 @@ __all__ = [
     "ALIE",
     "Attack",
     "AttackContext",
+    "Backdoor",
     "DataAttack",
     "FallOfEmpires",
     "Fang",

@@ -226,7 +226,11 @@ def check_names(cfg: RunConfig) -> None:
         raise ConfigError(
             what, m, f">= {rule.min_workers()} for aggregator {cfg.aggregator!r} with f={cfg.f} ({rule.requirement})",
         )
-    attacks.make(cfg.attack, **cfg.attack_params)
+    attack = attacks.make(cfg.attack, **cfg.attack_params)
+    boost = float(getattr(attack, "boost", 1.0))
+    if boost != 1.0 and cfg.algorithm == "dsgd":
+        raise ConfigError("attack_params.boost", boost, "1 with algorithm = 'dsgd' (boosting scales a federated "
+                          "client's update)")
     try:
         data.canonical(cfg.dataset)
     except ConfigError as exc:

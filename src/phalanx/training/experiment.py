@@ -108,6 +108,10 @@ class Experiment:
             raise ConfigError("f", self.rule.f, f"< {what}/2 = {m / 2:g} (f ≥ n/2 is beyond any robust rule)")
         if m < self.rule.min_workers():
             raise ConfigError(what, m, f">= {self.rule.min_workers()} for {self.rule!r} ({self.rule.requirement})")
+        boost = float(getattr(self.attack, "boost", 1.0))
+        if boost != 1.0 and isinstance(self.algorithm, DSGD):
+            raise ConfigError("boost", boost, "1 with distributed SGD (boosting scales a federated client's update; a "
+                              "DSGD worker's vector is carried into its momentum)")
         self.problem = self.model if isinstance(self.model, Problem) else Problem(self.model, loss=self.loss)
         ds = self.dataset
         if self.shards is None:

@@ -130,6 +130,9 @@ class FedAvgClients:
         data_attack = isinstance(exp.attack, DataAttack)
         train_ids = ids if data_attack else honest_ids
         vectors = self._train(theta, train_ids, t, poisoned=int(byz_ids.numel()) if data_attack else 0)
+        boost = float(getattr(exp.attack, "boost", 1.0))
+        if data_attack and byz_ids.numel() and boost != 1.0:  # model replacement: the poisoned updates scaled
+            vectors[-int(byz_ids.numel()):] *= boost
         if not data_attack and byz_ids.numel():
             if honest_ids.numel():
                 assert isinstance(exp.attack, Attack)

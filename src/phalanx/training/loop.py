@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+import torch
 from torch import Tensor
 
 from phalanx.errors import WorkersLostError
@@ -98,6 +99,12 @@ class Evaluate(Callback):
         }
         if result is not None and result.sampled_byzantine is not None:  # a federated round: who was sampled
             row["byzantine_sampled"] = result.sampled_byzantine
+        extra = getattr(exp.attack, "metrics", None)  # an attack's own measure (a backdoor's success rate)
+        if callable(extra):
+            theta = loop.state.theta
+            ok = bool(torch.isfinite(theta).all())
+            measured = extra(lambda x: exp.problem.predict(theta, x), exp.dataset.test_x, exp.dataset.test_y)
+            row.update({k: (v if ok else None) for k, v in measured.items()})
         row.update(exp.columns)
         return row
 

@@ -154,6 +154,14 @@ class Problem:
         return torch.stack(rows)
 
     @torch.no_grad()
+    def predict(self, theta: Tensor, x: Tensor, batch: int = 2048) -> Tensor:
+        """The predicted class of every input of ``x`` under θ (argmax of the logits), ``(N,)``."""
+        params = self.layout.views(theta)
+        out = [functional_call(self.model, (params, self.buffers), (x[s : s + batch],)).argmax(dim=1)
+               for s in range(0, x.shape[0], batch)]
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+
+    @torch.no_grad()
     def evaluate(self, theta: Tensor, x: Tensor, y: Tensor, batch: int = 2048) -> tuple[float, float]:
         """``(accuracy, mean loss)`` of θ on a data set (non-finite θ gives accuracy 0 and loss inf)."""
         if not bool(torch.isfinite(theta).all()):
