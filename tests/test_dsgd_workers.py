@@ -42,7 +42,7 @@ def test_rank_batches_and_vectors_are_the_in_process_rows(attack: str, byzantine
     # the vectors: every rank's (momentum row, or attack row) equals the in-process row, round after round
     ranks = [exp.algorithm.one_worker(exp, r, streams, None) for r in range(cfg.workers)]
     for t in range(3):
-        rows = everyone.round(theta, t, rule).clone()
+        rows = everyone.round(theta, t, rule).vectors.clone()
         sent = [w.vector(theta) for w in ranks]
         honest = torch.stack([v for v in sent[: exp.honest] if v is not None])
         for w, v in zip(ranks, sent):

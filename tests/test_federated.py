@@ -231,7 +231,10 @@ def test_backdoor_in_federated_rounds_logs_its_success_and_boost_scales_the_upda
     assert bool(byz.any())
     torch.testing.assert_close(boosted[byz], 4.0 * plain[byz])
     torch.testing.assert_close(boosted[~byz], plain[~byz])
-    with pytest.raises(ConfigError, match="boost=4.0 is invalid: allowed 1 with distributed SGD"):
-        from_config(make_config({k: v for k, v in FED.items() if k not in (
-            "algorithm", "clients_per_round", "local_steps")} | {"attack": "backdoor",
-                                                                  "attack_params": {"boost": 4.0}}))
+    dsgd = {k: v for k, v in FED.items() if k not in ("algorithm", "clients_per_round", "local_steps")}
+    with pytest.raises(ConfigError, match=r"boost=4\.0 is invalid: allowed 1 with algorithm = 'dsgd'"):
+        make_config({**dsgd, "attack": "backdoor", "attack_params": {"boost": 4.0}})
+    with pytest.raises(ConfigError, match=r"boost=4\.0 is invalid: allowed 1 with distributed SGD"):  # objects API
+        exp = from_config(make_config({**dsgd, "attack": "backdoor"}))
+        Experiment(model=exp.problem, dataset=exp.dataset, rule=exp.rule, workers=exp.workers,
+                   attack=attacks.make("backdoor", boost=4.0))

@@ -131,7 +131,7 @@ class RunConfig(BaseModel):
             for key in DISTRIBUTED_KEYS:
                 out.pop(key, None)
         for key in LATER_KEYS:
-            if key in out and out[key] == type(self).model_fields[key].default:
+            if key in out and out[key] == type(self).model_fields[key].get_default(call_default_factory=True):
                 out.pop(key)
         return out
 
@@ -197,7 +197,7 @@ def check_relations(cfg: RunConfig) -> None:
     if cfg.algorithm == "dsgd":
         defaults = RunConfig.model_fields
         for key in FEDERATED_KEYS:
-            if getattr(cfg, key) != defaults[key].default:
+            if getattr(cfg, key) != defaults[key].get_default(call_default_factory=True):
                 raise ConfigError(key, getattr(cfg, key), "its default with algorithm = 'dsgd' (it is read by "
                                   "algorithm = 'fedavg' only)")
     else:
