@@ -238,3 +238,13 @@ def test_backdoor_in_federated_rounds_logs_its_success_and_boost_scales_the_upda
         exp = from_config(make_config({**dsgd, "attack": "backdoor"}))
         Experiment(model=exp.problem, dataset=exp.dataset, rule=exp.rule, workers=exp.workers,
                    attack=attacks.make("backdoor", boost=4.0))
+
+
+@pytest.mark.parametrize("name", ["fedavg.toml", "local_steps.toml"])
+def test_the_example_configs_are_valid_grids(name: str) -> None:
+    from phalanx.experiments import grid, load_toml
+    from phalanx.experiments.build import check_points
+
+    cfgs = grid.configs(load_toml(Path(__file__).resolve().parent.parent / "examples" / "federated" / name))
+    check_points(cfgs)
+    assert all(c.algorithm == "fedavg" for c in cfgs)
