@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,15 +28,14 @@ class RoundLog:
 
 
 class DistributedLog(Callback):
-    """``distributed.json`` in the run directory, written with every checkpoint (``checkpoint_every``), when the
-    run stops early and at the end; on resume, the rounds logged before the checkpoint are kept."""
+    """``distributed.json`` in the run directory, written with every checkpoint (``due``: the run directory's
+    schedule), when the run stops early and at the end; on resume, the rounds logged before the checkpoint are kept."""
 
-    def __init__(self, path: Path, topology: str, world_size: int, checkpoint_every: int, rounds: int) -> None:
+    def __init__(self, path: Path, topology: str, world_size: int, due: Callable[[int], bool]) -> None:
         self.path = path
         self.topology = topology
         self.world_size = world_size
-        self.every = checkpoint_every
-        self.rounds = rounds
+        self.due = due  # whether the run directory checkpoints after this many rounds (RunDirectory.checkpoints)
         self.log: list[RoundLog] = []
 
     def on_start(self, loop: Loop) -> None:
@@ -45,8 +45,7 @@ class DistributedLog(Callback):
 
     def on_round(self, loop: Loop, info: RoundInfo) -> None:
         self.log.append(RoundLog(info.round, info.seconds, info.missing, info.sent, info.received))
-        done = loop.state.round
-        if done % self.every == 0 or done == self.rounds:
+        if self.due(loop.state.round):
             self.write()
 
     def on_abort(self, loop: Loop, snapshot: Snapshot) -> str | None:

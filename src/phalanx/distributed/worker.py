@@ -85,7 +85,7 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
             rundir = RunDirectory.of(run_dir, cfg.identity(), exp, cfg.checkpoint_every)
             start = rundir.open()
             callbacks += [rundir, DistributedLog(run_dir / "distributed.json", cfg.topology, renv.world_size,
-                                                 cfg.checkpoint_every, cfg.rounds)]
+                                                 rundir.checkpoints)]
         callbacks.append(log)
     transport: Transport
     if cfg.topology == "serverless":

@@ -135,10 +135,6 @@ class RunConfig(BaseModel):
                 out.pop(key)
         return out
 
-    def evaluates(self, t: int) -> bool:
-        """Whether round ``t`` (counted from 0) ends with an evaluation: every ``eval_every`` rounds and the last."""
-        return (t + 1) % self.eval_every == 0 or t + 1 == self.rounds
-
     def identity(self) -> dict[str, Any]:
         """The resolved config without the result-neutral keys: what names a run and what a resume must match."""
         out: dict[str, Any] = self.model_dump(mode="json")
