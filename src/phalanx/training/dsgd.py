@@ -81,19 +81,23 @@ def worker_batches(
     One draw of the ``batches`` stream for all ``C`` computing workers (:func:`sample_batches`); a data attack then
     poisons the Byzantine workers' batches, one ``attack`` stream draw per Byzantine worker in index order.
     """
-    honest_n = workers - byzantine
     computing = computing_workers(attack, workers, byzantine)
     xb, yb = sample_batches(data, computing, batch_size, batch_gen)
     if isinstance(attack, DataAttack) and byzantine:
-        xs, ys = xb[honest_n:], yb[honest_n:]
-        xb_b, yb_b = [], []
-        for i in range(byzantine):
-            xi, yi = attack.transform(xs[i], ys[i], data.num_classes, attack_gen)
-            xb_b.append(xi)
-            yb_b.append(yi)
-        xb = torch.cat([xb[:honest_n], torch.stack(xb_b)])
-        yb = torch.cat([yb[:honest_n], torch.stack(yb_b)])
+        xb, yb = poison_rows(attack, xb, yb, workers - byzantine, data.num_classes, attack_gen)
     return xb, yb
+
+
+def poison_rows(
+    attack: DataAttack, xb: Tensor, yb: Tensor, first: int, num_classes: int, attack_gen: torch.Generator,
+) -> tuple[Tensor, Tensor]:
+    """The batches ``(W, B, ...)`` with rows ``first …`` (the Byzantine workers') poisoned by a data attack, one
+    ``attack`` stream draw per row in order; the rows before ``first`` as they are."""
+    if first >= xb.shape[0]:
+        return xb, yb
+    poisoned = [attack.transform(xb[i], yb[i], num_classes, attack_gen) for i in range(first, xb.shape[0])]
+    return (torch.cat([xb[:first], torch.stack([x for x, _ in poisoned])]),
+            torch.cat([yb[:first], torch.stack([y for _, y in poisoned])]))
 
 
 def local_momentum(

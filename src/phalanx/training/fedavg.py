@@ -35,7 +35,7 @@ from torch import Tensor
 
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.errors import ConfigError
-from phalanx.training.dsgd import byzantine_vectors
+from phalanx.training.dsgd import byzantine_vectors, poison_rows
 from phalanx.training.shards import sample_batches_of
 from phalanx.training.state import Received
 from phalanx.training.streams import restored
@@ -157,7 +157,8 @@ class FedAvgClients:
         for k in range(int(steps.max())):
             xb, yb = sample_batches_of(exp.data, ids, algo.batch_size, self.batch_gen)
             if poisoned:
-                xb, yb = self._poison(xb, yb, w - poisoned)
+                assert isinstance(exp.attack, DataAttack)
+                xb, yb = poison_rows(exp.attack, xb, yb, w - poisoned, exp.data.num_classes, self.attack_gen)
             g = exp.problem.grads_each(params, xb, yb)
             if algo.weight_decay:
                 g.add_(params, alpha=algo.weight_decay)
@@ -171,14 +172,3 @@ class FedAvgClients:
             else:
                 params[active] -= lr * g[active]
         return theta - params
-
-    def _poison(self, xb: Tensor, yb: Tensor, first: int) -> tuple[Tensor, Tensor]:
-        """The batches of rows ``first …`` poisoned by the data attack (one ``attack`` stream draw each, in order)."""
-        attack = self.exp.attack
-        assert isinstance(attack, DataAttack)
-        xs, ys = [xb[:first]], [yb[:first]]
-        for i in range(first, xb.shape[0]):
-            xi, yi = attack.transform(xb[i], yb[i], self.exp.data.num_classes, self.attack_gen)
-            xs.append(xi[None])
-            ys.append(yi[None])
-        return torch.cat(xs), torch.cat(ys)
