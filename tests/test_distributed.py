@@ -61,9 +61,13 @@ def simulated(data: dict[str, Any], out: Path) -> dict[str, torch.Tensor]:
 
 def assert_same_run(dist_dir: Path, sim: dict[str, torch.Tensor], sim_dir: Path) -> None:
     got = load_file(str(dist_dir / "checkpoint.safetensors"))
+    assert set(got) == set(sim)
     for key in ("theta", "momentum", "previous"):
-        torch.testing.assert_close(got[key], sim[key], atol=1e-5, rtol=1e-4, msg=f"{key} differs")
-    assert torch.equal(got["rng.batches"], sim["rng.batches"]) and torch.equal(got["rng.attack"], sim["rng.attack"])
+        if key in sim:
+            torch.testing.assert_close(got[key], sim[key], atol=1e-5, rtol=1e-4, msg=f"{key} differs")
+    for key in sim:
+        if key.startswith("rng."):
+            assert torch.equal(got[key], sim[key]), f"stream {key} differs"
     rows = [json.loads(x) for x in (dist_dir / "metrics.jsonl").read_text().splitlines()]
     sim_rows = [json.loads(x) for x in (sim_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [r["round"] for r in sim_rows]
@@ -94,13 +98,14 @@ def run_job(
     cfg_path = write_toml(tmp / f"job{time.monotonic_ns()}.toml", data)
     errs = tmp / f"stderr{time.monotonic_ns()}.txt"
     port = free_port()
+    size = data["clients_per_round"] if data.get("algorithm") == "fedavg" else data["workers"]  # a rank per slot
     with errs.open("wb") as fh:
-        procs = launch.spawn(data["workers"], launch.worker_args(cfg_path, [], out), extra_env=env, stderr=fh,
+        procs = launch.spawn(size, launch.worker_args(cfg_path, [], out), extra_env=env, stderr=fh,
                              stdout=subprocess.DEVNULL, master_port=port)
         try:
             if script is not None:
                 # a client of the job's store, as a worker rank opens it (same key prefix)
-                client = RankEnv(1, data["workers"], 1, "127.0.0.1", port, agent_store=False, run_id="local.0")
+                client = RankEnv(1, size, 1, "127.0.0.1", port, agent_store=False, run_id="local.0")
                 script(procs, errs, open_store(client, JOB_TIMEOUT_S))
             code = launch.supervise(procs, grace_s=5.0, timeout_s=JOB_TIMEOUT_S, say=lambda s: None)
         finally:
@@ -192,6 +197,38 @@ def test_launch_matches_simulated_with_a_byzantine_rank(tmp_path: Path) -> None:
     assert all(r["received"] > 0 and r["sent"] > 0 for r in log)
 
 
+FED_JOB: dict[str, Any] = {
+    **BASE, "algorithm": "fedavg", "workers": 6, "clients_per_round": 3, "byzantine": 3, "f": 1, "local_steps": 3,
+    "rounds": 8, "eval_every": 1, "checkpoint_every": 4, "engine": "torchrun", "round_timeout": 20.0, "seed": 10,
+}
+"""Seed 10 samples 2, 1, 3, 2, 2, 0, 1, 2 Byzantine clients in rounds 0–7: rounds with no honest client and with
+rank 0's own slot Byzantine are among them."""
+
+
+@pytest.mark.parametrize("attack", ["alie", "labelflip"])
+def test_fedavg_matches_simulated(attack: str, tmp_path: Path) -> None:
+    """Federated rounds on the torchrun engine: a process per client slot (3 of 6 clients a round, 3 Byzantine,
+    3 local steps). Slot j trains the j-th sampled client; a round's Byzantine slots change, and under ALIE they get
+    the attack stream with the honest updates (a round may sample one, two or no Byzantine client — rank 0's own
+    slot included). Final θ, every random stream and the metric rows equal the simulated engine's."""
+    data = {**FED_JOB, "attack": attack}
+    cfg_path = write_toml(tmp_path / "fed.toml", data)
+    proc = subprocess.run(
+        [sys.executable, "-m", "phalanx.cli", "launch", str(cfg_path), "--out", str(tmp_path / "dist")],
+        capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "3 processes" in proc.stderr
+    d = run_dir(tmp_path / "dist")
+    sim = simulated(data, tmp_path / "sim")
+    assert_same_run(d, sim, tmp_path / "sim")
+    rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    sim_rows = [json.loads(x) for x in (tmp_path / "sim" / "metrics.jsonl").read_text().splitlines()]
+    sampled = [r.get("byzantine_sampled") for r in sim_rows]
+    assert [r.get("byzantine_sampled") for r in rows] == sampled
+    assert {0, 3} <= set(sampled), "the seed no longer samples the rounds this test is about"
+
+
 @pytest.mark.parametrize("topology", ["server", "serverless"])
 def test_adaptive_attack_gets_the_servers_context_on_every_topology(topology: str, tmp_path: Path) -> None:
     """A Byzantine rank running the optimal attack against bucketing + centered clipping calls the rule with the
@@ -278,6 +315,23 @@ def test_sleeping_worker_is_left_out_then_rejoins_and_a_sigkilled_one_does_not_s
     assert "round 300: ranks [3] missing" in err
     rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["round"] == 450 and rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.3
+
+
+def test_fedavg_slot_missing_is_a_missing_client_and_too_many_stop_the_run(tmp_path: Path) -> None:
+    """A client slot silent in round 2 (f = 1): the round is aggregated without the client that slot played, named
+    by its client id; with two slots silent in round 5 the run stops with a checkpoint of round 5 that names the
+    missing clients (and any client slot 1 played while it was catching up)."""
+    data = {**FED_JOB, "attack": "none", "byzantine": 0, "rounds": 8, "round_timeout": 1.5, "checkpoint_every": 1}
+    code, err = run_job(data, tmp_path / "dist", tmp_path, env={"PHALANX_TEST_SLEEP": "1:2:2.5,1:5:2.5,2:5:2.5"})
+    assert code == 3, err[-3000:]
+    d = run_dir(tmp_path / "dist")
+    sim_rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in sim_rows] == [0, 1, 2, 3, 4, 5]
+    log = dist_log(d)
+    assert [len(r["missing"]) for r in log[:3]] == [0, 0, 1]  # (then it rejoins once it caught up: timing)
+    client = log[2]["missing"][0]  # the second-smallest client sampled in round 2: not a rank number
+    assert f"round 2: clients [{client}] missing; aggregating 2 vectors with f=0" in err
+    assert "round 5: 2 worker(s) missing (clients " in err and "Traceback" not in err
 
 
 def test_too_many_missing_stops_with_a_checkpoint_that_resumes(tmp_path: Path) -> None:

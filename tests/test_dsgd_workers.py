@@ -43,7 +43,7 @@ def test_rank_batches_and_vectors_are_the_in_process_rows(attack: str, byzantine
     ranks = [exp.algorithm.one_worker(exp, r, streams, None) for r in range(cfg.workers)]
     for t in range(3):
         rows = everyone.round(theta, t, rule).vectors.clone()
-        sent = [w.vector(theta) for w in ranks]
+        sent = [w.vector(theta, t) for w in ranks]
         honest = torch.stack([v for v in sent[: exp.honest] if v is not None])
         for w, v in zip(ranks, sent):
             if v is None:

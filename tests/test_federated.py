@@ -177,7 +177,7 @@ def test_fedadam_matches_its_formula_and_resumes(tmp_path: Path) -> None:
     ({"local_steps": 0}, "local_steps"),
     ({"f": 3}, "f=3 is invalid: allowed < clients_per_round/2"),
     ({"algorithm": "dsgd"}, "clients_per_round=6 is invalid: allowed its default with algorithm = 'dsgd'"),
-    ({"engine": "torchrun"}, "engine='torchrun' is invalid"),
+    ({"engine": "torchrun", "topology": "serverless"}, "topology='serverless' is invalid: allowed 'server'"),
     ({"server_optimizer": "adam", "server_momentum": 0.9}, "server_momentum=0.9 is invalid"),
     ({"aggregator": "krum", "f": 2}, "clients_per_round=6 is invalid: allowed >= 7 for aggregator 'krum'"),
     ({"aggregator": "bulyan", "f": 1}, "clients_per_round=6 is invalid: allowed >= 7"),
@@ -248,3 +248,44 @@ def test_the_example_configs_are_valid_grids(name: str) -> None:
     cfgs = grid.configs(load_toml(Path(__file__).resolve().parent.parent / "examples" / "federated" / name))
     check_points(cfgs)
     assert all(c.algorithm == "fedavg" for c in cfgs)
+
+
+@pytest.mark.parametrize(("attack", "extra"), [("alie", {}), ("labelflip", {}),
+                                               ("backdoor", {"attack_params": {"boost": 3.0}}),
+                                               ("none", {"byzantine": 0, "local_epochs": 0.5})])
+def test_client_slots_give_the_batched_rows(attack: str, extra: dict[str, Any]) -> None:
+    """The worker side of the torchrun engine, in process: C slots (``FedAvg.one_worker``), each training only the
+    client it plays, give the rows of the batched round, round after round, with every stream in step — the attack
+    stream passed from slot to slot as the server passes it (a round's Byzantine slots change)."""
+    cfg = make_config({**FED, "attack": attack, "byzantine": 8, "workers": 12, "clients_per_round": 5, **extra})
+    exp = from_config(cfg)
+    streams = {name: generator(cfg.seed, name).get_state() for name in ("batches", "attack", "clients")}
+    everyone = exp.algorithm.all_workers(exp, streams, None)
+    slots = [exp.algorithm.one_worker(exp, r, streams, None) for r in range(5)]
+    rule = exp.rule
+    theta = exp.problem.initial_theta()
+    attack_state = streams["attack"]
+    kinds: set[tuple[int, int]] = set()
+    for t in range(6):
+        got = everyone.round(theta, t, rule)
+        sent = [s.vector(theta, t) for s in slots]
+        plan = slots[0].plan
+        assert all(s.plan == plan for s in slots) and plan.clients == got.rows
+        kinds.add((len(plan.honest), len(plan.attacking)))
+        honest = torch.stack([sent[r] for r in plan.honest]) if plan.honest else theta.new_zeros(0, theta.numel())
+        for r in plan.attacking:
+            slots[r].attack_gen.set_state(attack_state)
+            sent[r] = slots[r].attack_vector(honest, rule, t)
+            attack_state = slots[r].attack_gen.get_state()
+        if not plan.attacking:
+            attack_state = slots[0].attack_gen.get_state()
+        assert torch.equal(attack_state, everyone.attack_gen.get_state())
+        for r, v in enumerate(sent):
+            assert v is not None
+            torch.testing.assert_close(v, got.vectors[r])  # float32 defaults: one row vs a batch of rows
+        for s in slots:
+            assert torch.equal(s.batch_gen.get_state(), everyone.batch_gen.get_state())
+            assert torch.equal(s.client_gen.get_state(), everyone.client_gen.get_state())
+        theta = theta - got.vectors.mean(0)
+    if attack == "alie":
+        assert any(h == 0 for h, _ in kinds) and any(h and a for h, a in kinds), kinds  # no honest client; mixed

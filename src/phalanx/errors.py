@@ -72,7 +72,7 @@ class WorkersLostError(PhalanxError, RuntimeError):
 
     def __init__(
         self, round: int, missing: list[int], f: int, round_timeout: float, checkpoint: str | None,
-        detail: str = "",
+        detail: str = "", who: str = "ranks",
     ) -> None:
         self.round = round
         self.missing = missing
@@ -82,7 +82,7 @@ class WorkersLostError(PhalanxError, RuntimeError):
         if missing:
             ranks = ", ".join(str(r) for r in missing)
             msg = (
-                f"round {round}: {len(missing)} worker(s) missing (ranks {ranks}) after waiting "
+                f"round {round}: {len(missing)} worker(s) missing ({who} {ranks}) after waiting "
                 f"round_timeout={round_timeout:g} s, more than f={f} the aggregator tolerates"
             )
         else:

@@ -1,4 +1,5 @@
-"""``phalanx launch``: train with the torchrun engine on this machine, one process per worker."""
+"""``phalanx launch``: train with the torchrun engine on this machine, one process per worker (per client slot of a
+federated round)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import typer
 def launch(
     config: Annotated[Path | None, typer.Argument(help="TOML config (default: the built-in job).")] = None,
     workers: Annotated[
-        int | None, typer.Option("--workers", "-n", min=1, help="Processes = workers n (sets `workers`).")
+        int | None, typer.Option("--workers", "-n", min=1, help="Sets `workers` (the processes, with DSGD; the "
+                                                        "client population, with fedavg).")
     ] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set f=2 (repeatable).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Output directory (rank 0 writes OUT/<run id>).")] = Path(
@@ -24,7 +26,8 @@ def launch(
         float | None, typer.Option("--timeout", help="Stop the whole job after this many seconds.")
     ] = None,
 ) -> None:
-    """Train with engine = torchrun: one process per worker on this machine (docs/distributed.md).
+    """Train with engine = torchrun: one process per worker on this machine — per client slot (`clients_per_round`)
+    with algorithm = "fedavg" (docs/distributed.md).
 
     The same config and overrides as `phalanx run`; a worker that crashes or goes silent does not stop training
     (topology = "server"). Several machines: start `torchrun … -m phalanx.distributed.worker CONFIG` on each.
@@ -34,7 +37,7 @@ def launch(
     from phalanx.distributed import launch as local
     from phalanx.experiments import grid
     from phalanx.experiments.build import check_points
-    from phalanx.experiments.config import load_grid
+    from phalanx.experiments.config import load_grid, processes
 
     console = Console(stderr=True)
     overrides = list(set_ or [])
@@ -45,10 +48,10 @@ def launch(
     check_points(cfgs)
     for point, cfg in enumerate(cfgs):
         console.print(
-            f"[bold]phalanx launch[/bold] {point + 1}/{len(cfgs)}: {cfg.workers} processes, topology "
+            f"[bold]phalanx launch[/bold] {point + 1}/{len(cfgs)}: {processes(cfg)} processes, topology "
             f"{cfg.topology}, {cfg.label()} → {out / grid.run_id(cfg)}"
         )
-        procs = local.spawn(cfg.workers, local.worker_args(config, overrides, out, point if len(cfgs) > 1 else None),
+        procs = local.spawn(processes(cfg), local.worker_args(config, overrides, out, point if len(cfgs) > 1 else None),
                             master_port=master_port)
         code = local.supervise(procs, timeout_s=timeout, say=lambda s: console.print(f"[yellow]{s}[/yellow]"))
         if code != 0:

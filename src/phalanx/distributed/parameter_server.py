@@ -40,11 +40,10 @@ from torch import Tensor
 from phalanx.distributed import _test_hooks, wire
 from phalanx.errors import ConfigError
 from phalanx.training.server import BoundRule
-from phalanx.training.state import Received, RoundAborted, Snapshot
-from phalanx.training.transport import Transport
+from phalanx.training.state import Received, RoundAborted, SlotPlan, Snapshot
+from phalanx.training.transport import Transport, WorkerSlot
 
 if TYPE_CHECKING:
-    from phalanx.training.dsgd import OneWorker
     from phalanx.training.experiment import Experiment
 
 JOIN_TIMEOUT_S = 120.0
@@ -142,15 +141,15 @@ class ParameterServer(Transport):
     def open(self, experiment: Experiment, start: Snapshot) -> Snapshot:
         exp, store = experiment, self.store
         self.exp = exp
-        n, h = exp.workers, exp.honest
+        n = self.slots = exp.algorithm.per_round(exp.workers)  # processes: one per worker, or per client slot
         state = start.state
         self.next_round = state.round
+        worker_streams = {k: v for k, v in start.streams.items() if k != "aggregator"}
         wire.put(store, "init", wire.pack({
-            "config": self.digest, "round": state.round, "batches": start.streams["batches"],
-            "attack": start.streams["attack"], "momentum": state.momentum,
+            "config": self.digest, "round": state.round, "streams": worker_streams, "momentum": state.momentum,
         }))
         wire.put(store, "latest", str(state.round))
-        self.me: OneWorker = exp.algorithm.one_worker(
+        self.me: WorkerSlot = exp.algorithm.one_worker(
             exp, 0, start.streams, None if state.momentum is None else state.momentum[0],
         )
         self.me.warm_up()
@@ -160,19 +159,17 @@ class ParameterServer(Transport):
             self.say(f"ranks {sorted(self.suspects)} did not start within {JOIN_TIMEOUT_S:g} s; training without them")
         self.vector_attack = self.me.vector_attack
         self.attack_state = start.streams["attack"]
-        self.phase1 = list(range(1, self.me.computing))
-        self.phase2 = list(range(h, n)) if self.vector_attack else []
         self.dim = exp.problem.dim
         self.itemsize = state.theta.element_size()
         self.janitor = Janitor(store, n)
         return start
 
     def streams(self) -> dict[str, Tensor]:
-        attack = self.attack_state if self.vector_attack else self.me.attack_gen.get_state()
-        return {"batches": self.me.batch_gen.get_state(), "attack": attack}
+        mine = self.me.streams()
+        return {**mine, "attack": self.attack_state} if self.vector_attack else mine
 
     def exchange(self, theta: Tensor, t: int, rule: BoundRule) -> Received:
-        store, exp, n = self.store, self.exp, self.exp.workers
+        store, exp = self.store, self.exp
         assert self.janitor is not None, "open() first"
         _test_hooks.maybe_hold(t)
         msg = wire.THETA + wire.tensor_bytes(theta)
@@ -181,26 +178,34 @@ class ParameterServer(Transport):
         self.janitor.round_started(t)
         # a suspect whose vector of the previous round did arrive (late) is back in step: wait for it again
         self.suspects = {r for r in self.suspects if not (t > 0 and store.check([wire.key_vector(t - 1, r)]))}
-        sent, received = len(msg) * (n - 1), 0
-        v0 = self.me.vector(theta)
-        assert v0 is not None
-        rows: dict[int, Tensor] = {0: v0.clone()}
-        got = collect(store, {r: wire.key_vector(t, r) for r in self.phase1}, self.suspects, self.timeout)
+        sent, received = len(msg) * (self.slots - 1), 0
+        v0 = self.me.vector(theta, t)
+        plan = self.me.plan
+        rows: dict[int, Tensor] = {} if v0 is None else {0: v0.clone()}
+        phase1 = [r for r in plan.computing if r != 0]
+        got = collect(store, {r: wire.key_vector(t, r) for r in phase1}, self.suspects, self.timeout)
         row_bytes = self.dim * self.itemsize
         for r, data in got.items():
             received += len(data)
             if len(data) == row_bytes:  # anything else (only a Byzantine rank could send it) is dropped
                 rows[r] = wire.bytes_tensor(data, theta.dtype)
-        if self.vector_attack:
-            missing_honest = [r for r in range(exp.honest) if r not in rows]
+        if plan.attacking:
+            missing_honest = [r for r in plan.honest if r not in rows]
             if len(missing_honest) > exp.f:
                 wire.put(store, wire.key_honest(t), wire.STOP)
-                raise RoundAborted(missing_honest + self.phase2)
-            honest = torch.stack([rows[r] for r in range(exp.honest) if r in rows])
-            hmsg = wire.honest_message(honest, rule.payload())
+                raise RoundAborted(self._named(plan, missing_honest + plan.attacking))
+            honest = torch.stack([rows[r] for r in plan.honest if r in rows]) if len(rows) else theta.new_zeros(
+                0, self.dim)
+            shared = self.attack_state if self.me.shares_attack_stream else None
+            hmsg = wire.honest_message(honest, rule.payload(), shared)
             wire.put(store, wire.key_honest(t), hmsg)
-            sent += len(hmsg) * len(self.phase2)
-            got = collect(store, {r: wire.key_vector(t, r) for r in self.phase2}, self.suspects, self.timeout)
+            others = [r for r in plan.attacking if r != 0]
+            sent += len(hmsg) * len(others)
+            if 0 in plan.attacking:  # rank 0's own client is a Byzantine one this round (federated rounds)
+                self.me.attack_gen.set_state(self.attack_state)
+                rows[0] = self.me.attack_vector(honest, rule, t)
+                self.attack_state = self.me.attack_gen.get_state()
+            got = collect(store, {r: wire.key_vector(t, r) for r in others}, self.suspects, self.timeout)
             for r, data in got.items():
                 received += len(data)
                 if len(data) >= row_bytes:
@@ -208,11 +213,20 @@ class ParameterServer(Transport):
                     tail = data[row_bytes:]
                     if len(tail) == self.attack_state.numel():
                         self.attack_state = wire.bytes_tensor(tail, torch.uint8)
-        present = sorted(rows)
-        missing = [r for r in range(n) if r not in rows]
+        expected = sorted(set(plan.computing) | set(plan.attacking))
+        present = [r for r in expected if r in rows]
+        missing = [r for r in expected if r not in rows]
         self.suspects = set(missing)
         vectors = torch.stack([rows[r] for r in present])
-        return Received(vectors, present if missing else None, missing, sent, received)
+        if plan.clients is None:  # rank r is worker r
+            return Received(vectors, present if missing else None, missing, sent, received)
+        return Received(vectors, self._named(plan, present), self._named(plan, missing), sent, received,
+                        state_rows=False)
+
+    @staticmethod
+    def _named(plan: SlotPlan, slots: list[int]) -> list[int]:
+        """The workers (clients) that the given slots play this round."""
+        return slots if plan.clients is None else [plan.clients[r] for r in slots]
 
     def close(self, error: BaseException | None) -> None:
         """Tell the workers to stop: the run is finished, or (``error``) it stopped early, with the reason."""
@@ -241,8 +255,8 @@ class ParameterServerWorker:
         init: dict[str, Any] = wire.unpack(store.get("init"))
         check_digest(init, self.digest, rank)
         momentum = init["momentum"]
-        me = exp.algorithm.one_worker(exp, rank, {"batches": init["batches"], "attack": init["attack"]},
-                                      None if momentum is None else momentum[rank])
+        me: WorkerSlot = exp.algorithm.one_worker(exp, rank, init["streams"],
+                                                  None if momentum is None else momentum[rank])
         me.warm_up()
         wire.put(store, f"ready/{rank}", b"1")
         dtype = exp.problem.initial_theta().dtype
@@ -253,21 +267,23 @@ class ParameterServerWorker:
             latest = int(latest_b)
             if latest > t or msg[:1] == wire.LAPSED:  # this rank fell behind (it slept, or was slow): catch up
                 print(f"[phalanx rank {rank}] behind: skipping rounds {t}…{latest - 1}", file=sys.stderr, flush=True)
-                for _ in range(t, min(latest, exp.rounds)):
-                    me.skip()
+                for skipped in range(t, min(latest, exp.rounds)):
+                    me.skip(skipped)
                 t = max(t, latest)
                 continue
             if msg[:1] == wire.STOP:
                 return
             theta = wire.bytes_tensor(msg[1:], dtype)
             _test_hooks.maybe_sleep(rank, t)
-            v = me.vector(theta)
+            v = me.vector(theta, t)
             if v is not None:
                 wire.put(store, wire.key_vector(t, rank), wire.tensor_bytes(v))
-            else:
+            elif rank in me.plan.attacking:
                 parsed = wire.parse_honest(store.get(wire.key_honest(t)), dtype, exp.problem.dim)
                 if parsed is not None:
-                    honest, payload = parsed
+                    honest, payload, attack_state = parsed
+                    if attack_state is not None:  # the Byzantine slots change from round to round: the server's
+                        me.attack_gen.set_state(attack_state)
                     v = me.attack_vector(honest, BoundRule.from_payload(exp.rule, payload), t)
                     payload_bytes = wire.tensor_bytes(v) + wire.tensor_bytes(me.attack_gen.get_state())
                     wire.put(store, wire.key_vector(t, rank), payload_bytes)

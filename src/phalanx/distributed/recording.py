@@ -90,12 +90,13 @@ class RankLog(Callback):
 
     def on_round(self, loop: Loop, info: RoundInfo) -> None:
         missing = info.missing
+        who = "ranks" if loop.experiment.algorithm.name == "dsgd" else "clients"  # federated: the sampled clients
         if missing != self.last_missing:  # say it when the set of missing ranks changes, not every round
             f = loop.experiment.f
-            self.say(f"round {info.round}: ranks {missing} missing; aggregating {info.aggregated} vectors with "
+            self.say(f"round {info.round}: {who} {missing} missing; aggregating {info.aggregated} vectors with "
                      f"f={f - len(missing)}" if missing else f"round {info.round}: every rank is back")
             self.last_missing = missing
         if info.row is not None:
             row = info.row
             self.say(f"round {loop.state.round}/{loop.experiment.rounds}: test accuracy {row['test_accuracy']:.3f}, "
-                     f"loss {row['test_loss']:.3f}" + (f", missing ranks {missing}" if missing else ""))
+                     f"loss {row['test_loss']:.3f}" + (f", missing {who} {missing}" if missing else ""))

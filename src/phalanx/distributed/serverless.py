@@ -29,13 +29,13 @@ from phalanx.distributed import _test_hooks, wire
 from phalanx.distributed.env import RankEnv, resolve_backend
 from phalanx.distributed.errors import TransportError
 from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S, check_digest, collect
-from phalanx.errors import WorkersLostError
+from phalanx.errors import ConfigError, WorkersLostError
+from phalanx.training.dsgd import OneWorker
 from phalanx.training.server import BoundRule
 from phalanx.training.state import Received, RoundAborted, RoundState, Snapshot
 from phalanx.training.transport import Transport
 
 if TYPE_CHECKING:
-    from phalanx.training.dsgd import OneWorker
     from phalanx.training.experiment import Experiment
 
 
@@ -66,8 +66,10 @@ class AllGather(Transport):
             state = RoundState(init["theta"], init["momentum"], init["previous"], init["round"])
             start = Snapshot(state, init["streams"], init["optimizer"])
         momentum = start.state.momentum
-        self.me: OneWorker = exp.algorithm.one_worker(exp, rank, start.streams,
-                                                      None if momentum is None else momentum[rank])
+        me = exp.algorithm.one_worker(exp, rank, start.streams, None if momentum is None else momentum[rank])
+        if not isinstance(me, OneWorker):  # federated rounds: the server samples the clients
+            raise ConfigError("topology", "serverless", f"'server' with algorithm = {exp.algorithm.name!r}")
+        self.me = me
         self.me.warm_up()
         wire.put(store, f"ready/{rank}", b"1")
         joined = collect(store, {r: f"ready/{r}" for r in range(n)}, set(), JOIN_TIMEOUT_S)
@@ -98,7 +100,7 @@ class AllGather(Transport):
         dtype = theta.dtype
         row_bytes = dim * theta.element_size()
         _test_hooks.maybe_sleep(self.renv.rank, t)
-        v = me.vector(theta)
+        v = me.vector(theta, t)
         mine = torch.zeros(dim, dtype=dtype) if v is None else v
         try:
             m = self._all_gather(mine)

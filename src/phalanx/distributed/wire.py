@@ -89,19 +89,23 @@ def put_many(store: Any, keys: list[str], values: list[bytes]) -> None:
     store.multi_set(keys, values)
 
 
-def honest_message(honest: Tensor, context: dict[str, Tensor]) -> bytes:
+def honest_message(honest: Tensor, context: dict[str, Tensor], attack_state: Tensor | None = None) -> bytes:
     """The ``h/<t>`` message: the honest vectors, raw, or — when an adaptive attacker needs the server's context
-    (centre, reference gradient, the aggregator stream's state) — both, packed."""
-    if not context:
+    (centre, reference gradient, the aggregator stream's state), or the attack stream travels with the message
+    (federated rounds, whose Byzantine slots change) — all of them, packed."""
+    if not context and attack_state is None:
         return HONEST + tensor_bytes(honest)
-    return HONEST_CONTEXT + pack({"honest": honest, "context": context})
+    return HONEST_CONTEXT + pack({"honest": honest, "context": context, "attack": attack_state})
 
 
-def parse_honest(msg: bytes, dtype: torch.dtype, dim: int) -> tuple[Tensor, dict[str, Tensor]] | None:
-    """The honest vectors ``(h', d)`` and the server's context of an ``h/<t>`` message; None for a stop message."""
+def parse_honest(
+    msg: bytes, dtype: torch.dtype, dim: int,
+) -> tuple[Tensor, dict[str, Tensor], Tensor | None] | None:
+    """The honest vectors ``(h', d)``, the server's context and the attack stream's state (or None) of an
+    ``h/<t>`` message; None for a stop message."""
     if msg[:1] == HONEST:
-        return bytes_tensor(msg[1:], dtype, (-1, dim)), {}
+        return bytes_tensor(msg[1:], dtype, (-1, dim)), {}, None
     if msg[:1] == HONEST_CONTEXT:
         obj = unpack(msg[1:])
-        return obj["honest"], obj["context"]
+        return obj["honest"], obj["context"], obj.get("attack")
     return None

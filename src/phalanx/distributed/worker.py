@@ -27,7 +27,7 @@ from phalanx.distributed.serverless import AllGather
 from phalanx.errors import ConfigError, PhalanxError, WorkersLostError
 from phalanx.experiments import grid
 from phalanx.experiments.build import from_config
-from phalanx.experiments.config import RunConfig, load_grid
+from phalanx.experiments.config import RunConfig, load_grid, processes
 from phalanx.experiments.rundir import RunDirectory
 from phalanx.training.loop import Callback, Evaluate, Loop
 from phalanx.training.memory import tune_allocator
@@ -63,10 +63,11 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
     the other ranks of the parameter-server topology serve the server's rounds.
     """
     renv = RankEnv.from_environ()
-    if renv.world_size != cfg.workers:
+    if renv.world_size != processes(cfg):
+        what = "workers" if cfg.algorithm == "dsgd" else "clients_per_round"
         raise ConfigError(
-            "WORLD_SIZE", renv.world_size, f"workers = {cfg.workers} (one process per worker, rank 0 is also the "
-            "server)", "launch as many processes as the config's workers, or --set workers=N",
+            "WORLD_SIZE", renv.world_size, f"{what} = {processes(cfg)} (one process per worker, or per client slot "
+            "of a federated round; rank 0 is also the server)", f"launch as many processes, or --set {what}=N",
         )
     tune_allocator()
     exp = from_config(cfg)

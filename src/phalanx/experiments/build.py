@@ -13,7 +13,7 @@ from typing import Any
 
 from phalanx import aggregators, attacks, data, models
 from phalanx.errors import ConfigError
-from phalanx.experiments.config import RunConfig, server_optimizer
+from phalanx.experiments.config import RunConfig, processes, server_optimizer
 from phalanx.training import losses
 from phalanx.training.dsgd import DSGD
 from phalanx.training.experiment import Experiment
@@ -112,7 +112,8 @@ def check_engine(cfg: RunConfig) -> None:
     if cfg.engine != "simulated":
         raise ConfigError(
             "engine", cfg.engine, "'simulated' in `phalanx run` / `phalanx sweep` / train()",
-            "a torchrun run has one process per worker: start it with `phalanx launch --workers "
-            f"{cfg.workers} CONFIG` or `torchrun --nproc-per-node {cfg.workers} -m phalanx.distributed.worker CONFIG` "
+            "a torchrun run has one process per worker (per client slot in federated rounds): start it with "
+            f"`phalanx launch CONFIG` or `torchrun --nproc-per-node {processes(cfg)} -m phalanx.distributed.worker "
+            "CONFIG` "
             "(docs/distributed.md)",
         )

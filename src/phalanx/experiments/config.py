@@ -202,14 +202,20 @@ def check_relations(cfg: RunConfig) -> None:
             raise ConfigError("clients_per_round", c, f"<= workers = {n} (the client population)")
         if 2 * cfg.f >= c:
             raise ConfigError("f", cfg.f, f"< clients_per_round/2 = {c / 2:g} (the rule sees {c} updates a round)")
-        if cfg.engine == "torchrun":
-            raise ConfigError("engine", cfg.engine, "'simulated' with algorithm = 'fedavg' (federated rounds run in "
-                              "one process so far)")
+        if cfg.engine == "torchrun" and cfg.topology != "server":
+            raise ConfigError("topology", cfg.topology, "'server' with algorithm = 'fedavg' (the server samples the "
+                              "clients; a process per client slot)")
     if cfg.backend == "nccl" and cfg.topology == "server":
         raise ConfigError(
             "backend", cfg.backend, "'auto' or 'gloo' with topology = 'server' (its vectors go through the c10d "
             "TCPStore, which survives missing workers; NCCL needs topology = 'serverless'; docs/distributed.md)",
         )
+
+
+def processes(cfg: RunConfig) -> int:
+    """How many processes a torchrun run has: one per worker (DSGD), or one per client slot of a federated round
+    (``clients_per_round``; rank 0 is also the server)."""
+    return cfg.workers if cfg.algorithm == "dsgd" else cfg.clients_per_round or cfg.workers
 
 
 def check_names(cfg: RunConfig) -> None:

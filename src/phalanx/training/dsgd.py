@@ -29,7 +29,7 @@ from torch import Tensor
 from phalanx.attacks.base import Attack, AttackContext, DataAttack
 from phalanx.training.problem import Problem
 from phalanx.training.shards import WorkerData, sample_batch_of, sample_batches
-from phalanx.training.state import Received
+from phalanx.training.state import Received, SlotPlan
 from phalanx.training.streams import restored
 from phalanx.validate import check_int, check_real
 
@@ -183,7 +183,8 @@ class AllWorkers(_Workers):
 class OneWorker(_Workers):
     """Worker ``rank`` alone, as one process of a distributed run runs it.
 
-    It draws the round's batch positions for *all* computing workers from the shared ``batches`` stream and gathers
+    Its :class:`~phalanx.training.state.SlotPlan` is the same every round (rank r is worker r). It draws the round's
+    batch positions for *all* computing workers from the shared ``batches`` stream and gathers
     only its own row's samples, so its batch is the one :class:`AllWorkers` gives worker ``rank`` and every
     process's stream stays in step. A Byzantine rank of a vector attack runs the attack on the honest vectors it is
     sent and keeps its own row of the ``(b, d)`` output, as :class:`AllWorkers` would.
@@ -196,7 +197,12 @@ class OneWorker(_Workers):
         self.rank = rank
         self.is_byzantine = rank >= self.honest_n
         self.sends_attack = self.is_byzantine and self.vector_attack
+        self.shares_attack_stream = False  # the Byzantine ranks are the same every round: each keeps its own
         self.row = None if momentum is None else momentum.reshape(1, -1).clone()
+        self.plan = SlotPlan(
+            honest=list(range(self.honest_n)), computing=list(range(self.computing)),
+            attacking=list(range(self.honest_n, self.n)) if self.vector_attack else [],
+        )
 
     def warm_up(self) -> None:
         """One throw-away gradient call on one sample (no random stream is touched): the first ``torch.func`` call
@@ -222,7 +228,7 @@ class OneWorker(_Workers):
         return sample_batch_of(exp.data, self.computing, self.algo.batch_size, self.batch_gen,
                                min(self.rank, self.computing - 1))
 
-    def vector(self, theta: Tensor) -> Tensor | None:
+    def vector(self, theta: Tensor, t: int) -> Tensor | None:
         """Draw this round's batch; an honest (or data-attack) rank returns its new momentum ``(d,)``, a vector-attack
         Byzantine rank None (it computes nothing, but draws, to stay in step)."""
         xb, yb = self._batch()
@@ -236,7 +242,7 @@ class OneWorker(_Workers):
         """This Byzantine rank's vector of round t: its row of the attack's output on the honest vectors."""
         return self._attack(honest, rule, t)[self.rank - self.honest_n]
 
-    def skip(self) -> None:
+    def skip(self, t: int) -> None:
         """A round this rank missed: draw its batch (the shared streams stay in step), compute nothing."""
         self._batch()
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -37,7 +37,7 @@ from phalanx.attacks.base import Attack, DataAttack
 from phalanx.errors import ConfigError
 from phalanx.training.dsgd import byzantine_vectors, poison_rows
 from phalanx.training.shards import sample_batches_of
-from phalanx.training.state import Received
+from phalanx.training.state import Received, SlotPlan
 from phalanx.training.streams import restored
 from phalanx.validate import check_int, check_real
 
@@ -89,13 +89,13 @@ class FedAvg:
         """The population in this process: the round's sampled clients train as one batched computation."""
         return FedAvgClients(self, exp, streams)
 
-    def one_worker(self, exp: Experiment, rank: int, streams: dict[str, Tensor], momentum: Tensor | None) -> Any:
-        raise ConfigError("algorithm", self.name, "'dsgd' with engine = 'torchrun' (federated rounds run in one "
-                          "process so far: engine = 'simulated')")
+    def one_worker(self, exp: Experiment, rank: int, streams: dict[str, Tensor], momentum: Tensor | None) -> FedAvgSlot:
+        """Client slot ``rank`` of a process-per-slot run: it trains the ``rank``-th sampled client of each round."""
+        return FedAvgSlot(self, exp, rank, streams)
 
 
-class FedAvgClients:
-    """The client population of one process (see the module's docstring)."""
+class _Clients:
+    """What both shapes share: the population's sizes, each client's number of local steps, the three streams."""
 
     def __init__(self, algo: FedAvg, exp: Experiment, streams: dict[str, Tensor]) -> None:
         self.algo = algo
@@ -103,6 +103,8 @@ class FedAvgClients:
         self.n, self.b = exp.workers, exp.byzantine
         self.honest_n = self.n - self.b
         self.c = algo.per_round(self.n)
+        self.data_attack = isinstance(exp.attack, DataAttack)
+        self.vector_attack = self.b > 0 and not self.data_attack
         self.batch_gen = restored(streams["batches"])
         self.attack_gen = restored(streams["attack"])
         self.client_gen = restored(streams["clients"])
@@ -118,8 +120,57 @@ class FedAvgClients:
                 "clients": self.client_gen.get_state()}
 
     def sample(self) -> Tensor:
-        """The round's clients: C of N uniformly without replacement, in increasing index order."""
+        """The round's clients: C of N uniformly without replacement, in increasing index order (honest clients
+        first: the Byzantine ones are the last indices)."""
         return torch.randperm(self.n, generator=self.client_gen)[: self.c].sort().values
+
+    def _train(self, theta: Tensor, ids: Tensor, t: int, poisoned: int, rows: slice = slice(None)) -> Tensor:
+        """Local training of the clients ``ids`` from θ; their pseudo-gradients ``θ − θᵢ``, ``(len(ids), d)``. The
+        last ``poisoned`` of them train on batches the data attack poisons.
+
+        ``rows``: train only the clients in these positions (one slot of a distributed run: one position, or none
+        for a round it missed) and return their rows; the streams are drawn for all of them, as in the batched run,
+        so that every slot stays in step and gets the batches the batched run gives its client.
+        """
+        algo, exp = self.algo, self.exp
+        w = int(ids.numel())
+        if w == 0:
+            return theta.new_zeros(0, exp.problem.dim)
+        trained = ids[rows]
+        params = theta.expand(int(trained.numel()), -1).clone()
+        velocity = torch.zeros_like(params) if algo.momentum else None
+        steps = self.steps[trained]
+        lr = algo.client_lr(t)
+        for k in range(int(self.steps[ids].max())):
+            xb, yb = sample_batches_of(exp.data, ids, algo.batch_size, self.batch_gen)
+            if poisoned:
+                assert isinstance(exp.attack, DataAttack)
+                xb, yb = poison_rows(exp.attack, xb, yb, w - poisoned, exp.data.num_classes, self.attack_gen)
+            active = steps > k
+            if not bool(active.any()):
+                continue
+            g = exp.problem.grads_each(params, xb[rows], yb[rows])
+            if algo.weight_decay:
+                g.add_(params, alpha=algo.weight_decay)
+            if algo.prox_mu:
+                g.add_(params - theta, alpha=algo.prox_mu)
+            if velocity is not None:
+                g = velocity.mul_(algo.momentum).add_(g)
+            if bool(active.all()):
+                params.sub_(g, alpha=lr)
+            else:
+                params[active] -= lr * g[active]
+        pseudo = theta - params
+        boost = float(getattr(exp.attack, "boost", 1.0))
+        if poisoned and boost != 1.0:  # model replacement: the poisoned updates scaled
+            first = w - poisoned
+            positions = torch.arange(w)[rows]
+            pseudo[positions >= first] *= boost
+        return pseudo
+
+
+class FedAvgClients(_Clients):
+    """The client population of one process (see the module's docstring)."""
 
     def round(self, theta: Tensor, t: int, rule: Callable[[Tensor], Tensor]) -> Received:
         """Sample, train locally, attack; the C pseudo-gradients with the clients they came from."""
@@ -127,48 +178,76 @@ class FedAvgClients:
         ids = self.sample()
         honest_ids = ids[ids < self.honest_n]
         byz_ids = ids[ids >= self.honest_n]
-        data_attack = isinstance(exp.attack, DataAttack)
-        train_ids = ids if data_attack else honest_ids
-        vectors = self._train(theta, train_ids, t, poisoned=int(byz_ids.numel()) if data_attack else 0)
-        boost = float(getattr(exp.attack, "boost", 1.0))
-        if data_attack and byz_ids.numel() and boost != 1.0:  # model replacement: the poisoned updates scaled
-            vectors[-int(byz_ids.numel()):] *= boost
-        if not data_attack and byz_ids.numel():
-            if honest_ids.numel():
-                assert isinstance(exp.attack, Attack)
-                byz = byzantine_vectors(exp.attack, vectors, byzantine=int(byz_ids.numel()), f=exp.f, rule=rule,
-                                        attack_gen=self.attack_gen, round=t)
-            else:  # no honest client sampled: the attackers have nothing to look at
-                byz = vectors.new_zeros(int(byz_ids.numel()), exp.problem.dim)
+        train_ids = ids if self.data_attack else honest_ids
+        vectors = self._train(theta, train_ids, t, poisoned=int(byz_ids.numel()) if self.data_attack else 0)
+        if self.vector_attack and byz_ids.numel():
+            byz = attack_rows(exp, vectors, int(byz_ids.numel()), rule, self.attack_gen, t)
             vectors = torch.cat([vectors, byz]) if vectors.numel() else byz
         return Received(vectors, rows=ids.tolist(), state_rows=False)
 
-    def _train(self, theta: Tensor, ids: Tensor, t: int, poisoned: int) -> Tensor:
-        """Local training of the clients ``ids`` from θ; their pseudo-gradients ``θ − θᵢ``, ``(len(ids), d)``. The
-        last ``poisoned`` of them train on batches the data attack poisons."""
-        algo, exp = self.algo, self.exp
-        w = int(ids.numel())
-        if w == 0:
-            return theta.new_zeros(0, exp.problem.dim)
-        params = theta.expand(w, -1).clone()
-        velocity = torch.zeros_like(params) if algo.momentum else None
-        steps = self.steps[ids]
-        lr = algo.client_lr(t)
-        for k in range(int(steps.max())):
-            xb, yb = sample_batches_of(exp.data, ids, algo.batch_size, self.batch_gen)
-            if poisoned:
-                assert isinstance(exp.attack, DataAttack)
-                xb, yb = poison_rows(exp.attack, xb, yb, w - poisoned, exp.data.num_classes, self.attack_gen)
-            g = exp.problem.grads_each(params, xb, yb)
-            if algo.weight_decay:
-                g.add_(params, alpha=algo.weight_decay)
-            if algo.prox_mu:
-                g.add_(params - theta, alpha=algo.prox_mu)
-            if velocity is not None:
-                g = velocity.mul_(algo.momentum).add_(g)
-            active = steps > k
-            if bool(active.all()):
-                params.sub_(g, alpha=lr)
-            else:
-                params[active] -= lr * g[active]
-        return theta - params
+
+def attack_rows(
+    exp: Experiment, honest: Tensor, byzantine: int, rule: Callable[[Tensor], Tensor], attack_gen: torch.Generator,
+    t: int,
+) -> Tensor:
+    """The sampled Byzantine clients' vectors of a vector attack: zeros (no draw) when no honest client was sampled
+    — the attackers have nothing to look at."""
+    if honest.shape[0] == 0:
+        return honest.new_zeros(byzantine, exp.problem.dim)
+    assert isinstance(exp.attack, Attack)
+    return byzantine_vectors(exp.attack, honest, byzantine=byzantine, f=exp.f, rule=rule, attack_gen=attack_gen,
+                             round=t)
+
+
+class FedAvgSlot(_Clients):
+    """Client slot ``rank`` of a distributed run (parameter-server topology, one process per slot).
+
+    Every slot draws the round's sample from the shared ``clients`` stream, so slot j trains the j-th sampled client
+    (in increasing index order) — the row the batched run gives that client. A vector attack's Byzantine slots of a
+    round differ from round to round, so the ``attack`` stream travels with the honest vectors: the server sends its
+    state, the attacking slots draw from it and send the new state back.
+    """
+
+    def __init__(self, algo: FedAvg, exp: Experiment, rank: int, streams: dict[str, Tensor]) -> None:
+        super().__init__(algo, exp, streams)
+        self.rank = rank
+        self.plan = SlotPlan([], [], [])
+        self.shares_attack_stream = True
+
+    def warm_up(self) -> None:
+        """One throw-away gradient call on one sample (no stream touched): ``torch.func``'s first-call set-up."""
+        data, problem = self.exp.data, self.exp.problem
+        problem.grads_each(problem.initial_theta()[None], data.x[:1][None], data.y[:1][None])
+
+    def _begin(self) -> Tensor:
+        """Sample the round's clients (every slot alike) and set the round's plan."""
+        ids = self.sample()
+        slots = list(range(int(ids.numel())))
+        honest = [j for j in slots if int(ids[j]) < self.honest_n]
+        byz = [j for j in slots if int(ids[j]) >= self.honest_n]
+        self.plan = SlotPlan(honest, slots if self.data_attack else honest, byz if self.vector_attack else [],
+                             ids.tolist())
+        return ids
+
+    def vector(self, theta: Tensor, t: int) -> Tensor | None:
+        """This round's pseudo-gradient of the slot's client; None for a vector attack's Byzantine client (it
+        trains nothing; the batch stream is drawn as in the batched run)."""
+        out = self._round(theta, t, train=True)
+        return None if out.shape[0] == 0 else out[0]
+
+    def attack_vector(self, honest: Tensor, rule: Callable[[Tensor], Tensor], t: int) -> Tensor:
+        """This Byzantine slot's vector of round t: its row of the attack's output on the honest vectors."""
+        byz = attack_rows(self.exp, honest, len(self.plan.attacking), rule, self.attack_gen, t)
+        return byz[self.plan.attacking.index(self.rank)]
+
+    def skip(self, t: int) -> None:
+        """A round this slot missed: draw the round's sample and batches (the streams stay in step), train nothing."""
+        self._round(torch.zeros(self.exp.problem.dim), t, train=False)
+
+    def _round(self, theta: Tensor, t: int, train: bool) -> Tensor:
+        ids = self._begin()
+        computing = self.plan.computing
+        poisoned = len(computing) - len(self.plan.honest)
+        mine = train and self.rank in computing
+        rows = slice(self.rank, self.rank + 1) if mine else slice(0, 0)
+        return self._train(theta, ids[computing], t, poisoned, rows)

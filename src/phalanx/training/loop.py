@@ -228,8 +228,9 @@ class Loop:
         path = None
         for cb in self.callbacks:
             path = cb.on_abort(self, snap) or path
+        who = "ranks" if self.experiment.algorithm.name == "dsgd" else "clients"  # a federated round's are clients
         raise WorkersLostError(t, exc.missing, self.experiment.f, self.transport.round_timeout or 0.0, path,
-                               exc.detail) from None
+                               exc.detail, who) from None
 
 
 def run(

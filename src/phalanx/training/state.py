@@ -60,6 +60,22 @@ class Received:
     rows); federated clients keep nothing between rounds."""
 
 
+@dataclass(frozen=True)
+class SlotPlan:
+    """Who does what in one round of a run with a process per worker slot (the parameter-server topology).
+
+    Ranks are process slots; ``clients`` names the worker (client) each slot plays this round (``None``: slot r is
+    worker r, every round — distributed SGD). ``honest``: the slots whose vectors are honest (what an omniscient
+    attack sees); ``computing``: the slots that send a vector they computed (honest ones, and a data attack's
+    Byzantine ones); ``attacking``: the slots that send a vector attack's rows after seeing the honest vectors.
+    """
+
+    honest: list[int]
+    computing: list[int]
+    attacking: list[int]
+    clients: list[int] | None = None
+
+
 class RoundAborted(Exception):
     """A round cannot be completed (too many workers missing, a collective failed): the loop checkpoints the state
     at the start of the round and raises :class:`~phalanx.errors.WorkersLostError`. ``missing``: the workers whose
