@@ -54,7 +54,8 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None) -> Experime
     if cfg.algorithm == "fedavg":  # lr is the clients' (local) learning rate, server_lr the server's step
         algorithm = FedAvg(clients_per_round=cfg.clients_per_round, local_steps=cfg.local_steps,
                            local_epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr, momentum=cfg.momentum,
-                           weight_decay=cfg.weight_decay, prox_mu=cfg.prox_mu)
+                           weight_decay=cfg.weight_decay, prox_mu=cfg.prox_mu,
+                           stats_batch=cfg.stats_batch, stats_momentum=cfg.stats_momentum)
         lr = LRSchedule(cfg.server_lr, "constant", cfg.rounds, cfg.step_every)
     else:
         algorithm = DSGD(batch_size=cfg.batch_size, momentum=cfg.momentum, weight_decay=cfg.weight_decay)

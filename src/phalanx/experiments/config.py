@@ -34,7 +34,8 @@ else:  # pragma: no cover
 Schedule = Literal["constant", "step", "cosine"]
 Partition = Literal["iid", "dirichlet", "pathological"]
 Algorithm = Literal["dsgd", "fedavg"]
-FEDERATED_KEYS = ("clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu")
+FEDERATED_KEYS = ("clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch",
+                  "stats_momentum")
 """Keys that only ``algorithm = "fedavg"`` reads."""
 Engine = Literal["simulated", "torchrun"]
 Topology = Literal["server", "serverless"]
@@ -44,7 +45,7 @@ DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend")
 change neither its results nor its run id / ``config.json`` (run directories written before they existed resume)."""
 LATER_KEYS = (
     "server_optimizer", "server_momentum", "server_weight_decay", "server_optimizer_params", "loss", "algorithm",
-    "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu",
+    "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch", "stats_momentum",
 )
 """Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
 that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
@@ -103,6 +104,14 @@ class RunConfig(BaseModel):
     )
     server_lr: float = Field(1.0, gt=0, description="fedavg: the server's step size on the aggregated update")
     prox_mu: float = Field(0.0, ge=0, description="fedavg: FedProx's proximal term μ (Li et al., MLSys 2020)")
+    stats_batch: int = Field(
+        64, ge=1, description="fedavg, a model with norm = 'batch' | 'hybrid': samples each sampled client measures "
+        "the normalisation statistics on",
+    )
+    stats_momentum: float = Field(
+        0.1, gt=0, le=1, description="fedavg, norm = 'batch' | 'hybrid': weight of the round's pooled statistics "
+        "in the global ones (Hybrid BN's authors: 0.002 over 500 rounds)",
+    )
     step_every: int = Field(100, ge=1, description="'step' schedule: divide lr by 10 every this many rounds")
     seed: int = Field(0, ge=0, description="the one seed; split into named streams")
     eval_every: int = Field(20, ge=1, description="evaluate every this many rounds (and at the end)")
@@ -205,6 +214,14 @@ def check_relations(cfg: RunConfig) -> None:
         if cfg.engine == "torchrun" and cfg.topology != "server":
             raise ConfigError("topology", cfg.topology, "'server' with algorithm = 'fedavg' (the server samples the "
                               "clients; a process per client slot)")
+    norm = cfg.model_params.get("norm")
+    if norm in ("batch", "hybrid"):
+        if cfg.algorithm == "dsgd":
+            raise ConfigError("model_params.norm", norm, "'group' or 'none' with algorithm = 'dsgd' (BatchNorm and "
+                              "Hybrid BN statistics are measured and pooled by federated rounds: algorithm = 'fedavg')")
+        if cfg.engine == "torchrun":
+            raise ConfigError("model_params.norm", norm, "'group' or 'none' with engine = 'torchrun' (BatchNorm / "
+                              "Hybrid BN statistics are pooled in one process so far: engine = 'simulated')")
     if cfg.backend == "nccl" and cfg.topology == "server":
         raise ConfigError(
             "backend", cfg.backend, "'auto' or 'gloo' with topology = 'server' (its vectors go through the c10d "

@@ -5,7 +5,8 @@ Layout of a run directory::
     config.json           the resolved configuration
     manifest.json         versions, seed, data fingerprint, start time
     metrics.jsonl         one row per evaluated round (rewritten atomically at every checkpoint)
-    checkpoint.safetensors  θ, worker momentum, previous aggregate, random-stream states, server optimizer
+    checkpoint.safetensors  θ, worker momentum, previous aggregate, normalisation statistics, random-stream states,
+                            server optimizer
                           state, round (atomic)
     metrics.parquet       the same rows as Parquet, written when the run finishes
     DONE                  marker of a finished run
@@ -81,7 +82,8 @@ def prepare_run_dir(out: Path, identity: dict[str, Any], seed: int, data_fingerp
 def save_checkpoint(out: Path, snap: Snapshot) -> Path:
     """Write the metric rows so far, then the checkpoint (both atomically; rows first, so none are lost).
 
-    Tensors: ``theta``, ``momentum``, ``previous``, ``rng.<stream>`` (random streams), ``optim.<name>`` (the server
+    Tensors: ``theta``, ``momentum``, ``previous``, ``norm_stats`` (BatchNorm / Hybrid BN global statistics),
+    ``rng.<stream>`` (random streams), ``optim.<name>`` (the server
     optimizer's state); metadata: ``round`` and the number of rows.
     """
     state, rows = snap.state, snap.rows
@@ -91,6 +93,8 @@ def save_checkpoint(out: Path, snap: Snapshot) -> Path:
         tensors["momentum"] = state.momentum.contiguous()
     if state.previous is not None:
         tensors["previous"] = state.previous.contiguous()
+    if state.stats is not None:
+        tensors["norm_stats"] = state.stats.contiguous()
     for name, g in snap.streams.items():
         tensors[f"rng.{name}"] = g
     for name, t in snap.optimizer.items():
@@ -119,6 +123,7 @@ def load_checkpoint(out: Path) -> Snapshot | None:
     rows = [r for r in read_rows(out) if r["round"] <= round_]
     state = RoundState(
         theta=tensors["theta"], momentum=tensors.get("momentum"), previous=tensors.get("previous"), round=round_,
+        stats=tensors.get("norm_stats"),
     )
     streams = {k.removeprefix("rng."): v for k, v in tensors.items() if k.startswith("rng.")}
     optimizer = {k.removeprefix("optim."): v for k, v in tensors.items() if k.startswith("optim.")}

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from phalanx.errors import ConfigError
+from phalanx.models.norm import FedNorm2d
 from phalanx.plugins import Registry, check_params
 
 __all__ = ["builder", "count_parameters", "initialise", "make", "names", "register"]
@@ -129,7 +130,7 @@ def initialise(model: nn.Module, generator: torch.Generator | None = None) -> nn
     * ``nn.Linear`` and ``nn.Conv2d`` (unless the module has ``init = "he"``): PyTorch's default — weights
       ``U(−b, b)`` with ``b = 1/√fan_in`` (``kaiming_uniform_(a=√5)``), biases ``U(−1/√fan_in, 1/√fan_in)``.
     * ``nn.Conv2d`` with ``init = "he"`` (ResNet-20): ``N(0, 2/fan_in)``, He et al. ICCV 2015, Eq. 10.
-    * ``nn.GroupNorm``: weight 1, bias 0.
+    * ``nn.GroupNorm``: weight 1, bias 0; :class:`~phalanx.models.norm.FedNorm2d`: its ``reset_parameters``.
 
     ``generator=None`` draws from torch's global default generator.
     """
@@ -148,6 +149,8 @@ def initialise(model: nn.Module, generator: torch.Generator | None = None) -> nn
             elif isinstance(module, nn.GroupNorm) and module.affine:
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
+            elif isinstance(module, FedNorm2d):
+                module.reset_parameters()  # γ = 1, β = 0, d = 0; global statistics (0, 1)
             elif not isinstance(module, (nn.Sequential, nn.ModuleList, nn.Flatten, nn.ReLU, nn.MaxPool2d)) and any(
                 True for _ in module.parameters(recurse=False)
             ):

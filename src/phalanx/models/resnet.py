@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from phalanx.errors import ConfigError
+from phalanx.models.norm import make_norm
 from phalanx.models.registry import register
 
 __all__ = ["BasicBlock", "ResNet20"]
@@ -41,12 +42,12 @@ class _HeConv2d(nn.Conv2d):
 class BasicBlock(nn.Module):
     """``relu(norm(conv(relu(norm(conv(x))))) + shortcut(x))`` with an option-A (parameter-free) shortcut."""
 
-    def __init__(self, c_in: int, c_out: int, stride: int, groups: int) -> None:
+    def __init__(self, c_in: int, c_out: int, stride: int, groups: int, norm: str = "group") -> None:
         super().__init__()
         self.conv1 = _HeConv2d(c_in, c_out, stride)
-        self.norm1 = nn.GroupNorm(groups, c_out)
+        self.norm1 = make_norm(norm, c_out, groups)
         self.conv2 = _HeConv2d(c_out, c_out)
-        self.norm2 = nn.GroupNorm(groups, c_out)
+        self.norm2 = make_norm(norm, c_out, groups)
         self.stride = stride
         self.extra_channels = c_out - c_in
 
@@ -64,24 +65,28 @@ class BasicBlock(nn.Module):
 
 
 class ResNet20(nn.Module):
-    """ResNet-20 (He et al. 2016, §4.2, n = 3) with GroupNorm; see the module docstring."""
+    """ResNet-20 (He et al. 2016, §4.2, n = 3) with GroupNorm (``norm="group"``), or BatchNorm / Hybrid BN with
+    server-held statistics (``norm="batch"`` / ``"hybrid"``, :class:`~phalanx.models.norm.FedNorm2d`, federated
+    rounds); see the module docstring."""
 
     widths = (16, 32, 64)
     blocks_per_stage = 3
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, groups: int = 2) -> None:
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, groups: int = 2, norm: str = "group") -> None:
         super().__init__()
         if len(input_shape) != 3:
             raise ConfigError("input_shape", input_shape, "(C, H, W) for resnet20")
         if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or 16 % groups:
             raise ConfigError("groups", groups, "a divisor of 16: 1, 2, 4, 8 or 16")
+        if norm not in ("group", "batch", "hybrid"):
+            raise ConfigError("norm", norm, "'group' | 'batch' | 'hybrid'")
         self.conv = _HeConv2d(input_shape[0], self.widths[0])
-        self.norm = nn.GroupNorm(groups, self.widths[0])
+        self.norm = make_norm(norm, self.widths[0], groups)
         blocks: list[nn.Module] = []
         c_in = self.widths[0]
         for stage, c_out in enumerate(self.widths):
             for b in range(self.blocks_per_stage):
-                blocks.append(BasicBlock(c_in, c_out, 2 if stage > 0 and b == 0 else 1, groups))
+                blocks.append(BasicBlock(c_in, c_out, 2 if stage > 0 and b == 0 else 1, groups, norm))
                 c_in = c_out
         self.blocks = nn.Sequential(*blocks)
         self.fc = nn.Linear(self.widths[-1], num_classes)
@@ -92,6 +97,7 @@ class ResNet20(nn.Module):
 
 
 @register("resnet20", meta=True)
-def resnet20(input_shape: tuple[int, ...], num_classes: int, groups: int = 2) -> nn.Module:
-    """ResNet-20 with GroupNorm (``groups`` groups per normalisation layer), see :class:`ResNet20`."""
-    return ResNet20(input_shape, num_classes, groups=groups)
+def resnet20(input_shape: tuple[int, ...], num_classes: int, groups: int = 2, norm: str = "group") -> nn.Module:
+    """ResNet-20 with GroupNorm (``groups`` groups per normalisation layer), or ``norm="batch"`` / ``"hybrid"``, see
+    :class:`ResNet20`."""
+    return ResNet20(input_shape, num_classes, groups=groups, norm=norm)

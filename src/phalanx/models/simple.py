@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from phalanx.errors import ConfigError
+from phalanx.models.norm import NORMS, make_norm
 from phalanx.models.registry import register
 
 __all__ = ["LeNetLike", "logreg", "mlp"]
@@ -55,15 +56,17 @@ def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: Sequence[int] = 
 class LeNetLike(nn.Module):
     """A LeNet-style CNN (LeCun et al. 1998) for any image size: conv stages, then two fully connected layers.
 
-    Each stage is ``Conv2d(k×k, padding k//2) → ReLU → MaxPool2d(2)``; then ``Flatten → Linear(·, hidden) → ReLU →
-    Linear(hidden, num_classes)``. With the defaults (channels 16, 32; 5×5 kernels; hidden 128): 8×8 → 2×2×32,
-    28×28 → 7×7×32, 32×32 → 8×8×32 features before the classifier. The flattened size is computed by running a
-    dummy input through the stages (on the ``meta`` device: no memory, no arithmetic).
+    Each stage is ``Conv2d(k×k, padding k//2) → norm → ReLU → MaxPool2d(2)``; then ``Flatten → Linear(·, hidden) →
+    ReLU → Linear(hidden, num_classes)``. ``norm``: ``"none"`` (the default), ``"group"`` (GroupNorm, ``groups``
+    groups), ``"batch"`` (BatchNorm) or ``"hybrid"`` (Hybrid BN) — the last two with server-held statistics
+    (:class:`~phalanx.models.norm.FedNorm2d`, federated rounds). With the defaults (channels 16, 32; 5×5 kernels;
+    hidden 128): 8×8 → 2×2×32, 28×28 → 7×7×32, 32×32 → 8×8×32 features before the classifier. The flattened size
+    is computed by running a dummy input through the stages (on the ``meta`` device: no memory, no arithmetic).
     """
 
     def __init__(
         self, input_shape: tuple[int, ...], num_classes: int, channels: Sequence[int] = (16, 32),
-        kernel_size: int = 5, hidden: int = 128,
+        kernel_size: int = 5, hidden: int = 128, norm: str = "none", groups: int = 2,
     ) -> None:
         super().__init__()
         if len(input_shape) != 3:
@@ -78,10 +81,16 @@ class LeNetLike(nn.Module):
             raise ConfigError(
                 "input_shape", input_shape, f"images of at least {smallest}×{smallest} for {len(chans)} pooling stages",
             )
+        if norm not in NORMS:
+            raise ConfigError("norm", norm, " | ".join(repr(n) for n in NORMS))
+        if norm == "group" and any(c % groups for c in chans):
+            raise ConfigError("groups", groups, f"a divisor of every stage's channels {list(chans)}")
         stages: list[nn.Module] = []
         c_in = input_shape[0]
         for c_out in chans:
-            stages += [nn.Conv2d(c_in, c_out, kernel_size, padding=kernel_size // 2), nn.ReLU(), nn.MaxPool2d(2)]
+            conv = nn.Conv2d(c_in, c_out, kernel_size, padding=kernel_size // 2)
+            layers = [conv] if norm == "none" else [conv, make_norm(norm, c_out, groups)]
+            stages += [*layers, nn.ReLU(), nn.MaxPool2d(2)]
             c_in = c_out
         self.features = nn.Sequential(*stages)
         with torch.no_grad():
@@ -97,7 +106,8 @@ class LeNetLike(nn.Module):
 @register("cnn", meta=True)
 def cnn(
     input_shape: tuple[int, ...], num_classes: int, channels: Sequence[int] = (16, 32), kernel_size: int = 5,
-    hidden: int = 128,
+    hidden: int = 128, norm: str = "none", groups: int = 2,
 ) -> nn.Module:
-    """A LeNet-style CNN, see :class:`LeNetLike`."""
-    return LeNetLike(input_shape, num_classes, channels=channels, kernel_size=kernel_size, hidden=hidden)
+    """A LeNet-style CNN (``norm``: none, group, batch or hybrid after each convolution), see :class:`LeNetLike`."""
+    return LeNetLike(input_shape, num_classes, channels=channels, kernel_size=kernel_size, hidden=hidden, norm=norm,
+                     groups=groups)

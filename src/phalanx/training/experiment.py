@@ -113,6 +113,10 @@ class Experiment:
             raise ConfigError("boost", boost, "1 with distributed SGD (boosting scales a federated client's update; a "
                               "DSGD worker's vector is carried into its momentum)")
         self.problem = self.model if isinstance(self.model, Problem) else Problem(self.model, loss=self.loss)
+        if self.problem.norm_stats is not None and isinstance(self.algorithm, DSGD):
+            raise ConfigError("model", "a model with BatchNorm / Hybrid BN layers (FedNorm2d)", "a model without them "
+                              "with distributed SGD (their statistics are measured and pooled by federated rounds: "
+                              "algorithm FedAvg)")
         ds = self.dataset
         if self.shards is None:
             self.shards = partition(ds.train_y, n, "iid", seed=stream_seed(self.seed, "partition") % (2**31))

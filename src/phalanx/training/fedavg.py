@@ -49,7 +49,9 @@ if TYPE_CHECKING:
 class FedAvg:
     """Federated averaging: ``clients_per_round`` sampled clients (None: all), ``local_steps`` SGD steps each (or
     ``local_epochs`` passes over its shard) with batch ``batch_size``, client learning rate ``lr`` (a number or a
-    schedule over rounds), local momentum, weight decay and FedProx's ``prox_mu``."""
+    schedule over rounds), local momentum, weight decay and FedProx's ``prox_mu``. A model with BatchNorm / Hybrid BN
+    layers: each sampled client measures their statistics on ``stats_batch`` samples, blended into the global
+    statistics with momentum ``stats_momentum`` (:mod:`phalanx.training.norm_stats`)."""
 
     clients_per_round: int | None = None
     local_steps: int = 1
@@ -59,6 +61,8 @@ class FedAvg:
     momentum: float = 0.0
     weight_decay: float = 0.0
     prox_mu: float = 0.0
+    stats_batch: int = 64
+    stats_momentum: float = 0.1
     name = "fedavg"
 
     def __post_init__(self) -> None:
@@ -73,6 +77,8 @@ class FedAvg:
         check_real("momentum", self.momentum, low=0.0, high=1.0, high_open=True)
         check_real("weight_decay", self.weight_decay, low=0.0)
         check_real("prox_mu", self.prox_mu, low=0.0)
+        check_int("stats_batch", self.stats_batch, low=1)
+        check_real("stats_momentum", self.stats_momentum, low=0.0, high=1.0, low_open=True)
 
     def per_round(self, workers: int) -> int:
         """How many vectors the server aggregates each round: the sampled clients."""
@@ -91,6 +97,9 @@ class FedAvg:
 
     def one_worker(self, exp: Experiment, rank: int, streams: dict[str, Tensor], momentum: Tensor | None) -> FedAvgSlot:
         """Client slot ``rank`` of a process-per-slot run: it trains the ``rank``-th sampled client of each round."""
+        if exp.problem.norm_stats is not None:
+            raise ConfigError("engine", "torchrun", "'simulated' for a model with BatchNorm / Hybrid BN layers (their "
+                              "statistics are pooled in one process so far)")
         return FedAvgSlot(self, exp, rank, streams)
 
 
@@ -179,11 +188,34 @@ class FedAvgClients(_Clients):
         honest_ids = ids[ids < self.honest_n]
         byz_ids = ids[ids >= self.honest_n]
         train_ids = ids if self.data_attack else honest_ids
-        vectors = self._train(theta, train_ids, t, poisoned=int(byz_ids.numel()) if self.data_attack else 0)
+        poisoned = int(byz_ids.numel()) if self.data_attack else 0
+        stats = None if exp.problem.norm_stats is None else self._stats(theta, train_ids, poisoned, byz_ids, t)
+        vectors = self._train(theta, train_ids, t, poisoned)
         if self.vector_attack and byz_ids.numel():
             byz = attack_rows(exp, vectors, int(byz_ids.numel()), rule, self.attack_gen, t)
             vectors = torch.cat([vectors, byz]) if vectors.numel() else byz
-        return Received(vectors, rows=ids.tolist(), state_rows=False)
+        return Received(vectors, rows=ids.tolist(), state_rows=False, stats=stats)
+
+    def _stats(self, theta: Tensor, ids: Tensor, poisoned: int, byz_ids: Tensor, t: int) -> Tensor:
+        """The normalisation statistics the round's clients report, a row per client in the order of the vectors:
+        the computing clients' measurements on one batch each of θ (a data attack's on its poisoned batch), then
+        a vector attack's rows computed on the honest ones."""
+        exp, algo = self.exp, self.algo
+        norm = exp.problem.norm_stats
+        assert norm is not None
+        width = 2 * norm.channels
+        rows = theta.new_zeros(0, width)
+        if ids.numel():
+            xs, ys = sample_batches_of(exp.data, ids, algo.stats_batch, self.batch_gen)
+            if poisoned:
+                assert isinstance(exp.attack, DataAttack)
+                xs, ys = poison_rows(exp.attack, xs, ys, int(ids.numel()) - poisoned, exp.data.num_classes,
+                                     self.attack_gen)
+            rows = norm.measure(exp.problem.layout.views(theta), exp.problem.buffers, xs)
+        if self.vector_attack and byz_ids.numel():
+            byz = attack_rows(exp, rows, int(byz_ids.numel()), lambda r: norm.pool(r, exp.f), self.attack_gen, t)
+            rows = torch.cat([rows, byz])
+        return rows
 
 
 def attack_rows(
@@ -193,7 +225,7 @@ def attack_rows(
     """The sampled Byzantine clients' vectors of a vector attack: zeros (no draw) when no honest client was sampled
     — the attackers have nothing to look at."""
     if honest.shape[0] == 0:
-        return honest.new_zeros(byzantine, exp.problem.dim)
+        return honest.new_zeros(byzantine, honest.shape[1])
     assert isinstance(exp.attack, Attack)
     return byzantine_vectors(exp.attack, honest, byzantine=byzantine, f=exp.f, rule=rule, attack_gen=attack_gen,
                              round=t)

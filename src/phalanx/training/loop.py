@@ -121,7 +121,9 @@ class OnRound(Callback):
 
 def fresh_start(exp: Experiment) -> Snapshot:
     """Round 0: θ₀ from the model, the per-round streams seeded from the experiment's seed."""
-    state = RoundState(theta=exp.problem.initial_theta(), momentum=None, previous=None, round=0)
+    norm = exp.problem.norm_stats
+    state = RoundState(theta=exp.problem.initial_theta(), momentum=None, previous=None, round=0,
+                       stats=None if norm is None else norm.vector())
     streams = {name: generator(exp.seed, name).get_state() for name in ROUND_STREAMS}
     return Snapshot(state, streams)
 
@@ -153,6 +155,9 @@ class Loop:
         start = self.start if self.start is not None else fresh_start(exp)
         start = self.transport.open(exp, start)
         self.state, self.rows, self.resumed = start.state, list(start.rows), start.resumed
+        norm = exp.problem.norm_stats
+        if norm is not None and self.state.stats is not None:
+            norm.load(self.state.stats)
         if "aggregator" in start.streams:
             self.server.generator.set_state(start.streams["aggregator"])
         exp.optimizer.load_state_dict({k: v.to(self.state.theta) for k, v in start.optimizer.items()})
@@ -182,7 +187,8 @@ class Loop:
         except RoundAborted as exc:
             self._abort(exc, streams)
         theta = exp.optimizer.step(state.theta, agg, lr)
-        self.state = RoundState(theta=theta, momentum=self._rows(got), previous=agg, round=t + 1)
+        stats = self._blend_stats(got)
+        self.state = RoundState(theta=theta, momentum=self._rows(got), previous=agg, round=t + 1, stats=stats)
         info = RoundInfo(t, measure, lr, result, got.vectors.shape[0], got.missing, got.sent, got.received,
                          time.perf_counter() - t0)
         for cb in self.callbacks:
@@ -218,6 +224,18 @@ class Loop:
             rows = got.vectors.new_zeros(self.experiment.workers, got.vectors.shape[1])
         rows[got.rows] = got.vectors
         return rows
+
+    def _blend_stats(self, got: Received) -> Tensor | None:
+        """The global normalisation statistics after this round: the clients' statistics pooled (trimmed mean at
+        the f the round's rule has) and blended in (:mod:`phalanx.training.norm_stats`)."""
+        exp = self.experiment
+        norm = exp.problem.norm_stats
+        if norm is None:
+            return None
+        if got.stats is not None and got.stats.shape[0]:
+            pooled = norm.pool(got.stats, max(0, exp.f - len(got.missing)))
+            norm.blend(pooled, float(getattr(exp.algorithm, "stats_momentum", 0.1)))
+        return norm.vector()
 
     def _abort(self, exc: RoundAborted, streams: dict[str, Tensor]) -> NoReturn:
         """Hand the snapshot of the start of this round to the callbacks, then raise :class:`WorkersLostError`."""

@@ -14,7 +14,8 @@ The loss is a parameter: ``loss(logits, y)`` returning the mean over the batch (
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,7 @@ from torch.func import functional_call, grad, vmap
 
 from phalanx.errors import ConfigError
 from phalanx.training.linear_stack import LinearStack, blend_rows
+from phalanx.training.norm_stats import NormStats
 
 Loss = Callable[[Tensor, Tensor], Tensor]
 """``loss(logits, y)``: a scalar, the mean over the batch's samples."""
@@ -78,6 +80,18 @@ class Problem:
         # explicit back-propagation for fully connected ReLU stacks under cross-entropy (None: vmap(grad))
         self.stack = LinearStack.of(model) if per_worker == "auto" and self.loss is None else None
         self._offsets = dict(zip(self.layout.names, self.layout.offsets))
+        self.norm_stats = NormStats.of(model)
+        """The server-held statistics of the model's BatchNorm / Hybrid BN layers (None: it has none)."""
+
+    @contextmanager
+    def _eval_mode(self) -> Iterator[None]:
+        """The model in evaluation mode (normalisation layers use the global statistics) for a prediction."""
+        was = self.model.training
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train(was)
 
     @property
     def dim(self) -> int:
@@ -157,8 +171,9 @@ class Problem:
     def predict(self, theta: Tensor, x: Tensor, batch: int = 2048) -> Tensor:
         """The predicted class of every input of ``x`` under θ (argmax of the logits), ``(N,)``."""
         params = self.layout.views(theta)
-        out = [functional_call(self.model, (params, self.buffers), (x[s : s + batch],)).argmax(dim=1)
-               for s in range(0, x.shape[0], batch)]
+        with self._eval_mode():
+            out = [functional_call(self.model, (params, self.buffers), (x[s : s + batch],)).argmax(dim=1)
+                   for s in range(0, x.shape[0], batch)]
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
     @torch.no_grad()
@@ -169,7 +184,8 @@ class Problem:
         params = self.layout.views(theta)
         correct, total_loss = 0, 0.0
         for s in range(0, x.shape[0], batch):
-            logits = functional_call(self.model, (params, self.buffers), (x[s : s + batch],))
+            with self._eval_mode():
+                logits = functional_call(self.model, (params, self.buffers), (x[s : s + batch],))
             if self.loss is None:
                 total_loss += float(F.cross_entropy(logits, y[s : s + batch], reduction="sum"))
             else:

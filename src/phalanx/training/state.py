@@ -15,13 +15,15 @@ class RoundState:
     ``momentum`` holds every worker's last vector, ``(n, d)`` — for distributed SGD with worker momentum, the
     workers' momentum rows, then the Byzantine rows sent last; ``None`` before the first round. The in-process
     transport updates it in place (one buffer for the whole run): a state must not be used after the next round.
-    ``previous`` is the last aggregate (the centre of centered clipping).
+    ``previous`` is the last aggregate (the centre of centered clipping); ``stats`` the global statistics of the
+    model's BatchNorm / Hybrid BN layers (:mod:`phalanx.training.norm_stats`; None for a model without them).
     """
 
     theta: Tensor
     momentum: Tensor | None
     previous: Tensor | None
     round: int = 0
+    stats: Tensor | None = None
 
 
 @dataclass
@@ -58,6 +60,9 @@ class Received:
     state_rows: bool = True
     """Whether the vectors are the workers' state to carry into the next round and the checkpoint (DSGD's momentum
     rows); federated clients keep nothing between rounds."""
+    stats: Tensor | None = None
+    """The normalisation statistics the clients of the round measured on the broadcast model, a row per vector
+    (``(m, 2·channels)``, :mod:`phalanx.training.norm_stats`); None for a model without BatchNorm / Hybrid BN."""
 
 
 @dataclass(frozen=True)
