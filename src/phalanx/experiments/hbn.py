@@ -1,0 +1,307 @@
+"""BatchNorm under heterogeneity, as a preset: GroupNorm vs BatchNorm vs Hybrid BN in federated training, with the
+mean and with a robust rule, over Dirichlet splits — tables with intervals, paired differences, a plot, a report.
+
+The question of Chen, Xu, Wu & Kittler ("Hybrid Batch Normalisation: resolving the dilemma of batch normalisation
+in federated learning", ICML 2025, arXiv 2505.21877): BatchNorm in federated learning has to normalise with
+statistics that differ between clients (label skew, Dirichlet α) and that are noisy for small local batches; GroupNorm
+avoids statistics altogether; Hybrid BN mixes each batch's statistics with the server's global ones (a learned
+per-channel factor) and evaluates with the global ones. Phalanx adds the robustness question: the statistics are
+pooled by the server like the updates, so does a robust rule change the picture?
+
+Grid: norm ∈ ``norms`` (``group``, ``batch``, ``hybrid`` — :mod:`phalanx.models.norm`) × rule ∈ ``rules`` ×
+α ∈ ``alphas`` × seeds, no attack, FedAvg with ``clients_per_round`` of ``clients`` sampled per round. Per cell: the
+final test accuracy, mean and 95 % Student-t interval over seeds. Paired differences (same seed = same split, same
+initial weights for the layers the variants share) HBN − BN and HBN − GN per (rule, α), with 95 % intervals.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from phalanx.analysis.stats import Estimate, mean_ci
+from phalanx.errors import ConfigError
+from phalanx.experiments import store
+from phalanx.experiments.config import RunConfig, make_config
+from phalanx.experiments.paper import final_accuracy, machine
+from phalanx.experiments.report import save_figure
+
+NORM_LABELS = {"group": "GroupNorm", "batch": "BatchNorm", "hybrid": "Hybrid BN", "none": "no norm"}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One setting of the experiment."""
+
+    name: str
+    description: str
+    dataset: str
+    model: str = "cnn"
+    model_params: dict[str, Any] = field(default_factory=dict)
+    clients: int = 100
+    clients_per_round: int = 10
+    local_steps: int = 10
+    local_epochs: float | None = None
+    batch_size: int = 4
+    lr: float = 0.02
+    momentum: float = 0.9
+    rounds: int = 150
+    schedule: str = "constant"
+    stats_batch: int = 64
+    stats_momentum: float = 0.1
+    norms: tuple[str, ...] = ("group", "batch", "hybrid")
+    rules: tuple[tuple[str, int], ...] = (("mean", 0), ("cwtm", 1))
+    alphas: tuple[float, ...] = (0.1, 0.5, 1.0)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    eval_every: int = 50
+    fallback_dataset: str | None = None
+
+
+PRESETS: dict[str, Preset] = {
+    "quick": Preset(
+        name="quick", description="CPU-sized: a small CNN on Fashion-MNIST (digits when absent), 150 rounds",
+        dataset="fashion-mnist", model_params={"channels": [8, 16], "hidden": 64}, fallback_dataset="digits",
+    ),
+    "paper": Preset(
+        name="paper", description="Chen et al.'s setup (GPU-sized): CIFAR-10, their 3-layer CNN, 1 local epoch of "
+        "batch 4, 500 rounds, statistics momentum 0.002",
+        dataset="cifar10", model_params={"channels": [16, 32, 64], "kernel_size": 3, "hidden": 128},
+        local_epochs=1.0, batch_size=4, lr=0.01, rounds=500, stats_momentum=0.002, eval_every=100,
+    ),
+}
+
+
+def preset(name: str, **changes: Any) -> Preset:
+    """A preset by name with fields replaced (``seeds=(0, 1, 2, 3)``, ``rounds=50``, ...), checked."""
+    if name not in PRESETS:
+        raise ConfigError("preset", name, "one of " + ", ".join(PRESETS))
+    unknown = sorted(set(changes) - set(Preset.__dataclass_fields__))
+    if unknown:
+        raise ConfigError("preset field", unknown, "fields of Preset: " + ", ".join(Preset.__dataclass_fields__))
+    p = replace(PRESETS[name], **changes)
+    for key in ("norms", "rules", "alphas", "seeds"):
+        if not getattr(p, key):
+            raise ConfigError(key, getattr(p, key), "a non-empty list")
+    bad = [n for n in p.norms if n not in NORM_LABELS]
+    if bad:
+        raise ConfigError("norms", list(p.norms), "names among " + ", ".join(NORM_LABELS))
+    if len(set(p.seeds)) < 2:
+        raise ConfigError("seeds", list(p.seeds), "at least two distinct seeds (the intervals need them)")
+    return p
+
+
+def resolve_dataset(p: Preset, available: Callable[[str], bool]) -> Preset:
+    """Fall back to ``p.fallback_dataset`` when the preset's data set is not on this machine."""
+    if available(p.dataset) or p.fallback_dataset is None:
+        return p
+    return replace(p, dataset=p.fallback_dataset)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run: a normalisation, a rule (spec, f), a Dirichlet α and a seed."""
+
+    norm: str
+    rule: str
+    f: int
+    alpha: float
+    seed: int
+
+
+def cells(p: Preset) -> list[Cell]:
+    """Every run of the grid."""
+    return [Cell(n, r, f, a, s) for n in p.norms for r, f in p.rules for a in p.alphas for s in p.seeds]
+
+
+def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """The validated run configuration of one cell (no attack)."""
+    data: dict[str, Any] = {
+        "algorithm": "fedavg", "dataset": p.dataset, "model": p.model,
+        "model_params": {**p.model_params, "norm": cell.norm}, "workers": p.clients,
+        "clients_per_round": p.clients_per_round, "local_steps": p.local_steps, "local_epochs": p.local_epochs,
+        "batch_size": p.batch_size, "lr": p.lr, "momentum": p.momentum, "schedule": p.schedule,
+        "byzantine": 0, "f": cell.f, "aggregator": cell.rule, "attack": "none", "partition": "dirichlet",
+        "alpha": cell.alpha, "rounds": p.rounds, "seed": cell.seed, "eval_every": p.eval_every,
+        "checkpoint_every": max(p.eval_every, p.rounds // 4 or 1),
+    }
+    if cell.norm in ("batch", "hybrid"):
+        data.update(stats_batch=p.stats_batch, stats_momentum=p.stats_momentum)
+    data.update(overrides or {})
+    return make_config(data)
+
+
+def plan(p: Preset, overrides: dict[str, Any] | None = None) -> tuple[list[Cell], list[RunConfig]]:
+    """The cells and their configurations."""
+    cs = cells(p)
+    return cs, [config_for(p, c, overrides) for c in cs]
+
+
+@dataclass
+class Result:
+    """A table cell: per-seed final accuracies and their mean with a 95 % interval."""
+
+    norm: str
+    rule: str
+    f: int
+    alpha: float
+    per_seed: dict[int, float]
+    estimate: Estimate
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A paired difference of two normalisations at one (rule, α): per-seed accuracy differences, 95 % interval."""
+
+    a: str
+    b: str
+    rule: str
+    f: int
+    alpha: float
+    estimate: Estimate
+
+    @property
+    def verdict(self) -> str:
+        e = self.estimate
+        if e.low > 0:
+            return f"{NORM_LABELS[self.a]} better"
+        if e.high < 0:
+            return f"{NORM_LABELS[self.b]} better"
+        return "no difference shown"
+
+
+def tabulate(cs: list[Cell], accuracy: dict[Cell, float]) -> dict[tuple[str, str, int, float], Result]:
+    """Group the runs into cells (norm, rule, f, α) with their per-seed accuracies."""
+    groups: dict[tuple[str, str, int, float], dict[int, float]] = {}
+    for c in cs:
+        groups.setdefault((c.norm, c.rule, c.f, c.alpha), {})[c.seed] = accuracy[c]
+    return {k: Result(*k, per_seed=v, estimate=mean_ci(list(v.values()))) for k, v in groups.items()}
+
+
+def differences(results: dict[tuple[str, str, int, float], Result], p: Preset) -> list[Difference]:
+    """Hybrid BN − BatchNorm and Hybrid BN − GroupNorm (those present), per rule and α, paired by seed."""
+    pairs = [(a, b) for a, b in (("hybrid", "batch"), ("hybrid", "group"), ("batch", "group"))
+             if a in p.norms and b in p.norms]
+    out = []
+    for a, b in pairs:
+        for rule, f in p.rules:
+            for alpha in p.alphas:
+                ra, rb = results[(a, rule, f, alpha)], results[(b, rule, f, alpha)]
+                seeds = sorted(set(ra.per_seed) & set(rb.per_seed))
+                est = mean_ci([ra.per_seed[s] - rb.per_seed[s] for s in seeds])
+                out.append(Difference(a, b, rule, f, alpha, est))
+    return out
+
+
+def _rule_label(rule: str, f: int) -> str:
+    return rule if rule == "mean" else f"{rule} f={f}"
+
+
+def table_markdown(results: dict[tuple[str, str, int, float], Result], p: Preset) -> str:
+    """Rows: (rule, norm); columns: α; cells: accuracy % mean ± half-width."""
+    head = "| rule | norm | " + " | ".join(f"α = {a:g}" for a in p.alphas) + " |"
+    lines = [head, "|" + "---|" * (2 + len(p.alphas))]
+    for rule, f in p.rules:
+        for norm in p.norms:
+            cells_ = [results[(norm, rule, f, a)].estimate for a in p.alphas]
+            lines.append(f"| {_rule_label(rule, f)} | {NORM_LABELS[norm]} | "
+                         + " | ".join(f"{100 * e.mean:.1f} ± {100 * e.half_width:.1f}" for e in cells_) + " |")
+    return "\n".join(lines)
+
+
+def differences_markdown(ds: list[Difference]) -> str:
+    """One line per paired difference: estimate, interval, verdict."""
+    lines = ["| difference | rule | α | points | 95 % interval | verdict |", "|---|---|---|---|---|---|"]
+    for d in ds:
+        e = d.estimate
+        lines.append(f"| {NORM_LABELS[d.a]} − {NORM_LABELS[d.b]} | {_rule_label(d.rule, d.f)} | {d.alpha:g} | "
+                     f"{100 * e.mean:+.2f} | [{100 * e.low:+.2f}, {100 * e.high:+.2f}] | {d.verdict} |")
+    return "\n".join(lines)
+
+
+def cells_csv(results: dict[tuple[str, str, int, float], Result]) -> str:
+    """Every cell: its keys, mean, interval and per-seed accuracies."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["norm", "rule", "f", "alpha", "mean", "low", "high", "per_seed"])
+    for (norm, rule, f, alpha), r in sorted(results.items()):
+        e = r.estimate
+        w.writerow([norm, rule, f, alpha, f"{e.mean:.6f}", f"{e.low:.6f}", f"{e.high:.6f}",
+                    " ".join(f"{s}:{v:.6f}" for s, v in sorted(r.per_seed.items()))])
+    return buf.getvalue()
+
+
+def plot(results: dict[tuple[str, str, int, float], Result], p: Preset, path: Path) -> Path:
+    """Accuracy vs α, a line per normalisation with its 95 % intervals, a panel per rule."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(p.rules), figsize=(5 * len(p.rules), 3.8), squeeze=False, sharey=True)
+    alphas = sorted(p.alphas)
+    for ax, (rule, f) in zip(axes[0], p.rules):
+        for i, norm in enumerate(p.norms):
+            es = [results[(norm, rule, f, a)].estimate for a in alphas]
+            shift = 1.04 ** (i - (len(p.norms) - 1) / 2)  # side by side, so that the intervals do not hide each other
+            ax.errorbar([a * shift for a in alphas], [100 * e.mean for e in es],
+                        yerr=[100 * e.half_width for e in es], marker="o", capsize=3, label=NORM_LABELS[norm])
+        ax.set_xscale("log")
+        ax.set_xticks(alphas, [f"{a:g}" for a in alphas])
+        ax.set_xlabel("Dirichlet α (smaller: more heterogeneous)")
+        ax.set_title(_rule_label(rule, f))
+        ax.grid(alpha=0.3)
+    lows = [100 * r.estimate.low for r in results.values()]
+    axes[0][0].set_ylim(max(0.0, min(lows) - 5), 100)
+    axes[0][0].set_ylabel("final test accuracy %")
+    axes[0][-1].legend()
+    fig.suptitle(f"FedAvg, {p.clients} clients ({p.clients_per_round} a round), {p.dataset}, {p.model}, "
+                 f"batch {p.batch_size}, {p.rounds} rounds, {len(p.seeds)} seeds (95 % intervals)")
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=110)
+
+
+def report_markdown(
+    results: dict[tuple[str, str, int, float], Result], ds: list[Difference], p: Preset, *, command: str,
+    wall_seconds: float | None, runs: int,
+) -> str:
+    """The whole report: setup, the accuracy table, the paired differences."""
+    steps = f"{p.local_epochs:g} local epoch(s)" if p.local_epochs is not None else f"{p.local_steps} local steps"
+    parts = [
+        f"# BatchNorm under heterogeneity — preset `{p.name}`", "",
+        f"Command: `{command}`  ", f"Machine: {machine()}  ",
+        f"Runs: {runs}" + (f", wall time {wall_seconds / 60:.1f} min" if wall_seconds is not None else ""), "",
+        f"Setup: FedAvg, no attack, {p.clients} clients with {p.clients_per_round} sampled per round, {steps} of "
+        f"batch {p.batch_size}, client lr {p.lr:g} with momentum {p.momentum:g}, {p.rounds} rounds; {p.dataset}, "
+        f"model {p.model} {p.model_params}; Dirichlet α ∈ {{{', '.join(f'{a:g}' for a in p.alphas)}}}; BatchNorm / "
+        f"Hybrid BN statistics measured on {p.stats_batch} samples per sampled client, pooled by a trimmed mean at "
+        f"the rule's f, momentum {p.stats_momentum:g}; seeds {list(p.seeds)}. Cells: final test accuracy (%) mean "
+        "± 95 % Student-t half-width over the seeds.", "",
+        "## Accuracy", "", table_markdown(results, p), "",
+        "## Paired differences (accuracy points, same seed = same split)", "", differences_markdown(ds), "",
+    ]
+    return "\n".join(parts)
+
+
+def write_outputs(
+    results: dict[tuple[str, str, int, float], Result], ds: list[Difference], p: Preset, out: Path, *,
+    command: str, wall_seconds: float | None, runs: int,
+) -> list[Path]:
+    """Write ``report.md``, ``cells.csv`` and ``hbn.png`` into ``out`` (atomically); return their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    report = out / "report.md"
+    text = report_markdown(results, ds, p, command=command, wall_seconds=wall_seconds, runs=runs)
+    store.atomic_write_text(report, text + "\n![accuracy vs alpha](hbn.png)\n")
+    table = out / "cells.csv"
+    store.atomic_write_text(table, cells_csv(results))
+    return [report, table, plot(results, p, out / "hbn.png")]
+
+
+def collect(cs: list[Cell], cfgs: list[RunConfig], runs_dir: Path) -> dict[Cell, float]:
+    """The final accuracy of every cell's finished run under ``runs_dir``."""
+    from phalanx.experiments import grid
+
+    return {c: final_accuracy(runs_dir / grid.run_id(cfg)) for c, cfg in zip(cs, cfgs)}

@@ -1,0 +1,73 @@
+"""The BatchNorm-under-heterogeneity experiment (phalanx.experiments.hbn, `phalanx experiment hbn`): the grid, its
+configurations, the statistics of the tables, the outputs, and one tiny end-to-end run through the CLI."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from phalanx.errors import ConfigError
+from phalanx.experiments import hbn
+
+
+def test_quick_grid_is_norms_by_rules_by_alphas_by_seeds_of_valid_federated_configs() -> None:
+    p = hbn.preset("quick")
+    cells, cfgs = hbn.plan(p)
+    assert len(cells) == 3 * 2 * 3 * 3 == len(cfgs)
+    for c, cfg in zip(cells, cfgs):
+        assert cfg.algorithm == "fedavg" and cfg.attack == "none" and cfg.byzantine == 0
+        assert cfg.model_params["norm"] == c.norm and cfg.alpha == c.alpha and cfg.aggregator == c.rule
+        assert cfg.clients_per_round == 10 and cfg.workers == 100 and cfg.batch_size == 4
+    paper = hbn.preset("paper")
+    cfg = hbn.config_for(paper, hbn.Cell("hybrid", "mean", 0, 0.1, 0))
+    assert cfg.dataset == "cifar10" and cfg.local_epochs == 1.0 and cfg.stats_momentum == 0.002
+    assert cfg.model_params == {"channels": [16, 32, 64], "kernel_size": 3, "hidden": 128, "norm": "hybrid"}
+
+
+@pytest.mark.parametrize(("changes", "match"), [
+    ({"seeds": (0,)}, "at least two distinct seeds"),
+    ({"norms": ("instance",)}, "norms"),
+    ({"alphas": ()}, "non-empty"),
+    ({"rounds_per_epoch": 3}, "preset field"),
+])
+def test_preset_errors(changes: dict[str, object], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        hbn.preset("quick", **changes)
+    with pytest.raises(ConfigError, match="preset"):
+        hbn.preset("huge")
+
+
+def test_table_cells_and_paired_differences() -> None:
+    p = hbn.preset("quick", norms=("batch", "hybrid"), rules=(("mean", 0),), alphas=(0.1,), seeds=(0, 1, 2))
+    acc = {"batch": [0.70, 0.72, 0.68], "hybrid": [0.75, 0.76, 0.74]}
+    cells = hbn.cells(p)
+    results = hbn.tabulate(cells, {c: acc[c.norm][c.seed] for c in cells})
+    r = results[("hybrid", "mean", 0, 0.1)]
+    assert r.estimate.mean == pytest.approx(0.75)
+    (d,) = hbn.differences(results, p)
+    diffs = [0.05, 0.04, 0.06]
+    sd = math.sqrt(sum((x - 0.05) ** 2 for x in diffs) / 2)
+    assert d.estimate.mean == pytest.approx(0.05) and d.estimate.half_width == pytest.approx(4.302653 * sd / 3 ** 0.5,
+                                                                                                rel=1e-3)
+    assert d.verdict == "Hybrid BN better"
+    md = hbn.differences_markdown([d])
+    assert "| Hybrid BN − BatchNorm | mean | 0.1 | +5.00 |" in md
+
+
+def test_cli_runs_a_tiny_grid_and_writes_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "hbn"
+    cmd = [sys.executable, "-m", "phalanx.cli", "experiment", "hbn", "--seeds", "2", "--out", str(out), "-j", "1",
+           "--set", "dataset=digits", "--set", "rounds=2", "--set", "eval_every=2", "--set", "clients=6",
+           "--set", "clients_per_round=3", "--set", "local_steps=2", "--set", "alphas=[1.0]",
+           "--set", "norms=['batch','hybrid']", "--set", "rules=[['mean',0]]"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    report = (out / "report.md").read_text()
+    assert "| mean | BatchNorm |" in report and "| mean | Hybrid BN |" in report
+    assert "Hybrid BN − BatchNorm" in report and (out / "hbn.png").stat().st_size > 0
+    assert len((out / "cells.csv").read_text().splitlines()) == 3
+    assert len(list((out / "runs").glob("*/DONE"))) == 4
