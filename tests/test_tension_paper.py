@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import io
 from pathlib import Path
 
@@ -148,3 +149,18 @@ def test_missing_data_is_one_clear_error_before_any_run(
     out = capsys.readouterr().out
     assert "cifar10" in out and "files not found" in out and "Traceback" not in out
     assert not (tmp_path / "o" / "runs").exists()
+
+
+def test_federated_rounds_through_the_same_command(tmp_path: Path) -> None:
+    """`--set algorithm=fedavg`: the same grids with federated rounds (4 of 6 clients a round, 2 local steps); the
+    report says so."""
+    args = ["tension", "paper", "--preset", "quick", "--out", str(tmp_path), "--seeds", "2", "--jobs", "1",
+            "--set", "dataset=digits", "--set", "workers=6", "--set", "rounds=2", "--set", "eval_every=2",
+            "--set", "alphas=[1.0]", "--set", "lrs=[0.1]", "--set", "algorithm=fedavg", "--set", "local_steps=2",
+            "--set", "clients_per_round=5"]
+    res = CliRunner().invoke(cli.app, args)
+    assert res.exit_code == 0, res.output
+    md = (tmp_path / "report.md").read_text()
+    assert "Round: federated averaging — each of the 6 workers is a client, 5 sampled per round, 2 local step(s)" in md
+    configs = [json.loads(p_.read_text()) for p_ in (tmp_path / "runs").glob("*/config.json")]
+    assert configs and all(c["algorithm"] == "fedavg" and c["local_steps"] == 2 for c in configs)

@@ -370,7 +370,8 @@ def tension_paper(
     trends = paper.trends(results, p)
     command = "phalanx tension paper --preset " + preset_name + f" --seeds {seeds}" + "".join(
         f" --set {o}" for o in (set_ or []))
-    written = paper.write_outputs(results, trends, p, out, command=command, wall_seconds=wall, runs=len(distinct))
+    written = paper.write_outputs(results, trends, p, out, command=command, wall_seconds=wall, runs=len(distinct),
+                                  note=paper.round_note(overrides, p))
     for table, meta in paper.TABLES.items():
         t = Table(title=f"{table}: {meta['label'].replace('F', str(p.max_f))} — final accuracy % (lr₀)")
         t.add_column(meta["vary"], justify="right")

@@ -351,9 +351,22 @@ def machine() -> str:
             f"{platform.python_version()}, torch {torch.__version__}")
 
 
+def round_note(overrides: dict[str, Any], p: Preset) -> str:
+    """What the report says of the round when the run keys change it (``algorithm = "fedavg"``); else ''."""
+    if overrides.get("algorithm") != "fedavg":
+        return ""
+    c = overrides.get("clients_per_round") or p.workers
+    steps = (f"{overrides['local_epochs']:g} local epoch(s)" if overrides.get("local_epochs") is not None
+             else f"{overrides.get('local_steps', 1)} local step(s)")
+    return (f"Round: federated averaging — each of the {p.workers} workers is a client, {c} sampled per round, "
+            f"{steps} of batch {overrides.get('batch_size', p.batch_size)}; the momentum is the clients' local "
+            "momentum, lr₀ the clients' learning rate, and the rule aggregates the clients' updates "
+            f"(server_lr {overrides.get('server_lr', 1.0):g}).")
+
+
 def report_markdown(
     results: dict[tuple[str, int, float], CellResult], ts: list[Trend], p: Preset, *, command: str,
-    wall_seconds: float | None, runs: int,
+    wall_seconds: float | None, runs: int, note: str = "",
 ) -> str:
     """The whole report: setup, the four tables, the verdicts."""
     F = p.max_f
@@ -371,6 +384,8 @@ def report_markdown(
         "test accuracy (%) mean ± 95 % Student-t half-width over the seeds, and the chosen lr₀.",
         "",
     ]
+    if note:
+        parts += [note, ""]
     for table, meta in TABLES.items():
         parts += [f"## {table} — {meta['label'].replace('F', str(F))}", "", table_markdown(results, p, table), ""]
     parts += ["## Trends", "", trends_markdown(ts), "",
@@ -382,13 +397,13 @@ def report_markdown(
 
 def write_outputs(
     results: dict[tuple[str, int, float], CellResult], ts: list[Trend], p: Preset, out: Path, *, command: str,
-    wall_seconds: float | None, runs: int,
+    wall_seconds: float | None, runs: int, note: str = "",
 ) -> list[Path]:
     """Write ``report.md``, ``cells.csv`` and ``tension.png`` into ``out`` (atomically); return their paths."""
     out.mkdir(parents=True, exist_ok=True)
     report = out / "report.md"
     store.atomic_write_text(report, report_markdown(results, ts, p, command=command, wall_seconds=wall_seconds,
-                                                    runs=runs) + "\n![accuracy vs f](tension.png)\n")
+                                                    runs=runs, note=note) + "\n![accuracy vs f](tension.png)\n")
     table = out / "cells.csv"
     store.atomic_write_text(table, cells_csv(results))
     return [report, table, plot(results, p, out / "tension.png")]
