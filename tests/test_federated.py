@@ -240,7 +240,7 @@ def test_backdoor_in_federated_rounds_logs_its_success_and_boost_scales_the_upda
                    attack=attacks.make("backdoor", boost=4.0))
 
 
-@pytest.mark.parametrize("name", ["fedavg.toml", "local_steps.toml"])
+@pytest.mark.parametrize("name", ["fedavg.toml", "local_steps.toml", "local_steps_fixed.toml"])
 def test_the_example_configs_are_valid_grids(name: str) -> None:
     from phalanx.experiments import grid, load_toml
     from phalanx.experiments.build import check_points

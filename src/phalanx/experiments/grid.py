@@ -1,4 +1,9 @@
-"""Grids: every list-valued key of a config expands into one run per combination."""
+"""Grids: every list-valued key of a config expands into one run per combination.
+
+Keys that must vary *together* go in a ``tie`` table of equal-length lists — one axis of the grid whose i-th point
+takes the i-th value of each (``[tie] local_steps = [1, 5, 20]`` and ``rounds = [400, 80, 20]``: three points with
+the same number of local gradient steps, not nine).
+"""
 
 from __future__ import annotations
 
@@ -14,19 +19,40 @@ from phalanx.experiments.config import RunConfig, make_config
 _LIST_KEYS: frozenset[str] = frozenset()
 
 
+def _tied(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The points of the ``tie`` axis: the i-th value of every tied key ([{}] when there is none)."""
+    tie = data.get("tie")
+    if tie is None:
+        return [{}]
+    if not isinstance(tie, dict) or not tie:
+        raise ConfigError("tie", tie, "a table of keys whose lists vary together, e.g. [tie] local_steps = [1, 5] and "
+                          "rounds = [100, 20]")
+    lengths = {k: len(v) if isinstance(v, list) else -1 for k, v in tie.items()}
+    if any(n < 1 for n in lengths.values()) or len(set(lengths.values())) != 1:
+        raise ConfigError("tie", lengths, "non-empty lists of one length (the i-th values go together)")
+    clash = sorted(set(tie) & set(data))
+    if clash:
+        raise ConfigError("tie", clash, "keys that are not also set outside the tie table")
+    n = next(iter(lengths.values()))
+    return [{k: v[i] for k, v in tie.items()} for i in range(n)]
+
+
 def expand(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """All combinations of the list-valued keys, in a stable order (the first key varies slowest)."""
+    """All combinations of the list-valued keys, in a stable order (the first key varies slowest; the ``tie`` axis
+    varies slowest of all)."""
+    tied = _tied(data)
+    data = {k: v for k, v in data.items() if k != "tie"}
     keys = [k for k, v in data.items() if isinstance(v, list) and k not in _LIST_KEYS]
-    if not keys:
-        return [dict(data)]
     for k in keys:
         if not data[k]:
             raise ConfigError(k, [], "a non-empty list (each value is one point of the grid)")
     out = []
-    for combo in itertools.product(*(data[k] for k in keys)):
-        point = dict(data)
-        point.update(zip(keys, combo))
-        out.append(point)
+    for together in tied:
+        for combo in itertools.product(*(data[k] for k in keys)):
+            point = dict(data)
+            point.update(zip(keys, combo))
+            point.update(together)
+            out.append(point)
     return out
 
 

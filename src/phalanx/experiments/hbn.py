@@ -49,7 +49,7 @@ class Preset:
     batch_size: int = 4
     lr: float = 0.02
     momentum: float = 0.9
-    rounds: int = 150
+    rounds: int = 100
     schedule: str = "constant"
     stats_batch: int = 64
     stats_momentum: float = 0.1
@@ -63,7 +63,7 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     "quick": Preset(
-        name="quick", description="CPU-sized: a small CNN on Fashion-MNIST (digits when absent), 150 rounds",
+        name="quick", description="CPU-sized: a small CNN on Fashion-MNIST (digits when absent), 100 rounds",
         dataset="fashion-mnist", model_params={"channels": [8, 16], "hidden": 64}, fallback_dataset="digits",
     ),
     "paper": Preset(
