@@ -98,3 +98,53 @@ def test_killed_sweep_resumes_to_the_same_results(tmp_path: Path, monkeypatch: p
     assert again.wait(timeout=300) == 0, again.stderr.read() if again.stderr else ""
     assert _results(out) == _results(tmp_path / "ref")
     assert len(list(out.glob("*/DONE"))) == 3
+
+
+def _children(pid: int) -> set[int]:
+    """The live processes whose parent is ``pid`` (from /proc)."""
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.add(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+def test_worker_processes_end_with_a_killed_parallel_sweep(tmp_path: Path) -> None:
+    """`phalanx sweep --jobs 2` SIGKILLed while its workers train: the workers end too (each watches its parent),
+    instead of training on unseen; the run directories they leave resume as usual."""
+    (tmp_path / "holdrule.py").write_text(HOLD)
+    cfg = tmp_path / "sweep.toml"
+    cfg.write_text(CONFIG)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+           "HOLD_AT": f"3:{tmp_path}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phalanx.cli", "sweep", str(cfg), "--out", str(tmp_path / "out"), "--jobs", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "120", **env},
+    )
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "holding").exists():  # a worker is inside a run (its rule holds there)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() < deadline, "the sweep never reached the hold"
+        time.sleep(0.05)
+    workers = _children(proc.pid)
+    assert len(workers) >= 2  # the pool's processes (and the manager's)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 60
+    while any(_alive(w) for w in workers):
+        left = [(w, Path(f"/proc/{w}/cmdline").read_bytes().replace(b"\0", b" ")[:200]) for w in workers if _alive(w)]
+        assert time.monotonic() < deadline, f"still running after their sweep died: {left}"
+        time.sleep(0.05)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import csv
-import json
 import io
+import json
 from pathlib import Path
 
 import pytest

@@ -10,8 +10,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,20 @@ def dataset_for(cfg: RunConfig) -> Any:
             _DATASETS.pop(next(iter(_DATASETS)))
         _DATASETS[key] = data.load(cfg.dataset, root=cfg.data_root, download=cfg.download)
     return _DATASETS[key]
+
+
+def _exit_with_parent() -> None:
+    """Make a worker process of a grid end when the sweep that started it ends (killed, Ctrl-C): its run resumes from
+    its last checkpoint next time, instead of going on unseen (a pool worker outlives a parent killed by a signal)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()  # returns when the parent process has exited (its sentinel is closed)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="phalanx-parent-watch", daemon=True).start()
 
 
 def _run_one(cfg_json: dict[str, Any], run_dir: str, threads: int, rounds_queue: Any = None) -> str:
@@ -80,7 +96,9 @@ def run_grid(
     threads = max(1, (os.cpu_count() or 1) // jobs)
     ctx = multiprocessing.get_context("spawn")
     by_dir = {str(d): c for c, d in todo}
-    with ctx.Manager() as manager, ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+    manager = SyncManager(ctx=ctx)
+    manager.start(_exit_with_parent)  # the progress queue's server: a process that ends with the sweep, too
+    with manager, ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_exit_with_parent) as pool:
         rounds_queue = manager.Queue() if on_round is not None else None
         futures = {
             pool.submit(_run_one, c.model_dump(mode="json"), str(d), threads, rounds_queue): c for c, d in todo
