@@ -31,6 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     "distributed": {"experiments", "training", "aggregators", "attacks", "data", "models", "errors", "validate"},
     "cli": {"distributed", "experiments", "training", "aggregators", "attacks", "data", "models", "analysis",
             "errors", "plugins", "validate", "__init__"},
+    "flower": {"aggregators", "errors", "validate"},
     "__init__": {"errors"},
 }
 """What each subpackage (or top-level module) may import from the others."""

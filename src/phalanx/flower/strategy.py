@@ -1,0 +1,374 @@
+"""``PhalanxFedAvg``: Flower's ``FedAvg`` with a Phalanx rule in place of the weighted average.
+
+Round t of Flower's strategy loop (``Strategy.start``, Flower's Message API: https://flower.ai/docs/framework/
+ref-api/flwr.serverapp.strategy.FedAvg.html), with the broadcast global model w:
+
+1. ``configure_train`` samples the clients as ``FedAvg`` does (after waiting for ``min_available_nodes`` to be
+   connected, so that the first round is not under-sampled) and remembers w.
+2. Each client i trains from w and replies wᵢ. ``aggregate_train`` forms the updates Δᵢ = wᵢ − w (all arrays of
+   the record flattened, in the global record's key order), drops the replies whose structure does not fit (error
+   replies, no ``ArrayRecord``, other keys or shapes, not real numbers) and keeps the others, NaN and Inf included.
+3. The server steps w ← w + η·Agg(Δ₁, …, Δₙ) with the Phalanx rule ``Agg`` configured for f − m when m replies were
+   dropped (each dropped reply is one the adversary may have spent), η = ``server_lr``.
+
+With ``aggregator="mean"`` and η = 1 this is FedAvg (McMahan et al., "Communication-efficient learning of deep
+networks from decentralized data", AISTATS 2017, Algorithm 1) with **equal client weights**: robust rules weigh every
+client the same, because a Byzantine client can claim any number of examples. The clients' ``num-examples`` is
+logged, never used as a weight. Updates rather than models are aggregated so that the rules' guarantees (stated
+for vectors around the honest mean) and the server step η apply as in the rest of Phalanx (docs/federated.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from logging import ERROR, INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from torch import Tensor
+
+from phalanx import aggregators
+from phalanx.aggregators import Aggregator
+from phalanx.errors import ConfigError, PhalanxError
+from phalanx.flower.contributions import Contribution, append_jsonl
+from phalanx.flower.metrics import median_metrics
+from phalanx.flower.replies import Layout, Reply, metrics_of, read_reply
+from phalanx.validate import check_int, check_real
+
+__all__ = ["PhalanxFedAvg"]
+
+Rule = Callable[[Tensor], Tensor]
+MetricsFn = Callable[[list[RecordDict], str], MetricRecord]
+
+
+def _build_rule(aggregator: Any, f: int | None) -> tuple[Any, int]:
+    """The rule object and its ``f`` from a spec string, a Phalanx rule, or a plain callable ``(n, d) → (d,)``."""
+    if f is not None:
+        check_int("f", f, low=0)
+    if isinstance(aggregator, str):
+        rule: Any = aggregators.make(aggregator, f=0 if f is None else f)
+        return rule, rule.f
+    if isinstance(aggregator, type) or not callable(aggregator):
+        raise ConfigError(
+            "aggregator", aggregator,
+            "a spec such as 'cwtm' or 'nnm>cwtm', a Phalanx rule, or a callable (n, d) -> (d,)",
+            "a rule class is passed as a spec: 'module:Class'" if isinstance(aggregator, type) else None,
+        )
+    if isinstance(aggregator, Aggregator):
+        if f is None or f == aggregator.f:
+            return aggregator, aggregator.f
+        return aggregator.with_f(f), f
+    own = getattr(aggregator, "f", 0)
+    return aggregator, (f if f is not None else (own if isinstance(own, int) and own >= 0 else 0))
+
+
+def _min_workers(rule: Any) -> int:
+    m = getattr(rule, "min_workers", None)
+    return int(m()) if callable(m) else 1
+
+
+def _name(rule: Any) -> str:
+    return str(getattr(rule, "spec", None) or getattr(rule, "name", None) or type(rule).__name__)
+
+
+class PhalanxFedAvg(FedAvg):
+    """Flower's ``FedAvg`` aggregating the clients' updates with a Phalanx rule: w ← w + η·Agg(Δ₁, …, Δₙ), Δᵢ = wᵢ − w.
+
+    A drop-in for ``flwr.serverapp.strategy.FedAvg``: it takes every ``FedAvg`` argument (same order, same
+    defaults) and runs under ``strategy.start(grid=..., initial_arrays=..., ...)`` unchanged. Added, keyword-only:
+
+    Parameters
+    ----------
+    aggregator: a Phalanx spec (``"cwtm"``, ``"nnm>cwtm"``, ``"krum"``, ``"mylab.rules:MyRule"``; see
+        ``phalanx.aggregators.names()``), a Phalanx rule object, or any callable mapping an ``(n, d)`` tensor to
+        ``(d,)``. Rules that need a server reference gradient (``fltrust``) are refused.
+    f: the number of Byzantine replies per round the rule is configured to tolerate (default: 0 for a spec, the rule's
+        own ``f`` for a rule object).
+    server_lr: η > 0, the server's step on the aggregated update (1 = replace the model by w + Agg).
+    log_path: a JSON-lines file each round's contributions are appended to (one line per reply), or None.
+    count_dropped_against_f: use the rule configured for f − m when m replies were dropped (default; the Phalanx
+        server's convention for missing workers). False keeps f whatever was dropped — safer when honest clients
+        fail often, at the price of a larger no-attack error.
+
+    The clients' train (and evaluate) metrics are aggregated by the per-key unweighted median unless
+    ``train_metrics_aggr_fn`` (``evaluate_metrics_aggr_fn``) is given; the train metrics also hold
+    ``replies-received``, ``replies-valid``, ``replies-dropped`` and ``aggregated`` (1, or 0 when the round kept the
+    global model). ``contributions`` lists one :class:`~phalanx.flower.contributions.Contribution` per reply.
+    """
+
+    def __init__(
+        self,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: MetricsFn | None = None,
+        evaluate_metrics_aggr_fn: MetricsFn | None = None,
+        *,
+        aggregator: str | Rule = "cwtm",
+        f: int | None = None,
+        server_lr: float = 1.0,
+        log_path: str | Path | None = None,
+        count_dropped_against_f: bool = True,
+    ) -> None:
+        check_real("fraction_train", fraction_train, low=0.0, high=1.0)
+        check_real("fraction_evaluate", fraction_evaluate, low=0.0, high=1.0)
+        for name, value in (("min_train_nodes", min_train_nodes), ("min_evaluate_nodes", min_evaluate_nodes),
+                            ("min_available_nodes", min_available_nodes)):
+            check_int(name, value, low=0)
+        self.rule, self.f = _build_rule(aggregator, f)
+        if "reference" in getattr(self.rule, "context_keys", ()):
+            raise ConfigError(
+                "aggregator", _name(self.rule), "a rule that needs no server reference gradient",
+                "FLTrust needs a root data set on the server, which a Flower strategy does not have",
+            )
+        self.server_lr = check_real("server_lr", server_lr, low=0.0, low_open=True)
+        self.log_path = None if log_path is None else Path(log_path)
+        self.count_dropped_against_f = bool(count_dropped_against_f)
+        super().__init__(
+            fraction_train=fraction_train, fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
+            min_evaluate_nodes=min_evaluate_nodes, min_available_nodes=min_available_nodes,
+            weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key,
+            train_metrics_aggr_fn=train_metrics_aggr_fn, evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
+        )
+        self._user_train_metrics = train_metrics_aggr_fn
+        self._user_evaluate_metrics = evaluate_metrics_aggr_fn
+        self.contributions: list[Contribution] = []
+        """One record per reply of every round, in order (see :mod:`phalanx.flower.contributions`)."""
+        self._layouts: dict[int, Layout] = {}
+        self._rules: dict[int, Any] = {self.f: self.rule}
+        self._previous: Tensor | None = None  # the last aggregate: centered clipping's centre
+
+    # ------------------------------------------------------------------------------------------------ Flower API
+
+    def summary(self) -> None:
+        """Log the configuration (``FedAvg``'s, then the rule's)."""
+        super().summary()
+        log(INFO, "\t└──> Phalanx: aggregator %s, f=%d, server_lr=%g, needs >= %d updates per round",
+            _name(self.rule), self.f, self.server_lr, _min_workers(self.rule))
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
+    ) -> Iterable[Message]:
+        """``FedAvg``'s sampling and messages, after waiting for ``min_available_nodes``; the broadcast model is
+        remembered for forming the round's updates."""
+        if self.fraction_train > 0:
+            self._wait_for_nodes(grid)
+        self.remember_global(server_round, arrays)
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        need = _min_workers(self.rule)
+        if messages and len(messages) < need:
+            log(WARNING, "phalanx: round %d samples %d clients but %s with f=%d needs %d updates; the round will keep "
+                "the global model (raise fraction_train or min_train_nodes)",
+                server_round, len(messages), _name(self.rule), self.f, need)
+        return messages
+
+    def remember_global(self, server_round: int, arrays: ArrayRecord) -> None:
+        """Remember the global model w broadcast in ``server_round`` (``configure_train`` does it; call it yourself
+        when driving :meth:`aggregate_train` without ``configure_train``)."""
+        try:
+            layout = Layout.of(arrays)
+        except Exception as exc:
+            raise ConfigError("arrays", type(arrays).__name__, "an ArrayRecord of numpy-serialised arrays",
+                              f"{type(exc).__name__}: {exc}") from None
+        self._layouts = {r: v for r, v in self._layouts.items() if r >= server_round - 1}
+        self._layouts[server_round] = layout
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message],
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """w + η·Agg(Δ₁, …, Δₙ) as an ``ArrayRecord`` with the global model's keys, shapes and dtypes (the global
+        model unchanged when the round cannot be aggregated), and the round's metrics. Never raises on a reply."""
+        layout = self._layouts.pop(server_round, None)
+        if layout is None:
+            raise PhalanxError(
+                f"aggregate_train(server_round={server_round}): no global model remembered for this round "
+                "(configure_train, or remember_global, must run first)"
+            )
+        messages = list(replies)
+        if not messages:
+            level = INFO if self.fraction_train == 0 else WARNING  # no clients asked: nothing to warn about
+            log(level, "phalanx: round %d: no replies; the global model is kept", server_round)
+            return None, None
+        parsed = [read_reply(m, layout, self.arrayrecord_key, self.weighted_by_key) for m in messages]
+        used = [i for i, p in enumerate(parsed) if p.update is not None]
+        dropped = len(parsed) - len(used)
+        x = self._stack(parsed, used, layout)
+        agg, share, f_eff, why_not = self._aggregate(x, dropped, layout.size)
+        applied = why_not is None
+        assert agg is None or x is not None
+        if applied and agg is not None:
+            with np.errstate(all="ignore"):
+                new = layout.flat + np.asarray(self.server_lr, dtype=layout.compute) * agg.numpy()
+            arrays = layout.record(new)
+            self._previous = agg
+        else:
+            arrays = layout.record(layout.flat)
+        records = self._contributions(server_round, parsed, used, x, agg, share, why_not)
+        metrics = self._train_metrics([messages[i] for i in used], [parsed[i] for i in used])
+        metrics["replies-received"] = len(parsed)
+        metrics["replies-valid"] = len(used)
+        metrics["replies-dropped"] = dropped
+        metrics["aggregated"] = int(applied)
+        self._log_round(server_round, parsed, records, f_eff, agg, why_not)
+        self.contributions.extend(records)
+        if self.log_path is not None:
+            try:
+                append_jsonl(self.log_path, records)
+            except OSError as exc:
+                log(ERROR, "phalanx: could not append the contributions to %s: %s", self.log_path, exc)
+        return arrays, metrics
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """The clients' evaluation metrics: the per-key median (or ``evaluate_metrics_aggr_fn``'s result) over the
+        replies that carry a ``MetricRecord``; error and malformed replies are counted and skipped."""
+        messages = list(replies)
+        good = [(m, r) for m in messages if (r := metrics_of(m)) is not None]
+        log(INFO, "phalanx: evaluate round %d: %d replies, %d with metrics", server_round, len(messages), len(good))
+        if not good:
+            return None
+        return self._metrics(self._user_evaluate_metrics, [m for m, _ in good], [r for _, r in good], "evaluate")
+
+    # ------------------------------------------------------------------------------------------------ internals
+
+    def _wait_for_nodes(self, grid: Grid) -> None:
+        """FedAvg sizes its sample on the nodes connected *now*; at the start of a simulation they are still
+        registering, and round 1 would sample only ``min_train_nodes``. Wait as ``sample_nodes`` would anyway."""
+        waited = False
+        while len(list(grid.get_node_ids())) < self.min_available_nodes:
+            if not waited:
+                log(INFO, "phalanx: waiting for %d nodes to connect", self.min_available_nodes)
+                waited = True
+            time.sleep(0.1)
+
+    @staticmethod
+    def _stack(parsed: list[Reply], used: list[int], layout: Layout) -> Tensor | None:
+        """The valid updates as one ``(n, d)`` tensor; each reply's own copy is released as it is copied in."""
+        if not used:
+            return None
+        dtype = torch.float64 if layout.compute == np.float64 else torch.float32
+        x = torch.empty((len(used), layout.size), dtype=dtype)
+        for row, i in enumerate(used):
+            update = parsed[i].update
+            assert update is not None
+            x[row] = torch.from_numpy(update)
+            parsed[i].update = update[:0]  # still "valid", no longer holding d values
+        return x
+
+    def _rule_for(self, f: int) -> Any:
+        if f not in self._rules:
+            with_f = getattr(self.rule, "with_f", None)
+            self._rules[f] = with_f(f) if callable(with_f) else self.rule
+        return self._rules[f]
+
+    def _aggregate(
+        self, x: Tensor | None, dropped: int, d: int,
+    ) -> tuple[Tensor | None, Tensor | None, int, str | None]:
+        """``(Agg, shares, f used, None)``, or ``(…, why the model is kept)``."""
+        f_eff = max(self.f - dropped, 0) if self.count_dropped_against_f else self.f
+        if x is None:
+            return None, None, f_eff, "no valid reply"
+        try:
+            rule = self._rule_for(f_eff)
+        except PhalanxError as exc:
+            return None, None, f_eff, f"{_name(self.rule)} with f={f_eff}: {exc}"
+        need = _min_workers(rule)
+        if x.shape[0] < need:
+            return None, None, f_eff, f"{_name(rule)} with f={f_eff} needs {need} updates, got {x.shape[0]}"
+        context: dict[str, Any] = {}
+        prev = self._previous
+        if "center" in getattr(rule, "context_keys", ()) and prev is not None and prev.shape == (d,):
+            context["center"] = prev.to(x.dtype)
+        try:
+            if isinstance(rule, Aggregator):
+                out, share = rule.aggregate(x, **context)
+            else:
+                out, share = rule(x), None
+            if not isinstance(out, Tensor) or tuple(out.shape) != (d,):
+                got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+                raise PhalanxError(f"the rule returned {got}, expected a tensor of shape ({d},)")
+        except Exception as exc:  # a rule failing on the round's values must not end the run
+            return None, None, f_eff, f"aggregation failed: {type(exc).__name__}: {exc}"
+        out = out.detach().to(device="cpu", dtype=x.dtype)
+        if not bool(torch.isfinite(out).all()):
+            return out, share, f_eff, f"the aggregate is not finite ({_name(rule)} with f={f_eff} did not survive " \
+                "the round's updates)"
+        return out, share, f_eff, None
+
+    def _contributions(
+        self, server_round: int, parsed: list[Reply], used: list[int], x: Tensor | None, agg: Tensor | None,
+        share: Tensor | None, why_not: str | None,
+    ) -> list[Contribution]:
+        norms: dict[int, float] = {}
+        dists: dict[int, float] = {}
+        shares: dict[int, float] = {}
+        if x is not None:
+            agg64 = None if agg is None else agg.double()
+            for row, i in enumerate(used):  # row by row in float64: no (n, d) float64 copy, no overflow
+                x64 = x[row].double()
+                norms[i] = float(torch.linalg.vector_norm(x64))
+                if agg64 is not None:
+                    dists[i] = float(torch.linalg.vector_norm(x64 - agg64))
+                if share is not None and bool(torch.isfinite(share[row])):
+                    shares[i] = float(share[row])
+        out: list[Contribution] = []
+        for i, p in enumerate(parsed):
+            if p.update is None:
+                status = f"dropped: {p.dropped}"
+            else:
+                status = "used" if why_not is None else f"not aggregated: {why_not}"
+            out.append(Contribution(
+                round=server_round, node_id=p.node_id, status=status, update_norm=norms.get(i),
+                distance_to_aggregate=dists.get(i), share=shares.get(i), num_examples=p.num_examples,
+            ))
+        return out
+
+    def _train_metrics(self, messages: list[Message], parsed: list[Reply]) -> MetricRecord:
+        records = [p.metrics for p in parsed if p.metrics is not None]
+        return self._metrics(self._user_train_metrics, messages, records, "train")
+
+    def _metrics(
+        self, user_fn: MetricsFn | None, messages: list[Message], records: list[MetricRecord], what: str,
+    ) -> MetricRecord:
+        if user_fn is not None and messages:
+            try:
+                result = user_fn([m.content for m in messages], self.weighted_by_key)
+                if not isinstance(result, MetricRecord):
+                    raise TypeError(f"returned {type(result).__name__}, not a MetricRecord")
+                return result
+            except Exception as exc:  # a client's odd metrics must not end the run
+                log(WARNING, "phalanx: %s_metrics_aggr_fn failed (%s: %s); the per-key median is used instead",
+                    what, type(exc).__name__, exc)
+        return median_metrics(records, exclude=(self.weighted_by_key,))
+
+    def _log_round(
+        self, server_round: int, parsed: list[Reply], records: list[Contribution], f_eff: int, agg: Tensor | None,
+        why_not: str | None,
+    ) -> None:
+        used = sum(p.update is not None for p in parsed)
+        drops = [f"node {p.node_id}: {p.dropped}" for p in parsed if p.update is None]
+        text = (f"phalanx: round {server_round}: {len(parsed)} replies, {used} used, {len(drops)} dropped; "
+                f"{_name(self.rule)} with f={f_eff}")
+        if agg is not None and why_not is None:
+            text += f"; |agg| = {float(agg.double().norm()):.4g}"
+            far = [(r["distance_to_aggregate"], r["node_id"]) for r in records
+                   if r["distance_to_aggregate"] is not None and np.isfinite(r["distance_to_aggregate"])]
+            if far:
+                dist, node = max(far, key=lambda t: t[0])
+                text += f"; farthest node {node} at {dist:.4g}"
+        if drops:
+            text += "; dropped " + "; ".join(drops[:3]) + (f"; +{len(drops) - 3} more" if len(drops) > 3 else "")
+        log(INFO, "%s", text)
+        if why_not is not None:
+            log(WARNING, "phalanx: round %d keeps the global model: %s", server_round, why_not)
