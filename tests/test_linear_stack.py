@@ -92,3 +92,20 @@ def test_equals_the_per_worker_loop_with_dead_units_and_ties() -> None:
     xb[:, 1] = xb[:, 0]
     yb = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 0, 1]])
     assert torch.allclose(problem.grads(theta, xb, yb), problem.grads_loop(theta, xb, yb), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("hidden", [(), (16,), (9, 5)])
+def test_grads_each_equals_vmap_with_per_worker_parameters(hidden: tuple[int, ...], workers: int,
+                                                           dtype: torch.dtype) -> None:
+    """Every worker at its own parameters (federated clients): the explicit path equals vmap(grad) over the stacked
+    parameters; the tolerance is a few ulps of the dtype times the size of the products."""
+    model = models.make("mlp", (1, 6, 6), 4, generator=_gen(1), hidden=list(hidden)).to(dtype)
+    fast, ref = Problem(model), Problem(model, per_worker="vmap")
+    thetas = fast.initial_theta() + 0.3 * torch.randn(workers, fast.dim, generator=_gen(2), dtype=dtype)
+    xb = torch.randn(workers, 5, 1, 6, 6, generator=_gen(3), dtype=dtype)
+    yb = torch.randint(0, 4, (workers, 5), generator=_gen(4))
+    got, want = fast.grads_each(thetas, xb, yb), ref.grads_each(thetas, xb, yb)
+    tol = 64 * torch.finfo(dtype).eps * float(want.abs().max())
+    torch.testing.assert_close(got, want, atol=tol, rtol=0)

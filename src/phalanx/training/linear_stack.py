@@ -99,6 +99,39 @@ class LinearStack:
                 delta = torch.ops.aten.threshold_backward(delta @ wt, inputs[k], 0)
         return out
 
+    def grads_each(self, params: dict[str, Tensor], offsets: dict[str, int], xb: Tensor, yb: Tensor,
+                   out: Tensor) -> Tensor:
+        """``out[i] ← gᵢ``, the gradient of worker i's mean cross-entropy on ``(xb[i], yb[i])`` at *its own*
+        parameters: ``params`` holds every parameter stacked over the workers, ``(W, *shape)`` (federated clients
+        after their first local step). The same back-propagation as :meth:`accumulate` with a batched matrix
+        product per layer in the forward pass too: ``zₗ,ᵢ = hₗ₋₁,ᵢ Wₗ,ᵢᵀ + bₗ,ᵢ``,
+        ``δₗ₋₁,ᵢ = (δₗ,ᵢ Wₗ,ᵢ) ⊙ 1[hₗ₋₁,ᵢ > 0]``."""
+        w_count, batch = yb.shape
+        h = xb.reshape(w_count, batch, -1)
+        inputs: list[Tensor] = []
+        last = len(self.layers) - 1
+        for k, layer in enumerate(self.layers):
+            inputs.append(h)
+            wt = params[layer.weight]
+            z = (torch.baddbmm(params[layer.bias][:, None, :], h, wt.transpose(1, 2)) if layer.bias
+                 else torch.bmm(h, wt.transpose(1, 2)))
+            h = torch.relu_(z) if k < last else z
+        delta = torch.softmax(h, dim=2)
+        minus_one = torch.full((w_count, batch, 1), -1.0, dtype=delta.dtype, device=delta.device)
+        delta.scatter_add_(2, yb.unsqueeze(2), minus_one)
+        delta.mul_(1.0 / batch)
+        for k in range(last, -1, -1):
+            layer = self.layers[k]
+            wt = params[layer.weight]
+            o, i = wt.shape[1:]
+            start = offsets[layer.weight]
+            out[:, start : start + o * i] = torch.bmm(delta.transpose(1, 2), inputs[k]).view(w_count, o * i)
+            if layer.bias is not None:
+                out[:, offsets[layer.bias] : offsets[layer.bias] + o] = delta.sum(dim=1)
+            if k > 0:
+                delta = torch.ops.aten.threshold_backward(torch.bmm(delta, wt), inputs[k], 0)
+        return out
+
 
 def blend_rows(out: Tensor, offset: int, grad: Tensor, param: Tensor, weight: float, weight_decay: float) -> None:
     """One parameter's columns of the ``(W, d)`` rows ``out`` (from ``offset``): ``← (1 − weight)·out + weight·(gᵢ +

@@ -118,7 +118,8 @@ class Problem:
     def grads_each(self, thetas: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
         """Gradients ``(W, d)`` when every worker has parameters of its own: row i of ``thetas (W, d)`` on batch
         ``(xb[i], yb[i])`` — one ``vmap(grad)`` over the stacked parameters (federated clients after their first
-        local step)."""
+        local step); fully connected ReLU stacks take explicit back-propagation with batched matrix products
+        (:meth:`~phalanx.training.linear_stack.LinearStack.grads_each`, the same numbers)."""
         if thetas.dim() != 2 or thetas.shape != (xb.shape[0], self.dim):
             raise ValueError(f"thetas must be ({xb.shape[0]}, {self.dim}), got {tuple(thetas.shape)}")
         w = thetas.shape[0]
@@ -126,6 +127,9 @@ class Problem:
             n: thetas[:, o : o + s.numel()].detach().view(w, *s)
             for n, s, o in zip(self.layout.names, self.layout.shapes, self.layout.offsets)
         }
+        if self.stack is not None:  # fully connected ReLU stack: explicit back-propagation, batched over workers
+            out = torch.empty(w, self.dim, dtype=thetas.dtype, device=thetas.device)
+            return self.stack.grads_each(params, self._offsets, xb, yb, out)
         per_worker = vmap(grad(self._loss), in_dims=(0, 0, 0))(params, xb, yb)
         return self.layout.flatten(per_worker, batch_dims=1)
 
