@@ -32,11 +32,12 @@ ALLOWED: dict[str, set[str]] = {
     "cli": {"distributed", "experiments", "training", "aggregators", "attacks", "data", "models", "analysis",
             "errors", "plugins", "validate", "__init__"},
     "flower": {"aggregators", "errors", "validate"},
+    "decentralized": {"errors", "validate", "plugins"},
     "__init__": {"errors"},
 }
 """What each subpackage (or top-level module) may import from the others."""
 
-NUMERIC = ("aggregators", "attacks", "models", "data", "analysis", "training")
+NUMERIC = ("aggregators", "attacks", "models", "data", "analysis", "training", "decentralized")
 WRITES = ("write_text", "write_bytes", "save_file", "mkdir", "unlink", "rmtree")
 OS_WRITES = ("replace", "rename", "remove", "makedirs")
 
