@@ -3,7 +3,6 @@ without momentum, sampling, local epochs, FedProx, attacks on updates, FedAdam, 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from _interrupt import train_interrupted
 from phalanx import aggregators, attacks, models
 from phalanx.errors import ConfigError
 from phalanx.experiments import from_config, make_config, store, train
@@ -158,10 +158,7 @@ def test_fedadam_matches_its_formula_and_resumes(tmp_path: Path) -> None:
            "aggregator": "bucketing(s=2)>cwmed"}
     full = tmp_path / "full"
     train(make_config(cfg), full)
-    part = tmp_path / "part"
-    train(make_config({**cfg, "rounds": 8}), part)
-    (part / "DONE").unlink()
-    (part / "config.json").write_text(json.dumps(make_config(cfg).identity(), indent=2, sort_keys=True))
+    part = train_interrupted(make_config(cfg), tmp_path / "part", 8)
     train(make_config(cfg), part)
     a_ckpt, b_ckpt = load_file(str(full / "checkpoint.safetensors")), load_file(str(part / "checkpoint.safetensors"))
     assert {"rng.clients", "optim.m", "optim.v", "optim.step"} <= set(a_ckpt)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from _interrupt import train_interrupted
 from phalanx import aggregators, attacks, data, models
 from phalanx.aggregators.cc import CenteredClipping
 from phalanx.errors import ConfigError, WorkersLostError
@@ -41,12 +42,7 @@ SMALL: dict[str, Any] = {
 
 def interrupted(cfg_data: dict[str, Any], tmp: Path, stop: int) -> Path:
     """A run directory as a run killed after its round-``stop`` checkpoint leaves it."""
-    d = tmp / "part"
-    train(make_config({**cfg_data, "rounds": stop}), d)
-    (d / "DONE").unlink()
-    (d / "metrics.parquet").unlink()
-    (d / "config.json").write_text(json.dumps(make_config(cfg_data).identity(), indent=2, sort_keys=True))
-    return d
+    return train_interrupted(make_config(cfg_data), tmp / "part", stop)
 
 
 def assert_same_run(a: Path, b: Path) -> None:
@@ -115,6 +111,9 @@ def test_a_checkpoint_of_the_first_release_resumes(tmp_path: Path) -> None:
     old = {k: v for k, v in load_file(str(ckpt)).items() if k in ("theta", "momentum", "previous", "rng.batches",
                                                                      "rng.attack")}
     save_file(old, str(ckpt), metadata={"round": "8", "rows": "3"})
+    manifest = json.loads((part / "manifest.json").read_text())  # a directory of that release: no digests yet
+    del manifest["integrity"], manifest["artifacts"]
+    (part / "manifest.json").write_text(json.dumps(manifest))
     train(make_config(SMALL), part)
     got, want = load_file(str(part / "checkpoint.safetensors")), load_file(str(full / "checkpoint.safetensors"))
     assert torch.equal(got["theta"], want["theta"])
@@ -151,10 +150,7 @@ def test_server_momentum_trains_from_toml_and_resumes(tmp_path: Path) -> None:
     assert "optim.momentum_buffer" in load_file(str(full / "checkpoint.safetensors"))
     plain = train(make_config({**load_toml(toml), "server_momentum": 0.0}))
     assert plain[-1]["test_accuracy"] != rows[-1]["test_accuracy"]  # the optimizer is really in the loop
-    d = tmp_path / "part"
-    train(make_config({**load_toml(toml), "rounds": 20}), d)
-    (d / "DONE").unlink()
-    (d / "config.json").write_text(json.dumps(cfg.identity(), indent=2, sort_keys=True))
+    d = train_interrupted(cfg, tmp_path / "part", 20)
     train(cfg, d)
     assert_same_run(full, d)
 

@@ -4,7 +4,6 @@ federated run that measures and resumes them, and the configurations that are re
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from _interrupt import train_interrupted
 from phalanx import aggregators, models
 from phalanx.errors import ConfigError
 from phalanx.experiments import make_config, train
@@ -142,10 +142,7 @@ def test_federated_run_measures_the_statistics_and_resumes_them(tmp_path: Path) 
     stats = ckpt["norm_stats"]
     assert stats.shape == (24,) and bool(torch.isfinite(stats).all())
     assert not torch.equal(stats[:12], torch.zeros(12)) and bool((stats[12:] >= 0).all())
-    part = tmp_path / "part"
-    train(make_config({**FED_BN, "rounds": 5}), part)
-    (part / "DONE").unlink()
-    (part / "config.json").write_text(json.dumps(cfg.identity(), indent=2, sort_keys=True))
+    part = train_interrupted(cfg, tmp_path / "part", 5)
     train(cfg, part)
     again = load_file(str(part / "checkpoint.safetensors"))
     for key in ckpt:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from _interrupt import train_interrupted
 from phalanx import aggregators, models
 from phalanx.analysis import aggregation_error
 from phalanx.errors import ConfigError
@@ -108,12 +108,7 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
     cfg = make_config(SMALL)
     full = train(cfg, tmp_path / "full")
     # interrupted: run 8 rounds into the directory, then ask for all 12 (resumes from the round-8 checkpoint)
-    part_cfg = make_config({**SMALL, "rounds": 8})
-    partial_dir = tmp_path / "part"
-    train(part_cfg, partial_dir)
-    # the run directory must hold the same config to resume: rewrite it as an interrupted 12-round run would be
-    (partial_dir / "DONE").unlink()
-    (partial_dir / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2, sort_keys=True))
+    partial_dir = train_interrupted(cfg, tmp_path / "part", 8)
     resumed = train(cfg, partial_dir)
     assert [r["test_accuracy"] for r in resumed] == [r["test_accuracy"] for r in full]
     assert [r["round"] for r in resumed] == [0, 4, 8, 12]

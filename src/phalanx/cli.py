@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -217,17 +218,29 @@ def _run_grid(config: Path | None, overrides: list[str], out: Path, jobs: int) -
     console.print(f"report: {out / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
 
 
+FORCE_HELP = "Use run-directory files whose SHA-256 differs from their manifest's (changed since written)."
+
+
+def _force(force: bool) -> None:
+    """``--force``: the integrity checks of run directories let changed files through (here and in the worker
+    processes, which inherit the environment)."""
+    if force:
+        os.environ["PHALANX_FORCE"] = "1"
+
+
 @app.command()
 def run(
     config: Annotated[Path | None, typer.Argument(help="TOML config (default: the built-in default job).")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set f=2 (repeatable).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/default"),
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel worker processes.")] = 1,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
 ) -> None:
     """Train: one run, or one per combination of the list-valued keys; print the comparison, write report + plots.
 
     With engine = "torchrun" every worker is its own process, as with `phalanx launch`.
     """
+    _force(force)
     _run_grid(config, set_ or [], out, jobs)
 
 
@@ -237,15 +250,22 @@ def sweep(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key (repeatable).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/sweep"),
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel worker processes.")] = 2,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
 ) -> None:
     """Run a grid in parallel processes; finished runs are skipped, unfinished ones resume."""
+    _force(force)
     _run_grid(config, set_ or [], out, jobs)
 
 
 @app.command("report")
-def report_cmd(directory: Annotated[Path, typer.Argument(help="A run or sweep output directory.")]) -> None:
+def report_cmd(
+    directory: Annotated[Path, typer.Argument(help="A run or sweep output directory.")],
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+) -> None:
     """Write report.md and PNG plots for the runs under a directory."""
     from phalanx.experiments import report
+
+    _force(force)
 
     result = report.write_report(directory)
     console.print(f"{directory / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
@@ -502,7 +522,10 @@ def main() -> None:
     try:
         app()
     except PhalanxError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        from rich.markup import escape
+
+        # one line, as the error says it: no wrapping at the terminal's width, no markup read from the message
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
         raise SystemExit(2) from None
 
 

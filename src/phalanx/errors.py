@@ -63,6 +63,19 @@ class InputError(PhalanxError, ValueError):
         super().__init__(f"{parameter}: got {value}, expected {allowed}")
 
 
+class IntegrityError(PhalanxError, RuntimeError):
+    """A file of a run directory is not the one Phalanx wrote: changed, truncated or missing since (its SHA-256 in
+    ``manifest.json`` differs). ``path``: the file; ``what``: what is wrong with it, in words."""
+
+    def __init__(self, path: str, what: str) -> None:
+        self.path = path
+        self.what = what
+        super().__init__(
+            f"{path}: {what} — it is not the file this run wrote, so it is not used; re-run that run (delete its "
+            "directory), or pass --force (PHALANX_FORCE=1) to use it anyway"
+        )
+
+
 class WorkersLostError(PhalanxError, RuntimeError):
     """More workers were missing in a round than the configured ``f`` allows (or a collective failed).
 

@@ -3,17 +3,25 @@
 Layout of a run directory::
 
     config.json           the resolved configuration
-    manifest.json         versions, seed, data fingerprint, start time
+    manifest.json         versions, seed, data fingerprint, start time, and the SHA-256 of every file below
     metrics.jsonl         one row per evaluated round (rewritten atomically at every checkpoint)
     checkpoint.safetensors  θ, worker momentum, previous aggregate, normalisation statistics, random-stream states,
                             server optimizer
                           state, round (atomic)
     metrics.parquet       the same rows as Parquet, written when the run finishes
     DONE                  marker of a finished run
+
+Integrity: every file the run writes is recorded in the manifest (``artifacts``: its SHA-256 and the previous one)
+*before* it replaces the old file, so a crash between the two leaves a file whose digest is one of the two recorded.
+Resuming a run and reading its metrics (reports, tables, the planner) check the files they read against the manifest
+and refuse a changed, truncated or missing one (:class:`~phalanx.errors.IntegrityError`); ``PHALANX_FORCE=1`` (the
+CLI's ``--force``) uses them anyway. The digests catch damage and edits by hand; against deliberate tampering, sign
+the directory (``phalanx sign``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -27,7 +35,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from phalanx import __version__
-from phalanx.errors import ConfigError
+from phalanx.errors import ConfigError, IntegrityError
 from phalanx.experiments.config import RESULT_NEUTRAL_KEYS
 from phalanx.training.state import RoundState, Snapshot
 
@@ -52,6 +60,93 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+MANIFEST = "manifest.json"
+INTEGRITY_VERSION = 1
+
+
+def file_digest(path: Path) -> str:
+    """The SHA-256 of a file, hex."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read_manifest(out: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((out / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise IntegrityError(str(out / MANIFEST), "missing (every run directory has one)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IntegrityError(str(out / MANIFEST), f"unreadable ({type(exc).__name__})") from None
+    if not isinstance(data, dict):
+        raise IntegrityError(str(out / MANIFEST), "not a JSON object")
+    return data
+
+
+def _record(out: Path, name: str, digest: str) -> None:
+    """Record ``digest`` as the file ``name``'s, keeping the one it replaces (see the module's docstring)."""
+    manifest = _read_manifest(out)
+    artifacts = manifest.setdefault("artifacts", {})
+    old = artifacts.get(name, {}).get("sha256")
+    artifacts[name] = {"sha256": digest, "previous": old}
+    manifest["integrity"] = INTEGRITY_VERSION
+    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+
+
+def write_artifact(out: Path, name: str, payload: bytes) -> None:
+    """Write ``out/name`` atomically and record its digest in the manifest before it replaces the old file."""
+    path = out / name
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        _record(out, name, hashlib.sha256(payload).hexdigest())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _install(out: Path, name: str, tmp: str) -> None:
+    """Record the digest of the finished temporary file ``tmp``, then move it to ``out/name``."""
+    _record(out, name, file_digest(Path(tmp)))
+    os.replace(tmp, out / name)
+
+
+def forced() -> bool:
+    """Whether the user asked to use changed files anyway (``PHALANX_FORCE=1``, the CLI's ``--force``)."""
+    return os.environ.get("PHALANX_FORCE", "") not in ("", "0")
+
+
+def verify(out: Path, names: tuple[str, ...]) -> None:
+    """Check the files ``names`` of a run directory against the digests its manifest recorded; an
+    :class:`IntegrityError` naming the first that differs or is missing. Run directories written before digests were
+    recorded (no ``integrity`` in the manifest) are not checked."""
+    if forced():
+        return
+    manifest = _read_manifest(out)
+    if manifest.get("integrity") is None:
+        return
+    artifacts = manifest.get("artifacts", {})
+    for name in names:
+        entry = artifacts.get(name)
+        path = out / name
+        if entry is None:
+            if path.exists():
+                raise IntegrityError(str(path), "not recorded in manifest.json (a file this run never wrote)")
+            continue
+        if not path.exists():
+            raise IntegrityError(str(path), "missing (manifest.json records it)")
+        digest = file_digest(path)
+        if digest not in (entry.get("sha256"), entry.get("previous")):
+            raise IntegrityError(str(path), "changed or truncated since it was written (its SHA-256 differs from "
+                                 "manifest.json's)")
+
+
 def prepare_run_dir(out: Path, identity: dict[str, Any], seed: int, data_fingerprint: str) -> None:
     """Create the run directory, or check that an existing one holds the same configuration.
 
@@ -61,6 +156,7 @@ def prepare_run_dir(out: Path, identity: dict[str, Any], seed: int, data_fingerp
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.json"
     if cfg_path.exists():
+        verify(out, ("config.json",))
         existing = {k: v for k, v in json.loads(cfg_path.read_text()).items() if k not in RESULT_NEUTRAL_KEYS}
         resolved = {k: v for k, v in identity.items() if k not in RESULT_NEUTRAL_KEYS}
         if existing != resolved:
@@ -70,13 +166,13 @@ def prepare_run_dir(out: Path, identity: dict[str, Any], seed: int, data_fingerp
                 "use another --out or delete it",
             )
         return
-    atomic_write_text(cfg_path, json.dumps(identity, indent=2, sort_keys=True))
     manifest = {
         "phalanx": __version__, "torch": torch.__version__, "python": platform.python_version(),
         "platform": platform.platform(), "seed": seed, "data_fingerprint": data_fingerprint,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "integrity": INTEGRITY_VERSION, "artifacts": {},
     }
-    atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True))
+    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+    write_artifact(out, "config.json", json.dumps(identity, indent=2, sort_keys=True).encode())
 
 
 def save_checkpoint(out: Path, snap: Snapshot) -> Path:
@@ -87,7 +183,7 @@ def save_checkpoint(out: Path, snap: Snapshot) -> Path:
     optimizer's state); metadata: ``round`` and the number of rows.
     """
     state, rows = snap.state, snap.rows
-    atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    write_artifact(out, "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
     tensors = {"theta": state.theta.contiguous()}
     if state.momentum is not None:
         tensors["momentum"] = state.momentum.contiguous()
@@ -104,7 +200,7 @@ def save_checkpoint(out: Path, snap: Snapshot) -> Path:
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata={"round": str(state.round), "rows": str(len(rows))})
-        os.replace(tmp, path)
+        _install(out, path.name, tmp)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -114,6 +210,7 @@ def save_checkpoint(out: Path, snap: Snapshot) -> Path:
 def load_checkpoint(out: Path) -> Snapshot | None:
     """The last checkpoint of a run directory, with the metric rows up to it; None if there is none."""
     ckpt = out / "checkpoint.safetensors"
+    verify(out, ("config.json", "checkpoint.safetensors", "metrics.jsonl"))
     if not ckpt.exists():
         return None
     with safe_open(str(ckpt), framework="pt") as fh:
@@ -132,9 +229,9 @@ def load_checkpoint(out: Path) -> Snapshot | None:
 
 def finish_run(out: Path, rows: list[dict[str, Any]]) -> None:
     """Write the final metrics (JSON lines and Parquet) and mark the run finished."""
-    atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    write_artifact(out, "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
     write_parquet(out / "metrics.parquet", rows)
-    atomic_write_text(out / "DONE", time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
+    write_artifact(out, "DONE", (time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n").encode())
 
 
 def is_finished(out: Path) -> bool:
@@ -158,17 +255,22 @@ def write_parquet(path: Path, rows: list[dict[str, Any]]) -> None:
             "(FORMAT parquet)"
         )
         con.close()
-        os.replace(tmp, path)
+        if (path.parent / MANIFEST).exists():  # a run directory's: recorded like every file it writes
+            _install(path.parent, path.name, tmp)
+        else:
+            os.replace(tmp, path)
     finally:
         Path(tmp_json).unlink(missing_ok=True)
         Path(tmp).unlink(missing_ok=True)
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """Read the metric rows of a run directory (JSON lines)."""
+    """Read the metric rows of a run directory (JSON lines), checked against the manifest's digest."""
     metrics = path / "metrics.jsonl"
     if not metrics.exists():
         return []
+    if (path / MANIFEST).exists() or (path / "config.json").exists():
+        verify(path, ("metrics.jsonl",))
     return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
 
 
