@@ -132,6 +132,9 @@ def test_run_dir_refuses_another_config(tmp_path: Path) -> None:
         ({"attack": "nope"}, "attack"),
         ({"dataset": "nope"}, "dataset"),
         ({"lr": -1}, "lr"),
+        ({"lr": float("inf")}, "lr=inf is invalid: allowed a finite number"),
+        ({"weight_decay": float("inf")}, "weight_decay=inf is invalid: allowed a finite number"),
+        ({"momentum": float("nan")}, "momentum=nan is invalid"),
         ({"partition": "random"}, "partition"),
     ],
 )

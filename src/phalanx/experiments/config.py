@@ -57,7 +57,7 @@ check that a run directory holds the same configuration), so setting them does n
 class RunConfig(BaseModel):
     """Everything that defines one training run. Unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     dataset: str = Field("digits", description="data set name (phalanx list datasets) or a 'module:attr' loader")
     data_root: str | None = Field(None, description="directory holding the data set files")
