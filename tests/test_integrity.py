@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import torch
-from _interrupt import train_interrupted
 from safetensors.torch import load_file, save_file
 
+from _interrupt import train_interrupted
 from phalanx.errors import IntegrityError
 from phalanx.experiments import make_config, store, train
 
@@ -63,7 +63,7 @@ def test_a_damaged_checkpoint_does_not_resume(damage: str, tmp_path: Path, monke
         save_file(tensors, str(ckpt), metadata={"round": "9999" if damage == "round-metadata" else "4", "rows": "2"})
     else:
         ckpt.unlink()
-    with pytest.raises(IntegrityError, match="checkpoint.safetensors") as err:
+    with pytest.raises(IntegrityError, match=r"checkpoint\.safetensors") as err:
         train(make_config(SMALL), d)
     assert "\n" not in str(err.value) and "--force" in str(err.value)
     if damage in ("flip", "add-tensor"):  # forced: the changed file is used (a changed bit still loads)
@@ -76,14 +76,14 @@ def test_changed_config_and_metrics_are_refused(tmp_path: Path) -> None:
     d = _interrupted(tmp_path)
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps(cfg, indent=1))  # same content, other bytes: still not what was written
-    with pytest.raises(IntegrityError, match="config.json"):
+    with pytest.raises(IntegrityError, match=r"config\.json"):
         train(make_config(SMALL), d)
     d2 = _interrupted(tmp_path / "b")
     with (d2 / "metrics.jsonl").open("a") as fh:
         fh.write('{"round": 99, "test_accuracy": 1.0}\n')
-    with pytest.raises(IntegrityError, match="metrics.jsonl"):
+    with pytest.raises(IntegrityError, match=r"metrics\.jsonl"):
         train(make_config(SMALL), d2)
-    with pytest.raises(IntegrityError, match="metrics.jsonl"):
+    with pytest.raises(IntegrityError, match=r"metrics\.jsonl"):
         store.read_rows(d2)
 
 
@@ -122,5 +122,5 @@ def test_directories_written_before_digests_existed_are_not_checked(tmp_path: Pa
 def test_a_missing_manifest_is_refused(tmp_path: Path) -> None:
     d = _interrupted(tmp_path)
     (d / "manifest.json").unlink()
-    with pytest.raises(IntegrityError, match="manifest.json: missing"):
+    with pytest.raises(IntegrityError, match=r"manifest\.json: missing"):
         train(make_config(SMALL), d)

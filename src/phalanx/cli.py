@@ -271,6 +271,55 @@ def report_cmd(
     console.print(f"{directory / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
 
 
+@app.command("keygen")
+def keygen_cmd(
+    private: Annotated[Path, typer.Argument(help="Where to write the private key (PEM, mode 0600).")],
+    public: Annotated[Path, typer.Argument(help="Where to write the public key (PEM).")],
+    curve: Annotated[str, typer.Option("--curve", help="P-256, P-384 or P-521.")] = "P-256",
+) -> None:
+    """Make an elliptic-curve key pair for `phalanx sign` / `phalanx verify` (neither file may exist)."""
+    from phalanx import signing
+
+    key, pub = signing.keygen(private, public, curve=curve)
+    console.print(f"private key {key} (keep it to yourself), public key {pub}", soft_wrap=True)
+
+
+@app.command("sign")
+def sign_cmd(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (sign it once it has finished).")],
+    key: Annotated[Path | None, typer.Option("--key", help="PEM private key (phalanx keygen).")] = None,
+    certificate: Annotated[Path | None, typer.Option("--certificate", help="The key's X.509 signing "
+                                                                            "certificate (PEM).")] = None,
+    chain: Annotated[list[Path] | None, typer.Option("--chain", help="Certificates between it and the CA "
+                                                                     "(repeatable).")] = None,
+    keyless: Annotated[bool, typer.Option("--keyless", help="Sigstore keyless signing (needs the network).")] = False,
+) -> None:
+    """Sign every file of a run directory (model-signing: an in-toto statement of per-file SHA-256, in phalanx.sig)."""
+    from phalanx import signing
+
+    if key is None and not keyless:
+        raise typer.BadParameter("give --key KEY.pem (or --keyless for Sigstore, which needs the network)")
+    path = signing.sign(run_dir, key, certificate=certificate, certificate_chain=tuple(chain or ()), keyless=keyless)
+    console.print(f"signed {len(signing.covered_files(run_dir))} files of {run_dir} → {path}", soft_wrap=True)
+
+
+@app.command("verify")
+def verify_cmd(
+    run_dir: Annotated[Path, typer.Argument(help="A signed run directory.")],
+    key: Annotated[Path | None, typer.Option("--key", help="PEM public key paired with the signing key.")] = None,
+    chain: Annotated[list[Path] | None, typer.Option("--chain", help="Trusted CA certificates (certificate mode, "
+                                                                     "repeatable).")] = None,
+    identity: Annotated[str | None, typer.Option("--identity", help="Keyless: the signer's identity.")] = None,
+    issuer: Annotated[str | None, typer.Option("--issuer", help="Keyless: its OpenID Connect issuer.")] = None,
+) -> None:
+    """Check a run directory against its signature: exit 0 if every file is the one signed, else one line and 2."""
+    from phalanx import signing
+
+    signing.verify(run_dir, key, certificate_chain=None if chain is None else tuple(chain), identity=identity,
+                   oidc_issuer=issuer)
+    console.print(f"{run_dir}: signature verified ({len(signing.covered_files(run_dir))} files)", soft_wrap=True)
+
+
 @list_app.command("attacks")
 def list_attacks() -> None:
     """Attacks with their reference."""

@@ -83,7 +83,8 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
         callbacks = [Evaluate()]
         if out is not None:
             run_dir = out / grid.run_id(cfg)
-            rundir = RunDirectory.of(run_dir, cfg.identity(), exp, cfg.checkpoint_every)
+            rundir = RunDirectory.of(run_dir, cfg.identity(), exp, cfg.checkpoint_every, sign_key=cfg.sign_key,
+                                     verify_key=cfg.verify_key)
             start = rundir.open()
             callbacks += [rundir, DistributedLog(run_dir / "distributed.json", cfg.topology, renv.world_size,
                                                  rundir.checkpoints)]

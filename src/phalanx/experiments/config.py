@@ -49,7 +49,7 @@ LATER_KEYS = (
 )
 """Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
 that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
-RESULT_NEUTRAL_KEYS = ("download",)
+RESULT_NEUTRAL_KEYS = ("download", "sign_key", "verify_key")
 """Keys that change how a run gets its inputs, never its results: left out of a run's identity (its run id and the
 check that a run directory holds the same configuration), so setting them does not orphan finished runs."""
 
@@ -64,6 +64,14 @@ class RunConfig(BaseModel):
     download: bool = Field(
         False, description="download the data set (torchvision's mirrors, MD5-checked) when it is found nowhere; "
         "off by default: nothing touches the network unless asked",
+    )
+    sign_key: str | None = Field(
+        None, description="sign every finished run directory with this PEM private key (phalanx keygen; needs "
+        "phalanx[signing]; docs/reliability.md)",
+    )
+    verify_key: str | None = Field(
+        None, description="check a run directory's signature with this PEM public key when it resumes and before a "
+        "finished run's results are used (a finished run must be signed)",
     )
     model: str = Field("mlp", description="model name (phalanx list models) or a 'module:attr' builder")
     model_params: dict[str, Any] = Field(default_factory=dict, description="extra model parameters")

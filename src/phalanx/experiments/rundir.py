@@ -1,11 +1,14 @@
 """The run directory as a callback of the training loop: checkpoints every ``checkpoint_every`` rounds and at the
-end, the final metrics and the ``DONE`` marker (formats: :mod:`phalanx.experiments.store`)."""
+end, the final metrics and the ``DONE`` marker (formats: :mod:`phalanx.experiments.store`); with a signing key the
+finished directory is signed, with a public key a signed directory is verified before it resumes
+(:mod:`phalanx.signing`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from phalanx import signing
 from phalanx.data.base import Dataset
 from phalanx.experiments import store
 from phalanx.training.experiment import Experiment
@@ -18,7 +21,7 @@ class RunDirectory(Callback):
 
     def __init__(
         self, path: Path, identity: dict[str, Any], *, seed: int, fingerprint: str, checkpoint_every: int,
-        rounds: int,
+        rounds: int, sign_key: str | None = None, verify_key: str | None = None,
     ) -> None:
         self.path = Path(path)
         self.identity = identity
@@ -26,16 +29,24 @@ class RunDirectory(Callback):
         self.fingerprint = fingerprint
         self.every = checkpoint_every
         self.rounds = rounds
+        self.sign_key = sign_key
+        self.verify_key = verify_key
 
     @classmethod
-    def of(cls, path: Path, identity: dict[str, Any], exp: Experiment, checkpoint_every: int) -> RunDirectory:
+    def of(
+        cls, path: Path, identity: dict[str, Any], exp: Experiment, checkpoint_every: int, *,
+        sign_key: str | None = None, verify_key: str | None = None,
+    ) -> RunDirectory:
         """The run directory of ``exp`` (its seed, rounds and data set's fingerprint), named by ``identity``."""
         fingerprint = exp.dataset.fingerprint() if isinstance(exp.dataset, Dataset) else ""
         return cls(path, identity, seed=exp.seed, fingerprint=fingerprint, checkpoint_every=checkpoint_every,
-                   rounds=exp.rounds)
+                   rounds=exp.rounds, sign_key=sign_key, verify_key=verify_key)
 
     def open(self) -> Snapshot | None:
-        """Create the directory (or check that it holds the same configuration); the last checkpoint, if any."""
+        """Create the directory (or check that it holds the same configuration); the last checkpoint, if any. With
+        a public key, a directory that carries a signature is verified first (an unfinished run has none yet)."""
+        if self.verify_key is not None and (self.path / signing.SIGNATURE).exists():
+            signing.verify(self.path, self.verify_key)
         store.prepare_run_dir(self.path, self.identity, self.seed, self.fingerprint)
         return store.load_checkpoint(self.path)
 
@@ -52,3 +63,5 @@ class RunDirectory(Callback):
 
     def on_finish(self, loop: Loop) -> None:
         store.finish_run(self.path, loop.rows)
+        if self.sign_key is not None:
+            signing.sign(self.path, self.sign_key)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from phalanx import data
+from phalanx import data, signing
 from phalanx.experiments import store
 from phalanx.experiments.build import check_points
 from phalanx.experiments.config import RunConfig, make_config
@@ -84,8 +84,11 @@ def run_grid(
             todo.append((c, d))
         seen.add(d)
     for c, d in zip(cfgs, dirs):
-        if store.is_finished(d) and on_done is not None:
-            on_done(c, "skipped (finished)")
+        if store.is_finished(d):
+            if c.verify_key is not None:  # its results will be used: they must be the signed ones
+                signing.verify(d, c.verify_key)
+            if on_done is not None:
+                on_done(c, "skipped (finished)")
     if jobs <= 1 or len(todo) <= 1:
         for c, d in todo:
             cb = (lambda t, total, row, c=c: on_round(c, t, total)) if on_round is not None else None

@@ -29,16 +29,18 @@ def train(
     launch`` or torchrun instead.
     """
     tune_allocator()
+    keys: dict[str, str | None] = {}
     if isinstance(run, RunConfig):
         check_engine(run)
         exp = from_config(run, dataset)
         identity, every = run.identity(), run.checkpoint_every
+        keys = {"sign_key": run.sign_key, "verify_key": run.verify_key}
     else:
         exp, identity, every = run, run.describe(), 100
     cbs: list[Callback] = [Evaluate()]
     start = None
     if run_dir is not None:
-        rundir = RunDirectory.of(Path(run_dir), identity, exp, checkpoint_every or every)
+        rundir = RunDirectory.of(Path(run_dir), identity, exp, checkpoint_every or every, **keys)
         start = rundir.open()
         cbs.append(rundir)
     if progress is not None:
