@@ -411,7 +411,7 @@ def test_sign_key_signs_every_finished_run_and_verify_key_guards_resume_and_reus
     runner.run_grid(checked, out)  # untouched: reused
     with (dirs[1] / "metrics.jsonl").open("a") as fh:
         fh.write("\n")
-    with pytest.raises(signing.SignatureError, match="metrics.jsonl"):
+    with pytest.raises(signing.SignatureError, match=r"metrics\.jsonl"):
         runner.run_grid(checked, out)
     cfg = make_config({**base, "aggregator": "mean", "verify_key": str(pub)})
     (dirs[0] / "DONE").unlink()  # as if it had stopped: resuming verifies the signature first

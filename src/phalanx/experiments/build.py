@@ -12,12 +12,14 @@ from collections.abc import Callable
 from typing import Any
 
 from phalanx import aggregators, attacks, data, models
+from phalanx.decentralized import topology
 from phalanx.errors import ConfigError
 from phalanx.experiments.config import RunConfig, processes, server_optimizer
 from phalanx.training import losses
 from phalanx.training.dsgd import DSGD
 from phalanx.training.experiment import Experiment
 from phalanx.training.fedavg import FedAvg
+from phalanx.training.gossip import Gossip
 from phalanx.training.schedule import LRSchedule
 from phalanx.training.streams import generator, stream_seed
 
@@ -30,11 +32,14 @@ CONFIG_COLUMNS = (
 
 FEDERATED_COLUMNS = ("algorithm", "clients_per_round", "local_steps", "local_epochs", "server_lr")
 """Added to the rows of federated runs."""
+DECENTRALIZED_COLUMNS = ("algorithm", "graph", "gossip_weights")
+"""Added to the rows of decentralized (gossip) runs."""
 
 
 def config_columns(cfg: RunConfig) -> dict[str, Any]:
     """The values of :data:`CONFIG_COLUMNS` in ``cfg`` (and of :data:`FEDERATED_COLUMNS` for a federated run)."""
-    keys = CONFIG_COLUMNS + (FEDERATED_COLUMNS if cfg.algorithm != "dsgd" else ())
+    extra = {"fedavg": FEDERATED_COLUMNS, "gossip": DECENTRALIZED_COLUMNS}.get(cfg.algorithm, ())
+    keys = CONFIG_COLUMNS + extra
     return {k: getattr(cfg, k) for k in keys}
 
 
@@ -50,8 +55,13 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None) -> Experime
     )
     spec = cfg.aggregator
     lr = LRSchedule(cfg.lr, cfg.schedule, cfg.rounds, cfg.step_every)
-    algorithm: DSGD | FedAvg
-    if cfg.algorithm == "fedavg":  # lr is the clients' (local) learning rate, server_lr the server's step
+    algorithm: DSGD | FedAvg | Gossip
+    if cfg.algorithm == "gossip":  # lr and momentum are the nodes'; the loop's step applies their combination
+        algorithm = Gossip(graph=topology.make(cfg.graph, cfg.workers, **cfg.graph_params),
+                           weights=cfg.gossip_weights, batch_size=cfg.batch_size, lr=lr, momentum=cfg.momentum,
+                           weight_decay=cfg.weight_decay)
+        lr = LRSchedule(1.0, "constant", cfg.rounds, cfg.step_every)
+    elif cfg.algorithm == "fedavg":  # lr is the clients' (local) learning rate, server_lr the server's step
         algorithm = FedAvg(clients_per_round=cfg.clients_per_round, local_steps=cfg.local_steps,
                            local_epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr, momentum=cfg.momentum,
                            weight_decay=cfg.weight_decay, prox_mu=cfg.prox_mu,

@@ -22,9 +22,11 @@ from pydantic import (
 )
 
 from phalanx import aggregators, attacks, data, models
+from phalanx.decentralized import gossip, topology
 from phalanx.errors import ConfigError
 from phalanx.plugins import check_params
 from phalanx.training import losses, optim
+from phalanx.validate import check_choice
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -33,10 +35,12 @@ else:  # pragma: no cover
 
 Schedule = Literal["constant", "step", "cosine"]
 Partition = Literal["iid", "dirichlet", "pathological"]
-Algorithm = Literal["dsgd", "fedavg"]
+Algorithm = Literal["dsgd", "fedavg", "gossip"]
 FEDERATED_KEYS = ("clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch",
                   "stats_momentum")
 """Keys that only ``algorithm = "fedavg"`` reads."""
+DECENTRALIZED_KEYS = ("graph", "graph_params", "gossip_weights")
+"""Keys that only ``algorithm = "gossip"`` reads."""
 Engine = Literal["simulated", "torchrun"]
 Topology = Literal["server", "serverless"]
 Backend = Literal["auto", "gloo", "nccl"]
@@ -46,6 +50,7 @@ change neither its results nor its run id / ``config.json`` (run directories wri
 LATER_KEYS = (
     "server_optimizer", "server_momentum", "server_weight_decay", "server_optimizer_params", "loss", "algorithm",
     "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch", "stats_momentum",
+    "graph", "graph_params", "gossip_weights",
 )
 """Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
 that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
@@ -100,9 +105,16 @@ class RunConfig(BaseModel):
         default_factory=dict, description="further parameters of the server optimizer (adam: beta1, beta2, tau)",
     )
     algorithm: Algorithm = Field(
-        "dsgd", description="the round: 'dsgd' (every worker one gradient step, worker momentum) or 'fedavg' (sampled "
-        "clients, local steps, pseudo-gradient updates; docs/federated.md)",
+        "dsgd", description="the round: 'dsgd' (every worker one gradient step, worker momentum), 'fedavg' (sampled "
+        "clients, local steps, pseudo-gradient updates; docs/federated.md) or 'gossip' (no server: decentralized SGD "
+        "over `graph`; docs/decentralized.md)",
     )
+    graph: str = Field("ring", description="gossip: the communication graph (ring, torus, complete, star, "
+                       "erdos_renyi, exponential, hypercube, or a 'module:attr' builder) over the `workers` nodes")
+    graph_params: dict[str, Any] = Field(default_factory=dict, description="gossip: the graph's parameters "
+                                         "(erdos_renyi: p, seed; torus: rows, cols)")
+    gossip_weights: str = Field("metropolis_hastings", description="gossip: the mixing matrix of plain gossip "
+                                "(aggregator = 'mean'): metropolis_hastings or uniform_neighbour")
     clients_per_round: int | None = Field(
         None, ge=1, description="fedavg: clients sampled per round (default: all `workers`, the population)",
     )
@@ -207,13 +219,23 @@ def check_relations(cfg: RunConfig) -> None:
         raise ConfigError("byzantine", cfg.byzantine, f"< workers = {n} (at least one honest worker)")
     if 2 * cfg.f >= n and cfg.algorithm == "dsgd":
         raise ConfigError("f", cfg.f, f"< workers/2 = {n / 2:g} (f ≥ n/2 is beyond any robust rule)")
-    if cfg.algorithm == "dsgd":
-        defaults = RunConfig.model_fields
-        for key in FEDERATED_KEYS:
+    defaults = RunConfig.model_fields
+    for keys, owner in ((FEDERATED_KEYS, "fedavg"), (DECENTRALIZED_KEYS, "gossip")):
+        if cfg.algorithm == owner:
+            continue
+        for key in keys:
             if getattr(cfg, key) != defaults[key].get_default(call_default_factory=True):
-                raise ConfigError(key, getattr(cfg, key), "its default with algorithm = 'dsgd' (it is read by "
-                                  "algorithm = 'fedavg' only)")
-    else:
+                raise ConfigError(key, getattr(cfg, key), f"its default with algorithm = {cfg.algorithm!r} (it is "
+                                  f"read by algorithm = {owner!r} only)")
+    if cfg.algorithm == "gossip":
+        if cfg.engine == "torchrun":
+            raise ConfigError("engine", cfg.engine, "'simulated' with algorithm = 'gossip' (decentralized rounds run "
+                              "in one process so far)")
+        for key in ("server_optimizer", "server_momentum", "server_weight_decay"):
+            if getattr(cfg, key) != defaults[key].get_default(call_default_factory=True):
+                raise ConfigError(key, getattr(cfg, key), "its default with algorithm = 'gossip' (there is no server; "
+                                  "lr, momentum and weight_decay are the nodes')")
+    elif cfg.algorithm == "fedavg":
         c = cfg.clients_per_round or n
         if c > n:
             raise ConfigError("clients_per_round", c, f"<= workers = {n} (the client population)")
@@ -224,9 +246,10 @@ def check_relations(cfg: RunConfig) -> None:
                               "clients; a process per client slot)")
     norm = cfg.model_params.get("norm")
     if norm in ("batch", "hybrid"):
-        if cfg.algorithm == "dsgd":
-            raise ConfigError("model_params.norm", norm, "'group' or 'none' with algorithm = 'dsgd' (BatchNorm and "
-                              "Hybrid BN statistics are measured and pooled by federated rounds: algorithm = 'fedavg')")
+        if cfg.algorithm != "fedavg":
+            raise ConfigError("model_params.norm", norm, f"'group' or 'none' with algorithm = {cfg.algorithm!r} "
+                              "(BatchNorm and Hybrid BN statistics are measured and pooled by federated rounds: "
+                              "algorithm = 'fedavg')")
         if cfg.engine == "torchrun":
             raise ConfigError("model_params.norm", norm, "'group' or 'none' with engine = 'torchrun' (BatchNorm / "
                               "Hybrid BN statistics are pooled in one process so far: engine = 'simulated')")
@@ -247,8 +270,22 @@ def check_names(cfg: RunConfig) -> None:
     """Check the aggregator spec, attack, data set, model, loss and optimizer names (built-in, registered,
     ``module:attr`` or installed plug-ins), their parameters, and the aggregator's requirement on n."""
     rule = aggregators.make(cfg.aggregator, f=cfg.f)
-    m, what = (cfg.workers, "workers") if cfg.algorithm == "dsgd" else (cfg.clients_per_round or cfg.workers,
-                                                                          "clients_per_round")
+    if cfg.algorithm == "gossip":  # every node's rule sees its closed neighbourhood N(i) ∪ {i}
+        check_choice("gossip_weights", cfg.gossip_weights, gossip.weight_names())
+        graph = topology.make(cfg.graph, cfg.workers, **cfg.graph_params)
+        hood = int(graph.degrees.min()) + 1
+        if 2 * cfg.f >= hood or hood < rule.min_workers():
+            need = max(2 * cfg.f + 1, rule.min_workers())
+            raise ConfigError(
+                "graph", cfg.graph, f"a graph whose every node has >= {need - 1} neighbours for aggregator "
+                f"{cfg.aggregator!r} with f={cfg.f} (the smallest closed neighbourhood of this one has {hood} nodes)",
+                "a denser graph (torus, exponential, complete) or a smaller f",
+            )
+        m, what = hood, "graph"
+    elif cfg.algorithm == "dsgd":
+        m, what = cfg.workers, "workers"
+    else:
+        m, what = cfg.clients_per_round or cfg.workers, "clients_per_round"
     if m < rule.min_workers():
         raise ConfigError(
             what, m, f">= {rule.min_workers()} for aggregator {cfg.aggregator!r} with f={cfg.f} ({rule.requirement})",

@@ -33,6 +33,7 @@ from phalanx.data.partition import partition
 from phalanx.errors import ConfigError
 from phalanx.training.dsgd import DSGD
 from phalanx.training.fedavg import FedAvg
+from phalanx.training.gossip import Gossip
 from phalanx.training.optim import SGD, ServerOptimizer
 from phalanx.training.problem import Loss, Problem
 from phalanx.training.schedule import LRSchedule
@@ -82,7 +83,7 @@ class Experiment:
     byzantine: int = 0
     attack: Attack | DataAttack = field(default_factory=NoAttack)
     rounds: int = 100
-    algorithm: DSGD | FedAvg = field(default_factory=DSGD)
+    algorithm: DSGD | FedAvg | Gossip = field(default_factory=DSGD)
     optimizer: ServerOptimizer = field(default_factory=SGD)
     lr: float | Callable[[int], float] = 0.1
     shards: list[Tensor] | None = None
@@ -102,8 +103,9 @@ class Experiment:
             raise ConfigError("byzantine", self.byzantine, f"< workers = {n} (at least one honest worker)")
         if not callable(self.rule) or not hasattr(self.rule, "f"):
             raise ConfigError("rule", self.rule, "an aggregator (phalanx.aggregators.make(...))")
-        m = self.algorithm.per_round(n)  # the vectors the rule aggregates each round
-        what = "workers" if m == n else "clients_per_round"
+        m = self.algorithm.per_round(n)  # the vectors the rule aggregates each round (at least, in a gossip round)
+        what = ("the smallest closed neighbourhood of the graph" if isinstance(self.algorithm, Gossip)
+                else "workers" if m == n else "clients_per_round")
         if 2 * self.rule.f >= m:
             raise ConfigError("f", self.rule.f, f"< {what}/2 = {m / 2:g} (f ≥ n/2 is beyond any robust rule)")
         if m < self.rule.min_workers():

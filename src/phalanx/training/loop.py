@@ -17,6 +17,7 @@ directory receives its start from the one that does). When the transport or the 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from torch import Tensor
 
 from phalanx.errors import WorkersLostError
 from phalanx.training.experiment import Experiment
+from phalanx.training.gossip import honest_metrics
 from phalanx.training.server import BoundRule, RoundResult, Server
 from phalanx.training.state import Received, RoundAborted, RoundState, Snapshot
 from phalanx.training.streams import ROUND_STREAMS, generator
@@ -90,9 +92,16 @@ class Evaluate(Callback):
     def row(loop: Loop, result: RoundResult | None) -> dict[str, Any]:
         """One metric row of the current state."""
         exp = loop.experiment
-        acc, loss = exp.problem.evaluate(loop.state.theta, exp.dataset.test_x, exp.dataset.test_y)
+        theta = loop.state.theta
+        if theta.dim() == 2:  # a model per node (decentralized rounds): the honest nodes' accuracies
+            evaluate = functools.partial(exp.problem.evaluate, x=exp.dataset.test_x, y=exp.dataset.test_y)
+            measured = honest_metrics(theta, exp.honest, evaluate)
+            acc, loss = measured.pop("test_accuracy"), measured.pop("test_loss")
+        else:
+            acc, loss = exp.problem.evaluate(theta, exp.dataset.test_x, exp.dataset.test_y)
+            measured = {}
         row: dict[str, Any] = {
-            "round": loop.state.round, "test_accuracy": acc, "test_loss": loss,
+            "round": loop.state.round, "test_accuracy": acc, "test_loss": loss, **measured,
             "agg_error": result.agg_error if result is not None else None,
             "byz_share": result.byz_share if result is not None else None,
             "detection_auc": result.detection_auc if result is not None else None,
@@ -100,8 +109,7 @@ class Evaluate(Callback):
         if result is not None and result.sampled_byzantine is not None:  # a federated round: who was sampled
             row["byzantine_sampled"] = result.sampled_byzantine
         extra = getattr(exp.attack, "metrics", None)  # an attack's own measure (a backdoor's success rate)
-        if callable(extra):
-            theta = loop.state.theta
+        if callable(extra) and theta.dim() == 1:
             ok = bool(torch.isfinite(theta).all())
             measured = extra(lambda x: exp.problem.predict(theta, x), exp.dataset.test_x, exp.dataset.test_y)
             row.update({k: (v if ok else None) for k, v in measured.items()})
@@ -139,11 +147,12 @@ class Loop:
         self.transport = transport if transport is not None else InProcess()
         self.callbacks = list(callbacks)
         self.start = start
-        self.server = Server(
+        make_server = getattr(experiment.algorithm, "make_server", None)  # an algorithm without a server (gossip)
+        self.server: Server | Any = Server(
             experiment.rule, honest=experiment.honest, problem=experiment.problem,
             reference_batch=experiment.reference_batch, generator=generator(experiment.seed, "aggregator"),
             rule_for=experiment.rule_for,
-        )
+        ) if make_server is None else make_server(experiment, generator(experiment.seed, "aggregator"))
         self.state = RoundState(experiment.problem.initial_theta(), None, None, 0)
         self.rows: list[dict[str, Any]] = []
         self.resumed = False
@@ -215,6 +224,8 @@ class Loop:
     def _rows(self, got: Received) -> Tensor | None:
         """Every worker's last vector, ``(n, d)``: the received matrix itself when all n arrived in order, else the
         previous matrix with the received rows written in."""
+        if got.carry is not None:
+            return got.carry
         if not got.state_rows:
             return self.state.momentum
         if got.rows is None:

@@ -60,6 +60,12 @@ class Received:
     state_rows: bool = True
     """Whether the vectors are the workers' state to carry into the next round and the checkpoint (DSGD's momentum
     rows); federated clients keep nothing between rounds."""
+    carry: Tensor | None = None
+    """The worker-side state rows to carry into the next round and the checkpoint when they are not the vectors
+    (a gossip node's momentum; its vectors are its local steps)."""
+    messages: dict[int, Tensor] | None = None
+    """Decentralized rounds: what the Byzantine neighbours of honest node i sent it, ``(bᵢ, d)`` (they may send
+    each neighbour something else)."""
     stats: Tensor | None = None
     """The normalisation statistics the clients of the round measured on the broadcast model, a row per vector
     (``(m, 2·channels)``, :mod:`phalanx.training.norm_stats`); None for a model without BatchNorm / Hybrid BN."""
