@@ -1,4 +1,4 @@
-"""Decentralized learning without a server — first step: communication graphs and gossip matrices.
+"""Decentralized learning without a server: communication graphs and gossip matrices.
 
 >>> from phalanx.decentralized import gossip, topology
 >>> g = topology.make("ring", 8)
@@ -15,8 +15,8 @@ one gossip step is one matrix product, ``gossip.gossip(W, X) = W @ X``, for all 
 - :mod:`~phalanx.decentralized.gossip`: Metropolis–Hastings and uniform-neighbour weights, :func:`check_gossip_matrix`,
   :func:`spectral_gap` and :func:`mixing_rate`, the step ``gossip.gossip(W, X)``.
 
-Decentralized training itself (round algorithms, Byzantine nodes, robust gossip) is not built yet. See
-docs/decentralized.md.
+Training over a graph is the round algorithm :class:`phalanx.training.gossip.Gossip` (``algorithm = "gossip"``),
+which uses these graphs and matrices. See docs/decentralized.md.
 """
 
 from phalanx.decentralized import gossip, topology
