@@ -166,3 +166,25 @@ def test_the_example_grid_is_valid() -> None:
                                   "gossip.toml"))
     check_points(cfgs)
     assert {c.aggregator for c in cfgs} == {"mean", "cwtm"} and all(c.algorithm == "gossip" for c in cfgs)
+
+
+def test_a_rule_that_takes_a_centre_gets_the_nodes_own_local_step() -> None:
+    """Centered clipping at node i is centred on i's own x̃ᵢ (self-centred clipping); the spy sees every honest
+    node's own row as its centre."""
+    from phalanx.aggregators.cc import CenteredClipping
+
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    class Spy(CenteredClipping):
+        def __call__(self, x: torch.Tensor, **context: Any) -> torch.Tensor:
+            seen.append((x.clone(), context["center"].clone()))
+            return super().__call__(x, **context)
+
+    g = topology.make("ring", 6)
+    exp = Experiment(model=_model(), dataset=DS, workers=6, rule=Spy(f=1, tau=0.5), rounds=1, lr=1.0, eval_every=1,
+                     algorithm=Gossip(graph=g, batch_size=8, lr=0.1))
+    loop = Loop(exp)
+    loop.step()
+    assert len(seen) == 6
+    for i, (rows, centre) in enumerate(seen):
+        assert any(torch.equal(centre, r) for r in rows)  # its own x̃ᵢ is among its neighbourhood's rows

@@ -17,7 +17,9 @@ Jaggi, 2022):
    * ``rule = "mean"`` — gossip averaging with the graph's mixing matrix W (Metropolis–Hastings by default):
      xᵢ ← Σⱼ Wᵢⱼ x̃ⱼ (a Byzantine neighbour's message in place of x̃ⱼ), for all nodes one matrix product;
    * any other rule or chain — xᵢ ← Agg({x̃ⱼ : j ∈ N(i) ∪ {i}}), the rule configured for f applied to node i's
-     closed neighbourhood (a loop over nodes).
+     closed neighbourhood (a loop over nodes). A rule that takes a centre gets the node's own x̃ᵢ: ``cc`` is then
+     self-centred clipping (He, Karimireddy & Jaggi, "Byzantine-robust decentralized learning via ClippedGossip",
+     2022), xᵢ ← x̃ᵢ + (1/|N(i)∪{i}|) Σⱼ CLIP(x̃ⱼ − x̃ᵢ, τ), with uniform weights and a fixed radius τ.
 
 On the loop's seam: the node side is this module's :class:`GossipNodes` (the in-process transport's worker side);
 the aggregation is :class:`GossipServer`, which returns the displacement X − X_new so that the experiment's
@@ -39,7 +41,7 @@ from phalanx.decentralized import gossip as gossip_ops
 from phalanx.decentralized.topology import Graph
 from phalanx.errors import ConfigError
 from phalanx.training.dsgd import byzantine_vectors, computing_workers, worker_batches
-from phalanx.training.server import RoundResult
+from phalanx.training.server import BoundRule, RoundResult
 from phalanx.training.state import Received
 from phalanx.training.streams import restored
 from phalanx.validate import check_int, check_real
@@ -158,8 +160,9 @@ class GossipNodes:
             if byz == 0:
                 continue
             honest_rows = half[hood[hood < self.honest_n]]
-            out[i] = byzantine_vectors(exp.attack, honest_rows, byzantine=byz, f=exp.f, rule=exp.rule,
-                                       attack_gen=self.attack_gen, round=t)
+            centre = {"center": half[i]} if "center" in getattr(exp.rule, "context_keys", frozenset()) else {}
+            out[i] = byzantine_vectors(exp.attack, honest_rows, byzantine=byz, f=exp.f,
+                                       rule=BoundRule(exp.rule, centre), attack_gen=self.attack_gen, round=t)
         return out
 
 
@@ -200,9 +203,22 @@ class GossipServer:
             for i in range(follow):
                 hood = self.closed[i]
                 rows = half[hood] if i not in messages else torch.cat([half[hood[hood < h]], messages[i]])
-                new[i] = self.rule(rows)
+                new[i] = self.rule(rows, **node_context(self.rule, half[i], self.generator))
         assert self.theta is not None, "context() first"
         return self.theta - new, None
+
+
+def node_context(rule: Any, own: Tensor, generator: torch.Generator) -> dict[str, Any]:
+    """What a rule that takes a context gets at node i: its own local step as the centre (centered clipping
+    becomes self-centred clipping, He, Karimireddy & Jaggi 2022), the run's aggregator stream for a stochastic
+    rule."""
+    keys: frozenset[str] = getattr(rule, "context_keys", frozenset())
+    ctx: dict[str, Any] = {}
+    if "center" in keys:
+        ctx["center"] = own
+    if "generator" in keys:
+        ctx["generator"] = generator
+    return ctx
 
 
 def honest_metrics(theta: Tensor, honest: int, evaluate: Callable[[Tensor], tuple[float, float]]) -> dict[str, Any]:
