@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-training bench-distributed lint typecheck install clean
+.PHONY: run test bench bench-training bench-federated bench-distributed lint typecheck install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -41,6 +41,9 @@ bench: $(VENV)/.bench
 
 bench-training: $(VENV)/.bench
 	$(BIN)/python benchmarks/training.py
+
+bench-federated: $(VENV)/.bench
+	$(BIN)/python benchmarks/federated.py
 
 bench-distributed: $(STAMP)
 	$(BIN)/python benchmarks/distributed.py

@@ -186,5 +186,5 @@ def test_a_rule_that_takes_a_centre_gets_the_nodes_own_local_step() -> None:
     loop = Loop(exp)
     loop.step()
     assert len(seen) == 6
-    for i, (rows, centre) in enumerate(seen):
+    for rows, centre in seen:
         assert any(torch.equal(centre, r) for r in rows)  # its own x̃ᵢ is among its neighbourhood's rows
