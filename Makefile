@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-training bench-federated bench-distributed lint typecheck install clean
+.PHONY: run test bench bench-training bench-federated bench-distributed bench-decentralized lint typecheck install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -47,6 +47,9 @@ bench-federated: $(VENV)/.bench
 
 bench-distributed: $(STAMP)
 	$(BIN)/python benchmarks/distributed.py
+
+bench-decentralized: $(STAMP)
+	$(BIN)/python benchmarks/decentralized.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

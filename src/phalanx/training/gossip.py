@@ -143,8 +143,11 @@ class GossipNodes:
             self.buffer[:c] = g
         else:
             self.buffer[:c].lerp_(g, 1.0 - algo.momentum)
-        half = x.clone()
-        half[:c] -= algo.node_lr(t) * self.buffer[:c]
+        if c == self.n:  # one pass over the (n, d) state
+            half = torch.sub(x, self.buffer, alpha=algo.node_lr(t))
+        else:
+            half = x.clone()
+            half[:c].sub_(self.buffer[:c], alpha=algo.node_lr(t))
         messages = self._messages(half, t) if self.vector_attack else {}
         return Received(half, state_rows=False, carry=self.buffer, messages=messages)
 
@@ -179,6 +182,10 @@ class GossipServer:
         self.closed = closed_neighbourhoods(algo.graph)
         self.plain = getattr(exp.rule, "name", "") == "mean"
         self.theta: Tensor | None = None
+        # the nodes that combine: the honest ones, and a data attack's (they follow the protocol)
+        self.follow = exp.workers if isinstance(exp.attack, DataAttack) else self.honest
+        # plain gossip among them as one (sparse, for large sparse graphs) matrix product
+        self.mix = gossip_ops.operator(algo.mixing[: self.follow, : self.follow].to(torch.float32))
 
     def context(self, theta: Tensor, previous: Tensor | None) -> dict[str, Any]:
         """No server context: every node's rule sees only its neighbourhood (the round's X is kept for the
@@ -190,15 +197,18 @@ class GossipServer:
         """The displacement X − X_new of every node. The nodes that follow the protocol combine — the honest ones,
         and a data attack's nodes (they only train on poisoned data); a vector attack's nodes keep their row."""
         half, messages = got.vectors, got.messages or {}
-        h = self.honest
-        follow = half.shape[0] if isinstance(self.exp.attack, DataAttack) else h
-        new = half.clone()
+        h, follow = self.honest, self.follow
+        if self.plain and follow == half.shape[0]:  # every node combines: no copy of the state first
+            new = gossip_ops.gossip(self.mix, half)
+        else:
+            new = half.clone()
         if self.plain:
-            w = self.algo.mixing.to(half.dtype)
-            new[:follow] = w[:follow, :follow] @ half[:follow]
+            if follow < half.shape[0]:
+                new[:follow] = gossip_ops.gossip(self.mix, half[:follow].contiguous())
+            w = self.algo.mixing
             for i, msgs in messages.items():  # Byzantine neighbours' messages, weighted as their rows would be
                 byz = self.closed[i][self.closed[i] >= h]
-                new[i] += (w[i, byz][:, None] * msgs).sum(0)
+                new[i] += (w[i, byz].to(half.dtype)[:, None] * msgs).sum(0)
         else:
             for i in range(follow):
                 hood = self.closed[i]
