@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,8 @@ from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments import store
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.paper import final_accuracy, machine
+from phalanx.experiments.paper import final_accuracy, machine, pick_preset
+from phalanx.experiments.paper import resolve_dataset as resolve_dataset  # the CLI's hbn.resolve_dataset
 from phalanx.experiments.report import save_figure
 
 NORM_LABELS = {"group": "GroupNorm", "batch": "BatchNorm", "hybrid": "Hybrid BN", "none": "no norm"}
@@ -77,28 +77,11 @@ PRESETS: dict[str, Preset] = {
 
 def preset(name: str, **changes: Any) -> Preset:
     """A preset by name with fields replaced (``seeds=(0, 1, 2, 3)``, ``rounds=50``, ...), checked."""
-    if name not in PRESETS:
-        raise ConfigError("preset", name, "one of " + ", ".join(PRESETS))
-    unknown = sorted(set(changes) - set(Preset.__dataclass_fields__))
-    if unknown:
-        raise ConfigError("preset field", unknown, "fields of Preset: " + ", ".join(Preset.__dataclass_fields__))
-    p = replace(PRESETS[name], **changes)
-    for key in ("norms", "rules", "alphas", "seeds"):
-        if not getattr(p, key):
-            raise ConfigError(key, getattr(p, key), "a non-empty list")
+    p = pick_preset(PRESETS, name, changes, ("norms", "rules", "alphas", "seeds"))
     bad = [n for n in p.norms if n not in NORM_LABELS]
     if bad:
         raise ConfigError("norms", list(p.norms), "names among " + ", ".join(NORM_LABELS))
-    if len(set(p.seeds)) < 2:
-        raise ConfigError("seeds", list(p.seeds), "at least two distinct seeds (the intervals need them)")
     return p
-
-
-def resolve_dataset(p: Preset, available: Callable[[str], bool]) -> Preset:
-    """Fall back to ``p.fallback_dataset`` when the preset's data set is not on this machine."""
-    if available(p.dataset) or p.fallback_dataset is None:
-        return p
-    return replace(p, dataset=p.fallback_dataset)
 
 
 @dataclass(frozen=True)

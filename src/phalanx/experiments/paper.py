@@ -37,7 +37,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from phalanx.analysis.stats import Estimate, mean_ci, slope
 from phalanx.errors import ConfigError
@@ -97,17 +97,34 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-def preset(name: str, **changes: Any) -> Preset:
-    """A preset by name, with fields replaced (``seeds=(0, 1, 2, 3, 4)``, ``rounds=100``, ...)."""
-    if name not in PRESETS:
-        raise ConfigError("preset", name, "one of " + ", ".join(PRESETS))
-    unknown = sorted(set(changes) - set(Preset.__dataclass_fields__))
+class _PresetLike(Protocol):
+    """What the presets of the experiments share (frozen dataclasses)."""
+
+    @property
+    def dataset(self) -> str: ...
+
+    @property
+    def fallback_dataset(self) -> str | None: ...
+
+    @property
+    def seeds(self) -> tuple[int, ...]: ...
+
+
+P = TypeVar("P", bound=_PresetLike)
+
+
+def pick_preset(presets: dict[str, P], name: str, changes: dict[str, Any], lists: tuple[str, ...]) -> P:
+    """``presets[name]`` with fields replaced, checked: a known name and fields, non-empty ``lists``, at least two
+    distinct seeds (the intervals need them). Shared by the experiment presets."""
+    if name not in presets:
+        raise ConfigError("preset", name, "one of " + ", ".join(presets))
+    base = presets[name]
+    fields = base.__dataclass_fields__  # type: ignore[attr-defined]
+    unknown = sorted(set(changes) - set(fields))
     if unknown:
-        raise ConfigError("preset field", unknown, "fields of Preset: " + ", ".join(Preset.__dataclass_fields__))
-    p = replace(PRESETS[name], **changes)
-    if p.workers < 3:
-        raise ConfigError("workers", p.workers, ">= 3 (the grids need f >= 1)")
-    for key in ("lrs", "alphas", "seeds"):
+        raise ConfigError("preset field", unknown, f"fields of {type(base).__name__}: " + ", ".join(fields))
+    p = replace(base, **changes)  # type: ignore[type-var]
+    for key in lists:
         if not getattr(p, key):
             raise ConfigError(key, getattr(p, key), "a non-empty list")
     if len(set(p.seeds)) < 2:
@@ -115,11 +132,19 @@ def preset(name: str, **changes: Any) -> Preset:
     return p
 
 
-def resolve_dataset(p: Preset, available: Callable[[str], bool]) -> Preset:
-    """Fall back to ``p.fallback_dataset`` when the preset's data set is not on this machine."""
+def preset(name: str, **changes: Any) -> Preset:
+    """A preset by name, with fields replaced (``seeds=(0, 1, 2, 3, 4)``, ``rounds=100``, ...)."""
+    p = pick_preset(PRESETS, name, changes, ("lrs", "alphas", "seeds"))
+    if p.workers < 3:
+        raise ConfigError("workers", p.workers, ">= 3 (the grids need f >= 1)")
+    return p
+
+
+def resolve_dataset(p: P, available: Callable[[str], bool]) -> P:
+    """Fall back to the preset's ``fallback_dataset`` when its ``dataset`` is not on this machine."""
     if available(p.dataset) or p.fallback_dataset is None:
         return p
-    return replace(p, dataset=p.fallback_dataset)
+    return replace(p, dataset=p.fallback_dataset)  # type: ignore[type-var]
 
 
 @dataclass(frozen=True)
