@@ -162,11 +162,28 @@ def _load_grid(config: Path | None, overrides: list[str]) -> dict[str, object]:
     return load_grid(config, overrides)
 
 
+def _check_out(out: Path) -> None:
+    """``--out`` must be (or become) a directory: an :class:`OutputError` before anything runs if it, or a folder
+    above it, is an existing file."""
+    from phalanx.errors import OutputError
+
+    blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise OutputError(str(out), f"{blocker} is a file, not a directory", "choose another --out, or move that "
+                          "file away")
+
+
 def _train(cfgs: list[RunConfig], out: Path, jobs: int) -> None:
-    """Run validated configurations into ``out`` (finished runs skipped) under a rich progress bar with ETA."""
+    """Run validated configurations into ``out`` (finished runs skipped) under a rich progress bar with ETA.
+
+    The first SIGINT (Ctrl-C) or SIGTERM stops the grid cleanly (:class:`~phalanx.experiments.runner.Interrupted`:
+    one line, exit status 130 or 143); the same command, started again, resumes.
+    """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from phalanx.experiments import grid, runner
+
+    _check_out(out)
 
     total = sum(c.rounds for c in cfgs)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} rounds"),
@@ -186,7 +203,8 @@ def _train(cfgs: list[RunConfig], out: Path, jobs: int) -> None:
             bar.advance(task, cfg.rounds - offsets.get(key, 0))
             offsets[key] = cfg.rounds
 
-        runner.run_grid(cfgs, out, jobs=jobs, on_round=on_round, on_done=on_done)
+        with runner.stop_on_signals():
+            runner.run_grid(cfgs, out, jobs=jobs, on_round=on_round, on_done=on_done)
 
 
 def _run_grid(config: Path | None, overrides: list[str], out: Path, jobs: int) -> None:
@@ -196,6 +214,7 @@ def _run_grid(config: Path | None, overrides: list[str], out: Path, jobs: int) -
     from phalanx.experiments import grid, report
 
     cfgs = grid.configs(_load_grid(config, overrides))  # every point validated before anything runs
+    _check_out(out)
     engines = {c.engine for c in cfgs}
     if engines == {"torchrun"}:
         distributed_cli.launch(config=config, workers=None, set_=overrides, out=out)
@@ -263,10 +282,12 @@ def report_cmd(
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
 ) -> None:
     """Write report.md and PNG plots for the runs under a directory."""
+    from phalanx.errors import ConfigError
     from phalanx.experiments import report
 
     _force(force)
-
+    if not directory.is_dir():
+        raise ConfigError("DIR", str(directory), "an existing directory of runs (a run's or a sweep's --out)")
     result = report.write_report(directory)
     console.print(f"{directory / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
 
@@ -567,15 +588,29 @@ def tension_plan(
 
 
 def main() -> None:
-    """Entry point of the ``phalanx`` script: configuration errors become one clear line, exit code 2."""
+    """Entry point of the ``phalanx`` script: configuration errors become one clear line, exit code 2; a grid stopped
+    by SIGINT / SIGTERM one line too (how many runs finished, how to resume), exit code 130 / 143."""
+    import signal
+    import sys
+
+    from rich.markup import escape
+
     try:
         app()
     except PhalanxError as exc:
-        from rich.markup import escape
-
         # one line, as the error says it: no wrapping at the terminal's width, no markup read from the message
-        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
-        raise SystemExit(2) from None
+        code = getattr(exc, "exit_code", None)
+        prefix = "[red]error:[/red] " if code is None else ""
+        console.print(f"{prefix}{escape(str(exc))}", soft_wrap=True, highlight=False)
+        raise SystemExit(2 if code is None else code) from None
+    except BaseException as exc:
+        runner = sys.modules.get("phalanx.experiments.runner")
+        if runner is None or not isinstance(exc, runner.StopRequested):
+            raise
+        # a signal between two steps of a command (outside a run): every file written so far is complete
+        console.print(f"interrupted by {signal.Signals(exc.signum).name}: run the same command again to go on "
+                      "(finished runs are skipped)", soft_wrap=True, highlight=False)
+        raise SystemExit(128 + exc.signum) from None
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,6 +7,9 @@ an attack, and the aggregators are built to survive it.
 
 from __future__ import annotations
 
+import errno
+import os
+from pathlib import Path
 from typing import Any
 
 
@@ -107,3 +110,39 @@ class WorkersLostError(PhalanxError, RuntimeError):
             if checkpoint else "; no run directory, nothing saved"
         )
         super().__init__(msg)
+
+
+class OutputError(PhalanxError, RuntimeError):
+    """Phalanx could not write a file or directory it needed (permission denied, disk full, a file where a directory
+    should be, ...). ``path``: what it tried to write; ``what``: the problem, in words; ``hint``: what to do.
+
+    A run's files are written atomically: a failed write leaves the previous file (and the previous checkpoint) as it
+    was, so once the cause is fixed the same command resumes.
+    """
+
+    def __init__(self, path: str, what: str, hint: str) -> None:
+        self.path = path
+        self.what = what
+        self.hint = hint
+        super().__init__(f"cannot write {path}: {what} — {hint}")
+
+    @classmethod
+    def of(cls, path: str | os.PathLike[str], exc: OSError) -> OutputError:
+        """The error for ``exc``, raised while writing ``path``: its cause in words and what to do about it."""
+        target = Path(path)
+        code = exc.errno
+        if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+            what = "read-only file system" if code == errno.EROFS else "permission denied"
+            return cls(str(target), what, "make it writable, or write somewhere else (another --out)")
+        if code in (errno.ENOSPC, errno.EDQUOT):
+            what = "no space left on device" if code == errno.ENOSPC else "disk quota exceeded"
+            return cls(str(target), what, "free some space, then run the same command again (a run resumes from "
+                       "its last checkpoint, which is intact)")
+        if code in (errno.EEXIST, errno.ENOTDIR):
+            blocker = next((p for p in (target, *target.parents) if p.exists() and not p.is_dir()), target)
+            return cls(str(target), f"{blocker} is a file, not a directory",
+                       "choose another --out, or move that file away")
+        if code == errno.ENAMETOOLONG:
+            return cls(str(target), "a name is too long for the file system", "choose a shorter --out")
+        what = os.strerror(code) if code is not None else (str(exc) or type(exc).__name__)
+        return cls(str(target), what[:1].lower() + what[1:], "fix that, then run the same command again")

@@ -15,8 +15,11 @@ can only approach the true ε from below: a rule whose estimate exceeds its clai
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -102,6 +105,84 @@ def _random_families(gen: torch.Generator, n: int, d: int) -> list[tuple[str, Ca
     return [("gaussian", gaussian), ("heavy-tailed", heavy_tailed), ("clusters", clusters), ("sparse", sparse)]
 
 
+PAIRWISE: dict[str, int] = {
+    "krum": 5, "multikrum": 5, "bulyan": 5, "mda": 5, "signguard": 5, "dnc": 5, "nnm": 5, "clippedclustering": 10,
+}
+"""Components that build ``(n, n)`` float64 matrices (pairwise distances, a Gram matrix), with how many such
+matrices their peak memory holds (measured: the Gram product, its symmetrised copy, the distances and the sort of
+a row, about 4.2-5 for most; 9.5 for clippedclustering's linkage)."""
+INPUT_COPIES = 4
+"""``(n, d)`` float64 arrays alive at once while one input is aggregated (the input, its compute copy, a rule's
+working copy and the next input)."""
+MEMORY_SHARE = 0.8
+"""The share of the available memory a measurement may plan to use (the rest is the margin)."""
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still get: ``MemAvailable`` of ``/proc/meminfo`` (else the free physical
+    pages), lowered to what the control group's limit leaves; None where neither is known."""
+    avail: int | None = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+                break
+    except (OSError, ValueError, IndexError):
+        avail = None
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            return None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        if limit != "max":
+            avail = min(avail, max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+def _pairwise_factor(rule: Aggregator) -> int:
+    """The largest :data:`PAIRWISE` factor among a rule's components (0: none builds an ``(n, n)`` matrix)."""
+    parts = [*getattr(rule, "pre", []), getattr(rule, "rule", rule)]
+    return max(PAIRWISE.get(getattr(p, "name", ""), 0) for p in parts)
+
+
+def memory_needed(rule: Aggregator, n: int, d: int) -> int:
+    """Bytes :func:`epsilon` needs at its peak for ``n`` inputs of dimension ``d`` (an estimate, float64):
+    :data:`INPUT_COPIES` ``(n, d)`` arrays, plus the ``(n, n)`` matrices of a distance-based component."""
+    return 8 * (INPUT_COPIES * n * d + _pairwise_factor(rule) * n * n)
+
+
+def _gb(size: float) -> str:
+    return f"{size / 1e9:.1f} GB" if size >= 1e8 else f"{size / 1e6:.0f} MB"
+
+
+def check_memory(rule: Aggregator, n: int, d: int, available: int | None = None) -> None:
+    """A :class:`ConfigError` naming ``n`` (or ``d``) and its largest value here when the measurement cannot fit in
+    :data:`MEMORY_SHARE` of the available memory (``available``: bytes; default :func:`available_memory`), instead
+    of an allocation that fails — or swaps the machine to a halt — halfway."""
+    avail = available_memory() if available is None else available
+    if avail is None:
+        return
+    need = memory_needed(rule, n, d)
+    budget = MEMORY_SHARE * avail
+    if need <= budget:
+        return
+    k = _pairwise_factor(rule)
+    spec = getattr(rule, "spec", rule.name)
+    what = f"{k} (n, n) and {INPUT_COPIES} (n, d) float64 arrays" if k else f"{INPUT_COPIES} (n, d) float64 arrays"
+    hint = f"the measurement needs about {_gb(need)} ({what}) and {_gb(avail)} of memory is available"
+    a, b = 8 * k, 8 * INPUT_COPIES * d
+    if k or n >= d:  # the largest n that fits: a·n² + b·n <= budget
+        n_max = int((-b + math.sqrt(b * b + 4 * a * budget)) / (2 * a)) if a else int(budget // b)
+        raise ConfigError("n", n, f"n <= {n_max} for {spec} with d = {d} on this machine", hint + "; use a smaller n")
+    d_max = max(0, int((budget - a * n * n) // (8 * INPUT_COPIES * n)))
+    raise ConfigError("d", d, f"d <= {d_max} for {spec} with n = {n} on this machine", hint + "; use a smaller d")
+
+
 def epsilon(rule: Aggregator, n: int, d: int = 8, trials: int = 200, seed: int = 0) -> EpsilonEstimate:
     """Estimate a rule's no-attack aggregation error factor ε on ``n`` inputs of dimension ``d``.
 
@@ -112,6 +193,8 @@ def epsilon(rule: Aggregator, n: int, d: int = 8, trials: int = 200, seed: int =
     d: dimension of the random inputs (constructions use it too).
     trials: number of random inputs, spread over the random families.
     seed: seed of the random inputs (the result is deterministic given it).
+
+    Sizes whose measurement cannot fit in memory are refused before anything is allocated (:func:`check_memory`).
     """
     check_positive("n", n, integer=True)
     check_positive("d", d, integer=True)
@@ -120,6 +203,7 @@ def epsilon(rule: Aggregator, n: int, d: int = 8, trials: int = 200, seed: int =
         raise ConfigError("seed", seed, "an integer")
     if n < rule.min_workers():
         raise ConfigError("n", n, f"n >= {rule.min_workers()} for {rule!r} ({rule.requirement})")
+    check_memory(rule, n, d)
     best, where = 0.0, "none"
     per_family: dict[str, float] = {}
 

@@ -380,13 +380,34 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return out
 
 
+_UTF8_BOM = b"\xef\xbb\xbf"
+_OTHER_BOMS = {b"\xff\xfe": "UTF-16", b"\xfe\xff": "UTF-16"}
+
+
 def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read a TOML config file into a dict (a clear error if it is missing or malformed)."""
+    """Read a TOML config file into a dict (a clear error if it is missing, unreadable or malformed).
+
+    The file must be UTF-8, as TOML requires; a leading UTF-8 byte-order mark (as some Windows editors write) is
+    skipped. Any other encoding is a :class:`ConfigError` naming the file and the first byte that is not UTF-8.
+    """
     p = Path(path)
     if not p.is_file():
         raise ConfigError("config", str(p), "an existing TOML file")
     try:
-        return tomllib.loads(p.read_text())
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError("config", str(p), "a readable TOML file", exc.strerror or type(exc).__name__) from None
+    raw = raw.removeprefix(_UTF8_BOM)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        seen = next((enc for bom, enc in _OTHER_BOMS.items() if raw.startswith(bom)), None)
+        what = f"it is {seen}" if seen else f"byte 0x{raw[exc.start]:02x} on line {line} is not UTF-8"
+        raise ConfigError("config", str(p), "a UTF-8 text file (TOML is UTF-8)",
+                          f"{what}: save it as UTF-8 in your editor") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("config", str(p), f"valid TOML ({exc})") from None
 

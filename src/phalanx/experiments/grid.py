@@ -61,9 +61,28 @@ def configs(data: dict[str, Any]) -> list[RunConfig]:
     return [make_config(point) for point in expand(data)]
 
 
+RUN_ID_MAX = 100
+"""The longest run directory name :func:`run_id` makes (file systems allow 255 bytes per name; this leaves room for
+the temporary files written next to a run's, and for paths that end up in messages)."""
+
+
 def run_id(cfg: RunConfig) -> str:
-    """A short, stable directory name for a configuration: readable prefix + hash of the full config."""
+    """A short, stable directory name for a configuration: readable prefix + hash of the full config.
+
+    The name is ``<aggregator>_<attack>_f<f>_b<byzantine>_s<seed>_<hash>``, at most :data:`RUN_ID_MAX` characters.
+    Only a name that would be longer — a long aggregator chain, a long attack name — is shortened: its readable
+    prefix is cut (the aggregator part first, else the whole prefix) and the hash, which covers the full
+    configuration, keeps it unique. Every name of :data:`RUN_ID_MAX` characters or fewer is exactly as before, so
+    existing run directories keep their names (and resume).
+    """
     payload = json.dumps(cfg.identity(), sort_keys=True).encode()
     digest = hashlib.sha256(payload).hexdigest()[:10]
     agg = "".join(c if c.isalnum() else "-" for c in cfg.aggregator)
-    return f"{agg}_{cfg.attack}_f{cfg.f}_b{cfg.byzantine}_s{cfg.seed}_{digest}"
+    rest = f"_{cfg.attack}_f{cfg.f}_b{cfg.byzantine}_s{cfg.seed}"
+    name = f"{agg}{rest}_{digest}"
+    if len(name) <= RUN_ID_MAX:
+        return name
+    room = RUN_ID_MAX - len(rest) - len(digest) - 1  # characters left for the aggregator part
+    if room >= 16:
+        return f"{agg[:room]}{rest}_{digest}"
+    return f"{(agg + rest)[: RUN_ID_MAX - len(digest) - 1]}_{digest}"

@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from phalanx.errors import ConfigError
+from phalanx.errors import ConfigError, OutputError
 from phalanx.experiments import store
 
 SETTING_KEYS = ("aggregator", "f", "attack", "byzantine", "partition", "alpha", "dataset", "model", "workers")
@@ -21,8 +21,7 @@ def save_figure(fig: Any, path: Path, dpi: int = 100) -> Path:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     plt.close(fig)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    store.atomic_write_bytes(path, buf.getvalue())
+    store.atomic_write_bytes(path, buf.getvalue())  # creates the directory; an OutputError if it cannot
     return path
 
 
@@ -32,6 +31,10 @@ def collect(root: Path) -> list[dict[str, Any]]:
     for cfg_path in sorted(root.rglob("config.json")):
         run_dir = cfg_path.parent
         for r in store.read_rows(run_dir):
+            acc = r.get("test_accuracy")
+            if isinstance(acc, bool) or not isinstance(acc, (int, float)):
+                raise store.damaged(run_dir / "metrics.jsonl", f"the row of round {r['round']} has no numeric "
+                                    "'test_accuracy'")
             r = dict(r)
             r["run"] = run_dir.name
             r["finished"] = store.is_finished(run_dir)
@@ -157,8 +160,22 @@ def plot_heatmap(summary: list[dict[str, Any]], path: Path) -> Path | None:
 
 
 def write_report(root: Path, out: Path | None = None) -> dict[str, Any]:
-    """Write ``report.md``, ``accuracy.png`` and (if useful) ``heatmap.png`` for the runs under ``root``."""
+    """Write ``report.md``, ``accuracy.png`` and (if useful) ``heatmap.png`` for the runs under ``root``.
+
+    A run whose metrics cannot be read is a :class:`ConfigError` naming its file; a directory the report cannot be
+    written to an :class:`OutputError` naming the file.
+    """
     out = out or root
+    try:
+        return _write_report(root, out)
+    except OutputError as exc:
+        if exc.what not in ("permission denied", "read-only file system"):
+            raise
+        raise OutputError(exc.path, exc.what, f"make {out} writable, or copy it somewhere writable and run phalanx "
+                          "report there") from None
+
+
+def _write_report(root: Path, out: Path) -> dict[str, Any]:
     rows = collect(root)
     if not rows:
         raise ConfigError("DIR", str(root), "a directory holding run directories (config.json + metrics.jsonl)")

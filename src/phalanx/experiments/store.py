@@ -17,6 +17,12 @@ Resuming a run and reading its metrics (reports, tables, the planner) check the 
 and refuse a changed, truncated or missing one (:class:`~phalanx.errors.IntegrityError`); ``PHALANX_FORCE=1`` (the
 CLI's ``--force``) uses them anyway. The digests catch damage and edits by hand; against deliberate tampering, sign
 the directory (``phalanx sign``).
+
+Errors: a write that fails (permission denied, disk full, ``--out`` naming a file) is an
+:class:`~phalanx.errors.OutputError` naming the path; the file it was replacing is left as it was, and no temporary
+file stays behind. A file that cannot be read back as Phalanx wrote it (truncated, garbage, a tensor of the wrong
+shape) is a :class:`~phalanx.errors.ConfigError` naming it and the run directory to delete — this is what catches
+damage in directories written before digests were recorded, and in ones used with ``--force``.
 """
 
 from __future__ import annotations
@@ -27,32 +33,54 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from phalanx import __version__
-from phalanx.errors import ConfigError, IntegrityError
+from phalanx.errors import ConfigError, IntegrityError, OutputError
 from phalanx.experiments.config import RESULT_NEUTRAL_KEYS
 from phalanx.training.state import RoundState, Snapshot
 
 
-def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    """Write a file so that readers see the old or the new content, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn an :class:`OSError` raised while writing ``path`` into an :class:`OutputError` naming it (one line: the
+    cause and what to do)."""
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        yield
+    except OSError as exc:
+        raise OutputError.of(path, exc) from None
+
+
+def make_dir(path: Path) -> Path:
+    """Create a directory (and its parents) if needed; an :class:`OutputError` if it cannot be (a file of that name,
+    no permission, ...)."""
+    with writing(path):
+        path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def atomic_write_bytes(path: Path, payload: bytes) -> None:
+    """Write a file so that readers see the old or the new content, never a torn one; an :class:`OutputError` if it
+    cannot be written (the old content then stays, and no temporary file)."""
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(payload)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -98,23 +126,31 @@ def _record(out: Path, name: str, digest: str) -> None:
 def write_artifact(out: Path, name: str, payload: bytes) -> None:
     """Write ``out/name`` atomically and record its digest in the manifest before it replaces the old file."""
     path = out / name
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        _record(out, name, hashlib.sha256(payload).hexdigest())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with writing(path):
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(payload)
+                fh.flush()
+                os.fsync(fh.fileno())
+            _record(out, name, hashlib.sha256(payload).hexdigest())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def _install(out: Path, name: str, tmp: str) -> None:
     """Record the digest of the finished temporary file ``tmp``, then move it to ``out/name``."""
     _record(out, name, file_digest(Path(tmp)))
     os.replace(tmp, out / name)
+
+
+def damaged(path: Path, problem: str) -> ConfigError:
+    """The error for a run-directory file that cannot be read as Phalanx wrote it: names the file, the problem and
+    the directory to delete (the run then starts again from round 0)."""
+    return ConfigError("file", str(path), "a file as Phalanx wrote it",
+                       f"{problem}; delete {path.parent} to run that run again from the start")
 
 
 def forced() -> bool:
@@ -153,11 +189,17 @@ def prepare_run_dir(out: Path, identity: dict[str, Any], seed: int, data_fingerp
     ``identity`` is what names the run (a config's :meth:`~phalanx.experiments.config.RunConfig.identity`); the
     resolved configuration is written as ``config.json``, with a manifest of versions, seed and data fingerprint.
     """
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out)
     cfg_path = out / "config.json"
     if cfg_path.exists():
         verify(out, ("config.json",))
-        existing = {k: v for k, v in json.loads(cfg_path.read_text()).items() if k not in RESULT_NEUTRAL_KEYS}
+        try:
+            stored = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise damaged(cfg_path, f"not JSON ({_reason(exc)})") from None
+        if not isinstance(stored, dict):
+            raise damaged(cfg_path, f"a JSON {type(stored).__name__}, not an object")
+        existing = {k: v for k, v in stored.items() if k not in RESULT_NEUTRAL_KEYS}
         resolved = {k: v for k, v in identity.items() if k not in RESULT_NEUTRAL_KEYS}
         if existing != resolved:
             changed = sorted(k for k in set(existing) | set(resolved) if existing.get(k) != resolved.get(k))
@@ -173,6 +215,12 @@ def prepare_run_dir(out: Path, identity: dict[str, Any], seed: int, data_fingerp
     }
     atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
     write_artifact(out, "config.json", json.dumps(identity, indent=2, sort_keys=True).encode())
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception's message as a short clause of one line."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def save_checkpoint(out: Path, snap: Snapshot) -> Path:
@@ -196,15 +244,32 @@ def save_checkpoint(out: Path, snap: Snapshot) -> Path:
     for name, t in snap.optimizer.items():
         tensors[f"optim.{name}"] = t.contiguous()
     path = out / "checkpoint.safetensors"
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=".checkpoint.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={"round": str(state.round), "rows": str(len(rows))})
-        _install(out, path.name, tmp)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with writing(path):
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=".checkpoint.", suffix=".tmp")
+        os.close(fd)
+        try:
+            save_file(tensors, tmp, metadata={"round": str(state.round), "rows": str(len(rows))})
+            _check_written(path, tmp, set(tensors))
+            _install(out, path.name, tmp)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return path
+
+
+def _check_written(path: Path, tmp: str, names: set[str]) -> None:
+    """Flush the checkpoint just written to ``tmp`` to disk and read its header back: the library that writes it
+    can drop a failed write silently (a full disk), and such a file must not replace the last good checkpoint."""
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    try:
+        with safe_open(tmp, framework="pt") as fh:
+            complete = set(fh.keys()) == names
+    except SafetensorError:
+        complete = False
+    if not complete:
+        raise OutputError(str(path), "the checkpoint was not written completely (is the disk full?)",
+                          "free some space, then run the same command again (the previous checkpoint is intact)")
 
 
 def load_checkpoint(out: Path) -> Snapshot | None:
@@ -213,11 +278,24 @@ def load_checkpoint(out: Path) -> Snapshot | None:
     verify(out, ("config.json", "checkpoint.safetensors", "metrics.jsonl"))
     if not ckpt.exists():
         return None
-    with safe_open(str(ckpt), framework="pt") as fh:
-        meta = fh.metadata()
-    tensors = load_file(str(ckpt))
-    round_ = int(meta["round"])
+    try:
+        with safe_open(str(ckpt), framework="pt") as fh:
+            meta = fh.metadata() or {}
+        tensors = load_file(str(ckpt))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise damaged(ckpt, f"truncated or not a safetensors file ({_reason(exc)})") from None
+    try:
+        round_ = int(meta["round"])
+        n_rows = int(meta["rows"]) if "rows" in meta else None
+    except (KeyError, ValueError):
+        raise damaged(ckpt, f"its metadata has no valid round ({meta})") from None
+    if round_ < 0:
+        raise damaged(ckpt, f"its metadata has a negative round ({round_})")
+    _check_tensors(ckpt, tensors)
     rows = [r for r in read_rows(out) if r["round"] <= round_]
+    if n_rows is not None and len(rows) < n_rows:
+        raise damaged(out / "metrics.jsonl", f"{len(rows)} rows up to round {round_}, but the checkpoint of that "
+                      f"round was written after {n_rows} (rows are missing)")
     state = RoundState(
         theta=tensors["theta"], momentum=tensors.get("momentum"), previous=tensors.get("previous"), round=round_,
         stats=tensors.get("norm_stats"),
@@ -225,6 +303,28 @@ def load_checkpoint(out: Path) -> Snapshot | None:
     streams = {k.removeprefix("rng."): v for k, v in tensors.items() if k.startswith("rng.")}
     optimizer = {k.removeprefix("optim."): v for k, v in tensors.items() if k.startswith("optim.")}
     return Snapshot(state, streams, optimizer, rows, resumed=True)
+
+
+def _check_tensors(ckpt: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """The checkpoint's tensors fit together: a floating ``theta`` of d entries — ``(d,)``, or ``(n, d)`` with a
+    model per node (decentralized rounds) — ``momentum`` (rows, d), ``previous`` shaped as ``theta``, random-stream
+    states as bytes; a :class:`ConfigError` naming the tensor otherwise."""
+    theta = tensors.get("theta")
+    if theta is None:
+        raise damaged(ckpt, "it has no tensor 'theta'")
+    if theta.dim() not in (1, 2) or theta.numel() == 0 or not theta.is_floating_point():
+        raise damaged(ckpt, f"tensor 'theta' has shape {tuple(theta.shape)} and dtype {theta.dtype}, not a "
+                      "floating vector (or a matrix of one per node)")
+    d = theta.shape[-1]
+    expected = {"momentum": "(rows, d)", "previous": f"{tuple(theta.shape)} (as 'theta')"}
+    for name, shape in (("momentum", 2), ("previous", theta.dim())):
+        t = tensors.get(name)
+        if t is not None and (t.dim() != shape or t.shape[-1] != d):
+            raise damaged(ckpt, f"tensor {name!r} has shape {tuple(t.shape)}, expected {expected[name]} with "
+                          f"d = {d} (the size of 'theta')")
+    for name, t in tensors.items():
+        if name.startswith("rng.") and (t.dtype != torch.uint8 or t.dim() != 1):
+            raise damaged(ckpt, f"tensor {name!r} is not a random-stream state (1-D bytes)")
 
 
 def finish_run(out: Path, rows: list[dict[str, Any]]) -> None:
@@ -243,25 +343,33 @@ def write_parquet(path: Path, rows: list[dict[str, Any]]) -> None:
     """Write rows to Parquet through DuckDB (atomically: a temporary file, then a rename)."""
     import duckdb
 
-    fd, tmp_json = tempfile.mkstemp(dir=path.parent, suffix=".jsonl")
-    with os.fdopen(fd, "w") as fh:
-        fh.write("".join(json.dumps(r) + "\n" for r in rows))
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp_json = tmp = ""
     try:
-        con = duckdb.connect()
-        con.execute(
-            f"COPY (SELECT * FROM read_json_auto('{tmp_json}', format='newline_delimited')) TO '{tmp}' "
-            "(FORMAT parquet)"
-        )
-        con.close()
-        if (path.parent / MANIFEST).exists():  # a run directory's: recorded like every file it writes
-            _install(path.parent, path.name, tmp)
-        else:
-            os.replace(tmp, path)
+        with writing(path):
+            fd, tmp_json = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".jsonl.tmp")
+            with os.fdopen(fd, "w") as fh:
+                fh.write("".join(json.dumps(r) + "\n" for r in rows))
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            os.close(fd)
+            con = duckdb.connect()
+            try:
+                con.execute(
+                    f"COPY (SELECT * FROM read_json_auto('{tmp_json}', format='newline_delimited')) TO '{tmp}' "
+                    "(FORMAT parquet)"
+                )
+            except duckdb.IOException as exc:
+                raise OutputError(str(path), _reason(exc), "fix that (free space, permissions), then run the same "
+                                  "command again") from None
+            finally:
+                con.close()
+            if (path.parent / MANIFEST).exists():  # a run directory's: recorded like every file it writes
+                _install(path.parent, path.name, tmp)
+            else:
+                os.replace(tmp, path)
     finally:
-        Path(tmp_json).unlink(missing_ok=True)
-        Path(tmp).unlink(missing_ok=True)
+        for name in (tmp_json, tmp):
+            if name:
+                Path(name).unlink(missing_ok=True)
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -271,7 +379,23 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
         return []
     if (path / MANIFEST).exists() or (path / "config.json").exists():
         verify(path, ("metrics.jsonl",))
-    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    try:
+        lines = metrics.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise damaged(metrics, f"not UTF-8 text (byte {exc.start})") from None
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            last = number == len(lines)
+            raise damaged(metrics, f"line {number} is {'cut short' if last else 'not JSON'} ({exc.msg})") from None
+        if not isinstance(row, dict) or isinstance(row.get("round"), bool) or not isinstance(row.get("round"), int):
+            raise damaged(metrics, f"line {number} is not a metric row (a JSON object with an integer 'round')")
+        rows.append(row)
+    return rows
 
 
 def finished_rows(path: Path) -> list[dict[str, Any]]:
