@@ -102,7 +102,7 @@ def one_row_gradient(warmup: int, rounds: int) -> float:
     times = []
     for t in range(warmup + rounds):
         t0 = time.perf_counter()
-        worker.vector(theta)
+        worker.vector(theta, t)
         if t >= warmup:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)

@@ -147,6 +147,10 @@ class _TimedProblem:
     def dim(self) -> int:
         return int(self.problem.dim)
 
+    @property
+    def norm_stats(self) -> Any:
+        return self.problem.norm_stats
+
     def initial_theta(self) -> Any:
         return self.problem.initial_theta()
 

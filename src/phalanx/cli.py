@@ -5,8 +5,9 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import torch
 import typer
@@ -413,6 +414,43 @@ def _cpu_jobs() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def _tuples(value: Any) -> Any:
+    """TOML lists as tuples, nested ones too (preset fields are tuples)."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _preset_from_options(
+    make: Callable[..., Any], preset_cls: type, name: str, seeds: int, set_: list[str] | None,
+) -> tuple[Any, dict[str, Any]]:
+    """An experiment's preset from the command line: ``--set`` keys that are preset fields change the preset, the
+    others are run keys (returned); the preset's data set falls back when it is not on this machine, and a data set
+    that is nowhere is one clear error (where it looked, how to get it) before any run starts."""
+    from phalanx import data
+    from phalanx.data.base import DatasetNotFoundError
+    from phalanx.experiments import paper
+    from phalanx.experiments.config import apply_overrides
+
+    overrides = apply_overrides({}, set_ or [])
+    root = overrides.get("data_root")
+
+    @functools.cache  # asked twice (fallback, then the check below): load each data set once
+    def available(dataset: str) -> bool:
+        try:
+            data.load(dataset, root=root)
+        except DatasetNotFoundError:
+            return False
+        return True
+
+    fields = preset_cls.__dataclass_fields__  # type: ignore[attr-defined]
+    changes = {k: _tuples(overrides.pop(k)) for k in list(overrides) if k in fields}
+    p = make(name, **{"seeds": tuple(range(seeds)), **changes})
+    if "dataset" not in changes:
+        p = paper.resolve_dataset(p, available)
+    if not available(p.dataset):  # with --set download=true this fetches the files once; else the clear error
+        data.load(p.dataset, root=root, download=overrides.get("download", False) is True)
+    return p, overrides
+
+
 @tension_app.command("paper")
 def tension_paper(
     preset_name: Annotated[str, typer.Option("--preset", help="quick (Fashion-MNIST/digits, CPU) or paper.")] = "quick",
@@ -422,31 +460,9 @@ def tension_paper(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a run key: --set rounds=100.")] = None,
 ) -> None:
     """Yang, Shi & Li (ICML 2025), no attack, n = 16: Tables 3-6 (rows f or f_NNM, columns α), plot, trend verdicts."""
-    from phalanx import data
-    from phalanx.data.base import DatasetNotFoundError
     from phalanx.experiments import grid, paper
-    from phalanx.experiments.config import apply_overrides
 
-    overrides = apply_overrides({}, set_ or [])
-    root = overrides.get("data_root")
-
-    @functools.cache  # asked twice (fallback, then the check below): load each data set once
-    def available(name: str) -> bool:
-        try:
-            data.load(name, root=root)
-        except DatasetNotFoundError:
-            return False
-        return True
-
-    changes = {k: overrides.pop(k) for k in list(overrides) if k in paper.Preset.__dataclass_fields__}
-    changes = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
-    p = paper.preset(preset_name, **{"seeds": tuple(range(seeds)), **changes})
-    if "dataset" not in changes:
-        p = paper.resolve_dataset(p, available)
-    if not available(p.dataset):
-        # with --set download=true this fetches the files once; else it raises the clear error (where it looked,
-        # how to get the files) before any run starts
-        data.load(p.dataset, root=root, download=overrides.get("download", False) is True)
+    p, overrides = _preset_from_options(paper.preset, paper.Preset, preset_name, seeds, set_)
     cells, cfgs = paper.plan(p, overrides)
     distinct = paper.unique(cfgs)
     console.print(f"[bold]preset {p.name}[/bold]: {p.description}; dataset {p.dataset}; {len(cells)} cells, "
@@ -497,30 +513,9 @@ def experiment_hbn(
 ) -> None:
     """BatchNorm under heterogeneity (Chen et al., ICML 2025): GroupNorm vs BatchNorm vs Hybrid BN in federated
     training over Dirichlet splits, with the mean and a robust rule; table, paired differences, plot."""
-    from phalanx import data
-    from phalanx.data.base import DatasetNotFoundError
     from phalanx.experiments import hbn
-    from phalanx.experiments.config import apply_overrides
 
-    overrides = apply_overrides({}, set_ or [])
-    root = overrides.get("data_root")
-
-    @functools.cache
-    def available(name: str) -> bool:
-        try:
-            data.load(name, root=root)
-        except DatasetNotFoundError:
-            return False
-        return True
-
-    changes = {k: overrides.pop(k) for k in list(overrides) if k in hbn.Preset.__dataclass_fields__}
-    changes = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
-               for k, v in changes.items()}
-    p = hbn.preset(preset_name, **{"seeds": tuple(range(seeds)), **changes})
-    if "dataset" not in changes:
-        p = hbn.resolve_dataset(p, available)
-    if not available(p.dataset):
-        data.load(p.dataset, root=root, download=overrides.get("download", False) is True)
+    p, overrides = _preset_from_options(hbn.preset, hbn.Preset, preset_name, seeds, set_)
     cells, cfgs = hbn.plan(p, overrides)
     console.print(f"[bold]hbn {p.name}[/bold]: {p.description}; dataset {p.dataset}; {len(cfgs)} runs → {out}")
     t0 = time.perf_counter()
