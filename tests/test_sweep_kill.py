@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from _processes import HOLD, _alive, _children
+
 CONFIG = """
 dataset = "digits"
 model = "logreg"
@@ -27,31 +29,6 @@ checkpoint_every = 5
 seed = 1
 """
 
-HOLD = """
-import os
-import time
-
-import torch
-
-CALLS = [0]
-
-
-class HoldingMedian:
-    \"\"\"The coordinate-wise median; with HOLD_AT=<call>:<dir> set, its call number <call> (of this process) writes
-    <dir>/holding and waits, forever: the test kills the process there, at a point it chose.\"\"\"
-
-    def __init__(self, f=0):
-        self.f = f
-
-    def __call__(self, x):
-        CALLS[0] += 1
-        spec = os.environ.get("HOLD_AT")
-        if spec and CALLS[0] == int(spec.split(":")[0]):
-            open(os.path.join(spec.split(":", 1)[1], "holding"), "w").close()
-            while True:
-                time.sleep(1)
-        return x.median(dim=0).values
-"""
 
 
 def _sweep(cfg: Path, out: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -100,25 +77,6 @@ def test_killed_sweep_resumes_to_the_same_results(tmp_path: Path, monkeypatch: p
     assert len(list(out.glob("*/DONE"))) == 3
 
 
-def _children(pid: int) -> set[int]:
-    """The live processes whose parent is ``pid`` (from /proc)."""
-    out = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the process ended while we looked
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.add(int(stat.parent.name))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")

@@ -1,0 +1,53 @@
+"""Shared by the process tests: a rule that holds at a chosen call (so a test signals a process at a point it chose,
+an event, not a race with the machine's speed), and the live children of a process, from /proc."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HOLD = """
+import os
+import time
+
+import torch
+
+CALLS = [0]
+
+
+class HoldingMedian:
+    \"\"\"The coordinate-wise median; with HOLD_AT=<call>:<dir> set, its call number <call> (of this process) writes
+    <dir>/holding and waits, forever: the test signals the process there, at a point it chose.\"\"\"
+
+    def __init__(self, f=0):
+        self.f = f
+
+    def __call__(self, x):
+        CALLS[0] += 1
+        spec = os.environ.get("HOLD_AT")
+        if spec and CALLS[0] == int(spec.split(":")[0]):
+            open(os.path.join(spec.split(":", 1)[1], "holding"), "w").close()
+            while True:
+                time.sleep(1)
+        return x.median(dim=0).values
+"""
+
+
+def _children(pid: int) -> set[int]:
+    """The live processes whose parent is ``pid`` (from /proc)."""
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.add(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
