@@ -85,6 +85,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_common import all_threads, emit, fmt_time, md_row, package_version
 from _subprocess import THREAD_ENV, run_worker
 
 TARGET = 20.0
@@ -130,14 +131,6 @@ class MemoryTask:
     n_test: int = 10_000
 
 
-def all_threads() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
     try:
@@ -168,20 +161,6 @@ def _mem_available() -> int | None:
     except (OSError, ValueError):
         pass
     return None
-
-
-def _emit(path: str, rec: dict[str, Any]) -> None:
-    with open(path, "a") as fh:
-        fh.write(json.dumps(rec) + "\n")
-
-
-def _version(pkg: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(pkg)
-    except PackageNotFoundError:
-        return "not installed"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -419,7 +398,7 @@ def run_inprocess(args: argparse.Namespace, threads: int, out: str) -> None:
 
     task: Task = args.task
     dataset = data.load(task.dataset)
-    _emit(out, {"type": "env", "part": "inprocess", "threads": threads, "torch": torch.__version__,
+    emit(out, {"type": "env", "part": "inprocess", "threads": threads, "torch": torch.__version__,
                 "malloc": malloc, "load_start": os.getloadavg()[0], "features": math.prod(dataset.input_shape),
                 "classes": dataset.num_classes})
     phalanx = PhalanxRunner(task, dataset)
@@ -428,8 +407,8 @@ def run_inprocess(args: argparse.Namespace, threads: int, out: str) -> None:
         try:
             runners["byzfl"] = ByzflRunner(task, dataset, phalanx.theta)
         except Exception as exc:  # not installed: the table says so
-            _emit(out, {"type": "byzfl_missing", "threads": threads, "error": f"{type(exc).__name__}: {exc}"})
-    _emit(out, {"type": "check", "threads": threads,
+            emit(out, {"type": "byzfl_missing", "threads": threads, "error": f"{type(exc).__name__}: {exc}"})
+    emit(out, {"type": "check", "threads": threads,
                 **check_equivalence(task, dataset, phalanx, runners.get("byzfl"))})
     for _ in range(args.warmup):
         for r in runners.values():
@@ -439,10 +418,10 @@ def run_inprocess(args: argparse.Namespace, threads: int, out: str) -> None:
         for k, r in runners.items():
             times[k].append(r.round())
     for k, r in runners.items():
-        _emit(out, {"type": "row", "impl": k, "threads": threads, "median_s": statistics.median(times[k]),
+        emit(out, {"type": "row", "impl": k, "threads": threads, "median_s": statistics.median(times[k]),
                     "times": times[k], "timed_rounds": len(times[k]), "rounds_run": r.rounds,
                     "test_accuracy": r.accuracy(dataset)})
-    _emit(out, {"type": "env_end", "part": "inprocess", "threads": threads, "load_end": os.getloadavg()[0]})
+    emit(out, {"type": "env_end", "part": "inprocess", "threads": threads, "load_end": os.getloadavg()[0]})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -458,22 +437,22 @@ def run_flower(args: argparse.Namespace, out: str) -> None:
     import _bench_federated_flower as fl
 
     task: Task = args.task
-    _emit(out, {"type": "env", "part": "flower", "threads": args.ray_cpus, "load_start": os.getloadavg()[0],
-                "flwr": _version("flwr"), "ray": _version("ray"), "torch": torch.__version__})
+    emit(out, {"type": "env", "part": "flower", "threads": args.ray_cpus, "load_start": os.getloadavg()[0],
+                "flwr": package_version("flwr"), "ray": package_version("ray"), "torch": torch.__version__})
     settings = {**asdict(task), "beta": task.beta, "warmup": args.flower_warmup, "blocks": args.flower_blocks,
                 "block_rounds": args.flower_block_rounds, "ray_cpus": args.ray_cpus}
     result = fl.run(settings, args._ray)
     if not result.get("strategies"):
         raise RuntimeError("the ServerApp did not finish (see the log above)")
     for name, rec in result["strategies"].items():
-        _emit(out, {"type": "row", "impl": name, "threads": args.ray_cpus,
+        emit(out, {"type": "row", "impl": name, "threads": args.ray_cpus,
                     "median_s": statistics.median(rec["intervals"]) if rec["intervals"] else None,
                     "times": rec["intervals"], "timed_rounds": len(rec["intervals"]), "rounds_run": rec["rounds"],
                     "test_accuracy": rec["test_accuracy"], "agg_median_s": statistics.median(rec["agg_s"]),
                     "replies": sorted(set(rec["replies"])),
                     "client_median_s": statistics.median(rec["client_s"]) if rec["client_s"] else None})
-    _emit(out, {"type": "flower", "warmup_s": result["warmup_s"], "wall_s": result["wall_s"]})
-    _emit(out, {"type": "env_end", "part": "flower", "threads": args.ray_cpus, "load_end": os.getloadavg()[0]})
+    emit(out, {"type": "flower", "warmup_s": result["warmup_s"], "wall_s": result["wall_s"]})
+    emit(out, {"type": "env_end", "part": "flower", "threads": args.ray_cpus, "load_end": os.getloadavg()[0]})
 
 
 def _processes_mentioning(text: str) -> list[int]:
@@ -580,7 +559,7 @@ def run_memory(args: argparse.Namespace, out: str) -> None:
         times.append(time.perf_counter() - t0)
         peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # KiB on Linux
         finite = bool(torch.isfinite(loop.state.theta).all())
-        _emit(out, {**base, "times": times, "peaks": peaks, "peak_rss": peaks[-1], "rss_end": _rss_bytes(),
+        emit(out, {**base, "times": times, "peaks": peaks, "peak_rss": peaks[-1], "rss_end": _rss_bytes(),
                     "finite": finite, "load_end": os.getloadavg()[0]})
 
 
@@ -716,16 +695,6 @@ def inprocess_subprocess(args: argparse.Namespace, threads: int, tmp: Path) -> l
     if error:
         recs.append({"type": "error", "part": f"Phalanx/ByzFL at {threads} thread(s)", "error": error})
     return recs
-
-
-def fmt_time(t: float | None) -> str:
-    if t is None:
-        return "—"
-    if t < 1e-3:
-        return f"{t * 1e6:.0f} µs"
-    if t < 1.0:
-        return f"{t * 1e3:.1f} ms"
-    return f"{t:.2f} s"
 
 
 def fmt_ratio(x: float | None) -> str:
@@ -943,7 +912,7 @@ def notes(recs: list[dict[str, Any]], rows: list[dict[str, Any]], args: argparse
                      f"{ends.get((e['part'], e['threads']), {}).get('load_end', float('nan')):.1f}" for e in envs)
     out.append(
         f"Machine: {cpu_model()}, {all_threads()} cores, {_mem_total()}, Python {platform.python_version()}, torch "
-        f"{torch_v}, flwr {_version('flwr')}, ray {_version('ray')}, byzfl {_version('byzfl')}"
+        f"{torch_v}, flwr {package_version('flwr')}, ray {package_version('ray')}, byzfl {package_version('byzfl')}"
         + (f"; 1-min load average (start → end of each part) {load}" if load else "")
         + f". Wall time {wall:.0f} s. Command: {command}"
     )
@@ -984,19 +953,15 @@ def print_report(rows: list[dict[str, Any]], mem: list[dict[str, Any]], note_lin
         console.print(line, highlight=False, markup=False)
 
 
-def _md_row(cells: list[str] | tuple[str, ...]) -> str:
-    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
-
-
 def write_markdown(path: str, rows: list[dict[str, Any]], mem: list[dict[str, Any]], note_lines: list[str],
                    setting: str) -> None:
-    lines = [f"## {TITLE}", "", setting, "", _md_row(MAIN_HEADERS),
-             _md_row([":---", *["---:"] * (len(MAIN_HEADERS) - 1)])]
-    lines += [_md_row(main_cells(r)) for r in rows]
+    lines = [f"## {TITLE}", "", setting, "", md_row(MAIN_HEADERS),
+             md_row([":---", *["---:"] * (len(MAIN_HEADERS) - 1)])]
+    lines += [md_row(main_cells(r)) for r in rows]
     if mem:
-        lines += ["", "### Memory: Phalanx FedAvg, ResNet-20", "", _md_row(MEMORY_HEADERS),
-                  _md_row(["---:"] * len(MEMORY_HEADERS))]
-        lines += [_md_row(memory_cells(r)) for r in mem]
+        lines += ["", "### Memory: Phalanx FedAvg, ResNet-20", "", md_row(MEMORY_HEADERS),
+                  md_row(["---:"] * len(MEMORY_HEADERS))]
+        lines += [md_row(memory_cells(r)) for r in mem]
     lines += [""] + [f"- {line}" for line in note_lines]
     Path(path).write_text("\n".join(lines) + "\n")
 

@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_common import all_threads, emit, fmt_time, md_row, package_version
 from _subprocess import run_worker
 
 FULL_NS = (10, 50, 200)
@@ -87,14 +88,6 @@ SEED = 0
 def byzantine_of(n: int) -> int:
     """b = f = n/10 (at least 1)."""
     return max(1, n // 10)
-
-
-def all_threads() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def _minor_faults() -> int:
@@ -428,11 +421,6 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def _emit(path: str, rec: dict[str, Any]) -> None:
-    with open(path, "a") as fh:
-        fh.write(json.dumps(rec) + "\n")
-
-
 def _measure(runners: dict[str, Any], warmup: int, rounds: int) -> dict[str, list[float]]:
     """Warm up every runner, then time ``rounds`` rounds of each, taking turns."""
     for _ in range(warmup):
@@ -454,16 +442,16 @@ def run_thread_setting(args: argparse.Namespace, threads: int, out: str) -> None
     from phalanx import data
 
     dataset = data.load(args.dataset)
-    _emit(out, {"type": "env", "threads": threads, "torch_threads": torch.get_num_threads(),
+    emit(out, {"type": "env", "threads": threads, "torch_threads": torch.get_num_threads(),
                 "load_start": os.getloadavg()[0], "torch": torch.__version__, "malloc": malloc,
                 "features": math.prod(dataset.input_shape), "classes": dataset.num_classes})
     use_byzfl = not args.no_byzfl
     if use_byzfl:
         try:
             load_byzfl()
-            _emit(out, {"type": "stubs", "stubbed": STUBBED})
+            emit(out, {"type": "stubs", "stubbed": STUBBED})
         except Exception as exc:  # not installed: the table says so
-            _emit(out, {"type": "byzfl_missing", "error": f"{type(exc).__name__}: {exc}"})
+            emit(out, {"type": "byzfl_missing", "error": f"{type(exc).__name__}: {exc}"})
             use_byzfl = False
     measured: dict[str, dict[int, float]] = {k: {} for k in IMPLS}
     for n in args.ns:
@@ -520,12 +508,12 @@ def run_thread_setting(args: argparse.Namespace, threads: int, out: str) -> None
         rec["rounds"] = {k: len(v) for k, v in times.items()}
         rec["dim"] = phalanx.model_problem.dim
         rec["load"] = os.getloadavg()[0]
-        _emit(out, rec)
+        emit(out, rec)
         del runners, phalanx
     if args.profile:
-        _emit(out, {"type": "profile", "n": args.profile, "threads": threads,
+        emit(out, {"type": "profile", "n": args.profile, "threads": threads,
                     "table": profile_phalanx(args.profile, dataset, args.dataset)})
-    _emit(out, {"type": "env_end", "threads": threads, "load_end": os.getloadavg()[0]})
+    emit(out, {"type": "env_end", "threads": threads, "load_end": os.getloadavg()[0]})
 
 
 def profile_phalanx(n: int, dataset: Any, dataset_name: str) -> str:
@@ -609,16 +597,6 @@ def run_subprocess(args: argparse.Namespace, threads: int, tmp: Path) -> list[di
     if error:
         recs.append({"type": "error", "threads": threads, "error": error})
     return recs
-
-
-def fmt_time(t: float | None) -> str:
-    if t is None:
-        return "—"
-    if t < 1e-3:
-        return f"{t * 1e6:.0f} µs"
-    if t < 1.0:
-        return f"{t * 1e3:.1f} ms"
-    return f"{t:.2f} s"
 
 
 def fmt_ratio(x: float) -> str:
@@ -800,20 +778,11 @@ def notes(recs: list[dict[str, Any]], rows: list[dict[str, Any]], args: argparse
     stub = f"; stubbed for `import byzfl` (not installed): {', '.join(stubbed)}" if ran_byzfl and stubbed else ""
     out.append(
         f"Machine: {platform.processor() or platform.machine()}, {all_threads()} cores, Python "
-        f"{platform.python_version()}, torch {torch_v}, byzfl {_version('byzfl')}; 1-min load average "
+        f"{platform.python_version()}, torch {torch_v}, byzfl {package_version('byzfl')}; 1-min load average "
         f"(start → end of each thread setting) {load}{stub}. Data: {args.dataset}. Wall time {wall:.0f} s. "
         f"Command: {command}"
     )
     return out
-
-
-def _version(pkg: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(pkg)
-    except PackageNotFoundError:
-        return "not installed"
 
 
 def setting_line(recs: list[dict[str, Any]]) -> str:
@@ -851,16 +820,12 @@ def print_report(rows: list[dict[str, Any]], note_lines: list[str], width: int |
         console.print(p["table"], highlight=False, markup=False)
 
 
-def _md_row(cells: list[str] | tuple[str, ...]) -> str:
-    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
-
-
 def write_markdown(path: str, rows: list[dict[str, Any]], note_lines: list[str],
                    profiles: list[dict[str, Any]], setting: str) -> None:
-    lines = [f"## {TITLE}", "", setting, "", _md_row(MAIN_HEADERS), _md_row(["---:"] * len(MAIN_HEADERS))]
-    lines += [_md_row(main_cells(r)) for r in rows]
-    lines += ["", "### Where Phalanx's round goes", "", _md_row(SPLIT_HEADERS), _md_row(["---:"] * len(SPLIT_HEADERS))]
-    lines += [_md_row(split_cells(r)) for r in rows]
+    lines = [f"## {TITLE}", "", setting, "", md_row(MAIN_HEADERS), md_row(["---:"] * len(MAIN_HEADERS))]
+    lines += [md_row(main_cells(r)) for r in rows]
+    lines += ["", "### Where Phalanx's round goes", "", md_row(SPLIT_HEADERS), md_row(["---:"] * len(SPLIT_HEADERS))]
+    lines += [md_row(split_cells(r)) for r in rows]
     lines += [""] + [f"- {line}" for line in note_lines]
     for p in profiles:
         lines += ["", f"torch.profiler, 3 Phalanx rounds at n={p['n']}, {p['threads']} thr:", "", "```", p["table"],
