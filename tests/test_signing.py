@@ -441,3 +441,12 @@ def test_cli_keygen_sign_verify(tmp_path: Path) -> None:
     bad = cli("verify", str(run), "--key", str(tmp_path / "k.pub"))
     out = bad.stdout + bad.stderr
     assert bad.returncode == 2 and "changed: config.json" in out and "Traceback" not in out
+
+
+def test_a_missing_key_file_is_refused_before_the_run(tmp_path: Path) -> None:
+    from phalanx.experiments import make_config
+
+    base = {"dataset": "digits", "model": "logreg", "workers": 4, "rounds": 2}
+    for key in ("sign_key", "verify_key"):
+        with pytest.raises(ConfigError, match=f"{key}=.* is invalid: allowed an existing PEM key file"):
+            make_config({**base, key: str(tmp_path / "nowhere.pem")})

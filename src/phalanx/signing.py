@@ -110,6 +110,11 @@ def _library() -> tuple[ModuleType, ModuleType, ModuleType]:
     return hashing, signing, verifying
 
 
+def require() -> None:
+    """Raise :class:`SigningUnavailableError` now if the extra is missing (before a run that will sign or verify)."""
+    _library()
+
+
 def _one_line(text: str, limit: int = 200) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"

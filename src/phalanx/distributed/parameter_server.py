@@ -194,8 +194,8 @@ class ParameterServer(Transport):
             if len(missing_honest) > exp.f:
                 wire.put(store, wire.key_honest(t), wire.STOP)
                 raise RoundAborted(self._named(plan, missing_honest + plan.attacking))
-            honest = torch.stack([rows[r] for r in plan.honest if r in rows]) if len(rows) else theta.new_zeros(
-                0, self.dim)
+            arrived = [rows[r] for r in plan.honest if r in rows]
+            honest = torch.stack(arrived) if arrived else theta.new_zeros(0, self.dim)
             shared = self.attack_state if self.me.shares_attack_stream else None
             hmsg = wire.honest_message(honest, rule.payload(), shared)
             wire.put(store, wire.key_honest(t), hmsg)

@@ -21,7 +21,7 @@ from pydantic import (
     model_serializer,
 )
 
-from phalanx import aggregators, attacks, data, models
+from phalanx import aggregators, attacks, data, models, signing
 from phalanx.decentralized import gossip, topology
 from phalanx.errors import ConfigError
 from phalanx.plugins import check_params
@@ -209,6 +209,7 @@ def make_config(data: dict[str, Any]) -> RunConfig:
         raise _friendly(exc) from None
     check_relations(cfg)
     check_names(cfg)
+    check_keys(cfg)
     return cfg
 
 
@@ -264,6 +265,17 @@ def processes(cfg: RunConfig) -> int:
     """How many processes a torchrun run has: one per worker (DSGD), or one per client slot of a federated round
     (``clients_per_round``; rank 0 is also the server)."""
     return cfg.workers if cfg.algorithm == "dsgd" else cfg.clients_per_round or cfg.workers
+
+
+def check_keys(cfg: RunConfig) -> None:
+    """``sign_key`` / ``verify_key``: existing files, and the signing extra installed — checked before a run trains,
+    not when it finishes."""
+    for key in ("sign_key", "verify_key"):
+        path = getattr(cfg, key)
+        if path is not None:
+            if not Path(path).is_file():
+                raise ConfigError(key, path, "an existing PEM key file (phalanx keygen KEY.pem PUB.pem)")
+            signing.require()
 
 
 def check_names(cfg: RunConfig) -> None:
