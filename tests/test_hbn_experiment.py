@@ -16,12 +16,15 @@ from phalanx.experiments import hbn
 
 def test_quick_grid_is_norms_by_rules_by_alphas_by_seeds_of_valid_federated_configs() -> None:
     p = hbn.preset("quick")
+    assert p.norms == ("group", "batch", "fedbn", "hybrid")
     cells, cfgs = hbn.plan(p)
-    assert len(cells) == 3 * 2 * 3 * 3 == len(cfgs)
+    assert len(cells) == 4 * 2 * 3 * 3 == len(cfgs)
     for c, cfg in zip(cells, cfgs):
         assert cfg.algorithm == "fedavg" and cfg.attack == "none" and cfg.byzantine == 0
         assert cfg.model_params["norm"] == c.norm and cfg.alpha == c.alpha and cfg.aggregator == c.rule
         assert cfg.clients_per_round == 10 and cfg.workers == 100 and cfg.batch_size == 4
+        assert cfg.rounds == 70 and cfg.eval_every == 70  # one evaluation at the end (and round 0)
+        assert cfg.eval_clients == (10 if c.norm == "fedbn" else 100)
     paper = hbn.preset("paper")
     cfg = hbn.config_for(paper, hbn.Cell("hybrid", "mean", 0, 0.1, 0))
     assert cfg.dataset == "cifar10" and cfg.local_epochs == 1.0 and cfg.stats_momentum == 0.002
@@ -31,6 +34,7 @@ def test_quick_grid_is_norms_by_rules_by_alphas_by_seeds_of_valid_federated_conf
 @pytest.mark.parametrize(("changes", "match"), [
     ({"seeds": (0,)}, "at least two distinct seeds"),
     ({"norms": ("instance",)}, "norms"),
+    ({"norms": ("fedbn-global",)}, "norms"),
     ({"alphas": ()}, "non-empty"),
     ({"rounds_per_epoch": 3}, "preset field"),
 ])
@@ -58,16 +62,38 @@ def test_table_cells_and_paired_differences() -> None:
     assert "| Hybrid BN − BatchNorm | mean | 0.1 | +5.00 |" in md
 
 
+def test_fedbn_rows_and_differences_on_both_of_its_measures() -> None:
+    """FedBN's cells are its own-label-mix accuracy; its whole-test-set accuracy is a second row; FedBN − BatchNorm is
+    paired on both."""
+    p = hbn.preset("quick", norms=("batch", "fedbn"), rules=(("mean", 0),), alphas=(0.5,), seeds=(0, 1))
+    cells = hbn.cells(p)
+    acc = {c: {"batch": 0.70, "fedbn": 0.80}[c.norm] + 0.01 * c.seed for c in cells}
+    acc.update({hbn.Cell(hbn.FEDBN_GLOBAL, c.rule, c.f, c.alpha, c.seed): 0.65 + 0.02 * c.seed
+                for c in cells if c.norm == "fedbn"})
+    results = hbn.tabulate(cells, acc)
+    assert results[(hbn.FEDBN_GLOBAL, "mean", 0, 0.5)].estimate.mean == pytest.approx(0.66)
+    ds = hbn.differences(results, p)
+    assert [(d.a, d.b) for d in ds] == [("fedbn", "batch"), (hbn.FEDBN_GLOBAL, "batch")]
+    assert ds[0].estimate.mean == pytest.approx(0.10) and ds[1].estimate.mean == pytest.approx(-0.045)
+    table = hbn.table_markdown(results, p)
+    assert "| mean | FedBN | 80.5 ± " in table and "| mean | FedBN, whole test set | 66.0 ± " in table
+    assert "FedBN, whole test set − BatchNorm" in hbn.differences_markdown(ds)
+    report = hbn.report_markdown(results, ds, p, command="x", wall_seconds=None, runs=4)
+    assert "re-weighted to that client's label mix" in report
+
+
 def test_cli_runs_a_tiny_grid_and_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "hbn"
     cmd = [sys.executable, "-m", "phalanx.cli", "experiment", "hbn", "--seeds", "2", "--out", str(out), "-j", "1",
            "--set", "dataset=digits", "--set", "rounds=2", "--set", "eval_every=2", "--set", "clients=6",
            "--set", "clients_per_round=3", "--set", "local_steps=2", "--set", "alphas=[1.0]",
-           "--set", "norms=['batch','hybrid']", "--set", "rules=[['mean',0]]"]
+           "--set", "norms=['batch','fedbn','hybrid']", "--set", "rules=[['mean',0]]"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     report = (out / "report.md").read_text()
     assert "| mean | BatchNorm |" in report and "| mean | Hybrid BN |" in report
-    assert "Hybrid BN − BatchNorm" in report and (out / "hbn.png").stat().st_size > 0
-    assert len((out / "cells.csv").read_text().splitlines()) == 3
-    assert len(list((out / "runs").glob("*/DONE"))) == 4
+    assert "| mean | FedBN |" in report and "| mean | FedBN, whole test set |" in report
+    assert "Hybrid BN − BatchNorm" in report and "FedBN − BatchNorm" in report
+    assert (out / "hbn.png").stat().st_size > 0
+    assert len((out / "cells.csv").read_text().splitlines()) == 5
+    assert len(list((out / "runs").glob("*/DONE"))) == 6

@@ -1,6 +1,6 @@
 """Decentralized learning without a server: communication graphs and gossip matrices.
 
->>> from phalanx.decentralized import gossip, topology
+>>> from phalanx.decentralized import gossip, gossip_attacks, robust_gossip, topology
 >>> g = topology.make("ring", 8)
 >>> W = gossip.metropolis_hastings(g)
 >>> round(gossip.spectral_gap(W), 4)
@@ -14,12 +14,15 @@ one gossip step is one matrix product, ``gossip.gossip(W, X) = W @ X``, for all 
   (:func:`from_adjacency`) and :func:`check_neighbourhood` (does every node have enough neighbours for its rule's f).
 - :mod:`~phalanx.decentralized.gossip`: Metropolis–Hastings and uniform-neighbour weights, :func:`check_gossip_matrix`,
   :func:`spectral_gap` and :func:`mixing_rate`, the step ``gossip.gossip(W, X)``.
+- :mod:`~phalanx.decentralized.robust_gossip`: robust gossip rules (``clipped_gossip``, ``cs_plus``, ``ios``),
+  batched over nodes.
+- :mod:`~phalanx.decentralized.gossip_attacks`: attacks that use the graph (``dissensus``, ``spectral``).
 
 Training over a graph is the round algorithm :class:`phalanx.training.gossip.Gossip` (``algorithm = "gossip"``),
 which uses these graphs and matrices. See docs/decentralized.md.
 """
 
-from phalanx.decentralized import gossip, topology
+from phalanx.decentralized import gossip, gossip_attacks, robust_gossip, topology
 from phalanx.decentralized.gossip import (
     check_gossip_matrix,
     consensus_distance,
@@ -32,5 +35,6 @@ from phalanx.decentralized.topology import Graph, check_neighbourhood, from_adja
 
 __all__ = [
     "Graph", "check_gossip_matrix", "check_neighbourhood", "consensus_distance", "from_adjacency", "gossip",
-    "metropolis_hastings", "mixing_rate", "spectral_gap", "topology", "uniform_neighbour",
+    "gossip_attacks", "metropolis_hastings", "mixing_rate", "robust_gossip", "spectral_gap", "topology",
+    "uniform_neighbour",
 ]

@@ -11,8 +11,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from phalanx import aggregators, attacks, data, models
-from phalanx.decentralized import topology
+from phalanx import data, models
+from phalanx.decentralized import gossip_attacks, robust_gossip, topology
 from phalanx.errors import ConfigError
 from phalanx.experiments.config import RunConfig, processes, server_optimizer
 from phalanx.training import losses
@@ -70,11 +70,14 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None) -> Experime
     else:
         algorithm = DSGD(batch_size=cfg.batch_size, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     return Experiment(
-        model=model, loss=losses.get(cfg.loss), dataset=ds, rule=aggregators.make(spec, f=cfg.f), workers=cfg.workers,
+        model=model, loss=losses.get(cfg.loss), dataset=ds, rule=robust_gossip.configured(spec, cfg.f, cfg.algorithm),
+        workers=cfg.workers,
         byzantine=cfg.byzantine,
-        attack=attacks.make(cfg.attack, **cfg.attack_params), rounds=cfg.rounds,
+        attack=gossip_attacks.configured(cfg.attack, cfg.attack_params, cfg.algorithm), rounds=cfg.rounds,
         algorithm=algorithm, optimizer=server_optimizer(cfg), lr=lr, shards=shards, seed=cfg.seed,
-        eval_every=cfg.eval_every, rule_for=lambda f: aggregators.make(spec, f=f), columns=config_columns(cfg),
+        eval_every=cfg.eval_every, rule_for=lambda f: robust_gossip.configured(spec, f, cfg.algorithm),
+        columns=config_columns(cfg),
+        eval_clients=cfg.eval_clients,
     )
 
 

@@ -21,10 +21,10 @@ from pydantic import (
     model_serializer,
 )
 
-from phalanx import aggregators, attacks, data, models, signing
-from phalanx.decentralized import gossip, topology
+from phalanx import data, models, signing
+from phalanx.decentralized import gossip, gossip_attacks, robust_gossip, topology
 from phalanx.errors import ConfigError
-from phalanx.plugins import check_params
+from phalanx.plugins import accepted_params, check_params
 from phalanx.training import losses, optim
 from phalanx.validate import check_choice
 
@@ -50,7 +50,7 @@ change neither its results nor its run id / ``config.json`` (run directories wri
 LATER_KEYS = (
     "server_optimizer", "server_momentum", "server_weight_decay", "server_optimizer_params", "loss", "algorithm",
     "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch", "stats_momentum",
-    "graph", "graph_params", "gossip_weights",
+    "graph", "graph_params", "gossip_weights", "eval_clients",
 )
 """Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
 that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
@@ -131,6 +131,10 @@ class RunConfig(BaseModel):
     stats_momentum: float = Field(
         0.1, gt=0, le=1, description="fedavg, norm = 'batch' | 'hybrid': weight of the round's pooled statistics "
         "in the global ones (Hybrid BN's authors: 0.002 over 500 rounds)",
+    )
+    eval_clients: int = Field(
+        100, ge=1, description="fedavg, norm = 'fedbn' (no global model): evaluate every honest client's own model, "
+        "or this many evenly spaced ones when there are more",
     )
     step_every: int = Field(100, ge=1, description="'step' schedule: divide lr by 10 every this many rounds")
     seed: int = Field(0, ge=0, description="the one seed; split into named streams")
@@ -246,6 +250,17 @@ def check_relations(cfg: RunConfig) -> None:
             raise ConfigError("topology", cfg.topology, "'server' with algorithm = 'fedavg' (the server samples the "
                               "clients; a process per client slot)")
     norm = cfg.model_params.get("norm")
+    if norm == "fedbn":
+        if cfg.algorithm != "fedavg":
+            raise ConfigError("model_params.norm", norm, f"'group' or 'none' with algorithm = {cfg.algorithm!r} "
+                              "(FedBN keeps every client's BatchNorm layers between federated rounds: algorithm = "
+                              "'fedavg')")
+        if cfg.engine == "torchrun":
+            raise ConfigError("model_params.norm", norm, "'group' or 'none' with engine = 'torchrun' (FedBN's "
+                              "per-client BatchNorm layers are kept in one process so far: engine = 'simulated')")
+    elif cfg.eval_clients != defaults["eval_clients"].get_default():
+        raise ConfigError("eval_clients", cfg.eval_clients, "its default (100) unless model_params.norm = 'fedbn' (it "
+                          "picks the clients whose own models a FedBN run evaluates)")
     if norm in ("batch", "hybrid"):
         if cfg.algorithm != "fedavg":
             raise ConfigError("model_params.norm", norm, f"'group' or 'none' with algorithm = {cfg.algorithm!r} "
@@ -281,7 +296,7 @@ def check_keys(cfg: RunConfig) -> None:
 def check_names(cfg: RunConfig) -> None:
     """Check the aggregator spec, attack, data set, model, loss and optimizer names (built-in, registered,
     ``module:attr`` or installed plug-ins), their parameters, and the aggregator's requirement on n."""
-    rule = aggregators.make(cfg.aggregator, f=cfg.f)
+    rule = robust_gossip.configured(cfg.aggregator, cfg.f, cfg.algorithm)  # a robust gossip rule: gossip only
     if cfg.algorithm == "gossip":  # every node's rule sees its closed neighbourhood N(i) ∪ {i}
         check_choice("gossip_weights", cfg.gossip_weights, gossip.weight_names())
         graph = topology.make(cfg.graph, cfg.workers, **cfg.graph_params)
@@ -302,7 +317,7 @@ def check_names(cfg: RunConfig) -> None:
         raise ConfigError(
             what, m, f">= {rule.min_workers()} for aggregator {cfg.aggregator!r} with f={cfg.f} ({rule.requirement})",
         )
-    attack = attacks.make(cfg.attack, **cfg.attack_params)
+    attack = gossip_attacks.configured(cfg.attack, cfg.attack_params, cfg.algorithm)  # dissensus: gossip only
     boost = float(getattr(attack, "boost", 1.0))
     if boost != 1.0 and cfg.algorithm == "dsgd":
         raise ConfigError("attack_params.boost", boost, "1 with algorithm = 'dsgd' (boosting scales a federated "
@@ -311,7 +326,11 @@ def check_names(cfg: RunConfig) -> None:
         data.canonical(cfg.dataset)
     except ConfigError as exc:
         raise ConfigError("dataset", cfg.dataset, exc.allowed, exc.hint) from None
-    check_params(cfg.model, models.builder(cfg.model), cfg.model_params, skip=("input_shape", "num_classes"))
+    build = models.builder(cfg.model)
+    if cfg.model_params.get("norm") == "fedbn" and "norm" not in (accepted_params(build) or ["norm"]):
+        raise ConfigError("model_params.norm", "fedbn", f"a model with BatchNorm layers ('cnn', 'resnet20'): "
+                          f"{cfg.model!r} has none")
+    check_params(cfg.model, build, cfg.model_params, skip=("input_shape", "num_classes"))
     losses.get(cfg.loss)
     server_optimizer(cfg)
 

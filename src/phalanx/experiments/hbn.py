@@ -1,17 +1,23 @@
-"""BatchNorm under heterogeneity, as a preset: GroupNorm vs BatchNorm vs Hybrid BN in federated training, with the
-mean and with a robust rule, over Dirichlet splits — tables with intervals, paired differences, a plot, a report.
+"""BatchNorm under heterogeneity, as a preset: GroupNorm vs BatchNorm vs FedBN vs Hybrid BN in federated training,
+with the mean and with a robust rule, over Dirichlet splits — tables with intervals, paired differences, a plot, a
+report.
 
 The question of Chen, Xu, Wu & Kittler ("Hybrid Batch Normalisation: resolving the dilemma of batch normalisation
 in federated learning", ICML 2025, arXiv 2505.21877): BatchNorm in federated learning has to normalise with
 statistics that differ between clients (label skew, Dirichlet α) and that are noisy for small local batches; GroupNorm
 avoids statistics altogether; Hybrid BN mixes each batch's statistics with the server's global ones (a learned
-per-channel factor) and evaluates with the global ones. Phalanx adds the robustness question: the statistics are
-pooled by the server like the updates, so does a robust rule change the picture?
+per-channel factor) and evaluates with the global ones; FedBN (Li et al., ICLR 2021, arXiv 2102.07623) sidesteps
+the dilemma by keeping every client's BatchNorm layers local — no global model at all. Phalanx adds the robustness
+question: the statistics are pooled by the server like the updates, so does a robust rule change the picture?
 
-Grid: norm ∈ ``norms`` (``group``, ``batch``, ``hybrid`` — :mod:`phalanx.models.norm`) × rule ∈ ``rules`` ×
-α ∈ ``alphas`` × seeds, no attack, FedAvg with ``clients_per_round`` of ``clients`` sampled per round. Per cell: the
-final test accuracy, mean and 95 % Student-t interval over seeds. Paired differences (same seed = same split, same
-initial weights for the layers the variants share) HBN − BN and HBN − GN per (rule, α), with 95 % intervals.
+Grid: norm ∈ ``norms`` (``group``, ``batch``, ``fedbn``, ``hybrid`` — :mod:`phalanx.models.norm`) × rule ∈ ``rules``
+× α ∈ ``alphas`` × seeds, no attack, FedAvg with ``clients_per_round`` of ``clients`` sampled per round. Per cell: the
+final test accuracy, mean and 95 % Student-t interval over seeds. FedBN has one model per client, so its row is a
+different measure (:mod:`phalanx.training.fedbn`): each evaluated honest client's own model on the test set
+re-weighted to its own label mix (``test_accuracy``), and a second row, "FedBN, whole test set", with the same models
+on the plain test set (``global_test_accuracy``). Paired differences (same seed = same split, same initial weights
+for the layers the variants share) HBN − BN, HBN − GN, BN − GN, FedBN − BN (both measures) per (rule, α), with 95 %
+intervals.
 """
 
 from __future__ import annotations
@@ -30,7 +36,12 @@ from phalanx.experiments.paper import final_accuracy, machine, pick_preset
 from phalanx.experiments.paper import resolve_dataset as resolve_dataset  # the CLI's hbn.resolve_dataset
 from phalanx.experiments.report import save_figure
 
-NORM_LABELS = {"group": "GroupNorm", "batch": "BatchNorm", "hybrid": "Hybrid BN", "none": "no norm"}
+NORM_LABELS = {"group": "GroupNorm", "batch": "BatchNorm", "fedbn": "FedBN", "hybrid": "Hybrid BN", "none": "no norm",
+               "fedbn-global": "FedBN, whole test set"}
+NORMS = ("none", "group", "batch", "fedbn", "hybrid")
+"""The normalisations a preset's ``norms`` may name. ``"fedbn-global"`` is not one: it is the second measure of the
+FedBN runs (:func:`collect`)."""
+FEDBN_GLOBAL = "fedbn-global"
 
 
 @dataclass(frozen=True)
@@ -53,18 +64,20 @@ class Preset:
     schedule: str = "constant"
     stats_batch: int = 64
     stats_momentum: float = 0.1
-    norms: tuple[str, ...] = ("group", "batch", "hybrid")
+    norms: tuple[str, ...] = ("group", "batch", "fedbn", "hybrid")
     rules: tuple[tuple[str, int], ...] = (("mean", 0), ("cwtm", 1))
     alphas: tuple[float, ...] = (0.1, 0.5, 1.0)
     seeds: tuple[int, ...] = (0, 1, 2)
     eval_every: int = 50
+    eval_clients: int = 100
     fallback_dataset: str | None = None
 
 
 PRESETS: dict[str, Preset] = {
     "quick": Preset(
-        name="quick", description="CPU-sized: a small CNN on Fashion-MNIST (digits when absent), 100 rounds",
+        name="quick", description="CPU-sized: a small CNN on Fashion-MNIST (digits when absent), 70 rounds",
         dataset="fashion-mnist", model_params={"channels": [8, 16], "hidden": 64}, fallback_dataset="digits",
+        rounds=70, eval_every=70, eval_clients=10,
     ),
     "paper": Preset(
         name="paper", description="Chen et al.'s setup (GPU-sized): CIFAR-10, their 3-layer CNN, 1 local epoch of "
@@ -78,9 +91,9 @@ PRESETS: dict[str, Preset] = {
 def preset(name: str, **changes: Any) -> Preset:
     """A preset by name with fields replaced (``seeds=(0, 1, 2, 3)``, ``rounds=50``, ...), checked."""
     p = pick_preset(PRESETS, name, changes, ("norms", "rules", "alphas", "seeds"))
-    bad = [n for n in p.norms if n not in NORM_LABELS]
+    bad = [n for n in p.norms if n not in NORMS]
     if bad:
-        raise ConfigError("norms", list(p.norms), "names among " + ", ".join(NORM_LABELS))
+        raise ConfigError("norms", list(p.norms), "names among " + ", ".join(NORMS))
     return p
 
 
@@ -113,6 +126,8 @@ def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -
     }
     if cell.norm in ("batch", "hybrid"):
         data.update(stats_batch=p.stats_batch, stats_momentum=p.stats_momentum)
+    if cell.norm == "fedbn":
+        data.update(eval_clients=p.eval_clients)
     data.update(overrides or {})
     return make_config(data)
 
@@ -157,17 +172,27 @@ class Difference:
 
 
 def tabulate(cs: list[Cell], accuracy: dict[Cell, float]) -> dict[tuple[str, str, int, float], Result]:
-    """Group the runs into cells (norm, rule, f, α) with their per-seed accuracies."""
+    """Group the runs into cells (norm, rule, f, α) with their per-seed accuracies (and the FedBN runs' second
+    measure, the cells of :func:`collect` not in ``cs``)."""
     groups: dict[tuple[str, str, int, float], dict[int, float]] = {}
-    for c in cs:
+    listed = set(cs)
+    for c in [*cs, *(c for c in accuracy if c not in listed)]:
         groups.setdefault((c.norm, c.rule, c.f, c.alpha), {})[c.seed] = accuracy[c]
     return {k: Result(*k, per_seed=v, estimate=mean_ci(list(v.values()))) for k, v in groups.items()}
 
 
+def table_norms(p: Preset) -> list[str]:
+    """The table's rows per rule: the preset's norms, with FedBN's whole-test-set measure after FedBN."""
+    return [m for n in p.norms for m in ((n, FEDBN_GLOBAL) if n == "fedbn" else (n,))]
+
+
 def differences(results: dict[tuple[str, str, int, float], Result], p: Preset) -> list[Difference]:
-    """Hybrid BN − BatchNorm and Hybrid BN − GroupNorm (those present), per rule and α, paired by seed."""
-    pairs = [(a, b) for a, b in (("hybrid", "batch"), ("hybrid", "group"), ("batch", "group"))
-             if a in p.norms and b in p.norms]
+    """Hybrid BN − BatchNorm, Hybrid BN − GroupNorm, BatchNorm − GroupNorm and FedBN − BatchNorm (both of FedBN's
+    measures; those present), per rule and α, paired by seed."""
+    rows = table_norms(p)
+    pairs = [(a, b) for a, b in (("hybrid", "batch"), ("hybrid", "group"), ("batch", "group"), ("fedbn", "batch"),
+                                 (FEDBN_GLOBAL, "batch"))
+             if a in rows and b in rows and all((a, r, f, al) in results for r, f in p.rules for al in p.alphas)]
     out = []
     for a, b in pairs:
         for rule, f in p.rules:
@@ -188,7 +213,9 @@ def table_markdown(results: dict[tuple[str, str, int, float], Result], p: Preset
     head = "| rule | norm | " + " | ".join(f"α = {a:g}" for a in p.alphas) + " |"
     lines = [head, "|" + "---|" * (2 + len(p.alphas))]
     for rule, f in p.rules:
-        for norm in p.norms:
+        for norm in table_norms(p):
+            if (norm, rule, f, p.alphas[0]) not in results:
+                continue
             cells_ = [results[(norm, rule, f, a)].estimate for a in p.alphas]
             lines.append(f"| {_rule_label(rule, f)} | {NORM_LABELS[norm]} | "
                          + " | ".join(f"{100 * e.mean:.1f} ± {100 * e.half_width:.1f}" for e in cells_) + " |")
@@ -226,10 +253,11 @@ def plot(results: dict[tuple[str, str, int, float], Result], p: Preset, path: Pa
 
     fig, axes = plt.subplots(1, len(p.rules), figsize=(5 * len(p.rules), 3.8), squeeze=False, sharey=True)
     alphas = sorted(p.alphas)
+    lines = [n for n in table_norms(p) if all((n, r, f, a) in results for r, f in p.rules for a in alphas)]
     for ax, (rule, f) in zip(axes[0], p.rules):
-        for i, norm in enumerate(p.norms):
+        for i, norm in enumerate(lines):
             es = [results[(norm, rule, f, a)].estimate for a in alphas]
-            shift = 1.04 ** (i - (len(p.norms) - 1) / 2)  # side by side, so that the intervals do not hide each other
+            shift = 1.04 ** (i - (len(lines) - 1) / 2)  # side by side, so that the intervals do not hide each other
             ax.errorbar([a * shift for a in alphas], [100 * e.mean for e in es],
                         yerr=[100 * e.half_width for e in es], marker="o", capsize=3, label=NORM_LABELS[norm])
         ax.set_xscale("log")
@@ -263,6 +291,11 @@ def report_markdown(
         f"Hybrid BN statistics measured on {p.stats_batch} samples per sampled client, pooled by a trimmed mean at "
         f"the rule's f, momentum {p.stats_momentum:g}; seeds {list(p.seeds)}. Cells: final test accuracy (%) mean "
         "± 95 % Student-t half-width over the seeds.", "",
+        *([f"FedBN has no global model: its row is the mean over {p.eval_clients} evenly spaced honest clients (or "
+           "all, if fewer) of each client's own model (shared weights + its BatchNorm layers) on the test set "
+           "re-weighted to that client's label mix (Σ_c p_ic · acc_i(c)), the analogue of the FedBN authors' "
+           "per-client test splits; the row \"FedBN, whole test set\" is the same models on the plain test set. The "
+           "other rows are one global model on the plain test set.", ""] if "fedbn" in p.norms else []),
         "## Accuracy", "", table_markdown(results, p), "",
         "## Paired differences (accuracy points, same seed = same split)", "", differences_markdown(ds), "",
     ]
@@ -284,7 +317,13 @@ def write_outputs(
 
 
 def collect(cs: list[Cell], cfgs: list[RunConfig], runs_dir: Path) -> dict[Cell, float]:
-    """The final accuracy of every cell's finished run under ``runs_dir``."""
+    """The final accuracy (``test_accuracy``) of every cell's finished run under ``runs_dir``; for a FedBN run also
+    its ``global_test_accuracy``, under the same cell with norm ``"fedbn-global"``."""
     from phalanx.experiments import grid
 
-    return {c: final_accuracy(runs_dir / grid.run_id(cfg)) for c, cfg in zip(cs, cfgs)}
+    out = {c: final_accuracy(runs_dir / grid.run_id(cfg)) for c, cfg in zip(cs, cfgs)}
+    for c, cfg in zip(cs, cfgs):
+        if c.norm == "fedbn":
+            last = store.finished_rows(runs_dir / grid.run_id(cfg))[-1]
+            out[Cell(FEDBN_GLOBAL, c.rule, c.f, c.alpha, c.seed)] = float(last["global_test_accuracy"])
+    return out

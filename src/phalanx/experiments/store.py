@@ -227,6 +227,7 @@ def save_checkpoint(out: Path, snap: Snapshot) -> Path:
     """Write the metric rows so far, then the checkpoint (both atomically; rows first, so none are lost).
 
     Tensors: ``theta``, ``momentum``, ``previous``, ``norm_stats`` (BatchNorm / Hybrid BN global statistics),
+    ``local_norms`` (FedBN: every client's BatchNorm parameters and statistics),
     ``rng.<stream>`` (random streams), ``optim.<name>`` (the server
     optimizer's state); metadata: ``round`` and the number of rows.
     """
@@ -239,6 +240,8 @@ def save_checkpoint(out: Path, snap: Snapshot) -> Path:
         tensors["previous"] = state.previous.contiguous()
     if state.stats is not None:
         tensors["norm_stats"] = state.stats.contiguous()
+    if state.local is not None:
+        tensors["local_norms"] = state.local.contiguous()
     for name, g in snap.streams.items():
         tensors[f"rng.{name}"] = g
     for name, t in snap.optimizer.items():
@@ -298,7 +301,7 @@ def load_checkpoint(out: Path) -> Snapshot | None:
                       f"round was written after {n_rows} (rows are missing)")
     state = RoundState(
         theta=tensors["theta"], momentum=tensors.get("momentum"), previous=tensors.get("previous"), round=round_,
-        stats=tensors.get("norm_stats"),
+        stats=tensors.get("norm_stats"), local=tensors.get("local_norms"),
     )
     streams = {k.removeprefix("rng."): v for k, v in tensors.items() if k.startswith("rng.")}
     optimizer = {k.removeprefix("optim."): v for k, v in tensors.items() if k.startswith("optim.")}

@@ -1,4 +1,5 @@
-"""Batch normalisation for federated training: BatchNorm and Hybrid Batch Normalisation with server-held statistics.
+"""Batch normalisation for federated training: BatchNorm and Hybrid Batch Normalisation with server-held statistics,
+and FedBN's client-local BatchNorm.
 
 PyTorch's ``nn.BatchNorm2d`` updates its running statistics in place during the forward pass: shared state that
 ``torch.func.vmap`` over clients cannot carry, and that in federated learning is the server's to set, not each
@@ -12,7 +13,10 @@ statistics μ_g, σ²_g that the server holds and every client receives with the
   μ = a·μ_b + (1 − a)·μ_g,  σ² = a·σ²_b + (1 − a)·σ²_g,  a = sigmoid(d),
   with the mixing factor d a trained parameter initialised 0 (a = ½) — the sign convention of the authors' code
   (a weighs the batch; their figure writes the same mix with α = −d);
-* evaluation (``model.eval()``), both modes: μ = μ_g, σ² = σ²_g.
+* training, ``mode = "fedbn"`` (FedBN, Li, Jiang, Zhang, Kamp & Dou, ICLR 2021, arXiv 2102.07623): BatchNorm
+  again, but the layer is the *client's own*: its γ, β and its two buffers, which then hold the client's running
+  statistics, never leave the client (:mod:`phalanx.training.fedbn` keeps a copy per client);
+* evaluation (``model.eval()``), every mode: μ = μ_g, σ² = σ²_g (for ``"fedbn"``: the client's running statistics).
 
 Then y = γ (x − μ)/√(σ² + ε) + β. How the server sets μ_g, σ²_g from the clients' statistics of the broadcast
 model is the round algorithm's part (:mod:`phalanx.training.norm_stats`). While recording (:func:`recording`),
@@ -30,10 +34,14 @@ from torch import Tensor, nn
 
 from phalanx.errors import ConfigError
 
-NormMode = Literal["batch", "hybrid"]
-NORMS = ("none", "group", "batch", "hybrid")
+NormMode = Literal["batch", "hybrid", "fedbn"]
+MODES: tuple[NormMode, ...] = ("batch", "hybrid", "fedbn")
+SERVER_MODES: tuple[NormMode, ...] = ("batch", "hybrid")
+"""The modes whose statistics the server holds (:mod:`phalanx.training.norm_stats`); ``"fedbn"`` layers are the
+clients' own (:mod:`phalanx.training.fedbn`)."""
+NORMS = ("none", "group", "batch", "hybrid", "fedbn")
 """What a built-in model with a ``norm`` parameter accepts: no normalisation, GroupNorm, :class:`FedNorm2d` in
-``batch`` or ``hybrid`` mode."""
+``batch``, ``hybrid`` or ``fedbn`` mode."""
 
 
 class FedNorm2d(nn.Module):
@@ -45,8 +53,8 @@ class FedNorm2d(nn.Module):
 
     def __init__(self, channels: int, mode: NormMode = "batch", eps: float = 1e-5) -> None:
         super().__init__()
-        if mode not in ("batch", "hybrid"):
-            raise ConfigError("norm", mode, "'batch' or 'hybrid'")
+        if mode not in MODES:
+            raise ConfigError("norm", mode, " | ".join(repr(m) for m in MODES))
         self.mode = mode
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(channels))
@@ -55,6 +63,8 @@ class FedNorm2d(nn.Module):
         self.register_buffer("global_mean", torch.empty(channels))
         self.register_buffer("global_var", torch.empty(channels))
         self.recorded: tuple[Tensor, Tensor] | None = None
+        self.recorded_count = 0
+        """How many values per channel the recorded batch statistics are over (N·H·W of that forward pass)."""
         self.record = False
         self.reset_parameters()
 
@@ -75,6 +85,7 @@ class FedNorm2d(nn.Module):
             var = (x - mean.view(shape)).square().mean(dim=(0, 2, 3))
             if self.record:
                 self.recorded = (mean.detach(), var.detach())
+                self.recorded_count = x.numel() // max(1, x.shape[1])
             if self.mix is not None:
                 a = torch.sigmoid(self.mix)
                 mean = a * mean + (1 - a) * self.global_mean
@@ -95,25 +106,27 @@ def make_norm(norm: str, channels: int, groups: int = 2) -> nn.Module:
         return nn.Identity()
     if norm == "group":
         return nn.GroupNorm(groups, channels)
-    if norm in ("batch", "hybrid"):
-        return FedNorm2d(channels, norm)  # type: ignore[arg-type]
+    if norm in MODES:
+        return FedNorm2d(channels, norm)
     raise ConfigError("norm", norm, " | ".join(repr(n) for n in NORMS))
 
 
-def fed_norms(model: nn.Module) -> list[FedNorm2d]:
-    """The model's :class:`FedNorm2d` layers, in module order."""
-    return [m for m in model.modules() if isinstance(m, FedNorm2d)]
+def fed_norms(model: nn.Module, modes: tuple[NormMode, ...] = SERVER_MODES) -> list[FedNorm2d]:
+    """The model's :class:`FedNorm2d` layers of the given modes (default: those with server-held statistics), in
+    module order."""
+    return [m for m in model.modules() if isinstance(m, FedNorm2d) and m.mode in modes]
 
 
 @contextmanager
-def recording(model: nn.Module) -> Iterator[list[FedNorm2d]]:
-    """While open, every :class:`FedNorm2d` of ``model`` keeps its batch statistics of the last training-mode
-    forward pass in ``recorded`` (μ_b, σ²_b)."""
-    layers = fed_norms(model)
+def recording(model: nn.Module, modes: tuple[NormMode, ...] = SERVER_MODES) -> Iterator[list[FedNorm2d]]:
+    """While open, every :class:`FedNorm2d` of ``model`` of the given modes keeps its batch statistics of the last
+    training-mode forward pass in ``recorded`` (μ_b, σ²_b) and their count per channel in ``recorded_count``; they
+    are cleared when it closes (under ``torch.func`` transforms they are values of the transform)."""
+    layers = fed_norms(model, modes)
     for layer in layers:
         layer.record, layer.recorded = True, None
     try:
         yield layers
     finally:
         for layer in layers:
-            layer.record = False
+            layer.record, layer.recorded = False, None

@@ -66,8 +66,8 @@ class BasicBlock(nn.Module):
 
 class ResNet20(nn.Module):
     """ResNet-20 (He et al. 2016, §4.2, n = 3) with GroupNorm (``norm="group"``), or BatchNorm / Hybrid BN with
-    server-held statistics (``norm="batch"`` / ``"hybrid"``, :class:`~phalanx.models.norm.FedNorm2d`, federated
-    rounds); see the module docstring."""
+    server-held statistics (``norm="batch"`` / ``"hybrid"``), or FedBN's client-local BatchNorm (``norm="fedbn"``)
+    (:class:`~phalanx.models.norm.FedNorm2d`, federated rounds); see the module docstring."""
 
     widths = (16, 32, 64)
     blocks_per_stage = 3
@@ -78,8 +78,8 @@ class ResNet20(nn.Module):
             raise ConfigError("input_shape", input_shape, "(C, H, W) for resnet20")
         if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or 16 % groups:
             raise ConfigError("groups", groups, "a divisor of 16: 1, 2, 4, 8 or 16")
-        if norm not in ("group", "batch", "hybrid"):
-            raise ConfigError("norm", norm, "'group' | 'batch' | 'hybrid'")
+        if norm not in ("group", "batch", "hybrid", "fedbn"):
+            raise ConfigError("norm", norm, "'group' | 'batch' | 'hybrid' | 'fedbn'")
         self.conv = _HeConv2d(input_shape[0], self.widths[0])
         self.norm = make_norm(norm, self.widths[0], groups)
         blocks: list[nn.Module] = []
@@ -98,6 +98,6 @@ class ResNet20(nn.Module):
 
 @register("resnet20", meta=True)
 def resnet20(input_shape: tuple[int, ...], num_classes: int, groups: int = 2, norm: str = "group") -> nn.Module:
-    """ResNet-20 with GroupNorm (``groups`` groups per normalisation layer), or ``norm="batch"`` / ``"hybrid"``, see
-    :class:`ResNet20`."""
+    """ResNet-20 with GroupNorm (``groups`` groups per normalisation layer), or ``norm="batch"`` / ``"hybrid"`` /
+    ``"fedbn"``, see :class:`ResNet20`."""
     return ResNet20(input_shape, num_classes, groups=groups, norm=norm)

@@ -58,10 +58,11 @@ class LeNetLike(nn.Module):
 
     Each stage is ``Conv2d(k×k, padding k//2) → norm → ReLU → MaxPool2d(2)``; then ``Flatten → Linear(·, hidden) →
     ReLU → Linear(hidden, num_classes)``. ``norm``: ``"none"`` (the default), ``"group"`` (GroupNorm, ``groups``
-    groups), ``"batch"`` (BatchNorm) or ``"hybrid"`` (Hybrid BN) — the last two with server-held statistics
-    (:class:`~phalanx.models.norm.FedNorm2d`, federated rounds). With the defaults (channels 16, 32; 5×5 kernels;
-    hidden 128): 8×8 → 2×2×32, 28×28 → 7×7×32, 32×32 → 8×8×32 features before the classifier. The flattened size
-    is computed by running a dummy input through the stages (on the ``meta`` device: no memory, no arithmetic).
+    groups), ``"batch"`` (BatchNorm) or ``"hybrid"`` (Hybrid BN) — these two with server-held statistics — or
+    ``"fedbn"`` (FedBN: client-local BatchNorm) (:class:`~phalanx.models.norm.FedNorm2d`, federated rounds). With
+    the defaults (channels 16, 32; 5×5 kernels; hidden 128): 8×8 → 2×2×32, 28×28 → 7×7×32, 32×32 → 8×8×32
+    features before the classifier. The flattened size is computed by running a dummy input through the stages (on
+    the ``meta`` device: no memory, no arithmetic).
     """
 
     def __init__(
@@ -108,6 +109,7 @@ def cnn(
     input_shape: tuple[int, ...], num_classes: int, channels: Sequence[int] = (16, 32), kernel_size: int = 5,
     hidden: int = 128, norm: str = "none", groups: int = 2,
 ) -> nn.Module:
-    """A LeNet-style CNN (``norm``: none, group, batch or hybrid after each convolution), see :class:`LeNetLike`."""
+    """A LeNet-style CNN (``norm``: none, group, batch, hybrid or fedbn after each convolution), see
+    :class:`LeNetLike`."""
     return LeNetLike(input_shape, num_classes, channels=channels, kernel_size=kernel_size, hidden=hidden, norm=norm,
                      groups=groups)

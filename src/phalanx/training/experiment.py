@@ -74,6 +74,8 @@ class Experiment:
     eval_every: measure and evaluate every this many rounds (and after the last).
     rule_for: builds the rule for another f (when workers go missing); default ``rule.with_f``.
     columns: values repeated on every metric row (a config's keys).
+    eval_clients: a FedBN model (no global model): how many honest clients' own models are evaluated — all of
+    them, or this many evenly spaced ones (:mod:`phalanx.training.fedbn`).
     """
 
     model: nn.Module | Problem
@@ -92,9 +94,10 @@ class Experiment:
     eval_every: int = 20
     rule_for: Callable[[int], Aggregator] | None = None
     columns: dict[str, Any] = field(default_factory=dict)
+    eval_clients: int = 100
 
     def __post_init__(self) -> None:
-        for name in ("workers", "rounds", "eval_every"):
+        for name in ("workers", "rounds", "eval_every", "eval_clients"):
             check_int(name, getattr(self, name), low=1)
         check_int("byzantine", self.byzantine, low=0)
         check_int("seed", self.seed, low=0)
@@ -119,6 +122,10 @@ class Experiment:
             raise ConfigError("model", "a model with BatchNorm / Hybrid BN layers (FedNorm2d)", "a model without them "
                               "with distributed SGD (their statistics are measured and pooled by federated rounds: "
                               "algorithm FedAvg)")
+        if self.problem.local_norms is not None and not isinstance(self.algorithm, FedAvg):
+            raise ConfigError("model", "a FedBN model (FedNorm2d layers in 'fedbn' mode)", "a model without them with "
+                              f"{type(self.algorithm).__name__} (every client keeps its BatchNorm layers between "
+                              "federated rounds: algorithm FedAvg)")
         ds = self.dataset
         if self.shards is None:
             self.shards = partition(ds.train_y, n, "iid", seed=stream_seed(self.seed, "partition") % (2**31))
@@ -163,5 +170,6 @@ class Experiment:
             "model": type(self.problem.model).__name__, "parameters": self.problem.dim, "rule": repr(self.rule),
             "attack": repr(self.attack), "workers": self.workers, "byzantine": self.byzantine, "f": self.f,
             "rounds": self.rounds, "algorithm": repr(self.algorithm), "optimizer": repr(self.optimizer),
-            "lr": repr(self.lr), "seed": self.seed, "eval_every": self.eval_every, **self.columns,
+            "lr": repr(self.lr), "seed": self.seed, "eval_every": self.eval_every,
+            **({"eval_clients": self.eval_clients} if self.problem.local_norms is not None else {}), **self.columns,
         }

@@ -18,6 +18,10 @@ Algorithm 1):
    aggregation weighs every client equally, so the data-size weights of FedAvg are not applied); server momentum
    gives FedAvgM, ``server_optimizer = "adam"`` FedAdam.
 
+With a FedBN model (``norm = "fedbn"``) every client keeps its BatchNorm layers: it trains from θ with its own γ, β,
+sends the shared coordinates of its pseudo-gradient only, and the round writes the honest sampled clients' new
+BatchNorm parameters and running statistics into their rows (:mod:`phalanx.training.fedbn`).
+
 The Byzantine clients are a fixed subset of the population (the last ``byzantine`` indices); how many of them are
 sampled varies from round to round, and the rule tolerates the ``f`` it is configured for — each round's true number
 is measured (``byzantine_sampled`` in the metric rows). All sampled clients' local training runs as one batched
@@ -51,7 +55,8 @@ class FedAvg:
     ``local_epochs`` passes over its shard) with batch ``batch_size``, client learning rate ``lr`` (a number or a
     schedule over rounds), local momentum, weight decay and FedProx's ``prox_mu``. A model with BatchNorm / Hybrid BN
     layers: each sampled client measures their statistics on ``stats_batch`` samples, blended into the global
-    statistics with momentum ``stats_momentum`` (:mod:`phalanx.training.norm_stats`)."""
+    statistics with momentum ``stats_momentum`` (:mod:`phalanx.training.norm_stats`); a FedBN model: each client keeps
+    its own BatchNorm layers (:mod:`phalanx.training.fedbn`)."""
 
     clients_per_round: int | None = None
     local_steps: int = 1
@@ -100,6 +105,9 @@ class FedAvg:
         if exp.problem.norm_stats is not None:
             raise ConfigError("engine", "torchrun", "'simulated' for a model with BatchNorm / Hybrid BN layers (their "
                               "statistics are pooled in one process so far)")
+        if exp.problem.local_norms is not None:
+            raise ConfigError("engine", "torchrun", "'simulated' for a FedBN model (every client's own BatchNorm "
+                              "layers are kept in one process so far)")
         return FedAvgSlot(self, exp, rank, streams)
 
 
@@ -141,14 +149,43 @@ class _Clients:
         for a round it missed) and return their rows; the streams are drawn for all of them, as in the batched run,
         so that every slot stays in step and gets the batches the batched run gives its client.
         """
-        algo, exp = self.algo, self.exp
+        exp = self.exp
         w = int(ids.numel())
         if w == 0:
             return theta.new_zeros(0, exp.problem.dim)
-        trained = ids[rows]
-        params = theta.expand(int(trained.numel()), -1).clone()
+        params = self._steps(theta, theta.expand(int(ids[rows].numel()), -1).clone(), ids, t, poisoned, rows)
+        return self._boosted(theta - params, w, poisoned, rows)
+
+    def _train_local(self, theta: Tensor, ids: Tensor, t: int, poisoned: int) -> tuple[Tensor, Tensor]:
+        """FedBN's local training of the clients ``ids`` (:mod:`phalanx.training.fedbn`): each from θ with its own
+        BatchNorm parameters, its running statistics tracked step by step. Their pseudo-gradients on the shared
+        coordinates ``(len(ids), d_shared)``, and the new table: the honest ones' rows written (the last
+        ``poisoned`` clients are a data attack's, whose rows are left as they are)."""
+        norms = self.exp.problem.local_norms
+        assert norms is not None
+        w = int(ids.numel())
+        if w == 0:
+            return theta.new_zeros(0, int(norms.shared_index.numel())), norms.current()
+        own = norms.current()[ids.to(norms.current().device)]
+        start = norms.models(theta, own)
+        running = own[:, norms.params :].to(theta).clone()
+        params = self._steps(start, start.clone(), ids, t, poisoned, slice(None), running)
+        pseudo = self._boosted(norms.shared(start - params), w, poisoned, slice(None))
+        honest = w - poisoned
+        return pseudo, norms.updated(ids[:honest], norms.rows(params[:honest], running[:honest]))
+
+    def _steps(
+        self, anchor: Tensor, params: Tensor, ids: Tensor, t: int, poisoned: int, rows: slice,
+        running: Tensor | None = None,
+    ) -> Tensor:
+        """The local steps of the clients ``ids[rows]`` from ``params`` (their stacked start, updated in place and
+        returned); FedProx pulls towards ``anchor``. With ``running`` (a FedBN model), each step's batch statistics
+        are blended into these running statistics, row by row."""
+        algo, exp = self.algo, self.exp
+        norms = exp.problem.local_norms if running is not None else None
+        w = int(ids.numel())
         velocity = torch.zeros_like(params) if algo.momentum else None
-        steps = self.steps[trained]
+        steps = self.steps[ids[rows]]
         lr = algo.client_lr(t)
         for k in range(int(self.steps[ids].max())):
             xb, yb = sample_batches_of(exp.data, ids, algo.batch_size, self.batch_gen)
@@ -158,20 +195,28 @@ class _Clients:
             active = steps > k
             if not bool(active.any()):
                 continue
-            g = exp.problem.grads_each(params, xb[rows], yb[rows])
+            if norms is None:
+                g = exp.problem.grads_each(params, xb[rows], yb[rows])
+            else:
+                assert running is not None
+                g, stats = norms.grads_each(exp.problem, params, xb[rows], yb[rows])
+                norms.track(running, stats, active)
             if algo.weight_decay:
                 g.add_(params, alpha=algo.weight_decay)
             if algo.prox_mu:
-                g.add_(params - theta, alpha=algo.prox_mu)
+                g.add_(params - anchor, alpha=algo.prox_mu)
             if velocity is not None:
                 g = velocity.mul_(algo.momentum).add_(g)
             if bool(active.all()):
                 params.sub_(g, alpha=lr)
             else:
                 params[active] -= lr * g[active]
-        pseudo = theta - params
-        boost = float(getattr(exp.attack, "boost", 1.0))
-        if poisoned and boost != 1.0:  # model replacement: the poisoned updates scaled
+        return params
+
+    def _boosted(self, pseudo: Tensor, w: int, poisoned: int, rows: slice) -> Tensor:
+        """Model replacement: the poisoned clients' pseudo-gradients scaled by the attack's ``boost`` (in place)."""
+        boost = float(getattr(self.exp.attack, "boost", 1.0))
+        if poisoned and boost != 1.0:
             first = w - poisoned
             positions = torch.arange(w)[rows]
             pseudo[positions >= first] *= boost
@@ -190,11 +235,15 @@ class FedAvgClients(_Clients):
         train_ids = ids if self.data_attack else honest_ids
         poisoned = int(byz_ids.numel()) if self.data_attack else 0
         stats = None if exp.problem.norm_stats is None else self._stats(theta, train_ids, poisoned, byz_ids, t)
-        vectors = self._train(theta, train_ids, t, poisoned)
+        local = None
+        if exp.problem.local_norms is None:
+            vectors = self._train(theta, train_ids, t, poisoned)
+        else:
+            vectors, local = self._train_local(theta, train_ids, t, poisoned)
         if self.vector_attack and byz_ids.numel():
             byz = attack_rows(exp, vectors, int(byz_ids.numel()), rule, self.attack_gen, t)
             vectors = torch.cat([vectors, byz]) if vectors.numel() else byz
-        return Received(vectors, rows=ids.tolist(), state_rows=False, stats=stats)
+        return Received(vectors, rows=ids.tolist(), state_rows=False, stats=stats, local=local)
 
     def _stats(self, theta: Tensor, ids: Tensor, poisoned: int, byz_ids: Tensor, t: int) -> Tensor:
         """The normalisation statistics the round's clients report, a row per client in the order of the vectors:

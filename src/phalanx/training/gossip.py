@@ -16,10 +16,17 @@ Jaggi, 2022):
 
    * ``rule = "mean"`` — gossip averaging with the graph's mixing matrix W (Metropolis–Hastings by default):
      xᵢ ← Σⱼ Wᵢⱼ x̃ⱼ (a Byzantine neighbour's message in place of x̃ⱼ), for all nodes one matrix product;
+   * a robust gossip rule (:mod:`phalanx.decentralized.robust_gossip`: ``clipped_gossip``, ``cs_plus``, ``ios``)
+     — xᵢ ← x̃ᵢ + Σⱼ cᵢⱼ (x̃ⱼ − x̃ᵢ), coefficients from W, the differences and the Byzantine weight f neighbours
+     can have; all nodes batched (neighbourhoods padded to the largest degree, :class:`Neighbourhoods`);
    * any other rule or chain — xᵢ ← Agg({x̃ⱼ : j ∈ N(i) ∪ {i}}), the rule configured for f applied to node i's
      closed neighbourhood (a loop over nodes). A rule that takes a centre gets the node's own x̃ᵢ: ``cc`` is then
      self-centred clipping (He, Karimireddy & Jaggi, "Byzantine-robust decentralized learning via ClippedGossip",
      2022), xᵢ ← x̃ᵢ + (1/|N(i)∪{i}|) Σⱼ CLIP(x̃ⱼ − x̃ᵢ, τ), with uniform weights and a fixed radius τ.
+
+A decentralized attack (:mod:`phalanx.decentralized.gossip_attacks`: ``dissensus``, ``spectral``) computes every
+target's message at once from the honest local steps, the graph and W; it may evaluate the targets' rule
+(``spectral`` with ``scale = "search"``).
 
 On the loop's seam: the node side is this module's :class:`GossipNodes` (the in-process transport's worker side);
 the aggregation is :class:`GossipServer`, which returns the displacement X − X_new so that the experiment's
@@ -38,6 +45,8 @@ from torch import Tensor
 
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.decentralized import gossip as gossip_ops
+from phalanx.decentralized.gossip_attacks import GossipAttack, GossipView
+from phalanx.decentralized.robust_gossip import CHUNK_ELEMENTS, GossipRule, byzantine_weights
 from phalanx.decentralized.topology import Graph
 from phalanx.errors import ConfigError
 from phalanx.training.dsgd import byzantine_vectors, computing_workers, worker_batches
@@ -107,6 +116,120 @@ def closed_neighbourhoods(graph: Graph) -> list[Tensor]:
     return [torch.nonzero(adj[i]).flatten() for i in range(graph.n)]
 
 
+class Neighbourhoods:
+    """Every node's neighbours N(i) padded to the largest degree K, for batched combination.
+
+    ``index`` ``(n, K)``: the neighbours in increasing order, then the node itself as padding; ``valid`` which
+    slots are real; ``weights`` Wᵢⱼ of each slot (float64, 0 on padding); ``own`` Wᵢᵢ; ``tolerated`` bᵢ, the
+    Byzantine weight f neighbours can have (:func:`~phalanx.decentralized.robust_gossip.byzantine_weights`);
+    ``byzantine`` the slots of Byzantine neighbours (nodes ≥ ``honest``; they are the last real slots of a row).
+    """
+
+    def __init__(self, graph: Graph, mixing: Tensor, honest: int, f: int) -> None:
+        n = graph.n
+        cols = torch.arange(n)
+        key = torch.where(graph.adjacency, cols[None, :], torch.full((n, n), n))
+        k = max(int(graph.degrees.max()), 1)
+        raw = torch.sort(key, dim=1).values[:, :k]
+        self.valid = raw < n
+        self.index = torch.where(self.valid, raw, cols[:, None].expand(n, k))
+        w64 = mixing.to(torch.float64)
+        self.weights = torch.where(self.valid, torch.gather(w64, 1, self.index), torch.zeros(n, k, dtype=torch.float64))
+        self.own = w64.diagonal().clone()
+        self.tolerated = byzantine_weights(self.weights, f)
+        self.byzantine = self.valid & (self.index >= honest)
+        self.byzantine_counts = self.byzantine.sum(dim=1)
+
+    def chunks(self, nodes: Tensor, dim: int) -> list[Tensor]:
+        """``nodes`` cut so that a chunk gathers at most ``CHUNK_ELEMENTS`` (B · K · d) elements."""
+        size = max(1, CHUNK_ELEMENTS // max(1, self.index.shape[1] * dim))
+        return list(torch.split(nodes, size))
+
+    def rows(self, half: Tensor, nodes: Tensor, messages: dict[int, Tensor]) -> Tensor:
+        """What ``nodes`` (increasing) received, ``(B, K, d)``: x̃ⱼ of each neighbour, a Byzantine neighbour's
+        message in its place (``messages[i]``: one row per Byzantine neighbour of i, in increasing order)."""
+        y = half[self.index[nodes]]
+        got = [int(i) for i in nodes.tolist() if int(i) in messages]
+        if got:
+            mask = self.byzantine[nodes] & torch.isin(nodes, torch.tensor(got))[:, None]
+            y[mask] = torch.cat([messages[i] for i in got]).to(y.dtype)
+        return y
+
+    def rows_same(self, half: Tensor, nodes: Tensor, messages: Tensor) -> Tensor:
+        """What ``nodes`` received when all Byzantine neighbours of node ``nodes[t]`` send it ``messages[t]``."""
+        y = half[self.index[nodes]]
+        return torch.where(self.byzantine[nodes][:, :, None], messages.to(y.dtype)[:, None, :], y)
+
+
+class NodeRule:
+    """The nodes' combination step with the run's rule: plain gossip (``mean``), a robust gossip rule (batched over
+    nodes) or any other rule (node by node), for the server's round and for an attacker that evaluates it."""
+
+    def __init__(self, algo: Gossip, exp: Experiment) -> None:
+        self.rule: Aggregator = exp.rule
+        self.honest = exp.honest
+        self.mixing = algo.mixing
+        self.plain = getattr(exp.rule, "name", "") == "mean"
+        self.batched = isinstance(exp.rule, GossipRule)
+        self.closed = closed_neighbourhoods(algo.graph)
+        self.hoods = Neighbourhoods(algo.graph, algo.mixing, exp.honest, exp.f)
+
+    def _batched(self, half: Tensor, nodes: Tensor, y: Tensor) -> Tensor:
+        hd = self.hoods
+        if self.plain:  # Σⱼ Wᵢⱼ yⱼ, row stochastic: x̃ᵢ Wᵢᵢ + Σ_slots w y
+            return (hd.own[nodes].to(half.dtype)[:, None] * half[nodes]
+                    + torch.einsum("bk,bkd->bd", hd.weights[nodes].to(half.dtype), y))
+        assert isinstance(self.rule, GossipRule)
+        return self.rule.combine(half[nodes], y, hd.weights[nodes], hd.own[nodes], hd.tolerated[nodes])
+
+    def combine(self, half: Tensor, follow: int, messages: dict[int, Tensor], generator: torch.Generator) -> Tensor:
+        """The new models of nodes ``0 … follow − 1`` with a rule that is not plain gossip, ``(follow, d)``."""
+        nodes = torch.arange(follow)
+        if self.batched:
+            return torch.cat([self._batched(half, c, self.hoods.rows(half, c, messages))
+                              for c in self.hoods.chunks(nodes, half.shape[1])])
+        h = self.honest
+        out = torch.empty(follow, half.shape[1], dtype=half.dtype)
+        for i in range(follow):
+            hood = self.closed[i]
+            rows = half[hood] if i not in messages else torch.cat([half[hood[hood < h]], messages[i]])
+            out[i] = self.rule(rows, **node_context(self.rule, half[i], generator))
+        return out
+
+    def combine_targets(self, half: Tensor, targets: Tensor, messages: Tensor, generator: torch.Generator) -> Tensor:
+        """The new models ``(T, d)`` of ``targets`` when every Byzantine neighbour of ``targets[t]`` sends it
+        ``messages[t]`` (what an adaptive decentralized attack evaluates)."""
+        if self.plain or self.batched:
+            parts = []
+            for c in self.hoods.chunks(torch.arange(targets.numel()), half.shape[1]):
+                nodes = targets[c]
+                parts.append(self._batched(half, nodes, self.hoods.rows_same(half, nodes, messages[c])))
+            return torch.cat(parts) if parts else half.new_empty((0, half.shape[1]))
+        h = self.honest
+        out = torch.empty(targets.numel(), half.shape[1], dtype=half.dtype)
+        for t, i in enumerate(targets.tolist()):
+            hood = self.closed[i]
+            byz = int((hood >= h).sum())
+            rows = torch.cat([half[hood[hood < h]], messages[t].to(half.dtype).expand(byz, -1)])
+            out[t] = self.rule(rows, **node_context(self.rule, half[i], generator))
+        return out
+
+    def attack_context(self, i: int, half: Tensor) -> dict[str, Any]:
+        """The rule's context at honest node i for a (server-style) vector attack that calls it on
+        ``[honest rows of N(i) ∪ {i}; Byzantine rows]``: the node's own row (its centre, or its index and the rows'
+        gossip weights for a robust gossip rule)."""
+        keys: frozenset[str] = getattr(self.rule, "context_keys", frozenset())
+        hood = self.closed[i]
+        honest = hood[hood < self.honest]
+        ctx: dict[str, Any] = {}
+        if "center" in keys:
+            ctx["center"] = half[i]
+        if self.batched:
+            ctx["own"] = int(torch.nonzero(honest == i)[0])
+            ctx["weights"] = torch.cat([self.mixing[i, honest], self.mixing[i, hood[hood >= self.honest]]])
+        return ctx
+
+
 class GossipNodes:
     """All n nodes in one process (see the module's docstring): their batches, gradients, momentum and local steps,
     and the Byzantine nodes' messages to each honest neighbour."""
@@ -122,6 +245,9 @@ class GossipNodes:
         self.attack_gen = restored(streams["attack"])
         self.buffer = momentum
         self.closed = closed_neighbourhoods(algo.graph)
+        self.node_rule = NodeRule(algo, exp)
+        hoods = self.node_rule.hoods
+        self.targets = torch.nonzero(hoods.byzantine_counts[: self.honest_n] > 0).flatten()
 
     def streams(self) -> dict[str, Tensor]:
         """The node-side streams' states now."""
@@ -152,21 +278,39 @@ class GossipNodes:
         return Received(half, state_rows=False, carry=self.buffer, messages=messages)
 
     def _messages(self, half: Tensor, t: int) -> dict[int, Tensor]:
-        """What the Byzantine neighbours of each honest node send it: the attack on that node's honest closed
-        neighbourhood, one attack call per honest node with Byzantine neighbours (in index order)."""
+        """What the Byzantine neighbours of each honest node send it: a decentralized attack's messages for all
+        targets at once, or a server attack on that node's honest closed neighbourhood, one attack call per honest
+        node with Byzantine neighbours (in index order)."""
         exp = self.exp
         assert isinstance(exp.attack, Attack)
+        if isinstance(exp.attack, GossipAttack):
+            return self._gossip_messages(exp.attack, half, t)
         out: dict[int, Tensor] = {}
-        for i in range(self.honest_n):
+        for i in self.targets.tolist():
             hood = self.closed[i]
             byz = int((hood >= self.honest_n).sum())
-            if byz == 0:
-                continue
             honest_rows = half[hood[hood < self.honest_n]]
-            centre = {"center": half[i]} if "center" in getattr(exp.rule, "context_keys", frozenset()) else {}
+            context = self.node_rule.attack_context(i, half)
             out[i] = byzantine_vectors(exp.attack, honest_rows, byzantine=byz, f=exp.f,
-                                       rule=BoundRule(exp.rule, centre), attack_gen=self.attack_gen, round=t)
+                                       rule=BoundRule(exp.rule, context), attack_gen=self.attack_gen, round=t)
         return out
+
+    def _gossip_messages(self, attack: GossipAttack, half: Tensor, t: int) -> dict[int, Tensor]:
+        """A decentralized attack: one vector per target, sent by each of its Byzantine neighbours. Its evaluations
+        of a stochastic rule draw from a generator of their own (seeded with the round), not from the run's
+        streams."""
+        h, targets = self.honest_n, self.targets
+        if targets.numel() == 0:
+            return {}
+        search = torch.Generator().manual_seed(t)
+        view = GossipView(
+            honest=half[:h], mixing=self.algo.mixing, targets=targets, f=self.exp.f,
+            combine=lambda m: self.node_rule.combine_targets(half, targets, m, search),
+            generator=self.attack_gen, round=t,
+        )
+        msgs = attack.messages(view).to(half.dtype)
+        counts = self.node_rule.hoods.byzantine_counts
+        return {int(i): msgs[k].expand(int(counts[i]), -1) for k, i in enumerate(targets.tolist())}
 
 
 class GossipServer:
@@ -181,6 +325,9 @@ class GossipServer:
         self.honest = exp.honest
         self.closed = closed_neighbourhoods(algo.graph)
         self.plain = getattr(exp.rule, "name", "") == "mean"
+        if isinstance(exp.rule, GossipRule):
+            exp.rule.check_graph(algo.graph)
+        self.node_rule = NodeRule(algo, exp)
         self.theta: Tensor | None = None
         # the nodes that combine: the honest ones, and a data attack's (they follow the protocol)
         self.follow = exp.workers if isinstance(exp.attack, DataAttack) else self.honest
@@ -210,10 +357,7 @@ class GossipServer:
                 byz = self.closed[i][self.closed[i] >= h]
                 new[i] += (w[i, byz].to(half.dtype)[:, None] * msgs).sum(0)
         else:
-            for i in range(follow):
-                hood = self.closed[i]
-                rows = half[hood] if i not in messages else torch.cat([half[hood[hood < h]], messages[i]])
-                new[i] = self.rule(rows, **node_context(self.rule, half[i], self.generator))
+            new[:follow] = self.node_rule.combine(half, follow, messages, self.generator)
         assert self.theta is not None, "context() first"
         return self.theta - new, None
 

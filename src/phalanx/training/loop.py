@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 import torch
 from torch import Tensor
 
-from phalanx.errors import WorkersLostError
+from phalanx.errors import ConfigError, WorkersLostError
 from phalanx.training.experiment import Experiment
 from phalanx.training.gossip import honest_metrics
 from phalanx.training.server import BoundRule, RoundResult, Server
@@ -93,9 +93,13 @@ class Evaluate(Callback):
         """One metric row of the current state."""
         exp = loop.experiment
         theta = loop.state.theta
+        local = exp.problem.local_norms
         if theta.dim() == 2:  # a model per node (decentralized rounds): the honest nodes' accuracies
             evaluate = functools.partial(exp.problem.evaluate, x=exp.dataset.test_x, y=exp.dataset.test_y)
             measured = honest_metrics(theta, exp.honest, evaluate)
+            acc, loss = measured.pop("test_accuracy"), measured.pop("test_loss")
+        elif local is not None and loop.state.local is not None:  # FedBN: every honest client's own model
+            measured = local.metrics(exp, theta, loop.state.local)
             acc, loss = measured.pop("test_accuracy"), measured.pop("test_loss")
         else:
             acc, loss = exp.problem.evaluate(theta, exp.dataset.test_x, exp.dataset.test_y)
@@ -109,7 +113,7 @@ class Evaluate(Callback):
         if result is not None and result.sampled_byzantine is not None:  # a federated round: who was sampled
             row["byzantine_sampled"] = result.sampled_byzantine
         extra = getattr(exp.attack, "metrics", None)  # an attack's own measure (a backdoor's success rate)
-        if callable(extra) and theta.dim() == 1:
+        if callable(extra) and theta.dim() == 1 and local is None:  # (FedBN's: the clients' mean, above)
             ok = bool(torch.isfinite(theta).all())
             measured = extra(lambda x: exp.problem.predict(theta, x), exp.dataset.test_x, exp.dataset.test_y)
             row.update({k: (v if ok else None) for k, v in measured.items()})
@@ -129,9 +133,11 @@ class OnRound(Callback):
 
 def fresh_start(exp: Experiment) -> Snapshot:
     """Round 0: θ₀ from the model, the per-round streams seeded from the experiment's seed."""
-    norm = exp.problem.norm_stats
-    state = RoundState(theta=exp.problem.initial_theta(), momentum=None, previous=None, round=0,
-                       stats=None if norm is None else norm.vector())
+    norm, local = exp.problem.norm_stats, exp.problem.local_norms
+    theta = exp.problem.initial_theta()
+    state = RoundState(theta=theta, momentum=None, previous=None, round=0,
+                       stats=None if norm is None else norm.vector(),
+                       local=None if local is None else local.initial(theta, exp.workers))
     streams = {name: generator(exp.seed, name).get_state() for name in ROUND_STREAMS}
     return Snapshot(state, streams)
 
@@ -153,6 +159,8 @@ class Loop:
             reference_batch=experiment.reference_batch, generator=generator(experiment.seed, "aggregator"),
             rule_for=experiment.rule_for,
         ) if make_server is None else make_server(experiment, generator(experiment.seed, "aggregator"))
+        if experiment.problem.local_norms is not None:  # FedBN: the rule sees the shared coordinates only
+            self.server = experiment.problem.local_norms.server(self.server)
         self.state = RoundState(experiment.problem.initial_theta(), None, None, 0)
         self.rows: list[dict[str, Any]] = []
         self.resumed = False
@@ -167,6 +175,12 @@ class Loop:
         norm = exp.problem.norm_stats
         if norm is not None and self.state.stats is not None:
             norm.load(self.state.stats)
+        local = exp.problem.local_norms
+        if local is not None:
+            if self.state.local is None:
+                raise ConfigError("start", "a snapshot without 'local_norms'", "a FedBN run's snapshot, with every "
+                                  "client's BatchNorm rows")
+            local.load(self.state.local)
         if "aggregator" in start.streams:
             self.server.generator.set_state(start.streams["aggregator"])
         exp.optimizer.load_state_dict({k: v.to(self.state.theta) for k, v in start.optimizer.items()})
@@ -197,7 +211,9 @@ class Loop:
             self._abort(exc, streams)
         theta = exp.optimizer.step(state.theta, agg, lr)
         stats = self._blend_stats(got)
-        self.state = RoundState(theta=theta, momentum=self._rows(got), previous=agg, round=t + 1, stats=stats)
+        local = self._local(got)
+        self.state = RoundState(theta=theta, momentum=self._rows(got), previous=agg, round=t + 1, stats=stats,
+                                local=local)
         info = RoundInfo(t, measure, lr, result, got.vectors.shape[0], got.missing, got.sent, got.received,
                          time.perf_counter() - t0)
         for cb in self.callbacks:
@@ -247,6 +263,16 @@ class Loop:
             pooled = norm.pool(got.stats, max(0, exp.f - len(got.missing)))
             norm.blend(pooled, float(getattr(exp.algorithm, "stats_momentum", 0.1)))
         return norm.vector()
+
+    def _local(self, got: Received) -> Tensor | None:
+        """FedBN: every client's BatchNorm rows after this round (those the round wrote; :mod:`phalanx.training.fedbn`),
+        loaded for the next round."""
+        local = self.experiment.problem.local_norms
+        if local is None:
+            return None
+        if got.local is not None:
+            local.load(got.local)
+        return local.current()
 
     def _abort(self, exc: RoundAborted, streams: dict[str, Tensor]) -> NoReturn:
         """Hand the snapshot of the start of this round to the callbacks, then raise :class:`WorkersLostError`."""

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from phalanx.errors import ConfigError
+from phalanx.training.fedbn import LocalNorms
 from phalanx.training.linear_stack import LinearStack, blend_rows
 from phalanx.training.norm_stats import NormStats
 
@@ -82,6 +83,8 @@ class Problem:
         self._offsets = dict(zip(self.layout.names, self.layout.offsets))
         self.norm_stats = NormStats.of(model)
         """The server-held statistics of the model's BatchNorm / Hybrid BN layers (None: it has none)."""
+        self.local_norms = LocalNorms.of(model, self.layout)
+        """The model's FedBN layers, which every client keeps to itself (None: it has none)."""
 
     @contextmanager
     def _eval_mode(self) -> Iterator[None]:

@@ -16,7 +16,9 @@ class RoundState:
     workers' momentum rows, then the Byzantine rows sent last; ``None`` before the first round. The in-process
     transport updates it in place (one buffer for the whole run): a state must not be used after the next round.
     ``previous`` is the last aggregate (the centre of centered clipping); ``stats`` the global statistics of the
-    model's BatchNorm / Hybrid BN layers (:mod:`phalanx.training.norm_stats`; None for a model without them).
+    model's BatchNorm / Hybrid BN layers (:mod:`phalanx.training.norm_stats`; None for a model without them);
+    ``local`` every client's own BatchNorm parameters and running statistics of a FedBN model, ``(clients, width)``
+    (:mod:`phalanx.training.fedbn`; None for other models).
     """
 
     theta: Tensor
@@ -24,6 +26,7 @@ class RoundState:
     previous: Tensor | None
     round: int = 0
     stats: Tensor | None = None
+    local: Tensor | None = None
 
 
 @dataclass
@@ -69,6 +72,9 @@ class Received:
     stats: Tensor | None = None
     """The normalisation statistics the clients of the round measured on the broadcast model, a row per vector
     (``(m, 2·channels)``, :mod:`phalanx.training.norm_stats`); None for a model without BatchNorm / Hybrid BN."""
+    local: Tensor | None = None
+    """FedBN: every client's BatchNorm row after the round (the sampled honest clients' rewritten, a new tensor;
+    :mod:`phalanx.training.fedbn`); None otherwise."""
 
 
 @dataclass(frozen=True)
