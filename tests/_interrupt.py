@@ -11,7 +11,7 @@ from phalanx.experiments.config import RunConfig
 from phalanx.training.loop import Callback, Loop, RoundInfo
 
 
-class _Stopped(Exception):
+class _Stopped(BaseException):  # a kill, not an error: no FAILED marker
     pass
 
 

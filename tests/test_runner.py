@@ -10,7 +10,7 @@ import pytest
 from phalanx import data
 from phalanx.data import DatasetNotFoundError
 from phalanx.errors import ConfigError
-from phalanx.experiments import grid, runner, store, train
+from phalanx.experiments import grid, runner, runstate, status, store, train
 from phalanx.experiments.config import RunConfig, make_config
 
 
@@ -106,13 +106,32 @@ class Boom:
 """
 
 
-def test_a_failing_run_stops_a_parallel_grid_with_its_own_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_failing_run_does_not_stop_the_grid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int) -> None:
     (tmp_path / "boomrule.py").write_text(BOOM)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the worker processes import the rule too
-    cfgs = [_cfg(seed=s, aggregator="boomrule:Boom") for s in range(6)]
-    with pytest.raises(ConfigError, match="boom=") as exc:  # the worker's ConfigError itself, not a broken pool
-        runner.run_grid(cfgs, tmp_path / "out", jobs=2)
+    bad = [_cfg(seed=s, aggregator="boomrule:Boom") for s in range(2)]
+    good = [_cfg(seed=s) for s in range(2)]
+    out = tmp_path / "out"
+    with pytest.raises(runner.GridFailed, match="2 of 4 runs did not finish: 2 failed") as exc:
+        runner.run_grid([bad[0], good[0], bad[1], good[1]], out, jobs=jobs)
+    assert "boom=4 is invalid" in str(exc.value)  # the worker's own error, not a broken pool
+    failed = exc.value.outcome.failed
+    assert sorted(failed) == sorted(out / grid.run_id(c) for c in bad)
+    assert all(type(e) is ConfigError for e in failed.values())
+    for c in good:
+        assert runstate.state(out / grid.run_id(c)).status == "done"
+    for c in bad:
+        st = runstate.state(out / grid.run_id(c))
+        assert st.status == "failed" and st.detail.startswith("ConfigError: boom=4 is invalid")
+    rows = {r.run: r.status for r in status.grid_status(out)}
+    assert sorted(rows.values()) == ["done", "done", "failed", "failed"]
+
+
+def test_a_grid_of_one_failing_run_raises_its_own_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "boomrule.py").write_text(BOOM)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="boom=") as exc:
+        runner.run_grid([_cfg(aggregator="boomrule:Boom")], tmp_path / "out")
     assert type(exc.value) is ConfigError

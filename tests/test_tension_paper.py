@@ -124,7 +124,7 @@ def test_tiny_end_to_end_cli(tmp_path: Path) -> None:
     cells = list(csv.DictReader(io.StringIO((tmp_path / "cells.csv").read_text())))
     assert len(cells) == 4 * 3 * 2
     assert all(0.0 <= float(c["mean"]) <= 1.0 for c in cells)
-    runs = sorted((tmp_path / "runs").iterdir())
+    runs = sorted(p for p in (tmp_path / "runs").iterdir() if p.is_dir())
     assert len(runs) == (1 + 4 * 2) * 2 * 2  # mean + 2 rows per table, × 2 α × 2 seeds
     stamp = {r: (r / "DONE").stat().st_mtime_ns for r in runs}
     first = (tmp_path / "cells.csv").read_text()

@@ -17,6 +17,7 @@ from rich.table import Table
 from phalanx import __version__, aggregators
 from phalanx.distributed import cli as distributed_cli
 from phalanx.errors import PhalanxError
+from phalanx.executor_cli import ExecutorChoice, executor_options
 
 if TYPE_CHECKING:
     from phalanx.experiments.config import RunConfig
@@ -174,8 +175,12 @@ def _check_out(out: Path) -> None:
                           "file away")
 
 
-def _train(cfgs: list[RunConfig], out: Path, jobs: int) -> None:
-    """Run validated configurations into ``out`` (finished runs skipped) under a rich progress bar with ETA.
+def _train(
+    cfgs: list[RunConfig], out: Path, jobs: int, executor: ExecutorChoice | None = None,
+    slurm_table: dict[str, Any] | None = None,
+) -> None:
+    """Run validated configurations into ``out`` (finished runs skipped) under a rich progress bar with ETA, on the
+    executor the command line chose (``slurm_table``: the grid config's ``[slurm]`` settings).
 
     The first SIGINT (Ctrl-C) or SIGTERM stops the grid cleanly (:class:`~phalanx.experiments.runner.Interrupted`:
     one line, exit status 130 or 143); the same command, started again, resumes.
@@ -185,6 +190,8 @@ def _train(cfgs: list[RunConfig], out: Path, jobs: int) -> None:
     from phalanx.experiments import grid, runner
 
     _check_out(out)
+    choice = executor or ExecutorChoice()
+    chosen = choice.make(jobs, slurm_table)  # Slurm settings validated before anything runs
 
     total = sum(c.rounds for c in cfgs)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} rounds"),
@@ -205,36 +212,54 @@ def _train(cfgs: list[RunConfig], out: Path, jobs: int) -> None:
             offsets[key] = cfg.rounds
 
         with runner.stop_on_signals():
-            runner.run_grid(cfgs, out, jobs=jobs, on_round=on_round, on_done=on_done)
+            runner.run_grid(cfgs, out, executor=chosen, on_round=on_round, on_done=on_done)
 
 
-def _run_grid(config: Path | None, overrides: list[str], out: Path, jobs: int) -> None:
-    """Train the grid of a config: in this process's workers (``engine = "simulated"``), or — ``engine =
-    "torchrun"`` — one process per worker, exactly as ``phalanx launch`` does."""
+def _split_slurm(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """A grid config without its ``[slurm]`` table, and the table (``None`` if there is none)."""
+    data = dict(data)
+    return data, data.pop("slurm", None)
+
+
+def _run_grid(
+    config: Path | None, overrides: list[str], out: Path, jobs: int, executor: ExecutorChoice | None = None,
+) -> None:
+    """Train the grid of a config: in this process's workers (``engine = "simulated"``), on a Slurm job array
+    (``--executor slurm``), or — ``engine = "torchrun"`` — one process per worker, exactly as ``phalanx launch``
+    does."""
     from phalanx.errors import ConfigError
     from phalanx.experiments import grid, report
 
-    cfgs = grid.configs(_load_grid(config, overrides))  # every point validated before anything runs
+    data, slurm_table = _split_slurm(_load_grid(config, overrides))
+    cfgs = grid.configs(data)  # every point validated before anything runs
     _check_out(out)
     engines = {c.engine for c in cfgs}
     if engines == {"torchrun"}:
+        if executor is not None and executor.executor != "local":
+            raise ConfigError("--executor", executor.executor, "local for engine = \"torchrun\" (one job per run: "
+                              "`phalanx launch` inside your own sbatch script)")
         distributed_cli.launch(config=config, workers=None, set_=overrides, out=out)
         return
     if len(engines) > 1:
         raise ConfigError("engine", sorted(engines), "one engine for the whole grid (run the torchrun points with "
                           "`phalanx launch`)")
     console.print(f"[bold]{len(cfgs)} run(s)[/bold] → {out}")
-    _train(list(cfgs), out, jobs)
+    _train(list(cfgs), out, jobs, executor, slurm_table)
     result = report.write_report(out)
     table = Table(title="Final test accuracy (seeds pooled)")
     keys = result["keys"]
-    for k in [*keys, "final acc. %", "best acc. %", "agg. error", "Byz. share"]:
+    diverged = sum(s.get("diverged", 0) for s in result["summary"])
+    for k in [*keys, "final acc. %", "best acc. %", "agg. error", "Byz. share"] + (["diverged"] if diverged else []):
         table.add_column(k, justify="left" if k in keys else "right")
     for s in sorted(result["summary"], key=lambda s: -s["final_accuracy"]):
         acc = f"{100 * s['final_accuracy']:.1f}" + (f" ± {100 * s['final_accuracy_std']:.1f}" if s["seeds"] > 1 else "")
         table.add_row(*[str(s.get(k)) for k in keys], acc, f"{100 * s['best_accuracy']:.1f}",
-                      _fmt(s["agg_error"]), _fmt(s["byz_share"], 2))
+                      _fmt(s["agg_error"]), _fmt(s["byz_share"], 2),
+                      *([f"{s.get('diverged', 0)}/{s['seeds']}"] if diverged else []))
     console.print(table)
+    if diverged:
+        console.print(f"[yellow]{diverged} run(s) diverged[/yellow] (the model became non-finite; final accuracy "
+                      "counted as 0; `phalanx status` says at which round)", soft_wrap=True)
     console.print(f"report: {out / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
 
 
@@ -249,32 +274,37 @@ def _force(force: bool) -> None:
 
 
 @app.command()
+@executor_options
 def run(
     config: Annotated[Path | None, typer.Argument(help="TOML config (default: the built-in default job).")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set f=2 (repeatable).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/default"),
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel worker processes.")] = 1,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    executor: ExecutorChoice | None = None,
 ) -> None:
     """Train: one run, or one per combination of the list-valued keys; print the comparison, write report + plots.
 
     With engine = "torchrun" every worker is its own process, as with `phalanx launch`.
     """
     _force(force)
-    _run_grid(config, set_ or [], out, jobs)
+    _run_grid(config, set_ or [], out, jobs, executor)
 
 
 @app.command()
+@executor_options
 def sweep(
     config: Annotated[Path, typer.Argument(help="TOML config; every list-valued key is a grid axis.")],
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key (repeatable).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/sweep"),
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel worker processes.")] = 2,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    executor: ExecutorChoice | None = None,
 ) -> None:
-    """Run a grid in parallel processes; finished runs are skipped, unfinished ones resume."""
+    """Run a grid in parallel processes or as a Slurm job array; finished runs are skipped, unfinished ones
+    resume."""
     _force(force)
-    _run_grid(config, set_ or [], out, jobs)
+    _run_grid(config, set_ or [], out, jobs, executor)
 
 
 @app.command("report")
@@ -291,6 +321,39 @@ def report_cmd(
         raise ConfigError("DIR", str(directory), "an existing directory of runs (a run's or a sweep's --out)")
     result = report.write_report(directory)
     console.print(f"{directory / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
+
+
+@app.command("status")
+def status_cmd(
+    directory: Annotated[Path, typer.Argument(help="A sweep's or experiment's output directory (its --out).")],
+    all_runs: Annotated[bool, typer.Option("--all", help="List finished runs too (default: the others).")] = False,
+) -> None:
+    """Every run of a grid: done, diverged, running (who), queued (Slurm), failed (the error), stopped, pending."""
+    from phalanx.errors import ConfigError
+    from phalanx.experiments import slurm, status
+
+    if not directory.is_dir():
+        raise ConfigError("DIR", str(directory), "an existing directory of runs (a sweep's --out)")
+    base = directory / "runs" if (directory / "runs").is_dir() and not status.runs_of(directory) else directory
+    queued = slurm.queued_runs(base)
+    rows = status.grid_status(base, queued or {})
+    if not rows:
+        raise ConfigError("DIR", str(directory), "a directory a grid has written into (no runs found)")
+    table = Table(title=f"{base}: {len(rows)} runs")
+    for c in ("run", "status", "round", "detail"):
+        table.add_column(c, justify="right" if c == "round" else "left", overflow="fold")
+    for r in rows:
+        if r.status == "done" and not all_runs:
+            continue
+        where = "—" if r.round is None else f"{r.round}/{r.rounds}" if r.rounds else str(r.round)
+        table.add_row(r.run, r.status, where, r.detail)
+    if table.row_count:
+        console.print(table)
+    counts = status.counts(rows)
+    order = ("done", "diverged", "running", "queued", "stopped", "failed", "pending")
+    console.print(", ".join(f"{counts[k]} {k}" for k in order if counts.get(k)), soft_wrap=True, highlight=False)
+    if queued is None:
+        console.print("(the Slurm queue could not be read: queued runs show as pending)", soft_wrap=True)
 
 
 @app.command("keygen")
@@ -452,12 +515,14 @@ def _preset_from_options(
 
 
 @tension_app.command("paper")
+@executor_options
 def tension_paper(
     preset_name: Annotated[str, typer.Option("--preset", help="quick (Fashion-MNIST/digits, CPU) or paper.")] = "quick",
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/tension-quick"),
     seeds: Annotated[int, typer.Option("--seeds", min=2, help="Seeds per cell (0 … seeds−1).")] = 3,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Processes (default: cores).")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a run key: --set rounds=100.")] = None,
+    executor: ExecutorChoice | None = None,
 ) -> None:
     """Yang, Shi & Li (ICML 2025), no attack, n = 16: Tables 3-6 (rows f or f_NNM, columns α), plot, trend verdicts."""
     from phalanx.experiments import grid, paper
@@ -469,7 +534,7 @@ def tension_paper(
                   f"{len(distinct)} distinct runs → {out}")
     t0 = time.perf_counter()
     runs_dir = out / "runs"
-    _train(distinct, runs_dir, jobs or _cpu_jobs())
+    _train(distinct, runs_dir, jobs or _cpu_jobs(), executor)
     wall = time.perf_counter() - t0
     acc = {c: paper.final_accuracy(runs_dir / grid.run_id(cfg)) for c, cfg in zip(cells, cfgs)}
     results = paper.tabulate(cells, acc)
@@ -502,6 +567,7 @@ def tension_paper(
 
 
 @experiment_app.command("hbn")
+@executor_options
 def experiment_hbn(
     preset_name: Annotated[str, typer.Option("--preset", help="quick (CPU, ≤ 30 min) or paper (CIFAR-10, GPU).")] = (
         "quick"),
@@ -510,9 +576,10 @@ def experiment_hbn(
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Processes (default: cores).")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a preset field or run key: --set "
                                                                  "rounds=50.")] = None,
+    executor: ExecutorChoice | None = None,
 ) -> None:
-    """BatchNorm under heterogeneity (Chen et al., ICML 2025): GroupNorm vs BatchNorm vs Hybrid BN in federated
-    training over Dirichlet splits, with the mean and a robust rule; table, paired differences, plot."""
+    """BatchNorm under heterogeneity (Chen et al., ICML 2025): GroupNorm vs BatchNorm vs FedBN vs Hybrid BN in
+    federated training over Dirichlet splits, with the mean and a robust rule; table, paired differences, plot."""
     from phalanx.experiments import hbn
 
     p, overrides = _preset_from_options(hbn.preset, hbn.Preset, preset_name, seeds, set_)
@@ -520,7 +587,7 @@ def experiment_hbn(
     console.print(f"[bold]hbn {p.name}[/bold]: {p.description}; dataset {p.dataset}; {len(cfgs)} runs → {out}")
     t0 = time.perf_counter()
     runs_dir = out / "runs"
-    _train(cfgs, runs_dir, jobs or _cpu_jobs())
+    _train(cfgs, runs_dir, jobs or _cpu_jobs(), executor)
     wall = time.perf_counter() - t0
     results = hbn.tabulate(cells, hbn.collect(cells, cfgs, runs_dir))
     diffs = hbn.differences(results, p)
@@ -532,6 +599,7 @@ def experiment_hbn(
 
 
 @tension_app.command("plan")
+@executor_options
 def tension_plan(
     config: Annotated[Path | None, typer.Argument(help="Your run config (TOML; default: the built-in job).")] = None,
     expect: Annotated[int, typer.Option("--expect-byzantine", "-k", min=0, help="Byzantine workers you expect.")] = 1,
@@ -543,6 +611,7 @@ def tension_plan(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key of the config (repeatable).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/plan"),
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Processes (default: cores).")] = None,
+    executor: ExecutorChoice | None = None,
 ) -> None:
     """Your task, every rule × f, with no attack and under strong attacks: the trade-off table and a recommendation."""
     from phalanx.experiments import planner
@@ -555,14 +624,15 @@ def tension_plan(
         f_list = None if f_values is None else [int(v) for v in f_values]
     except ValueError:
         raise typer.BadParameter(f"--f={fs!r}: comma-separated integers, e.g. 1,2,4") from None
-    plan = planner.make_plan(_load_grid(config, set_ or []), expect=expect, rules=split(rules), fs=f_list,
+    data, slurm_table = _split_slurm(_load_grid(config, set_ or []))
+    plan = planner.make_plan(data, expect=expect, rules=split(rules), fs=f_list,
                              attacks=split(attacks_))
     console.print(f"[bold]plan[/bold]: rules {', '.join(plan.rules)}; f ∈ {plan.fs}; attacks "
                   f"{', '.join(plan.attacks) if expect else '(none: K = 0)'}; K = {expect}; seeds {plan.seeds}; "
                   f"{len(plan.configs)} runs → {out}")
     for note in plan.skipped:
         console.print(f"[yellow]skipped[/yellow] {note}")
-    _train(plan.configs, out / "runs", jobs or _cpu_jobs())
+    _train(plan.configs, out / "runs", jobs or _cpu_jobs(), executor, slurm_table)
     rows = planner.final_rows(plan, out / "runs")
     rec = planner.recommend(rows, expect, tolerance / 100)
     table = Table(title=f"Price of robustness on your task (n = {plan.configs[0].workers}, K = {expect})")

@@ -30,6 +30,8 @@ def mimic_target(honest: Tensor) -> int:
     x = honest.detach().to(work_dtype(honest))
     xc = x - x.mean(dim=0, keepdim=True)
     gram = (xc @ xc.T).to(torch.float64)
+    if not bool(torch.isfinite(gram).all()):  # a diverging run's honest rows overflow: no direction to follow
+        return 0
     values, vectors = torch.linalg.eigh(gram)
     if not bool(values[-1] > 0):
         return 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch.distributed as dist
@@ -25,10 +26,11 @@ from phalanx.distributed.parameter_server import ParameterServer, ParameterServe
 from phalanx.distributed.recording import DistributedLog, RankLog
 from phalanx.distributed.serverless import AllGather
 from phalanx.errors import ConfigError, PhalanxError, WorkersLostError
-from phalanx.experiments import grid
+from phalanx.experiments import grid, runstate
 from phalanx.experiments.build import from_config
 from phalanx.experiments.config import RunConfig, load_grid, processes
 from phalanx.experiments.rundir import RunDirectory
+from phalanx.training.divergence import Diverged, StopOnDivergence
 from phalanx.training.loop import Callback, Evaluate, Loop
 from phalanx.training.memory import tune_allocator
 from phalanx.training.transport import Transport
@@ -79,22 +81,30 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
     callbacks: list[Callback] = []
     start = None
     log = RankLog()
-    if renv.rank == 0:
-        callbacks = [Evaluate()]
-        if out is not None:
-            run_dir = out / grid.run_id(cfg)
-            rundir = RunDirectory.of(run_dir, cfg.identity(), exp, cfg.checkpoint_every, sign_key=cfg.sign_key,
-                                     verify_key=cfg.verify_key)
-            start = rundir.open()
-            callbacks += [rundir, DistributedLog(run_dir / "distributed.json", cfg.topology, renv.world_size,
-                                                 rundir.checkpoints)]
-        callbacks.append(log)
-    transport: Transport
-    if cfg.topology == "serverless":
-        transport = AllGather(store, renv, digest, cfg.round_timeout, cfg.backend)
-    else:
-        transport = ParameterServer(store, digest, cfg.round_timeout, log.say)
-    Loop(exp, transport, callbacks, start).run()
+    with ExitStack() as held:
+        if renv.rank == 0:
+            callbacks = [Evaluate(), StopOnDivergence()]
+            if out is not None:
+                run_dir = out / grid.run_id(cfg)
+                rundir = RunDirectory.of(run_dir, cfg.identity(), exp, cfg.checkpoint_every, sign_key=cfg.sign_key,
+                                         verify_key=cfg.verify_key)
+                held.enter_context(runstate.locked(run_dir))  # one job per run directory (see runstate)
+                held.enter_context(runstate.recording_failure(run_dir))
+                start = rundir.open()
+                callbacks += [rundir, DistributedLog(run_dir / "distributed.json", cfg.topology, renv.world_size,
+                                                     rundir.checkpoints)]
+            callbacks.append(log)
+        transport: Transport
+        if cfg.topology == "serverless":
+            transport = AllGather(store, renv, digest, cfg.round_timeout, cfg.backend)
+        else:
+            transport = ParameterServer(store, digest, cfg.round_timeout, log.say)
+        try:
+            Loop(exp, transport, callbacks, start).run()
+        except Diverged as exc:
+            if renv.rank == 0 and out is not None:
+                runstate.record_divergence(out / grid.run_id(cfg), exc)
+            raise
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,6 +38,7 @@ def collect(root: Path) -> list[dict[str, Any]]:
             r = dict(r)
             r["run"] = run_dir.name
             r["finished"] = store.is_finished(run_dir)
+            r["run_diverged"] = (run_dir / "DIVERGED").exists()
             rows.append(r)
     return rows
 
@@ -62,6 +63,7 @@ def summarize(rows: list[dict[str, Any]], keys: tuple[str, ...] = SETTING_KEYS) 
             "final": last["test_accuracy"], "best": max(r["test_accuracy"] for r in rs), "round": last["round"],
             "agg_error": sum(errs) / len(errs) if errs else None,
             "byz_share": sum(shares) / len(shares) if shares else None, "finished": last.get("finished", False),
+            "diverged": bool(last.get("run_diverged", False)),
         }
         per_setting[_setting(last, keys)].append(final[run])
     out = []
@@ -78,6 +80,7 @@ def summarize(rows: list[dict[str, Any]], keys: tuple[str, ...] = SETTING_KEYS) 
             "agg_error": sum(errs) / len(errs) if errs else None,
             "byz_share": sum(shares) / len(shares) if shares else None,
             "rounds": max(r["round"] for r in runs), "finished": all(r["finished"] for r in runs),
+            "diverged": sum(r["diverged"] for r in runs),
         })
         out.append(line)
     return out
@@ -89,8 +92,11 @@ def varying(summary: list[dict[str, Any]], keys: tuple[str, ...] = SETTING_KEYS)
 
 
 def markdown_table(summary: list[dict[str, Any]], keys: list[str]) -> str:
-    """The summary as a Markdown table (accuracy in %)."""
-    head = [*keys, "final acc. (%)", "best acc. (%)", "agg. error", "Byz. share", "seeds"]
+    """The summary as a Markdown table (accuracy in %; a ``diverged`` column when some run diverged: its final
+    accuracy counts as 0)."""
+    diverged = any(s.get("diverged") for s in summary)
+    head = [*keys, "final acc. (%)", "best acc. (%)", "agg. error", "Byz. share", "seeds"] + (
+        ["diverged"] if diverged else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in sorted(summary, key=lambda s: -s["final_accuracy"]):
         acc = f"{100 * s['final_accuracy']:.1f}" + (f" ± {100 * s['final_accuracy_std']:.1f}" if s["seeds"] > 1 else "")
@@ -98,7 +104,7 @@ def markdown_table(summary: list[dict[str, Any]], keys: list[str]) -> str:
             acc, f"{100 * s['best_accuracy']:.1f}",
             "—" if s["agg_error"] is None else f"{s['agg_error']:.3g}",
             "—" if s["byz_share"] is None else f"{s['byz_share']:.2f}", str(s["seeds"]),
-        ]
+        ] + ([f"{s.get('diverged', 0)}/{s['seeds']}"] if diverged else [])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -4,13 +4,16 @@ objects, optionally into a run directory that a killed run resumes from."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from phalanx.data.base import Dataset
+from phalanx.experiments import runstate, store
 from phalanx.experiments.build import check_engine, from_config
 from phalanx.experiments.config import RunConfig
 from phalanx.experiments.rundir import RunDirectory
+from phalanx.training.divergence import Diverged, StopOnDivergence
 from phalanx.training.experiment import Experiment
 from phalanx.training.loop import Callback, Evaluate, Loop, OnRound, Progress
 from phalanx.training.memory import tune_allocator
@@ -19,12 +22,17 @@ from phalanx.training.memory import tune_allocator
 def train(
     run: RunConfig | Experiment, run_dir: str | Path | None = None, *, dataset: Dataset | None = None,
     progress: Progress | None = None, callbacks: Sequence[Callback] = (), checkpoint_every: int | None = None,
+    wait: bool = False,
 ) -> list[dict[str, Any]]:
     """Train one configuration (or experiment); return the metric rows (one per evaluated round).
 
     With ``run_dir``, results and checkpoints are written there and an interrupted run resumes from its last
     checkpoint (the random streams and the server optimizer's state are restored with it, so the resumed run
-    equals an uninterrupted one). ``progress(round, rounds, row_or_None)`` is called after every round;
+    equals an uninterrupted one). The run holds the directory's lock while it trains: another process on the same
+    directory is refused with :class:`~phalanx.experiments.runstate.RunInUse` (or, with ``wait``, waits for it); an
+    error leaves a ``FAILED`` marker (:mod:`phalanx.experiments.runstate`). A run whose model becomes non-finite
+    stops with :class:`~phalanx.training.divergence.Diverged`, its directory marked ``DIVERGED``.
+    ``progress(round, rounds, row_or_None)`` is called after every round;
     ``callbacks`` run after the built-in ones. A config with ``engine = "torchrun"`` is started with ``phalanx
     launch`` or torchrun instead.
     """
@@ -37,13 +45,26 @@ def train(
         keys = {"sign_key": run.sign_key, "verify_key": run.verify_key}
     else:
         exp, identity, every = run, run.describe(), 100
-    cbs: list[Callback] = [Evaluate()]
+    cbs: list[Callback] = [Evaluate(), StopOnDivergence()]
     start = None
-    if run_dir is not None:
-        rundir = RunDirectory.of(Path(run_dir), identity, exp, checkpoint_every or every, **keys)
-        start = rundir.open()
-        cbs.append(rundir)
-    if progress is not None:
-        cbs.append(OnRound(progress))
-    cbs.extend(callbacks)
-    return Loop(exp, None, cbs, start).run()
+    with ExitStack() as held:
+        if run_dir is not None:
+            rundir = RunDirectory.of(Path(run_dir), identity, exp, checkpoint_every or every, **keys)
+            held.enter_context(runstate.locked(rundir.path, wait=wait))
+            held.enter_context(runstate.recording_failure(rundir.path))
+            start = rundir.open()
+            if store.is_finished(rundir.path):  # finished meanwhile (by the process this one waited for)
+                return store.read_rows(rundir.path)
+            again = runstate.diverged_again(rundir.path)
+            if again is not None:  # it would diverge at the same round again
+                raise again
+            cbs.append(rundir)
+        if progress is not None:
+            cbs.append(OnRound(progress))
+        cbs.extend(callbacks)
+        try:
+            return Loop(exp, None, cbs, start).run()
+        except Diverged as exc:  # an end, not an error: recorded as such
+            if run_dir is not None:
+                runstate.record_divergence(Path(run_dir), exc)
+            raise

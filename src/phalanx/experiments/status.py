@@ -1,0 +1,119 @@
+"""The state of a grid's output directory, run by run: what ``phalanx status OUT`` prints.
+
+A grid records the run ids it is made of in ``OUT/grid.json`` (the union over every command that wrote into
+``OUT``, with the executor and, under Slurm, the job arrays it submitted), so that runs not started yet are listed
+too; every other fact comes from the run directories themselves (:mod:`phalanx.experiments.runstate`) — the same
+on the machine that submitted a Slurm array and on any other that sees the shared file system.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from phalanx.experiments import runstate, store
+
+GRID = "grid.json"
+
+
+@contextmanager
+def _grid_lock(out: Path) -> Iterator[None]:
+    """Serialise read-modify-write of ``grid.json`` between commands writing into the same ``OUT``."""
+    path = out / ".grid.lock"
+    with store.writing(path):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def read_grid(out: Path) -> dict[str, Any]:
+    """What ``OUT/grid.json`` says (an empty record if there is none or it cannot be read)."""
+    try:
+        data = json.loads((Path(out) / GRID).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {"runs": [], "slurm_jobs": []}
+    if not isinstance(data, dict):
+        return {"runs": [], "slurm_jobs": []}
+    data.setdefault("runs", [])
+    data.setdefault("slurm_jobs", [])
+    return data
+
+
+def _update(out: Path, change: dict[str, Any]) -> None:
+    with _grid_lock(out):
+        data = read_grid(out)
+        runs = list(dict.fromkeys([*data["runs"], *change.pop("runs", [])]))
+        jobs = [*data["slurm_jobs"], *change.pop("slurm_jobs", [])]
+        data.update(change, runs=runs, slurm_jobs=jobs, updated=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        store.atomic_write_text(out / GRID, json.dumps(data, indent=2) + "\n")
+
+
+def record_grid(out: Path, dirs: list[Path], executor: str) -> None:
+    """Add the grid's runs (their directories under ``out``) to ``OUT/grid.json``."""
+    _update(Path(out), {"runs": [Path(d).name for d in dirs], "executor": executor})
+
+
+def record_slurm_job(out: Path, job_id: str, runs: list[list[str]], folder: str) -> None:
+    """Record a submitted Slurm job array: its id, the runs each of its tasks trains, and its log folder."""
+    _update(Path(out), {"slurm_jobs": [{"job": job_id, "runs": runs, "logs": folder,
+                                        "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z")}]})
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """One run of a grid: its id, state, last recorded round and total rounds (when known), and a detail."""
+
+    run: str
+    status: str
+    round: int | None
+    rounds: int | None
+    detail: str
+
+
+def _rounds(run_dir: Path) -> int | None:
+    try:
+        cfg = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = cfg.get("rounds") if isinstance(cfg, dict) else None
+    return value if isinstance(value, int) else None
+
+
+def runs_of(out: Path) -> list[str]:
+    """The run ids of ``out``: those ``grid.json`` records, then any other run directory found there."""
+    out = Path(out)
+    listed = read_grid(out)["runs"]
+    found = sorted(p.name for p in out.iterdir() if p.is_dir() and (p / "config.json").exists()) if out.is_dir() else []
+    return list(dict.fromkeys([*listed, *found]))
+
+
+def grid_status(out: Path, queued: Mapping[str, str] | None = None) -> list[RunStatus]:
+    """Every run of ``out`` with its state; a run not running yet whose id is in ``queued`` (its scheduler task
+    and the task's state, ``"1234_5 PENDING"``) is reported as ``queued``."""
+    rows = []
+    for name in runs_of(out):
+        d = Path(out) / name
+        st = runstate.state(d)
+        status, detail = st.status, st.detail
+        if status in ("pending", "stopped", "failed") and queued and name in queued:
+            task, _, state = queued[name].partition(" ")
+            doing = "starting" if state == "RUNNING" else state.lower() or "queued"
+            status, detail = "queued", f"Slurm task {task} {doing} (the run was {st.status})"
+        rows.append(RunStatus(name, status, st.round, _rounds(d), detail))
+    return rows
+
+
+def counts(rows: list[RunStatus]) -> dict[str, int]:
+    """How many runs are in each state."""
+    return dict(Counter(r.status for r in rows))
