@@ -48,7 +48,9 @@ class RunDirectory(Callback):
         if self.verify_key is not None and (self.path / signing.SIGNATURE).exists():
             signing.verify(self.path, self.verify_key)
         store.prepare_run_dir(self.path, self.identity, self.seed, self.fingerprint)
-        return store.load_checkpoint(self.path)
+        start = store.load_checkpoint(self.path)
+        store.remove_temporaries(self.path)  # what killed writes left (the caller holds the run's lock)
+        return start
 
     def checkpoints(self, done: int) -> bool:
         """Whether a checkpoint is due once ``done`` rounds are finished: every ``checkpoint_every`` and at the end."""

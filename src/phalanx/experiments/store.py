@@ -158,6 +158,36 @@ def forced() -> bool:
     return os.environ.get("PHALANX_FORCE", "") not in ("", "0")
 
 
+def _finish_first_write(out: Path, name: str, entry: dict[str, Any]) -> bool:
+    """A process killed inside the *first* write of ``name``, after the manifest recorded the new digest and before
+    the rename, leaves the digest recorded (no previous one), no ``name``, and the complete temporary file: finish
+    that write (the rename) and say so. A file deleted by hand leaves no such temporary file: still refused."""
+    if entry.get("previous") is not None:
+        return False
+    for tmp in sorted(out.glob(".*.tmp")):
+        try:
+            if tmp.is_file() and file_digest(tmp) == entry.get("sha256"):
+                os.replace(tmp, out / name)
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def remove_temporaries(out: Path) -> int:
+    """Delete the temporary files that killed writes left in a run directory (``.NAME.XXXXXXXX.tmp``: never read);
+    call it only while holding the run's lock, after the checkpoint is loaded (:func:`verify` may finish a first
+    write from one). Returns how many were removed."""
+    removed = 0
+    for tmp in out.glob(".*.tmp"):
+        try:
+            tmp.unlink()
+            removed += 1
+        except OSError:
+            continue
+    return removed
+
+
 def verify(out: Path, names: tuple[str, ...]) -> None:
     """Check the files ``names`` of a run directory against the digests its manifest recorded; an
     :class:`IntegrityError` naming the first that differs or is missing. Run directories written before digests were
@@ -175,7 +205,7 @@ def verify(out: Path, names: tuple[str, ...]) -> None:
             if path.exists():
                 raise IntegrityError(str(path), "not recorded in manifest.json (a file this run never wrote)")
             continue
-        if not path.exists():
+        if not path.exists() and not _finish_first_write(out, name, entry):
             raise IntegrityError(str(path), "missing (manifest.json records it)")
         digest = file_digest(path)
         if digest not in (entry.get("sha256"), entry.get("previous")):
