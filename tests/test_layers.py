@@ -33,9 +33,10 @@ ALLOWED: dict[str, set[str]] = {
                     "validate", "__init__"},
     "distributed": {"experiments", "training", "aggregators", "attacks", "data", "models", "errors", "validate"},
     "cli": {"distributed", "experiments", "training", "aggregators", "attacks", "data", "models", "analysis", "signing",
-            "errors", "plugins", "validate", "__init__"},
+            "errors", "plugins", "validate", "executor_cli", "__init__"},
+    "executor_cli": {"experiments", "errors"},
     "flower": {"aggregators", "errors", "validate"},
-    "decentralized": {"errors", "validate", "plugins"},
+    "decentralized": {"aggregators", "attacks", "errors", "validate", "plugins"},
     "__init__": {"errors"},
 }
 """What each subpackage (or top-level module) may import from the others."""
