@@ -106,3 +106,46 @@ def test_worker_processes_end_with_a_killed_parallel_sweep(tmp_path: Path) -> No
         left = [(w, Path(f"/proc/{w}/cmdline").read_bytes().replace(b"\0", b" ")[:200]) for w in workers if _alive(w)]
         assert time.monotonic() < deadline, f"still running after their sweep died: {left}"
         time.sleep(0.05)
+
+
+LAUNCH = """
+dataset = "digits"
+model = "logreg"
+workers = 3
+batch_size = 4
+rounds = 40
+eval_every = 10
+aggregator = "holdrule:HoldingMedian"
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_ranks_end_with_a_killed_launch(tmp_path: Path, sig: signal.Signals) -> None:
+    """`phalanx launch` killed (SIGKILL: the ranks' parent-death signal) or terminated (SIGTERM: it stops them and
+    says so) while its ranks train: no rank is left running."""
+    (tmp_path / "holdrule.py").write_text(HOLD)
+    cfg = tmp_path / "launch.toml"
+    cfg.write_text(LAUNCH)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+           "HOLD_AT": f"3:{tmp_path}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phalanx.cli", "launch", str(cfg), "--out", str(tmp_path / "out")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "200", **env},
+    )
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "holding").exists():  # rank 0 is inside round 3 (its rule holds there)
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert time.monotonic() < deadline, "the job never reached the hold"
+        time.sleep(0.05)
+    ranks = _children(proc.pid)
+    assert len(ranks) == 3
+    proc.send_signal(sig)
+    output = proc.communicate(timeout=120)[0].decode()
+    deadline = time.monotonic() + 60
+    while any(_alive(r) for r in ranks):
+        assert time.monotonic() < deadline, f"ranks still running after phalanx launch ended: {ranks}"
+        time.sleep(0.05)
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 143, output
+        assert "interrupted by SIGTERM" in output and "Traceback" not in output

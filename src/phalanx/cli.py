@@ -175,12 +175,109 @@ def _check_out(out: Path) -> None:
                           "file away")
 
 
+def _stdout_is_terminal() -> bool:
+    """Whether the console writes to a terminal (a TTY), whatever ``FORCE_COLOR`` says: only there may a progress
+    bar redraw itself."""
+    try:
+        return bool(console.file.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+class _LogProgress:
+    """Progress of a grid as plain lines, for a log (stdout not a terminal: a batch job, a pipe): never a
+    carriage-return redraw. A line when a run ends (``[12:00:05] done: cwtm / alie (RUN): 37/120 rounds (30 %), 2/4
+    runs done, ETA 0:02:10``), and between those a progress line every ``every_s`` seconds or every ``step`` of
+    the grid's rounds, whichever comes first (none while no round was trained since the last line); runs skipped as
+    already ended are counted in one line.
+
+    The ETA extrapolates the rounds trained by this command (not those found done: skipped runs, the rounds before a
+    resumed run's checkpoint; nor those a failed or diverged run left) over the rounds left. ``clock`` gives seconds
+    (monotonic), ``echo`` prints a line."""
+
+    def __init__(self, runs: dict[str, int], *, every_s: float = 60.0, step: float = 0.1,
+                 clock: Callable[[], float] = time.monotonic, echo: Callable[[str], None] = typer.echo) -> None:
+        self.rounds = runs  # run id → its rounds (distinct runs)
+        self.total = max(1, sum(runs.values()))
+        self.every_s, self.step, self.clock, self.echo = every_s, step, clock, echo
+        self.done: dict[str, int] = {}
+        self.ended: set[str] = set()
+        self.before = 0  # rounds done before this command: not part of the rate
+        self.skipped: dict[str, int] = {}
+        self.start = self.last_time = clock()
+        self.last_rounds = 0
+        self.next_mark = step * self.total
+
+    def _completed(self) -> int:
+        return sum(self.done.values())
+
+    def _state(self) -> str:
+        done = self._completed()
+        pct = int(100 * done / self.total)
+        text = f"{done}/{self.total} rounds ({pct} %), {len(self.ended)}/{len(self.rounds)} runs done"
+        elapsed = self.clock() - self.start
+        trained = done - self.before
+        if done >= self.total:
+            return text + f", in {_duration(elapsed)}"
+        if trained > 0 and elapsed > 0:
+            return text + f", ETA {_duration(elapsed / trained * (self.total - done))}"
+        return text + ", ETA unknown"
+
+    def _line(self, text: str) -> None:
+        self.echo(f"[{time.strftime('%H:%M:%S')}] {text}")
+        done = self._completed()
+        self.last_time, self.last_rounds = self.clock(), done
+        while self.next_mark <= done:
+            self.next_mark += self.step * self.total
+
+    def _flush_skipped(self) -> None:
+        if self.skipped:
+            parts = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items()))
+            self.skipped = {}
+            self._line(f"skipped, already ended: {parts}; {self._state()}")
+
+    def round(self, key: str, t: int) -> None:
+        if key in self.ended:
+            return
+        if key not in self.done:  # the first round this command trains: the rounds before it were done earlier
+            self.before += max(0, t - 1)
+        self.done[key] = max(t, self.done.get(key, 0))
+        self._flush_skipped()
+        done = self._completed()
+        if done > self.last_rounds and (done >= self.next_mark or self.clock() - self.last_time >= self.every_s):
+            self._line(self._state())
+
+    def run_ended(self, key: str, label: str, status: str) -> None:
+        if key in self.ended:
+            return
+        if status != "done":  # skipped, failed, diverged, busy: its rounds left were not trained here
+            self.before += self.rounds[key] - self.done.get(key, 0)
+        self.done[key] = self.rounds[key]
+        self.ended.add(key)
+        if status.startswith("skipped"):
+            why = status.removeprefix("skipped").strip(" ()") or "skipped"
+            self.skipped[why] = self.skipped.get(why, 0) + 1
+            return
+        self._flush_skipped()
+        self._line(f"{status}: {label} ({key}): {self._state()}")
+
+    def close(self) -> None:
+        self._flush_skipped()
+
+
+def _duration(seconds: float) -> str:
+    """Seconds as H:MM:SS."""
+    s = max(0, round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
 def _train(
     cfgs: list[RunConfig], out: Path, jobs: int, executor: ExecutorChoice | None = None,
     slurm_table: dict[str, Any] | None = None,
 ) -> None:
     """Run validated configurations into ``out`` (finished runs skipped) under a rich progress bar with ETA, on the
-    executor the command line chose (``slurm_table``: the grid config's ``[slurm]`` settings).
+    executor the command line chose (``slurm_table``: the grid config's ``[slurm]`` settings). When stdout is not a
+    terminal (a batch job's log, a pipe) the progress is plain lines instead (:class:`_LogProgress`).
 
     The first SIGINT (Ctrl-C) or SIGTERM stops the grid cleanly (:class:`~phalanx.experiments.runner.Interrupted`:
     one line, exit status 130 or 143); the same command, started again, resumes.
@@ -192,6 +289,19 @@ def _train(
     _check_out(out)
     choice = executor or ExecutorChoice()
     chosen = choice.make(jobs, slurm_table)  # Slurm settings validated before anything runs
+
+    if not _stdout_is_terminal():
+        log = _LogProgress({grid.run_id(c): c.rounds for c in cfgs})
+        try:
+            with runner.stop_on_signals():
+                runner.run_grid(
+                    cfgs, out, executor=chosen, on_round=lambda cfg, t, rounds: log.round(grid.run_id(cfg), t),
+                    on_done=lambda cfg, status: log.run_ended(grid.run_id(cfg), f"{cfg.aggregator} / {cfg.attack}",
+                                                              status),
+                )
+        finally:
+            log.close()
+        return
 
     total = sum(c.rounds for c in cfgs)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} rounds"),
@@ -634,7 +744,7 @@ def tension_plan(
         console.print(f"[yellow]skipped[/yellow] {note}")
     _train(plan.configs, out / "runs", jobs or _cpu_jobs(), executor, slurm_table)
     rows = planner.final_rows(plan, out / "runs")
-    rec = planner.recommend(rows, expect, tolerance / 100)
+    rec = planner.recommend(rows, expect, tolerance / 100, workers=plan.configs[0].workers)
     table = Table(title=f"Price of robustness on your task (n = {plan.configs[0].workers}, K = {expect})")
     heads = ["rule", "f", "no attack %", "cost", "agg. error"] + ([*plan.attacks, "worst %"] if expect else [])
     for h in heads:
@@ -669,8 +779,8 @@ def main() -> None:
         console.print(f"{prefix}{escape(str(exc))}", soft_wrap=True, highlight=False)
         raise SystemExit(2 if code is None else code) from None
     except BaseException as exc:
-        runner = sys.modules.get("phalanx.experiments.runner")
-        if runner is None or not isinstance(exc, runner.StopRequested):
+        signals = sys.modules.get("phalanx.experiments.signals")  # loaded by every command that handles signals
+        if signals is None or not isinstance(exc, signals.StopRequested):
             raise
         # a signal between two steps of a command (outside a run): every file written so far is complete
         console.print(f"interrupted by {signal.Signals(exc.signum).name}: run the same command again to go on "

@@ -38,6 +38,7 @@ def launch(
     from phalanx.experiments import grid
     from phalanx.experiments.build import check_points
     from phalanx.experiments.config import load_grid, processes
+    from phalanx.experiments.signals import stop_on_signals
 
     console = Console(stderr=True)
     overrides = list(set_ or [])
@@ -53,7 +54,8 @@ def launch(
         )
         procs = local.spawn(processes(cfg), local.worker_args(config, overrides, out, point if len(cfgs) > 1 else None),
                             master_port=master_port)
-        code = local.supervise(procs, timeout_s=timeout, say=lambda s: console.print(f"[yellow]{s}[/yellow]"))
+        with stop_on_signals():  # SIGINT / SIGTERM: every rank is stopped, one line, exit 130 / 143
+            code = local.supervise(procs, timeout_s=timeout, say=lambda s: console.print(f"[yellow]{s}[/yellow]"))
         if code != 0:
             console.print(f"[red]rank 0 exited with status {code}[/red]")
             raise typer.Exit(code)

@@ -9,6 +9,7 @@ that dies, and lets rank 0 decide whether training goes on. The job's result is 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -36,6 +37,26 @@ def rank_env(rank: int, world_size: int, master_addr: str, master_port: int) -> 
     return env
 
 
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn``: the rank gets SIGTERM when the process that started it ends, however it ends (SIGKILL
+    included: Linux's parent-death signal), so a killed ``phalanx launch`` leaves no rank behind; a rank whose parent
+    is already gone when the signal is armed ends at once. Nothing elsewhere (no such signal)."""
+
+    def arm() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):  # not Linux
+            return
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
+PR_SET_PDEATHSIG = 1
+
+
 def spawn(
     world_size: int, worker_args: Sequence[str], *, master_addr: str = "127.0.0.1", master_port: int | None = None,
     extra_env: dict[str, str] | None = None, stdout: IO[bytes] | int | None = None,
@@ -49,6 +70,7 @@ def spawn(
         env.update(extra_env or {})
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "phalanx.distributed.worker", *worker_args], env=env, stdout=stdout, stderr=stderr,
+            preexec_fn=_die_with_parent(os.getpid()) if sys.platform == "linux" else None,
         ))
     return procs
 
@@ -77,7 +99,7 @@ def supervise(
                 return 124
             time.sleep(0.1)
         _end(procs[1:], grace_s)
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, SIGTERM (StopRequested), anything: no rank outlives the launcher
         _end(procs, 2.0)
         raise
     return int(procs[0].returncode)
