@@ -80,6 +80,11 @@ def list_aggregators(
             name, info["kind"], info["requirement"], _fmt(info.get("epsilon")), _fmt(info.get("kappa")),
             info["reference"],
         )
+    from phalanx.decentralized import robust_gossip
+
+    for name in robust_gossip.names():  # a node's rule over its graph neighbourhood
+        table.add_row(name, "gossip rule", "algorithm = 'gossip'; 2f + 1 ≤ closed neighbourhood", "", "",
+                      robust_gossip.get_class(name).reference)
     console.print(table)
 
 
@@ -525,6 +530,10 @@ def list_attacks() -> None:
     table.add_column("reference", overflow="fold")
     for name in attacks.names():
         table.add_row(name, attacks.get_class(name).reference)
+    from phalanx.decentralized import gossip_attacks
+
+    for name in gossip_attacks.names():  # they need the graph
+        table.add_row(name, "(algorithm = 'gossip' only) " + gossip_attacks.get_class(name).reference)
     console.print(table)
 
 

@@ -3,7 +3,7 @@
 Training on with a NaN or infinite model only produces garbage (every later round is NaN too) and, worse, a run that
 "finishes" and is reported like any other. :class:`StopOnDivergence` checks θ after every round — the honest nodes'
 models, in decentralized rounds — and raises :class:`Diverged` at the first round that leaves a non-finite
-coordinate. The metric rows then end with that round's row, marked ``"diverged": true``, whose accuracy is 0 (a
+coordinate. The metric rows then end with that round's row, marked ``"diverged": true``, whose accuracies are 0 (a
 non-finite model predicts nothing) and whose loss is ``None``; the run directory records it (``DIVERGED``, see
 :mod:`phalanx.experiments.runstate`), a grid counts it as ended (the same configuration would diverge again) and the
 report shows it. The check is one reduction over θ per round.
@@ -54,9 +54,11 @@ class StopOnDivergence(Callback):
         if row is None:
             row = Evaluate.row(loop, info.result)
             loop.rows.append(row)
-        row.update({"test_accuracy": 0.0, "test_loss": None, "diverged": True})
-        for key, value in list(row.items()):  # no NaN or Infinity in the metrics (not JSON)
-            if isinstance(value, float) and not math.isfinite(value):
+        for key, value in list(row.items()):
+            if key.endswith("accuracy") and isinstance(value, float):  # worst node / client, whole test set, …
+                row[key] = 0.0
+            elif isinstance(value, float) and not math.isfinite(value):  # no NaN or Infinity (not JSON)
                 row[key] = None
+        row.update({"test_accuracy": 0.0, "test_loss": None, "diverged": True})
         bad = int((~finite).sum())
         raise Diverged(loop.state.round, bad, model.numel(), list(loop.rows))
