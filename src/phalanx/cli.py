@@ -67,7 +67,7 @@ def list_aggregators(
     """Rules and pre-aggregators with their reference, requirement, ε and κ."""
     table = Table(title=f"Phalanx aggregators (ε, κ at n={workers}, f={f})")
     for col in ("name", "kind", "requirement", "ε", "κ", "reference"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col == "name")  # names stay whole (grep-able)
     for name in aggregators.names():
         cls = aggregators.get_class(name)
         try:
@@ -83,8 +83,7 @@ def list_aggregators(
     from phalanx.decentralized import robust_gossip
 
     for name in robust_gossip.names():  # a node's rule over its graph neighbourhood
-        table.add_row(name, "gossip rule", "algorithm = 'gossip'; 2f + 1 ≤ closed neighbourhood", "", "",
-                      robust_gossip.get_class(name).reference)
+        table.add_row(name, "gossip", "gossip only; 2f+1 ≤ deg+1", "", "", robust_gossip.get_class(name).reference)
     console.print(table)
 
 
