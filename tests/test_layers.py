@@ -33,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
                     "validate", "__init__"},
     "distributed": {"experiments", "training", "aggregators", "attacks", "data", "models", "errors", "validate"},
     "cli": {"distributed", "experiments", "training", "aggregators", "attacks", "data", "models", "analysis", "signing",
-            "errors", "plugins", "validate", "executor_cli", "__init__"},
+            "errors", "plugins", "validate", "executor_cli", "decentralized", "__init__"},
     "executor_cli": {"experiments", "errors"},
     "flower": {"aggregators", "errors", "validate"},
     "decentralized": {"aggregators", "attacks", "errors", "validate", "plugins"},

@@ -92,3 +92,76 @@ def test_tiny_plan_end_to_end(tmp_path: Path) -> None:
     assert float(rows[0]["cost"]) == 0.0
     assert (out / "plan.png").stat().st_size > 0 and "Robustness plan" in (out / "plan.md").read_text()
     assert len([p for p in (out / "runs").iterdir() if p.is_dir()]) == 5 * 3  # run directories (and grid.json)
+
+
+def _attacked(rule: str, f: int, no: float, under: dict[str, float]) -> Row:
+    worst = min(under, key=lambda a: under[a])
+    return Row(rule, f, no, 0.9 - no, None, under, under[worst], worst)
+
+
+def test_recommend_never_picks_a_rule_worse_than_no_defence() -> None:
+    mean = _attacked("mean", 0, 0.90, {"alie": 0.50, "signflip": 0.70})
+    cheap = _attacked("cwtm", 2, 0.89, {"alie": 0.40, "signflip": 0.85})  # the best no-attack, worse worst case
+    robust = _attacked("nnm>cwtm", 2, 0.85, {"alie": 0.60, "signflip": 0.65})
+    rec = planner.recommend([mean, cheap, robust], expect=2, tolerance=0.5)  # a tolerance that would take cwtm
+    assert (rec.rule, rec.f) == ("nnm>cwtm", 2)
+    assert "Left out as worse than no defence under the attacks tried: cwtm (f=2)." in rec.text
+
+
+def test_recommend_the_mean_when_every_robust_rule_did_worse() -> None:
+    mean = _attacked("mean", 0, 0.90, {"alie": 0.60, "signflip": 0.70})
+    everywhere = [_attacked("cwtm", 2, 0.88, {"alie": 0.50, "signflip": 0.65}),
+                  _attacked("krum", 2, 0.80, {"alie": 0.55, "signflip": 0.30})]
+    rec = planner.recommend([mean, *everywhere], expect=2)
+    assert (rec.rule, rec.f) == ("mean", 0)
+    assert "use mean (f=0)" in rec.text and "did worse than the plain mean under every attack tried" in rec.text
+    assert "60.0% under its worst attack (alie)" in rec.text and "krum with f=2, 55.0%" not in rec.text
+    assert "cwtm with f=2, 50.0% under alie" in rec.text
+    # better under one attack, worse in the worst case: still the mean, and the text says in what sense
+    mixed = [_attacked("cwtm", 2, 0.88, {"alie": 0.50, "signflip": 0.95})]
+    rec = planner.recommend([mean, *mixed], expect=2)
+    assert rec.rule == "mean" and "in the worst case over the attacks tried" in rec.text
+    # a tie with the mean is not worse; the text says the attacks do not separate them
+    tie = planner.recommend([mean, _attacked("cwtm", 2, 0.88, {"alie": 0.60, "signflip": 0.60})], expect=2)
+    assert tie.rule == "cwtm" and "do not separate it from the mean" in tie.text
+
+
+def test_skipped_settings_say_what_to_change() -> None:
+    plan = planner.make_plan({**BASE, "workers": 10}, expect=2, rules=["krum", "bulyan", "clip>mean"], fs=[2, 4, 5],
+                             attacks=["alie"])
+    notes = {n.split(":")[0]: n for n in plan.skipped}
+    assert notes["krum with f=4"].endswith("with n = 10 use f <= 3 for krum, or n >= 11 workers for f=4")
+    assert notes["bulyan with f=2"].endswith("with n = 10 use f <= 1 for bulyan, or n >= 11 workers for f=2")
+    # a rule with no requirement of its own: f >= n/2 is still too large
+    assert "f >= n/2 leaves no honest majority" in notes["clip>mean with f=5"]
+    assert notes["clip>mean with f=5"].endswith("use f <= 4 for clip>mean, or n >= 11 workers for f=5")
+    assert ("clip>mean", 4) in {(j.rule, j.f) for j in plan.jobs}
+    small = planner.too_large("bulyan", 1, 6)
+    assert small is not None and small.endswith("bulyan cannot run with n = 6 at any f >= 1: use n >= 7 workers for "
+                                                "f=1")
+    assert planner.too_large("krum", 3, 10) is None and planner.largest_f("krum", 10) == 3
+
+
+def test_recommend_says_what_to_change_when_nothing_tolerates_the_threat() -> None:
+    rows = [_row("mean", 0, 0.9, 0.1), _row("cwtm", 4, 0.88, 0.5)]
+    rec = planner.recommend(rows, expect=5, workers=10)
+    assert rec.rule == "mean" and "Use n >= 11 workers, or plan for at most 4 Byzantine worker(s)" in rec.text
+    rec = planner.recommend([_row("mean", 0, 0.9, 0.1), _row("cwtm", 1, 0.88, 0.5)], expect=3, workers=10)
+    assert "add f = 3 to the f values (--f) (with n = 10, f can be at most 4" in rec.text
+
+
+def test_tiny_plan_says_what_to_change_for_the_skipped_settings(tmp_path: Path) -> None:
+    cfg = tmp_path / "task.toml"
+    cfg.write_text('dataset = "digits"\nmodel = "logreg"\nworkers = 5\nrounds = 2\neval_every = 2\nbatch_size = 8\n')
+    out = tmp_path / "plan"
+    res = CliRunner().invoke(cli.app, [
+        "tension", "plan", str(cfg), "--expect-byzantine", "1", "--rules", "krum", "--f", "1,2,3",
+        "--attacks", "signflip", "--out", str(out), "--jobs", "1",
+    ])
+    assert res.exit_code == 0, res.output
+    md = (out / "plan.md").read_text()
+    assert "- skipped: krum with f=2: needs n >= 7 (n > 2f + 2), n = 5 — with n = 5 use f <= 1 for krum, or n >= 7 " \
+           "workers for f=2" in md
+    assert "- skipped: krum with f=3: needs n >= 9" in md
+    assert "use krum with f=1" in md or "use mean (f=0) — no defence" in md
+    assert "\r" not in res.output and "4/4 runs done" in res.output  # mean, krum f=1: no attack and under attack

@@ -248,6 +248,8 @@ class _LogProgress:
         self.done[key] = max(t, self.done.get(key, 0))
         self._flush_skipped()
         done = self._completed()
+        if done >= self.total:  # the last run's own line follows
+            return
         if done > self.last_rounds and (done >= self.next_mark or self.clock() - self.last_time >= self.every_s):
             self._line(self._state())
 

@@ -34,7 +34,7 @@ from phalanx.experiments import store
 from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.paper import final_accuracy, machine, pick_preset
 from phalanx.experiments.paper import resolve_dataset as resolve_dataset  # the CLI's hbn.resolve_dataset
-from phalanx.experiments.report import save_figure
+from phalanx.experiments.report import clipped_errors, save_figure
 
 NORM_LABELS = {"group": "GroupNorm", "batch": "BatchNorm", "fedbn": "FedBN", "hybrid": "Hybrid BN", "none": "no norm",
                "fedbn-global": "FedBN, whole test set"}
@@ -245,7 +245,8 @@ def cells_csv(results: dict[tuple[str, str, int, float], Result]) -> str:
 
 
 def plot(results: dict[tuple[str, str, int, float], Result], p: Preset, path: Path) -> Path:
-    """Accuracy vs α, a line per normalisation with its 95 % intervals, a panel per rule."""
+    """Accuracy vs α, a line per normalisation with its 95 % intervals (clipped to 0 … 100 %; one seed's, unbounded,
+    spans it all), a panel per rule."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -258,8 +259,9 @@ def plot(results: dict[tuple[str, str, int, float], Result], p: Preset, path: Pa
         for i, norm in enumerate(lines):
             es = [results[(norm, rule, f, a)].estimate for a in alphas]
             shift = 1.04 ** (i - (len(lines) - 1) / 2)  # side by side, so that the intervals do not hide each other
-            ax.errorbar([a * shift for a in alphas], [100 * e.mean for e in es],
-                        yerr=[100 * e.half_width for e in es], marker="o", capsize=3, label=NORM_LABELS[norm])
+            means = [100 * e.mean for e in es]
+            errs = clipped_errors(means, [100 * e.low for e in es], [100 * e.high for e in es])
+            ax.errorbar([a * shift for a in alphas], means, yerr=errs, marker="o", capsize=3, label=NORM_LABELS[norm])
         ax.set_xscale("log")
         ax.set_xticks(alphas, [f"{a:g}" for a in alphas])
         ax.set_xlabel("Dirichlet α (smaller: more heterogeneous)")

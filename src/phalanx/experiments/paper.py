@@ -43,7 +43,7 @@ from phalanx.analysis.stats import Estimate, mean_ci, slope
 from phalanx.errors import ConfigError
 from phalanx.experiments import grid, store
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.report import save_figure
+from phalanx.experiments.report import clipped_errors, save_figure
 
 TABLES: dict[str, dict[str, str]] = {
     "T3": {"rule": "multikrum(strict=false)", "label": "Multi-Krum, f = 0 … F", "vary": "f"},
@@ -342,7 +342,8 @@ def cells_csv(results: dict[tuple[str, int, float], CellResult]) -> str:
 
 
 def plot(results: dict[tuple[str, int, float], CellResult], p: Preset, path: Path) -> Path:
-    """Accuracy vs f (or f_NNM) per α, one panel per table, 95 % intervals as error bars."""
+    """Accuracy vs f (or f_NNM) per α, one panel per table, 95 % intervals as error bars clipped to 0 … 100 % (none
+    with one seed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -354,7 +355,8 @@ def plot(results: dict[tuple[str, int, float], CellResult], p: Preset, path: Pat
         for a in sorted(p.alphas):
             rs = [results[(table, x, a)] for x in xs]
             means = [100 * r.estimate.mean for r in rs]
-            errs = [100 * r.estimate.half_width if r.estimate.k > 1 else 0.0 for r in rs]
+            errs = clipped_errors(means, [100 * r.estimate.low if r.estimate.k > 1 else m for r, m in zip(rs, means)],
+                                  [100 * r.estimate.high if r.estimate.k > 1 else m for r, m in zip(rs, means)])
             ax.errorbar(xs, means, yerr=errs, marker="o", capsize=3, label=f"α = {a:g}")
         label = TABLES[table]["label"].replace("F", str(p.max_f))
         ax.set_title(f"{table}: {label}", fontsize=10)

@@ -6,9 +6,15 @@ Yang, Shi & Li, ICML 2025) and with K = ``expect_byzantine`` workers running eac
 plain mean (f = 0) runs too, as the baseline. The result is the trade-off table: per (rule, f), the no-attack
 accuracy and its cost against the mean, the accuracy under each attack and the worst case.
 
-The recommendation for the stated threat K: among the (rule, f) configured to tolerate it (f ≥ K), take the best
-worst-case accuracy under attack; every candidate within ``tolerance`` of it is as good under attack, and of those
-the one with the highest no-attack accuracy — the cheapest robustness that still holds — is recommended.
+The recommendation for the stated threat K: among the (rule, f) configured to tolerate it (f ≥ K), leave out
+every one whose worst-case accuracy under the attacks tried is below the plain mean's (it did worse than no defence
+at all); of the rest take the best worst case; every candidate within ``tolerance`` of it is as good under attack,
+and of those the one with the highest no-attack accuracy — the cheapest robustness that still holds — is
+recommended. When none is left, the mean is recommended and the text says why (every robust setting did worse than
+no defence under the attacks tried, or under every one of them).
+
+A (rule, f) that cannot run with the task's n — the rule's requirement fails, or f ≥ n/2 (no honest majority) — is
+skipped with a note that says what to change: the largest f this n allows for that rule, or the n that f needs.
 """
 
 from __future__ import annotations
@@ -51,7 +57,8 @@ class Job:
 
 @dataclass
 class Plan:
-    """The validated grid of the planner, and the settings it skipped (a rule that cannot run with that f)."""
+    """The validated grid of the planner, and the settings it skipped (a rule that cannot run with that f and n),
+    each a note that says what to change (:func:`too_large`)."""
 
     base: dict[str, Any]
     rules: list[str]
@@ -109,11 +116,11 @@ def make_plan(
     settings = [("mean", 0)] + [(r, f) for r in rules for f in fs if r != "mean"]
     for rule, f in settings:
         try:
-            comp = aggregators.make(rule, f=f)
+            note = too_large(rule, f, workers)
         except PhalanxError as exc:
             raise ConfigError("rules", rule, "aggregator specs (phalanx list aggregators)", str(exc)) from None
-        if workers < comp.min_workers():
-            skipped.append(f"{rule} with f={f}: needs n >= {comp.min_workers()} ({comp.requirement}), n = {workers}")
+        if note is not None:
+            skipped.append(note)
             continue
         threats = ["none"] + (list(attacks) if expect > 0 else [])
         jobs += [Job(rule, f, a, s) for a in threats for s in seeds]
@@ -123,6 +130,37 @@ def make_plan(
         for j in jobs
     ]
     return Plan(base, list(rules), fs, list(attacks), expect, list(seeds), jobs, configs, skipped)
+
+
+def _fits(rule: str, f: int, workers: int) -> bool:
+    """Whether ``rule`` configured for ``f`` can run with n = ``workers``: its requirement holds and n > 2f."""
+    try:
+        return 2 * f < workers and workers >= aggregators.make(rule, f=f).min_workers()
+    except PhalanxError:  # a spec that takes no such f
+        return False
+
+
+def largest_f(rule: str, workers: int, below: int | None = None) -> int | None:
+    """The largest f ≥ 1 (and < ``below``) that ``rule`` can be configured for with n = ``workers``; None if none."""
+    top = (workers - 1) // 2 if below is None else min(below - 1, (workers - 1) // 2)
+    return next((g for g in range(top, 0, -1) if _fits(rule, g, workers)), None)
+
+
+def too_large(rule: str, f: int, workers: int) -> str | None:
+    """None if ``rule`` with ``f`` can run with n = ``workers``; else the note that says so and what to change —
+    the largest f this n allows for the rule, and the n that f needs (its requirement, and n > 2f)."""
+    comp = aggregators.make(rule, f=f)
+    need = max(comp.min_workers(), 2 * f + 1 if f > 0 else 1)
+    if workers >= need:
+        return None
+    why = (f"needs n >= {need} ({comp.requirement})" if workers < comp.min_workers()
+           else f"f >= n/2 leaves no honest majority (needs n > 2f, n >= {need})")
+    g = largest_f(rule, workers, below=f)
+    if g is None:
+        return (f"{rule} with f={f}: {why}, n = {workers} — {rule} cannot run with n = {workers} at any f >= 1: use "
+                f"n >= {need} workers for f={f}")
+    return (f"{rule} with f={f}: {why}, n = {workers} — with n = {workers} use f <= {g} for {rule}, or n >= {need} "
+            f"workers for f={f}")
 
 
 @dataclass
@@ -171,9 +209,21 @@ class Recommendation:
     text: str
 
 
-def recommend(rows: list[Row], expect: int, tolerance: float = 0.01) -> Recommendation:
-    """The cheapest (highest no-attack accuracy) row among those configured for f ≥ ``expect`` whose worst case
-    under attack is within ``tolerance`` of the best worst case (module docstring)."""
+def _pct(v: float) -> str:
+    return f"{100 * v:.1f}%"
+
+
+def _worse_everywhere(r: Row, mean_row: Row) -> bool:
+    """Whether ``r`` did worse than the mean under every attack both were run with."""
+    common = [a for a in r.under_attack if a in mean_row.under_attack]
+    return bool(common) and all(r.under_attack[a] < mean_row.under_attack[a] for a in common)
+
+
+def recommend(rows: list[Row], expect: int, tolerance: float = 0.01, workers: int | None = None) -> Recommendation:
+    """The cheapest (highest no-attack accuracy) row among those configured for f ≥ ``expect`` and not worse than
+    no defence (the mean) in the worst case under attack, whose worst case is within ``tolerance`` of the best
+    (module docstring); the mean, with the reason, when every such row did worse than the mean. ``workers`` (n),
+    when given, lets the text say what to change when nothing in the plan tolerates the threat."""
     if not 0 <= tolerance < 1:
         raise ConfigError("tolerance", tolerance, "a number in [0, 1) (accuracy points / 100)")
     mean_row = next(r for r in rows if r.rule == "mean" and r.f == 0)
@@ -184,22 +234,65 @@ def recommend(rows: list[Row], expect: int, tolerance: float = 0.01) -> Recommen
             f"no-attack accuracy, {100 * best.no_attack:.1f}%."))
     candidates = [r for r in rows if r.f >= expect and r.worst is not None]
     if not candidates:
-        return Recommendation("mean", 0, (
-            f"No rule in the plan was configured for f >= {expect}: add larger f values (--f) — nothing here is "
-            "meant to tolerate the stated threat."))
-    top = max(r.worst for r in candidates if r.worst is not None)
-    good = [r for r in candidates if r.worst is not None and r.worst >= top - tolerance]
+        return Recommendation("mean", 0, _no_candidates(expect, workers))
+    baseline = mean_row.worst
+
+    def did_worse(r: Row) -> bool:  # than no defence, in the worst case over the attacks tried
+        return baseline is not None and r.worst is not None and r.worst < baseline
+
+    worse = [r for r in candidates if did_worse(r)]
+    eligible = [r for r in candidates if not did_worse(r)]
+    if not eligible:
+        return Recommendation("mean", 0, _mean_wins(candidates, mean_row, expect))
+    top = max(r.worst for r in eligible if r.worst is not None)
+    good = [r for r in eligible if r.worst is not None and r.worst >= top - tolerance]
     pick = max(good, key=lambda r: (r.no_attack, -r.f))
-    assert pick.worst is not None and mean_row.worst is not None
+    assert pick.worst is not None
+    versus = ("" if mean_row.worst is None
+              else f" (the mean: {_pct(mean_row.worst)} under {mean_row.worst_attack})")
     text = (
         f"Expecting {expect} Byzantine worker(s): use {pick.rule} with f={pick.f}. Under the worst of the attacks "
-        f"tried ({pick.worst_attack}) it keeps {100 * pick.worst:.1f}% accuracy (the mean: "
-        f"{100 * mean_row.worst:.1f}% under {mean_row.worst_attack}); with no attack it costs "
-        f"{100 * pick.cost:+.1f} points against the mean ({100 * pick.no_attack:.1f}% vs "
-        f"{100 * mean_row.no_attack:.1f}%). {len(good)} of {len(candidates)} settings with f >= {expect} were within "
-        f"{100 * tolerance:g} point(s) of the best worst case; this one costs least with no attack."
+        f"tried ({pick.worst_attack}) it keeps {_pct(pick.worst)} accuracy{versus}; with no attack it costs "
+        f"{100 * pick.cost:+.1f} points against the mean ({_pct(pick.no_attack)} vs {_pct(mean_row.no_attack)}). "
+        f"{len(good)} of {len(eligible)} settings with f >= {expect}{' not worse than no defence' if worse else ''} "
+        f"were within {100 * tolerance:g} point(s) of the best worst case; this one costs least with no attack."
     )
+    if mean_row.worst is not None and pick.worst <= mean_row.worst + tolerance:
+        text += (f" It is within {100 * tolerance:g} point(s) of no defence in the worst case: the attacks tried do "
+                 "not separate it from the mean on this task.")
+    if worse:
+        text += (" Left out as worse than no defence under the attacks tried: "
+                 + ", ".join(f"{r.rule} (f={r.f})" for r in worse) + ".")
     return Recommendation(pick.rule, pick.f, text)
+
+
+def _no_candidates(expect: int, workers: int | None) -> str:
+    """The recommendation's text when no setting of the plan is configured for f ≥ ``expect``: what to change."""
+    if workers is not None and 2 * expect >= workers:
+        return (f"Expecting {expect} of n = {workers} workers to be Byzantine: no rule tolerates f >= n/2 (each needs "
+                f"an honest majority, n > 2f). Use n >= {2 * expect + 1} workers, or plan for at most "
+                f"{(workers - 1) // 2} Byzantine worker(s) with n = {workers}; until then use mean (f=0) — nothing "
+                "here is meant to tolerate the stated threat.")
+    limit = ("" if workers is None else f" (with n = {workers}, f can be at most {(workers - 1) // 2}; each skipped "
+             "setting says its rule's own limit)")
+    return (f"No rule in the plan was configured for f >= {expect}: add f = {expect} to the f values (--f){limit} — "
+            "nothing here is meant to tolerate the stated threat; until then use mean (f=0).")
+
+
+def _mean_wins(candidates: list[Row], mean_row: Row, expect: int) -> str:
+    """The recommendation's text when every setting with f ≥ ``expect`` did worse than the mean under attack."""
+    assert mean_row.worst is not None
+    best = max(candidates, key=lambda r: (r.worst or 0.0, r.no_attack))
+    assert best.worst is not None
+    everywhere = all(_worse_everywhere(r, mean_row) for r in candidates)
+    how = "under every attack tried" if everywhere else "in the worst case over the attacks tried"
+    return (
+        f"Expecting {expect} Byzantine worker(s): use mean (f=0) — no defence. Every robust setting with f >= "
+        f"{expect} did worse than the plain mean {how}: the mean keeps {_pct(mean_row.worst)} under its worst attack "
+        f"({mean_row.worst_attack}), the best of them, {best.rule} with f={best.f}, {_pct(best.worst)} under "
+        f"{best.worst_attack}. On this task the rules tried buy nothing against these attacks; try other rules or "
+        "attacks, more rounds or seeds before trusting a defence."
+    )
 
 
 def to_markdown(rows: list[Row], plan: Plan, rec: Recommendation) -> str:

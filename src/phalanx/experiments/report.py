@@ -1,9 +1,11 @@
-"""Reports: a summary table per setting, accuracy-vs-round plots, an aggregator × attack heat map, Markdown."""
+"""Reports: a summary table per setting, per-round plots (test accuracy, aggregation error, Byzantine share), an
+aggregator × attack heat map, Markdown."""
 
 from __future__ import annotations
 
 import io
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -109,27 +111,68 @@ def markdown_table(summary: list[dict[str, Any]], keys: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+PANELS = (
+    ("test_accuracy", "test accuracy (%)", "Test accuracy per setting"),
+    ("agg_error", "aggregation error", "Aggregation error ‖Agg − honest mean‖² / honest variance"),
+    ("byz_share", "Byzantine share", "Share of the aggregate from Byzantine workers"),
+)
+"""The panels of ``accuracy.png``: metric key, y label, title (a panel whose metric no row has is left out)."""
+
+
+def clipped_errors(means: list[float], lows: list[float], highs: list[float], lo: float = 0.0,
+                   hi: float = 100.0) -> list[list[float]]:
+    """Error-bar lengths for matplotlib's ``yerr`` (two rows: below, above the mean) of the intervals
+    ``[low, high]`` around ``means``, clipped to ``[lo, hi]``: an accuracy interval is drawn within 0 … 100 %, never
+    below 0 or above 100 (an unbounded one, of a single seed, spans the whole range)."""
+    below = [max(0.0, m - max(lo, min(hi, low))) for m, low in zip(means, lows)]
+    above = [max(0.0, min(hi, max(lo, high)) - m) for m, high in zip(means, highs)]
+    return [below, above]
+
+
+def _panel_values(rows: list[dict[str, Any]], keys: list[str], metric: str) -> dict[str, dict[int, list[float]]]:
+    """Per setting label, per round: the finite values of ``metric`` (seeds pooled); None values are left out."""
+    curves: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        v = r.get(metric)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            continue
+        label = ", ".join(f"{k}={r.get(k)}" if k != "aggregator" else str(r.get(k)) for k in keys)
+        curves[label][r["round"]].append(float(v))
+    return curves
+
+
 def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path:
-    """Test accuracy vs round, one line per setting (mean over seeds)."""
+    """Per round, one line per setting (mean over seeds): test accuracy, and below it — in panels of the same
+    figure, each only when some run logged it — the aggregation error ``agg_error`` and the Byzantine share
+    ``byz_share``. The aggregation error is drawn on a log scale when it is positive throughout and spans more than
+    two decades (under attack the mean's error can be 10⁶ times the robust rules')."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        label = ", ".join(f"{k}={r.get(k)}" if k != "aggregator" else str(r.get(k)) for k in keys)
-        curves[label][r["round"]].append(r["test_accuracy"])
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    for label, pts in sorted(curves.items()):
-        xs = sorted(pts)
-        ax.plot(xs, [100 * sum(pts[x]) / len(pts[x]) for x in xs], marker="o", markersize=3, label=label)
-    ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_ylim(0, 100)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    ax.set_title("Test accuracy per setting")
+    panels = [(m, y, t, c) for m, y, t in PANELS if (c := _panel_values(rows, keys, m))]
+    panels = panels or [(*PANELS[0], {})]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 1.2 + 3.0 * len(panels)), dpi=120, sharex=True,
+                             squeeze=False)
+    for ax, (metric, ylabel, title, curves) in zip(axes[:, 0], panels):
+        scale = 100.0 if metric == "test_accuracy" else 1.0
+        for label, pts in sorted(curves.items()):
+            xs = sorted(pts)
+            ax.plot(xs, [scale * sum(pts[x]) / len(pts[x]) for x in xs], marker="o", markersize=3, label=label)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        if metric == "test_accuracy":
+            ax.set_ylim(0, 100)
+            ax.legend(fontsize=7, loc="lower right")
+        else:  # both are ≥ 0: a linear axis starts at 0, so that a small change does not look large
+            values = [v for pts in curves.values() for vs in pts.values() for v in vs]
+            if metric == "agg_error" and min(values) > 0 and max(values) > 100 * min(values):
+                ax.set_yscale("log")
+            else:
+                ax.set_ylim(bottom=min(0.0, min(values)))
+    axes[-1, 0].set_xlabel("round")
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -166,7 +209,9 @@ def plot_heatmap(summary: list[dict[str, Any]], path: Path) -> Path | None:
 
 
 def write_report(root: Path, out: Path | None = None) -> dict[str, Any]:
-    """Write ``report.md``, ``accuracy.png`` and (if useful) ``heatmap.png`` for the runs under ``root``.
+    """Write ``report.md``, ``accuracy.png`` (per round: test accuracy, and the aggregation error and Byzantine
+    share where the runs logged them) and (if useful) ``heatmap.png`` for the runs under ``root``; returns the
+    summary, the varying keys and the plots written (``plots``), each embedded in ``report.md``.
 
     A run whose metrics cannot be read is a :class:`ConfigError` naming its file; a directory the report cannot be
     written to an :class:`OutputError` naming the file.
@@ -181,6 +226,11 @@ def write_report(root: Path, out: Path | None = None) -> dict[str, Any]:
                           "report there") from None
 
 
+def _caption(rows: list[dict[str, Any]]) -> str:
+    """What ``accuracy.png`` shows, for its alt text in ``report.md``."""
+    return ", ".join(["test accuracy"] + [y for m, y, _ in PANELS[1:] if _panel_values(rows, [], m)]) + " per round"
+
+
 def _write_report(root: Path, out: Path) -> dict[str, Any]:
     rows = collect(root)
     if not rows:
@@ -190,7 +240,7 @@ def _write_report(root: Path, out: Path) -> dict[str, Any]:
     curves = plot_curves(rows, keys, out / "accuracy.png")
     heat = plot_heatmap(summary, out / "heatmap.png")
     md = ["# Phalanx report", "", f"Runs under `{root}`: {len({r['run'] for r in rows})}.", "",
-          markdown_table(summary, keys), "", f"![accuracy]({curves.name})"]
+          markdown_table(summary, keys), "", f"![{_caption(rows)}]({curves.name})"]
     if heat is not None:
         md += ["", f"![heatmap]({heat.name})"]
     store.atomic_write_text(out / "report.md", "\n".join(md) + "\n")

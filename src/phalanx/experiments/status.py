@@ -29,7 +29,7 @@ def _grid_lock(out: Path) -> Iterator[None]:
     """Serialise read-modify-write of ``grid.json`` between commands writing into the same ``OUT``."""
     path = out / ".grid.lock"
     with store.writing(path):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # as open(path, "w"): the umask applies
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

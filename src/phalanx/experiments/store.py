@@ -23,6 +23,10 @@ Errors: a write that fails (permission denied, disk full, ``--out`` naming a fil
 file stays behind. A file that cannot be read back as Phalanx wrote it (truncated, garbage, a tensor of the wrong
 shape) is a :class:`~phalanx.errors.ConfigError` naming it and the run directory to delete — this is what catches
 damage in directories written before digests were recorded, and in ones used with ``--force``.
+
+Permissions: every file written here gets the mode a plain ``open(path, "w")`` would give it, ``0o666 & ~umask``
+(0644 under the usual umask 022, 0600 under 077) — not the 0600 of the temporary file it starts as
+(:func:`file_mode`). Private keys are written elsewhere (:mod:`phalanx.signing`, always 0600).
 """
 
 from __future__ import annotations
@@ -46,6 +50,42 @@ from phalanx import __version__
 from phalanx.errors import ConfigError, IntegrityError, OutputError
 from phalanx.experiments.config import RESULT_NEUTRAL_KEYS
 from phalanx.training.state import RoundState, Snapshot
+
+
+def _proc_umask() -> int | None:
+    """The process's umask as ``/proc/self/status`` reports it (Linux 4.7 and later), or None where it cannot."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8) & 0o777
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _umask_at_import() -> int:
+    """The umask when this module is imported: from ``/proc`` where it can be read, else set and restored at once —
+    ``os.umask`` is the only portable way to read it, and it changes the whole process's umask for a moment, which is
+    safe here only because module import runs before any thread of Phalanx writes files."""
+    mask = _proc_umask()
+    if mask is None:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+_UMASK_AT_IMPORT = _umask_at_import()
+
+
+def file_mode() -> int:
+    """The permissions a new file of ours gets: those of ``open(path, "w")``, ``0o666 & ~umask``.
+
+    The umask is read now from ``/proc/self/status`` where it is available (Linux), so a process that changes its
+    umask is followed, without the set-and-restore of ``os.umask`` (process-wide, not thread-safe); elsewhere it is
+    the umask read once when the module was imported."""
+    mask = _proc_umask()
+    return 0o666 & ~(_UMASK_AT_IMPORT if mask is None else mask)
 
 
 @contextmanager
@@ -74,6 +114,7 @@ def atomic_write_bytes(path: Path, payload: bytes) -> None:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as fh:
+                os.fchmod(fh.fileno(), file_mode())  # mkstemp's 0600 → what open(path, "w") would give
                 fh.write(payload)
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -130,6 +171,7 @@ def write_artifact(out: Path, name: str, payload: bytes) -> None:
         fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as fh:
+                os.fchmod(fh.fileno(), file_mode())
                 fh.write(payload)
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -141,7 +183,9 @@ def write_artifact(out: Path, name: str, payload: bytes) -> None:
 
 
 def _install(out: Path, name: str, tmp: str) -> None:
-    """Record the digest of the finished temporary file ``tmp``, then move it to ``out/name``."""
+    """Give the finished temporary file ``tmp`` its permissions (:func:`file_mode`), record its digest, then move it
+    to ``out/name``."""
+    os.chmod(tmp, file_mode())
     _record(out, name, file_digest(Path(tmp)))
     os.replace(tmp, out / name)
 
@@ -398,6 +442,7 @@ def write_parquet(path: Path, rows: list[dict[str, Any]]) -> None:
             if (path.parent / MANIFEST).exists():  # a run directory's: recorded like every file it writes
                 _install(path.parent, path.name, tmp)
             else:
+                os.chmod(tmp, file_mode())
                 os.replace(tmp, path)
     finally:
         for name in (tmp_json, tmp):
