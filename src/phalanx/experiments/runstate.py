@@ -95,7 +95,7 @@ def locked(run_dir: Path, *, wait: bool = False) -> Iterator[None]:
     store.make_dir(run_dir)
     path = run_dir / LOCK
     with store.writing(path):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask applies, as for open(path, "w")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
