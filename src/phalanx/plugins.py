@@ -67,6 +67,8 @@ def import_spec(spec: str, parameter: str) -> Any:
             parameter, spec, f"a 'module:attr' spec whose module can be imported ({exc})",
             "is the module installed, or its directory on PYTHONPATH (for every process of a sweep or a launch)?",
         ) from None
+    except Exception as exc:  # a relative or malformed name (TypeError, ValueError), or a module that fails to load
+        raise ConfigError(parameter, spec, f"a 'module:attr' spec whose module can be imported ({exc!r})") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ConfigError(parameter, spec, f"an attribute that exists in {module_name} (no {part!r})")

@@ -33,7 +33,10 @@ def check_real(
     allowed = _describe_range("number", low, low_open, high, high_open)
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ConfigError(name, value, allowed)
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an integer beyond the float range
+        raise ConfigError(name, value, allowed) from None
     if not math.isfinite(v):
         raise ConfigError(name, value, allowed)
     if low is not None and (v < low or (low_open and v == low)):

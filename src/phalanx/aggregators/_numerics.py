@@ -26,21 +26,24 @@ def bad_rows(sqnorms: Tensor) -> Tensor:
 def pairwise_sqdist(x: Tensor, sqnorms: Tensor | None = None) -> Tensor:
     """Pairwise squared Euclidean distances ``D[i, j] = ‖xᵢ − xⱼ‖²`` from one Gram matrix, ``(n, n)``.
 
-    One matrix product (``x xᵀ``) instead of ``n²`` passes over the data: ``D = ‖xᵢ‖² + ‖xⱼ‖² − 2⟨xᵢ, xⱼ⟩``.
-    Rounding can make an entry slightly negative: it is clamped at 0; the diagonal is exactly 0. Any pair that
-    involves a bad row gets ``+inf`` (also on the diagonal, so a bad row is never anyone's nearest neighbour,
-    not even its own).
+    One matrix product (``G = x xᵀ``) instead of ``n²`` passes over the data: ``D = Gᵢᵢ + Gⱼⱼ − 2Gᵢⱼ``. The squared
+    norms are the Gram matrix's own diagonal (sums of squares, like its other entries), not squared norms from a
+    square root: on inputs whose sums are exact (small integers, in float32 as in float64) every distance is then
+    exact, so rows at equal distances in exact arithmetic tie exactly, in every dtype, and the rules' documented
+    tie-breaks decide — not rounding. Rounding can make an entry slightly negative: it is clamped at 0; the
+    diagonal is exactly 0. Any pair that involves a bad row (``sqnorms``, by default :func:`row_sqnorms`, or the
+    Gram diagonal not finite) gets ``+inf`` (also on the diagonal, so a bad row is never anyone's nearest
+    neighbour, not even its own); bad rows are zeroed before the product.
     """
     if sqnorms is None:
         sqnorms = row_sqnorms(x)
     bad = bad_rows(sqnorms)
     if bool(bad.any()):
         x = torch.where(bad[:, None], torch.zeros((), dtype=x.dtype, device=x.device), x)
-        sq = torch.where(bad, torch.zeros((), dtype=sqnorms.dtype, device=x.device), sqnorms)
-    else:
-        sq = sqnorms
     gram = x @ x.T
     gram = 0.5 * (gram + gram.T)  # BLAS need not return an exactly symmetric product; ties must be exact ties
+    sq = gram.diagonal().clone()
+    bad = bad | bad_rows(sq)
     dist = (sq[:, None] + sq[None, :] - 2.0 * gram).clamp_min_(0.0)
     dist.fill_diagonal_(0.0)
     dist = torch.nan_to_num(dist, nan=float("inf"), posinf=float("inf"))

@@ -11,8 +11,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from phalanx.aggregators._numerics import COLUMN_CHUNK
+
 __all__ = [
-    "clip_scales", "clipped_mean", "column_mean", "median_norm", "mix_rows", "row_norms", "scale_rows", "weighted_sum",
+    "clip_scales", "clipped_mean", "column_mean", "float64_row_norms", "median_norm", "mix_rows", "row_norms",
+    "scale_rows", "weighted_sum",
 ]
 
 
@@ -37,6 +40,19 @@ def row_norms(x: Tensor) -> tuple[Tensor, Tensor]:
     """
     norms = torch.linalg.vector_norm(x, dim=1).to(torch.float64)
     return norms, ~torch.isfinite(norms)
+
+
+def float64_row_norms(x: Tensor, bad: Tensor) -> Tensor:
+    """Euclidean norm of each row summed in float64 (float64 ``(n,)``), ``+inf`` on the ``bad`` rows.
+
+    The squares of float16/32 values are exact in float64, so the same values give the same norms whatever the
+    input's dtype: a decision taken on norms (a filter's bound met with equality in exact arithmetic) is then the
+    same for a float32 and a float64 copy of the input. Column chunk by column chunk (no float64 copy of ``x``).
+    """
+    total = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
+    for s in range(0, x.shape[1], COLUMN_CHUNK):
+        total += x[:, s : s + COLUMN_CHUNK].to(torch.float64).square().sum(dim=1)
+    return torch.where(bad, torch.full_like(total, float("inf")), total.sqrt())
 
 
 def median_norm(norms: Tensor, bad: Tensor) -> Tensor:

@@ -7,7 +7,10 @@ Conventions shared by every component (docs/design.md, "Conventions"):
 
 * ``f`` is the number of Byzantine rows the component is *configured* to tolerate. How many rows actually attack is
   not known to it.
-* The input is never modified; the output has the input's device and dtype.
+* The input is never modified; the output has the input's device and dtype. The input is a float tensor
+  (float16, bfloat16, float32 or float64) of shape ``(n, d)``, or what :func:`as_input` converts to one at the
+  boundary: a NumPy array, or a list of n 1-D tensors or NumPy arrays. Any other type or dtype is an
+  :class:`~phalanx.errors.InputError`; the output is always a tensor.
 * A Byzantine row may hold anything (NaN, ±Inf, 1e38, denormals). With at most ``f`` such rows, every rule meant to
   tolerate ``f`` rows returns a finite vector. A *bad row* is a row whose squared norm is not finite (NaN, ±Inf,
   or so large that it overflows): such a row is infinitely far from every other row.
@@ -18,8 +21,10 @@ Conventions shared by every component (docs/design.md, "Conventions"):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -28,7 +33,8 @@ from phalanx.plugins import Component
 from phalanx.validate import check_int, check_real
 
 __all__ = [
-    "Aggregator", "PreAggregator", "check_f", "check_input", "check_positive", "check_probability", "random_source",
+    "FLOAT_DTYPES", "Aggregator", "PreAggregator", "as_input", "check_f", "check_input", "check_positive",
+    "check_probability", "random_source",
 ]
 
 
@@ -53,15 +59,70 @@ def check_probability(name: str, value: Any, *, open_low: bool = True) -> float:
     return check_real(name, value, low=0.0, low_open=open_low, high=1.0)
 
 
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+"""The dtypes a component accepts; any other (integers, bool, complex, float8) is an :class:`InputError`."""
+Rows = Tensor | np.ndarray | Sequence[Tensor] | Sequence[np.ndarray]
+"""What a component's call accepts (:func:`as_input`)."""
+_ACCEPTED = "a torch.Tensor or NumPy array of shape (n, d), or a list of n 1-D tensors or NumPy arrays of length d"
+
+
+def _from_numpy(a: np.ndarray, who: str) -> Tensor:
+    """A tensor on the array's data (no copy when the array is contiguous, writable and in native byte order)."""
+    b = np.ascontiguousarray(a)
+    if not b.dtype.isnative:
+        b = b.astype(b.dtype.newbyteorder("="))
+    if not b.flags.writeable:  # torch.from_numpy warns on read-only memory; the components never write anyway
+        b = b.copy()
+    try:
+        return torch.from_numpy(b)
+    except TypeError:  # object, string, long double, ... arrays
+        raise InputError(f"{who}: x", f"a NumPy array of dtype {a.dtype}", "a floating-point dtype "
+                         "(float16/32/64)") from None
+
+
+def _stack(rows: list[Any] | tuple[Any, ...], who: str) -> Tensor:
+    """A list (or tuple) of ``n`` 1-D rows of one length, dtype and device — all tensors or all NumPy arrays —
+    stacked into ``(n, d)``."""
+    kind = {type(r).__name__ for r in rows}
+    if not rows or not (all(isinstance(r, Tensor) for r in rows) or all(isinstance(r, np.ndarray) for r in rows)):
+        what = f"a {type(rows).__name__} of {', '.join(sorted(kind))}" if rows else f"an empty {type(rows).__name__}"
+        raise InputError(f"{who}: x", what, _ACCEPTED)
+    shapes = sorted({tuple(r.shape) for r in rows})
+    if len(shapes) != 1 or len(shapes[0]) != 1:
+        raise InputError(f"{who}: x", f"rows of shapes {', '.join(map(str, shapes[:4]))}",
+                         "rows that are 1-D and of one length d")
+    dtypes = sorted({str(r.dtype) for r in rows})
+    if len(dtypes) != 1:
+        raise InputError(f"{who}: x", f"rows of dtypes {', '.join(dtypes)}", "rows of one dtype")
+    if isinstance(rows[0], np.ndarray):
+        return _from_numpy(np.stack(rows), who)
+    devices = sorted({str(r.device) for r in rows})
+    if len(devices) != 1:
+        raise InputError(f"{who}: x", f"rows on devices {', '.join(devices)}", "rows on one device")
+    return torch.stack(list(rows))
+
+
+def as_input(x: Any, who: str) -> Tensor:
+    """``x`` as a tensor: a tensor as it is, a NumPy array as a tensor on its data, a list or tuple of 1-D rows
+    (tensors, or NumPy arrays) stacked — converted once, here, at the boundary; anything else an
+    :class:`InputError`."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        return _from_numpy(x, who)
+    if isinstance(x, (list, tuple)):
+        return _stack(x, who)
+    raise InputError(f"{who}: x", type(x).__name__, _ACCEPTED)
+
+
 def check_input(x: Any, who: str) -> Tensor:
-    """Check that ``x`` is a non-empty floating-point tensor of shape ``(n, d)``."""
-    if not isinstance(x, Tensor):
-        raise InputError(f"{who}: x", type(x).__name__, "a torch.Tensor of shape (n, d)")
+    """``x`` (see :func:`as_input`) as a non-empty tensor of shape ``(n, d)`` and one of :data:`FLOAT_DTYPES`."""
+    x = as_input(x, who)
     if x.ndim != 2:
         raise InputError(f"{who}: x", f"a tensor of shape {tuple(x.shape)}", "a 2-D tensor of shape (n, d)")
     if x.shape[0] == 0 or x.shape[1] == 0:
         raise InputError(f"{who}: x", f"a tensor of shape {tuple(x.shape)}", "n >= 1 rows and d >= 1 columns")
-    if not x.is_floating_point():
+    if x.dtype not in FLOAT_DTYPES:
         raise InputError(f"{who}: x", f"dtype {x.dtype}", "a floating-point dtype (float16/bfloat16/32/64)")
     return x
 
@@ -133,19 +194,19 @@ class Aggregator(_Component):
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
         """Aggregate a validated input; return ``(output (d,), contributions (n,) or None)``."""
 
-    def __call__(self, x: Tensor, **context: Any) -> Tensor:
-        """Aggregate the rows of ``x`` (shape ``(n, d)``) into one vector of shape ``(d,)``."""
+    def __call__(self, x: Rows, **context: Any) -> Tensor:
+        """Aggregate the rows of ``x`` (shape ``(n, d)``; see :func:`as_input`) into one vector of shape ``(d,)``."""
         x = self._prepare(x, context)
         return self._run(x, False, **context)[0]
 
-    def aggregate(self, x: Tensor, **context: Any) -> tuple[Tensor, Tensor]:
+    def aggregate(self, x: Rows, **context: Any) -> tuple[Tensor, Tensor]:
         """Aggregate and report who was trusted: return ``(output (d,), contributions (n,))``."""
         x = self._prepare(x, context)
         out, contrib = self._run(x, True, **context)
         assert contrib is not None
         return out, contrib
 
-    def contributions(self, x: Tensor, **context: Any) -> Tensor:
+    def contributions(self, x: Rows, **context: Any) -> Tensor:
         """Each input row's share of the output, an ``(n,)`` float64 tensor on the input's device.
 
         Selection rules give their exact weights (Krum: 1 for the chosen row); coordinate-wise rules give the share
@@ -155,7 +216,7 @@ class Aggregator(_Component):
         """
         return self.aggregate(x, **context)[1]
 
-    def _prepare(self, x: Tensor, context: dict[str, Any]) -> Tensor:
+    def _prepare(self, x: Rows, context: dict[str, Any]) -> Tensor:
         x = check_input(x, self.name)
         self._check_rows(x.shape[0])
         self._check_context(context)
@@ -198,11 +259,11 @@ class PreAggregator(_Component):
         """Number of rows ``n'`` produced from ``n`` input rows."""
         return n
 
-    def __call__(self, x: Tensor, **context: Any) -> Tensor:
+    def __call__(self, x: Rows, **context: Any) -> Tensor:
         """Transform ``x`` (shape ``(n, d)``) into ``(n', d)``."""
         return self.mix(x, **context)[0]
 
-    def mix(self, x: Tensor, **context: Any) -> tuple[Tensor, Tensor]:
+    def mix(self, x: Rows, **context: Any) -> tuple[Tensor, Tensor]:
         """Return ``(y, M)``: the transformed rows and their provenance matrix."""
         x = check_input(x, self.name)
         self._check_rows(x.shape[0])

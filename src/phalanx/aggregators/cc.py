@@ -86,7 +86,7 @@ class CenteredClipping(Aggregator):
             dist = row_distances(xc, v)
             scale = torch.where(good, (self.tau / dist.clamp_min(1e-30)).clamp(max=1.0), torch.zeros_like(dist)) / n
             # v ← (1 − Σ sᵢ) v + Σ sᵢ xᵢ
-            keep = 1.0 - float(scale.sum())
+            keep = 1.0 - float(scale.detach().sum())
             v = keep * v + weighted_sum(scale, xc, bad)
             a = keep * a + scale
         return v.to(x.dtype), a

@@ -159,7 +159,7 @@ class ClippedClustering(Aggregator):
         for lab in torch.unique(labels).tolist():
             members = labels == lab
             m = int(members.sum())
-            spread = float(dist[members][:, members].sum()) / (m * m)
+            spread = float(dist[members][:, members].detach().sum()) / (m * m)
             keys.append((m, spread, members))
         if len(keys) == 1:
             return keys[0][2]

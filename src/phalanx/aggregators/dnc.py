@@ -36,7 +36,7 @@ def dnc_scores(sub: Tensor, bad: Tensor) -> Tensor:
         c = torch.where(good[:, None], c, torch.zeros((), dtype=c.dtype, device=c.device))
     # Only the ranking of the scores matters: normalise so that the Gram matrix cannot overflow.
     scale = c.abs().max()
-    if float(scale) > 0.0:
+    if float(scale.detach()) > 0.0:
         c = c / scale
     gram = c @ c.T
     gram = 0.5 * (gram + gram.T)

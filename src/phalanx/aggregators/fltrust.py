@@ -94,7 +94,7 @@ class FLTrust(Aggregator):
         factor = (ref_norm / safe).to(xc.dtype)
         trust = torch.where(torch.isfinite(factor), trust, torch.zeros_like(trust))
         total = trust.sum()
-        if float(total) <= 0.0:
+        if float(total.detach()) <= 0.0:
             out = torch.zeros(d, dtype=x.dtype, device=x.device)
             contrib = torch.zeros(n, dtype=torch.float64, device=x.device)
             return out, (contrib if want_contributions else None)

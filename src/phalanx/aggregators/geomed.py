@@ -74,9 +74,9 @@ class GeometricMedian(Aggregator):
         wg = torch.full((xg.shape[0],), 1.0 / xg.shape[0], dtype=torch.float64, device=x.device)
         for _ in range(self.max_iter):
             dots = (xr @ u).to(torch.float64)
-            uu = float(torch.dot(u, u))
+            uu = float(torch.dot(u, u).detach())
             dist = (sqr - 2.0 * dots + uu).clamp_min(0.0).sqrt()
-            objective = float(dist.sum())
+            objective = float(dist.detach().sum())
             if prev is not None and prev - objective <= self.tol * max(objective, 1e-30):
                 break
             prev = objective

@@ -86,7 +86,11 @@ def user_rule(obj: Any, spec: str) -> type[Aggregator]:
             super().__init__(f)
             check_params(spec, obj, params, skip=("f",))
             self._params = dict(params)
-            self.inner = obj(f=self.f, **params)
+            try:
+                self.inner = obj(f=self.f, **params)
+            except TypeError as exc:  # not a class or function taking f (and these parameters): a config error
+                raise ConfigError("aggregator", spec, "a class whose constructor takes f and its keyword "
+                                  f"parameters ({exc!r})") from None
 
         def params(self) -> dict[str, Any]:
             return {"f": self.f, **self._params}

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from phalanx.aggregators._rowops import clipped_mean, median_norm, row_norms
+from phalanx.aggregators._rowops import clipped_mean, float64_row_norms, median_norm, row_norms
 from phalanx.aggregators.base import (
     Aggregator,
     as_compute_dtype,
@@ -114,6 +114,10 @@ class SignGuard(Aggregator):
     than the bandwidth from every cluster centre) are dropped, so on honest, noisy gradients SignGuard typically
     averages only half to two thirds of the rows.
 
+    Ties: the norms are summed in float64 from the input values (exact squares for float16/32 inputs), so a
+    float32 and a float64 copy of the same input keep the same rows, also when a norm meets a bound with equality
+    in exact arithmetic (such a row is kept or dropped by float64 rounding, the same for every input dtype).
+
     Robustness conventions (ours): bad rows (NaN/Inf or an overflowing norm) count as +inf in the median and
     never pass the norm filter. If :math:`S_1 \cap S_2` is empty the rule falls back to :math:`S_1` (which
     contains the median-norm row whenever fewer than half of the rows are bad); if that is empty too, the output
@@ -155,7 +159,8 @@ class SignGuard(Aggregator):
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
         d = x.shape[1]
         xc = as_compute_dtype(x)
-        norms, bad = row_norms(xc)
+        bad = row_norms(xc)[1]
+        norms = float64_row_norms(xc, bad)  # the same norms for a float16/32/64 copy: the filter's ties too
         med = median_norm(norms, bad)
         s1 = ~bad & (norms >= self.lower * med) & (norms <= self.upper * med)
         k = max(1, int(self.subsample * d))

@@ -60,8 +60,10 @@ class AttackContext:
             raise InputError(
                 "AttackContext.honest", f"a tensor of shape {tuple(x.shape)}", "shape (h, d) with h >= 1 and d >= 1",
             )
-        if not x.is_floating_point():
-            raise InputError("AttackContext.honest", f"dtype {x.dtype}", "a floating-point dtype")
+        if x.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            raise InputError(
+                "AttackContext.honest", f"dtype {x.dtype}", "a floating-point dtype (float16/bfloat16/32/64)",
+            )
         for field_name in ("n_byzantine", "f", "round"):
             value = getattr(self, field_name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

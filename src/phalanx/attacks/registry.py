@@ -63,7 +63,11 @@ def user_attack(obj: Any, spec: str) -> type[Attack]:
         def __init__(self, **params: Any) -> None:
             check_params(spec, obj, params)
             self._params = dict(params)
-            self.inner = obj(**params)
+            try:
+                self.inner = obj(**params)
+            except TypeError as exc:  # not a class or function taking these parameters: a config error
+                raise ConfigError("attack", spec, "a class whose constructor takes the attack's keyword parameters "
+                                  f"({exc!r})") from None
 
         def params(self) -> dict[str, Any]:
             return dict(self._params)

@@ -190,10 +190,17 @@ _PLAIN = {
 }
 
 
+def key_text(key: str) -> str:
+    """A key as an error message shows it: as it is when it prints on one line, else quoted with escapes (its
+    Python repr), so that a key holding a line break, a control character or only spaces keeps the message one
+    line that visibly names it."""
+    return key if key.strip() and key.isprintable() else repr(key)
+
+
 def _friendly(exc: ValidationError) -> ConfigError:
     """The first validation error as one line: the parameter, the value it got, what is allowed."""
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "config"
+    loc = ".".join(key_text(str(p)) for p in err["loc"]) or "config"
     value = err.get("input")
     if err["type"] == "extra_forbidden":
         known = ", ".join(RunConfig.model_fields)
@@ -288,8 +295,13 @@ def check_keys(cfg: RunConfig) -> None:
     for key in ("sign_key", "verify_key"):
         path = getattr(cfg, key)
         if path is not None:
-            if not Path(path).is_file():
-                raise ConfigError(key, path, "an existing PEM key file (phalanx keygen KEY.pem PUB.pem)")
+            allowed = "an existing PEM key file (phalanx keygen KEY.pem PUB.pem)"
+            try:
+                found = Path(path).is_file()
+            except OSError as exc:  # a name the file system refuses (too long), a directory it may not search
+                raise ConfigError(key, path, allowed, exc.strerror or type(exc).__name__) from None
+            if not found:
+                raise ConfigError(key, path, allowed)
             signing.require()
 
 
@@ -358,23 +370,71 @@ def parse_value(text: str, key: str | None = None) -> Any:
     number or ``true``/``false`` (``workers=true`` stays text, which validation then refuses), a table takes a TOML
     inline table. An unknown key's value is parsed as TOML, else kept as text.
     """
+    return _parse(text, key, key or "--set")
+
+
+def _parse(text: str, key: str | None, name: str) -> Any:
+    """:func:`parse_value`; a value that is TOML but that Python cannot hold (nested too deeply, an integer beyond
+    64 bits) is a :class:`ConfigError` naming ``name``."""
     t = text.strip()
     kind = _kind(key)
     if t.startswith("["):
-        return _toml(t, t)
+        return _toml(t, t, name)
     if kind == "str":
         return t[1:-1] if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"" else t
-    value = _toml(t, t)
+    value = _toml(t, t, name)
     if kind in ("int", "float") and isinstance(value, bool):
         return t
     return value
 
 
-def _toml(text: str, default: Any) -> Any:
+def _toml(text: str, default: Any, name: str) -> Any:
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        doc = toml_loads(f"v = {text}")
     except tomllib.TOMLDecodeError:
         return default
+    except TomlLimitError as exc:
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        raise ConfigError(key_text(name), shown, exc.allowed) from None
+    # One value, not a document: "5\nf = 3" is not the value 5 (with a stray key f dropped on the floor).
+    return doc["v"] if set(doc) == {"v"} else default
+
+
+INT64 = (-(2**63), 2**63 - 1)
+"""TOML integers are 64-bit: "if an integer cannot be represented losslessly, an error must be thrown" (TOML 1.0)."""
+
+
+class TomlLimitError(ValueError):
+    """TOML text that is well-formed but beyond what a config may hold; ``allowed`` says what is."""
+
+    def __init__(self, allowed: str) -> None:
+        self.allowed = allowed
+        super().__init__(allowed)
+
+
+def toml_loads(text: str) -> dict[str, Any]:
+    """``tomllib.loads`` with the limits its parser leaves to Python: arrays and tables nested too deeply for the
+    recursive parser (``RecursionError``), integers of more digits than Python converts (``ValueError``) and
+    integers beyond 64 bits, which TOML 1.0 requires a parser to refuse — each a :class:`TomlLimitError` (a
+    ``tomllib.TOMLDecodeError`` for malformed text, as before)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        raise
+    except RecursionError:
+        raise TomlLimitError("TOML whose arrays and inline tables are not nested that deeply") from None
+    except ValueError:  # int() refuses more than sys.get_int_max_str_digits() digits
+        raise TomlLimitError("TOML integers of at most 64 bits (this one has thousands of digits)") from None
+    stack: list[Any] = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, int) and not isinstance(item, bool) and not INT64[0] <= item <= INT64[1]:
+            raise TomlLimitError(f"TOML integers of at most 64 bits, in [{INT64[0]}, {INT64[1]}] (got {item})")
+    return data
 
 
 def _kind(key: str | None) -> str | None:
@@ -403,11 +463,15 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key = key.strip()
         if "." in key:
             outer, inner = key.split(".", 1)
-            nested = dict(out.get(outer) or {})
-            nested[inner] = parse_value(text)
+            current = out.get(outer)
+            if current is not None and not isinstance(current, dict):
+                raise ConfigError(key_text(outer), current, f"a table (key = value, …) to set {inner!r} in",
+                                  f"--set {key}=… sets a key inside the table {outer}")
+            nested = dict(current or {})
+            nested[inner] = _parse(text, None, key)
             out[outer] = nested
         else:
-            out[key] = parse_value(text, key)
+            out[key] = _parse(text, key, key or "--set")
     return out
 
 
@@ -422,7 +486,11 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     skipped. Any other encoding is a :class:`ConfigError` naming the file and the first byte that is not UTF-8.
     """
     p = Path(path)
-    if not p.is_file():
+    try:
+        found = p.is_file()
+    except OSError as exc:  # a name the file system refuses (too long), a directory it may not search
+        raise ConfigError("config", str(p), "a readable TOML file", exc.strerror or type(exc).__name__) from None
+    if not found:
         raise ConfigError("config", str(p), "an existing TOML file")
     try:
         raw = p.read_bytes()
@@ -438,9 +506,11 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError("config", str(p), "a UTF-8 text file (TOML is UTF-8)",
                           f"{what}: save it as UTF-8 in your editor") from None
     try:
-        return tomllib.loads(text)
+        return toml_loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("config", str(p), f"valid TOML ({exc})") from None
+    except TomlLimitError as exc:
+        raise ConfigError("config", str(p), exc.allowed) from None
 
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.toml"

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from phalanx.errors import ConfigError
-from phalanx.experiments.config import RunConfig, make_config
+from phalanx.experiments.config import RunConfig, key_text, make_config
 
 # Keys whose values are lists by nature (never expanded).
 _LIST_KEYS: frozenset[str] = frozenset()
@@ -45,7 +45,7 @@ def expand(data: dict[str, Any]) -> list[dict[str, Any]]:
     keys = [k for k, v in data.items() if isinstance(v, list) and k not in _LIST_KEYS]
     for k in keys:
         if not data[k]:
-            raise ConfigError(k, [], "a non-empty list (each value is one point of the grid)")
+            raise ConfigError(key_text(k), [], "a non-empty list (each value is one point of the grid)")
     out = []
     for together in tied:
         for combo in itertools.product(*(data[k] for k in keys)):
