@@ -130,3 +130,15 @@ def recording(model: nn.Module, modes: tuple[NormMode, ...] = SERVER_MODES) -> I
     finally:
         for layer in layers:
             layer.record, layer.recorded = False, None
+
+
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in evaluation mode inside the block (normalisation layers use their held statistics), in the mode it
+    was in after it."""
+    was = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was)

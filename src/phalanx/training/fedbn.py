@@ -42,7 +42,7 @@ clients, in chunks of test samples; clients whose rows are equal (never sampled 
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -50,10 +50,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from phalanx.models.norm import FedNorm2d, recording
+from phalanx.models.norm import FedNorm2d, evaluating, recording
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
 
     from phalanx.training.experiment import Experiment
     from phalanx.training.problem import ParamLayout, Problem
@@ -196,14 +195,8 @@ class LocalNorms:
             return torch.arange(honest)
         return torch.linspace(0, honest - 1, most, dtype=torch.float64).round().long().unique()
 
-    @contextmanager
-    def _evaluating(self) -> Iterator[None]:
-        was = self.model.training
-        self.model.eval()
-        try:
-            yield
-        finally:
-            self.model.train(was)
+    def _evaluating(self) -> AbstractContextManager[nn.Module]:
+        return evaluating(self.model)
 
     def _forward(self, problem: Problem) -> Callable[[dict[str, Tensor], dict[str, Tensor], Tensor], Tensor]:
         """``f(params, own_buffers, x)``: the model on ``x`` with the client's own running statistics."""

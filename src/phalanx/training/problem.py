@@ -14,8 +14,8 @@ The loss is a parameter: ``loss(logits, y)`` returning the mean over the batch (
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from phalanx.errors import ConfigError
+from phalanx.models.norm import evaluating
 from phalanx.training.fedbn import LocalNorms
 from phalanx.training.linear_stack import LinearStack, blend_rows
 from phalanx.training.norm_stats import NormStats
@@ -86,15 +87,9 @@ class Problem:
         self.local_norms = LocalNorms.of(model, self.layout)
         """The model's FedBN layers, which every client keeps to itself (None: it has none)."""
 
-    @contextmanager
-    def _eval_mode(self) -> Iterator[None]:
+    def _eval_mode(self) -> AbstractContextManager[nn.Module]:
         """The model in evaluation mode (normalisation layers use the global statistics) for a prediction."""
-        was = self.model.training
-        self.model.eval()
-        try:
-            yield
-        finally:
-            self.model.train(was)
+        return evaluating(self.model)
 
     @property
     def dim(self) -> int:
