@@ -30,6 +30,10 @@ CHAINS = ["nnm>cwtm", "bucketing(s=2)>cwmed", "clip>mean", "arc>krum"]
 SPECS = sorted(aggregators.names("rule")) + CHAINS
 NOT_ROBUST = {"mean", "clip>mean"}  # the documented exception to the finite-output guarantee
 ITERATIVE = {"geomed"}  # exact only up to the solver's stopping tolerance
+# Rows rescaled by irrational factors (x·τ/‖x‖) before the rule: a tie in exact arithmetic is not representable in
+# any float after it, so float32 and float64 may break it differently (docs/aggregators.md) — no exact-tie property.
+RESCALING = {"arc>krum"}
+TIE_SPECS = [s for s in SPECS if s not in RESCALING]
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 SMALL = settings(max_examples=20)  # per (rule × dtype) case: the whole file stays fast
@@ -203,6 +207,15 @@ TIES: list[tuple[str, list[list[float]]]] = [
 ]
 
 
+def test_a_rescaling_pre_aggregator_may_break_a_tie_by_rounding() -> None:
+    """Why ``arc>krum`` has no exact-tie property (the fuzzer's finding): ARC scales rows by τ/‖x‖, after which
+    equal distances are not representable; Krum alone on the same integer rows agrees in both dtypes."""
+    x = torch.tensor([0, 0, 0, 0, 0, 0, 2, 2, 2, 0, 2, 0, 0, 2, 2, 1, 1, 2], dtype=torch.float64).reshape(6, 3)
+    assert torch.equal(_make("krum", 1)(x.float()).double(), _make("krum", 1)(x))
+    out32, out64 = _make("arc>krum", 1)(x.float()).double(), _make("arc>krum", 1)(x)
+    assert torch.isfinite(out32).all() and torch.isfinite(out64).all()
+
+
 def _same_in_float32_and_float64(spec: str, f: int, x64: torch.Tensor) -> None:
     rule32, rule64 = _make(spec, f), _make(spec, f)
     if x64.shape[0] < rule64.min_workers():
@@ -232,14 +245,14 @@ def test_pairwise_distances_of_integer_rows_are_exact_in_every_dtype(case: Any) 
 
 
 @pytest.mark.parametrize("case", TIES, ids=[c[0] for c in TIES])
-@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("spec", TIE_SPECS)
 def test_crafted_ties_are_resolved_the_same_in_float32_and_float64(spec: str, case: Any) -> None:
     x = torch.tensor(case[1], dtype=torch.float64)
     for f in (0, 1):
         _same_in_float32_and_float64(spec, f, x)
 
 
-@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("spec", TIE_SPECS)
 @SMALL
 @given(data=st.data())
 def test_random_integer_ties_are_resolved_the_same_in_float32_and_float64(spec: str, data: st.DataObject) -> None:
