@@ -224,6 +224,17 @@ def make_config(data: dict[str, Any]) -> RunConfig:
     return cfg
 
 
+_BN_STATISTICS = ("BatchNorm and Hybrid BN statistics are measured and pooled by federated rounds",
+                  "BatchNorm / Hybrid BN statistics are pooled")
+_FEDERATED_NORMS: dict[str, tuple[str, str]] = {
+    "fedbn": ("FedBN keeps every client's BatchNorm layers between federated rounds",
+              "FedBN's per-client BatchNorm layers are kept"),
+    "batch": _BN_STATISTICS, "hybrid": _BN_STATISTICS,
+}
+"""The normalisations that only federated rounds in one process can train: why each needs ``algorithm = 'fedavg'``,
+and what it keeps in one process (so not on the torchrun engine yet)."""
+
+
 def check_relations(cfg: RunConfig) -> None:
     """The rules that tie keys together: at least one honest worker, f < n/2, NCCL only without a server."""
     n = cfg.workers
@@ -257,25 +268,17 @@ def check_relations(cfg: RunConfig) -> None:
             raise ConfigError("topology", cfg.topology, "'server' with algorithm = 'fedavg' (the server samples the "
                               "clients; a process per client slot)")
     norm = cfg.model_params.get("norm")
-    if norm == "fedbn":
-        if cfg.algorithm != "fedavg":
-            raise ConfigError("model_params.norm", norm, f"'group' or 'none' with algorithm = {cfg.algorithm!r} "
-                              "(FedBN keeps every client's BatchNorm layers between federated rounds: algorithm = "
-                              "'fedavg')")
-        if cfg.engine == "torchrun":
-            raise ConfigError("model_params.norm", norm, "'group' or 'none' with engine = 'torchrun' (FedBN's "
-                              "per-client BatchNorm layers are kept in one process so far: engine = 'simulated')")
-    elif cfg.eval_clients != defaults["eval_clients"].get_default():
+    if norm != "fedbn" and cfg.eval_clients != defaults["eval_clients"].get_default():
         raise ConfigError("eval_clients", cfg.eval_clients, "its default (100) unless model_params.norm = 'fedbn' (it "
                           "picks the clients whose own models a FedBN run evaluates)")
-    if norm in ("batch", "hybrid"):
+    needs = _FEDERATED_NORMS.get(norm) if isinstance(norm, str) else None
+    if needs is not None:  # (why the norm needs federated rounds, what it keeps in one process)
         if cfg.algorithm != "fedavg":
             raise ConfigError("model_params.norm", norm, f"'group' or 'none' with algorithm = {cfg.algorithm!r} "
-                              "(BatchNorm and Hybrid BN statistics are measured and pooled by federated rounds: "
-                              "algorithm = 'fedavg')")
+                              f"({needs[0]}: algorithm = 'fedavg')")
         if cfg.engine == "torchrun":
-            raise ConfigError("model_params.norm", norm, "'group' or 'none' with engine = 'torchrun' (BatchNorm / "
-                              "Hybrid BN statistics are pooled in one process so far: engine = 'simulated')")
+            raise ConfigError("model_params.norm", norm, "'group' or 'none' with engine = 'torchrun' "
+                              f"({needs[1]} in one process so far: engine = 'simulated')")
     if cfg.backend == "nccl" and cfg.topology == "server":
         raise ConfigError(
             "backend", cfg.backend, "'auto' or 'gloo' with topology = 'server' (its vectors go through the c10d "
