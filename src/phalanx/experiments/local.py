@@ -116,16 +116,10 @@ class LocalExecutor:
                 cb = (lambda t, total, row, c=c: hooks.round(c, t)) if hooks.on_round is not None else None
                 try:
                     train(c, d, progress=cb, dataset=dataset_for(c), wait=self.wait)
-                except Diverged:
-                    hooks.done(c, "diverged")
-                except RunInUse as exc:
-                    outcome.busy[d] = exc
-                    hooks.done(c, "in use by another process")
                 except Exception as exc:
-                    outcome.failed[d] = exc
-                    hooks.done(c, "failed")
+                    _ended(c, d, exc, hooks, outcome)
                 else:
-                    hooks.done(c, "done")
+                    _ended(c, d, None, hooks, outcome)
             return outcome
         with signals.recording(hooks.stopped):  # the loop below sees a signal within 0.2 s and stops the grid
             self._run_parallel(todo, hooks, outcome)
@@ -158,18 +152,27 @@ class LocalExecutor:
                     done_dirs.add(str(d))
                     try:
                         fut.result()
-                    except Diverged:
-                        hooks.done(c, "diverged")
-                    except RunInUse as exc:
-                        outcome.busy[d] = exc
-                        hooks.done(c, "in use by another process")
                     except Exception as exc:  # the other runs go on
-                        outcome.failed[d] = exc
-                        hooks.done(c, "failed")
+                        _ended(c, d, exc, hooks, outcome)
                     else:
-                        hooks.done(c, "done")
+                        _ended(c, d, None, hooks, outcome)
             if hooks.stopped:
                 _end_workers(pool)
+
+
+def _ended(cfg: RunConfig, run_dir: Path, error: Exception | None, hooks: Hooks, outcome: Outcome) -> None:
+    """Book how one run ended: finished, diverged (an end, not an error), busy (another process holds its
+    directory) or failed (the other runs go on)."""
+    if error is None:
+        hooks.done(cfg, "done")
+    elif isinstance(error, Diverged):
+        hooks.done(cfg, "diverged")
+    elif isinstance(error, RunInUse):
+        outcome.busy[run_dir] = error
+        hooks.done(cfg, "in use by another process")
+    else:
+        outcome.failed[run_dir] = error
+        hooks.done(cfg, "failed")
 
 
 def _drain(rounds_queue: Any, by_dir: dict[str, RunConfig], done_dirs: set[str], hooks: Hooks) -> None:

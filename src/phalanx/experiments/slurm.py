@@ -268,6 +268,7 @@ class SlurmExecutor:
     name: str = "slurm"
     interrupted_detail: str | None = None
     job_id: str | None = None
+    folder: Path = field(default=Path("slurm"), repr=False)  # the array's log folder, once submitted
 
     def run(self, todo: list[tuple[RunConfig, Path]], out: Path, hooks: Hooks) -> Outcome:
         outcome = Outcome()
@@ -281,7 +282,7 @@ class SlurmExecutor:
         submitit = _submitit()
         if shutil.which("sbatch") is None:
             raise SlurmUnavailableError("--executor slurm: sbatch is not on the PATH (run on a Slurm login node)")
-        folder = Path(self.options.folder) if self.options.folder else out / "slurm"
+        folder = self.folder = Path(self.options.folder) if self.options.folder else out / "slurm"
         ex = submitit.SlurmExecutor(folder=str(folder / "%j"), max_num_timeout=self.options.max_requeues,
                                     python=self.options.python)
         ex.update_parameters(**self.options.submitit_parameters(f"phalanx-{out.name}"[:64]))
@@ -344,7 +345,7 @@ class SlurmExecutor:
                     outcome.failed[d] = f"{fail.get('error')}: {fail.get('message')}"
                     hooks.done(c, "failed")
                 else:
-                    log = Path(status.read_grid(d.parent)["slurm_jobs"][-1]["logs"]) / f"{self.job_id}_{i}"
+                    log = self.folder / f"{self.job_id}_{i}"
                     outcome.unfinished[d] = (f"its Slurm task {self.job_id}_{i} ended before the run did (cancelled, "
                                              f"out of time or killed; log: {log})")
                     hooks.done(c, "not finished")
