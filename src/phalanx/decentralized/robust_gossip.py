@@ -16,6 +16,10 @@ over N(i)). The rules here keep that form and make each difference Dⱼ = yⱼ �
   optimization with robust aggregation rules", IEEE Trans. Signal Processing 2023, arXiv 2206.04568): f times,
   drop the remaining neighbour farthest from the W-weighted average of the remaining ones and i; then return that
   average (weights renormalised).
+- ``monna`` — MoNNA's Nearest-Neighbour Averaging (Farhadkhani, Guerraoui, Gupta, Hoang, Pinot & Stephan, "Robust
+  collaborative learning with linear gradient overhead", ICML 2023, arXiv 2209.10931): keep the candidates N(i) ∪
+  {i} nearest to x̃ᵢ up to cumulative weight (Σ_{j∈N(i)∪{i}} Wᵢⱼ) − bᵢ and return their W-weighted average
+  (renormalised); with equal weights, the |N(i)| + 1 − f nearest, averaged. The momentum is the node's local step.
 
 bᵢ, the Byzantine weight node i tolerates, comes from the configured f: the sum of the f largest neighbour weights
 of row i of W (what f Byzantine neighbours can weigh at most; f/(dᵢ + 1) on a regular graph with
@@ -46,8 +50,8 @@ from phalanx.plugins import Registry, check_params, import_spec, is_spec
 from phalanx.validate import check_real
 
 __all__ = [
-    "IOS", "CSPlus", "ClippedGossip", "GossipRule", "byzantine_weights", "configured", "get_class", "is_gossip_rule",
-    "make", "names", "register",
+    "IOS", "CSPlus", "ClippedGossip", "GossipRule", "MoNNA", "byzantine_weights", "configured", "get_class",
+    "is_gossip_rule", "make", "names", "register",
 ]
 
 CHUNK_ELEMENTS = 1 << 24
@@ -286,6 +290,58 @@ class IOS(GossipRule):
         return ww / (w_self + ww.sum(dim=1))[:, None]
 
 
+class MoNNA(GossipRule):
+    r"""MoNNA's mixing step, ``monna``: the W-weighted average of the candidates nearest to the node's own x̃ᵢ.
+
+    .. math:: x_i \leftarrow \frac{\sum_{j \in N(i) \cup \{i\}} \omega_{ij}\, y_j}{\sum_{j} \omega_{ij}},
+              \qquad \omega_{ij} = \min\bigl(W_{ij},\ \max(0,\ C_i - b_i - c_{<j})\bigr)
+
+    (y_i = x̃ᵢ.) The candidates N(i) ∪ {i} sorted by distance ‖yⱼ − x̃ᵢ‖ (i itself first, at 0), c_{<j} the
+    cumulative weight of those before j, Cᵢ the total: the nearest are kept up to cumulative weight Cᵢ − bᵢ — all but
+    the farthest weight bᵢ, the candidate that crosses the bound with the part of its weight below it — and averaged
+    with their weights W, renormalised. Farhadkhani, Guerraoui, Gupta, Hoang, Pinot & Stephan, "Robust collaborative
+    learning with linear gradient overhead", ICML 2023 (arXiv 2209.10931): every honest node takes a local step with
+    Polyak momentum (x̃ᵢ = xᵢ − η mᵢ, the gossip node's ``momentum``) and then Nearest-Neighbour Averaging, the
+    uniform average of the n − f received vectors (its own included) nearest to x̃ᵢ, as in the authors' code
+    (github.com/LPD-EPFL/robust-collaborative-learning, ``cva`` with ``honest_index``) and ByzFL's ``MoNNA``
+    (github.com/LPD-EPFL/byzfl).
+
+    **Weighted W.** On a d-regular graph with Metropolis–Hastings weights (every Wᵢⱼ = 1/(d + 1), bᵢ = f/(d + 1))
+    the kept weight is (d + 1 − f)/(d + 1): exactly the |N(i)| + 1 − f nearest, equal weights — the paper's rule
+    on the closed neighbourhood, and on the complete graph (W = J/n) the paper's n − f nearest. With unequal
+    weights it keeps exactly the weight Cᵢ − bᵢ: a candidate that straddles the bound keeps the part of its weight
+    below it (a weighted trimming, so no more honest weight than bᵢ is dropped); a kept Byzantine neighbour is then
+    no farther than some dropped honest one, NNA's argument. Cumulative weights are compared within float64
+    rounding (16 · slots · eps), so uniform weights keep whole candidates. bᵢ = 0 (f = 0) keeps every candidate:
+    plain gossip Σⱼ Wᵢⱼ yⱼ (W row stochastic). Bad rows (infinitely far) are dropped when bᵢ > 0. Ties in distance
+    go to the node itself, then to the neighbours in index order.
+    """
+
+    name: ClassVar[str] = "monna"
+    reference: ClassVar[str] = (
+        "S. Farhadkhani, R. Guerraoui, N. Gupta, L. N. Hoang, R. Pinot, J. Stephan, 'Robust collaborative learning "
+        "with linear gradient overhead', ICML 2023, arXiv 2209.10931 (MoNNA: momentum + nearest-neighbour averaging)"
+    )
+
+    def coefficients(self, diff: Tensor, r: Tensor, w: Tensor, w_self: Tensor, b: Tensor) -> Tensor:
+        zero = torch.zeros_like(r[:, :1])
+        rr = torch.cat([zero, r], dim=1)  # slot 0: the node itself, at distance 0
+        ww = torch.cat([w_self[:, None], w], dim=1)
+        rs, order = torch.sort(rr, dim=1, stable=True)
+        ws = torch.gather(ww, 1, order)
+        cum = torch.cumsum(ws, dim=1)
+        total = cum[:, -1]
+        before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=1)
+        tol = _tolerance(total, rs.shape[1])[:, None]
+        room = (total - b)[:, None] - before  # weight still to keep when this candidate comes
+        kept = torch.where(room <= tol, torch.zeros_like(ws), torch.where(room >= ws - tol, ws, room))
+        kept = torch.zeros_like(kept).scatter(1, order, kept)
+        kept = torch.where(torch.isinf(rr) & (b > 0)[:, None], torch.zeros_like(kept), kept)
+        mass = kept.sum(dim=1, keepdim=True)
+        coef = torch.where(mass > 0, kept / torch.where(mass > 0, mass, torch.ones_like(mass)), torch.zeros_like(kept))
+        return _finish(coef[:, 1:], r, w, b)
+
+
 def _finish(coef: Tensor, r: Tensor, w: Tensor, b: Tensor) -> Tensor:
     """A bad row's coefficient is 0 when the node tolerates Byzantine weight (b > 0), its weight otherwise (plain
     gossip propagates what it receives); padding (weight 0) stays 0."""
@@ -303,7 +359,7 @@ def _accept(obj: Any, name: str) -> type[GossipRule]:
 
 
 _REGISTRY: Registry[type[GossipRule]] = Registry("gossip rule", "phalanx.gossip_rules", _accept)
-for _cls in (ClippedGossip, CSPlus, IOS):
+for _cls in (ClippedGossip, CSPlus, IOS, MoNNA):
     _REGISTRY.register(_cls)
 
 
