@@ -331,6 +331,18 @@ def _train(
             runner.run_grid(cfgs, out, executor=chosen, on_round=on_round, on_done=on_done)
 
 
+def _devices(cfgs: list[RunConfig], executor: ExecutorChoice | None) -> str:
+    """Where the runs train, for the header: the resolved devices (``cpu``, ``cuda:0 (NVIDIA H200)``; a device this
+    machine lacks is the one-line error naming ``device``, before any run), or for a Slurm array the configs' own
+    (resolved on the nodes)."""
+    from phalanx.experiments.build import resolve_device
+    from phalanx.training import devices
+
+    if executor is not None and executor.executor == "slurm":
+        return "device " + ", ".join(sorted({c.device for c in cfgs})) + " (resolved on the Slurm nodes)"
+    return ", ".join(sorted({devices.label(resolve_device(c)) for c in cfgs}))
+
+
 def _split_slurm(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """A grid config without its ``[slurm]`` table, and the table (``None`` if there is none)."""
     data = dict(data)
@@ -359,7 +371,7 @@ def _run_grid(
     if len(engines) > 1:
         raise ConfigError("engine", sorted(engines), "one engine for the whole grid (run the torchrun points with "
                           "`phalanx launch`)")
-    console.print(f"[bold]{len(cfgs)} run(s)[/bold] → {out}")
+    console.print(f"[bold]{len(cfgs)} run(s)[/bold] → {out} on {_devices(cfgs, executor)}")
     _train(list(cfgs), out, jobs, executor, slurm_table)
     result = report.write_report(out)
     table = Table(title="Final test accuracy (seeds pooled)")
@@ -686,6 +698,24 @@ def tension_paper(
     console.print("written: " + ", ".join(str(w) for w in written))
 
 
+def _preset_grid(
+    name: str, module: Any, preset_name: str, out: Path, seeds: int, jobs: int | None, set_: list[str] | None,
+    executor: ExecutorChoice | None,
+) -> tuple[Any, list[Any], list[Any], Path, float, str]:
+    """An experiment preset's grid, trained into ``out/runs``: the preset, its cells and configurations, the runs'
+    folder, the wall time and the command line that reproduces it. ``module`` is the experiment's module
+    (``preset``, ``Preset``, ``plan``)."""
+    p, overrides = _preset_from_options(module.preset, module.Preset, preset_name, seeds, set_)
+    cells, cfgs = module.plan(p, overrides)
+    console.print(f"[bold]{name} {p.name}[/bold]: {p.description}; dataset {p.dataset}; {len(cfgs)} runs → {out}")
+    t0 = time.perf_counter()
+    runs_dir = out / "runs"
+    _train(cfgs, runs_dir, jobs or _cpu_jobs(), executor)
+    command = f"phalanx experiment {name} --preset {preset_name} --seeds {seeds}" + "".join(
+        f" --set {o}" for o in (set_ or []))
+    return p, cells, cfgs, runs_dir, time.perf_counter() - t0, command
+
+
 @experiment_app.command("hbn")
 @executor_options
 def experiment_hbn(
@@ -702,19 +732,64 @@ def experiment_hbn(
     federated training over Dirichlet splits, with the mean and a robust rule; table, paired differences, plot."""
     from phalanx.experiments import hbn
 
-    p, overrides = _preset_from_options(hbn.preset, hbn.Preset, preset_name, seeds, set_)
-    cells, cfgs = hbn.plan(p, overrides)
-    console.print(f"[bold]hbn {p.name}[/bold]: {p.description}; dataset {p.dataset}; {len(cfgs)} runs → {out}")
-    t0 = time.perf_counter()
-    runs_dir = out / "runs"
-    _train(cfgs, runs_dir, jobs or _cpu_jobs(), executor)
-    wall = time.perf_counter() - t0
+    p, cells, cfgs, runs_dir, wall, command = _preset_grid(
+        "hbn", hbn, preset_name, out, seeds, jobs, set_, executor)
     results = hbn.tabulate(cells, hbn.collect(cells, cfgs, runs_dir))
     diffs = hbn.differences(results, p)
-    command = f"phalanx experiment hbn --preset {preset_name} --seeds {seeds}" + "".join(
-        f" --set {o}" for o in (set_ or []))
     written = hbn.write_outputs(results, diffs, p, out, command=command, wall_seconds=wall, runs=len(cfgs))
     typer.echo(hbn.table_markdown(results, p) + "\n\n" + hbn.differences_markdown(diffs))
+    console.print("written: " + ", ".join(str(w) for w in written))
+
+
+@experiment_app.command("parallelism")
+@executor_options
+def experiment_parallelism(
+    preset_name: Annotated[str, typer.Option("--preset", help="quick (digits, CPU, minutes) or full "
+                                                              "(Fashion-MNIST).")] = "quick",
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/parallelism-quick"),
+    seeds: Annotated[int, typer.Option("--seeds", min=2, help="Seeds per cell (0 … seeds−1).")] = 3,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Processes (default: cores).")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a preset field or run key: --set "
+                                                                 "nodes=[9,16].")] = None,
+    executor: ExecutorChoice | None = None,
+) -> None:
+    """The parallelism threshold (Eisen, Dorfman & Levy, ICML 2025): D-SGD vs Decentralized Anytime SGD as the number
+    of nodes grows at a fixed sample budget, on a ring and a torus against the centralized reference; tables with
+    intervals, paired differences, plot."""
+    from phalanx.experiments import parallelism
+
+    p, cells, cfgs, runs_dir, wall, command = _preset_grid(
+        "parallelism", parallelism, preset_name, out, seeds, jobs, set_, executor)
+    results = parallelism.tabulate(parallelism.collect(cells, cfgs, runs_dir))
+    diffs = parallelism.differences(results, p)
+    written = parallelism.write_outputs(results, diffs, p, out, command=command, wall_seconds=wall, runs=len(cfgs))
+    typer.echo(parallelism.table_markdown(results, p) + "\n\n" + parallelism.differences_markdown(diffs) + "\n\n"
+               + parallelism.thresholds_markdown(parallelism.thresholds(results, p), p))
+    console.print("written: " + ", ".join(str(w) for w in written))
+
+
+@experiment_app.command("byzantine-neighbours")
+@executor_options
+def experiment_byzantine_neighbours(
+    preset_name: Annotated[str, typer.Option("--preset", help="quick (digits, CPU, minutes) or full "
+                                                              "(Fashion-MNIST).")] = "quick",
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/neighbours-quick"),
+    seeds: Annotated[int, typer.Option("--seeds", min=2, help="Seeds per cell (0 … seeds−1).")] = 3,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Processes (default: cores).")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a preset field or run key: --set "
+                                                                 "byzantine=[1,2].")] = None,
+    executor: ExecutorChoice | None = None,
+) -> None:
+    """Robust gossip vs the number of Byzantine neighbours: every rule at f = b under the dissensus and spectral
+    attacks, and its price with no attack; tables with intervals, paired prices, plot."""
+    from phalanx.experiments import neighbours
+
+    p, cells, cfgs, runs_dir, wall, command = _preset_grid(
+        "byzantine-neighbours", neighbours, preset_name, out, seeds, jobs, set_, executor)
+    results = neighbours.tabulate(neighbours.collect(cells, cfgs, runs_dir))
+    ps = neighbours.prices(results, p)
+    written = neighbours.write_outputs(results, ps, p, out, command=command, wall_seconds=wall, runs=len(cfgs))
+    typer.echo(neighbours.table_markdown(results, p) + "\n\n" + neighbours.prices_markdown(ps))
     console.print("written: " + ", ".join(str(w) for w in written))
 
 

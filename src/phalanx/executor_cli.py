@@ -29,6 +29,7 @@ class ExecutorChoice:
     partition: str | None = None
     time: str | None = None
     cpus_per_task: int | None = None
+    gpus_per_task: int | None = None
     mem: float | None = None
     slurm: tuple[str, ...] = ()
     detach: bool = False
@@ -42,7 +43,8 @@ class ExecutorChoice:
             raise ConfigError("slurm", table, "a table of Slurm settings ([slurm] partition = \"gpu\" …)")
         settings = apply_overrides(dict(table or {}), list(self.slurm))
         flags = {"runs_per_task": self.runs_per_task, "partition": self.partition, "time": self.time,
-                 "cpus_per_task": self.cpus_per_task, "mem_gb": self.mem, "detach": self.detach or None}
+                 "cpus_per_task": self.cpus_per_task, "gpus_per_task": self.gpus_per_task, "mem_gb": self.mem,
+                 "detach": self.detach or None}
         settings.update({k: v for k, v in flags.items() if v is not None})
         return settings
 
@@ -75,6 +77,8 @@ _OPTIONS: dict[str, tuple[Any, Any]] = {
                                                 "HH:MM:SS).")], None),
     "cpus_per_task": (Annotated[int | None, typer.Option("--cpus-per-task", min=1, help="Slurm: cores per "
                                                          "task.")], None),
+    "gpus_per_task": (Annotated[int | None, typer.Option("--gpus-per-task", min=1, help="Slurm: GPUs per task "
+                                                         "(the runs use them with device = auto or cuda).")], None),
     "mem": (Annotated[float | None, typer.Option("--mem", min=0, help="Slurm: memory per task, GB.")], None),
     "slurm": (Annotated[list[str] | None, typer.Option("--slurm", help="Another Slurm setting: --slurm "
                                                        "account=lab (repeatable).")], None),

@@ -45,6 +45,11 @@ class Estimate:
     def half_width(self) -> float:
         return (self.high - self.low) / 2
 
+    def side(self, below: str, above: str, neither: str = "no difference shown") -> str:
+        """``below`` if the whole interval is below 0, ``above`` if it is above, else ``neither``: the verdict of a
+        paired difference."""
+        return below if self.high < 0 else (above if self.low > 0 else neither)
+
     def verdict(self, expect: str) -> str:
         """``holds`` if the whole interval has the expected sign (``"negative"`` or ``"positive"``), ``contradicted``
         if the whole interval has the opposite sign, else ``inconclusive``."""

@@ -74,7 +74,7 @@ class Backdoor(DataAttack):
     ) -> tuple[Tensor, Tensor]:
         b = y.shape[0]
         k = max(1, round(self.poison_fraction * b))
-        chosen = torch.randperm(b, generator=generator)[:k]
+        chosen = torch.randperm(b, generator=generator)[:k].to(x.device)  # drawn on the CPU stream
         x2, y2 = x.clone(), y.clone()
         x2[chosen] = self.trigger(x[chosen])
         y2[chosen] = min(self.target, num_classes - 1)

@@ -116,7 +116,7 @@ class Optimal(Attack):
                 byz = repeat_row(self._vector(stats, t), ctx.n_byzantine, honest)
                 out = agg(torch.cat([honest, byz], dim=0))
                 dist = torch.linalg.vector_norm(out.detach().to(device=mean.device, dtype=torch.float64) - mean)
-                objectives[k] = dist if bool(torch.isfinite(dist)) else float("inf")
+                objectives[k] = dist.cpu() if bool(torch.isfinite(dist)) else float("inf")  # factors: CPU
         best = int(torch.argmax(objectives))  # first maximum: the smallest factor on ties
         return OptimalSearch(float(factors[best]), float(objectives[best]), factors, objectives)
 

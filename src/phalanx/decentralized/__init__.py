@@ -14,8 +14,8 @@ one gossip step is one matrix product, ``gossip.gossip(W, X) = W @ X``, for all 
   (:func:`from_adjacency`) and :func:`check_neighbourhood` (does every node have enough neighbours for its rule's f).
 - :mod:`~phalanx.decentralized.gossip`: Metropolis–Hastings and uniform-neighbour weights, :func:`check_gossip_matrix`,
   :func:`spectral_gap` and :func:`mixing_rate`, the step ``gossip.gossip(W, X)``.
-- :mod:`~phalanx.decentralized.robust_gossip`: robust gossip rules (``clipped_gossip``, ``cs_plus``, ``ios``),
-  batched over nodes.
+- :mod:`~phalanx.decentralized.robust_gossip`: robust gossip rules (``clipped_gossip``, ``cs_plus``, ``ios``,
+  ``monna``), batched over nodes.
 - :mod:`~phalanx.decentralized.gossip_attacks`: attacks that use the graph (``dissensus``, ``spectral``).
 
 Training over a graph is the round algorithm :class:`phalanx.training.gossip.Gossip` (``algorithm = "gossip"``),

@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from phalanx.attacks.base import Attack, AttackContext, DataAttack
+from phalanx.decentralized.topology import ALGORITHMS
 from phalanx.errors import ConfigError, InputError
 from phalanx.plugins import Registry, check_params, import_spec, is_spec
 from phalanx.validate import check_real
@@ -312,10 +313,10 @@ def configured(name: str, params: dict[str, Any], algorithm: str) -> Attack | Da
     from phalanx import attacks
 
     if is_gossip_attack(name):
-        if algorithm != "gossip":
+        if algorithm not in ALGORITHMS:
             raise ConfigError(
                 "attack", name, f"an attack of `phalanx list attacks` with algorithm = {algorithm!r} ({name!r} is a "
-                "decentralized attack: it needs the graph of algorithm = 'gossip')",
+                "decentralized attack: it needs the graph of algorithm = 'gossip' or 'anytime')",
             )
         return make(name, **params)
     return attacks.make(name, **params)

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators.base import Aggregator
-from phalanx.decentralized.topology import Graph, check_neighbourhood
+from phalanx.decentralized.topology import ALGORITHMS, Graph, check_neighbourhood
 from phalanx.errors import ConfigError, InputError
 from phalanx.plugins import Registry, check_params, import_spec, is_spec
 from phalanx.validate import check_real
@@ -426,10 +426,10 @@ def configured(spec: str, f: int, algorithm: str) -> Aggregator:
     from phalanx import aggregators
 
     if is_gossip_rule(spec):
-        if algorithm != "gossip":
+        if algorithm not in ALGORITHMS:
             raise ConfigError(
                 "aggregator", spec, f"a rule of `phalanx list aggregators` with algorithm = {algorithm!r} ({spec!r} "
-                "is a robust gossip rule: it runs at the nodes of algorithm = 'gossip')",
+                "is a robust gossip rule: it runs at the nodes of algorithm = 'gossip' or 'anytime')",
             )
         return make(spec, f)
     return aggregators.make(spec, f=f)

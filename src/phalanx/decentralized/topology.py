@@ -13,6 +13,8 @@ A graph is undirected, simple (no self-loops, no multi-edges) and — for everyt
 - ``erdos_renyi`` — each pair with probability p, redrawn (seeded) until connected; mean degree ≈ p (n − 1).
 - ``exponential`` — i — i ± 2^k (mod n) for 2^k ≤ n − 1; degree |{±2^k mod n}| ≈ 2 log₂ n; n ≥ 2.
 - ``hypercube`` — i — i XOR 2^k; degree log₂ n; n a power of 2.
+- ``attached`` — a ``base`` graph on the first n − b nodes, each of the last b linked to all of them (b =
+  ``byzantine``): every base node has exactly b neighbours among the last b (the Byzantine ones, in a run).
 
 A builder is a function ``builder(n, **params) -> Graph``; :func:`register` adds one under a name, a
 ``module:attr`` spec names one in another module, and an installed package's entry point in the group
@@ -36,9 +38,13 @@ from phalanx.plugins import Registry, check_params
 from phalanx.validate import check_int, check_real
 
 __all__ = [
-    "Graph", "check_neighbourhood", "complete", "erdos_renyi", "exponential", "from_adjacency", "hypercube", "make",
-    "names", "register", "ring", "star", "torus",
+    "ALGORITHMS", "Graph", "check_neighbourhood", "complete", "erdos_renyi", "exponential", "from_adjacency",
+    "hypercube", "make", "names", "register", "ring", "star", "torus",
 ]
+
+ALGORITHMS = ("gossip", "anytime")
+"""The round algorithms that run over a graph (``algorithm = ...``): D-SGD (``gossip``) and Decentralized Anytime SGD
+(``anytime``), :mod:`phalanx.training.gossip`."""
 
 B = TypeVar("B", bound=Callable[..., Any])
 
@@ -391,6 +397,25 @@ def hypercube(n: int) -> Graph:
     rows = i.repeat(dims)
     cols = torch.cat([i ^ (1 << k) for k in range(dims)])
     return _from_pairs(n, rows, cols, "hypercube", {})
+
+
+@register("attached")
+def attached(n: int, byzantine: int, base: str = "torus", base_params: dict[str, Any] | None = None) -> Graph:
+    """The graph ``base`` (with ``base_params``) on the first n − ``byzantine`` nodes, and each of the last
+    ``byzantine`` nodes linked to every one of them (not to each other): every node of the base graph has exactly
+    ``byzantine`` neighbours among the last nodes. With the Byzantine nodes being the last ``byzantine`` of a run
+    (``byzantine`` equal to the run's), it is the worst case of that many Byzantine nodes — each of them neighbours
+    every honest node — and the number of Byzantine neighbours per honest node is set exactly (1 ≤ byzantine < n)."""
+    n = check_int("n", n, low=2)
+    b = check_int("byzantine", byzantine, low=1, high=n - 1)
+    if base == "attached":
+        raise ConfigError("base", base, "a topology other than 'attached'")
+    inner = make(base, n - b, **(base_params or {}))
+    adj = torch.zeros(n, n, dtype=torch.bool)
+    adj[: n - b, : n - b] = inner.adjacency
+    adj[n - b:, : n - b] = True
+    adj[: n - b, n - b:] = True
+    return Graph(adj, "attached", {"byzantine": b, "base": base, "base_params": dict(inner.params)})
 
 
 def from_adjacency(matrix: Any, name: str = "custom") -> Graph:

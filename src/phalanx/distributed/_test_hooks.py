@@ -2,7 +2,7 @@
 
 ``PHALANX_TEST_SLEEP="RANK:ROUND:WHAT[,RANK:ROUND:WHAT…]"`` makes rank RANK stop answering before it computes its
 vector of round ROUND: for WHAT seconds when WHAT is a number, else until the file WHAT exists (a test wakes it at a
-point it chose).
+point it chose); WHAT = ``exit`` makes it die there instead (``os._exit(1)``, as a crash: its sockets close).
 
 ``PHALANX_TEST_HOLD="ROUND:PATH[,ROUND:PATH…]"`` makes the parameter server stop before it publishes θ of round
 ROUND, say ``holding round ROUND`` on stderr, and wait until the file PATH exists: a test can then act on the workers
@@ -38,6 +38,9 @@ def maybe_sleep(rank: int, round_: int) -> None:
     what = _SLEEP.get((rank, round_))
     if not what:
         return
+    if what == "exit":
+        print(f"[phalanx rank {rank}] {VAR}: exiting in round {round_} (test hook)", file=sys.stderr, flush=True)
+        os._exit(1)
     try:
         seconds: float | None = float(what)
     except ValueError:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from phalanx.decentralized.topology import ALGORITHMS
 from phalanx.experiments.store import atomic_write_text
 from phalanx.training.loop import Callback, Loop, RoundInfo
 from phalanx.training.state import Snapshot
@@ -90,8 +91,13 @@ class RankLog(Callback):
 
     def on_round(self, loop: Loop, info: RoundInfo) -> None:
         missing = info.missing
-        who = "ranks" if loop.experiment.algorithm.name == "dsgd" else "clients"  # federated: the sampled clients
-        if missing != self.last_missing:  # say it when the set of missing ranks changes, not every round
+        gossip = loop.experiment.algorithm.name in ALGORITHMS  # missing: rank 0's graph neighbours
+        who = "ranks" if loop.experiment.algorithm.name == "dsgd" else "neighbours" if gossip else "clients"
+        if missing != self.last_missing and gossip:
+            self.say(f"round {info.round}: no message in time from neighbours {missing}; node 0 took its own local "
+                     "step in their place" if missing else f"round {info.round}: every neighbour is back")
+            self.last_missing = missing
+        elif missing != self.last_missing:  # say it when the set of missing ranks changes, not every round
             f = loop.experiment.f
             self.say(f"round {info.round}: {who} {missing} missing; aggregating {info.aggregated} vectors with "
                      f"f={f - len(missing)}" if missing else f"round {info.round}: every rank is back")

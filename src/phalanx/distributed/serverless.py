@@ -54,17 +54,7 @@ class AllGather(Transport):
         exp, store, rank = experiment, self.store, self.renv.rank
         self.exp = exp
         n = exp.workers
-        if rank == 0:
-            s = start.state
-            wire.put(store, "init", wire.pack({
-                "config": self.digest, "round": s.round, "streams": start.streams, "optimizer": start.optimizer,
-                "momentum": s.momentum, "theta": s.theta, "previous": s.previous,
-            }))
-        init: dict[str, Any] = wire.unpack(store.get("init"))
-        check_digest(init, self.digest, rank)
-        if rank != 0:
-            state = RoundState(init["theta"], init["momentum"], init["previous"], init["round"])
-            start = Snapshot(state, init["streams"], init["optimizer"])
+        start = shared_start(store, rank, self.digest, start)
         momentum = start.state.momentum
         me = exp.algorithm.one_worker(exp, rank, start.streams, None if momentum is None else momentum[rank])
         if not isinstance(me, OneWorker):  # federated rounds: the server samples the clients
@@ -101,7 +91,7 @@ class AllGather(Transport):
         row_bytes = dim * theta.element_size()
         _test_hooks.maybe_sleep(self.renv.rank, t)
         v = me.vector(theta, t)
-        mine = torch.zeros(dim, dtype=dtype) if v is None else v
+        mine = theta.new_zeros(dim) if v is None else v
         try:
             m = self._all_gather(mine)
             traffic = row_bytes * (n - 1)
@@ -111,9 +101,9 @@ class AllGather(Transport):
                 # the Byzantine rows, each with its rank's attack-stream state appended (raw bytes viewed as the
                 # vectors' dtype): rank 0 checkpoints the stream it does not run itself
                 state_u8 = me.attack_gen.get_state()
-                gathered = self._all_gather(torch.cat([mine, state_u8.view(dtype)]))
+                gathered = self._all_gather(torch.cat([mine, state_u8.view(dtype).to(mine.device)]))
                 m = torch.cat([m[:h], gathered[h:, :dim]])
-                self.attack_state = gathered[n - 1, dim:].contiguous().view(torch.uint8).clone()
+                self.attack_state = gathered[n - 1, dim:].cpu().contiguous().view(torch.uint8).clone()
                 traffic += (row_bytes + state_u8.numel()) * (n - 1)
             else:
                 self.attack_state = me.attack_gen.get_state()  # a data attack's stream runs on every rank alike
@@ -128,7 +118,8 @@ class AllGather(Transport):
             dist.destroy_process_group()
 
     def _all_gather(self, row: Tensor) -> Tensor:
-        """``(n, d)``: every rank's row, in rank order (on the CPU).
+        """``(n, d)``: every rank's row, in rank order, on the device of ``row`` (the rank's ``device``; the
+        collective itself runs on the backend's: ``cuda:LOCAL_RANK`` for NCCL, the CPU for gloo).
 
         gloo reports a dead or silent peer as a plain ``RuntimeError`` (measured: "Timed out waiting … for send
         operation", "Connection closed by peer"), so any error of the collective call itself means a lost rank.
@@ -139,7 +130,26 @@ class AllGather(Transport):
             dist.all_gather(parts, mine)
         except (RuntimeError, dist.DistError) as exc:
             raise _CollectiveFailed(str(exc).splitlines()[0][:200]) from None
-        return torch.stack(parts).cpu()
+        return torch.stack(parts).to(row.device)
+
+
+def shared_start(store: dist.Store, rank: int, digest: str, start: Snapshot) -> Snapshot:
+    """The run's start snapshot on every rank of a topology in which every rank runs the loop: rank 0 publishes
+    its own (fresh or resumed; as CPU tensors, every rank moves them to its own device — the loop does) and the
+    others read it, after checking that rank 0 runs the same configuration (``digest``)."""
+    if rank == 0:
+        cpu = start.to("cpu")
+        s = cpu.state
+        wire.put(store, "init", wire.pack({
+            "config": digest, "round": s.round, "streams": cpu.streams, "optimizer": cpu.optimizer,
+            "momentum": s.momentum, "theta": s.theta, "previous": s.previous,
+        }))
+    init: dict[str, Any] = wire.unpack(store.get("init"))
+    check_digest(init, digest, rank)
+    if rank == 0:
+        return start
+    state = RoundState(init["theta"], init["momentum"], init["previous"], init["round"])
+    return Snapshot(state, init["streams"], init["optimizer"])
 
 
 class _CollectiveFailed(Exception):

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from phalanx.distributed.env import RankEnv, open_store
+from phalanx.distributed.neighbours import MessageCount, Neighbours
 from phalanx.distributed.parameter_server import ParameterServer, ParameterServerWorker, config_digest
 from phalanx.distributed.recording import DistributedLog, RankLog
 from phalanx.distributed.serverless import AllGather
@@ -61,18 +62,18 @@ def resolve_config(config: str | None, overrides: list[str], point: int | None =
 def run_rank(cfg: RunConfig, out: Path | None) -> None:
     """Run this process's rank of the job described by the torchrun environment.
 
-    Rank 0 (and, in the serverless topology, every rank) runs the training loop over the topology's transport;
-    the other ranks of the parameter-server topology serve the server's rounds.
+    Rank 0 (and, in the serverless and gossip topologies, every rank) runs the training loop over the topology's
+    transport; the other ranks of the parameter-server topology serve the server's rounds.
     """
     renv = RankEnv.from_environ()
     if renv.world_size != processes(cfg):
-        what = "workers" if cfg.algorithm == "dsgd" else "clients_per_round"
+        what = "clients_per_round" if cfg.algorithm == "fedavg" else "workers"
         raise ConfigError(
             "WORLD_SIZE", renv.world_size, f"{what} = {processes(cfg)} (one process per worker, or per client slot "
             "of a federated round; rank 0 is also the server)", f"launch as many processes, or --set {what}=N",
         )
     tune_allocator()
-    exp = from_config(cfg)
+    exp = from_config(cfg, local_rank=renv.local_rank)  # device = "cuda": this rank's cuda:LOCAL_RANK
     store = open_store(renv, WORKER_WAIT_S)
     digest = config_digest(cfg.identity())
     if cfg.topology == "server" and renv.rank != 0:
@@ -97,6 +98,11 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
         transport: Transport
         if cfg.topology == "serverless":
             transport = AllGather(store, renv, digest, cfg.round_timeout, cfg.backend)
+        elif cfg.topology == "gossip":  # first: every node's rows reach rank 0 before it evaluates or checkpoints
+            transport = Neighbours(store, renv, digest, cfg.round_timeout, cfg.checkpoint_every)
+            callbacks.insert(0, transport)
+            if renv.rank == 0:
+                callbacks.insert(2, MessageCount(transport))  # after Evaluate: the metric rows' missing_messages
         else:
             transport = ParameterServer(store, digest, cfg.round_timeout, log.say)
         try:

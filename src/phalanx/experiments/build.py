@@ -11,15 +11,17 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from phalanx import data, models
 from phalanx.decentralized import gossip_attacks, robust_gossip, topology
 from phalanx.errors import ConfigError
-from phalanx.experiments.config import RunConfig, processes, server_optimizer
-from phalanx.training import losses
+from phalanx.experiments.config import DEVICE_ALGORITHMS, RunConfig, processes, server_optimizer
+from phalanx.training import devices, losses
 from phalanx.training.dsgd import DSGD
 from phalanx.training.experiment import Experiment
 from phalanx.training.fedavg import FedAvg
-from phalanx.training.gossip import Gossip
+from phalanx.training.gossip import AnytimeGossip, Gossip
 from phalanx.training.schedule import LRSchedule
 from phalanx.training.streams import generator, stream_seed
 
@@ -38,13 +40,28 @@ DECENTRALIZED_COLUMNS = ("algorithm", "graph", "gossip_weights")
 
 def config_columns(cfg: RunConfig) -> dict[str, Any]:
     """The values of :data:`CONFIG_COLUMNS` in ``cfg`` (and of :data:`FEDERATED_COLUMNS` for a federated run)."""
-    extra = {"fedavg": FEDERATED_COLUMNS, "gossip": DECENTRALIZED_COLUMNS}.get(cfg.algorithm, ())
+    extra = {"fedavg": FEDERATED_COLUMNS, **dict.fromkeys(topology.ALGORITHMS, DECENTRALIZED_COLUMNS)}.get(
+        cfg.algorithm, ())
     keys = CONFIG_COLUMNS + extra
     return {k: getattr(cfg, k) for k in keys}
 
 
-def from_config(cfg: RunConfig, dataset: data.Dataset | None = None) -> Experiment:
-    """The experiment a config describes (the data set is loaded unless given)."""
+def resolve_device(cfg: RunConfig, local_rank: int | None = None) -> torch.device:
+    """The device a run of ``cfg`` computes on, here: ``device`` resolved once
+    (:func:`phalanx.training.devices.resolve`; a :class:`ConfigError` naming ``device`` when this machine lacks it).
+    ``"auto"`` picks CUDA when available and the run can use it (:func:`~phalanx.experiments.config.check_device`),
+    else the CPU; on the torchrun engine ``"cuda"`` is the rank's ``cuda:LOCAL_RANK`` (``local_rank``), the device
+    its NCCL all-gathers use."""
+    if cfg.device == "auto" and (cfg.algorithm not in DEVICE_ALGORITHMS
+                                 or (cfg.engine == "torchrun" and cfg.topology != "serverless")):
+        return devices.CPU
+    return devices.resolve(cfg.device, local_rank=local_rank if cfg.engine == "torchrun" else None)
+
+
+def from_config(cfg: RunConfig, dataset: data.Dataset | None = None, *, local_rank: int | None = None) -> Experiment:
+    """The experiment a config describes (the data set is loaded unless given), on the config's device
+    (:func:`resolve_device`; ``local_rank``: a torchrun rank's ``LOCAL_RANK``)."""
+    device = resolve_device(cfg, local_rank)
     ds = dataset if dataset is not None else data.load(cfg.dataset, root=cfg.data_root, download=cfg.download)
     shards = data.partition(
         ds.train_y, cfg.workers, cfg.partition, alpha=cfg.alpha, classes_per_worker=cfg.classes_per_worker,
@@ -56,10 +73,11 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None) -> Experime
     spec = cfg.aggregator
     lr = LRSchedule(cfg.lr, cfg.schedule, cfg.rounds, cfg.step_every)
     algorithm: DSGD | FedAvg | Gossip
-    if cfg.algorithm == "gossip":  # lr and momentum are the nodes'; the loop's step applies their combination
-        algorithm = Gossip(graph=topology.make(cfg.graph, cfg.workers, **cfg.graph_params),
-                           weights=cfg.gossip_weights, batch_size=cfg.batch_size, lr=lr, momentum=cfg.momentum,
-                           weight_decay=cfg.weight_decay)
+    if cfg.algorithm in topology.ALGORITHMS:  # lr (and momentum) are the nodes'; the loop's step applies the result
+        decentralized = AnytimeGossip if cfg.algorithm == "anytime" else Gossip
+        algorithm = decentralized(graph=topology.make(cfg.graph, cfg.workers, **cfg.graph_params),
+                                  weights=cfg.gossip_weights, batch_size=cfg.batch_size, lr=lr, momentum=cfg.momentum,
+                                  weight_decay=cfg.weight_decay)
         lr = LRSchedule(1.0, "constant", cfg.rounds, cfg.step_every)
     elif cfg.algorithm == "fedavg":  # lr is the clients' (local) learning rate, server_lr the server's step
         algorithm = FedAvg(clients_per_round=cfg.clients_per_round, local_steps=cfg.local_steps,
@@ -77,14 +95,18 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None) -> Experime
         algorithm=algorithm, optimizer=server_optimizer(cfg), lr=lr, shards=shards, seed=cfg.seed,
         eval_every=cfg.eval_every, rule_for=lambda f: robust_gossip.configured(spec, f, cfg.algorithm),
         columns=config_columns(cfg),
-        eval_clients=cfg.eval_clients,
+        eval_clients=cfg.eval_clients, device=device,
     )
 
 
-def check_points(cfgs: list[RunConfig], load: Callable[[RunConfig], data.Dataset] | None = None) -> None:
+def check_points(
+    cfgs: list[RunConfig], load: Callable[[RunConfig], data.Dataset] | None = None, *, here: bool = True,
+) -> None:
     """What validating each config alone cannot see, checked for every point of a grid before the first run starts:
     its data set loads, it can be split among the workers as asked (enough samples for every worker), and the model
-    builds with its parameters on the data set's inputs. Each distinct data split and model is checked once.
+    builds with its parameters on the data set's inputs. Each distinct data split and model is checked once. With
+    ``here`` (the runs train on this machine; not for a Slurm array, whose nodes may have GPUs that this login node
+    lacks), its ``device`` exists here (:func:`resolve_device`).
 
     ``load`` gives a config's data set (default :func:`phalanx.data.load`; a sweep passes its per-process cache).
     A failure is a :class:`ConfigError` that says which point of the grid it is.
@@ -94,6 +116,8 @@ def check_points(cfgs: list[RunConfig], load: Callable[[RunConfig], data.Dataset
     nets: set[tuple[Any, ...]] = set()
     for i, cfg in enumerate(cfgs):
         try:
+            if here:
+                resolve_device(cfg)
             ds = load(cfg)
             split = (cfg.dataset, cfg.data_root, cfg.workers, cfg.partition, cfg.alpha, cfg.classes_per_worker,
                      cfg.seed)

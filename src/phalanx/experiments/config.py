@@ -25,7 +25,9 @@ from phalanx import data, models, signing
 from phalanx.decentralized import gossip, gossip_attacks, robust_gossip, topology
 from phalanx.errors import ConfigError
 from phalanx.plugins import accepted_params, check_params
-from phalanx.training import losses, optim
+from phalanx.training import devices, losses, optim
+from phalanx.training.gossip import AnytimeGossip
+from phalanx.training.gossip_node import check_attack
 from phalanx.validate import check_choice
 
 if sys.version_info >= (3, 11):
@@ -35,14 +37,14 @@ else:  # pragma: no cover
 
 Schedule = Literal["constant", "step", "cosine"]
 Partition = Literal["iid", "dirichlet", "pathological"]
-Algorithm = Literal["dsgd", "fedavg", "gossip"]
+Algorithm = Literal["dsgd", "fedavg", "gossip", "anytime"]
 FEDERATED_KEYS = ("clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch",
                   "stats_momentum")
 """Keys that only ``algorithm = "fedavg"`` reads."""
 DECENTRALIZED_KEYS = ("graph", "graph_params", "gossip_weights")
-"""Keys that only ``algorithm = "gossip"`` reads."""
+"""Keys that only the decentralized algorithms (``"gossip"``, ``"anytime"``) read."""
 Engine = Literal["simulated", "torchrun"]
-Topology = Literal["server", "serverless"]
+Topology = Literal["server", "serverless", "gossip"]
 Backend = Literal["auto", "gloo", "nccl"]
 DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend")
 """Keys that only the ``torchrun`` engine reads. A simulated run's resolved config leaves them out, so that they
@@ -50,13 +52,17 @@ change neither its results nor its run id / ``config.json`` (run directories wri
 LATER_KEYS = (
     "server_optimizer", "server_momentum", "server_weight_decay", "server_optimizer_params", "loss", "algorithm",
     "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch", "stats_momentum",
-    "graph", "graph_params", "gossip_weights", "eval_clients",
+    "graph", "graph_params", "gossip_weights", "eval_clients", "device",
 )
 """Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
 that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
-RESULT_NEUTRAL_KEYS = ("download", "sign_key", "verify_key")
+RESULT_NEUTRAL_KEYS = ("download", "sign_key", "verify_key", "device")
 """Keys that change how a run gets its inputs, never its results: left out of a run's identity (its run id and the
-check that a run directory holds the same configuration), so setting them does not orphan finished runs."""
+check that a run directory holds the same configuration), so setting them does not orphan finished runs. ``device``
+computes the same rounds with the same random draws elsewhere (equal up to floating-point rounding; the run's
+manifest records where it ran), so a run started on one device resumes on another."""
+DEVICE_ALGORITHMS = ("dsgd", "fedavg")
+"""The algorithms whose rounds run on a CUDA device (``device``); the others run on the CPU ('auto' picks it)."""
 
 
 class RunConfig(BaseModel):
@@ -106,8 +112,9 @@ class RunConfig(BaseModel):
     )
     algorithm: Algorithm = Field(
         "dsgd", description="the round: 'dsgd' (every worker one gradient step, worker momentum), 'fedavg' (sampled "
-        "clients, local steps, pseudo-gradient updates; docs/federated.md) or 'gossip' (no server: decentralized SGD "
-        "over `graph`; docs/decentralized.md)",
+        "clients, local steps, pseudo-gradient updates; docs/federated.md), 'gossip' (no server: decentralized SGD "
+        "over `graph`; docs/decentralized.md) or 'anytime' (Decentralized Anytime SGD over `graph`: gradients at the "
+        "running weighted average of the iterates; momentum = 0)",
     )
     graph: str = Field("ring", description="gossip: the communication graph (ring, torus, complete, star, "
                        "erdos_renyi, exponential, hypercube, or a 'module:attr' builder) over the `workers` nodes")
@@ -146,11 +153,16 @@ class RunConfig(BaseModel):
     )
     topology: Topology = Field(
         "server", description="torchrun engine: 'server' (rank 0 aggregates and broadcasts θ; survives missing "
-        "workers) or 'serverless' (every rank aggregates the all-gathered vectors; needs every rank alive)",
+        "workers), 'serverless' (every rank aggregates the all-gathered vectors; needs every rank alive) or 'gossip' "
+        "(algorithm = 'gossip', where it is implied: a rank per node, exchanging with its graph neighbours only)",
     )
     round_timeout: float = Field(
         30.0, gt=0, le=86_400, description="torchrun engine: seconds the server waits for the vectors of a round; "
         "workers still missing then count against f",
+    )
+    device: str = Field(
+        "cpu", description="where the simulated engine (and a torchrun rank) computes: 'cpu', 'cuda', 'cuda:N' or "
+        "'auto' (cuda when available, else cpu); random draws stay on the CPU (docs/cluster.md, GPUs)",
     )
     backend: Backend = Field(
         "auto", description="torchrun engine, serverless topology: torch.distributed backend ('auto': nccl when CUDA "
@@ -214,6 +226,8 @@ def make_config(data: dict[str, Any]) -> RunConfig:
     against the registries — one :class:`ConfigError` naming the first bad parameter."""
     if not isinstance(data, dict):
         raise ConfigError("config", type(data).__name__, "a table of key = value")
+    if data.get("engine") == "torchrun" and data.get("algorithm") in topology.ALGORITHMS and "topology" not in data:
+        data = {**data, "topology": "gossip"}  # a decentralized run on real processes: a rank per node of the graph
     try:
         cfg = RunConfig(**data)
     except ValidationError as exc:
@@ -221,6 +235,7 @@ def make_config(data: dict[str, Any]) -> RunConfig:
     check_relations(cfg)
     check_names(cfg)
     check_keys(cfg)
+    check_device(cfg)
     return cfg
 
 
@@ -243,21 +258,24 @@ def check_relations(cfg: RunConfig) -> None:
     if 2 * cfg.f >= n and cfg.algorithm == "dsgd":
         raise ConfigError("f", cfg.f, f"< workers/2 = {n / 2:g} (f ≥ n/2 is beyond any robust rule)")
     defaults = RunConfig.model_fields
-    for keys, owner in ((FEDERATED_KEYS, "fedavg"), (DECENTRALIZED_KEYS, "gossip")):
-        if cfg.algorithm == owner:
+    for keys, owners in ((FEDERATED_KEYS, ("fedavg",)), (DECENTRALIZED_KEYS, topology.ALGORITHMS)):
+        if cfg.algorithm in owners:
             continue
         for key in keys:
             if getattr(cfg, key) != defaults[key].get_default(call_default_factory=True):
+                readers = " or ".join(repr(o) for o in owners)
                 raise ConfigError(key, getattr(cfg, key), f"its default with algorithm = {cfg.algorithm!r} (it is "
-                                  f"read by algorithm = {owner!r} only)")
-    if cfg.algorithm == "gossip":
-        if cfg.engine == "torchrun":
-            raise ConfigError("engine", cfg.engine, "'simulated' with algorithm = 'gossip' (decentralized rounds run "
-                              "in one process so far)")
+                                  f"read by algorithm = {readers} only)")
+    if cfg.algorithm in topology.ALGORITHMS:
+        if cfg.engine == "torchrun" and cfg.topology != "gossip":
+            raise ConfigError("topology", cfg.topology, f"'gossip' with algorithm = {cfg.algorithm!r} on the torchrun "
+                              "engine (a rank per node, exchanging with its graph neighbours; docs/decentralized.md)")
         for key in ("server_optimizer", "server_momentum", "server_weight_decay"):
             if getattr(cfg, key) != defaults[key].get_default(call_default_factory=True):
-                raise ConfigError(key, getattr(cfg, key), "its default with algorithm = 'gossip' (there is no server; "
-                                  "lr, momentum and weight_decay are the nodes')")
+                raise ConfigError(key, getattr(cfg, key), f"its default with algorithm = {cfg.algorithm!r} (there is "
+                                  "no server; lr, momentum and weight_decay are the nodes')")
+        if cfg.algorithm == "anytime":
+            AnytimeGossip.check_momentum(cfg.momentum)
     elif cfg.algorithm == "fedavg":
         c = cfg.clients_per_round or n
         if c > n:
@@ -279,11 +297,34 @@ def check_relations(cfg: RunConfig) -> None:
         if cfg.engine == "torchrun":
             raise ConfigError("model_params.norm", norm, "'group' or 'none' with engine = 'torchrun' "
                               f"({needs[1]} in one process so far: engine = 'simulated')")
-    if cfg.backend == "nccl" and cfg.topology == "server":
+    if cfg.engine == "torchrun" and cfg.topology == "gossip" and cfg.algorithm not in topology.ALGORITHMS:
+        raise ConfigError("topology", cfg.topology, f"'server' or 'serverless' with algorithm = {cfg.algorithm!r} "
+                          "(topology = 'gossip' runs the nodes of algorithm = 'gossip')")
+    if cfg.backend == "nccl" and cfg.topology != "serverless":
         raise ConfigError(
-            "backend", cfg.backend, "'auto' or 'gloo' with topology = 'server' (its vectors go through the c10d "
-            "TCPStore, which survives missing workers; NCCL needs topology = 'serverless'; docs/distributed.md)",
+            "backend", cfg.backend, f"'auto' or 'gloo' with topology = {cfg.topology!r} (its vectors go through the "
+            "c10d TCPStore, which survives missing workers, or gloo links between graph neighbours; NCCL needs "
+            "topology = 'serverless'; docs/distributed.md)",
         )
+
+
+def check_device(cfg: RunConfig) -> None:
+    """``device``: a device spec, and one the run can use — a CUDA device for the algorithms of
+    :data:`DEVICE_ALGORITHMS`, and on the torchrun engine only in the serverless topology (the server topology's
+    vectors travel through the c10d TCPStore as CPU bytes), as ``cuda`` (rank r uses ``cuda:LOCAL_RANK``). Whether
+    this machine has CUDA is checked where the run is built (``phalanx.experiments.build.resolve_device``): a grid is
+    validated on a login node and trains on GPU nodes."""
+    spec = devices.check(cfg.device)
+    if spec in ("cpu", "auto"):
+        return
+    if cfg.algorithm not in DEVICE_ALGORITHMS:
+        raise ConfigError("device", spec, f"'cpu' or 'auto' with algorithm = {cfg.algorithm!r} (its rounds run on "
+                          "the CPU so far; 'auto' picks the CPU for it)")
+    if cfg.engine == "torchrun" and cfg.topology != "serverless":
+        raise ConfigError("device", spec, f"'cpu' or 'auto' with engine = 'torchrun', topology = {cfg.topology!r} (its "
+                          "vectors travel through the c10d TCPStore as CPU bytes; GPUs: topology = 'serverless')")
+    if cfg.engine == "torchrun" and spec != "cuda":
+        raise ConfigError("device", spec, "'cuda' or 'auto' with engine = 'torchrun' (rank r uses cuda:LOCAL_RANK)")
 
 
 def processes(cfg: RunConfig) -> int:
@@ -312,9 +353,13 @@ def check_names(cfg: RunConfig) -> None:
     """Check the aggregator spec, attack, data set, model, loss and optimizer names (built-in, registered,
     ``module:attr`` or installed plug-ins), their parameters, and the aggregator's requirement on n."""
     rule = robust_gossip.configured(cfg.aggregator, cfg.f, cfg.algorithm)  # a robust gossip rule: gossip only
-    if cfg.algorithm == "gossip":  # every node's rule sees its closed neighbourhood N(i) ∪ {i}
+    if cfg.algorithm in topology.ALGORITHMS:  # every node's rule sees its closed neighbourhood N(i) ∪ {i}
         check_choice("gossip_weights", cfg.gossip_weights, gossip.weight_names())
         graph = topology.make(cfg.graph, cfg.workers, **cfg.graph_params)
+        if cfg.graph == "attached" and cfg.byzantine not in (0, cfg.graph_params.get("byzantine")):
+            raise ConfigError("graph_params.byzantine", cfg.graph_params.get("byzantine"), f"= byzantine "
+                              f"({cfg.byzantine}): the attached nodes are the run's Byzantine ones (or byzantine = 0: "
+                              "the same graph without an attack)")
         hood = int(graph.degrees.min()) + 1
         if 2 * cfg.f >= hood or hood < rule.min_workers():
             need = max(2 * cfg.f + 1, rule.min_workers())
@@ -333,6 +378,8 @@ def check_names(cfg: RunConfig) -> None:
             what, m, f">= {rule.min_workers()} for aggregator {cfg.aggregator!r} with f={cfg.f} ({rule.requirement})",
         )
     attack = gossip_attacks.configured(cfg.attack, cfg.attack_params, cfg.algorithm)  # dissensus: gossip only
+    if cfg.engine == "torchrun" and cfg.algorithm in topology.ALGORITHMS:
+        check_attack(attack)  # a rank holds its neighbourhood only: spectral (uᵀX̃ of every node) is refused
     boost = float(getattr(attack, "boost", 1.0))
     if boost != 1.0 and cfg.algorithm == "dsgd":
         raise ConfigError("attack_params.boost", boost, "1 with algorithm = 'dsgd' (boosting scales a federated "

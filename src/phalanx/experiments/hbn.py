@@ -71,6 +71,8 @@ class Preset:
     eval_every: int = 50
     eval_clients: int = 100
     fallback_dataset: str | None = None
+    device: str = "cpu"
+    """The runs' ``device`` (the ``paper`` preset: ``"auto"``, a GPU where there is one)."""
 
 
 PRESETS: dict[str, Preset] = {
@@ -83,7 +85,7 @@ PRESETS: dict[str, Preset] = {
         name="paper", description="Chen et al.'s setup (GPU-sized): CIFAR-10, their 3-layer CNN, 1 local epoch of "
         "batch 4, 500 rounds, statistics momentum 0.002",
         dataset="cifar10", model_params={"channels": [16, 32, 64], "kernel_size": 3, "hidden": 128},
-        local_epochs=1.0, batch_size=4, lr=0.01, rounds=500, stats_momentum=0.002, eval_every=100,
+        local_epochs=1.0, batch_size=4, lr=0.01, rounds=500, stats_momentum=0.002, eval_every=100, device="auto",
     ),
 }
 
@@ -122,7 +124,7 @@ def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -
         "batch_size": p.batch_size, "lr": p.lr, "momentum": p.momentum, "schedule": p.schedule,
         "byzantine": 0, "f": cell.f, "aggregator": cell.rule, "attack": "none", "partition": "dirichlet",
         "alpha": cell.alpha, "rounds": p.rounds, "seed": cell.seed, "eval_every": p.eval_every,
-        "checkpoint_every": max(p.eval_every, p.rounds // 4 or 1),
+        "checkpoint_every": max(p.eval_every, p.rounds // 4 or 1), "device": p.device,
     }
     if cell.norm in ("batch", "hybrid"):
         data.update(stats_batch=p.stats_batch, stats_momentum=p.stats_momentum)
@@ -163,12 +165,7 @@ class Difference:
 
     @property
     def verdict(self) -> str:
-        e = self.estimate
-        if e.low > 0:
-            return f"{NORM_LABELS[self.a]} better"
-        if e.high < 0:
-            return f"{NORM_LABELS[self.b]} better"
-        return "no difference shown"
+        return self.estimate.side(f"{NORM_LABELS[self.b]} better", f"{NORM_LABELS[self.a]} better")
 
 
 def tabulate(cs: list[Cell], accuracy: dict[Cell, float]) -> dict[tuple[str, str, int, float], Result]:

@@ -73,6 +73,9 @@ class Preset:
     seeds: tuple[int, ...] = (0, 1, 2)
     eval_every: int = 100
     fallback_dataset: str | None = None
+    device: str = "cpu"
+    """The runs' ``device`` (the ``paper`` preset: ``"auto"``, a GPU where there is one; left out of the run ids, so
+    runs trained on another device are reused)."""
 
     @property
     def max_f(self) -> int:
@@ -86,7 +89,7 @@ PRESETS: dict[str, Preset] = {
         description="the paper's setup: ResNet-20 (GroupNorm) on CIFAR-10, 160 epochs (GPU and the data needed)",
         dataset="cifar10", model="resnet20",
         rounds=31_250,  # 160 epochs × 50,000 images / (16 workers × 16 images per round)
-        eval_every=1_000,
+        eval_every=1_000, device="auto",
     ),
     "quick": Preset(
         name="quick",
@@ -186,7 +189,7 @@ def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -
         "byzantine": 0, "f": f, "aggregator": spec, "attack": "none", "partition": "dirichlet", "alpha": cell.alpha,
         "rounds": p.rounds, "batch_size": p.batch_size, "lr": cell.lr, "momentum": p.momentum,
         "weight_decay": p.weight_decay, "schedule": "cosine", "seed": cell.seed, "eval_every": p.eval_every,
-        "checkpoint_every": max(p.eval_every, p.rounds // 4 or 1),
+        "checkpoint_every": max(p.eval_every, p.rounds // 4 or 1), "device": p.device,
     }
     data.update(overrides or {})
     return make_config(data)

@@ -13,7 +13,10 @@ from typing import Any
 from phalanx.errors import ConfigError, OutputError
 from phalanx.experiments import store
 
-SETTING_KEYS = ("aggregator", "f", "attack", "byzantine", "partition", "alpha", "dataset", "model", "workers")
+SETTING_KEYS = ("aggregator", "f", "attack", "byzantine", "partition", "alpha", "dataset", "model", "workers",
+                "algorithm", "graph", "lr", "momentum", "local_steps", "clients_per_round")
+"""What tells settings apart: runs that differ in any of these are not pooled (a key a grid does not vary is left out
+of the tables, :func:`varying`)."""
 
 
 def save_figure(fig: Any, path: Path, dpi: int = 100) -> Path:

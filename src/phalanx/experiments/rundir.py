@@ -1,7 +1,8 @@
 """The run directory as a callback of the training loop: checkpoints every ``checkpoint_every`` rounds and at the
 end, the final metrics and the ``DONE`` marker (formats: :mod:`phalanx.experiments.store`); with a signing key the
 finished directory is signed, with a public key a signed directory is verified before it resumes
-(:mod:`phalanx.signing`)."""
+(:mod:`phalanx.signing`). The manifest records the device the run trains on (and a later session's, when it resumes
+on another: :func:`phalanx.experiments.store.note_device`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from phalanx import signing
 from phalanx.data.base import Dataset
 from phalanx.experiments import store
+from phalanx.training import devices
 from phalanx.training.experiment import Experiment
 from phalanx.training.loop import Callback, Loop, RoundInfo
 from phalanx.training.state import Snapshot
@@ -21,7 +23,7 @@ class RunDirectory(Callback):
 
     def __init__(
         self, path: Path, identity: dict[str, Any], *, seed: int, fingerprint: str, checkpoint_every: int,
-        rounds: int, sign_key: str | None = None, verify_key: str | None = None,
+        rounds: int, sign_key: str | None = None, verify_key: str | None = None, device: dict[str, str] | None = None,
     ) -> None:
         self.path = Path(path)
         self.identity = identity
@@ -31,24 +33,28 @@ class RunDirectory(Callback):
         self.rounds = rounds
         self.sign_key = sign_key
         self.verify_key = verify_key
+        self.device = device or {"device": "cpu"}
+        """Where the run trains, as the manifest records it (:func:`phalanx.training.devices.describe`)."""
 
     @classmethod
     def of(
         cls, path: Path, identity: dict[str, Any], exp: Experiment, checkpoint_every: int, *,
         sign_key: str | None = None, verify_key: str | None = None,
     ) -> RunDirectory:
-        """The run directory of ``exp`` (its seed, rounds and data set's fingerprint), named by ``identity``."""
+        """The run directory of ``exp`` (its seed, rounds, data set's fingerprint and device), named by
+        ``identity``."""
         fingerprint = exp.dataset.fingerprint() if isinstance(exp.dataset, Dataset) else ""
         return cls(path, identity, seed=exp.seed, fingerprint=fingerprint, checkpoint_every=checkpoint_every,
-                   rounds=exp.rounds, sign_key=sign_key, verify_key=verify_key)
+                   rounds=exp.rounds, sign_key=sign_key, verify_key=verify_key, device=devices.describe(exp.device))
 
     def open(self) -> Snapshot | None:
         """Create the directory (or check that it holds the same configuration); the last checkpoint, if any. With
         a public key, a directory that carries a signature is verified first (an unfinished run has none yet)."""
         if self.verify_key is not None and (self.path / signing.SIGNATURE).exists():
             signing.verify(self.path, self.verify_key)
-        store.prepare_run_dir(self.path, self.identity, self.seed, self.fingerprint)
+        store.prepare_run_dir(self.path, self.identity, self.seed, self.fingerprint, self.device)
         start = store.load_checkpoint(self.path)
+        store.note_device(self.path, self.device, 0 if start is None else start.state.round)
         store.remove_temporaries(self.path)  # what killed writes left (the caller holds the run's lock)
         return start
 

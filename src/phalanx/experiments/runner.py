@@ -58,7 +58,8 @@ def run_grid(
 
     SIGINT or SIGTERM while it runs stops it cleanly: :class:`Interrupted` (see the module's docstring).
     """
-    check_points(cfgs, dataset_for)  # every point can run, before the first one starts
+    # every point can run, before the first one starts (its device: where it trains, not on a Slurm login node)
+    check_points(cfgs, dataset_for, here=executor is None or executor.name == "local")
     store.make_dir(out)
     dirs = [out / run_id(c) for c in cfgs]
     executor = executor if executor is not None else LocalExecutor(jobs, wait=wait)

@@ -177,6 +177,16 @@ class RunState:
     detail: str = ""
 
 
+def final_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The metric rows, by round, of a run that ended — done, or diverged (its last row marked ``"diverged": true``);
+    a :class:`~phalanx.errors.ConfigError` naming ``run`` if it has not ended."""
+    if (Path(run_dir) / DIVERGED).exists():
+        rows = store.read_rows(Path(run_dir))
+        if rows:
+            return sorted(rows, key=lambda r: r["round"])
+    return store.finished_rows(Path(run_dir))
+
+
 def last_round(run_dir: Path) -> int | None:
     """The round of the last metrics row written (metrics are written at every checkpoint), or ``None``."""
     path = Path(run_dir) / "metrics.jsonl"

@@ -74,8 +74,10 @@ class SlurmOptions:
 
     ``partition``, ``account``, ``qos``, ``constraint``: as ``sbatch`` takes them (the cluster's defaults when
     unset). ``time``: each task's time limit (minutes or ``HH:MM:SS``). ``cpus_per_task``: cores per task (the
-    runs' torch threads); ``mem_gb``: memory per task. ``runs_per_task``: runs trained one after the other by one
-    array task (fewer, longer tasks for grids of short runs). ``array_parallelism``: tasks running at once.
+    runs' torch threads); ``gpus_per_task``: GPUs per task (``sbatch --gpus-per-task``; none by default) — give the
+    runs ``device = "auto"`` or ``"cuda"`` to train on them (docs/cluster.md, GPUs); ``mem_gb``: memory per task.
+    ``runs_per_task``: runs trained one after the other by one array task (fewer, longer tasks for grids of short
+    runs). ``array_parallelism``: tasks running at once.
     ``max_requeues``: times a task that reaches its time limit is requeued (its runs resume from their checkpoints).
     ``setup``: shell lines run before each task (``module load …``, activating the environment). ``python``: the
     interpreter on the nodes (default: this one — the same environment on a shared file system). ``sbatch``: any
@@ -87,6 +89,7 @@ class SlurmOptions:
     partition: str | None = None
     time: int = 60
     cpus_per_task: int = 2
+    gpus_per_task: int | None = None
     mem_gb: float | None = None
     runs_per_task: int = 1
     array_parallelism: int = 256
@@ -118,7 +121,7 @@ class SlurmOptions:
                 out[key] = v[key].strip()
         if "time" in v:
             out["time"] = parse_time(v["time"])
-        for key, low in (("cpus_per_task", 1), ("runs_per_task", 1), ("array_parallelism", 1),
+        for key, low in (("cpus_per_task", 1), ("gpus_per_task", 1), ("runs_per_task", 1), ("array_parallelism", 1),
                          ("max_requeues", 0)):
             if key in v:
                 out[key] = check_int(f"slurm.{key}", v[key], low=low)
@@ -150,6 +153,8 @@ class SlurmOptions:
         for key in ("partition", "account", "qos", "constraint"):
             if getattr(self, key) is not None:
                 params[key] = getattr(self, key)
+        if self.gpus_per_task is not None:
+            params["gpus_per_task"] = self.gpus_per_task
         if self.mem_gb is not None:
             params["mem"] = f"{max(1, math.ceil(self.mem_gb * 1024))}M"
         if self.sbatch:

@@ -3,7 +3,9 @@
 Layout of a run directory::
 
     config.json           the resolved configuration
-    manifest.json         versions, seed, data fingerprint, start time, and the SHA-256 of every file below
+    manifest.json         versions, seed, data fingerprint, start time, the device it trains on (``device``, and
+                          ``gpu``: the GPU's name; ``resumed_on``: the devices of later sessions, when they
+                          differ), and the SHA-256 of every file below
     metrics.jsonl         one row per evaluated round (rewritten atomically at every checkpoint)
     checkpoint.safetensors  θ, worker momentum, previous aggregate, normalisation statistics, random-stream states,
                             server optimizer
@@ -257,11 +259,14 @@ def verify(out: Path, names: tuple[str, ...]) -> None:
                                  "manifest.json's)")
 
 
-def prepare_run_dir(out: Path, identity: dict[str, Any], seed: int, data_fingerprint: str) -> None:
+def prepare_run_dir(
+    out: Path, identity: dict[str, Any], seed: int, data_fingerprint: str, device: dict[str, str] | None = None,
+) -> None:
     """Create the run directory, or check that an existing one holds the same configuration.
 
     ``identity`` is what names the run (a config's :meth:`~phalanx.experiments.config.RunConfig.identity`); the
-    resolved configuration is written as ``config.json``, with a manifest of versions, seed and data fingerprint.
+    resolved configuration is written as ``config.json``, with a manifest of versions, seed, data fingerprint and
+    ``device`` (:func:`phalanx.training.devices.describe`: where the run trains; default the CPU).
     """
     make_dir(out)
     cfg_path = out / "config.json"
@@ -286,9 +291,27 @@ def prepare_run_dir(out: Path, identity: dict[str, Any], seed: int, data_fingerp
         "phalanx": __version__, "torch": torch.__version__, "python": platform.python_version(),
         "platform": platform.platform(), "seed": seed, "data_fingerprint": data_fingerprint,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "integrity": INTEGRITY_VERSION, "artifacts": {},
+        **(device or {"device": "cpu"}),
     }
     atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
     write_artifact(out, "config.json", json.dumps(identity, indent=2, sort_keys=True).encode())
+
+
+def note_device(out: Path, device: dict[str, str], round_: int) -> bool:
+    """Record in the manifest that an unfinished run goes on from round ``round_`` on ``device`` when that differs
+    from where it last trained (the manifest's ``device`` / ``gpu``, or the last entry of ``resumed_on``); a run
+    directory written before devices were recorded trained on the CPU. Returns whether it wrote. A finished run is
+    left alone (its manifest may be signed)."""
+    if is_finished(out):
+        return False
+    manifest = _read_manifest(out)
+    later = manifest.get("resumed_on") or []
+    last = later[-1] if later else {"device": manifest.get("device", "cpu"), "gpu": manifest.get("gpu")}
+    if (last.get("device"), last.get("gpu")) == (device.get("device"), device.get("gpu")):
+        return False
+    manifest["resumed_on"] = [*later, {"round": round_, **device}]
+    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+    return True
 
 
 def _reason(exc: BaseException) -> str:
@@ -303,9 +326,10 @@ def save_checkpoint(out: Path, snap: Snapshot) -> Path:
     Tensors: ``theta``, ``momentum``, ``previous``, ``norm_stats`` (BatchNorm / Hybrid BN global statistics),
     ``local_norms`` (FedBN: every client's BatchNorm parameters and statistics),
     ``rng.<stream>`` (random streams), ``optim.<name>`` (the server
-    optimizer's state); metadata: ``round`` and the number of rows.
+    optimizer's state); metadata: ``round`` and the number of rows. Tensors are saved as CPU tensors whatever
+    device the run trains on, so a checkpoint resumes on any device (the loop moves them to the run's).
     """
-    state, rows = snap.state, snap.rows
+    state, rows = snap.state.to("cpu"), snap.rows
     write_artifact(out, "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
     tensors = {"theta": state.theta.contiguous()}
     if state.momentum is not None:
@@ -317,9 +341,9 @@ def save_checkpoint(out: Path, snap: Snapshot) -> Path:
     if state.local is not None:
         tensors["local_norms"] = state.local.contiguous()
     for name, g in snap.streams.items():
-        tensors[f"rng.{name}"] = g
+        tensors[f"rng.{name}"] = g.cpu()
     for name, t in snap.optimizer.items():
-        tensors[f"optim.{name}"] = t.contiguous()
+        tensors[f"optim.{name}"] = t.cpu().contiguous()
     path = out / "checkpoint.safetensors"
     with writing(path):
         fd, tmp = tempfile.mkstemp(dir=out, prefix=".checkpoint.", suffix=".tmp")

@@ -198,7 +198,7 @@ class OneWorker(_Workers):
         self.is_byzantine = rank >= self.honest_n
         self.sends_attack = self.is_byzantine and self.vector_attack
         self.shares_attack_stream = False  # the Byzantine ranks are the same every round: each keeps its own
-        self.row = None if momentum is None else momentum.reshape(1, -1).clone()
+        self.row = None if momentum is None else momentum.reshape(1, -1).to(exp.device).clone()
         self.plan = SlotPlan(
             honest=list(range(self.honest_n)), computing=list(range(self.computing)),
             attacking=list(range(self.honest_n, self.n)) if self.vector_attack else [],

@@ -31,6 +31,7 @@ from phalanx.attacks.base import Attack, DataAttack
 from phalanx.attacks.none import NoAttack
 from phalanx.data.partition import partition
 from phalanx.errors import ConfigError
+from phalanx.training import devices
 from phalanx.training.dsgd import DSGD
 from phalanx.training.fedavg import FedAvg
 from phalanx.training.gossip import Gossip
@@ -76,6 +77,11 @@ class Experiment:
     columns: values repeated on every metric row (a config's keys).
     eval_clients: a FedBN model (no global model): how many honest clients' own models are evaluated — all of
     them, or this many evenly spaced ones (:mod:`phalanx.training.fedbn`).
+    device: where the rounds compute (:mod:`phalanx.training.devices`: ``"cpu"``, ``"cuda"``, ``"cuda:N"``,
+    ``"auto"`` or a ``torch.device``), resolved to a ``torch.device`` when the experiment is built. The model is
+    moved there (in place), and so are the data set's training and test tensors, once (``data.x``, ``data.y``,
+    ``test_x``, ``test_y``; ``dataset`` itself is left as given); random draws stay on the CPU. A CUDA device needs
+    distributed SGD or federated averaging (decentralized rounds run on the CPU so far; ``"auto"`` picks it).
     """
 
     model: nn.Module | Problem
@@ -95,6 +101,7 @@ class Experiment:
     rule_for: Callable[[int], Aggregator] | None = None
     columns: dict[str, Any] = field(default_factory=dict)
     eval_clients: int = 100
+    device: str | torch.device = "cpu"
 
     def __post_init__(self) -> None:
         for name in ("workers", "rounds", "eval_every", "eval_clients"):
@@ -117,7 +124,13 @@ class Experiment:
         if boost != 1.0 and isinstance(self.algorithm, DSGD):
             raise ConfigError("boost", boost, "1 with distributed SGD (boosting scales a federated client's update; a "
                               "DSGD worker's vector is carried into its momentum)")
+        on_device = isinstance(self.algorithm, DSGD | FedAvg)  # the rounds that run on a CUDA device so far
+        self.device = device = devices.resolve("cpu" if self.device == "auto" and not on_device else self.device)
+        if device.type != "cpu" and not on_device:
+            raise ConfigError("device", str(device), f"'cpu' with {type(self.algorithm).__name__} (decentralized "
+                              "rounds run on the CPU so far)")
         self.problem = self.model if isinstance(self.model, Problem) else Problem(self.model, loss=self.loss)
+        _move(self.problem, device)
         if self.problem.norm_stats is not None and isinstance(self.algorithm, DSGD):
             raise ConfigError("model", "a model with BatchNorm / Hybrid BN layers (FedNorm2d)", "a model without them "
                               "with distributed SGD (their statistics are measured and pooled by federated rounds: "
@@ -131,7 +144,9 @@ class Experiment:
             self.shards = partition(ds.train_y, n, "iid", seed=stream_seed(self.seed, "partition") % (2**31))
         if len(self.shards) != n:
             raise ConfigError("shards", f"{len(self.shards)} shards", f"one per worker ({n})")
-        self.data = WorkerData(ds.train_x, ds.train_y, list(self.shards), ds.num_classes)
+        self.data = WorkerData(ds.train_x.to(device), ds.train_y.to(device), list(self.shards), ds.num_classes)
+        self.test_x, self.test_y = ds.test_x.to(device), ds.test_y.to(device)
+        """The test set on the device (evaluation reads these, not ``dataset``'s)."""
         if isinstance(self.lr, int | float) and not isinstance(self.lr, bool):
             self.lr = LRSchedule(float(self.lr), "constant", self.rounds)
         if not callable(self.lr):
@@ -162,7 +177,7 @@ class Experiment:
         ds = self.dataset
         g = generator(self.seed, "server")
         idx = torch.randperm(ds.train_y.numel(), generator=g)[: min(ROOT_SAMPLES, ds.train_y.numel())]
-        return ds.train_x[idx], ds.train_y[idx]
+        return ds.train_x[idx].to(self.device), ds.train_y[idx].to(self.device)
 
     def describe(self) -> dict[str, Any]:
         """What the run is, as JSON-friendly values (the identity of a run directory built from objects)."""
@@ -173,3 +188,14 @@ class Experiment:
             "lr": repr(self.lr), "seed": self.seed, "eval_every": self.eval_every,
             **({"eval_clients": self.eval_clients} if self.problem.local_norms is not None else {}), **self.columns,
         }
+
+
+def _move(problem: Problem, device: torch.device) -> None:
+    """Move the problem's model (parameters and buffers) to ``device`` in place; nothing is touched when they are all
+    there already, so a CPU run is exactly as before. ``Module.to`` replaces the buffer tensors: the problem takes
+    the new ones."""
+    model = problem.model
+    if all(t.device == device for t in (*model.parameters(), *model.buffers())):
+        return
+    model.to(device)
+    problem.buffers = dict(model.named_buffers())

@@ -210,7 +210,8 @@ class _Clients:
             if bool(active.all()):
                 params.sub_(g, alpha=lr)
             else:
-                params[active] -= lr * g[active]
+                on = active.to(params.device)  # the step counts are CPU bookkeeping
+                params[on] -= lr * g[on]
         return params
 
     def _boosted(self, pseudo: Tensor, w: int, poisoned: int, rows: slice) -> Tensor:
@@ -218,7 +219,7 @@ class _Clients:
         boost = float(getattr(self.exp.attack, "boost", 1.0))
         if poisoned and boost != 1.0:
             first = w - poisoned
-            positions = torch.arange(w)[rows]
+            positions = torch.arange(w, device=pseudo.device)[rows]
             pseudo[positions >= first] *= boost
         return pseudo
 
@@ -323,7 +324,7 @@ class FedAvgSlot(_Clients):
 
     def skip(self, t: int) -> None:
         """A round this slot missed: draw the round's sample and batches (the streams stay in step), train nothing."""
-        self._round(torch.zeros(self.exp.problem.dim), t, train=False)
+        self._round(torch.zeros(self.exp.problem.dim, device=self.exp.device), t, train=False)
 
     def _round(self, theta: Tensor, t: int, train: bool) -> Tensor:
         ids = self._begin()

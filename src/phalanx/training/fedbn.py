@@ -177,7 +177,8 @@ class LocalNorms:
         if bool(active.all()):
             running.lerp_(stats.to(running), MOMENTUM)
         elif bool(active.any()):
-            running[active] = torch.lerp(running[active], stats[active].to(running), MOMENTUM)
+            rows = active.to(running.device)
+            running[rows] = torch.lerp(running[rows], stats[active.to(stats.device)].to(running), MOMENTUM)
 
     # --- the server ------------------------------------------------------------------------------------------------
 
@@ -265,13 +266,13 @@ class LocalNorms:
         """The evaluation row's values of a FedBN run (see the module's docstring): ``test_accuracy``,
         ``test_loss``, ``global_test_accuracy``, ``worst_client_accuracy``, ``clients_evaluated`` and, for an
         attack that measures itself (a backdoor's ``attack_success``), its mean over the evaluated clients."""
-        problem, ds = exp.problem, exp.dataset
+        problem, test_x, test_y = exp.problem, exp.test_x, exp.test_y  # the test set on the run's device
         clients = self.evaluated_clients(exp.honest, exp.eval_clients)
-        rows, which = torch.unique(table[clients].cpu(), dim=0, return_inverse=True)
-        classes = ds.num_classes
-        correct, losses = self.class_scores(problem, theta, rows, ds.test_x, ds.test_y, classes)
+        rows, which = torch.unique(table[clients.to(table.device)].cpu(), dim=0, return_inverse=True)
+        classes = exp.dataset.num_classes
+        correct, losses = self.class_scores(problem, theta, rows, test_x, test_y, classes)
         finite = torch.isfinite(rows).all(dim=1) & bool(torch.isfinite(self.shared(theta[None])).all())
-        count = torch.bincount(ds.test_y.cpu(), minlength=classes).double()
+        count = torch.bincount(test_y.cpu(), minlength=classes).double()
         seen = count > 0
         acc_c, loss_c = correct / count.clamp_min(1), losses / count.clamp_min(1)  # (models, classes)
         share = label_shares(exp.data, clients)[:, seen.nonzero().flatten()]
@@ -291,7 +292,8 @@ class LocalNorms:
         }
         extra = getattr(exp.attack, "metrics", None)  # an attack's own measure, as the clients' models see it
         if callable(extra):
-            per_model = [self._attack_metrics(extra, problem, theta, rows[i], ds) if bool(finite[i]) else None
+            per_model = [self._attack_metrics(extra, problem, theta, rows[i], test_x, test_y) if bool(finite[i])
+                         else None
                          for i in range(rows.shape[0])]
             weights = torch.bincount(which, minlength=rows.shape[0]).double()
             keys = sorted({k for m in per_model if m for k in m})
@@ -302,7 +304,8 @@ class LocalNorms:
         return out
 
     def _attack_metrics(
-        self, extra: Callable[..., dict[str, float]], problem: Problem, theta: Tensor, row: Tensor, ds: Any,
+        self, extra: Callable[..., dict[str, float]], problem: Problem, theta: Tensor, row: Tensor, test_x: Tensor,
+        test_y: Tensor,
     ) -> dict[str, float]:
         params, own = self._batched(problem, theta, row[None])
         params = {k: v[0] for k, v in params.items()}
@@ -313,9 +316,9 @@ class LocalNorms:
             with self._evaluating():
                 out = [forward(params, own, x[s : s + EVAL_BUDGET]).argmax(dim=1)
                        for s in range(0, x.shape[0], EVAL_BUDGET)]
-            return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+            return torch.cat(out) if out else torch.zeros(0, dtype=torch.long, device=x.device)
 
-        return extra(predict, ds.test_x, ds.test_y)
+        return extra(predict, test_x, test_y)
 
 
 def label_shares(data: WorkerData, clients: Tensor) -> Tensor:
@@ -323,7 +326,7 @@ def label_shares(data: WorkerData, clients: Tensor) -> Tensor:
     of zeros for an empty shard)."""
     rows = []
     for i in clients.tolist():
-        labels = data.y[data.shards[i]].cpu()
+        labels = data.y[data.shards[i].to(data.y.device)].cpu()
         counts = torch.bincount(labels, minlength=data.num_classes).double()
         rows.append(counts / max(1, labels.numel()))
     return torch.stack(rows) if rows else torch.zeros(0, data.num_classes, dtype=torch.float64)

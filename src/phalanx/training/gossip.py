@@ -16,9 +16,9 @@ Jaggi, 2022):
 
    * ``rule = "mean"`` — gossip averaging with the graph's mixing matrix W (Metropolis–Hastings by default):
      xᵢ ← Σⱼ Wᵢⱼ x̃ⱼ (a Byzantine neighbour's message in place of x̃ⱼ), for all nodes one matrix product;
-   * a robust gossip rule (:mod:`phalanx.decentralized.robust_gossip`: ``clipped_gossip``, ``cs_plus``, ``ios``)
-     — xᵢ ← x̃ᵢ + Σⱼ cᵢⱼ (x̃ⱼ − x̃ᵢ), coefficients from W, the differences and the Byzantine weight f neighbours
-     can have; all nodes batched (neighbourhoods padded to the largest degree, :class:`Neighbourhoods`);
+   * a robust gossip rule (:mod:`phalanx.decentralized.robust_gossip`: ``clipped_gossip``, ``cs_plus``, ``ios``,
+     ``monna``) — xᵢ ← x̃ᵢ + Σⱼ cᵢⱼ (x̃ⱼ − x̃ᵢ), coefficients from W, the differences and the Byzantine weight f
+     neighbours can have; all nodes batched (neighbourhoods padded to the largest degree, :class:`Neighbourhoods`);
    * any other rule or chain — xᵢ ← Agg({x̃ⱼ : j ∈ N(i) ∪ {i}}), the rule configured for f applied to node i's
      closed neighbourhood (a loop over nodes). A rule that takes a centre gets the node's own x̃ᵢ: ``cc`` is then
      self-centred clipping (He, Karimireddy & Jaggi, "Byzantine-robust decentralized learning via ClippedGossip",
@@ -102,12 +102,69 @@ class Gossip:
         return GossipNodes(self, exp, streams, momentum)
 
     def one_worker(self, exp: Experiment, rank: int, streams: dict[str, Tensor], momentum: Tensor | None) -> Any:
-        raise ConfigError("engine", "torchrun", "'simulated' with algorithm = 'gossip' (decentralized rounds run in "
-                          "one process so far)")
+        """Node ``rank`` alone, as one rank of the torchrun engine runs it (``topology = "gossip"``,
+        :mod:`phalanx.distributed.neighbours`); ``momentum``: every node's carried rows ``(n, d)``, or None."""
+        from phalanx.training.gossip_node import OneNode  # (it builds on this module)
+
+        return OneNode(self, exp, rank, streams, momentum)
 
     def make_server(self, exp: Experiment, generator: torch.Generator) -> GossipServer:
         """Every honest node's combination of its neighbourhood (there is no server)."""
         return GossipServer(self, exp, generator)
+
+
+@dataclass(frozen=True)
+class AnytimeGossip(Gossip):
+    """Decentralized Anytime SGD (Eisen, Dorfman & Levy, "Enhancing parallelism in decentralized stochastic convex
+    optimization", ICML 2025, arXiv 2506.00961) on ``graph``.
+
+    Every node i keeps two sequences, its iterate wᵢ and its query point xᵢ (the node's model: it is evaluated and
+    reported), both starting at θ₀. Round t = 1, 2, … with weights αₜ = t and α₁:ₜ = Σ_{τ≤t} α_τ = t(t + 1)/2:
+
+        gᵢ = ∇ℓ(xᵢ; batch) + λ xᵢ                              (the gradient at the query point)
+        w̃ᵢ = wᵢ − η αₜ gᵢ
+        x̃ᵢ = (α₁:ₜ₋₁ / α₁:ₜ) xᵢ + (αₜ / α₁:ₜ) w̃ᵢ = xᵢ + 2/(t + 1) · (w̃ᵢ − xᵢ)
+        wᵢ ← Σⱼ Wᵢⱼ w̃ⱼ,   xᵢ ← Σⱼ Wᵢⱼ x̃ⱼ                       (both sequences gossiped)
+
+    so that xᵢ is (up to gossip) the αₜ-weighted average of the node's iterates: the anytime online-to-batch
+    conversion of Cutkosky ("Anytime online-to-batch, optimism and acceleration", ICML 2019) made decentralized.
+    ``lr`` is η: the step taken on w grows as η·t, so η is much smaller than a D-SGD step size. There is no
+    momentum (``momentum`` must be 0). A node's message is the pair (w̃ᵢ, x̃ᵢ) as one 2d-vector; a robust rule, a
+    Byzantine neighbour's vector attack and the decentralized attacks see that pair (the combination clips or
+    trims it as a whole), plain gossip mixes both halves with W."""
+
+    name = "anytime"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_momentum(self.momentum)
+
+    @staticmethod
+    def check_momentum(momentum: float) -> None:
+        """Decentralized Anytime SGD has no momentum: a ConfigError naming ``momentum`` unless it is 0."""
+        if momentum:
+            raise ConfigError("momentum", momentum, "0 with algorithm = 'anytime' (Decentralized Anytime SGD steps "
+                              "on the gradient at the query point, without momentum)")
+
+    @staticmethod
+    def average_weight(t: int) -> float:
+        """αₜ / α₁:ₜ = 2/(t + 1) of round ``t`` (0-based: the paper's round t + 1): how far x̃ moves to w̃."""
+        return 2.0 / (t + 2)
+
+    def all_workers(self, exp: Experiment, streams: dict[str, Tensor], momentum: Tensor | None) -> AnytimeNodes:
+        """The n nodes in this process; ``momentum`` carries their iterates w (``None``: w = θ₀)."""
+        return AnytimeNodes(self, exp, streams, momentum)
+
+    def one_worker(self, exp: Experiment, rank: int, streams: dict[str, Tensor], momentum: Tensor | None) -> Any:
+        """Node ``rank`` alone, as one rank of the torchrun engine runs it; ``momentum``: every node's iterates
+        ``(n, d)``, or None."""
+        from phalanx.training.gossip_node import AnytimeNode  # (it builds on this module)
+
+        return AnytimeNode(self, exp, rank, streams, momentum)
+
+    def make_server(self, exp: Experiment, generator: torch.Generator) -> AnytimeServer:
+        """Every honest node's combination of its neighbourhood, for both sequences."""
+        return AnytimeServer(self, exp, generator)
 
 
 def closed_neighbourhoods(graph: Graph) -> list[Tensor]:
@@ -253,9 +310,9 @@ class GossipNodes:
         """The node-side streams' states now."""
         return {"batches": self.batch_gen.get_state(), "attack": self.attack_gen.get_state()}
 
-    def round(self, theta: Tensor, t: int, rule: Callable[[Tensor], Tensor]) -> Received:
-        """The local steps x̃ of every node ``(n, d)`` (a vector-attack Byzantine node's row: its model, unused), the
-        Byzantine messages to each honest node, and the momentum rows to carry."""
+    def gradients(self, theta: Tensor) -> tuple[Tensor, Tensor]:
+        """Every node's rows X ``(n, d)`` and the gradients gᵢ = ∇ℓ(xᵢ; batch) + λxᵢ of the nodes that compute
+        (``(computing, d)``), each on the round's batch of its shard."""
         exp, algo = self.exp, self.algo
         x = theta if theta.dim() == 2 else theta.expand(self.n, -1)
         xb, yb = worker_batches(exp.data, exp.attack, workers=self.n, byzantine=self.b,
@@ -264,6 +321,14 @@ class GossipNodes:
         g = exp.problem.grads_each(x[:c].contiguous(), xb, yb)
         if algo.weight_decay:
             g.add_(x[:c], alpha=algo.weight_decay)
+        return x, g
+
+    def round(self, theta: Tensor, t: int, rule: Callable[[Tensor], Tensor]) -> Received:
+        """The local steps x̃ of every node ``(n, d)`` (a vector-attack Byzantine node's row: its model, unused), the
+        Byzantine messages to each honest node, and the momentum rows to carry."""
+        exp, algo = self.exp, self.algo
+        x, g = self.gradients(theta)
+        c = self.computing
         if self.buffer is None:
             self.buffer = torch.zeros(self.n, exp.problem.dim, dtype=g.dtype)
             self.buffer[:c] = g
@@ -341,8 +406,14 @@ class GossipServer:
         return {}
 
     def aggregate(self, got: Received, context: dict[str, Any], measure: bool) -> tuple[Tensor, RoundResult | None]:
-        """The displacement X − X_new of every node. The nodes that follow the protocol combine — the honest ones,
-        and a data attack's nodes (they only train on poisoned data); a vector attack's nodes keep their row."""
+        """The displacement X − X_new of every node."""
+        assert self.theta is not None, "context() first"
+        return self.theta - self.combined(got), None
+
+    def combined(self, got: Received) -> Tensor:
+        """Every node's row after the combination step. The nodes that follow the protocol combine — the honest
+        ones, and a data attack's nodes (they only train on poisoned data); a vector attack's nodes keep their
+        row."""
         half, messages = got.vectors, got.messages or {}
         h, follow = self.honest, self.follow
         if self.plain and follow == half.shape[0]:  # every node combines: no copy of the state first
@@ -358,8 +429,39 @@ class GossipServer:
                 new[i] += (w[i, byz].to(half.dtype)[:, None] * msgs).sum(0)
         else:
             new[:follow] = self.node_rule.combine(half, follow, messages, self.generator)
-        assert self.theta is not None, "context() first"
-        return self.theta - new, None
+        return new
+
+
+class AnytimeNodes(GossipNodes):
+    """The n nodes of Decentralized Anytime SGD (:class:`AnytimeGossip`): the carried state is the iterates w, the
+    round's vectors are the pairs [w̃ᵢ | x̃ᵢ] ``(n, 2d)``."""
+
+    def round(self, theta: Tensor, t: int, rule: Callable[[Tensor], Tensor]) -> Received:
+        algo = self.algo
+        assert isinstance(algo, AnytimeGossip)
+        x, g = self.gradients(theta)
+        c = self.computing
+        if self.buffer is None:  # w₁ = x₁ = θ₀
+            self.buffer = x.clone()
+        w_half = self.buffer.clone()
+        w_half[:c].sub_(g, alpha=algo.node_lr(t) * (t + 1))  # η αₜ gᵢ, αₜ = t in the paper's 1-based rounds
+        x_half = x.clone()
+        x_half[:c].lerp_(w_half[:c], algo.average_weight(t))
+        half = torch.cat([w_half, x_half], dim=1)
+        messages = self._messages(half, t) if self.vector_attack else {}
+        return Received(half, state_rows=False, carry=self.buffer, messages=messages)
+
+
+class AnytimeServer(GossipServer):
+    """The honest nodes' combination of the pairs [w̃ | x̃]: the combined iterates are written into the nodes'
+    carried state, the query points become the run's X."""
+
+    def aggregate(self, got: Received, context: dict[str, Any], measure: bool) -> tuple[Tensor, RoundResult | None]:
+        new = self.combined(got)
+        d = new.shape[1] // 2
+        assert got.carry is not None and self.theta is not None, "the nodes' iterates, and context() first"
+        got.carry.copy_(new[:, :d])
+        return self.theta - new[:, d:], None
 
 
 def node_context(rule: Any, own: Tensor, generator: torch.Generator) -> dict[str, Any]:

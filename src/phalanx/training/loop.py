@@ -95,14 +95,14 @@ class Evaluate(Callback):
         theta = loop.state.theta
         local = exp.problem.local_norms
         if theta.dim() == 2:  # a model per node (decentralized rounds): the honest nodes' accuracies
-            evaluate = functools.partial(exp.problem.evaluate, x=exp.dataset.test_x, y=exp.dataset.test_y)
+            evaluate = functools.partial(exp.problem.evaluate, x=exp.test_x, y=exp.test_y)
             measured = honest_metrics(theta, exp.honest, evaluate)
             acc, loss = measured.pop("test_accuracy"), measured.pop("test_loss")
         elif local is not None and loop.state.local is not None:  # FedBN: every honest client's own model
             measured = local.metrics(exp, theta, loop.state.local)
             acc, loss = measured.pop("test_accuracy"), measured.pop("test_loss")
         else:
-            acc, loss = exp.problem.evaluate(theta, exp.dataset.test_x, exp.dataset.test_y)
+            acc, loss = exp.problem.evaluate(theta, exp.test_x, exp.test_y)
             measured = {}
         row: dict[str, Any] = {
             "round": loop.state.round, "test_accuracy": acc, "test_loss": loss, **measured,
@@ -115,7 +115,7 @@ class Evaluate(Callback):
         extra = getattr(exp.attack, "metrics", None)  # an attack's own measure (a backdoor's success rate)
         if callable(extra) and theta.dim() == 1 and local is None:  # (FedBN's: the clients' mean, above)
             ok = bool(torch.isfinite(theta).all())
-            measured = extra(lambda x: exp.problem.predict(theta, x), exp.dataset.test_x, exp.dataset.test_y)
+            measured = extra(lambda x: exp.problem.predict(theta, x), exp.test_x, exp.test_y)
             row.update({k: (v if ok else None) for k, v in measured.items()})
         row.update(exp.columns)
         return row
@@ -167,10 +167,11 @@ class Loop:
         self._opened = False
 
     def open(self) -> None:
-        """Start the transport from the start snapshot (fresh unless given); call ``on_start``."""
+        """Start the transport from the start snapshot (fresh unless given) on the experiment's device (a checkpoint's
+        CPU tensors, or what another rank sent, are moved there); call ``on_start``."""
         exp = self.experiment
         start = self.start if self.start is not None else fresh_start(exp)
-        start = self.transport.open(exp, start)
+        start = self.transport.open(exp, start.to(exp.device)).to(exp.device)
         self.state, self.rows, self.resumed = start.state, list(start.rows), start.resumed
         norm = exp.problem.norm_stats
         if norm is not None and self.state.stats is not None:

@@ -176,7 +176,7 @@ class Problem:
         with self._eval_mode():
             out = [functional_call(self.model, (params, self.buffers), (x[s : s + batch],)).argmax(dim=1)
                    for s in range(0, x.shape[0], batch)]
-        return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.long, device=x.device)
 
     @torch.no_grad()
     def evaluate(self, theta: Tensor, x: Tensor, y: Tensor, batch: int = 2048) -> tuple[float, float]:

@@ -1,4 +1,8 @@
-"""The training samples and each worker's shard of them, and the per-round draw of every worker's batch."""
+"""The training samples and each worker's shard of them, and the per-round draw of every worker's batch.
+
+The samples may live on a CUDA device (:mod:`phalanx.training.devices`); the shards, the batch positions and the
+random draws stay on the CPU, and each round moves only its ``W·B`` sample indices to the samples' device for one
+gather — the same draws, and the same batches, on either device."""
 
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ def sample_batches(data: WorkerData, workers: int, batch: int, gen: torch.Genera
 
     Returns ``(x (W, B, ...), y (W, B))``; one random draw and one gather for all workers.
     """
-    idx = _batch_indices(data, workers, batch, gen).reshape(-1)
+    idx = _batch_indices(data, workers, batch, gen).reshape(-1).to(data.x.device)
     # index_select on the flat index: cheaper than advanced indexing with a 2-D index (same values)
     xb = data.x.index_select(0, idx).view(workers, batch, *data.x.shape[1:])
     return xb, data.y.index_select(0, idx).view(workers, batch)
@@ -55,7 +59,7 @@ def sample_batch_of(
     """Worker ``row``'s batch of :func:`sample_batches`, ``(x (1, B, ...), y (1, B))``: the same draw of ``gen`` (all
     workers' positions, so the stream advances alike), but only this worker's samples are gathered — one process of
     a distributed run does not copy the other n − 1 batches."""
-    idx = _batch_indices(data, workers, batch, gen)[row]
+    idx = _batch_indices(data, workers, batch, gen)[row].to(data.x.device)
     return data.x.index_select(0, idx)[None], data.y.index_select(0, idx)[None]
 
 
@@ -65,6 +69,6 @@ def sample_batches_of(data: WorkerData, ids: Tensor, batch: int, gen: torch.Gene
     sizes = data._sizes[ids]
     u = torch.rand(ids.numel(), batch, generator=gen, dtype=torch.float64)
     pos = torch.minimum((u * sizes[:, None]).long(), sizes[:, None] - 1)
-    idx = data._flat[data._starts[ids][:, None] + pos].reshape(-1)
+    idx = data._flat[data._starts[ids][:, None] + pos].reshape(-1).to(data.x.device)
     xb = data.x.index_select(0, idx).view(ids.numel(), batch, *data.x.shape[1:])
     return xb, data.y.index_select(0, idx).view(ids.numel(), batch)

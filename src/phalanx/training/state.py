@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
 from torch import Tensor
 
 
@@ -28,6 +29,20 @@ class RoundState:
     stats: Tensor | None = None
     local: Tensor | None = None
 
+    def to(self, device: str | torch.device) -> RoundState:
+        """This state with its tensors on ``device``: itself when they are all there already (no copy; the in-process
+        transport keeps updating the same momentum buffer), else a state of moved copies."""
+        dev = torch.device(device)
+        if all(t is None or t.device == dev for t in (self.theta, self.momentum, self.previous, self.stats,
+                                                        self.local)):
+            return self
+
+        def move(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(dev)
+
+        return replace(self, theta=self.theta.to(dev), momentum=move(self.momentum), previous=move(self.previous),
+                       stats=move(self.stats), local=move(self.local))
+
 
 @dataclass
 class Snapshot:
@@ -43,6 +58,16 @@ class Snapshot:
     optimizer: dict[str, Tensor] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)
     resumed: bool = False
+
+    def to(self, device: str | torch.device) -> Snapshot:
+        """This snapshot with the round state and the optimizer's state on ``device`` (itself when they are there
+        already). The streams' states stay as they are: the random streams are CPU generators on every device
+        (:mod:`phalanx.training.devices`)."""
+        dev = torch.device(device)
+        state = self.state.to(dev)
+        if state is self.state and all(t.device == dev for t in self.optimizer.values()):
+            return self
+        return replace(self, state=state, optimizer={k: t.to(dev) for k, t in self.optimizer.items()})
 
 
 @dataclass

@@ -15,7 +15,8 @@ model), so every consumer draws from its own stream, seeded from the run's seed 
 ==============  =====================================================================================
 
 The per-round streams' states go into every checkpoint, so a resumed run draws exactly what an uninterrupted one
-would.
+would. Every stream is a CPU generator whatever the run's ``device``: on CUDA the draws are made on the CPU and then
+moved (:mod:`phalanx.training.devices`), so a run makes the same draws on either device.
 """
 
 from __future__ import annotations

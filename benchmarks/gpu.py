@@ -1,0 +1,213 @@
+"""Rounds per second of the simulated engine on CUDA and on the CPU, side by side, in one command.
+
+    .venv/bin/python benchmarks/gpu.py [--device cuda cpu] [--rounds 20] [--warmup 3] [--markdown PATH] [--json PATH]
+
+Two workloads, each the round as ``phalanx run`` runs it (``phalanx.experiments.from_config``, then
+``phalanx.training.Loop.step`` with the in-process transport; no round of the timed ones evaluates or measures):
+
+* **resnet20** — the ``paper`` preset's round (``phalanx tension paper --preset paper``; Yang, Shi & Li, ICML 2025,
+  Section 6): ResNet-20 (GroupNorm) on CIFAR-10, n = 16 workers, batch 16 per worker, worker momentum 0.9, a
+  Dirichlet(α = 0.1) split, no attack, the coordinate-wise trimmed mean configured for f = 7 (table T4's last row;
+  ``phalanx.experiments.paper.config_for``).
+* **mlp1000** — the 1,000-worker MLP round of ``benchmarks/training.py``: Fashion-MNIST, the 784-100-10 ReLU MLP,
+  batch 32, IID, b = 100 workers sending sign-flipped vectors, trimmed mean with f = 100.
+
+The images are the real data sets when they are on this machine (``phalanx.data.load``), else random tensors of
+the same shapes (3×32×32 and 1×28×28, seeded): a round's cost does not depend on the pixel values, only on the
+shapes, so the figures are the same either way; the report says which was used.
+
+Each (workload, device) pair builds its run afresh on that device (``device`` in the config: model, data set and
+every round's tensors live there; random draws stay on the CPU, docs/cluster.md), runs ``--warmup`` rounds, then
+``--rounds`` timed rounds; on CUDA every round ends with ``torch.cuda.synchronize`` so that the time is the round's,
+not its launch. Reported: the median round time, rounds per second (1 / median), and per workload the ratio of CUDA's
+rounds per second to the CPU's. ``--quick`` (a smoke test on the CPU): the same two rounds at toy sizes (n = 4 with
+3×16×16 images; n = 20 with 1×8×8).
+
+A full CPU measurement of the ResNet-20 round takes seconds per round on a few cores: on a CPU-only machine run
+``--device cpu --rounds 2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_common import all_threads, fmt_time, md_row
+
+TITLE = "Simulated rounds per second on CUDA and on the CPU"
+NEVER = 10**9
+"""``rounds`` and ``eval_every`` of the benchmark's runs: no round it times evaluates, measures or is the last."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One round to time: its config (without ``device``) and the data set it needs (name, input shape, classes,
+    training samples when synthetic)."""
+
+    name: str
+    label: str
+    config: dict[str, Any]
+    dataset: str
+    shape: tuple[int, ...]
+    samples: int
+
+
+def workloads(quick: bool) -> list[Workload]:
+    """The ResNet-20 round of the ``paper`` preset and the 1,000-worker MLP round (toy sizes with ``quick``)."""
+    from phalanx.experiments.paper import Cell, config_for, preset
+
+    p = preset("paper")
+    cell = Cell("T4", p.max_f, 0.1, p.lrs[0], p.seeds[0])  # trimmed mean, f = 7, α = 0.1
+    resnet = config_for(p, cell).model_dump(mode="json")
+    resnet.pop("device", None)
+    mlp = {
+        "dataset": "fashion-mnist", "model": "mlp", "model_params": {"hidden": [100]}, "workers": 1000,
+        "byzantine": 100, "f": 100, "aggregator": "cwtm", "attack": "signflip", "partition": "iid", "batch_size": 32,
+        "lr": 0.1, "momentum": 0.9, "seed": 0,
+    }
+    if quick:
+        resnet.update(workers=4, f=1, batch_size=2, partition="iid")
+        mlp.update(workers=20, byzantine=2, f=2, batch_size=8)
+    for cfg in (resnet, mlp):
+        cfg.update(rounds=NEVER, eval_every=NEVER, checkpoint_every=NEVER)
+    return [
+        Workload("resnet20", f"ResNet-20 (GroupNorm), n = {resnet['workers']}, batch {resnet['batch_size']}, "
+                 f"cwtm f = {resnet['f']}", resnet, "cifar10", (3, 16, 16) if quick else (3, 32, 32),
+                 256 if quick else 8192),
+        Workload("mlp1000", f"MLP {'64' if quick else '784'}-100-10, n = {mlp['workers']}, batch {mlp['batch_size']}, "
+                 f"signflip b = {mlp['byzantine']}, cwtm f = {mlp['f']}", mlp, "fashion-mnist",
+                 (1, 8, 8) if quick else (1, 28, 28), 1024 if quick else 60_000),
+    ]
+
+
+def dataset_for(w: Workload, quick: bool) -> tuple[Any, str]:
+    """The workload's data set: the real one when it is on this machine (not in quick mode), else random tensors of
+    its shape; and which it is, in words."""
+    from phalanx import data
+    from phalanx.data.base import Dataset, DatasetNotFoundError
+
+    if not quick:
+        try:
+            return data.load(w.dataset), w.dataset
+        except DatasetNotFoundError:
+            pass
+    g = torch.Generator().manual_seed(0)
+    n_test = max(64, w.samples // 8)
+    x = torch.randn(w.samples + n_test, *w.shape, generator=g)
+    y = torch.randint(0, 10, (w.samples + n_test,), generator=g)
+    ds = Dataset.from_tensors(w.dataset, x[: w.samples], y[: w.samples], x[w.samples :], y[w.samples :], 10,
+                              source="synthetic")
+    why = "quick" if quick else f"{w.samples} samples; {w.dataset} not found"
+    return ds, f"random tensors {'×'.join(map(str, w.shape))} ({why})"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_rounds(w: Workload, dataset: Any, device: str, warmup: int, rounds: int) -> dict[str, Any]:
+    """Build the workload's run on ``device`` and time its rounds; one record."""
+    from phalanx.experiments import from_config, make_config
+    from phalanx.training import Loop
+
+    cfg = make_config({**w.config, "device": device})
+    exp = from_config(cfg, dataset)
+    dev = torch.device(exp.device)
+    loop = Loop(exp, callbacks=[])
+    loop.open()
+    for _ in range(warmup):
+        loop.step()
+    _sync(dev)
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        loop.step()
+        _sync(dev)
+        times.append(time.perf_counter() - t0)
+    median = statistics.median(times)
+    finite = bool(torch.isfinite(loop.state.theta).all())
+    return {"workload": w.name, "device": str(dev), "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda"
+            else None, "rounds": rounds, "warmup": warmup, "median_s": median, "rounds_per_s": 1.0 / median,
+            "times_s": times, "parameters": exp.problem.dim, "finite": finite}
+
+
+def ratio_rows(recs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Per workload: CUDA's rounds per second over the CPU's (None unless both were measured)."""
+    out: dict[str, float | None] = {}
+    for name in dict.fromkeys(r["workload"] for r in recs):
+        cuda = [r["rounds_per_s"] for r in recs if r["workload"] == name and r["device"].startswith("cuda")]
+        cpu = [r["rounds_per_s"] for r in recs if r["workload"] == name and r["device"] == "cpu"]
+        out[name] = cuda[0] / cpu[0] if cuda and cpu else None
+    return out
+
+
+def table(recs: list[dict[str, Any]], labels: dict[str, str]) -> list[str]:
+    """The report as Markdown table lines."""
+    ratios = ratio_rows(recs)
+    lines = [md_row(["workload", "device", "median round", "rounds/s", "CUDA ÷ CPU"]),
+             md_row(["---", "---", "---:", "---:", "---:"])]
+    for r in recs:
+        dev = r["device"] + (f" ({r['gpu']})" if r["gpu"] else "")
+        ratio = ratios[r["workload"]]
+        lines.append(md_row([labels[r["workload"]], dev, fmt_time(r["median_s"]), f"{r['rounds_per_s']:.2f}",
+                             f"{ratio:.1f}×" if ratio is not None and r["device"] != "cpu" else "—"]))
+    return lines
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=TITLE)
+    ap.add_argument("--device", nargs="+", default=None,
+                    help="devices to time, in order (default: cuda and cpu when CUDA is available, else cpu)")
+    ap.add_argument("--workload", nargs="+", choices=["resnet20", "mlp1000"], default=["resnet20", "mlp1000"])
+    ap.add_argument("--rounds", type=int, default=20, help="timed rounds per workload and device")
+    ap.add_argument("--warmup", type=int, default=3, help="rounds run before timing")
+    ap.add_argument("--quick", action="store_true", help="toy sizes (a smoke test)")
+    ap.add_argument("--markdown", default=None, help="write the table as Markdown to this file")
+    ap.add_argument("--json", default=None, help="write the records as JSON to this file")
+    args = ap.parse_args(argv)
+    if args.rounds < 1 or args.warmup < 0:
+        ap.error("--rounds must be >= 1 and --warmup >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    devices = args.device or (["cuda", "cpu"] if torch.cuda.is_available() else ["cpu"])
+    chosen = [w for w in workloads(args.quick) if w.name in args.workload]
+    command = ".venv/bin/python benchmarks/gpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"{TITLE}\n{command.strip()}\ntorch {torch.__version__}, CUDA {torch.version.cuda or 'none'}, "
+          f"{platform.processor() or platform.machine()}, {all_threads()} cores ({torch.get_num_threads()} torch "
+          f"threads)", flush=True)
+    recs: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for w in chosen:
+        ds, what = dataset_for(w, args.quick)
+        notes.append(f"{w.name}: data = {what}")
+        for device in devices:
+            rec = time_rounds(w, ds, device, args.warmup, args.rounds)
+            recs.append(rec)
+            print(f"  {w.name} on {rec['device']}: {fmt_time(rec['median_s'])} a round, "
+                  f"{rec['rounds_per_s']:.2f} rounds/s", flush=True)
+    lines = table(recs, {w.name: w.label for w in chosen})
+    print("\n".join(["", *lines, "", *notes]))
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join([f"Command: `{command.strip()}`", "", *lines, "", *notes]) + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"command": command.strip(), "records": recs, "notes": notes},
+                                              indent=1))
+    return 0 if recs and all(r["finite"] for r in recs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

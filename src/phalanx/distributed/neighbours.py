@@ -1,0 +1,520 @@
+"""Decentralized rounds on real processes: one rank per node of the graph, exchanging with its graph neighbours only
+(``engine = "torchrun"``, ``algorithm = "gossip"``, ``topology = "gossip"``; docs/decentralized.md, "On real
+processes").
+
+Every rank runs the training loop (:class:`~phalanx.training.loop.Loop`) over :class:`Neighbours`, with the
+simulated engine's server (:class:`~phalanx.training.gossip.GossipServer`) and node r's side
+(:class:`~phalanx.training.gossip_node.OneNode`, from ``Gossip.one_worker``). Round t on rank r:
+
+1. node r's local step x̃ᵣ, computed as row r of the simulated engine's batched round (same batch, same operations);
+2. point to point, over gloo: x̃ᵣ goes to every computing graph neighbour and x̃ⱼ comes back from each; under a vector
+   attack x̃ᵣ also goes to the Byzantine nodes that attack r's neighbours (below), and each Byzantine neighbour b
+   sends r its own message of the round (phase 2; it may send every neighbour something else);
+3. the loop's server combines, on an ``(n, m)`` matrix that holds x̃ᵣ and what r received (other rows 0: every
+   node's combination reads only its own neighbourhood, so row r is the simulated engine's row r), with the
+   run's rule — plain gossip with W, a robust gossip rule, or any rule at the node; its new model is row r of X.
+
+What travels per round (m = the message length, d for D-SGD): x̃ᵣ once per computing neighbour; under a vector
+attack, in addition, x̃ᵣ to every Byzantine node b with an honest neighbour i such that r ∈ N(i) ∪ {i} (its
+neighbours and the neighbours of its honest neighbours: :func:`~phalanx.training.gossip_node.byzantine_inputs`) —
+the omniscient attacker's view of the simulated engine, sent explicitly over a link of its own — and one message
+from b to each honest neighbour.
+
+A silent or crashed neighbour: a rank waits at most ``round_timeout`` for the round's local steps (and as long
+again for its Byzantine neighbours' messages); a message that did not arrive is taken as the node's own x̃ᵣ, so W's
+row stays stochastic and a robust rule sees a value it trusts, and it is counted (the metric rows'
+``missing_messages``, rank 0's ``distributed.json``). A neighbour that missed a round is a *suspect*, waited for
+only a quarter of ``round_timeout`` until a message of it comes in time again; one silent for ``KEEP_ROUNDS`` rounds
+in a row is dropped. A node whose peers waiting for it are two rounds or more ahead (it slept) sits rounds out —
+draws its batches, keeps its model, sends nothing — until it is back in step. A crashed process closes its links
+(gloo reports it at once): its neighbours go on without it.
+
+Links: every pair of ranks that exchange holds a gloo process group of its own (two ranks, on a prefix of the job's
+store), built in increasing order of the pair at the start, with a thread that receives every message of the peer
+into the :class:`Inbox` and one that sends the queued ones: the main thread waits with its own deadlines and never
+in gloo, and starts a round once the neighbours it waits for have taken its messages of the last one (at once, as
+their receiving threads take every message as it comes). Measured here (torch 2.13, gloo): a receive that times
+out raises "Application timeout caused pair closure" and closes *every* pair of its gloo context, so in one world
+process group a single silent rank would cut every rank that waited for it off from all its other neighbours; and a
+timed-out link is closed for good. Every message carries its round and phase (16 bytes), so a late one can never be
+taken for another round's.
+
+Monitoring (not gossip traffic): after every evaluation and checkpoint round each rank puts its rows of the run's
+state (its model, its carried momentum, its last displacement, how many messages it missed, its ``attack`` stream)
+into the job's c10d store and rank 0 reads them, so that rank 0's X is every node's model when it evaluates and
+checkpoints; it waits at most ``GATHER_SHARE × round_timeout`` for them, and a rank that does not answer keeps its
+last rows there. Rank 0 also writes the run directory; at the start it publishes the start state (fresh or
+resumed), which every rank reads; a rank other than 0 stops when rank 0 stopped with an error (it looks at the
+gathering rounds).
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from phalanx.distributed import _test_hooks, wire
+from phalanx.distributed.env import RankEnv
+from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S, collect
+from phalanx.distributed.serverless import shared_start
+from phalanx.errors import ConfigError
+from phalanx.training.gossip_node import OneNode, byzantine_inputs
+from phalanx.training.loop import Callback, Loop, RoundInfo
+from phalanx.training.server import BoundRule
+from phalanx.training.state import Received, Snapshot
+from phalanx.training.transport import Transport
+
+if TYPE_CHECKING:
+    from phalanx.training.experiment import Experiment
+
+STEP, ATTACK, BYE = 0, 1, 2
+"""A message's phase: a local step, a Byzantine node's message, or the sender's last message (the run is over)."""
+HEADER = 16
+"""Bytes in front of every message: its round and its phase (two int64)."""
+FOREVER = timedelta(days=365)
+"""How long a link's thread waits for gloo (the main thread keeps the round's deadlines itself)."""
+KEEP_ROUNDS = wire.KEEP_ROUNDS
+"""A link whose peer has not taken this many messages is closed; a node keeps at most this many rounds of one
+peer's messages ahead of its own round."""
+SUSPECT_SHARE = 0.25
+"""A neighbour that missed the last round is waited for at most this share of ``round_timeout`` (it is back once a
+message of it comes in time): a silent neighbour costs one ``round_timeout``, then a quarter of it a round, and a
+neighbour that was only delayed (its own neighbour was silent) catches up instead of being left behind."""
+GATHER_SHARE = 0.5
+"""Rank 0 waits at most this share of ``round_timeout`` for the other ranks' rows after an evaluation or checkpoint
+round. Meanwhile its neighbours wait for its next message, and the delay travels on through the graph, one hop a
+round: with a dead rank, rank 0 waits the whole share (measured: with the whole ``round_timeout`` its neighbours,
+whose own wait for it started at the same time, missed its next message), so the share leaves the other half of
+``round_timeout`` for rank 0's evaluation, checkpoint and next local step."""
+STATE = ("theta", "momentum", "previous")
+"""The ``(n, ·)`` rows of the loop's state that rank 0 gathers."""
+_RETIRED: list[Any] = []
+"""Links of finished transports: a link's receiving thread may still wait in gloo until the process exits (a
+process group is not destroyed under a waiting thread)."""
+
+
+def key_rows(t: int, rank: int) -> str:
+    """A rank's rows after round t, for rank 0 (evaluation and checkpoint rounds)."""
+    return f"g/{t}/{rank}"
+
+
+class Inbox:
+    """What the links' receiving threads got — message rows by (peer, round, phase) — and the links that closed;
+    the main thread waits on it with the round's deadline."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.items: dict[tuple[int, int, int], Tensor] = {}
+        self.newest: dict[int, int] = {}
+        self.closed: dict[int, str] = {}
+        self.floor = 0
+
+    def put(self, peer: int, t: int, phase: int, x: Tensor) -> None:
+        with self.cond:
+            self.newest[peer] = max(self.newest.get(peer, -1), t)
+            if t >= self.floor:
+                self.items[(peer, t, phase)] = x
+                held = sorted({u for (p, u, _) in self.items if p == peer})
+                for old in held[: max(0, len(held) - KEEP_ROUNDS)]:  # this node's main thread is far behind
+                    for ph in (STEP, ATTACK):
+                        self.items.pop((peer, old, ph), None)
+            self.cond.notify_all()
+
+    def close(self, peer: int, why: str) -> None:
+        with self.cond:
+            self.closed.setdefault(peer, why)
+            self.cond.notify_all()
+
+    def wait(self, keys: list[tuple[int, int, int]], deadline: float) -> None:
+        """Until every key has arrived (or its link closed), at most until ``deadline`` (monotonic)."""
+        with self.cond:
+            self.cond.wait_for(lambda: all(k in self.items or k[0] in self.closed for k in keys),
+                               timeout=max(0.0, deadline - time.monotonic()))
+
+    def take(self, key: tuple[int, int, int]) -> Tensor | None:
+        with self.cond:
+            return self.items.pop(key, None)
+
+    def advance(self, t: int) -> None:
+        """The main thread is in round t: messages of earlier rounds are dropped, and never kept again."""
+        with self.cond:
+            self.floor = t
+            for key in [k for k in self.items if k[1] < t]:
+                del self.items[key]
+
+    def closed_links(self) -> dict[int, str]:
+        """The peers whose link closed, and why (``"finished"``: the peer ended the run)."""
+        with self.cond:
+            return dict(self.closed)
+
+    def ahead(self, peers: list[int]) -> int:
+        """The newest round any of ``peers`` has sent a message of (−1: none)."""
+        with self.cond:
+            return max((self.newest.get(k, -1) for k in peers), default=-1)
+
+
+class Link:
+    """The gloo process group of two ranks, this one and ``peer`` (see the module's docstring), with a thread that
+    receives every message of the peer into the inbox and a thread that sends the queued ones, so that the main
+    thread never waits in gloo: a gloo wait that times out would close the link."""
+
+    def __init__(self, store: dist.Store, rank: int, peer: int, numel: int, dtype: torch.dtype, inbox: Inbox,
+                 connect_s: float) -> None:
+        a, b = sorted((rank, peer))
+        self.peer = peer
+        self.other = 1 if rank == a else 0
+        self.width = HEADER + numel * torch.empty(0, dtype=dtype).element_size()
+        self.dtype = dtype
+        self.inbox = inbox
+        self.pg = dist.ProcessGroupGloo(dist.PrefixStore(f"link/{a}-{b}/", store), 1 - self.other, 2,
+                                        timedelta(seconds=connect_s))
+        self.outbox: queue.SimpleQueue[Tensor | None] = queue.SimpleQueue()
+        self.sending = threading.Condition()
+        self.pending = 0  # messages queued and not yet taken by the peer
+        self.sender = threading.Thread(target=self._send, name=f"phalanx-send-{peer}", daemon=True)
+        self.receiver = threading.Thread(target=self._receive, name=f"phalanx-recv-{peer}", daemon=True)
+        self.sender.start()
+        self.receiver.start()
+
+    def send(self, t: int, phase: int, x: Tensor) -> None:
+        """Queue a message (``x`` a row of ``numel`` elements, any device)."""
+        header = torch.tensor([t, phase], dtype=torch.int64).view(torch.uint8)
+        with self.sending:
+            self.pending += 1
+        self.outbox.put(torch.cat([header, x.detach().to("cpu", self.dtype).contiguous().view(torch.uint8)]))
+
+    def backlog(self) -> int:
+        """Messages queued that the peer has not taken yet."""
+        with self.sending:
+            return self.pending
+
+    def flush(self, deadline: float) -> None:
+        """Wait until the peer has taken every queued message, at most until ``deadline`` (monotonic)."""
+        with self.sending:
+            self.sending.wait_for(lambda: self.pending == 0, timeout=max(0.0, deadline - time.monotonic()))
+
+    def finish(self) -> None:
+        """Queue the last message (after what is queued): the peer's receiving thread ends on it."""
+        self.send(-1, BYE, torch.zeros((self.width - HEADER) // torch.empty(0, dtype=self.dtype).element_size(),
+                                       dtype=self.dtype))
+        self.outbox.put(None)
+
+    def _send(self) -> None:
+        while (msg := self.outbox.get()) is not None:
+            try:
+                self.pg.send([msg], self.other, 0).wait(FOREVER)  # type: ignore[attr-defined]  # (not in the stubs)
+            except (RuntimeError, dist.DistError) as exc:
+                self.inbox.close(self.peer, str(exc).splitlines()[0][:160])
+                return
+            with self.sending:
+                self.pending -= 1
+                self.sending.notify_all()
+
+    def _receive(self) -> None:
+        while True:
+            buf = torch.empty(self.width, dtype=torch.uint8)
+            try:
+                self.pg.recv([buf], self.other, 0).wait(FOREVER)  # type: ignore[attr-defined]  # (not in the stubs)
+            except (RuntimeError, dist.DistError) as exc:
+                self.inbox.close(self.peer, str(exc).splitlines()[0][:160])
+                return
+            t, phase = (int(v) for v in buf[:HEADER].view(torch.int64))
+            if phase == BYE:
+                self.inbox.close(self.peer, "finished")
+                return
+            self.inbox.put(self.peer, t, phase, buf[HEADER:].view(self.dtype))
+
+
+class Neighbours(Transport, Callback):
+    """One rank of the gossip topology (see the module's docstring). It is also a loop callback, first in the
+    list: after evaluation and checkpoint rounds it brings every node's rows to rank 0."""
+
+    def __init__(self, store: dist.Store, renv: RankEnv, digest: str, round_timeout: float,
+                 checkpoint_every: int) -> None:
+        self.store = store
+        self.renv = renv
+        self.rank = renv.rank
+        self.digest = digest
+        self.timeout = round_timeout
+        self.round_timeout = round_timeout
+        self.checkpoint_every = checkpoint_every
+        self.inbox = Inbox()
+        self.links: dict[int, Link] = {}
+        self.lost: set[int] = set()
+        self.suspects: set[int] = set()  # missed the last round: waited for SUSPECT_SHARE × round_timeout only
+        self.misses: dict[int, int] = {}  # rounds in a row a peer's message did not come
+        self.missed = 0  # messages this rank did not get since its last report to rank 0
+        self.pending_missing = 0  # rank 0: every rank's missed messages since the last metric row
+        self.silent: set[int] = set()  # rank 0: ranks whose rows did not come at the last gathering
+
+    # ------------------------------------------------------------------------------------------------ start
+
+    def open(self, experiment: Experiment, start: Snapshot) -> Snapshot:
+        exp, store, rank = experiment, self.store, self.rank
+        self.exp = exp
+        self.n = n = exp.workers
+        start = shared_start(store, rank, self.digest, start)
+        node = exp.algorithm.one_worker(exp, rank, start.streams, start.state.momentum)
+        if not isinstance(node, OneNode):
+            raise ConfigError("topology", "gossip", f"'server' or 'serverless' with algorithm = "
+                              f"{exp.algorithm.name!r} (topology = 'gossip' runs a decentralized algorithm's nodes)")
+        self.node = node
+        node.warm_up()
+        self._plan()
+        wire.put(store, f"ready/{rank}", b"1")
+        peers = sorted(set(self.inputs) | set(self.receivers) | set(self.attackers) | set(self.targets))
+        joined = collect(store, {p: f"ready/{p}" for p in peers}, set(), JOIN_TIMEOUT_S)
+        for p in peers:  # in increasing order of the pair (every rank alike: no two ranks wait on each other)
+            if p not in joined:
+                self._lose(p, f"it did not start within {JOIN_TIMEOUT_S:g} s")
+                continue
+            try:
+                self.links[p] = Link(store, rank, p, node.message_numel, start.state.theta.dtype, self.inbox,
+                                     max(self.timeout, JOIN_TIMEOUT_S))
+            except (RuntimeError, dist.DistError) as exc:
+                self._lose(p, f"the link did not connect ({str(exc).splitlines()[0][:160]})")
+        self.vector_attack = node.vector_attack
+        self.attack_state: Tensor = start.streams["attack"]
+        s = start.state
+        theta = s.theta if s.theta.dim() == 2 else s.theta.expand(n, -1)
+        self.known: dict[str, Tensor | None] = {
+            "theta": theta.clone(), "momentum": None if s.momentum is None else s.momentum.clone(),
+            "previous": None if s.previous is None else s.previous.clone(),
+        }
+        return start
+
+    def _plan(self) -> None:
+        """Who this rank hears from and talks to, from the graph (the same on every rank)."""
+        node, r, n = self.node, self.rank, self.n
+        h, closed = node.honest_n, node.closed
+        self.inputs = [k for k in node.inputs() if k != r]
+
+        def inputs_of(k: int) -> list[int]:
+            if node.vector_attack and k >= h:
+                return byzantine_inputs(closed, h, k)
+            if k >= node.computing:
+                return []
+            return [int(j) for j in closed[k].tolist() if j != k and j < node.computing]
+
+        self.receivers = [k for k in range(n) if k != r and r < node.computing and r in inputs_of(k)]
+        self.targets = node.attack_targets()
+        hood = closed[r].tolist()
+        self.attackers = [int(b) for b in hood if b >= h] if node.vector_attack and r < h else []
+        self.neighbours = {int(j) for j in hood if j != r}
+
+    # ------------------------------------------------------------------------------------------------ rounds
+
+    def streams(self) -> dict[str, Tensor]:
+        attack = self.attack_state if self.vector_attack else self.node.attack_gen.get_state()
+        return {"batches": self.node.batch_gen.get_state(), "attack": attack}
+
+    def exchange(self, theta: Tensor, t: int, rule: BoundRule) -> Received:
+        node, r, n = self.node, self.rank, self.n
+        closed = self.inbox.closed_links()
+        for k, why in closed.items():
+            if why != "finished":
+                self._lose(k, why)
+        # last round's messages reached the live neighbours before this round starts (it costs nothing when they
+        # took them already, as their receiving threads do at once; a suspect is not waited for)
+        deadline = time.monotonic() + self.timeout
+        for k, link in self.links.items():
+            if k not in self.lost and k not in self.suspects and k not in closed:
+                link.flush(deadline)
+        _test_hooks.maybe_sleep(r, t)
+        self.inbox.advance(t)
+        # the peers that wait for this node's messages gave it up two rounds ago or more: it sits this round out
+        behind = self.inbox.ahead(self.receivers + self.targets) >= t + 2
+        if behind:
+            node.skip(t)
+            mine = None
+        else:
+            mine = node.step(theta, t)
+        m = node.message_numel
+        own = (mine if mine is not None else node.held(theta)).to("cpu", theta.dtype)
+        half = torch.zeros(n, m, dtype=theta.dtype)
+        known = torch.zeros(n, dtype=torch.bool)
+        half[r], known[r] = own, True
+        item = half.element_size()
+        sent = received = 0
+        if mine is not None:
+            sent += self._send(self.receivers, t, STEP, own) * m * item
+        missing: list[int] = []
+        deadline = time.monotonic() + self.timeout
+        for k, x in self._receive(self.inputs, t, STEP, deadline, behind).items():
+            if x is None:
+                missing.append(k)
+            else:
+                half[k], known[k] = x, True
+                received += m * item
+        if node.sends_attack and not behind:
+            for i, v in node.attack_messages(half, known, t).items():
+                sent += self._send([i], t, ATTACK, v) * m * item
+        messages: dict[int, Tensor] | None = None
+        if self.attackers:  # an honest node with Byzantine neighbours: their messages, in index order
+            deadline = time.monotonic() + self.timeout
+            rows = []
+            for b, x in self._receive(self.attackers, t, ATTACK, deadline, behind).items():
+                rows.append(half[r] if x is None else x)
+                if x is None:
+                    missing.append(b)
+                else:
+                    received += m * item
+            messages = {r: torch.stack(rows)}
+        if not node.sends_attack:  # a message that did not come: the node's own local step in its place
+            for k in missing:
+                half[k] = half[r]
+        self.missed += len(missing)
+        return Received(half.to(theta.device), missing=sorted(set(missing) & self.neighbours), sent=sent,
+                        received=received, state_rows=False, carry=node.carry(theta), messages=messages)
+
+    def _send(self, peers: list[int], t: int, phase: int, x: Tensor) -> int:
+        """Queue ``x`` to each of ``peers`` over its link; how many were queued."""
+        count = 0
+        for k in peers:
+            link = self.links.get(k)
+            if k in self.lost or link is None or k in self.inbox.closed_links():  # (closed: it finished the run)
+                continue
+            if link.backlog() >= KEEP_ROUNDS:
+                self._lose(k, f"it has not taken a message for {KEEP_ROUNDS} rounds")
+                continue
+            link.send(t, phase, x)
+            count += 1
+        return count
+
+    def _receive(self, peers: list[int], t: int, phase: int, deadline: float,
+                 behind: bool) -> dict[int, Tensor | None]:
+        """Round t's messages of a phase from ``peers`` (None: did not come). A peer is waited for until
+        ``deadline``, a suspect (it missed the last round) only ``SUSPECT_SHARE × round_timeout``; a node that fell
+        behind waits for nobody. A peer whose message did not come for ``KEEP_ROUNDS`` rounds in a row is
+        dropped."""
+        wanted = [(k, t, phase) for k in peers if k not in self.lost]
+        if not behind:
+            self.inbox.wait([key for key in wanted if key[0] not in self.suspects], deadline)
+            patience = deadline - self.timeout + SUSPECT_SHARE * self.timeout
+            self.inbox.wait([key for key in wanted if key[0] in self.suspects], min(deadline, patience))
+        out: dict[int, Tensor | None] = {}
+        for k in peers:
+            x = None if k in self.lost else self.inbox.take((k, t, phase))
+            if x is not None:
+                self.suspects.discard(k)
+                self.misses[k] = 0
+            elif k not in self.lost:
+                self.suspects.add(k)
+                self.misses[k] = self.misses.get(k, 0) + 1
+                if self.misses[k] >= KEEP_ROUNDS:
+                    self._lose(k, f"no message from it for {KEEP_ROUNDS} rounds")
+            out[k] = x
+        return out
+
+    def _lose(self, k: int, why: str) -> None:
+        if k in self.lost:
+            return
+        self.lost.add(k)
+        print(f"[phalanx rank {self.rank}] lost the link to rank {k} ({why}); this node's own local step stands in "
+              "for its messages from now on", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------------------------ rows for rank 0 (callback)
+
+    def gathers(self, t: int) -> bool:
+        """Whether rank 0 needs every node's rows after round t: an evaluation or a checkpoint round."""
+        done = t + 1
+        return self.exp.evaluates(t) or done % self.checkpoint_every == 0 or done == self.exp.rounds
+
+    def on_round(self, loop: Loop, info: RoundInfo) -> None:
+        state = loop.state
+        rows = {"theta": state.theta, "momentum": state.momentum, "previous": state.previous}
+        if self.rank != 0:
+            if self.gathers(info.round):
+                self._report(info.round, rows)
+            return
+        got = self._collect(info.round) if self.gathers(info.round) else {}
+        for name in STATE:  # rank 0's X: its own rows live, every other node's as it last reported them
+            x = rows[name]
+            if x is None or x.dim() != 2:
+                continue
+            known = self.known[name]
+            if known is None or known.shape != x.shape:
+                known = self.known[name] = torch.zeros_like(x)
+            known[0] = x[0]
+            for p, msg in got.items():
+                if name in msg:
+                    known[p] = msg[name].to(known)
+            x[1:] = known[1:]
+        self.pending_missing += self.missed + sum(int(msg["missing"]) for msg in got.values())
+        self.missed = 0
+
+    def _report(self, t: int, rows: dict[str, Tensor | None]) -> None:
+        """A rank other than 0: its rows after round t, to rank 0 through the store; stop if rank 0 stopped."""
+        r = self.rank
+        payload: dict[str, Any] = {name: x[r].clone() for name, x in rows.items() if x is not None and x.dim() == 2}
+        payload.update({"missing": self.missed, "attack": self.node.attack_gen.get_state()})
+        wire.put(self.store, key_rows(t, r), wire.pack(payload))
+        self.missed = 0
+        if self.store.check(["stop"]):
+            reason = bytes(self.store.get("stop")).decode(errors="replace")
+            if reason != "finished":
+                raise ConnectionError(f"rank 0 stopped the run: {reason[:300]}")
+
+    def _collect(self, t: int) -> dict[int, dict[str, Any]]:
+        """Rank 0: the other ranks' rows after round t, waiting at most ``GATHER_SHARE × round_timeout`` (a rank
+        silent at the last gathering is not waited for, only taken if its rows are there)."""
+        keys = {p: key_rows(t, p) for p in range(1, self.n)}
+        gone = self.silent | self.lost | set(self.inbox.closed_links())  # not waited for: only taken if there
+        raw = collect(self.store, keys, gone, GATHER_SHARE * self.timeout)
+        self.silent = set(keys) - set(raw)
+        got = {p: wire.unpack(data) for p, data in raw.items()}
+        for p in raw:
+            self.store.delete_key(keys[p])
+        last = self.n - 1
+        if self.vector_attack and last in got:  # the Byzantine ranks' attack stream, for the checkpoint
+            self.attack_state = got[last]["attack"]
+        return got
+
+    def take_missing(self) -> int:
+        """Rank 0: the messages every rank missed since the last call (the next metric row's count)."""
+        count, self.pending_missing = self.pending_missing, 0
+        return count
+
+    def close(self, error: BaseException | None) -> None:
+        """Send what is queued and a last message on every link (a neighbour that is behind still gets this node's
+        messages); rank 0 tells the other ranks whether the run finished."""
+        for k, link in self.links.items():
+            if k not in self.lost:
+                link.finish()
+        # both ends of a link end their threads on each other's last message: no gloo call may return into a
+        # Python that is shutting down (a thread that does aborts the process: "terminate called ...")
+        deadline = time.monotonic() + self.timeout
+        for link in self.links.values():
+            for thread in (link.sender, link.receiver):
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        _RETIRED.append(self.links)
+        self.links = {}
+        if self.rank == 0:
+            try:
+                wire.put(self.store, "stop", b"finished" if error is None else str(error).encode())
+            except (dist.DistError, ConnectionError, RuntimeError):  # the store is gone: nobody is listening
+                pass
+
+
+class MessageCount(Callback):
+    """``missing_messages`` in rank 0's metric rows (after the evaluation callback): the messages the nodes did not
+    receive within ``round_timeout`` since the previous row, summed over the nodes."""
+
+    def __init__(self, transport: Neighbours) -> None:
+        self.transport = transport
+
+    def on_start(self, loop: Loop) -> None:
+        if loop.rows and loop.rows[-1]["round"] == 0:
+            loop.rows[-1].setdefault("missing_messages", 0)
+
+    def on_round(self, loop: Loop, info: RoundInfo) -> None:
+        if info.row is not None:
+            info.row["missing_messages"] = self.transport.take_missing()
