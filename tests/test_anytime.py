@@ -145,3 +145,15 @@ def test_decentralized_rules_and_attacks_are_accepted_with_anytime() -> None:
 def test_the_api_refuses_momentum() -> None:
     with pytest.raises(ConfigError, match="momentum"):
         AnytimeGossip(graph=topology.make("ring", 4), momentum=0.5)
+
+
+def test_the_example_grid_is_valid() -> None:
+    from pathlib import Path
+
+    from phalanx.experiments import grid, load_toml
+    from phalanx.experiments.build import check_points
+
+    cfgs = grid.configs(load_toml(Path(__file__).resolve().parent.parent / "examples" / "decentralized" /
+                                  "anytime.toml"))
+    check_points(cfgs)
+    assert {(c.algorithm, c.lr) for c in cfgs} == {("gossip", 0.8), ("anytime", 0.016)} and len(cfgs) == 6

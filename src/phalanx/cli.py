@@ -277,6 +277,15 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
+def _short(cfg: RunConfig) -> str:
+    """A run's name on a progress line: its rule and attack (and, for a decentralized run, its algorithm, graph and
+    number of nodes)."""
+    from phalanx.decentralized.topology import ALGORITHMS
+
+    where = f" ({cfg.algorithm}, {cfg.graph}, n={cfg.workers})" if cfg.algorithm in ALGORITHMS else ""
+    return f"{cfg.aggregator} / {cfg.attack}{where}"
+
+
 def _train(
     cfgs: list[RunConfig], out: Path, jobs: int, executor: ExecutorChoice | None = None,
     slurm_table: dict[str, Any] | None = None,
@@ -302,8 +311,7 @@ def _train(
             with runner.stop_on_signals():
                 runner.run_grid(
                     cfgs, out, executor=chosen, on_round=lambda cfg, t, rounds: log.round(grid.run_id(cfg), t),
-                    on_done=lambda cfg, status: log.run_ended(grid.run_id(cfg), f"{cfg.aggregator} / {cfg.attack}",
-                                                              status),
+                    on_done=lambda cfg, status: log.run_ended(grid.run_id(cfg), _short(cfg), status),
                 )
         finally:
             log.close()
@@ -320,7 +328,7 @@ def _train(
             key = grid.run_id(cfg)
             bar.advance(task, t - offsets.get(key, 0))
             offsets[key] = t
-            bar.update(task, description=f"{cfg.aggregator} / {cfg.attack}")
+            bar.update(task, description=_short(cfg))
 
         def on_done(cfg: RunConfig, status: str) -> None:
             key = grid.run_id(cfg)
