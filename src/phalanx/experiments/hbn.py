@@ -32,7 +32,7 @@ from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments import store
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.paper import final_accuracy, machine, pick_preset
+from phalanx.experiments.paper import final_accuracy, pick_preset, provenance, write_report_files
 from phalanx.experiments.paper import resolve_dataset as resolve_dataset  # the CLI's hbn.resolve_dataset
 from phalanx.experiments.report import clipped_errors, save_figure
 
@@ -282,8 +282,7 @@ def report_markdown(
     steps = f"{p.local_epochs:g} local epoch(s)" if p.local_epochs is not None else f"{p.local_steps} local steps"
     parts = [
         f"# BatchNorm under heterogeneity — preset `{p.name}`", "",
-        f"Command: `{command}`  ", f"Machine: {machine()}  ",
-        f"Runs: {runs}" + (f", wall time {wall_seconds / 60:.1f} min" if wall_seconds is not None else ""), "",
+        *provenance(command, wall_seconds, runs), "",
         f"Setup: FedAvg, no attack, {p.clients} clients with {p.clients_per_round} sampled per round, {steps} of "
         f"batch {p.batch_size}, client lr {p.lr:g} with momentum {p.momentum:g}, {p.rounds} rounds; {p.dataset}, "
         f"model {p.model} {p.model_params}; Dirichlet α ∈ {{{', '.join(f'{a:g}' for a in p.alphas)}}}; BatchNorm / "
@@ -306,13 +305,9 @@ def write_outputs(
     command: str, wall_seconds: float | None, runs: int,
 ) -> list[Path]:
     """Write ``report.md``, ``cells.csv`` and ``hbn.png`` into ``out`` (atomically); return their paths."""
-    out.mkdir(parents=True, exist_ok=True)
-    report = out / "report.md"
     text = report_markdown(results, ds, p, command=command, wall_seconds=wall_seconds, runs=runs)
-    store.atomic_write_text(report, text + "\n![accuracy vs alpha](hbn.png)\n")
-    table = out / "cells.csv"
-    store.atomic_write_text(table, cells_csv(results))
-    return [report, table, plot(results, p, out / "hbn.png")]
+    return write_report_files(out, text, cells_csv(results), "hbn.png", "accuracy vs alpha",
+                              lambda path: plot(results, p, path))
 
 
 def collect(cs: list[Cell], cfgs: list[RunConfig], runs_dir: Path) -> dict[Cell, float]:

@@ -26,9 +26,9 @@ from typing import Any
 
 from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError
-from phalanx.experiments import runstate, store
+from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.paper import machine, pick_preset
+from phalanx.experiments.paper import pick_preset, provenance, write_report_files
 from phalanx.experiments.paper import resolve_dataset as resolve_dataset  # the CLI's neighbours.resolve_dataset
 from phalanx.experiments.report import clipped_errors, save_figure
 
@@ -277,8 +277,7 @@ def report_markdown(
     """The whole report: setup, the accuracy table, the prices."""
     parts = [
         f"# Robust gossip vs the number of Byzantine neighbours — preset `{p.name}`", "",
-        f"Command: `{command}`  ", f"Machine: {machine()}  ",
-        f"Runs: {runs}" + (f", wall time {wall_seconds / 60:.1f} min" if wall_seconds is not None else ""), "",
+        *provenance(command, wall_seconds, runs), "",
         f"Setup: algorithm {p.algorithm}; a torus of {p.honest} honest nodes and b further nodes each linked to every "
         f"honest node (graph `attached`), b ∈ {{{', '.join(map(str, p.byzantine))}}}, every rule configured for f = "
         f"b; 'none' = the same graph with every node honest; {p.model} {p.model_params} on {p.dataset}, Dirichlet "
@@ -296,10 +295,6 @@ def write_outputs(
     command: str, wall_seconds: float | None, runs: int,
 ) -> list[Path]:
     """Write ``report.md``, ``cells.csv`` and ``neighbours.png`` into ``out`` (atomically); return their paths."""
-    out.mkdir(parents=True, exist_ok=True)
-    report = out / "report.md"
     text = report_markdown(results, ps, p, command=command, wall_seconds=wall_seconds, runs=runs)
-    store.atomic_write_text(report, text + "\n![accuracy vs Byzantine neighbours](neighbours.png)\n")
-    table = out / "cells.csv"
-    store.atomic_write_text(table, cells_csv(results))
-    return [report, table, plot(results, p, out / "neighbours.png")]
+    return write_report_files(out, text, cells_csv(results), "neighbours.png", "accuracy vs Byzantine neighbours",
+                              lambda path: plot(results, p, path))

@@ -381,6 +381,26 @@ def machine() -> str:
             f"{platform.python_version()}, torch {torch.__version__}")
 
 
+def provenance(command: str, wall_seconds: float | None, runs: int, what: str = "") -> list[str]:
+    """The lines under an experiment report's title: the command that made it, the machine, how many runs (``what``
+    qualifies them: ``" distinct"``) and the wall time."""
+    wall = f", wall time {wall_seconds / 60:.1f} min" if wall_seconds is not None else ""
+    return [f"Command: `{command}`  ", f"Machine: {machine()}  ", f"Runs: {runs}{what}{wall}"]
+
+
+def write_report_files(
+    out: Path, report: str, csv_text: str, figure: str, caption: str, draw: Callable[[Path], Path],
+) -> list[Path]:
+    """An experiment's outputs in ``out`` (atomically): ``report.md`` (``report`` and the figure under
+    ``caption``), ``cells.csv`` and the figure ``draw`` writes to ``out / figure``; their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "report.md"
+    store.atomic_write_text(path, report + f"\n![{caption}]({figure})\n")
+    table = out / "cells.csv"
+    store.atomic_write_text(table, csv_text)
+    return [path, table, draw(out / figure)]
+
+
 def round_note(overrides: dict[str, Any], p: Preset) -> str:
     """What the report says of the round when the run keys change it (``algorithm = "fedavg"``); else ''."""
     if overrides.get("algorithm") != "fedavg":
@@ -403,9 +423,7 @@ def report_markdown(
     parts = [
         f"# Price of robustness — preset `{p.name}`",
         "",
-        f"Command: `{command}`  ",
-        f"Machine: {machine()}  ",
-        f"Runs: {runs} distinct" + (f", wall time {wall_seconds / 60:.1f} min" if wall_seconds is not None else ""),
+        *provenance(command, wall_seconds, runs, " distinct"),
         "",
         f"Setup: no attack, n = {p.workers} workers, {p.dataset}, model {p.model} {p.model_params or ''}, "
         f"Dirichlet α ∈ {{{', '.join(f'{a:g}' for a in sorted(p.alphas))}}}, batch {p.batch_size} per worker, "
@@ -430,10 +448,6 @@ def write_outputs(
     wall_seconds: float | None, runs: int, note: str = "",
 ) -> list[Path]:
     """Write ``report.md``, ``cells.csv`` and ``tension.png`` into ``out`` (atomically); return their paths."""
-    out.mkdir(parents=True, exist_ok=True)
-    report = out / "report.md"
-    store.atomic_write_text(report, report_markdown(results, ts, p, command=command, wall_seconds=wall_seconds,
-                                                    runs=runs, note=note) + "\n![accuracy vs f](tension.png)\n")
-    table = out / "cells.csv"
-    store.atomic_write_text(table, cells_csv(results))
-    return [report, table, plot(results, p, out / "tension.png")]
+    text = report_markdown(results, ts, p, command=command, wall_seconds=wall_seconds, runs=runs, note=note)
+    return write_report_files(out, text, cells_csv(results), "tension.png", "accuracy vs f",
+                              lambda path: plot(results, p, path))

@@ -25,15 +25,16 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError
-from phalanx.experiments import runstate, store
+from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.paper import machine, pick_preset
+from phalanx.experiments.paper import pick_preset, provenance, write_report_files
 from phalanx.experiments.paper import resolve_dataset as resolve_dataset  # the CLI's parallelism.resolve_dataset
 from phalanx.experiments.report import save_figure
 
@@ -247,28 +248,26 @@ def _fmt(e: Estimate, scale: float = 1.0, digits: int = 3) -> str:
     return f"{scale * e.mean:.{digits}f} ± {scale * e.half_width:.{digits}f}"
 
 
-def table_markdown(results: dict[tuple[str, int, str], Result], p: Preset) -> str:
-    """Rows: (graph, algorithm); columns: n; cells: final test loss mean ± half-width (chosen lr)."""
-    lines = ["| graph | algorithm | " + " | ".join(f"n = {n} (T = {p.rounds(n)})" for n in p.nodes) + " |",
+def _by_nodes(results: dict[tuple[str, int, str], Result], p: Preset, column: Callable[[int], str],
+              cell: Callable[[Result], str]) -> str:
+    """A table with a row per (graph, algorithm) and a column per n: ``column(n)`` heads it, ``cell`` fills it."""
+    lines = ["| graph | algorithm | " + " | ".join(column(n) for n in p.nodes) + " |",
              "|" + "---|" * (2 + len(p.nodes))]
     for g in p.graphs:
         for a, label in ALGORITHM_LABELS.items():
             cells_ = [results.get((g, n, a)) for n in p.nodes]
-            lines.append(f"| {g} | {label} | " + " | ".join(
-                "—" if r is None else f"{_fmt(r.loss)} ({r.lr:g})" for r in cells_) + " |")
+            lines.append(f"| {g} | {label} | " + " | ".join("—" if r is None else cell(r) for r in cells_) + " |")
     return "\n".join(lines)
+
+
+def table_markdown(results: dict[tuple[str, int, str], Result], p: Preset) -> str:
+    """Rows: (graph, algorithm); columns: n; cells: final test loss mean ± half-width (chosen lr)."""
+    return _by_nodes(results, p, lambda n: f"n = {n} (T = {p.rounds(n)})", lambda r: f"{_fmt(r.loss)} ({r.lr:g})")
 
 
 def accuracy_markdown(results: dict[tuple[str, int, str], Result], p: Preset) -> str:
     """The same cells as :func:`table_markdown` as final test accuracy %."""
-    lines = ["| graph | algorithm | " + " | ".join(f"n = {n}" for n in p.nodes) + " |",
-             "|" + "---|" * (2 + len(p.nodes))]
-    for g in p.graphs:
-        for a, label in ALGORITHM_LABELS.items():
-            cells_ = [results.get((g, n, a)) for n in p.nodes]
-            lines.append(f"| {g} | {label} | " + " | ".join(
-                "—" if r is None else _fmt(r.accuracy, 100, 1) for r in cells_) + " |")
-    return "\n".join(lines)
+    return _by_nodes(results, p, lambda n: f"n = {n}", lambda r: _fmt(r.accuracy, 100, 1))
 
 
 def differences_markdown(ds: list[Difference]) -> str:
@@ -350,8 +349,7 @@ def report_markdown(
     grids = "; ".join(f"{ALGORITHM_LABELS[a]} η ∈ {{{', '.join(f'{x:g}' for x in lrs)}}}" for a, lrs in p.lrs.items())
     parts = [
         f"# Parallelism threshold: D-SGD vs Decentralized Anytime SGD — preset `{p.name}`", "",
-        f"Command: `{command}`  ", f"Machine: {machine()}  ",
-        f"Runs: {runs}" + (f", wall time {wall_seconds / 60:.1f} min" if wall_seconds is not None else ""), "",
+        *provenance(command, wall_seconds, runs), "",
         f"Setup: {p.model} on {p.dataset}, Dirichlet α = {p.alpha:g}, no attack, plain gossip (Metropolis–Hastings "
         f"W; the complete graph with W = J/n is the centralized reference); N = {p.budget:,} samples in all, batch "
         f"{p.batch_size} per node, T = N/(n·b) rounds; {grids}; the lr of lowest mean final test loss is kept per "
@@ -370,10 +368,6 @@ def write_outputs(
     command: str, wall_seconds: float | None, runs: int,
 ) -> list[Path]:
     """Write ``report.md``, ``cells.csv`` and ``parallelism.png`` into ``out`` (atomically); return their paths."""
-    out.mkdir(parents=True, exist_ok=True)
-    report = out / "report.md"
     text = report_markdown(results, ds, p, command=command, wall_seconds=wall_seconds, runs=runs)
-    store.atomic_write_text(report, text + "\n![test loss vs nodes](parallelism.png)\n")
-    table = out / "cells.csv"
-    store.atomic_write_text(table, cells_csv(results))
-    return [report, table, plot(results, p, out / "parallelism.png")]
+    return write_report_files(out, text, cells_csv(results), "parallelism.png", "test loss vs nodes",
+                              lambda path: plot(results, p, path))
