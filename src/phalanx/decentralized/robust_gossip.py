@@ -74,16 +74,17 @@ def _tolerance(total: Tensor, slots: int) -> Tensor:
     return 16.0 * slots * torch.finfo(torch.float64).eps * total.clamp(min=1.0)
 
 
-def _sorted_with_self(r: Tensor, w: Tensor, w_self: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _sorted_with_self(r: Tensor, w: Tensor, w_self: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The candidates N(i) ∪ {i} by increasing distance: distances ``(B, K+1)`` (the node's own 0 first, bad rows
-    +inf), their weights, the cumulative weights and the total (``(B,)``)."""
+    +inf), their weights, the cumulative weights, the total (``(B,)``) and the order (sorted slot k is candidate
+    ``order[:, k]``; candidate 0 is the node itself, candidate j + 1 its neighbour slot j)."""
     zero = torch.zeros_like(r[:, :1])
     rr = torch.cat([zero, r], dim=1)
     ww = torch.cat([w_self[:, None], w], dim=1)
     rs, order = torch.sort(rr, dim=1, stable=True)
     ws = torch.gather(ww, 1, order)
     cum = torch.cumsum(ws, dim=1)
-    return rs, ws, cum, cum[:, -1]
+    return rs, ws, cum, cum[:, -1], order
 
 
 def _clip_factors(r: Tensor, tau: Tensor) -> Tensor:
@@ -196,7 +197,7 @@ class ClippedGossip(GossipRule):
     )
 
     def coefficients(self, diff: Tensor, r: Tensor, w: Tensor, w_self: Tensor, b: Tensor) -> Tensor:
-        rs, ws, cum, total = _sorted_with_self(r, w, w_self)
+        rs, ws, cum, total, _ = _sorted_with_self(r, w, w_self)
         inside = cum <= (total - b + _tolerance(total, rs.shape[1]))[:, None]
         sq = torch.where(inside & torch.isfinite(rs), ws * rs * rs, torch.zeros_like(rs)).sum(dim=1)
         inf = torch.full_like(b, float("inf"))
@@ -234,7 +235,7 @@ class CSPlus(GossipRule):
         return {"f": self.f, "step": self.step}
 
     def coefficients(self, diff: Tensor, r: Tensor, w: Tensor, w_self: Tensor, b: Tensor) -> Tensor:
-        rs, _, cum, total = _sorted_with_self(r, w, w_self)
+        rs, _, cum, total, _ = _sorted_with_self(r, w, w_self)
         slots = rs.shape[1]
         target = total - 2.0 * b
         tol = _tolerance(total, slots)
@@ -324,19 +325,13 @@ class MoNNA(GossipRule):
     )
 
     def coefficients(self, diff: Tensor, r: Tensor, w: Tensor, w_self: Tensor, b: Tensor) -> Tensor:
-        zero = torch.zeros_like(r[:, :1])
-        rr = torch.cat([zero, r], dim=1)  # slot 0: the node itself, at distance 0
-        ww = torch.cat([w_self[:, None], w], dim=1)
-        rs, order = torch.sort(rr, dim=1, stable=True)
-        ws = torch.gather(ww, 1, order)
-        cum = torch.cumsum(ws, dim=1)
-        total = cum[:, -1]
+        rs, ws, cum, total, order = _sorted_with_self(r, w, w_self)
         before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=1)
         tol = _tolerance(total, rs.shape[1])[:, None]
         room = (total - b)[:, None] - before  # weight still to keep when this candidate comes
         kept = torch.where(room <= tol, torch.zeros_like(ws), torch.where(room >= ws - tol, ws, room))
-        kept = torch.zeros_like(kept).scatter(1, order, kept)
-        kept = torch.where(torch.isinf(rr) & (b > 0)[:, None], torch.zeros_like(kept), kept)
+        kept = torch.where(torch.isinf(rs) & (b > 0)[:, None], torch.zeros_like(kept), kept)  # bad rows
+        kept = torch.zeros_like(kept).scatter(1, order, kept)  # back to candidate order: the node, then its slots
         mass = kept.sum(dim=1, keepdim=True)
         coef = torch.where(mass > 0, kept / torch.where(mass > 0, mass, torch.ones_like(mass)), torch.zeros_like(kept))
         return _finish(coef[:, 1:], r, w, b)
