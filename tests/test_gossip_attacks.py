@@ -356,6 +356,10 @@ def test_a_spectral_run_resumes_to_the_same_bits(tmp_path: Path) -> None:
     ({"aggregator": "nnm>clipped_gossip"}, "aggregator='nnm>clipped_gossip' is invalid"),
     ({"attack_params": {"scale": -1}}, "scale=-1 is invalid"),
     ({"attack": "dissensus", "attack_params": {"eps": "big"}}, "eps='big' is invalid"),
+    ({"aggregator": "monna", "graph": "ring", "f": 2}, "graph='ring' is invalid"),
+    ({"aggregator": "monna", "algorithm": "dsgd", "attack": "none"},
+     "aggregator='monna' is invalid: allowed a rule of `phalanx list aggregators` with algorithm = 'dsgd'"),
+    ({"aggregator": "monna(k=2)"}, "monna"),
 ])
 def test_config_errors(change: dict[str, Any], match: str) -> None:
     from phalanx.experiments import make_config
