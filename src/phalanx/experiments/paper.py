@@ -41,7 +41,7 @@ from typing import Any, Protocol, TypeVar
 
 from phalanx.analysis.stats import Estimate, mean_ci, slope
 from phalanx.errors import ConfigError
-from phalanx.experiments import grid, store
+from phalanx.experiments import grid, runstate, store
 from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.report import clipped_errors, save_figure
 
@@ -210,8 +210,9 @@ def unique(cfgs: list[RunConfig]) -> list[RunConfig]:
 
 
 def final_accuracy(run_dir: Path) -> float:
-    """The last evaluated round's test accuracy of a finished run."""
-    return float(store.finished_rows(run_dir)[-1]["test_accuracy"])
+    """The last evaluated round's test accuracy of a run that ended: finished, or diverged (0, as the sweep report
+    counts it)."""
+    return float(runstate.final_rows(run_dir)[-1]["test_accuracy"])
 
 
 @dataclass
