@@ -362,7 +362,7 @@ def test_contributions_one_record_per_reply_in_memory_and_in_the_jsonl(
             out, _ = s.aggregate_train(rnd, replies)
             w = arrays_of(out)
     assert len(s.contributions) == 14
-    keys = {"round", "node_id", "status", "update_norm", "distance_to_aggregate", "share", "num_examples"}
+    keys = {"round", "node_id", "status", "reason", "update_norm", "distance_to_aggregate", "share", "num_examples"}
     assert all(set(c) == keys for c in s.contributions)
     assert [c["round"] for c in s.contributions] == [1] * 7 + [2] * 7
     first = s.contributions[:7]
@@ -371,6 +371,7 @@ def test_contributions_one_record_per_reply_in_memory_and_in_the_jsonl(
                for c in first[:5])
     assert first[5]["status"] == "used" and np.isnan(first[5]["update_norm"])  # the NaN reply went to the rule
     assert first[6]["status"].startswith("dropped: error reply") and first[6]["update_norm"] is None
+    assert [c["reason"] for c in first] == ["used"] * 6 + ["error"]
     shares = [c["share"] for c in first[:6]]
     assert all(v is not None for v in shares) and sum(shares) == pytest.approx(1.0)
     assert shares[5] == pytest.approx(0.0, abs=1e-12)  # the NaN row is never trusted

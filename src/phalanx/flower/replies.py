@@ -72,13 +72,16 @@ class Layout:
 @dataclass
 class Reply:
     """One client's reply as the strategy sees it: ``update`` (``Δᵢ``, ``(d,)`` in the layout's compute dtype) or
-    ``dropped`` (why it was not used), its ``metrics`` record and ``num_examples`` when it sent them."""
+    ``dropped`` (why it was not used, in words) and ``reason`` (the kind of drop: ``"error"`` for an error reply,
+    ``"malformed"`` for a structure that does not fit; the strategy adds ``"duplicate"``, ``"unsampled"``,
+    ``"stale"`` and ``"impostor"``), its ``metrics`` record and ``num_examples`` when it sent them."""
 
     node_id: int | None
     update: np.ndarray[Any, Any] | None = None
     dropped: str | None = None
     metrics: MetricRecord | None = None
     num_examples: float | None = None
+    reason: str | None = None
 
 
 def _node_id(msg: Any) -> int | None:
@@ -147,6 +150,7 @@ def read_reply(msg: Message, layout: Layout, arrayrecord_key: str, weighted_by_k
         if msg.has_error():
             err = msg.error
             reply.dropped = _short(f"error reply (code {err.code}): {err.reason}")
+            reply.reason = "error"
             return reply
         if not msg.has_content():
             reply.dropped = "no content"
@@ -165,6 +169,8 @@ def read_reply(msg: Message, layout: Layout, arrayrecord_key: str, weighted_by_k
     except Exception as exc:  # a malformed reply must never end the run
         reply.update = None
         reply.dropped = _short(f"unreadable reply: {type(exc).__name__}: {exc}")
+    if reply.dropped is not None and reply.reason is None:
+        reply.reason = "malformed"
     return reply
 
 

@@ -4,12 +4,21 @@ Round t of Flower's strategy loop (``Strategy.start``, Flower's Message API: htt
 ref-api/flwr.serverapp.strategy.FedAvg.html), with the broadcast global model w:
 
 1. ``configure_train`` samples the clients as ``FedAvg`` does (after waiting for ``min_available_nodes`` to be
-   connected, so that the first round is not under-sampled) and remembers w.
-2. Each client i trains from w and replies wᵢ. ``aggregate_train`` forms the updates Δᵢ = wᵢ − w (all arrays of
-   the record flattened, in the global record's key order), drops the replies whose structure does not fit (error
-   replies, no ``ArrayRecord``, other keys or shapes, not real numbers) and keeps the others, NaN and Inf included.
-3. The server steps w ← w + η·Agg(Δ₁, …, Δₙ) with the Phalanx rule ``Agg`` configured for f − m when m replies were
-   dropped (each dropped reply is one the adversary may have spent), η = ``server_lr``.
+   connected, so that the first round is not under-sampled) and remembers w and the round's instructions (which
+   node each was sent to; the Grid gives each its ``message_id``).
+2. Each client i trains from w and replies wᵢ. ``aggregate_train`` first keeps one vote per sampled node
+   (:mod:`phalanx.flower.identity`): it drops every reply of a node that replied more than once, replies from nodes
+   the round did not sample, and replies that answer no instruction of the round or another node's instruction. It
+   then forms the updates Δᵢ = wᵢ − w (all arrays of the record flattened, in the global record's key order), drops
+   the replies whose structure does not fit (error replies, no ``ArrayRecord``, other keys or shapes, not real
+   numbers) and keeps the others, NaN and Inf included.
+3. The server steps w ← w + η·Agg(Δ₁, …, Δₙ) with the Phalanx rule ``Agg`` configured for f − m when m sampled nodes'
+   votes were dropped (each is one the adversary may have spent; a node that replied three times is one), η =
+   ``server_lr``.
+
+Flower's SecAgg+ (``SecAggPlusWorkflow`` on the server, ``secaggplus_mod`` on the clients) would hand the strategy
+only the sum of the updates, which no robust rule can use: it is refused with a :class:`~phalanx.errors.ConfigError`
+(see :meth:`PhalanxFedAvg.configure_fit` and :meth:`PhalanxFedAvg.aggregate_train`).
 
 With ``aggregator="mean"`` and η = 1 this is FedAvg (McMahan et al., "Communication-efficient learning of deep
 networks from decentralized data", AISTATS 2017, Algorithm 1) with **equal client weights**: robust rules weigh every
@@ -20,16 +29,19 @@ for vectors around the honest mean) and the server step η apply as in the rest 
 
 from __future__ import annotations
 
+import inspect
 import time
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from torch import Tensor
@@ -38,6 +50,7 @@ from phalanx import aggregators
 from phalanx.aggregators import Aggregator
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.flower.contributions import Contribution, append_jsonl
+from phalanx.flower.identity import REASONS, Screened, Sent, screen
 from phalanx.flower.metrics import median_metrics
 from phalanx.flower.replies import Layout, Reply, metrics_of, read_reply
 from phalanx.validate import check_int, check_real
@@ -78,6 +91,66 @@ def _name(rule: Any) -> str:
     return str(getattr(rule, "spec", None) or getattr(rule, "name", None) or type(rule).__name__)
 
 
+_MAX_DROP_LINES = 20
+"""Warning lines per round for the replies dropped by the one-vote check (one line per node and reason)."""
+
+_SECAGG = "under SecAgg+ a strategy sees only the sum of the clients' updates, which no robust rule can use"
+
+
+def _calling_workflow() -> Any:
+    """The Flower SecAgg(+) workflow up the call stack (itself, or a ``DefaultWorkflow``'s ``fit_workflow``), else the
+    ``DefaultWorkflow``, else None."""
+    try:
+        from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow  # SecAggWorkflow is a subclass
+    except ImportError:  # pragma: no cover - shipped with every Flower 1.42
+        return None
+    frame = inspect.currentframe()
+    try:
+        for _ in range(32):
+            if frame is None:
+                return None
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, SecAggPlusWorkflow):
+                return owner
+            if isinstance(owner, DefaultWorkflow):
+                fit = getattr(owner, "fit_workflow", None)
+                return fit if isinstance(fit, SecAggPlusWorkflow) else owner
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
+
+
+def _legacy_refusal(method: str) -> ConfigError:
+    """The error for a legacy (``flwr.server``) workflow calling ``method``: SecAgg+ named when it is the caller."""
+    workflow = _calling_workflow()
+    name = type(workflow).__name__
+    allowed = "strategy.start(grid=..., initial_arrays=...), Flower's Message API, without secure aggregation"
+    if name in ("SecAggPlusWorkflow", "SecAggWorkflow"):
+        return ConfigError("fit_workflow", name, allowed, f"{name} called PhalanxFedAvg.{method}; {_SECAGG}")
+    caller = name if workflow is not None else "DefaultWorkflow, SecAggPlusWorkflow"
+    return ConfigError("strategy", "PhalanxFedAvg", allowed, f"a legacy workflow ({caller}) called {method}: "
+                       f"PhalanxFedAvg has no legacy Strategy API, and {_SECAGG}")
+
+
+def _is_secagg_error(msg: Message) -> bool:
+    """Whether ``msg`` is the error reply of a ClientApp running ``secaggplus_mod`` (or ``secagg_mod``) on an
+    instruction without SecAgg+'s config record: Flower's reason names the missing ``secaggplus_configs`` key."""
+    try:
+        return msg.has_error() and RECORD_KEY_CONFIGS in str(msg.error.reason)
+    except Exception:  # a malformed reply is judged elsewhere
+        return False
+
+
+def _lost_votes(screened: Sequence[Screened], parsed: Sequence[Reply], sent: Sent | None) -> int:
+    """The number of sampled nodes without a usable vote (m, counted against f): those whose replies were dropped,
+    and — when the round's sample is known — those that did not reply at all (a silent node is a missing worker,
+    as on the Phalanx server; so a node that voted twice weighs exactly what a silent one weighs)."""
+    voters = {s.voter for s in screened if s.voter is not None} | (set(sent.sampled) if sent is not None else set())
+    used = {s.voter for s, p in zip(screened, parsed) if p.update is not None}
+    return len(voters - used)
+
+
 class PhalanxFedAvg(FedAvg):
     """Flower's ``FedAvg`` aggregating the clients' updates with a Phalanx rule: w ← w + η·Agg(Δ₁, …, Δₙ), Δᵢ = wᵢ − w.
 
@@ -93,14 +166,18 @@ class PhalanxFedAvg(FedAvg):
         own ``f`` for a rule object).
     server_lr: η > 0, the server's step on the aggregated update (1 = replace the model by w + Agg).
     log_path: a JSON-lines file each round's contributions are appended to (one line per reply), or None.
-    count_dropped_against_f: use the rule configured for f − m when m replies were dropped (default; the Phalanx
-        server's convention for missing workers). False keeps f whatever was dropped — safer when honest clients
-        fail often, at the price of a larger no-attack error.
+    count_dropped_against_f: use the rule configured for f − m when m sampled nodes gave no usable vote — silent,
+        an error or malformed reply, or replies dropped by the one-vote check (default; the Phalanx server's
+        convention for missing workers; a node that replied twice is one, replies of unsampled nodes, stale and
+        impostor replies are none). False keeps f whatever was dropped — safer when
+        honest clients fail often, at the price of a larger no-attack error.
 
     The clients' train (and evaluate) metrics are aggregated by the per-key unweighted median unless
     ``train_metrics_aggr_fn`` (``evaluate_metrics_aggr_fn``) is given; the train metrics also hold
-    ``replies-received``, ``replies-valid``, ``replies-dropped`` and ``aggregated`` (1, or 0 when the round kept the
-    global model). ``contributions`` lists one :class:`~phalanx.flower.contributions.Contribution` per reply.
+    ``replies-received``, ``replies-valid``, ``replies-dropped`` (of which ``replies-duplicate``,
+    ``replies-unsampled``, ``replies-stale`` and ``replies-impostor`` by the one-vote check), ``nodes-dropped`` (the
+    m of f − m) and ``aggregated`` (1, or 0 when the round kept the global model). ``contributions`` lists one
+    :class:`~phalanx.flower.contributions.Contribution` per reply.
     """
 
     def __init__(
@@ -147,6 +224,7 @@ class PhalanxFedAvg(FedAvg):
         self.contributions: list[Contribution] = []
         """One record per reply of every round, in order (see :mod:`phalanx.flower.contributions`)."""
         self._layouts: dict[int, Layout] = {}
+        self._sent: dict[tuple[str, int], Sent] = {}  # ("train" | "evaluate", round) -> the round's instructions
         self._rules: dict[int, Any] = {self.f: self.rule}
         self._previous: Tensor | None = None  # the last aggregate: centered clipping's centre
 
@@ -162,11 +240,13 @@ class PhalanxFedAvg(FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
     ) -> Iterable[Message]:
         """``FedAvg``'s sampling and messages, after waiting for ``min_available_nodes``; the broadcast model is
-        remembered for forming the round's updates."""
+        remembered for forming the round's updates, and the messages (their ``group_id`` set to the round) for
+        keeping one vote per sampled node."""
         if self.fraction_train > 0:
             self._wait_for_nodes(grid)
         self.remember_global(server_round, arrays)
         messages = list(super().configure_train(server_round, arrays, config, grid))
+        self._remember_sent("train", server_round, messages)
         need = _min_workers(self.rule)
         if messages and len(messages) < need:
             log(WARNING, "phalanx: round %d samples %d clients but %s with f=%d needs %d updates; the round will keep "
@@ -176,7 +256,8 @@ class PhalanxFedAvg(FedAvg):
 
     def remember_global(self, server_round: int, arrays: ArrayRecord) -> None:
         """Remember the global model w broadcast in ``server_round`` (``configure_train`` does it; call it yourself
-        when driving :meth:`aggregate_train` without ``configure_train``)."""
+        when driving :meth:`aggregate_train` without ``configure_train`` — the sample is then unknown, and only
+        duplicate replies are dropped by the one-vote check)."""
         try:
             layout = Layout.of(arrays)
         except Exception as exc:
@@ -189,23 +270,32 @@ class PhalanxFedAvg(FedAvg):
         self, server_round: int, replies: Iterable[Message],
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """w + η·Agg(Δ₁, …, Δₙ) as an ``ArrayRecord`` with the global model's keys, shapes and dtypes (the global
-        model unchanged when the round cannot be aggregated), and the round's metrics. Never raises on a reply."""
+        model unchanged when the round cannot be aggregated), and the round's metrics.
+
+        One vote per sampled node: duplicate, unsampled, stale and impostor replies are dropped before any is read
+        (:mod:`phalanx.flower.identity`). Never raises on a reply, with one exception: when more than f sampled
+        nodes reply with the error of a ClientApp running Flower's ``secaggplus_mod`` (so at least one honest client
+        does), the run is refused with a :class:`~phalanx.errors.ConfigError` — SecAgg+ leaves the server only the
+        sum of the updates."""
         layout = self._layouts.pop(server_round, None)
         if layout is None:
             raise PhalanxError(
                 f"aggregate_train(server_round={server_round}): no global model remembered for this round "
                 "(configure_train, or remember_global, must run first)"
             )
+        sent = self._sent.pop(("train", server_round), None)
         messages = list(replies)
         if not messages:
             level = INFO if self.fraction_train == 0 else WARNING  # no clients asked: nothing to warn about
             log(level, "phalanx: round %d: no replies; the global model is kept", server_round)
             return None, None
-        parsed = [read_reply(m, layout, self.arrayrecord_key, self.weighted_by_key) for m in messages]
+        screened = self._screen("round", server_round, messages, sent)
+        self._refuse_secagg_clients(server_round, messages, screened)
+        parsed = [self._read(m, v, layout) for m, v in zip(messages, screened)]
         used = [i for i, p in enumerate(parsed) if p.update is not None]
-        dropped = len(parsed) - len(used)
+        lost = _lost_votes(screened, parsed, sent)
         x = self._stack(parsed, used, layout)
-        agg, share, f_eff, why_not = self._aggregate(x, dropped, layout.size)
+        agg, share, f_eff, why_not = self._aggregate(x, lost, layout.size)
         applied = why_not is None
         assert agg is None or x is not None
         if applied and agg is not None:
@@ -219,7 +309,10 @@ class PhalanxFedAvg(FedAvg):
         metrics = self._train_metrics([messages[i] for i in used], [parsed[i] for i in used])
         metrics["replies-received"] = len(parsed)
         metrics["replies-valid"] = len(used)
-        metrics["replies-dropped"] = dropped
+        metrics["replies-dropped"] = len(parsed) - len(used)
+        for reason in REASONS:
+            metrics[f"replies-{reason}"] = sum(p.reason == reason for p in parsed)
+        metrics["nodes-dropped"] = lost
         metrics["aggregated"] = int(applied)
         self._log_round(server_round, parsed, records, f_eff, agg, why_not)
         self.contributions.extend(records)
@@ -232,15 +325,90 @@ class PhalanxFedAvg(FedAvg):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """The clients' evaluation metrics: the per-key median (or ``evaluate_metrics_aggr_fn``'s result) over the
-        replies that carry a ``MetricRecord``; error and malformed replies are counted and skipped."""
+        replies that carry a ``MetricRecord``; error and malformed replies are counted and skipped, and the one-vote
+        check drops duplicate, unsampled, stale and impostor replies as in :meth:`aggregate_train`."""
         messages = list(replies)
-        good = [(m, r) for m in messages if (r := metrics_of(m)) is not None]
-        log(INFO, "phalanx: evaluate round %d: %d replies, %d with metrics", server_round, len(messages), len(good))
+        sent = self._sent.pop(("evaluate", server_round), None)
+        screened = self._screen("evaluate round", server_round, messages, sent)
+        votes = [m for m, v in zip(messages, screened) if v.passed]
+        good = [(m, r) for m in votes if (r := metrics_of(m)) is not None]
+        text = f"phalanx: evaluate round {server_round}: {len(messages)} replies, {len(good)} with metrics"
+        if len(votes) < len(messages):
+            text += f", {len(messages) - len(votes)} dropped (not one vote per sampled node)"
+        log(INFO, "%s", text)
         if not good:
             return None
         return self._metrics(self._user_evaluate_metrics, [m for m, _ in good], [r for _, r in good], "evaluate")
 
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
+    ) -> Iterable[Message]:
+        """``FedAvg``'s evaluation messages, remembered (their ``group_id`` set to the round) for keeping one vote
+        per sampled node."""
+        messages = list(super().configure_evaluate(server_round, arrays, config, grid))
+        self._remember_sent("evaluate", server_round, messages)
+        return messages
+
+    # ------------------------------------------------------------------------------------- refused: legacy / SecAgg+
+
+    def initialize_parameters(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused (:class:`~phalanx.errors.ConfigError`): the first call of Flower's legacy ``DefaultWorkflow``, which
+        is how ``SecAggPlusWorkflow`` runs in Flower 1.42. PhalanxFedAvg runs under ``strategy.start``."""
+        raise _legacy_refusal("initialize_parameters")
+
+    def configure_fit(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused (:class:`~phalanx.errors.ConfigError`): ``SecAggPlusWorkflow``'s (and ``SecAggWorkflow``'s) first
+        call to the strategy. Under SecAgg+ the strategy sees only the sum of the updates; no robust rule can use it."""
+        raise _legacy_refusal("configure_fit")
+
+    def aggregate_fit(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused (:class:`~phalanx.errors.ConfigError`): where SecAgg+ hands a strategy the unmasked *sum*."""
+        raise _legacy_refusal("aggregate_fit")
+
     # ------------------------------------------------------------------------------------------------ internals
+
+    def _remember_sent(self, what: str, server_round: int, messages: Sequence[Message]) -> None:
+        self._sent = {k: v for k, v in self._sent.items() if k[1] >= server_round - 1}
+        self._sent[(what, server_round)] = Sent.of(server_round, messages)
+
+    def _screen(self, what: str, server_round: int, messages: Sequence[Message], sent: Sent | None) -> list[Screened]:
+        """The one-vote check of the round's replies; each node's dropped replies logged at WARNING."""
+        if sent is not None and sent.metadata and sent.by_message_id() is None:
+            log(WARNING, "phalanx: %s %d: the instructions have no message_id (not pushed through a Flower Grid): "
+                "replies are checked against the sampled nodes and the round only", what, server_round)
+        screened = screen(messages, sent)
+        groups = Counter((v.node_id, v.reason) for v in screened if not v.passed)
+        detail = {(v.node_id, v.reason): v.detail for v in screened if not v.passed}
+        for n, ((node, reason), count) in enumerate(groups.items()):
+            if n == _MAX_DROP_LINES:
+                log(WARNING, "phalanx: %s %d: replies of %d more nodes dropped (see the contributions)", what,
+                    server_round, len(groups) - n)
+                break
+            log(WARNING, "phalanx: %s %d: dropped %d %s from node %s (%s) — %s", what, server_round, count,
+                "reply" if count == 1 else "replies", node, reason, detail[(node, reason)])
+        return screened
+
+    def _refuse_secagg_clients(
+        self, server_round: int, messages: Sequence[Message], screened: Sequence[Screened],
+    ) -> None:
+        """Raise when more than f sampled nodes replied with ``secaggplus_mod``'s error (see :meth:`aggregate_train`):
+        f Byzantine clients alone cannot end the run this way."""
+        nodes = {v.voter for m, v in zip(messages, screened) if v.passed and _is_secagg_error(m)}
+        if len(nodes) > self.f:
+            raise ConfigError(
+                "mods", "secaggplus_mod", "a ClientApp without Flower's secure aggregation mods (secaggplus_mod, "
+                "secagg_mod) under PhalanxFedAvg",
+                f"round {server_round}: {len(nodes)} sampled clients failed on SecAgg+'s missing "
+                f"{RECORD_KEY_CONFIGS!r} record, more than f={self.f} Byzantine ones could fake; {_SECAGG}",
+            )
+
+    def _read(self, msg: Message, verdict: Screened, layout: Layout) -> Reply:
+        """The reply's update, or why it is dropped: by the one-vote check (then its content is never read)."""
+        if not verdict.passed:
+            return Reply(node_id=verdict.node_id, dropped=verdict.detail, reason=verdict.reason)
+        reply = read_reply(msg, layout, self.arrayrecord_key, self.weighted_by_key)
+        reply.node_id = verdict.node_id
+        return reply
 
     def _wait_for_nodes(self, grid: Grid) -> None:
         """FedAvg sizes its sample on the nodes connected *now*; at the start of a simulation they are still
@@ -273,10 +441,11 @@ class PhalanxFedAvg(FedAvg):
         return self._rules[f]
 
     def _aggregate(
-        self, x: Tensor | None, dropped: int, d: int,
+        self, x: Tensor | None, lost: int, d: int,
     ) -> tuple[Tensor | None, Tensor | None, int, str | None]:
-        """``(Agg, shares, f used, None)``, or ``(…, why the model is kept)``."""
-        f_eff = max(self.f - dropped, 0) if self.count_dropped_against_f else self.f
+        """``(Agg, shares, f used, None)``, or ``(…, why the model is kept)``; ``lost``: the nodes whose vote was
+        dropped (counted against f unless ``count_dropped_against_f`` is False)."""
+        f_eff = max(self.f - lost, 0) if self.count_dropped_against_f else self.f
         if x is None:
             return None, None, f_eff, "no valid reply"
         try:
@@ -325,11 +494,13 @@ class PhalanxFedAvg(FedAvg):
         out: list[Contribution] = []
         for i, p in enumerate(parsed):
             if p.update is None:
-                status = f"dropped: {p.dropped}"
+                status, reason = f"dropped: {p.dropped}", p.reason or "malformed"
+            elif why_not is None:
+                status, reason = "used", "used"
             else:
-                status = "used" if why_not is None else f"not aggregated: {why_not}"
+                status, reason = f"not aggregated: {why_not}", "not-aggregated"
             out.append(Contribution(
-                round=server_round, node_id=p.node_id, status=status, update_norm=norms.get(i),
+                round=server_round, node_id=p.node_id, status=status, reason=reason, update_norm=norms.get(i),
                 distance_to_aggregate=dists.get(i), share=shares.get(i), num_examples=p.num_examples,
             ))
         return out
