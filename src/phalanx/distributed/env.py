@@ -34,6 +34,13 @@ class RankEnv:
     """True when torchrun's agent hosts the store (the ranks are all clients)."""
     run_id: str
     """Distinguishes the jobs (and torchrun restarts) that share a store: the key prefix."""
+    local_world_size: int = 0
+    """How many ranks run on this machine (``LOCAL_WORLD_SIZE``; 0 when not set)."""
+
+    @property
+    def several_machines(self) -> bool:
+        """Whether the job's ranks run on more than one machine (torchrun's ``LOCAL_WORLD_SIZE`` < ``WORLD_SIZE``)."""
+        return 0 < self.local_world_size < self.world_size
 
     @classmethod
     def from_environ(cls) -> RankEnv:
@@ -61,6 +68,7 @@ class RankEnv:
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=integer("MASTER_PORT"),
             agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
             run_id=f"{env.get('TORCHELASTIC_RUN_ID', 'local')}.{restart}",
+            local_world_size=integer("LOCAL_WORLD_SIZE", "0"),
         )
 
 
@@ -70,11 +78,28 @@ def open_store(renv: RankEnv, timeout_s: float) -> dist.Store:
     ``timeout_s`` bounds every blocking ``get``/``wait`` that is not given its own timeout.
     """
     host = renv.rank == 0 and not renv.agent_store
+    listener = listen(renv.master_addr, renv.master_port) if host else None
     store = dist.TCPStore(
         renv.master_addr, renv.master_port, None, host, timeout=timedelta(seconds=timeout_s),
-        wait_for_workers=False, use_libuv=True,
+        wait_for_workers=False, use_libuv=True, master_listen_fd=None if listener is None else listener.fileno(),
     )
+    if listener is not None:
+        _LISTENERS.append(listener)  # the store serves on this socket: keep it open as long as the process lives
     return dist.PrefixStore(f"{PREFIX}/{renv.run_id}/", store)
+
+
+_LISTENERS: list[socket.socket] = []
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host:port`` only — not on every interface, which is what the c10d store does when
+    it binds by itself (a store for ``MASTER_ADDR=127.0.0.1`` would otherwise be reachable from the network)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=4096)
+    except OSError as exc:
+        raise ConfigError("MASTER_ADDR:MASTER_PORT", f"{host}:{port}", "an address of this machine and a free port",
+                          exc.strerror or type(exc).__name__) from None
 
 
 def resolve_backend(requested: str) -> str:

@@ -31,7 +31,7 @@ import sys
 import threading
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -126,42 +126,114 @@ class Janitor:
         self.thread.join(timeout=10.0)
 
 
-class ParameterServer(Transport):
-    """Rank 0's side of the parameter-server topology (see the module's docstring)."""
+class ServerLinks(Protocol):
+    """How the parameter server reaches its workers: the c10d store (:class:`StoreLinks`, no authentication) or
+    mutually authenticated TLS connections (:class:`~phalanx.distributed.sealed.SealedLinks`)."""
 
-    def __init__(self, store: dist.Store, digest: str, round_timeout: float, say: Callable[[str], None]) -> None:
+    def offer(self, init: dict[str, Any]) -> None:
+        """Offer the workers the start snapshot ``init`` (every worker's momentum row in ``init['momentum']``)."""
+
+    def joined(self, n: int) -> set[int]:
+        """The worker ranks of 1 … n−1 that joined within :data:`JOIN_TIMEOUT_S`."""
+
+    def publish_theta(self, t: int, msg: bytes) -> None:
+        """Round t's server message (``THETA`` + θ) to every worker."""
+
+    def arrived(self, t: int, rank: int) -> bool:
+        """Whether ``rank``'s vector of round t is here (a late one included)."""
+
+    def collect(self, t: int, ranks: list[int], suspects: set[int], timeout: float) -> dict[int, bytes]:
+        """The vectors of round t of ``ranks`` that arrive within ``timeout`` (suspects are not waited for)."""
+
+    def publish_honest(self, t: int, msg: bytes, ranks: list[int]) -> None:
+        """Round t's honest-vector message to the Byzantine ranks ``ranks``."""
+
+    def stop(self, t: int, reason: bytes) -> None:
+        """Tell every worker to stop (``STOP`` + reason), as the message of round t."""
+
+    def close(self) -> None:
+        """Release what the links hold (threads, sockets)."""
+
+
+class StoreLinks:
+    """The parameter server's links through the c10d store (see :mod:`phalanx.distributed.wire`): anyone who reaches
+    the store can read and write every key, so nothing here says who wrote a vector (docs/security.md)."""
+
+    def __init__(self, store: dist.Store) -> None:
         self.store = store
+        self.janitor: Janitor | None = None
+
+    def offer(self, init: dict[str, Any]) -> None:
+        wire.put(self.store, "init", wire.pack(init))
+        wire.put(self.store, "latest", str(init["round"]))
+
+    def joined(self, n: int) -> set[int]:
+        joined = collect(self.store, {r: f"ready/{r}" for r in range(1, n)}, set(), JOIN_TIMEOUT_S)
+        self.janitor = Janitor(self.store, n)
+        return set(joined)
+
+    def publish_theta(self, t: int, msg: bytes) -> None:
+        assert self.janitor is not None, "joined() first"
+        wire.put_many(self.store, [wire.key_server(t), "latest"], [msg, str(t).encode()])
+        self.janitor.round_started(t)
+
+    def arrived(self, t: int, rank: int) -> bool:
+        return bool(self.store.check([wire.key_vector(t, rank)]))
+
+    def collect(self, t: int, ranks: list[int], suspects: set[int], timeout: float) -> dict[int, bytes]:
+        return collect(self.store, {r: wire.key_vector(t, r) for r in ranks}, suspects, timeout)
+
+    def publish_honest(self, t: int, msg: bytes, ranks: list[int]) -> None:
+        wire.put(self.store, wire.key_honest(t), msg)
+
+    def stop(self, t: int, reason: bytes) -> None:
+        wire.put(self.store, wire.key_server(t), wire.STOP + reason)
+        wire.put(self.store, "latest", str(t))
+
+    def close(self) -> None:
+        if self.janitor is not None:
+            self.janitor.close()
+
+
+class ParameterServer(Transport):
+    """Rank 0's side of the parameter-server topology (see the module's docstring), over store or sealed links."""
+
+    def __init__(self, links: ServerLinks | dist.Store, digest: str, round_timeout: float,
+                 say: Callable[[str], None]) -> None:
+        self.links: ServerLinks = StoreLinks(links) if isinstance(links, dist.Store) else links
         self.digest = digest
         self.timeout = round_timeout
         self.round_timeout = round_timeout
         self.say = say
-        self.janitor: Janitor | None = None
-        self.next_round = 0  # the round whose s/ key the workers read next (a stop message goes there)
+        self.opened = False
+        self.next_round = 0  # the round whose server message the workers read next (a stop message goes there)
+        self.on_vectors: Callable[[int, dict[int, bytes], list[int]], None] | None = None
+        """Called with (round, the payload each accepted rank's row came from, the missing ranks) after every
+        exchange: the sealed links' transcript listens here."""
 
     def open(self, experiment: Experiment, start: Snapshot) -> Snapshot:
-        exp, store = experiment, self.store
+        exp = experiment
         self.exp = exp
         n = self.slots = exp.algorithm.per_round(exp.workers)  # processes: one per worker, or per client slot
         state = start.state
         self.next_round = state.round
         worker_streams = {k: v for k, v in start.streams.items() if k != "aggregator"}
-        wire.put(store, "init", wire.pack({
+        self.links.offer({
             "config": self.digest, "round": state.round, "streams": worker_streams, "momentum": state.momentum,
-        }))
-        wire.put(store, "latest", str(state.round))
+        })
         self.me: WorkerSlot = exp.algorithm.one_worker(
             exp, 0, start.streams, None if state.momentum is None else state.momentum[0],
         )
         self.me.warm_up()
-        joined = collect(store, {r: f"ready/{r}" for r in range(1, n)}, set(), JOIN_TIMEOUT_S)
-        self.suspects = set(range(1, n)) - set(joined)
+        joined = self.links.joined(n)
+        self.opened = True
+        self.suspects = set(range(1, n)) - joined
         if self.suspects:
             self.say(f"ranks {sorted(self.suspects)} did not start within {JOIN_TIMEOUT_S:g} s; training without them")
         self.vector_attack = self.me.vector_attack
         self.attack_state = start.streams["attack"]
         self.dim = exp.problem.dim
         self.itemsize = state.theta.element_size()
-        self.janitor = Janitor(store, n)
         return start
 
     def streams(self) -> dict[str, Tensor]:
@@ -169,47 +241,49 @@ class ParameterServer(Transport):
         return {**mine, "attack": self.attack_state} if self.vector_attack else mine
 
     def exchange(self, theta: Tensor, t: int, rule: BoundRule) -> Received:
-        store, exp = self.store, self.exp
-        assert self.janitor is not None, "open() first"
+        links, exp = self.links, self.exp
+        assert self.opened, "open() first"
         _test_hooks.maybe_hold(t)
         msg = wire.THETA + wire.tensor_bytes(theta)
-        wire.put_many(store, [wire.key_server(t), "latest"], [msg, str(t).encode()])
+        links.publish_theta(t, msg)
         self.next_round = t + 1
-        self.janitor.round_started(t)
         # a suspect whose vector of the previous round did arrive (late) is back in step: wait for it again
-        self.suspects = {r for r in self.suspects if not (t > 0 and store.check([wire.key_vector(t - 1, r)]))}
+        self.suspects = {r for r in self.suspects if not (t > 0 and links.arrived(t - 1, r))}
         sent, received = len(msg) * (self.slots - 1), 0
         v0 = self.me.vector(theta, t)
         plan = self.me.plan
         rows: dict[int, Tensor] = {} if v0 is None else {0: v0.clone()}
+        used: dict[int, bytes] = {}
         phase1 = [r for r in plan.computing if r != 0]
-        got = collect(store, {r: wire.key_vector(t, r) for r in phase1}, self.suspects, self.timeout)
+        got = links.collect(t, phase1, self.suspects, self.timeout)
         row_bytes = self.dim * self.itemsize
         for r, data in got.items():
             received += len(data)
             if len(data) == row_bytes:  # anything else (only a Byzantine rank could send it) is dropped
                 rows[r] = wire.bytes_tensor(data, theta.dtype)
+                used[r] = data
         if plan.attacking:
             missing_honest = [r for r in plan.honest if r not in rows]
             if len(missing_honest) > exp.f:
-                wire.put(store, wire.key_honest(t), wire.STOP)
+                links.publish_honest(t, wire.STOP, [r for r in plan.attacking if r != 0])
                 raise RoundAborted(self._named(plan, missing_honest + plan.attacking))
             arrived = [rows[r] for r in plan.honest if r in rows]
             honest = torch.stack(arrived) if arrived else theta.new_zeros(0, self.dim)
             shared = self.attack_state if self.me.shares_attack_stream else None
             hmsg = wire.honest_message(honest, rule.payload(), shared)
-            wire.put(store, wire.key_honest(t), hmsg)
             others = [r for r in plan.attacking if r != 0]
+            links.publish_honest(t, hmsg, others)
             sent += len(hmsg) * len(others)
             if 0 in plan.attacking:  # rank 0's own client is a Byzantine one this round (federated rounds)
                 self.me.attack_gen.set_state(self.attack_state)
                 rows[0] = self.me.attack_vector(honest, rule, t)
                 self.attack_state = self.me.attack_gen.get_state()
-            got = collect(store, {r: wire.key_vector(t, r) for r in others}, self.suspects, self.timeout)
+            got = links.collect(t, others, self.suspects, self.timeout)
             for r, data in got.items():
                 received += len(data)
                 if len(data) >= row_bytes:
                     rows[r] = wire.bytes_tensor(data[:row_bytes], theta.dtype)
+                    used[r] = data
                     tail = data[row_bytes:]
                     if len(tail) == self.attack_state.numel():
                         self.attack_state = wire.bytes_tensor(tail, torch.uint8)
@@ -217,6 +291,10 @@ class ParameterServer(Transport):
         present = [r for r in expected if r in rows]
         missing = [r for r in expected if r not in rows]
         self.suspects = set(missing)
+        if self.on_vectors is not None:
+            if 0 in rows:
+                used[0] = wire.tensor_bytes(rows[0])
+            self.on_vectors(t, used, missing)
         vectors = torch.stack([rows[r] for r in present])
         if plan.clients is None:  # rank r is worker r
             return Received(vectors, present if missing else None, missing, sent, received)
@@ -230,46 +308,94 @@ class ParameterServer(Transport):
 
     def close(self, error: BaseException | None) -> None:
         """Tell the workers to stop: the run is finished, or (``error``) it stopped early, with the reason."""
-        if self.janitor is not None:
-            self.janitor.close()
         try:
             reason = b"finished" if error is None else str(error).encode()
-            wire.put(self.store, wire.key_server(self.next_round), wire.STOP + reason)
-            wire.put(self.store, "latest", str(self.next_round))
-        except (dist.DistError, ConnectionError, RuntimeError):  # the store is gone: nobody is listening
+            self.links.stop(self.next_round, reason)
+        except (dist.DistError, ConnectionError, RuntimeError, OSError):  # the links are gone: nobody is listening
             pass
+        finally:
+            self.links.close()
+
+
+class WorkerLinks(Protocol):
+    """How a worker rank reaches the parameter server (the store or a sealed TLS connection)."""
+
+    def init(self) -> dict[str, Any]:
+        """The start snapshot, with ``momentum`` this rank's row (or None)."""
+
+    def ready(self) -> None:
+        """Tell the server this rank is ready for round ``init['round']``."""
+
+    def next_message(self, t: int) -> tuple[int, bytes | None]:
+        """The server's next message from round t on: ``(t', msg)``, t' ≥ t the round it belongs to (t' > t: the
+        rank fell behind and skips to t'), ``msg`` the message (``THETA`` + θ or ``STOP`` + reason) or None when
+        only the new round is known."""
+
+    def send_vector(self, t: int, payload: bytes) -> None:
+        """This rank's vector of round t (with a Byzantine rank's attack-stream state appended)."""
+
+    def honest(self, t: int) -> bytes | None:
+        """Round t's honest-vector message (for a Byzantine rank of a vector attack); None if the round is over."""
+
+
+class StoreWorkerLinks:
+    """A worker's links through the c10d store (see :mod:`phalanx.distributed.wire`)."""
+
+    def __init__(self, store: dist.Store, rank: int) -> None:
+        self.store = store
+        self.rank = rank
+
+    def init(self) -> dict[str, Any]:
+        init: dict[str, Any] = wire.unpack(self.store.get("init"))
+        if init["momentum"] is not None:
+            init["momentum"] = init["momentum"][self.rank]
+        return init
+
+    def ready(self) -> None:
+        wire.put(self.store, f"ready/{self.rank}", b"1")
+
+    def next_message(self, t: int) -> tuple[int, bytes | None]:
+        # one request: wait for the server's message of round t, read it with the server's current round
+        latest_b, msg = self.store.multi_get(["latest", wire.key_server(t)])
+        latest = int(latest_b)
+        if latest > t or msg[:1] == wire.LAPSED:  # this rank fell behind (it slept, or was slow): catch up
+            return max(t, latest), None
+        return t, msg
+
+    def send_vector(self, t: int, payload: bytes) -> None:
+        wire.put(self.store, wire.key_vector(t, self.rank), payload)
+
+    def honest(self, t: int) -> bytes | None:
+        return bytes(self.store.get(wire.key_honest(t)))
 
 
 class ParameterServerWorker:
     """A worker rank of the parameter-server topology: send this rank's vector every round until told to stop."""
 
-    def __init__(self, experiment: Experiment, store: dist.Store, rank: int, digest: str) -> None:
+    def __init__(self, experiment: Experiment, links: WorkerLinks | dist.Store, rank: int, digest: str) -> None:
         self.exp = experiment
-        self.store = store
+        self.links: WorkerLinks = StoreWorkerLinks(links, rank) if isinstance(links, dist.Store) else links
         self.rank = rank
         self.digest = digest
 
     def run(self) -> None:
         """Serve rounds until the server's stop message (or until the run's last round)."""
-        exp, store, rank = self.exp, self.store, self.rank
-        init: dict[str, Any] = wire.unpack(store.get("init"))
+        exp, links, rank = self.exp, self.links, self.rank
+        init = links.init()
         check_digest(init, self.digest, rank)
-        momentum = init["momentum"]
-        me: WorkerSlot = exp.algorithm.one_worker(exp, rank, init["streams"],
-                                                  None if momentum is None else momentum[rank])
+        me: WorkerSlot = exp.algorithm.one_worker(exp, rank, init["streams"], init["momentum"])
         me.warm_up()
-        wire.put(store, f"ready/{rank}", b"1")
+        links.ready()
         dtype = exp.problem.initial_theta().dtype
         t = int(init["round"])
         while t < exp.rounds:
-            # one request: wait for the server's message of round t, read it with the server's current round
-            latest_b, msg = store.multi_get(["latest", wire.key_server(t)])
-            latest = int(latest_b)
-            if latest > t or msg[:1] == wire.LAPSED:  # this rank fell behind (it slept, or was slow): catch up
+            latest, msg = links.next_message(t)
+            if latest > t:  # this rank fell behind (it slept, or was slow): catch up
                 print(f"[phalanx rank {rank}] behind: skipping rounds {t}…{latest - 1}", file=sys.stderr, flush=True)
                 for skipped in range(t, min(latest, exp.rounds)):
                     me.skip(skipped)
-                t = max(t, latest)
+                t = latest
+            if msg is None:
                 continue
             if msg[:1] == wire.STOP:
                 return
@@ -277,14 +403,14 @@ class ParameterServerWorker:
             _test_hooks.maybe_sleep(rank, t)
             v = me.vector(theta, t)
             if v is not None:
-                wire.put(store, wire.key_vector(t, rank), wire.tensor_bytes(v))
+                links.send_vector(t, wire.tensor_bytes(v))
             elif rank in me.plan.attacking:
-                parsed = wire.parse_honest(store.get(wire.key_honest(t)), dtype, exp.problem.dim)
+                hmsg = links.honest(t)
+                parsed = None if hmsg is None else wire.parse_honest(hmsg, dtype, exp.problem.dim)
                 if parsed is not None:
                     honest, payload, attack_state = parsed
                     if attack_state is not None:  # the Byzantine slots change from round to round: the server's
                         me.attack_gen.set_state(attack_state)
                     v = me.attack_vector(honest, BoundRule.from_payload(exp.rule, payload), t)
-                    payload_bytes = wire.tensor_bytes(v) + wire.tensor_bytes(me.attack_gen.get_state())
-                    wire.put(store, wire.key_vector(t, rank), payload_bytes)
+                    links.send_vector(t, wire.tensor_bytes(v) + wire.tensor_bytes(me.attack_gen.get_state()))
             t += 1
