@@ -35,6 +35,8 @@ experiment_app = typer.Typer(help="Experiments of the field as presets: grids, t
 app.add_typer(experiment_app, name="experiment")
 console = Console()
 app.command("launch")(distributed_cli.launch)
+app.add_typer(distributed_cli.keys_app, name="keys")
+app.command("audit")(distributed_cli.audit)
 
 
 def _fmt(v: float | None, digits: int = 3) -> str:

@@ -1,12 +1,79 @@
 """``phalanx launch``: train with the torchrun engine on this machine, one process per worker (per client slot of a
-federated round)."""
+federated round); ``phalanx keys`` makes the identities of a keyed job; ``phalanx audit`` checks who was heard."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+keys_app = typer.Typer(help="Identities of a keyed torchrun job: one key pair per rank and the allow-list.",
+                       no_args_is_help=True)
+
+
+@keys_app.command("init")
+def keys_init(
+    directory: Annotated[Path, typer.Argument(help="Where to write allow-list.json and rank-<r>.key.")],
+    workers: Annotated[int, typer.Option("--workers", "-n", help="Ranks of the job (rank 0 is also the server).")],
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing allow-list and its keys.")] = False,
+) -> None:
+    """Make one Ed25519 key pair per rank: DIR/rank-<r>.key (private, 0600; give each machine only its own) and
+    DIR/allow-list.json (public: every machine gets it)."""
+    from rich.console import Console
+
+    from phalanx.distributed.keys import ALLOW_LIST, init_keys, key_file
+
+    allow = init_keys(directory, workers, force=force)
+    Console().print(f"{allow.size} identities in {directory}: {directory / ALLOW_LIST} (public, for every machine) "
+                    f"and {key_file(0)} … {key_file(allow.size - 1)} (private: each only where its rank runs)",
+                    soft_wrap=True)
+
+
+@keys_app.command("rotate")
+def keys_rotate(
+    directory: Annotated[Path, typer.Argument(help="A key directory made by `phalanx keys init`.")],
+    rank: Annotated[int, typer.Option("--rank", help="The rank whose key is replaced.")],
+) -> None:
+    """Give one rank a new key pair; copy the new allow-list.json to every machine before the next launch."""
+    from rich.console import Console
+
+    from phalanx.distributed.keys import ALLOW_LIST, key_file, rotate_key
+
+    rotate_key(directory, rank)
+    Console().print(f"new key {directory / key_file(rank)}; {directory / ALLOW_LIST} updated (copy it to every "
+                    "machine; the old key is no longer accepted)", soft_wrap=True)
+
+
+def audit(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory of a keyed parameter-server run.")],
+    allow_list: Annotated[
+        Path | None, typer.Option("--allow-list", help="Check against this allow-list (default: the run "
+                                                       "directory's copy).")
+    ] = None,
+) -> None:
+    """Check who was heard: every accepted vector signed by its rank's key for this run and round, no rank twice in
+    a round, missing ≤ f every round, the rounds chained. Exit 0 if all hold, else the problems and exit 1."""
+    from rich.console import Console
+
+    from phalanx.distributed.transcript import audit as check
+
+    console = Console()
+    report = check(run_dir, allow_list)
+    rejected = sum(report.rejected.values())
+    console.print(f"{run_dir}: {report.rounds} rounds, {report.accepted} accepted vectors, each signature checked "
+                  f"against {report.allow_list}; {report.rounds_with_missing} rounds with missing ranks (at most "
+                  f"{report.most_missing}); {rejected} rejected messages or connections", soft_wrap=True)
+    for kind, count in sorted(report.rejected.items(), key=lambda kv: -kv[1]):
+        console.print(f"  rejected ×{count}: {kind}", soft_wrap=True)
+    if report.ok:
+        console.print("audit passed", soft_wrap=True)
+        return
+    for problem in report.problems[:50]:
+        console.print(f"[red]{problem}[/red]", soft_wrap=True)
+    console.print(f"[red]audit failed: {len(report.problems)} problems[/red]", soft_wrap=True)
+    raise typer.Exit(1)
 
 
 def launch(
@@ -25,6 +92,13 @@ def launch(
     timeout: Annotated[
         float | None, typer.Option("--timeout", help="Stop the whole job after this many seconds.")
     ] = None,
+    keys: Annotated[
+        Path | None, typer.Option("--keys", help="Key directory (phalanx keys init): mutual TLS, signed vectors, "
+                                                 "a transcript of who was heard (sets `keys`).")
+    ] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Allow ranks on several machines without keys (sets `insecure`).")
+    ] = False,
 ) -> None:
     """Train with engine = torchrun: one process per worker on this machine — per client slot (`clients_per_round`)
     with algorithm = "fedavg" (docs/distributed.md).
@@ -35,6 +109,7 @@ def launch(
     from rich.console import Console
 
     from phalanx.distributed import launch as local
+    from phalanx.distributed.keys import load_identity
     from phalanx.experiments import grid
     from phalanx.experiments.build import check_points
     from phalanx.experiments.config import load_grid, processes
@@ -44,9 +119,17 @@ def launch(
     overrides = list(set_ or [])
     if workers is not None:
         overrides.append(f"workers={workers}")
+    if keys is not None:
+        overrides.append(f"keys={json.dumps(str(keys))}")
+    if insecure:
+        overrides.append("insecure=true")
     data = load_grid(config, [*overrides, "engine='torchrun'"])
     cfgs = grid.configs(data)  # every point validated before anything starts
     check_points(cfgs)
+    for cfg in cfgs:  # every rank's key, before any process starts
+        if cfg.keys is not None:
+            for rank in range(processes(cfg)):
+                load_identity(cfg.keys, rank, processes(cfg))
     for point, cfg in enumerate(cfgs):
         console.print(
             f"[bold]phalanx launch[/bold] {point + 1}/{len(cfgs)}: {processes(cfg)} processes, topology "

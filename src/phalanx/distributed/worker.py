@@ -22,16 +22,20 @@ from pathlib import Path
 import torch.distributed as dist
 
 from phalanx.distributed.env import RankEnv, open_store
+from phalanx.distributed.keys import Identity, load_identity
 from phalanx.distributed.neighbours import MessageCount, Neighbours
 from phalanx.distributed.parameter_server import ParameterServer, ParameterServerWorker, config_digest
 from phalanx.distributed.recording import DistributedLog, RankLog
+from phalanx.distributed.sealed import SealedLinks, SealedWorkerLinks, warn_unsealed
 from phalanx.distributed.serverless import AllGather
+from phalanx.distributed.transcript import Transcript
 from phalanx.errors import ConfigError, PhalanxError, WorkersLostError
 from phalanx.experiments import grid, runstate
 from phalanx.experiments.build import from_config
 from phalanx.experiments.config import RunConfig, load_grid, processes
 from phalanx.experiments.rundir import RunDirectory
 from phalanx.training.divergence import Diverged, StopOnDivergence
+from phalanx.training.experiment import Experiment
 from phalanx.training.loop import Callback, Evaluate, Loop
 from phalanx.training.memory import tune_allocator
 from phalanx.training.transport import Transport
@@ -72,10 +76,14 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
             "WORLD_SIZE", renv.world_size, f"{what} = {processes(cfg)} (one process per worker, or per client slot "
             "of a federated round; rank 0 is also the server)", f"launch as many processes, or --set {what}=N",
         )
+    identity = check_identity(cfg, renv)  # before anything is built: a key problem is one line, at once
     tune_allocator()
     exp = from_config(cfg, local_rank=renv.local_rank)  # device = "cuda": this rank's cuda:LOCAL_RANK
-    store = open_store(renv, WORKER_WAIT_S)
     digest = config_digest(cfg.identity())
+    if identity is not None:
+        run_sealed(cfg, renv, exp, identity, digest, out)
+        return
+    store = open_store(renv, WORKER_WAIT_S)
     if cfg.topology == "server" and renv.rank != 0:
         ParameterServerWorker(exp, store, renv.rank, digest).run()
         return
@@ -95,6 +103,7 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
                 callbacks += [rundir, DistributedLog(run_dir / "distributed.json", cfg.topology, renv.world_size,
                                                      rundir.checkpoints)]
             callbacks.append(log)
+            warn_unsealed(log.say)
         transport: Transport
         if cfg.topology == "serverless":
             transport = AllGather(store, renv, digest, cfg.round_timeout, cfg.backend)
@@ -109,6 +118,71 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
             Loop(exp, transport, callbacks, start).run()
         except Diverged as exc:
             if renv.rank == 0 and out is not None:
+                runstate.record_divergence(out / grid.run_id(cfg), exc)
+            raise
+
+
+def check_identity(cfg: RunConfig, renv: RankEnv) -> Identity | None:
+    """This rank's identity when the config names a key directory; without keys, a job across machines is refused
+    unless ``insecure = true`` (nothing would check who is speaking)."""
+    if cfg.keys is not None:
+        return load_identity(cfg.keys, renv.rank, renv.world_size)
+    if renv.several_machines and not cfg.insecure:
+        raise ConfigError(
+            "keys", None, "a key directory (phalanx keys init DIR --workers N) when the ranks run on several machines",
+            "without keys anyone who reaches the store can speak for any rank; --set insecure=true to run anyway",
+        )
+    return None
+
+
+SEALED_PORT_KEY = "sealed/port"
+"""Under torchrun's agent (which holds ``MASTER_PORT``), rank 0 publishes the port of its TLS listener here."""
+
+
+def run_sealed(cfg: RunConfig, renv: RankEnv, exp: Experiment, identity: Identity, digest: str,
+               out: Path | None) -> None:
+    """The parameter-server topology over sealed links (:mod:`phalanx.distributed.sealed`).
+
+    Under ``phalanx launch`` rank 0 listens on ``MASTER_ADDR:MASTER_PORT`` itself and no c10d store exists. Under
+    torchrun its agent holds that port: rank 0 listens on a free port of ``MASTER_ADDR`` and publishes the number in
+    the agent's store — the one thing an unauthenticated party can touch, and a forged number only makes the
+    workers meet a server that cannot prove rank 0's key.
+    """
+    row_bytes = exp.problem.dim * exp.problem.initial_theta().element_size()
+    n = processes(cfg)
+    store = open_store(renv, WORKER_WAIT_S) if renv.agent_store else None
+    if renv.rank != 0:
+        port = renv.master_port if store is None else int(store.get(SEALED_PORT_KEY))
+        links = SealedWorkerLinks(identity, renv.master_addr, port, digest, row_bytes, n)
+        ParameterServerWorker(exp, links, renv.rank, digest).run()
+        return
+    server_links = SealedLinks(identity, renv.master_addr, renv.master_port if store is None else 0, digest,
+                               row_bytes, n)
+    if store is not None:
+        store.set(SEALED_PORT_KEY, str(server_links.port))
+    log = RankLog()
+    callbacks: list[Callback] = [Evaluate(), StopOnDivergence()]
+    transport = ParameterServer(server_links, digest, cfg.round_timeout, log.say)
+    with ExitStack() as held:
+        start = None
+        if out is not None:
+            run_dir = out / grid.run_id(cfg)
+            rundir = RunDirectory.of(run_dir, cfg.identity(), exp, cfg.checkpoint_every, sign_key=cfg.sign_key,
+                                     verify_key=cfg.verify_key)
+            held.enter_context(runstate.locked(run_dir))
+            held.enter_context(runstate.recording_failure(run_dir))
+            start = rundir.open()
+            transcript = Transcript(run_dir, server_links, identity, digest, n, exp.f, rundir.checkpoints)
+            transport.on_vectors = transcript.vectors
+            callbacks += [rundir, DistributedLog(run_dir / "distributed.json", cfg.topology, renv.world_size,
+                                                 rundir.checkpoints), transcript]
+        callbacks.append(log)
+        log.say(f"sealed links: mutual TLS on {renv.master_addr}:{server_links.port}, {n - 1} workers on the "
+                f"allow-list {identity.allow.path}")
+        try:
+            Loop(exp, transport, callbacks, start).run()
+        except Diverged as exc:
+            if out is not None:
                 runstate.record_divergence(out / grid.run_id(cfg), exc)
             raise
 

@@ -46,17 +46,17 @@ DECENTRALIZED_KEYS = ("graph", "graph_params", "gossip_weights")
 Engine = Literal["simulated", "torchrun"]
 Topology = Literal["server", "serverless", "gossip"]
 Backend = Literal["auto", "gloo", "nccl"]
-DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend")
+DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend", "keys", "insecure")
 """Keys that only the ``torchrun`` engine reads. A simulated run's resolved config leaves them out, so that they
 change neither its results nor its run id / ``config.json`` (run directories written before they existed resume)."""
 LATER_KEYS = (
     "server_optimizer", "server_momentum", "server_weight_decay", "server_optimizer_params", "loss", "algorithm",
     "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch", "stats_momentum",
-    "graph", "graph_params", "gossip_weights", "eval_clients", "device",
+    "graph", "graph_params", "gossip_weights", "eval_clients", "device", "keys", "insecure",
 )
 """Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
 that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
-RESULT_NEUTRAL_KEYS = ("download", "sign_key", "verify_key", "device")
+RESULT_NEUTRAL_KEYS = ("download", "sign_key", "verify_key", "device", "keys", "insecure")
 """Keys that change how a run gets its inputs, never its results: left out of a run's identity (its run id and the
 check that a run directory holds the same configuration), so setting them does not orphan finished runs. ``device``
 computes the same rounds with the same random draws elsewhere (equal up to floating-point rounding; the run's
@@ -167,6 +167,15 @@ class RunConfig(BaseModel):
     backend: Backend = Field(
         "auto", description="torchrun engine, serverless topology: torch.distributed backend ('auto': nccl when CUDA "
         "is available, else gloo)",
+    )
+    keys: str | None = Field(
+        None, description="torchrun engine, server topology: a key directory (phalanx keys init DIR --workers N): "
+        "mutual TLS between every worker and the server, every vector signed, who was heard recorded in the run's "
+        "transcript (phalanx audit; docs/security.md)",
+    )
+    insecure: bool = Field(
+        False, description="torchrun engine: allow ranks on several machines without keys (nothing then checks "
+        "who is speaking; docs/security.md)",
     )
 
     @model_serializer(mode="wrap")
@@ -300,6 +309,12 @@ def check_relations(cfg: RunConfig) -> None:
     if cfg.engine == "torchrun" and cfg.topology == "gossip" and cfg.algorithm not in topology.ALGORITHMS:
         raise ConfigError("topology", cfg.topology, f"'server' or 'serverless' with algorithm = {cfg.algorithm!r} "
                           "(topology = 'gossip' runs the nodes of algorithm = 'gossip')")
+    if cfg.keys is not None and cfg.engine == "torchrun" and cfg.topology != "server":
+        raise ConfigError(
+            "keys", cfg.keys, "unset with topology = " + repr(cfg.topology) + " (sealed links exist for the "
+            "parameter-server topology so far)", "use topology = 'server', or run this topology without keys on "
+            "one trusted machine (docs/security.md)",
+        )
     if cfg.backend == "nccl" and cfg.topology != "serverless":
         raise ConfigError(
             "backend", cfg.backend, f"'auto' or 'gloo' with topology = {cfg.topology!r} (its vectors go through the "

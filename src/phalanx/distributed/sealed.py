@@ -1,0 +1,467 @@
+"""Sealed links of the parameter-server topology: every worker talks to the server over mutually authenticated TLS,
+and signs every vector it sends.
+
+With keys (``keys = "DIR"``), no c10d store carries a vector, θ or a stop message. Each worker rank r opens two TLS
+1.3 connections to rank 0 — *down* (server → worker: the start snapshot, θ of every round, the honest vectors for a
+Byzantine rank, stop) and *up* (worker → server: its vectors) — so that each TLS connection is read or written by
+one thread only. Who is speaking is decided by the certificate the peer proved it holds the key of, looked up in the
+allow-list (:mod:`phalanx.distributed.keys`); the rank a peer *claims* in its introduction must be that rank, a rank
+is let in once per link (a second connection under a key already connected is refused: one key, one rank), and a
+worker accepts θ only from rank 0's key. Every vector carries an Ed25519 signature over
+``(run nonce, config digest, round, rank, SHA-256 of the payload)``, checked before the vector is used, and kept in
+the run's transcript (:mod:`phalanx.distributed.transcript`) so that anyone holding the allow-list can check later
+who was heard.
+
+What is never used: a frame over its kind's size (refused before it is read, and the connection closed), a frame of
+a kind the server does not take, a vector whose signature does not verify, a second vector of one rank in one round,
+a vector of a round that has not begun, and anything from a connection that failed TLS (an unknown key, a flipped or
+cut byte, a replay of recorded traffic). Each is a *rejection*, recorded with the round, the rank (None for an
+unknown key) and the reason; the rank's row is then missing from the round and counts against f, exactly as a
+silent worker's does.
+
+The server never blocks on a worker: each downlink has its own writer thread with a mailbox in which a newer round's
+θ replaces messages of older rounds that have not been sent yet (a worker that fell behind receives the newest θ and
+skips ahead, as with the store's ``latest`` key); each uplink has a reader thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import ssl
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from phalanx.distributed import wire
+from phalanx.distributed.channel import (
+    HANDSHAKE_TIMEOUT_S,
+    Closed,
+    Kind,
+    Limits,
+    Violation,
+    client_context,
+    peer_rank,
+    recv_frame,
+    send_frame,
+    server_context,
+)
+from phalanx.distributed.keys import Identity
+from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S
+from phalanx.errors import PhalanxError
+
+SIGNATURE_BYTES = 64
+HELLO_BYTES = 4096
+STOP_BYTES = 1 << 16
+ATTACK_STATE_BYTES = 1 << 16
+"""The most a Byzantine rank's attack-stream state appended to its vector may take."""
+MAX_PENDING_HANDSHAKES = 64
+"""Connections still in their handshake beyond this many are closed at once (an outsider cannot exhaust threads)."""
+DOMAIN = b"phalanx/vector/v1\x00"
+
+
+def signed_message(nonce: bytes, config: str, t: int, rank: int, digest: bytes) -> bytes:
+    """What a worker's Ed25519 signature covers: the run (its nonce and config digest), the round, the sender, and
+    the SHA-256 of the payload — so a signed vector cannot be replayed into another round, run or rank."""
+    return DOMAIN + nonce + config.encode() + t.to_bytes(8, "big") + rank.to_bytes(4, "big") + digest
+
+
+@dataclass
+class Accepted:
+    """A vector that passed every check: its payload, the payload's SHA-256 (hex) and the sender's signature."""
+
+    body: bytearray
+    sha256: str
+    signature: str
+
+
+@dataclass
+class Rejection:
+    """A message or connection that was not used: in which round, from which rank (None: not on the allow-list)."""
+
+    round: int
+    rank: int | None
+    reason: str
+
+
+@dataclass
+class _Down:
+    """A downlink: its socket, the writer thread's mailbox."""
+
+    sock: ssl.SSLSocket
+    pending: list[tuple[Kind, int, bytes]] = field(default_factory=list)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    alive: bool = True
+    closing: bool = False
+
+
+class SealedLinks:
+    """Rank 0's sealed links to the workers (see the module's docstring); a :class:`ServerLinks`."""
+
+    def __init__(self, identity: Identity, host: str, port: int, digest: str, row_bytes: int, workers: int) -> None:
+        self.identity = identity
+        self.digest = digest
+        self.row_bytes = row_bytes
+        self.ctx = server_context(identity)
+        self.listener = socket.create_server((host, port), backlog=128)
+        self.port = int(self.listener.getsockname()[1])
+        self.nonce = os.urandom(32)
+        self.cond = threading.Condition()
+        self.inbox: dict[tuple[int, int], Accepted] = {}
+        self.rejections: list[Rejection] = []
+        self.reported = 0
+        self.down: dict[int, _Down] = {}
+        self.up: dict[int, ssl.SSLSocket] = {}
+        self.dead_up: set[int] = set()
+        self.round = 0
+        self.n = workers
+        self.init_payload: dict[str, Any] | None = None
+        self.closed = False
+        self.pending_handshakes = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
+        self.vector_limits = Limits({Kind.VECTOR: SIGNATURE_BYTES + row_bytes + ATTACK_STATE_BYTES})
+        self.hello_limits = Limits({Kind.HELLO: HELLO_BYTES})
+
+    # -- connections ---------------------------------------------------------------------------------------------
+
+    def _reject(self, rank: int | None, reason: str) -> None:
+        with self.cond:
+            self.rejections.append(Rejection(self.round, rank, reason))
+            self.cond.notify_all()
+
+    def _accept_loop(self) -> None:
+        while not self.closed:
+            try:
+                conn, addr = self.listener.accept()
+            except OSError:
+                return
+            if not self.pending_handshakes.acquire(blocking=False):
+                conn.close()
+                self._reject(None, f"a connection from {addr[0]} beyond {MAX_PENDING_HANDSHAKES} pending handshakes")
+                continue
+            threading.Thread(target=self._admit, args=(conn, addr[0]), daemon=True,
+                             name="phalanx-sealed-admit").start()
+
+    def _admit(self, conn: socket.socket, addr: str) -> None:
+        try:
+            self._handshake(conn, addr)
+        finally:
+            self.pending_handshakes.release()
+
+    def _handshake(self, conn: socket.socket, addr: str) -> None:
+        conn.settimeout(HANDSHAKE_TIMEOUT_S)
+        try:
+            tls = self.ctx.wrap_socket(conn, server_side=True)
+        except (ssl.SSLError, OSError) as exc:
+            conn.close()
+            self._reject(None, f"a TLS handshake from {addr} failed ({_why(exc)})")
+            return
+        rank = peer_rank(tls, self.identity)
+        try:
+            _, _, payload = recv_frame(tls, self.hello_limits)
+            hello = json.loads(payload)
+            claimed, link, config = hello["rank"], hello["link"], hello["config"]
+        except (Violation, ssl.SSLError, OSError, ValueError, KeyError, TypeError) as exc:
+            tls.close()
+            self._reject(rank, f"a connection from {addr} that did not introduce itself ({_why(exc)})")
+            return
+        problem = None
+        if rank is None:
+            problem = "its certificate is not on the allow-list"
+        elif claimed != rank:
+            problem = f"it claims rank {claimed!r} with rank {rank}'s key"
+        elif not 1 <= rank < self.n:
+            problem = f"rank {rank} is not a worker of this job (1 … {self.n - 1})"
+        elif config != self.digest:
+            problem = "it runs another config"
+        elif link not in ("up", "down"):
+            problem = f"unknown link {link!r}"
+        with self.cond:
+            if problem is None and rank is not None and (
+                (link == "down" and rank in self.down and self.down[rank].alive)
+                or (link == "up" and rank in self.up)
+            ):
+                problem = f"rank {rank} is already connected ({link}): one key used twice"
+            if problem is None and link == "up" and (rank not in self.down or not self.down[rank].alive):
+                problem = f"rank {rank} opened its uplink before its downlink"
+            if problem is not None:
+                self.rejections.append(Rejection(self.round, rank, f"a connection from {addr} refused: {problem}"))
+                self.cond.notify_all()
+        if problem is not None:
+            try:
+                send_frame(tls, Kind.REFUSED, 0, problem.encode()[:STOP_BYTES])
+            except (ssl.SSLError, OSError):
+                pass
+            tls.close()
+            return
+        assert rank is not None
+        tls.settimeout(None)
+        if link == "down":
+            self._open_down(rank, tls)
+        else:
+            with self.cond:
+                self.up[rank] = tls
+                self.dead_up.discard(rank)
+                self.cond.notify_all()
+            threading.Thread(target=self._read_up, args=(rank, tls), daemon=True, name=f"phalanx-up-{rank}").start()
+
+    def _open_down(self, rank: int, tls: ssl.SSLSocket) -> None:
+        assert self.init_payload is not None
+        init = dict(self.init_payload)
+        momentum = init["momentum"]
+        init["momentum"] = None if momentum is None else momentum[rank].clone()
+        init["nonce"] = self.nonce
+        down = _Down(tls)
+        down.pending.append((Kind.INIT, init["round"], wire.pack(init)))
+        with self.cond:
+            self.down[rank] = down
+        threading.Thread(target=self._write_down, args=(rank, down), daemon=True, name=f"phalanx-down-{rank}").start()
+
+    def _write_down(self, rank: int, down: _Down) -> None:
+        while True:
+            with down.cond:
+                down.cond.wait_for(lambda: bool(down.pending))
+                kind, t, payload = down.pending.pop(0)
+            try:
+                send_frame(down.sock, kind, t, payload)
+            except (ssl.SSLError, OSError) as exc:
+                if not self.closed:
+                    self._reject(rank, f"the downlink to rank {rank} failed ({_why(exc)})")
+                break
+            if kind == Kind.STOP:
+                break
+        down.alive = False
+        _close(down.sock)
+
+    def _post(self, rank: int, kind: Kind, t: int, payload: bytes) -> None:
+        down = self.down.get(rank)
+        if down is None or not down.alive:
+            return
+        with down.cond:
+            if kind == Kind.THETA:  # a newer θ: older unsent messages are moot (the worker skips ahead)
+                down.pending = [m for m in down.pending if m[0] == Kind.INIT or m[1] >= t]
+            elif kind == Kind.STOP:
+                down.pending = [m for m in down.pending if m[0] == Kind.INIT]
+            down.pending.append((kind, t, payload))
+            down.cond.notify_all()
+
+    def _read_up(self, rank: int, tls: ssl.SSLSocket) -> None:
+        public = self.identity.allow.public_key(rank)
+        from cryptography.exceptions import InvalidSignature
+
+        while True:
+            try:
+                _, t, payload = recv_frame(tls, self.vector_limits)
+            except Closed:  # the worker left between two frames: from now on it is missing, like a silent one
+                break
+            except Violation as exc:
+                if not self.closed:
+                    self._reject(rank, f"rank {rank}'s uplink: {exc.reason}; connection closed")
+                break
+            except (ssl.SSLError, OSError) as exc:
+                if not self.closed:
+                    self._reject(rank, f"rank {rank}'s uplink failed ({_why(exc)})")
+                break
+            if len(payload) < SIGNATURE_BYTES:
+                self._reject(rank, f"rank {rank} sent a round-{t} vector without a signature")
+                continue
+            signature, body = bytes(payload[:SIGNATURE_BYTES]), payload[SIGNATURE_BYTES:]
+            digest = hashlib.sha256(body).digest()
+            try:
+                public.verify(signature, signed_message(self.nonce, self.digest, t, rank, digest))
+            except InvalidSignature:
+                self._reject(rank, f"rank {rank}'s round-{t} vector has a signature that does not verify")
+                continue
+            with self.cond:
+                if t > self.round:
+                    self.rejections.append(Rejection(self.round, rank, f"rank {rank} sent a vector for round {t}, "
+                                                     "which has not begun"))
+                elif (t, rank) in self.inbox:
+                    self.rejections.append(Rejection(self.round, rank, f"rank {rank} sent a second vector in round "
+                                                     f"{t}"))
+                elif t + 1 >= self.round:
+                    self.inbox[(t, rank)] = Accepted(body, digest.hex(), signature.hex())
+                self.cond.notify_all()
+        with self.cond:
+            if self.up.get(rank) is tls:
+                del self.up[rank]
+            self.dead_up.add(rank)
+            self.cond.notify_all()
+        _close(tls)
+
+    # -- ServerLinks -----------------------------------------------------------------------------------------------
+
+    def offer(self, init: dict[str, Any]) -> None:
+        self.init_payload = init
+        self.round = int(init["round"])
+        threading.Thread(target=self._accept_loop, daemon=True, name="phalanx-sealed-accept").start()
+
+    def joined(self, n: int) -> set[int]:
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.up) >= n - 1, max(0.0, deadline - time.monotonic()))
+            return set(self.up)
+
+    def publish_theta(self, t: int, msg: bytes) -> None:
+        with self.cond:
+            self.round = t
+            for key in [k for k in self.inbox if k[0] < t - 1]:
+                del self.inbox[key]
+        for rank in list(self.down):
+            self._post(rank, Kind.THETA, t, msg)
+
+    def arrived(self, t: int, rank: int) -> bool:
+        with self.cond:
+            return (t, rank) in self.inbox
+
+    def collect(self, t: int, ranks: list[int], suspects: set[int], timeout: float) -> dict[int, bytes]:
+        waited = [r for r in ranks if r not in suspects]
+        with self.cond:
+            self.cond.wait_for(lambda: all((t, r) in self.inbox or r not in self.up for r in waited), timeout)
+            return {r: self.inbox[(t, r)].body for r in ranks if (t, r) in self.inbox}  # type: ignore[misc]
+
+    def publish_honest(self, t: int, msg: bytes, ranks: list[int]) -> None:
+        for rank in ranks:
+            self._post(rank, Kind.HONEST, t, msg)
+
+    def stop(self, t: int, reason: bytes) -> None:
+        for rank in list(self.down):
+            self._post(rank, Kind.STOP, t, wire.STOP + reason[:STOP_BYTES - 1])
+
+    def close(self) -> None:
+        deadline = time.monotonic() + 10.0
+        for down in list(self.down.values()):  # let the stop messages go out
+            while down.alive and down.pending and time.monotonic() < deadline:
+                time.sleep(0.01)
+        self.closed = True
+        _close(self.listener)
+        for tls in list(self.up.values()):
+            _close(tls)
+
+    # -- what the transcript reads ---------------------------------------------------------------------------------
+
+    def accepted(self, t: int, rank: int) -> Accepted | None:
+        """The accepted vector of ``rank`` in round t (still held: rounds t and t − 1)."""
+        with self.cond:
+            return self.inbox.get((t, rank))
+
+    def new_rejections(self) -> list[Rejection]:
+        """The rejections recorded since the last call (each is reported once, with the round that follows it)."""
+        with self.cond:
+            new = self.rejections[self.reported:]
+            self.reported = len(self.rejections)
+            return new
+
+
+class SealedWorkerLinks:
+    """A worker's sealed links to rank 0 (see the module's docstring); a :class:`WorkerLinks`."""
+
+    def __init__(self, identity: Identity, host: str, port: int, digest: str, row_bytes: int, workers: int) -> None:
+        self.identity = identity
+        self.host, self.port = host, port
+        self.digest = digest
+        self.rank = identity.rank
+        self.ctx = client_context(identity)
+        self.nonce = b""
+        self.limits = Limits({
+            Kind.INIT: 4 * row_bytes + (64 << 20), Kind.THETA: 1 + row_bytes, Kind.STOP: STOP_BYTES,
+            Kind.HONEST: 1 + (workers + 8) * row_bytes + (64 << 20), Kind.REFUSED: STOP_BYTES,
+        })
+        self.down: ssl.SSLSocket | None = None
+        self.up: ssl.SSLSocket | None = None
+        self.pushed: tuple[Kind, int, bytearray] | None = None
+
+    def _connect(self, link: str) -> ssl.SSLSocket:
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        while True:
+            try:
+                raw = socket.create_connection((self.host, self.port), timeout=HANDSHAKE_TIMEOUT_S)
+                break
+            except (ConnectionRefusedError, TimeoutError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        try:
+            tls = self.ctx.wrap_socket(raw)
+        except ssl.SSLError as exc:
+            raw.close()
+            raise PhalanxError(f"rank {self.rank}: the server at {self.host}:{self.port} did not prove a key of the "
+                               f"allow-list ({_why(exc)})") from None
+        server = peer_rank(tls, self.identity)
+        if server != 0:
+            tls.close()
+            raise PhalanxError(f"rank {self.rank}: the server at {self.host}:{self.port} holds rank {server}'s key, "
+                               "not rank 0's")
+        hello = {"rank": self.rank, "link": link, "config": self.digest}
+        send_frame(tls, Kind.HELLO, 0, json.dumps(hello).encode())
+        tls.settimeout(None)
+        return tls
+
+    def _next(self) -> tuple[Kind, int, bytearray]:
+        if self.pushed is not None:
+            frame, self.pushed = self.pushed, None
+            return frame
+        assert self.down is not None
+        kind, t, payload = recv_frame(self.down, self.limits)
+        if kind == Kind.REFUSED:
+            raise PhalanxError(f"rank {self.rank}: the server refused this rank: {payload.decode(errors='replace')}")
+        return kind, t, payload
+
+    def init(self) -> dict[str, Any]:
+        self.down = self._connect("down")
+        kind, _, payload = self._next()
+        if kind != Kind.INIT:
+            raise Violation(f"a {kind.name} frame where the start snapshot was due")
+        init: dict[str, Any] = wire.unpack(bytes(payload))
+        self.nonce = bytes(init.pop("nonce"))
+        return init
+
+    def ready(self) -> None:
+        self.up = self._connect("up")
+
+    def next_message(self, t: int) -> tuple[int, bytes | None]:
+        while True:
+            kind, r, payload = self._next()
+            if kind == Kind.STOP:
+                return t, bytes(payload)
+            if kind == Kind.THETA and r >= t:
+                return r, bytes(payload)
+            # an honest-vector message of a round this rank no longer serves, or an old θ: not for now
+
+    def send_vector(self, t: int, payload: bytes) -> None:
+        assert self.up is not None, "ready() first"
+        digest = hashlib.sha256(payload).digest()
+        signature = self.identity.sign(signed_message(self.nonce, self.digest, t, self.rank, digest))
+        send_frame(self.up, Kind.VECTOR, t, signature + payload)
+
+    def honest(self, t: int) -> bytes | None:
+        while True:
+            frame = self._next()
+            kind, r, payload = frame
+            if kind == Kind.HONEST and r == t:
+                return bytes(payload)
+            if kind in (Kind.THETA, Kind.STOP):  # the round went on without this rank's vector
+                self.pushed = frame
+                return None
+
+
+def _why(exc: BaseException) -> str:
+    text = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+    return str(text)[:160]
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
+def warn_unsealed(say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> None:
+    """The one line a run without keys prints: nothing checks who is speaking."""
+    say("no keys: messages are not authenticated — any process that reaches the store can speak for any rank "
+        "(fine on one trusted machine; see docs/security.md, `phalanx keys init`)")

@@ -1,0 +1,238 @@
+"""A keyed parameter-server job on real processes: the same result as without keys, an impostor campaign run against
+it while it trains (none of which changes a bit of the result), the transcript audited, resumed, and tampered with;
+torchrun's own agent; the store bound to MASTER_ADDR; a job across machines refused without keys.
+
+Every job is small (MLP on digits, 4 ranks, 10 rounds) and runs under a hard timeout; the campaign acts while rank 0
+holds before a chosen round (``PHALANX_TEST_HOLD``), an event, not a race with the machine's speed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tests.test_distributed import BASE, JOB_TIMEOUT_S, run_dir, wait_for, write_toml
+from typer.testing import CliRunner
+
+from phalanx.cli import app
+from phalanx.distributed import launch
+from phalanx.distributed.channel import HEADER, MAGIC, Kind, Limits, Violation, client_context, recv_frame, send_frame
+from phalanx.distributed.env import RankEnv, free_port, open_store
+from phalanx.distributed.keys import init_keys, load_identity
+from phalanx.distributed.transcript import TRANSCRIPT, audit
+from phalanx.distributed.worker import check_identity
+from phalanx.errors import ConfigError
+from phalanx.experiments import make_config
+
+SEALED = {**BASE, "checkpoint_every": 5}
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("keys")
+    init_keys(d / "job", 4)
+    init_keys(d / "other", 4)
+    return d
+
+
+def job(data: dict[str, Any], out: Path, tmp: Path, env: dict[str, str] | None = None,
+        script: Any = None) -> tuple[int, str, int]:
+    """Run a job with ``phalanx launch``'s spawn/supervise; ``script(procs, errs, port)`` acts while it runs."""
+    cfg = write_toml(tmp / f"job{time.monotonic_ns()}.toml", data)
+    errs = tmp / f"stderr{time.monotonic_ns()}.txt"
+    port = free_port()
+    with errs.open("wb") as fh:
+        procs = launch.spawn(data["workers"], launch.worker_args(cfg, [], out), extra_env=env, stderr=fh,
+                             stdout=subprocess.DEVNULL, master_port=port)
+        try:
+            if script is not None:
+                script(procs, errs, port)
+            code = launch.supervise(procs, grace_s=5.0, timeout_s=JOB_TIMEOUT_S, say=lambda s: None)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    return code, errs.read_text(), port
+
+
+def final(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir(out) / "checkpoint.safetensors"))
+
+
+def transcript(out: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((run_dir(out) / TRANSCRIPT).read_text())
+    return doc
+
+
+@pytest.fixture(scope="module")
+def clean(keys: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The keyed job, nobody attacking it but its own Byzantine rank (ALIE, as itself)."""
+    tmp = tmp_path_factory.mktemp("clean")
+    code, errs, _ = job({**SEALED, "keys": str(keys / "job")}, tmp / "out", tmp)
+    assert code == 0, errs[-3000:]
+    assert "sealed links: mutual TLS" in errs
+    return tmp / "out"
+
+
+def test_a_keyed_job_gives_the_same_result_as_without_keys(clean: Path, tmp_path: Path) -> None:
+    code, errs, _ = job(SEALED, tmp_path / "plain", tmp_path)
+    assert code == 0, errs[-3000:]
+    assert "no keys: messages are not authenticated" in errs  # the one line a run without keys prints
+    a, b = final(clean), final(tmp_path / "plain")
+    assert set(a) == set(b)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    rows = [json.loads(x) for x in (run_dir(clean) / "metrics.jsonl").read_text().splitlines()]
+    plain = [json.loads(x) for x in (run_dir(tmp_path / "plain") / "metrics.jsonl").read_text().splitlines()]
+    assert rows == plain
+
+
+def test_the_transcript_names_every_rank_once_per_round_and_audits(clean: Path) -> None:
+    doc = transcript(clean)
+    assert [r["round"] for r in doc["rounds"]] == list(range(SEALED["rounds"]))
+    for entry in doc["rounds"]:
+        assert [a["rank"] for a in entry["accepted"]] == [0, 1, 2, 3]  # the Byzantine rank too: it speaks as itself
+        assert entry["missing"] == [] and entry["rejected"] == []
+    report = audit(run_dir(clean))
+    assert report.ok, report.problems
+    assert report.accepted == 4 * SEALED["rounds"]
+    res = CliRunner().invoke(app, ["audit", str(run_dir(clean))])
+    assert res.exit_code == 0 and "audit passed" in res.output, res.output
+
+
+def _impostors(keys: Path, port: int) -> list[str]:
+    """Every outsider and stolen-key move of the campaign against a live job; what each one was answered."""
+    answers = []
+    plain = socket.create_connection(("127.0.0.1", port))  # no TLS: a θ, a stop and a 100× vector, in clear
+    plain.sendall(HEADER.pack(MAGIC, Kind.THETA, 3, 8) + b"\x00" * 8 + HEADER.pack(MAGIC, Kind.STOP, 3, 1) + b"X"
+                  + HEADER.pack(MAGIC, Kind.VECTOR, 3, 100 << 20))
+    plain.close()
+    for who, rank, claim in (("other", 1, 1), ("job", 2, 1), ("job", 1, 1), ("job", 3, 1)):
+        # another job's key; rank 2's key claiming rank 1; a copy of rank 1's key; the Byzantine rank's key as 1
+        try:
+            tls = client_context(load_identity(keys / who, rank, 4)).wrap_socket(
+                socket.create_connection(("127.0.0.1", port)))
+            send_frame(tls, Kind.HELLO, 0, json.dumps({"rank": claim, "link": "up", "config": "x"}).encode())
+            _, _, answer = recv_frame(tls, Limits({Kind.REFUSED: 1 << 16}))
+            answers.append(answer.decode(errors="replace"))
+            tls.close()
+        except (ssl.SSLError, OSError, Violation) as exc:
+            answers.append(f"{type(exc).__name__}")
+    return answers
+
+
+def test_the_impostor_campaign_changes_nothing(keys: Path, clean: Path, tmp_path: Path) -> None:
+    hold = tmp_path / "go"
+
+    def script(procs: list[subprocess.Popen[bytes]], errs: Path, port: int) -> None:
+        wait_for("holding round 3", errs, procs[0])
+        answers = _impostors(keys, port)
+        assert answers[0] == "SSLCertVerificationError", answers  # it cannot even verify the server
+        assert "claims rank 1 with rank 2's key" in answers[1], answers
+        assert "runs another config" in answers[2], answers  # checked before "already connected": both refuse
+        assert "claims rank 1 with rank 3's key" in answers[3], answers
+        hold.touch()
+
+    code, errs, _ = job({**SEALED, "keys": str(keys / "job")}, tmp_path / "out", tmp_path,
+                        env={"PHALANX_TEST_HOLD": f"3:{hold}"}, script=script)
+    assert code == 0, errs[-3000:]
+    a, b = final(clean), final(tmp_path / "out")
+    for key in a:
+        assert torch.equal(a[key], b[key]), key  # not a bit of the result changed
+    doc = transcript(tmp_path / "out")
+    rejected = [r for entry in doc["rounds"] for r in entry["rejected"]]
+    reasons = " | ".join(r["reason"] for r in rejected)
+    assert reasons.count("TLS handshake") >= 2, reasons  # no TLS; another job's key
+    assert "claims rank 1 with rank 2's key" in reasons
+    assert "claims rank 1 with rank 3's key" in reasons
+    assert all(entry["missing"] == [] for entry in doc["rounds"])
+    assert all([a["rank"] for a in entry["accepted"]] == [0, 1, 2, 3] for entry in doc["rounds"])
+    report = audit(run_dir(tmp_path / "out"))
+    assert report.ok, report.problems
+    assert sum(report.rejected.values()) == len(rejected) >= 4
+
+
+def test_an_edited_transcript_fails_the_audit(clean: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir(clean), copy)
+    doc = json.loads((copy / TRANSCRIPT).read_text())
+    doc["rounds"][4]["accepted"][1]["sha256"] = "0" * 64  # claim rank 1 sent something else in round 4
+    (copy / TRANSCRIPT).write_text(json.dumps(doc))
+    report = audit(copy)
+    problems = " | ".join(report.problems)
+    assert "not the file the manifest records" in problems
+    assert "round 4: rank 1's signature does not verify" in problems
+    assert "round 4: the chain does not match" in problems
+    del doc["rounds"][6]
+    (copy / TRANSCRIPT).write_text(json.dumps(doc))
+    assert "round 6 is followed by round 7" in " | ".join(audit(copy).problems)
+    res = CliRunner().invoke(app, ["audit", str(copy)])
+    assert res.exit_code == 1 and "audit failed" in res.output
+
+
+def test_an_audit_against_another_allow_list_fails(clean: Path, keys: Path) -> None:
+    report = audit(run_dir(clean), keys / "other" / "allow-list.json")
+    assert not report.ok
+    assert "another allow-list" in report.problems[0]
+    assert any("does not verify" in p for p in report.problems)
+
+
+def test_a_keyed_run_that_lost_too_many_workers_resumes_and_audits(keys: Path, tmp_path: Path) -> None:
+    data = {**SEALED, "keys": str(keys / "job"), "byzantine": 0, "attack": "none", "round_timeout": 2.0}
+    code, errs, _ = job(data, tmp_path / "out", tmp_path, env={"PHALANX_TEST_SLEEP": "1:6:exit,2:6:exit"})
+    assert code == 3, errs[-3000:]
+    code, errs, _ = job(data, tmp_path / "out", tmp_path)
+    assert code == 0, errs[-3000:]
+    doc = transcript(tmp_path / "out")
+    assert [s["from_round"] for s in doc["sessions"]] == [0, 6]  # the abort checkpointed the start of round 6
+    assert [r["round"] for r in doc["rounds"]] == list(range(10))
+    report = audit(run_dir(tmp_path / "out"))
+    assert report.ok, report.problems
+
+
+def test_torchruns_agent_store_carries_only_the_listeners_port(keys: Path, tmp_path: Path) -> None:
+    data = {**SEALED, "keys": str(keys / "job"), "rounds": 4, "eval_every": 2, "checkpoint_every": 2}
+    cfg = write_toml(tmp_path / "job.toml", data)
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
+         "--master-port", str(free_port()), "-m", "phalanx.distributed.worker", str(cfg), "--out",
+         str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert audit(run_dir(tmp_path / "out")).ok
+
+
+def test_the_store_listens_on_master_addr_only() -> None:
+    tcp = Path("/proc/net/tcp")
+    if not tcp.exists():
+        pytest.skip("reads Linux's /proc/net/tcp")
+    port = free_port()
+    store = open_store(RankEnv(0, 2, 0, "127.0.0.1", port, agent_store=False, run_id="t.0"), 5.0)
+    listening = [line.split()[1] for line in tcp.read_text().splitlines()[1:]
+                 if line.split()[3] == "0A" and int(line.split()[1].split(":")[1], 16) == port]
+    assert listening == [f"0100007F:{port:04X}"], listening  # 127.0.0.1, not 0.0.0.0
+    del store
+
+
+def test_ranks_on_several_machines_need_keys_or_insecure(keys: Path) -> None:
+    cfg = make_config({**SEALED, "engine": "torchrun"})
+    two_machines = RankEnv(1, 4, 1, "10.0.0.1", 29500, agent_store=True, run_id="x.0", local_world_size=2)
+    with pytest.raises(ConfigError, match="several machines"):
+        check_identity(cfg, two_machines)
+    assert check_identity(make_config({**SEALED, "engine": "torchrun", "insecure": True}), two_machines) is None
+    keyed = make_config({**SEALED, "engine": "torchrun", "keys": str(keys / "job")})
+    assert check_identity(keyed, two_machines).rank == 1  # type: ignore[union-attr]
+    one_machine = RankEnv(1, 4, 1, "127.0.0.1", 29500, agent_store=False, run_id="x.0", local_world_size=4)
+    assert check_identity(cfg, one_machine) is None

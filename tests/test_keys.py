@@ -1,0 +1,134 @@
+"""Identities of a keyed job: `phalanx keys init` / `rotate`, and every bad key directory refused in one line naming
+the file, before any process starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from phalanx.cli import app
+from phalanx.distributed.keys import ALLOW_LIST, AllowList, init_keys, key_file, load_identity, rotate_key
+from phalanx.errors import ConfigError
+
+runner = CliRunner()
+
+
+def test_init_writes_one_private_key_per_rank_0600_and_a_public_allow_list(tmp_path: Path) -> None:
+    allow = init_keys(tmp_path / "k", 4)
+    assert allow.size == 4
+    for rank in range(4):
+        mode = stat.S_IMODE((tmp_path / "k" / key_file(rank)).stat().st_mode)
+        assert mode == 0o600, oct(mode)
+        ident = load_identity(tmp_path / "k", rank, 4)
+        assert ident.rank == rank
+    assert len(set(allow.by_fingerprint)) == 4  # four different keys
+    assert b"PRIVATE" not in (tmp_path / "k" / ALLOW_LIST).read_bytes()
+
+
+def test_the_command_line_makes_and_rotates_keys(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["keys", "init", str(tmp_path / "k"), "--workers", "3"])
+    assert res.exit_code == 0, res.output
+    before = AllowList.load(tmp_path / "k" / ALLOW_LIST)
+    again = runner.invoke(app, ["keys", "init", str(tmp_path / "k"), "--workers", "3"])
+    assert again.exit_code != 0 and "--force" in str(again.exception)
+    res = runner.invoke(app, ["keys", "rotate", str(tmp_path / "k"), "--rank", "1"])
+    assert res.exit_code == 0, res.output
+    after = AllowList.load(tmp_path / "k" / ALLOW_LIST)
+    assert after.by_rank[0] == before.by_rank[0] and after.by_rank[2] == before.by_rank[2]
+    assert after.by_rank[1] != before.by_rank[1]
+    load_identity(tmp_path / "k", 1, 3)  # the new key matches the new list
+
+
+def test_an_old_key_after_rotation_is_refused(tmp_path: Path) -> None:
+    init_keys(tmp_path / "k", 2)
+    old = (tmp_path / "k" / key_file(1)).read_bytes()
+    rotate_key(tmp_path / "k", 1)
+    (tmp_path / "k" / key_file(1)).write_bytes(old)
+    with pytest.raises(ConfigError, match=r"not the key .* gives rank 1"):
+        load_identity(tmp_path / "k", 1, 2)
+
+
+def _edit_allow_list(directory: Path, edit: object) -> None:
+    path = directory / ALLOW_LIST
+    raw = json.loads(path.read_text())
+    edit(raw)  # type: ignore[operator]
+    path.write_text(json.dumps(raw))
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    ("missing_key", "rank-1.key.*cannot be read"),
+    ("public_in_place_of_private", "holds a public key or a certificate"),
+    ("readable_by_others", "readable by other users"),
+    ("garbage_key", "not an unencrypted PEM private key"),
+    ("someone_elses_key", "it is rank 2's"),
+    ("duplicate_rank", "rank 0 is listed twice"),
+    ("duplicate_key", "have the same key"),
+    ("not_json", "not readable as JSON"),
+    ("missing_allow_list", "allow-list.json.*cannot be read"),
+    ("wrong_size", "exactly 4 ranks"),
+    ("no_directory", "does not exist"),
+])
+def test_bad_key_directories_are_one_line_errors_naming_the_file(tmp_path: Path, damage: str, message: str) -> None:
+    d = tmp_path / "k"
+    init_keys(d, 3)
+    size = 3
+    if damage == "missing_key":
+        (d / key_file(1)).unlink()
+    elif damage == "public_in_place_of_private":
+        (d / key_file(1)).write_text(json.loads((d / ALLOW_LIST).read_text())["ranks"][1]["certificate"])
+        os.chmod(d / key_file(1), 0o600)
+    elif damage == "readable_by_others":
+        os.chmod(d / key_file(1), 0o644)
+    elif damage == "garbage_key":
+        (d / key_file(1)).write_text("-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n")
+    elif damage == "someone_elses_key":
+        (d / key_file(1)).write_bytes((d / key_file(2)).read_bytes())
+    elif damage == "duplicate_rank":
+        _edit_allow_list(d, lambda raw: raw["ranks"].__setitem__(1, {**raw["ranks"][1], "rank": 0}))
+    elif damage == "duplicate_key":
+        _edit_allow_list(d, lambda raw: raw["ranks"].__setitem__(2, {**raw["ranks"][1], "rank": 2,
+                                                                     "fingerprint": None}))
+    elif damage == "not_json":
+        (d / ALLOW_LIST).write_text("{not json")
+    elif damage == "missing_allow_list":
+        (d / ALLOW_LIST).unlink()
+    elif damage == "wrong_size":
+        size = 4
+    elif damage == "no_directory":
+        d = tmp_path / "nowhere"
+    with pytest.raises(ConfigError, match=message) as info:
+        load_identity(d, 1, size)
+    assert "\n" not in str(info.value)
+
+
+def test_launch_refuses_a_bad_key_before_any_process_starts(tmp_path: Path) -> None:
+    init_keys(tmp_path / "k", 4)
+    (tmp_path / "k" / key_file(3)).unlink()
+    res = runner.invoke(app, ["launch", "--workers", "4", "--keys", str(tmp_path / "k"), "--set", "aggregator='cwtm'",
+                              "--set", "f=1", "--set", "byzantine=0", "--set", "rounds=2", "--out",
+                              str(tmp_path / "out")])
+    assert res.exit_code != 0
+    assert "rank-3.key" in str(res.exception)
+    assert not (tmp_path / "out").exists()  # nothing started, nothing written
+
+
+def test_keys_are_refused_on_the_topologies_not_sealed_yet(tmp_path: Path) -> None:
+    from phalanx.experiments import make_config
+
+    init_keys(tmp_path / "k", 4)
+    with pytest.raises(ConfigError, match=r"keys=.*topology = 'serverless'"):
+        make_config({"engine": "torchrun", "topology": "serverless", "workers": 4, "aggregator": "cwtm",
+                     "keys": str(tmp_path / "k")})
+
+
+def test_keys_change_no_run_id(tmp_path: Path) -> None:
+    from phalanx.experiments import grid, make_config
+
+    plain = make_config({"engine": "torchrun", "workers": 4, "aggregator": "cwtm", "f": 1})
+    keyed = make_config({"engine": "torchrun", "workers": 4, "aggregator": "cwtm", "f": 1, "keys": str(tmp_path)})
+    assert grid.run_id(plain) == grid.run_id(keyed)

@@ -1,0 +1,335 @@
+"""Sealed links, attacked in one process with real TLS sockets on loopback: every impostor of the campaign is refused
+or its message rejected with a recorded reason, and only allow-listed ranks' genuine vectors are accepted, once.
+
+The server side is a real :class:`~phalanx.distributed.sealed.SealedLinks`; genuine workers are real
+:class:`~phalanx.distributed.sealed.SealedWorkerLinks`; impostors speak the same frames from their own sockets, or
+sit on the path as a TCP proxy that records, flips or cuts bytes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import ssl
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from phalanx.distributed import wire
+from phalanx.distributed.channel import HEADER, MAGIC, Kind, client_context, send_frame
+from phalanx.distributed.keys import Identity, init_keys, load_identity
+from phalanx.distributed.sealed import SealedLinks, SealedWorkerLinks, signed_message
+from phalanx.errors import PhalanxError
+
+DIGEST = "c0nf1g"
+ROW = 64  # bytes of one vector (16 float32)
+N = 4
+
+
+@pytest.fixture(scope="module")
+def keydir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("keys")
+    init_keys(d / "job", N)
+    init_keys(d / "other", N)  # a second job's keys: none of them is on the first job's list
+    return d
+
+
+def ident(keydir: Path, rank: int, job: str = "job") -> Identity:
+    return load_identity(keydir / job, rank, N)
+
+
+@pytest.fixture
+def server(keydir: Path) -> Iterator[SealedLinks]:
+    links = SealedLinks(ident(keydir, 0), "127.0.0.1", 0, DIGEST, ROW, N)
+    links.offer({"config": DIGEST, "round": 0, "streams": {}, "momentum": None})
+    yield links
+    links.closed = True
+    links.close()
+
+
+def worker(keydir: Path, server: SealedLinks, rank: int, port: int | None = None) -> SealedWorkerLinks:
+    w = SealedWorkerLinks(ident(keydir, rank), "127.0.0.1", port or server.port, DIGEST, ROW, N)
+    init = w.init()
+    assert init["round"] == 0
+    w.ready()
+    return w
+
+
+def wait(cond: Callable[[], bool], server: SealedLinks) -> None:
+    with server.cond:
+        assert server.cond.wait_for(cond, 20.0), "timed out waiting for the server"
+
+
+def reasons(server: SealedLinks) -> str:
+    return " | ".join(r.reason for r in server.rejections)
+
+
+def row(value: int) -> bytes:
+    return bytes([value]) * ROW
+
+
+def raw_tls(keydir: Path, rank: int, server: SealedLinks, job: str = "job") -> ssl.SSLSocket:
+    ctx = client_context(ident(keydir, rank, job))
+    return ctx.wrap_socket(socket.create_connection(("127.0.0.1", server.port)))
+
+
+def hello(tls: ssl.SSLSocket, rank: object, link: str, config: str = DIGEST) -> None:
+    import json
+
+    send_frame(tls, Kind.HELLO, 0, json.dumps({"rank": rank, "link": link, "config": config}).encode())
+
+
+def test_genuine_workers_are_heard_once_each_with_their_signature(keydir: Path, server: SealedLinks) -> None:
+    workers = {r: worker(keydir, server, r) for r in (1, 2, 3)}
+    assert server.joined(N) == {1, 2, 3}
+    server.publish_theta(0, wire.THETA + row(0))
+    for r, w in workers.items():
+        assert w.next_message(0) == (0, wire.THETA + row(0))
+        w.send_vector(0, row(r))
+    got = server.collect(0, [1, 2, 3], set(), 20.0)
+    assert {r: bytes(v) for r, v in got.items()} == {r: row(r) for r in (1, 2, 3)}
+    acc = server.accepted(0, 2)
+    assert acc is not None
+    import hashlib
+
+    assert acc.sha256 == hashlib.sha256(row(2)).hexdigest()
+    public = ident(keydir, 2).allow.public_key(2)
+    public.verify(bytes.fromhex(acc.signature), signed_message(server.nonce, DIGEST, 0, 2, bytes.fromhex(acc.sha256)))
+    assert server.rejections == []
+
+
+def test_an_outsider_without_tls_or_without_a_certificate_is_refused(keydir: Path, server: SealedLinks) -> None:
+    plain = socket.create_connection(("127.0.0.1", server.port))
+    plain.sendall(HEADER.pack(MAGIC, Kind.VECTOR, 0, ROW) + row(9))  # the protocol's bytes, in clear
+    plain.close()
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    anon = ctx.wrap_socket(socket.create_connection(("127.0.0.1", server.port)))  # TLS, but no client certificate
+    with pytest.raises((ssl.SSLError, OSError)):
+        hello(anon, 1, "down")
+        anon.recv(1)
+    wait(lambda: len(server.rejections) >= 2, server)
+    assert all("TLS handshake" in r.reason and r.rank is None for r in server.rejections[:2]), reasons(server)
+    assert server.up == {} and server.down == {}
+
+
+def test_an_outsider_with_its_own_key_not_on_the_list_is_refused(keydir: Path, server: SealedLinks) -> None:
+    with pytest.raises((ssl.SSLError, OSError)):
+        tls = raw_tls(keydir, 1, server, job="other")
+        hello(tls, 1, "down")
+        tls.recv(1)
+    wait(lambda: len(server.rejections) >= 1, server)
+    assert "TLS handshake" in server.rejections[0].reason and server.rejections[0].rank is None
+    assert server.down == {}
+
+
+def test_a_rank_claiming_another_ranks_identity_is_refused(keydir: Path, server: SealedLinks) -> None:
+    tls = raw_tls(keydir, 2, server)  # rank 2's own key, claiming to be rank 1
+    hello(tls, 1, "down")
+    assert tls.recv(64)[:4] == MAGIC  # the REFUSED frame
+    wait(lambda: len(server.rejections) >= 1, server)
+    assert server.rejections[0].rank == 2 and "claims rank 1 with rank 2's key" in server.rejections[0].reason
+    assert server.down == {}
+
+
+def test_one_key_used_for_two_ranks_or_twice_is_refused(keydir: Path, server: SealedLinks) -> None:
+    worker(keydir, server, 1)
+    tls = raw_tls(keydir, 1, server)  # a copy of rank 1's key, while rank 1 is connected
+    hello(tls, 1, "down")
+    wait(lambda: len(server.rejections) >= 1, server)
+    assert "already connected (down): one key used twice" in reasons(server)
+    tls2 = raw_tls(keydir, 1, server)
+    hello(tls2, 3, "down")  # rank 1's key claiming rank 3
+    wait(lambda: len(server.rejections) >= 2, server)
+    assert "claims rank 3 with rank 1's key" in reasons(server)
+    assert set(server.down) == {1}
+
+
+def test_a_worker_refuses_a_server_that_is_not_rank_0(keydir: Path) -> None:
+    fake = SealedLinks(ident(keydir, 2), "127.0.0.1", 0, DIGEST, ROW, N)  # a listed key, but not the server's
+    fake.offer({"config": DIGEST, "round": 0, "streams": {}, "momentum": None})
+    try:
+        w = SealedWorkerLinks(ident(keydir, 1), "127.0.0.1", fake.port, DIGEST, ROW, N)
+        with pytest.raises(PhalanxError, match="holds rank 2's key, not rank 0's"):
+            w.init()
+        outsider = SealedLinks(ident(keydir, 0, "other"), "127.0.0.1", 0, DIGEST, ROW, N)
+        outsider.offer({"config": DIGEST, "round": 0, "streams": {}, "momentum": None})
+        w = SealedWorkerLinks(ident(keydir, 1), "127.0.0.1", outsider.port, DIGEST, ROW, N)
+        with pytest.raises(PhalanxError, match="did not prove a key of the allow-list"):
+            w.init()
+        outsider.close()
+    finally:
+        fake.close()
+
+
+def _signed_frame(identity: Identity, nonce: bytes, t: int, signer_rank: int, body: bytes, frame_round: int) -> bytes:
+    import hashlib
+
+    sig = identity.sign(signed_message(nonce, DIGEST, t, signer_rank, hashlib.sha256(body).digest()))
+    payload = sig + body
+    return HEADER.pack(MAGIC, Kind.VECTOR, frame_round, len(payload)) + payload
+
+
+def test_replayed_relayed_and_forged_vectors_are_rejected(keydir: Path, server: SealedLinks) -> None:
+    w1, w2 = worker(keydir, server, 1), worker(keydir, server, 2)
+    server.publish_theta(0, wire.THETA + row(0))
+    w1.send_vector(0, row(1))
+    wait(lambda: (0, 1) in server.inbox, server)
+    server.publish_theta(1, wire.THETA + row(0))
+    assert w2.up is not None
+    # rank 2 relays rank 1's signed round-0 vector as its own, and replays it into round 1
+    w2.up.sendall(_signed_frame(ident(keydir, 1), server.nonce, 0, 1, row(1), frame_round=1))
+    # rank 2 replays its own signature of round 0 in round 1
+    w2.up.sendall(_signed_frame(ident(keydir, 2), server.nonce, 0, 2, row(2), frame_round=1))
+    # rank 2 signs with another run's nonce (a message recorded in another run)
+    w2.up.sendall(_signed_frame(ident(keydir, 2), b"\x00" * 32, 1, 2, row(2), frame_round=1))
+    # rank 2's key signs for the right round, but the body was changed after signing
+    frame = bytearray(_signed_frame(ident(keydir, 2), server.nonce, 1, 2, row(2), frame_round=1))
+    frame[-1] ^= 1
+    w2.up.sendall(frame)
+    wait(lambda: len(server.rejections) >= 4, server)
+    assert reasons(server).count("signature that does not verify") == 4
+    w2.send_vector(1, row(2))  # its genuine vector still gets in
+    w2.send_vector(1, row(3))  # … once
+    wait(lambda: len(server.rejections) >= 5, server)
+    assert "second vector in round 1" in reasons(server)
+    got = server.collect(1, [1, 2], {1}, 5.0)
+    assert {r: bytes(v) for r, v in got.items()} == {2: row(2)}
+
+
+def test_a_vector_for_a_round_not_begun_is_rejected(keydir: Path, server: SealedLinks) -> None:
+    w1 = worker(keydir, server, 1)
+    server.publish_theta(0, wire.THETA + row(0))
+    w1.send_vector(5, row(1))
+    wait(lambda: len(server.rejections) >= 1, server)
+    assert "round 5, which has not begun" in reasons(server)
+    assert (5, 1) not in server.inbox
+
+
+@pytest.mark.parametrize(("frame", "reason"), [
+    (HEADER.pack(MAGIC, Kind.VECTOR, 0, 100 * (64 + ROW + (1 << 16))), "more than the"),
+    (HEADER.pack(MAGIC, Kind.THETA, 0, ROW) + row(1), "THETA frame, which this end never accepts"),
+    (HEADER.pack(MAGIC, Kind.STOP, 0, 1) + b"X", "STOP frame, which this end never accepts"),
+    (HEADER.pack(b"JUNK", Kind.VECTOR, 0, ROW), "magic bytes"),
+    (HEADER.pack(MAGIC, 99, 0, 1), "unknown kind 99"),
+    (HEADER.pack(MAGIC, Kind.VECTOR, 0, 64 + ROW) + row(1), "cut short"),
+    (HEADER.pack(MAGIC, Kind.VECTOR, 0, 64 + ROW), "cut short"),
+])
+def test_oversized_foreign_and_cut_frames_close_the_link_unread(
+    keydir: Path, server: SealedLinks, frame: bytes, reason: str,
+) -> None:
+    w1 = worker(keydir, server, 1)
+    server.publish_theta(0, wire.THETA + row(0))
+    assert w1.up is not None
+    w1.up.sendall(frame)
+    if reason == "cut short":
+        try:
+            w1.up.unwrap()  # a clean TLS close (close_notify) in the middle of the frame
+        except (ssl.SSLError, OSError):  # sent; the server closed without answering it
+            pass
+        w1.up.close()
+    wait(lambda: len(server.rejections) >= 1, server)
+    assert reason in reasons(server), reasons(server)
+    wait(lambda: 1 not in server.up, server)  # the link is closed: rank 1 is missing from now on
+    assert server.collect(0, [1], set(), 1.0) == {}
+
+
+class Proxy:
+    """A TCP proxy on the path between a worker and the server: forwards both ways, records what each connection's
+    worker side sends, and on connection number ``conn`` flips one byte, or cuts the stream, at byte ``at``."""
+
+    def __init__(self, target: int, *, conn: int = -1, at: int = -1, how: str = "") -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.target = target
+        self.conn, self.at, self.how = conn, at, how
+        self.sent: list[bytearray] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                a, _ = self.listener.accept()
+            except OSError:
+                return
+            b = socket.create_connection(("127.0.0.1", self.target))
+            self.sent.append(bytearray())
+            index = len(self.sent) - 1
+            threading.Thread(target=self._pump, args=(a, b, index), daemon=True).start()
+            threading.Thread(target=self._pump, args=(b, a, None), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, index: int | None) -> None:
+        try:
+            while data := src.recv(65536):
+                if index is not None:
+                    record = self.sent[index]
+                    start = len(record)
+                    record += data
+                    buf = bytearray(data)
+                    if index == self.conn and start <= self.at < start + len(buf):
+                        if self.how == "cut":
+                            dst.sendall(buf[: self.at - start])
+                            break
+                        buf[self.at - start] ^= 0x40
+                    data = bytes(buf)
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_recorded_traffic_replayed_on_a_new_connection_is_refused(keydir: Path, server: SealedLinks) -> None:
+    proxy = Proxy(server.port)
+    w = worker(keydir, server, 1, port=proxy.port)
+    server.publish_theta(0, wire.THETA + row(0))
+    w.send_vector(0, row(1))
+    wait(lambda: (0, 1) in server.inbox, server)
+    before = len(server.rejections)
+    replay = socket.create_connection(("127.0.0.1", server.port))  # an on-path attacker replays the uplink it saw
+    replay.sendall(bytes(proxy.sent[1]))
+    wait(lambda: len(server.rejections) > before, server)
+    assert "TLS handshake" in server.rejections[-1].reason, reasons(server)
+    assert [k for k in server.inbox if k[1] == 1] == [(0, 1)]
+    replay.close()
+    proxy.close()
+
+
+@pytest.mark.parametrize("how", ["flip", "cut"])
+def test_a_flipped_or_cut_byte_on_the_path_never_reaches_the_rule(keydir: Path, server: SealedLinks, how: str) -> None:
+    # measure, through an honest proxy, how many bytes rank 2's uplink carries before and with its vector
+    probe = Proxy(server.port)
+    w2 = worker(keydir, server, 2, port=probe.port)
+    wait(lambda: 2 in server.up, server)  # its introduction went through the proxy
+    before = len(probe.sent[1])
+    server.publish_theta(0, wire.THETA + row(0))
+    w2.send_vector(0, row(2))
+    wait(lambda: (0, 2) in server.inbox, server)
+    size = len(probe.sent[1]) - before
+    probe.close()
+    # rank 1's uplink (the proxy's second connection) gets the byte flipped, or the stream cut, inside its vector
+    proxy = Proxy(server.port, conn=1, at=before + size // 2, how=how)
+    w = worker(keydir, server, 1, port=proxy.port)
+    w.send_vector(0, row(1))
+    wait(lambda: any(r.rank == 1 for r in server.rejections), server)
+    assert (0, 1) not in server.inbox
+    assert "uplink" in reasons(server)
+    assert set(server.collect(0, [1, 2], set(), 2.0)) == {2}
+    proxy.close()
+
+
+def test_copies_of_the_key_directory_are_not_needed_beyond_own_key(keydir: Path, tmp_path: Path) -> None:
+    """A machine needs only the allow-list and its own private key."""
+    only = tmp_path / "machine2"
+    only.mkdir()
+    shutil.copy(keydir / "job" / "allow-list.json", only / "allow-list.json")
+    shutil.copy(keydir / "job" / "rank-2.key", only / "rank-2.key")
+    assert load_identity(only, 2, N).rank == 2
