@@ -224,6 +224,69 @@ def distributed_round(n: int, attack: str, topology: str, warmup: int, rounds: i
     }
 
 
+KEYS_HIDDEN = 13_333
+"""The keys comparison's MLP width: 64·13,333 + 13,333 + 13,333·10 + 10 = 1,000,052 parameters (a 4 MB vector)."""
+KEYS_TARGET = 1.1
+"""The keyed parameter-server round within this factor of the same round without keys (issue: ≤ 1.1×)."""
+
+
+def keys_round(n: int, keyed: bool, keydir: Path, warmup: int, rounds: int, timeout: float) -> dict[str, Any]:
+    """The parameter-server round at d ≈ 10⁶ (no attack), with the job's keys (sealed TLS links, signed vectors,
+    the transcript) or without (the c10d store): rank 0's median round."""
+    from phalanx.distributed import launch
+
+    with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
+        cfg = {**config(n, "none", warmup + rounds), "model_params": {"hidden": [KEYS_HIDDEN]}, "batch_size": 16}
+        if keyed:
+            cfg["keys"] = str(keydir)
+        cfg_path = Path(tmp) / "job.toml"
+        lines = [f"{k} = {json.dumps(v)}\n" for k, v in cfg.items() if k != "model_params"]
+        cfg_path.write_text("".join(lines) + f"model_params = {{ hidden = [{KEYS_HIDDEN}] }}\n")
+        out = Path(tmp) / "out"
+        with (Path(tmp) / "stderr").open("wb") as err:
+            procs = launch.spawn(n, launch.worker_args(cfg_path, [], out), stderr=err)
+            code = launch.supervise(procs, timeout_s=timeout, say=lambda s: None)
+        if code != 0:
+            return {"error": f"rank 0 exit status {code}: {(Path(tmp) / 'stderr').read_text()[-800:]}"}
+        log = json.loads(next(out.iterdir()).joinpath("distributed.json").read_text())
+    timed = [r["seconds"] for r in log["rounds"] if warmup <= r["round"] < warmup + rounds - 1]
+    return {"round_s": statistics.median(timed), "missing_rounds": sum(1 for r in log["rounds"] if r["missing"])}
+
+
+def keys_comparison(ns: list[int], repeats: int, warmup: int, rounds: int, timeout: float) -> list[dict[str, Any]]:
+    """Without and with keys, alternating ``repeats`` times per n (so drift in the machine's load hits both); the
+    ratio of the medians of the two."""
+    from phalanx.distributed.keys import init_keys
+
+    out = []
+    with tempfile.TemporaryDirectory(prefix="phalanx-keys-") as tmp:
+        for n in ns:
+            keydir = Path(tmp) / f"n{n}"
+            init_keys(keydir, n)
+            plain, keyed = [], []
+            for _ in range(repeats):
+                for flag, into in ((False, plain), (True, keyed)):
+                    got = keys_round(n, flag, keydir, warmup, rounds, timeout)
+                    if "error" in got:
+                        raise RuntimeError(got["error"])
+                    into.append(got["round_s"])
+            row = {"n": n, "d": 75 * KEYS_HIDDEN + 10, "plain_s": plain, "keyed_s": keyed,
+                   "ratio": statistics.median(keyed) / statistics.median(plain)}
+            print(json.dumps(row), flush=True)
+            out.append(row)
+    return out
+
+
+def keys_table(rows: list[dict[str, Any]]) -> str:
+    """The Markdown table of the keys comparison."""
+    lines = ["| n | d | round without keys ms (runs) | with keys ms (runs) | with ÷ without |", "|---|---|---|---|---|"]
+    for r in rows:
+        runs = ", ".join(f"{1e3 * x:.0f}" for x in r["plain_s"]), ", ".join(f"{1e3 * x:.0f}" for x in r["keyed_s"])
+        lines.append(f"| {r['n']} | {r['d']:,} | {1e3 * statistics.median(r['plain_s']):.1f} ({runs[0]}) | "
+                     f"{1e3 * statistics.median(r['keyed_s']):.1f} ({runs[1]}) | {r['ratio']:.3f}× |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """The Markdown table of the measurements."""
     head = (
@@ -261,6 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per launched job (default 600)")
     ap.add_argument("--markdown", metavar="PATH", help="also write the table as Markdown to PATH")
     ap.add_argument("--json", metavar="PATH", help="also write the raw measurements as JSON to PATH")
+    ap.add_argument("--keys", choices=("with", "only", "skip"), default="with",
+                    help="the parameter-server round with and without keys at d ≈ 10⁶: with the rest (default), "
+                    "only it, or not at all")
+    ap.add_argument("--keys-rounds", type=int, default=40, help="timed rounds per keys-comparison job (default 40)")
+    ap.add_argument("--keys-repeats", type=int, default=2, help="alternations without / with keys (default 2)")
     args = ap.parse_args(argv)
     import torch
 
@@ -271,6 +339,18 @@ def main(argv: list[str] | None = None) -> int:
         "platform": platform.platform(), "load_start": os.getloadavg()[0],
     }
     print(f"# {env}", flush=True)
+    keys_rows: list[dict[str, Any]] = []
+    if args.keys != "skip":
+        keys_rows = keys_comparison([n for n in ns if n in TARGET_NS] or ns, args.keys_repeats, 5, args.keys_rounds,
+                                    args.timeout)
+        print(keys_table(keys_rows))
+        worst = max(r["ratio"] for r in keys_rows)
+        print(f"target (keyed round ≤ {KEYS_TARGET:g}× the round without keys, d ≈ 10⁶): "
+              f"{'met' if worst <= KEYS_TARGET else 'not met'} (worst {worst:.3f}×)", flush=True)
+        if args.keys == "only":
+            if args.json:
+                Path(args.json).write_text(json.dumps({"env": env, "keys": keys_rows}, indent=1))
+            return 0
     rows = []
     grad1 = one_row_gradient(args.warmup, args.rounds)
     rtt = store_round_trip(args.rounds)
@@ -301,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         Path(args.markdown).write_text(md + "\n")
     if args.json:
-        Path(args.json).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"env": env, "rows": rows, "keys": keys_rows}, indent=1))
     return 0
 
 
