@@ -13,7 +13,8 @@ from phalanx import aggregators, attacks, data, models
 from phalanx.decentralized import topology
 from phalanx.errors import ConfigError
 from phalanx.training import DSGD, Experiment, Loop, run
-from phalanx.training.gossip import Gossip, closed_neighbourhoods
+from phalanx.training.gossip import Gossip
+from phalanx.training.neighbourhood import closed_neighbourhoods
 
 DS = data.load("digits")
 

@@ -124,3 +124,102 @@ def test_the_graph_sees_imports_inside_functions() -> None:
     """The checker itself: an import inside a function counts (the layers would otherwise hide there)."""
     tree = ast.parse("def f():\n    from phalanx.experiments import store\n")
     assert _imported(tree) == {"experiments"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _submodule(package: str, name: str) -> bool:
+    """Whether ``package.name`` is a module of the package (a ``.py`` file, a subpackage or a compiled extension)."""
+    base = SRC.parent.joinpath(*package.split("."))
+    return (base / f"{name}.py").exists() or (base / name).is_dir() or any(base.glob(f"{name}.*.so"))
+
+
+def module_imports(tree: ast.AST, type_only: bool) -> set[str]:
+    """The phalanx modules a module imports when it runs — at module level or inside functions — and, with
+    ``type_only``, also those imported only for type checking (``if TYPE_CHECKING:``)."""
+    out: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and not type_only and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "phalanx":
+            for alias in node.names:
+                out.add(f"{node.module}.{alias.name}" if _submodule(node.module, alias.name) else node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.split(".")[0] == "phalanx")
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return out
+
+
+def module_cycles(type_only: bool) -> list[list[str]]:
+    """The strongly connected components (more than one module) of the package's module import graph."""
+    files = {_module_name(f): f for f in SRC.rglob("*.py")}
+    edges = {m: {t for t in module_imports(ast.parse(f.read_text()), type_only) if t in files and t != m}
+             for m, f in files.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def strong(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            strong(v)
+    return sorted(out)
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """No two modules import each other, directly or around a loop, when they run (imports inside functions
+    included): each one can be read, tested and replaced on its own."""
+    assert module_cycles(type_only=False) == []
+
+
+TYPE_ONLY_CYCLES = [
+    ["phalanx.training.dsgd", "phalanx.training.experiment", "phalanx.training.fedbn", "phalanx.training.problem",
+     "phalanx.training.server"],
+    ["phalanx.training.gossip", "phalanx.training.gossip_node"],
+]
+"""Cycles that close only through imports for type checking (``if TYPE_CHECKING:``). They do not run, but they
+still tie the modules' types together; they are listed so that none is added and each one removed is noticed."""
+
+
+def test_type_only_import_cycles_do_not_grow() -> None:
+    assert module_cycles(type_only=True) == TYPE_ONLY_CYCLES
+
+
+def test_the_cycle_checker_sees_a_cycle() -> None:
+    """The checker itself, on two modules that import each other inside functions."""
+    a = ast.parse("def f():\n    from phalanx.training import loop\n")
+    assert module_imports(a, type_only=False) == {"phalanx.training.loop"}
+    tc = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from phalanx.training.loop import Loop\n")
+    assert module_imports(tc, type_only=False) == set()
+    assert module_imports(tc, type_only=True) == {"phalanx.training.loop"}

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phalanx.decentralized.topology import ALGORITHMS
 from phalanx.experiments.store import atomic_write_text
 from phalanx.training.loop import Callback, Loop, RoundInfo
 from phalanx.training.state import Snapshot
@@ -28,24 +27,23 @@ class RoundLog:
     received: int
 
 
-class DistributedLog(Callback):
-    """``distributed.json`` in the run directory, written with every checkpoint (``due``: the run directory's
-    schedule), when the run stops early and at the end; on resume, the rounds logged before the checkpoint are kept."""
+class WrittenWithCheckpoints(Callback):
+    """A record of rank 0's that is written with every checkpoint (``due``: the run directory's schedule,
+    ``RunDirectory.checkpoints``), when the run stops early and at the end; subclasses say what a round adds
+    (:meth:`record`) and how the record is written (:meth:`write`)."""
 
-    def __init__(self, path: Path, topology: str, world_size: int, due: Callable[[int], bool]) -> None:
-        self.path = path
-        self.topology = topology
-        self.world_size = world_size
-        self.due = due  # whether the run directory checkpoints after this many rounds (RunDirectory.checkpoints)
-        self.log: list[RoundLog] = []
+    def __init__(self, due: Callable[[int], bool]) -> None:
+        self.due = due
 
-    def on_start(self, loop: Loop) -> None:
-        if loop.resumed and self.path.exists():
-            logged = json.loads(self.path.read_text())["rounds"]
-            self.log = [RoundLog(**r) for r in logged if r["round"] < loop.state.round]
+    def record(self, loop: Loop, info: RoundInfo) -> None:
+        """What round ``info.round`` adds to the record (before it may be written)."""
+
+    def write(self) -> None:
+        """Write the record (atomically)."""
+        raise NotImplementedError
 
     def on_round(self, loop: Loop, info: RoundInfo) -> None:
-        self.log.append(RoundLog(info.round, info.seconds, info.missing, info.sent, info.received))
+        self.record(loop, info)
         if self.due(loop.state.round):
             self.write()
 
@@ -55,6 +53,26 @@ class DistributedLog(Callback):
 
     def on_finish(self, loop: Loop) -> None:
         self.write()
+
+
+class DistributedLog(WrittenWithCheckpoints):
+    """``distributed.json`` in the run directory (written with every checkpoint, when the run stops early and at the
+    end); on resume, the rounds logged before the checkpoint are kept."""
+
+    def __init__(self, path: Path, topology: str, world_size: int, due: Callable[[int], bool]) -> None:
+        super().__init__(due)
+        self.path = path
+        self.topology = topology
+        self.world_size = world_size
+        self.log: list[RoundLog] = []
+
+    def on_start(self, loop: Loop) -> None:
+        if loop.resumed and self.path.exists():
+            logged = json.loads(self.path.read_text())["rounds"]
+            self.log = [RoundLog(**r) for r in logged if r["round"] < loop.state.round]
+
+    def record(self, loop: Loop, info: RoundInfo) -> None:
+        self.log.append(RoundLog(info.round, info.seconds, info.missing, info.sent, info.received))
 
     def summary(self) -> dict[str, Any]:
         """Median round time and mean bytes per round (over the logged rounds)."""
@@ -91,8 +109,8 @@ class RankLog(Callback):
 
     def on_round(self, loop: Loop, info: RoundInfo) -> None:
         missing = info.missing
-        gossip = loop.experiment.algorithm.name in ALGORITHMS  # missing: rank 0's graph neighbours
-        who = "ranks" if loop.experiment.algorithm.name == "dsgd" else "neighbours" if gossip else "clients"
+        gossip = loop.experiment.algorithm.decentralized  # missing: rank 0's graph neighbours
+        who = loop.experiment.algorithm.missing_word
         if missing != self.last_missing and gossip:
             self.say(f"round {info.round}: no message in time from neighbours {missing}; node 0 took its own local "
                      "step in their place" if missing else f"round {info.round}: every neighbour is back")

@@ -27,6 +27,8 @@ import torch
 from torch import Tensor
 
 from phalanx.attacks.base import Attack, AttackContext, DataAttack
+from phalanx.errors import ConfigError
+from phalanx.training.algorithm import RoundAlgorithm
 from phalanx.training.problem import Problem
 from phalanx.training.shards import WorkerData, sample_batch_of, sample_batches
 from phalanx.training.state import Received, SlotPlan
@@ -38,13 +40,15 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class DSGD:
+class DSGD(RoundAlgorithm):
     """Distributed SGD with worker momentum: ``batch_size`` samples per worker per round, momentum β, L2 penalty λ."""
 
     batch_size: int = 32
     momentum: float = 0.9
     weight_decay: float = 0.0
     name = "dsgd"
+    missing_word = "ranks"
+    runs_on_device = True
 
     def __post_init__(self) -> None:
         check_int("batch_size", self.batch_size, low=1)
@@ -62,6 +66,13 @@ class DSGD:
     def one_worker(self, exp: Experiment, rank: int, streams: dict[str, Tensor], momentum: Tensor | None) -> OneWorker:
         """Worker ``rank`` of ``exp`` alone (``momentum``: its own row, ``(d,)``, or None)."""
         return OneWorker(self, exp, rank, streams, momentum)
+
+    def check(self, run: Experiment) -> None:
+        """A DSGD worker's vector is carried into its momentum: boosting it (a federated attack's knob) is refused."""
+        boost = float(getattr(run.attack, "boost", 1.0))
+        if boost != 1.0:
+            raise ConfigError("boost", boost, "1 with distributed SGD (boosting scales a federated client's update; a "
+                              "DSGD worker's vector is carried into its momentum)")
 
 
 def computing_workers(attack: Attack | DataAttack, workers: int, byzantine: int) -> int:

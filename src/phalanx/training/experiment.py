@@ -32,9 +32,8 @@ from phalanx.attacks.none import NoAttack
 from phalanx.data.partition import partition
 from phalanx.errors import ConfigError
 from phalanx.training import devices
+from phalanx.training.algorithm import RoundAlgorithm
 from phalanx.training.dsgd import DSGD
-from phalanx.training.fedavg import FedAvg
-from phalanx.training.gossip import Gossip
 from phalanx.training.optim import SGD, ServerOptimizer
 from phalanx.training.problem import Loss, Problem
 from phalanx.training.schedule import LRSchedule
@@ -91,7 +90,7 @@ class Experiment:
     byzantine: int = 0
     attack: Attack | DataAttack = field(default_factory=NoAttack)
     rounds: int = 100
-    algorithm: DSGD | FedAvg | Gossip = field(default_factory=DSGD)
+    algorithm: RoundAlgorithm = field(default_factory=DSGD)
     optimizer: ServerOptimizer = field(default_factory=SGD)
     lr: float | Callable[[int], float] = 0.1
     shards: list[Tensor] | None = None
@@ -113,29 +112,29 @@ class Experiment:
             raise ConfigError("byzantine", self.byzantine, f"< workers = {n} (at least one honest worker)")
         if not callable(self.rule) or not hasattr(self.rule, "f"):
             raise ConfigError("rule", self.rule, "an aggregator (phalanx.aggregators.make(...))")
-        m = self.algorithm.per_round(n)  # the vectors the rule aggregates each round (at least, in a gossip round)
-        what = ("the smallest closed neighbourhood of the graph" if isinstance(self.algorithm, Gossip)
-                else "workers" if m == n else "clients_per_round")
+        algo = self.algorithm
+        if not isinstance(algo, RoundAlgorithm):
+            raise ConfigError("algorithm", algo, "a round algorithm (a phalanx.training.algorithm.RoundAlgorithm)")
+        m = algo.per_round(n)  # the vectors the rule aggregates each round (at least, in a gossip round)
+        what = algo.population(n)
         if 2 * self.rule.f >= m:
             raise ConfigError("f", self.rule.f, f"< {what}/2 = {m / 2:g} (f ≥ n/2 is beyond any robust rule)")
         if m < self.rule.min_workers():
             raise ConfigError(what, m, f">= {self.rule.min_workers()} for {self.rule!r} ({self.rule.requirement})")
-        boost = float(getattr(self.attack, "boost", 1.0))
-        if boost != 1.0 and isinstance(self.algorithm, DSGD):
-            raise ConfigError("boost", boost, "1 with distributed SGD (boosting scales a federated client's update; a "
-                              "DSGD worker's vector is carried into its momentum)")
-        on_device = isinstance(self.algorithm, DSGD | FedAvg)  # the rounds that run on a CUDA device so far
+        algo.check(self)
+        on_device = algo.runs_on_device
         self.device = device = devices.resolve("cpu" if self.device == "auto" and not on_device else self.device)
         if device.type != "cpu" and not on_device:
-            raise ConfigError("device", str(device), f"'cpu' with {type(self.algorithm).__name__} (decentralized "
-                              "rounds run on the CPU so far)")
+            rounds = "decentralized rounds" if algo.decentralized else "its rounds"
+            raise ConfigError("device", str(device),
+                              f"'cpu' with {type(algo).__name__} ({rounds} run on the CPU so far)")
         self.problem = self.model if isinstance(self.model, Problem) else Problem(self.model, loss=self.loss)
         _move(self.problem, device)
-        if self.problem.norm_stats is not None and isinstance(self.algorithm, DSGD):
+        if self.problem.norm_stats is not None and not algo.pools_norm_stats:
             raise ConfigError("model", "a model with BatchNorm / Hybrid BN layers (FedNorm2d)", "a model without them "
-                              "with distributed SGD (their statistics are measured and pooled by federated rounds: "
-                              "algorithm FedAvg)")
-        if self.problem.local_norms is not None and not isinstance(self.algorithm, FedAvg):
+                              f"with {type(algo).__name__} (their statistics are measured and pooled by federated "
+                              "rounds: algorithm FedAvg)")
+        if self.problem.local_norms is not None and not algo.keeps_local_norms:
             raise ConfigError("model", "a FedBN model (FedNorm2d layers in 'fedbn' mode)", "a model without them with "
                               f"{type(self.algorithm).__name__} (every client keeps its BatchNorm layers between "
                               "federated rounds: algorithm FedAvg)")

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.errors import ConfigError
+from phalanx.training.algorithm import RoundAlgorithm
 from phalanx.training.dsgd import byzantine_vectors, poison_rows
 from phalanx.training.shards import sample_batches_of
 from phalanx.training.state import Received, SlotPlan
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class FedAvg:
+class FedAvg(RoundAlgorithm):
     """Federated averaging: ``clients_per_round`` sampled clients (None: all), ``local_steps`` SGD steps each (or
     ``local_epochs`` passes over its shard) with batch ``batch_size``, client learning rate ``lr`` (a number or a
     schedule over rounds), local momentum, weight decay and FedProx's ``prox_mu``. A model with BatchNorm / Hybrid BN
@@ -69,6 +70,10 @@ class FedAvg:
     stats_batch: int = 64
     stats_momentum: float = 0.1
     name = "fedavg"
+    missing_word = "clients"
+    runs_on_device = True
+    pools_norm_stats = True
+    keeps_local_norms = True
 
     def __post_init__(self) -> None:
         if self.clients_per_round is not None:
@@ -91,6 +96,10 @@ class FedAvg:
         if c > workers:
             raise ConfigError("clients_per_round", c, f"<= clients = {workers}")
         return c
+
+    def norm_stats_momentum(self) -> float:
+        """``stats_momentum``: how much of the round's pooled statistics is blended into the global ones."""
+        return self.stats_momentum
 
     def client_lr(self, t: int) -> float:
         """The clients' learning rate in round t."""

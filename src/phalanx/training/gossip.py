@@ -46,10 +46,12 @@ from torch import Tensor
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.decentralized import gossip as gossip_ops
 from phalanx.decentralized.gossip_attacks import GossipAttack, GossipView
-from phalanx.decentralized.robust_gossip import CHUNK_ELEMENTS, GossipRule, byzantine_weights
+from phalanx.decentralized.robust_gossip import GossipRule
 from phalanx.decentralized.topology import Graph
 from phalanx.errors import ConfigError
+from phalanx.training.algorithm import RoundAlgorithm
 from phalanx.training.dsgd import byzantine_vectors, computing_workers, worker_batches
+from phalanx.training.neighbourhood import NodeRule, closed_neighbourhoods
 from phalanx.training.server import BoundRule, RoundResult
 from phalanx.training.state import Received
 from phalanx.training.streams import restored
@@ -61,7 +63,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Gossip:
+class Gossip(RoundAlgorithm):
     """Decentralized SGD on ``graph``: ``batch_size`` samples per node and round, local learning rate ``lr`` (a
     number or a schedule over rounds), local momentum β, L2 penalty λ; ``weights`` names the mixing matrix of plain
     gossip (``metropolis_hastings`` or ``uniform_neighbour``, :mod:`phalanx.decentralized.gossip`)."""
@@ -74,6 +76,8 @@ class Gossip:
     weight_decay: float = 0.0
     mixing: Tensor = field(init=False, repr=False, compare=False)
     name = "gossip"
+    missing_word = "neighbours"
+    decentralized = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.graph, Graph):
@@ -92,6 +96,10 @@ class Gossip:
         if workers != self.graph.n:
             raise ConfigError("workers", workers, f"= the graph's nodes ({self.graph.n})")
         return int(self.graph.degrees.min()) + 1
+
+    def population(self, workers: int) -> str:
+        """A node's rule aggregates its closed neighbourhood."""
+        return "the smallest closed neighbourhood of the graph"
 
     def node_lr(self, t: int) -> float:
         """The nodes' learning rate in round t."""
@@ -165,126 +173,6 @@ class AnytimeGossip(Gossip):
     def make_server(self, exp: Experiment, generator: torch.Generator) -> AnytimeServer:
         """Every honest node's combination of its neighbourhood, for both sequences."""
         return AnytimeServer(self, exp, generator)
-
-
-def closed_neighbourhoods(graph: Graph) -> list[Tensor]:
-    """N(i) ∪ {i} of every node, in increasing order."""
-    adj = graph.adjacency | torch.eye(graph.n, dtype=torch.bool)
-    return [torch.nonzero(adj[i]).flatten() for i in range(graph.n)]
-
-
-class Neighbourhoods:
-    """Every node's neighbours N(i) padded to the largest degree K, for batched combination.
-
-    ``index`` ``(n, K)``: the neighbours in increasing order, then the node itself as padding; ``valid`` which
-    slots are real; ``weights`` Wᵢⱼ of each slot (float64, 0 on padding); ``own`` Wᵢᵢ; ``tolerated`` bᵢ, the
-    Byzantine weight f neighbours can have (:func:`~phalanx.decentralized.robust_gossip.byzantine_weights`);
-    ``byzantine`` the slots of Byzantine neighbours (nodes ≥ ``honest``; they are the last real slots of a row).
-    """
-
-    def __init__(self, graph: Graph, mixing: Tensor, honest: int, f: int) -> None:
-        n = graph.n
-        cols = torch.arange(n)
-        key = torch.where(graph.adjacency, cols[None, :], torch.full((n, n), n))
-        k = max(int(graph.degrees.max()), 1)
-        raw = torch.sort(key, dim=1).values[:, :k]
-        self.valid = raw < n
-        self.index = torch.where(self.valid, raw, cols[:, None].expand(n, k))
-        w64 = mixing.to(torch.float64)
-        self.weights = torch.where(self.valid, torch.gather(w64, 1, self.index), torch.zeros(n, k, dtype=torch.float64))
-        self.own = w64.diagonal().clone()
-        self.tolerated = byzantine_weights(self.weights, f)
-        self.byzantine = self.valid & (self.index >= honest)
-        self.byzantine_counts = self.byzantine.sum(dim=1)
-
-    def chunks(self, nodes: Tensor, dim: int) -> list[Tensor]:
-        """``nodes`` cut so that a chunk gathers at most ``CHUNK_ELEMENTS`` (B · K · d) elements."""
-        size = max(1, CHUNK_ELEMENTS // max(1, self.index.shape[1] * dim))
-        return list(torch.split(nodes, size))
-
-    def rows(self, half: Tensor, nodes: Tensor, messages: dict[int, Tensor]) -> Tensor:
-        """What ``nodes`` (increasing) received, ``(B, K, d)``: x̃ⱼ of each neighbour, a Byzantine neighbour's
-        message in its place (``messages[i]``: one row per Byzantine neighbour of i, in increasing order)."""
-        y = half[self.index[nodes]]
-        got = [int(i) for i in nodes.tolist() if int(i) in messages]
-        if got:
-            mask = self.byzantine[nodes] & torch.isin(nodes, torch.tensor(got))[:, None]
-            y[mask] = torch.cat([messages[i] for i in got]).to(y.dtype)
-        return y
-
-    def rows_same(self, half: Tensor, nodes: Tensor, messages: Tensor) -> Tensor:
-        """What ``nodes`` received when all Byzantine neighbours of node ``nodes[t]`` send it ``messages[t]``."""
-        y = half[self.index[nodes]]
-        return torch.where(self.byzantine[nodes][:, :, None], messages.to(y.dtype)[:, None, :], y)
-
-
-class NodeRule:
-    """The nodes' combination step with the run's rule: plain gossip (``mean``), a robust gossip rule (batched over
-    nodes) or any other rule (node by node), for the server's round and for an attacker that evaluates it."""
-
-    def __init__(self, algo: Gossip, exp: Experiment) -> None:
-        self.rule: Aggregator = exp.rule
-        self.honest = exp.honest
-        self.mixing = algo.mixing
-        self.plain = getattr(exp.rule, "name", "") == "mean"
-        self.batched = isinstance(exp.rule, GossipRule)
-        self.closed = closed_neighbourhoods(algo.graph)
-        self.hoods = Neighbourhoods(algo.graph, algo.mixing, exp.honest, exp.f)
-
-    def _batched(self, half: Tensor, nodes: Tensor, y: Tensor) -> Tensor:
-        hd = self.hoods
-        if self.plain:  # Σⱼ Wᵢⱼ yⱼ, row stochastic: x̃ᵢ Wᵢᵢ + Σ_slots w y
-            return (hd.own[nodes].to(half.dtype)[:, None] * half[nodes]
-                    + torch.einsum("bk,bkd->bd", hd.weights[nodes].to(half.dtype), y))
-        assert isinstance(self.rule, GossipRule)
-        return self.rule.combine(half[nodes], y, hd.weights[nodes], hd.own[nodes], hd.tolerated[nodes])
-
-    def combine(self, half: Tensor, follow: int, messages: dict[int, Tensor], generator: torch.Generator) -> Tensor:
-        """The new models of nodes ``0 … follow − 1`` with a rule that is not plain gossip, ``(follow, d)``."""
-        nodes = torch.arange(follow)
-        if self.batched:
-            return torch.cat([self._batched(half, c, self.hoods.rows(half, c, messages))
-                              for c in self.hoods.chunks(nodes, half.shape[1])])
-        h = self.honest
-        out = torch.empty(follow, half.shape[1], dtype=half.dtype)
-        for i in range(follow):
-            hood = self.closed[i]
-            rows = half[hood] if i not in messages else torch.cat([half[hood[hood < h]], messages[i]])
-            out[i] = self.rule(rows, **node_context(self.rule, half[i], generator))
-        return out
-
-    def combine_targets(self, half: Tensor, targets: Tensor, messages: Tensor, generator: torch.Generator) -> Tensor:
-        """The new models ``(T, d)`` of ``targets`` when every Byzantine neighbour of ``targets[t]`` sends it
-        ``messages[t]`` (what an adaptive decentralized attack evaluates)."""
-        if self.plain or self.batched:
-            parts = []
-            for c in self.hoods.chunks(torch.arange(targets.numel()), half.shape[1]):
-                nodes = targets[c]
-                parts.append(self._batched(half, nodes, self.hoods.rows_same(half, nodes, messages[c])))
-            return torch.cat(parts) if parts else half.new_empty((0, half.shape[1]))
-        h = self.honest
-        out = torch.empty(targets.numel(), half.shape[1], dtype=half.dtype)
-        for t, i in enumerate(targets.tolist()):
-            hood = self.closed[i]
-            byz = int((hood >= h).sum())
-            rows = torch.cat([half[hood[hood < h]], messages[t].to(half.dtype).expand(byz, -1)])
-            out[t] = self.rule(rows, **node_context(self.rule, half[i], generator))
-        return out
-
-    def attack_context(self, i: int, half: Tensor) -> dict[str, Any]:
-        """The rule's context at honest node i for a (server-style) vector attack that calls it on
-        ``[honest rows of N(i) ∪ {i}; Byzantine rows]``: the node's own row (its centre, or its index and the rows'
-        gossip weights for a robust gossip rule)."""
-        keys: frozenset[str] = getattr(self.rule, "context_keys", frozenset())
-        hood = self.closed[i]
-        honest = hood[hood < self.honest]
-        ctx: dict[str, Any] = {}
-        if "center" in keys:
-            ctx["center"] = half[i]
-        if self.batched:
-            ctx["own"] = int(torch.nonzero(honest == i)[0])
-            ctx["weights"] = torch.cat([self.mixing[i, honest], self.mixing[i, hood[hood >= self.honest]]])
-        return ctx
 
 
 class GossipNodes:
@@ -462,19 +350,6 @@ class AnytimeServer(GossipServer):
         assert got.carry is not None and self.theta is not None, "the nodes' iterates, and context() first"
         got.carry.copy_(new[:, :d])
         return self.theta - new[:, d:], None
-
-
-def node_context(rule: Any, own: Tensor, generator: torch.Generator) -> dict[str, Any]:
-    """What a rule that takes a context gets at node i: its own local step as the centre (centered clipping
-    becomes self-centred clipping, He, Karimireddy & Jaggi 2022), the run's aggregator stream for a stochastic
-    rule."""
-    keys: frozenset[str] = getattr(rule, "context_keys", frozenset())
-    ctx: dict[str, Any] = {}
-    if "center" in keys:
-        ctx["center"] = own
-    if "generator" in keys:
-        ctx["generator"] = generator
-    return ctx
 
 
 def honest_metrics(theta: Tensor, honest: int, evaluate: Callable[[Tensor], tuple[float, float]]) -> dict[str, Any]:

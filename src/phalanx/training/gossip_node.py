@@ -36,7 +36,7 @@ from phalanx.attacks.base import Attack, DataAttack
 from phalanx.decentralized.gossip_attacks import Dissensus, GossipAttack, GossipView
 from phalanx.errors import ConfigError
 from phalanx.training.dsgd import byzantine_vectors, computing_workers, worker_batches
-from phalanx.training.gossip import AnytimeGossip, NodeRule, closed_neighbourhoods
+from phalanx.training.neighbourhood import NodeRule, closed_neighbourhoods
 from phalanx.training.server import BoundRule
 from phalanx.training.shards import sample_batch_of
 from phalanx.training.streams import restored
@@ -254,7 +254,7 @@ class AnytimeNode(OneNode):
         """Round t's pair [w̃ᵣ | x̃ᵣ] ``(2d,)``: the gradient at the query point xᵣ, w̃ᵣ = wᵣ − η αₜ gᵣ, x̃ᵣ = xᵣ +
         2/(t + 1)·(w̃ᵣ − xᵣ); a vector attack's Byzantine node returns None."""
         algo, r = self.algo, self.rank
-        assert isinstance(algo, AnytimeGossip)
+        assert hasattr(algo, "average_weight"), "an AnytimeGossip algorithm"
         got = self.gradient(theta)
         if got is None:
             return None

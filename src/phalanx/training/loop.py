@@ -153,12 +153,12 @@ class Loop:
         self.transport = transport if transport is not None else InProcess()
         self.callbacks = list(callbacks)
         self.start = start
-        make_server = getattr(experiment.algorithm, "make_server", None)  # an algorithm without a server (gossip)
+        own = experiment.algorithm.make_server(experiment, generator(experiment.seed, "aggregator"))
         self.server: Server | Any = Server(
             experiment.rule, honest=experiment.honest, problem=experiment.problem,
             reference_batch=experiment.reference_batch, generator=generator(experiment.seed, "aggregator"),
             rule_for=experiment.rule_for,
-        ) if make_server is None else make_server(experiment, generator(experiment.seed, "aggregator"))
+        ) if own is None else own
         if experiment.problem.local_norms is not None:  # FedBN: the rule sees the shared coordinates only
             self.server = experiment.problem.local_norms.server(self.server)
         self.state = RoundState(experiment.problem.initial_theta(), None, None, 0)
@@ -262,7 +262,7 @@ class Loop:
             return None
         if got.stats is not None and got.stats.shape[0]:
             pooled = norm.pool(got.stats, max(0, exp.f - len(got.missing)))
-            norm.blend(pooled, float(getattr(exp.algorithm, "stats_momentum", 0.1)))
+            norm.blend(pooled, exp.algorithm.norm_stats_momentum())
         return norm.vector()
 
     def _local(self, got: Received) -> Tensor | None:
@@ -284,9 +284,8 @@ class Loop:
         path = None
         for cb in self.callbacks:
             path = cb.on_abort(self, snap) or path
-        who = "ranks" if self.experiment.algorithm.name == "dsgd" else "clients"  # a federated round's are clients
         raise WorkersLostError(t, exc.missing, self.experiment.f, self.transport.round_timeout or 0.0, path,
-                               exc.detail, who) from None
+                               exc.detail, self.experiment.algorithm.missing_word) from None
 
 
 def run(

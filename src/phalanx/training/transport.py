@@ -18,47 +18,18 @@ worker-side stream states for a checkpoint; :meth:`close` ends the run (``error`
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-import torch
 from torch import Tensor
 
+from phalanx.training.algorithm import WorkerSide, WorkerSlot
 from phalanx.training.server import BoundRule
-from phalanx.training.state import Received, SlotPlan, Snapshot
+from phalanx.training.state import Received, Snapshot
+
+__all__ = ["InProcess", "Transport", "WorkerSide", "WorkerSlot"]
 
 if TYPE_CHECKING:
     from phalanx.training.experiment import Experiment
-
-
-class WorkerSide(Protocol):
-    """What a round algorithm's in-process worker side does: one round's vectors, and its streams' states."""
-
-    def round(self, theta: Tensor, t: int, rule: BoundRule) -> Received: ...
-
-    def streams(self) -> dict[str, Tensor]: ...
-
-
-class WorkerSlot(Protocol):
-    """What a round algorithm's worker does in a run with a process per worker slot (``one_worker``): its vector of
-    each round, its row of a vector attack, the round's :class:`~phalanx.training.state.SlotPlan`, and its
-    streams. ``shares_attack_stream``: the attacking slots change from round to round, so the ``attack`` stream's
-    state travels with the honest vectors (federated rounds); otherwise the Byzantine ranks keep their own."""
-
-    plan: SlotPlan
-    vector_attack: bool
-    shares_attack_stream: bool
-    attack_gen: torch.Generator
-
-    def warm_up(self) -> None: ...
-
-    def vector(self, theta: Tensor, t: int) -> Tensor | None: ...
-
-    def attack_vector(self, honest: Tensor, rule: Callable[[Tensor], Tensor], t: int) -> Tensor: ...
-
-    def skip(self, t: int) -> None: ...
-
-    def streams(self) -> dict[str, Tensor]: ...
 
 
 class Transport(ABC):
