@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.errors import ConfigError
+from phalanx.experiments.store import atomic_write_bytes
 
 ALLOW_LIST = "allow-list.json"
 FORMAT = "phalanx-allow-list/1"
@@ -80,31 +81,11 @@ def _certificate(key: Any, rank: int) -> Any:
 
 def _write_private(path: Path, data: bytes) -> None:
     """Write a private key atomically with mode 0600 from the start (never readable by others, not even briefly)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, data, mode=0o600)
 
 
 def _write_public(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, text.encode(), mode=0o644)
 
 
 def _new_key() -> tuple[Any, bytes]:

@@ -108,15 +108,17 @@ def make_dir(path: Path) -> Path:
     return path
 
 
-def atomic_write_bytes(path: Path, payload: bytes) -> None:
+def atomic_write_bytes(path: Path, payload: bytes, mode: int | None = None) -> None:
     """Write a file so that readers see the old or the new content, never a torn one; an :class:`OutputError` if it
-    cannot be written (the old content then stays, and no temporary file)."""
+    cannot be written (the old content then stays, and no temporary file). ``mode``: the file's permissions (default
+    what ``open(path, "w")`` would give; 0o600 for a private key, which is never readable by others, not even
+    while it is written: the temporary file is created 0600)."""
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as fh:
-                os.fchmod(fh.fileno(), file_mode())  # mkstemp's 0600 → what open(path, "w") would give
+                os.fchmod(fh.fileno(), file_mode() if mode is None else mode)  # mkstemp's 0600 → what open() gives
                 fh.write(payload)
                 fh.flush()
                 os.fsync(fh.fileno())
