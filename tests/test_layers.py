@@ -131,10 +131,27 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _defined_in(init: Path) -> set[str]:
+    """The names a package's ``__init__.py`` binds at its top level (definitions, assignments, imports)."""
+    names: set[str] = set()
+    if init.exists():
+        for node in ast.walk(ast.parse(init.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
 def _submodule(package: str, name: str) -> bool:
-    """Whether ``package.name`` is a module of the package (a ``.py`` file, a subpackage or a compiled extension)."""
+    """Whether ``from package import name`` imports a module of the package (a ``.py`` file, a subpackage, or a
+    compiled extension — built or not: a name the package's ``__init__.py`` does not bind)."""
     base = SRC.parent.joinpath(*package.split("."))
-    return (base / f"{name}.py").exists() or (base / name).is_dir() or any(base.glob(f"{name}.*.so"))
+    if not base.is_dir():
+        return False
+    return (base / f"{name}.py").exists() or (base / name).is_dir() or name not in _defined_in(base / "__init__.py")
 
 
 def module_imports(tree: ast.AST, type_only: bool) -> set[str]:
