@@ -17,7 +17,9 @@ from phalanx import data, models
 from phalanx.decentralized import gossip_attacks, robust_gossip, topology
 from phalanx.errors import ConfigError
 from phalanx.experiments.config import DEVICE_ALGORITHMS, RunConfig, processes, server_optimizer
+from phalanx.training import algorithm as algorithms
 from phalanx.training import devices, losses
+from phalanx.training.algorithm import RoundAlgorithm
 from phalanx.training.dsgd import DSGD
 from phalanx.training.experiment import Experiment
 from phalanx.training.fedavg import FedAvg
@@ -72,8 +74,10 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None, *, local_ra
     )
     spec = cfg.aggregator
     lr = LRSchedule(cfg.lr, cfg.schedule, cfg.rounds, cfg.step_every)
-    algorithm: DSGD | FedAvg | Gossip
-    if cfg.algorithm in topology.ALGORITHMS:  # lr (and momentum) are the nodes'; the loop's step applies the result
+    algorithm: RoundAlgorithm
+    if cfg.algorithm not in algorithms.BUILT_IN:  # a round algorithm of the user's own, from its parameters
+        algorithm = algorithms.make(cfg.algorithm, **cfg.algorithm_params)
+    elif cfg.algorithm in topology.ALGORITHMS:  # lr (and momentum) are the nodes'; the loop's step applies the result
         decentralized = AnytimeGossip if cfg.algorithm == "anytime" else Gossip
         algorithm = decentralized(graph=topology.make(cfg.graph, cfg.workers, **cfg.graph_params),
                                   weights=cfg.gossip_weights, batch_size=cfg.batch_size, lr=lr, momentum=cfg.momentum,

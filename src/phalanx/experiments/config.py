@@ -25,6 +25,7 @@ from phalanx import data, models, signing
 from phalanx.decentralized import gossip, gossip_attacks, robust_gossip, topology
 from phalanx.errors import ConfigError
 from phalanx.plugins import accepted_params, check_params
+from phalanx.training import algorithm as algorithms
 from phalanx.training import devices, losses, optim
 from phalanx.training.gossip import AnytimeGossip
 from phalanx.training.gossip_node import check_attack
@@ -37,7 +38,6 @@ else:  # pragma: no cover
 
 Schedule = Literal["constant", "step", "cosine"]
 Partition = Literal["iid", "dirichlet", "pathological"]
-Algorithm = Literal["dsgd", "fedavg", "gossip", "anytime"]
 FEDERATED_KEYS = ("clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch",
                   "stats_momentum")
 """Keys that only ``algorithm = "fedavg"`` reads."""
@@ -52,7 +52,7 @@ change neither its results nor its run id / ``config.json`` (run directories wri
 LATER_KEYS = (
     "server_optimizer", "server_momentum", "server_weight_decay", "server_optimizer_params", "loss", "algorithm",
     "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch", "stats_momentum",
-    "graph", "graph_params", "gossip_weights", "eval_clients", "device", "keys", "insecure",
+    "graph", "graph_params", "gossip_weights", "eval_clients", "device", "keys", "insecure", "algorithm_params",
 )
 """Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
 that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
@@ -110,11 +110,16 @@ class RunConfig(BaseModel):
     server_optimizer_params: dict[str, Any] = Field(
         default_factory=dict, description="further parameters of the server optimizer (adam: beta1, beta2, tau)",
     )
-    algorithm: Algorithm = Field(
+    algorithm: str = Field(
         "dsgd", description="the round: 'dsgd' (every worker one gradient step, worker momentum), 'fedavg' (sampled "
         "clients, local steps, pseudo-gradient updates; docs/federated.md), 'gossip' (no server: decentralized SGD "
-        "over `graph`; docs/decentralized.md) or 'anytime' (Decentralized Anytime SGD over `graph`: gradients at the "
-        "running weighted average of the iterates; momentum = 0)",
+        "over `graph`; docs/decentralized.md), 'anytime' (Decentralized Anytime SGD over `graph`: gradients at the "
+        "running weighted average of the iterates; momentum = 0), or your own: a 'module:attr' spec of a "
+        "RoundAlgorithm subclass or a plug-in's name (docs/extending.md)",
+    )
+    algorithm_params: dict[str, Any] = Field(
+        default_factory=dict, description="the constructor parameters of a round algorithm of your own (the built-in "
+        "ones take their config keys)",
     )
     graph: str = Field("ring", description="gossip: the communication graph (ring, torus, complete, star, "
                        "erdos_renyi, exponential, hypercube, or a 'module:attr' builder) over the `workers` nodes")
@@ -367,6 +372,11 @@ def check_keys(cfg: RunConfig) -> None:
 def check_names(cfg: RunConfig) -> None:
     """Check the aggregator spec, attack, data set, model, loss and optimizer names (built-in, registered,
     ``module:attr`` or installed plug-ins), their parameters, and the aggregator's requirement on n."""
+    if cfg.algorithm not in algorithms.BUILT_IN:  # a round algorithm of the user's own: its class and parameters
+        check_params(cfg.algorithm, algorithms.resolve(cfg.algorithm), cfg.algorithm_params)
+    elif cfg.algorithm_params:
+        raise ConfigError("algorithm_params", cfg.algorithm_params, f"{{}} with algorithm = {cfg.algorithm!r} (a "
+                          "built-in algorithm takes its own config keys)")
     rule = robust_gossip.configured(cfg.aggregator, cfg.f, cfg.algorithm)  # a robust gossip rule: gossip only
     if cfg.algorithm in topology.ALGORITHMS:  # every node's rule sees its closed neighbourhood N(i) ∪ {i}
         check_choice("gossip_weights", cfg.gossip_weights, gossip.weight_names())

@@ -33,7 +33,10 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import Tensor
 
+from phalanx.errors import ConfigError
+from phalanx.plugins import Registry, check_params, is_spec
 from phalanx.training.state import Received, SlotPlan
+from phalanx.validate import suggest
 
 
 class WorkerSide(Protocol):
@@ -110,3 +113,43 @@ class RoundAlgorithm(ABC):
 
     def check(self, run: Any) -> None:  # noqa: B027 - optional hook
         """Refuse (:class:`~phalanx.errors.ConfigError`) a run this algorithm cannot train, before it trains."""
+
+
+def _accept(obj: Any, name: str) -> Any:
+    if not (isinstance(obj, type) and issubclass(obj, RoundAlgorithm)):
+        raise ConfigError("algorithm", name, "a subclass of phalanx.training.algorithm.RoundAlgorithm")
+    return obj
+
+
+_REGISTRY: Registry[Any] = Registry("algorithm", "phalanx.algorithms", _accept)
+BUILT_IN = ("dsgd", "fedavg", "gossip", "anytime")
+"""The built-in round algorithms, which a config configures with its own keys (``batch_size``, ``momentum``,
+``local_steps``, ``graph``, …); every other name is looked up in the registry and built from ``algorithm_params``."""
+
+
+def register(cls: type[RoundAlgorithm]) -> type[RoundAlgorithm]:
+    """Class decorator: make a round algorithm known to configs under ``cls.name``."""
+    _REGISTRY.register(cls)
+    return cls
+
+
+def names() -> list[str]:
+    """The names a config's ``algorithm`` accepts (and a ``module:attr`` spec)."""
+    return sorted({*BUILT_IN, *_REGISTRY.names()})
+
+
+def resolve(name: str) -> type[RoundAlgorithm]:
+    """The class of a registered name, a ``module:attr`` spec or a ``phalanx.algorithms`` entry point."""
+    if not is_spec(name) and name not in _REGISTRY:
+        known = names()
+        raise ConfigError("algorithm", name, "one of " + ", ".join(known) + " or a 'module:attr' spec of a "
+                          "RoundAlgorithm subclass", suggest(name, known))
+    cls: type[RoundAlgorithm] = _REGISTRY.get(name, "algorithm")
+    return cls
+
+
+def make(name: str, **params: Any) -> RoundAlgorithm:
+    """A round algorithm that is not built in, from its name and constructor parameters (``algorithm_params``)."""
+    cls = resolve(name)
+    check_params(str(name), cls, params)
+    return cls(**params)
