@@ -210,6 +210,7 @@ class _Clients:
                 assert running is not None
                 g, stats = norms.grads_each(exp.problem, params, xb[rows], yb[rows])
                 norms.track(running, stats, active)
+            g = self.correct(g, ids[rows])
             if algo.weight_decay:
                 g.add_(params, alpha=algo.weight_decay)
             if algo.prox_mu:
@@ -222,6 +223,12 @@ class _Clients:
                 on = active.to(params.device)  # the step counts are CPU bookkeeping
                 params[on] -= lr * g[on]
         return params
+
+    def correct(self, g: Tensor, ids: Tensor) -> Tensor:
+        """The local gradient a step takes, from the clients' stochastic gradients ``g`` (a row per client of
+        ``ids``), before weight decay, FedProx and momentum: ``g`` itself. A local-step algorithm built on these
+        clients overrides it (SCAFFOLD's drift correction gᵢ − cᵢ + c, say)."""
+        return g
 
     def _boosted(self, pseudo: Tensor, w: int, poisoned: int, rows: slice) -> Tensor:
         """Model replacement: the poisoned clients' pseudo-gradients scaled by the attack's ``boost`` (in place)."""
