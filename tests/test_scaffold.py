@@ -1,0 +1,111 @@
+"""SCAFFOLD (Karimireddy et al., ICML 2020, Algorithm 1, option II) as a round algorithm of one file: its first round
+is FedAvg's, its control variates follow the paper's update exactly, the server's c stays the clients' mean under the
+mean rule and full participation, a resumed run is bit for bit the uninterrupted one, and robust rules aggregate both
+halves under attack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tests._interrupt import train_interrupted
+
+from phalanx import aggregators, attacks, data, models
+from phalanx.errors import ConfigError
+from phalanx.experiments import make_config, train
+from phalanx.training import Experiment, Loop
+from phalanx.training.fedavg import FedAvg
+from phalanx.training.loop import Evaluate
+from phalanx.training.scaffold import Scaffold
+
+SPEC = "phalanx.training.scaffold:Scaffold"
+PARAMS = {"clients_per_round": 6, "local_steps": 3, "batch_size": 16, "lr": 0.05}
+
+
+def experiment(algorithm: Any, rule: str = "mean", f: int = 0, workers: int = 8, byzantine: int = 0,
+               attack: str = "none", rounds: int = 4) -> Experiment:
+    ds = data.load("digits")
+    torch.manual_seed(0)
+    shards = data.partition(ds.train_y, workers, "pathological", classes_per_worker=2, seed=1)
+    return Experiment(model=models.make("mlp", ds.input_shape, ds.num_classes), dataset=ds, workers=workers,
+                      byzantine=byzantine, rule=aggregators.make(rule, f=f), attack=attacks.make(attack),
+                      algorithm=algorithm, rounds=rounds, lr=1.0, shards=shards, seed=2)
+
+
+def test_the_first_round_is_fedavgs() -> None:
+    """With every control variate 0, the drift correction is 0: round 0 steps exactly as FedAvg's."""
+    a, b = Loop(experiment(Scaffold(**PARAMS))), Loop(experiment(FedAvg(**PARAMS)))
+    a.step()
+    b.step()
+    assert torch.equal(a.state.theta, b.state.theta)
+    a.step()
+    b.step()
+    assert not torch.equal(a.state.theta, b.state.theta)  # from round 1 on the corrections act
+
+
+def test_control_variates_follow_option_ii_and_c_is_the_clients_mean() -> None:
+    """Full participation and the mean: cᵢ⁺ = cᵢ − c + (x − yᵢ)/(K η_l), c ← c + mean(Δcᵢ) = mean(cᵢ⁺)."""
+    algo = Scaffold(clients_per_round=None, local_steps=3, batch_size=16, lr=0.05)
+    loop = Loop(experiment(algo))
+    loop.open()
+    workers = loop.transport.workers
+    n = loop.experiment.workers
+    for _ in range(3):
+        before = workers.table.clone()  # type: ignore[union-attr]
+        theta = loop.state.theta.clone()
+        got = workers.round(theta, loop.state.round, lambda x: x.mean(0))  # type: ignore[union-attr]
+        d = theta.numel()
+        pseudo, dc = got.vectors[:, :d], got.vectors[:, d:]
+        expected = before[:n] - before[n] + pseudo / (3 * 0.05)
+        scale = float(expected.abs().max()) + 1.0
+        tol = 64 * torch.finfo(torch.float32).eps * scale
+        torch.testing.assert_close(got.carry[:n], expected, atol=tol, rtol=0)  # type: ignore[index]
+        torch.testing.assert_close(dc, expected - before[:n], atol=tol, rtol=0)
+        agg, _ = loop.server.aggregate(got, {}, False)
+        torch.testing.assert_close(agg, pseudo.mean(0), atol=tol, rtol=0)
+        c = got.carry[n]  # type: ignore[index]
+        torch.testing.assert_close(c, got.carry[:n].mean(0), atol=tol, rtol=0)  # type: ignore[index]
+        loop.state.theta = theta - agg
+        loop.state.round += 1
+
+
+def test_an_interrupted_run_resumes_bit_for_bit(tmp_path: Path) -> None:
+    cfg = make_config({"dataset": "digits", "model": "mlp", "workers": 8, "byzantine": 1, "f": 1, "aggregator": "cwtm",
+                       "attack": "alie", "partition": "pathological", "algorithm": SPEC, "algorithm_params": PARAMS,
+                       "rounds": 8, "eval_every": 4, "checkpoint_every": 4, "lr": 1.0, "seed": 4})
+    train(cfg, tmp_path / "whole")
+    part = train_interrupted(cfg, tmp_path / "resumed", stop=4)
+    train(cfg, part)
+    a = load_file(str(next((tmp_path / "whole").glob("**/checkpoint.safetensors"))))
+    b = load_file(str(next((tmp_path / "resumed").glob("**/checkpoint.safetensors"))))
+    assert set(a) == set(b) and "momentum" in a  # the control-variate table is the carried state
+    assert a["momentum"].shape == (9, a["theta"].numel())
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.parametrize(("rule", "f", "attack"),
+                         [("cwtm", 2, "alie"), ("multikrum", 2, "signflip"), ("cwmed", 2, "inf")])
+def test_robust_rules_aggregate_both_halves_under_attack(rule: str, f: int, attack: str) -> None:
+    exp = experiment(Scaffold(**{**PARAMS, "clients_per_round": 8}), rule=rule, f=f, workers=10, byzantine=2,
+                     attack=attack, rounds=6)
+    loop = Loop(exp, callbacks=[Evaluate()])
+    rows = loop.run()
+    assert bool(torch.isfinite(loop.state.theta).all())
+    assert bool(torch.isfinite(loop.state.momentum).all())  # type: ignore[arg-type]
+    assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 2 / 360  # it learns (by more than 2 test samples)
+
+
+def test_what_it_refuses_in_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"aggregator=.*centre or reference"):
+        experiment(Scaffold(**PARAMS), rule="cc", f=1)
+    with pytest.raises(ConfigError, match="engine='torchrun'"):
+        Scaffold(**PARAMS).one_worker(None, 0, {}, None)
+    ds = data.load("digits")
+    bn = models.make("cnn", ds.input_shape, ds.num_classes, norm="batch")
+    with pytest.raises(ConfigError, match="BatchNorm"):
+        Experiment(model=bn, dataset=ds, workers=8, rule=aggregators.make("mean", f=0),
+                   algorithm=Scaffold(**PARAMS))
