@@ -109,3 +109,13 @@ def test_what_it_refuses_in_one_line() -> None:
     with pytest.raises(ConfigError, match="BatchNorm"):
         Experiment(model=bn, dataset=ds, workers=8, rule=aggregators.make("mean", f=0),
                    algorithm=Scaffold(**PARAMS))
+
+
+def test_the_short_name_comes_from_the_packages_entry_point() -> None:
+    from phalanx.experiments import from_config
+    from phalanx.training.algorithm import names
+
+    assert "scaffold" in names()
+    cfg = make_config({"algorithm": "scaffold", "algorithm_params": PARAMS, "workers": 8, "aggregator": "cwtm",
+                       "f": 1, "rounds": 2})
+    assert isinstance(from_config(cfg).algorithm, Scaffold)
