@@ -146,6 +146,10 @@ class _Component(Component, ABC):
     """The requirement on n and f, as text (``min_workers`` is the same as a number)."""
     context_keys: frozenset[str] = frozenset()
     """Per-call keyword arguments this component accepts (for example ``reference`` for FLTrust)."""
+    pairwise_matrices: int = 0
+    """How many ``(n, n)`` float64 matrices (pairwise distances, a Gram matrix) its peak memory holds; 0 when it
+    builds none. Memory estimates (``phalanx epsilon``) read it (measured: the Gram product, its symmetrised copy,
+    the distances and the sort of a row, about 4.2–5 for most distance-based rules)."""
 
     def __init__(self, f: int = 0) -> None:
         self.f = check_f(f)

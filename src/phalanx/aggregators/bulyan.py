@@ -87,6 +87,7 @@ class Bulyan(Aggregator):
     """
 
     name: ClassVar[str] = "bulyan"
+    pairwise_matrices = 5
     reference: ClassVar[str] = (
         "E. M. El Mhamdi, R. Guerraoui, S. Rouault, 'The Hidden Vulnerability of Distributed Learning in Byzantium', "
         "ICML 2018, Section 4 (Bulyan over Krum)"

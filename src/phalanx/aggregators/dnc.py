@@ -79,6 +79,7 @@ class DnC(Aggregator):
     """
 
     name: ClassVar[str] = "dnc"
+    pairwise_matrices = 5
     reference: ClassVar[str] = (
         "V. Shejwalkar, A. Houmansadr, 'Manipulating the Byzantine: optimizing model poisoning attacks and "
         "defenses for federated learning', NDSS 2021, Algorithm 3 (DnC)"

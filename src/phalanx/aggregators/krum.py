@@ -83,6 +83,7 @@ class Krum(Aggregator):
     """
 
     name: ClassVar[str] = "krum"
+    pairwise_matrices = 5
     reference: ClassVar[str] = _REFERENCE + ", Section 4 (the Krum function, Proposition 1)"
     requirement = "n > 2f + 2"
 
@@ -132,6 +133,7 @@ class MultiKrum(Aggregator):
     """
 
     name: ClassVar[str] = "multikrum"
+    pairwise_matrices = 5
     reference: ClassVar[str] = _REFERENCE + ", Section 4 (Krum) and Section 5 (the Multi-Krum variant)"
 
     def __init__(self, f: int = 0, m: int | None = None, strict: bool = True) -> None:

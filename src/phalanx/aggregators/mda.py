@@ -216,6 +216,7 @@ class MDA(Aggregator):
     """
 
     name: ClassVar[str] = "mda"
+    pairwise_matrices = 5
     reference: ClassVar[str] = (
         "E. M. El Mhamdi, R. Guerraoui, S. Rouault, 'The Hidden Vulnerability of Distributed Learning in Byzantium', "
         "ICML 2018 (minimum-diameter averaging, 'Brute'); P. J. Rousseeuw, 'Multivariate estimation with high "

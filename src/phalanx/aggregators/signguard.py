@@ -129,6 +129,7 @@ class SignGuard(Aggregator):
     """
 
     name: ClassVar[str] = "signguard"
+    pairwise_matrices = 5
     reference: ClassVar[str] = (
         "J. Xu, S.-L. Huang, L. Song, T. Lan, 'SignGuard: Byzantine-robust federated learning through "
         "collaborative malicious gradient filtering', ICDCS 2022 (arXiv 2109.05872), Algorithm 1"

@@ -105,12 +105,6 @@ def _random_families(gen: torch.Generator, n: int, d: int) -> list[tuple[str, Ca
     return [("gaussian", gaussian), ("heavy-tailed", heavy_tailed), ("clusters", clusters), ("sparse", sparse)]
 
 
-PAIRWISE: dict[str, int] = {
-    "krum": 5, "multikrum": 5, "bulyan": 5, "mda": 5, "signguard": 5, "dnc": 5, "nnm": 5, "clippedclustering": 10,
-}
-"""Components that build ``(n, n)`` float64 matrices (pairwise distances, a Gram matrix), with how many such
-matrices their peak memory holds (measured: the Gram product, its symmetrised copy, the distances and the sort of
-a row, about 4.2-5 for most; 9.5 for clippedclustering's linkage)."""
 INPUT_COPIES = 4
 """``(n, d)`` float64 arrays alive at once while one input is aggregated (the input, its compute copy, a rule's
 working copy and the next input)."""
@@ -145,9 +139,10 @@ def available_memory() -> int | None:
 
 
 def _pairwise_factor(rule: Aggregator) -> int:
-    """The largest :data:`PAIRWISE` factor among a rule's components (0: none builds an ``(n, n)`` matrix)."""
+    """The largest ``pairwise_matrices`` a rule's components declare (0: none builds an ``(n, n)`` matrix; a
+    user's component that declares nothing counts as 0)."""
     parts = [*getattr(rule, "pre", []), getattr(rule, "rule", rule)]
-    return max(PAIRWISE.get(getattr(p, "name", ""), 0) for p in parts)
+    return max(int(getattr(p, "pairwise_matrices", 0)) for p in parts)
 
 
 def memory_needed(rule: Aggregator, n: int, d: int) -> int:

@@ -99,6 +99,9 @@ class _Configurable(Component, ABC):
     needs_aggregator: ClassVar[bool] = False
     """True when the attack calls ``ctx.aggregator`` (adaptive attacks)."""
     kind: ClassVar[str] = "vector"
+    boost: float = 1.0
+    """How much a federated client's pseudo-gradient is scaled before it is sent (model replacement, a backdoor's
+    ``boost``); 1 for every other attack."""
 
     def describe(self) -> dict[str, Any]:
         """Metadata for tables: name, kind, reference, threat model, whether it needs the aggregator, parameters."""

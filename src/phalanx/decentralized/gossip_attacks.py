@@ -148,6 +148,10 @@ class GossipAttack(Attack):
     )
     needs_graph: ClassVar[bool] = True
     """Only with algorithm = "gossip" (a marker for tables and configs)."""
+    neighbourhood_only: ClassVar[bool] = False
+    """Its message to node i needs only i's closed neighbourhood (and W), so it runs on real processes, where a
+    Byzantine node sees its neighbours' steps only; the others (``spectral``: the Fiedler direction of every honest
+    row) are refused there."""
 
     @abstractmethod
     def messages(self, view: GossipView) -> Tensor:
@@ -170,6 +174,7 @@ class Dissensus(GossipAttack):
     """
 
     name: ClassVar[str] = "dissensus"
+    neighbourhood_only: ClassVar[bool] = True
     reference: ClassVar[str] = (
         "L. He, S. P. Karimireddy, M. Jaggi, 'Byzantine-robust decentralized learning via ClippedGossip', "
         "arXiv 2202.01545, 2022 (dissensus attack)"

@@ -69,7 +69,7 @@ class DSGD(RoundAlgorithm):
 
     def check(self, run: Experiment) -> None:
         """A DSGD worker's vector is carried into its momentum: boosting it (a federated attack's knob) is refused."""
-        boost = float(getattr(run.attack, "boost", 1.0))
+        boost = float(run.attack.boost)
         if boost != 1.0:
             raise ConfigError("boost", boost, "1 with distributed SGD (boosting scales a federated client's update; a "
                               "DSGD worker's vector is carried into its momentum)")

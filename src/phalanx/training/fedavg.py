@@ -232,7 +232,7 @@ class _Clients:
 
     def _boosted(self, pseudo: Tensor, w: int, poisoned: int, rows: slice) -> Tensor:
         """Model replacement: the poisoned clients' pseudo-gradients scaled by the attack's ``boost`` (in place)."""
-        boost = float(getattr(self.exp.attack, "boost", 1.0))
+        boost = float(self.exp.attack.boost)
         if poisoned and boost != 1.0:
             first = w - poisoned
             positions = torch.arange(w, device=pseudo.device)[rows]

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from phalanx.attacks.base import Attack, DataAttack
-from phalanx.decentralized.gossip_attacks import Dissensus, GossipAttack, GossipView
+from phalanx.decentralized.gossip_attacks import GossipAttack, GossipView
 from phalanx.errors import ConfigError
 from phalanx.training.dsgd import byzantine_vectors, computing_workers, worker_batches
 from phalanx.training.neighbourhood import NodeRule, closed_neighbourhoods
@@ -45,15 +45,10 @@ if TYPE_CHECKING:
     from phalanx.training.experiment import Experiment
     from phalanx.training.gossip import Gossip
 
-NEIGHBOURHOOD_ATTACKS: tuple[type[GossipAttack], ...] = (Dissensus,)
-"""The decentralized attacks whose message to node i needs only i's closed neighbourhood (and W): they run on real
-processes. The others (``spectral``: the Fiedler direction uᵀX̃ of every honest row) are refused there."""
-
-
 def check_attack(attack: Attack | DataAttack) -> None:
     """Refuse a decentralized attack whose messages need every honest node's local step (a one-line
     :class:`ConfigError` naming ``attack``)."""
-    if isinstance(attack, GossipAttack) and not isinstance(attack, NEIGHBOURHOOD_ATTACKS):
+    if isinstance(attack, GossipAttack) and not attack.neighbourhood_only:
         raise ConfigError(
             "attack", attack.name, "a Phalanx attack or 'dissensus' with engine = 'torchrun' (a decentralized attack "
             f"that needs every honest node's local step, as {attack.name!r} does, runs on engine = 'simulated')",

@@ -55,6 +55,7 @@ class NNM(PreAggregator):
     """
 
     name: ClassVar[str] = "nnm"
+    pairwise_matrices = 5
     reference: ClassVar[str] = (
         "Y. Allouah, S. Farhadkhani, R. Guerraoui, N. Gupta, R. Pinot, J. Stephan, 'Fixing by Mixing: A Recipe for "
         "Optimal Byzantine ML under Heterogeneity', AISTATS 2023, Algorithm 1 (nearest neighbor mixing)"
