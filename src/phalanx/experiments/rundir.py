@@ -6,6 +6,9 @@ on another: :func:`phalanx.experiments.store.note_device`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +76,37 @@ class RunDirectory(Callback):
         store.finish_run(self.path, loop.rows)
         if self.sign_key is not None:
             signing.sign(self.path, self.sign_key)
+
+
+@dataclass
+class OpenedRun:
+    """A run directory held by this process: the directory callback, the checkpoint to resume from (None: a fresh
+    run) and, for a run that has finished already, its metric rows (then nothing is to be trained)."""
+
+    directory: RunDirectory
+    start: Snapshot | None
+    finished: list[dict[str, Any]] | None
+
+
+@contextmanager
+def opened(
+    path: Path, identity: dict[str, Any], exp: Experiment, checkpoint_every: int, *, sign_key: str | None = None,
+    verify_key: str | None = None, wait: bool = False,
+) -> Iterator[OpenedRun]:
+    """Hold the run directory ``path`` for one run, as every engine does it: its lock (:func:`runstate.locked`;
+    ``wait`` for a holder to finish), a ``FAILED`` marker on an error inside the block, the directory prepared or
+    checked to hold the same configuration, the checkpoint to resume from — and the two ways a run can be over
+    already: finished (its rows are returned, nothing trains) or diverged (:class:`~phalanx.training.divergence.
+    Diverged` is raised again, at the same round, instead of training into the same divergence)."""
+    from phalanx.experiments import runstate
+
+    directory = RunDirectory.of(path, identity, exp, checkpoint_every, sign_key=sign_key, verify_key=verify_key)
+    with runstate.locked(directory.path, wait=wait), runstate.recording_failure(directory.path):
+        start = directory.open()
+        if store.is_finished(directory.path):  # finished (perhaps by the process this one waited for)
+            yield OpenedRun(directory, start, store.read_rows(directory.path))
+            return
+        again = runstate.diverged_again(directory.path)
+        if again is not None:  # it would diverge at the same round again
+            raise again
+        yield OpenedRun(directory, start, None)

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.data.base import Dataset
-from phalanx.experiments import runstate, store
+from phalanx.experiments import runstate
 from phalanx.experiments.build import check_engine, from_config
 from phalanx.experiments.config import RunConfig
-from phalanx.experiments.rundir import RunDirectory
+from phalanx.experiments.rundir import opened
 from phalanx.training.divergence import Diverged, StopOnDivergence
 from phalanx.training.experiment import Experiment
 from phalanx.training.loop import Callback, Evaluate, Loop, OnRound, Progress
@@ -49,16 +49,12 @@ def train(
     start = None
     with ExitStack() as held:
         if run_dir is not None:
-            rundir = RunDirectory.of(Path(run_dir), identity, exp, checkpoint_every or every, **keys)
-            held.enter_context(runstate.locked(rundir.path, wait=wait))
-            held.enter_context(runstate.recording_failure(rundir.path))
-            start = rundir.open()
-            if store.is_finished(rundir.path):  # finished meanwhile (by the process this one waited for)
-                return store.read_rows(rundir.path)
-            again = runstate.diverged_again(rundir.path)
-            if again is not None:  # it would diverge at the same round again
-                raise again
-            cbs.append(rundir)
+            held_run = held.enter_context(opened(Path(run_dir), identity, exp, checkpoint_every or every, wait=wait,
+                                            **keys))
+            if held_run.finished is not None:  # finished meanwhile (by the process this one waited for)
+                return held_run.finished
+            start = held_run.start
+            cbs.append(held_run.directory)
         if progress is not None:
             cbs.append(OnRound(progress))
         cbs.extend(callbacks)
