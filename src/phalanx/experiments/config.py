@@ -97,7 +97,9 @@ class RunConfig(BaseModel):
     classes_per_worker: int = Field(2, ge=1, description="classes per worker (partition = 'pathological')")
     rounds: int = Field(200, ge=1, description="training rounds (server steps)")
     batch_size: int = Field(32, ge=1, description="samples per worker per round")
-    lr: float = Field(0.1, gt=0, description="server learning rate (initial)")
+    lr: float = Field(0.1, gt=0, description="the learning rate (initial): the server's with dsgd, the clients' with "
+                      "fedavg (also spelled client_lr; server_lr is the server's), the nodes' with gossip and anytime "
+                      "(also spelled node_lr)")
     momentum: float = Field(0.9, ge=0, lt=1, description="worker momentum β: mᵢ ← β mᵢ + (1 − β) gᵢ")
     weight_decay: float = Field(0.0, ge=0, description="L2 penalty added to every worker's gradient")
     schedule: Schedule = Field("constant", description="learning-rate schedule")
@@ -235,11 +237,38 @@ def _friendly(exc: ValidationError) -> ConfigError:
     return ConfigError(loc, value, allowed)
 
 
+ROLE_NAMES = {"client_lr": ("fedavg",), "node_lr": topology.ALGORITHMS}
+"""Learning rates named by role, for the algorithms whose ``lr`` is not the server's: a federated run's clients'
+(local) rate, a decentralized run's nodes'. They are another spelling of ``lr``: a config keeps ``lr`` (so its run id
+and ``config.json`` are the ones the old spelling gives)."""
+
+
+def role_names(data: dict[str, Any]) -> dict[str, Any]:
+    """``client_lr`` / ``node_lr`` moved to ``lr`` (the algorithm must be one whose ``lr`` plays that role; giving
+    both spellings with different values is an error)."""
+    if not isinstance(data, dict) or not any(k in data for k in ROLE_NAMES):
+        return data
+    out = dict(data)
+    for key, algorithms_of in ROLE_NAMES.items():
+        if key not in out:
+            continue
+        value = out.pop(key)
+        algorithm = out.get("algorithm", "dsgd")
+        if algorithm not in algorithms_of:
+            raise ConfigError(key, value, f"unset with algorithm = {algorithm!r} ({key} is the learning rate of "
+                              f"algorithm {' or '.join(repr(a) for a in algorithms_of)}; `lr` is this run's)")
+        if "lr" in out and out["lr"] != value:
+            raise ConfigError(key, value, f"= lr ({out['lr']!r}) or lr unset (they are one learning rate)")
+        out["lr"] = value
+    return out
+
+
 def make_config(data: dict[str, Any]) -> RunConfig:
     """Validate a dict into a :class:`RunConfig`: types and ranges, the relations between keys, and the names
     against the registries — one :class:`ConfigError` naming the first bad parameter."""
     if not isinstance(data, dict):
         raise ConfigError("config", type(data).__name__, "a table of key = value")
+    data = role_names(data)
     if data.get("engine") == "torchrun" and data.get("algorithm") in topology.ALGORITHMS and "topology" not in data:
         data = {**data, "topology": "gossip"}  # a decentralized run on real processes: a rank per node of the graph
     try:
@@ -546,6 +575,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             nested[inner] = _parse(text, None, key)
             out[outer] = nested
         else:
+            if key in ("lr", *ROLE_NAMES):  # a learning rate set on the command line replaces the file's, whatever
+                for spelling in ("lr", *ROLE_NAMES):  # spelling either uses (ROLE_NAMES)
+                    out.pop(spelling, None)
             out[key] = _parse(text, key, key or "--set")
     return out
 

@@ -1,0 +1,46 @@
+"""Learning rates named by role: ``client_lr`` (fedavg) and ``node_lr`` (gossip, anytime) are other spellings of
+``lr`` — the same run, the same run id — refused where ``lr`` plays another role; a ``--set`` of either replaces the
+file's learning rate whatever spelling it used."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from phalanx.errors import ConfigError
+from phalanx.experiments import grid, make_config
+from phalanx.experiments.config import load_grid
+
+FED = {"algorithm": "fedavg", "workers": 10, "aggregator": "cwtm", "f": 1}
+GOSSIP = {"algorithm": "gossip", "workers": 8, "aggregator": "mean", "graph": "ring"}
+
+
+@pytest.mark.parametrize(("base", "key"), [(FED, "client_lr"), (GOSSIP, "node_lr"), ({**GOSSIP, "algorithm": "anytime",
+                                                                                      "momentum": 0.0}, "node_lr")])
+def test_a_role_name_is_lr_with_the_same_run_id(base: dict[str, object], key: str) -> None:
+    by_role = make_config({**base, key: 0.03})
+    old = make_config({**base, "lr": 0.03})
+    assert by_role.lr == 0.03 and grid.run_id(by_role) == grid.run_id(old)
+    assert key not in by_role.model_dump()
+
+
+@pytest.mark.parametrize(("data", "match"), [
+    ({"client_lr": 0.05}, "client_lr=0.05 is invalid: allowed unset with algorithm = 'dsgd'"),
+    ({**GOSSIP, "client_lr": 0.05}, "client_lr=0.05 is invalid"),
+    ({**FED, "node_lr": 0.05}, "node_lr=0.05 is invalid"),
+    ({**FED, "client_lr": 0.05, "lr": 0.1}, r"= lr \(0.1\) or lr unset"),
+])
+def test_a_role_name_where_it_does_not_apply_is_a_one_line_error(data: dict[str, object], match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as info:
+        make_config(data)
+    assert "\n" not in str(info.value)
+
+
+def test_set_replaces_the_files_learning_rate_whatever_its_spelling(tmp_path: Path) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text('algorithm = "fedavg"\nworkers = 10\naggregator = "cwtm"\nf = 1\nlr = 0.2\n')
+    assert [c.lr for c in grid.configs(load_grid(job, ["client_lr=0.01"]))] == [0.01]
+    job.write_text('algorithm = "fedavg"\nworkers = 10\naggregator = "cwtm"\nf = 1\nclient_lr = [0.2, 0.3]\n')
+    assert [c.lr for c in grid.configs(load_grid(job, []))] == [0.2, 0.3]
+    assert [c.lr for c in grid.configs(load_grid(job, ["lr=0.05"]))] == [0.05]
