@@ -261,6 +261,32 @@ def verify(out: Path, names: tuple[str, ...]) -> None:
                                  "manifest.json's)")
 
 
+def check_identity(out: Path, identity: dict[str, Any], finished: bool = False) -> None:
+    """That the run directory ``out`` holds the configuration ``identity``: its ``config.json`` is the file its
+    manifest records (not edited or swapped in) and says the same run. A run directory is trusted by what it
+    recorded, never by its name: a finished run copied under another run's name is refused, signed or not (a
+    signature says who signed the files, not which run they are). A :class:`ConfigError` naming what differs."""
+    cfg_path = out / "config.json"
+    verify(out, ("config.json",))
+    try:
+        stored = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise damaged(cfg_path, "missing (every run directory has one)") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise damaged(cfg_path, f"not JSON ({_reason(exc)})") from None
+    if not isinstance(stored, dict):
+        raise damaged(cfg_path, f"a JSON {type(stored).__name__}, not an object")
+    existing = {k: v for k, v in stored.items() if k not in RESULT_NEUTRAL_KEYS}
+    resolved = {k: v for k, v in identity.items() if k not in RESULT_NEUTRAL_KEYS}
+    if existing != resolved:
+        changed = sorted(k for k in set(existing) | set(resolved) if existing.get(k) != resolved.get(k))
+        what = "a finished run" if finished else "a directory"
+        raise ConfigError(
+            "run directory", str(out), f"{what} of the same configuration (differs in {', '.join(changed)})",
+            "it holds another run under this run's name: use another --out or delete it",
+        )
+
+
 def prepare_run_dir(
     out: Path, identity: dict[str, Any], seed: int, data_fingerprint: str, device: dict[str, str] | None = None,
 ) -> None:
@@ -271,23 +297,8 @@ def prepare_run_dir(
     ``device`` (:func:`phalanx.training.devices.describe`: where the run trains; default the CPU).
     """
     make_dir(out)
-    cfg_path = out / "config.json"
-    if cfg_path.exists():
-        verify(out, ("config.json",))
-        try:
-            stored = json.loads(cfg_path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise damaged(cfg_path, f"not JSON ({_reason(exc)})") from None
-        if not isinstance(stored, dict):
-            raise damaged(cfg_path, f"a JSON {type(stored).__name__}, not an object")
-        existing = {k: v for k, v in stored.items() if k not in RESULT_NEUTRAL_KEYS}
-        resolved = {k: v for k, v in identity.items() if k not in RESULT_NEUTRAL_KEYS}
-        if existing != resolved:
-            changed = sorted(k for k in set(existing) | set(resolved) if existing.get(k) != resolved.get(k))
-            raise ConfigError(
-                "run directory", str(out), f"a directory of the same configuration (differs in {', '.join(changed)})",
-                "use another --out or delete it",
-            )
+    if (out / "config.json").exists():
+        check_identity(out, identity)
         return
     manifest = {
         "phalanx": __version__, "torch": torch.__version__, "python": platform.python_version(),
