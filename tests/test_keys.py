@@ -117,13 +117,17 @@ def test_launch_refuses_a_bad_key_before_any_process_starts(tmp_path: Path) -> N
     assert not (tmp_path / "out").exists()  # nothing started, nothing written
 
 
-def test_keys_are_refused_on_the_topologies_not_sealed_yet(tmp_path: Path) -> None:
+def test_keys_are_taken_on_every_topology_but_not_with_nccl(tmp_path: Path) -> None:
     from phalanx.experiments import make_config
 
     init_keys(tmp_path / "k", 4)
-    with pytest.raises(ConfigError, match=r"keys=.*topology = 'serverless'"):
+    for topology in ("server", "serverless"):  # (gossip: tests/test_distributed_mesh.py)
+        cfg = make_config({"engine": "torchrun", "topology": topology, "workers": 4, "aggregator": "cwtm",
+                           "keys": str(tmp_path / "k")})
+        assert cfg.keys == str(tmp_path / "k")
+    with pytest.raises(ConfigError, match=r"backend='nccl' is invalid: allowed 'auto' or 'gloo' with keys"):
         make_config({"engine": "torchrun", "topology": "serverless", "workers": 4, "aggregator": "cwtm",
-                     "keys": str(tmp_path / "k")})
+                     "backend": "nccl", "keys": str(tmp_path / "k")})
 
 
 def test_keys_change_no_run_id(tmp_path: Path) -> None:

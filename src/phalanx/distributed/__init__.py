@@ -8,6 +8,11 @@ provides the transports that cross processes and the per-rank entry point:
 * :mod:`~phalanx.distributed.wire` — tensors ↔ bytes, key names, byte counts;
 * :mod:`~phalanx.distributed.parameter_server` — parameter-server topology, tolerant of crashed and silent workers;
 * :mod:`~phalanx.distributed.serverless` — server-free topology (all-gather; needs every rank alive);
+* :mod:`~phalanx.distributed.neighbours` — gossip topology (point to point with the graph neighbours);
+* with keys: :mod:`~phalanx.distributed.keys` (identities, the allow-list), :mod:`~phalanx.distributed.channel`
+  (TLS contexts, frames), :mod:`~phalanx.distributed.sealed` (the parameter server's sealed links),
+  :mod:`~phalanx.distributed.mesh` (the serverless and gossip topologies' sealed mesh) and
+  :mod:`~phalanx.distributed.transcript` (who was heard, ``phalanx audit``);
 * :mod:`~phalanx.distributed.recording` — rank 0's ``distributed.json`` and messages (loop callbacks);
 * :mod:`~phalanx.distributed.worker` — the per-rank entry point (``torchrun … -m phalanx.distributed.worker``);
 * :mod:`~phalanx.distributed.launch` and :mod:`~phalanx.distributed.cli` — ``phalanx launch`` on one machine.

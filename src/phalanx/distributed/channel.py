@@ -10,7 +10,9 @@ all of it; Phalanx adds no cryptography of its own (docs/security.md, docs/depen
 
 A frame is ``MAGIC (4 bytes) · kind (1) · round (8) · length (8)`` followed by ``length`` bytes. The receiver knows
 the most each kind can hold (:class:`Limits`) and refuses a larger length *before* reading the payload: a peer cannot
-make another allocate more than one message's worth.
+make another allocate more than one message's worth. The sealed mesh of the serverless and gossip topologies
+(:mod:`phalanx.distributed.mesh`) adds the message's phase to the header: ``PHASED_MAGIC · kind (1) · phase (1) ·
+round (8) · length (8)`` (:func:`send_phased`, :func:`recv_phased`), with the same checks.
 """
 
 from __future__ import annotations
@@ -19,12 +21,16 @@ import enum
 import socket
 import ssl
 import struct
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from phalanx.distributed.keys import Identity
 
 MAGIC = b"PHX1"
 HEADER = struct.Struct(">4sBQQ")
+PHASED_MAGIC = b"PHM1"
+PHASED_HEADER = struct.Struct(">4sBBQQ")
 HANDSHAKE_TIMEOUT_S = 20.0
 """A connection must finish its TLS handshake and introduce itself within this long (an idle outsider cannot hold a
 connection slot)."""
@@ -47,6 +53,17 @@ class Kind(enum.IntEnum):
     """worker → server: the rank's signed vector of round t"""
     REFUSED = 7
     """server → connecting peer: why it is not let in (then the connection closes)"""
+    ROW = 8
+    """mesh: a rank's signed row of round t and phase p (serverless: its vector, or a Byzantine rank's row; gossip:
+    a local step, or a Byzantine node's message)"""
+    MONITOR = 9
+    """mesh, rank r → rank 0: its signed rows of the run's state after an evaluation or checkpoint round (gossip)"""
+    BYE = 10
+    """mesh: the sender's last frame on this connection (it ended the run)"""
+    ACK = 11
+    """mesh: the receiving end let the connecting peer in (its only frame on that connection)"""
+    REPORT = 12
+    """mesh, rank r → rank 0: what rank r rejected (JSON), for rank 0's transcript"""
 
 
 class Violation(Exception):
@@ -134,6 +151,26 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
+def send_phased(sock: socket.socket, kind: Kind, phase: int, round_: int,
+                payload: bytes | bytearray | memoryview = b"") -> None:
+    """Send one mesh frame (header with the phase, then payload)."""
+    sock.sendall(PHASED_HEADER.pack(PHASED_MAGIC, int(kind), phase, round_, len(payload)))
+    if len(payload):
+        sock.sendall(payload)
+
+
+def recv_phased(sock: socket.socket, limits: Limits) -> tuple[Kind, int, int, bytearray]:
+    """One mesh frame: (kind, phase, round, payload), checked as :func:`recv_frame` checks a frame."""
+    magic, kind, phase, round_, length = PHASED_HEADER.unpack(_recv_exact(sock, PHASED_HEADER.size))
+    if magic != PHASED_MAGIC:
+        raise Violation("a frame without the protocol's magic bytes")
+    k = limits.check(kind, length)
+    try:
+        return k, phase, round_, _recv_exact(sock, length) if length else bytearray()
+    except Closed:
+        raise Violation(f"a {k.name} frame cut short: the connection closed after its header") from None
+
+
 def recv_frame(sock: socket.socket, limits: Limits) -> tuple[Kind, int, bytearray]:
     """One frame: (kind, round, payload). :class:`Violation` for a bad header or size (checked before the payload
     is read); ``ssl.SSLError`` / ``OSError`` for a connection that failed (tampering included: TLS refuses a record
@@ -146,3 +183,43 @@ def recv_frame(sock: socket.socket, limits: Limits) -> tuple[Kind, int, bytearra
         return k, round_, _recv_exact(sock, length) if length else bytearray()
     except Closed:
         raise Violation(f"a {k.name} frame cut short: the connection closed after its header") from None
+
+
+MAX_PENDING_HANDSHAKES = 64
+"""Connections still in their handshake beyond this many are closed at once (an outsider cannot exhaust threads)."""
+
+
+def serve_tls(
+    listener: socket.socket, ctx: ssl.SSLContext, admit: Callable[[ssl.SSLSocket, str], None],
+    reject: Callable[[int | None, str], None], stopping: Callable[[], bool], name: str,
+) -> None:
+    """Accept connections on ``listener`` until it is closed (or ``stopping()``), each in a thread of its own: the TLS
+    handshake within :data:`HANDSHAKE_TIMEOUT_S`, then ``admit(tls, peer address)``. At most
+    :data:`MAX_PENDING_HANDSHAKES` at once; beyond that, and for a failed handshake (an unknown key, no certificate,
+    recorded traffic replayed, plain bytes), ``reject(None, reason)`` and the connection is closed. Blocks: run it in
+    a thread."""
+    pending = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
+
+    def handshake(conn: socket.socket, addr: str) -> None:
+        try:
+            conn.settimeout(HANDSHAKE_TIMEOUT_S)
+            try:
+                tls = ctx.wrap_socket(conn, server_side=True)
+            except (ssl.SSLError, OSError) as exc:
+                conn.close()
+                reject(None, f"a TLS handshake from {addr} failed ({str(getattr(exc, 'reason', None) or exc)[:160]})")
+                return
+            admit(tls, addr)
+        finally:
+            pending.release()
+
+    while not stopping():
+        try:
+            conn, addr = listener.accept()
+        except OSError:
+            return
+        if not pending.acquire(blocking=False):
+            conn.close()
+            reject(None, f"a connection from {addr[0]} beyond {MAX_PENDING_HANDSHAKES} pending handshakes")
+            continue
+        threading.Thread(target=handshake, args=(conn, addr[0]), daemon=True, name=name).start()

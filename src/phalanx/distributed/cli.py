@@ -47,14 +47,15 @@ def keys_rotate(
 
 
 def audit(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory of a keyed parameter-server run.")],
+    run_dir: Annotated[Path, typer.Argument(help="A run directory of a keyed torchrun run (any topology).")],
     allow_list: Annotated[
         Path | None, typer.Option("--allow-list", help="Check against this allow-list (default: the run "
                                                        "directory's copy).")
     ] = None,
 ) -> None:
-    """Check who was heard: every accepted vector signed by its rank's key for this run and round, no rank twice in
-    a round, missing ≤ f every round, the rounds chained. Exit 0 if all hold, else the problems and exit 1."""
+    """Check who was heard: every accepted vector signed by its rank's key for this run, round and phase, no rank
+    twice in a round, missing ≤ f every round (server, serverless), the rounds chained. Exit 0 if all hold, else the
+    problems and exit 1."""
     from rich.console import Console
 
     from phalanx.distributed.transcript import audit as check
@@ -67,6 +68,9 @@ def audit(
                   f"{report.most_missing}); {rejected} rejected messages or connections", soft_wrap=True)
     for kind, count in sorted(report.rejected.items(), key=lambda kv: -kv[1]):
         console.print(f"  rejected ×{count}: {kind}", soft_wrap=True)
+    if any(at != 0 for at in report.rejected_at):  # the mesh: every rank reports what it refused to rank 0
+        per_rank = ", ".join(f"rank {at}: {count}" for at, count in sorted(report.rejected_at.items()))
+        console.print(f"  rejected by the rank that refused them: {per_rank}", soft_wrap=True)
     if report.ok:
         console.print("audit passed", soft_wrap=True)
         return

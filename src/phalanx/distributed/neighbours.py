@@ -46,14 +46,29 @@ checkpoints; it waits at most ``GATHER_SHARE × round_timeout`` for them, and a 
 last rows there. Rank 0 also writes the run directory; at the start it publishes the start state (fresh or
 resumed), which every rank reads; a rank other than 0 stops when rank 0 stopped with an error (it looks at the
 gathering rounds).
+
+**Sealed** (``keys`` set): no gloo and no store. The links are the sealed mesh's (:mod:`phalanx.distributed.mesh`):
+rank r opens a TLS connection to each rank it sends to — its receivers, its attack targets, and rank 0 — and is
+connected to by each rank it hears from — its inputs, its Byzantine neighbours, and rank 0 (which sends the start
+snapshot and, at the end, its stop message over it). Every message is signed for its round, phase, sender and
+recipient (:func:`~phalanx.distributed.mesh.mesh_message`, domain ``phalanx/gossip/v1``); the monitoring rows
+travel to rank 0 as a signed ``MONITOR`` frame instead of the store. A message that was rejected — no signature, one
+that does not verify, from a rank that is not a neighbour sending that phase, of the wrong length, a second one of a
+(round, phase) — is **exactly a missing message**: the node's own step takes its place, the sender is a suspect, and
+it is counted in ``missing_messages`` (the receiver stops waiting for it at once). What each node took from whom,
+with the signatures, and what it missed, travels with its monitoring rows (its *journal*) into rank 0's transcript
+(:meth:`~phalanx.distributed.transcript.Transcript.reports`); every rank's rejections reach rank 0 as reports. Bit
+for bit the run without keys when no message is lost.
 """
 
 from __future__ import annotations
 
+import json
 import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -62,14 +77,16 @@ import torch.distributed as dist
 from torch import Tensor
 
 from phalanx.distributed import _test_hooks, wire
+from phalanx.distributed.channel import Kind
 from phalanx.distributed.env import RankEnv
-from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S, collect
-from phalanx.distributed.serverless import shared_start
+from phalanx.distributed.mesh import Mesh
+from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S, check_digest, collect
+from phalanx.distributed.serverless import _start_message, shared_start
 from phalanx.errors import ConfigError
 from phalanx.training.gossip_node import OneNode, byzantine_inputs
 from phalanx.training.loop import Callback, Loop, RoundInfo
 from phalanx.training.server import BoundRule
-from phalanx.training.state import Received, Snapshot
+from phalanx.training.state import Received, RoundState, Snapshot
 from phalanx.training.transport import Transport
 
 if TYPE_CHECKING:
@@ -113,19 +130,41 @@ class Inbox:
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.items: dict[tuple[int, int, int], Tensor] = {}
+        self.meta: dict[tuple[int, int, int], Any] = {}
+        self.seen: set[tuple[int, int, int]] = set()
+        self.refused: set[tuple[int, int, int]] = set()
         self.newest: dict[int, int] = {}
         self.closed: dict[int, str] = {}
         self.floor = 0
 
-    def put(self, peer: int, t: int, phase: int, x: Tensor) -> None:
+    def put(self, peer: int, t: int, phase: int, x: Tensor, meta: Any = None) -> bool:
+        """Keep a message (``meta``: what the sealed links know of it); False if one of (peer, round, phase) came
+        before (the first one counts)."""
+        key = (peer, t, phase)
         with self.cond:
+            if key in self.seen:
+                return False
             self.newest[peer] = max(self.newest.get(peer, -1), t)
             if t >= self.floor:
-                self.items[(peer, t, phase)] = x
+                self.seen.add(key)
+                self.items[key] = x
+                if meta is not None:
+                    self.meta[key] = meta
                 held = sorted({u for (p, u, _) in self.items if p == peer})
                 for old in held[: max(0, len(held) - KEEP_ROUNDS)]:  # this node's main thread is far behind
                     for ph in (STEP, ATTACK):
                         self.items.pop((peer, old, ph), None)
+                        self.meta.pop((peer, old, ph), None)
+            self.cond.notify_all()
+        return True
+
+    def refuse(self, peer: int, t: int, phase: int) -> None:
+        """The sealed links rejected the peer's message of (round, phase): it is missing, and not waited for."""
+        key = (peer, t, phase)
+        with self.cond:
+            if t >= self.floor and key not in self.seen:
+                self.seen.add(key)
+                self.refused.add(key)
             self.cond.notify_all()
 
     def close(self, peer: int, why: str) -> None:
@@ -136,12 +175,14 @@ class Inbox:
     def wait(self, keys: list[tuple[int, int, int]], deadline: float) -> None:
         """Until every key has arrived (or its link closed), at most until ``deadline`` (monotonic)."""
         with self.cond:
-            self.cond.wait_for(lambda: all(k in self.items or k[0] in self.closed for k in keys),
+            self.cond.wait_for(lambda: all(k in self.items or k in self.refused or k[0] in self.closed for k in keys),
                                timeout=max(0.0, deadline - time.monotonic()))
 
-    def take(self, key: tuple[int, int, int]) -> Tensor | None:
+    def take(self, key: tuple[int, int, int]) -> tuple[Tensor | None, Any]:
+        """The message of ``key`` (None: not here) and its ``meta``."""
         with self.cond:
-            return self.items.pop(key, None)
+            self.refused.discard(key)
+            return self.items.pop(key, None), self.meta.pop(key, None)
 
     def advance(self, t: int) -> None:
         """The main thread is in round t: messages of earlier rounds are dropped, and never kept again."""
@@ -149,6 +190,9 @@ class Inbox:
             self.floor = t
             for key in [k for k in self.items if k[1] < t]:
                 del self.items[key]
+            self.meta = {k: v for k, v in self.meta.items() if k[1] >= t}
+            self.seen = {k for k in self.seen if k[1] >= t}
+            self.refused = {k for k in self.refused if k[1] >= t}
 
     def closed_links(self) -> dict[int, str]:
         """The peers whose link closed, and why (``"finished"``: the peer ended the run)."""
@@ -233,12 +277,97 @@ class Link:
             self.inbox.put(self.peer, t, phase, buf[HEADER:].view(self.dtype))
 
 
-class Neighbours(Transport, Callback):
-    """One rank of the gossip topology (see the module's docstring). It is also a loop callback, first in the
-    list: after evaluation and checkpoint rounds it brings every node's rows to rank 0."""
+class MeshLink:
+    """A gossip link over the sealed mesh: this rank's connection to ``peer`` (if it sends to it) and the peer's to
+    this rank (if it hears from it) are the mesh's; sending signs each message for this peer
+    (:meth:`Mesh.send <phalanx.distributed.mesh.Mesh.send>`)."""
 
-    def __init__(self, store: dist.Store, renv: RankEnv, digest: str, round_timeout: float,
-                 checkpoint_every: int) -> None:
+    def __init__(self, mesh: Mesh, peer: int, dtype: torch.dtype) -> None:
+        self.mesh = mesh
+        self.peer = peer
+        self.dtype = dtype
+
+    def send(self, t: int, phase: int, x: Tensor) -> None:
+        """Sign and queue a message (``x`` a row of ``numel`` elements, any device)."""
+        self.mesh.send([self.peer], Kind.ROW, phase, t, wire.tensor_bytes(x.detach().to("cpu", self.dtype)))
+
+    def backlog(self) -> int:
+        """Messages queued and not written to the peer's connection yet."""
+        return self.mesh.backlog(self.peer)
+
+    def flush(self, deadline: float) -> None:
+        """Wait until every queued message is written, at most until ``deadline`` (monotonic)."""
+        self.mesh.flush(self.peer, deadline)
+
+
+class MeshInbox:
+    """The sealed gossip rank's :class:`~phalanx.distributed.mesh.Sink`: verified messages of its inputs (local
+    steps) and Byzantine neighbours (their messages) into the :class:`Inbox`, rejected ones as refused there, the
+    monitoring rows (rank 0) kept for :meth:`collect`."""
+
+    def __init__(self, nb: Neighbours) -> None:
+        self.nb = nb
+        self.cond = threading.Condition()
+        self.monitor: dict[tuple[int, int], bytearray] = {}
+
+    def signed(self, sender: int, kind: Kind, phase: int, t: int, body: bytearray, digest: bytes,
+               signature: bytes) -> str | None:
+        nb = self.nb
+        if kind == Kind.MONITOR:
+            now = nb.mesh.round if nb.mesh is not None else t
+            if abs(t - now) > KEEP_ROUNDS:
+                return f"rank {sender} sent monitoring rows of round {t}, far from round {now}"
+            with self.cond:
+                if (t, sender) in self.monitor:
+                    return f"rank {sender} sent its monitoring rows of round {t} twice"
+                self.monitor[(t, sender)] = body
+                self.cond.notify_all()
+            return None
+        if kind != Kind.ROW or phase not in (STEP, ATTACK):
+            return f"rank {sender} sent a {kind.name} frame of phase {phase}, which the gossip topology never sends"
+        what = "local step" if phase == STEP else "Byzantine node's message"
+        if sender not in (nb.inputs if phase == STEP else nb.attackers):
+            nb.inbox.refuse(sender, t, phase)
+            return f"rank {sender} sent node {nb.rank} a round-{t} {what}, which it does not take from it"
+        if len(body) != nb.width:
+            nb.inbox.refuse(sender, t, phase)
+            return f"rank {sender}'s round-{t} {what} has {len(body)} bytes, not {nb.width}"
+        meta = {"rank": sender, "phase": phase, "sha256": digest.hex(), "signature": signature.hex()}
+        if not nb.inbox.put(sender, t, phase, wire.bytes_tensor(body, nb.dtype), meta):
+            return f"rank {sender} sent a second round-{t} {what}"
+        return None
+
+    def refused(self, sender: int, kind: Kind, phase: int, t: int, reason: str) -> None:
+        if kind == Kind.ROW:
+            self.nb.inbox.refuse(sender, t, phase)
+
+    def gone(self, sender: int, why: str) -> None:
+        if sender in self.nb.peers:  # (rank 0's and the rank's own connections for the start and monitoring only
+            self.nb.inbox.close(sender, why)  # do not count as gossip links)
+
+    def collect(self, t: int, ranks: list[int], gone: set[int], timeout: float) -> dict[int, bytearray]:
+        """Rank 0: the monitoring rows of round t of ``ranks`` within ``timeout`` (``gone``: not waited for)."""
+        with self.cond:
+            self.cond.wait_for(lambda: all((t, p) in self.monitor for p in ranks if p not in gone), timeout)
+            got = {p: self.monitor.pop((t, p)) for p in ranks if (t, p) in self.monitor}
+            for key in [k for k in self.monitor if k[0] < t]:
+                del self.monitor[key]
+            return got
+
+
+class Neighbours(Transport, Callback):
+    """One rank of the gossip topology (see the module's docstring); over the sealed mesh when ``mesh`` is given
+    (then ``store`` is unused). It is also a loop callback, first in the list: after evaluation and checkpoint rounds
+    it brings every node's rows to rank 0."""
+
+    def __init__(self, store: dist.Store | None, renv: RankEnv, digest: str, round_timeout: float,
+                 checkpoint_every: int, mesh: Mesh | None = None) -> None:
+        self.mesh = mesh
+        self.on_reports: Callable[[int, list[dict[str, Any]]], None] | None = None
+        """Sealed, rank 0: called at every gathering round with what each node reported (its journal): the
+        transcript listens here."""
+        self.journal: list[dict[str, Any]] = []  # sealed: what this node took and missed, since its last report
+        self.peers: list[int] = []  # the ranks this node exchanges gossip messages with (from the graph, at open)
         self.store = store
         self.renv = renv
         self.rank = renv.rank
@@ -247,7 +376,7 @@ class Neighbours(Transport, Callback):
         self.round_timeout = round_timeout
         self.checkpoint_every = checkpoint_every
         self.inbox = Inbox()
-        self.links: dict[int, Link] = {}
+        self.links: dict[int, Link | MeshLink] = {}
         self.lost: set[int] = set()
         self.suspects: set[int] = set()  # missed the last round: waited for SUSPECT_SHARE × round_timeout only
         self.misses: dict[int, int] = {}  # rounds in a row a peer's message did not come
@@ -261,7 +390,11 @@ class Neighbours(Transport, Callback):
         exp, store, rank = experiment, self.store, self.rank
         self.exp = exp
         self.n = n = exp.workers
-        start = shared_start(store, rank, self.digest, start)
+        if self.mesh is None:
+            assert store is not None
+            start = shared_start(store, rank, self.digest, start)
+        else:
+            start = self._sealed_start(start)
         node = exp.algorithm.one_worker(exp, rank, start.streams, start.state.momentum)
         if not isinstance(node, OneNode):
             raise ConfigError("topology", "gossip", f"'server' or 'serverless' with algorithm = "
@@ -269,18 +402,22 @@ class Neighbours(Transport, Callback):
         self.node = node
         node.warm_up()
         self._plan()
-        wire.put(store, f"ready/{rank}", b"1")
-        peers = sorted(set(self.inputs) | set(self.receivers) | set(self.attackers) | set(self.targets))
-        joined = collect(store, {p: f"ready/{p}" for p in peers}, set(), JOIN_TIMEOUT_S)
-        for p in peers:  # in increasing order of the pair (every rank alike: no two ranks wait on each other)
-            if p not in joined:
-                self._lose(p, f"it did not start within {JOIN_TIMEOUT_S:g} s")
-                continue
-            try:
-                self.links[p] = Link(store, rank, p, node.message_numel, start.state.theta.dtype, self.inbox,
-                                     max(self.timeout, JOIN_TIMEOUT_S))
-            except (RuntimeError, dist.DistError) as exc:
-                self._lose(p, f"the link did not connect ({str(exc).splitlines()[0][:160]})")
+        self.peers = sorted(set(self.inputs) | set(self.receivers) | set(self.attackers) | set(self.targets))
+        if self.mesh is not None:
+            self._sealed_links(self.mesh, start.state.theta.dtype)
+        else:
+            assert store is not None
+            wire.put(store, f"ready/{rank}", b"1")
+            joined = collect(store, {p: f"ready/{p}" for p in self.peers}, set(), JOIN_TIMEOUT_S)
+            for p in self.peers:  # in increasing order of the pair (every rank alike: no two ranks wait on each other)
+                if p not in joined:
+                    self._lose(p, f"it did not start within {JOIN_TIMEOUT_S:g} s")
+                    continue
+                try:
+                    self.links[p] = Link(store, rank, p, node.message_numel, start.state.theta.dtype, self.inbox,
+                                         max(self.timeout, JOIN_TIMEOUT_S))
+                except (RuntimeError, dist.DistError) as exc:
+                    self._lose(p, f"the link did not connect ({str(exc).splitlines()[0][:160]})")
         self.vector_attack = node.vector_attack
         self.attack_state: Tensor = start.streams["attack"]
         s = start.state
@@ -290,6 +427,46 @@ class Neighbours(Transport, Callback):
             "previous": None if s.previous is None else s.previous.clone(),
         }
         return start
+
+    def _sealed_start(self, start: Snapshot) -> Snapshot:
+        """The start snapshot over the sealed mesh: rank 0 waits for the ranks to join (at most
+        ``JOIN_TIMEOUT_S``) and sends it to each; the others receive it."""
+        mesh = self.mesh
+        assert mesh is not None
+        self.sink = MeshInbox(self)
+        mesh.sink = self.sink
+        if self.rank == 0:
+            mesh.wait_joins(set(range(1, self.n)), JOIN_TIMEOUT_S)
+            mesh.offer(_start_message(start, self.digest))
+            return start
+        init = mesh.receive_init(2 * JOIN_TIMEOUT_S)
+        check_digest(init, self.digest, self.rank)
+        state = RoundState(init["theta"], init["momentum"], init["previous"], init["round"])
+        return Snapshot(state, init["streams"], init["optimizer"])
+
+    def _sealed_links(self, mesh: Mesh, dtype: torch.dtype) -> None:
+        """Connect to the ranks this node sends to, wait for the ranks it hears from (rank 0 included, both ways)."""
+        self.dtype = dtype
+        self.width = self.node.message_numel * torch.empty(0, dtype=dtype).element_size()
+        sends = set(self.receivers) | set(self.targets)
+        hears = set(self.inputs) | set(self.attackers)
+        control = set(mesh.book) - {self.rank} if self.rank == 0 else {0}
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        failed = mesh.connect((sends | control) & set(mesh.book), deadline)
+        heard = mesh.wait_incoming((hears | control) & set(mesh.book), deadline)
+        mesh.ready.set()
+        for p in self.peers:
+            if p not in mesh.book:
+                self._lose(p, f"it did not start within {JOIN_TIMEOUT_S:g} s")
+            elif p in failed:
+                self._lose(p, f"the link did not connect ({failed[p][:160]})")
+            elif p in hears and p not in heard:
+                self._lose(p, f"its link did not connect within {JOIN_TIMEOUT_S:g} s")
+            else:
+                self.links[p] = MeshLink(mesh, p, dtype)
+        for p, why in dict(mesh.dead).items():
+            if p in self.links:
+                self.inbox.close(p, why)
 
     def _plan(self) -> None:
         """Who this rank hears from and talks to, from the graph (the same on every rank)."""
@@ -328,7 +505,12 @@ class Neighbours(Transport, Callback):
         for k, link in self.links.items():
             if k not in self.lost and k not in self.suspects and k not in closed:
                 link.flush(deadline)
+        if r == 0:
+            _test_hooks.maybe_hold(t)
         _test_hooks.maybe_sleep(r, t)
+        if self.mesh is not None:
+            self.mesh.round = t
+        self.heard: list[dict[str, Any]] = []
         self.inbox.advance(t)
         # the peers that wait for this node's messages gave it up two rounds ago or more: it sits this round out
         behind = self.inbox.ahead(self.receivers + self.targets) >= t + 2
@@ -372,6 +554,8 @@ class Neighbours(Transport, Callback):
             for k in missing:
                 half[k] = half[r]
         self.missed += len(missing)
+        if self.mesh is not None:
+            self.journal.append({"round": t, "accepted": self.heard, "missing": sorted(set(missing))})
         return Received(half.to(theta.device), missing=sorted(set(missing) & self.neighbours), sent=sent,
                         received=received, state_rows=False, carry=node.carry(theta), messages=messages)
 
@@ -402,7 +586,9 @@ class Neighbours(Transport, Callback):
             self.inbox.wait([key for key in wanted if key[0] in self.suspects], min(deadline, patience))
         out: dict[int, Tensor | None] = {}
         for k in peers:
-            x = None if k in self.lost else self.inbox.take((k, t, phase))
+            x, meta = (None, None) if k in self.lost else self.inbox.take((k, t, phase))
+            if meta is not None and x is not None:
+                self.heard.append(meta)
             if x is not None:
                 self.suspects.discard(k)
                 self.misses[k] = 0
@@ -445,7 +631,7 @@ class Neighbours(Transport, Callback):
                 known = self.known[name] = torch.zeros_like(x)
             known[0] = x[0]
             for p, msg in got.items():
-                if name in msg:
+                if name in msg and msg[name].shape == known.shape[1:]:
                     known[p] = msg[name].to(known)
             x[1:] = known[1:]
         self.pending_missing += self.missed + sum(int(msg["missing"]) for msg in got.values())
@@ -456,26 +642,80 @@ class Neighbours(Transport, Callback):
         r = self.rank
         payload: dict[str, Any] = {name: x[r].clone() for name, x in rows.items() if x is not None and x.dim() == 2}
         payload.update({"missing": self.missed, "attack": self.node.attack_gen.get_state()})
+        if self.mesh is not None:
+            self._report_sealed(self.mesh, t, payload)
+            return
+        assert self.store is not None
         wire.put(self.store, key_rows(t, r), wire.pack(payload))
         self.missed = 0
-        if self.store.check(["stop"]):
+        if self.store.check(["stop"]):  # (the sealed path returned above)
             reason = bytes(self.store.get("stop")).decode(errors="replace")
             if reason != "finished":
                 raise ConnectionError(f"rank 0 stopped the run: {reason[:300]}")
+
+    def _report_sealed(self, mesh: Mesh, t: int, payload: dict[str, Any]) -> None:
+        """A rank other than 0, sealed: its rows and its journal after round t, signed, to rank 0; stop if rank 0
+        stopped (or went away)."""
+        payload["journal"] = json.dumps(self.journal)
+        self.journal = []
+        if mesh.alive(0):
+            mesh.send([0], Kind.MONITOR, 0, t, wire.pack(payload))
+        self.missed = 0
+        reason = mesh.stopped
+        if reason is not None and reason != "finished":
+            raise ConnectionError(f"rank 0 stopped the run: {reason[:300]}")
+        why = mesh.dead.get(0)
+        if reason is None and why is not None and why != "finished":
+            raise ConnectionError(f"rank 0 went away ({why})")
 
     def _collect(self, t: int) -> dict[int, dict[str, Any]]:
         """Rank 0: the other ranks' rows after round t, waiting at most ``GATHER_SHARE × round_timeout`` (a rank
         silent at the last gathering is not waited for, only taken if its rows are there)."""
         keys = {p: key_rows(t, p) for p in range(1, self.n)}
         gone = self.silent | self.lost | set(self.inbox.closed_links())  # not waited for: only taken if there
-        raw = collect(self.store, keys, gone, GATHER_SHARE * self.timeout)
-        self.silent = set(keys) - set(raw)
-        got = {p: wire.unpack(data) for p, data in raw.items()}
-        for p in raw:
-            self.store.delete_key(keys[p])
+        if self.mesh is not None:
+            got = self._collect_sealed(self.mesh, t, list(keys), gone)
+        else:
+            assert self.store is not None
+            raw = collect(self.store, keys, gone, GATHER_SHARE * self.timeout)
+            self.silent = set(keys) - set(raw)
+            got = {p: wire.unpack(data) for p, data in raw.items()}
+            for p in raw:
+                self.store.delete_key(keys[p])
         last = self.n - 1
         if self.vector_attack and last in got:  # the Byzantine ranks' attack stream, for the checkpoint
             self.attack_state = got[last]["attack"]
+        return got
+
+    def _collect_sealed(self, mesh: Mesh, t: int, ranks: list[int], gone: set[int]) -> dict[int, dict[str, Any]]:
+        """Rank 0, sealed: the monitoring rows of round t (signed, checked by the mesh); a message that does not
+        unpack to rows of the right shapes is rejected (its rank keeps its last rows); every node's journal to the
+        transcript."""
+        gone = gone | {p for p in ranks if not mesh.alive(p)}
+        raw = self.sink.collect(t, ranks, gone, GATHER_SHARE * self.timeout)
+        self.silent = set(ranks) - set(raw)
+        got: dict[int, dict[str, Any]] = {}
+        nodes = [{"node": 0, "rounds": self.journal}]
+        self.journal = []
+        for p, data in raw.items():
+            try:
+                msg = wire.unpack(bytes(data))
+                journal = json.loads(msg.pop("journal"))
+                assert isinstance(journal, list) and isinstance(msg["missing"], int)
+                assert isinstance(msg["attack"], Tensor) and msg["attack"].dtype == torch.uint8
+                for name in STATE:
+                    known = self.known[name]
+                    x = msg.get(name)
+                    assert x is None or (isinstance(x, Tensor) and x.dtype == self.dtype
+                                         and (known is None or x.shape == known.shape[1:]))
+            except Exception as exc:  # whatever a broken or hostile message makes torch.load or the checks raise
+                mesh.reject(p, f"rank {p}'s monitoring rows of round {t} are malformed ({type(exc).__name__})")
+                self.silent.add(p)
+                continue
+            got[p] = msg
+            nodes.append({"node": p, "rounds": journal})
+        if self.on_reports is not None:
+            self.on_reports(t, nodes)
         return got
 
     def take_missing(self) -> int:
@@ -486,18 +726,26 @@ class Neighbours(Transport, Callback):
     def close(self, error: BaseException | None) -> None:
         """Send what is queued and a last message on every link (a neighbour that is behind still gets this node's
         messages); rank 0 tells the other ranks whether the run finished."""
+        if self.mesh is not None:
+            if self.rank == 0:
+                self.mesh.stop("finished" if error is None else str(error))
+            self.mesh.close(wait_for=set(self.links) - self.lost, timeout=self.timeout)
+            self.links = {}
+            return
         for k, link in self.links.items():
-            if k not in self.lost:
+            if k not in self.lost and isinstance(link, Link):
                 link.finish()
         # both ends of a link end their threads on each other's last message: no gloo call may return into a
         # Python that is shutting down (a thread that does aborts the process: "terminate called ...")
         deadline = time.monotonic() + self.timeout
         for link in self.links.values():
+            assert isinstance(link, Link)
             for thread in (link.sender, link.receiver):
                 thread.join(timeout=max(0.0, deadline - time.monotonic()))
         _RETIRED.append(self.links)
         self.links = {}
         if self.rank == 0:
+            assert self.store is not None
             try:
                 wire.put(self.store, "stop", b"finished" if error is None else str(error).encode())
             except (dist.DistError, ConnectionError, RuntimeError):  # the store is gone: nobody is listening

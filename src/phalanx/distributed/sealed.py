@@ -49,6 +49,7 @@ from phalanx.distributed.channel import (
     peer_rank,
     recv_frame,
     send_frame,
+    serve_tls,
     server_context,
 )
 from phalanx.distributed.keys import Identity
@@ -60,8 +61,6 @@ HELLO_BYTES = 4096
 STOP_BYTES = 1 << 16
 ATTACK_STATE_BYTES = 1 << 16
 """The most a Byzantine rank's attack-stream state appended to its vector may take."""
-MAX_PENDING_HANDSHAKES = 64
-"""Connections still in their handshake beyond this many are closed at once (an outsider cannot exhaust threads)."""
 DOMAIN = b"phalanx/vector/v1\x00"
 
 
@@ -87,6 +86,8 @@ class Rejection:
     round: int
     rank: int | None
     reason: str
+    at: int | None = None
+    """The rank that rejected it, when it reported it to rank 0 (None: the rank that holds the record)."""
 
 
 @dataclass
@@ -122,7 +123,6 @@ class SealedLinks:
         self.n = workers
         self.init_payload: dict[str, Any] | None = None
         self.closed = False
-        self.pending_handshakes = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
         self.vector_limits = Limits({Kind.VECTOR: SIGNATURE_BYTES + row_bytes + ATTACK_STATE_BYTES})
         self.hello_limits = Limits({Kind.HELLO: HELLO_BYTES})
 
@@ -134,32 +134,9 @@ class SealedLinks:
             self.cond.notify_all()
 
     def _accept_loop(self) -> None:
-        while not self.closed:
-            try:
-                conn, addr = self.listener.accept()
-            except OSError:
-                return
-            if not self.pending_handshakes.acquire(blocking=False):
-                conn.close()
-                self._reject(None, f"a connection from {addr[0]} beyond {MAX_PENDING_HANDSHAKES} pending handshakes")
-                continue
-            threading.Thread(target=self._admit, args=(conn, addr[0]), daemon=True,
-                             name="phalanx-sealed-admit").start()
+        serve_tls(self.listener, self.ctx, self._introduce, self._reject, lambda: self.closed, "phalanx-sealed-admit")
 
-    def _admit(self, conn: socket.socket, addr: str) -> None:
-        try:
-            self._handshake(conn, addr)
-        finally:
-            self.pending_handshakes.release()
-
-    def _handshake(self, conn: socket.socket, addr: str) -> None:
-        conn.settimeout(HANDSHAKE_TIMEOUT_S)
-        try:
-            tls = self.ctx.wrap_socket(conn, server_side=True)
-        except (ssl.SSLError, OSError) as exc:
-            conn.close()
-            self._reject(None, f"a TLS handshake from {addr} failed ({_why(exc)})")
-            return
+    def _introduce(self, tls: ssl.SSLSocket, addr: str) -> None:
         rank = peer_rank(tls, self.identity)
         try:
             _, _, payload = recv_frame(tls, self.hello_limits)

@@ -14,6 +14,7 @@ Exit status: 0 done (workers also exit 0 when the server tells them to stop), 2 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from contextlib import ExitStack
@@ -23,10 +24,11 @@ import torch.distributed as dist
 
 from phalanx.distributed.env import RankEnv, open_store
 from phalanx.distributed.keys import Identity, load_identity
+from phalanx.distributed.mesh import ADDRESS_KEY, Mesh, bind_host
 from phalanx.distributed.neighbours import MessageCount, Neighbours
 from phalanx.distributed.parameter_server import ParameterServer, ParameterServerWorker, config_digest
 from phalanx.distributed.recording import DistributedLog, RankLog
-from phalanx.distributed.sealed import SealedLinks, SealedWorkerLinks, warn_unsealed
+from phalanx.distributed.sealed import ATTACK_STATE_BYTES, SealedLinks, SealedWorkerLinks, warn_unsealed
 from phalanx.distributed.serverless import AllGather
 from phalanx.distributed.transcript import Transcript
 from phalanx.errors import ConfigError, PhalanxError, WorkersLostError
@@ -67,7 +69,9 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
     """Run this process's rank of the job described by the torchrun environment.
 
     Rank 0 (and, in the serverless and gossip topologies, every rank) runs the training loop over the topology's
-    transport; the other ranks of the parameter-server topology serve the server's rounds.
+    transport; the other ranks of the parameter-server topology serve the server's rounds. With keys, the parameter
+    server runs over sealed links (:func:`run_sealed`) and the serverless and gossip topologies over the sealed mesh
+    (:func:`open_mesh`): no store carries a vector, a model or the start snapshot.
     """
     renv = RankEnv.from_environ()
     if renv.world_size != processes(cfg):
@@ -80,16 +84,19 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
     tune_allocator()
     exp = from_config(cfg, local_rank=renv.local_rank)  # device = "cuda": this rank's cuda:LOCAL_RANK
     digest = config_digest(cfg.identity())
-    if identity is not None:
+    if identity is not None and cfg.topology == "server":
         run_sealed(cfg, renv, exp, identity, digest, out)
         return
-    store = open_store(renv, WORKER_WAIT_S)
+    mesh = None if identity is None else open_mesh(cfg, renv, exp, identity, digest)
+    store = open_store(renv, WORKER_WAIT_S) if mesh is None else None
     if cfg.topology == "server" and renv.rank != 0:
+        assert store is not None
         ParameterServerWorker(exp, store, renv.rank, digest).run()
         return
     callbacks: list[Callback] = []
     start = None
     log = RankLog()
+    transcript: Transcript | None = None
     with ExitStack() as held:
         if renv.rank == 0:
             callbacks = [Evaluate(), StopOnDivergence()]
@@ -102,17 +109,32 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
                 start = rundir.open()
                 callbacks += [rundir, DistributedLog(run_dir / "distributed.json", cfg.topology, renv.world_size,
                                                      rundir.checkpoints)]
+                if mesh is not None:
+                    assert identity is not None
+                    transcript = Transcript(run_dir, mesh, identity, digest, renv.world_size, exp.f,
+                                            rundir.checkpoints, topology=cfg.topology)
+                    callbacks.append(transcript)
             callbacks.append(log)
-            warn_unsealed(log.say)
+            if mesh is None:
+                warn_unsealed(log.say)
+            else:
+                assert identity is not None
+                log.say(f"sealed mesh: mutual TLS between the {renv.world_size} ranks ({cfg.topology}), rank 0 on "
+                        f"{mesh.address[0]}:{mesh.address[1]}, allow-list {identity.allow.path}")
         transport: Transport
         if cfg.topology == "serverless":
-            transport = AllGather(store, renv, digest, cfg.round_timeout, cfg.backend)
+            transport = all_gather = AllGather(store, renv, digest, cfg.round_timeout, cfg.backend, mesh)
+            if transcript is not None:
+                all_gather.on_rows = transcript.rows
         elif cfg.topology == "gossip":  # first: every node's rows reach rank 0 before it evaluates or checkpoints
-            transport = Neighbours(store, renv, digest, cfg.round_timeout, cfg.checkpoint_every)
+            transport = neighbours = Neighbours(store, renv, digest, cfg.round_timeout, cfg.checkpoint_every, mesh)
+            if transcript is not None:
+                neighbours.on_reports = transcript.reports
             callbacks.insert(0, transport)
             if renv.rank == 0:
-                callbacks.insert(2, MessageCount(transport))  # after Evaluate: the metric rows' missing_messages
+                callbacks.insert(2, MessageCount(neighbours))  # after Evaluate: the metric rows' missing_messages
         else:
+            assert store is not None
             transport = ParameterServer(store, digest, cfg.round_timeout, log.say)
         try:
             Loop(exp, transport, callbacks, start).run()
@@ -120,6 +142,42 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
             if renv.rank == 0 and out is not None:
                 runstate.record_divergence(out / grid.run_id(cfg), exc)
             raise
+
+
+def open_mesh(cfg: RunConfig, renv: RankEnv, exp: Experiment, identity: Identity, digest: str) -> Mesh:
+    """This rank's end of the sealed mesh (:mod:`phalanx.distributed.mesh`), listening, and — a rank other than 0 —
+    introduced to rank 0.
+
+    Under ``phalanx launch`` rank 0 listens on ``MASTER_ADDR:MASTER_PORT`` and no c10d store exists; under torchrun's
+    agent, which holds that port, it listens on a free port of :func:`~phalanx.distributed.mesh.bind_host` and
+    publishes ``[host, port]`` in the agent's store (a forged one leads the ranks to a listener that cannot prove rank
+    0's key). The other ranks listen on ``bind_host`` (``PHALANX_SEALED_ADDR``, default ``MASTER_ADDR`` on one
+    machine) with a free port, which they tell rank 0 over TLS.
+    """
+    n = processes(cfg)
+    row = exp.problem.dim * exp.problem.initial_theta().element_size()
+    row_limit = 2 * row + ATTACK_STATE_BYTES + 64  # the longest row: an anytime pair, a Byzantine row + its state
+    store = open_store(renv, WORKER_WAIT_S) if renv.agent_store else None
+    host = bind_host(renv)
+    if renv.rank == 0:
+        listen = (renv.master_addr, renv.master_port) if store is None else (host, 0)
+    else:
+        listen = (host, 0)
+    mesh = Mesh(identity, cfg.topology, digest, n, listen, row_limit=row_limit,
+                init_limit=8 * n * row_limit + (64 << 20), monitor_limit=8 * row_limit + (16 << 20))
+    print(f"[phalanx rank {renv.rank}] sealed mesh: listening on {mesh.address[0]}:{mesh.address[1]}",
+          file=sys.stderr, flush=True)
+    if renv.rank == 0:
+        if store is not None:
+            store.set(ADDRESS_KEY, json.dumps(list(mesh.address)))
+        return mesh
+    if store is None:
+        server = (renv.master_addr, renv.master_port)
+    else:
+        raw = json.loads(bytes(store.get(ADDRESS_KEY)))
+        server = (str(raw[0]), int(raw[1]))
+    mesh.join(*server)
+    return mesh
 
 
 def check_identity(cfg: RunConfig, renv: RankEnv) -> Identity | None:

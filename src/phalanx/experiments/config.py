@@ -176,9 +176,9 @@ class RunConfig(BaseModel):
         "is available, else gloo)",
     )
     keys: str | None = Field(
-        None, description="torchrun engine, server topology: a key directory (phalanx keys init DIR --workers N): "
-        "mutual TLS between every worker and the server, every vector signed, who was heard recorded in the run's "
-        "transcript (phalanx audit; docs/security.md)",
+        None, description="torchrun engine: a key directory (phalanx keys init DIR --workers N): mutual TLS between the "
+        "ranks of every topology (worker and server; the serverless and gossip mesh), every vector signed, who was "
+        "heard recorded in the run's transcript (phalanx audit; docs/security.md)",
     )
     insecure: bool = Field(
         False, description="torchrun engine: allow ranks on several machines without keys (nothing then checks "
@@ -343,11 +343,10 @@ def check_relations(cfg: RunConfig) -> None:
     if cfg.engine == "torchrun" and cfg.topology == "gossip" and cfg.algorithm not in topology.ALGORITHMS:
         raise ConfigError("topology", cfg.topology, f"'server' or 'serverless' with algorithm = {cfg.algorithm!r} "
                           "(topology = 'gossip' runs the nodes of algorithm = 'gossip')")
-    if cfg.keys is not None and cfg.engine == "torchrun" and cfg.topology != "server":
+    if cfg.keys is not None and cfg.engine == "torchrun" and cfg.backend == "nccl":
         raise ConfigError(
-            "keys", cfg.keys, "unset with topology = " + repr(cfg.topology) + " (sealed links exist for the "
-            "parameter-server topology so far)", "use topology = 'server', or run this topology without keys on "
-            "one trusted machine (docs/security.md)",
+            "backend", cfg.backend, "'auto' or 'gloo' with keys (the sealed mesh carries the rows over TLS from the "
+            "CPU, not through NCCL; docs/security.md)",
         )
     if cfg.backend == "nccl" and cfg.topology != "serverless":
         raise ConfigError(

@@ -1,0 +1,646 @@
+"""The sealed mesh of a keyed serverless or gossip job: every rank listens for its peers over mutually authenticated
+TLS 1.3, connects to the peers it sends to, and signs every row it contributes.
+
+With keys (``keys = "DIR"``) and ``topology = "serverless"`` or ``"gossip"``, no vector, model, start snapshot or
+monitoring row travels through gloo or the c10d store. The protocol:
+
+**Connections.** One TLS connection per direction and pair: the *sender* opens it to the receiver's listener and is
+the only one who writes on it after the introduction; the receiver only reads it (an SSL object is never used by two
+threads; see :mod:`phalanx.distributed.sealed`). Each end checks the other's certificate against the allow-list
+(:mod:`phalanx.distributed.keys`) and the connecting end also checks that the listener holds the key of the rank it
+meant to reach. The connecting peer introduces itself (``HELLO``: its rank, the config digest, and either the address
+it listens on — to rank 0 — or the run's nonce — to any other rank); the receiver refuses, with a reason sent back
+and recorded, a claimed rank that is not the certificate's, a rank not in the job, another config, another nonce
+(another start of the job), and a second connection of one rank (one key, one connection, for the whole run); it
+answers ``ACK`` otherwise, then only reads. Who sent a frame is the certificate's rank, never what the frame says.
+
+**Rendezvous.** Rank 0 listens on ``MASTER_ADDR:MASTER_PORT`` (``phalanx launch``: no c10d store exists); under
+torchrun's agent, which holds that port, it listens on a free port and the agent's store carries its ``(host, port)``
+— the only thing an unauthenticated party can touch, and a forged address only leads the ranks to a listener that
+cannot prove rank 0's key (refused). Every other rank listens on :func:`bind_host` with a free port, connects to rank
+0 and says where it listens; rank 0 connects back to each, checks the certificate there is that rank's, and sends it
+the start snapshot (``INIT``: the run's 32-byte nonce, the address book of every rank, the state, over TLS), after
+which the ranks connect to one another through the book. Rank 0's connection to a rank and that rank's to rank 0
+exist in both topologies: the start snapshot, rank 0's stop message, the gossip monitoring rows and the rejection
+reports travel on them.
+
+**Frames.** ``PHASED_MAGIC · kind · phase · round · length`` (:func:`~phalanx.distributed.channel.recv_phased`),
+the length checked against the kind's limit before the payload is read; a receiver takes only the kinds its sender
+may send (``INIT`` and ``STOP`` only from rank 0, ``MONITOR`` and ``REPORT`` only at rank 0). A frame that breaks
+this, or is cut or garbage, closes the connection: its sender is gone from then on.
+
+**Signatures.** A ``ROW`` or ``MONITOR`` payload is ``signature (64) ‖ body``; the Ed25519 signature covers
+:func:`mesh_message` — a domain string per topology (``phalanx/serverless/v1``, ``phalanx/gossip/v1``), the run's
+nonce, the config digest, the kind and phase, the round, the sender, the recipient (gossip: the neighbour it is
+sent to; serverless: :data:`EVERYONE`, a row being one broadcast) and the body's SHA-256 — so a row cannot be
+replayed into another round, phase, run or topology, relayed by another rank, or (gossip) redirected to another
+neighbour. A row that fails is a *rejection* (:class:`~phalanx.distributed.sealed.Rejection`, with the reason) and
+is handed to the topology as refused (:class:`Sink`), which decides what a refused row means.
+
+**Rejections** are recorded by the rank that made them; every rank other than 0 also sends each one to rank 0
+(``REPORT``) for its transcript (:mod:`phalanx.distributed.transcript`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from phalanx.distributed import wire
+from phalanx.distributed.channel import (
+    HANDSHAKE_TIMEOUT_S,
+    Closed,
+    Kind,
+    Limits,
+    Violation,
+    client_context,
+    peer_rank,
+    recv_phased,
+    send_phased,
+    serve_tls,
+    server_context,
+)
+from phalanx.distributed.env import RankEnv
+from phalanx.distributed.keys import Identity
+from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S
+from phalanx.distributed.sealed import HELLO_BYTES, SIGNATURE_BYTES, STOP_BYTES, Rejection
+from phalanx.errors import ConfigError, PhalanxError
+
+ADDR_VAR = "PHALANX_SEALED_ADDR"
+"""The address this rank listens on for its peers (a keyed serverless or gossip job). Default: ``MASTER_ADDR`` when
+every rank runs on one machine; required on several."""
+ADDRESS_KEY = "sealed/mesh"
+"""Under torchrun's agent, rank 0 publishes its listener's ``[host, port]`` (JSON) here."""
+DOMAINS = {"serverless": b"phalanx/serverless/v1\x00", "gossip": b"phalanx/gossip/v1\x00"}
+"""What a signature of each topology starts with (and the parameter server's ``phalanx/vector/v1``): a signature of
+one topology is never valid in another."""
+EVERYONE = 0xFFFFFFFF
+"""The recipient of a serverless row (one row, sent to every rank)."""
+REPORT_BYTES = 1 << 16
+MAX_REPORTS = 10_000
+"""Rank 0 records at most this many rejections reported by one rank (a rank cannot grow the transcript at will)."""
+REASON_CHARS = 300
+CLOSE_WAIT_S = 10.0
+
+
+def mesh_message(topology: str, nonce: bytes, config: str, kind: Kind, phase: int, t: int, sender: int, to: int,
+                 digest: bytes) -> bytes:
+    """What a mesh signature covers (every field of fixed length: the nonce 32 bytes, the config digest 64 hex)."""
+    return (DOMAINS[topology] + nonce + config.encode() + bytes([int(kind), phase]) + t.to_bytes(8, "big")
+            + sender.to_bytes(4, "big") + to.to_bytes(4, "big") + digest)
+
+
+def bind_host(renv: RankEnv) -> str:
+    """Where this rank listens for its peers: ``PHALANX_SEALED_ADDR``, else ``MASTER_ADDR`` when the job runs on one
+    machine (``127.0.0.1`` under ``phalanx launch``); a job across machines must name each machine's address."""
+    host = os.environ.get(ADDR_VAR, "").strip()
+    if host:
+        return host
+    if renv.several_machines:
+        raise ConfigError(
+            ADDR_VAR, None, "this machine's address on the job's network, on every machine of a keyed serverless or "
+            "gossip job (each rank listens there for its peers' TLS connections)",
+            f"export {ADDR_VAR}=<this machine's address> before torchrun (docs/security.md)",
+        )
+    return renv.master_addr
+
+
+class Sink(Protocol):
+    """What a topology does with what the mesh received (called from the mesh's reader threads)."""
+
+    def signed(self, sender: int, kind: Kind, phase: int, t: int, body: bytearray, digest: bytes,
+               signature: bytes) -> str | None:
+        """A ``ROW`` or ``MONITOR`` whose signature verified; a reason to reject it (e.g. a second one), or None."""
+
+    def refused(self, sender: int, kind: Kind, phase: int, t: int, reason: str) -> None:
+        """``sender``'s message of (kind, phase, round t) was rejected: it is never used (stop waiting for it)."""
+
+    def gone(self, sender: int, why: str) -> None:
+        """``sender``'s connection to this rank, or this rank's to it, ended (``"finished"``: it said goodbye)."""
+
+
+@dataclass
+class _Out:
+    """A connection this rank sends on: its socket and its writer thread's queue."""
+
+    peer: int
+    sock: ssl.SSLSocket
+    mailbox: queue.SimpleQueue[tuple[Kind, int, int, bytes] | None] = field(default_factory=queue.SimpleQueue)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    pending: int = 0
+    """``ROW`` frames queued and not written yet."""
+    alive: bool = True
+    done: bool = False
+
+    def post(self, kind: Kind, phase: int, t: int, payload: bytes) -> bool:
+        if not self.alive:
+            return False
+        if kind == Kind.ROW:
+            with self.cond:
+                self.pending += 1
+        self.mailbox.put((kind, phase, t, payload))
+        return True
+
+
+class Mesh:
+    """This rank's end of the sealed mesh (see the module's docstring).
+
+    ``listen``: where to listen (port 0: a free one); ``row_limit``: the most bytes a row's body may have;
+    ``init_limit``: the start snapshot's; ``monitor_limit``: a monitoring message's (gossip, at rank 0).
+    """
+
+    def __init__(self, identity: Identity, topology: str, digest: str, workers: int, listen: tuple[str, int], *,
+                 row_limit: int, init_limit: int, monitor_limit: int = 0) -> None:
+        if topology not in DOMAINS:
+            raise ValueError(f"no sealed mesh for topology {topology!r}")
+        self.identity = identity
+        self.rank = identity.rank
+        self.topology = topology
+        self.digest = digest
+        self.n = workers
+        self.server_ctx = server_context(identity)
+        self.client_ctx = client_context(identity)
+        host, port = listen
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            self.listener = socket.create_server((host, port), family=family, backlog=128)
+        except OSError as exc:
+            raise ConfigError("listen address", f"{host}:{port}", "an address of this machine and a free port",
+                              exc.strerror or type(exc).__name__) from None
+        self.address = (host, int(self.listener.getsockname()[1]))
+        self.nonce: bytes | None = os.urandom(32) if self.rank == 0 else None
+        self.cond = threading.Condition()
+        self.rejections: list[Rejection] = []
+        self.reported = 0
+        self.reports: dict[int, int] = {}  # rank 0: how many rejections each rank reported
+        self.round = 0
+        self.joined: dict[int, tuple[str, int]] = {}  # rank 0: where each rank that joined listens
+        self.book: dict[int, tuple[str, int]] = {}
+        self.heard_from: set[int] = set()  # ranks whose connection to this rank was let in (once per run)
+        self.incoming: dict[int, ssl.SSLSocket] = {}
+        self.out: dict[int, _Out] = {}
+        self.dead: dict[int, str] = {}
+        self.init_bytes: bytes | None = None
+        self.init: dict[str, Any] | None = None
+        self.init_error = ""
+        self.stopped: str | None = None
+        self.sink: Sink | None = None
+        self.ready = threading.Event()  # rows are handed to the sink only once the topology is set up
+        self.closing = False
+        self.row_limit, self.init_limit, self.monitor_limit = row_limit, init_limit, monitor_limit
+        self.hello_limits = Limits({Kind.HELLO: HELLO_BYTES})
+        threading.Thread(target=self._accept_loop, daemon=True, name="phalanx-mesh-accept").start()
+
+    # -- records ---------------------------------------------------------------------------------------------------
+
+    def reject(self, rank: int | None, reason: str) -> None:
+        """Record a rejection (and, on a rank other than 0, report it to rank 0)."""
+        with self.cond:
+            rejection = Rejection(self.round, rank, reason[:REASON_CHARS])
+            self.rejections.append(rejection)
+            self.cond.notify_all()
+        out = self.out.get(0)
+        if self.rank != 0 and out is not None:  # rank 0 keeps the job's transcript
+            report = {"round": rejection.round, "rank": rejection.rank, "reason": rejection.reason}
+            out.post(Kind.REPORT, 0, rejection.round, json.dumps(report).encode()[:REPORT_BYTES])
+
+    def new_rejections(self) -> list[Rejection]:
+        """The rejections recorded (here, and at rank 0 those the other ranks reported) since the last call."""
+        with self.cond:
+            new = self.rejections[self.reported:]
+            self.reported = len(self.rejections)
+            return new
+
+    def _gone(self, peer: int, why: str) -> None:
+        with self.cond:
+            self.dead.setdefault(peer, why)
+            self.cond.notify_all()
+        sink = self.sink
+        if sink is not None:
+            sink.gone(peer, why)
+
+    def alive(self, peer: int) -> bool:
+        """Whether this rank's connections with ``peer`` are up (it has not left, and nothing failed)."""
+        with self.cond:
+            return peer not in self.dead
+
+    # -- listening -------------------------------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        serve_tls(self.listener, self.server_ctx, self._introduce, self.reject, lambda: self.closing,
+                  "phalanx-mesh-admit")
+
+    def _introduce(self, tls: ssl.SSLSocket, addr: str) -> None:
+        rank = peer_rank(tls, self.identity)
+        try:
+            _, _, _, payload = recv_phased(tls, self.hello_limits)
+            hello = json.loads(payload)
+            claimed, config = hello["rank"], hello["config"]
+        except (Violation, ssl.SSLError, OSError, ValueError, KeyError, TypeError) as exc:
+            _close(tls)
+            self.reject(rank, f"a connection from {addr} that did not introduce itself ({_why(exc)})")
+            return
+        problem = self._check_hello(rank, claimed, config, hello)
+        with self.cond:
+            if problem is None and rank in self.heard_from:
+                problem = f"rank {rank} is already connected: one connection per rank and run (one key used twice)"
+            if problem is None:
+                assert rank is not None
+                self.heard_from.add(rank)
+                self.incoming[rank] = tls
+                if self.rank == 0:
+                    host, port = hello["listen"]
+                    self.joined[rank] = (str(host), int(port))
+                self.cond.notify_all()
+        if problem is not None:
+            self.reject(rank, f"a connection from {addr} refused: {problem}")
+            try:
+                send_phased(tls, Kind.REFUSED, 0, 0, problem.encode()[:STOP_BYTES])
+            except (ssl.SSLError, OSError):
+                pass
+            _close(tls)
+            return
+        assert rank is not None
+        try:
+            send_phased(tls, Kind.ACK, 0, 0)
+        except (ssl.SSLError, OSError) as exc:
+            self._end_incoming(rank, tls, f"its connection failed ({_why(exc)})")
+            return
+        tls.settimeout(None)
+        threading.Thread(target=self._read, args=(rank, tls), daemon=True, name=f"phalanx-mesh-in-{rank}").start()
+
+    def _check_hello(self, rank: int | None, claimed: Any, config: Any, hello: dict[str, Any]) -> str | None:
+        if rank is None:
+            return "its certificate is not on the allow-list"
+        if claimed != rank:
+            return f"it claims rank {claimed!r} with rank {rank}'s key"
+        if not 0 <= rank < self.n or rank == self.rank:
+            return f"rank {rank} is not a peer of rank {self.rank} in this job (0 … {self.n - 1})"
+        if config != self.digest:
+            return "it runs another config"
+        if self.rank == 0:
+            listen = hello.get("listen")
+            if not (isinstance(listen, list) and len(listen) == 2 and isinstance(listen[0], str)
+                    and len(listen[0]) <= 255 and isinstance(listen[1], int) and 0 < listen[1] < 65536):
+                return "it did not say where it listens"
+            return None
+        if rank == 0:  # rank 0's connection brings the nonce
+            return None
+        with self.cond:  # a peer may connect before this rank has its start snapshot (and the nonce)
+            self.cond.wait_for(lambda: self.nonce is not None or self.closing, JOIN_TIMEOUT_S)
+            nonce = self.nonce
+        if nonce is None or hello.get("nonce") != nonce.hex():
+            return "it runs another start of the job (its nonce is not this run's)"
+        return None
+
+    def _limits(self, sender: int) -> Limits:
+        sizes = {Kind.ROW: SIGNATURE_BYTES + self.row_limit, Kind.BYE: 0}
+        if sender == 0:
+            sizes.update({Kind.INIT: self.init_limit, Kind.STOP: STOP_BYTES})
+        if self.rank == 0:
+            sizes.update({Kind.REPORT: REPORT_BYTES})
+            if self.monitor_limit:
+                sizes[Kind.MONITOR] = SIGNATURE_BYTES + self.monitor_limit
+        return Limits(sizes)
+
+    def _read(self, sender: int, tls: ssl.SSLSocket) -> None:
+        limits = self._limits(sender)
+        public = self.identity.allow.public_key(sender)
+        why = "finished"
+        while True:
+            try:
+                kind, phase, t, payload = recv_phased(tls, limits)
+            except Closed:
+                why = "its connection closed"
+                break
+            except Violation as exc:
+                why = f"it broke the protocol ({exc.reason})"
+                self.reject(sender, f"rank {sender}'s link: {exc.reason}; connection closed")
+                break
+            except (ssl.SSLError, OSError) as exc:
+                why = f"its connection failed ({_why(exc)})"
+                if not self.closing:
+                    self.reject(sender, f"rank {sender}'s link failed ({_why(exc)})")
+                break
+            if kind == Kind.BYE:
+                break
+            if kind == Kind.INIT:
+                self._take_init(bytes(payload))
+                continue
+            if kind == Kind.STOP:
+                with self.cond:
+                    self.stopped = bytes(payload).decode(errors="replace")
+                    self.cond.notify_all()
+                continue
+            if kind == Kind.REPORT:
+                self._take_report(sender, payload)
+                continue
+            self.ready.wait()
+            self._take_signed(sender, public, kind, phase, t, payload)
+        self._end_incoming(sender, tls, why)
+
+    def _take_init(self, data: bytes) -> None:
+        """Rank 0's start snapshot (read here, so that the nonce is known as soon as it arrives: peers that got
+        theirs first are waiting for it in their introduction)."""
+        with self.cond:
+            if self.init_bytes is not None:
+                return
+        try:
+            init: dict[str, Any] = wire.unpack(data)
+            nonce, book = bytes(init.pop("nonce")), init.pop("book")
+            parsed = {int(r): (str(a[0]), int(a[1])) for r, a in book.items()}
+            if len(nonce) != 32:
+                raise ValueError("no 32-byte nonce")
+        except Exception as exc:  # torch.load's many ways of refusing bytes
+            self.init_error = f"rank 0's start snapshot is unreadable ({_why(exc)})"
+            with self.cond:
+                self.init_bytes = data
+                self.cond.notify_all()
+            return
+        with self.cond:
+            self.init, self.nonce, self.book, self.init_bytes = init, nonce, parsed, data
+            self.cond.notify_all()
+
+    def _end_incoming(self, sender: int, tls: ssl.SSLSocket, why: str) -> None:
+        with self.cond:
+            if self.incoming.get(sender) is tls:
+                del self.incoming[sender]
+            self.cond.notify_all()
+        self._gone(sender, why)
+        _close(tls)
+
+    def _take_report(self, sender: int, payload: bytearray) -> None:
+        try:
+            item = json.loads(payload)
+            rank, reason, t = item.get("rank"), str(item["reason"])[:REASON_CHARS], int(item["round"])
+            rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+        except (ValueError, KeyError, TypeError, AttributeError):
+            self.reject(sender, f"rank {sender} sent a report that is not one")
+            return
+        with self.cond:
+            count = self.reports.get(sender, 0) + 1
+            self.reports[sender] = count
+            if count == MAX_REPORTS + 1:
+                reason = f"rank {sender} reported more than {MAX_REPORTS} rejections: the others are not recorded"
+            elif count > MAX_REPORTS:
+                return
+            self.rejections.append(Rejection(t, rank, reason, at=sender))
+            self.cond.notify_all()
+
+    def _take_signed(self, sender: int, public: Any, kind: Kind, phase: int, t: int, payload: bytearray) -> None:
+        from cryptography.exceptions import InvalidSignature
+
+        sink = self.sink
+        if sink is None or self.nonce is None:  # (closing before the topology was set up)
+            return
+        what = f"round-{t} {kind.name} (phase {phase})"
+        if len(payload) < SIGNATURE_BYTES:
+            reason = f"rank {sender} sent a {what} without a signature"
+            self.reject(sender, reason)
+            sink.refused(sender, kind, phase, t, reason)
+            return
+        signature, body = bytes(payload[:SIGNATURE_BYTES]), payload[SIGNATURE_BYTES:]
+        digest = hashlib.sha256(body).digest()
+        to = EVERYONE if self.topology == "serverless" and kind == Kind.ROW else self.rank
+        try:
+            public.verify(signature, mesh_message(self.topology, self.nonce, self.digest, kind, phase, t, sender, to,
+                                                  digest))
+        except InvalidSignature:
+            reason = f"rank {sender}'s {what} has a signature that does not verify"
+            self.reject(sender, reason)
+            sink.refused(sender, kind, phase, t, reason)
+            return
+        problem = sink.signed(sender, kind, phase, t, body, digest, signature)
+        if problem is not None:
+            self.reject(sender, problem)
+
+    # -- connecting ------------------------------------------------------------------------------------------------
+
+    def _connect(self, peer: int, host: str, port: int, extra: dict[str, Any], deadline: float) -> _Out:
+        where = f"{host}:{port}"
+        while True:
+            try:
+                raw = socket.create_connection((host, port), timeout=HANDSHAKE_TIMEOUT_S)
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise PhalanxError(f"rank {self.rank}: nothing answers at {where}, where rank {peer} should "
+                                       f"listen ({_why(exc)})") from None
+                time.sleep(0.05)
+        try:
+            tls = self.client_ctx.wrap_socket(raw)
+        except (ssl.SSLError, OSError) as exc:
+            _close(raw)
+            raise PhalanxError(f"rank {self.rank}: the peer at {where} did not prove a key of the allow-list "
+                               f"({_why(exc)})") from None
+        got = peer_rank(tls, self.identity)
+        if got != peer:
+            _close(tls)
+            raise PhalanxError(f"rank {self.rank}: the peer at {where} holds rank {got}'s key, not rank {peer}'s")
+        hello = {"rank": self.rank, "config": self.digest, **extra}
+        try:
+            tls.settimeout(JOIN_TIMEOUT_S)  # the peer may wait for its own start snapshot before it answers
+            send_phased(tls, Kind.HELLO, 0, 0, json.dumps(hello).encode())
+            kind, _, _, answer = recv_phased(tls, Limits({Kind.ACK: 0, Kind.REFUSED: STOP_BYTES}))
+        except (Violation, ssl.SSLError, OSError) as exc:
+            _close(tls)
+            raise PhalanxError(f"rank {self.rank}: rank {peer} at {where} did not let this rank in "
+                               f"({_why(exc)})") from None
+        if kind == Kind.REFUSED:
+            _close(tls)
+            raise PhalanxError(f"rank {self.rank}: rank {peer} refused this rank: "
+                               f"{answer.decode(errors='replace')}")
+        tls.settimeout(None)
+        out = _Out(peer, tls)
+        with self.cond:
+            self.out[peer] = out
+        threading.Thread(target=self._write, args=(out,), daemon=True, name=f"phalanx-mesh-out-{peer}").start()
+        return out
+
+    def _write(self, out: _Out) -> None:
+        while (item := out.mailbox.get()) is not None:
+            kind, phase, t, payload = item
+            try:
+                send_phased(out.sock, kind, phase, t, payload)
+            except (ssl.SSLError, OSError) as exc:
+                out.alive = False
+                with self.cond:
+                    finished = self.dead.get(out.peer) == "finished"
+                if not (self.closing or finished):
+                    self.reject(out.peer, f"the link to rank {out.peer} failed ({_why(exc)})")
+                self._gone(out.peer, f"the link to it failed ({_why(exc)})")
+                break
+            finally:
+                if kind == Kind.ROW:
+                    with out.cond:
+                        out.pending -= 1
+                        out.cond.notify_all()
+        out.alive = False
+        with out.cond:
+            out.done = True
+            out.cond.notify_all()
+
+    def join(self, host: str, port: int) -> None:
+        """A rank other than 0: connect to rank 0 at ``host:port`` and tell it where this rank listens."""
+        self._connect(0, host, port, {"listen": [self.address[0], self.address[1]]},
+                      time.monotonic() + JOIN_TIMEOUT_S)
+
+    def wait_joins(self, ranks: set[int], timeout: float) -> set[int]:
+        """Rank 0: the ranks of ``ranks`` that joined within ``timeout`` seconds."""
+        with self.cond:
+            self.cond.wait_for(lambda: ranks <= set(self.joined), timeout)
+            return ranks & set(self.joined)
+
+    def offer(self, init: dict[str, Any]) -> bytes:
+        """Rank 0: connect to every rank that joined and send it ``init`` with the nonce and the address book of the
+        ranks it reached; the bytes sent (the same to every rank)."""
+        assert self.rank == 0 and self.nonce is not None
+        book = {0: self.address}
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        with self.cond:
+            joined = sorted(self.joined.items())
+        for r, (host, port) in joined:
+            try:
+                self._connect(r, host, port, {}, deadline)
+                book[r] = (host, port)
+            except PhalanxError as exc:
+                self.reject(r, str(exc))
+                self._gone(r, str(exc))
+        payload = wire.pack({**init, "nonce": self.nonce, "book": {r: [h, p] for r, (h, p) in book.items()}})
+        self.book = book
+        for r in book:
+            if r != 0:
+                self.out[r].post(Kind.INIT, 0, int(init["round"]), payload)
+        self.init_bytes = payload
+        return payload
+
+    def receive_init(self, timeout: float) -> dict[str, Any]:
+        """A rank other than 0: rank 0's start snapshot (the nonce and address book taken out of it)."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.init_bytes is not None or 0 in self.dead, timeout)
+            init, error = self.init, self.init_error
+        if self.init_bytes is None:
+            raise PhalanxError(f"rank {self.rank}: no start snapshot from rank 0 within {timeout:g} s "
+                               f"({self.dead.get(0, 'it did not connect')})")
+        if init is None:
+            raise PhalanxError(f"rank {self.rank}: {error}")
+        return init
+
+    def connect(self, peers: set[int], deadline: float) -> dict[int, str]:
+        """Open this rank's connection to each of ``peers`` it has none to yet, through the address book; the peers
+        it could not reach, and why."""
+        assert self.nonce is not None
+        failed: dict[int, str] = {}
+        for p in sorted(peers):
+            if p in self.out:
+                continue
+            if p not in self.book:
+                failed[p] = "it did not join the job"
+                continue
+            try:
+                self._connect(p, *self.book[p], {"nonce": self.nonce.hex()}, deadline)
+            except PhalanxError as exc:
+                self.reject(p, str(exc))
+                failed[p] = str(exc)
+        return failed
+
+    def wait_incoming(self, peers: set[int], deadline: float) -> set[int]:
+        """The ranks of ``peers`` whose connections to this rank are in, waiting until ``deadline`` (monotonic)."""
+        with self.cond:
+            self.cond.wait_for(lambda: all(p in self.heard_from or p in self.dead for p in peers),
+                               max(0.0, deadline - time.monotonic()))
+            return peers & self.heard_from
+
+    # -- sending ---------------------------------------------------------------------------------------------------
+
+    def send(self, peers: list[int], kind: Kind, phase: int, t: int, body: bytes) -> tuple[bytes, dict[int, bytes]]:
+        """Sign ``body`` and queue it to each of ``peers`` (serverless rows: one signature for everyone; otherwise
+        one per recipient); the body's SHA-256 and the signature each peer was sent (:data:`EVERYONE` for a
+        broadcast)."""
+        assert self.nonce is not None
+        digest = hashlib.sha256(body).digest()
+        sigs: dict[int, bytes] = {}
+        if self.topology == "serverless" and kind == Kind.ROW:
+            sig = self.identity.sign(mesh_message(self.topology, self.nonce, self.digest, kind, phase, t, self.rank,
+                                                  EVERYONE, digest))
+            sigs[EVERYONE] = sig
+            payload = sig + body
+            for p in peers:
+                out = self.out.get(p)
+                if out is not None:
+                    out.post(kind, phase, t, payload)
+            return digest, sigs
+        for p in peers:
+            out = self.out.get(p)
+            sig = self.identity.sign(mesh_message(self.topology, self.nonce, self.digest, kind, phase, t, self.rank, p,
+                                                  digest))
+            sigs[p] = sig
+            if out is not None:
+                out.post(kind, phase, t, sig + body)
+        return digest, sigs
+
+    def backlog(self, peer: int) -> int:
+        """Rows queued to ``peer`` and not written to its connection yet."""
+        out = self.out.get(peer)
+        if out is None:
+            return 0
+        with out.cond:
+            return out.pending
+
+    def flush(self, peer: int, deadline: float) -> None:
+        """Wait until every row queued to ``peer`` is written, at most until ``deadline`` (monotonic)."""
+        out = self.out.get(peer)
+        if out is None:
+            return
+        with out.cond:
+            out.cond.wait_for(lambda: out.pending == 0 or out.done, max(0.0, deadline - time.monotonic()))
+
+    def stop(self, reason: str) -> None:
+        """Rank 0: tell every rank it reaches that the run ended (``"finished"``, or why it stopped)."""
+        for out in list(self.out.values()):
+            out.post(Kind.STOP, 0, self.round, reason.encode()[:STOP_BYTES])
+
+    def close(self, wait_for: set[int] | None = None, timeout: float = CLOSE_WAIT_S) -> None:
+        """Say goodbye on every connection (after what is queued), wait — at most ``timeout`` — until it is written
+        and the peers of ``wait_for`` (default: every peer) said goodbye or left, then close everything."""
+        deadline = time.monotonic() + timeout
+        outs = list(self.out.values())
+        for out in outs:
+            out.post(Kind.BYE, 0, self.round, b"")
+            out.mailbox.put(None)
+        for out in outs:
+            with out.cond:
+                out.cond.wait_for(lambda o=out: o.done, max(0.0, deadline - time.monotonic()))  # type: ignore[misc]
+        waited = set(self.heard_from) if wait_for is None else wait_for
+        with self.cond:
+            self.cond.wait_for(lambda: not (waited & set(self.incoming)), max(0.0, deadline - time.monotonic()))
+        self.closing = True
+        self.ready.set()
+        with self.cond:
+            self.cond.notify_all()
+        _close(self.listener)
+        for out in outs:
+            _close(out.sock)
+        for tls in list(self.incoming.values()):
+            _close(tls)
+
+
+def _why(exc: BaseException) -> str:
+    text = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+    return str(text)[:160]
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass
+
