@@ -107,3 +107,55 @@ def test_ranks_in_two_network_namespaces(two_hosts: dict[str, Any], tmp_path: Pa
     train(make_config({k: v for k, v in DATA.items() if k not in ("engine", "round_timeout")}), sim_dir)
     got, want = load_file(str(d / "checkpoint.safetensors")), load_file(str(sim_dir / "checkpoint.safetensors"))
     torch.testing.assert_close(got["theta"], want["theta"], atol=1e-5, rtol=1e-4)
+
+
+def _two_host_job(two_hosts: dict[str, Any], tmp_path: Path, data: dict[str, Any]) -> tuple[list[int], list[str]]:
+    """Rank 0 alone on host A, ranks 1 and 2 on host B, as torchrun on two machines sets them (LOCAL_WORLD_SIZE 1
+    and 2, so each rank knows the job spans machines); each rank listens on its own host's address."""
+    ns_a, ns_b = two_hosts["ns"]
+    addr_a, addr_b = two_hosts["addr"]
+    cfg_path = tmp_path / f"job{len(list(tmp_path.iterdir()))}.toml"
+    cfg_path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in data.items()))
+    procs = []
+    for rank, ns, addr, local in ((0, ns_a, addr_a, (0, 1)), (1, ns_b, addr_b, (0, 2)), (2, ns_b, addr_b, (1, 2))):
+        env = rank_env(rank, 3, addr_a, 29518)
+        env.update({"LOCAL_RANK": str(local[0]), "LOCAL_WORLD_SIZE": str(local[1]), "PHALANX_SEALED_ADDR": addr})
+        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "phalanx.distributed.worker",
+               *worker_args(cfg_path, [], tmp_path / "dist")]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    try:
+        errs = [p.communicate(timeout=TIMEOUT_S)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [p.returncode for p in procs], errs
+
+
+def test_ranks_on_two_hosts_are_refused_without_keys(two_hosts: dict[str, Any], tmp_path: Path) -> None:
+    codes, errs = _two_host_job(two_hosts, tmp_path, DATA)
+    assert codes == [2, 2, 2], errs
+    assert all("several machines" in e and "insecure" in e for e in errs)
+
+
+@pytest.mark.parametrize("topology", ["server", "serverless"])
+def test_ranks_on_two_hosts_run_sealed_and_equal_the_simulated_run(
+    two_hosts: dict[str, Any], tmp_path: Path, topology: str,
+) -> None:
+    from phalanx.distributed.keys import init_keys
+    from phalanx.distributed.transcript import audit
+
+    init_keys(tmp_path / "keys", 3)
+    ns_a, _ = two_hosts["ns"]
+    dev_a, _ = two_hosts["dev"]
+    before = _counter(ns_a, dev_a, "rx_bytes")
+    codes, errs = _two_host_job(two_hosts, tmp_path, {**DATA, "topology": topology, "keys": str(tmp_path / "keys")})
+    assert codes == [0, 0, 0], "\n".join(e[-1500:] for e in errs)
+    assert _counter(ns_a, dev_a, "rx_bytes") - before > 8 * 650 * 4  # the sealed rows crossed the veth pair
+    d = next((tmp_path / "dist").iterdir())
+    assert audit(d).ok
+    sim_dir = tmp_path / "sim"
+    train(make_config({k: v for k, v in DATA.items() if k not in ("engine", "round_timeout")}), sim_dir)
+    got, want = load_file(str(d / "checkpoint.safetensors")), load_file(str(sim_dir / "checkpoint.safetensors"))
+    torch.testing.assert_close(got["theta"], want["theta"], atol=1e-5, rtol=1e-4)
