@@ -236,3 +236,22 @@ def test_ranks_on_several_machines_need_keys_or_insecure(keys: Path) -> None:
     assert check_identity(keyed, two_machines).rank == 1  # type: ignore[union-attr]
     one_machine = RankEnv(1, 4, 1, "127.0.0.1", 29500, agent_store=False, run_id="x.0", local_world_size=4)
     assert check_identity(cfg, one_machine) is None
+
+
+@pytest.mark.parametrize(("keyed", "topology"), [(True, "server"), (False, "server"), (True, "serverless"),
+                                                 (False, "serverless")])
+def test_a_finished_torchrun_run_is_not_trained_again(keys: Path, tmp_path: Path, keyed: bool, topology: str) -> None:
+    """Rank 0 holds the run directory as a simulated run does: started again, a finished run trains nothing, writes
+    nothing and releases the other ranks (before, the torchrun engine rewrote its final files)."""
+    data = {**SEALED, "rounds": 4, "eval_every": 2, "checkpoint_every": 2, "topology": topology}
+    if keyed:
+        data["keys"] = str(keys / "job")
+    code, errs, _ = job(data, tmp_path / "out", tmp_path)
+    assert code == 0, errs[-3000:]
+    d = run_dir(tmp_path / "out")
+    before = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and not p.name.endswith(".lock")}
+    code, errs, _ = job(data, tmp_path / "out", tmp_path)
+    assert code == 0, errs[-3000:]
+    assert "has finished already: nothing to train" in errs
+    after = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and not p.name.endswith(".lock")}
+    assert after == before

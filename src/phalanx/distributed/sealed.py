@@ -119,6 +119,7 @@ class SealedLinks:
         self.down: dict[int, _Down] = {}
         self.up: dict[int, ssl.SSLSocket] = {}
         self.dead_up: set[int] = set()
+        self.ever_up: set[int] = set()
         self.round = 0
         self.n = workers
         self.init_payload: dict[str, Any] | None = None
@@ -182,6 +183,7 @@ class SealedLinks:
         else:
             with self.cond:
                 self.up[rank] = tls
+                self.ever_up.add(rank)
                 self.dead_up.discard(rank)
                 self.cond.notify_all()
             threading.Thread(target=self._read_up, args=(rank, tls), daemon=True, name=f"phalanx-up-{rank}").start()
@@ -280,8 +282,10 @@ class SealedLinks:
     def joined(self, n: int) -> set[int]:
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         with self.cond:
-            self.cond.wait_for(lambda: len(self.up) >= n - 1, max(0.0, deadline - time.monotonic()))
-            return set(self.up)
+            # every rank that opened its uplink has joined, even if it has left again since (a rank whose run has no
+            # round left connects, finds nothing to do and closes at once)
+            self.cond.wait_for(lambda: len(self.ever_up) >= n - 1, max(0.0, deadline - time.monotonic()))
+            return set(self.ever_up)
 
     def publish_theta(self, t: int, msg: bytes) -> None:
         with self.cond:

@@ -17,7 +17,8 @@ import argparse
 import json
 import os
 import sys
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch.distributed as dist
@@ -35,7 +36,7 @@ from phalanx.errors import ConfigError, PhalanxError, WorkersLostError
 from phalanx.experiments import grid, runstate
 from phalanx.experiments.build import from_config
 from phalanx.experiments.config import RunConfig, load_grid, processes
-from phalanx.experiments.rundir import RunDirectory
+from phalanx.experiments.rundir import OpenedRun, opened
 from phalanx.training.divergence import Diverged, StopOnDivergence
 from phalanx.training.experiment import Experiment
 from phalanx.training.loop import Callback, Evaluate, Loop
@@ -100,20 +101,18 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
     with ExitStack() as held:
         if renv.rank == 0:
             callbacks = [Evaluate(), StopOnDivergence()]
-            if out is not None:
-                run_dir = out / grid.run_id(cfg)
-                rundir = RunDirectory.of(run_dir, cfg.identity(), exp, cfg.checkpoint_every, sign_key=cfg.sign_key,
-                                         verify_key=cfg.verify_key)
-                held.enter_context(runstate.locked(run_dir))  # one job per run directory (see runstate)
-                held.enter_context(runstate.recording_failure(run_dir))
-                start = rundir.open()
-                callbacks += [rundir, DistributedLog(run_dir / "distributed.json", cfg.topology, renv.world_size,
-                                                     rundir.checkpoints)]
-                if mesh is not None:
-                    assert identity is not None
-                    transcript = Transcript(run_dir, mesh, identity, digest, renv.world_size, exp.f,
-                                            rundir.checkpoints, topology=cfg.topology)
-                    callbacks.append(transcript)
+            held_run = None if out is None else held.enter_context(held_directory(cfg, exp, out, log))
+            if held_run is not None:
+                start = held_run.start
+                if held_run.finished is None:  # (a finished run trains nothing: its directory is left as it is)
+                    rundir, run_dir = held_run.directory, held_run.directory.path
+                    callbacks += [rundir, DistributedLog(run_dir / "distributed.json", cfg.topology, renv.world_size,
+                                                         rundir.checkpoints)]
+                    if mesh is not None:
+                        assert identity is not None
+                        transcript = Transcript(run_dir, mesh, identity, digest, renv.world_size, exp.f,
+                                                rundir.checkpoints, topology=cfg.topology)
+                        callbacks.append(transcript)
             callbacks.append(log)
             if mesh is None:
                 warn_unsealed(log.say)
@@ -142,6 +141,19 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
             if renv.rank == 0 and out is not None:
                 runstate.record_divergence(out / grid.run_id(cfg), exc)
             raise
+
+
+@contextmanager
+def held_directory(cfg: RunConfig, exp: Experiment, out: Path, log: RankLog) -> Iterator[OpenedRun]:
+    """Rank 0 holds the run's directory exactly as a simulated run does (:func:`phalanx.experiments.rundir.opened`:
+    lock, FAILED on an error, the same configuration or a one-line refusal, the checkpoint; a diverged run raises
+    its divergence again). A run that finished already trains nothing: the loop starts from its last checkpoint,
+    runs no round and tells the other ranks to stop, and its directory is not written."""
+    with opened(out / grid.run_id(cfg), cfg.identity(), exp, cfg.checkpoint_every, sign_key=cfg.sign_key,
+                verify_key=cfg.verify_key) as run:
+        if run.finished is not None:
+            log.say(f"{run.directory.path} has finished already: nothing to train (the other ranks are told to stop)")
+        yield run
 
 
 def open_mesh(cfg: RunConfig, renv: RankEnv, exp: Experiment, identity: Identity, digest: str) -> Mesh:
@@ -223,17 +235,15 @@ def run_sealed(cfg: RunConfig, renv: RankEnv, exp: Experiment, identity: Identit
     transport = ParameterServer(server_links, digest, cfg.round_timeout, log.say)
     with ExitStack() as held:
         start = None
-        if out is not None:
-            run_dir = out / grid.run_id(cfg)
-            rundir = RunDirectory.of(run_dir, cfg.identity(), exp, cfg.checkpoint_every, sign_key=cfg.sign_key,
-                                     verify_key=cfg.verify_key)
-            held.enter_context(runstate.locked(run_dir))
-            held.enter_context(runstate.recording_failure(run_dir))
-            start = rundir.open()
-            transcript = Transcript(run_dir, server_links, identity, digest, n, exp.f, rundir.checkpoints)
-            transport.on_vectors = transcript.vectors
-            callbacks += [rundir, DistributedLog(run_dir / "distributed.json", cfg.topology, renv.world_size,
-                                                 rundir.checkpoints), transcript]
+        held_run = None if out is None else held.enter_context(held_directory(cfg, exp, out, log))
+        if held_run is not None:
+            start = held_run.start
+            if held_run.finished is None:  # (a finished run trains nothing: its directory is left as it is)
+                rundir, run_dir = held_run.directory, held_run.directory.path
+                transcript = Transcript(run_dir, server_links, identity, digest, n, exp.f, rundir.checkpoints)
+                transport.on_vectors = transcript.vectors
+                callbacks += [rundir, DistributedLog(run_dir / "distributed.json", cfg.topology, renv.world_size,
+                                                     rundir.checkpoints), transcript]
         callbacks.append(log)
         log.say(f"sealed links: mutual TLS on {renv.master_addr}:{server_links.port}, {n - 1} workers on the "
                 f"allow-list {identity.allow.path}")

@@ -176,9 +176,9 @@ class RunConfig(BaseModel):
         "is available, else gloo)",
     )
     keys: str | None = Field(
-        None, description="torchrun engine: a key directory (phalanx keys init DIR --workers N): mutual TLS between the "
-        "ranks of every topology (worker and server; the serverless and gossip mesh), every vector signed, who was "
-        "heard recorded in the run's transcript (phalanx audit; docs/security.md)",
+        None, description="torchrun engine: a key directory (phalanx keys init DIR --workers N): mutual TLS between "
+        "the ranks of every topology (worker and server; the serverless and gossip mesh), every vector signed, who "
+        "was heard recorded in the run's transcript (phalanx audit; docs/security.md)",
     )
     insecure: bool = Field(
         False, description="torchrun engine: allow ranks on several machines without keys (nothing then checks "
