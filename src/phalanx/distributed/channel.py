@@ -185,6 +185,20 @@ def recv_frame(sock: socket.socket, limits: Limits) -> tuple[Kind, int, bytearra
         raise Violation(f"a {k.name} frame cut short: the connection closed after its header") from None
 
 
+def why(exc: BaseException) -> str:
+    """An exception's reason in a few words, for a rejection record (at most 160 characters)."""
+    text = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+    return str(text)[:160]
+
+
+def close_quietly(sock: socket.socket) -> None:
+    """Close a socket that may be closed or broken already."""
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
 MAX_PENDING_HANDSHAKES = 64
 """Connections still in their handshake beyond this many are closed at once (an outsider cannot exhaust threads)."""
 
@@ -207,7 +221,7 @@ def serve_tls(
                 tls = ctx.wrap_socket(conn, server_side=True)
             except (ssl.SSLError, OSError) as exc:
                 conn.close()
-                reject(None, f"a TLS handshake from {addr} failed ({str(getattr(exc, 'reason', None) or exc)[:160]})")
+                reject(None, f"a TLS handshake from {addr} failed ({why(exc)})")
                 return
             admit(tls, addr)
         finally:

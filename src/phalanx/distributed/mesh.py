@@ -62,11 +62,13 @@ from phalanx.distributed.channel import (
     Limits,
     Violation,
     client_context,
+    close_quietly,
     peer_rank,
     recv_phased,
     send_phased,
     serve_tls,
     server_context,
+    why,
 )
 from phalanx.distributed.env import RankEnv
 from phalanx.distributed.keys import Identity
@@ -245,8 +247,8 @@ class Mesh:
             hello = json.loads(payload)
             claimed, config = hello["rank"], hello["config"]
         except (Violation, ssl.SSLError, OSError, ValueError, KeyError, TypeError) as exc:
-            _close(tls)
-            self.reject(rank, f"a connection from {addr} that did not introduce itself ({_why(exc)})")
+            close_quietly(tls)
+            self.reject(rank, f"a connection from {addr} that did not introduce itself ({why(exc)})")
             return
         problem = self._check_hello(rank, claimed, config, hello)
         with self.cond:
@@ -266,13 +268,13 @@ class Mesh:
                 send_phased(tls, Kind.REFUSED, 0, 0, problem.encode()[:STOP_BYTES])
             except (ssl.SSLError, OSError):
                 pass
-            _close(tls)
+            close_quietly(tls)
             return
         assert rank is not None
         try:
             send_phased(tls, Kind.ACK, 0, 0)
         except (ssl.SSLError, OSError) as exc:
-            self._end_incoming(rank, tls, f"its connection failed ({_why(exc)})")
+            self._end_incoming(rank, tls, f"its connection failed ({why(exc)})")
             return
         tls.settimeout(None)
         threading.Thread(target=self._read, args=(rank, tls), daemon=True, name=f"phalanx-mesh-in-{rank}").start()
@@ -314,21 +316,21 @@ class Mesh:
     def _read(self, sender: int, tls: ssl.SSLSocket) -> None:
         limits = self._limits(sender)
         public = self.identity.allow.public_key(sender)
-        why = "finished"
+        reason = "finished"
         while True:
             try:
                 kind, phase, t, payload = recv_phased(tls, limits)
             except Closed:
-                why = "its connection closed"
+                reason = "its connection closed"
                 break
             except Violation as exc:
-                why = f"it broke the protocol ({exc.reason})"
+                reason = f"it broke the protocol ({exc.reason})"
                 self.reject(sender, f"rank {sender}'s link: {exc.reason}; connection closed")
                 break
             except (ssl.SSLError, OSError) as exc:
-                why = f"its connection failed ({_why(exc)})"
+                reason = f"its connection failed ({why(exc)})"
                 if not self.closing:
-                    self.reject(sender, f"rank {sender}'s link failed ({_why(exc)})")
+                    self.reject(sender, f"rank {sender}'s link failed ({why(exc)})")
                 break
             if kind == Kind.BYE:
                 break
@@ -345,7 +347,7 @@ class Mesh:
                 continue
             self.ready.wait()
             self._take_signed(sender, public, kind, phase, t, payload)
-        self._end_incoming(sender, tls, why)
+        self._end_incoming(sender, tls, reason)
 
     def _take_init(self, data: bytes) -> None:
         """Rank 0's start snapshot (read here, so that the nonce is known as soon as it arrives: peers that got
@@ -360,7 +362,7 @@ class Mesh:
             if len(nonce) != 32:
                 raise ValueError("no 32-byte nonce")
         except Exception as exc:  # torch.load's many ways of refusing bytes
-            self.init_error = f"rank 0's start snapshot is unreadable ({_why(exc)})"
+            self.init_error = f"rank 0's start snapshot is unreadable ({why(exc)})"
             with self.cond:
                 self.init_bytes = data
                 self.cond.notify_all()
@@ -375,7 +377,7 @@ class Mesh:
                 del self.incoming[sender]
             self.cond.notify_all()
         self._gone(sender, why)
-        _close(tls)
+        close_quietly(tls)
 
     def _take_report(self, sender: int, payload: bytearray) -> None:
         try:
@@ -433,17 +435,17 @@ class Mesh:
             except OSError as exc:
                 if time.monotonic() > deadline:
                     raise PhalanxError(f"rank {self.rank}: nothing answers at {where}, where rank {peer} should "
-                                       f"listen ({_why(exc)})") from None
+                                       f"listen ({why(exc)})") from None
                 time.sleep(0.05)
         try:
             tls = self.client_ctx.wrap_socket(raw)
         except (ssl.SSLError, OSError) as exc:
-            _close(raw)
+            close_quietly(raw)
             raise PhalanxError(f"rank {self.rank}: the peer at {where} did not prove a key of the allow-list "
-                               f"({_why(exc)})") from None
+                               f"({why(exc)})") from None
         got = peer_rank(tls, self.identity)
         if got != peer:
-            _close(tls)
+            close_quietly(tls)
             raise PhalanxError(f"rank {self.rank}: the peer at {where} holds rank {got}'s key, not rank {peer}'s")
         hello = {"rank": self.rank, "config": self.digest, **extra}
         try:
@@ -451,11 +453,11 @@ class Mesh:
             send_phased(tls, Kind.HELLO, 0, 0, json.dumps(hello).encode())
             kind, _, _, answer = recv_phased(tls, Limits({Kind.ACK: 0, Kind.REFUSED: STOP_BYTES}))
         except (Violation, ssl.SSLError, OSError) as exc:
-            _close(tls)
+            close_quietly(tls)
             raise PhalanxError(f"rank {self.rank}: rank {peer} at {where} did not let this rank in "
-                               f"({_why(exc)})") from None
+                               f"({why(exc)})") from None
         if kind == Kind.REFUSED:
-            _close(tls)
+            close_quietly(tls)
             raise PhalanxError(f"rank {self.rank}: rank {peer} refused this rank: "
                                f"{answer.decode(errors='replace')}")
         tls.settimeout(None)
@@ -475,8 +477,8 @@ class Mesh:
                 with self.cond:
                     finished = self.dead.get(out.peer) == "finished"
                 if not (self.closing or finished):
-                    self.reject(out.peer, f"the link to rank {out.peer} failed ({_why(exc)})")
-                self._gone(out.peer, f"the link to it failed ({_why(exc)})")
+                    self.reject(out.peer, f"the link to rank {out.peer} failed ({why(exc)})")
+                self._gone(out.peer, f"the link to it failed ({why(exc)})")
                 break
             finally:
                 if kind == Kind.ROW:
@@ -626,21 +628,11 @@ class Mesh:
         self.ready.set()
         with self.cond:
             self.cond.notify_all()
-        _close(self.listener)
+        close_quietly(self.listener)
         for out in outs:
-            _close(out.sock)
+            close_quietly(out.sock)
         for tls in list(self.incoming.values()):
-            _close(tls)
+            close_quietly(tls)
 
 
-def _why(exc: BaseException) -> str:
-    text = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
-    return str(text)[:160]
-
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.close()
-    except OSError:
-        pass
 

@@ -46,11 +46,13 @@ from phalanx.distributed.channel import (
     Limits,
     Violation,
     client_context,
+    close_quietly,
     peer_rank,
     recv_frame,
     send_frame,
     serve_tls,
     server_context,
+    why,
 )
 from phalanx.distributed.keys import Identity
 from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S
@@ -145,7 +147,7 @@ class SealedLinks:
             claimed, link, config = hello["rank"], hello["link"], hello["config"]
         except (Violation, ssl.SSLError, OSError, ValueError, KeyError, TypeError) as exc:
             tls.close()
-            self._reject(rank, f"a connection from {addr} that did not introduce itself ({_why(exc)})")
+            self._reject(rank, f"a connection from {addr} that did not introduce itself ({why(exc)})")
             return
         problem = None
         if rank is None:
@@ -209,12 +211,12 @@ class SealedLinks:
                 send_frame(down.sock, kind, t, payload)
             except (ssl.SSLError, OSError) as exc:
                 if not self.closed:
-                    self._reject(rank, f"the downlink to rank {rank} failed ({_why(exc)})")
+                    self._reject(rank, f"the downlink to rank {rank} failed ({why(exc)})")
                 break
             if kind == Kind.STOP:
                 break
         down.alive = False
-        _close(down.sock)
+        close_quietly(down.sock)
 
     def _post(self, rank: int, kind: Kind, t: int, payload: bytes) -> None:
         down = self.down.get(rank)
@@ -243,7 +245,7 @@ class SealedLinks:
                 break
             except (ssl.SSLError, OSError) as exc:
                 if not self.closed:
-                    self._reject(rank, f"rank {rank}'s uplink failed ({_why(exc)})")
+                    self._reject(rank, f"rank {rank}'s uplink failed ({why(exc)})")
                 break
             if len(payload) < SIGNATURE_BYTES:
                 self._reject(rank, f"rank {rank} sent a round-{t} vector without a signature")
@@ -270,7 +272,7 @@ class SealedLinks:
                 del self.up[rank]
             self.dead_up.add(rank)
             self.cond.notify_all()
-        _close(tls)
+        close_quietly(tls)
 
     # -- ServerLinks -----------------------------------------------------------------------------------------------
 
@@ -319,9 +321,9 @@ class SealedLinks:
             while down.alive and down.pending and time.monotonic() < deadline:
                 time.sleep(0.01)
         self.closed = True
-        _close(self.listener)
+        close_quietly(self.listener)
         for tls in list(self.up.values()):
-            _close(tls)
+            close_quietly(tls)
 
     # -- what the transcript reads ---------------------------------------------------------------------------------
 
@@ -371,7 +373,7 @@ class SealedWorkerLinks:
         except ssl.SSLError as exc:
             raw.close()
             raise PhalanxError(f"rank {self.rank}: the server at {self.host}:{self.port} did not prove a key of the "
-                               f"allow-list ({_why(exc)})") from None
+                               f"allow-list ({why(exc)})") from None
         server = peer_rank(tls, self.identity)
         if server != 0:
             tls.close()
@@ -430,16 +432,6 @@ class SealedWorkerLinks:
                 return None
 
 
-def _why(exc: BaseException) -> str:
-    text = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
-    return str(text)[:160]
-
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.close()
-    except OSError:
-        pass
 
 
 def warn_unsealed(say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> None:
