@@ -1,4 +1,4 @@
-"""Learning rates named by role: ``client_lr`` (fedavg) and ``node_lr`` (gossip, anytime) are other spellings of
+"""Names and defaults by role: ``client_lr`` (fedavg) and ``node_lr`` (gossip, anytime) are other spellings of
 ``lr`` — the same run, the same run id — refused where ``lr`` plays another role; a ``--set`` of either replaces the
 file's learning rate whatever spelling it used."""
 
@@ -44,3 +44,11 @@ def test_set_replaces_the_files_learning_rate_whatever_its_spelling(tmp_path: Pa
     job.write_text('algorithm = "fedavg"\nworkers = 10\naggregator = "cwtm"\nf = 1\nclient_lr = [0.2, 0.3]\n')
     assert [c.lr for c in grid.configs(load_grid(job, []))] == [0.2, 0.3]
     assert [c.lr for c in grid.configs(load_grid(job, ["lr=0.05"]))] == [0.05]
+
+
+def test_anytime_takes_its_own_default_momentum_and_refuses_an_explicit_one() -> None:
+    cfg = make_config({**GOSSIP, "algorithm": "anytime"})
+    assert cfg.momentum == 0.0
+    assert grid.run_id(cfg) == grid.run_id(make_config({**GOSSIP, "algorithm": "anytime", "momentum": 0.0}))
+    with pytest.raises(ConfigError, match=r"momentum=0\.9 is invalid: allowed 0 with algorithm = 'anytime'"):
+        make_config({**GOSSIP, "algorithm": "anytime", "momentum": 0.9})

@@ -269,6 +269,8 @@ def make_config(data: dict[str, Any]) -> RunConfig:
     if not isinstance(data, dict):
         raise ConfigError("config", type(data).__name__, "a table of key = value")
     data = role_names(data)
+    if isinstance(data, dict) and data.get("algorithm") == "anytime" and "momentum" not in data:
+        data = {**data, "momentum": 0.0}  # Decentralized Anytime SGD has no momentum: its default, not an error
     if data.get("engine") == "torchrun" and data.get("algorithm") in topology.ALGORITHMS and "topology" not in data:
         data = {**data, "topology": "gossip"}  # a decentralized run on real processes: a rank per node of the graph
     try:
