@@ -399,6 +399,29 @@ def check_keys(cfg: RunConfig) -> None:
             signing.require()
 
 
+GRAPH_BYTES_PER_PAIR = 64
+"""What building a decentralized run holds per pair of nodes at its peak: the dense adjacency (1 byte), the mixing
+matrix W in float64 (8), the copies that building and checking W make, and the padded neighbourhood tables (for a
+complete graph n × (n − 1) weights, indices and masks). Measured: 60 bytes per pair for the complete graph at
+n = 4,000 (the densest case; peak resident memory of topology.make + Gossip + Neighbourhoods)."""
+
+
+def check_graph_memory(n: int) -> None:
+    """Refuse (one line, before anything is built) a decentralized run whose dense n × n graph and mixing matrices
+    would not fit in the memory this process can still get (:func:`phalanx.analysis.epsilon.available_memory`)."""
+    from phalanx.analysis.epsilon import MEMORY_SHARE, available_memory
+
+    need = GRAPH_BYTES_PER_PAIR * n * n
+    avail = available_memory()
+    if avail is not None and need > MEMORY_SHARE * avail:
+        largest = int((MEMORY_SHARE * avail / GRAPH_BYTES_PER_PAIR) ** 0.5)
+        raise ConfigError(
+            "workers", n, f"at most {largest:,} nodes for a decentralized run on this machine (its n × n graph and "
+            f"mixing matrices need ~{need / 1e9:.1f} GB; {avail / 1e9:.1f} GB are available)",
+            "fewer nodes, or a machine with more memory",
+        )
+
+
 def check_names(cfg: RunConfig) -> None:
     """Check the aggregator spec, attack, data set, model, loss and optimizer names (built-in, registered,
     ``module:attr`` or installed plug-ins), their parameters, and the aggregator's requirement on n."""
@@ -410,6 +433,7 @@ def check_names(cfg: RunConfig) -> None:
     rule = robust_gossip.configured(cfg.aggregator, cfg.f, cfg.algorithm)  # a robust gossip rule: gossip only
     if cfg.algorithm in topology.ALGORITHMS:  # every node's rule sees its closed neighbourhood N(i) ∪ {i}
         check_choice("gossip_weights", cfg.gossip_weights, gossip.weight_names())
+        check_graph_memory(cfg.workers)  # before the graph is built: its matrices are dense n × n
         graph = topology.make(cfg.graph, cfg.workers, **cfg.graph_params)
         if cfg.graph == "attached" and cfg.byzantine not in (0, cfg.graph_params.get("byzantine")):
             raise ConfigError("graph_params.byzantine", cfg.graph_params.get("byzantine"), f"= byzantine "

@@ -1,6 +1,7 @@
-"""Names and defaults by role: ``client_lr`` (fedavg) and ``node_lr`` (gossip, anytime) are other spellings of
-``lr`` — the same run, the same run id — refused where ``lr`` plays another role; a ``--set`` of either replaces the
-file's learning rate whatever spelling it used."""
+"""Config edges: learning rates named by role (``client_lr`` for fedavg, ``node_lr`` for gossip and anytime — other
+spellings of ``lr``, the same run and run id, refused where ``lr`` plays another role; a ``--set`` of any spelling
+replaces the file's learning rate), algorithm-dependent defaults (anytime's momentum), and a decentralized run too
+large for the machine refused before its dense n × n matrices are built."""
 
 from __future__ import annotations
 
@@ -52,3 +53,14 @@ def test_anytime_takes_its_own_default_momentum_and_refuses_an_explicit_one() ->
     assert grid.run_id(cfg) == grid.run_id(make_config({**GOSSIP, "algorithm": "anytime", "momentum": 0.0}))
     with pytest.raises(ConfigError, match=r"momentum=0\.9 is invalid: allowed 0 with algorithm = 'anytime'"):
         make_config({**GOSSIP, "algorithm": "anytime", "momentum": 0.9})
+
+
+def test_a_decentralized_run_too_large_for_the_machine_is_refused_before_its_graph_is_built() -> None:
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ConfigError, match=r"workers=100000 is invalid: allowed at most [\d,]+ nodes") as info:
+        make_config({"algorithm": "gossip", "graph": "complete", "workers": 100_000, "aggregator": "mean"})
+    assert "\n" not in str(info.value)
+    grown_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kb < 500_000  # refused before any n × n matrix (80 GB of W alone) was allocated
