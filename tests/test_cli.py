@@ -92,3 +92,9 @@ def test_relation_errors_name_the_parameter() -> None:
         with pytest.raises(ConfigError) as exc:
             make_config(data)
         assert says in str(exc.value) and "{" not in str(exc.value)
+
+
+def test_a_mistyped_command_gets_one_suggestion() -> None:
+    res = runner.invoke(cli.app, ["rn"])
+    assert res.exit_code != 0
+    assert res.output.count("Did you mean 'run'?") == 1, res.output

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 app = typer.Typer(
     name="phalanx", help="Byzantine-robust distributed learning: robust aggregators, attacks, price of robustness.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    suggest_commands=False,  # click suggests the closest command itself: typer's own made it say so twice
 )
 list_app = typer.Typer(help="List what Phalanx provides.", no_args_is_help=True)
 app.add_typer(list_app, name="list")
