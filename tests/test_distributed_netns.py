@@ -74,18 +74,13 @@ def two_hosts() -> Any:
             _ip("netns", "del", ns)  # deletes the veth pair with it
 
 
-def test_ranks_in_two_network_namespaces(two_hosts: dict[str, Any], tmp_path: Path) -> None:
-    ns_a, ns_b = two_hosts["ns"]
-    dev_a, _ = two_hosts["dev"]
-    master = two_hosts["addr"][0]
-    cfg_path = tmp_path / "job.toml"
-    cfg_path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in DATA.items()))
-    out = tmp_path / "dist"
-    before = _counter(ns_a, dev_a, "rx_bytes")
+def _run_ranks(ranks: list[tuple[int, str, dict[str, str]]], master: str, port: int, cfg_path: Path,
+               out: Path) -> tuple[list[int], list[str]]:
+    """Start ``(rank, namespace, extra environment)`` of a 3-rank job (``MASTER_ADDR`` = ``master``) and wait for
+    them all; their exit statuses and stderr."""
     procs = []
-    for rank, ns in ((0, ns_a), (1, ns_b), (2, ns_b)):
-        env = rank_env(rank, 3, master, 29517)
-        env["LOCAL_RANK"] = "0" if rank == 0 else str(rank - 1)
+    for rank, ns, extra in ranks:
+        env = {**rank_env(rank, 3, master, port), **extra}
         cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "phalanx.distributed.worker",
                *worker_args(cfg_path, [], out)]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
@@ -96,7 +91,20 @@ def test_ranks_in_two_network_namespaces(two_hosts: dict[str, Any], tmp_path: Pa
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    assert [p.returncode for p in procs] == [0, 0, 0], "\n".join(e[-1500:] for e in errs)
+    return [p.returncode for p in procs], errs
+
+
+def test_ranks_in_two_network_namespaces(two_hosts: dict[str, Any], tmp_path: Path) -> None:
+    ns_a, ns_b = two_hosts["ns"]
+    dev_a, _ = two_hosts["dev"]
+    master = two_hosts["addr"][0]
+    cfg_path = tmp_path / "job.toml"
+    cfg_path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in DATA.items()))
+    out = tmp_path / "dist"
+    before = _counter(ns_a, dev_a, "rx_bytes")
+    ranks = [(0, ns_a, {"LOCAL_RANK": "0"}), (1, ns_b, {"LOCAL_RANK": "0"}), (2, ns_b, {"LOCAL_RANK": "1"})]
+    codes, errs = _run_ranks(ranks, master, 29517, cfg_path, out)
+    assert codes == [0, 0, 0], "\n".join(e[-1500:] for e in errs)
     received = _counter(ns_a, dev_a, "rx_bytes") - before
     d = next(out.iterdir())
     log = json.loads((d / "distributed.json").read_text())
@@ -116,21 +124,10 @@ def _two_host_job(two_hosts: dict[str, Any], tmp_path: Path, data: dict[str, Any
     addr_a, addr_b = two_hosts["addr"]
     cfg_path = tmp_path / f"job{len(list(tmp_path.iterdir()))}.toml"
     cfg_path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in data.items()))
-    procs = []
-    for rank, ns, addr, local in ((0, ns_a, addr_a, (0, 1)), (1, ns_b, addr_b, (0, 2)), (2, ns_b, addr_b, (1, 2))):
-        env = rank_env(rank, 3, addr_a, 29518)
-        env.update({"LOCAL_RANK": str(local[0]), "LOCAL_WORLD_SIZE": str(local[1]), "PHALANX_SEALED_ADDR": addr})
-        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "phalanx.distributed.worker",
-               *worker_args(cfg_path, [], tmp_path / "dist")]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    try:
-        errs = [p.communicate(timeout=TIMEOUT_S)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return [p.returncode for p in procs], errs
+    ranks = [(rank, ns, {"LOCAL_RANK": str(local[0]), "LOCAL_WORLD_SIZE": str(local[1]), "PHALANX_SEALED_ADDR": addr})
+             for rank, ns, addr, local in ((0, ns_a, addr_a, (0, 1)), (1, ns_b, addr_b, (0, 2)),
+                                           (2, ns_b, addr_b, (1, 2)))]
+    return _run_ranks(ranks, addr_a, 29518, cfg_path, tmp_path / "dist")
 
 
 def test_ranks_on_two_hosts_are_refused_without_keys(two_hosts: dict[str, Any], tmp_path: Path) -> None:
