@@ -144,10 +144,6 @@ class _TimedProblem:
     def norm_stats(self) -> Any:
         return self.problem.norm_stats
 
-    @property
-    def local_norms(self) -> Any:
-        return self.problem.local_norms
-
     def initial_theta(self) -> Any:
         return self.problem.initial_theta()
 

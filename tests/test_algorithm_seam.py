@@ -4,20 +4,24 @@ what the built-ins declare replaces the name checks the experiment and the loop 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
+from tests._interrupt import train_interrupted
 from torch import Tensor
 
 from phalanx import aggregators, data, models
 from phalanx.errors import ConfigError, WorkersLostError
+from phalanx.experiments import from_config, make_config, store, train
 from phalanx.training import Experiment, Loop, run
 from phalanx.training.algorithm import RoundAlgorithm
 from phalanx.training.dsgd import DSGD
 from phalanx.training.fedavg import FedAvg
 from phalanx.training.gossip import AnytimeGossip, Gossip
-from phalanx.training.state import Received, RoundAborted
+from phalanx.training.state import Received, RoundAborted, RoundState
 
 
 class FullBatch:
@@ -51,6 +55,25 @@ class FullBatchGD(RoundAlgorithm):
         raise NotImplementedError("in-process only")
 
 
+class PolyakGD(FullBatchGD):
+    """A user's algorithm with state of its own: full-batch GD whose reported model is the running average of the
+    iterates (Polyak–Ruppert), x̄ₜ₊₁ = x̄ₜ + (θₜ₊₁ − x̄ₜ)/(t + 2), kept as ``own["average"]``."""
+
+    name = "polyak-gd"
+
+    def initial_state(self, run: Any, theta: Tensor) -> dict[str, Tensor]:
+        return {"average": theta.clone()}
+
+    def next_state(self, run: Any, state: RoundState, got: Received) -> dict[str, Tensor]:
+        average = state.own["average"]
+        return {"average": average + (state.theta - average) / (state.round + 1)}
+
+    def evaluate(self, run: Any, state: RoundState) -> dict[str, Any]:
+        acc, loss = run.problem.evaluate(state.own["average"], run.test_x, run.test_y)
+        return {"test_accuracy": acc, "test_loss": loss, "last_iterate_accuracy":
+                run.problem.evaluate(state.theta, run.test_x, run.test_y)[0]}
+
+
 def experiment(algorithm: RoundAlgorithm, **kw: Any) -> Experiment:
     ds = data.load("digits")
     torch.manual_seed(0)
@@ -65,6 +88,28 @@ def test_a_users_own_round_algorithm_trains_through_the_loop() -> None:
     # full-batch rounds draw nothing: the same run twice gives the same bits
     again = run(experiment(FullBatchGD(), lr=0.5))
     assert [r["test_loss"] for r in rows] == [r["test_loss"] for r in again]
+
+
+def test_its_own_state_is_carried_evaluated_checkpointed_and_resumed(tmp_path: Path) -> None:
+    """The algorithm's own state (here the averaged iterate) is checkpointed under ``algorithm.<name>`` by a writer
+    that knows nothing about it, its own evaluation makes the metric rows, and an interrupted run resumes to the same
+    bits — through the config, the run directory and the loop of ``phalanx run``."""
+    cfg = make_config({"dataset": "digits", "model": "mlp", "workers": 4, "aggregator": "cwtm", "f": 1,
+                       "algorithm": "tests.test_algorithm_seam:PolyakGD", "rounds": 6, "eval_every": 3,
+                       "checkpoint_every": 3, "lr": 0.5, "seed": 1})
+    rows = train(cfg, tmp_path / "full")
+    assert {"test_accuracy", "last_iterate_accuracy"} <= set(rows[-1])
+    assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.2  # the average of learning iterates learns
+    ckpt = load_file(str(tmp_path / "full" / "checkpoint.safetensors"))
+    assert ckpt["algorithm.average"].shape == ckpt["theta"].shape
+    assert not torch.equal(ckpt["algorithm.average"], ckpt["theta"])
+    exp = from_config(cfg)
+    assert rows[-1]["test_accuracy"] == exp.problem.evaluate(ckpt["algorithm.average"], exp.test_x, exp.test_y)[0]
+    part = train_interrupted(cfg, tmp_path / "part", 3)
+    train(cfg, part)
+    again = load_file(str(part / "checkpoint.safetensors"))
+    assert set(again) == set(ckpt) and all(torch.equal(ckpt[k], again[k]) for k in ckpt)
+    assert store.read_rows(part) == store.read_rows(tmp_path / "full")
 
 
 def test_its_declared_missing_word_names_the_lost_participants() -> None:

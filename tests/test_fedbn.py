@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save
 from torch import Tensor, nn
 
 from _interrupt import train_interrupted
@@ -23,7 +24,7 @@ from phalanx.experiments import from_config, make_config, store, train
 from phalanx.models.norm import FedNorm2d
 from phalanx.training import DSGD, Experiment, Loop
 from phalanx.training.fedavg import FedAvg
-from phalanx.training.fedbn import LocalNorms, label_shares
+from phalanx.training.fedbn import LocalNorms, label_shares, local_norms
 from phalanx.training.loop import Evaluate
 from phalanx.training.optim import SGD
 from phalanx.training.problem import Problem
@@ -113,7 +114,7 @@ def test_one_round_by_hand_against_torch_batchnorm() -> None:
     unbiased batch variance; the rule averages the shared coordinates only; the new rows are the clients' layers."""
     model = _model()
     problem = Problem(model)
-    norms = problem.local_norms
+    norms = local_norms(problem)
     assert norms is not None and norms.channels == 6 and norms.width == 24
     ds, shards = _data(3)
     spy = _Spy()
@@ -122,7 +123,7 @@ def test_one_round_by_hand_against_torch_batchnorm() -> None:
                      lr=1.0, rounds=1, eval_every=1, seed=5)
     loop = Loop(exp)
     loop.open()
-    table0 = loop.state.local
+    table0 = loop.state.own["local_norms"]
     theta0 = loop.state.theta.clone()
     assert table0 is not None and table0.shape == (3, 24)
     loop.step()
@@ -136,7 +137,7 @@ def test_one_round_by_hand_against_torch_batchnorm() -> None:
             opt.zero_grad()
             F.cross_entropy(ref(ds.train_x[idx]), ds.train_y[idx]).backward()
             opt.step()
-    table = loop.state.local
+    table = loop.state.own["local_norms"]
     assert table is not None
     for i, ref in enumerate(refs):
         want = _bn_row(ref)
@@ -157,7 +158,7 @@ def test_clients_keep_their_own_batchnorm_and_the_shared_weights_are_the_rules()
     """Two clients with differently scaled data, several rounds: different γ, β and statistics at the end; θ's
     shared coordinates are θ₀ minus the sum of what the rule returned, round by round."""
     problem = Problem(_model(2))
-    norms = problem.local_norms
+    norms = local_norms(problem)
     assert norms is not None
     ds, shards = _data(2, per=8, seed=3)
     spy = _Spy()
@@ -170,7 +171,7 @@ def test_clients_keep_their_own_batchnorm_and_the_shared_weights_are_the_rules()
         loop.step()
         theta[norms.shared_index] = theta[norms.shared_index] - spy.out[-1]
         assert torch.equal(loop.state.theta, theta)
-    table = loop.state.local
+    table = loop.state.own["local_norms"]
     assert table is not None
     p, c = norms.params, norms.channels
     assert not torch.equal(table[0, :p], table[1, :p])  # affine
@@ -188,7 +189,7 @@ def test_a_client_keeps_its_row_until_it_is_sampled_and_a_byzantine_row_is_never
                      algorithm=FedAvg(clients_per_round=3, local_steps=2, batch_size=3, lr=0.1), rounds=12, seed=2)
     loop = Loop(exp)
     loop.open()
-    first = loop.state.local
+    first = loop.state.own["local_norms"]
     assert first is not None
     changed: set[int] = set()
     byzantine_sampled = 0
@@ -198,10 +199,10 @@ def test_a_client_keeps_its_row_until_it_is_sampled_and_a_byzantine_row_is_never
         gen = torch.Generator()
         gen.set_state(workers.client_gen.get_state())
         ids = set(torch.randperm(8, generator=gen)[:3].tolist())
-        before = loop.state.local
+        before = loop.state.own["local_norms"]
         assert before is not None
         loop.step()
-        after = loop.state.local
+        after = loop.state.own["local_norms"]
         assert after is not None
         for i in range(8):
             same = torch.equal(after[i], before[i])
@@ -227,7 +228,7 @@ def test_a_vector_attack_sees_the_shared_coordinates() -> None:
                      seed=0)
     loop = Loop(exp)
     loop.run()
-    norms = exp.problem.local_norms
+    norms = local_norms(exp.problem)
     assert norms is not None and seen
     assert all(s.shape[1] == norms.shared_index.numel() for s in seen)
     assert loop.state.previous is not None and loop.state.previous.shape == (exp.problem.dim,)
@@ -252,8 +253,8 @@ def test_resume_equals_an_uninterrupted_run_bit_for_bit(tmp_path: Path) -> None:
     assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.05  # it learns, under attack
     ckpt = load_file(str(full / "checkpoint.safetensors"))
     exp = from_config(cfg)
-    norms = exp.problem.local_norms
-    assert norms is not None and ckpt["local_norms"].shape == (12, norms.width) and "norm_stats" not in ckpt
+    norms = local_norms(exp.problem)
+    assert norms is not None and ckpt["algorithm.local_norms"].shape == (12, norms.width) and "norm_stats" not in ckpt
     part = train_interrupted(cfg, tmp_path / "part", 5)
     train(cfg, part)
     again = load_file(str(part / "checkpoint.safetensors"))
@@ -263,10 +264,29 @@ def test_resume_equals_an_uninterrupted_run_bit_for_bit(tmp_path: Path) -> None:
     assert store.read_rows(full) == store.read_rows(part)
 
 
+def test_a_checkpoint_written_before_algorithm_state_was_prefixed_resumes(tmp_path: Path) -> None:
+    """Checkpoints written before the round algorithm's state had its own ``algorithm.`` prefix kept FedBN's table
+    as ``local_norms``: such a run directory resumes, to the same result as the uninterrupted run."""
+    cfg = make_config(FEDBN)
+    full = tmp_path / "full"
+    train(cfg, full)
+    part = train_interrupted(cfg, tmp_path / "part", 5)
+    path = part / "checkpoint.safetensors"
+    with safe_open(str(path), framework="pt") as fh:
+        meta = fh.metadata()
+    tensors = load_file(str(path))
+    tensors["local_norms"] = tensors.pop("algorithm.local_norms")  # as the older writer named it
+    store.write_artifact(part, path.name, save(tensors, metadata=meta))
+    train(cfg, part)
+    assert store.read_rows(full) == store.read_rows(part)
+    assert torch.equal(load_file(str(full / path.name))["algorithm.local_norms"],
+                       load_file(str(path))["algorithm.local_norms"])
+
+
 def _hand_metrics(exp: Experiment, theta: Tensor, table: Tensor, clients: list[int]) -> dict[str, float]:
     """The evaluation by a loop over clients: each client's model as a plain module (its γ, β and running statistics
     loaded), in evaluation mode, on the whole test set; per-class accuracy re-weighted by its label shares."""
-    norms = exp.problem.local_norms
+    norms = local_norms(exp.problem)
     assert norms is not None
     ds = exp.dataset
     accs, plains, losses = [], [], []
@@ -309,8 +329,8 @@ def test_per_client_evaluation_matches_a_loop_over_clients(eval_clients: int) ->
                      eval_clients=eval_clients)
     loop = Loop(exp, callbacks=[Evaluate()])
     loop.run()
-    norms = exp.problem.local_norms
-    table = loop.state.local
+    norms = local_norms(exp.problem)
+    table = loop.state.own["local_norms"]
     assert norms is not None and table is not None
     assert len({tuple(r.tolist()) for r in table[:6]}) > 2  # clients with rows of their own
     clients = norms.evaluated_clients(6, eval_clients).tolist()
@@ -373,7 +393,7 @@ def test_the_objects_api_refuses_fedbn_without_federated_rounds_and_on_client_sl
 
 def test_resnet20_takes_fedbn_and_no_server_statistics_are_kept() -> None:
     problem = Problem(models.make("resnet20", (3, 8, 8), 4, norm="fedbn"))
-    norms = problem.local_norms
+    norms = local_norms(problem)
     assert problem.norm_stats is None and norms is not None
     assert norms.channels == 16 + 2 * 3 * (16 + 32 + 64)
     assert norms.bn_index.numel() == 2 * norms.channels
@@ -390,7 +410,7 @@ def test_rules_with_a_context_or_their_own_draws_run_on_the_shared_coordinates(r
     exp = from_config(cfg)
     loop = Loop(exp)
     loop.run()
-    norms = exp.problem.local_norms
+    norms = local_norms(exp.problem)
     assert norms is not None
     theta = loop.state.theta
     assert bool(torch.isfinite(theta).all())

@@ -81,12 +81,12 @@ from phalanx.distributed.channel import Kind
 from phalanx.distributed.env import RankEnv
 from phalanx.distributed.mesh import Mesh
 from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S, check_digest, collect
-from phalanx.distributed.serverless import _start_message, shared_start
+from phalanx.distributed.serverless import _start_message, received_start, shared_start
 from phalanx.errors import ConfigError
 from phalanx.training.gossip_node import OneNode, byzantine_inputs
 from phalanx.training.loop import Callback, Loop, RoundInfo
 from phalanx.training.server import BoundRule
-from phalanx.training.state import Received, RoundState, Snapshot
+from phalanx.training.state import Received, Snapshot
 from phalanx.training.transport import Transport
 
 if TYPE_CHECKING:
@@ -441,8 +441,7 @@ class Neighbours(Transport, Callback):
             return start
         init = mesh.receive_init(2 * JOIN_TIMEOUT_S)
         check_digest(init, self.digest, self.rank)
-        state = RoundState(init["theta"], init["momentum"], init["previous"], init["round"])
-        return Snapshot(state, init["streams"], init["optimizer"])
+        return received_start(init)
 
     def _sealed_links(self, mesh: Mesh, dtype: torch.dtype) -> None:
         """Connect to the ranks this node sends to, wait for the ranks it hears from (rank 0 included, both ways)."""

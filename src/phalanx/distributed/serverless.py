@@ -177,8 +177,7 @@ class AllGather(Transport):
             check_digest(init, self.digest, rank)
             assert mesh.init_bytes is not None
             init_bytes = mesh.init_bytes
-            start = Snapshot(RoundState(init["theta"], init["momentum"], init["previous"], init["round"]),
-                             init["streams"], init["optimizer"])
+            start = received_start(init)
         self.view = hashlib.sha256(init_bytes).digest()
         momentum = start.state.momentum
         me = exp.algorithm.one_worker(exp, rank, start.streams, None if momentum is None else momentum[rank])
@@ -297,7 +296,13 @@ def _start_message(start: Snapshot, digest: str) -> dict[str, Any]:
     cpu = start.to("cpu")
     s = cpu.state
     return {"config": digest, "round": s.round, "streams": cpu.streams, "optimizer": cpu.optimizer,
-            "momentum": s.momentum, "theta": s.theta, "previous": s.previous}
+            "momentum": s.momentum, "theta": s.theta, "previous": s.previous, "own": s.own}
+
+
+def received_start(init: dict[str, Any]) -> Snapshot:
+    """The start snapshot a rank other than 0 rebuilds from rank 0's :func:`_start_message`."""
+    state = RoundState(init["theta"], init["momentum"], init["previous"], init["round"], own=init["own"])
+    return Snapshot(state, init["streams"], init["optimizer"])
 
 
 def shared_start(store: dist.Store, rank: int, digest: str, start: Snapshot) -> Snapshot:
@@ -310,8 +315,7 @@ def shared_start(store: dist.Store, rank: int, digest: str, start: Snapshot) -> 
     check_digest(init, digest, rank)
     if rank == 0:
         return start
-    state = RoundState(init["theta"], init["momentum"], init["previous"], init["round"])
-    return Snapshot(state, init["streams"], init["optimizer"])
+    return received_start(init)
 
 
 class _CollectiveFailed(Exception):

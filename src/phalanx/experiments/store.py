@@ -337,7 +337,7 @@ def save_checkpoint(out: Path, snap: Snapshot) -> Path:
     """Write the metric rows so far, then the checkpoint (both atomically; rows first, so none are lost).
 
     Tensors: ``theta``, ``momentum``, ``previous``, ``norm_stats`` (BatchNorm / Hybrid BN global statistics),
-    ``local_norms`` (FedBN: every client's BatchNorm parameters and statistics),
+    ``algorithm.<name>`` (the round algorithm's own state, ``RoundState.own``: FedBN's ``local_norms``, say),
     ``rng.<stream>`` (random streams), ``optim.<name>`` (the server
     optimizer's state); metadata: ``round`` and the number of rows. Tensors are saved as CPU tensors whatever
     device the run trains on, so a checkpoint resumes on any device (the loop moves them to the run's).
@@ -351,8 +351,8 @@ def save_checkpoint(out: Path, snap: Snapshot) -> Path:
         tensors["previous"] = state.previous.contiguous()
     if state.stats is not None:
         tensors["norm_stats"] = state.stats.contiguous()
-    if state.local is not None:
-        tensors["local_norms"] = state.local.contiguous()
+    for name, t in state.own.items():
+        tensors[f"algorithm.{name}"] = t.contiguous()
     for name, g in snap.streams.items():
         tensors[f"rng.{name}"] = g.cpu()
     for name, t in snap.optimizer.items():
@@ -412,11 +412,25 @@ def load_checkpoint(out: Path) -> Snapshot | None:
                       f"round was written after {n_rows} (rows are missing)")
     state = RoundState(
         theta=tensors["theta"], momentum=tensors.get("momentum"), previous=tensors.get("previous"), round=round_,
-        stats=tensors.get("norm_stats"), local=tensors.get("local_norms"),
+        stats=tensors.get("norm_stats"), own=_algorithm_state(tensors),
     )
     streams = {k.removeprefix("rng."): v for k, v in tensors.items() if k.startswith("rng.")}
     optimizer = {k.removeprefix("optim."): v for k, v in tensors.items() if k.startswith("optim.")}
     return Snapshot(state, streams, optimizer, rows, resumed=True)
+
+
+LEGACY_ALGORITHM_STATE = ("local_norms",)
+"""Algorithm state that checkpoints written before it was prefixed kept under its bare name (FedBN's table)."""
+
+
+def _algorithm_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The round algorithm's own state in a checkpoint: its ``algorithm.<name>`` tensors (and the bare names older
+    checkpoints used)."""
+    own = {k.removeprefix("algorithm."): v for k, v in tensors.items() if k.startswith("algorithm.")}
+    for name in LEGACY_ALGORITHM_STATE:
+        if name in tensors:
+            own.setdefault(name, tensors[name])
+    return own
 
 
 def _check_tensors(ckpt: Path, tensors: dict[str, torch.Tensor]) -> None:

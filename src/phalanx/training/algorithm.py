@@ -10,7 +10,14 @@ pair of the two (:mod:`phalanx.training.loop`). An algorithm provides
 * ``all_workers(run, streams, carried)`` — every worker in this process, one batched computation per round
   (:class:`WorkerSide`), and ``one_worker(run, rank, streams, carried)`` — one process's slot on a real engine
   (:class:`WorkerSlot`);
-* ``make_server(run, generator)`` — its own server, or None for the standard one (aggregate, then step θ);
+* ``make_server(run, generator)`` — what combines the round's vectors (by default the standard
+  :class:`~phalanx.training.server.Server`: the run's rule, then the server optimizer steps θ);
+* ``initial_state(run, theta)``, ``next_state(run, state, received)`` and ``load_state(run, own)`` — its own per-run
+  state: an opaque mapping of tensors that the round state carries (``RoundState.own``), that the worker side may
+  return with a round (``Received.own``) or the algorithm derive after the server's step, and that a checkpoint
+  saves under ``algorithm.<key>`` — the loop, the checkpoint writer and the transports never look inside;
+* ``evaluate(run, state)`` — its own test measurements when it has no single global model (a model per node, a
+  model per client), or None for the model's plain test accuracy and loss;
 * ``check(run)`` — its own checks on the run it is part of, raised before anything trains;
 
 and declares, as data (class attributes, not names listed elsewhere):
@@ -20,8 +27,9 @@ and declares, as data (class attributes, not names listed elsewhere):
 * ``runs_on_device`` — its rounds run on a CUDA device; ``pools_norm_stats`` — it measures and pools BatchNorm /
   Hybrid BN statistics; ``keeps_local_norms`` — it keeps every client's BatchNorm layers between rounds (FedBN).
 
-``run`` is the :class:`~phalanx.training.experiment.Experiment` the algorithm is part of (typed loosely here so that
-this module, and the algorithms, do not import the experiment that imports them).
+``run`` is the :class:`~phalanx.training.experiment.Experiment` the algorithm is part of, seen through :class:`Run`
+(what an algorithm may read of it), so that neither this module nor any algorithm imports the experiment that
+imports them.
 """
 
 from __future__ import annotations
@@ -33,10 +41,42 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import Tensor
 
+from phalanx.aggregators.base import Aggregator
+from phalanx.attacks.base import Attack, DataAttack
 from phalanx.errors import ConfigError
 from phalanx.plugins import Registry, check_params, is_spec
-from phalanx.training.state import Received, SlotPlan
+from phalanx.training.problem import Problem
+from phalanx.training.server import Server
+from phalanx.training.shards import WorkerData
+from phalanx.training.state import Received, RoundState, SlotPlan
 from phalanx.validate import suggest
+
+
+class Run(Protocol):
+    """What a round algorithm reads of the run it is part of (:class:`~phalanx.training.experiment.Experiment` is
+    one): the population, the rule and attack, the model with its data, the test set, the device and the seed."""
+
+    workers: int
+    byzantine: int
+    attack: Attack | DataAttack
+    rule: Aggregator
+    problem: Problem
+    data: WorkerData
+    test_x: Tensor
+    test_y: Tensor
+    seed: int
+    eval_clients: int
+    dataset: Any
+    reference_batch: tuple[Tensor, Tensor] | None
+    rule_for: Callable[[int], Aggregator] | None
+    device: str | torch.device
+    """Where the rounds compute: a ``torch.device`` once the run is built (the field also takes a name)."""
+
+    @property
+    def f(self) -> int: ...
+
+    @property
+    def honest(self) -> int: ...
 
 
 class WorkerSide(Protocol):
@@ -94,24 +134,47 @@ class RoundAlgorithm(ABC):
         return "workers" if self.per_round(workers) == workers else "clients_per_round"
 
     @abstractmethod
-    def all_workers(self, run: Any, streams: dict[str, Tensor], carried: Tensor | None) -> WorkerSide:
+    def all_workers(self, run: Run, streams: dict[str, Tensor], carried: Tensor | None) -> WorkerSide:
         """Every worker in this process (the in-process transport); ``carried``: the workers' rows carried from the
         last round (momentum), or None."""
 
     @abstractmethod
-    def one_worker(self, run: Any, rank: int, streams: dict[str, Tensor], carried: Tensor | None) -> WorkerSlot:
+    def one_worker(self, run: Run, rank: int, streams: dict[str, Tensor], carried: Tensor | None) -> WorkerSlot:
         """One process's slot ``rank`` (the torchrun engine)."""
 
-    def make_server(self, run: Any, generator: torch.Generator) -> Any:
-        """Its own server (what combines the round's vectors), or None for the standard
-        :class:`~phalanx.training.server.Server`."""
+    def make_server(self, run: Run, generator: torch.Generator) -> Any:
+        """What combines the round's vectors: the standard :class:`~phalanx.training.server.Server` (the run's rule
+        with its context — centre, reference gradient — drawing on ``generator``, the ``aggregator`` stream)."""
+        return Server(run.rule, honest=run.honest, problem=run.problem, reference_batch=run.reference_batch,
+                      generator=generator, rule_for=run.rule_for)
+
+    def initial_state(self, run: Run, theta: Tensor) -> dict[str, Tensor]:
+        """Its own state before the first round (θ₀ = ``theta``): named tensors, checkpointed under
+        ``algorithm.<name>``; none by default."""
+        return {}
+
+    def next_state(self, run: Run, state: RoundState, got: Received) -> dict[str, Tensor]:
+        """Its own state after a round: ``state`` is the round state after the server's step (θ stepped, ``own``
+        still the state before the round), ``got`` what the round delivered. By default what the worker side
+        returned (``got.own``), or the state as it was. Return new tensors, never the old ones changed in place (the
+        old state may be a checkpoint being written)."""
+        return got.own if got.own is not None else state.own
+
+    def load_state(self, run: Run, own: dict[str, Tensor]) -> None:  # noqa: B027 - optional hook
+        """Take ``own`` as its current state: at the start of a run (fresh, resumed or received from another rank)
+        and after every round that replaced it; refuse (:class:`~phalanx.errors.ConfigError`) a state it cannot
+        continue from."""
+
+    def evaluate(self, run: Run, state: RoundState) -> dict[str, Any] | None:
+        """Its own test measurements of ``state`` (``test_accuracy`` and ``test_loss`` among them), or None: the
+        model's plain accuracy and loss at ``state.theta`` (and the attack's own measure)."""
         return None
 
     def norm_stats_momentum(self) -> float:
         """How much of the round's pooled normalisation statistics is blended into the global ones."""
         return 0.1
 
-    def check(self, run: Any) -> None:  # noqa: B027 - optional hook
+    def check(self, run: Run) -> None:  # noqa: B027 - optional hook
         """Refuse (:class:`~phalanx.errors.ConfigError`) a run this algorithm cannot train, before it trains."""
 
 

@@ -36,7 +36,7 @@ from phalanx.training.streams import restored
 from phalanx.validate import check_int, check_real
 
 if TYPE_CHECKING:
-    from phalanx.training.experiment import Experiment
+    from phalanx.training.algorithm import Run
 
 
 @dataclass(frozen=True)
@@ -59,15 +59,15 @@ class DSGD(RoundAlgorithm):
         """How many vectors the server aggregates each round: every worker's."""
         return workers
 
-    def all_workers(self, exp: Experiment, streams: dict[str, Tensor], momentum: Tensor | None) -> AllWorkers:
+    def all_workers(self, exp: Run, streams: dict[str, Tensor], momentum: Tensor | None) -> AllWorkers:
         """The n workers of ``exp`` in this process, from the given stream states and momentum rows."""
         return AllWorkers(self, exp, streams, momentum)
 
-    def one_worker(self, exp: Experiment, rank: int, streams: dict[str, Tensor], momentum: Tensor | None) -> OneWorker:
+    def one_worker(self, exp: Run, rank: int, streams: dict[str, Tensor], momentum: Tensor | None) -> OneWorker:
         """Worker ``rank`` of ``exp`` alone (``momentum``: its own row, ``(d,)``, or None)."""
         return OneWorker(self, exp, rank, streams, momentum)
 
-    def check(self, run: Experiment) -> None:
+    def check(self, run: Run) -> None:
         """A DSGD worker's vector is carried into its momentum: boosting it (a federated attack's knob) is refused."""
         boost = float(run.attack.boost)
         if boost != 1.0:
@@ -142,7 +142,7 @@ def byzantine_vectors(
 class _Workers:
     """What both shapes share: the experiment's sizes and the two worker-side streams."""
 
-    def __init__(self, algo: DSGD, exp: Experiment, streams: dict[str, Tensor]) -> None:
+    def __init__(self, algo: DSGD, exp: Run, streams: dict[str, Tensor]) -> None:
         self.algo = algo
         self.exp = exp
         self.n, self.b, self.f = exp.workers, exp.byzantine, exp.f
@@ -165,7 +165,7 @@ class _Workers:
 class AllWorkers(_Workers):
     """All n workers in one process: one batched gradient call per round, one ``(n, d)`` momentum buffer."""
 
-    def __init__(self, algo: DSGD, exp: Experiment, streams: dict[str, Tensor], momentum: Tensor | None) -> None:
+    def __init__(self, algo: DSGD, exp: Run, streams: dict[str, Tensor], momentum: Tensor | None) -> None:
         super().__init__(algo, exp, streams)
         self.buffer = momentum
 
@@ -202,7 +202,7 @@ class OneWorker(_Workers):
     """
 
     def __init__(
-        self, algo: DSGD, exp: Experiment, rank: int, streams: dict[str, Tensor], momentum: Tensor | None,
+        self, algo: DSGD, exp: Run, rank: int, streams: dict[str, Tensor], momentum: Tensor | None,
     ) -> None:
         super().__init__(algo, exp, streams)
         self.rank = rank

@@ -34,6 +34,7 @@ from phalanx.errors import ConfigError
 from phalanx.training import devices
 from phalanx.training.algorithm import RoundAlgorithm
 from phalanx.training.dsgd import DSGD
+from phalanx.training.fedbn import local_norms
 from phalanx.training.optim import SGD, ServerOptimizer
 from phalanx.training.problem import Loss, Problem
 from phalanx.training.schedule import LRSchedule
@@ -134,7 +135,7 @@ class Experiment:
             raise ConfigError("model", "a model with BatchNorm / Hybrid BN layers (FedNorm2d)", "a model without them "
                               f"with {type(algo).__name__} (their statistics are measured and pooled by federated "
                               "rounds: algorithm FedAvg)")
-        if self.problem.local_norms is not None and not algo.keeps_local_norms:
+        if local_norms(self.problem) is not None and not algo.keeps_local_norms:
             raise ConfigError("model", "a FedBN model (FedNorm2d layers in 'fedbn' mode)", "a model without them with "
                               f"{type(self.algorithm).__name__} (every client keeps its BatchNorm layers between "
                               "federated rounds: algorithm FedAvg)")
@@ -185,7 +186,7 @@ class Experiment:
             "attack": repr(self.attack), "workers": self.workers, "byzantine": self.byzantine, "f": self.f,
             "rounds": self.rounds, "algorithm": repr(self.algorithm), "optimizer": repr(self.optimizer),
             "lr": repr(self.lr), "seed": self.seed, "eval_every": self.eval_every,
-            **({"eval_clients": self.eval_clients} if self.problem.local_norms is not None else {}), **self.columns,
+            **({"eval_clients": self.eval_clients} if local_norms(self.problem) is not None else {}), **self.columns,
         }
 
 

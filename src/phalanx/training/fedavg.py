@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -41,13 +41,14 @@ from phalanx.attacks.base import Attack, DataAttack
 from phalanx.errors import ConfigError
 from phalanx.training.algorithm import RoundAlgorithm
 from phalanx.training.dsgd import byzantine_vectors, poison_rows
+from phalanx.training.fedbn import STATE_KEY, local_norms
 from phalanx.training.shards import sample_batches_of
-from phalanx.training.state import Received, SlotPlan
+from phalanx.training.state import Received, RoundState, SlotPlan
 from phalanx.training.streams import restored
 from phalanx.validate import check_int, check_real
 
 if TYPE_CHECKING:
-    from phalanx.training.experiment import Experiment
+    from phalanx.training.algorithm import Run
 
 
 @dataclass(frozen=True)
@@ -101,20 +102,49 @@ class FedAvg(RoundAlgorithm):
         """``stats_momentum``: how much of the round's pooled statistics is blended into the global ones."""
         return self.stats_momentum
 
+    def make_server(self, exp: Run, generator: torch.Generator) -> Any:
+        """The standard server; with a FedBN model, one whose rule sees the shared coordinates only (a coordinate
+        mask: :class:`~phalanx.training.fedbn.SharedServer`)."""
+        server = super().make_server(exp, generator)
+        norms = local_norms(exp.problem)
+        return server if norms is None else norms.server(server)
+
+    def initial_state(self, exp: Run, theta: Tensor) -> dict[str, Tensor]:
+        """A FedBN model: every client's BatchNorm row of the initial model (:mod:`phalanx.training.fedbn`); else
+        nothing — plain federated averaging keeps no state between rounds."""
+        norms = local_norms(exp.problem)
+        return {} if norms is None else {STATE_KEY: norms.initial(theta, exp.workers)}
+
+    def load_state(self, exp: Run, own: dict[str, Tensor]) -> None:
+        """A FedBN model: take the table of every client's BatchNorm rows for the next round."""
+        norms = local_norms(exp.problem)
+        if norms is None:
+            return
+        if STATE_KEY not in own:
+            raise ConfigError("start", "a snapshot without 'local_norms'", "a FedBN run's snapshot, with every "
+                              "client's BatchNorm rows")
+        norms.load(own[STATE_KEY])
+
+    def evaluate(self, exp: Run, state: RoundState) -> dict[str, Any] | None:
+        """A FedBN model has no global model: every evaluated honest client's own model
+        (:meth:`~phalanx.training.fedbn.LocalNorms.metrics`); else None (θ's plain accuracy)."""
+        norms = local_norms(exp.problem)
+        return None if norms is None else norms.metrics(exp, state.theta, state.own[STATE_KEY])
+
     def client_lr(self, t: int) -> float:
         """The clients' learning rate in round t."""
         return float(self.lr(t)) if callable(self.lr) else float(self.lr)
 
-    def all_workers(self, exp: Experiment, streams: dict[str, Tensor], momentum: Tensor | None) -> FedAvgClients:
+    def all_workers(self, exp: Run, streams: dict[str, Tensor], momentum: Tensor | None) -> FedAvgClients:
         """The population in this process: the round's sampled clients train as one batched computation."""
         return FedAvgClients(self, exp, streams)
 
-    def one_worker(self, exp: Experiment, rank: int, streams: dict[str, Tensor], momentum: Tensor | None) -> FedAvgSlot:
+    def one_worker(self, exp: Run, rank: int, streams: dict[str, Tensor], momentum: Tensor | None) -> FedAvgSlot:
         """Client slot ``rank`` of a process-per-slot run: it trains the ``rank``-th sampled client of each round."""
         if exp.problem.norm_stats is not None:
             raise ConfigError("engine", "torchrun", "'simulated' for a model with BatchNorm / Hybrid BN layers (their "
                               "statistics are pooled in one process so far)")
-        if exp.problem.local_norms is not None:
+        if local_norms(exp.problem) is not None:
             raise ConfigError("engine", "torchrun", "'simulated' for a FedBN model (every client's own BatchNorm "
                               "layers are kept in one process so far)")
         return FedAvgSlot(self, exp, rank, streams)
@@ -123,7 +153,7 @@ class FedAvg(RoundAlgorithm):
 class _Clients:
     """What both shapes share: the population's sizes, each client's number of local steps, the three streams."""
 
-    def __init__(self, algo: FedAvg, exp: Experiment, streams: dict[str, Tensor]) -> None:
+    def __init__(self, algo: FedAvg, exp: Run, streams: dict[str, Tensor]) -> None:
         self.algo = algo
         self.exp = exp
         self.n, self.b = exp.workers, exp.byzantine
@@ -170,7 +200,7 @@ class _Clients:
         BatchNorm parameters, its running statistics tracked step by step. Their pseudo-gradients on the shared
         coordinates ``(len(ids), d_shared)``, and the new table: the honest ones' rows written (the last
         ``poisoned`` clients are a data attack's, whose rows are left as they are)."""
-        norms = self.exp.problem.local_norms
+        norms = local_norms(self.exp.problem)
         assert norms is not None
         w = int(ids.numel())
         if w == 0:
@@ -191,7 +221,7 @@ class _Clients:
         returned); FedProx pulls towards ``anchor``. With ``running`` (a FedBN model), each step's batch statistics
         are blended into these running statistics, row by row."""
         algo, exp = self.algo, self.exp
-        norms = exp.problem.local_norms if running is not None else None
+        norms = local_norms(exp.problem) if running is not None else None
         w = int(ids.numel())
         velocity = torch.zeros_like(params) if algo.momentum else None
         steps = self.steps[ids[rows]]
@@ -253,14 +283,15 @@ class FedAvgClients(_Clients):
         poisoned = int(byz_ids.numel()) if self.data_attack else 0
         stats = None if exp.problem.norm_stats is None else self._stats(theta, train_ids, poisoned, byz_ids, t)
         local = None
-        if exp.problem.local_norms is None:
+        if local_norms(exp.problem) is None:
             vectors = self._train(theta, train_ids, t, poisoned)
         else:
             vectors, local = self._train_local(theta, train_ids, t, poisoned)
         if self.vector_attack and byz_ids.numel():
             byz = attack_rows(exp, vectors, int(byz_ids.numel()), rule, self.attack_gen, t)
             vectors = torch.cat([vectors, byz]) if vectors.numel() else byz
-        return Received(vectors, rows=ids.tolist(), state_rows=False, stats=stats, local=local)
+        return Received(vectors, rows=ids.tolist(), state_rows=False, stats=stats,
+                        own=None if local is None else {STATE_KEY: local})
 
     def _stats(self, theta: Tensor, ids: Tensor, poisoned: int, byz_ids: Tensor, t: int) -> Tensor:
         """The normalisation statistics the round's clients report, a row per client in the order of the vectors:
@@ -285,7 +316,7 @@ class FedAvgClients(_Clients):
 
 
 def attack_rows(
-    exp: Experiment, honest: Tensor, byzantine: int, rule: Callable[[Tensor], Tensor], attack_gen: torch.Generator,
+    exp: Run, honest: Tensor, byzantine: int, rule: Callable[[Tensor], Tensor], attack_gen: torch.Generator,
     t: int,
 ) -> Tensor:
     """The sampled Byzantine clients' vectors of a vector attack: zeros (no draw) when no honest client was sampled
@@ -306,7 +337,7 @@ class FedAvgSlot(_Clients):
     state, the attacking slots draw from it and send the new state back.
     """
 
-    def __init__(self, algo: FedAvg, exp: Experiment, rank: int, streams: dict[str, Tensor]) -> None:
+    def __init__(self, algo: FedAvg, exp: Run, rank: int, streams: dict[str, Tensor]) -> None:
         super().__init__(algo, exp, streams)
         self.rank = rank
         self.plan = SlotPlan([], [], [])

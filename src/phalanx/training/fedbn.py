@@ -10,8 +10,9 @@ parameter vector splits into the shared coordinates θ_S and the BatchNorm coord
 
     rowᵢ = (γᵢ, βᵢ of every layer, in θ's order ‖ running means μᵢ ‖ running variances σ²ᵢ)
 
-initialised from the initial model (γ = 1, β = 0, μ = 0, σ² = 1) and kept in the round state (checkpointed as
-``local_norms``). Round t of federated averaging (:mod:`phalanx.training.fedavg`) then runs:
+initialised from the initial model (γ = 1, β = 0, μ = 0, σ² = 1) and kept as federated averaging's own state in the
+round state (``own["local_norms"]``, checkpointed as ``algorithm.local_norms``). Round t of federated averaging
+(:mod:`phalanx.training.fedavg`) then runs:
 
 1. every sampled client starts from its *own* model θᵢ = (θ_S, θ_B := (γᵢ, βᵢ)), takes its local steps (BatchNorm in
    training mode: each batch's statistics), and after every step blends the step's batch statistics into its
@@ -44,6 +45,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 import torch
 import torch.nn.functional as F
@@ -54,12 +56,14 @@ from phalanx.models.norm import FedNorm2d, evaluating, recording
 
 if TYPE_CHECKING:
 
-    from phalanx.training.experiment import Experiment
+    from phalanx.training.algorithm import Run
     from phalanx.training.problem import ParamLayout, Problem
     from phalanx.training.server import RoundResult, Server
     from phalanx.training.shards import WorkerData
     from phalanx.training.state import Received
 
+STATE_KEY = "local_norms"
+"""The table's name in the round algorithm's own state (and, prefixed ``algorithm.``, in a checkpoint)."""
 MOMENTUM = 0.1
 """The running statistics' momentum: PyTorch's ``BatchNorm2d`` default, which the FedBN authors' models use."""
 EVAL_BUDGET = 2048
@@ -262,7 +266,7 @@ class LocalNorms:
                             for i in range(g)])
 
     @torch.no_grad()
-    def metrics(self, exp: Experiment, theta: Tensor, table: Tensor) -> dict[str, Any]:
+    def metrics(self, exp: Run, theta: Tensor, table: Tensor) -> dict[str, Any]:
         """The evaluation row's values of a FedBN run (see the module's docstring): ``test_accuracy``,
         ``test_loss``, ``global_test_accuracy``, ``worst_client_accuracy``, ``clients_evaluated`` and, for an
         attack that measures itself (a backdoor's ``attack_success``), its mean over the evaluated clients."""
@@ -319,6 +323,17 @@ class LocalNorms:
             return torch.cat(out) if out else torch.zeros(0, dtype=torch.long, device=x.device)
 
         return extra(predict, test_x, test_y)
+
+
+_OF: WeakKeyDictionary[Any, LocalNorms | None] = WeakKeyDictionary()
+
+
+def local_norms(problem: Problem) -> LocalNorms | None:
+    """The FedBN layers of ``problem``'s model and every client's table of them (one per problem: the table it
+    holds is the run's), or None when the model has none."""
+    if problem not in _OF:
+        _OF[problem] = LocalNorms.of(problem.model, problem.layout)
+    return _OF[problem]
 
 
 def label_shares(data: WorkerData, clients: Tensor) -> Tensor:

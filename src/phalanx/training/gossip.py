@@ -51,15 +51,16 @@ from phalanx.decentralized.topology import Graph
 from phalanx.errors import ConfigError
 from phalanx.training.algorithm import RoundAlgorithm
 from phalanx.training.dsgd import byzantine_vectors, computing_workers, worker_batches
+from phalanx.training.gossip_node import AnytimeNode, OneNode
 from phalanx.training.neighbourhood import NodeRule, closed_neighbourhoods
 from phalanx.training.server import BoundRule, RoundResult
-from phalanx.training.state import Received
+from phalanx.training.state import Received, RoundState
 from phalanx.training.streams import restored
 from phalanx.validate import check_int, check_real
 
 if TYPE_CHECKING:
     from phalanx.aggregators.base import Aggregator
-    from phalanx.training.experiment import Experiment
+    from phalanx.training.algorithm import Run
 
 
 @dataclass(frozen=True)
@@ -105,20 +106,26 @@ class Gossip(RoundAlgorithm):
         """The nodes' learning rate in round t."""
         return float(self.lr(t)) if callable(self.lr) else float(self.lr)
 
-    def all_workers(self, exp: Experiment, streams: dict[str, Tensor], momentum: Tensor | None) -> GossipNodes:
+    def all_workers(self, exp: Run, streams: dict[str, Tensor], momentum: Tensor | None) -> GossipNodes:
         """The n nodes in this process, one batched gradient call per round over their own parameters."""
         return GossipNodes(self, exp, streams, momentum)
 
-    def one_worker(self, exp: Experiment, rank: int, streams: dict[str, Tensor], momentum: Tensor | None) -> Any:
+    def one_worker(self, exp: Run, rank: int, streams: dict[str, Tensor], momentum: Tensor | None) -> Any:
         """Node ``rank`` alone, as one rank of the torchrun engine runs it (``topology = "gossip"``,
         :mod:`phalanx.distributed.neighbours`); ``momentum``: every node's carried rows ``(n, d)``, or None."""
-        from phalanx.training.gossip_node import OneNode  # (it builds on this module)
-
         return OneNode(self, exp, rank, streams, momentum)
 
-    def make_server(self, exp: Experiment, generator: torch.Generator) -> GossipServer:
+    def make_server(self, exp: Run, generator: torch.Generator) -> GossipServer:
         """Every honest node's combination of its neighbourhood (there is no server)."""
         return GossipServer(self, exp, generator)
+
+    def evaluate(self, exp: Run, state: RoundState) -> dict[str, Any] | None:
+        """A model per node: the honest nodes' test accuracies and losses (:func:`honest_metrics`); None before the
+        first round, when every node holds the one initial model θ₀ ``(d,)``."""
+        if state.theta.dim() == 1:
+            return None
+        return honest_metrics(state.theta, exp.honest,
+                              lambda theta: exp.problem.evaluate(theta, exp.test_x, exp.test_y))
 
 
 @dataclass(frozen=True)
@@ -159,18 +166,16 @@ class AnytimeGossip(Gossip):
         """αₜ / α₁:ₜ = 2/(t + 1) of round ``t`` (0-based: the paper's round t + 1): how far x̃ moves to w̃."""
         return 2.0 / (t + 2)
 
-    def all_workers(self, exp: Experiment, streams: dict[str, Tensor], momentum: Tensor | None) -> AnytimeNodes:
+    def all_workers(self, exp: Run, streams: dict[str, Tensor], momentum: Tensor | None) -> AnytimeNodes:
         """The n nodes in this process; ``momentum`` carries their iterates w (``None``: w = θ₀)."""
         return AnytimeNodes(self, exp, streams, momentum)
 
-    def one_worker(self, exp: Experiment, rank: int, streams: dict[str, Tensor], momentum: Tensor | None) -> Any:
+    def one_worker(self, exp: Run, rank: int, streams: dict[str, Tensor], momentum: Tensor | None) -> Any:
         """Node ``rank`` alone, as one rank of the torchrun engine runs it; ``momentum``: every node's iterates
         ``(n, d)``, or None."""
-        from phalanx.training.gossip_node import AnytimeNode  # (it builds on this module)
-
         return AnytimeNode(self, exp, rank, streams, momentum)
 
-    def make_server(self, exp: Experiment, generator: torch.Generator) -> AnytimeServer:
+    def make_server(self, exp: Run, generator: torch.Generator) -> AnytimeServer:
         """Every honest node's combination of its neighbourhood, for both sequences."""
         return AnytimeServer(self, exp, generator)
 
@@ -179,7 +184,7 @@ class GossipNodes:
     """All n nodes in one process (see the module's docstring): their batches, gradients, momentum and local steps,
     and the Byzantine nodes' messages to each honest neighbour."""
 
-    def __init__(self, algo: Gossip, exp: Experiment, streams: dict[str, Tensor], momentum: Tensor | None) -> None:
+    def __init__(self, algo: Gossip, exp: Run, streams: dict[str, Tensor], momentum: Tensor | None) -> None:
         self.algo = algo
         self.exp = exp
         self.n, self.b = exp.workers, exp.byzantine
@@ -269,7 +274,7 @@ class GossipNodes:
 class GossipServer:
     """The honest nodes' combination step (see the module's docstring); the loop's server for gossip rounds."""
 
-    def __init__(self, algo: Gossip, exp: Experiment, generator: torch.Generator) -> None:
+    def __init__(self, algo: Gossip, exp: Run, generator: torch.Generator) -> None:
         self.algo = algo
         self.exp = exp
         self.rule: Aggregator = exp.rule

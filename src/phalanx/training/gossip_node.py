@@ -36,14 +36,13 @@ from phalanx.attacks.base import Attack, DataAttack
 from phalanx.decentralized.gossip_attacks import GossipAttack, GossipView
 from phalanx.errors import ConfigError
 from phalanx.training.dsgd import byzantine_vectors, computing_workers, worker_batches
-from phalanx.training.neighbourhood import NodeRule, closed_neighbourhoods
+from phalanx.training.neighbourhood import AnytimeSettings, NodeRule, NodeSettings, closed_neighbourhoods
 from phalanx.training.server import BoundRule
 from phalanx.training.shards import sample_batch_of
 from phalanx.training.streams import restored
 
 if TYPE_CHECKING:
-    from phalanx.training.experiment import Experiment
-    from phalanx.training.gossip import Gossip
+    from phalanx.training.algorithm import Run
 
 def check_attack(attack: Attack | DataAttack) -> None:
     """Refuse a decentralized attack whose messages need every honest node's local step (a one-line
@@ -72,7 +71,7 @@ class OneNode:
     (their momentum), or None before the first round."""
 
     def __init__(
-        self, algo: Gossip, exp: Experiment, rank: int, streams: dict[str, Tensor], carry: Tensor | None,
+        self, algo: NodeSettings, exp: Run, rank: int, streams: dict[str, Tensor], carry: Tensor | None,
     ) -> None:
         self.algo = algo
         self.exp = exp
@@ -234,6 +233,12 @@ class AnytimeNode(OneNode):
     [w̃ᵣ | x̃ᵣ] — row r of :class:`AnytimeNodes <phalanx.training.gossip.AnytimeNodes>`' round, with the same
     operations."""
 
+    def __init__(
+        self, algo: AnytimeSettings, exp: Run, rank: int, streams: dict[str, Tensor], carry: Tensor | None,
+    ) -> None:
+        super().__init__(algo, exp, rank, streams, carry)
+        self.anytime = algo
+
     @property
     def message_numel(self) -> int:
         """The length of a node's message: the pair (w̃ᵢ, x̃ᵢ)."""
@@ -248,8 +253,7 @@ class AnytimeNode(OneNode):
     def step(self, theta: Tensor, t: int) -> Tensor | None:
         """Round t's pair [w̃ᵣ | x̃ᵣ] ``(2d,)``: the gradient at the query point xᵣ, w̃ᵣ = wᵣ − η αₜ gᵣ, x̃ᵣ = xᵣ +
         2/(t + 1)·(w̃ᵣ − xᵣ); a vector attack's Byzantine node returns None."""
-        algo, r = self.algo, self.rank
-        assert hasattr(algo, "average_weight"), "an AnytimeGossip algorithm"
+        algo, r = self.anytime, self.rank
         got = self.gradient(theta)
         if got is None:
             return None

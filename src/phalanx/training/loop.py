@@ -17,7 +17,6 @@ directory receives its start from the one that does). When the transport or the 
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,9 +25,8 @@ from typing import Any, NoReturn
 import torch
 from torch import Tensor
 
-from phalanx.errors import ConfigError, WorkersLostError
+from phalanx.errors import WorkersLostError
 from phalanx.training.experiment import Experiment
-from phalanx.training.gossip import honest_metrics
 from phalanx.training.server import BoundRule, RoundResult, Server
 from phalanx.training.state import Received, RoundAborted, RoundState, Snapshot
 from phalanx.training.streams import ROUND_STREAMS, generator
@@ -90,33 +88,32 @@ class Evaluate(Callback):
 
     @staticmethod
     def row(loop: Loop, result: RoundResult | None) -> dict[str, Any]:
-        """One metric row of the current state."""
+        """One metric row of the current state: the round algorithm's own measurements when it has them (a model
+        per node or per client), else the model's test accuracy and loss at θ and the attack's own measure."""
         exp = loop.experiment
         theta = loop.state.theta
-        local = exp.problem.local_norms
-        if theta.dim() == 2:  # a model per node (decentralized rounds): the honest nodes' accuracies
-            evaluate = functools.partial(exp.problem.evaluate, x=exp.test_x, y=exp.test_y)
-            measured = honest_metrics(theta, exp.honest, evaluate)
-            acc, loss = measured.pop("test_accuracy"), measured.pop("test_loss")
-        elif local is not None and loop.state.local is not None:  # FedBN: every honest client's own model
-            measured = local.metrics(exp, theta, loop.state.local)
-            acc, loss = measured.pop("test_accuracy"), measured.pop("test_loss")
-        else:
+        own = exp.algorithm.evaluate(exp, loop.state)
+        attack: dict[str, Any] = {}
+        if own is None:
+            own = {}
             acc, loss = exp.problem.evaluate(theta, exp.test_x, exp.test_y)
-            measured = {}
+            extra = getattr(exp.attack, "metrics", None)  # an attack's own measure (a backdoor's success rate)
+            if callable(extra):
+                ok = bool(torch.isfinite(theta).all())
+                measured = extra(lambda x: exp.problem.predict(theta, x), exp.test_x, exp.test_y)
+                attack = {k: (v if ok else None) for k, v in measured.items()}
+        else:
+            own = dict(own)
+            acc, loss = own.pop("test_accuracy"), own.pop("test_loss")
         row: dict[str, Any] = {
-            "round": loop.state.round, "test_accuracy": acc, "test_loss": loss, **measured,
+            "round": loop.state.round, "test_accuracy": acc, "test_loss": loss, **own,
             "agg_error": result.agg_error if result is not None else None,
             "byz_share": result.byz_share if result is not None else None,
             "detection_auc": result.detection_auc if result is not None else None,
         }
         if result is not None and result.sampled_byzantine is not None:  # a federated round: who was sampled
             row["byzantine_sampled"] = result.sampled_byzantine
-        extra = getattr(exp.attack, "metrics", None)  # an attack's own measure (a backdoor's success rate)
-        if callable(extra) and theta.dim() == 1 and local is None:  # (FedBN's: the clients' mean, above)
-            ok = bool(torch.isfinite(theta).all())
-            measured = extra(lambda x: exp.problem.predict(theta, x), exp.test_x, exp.test_y)
-            row.update({k: (v if ok else None) for k, v in measured.items()})
+        row.update(attack)
         row.update(exp.columns)
         return row
 
@@ -133,11 +130,10 @@ class OnRound(Callback):
 
 def fresh_start(exp: Experiment) -> Snapshot:
     """Round 0: θ₀ from the model, the per-round streams seeded from the experiment's seed."""
-    norm, local = exp.problem.norm_stats, exp.problem.local_norms
+    norm = exp.problem.norm_stats
     theta = exp.problem.initial_theta()
     state = RoundState(theta=theta, momentum=None, previous=None, round=0,
-                       stats=None if norm is None else norm.vector(),
-                       local=None if local is None else local.initial(theta, exp.workers))
+                       stats=None if norm is None else norm.vector(), own=exp.algorithm.initial_state(exp, theta))
     streams = {name: generator(exp.seed, name).get_state() for name in ROUND_STREAMS}
     return Snapshot(state, streams)
 
@@ -153,14 +149,8 @@ class Loop:
         self.transport = transport if transport is not None else InProcess()
         self.callbacks = list(callbacks)
         self.start = start
-        own = experiment.algorithm.make_server(experiment, generator(experiment.seed, "aggregator"))
-        self.server: Server | Any = Server(
-            experiment.rule, honest=experiment.honest, problem=experiment.problem,
-            reference_batch=experiment.reference_batch, generator=generator(experiment.seed, "aggregator"),
-            rule_for=experiment.rule_for,
-        ) if own is None else own
-        if experiment.problem.local_norms is not None:  # FedBN: the rule sees the shared coordinates only
-            self.server = experiment.problem.local_norms.server(self.server)
+        self.server: Server | Any = experiment.algorithm.make_server(experiment, generator(experiment.seed,
+                                                                                            "aggregator"))
         self.state = RoundState(experiment.problem.initial_theta(), None, None, 0)
         self.rows: list[dict[str, Any]] = []
         self.resumed = False
@@ -176,12 +166,7 @@ class Loop:
         norm = exp.problem.norm_stats
         if norm is not None and self.state.stats is not None:
             norm.load(self.state.stats)
-        local = exp.problem.local_norms
-        if local is not None:
-            if self.state.local is None:
-                raise ConfigError("start", "a snapshot without 'local_norms'", "a FedBN run's snapshot, with every "
-                                  "client's BatchNorm rows")
-            local.load(self.state.local)
+        exp.algorithm.load_state(exp, self.state.own)
         if "aggregator" in start.streams:
             self.server.generator.set_state(start.streams["aggregator"])
         exp.optimizer.load_state_dict({k: v.to(self.state.theta) for k, v in start.optimizer.items()})
@@ -212,9 +197,13 @@ class Loop:
             self._abort(exc, streams)
         theta = exp.optimizer.step(state.theta, agg, lr)
         stats = self._blend_stats(got)
-        local = self._local(got)
-        self.state = RoundState(theta=theta, momentum=self._rows(got), previous=agg, round=t + 1, stats=stats,
-                                local=local)
+        after = RoundState(theta=theta, momentum=self._rows(got), previous=agg, round=t + 1, stats=stats,
+                           own=state.own)
+        own = exp.algorithm.next_state(exp, after, got)
+        if own is not state.own:
+            exp.algorithm.load_state(exp, own)
+            after.own = own
+        self.state = after
         info = RoundInfo(t, measure, lr, result, got.vectors.shape[0], got.missing, got.sent, got.received,
                          time.perf_counter() - t0)
         for cb in self.callbacks:
@@ -264,16 +253,6 @@ class Loop:
             pooled = norm.pool(got.stats, max(0, exp.f - len(got.missing)))
             norm.blend(pooled, exp.algorithm.norm_stats_momentum())
         return norm.vector()
-
-    def _local(self, got: Received) -> Tensor | None:
-        """FedBN: every client's BatchNorm rows after this round (those the round wrote; :mod:`phalanx.training.fedbn`),
-        loaded for the next round."""
-        local = self.experiment.problem.local_norms
-        if local is None:
-            return None
-        if got.local is not None:
-            local.load(got.local)
-        return local.current()
 
     def _abort(self, exc: RoundAborted, streams: dict[str, Tensor]) -> NoReturn:
         """Hand the snapshot of the start of this round to the callbacks, then raise :class:`WorkersLostError`."""

@@ -8,7 +8,7 @@ rule node by node.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -16,6 +16,35 @@ from torch import Tensor
 from phalanx.aggregators.base import Aggregator
 from phalanx.decentralized.robust_gossip import CHUNK_ELEMENTS, GossipRule, byzantine_weights
 from phalanx.decentralized.topology import Graph
+
+
+class NodeSettings(Protocol):
+    """What a gossip node reads of its round algorithm (:class:`~phalanx.training.gossip.Gossip` is one): the graph
+    and mixing matrix, its batch size, penalty, momentum and learning rate."""
+
+    @property
+    def graph(self) -> Graph: ...
+
+    @property
+    def mixing(self) -> Tensor: ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def weight_decay(self) -> float: ...
+
+    @property
+    def momentum(self) -> float: ...
+
+    def node_lr(self, t: int) -> float: ...
+
+
+class AnytimeSettings(NodeSettings, Protocol):
+    """A Decentralized Anytime SGD node's settings (:class:`~phalanx.training.gossip.AnytimeGossip`): also how far
+    round t's query point moves to the iterate."""
+
+    def average_weight(self, t: int) -> float: ...
 
 
 def closed_neighbourhoods(graph: Graph) -> list[Tensor]:

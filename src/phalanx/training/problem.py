@@ -25,7 +25,6 @@ from torch.func import functional_call, grad, vmap
 
 from phalanx.errors import ConfigError
 from phalanx.models.norm import evaluating
-from phalanx.training.fedbn import LocalNorms
 from phalanx.training.linear_stack import LinearStack, blend_rows
 from phalanx.training.norm_stats import NormStats
 
@@ -84,8 +83,6 @@ class Problem:
         self._offsets = dict(zip(self.layout.names, self.layout.offsets))
         self.norm_stats = NormStats.of(model)
         """The server-held statistics of the model's BatchNorm / Hybrid BN layers (None: it has none)."""
-        self.local_norms = LocalNorms.of(model, self.layout)
-        """The model's FedBN layers, which every client keeps to itself (None: it has none)."""
 
     def _eval_mode(self) -> AbstractContextManager[nn.Module]:
         """The model in evaluation mode (normalisation layers use the global statistics) for a prediction."""

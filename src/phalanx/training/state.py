@@ -18,8 +18,9 @@ class RoundState:
     transport updates it in place (one buffer for the whole run): a state must not be used after the next round.
     ``previous`` is the last aggregate (the centre of centered clipping); ``stats`` the global statistics of the
     model's BatchNorm / Hybrid BN layers (:mod:`phalanx.training.norm_stats`; None for a model without them);
-    ``local`` every client's own BatchNorm parameters and running statistics of a FedBN model, ``(clients, width)``
-    (:mod:`phalanx.training.fedbn`; None for other models).
+    ``own`` the round algorithm's own per-run state, an opaque mapping of tensors that only the algorithm reads
+    (:meth:`~phalanx.training.algorithm.RoundAlgorithm.initial_state`; FedBN's table of every client's BatchNorm
+    rows, say) and that a checkpoint saves under the prefix ``algorithm.``.
     """
 
     theta: Tensor
@@ -27,21 +28,21 @@ class RoundState:
     previous: Tensor | None
     round: int = 0
     stats: Tensor | None = None
-    local: Tensor | None = None
+    own: dict[str, Tensor] = field(default_factory=dict)
 
     def to(self, device: str | torch.device) -> RoundState:
         """This state with its tensors on ``device``: itself when they are all there already (no copy; the in-process
         transport keeps updating the same momentum buffer), else a state of moved copies."""
         dev = torch.device(device)
         if all(t is None or t.device == dev for t in (self.theta, self.momentum, self.previous, self.stats,
-                                                        self.local)):
+                                                        *self.own.values())):
             return self
 
         def move(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.to(dev)
 
         return replace(self, theta=self.theta.to(dev), momentum=move(self.momentum), previous=move(self.previous),
-                       stats=move(self.stats), local=move(self.local))
+                       stats=move(self.stats), own={k: t.to(dev) for k, t in self.own.items()})
 
 
 @dataclass
@@ -97,9 +98,9 @@ class Received:
     stats: Tensor | None = None
     """The normalisation statistics the clients of the round measured on the broadcast model, a row per vector
     (``(m, 2·channels)``, :mod:`phalanx.training.norm_stats`); None for a model without BatchNorm / Hybrid BN."""
-    local: Tensor | None = None
-    """FedBN: every client's BatchNorm row after the round (the sampled honest clients' rewritten, a new tensor;
-    :mod:`phalanx.training.fedbn`); None otherwise."""
+    own: dict[str, Tensor] | None = None
+    """The round algorithm's own state after the round, when the round changed it (new tensors: FedBN's table with
+    the sampled honest clients' rows rewritten, say); None: unchanged."""
 
 
 @dataclass(frozen=True)
