@@ -32,7 +32,7 @@ ALLOWED: dict[str, set[str]] = {
                     "decentralized",
                     "validate", "__init__"},
     "distributed": {"experiments", "training", "aggregators", "attacks", "data", "models", "decentralized", "errors",
-                    "validate"},
+                    "plugins", "validate"},
     "cli": {"distributed", "experiments", "training", "aggregators", "attacks", "data", "models", "analysis", "signing",
             "errors", "plugins", "validate", "executor_cli", "decentralized", "__init__"},
     "executor_cli": {"experiments", "errors"},

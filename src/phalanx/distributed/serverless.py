@@ -178,6 +178,9 @@ class AllGather(Transport):
             assert mesh.init_bytes is not None
             init_bytes = mesh.init_bytes
             start = received_start(init)
+            # the box was opened at this rank's own fresh start (round 0): a resumed run goes on from rank 0's
+            # round, and a peer's row of that round must not be refused as one "which has not begun"
+            self.box.advance(start.state.round)
         self.view = hashlib.sha256(init_bytes).digest()
         momentum = start.state.momentum
         me = exp.algorithm.one_worker(exp, rank, start.streams, None if momentum is None else momentum[rank])

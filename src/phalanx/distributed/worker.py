@@ -17,34 +17,28 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch.distributed as dist
 
+from phalanx.distributed import topologies
 from phalanx.distributed.env import RankEnv, open_store
 from phalanx.distributed.keys import Identity, load_identity
 from phalanx.distributed.mesh import ADDRESS_KEY, Mesh, bind_host
-from phalanx.distributed.neighbours import MessageCount, Neighbours
-from phalanx.distributed.parameter_server import ParameterServer, ParameterServerWorker, config_digest
+from phalanx.distributed.parameter_server import config_digest
 from phalanx.distributed.recording import DistributedLog, RankLog
-from phalanx.distributed.sealed import ATTACK_STATE_BYTES, SealedLinks, SealedWorkerLinks, warn_unsealed
-from phalanx.distributed.serverless import AllGather
+from phalanx.distributed.sealed import ATTACK_STATE_BYTES, warn_unsealed
+from phalanx.distributed.topologies import WORKER_WAIT_S
 from phalanx.distributed.transcript import Transcript
 from phalanx.errors import ConfigError, PhalanxError, WorkersLostError
-from phalanx.experiments import grid, runstate
+from phalanx.experiments import grid
 from phalanx.experiments.build import from_config
 from phalanx.experiments.config import RunConfig, load_grid, processes
-from phalanx.experiments.rundir import OpenedRun, opened
-from phalanx.training.divergence import Diverged, StopOnDivergence
+from phalanx.experiments.rundir import RunDirectory
+from phalanx.experiments.wiring import Recording, run_experiment
 from phalanx.training.experiment import Experiment
-from phalanx.training.loop import Callback, Evaluate, Loop
+from phalanx.training.loop import Callback
 from phalanx.training.memory import tune_allocator
-from phalanx.training.transport import Transport
-
-WORKER_WAIT_S = 3600.0
-"""How long a worker waits for the server's next message (θ or stop) before giving up."""
 
 
 def resolve_config(config: str | None, overrides: list[str], point: int | None = None) -> RunConfig:
@@ -69,10 +63,12 @@ def resolve_config(config: str | None, overrides: list[str], point: int | None =
 def run_rank(cfg: RunConfig, out: Path | None) -> None:
     """Run this process's rank of the job described by the torchrun environment.
 
-    Rank 0 (and, in the serverless and gossip topologies, every rank) runs the training loop over the topology's
-    transport; the other ranks of the parameter-server topology serve the server's rounds. With keys, the parameter
-    server runs over sealed links (:func:`run_sealed`) and the serverless and gossip topologies over the sealed mesh
-    (:func:`open_mesh`): no store carries a vector, a model or the start snapshot.
+    The config's topology (:mod:`phalanx.distributed.topologies`) says what the rank runs: a training loop over its
+    transport — rank 0 always, and every rank of a topology whose ranks all run it (serverless, gossip) — or its
+    part of another rank's rounds (a parameter-server worker). Rank 0 measures the run and holds its directory,
+    wired exactly as a simulated run is (:func:`phalanx.experiments.wiring.run_experiment`). With keys, the ranks
+    talk over sealed links or the sealed mesh (:func:`open_mesh`) and rank 0 keeps the run's transcript: no store
+    carries a vector, a model or the start snapshot.
     """
     renv = RankEnv.from_environ()
     if renv.world_size != processes(cfg):
@@ -81,79 +77,45 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
             "WORLD_SIZE", renv.world_size, f"{what} = {processes(cfg)} (one process per worker, or per client slot "
             "of a federated round; rank 0 is also the server)", f"launch as many processes, or --set {what}=N",
         )
+    topology = topologies.make(cfg.topology)
     identity = check_identity(cfg, renv)  # before anything is built: a key problem is one line, at once
     tune_allocator()
     exp = from_config(cfg, local_rank=renv.local_rank)  # device = "cuda": this rank's cuda:LOCAL_RANK
     digest = config_digest(cfg.identity())
-    if identity is not None and cfg.topology == "server":
-        run_sealed(cfg, renv, exp, identity, digest, out)
-        return
-    mesh = None if identity is None else open_mesh(cfg, renv, exp, identity, digest)
-    store = open_store(renv, WORKER_WAIT_S) if mesh is None else None
-    if cfg.topology == "server" and renv.rank != 0:
-        assert store is not None
-        ParameterServerWorker(exp, store, renv.rank, digest).run()
-        return
-    callbacks: list[Callback] = []
-    start = None
+    mesh = None if identity is None or not topology.meshed else open_mesh(cfg, renv, exp, identity, digest)
     log = RankLog()
-    transcript: Transcript | None = None
-    with ExitStack() as held:
-        if renv.rank == 0:
-            callbacks = [Evaluate(), StopOnDivergence()]
-            held_run = None if out is None else held.enter_context(held_directory(cfg, exp, out, log))
-            if held_run is not None:
-                start = held_run.start
-                if held_run.finished is None:  # (a finished run trains nothing: its directory is left as it is)
-                    rundir, run_dir = held_run.directory, held_run.directory.path
-                    callbacks += [rundir, DistributedLog(run_dir / "distributed.json", cfg.topology, renv.world_size,
-                                                         rundir.checkpoints)]
-                    if mesh is not None:
-                        assert identity is not None
-                        transcript = Transcript(run_dir, mesh, identity, digest, renv.world_size, exp.f,
-                                                rundir.checkpoints, topology=cfg.topology)
-                        callbacks.append(transcript)
-            callbacks.append(log)
-            if mesh is None:
-                warn_unsealed(log.say)
-            else:
-                assert identity is not None
-                log.say(f"sealed mesh: mutual TLS between the {renv.world_size} ranks ({cfg.topology}), rank 0 on "
-                        f"{mesh.address[0]}:{mesh.address[1]}, allow-list {identity.allow.path}")
-        transport: Transport
-        if cfg.topology == "serverless":
-            transport = all_gather = AllGather(store, renv, digest, cfg.round_timeout, cfg.backend, mesh)
-            if transcript is not None:
-                all_gather.on_rows = transcript.rows
-        elif cfg.topology == "gossip":  # first: every node's rows reach rank 0 before it evaluates or checkpoints
-            transport = neighbours = Neighbours(store, renv, digest, cfg.round_timeout, cfg.checkpoint_every, mesh)
-            if transcript is not None:
-                neighbours.on_reports = transcript.reports
-            callbacks.insert(0, transport)
-            if renv.rank == 0:
-                callbacks.insert(2, MessageCount(neighbours))  # after Evaluate: the metric rows' missing_messages
-        else:
-            assert store is not None
-            transport = ParameterServer(store, digest, cfg.round_timeout, log.say)
-        try:
-            Loop(exp, transport, callbacks, start).run()
-        except Diverged as exc:
-            if renv.rank == 0 and out is not None:
-                runstate.record_divergence(out / grid.run_id(cfg), exc)
-            raise
+    part = topology.start(topologies.Rank(cfg, exp, renv, digest, identity, mesh, log))
+    if part is None:  # this rank served its part of another rank's rounds
+        return
+    measured = renv.rank == 0
+    if measured:
+        if part.links is None:
+            warn_unsealed(log.say)
+        elif mesh is not None and identity is not None:
+            log.say(f"sealed mesh: mutual TLS between the {renv.world_size} ranks ({cfg.topology}), rank 0 on "
+                    f"{mesh.address[0]}:{mesh.address[1]}, allow-list {identity.allow.path}")
+        elif part.banner is not None:
+            log.say(part.banner)
 
+    def recorders(directory: RunDirectory) -> list[Callback]:
+        """What rank 0 writes beside the run directory: distributed.json, and with keys the transcript."""
+        cbs: list[Callback] = [DistributedLog(directory.path / "distributed.json", cfg.topology, renv.world_size,
+                                              directory.checkpoints)]
+        if part.links is not None and identity is not None:
+            transcript = Transcript(directory.path, part.links, identity, digest, renv.world_size, exp.f,
+                                    directory.checkpoints, topology=cfg.topology)
+            if part.hear is not None:
+                part.hear(transcript)
+            cbs.append(transcript)
+        return cbs
 
-@contextmanager
-def held_directory(cfg: RunConfig, exp: Experiment, out: Path, log: RankLog) -> Iterator[OpenedRun]:
-    """Rank 0 holds the run's directory exactly as a simulated run does (:func:`phalanx.experiments.rundir.opened`:
-    lock, FAILED on an error, the same configuration or a one-line refusal, the checkpoint; a diverged run raises
-    its divergence again). A run that finished already trains nothing: the loop starts from its last checkpoint,
-    runs no round and tells the other ranks to stop, and its directory is not written."""
-    with opened(out / grid.run_id(cfg), cfg.identity(), exp, cfg.checkpoint_every, sign_key=cfg.sign_key,
-                verify_key=cfg.verify_key) as run:
-        if run.finished is not None:
-            log.say(f"{run.directory.path} has finished already: nothing to train (the other ranks are told to stop)")
-        yield run
+    recording = None
+    if measured and out is not None:
+        recording = Recording(out / grid.run_id(cfg), cfg.identity(), cfg.checkpoint_every, sign_key=cfg.sign_key,
+                              verify_key=cfg.verify_key)
+    run_experiment(exp, part.transport, recording, measured=measured, first=part.first, measures=part.measures,
+                   recorders=recorders, callbacks=[log] if measured else [],
+                   say=lambda text: log.say(text + " (the other ranks are told to stop)"))
 
 
 def open_mesh(cfg: RunConfig, renv: RankEnv, exp: Experiment, identity: Identity, digest: str) -> Mesh:
@@ -203,56 +165,6 @@ def check_identity(cfg: RunConfig, renv: RankEnv) -> Identity | None:
             "without keys anyone who reaches the store can speak for any rank; --set insecure=true to run anyway",
         )
     return None
-
-
-SEALED_PORT_KEY = "sealed/port"
-"""Under torchrun's agent (which holds ``MASTER_PORT``), rank 0 publishes the port of its TLS listener here."""
-
-
-def run_sealed(cfg: RunConfig, renv: RankEnv, exp: Experiment, identity: Identity, digest: str,
-               out: Path | None) -> None:
-    """The parameter-server topology over sealed links (:mod:`phalanx.distributed.sealed`).
-
-    Under ``phalanx launch`` rank 0 listens on ``MASTER_ADDR:MASTER_PORT`` itself and no c10d store exists. Under
-    torchrun its agent holds that port: rank 0 listens on a free port of ``MASTER_ADDR`` and publishes the number in
-    the agent's store — the one thing an unauthenticated party can touch, and a forged number only makes the
-    workers meet a server that cannot prove rank 0's key.
-    """
-    row_bytes = exp.problem.dim * exp.problem.initial_theta().element_size()
-    n = processes(cfg)
-    store = open_store(renv, WORKER_WAIT_S) if renv.agent_store else None
-    if renv.rank != 0:
-        port = renv.master_port if store is None else int(store.get(SEALED_PORT_KEY))
-        links = SealedWorkerLinks(identity, renv.master_addr, port, digest, row_bytes, n)
-        ParameterServerWorker(exp, links, renv.rank, digest).run()
-        return
-    server_links = SealedLinks(identity, renv.master_addr, renv.master_port if store is None else 0, digest,
-                               row_bytes, n)
-    if store is not None:
-        store.set(SEALED_PORT_KEY, str(server_links.port))
-    log = RankLog()
-    callbacks: list[Callback] = [Evaluate(), StopOnDivergence()]
-    transport = ParameterServer(server_links, digest, cfg.round_timeout, log.say)
-    with ExitStack() as held:
-        start = None
-        held_run = None if out is None else held.enter_context(held_directory(cfg, exp, out, log))
-        if held_run is not None:
-            start = held_run.start
-            if held_run.finished is None:  # (a finished run trains nothing: its directory is left as it is)
-                rundir, run_dir = held_run.directory, held_run.directory.path
-                transcript = Transcript(run_dir, server_links, identity, digest, n, exp.f, rundir.checkpoints)
-                transport.on_vectors = transcript.vectors
-                callbacks += [rundir, DistributedLog(run_dir / "distributed.json", cfg.topology, renv.world_size,
-                                                     rundir.checkpoints), transcript]
-        callbacks.append(log)
-        log.say(f"sealed links: mutual TLS on {renv.master_addr}:{server_links.port}, {n - 1} workers on the "
-                f"allow-list {identity.allow.path}")
-        try:
-            Loop(exp, transport, callbacks, start).run()
-        except Diverged as exc:
-            if out is not None:
-                runstate.record_divergence(out / grid.run_id(cfg), exc)
-            raise
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,18 +4,15 @@ objects, optionally into a run directory that a killed run resumes from."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from phalanx.data.base import Dataset
-from phalanx.experiments import runstate
 from phalanx.experiments.build import check_engine, from_config
 from phalanx.experiments.config import RunConfig
-from phalanx.experiments.rundir import opened
-from phalanx.training.divergence import Diverged, StopOnDivergence
+from phalanx.experiments.wiring import Recording, run_experiment
 from phalanx.training.experiment import Experiment
-from phalanx.training.loop import Callback, Evaluate, Loop, OnRound, Progress
+from phalanx.training.loop import Callback, OnRound, Progress
 from phalanx.training.memory import tune_allocator
 
 
@@ -37,30 +34,16 @@ def train(
     launch`` or torchrun instead.
     """
     tune_allocator()
-    keys: dict[str, str | None] = {}
+    recording = None
     if isinstance(run, RunConfig):
         check_engine(run)
         exp = from_config(run, dataset)
-        identity, every = run.identity(), run.checkpoint_every
-        keys = {"sign_key": run.sign_key, "verify_key": run.verify_key}
-    else:
-        exp, identity, every = run, run.describe(), 100
-    cbs: list[Callback] = [Evaluate(), StopOnDivergence()]
-    start = None
-    with ExitStack() as held:
         if run_dir is not None:
-            held_run = held.enter_context(opened(Path(run_dir), identity, exp, checkpoint_every or every, wait=wait,
-                                            **keys))
-            if held_run.finished is not None:  # finished meanwhile (by the process this one waited for)
-                return held_run.finished
-            start = held_run.start
-            cbs.append(held_run.directory)
-        if progress is not None:
-            cbs.append(OnRound(progress))
-        cbs.extend(callbacks)
-        try:
-            return Loop(exp, None, cbs, start).run()
-        except Diverged as exc:  # an end, not an error: recorded as such
-            if run_dir is not None:
-                runstate.record_divergence(Path(run_dir), exc)
-            raise
+            recording = Recording(Path(run_dir), run.identity(), checkpoint_every or run.checkpoint_every,
+                                  sign_key=run.sign_key, verify_key=run.verify_key, wait=wait)
+    else:
+        exp = run
+        if run_dir is not None:
+            recording = Recording(Path(run_dir), run.describe(), checkpoint_every or 100, wait=wait)
+    cbs = [] if progress is None else [OnRound(progress)]
+    return run_experiment(exp, None, recording, callbacks=[*cbs, *callbacks])

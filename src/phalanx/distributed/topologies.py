@@ -1,0 +1,201 @@
+"""How the ranks of a torchrun job are connected, one class per topology, chosen by name from a registry.
+
+A topology decides, for one rank, what the rank runs (:meth:`Topology.start`): the transport its training loop
+runs over — with the callbacks that transport brings and a way to let the run's transcript hear its messages — or
+nothing, when the rank serves its part without a loop of its own (a worker of the parameter server). Everything
+else about a rank is the same for every topology (:func:`phalanx.distributed.worker.run_rank`): the identity check,
+the experiment, the run directory and the loop's wiring (:func:`phalanx.experiments.wiring.run_experiment`).
+
+Built in: ``server`` (:mod:`~phalanx.distributed.parameter_server`: rank 0 aggregates; over sealed links with keys,
+:mod:`~phalanx.distributed.sealed`), ``serverless`` (:mod:`~phalanx.distributed.serverless`: every rank gathers
+every vector and aggregates) and ``gossip`` (:mod:`~phalanx.distributed.neighbours`: a rank per node of the graph).
+A topology of one's own subclasses :class:`Topology` and is registered (:func:`register`, or the
+``phalanx.topologies`` entry-point group).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from phalanx.distributed.env import RankEnv, open_store
+from phalanx.distributed.keys import Identity
+from phalanx.distributed.mesh import Mesh
+from phalanx.distributed.neighbours import MessageCount, Neighbours
+from phalanx.distributed.parameter_server import ParameterServer, ParameterServerWorker
+from phalanx.distributed.recording import RankLog
+from phalanx.distributed.sealed import SealedLinks, SealedWorkerLinks
+from phalanx.distributed.serverless import AllGather
+from phalanx.distributed.transcript import Transcript
+from phalanx.errors import ConfigError
+from phalanx.experiments.config import RunConfig, processes
+from phalanx.plugins import Registry
+from phalanx.training.experiment import Experiment
+from phalanx.training.loop import Callback
+from phalanx.training.transport import Transport
+from phalanx.validate import suggest
+
+WORKER_WAIT_S = 3600.0
+"""How long a worker waits for the server's next message (θ or stop) before giving up."""
+SEALED_PORT_KEY = "sealed/port"
+"""Under torchrun's agent (which holds ``MASTER_PORT``), rank 0 publishes the port of its TLS listener here."""
+
+
+@dataclass
+class Rank:
+    """One rank of a job, as its topology sees it: the run's config and experiment, the torchrun environment, the
+    config's digest (what every message is bound to), this rank's identity (None without keys), its sealed mesh (a
+    topology whose ranks all talk to each other, with keys) and its log."""
+
+    cfg: RunConfig
+    exp: Experiment
+    renv: RankEnv
+    digest: str
+    identity: Identity | None
+    mesh: Mesh | None
+    log: RankLog
+
+
+@dataclass
+class Part:
+    """What a rank's training loop runs over: the ``transport``, the callbacks it brings before the run is measured
+    (``first``) and after the metric rows are made (``measures``), what the run's transcript records it through
+    (``links``: the sealed links or mesh; None without keys) and how the transcript hears its messages (``hear``)."""
+
+    transport: Transport
+    first: list[Callback] = field(default_factory=list)
+    measures: list[Callback] = field(default_factory=list)
+    links: Any = None
+    hear: Callable[[Transcript], None] | None = None
+    banner: str | None = None
+    """The line rank 0 logs about how the ranks are linked (None: the unsealed warning)."""
+
+
+class Topology(ABC):
+    """One way to connect the ranks (see the module's docstring)."""
+
+    name: ClassVar[str] = "topology"
+    meshed: ClassVar[bool] = False
+    """With keys, its ranks talk over the sealed mesh (:mod:`phalanx.distributed.mesh`), which the worker opens for
+    it; otherwise the topology opens its own links."""
+    loop_on_every_rank: ClassVar[bool] = False
+    """Every rank runs the training loop (rank 0 alone measures and records it); otherwise only rank 0 does."""
+
+    @abstractmethod
+    def start(self, rank: Rank) -> Part | None:
+        """This rank's part: the transport its loop runs over, or None when it has served its part already."""
+
+
+def _store(rank: Rank) -> Any:
+    return open_store(rank.renv, WORKER_WAIT_S)
+
+
+class ServerTopology(Topology):
+    """Rank 0 is the server (and worker 0); the other ranks compute their vectors and serve its rounds. With keys,
+    over sealed links (two mutual-TLS connections per worker, every vector signed); else through the c10d store."""
+
+    name = "server"
+
+    def start(self, rank: Rank) -> Part | None:
+        renv, exp, digest = rank.renv, rank.exp, rank.digest
+        if rank.identity is None:
+            store = _store(rank)
+            if renv.rank != 0:
+                ParameterServerWorker(exp, store, renv.rank, digest).run()
+                return None
+            return Part(ParameterServer(store, digest, rank.cfg.round_timeout, rank.log.say))
+        row_bytes = exp.problem.dim * exp.problem.initial_theta().element_size()
+        n = processes(rank.cfg)
+        # Under torchrun's agent, which holds MASTER_PORT, rank 0 listens on a free port and publishes its number in
+        # the agent's store: the one thing an unauthenticated party can touch, and a forged number only makes the
+        # workers meet a listener that cannot prove rank 0's key.
+        store = _store(rank) if renv.agent_store else None
+        if renv.rank != 0:
+            port = renv.master_port if store is None else int(store.get(SEALED_PORT_KEY))
+            links = SealedWorkerLinks(rank.identity, renv.master_addr, port, digest, row_bytes, n)
+            ParameterServerWorker(exp, links, renv.rank, digest).run()
+            return None
+        server_links = SealedLinks(rank.identity, renv.master_addr, renv.master_port if store is None else 0, digest,
+                                   row_bytes, n)
+        if store is not None:
+            store.set(SEALED_PORT_KEY, str(server_links.port))
+        transport = ParameterServer(server_links, digest, rank.cfg.round_timeout, rank.log.say)
+
+        def hear(transcript: Transcript) -> None:
+            transport.on_vectors = transcript.vectors
+
+        return Part(transport, links=server_links, hear=hear,
+                    banner=f"sealed links: mutual TLS on {renv.master_addr}:{server_links.port}, {n - 1} workers on "
+                           f"the allow-list {rank.identity.allow.path}")
+
+
+class ServerlessTopology(Topology):
+    """Every rank gathers every rank's vector and aggregates them itself (an all-gather)."""
+
+    name = "serverless"
+    meshed = True
+    loop_on_every_rank = True
+
+    def start(self, rank: Rank) -> Part:
+        store = _store(rank) if rank.mesh is None else None
+        transport = AllGather(store, rank.renv, rank.digest, rank.cfg.round_timeout, rank.cfg.backend, rank.mesh)
+
+        def hear(transcript: Transcript) -> None:
+            transport.on_rows = transcript.rows
+
+        return Part(transport, links=rank.mesh, hear=hear)
+
+
+class GossipTopology(Topology):
+    """A rank per node of the graph; each sends its message to its neighbours and combines theirs."""
+
+    name = "gossip"
+    meshed = True
+    loop_on_every_rank = True
+
+    def start(self, rank: Rank) -> Part:
+        store = _store(rank) if rank.mesh is None else None
+        cfg = rank.cfg
+        transport = Neighbours(store, rank.renv, rank.digest, cfg.round_timeout, cfg.checkpoint_every, rank.mesh)
+
+        def hear(transcript: Transcript) -> None:
+            transport.on_reports = transcript.reports
+
+        # first: every node's rows reach rank 0 before it evaluates or checkpoints; after the metric rows: their
+        # count of missing messages
+        return Part(transport, first=[transport], measures=[MessageCount(transport)], links=rank.mesh, hear=hear)
+
+
+def _accept(obj: Any, name: str) -> Any:
+    if not (isinstance(obj, type) and issubclass(obj, Topology)):
+        raise ConfigError("topology", name, "a subclass of phalanx.distributed.topologies.Topology")
+    return obj
+
+
+_REGISTRY: Registry[Any] = Registry("topology", "phalanx.topologies", _accept)
+
+
+def register(cls: type[Topology]) -> type[Topology]:
+    """Class decorator: make a topology known under ``cls.name``."""
+    _REGISTRY.register(cls)
+    return cls
+
+
+for _built_in in (ServerTopology, ServerlessTopology, GossipTopology):
+    register(_built_in)
+
+
+def names() -> list[str]:
+    """The registered topologies."""
+    return sorted(_REGISTRY.names())
+
+
+def make(name: str) -> Topology:
+    """The topology registered as ``name`` (a one-line :class:`~phalanx.errors.ConfigError` otherwise)."""
+    if name not in _REGISTRY:
+        known = names()
+        raise ConfigError("topology", name, "one of " + ", ".join(known), suggest(name, known))
+    cls: type[Topology] = _REGISTRY.get(name, "topology")
+    return cls()
