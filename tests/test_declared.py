@@ -1,16 +1,18 @@
 """Declared, not listed: what used to be a name list somewhere else (the memory estimate's pairwise rules, the gossip
-attacks that run on real processes, an attack's boost) is an attribute of the class, so a new rule or attack — a
-user's included — is one file: it declares what it is."""
+attacks that run on real processes, an attack's boost, the property tests' table of each rule's symmetries) is an
+attribute of the class, so a new rule or attack — a user's included — is one file: it declares what it is."""
 
 from __future__ import annotations
 
+import copy
+import pickle
 from typing import Any, ClassVar
 
 import pytest
 import torch
 
 from phalanx import aggregators, attacks
-from phalanx.aggregators.base import Aggregator
+from phalanx.aggregators.base import Aggregator, RuleTags
 from phalanx.analysis.epsilon import memory_needed
 from phalanx.decentralized import gossip_attacks
 from phalanx.decentralized.gossip_attacks import Dissensus, GossipAttack, GossipView
@@ -75,3 +77,74 @@ def test_boost_is_declared_on_every_attack() -> None:
         attack = attacks.make(name)
         assert attack.boost == 1.0 or name == "backdoor", name
     assert attacks.make("backdoor", boost=5.0).boost == 5.0
+
+
+@pytest.mark.parametrize("name", aggregators.names())
+def test_every_component_declares_tags_its_constructor_takes(name: str) -> None:
+    tags = aggregators.get_tags(name)
+    assert isinstance(tags, RuleTags) and tags is aggregators.get_class(name).tags
+    component = aggregators.get_class(name)(f=1, **tags.check_params)  # a misspelt check parameter fails here
+    assert aggregators.get_tags(component) is tags
+    assert component.describe()["tags"] == {**tags.claims(), "tol": tags.tol}
+
+
+def test_a_chain_claims_what_all_its_elements_claim() -> None:
+    chain = aggregators.make("bucketing>clip>geomed", f=1)
+    assert chain.tags == aggregators.get_tags("bucketing>clip>geomed")
+    assert chain.tags.claims() == {"permutation": False, "translation": False, "scale": False, "identical": False,
+                                   "robust": True}
+    assert chain.tags.tol == aggregators.get_tags("geomed").tol and not chain.tags.check_params
+    assert not aggregators.make("clip>mean", f=1).tags.robust
+    assert aggregators.make("nnm>cwtm", f=1).tags == RuleTags()
+    again = pickle.loads(pickle.dumps(aggregators.make("bucketing>geomed", f=1)))  # a chain holds its own tags
+    assert again.tags == aggregators.get_tags("bucketing>geomed")
+    assert copy.deepcopy(aggregators.get_tags("geomed")) == aggregators.get_tags("geomed")
+
+
+class OrderedMean:
+    """A user's rule without a base class that declares what it lacks."""
+
+    tags = RuleTags(permutation=False, robust=False)
+
+    def __init__(self, f: int = 0) -> None:
+        self.f = f
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.9 * x[0] + 0.1 * x.mean(0)
+
+
+class Plain:
+    """A user's rule that declares nothing."""
+
+    def __init__(self, f: int = 0) -> None:
+        self.f = f
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(0)
+
+
+def test_a_users_rule_carries_its_own_tags_and_is_checked_by_them() -> None:
+    from phalanx.aggregators.registry import user_rule
+    from phalanx.testing import check_aggregator
+
+    cls = user_rule(OrderedMean, "ordered-mean")
+    assert cls.tags is OrderedMean.tags and aggregators.get_tags(cls(f=0)) is OrderedMean.tags
+    check_aggregator(lambda f: cls(f=f), trials=8)  # what it declares holds
+    with pytest.raises(AssertionError, match="order of the rows"):
+        check_aggregator(lambda f: cls(f=f), trials=8, permutation=True)
+    assert user_rule(Plain, "plain").tags == RuleTags()  # nothing declared: the full contract
+
+
+def test_tags_of_the_wrong_kind_are_refused_in_one_line() -> None:
+    class Tagged(OrderedMean):
+        tags = "permutation=False"  # type: ignore[assignment]
+
+    with pytest.raises(ConfigError, match="RuleTags"):
+        aggregators.get_tags(Tagged)
+    for bad, parameter in [({"permutation": 1}, "RuleTags.permutation"), ({"tol": 0.0}, "RuleTags.tol"),
+                           ({"check_params": [("tol", 1)]}, "RuleTags.check_params")]:
+        with pytest.raises(ConfigError) as info:
+            RuleTags(**bad)
+        assert info.value.parameter == parameter
+    with pytest.raises(TypeError):
+        RuleTags(check_params={"tau": 1.0}).check_params["tau"] = 2.0  # type: ignore[index]

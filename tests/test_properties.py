@@ -1,11 +1,16 @@
 """Properties every rule (and every chain) must have, checked with hypothesis over all registered components.
 
-Each registered rule must appear in RULES below (a test fails otherwise), saying which symmetries it has.
+What a rule claims is declared on its class (``tags``, :class:`phalanx.aggregators.RuleTags`): its symmetries,
+whether it survives garbage rows, their tolerance and the parameters they are checked with; the smallest n is the
+rule's own ``min_workers()`` and the per-call context (FLTrust's reference) follows from its ``context_keys``
+(:func:`phalanx.testing.context_for`). Every registered rule is tested here from those declarations (an installed
+plug-in's entry points included), so a new rule is one file and its test, with nothing to add to a list here;
+tests/test_declared.py checks the declarations themselves.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -14,67 +19,35 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from phalanx import aggregators
+from phalanx.aggregators import RuleTags
+from phalanx.testing import context_for
+
+RULES = aggregators.names("rule")
 
 
-@dataclass
-class Props:
-    min_n: Any = lambda f: 2 * f + 1
-    permutation: bool = True  # output invariant to the order of the rows
-    translation: bool = True  # Agg(x + c) = Agg(x) + c
-    scale: bool = True  # Agg(a x) = a Agg(x), a > 0
-    robust: bool = True  # finite output with up to f garbage rows
-    identical: bool = True  # identical rows give that row
-    params: dict[str, Any] = field(default_factory=dict)
-    context: Any = None  # callable(x) -> dict of per-call keywords
-    rtol: float = 1e-5  # iterative solvers are exact only up to their stopping tolerance
+def _build(name: str, f: int) -> tuple[Any, RuleTags]:
+    tags = aggregators.get_tags(name)
+    return aggregators.make(name, f=f, **tags.check_params), tags
 
 
-RULES: dict[str, Props] = {
-    "mean": Props(min_n=lambda f: 1, robust=False),
-    "cwmed": Props(),
-    "cwtm": Props(),
-    "meamed": Props(),
-    # Weiszfeld converges sublinearly when the median sits on an input point: compare to 1e-3.
-    "geomed": Props(params={"tol": 1e-10, "max_iter": 2000}, rtol=1e-3),
-    "cc": Props(translation=False, scale=False, params={"tau": 1.0}),
-    "signmaj": Props(translation=False, scale=False, identical=False),
-    "krum": Props(min_n=lambda f: 2 * f + 3),
-    "multikrum": Props(min_n=lambda f: 2 * f + 3),
-    # MDA: exact ties between minimum-diameter subsets are generic (removing either end of the longest pair can leave
-    # the same second-longest pair); they go to the lexicographically smallest subset, which depends on row order.
-    "mda": Props(permutation=False),
-    "bulyan": Props(min_n=lambda f: 4 * f + 3),
-    "fltrust": Props(
-        min_n=lambda f: 1, permutation=True, translation=False, scale=False, identical=False,
-        context=lambda x: {"reference": x[-1].clone().nan_to_num(0.0, 0.0, 0.0) + 0.1},
-    ),
-    "dnc": Props(translation=True, scale=True),
-    "signguard": Props(permutation=False, translation=False, scale=False),
-    "clippedclustering": Props(translation=False, scale=True),
-}
-
-def _rules() -> list[str]:
-    return aggregators.names("rule")
-
-
-def test_every_rule_is_described_here() -> None:
-    assert set(_rules()) == set(RULES), "RULES in tests/test_properties.py must list exactly the registered rules"
-
-
-def _setup(name: str, draw: Any, seed: int) -> tuple[Any, torch.Tensor, Props, dict[str, Any]]:
-    props = RULES[name]
+def _setup(name: str, draw: Any, seed: int) -> tuple[Any, torch.Tensor, RuleTags, Mapping[str, Any]]:
     f = draw(st.integers(0, 3))
-    n = draw(st.integers(props.min_n(f), props.min_n(f) + 6))
+    rule, tags = _build(name, f)
+    low = rule.min_workers()
+    n = draw(st.integers(low, low + 6))
     d = draw(st.integers(1, 12))
     x = torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    rule = aggregators.make(name, f=f, **props.params)
-    return rule, x, props, props.context(x) if props.context else {}
+    return rule, x, tags, context_for(rule, x)
 
 
-@pytest.mark.parametrize("name", sorted(RULES))
+def _float32(ctx: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v.float() if isinstance(v, torch.Tensor) else v for k, v in ctx.items()}
+
+
+@pytest.mark.parametrize("name", RULES)
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_shape_dtype_and_input_untouched(name: str, data: st.DataObject, seed: int) -> None:
-    rule, x, _props, ctx = _setup(name, data.draw, seed)
+    rule, x, _tags, ctx = _setup(name, data.draw, seed)
     before = x.clone()
     out, c = rule.aggregate(x, **ctx)
     assert out.shape == (x.shape[1],) and out.dtype == x.dtype
@@ -82,47 +55,48 @@ def test_shape_dtype_and_input_untouched(name: str, data: st.DataObject, seed: i
     assert c.shape == (x.shape[0],) and c.dtype == torch.float64
     assert (c >= -1e-12).all() and float(c.sum()) <= 1 + 1e-9
     x32 = x.float()
-    assert rule(x32, **({k: v.float() for k, v in ctx.items()})).dtype == torch.float32
+    assert rule(x32, **_float32(ctx)).dtype == torch.float32
 
 
-@pytest.mark.parametrize("name", sorted(RULES))
+@pytest.mark.parametrize("name", RULES)
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_symmetries(name: str, data: st.DataObject, seed: int) -> None:
-    rule, x, props, ctx = _setup(name, data.draw, seed)
+    rule, x, tags, ctx = _setup(name, data.draw, seed)
     out = rule(x, **ctx)
-    tol = {"atol": props.rtol, "rtol": props.rtol}
-    if props.permutation:
+    tol = {"atol": tags.tol, "rtol": tags.tol}
+    if tags.permutation:
         perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))
         assert torch.allclose(rule(x[perm], **ctx), out, **tol)
-    if props.translation:
+    if tags.translation:
         c = torch.randn(x.shape[1], generator=torch.Generator().manual_seed(seed + 1), dtype=x.dtype)
         assert torch.allclose(rule(x + c, **ctx), out + c, **tol)
-    if props.scale:
+    if tags.scale:
         a = data.draw(st.sampled_from([0.5, 3.0, 10.0]))
         assert torch.allclose(rule(a * x, **ctx), a * out, **tol)
 
 
-@pytest.mark.parametrize("name", sorted(RULES))
+@pytest.mark.parametrize("name", RULES)
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_identical_rows_return_that_row(name: str, data: st.DataObject, seed: int) -> None:
-    if not RULES[name].identical:
-        pytest.skip("not applicable")
-    rule, x, props, ctx = _setup(name, data.draw, seed)
+    if not aggregators.get_tags(name).identical:
+        pytest.skip("not claimed")
+    rule, x, tags, ctx = _setup(name, data.draw, seed)
     x = x[:1].expand_as(x).clone()
-    assert torch.allclose(rule(x, **ctx), x[0], atol=props.rtol, rtol=props.rtol)
+    assert torch.allclose(rule(x, **ctx), x[0], atol=tags.tol, rtol=tags.tol)
 
 
 GARBAGE = [float("nan"), float("inf"), -float("inf"), 1e38, -1e38, 1e-42]
 
 
-@pytest.mark.parametrize("name", sorted(RULES))
+@pytest.mark.parametrize("name", RULES)
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_survives_up_to_f_garbage_rows(name: str, data: st.DataObject, seed: int) -> None:
-    if not RULES[name].robust:
-        pytest.skip("not applicable")
-    props = RULES[name]
+    if not aggregators.get_tags(name).robust:
+        pytest.skip("not claimed")
     f = data.draw(st.integers(1, 3))
-    n = data.draw(st.integers(props.min_n(f), props.min_n(f) + 5))
+    rule, _tags = _build(name, f)
+    low = rule.min_workers()
+    n = data.draw(st.integers(low, low + 5))
     x = torch.randn(n, 6, generator=torch.Generator().manual_seed(seed))
     bad = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=f, unique=True))
     for i in bad:
@@ -132,9 +106,7 @@ def test_survives_up_to_f_garbage_rows(name: str, data: st.DataObject, seed: int
             x[i] = value
         else:
             x[i, data.draw(st.integers(0, 5))] = value
-    rule = aggregators.make(name, f=f, **props.params)
-    ctx = props.context(x) if props.context else {}
-    out, c = rule.aggregate(x, **ctx)
+    out, c = rule.aggregate(x, **context_for(rule, x))
     assert torch.isfinite(out).all(), (name, out)
     assert torch.isfinite(c).all()
 

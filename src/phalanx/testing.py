@@ -2,16 +2,16 @@
 
 >>> from phalanx import aggregators
 >>> from phalanx.testing import check_aggregator
->>> check_aggregator(lambda f: aggregators.make("cwtm", f=f))  # raises AssertionError naming what failed
+>>> check_aggregator("cwtm")  # raises AssertionError naming what failed
 
 A rule is checked on random inputs (float64, several n, d and f) for what every rule promises (an ``(n, d)`` input
 gives a ``(d,)`` output of the input's dtype; the input is not modified; float32 in, float32 out; contributions are
-``n`` non-negative shares adding up to at most 1) and for the properties a robust rule should have, each of which
-can be switched off for a rule that, by design, lacks it: permutation invariance, translation and scale
-equivariance, identical rows giving that row, and a finite output with up to ``f`` garbage rows (NaN, ±Inf, ±1e38,
-denormals, whole rows or single entries). An attack is checked for its contract: ``(b, d)`` output of the honest
-dtype, honest vectors untouched, the same output from the same generator state, nothing but the generator used for
-randomness.
+``n`` non-negative shares adding up to at most 1) and for the properties it claims in its tags
+(:class:`~phalanx.aggregators.RuleTags`; by default all of them, and a rule that by design lacks one says so):
+permutation invariance, translation and scale equivariance, identical rows giving that row, and a finite output
+with up to ``f`` garbage rows (NaN, ±Inf, ±1e38, denormals, whole rows or single entries). An attack is checked for
+its contract: ``(b, d)`` output of the honest dtype, honest vectors untouched, the same output from the same
+generator state, nothing but the generator used for randomness.
 
 Failures raise :class:`AssertionError` with the property, the rule and the input's sizes.
 """
@@ -24,9 +24,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from phalanx import aggregators
 from phalanx.attacks.base import Attack, AttackContext
 
-__all__ = ["GARBAGE", "check_aggregator", "check_attack"]
+__all__ = ["GARBAGE", "check_aggregator", "check_attack", "context_for"]
 
 GARBAGE = (float("nan"), float("inf"), -float("inf"), 1e38, -1e38, 1e-42)
 """Values a Byzantine row may hold that a robust rule must survive."""
@@ -58,33 +59,66 @@ class _Fresh(Mapping[str, Any]):
         return len(self._items)
 
 
-def check_aggregator(
-    make: Callable[[int], Any], *, min_n: Callable[[int], int] | None = None, fs: tuple[int, ...] = (0, 1, 2, 3),
-    permutation: bool = True, translation: bool = True, scale: bool = True, identical: bool = True,
-    robust: bool = True, contributions: bool = True, context: Callable[[Tensor], dict[str, Any]] | None = None,
-    tol: float = 1e-5, trials: int = 20, seed: int = 0,
-) -> None:
-    """Check a rule: ``make(f)`` builds it for ``f`` (a class whose constructor takes ``f`` works as ``make``).
+def context_for(rule: Any, x: Tensor) -> Mapping[str, Any]:
+    """The per-call keywords the checks pass to ``rule`` on the rows ``x``, one for each key it accepts (its
+    ``context_keys``) that the server would pass: ``reference``, a trusted vector near the rows (the last row, its
+    non-finite entries as 0, plus 0.1), and ``generator``, one seeded stream handed out as a fresh copy at every
+    call, so that every call of a check makes the same draws. ``center`` is left out: the rule starts from its own
+    default centre, so a check sees the rule alone."""
+    keys = frozenset(getattr(rule, "context_keys", ()))
+    ctx: dict[str, Any] = {}
+    if "reference" in keys:
+        ctx["reference"] = x[-1].clone().nan_to_num(0.0, 0.0, 0.0) + 0.1
+    if "generator" in keys:
+        ctx["generator"] = torch.Generator().manual_seed(0)
+    return _Fresh(ctx)
 
-    ``min_n(f)`` is the smallest n it is defined on (default: the rule's ``min_workers()``, else 2f + 1);
-    ``context(x)`` gives the per-call keywords (FLTrust's ``reference``); ``tol`` is the absolute and relative
-    tolerance of the symmetry checks (iterative rules converge only up to their own tolerance). Switch a property
-    off (``translation=False``) when the rule lacks it by design; ``robust=False`` for a rule that does not claim to
-    survive garbage rows (the plain mean).
+
+def _builder(spec: str) -> Callable[[int], Any]:
+    """``make(f)`` for a name or spec: built with the parameters its tags are checked with (``check_params``; a
+    parameter the spec gives itself wins)."""
+    inline = aggregators.parse_spec(spec)[-1][1]
+    params = {k: v for k, v in aggregators.get_tags(spec).check_params.items() if k not in inline}
+    return lambda f: aggregators.make(spec, f=f, **params)
+
+
+def check_aggregator(
+    make: Callable[[int], Any] | str, *, min_n: Callable[[int], int] | None = None,
+    fs: tuple[int, ...] = (0, 1, 2, 3), permutation: bool | None = None, translation: bool | None = None,
+    scale: bool | None = None, identical: bool | None = None, robust: bool | None = None, contributions: bool = True,
+    context: Callable[[Tensor], Mapping[str, Any]] | None = None, tol: float | None = None, trials: int = 20,
+    seed: int = 0,
+) -> None:
+    """Check a rule: ``make(f)`` builds it for ``f`` (a class whose constructor takes ``f`` works as ``make``), or
+    ``make`` is a name or spec (``"geomed"``, ``"mylab.rules:MedianOfMeans"``, ``"nnm>cwtm"``), built with the
+    ``check_params`` of its tags.
+
+    Each property is checked as the rule's tags claim it (:func:`phalanx.aggregators.get_tags`; a rule without tags
+    claims them all); ``permutation=False`` (and the others) overrides a claim, ``tol`` the tolerance of the
+    symmetry checks. ``min_n(f)`` is the smallest n it is checked on (default: the rule's ``min_workers()``, else
+    2f + 1); ``context(x)`` gives the per-call keywords (default: :func:`context_for`, e.g. FLTrust's
+    ``reference``).
     """
+    if isinstance(make, str):
+        make = _builder(make)
     gen = torch.Generator().manual_seed(seed)
 
     def draw(low: int, high: int) -> int:
         return int(torch.randint(low, high + 1, (1,), generator=gen))
 
+    def claimed(given: bool | None, declared: bool) -> bool:
+        return declared if given is None else given
+
     for trial in range(trials):
         f = fs[trial % len(fs)]
         rule = make(f)
         name = getattr(rule, "name", type(rule).__name__)
+        tags = aggregators.get_tags(rule)
+        within = tags.tol if tol is None else tol
         low = min_n(f) if min_n is not None else _min_workers(rule, f)
         n, d = draw(low, low + 6), draw(1, 12)
         x = torch.randn(n, d, generator=gen, dtype=torch.float64)
-        ctx = _Fresh(context(x) if context else {})
+        ctx = _Fresh(dict(context(x))) if context else context_for(rule, x)
         where = f"{name} with f={f} on an ({n}, {d}) input"
         before = x.clone()
         out = rule(x, **ctx)
@@ -101,19 +135,19 @@ def check_aggregator(
             if not bool(torch.isnan(c).all()):  # all NaN: the rule does not report its contributions
                 ok = bool((c >= -1e-12).all()) and float(c.sum()) <= 1 + 1e-9
                 assert ok, f"{where}: contributions {c.tolist()} (non-negative shares adding up to at most 1)"
-        if permutation:
+        if claimed(permutation, tags.permutation):
             perm = torch.randperm(n, generator=gen)
-            assert _close(rule(x[perm], **ctx), out, tol), f"{where}: not invariant to the order of the rows"
-        if translation:
+            assert _close(rule(x[perm], **ctx), out, within), f"{where}: not invariant to the order of the rows"
+        if claimed(translation, tags.translation):
             shift = torch.randn(d, generator=gen, dtype=x.dtype)
-            assert _close(rule(x + shift, **ctx), out + shift, tol), f"{where}: Agg(x + c) ≠ Agg(x) + c"
-        if scale:
+            assert _close(rule(x + shift, **ctx), out + shift, within), f"{where}: Agg(x + c) ≠ Agg(x) + c"
+        if claimed(scale, tags.scale):
             a = (0.5, 3.0, 10.0)[trial % 3]
-            assert _close(rule(a * x, **ctx), a * out, tol), f"{where}: Agg({a:g}·x) ≠ {a:g}·Agg(x)"
-        if identical:
+            assert _close(rule(a * x, **ctx), a * out, within), f"{where}: Agg({a:g}·x) ≠ {a:g}·Agg(x)"
+        if claimed(identical, tags.identical):
             same = x[:1].expand_as(x).clone()
-            assert _close(rule(same, **ctx), same[0], tol), f"{where}: n identical rows do not give that row"
-        if robust and f >= 1:
+            assert _close(rule(same, **ctx), same[0], within), f"{where}: n identical rows do not give that row"
+        if claimed(robust, tags.robust) and f >= 1:
             bad = x.clone()
             rows = torch.randperm(n, generator=gen)[: draw(1, f)]
             for r in rows.tolist():
@@ -122,7 +156,7 @@ def check_aggregator(
                     bad[r] = value
                 else:
                     bad[r, draw(0, d - 1)] = value
-            ctx_bad = _Fresh(context(bad) if context else {})
+            ctx_bad = _Fresh(dict(context(bad))) if context else context_for(rule, bad)
             got = rule(bad, **ctx_bad)
             assert bool(torch.isfinite(got).all()), f"{where}: non-finite output with {len(rows)} garbage row(s)"
 
@@ -145,8 +179,6 @@ def check_attack(
     the server's rule (default: the coordinate-wise median)."""
     gen = torch.Generator().manual_seed(seed)
     if aggregator is None:
-        from phalanx import aggregators
-
         aggregator = aggregators.make("cwmed", f=1)
     for trial in range(trials):
         h = int(torch.randint(2, 9, (1,), generator=gen))

@@ -7,7 +7,8 @@
 torch.Size([5])
 
 :func:`make` builds a rule or a chain from a spec; :func:`names` lists what it accepts. Every component carries its
-reference, its requirement on n and f, and (where the literature gives them) ε and κ. See docs/aggregators.md.
+reference, its requirement on n and f, (where the literature gives them) ε and κ, and the properties it claims
+(:class:`RuleTags`, read with :func:`get_tags`). See docs/aggregators.md.
 """
 
 # Importing a module registers its rules with make()/names().
@@ -25,9 +26,12 @@ from phalanx.aggregators import (  # noqa: F401
     signguard,
     signmaj,
 )
-from phalanx.aggregators.base import Aggregator, PreAggregator
+from phalanx.aggregators.base import Aggregator, PreAggregator, RuleTags
 from phalanx.aggregators.chain import Chain
 from phalanx.aggregators.pre import arc, bucketing, clip, nnm  # noqa: F401
-from phalanx.aggregators.registry import get_class, make, names, parse_spec, register
+from phalanx.aggregators.registry import get_class, get_tags, make, names, parse_spec, register
 
-__all__ = ["Aggregator", "Chain", "PreAggregator", "get_class", "make", "names", "parse_spec", "register"]
+__all__ = [
+    "Aggregator", "Chain", "PreAggregator", "RuleTags", "get_class", "get_tags", "make", "names", "parse_spec",
+    "register",
+]

@@ -21,7 +21,9 @@ Conventions shared by every component (docs/design.md, "Conventions"):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -33,7 +35,7 @@ from phalanx.plugins import Component
 from phalanx.validate import check_int, check_real
 
 __all__ = [
-    "FLOAT_DTYPES", "Aggregator", "PreAggregator", "as_input", "check_f", "check_input", "check_positive",
+    "FLOAT_DTYPES", "Aggregator", "PreAggregator", "RuleTags", "as_input", "check_f", "check_input", "check_positive",
     "check_probability", "random_source",
 ]
 
@@ -139,6 +141,77 @@ def random_source(context: dict[str, Any], own: torch.Generator) -> torch.Genera
     return gen
 
 
+CLAIMS = ("permutation", "translation", "scale", "identical", "robust")
+"""The properties a :class:`RuleTags` claims or not, in the order tables show them."""
+
+
+@dataclass(frozen=True)
+class RuleTags:
+    """What a rule declares about itself: the symmetries it has, whether it survives garbage rows, the tolerance they
+    hold to and the parameters they are checked with — data on the class, read through one function.
+
+    A rule declares them once, as a class attribute (``tags = RuleTags(translation=False)``); anything not named
+    keeps its default. :func:`phalanx.aggregators.get_tags` reads them (from a rule, a class, a name or a spec), and
+    the property checks — :func:`phalanx.testing.check_aggregator` and ``tests/test_properties.py`` — test every
+    claim of every registered rule, a user's plug-in included, with no list to edit. The defaults are the full
+    contract of the conventions above, so a rule that declares nothing is held to all of it; a rule that lacks a
+    property by design switches it off. ``False`` claims nothing (the property is not checked), it does not assert
+    that the property fails. The smallest n is not a tag: it is the rule's own :meth:`~_Component.min_workers`,
+    which the rule enforces on every call.
+
+    On a pre-aggregator the tags say what a chain through it keeps of the rule after it (bucketing's random buckets
+    do not keep permutation invariance, clipping's fixed radius not translation or scale equivariance); a chain
+    claims what all its elements claim (:meth:`all_of`).
+    """
+
+    permutation: bool = True
+    """Invariant to the order of the rows: ``Agg(x[π]) = Agg(x)``."""
+    translation: bool = True
+    """Translation equivariant: ``Agg(x + c) = Agg(x) + c``."""
+    scale: bool = True
+    """Scale equivariant: ``Agg(a·x) = a·Agg(x)`` for ``a > 0``."""
+    identical: bool = True
+    """``n`` identical rows give that row."""
+    robust: bool = True
+    """A finite output with up to ``f`` garbage rows (NaN, ±Inf, ±1e38, denormals; whole rows or single entries);
+    ``False`` only for a rule that tolerates no Byzantine row (the mean)."""
+    tol: float = 1e-5
+    """The absolute and relative tolerance to which the symmetries hold (built with ``check_params``): rounding for
+    a rule in closed form, the accuracy an iterative solver reaches for one that is not."""
+    check_params: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    """Constructor parameters the checks build the rule with (default: none, its defaults): a configuration that
+    exercises it (centered clipping's radius at the scale of unit rows) or reaches ``tol`` (a tighter solver)."""
+
+    def __post_init__(self) -> None:
+        for name in CLAIMS:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"RuleTags.{name}", getattr(self, name), "True or False")
+        check_real("RuleTags.tol", self.tol, low=0.0, low_open=True)
+        params = self.check_params
+        if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
+            raise ConfigError("RuleTags.check_params", params, "a mapping of constructor parameter names to values")
+        object.__setattr__(self, "check_params", MappingProxyType(dict(params)))  # frozen, like the rest
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A read-only mapping does not pickle; a chain (which holds its own tags) is pickled and deep-copied.
+        values = [getattr(self, f.name) for f in fields(self)]
+        return (RuleTags, tuple(dict(v) if isinstance(v, MappingProxyType) else v for v in values))
+
+    def claims(self) -> dict[str, bool]:
+        """The properties claimed or not, by name (:data:`CLAIMS`), for tables and checks."""
+        return {name: getattr(self, name) for name in CLAIMS}
+
+    @staticmethod
+    def all_of(parts: Iterable[RuleTags]) -> RuleTags:
+        """What a composition claims: each property that every part claims, to the loosest of their tolerances,
+        built as given (no ``check_params``)."""
+        parts = list(parts)
+        if not parts:
+            raise ConfigError("parts", parts, "at least one RuleTags")
+        claims: dict[str, Any] = {name: all(getattr(p, name) for p in parts) for name in CLAIMS}
+        return RuleTags(**claims, tol=max(p.tol for p in parts))
+
+
 class _Component(Component, ABC):
     """What rules and pre-aggregators share: a name, a reference, ``f`` and the requirement on ``n``."""
 
@@ -150,6 +223,9 @@ class _Component(Component, ABC):
     """How many ``(n, n)`` float64 matrices (pairwise distances, a Gram matrix) its peak memory holds; 0 when it
     builds none. Memory estimates (``phalanx epsilon``) read it (measured: the Gram product, its symmetrised copy,
     the distances and the sort of a row, about 4.2–5 for most distance-based rules)."""
+    tags: RuleTags = RuleTags()
+    """What it claims (:class:`RuleTags`; read with :func:`phalanx.aggregators.get_tags`): the full contract unless
+    the class says otherwise."""
 
     def __init__(self, f: int = 0) -> None:
         self.f = check_f(f)
@@ -182,10 +258,12 @@ class _Component(Component, ABC):
         return type(self)(**{**self.params(), "f": check_f(f)})
 
     def describe(self, n: int | None = None) -> dict[str, Any]:
-        """Metadata for tables: name, kind, reference, requirement, parameters."""
+        """Metadata for tables: name, kind, reference, requirement, parameters, and the declared tags (the claimed
+        properties and their tolerance)."""
         return {
             "name": self.name, "kind": "pre" if isinstance(self, PreAggregator) else "rule",
             "reference": self.reference, "requirement": self.requirement, "params": self.params(),
+            "tags": {**self.tags.claims(), "tol": self.tags.tol},
         }
 
 class Aggregator(_Component):

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from phalanx.aggregators._numerics import row_distances
 from phalanx.aggregators._rowops import row_norms, weighted_sum
-from phalanx.aggregators.base import Aggregator, as_compute_dtype, check_positive
+from phalanx.aggregators.base import Aggregator, RuleTags, as_compute_dtype, check_positive
 from phalanx.aggregators.coordinatewise import coordinate_window_mean
 from phalanx.aggregators.registry import register
 from phalanx.errors import ConfigError
@@ -45,6 +45,9 @@ class CenteredClipping(Aggregator):
     )
     requirement = "n > 2f"
     context_keys = frozenset({"center"})
+    # τ is an absolute radius (no scale equivariance); checked at τ = 1, where unit-scale rows are clipped (at the
+    # default τ = 10 they are not, and the checks would see a plain mean).
+    tags = RuleTags(translation=False, scale=False, check_params={"tau": 1.0})
 
     def __init__(self, f: int = 0, tau: float = 10.0, iterations: int = 1, center: str = "median") -> None:
         super().__init__(f)

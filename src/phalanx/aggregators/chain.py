@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
-from phalanx.aggregators.base import Aggregator, PreAggregator
+from phalanx.aggregators.base import Aggregator, PreAggregator, RuleTags
 from phalanx.errors import ConfigError
 
 
@@ -14,7 +14,8 @@ class Chain(Aggregator):
     """``rule ∘ pre_k ∘ … ∘ pre_1``: each pre-aggregator transforms the rows, the rule aggregates the result.
 
     Contributions are traced back to the original inputs through each pre-aggregator's provenance matrix:
-    ``c = c_rule · M_k ⋯ M_1``.
+    ``c = c_rule · M_k ⋯ M_1``. The chain claims the properties that all its elements claim (their ``tags``): a
+    pre-aggregator's tags say what it keeps of the rule after it.
     """
 
     name: ClassVar[str] = "chain"
@@ -31,6 +32,7 @@ class Chain(Aggregator):
             f"{c.name}: {c.requirement}" for c in [*self.pre, rule]
         )
         self.context_keys = frozenset().union(*(c.context_keys for c in [*self.pre, rule]))
+        self.tags = RuleTags.all_of(c.tags for c in [*self.pre, rule])
 
     def min_workers(self) -> int:
         for n in range(1, 100_000):

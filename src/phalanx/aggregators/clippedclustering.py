@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators._rowops import clipped_mean, median_norm
-from phalanx.aggregators.base import Aggregator, as_compute_dtype
+from phalanx.aggregators.base import Aggregator, RuleTags, as_compute_dtype
 from phalanx.aggregators.registry import register
 
 __all__ = ["ClippedClustering", "average_linkage_two_clusters", "cosine_distances"]
@@ -135,6 +135,7 @@ class ClippedClustering(Aggregator):
         "federated learning', IEEE Transactions on Big Data, 2023 (arXiv 2302.07173), ClippedClustering"
     )
     requirement = "n > 2f (honest majority; f itself is not used by the rule)"
+    tags = RuleTags(translation=False)  # it clips the rows' norms, measured from the origin
 
     def params(self) -> dict[str, Any]:
         return {"f": self.f}

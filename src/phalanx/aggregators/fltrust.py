@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators._rowops import row_norms, weighted_sum
-from phalanx.aggregators.base import Aggregator, as_compute_dtype
+from phalanx.aggregators.base import Aggregator, RuleTags, as_compute_dtype
 from phalanx.aggregators.registry import register
 from phalanx.errors import ConfigError
 
@@ -70,6 +70,8 @@ class FLTrust(Aggregator):
     )
     requirement = "any n >= 1; needs a trusted reference gradient g0 per call (reference=g0); f is not used"
     context_keys = frozenset({"reference"})
+    # Every row is rescaled to the norm of the server's reference, which does not move with the rows.
+    tags = RuleTags(translation=False, scale=False, identical=False)
 
     def params(self) -> dict[str, Any]:
         return {"f": self.f}

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators._numerics import bad_rows, row_sqnorms
-from phalanx.aggregators.base import Aggregator, as_compute_dtype, check_positive
+from phalanx.aggregators.base import Aggregator, RuleTags, as_compute_dtype, check_positive
 from phalanx.aggregators.coordinatewise import coordinate_window_mean
 from phalanx.aggregators.registry import register
 
@@ -41,6 +41,9 @@ class GeometricMedian(Aggregator):
         "Weiszfeld, Algorithm 3)"
     )
     requirement = "n > 2f"
+    # Weiszfeld converges sublinearly when the median sits on an input point: even with a tight stopping tolerance
+    # the symmetries hold to 1e-3, not to rounding.
+    tags = RuleTags(tol=1e-3, check_params={"tol": 1e-10, "max_iter": 2000})
 
     def __init__(self, f: int = 0, tol: float = 1e-6, max_iter: int = 200, nu: float = 1e-6) -> None:
         super().__init__(f)

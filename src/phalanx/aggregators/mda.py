@@ -10,7 +10,7 @@ from torch import Tensor
 
 from phalanx.aggregators._numerics import pairwise_sqdist
 from phalanx.aggregators._rowops import weighted_sum
-from phalanx.aggregators.base import Aggregator, as_compute_dtype
+from phalanx.aggregators.base import Aggregator, RuleTags, as_compute_dtype
 from phalanx.aggregators.registry import register
 
 __all__ = ["MDA", "min_diameter_subset"]
@@ -223,6 +223,9 @@ class MDA(Aggregator):
         "breakdown point', 1985"
     )
     requirement = "n > 2f"
+    # Exact ties between minimum-diameter subsets are generic (removing either end of the longest pair can leave the
+    # same second-longest pair); they go to the lexicographically smallest subset, which depends on row order.
+    tags = RuleTags(permutation=False)
 
     def min_workers(self) -> int:
         return 2 * self.f + 1

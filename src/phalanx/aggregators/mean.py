@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators._rowops import column_mean
-from phalanx.aggregators.base import Aggregator
+from phalanx.aggregators.base import Aggregator, RuleTags
 from phalanx.aggregators.registry import register
 
 
@@ -24,6 +24,7 @@ class Mean(Aggregator):
     name: ClassVar[str] = "mean"
     reference: ClassVar[str] = "arithmetic mean (federated averaging, McMahan et al., AISTATS 2017)"
     requirement = "n >= 1; tolerates no Byzantine worker"
+    tags = RuleTags(robust=False)  # one NaN row makes the output NaN: the documented exception
 
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
         n = x.shape[0]

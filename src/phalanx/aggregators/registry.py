@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from phalanx.aggregators.base import Aggregator, PreAggregator, _Component, check_f
+from phalanx.aggregators.base import Aggregator, PreAggregator, RuleTags, _Component, check_f
 from phalanx.aggregators.chain import Chain
 from phalanx.errors import ConfigError, InputError
 from phalanx.plugins import Registry, check_params
@@ -65,22 +65,44 @@ def get_class(name: str) -> type[_Component]:
     return _REGISTRY.get(name, "aggregator")
 
 
+def get_tags(component: Any) -> RuleTags:
+    """The tags a rule or pre-aggregator declares (:class:`~phalanx.aggregators.base.RuleTags`): of an instance, a
+    class, or a name or spec :func:`make` accepts (a chain's spec: what all its elements claim, as a built chain
+    does). A class that declares none — a user's class without a ``tags`` attribute — has the defaults; a ``tags``
+    attribute of another type is a :class:`ConfigError`."""
+    if isinstance(component, str):
+        items = parse_spec(component)
+        if len(items) > 1:
+            return RuleTags.all_of(get_tags(get_class(name)) for name, _ in items)
+        component = get_class(items[0][0])
+    tags = getattr(component, "tags", None)
+    if tags is None:
+        return RuleTags()
+    if not isinstance(tags, RuleTags):
+        who = getattr(component, "name", None) or getattr(component, "__name__", type(component).__name__)
+        raise ConfigError(f"{who}: tags", type(tags).__name__, "a phalanx.aggregators.RuleTags (or no tags attribute)")
+    return tags
+
+
 def user_rule(obj: Any, spec: str) -> type[Aggregator]:
     """A rule class around a user's class that does not subclass :class:`Aggregator`.
 
     What is asked of the user's class: its constructor takes ``f`` (and its own keyword parameters) and its
     instances map an ``(n, d)`` tensor to a ``(d,)`` tensor. Optional: ``contributions(x)`` (each row's share; without
     it the rounds' Byzantine share and detection AUC are not measured), ``min_workers()``, class attributes
-    ``reference``, ``requirement`` and ``context_keys`` (the per-call keywords it accepts, e.g. ``{"center"}``).
+    ``reference``, ``requirement``, ``context_keys`` (the per-call keywords it accepts, e.g. ``{"center"}``) and
+    ``tags`` (a :class:`~phalanx.aggregators.base.RuleTags`: the properties it claims, which the checks test).
     The wrapper adds what every rule has: input checks, ``describe``, ``with_f`` and the server's context.
     """
     keys = frozenset(getattr(obj, "context_keys", ()))
+    declared = get_tags(obj)
 
     class UserRule(Aggregator):
         name = spec
         reference = str(getattr(obj, "reference", f"user-defined rule {spec}"))
         requirement = str(getattr(obj, "requirement", "n >= 1"))
         context_keys = keys
+        tags = declared
 
         def __init__(self, f: int = 0, **params: Any) -> None:
             super().__init__(f)

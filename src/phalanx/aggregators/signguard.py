@@ -10,6 +10,7 @@ from torch import Tensor
 from phalanx.aggregators._rowops import clipped_mean, float64_row_norms, median_norm, row_norms
 from phalanx.aggregators.base import (
     Aggregator,
+    RuleTags,
     as_compute_dtype,
     check_positive,
     check_probability,
@@ -136,6 +137,7 @@ class SignGuard(Aggregator):
     )
     requirement = "n > 2f (honest majority; f itself is not used by the rule)"
     context_keys = frozenset({"generator"})
+    tags = RuleTags(permutation=False, translation=False, scale=False)
 
     def __init__(
         self, f: int = 0, lower: float = 0.1, upper: float = 3.0, subsample: float = 0.1, seed: int = 0,

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators._numerics import COLUMN_CHUNK
-from phalanx.aggregators.base import Aggregator, as_compute_dtype
+from phalanx.aggregators.base import Aggregator, RuleTags, as_compute_dtype
 from phalanx.aggregators.registry import register
 
 
@@ -32,6 +32,7 @@ class SignMajority(Aggregator):
         "fault tolerant, ICLR 2019 (Algorithm 1)"
     )
     requirement = "n > 2f"
+    tags = RuleTags(translation=False, scale=False, identical=False)  # its output is a vector of signs
 
     def min_workers(self) -> int:
         return 2 * self.f + 1

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators._rowops import clip_scales, row_norms, scale_rows
-from phalanx.aggregators.base import PreAggregator, as_compute_dtype
+from phalanx.aggregators.base import PreAggregator, RuleTags, as_compute_dtype
 from phalanx.aggregators.registry import register
 
 __all__ = ["ARC", "arc_clipped_count"]
@@ -47,6 +47,7 @@ class ARC(PreAggregator):
         "robust federated learning', ICLR 2025 (arXiv 2405.14432), Algorithm 1 (ARC)"
     )
     requirement = "n > 2f"
+    tags = RuleTags(translation=False, scale=False)
 
     def min_workers(self) -> int:
         return 2 * self.f + 1

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators._rowops import mix_rows, row_norms
-from phalanx.aggregators.base import PreAggregator, as_compute_dtype, check_positive, random_source
+from phalanx.aggregators.base import PreAggregator, RuleTags, as_compute_dtype, check_positive, random_source
 from phalanx.aggregators.registry import register
 
 __all__ = ["Bucketing"]
@@ -46,6 +46,7 @@ class Bucketing(PreAggregator):
     )
     requirement = "n >= 1; the rule after it sees ceil(n/s) rows, at most f of them influenced by Byzantine rows"
     context_keys = frozenset({"generator"})
+    tags = RuleTags(permutation=False)  # the buckets are drawn over the row order
 
     def __init__(self, f: int = 0, s: int = 2, seed: int = 0) -> None:
         super().__init__(f)

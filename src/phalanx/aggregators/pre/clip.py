@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators._rowops import clip_scales, row_norms, scale_rows
-from phalanx.aggregators.base import PreAggregator, as_compute_dtype, check_positive
+from phalanx.aggregators.base import PreAggregator, RuleTags, as_compute_dtype, check_positive
 from phalanx.aggregators.registry import register
 
 __all__ = ["Clip"]
@@ -35,6 +35,7 @@ class Clip(PreAggregator):
         "gradient clipping for robust federated learning', ICLR 2025 (arXiv 2405.14432), the static clipping baseline"
     )
     requirement = "n >= 1"
+    tags = RuleTags(translation=False, scale=False, identical=False)  # a fixed radius around the origin
 
     def __init__(self, f: int = 0, threshold: float = 1.0) -> None:
         super().__init__(f)
