@@ -37,6 +37,19 @@ def test_the_docs_show_the_plugins_files_as_they_are() -> None:
         assert block == path.read_text(), f"docs/extending.md shows another version of {path.name}"
 
 
+def test_the_docs_table_of_tags_is_the_dataclass() -> None:
+    """docs/extending.md lists every field of RuleTags, in order, with its default."""
+    import ast
+    from dataclasses import fields
+
+    from phalanx.aggregators import RuleTags
+
+    shown = re.findall(r"^\| `(\w+)` \| .* \| `(.*)` \|$", DOC.read_text(), flags=re.M)
+    assert [name for name, _ in shown] == [f.name for f in fields(RuleTags)]
+    for name, default in shown:
+        assert ast.literal_eval(default) == getattr(RuleTags(), name), name
+
+
 @pytest.fixture
 def on_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The plug-in importable, and every registry as it was afterwards (the docs' example registers a rule)."""
@@ -62,10 +75,11 @@ def test_the_docs_other_examples_run(on_path: None) -> None:
 def test_the_plugins_pass_the_published_checks(on_path: None) -> None:
     from phalanx.testing import check_aggregator, check_attack
 
-    check_aggregator(lambda f: aggregators.make("mylab.rules:MedianOfMeans", f=f), permutation=False)
+    check_aggregator("mylab.rules:MedianOfMeans")  # what its tags claim
+    check_aggregator(lambda f: aggregators.make("mylab.rules:MedianOfMeans", f=f))
     check_attack(attacks.make("mylab.attacks:Shift", offset=2.0))
     with pytest.raises(AssertionError, match="order of the rows"):  # what the rule does not claim is caught
-        check_aggregator(lambda f: aggregators.make("mylab.rules:MedianOfMeans", f=f))
+        check_aggregator("mylab.rules:MedianOfMeans", permutation=True)
 
 
 def env(*paths: Path) -> dict[str, str]:

@@ -3,6 +3,8 @@
 
 import torch
 
+from phalanx.aggregators import RuleTags
+
 
 class MedianOfMeans:
     """Split the n rows into 2f + 1 groups (in order), average each group, take the coordinate-wise median of the
@@ -14,6 +16,7 @@ class MedianOfMeans:
 
     reference = "Lugosi & Mendelson, Found. Comput. Math. 2019 (median-of-means)"
     requirement = "n >= 2f + 1"
+    tags = RuleTags(permutation=False)  # the groups follow the order of the rows
 
     def __init__(self, f: int = 0, groups: int | None = None) -> None:
         self.f = f
