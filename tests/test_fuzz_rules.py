@@ -23,13 +23,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phalanx import aggregators, attacks
+from phalanx.aggregators import RuleTags
 from phalanx.attacks import Attack, AttackContext, DataAttack
 from phalanx.errors import ConfigError, InputError
 
 CHAINS = ["nnm>cwtm", "bucketing(s=2)>cwmed", "clip>mean", "arc>krum"]
 SPECS = sorted(aggregators.names("rule")) + CHAINS
-NOT_ROBUST = {"mean", "clip>mean"}  # the documented exception to the finite-output guarantee
-ITERATIVE = {"geomed"}  # exact only up to the solver's stopping tolerance
+# What the rules declare (their tags and context_keys), not a list of names: the specs that do not claim a finite
+# output (the mean, the documented exception), those exact only up to a solver's stopping tolerance (they declare a
+# looser tol than rounding), and those that take the server's reference gradient (FLTrust).
+NOT_ROBUST = {s for s in SPECS if not aggregators.get_tags(s).robust}
+ITERATIVE = {s for s in SPECS if aggregators.get_tags(s).tol > RuleTags().tol}
+NEEDS_REFERENCE = {s for s in SPECS if "reference" in aggregators.make(s, f=0).context_keys}
 # Pre-aggregators whose output rows are not exact on integer inputs: ARC rescales rows by irrational factors
 # (x·τ/‖x‖), NNM mixes them with weights 1/(n − f) (0.2 is not a binary fraction, and its products are summed in the
 # matrix product's order). A tie in exact arithmetic after them is not representable, so float32 and float64 may break
@@ -47,7 +52,7 @@ def _make(spec: str, f: int) -> aggregators.Aggregator:
 
 
 def _context(spec: str, d: int) -> dict[str, Any]:
-    if spec == "fltrust":  # the server's own reference gradient, float64, the same for every dtype
+    if spec in NEEDS_REFERENCE:  # the server's own reference gradient, float64, the same for every dtype
         return {"reference": torch.linspace(-1.0, 2.0, d, dtype=torch.float64)}
     return {}
 
