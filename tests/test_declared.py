@@ -72,6 +72,26 @@ def test_gossip_attacks_on_real_processes_are_the_ones_that_declare_it() -> None
         check_attack(gossip_attacks.make("spectral"))
 
 
+class Jitter:
+    """A user's attack that draws from the attack stream, and says so."""
+
+    stochastic = True
+
+    def __call__(self, ctx: Any) -> torch.Tensor:
+        return torch.randn(ctx.n_byzantine, ctx.dim, generator=ctx.generator, dtype=torch.float64)
+
+
+def test_a_users_attack_declares_its_randomness() -> None:
+    """tests/test_attacks_base.py checks every attack's declarations both ways (another seed changes the vectors
+    exactly when it declares ``stochastic``; non-finite vectors exactly when it declares ``finite = False``)."""
+    from phalanx.attacks.registry import user_attack
+
+    cls = user_attack(Jitter, "jitter")
+    assert cls.stochastic and cls.finite
+    plain = user_attack(lambda: (lambda ctx: ctx.honest[:0]), "plain")  # nothing declared: deterministic, finite
+    assert not plain.stochastic and plain.finite
+
+
 def test_boost_is_declared_on_every_attack() -> None:
     for name in attacks.names():
         attack = attacks.make(name)

@@ -117,6 +117,13 @@ class Attack(_Configurable):
     floating dtype on the honest vectors' device, and :meth:`__call__` casts the result to the honest dtype.
     """
 
+    stochastic: ClassVar[bool] = False
+    """True when it draws from ``ctx.generator`` (another seed gives other vectors); False for an attack that is a
+    function of the honest vectors (and the server's rule) alone."""
+    finite: ClassVar[bool] = True
+    """Whether its vectors are finite when the honest ones are; False for an attack that sends NaN or ±Inf on
+    purpose."""
+
     @abstractmethod
     def _run(self, ctx: AttackContext) -> Tensor:
         """Return the ``(b, d)`` Byzantine vectors for a validated context with ``b >= 1``."""

@@ -65,6 +65,7 @@ class Fang(Attack):
         "M. Fang, X. Cao, J. Jia, N. Gong, 'Local Model Poisoning Attacks to Byzantine-Robust Federated Learning', "
         "USENIX Security 2020, Section 4 (full-knowledge attack on trimmed mean / median)"
     )
+    stochastic: ClassVar[bool] = True
 
     def __init__(self, b: float = 2.0) -> None:
         self.b = check_real("b", b, low=1.0, low_open=True)

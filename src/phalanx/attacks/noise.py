@@ -35,6 +35,7 @@ class Gaussian(Attack):
         "Tolerant Gradient Descent', NeurIPS 2017 (Section 5, Gaussian Byzantine workers); ByzFL Gaussian"
     )
     threat: ClassVar[str] = "none needed (center='zero'); honest mean (center='mean')"
+    stochastic: ClassVar[bool] = True
 
     def __init__(self, sigma: float = 1.0, mu: float = 0.0, center: str = "zero") -> None:
         self.sigma = check_real("sigma", sigma, low=0.0)
@@ -63,6 +64,7 @@ class Infinity(Attack):
     name: ClassVar[str] = "inf"
     reference: ClassVar[str] = "ByzFL Inf attack (LPD-EPFL, ByzFL 0.0.11); garbage-value Byzantine worker"
     threat: ClassVar[str] = "none needed"
+    finite: ClassVar[bool] = False
 
     def _run(self, ctx: AttackContext) -> Tensor:
         return torch.full((ctx.n_byzantine, ctx.dim), float("inf"), dtype=ctx.honest.dtype, device=ctx.honest.device)
@@ -77,6 +79,7 @@ class NotANumber(Attack):
     name: ClassVar[str] = "nan"
     reference: ClassVar[str] = "garbage-value Byzantine worker (NaN everywhere)"
     threat: ClassVar[str] = "none needed"
+    finite: ClassVar[bool] = False
 
     def _run(self, ctx: AttackContext) -> Tensor:
         return torch.full((ctx.n_byzantine, ctx.dim), float("nan"), dtype=ctx.honest.dtype, device=ctx.honest.device)

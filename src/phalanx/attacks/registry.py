@@ -52,13 +52,16 @@ def user_attack(obj: Any, spec: str) -> type[Attack]:
     attack's keyword parameters and its instances map an :class:`AttackContext` (the round's honest vectors
     ``ctx.honest``, ``ctx.n_byzantine``, ``ctx.f``, the server's rule ``ctx.aggregator``, the attack stream
     ``ctx.generator``) to the ``(b, d)`` Byzantine vectors. Optional class attributes: ``reference``, ``threat``,
-    ``needs_aggregator``."""
+    ``needs_aggregator``, ``stochastic`` (it draws from ``ctx.generator``) and ``finite`` (False for one that sends
+    NaN or ±Inf on purpose)."""
 
     class UserAttack(Attack):
         name: ClassVar[str] = spec
         reference: ClassVar[str] = str(getattr(obj, "reference", f"user-defined attack {spec}"))
         threat: ClassVar[str] = str(getattr(obj, "threat", "omniscient: sees every honest vector of the round"))
         needs_aggregator: ClassVar[bool] = bool(getattr(obj, "needs_aggregator", False))
+        stochastic: ClassVar[bool] = bool(getattr(obj, "stochastic", False))
+        finite: ClassVar[bool] = bool(getattr(obj, "finite", True))
 
         def __init__(self, **params: Any) -> None:
             check_params(spec, obj, params)
