@@ -109,7 +109,13 @@ def test_params_round_trip_and_describe(name: str) -> None:
     assert info["name"] == name
     assert info["kind"] in ("vector", "data")
     assert info["reference"] and info["threat"]
-    assert info["needs_aggregator"] == (name == "optimal")
+    if info["kind"] == "vector":  # needs_aggregator, checked both ways: without the server's rule it runs or refuses
+        ctx = AttackContext(_honest(4, 3), 2, 1, None, torch.Generator().manual_seed(0))
+        if info["needs_aggregator"]:
+            with pytest.raises(ConfigError, match="aggregator"):
+                a(ctx)
+        else:
+            assert a(ctx).shape == (2, 3)
     assert repr(a).startswith(type(a).__name__ + "(")
     assert a.__doc__ and len(a.__doc__) > 100  # formula and paper in the docstring
 

@@ -111,7 +111,7 @@ def test_survives_up_to_f_garbage_rows(name: str, data: st.DataObject, seed: int
     assert torch.isfinite(c).all()
 
 
-@pytest.mark.parametrize("pre", ["nnm", "bucketing", "clip", "arc"])
+@pytest.mark.parametrize("pre", aggregators.names("pre"))
 @pytest.mark.parametrize("rule", ["cwtm", "cwmed", "geomed", "krum", "mean"])
 def test_chains_compose_and_trace_contributions(pre: str, rule: str) -> None:
     f = 1
