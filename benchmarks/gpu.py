@@ -8,7 +8,7 @@ Two workloads, each the round as ``phalanx run`` runs it (``phalanx.experiments.
 * **resnet20** — the ``paper`` preset's round (``phalanx tension paper --preset paper``; Yang, Shi & Li, ICML 2025,
   Section 6): ResNet-20 (GroupNorm) on CIFAR-10, n = 16 workers, batch 16 per worker, worker momentum 0.9, a
   Dirichlet(α = 0.1) split, no attack, the coordinate-wise trimmed mean configured for f = 7 (table T4's last row;
-  ``phalanx.experiments.paper.config_for``).
+  ``phalanx.studies.tension.config_for``).
 * **mlp1000** — the 1,000-worker MLP round of ``benchmarks/training.py``: Fashion-MNIST, the 784-100-10 ReLU MLP,
   batch 32, IID, b = 100 workers sending sign-flipped vectors, trimmed mean with f = 100.
 
@@ -64,7 +64,7 @@ class Workload:
 
 def workloads(quick: bool) -> list[Workload]:
     """The ResNet-20 round of the ``paper`` preset and the 1,000-worker MLP round (toy sizes with ``quick``)."""
-    from phalanx.experiments.paper import Cell, config_for, preset
+    from phalanx.studies.tension import Cell, config_for, preset
 
     p = preset("paper")
     cell = Cell("T4", p.max_f, 0.1, p.lrs[0], p.seeds[0])  # trimmed mean, f = 7, α = 0.1

@@ -1,6 +1,6 @@
-"""The decentralized experiments as presets — the parallelism threshold (phalanx.experiments.parallelism,
+"""The decentralized experiments as presets — the parallelism threshold (phalanx.studies.parallelism,
 `phalanx experiment parallelism`) and robust gossip vs the number of Byzantine neighbours
-(phalanx.experiments.neighbours, `phalanx experiment byzantine-neighbours`): their grids and configurations, the
+(phalanx.studies.neighbours, `phalanx experiment byzantine-neighbours`): their grids and configurations, the
 statistics of their tables, and one tiny end-to-end run of each through the CLI. Also the `attached` graph they use."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import torch
 from phalanx.analysis.stats import mean_ci
 from phalanx.decentralized import topology
 from phalanx.errors import ConfigError
-from phalanx.experiments import make_config, neighbours, parallelism
+from phalanx.experiments import make_config
+from phalanx.studies import neighbours, parallelism
 
 
 def test_attached_links_every_extra_node_to_every_base_node() -> None:

@@ -32,8 +32,8 @@ from phalanx.errors import ConfigError
 from phalanx.executor_cli import ExecutorChoice
 from phalanx.experiments import grid, make_config, store, train
 from phalanx.experiments.build import check_points, from_config, resolve_device
-from phalanx.experiments.paper import Cell, config_for, preset
 from phalanx.experiments.slurm import SlurmOptions
+from phalanx.studies.tension import Cell, config_for, preset
 from phalanx.training import Experiment, Loop, devices
 from phalanx.training.gossip import Gossip
 

@@ -12,10 +12,11 @@ from typer.testing import CliRunner
 
 from phalanx import cli
 from phalanx.attacks.mimic import mimic_target
-from phalanx.experiments import paper, report, runner, runstate, status, store
+from phalanx.experiments import report, runner, runstate, status, store
 from phalanx.experiments.config import make_config
 from phalanx.experiments.grid import run_id
 from phalanx.experiments.train import train
+from phalanx.studies import reporting
 from phalanx.training.divergence import Diverged
 
 SMALL = {"dataset": "digits", "model": "logreg", "workers": 5, "byzantine": 1, "attack": "inf", "rounds": 12,
@@ -34,7 +35,7 @@ def test_mean_under_inf_diverges_and_stops(tmp_path: Path) -> None:
     text = (run / "metrics.jsonl").read_text()
     assert "NaN" not in text and "Infinity" not in text
     assert not store.is_finished(run) and runstate.failure(run) is None
-    assert paper.final_accuracy(run) == 0.0  # an experiment's table counts it (it did not refuse the grid)
+    assert reporting.final_accuracy(run) == 0.0  # an experiment's table counts it (it did not refuse the grid)
     st = runstate.state(run)
     assert st.status == "diverged" and "round 1" in st.detail
     before = json.loads((run / "DIVERGED").read_text())

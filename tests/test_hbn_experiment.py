@@ -1,4 +1,4 @@
-"""The BatchNorm-under-heterogeneity experiment (phalanx.experiments.hbn, `phalanx experiment hbn`): the grid, its
+"""The BatchNorm-under-heterogeneity experiment (phalanx.studies.hbn, `phalanx experiment hbn`): the grid, its
 configurations, the statistics of the tables, the outputs, and one tiny end-to-end run through the CLI."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from phalanx.errors import ConfigError
-from phalanx.experiments import hbn
+from phalanx.studies import hbn
 
 
 def test_quick_grid_is_norms_by_rules_by_alphas_by_seeds_of_valid_federated_configs() -> None:

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from phalanx import cli
 from phalanx.errors import ConfigError
-from phalanx.experiments import planner
-from phalanx.experiments.planner import Row
+from phalanx.studies import planner
+from phalanx.studies.planner import Row
 
 BASE = {"dataset": "digits", "model": "mlp", "workers": 10, "rounds": 5, "eval_every": 5, "batch_size": 8}
 

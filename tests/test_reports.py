@@ -17,7 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from phalanx import cli
-from phalanx.experiments import grid, hbn, paper, report, runner, store
+from phalanx.experiments import grid, report, runner, store
+from phalanx.studies import hbn, tension
 
 TINY = {"dataset": "digits", "model": "logreg", "workers": 4, "byzantine": 1, "f": 1, "aggregator": "cwtm",
         "attack": "signflip", "rounds": 2, "eval_every": 1, "checkpoint_every": 1, "batch_size": 8, "seed": 0}
@@ -232,13 +233,13 @@ def _errorbars(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
 
 def test_paper_interval_bars_stay_within_0_and_100(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spans = _errorbars(monkeypatch)
-    p = paper.preset("quick", seeds=(0, 1, 2))
-    cs = paper.cells(p)
+    p = tension.preset("quick", seeds=(0, 1, 2))
+    cs = tension.cells(p)
     # seeds far apart, next to 100 % (T3, T4) and next to 0 % (T5, T6): the raw 95 % intervals pass both ends
     acc = {c: (0.99 if c.seed < 2 else 0.6) if c.table in ("T3", "T4") else (0.01 if c.seed < 2 else 0.4) for c in cs}
-    results = paper.tabulate(cs, acc)
+    results = tension.tabulate(cs, acc)
     assert any(r.estimate.high > 1 for r in results.values()) and any(r.estimate.low < 0 for r in results.values())
-    paper.plot(results, p, tmp_path / "t.png")
+    tension.plot(results, p, tmp_path / "t.png")
     assert spans and all(0.0 <= lo <= hi <= 100.0 for lo, hi in spans)
     assert max(hi for _, hi in spans) == 100.0 and min(lo for lo, _ in spans) == 0.0
 

@@ -13,27 +13,27 @@ from typer.testing import CliRunner
 
 from phalanx import aggregators, cli
 from phalanx.errors import ConfigError
-from phalanx.experiments import paper
+from phalanx.studies import reporting, tension
 
 
 def test_spec_for_rows() -> None:
-    assert paper.spec_for("T3", 0, 7) == ("mean", 0)
-    assert paper.spec_for("T3", 5, 7) == ("multikrum(strict=false)", 5)
-    assert paper.spec_for("T4", 7, 7) == ("cwtm", 7)
-    assert paper.spec_for("T5", 0, 7) == ("mean", 0)
-    assert paper.spec_for("T6", 3, 7) == ("nnm(f=3)>cwtm", 7)
+    assert tension.spec_for("T3", 0, 7) == ("mean", 0)
+    assert tension.spec_for("T3", 5, 7) == ("multikrum(strict=false)", 5)
+    assert tension.spec_for("T4", 7, 7) == ("cwtm", 7)
+    assert tension.spec_for("T5", 0, 7) == ("mean", 0)
+    assert tension.spec_for("T6", 3, 7) == ("nnm(f=3)>cwtm", 7)
     with pytest.raises(ConfigError, match="table"):
-        paper.spec_for("T9", 1, 7)
+        tension.spec_for("T9", 1, 7)
 
 
 def test_every_cell_of_the_paper_grid_is_a_valid_config_at_n16() -> None:
-    p = paper.preset("quick")
+    p = tension.preset("quick")
     assert p.max_f == 7
-    cells, cfgs = paper.plan(p)
+    cells, cfgs = tension.plan(p)
     assert len(cells) == 4 * 8 * 3 * 4 * 3
     # the f = 0 / f_NNM = 0 rows of the four tables are one run each
-    assert len(paper.unique(cfgs)) == len(cells) - 3 * 3 * 4 * 3
-    for cfg in paper.unique(cfgs):
+    assert len(tension.unique(cfgs)) == len(cells) - 3 * 3 * 4 * 3
+    for cfg in tension.unique(cfgs):
         assert cfg.byzantine == 0 and cfg.attack == "none" and cfg.workers == 16 and cfg.batch_size == 16
         assert cfg.schedule == "cosine" and cfg.momentum == 0.9 and cfg.partition == "dirichlet"
         rule = aggregators.make(cfg.aggregator, f=cfg.f)
@@ -43,8 +43,8 @@ def test_every_cell_of_the_paper_grid_is_a_valid_config_at_n16() -> None:
 def test_mean_rows_are_the_mean() -> None:
     x = torch.randn(16, 6, dtype=torch.float64)
     mean = x.mean(0)
-    for table in paper.TABLES:
-        spec, f = paper.spec_for(table, 0, 7)
+    for table in tension.TABLES:
+        spec, f = tension.spec_for(table, 0, 7)
         assert torch.allclose(aggregators.make(spec, f=f)(x), mean)
     # and the rules behind them at f = 0 / f_NNM = 0 are the mean too (why sharing the cell is exact)
     assert torch.allclose(aggregators.make("multikrum(strict=false)", f=0)(x), mean)
@@ -54,22 +54,22 @@ def test_mean_rows_are_the_mean() -> None:
 
 def test_preset_validation() -> None:
     with pytest.raises(ConfigError, match="preset"):
-        paper.preset("huge")
+        tension.preset("huge")
     with pytest.raises(ConfigError, match="seeds"):
-        paper.preset("quick", seeds=(0,))
+        tension.preset("quick", seeds=(0,))
     with pytest.raises(ConfigError, match="preset field"):
-        paper.preset("quick", epochs=3)
-    assert paper.preset("paper").rounds == 31_250  # 160 epochs of CIFAR-10 at 16 × 16 images per round
-    fallback = paper.resolve_dataset(paper.preset("quick"), lambda name: False)
+        tension.preset("quick", epochs=3)
+    assert tension.preset("paper").rounds == 31_250  # 160 epochs of CIFAR-10 at 16 × 16 images per round
+    fallback = reporting.resolve_dataset(tension.preset("quick"), lambda name: False)
     assert fallback.dataset == "digits"
-    assert paper.resolve_dataset(paper.preset("quick"), lambda name: True).dataset == "fashion-mnist"
+    assert reporting.resolve_dataset(tension.preset("quick"), lambda name: True).dataset == "fashion-mnist"
 
 
-def _synthetic(p: paper.Preset, drop: float, nnm_gain: float) -> dict[paper.Cell, float]:
+def _synthetic(p: tension.Preset, drop: float, nnm_gain: float) -> dict[tension.Cell, float]:
     """Accuracies with known trends: fall `drop·f/α-rank`, NNM gains, small per-seed noise, lr 0.5 best."""
     acc = {}
     alphas = sorted(p.alphas)
-    for c in paper.cells(p):
+    for c in tension.cells(p):
         heterogeneity = len(alphas) - alphas.index(c.alpha)  # 3 for the smallest α
         noise = 0.001 * ((c.seed * 7 + c.x * 3) % 5)
         base = 0.9 - (0.02 if c.lr != 0.5 else 0.0) + noise
@@ -81,30 +81,30 @@ def _synthetic(p: paper.Preset, drop: float, nnm_gain: float) -> dict[paper.Cell
 
 
 def test_tabulate_and_trends_find_planted_trends() -> None:
-    p = paper.preset("quick", seeds=(0, 1, 2))
-    cells = paper.cells(p)
-    results = paper.tabulate(cells, _synthetic(p, drop=0.01, nnm_gain=0.05))
+    p = tension.preset("quick", seeds=(0, 1, 2))
+    cells = tension.cells(p)
+    results = tension.tabulate(cells, _synthetic(p, drop=0.01, nnm_gain=0.05))
     r = results[("T4", 3, 0.1)]
     assert r.lr == 0.5 and set(r.per_seed) == {0, 1, 2}
     assert r.estimate.mean == pytest.approx(0.9 - 0.03 * 3, abs=0.01)
-    verdicts = {(t.trend[:3], t.table, t.alpha): t.verdict for t in paper.trends(results, p)}
+    verdicts = {(t.trend[:3], t.table, t.alpha): t.verdict for t in tension.trends(results, p)}
     assert verdicts[("(a)", "T3", "pooled")] == "holds"
     assert verdicts[("(b)", "T4", "0.1 vs 10")] == "holds"
     assert verdicts[("(c)", "T5", "pooled")] == "holds"
     assert verdicts[("(d)", "T6", "0.1")] == "holds"
     # the opposite data contradict (a): accuracy rising with f
-    flipped = paper.tabulate(cells, _synthetic(p, drop=-0.01, nnm_gain=0.0))
-    v2 = {(t.trend[:3], t.table, t.alpha): t.verdict for t in paper.trends(flipped, p)}
+    flipped = tension.tabulate(cells, _synthetic(p, drop=-0.01, nnm_gain=0.0))
+    v2 = {(t.trend[:3], t.table, t.alpha): t.verdict for t in tension.trends(flipped, p)}
     assert v2[("(a)", "T3", "pooled")] == "contradicted"
 
 
 def test_report_files(tmp_path: Path) -> None:
-    p = paper.preset("quick", seeds=(0, 1, 2))
-    results = paper.tabulate(paper.cells(p), _synthetic(p, 0.01, 0.05))
-    written = paper.write_outputs(results, paper.trends(results, p), p, tmp_path, command="x", wall_seconds=1.0,
+    p = tension.preset("quick", seeds=(0, 1, 2))
+    results = tension.tabulate(tension.cells(p), _synthetic(p, 0.01, 0.05))
+    written = tension.write_outputs(results, tension.trends(results, p), p, tmp_path, command="x", wall_seconds=1.0,
                                   runs=10)
     md = (tmp_path / "report.md").read_text()
-    for table in paper.TABLES:
+    for table in tension.TABLES:
         assert f"## {table}" in md
     assert "| 0 (mean) |" in md and "**holds**" in md
     rows = list(csv.DictReader(io.StringIO((tmp_path / "cells.csv").read_text())))

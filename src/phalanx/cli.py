@@ -633,8 +633,8 @@ def _preset_from_options(
     that is nowhere is one clear error (where it looked, how to get it) before any run starts."""
     from phalanx import data
     from phalanx.data.base import DatasetNotFoundError
-    from phalanx.experiments import paper
     from phalanx.experiments.config import apply_overrides
+    from phalanx.studies import reporting
 
     overrides = apply_overrides({}, set_ or [])
     root = overrides.get("data_root")
@@ -651,7 +651,7 @@ def _preset_from_options(
     changes = {k: _tuples(overrides.pop(k)) for k in list(overrides) if k in fields}
     p = make(name, **{"seeds": tuple(range(seeds)), **changes})
     if "dataset" not in changes:
-        p = paper.resolve_dataset(p, available)
+        p = reporting.resolve_dataset(p, available)
     if not available(p.dataset):  # with --set download=true this fetches the files once; else the clear error
         data.load(p.dataset, root=root, download=overrides.get("download", False) is True)
     return p, overrides
@@ -668,25 +668,26 @@ def tension_paper(
     executor: ExecutorChoice | None = None,
 ) -> None:
     """Yang, Shi & Li (ICML 2025), no attack, n = 16: Tables 3-6 (rows f or f_NNM, columns α), plot, trend verdicts."""
-    from phalanx.experiments import grid, paper
+    from phalanx.experiments import grid
+    from phalanx.studies import reporting, tension
 
-    p, overrides = _preset_from_options(paper.preset, paper.Preset, preset_name, seeds, set_)
-    cells, cfgs = paper.plan(p, overrides)
-    distinct = paper.unique(cfgs)
+    p, overrides = _preset_from_options(tension.preset, tension.Preset, preset_name, seeds, set_)
+    cells, cfgs = tension.plan(p, overrides)
+    distinct = tension.unique(cfgs)
     console.print(f"[bold]preset {p.name}[/bold]: {p.description}; dataset {p.dataset}; {len(cells)} cells, "
                   f"{len(distinct)} distinct runs → {out}")
     t0 = time.perf_counter()
     runs_dir = out / "runs"
     _train(distinct, runs_dir, jobs or _cpu_jobs(), executor)
     wall = time.perf_counter() - t0
-    acc = {c: paper.final_accuracy(runs_dir / grid.run_id(cfg)) for c, cfg in zip(cells, cfgs)}
-    results = paper.tabulate(cells, acc)
-    trends = paper.trends(results, p)
+    acc = {c: reporting.final_accuracy(runs_dir / grid.run_id(cfg)) for c, cfg in zip(cells, cfgs)}
+    results = tension.tabulate(cells, acc)
+    trends = tension.trends(results, p)
     command = "phalanx tension paper --preset " + preset_name + f" --seeds {seeds}" + "".join(
         f" --set {o}" for o in (set_ or []))
-    written = paper.write_outputs(results, trends, p, out, command=command, wall_seconds=wall, runs=len(distinct),
-                                  note=paper.round_note(overrides, p))
-    for table, meta in paper.TABLES.items():
+    written = tension.write_outputs(results, trends, p, out, command=command, wall_seconds=wall, runs=len(distinct),
+                                  note=tension.round_note(overrides, p))
+    for table, meta in tension.TABLES.items():
         t = Table(title=f"{table}: {meta['label'].replace('F', str(p.max_f))} — final accuracy % (lr₀)")
         t.add_column(meta["vary"], justify="right")
         for a in sorted(p.alphas):
@@ -741,7 +742,7 @@ def experiment_hbn(
 ) -> None:
     """BatchNorm under heterogeneity (Chen et al., ICML 2025): GroupNorm vs BatchNorm vs FedBN vs Hybrid BN in
     federated training over Dirichlet splits, with the mean and a robust rule; table, paired differences, plot."""
-    from phalanx.experiments import hbn
+    from phalanx.studies import hbn
 
     p, cells, cfgs, runs_dir, wall, command = _preset_grid(
         "hbn", hbn, preset_name, out, seeds, jobs, set_, executor)
@@ -767,7 +768,7 @@ def experiment_parallelism(
     """The parallelism threshold (Eisen, Dorfman & Levy, ICML 2025): D-SGD vs Decentralized Anytime SGD as the number
     of nodes grows at a fixed sample budget, on a ring and a torus against the centralized reference; tables with
     intervals, paired differences, plot."""
-    from phalanx.experiments import parallelism
+    from phalanx.studies import parallelism
 
     p, cells, cfgs, runs_dir, wall, command = _preset_grid(
         "parallelism", parallelism, preset_name, out, seeds, jobs, set_, executor)
@@ -793,7 +794,7 @@ def experiment_byzantine_neighbours(
 ) -> None:
     """Robust gossip vs the number of Byzantine neighbours: every rule at f = b under the dissensus and spectral
     attacks, and its price with no attack; tables with intervals, paired prices, plot."""
-    from phalanx.experiments import neighbours
+    from phalanx.studies import neighbours
 
     p, cells, cfgs, runs_dir, wall, command = _preset_grid(
         "byzantine-neighbours", neighbours, preset_name, out, seeds, jobs, set_, executor)
@@ -820,7 +821,7 @@ def tension_plan(
     executor: ExecutorChoice | None = None,
 ) -> None:
     """Your task, every rule × f, with no attack and under strong attacks: the trade-off table and a recommendation."""
-    from phalanx.experiments import planner
+    from phalanx.studies import planner
 
     def split(text: str | None) -> list[str] | None:
         return None if text is None else [t.strip() for t in text.split(",") if t.strip()]

@@ -31,19 +31,18 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
-import platform
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from phalanx.analysis.stats import Estimate, mean_ci, slope
 from phalanx.errors import ConfigError
-from phalanx.experiments import grid, runstate, store
+from phalanx.experiments import grid
 from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.report import clipped_errors, save_figure
+from phalanx.studies.reporting import pick_preset, provenance, write_report_files
 
 TABLES: dict[str, dict[str, str]] = {
     "T3": {"rule": "multikrum(strict=false)", "label": "Multi-Krum, f = 0 … F", "vary": "f"},
@@ -100,54 +99,12 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-class _PresetLike(Protocol):
-    """What the presets of the experiments share (frozen dataclasses)."""
-
-    @property
-    def dataset(self) -> str: ...
-
-    @property
-    def fallback_dataset(self) -> str | None: ...
-
-    @property
-    def seeds(self) -> tuple[int, ...]: ...
-
-
-P = TypeVar("P", bound=_PresetLike)
-
-
-def pick_preset(presets: dict[str, P], name: str, changes: dict[str, Any], lists: tuple[str, ...]) -> P:
-    """``presets[name]`` with fields replaced, checked: a known name and fields, non-empty ``lists``, at least two
-    distinct seeds (the intervals need them). Shared by the experiment presets."""
-    if name not in presets:
-        raise ConfigError("preset", name, "one of " + ", ".join(presets))
-    base = presets[name]
-    fields = base.__dataclass_fields__  # type: ignore[attr-defined]
-    unknown = sorted(set(changes) - set(fields))
-    if unknown:
-        raise ConfigError("preset field", unknown, f"fields of {type(base).__name__}: " + ", ".join(fields))
-    p = replace(base, **changes)  # type: ignore[type-var]
-    for key in lists:
-        if not getattr(p, key):
-            raise ConfigError(key, getattr(p, key), "a non-empty list")
-    if len(set(p.seeds)) < 2:
-        raise ConfigError("seeds", list(p.seeds), "at least two distinct seeds (the intervals need them)")
-    return p
-
-
 def preset(name: str, **changes: Any) -> Preset:
     """A preset by name, with fields replaced (``seeds=(0, 1, 2, 3, 4)``, ``rounds=100``, ...)."""
     p = pick_preset(PRESETS, name, changes, ("lrs", "alphas", "seeds"))
     if p.workers < 3:
         raise ConfigError("workers", p.workers, ">= 3 (the grids need f >= 1)")
     return p
-
-
-def resolve_dataset(p: P, available: Callable[[str], bool]) -> P:
-    """Fall back to the preset's ``fallback_dataset`` when its ``dataset`` is not on this machine."""
-    if available(p.dataset) or p.fallback_dataset is None:
-        return p
-    return replace(p, dataset=p.fallback_dataset)  # type: ignore[type-var]
 
 
 @dataclass(frozen=True)
@@ -207,12 +164,6 @@ def unique(cfgs: list[RunConfig]) -> list[RunConfig]:
     for c in cfgs:
         seen.setdefault(grid.run_id(c), c)
     return list(seen.values())
-
-
-def final_accuracy(run_dir: Path) -> float:
-    """The last evaluated round's test accuracy of a run that ended: finished, or diverged (0, as the sweep report
-    counts it)."""
-    return float(runstate.final_rows(run_dir)[-1]["test_accuracy"])
 
 
 @dataclass
@@ -372,34 +323,6 @@ def plot(results: dict[tuple[str, int, float], CellResult], p: Preset, path: Pat
                  "(95 % intervals)")
     fig.tight_layout()
     return save_figure(fig, path, dpi=110)
-
-
-def machine() -> str:
-    """One line about where this ran."""
-    import torch
-
-    return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores, Python "
-            f"{platform.python_version()}, torch {torch.__version__}")
-
-
-def provenance(command: str, wall_seconds: float | None, runs: int, what: str = "") -> list[str]:
-    """The lines under an experiment report's title: the command that made it, the machine, how many runs (``what``
-    qualifies them: ``" distinct"``) and the wall time."""
-    wall = f", wall time {wall_seconds / 60:.1f} min" if wall_seconds is not None else ""
-    return [f"Command: `{command}`  ", f"Machine: {machine()}  ", f"Runs: {runs}{what}{wall}"]
-
-
-def write_report_files(
-    out: Path, report: str, csv_text: str, figure: str, caption: str, draw: Callable[[Path], Path],
-) -> list[Path]:
-    """An experiment's outputs in ``out`` (atomically): ``report.md`` (``report`` and the figure under
-    ``caption``), ``cells.csv`` and the figure ``draw`` writes to ``out / figure``; their paths."""
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "report.md"
-    store.atomic_write_text(path, report + f"\n![{caption}]({figure})\n")
-    table = out / "cells.csv"
-    store.atomic_write_text(table, csv_text)
-    return [path, table, draw(out / figure)]
 
 
 def round_note(overrides: dict[str, Any], p: Preset) -> str:

@@ -32,9 +32,8 @@ from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments import store
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.paper import final_accuracy, pick_preset, provenance, write_report_files
-from phalanx.experiments.paper import resolve_dataset as resolve_dataset  # the CLI's hbn.resolve_dataset
 from phalanx.experiments.report import clipped_errors, save_figure
+from phalanx.studies.reporting import final_accuracy, pick_preset, provenance, write_report_files
 
 NORM_LABELS = {"group": "GroupNorm", "batch": "BatchNorm", "fedbn": "FedBN", "hybrid": "Hybrid BN", "none": "no norm",
                "fedbn-global": "FedBN, whole test set"}

@@ -28,9 +28,8 @@ from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.paper import pick_preset, provenance, write_report_files
-from phalanx.experiments.paper import resolve_dataset as resolve_dataset  # the CLI's neighbours.resolve_dataset
 from phalanx.experiments.report import clipped_errors, save_figure
+from phalanx.studies.reporting import pick_preset, provenance, write_report_files
 
 PLAIN = "mean"
 """Plain gossip: the reference of the price."""

@@ -34,9 +34,8 @@ from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.paper import pick_preset, provenance, write_report_files
-from phalanx.experiments.paper import resolve_dataset as resolve_dataset  # the CLI's parallelism.resolve_dataset
 from phalanx.experiments.report import save_figure
+from phalanx.studies.reporting import pick_preset, provenance, write_report_files
 
 ALGORITHM_LABELS = {"gossip": "D-SGD", "anytime": "Anytime SGD"}
 REFERENCE = "complete"

@@ -1,0 +1,100 @@
+"""What the studies share: a preset picked by name and checked, the data set's fallback, a run's final accuracy, the
+provenance lines under a report's title, and the report's files written atomically.
+
+A study's own module holds its science (grid, statistics, tables, plot); this one holds what every study needs around
+it, so that no study imports another.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from phalanx.errors import ConfigError
+from phalanx.experiments import runstate, store
+
+
+class PresetLike(Protocol):
+    """What the presets of the studies share (frozen dataclasses)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def dataset(self) -> str: ...
+
+    @property
+    def fallback_dataset(self) -> str | None: ...
+
+    @property
+    def seeds(self) -> tuple[int, ...]: ...
+
+
+P = TypeVar("P", bound=PresetLike)
+
+
+def pick_preset(presets: dict[str, P], name: str, changes: dict[str, Any], lists: tuple[str, ...]) -> P:
+    """``presets[name]`` with fields replaced, checked: a known name and fields, non-empty ``lists``, at least two
+    distinct seeds (the intervals need them). Shared by the study presets."""
+    if name not in presets:
+        raise ConfigError("preset", name, "one of " + ", ".join(presets))
+    base = presets[name]
+    fields = base.__dataclass_fields__  # type: ignore[attr-defined]
+    unknown = sorted(set(changes) - set(fields))
+    if unknown:
+        raise ConfigError("preset field", unknown, f"fields of {type(base).__name__}: " + ", ".join(fields))
+    p = replace(base, **changes)  # type: ignore[type-var]
+    for key in lists:
+        if not getattr(p, key):
+            raise ConfigError(key, getattr(p, key), "a non-empty list")
+    if len(set(p.seeds)) < 2:
+        raise ConfigError("seeds", list(p.seeds), "at least two distinct seeds (the intervals need them)")
+    return p
+
+
+def resolve_dataset(p: P, available: Callable[[str], bool]) -> P:
+    """Fall back to the preset's ``fallback_dataset`` when its ``dataset`` is not on this machine."""
+    if available(p.dataset) or p.fallback_dataset is None:
+        return p
+    return replace(p, dataset=p.fallback_dataset)  # type: ignore[type-var]
+
+
+def final_accuracy(run_dir: Path) -> float:
+    """The last evaluated round's test accuracy of a run that ended: finished, or diverged (0, as the sweep report
+    counts it)."""
+    return float(runstate.final_rows(run_dir)[-1]["test_accuracy"])
+
+
+def machine() -> str:
+    """One line about where this ran."""
+    import torch
+
+    return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores, Python "
+            f"{platform.python_version()}, torch {torch.__version__}")
+
+
+def provenance(command: str, wall_seconds: float | None, runs: int, what: str = "") -> list[str]:
+    """The lines under a study report's title: the command that made it, the machine, how many runs (``what``
+    qualifies them: ``" distinct"``) and the wall time."""
+    wall = f", wall time {wall_seconds / 60:.1f} min" if wall_seconds is not None else ""
+    return [f"Command: `{command}`  ", f"Machine: {machine()}  ", f"Runs: {runs}{what}{wall}"]
+
+
+def write_report_files(
+    out: Path, report: str, csv_text: str, figure: str, caption: str, draw: Callable[[Path], Path],
+) -> list[Path]:
+    """A study's outputs in ``out`` (atomically): ``report.md`` (``report`` and the figure under ``caption``),
+    ``cells.csv`` and the figure ``draw`` writes to ``out / figure``; their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "report.md"
+    store.atomic_write_text(path, report + f"\n![{caption}]({figure})\n")
+    table = out / "cells.csv"
+    store.atomic_write_text(table, csv_text)
+    return [path, table, draw(out / figure)]
