@@ -31,7 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     "experiments": {"training", "aggregators", "attacks", "data", "models", "analysis", "errors", "plugins", "signing",
                     "decentralized",
                     "validate", "__init__"},
-    "studies": {"experiments", "aggregators", "analysis", "decentralized", "errors"},
+    "studies": {"experiments", "aggregators", "analysis", "data", "decentralized", "errors", "plugins"},
     "distributed": {"experiments", "training", "aggregators", "attacks", "data", "models", "decentralized", "errors",
                     "plugins", "validate"},
     "cli": {"distributed", "studies", "experiments", "training", "aggregators", "attacks", "data", "models", "analysis",

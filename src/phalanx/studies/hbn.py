@@ -33,6 +33,8 @@ from phalanx.errors import ConfigError
 from phalanx.experiments import store
 from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.report import clipped_errors, save_figure
+from phalanx.studies.base import Report, Study
+from phalanx.studies.registry import register
 from phalanx.studies.reporting import final_accuracy, pick_preset, provenance, write_report_files
 
 NORM_LABELS = {"group": "GroupNorm", "batch": "BatchNorm", "fedbn": "FedBN", "hybrid": "Hybrid BN", "none": "no norm",
@@ -320,3 +322,36 @@ def collect(cs: list[Cell], cfgs: list[RunConfig], runs_dir: Path) -> dict[Cell,
             last = store.finished_rows(runs_dir / grid.run_id(cfg))[-1]
             out[Cell(FEDBN_GLOBAL, c.rule, c.f, c.alpha, c.seed)] = float(last["global_test_accuracy"])
     return out
+
+
+@register
+class HBN(Study[Preset, Cell, float]):
+    """BatchNorm under heterogeneity (the module's docstring) as a study: ``phalanx experiment hbn``."""
+
+    name = "hbn"
+    help = ("BatchNorm under heterogeneity (Chen et al., ICML 2025): GroupNorm vs BatchNorm vs FedBN vs Hybrid BN in "
+            "federated training over Dirichlet splits, with the mean and a robust rule; table, paired differences, "
+            "plot.")
+    preset_type = Preset
+    presets = PRESETS
+    out = "runs/hbn-quick"
+    preset_help = "quick (CPU, ≤ 30 min) or paper (CIFAR-10, GPU)."
+    set_example = "rounds=50"
+
+    def preset(self, name: str, **changes: Any) -> Preset:
+        return preset(name, **changes)
+
+    def plan(self, p: Preset, overrides: dict[str, Any]) -> tuple[list[Cell], list[RunConfig]]:
+        return plan(p, overrides)
+
+    def collect(self, cells: list[Cell], configs: list[RunConfig], runs_dir: Path) -> dict[Cell, float]:
+        return collect(cells, configs, runs_dir)
+
+    def report(
+        self, p: Preset, cells: list[Cell], collected: dict[Cell, float], out: Path, *, command: str,
+        wall_seconds: float | None, runs: int, overrides: dict[str, Any],
+    ) -> Report:
+        results = tabulate(cells, collected)
+        diffs = differences(results, p)
+        files = write_outputs(results, diffs, p, out, command=command, wall_seconds=wall_seconds, runs=runs)
+        return Report(files, [table_markdown(results, p) + "\n\n" + differences_markdown(diffs)])

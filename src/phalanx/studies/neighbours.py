@@ -29,6 +29,8 @@ from phalanx.errors import ConfigError
 from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.report import clipped_errors, save_figure
+from phalanx.studies.base import Report, Study
+from phalanx.studies.registry import register
 from phalanx.studies.reporting import pick_preset, provenance, write_report_files
 
 PLAIN = "mean"
@@ -297,3 +299,36 @@ def write_outputs(
     text = report_markdown(results, ps, p, command=command, wall_seconds=wall_seconds, runs=runs)
     return write_report_files(out, text, cells_csv(results), "neighbours.png", "accuracy vs Byzantine neighbours",
                               lambda path: plot(results, p, path))
+
+
+@register
+class ByzantineNeighbours(Study[Preset, Cell, Final]):
+    """Robust gossip vs the number of Byzantine neighbours (the module's docstring) as a study: ``phalanx experiment
+    byzantine-neighbours``."""
+
+    name = "byzantine-neighbours"
+    help = ("Robust gossip vs the number of Byzantine neighbours: every rule at f = b under the dissensus and spectral "
+            "attacks, and its price with no attack; tables with intervals, paired prices, plot.")
+    preset_type = Preset
+    presets = PRESETS
+    out = "runs/neighbours-quick"
+    preset_help = "quick (digits, CPU, minutes) or full (Fashion-MNIST)."
+    set_example = "byzantine=[1,2]"
+
+    def preset(self, name: str, **changes: Any) -> Preset:
+        return preset(name, **changes)
+
+    def plan(self, p: Preset, overrides: dict[str, Any]) -> tuple[list[Cell], list[RunConfig]]:
+        return plan(p, overrides)
+
+    def collect(self, cells: list[Cell], configs: list[RunConfig], runs_dir: Path) -> dict[Cell, Final]:
+        return collect(cells, configs, runs_dir)
+
+    def report(
+        self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], out: Path, *, command: str,
+        wall_seconds: float | None, runs: int, overrides: dict[str, Any],
+    ) -> Report:
+        results = tabulate(collected)
+        ps = prices(results, p)
+        files = write_outputs(results, ps, p, out, command=command, wall_seconds=wall_seconds, runs=runs)
+        return Report(files, [table_markdown(results, p) + "\n\n" + prices_markdown(ps)])

@@ -35,6 +35,8 @@ from phalanx.errors import ConfigError
 from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.report import save_figure
+from phalanx.studies.base import Report, Study
+from phalanx.studies.registry import register
 from phalanx.studies.reporting import pick_preset, provenance, write_report_files
 
 ALGORITHM_LABELS = {"gossip": "D-SGD", "anytime": "Anytime SGD"}
@@ -370,3 +372,37 @@ def write_outputs(
     text = report_markdown(results, ds, p, command=command, wall_seconds=wall_seconds, runs=runs)
     return write_report_files(out, text, cells_csv(results), "parallelism.png", "test loss vs nodes",
                               lambda path: plot(results, p, path))
+
+
+@register
+class Parallelism(Study[Preset, Cell, Final]):
+    """The parallelism threshold (the module's docstring) as a study: ``phalanx experiment parallelism``."""
+
+    name = "parallelism"
+    help = ("The parallelism threshold (Eisen, Dorfman & Levy, ICML 2025): D-SGD vs Decentralized Anytime SGD as the "
+            "number of nodes grows at a fixed sample budget, on a ring and a torus against the centralized reference; "
+            "tables with intervals, paired differences, plot.")
+    preset_type = Preset
+    presets = PRESETS
+    out = "runs/parallelism-quick"
+    preset_help = "quick (digits, CPU, minutes) or full (Fashion-MNIST)."
+    set_example = "nodes=[9,16]"
+
+    def preset(self, name: str, **changes: Any) -> Preset:
+        return preset(name, **changes)
+
+    def plan(self, p: Preset, overrides: dict[str, Any]) -> tuple[list[Cell], list[RunConfig]]:
+        return plan(p, overrides)
+
+    def collect(self, cells: list[Cell], configs: list[RunConfig], runs_dir: Path) -> dict[Cell, Final]:
+        return collect(cells, configs, runs_dir)
+
+    def report(
+        self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], out: Path, *, command: str,
+        wall_seconds: float | None, runs: int, overrides: dict[str, Any],
+    ) -> Report:
+        results = tabulate(collected)
+        diffs = differences(results, p)
+        files = write_outputs(results, diffs, p, out, command=command, wall_seconds=wall_seconds, runs=runs)
+        return Report(files, [table_markdown(results, p) + "\n\n" + differences_markdown(diffs) + "\n\n"
+                              + thresholds_markdown(thresholds(results, p), p)])

@@ -1,4 +1,4 @@
-"""The price-of-robustness experiment of Yang, Shi & Li (ICML 2025) as a preset: grids, tables, trends, report.
+"""The price-of-robustness study of Yang, Shi & Li (ICML 2025) as a preset: grids, tables, trends, report.
 
 The experiment (their Section 6): distributed SGD with **no attack** on n = 16 workers, Dirichlet(α) splits with
 α ∈ {0.1, 1, 10}, batch 16 per worker, worker momentum 0.9, a cosine learning rate whose initial value is the best
@@ -35,14 +35,19 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phalanx.analysis.stats import Estimate, mean_ci, slope
 from phalanx.errors import ConfigError
 from phalanx.experiments import grid
 from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.report import clipped_errors, save_figure
-from phalanx.studies.reporting import pick_preset, provenance, write_report_files
+from phalanx.studies.base import Report, Study
+from phalanx.studies.registry import register
+from phalanx.studies.reporting import final_accuracy, pick_preset, provenance, write_report_files
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 TABLES: dict[str, dict[str, str]] = {
     "T3": {"rule": "multikrum(strict=false)", "label": "Multi-Krum, f = 0 … F", "vary": "f"},
@@ -375,3 +380,72 @@ def write_outputs(
     text = report_markdown(results, ts, p, command=command, wall_seconds=wall_seconds, runs=runs, note=note)
     return write_report_files(out, text, cells_csv(results), "tension.png", "accuracy vs f",
                               lambda path: plot(results, p, path))
+
+
+def terminal_tables(results: dict[tuple[str, int, float], CellResult], ts: list[Trend], p: Preset) -> list[Table]:
+    """What the terminal shows: the four tables (cells ``mean ± half-width (lr₀)`` in %) and the trend verdicts."""
+    from rich.table import Table
+
+    out = []
+    for table, meta in TABLES.items():
+        t = Table(title=f"{table}: {meta['label'].replace('F', str(p.max_f))} — final accuracy % (lr₀)")
+        t.add_column(meta["vary"], justify="right")
+        for a in sorted(p.alphas):
+            t.add_column(f"α = {a:g}", justify="right")
+        for x in range(p.max_f + 1):
+            row = [str(x)]
+            for a in sorted(p.alphas):
+                r = results[(table, x, a)]
+                row.append(f"{100 * r.estimate.mean:.1f} ± {100 * r.estimate.half_width:.1f} ({r.lr:g})")
+            t.add_row(*row)
+        out.append(t)
+    verdicts = Table(title="Trends (per-seed statistics, 95 % intervals, accuracy points)")
+    for c in ("trend", "table", "α", "estimate", "interval", "verdict"):
+        verdicts.add_column(c)
+    for tr in ts:
+        e = tr.estimate
+        verdicts.add_row(tr.trend, tr.table, tr.alpha, f"{100 * e.mean:+.2f}",
+                         f"[{100 * e.low:+.2f}, {100 * e.high:+.2f}]", tr.verdict)
+    out.append(verdicts)
+    return out
+
+
+@register
+class Tension(Study[Preset, Cell, float]):
+    """The price of robustness (the module's docstring) as a study: ``phalanx experiment tension``, also
+    ``phalanx tension paper``. The f = 0 rows of the four tables share their runs: the distinct ones are trained."""
+
+    name = "tension"
+    help = ("Yang, Shi & Li (ICML 2025), no attack, n = 16: Tables 3-6 (rows f or f_NNM, columns α), plot, trend "
+            "verdicts.")
+    preset_type = Preset
+    presets = PRESETS
+    out = "runs/tension-quick"
+    preset_help = "quick (Fashion-MNIST/digits, CPU) or paper."
+    set_example = "rounds=100"
+
+    def preset(self, name: str, **changes: Any) -> Preset:
+        return preset(name, **changes)
+
+    def plan(self, p: Preset, overrides: dict[str, Any]) -> tuple[list[Cell], list[RunConfig]]:
+        return plan(p, overrides)
+
+    def runs(self, configs: list[RunConfig]) -> list[RunConfig]:
+        return unique(configs)
+
+    def summary(self, p: Preset, cells: list[Cell], runs: list[RunConfig], out: Path) -> str:
+        return (f"[bold]preset {p.name}[/bold]: {p.description}; dataset {p.dataset}; {len(cells)} cells, "
+                f"{len(runs)} distinct runs → {out}")
+
+    def collect(self, cells: list[Cell], configs: list[RunConfig], runs_dir: Path) -> dict[Cell, float]:
+        return {c: final_accuracy(runs_dir / grid.run_id(cfg)) for c, cfg in zip(cells, configs)}
+
+    def report(
+        self, p: Preset, cells: list[Cell], collected: dict[Cell, float], out: Path, *, command: str,
+        wall_seconds: float | None, runs: int, overrides: dict[str, Any],
+    ) -> Report:
+        results = tabulate(cells, collected)
+        ts = trends(results, p)
+        files = write_outputs(results, ts, p, out, command=command, wall_seconds=wall_seconds, runs=runs,
+                              note=round_note(overrides, p))
+        return Report(files, list(terminal_tables(results, ts, p)))

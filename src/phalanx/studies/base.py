@@ -1,0 +1,134 @@
+"""The study seam: what a study of the field declares and does, so that ``phalanx experiment NAME`` can run any of
+them — the built-ins, an installed plug-in's, a user's ``module:attr`` — without knowing one.
+
+A study is a grid of runs chosen by a *preset* (a frozen dataclass: the data, the model, the axes of the grid, the
+seeds), and what is made of the finished runs. It declares, as class attributes,
+
+* ``name`` — its command (``phalanx experiment NAME``); ``help`` — the paragraph its ``--help`` shows;
+* ``preset_type`` — its preset dataclass (its fields are what ``--set`` may change besides run keys), which has at
+  least ``name``, ``description``, ``dataset``, ``fallback_dataset`` and ``seeds``; ``presets`` — the presets it
+  knows by name, ``default_preset`` among them;
+* ``out`` — the default ``--out`` folder; ``preset_help`` and ``set_example`` — the ``--preset`` and ``--set``
+  options' help;
+
+and provides :meth:`plan` (the cells and their run configurations), :meth:`collect` (what each cell's finished run
+ended with) and :meth:`report` (the tables, figure and report files, and what the terminal shows). The command line
+does the rest, the same for every study (:meth:`configure`, then train the runs of :meth:`runs`, then collect and
+report).
+"""
+
+from __future__ import annotations
+
+import functools
+from abc import ABC, abstractmethod
+from collections.abc import Hashable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from phalanx.studies.reporting import PresetLike, pick_preset, resolve_dataset
+
+if TYPE_CHECKING:
+    from phalanx.experiments.config import RunConfig
+
+P = TypeVar("P", bound=PresetLike)
+C = TypeVar("C", bound=Hashable)
+V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a study's report made: the files it wrote, and what the terminal shows — each item a ``str``, echoed as
+    it is (plain text, Markdown tables), or a rich renderable (a ``rich.table.Table``) that the console prints."""
+
+    files: list[Path]
+    terminal: list[Any]
+
+
+def _tuples(value: Any) -> Any:
+    """TOML lists as tuples, nested ones too (preset fields are tuples)."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+class Study(ABC, Generic[P, C, V]):
+    """A study of the field as presets (module docstring). ``P`` is its preset type, ``C`` its cell (one run of the
+    grid, hashable), ``V`` what :meth:`collect` reads of a cell's run."""
+
+    name: ClassVar[str]
+    """The command: ``phalanx experiment NAME``."""
+    help: ClassVar[str]
+    """One paragraph: what the study measures, against what (the paper), and what it writes."""
+    preset_type: ClassVar[type]
+    """The preset dataclass."""
+    presets: ClassVar[dict[str, Any]]
+    """The presets the study knows, by name."""
+    default_preset: ClassVar[str] = "quick"
+    """The preset ``--preset`` defaults to."""
+    out: ClassVar[str]
+    """The default ``--out`` folder."""
+    preset_help: ClassVar[str | None] = None
+    """The ``--preset`` option's help (default: the presets' names)."""
+    set_example: ClassVar[str] = "rounds=50"
+    """The example in the ``--set`` option's help."""
+
+    def preset(self, name: str, **changes: Any) -> P:
+        """``presets[name]`` with fields replaced, checked (a known name and fields, two seeds at least). A study with
+        more to check overrides this."""
+        return pick_preset(self.presets, name, changes, ())
+
+    def configure(self, name: str, seeds: int, sets: list[str]) -> tuple[P, dict[str, Any]]:
+        """The preset the command line asks for, and the run keys it overrides: ``sets`` (``--set KEY=VALUE``) that
+        name a field of the preset change the preset, the others are run keys (returned). The preset's data set falls
+        back when it is not on this machine, and a data set that is nowhere is one clear error (where it looked, how
+        to get it) before any run starts."""
+        from phalanx import data
+        from phalanx.data.base import DatasetNotFoundError
+        from phalanx.experiments.config import apply_overrides
+
+        overrides = apply_overrides({}, sets)
+        root = overrides.get("data_root")
+
+        @functools.cache  # asked twice (fallback, then the check below): load each data set once
+        def available(dataset: str) -> bool:
+            try:
+                data.load(dataset, root=root)
+            except DatasetNotFoundError:
+                return False
+            return True
+
+        fields = self.preset_type.__dataclass_fields__  # type: ignore[attr-defined]
+        changes = {k: _tuples(overrides.pop(k)) for k in list(overrides) if k in fields}
+        p = self.preset(name, **{"seeds": tuple(range(seeds)), **changes})
+        if "dataset" not in changes:
+            p = resolve_dataset(p, available)
+        if not available(p.dataset):  # with --set download=true this fetches the files once; else the clear error
+            data.load(p.dataset, root=root, download=overrides.get("download", False) is True)
+        return p, overrides
+
+    @abstractmethod
+    def plan(self, preset: P, overrides: dict[str, Any]) -> tuple[list[C], list[RunConfig]]:
+        """The cells of the grid and their validated run configurations (one per cell), ``overrides`` (run keys)
+        applied to every one."""
+
+    def runs(self, configs: list[RunConfig]) -> list[RunConfig]:
+        """The configurations to train: every cell's (a study whose cells share runs gives the distinct ones)."""
+        return configs
+
+    def summary(self, preset: P, cells: list[C], runs: list[RunConfig], out: Path) -> str:
+        """The line the command prints before training (rich markup)."""
+        return (f"[bold]{self.name} {preset.name}[/bold]: {preset.description}; dataset {preset.dataset}; "
+                f"{len(runs)} runs → {out}")
+
+    @abstractmethod
+    def collect(self, cells: list[C], configs: list[RunConfig], runs_dir: Path) -> dict[C, V]:
+        """What every cell's ended run under ``runs_dir`` (named by :func:`phalanx.experiments.grid.run_id`)
+        ended with."""
+
+    @abstractmethod
+    def report(
+        self, preset: P, cells: list[C], collected: dict[C, V], out: Path, *, command: str,
+        wall_seconds: float | None, runs: int, overrides: dict[str, Any],
+    ) -> Report:
+        """The tables and statistics of the collected runs, written into ``out`` (``report.md``, its figure, its
+        CSV…), and what the terminal shows. ``command`` is the command line that reproduces it, ``wall_seconds`` the
+        training's wall time, ``runs`` how many runs were trained (:meth:`runs`), ``overrides`` the run keys."""

@@ -1,0 +1,156 @@
+"""The study seam (phalanx.studies): the registry — built-ins, ``module:attr`` specs, entry points, one-line errors —
+what every study declares, and the options every study command shares (a preset field or a run key)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from phalanx import studies
+from phalanx.errors import ConfigError
+from phalanx.studies import hbn, neighbours, parallelism, tension
+from phalanx.studies.base import Report, Study
+
+BUILT_IN = {"tension": tension.Tension, "hbn": hbn.HBN, "parallelism": parallelism.Parallelism,
+            "byzantine-neighbours": neighbours.ByzantineNeighbours}
+
+
+def test_the_built_in_studies_are_registered_by_their_modules() -> None:
+    assert set(BUILT_IN) <= set(studies.names())
+    assert studies.names() == sorted(studies.names())
+    for name, cls in BUILT_IN.items():
+        assert studies.resolve(name) is cls and cls.name == name
+        assert cls.default_preset in cls.presets and cls.help and cls.out.startswith("runs/")
+
+
+def test_an_unknown_study_is_one_line_that_lists_them_and_suggests() -> None:
+    with pytest.raises(ConfigError) as exc:
+        studies.resolve("hbx")
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith("study='hbx' is invalid")
+    assert "byzantine-neighbours, hbn, parallelism, tension" in text and "'module:attr' spec" in text
+    assert "did you mean hbn?" in text
+
+
+def test_a_spec_names_a_study_class_and_nothing_else() -> None:
+    assert studies.resolve("phalanx.studies.hbn:HBN") is hbn.HBN
+    for spec, says in (("phalanx.studies.hbn:Preset", "a subclass of phalanx.studies.Study"),
+                       ("phalanx.studies.base:Study", "a subclass of phalanx.studies.Study"),  # abstract
+                       ("no_such_module_xyz:Study", "whose module can be imported"),
+                       ("phalanx.studies.hbn:Nope", "an attribute that exists in phalanx.studies.hbn")):
+        with pytest.raises(ConfigError, match=says):
+            studies.resolve(spec)
+
+
+@dataclass(frozen=True)
+class _Preset:
+    name: str
+    description: str
+    dataset: str = "digits"
+    fallback_dataset: str | None = None
+    seeds: tuple[int, ...] = (0, 1)
+    rounds: int = 2
+
+
+_PRESETS = {"quick": _Preset("quick", "two runs")}
+
+
+class _Tiny(Study[_Preset, int, float]):
+    name = "tiny"
+    help = "A study for the tests."
+    preset_type = _Preset
+    presets = _PRESETS
+    out = "runs/tiny"
+
+    def plan(self, preset: _Preset, overrides: dict[str, Any]) -> tuple[list[int], list[Any]]:
+        return list(preset.seeds), []
+
+    def collect(self, cells: list[int], configs: list[Any], runs_dir: Path) -> dict[int, float]:
+        return {}
+
+    def report(self, preset: _Preset, cells: list[int], collected: dict[int, float], out: Path, *, command: str,
+               wall_seconds: float | None, runs: int, overrides: dict[str, Any]) -> Report:
+        return Report([], [])
+
+
+def test_a_study_must_declare_what_the_command_line_needs() -> None:
+    from phalanx.studies.registry import _accept
+
+    assert _accept(_Tiny, "tiny") is _Tiny
+    bad_default = type("BadDefault", (_Tiny,), {"default_preset": "full"})
+    with pytest.raises(ConfigError, match=r"presets include its default_preset 'full' \(presets: quick\)"):
+        _accept(bad_default, "x")
+
+    @dataclass(frozen=True)
+    class Bare:
+        name: str
+
+    bare = type("Bare", (_Tiny,), {"preset_type": Bare})
+    with pytest.raises(ConfigError, match="missing: description, dataset, fallback_dataset, seeds"):
+        _accept(bare, "x")
+    plain = type("Plain", (_Tiny,), {"preset_type": dict})
+    with pytest.raises(ConfigError, match="preset_type is a dataclass"):
+        _accept(plain, "x")
+
+
+def test_a_study_without_its_declarations_is_refused() -> None:
+    from phalanx.studies.registry import _accept
+
+    class Undeclared(Study[Any, Any, Any]):
+        def plan(self, preset: Any, overrides: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+            return [], []
+
+        def collect(self, cells: list[Any], configs: list[Any], runs_dir: Path) -> dict[Any, Any]:
+            return {}
+
+        def report(self, preset: Any, cells: list[Any], collected: dict[Any, Any], out: Path, *, command: str,
+                   wall_seconds: float | None, runs: int, overrides: dict[str, Any]) -> Report:
+            return Report([], [])
+
+    with pytest.raises(ConfigError, match="missing: name, help, preset_type, presets, out"):
+        _accept(Undeclared, "x")
+
+
+def test_register_makes_a_study_known_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from phalanx.studies.registry import _REGISTRY
+
+    monkeypatch.setattr(_REGISTRY, "_entries", dict(_REGISTRY._entries))
+    assert studies.register(_Tiny) is _Tiny
+    assert "tiny" in studies.names() and studies.resolve("tiny") is _Tiny
+    with pytest.raises(RuntimeError, match="registered twice"):
+        studies.register(_Tiny)
+
+
+def test_set_keys_that_are_preset_fields_change_the_preset_the_others_are_run_keys() -> None:
+    p, overrides = hbn.HBN().configure("quick", 2, ["rounds=5", "alphas=[0.5, 1.0]", "rules=[['mean', 0]]",
+                                                    "lr=0.05", "dataset=digits"])
+    assert p.rounds == 5 and p.alphas == (0.5, 1.0) and p.rules == (("mean", 0),) and p.seeds == (0, 1)
+    assert p.lr == 0.05 and overrides == {}  # lr is a field of the preset: it is not a run key
+    p, overrides = tension.Tension().configure("quick", 3, ["dataset=digits", "checkpoint_every=3",
+                                                            "momentum=0.5", "local_steps=2"])
+    assert p.momentum == 0.5 and overrides == {"checkpoint_every": 3, "local_steps": 2}
+    with pytest.raises(ConfigError, match="preset"):
+        hbn.HBN().configure("huge", 2, [])
+    with pytest.raises(ConfigError, match="at least two distinct seeds"):
+        parallelism.Parallelism().configure("quick", 1, [])
+
+
+def test_the_preset_falls_back_to_data_that_is_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    from phalanx import data
+    from phalanx.data.base import DatasetNotFoundError
+
+    real = data.load
+
+    def load(name: str, **kwargs: Any) -> Any:  # Fashion-MNIST is not on this machine
+        if name == "fashion-mnist":
+            raise DatasetNotFoundError(name, [], "download it")
+        return real(name, **kwargs)
+
+    monkeypatch.setattr(data, "load", load)
+    assert hbn.HBN().configure("quick", 2, [])[0].dataset == "digits"  # the preset's fallback_dataset
+    assert hbn.HBN().configure("quick", 2, ["dataset=digits"])[0].dataset == "digits"
+    with pytest.raises(DatasetNotFoundError):  # a data set asked for by name does not fall back
+        hbn.HBN().configure("quick", 2, ["dataset=fashion-mnist"])
