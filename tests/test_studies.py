@@ -154,3 +154,52 @@ def test_the_preset_falls_back_to_data_that_is_here(monkeypatch: pytest.MonkeyPa
     assert hbn.HBN().configure("quick", 2, ["dataset=digits"])[0].dataset == "digits"
     with pytest.raises(DatasetNotFoundError):  # a data set asked for by name does not fall back
         hbn.HBN().configure("quick", 2, ["dataset=fashion-mnist"])
+
+
+def _cli(args: list[str]) -> Any:
+    from typer.testing import CliRunner
+
+    from phalanx import cli
+
+    return CliRunner().invoke(cli.app, args, env={"COLUMNS": "200"})  # help on one line per option
+
+
+def test_experiment_lists_the_registered_studies_and_tension_keeps_paper() -> None:
+    res = _cli(["experiment", "--help"])
+    assert res.exit_code == 0, res.output
+    for name, cls in BUILT_IN.items():
+        assert f"│ {name} " in res.output and cls.help[:40] in res.output
+    res = _cli(["tension", "--help"])
+    assert res.exit_code == 0 and all(f"│ {c} " in res.output for c in ("paper", "plan", "theory"))
+
+
+@pytest.mark.parametrize(("args", "preset_help", "out"), [
+    (["tension", "paper"], "quick (Fashion-MNIST/digits, CPU) or paper.", "runs/tension-quick"),
+    (["experiment", "tension"], "quick (Fashion-MNIST/digits, CPU) or paper.", "runs/tension-quick"),
+    (["experiment", "hbn"], "quick (CPU, ≤ 30 min) or paper (CIFAR-10, GPU).", "runs/hbn-quick"),
+    (["experiment", "parallelism"], "quick (digits, CPU, minutes) or full (Fashion-MNIST).", "runs/parallelism-quick"),
+    (["experiment", "byzantine-neighbours"], "quick (digits, CPU, minutes) or full", "runs/neighbours-quick"),
+    (["experiment", "phalanx.studies.hbn:HBN"], "quick (CPU, ≤ 30 min)", "runs/hbn-quick"),
+])
+def test_every_study_command_has_the_shared_options_with_its_own_defaults(
+    args: list[str], preset_help: str, out: str,
+) -> None:
+    res = _cli([*args, "--help"])
+    assert res.exit_code == 0, res.output
+    assert preset_help in res.output and f"[default: {out}]" in res.output
+    for option in ("--preset", "--out", "--seeds", "--jobs", "--set", "--executor", "--partition", "--wait"):
+        assert option in res.output
+
+
+def test_an_unknown_study_command_is_one_line(capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from phalanx import cli
+
+    monkeypatch.setattr("sys.argv", ["phalanx", "experiment", "hbx", "--preset", "quick"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 2
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "study='hbx' is invalid" in out and "did you mean hbn?" in out
+    res = _cli(["tension", "pape"])
+    assert res.exit_code == 2 and "Did you mean 'paper'?" in res.output

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import torch
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
 from phalanx import __version__, aggregators
 from phalanx.distributed import cli as distributed_cli
@@ -20,7 +22,10 @@ from phalanx.errors import PhalanxError
 from phalanx.executor_cli import ExecutorChoice, executor_options
 
 if TYPE_CHECKING:
+    import click
+
     from phalanx.experiments.config import RunConfig
+    from phalanx.studies import Study
 
 app = typer.Typer(
     name="phalanx", help="Byzantine-robust distributed learning: robust aggregators, attacks, price of robustness.",
@@ -29,10 +34,57 @@ app = typer.Typer(
 )
 list_app = typer.Typer(help="List what Phalanx provides.", no_args_is_help=True)
 app.add_typer(list_app, name="list")
-tension_app = typer.Typer(help="The price of robustness (Yang, Shi & Li, ICML 2025).", no_args_is_help=True)
+
+
+class _StudyGroup(TyperGroup):
+    """A command group whose study commands are made when one is asked for, from the study registry
+    (:mod:`phalanx.studies`): a study's module — a plug-in's too — is imported only then."""
+
+    prefix: ClassVar[str]
+    """The group's command line, as a study's report quotes it."""
+    aliases: ClassVar[dict[str, str] | None] = None
+    """Command → study; None: every study :func:`phalanx.studies.names` lists, under its own name, and any
+    ``module:attr`` spec of a study."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        from phalanx import studies
+
+        return [*super().list_commands(ctx), *(studies.names() if self.aliases is None else self.aliases)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        if self.aliases is None:  # an unknown study is the registry's one-line error (the studies, the closest)
+            return _study_command(cmd_name, f"{self.prefix} {cmd_name}")
+        study = self.aliases.get(cmd_name)
+        return None if study is None else _study_command(study, f"{self.prefix} {cmd_name}")
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
+                                                                           list[str]]:
+        from click.exceptions import NoSuchCommand
+
+        try:
+            return super().resolve_command(ctx, args)
+        except NoSuchCommand as exc:  # "Did you mean" among every command, the study commands made on demand too
+            raise NoSuchCommand(exc.command_name, possibilities=self.list_commands(ctx), ctx=ctx) from None
+
+
+class _Experiments(_StudyGroup):
+    prefix = "phalanx experiment"
+
+
+class _Tension(_StudyGroup):
+    prefix = "phalanx tension"
+    aliases: ClassVar[dict[str, str] | None] = {"paper": "tension"}
+
+
+tension_app = typer.Typer(cls=_Tension, help="The price of robustness (Yang, Shi & Li, ICML 2025).",
+                          no_args_is_help=True)
 app.add_typer(tension_app, name="tension")
-experiment_app = typer.Typer(help="Experiments of the field as presets: grids, tables with intervals, plots.",
-                             no_args_is_help=True)
+experiment_app = typer.Typer(cls=_Experiments, help="Experiments of the field as presets: grids, tables with "
+                             "intervals, plots. NAME is a study below, an installed plug-in's, or a module:attr spec "
+                             "of a phalanx.studies.Study subclass.", no_args_is_help=True)
 app.add_typer(experiment_app, name="experiment")
 console = Console()
 app.command("launch")(distributed_cli.launch)
@@ -620,189 +672,65 @@ def _cpu_jobs() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def _tuples(value: Any) -> Any:
-    """TOML lists as tuples, nested ones too (preset fields are tuples)."""
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+def _study_options(study: type[Study[Any, Any, Any]]) -> list[inspect.Parameter]:
+    """The options every study command has, with the study's defaults and help."""
+    help_preset = study.preset_help or "One of " + ", ".join(study.presets) + "."
+    options: dict[str, tuple[Any, Any]] = {
+        "preset_name": (Annotated[str, typer.Option("--preset", help=help_preset)], study.default_preset),
+        "out": (Annotated[Path, typer.Option("--out", help="Output directory.")], Path(study.out)),
+        "seeds": (Annotated[int, typer.Option("--seeds", min=2, help="Seeds per cell (0 … seeds−1).")], 3),
+        "jobs": (Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Processes (default: cores).")], None),
+        "set_": (Annotated[list[str] | None, typer.Option("--set", help="Override a preset field or run key: --set "
+                                                          f"{study.set_example}.")], None),
+    }
+    return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+            for name, (annotation, default) in options.items()]
 
 
-def _preset_from_options(
-    make: Callable[..., Any], preset_cls: type, name: str, seeds: int, set_: list[str] | None,
-) -> tuple[Any, dict[str, Any]]:
-    """An experiment's preset from the command line: ``--set`` keys that are preset fields change the preset, the
-    others are run keys (returned); the preset's data set falls back when it is not on this machine, and a data set
-    that is nowhere is one clear error (where it looked, how to get it) before any run starts."""
-    from phalanx import data
-    from phalanx.data.base import DatasetNotFoundError
-    from phalanx.experiments.config import apply_overrides
-    from phalanx.studies import reporting
+@functools.cache
+def _study_command(name: str, path: str) -> click.Command:
+    """The command ``path`` (``phalanx experiment hbn``) that runs the study ``name`` resolves to (a registered
+    name, an entry point, a ``module:attr`` spec): the shared options (:func:`_study_options`) and the executor's
+    (:func:`~phalanx.executor_cli.executor_options`), then :func:`_run_study`."""
+    from phalanx import studies
 
-    overrides = apply_overrides({}, set_ or [])
-    root = overrides.get("data_root")
+    study = studies.resolve(name)
 
-    @functools.cache  # asked twice (fallback, then the check below): load each data set once
-    def available(dataset: str) -> bool:
-        try:
-            data.load(dataset, root=root)
-        except DatasetNotFoundError:
-            return False
-        return True
+    def command(*, preset_name: str, out: Path, seeds: int, jobs: int | None, set_: list[str] | None,
+                executor: ExecutorChoice | None = None) -> None:
+        _run_study(study(), path, preset_name, out, seeds, jobs, set_ or [], executor)
 
-    fields = preset_cls.__dataclass_fields__  # type: ignore[attr-defined]
-    changes = {k: _tuples(overrides.pop(k)) for k in list(overrides) if k in fields}
-    p = make(name, **{"seeds": tuple(range(seeds)), **changes})
-    if "dataset" not in changes:
-        p = reporting.resolve_dataset(p, available)
-    if not available(p.dataset):  # with --set download=true this fetches the files once; else the clear error
-        data.load(p.dataset, root=root, download=overrides.get("download", False) is True)
-    return p, overrides
+    params = _study_options(study)
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    single = typer.Typer(add_completion=False)
+    single.command(path.rsplit(" ", 1)[-1], help=study.help)(executor_options(command))
+    return typer.main.get_command(single)
 
 
-@tension_app.command("paper")
-@executor_options
-def tension_paper(
-    preset_name: Annotated[str, typer.Option("--preset", help="quick (Fashion-MNIST/digits, CPU) or paper.")] = "quick",
-    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/tension-quick"),
-    seeds: Annotated[int, typer.Option("--seeds", min=2, help="Seeds per cell (0 … seeds−1).")] = 3,
-    jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Processes (default: cores).")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a run key: --set rounds=100.")] = None,
-    executor: ExecutorChoice | None = None,
+def _run_study(
+    study: Study[Any, Any, Any], path: str, preset_name: str, out: Path, seeds: int, jobs: int | None,
+    sets: list[str], executor: ExecutorChoice | None,
 ) -> None:
-    """Yang, Shi & Li (ICML 2025), no attack, n = 16: Tables 3-6 (rows f or f_NNM, columns α), plot, trend verdicts."""
-    from phalanx.experiments import grid
-    from phalanx.studies import reporting, tension
-
-    p, overrides = _preset_from_options(tension.preset, tension.Preset, preset_name, seeds, set_)
-    cells, cfgs = tension.plan(p, overrides)
-    distinct = tension.unique(cfgs)
-    console.print(f"[bold]preset {p.name}[/bold]: {p.description}; dataset {p.dataset}; {len(cells)} cells, "
-                  f"{len(distinct)} distinct runs → {out}")
+    """One study command, the same for every study: its preset from the options, its grid trained into
+    ``out/runs`` (finished runs skipped), then its tables, files and terminal output from the ended runs."""
+    p, overrides = study.configure(preset_name, seeds, sets)
+    cells, cfgs = study.plan(p, overrides)
+    runs = study.runs(cfgs)
+    console.print(study.summary(p, cells, runs, out))
     t0 = time.perf_counter()
     runs_dir = out / "runs"
-    _train(distinct, runs_dir, jobs or _cpu_jobs(), executor)
+    _train(runs, runs_dir, jobs or _cpu_jobs(), executor)
     wall = time.perf_counter() - t0
-    acc = {c: reporting.final_accuracy(runs_dir / grid.run_id(cfg)) for c, cfg in zip(cells, cfgs)}
-    results = tension.tabulate(cells, acc)
-    trends = tension.trends(results, p)
-    command = "phalanx tension paper --preset " + preset_name + f" --seeds {seeds}" + "".join(
-        f" --set {o}" for o in (set_ or []))
-    written = tension.write_outputs(results, trends, p, out, command=command, wall_seconds=wall, runs=len(distinct),
-                                  note=tension.round_note(overrides, p))
-    for table, meta in tension.TABLES.items():
-        t = Table(title=f"{table}: {meta['label'].replace('F', str(p.max_f))} — final accuracy % (lr₀)")
-        t.add_column(meta["vary"], justify="right")
-        for a in sorted(p.alphas):
-            t.add_column(f"α = {a:g}", justify="right")
-        for x in range(p.max_f + 1):
-            row = [str(x)]
-            for a in sorted(p.alphas):
-                r = results[(table, x, a)]
-                row.append(f"{100 * r.estimate.mean:.1f} ± {100 * r.estimate.half_width:.1f} ({r.lr:g})")
-            t.add_row(*row)
-        console.print(t)
-    verdicts = Table(title="Trends (per-seed statistics, 95 % intervals, accuracy points)")
-    for c in ("trend", "table", "α", "estimate", "interval", "verdict"):
-        verdicts.add_column(c)
-    for tr in trends:
-        e = tr.estimate
-        verdicts.add_row(tr.trend, tr.table, tr.alpha, f"{100 * e.mean:+.2f}",
-                         f"[{100 * e.low:+.2f}, {100 * e.high:+.2f}]", tr.verdict)
-    console.print(verdicts)
-    console.print("written: " + ", ".join(str(w) for w in written))
-
-
-def _preset_grid(
-    name: str, module: Any, preset_name: str, out: Path, seeds: int, jobs: int | None, set_: list[str] | None,
-    executor: ExecutorChoice | None,
-) -> tuple[Any, list[Any], list[Any], Path, float, str]:
-    """An experiment preset's grid, trained into ``out/runs``: the preset, its cells and configurations, the runs'
-    folder, the wall time and the command line that reproduces it. ``module`` is the experiment's module
-    (``preset``, ``Preset``, ``plan``)."""
-    p, overrides = _preset_from_options(module.preset, module.Preset, preset_name, seeds, set_)
-    cells, cfgs = module.plan(p, overrides)
-    console.print(f"[bold]{name} {p.name}[/bold]: {p.description}; dataset {p.dataset}; {len(cfgs)} runs → {out}")
-    t0 = time.perf_counter()
-    runs_dir = out / "runs"
-    _train(cfgs, runs_dir, jobs or _cpu_jobs(), executor)
-    command = f"phalanx experiment {name} --preset {preset_name} --seeds {seeds}" + "".join(
-        f" --set {o}" for o in (set_ or []))
-    return p, cells, cfgs, runs_dir, time.perf_counter() - t0, command
-
-
-@experiment_app.command("hbn")
-@executor_options
-def experiment_hbn(
-    preset_name: Annotated[str, typer.Option("--preset", help="quick (CPU, ≤ 30 min) or paper (CIFAR-10, GPU).")] = (
-        "quick"),
-    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/hbn-quick"),
-    seeds: Annotated[int, typer.Option("--seeds", min=2, help="Seeds per cell (0 … seeds−1).")] = 3,
-    jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Processes (default: cores).")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a preset field or run key: --set "
-                                                                 "rounds=50.")] = None,
-    executor: ExecutorChoice | None = None,
-) -> None:
-    """BatchNorm under heterogeneity (Chen et al., ICML 2025): GroupNorm vs BatchNorm vs FedBN vs Hybrid BN in
-    federated training over Dirichlet splits, with the mean and a robust rule; table, paired differences, plot."""
-    from phalanx.studies import hbn
-
-    p, cells, cfgs, runs_dir, wall, command = _preset_grid(
-        "hbn", hbn, preset_name, out, seeds, jobs, set_, executor)
-    results = hbn.tabulate(cells, hbn.collect(cells, cfgs, runs_dir))
-    diffs = hbn.differences(results, p)
-    written = hbn.write_outputs(results, diffs, p, out, command=command, wall_seconds=wall, runs=len(cfgs))
-    typer.echo(hbn.table_markdown(results, p) + "\n\n" + hbn.differences_markdown(diffs))
-    console.print("written: " + ", ".join(str(w) for w in written))
-
-
-@experiment_app.command("parallelism")
-@executor_options
-def experiment_parallelism(
-    preset_name: Annotated[str, typer.Option("--preset", help="quick (digits, CPU, minutes) or full "
-                                                              "(Fashion-MNIST).")] = "quick",
-    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/parallelism-quick"),
-    seeds: Annotated[int, typer.Option("--seeds", min=2, help="Seeds per cell (0 … seeds−1).")] = 3,
-    jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Processes (default: cores).")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a preset field or run key: --set "
-                                                                 "nodes=[9,16].")] = None,
-    executor: ExecutorChoice | None = None,
-) -> None:
-    """The parallelism threshold (Eisen, Dorfman & Levy, ICML 2025): D-SGD vs Decentralized Anytime SGD as the number
-    of nodes grows at a fixed sample budget, on a ring and a torus against the centralized reference; tables with
-    intervals, paired differences, plot."""
-    from phalanx.studies import parallelism
-
-    p, cells, cfgs, runs_dir, wall, command = _preset_grid(
-        "parallelism", parallelism, preset_name, out, seeds, jobs, set_, executor)
-    results = parallelism.tabulate(parallelism.collect(cells, cfgs, runs_dir))
-    diffs = parallelism.differences(results, p)
-    written = parallelism.write_outputs(results, diffs, p, out, command=command, wall_seconds=wall, runs=len(cfgs))
-    typer.echo(parallelism.table_markdown(results, p) + "\n\n" + parallelism.differences_markdown(diffs) + "\n\n"
-               + parallelism.thresholds_markdown(parallelism.thresholds(results, p), p))
-    console.print("written: " + ", ".join(str(w) for w in written))
-
-
-@experiment_app.command("byzantine-neighbours")
-@executor_options
-def experiment_byzantine_neighbours(
-    preset_name: Annotated[str, typer.Option("--preset", help="quick (digits, CPU, minutes) or full "
-                                                              "(Fashion-MNIST).")] = "quick",
-    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/neighbours-quick"),
-    seeds: Annotated[int, typer.Option("--seeds", min=2, help="Seeds per cell (0 … seeds−1).")] = 3,
-    jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Processes (default: cores).")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a preset field or run key: --set "
-                                                                 "byzantine=[1,2].")] = None,
-    executor: ExecutorChoice | None = None,
-) -> None:
-    """Robust gossip vs the number of Byzantine neighbours: every rule at f = b under the dissensus and spectral
-    attacks, and its price with no attack; tables with intervals, paired prices, plot."""
-    from phalanx.studies import neighbours
-
-    p, cells, cfgs, runs_dir, wall, command = _preset_grid(
-        "byzantine-neighbours", neighbours, preset_name, out, seeds, jobs, set_, executor)
-    results = neighbours.tabulate(neighbours.collect(cells, cfgs, runs_dir))
-    ps = neighbours.prices(results, p)
-    written = neighbours.write_outputs(results, ps, p, out, command=command, wall_seconds=wall, runs=len(cfgs))
-    typer.echo(neighbours.table_markdown(results, p) + "\n\n" + neighbours.prices_markdown(ps))
-    console.print("written: " + ", ".join(str(w) for w in written))
+    command = f"{path} --preset {preset_name} --seeds {seeds}" + "".join(f" --set {o}" for o in sets)
+    report = study.report(p, cells, study.collect(cells, cfgs, runs_dir), out, command=command, wall_seconds=wall,
+                          runs=len(runs), overrides=overrides)
+    for item in report.terminal:
+        if isinstance(item, str):
+            typer.echo(item)
+        else:
+            console.print(item)
+    console.print("written: " + ", ".join(str(w) for w in report.files))
 
 
 @tension_app.command("plan")
