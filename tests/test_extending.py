@@ -126,6 +126,11 @@ def test_specs_reach_run_and_the_processes_of_a_parallel_sweep(tmp_path: Path) -
 
 @pytest.fixture
 def installed(tmp_path: Path) -> Path:
+    """A site directory holding the plug-in's distribution metadata (:func:`plugin_site`)."""
+    return plugin_site(tmp_path)
+
+
+def plugin_site(tmp_path: Path) -> Path:
     """A site directory holding the plug-in's distribution metadata, as `pip install ./examples/plugins` writes it:
     its entry points (from examples/plugins/pyproject.toml) are what Phalanx reads."""
     if sys.version_info >= (3, 11):
