@@ -448,4 +448,4 @@ class Tension(Study[Preset, Cell, float]):
         ts = trends(results, p)
         files = write_outputs(results, ts, p, out, command=command, wall_seconds=wall_seconds, runs=runs,
                               note=round_note(overrides, p))
-        return Report(files, list(terminal_tables(results, ts, p)))
+        return Report(files, terminal_tables(results, ts, p))
