@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     nodes_side = fast.transport.workers  # type: ignore[attr-defined]
     # check: one round of each from the same state and the same batches gives the same models
     state = nodes_side.batch_gen.get_state()
-    from phalanx.training.dsgd import worker_batches
+    from phalanx.training.algorithms.dsgd import worker_batches
     from phalanx.training.streams import restored
 
     def batches() -> tuple[torch.Tensor, torch.Tensor]:

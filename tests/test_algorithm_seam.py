@@ -17,10 +17,10 @@ from phalanx import aggregators, data, models
 from phalanx.errors import ConfigError, WorkersLostError
 from phalanx.experiments import from_config, make_config, store, train
 from phalanx.training import Experiment, Loop, run
-from phalanx.training.algorithm import RoundAlgorithm
-from phalanx.training.dsgd import DSGD
-from phalanx.training.fedavg import FedAvg
-from phalanx.training.gossip import AnytimeGossip, Gossip
+from phalanx.training.algorithms.base import RoundAlgorithm
+from phalanx.training.algorithms.dsgd import DSGD
+from phalanx.training.algorithms.fedavg import FedAvg
+from phalanx.training.algorithms.gossip import AnytimeGossip, Gossip
 from phalanx.training.state import Received, RoundAborted, RoundState
 
 

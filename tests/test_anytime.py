@@ -13,8 +13,8 @@ from phalanx import attacks, data, models
 from phalanx.decentralized import robust_gossip, topology
 from phalanx.errors import ConfigError
 from phalanx.training import Experiment, Loop
-from phalanx.training.dsgd import worker_batches
-from phalanx.training.gossip import AnytimeGossip
+from phalanx.training.algorithms.dsgd import worker_batches
+from phalanx.training.algorithms.gossip import AnytimeGossip
 from phalanx.training.streams import restored
 
 DS = data.load("digits")

@@ -17,7 +17,7 @@ from phalanx.analysis.epsilon import memory_needed
 from phalanx.decentralized import gossip_attacks
 from phalanx.decentralized.gossip_attacks import Dissensus, GossipAttack, GossipView
 from phalanx.errors import ConfigError
-from phalanx.training.gossip_node import check_attack
+from phalanx.training.algorithms.gossip_node import check_attack
 
 DISTANCE_BASED = {"krum", "multikrum", "bulyan", "mda", "signguard", "dnc", "clippedclustering"}
 

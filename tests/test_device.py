@@ -35,7 +35,7 @@ from phalanx.experiments.build import check_points, from_config, resolve_device
 from phalanx.experiments.slurm import SlurmOptions
 from phalanx.studies.tension import Cell, config_for, preset
 from phalanx.training import Experiment, Loop, devices
-from phalanx.training.gossip import Gossip
+from phalanx.training.algorithms.gossip import Gossip
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")

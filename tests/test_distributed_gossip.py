@@ -28,8 +28,8 @@ from phalanx.errors import ConfigError
 from phalanx.experiments import make_config
 from phalanx.experiments.build import check_points
 from phalanx.training import Experiment
-from phalanx.training.gossip import AnytimeGossip, Gossip
-from phalanx.training.gossip_node import AnytimeNode, OneNode, byzantine_inputs
+from phalanx.training.algorithms.gossip import AnytimeGossip, Gossip
+from phalanx.training.algorithms.gossip_node import AnytimeNode, OneNode, byzantine_inputs
 from phalanx.training.loop import fresh_start
 from phalanx.training.server import BoundRule
 from test_distributed import run_dir, run_job, simulated, wait_for

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from phalanx.experiments import from_config, make_config
-from phalanx.training.dsgd import worker_batches
+from phalanx.training.algorithms.dsgd import worker_batches
 from phalanx.training.server import BoundRule
 from phalanx.training.streams import generator, restored
 

@@ -1,5 +1,5 @@
-"""FedBN (norm = "fedbn", phalanx.training.fedbn): every client keeps its BatchNorm layers — γ, β and the running
-statistics — and the rule aggregates the shared coordinates only. One round by hand against torch's BatchNorm2d,
+"""FedBN (norm = "fedbn", phalanx.training.algorithms.fedbn): every client keeps its BatchNorm layers — γ, β and the
+running statistics — and the rule aggregates the shared coordinates only. One round by hand against torch's BatchNorm2d,
 per-client state (sampled, not sampled, Byzantine), the rule's and the attack's view, resume, the per-client
 evaluation against a loop over clients, and the configurations that are refused."""
 
@@ -23,8 +23,8 @@ from phalanx.errors import ConfigError
 from phalanx.experiments import from_config, make_config, store, train
 from phalanx.models.norm import FedNorm2d
 from phalanx.training import DSGD, Experiment, Loop
-from phalanx.training.fedavg import FedAvg
-from phalanx.training.fedbn import LocalNorms, label_shares, local_norms
+from phalanx.training.algorithms.fedavg import FedAvg
+from phalanx.training.algorithms.fedbn import LocalNorms, label_shares, local_norms
 from phalanx.training.loop import Evaluate
 from phalanx.training.optim import SGD
 from phalanx.training.problem import Problem

@@ -15,7 +15,7 @@ from phalanx import aggregators, attacks, models
 from phalanx.errors import ConfigError
 from phalanx.experiments import from_config, make_config, store, train
 from phalanx.training import DSGD, Experiment, Loop
-from phalanx.training.fedavg import FedAvg
+from phalanx.training.algorithms.fedavg import FedAvg
 from phalanx.training.optim import SGD, Adam
 from phalanx.training.problem import Problem
 from phalanx.training.streams import generator

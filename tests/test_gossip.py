@@ -13,7 +13,7 @@ from phalanx import aggregators, attacks, data, models
 from phalanx.decentralized import topology
 from phalanx.errors import ConfigError
 from phalanx.training import DSGD, Experiment, Loop, run
-from phalanx.training.gossip import Gossip
+from phalanx.training.algorithms.gossip import Gossip
 from phalanx.training.neighbourhood import closed_neighbourhoods
 
 DS = data.load("digits")
@@ -58,7 +58,7 @@ def test_the_plain_step_is_the_mixing_matrix_applied_to_the_local_steps() -> Non
     batch_state = nodes.batch_gen.get_state()
     loop.step()
     # the same round by hand: gradients of every node at θ₀ on the same batches, local step, W @ X̃
-    from phalanx.training.dsgd import worker_batches
+    from phalanx.training.algorithms.dsgd import worker_batches
     from phalanx.training.streams import restored
 
     xb, yb = worker_batches(exp.data, exp.attack, workers=7, byzantine=0, batch_size=8,

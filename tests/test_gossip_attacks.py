@@ -17,7 +17,7 @@ from phalanx.decentralized import gossip, gossip_attacks, robust_gossip, topolog
 from phalanx.decentralized.gossip_attacks import GossipView
 from phalanx.errors import ConfigError
 from phalanx.training import DSGD, Experiment, Loop, run
-from phalanx.training.gossip import Gossip
+from phalanx.training.algorithms.gossip import Gossip
 from phalanx.training.neighbourhood import Neighbourhoods, closed_neighbourhoods
 
 DS = data.load("digits")

@@ -223,7 +223,8 @@ def test_no_import_cycle_between_modules() -> None:
 
 def test_no_import_cycle_even_for_type_checking() -> None:
     """Nor through imports for type checking only (``if TYPE_CHECKING:``): they do not run, but they would still
-    tie the modules' types together (an algorithm sees its run through ``phalanx.training.algorithm.Run``, a gossip
+    tie the modules' types together (an algorithm sees its run through ``phalanx.training.algorithms.base.Run``, a
+    gossip
     node its settings through ``phalanx.training.neighbourhood.NodeSettings``, not the classes that build them)."""
     assert module_cycles(type_only=True) == []
 

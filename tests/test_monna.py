@@ -16,7 +16,7 @@ from phalanx import attacks, cli, data, models
 from phalanx.decentralized import gossip, robust_gossip, topology
 from phalanx.errors import ConfigError
 from phalanx.training import Experiment, Loop
-from phalanx.training.gossip import Gossip
+from phalanx.training.algorithms.gossip import Gossip
 from phalanx.training.neighbourhood import Neighbourhoods, closed_neighbourhoods
 
 EPS64 = torch.finfo(torch.float64).eps

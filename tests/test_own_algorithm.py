@@ -82,6 +82,6 @@ def test_the_users_algorithm_keeps_run_ids_of_builtin_configs_and_checks_its_par
         make_config({"workers": 5, "aggregator": "cwtm", "algorithm_params": {"chunk": 3}})
     with pytest.raises(ConfigError, match="did you mean fedavg"):
         make_config({"algorithm": "fedav"})
-    with pytest.raises(ConfigError, match=r"a subclass of phalanx\.training\.algorithm\.RoundAlgorithm"):
+    with pytest.raises(ConfigError, match=r"a subclass of phalanx\.training\.algorithms\.base\.RoundAlgorithm"):
         make_config({"algorithm": "mylab.rules:MedianOfMeans"})
     assert sys.modules.get("mylab.algorithms") is not None

@@ -17,11 +17,11 @@ from phalanx import aggregators, attacks, data, models
 from phalanx.errors import ConfigError
 from phalanx.experiments import make_config, train
 from phalanx.training import Experiment, Loop
-from phalanx.training.fedavg import FedAvg
+from phalanx.training.algorithms.fedavg import FedAvg
+from phalanx.training.algorithms.scaffold import Scaffold
 from phalanx.training.loop import Evaluate
-from phalanx.training.scaffold import Scaffold
 
-SPEC = "phalanx.training.scaffold:Scaffold"
+SPEC = "phalanx.training.algorithms.scaffold:Scaffold"
 PARAMS = {"clients_per_round": 6, "local_steps": 3, "batch_size": 16, "lr": 0.05}
 
 
@@ -113,7 +113,7 @@ def test_what_it_refuses_in_one_line() -> None:
 
 def test_the_short_name_comes_from_the_packages_entry_point() -> None:
     from phalanx.experiments import from_config
-    from phalanx.training.algorithm import names
+    from phalanx.training.algorithms.base import names
 
     assert "scaffold" in names()
     cfg = make_config({"algorithm": "scaffold", "algorithm_params": PARAMS, "workers": 8, "aggregator": "cwtm",

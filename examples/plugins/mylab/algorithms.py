@@ -13,7 +13,7 @@ import torch
 
 from phalanx.attacks.base import AttackContext, DataAttack
 from phalanx.errors import ConfigError
-from phalanx.training.algorithm import RoundAlgorithm
+from phalanx.training.algorithms.base import RoundAlgorithm
 from phalanx.training.state import Received, SlotPlan
 from phalanx.training.streams import restored
 

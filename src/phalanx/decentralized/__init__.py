@@ -18,8 +18,8 @@ one gossip step is one matrix product, ``gossip.gossip(W, X) = W @ X``, for all 
   ``monna``), batched over nodes.
 - :mod:`~phalanx.decentralized.gossip_attacks`: attacks that use the graph (``dissensus``, ``spectral``).
 
-Training over a graph is the round algorithm :class:`phalanx.training.gossip.Gossip` (``algorithm = "gossip"``),
-which uses these graphs and matrices. See docs/decentralized.md.
+Training over a graph is the round algorithm :class:`phalanx.training.algorithms.gossip.Gossip` (``algorithm =
+"gossip"``), which uses these graphs and matrices. See docs/decentralized.md.
 """
 
 from phalanx.decentralized import gossip, gossip_attacks, robust_gossip, topology

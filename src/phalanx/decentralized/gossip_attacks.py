@@ -159,7 +159,7 @@ class GossipAttack(Attack):
 
     def _run(self, ctx: AttackContext) -> Tensor:
         raise ConfigError("attack", self.name, "an attack of `phalanx list attacks` here (a decentralized attack "
-                          "needs the graph: algorithm = 'gossip', phalanx.training.gossip.Gossip)")
+                          "needs the graph: algorithm = 'gossip', phalanx.training.algorithms.gossip.Gossip)")
 
 
 class Dissensus(GossipAttack):

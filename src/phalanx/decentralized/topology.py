@@ -44,7 +44,7 @@ __all__ = [
 
 ALGORITHMS = ("gossip", "anytime")
 """The round algorithms that run over a graph (``algorithm = ...``): D-SGD (``gossip``) and Decentralized Anytime SGD
-(``anytime``), :mod:`phalanx.training.gossip`."""
+(``anytime``), :mod:`phalanx.training.algorithms.gossip`."""
 
 B = TypeVar("B", bound=Callable[..., Any])
 

@@ -3,8 +3,8 @@
 processes").
 
 Every rank runs the training loop (:class:`~phalanx.training.loop.Loop`) over :class:`Neighbours`, with the
-simulated engine's server (:class:`~phalanx.training.gossip.GossipServer`) and node r's side
-(:class:`~phalanx.training.gossip_node.OneNode`, from ``Gossip.one_worker``). Round t on rank r:
+simulated engine's server (:class:`~phalanx.training.algorithms.gossip.GossipServer`) and node r's side
+(:class:`~phalanx.training.algorithms.gossip_node.OneNode`, from ``Gossip.one_worker``). Round t on rank r:
 
 1. node r's local step x̃ᵣ, computed as row r of the simulated engine's batched round (same batch, same operations);
 2. point to point, over gloo: x̃ᵣ goes to every computing graph neighbour and x̃ⱼ comes back from each; under a vector
@@ -16,9 +16,9 @@ simulated engine's server (:class:`~phalanx.training.gossip.GossipServer`) and n
 
 What travels per round (m = the message length, d for D-SGD): x̃ᵣ once per computing neighbour; under a vector
 attack, in addition, x̃ᵣ to every Byzantine node b with an honest neighbour i such that r ∈ N(i) ∪ {i} (its
-neighbours and the neighbours of its honest neighbours: :func:`~phalanx.training.gossip_node.byzantine_inputs`) —
-the omniscient attacker's view of the simulated engine, sent explicitly over a link of its own — and one message
-from b to each honest neighbour.
+neighbours and the neighbours of its honest neighbours:
+:func:`~phalanx.training.algorithms.gossip_node.byzantine_inputs`) — the omniscient attacker's view of the simulated
+engine, sent explicitly over a link of its own — and one message from b to each honest neighbour.
 
 A silent or crashed neighbour: a rank waits at most ``round_timeout`` for the round's local steps (and as long
 again for its Byzantine neighbours' messages); a message that did not arrive is taken as the node's own x̃ᵣ, so W's
@@ -83,7 +83,7 @@ from phalanx.distributed.mesh import Mesh
 from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S, check_digest, collect
 from phalanx.distributed.serverless import _start_message, received_start, shared_start
 from phalanx.errors import ConfigError
-from phalanx.training.gossip_node import OneNode, byzantine_inputs
+from phalanx.training.algorithms.gossip_node import OneNode, byzantine_inputs
 from phalanx.training.loop import Callback, Loop, RoundInfo
 from phalanx.training.server import BoundRule
 from phalanx.training.state import Received, Snapshot

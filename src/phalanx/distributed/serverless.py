@@ -50,7 +50,7 @@ from phalanx.distributed.mesh import EVERYONE, Mesh
 from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S, check_digest, collect
 from phalanx.distributed.sealed import Accepted
 from phalanx.errors import ConfigError, WorkersLostError
-from phalanx.training.dsgd import OneWorker
+from phalanx.training.algorithms.dsgd import OneWorker
 from phalanx.training.server import BoundRule
 from phalanx.training.state import Received, RoundAborted, RoundState, Snapshot
 from phalanx.training.transport import Transport

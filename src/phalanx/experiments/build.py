@@ -17,13 +17,13 @@ from phalanx import data, models
 from phalanx.decentralized import gossip_attacks, robust_gossip, topology
 from phalanx.errors import ConfigError
 from phalanx.experiments.config import DEVICE_ALGORITHMS, RunConfig, processes, server_optimizer
-from phalanx.training import algorithm as algorithms
 from phalanx.training import devices, losses
-from phalanx.training.algorithm import RoundAlgorithm
-from phalanx.training.dsgd import DSGD
+from phalanx.training.algorithms import base as algorithms
+from phalanx.training.algorithms.base import RoundAlgorithm
+from phalanx.training.algorithms.dsgd import DSGD
+from phalanx.training.algorithms.fedavg import FedAvg
+from phalanx.training.algorithms.gossip import AnytimeGossip, Gossip
 from phalanx.training.experiment import Experiment
-from phalanx.training.fedavg import FedAvg
-from phalanx.training.gossip import AnytimeGossip, Gossip
 from phalanx.training.schedule import LRSchedule
 from phalanx.training.streams import generator, stream_seed
 

@@ -25,10 +25,10 @@ from phalanx import data, models, signing
 from phalanx.decentralized import gossip, gossip_attacks, robust_gossip, topology
 from phalanx.errors import ConfigError
 from phalanx.plugins import accepted_params, check_params
-from phalanx.training import algorithm as algorithms
 from phalanx.training import devices, losses, optim
-from phalanx.training.gossip import AnytimeGossip
-from phalanx.training.gossip_node import check_attack
+from phalanx.training.algorithms import base as algorithms
+from phalanx.training.algorithms.gossip import AnytimeGossip
+from phalanx.training.algorithms.gossip_node import check_attack
 from phalanx.validate import check_choice
 
 if sys.version_info >= (3, 11):

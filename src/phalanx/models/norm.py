@@ -15,7 +15,7 @@ statistics μ_g, σ²_g that the server holds and every client receives with the
   (a weighs the batch; their figure writes the same mix with α = −d);
 * training, ``mode = "fedbn"`` (FedBN, Li, Jiang, Zhang, Kamp & Dou, ICLR 2021, arXiv 2102.07623): BatchNorm
   again, but the layer is the *client's own*: its γ, β and its two buffers, which then hold the client's running
-  statistics, never leave the client (:mod:`phalanx.training.fedbn` keeps a copy per client);
+  statistics, never leave the client (:mod:`phalanx.training.algorithms.fedbn` keeps a copy per client);
 * evaluation (``model.eval()``), every mode: μ = μ_g, σ² = σ²_g (for ``"fedbn"``: the client's running statistics).
 
 Then y = γ (x − μ)/√(σ² + ε) + β. How the server sets μ_g, σ²_g from the clients' statistics of the broadcast
@@ -38,7 +38,7 @@ NormMode = Literal["batch", "hybrid", "fedbn"]
 MODES: tuple[NormMode, ...] = ("batch", "hybrid", "fedbn")
 SERVER_MODES: tuple[NormMode, ...] = ("batch", "hybrid")
 """The modes whose statistics the server holds (:mod:`phalanx.training.norm_stats`); ``"fedbn"`` layers are the
-clients' own (:mod:`phalanx.training.fedbn`)."""
+clients' own (:mod:`phalanx.training.algorithms.fedbn`)."""
 NORMS = ("none", "group", "batch", "hybrid", "fedbn")
 """What a built-in model with a ``norm`` parameter accepts: no normalisation, GroupNorm, :class:`FedNorm2d` in
 ``batch``, ``hybrid`` or ``fedbn`` mode."""

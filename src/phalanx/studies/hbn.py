@@ -13,7 +13,7 @@ question: the statistics are pooled by the server like the updates, so does a ro
 Grid: norm ∈ ``norms`` (``group``, ``batch``, ``fedbn``, ``hybrid`` — :mod:`phalanx.models.norm`) × rule ∈ ``rules``
 × α ∈ ``alphas`` × seeds, no attack, FedAvg with ``clients_per_round`` of ``clients`` sampled per round. Per cell: the
 final test accuracy, mean and 95 % Student-t interval over seeds. FedBN has one model per client, so its row is a
-different measure (:mod:`phalanx.training.fedbn`): each evaluated honest client's own model on the test set
+different measure (:mod:`phalanx.training.algorithms.fedbn`): each evaluated honest client's own model on the test set
 re-weighted to its own label mix (``test_accuracy``), and a second row, "FedBN, whole test set", with the same models
 on the plain test set (``global_test_accuracy``). Paired differences (same seed = same split, same initial weights
 for the layers the variants share) HBN − BN, HBN − GN, BN − GN, FedBN − BN (both measures) per (rule, α), with 95 %

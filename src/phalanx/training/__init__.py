@@ -4,7 +4,7 @@ Nothing here reads or writes files: run directories, checkpoints and reports are
 :mod:`phalanx.experiments`, which also builds experiments from configs (names become objects there).
 """
 
-from phalanx.training.dsgd import DSGD
+from phalanx.training.algorithms.dsgd import DSGD
 from phalanx.training.experiment import Experiment
 from phalanx.training.loop import Callback, Evaluate, Loop, OnRound, RoundInfo, run
 from phalanx.training.optim import SGD, ServerOptimizer

@@ -32,9 +32,9 @@ from phalanx.attacks.none import NoAttack
 from phalanx.data.partition import partition
 from phalanx.errors import ConfigError
 from phalanx.training import devices
-from phalanx.training.algorithm import RoundAlgorithm
-from phalanx.training.dsgd import DSGD
-from phalanx.training.fedbn import local_norms
+from phalanx.training.algorithms.base import RoundAlgorithm
+from phalanx.training.algorithms.dsgd import DSGD
+from phalanx.training.algorithms.fedbn import local_norms
 from phalanx.training.optim import SGD, ServerOptimizer
 from phalanx.training.problem import Loss, Problem
 from phalanx.training.schedule import LRSchedule
@@ -68,7 +68,8 @@ class Experiment:
     rule: the server's aggregator (``rule.f`` is the f it tolerates).
     workers: n, all workers. byzantine: how many actually attack (the last indices).
     attack: what they do (default: nothing — they send honest rows).
-    rounds: training rounds (server steps). algorithm: the round (default :class:`~phalanx.training.dsgd.DSGD`).
+    rounds: training rounds (server steps).
+    algorithm: the round (default :class:`~phalanx.training.algorithms.dsgd.DSGD`).
     optimizer: the server optimizer (default plain SGD). lr: a learning rate, a schedule or any ``t ↦ ηₜ``.
     shards: each worker's sample indices (default: an IID split drawn from the ``partition`` stream).
     loss: ``loss(logits, y)``, mean over the batch (default cross-entropy). seed: the run's one seed.
@@ -76,7 +77,7 @@ class Experiment:
     rule_for: builds the rule for another f (when workers go missing); default ``rule.with_f``.
     columns: values repeated on every metric row (a config's keys).
     eval_clients: a FedBN model (no global model): how many honest clients' own models are evaluated — all of
-    them, or this many evenly spaced ones (:mod:`phalanx.training.fedbn`).
+    them, or this many evenly spaced ones (:mod:`phalanx.training.algorithms.fedbn`).
     device: where the rounds compute (:mod:`phalanx.training.devices`: ``"cpu"``, ``"cuda"``, ``"cuda:N"``,
     ``"auto"`` or a ``torch.device``), resolved to a ``torch.device`` when the experiment is built. The model is
     moved there (in place), and so are the data set's training and test tensors, once (``data.x``, ``data.y``,
@@ -115,7 +116,8 @@ class Experiment:
             raise ConfigError("rule", self.rule, "an aggregator (phalanx.aggregators.make(...))")
         algo = self.algorithm
         if not isinstance(algo, RoundAlgorithm):
-            raise ConfigError("algorithm", algo, "a round algorithm (a phalanx.training.algorithm.RoundAlgorithm)")
+            raise ConfigError("algorithm", algo,
+                              "a round algorithm (a phalanx.training.algorithms.base.RoundAlgorithm)")
         m = algo.per_round(n)  # the vectors the rule aggregates each round (at least, in a gossip round)
         what = algo.population(n)
         if 2 * self.rule.f >= m:

@@ -1,5 +1,6 @@
-"""A gossip node's neighbourhood and its combination step: what the simulated nodes (:mod:`phalanx.training.gossip`)
-and one node on its own process (:mod:`phalanx.training.gossip_node`) share.
+"""A gossip node's neighbourhood and its combination step: what the simulated nodes
+(:mod:`phalanx.training.algorithms.gossip`) and one node on its own process
+(:mod:`phalanx.training.algorithms.gossip_node`) share.
 
 Node i combines its closed neighbourhood N(i) ∪ {i} with the run's rule: plain gossip (xᵢ ← Σⱼ Wᵢⱼ x̃ⱼ, the
 ``mean`` rule), a robust gossip rule batched over nodes (:mod:`phalanx.decentralized.robust_gossip`), or any other
@@ -19,7 +20,8 @@ from phalanx.decentralized.topology import Graph
 
 
 class NodeSettings(Protocol):
-    """What a gossip node reads of its round algorithm (:class:`~phalanx.training.gossip.Gossip` is one): the graph
+    """What a gossip node reads of its round algorithm (:class:`~phalanx.training.algorithms.gossip.Gossip` is one):
+    the graph
     and mixing matrix, its batch size, penalty, momentum and learning rate."""
 
     @property
@@ -41,7 +43,8 @@ class NodeSettings(Protocol):
 
 
 class AnytimeSettings(NodeSettings, Protocol):
-    """A Decentralized Anytime SGD node's settings (:class:`~phalanx.training.gossip.AnytimeGossip`): also how far
+    """A Decentralized Anytime SGD node's settings (:class:`~phalanx.training.algorithms.gossip.AnytimeGossip`): also
+    how far
     round t's query point moves to the iterate."""
 
     def average_weight(self, t: int) -> float: ...

@@ -36,7 +36,7 @@ from phalanx.models.norm import FedNorm2d, fed_norms, recording
 
 class NormStats:
     """The :class:`FedNorm2d` layers of a model with server-held statistics (``batch`` / ``hybrid`` mode; FedBN's
-    client-local layers are :mod:`phalanx.training.fedbn`'s) and their global statistics as one vector
+    client-local layers are :mod:`phalanx.training.algorithms.fedbn`'s) and their global statistics as one vector
     ``(μ_g ‖ σ²_g)``."""
 
     def __init__(self, model: nn.Module) -> None:

@@ -19,7 +19,7 @@ class RoundState:
     ``previous`` is the last aggregate (the centre of centered clipping); ``stats`` the global statistics of the
     model's BatchNorm / Hybrid BN layers (:mod:`phalanx.training.norm_stats`; None for a model without them);
     ``own`` the round algorithm's own per-run state, an opaque mapping of tensors that only the algorithm reads
-    (:meth:`~phalanx.training.algorithm.RoundAlgorithm.initial_state`; FedBN's table of every client's BatchNorm
+    (:meth:`~phalanx.training.algorithms.base.RoundAlgorithm.initial_state`; FedBN's table of every client's BatchNorm
     rows, say) and that a checkpoint saves under the prefix ``algorithm.``.
     """
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from phalanx.training.algorithm import WorkerSide, WorkerSlot
+from phalanx.training.algorithms.base import WorkerSide, WorkerSlot
 from phalanx.training.server import BoundRule
 from phalanx.training.state import Received, Snapshot
 

@@ -1,18 +1,19 @@
 """One node of a decentralized round in a process of its own: what rank r of the torchrun engine's
 ``topology = "gossip"`` computes (:mod:`phalanx.distributed.neighbours` moves the rows between the ranks).
 
-:class:`OneNode` is node r of :class:`~phalanx.training.gossip.GossipNodes`, alone (D-SGD of Lian et al., NeurIPS
-2017, Algorithm 1, with local momentum — the module :mod:`phalanx.training.gossip`):
+:class:`OneNode` is node r of :class:`~phalanx.training.algorithms.gossip.GossipNodes`, alone (D-SGD of Lian et al.,
+NeurIPS 2017, Algorithm 1, with local momentum — the module :mod:`phalanx.training.algorithms.gossip`):
 
-* its local step is row r of :meth:`GossipNodes.round <phalanx.training.gossip.GossipNodes.round>` with the same
-  operations: the round's batch positions are drawn for *every* computing node from the shared ``batches`` stream
+* its local step is row r of :meth:`GossipNodes.round <phalanx.training.algorithms.gossip.GossipNodes.round>` with
+  the same operations: the round's batch positions are drawn for *every* computing node from the shared
+  ``batches`` stream
   (so every rank's stream stays in step) and only row r's samples are gathered; gᵣ = ∇ℓ(xᵣ; batch) + λxᵣ,
   mᵣ ← β mᵣ + (1 − β) gᵣ (m₀ = g₀), x̃ᵣ = xᵣ − η mᵣ. Under a data attack every rank builds all the batches, so that
   the ``attack`` stream, drawn once per Byzantine node in index order, stays in step too;
 * a Byzantine node of a vector attack computes nothing (it draws, to stay in step) and, once it holds the honest
   local steps it is sent, computes its message to each honest neighbour i exactly as the simulated engine's
   omniscient attacker computes it for i: the attack on i's honest closed neighbourhood {x̃ₖ : k ∈ N(i) ∪ {i}
-  honest}, with i's rule and context (:meth:`NodeRule.attack_context <phalanx.training.gossip.NodeRule.
+  honest}, with i's rule and context (:meth:`NodeRule.attack_context <phalanx.training.algorithms.gossip.NodeRule.
   attack_context>`), keeping its own row of the attack's output (its place among i's Byzantine neighbours, in index
   order). It makes the attack call of every target, its own or not, in the simulated engine's order, so that the
   one ``attack`` stream the Byzantine nodes share advances alike on every Byzantine rank; ``dissensus`` is one
@@ -20,8 +21,8 @@
   its messages need every honest node's local step (uᵀX̃), which no node of a real graph holds.
 
 The node keeps every node's carried rows ``(n, d)`` (its own row live, the others as it was started with or told),
-so that the loop's server — :class:`~phalanx.training.gossip.GossipServer`, unchanged — sees the shapes of the
-simulated engine.
+so that the loop's server — :class:`~phalanx.training.algorithms.gossip.GossipServer`, unchanged — sees the shapes of
+the simulated engine.
 """
 
 from __future__ import annotations
@@ -35,14 +36,14 @@ from torch import Tensor
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.decentralized.gossip_attacks import GossipAttack, GossipView
 from phalanx.errors import ConfigError
-from phalanx.training.dsgd import byzantine_vectors, computing_workers, worker_batches
+from phalanx.training.algorithms.dsgd import byzantine_vectors, computing_workers, worker_batches
 from phalanx.training.neighbourhood import AnytimeSettings, NodeRule, NodeSettings, closed_neighbourhoods
 from phalanx.training.server import BoundRule
 from phalanx.training.shards import sample_batch_of
 from phalanx.training.streams import restored
 
 if TYPE_CHECKING:
-    from phalanx.training.algorithm import Run
+    from phalanx.training.algorithms.base import Run
 
 def check_attack(attack: Attack | DataAttack) -> None:
     """Refuse a decentralized attack whose messages need every honest node's local step (a one-line
@@ -228,9 +229,9 @@ class OneNode:
 
 
 class AnytimeNode(OneNode):
-    """Node ``rank`` of Decentralized Anytime SGD alone (:class:`~phalanx.training.gossip.AnytimeGossip`): its
-    carried rows are the iterates w ``(n, d)`` (θ₀'s rows before the first round), its message the pair
-    [w̃ᵣ | x̃ᵣ] — row r of :class:`AnytimeNodes <phalanx.training.gossip.AnytimeNodes>`' round, with the same
+    """Node ``rank`` of Decentralized Anytime SGD alone (:class:`~phalanx.training.algorithms.gossip.AnytimeGossip`):
+    its carried rows are the iterates w ``(n, d)`` (θ₀'s rows before the first round), its message the pair
+    [w̃ᵣ | x̃ᵣ] — row r of :class:`AnytimeNodes <phalanx.training.algorithms.gossip.AnytimeNodes>`' round, with the same
     operations."""
 
     def __init__(

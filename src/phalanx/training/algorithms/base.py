@@ -123,7 +123,7 @@ class RoundAlgorithm(ABC):
     pools_norm_stats: ClassVar[bool] = False
     """Its rounds measure and pool BatchNorm / Hybrid BN statistics (:mod:`phalanx.training.norm_stats`)."""
     keeps_local_norms: ClassVar[bool] = False
-    """It keeps every client's BatchNorm layers between rounds (FedBN, :mod:`phalanx.training.fedbn`)."""
+    """It keeps every client's BatchNorm layers between rounds (FedBN, :mod:`phalanx.training.algorithms.fedbn`)."""
 
     @abstractmethod
     def per_round(self, workers: int) -> int:
@@ -180,7 +180,7 @@ class RoundAlgorithm(ABC):
 
 def _accept(obj: Any, name: str) -> Any:
     if not (isinstance(obj, type) and issubclass(obj, RoundAlgorithm)):
-        raise ConfigError("algorithm", name, "a subclass of phalanx.training.algorithm.RoundAlgorithm")
+        raise ConfigError("algorithm", name, "a subclass of phalanx.training.algorithms.base.RoundAlgorithm")
     return obj
 
 

@@ -4,7 +4,8 @@ Karimireddy, Kale, Mohri, Reddi, Stich & Suresh, "SCAFFOLD: Stochastic Controlle
 Learning", ICML 2020, Algorithm 1 (option II for the client control variate). The server keeps the model x and a
 control variate c; every client i keeps its own cᵢ (all start at 0). Round t:
 
-1. the server samples C of the N clients (the run's ``clients`` stream, as :mod:`phalanx.training.fedavg` does);
+1. the server samples C of the N clients (the run's ``clients`` stream, as
+   :mod:`phalanx.training.algorithms.fedavg` does);
 2. each sampled client starts from y ← x and takes Kᵢ local steps y ← y − η_l (gᵢ(y) − cᵢ + c) — the drift
    correction, on top of FedAvg's local SGD (weight decay, FedProx, momentum apply to the corrected gradient);
 3. option II: cᵢ⁺ = cᵢ − c + (x − y)/(Kᵢ η_l); it sends its pseudo-gradient x − y (FedAvg's sign and scale, so that
@@ -35,7 +36,7 @@ import torch
 from torch import Tensor
 
 from phalanx.errors import ConfigError
-from phalanx.training.fedavg import FedAvg, FedAvgClients, attack_rows
+from phalanx.training.algorithms.fedavg import FedAvg, FedAvgClients, attack_rows
 from phalanx.training.server import RoundResult, Server
 from phalanx.training.state import Received
 

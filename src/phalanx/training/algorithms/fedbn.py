@@ -12,7 +12,7 @@ parameter vector splits into the shared coordinates θ_S and the BatchNorm coord
 
 initialised from the initial model (γ = 1, β = 0, μ = 0, σ² = 1) and kept as federated averaging's own state in the
 round state (``own["local_norms"]``, checkpointed as ``algorithm.local_norms``). Round t of federated averaging
-(:mod:`phalanx.training.fedavg`) then runs:
+(:mod:`phalanx.training.algorithms.fedavg`) then runs:
 
 1. every sampled client starts from its *own* model θᵢ = (θ_S, θ_B := (γᵢ, βᵢ)), takes its local steps (BatchNorm in
    training mode: each batch's statistics), and after every step blends the step's batch statistics into its
@@ -56,7 +56,7 @@ from phalanx.models.norm import FedNorm2d, evaluating, recording
 
 if TYPE_CHECKING:
 
-    from phalanx.training.algorithm import Run
+    from phalanx.training.algorithms.base import Run
     from phalanx.training.problem import ParamLayout, Problem
     from phalanx.training.server import RoundResult, Server
     from phalanx.training.shards import WorkerData

@@ -20,7 +20,7 @@ Algorithm 1):
 
 With a FedBN model (``norm = "fedbn"``) every client keeps its BatchNorm layers: it trains from θ with its own γ, β,
 sends the shared coordinates of its pseudo-gradient only, and the round writes the honest sampled clients' new
-BatchNorm parameters and running statistics into their rows (:mod:`phalanx.training.fedbn`).
+BatchNorm parameters and running statistics into their rows (:mod:`phalanx.training.algorithms.fedbn`).
 
 The Byzantine clients are a fixed subset of the population (the last ``byzantine`` indices); how many of them are
 sampled varies from round to round, and the rule tolerates the ``f`` it is configured for — each round's true number
@@ -39,16 +39,16 @@ from torch import Tensor
 
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.errors import ConfigError
-from phalanx.training.algorithm import RoundAlgorithm
-from phalanx.training.dsgd import byzantine_vectors, poison_rows
-from phalanx.training.fedbn import STATE_KEY, local_norms
+from phalanx.training.algorithms.base import RoundAlgorithm
+from phalanx.training.algorithms.dsgd import byzantine_vectors, poison_rows
+from phalanx.training.algorithms.fedbn import STATE_KEY, local_norms
 from phalanx.training.shards import sample_batches_of
 from phalanx.training.state import Received, RoundState, SlotPlan
 from phalanx.training.streams import restored
 from phalanx.validate import check_int, check_real
 
 if TYPE_CHECKING:
-    from phalanx.training.algorithm import Run
+    from phalanx.training.algorithms.base import Run
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class FedAvg(RoundAlgorithm):
     schedule over rounds), local momentum, weight decay and FedProx's ``prox_mu``. A model with BatchNorm / Hybrid BN
     layers: each sampled client measures their statistics on ``stats_batch`` samples, blended into the global
     statistics with momentum ``stats_momentum`` (:mod:`phalanx.training.norm_stats`); a FedBN model: each client keeps
-    its own BatchNorm layers (:mod:`phalanx.training.fedbn`)."""
+    its own BatchNorm layers (:mod:`phalanx.training.algorithms.fedbn`)."""
 
     clients_per_round: int | None = None
     local_steps: int = 1
@@ -104,14 +104,15 @@ class FedAvg(RoundAlgorithm):
 
     def make_server(self, exp: Run, generator: torch.Generator) -> Any:
         """The standard server; with a FedBN model, one whose rule sees the shared coordinates only (a coordinate
-        mask: :class:`~phalanx.training.fedbn.SharedServer`)."""
+        mask: :class:`~phalanx.training.algorithms.fedbn.SharedServer`)."""
         server = super().make_server(exp, generator)
         norms = local_norms(exp.problem)
         return server if norms is None else norms.server(server)
 
     def initial_state(self, exp: Run, theta: Tensor) -> dict[str, Tensor]:
-        """A FedBN model: every client's BatchNorm row of the initial model (:mod:`phalanx.training.fedbn`); else
-        nothing — plain federated averaging keeps no state between rounds."""
+        """A FedBN model: every client's BatchNorm row of the initial model
+        (:mod:`phalanx.training.algorithms.fedbn`); else nothing — plain federated averaging keeps no state between
+        rounds."""
         norms = local_norms(exp.problem)
         return {} if norms is None else {STATE_KEY: norms.initial(theta, exp.workers)}
 
@@ -127,7 +128,7 @@ class FedAvg(RoundAlgorithm):
 
     def evaluate(self, exp: Run, state: RoundState) -> dict[str, Any] | None:
         """A FedBN model has no global model: every evaluated honest client's own model
-        (:meth:`~phalanx.training.fedbn.LocalNorms.metrics`); else None (θ's plain accuracy)."""
+        (:meth:`~phalanx.training.algorithms.fedbn.LocalNorms.metrics`); else None (θ's plain accuracy)."""
         norms = local_norms(exp.problem)
         return None if norms is None else norms.metrics(exp, state.theta, state.own[STATE_KEY])
 
@@ -196,8 +197,8 @@ class _Clients:
         return self._boosted(theta - params, w, poisoned, rows)
 
     def _train_local(self, theta: Tensor, ids: Tensor, t: int, poisoned: int) -> tuple[Tensor, Tensor]:
-        """FedBN's local training of the clients ``ids`` (:mod:`phalanx.training.fedbn`): each from θ with its own
-        BatchNorm parameters, its running statistics tracked step by step. Their pseudo-gradients on the shared
+        """FedBN's local training of the clients ``ids`` (:mod:`phalanx.training.algorithms.fedbn`): each from θ with
+        its own BatchNorm parameters, its running statistics tracked step by step. Their pseudo-gradients on the shared
         coordinates ``(len(ids), d_shared)``, and the new table: the honest ones' rows written (the last
         ``poisoned`` clients are a data attack's, whose rows are left as they are)."""
         norms = local_norms(self.exp.problem)

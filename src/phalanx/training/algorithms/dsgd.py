@@ -28,7 +28,7 @@ from torch import Tensor
 
 from phalanx.attacks.base import Attack, AttackContext, DataAttack
 from phalanx.errors import ConfigError
-from phalanx.training.algorithm import RoundAlgorithm
+from phalanx.training.algorithms.base import RoundAlgorithm
 from phalanx.training.problem import Problem
 from phalanx.training.shards import WorkerData, sample_batch_of, sample_batches
 from phalanx.training.state import Received, SlotPlan
@@ -36,7 +36,7 @@ from phalanx.training.streams import restored
 from phalanx.validate import check_int, check_real
 
 if TYPE_CHECKING:
-    from phalanx.training.algorithm import Run
+    from phalanx.training.algorithms.base import Run
 
 
 @dataclass(frozen=True)

@@ -49,9 +49,9 @@ from phalanx.decentralized.gossip_attacks import GossipAttack, GossipView
 from phalanx.decentralized.robust_gossip import GossipRule
 from phalanx.decentralized.topology import Graph
 from phalanx.errors import ConfigError
-from phalanx.training.algorithm import RoundAlgorithm
-from phalanx.training.dsgd import byzantine_vectors, computing_workers, worker_batches
-from phalanx.training.gossip_node import AnytimeNode, OneNode
+from phalanx.training.algorithms.base import RoundAlgorithm
+from phalanx.training.algorithms.dsgd import byzantine_vectors, computing_workers, worker_batches
+from phalanx.training.algorithms.gossip_node import AnytimeNode, OneNode
 from phalanx.training.neighbourhood import NodeRule, closed_neighbourhoods
 from phalanx.training.server import BoundRule, RoundResult
 from phalanx.training.state import Received, RoundState
@@ -60,7 +60,7 @@ from phalanx.validate import check_int, check_real
 
 if TYPE_CHECKING:
     from phalanx.aggregators.base import Aggregator
-    from phalanx.training.algorithm import Run
+    from phalanx.training.algorithms.base import Run
 
 
 @dataclass(frozen=True)
