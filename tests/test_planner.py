@@ -135,7 +135,8 @@ def test_skipped_settings_say_what_to_change() -> None:
     # a rule with no requirement of its own: f >= n/2 is still too large
     assert "f >= n/2 leaves no honest majority" in notes["clip>mean with f=5"]
     assert notes["clip>mean with f=5"].endswith("use f <= 4 for clip>mean, or n >= 11 workers for f=5")
-    assert ("clip>mean", 4) in {(j.rule, j.f) for j in plan.jobs}
+    # clip>mean's output does not depend on f: it runs once, at the smallest f >= K it can run with
+    assert "clip>mean" in plan.f_free and [f for r, f in {(j.rule, j.f) for j in plan.jobs} if r == "clip>mean"] == [2]
     small = planner.too_large("bulyan", 1, 6)
     assert small is not None and small.endswith("bulyan cannot run with n = 6 at any f >= 1: use n >= 7 workers for "
                                                 "f=1")
@@ -165,3 +166,39 @@ def test_tiny_plan_says_what_to_change_for_the_skipped_settings(tmp_path: Path) 
     assert "- skipped: krum with f=3: needs n >= 9" in md
     assert "use krum with f=1" in md or "use mean (f=0) — no defence" in md
     assert "\r" not in res.output and "4/4 runs done" in res.output  # mean, krum f=1: no attack and under attack
+
+
+def test_what_the_planner_can_know_it_refuses_before_training() -> None:
+    with pytest.raises(ConfigError, match=r"expect_byzantine=5 .*< n/2 = 5 .*use n >= 11 workers"):
+        planner.make_plan(BASE, expect=5)  # n = 10: no rule tolerates 5 Byzantine workers
+    with pytest.raises(ConfigError, match=r"f=\[1, 2\] .*at least one value >= expect_byzantine = 3"):
+        planner.make_plan(BASE, expect=3, rules=["cwtm"], fs=[1, 2])
+    with pytest.raises(ConfigError, match=r"krum with f=4"):  # the only f >= K krum cannot run with: says why
+        planner.make_plan(BASE, expect=4, rules=["krum"], fs=[1, 4])
+
+
+def test_a_rule_whose_output_does_not_depend_on_f_is_planned_once() -> None:
+    assert not planner.f_matters("geomed", 1, 4, 10) and planner.f_matters("krum", 1, 3, 10)
+    assert planner.f_matters("cwtm", 1, 4, 10) and not planner.f_matters("cwmed", 1, 4, 10)
+    plan = planner.make_plan(BASE, expect=2, rules=["geomed", "cwtm"], fs=[1, 2, 4], attacks=["alie"])
+    settings = sorted({(j.rule, j.f) for j in plan.jobs})
+    assert settings == [("cwtm", 1), ("cwtm", 2), ("cwtm", 4), ("geomed", 2), ("mean", 0)]
+    assert plan.f_free == {"geomed"}
+    row = Row("geomed", 2, 0.9, 0.0, None, {"alie": 0.8}, 0.8, "alie", f_free=True)
+    rec = planner.recommend([_row("mean", 0, 0.9, 0.1), row], expect=2)
+    assert "use geomed (its output does not depend on f)" in rec.text and row.f_label == "any"
+
+
+def test_intervals_from_three_seeds_and_a_caveat_below() -> None:
+    from phalanx.analysis.stats import mean_ci
+
+    ci = mean_ci([0.80, 0.82, 0.84])
+    robust = Row("cwtm", 2, 0.88, 0.02, None, {"alie": 0.82}, 0.82, "alie", seeds=3, no_attack_ci=ci, worst_ci=ci)
+    mean = Row("mean", 0, 0.90, 0.0, None, {"alie": 0.10}, 0.10, "alie", seeds=3)
+    rec = planner.recommend([mean, robust], expect=2)
+    assert not rec.text.startswith("From") and planner.with_interval(0.82, ci) == "82.0 ± 5.0"
+    one = planner.recommend([_row("mean", 0, 0.9, 0.1), _row("cwtm", 2, 0.88, 0.8)], expect=2)
+    assert one.text.startswith("From 1 seed(s) — a suggestion, not a verdict")
+    # the tolerance: one test sample (here 1/360), or the seeds' spread of the worst cases when that is wider
+    assert planner.derived_tolerance([mean, robust], 360) == pytest.approx(ci.half_width)
+    assert planner.derived_tolerance([_row("cwtm", 2, 0.88, 0.8)], 360) == pytest.approx(1 / 360)

@@ -741,14 +741,16 @@ def tension_plan(
     rules: Annotated[str | None, typer.Option("--rules", help="Comma-separated aggregator specs.")] = None,
     fs: Annotated[str | None, typer.Option("--f", help="Comma-separated f values (default: K/2, K, 2K).")] = None,
     attacks_: Annotated[str | None, typer.Option("--attacks", help="Comma-separated attacks.")] = None,
-    tolerance: Annotated[float, typer.Option("--tolerance", min=0, max=50,
-                                             help="Accuracy points within which worst cases count as equal.")] = 1.0,
+    tolerance: Annotated[float | None, typer.Option(
+        "--tolerance", min=0, max=50, help="Accuracy points within which worst cases count as equal (default: one "
+        "test sample, or the seeds' 95 % spread of the worst cases when wider).")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key of the config (repeatable).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/plan"),
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Processes (default: cores).")] = None,
     executor: ExecutorChoice | None = None,
 ) -> None:
     """Your task, every rule × f, with no attack and under strong attacks: the trade-off table and a recommendation."""
+    from phalanx import data as data_module
     from phalanx.studies import planner
 
     def split(text: str | None) -> list[str] | None:
@@ -760,6 +762,10 @@ def tension_plan(
     except ValueError:
         raise typer.BadParameter(f"--f={fs!r}: comma-separated integers, e.g. 1,2,4") from None
     data, slurm_table = _split_slurm(_load_grid(config, set_ or []))
+    if config is None:  # the built-in job's comparison lists are not a plan's: the planner's own attacks, one seed
+        for key in ("attack", "seed"):
+            if isinstance(data.get(key), list):
+                data.pop(key)
     plan = planner.make_plan(data, expect=expect, rules=split(rules), fs=f_list,
                              attacks=split(attacks_))
     console.print(f"[bold]plan[/bold]: rules {', '.join(plan.rules)}; f ∈ {plan.fs}; attacks "
@@ -769,19 +775,26 @@ def tension_plan(
         console.print(f"[yellow]skipped[/yellow] {note}")
     _train(plan.configs, out / "runs", jobs or _cpu_jobs(), executor, slurm_table)
     rows = planner.final_rows(plan, out / "runs")
-    rec = planner.recommend(rows, expect, tolerance / 100, workers=plan.configs[0].workers)
+    first = plan.configs[0]
+    test_samples = len(data_module.load(first.dataset, root=first.data_root).test_y)
+    tol = planner.derived_tolerance(rows, test_samples) if tolerance is None else tolerance / 100
+    rec = planner.recommend(rows, expect, tol, workers=first.workers)
     table = Table(title=f"Price of robustness on your task (n = {plan.configs[0].workers}, K = {expect})")
     heads = ["rule", "f", "no attack %", "cost", "agg. error"] + ([*plan.attacks, "worst %"] if expect else [])
-    for h in heads:
+    for h in [*heads, "seeds"]:
         table.add_column(h, justify="left" if h == "rule" else "right")
     for r in rows:
-        cells = [r.rule, str(r.f), f"{100 * r.no_attack:.1f}", f"{100 * r.cost:+.1f}", _fmt(r.agg_error)]
+        cells = [r.rule, r.f_label, planner.with_interval(r.no_attack, r.no_attack_ci), f"{100 * r.cost:+.1f}",
+                 _fmt(r.agg_error)]
         if expect:
             cells += [f"{100 * r.under_attack[a]:.1f}" if a in r.under_attack else "—" for a in plan.attacks]
-            cells.append(f"{100 * r.worst:.1f}" if r.worst is not None else "—")
+            cells.append(planner.with_interval(r.worst, r.worst_ci) if r.worst is not None else "—")
+        cells.append(str(r.seeds))
         style = "bold green" if (r.rule, r.f) == (rec.rule, rec.f) else None
         table.add_row(*cells, style=style)
     console.print(table)
+    for rule in sorted(plan.f_free):
+        console.print(f"{rule}: its output does not depend on f (checked on random rows), so it ran once (f: any)")
     console.print(rec.text)
     written = planner.write_outputs(rows, plan, rec, out)
     console.print("written: " + ", ".join(str(w) for w in written))

@@ -15,6 +15,17 @@ no defence under the attacks tried, or under every one of them).
 
 A (rule, f) that cannot run with the task's n — the rule's requirement fails, or f ≥ n/2 (no honest majority) — is
 skipped with a note that says what to change: the largest f this n allows for that rule, or the n that f needs.
+What it can know before training it refuses before training, in one line: a threat of K ≥ n/2 (no rule tolerates
+it), or f values none of which a rule can run with at f ≥ K.
+
+A rule whose output does not depend on f (the geometric median: f only checks n > 2f) is planned once, at the
+smallest f ≥ K it can run with, and shown with f "any" — three f values of it would be three copies of one run.
+Whether f matters is found out, not listed: the rule configured for two values of f, on the same random rows.
+
+Every accuracy is a mean over the seeds; with three seeds or more the table and the recommendation give its 95 %
+Student-t interval, and with fewer the recommendation says it is a suggestion, not a verdict. The default tolerance
+is derived from the data (:func:`derived_tolerance`): one test sample's worth of accuracy, or the seeds' spread of
+the worst cases when that is wider.
 """
 
 from __future__ import annotations
@@ -26,7 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from phalanx import aggregators
+from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.experiments import grid, store
 from phalanx.experiments.config import RunConfig, make_config
@@ -69,6 +83,8 @@ class Plan:
     jobs: list[Job]
     configs: list[RunConfig]
     skipped: list[str]
+    f_free: frozenset[str] = frozenset()
+    """The rules planned once because their output does not depend on f (:func:`f_matters`)."""
 
 
 def _single(base: dict[str, Any], key: str) -> Any:
@@ -94,6 +110,10 @@ def make_plan(
     workers = int(_single(base, "workers") or RunConfig.model_fields["workers"].default)
     if isinstance(expect, bool) or not isinstance(expect, int) or not 0 <= expect < workers:
         raise ConfigError("expect_byzantine", expect, f"an integer in [0, {workers - 1}] (workers = {workers})")
+    if expect > 0 and 2 * expect >= workers:  # knowable now: train nothing
+        raise ConfigError("expect_byzantine", expect, f"< n/2 = {workers / 2:g} with workers = {workers}: no rule "
+                          "tolerates f >= n/2 (each needs an honest majority, n > 2f)",
+                          f"use n >= {2 * expect + 1} workers, or plan for at most {(workers - 1) // 2}")
     if rules is None:
         agg = base.get("aggregator")
         rules = list(agg) if isinstance(agg, list) else list(DEFAULT_RULES)
@@ -113,15 +133,24 @@ def make_plan(
         base.pop(key, None)
     jobs: list[Job] = []
     skipped: list[str] = []
-    settings = [("mean", 0)] + [(r, f) for r in rules for f in fs if r != "mean"]
-    for rule, f in settings:
+    free: set[str] = set()
+    settings: list[tuple[str, int]] = [("mean", 0)]
+    for rule in (r for r in rules if r != "mean"):
         try:
-            note = too_large(rule, f, workers)
+            notes = {f: too_large(rule, f, workers) for f in fs}
         except PhalanxError as exc:
             raise ConfigError("rules", rule, "aggregator specs (phalanx list aggregators)", str(exc)) from None
-        if note is not None:
-            skipped.append(note)
-            continue
+        runnable = [f for f in fs if notes[f] is None]
+        if len(runnable) > 1 and not f_matters(rule, runnable[0], runnable[-1], workers):
+            free.add(rule)
+            runnable = [next((f for f in runnable if f >= expect), runnable[-1])]
+        skipped += [note for note in notes.values() if note is not None]
+        settings += [(rule, f) for f in runnable]
+    if expect > 0 and not any(f >= expect for rule, f in settings if rule != "mean"):
+        raise ConfigError("f", fs, f"at least one value >= expect_byzantine = {expect} that a rule of the plan can "
+                          f"run with at n = {workers} (nothing else is meant to tolerate the threat)",
+                          "; ".join(skipped) or f"add {expect} to --f")
+    for rule, f in settings:
         threats = ["none"] + (list(attacks) if expect > 0 else [])
         jobs += [Job(rule, f, a, s) for a in threats for s in seeds]
     configs = [
@@ -129,7 +158,30 @@ def make_plan(
                      "byzantine": 0 if j.attack == "none" else expect, "seed": j.seed})
         for j in jobs
     ]
-    return Plan(base, list(rules), fs, list(attacks), expect, list(seeds), jobs, configs, skipped)
+    return Plan(base, list(rules), fs, list(attacks), expect, list(seeds), jobs, configs, skipped, frozenset(free))
+
+
+def f_matters(rule: str, f_a: int, f_b: int, workers: int, dim: int = 8, trials: int = 20) -> bool:
+    """Whether ``rule`` configured for ``f_a`` and for ``f_b`` gives different outputs on the same rows: ``trials``
+    random ``(workers, dim)`` draws, some with a few rows scaled by 10 or 100 (a rule that trims or selects shows its
+    f on those), with the same generator and a reference near the rows for a rule that takes one. False for a rule
+    that reads f only to check n (the geometric median, the coordinate-wise median, centered clipping)."""
+    rules = [aggregators.make(rule, f=f) for f in (f_a, f_b)]
+    keys = set(getattr(rules[0], "context_keys", ()))
+    for seed in range(trials):
+        x = torch.randn(workers, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        x[: seed % 5] *= 10.0 ** (seed % 3)
+        outs = []
+        for agg in rules:
+            ctx: dict[str, Any] = {}
+            if "reference" in keys:
+                ctx["reference"] = x.mean(0) + 0.1
+            if "generator" in keys:
+                ctx["generator"] = torch.Generator().manual_seed(seed)
+            outs.append(agg(x, **ctx))
+        if not torch.equal(outs[0], outs[1]):
+            return True
+    return False
 
 
 def _fits(rule: str, f: int, workers: int) -> bool:
@@ -175,6 +227,17 @@ class Row:
     under_attack: dict[str, float]
     worst: float | None
     worst_attack: str | None
+    seeds: int = 1
+    no_attack_ci: Estimate | None = None
+    """The 95 % interval of the no-attack accuracy over the seeds (None with fewer than 3)."""
+    worst_ci: Estimate | None = None
+    """The 95 % interval of the accuracy under the worst attack over the seeds (None with fewer than 3)."""
+    f_free: bool = False
+    """Its output does not depend on f: planned once, shown with f "any"."""
+
+    @property
+    def f_label(self) -> str:
+        return "any" if self.f_free else str(self.f)
 
 
 def final_rows(plan: Plan, runs_dir: Path) -> list[Row]:
@@ -189,6 +252,10 @@ def final_rows(plan: Plan, runs_dir: Path) -> list[Row]:
             err[(job.rule, job.f)] += [float(r["agg_error"]) for r in rows if r.get("agg_error") is not None]
     mean_acc = {k: sum(v) / len(v) for k, v in acc.items()}
     baseline = mean_acc[("mean", 0, "none")]
+
+    def ci(values: list[float]) -> Estimate | None:
+        return mean_ci(values) if len(values) >= 3 else None
+
     out = []
     for rule, f in dict.fromkeys((j.rule, j.f) for j in plan.jobs):
         under = {a: mean_acc[(rule, f, a)] for a in plan.attacks if (rule, f, a) in mean_acc}
@@ -196,8 +263,24 @@ def final_rows(plan: Plan, runs_dir: Path) -> list[Row]:
         errs = err.get((rule, f), [])
         no = mean_acc[(rule, f, "none")]
         out.append(Row(rule, f, no, baseline - no, sum(errs) / len(errs) if errs else None, under,
-                       under[worst_attack] if worst_attack else None, worst_attack))
+                       under[worst_attack] if worst_attack else None, worst_attack,
+                       seeds=len(acc[(rule, f, "none")]), no_attack_ci=ci(acc[(rule, f, "none")]),
+                       worst_ci=ci(acc[(rule, f, worst_attack)]) if worst_attack else None,
+                       f_free=rule in plan.f_free))
     return out
+
+
+def derived_tolerance(rows: list[Row], test_samples: int) -> float:
+    """Within how much two worst cases count as equal, from the data: one test sample's worth of accuracy
+    (1 / ``test_samples``; finer differences are not measured), or the widest 95 % half-width of the worst cases
+    over the seeds when that is wider (differences the seeds' spread cannot tell apart)."""
+    spread = [r.worst_ci.half_width for r in rows if r.worst_ci is not None]
+    return max([1.0 / max(1, test_samples), *spread])
+
+
+def with_interval(value: float, ci: Estimate | None) -> str:
+    """A percentage, with its interval's half-width when there is one."""
+    return f"{100 * value:.1f}" + (f" ± {100 * ci.half_width:.1f}" if ci is not None else "")
 
 
 @dataclass
@@ -248,10 +331,11 @@ def recommend(rows: list[Row], expect: int, tolerance: float = 0.01, workers: in
     good = [r for r in eligible if r.worst is not None and r.worst >= top - tolerance]
     pick = max(good, key=lambda r: (r.no_attack, -r.f))
     assert pick.worst is not None
+    use = f"{pick.rule} (its output does not depend on f)" if pick.f_free else f"{pick.rule} with f={pick.f}"
     versus = ("" if mean_row.worst is None
               else f" (the mean: {_pct(mean_row.worst)} under {mean_row.worst_attack})")
     text = (
-        f"Expecting {expect} Byzantine worker(s): use {pick.rule} with f={pick.f}. Under the worst of the attacks "
+        f"Expecting {expect} Byzantine worker(s): use {use}. Under the worst of the attacks "
         f"tried ({pick.worst_attack}) it keeps {_pct(pick.worst)} accuracy{versus}; with no attack it costs "
         f"{100 * pick.cost:+.1f} points against the mean ({_pct(pick.no_attack)} vs {_pct(mean_row.no_attack)}). "
         f"{len(good)} of {len(eligible)} settings with f >= {expect}{' not worse than no defence' if worse else ''} "
@@ -262,8 +346,17 @@ def recommend(rows: list[Row], expect: int, tolerance: float = 0.01, workers: in
                  "not separate it from the mean on this task.")
     if worse:
         text += (" Left out as worse than no defence under the attacks tried: "
-                 + ", ".join(f"{r.rule} (f={r.f})" for r in worse) + ".")
-    return Recommendation(pick.rule, pick.f, text)
+                 + ", ".join(f"{r.rule} (f={r.f_label})" for r in worse) + ".")
+    return Recommendation(pick.rule, pick.f, _seeds_caveat(rows) + text)
+
+
+def _seeds_caveat(rows: list[Row]) -> str:
+    """What a recommendation from fewer than 3 seeds is: a suggestion (no interval, no verdict)."""
+    k = min((r.seeds for r in rows), default=0)
+    if k >= 3:
+        return ""
+    return (f"From {k} seed(s) — a suggestion, not a verdict (an interval needs 3 seeds or more: list them, "
+            "seed = [0, 1, 2]). ")
 
 
 def _no_candidates(expect: int, workers: int | None) -> str:
@@ -296,32 +389,39 @@ def _mean_wins(candidates: list[Row], mean_row: Row, expect: int) -> str:
 
 
 def to_markdown(rows: list[Row], plan: Plan, rec: Recommendation) -> str:
-    """The trade-off table and the recommendation as Markdown."""
+    """The trade-off table and the recommendation as Markdown (accuracies as mean ± the 95 % half-width over the
+    seeds when there are 3 or more)."""
     attacks = plan.attacks if plan.expect > 0 else []
     head = ["rule", "f", "no attack %", "cost (points)", "agg. error"] + [f"{a} %" for a in attacks]
     head += ["worst %", "worst attack"] if attacks else []
+    head += ["seeds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r.rule, str(r.f), f"{100 * r.no_attack:.1f}", f"{100 * r.cost:+.1f}",
+        cells = [r.rule, r.f_label, with_interval(r.no_attack, r.no_attack_ci), f"{100 * r.cost:+.1f}",
                  "—" if r.agg_error is None else f"{r.agg_error:.3g}"]
         cells += [f"{100 * r.under_attack[a]:.1f}" if a in r.under_attack else "—" for a in attacks]
         if attacks:
-            cells += ["—" if r.worst is None else f"{100 * r.worst:.1f}", r.worst_attack or "—"]
+            cells += ["—" if r.worst is None else with_interval(r.worst, r.worst_ci), r.worst_attack or "—"]
+        cells.append(str(r.seeds))
         mark = "**" if (r.rule, r.f) == (rec.rule, rec.f) else ""
         lines.append("| " + " | ".join(f"{mark}{c}{mark}" if c else c for c in cells) + " |")
-    return "\n".join(lines)
+    notes = [f"{rule}: its output does not depend on f (checked on random rows), so it ran once"
+             for rule in sorted(plan.f_free)]
+    return "\n".join(lines) + "".join(f"\n\n{n}." for n in notes)
 
 
 def to_csv(rows: list[Row], plan: Plan) -> str:
     """The table as CSV (accuracies in [0, 1])."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["rule", "f", "no_attack", "cost", "agg_error", *plan.attacks, "worst", "worst_attack"])
+    w.writerow(["rule", "f", "no_attack", "cost", "agg_error", *plan.attacks, "worst", "worst_attack", "seeds",
+                "f_matters"])
     for r in rows:
         w.writerow([r.rule, r.f, f"{r.no_attack:.6f}", f"{r.cost:.6f}",
                     "" if r.agg_error is None else f"{r.agg_error:.6g}",
                     *[f"{r.under_attack[a]:.6f}" if a in r.under_attack else "" for a in plan.attacks],
-                    "" if r.worst is None else f"{r.worst:.6f}", r.worst_attack or ""])
+                    "" if r.worst is None else f"{r.worst:.6f}", r.worst_attack or "", r.seeds,
+                    "no" if r.f_free else "yes"])
     return buf.getvalue()
 
 
@@ -344,8 +444,12 @@ def plot(rows: list[Row], plan: Plan, rec: Recommendation, path: Path) -> Path |
                 linestyle="-" if len(pts) > 1 else "none", color="k" if baseline else f"C{i}",
                 label="mean (no defence)" if baseline else rule)
         for r in pts:
-            ax.annotate(f"f={r.f}", (100 * r.no_attack, 100 * (r.worst or 0)), fontsize=7,
+            ax.annotate(f"f={r.f_label}", (100 * r.no_attack, 100 * (r.worst or 0)), fontsize=7,
                         textcoords="offset points", xytext=(4, 3))
+            if r.no_attack_ci is not None and r.worst_ci is not None:
+                ax.errorbar([100 * r.no_attack], [100 * (r.worst or 0)], xerr=[100 * r.no_attack_ci.half_width],
+                            yerr=[100 * r.worst_ci.half_width], fmt="none", ecolor="k" if baseline else f"C{i}",
+                            alpha=0.5, capsize=2)
     picked = next(r for r in rows if (r.rule, r.f) == (rec.rule, rec.f))
     if picked.worst is not None:
         ax.scatter([100 * picked.no_attack], [100 * picked.worst], s=200, facecolors="none", edgecolors="k",
