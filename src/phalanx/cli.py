@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import torch
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
@@ -451,7 +452,28 @@ def _run_grid(
     if diverged:
         console.print(f"[yellow]{diverged} run(s) diverged[/yellow] (the model became non-finite; final accuracy "
                       "counted as 0; `phalanx status` says at which round)", soft_wrap=True)
+    if result["tradeoff"]:
+        _print_tradeoff(result["tradeoff"])
     console.print(f"report: {out / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
+
+
+def _print_tradeoff(tradeoffs: list[Any]) -> None:
+    """The price and rescue of every robust rule against the mean (:func:`phalanx.experiments.report.tradeoff`),
+    with the sentence saying what they are."""
+    from phalanx.experiments import report
+
+    keys = report.tradeoff_keys(tradeoffs)
+    # a number ± its half-width, no vertical rules: the table fits 80 columns with its verdicts
+    table = Table(title="The price and rescue of robustness (vs mean, paired by seed)", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
+    for k in ["rule", *keys, "attack", "price (pts)", "rescue (pts)", "seeds", "verdict"]:
+        table.add_column(k, justify="right" if "pts" in k or k == "seeds" else "left", no_wrap=k != "verdict")
+    for t in report.sorted_tradeoffs(tradeoffs):
+        ctx = dict(t.context)
+        table.add_row(t.rule, *(str(ctx[k]) for k in keys), t.attack, report.points_pm(t.price),
+                      report.points_pm(t.rescue), str(len(t.seeds)), t.verdict)
+    console.print(table)
+    console.print(report.TRADEOFF_MEANING.replace("*", ""), soft_wrap=True, highlight=False)
 
 
 FORCE_HELP = "Use run-directory files whose SHA-256 differs from their manifest's (changed since written)."

@@ -1,15 +1,19 @@
 """Reports: a summary table per setting, per-round plots (test accuracy, aggregation error, Byzantine share), an
-aggregator × attack heat map, Markdown."""
+aggregator × attack heat map, the price and rescue of each robust rule against the mean (a table and a plot, when a
+grid has runs with and without an attack), Markdown."""
 
 from __future__ import annotations
 
 import io
 import json
 import math
+import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError, OutputError
 from phalanx.experiments import store
 
@@ -139,21 +143,58 @@ def _panel_values(rows: list[dict[str, Any]], keys: list[str], metric: str) -> d
         v = r.get(metric)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             continue
-        label = ", ".join(f"{k}={r.get(k)}" if k != "aggregator" else str(r.get(k)) for k in keys)
-        curves[label][r["round"]].append(float(v))
+        curves[_label(r, keys)][r["round"]].append(float(v))
     return curves
+
+
+def _label(row: dict[str, Any], keys: list[str]) -> str:
+    """A setting's name in a legend: the aggregator, then ``key=value`` of the other varying keys."""
+    return ", ".join(f"{k}={row.get(k)}" if k != "aggregator" else str(row.get(k)) for k in keys)
+
+
+def rule_colours(rules: list[str]) -> dict[str, str]:
+    """One matplotlib colour per rule (``C0`` … ``C9``, by sorted name, the mean included): the same rule has the
+    same colour in every plot of a report."""
+    return {r: f"C{i % 10}" for i, r in enumerate(sorted(set(rules)))}
+
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+"""Marker shapes of the trade-off plot, one per rule (points that overlap stay told apart)."""
+
+LINESTYLES = ("-", "--", ":", "-.")
+"""Line styles of ``accuracy.png``: one per setting of the keys other than the aggregator (the colour is the
+rule's)."""
+
+
+def curve_styles(rows: list[dict[str, Any]], keys: list[str]) -> dict[str, dict[str, str]]:
+    """Per setting label of :func:`plot_curves`: its colour and line style — when the aggregator varies, the colour
+    is the rule's (:func:`rule_colours`, as in ``tradeoff.png``) and the line style tells the other keys' settings
+    apart; else matplotlib's colour cycle."""
+    labels = sorted({_label(r, keys) for r in rows})
+    if "aggregator" not in keys:
+        return {label: {"color": f"C{i % 10}", "linestyle": "-"} for i, label in enumerate(labels)}
+    colours = rule_colours([str(r.get("aggregator")) for r in rows])
+    rest = [k for k in keys if k != "aggregator"]
+    others = sorted({_label(r, rest) for r in rows})
+    out = {}
+    for r in rows:
+        out[_label(r, keys)] = {"color": colours[str(r.get("aggregator"))],
+                                "linestyle": LINESTYLES[others.index(_label(r, rest)) % len(LINESTYLES)]}
+    return out
 
 
 def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path:
     """Per round, one line per setting (mean over seeds): test accuracy, and below it — in panels of the same
     figure, each only when some run logged it — the aggregation error ``agg_error`` and the Byzantine share
-    ``byz_share``. The aggregation error is drawn on a log scale when it is positive throughout and spans more than
+    ``byz_share``. A rule has one colour (its colour in ``tradeoff.png`` too), the other varying keys a line style
+    each. The aggregation error is drawn on a log scale when it is positive throughout and spans more than
     two decades (under attack the mean's error can be 10⁶ times the robust rules')."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    styles = curve_styles(rows, keys)
     panels = [(m, y, t, c) for m, y, t in PANELS if (c := _panel_values(rows, keys, m))]
     panels = panels or [(*PANELS[0], {})]
     fig, axes = plt.subplots(len(panels), 1, figsize=(7, 1.2 + 3.0 * len(panels)), dpi=120, sharex=True,
@@ -162,7 +203,8 @@ def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path
         scale = 100.0 if metric == "test_accuracy" else 1.0
         for label, pts in sorted(curves.items()):
             xs = sorted(pts)
-            ax.plot(xs, [scale * sum(pts[x]) / len(pts[x]) for x in xs], marker="o", markersize=3, label=label)
+            ax.plot(xs, [scale * sum(pts[x]) / len(pts[x]) for x in xs], marker="o", markersize=3, label=label,
+                    **styles[label])
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
@@ -211,10 +253,238 @@ def plot_heatmap(summary: list[dict[str, Any]], path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
+# --- the price and rescue of robustness ----------------------------------------------------------------------------
+
+MEAN = "mean"
+"""The rule every robust rule is compared with in the trade-off: no defence."""
+NO_ATTACK = "none"
+"""The attack of the runs that measure the price of robustness."""
+MIN_SEEDS = 3
+"""The fewest seeds from which a trade-off is given an interval and a verdict."""
+TRADEOFF_KEYS = (*(k for k in SETTING_KEYS if k not in ("aggregator", "attack")), "rounds", "batch_size", "schedule")
+"""What else must be equal for two runs to be compared in the trade-off: they differ in aggregator and attack alone
+(and are paired by seed)."""
+
+
+@dataclass(frozen=True)
+class Paired:
+    """A paired difference over seeds: the per-seed values (accuracy, 0 … 1) and their mean with a 95 % interval."""
+
+    per_seed: dict[int, float]
+    estimate: Estimate
+
+    @property
+    def why_no_interval(self) -> str | None:
+        """Why no interval (and so no verdict) is given — too few seeds, or seeds that agree exactly — else None."""
+        k = self.estimate.k
+        if k < MIN_SEEDS:
+            return f"{k} seed{'s' if k != 1 else ''}, {MIN_SEEDS} needed"
+        values = list(self.per_seed.values())
+        tol = 8 * sys.float_info.epsilon * max(1.0, *(abs(v) for v in values))
+        if not math.isfinite(self.estimate.half_width) or self.estimate.half_width <= tol:
+            return "zero width: every seed gives the same difference"
+        return None
+
+    def side(self, below: str, above: str, neither: str) -> str:
+        """The verdict of :meth:`Estimate.side`, or ``no interval (why)``."""
+        why = self.why_no_interval
+        return f"no interval ({why})" if why else self.estimate.side(below, above, neither)
+
+
+def paired(per_seed: dict[int, float]) -> Paired:
+    """The paired difference of the per-seed values."""
+    return Paired(dict(sorted(per_seed.items())), mean_ci(list(per_seed.values())))
+
+
+@dataclass(frozen=True)
+class TradeOff:
+    """One robust rule against the mean, in one setting of the other keys (``context``), under one attack:
+
+    - ``price`` = acc(mean, no attack) − acc(rule, no attack): the accuracy the rule costs when nobody attacks;
+    - ``rescue`` = acc(rule, attack) − acc(mean, attack): the accuracy it keeps under the attack;
+
+    both paired by seed over the same ``seeds`` (the seeds with all four runs)."""
+
+    context: tuple[tuple[str, Any], ...]
+    rule: str
+    attack: str
+    price: Paired
+    rescue: Paired
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return tuple(self.price.per_seed)
+
+    @property
+    def verdict(self) -> str:
+        """What the intervals show: the price's side of 0, then the rescue's."""
+        price = self.price.side("gains accuracy", "costs accuracy", "no cost shown")
+        rescue = self.rescue.side("falls below the mean", "rescues", "no rescue shown")
+        return f"{price}; {rescue}"
+
+
+def _final_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last row of every run that ended (finished, or diverged: its final accuracy counts as 0)."""
+    last: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["run"] not in last or r["round"] > last[r["run"]]["round"]:
+            last[r["run"]] = r
+    return [r for r in last.values() if r.get("finished") or r.get("run_diverged")]
+
+
+def tradeoff(rows: list[dict[str, Any]]) -> list[TradeOff]:
+    """The price and rescue of every robust rule against :data:`MEAN`, under every attack but :data:`NO_ATTACK`,
+    for each setting of :data:`TRADEOFF_KEYS` that has the mean and the rule with no attack and under that attack;
+    [] when a grid has no such setting. Runs are paired by seed (the same seed: the same data split, initial model
+    and batch stream); only ended runs count; a seed with two runs of one setting (runs that differ in a key the
+    report does not tell apart) is left out of that setting."""
+    cells: dict[tuple[Any, ...], dict[tuple[str, str], dict[int, list[float]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list)))
+    for r in _final_runs(rows):
+        seed = r.get("seed")
+        if isinstance(seed, int) and not isinstance(seed, bool):
+            cells[_setting(r, TRADEOFF_KEYS)][(r["aggregator"], r["attack"])][seed].append(float(r["test_accuracy"]))
+    out = []
+    for context, by_cell in cells.items():
+        acc = {cell: {s: v[0] for s, v in per_seed.items() if len(v) == 1} for cell, per_seed in by_cell.items()}
+        rules = sorted({a for a, _ in acc} - {MEAN})
+        attacks = sorted({t for _, t in acc} - {NO_ATTACK})
+        for attack in attacks:
+            for rule in rules:
+                four = [(MEAN, NO_ATTACK), (rule, NO_ATTACK), (MEAN, attack), (rule, attack)]
+                if not all(c in acc for c in four):
+                    continue
+                seeds = sorted(set.intersection(*(set(acc[c]) for c in four)))
+                if not seeds:
+                    continue
+                price = paired({s: acc[(MEAN, NO_ATTACK)][s] - acc[(rule, NO_ATTACK)][s] for s in seeds})
+                rescue = paired({s: acc[(rule, attack)][s] - acc[(MEAN, attack)][s] for s in seeds})
+                out.append(TradeOff(tuple(zip(TRADEOFF_KEYS, context)), rule, attack, price, rescue))
+    return out
+
+
+def tradeoff_keys(tradeoffs: list[TradeOff]) -> list[str]:
+    """The keys of the trade-offs' settings that take more than one value (the columns that tell them apart)."""
+    return [k for k in TRADEOFF_KEYS if len({json.dumps(dict(t.context)[k]) for t in tradeoffs}) > 1]
+
+
+def _points(p: Paired) -> tuple[str, str]:
+    """A paired difference in accuracy points: the mean, and its interval (— when none is given)."""
+    e = p.estimate
+    interval = "—" if p.why_no_interval else f"[{100 * e.low:+.1f}, {100 * e.high:+.1f}]"
+    return f"{100 * e.mean:+.1f}", interval
+
+
+def points_pm(p: Paired) -> str:
+    """A paired difference in accuracy points as ``mean ± half-width`` of its 95 % interval (the mean alone when no
+    interval is given)."""
+    e = p.estimate
+    return f"{100 * e.mean:+.1f}" + ("" if p.why_no_interval else f" ± {100 * e.half_width:.1f}")
+
+
+def sorted_tradeoffs(tradeoffs: list[TradeOff]) -> list[TradeOff]:
+    """The order of the trade-off tables and panels: by setting, attack, rule."""
+    return sorted(tradeoffs, key=lambda t: (json.dumps(t.context), t.attack, t.rule))
+
+
+TRADEOFF_HEAD = ("rule", "attack", "price (points)", "95 % interval", "rescue (points)", "95 % interval", "seeds",
+                 "verdict")
+"""The columns of the trade-off table (after ``rule``, the setting keys that vary)."""
+
+TRADEOFF_MEANING = (
+    "*Price* = accuracy of the mean with no attack − the rule's: what the rule costs when nobody attacks; *rescue* = "
+    "the rule's accuracy under the attack − the mean's: what it keeps. Final test accuracy in points, paired by seed, "
+    f"mean over seeds with a 95 % Student-t interval (none from fewer than {MIN_SEEDS} seeds)."
+)
+"""The sentence under the trade-off table saying what price and rescue are."""
+
+
+def tradeoff_table(tradeoffs: list[TradeOff]) -> tuple[list[str], list[list[str]]]:
+    """The trade-off table's header and cells (shared by ``report.md`` and the terminal), per setting and attack,
+    rules by name."""
+    keys = tradeoff_keys(tradeoffs)
+    head = [TRADEOFF_HEAD[0], *keys, *TRADEOFF_HEAD[1:]]
+    lines = []
+    for t in sorted_tradeoffs(tradeoffs):
+        ctx = dict(t.context)
+        lines.append([t.rule, *(str(ctx[k]) for k in keys), t.attack, *_points(t.price), *_points(t.rescue),
+                      str(len(t.seeds)), t.verdict])
+    return head, lines
+
+
+def tradeoff_markdown(tradeoffs: list[TradeOff]) -> str:
+    """The trade-off as a Markdown table with the sentence saying what price and rescue mean."""
+    head, lines = tradeoff_table(tradeoffs)
+    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    md += ["| " + " | ".join(cells) + " |" for cells in lines]
+    return "\n".join(md) + "\n\n" + TRADEOFF_MEANING + "\n"
+
+
+
+def plot_tradeoff(tradeoffs: list[TradeOff], path: Path, colours: dict[str, str] | None = None) -> Path | None:
+    """Price (x: accuracy points a rule loses with no attack) against rescue (y: points it keeps under the attack),
+    both against the mean, one panel per attack (and setting), one labelled point per rule with its 95 % interval
+    bars (a hollow point: no interval, too few seeds or zero width); the mean is the origin. None without
+    trade-offs."""
+    if not tradeoffs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = colours or rule_colours([MEAN, *(t.rule for t in tradeoffs)])
+    markers = {r: MARKERS[i % len(MARKERS)] for i, r in enumerate(sorted({MEAN, *(t.rule for t in tradeoffs)}))}
+    keys = tradeoff_keys(tradeoffs)
+    panels: dict[tuple[str, str], list[TradeOff]] = defaultdict(list)
+    for t in sorted_tradeoffs(tradeoffs):
+        ctx = dict(t.context)
+        panels[(t.attack, ", ".join(f"{k}={ctx[k]}" for k in keys))].append(t)
+    cols = min(3, len(panels))
+    rows_ = -(-len(panels) // cols)
+    size = (max(6.4, 0.4 + 4.6 * cols), 1.3 + 4.2 * rows_)
+    fig, axes = plt.subplots(rows_, cols, figsize=size, dpi=120, squeeze=False)
+    hollow = False
+    for ax, ((attack, ctx_label), ts) in zip(axes.flat, panels.items()):
+        ax.axhline(0, color="0.6", lw=0.8, zorder=0)
+        ax.axvline(0, color="0.6", lw=0.8, zorder=0)
+        ax.plot([0], [0], marker=markers[MEAN], color=colours.get(MEAN, "k"), ms=8, ls="none", label=MEAN)
+        for t in ts:
+            x, y = 100 * t.price.estimate.mean, 100 * t.rescue.estimate.mean
+            c = colours[t.rule]
+            px = None if t.price.why_no_interval else [[x - 100 * t.price.estimate.low],
+                                                        [100 * t.price.estimate.high - x]]
+            py = None if t.rescue.why_no_interval else [[y - 100 * t.rescue.estimate.low],
+                                                         [100 * t.rescue.estimate.high - y]]
+            full = px is not None and py is not None
+            hollow = hollow or not full
+            ax.errorbar([x], [y], xerr=px, yerr=py, marker=markers[t.rule], ms=8, color=c,
+                        mfc=c if full else "white", capsize=3, lw=1.2, ls="none", alpha=0.9, label=t.rule)
+        ax.set_title(f"attack = {attack}" + (f" ({ctx_label})" if ctx_label else ""), fontsize=10)
+        ax.set_xlabel("price: points lost with no attack →")
+        ax.set_ylabel("rescue: points kept under the attack ↑")
+        ax.grid(alpha=0.3)
+        ax.margins(0.15)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    seeds = sorted({len(t.seeds) for t in tradeoffs})
+    n = f"{seeds[0]}" if len(seeds) == 1 else f"{seeds[0]}–{seeds[-1]}"
+    fig.suptitle(f"Robust rules against the mean (the origin), paired by seed over {n} seeds\n"
+                 "up: keeps accuracy under the attack; right: costs accuracy without one\n"
+                 "bars: 95 % intervals" + ("; hollow: no interval (too few seeds or zero width)" if hollow else ""),
+                 fontsize=9)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 if rows_ == 1 else 0.03, 1, 1))
+    return save_figure(fig, path)
+
+
 def write_report(root: Path, out: Path | None = None) -> dict[str, Any]:
     """Write ``report.md``, ``accuracy.png`` (per round: test accuracy, and the aggregation error and Byzantine
-    share where the runs logged them) and (if useful) ``heatmap.png`` for the runs under ``root``; returns the
-    summary, the varying keys and the plots written (``plots``), each embedded in ``report.md``.
+    share where the runs logged them), (if useful) ``heatmap.png`` and — when the grid has the mean and another rule
+    with no attack and under an attack (:func:`tradeoff`) — the trade-off table and ``tradeoff.png``, for the runs
+    under ``root``; returns the summary, the varying keys, the trade-offs (``tradeoff``, maybe []) and the plots
+    written (``plots``), each embedded in ``report.md``.
 
     A run whose metrics cannot be read is a :class:`ConfigError` naming its file; a directory the report cannot be
     written to an :class:`OutputError` naming the file.
@@ -242,9 +512,20 @@ def _write_report(root: Path, out: Path) -> dict[str, Any]:
     keys = varying(summary)
     curves = plot_curves(rows, keys, out / "accuracy.png")
     heat = plot_heatmap(summary, out / "heatmap.png")
+    trades = tradeoff(rows)
+    trade_plot = plot_tradeoff(trades, out / "tradeoff.png")
     md = ["# Phalanx report", "", f"Runs under `{root}`: {len({r['run'] for r in rows})}.", "",
-          markdown_table(summary, keys), "", f"![{_caption(rows)}]({curves.name})"]
+          markdown_table(summary, keys)]
+    if trades:
+        md += ["", "## The price and rescue of robustness", "", tradeoff_markdown(trades).rstrip("\n")]
+        unfinished = len({r["run"] for r in rows}) - len(_final_runs(rows))
+        if unfinished:
+            md += ["", f"({unfinished} run(s) still unfinished are left out of this comparison.)"]
+        if trade_plot is not None:
+            md += ["", f"![price against rescue per rule, against the mean]({trade_plot.name})"]
+    md += ["", f"![{_caption(rows)}]({curves.name})"]
     if heat is not None:
         md += ["", f"![heatmap]({heat.name})"]
     store.atomic_write_text(out / "report.md", "\n".join(md) + "\n")
-    return {"summary": summary, "keys": keys, "plots": [p for p in (curves, heat) if p is not None]}
+    return {"summary": summary, "keys": keys, "tradeoff": trades,
+            "plots": [p for p in (curves, heat, trade_plot) if p is not None]}

@@ -1,0 +1,190 @@
+"""The price and rescue of robustness in every report: each robust rule against the mean, paired by seed, with no
+attack (price) and under an attack (rescue); split by the other keys that vary; no interval from fewer than three
+seeds or from seeds that agree exactly; no table when a grid lacks the mean or the no-attack runs; and end to end,
+``phalanx run`` prints it and ``report.md`` has it."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from phalanx import cli
+from phalanx.analysis.stats import mean_ci
+from phalanx.experiments import report, store
+
+EPS = sys.float_info.epsilon  # the accuracies are Python floats (float64)
+
+
+def _row(aggregator: str, attack: str, seed: int, acc: float, **other: Any) -> dict[str, Any]:
+    """The last metrics row of one finished run, as :func:`report.collect` gives it."""
+    run = "_".join([aggregator, attack, f"s{seed}", *(f"{k}{v}" for k, v in sorted(other.items()))])
+    return {"run": run, "round": 10, "test_accuracy": acc, "aggregator": aggregator, "attack": attack, "seed": seed,
+            "finished": True, "run_diverged": False, "f": 2, "alpha": 1.0, **other}
+
+
+# Per seed: the mean and cwtm with no attack and under ALIE. The seeds differ a lot in level (0.6 … 0.9) and little
+# in the differences, so the paired interval is narrow where an unpaired one would not be.
+ACC = {  # seed: (mean none, cwtm none, mean alie, cwtm alie)
+    0: (0.90, 0.88, 0.30, 0.80),
+    1: (0.70, 0.69, 0.12, 0.61),
+    2: (0.60, 0.57, 0.05, 0.52),
+    3: (0.80, 0.78, 0.25, 0.74),
+}
+
+
+def _grid(seeds: list[int], **other: Any) -> list[dict[str, Any]]:
+    rows = []
+    for s in seeds:
+        mn, cn, ma, ca = ACC[s]
+        rows += [_row("mean", "none", s, mn, **other), _row("cwtm", "none", s, cn, **other),
+                 _row("mean", "alie", s, ma, **other), _row("cwtm", "alie", s, ca, **other)]
+    return rows
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=16 * EPS, abs_tol=16 * EPS)
+
+
+def test_price_and_rescue_are_per_seed_differences_against_the_mean() -> None:
+    rows = _grid([3, 0, 2, 1])  # any order: pairing is by seed, not by position
+    (t,) = report.tradeoff(rows)
+    assert (t.rule, t.attack, t.seeds) == ("cwtm", "alie", (0, 1, 2, 3))
+    for s, (mn, cn, ma, ca) in ACC.items():
+        assert _close(t.price.per_seed[s], mn - cn) and _close(t.rescue.per_seed[s], ca - ma)
+    want = mean_ci([ACC[s][0] - ACC[s][1] for s in range(4)])
+    assert _close(t.price.estimate.mean, want.mean) and _close(t.price.estimate.low, want.low)
+    assert t.price.estimate.k == t.rescue.estimate.k == 4
+    # paired: the interval is that of the differences, far narrower than the spread of the accuracies themselves
+    assert t.price.estimate.half_width < 0.05 < mean_ci([ACC[s][1] for s in range(4)]).half_width
+    assert t.price.why_no_interval is None and t.rescue.why_no_interval is None
+    assert t.verdict == "costs accuracy; rescues"
+
+
+def test_a_seed_is_compared_only_where_all_four_runs_have_it() -> None:
+    rows = [r for r in _grid([0, 1, 2, 3]) if (r["seed"], r["aggregator"], r["attack"]) != (3, "mean", "alie")]
+    (t,) = report.tradeoff(rows)
+    assert t.seeds == (0, 1, 2) and set(t.price.per_seed) == set(t.rescue.per_seed) == {0, 1, 2}
+
+
+def test_other_varying_keys_split_the_comparison() -> None:
+    # the same rules at f = 2 and f = 4 (and an α the f = 4 runs share): never mixed
+    low = _grid([0, 1, 2], f=2)
+    high = [{**r, "test_accuracy": r["test_accuracy"] / 2} for r in _grid([0, 1, 2], f=4)]
+    ts = report.tradeoff(low + high)
+    assert sorted(dict(t.context)["f"] for t in ts) == [2, 4]
+    assert report.tradeoff_keys(ts) == ["f"]
+    by_f = {dict(t.context)["f"]: t for t in ts}
+    for s in (0, 1, 2):
+        mn, cn, ma, ca = ACC[s]
+        assert _close(by_f[2].price.per_seed[s], mn - cn) and _close(by_f[4].price.per_seed[s], (mn - cn) / 2)
+        assert _close(by_f[4].rescue.per_seed[s], (ca - ma) / 2)
+    head, lines = report.tradeoff_table(ts)
+    assert head[:3] == ["rule", "f", "attack"] and [line[1] for line in lines] == ["2", "4"]
+
+
+def test_runs_differing_in_a_key_the_report_does_not_tell_apart_are_left_out() -> None:
+    rows = _grid([0, 1, 2])
+    rows.append({**rows[0], "run": "mean_none_s0_again", "test_accuracy": 0.1})  # a second (mean, none, seed 0)
+    (t,) = report.tradeoff(rows)
+    assert t.seeds == (1, 2)
+
+
+def test_no_interval_and_no_verdict_from_fewer_than_three_seeds() -> None:
+    (t,) = report.tradeoff(_grid([0, 1]))
+    assert t.seeds == (0, 1)
+    assert t.price.why_no_interval == "2 seeds, 3 needed" == t.rescue.why_no_interval
+    assert t.verdict == "no interval (2 seeds, 3 needed); no interval (2 seeds, 3 needed)"
+    head, (line,) = report.tradeoff_table([t])
+    assert head == ["rule", "attack", "price (points)", "95 % interval", "rescue (points)", "95 % interval", "seeds",
+                    "verdict"]
+    assert line[2] == f"{100 * (ACC[0][0] - ACC[0][1] + ACC[1][0] - ACC[1][1]) / 2:+.1f}"  # the numbers, printed
+    assert line[3] == line[5] == "—" and line[6] == "2"  # and no interval
+    assert report.points_pm(t.price) == line[2] and "±" not in report.points_pm(t.rescue)
+    (one,) = report.tradeoff(_grid([0]))
+    assert one.price.why_no_interval == "1 seed, 3 needed"
+
+
+def test_no_interval_when_every_seed_gives_the_same_difference() -> None:
+    rows = [{**r, "test_accuracy": 0.5 if r["aggregator"] == "mean" else 0.25} for r in _grid([0, 1, 2])]
+    (t,) = report.tradeoff(rows)
+    assert t.price.why_no_interval == "zero width: every seed gives the same difference"
+    assert t.verdict.startswith("no interval (zero width")
+    assert _close(t.price.estimate.mean, 0.25) and _close(t.rescue.estimate.mean, -0.25)
+
+
+@pytest.mark.parametrize("drop", ["none", "mean", "alie"])
+def test_no_tradeoff_without_the_no_attack_runs_the_mean_or_an_attack(drop: str) -> None:
+    rows = [r for r in _grid([0, 1, 2]) if drop not in (r["aggregator"], r["attack"])]
+    assert report.tradeoff(rows) == []
+
+
+def test_unfinished_runs_are_not_compared_and_diverged_ones_are() -> None:
+    rows = _grid([0, 1, 2])
+    for r in rows:
+        if r["seed"] == 2 and r["aggregator"] == "cwtm" and r["attack"] == "none":
+            r["finished"] = False
+        if r["aggregator"] == "mean" and r["attack"] == "alie":  # diverged: its final accuracy counts as 0
+            r.update(finished=False, run_diverged=True, test_accuracy=0.0)
+    (t,) = report.tradeoff(rows)
+    assert t.seeds == (0, 1)
+    assert all(_close(t.rescue.per_seed[s], ACC[s][3]) for s in (0, 1))
+
+
+def _write_runs(root: Path, rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        d = root / r["run"]
+        cfg = {k: v for k, v in r.items() if k not in ("run", "round", "test_accuracy", "finished", "run_diverged")}
+        store.prepare_run_dir(d, cfg, 0, "synthetic")
+        store.finish_run(d, [{**cfg, "round": r["round"], "test_accuracy": r["test_accuracy"]}])
+
+
+def test_report_md_has_the_table_and_the_plot_only_when_there_is_a_tradeoff(tmp_path: Path) -> None:
+    _write_runs(tmp_path / "with", _grid([0, 1, 2]))
+    result = report.write_report(tmp_path / "with")
+    md = (tmp_path / "with" / "report.md").read_text()
+    assert "## The price and rescue of robustness" in md and report.TRADEOFF_MEANING in md
+    assert "| rule | attack | price (points) | 95 % interval | rescue (points) |" in md
+    assert "| cwtm | alie | +2.0 | [-0.5, +4.5] | +48.7 | [+44.9, +52.5] | 3 | no cost shown; rescues |" in md
+    assert "![price against rescue per rule, against the mean](tradeoff.png)" in md
+    assert (tmp_path / "with" / "tradeoff.png").is_file() and len(result["tradeoff"]) == 1
+    _write_runs(tmp_path / "without", [r for r in _grid([0, 1, 2]) if r["attack"] != "none"])
+    result = report.write_report(tmp_path / "without")
+    assert result["tradeoff"] == [] and not (tmp_path / "without" / "tradeoff.png").exists()
+    assert "price and rescue" not in (tmp_path / "without" / "report.md").read_text()
+
+
+def test_a_rule_has_one_colour_in_every_plot(tmp_path: Path) -> None:
+    rows = _grid([0, 1, 2]) + [{**r, "aggregator": "krum"} for r in _grid([0, 1, 2]) if r["aggregator"] == "cwtm"]
+    colours = report.rule_colours([r["aggregator"] for r in rows])
+    styles = report.curve_styles(rows, ["aggregator", "attack"])
+    for r in rows:
+        label = f"{r['aggregator']}, attack={r['attack']}"
+        assert styles[label]["color"] == colours[r["aggregator"]]
+    assert styles["cwtm, attack=none"]["linestyle"] != styles["cwtm, attack=alie"]["linestyle"]
+    assert styles["cwtm, attack=none"]["linestyle"] == styles["krum, attack=none"]["linestyle"]
+    assert report.plot_tradeoff(report.tradeoff(rows), tmp_path / "t.png") == tmp_path / "t.png"
+
+
+TINY_GRID = {"dataset": "digits", "model": "logreg", "workers": 5, "byzantine": 1, "f": 1, "partition": "iid",
+             "aggregator": ["mean", "cwtm"], "attack": ["none", "inf"], "seed": [0, 1, 2], "rounds": 2,
+             "eval_every": 1, "checkpoint_every": 2, "batch_size": 8}
+
+
+def test_phalanx_run_prints_the_tradeoff_and_report_md_has_it(tmp_path: Path) -> None:
+    cfg = tmp_path / "grid.toml"
+    cfg.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in TINY_GRID.items()) + "\n")
+    res = CliRunner().invoke(cli.app, ["run", str(cfg), "--out", str(tmp_path / "out"), "--jobs", "1"])
+    assert res.exit_code == 0, res.output
+    assert "The price and rescue of robustness" in res.output
+    (line,) = [ln for ln in res.output.splitlines() if ln.strip().startswith("cwtm ") and " inf " in ln]
+    assert line.split()[-1] in ("rescues", "shown", "mean")  # a verdict, whatever 2 rounds give
+    assert "Price = accuracy of the mean with no attack" in res.output
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## The price and rescue of robustness" in md and "| cwtm | inf |" in md and "| 3 |" in md
+    assert (tmp_path / "out" / "tradeoff.png").is_file()
