@@ -178,7 +178,7 @@ def test_cli_header_and_error(
     from phalanx import cli
 
     base = ["run", "--set", "rounds=2", "--set", "workers=5", "--set", "eval_every=2", "--set", "aggregator=mean",
-            "--set", "f=0", "--set", "byzantine=0", "--set", "attack=none"]
+            "--set", "f=0", "--set", "byzantine=0", "--set", "attack=none", "--set", "seed=0"]
     res = CliRunner().invoke(cli.app, [*base, "--set", "device=auto", "--out", str(tmp_path / "a")])
     assert res.exit_code == 0, res.output
     assert "1 run(s) →" in res.output and " on cpu" in res.output

@@ -188,3 +188,14 @@ def test_phalanx_run_prints_the_tradeoff_and_report_md_has_it(tmp_path: Path) ->
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## The price and rescue of robustness" in md and "| cwtm | inf |" in md and "| 3 |" in md
     assert (tmp_path / "out" / "tradeoff.png").is_file()
+
+
+def test_the_default_job_compares_rules_with_no_attack_and_under_one_over_three_seeds_or_more() -> None:
+    from phalanx.experiments import grid
+    from phalanx.experiments.config import load_grid
+
+    cfgs = grid.configs(load_grid(None, []))
+    assert report.MEAN in {c.aggregator for c in cfgs} and len({c.aggregator for c in cfgs}) >= 4
+    attacks = {c.attack for c in cfgs}
+    assert report.NO_ATTACK in attacks and len(attacks) >= 2
+    assert len({c.seed for c in cfgs}) >= report.MIN_SEEDS
