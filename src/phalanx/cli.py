@@ -785,8 +785,9 @@ def tension_plan(
         raise typer.BadParameter(f"--f={fs!r}: comma-separated integers, e.g. 1,2,4") from None
     data, slurm_table = _split_slurm(_load_grid(config, set_ or []))
     if config is None:  # the built-in job's comparison lists are not a plan's: the planner's own attacks, one seed
+        given = {o.split("=", 1)[0].strip() for o in set_ or []}
         for key in ("attack", "seed"):
-            if isinstance(data.get(key), list):
+            if isinstance(data.get(key), list) and key not in given:
                 data.pop(key)
     plan = planner.make_plan(data, expect=expect, rules=split(rules), fs=f_list,
                              attacks=split(attacks_))
