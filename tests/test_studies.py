@@ -150,8 +150,12 @@ def test_the_preset_falls_back_to_data_that_is_here(monkeypatch: pytest.MonkeyPa
         return real(name, **kwargs)
 
     monkeypatch.setattr(data, "load", load)
-    assert hbn.HBN().configure("quick", 2, [])[0].dataset == "digits"  # the preset's fallback_dataset
-    assert hbn.HBN().configure("quick", 2, ["dataset=digits"])[0].dataset == "digits"
+    study = hbn.HBN()
+    assert study.configure("quick", 2, [])[0].dataset == "digits"  # the preset's fallback_dataset
+    assert study.data_note is not None and "names the data set fashion-mnist, which is not on this machine: it " \
+        "runs on digits instead" in study.data_note
+    assert study.configure("quick", 2, ["dataset=digits"])[0].dataset == "digits"
+    assert study.data_note is None  # asked for by name: nothing to warn about
     with pytest.raises(DatasetNotFoundError):  # a data set asked for by name does not fall back
         hbn.HBN().configure("quick", 2, ["dataset=fashion-mnist"])
 
@@ -203,3 +207,39 @@ def test_an_unknown_study_command_is_one_line(capsys: pytest.CaptureFixture[str]
     assert out.count("\n") == 1 and "study='hbx' is invalid" in out and "did you mean hbn?" in out
     res = _cli(["tension", "pape"])
     assert res.exit_code == 2 and "Did you mean 'paper'?" in res.output
+
+
+_FALLBACK_PRESETS = {"quick": _Preset("quick", "two runs", dataset="fashion-mnist", fallback_dataset="digits")}
+
+
+class _Fallback(_Tiny):
+    """A study whose preset names a data set that (in the test) is not on the machine."""
+
+    name = "fallback-tiny"
+    presets = _FALLBACK_PRESETS
+
+    def report(self, preset: _Preset, cells: list[int], collected: dict[int, float], out: Path, *, command: str,
+               wall_seconds: float | None, runs: int, overrides: dict[str, Any]) -> Report:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.md").write_text(f"# Tiny on {preset.dataset}\n\nnothing measured\n")
+        return Report([out / "report.md"], ["done"])
+
+
+def test_a_preset_that_runs_on_its_fallback_says_so_loudly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from phalanx import data
+    from phalanx.data.base import DatasetNotFoundError
+
+    real = data.load
+
+    def load(name: str, **kwargs: Any) -> Any:
+        if name == "fashion-mnist":
+            raise DatasetNotFoundError(name, [], "download it")
+        return real(name, **kwargs)
+
+    monkeypatch.setattr(data, "load", load)
+    res = _cli(["experiment", f"{__name__}:_Fallback", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    warning = "preset quick names the data set fashion-mnist, which is not on this machine: it runs on digits instead"
+    assert res.output.count(warning) == 2  # before training, and after the tables
+    md = (tmp_path / "report.md").read_text()
+    assert md.startswith("# Tiny on digits\n\n> **Warning: " + warning)

@@ -740,6 +740,9 @@ def _run_study(
     cells, cfgs = study.plan(p, overrides)
     runs = study.runs(cfgs)
     console.print(study.summary(p, cells, runs, out))
+    note = study.data_note
+    if note is not None:
+        console.print(f"[bold yellow]warning:[/bold yellow] {note}", soft_wrap=True)
     t0 = time.perf_counter()
     runs_dir = out / "runs"
     _train(runs, runs_dir, jobs or _cpu_jobs(), executor)
@@ -747,11 +750,20 @@ def _run_study(
     command = f"{path} --preset {preset_name} --seeds {seeds}" + "".join(f" --set {o}" for o in sets)
     report = study.report(p, cells, study.collect(cells, cfgs, runs_dir), out, command=command, wall_seconds=wall,
                           runs=len(runs), overrides=overrides)
+    if note is not None:  # the report says it too, under its title, where a reader of the file sees it first
+        from phalanx.experiments.store import atomic_write_text
+
+        md = out / "report.md"
+        if md.exists():
+            title, _, rest = md.read_text().partition("\n")
+            atomic_write_text(md, f"{title}\n\n> **Warning: {note}.**\n{rest}")
     for item in report.terminal:
         if isinstance(item, str):
             typer.echo(item)
         else:
             console.print(item)
+    if note is not None:
+        console.print(f"[bold yellow]warning:[/bold yellow] {note}", soft_wrap=True)
     console.print("written: " + ", ".join(str(w) for w in report.files))
 
 

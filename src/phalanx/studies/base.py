@@ -76,6 +76,10 @@ class Study(ABC, Generic[P, C, V]):
         more to check overrides this."""
         return pick_preset(self.presets, name, changes, ())
 
+    data_note: str | None = None
+    """After :meth:`configure`: what to tell the reader when the preset's data set was not on this machine and it
+    runs on its fallback instead (None: it runs on the data it names)."""
+
     def configure(self, name: str, seeds: int, sets: list[str]) -> tuple[P, dict[str, Any]]:
         """The preset the command line asks for, and the run keys it overrides: ``sets`` (``--set KEY=VALUE``) that
         name a field of the preset change the preset, the others are run keys (returned). The preset's data set falls
@@ -99,8 +103,15 @@ class Study(ABC, Generic[P, C, V]):
         fields = self.preset_type.__dataclass_fields__  # type: ignore[attr-defined]
         changes = {k: _tuples(overrides.pop(k)) for k in list(overrides) if k in fields}
         p = self.preset(name, **{"seeds": tuple(range(seeds)), **changes})
+        self.data_note = None
         if "dataset" not in changes:
+            named = p.dataset
             p = resolve_dataset(p, available)
+            if p.dataset != named:
+                self.data_note = (f"preset {p.name} names the data set {named}, which is not on this machine: it runs "
+                                  f"on {p.dataset} instead, and its numbers are not the ones the docs quote for "
+                                  f"{named} (docs/data.md says how to get {named}; --set dataset={p.dataset} "
+                                  "says you mean it)")
         if not available(p.dataset):  # with --set download=true this fetches the files once; else the clear error
             data.load(p.dataset, root=root, download=overrides.get("download", False) is True)
         return p, overrides
