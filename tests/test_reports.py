@@ -252,3 +252,28 @@ def test_hbn_interval_bars_stay_within_0_and_100(tmp_path: Path, monkeypatch: py
     hbn.plot(results, p, tmp_path / "h.png")
     assert spans and all(0.0 <= lo <= hi <= 100.0 for lo, hi in spans)
     assert max(hi for _, hi in spans) == 100.0
+
+
+def test_a_report_of_an_unfinished_grid_says_what_it_leaves_out(tmp_path: Path) -> None:
+    """'Runs: 4' for a 12-run grid, said as if complete, was a wrong record: the report names the runs still
+    unfinished and those of the grid (grid.json) that have no rows yet."""
+    from tests._interrupt import train_interrupted
+
+    from phalanx.experiments import make_config, status, train
+
+    base = {"dataset": "digits", "model": "mlp", "workers": 4, "f": 1, "rounds": 4, "eval_every": 2,
+            "checkpoint_every": 2}
+    cfgs = [make_config({**base, "aggregator": rule}) for rule in ("mean", "cwtm", "cwmed")]
+    dirs = [tmp_path / grid.run_id(c) for c in cfgs]
+    train(cfgs[0], dirs[0])
+    train_interrupted(cfgs[1], dirs[1], 2)
+    status.record_grid(tmp_path, dirs, "local")  # the third run has not started
+    result = report.write_report(tmp_path)
+    says = ("Incomplete: 1 of them not finished (their last evaluated round is what the table shows); 1 more run(s) "
+            "of the grid have no results yet.")
+    assert result["incomplete"] == says and says in (tmp_path / "report.md").read_text()
+    res = CliRunner().invoke(cli.app, ["report", str(tmp_path)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0 and says in res.output
+    train(cfgs[1], dirs[1])
+    train(cfgs[2], dirs[2])
+    assert report.write_report(tmp_path)["incomplete"] is None

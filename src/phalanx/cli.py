@@ -533,6 +533,8 @@ def report_cmd(
     if not directory.is_dir():
         raise ConfigError("DIR", str(directory), "an existing directory of runs (a run's or a sweep's --out)")
     result = report.write_report(directory)
+    if result.get("incomplete"):
+        console.print(f"[bold yellow]{result['incomplete']}[/bold yellow]", soft_wrap=True)
     console.print(f"{directory / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
 
 
@@ -736,6 +738,8 @@ def _run_study(
 ) -> None:
     """One study command, the same for every study: its preset from the options, its grid trained into
     ``out/runs`` (finished runs skipped), then its tables, files and terminal output from the ended runs."""
+    from phalanx.experiments import grid, store
+
     p, overrides = study.configure(preset_name, seeds, sets)
     cells, cfgs = study.plan(p, overrides)
     runs = study.runs(cfgs)
@@ -745,8 +749,13 @@ def _run_study(
         console.print(f"[bold yellow]warning:[/bold yellow] {note}", soft_wrap=True)
     t0 = time.perf_counter()
     runs_dir = out / "runs"
+    done_before = sum(store.is_finished(runs_dir / grid.run_id(c)) for c in runs)
     _train(runs, runs_dir, jobs or _cpu_jobs(), executor)
-    wall = time.perf_counter() - t0
+    # the wall time of the whole grid, or none: a resumed command timed only what was left
+    wall = time.perf_counter() - t0 if not done_before else None
+    if done_before:
+        console.print(f"{done_before} of {len(runs)} runs had finished before this command: the report gives no wall "
+                      "time (this command timed only the rest)", soft_wrap=True)
     command = f"{path} --preset {preset_name} --seeds {seeds}" + "".join(f" --set {o}" for o in sets)
     report = study.report(p, cells, study.collect(cells, cfgs, runs_dir), out, command=command, wall_seconds=wall,
                           runs=len(runs), overrides=overrides)

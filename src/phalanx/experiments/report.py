@@ -15,7 +15,7 @@ from typing import Any
 
 from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError, OutputError
-from phalanx.experiments import store
+from phalanx.experiments import status, store
 
 SETTING_KEYS = ("aggregator", "f", "attack", "byzantine", "partition", "alpha", "dataset", "model", "workers",
                 "algorithm", "graph", "lr", "momentum", "local_steps", "clients_per_round")
@@ -504,6 +504,20 @@ def _caption(rows: list[dict[str, Any]]) -> str:
     return ", ".join(["test accuracy"] + [y for m, y, _ in PANELS[1:] if _panel_values(rows, [], m)]) + " per round"
 
 
+def completeness_line(root: Path, rows: list[dict[str, Any]]) -> str | None:
+    """What a report of ``root`` leaves out, in one sentence — runs still unfinished (their last rows are in the
+    table), and runs of the grid (``grid.json``) with no rows yet — or None when every run of the grid has finished."""
+    present = {r["run"] for r in rows}
+    unfinished = len(present - {r["run"] for r in rows if r.get("finished") or r.get("run_diverged")})
+    missing = len([run for run in status.runs_of(root) if run not in present]) if root.is_dir() else 0
+    if not unfinished and not missing:
+        return None
+    parts = ([f"{unfinished} of them not finished (their last evaluated round is what the table shows)"]
+             if unfinished else [])
+    parts += [f"{missing} more run(s) of the grid have no results yet"] if missing else []
+    return "Incomplete: " + "; ".join(parts) + "."
+
+
 def _write_report(root: Path, out: Path) -> dict[str, Any]:
     rows = collect(root)
     if not rows:
@@ -514,8 +528,9 @@ def _write_report(root: Path, out: Path) -> dict[str, Any]:
     heat = plot_heatmap(summary, out / "heatmap.png")
     trades = tradeoff(rows)
     trade_plot = plot_tradeoff(trades, out / "tradeoff.png")
-    md = ["# Phalanx report", "", f"Runs under `{root}`: {len({r['run'] for r in rows})}.", "",
-          markdown_table(summary, keys)]
+    completeness = completeness_line(root, rows)
+    md = ["# Phalanx report", "", f"Runs under `{root}`: {len({r['run'] for r in rows})}." + (
+        f" **{completeness}**" if completeness else ""), "", markdown_table(summary, keys)]
     if trades:
         md += ["", "## The price and rescue of robustness", "", tradeoff_markdown(trades).rstrip("\n")]
         unfinished = len({r["run"] for r in rows}) - len(_final_runs(rows))
@@ -527,5 +542,5 @@ def _write_report(root: Path, out: Path) -> dict[str, Any]:
     if heat is not None:
         md += ["", f"![heatmap]({heat.name})"]
     store.atomic_write_text(out / "report.md", "\n".join(md) + "\n")
-    return {"summary": summary, "keys": keys, "tradeoff": trades,
+    return {"summary": summary, "keys": keys, "tradeoff": trades, "incomplete": completeness,
             "plots": [p for p in (curves, heat, trade_plot) if p is not None]}
