@@ -17,6 +17,8 @@ def test_the_users_study_runs_by_spec_then_by_entry_point_on_the_same_runs(tmp_p
     out = tmp_path / "momentum"
     by_spec = phalanx(["experiment", "mylab.studies:Momentum", "--out", str(out), *TINY], env(PLUGINS))
     assert "momentum quick: an MLP on the built-in digits" in by_spec.stdout
+    said = " ".join(by_spec.stdout.split())  # (rich folds long lines at 80 columns)
+    assert "changed from preset quick (its description above does not say so): rules=('cwtm',), rounds=3" in said
     report = (out / "report.md").read_text()
     assert "Command: `phalanx experiment mylab.studies:Momentum --preset quick --seeds 2 --set rounds=3" in report
     assert "| cwtm | " in report and "momentum 0.9" in report and "Runs: 4," in report

@@ -744,6 +744,14 @@ def _run_study(
     cells, cfgs = study.plan(p, overrides)
     runs = study.runs(cfgs)
     console.print(study.summary(p, cells, runs, out))
+    named = study.presets.get(p.name)
+    if named is not None:  # the description above is the preset's as named: say what --set changed in it
+        changed = [f"{k}={getattr(p, k)!r}" for k in p.__dataclass_fields__
+                   if k not in ("seeds", "dataset") and getattr(p, k) != getattr(named, k)]
+        changed += [f"{k}={v!r}" for k, v in overrides.items()]  # run keys set on every run
+        if changed:
+            console.print(f"[bold]changed from preset {p.name}[/bold] (its description above does not say so): "
+                          + ", ".join(changed), soft_wrap=True)
     note = study.data_note
     if note is not None:
         console.print(f"[bold yellow]warning:[/bold yellow] {note}", soft_wrap=True)
