@@ -438,15 +438,19 @@ def _run_grid(
     console.print(f"[bold]{len(cfgs)} run(s)[/bold] → {out} on {_devices(cfgs, executor)}")
     _train(list(cfgs), out, jobs, executor, slurm_table)
     result = report.write_report(out)
-    table = Table(title="Final test accuracy (seeds pooled)")
+    from rich import box
+
+    several = any(s["seeds"] > 1 for s in result["summary"])
+    table = Table(title="Final test accuracy (seeds pooled" + ("; ± the standard deviation over seeds)" if several
+                                                                else ")"), box=box.SIMPLE_HEAD, pad_edge=False)
     keys = result["keys"]
     diverged = sum(s.get("diverged", 0) for s in result["summary"])
-    for k in [*keys, "final acc. %", "best acc. %", "agg. error", "Byz. share"] + (["diverged"] if diverged else []):
-        table.add_column(k, justify="left" if k in keys else "right")
+    for k in [*keys, "final %", "agg. error", "Byz. share", "seeds"] + (["diverged"] if diverged else []):
+        table.add_column(k, justify="left" if k in keys else "right", no_wrap=True)
     for s in sorted(result["summary"], key=lambda s: -s["final_accuracy"]):
         acc = f"{100 * s['final_accuracy']:.1f}" + (f" ± {100 * s['final_accuracy_std']:.1f}" if s["seeds"] > 1 else "")
-        table.add_row(*[str(s.get(k)) for k in keys], acc, f"{100 * s['best_accuracy']:.1f}",
-                      _fmt(s["agg_error"]), _fmt(s["byz_share"], 2),
+        table.add_row(*[str(s.get(k)) for k in keys], acc, _fmt(s["agg_error"]), _fmt(s["byz_share"], 2),
+                      str(s["seeds"]),
                       *([f"{s.get('diverged', 0)}/{s['seeds']}"] if diverged else []))
     console.print(table)
     if diverged:
