@@ -314,7 +314,7 @@ class ByzflRunner:
 def _recording(runner: PhalanxRunner) -> Iterator[dict[str, Any]]:
     """Record the clients and the batches of Phalanx's next round (``FedAvgClients.sample``,
     ``fedavg.sample_batches_of``)."""
-    from phalanx.training import fedavg
+    from phalanx.training.algorithms import fedavg
 
     rec: dict[str, Any] = {"ids": None, "batches": []}
     clients = runner.loop.transport.workers  # type: ignore[attr-defined]

@@ -351,7 +351,7 @@ class ByzflRunner:
 @contextmanager
 def _forced_batches(xb: Any, yb: Any) -> Iterator[None]:
     """Make the round use the given ``(W, B, ...)`` batches instead of sampling its own."""
-    from phalanx.training import dsgd
+    from phalanx.training.algorithms import dsgd
 
     original = dsgd.sample_batches
     dsgd.sample_batches = lambda data, workers, batch, gen: (xb[:workers], yb[:workers])
