@@ -168,3 +168,24 @@ def test_tags_of_the_wrong_kind_are_refused_in_one_line() -> None:
         assert info.value.parameter == parameter
     with pytest.raises(TypeError):
         RuleTags(check_params={"tau": 1.0}).check_params["tau"] = 2.0  # type: ignore[index]
+
+
+def test_the_config_reads_which_keys_roles_and_devices_belong_to_which_algorithm_from_the_algorithms() -> None:
+    """FEDERATED_KEYS, DECENTRALIZED_KEYS, ROLE_NAMES, DEVICE_ALGORITHMS and the columns a run's rows carry were lists
+    in the config and the builder; each built-in algorithm now declares its own and the config derives them."""
+    from phalanx.experiments import config
+    from phalanx.experiments.build import config_columns
+    from phalanx.training.algorithms import builtin
+    from phalanx.training.algorithms.base import BUILT_IN
+
+    assert tuple(builtin.BUILT_IN) == BUILT_IN
+    assert config.ROLE_NAMES == {"client_lr": ("fedavg",), "node_lr": ("gossip", "anytime")}
+    assert config.DEVICE_ALGORITHMS == ("dsgd", "fedavg") and config.DECENTRALIZED == ("gossip", "anytime")
+    assert builtin.readers("clients_per_round") == ("fedavg",) and builtin.readers("graph") == ("gossip", "anytime")
+    assert set(config.ALGORITHM_KEYS) <= set(config.RunConfig.model_fields)  # every declared key is a config key
+    fed = config_columns(config.make_config({"algorithm": "fedavg", "clients_per_round": 4}))
+    assert {"algorithm", "clients_per_round", "local_steps", "local_epochs", "server_lr"} <= set(fed)
+    with pytest.raises(ConfigError, match=r"clients_per_round=4 .*read by algorithm = 'fedavg' only"):
+        config.make_config({"algorithm": "dsgd", "clients_per_round": 4})
+    with pytest.raises(ConfigError, match=r"graph='torus' .*read by algorithm = 'gossip' or 'anytime' only"):
+        config.make_config({"graph": "torus"})

@@ -336,9 +336,9 @@ def _duration(seconds: float) -> str:
 def _short(cfg: RunConfig) -> str:
     """A run's name on a progress line: its rule and attack (and, for a decentralized run, its algorithm, graph and
     number of nodes)."""
-    from phalanx.decentralized.topology import ALGORITHMS
+    from phalanx.experiments.config import DECENTRALIZED
 
-    where = f" ({cfg.algorithm}, {cfg.graph}, n={cfg.workers})" if cfg.algorithm in ALGORITHMS else ""
+    where = f" ({cfg.algorithm}, {cfg.graph}, n={cfg.workers})" if cfg.algorithm in DECENTRALIZED else ""
     return f"{cfg.aggregator} / {cfg.attack}{where}"
 
 

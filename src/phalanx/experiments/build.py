@@ -16,9 +16,10 @@ import torch
 from phalanx import data, models
 from phalanx.decentralized import gossip_attacks, robust_gossip, topology
 from phalanx.errors import ConfigError
-from phalanx.experiments.config import DEVICE_ALGORITHMS, RunConfig, processes, server_optimizer
+from phalanx.experiments.config import DECENTRALIZED, DEVICE_ALGORITHMS, RunConfig, processes, server_optimizer
 from phalanx.training import devices, losses
 from phalanx.training.algorithms import base as algorithms
+from phalanx.training.algorithms import builtin
 from phalanx.training.algorithms.base import RoundAlgorithm
 from phalanx.training.algorithms.dsgd import DSGD
 from phalanx.training.algorithms.fedavg import FedAvg
@@ -34,17 +35,11 @@ CONFIG_COLUMNS = (
 """The config values repeated on every metric row (so rows from many runs can be queried together)."""
 
 
-FEDERATED_COLUMNS = ("algorithm", "clients_per_round", "local_steps", "local_epochs", "server_lr")
-"""Added to the rows of federated runs."""
-DECENTRALIZED_COLUMNS = ("algorithm", "graph", "gossip_weights")
-"""Added to the rows of decentralized (gossip) runs."""
-
-
 def config_columns(cfg: RunConfig) -> dict[str, Any]:
-    """The values of :data:`CONFIG_COLUMNS` in ``cfg`` (and of :data:`FEDERATED_COLUMNS` for a federated run)."""
-    extra = {"fedavg": FEDERATED_COLUMNS, **dict.fromkeys(topology.ALGORITHMS, DECENTRALIZED_COLUMNS)}.get(
-        cfg.algorithm, ())
-    keys = CONFIG_COLUMNS + extra
+    """The values of :data:`CONFIG_COLUMNS` in ``cfg``, and of the columns its algorithm declares
+    (:attr:`~phalanx.training.algorithms.base.RoundAlgorithm.config_columns`: a federated run's ``clients_per_round``
+    …, a gossip run's ``graph`` …)."""
+    keys = CONFIG_COLUMNS + builtin.columns(cfg.algorithm)
     return {k: getattr(cfg, k) for k in keys}
 
 
@@ -77,7 +72,7 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None, *, local_ra
     algorithm: RoundAlgorithm
     if cfg.algorithm not in algorithms.BUILT_IN:  # a round algorithm of the user's own, from its parameters
         algorithm = algorithms.make(cfg.algorithm, **cfg.algorithm_params)
-    elif cfg.algorithm in topology.ALGORITHMS:  # lr (and momentum) are the nodes'; the loop's step applies the result
+    elif cfg.algorithm in DECENTRALIZED:  # lr (and momentum) are the nodes'; the loop's step applies the result
         decentralized = AnytimeGossip if cfg.algorithm == "anytime" else Gossip
         algorithm = decentralized(graph=topology.make(cfg.graph, cfg.workers, **cfg.graph_params),
                                   weights=cfg.gossip_weights, batch_size=cfg.batch_size, lr=lr, momentum=cfg.momentum,

@@ -27,6 +27,7 @@ from phalanx.errors import ConfigError
 from phalanx.plugins import accepted_params, check_params
 from phalanx.training import devices, losses, optim
 from phalanx.training.algorithms import base as algorithms
+from phalanx.training.algorithms import builtin
 from phalanx.training.algorithms.gossip import AnytimeGossip
 from phalanx.training.algorithms.gossip_node import check_attack
 from phalanx.validate import check_choice
@@ -38,11 +39,12 @@ else:  # pragma: no cover
 
 Schedule = Literal["constant", "step", "cosine"]
 Partition = Literal["iid", "dirichlet", "pathological"]
-FEDERATED_KEYS = ("clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch",
-                  "stats_momentum")
-"""Keys that only ``algorithm = "fedavg"`` reads."""
-DECENTRALIZED_KEYS = ("graph", "graph_params", "gossip_weights")
-"""Keys that only the decentralized algorithms (``"gossip"``, ``"anytime"``) read."""
+ALGORITHM_KEYS = builtin.own_keys()
+"""Keys that only one built-in algorithm (or two of a kind) reads, as each declares them
+(:attr:`~phalanx.training.algorithms.base.RoundAlgorithm.config_keys`: federated averaging's ``clients_per_round`` …,
+gossip's ``graph`` …); :func:`check_relations` refuses them, set, with any other algorithm."""
+DECENTRALIZED = builtin.decentralized()
+"""The built-in algorithms that run over a graph (a model per node, no server), as they declare it."""
 Engine = Literal["simulated", "torchrun"]
 Topology = Literal["server", "serverless", "gossip"]
 Backend = Literal["auto", "gloo", "nccl"]
@@ -61,8 +63,9 @@ RESULT_NEUTRAL_KEYS = ("download", "sign_key", "verify_key", "device", "keys", "
 check that a run directory holds the same configuration), so setting them does not orphan finished runs. ``device``
 computes the same rounds with the same random draws elsewhere (equal up to floating-point rounding; the run's
 manifest records where it ran), so a run started on one device resumes on another."""
-DEVICE_ALGORITHMS = ("dsgd", "fedavg")
-"""The algorithms whose rounds run on a CUDA device (``device``); the others run on the CPU ('auto' picks it)."""
+DEVICE_ALGORITHMS = builtin.on_device()
+"""The algorithms whose rounds run on a CUDA device (``device``), as they declare it; the others run on the CPU
+('auto' picks it)."""
 
 
 class RunConfig(BaseModel):
@@ -237,7 +240,7 @@ def _friendly(exc: ValidationError) -> ConfigError:
     return ConfigError(loc, value, allowed)
 
 
-ROLE_NAMES = {"client_lr": ("fedavg",), "node_lr": topology.ALGORITHMS}
+ROLE_NAMES = builtin.role_names()
 """Learning rates named by role, for the algorithms whose ``lr`` is not the server's: a federated run's clients'
 (local) rate, a decentralized run's nodes'. They are another spelling of ``lr``: a config keeps ``lr`` (so its run id
 and ``config.json`` are the ones the old spelling gives)."""
@@ -271,7 +274,7 @@ def make_config(data: dict[str, Any]) -> RunConfig:
     data = role_names(data)
     if isinstance(data, dict) and data.get("algorithm") == "anytime" and "momentum" not in data:
         data = {**data, "momentum": 0.0}  # Decentralized Anytime SGD has no momentum: its default, not an error
-    if data.get("engine") == "torchrun" and data.get("algorithm") in topology.ALGORITHMS and "topology" not in data:
+    if data.get("engine") == "torchrun" and data.get("algorithm") in DECENTRALIZED and "topology" not in data:
         data = {**data, "topology": "gossip"}  # a decentralized run on real processes: a rank per node of the graph
     try:
         cfg = RunConfig(**data)
@@ -303,15 +306,15 @@ def check_relations(cfg: RunConfig) -> None:
     if 2 * cfg.f >= n and cfg.algorithm == "dsgd":
         raise ConfigError("f", cfg.f, f"< workers/2 = {n / 2:g} (f ≥ n/2 is beyond any robust rule)")
     defaults = RunConfig.model_fields
-    for keys, owners in ((FEDERATED_KEYS, ("fedavg",)), (DECENTRALIZED_KEYS, topology.ALGORITHMS)):
+    for key in ALGORITHM_KEYS:  # another algorithm's own keys keep their defaults
+        owners = builtin.readers(key)
         if cfg.algorithm in owners:
             continue
-        for key in keys:
-            if getattr(cfg, key) != defaults[key].get_default(call_default_factory=True):
-                readers = " or ".join(repr(o) for o in owners)
-                raise ConfigError(key, getattr(cfg, key), f"its default with algorithm = {cfg.algorithm!r} (it is "
-                                  f"read by algorithm = {readers} only)")
-    if cfg.algorithm in topology.ALGORITHMS:
+        if getattr(cfg, key) != defaults[key].get_default(call_default_factory=True):
+            readers = " or ".join(repr(o) for o in owners)
+            raise ConfigError(key, getattr(cfg, key), f"its default with algorithm = {cfg.algorithm!r} (it is "
+                              f"read by algorithm = {readers} only)")
+    if cfg.algorithm in DECENTRALIZED:
         if cfg.engine == "torchrun" and cfg.topology != "gossip":
             raise ConfigError("topology", cfg.topology, f"'gossip' with algorithm = {cfg.algorithm!r} on the torchrun "
                               "engine (a rank per node, exchanging with its graph neighbours; docs/decentralized.md)")
@@ -342,7 +345,7 @@ def check_relations(cfg: RunConfig) -> None:
         if cfg.engine == "torchrun":
             raise ConfigError("model_params.norm", norm, "'group' or 'none' with engine = 'torchrun' "
                               f"({needs[1]} in one process so far: engine = 'simulated')")
-    if cfg.engine == "torchrun" and cfg.topology == "gossip" and cfg.algorithm not in topology.ALGORITHMS:
+    if cfg.engine == "torchrun" and cfg.topology == "gossip" and cfg.algorithm not in DECENTRALIZED:
         raise ConfigError("topology", cfg.topology, f"'server' or 'serverless' with algorithm = {cfg.algorithm!r} "
                           "(topology = 'gossip' runs the nodes of algorithm = 'gossip')")
     if cfg.keys is not None and cfg.engine == "torchrun" and cfg.backend == "nccl":
@@ -431,7 +434,7 @@ def check_names(cfg: RunConfig) -> None:
         raise ConfigError("algorithm_params", cfg.algorithm_params, f"{{}} with algorithm = {cfg.algorithm!r} (a "
                           "built-in algorithm takes its own config keys)")
     rule = robust_gossip.configured(cfg.aggregator, cfg.f, cfg.algorithm)  # a robust gossip rule: gossip only
-    if cfg.algorithm in topology.ALGORITHMS:  # every node's rule sees its closed neighbourhood N(i) ∪ {i}
+    if cfg.algorithm in DECENTRALIZED:  # every node's rule sees its closed neighbourhood N(i) ∪ {i}
         check_choice("gossip_weights", cfg.gossip_weights, gossip.weight_names())
         check_graph_memory(cfg.workers)  # before the graph is built: its matrices are dense n × n
         graph = topology.make(cfg.graph, cfg.workers, **cfg.graph_params)
@@ -457,7 +460,7 @@ def check_names(cfg: RunConfig) -> None:
             what, m, f">= {rule.min_workers()} for aggregator {cfg.aggregator!r} with f={cfg.f} ({rule.requirement})",
         )
     attack = gossip_attacks.configured(cfg.attack, cfg.attack_params, cfg.algorithm)  # dissensus: gossip only
-    if cfg.engine == "torchrun" and cfg.algorithm in topology.ALGORITHMS:
+    if cfg.engine == "torchrun" and cfg.algorithm in DECENTRALIZED:
         check_attack(attack)  # a rank holds its neighbourhood only: spectral (uᵀX̃ of every node) is refused
     boost = float(getattr(attack, "boost", 1.0))
     if boost != 1.0 and cfg.algorithm == "dsgd":

@@ -124,6 +124,15 @@ class RoundAlgorithm(ABC):
     """Its rounds measure and pool BatchNorm / Hybrid BN statistics (:mod:`phalanx.training.norm_stats`)."""
     keeps_local_norms: ClassVar[bool] = False
     """It keeps every client's BatchNorm layers between rounds (FedBN, :mod:`phalanx.training.algorithms.fedbn`)."""
+    lr_role: ClassVar[str] = "server"
+    """Whose learning rate the run's ``lr`` is: the server's (distributed SGD), the clients' (federated averaging:
+    ``client_lr``), the nodes' (gossip: ``node_lr``). A config may spell it ``<role>_lr``."""
+    config_keys: ClassVar[tuple[str, ...]] = ()
+    """The run config's keys that this built-in algorithm reads and no other does (federated averaging's
+    ``clients_per_round`` …, gossip's ``graph`` …): a config of another algorithm must leave them at their defaults.
+    An algorithm of one's own takes its parameters from ``algorithm_params`` instead."""
+    config_columns: ClassVar[tuple[str, ...]] = ()
+    """The config keys repeated on every metric row of its runs, beside the common ones (what a report groups by)."""
 
     @abstractmethod
     def per_round(self, workers: int) -> int:

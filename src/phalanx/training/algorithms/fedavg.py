@@ -72,6 +72,10 @@ class FedAvg(RoundAlgorithm):
     stats_momentum: float = 0.1
     name = "fedavg"
     missing_word = "clients"
+    lr_role = "client"
+    config_keys = ("clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch",
+                   "stats_momentum")
+    config_columns = ("algorithm", "clients_per_round", "local_steps", "local_epochs", "server_lr")
     runs_on_device = True
     pools_norm_stats = True
     keeps_local_norms = True

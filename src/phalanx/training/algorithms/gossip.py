@@ -78,6 +78,9 @@ class Gossip(RoundAlgorithm):
     mixing: Tensor = field(init=False, repr=False, compare=False)
     name = "gossip"
     missing_word = "neighbours"
+    lr_role = "node"
+    config_keys = ("graph", "graph_params", "gossip_weights")
+    config_columns = ("algorithm", "graph", "gossip_weights")
     decentralized = True
 
     def __post_init__(self) -> None:

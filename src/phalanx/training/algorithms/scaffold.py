@@ -49,6 +49,7 @@ class Scaffold(FedAvg):
     name = "scaffold"
     pools_norm_stats = False
     keeps_local_norms = False
+    lr_role = "server"  # the run's lr is the server's η_g; the clients' η_l is algorithm_params.lr
 
     def check(self, run: Any) -> None:
         """Refuse rules whose server context (a centre, a reference gradient) belongs to model updates only."""
