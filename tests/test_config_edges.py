@@ -64,3 +64,15 @@ def test_a_decentralized_run_too_large_for_the_machine_is_refused_before_its_gra
     assert "\n" not in str(info.value)
     grown_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kb < 500_000  # refused before any n × n matrix (80 GB of W alone) was allocated
+
+
+def test_a_list_in_the_natural_shell_form_gets_the_quoting_hint() -> None:
+    """``--set "aggregator=[cwtm,krum]"`` is not TOML (bare words): one line that says how to write it, not the
+    rule parser's complaint about a spec named '[cwtm,krum]'."""
+    from phalanx.experiments.config import apply_overrides
+
+    says = r"""aggregator='\[cwtm,krum\]' .*a TOML list .*--set 'aggregator=\["cwtm", "krum"\]'"""
+    with pytest.raises(ConfigError, match=says):
+        apply_overrides({}, ["aggregator=[cwtm,krum]"])
+    assert apply_overrides({}, ['aggregator=["cwtm", "krum"]'])["aggregator"] == ["cwtm", "krum"]
+    assert apply_overrides({}, ["f=[1, 2]"])["f"] == [1, 2]

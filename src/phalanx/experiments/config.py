@@ -511,7 +511,14 @@ def _parse(text: str, key: str | None, name: str) -> Any:
     t = text.strip()
     kind = _kind(key)
     if t.startswith("["):
-        return _toml(t, t, name)
+        value = _toml(t, None, name)
+        if value is None:  # "[cwtm,krum]", the natural shell form: TOML wants each name in quotes
+            shown = t if len(t) <= 60 else t[:57] + "..."
+            example = ", ".join(f'"{w.strip()}"' for w in t.strip("[]").split(",")[:3] if w.strip()) or '"…"'
+            raise ConfigError(key_text(name), shown, "a TOML list (a grid axis)",
+                              f"put each name in quotes and the whole argument in single quotes for the shell: "
+                              f"--set '{name}=[{example}]'")
+        return value
     if kind == "str":
         return t[1:-1] if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"" else t
     value = _toml(t, t, name)
