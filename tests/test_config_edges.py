@@ -76,3 +76,14 @@ def test_a_list_in_the_natural_shell_form_gets_the_quoting_hint() -> None:
         apply_overrides({}, ["aggregator=[cwtm,krum]"])
     assert apply_overrides({}, ['aggregator=["cwtm", "krum"]'])["aggregator"] == ["cwtm", "krum"]
     assert apply_overrides({}, ["f=[1, 2]"])["f"] == [1, 2]
+
+
+def test_rounds_beyond_a_million_metric_rows_are_refused_before_anything_runs() -> None:
+    """``rounds = 10**12`` was accepted silently: its metric rows (kept in memory, rewritten at every checkpoint)
+    would grow without bound. At most 1,000,000 rows a run; raising eval_every allows more rounds."""
+    with pytest.raises(ConfigError, match=r"rounds=1000000000000 .*<= 19,999,980 with eval_every = 20 .*1,000,000 "):
+        make_config({"rounds": 10**12})
+    assert make_config({"rounds": 19_999_980}).rounds == 19_999_980  # 999,999 evaluations + round 0
+    with pytest.raises(ConfigError, match="rounds=19999981"):
+        make_config({"rounds": 19_999_981})
+    assert make_config({"rounds": 10**12, "eval_every": 10**7}).rounds == 10**12

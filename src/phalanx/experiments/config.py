@@ -298,11 +298,22 @@ _FEDERATED_NORMS: dict[str, tuple[str, str]] = {
 and what it keeps in one process (so not on the torchrun engine yet)."""
 
 
+MAX_ROWS = 1_000_000
+"""The most metric rows one run may make (one per evaluated round, and round 0): a run keeps them in memory and
+rewrites ``metrics.jsonl`` with all of them at every checkpoint (0.38 kB a row in the default job's: about 0.4 GB at
+the bound)."""
+
+
 def check_relations(cfg: RunConfig) -> None:
     """The rules that tie keys together: at least one honest worker, f < n/2, NCCL only without a server."""
     n = cfg.workers
     if cfg.byzantine >= n:
         raise ConfigError("byzantine", cfg.byzantine, f"< workers = {n} (at least one honest worker)")
+    if -(-cfg.rounds // cfg.eval_every) + 1 > MAX_ROWS:  # round 0, every eval_every-th and the last
+        most = (MAX_ROWS - 1) * cfg.eval_every
+        raise ConfigError("rounds", cfg.rounds, f"<= {most:,} with eval_every = {cfg.eval_every} (at most "
+                          f"{MAX_ROWS:,} metric rows a run: they are kept in memory and rewritten at every "
+                          "checkpoint)", "raise eval_every, or run fewer rounds")
     if 2 * cfg.f >= n and cfg.algorithm == "dsgd":
         raise ConfigError("f", cfg.f, f"< workers/2 = {n / 2:g} (f ≥ n/2 is beyond any robust rule)")
     defaults = RunConfig.model_fields
