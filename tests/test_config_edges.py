@@ -87,3 +87,15 @@ def test_rounds_beyond_a_million_metric_rows_are_refused_before_anything_runs() 
     with pytest.raises(ConfigError, match="rounds=19999981"):
         make_config({"rounds": 19_999_981})
     assert make_config({"rounds": 10**12, "eval_every": 10**7}).rounds == 10**12
+
+
+def test_a_grid_too_large_to_validate_is_refused_before_a_point_is_built() -> None:
+    """A grid of 4·10⁸ points grew to 3.9 GB before printing anything: the points are counted first."""
+    from phalanx.experiments.grid import MAX_POINTS
+
+    axes = {"seed": list(range(200)), "lr": [0.1 * i for i in range(1, 11)], "batch_size": list(range(1, 51)),
+            "tie": {"rounds": [10, 20, 30], "eval_every": [5, 10, 15]}}
+    with pytest.raises(ConfigError, match=r"grid='300,000 points \(200 seed × 10 lr × 50 batch_size × 3 tied\)' .*"
+                                          r"at most 100,000 points"):
+        grid.configs(axes)
+    assert MAX_POINTS == 100_000 and len(grid.expand({"seed": list(range(10)), "lr": [0.1, 0.2]})) == 20

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from typing import Any
 
 from phalanx.errors import ConfigError
@@ -17,6 +18,10 @@ from phalanx.experiments.config import RunConfig, key_text, make_config
 
 # Keys whose values are lists by nature (never expanded).
 _LIST_KEYS: frozenset[str] = frozenset()
+MAX_POINTS = 100_000
+"""The most points a grid may have: each is validated and gets a run directory before the first run starts. Measured:
+2.4 kB of memory and 0.9 ms a point to expand and validate (10,000 points: 24 MB, 8.7 s), so the bound is about
+0.24 GB and a minute and a half; a grid of 4·10⁸ points grew to 3.9 GB before printing anything."""
 
 
 def _tied(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -46,6 +51,11 @@ def expand(data: dict[str, Any]) -> list[dict[str, Any]]:
     for k in keys:
         if not data[k]:
             raise ConfigError(key_text(k), [], "a non-empty list (each value is one point of the grid)")
+    points = len(tied) * math.prod(len(data[k]) for k in keys)
+    if points > MAX_POINTS:  # counted before a point is built
+        sizes = " × ".join(f"{len(data[k])} {k}" for k in keys) + (f" × {len(tied)} tied" if len(tied) > 1 else "")
+        raise ConfigError("grid", f"{points:,} points ({sizes})", f"at most {MAX_POINTS:,} points (each is validated "
+                          "and gets a run directory before the first run starts)", "split it into several grids")
     out = []
     for together in tied:
         for combo in itertools.product(*(data[k] for k in keys)):
