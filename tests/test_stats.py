@@ -48,3 +48,20 @@ def test_slope() -> None:
         slope([1, 1], [0.0, 1.0])
     with pytest.raises(ConfigError):
         slope([1], [0.0])
+
+
+def test_no_verdict_and_no_interval_from_fewer_than_three_seeds_or_a_zero_width_interval() -> None:
+    """experiment hbn --seeds 2 printed '−2.82 [−2.82, −2.82] GroupNorm better' and '± 283.5' on a 0–100 scale."""
+    from phalanx.analysis.stats import MIN_SEEDS
+
+    two = mean_ci([0.70, 0.72])
+    assert MIN_SEEDS == 3 and two.why_no_verdict() == "2 seeds, 3 needed"
+    assert two.side("worse", "better") == "no verdict (2 seeds, 3 needed)"
+    assert two.verdict("positive") == "no verdict (2 seeds, 3 needed)"
+    assert two.show(100) == "71.0 (2 seeds: no interval)"
+    same = mean_ci([-0.0282, -0.0282, -0.0282])
+    says = "no verdict (zero width: every seed gives the same value)"
+    assert same.side("GroupNorm better", "BatchNorm better") == says
+    three = mean_ci([0.70, 0.72, 0.74])
+    assert three.why_no_verdict() is None and three.side("worse", "better") == "better"
+    assert three.show(100) == "72.0 ± 5.0" and three.verdict("positive") == "holds"

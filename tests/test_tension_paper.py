@@ -71,7 +71,10 @@ def _synthetic(p: tension.Preset, drop: float, nnm_gain: float) -> dict[tension.
     alphas = sorted(p.alphas)
     for c in tension.cells(p):
         heterogeneity = len(alphas) - alphas.index(c.alpha)  # 3 for the smallest α
-        noise = 0.001 * ((c.seed * 7 + c.x * 3) % 5)
+        # per-seed noise that differs between α and between the tables, so that no paired statistic is the same for
+        # every seed (a zero-width interval decides nothing)
+        noise = 0.001 * ((c.seed * 7 + c.x * 3 + c.seed * alphas.index(c.alpha)) % 5)
+        noise += 0.0005 * c.seed * c.x * (c.table in ("T5", "T6")) / p.max_f
         base = 0.9 - (0.02 if c.lr != 0.5 else 0.0) + noise
         if c.table in ("T3", "T4"):
             acc[c] = base - drop * heterogeneity * c.x

@@ -9,11 +9,15 @@ or slope removes that shared noise before the interval is taken.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from phalanx.errors import ConfigError
 
+MIN_SEEDS = 3
+"""The fewest seeds an interval is shown and a verdict drawn from (a t-interval from two is 12.7 standard errors
+wide: on an accuracy scale it reaches past 0 and 100)."""
 # Two-sided 95 % quantiles t_{0.975, df} for df = 1 … 30 (standard tables); the normal 1.960 beyond.
 _T975 = (
     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -45,16 +49,41 @@ class Estimate:
     def half_width(self) -> float:
         return (self.high - self.low) / 2
 
+    def why_no_verdict(self) -> str | None:
+        """Why this estimate decides nothing — fewer than :data:`MIN_SEEDS` samples, or an interval of zero width
+        (every sample the same, up to rounding) — else None."""
+        if self.k < MIN_SEEDS:
+            return f"{self.k} seed{'s' if self.k != 1 else ''}, {MIN_SEEDS} needed"
+        width = self.high - self.low
+        if not math.isfinite(width) or width <= 16 * sys.float_info.epsilon * max(1.0, abs(self.mean)):
+            return "zero width: every seed gives the same value"
+        return None
+
+    def show(self, scale: float = 1.0, digits: int = 1, sign: str = "") -> str:
+        """``mean ± half-width`` (times ``scale``), or the mean alone with why there is no interval (fewer than
+        :data:`MIN_SEEDS` seeds: an interval from two is wider than the scale it is on)."""
+        mean = f"{scale * self.mean:{sign}.{digits}f}"
+        if self.k < MIN_SEEDS:
+            return f"{mean} ({self.k} seed{'s' if self.k != 1 else ''}: no interval)"
+        return f"{mean} ± {scale * self.half_width:.{digits}f}"
+
     def side(self, below: str, above: str, neither: str = "no difference shown") -> str:
         """``below`` if the whole interval is below 0, ``above`` if it is above, else ``neither``: the verdict of a
-        paired difference."""
+        paired difference; ``no verdict (why)`` when it decides nothing (:meth:`why_no_verdict`)."""
+        why = self.why_no_verdict()
+        if why is not None:
+            return f"no verdict ({why})"
         return below if self.high < 0 else (above if self.low > 0 else neither)
 
     def verdict(self, expect: str) -> str:
         """``holds`` if the whole interval has the expected sign (``"negative"`` or ``"positive"``), ``contradicted``
-        if the whole interval has the opposite sign, else ``inconclusive``."""
+        if the whole interval has the opposite sign, else ``inconclusive``; ``no verdict (why)`` when it decides
+        nothing (:meth:`why_no_verdict`)."""
         if expect not in ("negative", "positive"):
             raise ConfigError("expect", expect, "'negative' or 'positive'")
+        why = self.why_no_verdict()
+        if why is not None:
+            return f"no verdict ({why})"
         below, above = self.high < 0, self.low > 0
         if expect == "negative":
             return "holds" if below else ("contradicted" if above else "inconclusive")

@@ -216,7 +216,7 @@ def table_markdown(results: dict[tuple[str, str, int, float], Result], p: Preset
                 continue
             cells_ = [results[(norm, rule, f, a)].estimate for a in p.alphas]
             lines.append(f"| {_rule_label(rule, f)} | {NORM_LABELS[norm]} | "
-                         + " | ".join(f"{100 * e.mean:.1f} ± {100 * e.half_width:.1f}" for e in cells_) + " |")
+                         + " | ".join(e.show(100) for e in cells_) + " |")
     return "\n".join(lines)
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,8 +194,7 @@ def prices(results: dict[tuple[str, str, int], Result], p: Preset) -> list[Price
 
 
 def _fmt(e: Estimate) -> str:
-    half = e.half_width
-    return f"{100 * e.mean:.1f} ± {100 * half:.1f}" if math.isfinite(half) else f"{100 * e.mean:.1f}"
+    return e.show(100)
 
 
 def table_markdown(results: dict[tuple[str, str, int], Result], p: Preset) -> str:

@@ -246,7 +246,7 @@ def thresholds(results: dict[tuple[str, int, str], Result], p: Preset) -> dict[t
 def _fmt(e: Estimate, scale: float = 1.0, digits: int = 3) -> str:
     if not math.isfinite(e.mean):
         return "diverged"
-    return f"{scale * e.mean:.{digits}f} ± {scale * e.half_width:.{digits}f}"
+    return e.show(scale, digits)
 
 
 def _by_nodes(results: dict[tuple[str, int, str], Result], p: Preset, column: Callable[[int], str],

@@ -269,7 +269,7 @@ def table_markdown(results: dict[tuple[str, int, float], CellResult], p: Preset,
         for a in alphas:
             r = results[(table, x, a)]
             e = r.estimate
-            cells_txt.append(f"{100 * e.mean:.2f} ± {100 * e.half_width:.2f} (lr {r.lr:g})")
+            cells_txt.append(f"{e.show(100, 2)} (lr {r.lr:g})")
         label = f"{x} (mean)" if x == 0 else str(x)
         lines.append(f"| {label} | " + " | ".join(cells_txt) + " |")
     return "\n".join(lines)
@@ -396,7 +396,7 @@ def terminal_tables(results: dict[tuple[str, int, float], CellResult], ts: list[
             row = [str(x)]
             for a in sorted(p.alphas):
                 r = results[(table, x, a)]
-                row.append(f"{100 * r.estimate.mean:.1f} ± {100 * r.estimate.half_width:.1f} ({r.lr:g})")
+                row.append(f"{r.estimate.show(100)} ({r.lr:g})")
             t.add_row(*row)
         out.append(t)
     verdicts = Table(title="Trends (per-seed statistics, 95 % intervals, accuracy points)")
