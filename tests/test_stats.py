@@ -65,3 +65,4 @@ def test_no_verdict_and_no_interval_from_fewer_than_three_seeds_or_a_zero_width_
     three = mean_ci([0.70, 0.72, 0.74])
     assert three.why_no_verdict() is None and three.side("worse", "better") == "better"
     assert three.show(100) == "72.0 ± 5.0" and three.verdict("positive") == "holds"
+    assert two.interval(100) == "—" and three.interval(100) == "[+67.03, +76.97]"

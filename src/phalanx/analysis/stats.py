@@ -67,6 +67,12 @@ class Estimate:
             return f"{mean} ({self.k} seed{'s' if self.k != 1 else ''}: no interval)"
         return f"{mean} ± {scale * self.half_width:.{digits}f}"
 
+    def interval(self, scale: float = 1.0, digits: int = 2, sign: str = "+") -> str:
+        """``[low, high]`` (times ``scale``), or ``—`` with fewer than :data:`MIN_SEEDS` seeds."""
+        if self.k < MIN_SEEDS:
+            return "—"
+        return f"[{scale * self.low:{sign}.{digits}f}, {scale * self.high:{sign}.{digits}f}]"
+
     def side(self, below: str, above: str, neither: str = "no difference shown") -> str:
         """``below`` if the whole interval is below 0, ``above`` if it is above, else ``neither``: the verdict of a
         paired difference; ``no verdict (why)`` when it decides nothing (:meth:`why_no_verdict`)."""

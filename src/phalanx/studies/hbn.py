@@ -226,7 +226,7 @@ def differences_markdown(ds: list[Difference]) -> str:
     for d in ds:
         e = d.estimate
         lines.append(f"| {NORM_LABELS[d.a]} − {NORM_LABELS[d.b]} | {_rule_label(d.rule, d.f)} | {d.alpha:g} | "
-                     f"{100 * e.mean:+.2f} | [{100 * e.low:+.2f}, {100 * e.high:+.2f}] | {d.verdict} |")
+                     f"{100 * e.mean:+.2f} | {e.interval(100)} | {d.verdict} |")
     return "\n".join(lines)
 
 

@@ -220,7 +220,7 @@ def prices_markdown(ps: list[Price]) -> str:
              "|---|---|---|---|---|"]
     for q in ps:
         e = q.estimate
-        lines.append(f"| {q.rule} | {q.b} | {100 * e.mean:+.2f} | [{100 * e.low:+.2f}, {100 * e.high:+.2f}] | "
+        lines.append(f"| {q.rule} | {q.b} | {100 * e.mean:+.2f} | {e.interval(100)} | "
                      f"{q.verdict} |")
     return "\n".join(lines)
 

@@ -276,7 +276,7 @@ def differences_markdown(ds: list[Difference]) -> str:
     lines = ["| graph | n | Anytime − D-SGD (test loss) | 95 % interval | verdict |", "|---|---|---|---|---|"]
     for d in ds:
         e = d.estimate
-        lines.append(f"| {d.graph} | {d.n} | {e.mean:+.4f} | [{e.low:+.4f}, {e.high:+.4f}] | {d.verdict} |")
+        lines.append(f"| {d.graph} | {d.n} | {e.mean:+.4f} | {e.interval(1.0, 4)} | {d.verdict} |")
     return "\n".join(lines)
 
 

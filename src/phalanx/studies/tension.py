@@ -283,7 +283,7 @@ def trends_markdown(ts: list[Trend]) -> str:
         e = t.estimate
         lines.append(
             f"| {t.trend} | {t.table} | {t.alpha} | {t.statistic} | {100 * e.mean:+.2f} | "
-            f"[{100 * e.low:+.2f}, {100 * e.high:+.2f}] | **{t.verdict}** |"
+            f"{e.interval(100)} | **{t.verdict}** |"
         )
     return "\n".join(lines)
 
@@ -405,7 +405,7 @@ def terminal_tables(results: dict[tuple[str, int, float], CellResult], ts: list[
     for tr in ts:
         e = tr.estimate
         verdicts.add_row(tr.trend, tr.table, tr.alpha, f"{100 * e.mean:+.2f}",
-                         f"[{100 * e.low:+.2f}, {100 * e.high:+.2f}]", tr.verdict)
+                         e.interval(100), tr.verdict)
     out.append(verdicts)
     return out
 
