@@ -49,14 +49,15 @@ class Estimate:
     def half_width(self) -> float:
         return (self.high - self.low) / 2
 
-    def why_no_verdict(self) -> str | None:
+    def why_no_verdict(self, what: str = "value", magnitude: float | None = None) -> str | None:
         """Why this estimate decides nothing — fewer than :data:`MIN_SEEDS` samples, or an interval of zero width
-        (every sample the same, up to rounding) — else None."""
+        (every sample the same ``what``, up to rounding at ``magnitude``, the samples' largest size; default the
+        mean's) — else None."""
         if self.k < MIN_SEEDS:
             return f"{self.k} seed{'s' if self.k != 1 else ''}, {MIN_SEEDS} needed"
-        width = self.high - self.low
-        if not math.isfinite(width) or width <= 16 * sys.float_info.epsilon * max(1.0, abs(self.mean)):
-            return "zero width: every seed gives the same value"
+        size = abs(self.mean) if magnitude is None else magnitude
+        if not math.isfinite(self.half_width) or self.half_width <= 8 * sys.float_info.epsilon * max(1.0, size):
+            return f"zero width: every seed gives the same {what}"
         return None
 
     def show(self, scale: float = 1.0, digits: int = 1, sign: str = "") -> str:

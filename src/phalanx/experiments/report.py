@@ -7,13 +7,12 @@ from __future__ import annotations
 import io
 import json
 import math
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phalanx.analysis.stats import Estimate, mean_ci
+from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
 from phalanx.errors import ConfigError, OutputError
 from phalanx.experiments import status, store
 
@@ -259,8 +258,6 @@ MEAN = "mean"
 """The rule every robust rule is compared with in the trade-off: no defence."""
 NO_ATTACK = "none"
 """The attack of the runs that measure the price of robustness."""
-MIN_SEEDS = 3
-"""The fewest seeds from which a trade-off is given an interval and a verdict."""
 TRADEOFF_KEYS = (*(k for k in SETTING_KEYS if k not in ("aggregator", "attack")), "rounds", "batch_size", "schedule")
 """What else must be equal for two runs to be compared in the trade-off: they differ in aggregator and attack alone
 (and are paired by seed)."""
@@ -276,14 +273,7 @@ class Paired:
     @property
     def why_no_interval(self) -> str | None:
         """Why no interval (and so no verdict) is given — too few seeds, or seeds that agree exactly — else None."""
-        k = self.estimate.k
-        if k < MIN_SEEDS:
-            return f"{k} seed{'s' if k != 1 else ''}, {MIN_SEEDS} needed"
-        values = list(self.per_seed.values())
-        tol = 8 * sys.float_info.epsilon * max(1.0, *(abs(v) for v in values))
-        if not math.isfinite(self.estimate.half_width) or self.estimate.half_width <= tol:
-            return "zero width: every seed gives the same difference"
-        return None
+        return self.estimate.why_no_verdict("difference", max((abs(v) for v in self.per_seed.values()), default=0.0))
 
     def side(self, below: str, above: str, neither: str) -> str:
         """The verdict of :meth:`Estimate.side`, or ``no interval (why)``."""
