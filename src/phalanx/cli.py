@@ -835,10 +835,13 @@ def tension_plan(
     test_samples = len(data_module.load(first.dataset, root=first.data_root).test_y)
     tol = planner.derived_tolerance(rows, test_samples) if tolerance is None else tolerance / 100
     rec = planner.recommend(rows, expect, tol, workers=first.workers)
-    table = Table(title=f"Price of robustness on your task (n = {plan.configs[0].workers}, K = {expect})")
+    from rich import box
+
+    table = Table(title=f"Price of robustness on your task (n = {plan.configs[0].workers}, K = {expect})",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
     heads = ["rule", "f", "no attack %", "cost", "agg. error"] + ([*plan.attacks, "worst %"] if expect else [])
-    for h in [*heads, "seeds"]:
-        table.add_column(h, justify="left" if h == "rule" else "right")
+    for h in [*heads, "seeds"]:  # (an accuracy ± its interval is never folded over two lines)
+        table.add_column(h, justify="left" if h == "rule" else "right", no_wrap=h in ("no attack %", "worst %"))
     for r in rows:
         cells = [r.rule, r.f_label, planner.with_interval(r.no_attack, r.no_attack_ci), f"{100 * r.cost:+.1f}",
                  _fmt(r.agg_error)]

@@ -339,10 +339,10 @@ def recommend(rows: list[Row], expect: int, tolerance: float = 0.01, workers: in
         f"tried ({pick.worst_attack}) it keeps {_pct(pick.worst)} accuracy{versus}; with no attack it costs "
         f"{100 * pick.cost:+.1f} points against the mean ({_pct(pick.no_attack)} vs {_pct(mean_row.no_attack)}). "
         f"{len(good)} of {len(eligible)} settings with f >= {expect}{' not worse than no defence' if worse else ''} "
-        f"were within {100 * tolerance:g} point(s) of the best worst case; this one costs least with no attack."
+        f"were within {100 * tolerance:.3g} point(s) of the best worst case; this one costs least with no attack."
     )
     if mean_row.worst is not None and pick.worst <= mean_row.worst + tolerance:
-        text += (f" It is within {100 * tolerance:g} point(s) of no defence in the worst case: the attacks tried do "
+        text += (f" It is within {100 * tolerance:.3g} point(s) of no defence in the worst case: the attacks tried do "
                  "not separate it from the mean on this task.")
     if worse:
         text += (" Left out as worse than no defence under the attacks tried: "
