@@ -179,7 +179,7 @@ def test_the_config_reads_which_keys_roles_and_devices_belong_to_which_algorithm
     from phalanx.training.algorithms.base import BUILT_IN
 
     assert tuple(builtin.BUILT_IN) == BUILT_IN
-    assert config.ROLE_NAMES == {"client_lr": ("fedavg",), "node_lr": ("gossip", "anytime")}
+    assert config.ROLE_NAMES == {"server_lr": ("dsgd",), "client_lr": ("fedavg",), "node_lr": ("gossip", "anytime")}
     assert config.DEVICE_ALGORITHMS == ("dsgd", "fedavg") and config.DECENTRALIZED == ("gossip", "anytime")
     assert builtin.readers("clients_per_round") == ("fedavg",) and builtin.readers("graph") == ("gossip", "anytime")
     assert set(config.ALGORITHM_KEYS) <= set(config.RunConfig.model_fields)  # every declared key is a config key

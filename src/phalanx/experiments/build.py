@@ -14,18 +14,14 @@ from typing import Any
 import torch
 
 from phalanx import data, models
-from phalanx.decentralized import gossip_attacks, robust_gossip, topology
+from phalanx.decentralized import robust_gossip
 from phalanx.errors import ConfigError
-from phalanx.experiments.config import DECENTRALIZED, DEVICE_ALGORITHMS, RunConfig, processes, server_optimizer
+from phalanx.experiments import components
+from phalanx.experiments.components import processes
+from phalanx.experiments.schema import RunConfig
 from phalanx.training import devices, losses
-from phalanx.training.algorithms import base as algorithms
 from phalanx.training.algorithms import builtin
-from phalanx.training.algorithms.base import RoundAlgorithm
-from phalanx.training.algorithms.dsgd import DSGD
-from phalanx.training.algorithms.fedavg import FedAvg
-from phalanx.training.algorithms.gossip import AnytimeGossip, Gossip
 from phalanx.training.experiment import Experiment
-from phalanx.training.schedule import LRSchedule
 from phalanx.training.streams import generator, stream_seed
 
 CONFIG_COLUMNS = (
@@ -49,8 +45,8 @@ def resolve_device(cfg: RunConfig, local_rank: int | None = None) -> torch.devic
     ``"auto"`` picks CUDA when available and the run can use it (:func:`~phalanx.experiments.config.check_device`),
     else the CPU; on the torchrun engine ``"cuda"`` is the rank's ``cuda:LOCAL_RANK`` (``local_rank``), the device
     its NCCL all-gathers use."""
-    if cfg.device == "auto" and (cfg.algorithm not in DEVICE_ALGORITHMS
-                                 or (cfg.engine == "torchrun" and cfg.topology != "serverless")):
+    on_device = builtin.algorithm_class(cfg.algorithm).runs_on_device
+    if cfg.device == "auto" and (not on_device or (cfg.engine == "torchrun" and cfg.topology != "serverless")):
         return devices.CPU
     return devices.resolve(cfg.device, local_rank=local_rank if cfg.engine == "torchrun" else None)
 
@@ -68,32 +64,12 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None, *, local_ra
         cfg.model, ds.input_shape, ds.num_classes, generator=generator(cfg.seed, "init"), **cfg.model_params,
     )
     spec = cfg.aggregator
-    lr = LRSchedule(cfg.lr, cfg.schedule, cfg.rounds, cfg.step_every)
-    algorithm: RoundAlgorithm
-    if cfg.algorithm not in algorithms.BUILT_IN:  # a round algorithm of the user's own, from its parameters
-        algorithm = algorithms.make(cfg.algorithm, **cfg.algorithm_params)
-    elif cfg.algorithm in DECENTRALIZED:  # lr (and momentum) are the nodes'; the loop's step applies the result
-        decentralized = AnytimeGossip if cfg.algorithm == "anytime" else Gossip
-        algorithm = decentralized(graph=topology.make(cfg.graph, cfg.workers, **cfg.graph_params),
-                                  weights=cfg.gossip_weights, batch_size=cfg.batch_size, lr=lr, momentum=cfg.momentum,
-                                  weight_decay=cfg.weight_decay)
-        lr = LRSchedule(1.0, "constant", cfg.rounds, cfg.step_every)
-    elif cfg.algorithm == "fedavg":  # lr is the clients' (local) learning rate, server_lr the server's step
-        algorithm = FedAvg(clients_per_round=cfg.clients_per_round, local_steps=cfg.local_steps,
-                           local_epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr, momentum=cfg.momentum,
-                           weight_decay=cfg.weight_decay, prox_mu=cfg.prox_mu,
-                           stats_batch=cfg.stats_batch, stats_momentum=cfg.stats_momentum)
-        lr = LRSchedule(cfg.server_lr, "constant", cfg.rounds, cfg.step_every)
-    else:
-        algorithm = DSGD(batch_size=cfg.batch_size, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    parts = components.take(cfg) or components.build(cfg)  # the objects validating cfg built, else its own
     return Experiment(
-        model=model, loss=losses.get(cfg.loss), dataset=ds, rule=robust_gossip.configured(spec, cfg.f, cfg.algorithm),
-        workers=cfg.workers,
-        byzantine=cfg.byzantine,
-        attack=gossip_attacks.configured(cfg.attack, cfg.attack_params, cfg.algorithm), rounds=cfg.rounds,
-        algorithm=algorithm, optimizer=server_optimizer(cfg), lr=lr, shards=shards, seed=cfg.seed,
-        eval_every=cfg.eval_every, rule_for=lambda f: robust_gossip.configured(spec, f, cfg.algorithm),
-        columns=config_columns(cfg),
+        model=model, loss=losses.get(cfg.loss), dataset=ds, rule=parts.rule, workers=cfg.workers,
+        byzantine=cfg.byzantine, attack=parts.attack, rounds=cfg.rounds, algorithm=parts.algorithm,
+        optimizer=parts.optimizer, lr=parts.server_lr, shards=shards, seed=cfg.seed, eval_every=cfg.eval_every,
+        rule_for=lambda f: robust_gossip.configured(spec, f, cfg.algorithm), columns=config_columns(cfg),
         eval_clients=cfg.eval_clients, device=device,
     )
 

@@ -1,8 +1,10 @@
 """The run configuration: one validated object, loaded from TOML, overridable with ``key=value`` strings.
 
-``workers`` is n, all of them; ``byzantine`` is how many *actually* attack; ``f`` is how many the aggregator is
-*configured* to tolerate. The three are kept apart everywhere: the gap between ``f`` and ``byzantine`` is what the
-price-of-robustness experiments measure (Yang, Shi & Li, ICML 2025).
+The keys, their types, ranges and defaults are the schema (:class:`~phalanx.experiments.schema.RunConfig`);
+validation (:func:`make_config`) adds what ties keys together, and builds the components the config names — round
+algorithm, rule, attack, server optimizer — once, each checking its own parameters, with the algorithm checking what
+ties them (:mod:`phalanx.experiments.components`). What an algorithm reads, defaults and allows is declared by its
+class, not listed here.
 """
 
 from __future__ import annotations
@@ -12,207 +14,47 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializerFunctionWrapHandler,
-    ValidationError,
-    model_serializer,
-)
+from pydantic import ValidationError
 
 from phalanx import data, models, signing
-from phalanx.decentralized import gossip, gossip_attacks, robust_gossip, topology
 from phalanx.errors import ConfigError
+from phalanx.experiments import components
+from phalanx.experiments.components import processes, server_optimizer
+from phalanx.experiments.schema import (
+    DISTRIBUTED_KEYS,
+    LATER_KEYS,
+    RESULT_NEUTRAL_KEYS,
+    Backend,
+    Engine,
+    Partition,
+    RunConfig,
+    Schedule,
+    Topology,
+)
 from phalanx.plugins import accepted_params, check_params
-from phalanx.training import devices, losses, optim
-from phalanx.training.algorithms import base as algorithms
+from phalanx.training import devices, losses
 from phalanx.training.algorithms import builtin
-from phalanx.training.algorithms.gossip import AnytimeGossip
-from phalanx.training.algorithms.gossip_node import check_attack
-from phalanx.validate import check_choice
+from phalanx.training.algorithms.base import RoundAlgorithm
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-Schedule = Literal["constant", "step", "cosine"]
-Partition = Literal["iid", "dirichlet", "pathological"]
+__all__ = [
+    "DISTRIBUTED_KEYS", "LATER_KEYS", "RESULT_NEUTRAL_KEYS", "Backend", "Engine", "Partition", "RunConfig", "Schedule",
+    "Topology", "load_grid", "load_toml", "make_config", "processes", "server_optimizer",
+]
+
 ALGORITHM_KEYS = builtin.own_keys()
 """Keys that only one built-in algorithm (or two of a kind) reads, as each declares them
 (:attr:`~phalanx.training.algorithms.base.RoundAlgorithm.config_keys`: federated averaging's ``clients_per_round`` …,
 gossip's ``graph`` …); :func:`check_relations` refuses them, set, with any other algorithm."""
 DECENTRALIZED = builtin.decentralized()
 """The built-in algorithms that run over a graph (a model per node, no server), as they declare it."""
-Engine = Literal["simulated", "torchrun"]
-Topology = Literal["server", "serverless", "gossip"]
-Backend = Literal["auto", "gloo", "nccl"]
-DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend", "keys", "insecure")
-"""Keys that only the ``torchrun`` engine reads. A simulated run's resolved config leaves them out, so that they
-change neither its results nor its run id / ``config.json`` (run directories written before they existed resume)."""
-LATER_KEYS = (
-    "server_optimizer", "server_momentum", "server_weight_decay", "server_optimizer_params", "loss", "algorithm",
-    "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch", "stats_momentum",
-    "graph", "graph_params", "gossip_weights", "eval_clients", "device", "keys", "insecure", "algorithm_params",
-)
-"""Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
-that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
-RESULT_NEUTRAL_KEYS = ("download", "sign_key", "verify_key", "device", "keys", "insecure")
-"""Keys that change how a run gets its inputs, never its results: left out of a run's identity (its run id and the
-check that a run directory holds the same configuration), so setting them does not orphan finished runs. ``device``
-computes the same rounds with the same random draws elsewhere (equal up to floating-point rounding; the run's
-manifest records where it ran), so a run started on one device resumes on another."""
 DEVICE_ALGORITHMS = builtin.on_device()
-"""The algorithms whose rounds run on a CUDA device (``device``), as they declare it; the others run on the CPU
-('auto' picks it)."""
-
-
-class RunConfig(BaseModel):
-    """Everything that defines one training run. Unknown keys are errors."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-    dataset: str = Field("digits", description="data set name (phalanx list datasets) or a 'module:attr' loader")
-    data_root: str | None = Field(None, description="directory holding the data set files")
-    download: bool = Field(
-        False, description="download the data set (torchvision's mirrors, MD5-checked) when it is found nowhere; "
-        "off by default: nothing touches the network unless asked",
-    )
-    sign_key: str | None = Field(
-        None, description="sign every finished run directory with this PEM private key (phalanx keygen; needs "
-        "phalanx[signing]; docs/reliability.md)",
-    )
-    verify_key: str | None = Field(
-        None, description="check a run directory's signature with this PEM public key when it resumes and before a "
-        "finished run's results are used (a finished run must be signed)",
-    )
-    model: str = Field("mlp", description="model name (phalanx list models) or a 'module:attr' builder")
-    model_params: dict[str, Any] = Field(default_factory=dict, description="extra model parameters")
-    workers: int = Field(20, ge=1, le=100_000, description="n, all workers")
-    byzantine: int = Field(0, ge=0, description="workers that actually attack")
-    f: int = Field(0, ge=0, description="Byzantine workers the aggregator is configured to tolerate")
-    aggregator: str = Field("cwtm", description="aggregator spec, e.g. 'nnm>cwtm' (phalanx list aggregators)")
-    attack: str = Field("none", description="attack name (phalanx list attacks)")
-    attack_params: dict[str, Any] = Field(default_factory=dict, description="attack parameters")
-    partition: Partition = Field("iid", description="how training data is split between workers")
-    alpha: float = Field(1.0, gt=0, description="Dirichlet concentration (partition = 'dirichlet')")
-    classes_per_worker: int = Field(2, ge=1, description="classes per worker (partition = 'pathological')")
-    rounds: int = Field(200, ge=1, description="training rounds (server steps)")
-    batch_size: int = Field(32, ge=1, description="samples per worker per round")
-    lr: float = Field(0.1, gt=0, description="the learning rate (initial): the server's with dsgd, the clients' with "
-                      "fedavg (also spelled client_lr; server_lr is the server's), the nodes' with gossip and anytime "
-                      "(also spelled node_lr)")
-    momentum: float = Field(0.9, ge=0, lt=1, description="worker momentum β: mᵢ ← β mᵢ + (1 − β) gᵢ")
-    weight_decay: float = Field(0.0, ge=0, description="L2 penalty added to every worker's gradient")
-    schedule: Schedule = Field("constant", description="learning-rate schedule")
-    server_optimizer: str = Field("sgd", description="the server optimizer that applies the aggregate (sgd)")
-    server_momentum: float = Field(
-        0.0, ge=0, lt=1, description="server momentum μ: u ← μ u + Agg, θ ← θ − η u (0: plain θ ← θ − η Agg)",
-    )
-    server_weight_decay: float = Field(0.0, ge=0, description="L2 penalty λ the server adds to the aggregate")
-    loss: str = Field("cross_entropy", description="loss(logits, y), the batch mean: a name or a 'module:attr' spec")
-    server_optimizer_params: dict[str, Any] = Field(
-        default_factory=dict, description="further parameters of the server optimizer (adam: beta1, beta2, tau)",
-    )
-    algorithm: str = Field(
-        "dsgd", description="the round: 'dsgd' (every worker one gradient step, worker momentum), 'fedavg' (sampled "
-        "clients, local steps, pseudo-gradient updates; docs/federated.md), 'gossip' (no server: decentralized SGD "
-        "over `graph`; docs/decentralized.md), 'anytime' (Decentralized Anytime SGD over `graph`: gradients at the "
-        "running weighted average of the iterates; momentum = 0), or your own: a 'module:attr' spec of a "
-        "RoundAlgorithm subclass or a plug-in's name (docs/extending.md)",
-    )
-    algorithm_params: dict[str, Any] = Field(
-        default_factory=dict, description="the constructor parameters of a round algorithm of your own (the built-in "
-        "ones take their config keys)",
-    )
-    graph: str = Field("ring", description="gossip: the communication graph (ring, torus, complete, star, "
-                       "erdos_renyi, exponential, hypercube, or a 'module:attr' builder) over the `workers` nodes")
-    graph_params: dict[str, Any] = Field(default_factory=dict, description="gossip: the graph's parameters "
-                                         "(erdos_renyi: p, seed; torus: rows, cols)")
-    gossip_weights: str = Field("metropolis_hastings", description="gossip: the mixing matrix of plain gossip "
-                                "(aggregator = 'mean'): metropolis_hastings or uniform_neighbour")
-    clients_per_round: int | None = Field(
-        None, ge=1, description="fedavg: clients sampled per round (default: all `workers`, the population)",
-    )
-    local_steps: int = Field(1, ge=1, description="fedavg: local SGD steps per sampled client and round")
-    local_epochs: float | None = Field(
-        None, gt=0, description="fedavg: local passes over the client's shard (instead of local_steps)",
-    )
-    server_lr: float = Field(1.0, gt=0, description="fedavg: the server's step size on the aggregated update")
-    prox_mu: float = Field(0.0, ge=0, description="fedavg: FedProx's proximal term μ (Li et al., MLSys 2020)")
-    stats_batch: int = Field(
-        64, ge=1, description="fedavg, a model with norm = 'batch' | 'hybrid': samples each sampled client measures "
-        "the normalisation statistics on",
-    )
-    stats_momentum: float = Field(
-        0.1, gt=0, le=1, description="fedavg, norm = 'batch' | 'hybrid': weight of the round's pooled statistics "
-        "in the global ones (Hybrid BN's authors: 0.002 over 500 rounds)",
-    )
-    eval_clients: int = Field(
-        100, ge=1, description="fedavg, norm = 'fedbn' (no global model): evaluate every honest client's own model, "
-        "or this many evenly spaced ones when there are more",
-    )
-    step_every: int = Field(100, ge=1, description="'step' schedule: divide lr by 10 every this many rounds")
-    seed: int = Field(0, ge=0, description="the one seed; split into named streams")
-    eval_every: int = Field(20, ge=1, description="evaluate every this many rounds (and at the end)")
-    checkpoint_every: int = Field(100, ge=1, description="write a checkpoint every this many rounds")
-    engine: Engine = Field(
-        "simulated", description="where workers run: 'simulated' (one process, vmap) or 'torchrun' (one process per "
-        "worker, torch.distributed; start it with `phalanx launch` or torchrun, docs/distributed.md)",
-    )
-    topology: Topology = Field(
-        "server", description="torchrun engine: 'server' (rank 0 aggregates and broadcasts θ; survives missing "
-        "workers), 'serverless' (every rank aggregates the all-gathered vectors; needs every rank alive) or 'gossip' "
-        "(algorithm = 'gossip', where it is implied: a rank per node, exchanging with its graph neighbours only)",
-    )
-    round_timeout: float = Field(
-        30.0, gt=0, le=86_400, description="torchrun engine: seconds the server waits for the vectors of a round; "
-        "workers still missing then count against f",
-    )
-    device: str = Field(
-        "cpu", description="where the simulated engine (and a torchrun rank) computes: 'cpu', 'cuda', 'cuda:N' or "
-        "'auto' (cuda when available, else cpu); random draws stay on the CPU (docs/cluster.md, GPUs)",
-    )
-    backend: Backend = Field(
-        "auto", description="torchrun engine, serverless topology: torch.distributed backend ('auto': nccl when CUDA "
-        "is available, else gloo)",
-    )
-    keys: str | None = Field(
-        None, description="torchrun engine: a key directory (phalanx keys init DIR --workers N): mutual TLS between "
-        "the ranks of every topology (worker and server; the serverless and gossip mesh), every vector signed, who "
-        "was heard recorded in the run's transcript (phalanx audit; docs/security.md)",
-    )
-    insecure: bool = Field(
-        False, description="torchrun engine: allow ranks on several machines without keys (nothing then checks "
-        "who is speaking; docs/security.md)",
-    )
-
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        out: dict[str, Any] = handler(self)
-        if self.engine == "simulated":
-            for key in DISTRIBUTED_KEYS:
-                out.pop(key, None)
-        for key in LATER_KEYS:
-            if key in out and out[key] == type(self).model_fields[key].get_default(call_default_factory=True):
-                out.pop(key)
-        return out
-
-    def identity(self) -> dict[str, Any]:
-        """The resolved config without the result-neutral keys: what names a run and what a resume must match."""
-        out: dict[str, Any] = self.model_dump(mode="json")
-        for key in RESULT_NEUTRAL_KEYS:
-            out.pop(key, None)
-        return out
-
-    def label(self) -> str:
-        """A short human label of the setting."""
-        return (
-            f"{self.aggregator} f={self.f} | {self.attack} b={self.byzantine} | {self.partition}"
-            + (f" α={self.alpha:g}" if self.partition == "dirichlet" else "")
-            + f" | seed={self.seed}"
-        )
+"""The built-in algorithms whose rounds run on a CUDA device (``device``), as they declare it; the others run on the
+CPU ('auto' picks it)."""
 
 
 _PLAIN = {
@@ -241,23 +83,38 @@ def _friendly(exc: ValidationError) -> ConfigError:
 
 
 ROLE_NAMES = builtin.role_names()
-"""Learning rates named by role, for the algorithms whose ``lr`` is not the server's: a federated run's clients'
-(local) rate, a decentralized run's nodes'. They are another spelling of ``lr``: a config keeps ``lr`` (so its run id
-and ``config.json`` are the ones the old spelling gives)."""
+"""``lr`` named by its role: ``client_lr`` (federated averaging: the clients' local rate), ``node_lr`` (gossip,
+Anytime SGD: the nodes') and ``server_lr`` (distributed SGD, and an algorithm of one's own whose ``lr`` is the
+server's). They are other spellings of ``lr``: a config keeps ``lr`` (so its run id and ``config.json`` are the ones
+the old spelling gives). Federated averaging's ``server_lr`` is a key of its own (the server's step)."""
+
+
+def _algorithms(data: dict[str, Any]) -> list[str]:
+    """The algorithm names a table of keys (or a grid of them: a list) uses."""
+    value = data.get("algorithm", "dsgd")
+    return [a for a in (value if isinstance(value, list) else [value]) if isinstance(a, str)]
+
+
+def lr_spellings(data: dict[str, Any]) -> tuple[str, ...]:
+    """``lr`` and the role spellings of it that the algorithms of ``data`` accept (``--set lr=…`` replaces any)."""
+    roles = (builtin.lr_spelling(a) for a in _algorithms(data))
+    return ("lr", *dict.fromkeys(r for r in roles if r is not None))
 
 
 def role_names(data: dict[str, Any]) -> dict[str, Any]:
-    """``client_lr`` / ``node_lr`` moved to ``lr`` (the algorithm must be one whose ``lr`` plays that role; giving
-    both spellings with different values is an error)."""
+    """``client_lr`` / ``node_lr`` / ``server_lr`` moved to ``lr`` when the run's algorithm names its ``lr`` so
+    (:func:`~phalanx.training.algorithms.builtin.lr_spelling`); another algorithm's spelling is an error, and so is
+    giving both spellings with different values. Federated averaging's ``server_lr`` stays its own key."""
     if not isinstance(data, dict) or not any(k in data for k in ROLE_NAMES):
         return data
     out = dict(data)
+    algorithm = out.get("algorithm", "dsgd")
+    own = builtin.lr_spelling(algorithm) if isinstance(algorithm, str) else None
     for key, algorithms_of in ROLE_NAMES.items():
-        if key not in out:
+        if key not in out or (key == "server_lr" and own != key):  # a key of its own (federated averaging's)
             continue
         value = out.pop(key)
-        algorithm = out.get("algorithm", "dsgd")
-        if algorithm not in algorithms_of:
+        if key != own:
             raise ConfigError(key, value, f"unset with algorithm = {algorithm!r} ({key} is the learning rate of "
                               f"algorithm {' or '.join(repr(a) for a in algorithms_of)}; `lr` is this run's)")
         if "lr" in out and out["lr"] != value:
@@ -266,24 +123,39 @@ def role_names(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def algorithm_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """The defaults the run's algorithm declares for keys ``data`` leaves unset
+    (:attr:`~phalanx.training.algorithms.base.RoundAlgorithm.config_defaults`: Anytime SGD's ``momentum = 0``), and
+    on the torchrun engine the first topology it runs on (a decentralized run: a rank per node of the graph)."""
+    algorithm = data.get("algorithm", "dsgd")
+    try:
+        cls = builtin.algorithm_class(algorithm) if isinstance(algorithm, str) else None
+    except ConfigError:  # refused below, where the algorithm is checked
+        cls = None
+    if cls is None:
+        return data
+    defaults = dict(cls.config_defaults)
+    if data.get("engine") == "torchrun":
+        defaults["topology"] = cls.topologies[0]
+    return {**{k: v for k, v in defaults.items() if k not in data}, **data}
+
+
 def make_config(data: dict[str, Any]) -> RunConfig:
     """Validate a dict into a :class:`RunConfig`: types and ranges, the relations between keys, and the names
-    against the registries — one :class:`ConfigError` naming the first bad parameter."""
+    against the registries — one :class:`ConfigError` naming the first bad parameter. The components the config
+    names are built once here and kept for its run (:mod:`phalanx.experiments.components`)."""
     if not isinstance(data, dict):
         raise ConfigError("config", type(data).__name__, "a table of key = value")
-    data = role_names(data)
-    if isinstance(data, dict) and data.get("algorithm") == "anytime" and "momentum" not in data:
-        data = {**data, "momentum": 0.0}  # Decentralized Anytime SGD has no momentum: its default, not an error
-    if data.get("engine") == "torchrun" and data.get("algorithm") in DECENTRALIZED and "topology" not in data:
-        data = {**data, "topology": "gossip"}  # a decentralized run on real processes: a rank per node of the graph
+    data = algorithm_defaults(role_names(data))
     try:
         cfg = RunConfig(**data)
     except ValidationError as exc:
         raise _friendly(exc) from None
     check_relations(cfg)
-    check_names(cfg)
+    parts = check_names(cfg)
     check_keys(cfg)
     check_device(cfg)
+    components.keep(cfg, parts)
     return cfg
 
 
@@ -304,8 +176,16 @@ rewrites ``metrics.jsonl`` with all of them at every checkpoint (0.38 kB a row i
 the bound)."""
 
 
+def _able(capability: str) -> str:
+    """The built-in algorithms that declare ``capability`` (a class attribute), for a message: "'fedavg'"."""
+    return " or ".join(repr(n) for n, c in builtin.BUILT_IN.items() if getattr(c, capability))
+
+
 def check_relations(cfg: RunConfig) -> None:
-    """The rules that tie keys together: at least one honest worker, f < n/2, NCCL only without a server."""
+    """The rules that tie keys together, as the algorithm's class declares them: at least one honest worker, a
+    bounded number of metric rows, another algorithm's keys at their defaults, a normalisation the algorithm can
+    train, a torchrun topology it runs on, NCCL only without a server. (f against the population the rule sees, and
+    the rule's requirement, are the algorithm's own checks: :mod:`phalanx.experiments.components`.)"""
     n = cfg.workers
     if cfg.byzantine >= n:
         raise ConfigError("byzantine", cfg.byzantine, f"< workers = {n} (at least one honest worker)")
@@ -314,8 +194,7 @@ def check_relations(cfg: RunConfig) -> None:
         raise ConfigError("rounds", cfg.rounds, f"<= {most:,} with eval_every = {cfg.eval_every} (at most "
                           f"{MAX_ROWS:,} metric rows a run: they are kept in memory and rewritten at every "
                           "checkpoint)", "raise eval_every, or run fewer rounds")
-    if 2 * cfg.f >= n and cfg.algorithm == "dsgd":
-        raise ConfigError("f", cfg.f, f"< workers/2 = {n / 2:g} (f ≥ n/2 is beyond any robust rule)")
+    cls: type[RoundAlgorithm] = builtin.algorithm_class(cfg.algorithm)
     defaults = RunConfig.model_fields
     for key in ALGORITHM_KEYS:  # another algorithm's own keys keep their defaults
         owners = builtin.readers(key)
@@ -325,40 +204,22 @@ def check_relations(cfg: RunConfig) -> None:
             readers = " or ".join(repr(o) for o in owners)
             raise ConfigError(key, getattr(cfg, key), f"its default with algorithm = {cfg.algorithm!r} (it is "
                               f"read by algorithm = {readers} only)")
-    if cfg.algorithm in DECENTRALIZED:
-        if cfg.engine == "torchrun" and cfg.topology != "gossip":
-            raise ConfigError("topology", cfg.topology, f"'gossip' with algorithm = {cfg.algorithm!r} on the torchrun "
-                              "engine (a rank per node, exchanging with its graph neighbours; docs/decentralized.md)")
-        for key in ("server_optimizer", "server_momentum", "server_weight_decay"):
-            if getattr(cfg, key) != defaults[key].get_default(call_default_factory=True):
-                raise ConfigError(key, getattr(cfg, key), f"its default with algorithm = {cfg.algorithm!r} (there is "
-                                  "no server; lr, momentum and weight_decay are the nodes')")
-        if cfg.algorithm == "anytime":
-            AnytimeGossip.check_momentum(cfg.momentum)
-    elif cfg.algorithm == "fedavg":
-        c = cfg.clients_per_round or n
-        if c > n:
-            raise ConfigError("clients_per_round", c, f"<= workers = {n} (the client population)")
-        if 2 * cfg.f >= c:
-            raise ConfigError("f", cfg.f, f"< clients_per_round/2 = {c / 2:g} (the rule sees {c} updates a round)")
-        if cfg.engine == "torchrun" and cfg.topology != "server":
-            raise ConfigError("topology", cfg.topology, "'server' with algorithm = 'fedavg' (the server samples the "
-                              "clients; a process per client slot)")
     norm = cfg.model_params.get("norm")
     if norm != "fedbn" and cfg.eval_clients != defaults["eval_clients"].get_default():
         raise ConfigError("eval_clients", cfg.eval_clients, "its default (100) unless model_params.norm = 'fedbn' (it "
                           "picks the clients whose own models a FedBN run evaluates)")
     needs = _FEDERATED_NORMS.get(norm) if isinstance(norm, str) else None
-    if needs is not None:  # (why the norm needs federated rounds, what it keeps in one process)
-        if cfg.algorithm != "fedavg":
+    if needs is not None:  # (why the norm needs federated rounds, what it keeps in one process, who can)
+        capability = "keeps_local_norms" if norm == "fedbn" else "pools_norm_stats"
+        if not getattr(cls, capability):
             raise ConfigError("model_params.norm", norm, f"'group' or 'none' with algorithm = {cfg.algorithm!r} "
-                              f"({needs[0]}: algorithm = 'fedavg')")
+                              f"({needs[0]}: algorithm = {_able(capability)})")
         if cfg.engine == "torchrun":
             raise ConfigError("model_params.norm", norm, "'group' or 'none' with engine = 'torchrun' "
                               f"({needs[1]} in one process so far: engine = 'simulated')")
-    if cfg.engine == "torchrun" and cfg.topology == "gossip" and cfg.algorithm not in DECENTRALIZED:
-        raise ConfigError("topology", cfg.topology, f"'server' or 'serverless' with algorithm = {cfg.algorithm!r} "
-                          "(topology = 'gossip' runs the nodes of algorithm = 'gossip')")
+    if cfg.engine == "torchrun" and cfg.topology not in cls.topologies:
+        raise ConfigError("topology", cfg.topology, " or ".join(repr(t) for t in cls.topologies) + f" with algorithm "
+                          f"= {cfg.algorithm!r} (the torchrun topologies its rounds run on; docs/distributed.md)")
     if cfg.keys is not None and cfg.engine == "torchrun" and cfg.backend == "nccl":
         raise ConfigError(
             "backend", cfg.backend, "'auto' or 'gloo' with keys (the sealed mesh carries the rows over TLS from the "
@@ -373,15 +234,15 @@ def check_relations(cfg: RunConfig) -> None:
 
 
 def check_device(cfg: RunConfig) -> None:
-    """``device``: a device spec, and one the run can use — a CUDA device for the algorithms of
-    :data:`DEVICE_ALGORITHMS`, and on the torchrun engine only in the serverless topology (the server topology's
-    vectors travel through the c10d TCPStore as CPU bytes), as ``cuda`` (rank r uses ``cuda:LOCAL_RANK``). Whether
-    this machine has CUDA is checked where the run is built (``phalanx.experiments.build.resolve_device``): a grid is
-    validated on a login node and trains on GPU nodes."""
+    """``device``: a device spec, and one the run can use — a CUDA device for an algorithm that declares its rounds
+    run on one (:attr:`~phalanx.training.algorithms.base.RoundAlgorithm.runs_on_device`), and on the torchrun engine
+    only in the serverless topology (the server topology's vectors travel through the c10d TCPStore as CPU bytes),
+    as ``cuda`` (rank r uses ``cuda:LOCAL_RANK``). Whether this machine has CUDA is checked where the run is built
+    (``phalanx.experiments.build.resolve_device``): a grid is validated on a login node and trains on GPU nodes."""
     spec = devices.check(cfg.device)
     if spec in ("cpu", "auto"):
         return
-    if cfg.algorithm not in DEVICE_ALGORITHMS:
+    if not builtin.algorithm_class(cfg.algorithm).runs_on_device:
         raise ConfigError("device", spec, f"'cpu' or 'auto' with algorithm = {cfg.algorithm!r} (its rounds run on "
                           "the CPU so far; 'auto' picks the CPU for it)")
     if cfg.engine == "torchrun" and cfg.topology != "serverless":
@@ -389,12 +250,6 @@ def check_device(cfg: RunConfig) -> None:
                           "vectors travel through the c10d TCPStore as CPU bytes; GPUs: topology = 'serverless')")
     if cfg.engine == "torchrun" and spec != "cuda":
         raise ConfigError("device", spec, "'cuda' or 'auto' with engine = 'torchrun' (rank r uses cuda:LOCAL_RANK)")
-
-
-def processes(cfg: RunConfig) -> int:
-    """How many processes a torchrun run has: one per worker (DSGD), or one per client slot of a federated round
-    (``clients_per_round``; rank 0 is also the server)."""
-    return cfg.workers if cfg.algorithm == "dsgd" else cfg.clients_per_round or cfg.workers
 
 
 def check_keys(cfg: RunConfig) -> None:
@@ -413,70 +268,13 @@ def check_keys(cfg: RunConfig) -> None:
             signing.require()
 
 
-GRAPH_BYTES_PER_PAIR = 64
-"""What building a decentralized run holds per pair of nodes at its peak: the dense adjacency (1 byte), the mixing
-matrix W in float64 (8), the copies that building and checking W make, and the padded neighbourhood tables (for a
-complete graph n × (n − 1) weights, indices and masks). Measured: 60 bytes per pair for the complete graph at
-n = 4,000 (the densest case; peak resident memory of topology.make + Gossip + Neighbourhoods)."""
-
-
-def check_graph_memory(n: int) -> None:
-    """Refuse (one line, before anything is built) a decentralized run whose dense n × n graph and mixing matrices
-    would not fit in the memory this process can still get (:func:`phalanx.analysis.epsilon.available_memory`)."""
-    from phalanx.analysis.epsilon import MEMORY_SHARE, available_memory
-
-    need = GRAPH_BYTES_PER_PAIR * n * n
-    avail = available_memory()
-    if avail is not None and need > MEMORY_SHARE * avail:
-        largest = int((MEMORY_SHARE * avail / GRAPH_BYTES_PER_PAIR) ** 0.5)
-        raise ConfigError(
-            "workers", n, f"at most {largest:,} nodes for a decentralized run on this machine (its n × n graph and "
-            f"mixing matrices need ~{need / 1e9:.1f} GB; {avail / 1e9:.1f} GB are available)",
-            "fewer nodes, or a machine with more memory",
-        )
-
-
-def check_names(cfg: RunConfig) -> None:
-    """Check the aggregator spec, attack, data set, model, loss and optimizer names (built-in, registered,
-    ``module:attr`` or installed plug-ins), their parameters, and the aggregator's requirement on n."""
-    if cfg.algorithm not in algorithms.BUILT_IN:  # a round algorithm of the user's own: its class and parameters
-        check_params(cfg.algorithm, algorithms.resolve(cfg.algorithm), cfg.algorithm_params)
-    elif cfg.algorithm_params:
-        raise ConfigError("algorithm_params", cfg.algorithm_params, f"{{}} with algorithm = {cfg.algorithm!r} (a "
-                          "built-in algorithm takes its own config keys)")
-    rule = robust_gossip.configured(cfg.aggregator, cfg.f, cfg.algorithm)  # a robust gossip rule: gossip only
-    if cfg.algorithm in DECENTRALIZED:  # every node's rule sees its closed neighbourhood N(i) ∪ {i}
-        check_choice("gossip_weights", cfg.gossip_weights, gossip.weight_names())
-        check_graph_memory(cfg.workers)  # before the graph is built: its matrices are dense n × n
-        graph = topology.make(cfg.graph, cfg.workers, **cfg.graph_params)
-        if cfg.graph == "attached" and cfg.byzantine not in (0, cfg.graph_params.get("byzantine")):
-            raise ConfigError("graph_params.byzantine", cfg.graph_params.get("byzantine"), f"= byzantine "
-                              f"({cfg.byzantine}): the attached nodes are the run's Byzantine ones (or byzantine = 0: "
-                              "the same graph without an attack)")
-        hood = int(graph.degrees.min()) + 1
-        if 2 * cfg.f >= hood or hood < rule.min_workers():
-            need = max(2 * cfg.f + 1, rule.min_workers())
-            raise ConfigError(
-                "graph", cfg.graph, f"a graph whose every node has >= {need - 1} neighbours for aggregator "
-                f"{cfg.aggregator!r} with f={cfg.f} (the smallest closed neighbourhood of this one has {hood} nodes)",
-                "a denser graph (torus, exponential, complete) or a smaller f",
-            )
-        m, what = hood, "graph"
-    elif cfg.algorithm == "dsgd":
-        m, what = cfg.workers, "workers"
-    else:
-        m, what = cfg.clients_per_round or cfg.workers, "clients_per_round"
-    if m < rule.min_workers():
-        raise ConfigError(
-            what, m, f">= {rule.min_workers()} for aggregator {cfg.aggregator!r} with f={cfg.f} ({rule.requirement})",
-        )
-    attack = gossip_attacks.configured(cfg.attack, cfg.attack_params, cfg.algorithm)  # dissensus: gossip only
-    if cfg.engine == "torchrun" and cfg.algorithm in DECENTRALIZED:
-        check_attack(attack)  # a rank holds its neighbourhood only: spectral (uᵀX̃ of every node) is refused
-    boost = float(getattr(attack, "boost", 1.0))
-    if boost != 1.0 and cfg.algorithm == "dsgd":
-        raise ConfigError("attack_params.boost", boost, "1 with algorithm = 'dsgd' (boosting scales a federated "
-                          "client's update)")
+def check_names(cfg: RunConfig) -> components.Components:
+    """Build the components the config names — algorithm, aggregator spec, attack, server optimizer (built-in,
+    registered, ``module:attr`` or installed plug-ins) — each checking its parameters, and check what ties them
+    (:func:`phalanx.experiments.components.check`); check the data set, model and loss names and the model's
+    parameters. The built components, for the run to take."""
+    parts = components.build(cfg)
+    components.check(cfg, parts)
     try:
         data.canonical(cfg.dataset)
     except ConfigError as exc:
@@ -487,22 +285,7 @@ def check_names(cfg: RunConfig) -> None:
                           f"{cfg.model!r} has none")
     check_params(cfg.model, build, cfg.model_params, skip=("input_shape", "num_classes"))
     losses.get(cfg.loss)
-    server_optimizer(cfg)
-
-
-def server_optimizer(cfg: RunConfig) -> optim.ServerOptimizer:
-    """The config's server optimizer: ``server_optimizer`` with ``server_optimizer_params``; SGD also takes
-    ``server_momentum`` and ``server_weight_decay``."""
-    params = dict(cfg.server_optimizer_params)
-    if cfg.server_optimizer == "sgd":
-        params.setdefault("momentum", cfg.server_momentum)
-        params.setdefault("weight_decay", cfg.server_weight_decay)
-    else:
-        for key in ("server_momentum", "server_weight_decay"):
-            if getattr(cfg, key) != 0.0:
-                raise ConfigError(key, getattr(cfg, key), f"0 with server_optimizer = {cfg.server_optimizer!r} "
-                                  "(its parameters go in server_optimizer_params)")
-    return optim.make(cfg.server_optimizer, **params)
+    return parts
 
 
 def parse_value(text: str, key: str | None = None) -> Any:
@@ -621,8 +404,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             nested[inner] = _parse(text, None, key)
             out[outer] = nested
         else:
-            if key in ("lr", *ROLE_NAMES):  # a learning rate set on the command line replaces the file's, whatever
-                for spelling in ("lr", *ROLE_NAMES):  # spelling either uses (ROLE_NAMES)
+            spellings = lr_spellings(out)
+            if key in spellings:  # a learning rate set on the command line replaces the file's, whatever spelling
+                for spelling in spellings:  # either uses (ROLE_NAMES)
                     out.pop(spelling, None)
             out[key] = _parse(text, key, key or "--set")
     return out

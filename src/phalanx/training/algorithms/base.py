@@ -19,11 +19,17 @@ pair of the two (:mod:`phalanx.training.loop`). An algorithm provides
 * ``evaluate(run, state)`` — its own test measurements when it has no single global model (a model per node, a
   model per client), or None for the model's plain test accuracy and loss;
 * ``check(run)`` — its own checks on the run it is part of, raised before anything trains;
+* ``from_config(cfg, lr)`` / ``from_params(cfg, lr)`` — itself, as a run config describes it (a built-in algorithm
+  from its config keys, one of one's own from ``algorithm_params``), with the schedule of the loop's server step;
+* ``check_config(cfg, rule, attack)`` — the config's relations it owns (f and the rule's requirement against its
+  population, its keys against the run's), checked once, when the config is validated;
+* ``processes(cfg)`` — how many processes a torchrun run of it has;
 
 and declares, as data (class attributes, not names listed elsewhere):
 
 * ``name`` — its config name; ``missing_word`` — how a missing participant is named in messages ("ranks",
-  "clients", "neighbours"); ``decentralized`` — a model per node, no server;
+  "clients", "neighbours"); ``decentralized`` — a model per node, no server; ``topologies`` — the torchrun
+  topologies it runs on (the first is the default); ``config_defaults`` — the defaults it gives the run's keys;
 * ``runs_on_device`` — its rounds run on a CUDA device; ``pools_norm_stats`` — it measures and pools BatchNorm /
   Hybrid BN statistics; ``keeps_local_norms`` — it keeps every client's BatchNorm layers between rounds (FedBN).
 
@@ -133,6 +139,14 @@ class RoundAlgorithm(ABC):
     An algorithm of one's own takes its parameters from ``algorithm_params`` instead."""
     config_columns: ClassVar[tuple[str, ...]] = ()
     """The config keys repeated on every metric row of its runs, beside the common ones (what a report groups by)."""
+    config_defaults: ClassVar[dict[str, Any]] = {}
+    """The defaults it gives the run's common keys where they differ from the config's (Anytime SGD:
+    ``momentum = 0``); a config that sets the key keeps its value."""
+    topologies: ClassVar[tuple[str, ...]] = ("server", "serverless")
+    """The torchrun topologies its rounds run on (:mod:`phalanx.distributed.topologies`); a torchrun config's
+    ``topology`` defaults to the first."""
+    population_key: ClassVar[str] = "workers"
+    """The config key that sets :meth:`per_round`'s number, named in the config's errors about it."""
 
     @abstractmethod
     def per_round(self, workers: int) -> int:
@@ -185,6 +199,45 @@ class RoundAlgorithm(ABC):
 
     def check(self, run: Run) -> None:  # noqa: B027 - optional hook
         """Refuse (:class:`~phalanx.errors.ConfigError`) a run this algorithm cannot train, before it trains."""
+
+    @classmethod
+    def from_params(cls, cfg: Any, lr: Callable[[int], float]) -> tuple[RoundAlgorithm, Callable[[int], float]]:
+        """An algorithm of one's own (a registered name or a ``module:attr`` spec — a subclass of a built-in one
+        too) as a validated run config ``cfg`` describes it: the class built from ``algorithm_params`` (checked
+        against its signature), with the config's ``lr`` (and its schedule) the loop's server step."""
+        check_params(cfg.algorithm, cls, cfg.algorithm_params)
+        return cls(**cfg.algorithm_params), lr
+
+    @classmethod
+    def from_config(cls, cfg: Any, lr: Callable[[int], float]) -> tuple[RoundAlgorithm, Callable[[int], float]]:
+        """A built-in algorithm as a validated run config ``cfg`` describes it, from its config keys
+        (:attr:`config_keys`), and the learning rate of the loop's server step; ``lr`` is the config's ``lr`` (with
+        its schedule). By default as :meth:`from_params`."""
+        return cls.from_params(cfg, lr)
+
+    def check_config(self, cfg: Any, rule: Aggregator, attack: Attack | DataAttack) -> None:
+        """Refuse (one-line :class:`~phalanx.errors.ConfigError` naming the config key) a config this algorithm
+        cannot train with, once, when the config is validated: by default f < m/2 and m at least what ``rule``
+        needs, for the m vectors it aggregates a round (:meth:`per_round`, set by :attr:`population_key`)."""
+        m, key = self.per_round(cfg.workers), self.population_key
+        if 2 * rule.f >= m:
+            sees = "" if key == "workers" else f"; the rule sees {m} updates a round"
+            raise ConfigError("f", rule.f, f"< {key}/2 = {m / 2:g} (f ≥ n/2 is beyond any robust rule{sees})")
+        if m < rule.min_workers():
+            raise ConfigError(key, m, f">= {rule.min_workers()} for aggregator {cfg.aggregator!r} with f={cfg.f} "
+                              f"({rule.requirement})")
+
+    @classmethod
+    def processes(cls, cfg: Any) -> int:
+        """How many processes a torchrun run of ``cfg`` has: one per worker (by default)."""
+        return int(cfg.workers)
+
+
+def built_in_params(cfg: Any) -> None:
+    """A built-in algorithm takes its config keys, not ``algorithm_params``: refuse them (one line)."""
+    if cfg.algorithm_params:
+        raise ConfigError("algorithm_params", cfg.algorithm_params, f"{{}} with algorithm = {cfg.algorithm!r} (a "
+                          "built-in algorithm takes its own config keys)")
 
 
 def _accept(obj: Any, name: str) -> Any:

@@ -4,8 +4,9 @@ each one reads, whose learning rate ``lr`` is, which run on a device, which run 
 
 from __future__ import annotations
 
+from phalanx.errors import ConfigError
 from phalanx.training.algorithms.base import BUILT_IN as NAMES
-from phalanx.training.algorithms.base import RoundAlgorithm
+from phalanx.training.algorithms.base import RoundAlgorithm, resolve
 from phalanx.training.algorithms.dsgd import DSGD
 from phalanx.training.algorithms.fedavg import FedAvg
 from phalanx.training.algorithms.gossip import AnytimeGossip, Gossip
@@ -13,6 +14,12 @@ from phalanx.training.algorithms.gossip import AnytimeGossip, Gossip
 BUILT_IN: dict[str, type[RoundAlgorithm]] = {cls.name: cls for cls in (DSGD, FedAvg, Gossip, AnytimeGossip)}
 """``algorithm = NAME`` → its class, for the algorithms a config configures with its own keys."""
 assert tuple(BUILT_IN) == NAMES, "base.BUILT_IN names the same algorithms, in the same order"
+
+
+def algorithm_class(name: str) -> type[RoundAlgorithm]:
+    """The class of ``algorithm = name``: a built-in one, or a registered name, ``module:attr`` spec or entry point
+    (a one-line :class:`~phalanx.errors.ConfigError` naming ``algorithm`` otherwise)."""
+    return BUILT_IN.get(name) or resolve(name)
 
 
 def readers(key: str) -> tuple[str, ...]:
@@ -26,14 +33,27 @@ def own_keys() -> tuple[str, ...]:
 
 
 def role_names() -> dict[str, tuple[str, ...]]:
-    """``<role>_lr`` → the algorithms whose ``lr`` plays that role (every role but the server's, whose rate is
-    ``lr`` itself)."""
+    """``<role>_lr`` → the built-in algorithms whose ``lr`` plays that role: ``client_lr`` (federated averaging),
+    ``node_lr`` (gossip, Anytime SGD) and ``server_lr`` (distributed SGD — but not federated averaging, whose
+    ``server_lr`` is a key of its own: the server's step beside the clients' ``lr``)."""
     roles: dict[str, tuple[str, ...]] = {}
     for name, cls in BUILT_IN.items():
-        if cls.lr_role != "server":
-            key = f"{cls.lr_role}_lr"
+        key = f"{cls.lr_role}_lr"
+        if key not in cls.config_keys:
             roles[key] = (*roles.get(key, ()), name)
     return roles
+
+
+def lr_spelling(name: str) -> str | None:
+    """The role spelling ``<role>_lr`` of ``lr`` that algorithm ``name`` accepts (a built-in one, or one of one's
+    own: its declared :attr:`~RoundAlgorithm.lr_role`), or None when that spelling is a key of its own."""
+    try:
+        cls = algorithm_class(name)
+    except ConfigError:  # an unknown name: refused where the algorithm is checked, with its own message
+        return None
+    key = f"{cls.lr_role}_lr"
+    own = cls.config_keys if name in BUILT_IN else ()  # one of one's own takes algorithm_params, not config keys
+    return None if key in own else key
 
 
 def on_device() -> tuple[str, ...]:

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from phalanx.aggregators.base import Aggregator
 from phalanx.attacks.base import Attack, AttackContext, DataAttack
 from phalanx.errors import ConfigError
-from phalanx.training.algorithms.base import RoundAlgorithm
+from phalanx.training.algorithms.base import RoundAlgorithm, built_in_params
 from phalanx.training.problem import Problem
 from phalanx.training.shards import WorkerData, sample_batch_of, sample_batches
 from phalanx.training.state import Received, SlotPlan
@@ -66,6 +67,20 @@ class DSGD(RoundAlgorithm):
     def one_worker(self, exp: Run, rank: int, streams: dict[str, Tensor], momentum: Tensor | None) -> OneWorker:
         """Worker ``rank`` of ``exp`` alone (``momentum``: its own row, ``(d,)``, or None)."""
         return OneWorker(self, exp, rank, streams, momentum)
+
+    @classmethod
+    def from_config(cls, cfg: Any, lr: Callable[[int], float]) -> tuple[DSGD, Callable[[int], float]]:
+        """From ``batch_size``, ``momentum`` (the workers') and ``weight_decay``; ``lr`` is the server's."""
+        built_in_params(cfg)
+        return cls(batch_size=cfg.batch_size, momentum=cfg.momentum, weight_decay=cfg.weight_decay), lr
+
+    def check_config(self, cfg: Any, rule: Aggregator, attack: Attack | DataAttack) -> None:
+        """The population's checks, and no boosted attack (:meth:`check`), named as the config's key."""
+        super().check_config(cfg, rule, attack)
+        boost = float(attack.boost)
+        if boost != 1.0:
+            raise ConfigError("attack_params.boost", boost, "1 with algorithm = 'dsgd' (boosting scales a federated "
+                              "client's update)")
 
     def check(self, run: Run) -> None:
         """A DSGD worker's vector is carried into its momentum: boosting it (a federated attack's knob) is refused."""

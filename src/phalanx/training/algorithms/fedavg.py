@@ -37,11 +37,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from phalanx.aggregators.base import Aggregator
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.errors import ConfigError
-from phalanx.training.algorithms.base import RoundAlgorithm
+from phalanx.training.algorithms.base import RoundAlgorithm, built_in_params
 from phalanx.training.algorithms.dsgd import byzantine_vectors, poison_rows
 from phalanx.training.algorithms.fedbn import STATE_KEY, local_norms
+from phalanx.training.schedule import LRSchedule
 from phalanx.training.shards import sample_batches_of
 from phalanx.training.state import Received, RoundState, SlotPlan
 from phalanx.training.streams import restored
@@ -76,6 +78,8 @@ class FedAvg(RoundAlgorithm):
     config_keys = ("clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch",
                    "stats_momentum")
     config_columns = ("algorithm", "clients_per_round", "local_steps", "local_epochs", "server_lr")
+    topologies = ("server",)  # the server samples the clients: a process per client slot
+    population_key = "clients_per_round"
     runs_on_device = True
     pools_norm_stats = True
     keeps_local_norms = True
@@ -94,6 +98,29 @@ class FedAvg(RoundAlgorithm):
         check_real("prox_mu", self.prox_mu, low=0.0)
         check_int("stats_batch", self.stats_batch, low=1)
         check_real("stats_momentum", self.stats_momentum, low=0.0, high=1.0, low_open=True)
+
+    @classmethod
+    def from_config(cls, cfg: Any, lr: Callable[[int], float]) -> tuple[FedAvg, Callable[[int], float]]:
+        """From its config keys (:attr:`config_keys`) and the clients' ``batch_size``, ``momentum`` and
+        ``weight_decay``; ``lr`` is the clients' (local) learning rate, ``server_lr`` the server's (constant)."""
+        built_in_params(cfg)
+        algorithm = cls(clients_per_round=cfg.clients_per_round, local_steps=cfg.local_steps,
+                        local_epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr, momentum=cfg.momentum,
+                        weight_decay=cfg.weight_decay, prox_mu=cfg.prox_mu, stats_batch=cfg.stats_batch,
+                        stats_momentum=cfg.stats_momentum)
+        return algorithm, LRSchedule(cfg.server_lr, "constant", cfg.rounds, cfg.step_every)
+
+    def check_config(self, cfg: Any, rule: Aggregator, attack: Attack | DataAttack) -> None:
+        """``clients_per_round`` at most the population, then the population's checks on the sampled clients."""
+        c = self.clients_per_round or cfg.workers
+        if c > cfg.workers:
+            raise ConfigError("clients_per_round", c, f"<= workers = {cfg.workers} (the client population)")
+        super().check_config(cfg, rule, attack)
+
+    @classmethod
+    def processes(cls, cfg: Any) -> int:
+        """A process per client slot (rank 0 is also the server)."""
+        return int(cfg.clients_per_round or cfg.workers)
 
     def per_round(self, workers: int) -> int:
         """How many vectors the server aggregates each round: the sampled clients."""

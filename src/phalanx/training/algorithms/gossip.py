@@ -38,29 +38,55 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.decentralized import gossip as gossip_ops
+from phalanx.decentralized import topology
 from phalanx.decentralized.gossip_attacks import GossipAttack, GossipView
 from phalanx.decentralized.robust_gossip import GossipRule
 from phalanx.decentralized.topology import Graph
 from phalanx.errors import ConfigError
-from phalanx.training.algorithms.base import RoundAlgorithm
+from phalanx.training.algorithms.base import RoundAlgorithm, built_in_params
 from phalanx.training.algorithms.dsgd import byzantine_vectors, computing_workers, worker_batches
-from phalanx.training.algorithms.gossip_node import AnytimeNode, OneNode
+from phalanx.training.algorithms.gossip_node import AnytimeNode, OneNode, check_attack
 from phalanx.training.neighbourhood import NodeRule, closed_neighbourhoods
+from phalanx.training.schedule import LRSchedule
 from phalanx.training.server import BoundRule, RoundResult
 from phalanx.training.state import Received, RoundState
 from phalanx.training.streams import restored
-from phalanx.validate import check_int, check_real
+from phalanx.validate import check_choice, check_int, check_real
 
 if TYPE_CHECKING:
     from phalanx.aggregators.base import Aggregator
     from phalanx.training.algorithms.base import Run
+
+GRAPH_BYTES_PER_PAIR = 64
+"""What building a decentralized run holds per pair of nodes at its peak: the dense adjacency (1 byte), the mixing
+matrix W in float64 (8), the copies that building and checking W make, and the padded neighbourhood tables (for a
+complete graph n × (n − 1) weights, indices and masks). Measured: 60 bytes per pair for the complete graph at
+n = 4,000 (the densest case; peak resident memory of topology.make + Gossip + Neighbourhoods)."""
+SERVER_KEYS = ("server_optimizer", "server_momentum", "server_weight_decay")
+"""The config keys of a server, which a decentralized run has not: they keep their defaults."""
+
+
+def check_graph_memory(n: int) -> None:
+    """Refuse (one line, before anything is built) a decentralized run whose dense n × n graph and mixing matrices
+    would not fit in the memory this process can still get (:func:`phalanx.analysis.epsilon.available_memory`)."""
+    from phalanx.analysis.epsilon import MEMORY_SHARE, available_memory
+
+    need = GRAPH_BYTES_PER_PAIR * n * n
+    avail = available_memory()
+    if avail is not None and need > MEMORY_SHARE * avail:
+        largest = int((MEMORY_SHARE * avail / GRAPH_BYTES_PER_PAIR) ** 0.5)
+        raise ConfigError(
+            "workers", n, f"at most {largest:,} nodes for a decentralized run on this machine (its n × n graph and "
+            f"mixing matrices need ~{need / 1e9:.1f} GB; {avail / 1e9:.1f} GB are available)",
+            "fewer nodes, or a machine with more memory",
+        )
 
 
 @dataclass(frozen=True)
@@ -82,6 +108,8 @@ class Gossip(RoundAlgorithm):
     config_keys = ("graph", "graph_params", "gossip_weights")
     config_columns = ("algorithm", "graph", "gossip_weights")
     decentralized = True
+    topologies = ("gossip",)  # a rank per node, exchanging with its graph neighbours
+    population_key = "graph"
 
     def __post_init__(self) -> None:
         if not isinstance(self.graph, Graph):
@@ -94,6 +122,43 @@ class Gossip(RoundAlgorithm):
         w = gossip_ops.weights(self.weights, self.graph, torch.float64)
         gossip_ops.check_gossip_matrix(w, self.graph, kind="row", parameter="gossip_weights")
         object.__setattr__(self, "mixing", w)
+
+    @classmethod
+    def from_config(cls, cfg: Any, lr: Callable[[int], float]) -> tuple[Gossip, Callable[[int], float]]:
+        """Over ``graph`` (with ``graph_params``) on the ``workers`` nodes, mixing with ``gossip_weights``; ``lr``,
+        ``momentum`` and ``weight_decay`` are the nodes', and the loop's step applies what the nodes computed
+        (a constant 1). The graph's memory is checked before it is built (:func:`check_graph_memory`)."""
+        built_in_params(cfg)
+        check_choice("gossip_weights", cfg.gossip_weights, gossip_ops.weight_names())
+        check_graph_memory(cfg.workers)  # before the graph is built: its matrices are dense n × n
+        graph = topology.make(cfg.graph, cfg.workers, **cfg.graph_params)
+        algorithm = cls(graph=graph, weights=cfg.gossip_weights, batch_size=cfg.batch_size, lr=lr,
+                        momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return algorithm, LRSchedule(1.0, "constant", cfg.rounds, cfg.step_every)
+
+    def check_config(self, cfg: Any, rule: Aggregator, attack: Attack | DataAttack) -> None:
+        """No server keys; an attached graph's Byzantine nodes are the run's; every node's closed neighbourhood
+        N(i) ∪ {i} large enough for the rule with f; on the torchrun engine, an attack a rank can compute from its
+        neighbourhood (:func:`~phalanx.training.algorithms.gossip_node.check_attack`)."""
+        fields = type(cfg).model_fields
+        for key in SERVER_KEYS:
+            if getattr(cfg, key) != fields[key].get_default(call_default_factory=True):
+                raise ConfigError(key, getattr(cfg, key), f"its default with algorithm = {cfg.algorithm!r} (there is "
+                                  "no server; lr, momentum and weight_decay are the nodes')")
+        if cfg.graph == "attached" and cfg.byzantine not in (0, cfg.graph_params.get("byzantine")):
+            raise ConfigError("graph_params.byzantine", cfg.graph_params.get("byzantine"), f"= byzantine "
+                              f"({cfg.byzantine}): the attached nodes are the run's Byzantine ones (or byzantine = 0: "
+                              "the same graph without an attack)")
+        hood = self.per_round(cfg.workers)
+        if 2 * rule.f >= hood or hood < rule.min_workers():
+            need = max(2 * rule.f + 1, rule.min_workers())
+            raise ConfigError(
+                "graph", cfg.graph, f"a graph whose every node has >= {need - 1} neighbours for aggregator "
+                f"{cfg.aggregator!r} with f={cfg.f} (the smallest closed neighbourhood of this one has {hood} nodes)",
+                "a denser graph (torus, exponential, complete) or a smaller f",
+            )
+        if cfg.engine == "torchrun":
+            check_attack(attack)  # a rank holds its neighbourhood only: spectral (uᵀX̃ of every node) is refused
 
     def per_round(self, workers: int) -> int:
         """How many vectors a node's rule aggregates at least: the smallest closed neighbourhood."""
@@ -152,6 +217,7 @@ class AnytimeGossip(Gossip):
     trims it as a whole), plain gossip mixes both halves with W."""
 
     name = "anytime"
+    config_defaults: ClassVar[dict[str, Any]] = {"momentum": 0.0}  # no momentum: its default, not an error
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -1,0 +1,99 @@
+"""The components a run config names — its round algorithm, rule, attack and server optimizer — built once, when
+the config is validated, and checked together.
+
+Each component checks its own parameters when it is built (the registries' ``make``, a built-in algorithm's
+:meth:`~phalanx.training.algorithms.base.RoundAlgorithm.from_config`); what ties them together — f against the
+vectors the algorithm's rule sees each round, the rule's requirement on that number, an attack the algorithm can
+run — is the algorithm's :meth:`~phalanx.training.algorithms.base.RoundAlgorithm.check_config`. Nothing here knows
+any particular algorithm.
+
+A run builds its components once: the objects that validating a config built are kept for it (the last config
+validated in this process, :func:`keep`) and the experiment built from that config takes them (:func:`take`); a
+config trained again, or validated elsewhere (a Slurm task reads its config from a file), builds its own.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from phalanx.aggregators.base import Aggregator
+from phalanx.attacks.base import Attack, DataAttack
+from phalanx.decentralized import gossip_attacks, robust_gossip
+from phalanx.errors import ConfigError
+from phalanx.experiments.schema import RunConfig
+from phalanx.training import optim
+from phalanx.training.algorithms import builtin
+from phalanx.training.algorithms.base import RoundAlgorithm
+from phalanx.training.schedule import LRSchedule
+
+
+@dataclass
+class Components:
+    """What a config names, as objects: the round ``algorithm`` with ``server_lr``, the learning rate of the loop's
+    server step (the config's ``lr`` for distributed SGD, ``server_lr`` for federated averaging, 1 for gossip, whose
+    nodes step themselves), the aggregation ``rule``, the ``attack`` and the server ``optimizer``."""
+
+    algorithm: RoundAlgorithm
+    server_lr: Callable[[int], float]
+    rule: Aggregator
+    attack: Attack | DataAttack
+    optimizer: optim.ServerOptimizer
+
+
+def build(cfg: RunConfig) -> Components:
+    """The components of ``cfg``, each checked as it is built (a one-line :class:`ConfigError` naming its key)."""
+    cls = builtin.algorithm_class(cfg.algorithm)
+    rule = robust_gossip.configured(cfg.aggregator, cfg.f, cfg.algorithm)  # a robust gossip rule: gossip only
+    configure = cls.from_config if cfg.algorithm in builtin.BUILT_IN else cls.from_params  # keys | algorithm_params
+    algorithm, server_lr = configure(cfg, LRSchedule(cfg.lr, cfg.schedule, cfg.rounds, cfg.step_every))
+    attack = gossip_attacks.configured(cfg.attack, cfg.attack_params, cfg.algorithm)  # dissensus: gossip only
+    return Components(algorithm, server_lr, rule, attack, server_optimizer(cfg))
+
+
+def check(cfg: RunConfig, parts: Components) -> None:
+    """What ties the components together, as the algorithm owns it
+    (:meth:`~phalanx.training.algorithms.base.RoundAlgorithm.check_config`)."""
+    parts.algorithm.check_config(cfg, parts.rule, parts.attack)
+
+
+def server_optimizer(cfg: RunConfig) -> optim.ServerOptimizer:
+    """The config's server optimizer: ``server_optimizer`` with ``server_optimizer_params``; SGD also takes
+    ``server_momentum`` and ``server_weight_decay``."""
+    params = dict(cfg.server_optimizer_params)
+    if cfg.server_optimizer == "sgd":
+        params.setdefault("momentum", cfg.server_momentum)
+        params.setdefault("weight_decay", cfg.server_weight_decay)
+    else:
+        for key in ("server_momentum", "server_weight_decay"):
+            if getattr(cfg, key) != 0.0:
+                raise ConfigError(key, getattr(cfg, key), f"0 with server_optimizer = {cfg.server_optimizer!r} "
+                                  "(its parameters go in server_optimizer_params)")
+    return optim.make(cfg.server_optimizer, **params)
+
+
+def processes(cfg: RunConfig) -> int:
+    """How many processes a torchrun run of ``cfg`` has, as its algorithm says
+    (:meth:`~phalanx.training.algorithms.base.RoundAlgorithm.processes`: one per worker, or per client slot of a
+    federated round — rank 0 is also the server)."""
+    return builtin.algorithm_class(cfg.algorithm).processes(cfg)
+
+
+_kept: tuple[weakref.ref[RunConfig], Components] | None = None
+
+
+def keep(cfg: RunConfig, parts: Components) -> None:
+    """Keep ``parts`` for the run of ``cfg`` (the config object itself), in place of any kept before: one config's
+    components at a time, so that validating a large grid holds no more than one point's objects."""
+    global _kept
+    _kept = (weakref.ref(cfg), parts)
+
+
+def take(cfg: RunConfig) -> Components | None:
+    """The components kept for ``cfg`` (this very object), handed over once; None when there are none."""
+    global _kept
+    if _kept is None or _kept[0]() is not cfg:
+        return None
+    parts, _kept = _kept[1], None
+    return parts
