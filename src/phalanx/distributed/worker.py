@@ -72,7 +72,7 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
     """
     renv = RankEnv.from_environ()
     if renv.world_size != processes(cfg):
-        what = "clients_per_round" if cfg.algorithm == "fedavg" else "workers"
+        what = "workers" if processes(cfg) == cfg.workers else "clients_per_round"  # the key that sets the number
         raise ConfigError(
             "WORLD_SIZE", renv.world_size, f"{what} = {processes(cfg)} (one process per worker, or per client slot "
             "of a federated round; rank 0 is also the server)", f"launch as many processes, or --set {what}=N",

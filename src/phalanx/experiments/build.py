@@ -56,15 +56,11 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None, *, local_ra
     (:func:`resolve_device`; ``local_rank``: a torchrun rank's ``LOCAL_RANK``)."""
     device = resolve_device(cfg, local_rank)
     ds = dataset if dataset is not None else data.load(cfg.dataset, root=cfg.data_root, download=cfg.download)
-    shards = data.partition(
-        ds.train_y, cfg.workers, cfg.partition, alpha=cfg.alpha, classes_per_worker=cfg.classes_per_worker,
-        seed=stream_seed(cfg.seed, "partition") % (2**31),
-    )
-    model = models.make(
-        cfg.model, ds.input_shape, ds.num_classes, generator=generator(cfg.seed, "init"), **cfg.model_params,
-    )
-    spec = cfg.aggregator
     parts = components.take(cfg) or components.build(cfg)  # the objects validating cfg built, else its own
+    checked = parts.built_on is ds  # the one-run grid's check split the data and built the model on ds already
+    shards = parts.shards if checked and parts.shards is not None else _split(cfg, ds)
+    model = parts.model if checked and parts.model is not None else _model(cfg, ds)
+    spec = cfg.aggregator
     return Experiment(
         model=model, loss=losses.get(cfg.loss), dataset=ds, rule=parts.rule, workers=cfg.workers,
         byzantine=cfg.byzantine, attack=parts.attack, rounds=cfg.rounds, algorithm=parts.algorithm,
@@ -72,6 +68,18 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None, *, local_ra
         rule_for=lambda f: robust_gossip.configured(spec, f, cfg.algorithm), columns=config_columns(cfg),
         eval_clients=cfg.eval_clients, device=device,
     )
+
+
+def _split(cfg: RunConfig, ds: data.Dataset) -> list[torch.Tensor]:
+    """The workers' shards of ``ds`` as ``cfg`` splits it (drawn from the ``partition`` stream)."""
+    return data.partition(ds.train_y, cfg.workers, cfg.partition, alpha=cfg.alpha,
+                          classes_per_worker=cfg.classes_per_worker, seed=stream_seed(cfg.seed, "partition") % (2**31))
+
+
+def _model(cfg: RunConfig, ds: data.Dataset) -> torch.nn.Module:
+    """The initial model of ``cfg`` on ``ds``'s inputs (drawn from the ``init`` stream)."""
+    return models.make(cfg.model, ds.input_shape, ds.num_classes, generator=generator(cfg.seed, "init"),
+                       **cfg.model_params)
 
 
 def check_points(
@@ -96,16 +104,18 @@ def check_points(
             ds = load(cfg)
             split = (cfg.dataset, cfg.data_root, cfg.workers, cfg.partition, cfg.alpha, cfg.classes_per_worker,
                      cfg.seed)
+            parts = components.kept(cfg) if len(cfgs) == 1 else None  # one run: it trains what is checked here
             if split not in splits:
-                data.partition(ds.train_y, cfg.workers, cfg.partition, alpha=cfg.alpha,
-                               classes_per_worker=cfg.classes_per_worker,
-                               seed=stream_seed(cfg.seed, "partition") % (2**31))
+                shards = _split(cfg, ds)
                 splits.add(split)
+                if parts is not None:
+                    parts.shards, parts.built_on = shards, ds
             net = (cfg.model, json.dumps(cfg.model_params, sort_keys=True), ds.input_shape, ds.num_classes)
             if net not in nets:
-                models.make(cfg.model, ds.input_shape, ds.num_classes, generator=generator(cfg.seed, "init"),
-                            **cfg.model_params)
+                model = _model(cfg, ds)
                 nets.add(net)
+                if parts is not None:
+                    parts.model, parts.built_on = model, ds
         except ConfigError as exc:
             if type(exc) is not ConfigError:  # a more specific error (a data set not found) says enough itself
                 raise

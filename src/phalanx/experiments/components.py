@@ -18,6 +18,8 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from torch import Tensor, nn
+
 from phalanx.aggregators.base import Aggregator
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.decentralized import gossip_attacks, robust_gossip
@@ -40,6 +42,13 @@ class Components:
     rule: Aggregator
     attack: Attack | DataAttack
     optimizer: optim.ServerOptimizer
+    shards: list[Tensor] | None = None
+    """The workers' shards, when checking that the data splits as asked built them already (a grid of one run:
+    :func:`phalanx.experiments.build.check_points`)."""
+    model: nn.Module | None = None
+    """The initial model, when checking that it builds on the data set built it already (likewise)."""
+    built_on: object = None
+    """The data set object that ``shards`` and ``model`` were built on (the run uses them only on that one)."""
 
 
 def build(cfg: RunConfig) -> Components:
@@ -88,6 +97,11 @@ def keep(cfg: RunConfig, parts: Components) -> None:
     components at a time, so that validating a large grid holds no more than one point's objects."""
     global _kept
     _kept = (weakref.ref(cfg), parts)
+
+
+def kept(cfg: RunConfig) -> Components | None:
+    """The components kept for ``cfg`` (this very object), still kept; None when there are none."""
+    return _kept[1] if _kept is not None and _kept[0]() is cfg else None
 
 
 def take(cfg: RunConfig) -> Components | None:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from phalanx.experiments import signals
-from phalanx.experiments.config import RunConfig, make_config
+from phalanx.experiments.config import RunConfig
 from phalanx.experiments.executor import Hooks, Outcome, dataset_for
 from phalanx.experiments.runstate import RunInUse
 from phalanx.experiments.train import train
@@ -59,7 +59,9 @@ def _manager_init() -> None:
     signals.exit_with_parent()
 
 
-def _run_one(cfg_json: dict[str, Any], run_dir: str, threads: int, wait_lock: bool, rounds_queue: Any = None) -> str:
+def _run_one(cfg: RunConfig, run_dir: str, threads: int, wait_lock: bool, rounds_queue: Any = None) -> str:
+    """Train one run of the grid in a worker process: ``cfg`` as the parent validated it (pickled, not validated
+    again; its components are built here, once)."""
     global _IN_RUN
     torch.set_num_threads(threads)
     progress = None
@@ -68,7 +70,6 @@ def _run_one(cfg_json: dict[str, Any], run_dir: str, threads: int, wait_lock: bo
             rounds_queue.put((run_dir, t))
     try:
         _IN_RUN = True
-        cfg = make_config(cfg_json)
         train(cfg, run_dir, dataset=dataset_for(cfg), progress=progress, wait=wait_lock)
     except _Terminated:  # the grid is stopping: the run keeps its last checkpoint
         os._exit(128 + signal.SIGTERM)
@@ -137,7 +138,7 @@ class LocalExecutor:
             rounds_queue = manager.Queue() if hooks.on_round is not None else None
             with signals.blocked():  # the worker processes start here
                 futures: dict[Future[str], tuple[RunConfig, Path]] = {
-                    pool.submit(_run_one, c.model_dump(mode="json"), str(d), threads, self.wait, rounds_queue): (c, d)
+                    pool.submit(_run_one, c, str(d), threads, self.wait, rounds_queue): (c, d)
                     for c, d in todo
                 }
             pending = set(futures)

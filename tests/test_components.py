@@ -1,0 +1,113 @@
+"""What a config names is built once per run and checked by the components that own the checks: validation builds
+the round algorithm, rule, attack and server optimizer (each checking its own parameters, the algorithm checking
+what ties them), and the run takes those objects; a grid of one run also trains the data split and model that its
+check built. Algorithms declare their defaults, topologies and role spelling of ``lr``."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from phalanx import data, models
+from phalanx.errors import ConfigError
+from phalanx.experiments import build, components, from_config, make_config
+from phalanx.experiments.grid import run_id
+from phalanx.experiments.runner import run_grid
+from phalanx.training.algorithms import base
+from phalanx.training.algorithms.dsgd import DSGD
+
+SMALL = {"dataset": "digits", "model": "mlp", "workers": 6, "byzantine": 1, "f": 1, "aggregator": "nnm>cwtm",
+         "attack": "alie", "rounds": 3, "eval_every": 3, "seed": 1}
+
+
+def test_the_run_takes_the_objects_its_validation_built_once() -> None:
+    cfg = make_config(SMALL)
+    kept = components.kept(cfg)
+    assert kept is not None
+    exp = from_config(cfg)
+    assert exp.rule is kept.rule and exp.attack is kept.attack and exp.optimizer is kept.optimizer
+    assert exp.algorithm is kept.algorithm
+    again = from_config(cfg)  # handed over once: a second run of the config builds its own (objects carry state)
+    assert again.rule is not exp.rule and again.optimizer is not exp.optimizer
+    assert repr(again.rule) == repr(exp.rule)
+
+
+def test_only_the_last_validated_config_keeps_its_objects() -> None:
+    first, second = make_config(SMALL), make_config({**SMALL, "seed": 2})
+    assert components.kept(first) is None and components.kept(second) is not None
+
+
+def test_one_phalanx_run_builds_its_split_model_rule_attack_and_optimizer_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built: Counter[str] = Counter()
+
+    def counting(name: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            built[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(data, "partition", counting("split", data.partition))
+    monkeypatch.setattr(models, "make", counting("model", models.make))
+    monkeypatch.setattr(components, "server_optimizer", counting("optimizer", components.server_optimizer))
+    monkeypatch.setattr(components.robust_gossip, "configured", counting("rule", components.robust_gossip.configured))
+    monkeypatch.setattr(components.gossip_attacks, "configured",
+                        counting("attack", components.gossip_attacks.configured))
+    cfg = make_config(SMALL)
+    run_grid([cfg], tmp_path / "out")
+    assert built == {"split": 1, "model": 1, "optimizer": 1, "rule": 1, "attack": 1}
+    assert (tmp_path / "out" / run_id(cfg) / "DONE").exists()
+
+
+def test_a_grids_points_each_build_their_own_and_equal_a_fresh_build(tmp_path: Path) -> None:
+    """Taking the validation's objects changes nothing: the rows equal a run built from scratch."""
+    from phalanx.experiments import train
+
+    cfg = make_config(SMALL)
+    taken = train(cfg)
+    fresh = train(cfg)  # nothing kept any more: everything built again
+    assert taken == fresh
+
+
+def test_server_lr_is_distributed_sgds_lr_by_its_role_and_federated_averagings_own_key() -> None:
+    dsgd = make_config({**SMALL, "server_lr": 0.05})
+    assert dsgd.lr == 0.05 and run_id(dsgd) == run_id(make_config({**SMALL, "lr": 0.05}))
+    with pytest.raises(ConfigError, match=r"server_lr=0.05 is invalid: allowed = lr \(0.1\)"):
+        make_config({**SMALL, "server_lr": 0.05, "lr": 0.1})
+    fed = make_config({**SMALL, "algorithm": "fedavg", "server_lr": 0.5, "client_lr": 0.02})
+    assert fed.server_lr == 0.5 and fed.lr == 0.02
+    with pytest.raises(ConfigError, match=r"server_lr=0.5 is invalid: allowed its default with algorithm = 'gossip'"):
+        make_config({**SMALL, "algorithm": "gossip", "graph": "complete", "server_lr": 0.5})
+
+
+class Declares(DSGD):
+    """DSGD with other declared defaults and topologies: the config reads them from the class."""
+
+    name = "declares-test"
+    config_defaults = {"momentum": 0.5}  # noqa: RUF012 - a test's class
+    topologies = ("serverless",)
+
+
+def test_a_users_algorithm_declares_its_defaults_and_topologies() -> None:
+    base.register(Declares)
+    cfg = make_config({**SMALL, "algorithm": "declares-test"})
+    assert cfg.momentum == 0.5 and make_config({**SMALL, "algorithm": "declares-test", "momentum": 0.0}).momentum == 0
+    assert make_config({**SMALL, "algorithm": "declares-test", "engine": "torchrun"}).topology == "serverless"
+    with pytest.raises(ConfigError, match=r"topology='server' is invalid: allowed 'serverless' with algorithm = "
+                                          r"'declares-test'"):
+        make_config({**SMALL, "algorithm": "declares-test", "engine": "torchrun", "topology": "server"})
+
+
+def test_the_algorithm_owns_the_population_check() -> None:
+    """f against the vectors its rule sees, named by the key that sets that number."""
+    with pytest.raises(ConfigError, match=r"f=3 is invalid: allowed < workers/2 = 3"):
+        make_config({**SMALL, "f": 3})
+    with pytest.raises(ConfigError, match=r"f=2 is invalid: allowed < clients_per_round/2 = 2 .*sees 4 updates"):
+        make_config({**SMALL, "f": 2, "algorithm": "fedavg", "clients_per_round": 4})
+    with pytest.raises(ConfigError, match=r"graph='ring' is invalid: allowed a graph whose every node has >= 4"):
+        make_config({**SMALL, "f": 2, "algorithm": "gossip", "graph": "ring"})
+    assert build.processes(make_config({**SMALL, "algorithm": "fedavg", "clients_per_round": 4})) == 4
