@@ -62,3 +62,33 @@ def test_the_one_wiring_records_resumes_and_trains_nothing_for_a_finished_run(tm
     again = Count()
     assert run_experiment(from_config(cfg), recording=recording, callbacks=[again], say=said.append) == rows
     assert again.rounds == 0 and said == [f"{out} has finished already: nothing to train"]
+
+
+def test_a_config_names_a_topology_from_the_registry_and_the_topology_says_what_it_runs() -> None:
+    """``topology`` is checked against the registry (a typo is one line with a suggestion); a topology of one's own
+    is accepted by the config and checked against the algorithm where it is built, by its own ``runs``."""
+    base = {"workers": 4, "engine": "torchrun"}
+    with pytest.raises(ConfigError, match=r"topology='serverles' is invalid: allowed one of .*serverless") as info:
+        make_config({**base, "topology": "serverles"})
+    assert "\n" not in str(info.value)
+
+    class Picky(topologies.ServerlessTopology):
+        name = "picky-test"
+
+    class Open(topologies.ServerlessTopology):
+        name = "open-test"
+
+        @classmethod
+        def runs(cls, algorithm: type) -> bool:
+            return not getattr(algorithm, "decentralized", False)
+
+    topologies.register(Picky)
+    topologies.register(Open)
+    picky = make_config({**base, "topology": "picky-test"})
+    with pytest.raises(ConfigError, match=r"topology='picky-test' is invalid: allowed 'server' or 'serverless' with "
+                                          r"algorithm = 'dsgd'"):
+        topologies.check(picky)
+    assert isinstance(topologies.check(make_config({**base, "topology": "open-test"})), Open)
+    assert topologies.check(make_config(base)).name == "server"
+    gossip = make_config({**base, "algorithm": "gossip", "graph": "complete"})
+    assert gossip.topology == "gossip" and topologies.check(gossip).name == "gossip"

@@ -113,6 +113,7 @@ def launch(
     from rich.console import Console
 
     from phalanx.distributed import launch as local
+    from phalanx.distributed import topologies
     from phalanx.distributed.keys import load_identity
     from phalanx.experiments import grid
     from phalanx.experiments.build import check_points
@@ -130,7 +131,8 @@ def launch(
     data = load_grid(config, [*overrides, "engine='torchrun'"])
     cfgs = grid.configs(data)  # every point validated before anything starts
     check_points(cfgs)
-    for cfg in cfgs:  # every rank's key, before any process starts
+    for cfg in cfgs:  # every point's topology, and every rank's key, before any process starts
+        topologies.check(cfg)
         if cfg.keys is not None:
             for rank in range(processes(cfg)):
                 load_identity(cfg.keys, rank, processes(cfg))

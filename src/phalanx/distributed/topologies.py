@@ -31,10 +31,11 @@ from phalanx.distributed.serverless import AllGather
 from phalanx.distributed.transcript import Transcript
 from phalanx.errors import ConfigError
 from phalanx.experiments.config import RunConfig, processes
-from phalanx.plugins import Registry
+from phalanx.training.algorithms import builtin
+from phalanx.training.algorithms.base import RoundAlgorithm
 from phalanx.training.experiment import Experiment
 from phalanx.training.loop import Callback
-from phalanx.training.transport import Transport
+from phalanx.training.transport import TOPOLOGIES, Transport
 from phalanx.validate import suggest
 
 WORKER_WAIT_S = 3600.0
@@ -82,6 +83,13 @@ class Topology(ABC):
     it; otherwise the topology opens its own links."""
     loop_on_every_rank: ClassVar[bool] = False
     """Every rank runs the training loop (rank 0 alone measures and records it); otherwise only rank 0 does."""
+
+    @classmethod
+    def runs(cls, algorithm: type[RoundAlgorithm]) -> bool:
+        """Whether this topology runs a round of ``algorithm``: by default when the algorithm names it among its
+        :attr:`~phalanx.training.algorithms.base.RoundAlgorithm.topologies` (a topology of one's own may accept
+        more — e.g. every algorithm that is not decentralized)."""
+        return cls.name in algorithm.topologies
 
     @abstractmethod
     def start(self, rank: Rank) -> Part | None:
@@ -174,12 +182,12 @@ def _accept(obj: Any, name: str) -> Any:
     return obj
 
 
-_REGISTRY: Registry[Any] = Registry("topology", "phalanx.topologies", _accept)
+_REGISTRY = TOPOLOGIES
 
 
 def register(cls: type[Topology]) -> type[Topology]:
-    """Class decorator: make a topology known under ``cls.name``."""
-    _REGISTRY.register(cls)
+    """Class decorator: make a topology known under ``cls.name`` (to configs too)."""
+    _REGISTRY.register(_accept(cls, getattr(cls, "name", repr(cls))))
     return cls
 
 
@@ -197,5 +205,17 @@ def make(name: str) -> Topology:
     if name not in _REGISTRY:
         known = names()
         raise ConfigError("topology", name, "one of " + ", ".join(known), suggest(name, known))
-    cls: type[Topology] = _REGISTRY.get(name, "topology")
+    cls: type[Topology] = _accept(_REGISTRY.get(name, "topology"), name)
     return cls()
+
+
+def check(cfg: RunConfig) -> Topology:
+    """The topology of a torchrun config, checked against its round algorithm before any process starts: a
+    registered one (a ``module:attr`` spec or an entry point), that runs the algorithm (:meth:`Topology.runs`)."""
+    topology = make(cfg.topology)
+    algorithm = builtin.algorithm_class(cfg.algorithm)
+    if not topology.runs(algorithm):
+        raise ConfigError("topology", cfg.topology, " or ".join(repr(t) for t in algorithm.topologies) + " with "
+                          f"algorithm = {cfg.algorithm!r} (the torchrun topologies its rounds run on), or a topology "
+                          "whose runs() accepts it; docs/distributed.md")
+    return topology

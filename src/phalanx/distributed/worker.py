@@ -77,7 +77,7 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
             "WORLD_SIZE", renv.world_size, f"{what} = {processes(cfg)} (one process per worker, or per client slot "
             "of a federated round; rank 0 is also the server)", f"launch as many processes, or --set {what}=N",
         )
-    topology = topologies.make(cfg.topology)
+    topology = topologies.check(cfg)  # registered, and one that runs the config's algorithm
     identity = check_identity(cfg, renv)  # before anything is built: a key problem is one line, at once
     tune_allocator()
     exp = from_config(cfg, local_rank=renv.local_rank)  # device = "cuda": this rank's cuda:LOCAL_RANK

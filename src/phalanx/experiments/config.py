@@ -29,12 +29,13 @@ from phalanx.experiments.schema import (
     Partition,
     RunConfig,
     Schedule,
-    Topology,
 )
-from phalanx.plugins import accepted_params, check_params
+from phalanx.plugins import accepted_params, check_params, is_spec
 from phalanx.training import devices, losses
 from phalanx.training.algorithms import builtin
 from phalanx.training.algorithms.base import RoundAlgorithm
+from phalanx.training.transport import TOPOLOGIES
+from phalanx.validate import suggest
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -43,7 +44,7 @@ else:  # pragma: no cover
 
 __all__ = [
     "DISTRIBUTED_KEYS", "LATER_KEYS", "RESULT_NEUTRAL_KEYS", "Backend", "Engine", "Partition", "RunConfig", "Schedule",
-    "Topology", "load_grid", "load_toml", "make_config", "processes", "server_optimizer",
+    "load_grid", "load_toml", "make_config", "processes", "server_optimizer",
 ]
 
 ALGORITHM_KEYS = builtin.own_keys()
@@ -217,9 +218,7 @@ def check_relations(cfg: RunConfig) -> None:
         if cfg.engine == "torchrun":
             raise ConfigError("model_params.norm", norm, "'group' or 'none' with engine = 'torchrun' "
                               f"({needs[1]} in one process so far: engine = 'simulated')")
-    if cfg.engine == "torchrun" and cfg.topology not in cls.topologies:
-        raise ConfigError("topology", cfg.topology, " or ".join(repr(t) for t in cls.topologies) + f" with algorithm "
-                          f"= {cfg.algorithm!r} (the torchrun topologies its rounds run on; docs/distributed.md)")
+    check_topology(cfg, cls)
     if cfg.keys is not None and cfg.engine == "torchrun" and cfg.backend == "nccl":
         raise ConfigError(
             "backend", cfg.backend, "'auto' or 'gloo' with keys (the sealed mesh carries the rows over TLS from the "
@@ -231,6 +230,27 @@ def check_relations(cfg: RunConfig) -> None:
             "c10d TCPStore, which survives missing workers, or gloo links between graph neighbours; NCCL needs "
             "topology = 'serverless'; docs/distributed.md)",
         )
+
+
+BUILT_IN_TOPOLOGIES = builtin.topologies()
+"""The torchrun topologies the built-in algorithms run on, as they declare them (``server``, ``serverless``,
+``gossip``)."""
+
+
+def check_topology(cfg: RunConfig, cls: type[RoundAlgorithm]) -> None:
+    """``topology``: a known name (built in, registered, an installed ``phalanx.topologies`` entry point) or a
+    ``module:attr`` spec; on the torchrun engine, a built-in one the algorithm runs on
+    (:attr:`~phalanx.training.algorithms.base.RoundAlgorithm.topologies`). Whether a topology of one's own runs the
+    algorithm is its own declaration, checked where it is built (``phalanx.distributed.topologies.check``, before
+    any process starts)."""
+    name = cfg.topology
+    known = sorted({*BUILT_IN_TOPOLOGIES, *TOPOLOGIES.names()})
+    if name not in known and not is_spec(name):
+        raise ConfigError("topology", name, "one of " + ", ".join(known) + " or a 'module:attr' spec of a topology",
+                          suggest(name, known))
+    if cfg.engine == "torchrun" and name in BUILT_IN_TOPOLOGIES and name not in cls.topologies:
+        raise ConfigError("topology", name, " or ".join(repr(t) for t in cls.topologies) + f" with algorithm "
+                          f"= {cfg.algorithm!r} (the torchrun topologies its rounds run on; docs/distributed.md)")
 
 
 def check_device(cfg: RunConfig) -> None:

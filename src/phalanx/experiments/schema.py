@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 Schedule = Literal["constant", "step", "cosine"]
 Partition = Literal["iid", "dirichlet", "pathological"]
 Engine = Literal["simulated", "torchrun"]
-Topology = Literal["server", "serverless", "gossip"]
 Backend = Literal["auto", "gloo", "nccl"]
 DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend", "keys", "insecure")
 """Keys that only the ``torchrun`` engine reads. A simulated run's resolved config leaves them out, so that they
@@ -128,10 +127,12 @@ class RunConfig(BaseModel):
         "simulated", description="where workers run: 'simulated' (one process, vmap) or 'torchrun' (one process per "
         "worker, torch.distributed; start it with `phalanx launch` or torchrun, docs/distributed.md)",
     )
-    topology: Topology = Field(
+    topology: str = Field(
         "server", description="torchrun engine: 'server' (rank 0 aggregates and broadcasts θ; survives missing "
-        "workers), 'serverless' (every rank aggregates the all-gathered vectors; needs every rank alive) or 'gossip' "
-        "(algorithm = 'gossip', where it is implied: a rank per node, exchanging with its graph neighbours only)",
+        "workers), 'serverless' (every rank aggregates the all-gathered vectors; needs every rank alive), 'gossip' "
+        "(algorithm = 'gossip', where it is implied: a rank per node, exchanging with its graph neighbours only), or "
+        "a topology of one's own (a registered name or a 'module:attr' spec; docs/extending.md); the default is the "
+        "first topology the algorithm runs on",
     )
     round_timeout: float = Field(
         30.0, gt=0, le=86_400, description="torchrun engine: seconds the server waits for the vectors of a round; "

@@ -18,10 +18,11 @@ worker-side stream states for a checkpoint; :meth:`close` ends the run (``error`
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from phalanx.plugins import Registry
 from phalanx.training.algorithms.base import WorkerSide, WorkerSlot
 from phalanx.training.server import BoundRule
 from phalanx.training.state import Received, Snapshot
@@ -77,3 +78,10 @@ class InProcess(Transport):
     def streams(self) -> dict[str, Tensor]:
         assert self.workers is not None, "open() first"
         return self.workers.streams()
+
+
+TOPOLOGIES: Registry[Any] = Registry("topology", "phalanx.topologies")
+"""The torchrun topologies — how the processes of a run carry its vectors — by name: the built-in ones and a
+user's own, registered by :func:`phalanx.distributed.topologies.register` (which checks what it registers) or as
+``phalanx.topologies`` entry points. Kept here, below both the config (which checks a ``topology`` name) and the
+distributed package (which builds the topology)."""

@@ -61,6 +61,11 @@ def on_device() -> tuple[str, ...]:
     return tuple(name for name, cls in BUILT_IN.items() if cls.runs_on_device)
 
 
+def topologies() -> tuple[str, ...]:
+    """The torchrun topologies the built-in algorithms run on (:attr:`~RoundAlgorithm.topologies`), in order."""
+    return tuple(dict.fromkeys(t for cls in BUILT_IN.values() for t in cls.topologies))
+
+
 def decentralized() -> tuple[str, ...]:
     """The built-in algorithms with a model per node and no server (:attr:`~RoundAlgorithm.decentralized`)."""
     return tuple(name for name, cls in BUILT_IN.items() if cls.decentralized)
