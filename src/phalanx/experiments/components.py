@@ -79,6 +79,11 @@ def server_optimizer(cfg: RunConfig) -> optim.ServerOptimizer:
             if getattr(cfg, key) != 0.0:
                 raise ConfigError(key, getattr(cfg, key), f"0 with server_optimizer = {cfg.server_optimizer!r} "
                                   "(its parameters go in server_optimizer_params)")
+    if cfg.server_optimizer == optim.RobustOnline.name:  # parameter-free: the server's lr is its scale ε, T = rounds
+        if builtin.algorithm_class(cfg.algorithm).lr_role == "server" and cfg.schedule != "constant":
+            raise ConfigError("schedule", cfg.schedule, "'constant' with server_optimizer = 'robust-online' (lr is "
+                              "the learner's scale, not a step size; docs/online.md)")
+        params.setdefault("horizon", cfg.rounds)
     return optim.make(cfg.server_optimizer, **params)
 
 

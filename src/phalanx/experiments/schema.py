@@ -79,7 +79,8 @@ class RunConfig(BaseModel):
     server_weight_decay: float = Field(0.0, ge=0, description="L2 penalty λ the server adds to the aggregate")
     loss: str = Field("cross_entropy", description="loss(logits, y), the batch mean: a name or a 'module:attr' spec")
     server_optimizer_params: dict[str, Any] = Field(
-        default_factory=dict, description="further parameters of the server optimizer (adam: beta1, beta2, tau)",
+        default_factory=dict, description="further parameters of the server optimizer (adam: beta1, beta2, tau; "
+        "robust-online: corruptions, gradient_bound)",
     )
     algorithm: str = Field(
         "dsgd", description="the round: 'dsgd' (every worker one gradient step, worker momentum), 'fedavg' (sampled "

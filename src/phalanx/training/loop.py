@@ -169,7 +169,8 @@ class Loop:
         exp.algorithm.load_state(exp, self.state.own)
         if "aggregator" in start.streams:
             self.server.generator.set_state(start.streams["aggregator"])
-        exp.optimizer.load_state_dict({k: v.to(self.state.theta) for k, v in start.optimizer.items()})
+        # moved to θ's device, not cast to its dtype: an optimizer may keep float64 state (robust-online does)
+        exp.optimizer.load_state_dict({k: v.to(self.state.theta.device) for k, v in start.optimizer.items()})
         self._opened = True
         for cb in self.callbacks:
             cb.on_start(self)

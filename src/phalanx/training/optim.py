@@ -18,10 +18,12 @@ import torch
 from torch import Tensor
 
 from phalanx.errors import ConfigError
+from phalanx.online.reduction import DirectionMagnitude
+from phalanx.online.robust import robust
 from phalanx.plugins import Registry, check_params
-from phalanx.validate import check_real
+from phalanx.validate import check_int, check_real
 
-__all__ = ["SGD", "Adam", "ServerOptimizer", "make", "names", "register"]
+__all__ = ["SGD", "Adam", "RobustOnline", "ServerOptimizer", "make", "names", "register"]
 
 Opt = TypeVar("Opt")
 
@@ -160,6 +162,89 @@ class Adam(ServerOptimizer):
         self.t = int(state["step"].reshape(-1)[0])
 
 
+class RobustOnline(ServerOptimizer):
+    r"""The corruption-robust online learner (Zhang & Cutkosky, "Unconstrained robust online convex optimization",
+    ICML 2025; :func:`phalanx.online.robust.robust`, docs/online.md) as the server optimizer: a second line of
+    defence *after* aggregation, for the rounds in which the aggregate itself is corrupted.
+
+    The model is :math:`\theta_t = \theta_0 + w_t`, with :math:`w_t` the learner's point and the round's aggregate
+    :math:`a_t` its gradient: ``step`` feeds :math:`a_t` (clipped to norm ≤ G; skipped when non-finite) and returns
+    :math:`\theta_0 + w_{t+1}`. Its regret against every offset u, :math:`\sum_t\langle g_t, w_t - u\rangle` with
+    the true gradients :math:`g_t`, is :math:`\tilde O(\|u\|G(\sqrt T + k))` when at most k aggregates were
+    corrupted (the paper's budget) and every true gradient has norm ≤ G.
+
+    - ``corruptions`` (k ≥ 0): the budget; k = 0 is the plain parameter-free learner (coin betting).
+    - ``gradient_bound`` (G > 0): a bound on the norm of an honest aggregate. The paper's unknown-G variant
+      (``"auto"``) is not built (docs/online.md says which piece is missing).
+    - ``horizon`` (T): the number of rounds, which sets the regulariser's exponent p = ln T; the config fills it with
+      ``rounds``.
+    - ``lr``: the learner chooses its own steps (it is parameter-free), so the learning rate is not a step size: it
+      is the learner's *scale* ε — its initial wealth, the size of its first moves in parameter units (its regret
+      against u = 0 is at most about G·ε). It must stay constant (``schedule = "constant"``): a learning rate that
+      changes between rounds has no meaning here and is refused.
+
+    State (checkpointed): ``anchor`` (θ₀), ``epsilon`` and ``horizon`` (float64) and the learner's ``learner.*``
+    (float64), so a resumed run continues bit for bit.
+    """
+
+    name: ClassVar[str] = "robust-online"
+
+    def __init__(self, corruptions: int = 0, gradient_bound: float = 1.0, horizon: int = 1000) -> None:
+        if isinstance(gradient_bound, str):
+            raise ConfigError("gradient_bound", gradient_bound, "a number > 0 (the unknown-G variant, 'auto', is "
+                              "not implemented: docs/online.md)")
+        self.corruptions = check_int("corruptions", corruptions, low=0)
+        self.gradient_bound = check_real("gradient_bound", gradient_bound, low=0.0, low_open=True)
+        self.horizon = check_int("horizon", horizon, low=1)
+        self.anchor: Tensor | None = None
+        self.epsilon: float | None = None
+        self.learner: DirectionMagnitude | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {"corruptions": self.corruptions, "gradient_bound": self.gradient_bound, "horizon": self.horizon}
+
+    def _build(self, anchor: Tensor, epsilon: float) -> DirectionMagnitude:
+        return robust(anchor.numel(), self.gradient_bound, self.corruptions, self.horizon, epsilon)
+
+    def step(self, theta: Tensor, direction: Tensor, lr: float) -> Tensor:
+        if self.learner is None or self.anchor is None:
+            eps = check_real("lr", lr, low=0.0, low_open=True)
+            if direction.shape != theta.shape:
+                raise ConfigError("gradient", tuple(direction.shape), f"the shape of the parameters {tuple(theta.shape)}")
+            learner = self._build(theta, eps)
+            self.anchor, self.epsilon, self.learner = theta.detach().clone(), eps, learner
+        elif lr != self.epsilon:
+            raise ConfigError("lr", lr, f"{self.epsilon!r} in every round with server_optimizer = 'robust-online' (the "
+                              "learner's scale ε, fixed at the first round: schedule = 'constant')")
+        if direction.shape != self.anchor.shape:
+            raise ConfigError("gradient", tuple(direction.shape), f"the shape of the parameters {tuple(self.anchor.shape)}")
+        self.learner.update(direction.reshape(-1))
+        w = self.learner.predict().to(device=self.anchor.device, dtype=self.anchor.dtype)
+        return self.anchor + w.reshape(self.anchor.shape)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        if self.learner is None or self.anchor is None or self.epsilon is None:
+            return {}
+        head = {"anchor": self.anchor.clone(), "epsilon": torch.tensor([self.epsilon], dtype=torch.float64),
+                "horizon": torch.tensor([float(self.horizon)], dtype=torch.float64)}
+        return {**head, **{f"learner.{k}": v for k, v in self.learner.state_dict().items()}}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        if not state:
+            self.anchor = self.epsilon = self.learner = None
+            return
+        unknown = {k for k in state if k not in ("anchor", "epsilon", "horizon") and not k.startswith("learner.")}
+        if unknown or not {"anchor", "epsilon", "horizon"} <= set(state):
+            raise ConfigError("optimizer state", sorted(state), "anchor, epsilon, horizon and learner.* (robust-online)")
+        horizon = int(state["horizon"].reshape(-1)[0])
+        if horizon != self.horizon:
+            raise ConfigError("horizon", self.horizon, f"{horizon}, the horizon the checkpoint's learner was built with")
+        anchor, eps = state["anchor"].clone(), float(state["epsilon"].reshape(-1)[0].to(torch.float64))
+        learner = self._build(anchor, eps)
+        learner.load_state_dict({k.removeprefix("learner."): v for k, v in state.items() if k.startswith("learner.")})
+        self.anchor, self.epsilon, self.learner = anchor, eps, learner
+
+
 def _accept(obj: Any, name: str) -> Any:
     if not callable(obj):
         raise ConfigError("server_optimizer", name, "a class whose instances have step, state_dict and load_state_dict")
@@ -169,6 +254,7 @@ def _accept(obj: Any, name: str) -> Any:
 _REGISTRY: Registry[Any] = Registry("server_optimizer", "phalanx.optimizers", _accept)
 _REGISTRY.register(SGD)
 _REGISTRY.register(Adam)
+_REGISTRY.register(RobustOnline)
 
 
 def register(cls: Opt) -> Opt:
