@@ -113,7 +113,8 @@ class DirectionMagnitude(OnlineLearner):
 
     def state_dict(self) -> dict[str, Tensor]:
         return {
-            **prefixed(self.magnitude.state_dict(), "magnitude."), **prefixed(self.direction.state_dict(), "direction."),
+            **prefixed(self.magnitude.state_dict(), "magnitude."),
+            **prefixed(self.direction.state_dict(), "direction."),
             **scalars("", rounds=self.rounds, skipped=self.skipped, clipped=self.clipped),
         }
 

@@ -28,8 +28,8 @@ against the theorem numerically):
    the smallest weight that pays for it) and the composite gradients are bounded by :math:`H = G + c = (1 + 2k)G`;
    :math:`\alpha = \epsilon` (*chosen*: below the scale ε of the first bets, growth is not charged).
    The reviews and the authors' prototype state :math:`H = (1 + k\ln T)G`, i.e. a regulariser gradient carrying an
-   extra factor :math:`p = \ln T` (:math:`c\,p` with c = kG); with that factor the regret check measured the same robustness but a
-   price of the defence ≈ 2.5× higher at T = 4000 (docs/online.md), so it is not used here.
+   extra factor :math:`p = \ln T` (:math:`c\,p` with c = kG); with that factor the regret check measured the same
+   robustness but a price of the defence ≈ 2.5× higher at T = 4000 (docs/online.md), so it is not used here.
 4. *The implicit step* (the paper's line 6, after Zhang & Cutkosky, "Parameter-free regret in high probability with
    heavy tails", NeurIPS 2022, and Cutkosky, "Combining online learning guarantees", COLT 2019): two 1-D
    parameter-free learners, X fed the composite gradient :math:`\hat g_t = \ell_t + r_t'(w_t)` (bound H) and Y ≥ 0

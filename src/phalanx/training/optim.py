@@ -210,14 +210,15 @@ class RobustOnline(ServerOptimizer):
         if self.learner is None or self.anchor is None:
             eps = check_real("lr", lr, low=0.0, low_open=True)
             if direction.shape != theta.shape:
-                raise ConfigError("gradient", tuple(direction.shape), f"the shape of the parameters {tuple(theta.shape)}")
+                raise ConfigError("gradient", tuple(direction.shape), f"the parameters' shape {tuple(theta.shape)}")
             learner = self._build(theta, eps)
             self.anchor, self.epsilon, self.learner = theta.detach().clone(), eps, learner
         elif lr != self.epsilon:
             raise ConfigError("lr", lr, f"{self.epsilon!r} in every round with server_optimizer = 'robust-online' (the "
                               "learner's scale ε, fixed at the first round: schedule = 'constant')")
         if direction.shape != self.anchor.shape:
-            raise ConfigError("gradient", tuple(direction.shape), f"the shape of the parameters {tuple(self.anchor.shape)}")
+            shape = tuple(self.anchor.shape)
+            raise ConfigError("gradient", tuple(direction.shape), f"the parameters' shape {shape}")
         self.learner.update(direction.reshape(-1))
         w = self.learner.predict().to(device=self.anchor.device, dtype=self.anchor.dtype)
         return self.anchor + w.reshape(self.anchor.shape)
@@ -235,10 +236,10 @@ class RobustOnline(ServerOptimizer):
             return
         unknown = {k for k in state if k not in ("anchor", "epsilon", "horizon") and not k.startswith("learner.")}
         if unknown or not {"anchor", "epsilon", "horizon"} <= set(state):
-            raise ConfigError("optimizer state", sorted(state), "anchor, epsilon, horizon and learner.* (robust-online)")
+            raise ConfigError("optimizer state", sorted(state), "anchor, epsilon, horizon, learner.* (robust-online)")
         horizon = int(state["horizon"].reshape(-1)[0])
         if horizon != self.horizon:
-            raise ConfigError("horizon", self.horizon, f"{horizon}, the horizon the checkpoint's learner was built with")
+            raise ConfigError("horizon", self.horizon, f"{horizon}, the horizon of the checkpoint's learner")
         anchor, eps = state["anchor"].clone(), float(state["epsilon"].reshape(-1)[0].to(torch.float64))
         learner = self._build(anchor, eps)
         learner.load_state_dict({k.removeprefix("learner."): v for k, v in state.items() if k.startswith("learner.")})
