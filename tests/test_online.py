@@ -204,7 +204,7 @@ def cells() -> dict[tuple[str, str, int, int, float], check.Point]:
 
 
 def test_robust_regret_stays_within_a_constant_times_the_rate(cells: dict[Any, check.Point]) -> None:
-    """R_T(u) ≤ C·ref(T, k, u) with C fitted on one cell and held (×2) on the 44 others (ref: check.reference)."""
+    """R_T(u) ≤ C·ref(T, k, u) with C fitted on one cell and held (×2) on the 41 others (ref: check.reference)."""
     c = cells[FIT].robust_ratio
     assert 0.5 < c < 3  # the fitted constant is itself of order one
     for key, p in cells.items():
