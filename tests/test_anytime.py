@@ -24,7 +24,8 @@ def _exp(graph: topology.Graph, rule: str = "mean", f: int = 0, attack: str = "n
          rounds: int = 4, **algo: Any) -> Experiment:
     model = models.make("logreg", DS.input_shape, DS.num_classes, generator=torch.Generator().manual_seed(0))
     return Experiment(model=model, dataset=DS, workers=graph.n, byzantine=byzantine,
-                      rule=robust_gossip.configured(rule, f, "anytime"), attack=attacks.make(attack), rounds=rounds,
+                      rule=robust_gossip.configured(rule, f, "anytime", True), attack=attacks.make(attack),
+                      rounds=rounds,
                       lr=1.0, eval_every=rounds, seed=3, algorithm=AnytimeGossip(graph=graph, batch_size=8, **algo))
 
 

@@ -297,7 +297,7 @@ def test_monna_keeps_honest_nodes_bounded_where_plain_gossip_blows_up() -> None:
     def loop(rule: str, f: int) -> Loop:
         model = models.make("mlp", ds.input_shape, ds.num_classes, generator=torch.Generator().manual_seed(0),
                             hidden=[16])
-        r = robust_gossip.make(rule, f) if rule == "monna" else robust_gossip.configured(rule, f, "gossip")
+        r = robust_gossip.make(rule, f) if rule == "monna" else robust_gossip.configured(rule, f, "gossip", True)
         return Loop(Experiment(model=model, dataset=ds, workers=9, byzantine=1, rule=r,
                                attack=attacks.make("gaussian", sigma=1e4), rounds=8, lr=1.0, eval_every=8, seed=3,
                                algorithm=Gossip(graph=g, batch_size=8, lr=0.1)))

@@ -43,7 +43,6 @@ import torch
 from torch import Tensor
 
 from phalanx.attacks.base import Attack, AttackContext, DataAttack
-from phalanx.decentralized.topology import ALGORITHMS
 from phalanx.errors import ConfigError, InputError
 from phalanx.plugins import Registry, check_params, import_spec, is_spec
 from phalanx.validate import check_real
@@ -311,17 +310,17 @@ def make(name: str, **params: Any) -> GossipAttack:
     return cls(**params)
 
 
-def configured(name: str, params: dict[str, Any], algorithm: str) -> Attack | DataAttack:
+def configured(name: str, params: dict[str, Any], algorithm: str, decentralized: bool) -> Attack | DataAttack:
     """The attack ``attack = name`` (with ``attack_params``) names in a config of ``algorithm``: a decentralized
-    attack with ``"gossip"`` (refused with any other algorithm, naming ``attack``), else
+    attack when the algorithm is ``decentralized`` (refused otherwise, naming ``attack``), else
     :func:`phalanx.attacks.make`."""
     from phalanx import attacks
 
     if is_gossip_attack(name):
-        if algorithm not in ALGORITHMS:
+        if not decentralized:
             raise ConfigError(
                 "attack", name, f"an attack of `phalanx list attacks` with algorithm = {algorithm!r} ({name!r} is a "
-                "decentralized attack: it needs the graph of algorithm = 'gossip' or 'anytime')",
+                "decentralized attack: it needs the graph of a decentralized algorithm, 'gossip' or 'anytime')",
             )
         return make(name, **params)
     return attacks.make(name, **params)

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators.base import Aggregator
-from phalanx.decentralized.topology import ALGORITHMS, Graph, check_neighbourhood
+from phalanx.decentralized.topology import Graph, check_neighbourhood
 from phalanx.errors import ConfigError, InputError
 from phalanx.plugins import Registry, check_params, import_spec, is_spec
 from phalanx.validate import check_real
@@ -415,16 +415,17 @@ def make(spec: str, f: int, **params: Any) -> GossipRule:
     return cls(f=f, **kwargs)
 
 
-def configured(spec: str, f: int, algorithm: str) -> Aggregator:
-    """The rule ``aggregator = spec`` names in a config of ``algorithm``: a robust gossip rule with ``"gossip"``
-    (refused with any other algorithm, naming ``aggregator``), else :func:`phalanx.aggregators.make`."""
+def configured(spec: str, f: int, algorithm: str, decentralized: bool) -> Aggregator:
+    """The rule ``aggregator = spec`` names in a config of ``algorithm``: a robust gossip rule when the algorithm is
+    ``decentralized`` (a model per node of a graph; refused otherwise, naming ``aggregator``), else
+    :func:`phalanx.aggregators.make`."""
     from phalanx import aggregators
 
     if is_gossip_rule(spec):
-        if algorithm not in ALGORITHMS:
+        if not decentralized:
             raise ConfigError(
                 "aggregator", spec, f"a rule of `phalanx list aggregators` with algorithm = {algorithm!r} ({spec!r} "
-                "is a robust gossip rule: it runs at the nodes of algorithm = 'gossip' or 'anytime')",
+                "is a robust gossip rule: it runs at the nodes of a decentralized algorithm, 'gossip' or 'anytime')",
             )
         return make(spec, f)
     return aggregators.make(spec, f=f)

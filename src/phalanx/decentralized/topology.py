@@ -38,13 +38,9 @@ from phalanx.plugins import Registry, check_params
 from phalanx.validate import check_int, check_real
 
 __all__ = [
-    "ALGORITHMS", "Graph", "check_neighbourhood", "complete", "erdos_renyi", "exponential", "from_adjacency",
+    "Graph", "check_neighbourhood", "complete", "erdos_renyi", "exponential", "from_adjacency",
     "hypercube", "make", "names", "register", "ring", "star", "torus",
 ]
-
-ALGORITHMS = ("gossip", "anytime")
-"""The round algorithms that run over a graph (``algorithm = ...``): D-SGD (``gossip``) and Decentralized Anytime SGD
-(``anytime``), :mod:`phalanx.training.algorithms.gossip`."""
 
 B = TypeVar("B", bound=Callable[..., Any])
 

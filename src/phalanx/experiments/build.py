@@ -65,7 +65,8 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None, *, local_ra
         model=model, loss=losses.get(cfg.loss), dataset=ds, rule=parts.rule, workers=cfg.workers,
         byzantine=cfg.byzantine, attack=parts.attack, rounds=cfg.rounds, algorithm=parts.algorithm,
         optimizer=parts.optimizer, lr=parts.server_lr, shards=shards, seed=cfg.seed, eval_every=cfg.eval_every,
-        rule_for=lambda f: robust_gossip.configured(spec, f, cfg.algorithm), columns=config_columns(cfg),
+        rule_for=lambda f: robust_gossip.configured(spec, f, cfg.algorithm, parts.algorithm.decentralized),
+        columns=config_columns(cfg),
         eval_clients=cfg.eval_clients, device=device,
     )
 

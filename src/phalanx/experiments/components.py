@@ -54,10 +54,10 @@ class Components:
 def build(cfg: RunConfig) -> Components:
     """The components of ``cfg``, each checked as it is built (a one-line :class:`ConfigError` naming its key)."""
     cls = builtin.algorithm_class(cfg.algorithm)
-    rule = robust_gossip.configured(cfg.aggregator, cfg.f, cfg.algorithm)  # a robust gossip rule: gossip only
+    rule = robust_gossip.configured(cfg.aggregator, cfg.f, cfg.algorithm, cls.decentralized)  # gossip rules: a graph's
     configure = cls.from_config if cfg.algorithm in builtin.BUILT_IN else cls.from_params  # keys | algorithm_params
     algorithm, server_lr = configure(cfg, LRSchedule(cfg.lr, cfg.schedule, cfg.rounds, cfg.step_every))
-    attack = gossip_attacks.configured(cfg.attack, cfg.attack_params, cfg.algorithm)  # dissensus: gossip only
+    attack = gossip_attacks.configured(cfg.attack, cfg.attack_params, cfg.algorithm, cls.decentralized)
     return Components(algorithm, server_lr, rule, attack, server_optimizer(cfg))
 
 
