@@ -26,6 +26,7 @@ from phalanx import aggregators, attacks
 from phalanx.aggregators import RuleTags
 from phalanx.attacks import Attack, AttackContext, DataAttack
 from phalanx.errors import ConfigError, InputError
+from phalanx.testing import one_round
 
 CHAINS = ["nnm>cwtm", "bucketing(s=2)>cwmed", "clip>mean", "arc>krum"]
 SPECS = sorted(aggregators.names("rule")) + CHAINS
@@ -47,8 +48,8 @@ BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 SMALL = settings(max_examples=20)  # per (rule × dtype) case: the whole file stays fast
 
 
-def _make(spec: str, f: int) -> aggregators.Aggregator:
-    return aggregators.make(spec, f=f)
+def _make(spec: str, f: int) -> Any:
+    return one_round(aggregators.make(spec, f=f))  # a stateful rule: every call one round from its fresh state
 
 
 def _context(spec: str, d: int) -> dict[str, Any]:

@@ -20,14 +20,14 @@ from hypothesis import strategies as st
 
 from phalanx import aggregators
 from phalanx.aggregators import RuleTags
-from phalanx.testing import context_for
+from phalanx.testing import context_for, one_round
 
 RULES = aggregators.names("rule")
 
 
 def _build(name: str, f: int) -> tuple[Any, RuleTags]:
     tags = aggregators.get_tags(name)
-    return aggregators.make(name, f=f, **tags.check_params), tags
+    return one_round(aggregators.make(name, f=f, **tags.check_params)), tags
 
 
 def _setup(name: str, draw: Any, seed: int) -> tuple[Any, torch.Tensor, RuleTags, Mapping[str, Any]]:

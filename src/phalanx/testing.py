@@ -13,6 +13,9 @@ with up to ``f`` garbage rows (NaN, ±Inf, ±1e38, denormals, whole rows or sing
 its contract: ``(b, d)`` output of the honest dtype, honest vectors untouched, the same output from the same
 generator state, nothing but the generator used for randomness.
 
+A rule that keeps state across rounds (``stateful``) is checked as a function of one round: its state is reset
+before every call (:func:`one_round`), so that ``rule(x)`` and ``rule(x[π])`` see the same (empty) history.
+
 Failures raise :class:`AssertionError` with the property, the rule and the input's sizes.
 """
 
@@ -27,7 +30,7 @@ from torch import Tensor
 from phalanx import aggregators
 from phalanx.attacks.base import Attack, AttackContext
 
-__all__ = ["GARBAGE", "check_aggregator", "check_attack", "context_for"]
+__all__ = ["GARBAGE", "check_aggregator", "check_attack", "context_for", "one_round"]
 
 GARBAGE = (float("nan"), float("inf"), -float("inf"), 1e38, -1e38, 1e-42)
 """Values a Byzantine row may hold that a robust rule must survive."""
@@ -57,6 +60,34 @@ class _Fresh(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+class _OneRound:
+    """A stateful rule seen as a function of one round: its state is reset (``load_state_dict({})``) before every
+    call; every other attribute is the rule's."""
+
+    def __init__(self, rule: Any) -> None:
+        self._rule = rule
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rule, name)
+
+    def __call__(self, x: Any, **context: Any) -> Tensor:
+        self._rule.load_state_dict({})
+        out: Tensor = self._rule(x, **context)
+        return out
+
+    def aggregate(self, x: Any, **context: Any) -> tuple[Tensor, Tensor]:
+        self._rule.load_state_dict({})
+        out: tuple[Tensor, Tensor] = self._rule.aggregate(x, **context)
+        return out
+
+
+def one_round(rule: Any) -> Any:
+    """``rule`` itself, or for a rule that keeps state across rounds a view of it that starts every call from the
+    state before the first round — what the property checks compare (two calls of a history-aware rule on the same
+    rows differ by design: the second one sees the first in its history)."""
+    return _OneRound(rule) if getattr(rule, "stateful", False) else rule
 
 
 def context_for(rule: Any, x: Tensor) -> Mapping[str, Any]:
@@ -111,7 +142,7 @@ def check_aggregator(
 
     for trial in range(trials):
         f = fs[trial % len(fs)]
-        rule = make(f)
+        rule = one_round(make(f))
         name = getattr(rule, "name", type(rule).__name__)
         tags = aggregators.get_tags(rule)
         within = tags.tol if tol is None else tol

@@ -36,7 +36,7 @@ from phalanx.validate import check_int, check_real
 
 __all__ = [
     "FLOAT_DTYPES", "Aggregator", "PreAggregator", "RuleTags", "as_input", "check_f", "check_input", "check_positive",
-    "check_probability", "random_source",
+    "check_probability", "random_source", "worker_ids",
 ]
 
 
@@ -139,6 +139,26 @@ def random_source(context: dict[str, Any], own: torch.Generator) -> torch.Genera
     if not isinstance(gen, torch.Generator):
         raise ConfigError("generator", type(gen).__name__, "a torch.Generator or None")
     return gen
+
+
+def worker_ids(context: Mapping[str, Any], n: int, who: str) -> Tensor:
+    """The worker of each of the ``n`` rows, an ``(n,)`` int64 CPU tensor: ``context["ids"]`` when the caller passes
+    it (a training run passes the round's workers: the sampled clients of a federated round), else ``0 … n−1``.
+    They are the server's own knowledge, not a worker's, so ids that are not ``n`` distinct integers ≥ 0 are a
+    :class:`~phalanx.errors.ConfigError`."""
+    ids = context.get("ids")
+    if ids is None:
+        return torch.arange(n)
+    allowed = f"{n} distinct integers >= 0 (the worker of each row), as a 1-D tensor or a list"
+    if isinstance(ids, (list, tuple, np.ndarray)):
+        ids = torch.as_tensor(np.asarray(ids))
+    if not isinstance(ids, Tensor) or ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ConfigError(f"{who}: ids", type(ids).__name__ if not isinstance(ids, Tensor) else str(ids.dtype),
+                          allowed)
+    ids = ids.detach().to(device="cpu", dtype=torch.int64)
+    if ids.shape != (n,) or (n and int(ids.min()) < 0) or int(torch.unique(ids).numel()) != n:
+        raise ConfigError(f"{who}: ids", ids.tolist()[:8], allowed)
+    return ids
 
 
 CLAIMS = ("permutation", "translation", "scale", "identical", "robust")
@@ -270,7 +290,38 @@ class Aggregator(_Component):
     """A robust aggregation rule: ``(n, d) -> (d,)``.
 
     Subclasses implement :meth:`_run`, which returns the output and, when asked, each row's contribution.
+
+    A rule that keeps state across rounds (FoolsGold's per-client history) declares ``stateful = True`` and
+    implements :meth:`state_dict` and :meth:`load_state_dict`. Its contract, which the server and the checkpoints
+    rely on:
+
+    * every call (``rule(x)``, ``aggregate``, ``contributions``) is one round: it reads the state, computes and
+      *replaces* the state by new tensors — it never changes a tensor that :meth:`state_dict` handed out, so a
+      state taken before a call is still the state before the call (a checkpoint being written, an attacker's
+      call that must not move the server's state: :class:`~phalanx.training.server.BoundRule`);
+    * ``load_state_dict({})`` resets it to the state before the first round; ``load_state_dict(rule.state_dict())``
+      makes a rule continue exactly where ``rule`` is;
+    * rows belong to workers: a rule that keeps something per worker declares the context key ``ids`` and reads
+      ``ids`` (an ``(n,)`` integer tensor: the worker of each row; the rows ``0 … n−1`` when not given). A training
+      run passes it every round (:class:`~phalanx.training.server.Server`: the sampled clients of a federated
+      round) and saves the state in its checkpoint under ``rule.<key>``, so a resumed run equals an uninterrupted
+      one bit for bit.
     """
+
+    stateful: bool = False
+    """Whether the rule keeps state across calls (rounds); see the class docstring for the contract."""
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The rule's state across rounds, as named tensors (a checkpoint saves them as ``rule.<name>``); empty for
+        a stateless rule. The tensors are the rule's own (not copies): a later call replaces them, never changes
+        them."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        """Continue from ``state`` (:meth:`state_dict` of this rule or of one configured alike); ``{}`` resets. A
+        stateless rule accepts only ``{}``."""
+        if state:
+            raise ConfigError(f"{self.name}: state", sorted(state), "no state (the rule keeps none across rounds)")
 
     @abstractmethod
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:

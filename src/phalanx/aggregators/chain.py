@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from torch import Tensor
@@ -33,6 +34,13 @@ class Chain(Aggregator):
         )
         self.context_keys = frozenset().union(*(c.context_keys for c in [*self.pre, rule]))
         self.tags = RuleTags.all_of(c.tags for c in [*self.pre, rule])
+        self.stateful = rule.stateful  # pre-aggregators keep no state: the chain's is its rule's
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return self.rule.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        self.rule.load_state_dict(state)
 
     def min_workers(self) -> int:
         for n in range(1, 100_000):

@@ -14,6 +14,7 @@ Keyword arguments of :func:`make` go to the final rule; ``name__param=value`` se
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -91,7 +92,9 @@ def user_rule(obj: Any, spec: str) -> type[Aggregator]:
     instances map an ``(n, d)`` tensor to a ``(d,)`` tensor. Optional: ``contributions(x)`` (each row's share; without
     it the rounds' Byzantine share and detection AUC are not measured), ``min_workers()``, class attributes
     ``reference``, ``requirement``, ``context_keys`` (the per-call keywords it accepts, e.g. ``{"center"}``) and
-    ``tags`` (a :class:`~phalanx.aggregators.base.RuleTags`: the properties it claims, which the checks test).
+    ``tags`` (a :class:`~phalanx.aggregators.base.RuleTags`: the properties it claims, which the checks test) and
+    ``stateful = True`` with ``state_dict()`` / ``load_state_dict(state)`` for a rule that keeps state across rounds
+    (:class:`~phalanx.aggregators.base.Aggregator`'s contract).
     The wrapper adds what every rule has: input checks, ``describe``, ``with_f`` and the server's context.
     """
     keys = frozenset(getattr(obj, "context_keys", ()))
@@ -103,6 +106,7 @@ def user_rule(obj: Any, spec: str) -> type[Aggregator]:
         requirement = str(getattr(obj, "requirement", "n >= 1"))
         context_keys = keys
         tags = declared
+        stateful = bool(getattr(obj, "stateful", False))
 
         def __init__(self, f: int = 0, **params: Any) -> None:
             super().__init__(f)
@@ -116,6 +120,15 @@ def user_rule(obj: Any, spec: str) -> type[Aggregator]:
 
         def params(self) -> dict[str, Any]:
             return {"f": self.f, **self._params}
+
+        def state_dict(self) -> dict[str, Tensor]:
+            return dict(self.inner.state_dict()) if self.stateful else {}
+
+        def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+            if self.stateful:
+                self.inner.load_state_dict(dict(state))
+            else:
+                super().load_state_dict(state)
 
         def min_workers(self) -> int:
             m = getattr(self.inner, "min_workers", None)

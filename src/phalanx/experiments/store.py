@@ -338,6 +338,7 @@ def save_checkpoint(out: Path, snap: Snapshot) -> Path:
 
     Tensors: ``theta``, ``momentum``, ``previous``, ``norm_stats`` (BatchNorm / Hybrid BN global statistics),
     ``algorithm.<name>`` (the round algorithm's own state, ``RoundState.own``: FedBN's ``local_norms``, say),
+    ``rule.<name>`` (the state of a rule that keeps state across rounds: FoolsGold's history),
     ``rng.<stream>`` (random streams), ``optim.<name>`` (the server
     optimizer's state); metadata: ``round`` and the number of rows. Tensors are saved as CPU tensors whatever
     device the run trains on, so a checkpoint resumes on any device (the loop moves them to the run's).
@@ -357,6 +358,8 @@ def save_checkpoint(out: Path, snap: Snapshot) -> Path:
         tensors[f"rng.{name}"] = g.cpu()
     for name, t in snap.optimizer.items():
         tensors[f"optim.{name}"] = t.cpu().contiguous()
+    for name, t in snap.rule.items():
+        tensors[f"rule.{name}"] = t.cpu().contiguous()
     path = out / "checkpoint.safetensors"
     with writing(path):
         fd, tmp = tempfile.mkstemp(dir=out, prefix=".checkpoint.", suffix=".tmp")
@@ -416,7 +419,8 @@ def load_checkpoint(out: Path) -> Snapshot | None:
     )
     streams = {k.removeprefix("rng."): v for k, v in tensors.items() if k.startswith("rng.")}
     optimizer = {k.removeprefix("optim."): v for k, v in tensors.items() if k.startswith("optim.")}
-    return Snapshot(state, streams, optimizer, rows, resumed=True)
+    rule = {k.removeprefix("rule."): v for k, v in tensors.items() if k.startswith("rule.")}  # none: a fresh rule
+    return Snapshot(state, streams, optimizer, rows, resumed=True, rule=rule)
 
 
 LEGACY_ALGORITHM_STATE = ("local_norms",)

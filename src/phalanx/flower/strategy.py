@@ -65,6 +65,11 @@ def _build_rule(aggregator: Any, f: int | None) -> tuple[Any, int]:
     """The rule object and its ``f`` from a spec string, a Phalanx rule, or a plain callable ``(n, d) → (d,)``."""
     if f is not None:
         check_int("f", f, low=0)
+    final = aggregators.get_class(aggregators.parse_spec(aggregator)[-1][0]) if isinstance(aggregator, str) else None
+    if getattr(aggregator, "stateful", False) or getattr(final, "stateful", False):
+        raise ConfigError("aggregator", _name(aggregator) if not isinstance(aggregator, str) else aggregator,
+                          "a rule that keeps no state across rounds (the strategy passes neither the nodes' ids "
+                          "nor a checkpoint of the rule's history so far)")
     if isinstance(aggregator, str):
         rule: Any = aggregators.make(aggregator, f=0 if f is None else f)
         return rule, rule.f

@@ -124,6 +124,10 @@ class Experiment:
             raise ConfigError("f", self.rule.f, f"< {what}/2 = {m / 2:g} (f ≥ n/2 is beyond any robust rule)")
         if m < self.rule.min_workers():
             raise ConfigError(what, m, f">= {self.rule.min_workers()} for {self.rule!r} ({self.rule.requirement})")
+        if getattr(self.rule, "stateful", False) and algo.decentralized:
+            raise ConfigError("aggregator", repr(self.rule), f"a rule that keeps no state across rounds with "
+                              f"{type(algo).__name__} (every node aggregates its own neighbours: there is no one "
+                              "server to keep the rule's history)")
         algo.check(self)
         on_device = algo.runs_on_device
         self.device = device = devices.resolve("cpu" if self.device == "auto" and not on_device else self.device)

@@ -167,6 +167,8 @@ class Loop:
         if norm is not None and self.state.stats is not None:
             norm.load(self.state.stats)
         exp.algorithm.load_state(exp, self.state.own)
+        if getattr(exp.rule, "stateful", False):  # fresh: {} resets it; resumed: where the checkpoint left it
+            exp.rule.load_state_dict(start.rule)
         if "aggregator" in start.streams:
             self.server.generator.set_state(start.streams["aggregator"])
         # moved to θ's device, not cast to its dtype: an optimizer may keep float64 state (robust-online does)
@@ -177,8 +179,10 @@ class Loop:
 
     def snapshot(self) -> Snapshot:
         """What a checkpoint of the current state holds."""
+        exp = self.experiment
         streams = {**self.transport.streams(), "aggregator": self.server.generator.get_state()}
-        return Snapshot(self.state, streams, self.experiment.optimizer.state_dict(), list(self.rows), self.resumed)
+        rule = dict(exp.rule.state_dict()) if getattr(exp.rule, "stateful", False) else {}
+        return Snapshot(self.state, streams, exp.optimizer.state_dict(), list(self.rows), self.resumed, rule)
 
     def step(self) -> RoundInfo:
         """Run round ``state.round``; return what it did (after the callbacks saw it)."""

@@ -4,8 +4,15 @@ round's measurements, and the rule it falls back to when workers are missing.
 Context (what a rule gets besides the vectors, ``rule(x, **context)``): centered clipping's centre — the previous
 aggregate (Karimireddy, He & Jaggi, ICML 2021, Eq. 3); FLTrust's reference gradient — the gradient at θ of the
 server's small trusted root set (Cao et al., NDSS 2021, Alg. 1); a stochastic rule's generator — the run's
-``aggregator`` stream, whose state checkpoints hold. An adaptive attack calls the rule *bound to that same context*
-(:class:`BoundRule`), so it optimises against what the server will really compute.
+``aggregator`` stream, whose state checkpoints hold; a rule that keeps something per worker (FoolsGold's history)
+— ``ids``, the worker of each received row (every worker in index order in a DSGD round, the sampled clients of a
+federated one). An adaptive attack calls the rule *bound to that same context* (:class:`BoundRule`), so it
+optimises against what the server will really compute.
+
+A rule that keeps state across rounds (``rule.stateful``) is one object for the whole run: the loop loads its state
+from the start snapshot and saves it in every checkpoint (``rule.<key>``); the rule for f − m missing workers
+continues from it and hands its state back; an attacker's calls start from the state of the start of the round and
+leave it as it was.
 """
 
 from __future__ import annotations
@@ -56,7 +63,10 @@ class BoundRule:
 
     A stochastic rule's generator is not shared: every call starts from a copy of the server stream's state at the
     start of the round, so an attacker that calls the rule many times sees the draws the server will make and does
-    not move the server's stream.
+    not move the server's stream. A rule that keeps state across rounds is treated alike: every call starts from the
+    rule's state at the start of the round and puts back the state it found, so an attacker sees the history the
+    server will use and leaves it as it was (it is not told which workers its rows are: ``ids`` is the server's,
+    known once the round's vectors have arrived).
     """
 
     def __init__(self, rule: Callable[..., Tensor], context: dict[str, Any]) -> None:
@@ -64,27 +74,51 @@ class BoundRule:
         self.context = {k: v for k, v in context.items() if k != "generator"}
         gen = context.get("generator")
         self.generator_state: Tensor | None = None if gen is None else gen.get_state()
+        owner: Any = rule
+        self.rule_state: dict[str, Tensor] | None = (
+            dict(owner.state_dict()) if getattr(rule, "stateful", False) else None
+        )
 
     def __call__(self, x: Tensor) -> Tensor:
         context = dict(self.context)
         if self.generator_state is not None:
             context["generator"] = restored(self.generator_state)
-        return self.rule(x, **context)
+        if self.rule_state is None:
+            return self.rule(x, **context)
+        rule: Any = self.rule
+        found = rule.state_dict()
+        rule.load_state_dict(self.rule_state)
+        try:
+            return self.rule(x, **context)
+        finally:
+            rule.load_state_dict(found)
 
     def payload(self) -> dict[str, Tensor]:
-        """The context as tensors, for an attacker in another process (:meth:`from_payload` rebuilds it)."""
+        """The context as tensors, for an attacker in another process (:meth:`from_payload` rebuilds it); a
+        stateful rule's state travels as ``rule.<key>``."""
         out = {k: v for k, v in self.context.items() if isinstance(v, Tensor)}
         if self.generator_state is not None:
             out["generator"] = self.generator_state
+        for k, v in (self.rule_state or {}).items():
+            out[f"{RULE_PREFIX}{k}"] = v
         return out
 
     @classmethod
     def from_payload(cls, rule: Callable[..., Tensor], payload: dict[str, Tensor]) -> BoundRule:
         """The bound rule of another process, from its :meth:`payload`."""
-        context: dict[str, Any] = {k: v for k, v in payload.items() if k != "generator"}
+        context: dict[str, Any] = {
+            k: v for k, v in payload.items() if k != "generator" and not k.startswith(RULE_PREFIX)
+        }
         if "generator" in payload:
             context["generator"] = restored(payload["generator"])
-        return cls(rule, context)
+        bound = cls(rule, context)
+        if bound.rule_state is not None:
+            bound.rule_state = {k.removeprefix(RULE_PREFIX): v for k, v in payload.items() if k.startswith(RULE_PREFIX)}
+        return bound
+
+
+RULE_PREFIX = "rule."
+"""The prefix of a stateful rule's tensors in a checkpoint and in a bound rule's payload."""
 
 
 class Server:
@@ -111,6 +145,7 @@ class Server:
         self._center = "center" in keys
         self._reference = "reference" in keys
         self._generator = "generator" in keys
+        self._ids = "ids" in keys
 
     def context(self, theta: Tensor, previous: Tensor | None) -> dict[str, Any]:
         """The rule's context of the round at θ (centre, reference gradient, generator — what the rule accepts)."""
@@ -156,9 +191,20 @@ class Server:
                 rule = self.rule_for_missing(len(got.missing), vectors.shape[0])
             except RoundAborted as exc:
                 raise RoundAborted(got.missing, exc.detail) from None
+        if self._ids:  # the worker of each row: every worker in order, or the round's sampled clients
+            ids = torch.arange(vectors.shape[0]) if got.rows is None else torch.tensor(got.rows, dtype=torch.int64)
+            context = {**context, "ids": ids}
+        handover = rule is not self.rule and self.rule.stateful
+        if handover:  # the rule for f − m continues from the run's state and hands it back
+            rule.load_state_dict(self.rule.state_dict())
         if not measure:
-            return rule(vectors, **context), None
+            out = rule(vectors, **context)
+            if handover:
+                self.rule.load_state_dict(rule.state_dict())
+            return out, None
         agg, contrib = rule.aggregate(vectors, **context)
+        if handover:
+            self.rule.load_state_dict(rule.state_dict())
         rows = torch.arange(vectors.shape[0]) if got.rows is None else torch.tensor(got.rows)
         is_byz = rows >= self.honest
         any_byz = bool(is_byz.any())

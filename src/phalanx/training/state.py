@@ -51,7 +51,9 @@ class Snapshot:
 
     ``streams`` are the states of the per-round random streams (``batches``, ``attack``, ``aggregator``),
     ``optimizer`` the server optimizer's ``state_dict()``, ``rows`` the metric rows so far, ``resumed`` whether it
-    was read back from a checkpoint.
+    was read back from a checkpoint, ``rule`` the state a rule that keeps state across rounds carries (its
+    ``state_dict()``, saved as ``rule.<key>``; empty for every other rule, and in checkpoints written before it
+    existed).
     """
 
     state: RoundState
@@ -59,6 +61,7 @@ class Snapshot:
     optimizer: dict[str, Tensor] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)
     resumed: bool = False
+    rule: dict[str, Tensor] = field(default_factory=dict)
 
     def to(self, device: str | torch.device) -> Snapshot:
         """This snapshot with the round state and the optimizer's state on ``device`` (itself when they are there

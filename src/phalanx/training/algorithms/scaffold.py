@@ -58,6 +58,9 @@ class Scaffold(FedAvg):
             raise ConfigError("aggregator", repr(run.rule), "a rule without a server centre or reference gradient "
                               f"with algorithm scaffold (it takes {', '.join(sorted(needs))}, which a control variate "
                               "has no counterpart of)")
+        if getattr(run.rule, "stateful", False):  # it aggregates twice a round: updates, then control variates
+            raise ConfigError("aggregator", repr(run.rule), "a rule that keeps no state across rounds with "
+                              "algorithm scaffold (the rule aggregates the control variates too)")
 
     def all_workers(self, run: Any, streams: dict[str, Tensor], carried: Tensor | None) -> ScaffoldClients:
         """The population in this process, with the control-variate table carried from the last round."""
