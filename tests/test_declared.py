@@ -19,7 +19,7 @@ from phalanx.decentralized.gossip_attacks import Dissensus, GossipAttack, Gossip
 from phalanx.errors import ConfigError
 from phalanx.training.algorithms.gossip_node import check_attack
 
-DISTANCE_BASED = {"krum", "multikrum", "bulyan", "mda", "signguard", "dnc", "clippedclustering"}
+DISTANCE_BASED = {"krum", "multikrum", "bulyan", "mda", "signguard", "dnc", "clippedclustering", "foolsgold", "flame"}
 
 
 @pytest.mark.parametrize("name", aggregators.names("rule"))

@@ -19,6 +19,7 @@ from phalanx.aggregators import (  # noqa: F401
     coordinatewise,
     dnc,
     fltrust,
+    foolsgold,
     geomed,
     krum,
     mda,
