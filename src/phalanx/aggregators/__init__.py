@@ -24,6 +24,7 @@ from phalanx.aggregators import (  # noqa: F401
     krum,
     mda,
     mean,
+    rlr,
     signguard,
     signmaj,
 )
