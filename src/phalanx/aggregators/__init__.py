@@ -18,6 +18,7 @@ from phalanx.aggregators import (  # noqa: F401
     clippedclustering,
     coordinatewise,
     dnc,
+    flame,
     fltrust,
     foolsgold,
     geomed,
