@@ -222,10 +222,11 @@ class FLAME(Aggregator):
         d = x.shape[1]
         xc = as_compute_dtype(x)
         norms, bad = row_norms(xc)
-        admitted = majority_cluster(cosine_distances(xc, bad)).to(x.device) & ~bad
+        admitted = majority_cluster(cosine_distances(xc.detach(), bad)).to(x.device) & ~bad
         med = median_norm(norms, bad)
         out, share = clipped_mean(xc, admitted, norms, bad, med)
-        sigma = self.noise * float(med) if bool(torch.isfinite(med)) else 0.0
+        level = float(med.detach())
+        sigma = self.noise * level if level < float("inf") else 0.0
         z = torch.randn(d, generator=random_source(context, self._generator), dtype=torch.float64)
         out = out + (sigma * z).to(device=x.device, dtype=out.dtype)
         return out.to(x.dtype), (share if want_contributions else None)
