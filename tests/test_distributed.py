@@ -356,3 +356,21 @@ def test_too_many_missing_stops_with_a_checkpoint_that_resumes(tmp_path: Path) -
     assert "resuming from the checkpoint of round 7" in err
     sim = simulated(data, tmp_path / "sim")
     assert_same_run(d, sim, tmp_path / "sim")
+
+
+@pytest.mark.parametrize("case", ["server-fedavg", "serverless"])
+def test_a_stateful_rule_keeps_its_history_on_every_topology(case: str, tmp_path: Path) -> None:
+    """FoolsGold's per-client history on the torchrun engine: rank 0's server (federated client slots, a new sample
+    of clients every round; ALIE's ranks get the history with the honest vectors) or every rank's own copy
+    (serverless): the run, its checkpointed history included, equals the simulated one."""
+    if case == "server-fedavg":
+        data = {**FED_JOB, "aggregator": "foolsgold", "attack": "alie"}
+    else:
+        data = {**BASE, "workers": 3, "aggregator": "foolsgold", "topology": "serverless", "engine": "torchrun"}
+    code, err = run_job(data, tmp_path / "dist", tmp_path)
+    assert code == 0, err[-3000:]
+    d = run_dir(tmp_path / "dist")
+    sim = simulated(data, tmp_path / "sim")
+    assert_same_run(d, sim, tmp_path / "sim")
+    got = load_file(str(d / "checkpoint.safetensors"))["rule.history"]
+    torch.testing.assert_close(got, sim["rule.history"], atol=1e-5, rtol=1e-4)
