@@ -14,8 +14,8 @@ from torch import Tensor
 from phalanx.aggregators._numerics import COLUMN_CHUNK
 
 __all__ = [
-    "clip_scales", "clipped_mean", "column_mean", "float64_row_norms", "median_norm", "mix_rows", "row_norms",
-    "scale_rows", "weighted_sum",
+    "clip_scales", "clipped_mean", "column_mean", "cosine_matrix", "float64_gram", "float64_row_norms", "median_norm",
+    "mix_rows", "row_norms", "scale_rows", "weighted_sum",
 ]
 
 
@@ -53,6 +53,28 @@ def float64_row_norms(x: Tensor, bad: Tensor) -> Tensor:
     for s in range(0, x.shape[1], COLUMN_CHUNK):
         total += x[:, s : s + COLUMN_CHUNK].to(torch.float64).square().sum(dim=1)
     return torch.where(bad, torch.full_like(total, float("inf")), total.sqrt())
+
+
+def float64_gram(x: Tensor, keep: Tensor) -> Tensor:
+    """The Gram matrix ``X Xᵀ`` of the rows flagged ``keep`` (the others as zero rows), summed in float64 column
+    chunk by column chunk (no float64 copy of ``x``): float64 ``(n, n)`` on the device of ``x``."""
+    n = x.shape[0]
+    gram = torch.zeros(n, n, dtype=torch.float64, device=x.device)
+    keep = keep.to(x.device)[:, None]
+    for s in range(0, x.shape[1], COLUMN_CHUNK):
+        block = torch.where(keep, x[:, s : s + COLUMN_CHUNK], 0).to(torch.float64)
+        gram.addmm_(block, block.T)
+    return gram
+
+
+def cosine_matrix(gram: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
+    """Pairwise cosines from a Gram matrix, float64 ``(n, n)`` clamped to [−1, 1], and the mask of rows that have
+    one (kept, with a finite non-zero norm); a row without one has cosine 0 with every row."""
+    norms = gram.diagonal().clamp_min(0.0).sqrt()
+    ok = keep.to(gram.device) & (norms > 0) & torch.isfinite(norms)
+    safe = torch.where(ok, norms, torch.ones_like(norms))
+    cos = torch.where(ok[:, None] & ok[None, :], gram / (safe[:, None] * safe[None, :]), torch.zeros_like(gram))
+    return cos.clamp(-1.0, 1.0), ok
 
 
 def median_norm(norms: Tensor, bad: Tensor) -> Tensor:

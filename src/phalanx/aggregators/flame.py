@@ -7,8 +7,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from phalanx.aggregators._numerics import COLUMN_CHUNK
-from phalanx.aggregators._rowops import clipped_mean, median_norm, row_norms
+from phalanx.aggregators._rowops import clipped_mean, cosine_matrix, float64_gram, median_norm, row_norms
 from phalanx.aggregators.base import (
     Aggregator,
     RuleTags,
@@ -26,19 +25,9 @@ def cosine_distances(x: Tensor, bad: Tensor) -> Tensor:
     r"""``1 − cos(xᵢ, xⱼ)`` for every pair of rows, float64 ``(n, n)`` on the CPU, from a Gram matrix summed in
     float64 column chunk by column chunk (no float64 copy of ``x``). A bad row is infinitely far from every row
     (itself included: it is nobody's neighbour); a zero row has cosine 0 with every row (distance 1)."""
-    n = x.shape[0]
-    gram = torch.zeros(n, n, dtype=torch.float64, device=x.device)
-    good = ~bad.to(x.device)
-    for s in range(0, x.shape[1], COLUMN_CHUNK):
-        block = torch.where(good[:, None], x[:, s : s + COLUMN_CHUNK], 0).to(torch.float64)
-        gram += block @ block.T
-    gram = gram.cpu()
-    good = good.cpu()
-    norms = gram.diagonal().clamp_min(0.0).sqrt()
-    ok = good & (norms > 0) & torch.isfinite(norms)
-    safe = torch.where(ok, norms, torch.ones_like(norms))
-    cos = torch.where(ok[:, None] & ok[None, :], gram / (safe[:, None] * safe[None, :]), torch.zeros_like(gram))
-    dist = 1.0 - cos.clamp(-1.0, 1.0)
+    good = ~bad.cpu()
+    cos, _ = cosine_matrix(float64_gram(x, good).cpu(), good)
+    dist = 1.0 - cos
     dist.fill_diagonal_(0.0)
     far = ~good[:, None] | ~good[None, :]
     return torch.where(far, torch.full_like(dist, float("inf")), dist)

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from phalanx.aggregators._rowops import row_norms, weighted_sum
+from phalanx.aggregators._rowops import cosine_matrix, float64_gram, row_norms, weighted_sum
 from phalanx.aggregators.base import (
     Aggregator,
     RuleTags,
@@ -43,11 +43,8 @@ def foolsgold_weights(history: Tensor, usable: Tensor, confidence: float = 1.0) 
     rescaling (every usable history has a perfect twin, or none is usable) all weights are 0.
     """
     n = history.shape[0]
-    h = history.detach().to(torch.float64)
-    norms = torch.linalg.vector_norm(h, dim=1)
-    ok = usable.to(norms.device) & torch.isfinite(norms) & (norms > 0)
-    unit = torch.where(ok[:, None], h / torch.where(ok, norms, torch.ones_like(norms))[:, None], torch.zeros_like(h))
-    cs = (unit @ unit.T).clamp(-1.0, 1.0)
+    keep = usable.to(history.device)
+    cs, ok = cosine_matrix(float64_gram(history.detach(), keep), keep)  # float64, column chunk by column chunk
     cs.fill_diagonal_(0.0)
     v = cs.max(dim=1).values
     lower = v[:, None] < v[None, :]

@@ -22,10 +22,11 @@ def sign_agreement(x: Tensor, good: Tensor) -> Tensor:
     Column chunk by column chunk, so no ``(n, d)`` copy of the signs is held at once.
     """
     keep = good.to(x.device)[:, None]
+    acc = torch.float32 if x.shape[0] < 2**24 else torch.float64  # integer counts stay exact
     out = torch.empty(x.shape[1], dtype=torch.float64, device=x.device)
     for s in range(0, x.shape[1], COLUMN_CHUNK):
-        block = torch.sign(x[:, s : s + COLUMN_CHUNK]).to(torch.float64)
-        out[s : s + COLUMN_CHUNK] = torch.where(keep, block, 0.0).sum(dim=0).abs()
+        block = torch.where(keep, torch.sign(x[:, s : s + COLUMN_CHUNK]), 0)
+        out[s : s + COLUMN_CHUNK] = block.sum(dim=0, dtype=acc).abs().to(torch.float64)
     return out
 
 
