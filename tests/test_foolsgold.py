@@ -35,7 +35,7 @@ FED: dict[str, Any] = {
 
 
 def reference_weights(h: torch.Tensor, kappa: float = 1.0) -> list[float]:
-    """Algorithm 1, lines 5-16, transcribed loop by loop (the paper's pseudo-code, float64, plain Python)."""
+    """Algorithm 1's weights, transcribed loop by loop (the paper's pseudo-code, float64, plain Python)."""
     n = h.shape[0]
     rows = [h[i].double() for i in range(n)]
     cs = [[0.0 if i == j else float(rows[i] @ rows[j] / (rows[i].norm() * rows[j].norm())) for j in range(n)]

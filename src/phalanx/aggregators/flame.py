@@ -65,7 +65,7 @@ def majority_cluster(dist: Tensor, min_cluster_size: int | None = None, min_samp
     r"""The points HDBSCAN puts in its cluster when no two clusters can coexist, as FLAME runs it: a boolean
     ``(n,)`` mask.
 
-    FLAME (Nguyen et al., USENIX Security 2022, §4.2, Alg. 1 line 7) runs the ``hdbscan`` library with
+    FLAME (Nguyen et al., USENIX Security 2022, Algorithm 1) runs the ``hdbscan`` library with
     ``min_cluster_size = n/2 + 1``, ``min_samples = 1`` and ``allow_single_cluster = True`` on the cosine
     distances. A cluster then holds more than half of the points, so the condensed tree has no split into two
     clusters and HDBSCAN's answer is its root cluster; the steps below compute that answer directly (Campello,

@@ -25,7 +25,7 @@ __all__ = ["FoolsGold", "foolsgold_weights"]
 def foolsgold_weights(history: Tensor, usable: Tensor, confidence: float = 1.0) -> Tensor:
     r"""FoolsGold's weights :math:`\alpha_i \in [0, 1]` (float64 ``(n,)``) from the rows' histories ``(n, d)``.
 
-    Fung, Yoon & Beschastnikh, RAID 2020, Algorithm 1, lines 5–16, on the histories :math:`H_i`:
+    Fung, Yoon & Beschastnikh, RAID 2020, Algorithm 1 (the weights), on the histories :math:`H_i`:
 
     .. math::
 
@@ -79,8 +79,8 @@ class FoolsGold(Aggregator):
     State across rounds: the histories, one row per client id, saved as ``rule.history`` in a run's checkpoints.
     Rows belong to clients through the context key ``ids`` (the server passes the round's workers: the sampled
     clients of a federated round); without it row i is client i. Similarities are taken among the round's
-    participants. Not implemented: the paper's optional feature-importance weighting of the output layer
-    (§5.4, "Importance"), which needs the model's layout.
+    participants. Not implemented: the paper's optional feature-importance weighting of the output layer, which
+    needs the model's layout.
 
     Robustness conventions (ours): a bad row (NaN/Inf, or a norm that overflows) adds nothing to its client's
     history and gets weight 0 in that round; a client whose history overflows is not used again (weight 0). When

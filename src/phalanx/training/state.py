@@ -64,14 +64,15 @@ class Snapshot:
     rule: dict[str, Tensor] = field(default_factory=dict)
 
     def to(self, device: str | torch.device) -> Snapshot:
-        """This snapshot with the round state and the optimizer's state on ``device`` (itself when they are there
-        already). The streams' states stay as they are: the random streams are CPU generators on every device
+        """This snapshot with the round state, the optimizer's and the rule's state on ``device`` (itself when they are
+        there already). The streams' states stay as they are: the random streams are CPU generators on every device
         (:mod:`phalanx.training.devices`)."""
         dev = torch.device(device)
         state = self.state.to(dev)
-        if state is self.state and all(t.device == dev for t in self.optimizer.values()):
+        if state is self.state and all(t.device == dev for t in (*self.optimizer.values(), *self.rule.values())):
             return self
-        return replace(self, state=state, optimizer={k: t.to(dev) for k, t in self.optimizer.items()})
+        return replace(self, state=state, optimizer={k: t.to(dev) for k, t in self.optimizer.items()},
+                       rule={k: t.to(dev) for k, t in self.rule.items()})
 
 
 @dataclass
