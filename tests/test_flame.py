@@ -3,13 +3,17 @@ paper's settings, the clipping to the median norm, the noise drawn from the call
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from safetensors.torch import load_file
 
+from _interrupt import train_interrupted
 from phalanx import aggregators
 from phalanx.aggregators.flame import FLAME, cosine_distances, majority_cluster
 from phalanx.errors import ConfigError
-from phalanx.experiments import from_config, make_config
+from phalanx.experiments import from_config, make_config, store, train
 from phalanx.testing import check_aggregator
 
 
@@ -99,3 +103,20 @@ def test_from_toml() -> None:
                        "clients_per_round": 8, "rounds": 2, "attack": "backdoor"})
     rule = from_config(cfg).rule
     assert isinstance(rule, FLAME) and rule.noise == 0.01
+
+
+@pytest.mark.parametrize("spec", ["flame", "rlr(threshold=2)"])
+def test_a_resumed_fedavg_run_equals_an_uninterrupted_one(spec: str, tmp_path: Path) -> None:
+    """FLAME's noise comes from the server's checkpointed aggregator stream: a federated run interrupted at its
+    round-4 checkpoint and resumed ends bit for bit where the uninterrupted one does (RLR beside it)."""
+    cfg = {"algorithm": "fedavg", "dataset": "digits", "model": "mlp", "model_params": {"hidden": [16]},
+           "workers": 12, "clients_per_round": 5, "local_steps": 2, "byzantine": 3, "f": 1, "aggregator": spec,
+           "attack": "backdoor", "rounds": 8, "batch_size": 8, "lr": 0.05, "eval_every": 4, "checkpoint_every": 4,
+           "seed": 3}
+    full = tmp_path / "full"
+    train(make_config(cfg), full)
+    part = train_interrupted(make_config(cfg), tmp_path / "part", 4)
+    train(make_config(cfg), part)
+    a, b = load_file(str(full / "checkpoint.safetensors")), load_file(str(part / "checkpoint.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["test_accuracy"] for r in store.read_rows(full)] == [r["test_accuracy"] for r in store.read_rows(part)]
