@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from phalanx import data, models
+from phalanx.analysis.epsilon import MEMORY_SHARE, available_memory
 from phalanx.decentralized import robust_gossip
 from phalanx.errors import ConfigError
 from phalanx.experiments import components
@@ -77,8 +78,35 @@ def _split(cfg: RunConfig, ds: data.Dataset) -> list[torch.Tensor]:
                           classes_per_worker=cfg.classes_per_worker, seed=stream_seed(cfg.seed, "partition") % (2**31))
 
 
+ROW_BYTES_PER_PARAMETER = 32
+"""What a simulated round holds per parameter and per worker at its peak, at least: 8 float32 copies of each
+worker's row (its gradient and the activations vmap keeps for it, its momentum, the vector it sends, the rule's
+working copies). Measured: 46–56 bytes per parameter and worker (DSGD, cwtm, the MLP with 300,010 parameters on
+digits, 10 and 40 workers: peak resident memory), so this bound refuses no run that would fit."""
+
+
+def check_model_memory(cfg: RunConfig, ds: data.Dataset) -> None:
+    """Refuse (one line, before the model is built) a run whose model, times the rows its workers hold each round
+    (:data:`ROW_BYTES_PER_PARAMETER` × the run's processes, plus the model itself), cannot fit in the memory this
+    process can still get; counted on the ``meta`` device (:func:`phalanx.models.planned_parameters`)."""
+    d = models.planned_parameters(cfg.model, ds.input_shape, ds.num_classes, **cfg.model_params)
+    avail = available_memory()
+    if d is None or avail is None:
+        return
+    rows = processes(cfg) + 1
+    need = ROW_BYTES_PER_PARAMETER * d * rows
+    if need > MEMORY_SHARE * avail:
+        raise ConfigError(
+            "model_params", cfg.model_params, f"a model that fits with {cfg.workers} workers: {cfg.model!r} with "
+            f"these parameters has {d:,} parameters, and {rows - 1} workers' rows need at least ~{need / 1e9:.1f} GB; "
+            f"{avail / 1e9:.1f} GB are available", "a smaller model, or fewer workers",
+        )
+
+
 def _model(cfg: RunConfig, ds: data.Dataset) -> torch.nn.Module:
-    """The initial model of ``cfg`` on ``ds``'s inputs (drawn from the ``init`` stream)."""
+    """The initial model of ``cfg`` on ``ds``'s inputs (drawn from the ``init`` stream), once its memory is checked
+    (:func:`check_model_memory`)."""
+    check_model_memory(cfg, ds)
     return models.make(cfg.model, ds.input_shape, ds.num_classes, generator=generator(cfg.seed, "init"),
                        **cfg.model_params)
 

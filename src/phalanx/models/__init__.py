@@ -14,8 +14,19 @@ torch's global generator (``torch.manual_seed``). See docs/models.md.
 
 # Importing a module registers its models with make()/names().
 from phalanx.models import resnet, simple  # noqa: F401
-from phalanx.models.registry import builder, count_parameters, initialise, make, names, register
+from phalanx.models.registry import (
+    builder,
+    count_parameters,
+    initialise,
+    make,
+    names,
+    planned_parameters,
+    register,
+)
 from phalanx.models.resnet import ResNet20
 from phalanx.models.simple import LeNetLike
 
-__all__ = ["LeNetLike", "ResNet20", "builder", "count_parameters", "initialise", "make", "names", "register"]
+__all__ = [
+    "LeNetLike", "ResNet20", "builder", "count_parameters", "initialise", "make", "names", "planned_parameters",
+    "register",
+]

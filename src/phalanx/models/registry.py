@@ -24,7 +24,7 @@ from phalanx.errors import ConfigError
 from phalanx.models.norm import FedNorm2d
 from phalanx.plugins import Registry, check_params
 
-__all__ = ["builder", "count_parameters", "initialise", "make", "names", "register"]
+__all__ = ["builder", "count_parameters", "initialise", "make", "names", "planned_parameters", "register"]
 
 Builder = Callable[..., nn.Module]
 B = TypeVar("B", bound=Builder)
@@ -122,6 +122,20 @@ def make(
         got = type(model).__name__
         raise ConfigError("model", name, f"a builder that returns a torch.nn.Module (it returned a {got})")
     return model.train()
+
+
+def planned_parameters(name: str, input_shape: tuple[int, ...], num_classes: int, **params: Any) -> int | None:
+    """How many parameters ``make(name, input_shape, num_classes, **params)`` would build, counted on the ``meta``
+    device (shapes only: nothing is allocated, nothing drawn), so that a model too large for the machine is refused
+    before it is built; None for a builder of one's own, which is built as it is (it may not build on ``meta``)."""
+    build = builder(name)
+    if name not in _META_BUILT:
+        return None
+    shape = _check_shape(input_shape)
+    check_params(name, build, params, skip=("input_shape", "num_classes"))
+    with torch.device("meta"):
+        model = build(shape, num_classes, **params)
+    return count_parameters(model, trainable_only=False)
 
 
 def initialise(model: nn.Module, generator: torch.Generator | None = None) -> nn.Module:
