@@ -98,3 +98,22 @@ def test_a_mistyped_command_gets_one_suggestion() -> None:
     res = runner.invoke(cli.app, ["rn"])
     assert res.exit_code != 0
     assert res.output.count("Did you mean 'run'?") == 1, res.output
+
+
+def test_the_progress_bars_eta_counts_only_the_rounds_this_command_trained() -> None:
+    """A resumed grid jumps to its checkpoint at once: that jump is not speed. 50 rounds found done, then 10
+    trained in 10 s: 40 left at 1 round/s."""
+    from rich.progress import Progress
+
+    from phalanx.cli import _eta, _trained_eta
+
+    now = [0.0]
+    column = _trained_eta()
+    with Progress(column, get_time=lambda: now[0], disable=True) as bar:
+        task = bar.add_task("training", total=100, before=0)
+        bar.update(task, advance=50, before=50)  # the resumed run's checkpoint, reported at once
+        assert str(column.render(bar.tasks[0])) == "ETA unknown"
+        now[0] = 10.0
+        bar.update(task, advance=10)
+        assert str(column.render(bar.tasks[0])) == "ETA 0:00:40"
+    assert _eta(10.0, 60, 100, 0) == "0:00:07"  # counting the jump as speed would say 7 s

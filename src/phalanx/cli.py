@@ -276,12 +276,9 @@ class _LogProgress:
         pct = int(100 * done / self.total)
         text = f"{done}/{self.total} rounds ({pct} %), {len(self.ended)}/{len(self.rounds)} runs done"
         elapsed = self.clock() - self.start
-        trained = done - self.before
         if done >= self.total:
             return text + f", in {_duration(elapsed)}"
-        if trained > 0 and elapsed > 0:
-            return text + f", ETA {_duration(elapsed / trained * (self.total - done))}"
-        return text + ", ETA unknown"
+        return text + f", ETA {_eta(elapsed, done, self.total, self.before)}"
 
     def _line(self, text: str) -> None:
         self.echo(f"[{time.strftime('%H:%M:%S')}] {text}")
@@ -327,6 +324,30 @@ class _LogProgress:
         self._flush_skipped()
 
 
+def _eta(elapsed: float, done: int, total: int, before: int) -> str:
+    """The time left, extrapolated from the rounds this command trained (``done − before``: not the rounds found
+    done — skipped runs, the rounds before a resumed run's checkpoint — which would make a resumed grid look fast),
+    or "unknown" before the first one."""
+    trained = done - before
+    if trained <= 0 or elapsed <= 0:
+        return "unknown"
+    return _duration(elapsed / trained * max(0, total - done))
+
+
+def _trained_eta() -> Any:
+    """A progress-bar column: :func:`_eta` from the task's elapsed time and its ``before`` field (the rounds found
+    done), instead of rich's own estimate, which counts a resumed run's jump as speed (rich imported here, late)."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class TrainedETA(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            before = int(task.fields.get("before", 0))
+            return Text(f"ETA {_eta(task.elapsed or 0.0, int(task.completed), int(task.total or 0), before)}")
+
+    return TrainedETA()
+
+
 def _duration(seconds: float) -> str:
     """Seconds as H:MM:SS."""
     s = max(0, round(seconds))
@@ -353,7 +374,7 @@ def _train(
     The first SIGINT (Ctrl-C) or SIGTERM stops the grid cleanly (:class:`~phalanx.experiments.runner.Interrupted`:
     one line, exit status 130 or 143); the same command, started again, resumes.
     """
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from phalanx.experiments import grid, runner
 
@@ -375,21 +396,27 @@ def _train(
 
     total = sum(c.rounds for c in cfgs)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} rounds"),
-               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+               TimeElapsedColumn(), _trained_eta())
     with Progress(*columns, console=console, transient=False) as bar:
-        task = bar.add_task("training", total=total)
+        task = bar.add_task("training", total=total, before=0)
         offsets: dict[str, int] = {}
+        before = [0]  # rounds found done (skipped runs, the rounds before a resumed checkpoint): not this speed
 
         def on_round(cfg: RunConfig, t: int, rounds: int) -> None:
             key = grid.run_id(cfg)
+            if key not in offsets:  # the first round this command trains: the ones before it were done earlier
+                before[0] += max(0, t - 1)
             bar.advance(task, t - offsets.get(key, 0))
             offsets[key] = t
-            bar.update(task, description=_short(cfg))
+            bar.update(task, description=_short(cfg), before=before[0])
 
         def on_done(cfg: RunConfig, status: str) -> None:
             key = grid.run_id(cfg)
+            if status != "done":  # skipped, failed, diverged: its rounds left were not trained here
+                before[0] += cfg.rounds - offsets.get(key, 0)
             bar.advance(task, cfg.rounds - offsets.get(key, 0))
             offsets[key] = cfg.rounds
+            bar.update(task, before=before[0])
 
         with runner.stop_on_signals():
             runner.run_grid(cfgs, out, executor=chosen, on_round=on_round, on_done=on_done)
