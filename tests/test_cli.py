@@ -11,10 +11,28 @@ runner = CliRunner()
 
 
 def test_list_aggregators() -> None:
-    res = runner.invoke(cli.app, ["list", "aggregators", "-n", "10", "--f", "2"])
+    res = runner.invoke(cli.app, ["list", "aggregators", "-n", "10", "-f", "2"])
     assert res.exit_code == 0, res.output
     for name in ("cwtm", "geomed", "cc"):
         assert name in res.output
+    assert "[1] E. M. El Mhamdi" in res.output  # references numbered under the table, not folded into it
+
+
+def test_list_aggregators_refuses_a_setting_beyond_any_rule(capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.argv", ["phalanx", "list", "aggregators", "-n", "5", "-f", "3"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 2
+    out = capsys.readouterr().out
+    assert "--f=3 is invalid: allowed < n/2 = 2.5 with -n 5 (f ≥ n/2 is beyond any robust rule)" in out
+    assert "Phalanx aggregators" not in out  # refused before the table
+
+
+def test_list_attacks_says_what_kind_each_is() -> None:
+    res = runner.invoke(cli.app, ["list", "attacks"])
+    assert res.exit_code == 0, res.output
+    assert "labelflip │ data: poisons its batches" in res.output and "alie      │ vector: sends rows" in res.output
 
 
 def test_epsilon_command() -> None:

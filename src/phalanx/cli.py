@@ -19,7 +19,7 @@ from typer.core import TyperGroup
 
 from phalanx import __version__, aggregators
 from phalanx.distributed import cli as distributed_cli
-from phalanx.errors import PhalanxError
+from phalanx.errors import ConfigError, PhalanxError
 from phalanx.executor_cli import ExecutorChoice, executor_options
 
 if TYPE_CHECKING:
@@ -115,32 +115,50 @@ def _main(
     """Byzantine-robust distributed learning: robust aggregators, attacks, price of robustness."""
 
 
+def _references(table: Table, rows: list[tuple[list[str], str]]) -> list[str]:
+    """Fill ``table`` with ``rows`` (cells, reference), each row ending in its reference's number ``[k]``
+    (identical references share one), and return the numbered references, printed below the table: a reference
+    folded into a narrow column takes 5-10 lines at 80 columns, a list under the table one or two."""
+    numbers: dict[str, int] = {}
+    for cells, reference in rows:
+        k = numbers.setdefault(reference, len(numbers) + 1)
+        table.add_row(*cells, f"[{k}]")
+    return [f"[{k}] {ref}" for ref, k in numbers.items()]
+
+
+def _print_with_references(table: Table, references: list[str]) -> None:
+    console.print(table)
+    for line in references:
+        console.print(line, highlight=False, soft_wrap=False)
+
+
 @list_app.command("aggregators")
 def list_aggregators(
     workers: Annotated[int, typer.Option("--workers", "-n", min=1, help="n, for the ε and κ columns.")] = 16,
-    f: Annotated[int, typer.Option("--f", min=0, help="f, the number of Byzantine workers tolerated.")] = 3,
+    f: Annotated[int, typer.Option("--f", "-f", min=0, help="f, the number of Byzantine workers tolerated.")] = 3,
 ) -> None:
-    """Rules and pre-aggregators with their reference, requirement, ε and κ."""
+    """Rules and pre-aggregators with their requirement on n, ε and κ at (n, f), and their references."""
+    if 2 * f >= workers:
+        raise ConfigError("--f", f, f"< n/2 = {workers / 2:g} with -n {workers} (f ≥ n/2 is beyond any robust rule)")
     table = Table(title=f"Phalanx aggregators (ε, κ at n={workers}, f={f})")
-    for col in ("name", "kind", "requirement", "ε", "κ", "reference"):
+    for col in ("name", "kind", "requirement", "ε", "κ", "ref."):
         table.add_column(col, overflow="fold", no_wrap=col == "name")  # names stay whole (grep-able)
+    rows: list[tuple[list[str], str]] = []
     for name in aggregators.names():
         cls = aggregators.get_class(name)
         try:
             comp = cls(f=f)
         except PhalanxError as exc:
-            table.add_row(name, "?", str(exc), "", "", cls.reference)
+            rows.append(([name, "?", str(exc), "", ""], cls.reference))
             continue
         info = comp.describe(workers)
-        table.add_row(
-            name, info["kind"], info["requirement"], _fmt(info.get("epsilon")), _fmt(info.get("kappa")),
-            info["reference"],
-        )
+        rows.append(([name, info["kind"], info["requirement"], _fmt(info.get("epsilon")), _fmt(info.get("kappa"))],
+                     info["reference"]))
     from phalanx.decentralized import robust_gossip
 
     for name in robust_gossip.names():  # a node's rule over its graph neighbourhood
-        table.add_row(name, "gossip", "gossip only; 2f+1 ≤ deg+1", "", "", robust_gossip.get_class(name).reference)
-    console.print(table)
+        rows.append(([name, "gossip", "gossip only; 2f+1 ≤ deg+1", "", ""], robust_gossip.get_class(name).reference))
+    _print_with_references(table, _references(table, rows))
 
 
 @app.command()
@@ -658,14 +676,19 @@ def list_attacks() -> None:
 
     table = Table(title="Phalanx attacks")
     table.add_column("name")
-    table.add_column("reference", overflow="fold")
-    for name in attacks.names():
-        table.add_row(name, attacks.get_class(name).reference)
+    table.add_column("kind")
+    table.add_column("ref.")
+    from phalanx.attacks.base import DataAttack
+
+    def kind(cls: type) -> str:
+        return "data: poisons its batches" if issubclass(cls, DataAttack) else "vector: sends rows"
+
+    rows = [([name, kind(attacks.get_class(name))], attacks.get_class(name).reference) for name in attacks.names()]
     from phalanx.decentralized import gossip_attacks
 
-    for name in gossip_attacks.names():  # they need the graph
-        table.add_row(name, "(algorithm = 'gossip' only) " + gossip_attacks.get_class(name).reference)
-    console.print(table)
+    rows += [([name, "vector, over a graph (gossip, anytime)"], gossip_attacks.get_class(name).reference)
+             for name in gossip_attacks.names()]
+    _print_with_references(table, _references(table, rows))
 
 
 @list_app.command("datasets")
