@@ -31,11 +31,11 @@ def _honest(h: int, d: int, seed: int = 0, dtype: torch.dtype = torch.float64) -
 def test_names_and_kinds() -> None:
     expected = {
         "none", "signflip", "labelflip", "gaussian", "alie", "ipm", "foe", "mimic", "inf", "nan", "minmax",
-        "minsum", "fang", "optimal", "backdoor",
+        "minsum", "fang", "optimal", "backdoor", "honest",
     }
     assert set(attacks.names()) == expected
-    assert attacks.names("data") == ["backdoor", "labelflip"]
-    assert set(attacks.names("vector")) == expected - {"labelflip", "backdoor"}
+    assert attacks.names("data") == ["backdoor", "honest", "labelflip"]
+    assert set(attacks.names("vector")) == expected - {"labelflip", "backdoor", "honest"}
     assert attacks.names() == sorted(attacks.names())
     with pytest.raises(ConfigError, match="kind"):
         attacks.names("vectors")

@@ -12,7 +12,7 @@ model (``describe()``). See docs/attacks.md.
 """
 
 # Importing a module registers its attacks with make()/names().
-from phalanx.attacks import alie, backdoor, fang, labelflip, mimic, minmax, noise, none, optimal, scaling  # noqa: F401
+from phalanx.attacks import alie, backdoor, fang, honest, labelflip, mimic, minmax, noise, none, optimal, scaling  # noqa: F401
 from phalanx.attacks.alie import ALIE, alie_z_max
 from phalanx.attacks.backdoor import Backdoor
 from phalanx.attacks.base import Attack, AttackContext, DataAttack

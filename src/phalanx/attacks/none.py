@@ -21,8 +21,9 @@ class NoAttack(Attack):
 
     It stands in for "the Byzantine workers follow the protocol": the server still receives ``n = h + b`` vectors
     that all come from the honest distribution, so a run with ``none`` measures an aggregator's no-attack cost
-    (Yang, Shi & Li, ICML 2025) at the same ``n`` as the runs under attack. A training loop that can compute real
-    gradients for the would-be Byzantine workers may do that instead; this attack is the vector-level stand-in.
+    (Yang, Shi & Li, ICML 2025) at the same ``n`` as the runs under attack — with ``b`` duplicated rows, so it is
+    not the all-honest run: ``honest`` (:class:`~phalanx.attacks.honest.Honest`) makes the would-be Byzantine workers
+    compute real gradients on their own data, which equals ``byzantine = 0``.
     """
 
     name: ClassVar[str] = "none"
