@@ -178,8 +178,8 @@ def test_experiment_lists_the_registered_studies_and_tension_keeps_paper() -> No
 
 
 @pytest.mark.parametrize(("args", "preset_help", "out"), [
-    (["tension", "paper"], "quick (Fashion-MNIST/digits, CPU) or paper.", "runs/tension-quick"),
-    (["experiment", "tension"], "quick (Fashion-MNIST/digits, CPU) or paper.", "runs/tension-quick"),
+    (["tension", "paper"], "quick (Fashion-MNIST/digits, minutes on a CPU), cpu (the full grids, ~30 min) or paper.", "runs/tension-quick"),
+    (["experiment", "tension"], "quick (Fashion-MNIST/digits, minutes on a CPU), cpu (the full grids, ~30 min) or paper.", "runs/tension-quick"),
     (["experiment", "hbn"], "quick (CPU, ≤ 30 min) or paper (CIFAR-10, GPU).", "runs/hbn-quick"),
     (["experiment", "parallelism"], "quick (digits, CPU, minutes) or full (Fashion-MNIST).", "runs/parallelism-quick"),
     (["experiment", "byzantine-neighbours"], "quick (digits, CPU, minutes) or full", "runs/neighbours-quick"),

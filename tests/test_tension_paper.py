@@ -27,7 +27,7 @@ def test_spec_for_rows() -> None:
 
 
 def test_every_cell_of_the_paper_grid_is_a_valid_config_at_n16() -> None:
-    p = tension.preset("quick")
+    p = tension.preset("cpu")
     assert p.max_f == 7
     cells, cfgs = tension.plan(p)
     assert len(cells) == 4 * 8 * 3 * 4 * 3
@@ -84,7 +84,7 @@ def _synthetic(p: tension.Preset, drop: float, nnm_gain: float) -> dict[tension.
 
 
 def test_tabulate_and_trends_find_planted_trends() -> None:
-    p = tension.preset("quick", seeds=(0, 1, 2))
+    p = tension.preset("cpu", seeds=(0, 1, 2))
     cells = tension.cells(p)
     results = tension.tabulate(cells, _synthetic(p, drop=0.01, nnm_gain=0.05))
     r = results[("T4", 3, 0.1)]
@@ -102,7 +102,7 @@ def test_tabulate_and_trends_find_planted_trends() -> None:
 
 
 def test_report_files(tmp_path: Path) -> None:
-    p = tension.preset("quick", seeds=(0, 1, 2))
+    p = tension.preset("cpu", seeds=(0, 1, 2))
     results = tension.tabulate(tension.cells(p), _synthetic(p, 0.01, 0.05))
     written = tension.write_outputs(results, tension.trends(results, p), p, tmp_path, command="x", wall_seconds=1.0,
                                   runs=10)
@@ -167,3 +167,19 @@ def test_federated_rounds_through_the_same_command(tmp_path: Path) -> None:
     assert "Round: federated averaging — each of the 6 workers is a client, 5 sampled per round, 2 local step(s)" in md
     configs = [json.loads(p_.read_text()) for p_ in (tmp_path / "runs").glob("*/config.json")]
     assert configs and all(c["algorithm"] == "fedavg" and c["local_steps"] == 2 for c in configs)
+
+
+def test_the_quick_preset_is_a_smaller_grid_and_the_report_says_when_the_lr_search_is_clipped() -> None:
+    quick, cpu = tension.preset("quick"), tension.preset("cpu")
+    assert len(tension.unique(tension.plan(quick)[1])) == 522 < len(tension.unique(tension.plan(cpu)[1])) == 1044
+    cs = tension.cells(quick)
+    acc = {c: 0.8 + 0.01 * (c.lr == 1.0) for c in cs}  # the largest rate wins everywhere: clipped at the top
+    results = tension.tabulate(cs, acc)
+    line = tension.lr_edges(results, quick)
+    assert line.startswith(f"Learning rate: lr₀ chosen at an edge of its grid {{0.1, 0.3, 1}} in {len(results)} of "
+                           f"{len(results)} cells ({len(results)} at the largest, 0 at the smallest)")
+    middle = tension.tabulate(cs, {c: 0.8 + 0.01 * (c.lr == 0.3) for c in cs})
+    assert tension.lr_edges(middle, quick) == ""
+    two = tension.preset("quick", lrs=(0.1, 0.3))
+    assert "every choice is at an edge" in tension.lr_edges(tension.tabulate(tension.cells(two), {
+        c: 0.8 for c in tension.cells(two)}), two)
