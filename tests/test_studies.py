@@ -177,9 +177,12 @@ def test_experiment_lists_the_registered_studies_and_tension_keeps_paper() -> No
     assert res.exit_code == 0 and all(f"│ {c} " in res.output for c in ("paper", "plan", "theory"))
 
 
+TENSION_PRESETS = "quick (Fashion-MNIST/digits, minutes on a CPU), cpu (the full grids, ~30 min) or paper."
+
+
 @pytest.mark.parametrize(("args", "preset_help", "out"), [
-    (["tension", "paper"], "quick (Fashion-MNIST/digits, minutes on a CPU), cpu (the full grids, ~30 min) or paper.", "runs/tension-quick"),
-    (["experiment", "tension"], "quick (Fashion-MNIST/digits, minutes on a CPU), cpu (the full grids, ~30 min) or paper.", "runs/tension-quick"),
+    (["tension", "paper"], TENSION_PRESETS, "runs/tension-quick"),
+    (["experiment", "tension"], TENSION_PRESETS, "runs/tension-quick"),
     (["experiment", "hbn"], "quick (CPU, ≤ 30 min) or paper (CIFAR-10, GPU).", "runs/hbn-quick"),
     (["experiment", "parallelism"], "quick (digits, CPU, minutes) or full (Fashion-MNIST).", "runs/parallelism-quick"),
     (["experiment", "byzantine-neighbours"], "quick (digits, CPU, minutes) or full", "runs/neighbours-quick"),
