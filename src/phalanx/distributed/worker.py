@@ -31,7 +31,7 @@ from phalanx.distributed.sealed import ATTACK_STATE_BYTES, warn_unsealed
 from phalanx.distributed.topologies import WORKER_WAIT_S
 from phalanx.distributed.transcript import Transcript
 from phalanx.errors import ConfigError, PhalanxError, WorkersLostError
-from phalanx.experiments import grid
+from phalanx.experiments import grid, tracking
 from phalanx.experiments.build import from_config
 from phalanx.experiments.config import RunConfig, load_grid, processes
 from phalanx.experiments.rundir import RunDirectory
@@ -115,7 +115,8 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
                               verify_key=cfg.verify_key)
     run_experiment(exp, part.transport, recording, measured=measured, first=part.first, measures=part.measures,
                    recorders=recorders, callbacks=[log] if measured else [],
-                   say=lambda text: log.say(text + " (the other ranks are told to stop)"))
+                   say=lambda text: log.say(text + " (the other ranks are told to stop)"),
+                   tracking=tracking.of(cfg, grid.run_id(cfg)) if measured else None)
 
 
 def open_mesh(cfg: RunConfig, renv: RankEnv, exp: Experiment, identity: Identity, digest: str) -> Mesh:

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from phalanx import data, models, signing
 from phalanx.errors import ConfigError
-from phalanx.experiments import components
+from phalanx.experiments import components, tracking
 from phalanx.experiments.components import processes, server_optimizer
 from phalanx.experiments.schema import (
     DISTRIBUTED_KEYS,
@@ -156,6 +156,7 @@ def make_config(data: dict[str, Any]) -> RunConfig:
     parts = check_names(cfg)
     check_keys(cfg)
     check_device(cfg)
+    tracking.check(cfg)
     components.keep(cfg, parts)
     return cfg
 
@@ -415,14 +416,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key, text = item.split("=", 1)
         key = key.strip()
         if "." in key:
-            outer, inner = key.split(".", 1)
-            current = out.get(outer)
-            if current is not None and not isinstance(current, dict):
-                raise ConfigError(key_text(outer), current, f"a table (key = value, …) to set {inner!r} in",
-                                  f"--set {key}=… sets a key inside the table {outer}")
-            nested = dict(current or {})
-            nested[inner] = _parse(text, None, key)
-            out[outer] = nested
+            out = _set_nested(out, key.split("."), _parse(text, None, key), key)
         else:
             spellings = lr_spellings(out)
             if key in spellings:  # a learning rate set on the command line replaces the file's, whatever spelling
@@ -430,6 +424,20 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                     out.pop(spelling, None)
             out[key] = _parse(text, key, key or "--set")
     return out
+
+
+def _set_nested(table: dict[str, Any], parts: list[str], value: Any, key: str) -> dict[str, Any]:
+    """``table`` with ``value`` set at the path ``parts`` (``attack_params.z``; ``tracking_params.mlflow.uri``),
+    every table on the way copied, not changed."""
+    outer, rest = parts[0], parts[1:]
+    if not rest:
+        return {**table, outer: value}
+    current = table.get(outer)
+    if current is not None and not isinstance(current, dict):
+        inner = ".".join(rest)
+        raise ConfigError(key_text(outer), current, f"a table (key = value, …) to set {inner!r} in",
+                          f"--set {key}=… sets a key inside the table {outer}")
+    return {**table, outer: _set_nested(dict(current or {}), rest, value, key)}
 
 
 _UTF8_BOM = b"\xef\xbb\xbf"

@@ -17,7 +17,7 @@ from phalanx.errors import ConfigError
 from phalanx.experiments.config import RunConfig, key_text, make_config
 
 # Keys whose values are lists by nature (never expanded).
-_LIST_KEYS: frozenset[str] = frozenset()
+_LIST_KEYS: frozenset[str] = frozenset({"tracking"})
 MAX_POINTS = 100_000
 """The most points a grid may have: each is validated and gets a run directory before the first run starts. Measured:
 2.4 kB of memory and 0.9 ms a point to expand and validate (10,000 points: 24 MB, 8.7 s), so the bound is about

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 Schedule = Literal["constant", "step", "cosine"]
 Partition = Literal["iid", "dirichlet", "pathological"]
@@ -24,14 +24,19 @@ LATER_KEYS = (
     "server_optimizer", "server_momentum", "server_weight_decay", "server_optimizer_params", "loss", "algorithm",
     "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch", "stats_momentum",
     "graph", "graph_params", "gossip_weights", "eval_clients", "device", "keys", "insecure", "algorithm_params",
+    "tracking", "tracking_params",
 )
 """Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
 that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
-RESULT_NEUTRAL_KEYS = ("download", "sign_key", "verify_key", "device", "keys", "insecure")
+RESULT_NEUTRAL_KEYS = (
+    "download", "sign_key", "verify_key", "device", "keys", "insecure", "tracking", "tracking_params",
+)
 """Keys that change how a run gets its inputs, never its results: left out of a run's identity (its run id and the
 check that a run directory holds the same configuration), so setting them does not orphan finished runs. ``device``
 computes the same rounds with the same random draws elsewhere (equal up to floating-point rounding; the run's
-manifest records where it ran), so a run started on one device resumes on another."""
+manifest records where it ran), so a run started on one device resumes on another. ``tracking`` and
+``tracking_params`` say where the metric rows are also sent (TensorBoard, MLflow, W&B): a run tracked or not is the
+same run."""
 
 
 class RunConfig(BaseModel):
@@ -156,6 +161,23 @@ class RunConfig(BaseModel):
         False, description="torchrun engine: allow ranks on several machines without keys (nothing then checks "
         "who is speaking; docs/security.md)",
     )
+
+    tracking: list[str] = Field(
+        default_factory=list, description="experiment trackers that also receive the run: its config as parameters "
+        "and every metric row as it is made — 'tensorboard', 'mlflow', 'wandb' (a list, or one name), a plug-in's "
+        "name or a 'module:attr' spec (docs/tracking.md); changes no result",
+    )
+    tracking_params: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="each tracker's parameters, by its name: uri (TensorBoard: the log "
+        "directory; MLflow: a local store or a server URI; W&B: the directory), and experiment (MLflow), project, "
+        "entity, mode, group (W&B) (docs/tracking.md)",
+    )
+
+    @field_validator("tracking", mode="before")
+    @classmethod
+    def _one_tracker(cls, value: Any) -> Any:
+        """``tracking = "mlflow"`` is ``tracking = ["mlflow"]``."""
+        return [value] if isinstance(value, str) else value
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -10,6 +10,9 @@ from typing import Any
 from phalanx.data.base import Dataset
 from phalanx.experiments.build import check_engine, from_config
 from phalanx.experiments.config import RunConfig
+from phalanx.experiments.grid import run_id
+from phalanx.experiments.tracking import TrackerLike, Tracking
+from phalanx.experiments.tracking import of as trackers_of
 from phalanx.experiments.wiring import Recording, run_experiment
 from phalanx.training.experiment import Experiment
 from phalanx.training.loop import Callback, OnRound, Progress
@@ -19,7 +22,7 @@ from phalanx.training.memory import tune_allocator
 def train(
     run: RunConfig | Experiment, run_dir: str | Path | None = None, *, dataset: Dataset | None = None,
     progress: Progress | None = None, callbacks: Sequence[Callback] = (), checkpoint_every: int | None = None,
-    wait: bool = False,
+    wait: bool = False, tracking: Tracking | Sequence[str | TrackerLike] | None = None,
 ) -> list[dict[str, Any]]:
     """Train one configuration (or experiment); return the metric rows (one per evaluated round).
 
@@ -30,8 +33,10 @@ def train(
     error leaves a ``FAILED`` marker (:mod:`phalanx.experiments.runstate`). A run whose model becomes non-finite
     stops with :class:`~phalanx.training.divergence.Diverged`, its directory marked ``DIVERGED``.
     ``progress(round, rounds, row_or_None)`` is called after every round;
-    ``callbacks`` run after the built-in ones. A config with ``engine = "torchrun"`` is started with ``phalanx
-    launch`` or torchrun instead.
+    ``callbacks`` run after the built-in ones. ``tracking``: experiment trackers that also receive the run — names
+    (``["tensorboard", "mlflow"]``), tracker objects or a :class:`~phalanx.experiments.tracking.Tracking`; a
+    config's own ``tracking`` when not given (docs/tracking.md). A config with ``engine = "torchrun"`` is started
+    with ``phalanx launch`` or torchrun instead.
     """
     tune_allocator()
     recording = None
@@ -46,4 +51,20 @@ def train(
         if run_dir is not None:
             recording = Recording(Path(run_dir), run.describe(), checkpoint_every or 100, wait=wait)
     cbs = [] if progress is None else [OnRound(progress)]
-    return run_experiment(exp, None, recording, callbacks=[*cbs, *callbacks])
+    tracked = _tracking(run, run_dir, tracking)
+    return run_experiment(exp, None, recording, callbacks=[*cbs, *callbacks], tracking=tracked)
+
+
+def _tracking(run: RunConfig | Experiment, run_dir: str | Path | None,
+              given: Tracking | Sequence[str | TrackerLike] | None) -> Tracking | None:
+    """The run's trackers: given ones, else a config's own; named by the run directory, else by the config's run
+    id."""
+    name = Path(run_dir).name if run_dir is not None else run_id(run) if isinstance(run, RunConfig) else None
+    if isinstance(given, Tracking):
+        return given
+    if given is not None:
+        if not given:
+            return None
+        params = run.identity() if isinstance(run, RunConfig) else run.describe()
+        return Tracking.of_names(list(given), params, name)
+    return trackers_of(run, name) if isinstance(run, RunConfig) else None

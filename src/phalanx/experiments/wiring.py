@@ -8,7 +8,9 @@ A run is the loop over its transport with, in this order::
     Evaluate      the metric rows                                  ┐ the process that measures the run
     StopOnDivergence   a non-finite model ends the run             │ (every process of a simulated run; rank 0
     measures      what adds to the rows (a gossip run's message    │  of torchrun)
-                  counts)                                          ┘
+                  counts)                                          │
+    Tracked       the experiment trackers (TensorBoard, MLflow,    │
+                  W&B): every row as it is made                    ┘
     RunDirectory  checkpoints, final metrics, DONE, the signature  ┐ with a run directory, unless the run has
     recorders     what else writes into the directory (torchrun's  ┘ finished already
                   distributed.json, the transcript)
@@ -31,6 +33,8 @@ from typing import Any
 
 from phalanx.experiments import runstate
 from phalanx.experiments.rundir import RunDirectory, opened
+from phalanx.experiments.tracking import Tracking
+from phalanx.experiments.tracking.callback import Tracked
 from phalanx.training.divergence import Diverged, StopOnDivergence
 from phalanx.training.experiment import Experiment
 from phalanx.training.loop import Callback, Evaluate, Loop
@@ -55,11 +59,12 @@ def run_experiment(
     exp: Experiment, transport: Transport | None = None, recording: Recording | None = None, *,
     measured: bool = True, first: Sequence[Callback] = (), measures: Sequence[Callback] = (),
     recorders: Callable[[RunDirectory], Sequence[Callback]] | None = None, callbacks: Sequence[Callback] = (),
-    say: Callable[[str], None] | None = None,
+    say: Callable[[str], None] | None = None, tracking: Tracking | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``exp`` over ``transport`` (default: every worker in this process), wired as the module's docstring says;
     the metric rows. ``measured``: this process evaluates the run (False: a rank of torchrun other than 0);
-    ``say`` hears that a finished run trains nothing."""
+    ``say`` hears that a finished run trains nothing; ``tracking``: the experiment trackers that also receive the
+    run (:mod:`phalanx.experiments.tracking`; a finished run is not sent again)."""
     cbs: list[Callback] = list(first)
     if measured:
         cbs += [Evaluate(), StopOnDivergence(), *measures]
@@ -71,6 +76,8 @@ def run_experiment(
                                             verify_key=r.verify_key, wait=r.wait))
             start = run.start
             if run.finished is None:
+                if measured and tracking is not None:
+                    cbs.append(held.enter_context(Tracked(tracking, r.path).closing()))
                 cbs.append(run.directory)
                 if recorders is not None:
                     cbs += recorders(run.directory)
@@ -79,6 +86,8 @@ def run_experiment(
                     say(f"{r.path} has finished already: nothing to train")
                 if transport is None:  # in this process: nobody to tell
                     return run.finished
+        elif measured and tracking is not None:
+            cbs.append(held.enter_context(Tracked(tracking).closing()))
         cbs += callbacks
         try:
             return Loop(exp, transport, cbs, start).run()

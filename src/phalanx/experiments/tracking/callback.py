@@ -1,0 +1,157 @@
+"""The trackers as one callback of the training loop (:mod:`phalanx.experiments.wiring` places it after the metric
+rows are made and before the run directory, so that every tracker has closed its files before a finished run
+directory is signed).
+
+- ``on_start``: each tracker starts (or continues) its tracked run — an error here (a server that cannot be reached,
+  a store that cannot be written) refuses the run before it trains — and receives the rows it has not seen yet
+  (round 0's; on a resume, none twice).
+- ``on_round``: every metric row, as it is made, to every tracker still working. A tracker that fails mid-run is
+  dropped with one warning line (logger ``phalanx.tracking``): the run trains on and its own results are written.
+- the end: ``finished`` after the last round (in ``on_finish``), or ``diverged`` / ``failed`` / ``interrupted``
+  when the run stops early (:meth:`Tracked.closing`).
+
+What a later session of the same run needs is kept in the run directory's ``tracking.json``: each tracker's ids (an
+MLflow run id, a W&B id) and the last round it logged, so that a resumed run continues the same tracked runs and
+logs no row twice (the rounds between the last checkpoint and an interruption are trained again, identically, and
+not sent again).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from phalanx.experiments import store
+from phalanx.experiments.tracking import Tracking
+from phalanx.experiments.tracking.base import TrackedRun, TrackerLike, numbers
+from phalanx.training.divergence import Diverged
+from phalanx.training.loop import Callback, Loop, RoundInfo
+
+log = logging.getLogger("phalanx.tracking")
+
+KEPT = "tracking.json"
+"""The run directory's file of what each tracker keeps between sessions of the run."""
+
+
+def read_kept(run_dir: Path | None) -> dict[str, dict[str, Any]]:
+    """What the trackers kept in ``run_dir`` ({} when nothing, or no run directory)."""
+    if run_dir is None or not (run_dir / KEPT).is_file():
+        return {}
+    try:
+        data = json.loads((run_dir / KEPT).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+
+
+class Tracked(Callback):
+    """Sends one run to its trackers (see the module's docstring). ``run_dir``: the run's directory (None: a run
+    without one: nothing is kept, nothing resumes)."""
+
+    def __init__(self, tracking: Tracking, run_dir: Path | None = None) -> None:
+        self.tracking = tracking
+        self.run_dir = run_dir
+        self.kept = read_kept(run_dir)
+        self.active: dict[str, TrackerLike] = {}
+        self.through: dict[str, int] = {}
+        self.loop: Loop | None = None
+        self.skip: frozenset[str] = frozenset()
+
+    def on_start(self, loop: Loop) -> None:
+        self.loop = loop
+        self.skip = frozenset(loop.experiment.columns)
+        run_dir = self.run_dir
+        name = self.tracking.name or (run_dir.name if run_dir is not None else "run")
+        for key, tracker in self.tracking.trackers.items():
+            kept = dict(self.kept.get(key, {}))
+            run = TrackedRun(name, dict(self.tracking.params), run_dir, None if run_dir is None else run_dir.parent,
+                             {k: v for k, v in kept.items() if k != "through"}, loop.resumed)
+            info = tracker.start(run)  # an error: the run is refused before it trains
+            self.active[key] = tracker
+            through = kept.get("through")
+            self.through[key] = through if isinstance(through, int) and not isinstance(through, bool) else -1
+            self.kept[key] = {**dict(info or {}), "through": self.through[key]}
+        self._save()
+        self._send(loop.rows)
+
+    def on_round(self, loop: Loop, info: RoundInfo) -> None:
+        if info.row is not None:
+            self._send([info.row])
+
+    def on_finish(self, loop: Loop) -> None:
+        self.close("finished")
+
+    @contextmanager
+    def closing(self) -> Iterator[Tracked]:
+        """Close the trackers however the run ends: ``diverged`` (the diverged row sent first), ``interrupted`` (a
+        signal), ``failed`` (an error); after a finished run they are closed already."""
+        try:
+            yield self
+        except Diverged:
+            if self.loop is not None:
+                self._send(self.loop.rows)
+            self.close("diverged")
+            raise
+        except Exception:
+            self.close("failed")
+            raise
+        except BaseException:
+            self.close("interrupted")
+            raise
+        else:
+            self.close("finished")
+
+    def close(self, end: str) -> None:
+        """Finish every tracker still working (a failure is a warning line: the run's results are written
+        anyway)."""
+        for key in list(self.active):
+            tracker = self.active.pop(key)
+            try:
+                tracker.finish(end)
+            except Exception as exc:
+                log.warning("tracker %s could not finish its run (%s); the run's own results are not affected", key,
+                            _one_line(exc))
+
+    def _send(self, rows: list[dict[str, Any]]) -> None:
+        """Every row a tracker has not logged yet, to that tracker; a tracker that fails is dropped."""
+        sent = False
+        for row in rows:
+            step = row.get("round")
+            if not isinstance(step, int):
+                continue
+            metrics = numbers(row, self.skip)
+            for key in list(self.active):
+                if self.through[key] >= step:
+                    continue
+                try:
+                    self.active[key].log(step, metrics)
+                except Exception as exc:
+                    self.active.pop(key)
+                    log.warning("tracker %s failed at round %d (%s): it is dropped for the rest of this run, which "
+                                "trains on (its metrics are written to its run directory as always)", key, step,
+                                _one_line(exc))
+                    continue
+                self.through[key] = step
+                self.kept[key]["through"] = step
+                sent = True
+        if sent:
+            self._save()
+
+    def _save(self) -> None:
+        """``tracking.json`` in the run directory (nothing without one)."""
+        if self.run_dir is None:
+            return
+        try:
+            store.write_artifact(self.run_dir, KEPT, json.dumps(self.kept, indent=1, sort_keys=True).encode())
+        except Exception as exc:  # the run's own files come first
+            log.warning("could not write %s (%s): a resumed run may log some rows to its trackers again",
+                        self.run_dir / KEPT, _one_line(exc))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
