@@ -528,6 +528,21 @@ def _print_tradeoff(tradeoffs: list[Any]) -> None:
 FORCE_HELP = "Use run-directory files whose SHA-256 differs from their manifest's (changed since written)."
 
 
+TRACK_HELP = ("Also send every run to a tracker: tensorboard, mlflow, wandb, or NAME=URI (MLflow: a directory or a "
+              "server; TensorBoard / W&B: a directory). Repeatable; adds to the config's `tracking` "
+              "(docs/tracking.md).")
+
+
+def _tracked(config: Path | None, overrides: list[str], track: list[str] | None) -> list[str]:
+    """``--track`` as ``--set`` overrides (the names added to the config's ``tracking``), so that every path of a
+    grid — worker processes, Slurm tasks, torchrun ranks — reads them from the config."""
+    if not track:
+        return overrides
+    from phalanx.experiments import tracking
+
+    return [*overrides, *tracking.track_overrides(_load_grid(config, overrides), track)]
+
+
 def _force(force: bool) -> None:
     """``--force``: the integrity checks of run directories let changed files through (here and in the worker
     processes, which inherit the environment)."""
@@ -543,6 +558,7 @@ def run(
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/default"),
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel worker processes.")] = 1,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    track: Annotated[list[str] | None, typer.Option("--track", help=TRACK_HELP)] = None,
     executor: ExecutorChoice | None = None,
 ) -> None:
     """Train: one run, or one per combination of the list-valued keys; print the comparison, write report + plots.
@@ -550,7 +566,7 @@ def run(
     With engine = "torchrun" every worker is its own process, as with `phalanx launch`.
     """
     _force(force)
-    _run_grid(config, set_ or [], out, jobs, executor)
+    _run_grid(config, _tracked(config, set_ or [], track), out, jobs, executor)
 
 
 @app.command()
@@ -561,12 +577,13 @@ def sweep(
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/sweep"),
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel worker processes.")] = 2,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    track: Annotated[list[str] | None, typer.Option("--track", help=TRACK_HELP)] = None,
     executor: ExecutorChoice | None = None,
 ) -> None:
     """Run a grid in parallel processes or as a Slurm job array; finished runs are skipped, unfinished ones
     resume."""
     _force(force)
-    _run_grid(config, set_ or [], out, jobs, executor)
+    _run_grid(config, _tracked(config, set_ or [], track), out, jobs, executor)
 
 
 @app.command("report")

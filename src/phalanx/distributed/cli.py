@@ -103,6 +103,10 @@ def launch(
     insecure: Annotated[
         bool, typer.Option("--insecure", help="Allow ranks on several machines without keys (sets `insecure`).")
     ] = False,
+    track: Annotated[
+        list[str] | None, typer.Option("--track", help="Also send the run to a tracker: tensorboard, mlflow, wandb, "
+                                                       "or NAME=URI (repeatable; docs/tracking.md).")
+    ] = None,
 ) -> None:
     """Train with engine = torchrun: one process per worker on this machine — per client slot (`clients_per_round`)
     with algorithm = "fedavg" (docs/distributed.md).
@@ -115,7 +119,7 @@ def launch(
     from phalanx.distributed import launch as local
     from phalanx.distributed import topologies
     from phalanx.distributed.keys import load_identity
-    from phalanx.experiments import grid
+    from phalanx.experiments import grid, tracking
     from phalanx.experiments.build import check_points
     from phalanx.experiments.config import load_grid, processes
     from phalanx.experiments.signals import stop_on_signals
@@ -128,6 +132,8 @@ def launch(
         overrides.append(f"keys={json.dumps(str(keys))}")
     if insecure:
         overrides.append("insecure=true")
+    if track:
+        overrides += tracking.track_overrides(load_grid(config, overrides), track)
     data = load_grid(config, [*overrides, "engine='torchrun'"])
     cfgs = grid.configs(data)  # every point validated before anything starts
     check_points(cfgs)

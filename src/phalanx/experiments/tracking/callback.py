@@ -130,16 +130,24 @@ class Tracked(Callback):
                 try:
                     self.active[key].log(step, metrics)
                 except Exception as exc:
-                    self.active.pop(key)
                     log.warning("tracker %s failed at round %d (%s): it is dropped for the rest of this run, which "
                                 "trains on (its metrics are written to its run directory as always)", key, step,
                                 _one_line(exc))
+                    self._drop(key)
                     continue
                 self.through[key] = step
                 self.kept[key]["through"] = step
                 sent = True
         if sent:
             self._save()
+
+    def _drop(self, key: str) -> None:
+        """Stop sending to a tracker that failed; it is told the run failed, as far as it still can be."""
+        tracker = self.active.pop(key)
+        try:
+            tracker.finish("failed")
+        except Exception:  # it failed already: one warning was said
+            pass
 
     def _save(self) -> None:
         """``tracking.json`` in the run directory (nothing without one)."""
