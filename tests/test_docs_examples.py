@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = ["README.md", "docs/training.md"]
+FILES = ["README.md", "docs/training.md", "docs/tracking.md"]
 
 
 def blocks(path: Path) -> list[str]:

@@ -50,7 +50,7 @@ class TensorBoard(Tracker):
                 self.writer.file_writer.add_summary(summary)
             self.writer.add_text("config", "```\n" + json.dumps(run.params, indent=1, sort_keys=True) + "\n```")
             self.writer.flush()
-        return {"log_dir": str(self.log_dir)}
+        return {"log_dir": str(self.log_dir.absolute())}
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         for key, value in metrics.items():

@@ -64,7 +64,7 @@ class WandB(Tracker):
             id=kept if isinstance(kept, str) else None, resume="allow" if isinstance(kept, str) else None,
             config=dict(run.params), dir=str(where), mode=self.mode, settings=settings,
         )
-        return {"id": self.run.id, "dir": str(where)}
+        return {"id": self.run.id, "dir": str(where.absolute())}
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         self.run.log(dict(metrics), step=step)
