@@ -10,6 +10,7 @@ from torch import Tensor
 
 from phalanx.attacks.base import DataAttack
 from phalanx.attacks.registry import register
+from phalanx.errors import ConfigError
 from phalanx.validate import check_int, check_real
 
 __all__ = ["Backdoor"]
@@ -34,6 +35,13 @@ class Backdoor(DataAttack):
 
     Metric: the attack success rate — the share of the test inputs not of class ``target`` that the model, given the
     trigger, classifies as ``target`` — is logged beside the accuracy (``attack_success``).
+
+    Durability: with ``stop_round = s`` the Byzantine workers poison rounds ``0 … s−1`` only and behave honestly from
+    round ``s`` on; every metric row then carries ``rounds_since_stop`` (its ``round`` − s, None before), so the
+    attack's durability k rounds after it stopped is ``attack_success`` on the row with ``rounds_since_stop = k``.
+
+    A trigger larger than the images (``size`` > H or W, ``size²`` > the features of a flat input) is refused when
+    the run is built (:meth:`prepare`).
     """
 
     name: ClassVar[str] = "backdoor"
@@ -46,19 +54,54 @@ class Backdoor(DataAttack):
 
     def __init__(
         self, target: int = 0, size: int = 2, value: float = 2.5, poison_fraction: float = 0.5, boost: float = 1.0,
+        stop_round: int | None = None,
     ) -> None:
         self.target = check_int("target", target, low=0)
         self.size = check_int("size", size, low=1)
         self.value = check_real("value", value)
         self.poison_fraction = check_real("poison_fraction", poison_fraction, low=0.0, low_open=True, high=1.0)
         self.boost = check_real("boost", boost, low=0.0, low_open=True)
+        self.stop_round = None if stop_round is None else check_int("stop_round", stop_round, low=1)
 
     def params(self) -> dict[str, Any]:
-        return {"target": self.target, "size": self.size, "value": self.value,
-                "poison_fraction": self.poison_fraction, "boost": self.boost}
+        out: dict[str, Any] = {"target": self.target, "size": self.size, "value": self.value,
+                               "poison_fraction": self.poison_fraction, "boost": self.boost}
+        if self.stop_round is not None:  # left out by default: the attack's repr (a run's identity) is unchanged
+            out["stop_round"] = self.stop_round
+        return out
+
+    def prepare(self, train_x: Tensor, train_y: Tensor, num_classes: int) -> None:
+        """Refuse a target outside the classes or a trigger larger than the inputs (:meth:`pattern`)."""
+        if self.target >= num_classes:
+            raise ConfigError("target", self.target, f"a class in [0, {num_classes - 1}]")
+        self.pattern(tuple(train_x.shape[1:]))
+
+    def pattern(self, shape: tuple[int, ...]) -> Tensor:
+        """Where the trigger goes on one input of ``shape`` (a bool mask of that shape): the bottom-right
+        ``size × size`` square of every channel of an image ``(C, H, W)``, or the last ``size²`` features of a flat
+        input; a :class:`ConfigError` naming ``size`` when it does not fit."""
+        mask = torch.zeros(shape, dtype=torch.bool)
+        s = self.size
+        if len(shape) >= 3:
+            if s > shape[-2] or s > shape[-1]:
+                raise ConfigError("size", s, f"<= the image's height and width {shape[-2]}×{shape[-1]} (a trigger "
+                                  "larger than the image)")
+            mask[..., -s:, -s:] = True
+        else:
+            flat = mask.view(-1)
+            if s * s > flat.numel():
+                raise ConfigError("size", s, f"size² <= the input's {flat.numel()} features (a trigger larger than "
+                                  "the input)")
+            flat[-s * s :] = True
+        return mask
+
+    def stamp(self, x: Tensor, mask: Tensor) -> Tensor:
+        """``x`` (a batch ``(B, ...)``) with ``value`` written where ``mask`` (one input's shape) is set (new)."""
+        return torch.where(mask.to(x.device), torch.as_tensor(self.value, dtype=x.dtype, device=x.device), x)
 
     def trigger(self, x: Tensor) -> Tensor:
-        """``x`` (a batch ``(B, ...)``) with the trigger stamped on every input (a new tensor)."""
+        """``x`` (a batch ``(B, ...)``) with the trigger stamped on every input (a new tensor); a trigger larger
+        than the input is cut to it here (stand-alone use; a run refuses it, :meth:`prepare`)."""
         out = x.clone()
         s = self.size
         if out.dim() >= 4:  # (B, C, H, W)
@@ -69,14 +112,23 @@ class Backdoor(DataAttack):
             out = flat.reshape(out.shape)
         return out
 
+    def local_trigger(self, x: Tensor, attacker: int) -> Tensor:
+        """The trigger Byzantine worker ``attacker`` trains with: the whole trigger (DBA: its own part)."""
+        return self.trigger(x)
+
     def _transform(
         self, x: Tensor, y: Tensor, num_classes: int, generator: torch.Generator | None,
+    ) -> tuple[Tensor, Tensor]:
+        return self._transform_as(0, x, y, num_classes, generator)
+
+    def _transform_as(
+        self, attacker: int, x: Tensor, y: Tensor, num_classes: int, generator: torch.Generator | None,
     ) -> tuple[Tensor, Tensor]:
         b = y.shape[0]
         k = max(1, round(self.poison_fraction * b))
         chosen = torch.randperm(b, generator=generator)[:k].to(x.device)  # drawn on the CPU stream
         x2, y2 = x.clone(), y.clone()
-        x2[chosen] = self.trigger(x[chosen])
+        x2[chosen] = self.local_trigger(x[chosen], attacker)
         y2[chosen] = min(self.target, num_classes - 1)
         return x2, y2
 

@@ -28,7 +28,11 @@ from torch import Tensor
 from phalanx.errors import ConfigError, InputError
 from phalanx.plugins import Component
 
-__all__ = ["Attack", "AttackContext", "DataAttack"]
+__all__ = ["KNOWLEDGE", "Attack", "AttackContext", "DataAttack"]
+
+KNOWLEDGE = ("omniscient", "colluders")
+"""What a vector attack's context holds (``attack_knowledge``): every honest vector of the round, or only the
+Byzantine workers' own honest computations."""
 
 
 @dataclass
@@ -43,6 +47,11 @@ class AttackContext:
     aggregator: the server's rule ``(n, d) -> (d,)``, for adaptive attacks; ``None`` if unknown.
     generator: a seeded CPU :class:`torch.Generator`, the "attack" random stream.
     round: the training round (for attacks that depend on time; none of the built-in ones do).
+    workers: ``n``, the number of vectors the server receives, when it is not ``h + b``: the colluders' knowledge
+    (``knowledge = "colluders"``), where ``honest`` holds only the Byzantine workers' own honest computations.
+    knowledge: what ``honest`` is: ``"omniscient"`` (every honest worker's vector of the round) or ``"colluders"``
+    (the vectors the Byzantine workers would have sent had they been honest, computed on their own data; Baruch et
+    al., NeurIPS 2019, §3: the attackers estimate the honest mean and spread from their own samples).
     """
 
     honest: Tensor
@@ -51,6 +60,8 @@ class AttackContext:
     aggregator: Callable[[Tensor], Tensor] | None
     generator: torch.Generator
     round: int = 0
+    workers: int | None = None
+    knowledge: str = "omniscient"
 
     def __post_init__(self) -> None:
         x = self.honest
@@ -68,6 +79,11 @@ class AttackContext:
             value = getattr(self, field_name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(field_name, value, "an integer >= 0")
+        if self.knowledge not in KNOWLEDGE:
+            raise ConfigError("knowledge", self.knowledge, "one of " + ", ".join(KNOWLEDGE))
+        if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
+                                         or self.workers < self.n_byzantine + 1):
+            raise ConfigError("workers", self.workers, f"an integer >= n_byzantine + 1 = {self.n_byzantine + 1}")
         if self.aggregator is not None and not callable(self.aggregator):
             raise ConfigError("aggregator", self.aggregator, "a callable (n, d) -> (d,) or None")
         if not isinstance(self.generator, torch.Generator):
@@ -82,8 +98,8 @@ class AttackContext:
 
     @property
     def n_workers(self) -> int:
-        """``n = h + b``, the number of vectors the server receives."""
-        return self.n_honest + self.n_byzantine
+        """``n``, the number of vectors the server receives: ``workers`` when given, else ``h + b``."""
+        return self.workers if self.workers is not None else self.n_honest + self.n_byzantine
 
     @property
     def dim(self) -> int:
@@ -123,6 +139,10 @@ class Attack(_Configurable):
     finite: ClassVar[bool] = True
     """Whether its vectors are finite when the honest ones are; False for an attack that sends NaN or ±Inf on
     purpose."""
+    reads_honest: bool = True
+    """Whether its vectors depend on ``ctx.honest``: only then does ``attack_knowledge = "colluders"`` (the
+    Byzantine workers' own honest computations instead of every honest vector) change anything; a run refuses it
+    for an attack that reads no honest vector (NaN, ±Inf, zero-centred noise)."""
 
     @abstractmethod
     def _run(self, ctx: AttackContext) -> Tensor:
@@ -148,6 +168,31 @@ class DataAttack(_Configurable):
 
     kind: ClassVar[str] = "data"
     threat: ClassVar[str] = "data only: controls its own training batch, sees nothing else"
+    reads_honest: bool = False
+    stop_round: int | None = None
+    """The round from which its workers behave honestly (None: they attack in every round); see :meth:`active`."""
+    shapes_update: ClassVar[bool] = False
+    """True when :meth:`update` does more than scale by ``boost`` (a projection: Neurotoxin, norm-bounded model
+    replacement) — a federated client's update; refused where a worker's vector is carried into its momentum."""
+    needs_previous: ClassVar[bool] = False
+    """True when :meth:`update` reads the previous round's aggregate (Neurotoxin's mask): the in-process engine
+    passes it (``BoundRule.previous``)."""
+
+    def prepare(self, train_x: Tensor, train_y: Tensor, num_classes: int) -> None:
+        """Called once with the training set before the run trains (an edge-case attack picks its rare
+        sub-population here); raise :class:`~phalanx.errors.ConfigError` for data it cannot attack (a trigger larger
+        than the image). Deterministic: the same data give the same attack."""
+
+    def active(self, round: int) -> bool:
+        """Whether the Byzantine workers attack in ``round`` (counted from 0); after it they behave honestly (a
+        backdoor's ``stop_round``, for durability)."""
+        return self.stop_round is None or round < self.stop_round
+
+    def update(self, rows: Tensor, previous: Tensor | None) -> Tensor:
+        """What the poisoned federated clients send, from their pseudo-gradients ``rows`` ``(k, d)`` (trained on
+        their poisoned batches; may be changed in place) and the previous round's aggregate (None in the first
+        round): ``boost`` × ``rows`` (model replacement's scaling; 1 for most attacks)."""
+        return rows.mul_(self.boost) if self.boost != 1.0 else rows
 
     @abstractmethod
     def _transform(
@@ -155,12 +200,20 @@ class DataAttack(_Configurable):
     ) -> tuple[Tensor, Tensor]:
         """Transform a validated batch."""
 
+    def _transform_as(
+        self, attacker: int, x: Tensor, y: Tensor, num_classes: int, generator: torch.Generator | None,
+    ) -> tuple[Tensor, Tensor]:
+        """Transform a validated batch of Byzantine worker ``attacker`` (``0 … b−1``); by default every attacker
+        alike (:meth:`_transform`). DBA gives each attacker its own part of the trigger."""
+        return self._transform(x, y, num_classes, generator)
+
     def transform(
-        self, x: Tensor, y: Tensor, num_classes: int, generator: torch.Generator | None = None,
+        self, x: Tensor, y: Tensor, num_classes: int, generator: torch.Generator | None = None, attacker: int = 0,
     ) -> tuple[Tensor, Tensor]:
         """Return the poisoned batch ``(x', y')``; ``x`` and ``y`` are not modified.
 
-        ``y`` holds integer class labels in ``[0, num_classes)``, one per example of ``x`` (dim 0).
+        ``y`` holds integer class labels in ``[0, num_classes)``, one per example of ``x`` (dim 0); ``attacker`` is
+        which Byzantine worker (``0 … b−1``) poisons it.
         """
         if not isinstance(x, Tensor) or not isinstance(y, Tensor):
             raise InputError(f"{self.name}: (x, y)", f"{type(x).__name__}, {type(y).__name__}", "two torch.Tensors")
@@ -177,4 +230,4 @@ class DataAttack(_Configurable):
             raise InputError(
                 f"{self.name}: y", f"labels in [{int(y.min())}, {int(y.max())}]", f"labels in [0, {num_classes - 1}]",
             )
-        return self._transform(x, y, num_classes, generator)
+        return self._transform_as(attacker, x, y, num_classes, generator)

@@ -41,6 +41,7 @@ class Gaussian(Attack):
         self.sigma = check_real("sigma", sigma, low=0.0)
         self.mu = check_real("mu", mu)
         self.center = check_choice("center", center, ("zero", "mean"))
+        self.reads_honest = self.center == "mean"
 
     def params(self) -> dict[str, Any]:
         return {"sigma": self.sigma, "mu": self.mu, "center": self.center}
@@ -65,6 +66,7 @@ class Infinity(Attack):
     reference: ClassVar[str] = "ByzFL Inf attack (LPD-EPFL, ByzFL 0.0.11); garbage-value Byzantine worker"
     threat: ClassVar[str] = "none needed"
     finite: ClassVar[bool] = False
+    reads_honest = False
 
     def _run(self, ctx: AttackContext) -> Tensor:
         return torch.full((ctx.n_byzantine, ctx.dim), float("inf"), dtype=ctx.honest.dtype, device=ctx.honest.device)
@@ -80,6 +82,7 @@ class NotANumber(Attack):
     reference: ClassVar[str] = "garbage-value Byzantine worker (NaN everywhere)"
     threat: ClassVar[str] = "none needed"
     finite: ClassVar[bool] = False
+    reads_honest = False
 
     def _run(self, ctx: AttackContext) -> Tensor:
         return torch.full((ctx.n_byzantine, ctx.dim), float("nan"), dtype=ctx.honest.dtype, device=ctx.honest.device)

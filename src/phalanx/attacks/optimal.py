@@ -111,10 +111,11 @@ class Optimal(Attack):
         mean = stats[0].to(torch.float64)
         factors = self.candidates(ctx)
         objectives = torch.empty_like(factors)
+        population = surrogate(honest, ctx.n_workers - ctx.n_byzantine)
         with torch.no_grad():
             for k, t in enumerate(factors.tolist()):
                 byz = repeat_row(self._vector(stats, t), ctx.n_byzantine, honest)
-                out = agg(torch.cat([honest, byz], dim=0))
+                out = agg(torch.cat([population, byz], dim=0))
                 dist = torch.linalg.vector_norm(out.detach().to(device=mean.device, dtype=torch.float64) - mean)
                 objectives[k] = dist.cpu() if bool(torch.isfinite(dist)) else float("inf")  # factors: CPU
         best = int(torch.argmax(objectives))  # first maximum: the smallest factor on ties
@@ -123,3 +124,13 @@ class Optimal(Attack):
     def _run(self, ctx: AttackContext) -> Tensor:
         factor = self.search(ctx).factor
         return repeat_row(self.byzantine_vector(ctx.honest, factor), ctx.n_byzantine, ctx.honest)
+
+
+def surrogate(honest: Tensor, rows: int) -> Tensor:
+    """The honest population the rule is evaluated on: ``honest`` itself when it has ``rows`` rows (the omniscient
+    attacker's), else its rows repeated cyclically to ``rows`` (the colluders' own honest computations standing in
+    for the ``n − b`` honest workers they cannot see, so that the rule sees as many vectors as the server will)."""
+    h = honest.shape[0]
+    if h == rows:
+        return honest
+    return honest[torch.arange(rows, device=honest.device) % h]

@@ -37,7 +37,10 @@ def config_columns(cfg: RunConfig) -> dict[str, Any]:
     (:attr:`~phalanx.training.algorithms.base.RoundAlgorithm.config_columns`: a federated run's ``clients_per_round``
     …, a gossip run's ``graph`` …)."""
     keys = CONFIG_COLUMNS + builtin.columns(cfg.algorithm)
-    return {k: getattr(cfg, k) for k in keys}
+    out = {k: getattr(cfg, k) for k in keys}
+    if cfg.attack_knowledge != "omniscient":  # only where set: the rows of every other run are as before
+        out["attack_knowledge"] = cfg.attack_knowledge
+    return out
 
 
 def resolve_device(cfg: RunConfig, local_rank: int | None = None) -> torch.device:
@@ -68,7 +71,7 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None, *, local_ra
         optimizer=parts.optimizer, lr=parts.server_lr, shards=shards, seed=cfg.seed, eval_every=cfg.eval_every,
         rule_for=lambda f: robust_gossip.configured(spec, f, cfg.algorithm, parts.algorithm.decentralized),
         columns=config_columns(cfg),
-        eval_clients=cfg.eval_clients, device=device,
+        eval_clients=cfg.eval_clients, device=device, attack_knowledge=cfg.attack_knowledge,
     )
 
 

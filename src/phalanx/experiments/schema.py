@@ -17,6 +17,7 @@ Schedule = Literal["constant", "step", "cosine"]
 Partition = Literal["iid", "dirichlet", "pathological"]
 Engine = Literal["simulated", "torchrun"]
 Backend = Literal["auto", "gloo", "nccl"]
+Knowledge = Literal["omniscient", "colluders"]
 DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend", "keys", "insecure")
 """Keys that only the ``torchrun`` engine reads. A simulated run's resolved config leaves them out, so that they
 change neither its results nor its run id / ``config.json`` (run directories written before they existed resume)."""
@@ -24,7 +25,7 @@ LATER_KEYS = (
     "server_optimizer", "server_momentum", "server_weight_decay", "server_optimizer_params", "loss", "algorithm",
     "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch", "stats_momentum",
     "graph", "graph_params", "gossip_weights", "eval_clients", "device", "keys", "insecure", "algorithm_params",
-    "tracking", "tracking_params",
+    "tracking", "tracking_params", "attack_knowledge",
 )
 """Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
 that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
@@ -66,6 +67,11 @@ class RunConfig(BaseModel):
     aggregator: str = Field("cwtm", description="aggregator spec, e.g. 'nnm>cwtm' (phalanx list aggregators)")
     attack: str = Field("none", description="attack name (phalanx list attacks)")
     attack_params: dict[str, Any] = Field(default_factory=dict, description="attack parameters")
+    attack_knowledge: Knowledge = Field(
+        "omniscient", description="what a vector attack sees: 'omniscient' (every honest vector of the round) or "
+        "'colluders' (only the Byzantine workers' own honest computations, on their own shards; dsgd and fedavg, "
+        "simulated engine; docs/attacks.md)",
+    )
     partition: Partition = Field("iid", description="how training data is split between workers")
     alpha: float = Field(1.0, gt=0, description="Dirichlet concentration (partition = 'dirichlet')")
     classes_per_worker: int = Field(2, ge=1, description="classes per worker (partition = 'pathological')")

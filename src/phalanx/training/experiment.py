@@ -32,7 +32,7 @@ from phalanx.attacks.none import NoAttack
 from phalanx.data.partition import partition
 from phalanx.errors import ConfigError
 from phalanx.training import devices
-from phalanx.training.algorithms.base import RoundAlgorithm
+from phalanx.training.algorithms.base import RoundAlgorithm, check_knowledge, check_stop
 from phalanx.training.algorithms.dsgd import DSGD
 from phalanx.training.algorithms.fedbn import local_norms
 from phalanx.training.optim import SGD, ServerOptimizer
@@ -78,6 +78,9 @@ class Experiment:
     columns: values repeated on every metric row (a config's keys).
     eval_clients: a FedBN model (no global model): how many honest clients' own models are evaluated — all of
     them, or this many evenly spaced ones (:mod:`phalanx.training.algorithms.fedbn`).
+    attack_knowledge: what a vector attack sees — ``"omniscient"`` (every honest vector of the round) or
+    ``"colluders"`` (the Byzantine workers' own honest computations only; distributed SGD and federated averaging,
+    in process).
     device: where the rounds compute (:mod:`phalanx.training.devices`: ``"cpu"``, ``"cuda"``, ``"cuda:N"``,
     ``"auto"`` or a ``torch.device``), resolved to a ``torch.device`` when the experiment is built. The model is
     moved there (in place), and so are the data set's training and test tensors, once (``data.x``, ``data.y``,
@@ -103,6 +106,7 @@ class Experiment:
     columns: dict[str, Any] = field(default_factory=dict)
     eval_clients: int = 100
     device: str | torch.device = "cpu"
+    attack_knowledge: str = "omniscient"
 
     def __post_init__(self) -> None:
         for name in ("workers", "rounds", "eval_every", "eval_clients"):
@@ -128,6 +132,8 @@ class Experiment:
             raise ConfigError("aggregator", repr(self.rule), f"a rule that keeps no state across rounds with "
                               f"{type(algo).__name__} (every node aggregates its own neighbours: there is no one "
                               "server to keep the rule's history)")
+        check_knowledge(self.attack_knowledge, self.attack, algo)
+        check_stop(self.attack, algo)
         algo.check(self)
         on_device = algo.runs_on_device
         self.device = device = devices.resolve("cpu" if self.device == "auto" and not on_device else self.device)
@@ -153,6 +159,8 @@ class Experiment:
         self.data = WorkerData(ds.train_x.to(device), ds.train_y.to(device), list(self.shards), ds.num_classes)
         self.test_x, self.test_y = ds.test_x.to(device), ds.test_y.to(device)
         """The test set on the device (evaluation reads these, not ``dataset``'s)."""
+        if isinstance(self.attack, DataAttack):  # a trigger larger than the image, a rare sub-population picked
+            self.attack.prepare(ds.train_x, ds.train_y, ds.num_classes)
         if isinstance(self.lr, int | float) and not isinstance(self.lr, bool):
             self.lr = LRSchedule(float(self.lr), "constant", self.rounds)
         if not callable(self.lr):

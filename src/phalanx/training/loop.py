@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 import torch
 from torch import Tensor
 
+from phalanx.attacks.base import DataAttack
 from phalanx.errors import WorkersLostError
 from phalanx.training.experiment import Experiment
 from phalanx.training.server import BoundRule, RoundResult, Server
@@ -114,6 +115,9 @@ class Evaluate(Callback):
         if result is not None and result.sampled_byzantine is not None:  # a federated round: who was sampled
             row["byzantine_sampled"] = result.sampled_byzantine
         row.update(attack)
+        stop = exp.attack.stop_round if isinstance(exp.attack, DataAttack) else None
+        if stop is not None:  # durability: attack_success k rounds after the attackers stopped (docs/attacks.md)
+            row["rounds_since_stop"] = loop.state.round - stop if loop.state.round >= stop else None
         row.update(exp.columns)
         return row
 
@@ -196,7 +200,7 @@ class Loop:
         context = self.server.context(state.theta, state.previous)
         streams = self.transport.streams()  # the worker side's streams at the start of the round (for an abort)
         try:
-            got = self.transport.exchange(state.theta, t, BoundRule(exp.rule, context))
+            got = self.transport.exchange(state.theta, t, BoundRule(exp.rule, context, state.previous))
             agg, result = self.server.aggregate(got, context, measure)
         except RoundAborted as exc:
             self._abort(exc, streams)

@@ -69,8 +69,11 @@ class BoundRule:
     known once the round's vectors have arrived).
     """
 
-    def __init__(self, rule: Callable[..., Tensor], context: dict[str, Any]) -> None:
+    def __init__(self, rule: Callable[..., Tensor], context: dict[str, Any], previous: Tensor | None = None) -> None:
         self.rule = rule
+        self.previous = previous
+        """The previous round's aggregate (None in the first round): what an attack that shapes its update by the
+        global model's last step reads (Neurotoxin's mask); the loop passes the round state's ``previous``."""
         self.context = {k: v for k, v in context.items() if k != "generator"}
         gen = context.get("generator")
         self.generator_state: Tensor | None = None if gen is None else gen.get_state()

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators.base import Aggregator
-from phalanx.attacks.base import Attack, DataAttack
+from phalanx.attacks.base import KNOWLEDGE, Attack, DataAttack
 from phalanx.errors import ConfigError
 from phalanx.plugins import Registry, check_params, is_spec
 from phalanx.training.problem import Problem
@@ -77,6 +77,9 @@ class Run(Protocol):
     rule_for: Callable[[int], Aggregator] | None
     device: str | torch.device
     """Where the rounds compute: a ``torch.device`` once the run is built (the field also takes a name)."""
+    attack_knowledge: str
+    """What a vector attack sees: ``"omniscient"`` (every honest vector) or ``"colluders"`` (the Byzantine workers'
+    own honest computations only)."""
 
     @property
     def f(self) -> int: ...
@@ -147,6 +150,12 @@ class RoundAlgorithm(ABC):
     ``topology`` defaults to the first."""
     population_key: ClassVar[str] = "workers"
     """The config key that sets :meth:`per_round`'s number, named in the config's errors about it."""
+    stops_attacks: ClassVar[bool] = False
+    """Its worker side honours a data attack's ``stop_round`` (the attackers behave honestly from that round on:
+    durability); an algorithm that does not refuses an attack with one."""
+    knowledge: ClassVar[tuple[str, ...]] = ("omniscient",)
+    """The ``attack_knowledge`` values its worker side implements: ``"colluders"`` needs the Byzantine workers to
+    compute their own honest vectors and their attack to see only those (DSGD and FedAvg, in process)."""
 
     @abstractmethod
     def per_round(self, workers: int) -> int:
@@ -219,6 +228,8 @@ class RoundAlgorithm(ABC):
         """Refuse (one-line :class:`~phalanx.errors.ConfigError` naming the config key) a config this algorithm
         cannot train with, once, when the config is validated: by default f < m/2 and m at least what ``rule``
         needs, for the m vectors it aggregates a round (:meth:`per_round`, set by :attr:`population_key`)."""
+        check_knowledge(getattr(cfg, "attack_knowledge", "omniscient"), attack, self, getattr(cfg, "engine", None))
+        check_stop(attack, self, "attack_params.stop_round")
         m, key = self.per_round(cfg.workers), self.population_key
         if 2 * rule.f >= m:
             sees = "" if key == "workers" else f"; the rule sees {m} updates a round"
@@ -231,6 +242,36 @@ class RoundAlgorithm(ABC):
     def processes(cls, cfg: Any) -> int:
         """How many processes a torchrun run of ``cfg`` has: one per worker (by default)."""
         return int(cfg.workers)
+
+
+def check_knowledge(knowledge: str, attack: Attack | DataAttack, algorithm: RoundAlgorithm,
+                    engine: str | None = None) -> None:
+    """Refuse (one line naming ``attack_knowledge``) a knowledge the run cannot give its attack: ``"colluders"``
+    with an attack that reads no honest vector (a data attack, NaN, ±Inf, zero-centred noise: the distinction does
+    not exist), an algorithm whose worker side does not implement it, or the torchrun engine (its transports send
+    the attacking ranks the honest ranks' vectors)."""
+    if knowledge not in KNOWLEDGE:
+        raise ConfigError("attack_knowledge", knowledge, "one of " + ", ".join(KNOWLEDGE), suggest(knowledge,
+                                                                                                   KNOWLEDGE))
+    if knowledge == "omniscient":
+        return
+    if isinstance(attack, DataAttack) or not getattr(attack, "reads_honest", True):
+        raise ConfigError("attack_knowledge", knowledge, f"'omniscient' with attack {attack.name!r} (it reads no "
+                          "honest vector: what it knows changes nothing)")
+    if knowledge not in algorithm.knowledge:
+        raise ConfigError("attack_knowledge", knowledge, f"one of {', '.join(algorithm.knowledge)} with algorithm "
+                          f"{algorithm.name!r}")
+    if engine == "torchrun":
+        raise ConfigError("attack_knowledge", knowledge, "'omniscient' with engine = 'torchrun' (its transports "
+                          "hand the attacking ranks the honest ranks' vectors; colluders run in process so far)")
+
+
+def check_stop(attack: Attack | DataAttack, algorithm: RoundAlgorithm, key: str = "stop_round") -> None:
+    """Refuse a data attack's ``stop_round`` where the algorithm's worker side would not honour it."""
+    stop = attack.stop_round if isinstance(attack, DataAttack) else None
+    if stop is not None and not algorithm.stops_attacks:
+        raise ConfigError(key, stop, f"None with algorithm {algorithm.name!r} (its workers do not stop attacking; "
+                          "dsgd and fedavg do)")
 
 
 def built_in_params(cfg: Any) -> None:

@@ -6,8 +6,10 @@ Round t:
 1. every honest worker i draws a batch from its own shard and computes gᵢ = ∇ℓ(θ; batch) + λθ;
 2. it updates its momentum mᵢ ← β mᵢ + (1 − β) gᵢ (m₀ = g₀) and sends mᵢ;
 3. Byzantine workers send what their attack says: a vector attack sees the honest vectors of the round (omniscient)
-   and the server's rule bound to the server's context; a data attack (label flipping) makes the worker compute an
-   honest-looking momentum on poisoned batches;
+   and the server's rule bound to the server's context — or, with ``attack_knowledge = "colluders"``, only the
+   momentum rows the Byzantine workers compute honestly on their own shards (kept from round to round as an honest
+   worker keeps its own); a data attack (label flipping, a backdoor) makes the worker compute an honest-looking
+   momentum on poisoned batches (until its ``stop_round``, if it has one);
 4. the server aggregates the n vectors and its optimizer steps θ (:mod:`phalanx.training.server`,
    :mod:`phalanx.training.optim`).
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -50,6 +52,8 @@ class DSGD(RoundAlgorithm):
     name = "dsgd"
     missing_word = "ranks"
     runs_on_device = True
+    knowledge: ClassVar[tuple[str, ...]] = ("omniscient", "colluders")
+    stops_attacks = True
 
     def __post_init__(self) -> None:
         check_int("batch_size", self.batch_size, low=1)
@@ -81,6 +85,9 @@ class DSGD(RoundAlgorithm):
         if boost != 1.0:
             raise ConfigError("attack_params.boost", boost, "1 with algorithm = 'dsgd' (boosting scales a federated "
                               "client's update)")
+        if isinstance(attack, DataAttack) and attack.shapes_update:
+            raise ConfigError("attack", attack.name, "an attack that does not shape a federated client's update with "
+                              "algorithm = 'dsgd' (use algorithm = 'fedavg')")
 
     def check(self, run: Run) -> None:
         """A DSGD worker's vector is carried into its momentum: boosting it (a federated attack's knob) is refused."""
@@ -88,40 +95,51 @@ class DSGD(RoundAlgorithm):
         if boost != 1.0:
             raise ConfigError("boost", boost, "1 with distributed SGD (boosting scales a federated client's update; a "
                               "DSGD worker's vector is carried into its momentum)")
+        if isinstance(run.attack, DataAttack) and run.attack.shapes_update:
+            raise ConfigError("attack", run.attack.name, "an attack that does not shape a federated client's update "
+                              "with distributed SGD (a DSGD worker's vector is carried into its momentum)")
 
 
-def computing_workers(attack: Attack | DataAttack, workers: int, byzantine: int) -> int:
-    """How many workers compute a gradient each round: the honest ones, plus the Byzantine ones of a data attack.
+def computing_workers(attack: Attack | DataAttack, workers: int, byzantine: int, knowledge: str = "omniscient") -> int:
+    """How many workers compute a gradient each round: the honest ones, plus the Byzantine ones of a data attack or
+    of colluders (``knowledge = "colluders"``: they compute their honest vectors, which their attack then sees).
 
     They are workers ``0 … computing−1``; the rows of a vector attack's Byzantine workers come from the attack.
     """
-    return workers if isinstance(attack, DataAttack) else workers - byzantine
+    return workers if isinstance(attack, DataAttack) or knowledge == "colluders" else workers - byzantine
 
 
 def worker_batches(
     data: WorkerData, attack: Attack | DataAttack, *, workers: int, byzantine: int, batch_size: int,
-    batch_gen: torch.Generator, attack_gen: torch.Generator,
+    batch_gen: torch.Generator, attack_gen: torch.Generator, computing: int | None = None, round: int = 0,
 ) -> tuple[Tensor, Tensor]:
-    """The batches of every computing worker of the round, ``(x (C, B, ...), y (C, B))``.
+    """The batches of every computing worker of the round, ``(x (C, B, ...), y (C, B))`` (``computing``: C, by
+    default :func:`computing_workers`).
 
-    One draw of the ``batches`` stream for all ``C`` computing workers (:func:`sample_batches`); a data attack then
-    poisons the Byzantine workers' batches, one ``attack`` stream draw per Byzantine worker in index order.
+    One draw of the ``batches`` stream for all ``C`` computing workers (:func:`sample_batches`); a data attack that
+    is active in ``round`` then poisons the Byzantine workers' batches, one ``attack`` stream draw per Byzantine
+    worker in index order.
     """
-    computing = computing_workers(attack, workers, byzantine)
+    if computing is None:
+        computing = computing_workers(attack, workers, byzantine)
     xb, yb = sample_batches(data, computing, batch_size, batch_gen)
-    if isinstance(attack, DataAttack) and byzantine:
+    if isinstance(attack, DataAttack) and byzantine and attack.active(round):
         xb, yb = poison_rows(attack, xb, yb, workers - byzantine, data.num_classes, attack_gen)
     return xb, yb
 
 
 def poison_rows(
     attack: DataAttack, xb: Tensor, yb: Tensor, first: int, num_classes: int, attack_gen: torch.Generator,
+    attackers: list[int] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The batches ``(W, B, ...)`` with rows ``first …`` (the Byzantine workers') poisoned by a data attack, one
-    ``attack`` stream draw per row in order; the rows before ``first`` as they are."""
+    ``attack`` stream draw per row in order; the rows before ``first`` as they are. ``attackers``: which Byzantine
+    worker (``0 … b−1``) each poisoned row is (default ``0, 1, …``; a federated round's sampled ones)."""
     if first >= xb.shape[0]:
         return xb, yb
-    poisoned = [attack.transform(xb[i], yb[i], num_classes, attack_gen) for i in range(first, xb.shape[0])]
+    who = attackers if attackers is not None else list(range(xb.shape[0] - first))
+    poisoned = [attack.transform(xb[i], yb[i], num_classes, attack_gen, attacker=who[i - first])
+                for i in range(first, xb.shape[0])]
     return (torch.cat([xb[:first], torch.stack([x for x, _ in poisoned])]),
             torch.cat([yb[:first], torch.stack([y for _, y in poisoned])]))
 
@@ -144,12 +162,14 @@ def local_momentum(
 
 def byzantine_vectors(
     attack: Attack, honest: Tensor, *, byzantine: int, f: int, rule: Callable[[Tensor], Tensor],
-    attack_gen: torch.Generator, round: int,
+    attack_gen: torch.Generator, round: int, workers: int | None = None, knowledge: str = "omniscient",
 ) -> Tensor:
     """The ``(byzantine, d)`` vectors of a vector attack, given the honest vectors it may see and the server's rule
-    (bound to the server's context)."""
+    (bound to the server's context). With ``knowledge = "colluders"``, ``honest`` holds the Byzantine workers' own
+    honest computations and ``workers`` the number of vectors the server receives."""
     ctx = AttackContext(
         honest=honest, n_byzantine=byzantine, f=f, aggregator=rule, generator=attack_gen, round=round,
+        workers=workers if knowledge == "colluders" else None, knowledge=knowledge,
     )
     return attack(ctx)
 
@@ -162,8 +182,10 @@ class _Workers:
         self.exp = exp
         self.n, self.b, self.f = exp.workers, exp.byzantine, exp.f
         self.honest_n = self.n - self.b
-        self.computing = computing_workers(exp.attack, self.n, self.b)
         self.vector_attack = self.b > 0 and not isinstance(exp.attack, DataAttack)
+        self.colluders = self.vector_attack and exp.attack_knowledge == "colluders"
+        self.computing = computing_workers(exp.attack, self.n, self.b, exp.attack_knowledge if self.b else
+                                           "omniscient")
         self.batch_gen = restored(streams["batches"])
         self.attack_gen = restored(streams["attack"])
 
@@ -174,7 +196,8 @@ class _Workers:
     def _attack(self, honest: Tensor, rule: Callable[[Tensor], Tensor], t: int) -> Tensor:
         assert isinstance(self.exp.attack, Attack)
         return byzantine_vectors(self.exp.attack, honest, byzantine=self.b, f=self.f, rule=rule,
-                                 attack_gen=self.attack_gen, round=t)
+                                 attack_gen=self.attack_gen, round=t, workers=self.n,
+                                 knowledge=self.exp.attack_knowledge)
 
 
 class AllWorkers(_Workers):
@@ -190,7 +213,7 @@ class AllWorkers(_Workers):
         exp, algo = self.exp, self.algo
         xb, yb = worker_batches(
             exp.data, exp.attack, workers=self.n, byzantine=self.b, batch_size=algo.batch_size,
-            batch_gen=self.batch_gen, attack_gen=self.attack_gen,
+            batch_gen=self.batch_gen, attack_gen=self.attack_gen, computing=self.computing, round=t,
         )
         if self.buffer is None:  # m₀ = g₀; one (n, d) buffer from now on, updated in place
             g = local_momentum(theta, exp.problem, xb, yb, None, momentum=algo.momentum,
@@ -201,6 +224,9 @@ class AllWorkers(_Workers):
             local_momentum(theta, exp.problem, xb, yb, self.buffer[: self.computing], momentum=algo.momentum,
                            weight_decay=algo.weight_decay)
         m = self.buffer
+        if self.colluders:  # the attack sees the Byzantine workers' own honest rows, kept as their momentum
+            sent = torch.cat([m[: self.honest_n], self._attack(m[self.honest_n :], rule, t)])
+            return Received(sent, carry=m)
         if self.vector_attack:
             m[self.honest_n :] = self._attack(m[: self.honest_n], rule, t)
         return Received(m)
@@ -220,6 +246,9 @@ class OneWorker(_Workers):
         self, algo: DSGD, exp: Run, rank: int, streams: dict[str, Tensor], momentum: Tensor | None,
     ) -> None:
         super().__init__(algo, exp, streams)
+        if self.colluders:
+            raise ConfigError("attack_knowledge", "colluders", "'omniscient' with a process per worker (the "
+                              "attacking ranks are sent the honest ranks' vectors; colluders run in process so far)")
         self.rank = rank
         self.is_byzantine = rank >= self.honest_n
         self.sends_attack = self.is_byzantine and self.vector_attack
@@ -236,7 +265,7 @@ class OneWorker(_Workers):
         data, problem = self.exp.data, self.exp.problem
         problem.grads(problem.initial_theta(), data.x[:1][None], data.y[:1][None])
 
-    def _batch(self) -> tuple[Tensor, Tensor]:
+    def _batch(self, t: int) -> tuple[Tensor, Tensor]:
         """This rank's batch ``(x (1, B, ...), y (1, B))``; the shared streams advance as on every rank.
 
         Under a data attack every rank builds all the batches (:func:`worker_batches`), so that the ``attack``
@@ -247,7 +276,7 @@ class OneWorker(_Workers):
         if isinstance(exp.attack, DataAttack) and self.b:
             xb, yb = worker_batches(
                 exp.data, exp.attack, workers=self.n, byzantine=self.b, batch_size=self.algo.batch_size,
-                batch_gen=self.batch_gen, attack_gen=self.attack_gen,
+                batch_gen=self.batch_gen, attack_gen=self.attack_gen, round=t,
             )
             row = min(self.rank, xb.shape[0] - 1)  # a vector-attack rank has no row; it only draws
             return xb[row : row + 1], yb[row : row + 1]
@@ -257,7 +286,7 @@ class OneWorker(_Workers):
     def vector(self, theta: Tensor, t: int) -> Tensor | None:
         """Draw this round's batch; an honest (or data-attack) rank returns its new momentum ``(d,)``, a vector-attack
         Byzantine rank None (it computes nothing, but draws, to stay in step)."""
-        xb, yb = self._batch()
+        xb, yb = self._batch(t)
         if self.rank >= self.computing:
             return None
         self.row = local_momentum(theta, self.exp.problem, xb, yb, self.row, momentum=self.algo.momentum,
@@ -270,6 +299,6 @@ class OneWorker(_Workers):
 
     def skip(self, t: int) -> None:
         """A round this rank missed: draw its batch (the shared streams stay in step), compute nothing."""
-        self._batch()
+        self._batch(t)
 
 

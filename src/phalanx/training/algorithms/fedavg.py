@@ -11,8 +11,10 @@ Algorithm 1):
    Eq. 2); with ``local_epochs`` = E, client i takes ⌈E · |shardᵢ| / B⌉ steps instead of K;
 3. it sends its *pseudo-gradient* Δ̃ᵢ = θ − θᵢ (the negative of its update θᵢ − θ, Reddi et al.'s −Δᵢ), so that
    the vectors have a gradient's sign and scale for every rule and attack;
-4. sampled Byzantine clients send what their attack says (a vector attack sees the round's honest pseudo-gradients;
-   a data attack trains locally on poisoned batches);
+4. sampled Byzantine clients send what their attack says (a vector attack sees the round's honest pseudo-gradients
+   — or, with ``attack_knowledge = "colluders"``, only the pseudo-gradients the sampled Byzantine clients compute
+   honestly on their own shards; a data attack trains locally on poisoned batches until its ``stop_round``, and its
+   :meth:`~phalanx.attacks.base.DataAttack.update` makes the update it sends: boosted, projected);
 5. the server aggregates the C vectors with the robust rule and its optimizer steps θ ← step(θ, Agg, η_server):
    with plain SGD and η_server = 1 and the mean, θ ← θ + mean(θᵢ − θ) — FedAvg with equal client weights (robust
    aggregation weighs every client equally, so the data-size weights of FedAvg are not applied); server momentum
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -44,6 +46,7 @@ from phalanx.training.algorithms.base import RoundAlgorithm, built_in_params
 from phalanx.training.algorithms.dsgd import byzantine_vectors, poison_rows
 from phalanx.training.algorithms.fedbn import STATE_KEY, local_norms
 from phalanx.training.schedule import LRSchedule
+from phalanx.training.server import BoundRule
 from phalanx.training.shards import sample_batches_of
 from phalanx.training.state import Received, RoundState, SlotPlan
 from phalanx.training.streams import restored
@@ -81,6 +84,8 @@ class FedAvg(RoundAlgorithm):
     topologies = ("server",)  # the server samples the clients: a process per client slot
     population_key = "clients_per_round"
     runs_on_device = True
+    knowledge: ClassVar[tuple[str, ...]] = ("omniscient", "colluders")
+    stops_attacks = True
     pools_norm_stats = True
     keeps_local_norms = True
 
@@ -173,6 +178,12 @@ class FedAvg(RoundAlgorithm):
 
     def one_worker(self, exp: Run, rank: int, streams: dict[str, Tensor], momentum: Tensor | None) -> FedAvgSlot:
         """Client slot ``rank`` of a process-per-slot run: it trains the ``rank``-th sampled client of each round."""
+        if exp.attack_knowledge != "omniscient":
+            raise ConfigError("attack_knowledge", exp.attack_knowledge, "'omniscient' with a process per client slot "
+                              "(the attacking slots are sent the honest slots' vectors; colluders run in process)")
+        if isinstance(exp.attack, DataAttack) and exp.attack.needs_previous:
+            raise ConfigError("attack", exp.attack.name, "an attack that does not read the previous aggregate with a "
+                              "process per client slot (it is passed in process only so far)")
         if exp.problem.norm_stats is not None:
             raise ConfigError("engine", "torchrun", "'simulated' for a model with BatchNorm / Hybrid BN layers (their "
                               "statistics are pooled in one process so far)")
@@ -193,6 +204,9 @@ class _Clients:
         self.c = algo.per_round(self.n)
         self.data_attack = isinstance(exp.attack, DataAttack)
         self.vector_attack = self.b > 0 and not self.data_attack
+        self.colluders = self.vector_attack and exp.attack_knowledge == "colluders"
+        self.previous: Tensor | None = None
+        """The previous round's aggregate, for an attack that shapes its update by it (set by each round)."""
         self.batch_gen = restored(streams["batches"])
         self.attack_gen = restored(streams["attack"])
         self.client_gen = restored(streams["clients"])
@@ -206,6 +220,12 @@ class _Clients:
         """The streams' states now: batches, attack and client sampling."""
         return {"batches": self.batch_gen.get_state(), "attack": self.attack_gen.get_state(),
                 "clients": self.client_gen.get_state()}
+
+    def poisoning(self, t: int) -> bool:
+        """Whether the sampled Byzantine clients of round ``t`` train on poisoned batches (a data attack, before its
+        ``stop_round``); after it they train honestly."""
+        attack = self.exp.attack
+        return isinstance(attack, DataAttack) and attack.active(t)
 
     def sample(self) -> Tensor:
         """The round's clients: C of N uniformly without replacement, in increasing index order (honest clients
@@ -262,7 +282,8 @@ class _Clients:
             xb, yb = sample_batches_of(exp.data, ids, algo.batch_size, self.batch_gen)
             if poisoned:
                 assert isinstance(exp.attack, DataAttack)
-                xb, yb = poison_rows(exp.attack, xb, yb, w - poisoned, exp.data.num_classes, self.attack_gen)
+                xb, yb = poison_rows(exp.attack, xb, yb, w - poisoned, exp.data.num_classes, self.attack_gen,
+                                     (ids[w - poisoned :] - self.honest_n).tolist())
             active = steps > k
             if not bool(active.any()):
                 continue
@@ -293,12 +314,18 @@ class _Clients:
         return g
 
     def _boosted(self, pseudo: Tensor, w: int, poisoned: int, rows: slice) -> Tensor:
-        """Model replacement: the poisoned clients' pseudo-gradients scaled by the attack's ``boost`` (in place)."""
-        boost = float(self.exp.attack.boost)
-        if poisoned and boost != 1.0:
-            first = w - poisoned
-            positions = torch.arange(w, device=pseudo.device)[rows]
-            pseudo[positions >= first] *= boost
+        """The poisoned clients' updates as their data attack makes them from their pseudo-gradients
+        (:meth:`~phalanx.attacks.base.DataAttack.update`: model replacement's ``boost``, a projection), in place."""
+        attack = self.exp.attack
+        if not poisoned or not isinstance(attack, DataAttack):
+            return pseudo
+        if attack.boost == 1.0 and not attack.shapes_update:
+            return pseudo
+        first = w - poisoned
+        positions = torch.arange(w, device=pseudo.device)[rows]
+        mine = positions >= first
+        if bool(mine.any()):
+            pseudo[mine] = attack.update(pseudo[mine], self.previous)
         return pseudo
 
 
@@ -308,11 +335,12 @@ class FedAvgClients(_Clients):
     def round(self, theta: Tensor, t: int, rule: Callable[[Tensor], Tensor]) -> Received:
         """Sample, train locally, attack; the C pseudo-gradients with the clients they came from."""
         exp = self.exp
+        self.previous = previous_aggregate(rule)
         ids = self.sample()
         honest_ids = ids[ids < self.honest_n]
         byz_ids = ids[ids >= self.honest_n]
-        train_ids = ids if self.data_attack else honest_ids
-        poisoned = int(byz_ids.numel()) if self.data_attack else 0
+        train_ids = ids if self.data_attack or self.colluders else honest_ids
+        poisoned = int(byz_ids.numel()) if self.poisoning(t) else 0
         stats = None if exp.problem.norm_stats is None else self._stats(theta, train_ids, poisoned, byz_ids, t)
         local = None
         if local_norms(exp.problem) is None:
@@ -320,10 +348,23 @@ class FedAvgClients(_Clients):
         else:
             vectors, local = self._train_local(theta, train_ids, t, poisoned)
         if self.vector_attack and byz_ids.numel():
-            byz = attack_rows(exp, vectors, int(byz_ids.numel()), rule, self.attack_gen, t)
-            vectors = torch.cat([vectors, byz]) if vectors.numel() else byz
+            vectors = self._with_attack(exp, vectors, int(byz_ids.numel()), rule, t)
         return Received(vectors, rows=ids.tolist(), state_rows=False, stats=stats,
                         own=None if local is None else {STATE_KEY: local})
+
+    def _with_attack(self, exp: Run, rows: Tensor, byzantine: int, rule: Callable[[Tensor], Tensor],
+                     t: int) -> Tensor:
+        """The round's rows with the sampled Byzantine clients' vector-attack rows last: an omniscient attack sees
+        every honest row (``rows`` holds those only); colluders (``rows`` ends with their own ``byzantine`` honest
+        computations) see theirs alone, which their attack's rows replace."""
+        if self.colluders:
+            honest = rows[: rows.shape[0] - byzantine]
+            own = rows[rows.shape[0] - byzantine :]
+            byz = attack_rows(exp, own, byzantine, rule, self.attack_gen, t, workers=rows.shape[0],
+                              knowledge="colluders")
+            return torch.cat([honest, byz])
+        byz = attack_rows(exp, rows, byzantine, rule, self.attack_gen, t)
+        return torch.cat([rows, byz]) if rows.numel() else byz
 
     def _stats(self, theta: Tensor, ids: Tensor, poisoned: int, byz_ids: Tensor, t: int) -> Tensor:
         """The normalisation statistics the round's clients report, a row per client in the order of the vectors:
@@ -339,25 +380,31 @@ class FedAvgClients(_Clients):
             if poisoned:
                 assert isinstance(exp.attack, DataAttack)
                 xs, ys = poison_rows(exp.attack, xs, ys, int(ids.numel()) - poisoned, exp.data.num_classes,
-                                     self.attack_gen)
+                                     self.attack_gen, (ids[int(ids.numel()) - poisoned :] - self.honest_n).tolist())
             rows = norm.measure(exp.problem.layout.views(theta), exp.problem.buffers, xs)
         if self.vector_attack and byz_ids.numel():
-            byz = attack_rows(exp, rows, int(byz_ids.numel()), lambda r: norm.pool(r, exp.f), self.attack_gen, t)
-            rows = torch.cat([rows, byz])
+            rows = self._with_attack(exp, rows, int(byz_ids.numel()), lambda r: norm.pool(r, exp.f), t)
         return rows
 
 
 def attack_rows(
     exp: Run, honest: Tensor, byzantine: int, rule: Callable[[Tensor], Tensor], attack_gen: torch.Generator,
-    t: int,
+    t: int, workers: int | None = None, knowledge: str = "omniscient",
 ) -> Tensor:
     """The sampled Byzantine clients' vectors of a vector attack: zeros (no draw) when no honest client was sampled
-    — the attackers have nothing to look at."""
+    — the attackers have nothing to look at. Colluders: ``honest`` is their own honest rows and ``workers`` the
+    round's number of vectors."""
     if honest.shape[0] == 0:
         return honest.new_zeros(byzantine, honest.shape[1])
     assert isinstance(exp.attack, Attack)
     return byzantine_vectors(exp.attack, honest, byzantine=byzantine, f=exp.f, rule=rule, attack_gen=attack_gen,
-                             round=t)
+                             round=t, workers=workers, knowledge=knowledge)
+
+
+def previous_aggregate(rule: Callable[[Tensor], Tensor]) -> Tensor | None:
+    """The previous round's aggregate the loop hands the round with the server's rule (``BoundRule.previous``);
+    None in the first round or for a plain callable."""
+    return rule.previous if isinstance(rule, BoundRule) else None
 
 
 class FedAvgSlot(_Clients):
@@ -408,7 +455,7 @@ class FedAvgSlot(_Clients):
     def _round(self, theta: Tensor, t: int, train: bool) -> Tensor:
         ids = self._begin()
         computing = self.plan.computing
-        poisoned = len(computing) - len(self.plan.honest)
+        poisoned = len(computing) - len(self.plan.honest) if self.poisoning(t) else 0
         mine = train and self.rank in computing
         rows = slice(self.rank, self.rank + 1) if mine else slice(0, 0)
         return self._train(theta, ids[computing], t, poisoned, rows)

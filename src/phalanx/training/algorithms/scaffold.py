@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from phalanx.errors import ConfigError
-from phalanx.training.algorithms.fedavg import FedAvg, FedAvgClients, attack_rows
+from phalanx.training.algorithms.fedavg import FedAvg, FedAvgClients, attack_rows, previous_aggregate
 from phalanx.training.server import RoundResult, Server
 from phalanx.training.state import Received
 
@@ -47,6 +47,7 @@ class Scaffold(FedAvg):
     run's rule."""
 
     name = "scaffold"
+    knowledge = ("omniscient",)  # its round is its own: the colluders' honest pairs are not computed
     pools_norm_stats = False
     keeps_local_norms = False
     lr_role = "server"  # the run's lr is the server's η_g; the clients' η_l is algorithm_params.lr
@@ -95,10 +96,11 @@ class ScaffoldClients(FedAvgClients):
     def round(self, theta: Tensor, t: int, rule: Callable[[Tensor], Tensor]) -> Received:
         """Sample, train with the drift correction, update the clients' cᵢ; the C pairs [x − yᵢ | Δcᵢ]."""
         exp, algo = self.exp, self.algo
+        self.previous = previous_aggregate(rule)
         ids = self.sample()
         honest_ids, byz_ids = ids[ids < self.honest_n], ids[ids >= self.honest_n]
         train_ids = ids if self.data_attack else honest_ids
-        poisoned = int(byz_ids.numel()) if self.data_attack else 0
+        poisoned = int(byz_ids.numel()) if self.poisoning(t) else 0
         pseudo = self._train(theta, train_ids, t, poisoned)  # x − yᵢ, the drift-corrected local steps (correct())
         rows = train_ids.to(self.table.device)
         steps = self.steps[train_ids].to(pseudo)
