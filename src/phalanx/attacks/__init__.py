@@ -12,26 +12,49 @@ model (``describe()``). See docs/attacks.md.
 """
 
 # Importing a module registers its attacks with make()/names().
-from phalanx.attacks import alie, backdoor, fang, honest, labelflip, mimic, minmax, noise, none, optimal, scaling  # noqa: F401
+from phalanx.attacks import (  # noqa: F401
+    alie,
+    backdoor,
+    dba,
+    edgecase,
+    fang,
+    honest,
+    labelflip,
+    mimic,
+    minmax,
+    neurotoxin,
+    noise,
+    none,
+    optimal,
+    replacement,
+    scaling,
+)
 from phalanx.attacks.alie import ALIE, alie_z_max
 from phalanx.attacks.backdoor import Backdoor
-from phalanx.attacks.base import Attack, AttackContext, DataAttack
+from phalanx.attacks.base import KNOWLEDGE, Attack, AttackContext, DataAttack
+from phalanx.attacks.dba import DBA
+from phalanx.attacks.edgecase import EdgeCase
 from phalanx.attacks.fang import Fang
 from phalanx.attacks.labelflip import LabelFlip
 from phalanx.attacks.mimic import Mimic
 from phalanx.attacks.minmax import MinMax, MinSum
+from phalanx.attacks.neurotoxin import Neurotoxin
 from phalanx.attacks.noise import Gaussian, Infinity, NotANumber
 from phalanx.attacks.none import NoAttack
 from phalanx.attacks.optimal import Optimal, OptimalSearch
 from phalanx.attacks.registry import get_class, make, names, register
+from phalanx.attacks.replacement import ModelReplacement
 from phalanx.attacks.scaling import FallOfEmpires, InnerProductManipulation, SignFlip
 
 __all__ = [
     "ALIE",
+    "DBA",
+    "KNOWLEDGE",
     "Attack",
     "AttackContext",
     "Backdoor",
     "DataAttack",
+    "EdgeCase",
     "FallOfEmpires",
     "Fang",
     "Gaussian",
@@ -41,6 +64,8 @@ __all__ = [
     "Mimic",
     "MinMax",
     "MinSum",
+    "ModelReplacement",
+    "Neurotoxin",
     "NoAttack",
     "NotANumber",
     "Optimal",
