@@ -31,11 +31,12 @@ def _honest(h: int, d: int, seed: int = 0, dtype: torch.dtype = torch.float64) -
 def test_names_and_kinds() -> None:
     expected = {
         "none", "signflip", "labelflip", "gaussian", "alie", "ipm", "foe", "mimic", "inf", "nan", "minmax",
-        "minsum", "fang", "optimal", "backdoor", "honest",
+        "minsum", "fang", "optimal", "backdoor", "dba", "edgecase", "neurotoxin", "replacement", "honest",
     }
+    data = ["backdoor", "dba", "edgecase", "honest", "labelflip", "neurotoxin", "replacement"]
     assert set(attacks.names()) == expected
-    assert attacks.names("data") == ["backdoor", "honest", "labelflip"]
-    assert set(attacks.names("vector")) == expected - {"labelflip", "backdoor", "honest"}
+    assert attacks.names("data") == data
+    assert set(attacks.names("vector")) == expected - set(data)
     assert attacks.names() == sorted(attacks.names())
     with pytest.raises(ConfigError, match="kind"):
         attacks.names("vectors")

@@ -95,7 +95,7 @@ def test_a_users_attack_declares_its_randomness() -> None:
 def test_boost_is_declared_on_every_attack() -> None:
     for name in attacks.names():
         attack = attacks.make(name)
-        assert attack.boost == 1.0 or name == "backdoor", name
+        assert attack.boost == 1.0 or name == "replacement", name  # model replacement boosts by default
     assert attacks.make("backdoor", boost=5.0).boost == 5.0
 
 

@@ -50,7 +50,7 @@ from phalanx.decentralized.gossip_attacks import GossipAttack, GossipView
 from phalanx.decentralized.robust_gossip import GossipRule
 from phalanx.decentralized.topology import Graph
 from phalanx.errors import ConfigError
-from phalanx.training.algorithms.base import RoundAlgorithm, built_in_params
+from phalanx.training.algorithms.base import RoundAlgorithm, built_in_params, check_knowledge, check_stop
 from phalanx.training.algorithms.dsgd import byzantine_vectors, computing_workers, worker_batches
 from phalanx.training.algorithms.gossip_node import AnytimeNode, OneNode, check_attack
 from phalanx.training.neighbourhood import NodeRule, closed_neighbourhoods
@@ -140,6 +140,8 @@ class Gossip(RoundAlgorithm):
         """No server keys; an attached graph's Byzantine nodes are the run's; every node's closed neighbourhood
         N(i) ∪ {i} large enough for the rule with f; on the torchrun engine, an attack a rank can compute from its
         neighbourhood (:func:`~phalanx.training.algorithms.gossip_node.check_attack`)."""
+        check_knowledge(cfg.attack_knowledge, attack, self, cfg.engine)
+        check_stop(attack, self, "attack_params.stop_round")
         fields = type(cfg).model_fields
         for key in SERVER_KEYS:
             if getattr(cfg, key) != fields[key].get_default(call_default_factory=True):
