@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from phalanx import data, models
+from phalanx import attacks, data, models
 from phalanx.analysis.epsilon import MEMORY_SHARE, available_memory
+from phalanx.attacks.base import DataAttack
 from phalanx.decentralized import robust_gossip
 from phalanx.errors import ConfigError
 from phalanx.experiments import components
@@ -118,8 +119,9 @@ def check_points(
     cfgs: list[RunConfig], load: Callable[[RunConfig], data.Dataset] | None = None, *, here: bool = True,
 ) -> None:
     """What validating each config alone cannot see, checked for every point of a grid before the first run starts:
-    its data set loads, it can be split among the workers as asked (enough samples for every worker), and the model
-    builds with its parameters on the data set's inputs. Each distinct data split and model is checked once. With
+    its data set loads, it can be split among the workers as asked (enough samples for every worker), a data attack
+    fits the data (:meth:`~phalanx.attacks.base.DataAttack.prepare`: a trigger no larger than the image), and the
+    model builds with its parameters on the data set's inputs. Each distinct data split and model is checked once. With
     ``here`` (the runs train on this machine; not for a Slurm array, whose nodes may have GPUs that this login node
     lacks), its ``device`` exists here (:func:`resolve_device`).
 
@@ -142,6 +144,10 @@ def check_points(
                 splits.add(split)
                 if parts is not None:
                     parts.shards, parts.built_on = shards, ds
+            if attacks.get_class(cfg.attack).kind == "data":  # a trigger larger than the image, a class not there
+                attack = parts.attack if parts is not None else attacks.make(cfg.attack, **cfg.attack_params)
+                assert isinstance(attack, DataAttack)
+                attack.prepare(ds.train_x, ds.train_y, ds.num_classes)
             net = (cfg.model, json.dumps(cfg.model_params, sort_keys=True), ds.input_shape, ds.num_classes)
             if net not in nets:
                 model = _model(cfg, ds)
