@@ -1,4 +1,4 @@
-"""stop_round: the attackers poison rounds 0 … s−1 and behave honestly afterwards; rows say how long ago they stopped."""
+"""stop_round: the attackers poison rounds 0 … s−1, then behave honestly; rows say how long ago they stopped."""
 
 from __future__ import annotations
 
