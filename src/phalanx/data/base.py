@@ -16,7 +16,7 @@ from torch import Tensor
 
 from phalanx.errors import ConfigError, PhalanxError
 
-__all__ = ["DataFormatError", "Dataset", "DatasetNotFoundError", "DownloadError", "standardise"]
+__all__ = ["DataFormatError", "Dataset", "DatasetNotFoundError", "DownloadError", "standardise", "user_ids"]
 
 
 class DatasetNotFoundError(ConfigError):
@@ -71,6 +71,10 @@ class Dataset:
     source: where the data were read from (a path, or ``"phalanx.data/_files/digits.csv.gz"``).
     mean, std: the per-channel statistics used (of ``v / scale`` over the training set; population std).
     classes: the class names, index = label.
+    train_users, test_users: int64 ``(N,)``, the natural client of each sample — an index into ``users`` (LEAF's
+        writer of a FEMNIST character, speaking role of a Shakespeare line, Twitter user of a Sent140 tweet) — or
+        None for a data set without such ids. ``partition = "natural"`` makes each user one worker.
+    users: the user names, index = id (empty without ids).
     """
 
     name: str
@@ -84,6 +88,9 @@ class Dataset:
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = ()
     classes: tuple[str, ...] = ()
+    train_users: Tensor | None = None
+    test_users: Tensor | None = None
+    users: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for split in ("train", "test"):
@@ -93,14 +100,30 @@ class Dataset:
                 raise ValueError(f"{split}_x: expected float32 (N, *{self.input_shape}), got {x.dtype} {_shape_of(x)}")
             if y.dtype != torch.int64 or y.ndim != 1 or y.shape[0] != x.shape[0]:
                 raise ValueError(f"{split}_y: expected int64 ({x.shape[0]},), got {y.dtype} {_shape_of(y)}")
+            u: Tensor | None = getattr(self, f"{split}_users")
+            if u is None:
+                continue
+            if u.dtype != torch.int64 or u.ndim != 1 or u.shape[0] != x.shape[0]:
+                raise ValueError(f"{split}_users: expected int64 ({x.shape[0]},), got {u.dtype} {_shape_of(u)}")
+            if u.numel() and (int(u.min()) < 0 or int(u.max()) >= len(self.users)):
+                raise ValueError(f"{split}_users: ids must index users (0 … {len(self.users) - 1})")
+
+    @property
+    def has_users(self) -> bool:
+        """Whether every training sample carries its natural client's id (what ``partition = "natural"`` needs)."""
+        return self.train_users is not None and len(self.users) > 0
 
     @classmethod
     def from_tensors(
         cls, name: str, train_x: Any, train_y: Any, test_x: Any, test_y: Any, num_classes: int | None = None,
-        source: str = "tensors",
+        source: str = "tensors", train_users: Any = None, test_users: Any = None,
     ) -> Dataset:
         """A data set from arrays or tensors: inputs become float32 ``(N, ...)``, labels int64 ``(N,)`` (used as
-        given: standardise them first if the model expects it); ``num_classes`` defaults to the largest label + 1."""
+        given: standardise them first if the model expects it); ``num_classes`` defaults to the largest label + 1.
+
+        ``train_users`` / ``test_users``: each sample's natural client (a writer, a speaker: any hashable ids,
+        strings or integers), for ``partition = "natural"``; the users are numbered in order of first appearance,
+        training samples first (:func:`user_ids`)."""
         try:
             tx, vx = (torch.as_tensor(v).to(torch.float32) for v in (train_x, test_x))
             ty, vy = (torch.as_tensor(v).to(torch.int64) for v in (train_y, test_y))
@@ -120,7 +143,20 @@ class Dataset:
         shape = tuple(int(s) for s in tx.shape[1:]) or (1,)
         if not tx.shape[1:]:
             tx, vx = tx[:, None], vx[:, None]
-        return cls(name, tx.contiguous(), ty.contiguous(), vx.contiguous(), vy.contiguous(), classes, shape, source)
+        if train_users is None:
+            if test_users is not None:
+                raise ConfigError("train_users", None, "the training samples' users too, when test_users are given")
+            return cls(name, tx.contiguous(), ty.contiguous(), vx.contiguous(), vy.contiguous(), classes, shape,
+                       source)
+        tu_list, vu_list = list(train_users), [] if test_users is None else list(test_users)
+        if len(tu_list) != tx.shape[0] or (test_users is not None and len(vu_list) != vx.shape[0]):
+            raise ConfigError("train_users", f"{len(tu_list)} ids", f"one user id per training sample "
+                              f"({tx.shape[0]}) and, if given, per test sample ({vx.shape[0]})")
+        names, ids = user_ids(tu_list + vu_list)
+        tu = ids[: len(tu_list)]
+        vu = ids[len(tu_list):] if test_users is not None else None
+        return cls(name, tx.contiguous(), ty.contiguous(), vx.contiguous(), vy.contiguous(), classes, shape, source,
+                   train_users=tu, test_users=vu, users=names)
 
     @property
     def n_train(self) -> int:
@@ -138,10 +174,12 @@ class Dataset:
 
         Two data sets have the same fingerprint exactly when they hold the same values in the same order; the
         name and ``source`` are not part of it (the same files found in two places give the same fingerprint).
+        A data set with user ids (:attr:`train_users`) also hashes them, and the user names, after the four.
         Hashes every byte (about 0.3 s for Fashion-MNIST) once: the result is kept, keyed by the tensors' storage
         and version counters, so an in-place change to any of them makes the next call hash again.
         """
         tensors = [getattr(self, k) for k in ("train_x", "train_y", "test_x", "test_y")]
+        tensors += [t for t in (self.train_users, self.test_users) if t is not None]
         key = tuple((t.data_ptr(), t._version, _shape_of(t)) for t in tensors)
         cached = self.__dict__.get("_fingerprint_cache")
         if cached is not None and cached[0] == key:
@@ -156,6 +194,13 @@ class Dataset:
             t: Tensor = getattr(self, key).detach().to("cpu").contiguous()
             h.update(f"{key}|{t.dtype}|{_shape_of(t)}\n".encode())
             h.update(t.numpy().reshape(-1).view(np.uint8).data)  # the bytes in place, no copy
+        for key in ("train_users", "test_users"):  # absent for the data sets without ids: their digest is unchanged
+            u: Tensor | None = getattr(self, key)
+            if u is not None:
+                h.update(f"{key}|{u.dtype}|{_shape_of(u)}\n".encode())
+                h.update(u.detach().to("cpu").contiguous().numpy().reshape(-1).view(np.uint8).data)
+        if self.users:
+            h.update(("users|" + "\x00".join(self.users)).encode())
         return h.hexdigest()
 
     def __repr__(self) -> str:
@@ -163,6 +208,17 @@ class Dataset:
             f"Dataset(name={self.name!r}, train={self.n_train}, test={self.n_test}, input_shape={self.input_shape}, "
             f"num_classes={self.num_classes}, source={self.source!r})"
         )
+
+
+def user_ids(values: list[Any]) -> tuple[tuple[str, ...], Tensor]:
+    """Ids of any hashable values (user names, integers) as int64 indices, numbered in order of first appearance,
+    with the names (``str`` of each distinct value): ``(["b", "a", "b"]) → (("b", "a"), [0, 1, 0])``."""
+    index: dict[Any, int] = {}
+    out = np.empty(len(values), dtype=np.int64)
+    for i, v in enumerate(values):
+        key = v.item() if isinstance(v, np.generic | Tensor) else v  # 0-d tensors hash by identity, not value
+        out[i] = index.setdefault(key, len(index))
+    return tuple(str(k) for k in index), torch.from_numpy(out)
 
 
 def standardise(

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from phalanx.data import cifar, download
+from phalanx.data import cifar, download, leaf
 from phalanx.data.base import DataFormatError, Dataset, DatasetNotFoundError, standardise
 from phalanx.data.idx import read_idx
 from phalanx.errors import ConfigError
@@ -37,11 +37,19 @@ FASHION_CLASSES = (
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
 )
 _IDX_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-_TORCHVISION_DIR = {  # where torchvision keeps each data set's files under its root
+_TORCHVISION_DIR = {  # where torchvision keeps each data set's files under its root (LEAF: its checkout's data/)
     "digits": ".", "mnist": "MNIST/raw", "fashion-mnist": "FashionMNIST/raw", "cifar10": "cifar-10-batches-py",
+    "femnist": "femnist/data", "shakespeare": "shakespeare/data", "sent140": "sent140/data",
 }
 _ALIASES = {"digits": "digits", "mnist": "mnist", "fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist",
-            "cifar10": "cifar10"}
+            "cifar10": "cifar10", "femnist": "femnist", "leaffemnist": "femnist", "shakespeare": "shakespeare",
+            "leafshakespeare": "shakespeare", "sent140": "sent140", "leafsent140": "sent140"}
+LEAF_SETS = ("femnist", "shakespeare", "sent140")
+"""The LEAF data sets :func:`load` reads from LEAF's JSON files (:mod:`phalanx.data.leaf`), each with user ids."""
+SHAKESPEARE_LENGTH = 80
+"""Characters of context per Shakespeare sample (LEAF's ``SEQ_LEN``)."""
+SENT140_LENGTH = 144
+"""Characters per Sent140 tweet (tweets were at most 140 characters; longer ones keep their last 144)."""
 _SYSTEM_DIR = Path("/usr/share/datasets")
 L = TypeVar("L", bound=Callable[..., Any])
 _REGISTRY: Registry[Callable[..., Any]] = Registry("dataset", "phalanx.datasets")
@@ -104,6 +112,8 @@ def search_dirs(name: str, root: str | Path | None = None) -> list[Path]:
 
     def add(base: Path) -> None:
         out.extend((base, base / layout))
+        if name in LEAF_SETS:  # LEAF's own data/<name>/ directory passed as it is: its files are in data/
+            out.append(base / "data")
 
     if root is not None:
         add(Path(root).expanduser())
@@ -244,6 +254,93 @@ def _load_cifar10(root: str | Path | None, download_: bool) -> Dataset:
     )
 
 
+# ------------------------------------------------------------------------------------------------- LEAF (JSON files)
+
+
+def _how_leaf(name: str, target: Path) -> str:
+    hub = {"femnist": "flwrlabs/femnist", "shakespeare": "flwrlabs/shakespeare"}.get(name)
+    lines = [
+        "Get the files in one of these ways:",
+        f"  - run LEAF's data/{name}/preprocess.sh (Caldas et al. 2018) and pass its data/{name}/data directory "
+        "(holding train/ and test/) as root=, or copy it to $PHALANX_DATA/" + name,
+    ]
+    if hub is not None:
+        lines.append(f"  - load({name!r}, download=True): Flower's copy of the LEAF data ({hub} on the Hugging Face "
+                     f"Hub; needs phalanx[hf]) into {target}")
+    return "\n".join(lines)
+
+
+def _leaf_arrays(name: str, split: leaf.LeafSplit, where: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """A LEAF split's inputs (uint8 images for femnist, int64 character codes for the text sets) and labels."""
+    if name == "femnist":
+        return leaf.femnist_pixels(split, where)
+    if name == "shakespeare":
+        return leaf.encode_text(split.x, SHAKESPEARE_LENGTH, where), leaf.text_labels(split, where)
+    texts, y = leaf.sent140_text(split, where)
+    return leaf.encode_text(texts, SENT140_LENGTH, where), y
+
+
+def leaf_dataset(
+    name: str, train: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]],
+    test: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]], users: list[str], source: str,
+) -> Dataset:
+    """The :class:`Dataset` of a LEAF set from ``(x, y, user ids)`` of each split: FEMNIST's images standardised
+    like every image set (:func:`~phalanx.data.base.standardise`, scale 255), the text sets' character codes as
+    float32 (exact integers; the ``char-lstm`` model embeds them)."""
+    (tx, ty, tu), (vx, vy, vu) = train, test
+    if tx.shape[0] == 0:
+        raise DataFormatError(source, f"{name}: no training samples")
+    if name == "femnist":
+        train_x, test_x, mean, std = standardise(tx, vx, scale=255)
+        classes, num_classes = leaf.FEMNIST_CLASSES, 62
+        shape: tuple[int, ...] = (1, 28, 28)
+    else:
+        train_x, test_x = (torch.from_numpy(a.astype(np.float32)) for a in (tx, vx))
+        mean, std = (), ()
+        if name == "shakespeare":
+            classes, num_classes = (*leaf.LEAF_LETTERS, "<oov>"), leaf.OOV + 1
+        else:
+            classes, num_classes = ("negative", "positive"), 2
+        shape = (int(tx.shape[1]),)
+    return Dataset(
+        name=name, train_x=train_x, train_y=torch.from_numpy(ty.astype(np.int64)), test_x=test_x,
+        test_y=torch.from_numpy(vy.astype(np.int64)), num_classes=num_classes, input_shape=shape, source=source,
+        mean=mean, std=std, classes=tuple(classes), train_users=torch.from_numpy(tu.astype(np.int64)),
+        test_users=torch.from_numpy(vu.astype(np.int64)), users=tuple(users),
+    )
+
+
+def _load_leaf(name: str, root: str | Path | None, download_: bool) -> Dataset:
+    """A LEAF data set from its ``train/`` and ``test/`` JSON directories (the first place that has both), else,
+    with ``download``, Flower's copy of it on the Hugging Face Hub (:func:`phalanx.data.hf.download_leaf`).
+
+    The users are numbered in file order, training files first; a test user absent from training (LEAF's
+    ``-t user`` split) gets the next number.
+    """
+    dirs = search_dirs(name, root)
+    folder = next((d for d in dirs if leaf.has_leaf_files(d)), None)
+    target = (Path(root).expanduser() / name) if root is not None else cache_dir() / name
+    if folder is None:
+        if not download_ or name == "sent140":
+            raise DatasetNotFoundError(name, [str(d) for d in dirs], _how_leaf(name, target))
+        from phalanx.data import hf  # the optional extra: imported only when a download is asked for
+
+        return hf.download_leaf(name, target)
+    train, test = leaf.read_leaf_dir(folder / "train"), leaf.read_leaf_dir(folder / "test")
+    users = list(train.users)
+    index = {u: i for i, u in enumerate(users)}
+    for u in test.users:
+        if u not in index:
+            index[u] = len(users)
+            users.append(u)
+    test_ids = np.asarray([index[test.users[k]] for k in test.user_of], dtype=np.int64)
+    tx, ty = _leaf_arrays(name, train, str(folder / "train"))
+    vx, vy = _leaf_arrays(name, test, str(folder / "test"))
+    return leaf_dataset(name, (tx, ty, train.user_of), (vx, vy, test_ids), users, str(folder))
+
+
+for _leaf_name in LEAF_SETS:
+    _REGISTRY.register(lambda root, download, _n=_leaf_name: _load_leaf(_n, root, download), name=_leaf_name)
 _REGISTRY.register(lambda root, download: _load_digits(root, download), name="digits")
 _REGISTRY.register(lambda root, download: _load_idx_set("mnist", root, download), name="mnist")
 _REGISTRY.register(lambda root, download: _load_idx_set("fashion-mnist", root, download), name="fashion-mnist")
@@ -272,7 +369,8 @@ def load(name: str, root: str | Path | None = None, download: bool = False) -> D
 
     Parameters
     ----------
-    name: ``"digits"`` (built in), ``"mnist"``, ``"fashion-mnist"`` or ``"cifar10"``.
+    name: ``"digits"`` (built in), ``"mnist"``, ``"fashion-mnist"``, ``"cifar10"``, or LEAF's ``"femnist"``,
+        ``"shakespeare"``, ``"sent140"`` (their ``train/`` and ``test/`` JSON directories; the samples carry user ids).
     root: a directory to look in first (the files directly in it, or in ``root/<name>``, or torchvision's layout);
         ``digits`` ignores it, and ``download``, since it ships inside the package.
     download: if the files are found nowhere (module docstring), download them from the standard mirrors with

@@ -1,7 +1,9 @@
-"""Split a data set's samples among workers: IID, Dirichlet label skew, pathological k-classes-per-worker.
+"""Split a data set's samples among workers: IID, Dirichlet label skew, pathological k-classes-per-worker, and the
+data's own users (``natural``: a FEMNIST writer, a Shakespeare role — one worker each).
 
 :func:`partition` returns one int64 index tensor per worker (sorted ascending, pairwise disjoint). ``iid`` and
-``dirichlet`` cover every sample; ``pathological`` does too (every shard goes to some worker). Shard sizes are
+``dirichlet`` cover every sample; ``pathological`` does too (every shard goes to some worker); ``natural`` does when
+there are as many workers as users, else it covers the sampled users' samples. Shard sizes are
 unequal in general — that is the point of the non-IID schemes. :func:`heterogeneity` summarises a partition for
 reports (label-distribution distance to the global one, classes and sizes per worker).
 
@@ -22,7 +24,7 @@ from phalanx.validate import check_int, suggest
 
 __all__ = ["SCHEMES", "heterogeneity", "partition"]
 
-SCHEMES = ("iid", "dirichlet", "pathological")
+SCHEMES = ("iid", "dirichlet", "pathological", "natural")
 _MAX_DIRICHLET_DRAWS = 100
 
 
@@ -51,6 +53,7 @@ def partition(
     classes_per_worker: int = 2,
     seed: int = 0,
     min_size: int = 1,
+    users: Tensor | None = None,
 ) -> list[Tensor]:
     """Split sample indices ``0 .. len(labels) − 1`` among ``n_workers`` workers.
 
@@ -77,18 +80,27 @@ def partition(
     have distinct majority labels wherever such a swap exists. When shard boundaries fall inside a class a
     shard spans two labels, so a worker can hold slightly more than ``classes_per_worker`` labels.
 
+    ``"natural"`` (LEAF, Caldas et al. 2018: the data's own clients): ``users`` gives each sample's user (a writer,
+    a speaking role); every user with at least ``min_size`` samples is eligible, and each worker is one user, in
+    user order (worker ``w`` is the ``w``-th eligible user by id). With as many workers as eligible users that is
+    all of them; with fewer — FEMNIST has thousands of writers — ``n_workers`` users are drawn without replacement
+    from ``numpy.random.default_rng(seed)`` (kept in user order), and only their samples are covered. More workers
+    than eligible users is a ConfigError naming ``n_workers``. No label information is used: the heterogeneity is
+    the users' own.
+
     Parameters
     ----------
     labels: 1-D integer tensor of class indices (≥ 0), one per sample.
     n_workers: number of workers, 1 ≤ n_workers ≤ len(labels).
-    scheme: ``"iid"``, ``"dirichlet"`` or ``"pathological"``.
+    scheme: ``"iid"``, ``"dirichlet"``, ``"pathological"`` or ``"natural"``.
     alpha: Dirichlet concentration (> 0, finite); used by ``"dirichlet"``.
     classes_per_worker: shards (≈ classes) per worker, 1 ≤ k ≤ number of distinct labels; used by ``"pathological"``.
     seed: seed of ``numpy.random.default_rng``.
     min_size: the smallest number of samples a worker may get (≥ 1); ``n_workers · min_size ≤ len(labels)``.
+    users: ``"natural"`` only: 1-D integer tensor of user ids (≥ 0), one per sample (``Dataset.train_users``).
 
     Returns a list of ``n_workers`` int64 tensors of sample indices, each sorted ascending, pairwise disjoint,
-    together covering every sample.
+    together covering every sample (``"natural"`` with fewer workers than users: the sampled users' samples).
     """
     y = _labels_array(labels)
     n = y.shape[0]
@@ -108,6 +120,10 @@ def partition(
     k = check_int("classes_per_worker", classes_per_worker, low=1, high=len(classes),
                   hint=f"{len(classes)} classes in labels")
     rng = np.random.default_rng(int(seed))
+    if scheme == "natural":
+        return [torch.from_numpy(p) for p in _natural(users, n, n_workers, min_size, rng)]
+    if users is not None:
+        raise ConfigError("users", "given", f"None with scheme = {scheme!r} (user ids are read by 'natural' only)")
     if scheme == "iid":
         parts = np.array_split(rng.permutation(n), n_workers)
     elif scheme == "dirichlet":
@@ -126,6 +142,27 @@ def partition(
             )
         parts = _pathological(y, n_workers, k, rng)
     return [torch.from_numpy(np.sort(p).astype(np.int64)) for p in parts]
+
+
+def _natural(
+    users: Tensor | None, n: int, n_workers: int, min_size: int, rng: np.random.Generator,
+) -> list[np.ndarray[Any, Any]]:
+    """The ``"natural"`` scheme (see :func:`partition`): one eligible user per worker, all or a seeded sample."""
+    if users is None:
+        raise ConfigError("users", None, "each sample's user id (a data set with writer or speaker ids: femnist, "
+                          "shakespeare, sent140, data.from_hf(..., user=...)) for scheme 'natural'")
+    u = _labels_array(users)
+    if u.shape[0] != n:
+        raise ConfigError("users", f"{u.shape[0]} ids", f"one user id per sample ({n})")
+    order = np.argsort(u, kind="stable")  # sample indices grouped by user, ascending within a user
+    ids, starts, counts = np.unique(u[order], return_index=True, return_counts=True)
+    eligible = np.flatnonzero(counts >= min_size)
+    if n_workers > eligible.size:
+        raise ConfigError("n_workers", n_workers, f"an integer <= {eligible.size} (the users with >= {min_size} "
+                          f"samples: partition 'natural' makes each user one worker)",
+                          f"{ids.size} users in all" if ids.size != eligible.size else None)
+    chosen = eligible if n_workers == eligible.size else np.sort(rng.choice(eligible, n_workers, replace=False))
+    return [np.sort(order[starts[i]: starts[i] + counts[i]]).astype(np.int64) for i in chosen]
 
 
 def _dirichlet(
