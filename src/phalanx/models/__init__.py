@@ -1,4 +1,5 @@
-"""Models for the simulated and distributed engines: ``logreg``, ``mlp``, ``cnn``, ``resnet20`` (GroupNorm).
+"""Models for the simulated and distributed engines: ``logreg``, ``mlp``, ``cnn``, ``resnet20`` (GroupNorm), and
+``char-lstm`` (LEAF's Shakespeare model, for character codes).
 
 >>> import torch
 >>> from phalanx import models
@@ -13,7 +14,7 @@ torch's global generator (``torch.manual_seed``). See docs/models.md.
 """
 
 # Importing a module registers its models with make()/names().
-from phalanx.models import resnet, simple  # noqa: F401
+from phalanx.models import resnet, simple, text  # noqa: F401
 from phalanx.models.registry import (
     builder,
     count_parameters,
@@ -25,8 +26,9 @@ from phalanx.models.registry import (
 )
 from phalanx.models.resnet import ResNet20
 from phalanx.models.simple import LeNetLike
+from phalanx.models.text import CharLSTM
 
 __all__ = [
-    "LeNetLike", "ResNet20", "builder", "count_parameters", "initialise", "make", "names", "planned_parameters",
-    "register",
+    "CharLSTM", "LeNetLike", "ResNet20", "builder", "count_parameters", "initialise", "make", "names",
+    "planned_parameters", "register",
 ]

@@ -145,6 +145,7 @@ def initialise(model: nn.Module, generator: torch.Generator | None = None) -> nn
       ``U(−b, b)`` with ``b = 1/√fan_in`` (``kaiming_uniform_(a=√5)``), biases ``U(−1/√fan_in, 1/√fan_in)``.
     * ``nn.Conv2d`` with ``init = "he"`` (ResNet-20): ``N(0, 2/fan_in)``, He et al. ICCV 2015, Eq. 10.
     * ``nn.GroupNorm``: weight 1, bias 0; :class:`~phalanx.models.norm.FedNorm2d`: its ``reset_parameters``.
+    * ``nn.Embedding`` (``char-lstm``): PyTorch's default, ``N(0, 1)``.
 
     ``generator=None`` draws from torch's global default generator.
     """
@@ -163,6 +164,8 @@ def initialise(model: nn.Module, generator: torch.Generator | None = None) -> nn
             elif isinstance(module, nn.GroupNorm) and module.affine:
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, generator=gen)  # PyTorch's default, N(0, 1)
             elif isinstance(module, FedNorm2d):
                 module.reset_parameters()  # γ = 1, β = 0, d = 0; global statistics (0, 1)
             elif not isinstance(module, (nn.Sequential, nn.ModuleList, nn.Flatten, nn.ReLU, nn.MaxPool2d)) and any(
