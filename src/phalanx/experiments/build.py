@@ -77,9 +77,18 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None, *, local_ra
 
 
 def _split(cfg: RunConfig, ds: data.Dataset) -> list[torch.Tensor]:
-    """The workers' shards of ``ds`` as ``cfg`` splits it (drawn from the ``partition`` stream)."""
+    """The workers' shards of ``ds`` as ``cfg`` splits it (drawn from the ``partition`` stream). ``natural``: each
+    worker is one of the data set's users (all of them, or ``workers`` drawn from the stream); a data set without
+    user ids is a ConfigError naming ``partition``."""
+    seed = stream_seed(cfg.seed, "partition") % (2**31)
+    if cfg.partition == "natural":
+        if not ds.has_users:
+            raise ConfigError("partition", "natural", f"iid, dirichlet or pathological for dataset {cfg.dataset!r}: "
+                              "'natural' needs a data set whose samples carry writer/speaker ids (femnist, "
+                              "shakespeare, sent140, or data.from_hf(..., user=...))")
+        return data.partition(ds.train_y, cfg.workers, "natural", seed=seed, users=ds.train_users)
     return data.partition(ds.train_y, cfg.workers, cfg.partition, alpha=cfg.alpha,
-                          classes_per_worker=cfg.classes_per_worker, seed=stream_seed(cfg.seed, "partition") % (2**31))
+                          classes_per_worker=cfg.classes_per_worker, seed=seed)
 
 
 ROW_BYTES_PER_PARAMETER = 32

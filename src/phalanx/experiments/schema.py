@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 Schedule = Literal["constant", "step", "cosine"]
-Partition = Literal["iid", "dirichlet", "pathological"]
+Partition = Literal["iid", "dirichlet", "pathological", "natural"]
 Engine = Literal["simulated", "torchrun"]
 Backend = Literal["auto", "gloo", "nccl"]
 Knowledge = Literal["omniscient", "colluders"]
@@ -72,7 +72,8 @@ class RunConfig(BaseModel):
         "'colluders' (only the Byzantine workers' own honest computations, on their own shards; dsgd and fedavg, "
         "simulated engine; docs/attacks.md)",
     )
-    partition: Partition = Field("iid", description="how training data is split between workers")
+    partition: Partition = Field("iid", description="how training data is split between workers ('natural': each "
+                                 "writer / speaker of a data set with user ids is one worker; docs/data.md)")
     alpha: float = Field(1.0, gt=0, description="Dirichlet concentration (partition = 'dirichlet')")
     classes_per_worker: int = Field(2, ge=1, description="classes per worker (partition = 'pathological')")
     rounds: int = Field(200, ge=1, description="training rounds (server steps)")
