@@ -59,7 +59,9 @@ def _partitions(obj: Any) -> tuple[list[Any], list[str] | None]:
     client names when each data set is one client)."""
     if hasattr(obj, "load_partition") and hasattr(obj, "num_partitions"):  # flwr_datasets.partitioner.Partitioner
         n = int(obj.num_partitions)
-        return [obj.load_partition(i) for i in range(n)], [str(i) for i in range(n)]
+        natural = getattr(obj, "partition_id_to_natural_id", None)  # NaturalIdPartitioner: the ids' own names
+        names = [str(natural[i]) if isinstance(natural, dict) and i in natural else str(i) for i in range(n)]
+        return [obj.load_partition(i) for i in range(n)], names
     if isinstance(obj, Sequence) and not isinstance(obj, str) and not hasattr(obj, "column_names"):
         parts = list(obj)
         if not parts:
@@ -142,7 +144,9 @@ def from_hf(
     ----------
     train: a ``datasets.Dataset``; a list of them, one per client (e.g. ``[partitioner.load_partition(i) for i in
         range(partitioner.num_partitions)]``); or a flwr-datasets partitioner whose ``dataset`` is set (its
-        partitions are loaded). With a list or a partitioner, client ``i``'s samples get user id ``i``.
+        partitions are loaded). With a list or a partitioner, client ``i``'s samples get user id ``i`` (named by
+        its natural id for a ``NaturalIdPartitioner``), so ``partition = "natural"`` gives worker ``i`` = client
+        ``i``.
     test: a ``datasets.Dataset`` with the same columns, or None: then every ``holdout``-th sample of each user is
         held out as the test set (:func:`holdout_split`; LEAF's ``-t sample`` split without a random draw).
     x, y: the input and label columns (default: the first of ``image``, ``img``, ``pixels``, ``x``, ``text``,

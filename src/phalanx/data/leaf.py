@@ -123,6 +123,11 @@ def read_leaf_dir(folder: Path) -> LeafSplit:
 def femnist_pixels(split: LeafSplit, where: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """FEMNIST's ``x`` as uint8 images ``(N, 1, 28, 28)`` (``round(255·x)``, exact for LEAF's ``v/255``) and ``y``
     as int64 labels in 0–61; a :class:`DataFormatError` (naming ``where``) for anything else."""
+    bad = next((i for i, r in enumerate(split.x) if not isinstance(r, list) or len(r) != 784), None)
+    if bad is not None:
+        got = len(split.x[bad]) if isinstance(split.x[bad], list) else type(split.x[bad]).__name__
+        raise DataFormatError(where, f"user {split.users[split.user_of[bad]]!r}: expected 784 pixels per FEMNIST "
+                              f"sample, got {got}")
     try:
         x = np.asarray(split.x, dtype=np.float64)
         y = np.asarray(split.y, dtype=np.int64)

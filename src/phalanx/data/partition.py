@@ -116,12 +116,12 @@ def partition(
         raise ConfigError("alpha", alpha, "a finite number > 0 (small: skewed; large: close to IID)")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ConfigError("seed", seed, "an integer >= 0")
+    if scheme == "natural":  # labels play no part (classes_per_worker is pathological's)
+        return [torch.from_numpy(p) for p in _natural(users, n, n_workers, min_size, np.random.default_rng(int(seed)))]
     classes = np.unique(y)
     k = check_int("classes_per_worker", classes_per_worker, low=1, high=len(classes),
                   hint=f"{len(classes)} classes in labels")
     rng = np.random.default_rng(int(seed))
-    if scheme == "natural":
-        return [torch.from_numpy(p) for p in _natural(users, n, n_workers, min_size, rng)]
     if users is not None:
         raise ConfigError("users", "given", f"None with scheme = {scheme!r} (user ids are read by 'natural' only)")
     if scheme == "iid":
