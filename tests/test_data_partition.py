@@ -169,3 +169,60 @@ def test_bad_labels(labels: object, match: str) -> None:
 def test_numpy_labels_accepted() -> None:
     parts = partition(np.arange(10) % 3, 2, "dirichlet", seed=0)  # type: ignore[arg-type]
     assert_is_partition(parts, 10, 2)
+
+
+# ---------------------------------------------------------------------------------------------------- natural
+
+
+def test_natural_is_one_user_per_worker_in_user_order() -> None:
+    users = torch.tensor([2, 0, 1, 0, 2, 2, 1, 0, 0])
+    y = torch.zeros(9, dtype=torch.int64)
+    parts = partition(y, 3, "natural", users=users)
+    assert [p.tolist() for p in parts] == [[1, 3, 7, 8], [2, 6], [0, 4, 5]]
+    assert_is_partition(parts, 9, 3)
+    assert partition(y, 3, "natural", users=users, seed=7)[0].tolist() == [1, 3, 7, 8]  # all users: no draw
+
+
+def test_natural_samples_users_deterministically_when_fewer_workers() -> None:
+    users = torch.arange(500).repeat_interleave(3)  # 500 users of 3 samples
+    y = torch.zeros(1500, dtype=torch.int64)
+    a = partition(y, 20, "natural", users=users, seed=1)
+    b = partition(y, 20, "natural", users=users, seed=1)
+    c = partition(y, 20, "natural", users=users, seed=2)
+    first = [int(users[p[0]]) for p in a]
+    assert [p.tolist() for p in a] == [p.tolist() for p in b] and first != [int(users[p[0]]) for p in c]
+    assert first == sorted(first) and len(set(first)) == 20  # distinct users, kept in user order
+    assert all(len(p) == 3 and len(set(users[p].tolist())) == 1 for p in a)
+    assert heterogeneity(a, y)["coverage"] == 60 / 1500
+
+
+def test_natural_min_size_and_errors() -> None:
+    users = torch.tensor([0, 0, 0, 1, 2, 2])
+    y = torch.zeros(6, dtype=torch.int64)
+    assert [p.tolist() for p in partition(y, 2, "natural", users=users, min_size=2)] == [[0, 1, 2], [4, 5]]
+    with pytest.raises(ConfigError, match=r"n_workers.*<= 2") as info:
+        partition(y, 3, "natural", users=users, min_size=2)
+    assert "3 users in all" in str(info.value)
+    with pytest.raises(ConfigError, match="users"):
+        partition(y, 2, "natural")
+    with pytest.raises(ConfigError, match="one user id per sample"):
+        partition(y, 2, "natural", users=users[:5])
+    with pytest.raises(ConfigError, match="users"):
+        partition(torch.tensor([0, 1, 0, 1, 0, 1]), 2, "iid", users=users)  # ids are read by 'natural' only
+
+
+@given(n=st.integers(1, 200), n_users=st.integers(1, 30), seed=st.integers(0, 2**32))
+def test_property_natural(n: int, n_users: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    users = torch.tensor(rng.integers(0, n_users, n))
+    y = torch.tensor(rng.integers(0, 4, n))
+    present = len(torch.unique(users))
+    workers = int(rng.integers(1, present + 1))
+    parts = partition(y, workers, "natural", users=users, seed=seed)
+    assert len(parts) == workers
+    owners = [set(users[p].tolist()) for p in parts]
+    assert all(len(o) == 1 for o in owners) and len(set().union(*owners)) == workers  # one distinct user each
+    for p in parts:  # a worker holds all of its user's samples
+        assert p.tolist() == torch.nonzero(users == users[p[0]]).flatten().tolist()
+    if workers == present:
+        assert_is_partition(parts, n, workers)

@@ -31,7 +31,7 @@ def gen(seed: int) -> torch.Generator:
 
 
 def test_names() -> None:
-    assert models.names() == ["cnn", "logreg", "mlp", "resnet20"]
+    assert models.names() == ["char-lstm", "cnn", "logreg", "mlp", "resnet20"]
 
 
 @pytest.mark.parametrize("name", ["logreg", "mlp", "cnn", "resnet20"])
@@ -158,3 +158,37 @@ def test_errors(args: tuple, kwargs: dict, match: str) -> None:
 def test_initialise_refuses_unknown_layers() -> None:
     with pytest.raises(TypeError, match="PReLU"):
         models.initialise(nn.Sequential(nn.Linear(2, 2), nn.PReLU()))
+
+
+def test_char_lstm_is_leafs_shakespeare_model_and_vmap_safe() -> None:
+    """char-lstm: LEAF's size (8-dim embedding, 2 × 256 LSTM units, 81 codes), seeded, and per-worker gradients
+    under vmap equal to plain autograd on character-code inputs (stored as float32 codes, as the loaders do)."""
+    lstm_params = 4 * 256 * (8 + 256 + 1) + 4 * 256 * (256 + 256 + 1)
+    assert models.count_parameters(models.make("char-lstm", (80,), 81)) == 81 * 8 + lstm_params + 256 * 81 + 81
+    a = models.make("char-lstm", (10,), 81, generator=gen(3), hidden=6)
+    b = models.make("char-lstm", (10,), 81, generator=gen(3), hidden=6)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+    assert not list(a.buffers())
+    model = models.make("char-lstm", (10,), 81, generator=gen(0), hidden=6, embedding=4).double()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    workers, batch = 3, 4
+    x = torch.randint(0, 81, (workers, batch, 10), generator=gen(1)).to(torch.float64)
+    y = torch.randint(0, 81, (workers, batch), generator=gen(2))
+
+    def loss(p: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(functional_call(model, p, (xb,)), yb)
+
+    batched = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    stacked = {k: v.expand(workers, *v.shape).clone() for k, v in params.items()}
+    per_model = vmap(grad(loss), in_dims=(0, 0, 0))(stacked, x, y)
+    for w in range(workers):
+        model.zero_grad()
+        F.cross_entropy(model(x[w]), y[w]).backward()
+        for k, p in model.named_parameters():
+            assert p.grad is not None
+            torch.testing.assert_close(batched[k][w], p.grad, atol=1e-9, rtol=1e-7)
+            torch.testing.assert_close(per_model[k][w], p.grad, atol=1e-9, rtol=1e-7)
+    with pytest.raises(ConfigError, match="input_shape"):
+        models.make("char-lstm", (1, 8, 8), 10)
+    with pytest.raises(ConfigError, match="hidden"):
+        models.make("char-lstm", (8,), 10, hidden=0)
