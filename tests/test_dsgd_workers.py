@@ -26,13 +26,13 @@ def test_rank_batches_and_vectors_are_the_in_process_rows(attack: str, byzantine
     ranks = [exp.algorithm.one_worker(exp, r, streams, None) for r in range(cfg.workers)]
     theta = exp.problem.initial_theta()
     rule = BoundRule(exp.rule, {})
-    for _ in range(3):
+    for t in range(3):
         xb, yb = worker_batches(
             exp.data, exp.attack, workers=cfg.workers, byzantine=byzantine, batch_size=cfg.batch_size,
-            batch_gen=sim_b, attack_gen=sim_a,
+            batch_gen=sim_b, attack_gen=sim_a, round=t,
         )
         for w in ranks:
-            x1, y1 = w._batch()
+            x1, y1 = w._batch(t)
             assert x1.shape == (1, *xb.shape[1:]) and y1.shape == (1, cfg.batch_size)
             if w.rank < xb.shape[0]:  # a vector-attack Byzantine rank has no batch of its own, it only draws
                 assert torch.equal(x1[0], xb[w.rank]) and torch.equal(y1[0], yb[w.rank])
