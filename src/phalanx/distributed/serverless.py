@@ -115,7 +115,7 @@ class AllGather(Transport):
         return start
 
     def streams(self) -> dict[str, Tensor]:
-        return {"batches": self.me.batch_gen.get_state(), "attack": self.attack_state}
+        return {**self.me.streams(), "attack": self.attack_state}  # batches (and dp noise) from this rank's worker
 
     def exchange(self, theta: Tensor, t: int, rule: BoundRule) -> Received:
         if self.mesh is not None:

@@ -24,6 +24,7 @@ from phalanx.experiments.schema import RunConfig
 from phalanx.training import devices, losses
 from phalanx.training.algorithms import builtin
 from phalanx.training.experiment import Experiment
+from phalanx.training.privacy import ClientDP
 from phalanx.training.streams import generator, stream_seed
 
 CONFIG_COLUMNS = (
@@ -37,11 +38,22 @@ def config_columns(cfg: RunConfig) -> dict[str, Any]:
     """The values of :data:`CONFIG_COLUMNS` in ``cfg``, and of the columns its algorithm declares
     (:attr:`~phalanx.training.algorithms.base.RoundAlgorithm.config_columns`: a federated run's ``clients_per_round``
     …, a gossip run's ``graph`` …)."""
-    keys = CONFIG_COLUMNS + builtin.columns(cfg.algorithm)
+    keys = CONFIG_COLUMNS + builtin.columns(cfg.algorithm) + (PRIVACY_COLUMNS if cfg.dp_noise is not None else ())
     out = {k: getattr(cfg, k) for k in keys}
     if cfg.attack_knowledge != "omniscient":  # only where set: the rows of every other run are as before
         out["attack_knowledge"] = cfg.attack_knowledge
     return out
+
+
+PRIVACY_COLUMNS = ("dp_noise", "dp_clip", "dp_delta")
+"""The config values a run with differential privacy repeats on its metric rows besides :data:`CONFIG_COLUMNS`."""
+
+
+def privacy(cfg: RunConfig) -> ClientDP | None:
+    """The client-level differential privacy ``cfg`` asks for (``dp_noise``, ``dp_clip``, ``dp_delta``), or None."""
+    if cfg.dp_noise is None or cfg.dp_clip is None:
+        return None
+    return ClientDP(clip=cfg.dp_clip, noise=cfg.dp_noise, delta=cfg.dp_delta)
 
 
 def resolve_device(cfg: RunConfig, local_rank: int | None = None) -> torch.device:
@@ -72,7 +84,7 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None, *, local_ra
         optimizer=parts.optimizer, lr=parts.server_lr, shards=shards, seed=cfg.seed, eval_every=cfg.eval_every,
         rule_for=lambda f: robust_gossip.configured(spec, f, cfg.algorithm, parts.algorithm.decentralized),
         columns=config_columns(cfg),
-        eval_clients=cfg.eval_clients, device=device, attack_knowledge=cfg.attack_knowledge,
+        eval_clients=cfg.eval_clients, device=device, attack_knowledge=cfg.attack_knowledge, privacy=privacy(cfg),
     )
 
 

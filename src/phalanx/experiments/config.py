@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from phalanx import data, models, signing
+from phalanx.analysis import privacy as accounting
 from phalanx.errors import ConfigError
 from phalanx.experiments import components, tracking
 from phalanx.experiments.components import processes, server_optimizer
@@ -220,6 +221,7 @@ def check_relations(cfg: RunConfig) -> None:
             raise ConfigError("model_params.norm", norm, "'group' or 'none' with engine = 'torchrun' "
                               f"({needs[1]} in one process so far: engine = 'simulated')")
     check_topology(cfg, cls)
+    check_privacy(cfg, cls)
     if cfg.keys is not None and cfg.engine == "torchrun" and cfg.backend == "nccl":
         raise ConfigError(
             "backend", cfg.backend, "'auto' or 'gloo' with keys (the sealed mesh carries the rows over TLS from the "
@@ -231,6 +233,31 @@ def check_relations(cfg: RunConfig) -> None:
             "c10d TCPStore, which survives missing workers, or gloo links between graph neighbours; NCCL needs "
             "topology = 'serverless'; docs/distributed.md)",
         )
+
+
+def check_privacy(cfg: RunConfig, cls: type[RoundAlgorithm]) -> None:
+    """Client-level differential privacy (``dp_noise``, ``dp_clip``, ``dp_delta``): the noise and the clipping norm
+    set together, δ only with them, an algorithm whose workers apply it
+    (:attr:`~phalanx.training.algorithms.base.RoundAlgorithm.supports_privacy`), no normalisation statistics leaving
+    the clients, and the accountant installed (the ``privacy`` extra)."""
+    if cfg.dp_noise is None:
+        if cfg.dp_clip is not None:
+            raise ConfigError("dp_noise", None, "a noise multiplier > 0 with dp_clip set (clipping alone gives no "
+                              "differential privacy)")
+        if cfg.dp_delta != RunConfig.model_fields["dp_delta"].get_default():
+            raise ConfigError("dp_delta", cfg.dp_delta, "its default (1e-05) unless dp_noise is set")
+        return
+    if cfg.dp_clip is None:
+        raise ConfigError("dp_clip", None, "a clipping norm > 0 with dp_noise set (the noise is σ times it)")
+    if not cls.supports_privacy:
+        able = " or ".join(repr(n) for n, c in builtin.BUILT_IN.items() if c.supports_privacy)
+        raise ConfigError("dp_noise", cfg.dp_noise, f"unset with algorithm = {cfg.algorithm!r} (client-level "
+                          f"differential privacy is applied by algorithm = {able})")
+    norm = cfg.model_params.get("norm")
+    if norm in _FEDERATED_NORMS:
+        raise ConfigError("model_params.norm", norm, "'group' or 'none' with dp_noise set (the clients' "
+                          "normalisation statistics would leave them without noise)")
+    accounting.require()
 
 
 BUILT_IN_TOPOLOGIES = builtin.topologies()

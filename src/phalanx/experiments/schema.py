@@ -26,6 +26,7 @@ LATER_KEYS = (
     "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch", "stats_momentum",
     "graph", "graph_params", "gossip_weights", "eval_clients", "device", "keys", "insecure", "algorithm_params",
     "tracking", "tracking_params", "attack_knowledge",
+    "dp_clip", "dp_noise", "dp_delta",
 )
 """Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
 that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
@@ -132,6 +133,15 @@ class RunConfig(BaseModel):
         100, ge=1, description="fedavg, norm = 'fedbn' (no global model): evaluate every honest client's own model, "
         "or this many evenly spaced ones when there are more",
     )
+    dp_noise: float | None = Field(
+        None, gt=0, description="client-level differential privacy: the noise multiplier σ — every computing worker "
+        "clips its update to norm dp_clip = C and adds N(0, σ²C²·I) itself (dsgd: its gradient, before momentum; "
+        "fedavg: its pseudo-gradient); the metric rows carry the budget ε (dp_epsilon, dp_epsilon_local); needs "
+        "phalanx[privacy]; off by default (docs/privacy.md)",
+    )
+    dp_clip: float | None = Field(None, gt=0, description="differential privacy: the clipping norm C of every "
+                                  "worker's update (set with dp_noise)")
+    dp_delta: float = Field(1e-5, gt=0, lt=1, description="differential privacy: the δ of the reported (ε, δ)")
     step_every: int = Field(100, ge=1, description="'step' schedule: divide lr by 10 every this many rounds")
     seed: int = Field(0, ge=0, description="the one seed; split into named streams")
     eval_every: int = Field(20, ge=1, description="evaluate every this many rounds (and at the end)")

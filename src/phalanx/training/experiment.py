@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from phalanx.aggregators.base import Aggregator
+from phalanx.analysis import privacy as accounting
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.attacks.none import NoAttack
 from phalanx.data.partition import partition
@@ -36,6 +37,7 @@ from phalanx.training.algorithms.base import RoundAlgorithm, check_knowledge, ch
 from phalanx.training.algorithms.dsgd import DSGD
 from phalanx.training.algorithms.fedbn import local_norms
 from phalanx.training.optim import SGD, ServerOptimizer
+from phalanx.training.privacy import ClientDP
 from phalanx.training.problem import Loss, Problem
 from phalanx.training.schedule import LRSchedule
 from phalanx.training.shards import WorkerData
@@ -86,6 +88,10 @@ class Experiment:
     moved there (in place), and so are the data set's training and test tensors, once (``data.x``, ``data.y``,
     ``test_x``, ``test_y``; ``dataset`` itself is left as given); random draws stay on the CPU. A CUDA device needs
     distributed SGD or federated averaging (decentralized rounds run on the CPU so far; ``"auto"`` picks it).
+    privacy: client-level differential privacy (:class:`~phalanx.training.privacy.ClientDP`: every computing worker
+    clips its update to norm C and adds N(0, σ²C²·I)), or None; the metric rows then carry the budget ε
+    (``dp_epsilon``, ``dp_epsilon_local``: :mod:`phalanx.analysis.privacy`). Distributed SGD and federated averaging
+    (models without BatchNorm statistics) support it.
     """
 
     model: nn.Module | Problem
@@ -107,6 +113,7 @@ class Experiment:
     eval_clients: int = 100
     device: str | torch.device = "cpu"
     attack_knowledge: str = "omniscient"
+    privacy: ClientDP | None = None
 
     def __post_init__(self) -> None:
         for name in ("workers", "rounds", "eval_every", "eval_clients"):
@@ -135,6 +142,7 @@ class Experiment:
         check_knowledge(self.attack_knowledge, self.attack, algo)
         check_stop(self.attack, algo)
         algo.check(self)
+        self._check_privacy()
         on_device = algo.runs_on_device
         self.device = device = devices.resolve("cpu" if self.device == "auto" and not on_device else self.device)
         if device.type != "cpu" and not on_device:
@@ -166,6 +174,21 @@ class Experiment:
         if not callable(self.lr):
             raise ConfigError("lr", self.lr, "a number > 0, an LRSchedule or a function of the round")
         self.reference_batch = self._root_batch() if "reference" in self.rule.context_keys else None
+        if self.privacy is not None and (self.problem.norm_stats is not None or local_norms(self.problem) is not None):
+            raise ConfigError("model", "a model with BatchNorm / Hybrid BN / FedBN layers", "a model without them with "
+                              "differential privacy (the clients' normalisation statistics would leave them without "
+                              "noise)")
+
+    def _check_privacy(self) -> None:
+        """Client-level DP needs an algorithm whose workers apply it, and the accountant (an optional extra)."""
+        if self.privacy is None:
+            return
+        if not isinstance(self.privacy, ClientDP):
+            raise ConfigError("privacy", self.privacy, "a phalanx.training.privacy.ClientDP or None")
+        if not type(self.algorithm).supports_privacy:
+            raise ConfigError("privacy", repr(self.privacy), f"None with {type(self.algorithm).__name__} (client-level "
+                              "differential privacy is applied by distributed SGD and federated averaging)")
+        accounting.require()
 
     @property
     def f(self) -> int:
@@ -200,7 +223,8 @@ class Experiment:
             "attack": repr(self.attack), "workers": self.workers, "byzantine": self.byzantine, "f": self.f,
             "rounds": self.rounds, "algorithm": repr(self.algorithm), "optimizer": repr(self.optimizer),
             "lr": repr(self.lr), "seed": self.seed, "eval_every": self.eval_every,
-            **({"eval_clients": self.eval_clients} if local_norms(self.problem) is not None else {}), **self.columns,
+            **({"eval_clients": self.eval_clients} if local_norms(self.problem) is not None else {}),
+            **({"privacy": repr(self.privacy)} if self.privacy is not None else {}), **self.columns,
         }
 
 

@@ -76,7 +76,8 @@ class Callback:
 
 class Evaluate(Callback):
     """Test accuracy and loss of θ (and the round's measurements) as a metric row: at round 0 and at every round the
-    experiment measures. The rows carry the experiment's ``columns``."""
+    experiment measures. The rows carry the experiment's ``columns``, and with client-level differential privacy the
+    budget ε after the rows's round (``dp_epsilon``, ``dp_epsilon_local``: :mod:`phalanx.analysis.privacy`)."""
 
     def on_start(self, loop: Loop) -> None:
         if loop.state.round == 0:
@@ -118,6 +119,8 @@ class Evaluate(Callback):
         stop = exp.attack.stop_round if isinstance(exp.attack, DataAttack) else None
         if stop is not None:  # durability: attack_success k rounds after the attackers stopped (docs/attacks.md)
             row["rounds_since_stop"] = loop.state.round - stop if loop.state.round >= stop else None
+        if exp.privacy is not None:  # the budget spent so far (phalanx.analysis.privacy)
+            row.update(exp.privacy.columns(loop.state.round, exp.workers, exp.algorithm.per_round(exp.workers)))
         row.update(exp.columns)
         return row
 

@@ -12,6 +12,8 @@ model), so every consumer draws from its own stream, seeded from the run's seed 
 ``aggregator``  a stochastic rule's draws (bucketing's permutation, DnC's / SignGuard's coordinates), every round
                 (server side)
 ``clients``     which clients a federated round samples, every round
+``dp``          the Gaussian noise every computing worker adds to its clipped update, every round (worker side;
+                client-level differential privacy, :mod:`phalanx.training.privacy`)
 ==============  =====================================================================================
 
 The per-round streams' states go into every checkpoint, so a resumed run draws exactly what an uninterrupted one
@@ -25,7 +27,7 @@ import hashlib
 
 import torch
 
-ROUND_STREAMS = ("batches", "attack", "aggregator", "clients")
+ROUND_STREAMS = ("batches", "attack", "aggregator", "clients", "dp")
 """The streams drawn from every round, whose states a checkpoint holds (:func:`phalanx.training.loop.fresh_start`)."""
 
 

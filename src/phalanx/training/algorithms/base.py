@@ -51,6 +51,7 @@ from phalanx.aggregators.base import Aggregator
 from phalanx.attacks.base import KNOWLEDGE, Attack, DataAttack
 from phalanx.errors import ConfigError
 from phalanx.plugins import Registry, check_params, is_spec
+from phalanx.training.privacy import ClientDP
 from phalanx.training.problem import Problem
 from phalanx.training.server import Server
 from phalanx.training.shards import WorkerData
@@ -80,6 +81,9 @@ class Run(Protocol):
     attack_knowledge: str
     """What a vector attack sees: ``"omniscient"`` (every honest vector) or ``"colluders"`` (the Byzantine workers'
     own honest computations only)."""
+    privacy: ClientDP | None
+    """Client-level differential privacy: every computing worker clips its update and adds Gaussian noise
+    (:mod:`phalanx.training.privacy`), or None."""
 
     @property
     def f(self) -> int: ...
@@ -149,6 +153,9 @@ class RoundAlgorithm(ABC):
     """The torchrun topologies its rounds run on (:mod:`phalanx.distributed.topologies`); a torchrun config's
     ``topology`` defaults to the first."""
     population_key: ClassVar[str] = "workers"
+    supports_privacy: ClassVar[bool] = False
+    """Its workers clip and noise their updates when the run asks for client-level differential privacy
+    (``Run.privacy``, :mod:`phalanx.training.privacy`); a run with privacy and an algorithm that does not is refused."""
     """The config key that sets :meth:`per_round`'s number, named in the config's errors about it."""
     stops_attacks: ClassVar[bool] = False
     """Its worker side honours a data attack's ``stop_round`` (the attackers behave honestly from that round on:

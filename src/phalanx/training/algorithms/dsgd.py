@@ -10,6 +10,9 @@ Round t:
    momentum rows the Byzantine workers compute honestly on their own shards (kept from round to round as an honest
    worker keeps its own); a data attack (label flipping, a backdoor) makes the worker compute an honest-looking
    momentum on poisoned batches (until its ``stop_round``, if it has one);
+   with client-level differential privacy (``Run.privacy``, :mod:`phalanx.training.privacy`) every computing worker
+   first clips gᵢ to norm C and adds N(0, σ²C²·I) — DP-SGD's clip-and-noise per client — so that its momentum, and
+   everything after, is post-processing of privatized gradients;
 4. the server aggregates the n vectors and its optimizer steps θ (:mod:`phalanx.training.server`,
    :mod:`phalanx.training.optim`).
 
@@ -32,10 +35,12 @@ from phalanx.aggregators.base import Aggregator
 from phalanx.attacks.base import Attack, AttackContext, DataAttack
 from phalanx.errors import ConfigError
 from phalanx.training.algorithms.base import RoundAlgorithm, built_in_params
+from phalanx.training.privacy import STREAM as DP_STREAM
+from phalanx.training.privacy import ClientDP
 from phalanx.training.problem import Problem
 from phalanx.training.shards import WorkerData, sample_batch_of, sample_batches
 from phalanx.training.state import Received, SlotPlan
-from phalanx.training.streams import restored
+from phalanx.training.streams import generator, restored
 from phalanx.validate import check_int, check_real
 
 if TYPE_CHECKING:
@@ -54,6 +59,7 @@ class DSGD(RoundAlgorithm):
     runs_on_device = True
     knowledge: ClassVar[tuple[str, ...]] = ("omniscient", "colluders")
     stops_attacks = True
+    supports_privacy = True
 
     def __post_init__(self) -> None:
         check_int("batch_size", self.batch_size, low=1)
@@ -160,6 +166,21 @@ def local_momentum(
     return problem.accumulate_grads(theta, xb, yb, rows, 1.0 - momentum, weight_decay)
 
 
+def private_momentum(
+    theta: Tensor, problem: Problem, xb: Tensor, yb: Tensor, rows: Tensor | None, *, momentum: float,
+    weight_decay: float, privacy: ClientDP, gen: torch.Generator, workers: int, positions: slice = slice(None),
+) -> Tensor:
+    """:func:`local_momentum` with client-level differential privacy: g̃ᵢ = clip_C(gᵢ) + N(0, σ²C²·I), then
+    mᵢ ← β mᵢ + (1 − β) g̃ᵢ (m₀ = g̃₀). The round has ``workers`` computing workers; these are those at ``positions``
+    (the noise is drawn for all of them: :meth:`~phalanx.training.privacy.ClientDP.privatize`)."""
+    g = torch.empty(xb.shape[0], problem.dim, dtype=theta.dtype, device=theta.device)
+    problem.accumulate_grads(theta, xb, yb, g, 1.0, weight_decay)
+    privacy.privatize(g, workers, gen, positions)
+    if rows is None:
+        return g
+    return rows.mul_(momentum).add_(g, alpha=1.0 - momentum)
+
+
 def byzantine_vectors(
     attack: Attack, honest: Tensor, *, byzantine: int, f: int, rule: Callable[[Tensor], Tensor],
     attack_gen: torch.Generator, round: int, workers: int | None = None, knowledge: str = "omniscient",
@@ -188,10 +209,32 @@ class _Workers:
                                            "omniscient")
         self.batch_gen = restored(streams["batches"])
         self.attack_gen = restored(streams["attack"])
+        self.privacy = exp.privacy
+        self.dp_gen = restored(streams[DP_STREAM]) if DP_STREAM in streams else generator(exp.seed, DP_STREAM)
 
     def streams(self) -> dict[str, Tensor]:
-        """The worker-side streams' states now."""
-        return {"batches": self.batch_gen.get_state(), "attack": self.attack_gen.get_state()}
+        """The worker-side streams' states now (the ``dp`` stream's with differential privacy)."""
+        out = {"batches": self.batch_gen.get_state(), "attack": self.attack_gen.get_state()}
+        if self.privacy is not None:
+            out[DP_STREAM] = self.dp_gen.get_state()
+        return out
+
+    def _momentum(self, theta: Tensor, xb: Tensor, yb: Tensor, rows: Tensor | None, positions: slice) -> Tensor:
+        """The new momentum of the workers at ``positions`` of the computing ones (:func:`local_momentum`, or
+        :func:`private_momentum` with differential privacy)."""
+        algo, exp = self.algo, self.exp
+        if self.privacy is None:
+            return local_momentum(theta, exp.problem, xb, yb, rows, momentum=algo.momentum,
+                                  weight_decay=algo.weight_decay)
+        return private_momentum(theta, exp.problem, xb, yb, rows, momentum=algo.momentum,
+                                weight_decay=algo.weight_decay, privacy=self.privacy, gen=self.dp_gen,
+                                workers=self.computing, positions=positions)
+
+    def _draw_noise(self, theta: Tensor) -> None:
+        """A round in which this process computes no update: the ``dp`` stream advances as where it does."""
+        if self.privacy is not None:
+            self.privacy.privatize(theta.new_zeros(0, self.exp.problem.dim), self.computing, self.dp_gen,
+                                   slice(0, 0))
 
     def _attack(self, honest: Tensor, rule: Callable[[Tensor], Tensor], t: int) -> Tensor:
         assert isinstance(self.exp.attack, Attack)
@@ -216,13 +259,11 @@ class AllWorkers(_Workers):
             batch_gen=self.batch_gen, attack_gen=self.attack_gen, computing=self.computing, round=t,
         )
         if self.buffer is None:  # m₀ = g₀; one (n, d) buffer from now on, updated in place
-            g = local_momentum(theta, exp.problem, xb, yb, None, momentum=algo.momentum,
-                               weight_decay=algo.weight_decay)
+            g = self._momentum(theta, xb, yb, None, slice(None))
             self.buffer = torch.empty(self.n, g.shape[1], dtype=g.dtype, device=g.device)
             self.buffer[: self.computing] = g
         else:
-            local_momentum(theta, exp.problem, xb, yb, self.buffer[: self.computing], momentum=algo.momentum,
-                           weight_decay=algo.weight_decay)
+            self._momentum(theta, xb, yb, self.buffer[: self.computing], slice(None))
         m = self.buffer
         if self.colluders:  # the attack sees the Byzantine workers' own honest rows, kept as their momentum
             sent = torch.cat([m[: self.honest_n], self._attack(m[self.honest_n :], rule, t)])
@@ -288,9 +329,9 @@ class OneWorker(_Workers):
         Byzantine rank None (it computes nothing, but draws, to stay in step)."""
         xb, yb = self._batch(t)
         if self.rank >= self.computing:
+            self._draw_noise(theta)
             return None
-        self.row = local_momentum(theta, self.exp.problem, xb, yb, self.row, momentum=self.algo.momentum,
-                                  weight_decay=self.algo.weight_decay)
+        self.row = self._momentum(theta, xb, yb, self.row, slice(self.rank, self.rank + 1))
         return self.row[0]
 
     def attack_vector(self, honest: Tensor, rule: Callable[[Tensor], Tensor], t: int) -> Tensor:
@@ -298,7 +339,8 @@ class OneWorker(_Workers):
         return self._attack(honest, rule, t)[self.rank - self.honest_n]
 
     def skip(self, t: int) -> None:
-        """A round this rank missed: draw its batch (the shared streams stay in step), compute nothing."""
+        """A round this rank missed: draw its batch and noise (the shared streams stay in step), compute nothing."""
         self._batch(t)
+        self._draw_noise(torch.zeros(1, device=self.exp.device))
 
 

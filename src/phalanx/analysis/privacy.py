@@ -1,0 +1,97 @@
+"""The privacy budget (ε, δ) of client-level differential privacy, from Google's ``dp-accounting`` (its Rényi DP
+accountant) — the accounting of :class:`phalanx.training.privacy.ClientDP`, which says what the workers do.
+
+The mechanism being accounted. Every round, each participating honest client i releases
+
+    ỹᵢ = clip_C(uᵢ) + N(0, σ²C²·I),     clip_C(u) = u · min(1, C / ‖u‖₂),
+
+its own update (a DSGD worker's gradient, a FedAvg client's pseudo-gradient) clipped to norm C, with Gaussian noise
+of standard deviation σC added *by the client itself* (the local, distributed-noise variant of DP-FedAvg: McMahan,
+Ramage, Talwar & Zhang, "Learning differentially private recurrent language models", ICLR 2018, Algorithm 1, with
+the noise moved to the clients). Everything else — the attack's vectors, the robust rule, the server optimizer, the
+model — is post-processing of those releases.
+
+Neighbouring data sets: one client's whole local data set *replaced* by any other (``REPLACE_ONE``), so the
+L2 sensitivity of ``clip_C(uᵢ)`` is 2C and the Gaussian's noise multiplier relative to it is z = σC / 2C = σ/2.
+(Under the add/remove-one-client relation the sensitivity is C and z = σ; replace-one is used because federated
+rounds sample a *fixed* number of clients, which the add/remove accountants of Poisson sampling do not cover.)
+
+Two budgets after T rounds, both from the Rényi DP accountant (Mironov, "Rényi differential privacy", CSF 2017;
+Abadi et al., "Deep learning with differential privacy", CCS 2016, the moments accountant it generalises):
+
+* ``epsilon_local`` — against anyone who sees every client's release and knows who was sampled (the server, the
+  Byzantine workers, whose omniscient attacks read the honest vectors): T Gaussian mechanisms of multiplier z
+  (``GaussianDpEvent(z)`` self-composed T times; a client sampled in fewer rounds loses less);
+* ``epsilon`` — against an observer of the released models θ₁ … θ_T only, the clients of each round being a
+  secret uniform sample of m of the n without replacement: T subsampled Gaussian mechanisms
+  (``SampledWithoutReplacementDpEvent(n, m, GaussianDpEvent(z))``: Wang, Balle & Kasiviswanathan, "Subsampled
+  Rényi differential privacy and analytical moments accountant", AISTATS 2019), or ``epsilon_local`` when that is
+  smaller (the models are post-processing of the releases; with m = n, as in DSGD, both are the same). The
+  amplification assumes the rule treats the round's vectors alike (a rule that reads which client sent a row,
+  FoolsGold's history, reveals who was sampled: read ``epsilon_local`` there).
+
+``dp-accounting`` is an optional extra (``pip install 'phalanx[privacy]'``): :func:`require` is a one-line
+:class:`~phalanx.errors.ConfigError` naming it when it is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from types import ModuleType
+
+from phalanx.errors import ConfigError
+
+EXTRA = "phalanx[privacy]"
+"""The optional extra that installs the accountant."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The (ε, δ) of T rounds: ``epsilon`` for the released models, ``epsilon_local`` against the server and the
+    other clients (the module's docstring)."""
+
+    epsilon: float
+    epsilon_local: float
+    delta: float
+    rounds: int
+
+
+def require() -> ModuleType:
+    """The ``dp_accounting`` package, or a one-line :class:`ConfigError` naming the extra that installs it."""
+    try:
+        import dp_accounting
+    except ImportError:
+        raise ConfigError("dp_noise", "set", f"only with the accountant installed: pip install '{EXTRA}' "
+                          "(Google's dp-accounting)") from None
+    return dp_accounting
+
+
+def multiplier(noise: float) -> float:
+    """The Gaussian's noise multiplier relative to the replace-one sensitivity 2C of a clipped update: σ / 2."""
+    return noise / 2.0
+
+
+@functools.lru_cache(maxsize=4096)
+def budget(noise: float, delta: float, rounds: int, population: int, sampled: int) -> Budget:
+    """(ε, δ) after ``rounds`` rounds of client-level DP with noise multiplier ``noise`` (σ: the noise's standard
+    deviation over the clipping norm), ``sampled`` of ``population`` clients a round (the module's docstring).
+    Round 0 is ε = 0."""
+    if rounds < 0 or not 1 <= sampled <= population:
+        raise ConfigError("rounds", (rounds, sampled, population), "rounds >= 0 and 1 <= sampled <= population")
+    if rounds == 0:
+        return Budget(0.0, 0.0, delta, 0)
+    dpa = require()
+    from dp_accounting import rdp
+
+    z = multiplier(noise)
+    replace_one = dpa.NeighboringRelation.REPLACE_ONE
+    local = rdp.RdpAccountant(neighboring_relation=replace_one)
+    local.compose(dpa.GaussianDpEvent(z), rounds)
+    eps_local = float(local.get_epsilon(delta))
+    eps = eps_local
+    if sampled < population:
+        amplified = rdp.RdpAccountant(neighboring_relation=replace_one)
+        amplified.compose(dpa.SampledWithoutReplacementDpEvent(population, sampled, dpa.GaussianDpEvent(z)), rounds)
+        eps = min(eps, float(amplified.get_epsilon(delta)))
+    return Budget(eps, eps_local, delta, rounds)
