@@ -374,3 +374,16 @@ def test_a_stateful_rule_keeps_its_history_on_every_topology(case: str, tmp_path
     assert_same_run(d, sim, tmp_path / "sim")
     got = load_file(str(d / "checkpoint.safetensors"))["rule.history"]
     torch.testing.assert_close(got, sim["rule.history"], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("topology", ["server", "serverless"])
+def test_client_level_dp_on_torchrun_is_the_simulated_run(topology: str, tmp_path: Path) -> None:
+    """Differential privacy at every rank (docs/privacy.md): each rank draws the round's whole noise matrix from the
+    ``dp`` stream and keeps its own row — the same run as the simulated engine, the dp stream's state included."""
+    pytest.importorskip("dp_accounting")
+    data = {**BASE, "topology": topology, "engine": "torchrun", "dp_noise": 0.5, "dp_clip": 1.0}
+    code, err = run_job(data, tmp_path / "dist", tmp_path)
+    assert code == 0, err[-3000:]
+    sim = simulated(data, tmp_path / "sim")
+    assert "rng.dp" in sim
+    assert_same_run(run_dir(tmp_path / "dist"), sim, tmp_path / "sim")
