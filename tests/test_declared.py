@@ -19,7 +19,8 @@ from phalanx.decentralized.gossip_attacks import Dissensus, GossipAttack, Gossip
 from phalanx.errors import ConfigError
 from phalanx.training.algorithms.gossip_node import check_attack
 
-DISTANCE_BASED = {"krum", "multikrum", "bulyan", "mda", "signguard", "dnc", "clippedclustering", "foolsgold", "flame"}
+DISTANCE_BASED = {"krum", "multikrum", "bulyan", "mda", "signguard", "dnc", "clippedclustering", "foolsgold", "flame",
+                  "caf", "smea", "fldetector"}
 
 
 @pytest.mark.parametrize("name", aggregators.names("rule"))

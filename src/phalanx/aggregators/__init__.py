@@ -14,11 +14,14 @@ reference, its requirement on n and f, (where the literature gives them) ε and 
 # Importing a module registers its rules with make()/names().
 from phalanx.aggregators import (  # noqa: F401
     bulyan,
+    caf,
     cc,
+    cge,
     clippedclustering,
     coordinatewise,
     dnc,
     flame,
+    fldetector,
     fltrust,
     foolsgold,
     geomed,
@@ -28,6 +31,7 @@ from phalanx.aggregators import (  # noqa: F401
     rlr,
     signguard,
     signmaj,
+    smea,
 )
 from phalanx.aggregators.base import Aggregator, PreAggregator, RuleTags
 from phalanx.aggregators.chain import Chain
