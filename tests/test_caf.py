@@ -1,0 +1,123 @@
+"""CAF (Allouah, Guerraoui & Stephan, ICML 2025, Algorithm 2): the filter on the Gram matrix against a plain
+d-dimensional transcription, ByzFL's documented example and ByzFL itself where the definitions agree (d = 1 and a
+filter that stops after its first step), and the places where they do not."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from phalanx import aggregators
+from phalanx.aggregators._rowops import float64_gram
+from phalanx.aggregators.caf import caf_weights
+from phalanx.testing import check_aggregator
+
+
+def _byzfl() -> Any:
+    """ByzFL 0.0.11 as ``make bench`` installs it (its import-time-only dependencies stubbed by the benchmark's
+    loader), or a skip where it is not installed."""
+    if importlib.util.find_spec("byzfl") is None:
+        pytest.skip("byzfl not installed (make bench installs it)")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        from _bench_peers import load_byzfl
+    finally:
+        sys.path.pop(0)
+    return load_byzfl()
+
+
+def reference(x: torch.Tensor, f: int) -> torch.Tensor:
+    """Algorithm 2 step by step in R^d (float64, the covariance and its eigenpair formed explicitly; τ_max over the
+    rows still weighted)."""
+    n = x.shape[0]
+    c = torch.ones(n, dtype=torch.float64)
+    best, best_lam = None, float("inf")
+    first = True
+    while first or float(c.sum()) > n - 2 * f:
+        first = False
+        mu = (c[:, None] * x).sum(0) / c.sum()
+        dev = x - mu
+        cov = (c[:, None, None] * dev[:, :, None] * dev[:, None, :]).sum(0) / c.sum()
+        evals, evecs = torch.linalg.eigh(cov)
+        if float(evals[-1]) < best_lam:
+            best, best_lam = mu, float(evals[-1])
+        tau = (dev @ evecs[:, -1]) ** 2
+        active = c > 0
+        c = torch.where(active, c * (1 - tau / tau[active].max()), torch.zeros_like(c)).clamp_min(0)
+    assert best is not None
+    return best
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_gram_matrix_filter_is_the_d_dimensional_one(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    n, f = 7 + seed, 1 + seed % 3
+    x = torch.randn(n, 4, generator=g, dtype=torch.float64)
+    x[:f] += 4.0 * torch.randn(1, 4, generator=g, dtype=torch.float64)  # a few planted outliers
+    torch.testing.assert_close(aggregators.make("caf", f=f)(x), reference(x, f), rtol=1e-10, atol=1e-10)
+
+
+def test_byzfl_documented_example() -> None:
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+    torch.testing.assert_close(aggregators.make("caf", f=1)(x), torch.tensor([4.0, 5.0, 6.0]))
+
+
+def test_tau_max_among_the_rows_still_weighted() -> None:
+    # 0, 1, 10 with f = 1. Step 1: μ = 11/3, the weights become (1 − τᵢ/τ₃) and 10 drops to 0. Step 2: among the
+    # rows still weighted, τ is largest at 0, which drops to 0: Σc ≤ 1, stop. ByzFL keeps taking τ_max over all
+    # rows, where 10 (already at weight 0) stays the largest and no weight reaches 0 for many steps.
+    x = torch.tensor([[0.0], [1.0], [10.0]], dtype=torch.float64)
+    tau = (x[:, 0] - 11.0 / 3.0) ** 2
+    c = 1 - tau / tau.max()
+    mu2 = float((c * x[:, 0]).sum() / c.sum())
+    var1, var2 = float(x.var(unbiased=False)), float((c * (x[:, 0] - mu2) ** 2).sum() / c.sum())
+    assert var2 < var1
+    torch.testing.assert_close(aggregators.make("caf", f=1)(x), torch.tensor([mu2], dtype=torch.float64))
+
+
+def test_f_zero_is_the_mean_and_bad_rows_get_no_weight() -> None:
+    x = torch.randn(6, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    torch.testing.assert_close(aggregators.make("caf", f=0)(x), x.mean(0))
+    y = x.clone()
+    y[2] = float("nan")
+    y[4, 1] = float("inf")
+    out, share = aggregators.make("caf", f=2).aggregate(y)
+    assert torch.isfinite(out).all() and share[2] == 0 and share[4] == 0
+    gram = float64_gram(y.nan_to_num(0, 0, 0), torch.ones(6, dtype=torch.bool))
+    assert float(caf_weights(gram, torch.tensor([False, False, True, False, True, False]), 2)[[2, 4]].sum()) == 0
+
+
+def test_float32_and_float64_choose_the_same_step() -> None:
+    x = torch.randint(-3, 4, (9, 3), generator=torch.Generator().manual_seed(4)).double()
+    out32, c32 = aggregators.make("caf", f=2).aggregate(x.float())
+    out64, c64 = aggregators.make("caf", f=2).aggregate(x)
+    torch.testing.assert_close(c32, c64, rtol=0, atol=0)
+    torch.testing.assert_close(out32.double(), out64, rtol=0, atol=1e-6)
+
+
+def test_passes_the_property_checks() -> None:
+    check_aggregator("caf", trials=12)
+
+
+def test_agrees_with_byzfl_where_the_definitions_agree() -> None:
+    """In d = 1 ByzFL's one power-iteration step is exact; where the filter stops after its first step (the τ of
+    the other rows add up to at least (2f − 1)·τ_max), ByzFL's τ_max over all rows is ours too."""
+    byzfl = _byzfl()
+    g = torch.Generator().manual_seed(1)
+    compared = 0
+    for _ in range(200):
+        n = int(torch.randint(3, 10, (1,), generator=g))
+        f = int(torch.randint(1, (n - 1) // 2 + 1, (1,), generator=g))
+        x = torch.randn(n, 1, generator=g, dtype=torch.float64)
+        tau = (x[:, 0] - x[:, 0].mean()) ** 2
+        if float((tau / tau.max()).sum()) - 1.0 < 2 * f - 1:
+            continue
+        compared += 1
+        theirs = torch.as_tensor(byzfl.CAF(f)(x.clone())).double()
+        torch.testing.assert_close(aggregators.make("caf", f=f)(x), theirs, rtol=1e-6, atol=1e-6)  # float32 there
+    assert compared >= 20
