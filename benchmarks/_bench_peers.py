@@ -397,12 +397,14 @@ def build_peers(rule: str, s: Setting, pparams: dict[str, Any]) -> list[Peer]:
     elif rule == "caf":
         if has_bz():
             peers.append(_byzfl(s, f"byzfl.CAF(f={f})(x)", lambda: bz.CAF(f=f),
-                                known="CAF draws a random start vector for its power iteration"))
+                                known="ByzFL's CAF takes one power-iteration step from a random start (Phalanx: the exact eigenpair) "
+                                      "and its τ_max over all rows (Phalanx: over the rows still weighted)"))
     elif rule == "smea":
         if has_bz():
             subsets = math.comb(n, f)
             p = _byzfl(s, f"byzfl.SMEA(f={f})(x) (enumerates C(n,f) subsets)", lambda: bz.SMEA(f=f),
-                       known="SMEA draws a random start vector for each power iteration")
+                       known="ByzFL's SMEA scores each subset by one power-iteration step from a random start "
+                             "(Phalanx: the exact top eigenvalue), so its choice of subset is random where d > 1")
             if subsets > MDA_LIMIT:
                 p.skip = f"infeasible (C({n},{f})={subsets:.3g})"
             peers.append(p)

@@ -47,6 +47,9 @@ class Case:
     coordinatewise: bool = False
     optional: bool = False
     """Shown only when Phalanx registers it (ByzFL-only rules: MoNNA, CAF, SMEA)."""
+    warm_rounds: int = 0
+    """A stateful rule is called this many times on perturbed copies of the input before it is timed, so that the
+    timed calls are rounds with a full history (FLDetector: its window filled, every client predicted)."""
 
 
 def _median_norm(s: Setting) -> float:
@@ -76,6 +79,8 @@ CASES: list[Case] = [
     Case("monna", "monna", optional=True),
     Case("caf", "caf", optional=True),
     Case("smea", "smea", optional=True),
+    Case("cge", "cge", optional=True),
+    Case("fldetector", "fldetector", optional=True, warm_rounds=12),
 ]
 
 
@@ -314,6 +319,11 @@ def run_case(case: Case, s: Setting, x_ref: torch.Tensor, reps: int, peers_on: b
         def ph_call(v: torch.Tensor) -> Any:
             return obj(v, **ctx)
 
+    if case.warm_rounds:
+        gen = torch.Generator().manual_seed(s.n)
+        for _ in range(case.warm_rounds):
+            obj(s.x + 0.01 * torch.randn(s.x.shape, generator=gen), **ctx)
+        rec["notes"].append(f"timed after {case.warm_rounds} rounds on perturbed copies (a full history)")
     try:
         t = measure(ph_call, lambda: s.x, reps, big, limit)
     except Exception as exc:

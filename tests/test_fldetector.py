@@ -48,7 +48,7 @@ def _brute_kmeans(a: list[float], k: int) -> float:
     for cuts in itertools.combinations(range(1, len(a)), k - 1):
         edges = [0, *cuts, len(a)]
         cost = 0.0
-        for lo, hi in zip(edges, edges[1:]):
+        for lo, hi in itertools.pairwise(edges):
             part = torch.tensor(a[lo:hi], dtype=torch.float64)
             cost += float(((part - part.mean()) ** 2).sum())
         best = min(best, cost)

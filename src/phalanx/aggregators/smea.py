@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from phalanx.aggregators._rowops import float64_gram, row_norms, weighted_sum
+from phalanx.aggregators._rowops import row_norms, weighted_sum
 from phalanx.aggregators.base import Aggregator, as_compute_dtype, check_positive
-from phalanx.aggregators.caf import gram_bad_rows
+from phalanx.aggregators.caf import gram_bad_rows, row_gram
 from phalanx.aggregators.registry import register
 from phalanx.errors import ConfigError
 
@@ -92,7 +92,7 @@ class SMEA(Aggregator):
         \mathrm{SMEA}(x) = \bar x_{S^\star} = \frac{1}{n - f} \sum_{i \in S^\star} x_i.
 
     Requires :math:`n > 2f`. The search is over all :math:`\binom{n}{f}` subsets, as in the paper: it is done on the
-    rows' Gram matrix (one float64 pass over the data), each subset an ``(n − f) × (n − f)`` symmetric eigenvalue
+    rows' Gram matrix (one matrix product), each subset an ``(n − f) × (n − f)`` symmetric eigenvalue
     problem, exact (:func:`smea_weights`). ``max_subsets`` (default 10⁶) bounds the search: beyond it the call is a
     :class:`~phalanx.errors.ConfigError` before anything is computed (C(50, 10) ≈ 10¹⁰ subsets is out of reach for
     any exhaustive search). Exact ties between subsets are averaged (see :func:`smea_weights`).
@@ -130,7 +130,7 @@ class SMEA(Aggregator):
                               f"{subsets:.3g} (SMEA searches every subset of n - f rows; lower f or raise it)")
         xc = as_compute_dtype(x)
         bad = row_norms(xc)[1]
-        gram = float64_gram(xc.detach(), ~bad)
+        gram = row_gram(xc.detach(), bad)
         weights = smea_weights(gram, bad, self.f)
         out = weighted_sum(weights, xc, gram_bad_rows(gram, bad) | bad)
         return out.to(x.dtype), (weights if want_contributions else None)
