@@ -397,8 +397,9 @@ def build_peers(rule: str, s: Setting, pparams: dict[str, Any]) -> list[Peer]:
     elif rule == "caf":
         if has_bz():
             peers.append(_byzfl(s, f"byzfl.CAF(f={f})(x)", lambda: bz.CAF(f=f),
-                                known="ByzFL's CAF takes one power-iteration step from a random start (Phalanx: the exact eigenpair) "
-                                      "and its τ_max over all rows (Phalanx: over the rows still weighted)"))
+                                known="ByzFL's CAF takes one power-iteration step from a random start (Phalanx: the "
+                                      "exact eigenpair) and its τ_max over all rows (Phalanx: the rows still "
+                                      "weighted)"))
     elif rule == "smea":
         if has_bz():
             subsets = math.comb(n, f)
