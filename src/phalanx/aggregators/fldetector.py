@@ -40,24 +40,22 @@ def lbfgs_product(s: Tensor, y: Tensor, v: Tensor) -> Tensor:
         \begin{bmatrix} \sigma S^\top v \\ Y^\top v \end{bmatrix},
 
     :math:`L` the strictly lower triangle of :math:`S^\top Y` and :math:`D` its diagonal. The small matrices are
-    float64; a singular middle matrix is pseudo-inverted. :math:`B v` is unchanged when every ``s_k`` and ``v``
-    are scaled by one constant, so the pairs may be given in any fixed unit of the model's steps.
+    float64 (the ``(·, d)`` products in the dtype given); a singular middle matrix is pseudo-inverted. :math:`B v`
+    is unchanged when every ``s_k`` and ``v`` are scaled by one constant, so the pairs may be given in any fixed unit
+    of the model's steps.
     """
-    st = s.to(torch.float64)
-    yt = y.to(torch.float64)
-    vt = v.to(torch.float64)
-    sy = st @ yt.T
-    ss = st @ st.T
+    sy = (s @ y.T).to(torch.float64)  # the (m, m) and (2m, k) matrices in float64, the (·, d) ones as given
+    ss = (s @ s.T).to(torch.float64)
     last = float(ss[-1, -1])
     sigma = float(sy[-1, -1]) / last if last > 0 else 0.0
     if not torch.isfinite(torch.tensor(sigma)):
         sigma = 0.0
     low = torch.tril(sy, diagonal=-1)
     mid = torch.cat([torch.cat([sigma * ss, low], dim=1), torch.cat([low.T, -torch.diag(sy.diagonal())], dim=1)])
-    p = torch.cat([sigma * (st @ vt.T), yt @ vt.T])  # (2m, k)
-    coef = torch.linalg.pinv(mid) @ p
-    out = sigma * vt - (torch.cat([sigma * st, yt]).T @ coef).T
-    return out.to(v.dtype)
+    p = torch.cat([sigma * (s @ v.T), y @ v.T]).to(torch.float64)  # (2m, k)
+    coef = (torch.linalg.pinv(mid) @ p).to(v.dtype)
+    m = s.shape[0]
+    return sigma * v - (coef[:m].T * sigma) @ s - coef[m:].T @ y
 
 
 def kmeans_1d(values: Tensor, k_max: int) -> tuple[Tensor, Tensor]:
