@@ -93,6 +93,10 @@ class AllGather(Transport):
         if not isinstance(me, OneWorker):  # federated rounds: the server samples the clients
             raise ConfigError("topology", "serverless", f"'server' with algorithm = {exp.algorithm.name!r}")
         self.me = me
+        self.attack_state: Tensor = start.streams["attack"]
+        self.device = torch.device("cpu")
+        if start.state.round >= exp.rounds:  # a finished run: no round to exchange, so no process group to form
+            return start  # (a rank that formed one and left at once could break another's connect)
         self.me.warm_up()
         wire.put(store, f"ready/{rank}", b"1")
         joined = collect(store, {r: f"ready/{r}" for r in range(n)}, set(), JOIN_TIMEOUT_S)
@@ -111,7 +115,6 @@ class AllGather(Transport):
                 "MASTER_ADDR's network (docs/distributed.md)"
             ) from None
         self.device = torch.device("cuda", self.renv.local_rank) if backend == "nccl" else torch.device("cpu")
-        self.attack_state: Tensor = start.streams["attack"]
         return start
 
     def streams(self) -> dict[str, Tensor]:
