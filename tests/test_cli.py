@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from typer.testing import CliRunner
 
@@ -32,7 +34,8 @@ def test_list_aggregators_refuses_a_setting_beyond_any_rule(capsys: pytest.Captu
 def test_list_attacks_says_what_kind_each_is() -> None:
     res = runner.invoke(cli.app, ["list", "attacks"])
     assert res.exit_code == 0, res.output
-    assert "labelflip │ data: poisons its batches" in res.output and "alie      │ vector: sends rows" in res.output
+    assert re.search(r"labelflip +│ data: poisons its batches", res.output)
+    assert re.search(r"alie +│ vector: sends rows", res.output)
 
 
 def test_epsilon_command() -> None:

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from phalanx import attacks, data, models
+from phalanx import data, models
 from phalanx.analysis.epsilon import MEMORY_SHARE, available_memory
 from phalanx.attacks.base import DataAttack
-from phalanx.decentralized import robust_gossip
+from phalanx.decentralized import gossip_attacks, robust_gossip
 from phalanx.errors import ConfigError
 from phalanx.experiments import components
 from phalanx.experiments.components import processes
@@ -165,9 +165,9 @@ def check_points(
                 splits.add(split)
                 if parts is not None:
                     parts.shards, parts.built_on = shards, ds
-            if attacks.get_class(cfg.attack).kind == "data":  # a trigger larger than the image, a class not there
-                attack = parts.attack if parts is not None else attacks.make(cfg.attack, **cfg.attack_params)
-                assert isinstance(attack, DataAttack)
+            attack = parts.attack if parts is not None else gossip_attacks.configured(
+                cfg.attack, cfg.attack_params, cfg.algorithm, builtin.algorithm_class(cfg.algorithm).decentralized)
+            if isinstance(attack, DataAttack):  # a trigger larger than the image, a class not there
                 attack.prepare(ds.train_x, ds.train_y, ds.num_classes)
             net = (cfg.model, json.dumps(cfg.model_params, sort_keys=True), ds.input_shape, ds.num_classes)
             if net not in nets:
