@@ -1,0 +1,461 @@
+"""Backdoor defences against backdoor attacks, as a preset: clean accuracy, attack success and durability for every
+defence × backdoor attack × heterogeneity α, and what each defence costs when nobody attacks — tables with
+intervals, paired differences, a plot, a report.
+
+The question. Yang, Shi & Li (ICML 2025, Definition 2.2 and Theorem 3.1; docs/tension.md) show that robustness to
+f of n Byzantine workers has a price when nobody attacks: a rule that tolerates them is at best ε-accurate with
+ε ≥ f/(n − f), and that price grows with the honest workers' heterogeneity. They ask it of untargeted attacks and
+robust aggregation; this study asks it of *backdoor* defences (FoolsGold, FLAME, RLR, FLDetector, norm clipping;
+docs/aggregators.md, "Backdoor defences") against backdoor attacks (BadNets pixel pattern, DBA, Neurotoxin,
+edge-case, projected model replacement; docs/attacks.md): does a defence that cuts the backdoor's success cost clean
+accuracy without an attack, and does that cost grow as the clients' data grow apart (smaller Dirichlet α)?
+
+Grid: rule ∈ ``rules`` (the mean is the baseline) × attack ∈ {none, ``attacks``} × α ∈ ``alphas`` (Dirichlet label
+split) × seeds; federated averaging (``local_steps`` local SGD steps, ``clients_per_round`` clients a round, all by
+default). The attackers (``byzantine`` of the ``workers``) poison rounds 0 … s − 1 (s = ``stop_round``) and behave
+honestly from round s on; each attacked run goes on ``after`` = k more rounds. Per attacked cell: the clean test
+accuracy and the attack success (``attack_success``) at round s, and the **durability** — the attack success k
+rounds after the attackers stopped (the row with ``rounds_since_stop = k``); a run with no attack stops at round s
+and gives its clean accuracy there. Each is a mean with a 95 % Student-t interval over the seeds. Paired by seed
+(same seed = same split, initial model, batches and attackers): the success cut of a defence, mean − rule attack
+success at round s, with the verdict "cuts it" when the whole interval is above 0; and its **price** with no
+attack, mean − rule clean accuracy at round s, "costs accuracy" when the whole interval is above 0. No verdict
+from fewer than :data:`~phalanx.analysis.stats.MIN_SEEDS` seeds or an interval of zero width (every seed the same).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
+from phalanx.errors import ConfigError
+from phalanx.experiments import runstate
+from phalanx.experiments.config import RunConfig, make_config
+from phalanx.experiments.report import save_figure
+from phalanx.studies.base import Report, Study
+from phalanx.studies.registry import register
+from phalanx.studies.reporting import pick_preset, provenance, write_report_files
+
+MEAN = "mean"
+NONE = "none"
+BACKDOORS = ("backdoor", "dba", "neurotoxin", "edgecase", "replacement")
+"""The backdoor attacks the study knows (each logs ``attack_success`` and takes ``stop_round``)."""
+_RESERVED = ("rounds", "eval_every", "attack", "attack_params", "byzantine", "aggregator", "partition", "alpha",
+             "seed", "algorithm")
+"""Run keys the grid sets itself: ``--set`` changes them through the preset's fields instead."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One setting of the experiment."""
+
+    name: str
+    description: str
+    dataset: str
+    model: str = "mlp"
+    model_params: dict[str, Any] = field(default_factory=dict)
+    workers: int = 20
+    clients_per_round: int | None = None
+    byzantine: int = 4
+    f: int = 4
+    rules: tuple[str, ...] = (MEAN, "cwtm", "foolsgold", "flame", "rlr")
+    attacks: tuple[str, ...] = ("backdoor", "dba")
+    attack_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    alphas: tuple[float, ...] = (0.5, 10.0)
+    stop_round: int = 30
+    after: int = 20
+    eval_every: int = 10
+    local_steps: int = 5
+    batch_size: int = 16
+    lr: float = 0.05
+    momentum: float = 0.0
+    seeds: tuple[int, ...] = (0, 1, 2)
+    fallback_dataset: str | None = None
+
+
+CLIP = 1.0
+"""The full preset's static clipping threshold, and the norm the replacement attack projects onto (the attacker
+knows the defence's bound: docs/attacks.md, ``replacement``)."""
+
+PRESETS: dict[str, Preset] = {
+    "quick": Preset(
+        name="quick", description="CPU-sized: the default MLP on the built-in digits, FedAvg (5 local steps), "
+        "n = 20 clients all sampled, 4 attackers; mean, cwtm, foolsgold, flame, rlr × backdoor, dba × α ∈ {0.5, 10}; "
+        "attackers stop at round 30, durability at round 50", dataset="digits",
+    ),
+    "full": Preset(
+        name="full", description="the default MLP on Fashion-MNIST (digits when absent), FedAvg, n = 30 clients, 6 "
+        "attackers; mean, cwtm, foolsgold, flame, rlr, fldetector, clip × backdoor, dba, neurotoxin, edgecase, "
+        "replacement × α ∈ {0.1, 0.5, 1, 10}; attackers stop at round 100, durability at round 150",
+        dataset="fashion-mnist", fallback_dataset="digits", workers=30, byzantine=6, f=6,
+        rules=(MEAN, "cwtm", "foolsgold", "flame", "rlr", "fldetector", f"clip(threshold={CLIP:g})>mean"),
+        attacks=BACKDOORS, attack_params={"replacement": {"norm_bound": CLIP}}, alphas=(0.1, 0.5, 1.0, 10.0),
+        stop_round=100, after=50, seeds=(0, 1, 2, 3, 4),
+    ),
+}
+
+
+def preset(name: str, **changes: Any) -> Preset:
+    """A preset by name with fields replaced, checked: the mean among the rules (success cut and price are measured
+    against it), known backdoor attacks, α > 0, attackers, and rounds the evaluation lands on."""
+    p = pick_preset(PRESETS, name, changes, ("rules", "attacks", "alphas", "seeds"))
+    if MEAN not in p.rules or len(p.rules) < 2:
+        raise ConfigError("rules", list(p.rules), "the mean and at least one defence")
+    if len(set(p.rules)) != len(p.rules):
+        raise ConfigError("rules", list(p.rules), "distinct rules")
+    unknown = [a for a in p.attacks if a not in BACKDOORS]
+    if unknown or len(set(p.attacks)) != len(p.attacks):
+        raise ConfigError("attacks", list(p.attacks), "distinct backdoor attacks among " + ", ".join(BACKDOORS))
+    if not isinstance(p.attack_params, dict) or any(a not in p.attacks or not isinstance(v, dict)
+                                                    or "stop_round" in v for a, v in p.attack_params.items()):
+        raise ConfigError("attack_params", p.attack_params, "a table of parameters per attack of the grid "
+                          "(stop_round is the preset's own field)")
+    if any(isinstance(a, bool) or not isinstance(a, int | float) or not a > 0 or not math.isfinite(a)
+           for a in p.alphas) or len(set(p.alphas)) != len(p.alphas):
+        raise ConfigError("alphas", list(p.alphas), "distinct Dirichlet concentrations > 0")
+    for key in ("stop_round", "after", "eval_every"):
+        value = getattr(p, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(key, value, "an integer >= 1")
+    if p.stop_round % p.eval_every or p.after % p.eval_every:
+        raise ConfigError("eval_every", p.eval_every, f"a divisor of stop_round = {p.stop_round} and after = "
+                          f"{p.after} (success is read at both)")
+    if isinstance(p.byzantine, bool) or not isinstance(p.byzantine, int) or p.byzantine < 1:
+        raise ConfigError("byzantine", p.byzantine, "an integer >= 1 (the attacked runs need attackers)")
+    return p
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run: a rule, an attack (``"none"``: the price), a Dirichlet α and a seed."""
+
+    rule: str
+    attack: str
+    alpha: float
+    seed: int
+
+
+def cells(p: Preset) -> list[Cell]:
+    """Every run of the grid."""
+    return [Cell(r, a, float(al), s) for r in p.rules for a in (NONE, *p.attacks) for al in p.alphas for s in p.seeds]
+
+
+def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """The validated run configuration of one cell: an attacked run goes ``stop_round + after`` rounds, with the
+    attack stopping at ``stop_round``; a run with no attack goes ``stop_round`` rounds."""
+    attacked = cell.attack != NONE
+    rounds = p.stop_round + p.after if attacked else p.stop_round
+    data: dict[str, Any] = {
+        "algorithm": "fedavg", "dataset": p.dataset, "model": p.model, "model_params": dict(p.model_params),
+        "workers": p.workers, "aggregator": cell.rule, "f": p.f, "attack": cell.attack,
+        "byzantine": p.byzantine if attacked else 0, "rounds": rounds, "eval_every": p.eval_every,
+        "checkpoint_every": rounds, "local_steps": p.local_steps, "batch_size": p.batch_size, "lr": p.lr,
+        "momentum": p.momentum, "partition": "dirichlet", "alpha": cell.alpha, "seed": cell.seed,
+    }
+    if p.clients_per_round is not None:
+        data["clients_per_round"] = p.clients_per_round
+    if attacked:
+        data["attack_params"] = {**p.attack_params.get(cell.attack, {}), "stop_round": p.stop_round}
+    data.update(overrides or {})
+    return make_config(data)
+
+
+def plan(p: Preset, overrides: dict[str, Any] | None = None) -> tuple[list[Cell], list[RunConfig]]:
+    """The cells and their configurations; a run key the grid sets itself is refused (set the preset's field)."""
+    clash = sorted(set(overrides or {}) & set(_RESERVED))
+    if clash:
+        raise ConfigError(clash[0], (overrides or {})[clash[0]], "left to the grid: set the preset's fields "
+                          "(rules, attacks, attack_params, alphas, stop_round, after, eval_every, byzantine)")
+    cs = cells(p)
+    return cs, [config_for(p, c, overrides) for c in cs]
+
+
+@dataclass(frozen=True)
+class Final:
+    """What one ended run gave: clean accuracy at the stop round; for an attacked run the attack success there and
+    ``after`` rounds later (None: not logged). A run that diverged before a round reads as its last row."""
+
+    accuracy: float
+    success: float | None = None
+    durability: float | None = None
+
+
+def _row(rows: list[dict[str, Any]], round_: int) -> dict[str, Any]:
+    """The row of ``round_``, or the last one before it (a diverged run)."""
+    before = [r for r in rows if r["round"] <= round_]
+    return before[-1] if before else rows[0]
+
+
+def _success(row: dict[str, Any]) -> float | None:
+    value = row.get("attack_success")
+    return None if value is None else float(value)
+
+
+def collect(cs: list[Cell], cfgs: list[RunConfig], runs_dir: Path) -> dict[Cell, Final]:
+    """Every cell's ended run under ``runs_dir``: accuracy (and success) at the attack's ``stop_round``, success at
+    the run's last round (``after`` rounds later); a run with no attack: its last round (the stop round)."""
+    from phalanx.experiments import grid
+
+    out = {}
+    for c, cfg in zip(cs, cfgs):
+        rows = runstate.final_rows(runs_dir / grid.run_id(cfg))
+        if c.attack == NONE:
+            out[c] = Final(float(_row(rows, cfg.rounds)["test_accuracy"]))
+            continue
+        at = _row(rows, int(cfg.attack_params["stop_round"]))
+        out[c] = Final(float(at["test_accuracy"]), _success(at), _success(_row(rows, cfg.rounds)))
+    return out
+
+
+Key = tuple[str, str, float]
+Metric = str  # "accuracy" | "success" | "durability"
+METRICS: tuple[Metric, ...] = ("accuracy", "success", "durability")
+
+
+def tabulate(finals: dict[Cell, Final]) -> dict[Key, dict[Metric, dict[int, float]]]:
+    """Per (rule, attack, α) and metric: the value of each seed (a metric not logged is left out)."""
+    out: dict[Key, dict[Metric, dict[int, float]]] = {}
+    for c, fin in finals.items():
+        per = out.setdefault((c.rule, c.attack, c.alpha), {m: {} for m in METRICS})
+        for m in METRICS:
+            value = getattr(fin, m)
+            if value is not None:
+                per[m][c.seed] = value
+    return out
+
+
+Table = dict[Key, dict[Metric, dict[int, float]]]
+
+
+def estimate(table: Table, key: Key, metric: Metric) -> Estimate | None:
+    """Mean and 95 % interval over the seeds of one metric of one (rule, attack, α); None without values."""
+    values = table.get(key, {}).get(metric, {})
+    return mean_ci(list(values.values())) if values else None
+
+
+def _paired(a: dict[int, float], b: dict[int, float]) -> dict[int, float]:
+    return {s: a[s] - b[s] for s in sorted(set(a) & set(b))}
+
+
+def paired(table: Table, rule: str, attack: str, alpha: float, metric: Metric) -> Estimate | None:
+    """mean − ``rule`` on ``metric`` at (attack, α), paired by seed: the success cut (attack success, an attack) or
+    the price (accuracy, no attack); None without common seeds."""
+    d = _paired(table.get((MEAN, attack, alpha), {}).get(metric, {}),
+                table.get((rule, attack, alpha), {}).get(metric, {}))
+    return mean_ci(list(d.values())) if d else None
+
+
+def cut_verdict(e: Estimate | None) -> str:
+    """Whether a defence cuts the attack success below the mean's (the paired difference mean − rule)."""
+    if e is None:
+        return "—"
+    return e.side(below="raises it", above="cuts it", neither="no cut shown")
+
+
+def price_verdict(e: Estimate | None) -> str:
+    """Whether a defence costs clean accuracy with no attack (the paired difference mean − rule)."""
+    if e is None:
+        return "—"
+    return e.side(below="gains accuracy", above="costs accuracy", neither="no price shown")
+
+
+def _show(e: Estimate | None, sign: str = "") -> str:
+    return "—" if e is None else e.show(100, 1, sign)
+
+
+def attack_label(p: Preset, attack: str) -> str:
+    params = p.attack_params.get(attack, {})
+    return attack + ("(" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "")
+
+
+def results_markdown(table: Table, p: Preset) -> str:
+    """Rows: (attack, α, rule); cells: clean accuracy, attack success at the stop round, durability, % mean ±
+    half-width; the success cut vs the mean (paired by seed) and its verdict."""
+    k = p.after
+    lines = [f"| attack | α | rule | clean accuracy % (round {p.stop_round}) | attack success % (round "
+             f"{p.stop_round}) | durability % ({k} rounds after) | success cut vs mean, points | 95 % interval | "
+             "verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    for attack in p.attacks:
+        for alpha in p.alphas:
+            for rule in p.rules:
+                key = (rule, attack, float(alpha))
+                cut = None if rule == MEAN else paired(table, rule, attack, float(alpha), "success")
+                lines.append(
+                    f"| {attack_label(p, attack)} | {alpha:g} | {rule} | {_show(estimate(table, key, 'accuracy'))} | "
+                    f"{_show(estimate(table, key, 'success'))} | {_show(estimate(table, key, 'durability'))} | "
+                    + ("(baseline) | | |" if rule == MEAN else
+                       f"{_show(cut, '+')} | {'—' if cut is None else cut.interval(100, 1)} | {cut_verdict(cut)} |"))
+    return "\n".join(lines)
+
+
+def price_markdown(table: Table, p: Preset) -> str:
+    """Rows: (rule, α); the clean accuracy with no attack and the price (mean − rule, paired by seed)."""
+    lines = [f"| rule | α | clean accuracy % with no attack (round {p.stop_round}) | price: mean − rule, points | "
+             "95 % interval | verdict |", "|---|---|---|---|---|---|"]
+    for rule in p.rules:
+        for alpha in p.alphas:
+            acc = estimate(table, (rule, NONE, float(alpha)), "accuracy")
+            if rule == MEAN:
+                lines.append(f"| {rule} | {alpha:g} | {_show(acc)} | (baseline) | | |")
+                continue
+            pr = paired(table, rule, NONE, float(alpha), "accuracy")
+            lines.append(f"| {rule} | {alpha:g} | {_show(acc)} | {_show(pr, '+')} | "
+                         f"{'—' if pr is None else pr.interval(100, 1)} | {price_verdict(pr)} |")
+    return "\n".join(lines)
+
+
+def readout(table: Table, p: Preset) -> str:
+    """One paragraph: how many (defence, attack, α) cells cut the backdoor, how many (defence, α) pay a price, and
+    the tension — defences that cut the backdoor somewhere at an α where they cost accuracy."""
+    defences = [r for r in p.rules if r != MEAN]
+    cuts = {(r, a, float(al)): cut_verdict(paired(table, r, a, float(al), "success"))
+            for r in defences for a in p.attacks for al in p.alphas}
+    prices = {(r, float(al)): price_verdict(paired(table, r, NONE, float(al), "accuracy"))
+              for r in defences for al in p.alphas}
+    n_cut = sum(v == "cuts it" for v in cuts.values())
+    n_raise = sum(v == "raises it" for v in cuts.values())
+    n_price = sum(v == "costs accuracy" for v in prices.values())
+    n_none = sum(v.startswith("no verdict") for v in [*cuts.values(), *prices.values()])
+    both = sorted({f"{r} at α = {al:g}" for (r, a, al), v in cuts.items()
+                   if v == "cuts it" and prices.get((r, al)) == "costs accuracy"})
+    seeds = f"{len(p.seeds)} seeds" + ("" if len(p.seeds) >= MIN_SEEDS else f" (fewer than {MIN_SEEDS}: no verdicts)")
+    text = (f"Of {len(cuts)} (defence, attack, α) cells, the defence cut the attack success below the mean's at round "
+            f"{p.stop_round} (whole paired 95 % interval above 0) in {n_cut}, raised it in {n_raise}, and neither "
+            f"was shown in {len(cuts) - n_cut - n_raise}. Of {len(prices)} (defence, α) pairs with no attack, "
+            f"{n_price} cost clean accuracy against the mean. ")
+    text += ("The tension — a backdoor cut and a price at the same α — shows for " + ", ".join(both) + "."
+             if both else "No defence showed both a backdoor cut and a price at the same α.")
+    text += f" {seeds}" + (f"; {n_none} comparisons gave no verdict (too few seeds or zero width)." if n_none else ".")
+    return text
+
+
+def cells_csv(table: Table, p: Preset) -> str:
+    """Every (rule, attack, α) and metric: the estimate and the per-seed values."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["rule", "attack", "alpha", "metric", "round", "mean", "low", "high", "per_seed"])
+    for (rule, attack, alpha), per in sorted(table.items()):
+        for m in METRICS:
+            seeds = per.get(m, {})
+            if not seeds:
+                continue
+            e = mean_ci(list(seeds.values()))
+            rnd = p.stop_round + p.after if m == "durability" else p.stop_round
+            w.writerow([rule, attack, f"{alpha:g}", m, rnd, f"{e.mean:.6f}", f"{e.low:.6f}", f"{e.high:.6f}",
+                        " ".join(f"{s}:{v:.6f}" for s, v in sorted(seeds.items()))])
+    return buf.getvalue()
+
+
+def _bar(e: Estimate) -> float:
+    return 100 * e.half_width if math.isfinite(e.half_width) else 0.0
+
+
+def plot(table: Table, p: Preset, path: Path) -> Path:
+    """A panel per attack: attack success at the stop round (solid) and ``after`` rounds later (dashed) against α,
+    a line per rule; a last panel: the price with no attack (mean − rule) against α; 95 % intervals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    alphas = sorted(float(a) for a in p.alphas)
+    xs = list(range(len(alphas)))
+    fig, axes = plt.subplots(1, len(p.attacks) + 1, figsize=(4.6 * (len(p.attacks) + 1), 4.4), squeeze=False)
+    width = 0.5 / max(1, len(p.rules))
+    for ax, attack in zip(axes[0], p.attacks):
+        for i, rule in enumerate(p.rules):
+            shift = (i - (len(p.rules) - 1) / 2) * width
+            for metric, style, label in (("success", "-", rule), ("durability", "--", None)):
+                pts = [(x + shift, estimate(table, (rule, attack, a), metric)) for x, a in zip(xs, alphas)]
+                got = [(x, e) for x, e in pts if e is not None]
+                if got:
+                    ax.errorbar([x for x, _ in got], [100 * e.mean for _, e in got], yerr=[_bar(e) for _, e in got],
+                                marker="o" if metric == "success" else "x", ls=style, capsize=3, color=f"C{i}",
+                                label=label)
+        ax.set_title(f"{attack_label(p, attack)}, b = {p.byzantine}: solid round {p.stop_round}, dashed "
+                     f"+{p.after}", fontsize=9)
+        ax.set_ylabel("attack success %")
+        ax.set_ylim(-5, 105)
+    ax = axes[0][-1]
+    for i, rule in enumerate(p.rules):
+        if rule == MEAN:
+            continue
+        shift = (i - (len(p.rules) - 1) / 2) * width
+        got = [(x + shift, e) for x, a in zip(xs, alphas) if (e := paired(table, rule, NONE, a, "accuracy"))]
+        if got:
+            ax.errorbar([x for x, _ in got], [100 * e.mean for _, e in got], yerr=[_bar(e) for _, e in got],
+                        marker="o", capsize=3, color=f"C{i}", label=rule)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_title(f"price with no attack (round {p.stop_round})", fontsize=9)
+    ax.set_ylabel("mean − rule clean accuracy, points")
+    for a in axes[0]:
+        a.set_xticks(xs, [f"{al:g}" for al in alphas])
+        a.set_xlabel("Dirichlet α (smaller: more heterogeneous)")
+        a.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"{p.model} on {p.dataset}, FedAvg, n = {p.workers}, f = {p.f}, {len(p.seeds)} seeds (95 % "
+                 "intervals)")
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=100)
+
+
+def report_markdown(table: Table, p: Preset, *, command: str, wall_seconds: float | None, runs: int) -> str:
+    """The whole report: setup, the attacked table, the price table, the readout."""
+    cpr = "all" if p.clients_per_round is None else str(p.clients_per_round)
+    parts = [
+        f"# Backdoor defences: success, durability and price — preset `{p.name}`", "",
+        *provenance(command, wall_seconds, runs), "",
+        f"Setup: {p.model} {p.model_params or ''} on {p.dataset}, Dirichlet label split α ∈ "
+        f"{[float(a) for a in p.alphas]}, n = {p.workers} clients ({cpr} a round), federated averaging "
+        f"({p.local_steps} local steps, batch {p.batch_size}, lr {p.lr:g}, momentum {p.momentum:g}); f = {p.f} for "
+        f"every rule; attacks with b = {p.byzantine} attackers who poison rounds 0 … {p.stop_round - 1} and train "
+        f"honestly after; attack success = share of triggered test inputs (edgecase: of the edge-case test inputs) "
+        f"classified as the target; durability = attack success {p.after} rounds after the attackers stopped. "
+        f"Seeds {list(p.seeds)}; cells: mean ± 95 % Student-t half-width over the seeds; differences paired by seed.",
+        "", "## Under attack", "", results_markdown(table, p), "",
+        "## The price with no attack (paired by seed)", "", price_markdown(table, p), "",
+        "## Readout", "", readout(table, p), "",
+    ]
+    return "\n".join(parts)
+
+
+@register
+class BackdoorDefences(Study[Preset, Cell, Final]):
+    """Backdoor defences against backdoor attacks (the module's docstring): ``phalanx experiment backdoor``."""
+
+    name = "backdoor"
+    help = ("Backdoor defences (foolsgold, flame, rlr, fldetector, clip; mean and cwtm as baselines) against "
+            "backdoor attacks (backdoor, dba, neurotoxin, edgecase, replacement) across heterogeneity α: clean "
+            "accuracy, attack success at the round the attackers stop and its durability after, and each "
+            "defence's price with no attack — the tension of Yang, Shi & Li (ICML 2025) asked of backdoor "
+            "defences. Tables with intervals, paired differences, plot.")
+    preset_type = Preset
+    presets = PRESETS
+    out = "runs/backdoor-quick"
+    preset_help = "quick (digits, CPU, minutes) or full (Fashion-MNIST, every defence and attack)."
+    set_example = "alphas=[0.5]"
+
+    def preset(self, name: str, **changes: Any) -> Preset:
+        return preset(name, **changes)
+
+    def plan(self, p: Preset, overrides: dict[str, Any]) -> tuple[list[Cell], list[RunConfig]]:
+        return plan(p, overrides)
+
+    def collect(self, cells: list[Cell], configs: list[RunConfig], runs_dir: Path) -> dict[Cell, Final]:
+        return collect(cells, configs, runs_dir)
+
+    def report(
+        self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], out: Path, *, command: str,
+        wall_seconds: float | None, runs: int, overrides: dict[str, Any],
+    ) -> Report:
+        table = tabulate(collected)
+        text = report_markdown(table, p, command=command, wall_seconds=wall_seconds, runs=runs)
+        files = write_report_files(out, text, cells_csv(table, p), "backdoor.png",
+                                   "attack success, durability and price vs α", lambda path: plot(table, p, path))
+        return Report(files, [results_markdown(table, p) + "\n\n" + price_markdown(table, p) + "\n\n"
+                              + readout(table, p)])
