@@ -11,11 +11,12 @@ import pytest
 
 from phalanx import studies
 from phalanx.errors import ConfigError
-from phalanx.studies import hbn, neighbours, parallelism, privacy, tension
+from phalanx.studies import backdoor, hbn, neighbours, parallelism, privacy, tension
 from phalanx.studies.base import Report, Study
 
 BUILT_IN = {"tension": tension.Tension, "hbn": hbn.HBN, "parallelism": parallelism.Parallelism,
-            "byzantine-neighbours": neighbours.ByzantineNeighbours, "privacy": privacy.Privacy}
+            "byzantine-neighbours": neighbours.ByzantineNeighbours, "privacy": privacy.Privacy,
+            "backdoor": backdoor.BackdoorDefences}
 
 
 def test_the_built_in_studies_are_registered_by_their_modules() -> None:
@@ -31,7 +32,7 @@ def test_an_unknown_study_is_one_line_that_lists_them_and_suggests() -> None:
         studies.resolve("hbx")
     text = str(exc.value)
     assert "\n" not in text and text.startswith("study='hbx' is invalid")
-    assert "byzantine-neighbours, hbn, parallelism, privacy, tension" in text and "'module:attr' spec" in text
+    assert "backdoor, byzantine-neighbours, hbn, parallelism, privacy, tension" in text and "'module:attr' spec" in text
     assert "did you mean hbn?" in text
 
 

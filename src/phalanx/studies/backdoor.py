@@ -276,9 +276,9 @@ def attack_label(p: Preset, attack: str) -> str:
 def results_markdown(table: Table, p: Preset) -> str:
     """Rows: (attack, α, rule); cells: clean accuracy, attack success at the stop round, durability, % mean ±
     half-width; the success cut vs the mean (paired by seed) and its verdict."""
-    k = p.after
+    k = f"{p.after} round{'s' if p.after != 1 else ''}"
     lines = [f"| attack | α | rule | clean accuracy % (round {p.stop_round}) | attack success % (round "
-             f"{p.stop_round}) | durability % ({k} rounds after) | success cut vs mean, points | 95 % interval | "
+             f"{p.stop_round}) | durability % ({k} after) | success cut vs mean, points | 95 % interval | "
              "verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for attack in p.attacks:
         for alpha in p.alphas:
@@ -319,18 +319,22 @@ def readout(table: Table, p: Preset) -> str:
               for r in defences for al in p.alphas}
     n_cut = sum(v == "cuts it" for v in cuts.values())
     n_raise = sum(v == "raises it" for v in cuts.values())
+    n_flat = sum(v == "no cut shown" for v in cuts.values())
     n_price = sum(v == "costs accuracy" for v in prices.values())
+    n_gain = sum(v == "gains accuracy" for v in prices.values())
+    n_free = sum(v == "no price shown" for v in prices.values())
     n_none = sum(v.startswith("no verdict") for v in [*cuts.values(), *prices.values()])
     both = sorted({f"{r} at α = {al:g}" for (r, a, al), v in cuts.items()
                    if v == "cuts it" and prices.get((r, al)) == "costs accuracy"})
     seeds = f"{len(p.seeds)} seeds" + ("" if len(p.seeds) >= MIN_SEEDS else f" (fewer than {MIN_SEEDS}: no verdicts)")
     text = (f"Of {len(cuts)} (defence, attack, α) cells, the defence cut the attack success below the mean's at round "
-            f"{p.stop_round} (whole paired 95 % interval above 0) in {n_cut}, raised it in {n_raise}, and neither "
-            f"was shown in {len(cuts) - n_cut - n_raise}. Of {len(prices)} (defence, α) pairs with no attack, "
-            f"{n_price} cost clean accuracy against the mean. ")
+            f"{p.stop_round} (whole paired 95 % interval above 0) in {n_cut}, raised it in {n_raise}, and showed no "
+            f"difference in {n_flat}. Of {len(prices)} (defence, α) pairs with no attack, {n_price} cost clean "
+            f"accuracy against the mean, {n_gain} gained and {n_free} showed no difference. ")
     text += ("The tension — a backdoor cut and a price at the same α — shows for " + ", ".join(both) + "."
              if both else "No defence showed both a backdoor cut and a price at the same α.")
-    text += f" {seeds}" + (f"; {n_none} comparisons gave no verdict (too few seeds or zero width)." if n_none else ".")
+    text += f" {seeds}" + (f"; {n_none} comparisons gave no verdict (too few seeds, or every seed the same)."
+                           if n_none else ".")
     return text
 
 
@@ -351,8 +355,16 @@ def cells_csv(table: Table, p: Preset) -> str:
     return buf.getvalue()
 
 
-def _bar(e: Estimate) -> float:
-    return 100 * e.half_width if math.isfinite(e.half_width) else 0.0
+def _bars(es: list[Estimate], clip: bool) -> list[list[float]]:
+    """Asymmetric error bars (in %) of the 95 % intervals; with ``clip``, cut at the scale [0, 100] an attack
+    success lives on (a Student-t interval from three seeds may leave it)."""
+    low, high = [], []
+    for e in es:
+        h = 100 * e.half_width if math.isfinite(e.half_width) else 0.0
+        m = 100 * e.mean
+        low.append(min(h, max(m, 0.0)) if clip else h)
+        high.append(min(h, max(100 - m, 0.0)) if clip else h)
+    return [low, high]
 
 
 def plot(table: Table, p: Preset, path: Path) -> Path:
@@ -374,11 +386,11 @@ def plot(table: Table, p: Preset, path: Path) -> Path:
                 pts = [(x + shift, estimate(table, (rule, attack, a), metric)) for x, a in zip(xs, alphas)]
                 got = [(x, e) for x, e in pts if e is not None]
                 if got:
-                    ax.errorbar([x for x, _ in got], [100 * e.mean for _, e in got], yerr=[_bar(e) for _, e in got],
-                                marker="o" if metric == "success" else "x", ls=style, capsize=3, color=f"C{i}",
-                                label=label)
-        ax.set_title(f"{attack_label(p, attack)}, b = {p.byzantine}: solid round {p.stop_round}, dashed "
-                     f"+{p.after}", fontsize=9)
+                    ax.errorbar([x for x, _ in got], [100 * e.mean for _, e in got],
+                                yerr=_bars([e for _, e in got], True), marker="o" if metric == "success" else "x",
+                                ls=style, capsize=3, color=f"C{i}", label=label)
+        ax.set_title(f"{attack_label(p, attack)}, b = {p.byzantine}: ● round {p.stop_round} (attackers stop), "
+                     f"× {p.after} rounds later", fontsize=9)
         ax.set_ylabel("attack success %")
         ax.set_ylim(-5, 105)
     ax = axes[0][-1]
@@ -388,7 +400,7 @@ def plot(table: Table, p: Preset, path: Path) -> Path:
         shift = (i - (len(p.rules) - 1) / 2) * width
         got = [(x + shift, e) for x, a in zip(xs, alphas) if (e := paired(table, rule, NONE, a, "accuracy"))]
         if got:
-            ax.errorbar([x for x, _ in got], [100 * e.mean for _, e in got], yerr=[_bar(e) for _, e in got],
+            ax.errorbar([x for x, _ in got], [100 * e.mean for _, e in got], yerr=_bars([e for _, e in got], False),
                         marker="o", capsize=3, color=f"C{i}", label=rule)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_title(f"price with no attack (round {p.stop_round})", fontsize=9)
@@ -399,7 +411,7 @@ def plot(table: Table, p: Preset, path: Path) -> Path:
         a.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"{p.model} on {p.dataset}, FedAvg, n = {p.workers}, f = {p.f}, {len(p.seeds)} seeds (95 % "
-                 "intervals)")
+                 "intervals; attack success's cut at [0, 100])")
     fig.tight_layout()
     return save_figure(fig, path, dpi=100)
 
@@ -410,7 +422,7 @@ def report_markdown(table: Table, p: Preset, *, command: str, wall_seconds: floa
     parts = [
         f"# Backdoor defences: success, durability and price — preset `{p.name}`", "",
         *provenance(command, wall_seconds, runs), "",
-        f"Setup: {p.model} {p.model_params or ''} on {p.dataset}, Dirichlet label split α ∈ "
+        f"Setup: {p.model}{f' {p.model_params}' if p.model_params else ''} on {p.dataset}, Dirichlet label split α ∈ "
         f"{[float(a) for a in p.alphas]}, n = {p.workers} clients ({cpr} a round), federated averaging "
         f"({p.local_steps} local steps, batch {p.batch_size}, lr {p.lr:g}, momentum {p.momentum:g}); f = {p.f} for "
         f"every rule; attacks with b = {p.byzantine} attackers who poison rounds 0 … {p.stop_round - 1} and train "

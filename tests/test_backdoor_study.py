@@ -1,0 +1,112 @@
+"""The backdoor study (phalanx.studies.backdoor, `phalanx experiment backdoor`): the grid and its configurations,
+the durability read at the stop round and after, the paired success cut and price and their verdicts, and one tiny
+end-to-end run through the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from phalanx import studies
+from phalanx.errors import ConfigError
+from phalanx.studies import backdoor
+
+
+def test_quick_grid_is_rules_by_attacks_and_none_by_alphas_by_seeds_of_valid_configs() -> None:
+    p = backdoor.preset("quick")
+    cells, cfgs = backdoor.plan(p)
+    assert len(cells) == len(p.rules) * (1 + len(p.attacks)) * len(p.alphas) * len(p.seeds) == len(cfgs)
+    for c, cfg in zip(cells, cfgs):
+        assert (cfg.aggregator, cfg.algorithm, cfg.partition, cfg.alpha, cfg.seed) == (
+            c.rule, "fedavg", "dirichlet", c.alpha, c.seed)
+        if c.attack == "none":
+            assert (cfg.attack, cfg.byzantine, cfg.rounds) == ("none", 0, p.stop_round)
+        else:
+            assert (cfg.attack, cfg.byzantine, cfg.rounds) == (c.attack, p.byzantine, p.stop_round + p.after)
+            assert cfg.attack_params["stop_round"] == p.stop_round
+        assert p.stop_round % cfg.eval_every == 0 and cfg.rounds % cfg.eval_every == 0
+    assert studies.resolve("backdoor") is backdoor.BackdoorDefences
+
+
+def test_full_preset_has_every_defence_and_backdoor_attack_and_replacement_projects_onto_the_clip() -> None:
+    p = backdoor.preset("full")
+    assert set(p.attacks) == set(backdoor.BACKDOORS) and len(p.seeds) >= 3
+    assert {"mean", "cwtm", "foolsgold", "flame", "rlr", "fldetector"} <= set(p.rules)
+    assert f"clip(threshold={backdoor.CLIP:g})>mean" in p.rules
+    cells, cfgs = backdoor.plan(p)
+    rep = next(cfg for c, cfg in zip(cells, cfgs) if c.attack == "replacement")
+    assert rep.attack_params["norm_bound"] == backdoor.CLIP
+
+
+@pytest.mark.parametrize(("changes", "key"), [
+    ({"rules": ("cwtm", "flame")}, "rules"), ({"attacks": ("alie",)}, "attacks"), ({"alphas": (0.0,)}, "alphas"),
+    ({"stop_round": 0}, "stop_round"), ({"eval_every": 7}, "eval_every"), ({"byzantine": 0}, "byzantine"),
+    ({"seeds": (0,)}, "seeds"), ({"attack_params": {"dba": {"stop_round": 3}}}, "attack_params"),
+])
+def test_preset_errors_name_the_field(changes: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        backdoor.preset("quick", **changes)
+    assert exc.value.parameter == key
+
+
+def test_a_run_key_the_grid_sets_is_refused() -> None:
+    with pytest.raises(ConfigError) as exc:
+        backdoor.plan(backdoor.preset("quick"), {"rounds": 5})
+    assert exc.value.parameter == "rounds"
+
+
+def _table() -> dict[backdoor.Key, dict[str, dict[int, float]]]:
+    acc = {"mean": [0.95, 0.94, 0.96], "rlr": [0.90, 0.88, 0.93]}  # rlr: 5, 6, 3 points lower with no attack
+    success = {"mean": [1.0, 0.98, 0.99], "rlr": [0.10, 0.20, 0.05]}
+    finals = {}
+    for rule in ("mean", "rlr"):
+        for seed in range(3):
+            finals[backdoor.Cell(rule, "none", 0.5, seed)] = backdoor.Final(acc[rule][seed])
+            finals[backdoor.Cell(rule, "dba", 0.5, seed)] = backdoor.Final(
+                acc[rule][seed], success[rule][seed], success[rule][seed] / 2)
+    return backdoor.tabulate(finals)
+
+
+def test_the_cut_and_the_price_are_paired_by_seed_and_the_tension_is_read_out() -> None:
+    table = _table()
+    cut = backdoor.paired(table, "rlr", "dba", 0.5, "success")
+    price = backdoor.paired(table, "rlr", "none", 0.5, "accuracy")
+    assert cut is not None and price is not None
+    assert cut.mean == pytest.approx((0.90 + 0.78 + 0.94) / 3)
+    assert price.mean == pytest.approx((0.05 + 0.06 + 0.03) / 3)
+    assert (backdoor.cut_verdict(cut), backdoor.price_verdict(price)) == ("cuts it", "costs accuracy")
+    dur = backdoor.estimate(table, ("mean", "dba", 0.5), "durability")
+    assert dur is not None and dur.mean == pytest.approx((0.5 + 0.49 + 0.495) / 3)
+    p = backdoor.preset("quick", rules=("mean", "rlr"), attacks=("dba",), alphas=(0.5,))
+    text = backdoor.readout(table, p)
+    assert "cut the attack success below the mean's at round 30 (whole paired 95 % interval above 0) in 1" in text
+    assert "1 cost clean accuracy" in text and "shows for rlr at α = 0.5" in text
+
+
+def test_two_seeds_or_a_zero_width_interval_give_no_verdict() -> None:
+    finals = {backdoor.Cell(r, "none", 1.0, s): backdoor.Final(0.9) for r in ("mean", "cwtm") for s in range(3)}
+    price = backdoor.paired(backdoor.tabulate(finals), "cwtm", "none", 1.0, "accuracy")
+    assert backdoor.price_verdict(price).startswith("no verdict (zero width")
+    two = {k: {m: {s: v for s, v in d.items() if s < 2} for m, d in per.items()} for k, per in _table().items()}
+    cut = backdoor.paired(two, "rlr", "dba", 0.5, "success")
+    assert backdoor.cut_verdict(cut) == "no verdict (2 seeds, 3 needed)"
+
+
+def test_cli_runs_a_tiny_grid_and_writes_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "backdoor"
+    cmd = [sys.executable, "-m", "phalanx.cli", "experiment", "backdoor", "--seeds", "2", "--out", str(out),
+           "-j", "1", "--set", "stop_round=2", "--set", "after=1", "--set", "eval_every=1", "--set", "workers=6",
+           "--set", "byzantine=1", "--set", "f=1", "--set", "rules=['mean','cwtm']", "--set", "attacks=['dba']",
+           "--set", "alphas=[1.0]"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    report = (out / "report.md").read_text()
+    assert "| dba | 1 | mean |" in report and "| dba | 1 | cwtm |" in report and "| cwtm | 1 |" in report
+    assert "durability % (1 round after)" in report and "no verdict (2 seeds, 3 needed)" in report
+    assert (out / "backdoor.png").stat().st_size > 0
+    rows = (out / "cells.csv").read_text().splitlines()
+    assert len(rows) == 1 + 2 * (3 + 1)  # per rule: accuracy, success, durability under dba; accuracy with none
+    assert len(list((out / "runs").glob("*/DONE"))) == 2 * 2 * 2
