@@ -378,7 +378,7 @@ def plot(table: Table, p: Preset, path: Path) -> Path:
     alphas = sorted(float(a) for a in p.alphas)
     xs = list(range(len(alphas)))
     fig, axes = plt.subplots(1, len(p.attacks) + 1, figsize=(4.6 * (len(p.attacks) + 1), 4.4), squeeze=False)
-    width = 0.5 / max(1, len(p.rules))
+    width = 0.3 / max(1, len(p.rules))
     for ax, attack in zip(axes[0], p.attacks):
         for i, rule in enumerate(p.rules):
             shift = (i - (len(p.rules) - 1) / 2) * width
