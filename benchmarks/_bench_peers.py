@@ -149,8 +149,10 @@ def load_byzfl() -> Any:
     ``import byzfl`` imports ``byzfl.benchmark``, which imports torchvision (transforms built at import time),
     seaborn and matplotlib (plots), and ``byzfl.utils.misc`` imports scipy (distances for numpy inputs). None of
     them is needed for the aggregators on torch tensors: each one that is absent is replaced in ``sys.modules`` by
-    a module whose every attribute is a harmless stand-in (:data:`STUBBED` lists them). torchvision must not be
-    installed here (it would pull another torch).
+    a module whose every attribute is a harmless stand-in (:data:`STUBBED` lists them) while byzfl imports, and
+    removed from ``sys.modules`` again afterwards (byzfl keeps its references), so that code imported later — the
+    test suite's other tests — never takes a stand-in for an installed module. torchvision must not be installed
+    here (it would pull another torch).
     """
     import importlib.util
 
@@ -162,6 +164,9 @@ def load_byzfl() -> Any:
                 STUBBED.append(top)
     import byzfl
 
+    for name in [m for m in sys.modules if m.split(".")[0] in STUBBED]:  # byzfl keeps its references; nothing
+        if isinstance(sys.modules[name], types.ModuleType) and "__getattr__" in vars(sys.modules[name]):  # else
+            del sys.modules[name]  # imported later (torch, hypothesis) may find a stand-in where a module is absent
     return byzfl
 
 
