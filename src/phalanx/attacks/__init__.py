@@ -19,6 +19,7 @@ from phalanx.attacks import (  # noqa: F401
     edgecase,
     fang,
     honest,
+    intermittent,
     labelflip,
     mimic,
     minmax,
@@ -35,6 +36,7 @@ from phalanx.attacks.base import KNOWLEDGE, Attack, AttackContext, DataAttack
 from phalanx.attacks.dba import DBA
 from phalanx.attacks.edgecase import EdgeCase
 from phalanx.attacks.fang import Fang
+from phalanx.attacks.intermittent import Intermittent
 from phalanx.attacks.labelflip import LabelFlip
 from phalanx.attacks.mimic import Mimic
 from phalanx.attacks.minmax import MinMax, MinSum
@@ -60,6 +62,7 @@ __all__ = [
     "Gaussian",
     "Infinity",
     "InnerProductManipulation",
+    "Intermittent",
     "LabelFlip",
     "Mimic",
     "MinMax",
