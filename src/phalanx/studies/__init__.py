@@ -3,7 +3,8 @@ and the planner, on top of the run machinery of :mod:`phalanx.experiments`.
 
 Each study is a :class:`Study` subclass in a module of its own (:mod:`~phalanx.studies.tension`,
 :mod:`~phalanx.studies.hbn`, :mod:`~phalanx.studies.parallelism`, :mod:`~phalanx.studies.neighbours`,
-:mod:`~phalanx.studies.privacy`, :mod:`~phalanx.studies.backdoor`), registered
+:mod:`~phalanx.studies.privacy`, :mod:`~phalanx.studies.backdoor`,
+:mod:`~phalanx.studies.corrupted`), registered
 by name with :func:`register`; what they share is :mod:`~phalanx.studies.reporting`. ``phalanx experiment NAME``
 runs any study :func:`resolve` finds: a registered name, an installed package's entry point in the
 ``phalanx.studies`` group, or a ``module:attr`` spec. The planner (:mod:`~phalanx.studies.planner`, ``phalanx
@@ -11,7 +12,7 @@ tension plan``) works on the user's own config rather than a preset, and is not 
 """
 
 # Importing a module registers its study.
-from phalanx.studies import backdoor, hbn, neighbours, parallelism, privacy, tension  # noqa: F401
+from phalanx.studies import backdoor, corrupted, hbn, neighbours, parallelism, privacy, tension  # noqa: F401
 from phalanx.studies.base import Report, Study
 from phalanx.studies.registry import names, register, resolve
 

@@ -1,0 +1,115 @@
+"""The corrupted-rounds study (phalanx.studies.corrupted, `phalanx experiment corrupted-rounds`): the intermittent
+attack it runs, the grid and its configurations, the paired comparisons, and one tiny end-to-end run through the
+CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from phalanx import attacks, studies
+from phalanx.attacks import AttackContext
+from phalanx.errors import ConfigError
+from phalanx.studies import corrupted
+
+
+def _ctx(t: int, seed: int = 0) -> AttackContext:
+    honest = torch.randn(5, 4, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return AttackContext(honest, 2, 2, None, torch.Generator().manual_seed(seed), round=t)
+
+
+def test_intermittent_attacks_only_its_rounds_and_replays_honest_rows_in_the_others() -> None:
+    a = attacks.make("intermittent", attack="signflip", params={"scale": 3.0}, every=5, start=2, length=2)
+    assert [t for t in range(15) if a.active(t)] == [2, 3, 7, 8, 12, 13] and a.attacked(15) == 6
+    base = attacks.make("signflip", scale=3.0)
+    for t in range(10):
+        ctx = _ctx(t)
+        want = base(ctx) if a.active(t) else ctx.honest[:2]
+        assert torch.equal(a(ctx), want)
+    assert attacks.make("intermittent", **a.params()).params() == a.params()
+
+
+def test_a_stochastic_wrapped_attack_draws_only_in_its_active_rounds() -> None:
+    a = attacks.make("intermittent", attack="gaussian", every=3)
+    g = torch.Generator().manual_seed(1)
+    honest = torch.randn(4, 3, dtype=torch.float64)
+    for t in range(6):
+        before = g.get_state()
+        a(AttackContext(honest, 1, 1, None, g, round=t))
+        assert torch.equal(g.get_state(), before) != a.active(t)
+    assert a.describe()["stochastic"] is True
+
+
+@pytest.mark.parametrize(("params", "key"), [
+    ({"attack": "labelflip"}, "attack"), ({"attack": "intermittent"}, "attack"), ({"every": 0}, "every"),
+    ({"start": -1}, "start"), ({"every": 3, "length": 4}, "length"), ({"params": {"scale": -1.0}}, "scale"),
+])
+def test_intermittent_bad_parameters_name_the_key(params: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        attacks.make("intermittent", **params)
+    assert exc.value.parameter == key
+
+
+def test_quick_grid_is_rules_by_optimizer_by_attack_by_seeds_of_valid_configs() -> None:
+    p = corrupted.preset("quick")
+    k = corrupted.corrupted(p)
+    assert k == 10
+    cells, cfgs = corrupted.plan(p)
+    assert len(cells) == len(p.rules) * 2 * 2 * len(p.seeds) == len(cfgs)
+    for c, cfg in zip(cells, cfgs):
+        assert cfg.aggregator == c.rule and cfg.f == (0 if c.rule == "mean" else p.f)
+        assert (cfg.attack, cfg.byzantine) == (("intermittent", p.byzantine) if c.attacked else ("none", 0))
+        assert cfg.server_optimizer == c.optimizer
+        if c.optimizer == "robust-online":
+            assert cfg.server_optimizer_params == {"corruptions": k, "gradient_bound": p.gradient_bound}
+            assert cfg.lr == p.online_scale
+        else:
+            assert cfg.lr == p.lr
+    assert studies.resolve("corrupted-rounds") is corrupted.CorruptedRounds
+
+
+@pytest.mark.parametrize(("changes", "key"), [
+    ({"rules": ("cwtm", "cwmed")}, "rules"), ({"f": 1}, "f"), ({"seeds": (0,)}, "seeds"),
+    ({"gradient_bound": 0.0}, "gradient_bound"), ({"online_scale": float("inf")}, "online_scale"),
+    ({"start": 150}, "start"),
+])
+def test_preset_errors_name_the_field(changes: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        corrupted.preset("quick", **changes)
+    assert exc.value.parameter == key
+
+
+def test_comparisons_are_paired_by_seed() -> None:
+    p = corrupted.preset("quick", rules=("mean", "cwtm"), seeds=(0, 1, 2))
+    acc = {("mean", "sgd", True): [0.10, 0.12, 0.08], ("mean", "robust-online", True): [0.90, 0.93, 0.91],
+           ("cwtm", "sgd", True): [0.95, 0.94, 0.96], ("cwtm", "robust-online", True): [0.95, 0.93, 0.96],
+           ("mean", "sgd", False): [0.96, 0.95, 0.97], ("mean", "robust-online", False): [0.95, 0.93, 0.95],
+           ("cwtm", "sgd", False): [0.95, 0.95, 0.96], ("cwtm", "robust-online", False): [0.95, 0.94, 0.96]}
+    finals = {corrupted.Cell(r, o, a, s): corrupted.Final(v[s], ((150, v[s]),))
+              for (r, o, a), v in acc.items() for s in range(3)}
+    cs = {(c.question, c.a): c for c in corrupted.comparisons(corrupted.tabulate(finals), p)}
+    buys = cs[("the second line buys (attacked)", ("mean", "robust-online", True))]
+    assert buys.diff.mean == pytest.approx((0.80 + 0.81 + 0.83) / 3) and buys.verdict == "a is better"
+    costs = cs[("the second line costs (no attack)", ("mean", "sgd", False))]
+    assert costs.diff.mean == pytest.approx((0.01 + 0.02 + 0.02) / 3) and costs.verdict == "a is better"
+    assert cs[("the second line buys (attacked)", ("cwtm", "robust-online", True))].verdict == "no difference shown"
+    assert "behind mean: +81.3 points" in corrupted.readout(list(cs.values()), p)
+
+
+def test_cli_runs_a_tiny_grid_and_writes_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "corrupted"
+    cmd = [sys.executable, "-m", "phalanx.cli", "experiment", "corrupted-rounds", "--seeds", "2", "--out", str(out),
+           "-j", "1", "--set", "rounds=4", "--set", "eval_every=2", "--set", "every=2", "--set", "start=1",
+           "--set", "workers=6", "--set", "byzantine=1", "--set", "f=1", "--set", "model_params={hidden=[8]}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    report = (out / "report.md").read_text()
+    assert "| mean | sgd |" in report and "| cwtm | robust-online |" in report
+    assert "signflip in 2 of 4 rounds (b = 1)" in report and "no verdict (2 seeds, 3 needed)" in report
+    assert (out / "corrupted-rounds.png").stat().st_size > 0
+    assert len((out / "cells.csv").read_text().splitlines()) == 1 + 2 * 2 * 2
+    assert len(list((out / "runs").glob("*/DONE"))) == 16
