@@ -70,12 +70,15 @@ def test_quick_grid_is_rules_by_optimizer_by_attack_by_seeds_of_valid_configs() 
         else:
             assert cfg.lr == p.lr
     assert studies.resolve("corrupted-rounds") is corrupted.CorruptedRounds
+    told = corrupted.config_for(corrupted.preset("quick", corruptions=0), corrupted.Cell("mean", "robust-online",
+                                                                                          True, 0))
+    assert told.server_optimizer_params["corruptions"] == 0
 
 
 @pytest.mark.parametrize(("changes", "key"), [
     ({"rules": ("cwtm", "cwmed")}, "rules"), ({"f": 1}, "f"), ({"seeds": (0,)}, "seeds"),
     ({"gradient_bound": 0.0}, "gradient_bound"), ({"online_scale": float("inf")}, "online_scale"),
-    ({"start": 150}, "start"),
+    ({"start": 150}, "start"), ({"corruptions": -1}, "corruptions"),
 ])
 def test_preset_errors_name_the_field(changes: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as exc:
@@ -92,12 +95,14 @@ def test_comparisons_are_paired_by_seed() -> None:
     finals = {corrupted.Cell(r, o, a, s): corrupted.Final(v[s], ((150, v[s]),))
               for (r, o, a), v in acc.items() for s in range(3)}
     cs = {(c.question, c.a): c for c in corrupted.comparisons(corrupted.tabulate(finals), p)}
-    buys = cs[("the second line buys (attacked)", ("mean", "robust-online", True))]
+    buys = cs[("second line, attacked", ("mean", "robust-online", True))]
     assert buys.diff.mean == pytest.approx((0.80 + 0.81 + 0.83) / 3) and buys.verdict == "a is better"
-    costs = cs[("the second line costs (no attack)", ("mean", "sgd", False))]
-    assert costs.diff.mean == pytest.approx((0.01 + 0.02 + 0.02) / 3) and costs.verdict == "a is better"
-    assert cs[("the second line buys (attacked)", ("cwtm", "robust-online", True))].verdict == "no difference shown"
-    assert "behind mean: +81.3 points" in corrupted.readout(list(cs.values()), p)
+    costs = cs[("second line, no attack: the price", ("mean", "robust-online", False))]
+    assert costs.diff.mean == pytest.approx(-(0.01 + 0.02 + 0.02) / 3) and costs.verdict == "b is better"
+    assert cs[("second line, attacked", ("cwtm", "robust-online", True))].verdict == "no difference shown"
+    assert cs[("first line, attacked", ("cwtm", "sgd", True))].diff.mean > 0.8
+    assert len(cs) == 7
+    assert "attacked, behind mean: +81.3 points" in corrupted.readout(list(cs.values()), p)
 
 
 def test_cli_runs_a_tiny_grid_and_writes_the_report(tmp_path: Path) -> None:
