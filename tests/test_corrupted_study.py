@@ -57,7 +57,7 @@ def test_intermittent_bad_parameters_name_the_key(params: dict[str, object], key
 def test_quick_grid_is_rules_by_optimizer_by_attack_by_seeds_of_valid_configs() -> None:
     p = corrupted.preset("quick")
     k = corrupted.corrupted(p)
-    assert k == 10
+    assert k == 10 == attacks.make("intermittent", **corrupted.attack_params(p)).attacked(p.rounds)
     cells, cfgs = corrupted.plan(p)
     assert len(cells) == len(p.rules) * 2 * 2 * len(p.seeds) == len(cfgs)
     for c, cfg in zip(cells, cfgs):
@@ -79,6 +79,7 @@ def test_quick_grid_is_rules_by_optimizer_by_attack_by_seeds_of_valid_configs() 
     ({"rules": ("cwtm", "cwmed")}, "rules"), ({"f": 1}, "f"), ({"seeds": (0,)}, "seeds"),
     ({"gradient_bound": 0.0}, "gradient_bound"), ({"online_scale": float("inf")}, "online_scale"),
     ({"start": 150}, "start"), ({"corruptions": -1}, "corruptions"),
+    ({"every": 0}, "every"), ({"start": -1}, "start"),
 ])
 def test_preset_errors_name_the_field(changes: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as exc:

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
-from phalanx.attacks.intermittent import Intermittent
 from phalanx.errors import ConfigError
 from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
@@ -87,14 +86,20 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-def intermittent(p: Preset) -> Intermittent:
-    """The preset's attack, active in k of its T rounds."""
-    return Intermittent(attack=p.attack, params=dict(p.attack_params), every=p.every, start=p.start)
+def attack_params(p: Preset) -> dict[str, Any]:
+    """The run's ``attack_params`` for the ``intermittent`` attack (docs/attacks.md): the preset's attack, active one
+    round in every ``every`` from ``start``."""
+    return {"attack": p.attack, "params": dict(p.attack_params), "every": p.every, "start": p.start, "length": 1}
+
+
+def active(p: Preset, t: int) -> bool:
+    """Whether round ``t`` is attacked: ``intermittent``'s rule (``Intermittent.active``) for this preset."""
+    return t >= p.start and (t - p.start) % p.every == 0
 
 
 def corrupted(p: Preset) -> int:
     """k: how many of the preset's rounds are attacked."""
-    return intermittent(p).attacked(p.rounds)
+    return sum(active(p, t) for t in range(p.rounds))
 
 
 def budget(p: Preset) -> int:
@@ -114,6 +119,10 @@ def preset(name: str, **changes: Any) -> Preset:
         raise ConfigError("gradient_bound", p.gradient_bound, "a finite number > 0 (the robust learner's G)")
     if not (isinstance(p.online_scale, int | float) and math.isfinite(p.online_scale) and p.online_scale > 0):
         raise ConfigError("online_scale", p.online_scale, "a finite number > 0 (the robust learner's scale ε)")
+    for key, low in (("every", 1), ("start", 0)):
+        value = getattr(p, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(key, value, f"an integer >= {low}")
     if p.corruptions is not None and (isinstance(p.corruptions, bool) or not isinstance(p.corruptions, int)
                                       or p.corruptions < 0):
         raise ConfigError("corruptions", p.corruptions, "an integer >= 0 (the robust learner's budget k)")
@@ -148,7 +157,7 @@ def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -
         "lr": p.lr, "momentum": p.momentum, "partition": p.partition, "alpha": p.alpha, "seed": cell.seed,
     }
     if cell.attacked:
-        data["attack_params"] = intermittent(p).params()
+        data["attack_params"] = attack_params(p)
     if cell.optimizer == ONLINE:
         data.update({"server_optimizer": ONLINE, "lr": p.online_scale, "server_optimizer_params": {
             "corruptions": budget(p), "gradient_bound": float(p.gradient_bound)}})
@@ -330,9 +339,8 @@ def plot(finals: dict[Cell, Final], est: dict[Key, Estimate], p: Preset, path: P
         ax.grid(alpha=0.3, axis="y")
     axes[0].set_ylabel("final test accuracy %")
     ax = axes[2]
-    attack = intermittent(p)
     for t in range(p.rounds):
-        if attack.active(t):
+        if active(p, t):
             ax.axvline(t, color="r", alpha=0.15, lw=2)
     for i, (rule, opt) in enumerate(arms):
         pts = _curves(finals, (rule, opt, True))
