@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
+from _interrupt import train_interrupted
 from phalanx import attacks, studies
 from phalanx.attacks import AttackContext
 from phalanx.errors import ConfigError
+from phalanx.experiments import make_config, train
 from phalanx.studies import corrupted
 
 
@@ -42,6 +45,18 @@ def test_a_stochastic_wrapped_attack_draws_only_in_its_active_rounds() -> None:
         a(AttackContext(honest, 1, 1, None, g, round=t))
         assert torch.equal(g.get_state(), before) != a.active(t)
     assert a.describe()["stochastic"] is True
+
+
+def test_a_run_under_an_intermittent_stochastic_attack_resumes_bit_for_bit(tmp_path: Path) -> None:
+    run = {"dataset": "digits", "model": "mlp", "model_params": {"hidden": [8]}, "workers": 6, "byzantine": 1, "f": 1,
+           "aggregator": "mean", "attack": "intermittent", "rounds": 12, "batch_size": 8, "lr": 0.1,
+           "attack_params": {"attack": "gaussian", "params": {"sigma": 5.0}, "every": 5, "start": 3},
+           "eval_every": 4, "checkpoint_every": 4, "seed": 2}
+    full = train(make_config(run), tmp_path / "full") and tmp_path / "full"
+    part = train_interrupted(make_config(run), tmp_path / "part", 4)  # attacked rounds 3 | 8: both sides of the stop
+    train(make_config(run), part)
+    a, b = load_file(str(full / "checkpoint.safetensors")), load_file(str(part / "checkpoint.safetensors"))
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.mark.parametrize(("params", "key"), [
