@@ -83,6 +83,13 @@ def _constructions(n: int, d: int) -> Iterator[tuple[str, Tensor]]:
         yield f"one outlier at {scale:g}·1", x
 
 
+def constructions(n: int, d: int) -> Iterator[tuple[str, Tensor]]:
+    """The worst-case constructions :func:`epsilon` tries first, each with its name (float64 ``(n, d)`` inputs):
+    per coordinate k equal values and n − k other equal values (k = 1 … ⌊n/2⌋), the same along e₁, one far outlier,
+    at the scales 1 and 10³."""
+    return _constructions(n, d)
+
+
 def _random_families(gen: torch.Generator, n: int, d: int) -> list[tuple[str, Callable[[], Tensor]]]:
     def gaussian() -> Tensor:
         return torch.randn(n, d, generator=gen, dtype=torch.float64)
