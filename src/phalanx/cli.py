@@ -77,7 +77,7 @@ class _Experiments(_StudyGroup):
 
 class _Tension(_StudyGroup):
     prefix = "phalanx tension"
-    aliases: ClassVar[dict[str, str] | None] = {"paper": "tension"}
+    aliases: ClassVar[dict[str, str] | None] = {"paper": "tension", "convergence": "convergence"}
 
 
 tension_app = typer.Typer(cls=_Tension, help="The price of robustness (Yang, Shi & Li, ICML 2025).",

@@ -2,7 +2,7 @@
 and the planner, on top of the run machinery of :mod:`phalanx.experiments`.
 
 Each study is a :class:`Study` subclass in a module of its own (:mod:`~phalanx.studies.tension`,
-:mod:`~phalanx.studies.hbn`, :mod:`~phalanx.studies.parallelism`, :mod:`~phalanx.studies.neighbours`,
+:mod:`~phalanx.studies.convergence`, :mod:`~phalanx.studies.hbn`, :mod:`~phalanx.studies.parallelism`, :mod:`~phalanx.studies.neighbours`,
 :mod:`~phalanx.studies.privacy`, :mod:`~phalanx.studies.backdoor`,
 :mod:`~phalanx.studies.corrupted`), registered
 by name with :func:`register`; what they share is :mod:`~phalanx.studies.reporting`. ``phalanx experiment NAME``
@@ -12,7 +12,7 @@ tension plan``) works on the user's own config rather than a preset, and is not 
 """
 
 # Importing a module registers its study.
-from phalanx.studies import backdoor, corrupted, hbn, neighbours, parallelism, privacy, tension  # noqa: F401
+from phalanx.studies import backdoor, convergence, corrupted, hbn, neighbours, parallelism, privacy, tension  # noqa: F401
 from phalanx.studies.base import Report, Study
 from phalanx.studies.registry import names, register, resolve
 

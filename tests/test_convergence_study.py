@@ -1,0 +1,141 @@
+"""The convergence study (phalanx.studies.convergence) at small sizes: its cells, the construction matching its
+closed form, the real problems' floors beside their bounds with intervals, the 80-column table, the report, the
+plot, the command line and its one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from phalanx import studies
+from phalanx.errors import ConfigError
+from phalanx.studies import convergence as cs
+
+SMALL = dataclasses.replace(
+    cs.PRESETS["quick"], workers=8, rules=("mean", "cwtm", "geomed"), fs=(1, 3), alphas=(0.5,), rounds=12,
+    hidden=8, construction_rules=("cwtm", "cwmed", "krum"), construction_fs=(1, 3), construction_steps=10,
+)
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory: pytest.TempPathFactory) -> tuple[cs.ConvergenceStudy, list[cs.Cell], dict[cs.Cell, Any],
+                                                           Path, Any]:
+    study = cs.ConvergenceStudy()
+    cells, configs = study.plan(SMALL, {})
+    assert configs == []  # nothing to train: every GD run is in process
+    collected = study.collect(cells, configs, Path("unused"))
+    out = tmp_path_factory.mktemp("convergence")
+    report = study.report(SMALL, cells, collected, out, command="phalanx experiment convergence", wall_seconds=None,
+                          runs=0, overrides={})
+    return study, cells, collected, out, report
+
+
+def test_the_study_is_registered_and_reachable_from_both_groups() -> None:
+    assert studies.resolve("convergence") is cs.ConvergenceStudy
+    from typer.testing import CliRunner
+
+    from phalanx import cli
+
+    for args in (["experiment", "convergence", "--help"], ["tension", "convergence", "--help"]):
+        res = CliRunner().invoke(cli.app, args, env={"COLUMNS": "200"})
+        assert res.exit_code == 0, res.output
+        assert "quick (minutes on 2 cores)" in res.output and "runs/convergence-quick" in res.output
+
+
+def test_the_cells_cover_the_grid(done) -> None:  # type: ignore[no-untyped-def]
+    _, cells, collected, _, _ = done
+    cons = [c for c in cells if c.problem == "construction"]
+    assert {(c.rule, c.f) for c in cons} == {("cwtm", 1), ("cwtm", 3), ("cwmed", 1), ("cwmed", 3), ("krum", 1)}
+    real = [c for c in cells if c.problem != "construction"]
+    # mean and geomed once (f does not matter), cwtm at both f; three problems, one α, three seeds
+    assert len(real) == 3 * 1 * (1 + 2 + 1) * 3
+    assert set(collected) == set(cells)
+
+
+def test_the_construction_meets_its_closed_form(done) -> None:  # type: ignore[no-untyped-def]
+    _, cells, collected, _, _ = done
+    for c in cells:
+        if c.problem == "construction":
+            o = collected[c]
+            assert abs(o.floor - o.bound) <= o.tolerance
+            assert len(o.curve) == SMALL.construction_steps + 1
+    o = collected[cs.Cell("construction", 0.0, "cwtm", 3, 0)]
+    assert o.ratio == pytest.approx(3 / 5) and o.epsilon == pytest.approx(3 / 5) and o.epsilon_source == "theory"
+
+
+def test_the_real_floors_have_bounds_and_intervals(done) -> None:  # type: ignore[no-untyped-def]
+    _, _, collected, _, _ = done
+    rows = cs.rows(SMALL, collected)
+    assert len(rows) == 3 * 4
+    for r in rows:
+        assert r.floor.k == 3 and r.floor.low <= r.floor.mean <= r.floor.high
+        if r.rule == "mean":
+            assert r.epsilon == 0 and r.verdict() == "ε = 0: no bound"
+        else:
+            assert r.bound.mean > 0 and r.epsilon > 0
+            assert r.verdict() in ("below the bound", "above the bound", "inconclusive")
+            assert 0 <= r.ratio.mean <= r.epsilon * (1 + 1e-9)  # the realised error is at most ε
+    # cwtm configured for more f costs more: ε is f/(n − f)
+    eps = {r.f: r.epsilon for r in rows if r.rule == "cwtm"}
+    assert eps == {1: pytest.approx(1 / 7), 3: pytest.approx(3 / 5)}
+
+
+def test_too_few_seeds_give_no_verdict() -> None:
+    e = cs.mean_ci([0.1, 0.2])
+    row = cs.Row("mlp", 0.5, "cwtm", 1, e, e, e, e, 0.1, "theory")
+    assert row.verdict().startswith("no verdict (2 seeds")
+
+
+def test_the_terminal_tables_fit_80_columns(done) -> None:  # type: ignore[no-untyped-def]
+    _, _, _, _, report = done
+    text = "\n".join(report.terminal)
+    assert "Tightness construction" in text and "Real problems" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_the_report_files(done) -> None:  # type: ignore[no-untyped-def]
+    _, cells, _, out, report = done
+    assert {p.name for p in report.files} == {"report.md", "cells.csv", "convergence.png"}
+    md = (out / "report.md").read_text()
+    assert "## The tightness construction" in md and "## Real problems" in md and "convergence.png" in md
+    assert "5 of 5 (rule, f) end within the rounding tolerance" in md
+    with (out / "cells.csv").open() as fh:
+        assert len(list(csv.DictReader(fh))) == len(cells)
+    assert (out / "convergence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(("changes", "parameter"), [
+    ({"fs": (4,)}, "f"),
+    ({"construction_fs": (8,)}, "f"),
+    ({"workers": 2}, "workers"),
+    ({"alphas": (0.0,)}, "alphas"),
+    ({"problems": ("svm",)}, "problems"),
+    ({"lam": 0.0}, "lam"),
+    ({"rounds": 0}, "rounds"),
+    ({"construction_lr": 2.0}, "construction_lr"),
+    ({"rules": ("nosuchrule",)}, "aggregator"),
+])
+def test_bad_presets_are_one_line_before_anything_runs(changes: dict[str, Any], parameter: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        cs.check_preset(dataclasses.replace(SMALL, **changes))
+    assert info.value.parameter == parameter and "\n" not in str(info.value)
+
+
+def test_run_keys_are_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="trains no run directories"):
+        cs.ConvergenceStudy().plan(SMALL, {"lr": 0.1})
+
+
+def test_the_command_line_says_a_bad_value_in_one_line() -> None:
+    from typer.testing import CliRunner
+
+    from phalanx import cli
+
+    res = CliRunner().invoke(cli.app, ["experiment", "convergence", "--set", "fs=[9]"])
+    assert res.exit_code != 0  # phalanx.cli.main prints such an error as its one line, exit status 2
+    assert isinstance(res.exception, ConfigError) and "\n" not in str(res.exception)
+    assert str(res.exception).startswith("f=9 is invalid: allowed an integer with 0 <= f < n/2 = 8")
