@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +85,18 @@ def test_the_real_floors_have_bounds_and_intervals(done) -> None:  # type: ignor
     assert eps == {1: pytest.approx(1 / 7), 3: pytest.approx(3 / 5)}
 
 
-def test_too_few_seeds_give_no_verdict() -> None:
+def test_verdicts_need_three_seeds_and_an_interval_on_one_side_of_1() -> None:
     e = cs.mean_ci([0.1, 0.2])
-    row = cs.Row("mlp", 0.5, "cwtm", 1, e, e, e, e, 0.1, "theory")
-    assert row.verdict().startswith("no verdict (2 seeds")
+    assert cs.Row("mlp", 0.5, "cwtm", 1, e, e, e, e, 0.1, "theory").verdict().startswith("no verdict (2 seeds")
+
+    def row(shares: list[float]) -> cs.Row:
+        logs = cs.mean_ci([math.log(v) for v in shares])
+        return cs.Row("mlp", 0.5, "cwtm", 1, e, e, logs, e, 0.1, "theory")
+
+    assert row([0.01, 0.02, 0.03]).verdict() == "below the bound"
+    assert row([2.0, 3.0, 4.0]).verdict() == "above the bound"
+    assert row([0.5, 1.0, 2.0]).verdict() == "inconclusive"
+    assert row([0.5, 0.5, 0.5]).verdict().startswith("no verdict (zero width")
 
 
 def test_the_terminal_tables_fit_80_columns(done) -> None:  # type: ignore[no-untyped-def]
@@ -139,3 +148,15 @@ def test_the_command_line_says_a_bad_value_in_one_line() -> None:
     assert res.exit_code != 0  # phalanx.cli.main prints such an error as its one line, exit status 2
     assert isinstance(res.exception, ConfigError) and "\n" not in str(res.exception)
     assert str(res.exception).startswith("f=9 is invalid: allowed an integer with 0 <= f < n/2 = 8")
+
+
+def test_the_f_trend_is_paired_by_seed(done) -> None:  # type: ignore[no-untyped-def]
+    _, _, collected, _, report = done
+    ts = cs.trends(SMALL, collected)
+    assert [(t.problem, t.rule, t.low_f, t.high_f) for t in ts] == [(p, "cwtm", 1, 3) for p in SMALL.problems]
+    for t in ts:
+        logs = [math.log(collected[cs.Cell(t.problem, t.alpha, "cwtm", 3, s)].floor
+                         / collected[cs.Cell(t.problem, t.alpha, "cwtm", 1, s)].floor) for s in SMALL.seeds]
+        assert t.log_ratio.mean == pytest.approx(sum(logs) / 3) and t.log_ratio.k == 3
+        assert t.verdict() in ("holds", "contradicted", "inconclusive")
+    assert "Does more f stall higher?" in "\n".join(report.terminal)

@@ -205,7 +205,18 @@ def run_construction(p: Preset, cell: Cell) -> Outcome:
 
 def collect_all(p: Preset, cells: list[Cell], root: str | None = None) -> dict[Cell, Outcome]:
     """Every cell's outcome: the construction's, then the real problems' (one data split and problem per
-    (problem, α, seed), shared by its rules)."""
+    (problem, α, seed), shared by its rules), on one thread — the arrays are small (16 × 2410 at most), so intra-op
+    threads only add synchronisation, which on a busy machine costs more than the work (the trimmed mean's kernel:
+    0.2 ms a call on one thread, ~16 ms with two on a loaded 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _collect(p, cells, root)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _collect(p: Preset, cells: list[Cell], root: str | None) -> dict[Cell, Outcome]:
     from phalanx import data
     from phalanx.data.partition import partition
 
@@ -246,16 +257,20 @@ def collect_all(p: Preset, cells: list[Cell], root: str | None = None) -> dict[C
 # ------------------------------------------------------------------------------------------------ tables and report
 
 
-def _g(v: float, digits: int = 3) -> str:
+def _c(v: float, digits: int = 3) -> str:
+    """Compact: plain between 0.01 and 1000 (3 significant digits), else ``2.66e-4`` (no padded exponent)."""
     if not math.isfinite(v):
-        return "∞" if v > 0 else "nan"
-    return f"{v:.{digits}g}"
+        return "∞" if v > 0 else ("−∞" if v < 0 else "nan")
+    if v == 0 or 0.01 <= abs(v) < 1000:
+        return f"{v:.{digits}g}"
+    mant, exp = f"{v:.{digits - 1}e}".split("e")
+    return f"{mant}e{int(exp)}"
 
 
 def _pm(e: Estimate) -> str:
     if e.k < MIN_SEEDS:
-        return f"{_g(e.mean)} ({e.k} seeds)"
-    return f"{_g(e.mean)} ± {_g(e.half_width, 2)}"
+        return f"{_c(e.mean)} ({e.k} seeds)"
+    return f"{_c(e.mean)} ± {_c(e.half_width, 2)}"
 
 
 def _f_label(spec: str, f: int, n: int) -> str:
@@ -273,7 +288,8 @@ class Row:
     floor: Estimate
     bound: Estimate
     share: Estimate
-    """floor / bound, per seed."""
+    """log(floor / bound), per seed (a ratio across orders of magnitude: its interval on the log scale, shown
+    exponentiated — the geometric mean and a 95 % interval that stays positive)."""
     ratio: Estimate
     """The realised aggregation error at θ_T."""
     epsilon: float
@@ -285,9 +301,9 @@ class Row:
         why = self.share.why_no_verdict("ratio")
         if why is not None:
             return f"no verdict ({why})"
-        if self.share.high < 1:
+        if self.share.high < 0:
             return "below the bound"
-        return "above the bound" if self.share.low > 1 else "inconclusive"
+        return "above the bound" if self.share.low > 0 else "inconclusive"
 
 
 def rows(p: Preset, collected: dict[Cell, Outcome]) -> list[Row]:
@@ -300,7 +316,7 @@ def rows(p: Preset, collected: dict[Cell, Outcome]) -> list[Row]:
                        if Cell(prob, float(a), spec, f, s) in collected]
                 if not got:
                     continue
-                share = [o.floor / o.bound if o.bound > 0 else math.inf for o in got]
+                share = [math.log(o.floor / o.bound) if o.bound > 0 and o.floor > 0 else math.inf for o in got]
                 out.append(Row(prob, float(a), spec, f, mean_ci([o.floor for o in got]),
                                mean_ci([o.bound for o in got]),
                                mean_ci(share) if all(map(math.isfinite, share)) else Estimate(math.inf, math.inf,
@@ -332,28 +348,82 @@ def terminal_table(p: Preset, collected: dict[Cell, Outcome]) -> str:
     seeds = len(p.seeds)
     lines = [f"Real problems: {p.dataset}, n = {p.workers}, {p.rounds} full-batch GD rounds. At the last round:",
              "floor = F − F* (lsq, logreg) or ‖∇F‖² (mlp); bound = εζ²/(2μ) or εζ²;",
-             f"mean ± 95 % half-width over {seeds} seeds; floor/bound per seed.",
-             f"{'prob':<7}{'α':>4} {'rule':<7}{'f':>2} {'floor':>15} {'bound':>15}  floor/bound [95 %]"]
+             f"mean ± 95 % half-width over {seeds} seeds; floor/bound: its 95 % interval.",
+             f"{'prob':<7}{'α':>4} {'rule':<7}{'f':>2} {'floor':>16} {'bound':>16}  floor/bound, 95 %"]
     for r in rows(p, collected):
         share = "—" if r.rule == "mean" else (
-            f"{_g(r.share.mean, 2)} [{_g(r.share.low, 2)}, {_g(r.share.high, 2)}]" if r.share.k >= MIN_SEEDS
-            else f"{_g(r.share.mean, 2)} ({r.share.k} seeds)")
+            f"[{_c(math.exp(r.share.low), 2)}, {_c(math.exp(r.share.high), 2)}]" if r.share.k >= MIN_SEEDS
+            else f"{_c(math.exp(r.share.mean), 2)} ({r.share.k} seeds)")
         bound = "0 (ε = 0)" if r.rule == "mean" else _pm(r.bound)
         lines.append(f"{PROBLEM_LABELS[r.problem]:<7}{r.alpha:>4g} {r.rule:<7}{_f_label(r.rule, r.f, p.workers):>2} "
-                     f"{_pm(r.floor):>15} {bound:>15}  {share}")
+                     f"{_pm(r.floor):>16} {bound:>16}  {share}")
     return "\n".join(line.rstrip() for line in lines)
 
 
 def _markdown_rows(p: Preset, collected: dict[Cell, Outcome]) -> list[str]:
-    head = ["| problem | α | rule | f | ε | floor | bound | floor / bound (95 %) | realised error at T | verdict |",
+    head = ["| problem | α | rule | f | ε | floor | bound | floor / bound, geometric mean [95 %] | realised error at T "
+            "| verdict |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows(p, collected):
         eps = f"{r.epsilon:.4g}" + (" (measured)" if r.epsilon_source == "measured" else "")
-        share = "—" if r.rule == "mean" else f"{_g(r.share.mean, 3)} {r.share.interval(digits=3, sign='')}"
+        g = math.exp(r.share.mean)
+        share = "—" if r.rule == "mean" else (
+            f"{_c(g)} [{_c(math.exp(r.share.low), 2)}, {_c(math.exp(r.share.high), 2)}]" if r.share.k >= MIN_SEEDS
+            else f"{_c(g)} ({r.share.k} seeds)")
         head.append(f"| {r.problem} | {r.alpha:g} | {r.rule} | {_f_label(r.rule, r.f, p.workers)} | {eps} | "
                     f"{_pm(r.floor)} | {'0' if r.rule == 'mean' else _pm(r.bound)} | {share} | {_pm(r.ratio)} | "
                     f"{r.verdict()} |")
     return head
+
+
+@dataclass(frozen=True)
+class Trend:
+    """Does a rule configured for more f stall higher? Per (problem, α, rule) with an f-dependent output: the per-seed
+    log(floor at the largest f / floor at the smallest f) — paired, the same split and start — with its interval."""
+
+    problem: str
+    alpha: float
+    rule: str
+    low_f: int
+    high_f: int
+    log_ratio: Estimate
+
+    def verdict(self) -> str:
+        return self.log_ratio.verdict("positive")
+
+
+def trends(p: Preset, collected: dict[Cell, Outcome]) -> list[Trend]:
+    """The f trend of every f-dependent rule of the preset run at two f or more."""
+    out = []
+    for prob in p.problems:
+        for a in p.alphas:
+            for spec in p.rules:
+                fs = sorted(f for s, f in _settings(p.rules, p.fs, p.workers) if s == spec)
+                if spec == "mean" or not _f_dependent(spec, p.workers) or len(fs) < 2:
+                    continue
+                lo, hi = fs[0], fs[-1]
+                logs = []
+                for seed in p.seeds:
+                    a_lo, a_hi = Cell(prob, float(a), spec, lo, seed), Cell(prob, float(a), spec, hi, seed)
+                    if a_lo in collected and a_hi in collected and collected[a_lo].floor > 0 < collected[a_hi].floor:
+                        logs.append(math.log(collected[a_hi].floor / collected[a_lo].floor))
+                if logs:
+                    out.append(Trend(prob, float(a), spec, lo, hi, mean_ci(logs)))
+    return out
+
+
+def trend_table(p: Preset, collected: dict[Cell, Outcome]) -> str:
+    """The f trends, plain text within 80 columns."""
+    lines = ["Does more f stall higher? floor(f_max)/floor(f_min) per seed: geometric mean",
+             "[95 %]; holds: the whole interval above 1.",
+             f"{'prob':<7}{'α':>4} {'rule':<7}{'f':>6}  {'ratio [95 %]':<28} verdict"]
+    for t in trends(p, collected):
+        e = t.log_ratio
+        ratio = (f"{_c(math.exp(e.mean))} [{_c(math.exp(e.low), 2)}, {_c(math.exp(e.high), 2)}]" if e.k >= MIN_SEEDS
+                 else f"{_c(math.exp(e.mean))} ({e.k} seeds)")
+        lines.append(f"{PROBLEM_LABELS[t.problem]:<7}{t.alpha:>4g} {t.rule:<7}{f'{t.low_f}→{t.high_f}':>6}  "
+                     f"{ratio:<28} {t.verdict()}")
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def report_markdown(p: Preset, cells: list[Cell], collected: dict[Cell, Outcome], *, command: str,
@@ -381,8 +451,13 @@ def report_markdown(p: Preset, cells: list[Cell], collected: dict[Cell, Outcome]
         f"units (λ = {p.mlp_lam:g}, step {p.mlp_lr:g}). Floor: F(θ_T) − F* (PL problems) or ‖∇F(θ_T)‖² (MLP); "
         "bound: εζ²(θ_T)/(2μ) or εζ²(θ_T), ζ² measured at the last iterate; the realised error is "
         "‖Agg − ∇F‖²/ζ² at θ_T (≤ ε by definition). Mean ± 95 % Student-t half-width over the seeds "
-        f"{list(p.seeds)}; floor / bound per seed. *below the bound*: the whole interval of floor / bound is below 1.",
+        f"{list(p.seeds)}; floor / bound: per seed, its geometric mean and 95 % interval (Student-t on the log "
+        "ratio: the ratios span orders of magnitude). *below the bound*: the whole interval is below 1.",
         "", *_markdown_rows(p, collected), "",
+        "### Does a rule configured for more f stall higher?", "",
+        "Paired by seed (same split, same start): floor at the largest f over floor at the smallest, geometric mean "
+        "and 95 % interval; *holds* when the whole interval is above 1.", "",
+        "```text", trend_table(p, collected), "```", "",
         *([f"Not run (the rule's requirement fails with n = {p.workers}): "
            + ", ".join(f"{s} (f={f})" for s, f in skipped), ""] if skipped else []),
     ]
@@ -446,7 +521,8 @@ def plot(p: Preset, collected: dict[Cell, Outcome], path: Path) -> Path:
                 continue
             curve = torch.tensor([o.curve for o in got]).mean(dim=0)
             color = f"C{i}"
-            label = spec + (f" f={f}" if _f_dependent(spec, p.workers) else "")
+            label = spec + (f" f={f}" if _f_dependent(spec, p.workers) else "") + (" (ε = 0: no bound)"
+                                                                                    if spec == "mean" else "")
             ax.plot(range(len(curve)), curve.clamp_min(1e-300).tolist(), color=color, lw=1.6, label=label)
             if spec != "mean":
                 bound = torch.tensor([o.bound_curve for o in got]).mean(dim=0)
@@ -456,7 +532,8 @@ def plot(p: Preset, collected: dict[Cell, Outcome], path: Path) -> Path:
         ax.set_yscale("log")
         ax.set_xlabel("round")
         ax.set_ylabel("F(θ) − F*" if prob != "mlp" else "‖∇F(θ)‖²")
-        ax.set_title(f"{prob}, α = {alpha:g} ({len(p.seeds)} seeds averaged)")
+        ax.set_title(f"{prob}, α = {alpha:g}, f = {f_big} where f matters ({len(p.seeds)} seeds averaged)",
+                     fontsize=10)
         ax.legend(fontsize=7)
     for ax in flat[panels:]:
         ax.set_visible(False)
@@ -522,4 +599,5 @@ class ConvergenceStudy(Study[Preset, Cell, Outcome]):
         text = report_markdown(preset, cells, collected, command=command, seconds=self.seconds)
         files = write_report_files(out, text, cells_csv(cells, collected), "convergence.png",
                                    "suboptimality per round, bounds dashed", lambda path: plot(preset, collected, path))
-        return Report(files, [construction_table(preset, collected), "", terminal_table(preset, collected)])
+        return Report(files, [construction_table(preset, collected), "", terminal_table(preset, collected), "",
+                              trend_table(preset, collected)])
