@@ -11,13 +11,14 @@ import pytest
 
 from phalanx import studies
 from phalanx.errors import ConfigError
-from phalanx.studies import backdoor, corrupted, hbn, neighbours, parallelism, privacy, tension
+from phalanx.studies import backdoor, convergence, corrupted, hbn, neighbours, parallelism, privacy, tension
 from phalanx.studies.base import Report, Study
 
 BUILT_IN = {"tension": tension.Tension, "hbn": hbn.HBN, "parallelism": parallelism.Parallelism,
             "byzantine-neighbours": neighbours.ByzantineNeighbours, "privacy": privacy.Privacy,
             "backdoor": backdoor.BackdoorDefences,
-            "corrupted-rounds": corrupted.CorruptedRounds}
+            "corrupted-rounds": corrupted.CorruptedRounds,
+            "convergence": convergence.ConvergenceStudy}
 
 
 def test_the_built_in_studies_are_registered_by_their_modules() -> None:
@@ -33,7 +34,7 @@ def test_an_unknown_study_is_one_line_that_lists_them_and_suggests() -> None:
         studies.resolve("hbx")
     text = str(exc.value)
     assert "\n" not in text and text.startswith("study='hbx' is invalid")
-    assert "backdoor, byzantine-neighbours, corrupted-rounds, hbn, parallelism, privacy, tension" in text
+    assert "backdoor, byzantine-neighbours, convergence, corrupted-rounds, hbn, parallelism, privacy, tension" in text
     assert "'module:attr' spec" in text
     assert "did you mean hbn?" in text
 
@@ -177,7 +178,7 @@ def test_experiment_lists_the_registered_studies_and_tension_keeps_paper() -> No
     for name, cls in BUILT_IN.items():
         assert f"│ {name} " in res.output and cls.help[:40] in res.output
     res = _cli(["tension", "--help"])
-    assert res.exit_code == 0 and all(f"│ {c} " in res.output for c in ("paper", "plan", "theory"))
+    assert res.exit_code == 0 and all(f"│ {c} " in res.output for c in ("paper", "plan", "theory", "convergence"))
 
 
 TENSION_PRESETS = "quick (Fashion-MNIST/digits, minutes on a CPU), cpu (the full grids, ~30 min) or paper."

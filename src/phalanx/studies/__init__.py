@@ -12,7 +12,16 @@ tension plan``) works on the user's own config rather than a preset, and is not 
 """
 
 # Importing a module registers its study.
-from phalanx.studies import backdoor, convergence, corrupted, hbn, neighbours, parallelism, privacy, tension  # noqa: F401
+from phalanx.studies import (  # noqa: F401
+    backdoor,
+    convergence,
+    corrupted,
+    hbn,
+    neighbours,
+    parallelism,
+    privacy,
+    tension,
+)
 from phalanx.studies.base import Report, Study
 from phalanx.studies.registry import names, register, resolve
 
