@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from phalanx import aggregators
+from phalanx.aggregators import Aggregator
 from phalanx.analysis import convergence as cv
 from phalanx.analysis.epsilon import aggregation_error
 from phalanx.errors import ConfigError
 
 N = 16
-EQUIVARIANT = [name for name in aggregators.names() if aggregators.get_class(name).__mro__[1].__name__ == "Aggregator"
+EQUIVARIANT = [name for name in aggregators.names() if issubclass(aggregators.get_class(name), Aggregator)
                and aggregators.get_tags(name).translation and aggregators.get_tags(name).scale]
 WITH_EPSILON = [name for name in EQUIVARIANT if aggregators.make(name, f=1).epsilon(N) is not None]
 
@@ -32,6 +33,7 @@ def _cases() -> list[tuple[str, int]]:
 
 def test_the_rules_with_an_epsilon_are_all_constructed() -> None:
     assert {"mean", "cwtm", "cwmed", "geomed"} <= set(WITH_EPSILON)
+    assert {"krum", "multikrum", "bulyan", "meamed", "mda", "dnc"} <= set(EQUIVARIANT)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

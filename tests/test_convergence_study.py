@@ -160,3 +160,20 @@ def test_the_f_trend_is_paired_by_seed(done) -> None:  # type: ignore[no-untyped
         assert t.log_ratio.mean == pytest.approx(sum(logs) / 3) and t.log_ratio.k == 3
         assert t.verdict() in ("holds", "contradicted", "inconclusive")
     assert "Does more f stall higher?" in "\n".join(report.terminal)
+
+
+def test_the_command_runs_end_to_end(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from phalanx import cli
+
+    sets = ["workers=8", "rules=['mean','cwtm']", "fs=[1,3]", "alphas=[0.5]", "problems=['least-squares']",
+            "rounds=5", "construction_rules=['cwtm']", "construction_fs=[1]", "construction_steps=5"]
+    args = ["tension", "convergence", "--seeds", "3", "--out", str(tmp_path)]
+    res = CliRunner().invoke(cli.app, [*args, *(a for s in sets for a in ("--set", s))], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    assert "Tightness construction" in res.output and "Does more f stall higher?" in res.output
+    assert "changed from preset quick" in res.output  # the CLI says what --set changed
+    assert {p.name for p in tmp_path.iterdir()} >= {"report.md", "cells.csv", "convergence.png"}
+    report = (tmp_path / "report.md").read_text()
+    assert "`phalanx tension convergence --preset quick --seeds 3 --set workers=8" in report

@@ -16,8 +16,8 @@ hence (non-convex) :math:`\min_{t<T}\|\nabla F(w_t)\|^2 \le 2L(F(w_0) - F^*)/T +
 μ-PL (:math:`\|\nabla F\|^2 \ge 2\mu(F - F^*)`),
 :math:`F(w_T) - F^* \le (1 - \mu/L)^T (F(w_0) - F^*) + (1 - (1-\mu/L)^T)\,\varepsilon\zeta^2/(2\mu)`
 (:func:`pl_upper`, :func:`nonconvex_upper`). Yang, Shi & Li prove lower bounds of this order for both classes
-(their convergence theorems; the stored text available here did not reach their statements and constants, so the
-constants here are this derivation's, docs/tension.md says so).
+(their convergence theorems; the text of the paper consulted for this module — its abstract — does not give their
+statements and constants, so the constants here are this derivation's, and docs/tension.md says so).
 
 **Tightness, exactly** (:func:`construct`). Take :math:`F_i(w) = \frac\mu2\|w + x_i\|^2` (so L = μ) with
 :math:`x` a worst-case input of the rule for ε. The gradient rows are :math:`\mu(w + x_i)`; a translation- and

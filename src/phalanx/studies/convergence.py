@@ -27,6 +27,7 @@ No run directories are trained: every GD run is in process (float64, full batch)
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import math
 import time
@@ -43,6 +44,7 @@ from phalanx.analysis.epsilon import epsilon
 from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.studies.base import Report, Study
+from phalanx.studies.planner import f_matters
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import pick_preset, provenance, write_report_files
 
@@ -121,9 +123,13 @@ class Outcome:
     limit: float = 0.0
 
 
+@functools.cache
 def _f_dependent(spec: str, n: int) -> bool:
-    """Whether a rule's output depends on f (the median and the geometric median ignore it: one row, f shown —)."""
-    return spec not in ("mean", "cwmed", "geomed")
+    """Whether a rule's output depends on f — :func:`phalanx.studies.planner.f_matters` at f = 1 and the largest f
+    it runs with at n. The mean, the median and the geometric median read f only to check n: they run once, and
+    their f is shown as —."""
+    fits = [f for f in range(1, (n - 1) // 2 + 1) if n >= aggregators.make(spec, f=f).min_workers()]
+    return len(fits) < 2 or f_matters(spec, fits[0], fits[-1], n)
 
 
 def check_preset(p: Preset) -> Preset:
@@ -296,7 +302,7 @@ class Row:
     epsilon_source: str
 
     def verdict(self) -> str:
-        if self.rule == "mean":
+        if self.epsilon == 0:
             return "ε = 0: no bound"
         why = self.share.why_no_verdict("ratio")
         if why is not None:
@@ -351,10 +357,10 @@ def terminal_table(p: Preset, collected: dict[Cell, Outcome]) -> str:
              f"mean ± 95 % half-width over {seeds} seeds; floor/bound: its 95 % interval.",
              f"{'prob':<7}{'α':>4} {'rule':<7}{'f':>2} {'floor':>16} {'bound':>16}  floor/bound, 95 %"]
     for r in rows(p, collected):
-        share = "—" if r.rule == "mean" else (
+        share = "—" if r.epsilon == 0 else (
             f"[{_c(math.exp(r.share.low), 2)}, {_c(math.exp(r.share.high), 2)}]" if r.share.k >= MIN_SEEDS
             else f"{_c(math.exp(r.share.mean), 2)} ({r.share.k} seeds)")
-        bound = "0 (ε = 0)" if r.rule == "mean" else _pm(r.bound)
+        bound = "0 (ε = 0)" if r.epsilon == 0 else _pm(r.bound)
         lines.append(f"{PROBLEM_LABELS[r.problem]:<7}{r.alpha:>4g} {r.rule:<7}{_f_label(r.rule, r.f, p.workers):>2} "
                      f"{_pm(r.floor):>16} {bound:>16}  {share}")
     return "\n".join(line.rstrip() for line in lines)
@@ -367,11 +373,11 @@ def _markdown_rows(p: Preset, collected: dict[Cell, Outcome]) -> list[str]:
     for r in rows(p, collected):
         eps = f"{r.epsilon:.4g}" + (" (measured)" if r.epsilon_source == "measured" else "")
         g = math.exp(r.share.mean)
-        share = "—" if r.rule == "mean" else (
+        share = "—" if r.epsilon == 0 else (
             f"{_c(g)} [{_c(math.exp(r.share.low), 2)}, {_c(math.exp(r.share.high), 2)}]" if r.share.k >= MIN_SEEDS
             else f"{_c(g)} ({r.share.k} seeds)")
         head.append(f"| {r.problem} | {r.alpha:g} | {r.rule} | {_f_label(r.rule, r.f, p.workers)} | {eps} | "
-                    f"{_pm(r.floor)} | {'0' if r.rule == 'mean' else _pm(r.bound)} | {share} | {_pm(r.ratio)} | "
+                    f"{_pm(r.floor)} | {'0' if r.epsilon == 0 else _pm(r.bound)} | {share} | {_pm(r.ratio)} | "
                     f"{r.verdict()} |")
     return head
 
@@ -399,7 +405,7 @@ def trends(p: Preset, collected: dict[Cell, Outcome]) -> list[Trend]:
         for a in p.alphas:
             for spec in p.rules:
                 fs = sorted(f for s, f in _settings(p.rules, p.fs, p.workers) if s == spec)
-                if spec == "mean" or not _f_dependent(spec, p.workers) or len(fs) < 2:
+                if not _f_dependent(spec, p.workers) or len(fs) < 2:
                     continue
                 lo, hi = fs[0], fs[-1]
                 logs = []
@@ -521,10 +527,11 @@ def plot(p: Preset, collected: dict[Cell, Outcome], path: Path) -> Path:
                 continue
             curve = torch.tensor([o.curve for o in got]).mean(dim=0)
             color = f"C{i}"
-            label = spec + (f" f={f}" if _f_dependent(spec, p.workers) else "") + (" (ε = 0: no bound)"
-                                                                                    if spec == "mean" else "")
+            free = got[0].epsilon == 0
+            label = spec + (f" f={f}" if _f_dependent(spec, p.workers) else "") + (" (ε = 0: no bound)" if free
+                                                                                    else "")
             ax.plot(range(len(curve)), curve.clamp_min(1e-300).tolist(), color=color, lw=1.6, label=label)
-            if spec != "mean":
+            if not free:
                 bound = torch.tensor([o.bound_curve for o in got]).mean(dim=0)
                 ax.plot(range(len(bound)), bound.tolist(), color=color, ls="--", lw=1)
             i += 1
@@ -554,7 +561,8 @@ class ConvergenceStudy(Study[Preset, Cell, Outcome]):
     help = ("Where GD with a robust rule stalls with no attack (Yang, Shi & Li, ICML 2025): the exact tightness "
             "construction (every rule's worst case for ε, closed form to the dtype's precision) and least squares, "
             "softmax regression and an MLP over Dirichlet splits, measured floors beside εζ²/(2μ) and εζ², with "
-            "95 % intervals; table, plot, report.")
+            "95 % intervals; table, plot, report. Every GD run is in process on one thread: --jobs and the executor "
+            "options do not apply.")
     preset_type = Preset
     presets = PRESETS
     out = "runs/convergence-quick"
