@@ -157,10 +157,12 @@ def check_preset(p: Preset) -> Preset:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
             raise ConfigError(key, v, "a finite number > 0" + (" (μ ≥ λ: without it the problem is not PL)"
                                                               if key == "lam" else ""))
-    if not 0 < p.construction_lr < 2:
-        raise ConfigError("construction_lr", p.construction_lr, "a number in (0, 2) (ημ, μ = 1: GD converges)")
-    if not 0 <= p.mlp_lam < math.inf:
-        raise ConfigError("mlp_lam", p.mlp_lam, "a finite number >= 0")
+    v = p.construction_lr
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 2:
+        raise ConfigError("construction_lr", v, "a number in (0, 2) (ημ with μ = 1: GD converges)")
+    v = p.mlp_lam
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+        raise ConfigError("mlp_lam", v, "a finite number >= 0")
     return p
 
 
