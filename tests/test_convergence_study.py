@@ -126,6 +126,8 @@ def test_the_report_files(done) -> None:  # type: ignore[no-untyped-def]
     ({"lam": 0.0}, "lam"),
     ({"rounds": 0}, "rounds"),
     ({"construction_lr": 2.0}, "construction_lr"),
+    ({"construction_lr": "fast"}, "construction_lr"),
+    ({"mlp_lam": -1.0}, "mlp_lam"),
     ({"rules": ("nosuchrule",)}, "aggregator"),
 ])
 def test_bad_presets_are_one_line_before_anything_runs(changes: dict[str, Any], parameter: str) -> None:
