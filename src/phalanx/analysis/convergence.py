@@ -34,7 +34,11 @@ cannot be improved. The configurations: per coordinate, k rows at s and n − k 
 (ρ = f/(n − f), the lower bound of every f-robust rule, Yang, Shi & Li Thm 3.1) and k = ⌊(n−1)/2⌋ for the median and
 the geometric median (ρ = k/(n − k); for the geometric median this is below its ε = 1, whose even split needs a
 tie-break Weiszfeld's method does not take); for any other rule, the construction of :func:`phalanx.analysis.epsilon`
-with the largest ratio (measured, and said so in :attr:`Construction.source`).
+with the largest ratio among those on which the rule's output moves with w (measured, and said so in
+:attr:`Construction.source`: Krum's even split, ρ = 1, is broken by rounding and flips along the path, so its
+construction is the 7/9 split). By Thm 3.1 every f-tolerant rule has an input with ρ ≥ f/(n − f), so GD with any
+translation- and scale-equivariant f-tolerant rule stalls, on some heterogeneous quadratic, at
+F − F* ≥ (f/(n − f))ζ²/(2μ) and ‖∇F‖² ≥ (f/(n − f))ζ².
 """
 
 from __future__ import annotations
