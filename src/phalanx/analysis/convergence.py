@@ -36,9 +36,9 @@ the geometric median (ρ = k/(n − k); for the geometric median this is below i
 tie-break Weiszfeld's method does not take); for any other rule, the construction of :func:`phalanx.analysis.epsilon`
 with the largest ratio among those on which the rule's output moves with w (measured, and said so in
 :attr:`Construction.source`: Krum's even split, ρ = 1, is broken by rounding and flips along the path, so its
-construction is the 7/9 split). By Thm 3.1 every f-tolerant rule has an input with ρ ≥ f/(n − f), so GD with any
-translation- and scale-equivariant f-tolerant rule stalls, on some heterogeneous quadratic, at
-F − F* ≥ (f/(n − f))ζ²/(2μ) and ‖∇F‖² ≥ (f/(n − f))ζ².
+construction is the 7/9 split). By Thm 3.1 every f-tolerant rule has inputs with ρ as close to f/(n − f) as one
+likes, so GD with any translation- and scale-equivariant f-tolerant rule stalls, on some heterogeneous quadratic, at
+F − F* ≥ (f/(n − f) − δ)ζ²/(2μ) and ‖∇F‖² ≥ (f/(n − f) − δ)ζ², for any δ > 0.
 """
 
 from __future__ import annotations
