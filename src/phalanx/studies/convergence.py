@@ -270,7 +270,8 @@ def _c(v: float, digits: int = 3) -> str:
     if not math.isfinite(v):
         return "∞" if v > 0 else ("−∞" if v < 0 else "nan")
     if v == 0 or 0.01 <= abs(v) < 1000:
-        return f"{v:.{digits}g}"
+        text = f"{v:.{digits}g}"
+        return f"{v:.0f}" if "e" in text else text  # 170, not 1.7e+02
     mant, exp = f"{v:.{digits - 1}e}".split("e")
     return f"{mant}e{int(exp)}"
 
