@@ -21,12 +21,17 @@ EQUIVARIANT = [name for name in aggregators.names() if issubclass(aggregators.ge
 WITH_EPSILON = [name for name in EQUIVARIANT if aggregators.make(name, f=1).epsilon(N) is not None]
 
 
+N_PATH = 9
+"""The every-round test's n: small enough that a rule whose cost grows combinatorially in n (SMEA enumerates the
+subsets of n − f rows) stays cheap; the limits are tested at N = 16."""
+
+
 def _cases() -> list[tuple[str, int]]:
     out = []
     for name in EQUIVARIANT:
-        for f in (0, 1, 3, 5, 7):
+        for f in (0, 1, 2, 4):
             rule = aggregators.make(name, f=f)
-            if N >= rule.min_workers():
+            if N_PATH >= rule.min_workers():
                 out.append((name, f))
     return out
 
@@ -40,7 +45,7 @@ def test_the_rules_with_an_epsilon_are_all_constructed() -> None:
 @pytest.mark.parametrize(("name", "f"), _cases())
 def test_gd_follows_the_closed_form_at_every_round(name: str, f: int, dtype: torch.dtype) -> None:
     rule = aggregators.make(name, f=f)
-    c = cv.construct(rule, N, d=3, mu=0.7, scale=1.5)
+    c = cv.construct(rule, N_PATH, d=3, mu=0.7, scale=1.5)
     eta, steps = 0.3, 120
     measured = cv.run(c, rule, eta, steps, w0=2.0, dtype=dtype)
     exact = cv.closed_form(c, eta, steps, w0=2.0)
