@@ -2,8 +2,8 @@
 and the planner, on top of the run machinery of :mod:`phalanx.experiments`.
 
 Each study is a :class:`Study` subclass in a module of its own (:mod:`~phalanx.studies.tension`,
-:mod:`~phalanx.studies.convergence`, :mod:`~phalanx.studies.hbn`, :mod:`~phalanx.studies.parallelism`, :mod:`~phalanx.studies.neighbours`,
-:mod:`~phalanx.studies.privacy`, :mod:`~phalanx.studies.backdoor`,
+:mod:`~phalanx.studies.convergence`, :mod:`~phalanx.studies.hbn`, :mod:`~phalanx.studies.parallelism`,
+:mod:`~phalanx.studies.neighbours`, :mod:`~phalanx.studies.privacy`, :mod:`~phalanx.studies.backdoor`,
 :mod:`~phalanx.studies.corrupted`), registered
 by name with :func:`register`; what they share is :mod:`~phalanx.studies.reporting`. ``phalanx experiment NAME``
 runs any study :func:`resolve` finds: a registered name, an installed package's entry point in the
