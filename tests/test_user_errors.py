@@ -293,6 +293,40 @@ def test_a_full_disk_keeps_the_last_checkpoint(
     store.verify(d, ("config.json", "metrics.jsonl", "checkpoint.safetensors", "metrics.parquet", "DONE"))
 
 
+def test_a_real_full_file_system_under_the_checkpoint_writer_is_one_line(partial: Path, tmp_path: Path) -> None:
+    """A real full file system (a small tmpfs, where this machine may mount one): the resumed run's checkpoint does
+    not fit, the kernel refuses the write with ENOSPC inside safetensors' writer — which reports it as text — and
+    the run ends with the one-line OutputError, not its traceback; the last good checkpoint stays."""
+    small = tmp_path / "small"
+    small.mkdir()
+    size = 4 * sum(f.stat().st_size for f in partial.rglob("*") if f.is_file()) + (1 << 16)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(small)],
+                             capture_output=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root and mount rights)")
+    try:
+        d = _copy(partial, small / "run")
+        checkpoint = (d / "checkpoint.safetensors").stat().st_size
+        with open(small / "filler", "wb") as fh:  # leave room for the metrics, not for another checkpoint
+            while True:
+                st = os.statvfs(small)
+                free = st.f_bavail * st.f_frsize
+                if free <= checkpoint // 2:
+                    break
+                try:
+                    fh.write(b"\0" * min(1 << 14, free - checkpoint // 2))
+                    fh.flush()
+                except OSError:
+                    break
+        with pytest.raises(OutputError, match="no space left on device") as err:
+            train(make_config(SMALL), d)
+        assert "\n" not in str(err.value) and "free some space" in str(err.value)
+        snap = store.load_checkpoint(d)
+        assert snap is not None and snap.state.round == 4
+    finally:
+        subprocess.run(["umount", str(small)], capture_output=True, check=False)
+
+
 def test_a_checkpoint_the_writer_left_incomplete_is_not_installed(
     partial: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -37,6 +37,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import tempfile
 import time
 from collections.abc import Iterator
@@ -365,13 +366,26 @@ def save_checkpoint(out: Path, snap: Snapshot) -> Path:
         fd, tmp = tempfile.mkstemp(dir=out, prefix=".checkpoint.", suffix=".tmp")
         os.close(fd)
         try:
-            save_file(tensors, tmp, metadata={"round": str(state.round), "rows": str(len(rows))})
+            try:
+                save_file(tensors, tmp, metadata={"round": str(state.round), "rows": str(len(rows))})
+            except SafetensorError as exc:  # its I/O errors come as text ("… (os error 28)"): the OSError
+                raise _os_error(exc) from None
             _check_written(path, tmp, set(tensors))
             _install(out, path.name, tmp)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
     return path
+
+
+def _os_error(exc: SafetensorError) -> BaseException:
+    """safetensors' error as the :class:`OSError` it carries (``… (os error 28)``: a full disk), so that
+    :func:`writing` makes it the one-line :class:`OutputError`; the error itself when it carries none."""
+    match = re.search(r"\(os error (\d+)\)|Os \{ code: (\d+)", str(exc))
+    if match is None:
+        return exc
+    code = int(match.group(1) or match.group(2))
+    return OSError(code, os.strerror(code))
 
 
 def _check_written(path: Path, tmp: str, names: set[str]) -> None:
