@@ -20,9 +20,13 @@ def test_the_planned_count_is_the_built_models(name: str, params: dict[str, Any]
     assert planned == models.count_parameters(models.make(name, shape, 10, **params), trainable_only=False)
 
 
-def test_a_builder_of_ones_own_is_not_planned() -> None:
-    models.register("own-planned-test")(lambda input_shape, num_classes: models.make("logreg", input_shape,
-                                                                                     num_classes))
+def test_a_builder_of_ones_own_is_not_planned(monkeypatch: pytest.MonkeyPatch) -> None:
+    from phalanx.models import registry
+
+    def own(input_shape: tuple[int, ...], num_classes: int) -> Any:
+        return models.make("logreg", input_shape, num_classes)
+
+    monkeypatch.setitem(registry._REGISTRY._entries, "own-planned-test", own)  # registered for this test only
     assert models.planned_parameters("own-planned-test", (1, 8, 8), 10) is None
 
 
