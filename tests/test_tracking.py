@@ -383,3 +383,19 @@ def test_cli_track_option_and_its_errors(tmp_path: Path) -> None:
     assert isinstance(res.exception, ConfigError)  # `phalanx` prints it as one line (cli.main)
     assert "tracking='tensorbored'" in str(res.exception) and "did you mean tensorboard?" in str(res.exception)
     assert not (tmp_path / "o2").exists()  # refused before anything was written
+
+
+def test_a_quick_resume_waits_for_a_second_of_its_own_so_wandb_does_not_overwrite_the_last_session(
+        tmp_path: Path) -> None:
+    """W&B names a session's folder by its start second: a resume in the same second as its last session would
+    overwrite that session's record. The tracker starts only once the second has no folder of that id."""
+    from datetime import datetime
+
+    from phalanx.experiments.tracking.wandb import _wait_for_a_fresh_second
+
+    folder = tmp_path / "wandb"
+    stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
+    (folder / f"offline-run-{stamp}-abc").mkdir(parents=True)
+    _wait_for_a_fresh_second(folder, "abc")
+    assert datetime.now().strftime("%Y%m%d_%H%M%S") > stamp
+    _wait_for_a_fresh_second(folder, "other")  # another run's id: nothing to wait for

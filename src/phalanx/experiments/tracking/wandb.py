@@ -13,7 +13,9 @@ resume it (offline, a second ``offline-run-…`` directory with the same id; ``w
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,18 @@ QUIET = {"silent": True, "console": "off", "x_disable_stats": True, "disable_git
 """W&B settings that keep a run to what Phalanx sends: no capture of the terminal (the progress bar stays), no
 system metrics, git state, code or pip freeze, and several runs in one process (a grid). Those this version of W&B
 does not know are left out."""
+
+
+def _wait_for_a_fresh_second(folder: Path, run_id: str) -> None:
+    """W&B names a session's folder ``{mode}-run-YYYYmmdd_HHMMSS-{id}`` from its start, to the second: a resumed run
+    that starts in the second its last session started would share that folder and overwrite the last session's
+    record of its rounds. Wait for the next second then (at most one second, only on a quick resume)."""
+    while True:
+        now = time.time()
+        stamp = datetime.fromtimestamp(now).strftime("%Y%m%d_%H%M%S")
+        if not any(folder.glob(f"*-{stamp}-{run_id}")):
+            return
+        time.sleep(1.0 - now % 1.0 + 1e-3)
 
 
 class WandB(Tracker):
@@ -59,6 +73,8 @@ class WandB(Tracker):
         where = self.directory(run)
         where.mkdir(parents=True, exist_ok=True)
         kept = run.kept.get("id")
+        if isinstance(kept, str):
+            _wait_for_a_fresh_second(where / "wandb", kept)
         self.run = wandb.init(
             project=self.project, entity=self.entity, group=self.group or run.group, name=run.name,
             id=kept if isinstance(kept, str) else None, resume="allow" if isinstance(kept, str) else None,
