@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, ClassVar, Generic, TypeVar, overload
@@ -26,7 +27,8 @@ from typing import Any, ClassVar, Generic, TypeVar, overload
 from phalanx.errors import ConfigError
 from phalanx.validate import suggest
 
-__all__ = ["Component", "Registry", "accepted_params", "check_params", "import_spec", "is_spec"]
+__all__ = ["Component", "Registry", "accepted_params", "check_params", "import_spec", "is_spec", "parse_value",
+           "split_call"]
 
 T = TypeVar("T")
 Obj = TypeVar("Obj")
@@ -74,6 +76,45 @@ def import_spec(spec: str, parameter: str) -> Any:
             raise ConfigError(parameter, spec, f"an attribute that exists in {module_name} (no {part!r})")
         obj = getattr(obj, part)
     return obj
+
+
+CALL = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.-]*(?::[A-Za-z_][A-Za-z0-9_.]*)?)\s*(?:\((.*)\))?\s*$", re.S)
+"""A name with inline parameters: ``name``, ``module:attr`` or either followed by ``(key=value, ...)``."""
+
+
+def parse_value(text: str) -> Any:
+    """An inline parameter's value: a boolean, ``none``, an int, a float, a quoted or a bare string."""
+    t = text.strip()
+    low = t.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for conv in (int, float):
+        try:
+            return conv(t)
+        except ValueError:
+            pass
+    if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"":
+        return t[1:-1]
+    return t
+
+
+def split_call(spec: str, parameter: str) -> tuple[str, dict[str, Any]]:
+    """``"name(key=value, ...)"`` as ``("name", {key: value, ...})`` (a bare name has no parameters); ``parameter``
+    names the config key in the error for a malformed one."""
+    m = CALL.match(spec) if isinstance(spec, str) else None
+    if m is None:
+        raise ConfigError(parameter, spec, "a name, or a name with parameters: name(key=value, ...)")
+    name, arg_text = m.group(1), m.group(2)
+    params: dict[str, Any] = {}
+    if arg_text and arg_text.strip():
+        for kv in arg_text.split(","):
+            if "=" not in kv:
+                raise ConfigError(parameter, spec, f"parameters as key=value, got {kv.strip()!r}")
+            key, value = kv.split("=", 1)
+            params[key.strip()] = parse_value(value)
+    return name, params
 
 
 def accepted_params(fn: Callable[..., Any], skip: tuple[str, ...] = ()) -> list[str] | None:

@@ -13,7 +13,6 @@ Keyword arguments of :func:`make` go to the final rule; ``name__param=value`` se
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -23,7 +22,7 @@ from torch import Tensor
 from phalanx.aggregators.base import Aggregator, PreAggregator, RuleTags, _Component, check_f
 from phalanx.aggregators.chain import Chain
 from phalanx.errors import ConfigError, InputError
-from phalanx.plugins import Registry, check_params
+from phalanx.plugins import CALL, Registry, check_params, split_call
 
 C = TypeVar("C")
 
@@ -151,43 +150,18 @@ def user_rule(obj: Any, spec: str) -> type[Aggregator]:
     return UserRule
 
 
-_ITEM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.-]*(?::[A-Za-z_][A-Za-z0-9_.]*)?)\s*(?:\((.*)\))?\s*$", re.S)
-
-
-def _parse_value(text: str) -> Any:
-    t = text.strip()
-    low = t.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    for conv in (int, float):
-        try:
-            return conv(t)
-        except ValueError:
-            pass
-    if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"":
-        return t[1:-1]
-    return t
-
-
 def parse_spec(spec: str) -> list[tuple[str, dict[str, Any]]]:
     """Split a spec into ``[(name, params), ...]``, pre-aggregators first, the rule last."""
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError("aggregator", spec, "a rule name or a chain such as 'nnm>cwtm'")
     items: list[tuple[str, dict[str, Any]]] = []
     for part in spec.split(">"):
-        m = _ITEM.match(part)
-        if m is None:
+        if CALL.match(part) is None:
             raise ConfigError("aggregator", spec, "elements of the form name or name(key=value, ...) joined by '>'")
-        name, arg_text = m.group(1), m.group(2)
-        params: dict[str, Any] = {}
-        if arg_text and arg_text.strip():
-            for kv in arg_text.split(","):
-                if "=" not in kv:
-                    raise ConfigError("aggregator", spec, f"parameters as key=value, got {kv.strip()!r}")
-                key, value = kv.split("=", 1)
-                params[key.strip()] = _parse_value(value)
+        try:
+            name, params = split_call(part, "aggregator")
+        except ConfigError as exc:
+            raise ConfigError("aggregator", spec, exc.allowed) from None
         items.append((name, params))
     return items
 

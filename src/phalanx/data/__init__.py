@@ -20,7 +20,17 @@ from phalanx.data.base import DataFormatError, Dataset, DatasetNotFoundError, Do
 from phalanx.data.hf import from_hf
 from phalanx.data.idx import read_idx
 from phalanx.data.leaf import read_leaf_dir
-from phalanx.data.loaders import LEAF_SETS, cache_dir, canonical, load, names, register, search_dirs
+from phalanx.data.loaders import (
+    LEAF_SETS,
+    cache_dir,
+    canonical,
+    check_spec,
+    load,
+    names,
+    register,
+    search_dirs,
+    split_spec,
+)
 from phalanx.data.partition import SCHEMES, heterogeneity, partition
 
 __all__ = [
@@ -32,6 +42,7 @@ __all__ = [
     "DownloadError",
     "cache_dir",
     "canonical",
+    "check_spec",
     "from_hf",
     "heterogeneity",
     "load",
@@ -41,4 +52,5 @@ __all__ = [
     "read_leaf_dir",
     "register",
     "search_dirs",
+    "split_spec",
 ]

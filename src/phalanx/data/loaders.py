@@ -16,7 +16,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,7 +28,7 @@ from phalanx.data import cifar, download, leaf
 from phalanx.data.base import DataFormatError, Dataset, DatasetNotFoundError, standardise
 from phalanx.data.idx import read_idx
 from phalanx.errors import ConfigError
-from phalanx.plugins import Registry, accepted_params
+from phalanx.plugins import Registry, accepted_params, split_call
 from phalanx.validate import close_matches as suggest_names
 
 __all__ = ["cache_dir", "canonical", "digits_split", "load", "names", "search_dirs"]
@@ -364,17 +364,51 @@ def _as_dataset(name: str, got: Any) -> Dataset:
                                        f"or a dict of them (it returned a {type(got).__name__})")
 
 
-def load(name: str, root: str | Path | None = None, download: bool = False) -> Dataset:
+def split_spec(name: str, params: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """A data-set name that may carry its loader's parameters inline (``"mylab.data:cancer(seed=1)"``) as the name
+    and every parameter (the inline ones and ``params``; one given both ways is refused)."""
+    if params is not None and not isinstance(params, Mapping):
+        raise ConfigError("dataset_params", params, "a table of the loader's parameters")
+    given = dict(params or {})
+    if not isinstance(name, str) or "(" not in name:
+        return name, given
+    bare, inline = split_call(name, "dataset")
+    both = sorted(set(inline) & set(given))
+    if both:
+        raise ConfigError(f"dataset_params.{both[0]}", given[both[0]], f"one value: {name!r} sets it inline too")
+    return bare, {**given, **inline}
+
+
+def check_spec(name: str, params: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """The canonical name and the parameters of a data set, checked against its loader's signature without loading
+    anything: ``(name, params)``, or a ConfigError naming the bad name or parameter."""
+    bare, kwargs = split_spec(name, params)
+    key = canonical(bare)
+    loader = _REGISTRY.get(key, "dataset")
+    accepted = accepted_params(loader, skip=("root", "download"))
+    if accepted is not None:
+        unknown = sorted(set(kwargs) - set(accepted))
+        if unknown:
+            allowed = ", ".join(accepted) if accepted else "none (it takes no parameters)"
+            raise ConfigError(f"dataset_params.{unknown[0]}", kwargs[unknown[0]], f"parameters of the data set "
+                              f"{key!r}: {allowed}")
+    return key, kwargs
+
+
+def load(name: str, root: str | Path | None = None, download: bool = False,
+         params: Mapping[str, Any] | None = None) -> Dataset:
     """Load a data set by name (see :func:`names`; ``"Fashion_MNIST"``, ``"fmnist"``, ``"cifar-10"`` also work).
 
     Parameters
     ----------
     name: ``"digits"`` (built in), ``"mnist"``, ``"fashion-mnist"``, ``"cifar10"``, or LEAF's ``"femnist"``,
-        ``"shakespeare"``, ``"sent140"`` (their ``train/`` and ``test/`` JSON directories; the samples carry user ids).
+        ``"shakespeare"``, ``"sent140"`` (their ``train/`` and ``test/`` JSON directories; the samples carry user ids),
+        a registered or ``module:attr`` loader — whose parameters may follow inline, ``"mylab.data:cancer(seed=1)"``.
     root: a directory to look in first (the files directly in it, or in ``root/<name>``, or torchvision's layout);
         ``digits`` ignores it, and ``download``, since it ships inside the package.
     download: if the files are found nowhere (module docstring), download them from the standard mirrors with
         MD5 checks. Off by default: nothing touches the network unless asked.
+    params: the loader's own keyword parameters (a run config's ``dataset_params``); the built-in loaders take none.
 
     Raises :class:`~phalanx.data.base.DatasetNotFoundError` (a ConfigError) that lists the places searched and how to
     get the files, or :class:`~phalanx.data.base.DataFormatError` for a corrupt file.
@@ -383,8 +417,8 @@ def load(name: str, root: str | Path | None = None, download: bool = False) -> D
         raise ConfigError("download", download, "True or False")
     if root is not None and not isinstance(root, (str, os.PathLike)):
         raise ConfigError("root", root, "a directory path or None")
-    key = canonical(name)
+    key, own = check_spec(name, params)
     loader = _REGISTRY.get(key, "dataset")
     accepted = accepted_params(loader)
     kwargs = {k: v for k, v in (("root", root), ("download", download)) if accepted is None or k in accepted}
-    return _as_dataset(key, loader(**kwargs))
+    return _as_dataset(key, loader(**kwargs, **own))

@@ -68,11 +68,21 @@ def resolve_device(cfg: RunConfig, local_rank: int | None = None) -> torch.devic
     return devices.resolve(cfg.device, local_rank=local_rank if cfg.engine == "torchrun" else None)
 
 
+def load_data(cfg: RunConfig) -> data.Dataset:
+    """The config's data set: its loader with the config's root, download flag and ``dataset_params``."""
+    return data.load(cfg.dataset, root=cfg.data_root, download=cfg.download, params=cfg.dataset_params)
+
+
+def _frozen(params: dict[str, Any]) -> str:
+    """A table of parameters as a key of a dict or a set (equal tables, equal keys)."""
+    return json.dumps(params, sort_keys=True, default=repr)
+
+
 def from_config(cfg: RunConfig, dataset: data.Dataset | None = None, *, local_rank: int | None = None) -> Experiment:
     """The experiment a config describes (the data set is loaded unless given), on the config's device
     (:func:`resolve_device`; ``local_rank``: a torchrun rank's ``LOCAL_RANK``)."""
     device = resolve_device(cfg, local_rank)
-    ds = dataset if dataset is not None else data.load(cfg.dataset, root=cfg.data_root, download=cfg.download)
+    ds = dataset if dataset is not None else load_data(cfg)
     parts = components.take(cfg) or components.build(cfg)  # the objects validating cfg built, else its own
     checked = parts.built_on is ds  # the one-run grid's check split the data and built the model on ds already
     shards = parts.shards if checked and parts.shards is not None else _split(cfg, ds)
@@ -149,7 +159,7 @@ def check_points(
     ``load`` gives a config's data set (default :func:`phalanx.data.load`; a sweep passes its per-process cache).
     A failure is a :class:`ConfigError` that says which point of the grid it is.
     """
-    load = load or (lambda c: data.load(c.dataset, root=c.data_root, download=c.download))
+    load = load or load_data
     splits: set[tuple[Any, ...]] = set()
     nets: set[tuple[Any, ...]] = set()
     for i, cfg in enumerate(cfgs):
@@ -157,8 +167,8 @@ def check_points(
             if here:
                 resolve_device(cfg)
             ds = load(cfg)
-            split = (cfg.dataset, cfg.data_root, cfg.workers, cfg.partition, cfg.alpha, cfg.classes_per_worker,
-                     cfg.seed)
+            split = (cfg.dataset, _frozen(cfg.dataset_params), cfg.data_root, cfg.workers, cfg.partition, cfg.alpha,
+                     cfg.classes_per_worker, cfg.seed)
             parts = components.kept(cfg) if len(cfgs) == 1 else None  # one run: it trains what is checked here
             if split not in splits:
                 shards = _split(cfg, ds)

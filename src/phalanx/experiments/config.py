@@ -125,6 +125,17 @@ def role_names(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def inline_dataset(table: dict[str, Any]) -> dict[str, Any]:
+    """``dataset = "mylab.data:cancer(seed=1)"`` as ``dataset = "mylab.data:cancer"`` and the parameters in
+    ``dataset_params`` (as the rules take theirs inline): one run, whichever way it was written."""
+    spec = table.get("dataset")
+    if not isinstance(spec, str) or "(" not in spec:
+        return table
+    params = table.get("dataset_params")
+    name, merged = data.split_spec(spec, params if isinstance(params, dict) else None)
+    return {**table, "dataset": name, "dataset_params": merged}
+
+
 def algorithm_defaults(data: dict[str, Any]) -> dict[str, Any]:
     """The defaults the run's algorithm declares for keys ``data`` leaves unset
     (:attr:`~phalanx.training.algorithms.base.RoundAlgorithm.config_defaults`: Anytime SGD's ``momentum = 0``), and
@@ -148,7 +159,7 @@ def make_config(data: dict[str, Any]) -> RunConfig:
     names are built once here and kept for its run (:mod:`phalanx.experiments.components`)."""
     if not isinstance(data, dict):
         raise ConfigError("config", type(data).__name__, "a table of key = value")
-    data = algorithm_defaults(role_names(data))
+    data = algorithm_defaults(role_names(inline_dataset(data)))
     try:
         cfg = RunConfig(**data)
     except ValidationError as exc:
@@ -324,8 +335,10 @@ def check_names(cfg: RunConfig) -> components.Components:
     parts = components.build(cfg)
     components.check(cfg, parts)
     try:
-        data.canonical(cfg.dataset)
+        data.check_spec(cfg.dataset, cfg.dataset_params)
     except ConfigError as exc:
+        if exc.parameter.startswith("dataset_params"):
+            raise
         raise ConfigError("dataset", cfg.dataset, exc.allowed, exc.hint) from None
     build = models.builder(cfg.model)
     if cfg.model_params.get("norm") == "fedbn" and "norm" not in (accepted_params(build) or ["norm"]):

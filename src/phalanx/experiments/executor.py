@@ -10,6 +10,7 @@ directory holds the whole truth about its run (:mod:`phalanx.experiments.runstat
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 
 from phalanx import data
 from phalanx.errors import PhalanxError
+from phalanx.experiments import build
 from phalanx.experiments.config import RunConfig
 
 RoundCallback = Callable[[RunConfig, int, int], None]
@@ -104,16 +106,16 @@ def _one_line(err: BaseException | str) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-# Data sets loaded by this process, by (name, root): a grid runs many configurations on the same data, and
+# Data sets loaded by this process, by (name, parameters, root): a grid runs many configurations on the same data, and
 # parsing Fashion-MNIST's files takes ~2 s (more than a short run). Training never writes into a data set.
-_DATASETS: dict[tuple[str, str | None], Any] = {}
+_DATASETS: dict[tuple[str, str, str | None], Any] = {}
 
 
 def dataset_for(cfg: RunConfig) -> Any:
     """The configuration's data set, loaded once per process (the last two kept)."""
-    key = (data.canonical(cfg.dataset), cfg.data_root)
+    key = (data.canonical(cfg.dataset), json.dumps(cfg.dataset_params, sort_keys=True, default=repr), cfg.data_root)
     if key not in _DATASETS:
         while len(_DATASETS) >= 2:
             _DATASETS.pop(next(iter(_DATASETS)))
-        _DATASETS[key] = data.load(cfg.dataset, root=cfg.data_root, download=cfg.download)
+        _DATASETS[key] = build.load_data(cfg)
     return _DATASETS[key]

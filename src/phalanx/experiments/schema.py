@@ -26,7 +26,7 @@ LATER_KEYS = (
     "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch", "stats_momentum",
     "graph", "graph_params", "gossip_weights", "eval_clients", "device", "keys", "insecure", "algorithm_params",
     "tracking", "tracking_params", "attack_knowledge",
-    "dp_clip", "dp_noise", "dp_delta",
+    "dp_clip", "dp_noise", "dp_delta", "dataset_params",
 )
 """Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
 that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
@@ -47,6 +47,10 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     dataset: str = Field("digits", description="data set name (phalanx list datasets) or a 'module:attr' loader")
+    dataset_params: dict[str, Any] = Field(
+        default_factory=dict, description="the data set loader's own parameters (a registered or 'module:attr' "
+        "loader's; or inline: dataset = 'mylab.data:cancer(seed=1)')",
+    )
     data_root: str | None = Field(None, description="directory holding the data set files")
     download: bool = Field(
         False, description="download the data set (torchvision's mirrors, MD5-checked) when it is found nowhere; "
