@@ -277,3 +277,30 @@ def test_a_report_of_an_unfinished_grid_says_what_it_leaves_out(tmp_path: Path) 
     train(cfgs[1], dirs[1])
     train(cfgs[2], dirs[2])
     assert report.write_report(tmp_path)["incomplete"] is None
+
+
+def test_runs_that_differ_beyond_the_setting_keys_are_kept_apart_and_said_so(tmp_path: Path) -> None:
+    """Two grids written into one directory, differing in rounds and eval_every: their runs were pooled as two seeds
+    of one setting, rounds not shown. Now each key they differ in is a column, the report says so, and no two runs
+    of different configs are averaged."""
+    from phalanx.experiments import make_config, train
+
+    base = {"dataset": "digits", "model": "logreg", "workers": 4, "f": 1, "aggregator": "cwtm", "seed": 0,
+            "batch_size": 8}
+    short = make_config({**base, "rounds": 2, "eval_every": 1})
+    longer = make_config({**base, "rounds": 4, "eval_every": 2})
+    for c in (short, longer):
+        train(c, tmp_path / grid.run_id(c))
+    result = report.write_report(tmp_path)
+    assert result["mixed"] == ["eval_every", "rounds"]
+    assert {"eval_every", "rounds"} <= set(result["keys"])
+    assert sorted((s["rounds"], s["seeds"]) for s in result["summary"]) == [(2, 1), (4, 1)]
+    text = (tmp_path / "report.md").read_text()
+    assert "also differ in `eval_every`, `rounds`" in text and "| eval_every | rounds |" in text
+
+
+def test_one_grid_has_no_mixed_line() -> None:
+    rows = [{"run": f"r{s}", "round": 1, "test_accuracy": 0.5, "aggregator": "cwtm", "rounds": 2, "seed": s}
+            for s in range(3)]
+    assert report.other_keys(rows) == []
+    assert [s["seeds"] for s in report.summarize(rows)] == [3]

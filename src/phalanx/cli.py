@@ -498,6 +498,8 @@ def _run_grid(
                       str(s["seeds"]),
                       *([f"{s.get('diverged', 0)}/{s['seeds']}"] if diverged else []))
     console.print(table)
+    if result.get("mixed"):
+        console.print("[yellow]" + report.mixed_line(result["mixed"]).replace("**", "") + "[/yellow]", soft_wrap=True)
     if diverged:
         console.print(f"[yellow]{diverged} run(s) diverged[/yellow] (the model became non-finite; final accuracy "
                       "counted as 0; `phalanx status` says at which round)", soft_wrap=True)

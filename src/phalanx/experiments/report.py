@@ -15,6 +15,7 @@ from typing import Any
 from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
 from phalanx.errors import ConfigError, OutputError
 from phalanx.experiments import status, store
+from phalanx.experiments.schema import RESULT_NEUTRAL_KEYS, RunConfig
 
 SETTING_KEYS = ("aggregator", "f", "attack", "byzantine", "partition", "alpha", "dataset", "model", "workers",
                 "algorithm", "graph", "lr", "momentum", "local_steps", "clients_per_round")
@@ -34,10 +35,14 @@ def save_figure(fig: Any, path: Path, dpi: int = 100) -> Path:
 
 
 def collect(root: Path) -> list[dict[str, Any]]:
-    """Every metric row of every run directory under ``root`` (recursively)."""
+    """Every metric row of every run directory under ``root`` (recursively). When the runs' configs differ in keys
+    the rows do not carry (``eval_every``, ``local_steps``, ``attack_params`` …: :func:`other_keys`), each row gets
+    its run's values of those keys too, so that runs differing in them are never pooled as seeds of one setting."""
     rows: list[dict[str, Any]] = []
+    configs: dict[str, dict[str, Any]] = {}
     for cfg_path in sorted(root.rglob("config.json")):
         run_dir = cfg_path.parent
+        run_rows = []
         for r in store.read_rows(run_dir):
             acc = r.get("test_accuracy")
             if isinstance(acc, bool) or not isinstance(acc, (int, float)):
@@ -47,8 +52,50 @@ def collect(root: Path) -> list[dict[str, Any]]:
             r["run"] = run_dir.name
             r["finished"] = store.is_finished(run_dir)
             r["run_diverged"] = (run_dir / "DIVERGED").exists()
-            rows.append(r)
+            run_rows.append(r)
+        if run_rows:
+            configs[run_dir.name] = _config_of(cfg_path)
+            rows += run_rows
+    extra = _differing(configs)
+    for r in rows:
+        for k in extra:
+            r.setdefault(k, _cell(configs[r["run"]].get(k)))
     return rows
+
+
+NOT_A_SETTING = ("seed", "checkpoint_every", *RESULT_NEUTRAL_KEYS)
+"""Config keys that never tell two settings apart in a report: the seed (what is pooled) and the keys that change
+how a run is kept or fed, never its results."""
+
+
+def _config_of(path: Path) -> dict[str, Any]:
+    try:
+        got = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
+def _cell(value: Any) -> Any:
+    """A config value as a table cell and a dict key: scalars as they are, tables and lists as compact JSON."""
+    return value if value is None or isinstance(value, (str, int, float, bool)) else json.dumps(value, sort_keys=True)
+
+
+def _differing(configs: dict[str, dict[str, Any]]) -> list[str]:
+    """The config keys, beyond those every metric row carries, that take more than one value over the runs."""
+    keys = sorted({k for c in configs.values() for k in c} - set(NOT_A_SETTING))
+    return [k for k in keys if len({json.dumps(c.get(k), sort_keys=True) for c in configs.values()}) > 1]
+
+
+def other_keys(rows: list[dict[str, Any]]) -> list[str]:
+    """The keys beyond :data:`SETTING_KEYS` in which the runs of ``rows`` differ (``rounds``, ``eval_every`` …: a
+    grid that varies them, or a directory that holds more than one grid's runs). They tell settings apart like the
+    setting keys."""
+    carried = ({k for r in rows for k in r} & set(RunConfig.model_fields)) - set(SETTING_KEYS) - set(NOT_A_SETTING)
+    by_run: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        by_run.setdefault(r["run"], r)
+    return sorted(k for k in carried if len({json.dumps(r.get(k), sort_keys=True) for r in by_run.values()}) > 1)
 
 
 def _setting(row: dict[str, Any], keys: tuple[str, ...]) -> tuple[Any, ...]:
@@ -322,18 +369,20 @@ def _final_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in last.values() if r.get("finished") or r.get("run_diverged")]
 
 
-def tradeoff(rows: list[dict[str, Any]]) -> list[TradeOff]:
+def tradeoff(rows: list[dict[str, Any]], extra: list[str] | tuple[str, ...] = ()) -> list[TradeOff]:
     """The price and rescue of every robust rule against :data:`MEAN`, under every attack but :data:`NO_ATTACK`,
     for each setting of :data:`TRADEOFF_KEYS` that has the mean and the rule with no attack and under that attack;
     [] when a grid has no such setting. Runs are paired by seed (the same seed: the same data split, initial model
     and batch stream); only ended runs count; a seed with two runs of one setting (runs that differ in a key the
-    report does not tell apart) is left out of that setting."""
+    report does not tell apart) is left out of that setting. ``extra``: more keys that must be equal (the runs'
+    :func:`other_keys`)."""
+    context_keys = (*TRADEOFF_KEYS, *(k for k in extra if k not in TRADEOFF_KEYS))
     cells: dict[tuple[Any, ...], dict[tuple[str, str], dict[int, list[float]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(list)))
     for r in _final_runs(rows):
         seed = r.get("seed")
         if isinstance(seed, int) and not isinstance(seed, bool):
-            cells[_setting(r, TRADEOFF_KEYS)][(r["aggregator"], r["attack"])][seed].append(float(r["test_accuracy"]))
+            cells[_setting(r, context_keys)][(r["aggregator"], r["attack"])][seed].append(float(r["test_accuracy"]))
     out = []
     for context, by_cell in cells.items():
         acc = {cell: {s: v[0] for s, v in per_seed.items() if len(v) == 1} for cell, per_seed in by_cell.items()}
@@ -349,13 +398,14 @@ def tradeoff(rows: list[dict[str, Any]]) -> list[TradeOff]:
                     continue
                 price = paired({s: acc[(MEAN, NO_ATTACK)][s] - acc[(rule, NO_ATTACK)][s] for s in seeds})
                 rescue = paired({s: acc[(rule, attack)][s] - acc[(MEAN, attack)][s] for s in seeds})
-                out.append(TradeOff(tuple(zip(TRADEOFF_KEYS, context)), rule, attack, price, rescue))
+                out.append(TradeOff(tuple(zip(context_keys, context)), rule, attack, price, rescue))
     return out
 
 
 def tradeoff_keys(tradeoffs: list[TradeOff]) -> list[str]:
     """The keys of the trade-offs' settings that take more than one value (the columns that tell them apart)."""
-    return [k for k in TRADEOFF_KEYS if len({json.dumps(dict(t.context)[k]) for t in tradeoffs}) > 1]
+    keys = list(dict.fromkeys(k for t in tradeoffs for k, _ in t.context))
+    return [k for k in keys if len({json.dumps(dict(t.context).get(k)) for t in tradeoffs}) > 1]
 
 
 def _points(p: Paired) -> tuple[str, str]:
@@ -508,19 +558,31 @@ def completeness_line(root: Path, rows: list[dict[str, Any]]) -> str | None:
     return "Incomplete: " + "; ".join(parts) + "."
 
 
+def mixed_line(extra: list[str]) -> str:
+    """What a report says of runs whose configs differ in keys beyond the usual setting keys (a grid that varies
+    them, or more than one grid written into one directory)."""
+    return ("**These runs' configs also differ in " + ", ".join(f"`{k}`" for k in extra) + "** (beyond the usual "
+            "setting keys): runs that differ in them are kept apart, each such key a column, never pooled as seeds of "
+            "one setting.")
+
+
 def _write_report(root: Path, out: Path) -> dict[str, Any]:
     rows = collect(root)
     if not rows:
         raise ConfigError("DIR", str(root), "a directory holding run directories (config.json + metrics.jsonl)")
-    summary = summarize(rows)
-    keys = varying(summary)
+    extra = other_keys(rows)
+    summary = summarize(rows, (*SETTING_KEYS, *extra))
+    keys = varying(summary, (*SETTING_KEYS, *extra))
     curves = plot_curves(rows, keys, out / "accuracy.png")
     heat = plot_heatmap(summary, out / "heatmap.png")
-    trades = tradeoff(rows)
+    trades = tradeoff(rows, extra)
     trade_plot = plot_tradeoff(trades, out / "tradeoff.png")
     completeness = completeness_line(root, rows)
     md = ["# Phalanx report", "", f"Runs under `{root}`: {len({r['run'] for r in rows})}." + (
-        f" **{completeness}**" if completeness else ""), "", markdown_table(summary, keys)]
+        f" **{completeness}**" if completeness else ""), ""]
+    if extra:
+        md += [mixed_line(extra), ""]
+    md += [markdown_table(summary, keys)]
     if trades:
         md += ["", "## The price and rescue of robustness", "", tradeoff_markdown(trades).rstrip("\n")]
         unfinished = len({r["run"] for r in rows}) - len(_final_runs(rows))
@@ -532,5 +594,5 @@ def _write_report(root: Path, out: Path) -> dict[str, Any]:
     if heat is not None:
         md += ["", f"![heatmap]({heat.name})"]
     store.atomic_write_text(out / "report.md", "\n".join(md) + "\n")
-    return {"summary": summary, "keys": keys, "tradeoff": trades, "incomplete": completeness,
+    return {"summary": summary, "keys": keys, "tradeoff": trades, "incomplete": completeness, "mixed": extra,
             "plots": [p for p in (curves, heat, trade_plot) if p is not None]}
