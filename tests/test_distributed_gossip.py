@@ -253,7 +253,7 @@ def test_a_silent_neighbour_is_left_out_then_skips_ahead_and_rejoins(tmp_path: P
     which it does once rank 0 has reported round 10 (its neighbours gave rank 1 up after round_timeout and went on
     without waiting for it). Rank 1 then sits the rounds it fell behind out and rejoins: rank 0 takes its messages
     again, and the run finishes."""
-    data = {**JOB, "rounds": 30, "eval_every": 10, "checkpoint_every": 30, "round_timeout": 2.0}
+    data = {**JOB, "rounds": 30, "eval_every": 10, "checkpoint_every": 30, "round_timeout": 4.0}
     wake = tmp_path / "wake"
 
     def wake_1(procs: list[subprocess.Popen[bytes]], errs: Path, store: Any) -> None:
@@ -264,10 +264,10 @@ def test_a_silent_neighbour_is_left_out_then_skips_ahead_and_rejoins(tmp_path: P
     code, err = run_job(data, tmp_path / "dist", tmp_path, env={"PHALANX_TEST_SLEEP": f"1:3:{wake}"}, script=wake_1)
     assert code == 0, err[-3000:]
     assert "lost the link" not in err and "Traceback" not in err and "terminate" not in err
-    assert "round 3: no message in time from neighbours [1]" in err
+    assert "round 3: no message in time from neighbours [1" in err  # [1] — or [1, 3] if a loaded machine made 3 late
     d = run_dir(tmp_path / "dist")
     log = json.loads((d / "distributed.json").read_text())["rounds"]
-    assert [r["missing"] for r in log[:4]] == [[], [], [], [1]]
+    assert [1 in r["missing"] for r in log[:4]] == [False, False, False, True]
     assert all(1 in r["missing"] for r in log[3:10])  # asleep until rank 0 had finished round 10
     assert any(r["missing"] == [] for r in log[10:])  # back: its messages arrive in time again
     rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
