@@ -105,7 +105,7 @@ PRESETS: dict[str, Preset] = {
     "quick": Preset(
         name="quick",
         description="the same grids, smaller: Fashion-MNIST (digits when absent), a one-hidden-layer MLP, 150 rounds, "
-                    "α ∈ {0.1, 10}, lr₀ ∈ {0.1, 0.3, 1} (522 runs at 3 seeds: minutes on 2 cores)",
+                    "α ∈ {0.1, 10}, lr₀ ∈ {0.1, 0.3, 1} (522 runs at 3 seeds: ~7 min on 2 cores)",
         dataset="fashion-mnist", model="mlp", model_params={"hidden": [64]}, rounds=150, eval_every=50,
         lrs=(0.1, 0.3, 1.0), alphas=(0.1, 10.0), fallback_dataset="digits",
     ),
