@@ -95,6 +95,7 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None, *, local_ra
         rule_for=lambda f: robust_gossip.configured(spec, f, cfg.algorithm, parts.algorithm.decentralized),
         columns=config_columns(cfg),
         eval_clients=cfg.eval_clients, device=device, attack_knowledge=cfg.attack_knowledge, privacy=privacy(cfg),
+        projection=parts.projection,
     )
 
 

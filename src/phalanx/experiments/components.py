@@ -24,10 +24,13 @@ from phalanx.aggregators.base import Aggregator
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.decentralized import gossip_attacks, robust_gossip
 from phalanx.errors import ConfigError
+from phalanx.plugins import check_params
 from phalanx.experiments.schema import RunConfig
 from phalanx.training import optim
 from phalanx.training.algorithms import builtin
 from phalanx.training.algorithms.base import RoundAlgorithm
+from phalanx.training.crfl import CRFL
+from phalanx.training.projection import ServerProjection
 from phalanx.training.schedule import LRSchedule
 
 
@@ -42,6 +45,8 @@ class Components:
     rule: Aggregator
     attack: Attack | DataAttack
     optimizer: optim.ServerOptimizer
+    projection: ServerProjection | None = None
+    """The server projection (CRFL), or None."""
     shards: list[Tensor] | None = None
     """The workers' shards, when checking that the data splits as asked built them already (a grid of one run:
     :func:`phalanx.experiments.build.check_points`)."""
@@ -58,7 +63,8 @@ def build(cfg: RunConfig) -> Components:
     configure = cls.from_config if cfg.algorithm in builtin.BUILT_IN else cls.from_params  # keys | algorithm_params
     algorithm, server_lr = configure(cfg, LRSchedule(cfg.lr, cfg.schedule, cfg.rounds, cfg.step_every))
     attack = gossip_attacks.configured(cfg.attack, cfg.attack_params, cfg.algorithm, cls.decentralized)
-    return Components(algorithm, server_lr, rule, attack, server_optimizer(cfg))
+    return Components(algorithm, server_lr, rule, attack, server_optimizer(cfg),
+                      server_projection(cfg, algorithm, attack))
 
 
 def check(cfg: RunConfig, parts: Components) -> None:
@@ -85,6 +91,56 @@ def server_optimizer(cfg: RunConfig) -> optim.ServerOptimizer:
                               "the learner's scale, not a step size; docs/online.md)")
         params.setdefault("horizon", cfg.rounds)
     return optim.make(cfg.server_optimizer, **params)
+
+
+PROJECTIONS: dict[str, type[ServerProjection]] = {CRFL.name: CRFL}
+"""The server projections a config names (``server_projection``)."""
+
+
+def server_projection(cfg: RunConfig, algorithm: RoundAlgorithm, attack: Attack | DataAttack,
+                      ) -> ServerProjection | None:
+    """The config's server projection (``server_projection`` with ``server_projection_params``), or None; refused
+    with decentralized rounds (no server model). CRFL's certificate parameters default to the run's: R = the
+    attackers (``byzantine``, at least 1), p = 1 / the vectors a round, τ = ``local_steps``, η = ``lr``, γ and q/n =
+    the attack's ``boost`` and ``poison_fraction`` (1 without), the attacked rounds = 1 … ``stop_round`` (every
+    round without)."""
+    name, params = cfg.server_projection, dict(cfg.server_projection_params)
+    if name is None:
+        if params:
+            raise ConfigError("server_projection_params", params, "empty unless server_projection is set")
+        return None
+    if name not in PROJECTIONS:
+        raise ConfigError("server_projection", name, "one of " + ", ".join(repr(n) for n in PROJECTIONS) +
+                          " or unset")
+    if algorithm.decentralized:
+        raise ConfigError("server_projection", name, f"unset with algorithm = {cfg.algorithm!r} (it clips and "
+                          "perturbs the server's model; decentralized rounds have a model per node and no server)")
+    if cfg.model_params.get("norm") == "fedbn":
+        raise ConfigError("server_projection", name, "unset with model_params.norm = 'fedbn' (every client keeps its "
+                          "own BatchNorm layers: there is no one global model to smooth and certify)")
+    cls = PROJECTIONS[name]
+    if cls is CRFL:
+        own = attack.params() if hasattr(attack, "params") else {}
+        if "local_steps" not in params and cfg.local_epochs is not None:
+            raise ConfigError("server_projection_params.local_steps", None, "the local steps τ of the certificate, "
+                              "set when the clients train for local_epochs")
+        params.setdefault("attackers", max(1, cfg.byzantine))
+        params.setdefault("weight", 1.0 / algorithm.per_round(cfg.workers))
+        params.setdefault("local_steps", cfg.local_steps)
+        params.setdefault("client_lr", cfg.lr)
+        params.setdefault("scale", float(own.get("boost", 1.0)))
+        params.setdefault("poison_fraction", float(own.get("poison_fraction", 1.0)))
+        stop = own.get("stop_round")
+        if "attack_rounds" not in params and isinstance(stop, int):
+            params["attack_rounds"] = list(range(1, min(stop, cfg.rounds) + 1))
+        late = [a for a in params.get("attack_rounds") or [] if isinstance(a, int) and a > cfg.rounds]
+        if late:
+            raise ConfigError("server_projection_params.attack_rounds", late, f"rounds in [1, rounds = {cfg.rounds}]")
+    check_params(name, cls, params)
+    try:
+        return cls(**params)
+    except ConfigError as exc:
+        raise ConfigError(f"server_projection_params.{exc.parameter}", exc.value, exc.allowed, exc.hint) from None
 
 
 def processes(cfg: RunConfig) -> int:

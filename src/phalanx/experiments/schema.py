@@ -26,7 +26,7 @@ LATER_KEYS = (
     "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch", "stats_momentum",
     "graph", "graph_params", "gossip_weights", "eval_clients", "device", "keys", "insecure", "algorithm_params",
     "tracking", "tracking_params", "attack_knowledge",
-    "dp_clip", "dp_noise", "dp_delta", "dataset_params",
+    "dp_clip", "dp_noise", "dp_delta", "dataset_params", "server_projection", "server_projection_params",
 )
 """Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
 that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
@@ -98,6 +98,16 @@ class RunConfig(BaseModel):
     server_optimizer_params: dict[str, Any] = Field(
         default_factory=dict, description="further parameters of the server optimizer (adam: beta1, beta2, tau; "
         "robust-online: corruptions, gradient_bound)",
+    )
+    server_projection: str | None = Field(
+        None, description="what the server does to its model after every step: 'crfl' (CRFL: clip θ to norm ρ and add "
+        "N(0, σ²I) in every round but the last; the final row carries the smoothed classifier's accuracy, attack "
+        "success and certified radius; Xie et al., ICML 2021; docs/aggregators.md); unset: nothing",
+    )
+    server_projection_params: dict[str, Any] = Field(
+        default_factory=dict, description="the server projection's parameters (crfl: clip, noise, clip_growth, "
+        "test_noise, samples, alpha, and the certificate's threat: attackers, weight, scale, local_steps, client_lr, "
+        "poison_fraction, lipschitz, attack_rounds — defaults from the run)",
     )
     algorithm: str = Field(
         "dsgd", description="the round: 'dsgd' (every worker one gradient step, worker momentum), 'fedavg' (sampled "

@@ -39,6 +39,7 @@ from phalanx.training.algorithms.fedbn import local_norms
 from phalanx.training.optim import SGD, ServerOptimizer
 from phalanx.training.privacy import ClientDP
 from phalanx.training.problem import Loss, Problem
+from phalanx.training.projection import ServerProjection
 from phalanx.training.schedule import LRSchedule
 from phalanx.training.shards import WorkerData
 from phalanx.training.streams import generator, stream_seed
@@ -92,6 +93,10 @@ class Experiment:
     clips its update to norm C and adds N(0, σ²C²·I)), or None; the metric rows then carry the budget ε
     (``dp_epsilon``, ``dp_epsilon_local``: :mod:`phalanx.analysis.privacy`). Distributed SGD and federated averaging
     (models without BatchNorm statistics) support it.
+    projection: what the server does to θ after its optimizer's step, every round
+    (:class:`~phalanx.training.projection.ServerProjection`: CRFL's clipping and parameter noise,
+    :class:`~phalanx.training.crfl.CRFL`, whose final metric row carries the smoothed accuracy and certified radius),
+    or None. It needs one server model: decentralized rounds and FedBN refuse it.
     """
 
     model: nn.Module | Problem
@@ -114,6 +119,7 @@ class Experiment:
     device: str | torch.device = "cpu"
     attack_knowledge: str = "omniscient"
     privacy: ClientDP | None = None
+    projection: ServerProjection | None = None
 
     def __post_init__(self) -> None:
         for name in ("workers", "rounds", "eval_every", "eval_clients"):
@@ -174,10 +180,27 @@ class Experiment:
         if not callable(self.lr):
             raise ConfigError("lr", self.lr, "a number > 0, an LRSchedule or a function of the round")
         self.reference_batch = self._root_batch() if "reference" in self.rule.context_keys else None
+        self._check_projection()
         if self.privacy is not None and (self.problem.norm_stats is not None or local_norms(self.problem) is not None):
             raise ConfigError("model", "a model with BatchNorm / Hybrid BN / FedBN layers", "a model without them with "
                               "differential privacy (the clients' normalisation statistics would leave them without "
                               "noise)")
+
+    def _check_projection(self) -> None:
+        """A server projection acts on the one server model: not with decentralized rounds (a model per node) or
+        FedBN (a model per client)."""
+        proj = self.projection
+        if proj is None:
+            return
+        if not isinstance(proj, ServerProjection):
+            raise ConfigError("projection", proj, "a phalanx.training.projection.ServerProjection (CRFL) or None")
+        algo = type(self.algorithm).__name__
+        if self.algorithm.decentralized:
+            raise ConfigError("projection", repr(proj), f"None with {algo} (it clips and perturbs the server's model; "
+                              "decentralized rounds have a model per node and no server)")
+        if local_norms(self.problem) is not None:
+            raise ConfigError("projection", repr(proj), "None with a FedBN model (every client keeps its own "
+                              "BatchNorm layers: there is no one global model to smooth and certify)")
 
     def _check_privacy(self) -> None:
         """Client-level DP needs an algorithm whose workers apply it, and the accountant (an optional extra)."""
@@ -224,7 +247,8 @@ class Experiment:
             "rounds": self.rounds, "algorithm": repr(self.algorithm), "optimizer": repr(self.optimizer),
             "lr": repr(self.lr), "seed": self.seed, "eval_every": self.eval_every,
             **({"eval_clients": self.eval_clients} if local_norms(self.problem) is not None else {}),
-            **({"privacy": repr(self.privacy)} if self.privacy is not None else {}), **self.columns,
+            **({"privacy": repr(self.privacy)} if self.privacy is not None else {}),
+            **({"projection": repr(self.projection)} if self.projection is not None else {}), **self.columns,
         }
 
 

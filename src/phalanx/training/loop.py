@@ -6,6 +6,7 @@ Round t (any algorithm, any transport)::
     received = transport.exchange(θ, t, rule ∘ context)  # the workers' vectors (attack included)
     a        = server.aggregate(received, context)       # the robust rule (for f − m if m workers are missing)
     θ        = optimizer.step(θ, a, ηₜ)                  # the server optimizer
+    θ        = projection.apply(θ, t + 1, T, generator)  # only with a server projection (CRFL's clip and noise)
 
 Everything else — evaluation, metric rows, checkpoints, progress, logs — is a :class:`Callback`; the loop itself
 reads and writes no file. A run starts from a :class:`~phalanx.training.state.Snapshot` (fresh, or resumed from a
@@ -28,6 +29,7 @@ from torch import Tensor
 from phalanx.attacks.base import DataAttack
 from phalanx.errors import WorkersLostError
 from phalanx.training.experiment import Experiment
+from phalanx.training.projection import STREAM as PROJECTION_STREAM
 from phalanx.training.server import BoundRule, RoundResult, Server
 from phalanx.training.state import Received, RoundAborted, RoundState, Snapshot
 from phalanx.training.streams import ROUND_STREAMS, generator
@@ -96,6 +98,7 @@ class Evaluate(Callback):
         theta = loop.state.theta
         own = exp.algorithm.evaluate(exp, loop.state)
         attack: dict[str, Any] = {}
+        global_model = own is None  # one model θ to evaluate (not a model per node or per client)
         if own is None:
             own = {}
             acc, loss = exp.problem.evaluate(theta, exp.test_x, exp.test_y)
@@ -116,6 +119,14 @@ class Evaluate(Callback):
         if result is not None and result.sampled_byzantine is not None:  # a federated round: who was sampled
             row["byzantine_sampled"] = result.sampled_byzantine
         row.update(attack)
+        if exp.projection is not None:  # the final model's own measure (CRFL: smoothed accuracy, certified radius)
+            names = exp.projection.column_names()
+            if loop.state.round == exp.rounds and global_model:
+                metrics = getattr(exp.attack, "metrics", None)
+                row.update(exp.projection.columns(exp.problem, theta, exp.test_x, exp.test_y, exp.data.num_classes,
+                                                  metrics if callable(metrics) else None, exp.seed, exp.rounds))
+            else:
+                row.update(dict.fromkeys(names))
         stop = exp.attack.stop_round if isinstance(exp.attack, DataAttack) else None
         if stop is not None:  # durability: attack_success k rounds after the attackers stopped (docs/attacks.md)
             row["rounds_since_stop"] = loop.state.round - stop if loop.state.round >= stop else None
@@ -158,6 +169,8 @@ class Loop:
         self.start = start
         self.server: Server | Any = experiment.algorithm.make_server(experiment, generator(experiment.seed,
                                                                                             "aggregator"))
+        self.projection_rng = generator(experiment.seed, PROJECTION_STREAM)
+        """The server projection's stream (CRFL's noise); checkpointed only for a run that has a projection."""
         self.state = RoundState(experiment.problem.initial_theta(), None, None, 0)
         self.rows: list[dict[str, Any]] = []
         self.resumed = False
@@ -178,6 +191,8 @@ class Loop:
             exp.rule.load_state_dict(start.rule)
         if "aggregator" in start.streams:
             self.server.generator.set_state(start.streams["aggregator"])
+        if PROJECTION_STREAM in start.streams:
+            self.projection_rng.set_state(start.streams[PROJECTION_STREAM])
         # moved to θ's device, not cast to its dtype: an optimizer may keep float64 state (robust-online does)
         exp.optimizer.load_state_dict({k: v.to(self.state.theta.device) for k, v in start.optimizer.items()})
         self._opened = True
@@ -188,6 +203,8 @@ class Loop:
         """What a checkpoint of the current state holds."""
         exp = self.experiment
         streams = {**self.transport.streams(), "aggregator": self.server.generator.get_state()}
+        if exp.projection is not None:
+            streams[PROJECTION_STREAM] = self.projection_rng.get_state()
         rule = dict(exp.rule.state_dict()) if getattr(exp.rule, "stateful", False) else {}
         return Snapshot(self.state, streams, exp.optimizer.state_dict(), list(self.rows), self.resumed, rule)
 
@@ -208,6 +225,8 @@ class Loop:
         except RoundAborted as exc:
             self._abort(exc, streams)
         theta = exp.optimizer.step(state.theta, agg, lr)
+        if exp.projection is not None:
+            theta = exp.projection.apply(theta, t + 1, exp.rounds, self.projection_rng)
         stats = self._blend_stats(got)
         after = RoundState(theta=theta, momentum=self._rows(got), previous=agg, round=t + 1, stats=stats,
                            own=state.own)

@@ -14,6 +14,8 @@ model), so every consumer draws from its own stream, seeded from the run's seed 
 ``clients``     which clients a federated round samples, every round
 ``dp``          the Gaussian noise every computing worker adds to its clipped update, every round (worker side;
                 client-level differential privacy, :mod:`phalanx.training.privacy`)
+``projection``  the server projection's draws after every step (CRFL's parameter noise, server side,
+                :mod:`phalanx.training.crfl`); in a checkpoint only for a run with a projection
 ==============  =====================================================================================
 
 The per-round streams' states go into every checkpoint, so a resumed run draws exactly what an uninterrupted one
