@@ -24,8 +24,8 @@ from phalanx.aggregators.base import Aggregator
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.decentralized import gossip_attacks, robust_gossip
 from phalanx.errors import ConfigError
-from phalanx.plugins import check_params
 from phalanx.experiments.schema import RunConfig
+from phalanx.plugins import check_params
 from phalanx.training import optim
 from phalanx.training.algorithms import builtin
 from phalanx.training.algorithms.base import RoundAlgorithm
@@ -133,7 +133,8 @@ def server_projection(cfg: RunConfig, algorithm: RoundAlgorithm, attack: Attack 
         stop = own.get("stop_round")
         if "attack_rounds" not in params and isinstance(stop, int):
             params["attack_rounds"] = list(range(1, min(stop, cfg.rounds) + 1))
-        late = [a for a in params.get("attack_rounds") or [] if isinstance(a, int) and a > cfg.rounds]
+        given = params.get("attack_rounds")
+        late = [a for a in given if isinstance(a, int) and a > cfg.rounds] if isinstance(given, list) else []
         if late:
             raise ConfigError("server_projection_params.attack_rounds", late, f"rounds in [1, rounds = {cfg.rounds}]")
     check_params(name, cls, params)
