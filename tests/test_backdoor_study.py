@@ -41,6 +41,29 @@ def test_full_preset_has_every_defence_and_backdoor_attack_and_replacement_proje
     assert rep.attack_params["norm_bound"] == backdoor.CLIP
 
 
+def test_crfl_cells_are_the_mean_with_the_projection_and_the_report_shows_the_certificate() -> None:
+    """``crfl`` among the rules is not an aggregator: its cells run the mean with ``server_projection = 'crfl'`` and
+    the preset's ``crfl_params``; the report's CRFL table reads the final rows' smoothed columns."""
+    p = backdoor.preset("quick", rules=("mean", "crfl"), attacks=("backdoor",), alphas=(0.5,),
+                        crfl_params={"clip": 4.0, "noise": 0.02})
+    cells, cfgs = backdoor.plan(p)
+    for c, cfg in zip(cells, cfgs):
+        assert cfg.aggregator == "mean"
+        crfl = c.rule == "crfl"
+        assert cfg.server_projection == ("crfl" if crfl else None)
+        assert cfg.server_projection_params == ({"clip": 4.0, "noise": 0.02} if crfl else {})
+    finals = {backdoor.Cell("crfl", a, 0.5, s): backdoor.Final(0.9, 0.5 if a != "none" else None,
+                                                               0.2 if a != "none" else None, 0.91, 0.1 * s, 0.99,
+                                                               0.05)
+              for a in ("none", "backdoor") for s in range(3)}
+    table = backdoor.tabulate(finals)
+    text = backdoor.crfl_markdown(table, p)
+    assert "| backdoor | 0.5 | 91.0 ± 0.0 | 10.0 ± 24.8 | 99.0 ± 0.0 | 0.0500 ± 0.0000 |" in text
+    with pytest.raises(ConfigError) as exc:
+        backdoor.preset("quick", crfl_params=3)
+    assert exc.value.parameter == "crfl_params"
+
+
 @pytest.mark.parametrize(("changes", "key"), [
     ({"rules": ("cwtm", "flame")}, "rules"), ({"attacks": ("alie",)}, "attacks"), ({"alphas": (0.0,)}, "alphas"),
     ({"stop_round": 0}, "stop_round"), ({"eval_every": 7}, "eval_every"), ({"byzantine": 0}, "byzantine"),

@@ -6,7 +6,8 @@ The question. Yang, Shi & Li (ICML 2025, Definition 2.2 and Theorem 3.1; docs/te
 f of n Byzantine workers has a price when nobody attacks: a rule that tolerates them is at best ε-accurate with
 ε ≥ f/(n − f), and that price grows with the honest workers' heterogeneity. They ask it of untargeted attacks and
 robust aggregation; this study asks it of *backdoor* defences (FoolsGold, FLAME, RLR, FLDetector, norm clipping;
-docs/aggregators.md, "Backdoor defences") against backdoor attacks (BadNets pixel pattern, DBA, Neurotoxin,
+docs/aggregators.md, "Backdoor defences"; CRFL's clipped and perturbed global model, with the certificate of its
+smoothed classifier, as the rule name ``crfl``) against backdoor attacks (BadNets pixel pattern, DBA, Neurotoxin,
 edge-case, projected model replacement; docs/attacks.md): does a defence that cuts the backdoor's success cost clean
 accuracy without an attack, and does that cost grow as the clients' data grow apart (smaller Dirichlet α)?
 
@@ -43,6 +44,14 @@ from phalanx.studies.reporting import pick_preset, provenance, write_report_file
 
 MEAN = "mean"
 NONE = "none"
+CRFL = "crfl"
+"""Not a rule: CRFL (Xie et al., ICML 2021; :mod:`phalanx.training.crfl`) — the mean, with the global model clipped
+and perturbed after every round (``server_projection = "crfl"`` with the preset's ``crfl_params``); its final rows
+also carry the smoothed classifier's accuracy, attack success and certificate."""
+CRFL_PARAMS: dict[str, Any] = {"clip": 5.0, "clip_growth": 0.02, "noise": 0.01}
+"""CRFL's clipping and noise for the presets' MLP (4,810 parameters on digits): its norm is 4.9 at round 0 and
+grows to ~7 by round 50 under the mean (measured on the quick setting, α = 0.5, seed 0), so ρ_t = 5 + 0.02·t binds
+from the start and σ = 0.01 is the paper's MNIST noise (a noise vector of norm ~0.7 a round)."""
 BACKDOORS = ("backdoor", "dba", "neurotoxin", "edgecase", "replacement")
 """The backdoor attacks the study knows (each logs ``attack_success`` and takes ``stop_round``)."""
 _RESERVED = ("rounds", "eval_every", "attack", "attack_params", "byzantine", "aggregator", "partition", "alpha",
@@ -76,6 +85,8 @@ class Preset:
     momentum: float = 0.0
     seeds: tuple[int, ...] = (0, 1, 2)
     fallback_dataset: str | None = None
+    crfl_params: dict[str, Any] = field(default_factory=lambda: dict(CRFL_PARAMS))
+    """The ``server_projection_params`` of the ``crfl`` rule (when it is among ``rules``)."""
 
 
 CLIP = 0.5
@@ -92,10 +103,10 @@ PRESETS: dict[str, Preset] = {
     ),
     "full": Preset(
         name="full", description="the default MLP on Fashion-MNIST (digits when absent), FedAvg, n = 30 clients, 6 "
-        "attackers; mean, cwtm, foolsgold, flame, rlr, fldetector, clip × backdoor, dba, neurotoxin, edgecase, "
+        "attackers; mean, cwtm, foolsgold, flame, rlr, fldetector, clip, crfl × backdoor, dba, neurotoxin, edgecase, "
         "replacement × α ∈ {0.1, 0.5, 1, 10}; attackers stop at round 100, durability at round 150",
         dataset="fashion-mnist", fallback_dataset="digits", workers=30, byzantine=6, f=6,
-        rules=(MEAN, "cwtm", "foolsgold", "flame", "rlr", "fldetector", f"clip(threshold={CLIP:g})>mean"),
+        rules=(MEAN, "cwtm", "foolsgold", "flame", "rlr", "fldetector", f"clip(threshold={CLIP:g})>mean", CRFL),
         attacks=BACKDOORS, attack_params={"replacement": {"norm_bound": CLIP}}, alphas=(0.1, 0.5, 1.0, 10.0),
         stop_round=100, after=50, seeds=(0, 1, 2, 3, 4),
     ),
@@ -127,6 +138,8 @@ def preset(name: str, **changes: Any) -> Preset:
     if p.stop_round % p.eval_every or p.after % p.eval_every:
         raise ConfigError("eval_every", p.eval_every, f"a divisor of stop_round = {p.stop_round} and after = "
                           f"{p.after} (success is read at both)")
+    if not isinstance(p.crfl_params, dict):
+        raise ConfigError("crfl_params", p.crfl_params, "a table of CRFL's parameters (clip, noise, …)")
     if isinstance(p.byzantine, bool) or not isinstance(p.byzantine, int) or p.byzantine < 1:
         raise ConfigError("byzantine", p.byzantine, "an integer >= 1 (the attacked runs need attackers)")
     return p
@@ -163,6 +176,8 @@ def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -
         data["clients_per_round"] = p.clients_per_round
     if attacked:
         data["attack_params"] = {**p.attack_params.get(cell.attack, {}), "stop_round": p.stop_round}
+    if cell.rule == CRFL:  # the mean, the global model clipped and perturbed (not a rule: a server projection)
+        data.update(aggregator=MEAN, server_projection=CRFL, server_projection_params=dict(p.crfl_params))
     data.update(overrides or {})
     return make_config(data)
 
@@ -185,6 +200,11 @@ class Final:
     accuracy: float
     success: float | None = None
     durability: float | None = None
+    smoothed_accuracy: float | None = None
+    """CRFL's runs: the smoothed classifier's clean accuracy at the last round (and the three below)."""
+    smoothed_success: float | None = None
+    certified_rate: float | None = None
+    radius: float | None = None
 
 
 def _row(rows: list[dict[str, Any]], round_: int) -> dict[str, Any]:
@@ -206,17 +226,31 @@ def collect(cs: list[Cell], cfgs: list[RunConfig], runs_dir: Path) -> dict[Cell,
     out = {}
     for c, cfg in zip(cs, cfgs):
         rows = runstate.final_rows(runs_dir / grid.run_id(cfg))
+        last = _row(rows, cfg.rounds)
+        smoothed = {k: _value(last, col) for k, col in _SMOOTHED.items()}
         if c.attack == NONE:
-            out[c] = Final(float(_row(rows, cfg.rounds)["test_accuracy"]))
+            out[c] = Final(float(last["test_accuracy"]), **smoothed)
             continue
         at = _row(rows, int(cfg.attack_params["stop_round"]))
-        out[c] = Final(float(at["test_accuracy"]), _success(at), _success(_row(rows, cfg.rounds)))
+        out[c] = Final(float(at["test_accuracy"]), _success(at), _success(last), **smoothed)
     return out
+
+
+_SMOOTHED = {"smoothed_accuracy": "crfl_accuracy", "smoothed_success": "crfl_attack_success",
+             "certified_rate": "crfl_certified_rate", "radius": "crfl_radius_median"}
+"""CRFL's final-row columns, by the field of :class:`Final` that holds them."""
+
+
+def _value(row: dict[str, Any], key: str) -> float | None:
+    value = row.get(key)
+    return None if value is None else float(value)
 
 
 Key = tuple[str, str, float]
 Metric = str  # "accuracy" | "success" | "durability"
-METRICS: tuple[Metric, ...] = ("accuracy", "success", "durability")
+METRICS: tuple[Metric, ...] = ("accuracy", "success", "durability", *_SMOOTHED)
+LAST_ROUND: tuple[Metric, ...] = ("durability", *_SMOOTHED)
+"""The metrics read at the run's last round (the others at the stop round)."""
 
 
 def tabulate(finals: dict[Cell, Final]) -> dict[Key, dict[Metric, dict[int, float]]]:
@@ -351,7 +385,7 @@ def cells_csv(table: Table, p: Preset) -> str:
             if not seeds:
                 continue
             e = mean_ci(list(seeds.values()))
-            rnd = p.stop_round + p.after if m == "durability" else p.stop_round
+            rnd = p.stop_round + p.after if m in LAST_ROUND and attack != NONE else p.stop_round
             w.writerow([rule, attack, f"{alpha:g}", m, rnd, f"{e.mean:.6f}", f"{e.low:.6f}", f"{e.high:.6f}",
                         " ".join(f"{s}:{v:.6f}" for s, v in sorted(seeds.items()))])
     return buf.getvalue()
@@ -424,6 +458,22 @@ def plot(table: Table, p: Preset, path: Path) -> Path:
     return save_figure(fig, path, dpi=100)
 
 
+def crfl_markdown(table: Table, p: Preset) -> str:
+    """CRFL's smoothed classifier at the last round (``after`` rounds after the attackers stopped; the stop round
+    with no attack): clean accuracy, attack success, the share of test inputs certified and the median radius."""
+    lines = ["| attack | α | smoothed clean accuracy % | smoothed attack success % | certified % | median radius "
+             "(trigger norm) |", "|---|---|---|---|---|---|"]
+    for attack in (NONE, *p.attacks):
+        for alpha in p.alphas:
+            key = (CRFL, attack, float(alpha))
+            r = estimate(table, key, "radius")
+            lines.append(f"| {attack_label(p, attack)} | {alpha:g} | {_show(estimate(table, key, 'smoothed_accuracy'))}"
+                         f" | {_show(estimate(table, key, 'smoothed_success'))} | "
+                         f"{_show(estimate(table, key, 'certified_rate'))} | "
+                         f"{'—' if r is None else f'{r.mean:.4f} ± {r.half_width:.4f}'} |")
+    return "\n".join(lines)
+
+
 def report_markdown(table: Table, p: Preset, *, command: str, wall_seconds: float | None, runs: int) -> str:
     """The whole report: setup, the attacked table, the price table, the readout."""
     cpr = "all" if p.clients_per_round is None else str(p.clients_per_round)
@@ -441,6 +491,14 @@ def report_markdown(table: Table, p: Preset, *, command: str, wall_seconds: floa
         "## The price with no attack (paired by seed)", "", price_markdown(table, p), "",
         "## Readout", "", readout(table, p), "",
     ]
+    if CRFL in p.rules:
+        parts += ["## CRFL's smoothed classifier and certificate (last round)", "",
+                  f"M = {p.crfl_params.get('samples', 1000)} noisy copies of the final model vote; a test input is "
+                  "certified when the vote's lead survives Hoeffding's bounds, and its radius bounds the norm of a "
+                  "trigger that cannot change the vote — under the certificate's assumptions (a loss whose gradient "
+                  "is L_Z-Lipschitz in the input, L_Z = 1 unless set; docs/aggregators.md, CRFL), which this MLP "
+                  "does not satisfy: read the radius as the formula's value, not a guarantee.", "",
+                  crfl_markdown(table, p), ""]
     return "\n".join(parts)
 
 
@@ -449,7 +507,7 @@ class BackdoorDefences(Study[Preset, Cell, Final]):
     """Backdoor defences against backdoor attacks (the module's docstring): ``phalanx experiment backdoor``."""
 
     name = "backdoor"
-    help = ("Backdoor defences (foolsgold, flame, rlr, fldetector, clip; mean and cwtm as baselines) against "
+    help = ("Backdoor defences (foolsgold, flame, rlr, fldetector, clip, crfl; mean and cwtm as baselines) against "
             "backdoor attacks (backdoor, dba, neurotoxin, edgecase, replacement) across heterogeneity α: clean "
             "accuracy, attack success at the round the attackers stop and its durability after, and each "
             "defence's price with no attack — the tension of Yang, Shi & Li (ICML 2025) asked of backdoor "
