@@ -103,12 +103,22 @@ def _assert_same(a: Path, b: Path) -> None:
     assert store.read_rows(a) == store.read_rows(b)
 
 
-def test_a_resumed_run_equals_an_uninterrupted_one_bit_for_bit(tmp_path: Path) -> None:
+DSGD_CFG: dict[str, Any] = {
+    "dataset": "digits", "model": "mlp", "model_params": {"hidden": [16]}, "workers": 7, "byzantine": 2, "f": 2,
+    "aggregator": "cwtm", "attack": "backdoor", "rounds": 8, "batch_size": 8, "lr": 0.1, "eval_every": 2,
+    "checkpoint_every": 4, "seed": 5, "server_projection": "crfl",
+    "server_projection_params": {"clip": 3.0, "noise": 0.02, "samples": 30},
+}
+
+
+@pytest.mark.parametrize("cfg", [CRFL_CFG, DSGD_CFG], ids=["fedavg-mean", "dsgd-cwtm"])
+def test_a_resumed_run_equals_an_uninterrupted_one_bit_for_bit(cfg: dict[str, Any], tmp_path: Path) -> None:
+    """FedAvg with the mean (the paper's setting) and DSGD with a robust rule (CRFL composes with any)."""
     full = tmp_path / "full"
-    train(make_config(CRFL_CFG), full)
-    part = train_interrupted(make_config(CRFL_CFG), tmp_path / "part", 4)
+    train(make_config(cfg), full)
+    part = train_interrupted(make_config(cfg), tmp_path / "part", 4)
     assert "rng.projection" in load_file(str(part / "checkpoint.safetensors"))
-    train(make_config(CRFL_CFG), part)
+    train(make_config(cfg), part)
     _assert_same(full, part)
     rows = store.read_rows(full)
     last = rows[-1]
