@@ -1,6 +1,6 @@
 r"""CRFL: certifiably robust federated learning against backdoors, by clipping and smoothing the global model's
 parameters (Xie, Chen, Chen & Li, "CRFL: Certifiably robust federated learning against backdoor attacks", ICML
-2021, Algorithm 1 and Theorem 1).
+2021, its training procedure and its certification theorem).
 
 **Training** (a :class:`~phalanx.training.projection.ServerProjection`): after the server's step of round t, the
 global model is clipped to norm ρ_t and, in every round but the last, perturbed:
@@ -20,7 +20,7 @@ top class A and the runner-up B, one-sided Hoeffding bounds at confidence 1 − 
           \overline{p_B} = \hat p_B + \sqrt{\ln(2/\alpha)/(2M)}
 
 (the authors' released certification code bounds each at 1 − α, so ours is the stricter, joint statement), and
-Theorem 1's radius
+the certification theorem's radius
 
 .. math:: \mathrm{RAD} = \sqrt{\frac{-\ln\big(1 - (\sqrt{\underline{p_A}} - \sqrt{\overline{p_B}})^2\big)\,
           \sigma_{t_{adv}}^2}{2\,S^2\,\prod_{t=t_{adv}+1}^{T}\big(2\Phi(\rho_t/\sigma_t) - 1\big)}},\qquad
@@ -35,7 +35,7 @@ per-round divergences add (the chain rule of the KL divergence, each contracted 
 .. math:: \mathrm{RAD}^2 = \frac{-\ln\big(1 - (\sqrt{\underline{p_A}} - \sqrt{\overline{p_B}})^2\big)}
           {2\,S^2\sum_{a\in A}\sigma_a^{-2}\prod_{t=a+1}^{T}\big(2\Phi(\rho_t/\sigma_t) - 1\big)}
 
-— Theorem 1 itself for one attacked round; the sum over rounds is this module's extension, not the paper's
+— the theorem itself for one attacked round; the sum over rounds is this module's extension, not the paper's
 statement.
 
 **What the certificate assumes** (and does not): S bounds how far one attacked round can move the aggregate per
@@ -109,7 +109,7 @@ def _phi2(z: float) -> float:
 
 def radius(p_a: Tensor, p_b: Tensor, *, sensitivity: float, attack_rounds: Sequence[int], rounds: int,
            clip: Callable[[int], float], noise: float, test_noise: float) -> Tensor:
-    """Theorem 1's certified radius of every input (the module's docstring) from the bounds ``p_a`` (lower) and
+    """the certification theorem's certified radius of every input (the module's docstring) from the bounds ``p_a`` (lower) and
     ``p_b`` (upper): 0 where ``p_a`` ≤ ``p_b``, and where no attacked round is at most ``rounds``. ``clip(t)`` is
     ρ_t, ``noise`` σ_t for t < T, ``test_noise`` σ_T."""
     sigma = [noise] * (rounds - 1) + [test_noise]  # sigma[t - 1] = σ_t, t = 1 … T (σ_T: the test noise)
@@ -146,14 +146,14 @@ class CRFL(ServerProjection):
     - ``clip`` (ρ > 0) and ``clip_growth`` (≥ 0): the norm bound ρ_t = ρ + growth·t of round t.
     - ``noise`` (σ > 0): the training noise's standard deviation; ``test_noise`` (σ_T > 0, default σ) the smoothing's.
     - ``samples`` (M ≥ 1): noisy copies of θ_T that vote; ``alpha`` (0 < α < 1): the certificate's confidence 1 − α.
-    - The certificate's threat (Theorem 1): ``attackers`` (R ≥ 1), ``weight`` (p_i, 0 < p ≤ 1), ``scale`` (γ > 0),
+    - The certificate's threat (the certification theorem): ``attackers`` (R ≥ 1), ``weight`` (p_i, 0 < p ≤ 1), ``scale`` (γ > 0),
       ``local_steps`` (τ ≥ 1), ``client_lr`` (η > 0), ``poison_fraction`` (q/n, 0 < q/n ≤ 1), ``lipschitz``
       (L_Z > 0), and ``attack_rounds`` (the rounds t ≥ 1 they poison; None: every round).
     """
 
     name: ClassVar[str] = "crfl"
     reference: ClassVar[str] = ("C. Xie, M. Chen, P.-Y. Chen, B. Li, 'CRFL: Certifiably robust federated learning "
-                                "against backdoor attacks', ICML 2021, Algorithm 1 and Theorem 1")
+                                "against backdoor attacks', ICML 2021, its training procedure and its certification theorem")
 
     def __init__(
         self, clip: float = 10.0, noise: float = 0.01, *, clip_growth: float = 0.0, test_noise: float | None = None,
@@ -268,8 +268,8 @@ class CRFL(ServerProjection):
 
 def certify(counts: Tensor, alpha: float, *, sensitivity: float, rounds: int, attack_rounds: Sequence[int],
             clip: Callable[[int], float], noise: float, test_noise: float) -> Certificate:
-    """The certificate of vote ``counts`` ``(N, C)``: Hoeffding's bounds (:func:`hoeffding_bounds`) and Theorem
-    1's radius (:func:`radius`)."""
+    """The certificate of vote ``counts`` ``(N, C)``: Hoeffding's bounds (:func:`hoeffding_bounds`) and the certification
+    theorem's radius (:func:`radius`)."""
     top, p_a, p_b = hoeffding_bounds(counts, alpha)
     rad = radius(p_a, p_b, sensitivity=sensitivity, attack_rounds=list(attack_rounds), rounds=rounds, clip=clip,
                  noise=noise, test_noise=test_noise)
