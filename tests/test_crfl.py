@@ -1,6 +1,6 @@
 """CRFL (Xie, Chen, Chen & Li, ICML 2021): the global model clipped to ρ_t after every round and perturbed with
 N(0, σ²I) in every round but the last (the noise's scale checked statistically), a resumed run equal to an
-uninterrupted one bit for bit, the smoothed prediction and the certification theorem's radius against values computed by hand, no
+uninterrupted one bit for bit, the smoothed prediction and the certified radius against values computed by hand, no
 radius where the vote is not confident, and the one-line refusals."""
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def test_without_a_projection_nothing_changes() -> None:
 
 
 def test_hoeffding_bounds_and_the_radius_against_hand_computed_values() -> None:
-    """M = 100 votes 80 / 15 / 5, α = 0.01: margin √(ln(200)/200); the certification theorem with one attacked round a = 2 of T =
+    """M = 100 votes 80 / 15 / 5, α = 0.01: margin √(ln(200)/200); the radius with one attacked round a = 2 of T =
     3, ρ = 1, σ = 0.5, σ_T = 0.25, and S = R·p·γ·τ·η·(q/n)·L_Z = 2·0.1·1·2·0.5·0.5·3 = 0.3."""
     counts = torch.tensor([[80, 15, 5]])
     top, p_a, p_b = hoeffding_bounds(counts, 0.01)

@@ -109,9 +109,9 @@ def _phi2(z: float) -> float:
 
 def radius(p_a: Tensor, p_b: Tensor, *, sensitivity: float, attack_rounds: Sequence[int], rounds: int,
            clip: Callable[[int], float], noise: float, test_noise: float) -> Tensor:
-    """the certification theorem's certified radius of every input (the module's docstring) from the bounds ``p_a`` (lower) and
-    ``p_b`` (upper): 0 where ``p_a`` ≤ ``p_b``, and where no attacked round is at most ``rounds``. ``clip(t)`` is
-    ρ_t, ``noise`` σ_t for t < T, ``test_noise`` σ_T."""
+    """The certification theorem's radius of every input (the module's docstring) from the bounds ``p_a``
+    (lower) and ``p_b`` (upper): 0 where ``p_a`` ≤ ``p_b``, and where no attacked round is at most ``rounds``.
+    ``clip(t)`` is ρ_t, ``noise`` σ_t for t < T, ``test_noise`` σ_T."""
     sigma = [noise] * (rounds - 1) + [test_noise]  # sigma[t - 1] = σ_t, t = 1 … T (σ_T: the test noise)
     contraction = [_phi2(clip(t) / sigma[t - 1]) for t in range(1, rounds + 1)]
     tail = [1.0] * (rounds + 1)  # tail[a] = Π_{t=a+1}^{T} (2Φ(ρ_t/σ_t) − 1)
@@ -146,14 +146,15 @@ class CRFL(ServerProjection):
     - ``clip`` (ρ > 0) and ``clip_growth`` (≥ 0): the norm bound ρ_t = ρ + growth·t of round t.
     - ``noise`` (σ > 0): the training noise's standard deviation; ``test_noise`` (σ_T > 0, default σ) the smoothing's.
     - ``samples`` (M ≥ 1): noisy copies of θ_T that vote; ``alpha`` (0 < α < 1): the certificate's confidence 1 − α.
-    - The certificate's threat (the certification theorem): ``attackers`` (R ≥ 1), ``weight`` (p_i, 0 < p ≤ 1), ``scale`` (γ > 0),
-      ``local_steps`` (τ ≥ 1), ``client_lr`` (η > 0), ``poison_fraction`` (q/n, 0 < q/n ≤ 1), ``lipschitz``
-      (L_Z > 0), and ``attack_rounds`` (the rounds t ≥ 1 they poison; None: every round).
+    - The certificate's threat (the certification theorem): ``attackers`` (R ≥ 1), ``weight`` (p_i, 0 < p ≤ 1),
+      ``scale`` (γ > 0), ``local_steps`` (τ ≥ 1), ``client_lr`` (η > 0), ``poison_fraction`` (q/n, 0 < q/n ≤ 1),
+      ``lipschitz`` (L_Z > 0), and ``attack_rounds`` (the rounds t ≥ 1 they poison; None: every round).
     """
 
     name: ClassVar[str] = "crfl"
     reference: ClassVar[str] = ("C. Xie, M. Chen, P.-Y. Chen, B. Li, 'CRFL: Certifiably robust federated learning "
-                                "against backdoor attacks', ICML 2021, its training procedure and its certification theorem")
+                                "against backdoor attacks', ICML 2021: its training procedure and its certification "
+                                "theorem")
 
     def __init__(
         self, clip: float = 10.0, noise: float = 0.01, *, clip_growth: float = 0.0, test_noise: float | None = None,
@@ -268,8 +269,8 @@ class CRFL(ServerProjection):
 
 def certify(counts: Tensor, alpha: float, *, sensitivity: float, rounds: int, attack_rounds: Sequence[int],
             clip: Callable[[int], float], noise: float, test_noise: float) -> Certificate:
-    """The certificate of vote ``counts`` ``(N, C)``: Hoeffding's bounds (:func:`hoeffding_bounds`) and the certification
-    theorem's radius (:func:`radius`)."""
+    """The certificate of vote ``counts`` ``(N, C)``: Hoeffding's bounds (:func:`hoeffding_bounds`) and the
+    certification theorem's radius (:func:`radius`)."""
     top, p_a, p_b = hoeffding_bounds(counts, alpha)
     rad = radius(p_a, p_b, sensitivity=sensitivity, attack_rounds=list(attack_rounds), rounds=rounds, clip=clip,
                  noise=noise, test_noise=test_noise)
