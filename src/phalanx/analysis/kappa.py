@@ -1,0 +1,489 @@
+"""Measured (f, κ)-robustness coefficient of a rule: a certified lower bound, beside the proven upper bound.
+
+Allouah, Farhadkhani, Guerraoui, Gupta, Pinot & Stephan ("Fixing by Mixing: A Recipe for Optimal Byzantine ML under
+Heterogeneity", AISTATS 2023) call a rule F *(f, κ)-robust* when, for all inputs x₁ … xₙ ∈ ℝᵈ and every set
+S ⊆ [n] of |S| = n − f rows,
+
+    ‖F(x) − x̄_S‖² ≤ κ · (1/|S|) Σ_{i∈S} ‖xᵢ − x̄_S‖²,       x̄_S = (1/|S|) Σ_{i∈S} xᵢ.
+
+They prove upper bounds on κ for the classical rules (their Table 1, carried by each rule's ``kappa(n)``): the
+coordinate-wise trimmed mean (6f/(n−2f))(1 + f/(n−2f)), the coordinate-wise median and the geometric median
+4(1 + f/(n−2f))², Krum 6(1 + f/(n−2f)); nearest-neighbour mixing in front of an (f, κ)-robust rule gives
+(f, 8f/(n−f)·(κ + 1)) (their Lemma on NNM, :func:`proven_upper_bound`); and no rule does better than
+κ ≥ f/(n−2f) (:func:`universal_lower_bound`; the companion paper, Allouah et al., "Robust Distributed Learning:
+Tight Error Bounds and Breakdown Point under Data Heterogeneity", NeurIPS 2023, uses the same definition).
+
+The definition is a "for all", so **one** input and one set S give a lower bound on κ: the ratio of the two sides.
+:func:`kappa` searches for the input that maximises it:
+
+1. *Structured inputs* known to be worst for the families of rules: on a line, k honest rows at u and n − f − k at
+   0 with the f Byzantine rows at one point t·u for a sweep of distances t (u = e₁, and u ∝ 1 for coordinate-wise
+   rules) — it contains the construction behind κ ≥ f/(n−2f) and the far-away attack that the mean cannot survive;
+   ALIE-like placements (the Byzantine rows at the honest mean plus z honest standard deviations, coordinate by
+   coordinate: Baruch, Baruch & Goldberg, NeurIPS 2019); mimicry (the Byzantine rows copy, or extrapolate, the honest
+   row farthest from the honest mean).
+2. *Random restarts with a black-box local search* (rules are not all differentiable): from the best structured
+   inputs and from random ones, a (1 + λ) evolution strategy with an adaptive step — Gaussian moves of all rows, of
+   the honest or the Byzantine rows only, of one row, and jumps of the colluding Byzantine point.
+
+Each candidate is scored against several sets S (every one of the C(n, f) sets when there are at most
+:data:`SUBSETS_MAX`, otherwise the construction's honest rows and the n − f rows farthest from the output, by
+distance and along the direction to the mean), in float64 and vectorised over a batch of candidates; a
+coordinate-wise rule aggregates the whole batch in one call (its columns are independent, so a batch is more
+columns). The reported value is then **recomputed exactly** at the best input — the rule's float64 output and the
+input as rational numbers (:func:`exact_ratio`), rounded down — so it is certified: a real input attains it.
+
+A measured value above the proven upper bound (by more than the float64 rounding of the computation,
+:func:`rounding_slack`) is a bug of the rule, its bound or its metadata, and is flagged (``above_upper``). A rule
+whose ratio grows without bound as the Byzantine rows move away — the mean — is reported ``unbounded``
+(:data:`FAR`: the ratio at the farthest distance passes that distance, in units of the honest spread, and grew at
+least linearly over the last two decades).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from phalanx.aggregators.base import Aggregator
+from phalanx.aggregators.chain import Chain
+from phalanx.aggregators.coordinatewise import CoordinateWiseMedian, CoordinateWiseTrimmedMean, MeaMed
+from phalanx.aggregators.mean import Mean
+from phalanx.aggregators.pre.nnm import NNM
+from phalanx.analysis.epsilon import check_memory
+from phalanx.errors import ConfigError
+from phalanx.validate import check_int
+
+__all__ = [
+    "FAR", "NEAR", "SUBSETS_MAX", "KappaEstimate", "check_setting", "exact_ratio", "kappa", "proven_upper_bound",
+    "robustness_ratio", "rounding_slack", "universal_lower_bound",
+]
+
+EPS = torch.finfo(torch.float64).eps
+NEAR = (-4.0, -2.0, -1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+"""Distances t (in units of the honest rows' separation) of the colluding Byzantine point t·u on the line."""
+FAR = (1e2, 1e3, 1e4, 1e5, 1e6)
+"""The far distances of the same sweep; the ratio at the last two decades decides ``unbounded``."""
+SUBSETS_MAX = 512
+"""Every set S of n − f rows is scored when there are at most this many; else the heuristic sets only."""
+EXACT_MAX = 100_000
+"""Largest n·d whose value is recomputed in rational arithmetic (above it: float64, ``exact`` False)."""
+BATCH_ELEMENTS = 1 << 21
+"""Largest number of float64 entries of a batch of candidates (and of its per-set copies) held at once."""
+ROUNDING = 16.0
+"""Rounding of a rule's output, per coordinate, in units of (n + d)·eps·max|x| (:func:`rounding_slack`)."""
+RESOLUTION = 1e3
+"""A candidate whose honest spread is below (RESOLUTION·(n + d)·eps·max|x|)² is not scored: its ratio would measure
+rounding, not the rule."""
+PROPOSALS = 16
+"""Candidates per step of the local search."""
+COLUMNWISE = (Mean, CoordinateWiseTrimmedMean, CoordinateWiseMedian, MeaMed)
+"""Rules that aggregate every coordinate on its own, so a batch of inputs is one call on more columns."""
+
+
+def universal_lower_bound(n: int, f: int) -> float:
+    """κ ≥ f/(n − 2f) for every (f, κ)-robust rule (Allouah et al., AISTATS 2023): with f rows at 1 and n − f at 0
+    (one dimension), the n − f zeros force F = 0 and the set of the f ones and n − 2f zeros then gives f/(n − 2f)."""
+    if isinstance(n, bool) or not isinstance(n, int) or isinstance(f, bool) or not isinstance(f, int):
+        raise ConfigError("f", f, "an integer with 0 <= f < n/2")
+    if f < 0 or 2 * f >= n:
+        raise ConfigError("f", f, f"0 <= f < n/2 = {n / 2:g} (with n = {n})")
+    return f / (n - 2 * f)
+
+
+def proven_upper_bound(rule: Aggregator, n: int) -> float | None:
+    """The proven κ of ``rule`` at ``n``: its own ``kappa(n)``, else for ``nnm>RULE`` with NNM configured for the
+    rule's f, 8f/(n − f)·(κ_RULE + 1) (Allouah et al., AISTATS 2023, the lemma on NNM); None where none is known."""
+    own = rule.kappa(n)
+    if own is not None:
+        return own
+    if isinstance(rule, Chain) and len(rule.pre) == 1 and type(rule.pre[0]) is NNM and rule.pre[0].f == rule.f:
+        inner = rule.rule.kappa(n)
+        f = rule.f
+        if inner is not None and n > 2 * f:
+            return 8.0 * f / (n - f) * (inner + 1.0)
+    return None
+
+
+def check_setting(n: Any, f: Any, d: Any, budget: Any, seed: Any = 0) -> None:
+    """The one-line :class:`ConfigError` for a bad n (≥ 1), f (0 ≤ f < n/2), d (≥ 1), budget (≥ 1) or seed (an
+    integer), raised before anything is built."""
+    check_int("n", n, low=1)
+    check_int("f", f, low=0)
+    if 2 * f >= n:
+        raise ConfigError("f", f, f"0 <= f < n/2 = {n / 2:g} (with n = {n})")
+    check_int("d", d, low=1)
+    check_int("budget", budget, low=1)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError("seed", seed, "an integer")
+
+
+def robustness_ratio(out: Tensor, x: Tensor, honest: tuple[int, ...] | list[int]) -> float:
+    """‖out − x̄_S‖² / ((1/|S|) Σ_{i∈S} ‖xᵢ − x̄_S‖²) in float64 for the rows ``honest`` = S (0/0 counts as 0; a
+    non-finite output or a positive error over a zero spread as +inf)."""
+    h = x.double()[list(honest)]
+    mean = h.mean(dim=0)
+    spread = float((h - mean).square().sum(dim=1).mean())
+    err = float((out.double() - mean).square().sum())
+    if err != err or err == float("inf"):
+        return float("inf")
+    if spread == 0.0:
+        return 0.0 if err == 0.0 else float("inf")
+    return err / spread
+
+
+def exact_ratio(out: Tensor, x: Tensor, honest: tuple[int, ...] | list[int]) -> Fraction | None:
+    """The same ratio in rational arithmetic from the float64 values of ``out`` and ``x`` (every float is a
+    rational, so nothing is rounded); None when the spread is 0 or the output is not finite."""
+    o = out.double().tolist()
+    if not all(math.isfinite(v) for v in o):
+        return None
+    rows = [[Fraction(v) for v in x[i].double().tolist()] for i in honest]
+    m = len(rows)
+    mean = [sum(col, Fraction(0)) / m for col in zip(*rows)]
+    spread = sum((sum(((a - b) ** 2 for a, b in zip(r, mean)), Fraction(0)) for r in rows), Fraction(0)) / m
+    if spread == 0:
+        return None
+    err = sum(((Fraction(a) - b) ** 2 for a, b in zip(o, mean)), Fraction(0))
+    return err / spread
+
+
+def _round_down(q: Fraction) -> float:
+    v = float(q)
+    return math.nextafter(v, 0.0) if Fraction(v) > q else v
+
+
+def rounding_slack(out: Tensor, x: Tensor, honest: tuple[int, ...] | list[int], value: float) -> float:
+    """How far float64 rounding inside a rule can move the ratio at this input: the output's error per coordinate
+    is taken as δ = :data:`ROUNDING`·(n + d)·eps·max|x| (sums of n terms of size max|x|, norms of d terms), so the
+    error ‖out − x̄_S‖² moves by at most 2√err·δ√d + dδ², and the ratio by that over the spread, plus its own
+    relative rounding."""
+    n, d = x.shape
+    h = x.double()[list(honest)]
+    mean = h.mean(dim=0)
+    spread = float((h - mean).square().sum(dim=1).mean())
+    err = float((out.double() - mean).square().sum())
+    if spread <= 0.0 or not math.isfinite(err):
+        return float("inf")
+    delta = ROUNDING * (n + d) * EPS * float(x.double().abs().max())
+    return (2.0 * math.sqrt(err) * delta * math.sqrt(d) + d * delta * delta) / spread + ROUNDING * (n + d) * EPS * value
+
+
+@dataclass
+class KappaEstimate:
+    """Result of :func:`kappa`."""
+
+    rule: str
+    n: int
+    f: int
+    d: int
+    value: float
+    """The certified lower bound on κ: the ratio at :attr:`input` for the set :attr:`honest` (+inf: the rule's output
+    was not finite there)."""
+    worst_input: str
+    """Which construction or search produced the input."""
+    input: Tensor
+    """The ``(n, d)`` float64 input attaining :attr:`value`."""
+    honest: tuple[int, ...]
+    """The set S (row indices) of the ratio."""
+    lower_bound: float
+    """f/(n − 2f): no (f, κ)-robust rule has a smaller κ."""
+    upper_bound: float | None
+    """The proven κ (:func:`proven_upper_bound`), None where none is known."""
+    unbounded: bool
+    """The ratio grows without bound as the Byzantine rows move away (the rule is (f, κ)-robust for no κ)."""
+    above_upper: bool
+    """The value exceeds the proven upper bound by more than :attr:`slack`: a bug."""
+    slack: float
+    """The float64 rounding allowed at the input (:func:`rounding_slack`)."""
+    exact: bool
+    """The value was recomputed in rational arithmetic (else in float64)."""
+    evaluations: int
+    """Rule evaluations spent (a batch of b candidates counts b)."""
+    seed: int
+    per_family: dict[str, float] = field(default_factory=dict)
+    """The best ratio the search found in each family of inputs."""
+    by_distance: dict[float, float] = field(default_factory=dict)
+    """The best ratio on the line at each far distance of the Byzantine point (:data:`FAR`)."""
+
+    @property
+    def verdict(self) -> str:
+        """``unbounded``, ``BUG: above the proven bound``, or ``certified``."""
+        if self.above_upper:
+            return "BUG: above the proven bound"
+        return "unbounded" if self.unbounded else "certified"
+
+
+def _line(n: int, m: int, d: int, u: Tensor) -> Iterator[tuple[str, str, Tensor, float | None]]:
+    distances = (*NEAR, *FAR) if m < n else (0.0,)
+    for k in range(m + 1):
+        for t in distances:
+            x = torch.zeros(n, d, dtype=torch.float64)
+            x[:k] = u
+            x[m:] = t * u
+            yield f"line: {k} honest at u, {m - k} at 0, Byzantine at {t:g}·u", "line", x, (t if t in FAR else None)
+
+
+def _constructions(n: int, m: int, d: int, gen: torch.Generator, columnwise: bool
+                   ) -> Iterator[tuple[str, str, Tensor, float | None]]:
+    e1 = torch.zeros(d, dtype=torch.float64)
+    e1[0] = 1.0
+    yield from _line(n, m, d, e1)
+    if d > 1 and columnwise:
+        yield from _line(n, m, d, torch.ones(d, dtype=torch.float64))
+    if m == n:
+        return
+    for draw in range(2):
+        h = torch.randn(m, d, generator=gen, dtype=torch.float64)
+        mu, sd = h.mean(dim=0), h.std(dim=0)
+        for z in (-10.0, -5.0, -3.0, -2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0):
+            x = torch.cat([h, (mu + z * sd).expand(n - m, d)])
+            yield f"alie #{draw}: Byzantine at mean {z:+g}·std", "alie", x, None
+        far = int((h - mu).square().sum(dim=1).argmax())
+        for lam in (1.0, 1.5, 2.0, 3.0, 5.0):
+            x = torch.cat([h, (mu + lam * (h[far] - mu)).expand(n - m, d)])
+            yield f"mimic #{draw}: Byzantine at mean + {lam:g}·(farthest − mean)", "mimic", x, None
+
+
+def _subsets(n: int, m: int) -> Tensor | None:
+    if math.comb(n, m) > SUBSETS_MAX:
+        return None
+    return torch.tensor(list(itertools.combinations(range(n), m)), dtype=torch.long)
+
+
+class _Search:
+    """The scoring of candidates, their budget and the best one found."""
+
+    def __init__(self, rule: Aggregator, n: int, f: int, d: int, budget: int, seed: int) -> None:
+        self.rule, self.n, self.m, self.d, self.budget, self.seed = rule, n, n - f, d, budget, seed
+        self.columnwise = type(rule) in COLUMNWISE
+        self.all_sets = _subsets(n, self.m)
+        self.used = 0
+        self.best = -1.0
+        self.best_x = torch.zeros(n, d, dtype=torch.float64)
+        self.best_name = "none"
+        self.per_family: dict[str, float] = {}
+
+    def left(self) -> int:
+        return self.budget - self.used
+
+    def call(self, x: Tensor) -> Tensor:
+        """The rule at one input, as a fixed function: a stochastic rule draws from a generator seeded with the
+        seed at every call, a stateful one starts from its initial state."""
+        context: dict[str, Any] = {}
+        if "generator" in self.rule.context_keys:
+            context["generator"] = torch.Generator().manual_seed(self.seed)
+        if self.rule.stateful:
+            self.rule.load_state_dict({})
+        return self.rule(x, **context)
+
+    def outputs(self, xb: Tensor) -> Tensor:
+        b, n, d = xb.shape
+        if self.columnwise:
+            return self.call(xb.permute(1, 0, 2).reshape(n, b * d)).reshape(b, d).double()
+        return torch.stack([self.call(x) for x in xb]).double()
+
+    def sets(self, xb: Tensor, outs: Tensor) -> Tensor:
+        """``(b, c, m)`` row indices of the sets S each candidate is scored against."""
+        b = xb.shape[0]
+        first = torch.arange(self.m).expand(b, 1, self.m)
+        if self.all_sets is not None:
+            return self.all_sets.expand(b, -1, -1)
+        rel = xb - outs[:, None, :]
+        by_dist = rel.square().sum(dim=2).argsort(dim=1, descending=True, stable=True)[:, : self.m]
+        toward = xb.mean(dim=1) - outs
+        by_proj = (rel @ toward[:, :, None])[:, :, 0].argsort(dim=1, descending=True, stable=True)[:, : self.m]
+        return torch.cat([first, by_dist[:, None], by_proj[:, None]], dim=1)
+
+    def ratios(self, xb: Tensor, outs: Tensor) -> tuple[Tensor, Tensor]:
+        """The best ratio of each candidate over its sets, and that set's index."""
+        b, n, d = xb.shape
+        sets = self.sets(xb, outs)
+        c = sets.shape[1]
+        best = torch.zeros(b, dtype=torch.float64)
+        which = torch.zeros(b, dtype=torch.long)
+        scale = xb.abs().flatten(1).amax(dim=1)
+        floor = (RESOLUTION * (n + d) * EPS * scale).square()
+        finite = torch.isfinite(outs).all(dim=1)
+        step = max(1, BATCH_ELEMENTS // max(1, b * self.m * d))
+        rows = torch.arange(b)[:, None, None]
+        for lo in range(0, c, step):
+            idx = sets[:, lo: lo + step]
+            h = xb[rows, idx]  # (b, c', m, d)
+            mean = h.mean(dim=2)
+            spread = (h - mean[:, :, None]).square().sum(dim=3).mean(dim=2)
+            err = (outs[:, None] - mean).square().sum(dim=2)
+            r = torch.where(spread >= floor[:, None], err / spread.clamp_min(1e-300), torch.zeros((), dtype=err.dtype))
+            r = torch.where(finite[:, None], r, torch.full((), float("inf"), dtype=r.dtype))
+            top, arg = r.max(dim=1)
+            better = top > best
+            best = torch.where(better, top, best)
+            which = torch.where(better, arg + lo, which)
+        return best, which
+
+    def score(self, xb: Tensor, names: list[str], families: list[str]) -> Tensor:
+        """Score a batch (at most :meth:`left` candidates are evaluated; the rest score -1)."""
+        k = min(xb.shape[0], self.left())
+        scores = torch.full((xb.shape[0],), -1.0, dtype=torch.float64)
+        if k <= 0:
+            return scores
+        per = max(1, BATCH_ELEMENTS // max(1, self.n * self.d * (SUBSETS_MAX if self.all_sets is not None else 3)))
+        for lo in range(0, k, per):
+            chunk = xb[lo: min(k, lo + per)]
+            r, _ = self.ratios(chunk, self.outputs(chunk))
+            scores[lo: lo + chunk.shape[0]] = r
+            self.used += chunk.shape[0]
+        for i in range(k):
+            v = float(scores[i])
+            fam = families[i]
+            self.per_family[fam] = max(self.per_family.get(fam, 0.0), v)
+            if v > self.best * (1 + 1e-12) + 1e-300:
+                self.best, self.best_x, self.best_name = v, xb[i].clone(), names[i]
+        return scores
+
+
+def _local_search(search: _Search, start: Tensor, start_score: float, evaluations: int, gen: torch.Generator,
+                  label: str) -> None:
+    """A (1 + λ) evolution strategy from ``start`` for about ``evaluations`` rule evaluations."""
+    n, m, d = search.n, search.m, search.d
+    x, cur = start.clone(), start_score
+    sigma = 0.5
+    stop = search.used + evaluations
+    kinds = 5 if m < n else 3
+    while search.used < stop and search.left() > 0:
+        p = min(PROPOSALS, stop - search.used, search.left())
+        h = x[:m]
+        scale = float((h - h.mean(dim=0)).square().sum(dim=1).mean().sqrt())
+        if not scale > 0.0:
+            scale = max(1.0, float(x.abs().max()))
+        props = x.expand(p, n, d).clone()
+        kind = torch.randint(0, kinds, (p,), generator=gen)
+        noise = torch.randn(p, n, d, generator=gen, dtype=torch.float64) * (sigma * scale)
+        mask = torch.ones(p, n, 1, dtype=torch.float64)
+        one = torch.randint(0, n, (p,), generator=gen)
+        for j in range(p):
+            kj = int(kind[j])
+            if kj == 1:  # one row
+                mask[j] = 0.0
+                mask[j, int(one[j])] = 1.0
+            elif kj == 2:  # the honest rows
+                mask[j, m:] = 0.0
+            elif kj == 3:  # the Byzantine rows
+                mask[j, :m] = 0.0
+        props = props + noise * mask
+        for j in range(p):
+            if int(kind[j]) == 4:  # the colluding Byzantine point jumps
+                direction = torch.randn(d, generator=gen, dtype=torch.float64)
+                direction /= direction.norm().clamp_min(1e-300)
+                reach = 10.0 ** float(torch.empty(1, dtype=torch.float64).uniform_(-1.0, 2.0, generator=gen))
+                props[j, m:] = h.mean(dim=0) + reach * scale * direction
+        scores = search.score(props, [f"local search from {label}"] * p, ["search"] * p)
+        top = int(scores.argmax())
+        if float(scores[top]) > cur * (1 + 1e-9):
+            x, cur = props[top].clone(), float(scores[top])
+            sigma = min(4.0, sigma * 1.5)
+        else:
+            sigma *= 0.7
+            if sigma < 1e-4:
+                sigma = 0.5
+
+
+def _random_start(n: int, m: int, d: int, gen: torch.Generator) -> Tensor:
+    h = torch.randn(m, d, generator=gen, dtype=torch.float64) * torch.rand(m, 1, generator=gen, dtype=torch.float64)
+    k = int(torch.randint(0, m + 1, (1,), generator=gen))
+    h[:k] += torch.randn(d, generator=gen, dtype=torch.float64)
+    byz = h.mean(dim=0) + torch.randn(d, generator=gen, dtype=torch.float64) * 3.0
+    return torch.cat([h, byz.expand(n - m, d)])
+
+
+def _finish(search: _Search, rule: Aggregator, n: int, f: int, d: int, seed: int, spec: str,
+            by_distance: dict[float, float]) -> KappaEstimate:
+    x = search.best_x
+    out = search.call(x).double()
+    m = n - f
+    candidates = search.all_sets if search.all_sets is not None else search.sets(x[None], out[None])[0]
+    scored = [(robustness_ratio(out, x, tuple(s.tolist())), tuple(int(i) for i in s.tolist())) for s in candidates]
+    value, honest = max(scored, key=lambda t: t[0]) if scored else (0.0, tuple(range(m)))
+    exact = False
+    if math.isfinite(value) and n * d <= EXACT_MAX:
+        q = exact_ratio(out, x, honest)
+        if q is not None:
+            value, exact = _round_down(q), True
+    upper = proven_upper_bound(rule, n)
+    slack = rounding_slack(out, x, honest, value) if math.isfinite(value) else float("inf")
+    far = [by_distance[t] for t in FAR if t in by_distance]
+    unbounded = not math.isfinite(value) or (
+        len(far) >= 3 and far[-1] >= FAR[-1] and far[-1] >= (FAR[-1] / FAR[-3]) * far[-3] > 0.0)
+    above = upper is not None and value > upper + slack
+    return KappaEstimate(
+        rule=spec, n=n, f=f, d=d, value=value, worst_input=search.best_name, input=x.clone(), honest=honest,
+        lower_bound=universal_lower_bound(n, f), upper_bound=upper, unbounded=unbounded, above_upper=above,
+        slack=slack, exact=exact, evaluations=search.used, seed=seed, per_family=dict(search.per_family),
+        by_distance=by_distance,
+    )
+
+
+def kappa(rule: Aggregator, n: int, d: int = 8, budget: int = 2000, seed: int = 0,
+          on_progress: Callable[[int, int], None] | None = None) -> KappaEstimate:
+    """Search for the input that maximises ‖F(x) − x̄_S‖² / ((1/|S|) Σ_{i∈S} ‖xᵢ − x̄_S‖²) for ``rule`` (configured for
+    its f) on ``n`` rows of dimension ``d``, with ``budget`` rule evaluations; return the certified lower bound on
+    κ beside f/(n − 2f) and the proven upper bound.
+
+    Parameters
+    ----------
+    rule: an aggregator (``phalanx.aggregators.make(spec, f)``); its ``f`` is the f of the (f, κ)-robustness.
+    n: number of rows; must satisfy the rule's requirement and n > 2f.
+    d: dimension of the inputs.
+    budget: rule evaluations (the structured inputs first, the local search with the rest).
+    seed: seed of the random inputs and moves (the result is deterministic given it).
+    on_progress: called with (evaluations used, budget) after each phase.
+
+    Bad settings are one-line :class:`ConfigError` s before anything is allocated (:func:`check_setting`, the rule's
+    smallest n, :func:`~phalanx.analysis.epsilon.check_memory`).
+    """
+    f = getattr(rule, "f", 0)
+    check_setting(n, f, d, budget, seed)
+    if n < rule.min_workers():
+        raise ConfigError("n", n, f"n >= {rule.min_workers()} for {getattr(rule, 'spec', rule.name)} "
+                          f"({rule.requirement})")
+    check_memory(rule, n, d)
+    spec = getattr(rule, "spec", rule.name)
+    gen = torch.Generator().manual_seed(seed)
+    search = _Search(rule, n, f, d, budget, seed)
+    m = n - f
+    by_distance: dict[float, float] = {}
+    built = list(_constructions(n, m, d, gen, search.columnwise))
+    tops: dict[str, tuple[float, Tensor]] = {}
+    per = max(1, min(256, BATCH_ELEMENTS // (n * d)))
+    for lo in range(0, len(built), per):
+        if search.left() <= 0:
+            break
+        chunk = built[lo: lo + per]
+        scores = search.score(torch.stack([c[2] for c in chunk]), [c[0] for c in chunk], [c[1] for c in chunk])
+        for (_, fam, x, t), s in zip(chunk, scores.tolist()):
+            if t is not None:
+                by_distance[t] = max(by_distance.get(t, 0.0), s)
+            if s > tops.get(fam, (-1.0, x))[0]:
+                tops[fam] = (s, x)
+    if on_progress is not None:
+        on_progress(search.used, budget)
+    starts = [(f"the best {fam} input", s, x) for fam, (s, x) in sorted(tops.items(), key=lambda kv: -kv[1][0])][:3]
+    for r in range(max(1, 4 - len(starts))):
+        x = _random_start(n, m, d, gen)
+        s = float(search.score(x[None], [f"random start #{r}"], ["random"])[0])
+        starts.append((f"random start #{r}", s, x))
+    share = search.left() // max(1, len(starts))
+    for label, s, x in starts:
+        if share <= 0:
+            break
+        _local_search(search, x, s, share, gen, label)
+    if on_progress is not None:
+        on_progress(search.used, budget)
+    return _finish(search, rule, n, f, d, seed, spec, by_distance)
