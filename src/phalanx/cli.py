@@ -159,6 +159,9 @@ def list_aggregators(
     for name in robust_gossip.names():  # a node's rule over its graph neighbourhood
         rows.append(([name, "gossip", "gossip only; 2f+1 ≤ deg+1", "", ""], robust_gossip.get_class(name).reference))
     _print_with_references(table, _references(table, rows))
+    console.print(f"ε, κ: the values the literature proves (— where none). `phalanx epsilon SPEC -n {workers} --f {f}` "
+                  f"measures ε; `phalanx kappa SPEC -n {workers} -f {f}` a certified lower bound on κ.",
+                  soft_wrap=True, highlight=False, markup=False)
 
 
 @app.command()
@@ -234,6 +237,39 @@ def epsilon_cmd(
         f"{spec}: measured ε ≥ {est.value:.4f} (worst input: {est.worst_input}); theory {_fmt(est.theory, 4)}; "
         f"lower bound f/(n−f) = {est.lower_bound:.4f}"
     )
+
+
+@app.command("kappa")
+def kappa_cmd(
+    spec: Annotated[str, typer.Argument(help="Aggregator spec, e.g. cwtm or nnm>krum.")],
+    workers: Annotated[int, typer.Option("--workers", "-n", help="Number of workers n.")] = 10,
+    f: Annotated[int, typer.Option("--f", "-f", help="Byzantine workers f (0 <= f < n/2).")] = 2,
+    dim: Annotated[int, typer.Option("--dim", "-d", help="Dimension d of the inputs.")] = 10,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    budget: Annotated[int, typer.Option("--budget", help="Rule evaluations the search may spend.")] = 2000,
+) -> None:
+    """Measure a certified lower bound on a rule's (f, κ)-robustness coefficient (Allouah et al., AISTATS 2023):
+    the worst input a search finds, beside the proven upper bound and the bound f/(n−2f) of every rule."""
+    from phalanx.analysis import kappa
+    from phalanx.analysis.kappa import check_setting
+
+    check_setting(workers, f, dim, budget, seed)  # before the rule is built: an unknown rule comes after
+    est = kappa(aggregators.make(spec, f=f), workers, d=dim, budget=budget, seed=seed)
+    upper = "unknown" if est.upper_bound is None else f"{est.upper_bound:.4g}"
+    measured = (f"unbounded (the ratio reaches {est.value:.3g} and grows with the Byzantine rows' distance)"
+                if est.unbounded else f"≥ {est.value:.3g} (float64 rounding: no larger error found)" if est.rounding
+                else f"≥ {est.value:.4f} (certified)")
+    console.print(
+        f"{spec} (n={workers}, f={f}, d={dim}): measured κ {measured}; proven κ ≤ {upper}; every rule has "
+        f"κ ≥ f/(n−2f) = {est.lower_bound:.4f}", soft_wrap=True, highlight=False)
+    console.print(
+        f"worst input: {est.worst_input}; set S = rows {list(est.honest)}; "
+        f"{'exact' if est.exact else 'float64'}, {est.evaluations} evaluations, seed {seed}",
+        soft_wrap=True, highlight=False, markup=False)
+    if est.above_upper:
+        console.print(f"[red]BUG:[/red] the measured κ exceeds the proven bound {upper} by more than the float64 "
+                      f"rounding {est.slack:.3g}", soft_wrap=True, highlight=False)
+        raise typer.Exit(1)
 
 
 def _load_grid(config: Path | None, overrides: list[str]) -> dict[str, object]:
@@ -734,31 +770,41 @@ def tension_theory(
     rules: Annotated[str, typer.Option("--rules", help="Comma-separated aggregator specs.")] = ",".join(
         ("cwtm", "cwmed", "geomed", "krum", "multikrum", "meamed", "nnm>cwtm")
     ),
-    measure: Annotated[bool, typer.Option("--measure", help="Also measure ε (worst cases + random search).")] = False,
+    measure: Annotated[bool, typer.Option("--measure", help="Also measure ε (worst cases + random search) and a "
+                                          "certified lower bound on κ (phalanx kappa).")] = False,
     trials: Annotated[int, typer.Option("--trials", min=0, help="Random inputs per (rule, f) when measuring.")] = 100,
+    kappa_budget: Annotated[int, typer.Option("--kappa-budget", min=1, help="Rule evaluations per (rule, f) of the "
+                                              "κ search when measuring.")] = 300,
+    dim: Annotated[int, typer.Option("--dim", "-d", min=1, help="Dimension of the measured inputs.")] = 8,
     fmt: Annotated[str, typer.Option("--format", help="table, markdown or csv.")] = "table",
 ) -> None:
-    """For f = 0 … ⌊(n−1)/2⌋: each rule's ε and κ beside the lower bound ε ≥ f/(n−f) (and measured ε)."""
+    """For f = 0 … ⌊(n−1)/2⌋: each rule's ε and κ beside the lower bounds ε ≥ f/(n−f) and κ ≥ f/(n−2f) (and with
+    --measure the measured ε and the certified lower bound on κ)."""
     from phalanx.analysis import tension
 
     if fmt not in ("table", "markdown", "csv"):
         raise typer.BadParameter(f"--format={fmt!r}: allowed table, markdown or csv")
     specs = [r.strip() for r in rules.split(",") if r.strip()]
-    rows = tension.theory_table(workers, specs, measure=measure, trials=trials)
+    rows = tension.theory_table(workers, specs, measure=measure, trials=trials, kappa_budget=kappa_budget, d=dim)
     if fmt == "markdown":
-        console.print(tension.to_markdown(rows, workers), markup=False, highlight=False)
+        console.print(tension.to_markdown(rows, workers), markup=False, highlight=False, soft_wrap=True)
         return
     if fmt == "csv":
         typer.echo(tension.to_csv(rows), nl=False)
         return
     table = Table(title=f"Price of robustness at n = {workers}: no-attack error ε vs the bound f/(n−f)")
-    cols = ["rule", "f", "bound f/(n−f)", "ε theory", "κ theory"] + (["ε measured", "worst input"] if measure else [])
+    cols = ["rule", "f", "bound f/(n−f)", "ε theory"]
+    cols += (["ε measured", "worst input", "κ bound f/(n−2f)", "κ proven", "κ measured"] if measure else
+             ["κ theory"])
     for c in cols:
         table.add_column(c, justify="left" if c in ("rule", "worst input") else "right")
     for r in rows:
-        cells = [r.rule, str(r.f), _fmt(r.lower_bound, 4), _fmt(r.epsilon, 4), _fmt(r.kappa, 4)]
+        cells = [r.rule, str(r.f), _fmt(r.lower_bound, 4), _fmt(r.epsilon, 4)]
         if measure:
-            cells += [_fmt(r.measured, 4), r.worst_input or (r.note or "")]
+            cells += [_fmt(r.measured, 4), r.worst_input or (r.note or ""), _fmt(r.kappa_bound, 4),
+                      _fmt(r.kappa, 4), tension.kappa_cell(r)]
+        else:
+            cells.append(_fmt(r.kappa, 4))
         table.add_row(*cells)
     console.print(table)
 

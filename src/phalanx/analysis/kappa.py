@@ -205,6 +205,9 @@ class KappaEstimate:
     """The float64 rounding allowed at the input (:func:`rounding_slack`)."""
     exact: bool
     """The value was recomputed in rational arithmetic (else in float64)."""
+    rounding: bool
+    """The value is at most :attr:`slack`: the rule's own float64 rounding, not an error of the rule (the search
+    found no input with more; with f = 0 the mean and the trimmed mean are exact up to rounding)."""
     evaluations: int
     """Rule evaluations spent (a batch of b candidates counts b)."""
     seed: int
@@ -215,10 +218,12 @@ class KappaEstimate:
 
     @property
     def verdict(self) -> str:
-        """``unbounded``, ``BUG: above the proven bound``, or ``certified``."""
+        """``unbounded``, ``BUG: above the proven bound``, ``rounding`` or ``certified``."""
         if self.above_upper:
             return "BUG: above the proven bound"
-        return "unbounded" if self.unbounded else "certified"
+        if self.unbounded:
+            return "unbounded"
+        return "rounding" if self.rounding else "certified"
 
 
 def _line(n: int, m: int, d: int, u: Tensor) -> Iterator[tuple[str, str, Tensor, float | None]]:
@@ -425,8 +430,8 @@ def _finish(search: _Search, rule: Aggregator, n: int, f: int, d: int, seed: int
     return KappaEstimate(
         rule=spec, n=n, f=f, d=d, value=value, worst_input=search.best_name, input=x.clone(), honest=honest,
         lower_bound=universal_lower_bound(n, f), upper_bound=upper, unbounded=unbounded, above_upper=above,
-        slack=slack, exact=exact, evaluations=search.used, seed=seed, per_family=dict(search.per_family),
-        by_distance=by_distance,
+        slack=slack, exact=exact, rounding=value <= slack, evaluations=search.used, seed=seed,
+        per_family=dict(search.per_family), by_distance=by_distance,
     )
 
 
@@ -479,11 +484,10 @@ def kappa(rule: Aggregator, n: int, d: int = 8, budget: int = 2000, seed: int = 
         x = _random_start(n, m, d, gen)
         s = float(search.score(x[None], [f"random start #{r}"], ["random"])[0])
         starts.append((f"random start #{r}", s, x))
-    share = search.left() // max(1, len(starts))
-    for label, s, x in starts:
-        if share <= 0:
-            break
-        _local_search(search, x, s, share, gen, label)
+    for i, (label, s, x) in enumerate(starts):
+        share = search.left() // (len(starts) - i)
+        if share > 0:
+            _local_search(search, x, s, share, gen, label)
     if on_progress is not None:
         on_progress(search.used, budget)
     return _finish(search, rule, n, f, d, seed, spec, by_distance)
