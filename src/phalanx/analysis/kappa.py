@@ -479,15 +479,19 @@ def kappa(rule: Aggregator, n: int, d: int = 8, budget: int = 2000, seed: int = 
                 tops[fam] = (s, x)
     if on_progress is not None:
         on_progress(search.used, budget)
+    used_before = search.used
     starts = [(f"the best {fam} input", s, x) for fam, (s, x) in sorted(tops.items(), key=lambda kv: -kv[1][0])][:3]
     for r in range(max(1, 4 - len(starts))):
         x = _random_start(n, m, d, gen)
         s = float(search.score(x[None], [f"random start #{r}"], ["random"])[0])
         starts.append((f"random start #{r}", s, x))
+    explore = (search.left() * 3) // 5  # each start its share; the rest refines the best input found
     for i, (label, s, x) in enumerate(starts):
-        share = search.left() // (len(starts) - i)
+        share = (explore - (search.used - used_before)) // (len(starts) - i)
         if share > 0:
             _local_search(search, x, s, share, gen, label)
+    if search.left() > 0 and search.best >= 0.0:
+        _local_search(search, search.best_x, search.best, search.left(), gen, "the best input so far")
     if on_progress is not None:
         on_progress(search.used, budget)
     return _finish(search, rule, n, f, d, seed, spec, by_distance)
