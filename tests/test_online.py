@@ -227,6 +227,27 @@ def test_the_plain_learner_loses_far_more_after_a_handful_of_worst_timed_corrupt
         assert many.robust / few.robust < MARGIN * many.scale / few.scale
 
 
+def test_the_regret_plot_is_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--plot PATH``: a PNG of the regret against T (its folder created), and the fitted C that its dashed bound
+    uses bounds every robust cell of the grid drawn."""
+    path = tmp_path / "img" / "regret.png"
+    assert check.main(["--problems", "convex", "--attacks", "push", "--horizons", "40", "80", "--budgets", "0", "2",
+                       "--norms", "1", "--plot", str(path)]) == 0
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(path)
+    assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 400 and float(pixels.std()) > 0.01  # drawn
+    out = capsys.readouterr().out
+    assert f"plot: {path}" in out
+    pts = check.grid(["convex"], ["push"], [40, 80], [0, 2], [1.0])
+    c = check.fitted_constant(pts)
+    assert f"fitted C = {c:.3g}" in out
+    assert all(p.robust <= c * check.rate(p.T, p.k, p.norm_u) * (1 + 1e-12) for p in pts)
+    with pytest.raises(ConfigError, match="points"):
+        check.plot([], tmp_path / "none.png")
+
+
 def test_with_no_attack_the_defence_costs_at_most_its_k_term() -> None:
     """The price of the defence: unattacked, the robust learner's regret exceeds the plain one's by at most the k
     term of the reference (‖u‖·G·(1 + 2k)·Λ), times the fitted constant's margin."""

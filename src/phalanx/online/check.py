@@ -21,7 +21,8 @@ at most k rounds with :math:`\|g_t - \tilde g_t\| \ge G` and :math:`\sum_t\min(\
 
 ``python -m phalanx.online.check`` prints the table of docs/online.md: the robust learner's regret and the plain
 (undefended) parameter-free learner's, divided by the bare rate :math:`\|u\|G(\sqrt T + k)` ("R/rate") and by
-the rate with its logarithms (:func:`reference`, "R/ref").
+the rate with its logarithms (:func:`reference`, "R/ref"). With ``--plot PATH`` it also draws the regret against T
+(:func:`plot`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import argparse
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -39,7 +41,8 @@ from phalanx.online.base import DTYPE, OnlineLearner
 from phalanx.online.reduction import parameter_free
 from phalanx.online.robust import robust
 
-__all__ = ["ATTACKS", "PROBLEMS", "Point", "grid", "main", "rate", "reference", "regret", "table"]
+__all__ = ["ATTACKS", "PROBLEMS", "Point", "fitted_constant", "grid", "main", "plot", "rate", "reference", "regret",
+           "table"]
 
 DIM = 5
 FLIP = 100.0
@@ -206,8 +209,69 @@ def table(points: list[Point]) -> str:
     return "\n".join(lines)
 
 
+def fitted_constant(points: Iterable[Point]) -> float:
+    """The smallest C with R_T(u) ≤ C·‖u‖G(√T + k) for the robust learner on every cell (G = 1): the largest
+    robust R/rate; 0 for no cell."""
+    return max((p.robust_rate_ratio for p in points), default=0.0)
+
+
+def plot(points: list[Point], path: str | Path) -> Path:
+    """Draw the regret against T, on log axes, into the PNG ``path``: one panel per (problem, attack, ‖u‖), one
+    colour per k; the robust learner solid, the undefended base learner dotted, and the fitted bound
+    C·‖u‖G(√T + k) dashed (C: :func:`fitted_constant` over all the cells drawn, so the dashed lines bound every
+    robust point). A regret ≤ 0 has no place on a log axis and is left out (the learners can beat u on a short run).
+    Returns the path written (its folder is created)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not points:
+        raise ConfigError("points", points, "at least one cell of the grid")
+    out = Path(path)
+    panels = sorted({(p.problem, p.attack, p.norm_u) for p in points}, key=lambda k: (k[0], k[2], k[1]))
+    budgets = sorted({p.k for p in points})
+    c = fitted_constant(points)
+    cols = min(4, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(6.0, 4.2 * cols), 3.6 * rows), squeeze=False)
+    colours = plt.get_cmap("viridis")(torch.linspace(0.0, 0.9, len(budgets)).tolist())
+    for ax, (problem, attack, nu) in zip(axes.flat, panels):
+        for colour, k in zip(colours, budgets):
+            cell = sorted((p for p in points if (p.problem, p.attack, p.norm_u, p.k) == (problem, attack, nu, k)),
+                          key=lambda p: p.T)
+            if not cell:
+                continue
+            ts = [p.T for p in cell]
+            rob = [p.robust if p.robust > 0 else float("nan") for p in cell]
+            pla = [p.plain if p.plain > 0 else float("nan") for p in cell]
+            ax.plot(ts, rob, "o-", color=colour, label=f"k = {k} robust")
+            ax.plot(ts, pla, "s:", color=colour, alpha=0.8, label=f"k = {k} undefended")
+            fine = torch.logspace(math.log10(ts[0]), math.log10(ts[-1]), 50, dtype=DTYPE).tolist()
+            ax.plot(fine, [c * rate(int(t), k, nu) for t in fine], "--", color=colour, linewidth=1,
+                    label=f"k = {k} bound")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(f"{problem}, {attack}, ‖u‖ = {nu:g}", fontsize=10)
+        ax.set_xlabel("T (rounds)")
+        ax.set_ylabel("regret R_T(u)")
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.suptitle(f"Robust online learner (solid) vs the undefended base learner (dotted)\ndashed: the fitted bound "
+                 f"{c:.3g}·‖u‖G(√T + k), G = 1, d = {DIM}", fontsize=10)
+    fig.tight_layout()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(budgets), fontsize=8,
+               frameon=False)  # one column per k: robust, undefended, bound
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m phalanx.online.check``: print the regret grid (Markdown)."""
+    """``python -m phalanx.online.check``: print the regret grid (Markdown); ``--plot PATH`` also draws it."""
     ap = argparse.ArgumentParser(prog="python -m phalanx.online.check", description=__doc__.splitlines()[0])
     ap.add_argument("--problems", nargs="+", default=list(PROBLEMS), choices=list(PROBLEMS))
     ap.add_argument("--attacks", nargs="+", default=["none", "flip", "bias", "push"], choices=list(ATTACKS))
@@ -215,9 +279,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budgets", nargs="+", type=int, default=[0, 2, 8, 32])
     ap.add_argument("--norms", nargs="+", type=float, default=[1.0, 10.0])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plot", metavar="PATH", default=None,
+                    help="also draw the regret against T (log axes, one line per k, robust vs undefended, the fitted "
+                    "bound dashed) into this PNG")
     a = ap.parse_args(argv)
     pts = grid(a.problems, a.attacks, a.horizons, a.budgets, a.norms, a.seed)
     print(table(pts))
+    if a.plot:
+        print(f"\nplot: {plot(pts, a.plot)} (fitted C = {fitted_constant(pts):.3g})")
     rob = [p.robust_ratio for p in pts]
     pl = [p.plain_ratio for p in pts]
     print(f"\nmax R/ref: robust {_fmt(max(rob))}, plain {_fmt(max(pl))} over {len(pts)} cells (G = 1, d = {DIM})")
