@@ -57,10 +57,11 @@ def theory_table(
             try:
                 rule = aggregators.make(spec, f=f)
             except PhalanxError as exc:
-                rows.append(TheoryRow(spec, f, lb, None, None, note=str(exc)))
+                rows.append(TheoryRow(spec, f, lb, None, None, note=str(exc), kappa_bound=universal_lower_bound(n, f)))
                 continue
             if n < rule.min_workers():
-                rows.append(TheoryRow(spec, f, lb, None, None, note=f"needs {rule.requirement}"))
+                rows.append(TheoryRow(spec, f, lb, None, None, note=f"needs {rule.requirement}",
+                                      kappa_bound=universal_lower_bound(n, f)))
                 continue
             row = TheoryRow(spec, f, lb, rule.epsilon(n), proven_upper_bound(rule, n),
                             kappa_bound=universal_lower_bound(n, f))

@@ -216,26 +216,28 @@ def fitted_constant(points: Iterable[Point]) -> float:
 
 
 def plot(points: list[Point], path: str | Path) -> Path:
-    """Draw the regret against T, on log axes, into the PNG ``path``: one panel per (problem, attack, ‖u‖), one
-    colour per k; the robust learner solid, the undefended base learner dotted, and the fitted bound
-    C·‖u‖G(√T + k) dashed (C: :func:`fitted_constant` over all the cells drawn, so the dashed lines bound every
-    robust point). A regret ≤ 0 has no place on a log axis and is left out (the learners can beat u on a short run).
-    Returns the path written (its folder is created)."""
+    """Draw the regret against T, on log axes, into the PNG ``path``: one panel per (problem, attack, ‖u‖) — a row
+    per (problem, ‖u‖), a column per attack — and one colour per k; the robust learner solid, the undefended base
+    learner dotted, and the fitted bound C·‖u‖G(√T + k) dashed (C: :func:`fitted_constant` over all the cells
+    drawn, so the dashed lines bound every robust point). A regret ≤ 0 has no place on a log axis and is left out
+    (the learners can beat u on a short run). Returns the path written (its folder is created)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     if not points:
         raise ConfigError("points", points, "at least one cell of the grid")
     out = Path(path)
-    panels = sorted({(p.problem, p.attack, p.norm_u) for p in points}, key=lambda k: (k[0], k[2], k[1]))
+    attacks = list(dict.fromkeys(p.attack for p in points))  # columns, in the grid's order
+    lines = sorted({(p.problem, p.norm_u) for p in points})  # rows
     budgets = sorted({p.k for p in points})
     c = fitted_constant(points)
-    cols = min(4, len(panels))
-    rows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(max(6.0, 4.2 * cols), 3.6 * rows), squeeze=False)
+    fig, axes = plt.subplots(len(lines), len(attacks), figsize=(max(6.0, 4.6 * len(attacks)), 3.6 * len(lines)),
+                             squeeze=False)
     colours = plt.get_cmap("viridis")(torch.linspace(0.0, 0.9, len(budgets)).tolist())
+    panels = [(problem, attack, nu) for problem, nu in lines for attack in attacks]
     for ax, (problem, attack, nu) in zip(axes.flat, panels):
         for colour, k in zip(colours, budgets):
             cell = sorted((p for p in points if (p.problem, p.attack, p.norm_u, p.k) == (problem, attack, nu, k)),
@@ -252,12 +254,13 @@ def plot(points: list[Point], path: str | Path) -> Path:
                     label=f"k = {k} bound")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        horizons = sorted({p.T for p in points})
+        ax.set_xticks(horizons, [str(t) for t in horizons])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_title(f"{problem}, {attack}, ‖u‖ = {nu:g}", fontsize=10)
         ax.set_xlabel("T (rounds)")
         ax.set_ylabel("regret R_T(u)")
         ax.grid(True, which="both", alpha=0.3)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.set_visible(False)
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.suptitle(f"Robust online learner (solid) vs the undefended base learner (dotted)\ndashed: the fitted bound "
                  f"{c:.3g}·‖u‖G(√T + k), G = 1, d = {DIM}", fontsize=10)
