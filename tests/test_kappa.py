@@ -197,3 +197,13 @@ def test_theory_table_measures_kappa() -> None:
     md = tension.to_markdown(rows, 7)
     assert "| κ (theory) | κ (measured) |" in md and "| cwtm | 2 | 0.4 | 0.4 | 0.4 | 0.6667 | 6.667 | ≥ 0.6667 |" in md
     assert math.isfinite(by[("cwtm", 3)].kappa_measured or math.inf)
+
+
+def test_the_budget_bounds_the_work_for_a_large_n() -> None:
+    # 1 + the splits of 181 honest rows × 21 distances would be thousands of inputs: only the budget's are made
+    est = kappa(aggregators.make("cwtm", f=20), 201, d=2, budget=40)
+    assert est.evaluations == 40 and len(est.honest) == 181 and list(est.honest) == sorted(est.honest)
+    assert not est.exact or est.n * est.d <= kappa_module.EXACT_MAX
+    splits = kappa_module.line_splits(201, 181)
+    assert splits[0] == 0 and {1, 180, 181, 20, 161, 90} <= set(splits) and len(splits) <= kappa_module.LINE_SPLITS
+    assert kappa_module.line_splits(10, 8) == list(range(9))

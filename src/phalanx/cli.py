@@ -239,6 +239,20 @@ def epsilon_cmd(
     )
 
 
+def _ranges(rows: tuple[int, ...]) -> str:
+    """Increasing row indices as ranges: ``0–7, 9``."""
+    parts: list[str] = []
+    start = prev = None
+    for i in [*rows, None]:
+        if i is not None and prev is not None and i == prev + 1:
+            prev = i
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}–{prev}")
+        start = prev = i
+    return ", ".join(parts)
+
+
 @app.command("kappa")
 def kappa_cmd(
     spec: Annotated[str, typer.Argument(help="Aggregator spec, e.g. cwtm or nnm>krum.")],
@@ -263,7 +277,7 @@ def kappa_cmd(
         f"{spec} (n={workers}, f={f}, d={dim}): measured κ {measured}; proven κ ≤ {upper}; every rule has "
         f"κ ≥ f/(n−2f) = {est.lower_bound:.4f}", soft_wrap=True, highlight=False)
     console.print(
-        f"worst input: {est.worst_input}; set S = rows {list(est.honest)}; "
+        f"worst input: {est.worst_input}; set S = rows {_ranges(est.honest)}; "
         f"{'exact' if est.exact else 'float64'}, {est.evaluations} evaluations, seed {seed}",
         soft_wrap=True, highlight=False, markup=False)
     if est.above_upper:

@@ -192,7 +192,7 @@ class KappaEstimate:
     input: Tensor
     """The ``(n, d)`` float64 input attaining :attr:`value`."""
     honest: tuple[int, ...]
-    """The set S (row indices) of the ratio."""
+    """The set S of the ratio (its row indices, increasing)."""
     lower_bound: float
     """f/(n − 2f): no (f, κ)-robust rule has a smaller κ."""
     upper_bound: float | None
@@ -226,9 +226,24 @@ class KappaEstimate:
         return "rounding" if self.rounding else "certified"
 
 
+LINE_SPLITS = 33
+"""At most this many splits k of the honest rows on the line (all of them when n − f + 1 ≤ this)."""
+
+
+def line_splits(n: int, m: int) -> list[int]:
+    """The splits k (honest rows at u) the line tries: every k = 0 … m for small m, else 0, 1, m − 1, m, f, m − f,
+    m/2 and an even spread (k = 0 first: with it, f rows at t·u and n − f at 0 give the universal bound)."""
+    if m + 1 <= LINE_SPLITS:
+        return list(range(m + 1))
+    f = n - m
+    picks = {0, 1, m - 1, m, min(f, m), max(0, m - f), m // 2}
+    picks |= {round(i * m / (LINE_SPLITS - 8)) for i in range(LINE_SPLITS - 7)}
+    return sorted(picks)
+
+
 def _line(n: int, m: int, d: int, u: Tensor) -> Iterator[tuple[str, str, Tensor, float | None]]:
     distances = (*NEAR, *FAR) if m < n else (0.0,)
-    for k in range(m + 1):
+    for k in line_splits(n, m):
         for t in distances:
             x = torch.zeros(n, d, dtype=torch.float64)
             x[:k] = u
@@ -257,8 +272,18 @@ def _constructions(n: int, m: int, d: int, gen: torch.Generator, columnwise: boo
             yield f"mimic #{draw}: Byzantine at mean + {lam:g}·(farthest − mean)", "mimic", x, None
 
 
+def _count_at_most(n: int, m: int, cap: int) -> int:
+    """C(n, m), or ``cap + 1`` as soon as it is known to exceed ``cap`` (no huge integer for a large n)."""
+    c, r = 1, min(m, n - m)
+    for i in range(r):
+        c = c * (n - i) // (i + 1)
+        if c > cap:
+            return cap + 1
+    return c
+
+
 def _subsets(n: int, m: int) -> Tensor | None:
-    if math.comb(n, m) > SUBSETS_MAX:
+    if _count_at_most(n, m, SUBSETS_MAX) > SUBSETS_MAX:
         return None
     return torch.tensor(list(itertools.combinations(range(n), m)), dtype=torch.long)
 
@@ -416,6 +441,7 @@ def _finish(search: _Search, rule: Aggregator, n: int, f: int, d: int, seed: int
     candidates = search.all_sets if search.all_sets is not None else search.sets(x[None], out[None])[0]
     scored = [(robustness_ratio(out, x, tuple(s.tolist())), tuple(int(i) for i in s.tolist())) for s in candidates]
     value, honest = max(scored, key=lambda t: t[0]) if scored else (0.0, tuple(range(m)))
+    honest = tuple(sorted(honest))
     exact = False
     if math.isfinite(value) and n * d <= EXACT_MAX:
         q = exact_ratio(out, x, honest)
@@ -464,13 +490,13 @@ def kappa(rule: Aggregator, n: int, d: int = 8, budget: int = 2000, seed: int = 
     search = _Search(rule, n, f, d, budget, seed)
     m = n - f
     by_distance: dict[float, float] = {}
-    built = list(_constructions(n, m, d, gen, search.columnwise))
+    built = _constructions(n, m, d, gen, search.columnwise)  # lazily: only what the budget reaches is made
     tops: dict[str, tuple[float, Tensor]] = {}
     per = max(1, min(256, BATCH_ELEMENTS // (n * d)))
-    for lo in range(0, len(built), per):
-        if search.left() <= 0:
+    while search.left() > 0:
+        chunk = list(itertools.islice(built, min(per, search.left())))
+        if not chunk:
             break
-        chunk = built[lo: lo + per]
         scores = search.score(torch.stack([c[2] for c in chunk]), [c[0] for c in chunk], [c[1] for c in chunk])
         for (_, fam, x, t), s in zip(chunk, scores.tolist()):
             if t is not None:
