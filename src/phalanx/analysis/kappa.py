@@ -36,8 +36,8 @@ input as rational numbers (:func:`exact_ratio`), rounded down — so it is certi
 A measured value above the proven upper bound (by more than the float64 rounding of the computation,
 :func:`rounding_slack`) is a bug of the rule, its bound or its metadata, and is flagged (``above_upper``). A rule
 whose ratio grows without bound as the Byzantine rows move away — the mean — is reported ``unbounded``
-(:data:`FAR`: the ratio at the farthest distance passes that distance, in units of the honest spread, and grew at
-least linearly over the last two decades).
+(:data:`FAR`: on the line, the ratio at the farthest distance t of the Byzantine point passes t — measured in ‖u‖,
+the separation of the honest rows — and grew at least linearly in t over the last two decades).
 """
 
 from __future__ import annotations
