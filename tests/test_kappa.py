@@ -90,6 +90,14 @@ def test_measured_between_the_universal_and_the_proven_bound(spec: str, n: int, 
     assert est.value >= est.lower_bound - _float_tolerance(est), (spec, n, f, est.value)
 
 
+def test_equal_honest_rows_do_not_make_an_iterative_rule_unbounded() -> None:
+    """Four equal honest rows and three far Byzantine ones: Weiszfeld's geometric median stops within its tolerance of
+    them, a positive error over a zero spread. Scored as the search scores it (below the spread floor: 0), not as an
+    unbounded κ above the proven 64 (``phalanx tension theory -n 7 --measure`` printed geomed f = 3 "inf")."""
+    est = kappa(aggregators.make("geomed", f=3), 7, d=10, budget=30, seed=0)
+    assert not est.unbounded and not est.above_upper and math.isfinite(est.value)
+
+
 def test_known_values() -> None:
     # the trimmed mean meets the universal bound; the median (n = 7, f = 1) pays 0.8 > 1/5 on a line input
     cwtm = kappa(aggregators.make("cwtm", f=2), 7, d=2, budget=200)

@@ -125,18 +125,27 @@ def check_setting(n: Any, f: Any, d: Any, budget: Any, seed: Any = 0) -> None:
         raise ConfigError("seed", seed, "an integer")
 
 
-def robustness_ratio(out: Tensor, x: Tensor, honest: tuple[int, ...] | list[int]) -> float:
+def robustness_ratio(out: Tensor, x: Tensor, honest: tuple[int, ...] | list[int], floor: float = 0.0) -> float:
     """‖out − x̄_S‖² / ((1/|S|) Σ_{i∈S} ‖xᵢ − x̄_S‖²) in float64 for the rows ``honest`` = S (0/0 counts as 0; a
-    non-finite output or a positive error over a zero spread as +inf)."""
+    non-finite output or a positive error over a zero spread as +inf). With ``floor`` (:func:`spread_floor`), a set
+    whose spread is below it counts as 0, as the search scores it: its ratio would measure the rule's rounding or
+    its iterations' tolerance (Weiszfeld's geometric median at 4 equal honest rows), not the rule."""
     h = x.double()[list(honest)]
     mean = h.mean(dim=0)
     spread = float((h - mean).square().sum(dim=1).mean())
     err = float((out.double() - mean).square().sum())
     if err != err or err == float("inf"):
         return float("inf")
+    if floor > 0.0 and spread < floor:
+        return 0.0
     if spread == 0.0:
         return 0.0 if err == 0.0 else float("inf")
     return err / spread
+
+
+def spread_floor(x: Tensor, n: int, d: int) -> float:
+    """The smallest honest spread a ratio is scored at (:data:`RESOLUTION`): (RESOLUTION·(n + d)·eps·max|x|)²."""
+    return float((RESOLUTION * (n + d) * EPS * x.double().abs().max()) ** 2)
 
 
 def exact_ratio(out: Tensor, x: Tensor, honest: tuple[int, ...] | list[int]) -> Fraction | None:
@@ -439,7 +448,9 @@ def _finish(search: _Search, rule: Aggregator, n: int, f: int, d: int, seed: int
     out = search.call(x).double()
     m = n - f
     candidates = search.all_sets if search.all_sets is not None else search.sets(x[None], out[None])[0]
-    scored = [(robustness_ratio(out, x, tuple(s.tolist())), tuple(int(i) for i in s.tolist())) for s in candidates]
+    floor = spread_floor(x, n, d)
+    scored = [(robustness_ratio(out, x, tuple(s.tolist()), floor), tuple(int(i) for i in s.tolist()))
+              for s in candidates]
     value, honest = max(scored, key=lambda t: t[0]) if scored else (0.0, tuple(range(m)))
     honest = tuple(sorted(honest))
     exact = False
