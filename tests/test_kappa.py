@@ -215,3 +215,11 @@ def test_the_budget_bounds_the_work_for_a_large_n() -> None:
     splits = kappa_module.line_splits(201, 181)
     assert splits[0] == 0 and {1, 180, 181, 20, 161, 90} <= set(splits) and len(splits) <= kappa_module.LINE_SPLITS
     assert kappa_module.line_splits(10, 8) == list(range(9))
+
+
+def test_a_rule_that_needs_more_than_the_rows_is_noted_not_a_crash() -> None:
+    """FLTrust needs the server's reference gradient per call: the theory table says so for its rows and measures
+    the others (it stopped the whole `tension theory --measure --rules fltrust,…`)."""
+    rows = tension.theory_table(5, ["fltrust", "cwtm"], measure=True, trials=3, kappa_budget=20, d=2)
+    assert all(r.note == "not measured: needs reference per call" for r in rows if r.rule == "fltrust")
+    assert all(r.kappa_measured is not None for r in rows if r.rule == "cwtm")

@@ -66,10 +66,15 @@ def theory_table(
             row = TheoryRow(spec, f, lb, rule.epsilon(n), proven_upper_bound(rule, n),
                             kappa_bound=universal_lower_bound(n, f))
             if measure:
-                est = epsilon(rule, n, d=d, trials=trials, seed=seed)
-                row.measured, row.worst_input = est.value, est.worst_input
-                k = kappa(rule, n, d=d, budget=kappa_budget, seed=seed)
-                row.kappa_measured, row.kappa_unbounded, row.kappa_rounding = k.value, k.unbounded, k.rounding
+                try:
+                    est = epsilon(rule, n, d=d, trials=trials, seed=seed)
+                    k = kappa(rule, n, d=d, budget=kappa_budget, seed=seed)
+                except PhalanxError as exc:  # a rule that needs more than the rows per call (FLTrust's reference)
+                    what = getattr(exc, "parameter", None)
+                    row.note = f"not measured: needs {what} per call" if what else f"not measured: {exc}"
+                else:
+                    row.measured, row.worst_input = est.value, est.worst_input
+                    row.kappa_measured, row.kappa_unbounded, row.kappa_rounding = k.value, k.unbounded, k.rounding
             rows.append(row)
     return rows
 
