@@ -49,9 +49,9 @@ def test_download_key_reaches_the_loader_and_does_not_rename_runs(
     calls: list[bool] = []
     real_load = data.load
 
-    def spy(name: str, root: Any = None, download: bool = False) -> data.Dataset:
+    def spy(name: str, root: Any = None, download: bool = False, params: Any = None) -> data.Dataset:
         calls.append(download)
-        return real_load(name, root=root)
+        return real_load(name, root=root, params=params)
 
     monkeypatch.setattr(data, "load", spy)
     plain, dl = _cfg(rounds=2, eval_every=2), _cfg(rounds=2, eval_every=2, download=True)
