@@ -143,6 +143,11 @@ class Attack(_Configurable):
     """Whether its vectors depend on ``ctx.honest``: only then does ``attack_knowledge = "colluders"`` (the
     Byzantine workers' own honest computations instead of every honest vector) change anything; a run refuses it
     for an attack that reads no honest vector (NaN, ±Inf, zero-centred noise)."""
+    solo: bool = False
+    """Whether one Byzantine worker can run it on its own honest vector alone and still send what the attack is: it
+    reads no honest vector, or only their mean ḡ (the mean of one row is that row: sign flip, IPM, noise around ḡ).
+    False for an attack that needs the honest spread or several rows (ALIE, min-max, Fang, mimic) or the server's
+    rule: a lone Flower client cannot run it (:mod:`phalanx.flower.byzantine`; colluders can)."""
 
     @abstractmethod
     def _run(self, ctx: AttackContext) -> Tensor:

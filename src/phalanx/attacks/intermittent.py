@@ -59,6 +59,7 @@ class Intermittent(Attack):
         self.base = base
         self.attack, self.base_params = attack, dict(params or {})
         self.reads_honest = True  # its inactive rounds replay honest rows
+        self.solo = base.solo  # its inactive rounds replay the worker's own row: no other is needed
 
     def params(self) -> dict[str, Any]:
         return {"attack": self.attack, "params": dict(self.base_params), "every": self.every, "start": self.start,

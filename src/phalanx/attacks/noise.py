@@ -36,6 +36,7 @@ class Gaussian(Attack):
     )
     threat: ClassVar[str] = "none needed (center='zero'); honest mean (center='mean')"
     stochastic: ClassVar[bool] = True
+    solo = True
 
     def __init__(self, sigma: float = 1.0, mu: float = 0.0, center: str = "zero") -> None:
         self.sigma = check_real("sigma", sigma, low=0.0)
@@ -67,6 +68,7 @@ class Infinity(Attack):
     threat: ClassVar[str] = "none needed"
     finite: ClassVar[bool] = False
     reads_honest = False
+    solo = True
 
     def _run(self, ctx: AttackContext) -> Tensor:
         return torch.full((ctx.n_byzantine, ctx.dim), float("inf"), dtype=ctx.honest.dtype, device=ctx.honest.device)
@@ -83,6 +85,7 @@ class NotANumber(Attack):
     threat: ClassVar[str] = "none needed"
     finite: ClassVar[bool] = False
     reads_honest = False
+    solo = True
 
     def _run(self, ctx: AttackContext) -> Tensor:
         return torch.full((ctx.n_byzantine, ctx.dim), float("nan"), dtype=ctx.honest.dtype, device=ctx.honest.device)

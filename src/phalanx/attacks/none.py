@@ -29,6 +29,7 @@ class NoAttack(Attack):
     name: ClassVar[str] = "none"
     reference: ClassVar[str] = "no attack (baseline): Byzantine workers replay honest rows"
     threat: ClassVar[str] = "none (behaves honestly)"
+    solo = True  # one worker replays its own honest vector
 
     def _run(self, ctx: AttackContext) -> Tensor:
         rows = torch.arange(ctx.n_byzantine, device=ctx.honest.device) % ctx.n_honest

@@ -52,8 +52,8 @@ def user_attack(obj: Any, spec: str) -> type[Attack]:
     attack's keyword parameters and its instances map an :class:`AttackContext` (the round's honest vectors
     ``ctx.honest``, ``ctx.n_byzantine``, ``ctx.f``, the server's rule ``ctx.aggregator``, the attack stream
     ``ctx.generator``) to the ``(b, d)`` Byzantine vectors. Optional class attributes: ``reference``, ``threat``,
-    ``needs_aggregator``, ``stochastic`` (it draws from ``ctx.generator``) and ``finite`` (False for one that sends
-    NaN or ±Inf on purpose)."""
+    ``needs_aggregator``, ``stochastic`` (it draws from ``ctx.generator``), ``finite`` (False for one that sends
+    NaN or ±Inf on purpose) and ``solo`` (True when it needs no honest vector but the worker's own)."""
 
     class UserAttack(Attack):
         name: ClassVar[str] = spec
@@ -62,6 +62,7 @@ def user_attack(obj: Any, spec: str) -> type[Attack]:
         needs_aggregator: ClassVar[bool] = bool(getattr(obj, "needs_aggregator", False))
         stochastic: ClassVar[bool] = bool(getattr(obj, "stochastic", False))
         finite: ClassVar[bool] = bool(getattr(obj, "finite", True))
+        solo = bool(getattr(obj, "solo", False))
 
         def __init__(self, **params: Any) -> None:
             check_params(spec, obj, params)

@@ -48,6 +48,7 @@ class SignFlip(Attack):
         "Z. Allen-Zhu, F. Ebrahimian, J. Li, D. Alistarh, 'Byzantine-Resilient Non-Convex Stochastic Gradient "
         "Descent', ICLR 2021 (sign-flipping attack); ByzFL SignFlipping"
     )
+    solo = True  # a function of the honest mean alone
 
     def __init__(self, scale: float = 1.0) -> None:
         self.scale = check_real("scale", scale, low=0.0, low_open=True)
@@ -73,6 +74,7 @@ class InnerProductManipulation(Attack):
 
     name: ClassVar[str] = "ipm"
     reference: ClassVar[str] = _XIE + " (inner product manipulation), small-epsilon preset"
+    solo = True  # a function of the honest mean alone
 
     def __init__(self, epsilon: float = 0.1) -> None:
         self.epsilon = check_real("epsilon", epsilon, low=0.0, low_open=True)
@@ -101,6 +103,7 @@ class FallOfEmpires(Attack):
     reference: ClassVar[str] = (
         _XIE + ", large-epsilon preset (ByzFL 0.0.11 InnerProductManipulation default tau = 2)"
     )
+    solo = True  # a function of the honest mean alone
 
     def __init__(self, epsilon: float = 2.0) -> None:
         self.epsilon = check_real("epsilon", epsilon, low=0.0, low_open=True)
