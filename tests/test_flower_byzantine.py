@@ -392,7 +392,7 @@ def test_the_configured_mod_attacks_only_the_nodes_the_config_says() -> None:
     w, d = global_model(), deltas(40)
     w.pop("steps"), d.pop("steps")
     mod = from_config()
-    run = {"byzantine-attack": "signflip", "byzantine-params.scale": 3.0}
+    run = {"byzantine-attack": "signflip", "byzantine-params": "{\"scale\": 1.0}", "byzantine-params.scale": 3.0}
     honest = sent_update(mod(instruction(w), context({}, run), honest_client(d)), w)
     np.testing.assert_allclose(honest, flat(d), rtol=0, atol=1e-6)
     byz = sent_update(mod(instruction(w), context({"byzantine": True}, run), honest_client(d)), w)
@@ -400,6 +400,8 @@ def test_the_configured_mod_attacks_only_the_nodes_the_config_says() -> None:
     node = {"byzantine": True, "byzantine-params": '{"scale": 5.0}'}  # a node's own config overrides the run's
     own = sent_update(mod(instruction(w), context(node, run), honest_client(d)), w)
     np.testing.assert_allclose(own, -5.0 * flat(d), rtol=0, atol=1e-5)
+    nan = {"byzantine": True, "byzantine-attack": "nan", "byzantine-params": "{}"}  # '{}' drops the run's scale
+    assert np.isnan(sent_update(mod(instruction(w), context(nan, run), honest_client(d)), w)).all()
     with pytest.raises(ConfigError) as info:
         mod(instruction(w), context({"byzantine": "yes"}, run), honest_client(d))
     assert info.value.parameter == "byzantine"

@@ -3,7 +3,8 @@ same nodes (``strategy = "both"``: the plain mean's damage and the robust rule's
 
 Run configuration (``[tool.flwr.app.config]``, ``flwr run . <superlink> --run-config "key=value ..."``):
 ``strategy``, ``aggregator``, ``f``, ``server-lr``, ``num-server-rounds``, ``num-clients`` (the nodes to wait for),
-``num-byzantine`` (for the honest reference, and who attacks in a simulation), ``lr``, ``local-steps``, ``log-path``
+``num-byzantine`` (for the honest reference, and who attacks in a simulation), ``lr``, ``local-steps``,
+``fraction-evaluate`` (0: no evaluation round on the clients; the server still tests every model), ``log-path``
 (the contributions' JSON lines) and ``result-path`` (a JSON list of the outcomes); the ``byzantine-*`` keys are read
 by the Byzantine clients (client_app.py).
 """
@@ -26,14 +27,17 @@ app = ServerApp()
 
 DEFAULTS: dict[str, Any] = {
     "strategy": "phalanx", "aggregator": "cwtm", "f": 3, "server-lr": 1.0, "num-server-rounds": 5,
-    "num-clients": 10, "num-byzantine": 3, "lr": 0.5, "local-steps": 5, "log-path": "", "result-path": "",
+    "num-clients": 10, "num-byzantine": 3, "lr": 0.5, "local-steps": 5, "fraction-evaluate": 1.0, "log-path": "",
+    "result-path": "",
 }
 STRATEGIES = {"phalanx": ["phalanx"], "fedavg": ["fedavg"], "both": ["fedavg", "phalanx"]}
 
 
 def _one(name: str, grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
     clients, rounds = int(cfg["num-clients"]), int(cfg["num-server-rounds"])
-    common = dict(fraction_train=1.0, fraction_evaluate=1.0, min_available_nodes=clients, min_train_nodes=clients)
+    evaluate = float(cfg["fraction-evaluate"])
+    common = dict(fraction_train=1.0, fraction_evaluate=evaluate, min_available_nodes=clients, min_train_nodes=clients,
+                  min_evaluate_nodes=clients if evaluate > 0 else 0)
     if name == "phalanx":
         strategy: FedAvg = PhalanxFedAvg(
             **common, aggregator=str(cfg["aggregator"]), f=int(cfg["f"]), server_lr=float(cfg["server-lr"]),

@@ -405,8 +405,9 @@ CONFIG_KEYS = {
 
 
 def _params(configs: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """The attack's parameters: ``byzantine-params`` as a JSON object in a string, then the ``byzantine-params.a.b =
-    v`` keys (a TOML table, which Flower flattens) as the nested table {a: {b: v}}; later configs over earlier ones."""
+    """The attack's parameters: ``byzantine-params`` as a JSON object in a string (which replaces the table of the
+    configs before it: a node's ``'{}'`` drops the run's parameters), then the ``byzantine-params.a.b = v`` keys (a
+    TOML table, which Flower flattens; each sets one parameter) as the nested table {a: {b: v}}; configs in order."""
     out: dict[str, Any] = {}
     prefix = "byzantine-params."
     for config in configs:
@@ -419,7 +420,7 @@ def _params(configs: list[Mapping[str, Any]]) -> dict[str, Any]:
             if not isinstance(table, dict):
                 raise ConfigError("byzantine-params", text, "a JSON object of the attack's parameters, e.g. "
                                   "'{\"scale\": 10.0}' (or a TOML table: byzantine-params.scale = 10.0)")
-            out.update(table)
+            out = dict(table)
         for key, value in config.items():
             if key.startswith(prefix):
                 *path, last = key[len(prefix):].split(".")
