@@ -7,8 +7,7 @@ chosen by their node config), one SuperNode whose key was never registered, and 
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
+import importlib.util
 import json
 import os
 import re
@@ -27,16 +26,25 @@ from typing import IO, Any
 import pytest
 
 pytest.importorskip("flwr")
-x509 = pytest.importorskip("cryptography.x509")
-from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
-from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: E402
+pytest.importorskip("cryptography")
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "examples" / "flower-app"
 BIN = Path(sys.executable).parent
 BINARIES = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr", "flwr-serverapp", "flwr-clientapp")
 LOOPBACK = "127.0.0.1"
+
+
+def _load_make_keys() -> Any:
+    """examples/flower-app/make_keys.py, the README's step 1: the CA, the SuperLink's certificate, the nodes' keys."""
+    spec = importlib.util.spec_from_file_location("flower_app_make_keys", APP / "make_keys.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_keys = _load_make_keys()
 WAIT = 120.0  # seconds: the longest any single event may take on a loaded 2-core machine before the test fails
 
 
@@ -53,54 +61,6 @@ pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the processes' sockets from /proc"),
     pytest.mark.skipif(bool(_missing_binaries()), reason=f"Flower's binaries are not installed: {_missing_binaries()}"),
 ]
-
-
-# ------------------------------------------------------------------------------------------------ certificates
-
-
-def _name(common: str) -> Any:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
-
-
-def make_tls(directory: Path) -> dict[str, Path]:
-    """A throw-away CA and a server certificate it signed for 127.0.0.1 (P-384, valid for a day)."""
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP384R1())
-    ca = (x509.CertificateBuilder().subject_name(_name("phalanx test CA")).issuer_name(_name("phalanx test CA"))
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP384R1())
-    cert = (x509.CertificateBuilder().subject_name(_name(LOOPBACK)).issuer_name(ca.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(LOOPBACK))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    paths = {"ca": directory / "ca.crt", "cert": directory / "server.pem", "key": directory / "server.key"}
-    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
-    return paths
-
-
-def make_node_key(directory: Path, name: str) -> tuple[Path, Path]:
-    """A SuperNode's key pair as Flower 1.42 reads it: an OpenSSH EC (P-384) private key and its public key."""
-    key = ec.generate_private_key(ec.SECP384R1())
-    private, public = directory / name, directory / f"{name}.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                                     serialization.PublicFormat.OpenSSH))
-    private.chmod(0o600)
-    return private, public
 
 
 # --------------------------------------------------------------------------------------------------- processes
@@ -277,7 +237,7 @@ def test_a_real_tls_federation_with_node_auth_and_byzantine_supernodes(federatio
     fed = federation
     certs = tmp_path / "certs"
     certs.mkdir()
-    tls = make_tls(certs)
+    tls = make_keys.make_tls(certs, LOOPBACK)
     clients, byzantine = 5, {3: "byzantine-attack='signflip'",
                              4: "byzantine-attack='nan' byzantine-params='{}'"}
 
@@ -300,8 +260,8 @@ def test_a_real_tls_federation_with_node_auth_and_byzantine_supernodes(federatio
         '[superlink]\ndefault = "local-tls"\n\n[superlink.local-tls]\n'
         f'address = "{address}"\nroot-certificates = "{tls["ca"]}"\n'
     )
-    keys = [make_node_key(certs, f"node{i}") for i in range(clients)]
-    rogue_key, _ = make_node_key(certs, "rogue")  # its public key is never registered
+    keys = [make_keys.make_node_key(certs, f"node{i}") for i in range(clients)]
+    rogue_key, _ = make_keys.make_node_key(certs, "rogue")  # its public key is never registered
     registering = [fed.spawn(f"register{i}", ["flwr", "supernode", "register", str(public), "local-tls",
                                               "--format", "json"]) for i, (_, public) in enumerate(keys)]
     registered = []
