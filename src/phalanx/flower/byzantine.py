@@ -45,6 +45,7 @@ honest and Byzantine nodes. See docs/flower.md, "Byzantine clients".
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -63,7 +64,6 @@ from phalanx import attacks
 from phalanx.attacks import Attack, AttackContext, DataAttack
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.flower.replies import Layout, _flatten
-from phalanx.training.streams import generator
 from phalanx.validate import check_choice, check_int, check_real
 
 __all__ = ["CONFIG_KEYS", "ByzantineMod", "ConfiguredByzantineMod", "Rendezvous", "from_config", "poison"]
@@ -82,8 +82,11 @@ node's ``context.state``."""
 
 
 def _generator(seed: int, server_round: int) -> torch.Generator:
-    """The attack stream of one round: the same (seed, round) gives the same draws on every colluder."""
-    return generator(seed, f"flower-attack:{server_round}")
+    """The attack stream of one round: the same (seed, round) gives the same draws on every colluder. Its seed is
+    derived as a run's named streams are (``phalanx.training.streams.stream_seed``: SHA-256 of
+    ``phalanx:<seed>:<name>``), for the stream ``flower-attack:<round>``; the flower layer does not import training."""
+    digest = hashlib.sha256(f"phalanx:{seed}:flower-attack:{server_round}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
 
 
 def _build_attack(attack: str | Attack | DataAttack, params: Mapping[str, Any] | None) -> Attack | DataAttack:
