@@ -213,10 +213,10 @@ def test_it_runs_as_a_mod_of_a_real_client_app() -> None:
 
 
 @pytest.mark.parametrize("kwargs, parameter, words", [
-    (dict(attack="alie"), "attack", "other honest updates"),
-    (dict(attack="minmax"), "attack", "other honest updates"),
-    (dict(attack="fang"), "attack", "other honest updates"),
-    (dict(attack="mimic"), "attack", "other honest updates"),
+    (dict(attack="alie"), "attack", "honest updates other than"),
+    (dict(attack="minmax"), "attack", "honest updates other than"),
+    (dict(attack="fang"), "attack", "honest updates other than"),
+    (dict(attack="mimic"), "attack", "honest updates other than"),
     (dict(attack="optimal"), "attack", "server's aggregator"),
     (dict(attack="nosuchattack"), "attack", ""),
     (dict(attack="signflip", params={"scale": -1.0}), "scale", ""),

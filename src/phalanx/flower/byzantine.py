@@ -116,10 +116,10 @@ def _check_attack(attack: Attack | DataAttack, colluders: int) -> None:
         raise ConfigError("rendezvous", attack.name, "none for an attack that reads no honest vector (what the "
                           "colluders know changes nothing)")
     if colluders == 1 and not getattr(attack, "solo", False):
-        raise ConfigError("attack", attack.name, "an attack one client can run on its own update (nan, inf, gaussian, "
-                          "signflip, ipm, foe, none; phalanx.attacks.base.Attack.solo), or colluders >= 2 sharing a "
-                          "Rendezvous", "it needs other honest updates than the client's own (their spread, "
-                          "several rows)")
+        solo = ", ".join(n for n in attacks.names("vector") if getattr(attacks.get_class(n), "solo", False))
+        raise ConfigError("attack", attack.name, f"an attack one client can run on its own update ({solo}; "
+                          "Attack.solo), or colluders >= 2 sharing a Rendezvous",
+                          "it needs honest updates other than the client's own: their spread, or several rows")
 
 
 @dataclass(frozen=True)
