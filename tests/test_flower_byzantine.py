@@ -209,6 +209,29 @@ def test_it_runs_as_a_mod_of_a_real_client_app() -> None:
     np.testing.assert_allclose(got[:12], -2.0 * flat(d)[:12], rtol=0, atol=1e-5)
 
 
+def test_the_solo_flag_is_what_the_attacks_compute() -> None:
+    """``solo`` marks the attacks whose vectors depend on the honest rows through their mean alone (or not at all):
+    for those, the rows of 6 honest vectors and the single row of their mean give the same attack — so a lone
+    client's own update is a complete input. The others (ALIE, min-max, min-sum, Fang, mimic) give another vector
+    from the mean alone: they need the spread or the rows. ``none`` is solo for another reason (it replays an
+    honest row: a lone client's is its own); ``optimal`` calls the server's rule."""
+    x = torch.randn(6, 40, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+    def sent(name: str, rows: torch.Tensor) -> torch.Tensor:
+        ctx = attacks.AttackContext(rows, n_byzantine=1, f=0, aggregator=None, workers=7,
+                                    generator=torch.Generator().manual_seed(1), knowledge="colluders")
+        return attacks.make(name)(ctx)
+
+    solo = {n for n in attacks.names("vector") if getattr(attacks.get_class(n), "solo", False)}
+    assert solo == {"foe", "gaussian", "inf", "ipm", "nan", "none", "signflip"}
+    for name in sorted(set(attacks.names("vector")) - {"optimal", "intermittent", "none"}):
+        same = torch.allclose(sent(name, x), sent(name, x.mean(0, keepdim=True)), rtol=0, atol=1e-12,
+                              equal_nan=True)
+        assert same == (name in solo), name
+    assert attacks.make("intermittent", attack="signflip").solo and not attacks.make("intermittent",
+                                                                                      attack="alie").solo
+
+
 # ---------------------------------------------------------------------------------------------- refused attacks
 
 
