@@ -69,6 +69,15 @@ def test_crfl_cells_are_the_mean_with_the_projection_and_the_report_shows_the_ce
     ({"stop_round": 0}, "stop_round"), ({"eval_every": 7}, "eval_every"), ({"byzantine": 0}, "byzantine"),
     ({"seeds": (0,)}, "seeds"), ({"attack_params": {"dba": {"stop_round": 3}}}, "attack_params"),
 ])
+def test_narrowing_the_full_presets_attacks_drops_the_parameters_of_those_left_out() -> None:
+    """--set 'attacks=["backdoor"]' on the full preset was refused for the preset's own replacement bound."""
+    p = backdoor.preset("full", attacks=("backdoor",))
+    assert p.attacks == ("backdoor",) and p.attack_params == {}
+    assert backdoor.preset("full", attacks=("replacement",)).attack_params == {"replacement": {"norm_bound": 0.5}}
+    with pytest.raises(ConfigError, match="attack_params"):  # a user's own table still names attacks of the grid
+        backdoor.preset("full", attacks=("backdoor",), attack_params={"dba": {}})
+
+
 def test_preset_errors_name_the_field(changes: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as exc:
         backdoor.preset("quick", **changes)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,9 @@ def preset(name: str, **changes: Any) -> Preset:
     """A preset by name with fields replaced, checked: the mean among the rules (success cut and price are measured
     against it), known backdoor attacks, α > 0, attackers, and rounds the evaluation lands on."""
     p = pick_preset(PRESETS, name, changes, ("rules", "attacks", "alphas", "seeds"))
+    if "attacks" in changes and "attack_params" not in changes and isinstance(p.attack_params, dict):
+        # the preset's own parameters of attacks the narrowed grid left out go with them (full: replacement's bound)
+        p = replace(p, attack_params={a: v for a, v in p.attack_params.items() if a in p.attacks})
     if MEAN not in p.rules or len(p.rules) < 2:
         raise ConfigError("rules", list(p.rules), "the mean and at least one defence")
     if len(set(p.rules)) != len(p.rules):
