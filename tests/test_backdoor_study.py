@@ -64,11 +64,6 @@ def test_crfl_cells_are_the_mean_with_the_projection_and_the_report_shows_the_ce
     assert exc.value.parameter == "crfl_params"
 
 
-@pytest.mark.parametrize(("changes", "key"), [
-    ({"rules": ("cwtm", "flame")}, "rules"), ({"attacks": ("alie",)}, "attacks"), ({"alphas": (0.0,)}, "alphas"),
-    ({"stop_round": 0}, "stop_round"), ({"eval_every": 7}, "eval_every"), ({"byzantine": 0}, "byzantine"),
-    ({"seeds": (0,)}, "seeds"), ({"attack_params": {"dba": {"stop_round": 3}}}, "attack_params"),
-])
 def test_narrowing_the_full_presets_attacks_drops_the_parameters_of_those_left_out() -> None:
     """--set 'attacks=["backdoor"]' on the full preset was refused for the preset's own replacement bound."""
     p = backdoor.preset("full", attacks=("backdoor",))
@@ -78,6 +73,11 @@ def test_narrowing_the_full_presets_attacks_drops_the_parameters_of_those_left_o
         backdoor.preset("full", attacks=("backdoor",), attack_params={"dba": {}})
 
 
+@pytest.mark.parametrize(("changes", "key"), [
+    ({"rules": ("cwtm", "flame")}, "rules"), ({"attacks": ("alie",)}, "attacks"), ({"alphas": (0.0,)}, "alphas"),
+    ({"stop_round": 0}, "stop_round"), ({"eval_every": 7}, "eval_every"), ({"byzantine": 0}, "byzantine"),
+    ({"seeds": (0,)}, "seeds"), ({"attack_params": {"dba": {"stop_round": 3}}}, "attack_params"),
+])
 def test_preset_errors_name_the_field(changes: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as exc:
         backdoor.preset("quick", **changes)
