@@ -131,8 +131,7 @@ def inline_dataset(table: dict[str, Any]) -> dict[str, Any]:
     spec = table.get("dataset")
     if not isinstance(spec, str) or "(" not in spec:
         return table
-    params = table.get("dataset_params")
-    name, merged = data.split_spec(spec, params if isinstance(params, dict) else None)
+    name, merged = data.split_spec(spec, table.get("dataset_params"))  # a dataset_params that is no table: refused
     return {**table, "dataset": name, "dataset_params": merged}
 
 
