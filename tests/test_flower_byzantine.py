@@ -354,6 +354,58 @@ def test_a_colluder_removes_its_file_of_two_rounds_before(tmp_path: Path) -> Non
     assert files == ["run-5/round-2/colluder-0.npy", "run-5/round-3/colluder-0.npy"]
 
 
+def test_lone_stochastic_attackers_draw_their_own_noise_colluders_one_draw() -> None:
+    """b lone Gaussian attackers are b independent draws (each node its own stream), as in a Phalanx run; the same
+    node in the same round draws the same (a retried round sends what it sent)."""
+    from flwr.app import RecordDict
+
+    own = np.zeros(5, dtype=np.float32)
+
+    def sent(node: int, server_round: int = 3) -> np.ndarray[Any, Any]:
+        ctx = Context(run_id=1, node_id=node, node_config={}, state=RecordDict(), run_config={})
+        return ByzantineMod("gaussian", {"sigma": 1.0}).update(own, server_round, context=ctx)
+
+    assert not np.array_equal(sent(11), sent(12))
+    np.testing.assert_array_equal(sent(11), sent(11))
+    assert not np.array_equal(sent(11, 3), sent(11, 4))
+
+
+def test_a_colluders_file_is_written_privately_and_a_planted_link_is_neither_followed_nor_read(tmp_path: Path) -> None:
+    """The rendezvous may be a shared directory: a link planted where a colluder writes is replaced, not followed
+    (its target untouched); a link planted as another colluder's file is refused, not read."""
+    own = np.arange(3, dtype=np.float32)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    first = Rendezvous(tmp_path / "rdv", 2, 0, timeout=0.05, on_timeout="present")
+    mine = first._path(1, 1, 0)
+    mine.parent.mkdir(parents=True)
+    mine.symlink_to(victim)
+    rows, row = first.exchange(1, 1, own)
+    assert victim.read_text() == "precious" and not mine.is_symlink() and (mine.stat().st_mode & 0o077) == 0
+    np.testing.assert_array_equal(rows[row], own)
+    other = first._path(1, 2, 1)
+    other.parent.mkdir(parents=True)
+    other.symlink_to(victim)
+    with pytest.raises(PhalanxError, match="cannot read"):
+        first.exchange(1, 2, own)
+
+
+def test_a_colluders_file_claiming_a_huge_array_allocates_nothing(tmp_path: Path) -> None:
+    own = np.zeros(3, dtype=np.float32)
+    rdv = Rendezvous(tmp_path, 2, 0, timeout=5)
+    path = rdv._path(1, 1, 1)
+    path.parent.mkdir(parents=True)
+    with path.open("wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<f4", "fortran_order": False, "shape": (10**13,)})
+    with pytest.raises(PhalanxError, match=r"shape \(10000000000000,\)"):
+        rdv.exchange(1, 1, own)
+    with path.open("wb") as fh:  # the right header, too little data
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<f4", "fortran_order": False, "shape": (3,)})
+        fh.write(b"\0" * 4)
+    with pytest.raises(PhalanxError, match="cut short"):
+        rdv.exchange(1, 1, own)
+
+
 # ------------------------------------------------------------------------------------------------ data attacks
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import ipaddress
+import os
 from pathlib import Path
 
 from cryptography import x509
@@ -62,10 +63,18 @@ def make_tls(directory: Path, host: str = "127.0.0.1", days: int = 1) -> dict[st
     paths = {"ca": directory / "ca.crt", "cert": directory / "server.pem", "key": directory / "server.key"}
     paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
-    paths["key"].chmod(0o600)
+    _write_private(paths["key"], key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                   serialization.NoEncryption()))
     return paths
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """A private key written readable by its owner only from its first byte (created 0600, never through a link
+    planted at its name: the old file is removed first, and O_EXCL refuses one that appears meanwhile)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
 
 
 def make_node_key(directory: Path, name: str) -> tuple[Path, Path]:
@@ -73,9 +82,8 @@ def make_node_key(directory: Path, name: str) -> tuple[Path, Path]:
     directory.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP384R1())
     private, public = directory / name, directory / f"{name}.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                          serialization.NoEncryption()))
-    private.chmod(0o600)
+    _write_private(private, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                              serialization.NoEncryption()))
     public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                                      serialization.PublicFormat.OpenSSH))
     return private, public

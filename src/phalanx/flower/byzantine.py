@@ -48,6 +48,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -81,11 +82,15 @@ _STATE_KEY = "phalanx.byzantine.previous-global"
 node's ``context.state``."""
 
 
-def _generator(seed: int, server_round: int) -> torch.Generator:
-    """The attack stream of one round: the same (seed, round) gives the same draws on every colluder. Its seed is
-    derived as a run's named streams are (``phalanx.training.streams.stream_seed``: SHA-256 of
-    ``phalanx:<seed>:<name>``), for the stream ``flower-attack:<round>``; the flower layer does not import training."""
-    digest = hashlib.sha256(f"phalanx:{seed}:flower-attack:{server_round}".encode()).digest()
+def _generator(seed: int, server_round: int, node: int | None = None) -> torch.Generator:
+    """The attack stream of one round: the same (seed, round) gives the same draws on every colluder (who must draw
+    alike: one attack, each its own row of it). A client that attacks alone draws its own (``node``, its Flower node
+    id): b lone Gaussian attackers send b independent draws, as b Byzantine workers of a Phalanx run do — not one
+    point b times, which distance-based rules would see as a tight cluster. Its seed is derived as a run's named
+    streams are (``phalanx.training.streams.stream_seed``: SHA-256 of ``phalanx:<seed>:<name>``), for the stream
+    ``flower-attack:<round>`` (``flower-attack:<round>:node-<id>``); the flower layer does not import training."""
+    name = f"flower-attack:{server_round}" + ("" if node is None else f":node-{node}")
+    digest = hashlib.sha256(f"phalanx:{seed}:{name}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
 
 
@@ -164,11 +169,15 @@ class Rendezvous:
         and the row of this colluder's. Raises :class:`~phalanx.errors.PhalanxError` when the others did not come
         in time (``on_timeout="fail"``) or a file is not an update of the same length and dtype."""
         mine = self._path(run_id, server_round, self.index)
-        mine.parent.mkdir(parents=True, exist_ok=True)
-        tmp = mine.with_name(f".{mine.name}.{os.getpid()}.tmp")
-        with tmp.open("wb") as fh:
-            np.save(fh, own, allow_pickle=False)
-        os.replace(tmp, mine)
+        mine.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{mine.name}.", suffix=".tmp", dir=mine.parent)  # O_EXCL, mode 0600
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                np.save(fh, own, allow_pickle=False)
+            os.replace(tmp, mine)  # a link planted at `mine` is replaced, never followed
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
         old = self._path(run_id, server_round - 2, self.index)
         old.unlink(missing_ok=True)
         paths = [self._path(run_id, server_round, i) for i in range(self.colluders)]
@@ -187,17 +196,34 @@ class Rendezvous:
                 paths = [paths[i] for i in present]
                 break
             time.sleep(self.poll)
-        rows = []
-        for p in paths:
-            try:
-                row = np.load(p, allow_pickle=False)
-            except (OSError, ValueError) as exc:
-                raise PhalanxError(f"rendezvous: cannot read {p}: {type(exc).__name__}: {exc}") from None
-            if row.shape != own.shape or row.dtype != own.dtype:
-                raise PhalanxError(f"rendezvous: {p} holds an array of shape {row.shape} and dtype {row.dtype}, not "
-                                   f"an update of shape {own.shape} and dtype {own.dtype} (another model?)")
-            rows.append(row)
-        return np.stack(rows), paths.index(mine)
+        return np.stack([_read_update(p, own) for p in paths]), paths.index(mine)
+
+
+def _read_update(path: Path, own: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """A colluder's published update: a regular file (a symbolic link is refused, not followed) whose ``.npy``
+    header says the shape and dtype of ``own``, checked before its data is read (a header claiming a huge array
+    allocates nothing)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise PhalanxError(f"rendezvous: cannot read {path}: {type(exc).__name__}: {exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            version = np.lib.format.read_magic(fh)
+            header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+            if version not in header:
+                raise ValueError(f".npy format {version} (1.0 or 2.0, as np.save writes an update)")
+            shape, fortran, dtype = header[version](fh)
+        except (OSError, ValueError) as exc:
+            raise PhalanxError(f"rendezvous: cannot read {path}: {type(exc).__name__}: {exc}") from None
+        if tuple(shape) != own.shape or dtype != own.dtype or fortran:
+            raise PhalanxError(f"rendezvous: {path} holds an array of shape {tuple(shape)} and dtype {dtype}, not "
+                               f"an update of shape {own.shape} and dtype {own.dtype} (another model?)")
+        data = fh.read(own.nbytes + 1)
+    if len(data) != own.nbytes:
+        raise PhalanxError(f"rendezvous: {path} is cut short or too long ({len(data)} bytes of data, "
+                           f"{own.nbytes} expected)")
+    return np.frombuffer(data, dtype=own.dtype).reshape(own.shape).copy()
 
 
 def _one_array_record(content: Any, key: str) -> tuple[str, ArrayRecord] | None:
@@ -326,12 +352,15 @@ class ByzantineMod:
             return self._data_update(own, t, context, layout)
         if self.rendezvous is None:
             rows, row = own[None, :], 0
+            node = getattr(context, "node_id", None) if context is not None else None
         else:
             rows, row = self.rendezvous.exchange(run_id, server_round, own)
+            node = None  # colluders draw one attack together
         honest = torch.from_numpy(np.ascontiguousarray(rows))
         b = int(honest.shape[0])
         ctx = AttackContext(
-            honest=honest, n_byzantine=b, f=self.f, aggregator=None, generator=_generator(self.seed, server_round),
+            honest=honest, n_byzantine=b, f=self.f, aggregator=None,
+            generator=_generator(self.seed, server_round, node if isinstance(node, int) else None),
             round=t, workers=self.workers if self.workers is not None and self.workers > b else None,
             knowledge="colluders" if getattr(self.attack, "reads_honest", True) else "omniscient",
         )
@@ -366,8 +395,9 @@ def poison(
     training code to train on; numpy arrays or torch tensors in, the same kind out.
 
     ``server_round`` (from 1) decides whether the attack is still active (a ``stop_round``: round − 1 is Phalanx's
-    round); ``seed`` and ``server_round`` seed the draws (which samples get the trigger); ``attacker`` is which
-    Byzantine client this is (DBA gives each its part of the trigger). ``attack.prepare`` checks the data first (a
+    round); ``seed``, ``server_round`` and ``attacker`` seed the draws (which samples get the trigger); ``attacker``
+    is which Byzantine client this is (DBA gives each its part of the trigger; each its own draws).
+    ``attack.prepare`` checks the data first (a
     trigger larger than the input, a target class out of range: one-line :class:`~phalanx.errors.ConfigError`).
     A :class:`ByzantineMod` with the same attack then applies its update step (``boost``…) to the reply.
     """
@@ -386,7 +416,7 @@ def poison(
     if not built.active(server_round - 1):
         return x, y
     built.prepare(tx, ty, num_classes)
-    px, py = built.transform(tx, ty, num_classes, _generator(seed, server_round), attacker=attacker)
+    px, py = built.transform(tx, ty, num_classes, _generator(seed, server_round, attacker), attacker=attacker)
     out_x: Any = px.numpy() if isinstance(x, np.ndarray) else px
     return out_x, (py.numpy() if isinstance(y, np.ndarray) else py)
 
