@@ -14,13 +14,15 @@ paper's is the weighted mean); CRFL composes with it.
 
 **Testing** (:func:`certify`): the smoothed classifier h_s(θ_T; x) is the class the base model predicts most often
 under M noisy copies θ_T + ε^k, ε^k ~ N(0, σ_T² I) (σ_T = ``test_noise``, default σ). From the vote counts of the
-top class A and the runner-up B, one-sided Hoeffding bounds at confidence 1 − α/2 each (jointly 1 − α)
+top class A and the runner-up B, Hoeffding bounds
 
-.. math:: \underline{p_A} = \hat p_A - \sqrt{\ln(2/\alpha)/(2M)},\qquad
-          \overline{p_B} = \hat p_B + \sqrt{\ln(2/\alpha)/(2M)}
+.. math:: \underline{p_A} = \hat p_A - \sqrt{\ln(2C/\alpha)/(2M)},\qquad
+          \overline{p_B} = \hat p_B + \sqrt{\ln(2C/\alpha)/(2M)}
 
-(the authors' released certification code bounds each at 1 − α, so ours is the stricter, joint statement), and
-the certification theorem's radius
+— two one-sided bounds for each of the C classes at 1 − α/(2C), so that all hold together at 1 − α whichever
+classes the same counts then pick as A and B (the authors' released certification code bounds the two picked
+classes at 1 − α each, which does not account for the pick; ours is the stricter statement), and the
+certification theorem's radius
 
 .. math:: \mathrm{RAD} = \sqrt{\frac{-\ln\big(1 - (\sqrt{\underline{p_A}} - \sqrt{\overline{p_B}})^2\big)\,
           \sigma_{t_{adv}}^2}{2\,S^2\,\prod_{t=t_{adv}+1}^{T}\big(2\Phi(\rho_t/\sigma_t) - 1\big)}},\qquad
@@ -30,10 +32,12 @@ the certification theorem's radius
 h_s(θ_T; x) is then *certified*: a backdoor whose trigger has norm ‖δ‖ < RAD, inserted by R attackers in round
 t_adv, cannot change it. Where the vote is not confident (:math:`\underline{p_A} \le \overline{p_B}`) the radius is
 0: nothing is certified. With attackers in several rounds a ∈ A (the default: every round they poison) the
-per-round divergences add (the chain rule of the KL divergence, each contracted by the rounds after it), so
+per-round divergences add (the chain rule of the KL divergence); a round's divergence is contracted only by the
+*unattacked* rounds after it (there the clean and the attacked runs apply the same clip-and-noise kernel; at an
+attacked round the chain rule adds that round's term and contracts nothing), so
 
 .. math:: \mathrm{RAD}^2 = \frac{-\ln\big(1 - (\sqrt{\underline{p_A}} - \sqrt{\overline{p_B}})^2\big)}
-          {2\,S^2\sum_{a\in A}\sigma_a^{-2}\prod_{t=a+1}^{T}\big(2\Phi(\rho_t/\sigma_t) - 1\big)}
+          {2\,S^2\sum_{a\in A}\sigma_a^{-2}\prod_{t>a,\ t\notin A}^{T}\big(2\Phi(\rho_t/\sigma_t) - 1\big)}
 
 — the theorem itself for one attacked round; the sum over rounds is this module's extension, not the paper's
 statement.
@@ -90,7 +94,9 @@ def votes(predict: Callable[[Tensor, Tensor], Tensor], theta: Tensor, x: Tensor,
 
 def hoeffding_bounds(counts: Tensor, alpha: float) -> tuple[Tensor, Tensor, Tensor]:
     """The top class A of every row of ``counts`` (ties: the lowest index), the lower bound of p_A and the upper
-    bound of the runner-up's p_B, each Hoeffding's at 1 − α/2 (jointly 1 − α), clamped to [0, 1]."""
+    bound of the runner-up's p_B, clamped to [0, 1]: Hoeffding's two one-sided bounds for every one of the C
+    classes at 1 − α/(2C) each, so that all hold together at 1 − α (a union bound) — whichever two classes the
+    same counts then pick as A and B."""
     m = counts.sum(dim=1).clamp(min=1).double()
     c = counts.shape[1]
     score = counts.double() * (c + 1) - torch.arange(c, dtype=torch.float64, device=counts.device)
@@ -98,7 +104,7 @@ def hoeffding_bounds(counts: Tensor, alpha: float) -> tuple[Tensor, Tensor, Tens
     p_a = counts.gather(1, top[:, None]).squeeze(1).double() / m
     rest = counts.double().scatter(1, top[:, None], -1.0)
     p_b = rest.max(dim=1).values.clamp(min=0) / m if c > 1 else torch.zeros_like(p_a)
-    margin = torch.sqrt(math.log(2 / alpha) / (2 * m))
+    margin = torch.sqrt(math.log(2 * c / alpha) / (2 * m))
     return top, (p_a - margin).clamp(0.0, 1.0), (p_b + margin).clamp(0.0, 1.0)
 
 
@@ -114,10 +120,11 @@ def radius(p_a: Tensor, p_b: Tensor, *, sensitivity: float, attack_rounds: Seque
     ``clip(t)`` is ρ_t, ``noise`` σ_t for t < T, ``test_noise`` σ_T."""
     sigma = [noise] * (rounds - 1) + [test_noise]  # sigma[t - 1] = σ_t, t = 1 … T (σ_T: the test noise)
     contraction = [_phi2(clip(t) / sigma[t - 1]) for t in range(1, rounds + 1)]
-    tail = [1.0] * (rounds + 1)  # tail[a] = Π_{t=a+1}^{T} (2Φ(ρ_t/σ_t) − 1)
+    attacked = {a for a in attack_rounds if 1 <= a <= rounds}
+    tail = [1.0] * (rounds + 1)  # tail[a] = Π_{t=a+1, t ∉ A}^{T} (2Φ(ρ_t/σ_t) − 1): only unattacked rounds contract
     for a in range(rounds - 1, -1, -1):
-        tail[a] = tail[a + 1] * contraction[a]
-    total = sum(tail[a] / sigma[a - 1] ** 2 for a in sorted(set(attack_rounds)) if 1 <= a <= rounds)
+        tail[a] = tail[a + 1] * (1.0 if a + 1 in attacked else contraction[a])
+    total = sum(tail[a] / sigma[a - 1] ** 2 for a in sorted(attacked))
     out = torch.zeros_like(p_a, dtype=torch.float64)
     if total <= 0 or sensitivity <= 0:
         return out
