@@ -212,7 +212,7 @@ def test_the_smoothed_prediction_of_a_tiny_model_against_its_known_vote_share() 
     ({"attack_rounds": [0]}, "server_projection_params.attack_rounds"),
     ({"attack_rounds": [99]}, "server_projection_params.attack_rounds"),
     ({"attack_rounds": 3}, "server_projection_params.attack_rounds"),
-    ({"sigma": 1.0}, "crfl parameter"),
+    ({"sigma": 1.0}, "server_projection_params.sigma"),
 ])
 def test_bad_parameters_are_one_line_errors(params: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as exc:

@@ -25,7 +25,7 @@ from phalanx.attacks.base import Attack, DataAttack
 from phalanx.decentralized import gossip_attacks, robust_gossip
 from phalanx.errors import ConfigError
 from phalanx.experiments.schema import RunConfig
-from phalanx.plugins import check_params
+from phalanx.plugins import accepted_params
 from phalanx.training import optim
 from phalanx.training.algorithms import builtin
 from phalanx.training.algorithms.base import RoundAlgorithm
@@ -137,7 +137,11 @@ def server_projection(cfg: RunConfig, algorithm: RoundAlgorithm, attack: Attack 
         late = [a for a in given if isinstance(a, int) and a > cfg.rounds] if isinstance(given, list) else []
         if late:
             raise ConfigError("server_projection_params.attack_rounds", late, f"rounds in [1, rounds = {cfg.rounds}]")
-    check_params(name, cls, params)
+    accepted = accepted_params(cls) or []
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ConfigError(f"server_projection_params.{unknown[0]}", params[unknown[0]],
+                          f"a parameter of {name}: {', '.join(accepted)}")
     try:
         return cls(**params)
     except ConfigError as exc:
