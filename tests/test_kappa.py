@@ -223,3 +223,13 @@ def test_a_rule_that_needs_more_than_the_rows_is_noted_not_a_crash() -> None:
     rows = tension.theory_table(5, ["fltrust", "cwtm"], measure=True, trials=3, kappa_budget=20, d=2)
     assert all(r.note == "not measured: needs reference per call" for r in rows if r.rule == "fltrust")
     assert all(r.kappa_measured is not None for r in rows if r.rule == "cwtm")
+
+
+def test_a_budget_that_ends_before_the_far_inputs_says_boundedness_was_not_tested() -> None:
+    """With 40 evaluations the mean's line reached 10⁴·u on one split only: 'certified ≥ 7.3e7' read as a bounded
+    κ. Only splits whose honest rows spread, scored at the last three distances, decide it."""
+    small = kappa(aggregators.make("mean", f=3), 10, d=10, budget=40)
+    assert not small.unbounded and not small.unbounded_tested
+    enough = kappa(aggregators.make("mean", f=3), 10, d=10, budget=80)
+    assert enough.unbounded and enough.unbounded_tested
+    assert kappa(aggregators.make("cwtm", f=3), 10, d=10, budget=200).unbounded_tested

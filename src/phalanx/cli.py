@@ -273,6 +273,8 @@ def kappa_cmd(
     measured = (f"unbounded (the ratio reaches {est.value:.3g} and grows with the Byzantine rows' distance)"
                 if est.unbounded else f"≥ {est.value:.3g} (float64 rounding: no larger error found)" if est.rounding
                 else f"≥ {est.value:.4f} (certified)")
+    if not est.unbounded_tested:
+        measured += " — whether it is bounded was not tested: the budget ended before the far inputs (raise --budget)"
     console.print(
         f"{spec} (n={workers}, f={f}, d={dim}): measured κ {measured}; proven κ ≤ {upper}; every rule has "
         f"κ ≥ f/(n−2f) = {est.lower_bound:.4f}", soft_wrap=True, highlight=False)

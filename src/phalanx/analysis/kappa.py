@@ -225,6 +225,11 @@ class KappaEstimate:
     by_distance: dict[float, float] = field(default_factory=dict)
     """The best ratio on the line at each far distance of the Byzantine point (:data:`FAR`)."""
 
+    unbounded_tested: bool = True
+    """Whether the budget reached the far points of the line that decide :attr:`unbounded` (the last three
+    distances of one split whose honest rows spread); when not, a finite value says nothing of whether the ratio is
+    bounded."""
+
     @property
     def verdict(self) -> str:
         """``unbounded``, ``BUG: above the proven bound``, ``rounding`` or ``certified``."""
@@ -250,23 +255,28 @@ def line_splits(n: int, m: int) -> list[int]:
     return sorted(picks)
 
 
-def _line(n: int, m: int, d: int, u: Tensor) -> Iterator[tuple[str, str, Tensor, float | None]]:
+Far = tuple[str, int, float]
+"""A far point of the line: (its axis u, the split k, the distance t)."""
+
+
+def _line(n: int, m: int, d: int, u: Tensor, axis: str) -> Iterator[tuple[str, str, Tensor, Far | None]]:
     distances = (*NEAR, *FAR) if m < n else (0.0,)
     for k in line_splits(n, m):
         for t in distances:
             x = torch.zeros(n, d, dtype=torch.float64)
             x[:k] = u
             x[m:] = t * u
-            yield f"line: {k} honest at u, {m - k} at 0, Byzantine at {t:g}·u", "line", x, (t if t in FAR else None)
+            yield (f"line: {k} honest at u, {m - k} at 0, Byzantine at {t:g}·u", "line", x,
+                   (axis, k, t) if t in FAR else None)
 
 
 def _constructions(n: int, m: int, d: int, gen: torch.Generator, columnwise: bool
-                   ) -> Iterator[tuple[str, str, Tensor, float | None]]:
+                   ) -> Iterator[tuple[str, str, Tensor, Far | None]]:
     e1 = torch.zeros(d, dtype=torch.float64)
     e1[0] = 1.0
-    yield from _line(n, m, d, e1)
+    yield from _line(n, m, d, e1, "e1")
     if d > 1 and columnwise:
-        yield from _line(n, m, d, torch.ones(d, dtype=torch.float64))
+        yield from _line(n, m, d, torch.ones(d, dtype=torch.float64), "ones")
     if m == n:
         return
     for draw in range(2):
@@ -442,8 +452,25 @@ def _random_start(n: int, m: int, d: int, gen: torch.Generator) -> Tensor:
     return torch.cat([h, byz.expand(n - m, d)])
 
 
+def _growth(far: dict[Far, float], m: int) -> tuple[bool, bool]:
+    """From the far points of the line: (tested, unbounded). A split (axis, k) with 0 < k < m (the m honest rows
+    not all at one point: they spread) is tested when its ratio at the last three distances was scored and is
+    positive at the first of them; the ratio is unbounded when on some tested split it reaches the last distance
+    and grows by at least the distances' ratio over the last two decades (it grows without bound as the Byzantine
+    rows move away)."""
+    last = FAR[-3:]
+    tested = unbounded = False
+    for axis, k in {(a, k) for a, k, _ in far if 0 < k < m}:
+        r = [far.get((axis, k, t)) for t in last]
+        if any(v is None for v in r) or not r[0]:
+            continue
+        tested = True
+        unbounded |= r[-1] >= FAR[-1] and r[-1] >= (last[-1] / last[0]) * r[0]  # type: ignore[operator]
+    return tested, unbounded
+
+
 def _finish(search: _Search, rule: Aggregator, n: int, f: int, d: int, seed: int, spec: str,
-            by_distance: dict[float, float]) -> KappaEstimate:
+            by_distance: dict[float, float], far_points: dict[Far, float]) -> KappaEstimate:
     x = search.best_x
     out = search.call(x).double()
     m = n - f
@@ -460,15 +487,14 @@ def _finish(search: _Search, rule: Aggregator, n: int, f: int, d: int, seed: int
             value, exact = _round_down(q), True
     upper = proven_upper_bound(rule, n)
     slack = rounding_slack(out, x, honest, value) if math.isfinite(value) else float("inf")
-    far = [by_distance[t] for t in FAR if t in by_distance]
-    unbounded = not math.isfinite(value) or (
-        len(far) >= 3 and far[-1] >= FAR[-1] and far[-1] >= (FAR[-1] / FAR[-3]) * far[-3] > 0.0)
+    tested, grows = _growth(far_points, m)
+    unbounded = not math.isfinite(value) or grows
     above = upper is not None and value > upper + slack
     return KappaEstimate(
         rule=spec, n=n, f=f, d=d, value=value, worst_input=search.best_name, input=x.clone(), honest=honest,
         lower_bound=universal_lower_bound(n, f), upper_bound=upper, unbounded=unbounded, above_upper=above,
         slack=slack, exact=exact, rounding=value <= slack, evaluations=search.used, seed=seed,
-        per_family=dict(search.per_family), by_distance=by_distance,
+        per_family=dict(search.per_family), by_distance=by_distance, unbounded_tested=unbounded or tested,
     )
 
 
@@ -501,6 +527,7 @@ def kappa(rule: Aggregator, n: int, d: int = 8, budget: int = 2000, seed: int = 
     search = _Search(rule, n, f, d, budget, seed)
     m = n - f
     by_distance: dict[float, float] = {}
+    far: dict[Far, float] = {}
     built = _constructions(n, m, d, gen, search.columnwise)  # lazily: only what the budget reaches is made
     tops: dict[str, tuple[float, Tensor]] = {}
     per = max(1, min(256, BATCH_ELEMENTS // (n * d)))
@@ -509,9 +536,10 @@ def kappa(rule: Aggregator, n: int, d: int = 8, budget: int = 2000, seed: int = 
         if not chunk:
             break
         scores = search.score(torch.stack([c[2] for c in chunk]), [c[0] for c in chunk], [c[1] for c in chunk])
-        for (_, fam, x, t), s in zip(chunk, scores.tolist()):
-            if t is not None:
-                by_distance[t] = max(by_distance.get(t, 0.0), s)
+        for (_, fam, x, key), s in zip(chunk, scores.tolist()):
+            if key is not None:
+                far[key] = s
+                by_distance[key[2]] = max(by_distance.get(key[2], 0.0), s)
             if s > tops.get(fam, (-1.0, x))[0]:
                 tops[fam] = (s, x)
     if on_progress is not None:
@@ -531,4 +559,4 @@ def kappa(rule: Aggregator, n: int, d: int = 8, budget: int = 2000, seed: int = 
         _local_search(search, search.best_x, search.best, search.left(), gen, "the best input so far")
     if on_progress is not None:
         on_progress(search.used, budget)
-    return _finish(search, rule, n, f, d, seed, spec, by_distance)
+    return _finish(search, rule, n, f, d, seed, spec, by_distance, far)
