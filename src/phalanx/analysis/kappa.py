@@ -523,6 +523,9 @@ def kappa(rule: Aggregator, n: int, d: int = 8, budget: int = 2000, seed: int = 
                           f"({rule.requirement})")
     check_memory(rule, n, d)
     spec = getattr(rule, "spec", rule.name)
+    if "reference" in rule.context_keys:  # FLTrust: its output depends on the server's gradient, not the rows alone
+        raise ConfigError("reference", spec, "a rule of the rows alone (the search varies the rows; this rule also "
+                          "takes the server's reference gradient per call, which κ's definition does not have)")
     gen = torch.Generator().manual_seed(seed)
     search = _Search(rule, n, f, d, budget, seed)
     m = n - f
