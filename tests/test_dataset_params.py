@@ -60,6 +60,7 @@ def test_a_config_without_them_keeps_its_resolved_form() -> None:
     ({"dataset": "digits(size=3)"}, "dataset_params.size", "takes no parameters"),
     ({"dataset": f"{BLOBS}(classes=3)", "dataset_params": {"classes": 4}}, "dataset_params.classes", "inline too"),
     ({"dataset": f"{BLOBS}(classes)"}, "dataset", "key=value"),
+    ({"dataset": f"{BLOBS}(classes=3, classes=4)"}, "dataset", "given twice"),
     ({"dataset": f"{BLOBS}(classes=3)", "dataset_params": "oops"}, "dataset_params", "a table"),
     ({"dataset": "nosuchset(a=1)"}, "dataset", "one of"),
 ])

@@ -113,6 +113,8 @@ def split_call(spec: str, parameter: str) -> tuple[str, dict[str, Any]]:
             if "=" not in kv:
                 raise ConfigError(parameter, spec, f"parameters as key=value, got {kv.strip()!r}")
             key, value = kv.split("=", 1)
+            if key.strip() in params:
+                raise ConfigError(parameter, spec, f"each parameter once ({key.strip()!r} is given twice)")
             params[key.strip()] = parse_value(value)
     return name, params
 
