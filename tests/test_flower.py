@@ -8,11 +8,8 @@ import io
 import json
 import logging
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from _flower_sim import run_offline
 from phalanx import aggregators
 from phalanx.errors import ConfigError, PhalanxError
 
@@ -417,18 +415,6 @@ def test_aggregate_train_needs_the_broadcast_model() -> None:
 # ------------------------------------------------------------------------------------------ a real Flower run
 
 
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if text in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(proc.name))
-            except OSError:
-                continue
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="checks for leftover processes in /proc")
 def test_a_real_offline_flower_run_of_the_example(tmp_path: Path) -> None:
@@ -436,31 +422,8 @@ def test_a_real_offline_flower_run_of_the_example(tmp_path: Path) -> None:
     10×-scaled updates, 3 rounds, the trimmed mean for f = 2. The model ends near the honest clients' FedAvg, every
     reply is logged, and no Ray process is left behind."""
     pytest.importorskip("ray")
-    ray_dir = tempfile.mkdtemp(prefix="rayt")  # a short path: Ray's socket paths are limited to 107 bytes
-    result, log_path = tmp_path / "result.json", tmp_path / "contributions.jsonl"
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-           "FLWR_HOME": str(tmp_path / "flwr-home"), "RAY_USAGE_STATS_ENABLED": "0", "OPENBLAS_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(EXAMPLE / "run.py"), "--only", "phalanx", "--rounds", "3", "--clients", "6",
-           "--byzantine", "2", "--f", "2", "--result", str(result), "--log-path", str(log_path), "--ray-dir", ray_dir]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail("the Flower run did not finish in 300 s:\n" + output[-3000:])
-    finally:
-        leftovers = _processes_mentioning(ray_dir)
-        for pid in leftovers:  # started by this test: end them before failing
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        shutil.rmtree(ray_dir, ignore_errors=True)
-    assert proc.returncode == 0, output[-3000:]
-    assert not leftovers, f"Ray processes left running: {leftovers}"
-    (outcome,) = json.loads(result.read_text())
+    args = ["--only", "phalanx", "--rounds", "3", "--clients", "6", "--byzantine", "2", "--f", "2"]
+    (outcome,), log_path = run_offline(EXAMPLE / "run.py", args, tmp_path, "rayt")
     assert outcome["distance_to_honest"] < 0.25 * outcome["honest_norm"], outcome
     assert outcome["test_accuracy"] > 0.85, outcome
     rows = [json.loads(line) for line in log_path.read_text().splitlines()]

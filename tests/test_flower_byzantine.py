@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -21,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from _flower_sim import run_offline
 from phalanx import attacks
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.training.streams import generator
@@ -497,18 +494,6 @@ def test_the_example_apps_task_is_the_examples_task() -> None:
 # ------------------------------------------------------------------------------ a real offline Flower simulation
 
 
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if text in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(proc.name))
-            except OSError:
-                continue
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="checks for leftover processes in /proc")
 def test_a_real_offline_flower_run_where_the_mods_attackers_wreck_fedavg_not_phalanx(tmp_path: Path) -> None:
@@ -517,32 +502,9 @@ def test_a_real_offline_flower_run_where_the_mods_attackers_wreck_fedavg_not_pha
     same clients. FedAvg ends far from the honest clients' FedAvg (beyond the honest model's own norm); Phalanx
     ends near it and classifies as well as it, and logged every reply as used."""
     pytest.importorskip("ray")
-    ray_dir = tempfile.mkdtemp(prefix="rayb")  # a short path: Ray's socket paths are limited to 107 bytes
-    result, log_path = tmp_path / "result.json", tmp_path / "contributions.jsonl"
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-           "FLWR_HOME": str(tmp_path / "flwr-home"), "RAY_USAGE_STATS_ENABLED": "0", "OPENBLAS_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(APP / "simulate.py"), "--strategy", "both", "--rounds", "3", "--clients", "6",
-           "--byzantine", "2", "--f", "2", "--attack", "signflip", "--params", '{"scale": 10.0}',
-           "--result", str(result), "--log-path", str(log_path), "--ray-dir", ray_dir]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail("the Flower run did not finish in 300 s:\n" + output[-3000:])
-    finally:
-        leftovers = _processes_mentioning(ray_dir)
-        for pid in leftovers:  # started by this test: end them before failing
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        shutil.rmtree(ray_dir, ignore_errors=True)
-    assert proc.returncode == 0, output[-3000:]
-    assert not leftovers, f"Ray processes left running: {leftovers}"
-    fedavg, phalanx = json.loads(result.read_text())
+    args = ["--strategy", "both", "--rounds", "3", "--clients", "6", "--byzantine", "2", "--f", "2", "--attack",
+            "signflip", "--params", '{"scale": 10.0}']
+    (fedavg, phalanx), log_path = run_offline(APP / "simulate.py", args, tmp_path, "rayb")
     assert (fedavg["strategy"], phalanx["strategy"]) == ("fedavg", "phalanx")
     assert fedavg["distance_to_honest"] > fedavg["honest_norm"], fedavg
     assert fedavg["test_accuracy"] < 0.5 * fedavg["honest_accuracy"], fedavg
