@@ -14,17 +14,18 @@ seeds), and what is made of the finished runs. It declares, as class attributes,
 and provides :meth:`plan` (the cells and their run configurations), :meth:`collect` (what each cell's finished run
 ended with) and :meth:`report` (the tables, figure and report files, and what the terminal shows). The command line
 does the rest, the same for every study (:meth:`configure`, then train the runs of :meth:`runs`, then collect and
-report).
+report). A study whose preset, plan and collect are functions of its module derives from :class:`ModuleStudy` and
+names them in ``functions`` (:class:`StudyFunctions`) instead of forwarding to each.
 """
 
 from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
 from phalanx.studies.reporting import PresetLike, pick_preset, resolve_dataset
 
@@ -143,3 +144,31 @@ class Study(ABC, Generic[P, C, V]):
         """The tables and statistics of the collected runs, written into ``out`` (``report.md``, its figure, its
         CSV…), and what the terminal shows. ``command`` is the command line that reproduces it, ``wall_seconds`` the
         training's wall time, ``runs`` how many runs were trained (:meth:`runs`), ``overrides`` the run keys."""
+
+
+@dataclass(frozen=True)
+class StudyFunctions:
+    """A study's module functions: ``preset(name, **changes)`` (the preset, checked), ``plan(preset, overrides)``
+    (the cells and their run configurations) and ``collect(cells, configs, runs_dir)`` (what each cell's run ended
+    with) — the signatures of :meth:`Study.preset`, :meth:`Study.plan` and :meth:`Study.collect` without ``self``."""
+
+    preset: Callable[..., Any]
+    plan: Callable[[Any, dict[str, Any]], tuple[list[Any], list[RunConfig]]]
+    collect: Callable[[list[Any], list[RunConfig], Path], dict[Any, Any]]
+
+
+class ModuleStudy(Study[P, C, V]):
+    """A study whose :meth:`preset`, :meth:`plan` and :meth:`collect` are the functions its ``functions`` names (its
+    module's, usually): the class declares the command's attributes and writes its :meth:`report`."""
+
+    functions: ClassVar[StudyFunctions]
+    """The functions the three methods call."""
+
+    def preset(self, name: str, **changes: Any) -> P:
+        return cast(P, self.functions.preset(name, **changes))
+
+    def plan(self, preset: P, overrides: dict[str, Any]) -> tuple[list[C], list[RunConfig]]:
+        return self.functions.plan(preset, overrides)
+
+    def collect(self, cells: list[C], configs: list[RunConfig], runs_dir: Path) -> dict[C, V]:
+        return self.functions.collect(cells, configs, runs_dir)

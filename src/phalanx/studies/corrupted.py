@@ -30,7 +30,7 @@ from phalanx.errors import ConfigError
 from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.report import save_figure
-from phalanx.studies.base import Report, Study
+from phalanx.studies.base import ModuleStudy, Report, StudyFunctions
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import pick_preset, provenance, write_report_files
 
@@ -391,7 +391,7 @@ def report_markdown(
 
 
 @register
-class CorruptedRounds(Study[Preset, Cell, Final]):
+class CorruptedRounds(ModuleStudy[Preset, Cell, Final]):
     """Corrupted rounds (the module's docstring): ``phalanx experiment corrupted-rounds``."""
 
     name = "corrupted-rounds"
@@ -405,14 +405,7 @@ class CorruptedRounds(Study[Preset, Cell, Final]):
     preset_help = "quick (digits, CPU, minutes) or full (Fashion-MNIST)."
     set_example = "every=10"
 
-    def preset(self, name: str, **changes: Any) -> Preset:
-        return preset(name, **changes)
-
-    def plan(self, p: Preset, overrides: dict[str, Any]) -> tuple[list[Cell], list[RunConfig]]:
-        return plan(p, overrides)
-
-    def collect(self, cells: list[Cell], configs: list[RunConfig], runs_dir: Path) -> dict[Cell, Final]:
-        return collect(cells, configs, runs_dir)
+    functions = StudyFunctions(preset, plan, collect)
 
     def report(
         self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], out: Path, *, command: str,

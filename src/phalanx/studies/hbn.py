@@ -33,7 +33,7 @@ from phalanx.errors import ConfigError
 from phalanx.experiments import store
 from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.report import clipped_errors, save_figure
-from phalanx.studies.base import Report, Study
+from phalanx.studies.base import ModuleStudy, Report, StudyFunctions
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import final_accuracy, pick_preset, provenance, write_report_files
 
@@ -325,7 +325,7 @@ def collect(cs: list[Cell], cfgs: list[RunConfig], runs_dir: Path) -> dict[Cell,
 
 
 @register
-class HBN(Study[Preset, Cell, float]):
+class HBN(ModuleStudy[Preset, Cell, float]):
     """BatchNorm under heterogeneity (the module's docstring) as a study: ``phalanx experiment hbn``."""
 
     name = "hbn"
@@ -338,14 +338,7 @@ class HBN(Study[Preset, Cell, float]):
     preset_help = "quick (CPU, ≤ 30 min) or paper (CIFAR-10, GPU)."
     set_example = "rounds=50"
 
-    def preset(self, name: str, **changes: Any) -> Preset:
-        return preset(name, **changes)
-
-    def plan(self, p: Preset, overrides: dict[str, Any]) -> tuple[list[Cell], list[RunConfig]]:
-        return plan(p, overrides)
-
-    def collect(self, cells: list[Cell], configs: list[RunConfig], runs_dir: Path) -> dict[Cell, float]:
-        return collect(cells, configs, runs_dir)
+    functions = StudyFunctions(preset, plan, collect)
 
     def report(
         self, p: Preset, cells: list[Cell], collected: dict[Cell, float], out: Path, *, command: str,

@@ -28,7 +28,7 @@ from phalanx.errors import ConfigError
 from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.report import clipped_errors, save_figure
-from phalanx.studies.base import Report, Study
+from phalanx.studies.base import ModuleStudy, Report, StudyFunctions
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import pick_preset, provenance, write_report_files
 
@@ -300,7 +300,7 @@ def write_outputs(
 
 
 @register
-class ByzantineNeighbours(Study[Preset, Cell, Final]):
+class ByzantineNeighbours(ModuleStudy[Preset, Cell, Final]):
     """Robust gossip vs the number of Byzantine neighbours (the module's docstring) as a study: ``phalanx experiment
     byzantine-neighbours``."""
 
@@ -313,14 +313,7 @@ class ByzantineNeighbours(Study[Preset, Cell, Final]):
     preset_help = "quick (digits, CPU, minutes) or full (Fashion-MNIST)."
     set_example = "byzantine=[1,2]"
 
-    def preset(self, name: str, **changes: Any) -> Preset:
-        return preset(name, **changes)
-
-    def plan(self, p: Preset, overrides: dict[str, Any]) -> tuple[list[Cell], list[RunConfig]]:
-        return plan(p, overrides)
-
-    def collect(self, cells: list[Cell], configs: list[RunConfig], runs_dir: Path) -> dict[Cell, Final]:
-        return collect(cells, configs, runs_dir)
+    functions = StudyFunctions(preset, plan, collect)
 
     def report(
         self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], out: Path, *, command: str,
