@@ -54,7 +54,7 @@ def collect(root: Path) -> list[dict[str, Any]]:
             r["run_diverged"] = (run_dir / "DIVERGED").exists()
             run_rows.append(r)
         if run_rows:
-            configs[run_dir.name] = _config_of(cfg_path)
+            configs[run_dir.name] = status.recorded_config(run_dir)
             rows += run_rows
     extra = _differing(configs)
     for r in rows:
@@ -66,14 +66,6 @@ def collect(root: Path) -> list[dict[str, Any]]:
 NOT_A_SETTING = ("seed", "checkpoint_every", *RESULT_NEUTRAL_KEYS)
 """Config keys that never tell two settings apart in a report: the seed (what is pooled) and the keys that change
 how a run is kept or fed, never its results."""
-
-
-def _config_of(path: Path) -> dict[str, Any]:
-    try:
-        got = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return got if isinstance(got, dict) else {}
 
 
 def _cell(value: Any) -> Any:

@@ -81,12 +81,18 @@ class RunStatus:
     detail: str
 
 
-def _rounds(run_dir: Path) -> int | None:
+def recorded_config(run_dir: Path) -> dict[str, Any]:
+    """The config a run directory recorded (``config.json``), or {} where it cannot be read: for what a listing or a
+    report shows, not for resuming (a resume checks it against the config asked for)."""
     try:
         cfg = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    value = cfg.get("rounds") if isinstance(cfg, dict) else None
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def _rounds(run_dir: Path) -> int | None:
+    value = recorded_config(run_dir).get("rounds")
     return value if isinstance(value, int) else None
 
 
