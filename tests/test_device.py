@@ -25,6 +25,7 @@ from safetensors import safe_open
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+import phalanx
 from _interrupt import train_interrupted
 from _scripts import load_script
 from phalanx import aggregators, data, models
@@ -36,6 +37,21 @@ from phalanx.experiments.slurm import SlurmOptions
 from phalanx.studies.tension import Cell, config_for, preset
 from phalanx.training import Experiment, Loop, devices
 from phalanx.training.algorithms.gossip import Gossip
+
+_PACKAGE_DIR = str(Path(phalanx.__file__).parent) + "/"  # as the frames name it (no symlink resolved)
+
+
+def _ours(filename: str) -> bool:
+    """Whether a stack frame is in Phalanx's own package — by the imported package's directory, so that a clone (or
+    a venv) in a folder named ``phalanx`` does not make torch's frames look like ours."""
+    return filename.startswith(_PACKAGE_DIR)
+
+
+def test_frames_are_ours_by_the_package_directory_not_by_a_folder_name() -> None:
+    """A venv inside a clone named ``phalanx``: torch's frames there are not Phalanx's (issue 38's red suite)."""
+    assert _ours(str(Path(phalanx.aggregators.__file__)))
+    clone = "/home/u/phalanx/.venv/lib/python3.11/site-packages/torch/nn/modules/module.py"
+    assert not _ours(clone) and not _ours(_PACKAGE_DIR.rstrip("/") + "-other/x.py")
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
@@ -332,8 +348,8 @@ class FakeCuda(TorchFunctionMode):
                         self.tagged.pop(ptr, None)
 
     def _where(self, what: str) -> None:
-        frames = [f for f in traceback.extract_stack()[:-2] if "/phalanx/" in f.filename]
-        self.mixed[(what, f"{frames[-1].filename.split('/phalanx/')[-1]}:{frames[-1].lineno}" if frames else "?")] += 1
+        frames = [f for f in traceback.extract_stack()[:-2] if _ours(f.filename)]
+        self.mixed[(what, f"{frames[-1].filename[len(_PACKAGE_DIR):]}:{frames[-1].lineno}" if frames else "?")] += 1
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
