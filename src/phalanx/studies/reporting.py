@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from phalanx.analysis.stats import Estimate
+from phalanx.analysis.stats import Estimate, holm
 from phalanx.errors import ConfigError
 from phalanx.experiments import runstate, store
 
@@ -93,6 +93,17 @@ def holm_p(e: Estimate | None) -> str:
     """A table cell: the estimate's Holm-adjusted p-value (:func:`phalanx.analysis.stats.holm`), or — where the
     comparison decides nothing (too few seeds, zero width) or was not corrected."""
     return "—" if e is None or e.p_adjusted is None else f"{e.p_adjusted:.2g}"
+
+
+Item = TypeVar("Item")
+
+
+def holm_family(items: list[Item], field: str = "estimate") -> list[Item]:
+    """``items`` (frozen dataclasses, each holding one verdict's :class:`Estimate` in ``field``) with their estimates
+    Holm-corrected as one family (:func:`phalanx.analysis.stats.holm`): a report that reads them all decides each on
+    its adjusted p-value."""
+    adjusted = holm([getattr(x, field) for x in items])
+    return [replace(x, **{field: e}) for x, e in zip(items, adjusted)]  # type: ignore[type-var]
 
 
 def family_note(estimates: Iterable[Estimate | None]) -> str:
