@@ -138,3 +138,19 @@ def test_the_progress_bars_eta_counts_only_the_rounds_this_command_trained() -> 
         bar.update(task, advance=10)
         assert str(column.render(bar.tasks[0])) == "ETA 0:00:40"
     assert _eta(10.0, 60, 100, 0) == "0:00:07"  # counting the jump as speed would say 7 s
+
+
+def test_tables_keep_their_columns_when_piped() -> None:
+    """Piped or logged, rich wrapped to 80 columns: headers became "co…" and each row of `tension theory` took 4–5
+    lines (issue 38). Now every row is one line and no header is cut."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FORCE_COLOR")}
+    out = subprocess.run([sys.executable, "-m", "phalanx.cli", "tension", "theory", "-n", "16"], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    header = next(line for line in out.splitlines() if "rule" in line and "bound f/(n−f)" in line)
+    assert "…" not in header and "κ theory" in header
+    rows = [line for line in out.splitlines() if line.startswith("│ cwtm")]
+    assert len(rows) == 8 and all(line.rstrip().endswith("│") for line in rows)  # f = 0 … 7, each one whole line

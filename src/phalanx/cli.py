@@ -87,7 +87,21 @@ experiment_app = typer.Typer(cls=_Experiments, help="Experiments of the field as
                              "intervals, plots. NAME is a study below, an installed plug-in's, or a module:attr spec "
                              "of a phalanx.studies.Study subclass.", no_args_is_help=True)
 app.add_typer(experiment_app, name="experiment")
-console = Console()
+
+
+def _console() -> Console:
+    """The CLI's console. Rich wraps everything to 80 columns when standard output is not a terminal (a pipe, a log,
+    a batch job): table headers shrank to "co…" and rows wrapped onto five lines. There — unless ``COLUMNS`` says
+    how wide — tables keep their natural width and no line is wrapped."""
+    out = Console()
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out = Console(width=PIPE_WIDTH)
+    return out
+
+
+PIPE_WIDTH = 100_000
+"""The console's width when standard output is not a terminal: wider than any table, so none is cut or wrapped."""
+console = _console()
 app.command("launch")(distributed_cli.launch)
 app.add_typer(distributed_cli.keys_app, name="keys")
 app.command("audit")(distributed_cli.audit)

@@ -8,11 +8,11 @@ import io
 import json
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
+from phalanx.analysis.stats import MIN_SEEDS, Estimate, holm, mean_ci
 from phalanx.errors import ConfigError, OutputError
 from phalanx.experiments import status, store
 from phalanx.experiments.schema import RESULT_NEUTRAL_KEYS, RunConfig
@@ -391,7 +391,15 @@ def tradeoff(rows: list[dict[str, Any]], extra: list[str] | tuple[str, ...] = ()
                 price = paired({s: acc[(MEAN, NO_ATTACK)][s] - acc[(rule, NO_ATTACK)][s] for s in seeds})
                 rescue = paired({s: acc[(rule, attack)][s] - acc[(MEAN, attack)][s] for s in seeds})
                 out.append(TradeOff(tuple(zip(context_keys, context)), rule, attack, price, rescue))
-    return out
+    return _holm(out)
+
+
+def _holm(tradeoffs: list[TradeOff]) -> list[TradeOff]:
+    """Every price and rescue of a report as one Holm family (:func:`phalanx.analysis.stats.holm`): the report reads
+    their verdicts all at once."""
+    adjusted = holm([e for t in tradeoffs for e in (t.price.estimate, t.rescue.estimate)])
+    return [replace(t, price=replace(t.price, estimate=adjusted[2 * i]),
+                    rescue=replace(t.rescue, estimate=adjusted[2 * i + 1])) for i, t in enumerate(tradeoffs)]
 
 
 def tradeoff_keys(tradeoffs: list[TradeOff]) -> list[str]:
@@ -426,7 +434,8 @@ TRADEOFF_HEAD = ("rule", "attack", "price (points)", "95 % interval", "rescue (p
 TRADEOFF_MEANING = (
     "*Price* = accuracy of the mean with no attack − the rule's: what the rule costs when nobody attacks; *rescue* = "
     "the rule's accuracy under the attack − the mean's: what it keeps. Final test accuracy in points, paired by seed, "
-    f"mean over seeds with a 95 % Student-t interval (none from fewer than {MIN_SEEDS} seeds)."
+    f"mean over seeds with a 95 % Student-t interval (none from fewer than {MIN_SEEDS} seeds). Verdicts: every price "
+    "and rescue of the table is one family, each decided by its Holm-adjusted p < 0.05 (family-wise error ≤ 5 %)."
 )
 """The sentence under the trade-off table saying what price and rescue are."""
 
