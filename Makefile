@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-training bench-federated bench-distributed bench-decentralized lint typecheck install clean
+.PHONY: run test docs-check bench bench-training bench-federated bench-distributed bench-decentralized lint typecheck install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,11 @@ typecheck: $(STAMP)
 
 test: lint typecheck
 	$(BIN)/python -m pytest -q
+
+# Every output the README and docs/ quote under a `regenerate` marker, produced again and compared — the full tier
+# too (studies and grids: long). The quick tier runs in `make test` (tests/test_docs_check.py).
+docs-check: $(STAMP)
+	$(BIN)/python scripts/docs_check.py --full
 
 $(VENV)/.bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'

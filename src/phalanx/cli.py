@@ -580,15 +580,17 @@ def _print_tradeoff(tradeoffs: list[Any]) -> None:
     from phalanx.experiments import report
 
     keys = report.tradeoff_keys(tradeoffs)
-    # a number ± its half-width, no vertical rules: the table fits 80 columns with its verdicts
+    # a number ± its half-width and its Holm-adjusted p, no vertical rules: the table fits 80 columns with its verdicts
     table = Table(title="The price and rescue of robustness (vs mean, paired by seed)", box=box.SIMPLE_HEAD,
                   pad_edge=False, collapse_padding=True)
-    for k in ["rule", *keys, "attack", "price (pts)", "rescue (pts)", "seeds", "verdict"]:
-        table.add_column(k, justify="right" if "pts" in k or k == "seeds" else "left", no_wrap=k != "verdict")
+    for k in ["rule", *keys, "attack", "price (pts)", "p", "rescue (pts)", "p ", "seeds", "verdict"]:
+        table.add_column(k.strip(), justify="right" if "pts" in k or k.strip() in ("seeds", "p") else "left",
+                         no_wrap=k != "verdict")
     for t in report.sorted_tradeoffs(tradeoffs):
         ctx = dict(t.context)
         table.add_row(t.rule, *(str(ctx[k]) for k in keys), t.attack, report.points_pm(t.price),
-                      report.points_pm(t.rescue), str(len(t.seeds)), t.verdict)
+                      t.price.estimate.holm_text(), report.points_pm(t.rescue), t.rescue.estimate.holm_text(),
+                      str(len(t.seeds)), t.verdict)
     console.print(table)
     console.print(report.TRADEOFF_MEANING.replace("*", ""), soft_wrap=True, highlight=False)
 

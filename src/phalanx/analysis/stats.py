@@ -78,6 +78,11 @@ class Estimate:
         se = self.half_width / t_quantile_975(self.k - 1)
         return float(2 * sstats.t.sf(abs(self.mean) / se, self.k - 1))
 
+    def holm_text(self) -> str:
+        """The Holm-adjusted p-value as a table cell (two significant digits), or — where it was not corrected (not
+        in a family, or deciding nothing)."""
+        return "—" if self.p_adjusted is None else f"{self.p_adjusted:.2g}"
+
     def _decided(self) -> tuple[bool, bool]:
         """(below 0, above 0): by the Holm-adjusted p-value when the estimate was corrected, else by the interval."""
         if self.p_adjusted is None:

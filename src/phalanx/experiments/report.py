@@ -408,11 +408,12 @@ def tradeoff_keys(tradeoffs: list[TradeOff]) -> list[str]:
     return [k for k in keys if len({json.dumps(dict(t.context).get(k)) for t in tradeoffs}) > 1]
 
 
-def _points(p: Paired) -> tuple[str, str]:
-    """A paired difference in accuracy points: the mean, and its interval (— when none is given)."""
+def _points(p: Paired) -> tuple[str, str, str]:
+    """A paired difference in accuracy points: the mean, its interval (— when none is given) and its Holm-adjusted
+    p-value (— likewise)."""
     e = p.estimate
     interval = "—" if p.why_no_interval else f"[{100 * e.low:+.1f}, {100 * e.high:+.1f}]"
-    return f"{100 * e.mean:+.1f}", interval
+    return f"{100 * e.mean:+.1f}", interval, "—" if p.why_no_interval else e.holm_text()
 
 
 def points_pm(p: Paired) -> str:
@@ -427,8 +428,8 @@ def sorted_tradeoffs(tradeoffs: list[TradeOff]) -> list[TradeOff]:
     return sorted(tradeoffs, key=lambda t: (json.dumps(t.context), t.attack, t.rule))
 
 
-TRADEOFF_HEAD = ("rule", "attack", "price (points)", "95 % interval", "rescue (points)", "95 % interval", "seeds",
-                 "verdict")
+TRADEOFF_HEAD = ("rule", "attack", "price (points)", "95 % interval", "Holm p", "rescue (points)", "95 % interval",
+                 "Holm p", "seeds", "verdict")
 """The columns of the trade-off table (after ``rule``, the setting keys that vary)."""
 
 TRADEOFF_MEANING = (

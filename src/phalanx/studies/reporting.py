@@ -90,9 +90,8 @@ def provenance(command: str, wall_seconds: float | None, runs: int, what: str = 
 
 
 def holm_p(e: Estimate | None) -> str:
-    """A table cell: the estimate's Holm-adjusted p-value (:func:`phalanx.analysis.stats.holm`), or — where the
-    comparison decides nothing (too few seeds, zero width) or was not corrected."""
-    return "—" if e is None or e.p_adjusted is None else f"{e.p_adjusted:.2g}"
+    """A table cell: the estimate's Holm-adjusted p-value, or — (no estimate, or not corrected)."""
+    return "—" if e is None else e.holm_text()
 
 
 Item = TypeVar("Item")
