@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from phalanx import cli
 from phalanx.analysis.stats import mean_ci
-from phalanx.experiments import report, store
+from phalanx.experiments import plots, report, store
 
 EPS = sys.float_info.epsilon  # the accuracies are Python floats (float64)
 
@@ -163,8 +163,8 @@ def test_report_md_has_the_table_and_the_plot_only_when_there_is_a_tradeoff(tmp_
 
 def test_a_rule_has_one_colour_in_every_plot(tmp_path: Path) -> None:
     rows = _grid([0, 1, 2]) + [{**r, "aggregator": "krum"} for r in _grid([0, 1, 2]) if r["aggregator"] == "cwtm"]
-    colours = report.rule_colours([r["aggregator"] for r in rows])
-    styles = report.curve_styles(rows, ["aggregator", "attack"])
+    colours = plots.rule_colours([r["aggregator"] for r in rows])
+    styles = plots.curve_styles(rows, ["aggregator", "attack"])
     for r in rows:
         label = f"{r['aggregator']}, attack={r['attack']}"
         assert styles[label]["color"] == colours[r["aggregator"]]

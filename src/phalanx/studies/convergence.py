@@ -495,7 +495,7 @@ def plot(p: Preset, collected: dict[Cell, Outcome], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from phalanx.experiments.report import save_figure
+    from phalanx.experiments.plots import save_figure
 
     panels = 1 + len(p.problems)
     cols = 2 if panels > 1 else 1

@@ -32,7 +32,7 @@ from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments import store
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.report import clipped_errors, save_figure
+from phalanx.experiments.plots import clipped_errors, save_figure
 from phalanx.studies.base import ModuleStudy, Report, StudyFunctions
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import (
