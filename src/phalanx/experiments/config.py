@@ -79,7 +79,9 @@ def _friendly(exc: ValidationError) -> ConfigError:
     value = err.get("input")
     if err["type"] == "extra_forbidden":
         known = ", ".join(RunConfig.model_fields)
-        return ConfigError(loc, value, f"one of the known keys: {known}", "unknown key")
+        close = suggest(str(err["loc"][-1]), RunConfig.model_fields) if err["loc"] else None
+        return ConfigError(loc, value, f"one of the known keys: {known}", "unknown key" + (f"; {close}" if close
+                                                                                          else ""))
     allowed = _PLAIN.get(err["type"]) or err["msg"].removeprefix("Value error, ").removeprefix("Input should be ")
     return ConfigError(loc, value, allowed)
 
