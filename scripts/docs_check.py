@@ -18,7 +18,8 @@ Options, separated by ``;`` after the command:
 - ``tier: quick`` (the default) is checked by the test suite (``tests/test_docs_check.py``); ``tier: full`` (a
   study, a training grid: minutes to hours) only by ``make docs-check`` (``--full``).
 - ``file: PATH`` compares with a file the command writes instead of its standard output; ``{out}`` is a fresh
-  temporary directory, also usable in the command.
+  temporary directory, also usable in the command, and ``{python}`` this interpreter (for steps chained in
+  ``sh -c "… && …"``, where ``phalanx`` is not rewritten).
 - ``expect: TEXT`` (repeatable) checks that the output contains each TEXT — for a number quoted in prose, where the
   marker stands after the sentence; without it, the marker must be followed by a fenced block or a Markdown table,
   whose every non-blank line must appear in the output in the same order (an excerpt may leave lines out; a line
@@ -163,8 +164,9 @@ def compare(claim: Claim, output: str) -> list[str]:
 
 
 def argv(command: str, out: str) -> list[str]:
-    """The command as an argument vector: ``{out}`` filled in, ``phalanx`` as this interpreter's module."""
-    words = shlex.split(command.replace("{out}", out))
+    """The command as an argument vector: ``{out}`` and ``{python}`` (this interpreter) filled in, ``phalanx`` as this
+    interpreter's module."""
+    words = shlex.split(command.replace("{out}", out).replace("{python}", shlex.quote(sys.executable)))
     if words and words[0] == "phalanx":
         words = [sys.executable, "-m", "phalanx.cli", *words[1:]]
     return words
