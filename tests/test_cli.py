@@ -36,6 +36,8 @@ def test_list_attacks_says_what_kind_each_is() -> None:
     assert res.exit_code == 0, res.output
     assert re.search(r"labelflip +│ data: poisons its batches", res.output)
     assert re.search(r"alie +│ vector: sends rows", res.output)
+    assert re.search(r"honest +│ baseline: no attack", res.output)  # not "data: poisons its batches" (issue 38)
+    assert re.search(r"none +│ baseline: no attack", res.output)
 
 
 def test_epsilon_command() -> None:

@@ -768,6 +768,9 @@ def list_attacks() -> None:
     from phalanx.attacks.base import DataAttack
 
     def kind(cls: type) -> str:
+        if getattr(cls, "baseline", False):  # honest, none: no attack at all
+            return "baseline: no attack (" + ("real gradients on own data" if issubclass(cls, DataAttack)
+                                             else "replays honest rows") + ")"
         return "data: poisons its batches" if issubclass(cls, DataAttack) else "vector: sends rows"
 
     rows = [([name, kind(attacks.get_class(name))], attacks.get_class(name).reference) for name in attacks.names()]
