@@ -204,8 +204,9 @@ def demo(
     clean = torch.cat([honest, honest[:byzantine] + 0.01 * torch.randn(byzantine, dim, generator=gen)])
     console.print(
         f"[bold]Phalanx {__version__} aggregation demo[/bold]: n={workers}, {byzantine} Byzantine, rules configured "
-        f"for f={f}, d={dim}. Lower bound on any f-robust rule's no-attack error ε ≥ f/(n−f) = "
-        f"{lower_bound(workers, f):.3f} (Yang, Shi & Li, ICML 2025)."
+        f"for f={f}, d={dim}. The errors below are on one random input; ε is a rule's worst case over every input, "
+        f"and any f-robust rule's ε ≥ f/(n−f) = {lower_bound(workers, f):.3f} (Yang, Shi & Li, ICML 2025) — a "
+        "bound on that worst case, which a typical input's error may lie far below."
     )
     table = Table(title="error = ‖Agg − honest mean‖² / honest spread (lower is better)")
     for col in ("rule", "ε (theory)", "error, no attack", "error, ALIE", "error, NaN rows", "Byz. share (ALIE)",
