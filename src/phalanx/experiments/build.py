@@ -17,7 +17,7 @@ from phalanx import data, models
 from phalanx.analysis.epsilon import MEMORY_SHARE, available_memory
 from phalanx.attacks.base import DataAttack
 from phalanx.decentralized import gossip_attacks, robust_gossip
-from phalanx.errors import ConfigError
+from phalanx.errors import ConfigError, PhalanxError
 from phalanx.experiments import components
 from phalanx.experiments.components import processes
 from phalanx.experiments.schema import RunConfig
@@ -192,6 +192,8 @@ def check_points(
             where = f" (point {i + 1} of {len(cfgs)}: {cfg.label()})" if len(cfgs) > 1 else ""
             parameter = {"n_workers": "workers", "name": "dataset"}.get(exc.parameter, exc.parameter)
             raise ConfigError(parameter, exc.value, exc.allowed + where, exc.hint) from None
+        except PhalanxError:  # typed, and naming its own cause: a bad data file (DataFormatError names the file)
+            raise
         except (TypeError, ValueError, RuntimeError) as exc:  # a model builder that fails on these inputs
             where = f"point {i + 1} of {len(cfgs)}: " if len(cfgs) > 1 else ""
             raise ConfigError(
