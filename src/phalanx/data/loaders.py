@@ -277,7 +277,8 @@ def _leaf_arrays(name: str, split: leaf.LeafSplit, where: str) -> tuple[np.ndarr
     if name == "femnist":
         return leaf.femnist_pixels(split, where)
     if name == "shakespeare":
-        return leaf.encode_text(split.x, SHAKESPEARE_LENGTH, where), leaf.text_labels(split, where)
+        texts = leaf.shakespeare_text(split, where)
+        return leaf.encode_text(texts, SHAKESPEARE_LENGTH, where), leaf.text_labels(split, where)
     texts, y = leaf.sent140_text(split, where)
     return leaf.encode_text(texts, SENT140_LENGTH, where), y
 
