@@ -34,6 +34,7 @@ import numpy as np
 
 from phalanx.data import jsonscan
 from phalanx.data.base import DataFormatError
+from phalanx.data.limits import short
 
 __all__ = [
     "EXPANSION", "EXPANSION_SLACK", "FEMNIST_CLASSES", "LEAF_LETTERS", "MAX_DEPTH", "MAX_STRING_BYTES", "OOV",
@@ -56,14 +57,15 @@ for _i, _c in enumerate(LEAF_LETTERS):
 
 
 MAX_STRING_BYTES = 1 << 16
-"""The longest JSON string a LEAF file may hold, in bytes (64 KiB; LEAF's longest are tweets, under 1 KB even with
-every character escaped): a longer one is refused before anything is parsed (:func:`phalanx.data.jsonscan.scan`)."""
+"""The longest JSON string a LEAF file may hold, in bytes (64 KiB; LEAF's longest strings are tweets, at most 280
+characters: under 4 KB even with each escaped as a surrogate pair): a longer one is refused before anything is
+parsed (:func:`phalanx.data.jsonscan.scan`)."""
 MAX_DEPTH = 8
 """The deepest nesting a LEAF file may have (LEAF's own: 5, ``{"user_data": {user: {"x": [[...]]}}}``)."""
 EXPANSION = 16
 """What parsing a LEAF file may cost, per byte of the file: its :meth:`~phalanx.data.jsonscan.JsonCost.estimate`
-must stay within ``EXPANSION`` × its size + :data:`EXPANSION_SLACK` (LEAF's own formats are estimated at 5–14 ×:
-tests/test_data_bombs.py)."""
+must stay within ``EXPANSION`` × its size + :data:`EXPANSION_SLACK` (LEAF's three formats, as its scripts write
+them, are estimated at most 14 ×: tests/test_data_bombs.py)."""
 EXPANSION_SLACK = 1 << 20
 
 
@@ -85,7 +87,12 @@ class LeafSplit:
         k = max(bisect.bisect_right(self.starts, i) - 1, 0)
         where = str(self.files[k]) if self.files else "?"
         user = self.users[int(self.user_of[i])] if i < len(self.user_of) else "?"
-        return where, f"user_data[{json.dumps(user)}]"
+        return where, _user_field(user)
+
+
+def _user_field(user: str) -> str:
+    """A user's field, ``user_data["<user>"]`` (a name longer than 60 characters cut, marked with …)."""
+    return f"user_data[{json.dumps(user[:60])}{'…' if len(user) > 60 else ''}]"
 
 
 def _json_files(folder: Path) -> list[Path]:
@@ -108,7 +115,7 @@ def read_leaf_json(path: Path) -> Any:
         raise DataFormatError(where, f"parsing it would take up to {cost.estimate():,} bytes ({cost.containers:,} "
                               f"arrays and objects, {cost.commas:,} items in {cost.size:,} bytes)",
                               allowed=f"at most {EXPANSION} × the file's size + {EXPANSION_SLACK:,} = {budget:,} "
-                              "bytes; LEAF's own files need 5-14 ×")
+                              "bytes; LEAF's own formats need at most 14 ×")
     try:
         text = path.read_bytes().decode("utf-8")
         return json.loads(text)
@@ -143,28 +150,23 @@ def _user_entries(doc: Any, where: str) -> list[tuple[str, list[Any], list[Any]]
     for k, user in enumerate(listed):
         if not isinstance(user, str) or user in seen:
             what = "a duplicate" if isinstance(user, str) else f"a {type(user).__name__}"
-            raise DataFormatError(where, f"{what}: {_short(user)}", field=f"users[{k}]", allowed="distinct strings")
+            raise DataFormatError(where, f"{what}: {short(user)}", field=f"users[{k}]", allowed="distinct strings")
         seen.add(user)
-        name = f"user_data[{json.dumps(user)}]"
+        name = _user_field(user)
         entry = data.get(user)
         if not isinstance(entry, dict) or not isinstance(entry.get("x"), list) or not isinstance(entry.get("y"),
                                                                                                   list):
-            raise DataFormatError(where, f"user {user!r}: expected user_data[{user!r}] = {{'x': [...], 'y': [...]}}",
+            raise DataFormatError(where, f"user {short(user)}: expected {name} = {{'x': [...], 'y': [...]}}",
                                   field=name)
         x, y = entry["x"], entry["y"]
         if len(x) != len(y):
-            raise DataFormatError(where, f"user {user!r}: {len(x)} inputs but {len(y)} labels", field=name,
+            raise DataFormatError(where, f"user {short(user)}: {len(x)} inputs but {len(y)} labels", field=name,
                                   allowed="one label in y per input in x")
         if counts is not None and (not _count(counts[k]) or counts[k] != len(y)):
-            raise DataFormatError(where, f"user {user!r}: num_samples says {_short(counts[k])}, the data hold "
+            raise DataFormatError(where, f"user {short(user)}: num_samples says {short(counts[k])}, the data hold "
                                   f"{len(y)}", field=f"num_samples[{k}]", allowed=f"{len(y)}")
         out.append((user, x, y))
     return out
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def read_leaf_dir(folder: Path) -> LeafSplit:
@@ -272,7 +274,7 @@ def text_labels(split: LeafSplit, where: str) -> np.ndarray[Any, Any]:
     """Shakespeare's ``y`` (one character each) as codes in :data:`LEAF_LETTERS` (else :data:`OOV`)."""
     for i, c in enumerate(split.y):
         if not isinstance(c, str) or len(c) != 1:
-            raise _bad(split, i, where, "y", f"a Shakespeare label is one character, got {_short(c)}",
+            raise _bad(split, i, where, "y", f"a Shakespeare label is one character, got {short(c)}",
                        "one character")
     return encode_text([str(c) for c in split.y], 1, where)[:, 0]
 
@@ -292,6 +294,6 @@ def sent140_text(split: LeafSplit, where: str) -> tuple[list[str], np.ndarray[An
         except (TypeError, ValueError, OverflowError):
             label = -1
         if label not in (0, 1):
-            raise _bad(split, i, where, "y", f"Sent140 labels must be 0 or 1, got {_short(v)}", "0 or 1")
+            raise _bad(split, i, where, "y", f"Sent140 labels must be 0 or 1, got {short(v)}", "0 or 1")
         labels.append(label)
     return texts, np.asarray(labels, dtype=np.int64)

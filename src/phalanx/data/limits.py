@@ -23,7 +23,7 @@ import numpy as np
 
 from phalanx.data.base import DataFormatError
 
-__all__ = ["GZIP_MAGIC", "GZIP_MAX_RATIO", "file_size", "read_exactly"]
+__all__ = ["GZIP_MAGIC", "GZIP_MAX_RATIO", "file_size", "read_exactly", "short"]
 
 GZIP_MAX_RATIO = 1032
 """Deflate's largest expansion, decompressed bytes per compressed byte (zlib technical details: 1032:1)."""
@@ -53,3 +53,21 @@ def read_exactly(stream: io.BufferedIOBase, n: int) -> tuple[np.ndarray[Any, Any
             return buf[:got], False
         got += k
     return buf, bool(stream.read(1))
+
+
+def short(value: Any, width: int = 40, depth: int = 0) -> str:
+    """``repr(value)`` for an error message, in bounded time and memory whatever the value (a file's 30 MB string, a
+    list of a million items, an integer of a million digits): strings and bytes cut to ``width`` characters,
+    tuples to 6 items two levels deep, lists and dicts by their length only."""
+    if isinstance(value, str | bytes | bytearray) and len(value) > width:
+        return f"{value[:width]!r}… ({len(value):,} long)"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"<an integer of {value.bit_length():,} bits>"
+    if isinstance(value, tuple):
+        if depth >= 2:
+            return f"<a tuple of {len(value):,}>"
+        items = [short(v, width, depth + 1) for v in value[:6]] + (["…"] if len(value) > 6 else [])
+        return "(" + ", ".join(items) + ("," if len(value) == 1 else "") + ")"
+    if isinstance(value, list | dict | set):
+        return f"<a {type(value).__name__} of {len(value):,}>"
+    return repr(value)[: 2 * width]
