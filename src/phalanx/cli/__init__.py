@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
 import time
 from collections.abc import Callable
@@ -464,6 +465,7 @@ def _train(
     _check_out(out)
     choice = executor or ExecutorChoice()
     chosen = choice.make(jobs, slurm_table)  # Slurm settings validated before anything runs
+    announce = None if choice.executor == "slurm" else functools.partial(_announce, jobs=jobs, err=plain)
 
     if plain or not _stdout_is_terminal():
         echo = functools.partial(typer.echo, err=True) if plain else typer.echo
@@ -472,7 +474,7 @@ def _train(
             with runner.stop_on_signals():
                 runner.run_grid(
                     cfgs, out, executor=chosen, on_round=lambda cfg, t, rounds: log.round(grid.run_id(cfg), t),
-                    on_done=lambda cfg, status: log.run_ended(grid.run_id(cfg), _short(cfg), status),
+                    on_done=lambda cfg, status: log.run_ended(grid.run_id(cfg), _short(cfg), status), before=announce,
                 )
         finally:
             log.close()
@@ -503,7 +505,38 @@ def _train(
             bar.update(task, before=before[0])
 
         with runner.stop_on_signals():
-            runner.run_grid(cfgs, out, executor=chosen, on_round=on_round, on_done=on_done)
+            runner.run_grid(cfgs, out, executor=chosen, on_round=on_round, on_done=on_done, before=announce)
+
+
+BUDGET_ENV = "PHALANX_BUDGET_MINUTES"
+"""The environment variable that sets how long a grid may be estimated to take before the command says so first."""
+DEFAULT_BUDGET_MINUTES = 5.0
+
+
+def _announce(todo: list[tuple[RunConfig, Path]], *, jobs: int, err: bool) -> None:
+    """Before the first run: when the grid's estimate (:func:`phalanx.experiments.estimate.estimate`) is over the
+    budget (``PHALANX_BUDGET_MINUTES``, default 5; ``off``: no estimate), one line saying so and how to make it
+    smaller. It does not stop the grid (a script's long run is no mistake): Ctrl-C stops it cleanly, and the same
+    command resumes."""
+    from phalanx.experiments import estimate
+
+    raw = os.environ.get(BUDGET_ENV, "")
+    if raw == "off":  # no estimate at all (the test suite's many small grids)
+        return
+    try:
+        budget = float(raw) if raw else DEFAULT_BUDGET_MINUTES
+    except ValueError:
+        raise ConfigError(BUDGET_ENV, raw, "a number of minutes, e.g. 30, or off") from None
+    if not math.isfinite(budget) or budget <= 0:
+        raise ConfigError(BUDGET_ENV, raw, "a number of minutes > 0")
+    guess = estimate.estimate(todo, jobs, _short)
+    if guess is None or guess.seconds <= 60 * budget:
+        return
+    (_STDERR if err else console).print(
+        f"[yellow]This grid should take {guess.text()}[/yellow] — over the {budget:g} min budget "
+        f"({BUDGET_ENV}). To make it smaller: fewer seeds or list values, fewer rounds (--set rounds=…), a smaller "
+        "preset (--preset quick), or more processes (--jobs); Ctrl-C stops it cleanly and the same command resumes.",
+        soft_wrap=True, highlight=False)
 
 
 def _devices(cfgs: list[RunConfig], executor: ExecutorChoice | None) -> str:

@@ -17,6 +17,7 @@ raises :class:`Interrupted`, which says how many runs finished (the CLI prints i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from phalanx import signing
@@ -51,10 +52,12 @@ def _counts(dirs: list[Path]) -> tuple[int, int]:
 def run_grid(
     cfgs: list[RunConfig], out: Path, *, jobs: int = 1, executor: Executor | None = None,
     on_round: RoundCallback | None = None, on_done: DoneCallback | None = None, wait: bool = False,
+    before: Callable[[list[tuple[RunConfig, Path]]], None] | None = None,
 ) -> list[Path]:
     """Run every configuration into ``out/<run_id>`` on ``executor`` (default: this machine with ``jobs`` worker
     processes; ``wait``: wait for run directories another process holds instead of reporting them busy); return the
-    run directories (in the order of ``cfgs``).
+    run directories (in the order of ``cfgs``). ``before`` is called with the unfinished runs (config, directory)
+    once every point is checked, before the first starts (the command line says how long they should take).
 
     SIGINT or SIGTERM while it runs stops it cleanly: :class:`Interrupted` (see the module's docstring).
     """
@@ -79,6 +82,8 @@ def run_grid(
             hooks.done(c, "skipped (finished)")
         elif runstate.is_final(d):
             hooks.done(c, "skipped (diverged)")
+    if before is not None and todo:
+        before(todo)
     try:
         outcome = executor.run(todo, out, hooks)
     except StopRequested as stop:
