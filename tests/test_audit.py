@@ -311,3 +311,30 @@ def test_an_older_unsigned_transcript_is_one_line(honest: Path, tmp_path: Path) 
     (copy / OLD_TRANSCRIPT).write_text('{"format": "phalanx-transcript/2", "rounds": []}')
     report = audit(copy)
     assert len(report.problems) == 1 and "written before transcripts were signed" in report.problems[0]
+
+
+def test_a_resumed_run_continues_only_the_transcript_rank_0_signed(honest: Path, keys: Path, tmp_path: Path) -> None:
+    """Rank 0 resuming from round 6 keeps the rounds before it as it signed them — and refuses, in one line naming
+    the file, a transcript edited while the run was stopped (it would otherwise sign the edit)."""
+    from types import SimpleNamespace
+
+    from phalanx.distributed.transcript import Transcript
+    from phalanx.errors import ConfigError
+
+    loop = SimpleNamespace(resumed=True, state=SimpleNamespace(round=6), experiment=SimpleNamespace(rounds=10))
+    digest = load(honest / TRANSCRIPT)["config"]
+
+    def resume(run: Path) -> Transcript:
+        record = Transcript(run, SimpleNamespace(nonce=b"\x07" * 32), load_identity(keys, 0, 4), digest, 4, 1,
+                            lambda t: False)
+        record.on_start(loop)  # type: ignore[arg-type]
+        return record
+
+    copy = tmp_path / "kept"
+    shutil.copytree(honest, copy)
+    doc = resume(copy).doc
+    assert [r["round"] for r in doc["rounds"]] == list(range(6))
+    assert [s["from_round"] for s in doc["sessions"]] == [0, 6] and doc["sessions"][1]["nonce"] == "07" * 32
+    edited = forge(honest, tmp_path / "edited", _rejections_erased, None)
+    with pytest.raises(ConfigError, match=r"transcript.jsonl.*does not verify with rank 0's key; move it away"):
+        resume(edited)

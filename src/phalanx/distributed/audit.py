@@ -64,6 +64,10 @@ MAX_PROBLEMS = 200
 MAX_KINDS = 64
 """Kinds of rejection tallied by name; the others are tallied together."""
 CONFIG_BYTES = 1 << 20
+MANIFEST_BYTES = 16 << 20
+TRACKED = 1 << 16
+"""(round, recording rank) pairs whose groups the audit counts at most (a hostile file of many rounds: the rest are
+not counted; a transcript rank 0 wrote has at most rounds × n)."""
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX128 = re.compile(r"[0-9a-f]{128}")
 _KEYS = {
@@ -191,7 +195,10 @@ def audit(run_dir: Path, allow_list: Path | None = None) -> AuditReport:
                           "runs without keys record no transcript: nothing says who was heard")
     run = RunFacts.read(run_dir, report)
     try:
-        recorded = json.loads((run_dir / "manifest.json").read_text())["artifacts"][TRANSCRIPT]["sha256"]
+        manifest = run_dir / "manifest.json"
+        if manifest.stat().st_size > MANIFEST_BYTES:
+            raise ValueError(f"larger than {MANIFEST_BYTES} bytes")
+        recorded = json.loads(manifest.read_bytes())["artifacts"][TRANSCRIPT]["sha256"]
         if recorded != file_digest(path):
             report.problem(f"{TRANSCRIPT} is not the file the manifest records (edited after the run)")
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
@@ -226,7 +233,8 @@ class _Audit:
         self.digest = hashlib.sha256()
         self.n = self.f = 0
         self.topology = self.config = ""
-        self.sessions: list[tuple[int, bytes]] = []
+        self.session: tuple[int, bytes] | None = None  # the current session: where it starts, its nonce
+        self.sessions = 0
         self.last: int | None = None  # the last round (gossip: gathering round) recorded
         self.node_lines: dict[int, int] = {}  # gossip: the nodes with a journal line at the pending gathering
         self.journal_round: int | None = None
@@ -260,7 +268,7 @@ class _Audit:
                 self.signature(rec)
                 continue
             self.digest.update(raw)
-            if kind != "session" and not self.sessions:
+            if kind != "session" and self.session is None:
                 raise Unreadable(f"line {lines.number} ({kind}) comes before any session")
             getattr(self, "line_" + str(kind))(rec)
         self.end()
@@ -345,7 +353,8 @@ class _Audit:
         if start != expected:
             self.problem(f"a session starts at round {start}, not at round {expected} (after the rounds recorded "
                          "before it): rounds missing, repeated or reordered")
-        self.sessions.append((start, bytes.fromhex(nonce)))
+        self.session = (start, bytes.fromhex(nonce))
+        self.sessions += 1
         self.node_lines, self.journal_round = {}, None
 
     def _next_round(self, t: Any, what: str) -> bool:
@@ -353,7 +362,8 @@ class _Audit:
         if not _int(t):
             self.problem(f"a {what} line without a valid round ({str(t)[:20]!r})")
             return False
-        start = self.sessions[-1][0]
+        assert self.session is not None
+        start = self.session[0]
         if self.topology != "gossip" and t != (start if self.last is None or self.last < start else self.last + 1):
             self.problem(f"round {t} follows round {self.last} (rounds missing, repeated or reordered)")
         if self.topology == "gossip" and (t < start or (self.last is not None and t <= self.last)):
@@ -410,7 +420,8 @@ class _Audit:
             self.problem(f"round {g}: node {node} reported twice")
             return
         self.node_lines[node] = g
-        start, nonce = self.sessions[-1]
+        assert self.session is not None
+        start, nonce = self.session
         since = max(start - 1, -1 if self.last is None else self.last)
         expected = list(range(since + 1, g + 1))
         items = read_journal(canonical(rec["rounds"]), rec["signature"], node, self.n, expected, self.keys, nonce,
@@ -461,9 +472,10 @@ class _Audit:
             self.problem("a rejection group whose fields are not those of one (round, recording rank, rank or "
                          "peer, kind, count, samples)")
             return
-        key = (len(self.sessions), t, at)
-        self.groups[key] = self.groups.get(key, 0) + 1
-        if self.groups[key] > GROUPS_PER_ROUND + 2 and key not in self.over:
+        key = (self.sessions, t, at)
+        if key in self.groups or len(self.groups) < TRACKED:
+            self.groups[key] = self.groups.get(key, 0) + 1
+        if self.groups.get(key, 0) > GROUPS_PER_ROUND + 2 and key not in self.over:
             self.over.add(key)
             self.problem(f"round {t}: rank {at} recorded more than the {GROUPS_PER_ROUND + 2} groups of rejections "
                          "a transcript holds per round")
@@ -483,7 +495,8 @@ class _Audit:
         """Check one round's accepted rows; the ranks heard, by phase."""
         from cryptography.exceptions import InvalidSignature
 
-        nonce = self.sessions[-1][1]
+        assert self.session is not None
+        nonce = self.session[1]
         heard: dict[int, list[int]] = {}
         for acc in accepted:
             self.report.accepted += 1
