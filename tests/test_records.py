@@ -306,6 +306,10 @@ def test_a_flooding_byzantine_rank_and_outsiders_leave_a_bounded_record(keys: Pa
     report = audit(d)
     assert report.ok, report.problems
     assert sum(report.rejected.values()) == sum(g["count"] for g in groups)
+    from tests.test_audit import _rejections_erased, forge
+
+    erased = audit(forge(d, tmp_path / "erased", _rejections_erased, None))  # only the honest transcript passes
+    assert any("does not verify with rank 0's key" in p for p in erased.problems), erased.problems
 
 
 def test_a_byzantine_gossip_nodes_junk_journals_are_refused_and_the_run_audits(keys: Path, tmp_path: Path) -> None:
