@@ -67,7 +67,8 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Ten
     threads = max(1, min(torch.get_num_threads(), (d + _BLOCK - 1) // _BLOCK))
     is_double = x.dtype == torch.float64
     if _KERNEL_ONE_CALL and (_KERNEL_OPENMP or threads == 1):
-        # one call; with OpenMP the columns are split over torch's own thread team inside the kernel
+        # one call; with OpenMP the columns are cut into `threads` fixed chunks shared out over torch's own thread
+        # team inside the kernel: the result does not depend on how many threads the team actually has
         contrib = torch.zeros((threads, n), dtype=torch.float64) if want else None
         _cwkernel.window_parallel(
             x.data_ptr(), n, d, pairs.data_ptr(), pairs.shape[0], mode, trim_, length, out.data_ptr(),

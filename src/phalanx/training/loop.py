@@ -33,6 +33,7 @@ from phalanx.training.projection import STREAM as PROJECTION_STREAM
 from phalanx.training.server import BoundRule, RoundResult, Server
 from phalanx.training.state import Received, RoundAborted, RoundState, Snapshot
 from phalanx.training.streams import ROUND_STREAMS, generator
+from phalanx.training.threads import pin_threads
 from phalanx.training.transport import InProcess, Transport
 
 Progress = Callable[[int, int, "dict[str, Any] | None"], None]
@@ -178,7 +179,9 @@ class Loop:
 
     def open(self) -> None:
         """Start the transport from the start snapshot (fresh unless given) on the experiment's device (a checkpoint's
-        CPU tensors, or what another rank sent, are moved there); call ``on_start``."""
+        CPU tensors, or what another rank sent, are moved there); call ``on_start``. The intra-op thread team is
+        pinned to its count first (:func:`~phalanx.training.threads.pin_threads`: no team shrunk by the load)."""
+        pin_threads()
         exp = self.experiment
         start = self.start if self.start is not None else fresh_start(exp)
         start = self.transport.open(exp, start.to(exp.device)).to(exp.device)
