@@ -52,6 +52,7 @@ from phalanx.studies.convergence_runs import (
     collect_all,
     f_dependent,
     paper_rules,
+    paper_skipped,
     plan_cells,
     rule_epsilon,
     settings,
@@ -289,6 +290,8 @@ def report_markdown(p: Preset, cells: list[Cell], collected: dict[Cell, Outcome]
         counts[_short(o.verdict)] = counts.get(_short(o.verdict), 0) + 1
     tally = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
     reasons = [f"| {c.rule} | {c.f} | {o.verdict} |" for c, o in paper if _short(o.verdict) != "stalls"]
+    left_out = [f"{spec} (f={f}: {why})" for spec in paper_rules(p) for f in p.construction_fs
+                if f >= 1 and (why := paper_skipped(p, spec, f)) is not None]
     parts = [
         f"# Convergence with no attack — preset `{p.name}`", "",
         *provenance(command, None, len(cells), " full-batch GD runs in process")[:2],
@@ -306,6 +309,8 @@ def report_markdown(p: Preset, cells: list[Cell], collected: dict[Cell, Outcome]
         "```text", paper_table(p, collected), "```", "",
         *(["Why a rule escapes (or stalls without being in the theorem's class):", "",
            "| rule | f | verdict |", "|---|---|---|", *reasons, ""] if reasons else []),
+        *([f"Not run here: {', '.join(left_out)} — its cost is combinatorial in f; tests/test_theorem45.py runs "
+           "it at n = 9.", ""] if left_out else []),
         "## Proposition 3: Phalanx's own tightness construction (equivariant rules, η < 2/μ)", "",
         "Under assumptions stronger than the paper's — a translation- and scale-equivariant rule and a step η < 2/μ — "
         "F_i(w) = ½‖w + x_i‖² with x a worst case of the rule for ε whose output follows from the rule's definition "
