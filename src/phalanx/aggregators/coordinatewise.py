@@ -176,6 +176,9 @@ class CoordinateWiseTrimmedMean(Aggregator):
         "rates, ICML 2018 (Definition 2)"
     )
     requirement = "n > 2f"
+    epsilon_source = ("Yang, Shi & Li, ICML 2025, Theorem 3.6 (TM is f/(n−f)-accurate for f < n/2; tight: f equal "
+                      "values and n − f other equal values per coordinate, Section 3.4, Table 2)")
+    kappa_source = "Allouah, Farhadkhani, Guerraoui, Gupta, Pinot & Stephan, Fixing by Mixing, AISTATS 2023, Table 1"
 
     def min_workers(self) -> int:
         return 2 * self.f + 1
@@ -213,6 +216,9 @@ class CoordinateWiseMedian(Aggregator):
         "rates, ICML 2018 (Definition 1)"
     )
     requirement = "n > 2f"
+    epsilon_source = ("Yang, Shi & Li, ICML 2025, Table 2 (the median is the trimmed mean with f = ⌊(n−1)/2⌋, "
+                      "Theorem 3.6; tight)")
+    kappa_source = "Allouah, Farhadkhani, Guerraoui, Gupta, Pinot & Stephan, Fixing by Mixing, AISTATS 2023, Table 1"
 
     def min_workers(self) -> int:
         return 2 * self.f + 1
