@@ -438,3 +438,43 @@ def test_the_signature_is_made_after_every_callback_that_writes_into_the_directo
                    recorders=lambda d: [Late(d.path)] if isinstance(d, RunDirectory) else [])
     assert "late.json" in signing.covered_files(run)
     signing.verify(run, keys["pub"])
+
+
+def _edit_statement(d: Path, index: int, change: Any) -> None:
+    entries = _chain(d)
+    seg = json.loads(entries[index]["statement"])
+    change(seg)
+    entries[index]["statement"] = json.dumps(seg, sort_keys=True, separators=(",", ":"))
+    _set_chain(d, entries)
+
+
+STRUCTURE = {
+    # a chain broken in one way each (unsigned checks: refused with or without a key)
+    "a session that ends before it starts": (lambda s: s["to"].update(round=2), 1, "ends (round 2) before it starts"),
+    "a session that does not start where the one before ended": (lambda s: s["from"].update(round=2), 1,
+                                                                 "broken between segments 1 and 2"),
+    "a statement missing a field": (lambda s: s.pop("data"), 0, "not a phalanx/segment/v1 statement"),
+    "a point of the wrong shape": (lambda s: s.update({"from": {"round": -1, "tensors": None, "rows": None}}), 0,
+                                   "malformed point"),
+}
+
+
+@pytest.mark.parametrize("case", list(STRUCTURE))
+def test_every_structural_check_of_the_chain_rejects_its_mutant(tmp_path: Path, keys: dict[str, Path],
+                                                               two_sessions: Path, case: str) -> None:
+    change, index, needle = STRUCTURE[case]
+    run = _copy(two_sessions, tmp_path)
+    _edit_statement(run, index, change)
+    _rehash(run)
+    for cfg in (_cfg(keys, rounds=12), _cfg(None, rounds=12)):
+        with pytest.raises(Exception) as info:
+            train(cfg, run)
+        _one_line(info.value, needle)
+
+
+def test_a_run_resumed_more_often_than_a_record_holds_is_refused_a_new_session(
+        tmp_path: Path, two_sessions: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(provenance, "MAX_SEGMENTS", 2)
+    with pytest.raises(ProvenanceError) as info:
+        train(_cfg(None, rounds=12), _copy(two_sessions, tmp_path))
+    _one_line(info.value, "trained in 2 sessions already")

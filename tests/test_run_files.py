@@ -210,3 +210,50 @@ def test_markers_and_a_recorded_config_too_large_to_read_are_reported_unreadable
     assert runstate.failure(d) == {"error": "?", "message": "(unreadable FAILED marker)"}
     _sparse(d / "config.json", CLAIM)
     assert status.recorded_config(d) == {}
+
+
+def _table(**entries: Any) -> dict[str, Any]:
+    return {"theta": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}, **entries}
+
+
+HEADERS: dict[str, tuple[dict[str, Any], int, str]] = {
+    # a header that lies or is malformed in one way each: (table, bytes of data, what the refusal says)
+    "an unknown dtype": ({"theta": {"dtype": "X99", "shape": [4], "data_offsets": [0, 16]}}, 16, "dtype 'X99'"),
+    "a negative size": ({"theta": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}}, 16, "not a list"),
+    "a shape of 9 dimensions": ({"theta": {"dtype": "F32", "shape": [1] * 9, "data_offsets": [0, 4]}}, 4,
+                                "at most 8 sizes"),
+    "offsets that are not a pair": ({"theta": {"dtype": "F32", "shape": [4], "data_offsets": [0]}}, 16,
+                                    "not [begin, end]"),
+    "a size that is not its shape's": ({"theta": {"dtype": "F32", "shape": [5], "data_offsets": [0, 16]}}, 16,
+                                       "lies about sizes"),
+    "a gap between tensors": (_table(momentum={"dtype": "F32", "shape": [1, 4], "data_offsets": [20, 36]}), 36,
+                              "gaps"),
+    "data no tensor covers": (_table(), 32, "cover 16 bytes of the 32"),
+    "an entry that is not a tensor's": ({"theta": [1, 2]}, 0, "not a tensor's"),
+    "metadata of numbers": ({**_table(), "__metadata__": {"round": 4}}, 16, "not a map of text to text"),
+    "5,000 tensors": ({f"t{i}": {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i in range(5000)},
+                      5000, "more than 4,096"),
+    "a list, not an object": ([], 0, "not a JSON object"),  # type: ignore[dict-item]
+}
+
+
+@pytest.mark.parametrize("case", list(HEADERS))
+def test_every_check_of_a_checkpoint_header_rejects_its_mutant(case: str, tmp_path: Path) -> None:
+    table, data, needle = HEADERS[case]
+    path = tmp_path / "checkpoint.safetensors"
+    _header(path, table, data=data)
+    with pytest.raises(ConfigError) as info:
+        runfiles.checkpoint_header(path)
+    assert needle in str(info.value) and str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_checkpoint_beyond_the_runs_last_round_and_too_many_rows_are_refused(
+        finished: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = Path(shutil.copytree(finished, tmp_path / "run"))
+    _legacy(d)
+    _ckpt_meta(d, {"round": "99"})
+    with pytest.raises(ConfigError, match=r"round 99, outside 0 … 4"):
+        store.open_checkpoint(d, rounds=4)
+    monkeypatch.setattr(store, "MAX_ROWS", 1)
+    with pytest.raises(ConfigError, match="more than 2 metric rows"):
+        store.read_rows(d)

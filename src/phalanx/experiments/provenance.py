@@ -191,12 +191,10 @@ def _end_mismatch(end: Point, at: Point) -> str | None:
     return f"its {', '.join(parts)} differ from what its provenance record says the last session wrote"
 
 
-def status(seg: Segment, public_key: bytes | None) -> str:
+def status(seg: Segment, public_key: bytes) -> str:
     """``signed`` (by ``public_key``), ``unsigned``, or what is wrong with its signature, in words."""
     if seg.bundle is None:
         return "unsigned"
-    if public_key is None:
-        return "signed (key not checked)"
     if seg.signer != signing.fingerprint(public_key):
         return "signed by another key"
     return signing.verify_statement(seg.statement, seg.bundle, public_key) or "signed"
@@ -244,7 +242,7 @@ def open_session(run_dir: Path, identity: dict[str, Any], data: str, chain: list
         if len(chain) >= MAX_SEGMENTS:
             raise ProvenanceError(str(run_dir), f"trained in {len(chain)} sessions already, the most a provenance "
                                   "record holds", delete)
-    if key is not None:
+    if key is not None and public is not None:
         why = _unproven(chain, public)
         if why is not None:
             raise ProvenanceError(str(run_dir), f"not resumed under sign_key: {why}; a signature would vouch for "
@@ -253,7 +251,7 @@ def open_session(run_dir: Path, identity: dict[str, Any], data: str, chain: list
     return Session(run, data, chain or [], at, key, public)
 
 
-def _unproven(chain: list[Segment] | None, public: bytes | None) -> str | None:
+def _unproven(chain: list[Segment] | None, public: bytes) -> str | None:
     """Why ``chain`` does not prove that every round was trained under ``public``'s key, or ``None``."""
     if chain is None:
         return "its checkpoint carries no provenance record (written before Phalanx recorded provenance, or planted)"
@@ -291,8 +289,9 @@ class Provenance:
         """The statement ``phalanx verify`` prints: a summary, then one line per session."""
         key = f"key {self.key[:16]}…" if self.key else "the key"
         if self.chain is None:
-            return ["provenance: NOT proven — the checkpoint carries no provenance record (written before Phalanx "
-                    "recorded provenance, or planted): nothing records which sessions trained it"]
+            return ["provenance: NOT proven — " + (self.problem or "the checkpoint carries no provenance record "
+                                                   "(written before Phalanx recorded provenance, or planted): "
+                                                   "nothing records which sessions trained it")]
         last = self.chain[-1].end.round
         head = (f"provenance: proven — rounds 0–{last} of this run's configuration were trained under {key}, from a "
                 f"fresh start, in {len(self.chain)} session(s); the checkpoint and metric rows are those the last "
@@ -320,10 +319,7 @@ def _on_disk(run_dir: Path, identity: dict[str, Any]) -> tuple[list[Segment] | N
     """The chain of ``run_dir``'s checkpoint and what is wrong with it against ``identity`` and the checkpoint and
     rows on disk (read with bounded memory, no tensor loaded), or ``None``."""
     ckpt = run_dir / "checkpoint.safetensors"
-    try:
-        header = runfiles.checkpoint_header(ckpt)
-    except FileNotFoundError:
-        return None, "there is no checkpoint"
+    header = runfiles.checkpoint_header(ckpt)
     chain = read_chain(ckpt, header.metadata)
     if chain is None:
         return None, None
@@ -342,10 +338,10 @@ def check_recorded(run_dir: Path, identity: dict[str, Any]) -> None:
     """Before a grid uses a finished run: its checkpoint's provenance record (if it has one) names the run
     ``identity`` and ends at the checkpoint and rows on disk; :class:`ProvenanceError` otherwise. Unsigned, this is a
     consistency check (docs/security.md)."""
-    if store.forced():
+    if store.forced() or not (Path(run_dir) / "checkpoint.safetensors").exists():
         return
     _, problem = _on_disk(Path(run_dir), identity)
-    if problem is not None and problem != "there is no checkpoint":
+    if problem is not None:
         raise ProvenanceError(str(Path(run_dir) / "checkpoint.safetensors"), f"{problem}: it is not the checkpoint "
                               "this run's sessions wrote", f"delete {run_dir} to train it again from round 0")
 
@@ -356,6 +352,8 @@ def inspect(run_dir: Path, public_key: Path | bytes) -> Provenance:
     bounded memory: :mod:`~phalanx.experiments.runfiles`)."""
     run_dir = Path(run_dir)
     public = public_key if isinstance(public_key, bytes) else runfiles.read_bounded(Path(public_key), 64 << 10)
+    if not (run_dir / "checkpoint.safetensors").exists():
+        return Provenance(run_dir, None, [], "the run has no checkpoint", signing.fingerprint(public))
     chain, problem = _on_disk(run_dir, runfiles.read_json_object(run_dir / "config.json"))
     states = [] if chain is None else [status(s, public) for s in chain]
     return Provenance(run_dir, chain, states, problem, signing.fingerprint(public))

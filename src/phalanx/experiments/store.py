@@ -506,9 +506,7 @@ def rows_upto(path: Path, round_: int | None) -> tuple[list[dict[str, Any]], str
         verify(path, ("metrics.jsonl",))
     rows: list[dict[str, Any]] = []
     h = hashlib.sha256()
-    last = None
     for number, line in runfiles.jsonl_lines(metrics):
-        last = (number, line)
         if not line.strip():
             continue
         try:
@@ -527,7 +525,6 @@ def rows_upto(path: Path, round_: int | None) -> tuple[list[dict[str, Any]], str
                 raise damaged(metrics, f"more than {MAX_ROWS + 1:,} metric rows (the most a run writes)")
             rows.append(row)
             h.update(line)
-    del last
     return rows, (h.hexdigest() if rows else None)
 
 
