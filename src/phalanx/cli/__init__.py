@@ -783,6 +783,13 @@ def sign_cmd(
         raise typer.BadParameter("give --key KEY.pem (or --keyless for Sigstore, which needs the network)")
     path = signing.sign(run_dir, key, certificate=certificate, certificate_chain=tuple(chain or ()), keyless=keyless)
     console.print(f"signed {len(signing.covered_files(run_dir))} files of {run_dir} → {path}", soft_wrap=True)
+    if key is not None:  # what the signature vouches for, beyond the bytes
+        from phalanx.experiments import provenance
+
+        found = provenance.inspect(run_dir, signing.public_key_of(key))
+        if not found.proven:
+            console.print(f"note: {found.lines()[0]} — the signature vouches for these files, not for how they were "
+                          "trained; `phalanx verify` says so (exit 1)", soft_wrap=True, highlight=False)
 
 
 @app.command("verify")
@@ -794,12 +801,26 @@ def verify_cmd(
     identity: Annotated[str | None, typer.Option("--identity", help="Keyless: the signer's identity.")] = None,
     issuer: Annotated[str | None, typer.Option("--issuer", help="Keyless: its OpenID Connect issuer.")] = None,
 ) -> None:
-    """Check a run directory against its signature: exit 0 if every file is the one signed, else one line and 2."""
+    """Check a run directory against its signature, then (with --key) its provenance: which rounds were trained
+    under the key. Exit 0: the files are the signed ones and every round was trained under the key; 1: the files are
+    the signed ones, but not every round is proven to be trained under the key (the lines say which); 2: the
+    signature does not hold (one line)."""
     from phalanx import signing
+    from phalanx.experiments import provenance
 
     signing.verify(run_dir, key, certificate_chain=None if chain is None else tuple(chain), identity=identity,
                    oidc_issuer=issuer)
-    console.print(f"{run_dir}: signature verified ({len(signing.covered_files(run_dir))} files)", soft_wrap=True)
+    console.print(f"{run_dir}: signature verified ({len(signing.covered_files(run_dir))} files): they are the files "
+                  "that were signed", soft_wrap=True, highlight=False)
+    if key is None:
+        console.print("provenance: not checked (each training session is signed with the run's sign_key: check it "
+                      "with --key PUB.pem)", soft_wrap=True, highlight=False)
+        return
+    found = provenance.inspect(run_dir, key)
+    for line in found.lines():
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
+    if not found.proven:
+        raise typer.Exit(1)
 
 
 @list_app.command("attacks")

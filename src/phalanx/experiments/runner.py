@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from phalanx import signing
-from phalanx.experiments import runstate, status, store
+from phalanx.experiments import provenance, runstate, status, store
 from phalanx.experiments.build import check_points
 from phalanx.experiments.config import RunConfig
 from phalanx.experiments.executor import (
@@ -76,9 +76,12 @@ def run_grid(
     hooks = Hooks(on_round, on_done)
     for c, d in zip(cfgs, dirs):
         if store.is_finished(d):
-            store.check_identity(d, c.identity(), finished=True)  # trusted by what it recorded, not by its name
-            if c.verify_key is not None:  # its results will be used: they must be the signed ones
+            if c.verify_key is not None:  # its results will be used: the signed files, trained under the key
                 signing.verify(d, c.verify_key)
+            store.check_finished(d, c.identity())  # trusted by what it recorded, not by its name
+            provenance.check_recorded(d, c.identity())  # its checkpoint's own record names this run and matches it
+            if c.verify_key is not None:
+                provenance.require(d, Path(c.verify_key))
             hooks.done(c, "skipped (finished)")
         elif runstate.is_final(d):
             hooks.done(c, "skipped (diverged)")
