@@ -337,12 +337,13 @@ def _reason(exc: BaseException) -> str:
 def save_checkpoint(out: Path, snap: Snapshot) -> Path:
     """Write the metric rows so far, then the checkpoint (both atomically; rows first, so none are lost).
 
-    Tensors: ``theta``, ``momentum``, ``previous``, ``norm_stats`` (BatchNorm / Hybrid BN global statistics),
-    ``algorithm.<name>`` (the round algorithm's own state, ``RoundState.own``: FedBN's ``local_norms``, say),
-    ``rule.<name>`` (the state of a rule that keeps state across rounds: FoolsGold's history),
-    ``rng.<stream>`` (random streams), ``optim.<name>`` (the server
-    optimizer's state); metadata: ``round`` and the number of rows. Tensors are saved as CPU tensors whatever
-    device the run trains on, so a checkpoint resumes on any device (the loop moves them to the run's).
+    Tensors: ``theta``, ``momentum``, ``previous``, the run's stages' states under their own keys
+    (``stage.<name>.<key>``; the BatchNorm / Hybrid BN global statistics as ``norm_stats``), ``algorithm.<name>``
+    (the round algorithm's own state, ``RoundState.own``: FedBN's ``local_norms``, say), ``rule.<name>`` (the state
+    of a rule that keeps state across rounds: FoolsGold's history), ``rng.<stream>`` (random streams),
+    ``optim.<name>`` (the server optimizer's state); metadata: ``round`` and the number of rows. Tensors are saved
+    as CPU tensors whatever device the run trains on, so a checkpoint resumes on any device (the loop moves them to
+    the run's).
     """
     state, rows = snap.state.to("cpu"), snap.rows
     write_artifact(out, "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
@@ -351,8 +352,8 @@ def save_checkpoint(out: Path, snap: Snapshot) -> Path:
         tensors["momentum"] = state.momentum.contiguous()
     if state.previous is not None:
         tensors["previous"] = state.previous.contiguous()
-    if state.stats is not None:
-        tensors["norm_stats"] = state.stats.contiguous()
+    for name, t in snap.stages.items():
+        tensors[name] = t.cpu().contiguous()
     for name, t in state.own.items():
         tensors[f"algorithm.{name}"] = t.contiguous()
     for name, g in snap.streams.items():
@@ -429,12 +430,22 @@ def load_checkpoint(out: Path) -> Snapshot | None:
                       f"round was written after {n_rows} (rows are missing)")
     state = RoundState(
         theta=tensors["theta"], momentum=tensors.get("momentum"), previous=tensors.get("previous"), round=round_,
-        stats=tensors.get("norm_stats"), own=_algorithm_state(tensors),
+        own=_algorithm_state(tensors),
     )
     streams = {k.removeprefix("rng."): v for k, v in tensors.items() if k.startswith("rng.")}
     optimizer = {k.removeprefix("optim."): v for k, v in tensors.items() if k.startswith("optim.")}
     rule = {k.removeprefix("rule."): v for k, v in tensors.items() if k.startswith("rule.")}  # none: a fresh rule
-    return Snapshot(state, streams, optimizer, rows, resumed=True, rule=rule)
+    stages = {k: v for k, v in tensors.items() if not _core(k)}  # each stage takes its own keys (the loop)
+    return Snapshot(state, streams, optimizer, rows, resumed=True, rule=rule, stages=stages)
+
+
+CORE = ("theta", "momentum", "previous")
+CORE_PREFIXES = ("algorithm.", "rng.", "optim.", "rule.")
+
+
+def _core(name: str) -> bool:
+    """Whether a checkpoint tensor is the run's own (the round state, streams, optimizer, rule), not a stage's."""
+    return name in CORE or name in LEGACY_ALGORITHM_STATE or name.startswith(CORE_PREFIXES)
 
 
 LEGACY_ALGORITHM_STATE = ("local_norms",)

@@ -47,11 +47,13 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import Tensor
 
+from phalanx import aggregators, attacks
 from phalanx.aggregators.base import Aggregator
 from phalanx.attacks.base import KNOWLEDGE, Attack, DataAttack
+from phalanx.decentralized.gossip_attacks import is_gossip_attack
+from phalanx.decentralized.robust_gossip import is_gossip_rule
 from phalanx.errors import ConfigError
 from phalanx.plugins import Registry, check_params, is_spec
-from phalanx.training.privacy import ClientDP
 from phalanx.training.problem import Problem
 from phalanx.training.server import Server
 from phalanx.training.shards import WorkerData
@@ -81,9 +83,13 @@ class Run(Protocol):
     attack_knowledge: str
     """What a vector attack sees: ``"omniscient"`` (every honest vector) or ``"colluders"`` (the Byzantine workers'
     own honest computations only)."""
-    privacy: ClientDP | None
-    """Client-level differential privacy: every computing worker clips its update and adds Gaussian noise
-    (:mod:`phalanx.training.privacy`), or None."""
+
+    @property
+    def worker_stages(self) -> tuple[Any, ...]:
+        """The run's worker-side stages (:class:`~phalanx.training.stages.base.WorkerStage`: client-level
+        differential privacy, say), which every computing worker's update passes through before it leaves the worker
+        (:class:`~phalanx.training.stages.base.WorkerStages`)."""
+        ...
 
     @property
     def f(self) -> int: ...
@@ -153,10 +159,11 @@ class RoundAlgorithm(ABC):
     """The torchrun topologies its rounds run on (:mod:`phalanx.distributed.topologies`); a torchrun config's
     ``topology`` defaults to the first."""
     population_key: ClassVar[str] = "workers"
-    supports_privacy: ClassVar[bool] = False
-    """Its workers clip and noise their updates when the run asks for client-level differential privacy
-    (``Run.privacy``, :mod:`phalanx.training.privacy`); a run with privacy and an algorithm that does not is refused."""
     """The config key that sets :meth:`per_round`'s number, named in the config's errors about it."""
+    runs_worker_stages: ClassVar[bool] = False
+    """Its worker side passes every update it sends through the run's worker stages (``Run.worker_stages``:
+    client-level differential privacy, say), and sends nothing else of a worker's; a run with a worker stage and an
+    algorithm that does not is refused."""
     stops_attacks: ClassVar[bool] = False
     """Its worker side honours a data attack's ``stop_round`` (the attackers behave honestly from that round on:
     durability); an algorithm that does not refuses an attack with one."""
@@ -209,12 +216,35 @@ class RoundAlgorithm(ABC):
         model's plain accuracy and loss at ``state.theta`` (and the attack's own measure)."""
         return None
 
-    def norm_stats_momentum(self) -> float:
-        """How much of the round's pooled normalisation statistics is blended into the global ones."""
-        return 0.1
+    def stages(self, run: Run) -> tuple[Any, ...]:
+        """The stages the algorithm brings to the run (:mod:`phalanx.training.stages`: federated averaging's pooling
+        of BatchNorm statistics, say); none by default."""
+        return ()
 
     def check(self, run: Run) -> None:  # noqa: B027 - optional hook
         """Refuse (:class:`~phalanx.errors.ConfigError`) a run this algorithm cannot train, before it trains."""
+
+    @classmethod
+    def make_rule(cls, spec: str, f: int) -> Aggregator:
+        """The rule a config's ``aggregator = spec`` names for this algorithm, configured for ``f``: a rule of
+        :func:`phalanx.aggregators.make` (a robust gossip rule, which runs at the nodes of a decentralized algorithm,
+        is refused in one line naming ``aggregator``)."""
+        if is_gossip_rule(spec):
+            raise ConfigError("aggregator", spec, f"a rule of `phalanx list aggregators` with algorithm = {cls.name!r} "
+                              f"({spec!r} is a robust gossip rule: it runs at the nodes of a decentralized algorithm, "
+                              "'gossip' or 'anytime')")
+        return aggregators.make(spec, f=f)
+
+    @classmethod
+    def make_attack(cls, name: str, params: dict[str, Any]) -> Attack | DataAttack:
+        """The attack a config's ``attack = name`` (with ``attack_params``) names for this algorithm: one of
+        :func:`phalanx.attacks.make` (a decentralized attack, which needs a graph, is refused in one line naming
+        ``attack``)."""
+        if is_gossip_attack(name):
+            raise ConfigError("attack", name, f"an attack of `phalanx list attacks` with algorithm = {cls.name!r} "
+                              f"({name!r} is a decentralized attack: it needs the graph of a decentralized algorithm, "
+                              "'gossip' or 'anytime')")
+        return attacks.make(name, **params)
 
     @classmethod
     def from_params(cls, cfg: Any, lr: Callable[[int], float]) -> tuple[RoundAlgorithm, Callable[[int], float]]:
