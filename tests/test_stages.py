@@ -187,3 +187,18 @@ def test_the_checkpoint_keeps_the_keys_it_had_before_the_seam(tmp_path: Path) ->
     assert {"rng.projection", "rng.dp", "optim.momentum_buffer"} <= keys
     assert not any(k.startswith("stage.") for k in keys)
     assert store.read_rows(tmp_path)[-1]["dp_epsilon"] > 0
+
+
+def test_phalanx_list_stages_shows_each_with_how_it_is_turned_on_and_its_section(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    from phalanx import cli
+
+    monkeypatch.setattr(cli, "console", Console(width=400))
+    out = CliRunner().invoke(cli.app, ["list", "stages"]).output
+    for text in ("fail_closed", "[stages.fail_closed]", "window: W ≥ 1", "crfl", "server_projection", "dp_noise",
+                 "norm_stats", "algorithm = 'fedavg'"):
+        assert text in out, text

@@ -219,11 +219,17 @@ class RunConfig(BaseModel):
         """``tracking = "mlflow"`` is ``tracking = ["mlflow"]``."""
         return [value] if isinstance(value, str) else value
 
-    @cached_property
+    @property
     def algorithm_class(self) -> type[RoundAlgorithm]:
         """The class of ``algorithm``, resolved once for this config (a built-in one, a registered name, a
-        ``module:attr`` spec or an entry point)."""
-        return builtin.algorithm_class(self.algorithm)
+        ``module:attr`` spec or an entry point); kept with the name it was resolved from, so that a copy with another
+        ``algorithm`` resolves its own."""
+        cached = self.__dict__.get("_algorithm_class")
+        if cached is None or cached[0] != self.algorithm:
+            cached = (self.algorithm, builtin.algorithm_class(self.algorithm))
+            self.__dict__["_algorithm_class"] = cached  # beside the fields: not dumped, compared or pickled
+        cls: type[RoundAlgorithm] = cached[1]
+        return cls
 
     @cached_property
     def handover(self) -> Handover:

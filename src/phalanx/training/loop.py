@@ -33,7 +33,7 @@ from phalanx.attacks.base import DataAttack
 from phalanx.errors import ConfigError, WorkersLostError
 from phalanx.training.experiment import Experiment
 from phalanx.training.server import BoundRule, RoundResult, Server
-from phalanx.training.stages.base import Evaluation, ServerRound
+from phalanx.training.stages.base import STATE_PREFIX, Evaluation, ServerRound
 from phalanx.training.state import Received, RoundAborted, RoundState, Snapshot
 from phalanx.training.streams import ROUND_STREAMS, generator
 from phalanx.training.transport import InProcess, Transport
@@ -183,7 +183,7 @@ class Loop:
         start = self.start if self.start is not None else fresh_start(exp)
         start = self.transport.open(exp, start.to(exp.device)).to(exp.device)
         self.state, self.rows, self.resumed = start.state, list(start.rows), start.resumed
-        unclaimed = set(start.stages)
+        unclaimed = {k for k in start.stages if k.startswith(STATE_PREFIX)}  # another run's stage; other keys: ignored
         for stage in exp.stages:  # fresh: {} (as the stage starts); resumed: where the checkpoint left it
             prefix = stage.prefix()
             mine = {k: v for k, v in start.stages.items() if k.startswith(prefix)}

@@ -19,6 +19,10 @@ pair of the two (:mod:`phalanx.training.loop`). An algorithm provides
 * ``evaluate(run, state)`` — its own test measurements when it has no single global model (a model per node, a
   model per client), or None for the model's plain test accuracy and loss;
 * ``check(run)`` — its own checks on the run it is part of, raised before anything trains;
+* ``stages(run)`` — the stages it brings to the run (:mod:`phalanx.training.stages`: federated averaging's pooling
+  of BatchNorm statistics);
+* ``make_rule(spec, f)`` / ``make_attack(name, params)`` — the rule and the attack a config names for it (a
+  decentralized one takes the robust gossip rules and the graph attacks too);
 * ``from_config(cfg, lr)`` / ``from_params(cfg, lr)`` — itself, as a run config describes it (a built-in algorithm
   from its config keys, one of one's own from ``algorithm_params``), with the schedule of the loop's server step;
 * ``check_config(cfg, rule, attack)`` — the config's relations it owns (f and the rule's requirement against its
@@ -31,7 +35,8 @@ and declares, as data (class attributes, not names listed elsewhere):
   "clients", "neighbours"); ``decentralized`` — a model per node, no server; ``topologies`` — the torchrun
   topologies it runs on (the first is the default); ``config_defaults`` — the defaults it gives the run's keys;
 * ``runs_on_device`` — its rounds run on a CUDA device; ``pools_norm_stats`` — it measures and pools BatchNorm /
-  Hybrid BN statistics; ``keeps_local_norms`` — it keeps every client's BatchNorm layers between rounds (FedBN).
+  Hybrid BN statistics; ``keeps_local_norms`` — it keeps every client's BatchNorm layers between rounds (FedBN);
+  ``runs_worker_stages`` — its workers pass every update they send through the run's worker stages.
 
 ``run`` is the :class:`~phalanx.training.experiment.Experiment` the algorithm is part of, seen through :class:`Run`
 (what an algorithm may read of it), so that neither this module nor any algorithm imports the experiment that

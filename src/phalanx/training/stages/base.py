@@ -113,6 +113,9 @@ class Stage(ABC):  # noqa: B024 - every method is an optional hook with a defaul
     parameters: ClassVar[Mapping[str, str]] = {}
     """Its config section: every constructor parameter, with its type, range and meaning (the constructor checks
     them and holds the defaults)."""
+    brought_by: ClassVar[str] = ""
+    """Who adds it to a run when no config names it (a round algorithm), for ``phalanx list stages``; empty for a
+    stage a config turns on."""
     state_prefix: ClassVar[str | None] = None
     """Its state's checkpoint prefix when not ``stage.<name>.`` (a key checkpoints had before the stage existed)."""
     key: str = ""

@@ -34,6 +34,7 @@ class PoolStats(ServerStage):
         "momentum": "0 < ρ ≤ 1: the weight of the round's pooled statistics in the global ones (fedavg's "
                     "stats_momentum)",
     }
+    brought_by: ClassVar[str] = "algorithm = 'fedavg', for a model with BatchNorm / Hybrid BN layers"
     state_prefix: ClassVar[str | None] = "norm_"
     """Its state, ``stats``, is the checkpoint's ``norm_stats``."""
 
