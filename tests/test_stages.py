@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -199,6 +200,9 @@ def test_phalanx_list_stages_shows_each_with_how_it_is_turned_on_and_its_section
 
     monkeypatch.setattr(cli, "console", Console(width=400))
     out = CliRunner().invoke(cli.app, ["list", "stages"]).output
-    for text in ("fail_closed", "[stages.fail_closed]", "window: W ≥ 1", "crfl", "server_projection", "dp_noise",
-                 "norm_stats", "algorithm = 'fedavg'"):
+    for text in ("fail_closed", "stages.fail_closed (a TOML table)", "window: W ≥ 1", "crfl", "server_projection",
+                 "dp_noise", "norm_stats", "algorithm = 'fedavg'"):
         assert text in out, text
+    rows = json.loads(CliRunner().invoke(cli.app, ["list", "stages", "--format", "json"]).output)["rows"]
+    assert {r["name"]: r["side"] for r in rows} == {"crfl": "server", "dp": "worker", "fail_closed": "server",
+                                                    "norm_stats": "server"}

@@ -783,22 +783,23 @@ def list_attacks(fmt: FormatOption = "table") -> None:
 
 
 @list_app.command("stages")
-def list_stages() -> None:
+def list_stages(fmt: FormatOption = "table") -> None:
     """The round's stages (docs/design.md, 'Stages'): each with its side, how a config turns it on, its config
     section (its parameters) and its reference."""
     from phalanx.experiments import legacy
     from phalanx.training.stages import registry
 
-    table = Table(title="Phalanx stages")
-    for col in ("name", "side", "turned on by", "section: its parameters", "ref."):
-        table.add_column(col, overflow="fold", no_wrap=col == "name")
+    fmt = check_format(fmt)
+    table = Tabular("Phalanx stages", ("name", "side", "turned on by", "section: its parameters", "ref."),
+                    whole=("name",))
     rows = []
     for name in registry.names():
         cls = registry.get(name)
-        on = cls.brought_by or legacy.FLAT_STAGES.get(name) or f"[{legacy.TREE}.{name}]"
+        on = cls.brought_by or legacy.FLAT_STAGES.get(name) or f"{legacy.TREE}.{name} (a TOML table)"
         section = "\n".join(f"{p}: {text}" for p, text in cls.parameters.items()) or "—"
         rows.append(([name, cls.side, on, section], cls.reference or "—"))
-    _print_with_references(table, _references(table, rows))
+    _references(table, rows, fmt)
+    emit(table, fmt, console)
 
 
 @list_app.command("datasets")
