@@ -847,6 +847,26 @@ def list_attacks(fmt: FormatOption = "table") -> None:
     emit(table, fmt, console)
 
 
+@list_app.command("stages")
+def list_stages(fmt: FormatOption = "table") -> None:
+    """The round's stages (docs/design.md, 'Stages'): each with its side, how a config turns it on, its config
+    section (its parameters) and its reference."""
+    from phalanx.experiments import legacy
+    from phalanx.training.stages import registry
+
+    fmt = check_format(fmt)
+    table = Tabular("Phalanx stages", ("name", "side", "turned on by", "section: its parameters", "ref."),
+                    whole=("name",))
+    rows = []
+    for name in registry.names():
+        cls = registry.get(name)
+        on = cls.brought_by or legacy.FLAT_STAGES.get(name) or f"{legacy.TREE}.{name} (a TOML table)"
+        section = "\n".join(f"{p}: {text}" for p, text in cls.parameters.items()) or "—"
+        rows.append(([name, cls.side, on, section], cls.reference or "—"))
+    _references(table, rows, fmt)
+    emit(table, fmt, console)
+
+
 @list_app.command("datasets")
 def list_datasets(fmt: FormatOption = "table") -> None:
     """Data sets Phalanx can load."""

@@ -2,11 +2,12 @@
 together, and how they become a snapshot again. Writing and reading the file (atomically, recorded in the manifest,
 with its provenance record) is :mod:`phalanx.experiments.store`'s.
 
-Tensors: ``theta``, ``momentum``, ``previous``, ``norm_stats`` (BatchNorm / Hybrid BN global statistics),
-``algorithm.<name>`` (the round algorithm's own state, ``RoundState.own``: FedBN's ``local_norms``, say),
-``rule.<name>`` (the state of a rule that keeps state across rounds: FoolsGold's history), ``rng.<stream>`` (random
-streams), ``optim.<name>`` (the server optimizer's state). Tensors are CPU tensors whatever device the run trains
-on, so a checkpoint resumes on any device (the loop moves them to the run's).
+Tensors: ``theta``, ``momentum``, ``previous``, the run's stages' states under their own keys
+(``stage.<name>.<key>``; the BatchNorm / Hybrid BN global statistics as ``norm_stats``), ``algorithm.<name>`` (the
+round algorithm's own state, ``RoundState.own``: FedBN's ``local_norms``, say), ``rule.<name>`` (the state of a rule
+that keeps state across rounds: FoolsGold's history), ``rng.<stream>`` (random streams), ``optim.<name>`` (the
+server optimizer's state). Tensors are CPU tensors whatever device the run trains on, so a checkpoint resumes on any
+device (the loop moves them to the run's).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ def tensors_of(snap: Snapshot, state: RoundState) -> dict[str, torch.Tensor]:
         tensors["momentum"] = state.momentum.contiguous()
     if state.previous is not None:
         tensors["previous"] = state.previous.contiguous()
-    if state.stats is not None:
-        tensors["norm_stats"] = state.stats.contiguous()
+    for name, t in snap.stages.items():  # each stage's state under its own keys (``stage.<name>.<key>``)
+        tensors[name] = t.cpu().contiguous()
     for name, t in state.own.items():
         tensors[f"algorithm.{name}"] = t.contiguous()
     for name, g in snap.streams.items():
@@ -50,12 +51,22 @@ def snapshot_of(tensors: dict[str, torch.Tensor], round_: int, rows: list[dict[s
     """The snapshot a checkpoint's tensors (checked by :func:`check_tensors`) and its rows resume from."""
     state = RoundState(
         theta=tensors["theta"], momentum=tensors.get("momentum"), previous=tensors.get("previous"), round=round_,
-        stats=tensors.get("norm_stats"), own=_algorithm_state(tensors),
+        own=_algorithm_state(tensors),
     )
     streams = {k.removeprefix("rng."): v for k, v in tensors.items() if k.startswith("rng.")}
     optimizer = {k.removeprefix("optim."): v for k, v in tensors.items() if k.startswith("optim.")}
     rule = {k.removeprefix("rule."): v for k, v in tensors.items() if k.startswith("rule.")}  # none: a fresh rule
-    return Snapshot(state, streams, optimizer, list(rows), resumed=True, rule=rule)
+    stages = {k: v for k, v in tensors.items() if not _core(k)}  # each stage takes its own keys (the loop)
+    return Snapshot(state, streams, optimizer, list(rows), resumed=True, rule=rule, stages=stages)
+
+
+CORE = ("theta", "momentum", "previous")
+CORE_PREFIXES = ("algorithm.", "rng.", "optim.", "rule.")
+
+
+def _core(name: str) -> bool:
+    """Whether a checkpoint tensor is the run's own (the round state, streams, optimizer, rule), not a stage's."""
+    return name in CORE or name in LEGACY_ALGORITHM_STATE or name.startswith(CORE_PREFIXES)
 
 
 def _algorithm_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
