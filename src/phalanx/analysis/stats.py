@@ -120,3 +120,79 @@ def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     if sxx == 0:
         raise ConfigError("xs", list(xs), "at least two distinct values")
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularised incomplete beta function, evaluated by the modified Lentz method
+    (for x < (a + 1)/(a + b + 2), where it converges quickly)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 400):
+        m2 = 2 * m
+        for num in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function :math:`I_x(a, b)` for a, b > 0 and 0 ≤ x ≤ 1."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _beta_fraction(a, b, x) / a
+    return 1.0 - front * _beta_fraction(b, a, 1.0 - x) / b
+
+
+def t_two_sided_p(t: float, df: int) -> float:
+    """The two-sided p-value :math:`P(|T_{df}| \\ge |t|)` of Student's t with ``df`` degrees of freedom:
+    :math:`I_{df/(df + t^2)}(df/2, 1/2)`."""
+    if isinstance(df, bool) or not isinstance(df, int) or df < 1:
+        raise ConfigError("df", df, "an integer >= 1")
+    if math.isnan(t):
+        raise ConfigError("t", t, "a number (not NaN)")
+    if math.isinf(t):
+        return 0.0
+    return min(1.0, _betainc(df / 2.0, 0.5, df / (df + t * t)))
+
+
+def paired_p(differences: Sequence[float]) -> float:
+    """The two-sided p-value of the one-sample t-test of mean 0 on paired differences (at least two values): 1 when
+    every difference is 0, 0 when they are all the same non-zero value (a zero-width interval)."""
+    xs = [float(v) for v in differences]
+    if len(xs) < 2 or not all(math.isfinite(v) for v in xs):
+        raise ConfigError("differences", differences, "two or more finite values")
+    k = len(xs)
+    m = sum(xs) / k
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (k - 1))
+    if sd <= 8 * sys.float_info.epsilon * max(1.0, max(abs(x) for x in xs)):
+        return 1.0 if m == 0 else 0.0
+    return t_two_sided_p(m / (sd / math.sqrt(k)), k - 1)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of ``pvalues`` for the family they form (Holm, "A simple sequentially rejective
+    multiple test procedure", Scand. J. Statist. 6, 1979): with :math:`p_{(1)} \\le \\dots \\le p_{(m)}`, the
+    adjusted :math:`\\tilde p_{(i)} = \\min\\big(1, \\max_{j \\le i}(m - j + 1)\\,p_{(j)}\\big)`, returned in the
+    input's order. Rejecting where :math:`\\tilde p < \\alpha` keeps the family-wise error at most α under any
+    dependence between the tests."""
+    ps = [float(p) for p in pvalues]
+    if not all(0.0 <= p <= 1.0 for p in ps):
+        raise ConfigError("pvalues", pvalues, "numbers in [0, 1]")
+    m = len(ps)
+    out = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda j: ps[j])):
+        running = max(running, min(1.0, (m - rank) * ps[i]))
+        out[i] = running
+    return out
