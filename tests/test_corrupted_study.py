@@ -161,7 +161,7 @@ def test_cli_runs_a_tiny_grid_and_writes_the_report(tmp_path: Path) -> None:
            "-j", "1", "--set", "rounds=4", "--set", "eval_every=2", "--set", "every=2", "--set", "start=1",
            "--set", "workers=6", "--set", "byzantine=1", "--set", "f=1", "--set", "model_params={hidden=[8]}",
            "--set", 'arms=["sgd", "clipped-sgd", "robust-online"]']
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)  # a hang guard (24 runs on a loaded machine)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)  # a hang guard: 24 runs, loaded machine
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     report = (out / "report.md").read_text()
     assert "| mean | sgd |" in report and "| cwtm | robust-online |" in report and "| mean | clipped-sgd |" in report

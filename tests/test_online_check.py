@@ -227,3 +227,13 @@ def test_game_input_errors() -> None:
         assert err.value.parameter == key
     with pytest.raises(ConfigError, match="learner"):
         mutants.make("nope", 3, 1.0, 1, 10)
+
+
+def test_a_heavier_regulariser_leaves_zero_later() -> None:
+    """Why the k-term's cells grow with T (docs/online.md, "The T = 16,000 ratio"): the learner told k may not grow
+    faster than its regulariser allows, so it reaches a far comparator later the larger k — here, without attack, at
+    ‖u‖ = 10 — and until then its regret is that of staying at 0."""
+    at = [game.reach(robust(check.DIM, G, k, 2000), "convex", 2000, 10.0) for k in (0, 2, 8)]
+    assert at[0] is not None and at[1] is not None and at[0] < at[1] and (at[2] is None or at[1] < at[2])
+    with pytest.raises(ConfigError, match="norm_u"):
+        game.reach(robust(check.DIM, G, 0, 10), "convex", 10, 0.0)

@@ -129,8 +129,9 @@ def fit(cells: Iterable[tuple[int, int, float, float]], G: float = 1.0, epsilon:
     """A₁ and A₂ from the robust learner's regret on calibration cells ``(T, k, ‖u‖, R)``: A₁ the smallest with
     (2 + 6k)Gε + A₁‖u‖G√(TΛ) ≥ R on every cell with k = 0 and ‖u‖ > 0 (the A₂ term, which the bound also carries at
     k = 0, is left out of this fit: there it is slack), then A₂ the smallest with :func:`bound` ≥ R on every cell
-    with k > 0 and ‖u‖ > 0 given A₁ (both ≥ 0; no margin — :class:`Constants` holds it). A cell with ‖u‖ = 0 above the proven (2 + 6k)Gε is a defect of the learner, not data to
-    fit: :class:`~phalanx.errors.ConfigError`. Both terms need cells (k = 0 and k > 0, with ‖u‖ > 0)."""
+    with k > 0 and ‖u‖ > 0 given A₁ (both ≥ 0; no margin — :class:`Constants` holds it). A cell with ‖u‖ = 0
+    above the proven (2 + 6k)Gε is a defect of the learner, not data to fit: :class:`~phalanx.errors.ConfigError`.
+    Both terms need cells (k = 0 and k > 0, with ‖u‖ > 0)."""
     rows = [(check_int("T", T, low=1), check_int("k", k, low=0), check_real("norm_u", u, low=0.0), float(r))
             for T, k, u, r in cells]
     for T, k, u, r in rows:

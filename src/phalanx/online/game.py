@@ -33,7 +33,7 @@ from phalanx.errors import ConfigError
 from phalanx.online.base import DTYPE, OnlineLearner
 from phalanx.validate import check_int, check_real
 
-__all__ = ["ATTACKS", "FLIP", "PROBLEMS", "regret"]
+__all__ = ["ATTACKS", "FLIP", "PROBLEMS", "reach", "regret"]
 
 FLIP = 100.0
 
@@ -128,3 +128,24 @@ def regret(learner: OnlineLearner, problem: str, attack: str, T: int, k: int, no
         total += float(g @ (w - u))
         learner.update(corrupt(t, g, w, T, k, G))
     return total
+
+
+def reach(learner: OnlineLearner, problem: str, T: int, norm_u: float, fraction: float = 0.5, G: float = 1.0,
+          seed: int = 0) -> int | None:
+    """The first round t at which the learner's point reaches ``fraction``·‖u‖ (‖w_t‖ ≥ fraction·‖u‖) on
+    ``problem`` without attack, or None if it does not within T rounds: how long a learner whose regulariser limits
+    its growth takes to leave 0 for a far comparator (docs/online.md, "The T = 16,000 ratio")."""
+    if problem not in PROBLEMS:
+        raise ConfigError("problem", problem, ", ".join(PROBLEMS))
+    T = check_int("T", T, low=1)
+    norm_u = check_real("norm_u", norm_u, low=0.0, low_open=True)
+    fraction = check_real("fraction", fraction, low=0.0, low_open=True)
+    u = torch.zeros(learner.dim, dtype=DTYPE)
+    u[0] = norm_u
+    grad = PROBLEMS[problem](T, G, u, torch.Generator().manual_seed(seed))
+    for t in range(T):
+        w = learner.predict()
+        if float(torch.linalg.vector_norm(w)) >= fraction * norm_u:
+            return t
+        learner.update(grad(t, w))
+    return None
