@@ -1,9 +1,19 @@
-"""Small-sample statistics for experiment reports: means with Student-t confidence intervals, per-seed slopes.
+"""Small-sample statistics for experiment reports: means with Student-t confidence intervals, per-seed slopes,
+and verdicts corrected for how many were read.
 
 Experiments here have few seeds (3–10), so intervals use Student's t with ``k − 1`` degrees of freedom, not the
 normal approximation. Comparisons are *paired by seed*: runs with the same seed share the data split, the initial
 model and the batch stream (the named random streams of :mod:`phalanx.training.streams`), so a per-seed difference
 or slope removes that shared noise before the interval is taken.
+
+**Many verdicts.** A report that reads K verdicts at level α = 0.05 each would show about 0.05·K false ones by chance.
+Every study's table of verdicts is one *family*: :func:`holm` gives each estimate its Holm-adjusted p-value (Holm,
+"A simple sequentially rejective multiple test procedure", Scand. J. Statist. 6, 1979: sort the m p-values,
+p̃₍ᵢ₎ = maxⱼ≤ᵢ min(1, (m − j + 1)·p₍ⱼ₎), which controls the family-wise error rate at α under any dependence between
+the tests), and :meth:`Estimate.side` / :meth:`Estimate.verdict` then decide on p̃ < α instead of on the
+per-comparison interval. The p-value is the two-sided one-sample t test of mean 0 (:meth:`Estimate.p_value`, scipy's
+Student t): exactly the test whose rejection is "the 95 % interval excludes 0", so an uncorrected verdict is unchanged.
+The intervals shown stay the per-comparison 95 % ones (reports say so).
 """
 
 from __future__ import annotations
@@ -11,10 +21,13 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TypeVar, cast
 
 from phalanx.errors import ConfigError
 
+ALPHA = 0.05
+"""The family-wise error rate of a report's verdicts (and the level of every per-comparison interval: 95 %)."""
 MIN_SEEDS = 3
 """The fewest seeds an interval is shown and a verdict drawn from (a t-interval from two is 12.7 standard errors
 wide: on an accuracy scale it reaches past 0 and 100)."""
@@ -44,10 +57,38 @@ class Estimate:
     low: float
     high: float
     k: int
+    p_adjusted: float | None = None
+    """The Holm-adjusted p-value of this estimate within its report's family (:func:`holm`); None: not corrected,
+    the verdict is the per-comparison interval's."""
+    family: int = 1
+    """How many comparisons the family held (1: not corrected)."""
 
     @property
     def half_width(self) -> float:
         return (self.high - self.low) / 2
+
+    def p_value(self) -> float | None:
+        """Two-sided p-value of the one-sample t test of mean 0 with ``k − 1`` degrees of freedom, recovered from the
+        interval (standard error = half-width / t₀.₉₇₅,ₖ₋₁); None when the estimate decides nothing
+        (:meth:`why_no_verdict`)."""
+        if self.why_no_verdict() is not None:
+            return None
+        from scipy import stats as sstats  # lazy: only reports read p-values
+
+        se = self.half_width / t_quantile_975(self.k - 1)
+        return float(2 * sstats.t.sf(abs(self.mean) / se, self.k - 1))
+
+    def holm_text(self) -> str:
+        """The Holm-adjusted p-value as a table cell (two significant digits), or — where it was not corrected (not
+        in a family, or deciding nothing)."""
+        return "—" if self.p_adjusted is None else f"{self.p_adjusted:.2g}"
+
+    def _decided(self) -> tuple[bool, bool]:
+        """(below 0, above 0): by the Holm-adjusted p-value when the estimate was corrected, else by the interval."""
+        if self.p_adjusted is None:
+            return self.high < 0, self.low > 0
+        shown = self.p_adjusted < ALPHA
+        return shown and self.mean < 0, shown and self.mean > 0
 
     def why_no_verdict(self, what: str = "value", magnitude: float | None = None) -> str | None:
         """Why this estimate decides nothing — fewer than :data:`MIN_SEEDS` samples, or an interval of zero width
@@ -80,7 +121,8 @@ class Estimate:
         why = self.why_no_verdict()
         if why is not None:
             return f"no verdict ({why})"
-        return below if self.high < 0 else (above if self.low > 0 else neither)
+        is_below, is_above = self._decided()
+        return below if is_below else (above if is_above else neither)
 
     def verdict(self, expect: str) -> str:
         """``holds`` if the whole interval has the expected sign (``"negative"`` or ``"positive"``), ``contradicted``
@@ -91,10 +133,30 @@ class Estimate:
         why = self.why_no_verdict()
         if why is not None:
             return f"no verdict ({why})"
-        below, above = self.high < 0, self.low > 0
+        below, above = self._decided()
         if expect == "negative":
             return "holds" if below else ("contradicted" if above else "inconclusive")
         return "holds" if above else ("contradicted" if below else "inconclusive")
+
+
+MaybeEstimate = TypeVar("MaybeEstimate", bound="Estimate | None")
+
+
+def holm(estimates: Sequence[MaybeEstimate]) -> list[MaybeEstimate]:
+    """The estimates of one family of verdicts with their Holm-adjusted p-values (see the module's docstring); an
+    estimate that decides nothing (None, fewer than :data:`MIN_SEEDS` seeds, zero width) is not counted in the
+    family and comes back unchanged. Order is kept."""
+    ps = [(i, e.p_value()) for i, e in enumerate(estimates) if e is not None]
+    tested = sorted(((p, i) for i, p in ps if p is not None))
+    m = len(tested)
+    out = list(estimates)
+    running = 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (m - rank) * p))
+        e = out[i]
+        assert e is not None
+        out[i] = cast(MaybeEstimate, replace(e, p_adjusted=running, family=m))
+    return out
 
 
 def mean_ci(values: Sequence[float]) -> Estimate:
@@ -120,79 +182,3 @@ def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     if sxx == 0:
         raise ConfigError("xs", list(xs), "at least two distinct values")
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-
-
-def _beta_fraction(a: float, b: float, x: float) -> float:
-    """The continued fraction of the regularised incomplete beta function, evaluated by the modified Lentz method
-    (for x < (a + 1)/(a + b + 2), where it converges quickly)."""
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 400):
-        m2 = 2 * m
-        for num in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
-            d = 1.0 + num * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """The regularised incomplete beta function :math:`I_x(a, b)` for a, b > 0 and 0 ≤ x ≤ 1."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _beta_fraction(a, b, x) / a
-    return 1.0 - front * _beta_fraction(b, a, 1.0 - x) / b
-
-
-def t_two_sided_p(t: float, df: int) -> float:
-    """The two-sided p-value :math:`P(|T_{df}| \\ge |t|)` of Student's t with ``df`` degrees of freedom:
-    :math:`I_{df/(df + t^2)}(df/2, 1/2)`."""
-    if isinstance(df, bool) or not isinstance(df, int) or df < 1:
-        raise ConfigError("df", df, "an integer >= 1")
-    if math.isnan(t):
-        raise ConfigError("t", t, "a number (not NaN)")
-    if math.isinf(t):
-        return 0.0
-    return min(1.0, _betainc(df / 2.0, 0.5, df / (df + t * t)))
-
-
-def paired_p(differences: Sequence[float]) -> float:
-    """The two-sided p-value of the one-sample t-test of mean 0 on paired differences (at least two values): 1 when
-    every difference is 0, 0 when they are all the same non-zero value (a zero-width interval)."""
-    xs = [float(v) for v in differences]
-    if len(xs) < 2 or not all(math.isfinite(v) for v in xs):
-        raise ConfigError("differences", differences, "two or more finite values")
-    k = len(xs)
-    m = sum(xs) / k
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (k - 1))
-    if sd <= 8 * sys.float_info.epsilon * max(1.0, max(abs(x) for x in xs)):
-        return 1.0 if m == 0 else 0.0
-    return t_two_sided_p(m / (sd / math.sqrt(k)), k - 1)
-
-
-def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm's step-down adjustment of ``pvalues`` for the family they form (Holm, "A simple sequentially rejective
-    multiple test procedure", Scand. J. Statist. 6, 1979): with :math:`p_{(1)} \\le \\dots \\le p_{(m)}`, the
-    adjusted :math:`\\tilde p_{(i)} = \\min\\big(1, \\max_{j \\le i}(m - j + 1)\\,p_{(j)}\\big)`, returned in the
-    input's order. Rejecting where :math:`\\tilde p < \\alpha` keeps the family-wise error at most α under any
-    dependence between the tests."""
-    ps = [float(p) for p in pvalues]
-    if not all(0.0 <= p <= 1.0 for p in ps):
-        raise ConfigError("pvalues", pvalues, "numbers in [0, 1]")
-    m = len(ps)
-    out = [0.0] * m
-    running = 0.0
-    for rank, i in enumerate(sorted(range(m), key=lambda j: ps[j])):
-        running = max(running, min(1.0, (m - rank) * ps[i]))
-        out[i] = running
-    return out

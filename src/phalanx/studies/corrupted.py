@@ -40,14 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from phalanx.analysis.stats import MIN_SEEDS, Estimate, holm, mean_ci, paired_p
+from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.report import save_figure
+from phalanx.experiments.plots import save_figure
 from phalanx.studies.base import ModuleStudy, Report, StudyFunctions
 from phalanx.studies.registry import register
-from phalanx.studies.reporting import pick_preset, provenance, write_report_files
+from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance, write_report_files
 
 MEAN = "mean"
 SGD = "sgd"
@@ -58,8 +58,6 @@ UNDEFENDED_TUNED = "undefended-tuned"
 NO_K = "online-no-k"
 ARMS = (SGD, CLIPPED, ONLINE, UNDEFENDED, UNDEFENDED_TUNED, NO_K)
 """Every arm (the module's docstring), in the order tables list them."""
-ALPHA = 0.05
-"""The family-wise error the Holm-adjusted verdicts keep."""
 
 
 @dataclass(frozen=True)
@@ -256,27 +254,32 @@ def _paired(a: dict[int, float], b: dict[int, float]) -> dict[int, float]:
 
 @dataclass(frozen=True)
 class Comparison:
-    """One paired difference of final accuracy, ``a − b`` over the seeds: what it compares, its estimate, its paired
-    t-test p-value (``p``) and that p-value adjusted by Holm's method over every comparison of the report
-    (``p_holm``; NaN where there is none: fewer than two seeds)."""
+    """One paired difference of final accuracy, ``a − b`` over the seeds: what it compares and its estimate, which
+    carries the Holm-adjusted p-value over every comparison of the report once :func:`comparisons` has corrected the
+    family (:func:`phalanx.analysis.stats.holm`)."""
 
     question: str
     a: Key
     b: Key
     diff: Estimate
-    p: float = math.nan
-    p_holm: float = math.nan
+
+    @property
+    def p(self) -> float:
+        """The paired t-test's two-sided p-value (the one-sample t test of mean 0 on the per-seed differences:
+        :meth:`Estimate.p_value`); NaN where the difference decides nothing (fewer than three seeds, zero width)."""
+        pv = self.diff.p_value()
+        return math.nan if pv is None else pv
+
+    @property
+    def p_holm(self) -> float:
+        """:attr:`p` adjusted by Holm's method over the report's family; NaN where it was not corrected."""
+        return math.nan if self.diff.p_adjusted is None else self.diff.p_adjusted
 
     @property
     def verdict(self) -> str:
-        """``a is better`` / ``b is better`` when the Holm-adjusted p-value is below :data:`ALPHA`, else ``no
-        difference shown``; ``no verdict (why)`` with fewer than three seeds or a zero-width interval."""
-        why = self.diff.why_no_verdict()
-        if why is not None:
-            return f"no verdict ({why})"
-        if not self.p_holm < ALPHA:
-            return "no difference shown"
-        return "a is better" if self.diff.mean > 0 else "b is better"
+        """``a is better`` / ``b is better`` when the Holm-adjusted p-value is below 0.05, else ``no difference
+        shown``; ``no verdict (why)`` with fewer than three seeds or a zero-width interval (:meth:`Estimate.side`)."""
+        return self.diff.side("b is better", "a is better")
 
 
 def _arm(key: Key) -> str:
@@ -323,11 +326,8 @@ def comparisons(table: dict[Key, dict[int, float]], p: Preset) -> list[Compariso
     for q, a, b in pairs:
         d = _paired(table.get(a, {}), table.get(b, {}))
         if d:
-            vs = list(d.values())
-            found.append((q, a, b, mean_ci(vs), paired_p(vs) if len(vs) >= 2 else math.nan))
-    tested = [i for i, f in enumerate(found) if not math.isnan(f[4])]
-    adjusted = dict(zip(tested, holm([found[i][4] for i in tested])))
-    return [Comparison(q, a, b, e, pv, adjusted.get(i, math.nan)) for i, (q, a, b, e, pv) in enumerate(found)]
+            found.append(Comparison(q, a, b, mean_ci(list(d.values()))))
+    return holm_family(found, "diff")
 
 
 def accuracy_markdown(est: dict[Key, Estimate], p: Preset) -> str:
@@ -342,19 +342,15 @@ def accuracy_markdown(est: dict[Key, Estimate], p: Preset) -> str:
     return "\n".join(lines)
 
 
-def _p(x: float) -> str:
-    return "—" if math.isnan(x) else (f"{x:.2g}" if x >= 1e-3 else "<0.001")
-
-
 def comparisons_markdown(cs: list[Comparison]) -> str:
     """One line per paired difference: a − b in points, its 95 % interval (unadjusted), its p-value adjusted by Holm
-    over every line, the verdict (from the adjusted p-value)."""
+    over every line that decides something, the verdict (from the adjusted p-value), and the sentence that says so."""
     lines = ["| question | a | b | a − b (points) | 95 % interval | p (Holm) | verdict |",
              "|---|---|---|---|---|---|---|"]
     for c in cs:
         lines.append(f"| {c.question} | {_arm(c.a)} | {_arm(c.b)} | {100 * c.diff.mean:+.1f} | "
-                     f"{c.diff.interval(100, 1)} | {_p(c.p_holm)} | {c.verdict} |")
-    return "\n".join(lines)
+                     f"{c.diff.interval(100, 1)} | {holm_p(c.diff)} | {c.verdict} |")
+    return "\n".join([*lines, "", family_note(c.diff for c in cs)])
 
 
 def readout(cs: list[Comparison], p: Preset) -> str:
@@ -367,9 +363,11 @@ def readout(cs: list[Comparison], p: Preset) -> str:
     for c in cs:
         if c.question.endswith(", attacked") and c.a[0] == c.b[0]:
             parts.append(f"{c.question.removesuffix(', attacked')}, behind {c.a[0]} ({c.a[1]} − {c.b[1]}): "
-                         f"{100 * c.diff.mean:+.1f} points {c.diff.interval(100, 1)}, Holm p {_p(c.p_holm)} "
+                         f"{100 * c.diff.mean:+.1f} points {c.diff.interval(100, 1)}, Holm p {holm_p(c.diff)} "
                          f"({c.verdict})")
-    return (f"Attacked, final accuracy paired by seed, Holm-adjusted over the {len(cs)} comparisons — the robust "
+    family = max((c.diff.family for c in cs if c.diff.p_adjusted is not None), default=0)
+    return (f"Attacked, final accuracy paired by seed, Holm-adjusted over the {family} comparisons that decide "
+            f"something — the robust "
             f"online learner told k = {budget(p)}, G = {p.gradient_bound:g}, ε = {p.online_scale:g}; clipped SGD at "
             f"the same G — " + "; ".join(parts) + f". {seeds}.")
 
