@@ -394,9 +394,23 @@ def _curves(finals: dict[Cell, Final], key: Key) -> list[tuple[int, Estimate]]:
     return [(r, mean_ci([b[r] for b in by])) for r in rounds]
 
 
+_STYLES = ("-", "--", ":")
+_HATCHES = ("", "//", "..")
+
+
+def _colour(opt: str) -> str:
+    """One colour per arm, the same behind every rule (the rule is the line style / hatch)."""
+    return f"C{ARMS.index(opt) % 10}"
+
+
+def _rule(p: Preset, rule: str) -> int:
+    return p.rules.index(rule) % len(_STYLES)
+
+
 def plot(finals: dict[Cell, Final], est: dict[Key, Estimate], p: Preset, path: Path) -> Path:
     """Three panels: final accuracy of every arm without and with the attack (95 % intervals), and the accuracy
-    against the round under attack (mean over the seeds, the attacked rounds marked)."""
+    against the round under attack (mean over the seeds, the attacked rounds marked). Colour: the arm; line style
+    and hatch: the rule."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -411,7 +425,8 @@ def plot(finals: dict[Cell, Final], est: dict[Key, Estimate], p: Preset, path: P
             if e is None:
                 continue
             err = 100 * e.half_width if math.isfinite(e.half_width) else 0.0
-            ax.bar(i, 100 * e.mean, yerr=err, capsize=3, color=f"C{i % 10}", label=f"{rule} + {opt}")
+            ax.bar(i, 100 * e.mean, yerr=err, capsize=3, color=_colour(opt), hatch=_HATCHES[_rule(p, rule)],
+                   edgecolor="white", label=f"{rule} + {opt}")
         ax.set_xticks(range(len(arms)), [f"{r}\n{o}" for r, o in arms], fontsize=7, rotation=60)
         ax.set_title(f"{p.attack} in {k} of {p.rounds} rounds" if attacked else "no attack")
         ax.set_ylim(0, 100)
@@ -421,15 +436,16 @@ def plot(finals: dict[Cell, Final], est: dict[Key, Estimate], p: Preset, path: P
     for t in range(p.rounds):
         if active(p, t):
             ax.axvline(t, color="r", alpha=0.15, lw=2)
-    for i, (rule, opt) in enumerate(arms):
+    for rule, opt in arms:
         pts = _curves(finals, (rule, opt, True))
         if not pts:
             continue
         xs, means = [r for r, _ in pts], [100 * e.mean for _, e in pts]
         lo = [100 * (e.low if math.isfinite(e.low) else e.mean) for _, e in pts]
         hi = [100 * (e.high if math.isfinite(e.high) else e.mean) for _, e in pts]
-        ax.plot(xs, means, marker="o", ms=3, color=f"C{i % 10}", label=f"{rule} + {opt}")
-        ax.fill_between(xs, lo, hi, color=f"C{i % 10}", alpha=0.15)
+        ax.plot(xs, means, marker="o", ms=3, color=_colour(opt), ls=_STYLES[_rule(p, rule)],
+                label=f"{rule} + {opt}")
+        ax.fill_between(xs, lo, hi, color=_colour(opt), alpha=0.15)
     ax.set_xlabel("round (red: attacked rounds)")
     ax.set_ylabel("test accuracy %")
     ax.set_title("under attack, by round")
