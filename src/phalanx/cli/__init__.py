@@ -251,14 +251,20 @@ def epsilon_cmd(
     from phalanx.analysis import epsilon
 
     est = epsilon(aggregators.make(spec, f=f), workers, d=dim, trials=trials, seed=seed, budget=budget)
-    proven = (f"proven ε = {est.theory:.4g} ({est.theory_source})" if est.theory is not None else
-              f"nothing proven; ε ≤ {est.upper:.4g}, {est.upper_source}" if est.upper is not None else
-              "nothing proven, no proven upper bound")
-    console.print(
-        f"{spec} (n = {workers}, f = {f}): measured ε ≥ {est.value:.4g} — a certified lower bound ({est.verdict}; "
-        f"worst input: {est.worst_input}; {est.evaluations} rule evaluations, seed {seed}); {proven}; every "
-        f"(f, κ)-robust rule has ε ≥ f/(n−f) = {est.lower_bound:.4g}", soft_wrap=True, highlight=False, markup=False,
-    )
+    proven = (f"ε = {est.theory:.4g} — {est.theory_source}" if est.theory is not None else
+              f"nothing; ε ≤ {est.upper:.4g} — {est.upper_source}" if est.upper is not None else
+              "nothing, and no upper bound")
+    found = ("unbounded: an input makes the output non-finite" if math.isinf(est.value) else
+             f"ε ≥ {est.value:.4g}, a certified lower bound (the ratio at the worst input found, recomputed exactly)"
+             if est.exact else f"ε ≥ {est.value:.4g}, a lower bound (the ratio at the worst input found, in float64)")
+    lines = [f"{spec} (n = {workers}, f = {f}): {found}",
+             f"  worst input: {est.worst_input} ({est.evaluations} rule evaluations, seed {seed})",
+             f"  proven: {proven}",
+             f"  every (f, κ)-robust rule has ε ≥ f/(n−f) = {est.lower_bound:.4g}"]
+    if est.above_upper:
+        lines.append(f"  BUG: the measured value is above the proven bound by more than rounding ({est.slack:.3g})")
+    for line in lines:
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
     if est.above_upper:
         raise typer.Exit(1)
 
