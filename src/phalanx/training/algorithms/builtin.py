@@ -7,8 +7,10 @@ from __future__ import annotations
 from phalanx.errors import ConfigError
 from phalanx.training.algorithms.base import BUILT_IN as NAMES
 from phalanx.training.algorithms.base import RoundAlgorithm, resolve
+from phalanx.training.algorithms.basgd import BASGD  # noqa: F401 - registers 'basgd'
 from phalanx.training.algorithms.dsgd import DSGD
 from phalanx.training.algorithms.fedavg import FedAvg
+from phalanx.training.algorithms.fedbuff import FedBuff  # noqa: F401 - registers 'fedbuff'
 from phalanx.training.algorithms.gossip import AnytimeGossip, Gossip
 
 BUILT_IN: dict[str, type[RoundAlgorithm]] = {cls.name: cls for cls in (DSGD, FedAvg, Gossip, AnytimeGossip)}
