@@ -5,8 +5,11 @@ time attack; every registry rule over buffers; and the bad inputs refused in one
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ from phalanx import aggregators, attacks, cli, data, models
 from phalanx.errors import ConfigError
 from phalanx.experiments import make_config, train
 from phalanx.training import Experiment, Loop
+from phalanx.training.algorithms import traces
 from phalanx.training.algorithms.asynchronous import Asynchronous
 from phalanx.training.algorithms.basgd import BASGD
 from phalanx.training.algorithms.clock import Clock, Speeds
@@ -294,3 +298,59 @@ def test_a_shared_algorithm_object_keeps_each_runs_clock() -> None:
 
 
 
+
+
+# --- FedScale device traces -----------------------------------------------------------------------------------------
+
+
+def test_the_shipped_trace_is_fedscales_format_and_gives_the_speeds() -> None:
+    """The sample is the pickle of its generator's table (its provenance), in FedScale's device-capacity format; worker
+    i is the i-th client by id, its speed median(latency)/latencyᵢ; a run on it takes its speeds from it."""
+    raw = traces.SAMPLE.read_bytes()
+    assert raw == pickle.dumps(traces.sample_table(), protocol=4)
+    table = traces.sample_table()
+    latency = [table[c]["computation"] for c in sorted(table)]
+    median = sorted(latency)[len(latency) // 2]
+    assert traces.load("fedscale:sample") == tuple(median / v for v in latency)
+    loop, rows = run(experiment(FedBuff(buffer_size=3, speeds="fedscale:sample"), rounds=3))
+    assert loop.state.own["speed"].tolist() == [median / v for v in latency[:10]]
+    assert rows[-1]["sim_time"] > 0
+
+
+class _Named:
+    pass
+
+
+@pytest.mark.parametrize(("payload", "says"), [
+    (pickle.dumps({1: _Named()}), "not a pickle of plain data"),
+    (pickle.dumps(collections.OrderedDict({1: {"computation": 1.0}})), "not a pickle of plain data"),
+    (b"not a pickle", "not a pickle of plain data"),
+    (pickle.dumps([1.0, 2.0]), "not a non-empty dict"),
+    (pickle.dumps({}), "not a non-empty dict"),
+    (pickle.dumps({1: {"computation": 0.0}}), "'computation' must be"),
+    (pickle.dumps({1: {"computation": float("nan")}}), "'computation' must be"),
+    (pickle.dumps({1: {"computation": True}}), "'computation' must be"),
+    (pickle.dumps({1: {"communication": 3.0}}), "'computation' must be"),
+    (pickle.dumps({1: {"computation": 1.0}, "a": {"computation": 1.0}}), "mixed types"),
+])
+def test_a_hostile_trace_is_refused_in_one_line(tmp_path: Path, payload: bytes, says: str) -> None:
+    """A trace is unpickled with no globals (a pickle that names any class — the only way one runs code — is refused,
+    the mutant being plain ``pickle.loads``, which builds the object) and checked entry by entry."""
+    path = tmp_path / "trace.pkl"
+    path.write_bytes(payload)
+    with pytest.raises(ConfigError, match=re.escape(says)) as info:
+        FedBuff(speeds=f"fedscale:{path}")
+    assert info.value.parameter == "algorithm_params.speeds" and "\n" not in str(info.value)
+    if b"_Named" in payload:
+        assert isinstance(pickle.loads(payload)[1], _Named)  # the mutant: an ordinary unpickler builds it
+
+
+def test_a_trace_too_large_missing_or_too_short_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="cannot be read"):
+        FedBuff(speeds=f"fedscale:{tmp_path / 'absent.pkl'}")
+    monkeypatch.setattr(traces, "MAX_BYTES", 100)
+    with pytest.raises(ConfigError, match="more than 100"):
+        FedBuff(speeds="fedscale:sample")
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match="at least as many clients as workers"):
+        experiment(FedBuff(speeds="fedscale:sample"), workers=33)

@@ -109,6 +109,8 @@ class Asynchronous(RoundAlgorithm):
         check_int("algorithm_params.batch_size", self.batch_size, low=1)
         check_int("algorithm_params.max_staleness", self.max_staleness, low=0)
         Speeds.parse(self.speeds)
+        if isinstance(self.speeds, list):  # a config's list: kept as a tuple (the algorithm is frozen and hashable)
+            object.__setattr__(self, "speeds", tuple(self.speeds))
         if self.byzantine_timing not in TIMINGS:
             raise ConfigError("algorithm_params.byzantine_timing", self.byzantine_timing,
                               "one of " + ", ".join(TIMINGS))

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from phalanx.errors import ConfigError
+from phalanx.training.algorithms import traces
 from phalanx.training.streams import generator
 
 TIMINGS = ("honest", "always_first")
@@ -53,14 +54,16 @@ the Byzantine share of its buffer, the updates it dropped, and how many rows of 
 touched (FedBuff: its Byzantine updates; BASGD: its Byzantine-touched buffers)."""
 
 _SPEC = re.compile(r"^\s*(constant|lognormal)\s*(?:\(\s*([^)]*?)\s*\))?\s*$")
-SPEEDS_ALLOWED = ("'constant', 'lognormal(sigma)' with sigma > 0 (speed = exp(sigma·z), z ~ N(0, 1)), or a list of "
-                  "one speed > 0 per worker")
+SPEEDS_ALLOWED = ("'constant', 'lognormal(sigma)' with sigma > 0 (speed = exp(sigma·z), z ~ N(0, 1)), "
+                  "'fedscale:PATH' (a FedScale device-capacity trace; 'fedscale:sample' the shipped one), or a list "
+                  "of one speed > 0 per worker")
 
 
 @dataclass(frozen=True)
 class Speeds:
     """A declared distribution of the workers' speeds: ``constant`` (all 1), ``lognormal`` (exp(σ z), z ~ N(0, 1),
-    median 1), or ``listed`` speeds, one per worker."""
+    median 1), ``listed`` speeds, one per worker, or a ``trace``'s, the first n clients'
+    (:mod:`~phalanx.training.algorithms.traces`)."""
 
     kind: str
     sigma: float = 0.0
@@ -75,6 +78,8 @@ class Speeds:
             if not ok or not all(math.isfinite(v) and v > 0 for v in values):
                 raise ConfigError(parameter, spec, SPEEDS_ALLOWED)
             return cls("listed", listed=tuple(float(v) for v in values))
+        if isinstance(spec, str) and spec.startswith(traces.PREFIX):
+            return cls("trace", listed=traces.load(spec))
         m = _SPEC.match(spec) if isinstance(spec, str) else None
         if m is None:
             raise ConfigError(parameter, spec, SPEEDS_ALLOWED)
@@ -92,15 +97,18 @@ class Speeds:
         return cls("lognormal", sigma=sigma)
 
     def check(self, workers: int, parameter: str = "algorithm_params.speeds") -> None:
-        """Listed speeds: exactly one per worker."""
+        """Listed speeds: exactly one per worker; a trace: at least one client per worker."""
         if self.kind == "listed" and len(self.listed) != workers:
             raise ConfigError(parameter, f"{len(self.listed)} speeds", f"one speed > 0 per worker ({workers})")
+        if self.kind == "trace" and len(self.listed) < workers:
+            raise ConfigError(parameter, f"a trace of {len(self.listed)} clients", f"a trace of at least as many "
+                              f"clients as workers ({workers})")
 
     def draw(self, workers: int, seed: int) -> Tensor:
         """The n speeds, float64, from the run's ``clock`` stream (no round stream is touched)."""
         self.check(workers)
-        if self.kind == "listed":
-            return torch.tensor(self.listed, dtype=torch.float64)
+        if self.kind in ("listed", "trace"):
+            return torch.tensor(self.listed[:workers], dtype=torch.float64)
         if self.kind == "constant":
             return torch.ones(workers, dtype=torch.float64)
         z = torch.randn(workers, generator=generator(seed, "clock"), dtype=torch.float64)
