@@ -191,14 +191,15 @@ RULES = [*(r for r in aggregators.names() if r not in ("arc", "bucketing", "clip
 
 @pytest.mark.parametrize("rule", RULES)
 def test_every_registry_rule_runs_over_buffers(rule: str) -> None:
-    """Every rule of the registry (and each pre-aggregation in a chain) aggregates BASGD's buffer means under an
-    always-first ALIE attack: B = the rule's smallest population for f = 1 (at least 3), two server steps, a finite
-    model, and at most one buffer touched by the one Byzantine worker."""
-    buffers = max(3, aggregators.make(rule, f=1).min_workers())
-    algo = BASGD(buffers=buffers, byzantine_timing="always_first", batch_size=8)
-    loop, rows = run(experiment(algo, rule, 1, workers=buffers + 2, byzantine=1, attack="alie", rounds=2))
-    assert bool(torch.isfinite(loop.state.theta).all())
-    assert rows[-1]["byzantine_rows"] <= 1
+    """Every rule of the registry (and each pre-aggregation in a chain) aggregates BASGD's buffer means and FedBuff's
+    buffered updates under an always-first ALIE attack: B = K = the rule's smallest population for f = 1 (at least
+    3), two server steps, a finite model, and one row touched by the one Byzantine worker."""
+    size = max(3, aggregators.make(rule, f=1).min_workers())
+    for algo in (BASGD(buffers=size, byzantine_timing="always_first", batch_size=8),
+                 FedBuff(buffer_size=size, byzantine_timing="always_first", batch_size=8)):
+        loop, rows = run(experiment(algo, rule, 1, workers=size + 2, byzantine=1, attack="alie", rounds=2))
+        assert bool(torch.isfinite(loop.state.theta).all())
+        assert rows[-1]["byzantine_rows"] == 1
 
 
 @pytest.mark.parametrize("attack", attacks.names())
