@@ -256,6 +256,8 @@ def test_the_config_refuses_what_the_api_does() -> None:
         make_config({**base, "algorithm": "fedbuff", "algorithm_params": {"buffer_size": 7}})
     with pytest.raises(ConfigError, match=r"^f=2"):
         make_config({**base, "f": 2, "byzantine": 2, "algorithm": "basgd", "algorithm_params": {"buffers": 4}})
+    with pytest.raises(ConfigError, match=r"^engine='torchrun'"):
+        make_config({**base, "engine": "torchrun", "algorithm": "fedbuff", "algorithm_params": {"buffer_size": 3}})
 
 
 def test_a_hostile_checkpoint_clock_is_refused() -> None:

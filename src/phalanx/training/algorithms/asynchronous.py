@@ -184,6 +184,9 @@ class Asynchronous(RoundAlgorithm):
     def check_config(self, cfg: Any, rule: Aggregator, attack: Attack | DataAttack) -> None:
         """The seam's checks (f and the rule's requirement against :meth:`per_round`, named by
         :attr:`population_key`) after the population's and the attack's own."""
+        if getattr(cfg, "engine", "simulated") != "simulated":
+            raise ConfigError("engine", cfg.engine, f"'simulated' with algorithm {self.name!r} (asynchronous rounds "
+                              "run on the simulated clock so far; real asynchronous processes are not built)")
         self.per_round(cfg.workers)
         Speeds.parse(self.speeds).check(cfg.workers)
         check_attack(attack, self.name)
