@@ -11,8 +11,9 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 # torch first: its exact version takes the CPU wheel that is on local disk (DEVELOPERS.md); the package's own
-# requirement is a range that this version satisfies, so pip installs nothing more for it.
-$(STAMP): $(BIN)/python pyproject.toml
+# requirement is a range that this version satisfies, so pip installs nothing more for it. A changed C kernel
+# (or setup.py) reinstalls, which rebuilds the extension in place: a stale build would run the old kernel.
+$(STAMP): $(BIN)/python pyproject.toml setup.py src/phalanx/aggregators/_cwkernel.c
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)

@@ -160,3 +160,42 @@ def test_tables_keep_their_columns_when_piped() -> None:
     names = [line.split("│")[1].strip() for line in piped]
     assert "cwtm" in names and "nnm" in names and all(names)  # one line per rule: no wrapped continuation rows
     assert len(narrow) > len(piped)  # at 80 columns rows wrap: the check can fail
+
+
+@pytest.mark.parametrize("command", [["list", "aggregators"], ["list", "attacks"], ["list", "models"],
+                                     ["list", "datasets"], ["demo", "-d", "64"], ["tension", "theory", "-n", "8"]])
+def test_every_table_prints_as_csv_json_and_markdown(command: list[str]) -> None:
+    """`--format csv|json|md` (issue 38): the table as data a program reads — every row, the same columns."""
+    import csv
+    import io
+    import json
+
+    as_json = runner.invoke(cli.app, [*command, "--format", "json"])
+    assert as_json.exit_code == 0, as_json.output
+    doc = json.loads(as_json.stdout)
+    assert doc["rows"] and all(set(row) == set(doc["columns"]) for row in doc["rows"])
+    as_csv = runner.invoke(cli.app, [*command, "--format", "csv"])
+    parsed = list(csv.reader(io.StringIO(as_csv.stdout)))
+    assert parsed[0] == doc["columns"] and len(parsed) == len(doc["rows"]) + 1
+    md = runner.invoke(cli.app, [*command, "--format", "md"]).stdout
+    body = [line for line in md.splitlines() if line.startswith("| ")]
+    assert len(body) == len(doc["rows"]) + 1  # the header and every row (theory's Markdown names columns in words)
+
+
+def test_a_grid_prints_its_tables_alone_on_stdout_with_format_json(tmp_path: pytest.TempPathFactory) -> None:
+    """With --format the progress and notes go to stderr: stdout is one JSON document."""
+    import json
+
+    res = runner.invoke(cli.app, ["run", "--set", "attack=[\"none\", \"inf\"]", "--set", "aggregator=[\"mean\", "
+                                  "\"cwtm\"]", "--set", "rounds=2", "--set", "eval_every=2", "--set", "workers=6",
+                                  "--set", "byzantine=1", "--set", "f=1", "--set", "seed=[0, 1, 2]", "--out",
+                                  str(tmp_path), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    tables = json.loads(res.stdout)["tables"]
+    assert [t["title"].split(" (")[0] for t in tables] == ["Final test accuracy", "The price and rescue of robustness"]
+    assert "run(s) →" in res.stderr and "run(s) →" not in res.stdout
+
+
+def test_an_unknown_format_is_one_line_naming_the_option() -> None:
+    res = runner.invoke(cli.app, ["list", "models", "--format", "xml"])
+    assert res.exit_code != 0 and "--format='xml': allowed table, md, csv, json" in res.output

@@ -97,7 +97,7 @@ def test_genuine_workers_are_heard_once_each_with_their_signature(keydir: Path, 
     assert acc.sha256 == hashlib.sha256(row(2)).hexdigest()
     public = ident(keydir, 2).allow.public_key(2)
     public.verify(bytes.fromhex(acc.signature), signed_message(server.nonce, DIGEST, 0, 2, bytes.fromhex(acc.sha256)))
-    assert server.rejections == []
+    assert len(server.rejections) == 0
 
 
 def test_an_outsider_without_tls_or_without_a_certificate_is_refused(keydir: Path, server: SealedLinks) -> None:

@@ -37,8 +37,9 @@ replayed into another round, phase, run or topology, relayed by another rank, or
 neighbour. A row that fails is a *rejection* (:class:`~phalanx.distributed.sealed.Rejection`, with the reason) and
 is handed to the topology as refused (:class:`Sink`), which decides what a refused row means.
 
-**Rejections** are recorded by the rank that made them; every rank other than 0 also sends each one to rank 0
-(``REPORT``) for its transcript (:mod:`phalanx.distributed.transcript`).
+**Rejections** are recorded by the rank that made them, counted by group (:mod:`phalanx.distributed.rejections`);
+every rank other than 0 also reports them to rank 0 (``REPORT``: a few with their reasons, the rest as counts) for
+its transcript (:mod:`phalanx.distributed.transcript`).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ from phalanx.distributed.channel import (
 from phalanx.distributed.env import RankEnv
 from phalanx.distributed.keys import Identity
 from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S
-from phalanx.distributed.sealed import HELLO_BYTES, SIGNATURE_BYTES, STOP_BYTES, Rejection
+from phalanx.distributed.rejections import REASON_CHARS, Rejection, RejectionLog, Reporter, parse_report
+from phalanx.distributed.sealed import HELLO_BYTES, SIGNATURE_BYTES, STOP_BYTES
 from phalanx.errors import ConfigError, PhalanxError
 
 ADDR_VAR = "PHALANX_SEALED_ADDR"
@@ -87,9 +89,6 @@ one topology is never valid in another."""
 EVERYONE = 0xFFFFFFFF
 """The recipient of a serverless row (one row, sent to every rank)."""
 REPORT_BYTES = 1 << 16
-MAX_REPORTS = 10_000
-"""Rank 0 records at most this many rejections reported by one rank (a rank cannot grow the transcript at will)."""
-REASON_CHARS = 300
 CLOSE_WAIT_S = 10.0
 
 
@@ -180,9 +179,8 @@ class Mesh:
         self.address = (host, int(self.listener.getsockname()[1]))
         self.nonce: bytes | None = os.urandom(32) if self.rank == 0 else None
         self.cond = threading.Condition()
-        self.rejections: list[Rejection] = []
-        self.reported = 0
-        self.reports: dict[int, int] = {}  # rank 0: how many rejections each rank reported
+        self.rejections = RejectionLog()  # bounded: counted per (round, rank or peer, kind)
+        self.reporter = Reporter()  # a rank other than 0: what of its rejections goes to rank 0, and when
         self.round = 0
         self.joined: dict[int, tuple[str, int]] = {}  # rank 0: where each rank that joined listens
         self.book: dict[int, tuple[str, int]] = {}
@@ -208,18 +206,20 @@ class Mesh:
         with self.cond:
             rejection = Rejection(self.round, rank, reason[:REASON_CHARS])
             self.rejections.append(rejection)
+            reports = self.reporter.add(rejection) if self.rank != 0 else []
             self.cond.notify_all()
+        self._report(reports)
+
+    def _report(self, reports: list[dict[str, Any]]) -> None:
         out = self.out.get(0)
         if self.rank != 0 and out is not None:  # rank 0 keeps the job's transcript
-            report = {"round": rejection.round, "rank": rejection.rank, "reason": rejection.reason}
-            out.post(Kind.REPORT, 0, rejection.round, json.dumps(report).encode()[:REPORT_BYTES])
+            for report in reports:
+                out.post(Kind.REPORT, 0, self.round, json.dumps(report).encode()[:REPORT_BYTES])
 
-    def new_rejections(self) -> list[Rejection]:
-        """The rejections recorded (here, and at rank 0 those the other ranks reported) since the last call."""
-        with self.cond:
-            new = self.rejections[self.reported:]
-            self.reported = len(self.rejections)
-            return new
+    def new_rejections(self) -> list[dict[str, Any]]:
+        """The rejections recorded (here, and at rank 0 those the other ranks reported) since the last call, counted
+        by group (:mod:`phalanx.distributed.rejections`)."""
+        return self.rejections.drain()
 
     def _gone(self, peer: int, why: str) -> None:
         with self.cond:
@@ -380,21 +380,13 @@ class Mesh:
         close_quietly(tls)
 
     def _take_report(self, sender: int, payload: bytearray) -> None:
-        try:
-            item = json.loads(payload)
-            rank, reason, t = item.get("rank"), str(item["reason"])[:REASON_CHARS], int(item["round"])
-            rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
-        except (ValueError, KeyError, TypeError, AttributeError):
-            self.reject(sender, f"rank {sender} sent a report that is not one")
+        parsed = parse_report(payload, self.n)
+        if isinstance(parsed, str):
+            self.reject(sender, f"rank {sender} sent a report that is not one ({parsed})")
             return
-        with self.cond:
-            count = self.reports.get(sender, 0) + 1
-            self.reports[sender] = count
-            if count == MAX_REPORTS + 1:
-                reason = f"rank {sender} reported more than {MAX_REPORTS} rejections: the others are not recorded"
-            elif count > MAX_REPORTS:
-                return
-            self.rejections.append(Rejection(t, rank, reason, at=sender))
+        rank, reason, count = parsed
+        with self.cond:  # filed under this rank's round: a reporter cannot open groups by naming rounds
+            self.rejections.append(Rejection(self.round, rank, reason, at=sender), count)
             self.cond.notify_all()
 
     def _take_signed(self, sender: int, public: Any, kind: Kind, phase: int, t: int, payload: bytearray) -> None:
@@ -614,6 +606,9 @@ class Mesh:
         """Say goodbye on every connection (after what is queued), wait — at most ``timeout`` — until it is written
         and the peers of ``wait_for`` (default: every peer) said goodbye or left, then close everything."""
         deadline = time.monotonic() + timeout
+        with self.cond:
+            reports = self.reporter.flush()
+        self._report(reports)  # the counts not reported yet, before the goodbye
         outs = list(self.out.values())
         for out in outs:
             out.post(Kind.BYE, 0, self.round, b"")
