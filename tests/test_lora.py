@@ -337,3 +337,35 @@ def test_a_config_with_update_mode_and_a_server_rate_is_refused_before_it_runs(t
 
     with pytest.raises(ConfigError, match="server_lr"):
         make_config(_cfg("update", server_lr=0.5))
+
+
+def test_fail_closed_watches_the_update_mode_and_stops_a_run_with_more_than_f_flagged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fail-closed stage (main's stage seam) over mode 'update': its check probes the wrapped rule on i.i.d. rows
+    with no θ (the inner rule's shares answer), and in the run it reads the blocks' shares — 3 workers sending inf
+    against f = 1 stop the run with one line. The mutant wrapper that cannot answer the probe is refused."""
+    from phalanx.experiments import make_config, train
+    from phalanx.training.stages.fail_closed import FailedClosed
+
+    rows = train(make_config(_cfg("update", stages={"fail_closed": {}})), tmp_path / "calm")
+    assert rows[-1]["round"] == 2 and rows[-1]["fail_closed_flagged"] == 0
+    with pytest.raises(FailedClosed, match="more than the bound 1"):
+        train(make_config(_cfg("update", attack="inf", byzantine=3, stages={"fail_closed": {}})), tmp_path / "inf")
+    monkeypatch.setattr(AdapterUpdates, "contributions", aggregators.Aggregator.contributions)
+    with pytest.raises(ConfigError, match=r"stages.fail_closed.*theta"):
+        train(make_config(_cfg("update", stages={"fail_closed": {}})), tmp_path / "mutant")
+
+
+def test_the_cli_lists_hf_models_and_the_example_grid_is_valid() -> None:
+    from typer.testing import CliRunner
+
+    from phalanx import cli
+    from phalanx.experiments import grid, load_toml
+    from phalanx.experiments.build import check_points
+
+    res = CliRunner().invoke(cli.app, ["list", "models", "--format", "csv"])
+    assert res.exit_code == 0 and "hf:phalanx-bert-tiny" in res.stdout.splitlines()
+    cfgs = grid.configs(load_toml(Path(__file__).resolve().parent.parent / "examples" / "lora" / "sent140.toml"))
+    check_points(cfgs)
+    assert sorted({c.model_params["aggregation"] for c in cfgs}) == ["factors", "shared", "update"]
+    assert all(hub.is_hf(c.model) and c.dataset_params["tokenizer"] == c.model for c in cfgs)

@@ -191,6 +191,15 @@ class AdapterUpdates(Aggregator):
     def params(self) -> dict[str, Any]:
         return {"rule": repr(self.rule), "mode": "update", "layers": len(self.layout.blocks)}
 
+    def contributions(self, x: Any, **context: Any) -> Tensor:
+        """Each row's share: with ``theta`` (every server round), the blocks' shares weighted by their sizes. Without
+        it — a stage's check probing the rule on i.i.d. rows before the run (fail closed) — the inner rule's shares
+        on the rows as given: a row gets no share here only if the inner rule gives it none in *every* block, so the
+        rows the inner rule leaves out of i.i.d. rows bound the rows this rule leaves out of them."""
+        if context.get("theta") is None:
+            return self.rule.contributions(x, **{k: v for k, v in context.items() if k in self.rule.context_keys})
+        return super().contributions(x, **context)
+
     def _inner(self, rows: Tensor, want: bool, context: dict[str, Any]) -> tuple[Tensor, Tensor | None]:
         if want:
             return self.rule.aggregate(rows, **context)
