@@ -1,4 +1,4 @@
-"""``phalanx list …``: what Phalanx provides — aggregators, attacks, stages, data sets, models."""
+"""``phalanx list …``: what Phalanx provides — aggregators, attacks, round algorithms, stages, data sets, models."""
 
 from __future__ import annotations
 
@@ -68,6 +68,24 @@ def list_attacks(fmt: FormatOption = "table") -> None:
 
     rows += [([name, "vector, over a graph (gossip, anytime)"], gossip_attacks.get_class(name).reference)
              for name in gossip_attacks.names()]
+    _references(table, rows, fmt)
+    emit(table, fmt, console)
+
+
+@list_app.command("algorithms")
+def list_algorithms(fmt: FormatOption = "table") -> None:
+    """The round algorithms a config's ``algorithm`` names: how each is configured, and what it is (its reference
+    where it declares one, else its docstring's first line)."""
+    from phalanx.training.algorithms import base, builtin
+
+    fmt = check_format(fmt)
+    table = Tabular("Phalanx round algorithms", ("name", "configured by", "ref."), whole=("name",))
+    rows = []
+    for name in base.names():
+        cls = builtin.algorithm_class(name)
+        how = "its config keys" if name in builtin.BUILT_IN else "algorithm_params"
+        doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+        rows.append(([name, how], str(getattr(cls, "reference", "") or doc or "—")))
     _references(table, rows, fmt)
     emit(table, fmt, console)
 
