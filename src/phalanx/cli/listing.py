@@ -120,7 +120,10 @@ def list_datasets(fmt: FormatOption = "table") -> None:
 
 @list_app.command("models")
 def list_models(fmt: FormatOption = "table") -> None:
-    """Models Phalanx can build."""
-    from phalanx import models
+    """Models Phalanx can build: the registry's, then the pre-trained transformers with LoRA adapters (``hf:NAME``:
+    the embedded ones, or a local directory / a model in the Hugging Face cache; docs/lora.md)."""
+    from phalanx import hub, models
 
-    emit(Tabular("Phalanx models", ("name",), [[name] for name in models.names()]), check_format(fmt), console)
+    rows = [[name] for name in models.names()]
+    rows += [[hub.PREFIX + name] for name in sorted(hub.EMBEDDED)] + [[hub.PREFIX + "DIR"], [hub.PREFIX + "ORG/NAME"]]
+    emit(Tabular("Phalanx models", ("name",), rows), check_format(fmt), console)
