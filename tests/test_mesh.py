@@ -28,7 +28,7 @@ from tests.test_sealed import Proxy
 from phalanx.distributed.channel import PHASED_HEADER, PHASED_MAGIC, Kind, client_context, recv_phased, send_phased
 from phalanx.distributed.keys import Identity, init_keys, load_identity
 from phalanx.distributed.mesh import DOMAINS, EVERYONE, Mesh, mesh_message
-from phalanx.distributed.neighbours import STEP, Inbox, MeshInbox
+from phalanx.distributed.gossip_links import STEP, Inbox, MeshInbox
 from phalanx.distributed.serverless import GATHER, RowBox, _CollectiveFailed
 from phalanx.errors import PhalanxError
 
@@ -293,7 +293,8 @@ def test_a_rejected_gossip_message_is_missing_at_once_and_the_first_one_counts(k
     nodes = []
     for m in meshes:
         nb = SimpleNamespace(rank=m.rank, inputs=[(m.rank - 1) % N, (m.rank + 1) % N], attackers=[],
-                             width=ROW, dtype=torch.uint8, inbox=Inbox(), peers=[(m.rank - 1) % N, (m.rank + 1) % N])
+                             width=ROW, dtype=torch.uint8, inbox=Inbox(), peers=[(m.rank - 1) % N, (m.rank + 1) % N],
+                             exp=SimpleNamespace(rounds=100))
         nb.sink = MeshInbox(nb)  # type: ignore[arg-type]
         m.sink = nb.sink
         nodes.append(nb)
@@ -338,7 +339,7 @@ def test_a_rank_that_sends_different_rows_to_different_peers_stops_the_serverles
 
     meshes, boxes = job
     dim = ROW // 4
-    exp = SimpleNamespace(workers=N, honest=N, problem=SimpleNamespace(dim=dim))
+    exp = SimpleNamespace(workers=N, honest=N, problem=SimpleNamespace(dim=dim), rounds=100)
     gathers = []
     for r in range(3):
         ag = AllGather(None, SimpleNamespace(rank=r), DIGEST, 10.0, "gloo", meshes[r])  # type: ignore[arg-type]
