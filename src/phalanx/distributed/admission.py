@@ -458,6 +458,9 @@ class Admission:
     def _admit(self, tls: ssl.SSLSocket, addr: str, rank: int, hello: bytes) -> None:
         try:
             self.admit(tls, addr, rank, hello)
+        except Exception as exc:  # a peer's bytes, or a close under it: never a traceback in a thread
+            tls.close()
+            self.reject(rank, f"a connection from {addr} closed: {type(exc).__name__} while admitting it")
         finally:
             with self.lock:
                 self.admitting[rank] -= 1

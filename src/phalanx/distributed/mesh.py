@@ -252,10 +252,10 @@ class Mesh:
             return
         try:
             send_phased(tls, Kind.ACK, 0, 0)
-        except (ssl.SSLError, OSError) as exc:
+            tls.settimeout(None)
+        except (ssl.SSLError, OSError) as exc:  # (it failed, or this rank is closing)
             self._end_incoming(rank, tls, f"its connection failed ({why(exc)})")
             return
-        tls.settimeout(None)
         threading.Thread(target=self._read, args=(rank, tls), daemon=True, name=f"phalanx-mesh-in-{rank}").start()
 
     def _check_hello(self, rank: int, claimed: Any, config: Any, hello: dict[str, Any], addr: str) -> str | None:

@@ -176,16 +176,19 @@ class SealedLinks:
             tls.close()
             return
         if link == "down":  # (its answer is the start snapshot, which its writer sends first)
-            tls.settimeout(None)
+            try:
+                tls.settimeout(None)
+            except OSError:  # (closed under it: the server is closing)
+                return
             self._open_down(rank, tls)
             return
         try:
             send_frame(tls, Kind.ACK, 0)  # the uplink's only frame from this end: the worker reads it
+            tls.settimeout(None)
         except (ssl.SSLError, OSError) as exc:
             close_quietly(tls)
             self._reject(rank, f"rank {rank}'s uplink failed before it was let in ({why(exc)})")
             return
-        tls.settimeout(None)
         with self.cond:
             self.up[rank] = tls
             self.ever_up.add(rank)
