@@ -11,17 +11,15 @@ Every wait is on an event with a bound; nothing asserts a duration.
 from __future__ import annotations
 
 import socket
-import ssl
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from _outsider import Outsider
 from phalanx.distributed import admission, sealed
 from phalanx.distributed.admission import Admission, source_of
-from phalanx.distributed.channel import client_context
 from phalanx.distributed.keys import Identity, init_keys, load_identity
 from phalanx.distributed.sealed import SealedLinks, SealedWorkerLinks
 from phalanx.errors import PhalanxError
@@ -64,85 +62,6 @@ def join(keydir: Path, server: SealedLinks, rank: int) -> SealedWorkerLinks:
     assert w.init()["round"] == 0
     w.ready()
     return w
-
-
-class Outsider:
-    """Connections of someone holding no key: ``idle`` ones (TCP, never a byte) reopened whenever the listener closes
-    one, ``slow`` ones that send a byte of a TLS record every ``drip`` seconds, and a ``flood`` of garbage and of
-    full handshakes with another job's key, reconnecting at once — from ``source``."""
-
-    def __init__(self, port: int, source: str = "127.0.0.1", *, idle: int = 0, slow: int = 0, flood: int = 0,
-                 keydir: Path | None = None, drip: float = 0.5) -> None:
-        self.port, self.source, self.drip = port, source, drip
-        self.stop = threading.Event()
-        self.opened = 0
-        self.threads = [threading.Thread(target=self._hold, args=(idle, False), daemon=True),
-                        threading.Thread(target=self._hold, args=(slow, True), daemon=True)]
-        self.threads += [threading.Thread(target=self._flood, args=(i, keydir), daemon=True) for i in range(flood)]
-        for th in self.threads:
-            th.start()
-
-    def _connect(self) -> socket.socket | None:
-        try:
-            s = socket.create_connection(("127.0.0.1", self.port), timeout=5.0, source_address=(self.source, 0))
-        except OSError:
-            return None
-        self.opened += 1
-        return s
-
-    def _hold(self, count: int, slow: bool) -> None:
-        held: list[socket.socket] = []
-        record = bytes.fromhex("160301") + b"\x02\x00" + b"\x01" * 512  # a TLS record that never ends in time
-        sent: dict[socket.socket, int] = {}
-        while not self.stop.is_set():
-            while len(held) < count and not self.stop.is_set():
-                s = self._connect()
-                if s is None:
-                    break
-                s.setblocking(False)
-                held.append(s)
-            for s in list(held):
-                try:
-                    if s.recv(1, socket.MSG_PEEK) == b"":  # the listener closed it: reopen
-                        raise ConnectionResetError
-                except BlockingIOError:
-                    pass
-                except OSError:
-                    held.remove(s)
-                    sent.pop(s, None)
-                    s.close()
-                    continue
-                if slow:
-                    i = sent.get(s, 0)
-                    try:
-                        s.send(record[i % len(record):i % len(record) + 1])
-                        sent[s] = i + 1
-                    except OSError:
-                        pass
-            self.stop.wait(self.drip if slow else 0.05)
-        for s in held:
-            s.close()
-
-    def _flood(self, i: int, keydir: Path | None) -> None:
-        ctx = client_context(load_identity(keydir / "other", 1, N)) if keydir is not None and i % 2 else None
-        while not self.stop.is_set():
-            s = self._connect()
-            if s is None:
-                continue
-            try:
-                if ctx is None:
-                    s.sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(range(256)) * 4)
-                else:
-                    ctx.wrap_socket(s).close()
-            except (ssl.SSLError, OSError):
-                pass
-            finally:
-                s.close()
-
-    def close(self) -> None:
-        self.stop.set()
-        for th in self.threads:
-            th.join(timeout=10.0)
 
 
 def test_sources_are_addresses_and_ipv6_64s() -> None:
@@ -225,7 +144,7 @@ def test_a_flood_of_garbage_and_unknown_keys_does_not_keep_ranks_out(keydir: Pat
     """Four threads reconnecting as fast as they can — garbage in clear, and full handshakes with another job's key —
     plus slow handshakes, from the ranks' own address: each connection is closed at its first record (or its
     handshake), and the ranks get in."""
-    flood = Outsider(server.port, flood=4, slow=50, keydir=keydir)
+    flood = Outsider(server.port, flood=4, slow=50, foreign=keydir / "other")
     try:
         until(lambda: flood.opened >= 200, "the flood is under way")
         workers = [join(keydir, server, r) for r in (1, 2, 3)]
