@@ -169,6 +169,9 @@ def dial(host: str, port: int, ctx: ssl.SSLContext, deadline: float, introduce: 
             else:
                 try:
                     return introduce(tls)
+                except PhalanxError:
+                    tls.close()
+                    raise
                 except ssl.SSLError as exc:
                     tls.close()
                     if _refused_key(exc):
@@ -249,7 +252,10 @@ class Admission:
                 timeout = None if oldest is None else max(0.0, oldest.deadline - time.monotonic())
                 for key, _ in self.selector.select(timeout):
                     if key.data is None:
-                        self._accept()
+                        try:
+                            self._accept()
+                        except Exception:  # (a bug must not end the admission of every later connection)
+                            continue
                     elif key.data is self.wake_r:
                         self._drain_wake()
                     else:

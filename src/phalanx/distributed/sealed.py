@@ -12,12 +12,18 @@ worker accepts θ only from rank 0's key. Every vector carries an Ed25519 signat
 the run's transcript (:mod:`phalanx.distributed.transcript`) so that anyone holding the allow-list can check later
 who was heard.
 
+Rank 0's listener admits connections through :class:`~phalanx.distributed.admission.Admission` (one thread,
+handshake deadlines, caps per source: an outsider holding connections cannot keep a worker out); a worker whose
+connection was shed tries again until :data:`~phalanx.distributed.parameter_server.JOIN_TIMEOUT_S`, and the server
+answers its uplink with ``ACK`` (its downlink with the start snapshot), so it knows it was let in.
+
 What is never used: a frame over its kind's size (refused before it is read, and the connection closed), a frame of
 a kind the server does not take, a vector whose signature does not verify, a second vector of one rank in one round,
 a vector of a round that has not begun, and anything from a connection that failed TLS (an unknown key, a flipped or
 cut byte, a replay of recorded traffic). Each is a *rejection*, recorded with the round, the rank (None for an
 unknown key) and the reason; the rank's row is then missing from the round and counts against f, exactly as a
-silent worker's does.
+silent worker's does. An uplink is closed at its :data:`~phalanx.distributed.channel.MAX_VIOLATIONS`-th vector that
+must not be used: a listed rank cannot make the server check bad frames forever.
 
 The server never blocks on a worker: each downlink has its own writer thread with a mailbox in which a newer round's
 θ replaces messages of older rounds that have not been sent yet (a worker that fell behind receives the newest θ and
