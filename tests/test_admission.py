@@ -11,6 +11,7 @@ Every wait is on an event with a bound; nothing asserts a duration.
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 from _outsider import Outsider
 from phalanx.distributed import admission, sealed
 from phalanx.distributed.admission import Admission, source_of
+from phalanx.distributed.channel import client_context
 from phalanx.distributed.keys import Identity, init_keys, load_identity
 from phalanx.distributed.sealed import SealedLinks, SealedWorkerLinks
 from phalanx.errors import PhalanxError
@@ -153,3 +155,45 @@ def test_a_flood_of_garbage_and_unknown_keys_does_not_keep_ranks_out(keydir: Pat
         flood.close()
     text = " | ".join(r.reason for r in server.rejections)
     assert "TLS handshake" in text
+
+
+@pytest.mark.parametrize("policy", ["shed", "mutant"])
+def test_at_the_cap_of_all_the_busiest_source_sheds_and_a_rank_gets_in(
+    keydir: Path, policy: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two other sources hold 20 idle connections each against a listener with room for 8 pending in all: the
+    busiest source sheds its oldest, never the newcomer, and rank 1's connection from a third address is admitted.
+    The mutant — at the cap, turn the newcomer away — keeps it out."""
+    from phalanx.distributed.channel import HEADER, MAGIC, Kind, send_frame, server_context
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    admitted: list[int] = []
+    adm = Admission(listener, server_context(ident(keydir, 0)), ident(keydir, 0).allow, header=HEADER, magic=MAGIC,
+                    hello_kind=int(Kind.HELLO), admit=lambda tls, addr, rank, hello: admitted.append(rank),
+                    reject=lambda rank, why: None, name="test-admit", total=8)
+    if policy == "mutant":
+        monkeypatch.setattr(adm, "_room_for", lambda source: len(adm.pending) < adm.total)
+    crowd = [Outsider(port, "127.0.0.2", idle=20), Outsider(port, "127.0.0.3", idle=20)]
+    try:
+        until(lambda: len(adm.pending) >= 8 and sum(o.opened for o in crowd) > 20, "the crowd fills the cap")
+        assert len(adm.pending) <= 8
+        raw = socket.create_connection(("127.0.0.1", port), timeout=10.0)
+        if policy == "mutant":
+            with pytest.raises((ssl.SSLError, OSError)):  # turned away: the connection ends in its handshake
+                client_context(ident(keydir, 1)).wrap_socket(raw).recv(1)
+            raw.close()
+            assert admitted == []
+            return
+        tls = client_context(ident(keydir, 1)).wrap_socket(raw)
+        try:
+            send_frame(tls, Kind.HELLO, 0, b"{}")
+            until(lambda: admitted == [1], "rank 1 is admitted")
+            assert adm.shed > 0
+        finally:
+            tls.close()
+    finally:
+        for o in crowd:
+            o.close()
+        adm.close()
+        listener.close()

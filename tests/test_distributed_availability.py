@@ -287,3 +287,24 @@ def test_a_listed_gossip_node_flooding_bad_messages_is_cut_off_and_the_others_fi
     closed = [r for r in every_rejection(doc) if r["rank"] == 4 and "closed after" in r["reason"]]
     assert {r.get("at") for r in closed} == {None, 3}, closed  # rank 0's own link, and node 3's (reported)
     assert audit(run_dir(play / "out")).ok
+
+
+@pytest.mark.parametrize("topology", ["server", "serverless"])
+def test_with_a_fixed_sealed_port_torchruns_store_is_left_out(keys: Path, topology: str, tmp_path: Path) -> None:
+    """Under torchrun's agent (whose store listens on every interface, and which anyone reaching it may overwrite),
+    ``PHALANX_SEALED_PORT`` makes rank 0 listen on ``MASTER_ADDR`` at that port and every rank go there: the store's
+    ``sealed/port`` / ``sealed/mesh`` is neither written nor read, and the run audits."""
+    import os
+
+    data = {**keyed(topology, keys), "rounds": 4, "eval_every": 2, "checkpoint_every": 2}
+    cfg = write_toml(tmp_path / "job.toml", data)
+    port = free_port()
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
+         "--master-port", str(free_port()), "-m", "phalanx.distributed.worker", str(cfg), "--out",
+         str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, "PHALANX_SEALED_PORT": str(port)},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"127.0.0.1:{port}" in res.stderr  # rank 0's listener: the fixed port, not a free one from the store
+    assert audit(run_dir(tmp_path / "out")).ok

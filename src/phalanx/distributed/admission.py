@@ -343,12 +343,22 @@ class Admission:
                 return
 
     def _shed_busiest(self, why: str) -> None:
+        """At the cap of all: the source holding the most pending connections sheds one; among sources holding as
+        many (say, an attacker with as many addresses as connections), the one whose next to go — idle before busy —
+        is the oldest, so a newcomer outlives the connections that came before it."""
         counts: dict[str, int] = {}
         for table in (self.idle, self.busy):
             for source, items in table.items():
                 counts[source] = counts.get(source, 0) + len(items)
-        if counts:
-            self._shed(max(counts, key=lambda s: counts[s]), why)
+        if not counts:
+            return
+        top = max(counts.values())
+        order: dict[str, tuple[int, float]] = {}
+        for source in (s for s, c in counts.items() if c == top):
+            idle = self.idle.get(source)
+            first = next(iter(idle.values())) if idle else next(iter(self.busy[source].values()))
+            order[source] = (0 if idle else 1, first.deadline)
+        self._shed(min(order, key=lambda s: order[s]), why)
 
     def _drop(self, p: _Pending, reason: str | None) -> None:
         self._forget(p)
