@@ -4,15 +4,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-training bench-federated bench-distributed bench-decentralized lint typecheck install clean
+.PHONY: run test docs-check bench bench-training bench-federated bench-distributed bench-decentralized lint typecheck install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
 # torch first: its exact version takes the CPU wheel that is on local disk (DEVELOPERS.md); the package's own
-# requirement is a range that this version satisfies, so pip installs nothing more for it.
-$(STAMP): $(BIN)/python pyproject.toml
+# requirement is a range that this version satisfies, so pip installs nothing more for it. A changed C kernel
+# (or setup.py) reinstalls, which rebuilds the extension in place: a stale build would run the old kernel.
+$(STAMP): $(BIN)/python pyproject.toml setup.py src/phalanx/aggregators/_cwkernel.c
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
@@ -30,6 +31,11 @@ typecheck: $(STAMP)
 
 test: lint typecheck
 	$(BIN)/python -m pytest -q
+
+# Every output the README and docs/ quote under a `regenerate` marker, produced again and compared — the full tier
+# too (studies and grids: long). The quick tier runs in `make test` (tests/test_docs_check.py).
+docs-check: $(STAMP)
+	$(BIN)/python scripts/docs_check.py --full
 
 $(VENV)/.bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'

@@ -110,7 +110,7 @@ def install() -> None:
 
     real_replace, real_fsync = os.replace, os.fsync
     real_digest, real_record = store.file_digest, store._record
-    real_save, real_load, real_finish = store.save_checkpoint, store.load_checkpoint, store.finish_run
+    real_save, real_open, real_finish = store.save_checkpoint, store.open_checkpoint, store.finish_run
 
     def replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
         if is_temp(str(src)):
@@ -140,21 +140,21 @@ def install() -> None:
         finally:
             _state["recording"] = None
 
-    def save_checkpoint(out: Path, snap: Any) -> Path:
+    def save_checkpoint(out: Path, snap: Any, *args: Any, **kwargs: Any) -> Path:
         r = snap.state.round
         _state["phase"] = f"checkpoint {r}"
         log("ckpt-begin", run=Path(out).name, round=r)
-        path = real_save(out, snap)
+        path = real_save(out, snap, *args, **kwargs)
         log("ckpt-end", run=Path(out).name, round=r)
         _state["phase"] = "train"
         return path
 
-    def load_checkpoint(out: Path) -> Any:
+    def open_checkpoint(out: Path, *args: Any, **kwargs: Any) -> Any:
         _state["phase"] = "open"
-        snap = real_load(out)
-        log("load", run=Path(out).name, round=None if snap is None else snap.state.round)
+        loaded = real_open(out, *args, **kwargs)
+        log("load", run=Path(out).name, round=None if loaded is None else loaded.snapshot.state.round)
         _state["phase"] = "train"
-        return snap
+        return loaded
 
     def finish_run(out: Path, rows: list[dict[str, Any]]) -> None:
         _state["phase"] = "finish"
@@ -165,7 +165,7 @@ def install() -> None:
 
     os.replace, os.fsync = replace, fsync
     store.file_digest, store._record = file_digest, record
-    store.save_checkpoint, store.load_checkpoint, store.finish_run = save_checkpoint, load_checkpoint, finish_run
+    store.save_checkpoint, store.open_checkpoint, store.finish_run = save_checkpoint, open_checkpoint, finish_run
 
 
 def install_phases() -> None:

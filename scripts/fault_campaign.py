@@ -33,7 +33,9 @@ run; the bytes are compared too, and reported, not required):
 * ``metrics.parquet``: the same columns, types and rows (read with DuckDB);
 * ``checkpoint.safetensors``: the same metadata (round, rows) and tensors, bit for bit — the final model ``theta``, the
   worker momentum, the random streams (``rng.*``) and the server optimizer's state (its bytes differ from run to run:
-  safetensors writes the metadata map in a random order per process);
+  safetensors writes the metadata map in a random order per process); its provenance record (one segment per
+  session, so it differs from the reference's after a kill) names the run, starts fresh, is contiguous and ends at
+  the checkpoint and rows on disk (``phalanx.experiments.provenance.check_recorded``);
 * ``config.json``: the same JSON; ``manifest.json``: records every file with the SHA-256 it has now, and
   ``phalanx.experiments.store.verify`` passes (``DONE`` and the manifest hold a time stamp: not compared);
 * nothing done twice, from the events the harness logs: no checkpoint round installed twice, every resume starts
@@ -601,6 +603,22 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _provenance(run: Path, meta: dict[str, str]) -> list[str]:
+    """What is wrong with a finished run's provenance record: none, not starting fresh, or not consistent with the
+    run and its checkpoint (one session per command that trained it, contiguous)."""
+    from phalanx.errors import PhalanxError
+    from phalanx.experiments import provenance
+
+    try:
+        chain = provenance.read_chain(run / "checkpoint.safetensors", meta)
+        if chain is None or not chain[0].start.fresh:
+            return ["the checkpoint's provenance record is missing or does not start at round 0"]
+        provenance.check_recorded(run, json.loads((run / "config.json").read_text()))
+    except PhalanxError as exc:
+        return [f"provenance: {exc}"]
+    return []
+
+
 def compare(ref_out: Path, out: Path, info: dict[str, Any]) -> list[str]:
     """The run directories under ``out`` against the reference's (see the module's docstring); ``info`` gets which
     files are byte-identical too."""
@@ -634,6 +652,8 @@ def compare(ref_out: Path, out: Path, info: dict[str, Any]) -> list[str]:
             bad.append("metrics.parquet content differs from the reference")
         (meta, tensors), (ref_meta, ref_tensors) = _checkpoint(got / "checkpoint.safetensors"), _checkpoint(
             ref / "checkpoint.safetensors")
+        bad += _provenance(got, meta)
+        meta, ref_meta = ({k: v for k, v in m.items() if k != "provenance"} for m in (meta, ref_meta))
         if meta != ref_meta:
             bad.append(f"checkpoint metadata {meta} differs from the reference's {ref_meta}")
         if set(tensors) != set(ref_tensors):

@@ -16,3 +16,5 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "phalanx"))
 torch.set_num_threads(min(2, torch.get_num_threads()))
+# No grid times its first rounds to estimate its length (tests/test_estimate.py turns it on where it is tested).
+os.environ.setdefault("PHALANX_BUDGET_MINUTES", "off")

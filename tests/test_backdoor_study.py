@@ -114,8 +114,54 @@ def test_the_cut_and_the_price_are_paired_by_seed_and_the_tension_is_read_out() 
     assert dur is not None and dur.mean == pytest.approx((0.5 + 0.49 + 0.495) / 3)
     p = backdoor.preset("quick", rules=("mean", "rlr"), attacks=("dba",), alphas=(0.5,))
     text = backdoor.readout(table, p)
-    assert "cut the attack success below the mean's at round 30 (whole paired 95 % interval above 0) in 1" in text
+    assert "cut the attack success below the mean's at round 30 in 1" in text
+    assert "Holm-adjusted p < 0.05 over the 2 comparisons" in text
     assert "1 cost clean accuracy" in text and "shows for rlr at α = 0.5" in text
+
+
+def test_verdicts_are_corrected_for_the_family_a_report_reads() -> None:
+    """A cut whose 95 % interval excludes 0 alone is no verdict among many: the report reads every cut and price as
+    one Holm family (the issue: 168 comparisons at 3 seeds, none corrected). The mutant — the same cut read alone,
+    uncorrected — says 'cuts it'."""
+    finals = {}
+    marginal = {"mean": [0.50, 0.52, 0.55], "rlr": [0.46, 0.46, 0.50]}  # cut 4, 6, 5 points: p ≈ 0.013 alone
+    for seed in range(3):
+        for rule in ("mean", "rlr"):
+            finals[backdoor.Cell(rule, "none", 0.5, seed)] = backdoor.Final(0.9)
+            finals[backdoor.Cell(rule, "dba", 0.5, seed)] = backdoor.Final(0.9, marginal[rule][seed])
+            for i, attack in enumerate(("backdoor", "neurotoxin", "edgecase", "replacement")):
+                noise = [0.3, 0.1, -0.2][(seed + i) % 3]  # no cut: the interval spans 0 widely
+                finals[backdoor.Cell(rule, attack, 0.5, seed)] = backdoor.Final(
+                    0.9, 0.5 + (noise if rule == "rlr" else 0.0))
+    table = backdoor.tabulate(finals)
+    alone = backdoor.paired(table, "rlr", "dba", 0.5, "success")
+    assert backdoor.cut_verdict(alone) == "cuts it"  # uncorrected: the mutant's verdict
+    p = backdoor.preset("quick", rules=("mean", "rlr"),
+                        attacks=("dba", "backdoor", "neurotoxin", "edgecase", "replacement"), alphas=(0.5,))
+    fam = backdoor.family(table, p)
+    corrected = fam[("cut", "rlr", "dba", "0.5")]
+    assert corrected is not None and corrected.p_adjusted is not None and corrected.family == 5  # 5 cuts; price: 0 wide
+    assert corrected.p_adjusted == pytest.approx(5 * corrected.p_value())  # type: ignore[operator]
+    assert backdoor.cut_verdict(corrected) == "no cut shown"
+    assert "over the 5 comparisons" in backdoor.readout(table, p, fam)
+
+
+def test_the_price_trend_across_alpha_is_a_per_seed_slope_with_its_own_verdict() -> None:
+    """'The price grows with heterogeneity' is tested: per seed, the slope of mean − rule on log₁₀ α."""
+    finals = {}
+    price = {0.1: [0.10, 0.12, 0.09], 1.0: [0.05, 0.06, 0.05], 10.0: [0.0, 0.01, 0.0]}
+    for seed in range(3):
+        for alpha, drops in price.items():
+            finals[backdoor.Cell("mean", "none", alpha, seed)] = backdoor.Final(0.9)
+            finals[backdoor.Cell("rlr", "none", alpha, seed)] = backdoor.Final(0.9 - drops[seed])
+    table = backdoor.tabulate(finals)
+    e = backdoor.price_trend(table, "rlr", (0.1, 1.0, 10.0))
+    assert e is not None and e.mean == pytest.approx(-(0.10 + 0.11 + 0.09) / 3 / 2)
+    assert backdoor.trend_verdict(e) == "grows with heterogeneity"
+    p = backdoor.preset("quick", rules=("mean", "rlr"), attacks=("dba",), alphas=(0.1, 1.0, 10.0))
+    text = backdoor.price_markdown(table, p)
+    assert "| rlr | −" not in text and "grows with heterogeneity" in text
+    assert backdoor.price_trend(table, "rlr", (1.0,)) is None
 
 
 def test_two_seeds_or_a_zero_width_interval_give_no_verdict() -> None:

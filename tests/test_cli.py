@@ -36,6 +36,8 @@ def test_list_attacks_says_what_kind_each_is() -> None:
     assert res.exit_code == 0, res.output
     assert re.search(r"labelflip +│ data: poisons its batches", res.output)
     assert re.search(r"alie +│ vector: sends rows", res.output)
+    assert re.search(r"honest +│ baseline: no attack", res.output)  # not "data: poisons its batches" (issue 38)
+    assert re.search(r"none +│ baseline: no attack", res.output)
 
 
 def test_epsilon_command() -> None:
@@ -138,3 +140,62 @@ def test_the_progress_bars_eta_counts_only_the_rounds_this_command_trained() -> 
         bar.update(task, advance=10)
         assert str(column.render(bar.tasks[0])) == "ETA 0:00:40"
     assert _eta(10.0, 60, 100, 0) == "0:00:07"  # counting the jump as speed would say 7 s
+
+
+def test_tables_keep_their_columns_when_piped() -> None:
+    """Piped or logged, rich wrapped to 80 columns: headers became "co…" and rows wrapped onto several lines (issue
+    38). Now every row is one line and no header is cut; ``COLUMNS=80`` (the mutant: the old width) wraps them."""
+    import os
+    import subprocess
+    import sys
+
+    def rows(columns: str | None) -> list[str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FORCE_COLOR")}
+        env.update({} if columns is None else {"COLUMNS": columns})
+        out = subprocess.run([sys.executable, "-m", "phalanx.cli", "list", "aggregators"], env=env,
+                             capture_output=True, text=True, check=True).stdout
+        return [line for line in out.splitlines() if line.startswith("│")]
+
+    piped, narrow = rows(None), rows("80")
+    names = [line.split("│")[1].strip() for line in piped]
+    assert "cwtm" in names and "nnm" in names and all(names)  # one line per rule: no wrapped continuation rows
+    assert len(narrow) > len(piped)  # at 80 columns rows wrap: the check can fail
+
+
+@pytest.mark.parametrize("command", [["list", "aggregators"], ["list", "attacks"], ["list", "models"],
+                                     ["list", "datasets"], ["demo", "-d", "64"], ["tension", "theory", "-n", "8"]])
+def test_every_table_prints_as_csv_json_and_markdown(command: list[str]) -> None:
+    """`--format csv|json|md` (issue 38): the table as data a program reads — every row, the same columns."""
+    import csv
+    import io
+    import json
+
+    as_json = runner.invoke(cli.app, [*command, "--format", "json"])
+    assert as_json.exit_code == 0, as_json.output
+    doc = json.loads(as_json.stdout)
+    assert doc["rows"] and all(set(row) == set(doc["columns"]) for row in doc["rows"])
+    as_csv = runner.invoke(cli.app, [*command, "--format", "csv"])
+    parsed = list(csv.reader(io.StringIO(as_csv.stdout)))
+    assert parsed[0] == doc["columns"] and len(parsed) == len(doc["rows"]) + 1
+    md = runner.invoke(cli.app, [*command, "--format", "md"]).stdout
+    body = [line for line in md.splitlines() if line.startswith("| ")]
+    assert len(body) == len(doc["rows"]) + 1  # the header and every row (theory's Markdown names columns in words)
+
+
+def test_a_grid_prints_its_tables_alone_on_stdout_with_format_json(tmp_path: pytest.TempPathFactory) -> None:
+    """With --format the progress and notes go to stderr: stdout is one JSON document."""
+    import json
+
+    res = runner.invoke(cli.app, ["run", "--set", "attack=[\"none\", \"inf\"]", "--set", "aggregator=[\"mean\", "
+                                  "\"cwtm\"]", "--set", "rounds=2", "--set", "eval_every=2", "--set", "workers=6",
+                                  "--set", "byzantine=1", "--set", "f=1", "--set", "seed=[0, 1, 2]", "--out",
+                                  str(tmp_path), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    tables = json.loads(res.stdout)["tables"]
+    assert [t["title"].split(" (")[0] for t in tables] == ["Final test accuracy", "The price and rescue of robustness"]
+    assert "run(s) →" in res.stderr and "run(s) →" not in res.stdout
+
+
+def test_an_unknown_format_is_one_line_naming_the_option() -> None:
+    res = runner.invoke(cli.app, ["list", "models", "--format", "xml"])
+    assert res.exit_code != 0 and "--format='xml': allowed table, md, csv, json" in res.output

@@ -35,9 +35,17 @@ def test_the_run_takes_the_objects_its_validation_built_once() -> None:
     assert repr(again.rule) == repr(exp.rule)
 
 
-def test_only_the_last_validated_config_keeps_its_objects() -> None:
+def test_every_validated_config_keeps_its_own_objects_on_itself() -> None:
+    """No module-wide cache of the last config validated: each config object carries what its validation built; a
+    copy of it (another object, maybe other values) gets nothing, and neither does a config pickled to another
+    process."""
+    import pickle
+
     first, second = make_config(SMALL), make_config({**SMALL, "seed": 2})
-    assert components.kept(first) is None and components.kept(second) is not None
+    assert components.kept(first) is not None and components.kept(second) is not None
+    assert components.kept(first) is not components.kept(second)
+    assert components.kept(first.model_copy(update={"seed": 3})) is None
+    assert components.kept(pickle.loads(pickle.dumps(first))) is None
 
 
 def test_one_phalanx_run_builds_its_split_model_rule_attack_and_optimizer_once(
@@ -53,10 +61,10 @@ def test_one_phalanx_run_builds_its_split_model_rule_attack_and_optimizer_once(
 
     monkeypatch.setattr(data, "partition", counting("split", data.partition))
     monkeypatch.setattr(models, "make", counting("model", models.make))
-    monkeypatch.setattr(components, "server_optimizer", counting("optimizer", components.server_optimizer))
-    monkeypatch.setattr(components.robust_gossip, "configured", counting("rule", components.robust_gossip.configured))
-    monkeypatch.setattr(components.gossip_attacks, "configured",
-                        counting("attack", components.gossip_attacks.configured))
+    monkeypatch.setattr(components.optim, "build", counting("optimizer", components.optim.build))
+    for method, what in (("make_rule", "rule"), ("make_attack", "attack")):  # the algorithm builds them
+        original = getattr(base.RoundAlgorithm, method).__func__
+        monkeypatch.setattr(base.RoundAlgorithm, method, classmethod(counting(what, original)))
     cfg = make_config(SMALL)
     run_grid([cfg], tmp_path / "out")
     assert built == {"split": 1, "model": 1, "optimizer": 1, "rule": 1, "attack": 1}

@@ -1,6 +1,7 @@
-"""The tightness construction of the no-attack convergence bounds (phalanx.analysis.convergence): GD with the real
-rules on F_i(w) = (μ/2)‖w + x_i‖², x a worst case for ε, follows its closed form to the dtype's precision, and its
-limit is εζ²/(2μ) (PL) and εζ² (‖∇F‖²) exactly."""
+"""Phalanx's own tightness construction of the no-attack convergence bounds (phalanx.analysis.convergence,
+Proposition 3: equivariant rules, η < 2/μ): GD with the real rules on F_i(w) = (μ/2)‖w + x_i‖², x a worst case for
+ε in closed form, follows its closed form to the dtype's precision, and its limit is εζ²/(2μ) (PL) and εζ²
+(‖∇F‖²) exactly; rules without a closed form, and a rule that ignores f, are refused."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from phalanx import aggregators
 from phalanx.aggregators import Aggregator
+from phalanx.aggregators.coordinatewise import CoordinateWiseTrimmedMean, coordinate_window_mean
 from phalanx.analysis import convergence as cv
 from phalanx.analysis.epsilon import aggregation_error
 from phalanx.errors import ConfigError
@@ -19,6 +21,7 @@ N = 16
 EQUIVARIANT = [name for name in aggregators.names() if issubclass(aggregators.get_class(name), Aggregator)
                and aggregators.get_tags(name).translation and aggregators.get_tags(name).scale]
 WITH_EPSILON = [name for name in EQUIVARIANT if aggregators.make(name, f=1).epsilon(N) is not None]
+CLOSED = sorted(cv.CLOSED_FORM_SPLIT)
 
 
 N_PATH = 9
@@ -28,7 +31,7 @@ subsets of n − f rows) stays cheap; the limits are tested at N = 16."""
 
 def _cases() -> list[tuple[str, int]]:
     out = []
-    for name in EQUIVARIANT:
+    for name in CLOSED:
         for f in (0, 1, 2, 4):
             rule = aggregators.make(name, f=f)
             if N_PATH >= rule.min_workers():
@@ -36,9 +39,30 @@ def _cases() -> list[tuple[str, int]]:
     return out
 
 
-def test_the_rules_with_an_epsilon_are_all_constructed() -> None:
-    assert {"mean", "cwtm", "cwmed", "geomed"} <= set(WITH_EPSILON)
-    assert {"krum", "multikrum", "bulyan", "meamed", "mda", "dnc"} <= set(EQUIVARIANT)
+def test_the_rules_with_a_proven_epsilon_are_all_constructed() -> None:
+    assert set(WITH_EPSILON) == set(CLOSED) == {"mean", "cwtm", "cwmed", "geomed"}
+
+
+@pytest.mark.parametrize("name", sorted(set(EQUIVARIANT) - set(CLOSED)))
+def test_no_closed_form_is_made_up_from_the_rule_under_test(name: str) -> None:
+    # an A computed from the rule's own output would make "measured = closed form" hold by construction
+    rule = aggregators.make(name, f=1)
+    with pytest.raises(ConfigError, match=r"Theorem 4\.5") as info:
+        cv.construct(rule, 9 if rule.min_workers() <= 9 else rule.min_workers())
+    assert info.value.parameter == "rule"
+
+
+class TrimsNothing(CoordinateWiseTrimmedMean):
+    """A mutant: the trimmed mean that ignores its f (the mean), keeping its name and metadata."""
+
+    def _run(self, x: torch.Tensor, want_contributions: bool, **context: object) -> tuple[torch.Tensor, object]:
+        return coordinate_window_mean(x, "trimmed", 0, want_contributions)
+
+
+def test_mutant_trimmed_mean_ignoring_f_is_refused() -> None:
+    with pytest.raises(ConfigError, match="closed form"):
+        cv.construct(TrimsNothing(f=3), N)
+    assert cv.construct(CoordinateWiseTrimmedMean(f=3), N).ratio == pytest.approx(3 / 13)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -1,6 +1,7 @@
-"""The convergence study (phalanx.studies.convergence) at small sizes: its cells, the construction matching its
-closed form, the real problems' floors beside their bounds with intervals, the 80-column table, the report, the
-plot, the command line and its one-line errors."""
+"""The convergence study (phalanx.studies.convergence) at small sizes: its cells, Theorem 4.5's construction for the
+rules it runs (stall or escape, with the reason), Proposition 3's matching its closed form, the real problems' floors
+beside bounds from a proven ε only, the 80-column table, the report, the plot, the command line and its one-line
+errors."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from phalanx.studies import convergence as cs
 
 SMALL = dataclasses.replace(
     cs.PRESETS["quick"], workers=8, rules=("mean", "cwtm", "geomed"), fs=(1, 3), alphas=(0.5,), rounds=12,
-    hidden=8, construction_rules=("cwtm", "cwmed", "krum"), construction_fs=(1, 3), construction_steps=10,
+    hidden=8, construction_rules=("cwtm", "cwmed"), construction_fs=(1, 3), construction_steps=10,
+    paper_rules=("cwtm", "krum", "mean"),
 )
 
 
@@ -50,8 +52,10 @@ def test_the_study_is_registered_and_reachable_from_both_groups() -> None:
 def test_the_cells_cover_the_grid(done) -> None:  # type: ignore[no-untyped-def]
     _, cells, collected, _, _ = done
     cons = [c for c in cells if c.problem == "construction"]
-    assert {(c.rule, c.f) for c in cons} == {("cwtm", 1), ("cwtm", 3), ("cwmed", 1), ("cwmed", 3), ("krum", 1)}
-    real = [c for c in cells if c.problem != "construction"]
+    assert {(c.rule, c.f) for c in cons} == {("cwtm", 1), ("cwtm", 3), ("cwmed", 1), ("cwmed", 3)}
+    paper = [c for c in cells if c.problem == cs.PAPER]
+    assert {(c.rule, c.f) for c in paper} == {("cwtm", 1), ("cwtm", 3), ("krum", 1), ("mean", 1), ("mean", 3)}
+    real = [c for c in cells if c.problem not in ("construction", cs.PAPER)]
     # mean and geomed once (f does not matter), cwtm at both f; three problems, one α, three seeds
     assert len(real) == 3 * 1 * (1 + 2 + 1) * 3
     assert set(collected) == set(cells)
@@ -65,7 +69,28 @@ def test_the_construction_meets_its_closed_form(done) -> None:  # type: ignore[n
             assert abs(o.floor - o.bound) <= o.tolerance
             assert len(o.curve) == SMALL.construction_steps + 1
     o = collected[cs.Cell("construction", 0.0, "cwtm", 3, 0)]
-    assert o.ratio == pytest.approx(3 / 5) and o.epsilon == pytest.approx(3 / 5) and o.epsilon_source == "theory"
+    assert o.ratio == pytest.approx(3 / 5) and o.epsilon == pytest.approx(3 / 5) and o.epsilon_source == "proven"
+
+
+def test_theorem_45_stalls_the_robust_rules_and_not_the_mean(done) -> None:  # type: ignore[no-untyped-def]
+    _, _, collected, _, report = done
+    for rule, f in (("cwtm", 1), ("cwtm", 3), ("krum", 1)):
+        o = collected[cs.Cell(cs.PAPER, 0.0, rule, f, 0)]
+        assert o.verdict == "stalls" and abs(o.floor - o.bound) <= o.tolerance
+        assert o.limit == pytest.approx(f / (8 - f) / (2 * 8 / math.sqrt(f * (8 - f))))  # (f/(n−f))G²/(2μ), μ = 2c
+    for f in (1, 3):
+        o = collected[cs.Cell(cs.PAPER, 0.0, "mean", f, 0)]
+        assert o.verdict.startswith("escapes: not (f, κ)-robust") and abs(o.floor - o.bound) > o.tolerance
+    text = "\n".join(report.terminal)
+    assert "Theorem 4.5 (Yang, Shi & Li)" in text and "Proposition 3 (Phalanx's own" in text
+
+
+def test_the_bounds_use_a_proven_epsilon_only() -> None:
+    assert cs.rule_epsilon("cwtm", 3, 16) == (pytest.approx(3 / 13), "proven")
+    eps, source = cs.rule_epsilon("krum", 5, 16)  # nothing proven: its κ, by Theorem 3.2
+    assert source == "kappa" and eps == pytest.approx(6 * (1 + 5 / 6))
+    eps, source = cs.rule_epsilon("multikrum", 5, 16)  # neither: no bound, never a measured ε
+    assert source == "none" and math.isnan(eps)
 
 
 def test_the_real_floors_have_bounds_and_intervals(done) -> None:  # type: ignore[no-untyped-def]
@@ -76,6 +101,9 @@ def test_the_real_floors_have_bounds_and_intervals(done) -> None:  # type: ignor
         assert r.floor.k == 3 and r.floor.low <= r.floor.mean <= r.floor.high
         if r.rule == "mean":
             assert r.epsilon == 0 and r.verdict() == "ε = 0: no bound"
+        elif r.rule == "krum":
+            assert r.epsilon_source == "kappa" and r.verdict() in ("below the bound", "above the bound",
+                                                                   "inconclusive")
         else:
             assert r.bound.mean > 0 and r.epsilon > 0
             assert r.verdict() in ("below the bound", "above the bound", "inconclusive")
@@ -87,11 +115,12 @@ def test_the_real_floors_have_bounds_and_intervals(done) -> None:  # type: ignor
 
 def test_verdicts_need_three_seeds_and_an_interval_on_one_side_of_1() -> None:
     e = cs.mean_ci([0.1, 0.2])
-    assert cs.Row("mlp", 0.5, "cwtm", 1, e, e, e, e, 0.1, "theory").verdict().startswith("no verdict (2 seeds")
+    assert cs.Row("mlp", 0.5, "cwtm", 1, e, e, e, e, 0.1, "proven").verdict().startswith("no verdict (2 seeds")
+    assert cs.Row("mlp", 0.5, "mda", 1, e, e, e, e, math.nan, "none").verdict() == "no proven ε: no bound"
 
     def row(shares: list[float]) -> cs.Row:
         logs = cs.mean_ci([math.log(v) for v in shares])
-        return cs.Row("mlp", 0.5, "cwtm", 1, e, e, logs, e, 0.1, "theory")
+        return cs.Row("mlp", 0.5, "cwtm", 1, e, e, logs, e, 0.1, "proven")
 
     assert row([0.01, 0.02, 0.03]).verdict() == "below the bound"
     assert row([2.0, 3.0, 4.0]).verdict() == "above the bound"
@@ -102,7 +131,7 @@ def test_verdicts_need_three_seeds_and_an_interval_on_one_side_of_1() -> None:
 def test_the_terminal_tables_fit_80_columns(done) -> None:  # type: ignore[no-untyped-def]
     _, _, _, _, report = done
     text = "\n".join(report.terminal)
-    assert "Tightness construction" in text and "Real problems" in text
+    assert "Theorem 4.5" in text and "Proposition 3" in text and "Real problems" in text
     assert max(len(line) for line in text.splitlines()) <= 80
 
 
@@ -110,8 +139,10 @@ def test_the_report_files(done) -> None:  # type: ignore[no-untyped-def]
     _, cells, _, out, report = done
     assert {p.name for p in report.files} == {"report.md", "cells.csv", "convergence.png"}
     md = (out / "report.md").read_text()
-    assert "## The tightness construction" in md and "## Real problems" in md and "convergence.png" in md
-    assert "5 of 5 (rule, f) end within the rounding tolerance" in md
+    assert "## Proposition 3: Phalanx's own" in md and "## Real problems" in md and "convergence.png" in md
+    assert "4 of 4 (rule, f) end within the rounding tolerance" in md
+    assert "## Theorem 4.5: the paper's construction, every rule" in md and "Verdicts: 2 escapes, 3 stalls." in md
+    assert "| mean | 1 | escapes: not (f, κ)-robust for any κ" in md
     with (out / "cells.csv").open() as fh:
         assert len(list(csv.DictReader(fh))) == len(cells)
     assert (out / "convergence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -129,6 +160,8 @@ def test_the_report_files(done) -> None:  # type: ignore[no-untyped-def]
     ({"construction_lr": "fast"}, "construction_lr"),
     ({"mlp_lam": -1.0}, "mlp_lam"),
     ({"rules": ("nosuchrule",)}, "aggregator"),
+    ({"construction_rules": ("krum",)}, "construction_rules"),
+    ({"paper_rules": ("nosuchrule",)}, "aggregator"),
 ])
 def test_bad_presets_are_one_line_before_anything_runs(changes: dict[str, Any], parameter: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -170,11 +203,12 @@ def test_the_command_runs_end_to_end(tmp_path: Path) -> None:
     from phalanx import cli
 
     sets = ["workers=8", "rules=['mean','cwtm']", "fs=[1,3]", "alphas=[0.5]", "problems=['least-squares']",
-            "rounds=5", "construction_rules=['cwtm']", "construction_fs=[1]", "construction_steps=5"]
+            "rounds=5", "construction_rules=['cwtm']", "construction_fs=[1]", "construction_steps=5",
+            "paper_rules=['cwtm','mean']"]
     args = ["tension", "convergence", "--seeds", "3", "--out", str(tmp_path)]
     res = CliRunner().invoke(cli.app, [*args, *(a for s in sets for a in ("--set", s))], env={"COLUMNS": "80"})
     assert res.exit_code == 0, res.output
-    assert "Tightness construction" in res.output and "Does more f stall higher?" in res.output
+    assert "Theorem 4.5" in res.output and "Proposition 3" in res.output and "Does more f stall higher?" in res.output
     assert "changed from preset quick" in res.output  # the CLI says what --set changed
     assert {p.name for p in tmp_path.iterdir()} >= {"report.md", "cells.csv", "convergence.png"}
     report = (tmp_path / "report.md").read_text()

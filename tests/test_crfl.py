@@ -50,7 +50,7 @@ def test_clipping_bounds_the_global_norm_after_every_round() -> None:
     cfg = make_config({**CRFL_CFG, "server_projection_params": {"clip": 1.5, "clip_growth": 0.25, "noise": 0.02,
                                                                 "samples": 5}})
     exp = from_config(cfg)
-    assert isinstance(exp.projection, CRFL)
+    assert isinstance(exp.stage(CRFL), CRFL)
     seen = _Thetas()
     Loop(exp, callbacks=[seen]).run()
     gen = generator(cfg.seed, "projection")
@@ -137,7 +137,7 @@ def test_without_a_projection_nothing_changes() -> None:
     exp = from_config(cfg)
     loop = Loop(exp)
     loop.open()
-    assert exp.projection is None and "projection" not in loop.snapshot().streams
+    assert exp.stage(CRFL) is None and "projection" not in loop.snapshot().streams
 
 
 def test_hoeffding_bounds_and_the_radius_against_hand_computed_values() -> None:
@@ -257,7 +257,7 @@ def test_the_defaults_come_from_the_run() -> None:
     """R = byzantine, p = 1/clients a round, τ = local_steps, η = lr, γ and q/n = the backdoor's boost and
     poison_fraction, and the attacked rounds 1 … stop_round."""
     cfg = make_config({**CRFL_CFG, "attack_params": {"boost": 4.0, "poison_fraction": 0.25, "stop_round": 3}})
-    crfl = from_config(cfg).projection
+    crfl = from_config(cfg).stage(CRFL)
     assert isinstance(crfl, CRFL)
     assert (crfl.attackers, crfl.weight, crfl.local_steps, crfl.client_lr) == (3, 1 / 10, 2, 0.05)
     assert (crfl.scale, crfl.poison_fraction, crfl.attack_rounds) == (4.0, 0.25, (1, 2, 3))

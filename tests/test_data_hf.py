@@ -13,6 +13,7 @@ import torch
 
 from phalanx import data, models
 from phalanx.data import hf, leaf
+from phalanx.data.base import DataFormatError
 from phalanx.errors import ConfigError
 
 datasets = pytest.importorskip("datasets")
@@ -126,3 +127,40 @@ def test_bad_inputs_are_one_line_errors() -> None:
     with pytest.raises(ConfigError, match="users"):
         data.partition(plain.train_y, 2, "natural", users=plain.train_users)
     assert torch.cat(data.partition(plain.train_y, 2, "iid")).numel() == plain.n_train
+
+
+def test_images_of_different_sizes_are_one_line_before_stacking() -> None:
+    """An image column whose images differ in size (a hub copy with one odd image) is refused, naming the input,
+    instead of numpy's traceback from stacking them."""
+    rng = np.random.default_rng(0)
+    raw = datasets.Dataset.from_dict({
+        "image": [rng.integers(0, 256, (8, 8), dtype=np.uint8)] * 5 + [rng.integers(0, 256, (9, 8), dtype=np.uint8)],
+        "label": [0, 1, 0, 1, 0, 1],
+    }).cast_column("image", datasets.Image())
+    with pytest.raises(DataFormatError, match=r"input 5 is an image of \(8, 9\) with 1 channel\(s\), input 0 of "
+                       r"\(8, 8\) .*allowed: images of one size") as info:
+        data.from_hf(raw, name="odd")
+    assert str(info.value).startswith("odd: ") and "\n" not in str(info.value)
+
+
+def test_one_outlier_string_does_not_pad_every_sample_to_it() -> None:
+    """Without ``length``, the longest string sets the width of every sample: one string of 10⁶ characters among
+    2,000 short ones would be 16 GB of codes. Refused, naming ``length``, before anything is allocated; with
+    ``length`` given it loads."""
+    import tracemalloc
+
+    texts = ["to be or not to be"] * 1999 + ["x" * 1_000_000]
+    raw = datasets.Dataset.from_dict({"x": texts, "y": ["a", "b"] * 1000})
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match=r"length=None .*input 1999, 1,000,000 characters\) is over 16 × the "
+                           r"mean \(518\) \+ 64, and padding all 2,000 to it would take 16,000,000,000 bytes") as info:
+            data.from_hf(raw, name="talk")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 200 << 20 and "\n" not in str(info.value)  # the column itself is ~20 MB; no 16 GB array
+    assert data.from_hf(raw, name="talk", length=20).input_shape == (20,)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ConfigError, match="length"):
+            data.from_hf(raw, length=bad)

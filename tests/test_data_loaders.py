@@ -194,6 +194,7 @@ def test_not_found_says_how_to_get_the_files(tmp_path: Path) -> None:
     msg = str(info.value)
     assert "apt-get install dataset-fashion-mnist" in msg
     assert "download=True" in msg and "PHALANX_DATA" in msg
+    assert "--set download=true" in msg and "--set data_root=DIR" in msg  # the command line's spelling first
     assert str(tmp_path / "nothing") in msg
     assert isinstance(info.value, ConfigError)
     with pytest.raises(DatasetNotFoundError, match=r"cifar-10-python\.tar\.gz"):

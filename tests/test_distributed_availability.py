@@ -32,13 +32,13 @@ from tests.test_distributed_sealed import final, transcript
 
 from _outsider import Outsider
 from phalanx.distributed import launch
+from phalanx.distributed.audit import audit
 from phalanx.distributed.channel import MAX_VIOLATIONS, PHASED_HEADER, PHASED_MAGIC, Kind, send_frame
 from phalanx.distributed.env import free_port
 from phalanx.distributed.keys import init_keys, load_identity
 from phalanx.distributed.mesh import Mesh
 from phalanx.distributed.parameter_server import config_digest
 from phalanx.distributed.sealed import SealedWorkerLinks
-from phalanx.distributed.transcript import audit
 from phalanx.distributed.worker import resolve_config
 
 SHORT = {"rounds": 6, "eval_every": 3, "checkpoint_every": 3, "round_timeout": 30.0}
@@ -123,8 +123,14 @@ def same_bits(a: Path, b: Path) -> None:
 
 
 def every_rejection(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    found = [r for entry in doc["rounds"] for r in entry["rejected"]]
-    return found + [r for s in doc["sessions"] for r in s.get("after", {}).get("rejected", [])]
+    """Every refusal group of a transcript (counted by round, recording rank, sender and kind)."""
+    found = [g for entry in doc["rounds"] for g in entry["rejected"]]
+    return found + [g for s in doc["sessions"] for g in s.get("after", {}).get("rejected", [])]
+
+
+def said(group: dict[str, Any]) -> str:
+    """What a refusal group says: its kind and its sampled reasons."""
+    return " | ".join([group["kind"], *group["samples"]])
 
 
 @pytest.mark.parametrize("topology", ["server", "serverless", "gossip"])
@@ -160,7 +166,7 @@ def test_an_outsider_at_the_start_and_mid_run_changes_no_bit(keys: Path, topolog
     assert all(o.opened > 0 for o in outsiders)
     same_bits(clean(topology, keys, tmp_path_factory.mktemp(f"clean-{topology}")), tmp_path / "out")
     doc = transcript(tmp_path / "out")
-    reasons = " | ".join(r["reason"] for r in every_rejection(doc))
+    reasons = " | ".join(said(g) for g in every_rejection(doc))
     assert "TLS handshake" in reasons and ("shed" in reasons or "not introduced within" in reasons)
     if topology == "server":
         assert all([a["rank"] for a in entry["accepted"]] == [0, 1, 2, 3] for entry in doc["rounds"])
@@ -231,9 +237,9 @@ def test_a_listed_rank_flooding_bad_vectors_is_cut_off_and_the_server_goes_on_wi
         assert torch.equal(a[key], b[key]), key  # the run went on without rank 3, as if it had died at round 0
     doc = transcript(play / "out")
     assert all(entry["missing"] == [3] for entry in doc["rounds"])
-    reasons = [r["reason"] for r in every_rejection(doc) if r["rank"] == 3]
-    assert sum("does not verify" in r for r in reasons) == MAX_VIOLATIONS
-    assert any(f"closed after {MAX_VIOLATIONS} violations" in r for r in reasons)
+    groups = [g for g in every_rejection(doc) if g["rank"] == 3]
+    assert sum(g["count"] for g in groups if "does not verify" in g["kind"]) == MAX_VIOLATIONS, groups
+    assert sum(g["count"] for g in groups if "closed after N violations" in g["kind"]) == 1, groups
 
 
 class _Nothing:
@@ -284,8 +290,8 @@ def test_a_listed_gossip_node_flooding_bad_messages_is_cut_off_and_the_others_fi
     assert code == 0, err_path.read_text()[-3000:]
     same_bits(tmp_path / "died", play / "out")
     doc = transcript(play / "out")
-    closed = [r for r in every_rejection(doc) if r["rank"] == 4 and "closed after" in r["reason"]]
-    assert {r.get("at") for r in closed} == {None, 3}, closed  # rank 0's own link, and node 3's (reported)
+    closed = [g for g in every_rejection(doc) if g["rank"] == 4 and "closed after" in g["kind"]]
+    assert {g["at"] for g in closed} == {0, 3}, closed  # rank 0's own link, and node 3's (reported)
     assert audit(run_dir(play / "out")).ok
 
 

@@ -24,10 +24,11 @@ import pytest
 import torch
 from tests.test_distributed import BASE, JOB_TIMEOUT_S, run_dir, wait_for, write_toml
 from tests.test_distributed_gossip import JOB as GOSSIP_JOB
-from tests.test_distributed_sealed import final, job, transcript
+from tests.test_distributed_sealed import final, job, rewrite, transcript
 from typer.testing import CliRunner
 
 from phalanx.cli import app
+from phalanx.distributed.audit import audit
 from phalanx.distributed.channel import (
     PHASED_HEADER,
     PHASED_MAGIC,
@@ -42,7 +43,6 @@ from phalanx.distributed.env import RankEnv, free_port
 from phalanx.distributed.keys import init_keys, load_identity
 from phalanx.distributed.parameter_server import config_digest
 from phalanx.distributed.rendezvous import ADDR_VAR, bind_host
-from phalanx.distributed.transcript import TRANSCRIPT, audit
 from phalanx.distributed.worker import resolve_config
 from phalanx.errors import ConfigError
 from phalanx.experiments import make_config
@@ -76,6 +76,7 @@ def same_bits(a: Path, b: Path) -> None:
 
 
 def every_rejection(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every group of rejections (counted, with samples) of a transcript."""
     found = [r for entry in doc["rounds"] for r in entry["rejected"]]
     return found + [r for s in doc["sessions"] for r in s.get("after", {}).get("rejected", [])]
 
@@ -134,14 +135,14 @@ def live_campaign(keys: Path, data: dict[str, Any], tmp: Path) -> tuple[Path, st
 def check_campaign_record(out: Path) -> None:
     doc = transcript(out)
     rejected = every_rejection(doc)
-    text = " | ".join(r["reason"] for r in rejected)
-    for at in (None, 2):  # what rank 0 refused itself, and what rank 2 refused and reported
-        mine = " | ".join(r["reason"] for r in rejected if r.get("at") == at)
+    text = " | ".join(s for g in rejected for s in g["samples"])
+    for at in (0, 2):  # what rank 0 refused itself, and what rank 2 refused and reported
+        mine = " | ".join(s for g in rejected if g["at"] == at for s in g["samples"])
         assert mine.count("TLS handshake") >= 2, text  # no TLS; another job's key
         assert "claims rank 1 with rank 2's key" in mine, text
     report = audit(run_dir(out))
     assert report.ok, report.problems
-    assert sum(report.rejected.values()) == len(rejected) >= 10
+    assert sum(report.rejected.values()) == sum(g["count"] for g in rejected) >= 10
     assert report.rejected_at[0] >= 5 and report.rejected_at[2] >= 5  # rank 0's own, and what rank 2 reported
     res = CliRunner().invoke(app, ["audit", str(run_dir(out))])
     assert res.exit_code == 0 and "rejected by the rank that refused them: rank 0: " in res.output, res.output
@@ -188,7 +189,7 @@ def test_a_keyed_serverless_job_gives_the_same_bits_as_without_keys(serverless: 
 
 def test_the_serverless_transcript_names_every_row_once_and_audits(serverless: Path) -> None:
     doc = transcript(serverless)
-    assert doc["format"] == "phalanx-transcript/2" and doc["topology"] == "serverless"
+    assert doc["format"] == "phalanx-transcript/3" and doc["topology"] == "serverless"
     assert [r["round"] for r in doc["rounds"]] == list(range(SERVERLESS["rounds"]))
     for entry in doc["rounds"]:  # every rank's row, and the Byzantine rank's attack row (phase 1)
         assert [(a["rank"], a["phase"]) for a in entry["accepted"]] == [(0, 0), (1, 0), (2, 0), (3, 0), (3, 1)]
@@ -202,15 +203,16 @@ def test_the_serverless_transcript_names_every_row_once_and_audits(serverless: P
 def test_an_edited_serverless_transcript_fails_the_audit(serverless: Path, keys: Path, tmp_path: Path) -> None:
     copy = tmp_path / "run"
     shutil.copytree(run_dir(serverless), copy)
-    doc = json.loads((copy / TRANSCRIPT).read_text())
+    doc = transcript(serverless)
     doc["rounds"][4]["accepted"][3]["phase"] = 1  # claim the Byzantine rank's placeholder was its attack row
     del doc["rounds"][2]["accepted"][1]  # and that rank 1 was not heard in round 2
-    (copy / TRANSCRIPT).write_text(json.dumps(doc))
+    rewrite(copy, doc)
     problems = " | ".join(audit(copy).problems)
-    assert "not the file the manifest records" in problems
+    assert "not the file the manifest records" in problems and "does not verify with rank 0's key" in problems
+    rewrite(copy, doc, load_identity(keys / "job4", 0, 4))  # rank 0's key: the row checks isolated
+    problems = " | ".join(audit(copy).problems)
     assert "round 4: rank 3's signature does not verify" in problems and "round 4: rank 3 was heard twice" in problems
-    assert "round 2: the rows of ranks [1] are not recorded" in problems
-    assert "round 2: the chain does not match" in problems
+    assert "round 2: ranks [1] are neither accepted nor missing" in problems
     other = audit(run_dir(serverless), keys / "other4" / "allow-list.json")
     assert not other.ok and "another allow-list" in other.problems[0]
 
@@ -281,7 +283,7 @@ def test_a_keyed_gossip_job_gives_the_same_bits_as_without_keys(gossip: Path, tm
     assert all(r["missing_messages"] == 0 for r in rows)
 
 
-def test_the_gossip_transcript_holds_every_nodes_journal_and_audits(gossip: Path, tmp_path: Path) -> None:
+def test_the_gossip_transcript_holds_every_nodes_journal_and_audits(gossip: Path, keys: Path, tmp_path: Path) -> None:
     doc = transcript(gossip)
     assert doc["topology"] == "gossip" and all("after" not in s for s in doc["sessions"])
     assert all(entry["rejected"] == [] for entry in doc["rounds"])
@@ -299,9 +301,9 @@ def test_the_gossip_transcript_holds_every_nodes_journal_and_audits(gossip: Path
     copy = tmp_path / "run"
     shutil.copytree(run_dir(gossip), copy)
     doc["rounds"][0]["nodes"][1]["rounds"][0]["accepted"][0]["rank"] = 3  # node 1 claims it heard node 3
-    (copy / TRANSCRIPT).write_text(json.dumps(doc))
+    rewrite(copy, doc, load_identity(keys / "job5", 0, 5))  # even rank 0 cannot change a node's journal
     problems = " | ".join(audit(copy).problems)
-    assert "round 0, node 1: rank 3's signature does not verify" in problems, problems
+    assert "round 2, node 1: its signature does not verify with rank 1's key" in problems, problems
 
 
 def test_the_impostor_campaign_changes_no_bit_of_a_gossip_job(keys: Path, gossip: Path, tmp_path: Path) -> None:

@@ -165,8 +165,8 @@ def test_ranks_on_two_hosts_are_refused_without_keys(two_hosts: dict[str, Any], 
 def test_ranks_on_two_hosts_run_sealed_and_equal_the_simulated_run(
     two_hosts: dict[str, Any], tmp_path: Path, topology: str,
 ) -> None:
+    from phalanx.distributed.audit import audit
     from phalanx.distributed.keys import init_keys
-    from phalanx.distributed.transcript import audit
 
     init_keys(tmp_path / "keys", 3)
     ns_a, _ = two_hosts["ns"]

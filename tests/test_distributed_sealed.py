@@ -26,10 +26,11 @@ from typer.testing import CliRunner
 
 from phalanx.cli import app
 from phalanx.distributed import launch
+from phalanx.distributed.audit import audit
 from phalanx.distributed.channel import HEADER, MAGIC, Kind, Limits, Violation, client_context, recv_frame, send_frame
 from phalanx.distributed.env import RankEnv, free_port, open_store
 from phalanx.distributed.keys import init_keys, load_identity
-from phalanx.distributed.transcript import TRANSCRIPT, audit
+from phalanx.distributed.transcript import TRANSCRIPT, load, render, signature_line
 from phalanx.distributed.worker import check_identity
 from phalanx.errors import ConfigError
 from phalanx.experiments import make_config
@@ -71,8 +72,15 @@ def final(out: Path) -> dict[str, torch.Tensor]:
 
 
 def transcript(out: Path) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads((run_dir(out) / TRANSCRIPT).read_text())
-    return doc
+    """The run's transcript as one document (:func:`phalanx.distributed.transcript.load`)."""
+    return load(run_dir(out) / TRANSCRIPT)
+
+
+def rewrite(run: Path, doc: dict[str, Any], signer: Any = None) -> None:
+    """Write ``doc`` as ``run``'s transcript: with ``signer``'s signature, or (None) with the old signature line."""
+    body = render(doc)
+    last = (run / TRANSCRIPT).read_bytes().splitlines(keepends=True)[-1]
+    (run / TRANSCRIPT).write_bytes(body + (last if signer is None else signature_line(body, signer)))
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +159,8 @@ def test_the_impostor_campaign_changes_nothing(keys: Path, clean: Path, tmp_path
     for key in a:
         assert torch.equal(a[key], b[key]), key  # not a bit of the result changed
     doc = transcript(tmp_path / "out")
-    rejected = [r for entry in doc["rounds"] for r in entry["rejected"]]
-    reasons = " | ".join(r["reason"] for r in rejected)
+    rejected = [g for entry in doc["rounds"] for g in entry["rejected"]]  # counted by group, with samples
+    reasons = " | ".join(s for g in rejected for s in g["samples"])
     assert reasons.count("TLS handshake") >= 2, reasons  # no TLS; another job's key
     assert "claims rank 1 with rank 2's key" in reasons
     assert "claims rank 1 with rank 3's key" in reasons
@@ -160,23 +168,25 @@ def test_the_impostor_campaign_changes_nothing(keys: Path, clean: Path, tmp_path
     assert all([a["rank"] for a in entry["accepted"]] == [0, 1, 2, 3] for entry in doc["rounds"])
     report = audit(run_dir(tmp_path / "out"))
     assert report.ok, report.problems
-    assert sum(report.rejected.values()) == len(rejected) >= 4
+    assert sum(report.rejected.values()) == sum(g["count"] for g in rejected) >= 4
 
 
-def test_an_edited_transcript_fails_the_audit(clean: Path, tmp_path: Path) -> None:
+def test_an_edited_transcript_fails_the_audit(keys: Path, clean: Path, tmp_path: Path) -> None:
+    """Edited without rank 0's key: its signature fails; re-signed with it (the checks isolated), the row's
+    signature and the rounds' contiguity fail. Every forged case of issue 33: tests/test_audit.py."""
     copy = tmp_path / "run"
     shutil.copytree(run_dir(clean), copy)
-    doc = json.loads((copy / TRANSCRIPT).read_text())
+    doc = load(copy / TRANSCRIPT)
     doc["rounds"][4]["accepted"][1]["sha256"] = "0" * 64  # claim rank 1 sent something else in round 4
-    (copy / TRANSCRIPT).write_text(json.dumps(doc))
-    report = audit(copy)
-    problems = " | ".join(report.problems)
+    rewrite(copy, doc)
+    problems = " | ".join(audit(copy).problems)
     assert "not the file the manifest records" in problems
-    assert "round 4: rank 1's signature does not verify" in problems
-    assert "round 4: the chain does not match" in problems
+    assert "does not verify with rank 0's key" in problems
+    rewrite(copy, doc, load_identity(keys / "job", 0, 4))
+    assert "round 4: rank 1's signature does not verify" in " | ".join(audit(copy).problems)
     del doc["rounds"][6]
-    (copy / TRANSCRIPT).write_text(json.dumps(doc))
-    assert "round 6 is followed by round 7" in " | ".join(audit(copy).problems)
+    rewrite(copy, doc, load_identity(keys / "job", 0, 4))
+    assert "round 7 follows round 5" in " | ".join(audit(copy).problems)
     res = CliRunner().invoke(app, ["audit", str(copy)])
     assert res.exit_code == 1 and "audit failed" in res.output
 

@@ -168,10 +168,11 @@ def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_a_node_replying_three_times_weighs_what_a_silent_node_weighs(dtype: Any) -> None:
+def test_a_node_replying_three_times_loses_its_vote_as_a_silent_node_does(dtype: Any) -> None:
     """The measured case: cwtm, f = 1, four honest replies (+0.1) and one node replying three times (+100). Counted
     per reply, the trimmed mean of the seven rows keeps two of the three and steps +40.06; one vote per node drops
-    all three and the step is the one of the round where that node was silent: +0.1, the rule on the honest rows."""
+    all three and the step is the one of the round where that node was silent: +0.1, the rule on the honest rows.
+    Its vote is void, which does not lower f (tests/test_flower_void.py): the rule stays cwtm with f = 1."""
     w = model(dtype)
     honest, bad = shifted(w, 0.1), shifted(w, 100.0)
     per_reply = rule_step("cwtm", 1, w, [honest] * 4 + [bad] * 3)
@@ -186,14 +187,15 @@ def test_a_node_replying_three_times_weighs_what_a_silent_node_weighs(dtype: Any
     ins2 = start_round(silent, FakeGrid(NODES), w)
     without, _ = step(silent, 1, [answer(ins2[n], honest) for n in NODES[:4]], w)
 
-    expected = rule_step("cwtm", 0, w, [honest] * 4)  # the honest rows; the double-voter counted against f
+    expected = rule_step("cwtm", 1, w, [honest] * 4)  # the honest rows; f kept
     magnitude = float(np.abs(flat(w)).max()) + 0.1
     tol = 8 * float(torch.finfo(torch.float32 if dtype == np.float32 else torch.float64).eps) * magnitude
     np.testing.assert_allclose(got, expected, rtol=0, atol=tol)
     np.testing.assert_allclose(got, without, rtol=0, atol=tol)
     np.testing.assert_allclose(got, 0.1, rtol=0, atol=tol)
     assert (metrics["replies-received"], metrics["replies-valid"], metrics["replies-dropped"]) == (7, 4, 3)
-    assert (metrics["replies-duplicate"], metrics["nodes-dropped"], metrics["aggregated"]) == (3, 1, 1)
+    assert (metrics["replies-duplicate"], metrics["nodes-dropped"], metrics["aggregated"]) == (3, 0, 1)
+    assert metrics["nodes-void"] == 1
     assert [r for r, _ in by_node(s)[BAD]] == ["duplicate"] * 3
 
 
@@ -211,9 +213,10 @@ def test_a_silent_sampled_node_counts_against_f_like_a_missing_worker() -> None:
     np.testing.assert_allclose(got, expected, rtol=0, atol=tol)
 
 
-def test_a_duplicated_node_is_one_dropped_node_against_f_like_an_error_reply() -> None:
-    """Distinct honest rows: the double-voter's replies are all dropped and it costs f one, exactly as one
-    error reply from it would — the rule for f − 1 on the honest rows."""
+def test_a_duplicated_node_loses_its_vote_but_not_f_unlike_an_error_reply() -> None:
+    """Distinct honest rows: the double-voter's replies are all dropped, and its void vote leaves f = 2 (the second
+    reply in its name need not be its own); one error reply from it is its own doing and costs f one — the rule for
+    f − 1 on the same honest rows."""
     w = model(np.float64)
     nodes = [101, 102, 103, 104, 105, 106, 107]
     models = honest_models(w, 6)
@@ -228,9 +231,10 @@ def test_a_duplicated_node_is_one_dropped_node_against_f_like_an_error_reply() -
     error = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason="crashed"), reply_to=ins2[107])
     with_error, m2 = step(crashed, 1, [answer(ins2[n], m) for n, m in zip(nodes, models)] + [error], w)
 
-    np.testing.assert_array_equal(got, with_error)
-    np.testing.assert_allclose(got, rule_step("cwtm", 1, w, models), rtol=1e-12, atol=1e-14)
-    assert metrics["nodes-dropped"] == m2["nodes-dropped"] == 1
+    np.testing.assert_allclose(got, rule_step("cwtm", 2, w, models), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(with_error, rule_step("cwtm", 1, w, models), rtol=1e-12, atol=1e-14)
+    assert (metrics["nodes-dropped"], metrics["nodes-void"]) == (0, 1)
+    assert (m2["nodes-dropped"], m2["nodes-void"]) == (1, 0)
     assert metrics["replies-duplicate"] == 2 and m2["replies-duplicate"] == 0
     status = by_node(s)[107]
     assert status == [("duplicate", "dropped: duplicate: node 107 sent 2 replies in round 1; all of them are "
@@ -305,8 +309,9 @@ def test_a_mixture_is_counted_logged_recorded_and_never_aggregated(
     tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
     """One round with every kind of drop: each is counted under its reason, logged at WARNING with the node id,
-    recorded in the contributions and the JSON lines, and f is lowered by the sampled nodes that lost their vote
-    (the double-voter and the malformed one: 2), not by the replies that were nobody's vote."""
+    recorded in the contributions and the JSON lines, and f is lowered by the sampled node that lost its vote by
+    its own reply (the malformed one: 1) — not by the double-voter, whose vote is void, nor by the replies that were
+    nobody's vote."""
     w = model(np.float64)
     nodes = [101, 102, 103, 104, 105, 106, 107, 108, 109]
     path = tmp_path / "contributions.jsonl"
@@ -330,12 +335,12 @@ def test_a_mixture_is_counted_logged_recorded_and_never_aggregated(
     replies += [forged(ins[sampled[3]], sampled[2], huge)]                                     # impostor
     with caplog.at_level(logging.INFO, logger="flwr"):
         got, metrics = step(s, 2, replies, w)
-    np.testing.assert_allclose(got, rule_step("cwtm", 1, w, models), rtol=1e-12, atol=1e-14)  # f − 2 = 1
+    np.testing.assert_allclose(got, rule_step("cwtm", 2, w, models), rtol=1e-12, atol=1e-14)  # f − 1 = 2
     counts = {k: metrics[f"replies-{k}"] for k in ("received", "valid", "dropped", "duplicate", "unsampled", "stale",
                                                     "impostor")}
     assert counts == {"received": 13, "valid": 6, "dropped": 7, "duplicate": 3, "unsampled": 1, "stale": 1,
                       "impostor": 1}
-    assert metrics["nodes-dropped"] == 2
+    assert (metrics["nodes-dropped"], metrics["nodes-void"]) == (1, 1)
     round2 = [c for c in s.contributions if c["round"] == 2]
     assert [c["reason"] for c in round2] == ["used"] * 6 + ["duplicate"] * 3 + ["malformed", "unsampled", "stale",
                                                                                "impostor"]
@@ -349,7 +354,7 @@ def test_a_mixture_is_counted_logged_recorded_and_never_aggregated(
         assert any(f"from node {node} ({reason})" in line for line in lines), (node, reason, lines)
     assert any(f"dropped 3 replies from node {dup} (duplicate)" in line for line in lines)
     summary = [r.getMessage() for r in caplog.records if r.getMessage().startswith("phalanx: round 2: ")]
-    assert "13 replies, 6 used, 7 dropped; cwtm with f=1" in summary[-1]
+    assert "13 replies, 6 used, 7 dropped; cwtm with f=2" in summary[-1]
 
 
 def test_the_superlinks_error_for_a_lost_reply_counts_for_the_node_whose_reply_it_lost() -> None:
@@ -383,8 +388,8 @@ def test_without_message_ids_the_sample_and_the_round_are_still_checked(caplog: 
 
 
 def test_without_configure_train_only_duplicates_are_dropped() -> None:
-    """Driven after remember_global alone, the sample is unknown: a claimed id appearing twice is still one
-    dropped node; an unknown id is taken as it comes."""
+    """Driven after remember_global alone, the sample is unknown: a claimed id appearing twice is still one node
+    whose vote is void (f kept); an unknown id is taken as it comes."""
     w = model(np.float64)
     models = honest_models(w, 5)
     s = PhalanxFedAvg(aggregator="cwtm", f=2)
@@ -396,8 +401,9 @@ def test_without_configure_train_only_duplicates_are_dropped() -> None:
         return Message(content=content(arrays), metadata=meta)
 
     got, metrics = step(s, 1, [reply(i + 1, m) for i, m in enumerate(models)] + [reply(9, w), reply(9, w)], w)
-    np.testing.assert_allclose(got, rule_step("cwtm", 1, w, models), rtol=1e-12, atol=1e-14)
-    assert (metrics["replies-duplicate"], metrics["nodes-dropped"], metrics["replies-unsampled"]) == (2, 1, 0)
+    np.testing.assert_allclose(got, rule_step("cwtm", 2, w, models), rtol=1e-12, atol=1e-14)
+    assert (metrics["replies-duplicate"], metrics["nodes-void"], metrics["replies-unsampled"]) == (2, 1, 0)
+    assert metrics["nodes-dropped"] == 0
 
 
 def test_evaluation_replies_get_one_vote_per_node_too() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -192,3 +193,23 @@ def test_char_lstm_is_leafs_shakespeare_model_and_vmap_safe() -> None:
         models.make("char-lstm", (1, 8, 8), 10)
     with pytest.raises(ConfigError, match="hidden"):
         models.make("char-lstm", (8,), 10, hidden=0)
+
+
+@pytest.mark.parametrize("layer", [torch.nn.BatchNorm1d(8), torch.nn.InstanceNorm1d(8, track_running_stats=True)])
+def test_a_model_with_torch_batchnorm_is_refused_in_one_line_naming_the_fix(layer: torch.nn.Module,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's model with nn.BatchNorm1d failed every run with functorch's in-place error, three times on one line
+    (issue 38); now one ConfigError naming the layer and what to use instead, before any run starts."""
+    import types
+
+    module = types.ModuleType("user_bn_model")
+    module.build = lambda input_shape, num_classes: torch.nn.Sequential(  # type: ignore[attr-defined]
+        torch.nn.Flatten(), torch.nn.Linear(64, 8), layer, torch.nn.Linear(8, num_classes))
+    monkeypatch.setitem(sys.modules, "user_bn_model", module)
+    with pytest.raises(ConfigError, match=r"model='user_bn_model:build'.*\(layer '2'\).*nn.GroupNorm") as exc:
+        models.make("user_bn_model:build", (1, 8, 8), 10)
+    assert "\n" not in str(exc.value)
+    plain = torch.nn.InstanceNorm1d(8)  # no running statistics: a pure function, allowed
+    module.build = lambda input_shape, num_classes: torch.nn.Sequential(  # type: ignore[attr-defined]
+        torch.nn.Flatten(), torch.nn.Linear(64, 8), plain, torch.nn.Linear(8, num_classes))
+    assert isinstance(models.make("user_bn_model:build", (1, 8, 8), 10), torch.nn.Module)

@@ -163,7 +163,7 @@ def test_batchnorm_statistics_matter_for_evaluation() -> None:
     theta = loop.state.theta
     x = exp.dataset.test_x
     trained = exp.problem.predict(theta, x)
-    assert loop.state.stats is not None and torch.equal(norm.vector(), loop.state.stats)
+    assert torch.equal(norm.vector(), loop.snapshot().stages["norm_stats"])  # the checkpoint's key, as before
     norm.load(torch.cat([torch.zeros(norm.channels), torch.ones(norm.channels)]))
     assert not torch.equal(exp.problem.predict(theta, x), trained)
 

@@ -205,7 +205,8 @@ def test_every_dsgd_rank_sends_the_in_process_row(attack: str) -> None:
             if v is None:
                 v = w.attack_vector(honest, rule, t)
             torch.testing.assert_close(v, rows[w.rank])
-            assert torch.equal(w.dp_gen.get_state(), everyone.dp_gen.get_state())  # every rank's noise in step
+            mine, all_of = w.stages.generators["dp"], everyone.stages.generators["dp"]
+            assert torch.equal(mine.get_state(), all_of.get_state())  # every rank's noise in step
         theta = theta - 0.1 * rows.mean(0)
 
 
@@ -222,7 +223,7 @@ def test_every_fedavg_slot_sends_the_in_process_row() -> None:
             v = s.vector(theta, t)
             assert v is not None
             torch.testing.assert_close(v, rows[s.rank])
-            assert torch.equal(s.dp_gen.get_state(), clients.dp_gen.get_state())
+            assert torch.equal(s.stages.generators["dp"].get_state(), clients.stages.generators["dp"].get_state())
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -49,7 +49,9 @@ def test_the_price_and_its_growth_are_paired_by_seed() -> None:
     assert g.price.mean == pytest.approx((0.03 + 0.05 + 0.02) / 3)
     assert g.change.mean == pytest.approx((0.03 + 0.04 + 0.02) / 3)  # the price at σ = 0: 0, 0.01, 0
     assert g.verdict == "holds"  # every seed's price grew by 2-4 points
-    assert "grew with the DP noise (whole 95 % interval above 0) in 1" in privacy.readout([g], p)
+    assert "grew with the DP noise (Holm-adjusted p < 0.05, the change above 0) in 1" in privacy.readout([g], p)
+    assert g.change.p_adjusted is not None and g.change.family == 1  # one pair: Holm's family of one
+    assert "over the 1 comparisons" in privacy.growth_markdown([g], p)
 
 
 def test_cli_runs_a_tiny_grid_and_writes_the_report(tmp_path: Path) -> None:

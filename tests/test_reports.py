@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from phalanx import cli
-from phalanx.experiments import grid, report, runner, store
+from phalanx.experiments import grid, plots, report, runner, store
 from phalanx.studies import hbn, tension
 
 TINY = {"dataset": "digits", "model": "logreg", "workers": 4, "byzantine": 1, "f": 1, "aggregator": "cwtm",
@@ -176,13 +176,13 @@ def _run_dir(out: Path, name: str, aggregator: str, rows: list[dict[str, Any]]) 
 def _capture(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[str, str]]]:
     """The panels (title, y scale) of every figure the report saves."""
     seen: list[list[tuple[str, str]]] = []
-    real = report.save_figure
+    real = plots.save_figure
 
     def save(fig: Any, path: Path, dpi: int = 100) -> Path:
         seen.append([(ax.get_title(), ax.get_yscale()) for ax in fig.axes])
         return real(fig, path, dpi)
 
-    monkeypatch.setattr(report, "save_figure", save)
+    monkeypatch.setattr(plots, "save_figure", save)
     return seen
 
 
@@ -210,8 +210,60 @@ def test_report_without_those_values_has_the_accuracy_panel_only(tmp_path: Path,
     assert "![test accuracy per round](accuracy.png)" in (tmp_path / "report.md").read_text()
 
 
+def _figure(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every figure the report saves, as the axes (legend texts, y limits) before it is closed."""
+    seen: list[Any] = []
+    real = plots.save_figure
+
+    def save(fig: Any, path: Path, dpi: int = 100) -> Path:
+        seen.append([([t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else [],
+                      ax.get_ylim(), ax.get_yscale()) for ax in fig.axes])
+        return real(fig, path, dpi)
+
+    monkeypatch.setattr(plots, "save_figure", save)
+    return seen
+
+
+def test_accuracy_plot_names_diverged_runs_and_rounding_level_errors(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 38's misleading accuracy.png: a diverged mean was an unlabelled stub, and one exact rule's 4e-16 error
+    stretched the log axis over sixteen decades. Now the legend says "diverged 1/1 at round 1" and "≈ 0", and the
+    axis spans six decades below the largest error."""
+    seen = _figure(monkeypatch)
+    _run_dir(tmp_path, "mean", "mean", [{"round": 0, "test_accuracy": 0.1, "agg_error": None, "byz_share": None},
+                                        {"round": 1, "test_accuracy": 0.0, "agg_error": None, "byz_share": None}])
+    (tmp_path / "mean" / "DIVERGED").write_text("round 1\n")
+    _run_dir(tmp_path, "cwtm", "cwtm", [
+        {"round": t, "test_accuracy": 0.8, "agg_error": 0.3 / t, "byz_share": 0.0} for t in range(1, 5)])
+    _run_dir(tmp_path, "exact", "nnm>cwtm", [
+        {"round": t, "test_accuracy": 0.9, "agg_error": 4e-16, "byz_share": 0.0} for t in range(1, 5)])
+    report.write_report(tmp_path)
+    accuracy, errors = seen[0][0], seen[0][1]
+    assert "mean — diverged 1/1 at round 1" in accuracy[0]
+    assert any(label.startswith("nnm>cwtm (≈ 0: below") for label in errors[0])
+    assert errors[2] == "log" and errors[1][0] > 1e-8  # six decades below 0.3, not down to 4e-16
+
+
+def test_curve_styles_tell_attacks_apart_by_line_and_marker() -> None:
+    rows = [{"aggregator": a, "attack": t} for a in ("cwtm", "mean") for t in ("inf", "none")]
+    styles = plots.curve_styles(rows, ["aggregator", "attack"])
+    inf, none = styles["cwtm, attack=inf"], styles["cwtm, attack=none"]
+    assert inf["color"] == none["color"] != styles["mean, attack=inf"]["color"]
+    assert inf["linestyle"] != none["linestyle"] and inf["marker"] != none["marker"]
+
+
+def test_heatmap_text_contrasts_with_its_cell() -> None:
+    """White numbers on viridis' yellow were hard to read: the text colour follows the cell's luminance."""
+    from matplotlib import colormaps
+
+    viridis = colormaps["viridis"]
+    assert plots.text_colour(tuple(viridis(1.0))) == "black"  # yellow
+    assert plots.text_colour(tuple(viridis(0.0))) == "white"  # dark purple
+    assert plots.text_colour((1.0, 1.0, 1.0, 1.0)) == "black" and plots.text_colour((0, 0, 0, 1)) == "white"
+
+
 def test_clipped_errors() -> None:
-    below, above = report.clipped_errors([95.0, 3.0, 50.0], [88.0, -5.0, -math.inf], [102.0, 9.0, math.inf])
+    below, above = plots.clipped_errors([95.0, 3.0, 50.0], [88.0, -5.0, -math.inf], [102.0, 9.0, math.inf])
     assert below == [7.0, 3.0, 50.0] and above == [5.0, 6.0, 50.0]
 
 

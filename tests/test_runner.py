@@ -117,6 +117,7 @@ def test_a_failing_run_does_not_stop_the_grid(tmp_path: Path, monkeypatch: pytes
     with pytest.raises(runner.GridFailed, match="2 of 4 runs did not finish: 2 failed") as exc:
         runner.run_grid([bad[0], good[0], bad[1], good[1]], out, jobs=jobs)
     assert "boom=4 is invalid" in str(exc.value)  # the worker's own error, not a broken pool
+    assert str(exc.value).count("boom=4 is invalid") == 1 and " and 1 more: " in str(exc.value)  # said once
     failed = exc.value.outcome.failed
     assert sorted(failed) == sorted(out / grid.run_id(c) for c in bad)
     assert all(type(e) is ConfigError for e in failed.values())

@@ -98,7 +98,7 @@ def test_genuine_workers_are_heard_once_each_with_their_signature(keydir: Path, 
     assert acc.sha256 == hashlib.sha256(row(2)).hexdigest()
     public = ident(keydir, 2).allow.public_key(2)
     public.verify(bytes.fromhex(acc.signature), signed_message(server.nonce, DIGEST, 0, 2, bytes.fromhex(acc.sha256)))
-    assert server.rejections == []
+    assert len(server.rejections) == 0
 
 
 def test_an_outsider_without_tls_or_without_a_certificate_is_refused(keydir: Path, server: SealedLinks) -> None:
@@ -365,5 +365,7 @@ def test_a_listed_rank_flooding_bad_frames_is_disconnected_after_the_bounded_num
         assert f"closed after {channel.MAX_VIOLATIONS} violations" in reasons(server)
         assert server.collect(0, [1], set(), 1.0) == {}
     else:
-        wait(lambda: sum("does not verify" in r.reason for r in server.rejections) == 200, server)
+        wait(lambda: len(server.rejections) >= 200, server)  # (counted by group: the last 64 are kept whole)
+        groups = server.rejections.drain()
+        assert sum(g["count"] for g in groups if "does not verify" in g["kind"]) == 200, groups
         assert 1 in server.up and sent == 200

@@ -434,9 +434,12 @@ def test_cli_keygen_sign_verify(tmp_path: Path) -> None:
     assert cli("keygen", str(tmp_path / "k.pem"), str(tmp_path / "k.pub")).returncode == 0
     again = cli("keygen", str(tmp_path / "k.pem"), str(tmp_path / "other.pub"))
     assert again.returncode == 2 and "k.pem" in again.stdout + again.stderr
-    assert cli("sign", str(run), "--key", str(tmp_path / "k.pem")).returncode == 0
+    signed = cli("sign", str(run), "--key", str(tmp_path / "k.pem"))
+    assert signed.returncode == 0 and "note: provenance: NOT proven" in signed.stdout, signed.stdout
+    # trained without a key, signed by hand: the files are the signed ones (exit 1, not 2), the training is not proven
     ok = cli("verify", str(run), "--key", str(tmp_path / "k.pub"))
-    assert ok.returncode == 0 and "signature verified" in ok.stdout
+    assert ok.returncode == 1 and "signature verified" in ok.stdout, ok.stdout + ok.stderr
+    assert "session 1: rounds 0–2, not signed (trained without a key)" in ok.stdout
     (run / "config.json").write_text("{}")
     bad = cli("verify", str(run), "--key", str(tmp_path / "k.pub"))
     out = bad.stdout + bad.stderr

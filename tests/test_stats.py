@@ -66,3 +66,75 @@ def test_no_verdict_and_no_interval_from_fewer_than_three_seeds_or_a_zero_width_
     assert three.why_no_verdict() is None and three.side("worse", "better") == "better"
     assert three.show(100) == "72.0 ± 5.0" and three.verdict("positive") == "holds"
     assert two.interval(100) == "—" and three.interval(100) == "[+67.03, +76.97]"
+
+
+def test_p_value_is_scipys_one_sample_t_test_and_agrees_with_the_interval() -> None:
+    from scipy import stats as sstats
+
+    for xs in ([1.0, 2.0, 3.0], [0.1, -0.2, 0.05, 0.3], [5.0, 5.1, 4.9, 5.2, 5.05]):
+        assert mean_ci(xs).p_value() == pytest.approx(float(sstats.ttest_1samp(xs, 0.0).pvalue), rel=1e-3)
+    # the interval excludes 0 exactly when p < 0.05 (the table's t quantile has 3 decimals: away from the edge)
+    e = mean_ci([0.70, 0.72, 0.74])
+    assert (e.low > 0) == (e.p_value() < 0.05)
+    assert mean_ci([1.0, 1.0, 1.0]).p_value() is None and mean_ci([1.0, 2.0]).p_value() is None
+
+
+def _holm_reference(ps: list[float], alpha: float) -> list[bool]:
+    """Holm's procedure as he states it (rejections, not adjusted p-values): with p₍₁₎ ≤ … ≤ p₍ₘ₎, reject H₍₁₎ … H₍ⱼ₎
+    while p₍ᵢ₎ ≤ α / (m − i + 1); stop at the first that fails."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out = [False] * len(ps)
+    for rank, i in enumerate(order):
+        if ps[i] > alpha / (len(ps) - rank):
+            break
+        out[i] = True
+    return out
+
+
+def test_holm_rejects_what_holms_procedure_rejects() -> None:
+    """The adjusted p-values give the same rejections as the step-down procedure written independently."""
+    import random
+
+    from phalanx.analysis.stats import ALPHA, holm
+
+    rng = random.Random(7)
+    for _ in range(200):
+        m = rng.randint(1, 12)
+        es = [mean_ci([rng.gauss(rng.choice([0.0, 0.0, 1.5]), 1.0) for _ in range(rng.randint(3, 6))])
+              for _ in range(m)]
+        adjusted = holm(es)
+        ps = [e.p_value() for e in es]
+        assert all(p is not None for p in ps)
+        ref = _holm_reference([float(p) for p in ps if p is not None], ALPHA)
+        assert [a.p_adjusted is not None and a.p_adjusted < ALPHA for a in adjusted] == ref
+        assert all(a.family == m for a in adjusted)
+
+
+def test_holm_controls_the_family_wise_error_and_its_mutant_does_not() -> None:
+    """Twenty true nulls at three seeds each: reading every per-comparison verdict finds at least one false effect in
+    most families (1 − 0.95²⁰ ≈ 64 %), Holm's in at most α of them (binomial margin at 400 families); the mutant that
+    skips the correction (m = 1) is caught by the same check."""
+    import random
+
+    from phalanx.analysis.stats import ALPHA, holm
+
+    rng = random.Random(11)
+    families, with_false = 400, {"holm": 0, "uncorrected": 0}
+    for _ in range(families):
+        es = [mean_ci([rng.gauss(0.0, 1.0) for _ in range(3)]) for _ in range(20)]
+        with_false["holm"] += any(e.side("below", "above") != "no difference shown" for e in holm(es))
+        with_false["uncorrected"] += any(e.side("below", "above") != "no difference shown" for e in es)
+    margin = 3 * math.sqrt(ALPHA * (1 - ALPHA) / families)  # three binomial standard errors
+    assert with_false["holm"] / families <= ALPHA + margin
+    assert with_false["uncorrected"] / families > ALPHA + margin  # the mutant fails the check
+
+
+def test_corrected_verdicts_skip_what_decides_nothing_and_keep_direction() -> None:
+    from phalanx.analysis.stats import holm
+
+    strong, weak = mean_ci([1.0, 1.1, 1.2, 1.3]), mean_ci([0.70, 0.72, 0.74])
+    out = holm([strong, None, mean_ci([1.0, 2.0]), weak, mean_ci([-3.0, -3.1, -2.9])])
+    assert out[1] is None and out[2] is not None and out[2].p_adjusted is None  # two seeds: not in the family
+    assert out[0] is not None and out[0].family == 3 and out[0].verdict("positive") == "holds"
+    assert out[4] is not None and out[4].verdict("positive") == "contradicted"
+    assert out[4].side("below", "above") == "below"

@@ -41,7 +41,7 @@ def test_cli_formats() -> None:
     assert res.exit_code == 0, res.output
     lines = res.output.strip().splitlines()
     assert lines[0].startswith("rule,f,lower_bound") and len(lines) == 1 + 3
-    assert lines[2].startswith('"cwtm",1,0.2,0.2,')
+    assert lines[2].startswith("cwtm,1,0.2,0.2,")
     res = runner.invoke(cli.app, ["tension", "theory", "-n", "6", "--rules", "cwtm,geomed", "--format", "markdown",
                                   "--measure", "--trials", "5"])
     assert res.exit_code == 0, res.output

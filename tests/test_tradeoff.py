@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from phalanx import cli
 from phalanx.analysis.stats import mean_ci
-from phalanx.experiments import report, store
+from phalanx.experiments import plots, report, store
 
 EPS = sys.float_info.epsilon  # the accuracies are Python floats (float64)
 
@@ -101,10 +101,10 @@ def test_no_interval_and_no_verdict_from_fewer_than_three_seeds() -> None:
     assert t.price.why_no_interval == "2 seeds, 3 needed" == t.rescue.why_no_interval
     assert t.verdict == "no interval (2 seeds, 3 needed); no interval (2 seeds, 3 needed)"
     head, (line,) = report.tradeoff_table([t])
-    assert head == ["rule", "attack", "price (points)", "95 % interval", "rescue (points)", "95 % interval", "seeds",
-                    "verdict"]
+    assert head == ["rule", "attack", "price (points)", "95 % interval", "Holm p", "rescue (points)", "95 % interval",
+                    "Holm p", "seeds", "verdict"]
     assert line[2] == f"{100 * (ACC[0][0] - ACC[0][1] + ACC[1][0] - ACC[1][1]) / 2:+.1f}"  # the numbers, printed
-    assert line[3] == line[5] == "—" and line[6] == "2"  # and no interval
+    assert line[3] == line[4] == line[6] == line[7] == "—" and line[8] == "2"  # and no interval, no p
     assert report.points_pm(t.price) == line[2] and "±" not in report.points_pm(t.rescue)
     (one,) = report.tradeoff(_grid([0]))
     assert one.price.why_no_interval == "1 seed, 3 needed"
@@ -149,8 +149,10 @@ def test_report_md_has_the_table_and_the_plot_only_when_there_is_a_tradeoff(tmp_
     result = report.write_report(tmp_path / "with")
     md = (tmp_path / "with" / "report.md").read_text()
     assert "## The price and rescue of robustness" in md and report.TRADEOFF_MEANING in md
-    assert "| rule | attack | price (points) | 95 % interval | rescue (points) |" in md
-    assert "| cwtm | alie | +2.0 | [-0.5, +4.5] | +48.7 | [+44.9, +52.5] | 3 | no cost shown; rescues |" in md
+    head = "| rule | attack | price (points) | 95 % interval | Holm p | rescue (points) | 95 % interval | Holm p |"
+    assert head in md
+    assert ("| cwtm | alie | +2.0 | [-0.5, +4.5] | 0.074 | +48.7 | [+44.9, +52.5] | 0.00066 | 3 | no cost shown; "
+            "rescues |") in md
     assert "![price against rescue per rule, against the mean](tradeoff.png)" in md
     assert (tmp_path / "with" / "tradeoff.png").is_file() and len(result["tradeoff"]) == 1
     _write_runs(tmp_path / "without", [r for r in _grid([0, 1, 2]) if r["attack"] != "none"])
@@ -161,8 +163,8 @@ def test_report_md_has_the_table_and_the_plot_only_when_there_is_a_tradeoff(tmp_
 
 def test_a_rule_has_one_colour_in_every_plot(tmp_path: Path) -> None:
     rows = _grid([0, 1, 2]) + [{**r, "aggregator": "krum"} for r in _grid([0, 1, 2]) if r["aggregator"] == "cwtm"]
-    colours = report.rule_colours([r["aggregator"] for r in rows])
-    styles = report.curve_styles(rows, ["aggregator", "attack"])
+    colours = plots.rule_colours([r["aggregator"] for r in rows])
+    styles = plots.curve_styles(rows, ["aggregator", "attack"])
     for r in rows:
         label = f"{r['aggregator']}, attack={r['attack']}"
         assert styles[label]["color"] == colours[r["aggregator"]]
@@ -200,3 +202,14 @@ def test_the_default_job_compares_rules_with_no_attack_and_under_one_over_three_
     attacks = {c.attack for c in cfgs}
     assert report.NO_ATTACK in attacks and len(attacks) >= 2
     assert len({c.seed for c in cfgs}) >= report.MIN_SEEDS
+
+
+def test_prices_and_rescues_are_one_holm_family() -> None:
+    """A report reads every price and rescue at once: each is decided by its Holm-adjusted p over all of them — a
+    price whose interval excludes 0 alone may show no cost among eight comparisons (the default run's krum)."""
+    rows = _grid([0, 1, 2])
+    (t,) = report.tradeoff(rows)
+    assert t.price.estimate.family == 2 and t.rescue.estimate.family == 2
+    p, r = t.price.estimate.p_value(), t.rescue.estimate.p_value()
+    assert p is not None and r is not None
+    assert t.price.estimate.p_adjusted == pytest.approx(max(min(1.0, 2 * min(p, r)), min(1.0, max(p, r))))

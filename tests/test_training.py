@@ -125,6 +125,7 @@ def test_run_dir_refuses_another_config(tmp_path: Path) -> None:
     "change, match",
     [
         ({"bogus": 1}, "unknown key"),
+        ({"agregator": "cwtm"}, r"unknown key; did you mean aggregator\?"),
         ({"f": 4}, "f=4 is invalid: allowed < workers/2"),
         ({"byzantine": 8}, "byzantine=8 is invalid: allowed < workers"),
         ({"aggregator": "krum", "f": 3}, "workers"),

@@ -415,7 +415,7 @@ def test_epsilon_memory_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(eps, "available_memory", lambda: 10**9)
     with pytest.raises(ConfigError, match=r"^n="):
         eps.epsilon(krum, 100_000)
-    assert eps.epsilon(krum, 16, trials=4).value >= 0  # small sizes measure as before
+    assert eps.epsilon(krum, 16, trials=4, budget=100).value >= 0  # small sizes measure as before
 
 
 # --- Ctrl-C / SIGTERM --------------------------------------------------------------------------------------------

@@ -50,7 +50,10 @@ def main(out: Path) -> None:
         folder = out / "femnist" / "data" / split
         folder.mkdir(parents=True, exist_ok=True)
         doc = {"users": list(users), "num_samples": [len(u["y"]) for u in users.values()], "user_data": users}
-        (folder / f"all_data_0_niid_0_keep_0_{split}_9.json").write_text(json.dumps(doc))
+        path = folder / f"all_data_0_niid_0_keep_0_{split}_9.json"
+        path.write_text(json.dumps(doc))
+        print(f"wrote {path}: {len(users)} writers, {sum(doc['num_samples'])} samples ({split})")  # type: ignore[arg-type]
+    print(f"use it with: phalanx run examples/natural/femnist.toml --set data_root={out}")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ Phalanx; calling :func:`sign` or :func:`verify` without the extra raises :class:
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import tempfile
@@ -45,14 +46,19 @@ from phalanx.errors import ConfigError, PhalanxError
 
 __all__ = [
     "CURVES",
+    "MAX_SIGNATURE_BYTES",
     "SIGNATURE",
     "TRANSIENT_SUFFIXES",
     "SignatureError",
     "SigningUnavailableError",
     "covered_files",
+    "fingerprint",
     "keygen",
+    "public_key_of",
     "sign",
+    "sign_statement",
     "verify",
+    "verify_statement",
 ]
 
 SIGNATURE = "phalanx.sig"
@@ -65,6 +71,10 @@ CURVES = ("P-256", "P-384", "P-521")
 """The elliptic curves the library signs with (those of Sigstore's specifications)."""
 
 INSTALL = "pip install 'phalanx[signing]'"
+
+MAX_SIGNATURE_BYTES = 4 << 20
+"""The largest signature bundle read (an honest one lists every file of a run directory: ~150 bytes a file, a few kB
+in all); a larger one is refused unread."""
 
 PathLike = str | os.PathLike[str]
 
@@ -318,6 +328,15 @@ def sign(
     return target
 
 
+def _check_size(run: Path, signature: Path) -> None:
+    """Refuse, unread, a signature bundle larger than :data:`MAX_SIGNATURE_BYTES` (the library parses it whole)."""
+    size = signature.stat().st_size
+    if size > MAX_SIGNATURE_BYTES:
+        raise SignatureError(str(run), f"{SIGNATURE} has {size:,} bytes, more than the {MAX_SIGNATURE_BYTES:,} a "
+                             "signature may have (not read)", "do not use these results; restore the directory from "
+                             "a trusted copy")
+
+
 def _signed_digests(signature: Path) -> dict[str, str] | None:
     """file → SHA-256 as the signed in-toto statement lists them (read only after the library verified it)."""
     try:
@@ -384,6 +403,7 @@ def verify(
     if not signature.is_file():
         raise SignatureError(str(run), f"no signature ({SIGNATURE} is missing)",
                              "sign the directory first (phalanx sign RUN_DIR --key KEY.pem), or do not trust it")
+    _check_size(run, signature)
     config = verifying.Config()
     try:
         if key is not None:
@@ -440,10 +460,98 @@ def _verify_error(hashing: ModuleType, run: Path, signature: Path, exc: Exceptio
     if kind == "X509StoreContextError":
         return SignatureError(str(run), f"the signing certificate does not chain to the trusted certificates "
                               f"({message})", "verify with the CA certificate that issued it, or " + untrusted)
-    if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError, KeyError, IndexError)) or "parse" in message:
+    if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError, KeyError, IndexError, RecursionError)) or (
+            "parse" in message):
         return SignatureError(str(run), f"{SIGNATURE} is not a readable Sigstore bundle ({kind}: {message})",
                               "re-sign the directory (phalanx sign), or " + untrusted)
     if "symlink" in message:
         return SignatureError(str(run), message, "signed directories hold only regular files: remove the link")
     return SignatureError(str(run), f"{kind}: {message}" if message else kind,
                           "check the key or certificate you verify with, or " + untrusted)
+
+
+# ------------------------------------------------------------------------------------------------------ statements
+
+STATEMENT_NAME = "segment.json"
+"""The file name a signed statement is signed under (:func:`sign_statement`): write the statement's bytes to a file
+of that name to check its bundle with the library's own command line."""
+
+
+def public_key_of(private_key: PathLike, password: str | None = None) -> bytes:
+    """The PEM public key (SubjectPublicKeyInfo) of a PEM elliptic-curve private key file (P-256, P-384 or P-521);
+    a :class:`~phalanx.errors.ConfigError` naming ``key`` if it cannot be read as one."""
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+    except ImportError as exc:
+        raise SigningUnavailableError(exc.name or "cryptography") from exc
+    try:
+        key = serialization.load_pem_private_key(Path(private_key).read_bytes(),
+                                                 password.encode() if password else None)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConfigError("key", str(private_key), "a PEM elliptic-curve private key (P-256, P-384 or P-521)",
+                          f"{type(exc).__name__}: {_one_line(str(exc)) or 'unreadable'}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name not in ("secp256r1", "secp384r1",
+                                                                                  "secp521r1"):
+        raise ConfigError("key", str(private_key), "a PEM elliptic-curve private key (P-256, P-384 or P-521)")
+    return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def fingerprint(public_pem: bytes) -> str:
+    """SHA-256 (hex) of a PEM public key's bytes: the key hint model-signing writes into a bundle (its verification
+    material), so a bundle names the key that made it."""
+    return hashlib.sha256(public_pem).hexdigest()
+
+
+def sign_statement(statement: bytes, key: PathLike, password: str | None = None) -> str:
+    """A Sigstore bundle (JSON text) signing ``statement`` with the elliptic-curve private key ``key``.
+
+    It is exactly the library's signature of a file named :data:`STATEMENT_NAME` holding these bytes (an in-toto
+    statement listing the file's SHA-256, in a DSSE envelope signed with ECDSA), so a third party checks it with
+    ``model_signing verify key segment.json --signature segment.sig --public_key PUB.pem``; no signature scheme of
+    Phalanx's own."""
+    hashing, signing, _ = _library()
+    config = signing.Config().set_hashing_config(
+        hashing.Config().use_file_serialization(hashing_algorithm="sha256", allow_symlinks=False))
+    try:
+        config.use_elliptic_key_signer(private_key=key, password=password.encode() if password else None)
+    except Exception as exc:
+        raise ConfigError("key", str(key), "a PEM elliptic-curve private key (P-256, P-384 or P-521)",
+                          f"{type(exc).__name__}: {_one_line(str(exc)) or 'unreadable'}") from None
+    with tempfile.TemporaryDirectory(prefix="phalanx-statement-") as tmp:
+        path, out = Path(tmp) / STATEMENT_NAME, Path(tmp) / "statement.sig"
+        path.write_bytes(statement)
+        config.sign(path, out)
+        return out.read_text(encoding="utf-8")
+
+
+def verify_statement(statement: bytes, bundle: str, public_key: PathLike | bytes) -> str | None:
+    """Whether ``bundle`` (from :func:`sign_statement`) is a signature of ``statement`` by the private key paired
+    with ``public_key`` (a PEM file, or its bytes): ``None`` if it is, else what is wrong, in words (another key, an
+    altered statement or signature, not a bundle)."""
+    _, _, verifying = _library()
+    with tempfile.TemporaryDirectory(prefix="phalanx-statement-") as tmp:
+        if isinstance(public_key, bytes):
+            pem = Path(tmp) / "public.pem"
+            pem.write_bytes(public_key)
+            public_key = pem
+        path, sig = Path(tmp) / STATEMENT_NAME, Path(tmp) / "statement.sig"
+        path.write_bytes(statement)
+        sig.write_text(bundle, encoding="utf-8")
+        try:
+            config = verifying.Config().use_elliptic_key_verifier(public_key=public_key)
+        except Exception as exc:
+            raise ConfigError("key", str(public_key), "a PEM elliptic-curve public key (P-256, P-384 or P-521)",
+                              f"{type(exc).__name__}: {_one_line(str(exc)) or 'unreadable'}") from None
+        try:
+            config.verify(path, sig)
+        except Exception as exc:
+            message = _one_line(str(exc))
+            if message.startswith("Key mismatch"):
+                return "signed by another key"
+            if type(exc).__name__ == "InvalidSignature":
+                return "its signature does not verify (altered, or made by another key)"
+            if message.startswith("Signature mismatch"):
+                return "the statement differs from the one signed"
+            return f"not a readable signature ({type(exc).__name__}: {message})"
+    return None

@@ -13,7 +13,7 @@ from typing import Any
 from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.experiments import grid, make_config
 from phalanx.experiments.config import RunConfig
-from phalanx.experiments.report import save_figure
+from phalanx.experiments.plots import save_figure
 from phalanx.studies import Report, Study
 from phalanx.studies.reporting import final_accuracy, provenance, write_report_files
 

@@ -11,7 +11,8 @@
  *                          consecutive sorted values, the one whose farthest value from the median is nearest.
  * Optionally each row's contribution (its share of the window, ties sharing their slots equally) is accumulated.
  *
- * Threads: `window_parallel` splits the columns into one contiguous range per thread of an OpenMP team. Built with
+ * Threads: `window_parallel` splits the columns into a fixed number of contiguous chunks, shared out over an OpenMP
+ * team (the result does not depend on how many threads the team actually has). Built with
  * -fopenmp and imported after torch, the extension resolves libgomp.so.1 to the copy torch already loaded, so the
  * team is torch's own intra-op team: no second pool of threads competing with torch's (which keep spinning for
  * ~10 ms after each parallel op -- measured: the pthread version ran 2x slower right after a matmul). Without
@@ -244,8 +245,13 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
 }
 
 /* window_parallel(x_ptr, n, d, pairs_ptr, npairs, mode, trim, length, out_ptr, contrib_ptr_or_0, is_double,
- *                 threads) -> threads used. contrib, when given, has `threads` rows of n: row k gets the sums of
- * thread k's columns (the caller adds the rows). Columns are split into equal runs of whole blocks. */
+ *                 threads) -> chunks. The columns are cut into `chunks` = min(threads, blocks) equal runs of whole
+ * blocks, fixed by the arguments alone; contrib, when given, has `chunks` rows of n: row k gets the sums of chunk k's
+ * columns (the caller adds the rows, in order). The chunks are shared out over an OpenMP team of at most `threads`
+ * (a static loop), so every chunk is computed, by whichever thread, whatever team the runtime actually grants: a
+ * smaller one (OMP_DYNAMIC=true under load, OMP_THREAD_LIMIT, a nested region) runs the same chunks with fewer
+ * threads, and the output and the contributions are the same bit for bit (tests/test_determinism.py). Splitting by
+ * omp_get_thread_num() instead left the columns of threads that never ran unwritten. */
 static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
     Py_ssize_t xp, n, d, pp, npairs, op, cp;
     int mode, trim, length, is_double, threads;
@@ -258,23 +264,15 @@ static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
     }
     Py_ssize_t blk = block_for(n, is_double);
     Py_ssize_t blocks = (d + blk - 1) / blk;
-    if (threads > blocks) threads = (int)blocks;
-#ifndef _OPENMP
-    threads = 1;
-#endif
-    Py_ssize_t per = (blocks + threads - 1) / threads * blk; /* columns per thread, a multiple of the block */
+    int chunks = threads > blocks ? (int)blocks : threads;
+    Py_ssize_t per = (blocks + chunks - 1) / chunks * blk; /* columns per chunk, a multiple of the block */
     size_t elem = is_double ? sizeof(double) : sizeof(float);
     int failed = 0;
     Py_BEGIN_ALLOW_THREADS
 #ifdef _OPENMP
-#pragma omp parallel num_threads(threads) reduction(| : failed)
+#pragma omp parallel for num_threads(chunks) schedule(static) reduction(| : failed)
 #endif
-    {
-#ifdef _OPENMP
-        int k = omp_get_thread_num();
-#else
-        int k = 0;
-#endif
+    for (int k = 0; k < chunks; k++) {
         Py_ssize_t j0 = (Py_ssize_t)k * per, j1 = j0 + per < d ? j0 + per : d;
         if (j0 < j1) {
             void *buf = malloc((size_t)n * blk * elem);
@@ -291,7 +289,7 @@ static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     if (failed) return PyErr_NoMemory();
-    return PyLong_FromLong(threads);
+    return PyLong_FromLong(chunks);
 }
 
 static PyObject *py_has_openmp(PyObject *self, PyObject *noargs) {

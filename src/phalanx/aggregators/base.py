@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -310,6 +310,10 @@ class Aggregator(_Component):
 
     stateful: bool = False
     """Whether the rule keeps state across calls (rounds); see the class docstring for the contract."""
+    epsilon_source: ClassVar[str] = ""
+    """The paper and statement that prove :meth:`epsilon` (empty where it returns None: nothing proven)."""
+    kappa_source: ClassVar[str] = ""
+    """The paper and statement that prove :meth:`kappa` (empty where it returns None)."""
 
     def state_dict(self) -> dict[str, Tensor]:
         """The rule's state across rounds, as named tensors (a checkpoint saves them as ``rule.<name>``); empty for
@@ -356,22 +360,27 @@ class Aggregator(_Component):
         return x
 
     def epsilon(self, n: int) -> float | None:
-        """No-attack aggregation error factor ε (Yang, Shi & Li, ICML 2025), or ``None`` when not known.
+        """The **proven** no-attack aggregation error factor ε (Yang, Shi & Li, ICML 2025, Definition 2.2) — exact,
+        or a proven upper bound that :attr:`epsilon_source` says is tight where it is — or ``None`` when nothing is
+        proven (``phalanx.analysis.epsilon`` then measures a lower bound).
 
         ε is the smallest constant with ``‖Agg(x) − mean(x)‖² ≤ ε · (1/n) Σᵢ ‖xᵢ − mean(x)‖²`` for all inputs.
         """
         return None
 
     def kappa(self, n: int) -> float | None:
-        """(f, κ)-robustness coefficient (Allouah et al., AISTATS 2023), or ``None`` when not known."""
+        """The proven (f, κ)-robustness coefficient (Allouah et al., AISTATS 2023), or ``None`` when not known."""
         return None
 
     def describe(self, n: int | None = None) -> dict[str, Any]:
-        """Metadata for tables: name, reference, requirement, and (given ``n``) ε and κ."""
+        """Metadata for tables: name, reference, requirement, and (given ``n``) ε and κ with the statements that
+        prove them."""
         info = super().describe(n)
         if n is not None:
             info["epsilon"] = self.epsilon(n)
             info["kappa"] = self.kappa(n)
+            info["epsilon_source"] = self.epsilon_source if info["epsilon"] is not None else ""
+            info["kappa_source"] = self.kappa_source if info["kappa"] is not None else ""
         return info
 
 

@@ -67,7 +67,8 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Ten
     threads = max(1, min(torch.get_num_threads(), (d + _BLOCK - 1) // _BLOCK))
     is_double = x.dtype == torch.float64
     if _KERNEL_ONE_CALL and (_KERNEL_OPENMP or threads == 1):
-        # one call; with OpenMP the columns are split over torch's own thread team inside the kernel
+        # one call; with OpenMP the columns are cut into `threads` fixed chunks shared out over torch's own thread
+        # team inside the kernel: the result does not depend on how many threads the team actually has
         contrib = torch.zeros((threads, n), dtype=torch.float64) if want else None
         _cwkernel.window_parallel(
             x.data_ptr(), n, d, pairs.data_ptr(), pairs.shape[0], mode, trim_, length, out.data_ptr(),
@@ -175,6 +176,9 @@ class CoordinateWiseTrimmedMean(Aggregator):
         "rates, ICML 2018 (Definition 2)"
     )
     requirement = "n > 2f"
+    epsilon_source = ("Yang, Shi & Li, ICML 2025, Theorem 3.6 (TM is f/(n−f)-accurate for f < n/2; tight: f equal "
+                      "values and n − f other equal values per coordinate, Section 3.4, Table 2)")
+    kappa_source = "Allouah, Farhadkhani, Guerraoui, Gupta, Pinot & Stephan, Fixing by Mixing, AISTATS 2023, Table 1"
 
     def min_workers(self) -> int:
         return 2 * self.f + 1
@@ -212,6 +216,9 @@ class CoordinateWiseMedian(Aggregator):
         "rates, ICML 2018 (Definition 1)"
     )
     requirement = "n > 2f"
+    epsilon_source = ("Yang, Shi & Li, ICML 2025, Table 2 (the median is the trimmed mean with f = ⌊(n−1)/2⌋, "
+                      "Theorem 3.6; tight)")
+    kappa_source = "Allouah, Farhadkhani, Guerraoui, Gupta, Pinot & Stephan, Fixing by Mixing, AISTATS 2023, Table 1"
 
     def min_workers(self) -> int:
         return 2 * self.f + 1

@@ -44,6 +44,9 @@ class GeometricMedian(Aggregator):
     # Weiszfeld converges sublinearly when the median sits on an input point: even with a tight stopping tolerance
     # the symmetries hold to 1e-3, not to rounding.
     tags = RuleTags(tol=1e-3, check_params={"tol": 1e-10, "max_iter": 2000})
+    epsilon_source = ("Yang, Shi & Li, ICML 2025, Table 2 (Section 3.5: an upper bound for every n, tight at even n "
+                      "with n/2 rows at 0 and n/2 at 1, where every point between is a geometric median)")
+    kappa_source = "Allouah, Farhadkhani, Guerraoui, Gupta, Pinot & Stephan, Fixing by Mixing, AISTATS 2023, Table 1"
 
     def __init__(self, f: int = 0, tol: float = 1e-6, max_iter: int = 200, nu: float = 1e-6) -> None:
         super().__init__(f)

@@ -86,6 +86,7 @@ class Krum(Aggregator):
     pairwise_matrices = 5
     reference: ClassVar[str] = _REFERENCE + ", Section 4 (the Krum function, Proposition 1)"
     requirement = "n > 2f + 2"
+    kappa_source = "Allouah, Farhadkhani, Guerraoui, Gupta, Pinot & Stephan, Fixing by Mixing, AISTATS 2023, Table 1"
 
     def min_workers(self) -> int:
         return 2 * self.f + 3

@@ -25,6 +25,7 @@ class Mean(Aggregator):
     reference: ClassVar[str] = "arithmetic mean (federated averaging, McMahan et al., AISTATS 2017)"
     requirement = "n >= 1; tolerates no Byzantine worker"
     tags = RuleTags(robust=False)  # one NaN row makes the output NaN: the documented exception
+    epsilon_source = "the output is the mean: ε = 0 (Yang, Shi & Li, ICML 2025, Definition 2.2)"
 
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
         n = x.shape[0]

@@ -1,44 +1,48 @@
-r"""Where gradient descent with an ε-accurate rule stalls when nobody attacks: the bounds and their exact tightness.
+r"""Where gradient descent with an ε-accurate rule stalls when nobody attacks: the paper's upper bound, re-derived, and
+Phalanx's own exact tightness construction for the rules whose worst case is known in closed form.
 
-Setting (docs/tension.md, "Convergence with no attack"). n honest workers hold objectives :math:`F_i`;
-:math:`F = \frac1n\sum_i F_i` is L-smooth and :math:`F^* = \inf F`. The heterogeneity at w is
+Setting (Yang, Shi & Li, ICML 2025, Section 4; docs/tension.md, "Convergence with no attack"). n honest workers hold
+objectives :math:`F_i`; :math:`F = \frac1n\sum_i F_i` is L-smooth (their Assumption 4.2) and bounded below by
+:math:`F^*` (4.1); the heterogeneity (4.3) is
 
-.. math:: \zeta^2(w) = \frac1n \sum_i \|\nabla F_i(w) - \nabla F(w)\|^2, \qquad \zeta^2 = \sup_w \zeta^2(w).
+.. math:: \zeta^2(w) = \frac1n \sum_i \|\nabla F_i(w) - \nabla F(w)\|^2 \le G^2 .
 
-Gradient descent with a rule, :math:`w_{t+1} = w_t - \eta\, \mathrm{Agg}(\nabla F_1(w_t), \dots, \nabla F_n(w_t))`.
-If the rule is ε-accurate (Yang, Shi & Li, ICML 2025, Definition 2.2) the aggregate is the true gradient plus a
-bias :math:`e_t` with :math:`\|e_t\|^2 \le \varepsilon\, \zeta^2(w_t)`. The standard descent-lemma analysis of GD
-with a biased gradient (η = 1/L) gives
+Gradient descent with a rule (their Algorithm 1, ByzGD, with no Byzantine worker),
+:math:`w_{t+1} = w_t - \eta\, \mathrm{Agg}(\nabla F_1(w_t), \dots, \nabla F_n(w_t))`.
+
+**The paper's upper bound, Theorem 4.6**: if Agg is ε-accurate (Definition 2.2),
+(1/T) Σ_{t<T} ‖∇F(w_t)‖² ≤ 2L[F(w₀) − F*]/T + εG², and under PL (Assumption 4.4)
+F(w_T) − F* ≤ (1 − μ/L)^T [F(w₀) − F*] + εG²/(2μ). **Phalanx re-derives it** (Propositions 1 and 2 of
+docs/tension.md; the step η = 1/L): the aggregate is the true gradient plus a bias :math:`e_t` with
+:math:`\|e_t\|^2 \le \varepsilon\, \zeta^2(w_t)`, and the descent lemma gives
 
 .. math:: F(w_{t+1}) \le F(w_t) - \tfrac{1}{2L}\|\nabla F(w_t)\|^2 + \tfrac{1}{2L}\varepsilon\zeta^2,
 
-hence (non-convex) :math:`\min_{t<T}\|\nabla F(w_t)\|^2 \le 2L(F(w_0) - F^*)/T + \varepsilon\zeta^2` and, when F is
-μ-PL (:math:`\|\nabla F\|^2 \ge 2\mu(F - F^*)`),
+hence :math:`\min_{t<T}\|\nabla F(w_t)\|^2 \le 2L(F(w_0) - F^*)/T + \varepsilon\zeta^2` and, when F is μ-PL,
 :math:`F(w_T) - F^* \le (1 - \mu/L)^T (F(w_0) - F^*) + (1 - (1-\mu/L)^T)\,\varepsilon\zeta^2/(2\mu)`
-(:func:`pl_upper`, :func:`nonconvex_upper`). Yang, Shi & Li prove lower bounds of this order for both classes
-(their convergence theorems; the text of the paper consulted for this module — its abstract — does not give their
-statements and constants, so the constants here are this derivation's, and docs/tension.md says so).
+(:func:`pl_upper`, :func:`nonconvex_upper`).
 
-**Tightness, exactly** (:func:`construct`). Take :math:`F_i(w) = \frac\mu2\|w + x_i\|^2` (so L = μ) with
-:math:`x` a worst-case input of the rule for ε. The gradient rows are :math:`\mu(w + x_i)`; a translation- and
-scale-equivariant rule returns :math:`\mu(w + A)` with :math:`A = \mathrm{Agg}(x)`, so the bias is the same in every
-round and GD is linear:
+**The paper's lower bound, Theorem 4.5**, holds for every (f, κ)-robust rule and every step size; its construction
+is :mod:`phalanx.analysis.theorem45`, run for every rule of the registry.
+
+**Phalanx's own tightness result — Proposition 3, under stronger assumptions** (:func:`construct`): the rule is
+translation- and scale-equivariant and η ∈ (0, 2/μ). Take :math:`F_i(w) = \frac\mu2\|w + x_i\|^2` (so L = μ) with
+x an input of the rule. The gradient rows are :math:`\mu(w + x_i)`; an equivariant rule returns :math:`\mu(w + A)`
+with :math:`A = \mathrm{Agg}(x)`, the same bias in every round, and GD is linear:
 
 .. math:: w_t = -A + (1 - \eta\mu)^t (w_0 + A),\qquad
           F(w_t) - F^* = \tfrac\mu2 \|(\bar x - A) + (1-\eta\mu)^t (w_0 + A)\|^2 \to \tfrac{\rho\,\zeta^2}{2\mu},
 
-with :math:`\zeta^2 = \mu^2 \frac1n\sum_i\|x_i - \bar x\|^2` (the same at every w) and ρ the aggregation error of x
-(:func:`phalanx.analysis.aggregation_error`); likewise :math:`\|\nabla F(w_t)\|^2 \to \rho\,\zeta^2`. When x attains
-the rule's ε (ρ = ε) both upper bounds are met with equality in the limit, for every step size η ∈ (0, 2/μ): they
-cannot be improved. The configurations: per coordinate, k rows at s and n − k at 0, with k = f for the trimmed mean
-(ρ = f/(n − f), the lower bound of every f-robust rule, Yang, Shi & Li Thm 3.1) and k = ⌊(n−1)/2⌋ for the median and
-the geometric median (ρ = k/(n − k); for the geometric median this is below its ε = 1, whose even split needs a
-tie-break Weiszfeld's method does not take); for any other rule, the construction of :func:`phalanx.analysis.epsilon`
-with the largest ratio among those on which the rule's output moves with w (measured, and said so in
-:attr:`Construction.source`: Krum's even split, ρ = 1, is broken by rounding and flips along the path, so its
-construction is the 7/9 split). By Thm 3.1 every f-tolerant rule has inputs with ρ as close to f/(n − f) as one
-likes, so GD with any translation- and scale-equivariant f-tolerant rule stalls, on some heterogeneous quadratic, at
-F − F* ≥ (f/(n − f) − δ)ζ²/(2μ) and ‖∇F‖² ≥ (f/(n − f) − δ)ζ², for any δ > 0.
+with :math:`\zeta^2 = \mu^2 \frac1n\sum_i\|x_i - \bar x\|^2` (the same at every w) and ρ the aggregation error of x;
+likewise :math:`\|\nabla F(w_t)\|^2 \to \rho\,\zeta^2`. When x attains the rule's proven ε (ρ = ε) both upper bounds
+are met with equality in the limit. Phalanx builds it only where the worst case and the rule's output on it follow
+from the rule's **definition** (:data:`CLOSED_FORM_SPLIT`): per coordinate k rows at s and n − k at 0, with k = f
+for the trimmed mean (it trims the k rows: A = 0, ρ = f/(n − f), its ε by Theorem 3.6) and k = ⌊(n−1)/2⌋ for the
+median and the geometric median (the majority point: A = 0; for the geometric median ρ is below its ε = 1, whose
+even split needs a tie-break Weiszfeld's method does not take); the mean: A = x̄, ρ = 0. The run with the real rule
+is then checked against A derived, not computed from the rule: a rule whose output is not A is refused. Any other
+rule has no closed form here (an ε of its own is at best a measured lower bound, and an A computed from its output
+would make the comparison hold by construction): :func:`construct` refuses it and points to Theorem 4.5.
 """
 
 from __future__ import annotations
@@ -51,7 +55,6 @@ from torch import Tensor
 
 from phalanx import aggregators
 from phalanx.aggregators.base import FLOAT_DTYPES, Aggregator, RuleTags
-from phalanx.analysis.epsilon import aggregation_error, constructions
 from phalanx.errors import ConfigError
 from phalanx.validate import check_int, check_real
 
@@ -102,7 +105,8 @@ def nonconvex_upper(eps: float, zeta2: float, L: float, gap0: float, steps: int)
 
 @dataclass(frozen=True)
 class Construction:
-    """The tightness instance of one rule: F_i(w) = (μ/2)‖w + x_i‖² with x the worst-case input (module docstring)."""
+    """Phalanx's Proposition 3 instance of one rule: F_i(w) = (μ/2)‖w + x_i‖² with x its worst-case input in closed
+    form (module docstring)."""
 
     rule: str
     n: int
@@ -111,14 +115,13 @@ class Construction:
     x: Tensor
     """(n, d) float64: the worst-case input (the gradients at w = 0, divided by μ)."""
     a: Tensor
-    """(d,) float64: the rule's output on x (in closed form for the rules of :data:`CLOSED_FORM_SPLIT`)."""
+    """(d,) float64: the rule's output on x, derived from its definition (not computed from the rule)."""
     ratio: float
     """ρ = ‖A − x̄‖² / ((1/n) Σ ‖x_i − x̄‖²), the aggregation error of x."""
     epsilon: float | None
-    """The rule's ε from the literature (``rule.epsilon(n)``), if known."""
+    """The rule's proven ε (``rule.epsilon(n)``)."""
     source: str
-    """How x was chosen: ``closed form`` or ``ε search`` (the largest ratio of the constructions on which the bias moves
-    with w)."""
+    """``closed form``: x and A follow from the rule's definition."""
     what: str
     """The configuration, in words."""
 
@@ -157,42 +160,13 @@ def _check_rule(rule: Aggregator, n: int) -> str:
     return spec
 
 
-def _moves_with_w(rule: Aggregator, x: Tensor, a: Tensor, mu: float, s: float) -> bool:
-    """Agg(μ(w + x)) = μ(w + A) at the points w a GD path from w₀ = c·s·1 (|c| ≤ 3) can visit — the line through
-    −A and s·1 — and at 32 seeded random points of size up to 3s (a stochastic rule, or one whose ties are broken by
-    rounding, fails it somewhere)."""
-    d = x.shape[1]
-    atol = (solver_accuracy(rule) + 1e-9) * 10 * s * (1 + math.sqrt(d))
-    gen = torch.Generator().manual_seed(0)
-    line = [-a + c * (torch.full((d,), s, dtype=torch.float64) + a) for c in torch.linspace(-3.0, 3.0, 25).tolist()]
-    points = line + [3 * s * (2 * torch.rand(d, generator=gen, dtype=torch.float64) - 1) for _ in range(32)]
-    return all(torch.allclose(rule(mu * (w + x)) / mu - w, a, rtol=0.0, atol=atol) for w in points)
-
-
-def _searched(rule: Aggregator, n: int, d: int, s: float,
-              mu: float) -> tuple[float, str, Tensor, Tensor] | None:
-    """The construction of :func:`phalanx.analysis.epsilon` (rescaled to ``s``) with the largest aggregation error
-    among those on which the rule's output moves with w; None if there is none."""
-    found = []
-    for name, cand in constructions(n, d):
-        x = cand * (s / cand.abs().max())
-        a = rule(x).double()
-        r = aggregation_error(a, x)
-        if math.isfinite(r):
-            found.append((r, name, x, a))
-    found.sort(key=lambda item: -item[0])
-    for item in found:
-        if _moves_with_w(rule, item[2], item[3], mu, s):
-            return item
-    return None
-
-
 def construct(rule: Aggregator, n: int, d: int = 4, *, mu: float = 1.0, scale: float = 1.0) -> Construction:
-    """The tightness construction of ``rule`` with ``n`` workers in dimension ``d`` (module docstring).
+    """Phalanx's Proposition 3 instance of ``rule`` with ``n`` workers in dimension ``d`` (module docstring), for the
+    rules of :data:`CLOSED_FORM_SPLIT`.
 
     ``scale`` s is the spread of the centres (ζ² ∝ μ²s²); zero heterogeneity is refused (the bound is then 0: every
-    rule is free). A rule that is not translation- and scale-equivariant, or whose output on the configuration does
-    not move with w (a stochastic rule), is a :class:`ConfigError`: its bias changes from round to round.
+    rule is free). A rule without a closed-form worst case, one that is not translation- and scale-equivariant, or
+    one whose output on the configuration is not its closed form (a rule that ignores f) is a :class:`ConfigError`.
     """
     n = check_int("n", n, low=2)
     d = check_int("d", d, low=1)
@@ -205,32 +179,22 @@ def construct(rule: Aggregator, n: int, d: int = 4, *, mu: float = 1.0, scale: f
                           "free")
     s = check_real("scale", scale, low=0.0, low_open=True)
     spec = _check_rule(rule, n)
-    eps = rule.epsilon(n)
     split = CLOSED_FORM_SPLIT.get(spec)
-    if split is not None:
-        k = f if split == "f" else (n - 1) // 2
-        x = torch.zeros(n, d, dtype=torch.float64)
-        x[:k] = s
-        a = x.mean(dim=0) if spec == "mean" else torch.zeros(d, dtype=torch.float64)
-        ratio = 0.0 if spec == "mean" else k / (n - k)
-        source, what = "closed form", f"{k} rows at {s:g}·1, {n - k} at 0"
-        got = rule(x)
-        if not torch.allclose(got, a, rtol=0.0, atol=(solver_accuracy(rule) + 1e-12) * s * math.sqrt(d)):
-            raise ConfigError("rule", spec, f"a rule whose output on {what} is its closed form",
-                              f"got {got.tolist()}")
-    else:
-        found = _searched(rule, n, d, s, mu)
-        if found is None:
-            raise ConfigError("rule", spec, "a rule whose output on a construction moves with w",
-                              "on every construction its bias changes from round to round (ties broken by rounding, "
-                              "or random draws): GD's limit has no closed form")
-        ratio, name, x, a = found
-        what = f"{name}, scaled to {s:g} (the ε search's largest ratio on which the bias moves with w)"
-        source = "ε search"
-    if not _moves_with_w(rule, x, a, mu, s):  # a closed-form split whose output does not move with w
-        raise ConfigError("rule", spec, "a rule whose output on the construction moves with w",
-                          "its bias changes from round to round: GD's limit has no closed form")
-    return Construction(spec, n, f, mu, x, a, float(ratio), eps, source, what)
+    if split is None:
+        raise ConfigError("rule", spec, "one of " + ", ".join(CLOSED_FORM_SPLIT) + " (a worst case and an output on "
+                          "it known from the rule's definition)", "for any (f, κ)-robust rule use the paper's "
+                          "Theorem 4.5 construction: phalanx.analysis.theorem45.check")
+    k = f if split == "f" else (n - 1) // 2
+    x = torch.zeros(n, d, dtype=torch.float64)
+    x[:k] = s
+    a = x.mean(dim=0) if spec == "mean" else torch.zeros(d, dtype=torch.float64)
+    ratio = 0.0 if spec == "mean" else k / (n - k)
+    what = f"{k} rows at {s:g}·1, {n - k} at 0"
+    got = rule(x)
+    if not torch.allclose(got, a, rtol=0.0, atol=(solver_accuracy(rule) + 1e-12) * s * math.sqrt(d)):
+        raise ConfigError("rule", spec, f"a rule whose output on {what} is its closed form {a.tolist()}",
+                          f"got {got.tolist()}")
+    return Construction(spec, n, f, mu, x, a, float(ratio), rule.epsilon(n), "closed form", what)
 
 
 def _check_run(c: Construction, eta: float, steps: int, w0: float) -> tuple[float, int, float]:

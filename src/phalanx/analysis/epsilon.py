@@ -1,35 +1,50 @@
-"""Empirical no-attack aggregation error ε of a rule.
+"""The no-attack aggregation error ε of a rule: what is proven, and a certified lower bound where nothing is.
 
 Yang, Shi & Li (ICML 2025, Definition 2.2) call an aggregator ε-accurate when, for *all* inputs,
 
-    ‖Agg(x) − x̄‖² ≤ ε · (1/n) Σᵢ ‖xᵢ − x̄‖²,       x̄ = (1/n) Σᵢ xᵢ,
+    ‖Agg(x) − x̄‖² ≤ ε · (1/n) Σᵢ ‖xᵢ − x̄‖²,       x̄ = (1/n) Σᵢ xᵢ.
 
-and prove (Thm 3.1) that any aggregator tolerating f Byzantine workers has ε ≥ f/(n − f). ε is what a rule costs
-when nobody attacks: gradient descent with it stalls in a neighbourhood of size ~εG² (their Thm 4.5/4.6).
+Their Theorem 3.1: if an (f, κ)-robust aggregator is ε-accurate, ε ≥ f/(n − f) (:func:`lower_bound`); Theorem 3.2:
+an (f, κ)-robust aggregator is κ-accurate (so a proven κ is a proven upper bound on ε); Table 2: the trimmed mean has
+ε = f/(n − f) exactly (their Theorem 3.6), the coordinate-wise median ⌊(n−1)/2⌋/(n − ⌊(n−1)/2⌋), the geometric
+median 1 (tight at even n). A rule carries its proven ε in ``rule.epsilon(n)`` and the statement that proves it in
+``rule.epsilon_source``; every other ε in Phalanx is **measured**, and a measured ε is only a lower bound.
 
-:func:`epsilon` measures a lower estimate of a rule's ε: the largest ratio over (1) the known worst-case
-constructions — per coordinate, k equal values and n − k other equal values, for every k (tight for the trimmed mean
-and the median), two clusters, one far outlier — and (2) random inputs from several families, seeded. The estimate
-can only approach the true ε from below: a rule whose estimate exceeds its claimed ε is wrong.
+:func:`epsilon` measures it: the search of :mod:`phalanx.analysis.epsilon_search` (known constructions, seeded random
+inputs, CMA-ES restarts from random and adversarial starts), then the value at the best input is **recomputed
+exactly** — the rule's float64 output and the input as rational numbers, rounded down — so a real input attains it.
+It is compared with the proven upper bound (the rule's ε, else its κ by Theorem 3.2): a measured value above it by
+more than the float64 rounding of the computation is a bug of the rule or of its metadata (``above_upper``).
+
+How strong the search is (:data:`SEARCH_TOLERANCE`): at the default budget, on small n (Krum, Multi-Krum, MeaMed,
+MDA and the geometric median at n ≤ 9), an independent search — scipy's differential evolution, a different
+algorithm with its own budget — does not beat the reported value by more than that share
+(``tests/test_epsilon.py::test_an_independent_search_does_not_beat_the_reported_value``).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from phalanx.aggregators.base import Aggregator, check_positive
+from phalanx.analysis import epsilon_search
+from phalanx.analysis.ratios import EXACT_MAX, RuleCall, exact_ratio, round_down, rounding_slack
 from phalanx.errors import ConfigError
+
+SEARCH_TOLERANCE = 0.05
+"""The relative margin by which an independent search may beat :func:`epsilon`'s value at the default budget on
+small n (tested; module docstring)."""
+DEFAULT_BUDGET = 2000
+"""Rule evaluations of the CMA-ES restarts by default (on top of the constructions and the random inputs)."""
 
 
 def lower_bound(n: int, f: int) -> float:
-    """ε ≥ f/(n − f) for any aggregator that tolerates f of n Byzantine workers (Yang, Shi & Li, Thm 3.1)."""
+    """ε ≥ f/(n − f) for any (f, κ)-robust aggregator (Yang, Shi & Li, ICML 2025, Theorem 3.1)."""
     if f < 0 or n <= f:
         raise ConfigError("f", f, f"0 <= f < n={n}")
     return f / (n - f)
@@ -56,60 +71,42 @@ class EpsilonEstimate:
     n: int
     f: int
     value: float
-    """The largest ratio found (an estimate of ε from below)."""
+    """The certified lower bound on ε: the ratio at :attr:`input`, recomputed exactly and rounded down (+inf: the
+    rule's output was not finite, or not the rows' common value on rows with no spread)."""
     worst_input: str
-    """Which construction or random family produced it."""
+    """Which construction or search produced :attr:`input`."""
     theory: float | None
-    """The rule's ε from the literature (``rule.epsilon(n)``), if known."""
+    """The rule's proven ε (``rule.epsilon(n)``), None where nothing is proven."""
     lower_bound: float
-    """f/(n − f): no rule tolerating f workers can do better."""
+    """f/(n − f): no (f, κ)-robust rule can do better (Theorem 3.1)."""
     trials: int
     per_family: dict[str, float] = field(default_factory=dict)
+    theory_source: str = ""
+    """The paper and statement that prove :attr:`theory` (``rule.epsilon_source``)."""
+    upper: float | None = None
+    """A proven upper bound on ε: :attr:`theory`, else the rule's proven κ (Theorem 3.2), else None."""
+    upper_source: str = ""
+    """Where :attr:`upper` comes from."""
+    above_upper: bool = False
+    """The value exceeds :attr:`upper` by more than :attr:`slack`: a bug of the rule or of its metadata."""
+    slack: float = 0.0
+    """How far float64 rounding inside the rule can move the value at :attr:`input`."""
+    exact: bool = False
+    """The value was recomputed in rational arithmetic (else in float64)."""
+    input: Tensor | None = None
+    """The ``(n, d)`` float64 input attaining :attr:`value`."""
+    d: int = 8
+    budget: int = DEFAULT_BUDGET
+    evaluations: int = 0
+    """Rule evaluations spent (constructions, random inputs and the search)."""
+    seed: int = 0
 
-
-def _constructions(n: int, d: int) -> Iterator[tuple[str, Tensor]]:
-    # Scales matter for rules that are not scale-equivariant (clipping radii, thresholds).
-    for scale in (1.0, 1e3):
-        for k in range(1, n // 2 + 1):
-            x = torch.zeros(n, d, dtype=torch.float64)
-            x[:k] = scale  # per coordinate: k equal values and n − k other equal values (tight for TM and median)
-            yield f"{k} rows at {scale:g}·1, {n - k} at 0", x
-        for k in range(1, n // 2 + 1):
-            x = torch.zeros(n, d, dtype=torch.float64)
-            x[:k, 0] = scale  # the same along one direction only (vector rules: Krum, GM, ...)
-            yield f"{k} rows at {scale:g}·e1, {n - k} at 0", x
-        x = torch.zeros(n, d, dtype=torch.float64)
-        x[0] = scale
-        yield f"one outlier at {scale:g}·1", x
-
-
-def constructions(n: int, d: int) -> Iterator[tuple[str, Tensor]]:
-    """The worst-case constructions :func:`epsilon` tries first, each with its name (float64 ``(n, d)`` inputs):
-    per coordinate k equal values and n − k other equal values (k = 1 … ⌊n/2⌋), the same along e₁, one far outlier,
-    at the scales 1 and 10³."""
-    return _constructions(n, d)
-
-
-def _random_families(gen: torch.Generator, n: int, d: int) -> list[tuple[str, Callable[[], Tensor]]]:
-    def gaussian() -> Tensor:
-        return torch.randn(n, d, generator=gen, dtype=torch.float64)
-
-    def heavy_tailed() -> Tensor:
-        g = torch.randn(n, d, generator=gen, dtype=torch.float64)
-        chi = torch.randn(n, 3, generator=gen, dtype=torch.float64).square().sum(dim=1, keepdim=True) / 3
-        return g / chi.sqrt()
-
-    def clusters() -> Tensor:
-        k = int(torch.randint(1, n // 2 + 1, (1,), generator=gen))
-        x = 0.05 * torch.randn(n, d, generator=gen, dtype=torch.float64)
-        x[:k] += torch.randn(d, generator=gen, dtype=torch.float64)
-        return x
-
-    def sparse() -> Tensor:
-        mask = torch.rand(n, d, generator=gen, dtype=torch.float64) < 0.3
-        return torch.randn(n, d, generator=gen, dtype=torch.float64) * mask
-
-    return [("gaussian", gaussian), ("heavy-tailed", heavy_tailed), ("clusters", clusters), ("sparse", sparse)]
+    @property
+    def verdict(self) -> str:
+        """``BUG: above the proven bound``, ``unbounded`` or ``measured lower bound``."""
+        if self.above_upper:
+            return "BUG: above the proven bound"
+        return "unbounded" if math.isinf(self.value) else "measured lower bound"
 
 
 INPUT_COPIES = 4
@@ -185,46 +182,62 @@ def check_memory(rule: Aggregator, n: int, d: int, available: int | None = None)
     raise ConfigError("d", d, f"d <= {d_max} for {spec} with n = {n} on this machine", hint + "; use a smaller d")
 
 
-def epsilon(rule: Aggregator, n: int, d: int = 8, trials: int = 200, seed: int = 0) -> EpsilonEstimate:
-    """Estimate a rule's no-attack aggregation error factor ε on ``n`` inputs of dimension ``d``.
+def _upper(rule: Aggregator, n: int, theory: float | None) -> tuple[float | None, str]:
+    if theory is not None:
+        return theory, "the proven ε"
+    from phalanx.analysis.kappa import proven_upper_bound  # kappa imports this module
+
+    k = proven_upper_bound(rule, n) if n > 2 * getattr(rule, "f", 0) else None
+    if k is None:
+        return None, ""
+    return k, "the proven κ (Yang, Shi & Li, ICML 2025, Theorem 3.2: an (f, κ)-robust rule is κ-accurate)"
+
+
+def epsilon(rule: Aggregator, n: int, d: int = 8, trials: int = 200, seed: int = 0,
+            budget: int = DEFAULT_BUDGET) -> EpsilonEstimate:
+    """A certified lower bound on a rule's no-attack aggregation error ε on ``n`` inputs of dimension ``d``, beside
+    its proven ε and upper bound (module docstring).
 
     Parameters
     ----------
     rule: an aggregator (``phalanx.aggregators.make(spec, f)``).
     n: number of inputs (workers); must satisfy the rule's requirement.
-    d: dimension of the random inputs (constructions use it too).
+    d: dimension of the inputs (n points span at most n − 1: ``d = n − 1`` reaches every configuration).
     trials: number of random inputs, spread over the random families.
-    seed: seed of the random inputs (the result is deterministic given it).
+    seed: seed of the random inputs and of the search (the result is deterministic given it).
+    budget: rule evaluations of the CMA-ES restarts (0: constructions and random inputs only).
 
     Sizes whose measurement cannot fit in memory are refused before anything is allocated (:func:`check_memory`).
     """
     check_positive("n", n, integer=True)
     check_positive("d", d, integer=True)
     check_positive("trials", trials, integer=True, allow_zero=True)
+    check_positive("budget", budget, integer=True, allow_zero=True)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError("seed", seed, "an integer")
     if n < rule.min_workers():
         raise ConfigError("n", n, f"n >= {rule.min_workers()} for {rule!r} ({rule.requirement})")
     check_memory(rule, n, d)
-    best, where = 0.0, "none"
-    per_family: dict[str, float] = {}
-
-    def consider(name: str, family: str, x: Tensor) -> None:
-        nonlocal best, where
-        ratio = aggregation_error(rule(x), x)
-        per_family[family] = max(per_family.get(family, 0.0), ratio)
-        if ratio > best * (1 + 1e-9) + 1e-12:  # ignore rounding-level differences
-            best, where = ratio, name
-
-    for name, x in _constructions(n, d):
-        consider(name, "constructions", x)
-    gen = torch.Generator().manual_seed(seed)
-    families = _random_families(gen, n, d)
-    for t in range(trials):
-        fam, draw = families[t % len(families)]
-        consider(f"random {fam} #{t}", fam, draw())
-    f = getattr(rule, "f", 0)
+    f = int(getattr(rule, "f", 0))
+    call = RuleCall(rule, seed)
+    found = epsilon_search.search(call, n, f, d, trials, budget, seed)
+    x = found.x
+    value, exact, slack = found.value, False, 0.0
+    if math.isfinite(value) and value > 0:
+        out = call(x).double()
+        rows = list(range(n))
+        q = exact_ratio(out, x, rows) if n * d <= EXACT_MAX else None
+        if q is not None:
+            value, exact = round_down(q), True
+        else:
+            value = aggregation_error(out, x)
+        slack = rounding_slack(out, x, rows, value)
+    theory = rule.epsilon(n)
+    upper, upper_source = _upper(rule, n, theory)
     return EpsilonEstimate(
-        rule=getattr(rule, "spec", rule.name), n=n, f=f, value=best, worst_input=where, theory=rule.epsilon(n),
-        lower_bound=lower_bound(n, f) if f < n else float("inf"), trials=trials, per_family=per_family,
+        rule=getattr(rule, "spec", rule.name), n=n, f=f, value=max(0.0, value), worst_input=found.name,
+        theory=theory, lower_bound=lower_bound(n, f) if f < n else float("inf"), trials=trials,
+        per_family=dict(found.per_family), theory_source=getattr(rule, "epsilon_source", "") if theory is not None
+        else "", upper=upper, upper_source=upper_source, above_upper=upper is not None and value > upper + slack,
+        slack=slack, exact=exact, input=x.clone(), d=d, budget=budget, evaluations=found.evaluations, seed=seed,
     )

@@ -46,7 +46,6 @@ import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 import torch
@@ -54,10 +53,18 @@ from torch import Tensor
 
 from phalanx.aggregators.base import Aggregator
 from phalanx.aggregators.chain import Chain
-from phalanx.aggregators.coordinatewise import CoordinateWiseMedian, CoordinateWiseTrimmedMean, MeaMed
-from phalanx.aggregators.mean import Mean
 from phalanx.aggregators.pre.nnm import NNM
 from phalanx.analysis.epsilon import check_memory
+from phalanx.analysis.ratios import (
+    EPS,
+    EXACT_MAX,
+    RESOLUTION,
+    RuleCall,
+    exact_ratio,
+    round_down,
+    rounding_slack,
+    spread_floor,
+)
 from phalanx.errors import ConfigError
 from phalanx.validate import check_int
 
@@ -66,26 +73,16 @@ __all__ = [
     "robustness_ratio", "rounding_slack", "universal_lower_bound",
 ]
 
-EPS = torch.finfo(torch.float64).eps
 NEAR = (-4.0, -2.0, -1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 """Distances t (in units of the honest rows' separation) of the colluding Byzantine point t·u on the line."""
 FAR = (1e2, 1e3, 1e4, 1e5, 1e6)
 """The far distances of the same sweep; the ratio at the last two decades decides ``unbounded``."""
 SUBSETS_MAX = 512
 """Every set S of n − f rows is scored when there are at most this many; else the heuristic sets only."""
-EXACT_MAX = 100_000
-"""Largest n·d whose value is recomputed in rational arithmetic (above it: float64, ``exact`` False)."""
 BATCH_ELEMENTS = 1 << 21
 """Largest number of float64 entries of a batch of candidates (and of its per-set copies) held at once."""
-ROUNDING = 16.0
-"""Rounding of a rule's output, per coordinate, in units of (n + d)·eps·max|x| (:func:`rounding_slack`)."""
-RESOLUTION = 1e3
-"""A candidate whose honest spread is below (RESOLUTION·(n + d)·eps·max|x|)² is not scored: its ratio would measure
-rounding, not the rule."""
 PROPOSALS = 16
 """Candidates per step of the local search."""
-COLUMNWISE = (Mean, CoordinateWiseTrimmedMean, CoordinateWiseMedian, MeaMed)
-"""Rules that aggregate every coordinate on its own, so a batch of inputs is one call on more columns."""
 
 
 def universal_lower_bound(n: int, f: int) -> float:
@@ -141,48 +138,6 @@ def robustness_ratio(out: Tensor, x: Tensor, honest: tuple[int, ...] | list[int]
     if spread == 0.0:
         return 0.0 if err == 0.0 else float("inf")
     return err / spread
-
-
-def spread_floor(x: Tensor, n: int, d: int) -> float:
-    """The smallest honest spread a ratio is scored at (:data:`RESOLUTION`): (RESOLUTION·(n + d)·eps·max|x|)²."""
-    return float((RESOLUTION * (n + d) * EPS * x.double().abs().max()) ** 2)
-
-
-def exact_ratio(out: Tensor, x: Tensor, honest: tuple[int, ...] | list[int]) -> Fraction | None:
-    """The same ratio in rational arithmetic from the float64 values of ``out`` and ``x`` (every float is a
-    rational, so nothing is rounded); None when the spread is 0 or the output is not finite."""
-    o = out.double().tolist()
-    if not all(math.isfinite(v) for v in o):
-        return None
-    rows = [[Fraction(v) for v in x[i].double().tolist()] for i in honest]
-    m = len(rows)
-    mean = [sum(col, Fraction(0)) / m for col in zip(*rows)]
-    spread = sum((sum(((a - b) ** 2 for a, b in zip(r, mean)), Fraction(0)) for r in rows), Fraction(0)) / m
-    if spread == 0:
-        return None
-    err = sum(((Fraction(a) - b) ** 2 for a, b in zip(o, mean)), Fraction(0))
-    return err / spread
-
-
-def _round_down(q: Fraction) -> float:
-    v = float(q)
-    return math.nextafter(v, 0.0) if Fraction(v) > q else v
-
-
-def rounding_slack(out: Tensor, x: Tensor, honest: tuple[int, ...] | list[int], value: float) -> float:
-    """How far float64 rounding inside a rule can move the ratio at this input: the output's error per coordinate
-    is taken as δ = :data:`ROUNDING`·(n + d)·eps·max|x| (sums of n terms of size max|x|, norms of d terms), so the
-    error ‖out − x̄_S‖² moves by at most 2√err·δ√d + dδ², and the ratio by that over the spread, plus its own
-    relative rounding."""
-    n, d = x.shape
-    h = x.double()[list(honest)]
-    mean = h.mean(dim=0)
-    spread = float((h - mean).square().sum(dim=1).mean())
-    err = float((out.double() - mean).square().sum())
-    if spread <= 0.0 or not math.isfinite(err):
-        return float("inf")
-    delta = ROUNDING * (n + d) * EPS * float(x.double().abs().max())
-    return (2.0 * math.sqrt(err) * delta * math.sqrt(d) + d * delta * delta) / spread + ROUNDING * (n + d) * EPS * value
 
 
 @dataclass
@@ -312,7 +267,8 @@ class _Search:
 
     def __init__(self, rule: Aggregator, n: int, f: int, d: int, budget: int, seed: int) -> None:
         self.rule, self.n, self.m, self.d, self.budget, self.seed = rule, n, n - f, d, budget, seed
-        self.columnwise = type(rule) in COLUMNWISE
+        self.call = RuleCall(rule, seed)
+        self.columnwise = self.call.columnwise
         self.all_sets = _subsets(n, self.m)
         self.used = 0
         self.best = -1.0
@@ -323,21 +279,8 @@ class _Search:
     def left(self) -> int:
         return self.budget - self.used
 
-    def call(self, x: Tensor) -> Tensor:
-        """The rule at one input, as a fixed function: a stochastic rule draws from a generator seeded with the
-        seed at every call, a stateful one starts from its initial state."""
-        context: dict[str, Any] = {}
-        if "generator" in self.rule.context_keys:
-            context["generator"] = torch.Generator().manual_seed(self.seed)
-        if self.rule.stateful:
-            self.rule.load_state_dict({})
-        return self.rule(x, **context)
-
     def outputs(self, xb: Tensor) -> Tensor:
-        b, n, d = xb.shape
-        if self.columnwise:
-            return self.call(xb.permute(1, 0, 2).reshape(n, b * d)).reshape(b, d).double()
-        return torch.stack([self.call(x) for x in xb]).double()
+        return self.call.batch(xb)
 
     def sets(self, xb: Tensor, outs: Tensor) -> Tensor:
         """``(b, c, m)`` row indices of the sets S each candidate is scored against."""
@@ -484,7 +427,7 @@ def _finish(search: _Search, rule: Aggregator, n: int, f: int, d: int, seed: int
     if math.isfinite(value) and n * d <= EXACT_MAX:
         q = exact_ratio(out, x, honest)
         if q is not None:
-            value, exact = _round_down(q), True
+            value, exact = round_down(q), True
     upper = proven_upper_bound(rule, n)
     slack = rounding_slack(out, x, honest, value) if math.isfinite(value) else float("inf")
     tested, grows = _growth(far_points, m)

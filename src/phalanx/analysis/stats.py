@@ -1,9 +1,19 @@
-"""Small-sample statistics for experiment reports: means with Student-t confidence intervals, per-seed slopes.
+"""Small-sample statistics for experiment reports: means with Student-t confidence intervals, per-seed slopes,
+and verdicts corrected for how many were read.
 
 Experiments here have few seeds (3–10), so intervals use Student's t with ``k − 1`` degrees of freedom, not the
 normal approximation. Comparisons are *paired by seed*: runs with the same seed share the data split, the initial
 model and the batch stream (the named random streams of :mod:`phalanx.training.streams`), so a per-seed difference
 or slope removes that shared noise before the interval is taken.
+
+**Many verdicts.** A report that reads K verdicts at level α = 0.05 each would show about 0.05·K false ones by chance.
+Every study's table of verdicts is one *family*: :func:`holm` gives each estimate its Holm-adjusted p-value (Holm,
+"A simple sequentially rejective multiple test procedure", Scand. J. Statist. 6, 1979: sort the m p-values,
+p̃₍ᵢ₎ = maxⱼ≤ᵢ min(1, (m − j + 1)·p₍ⱼ₎), which controls the family-wise error rate at α under any dependence between
+the tests), and :meth:`Estimate.side` / :meth:`Estimate.verdict` then decide on p̃ < α instead of on the
+per-comparison interval. The p-value is the two-sided one-sample t test of mean 0 (:meth:`Estimate.p_value`, scipy's
+Student t): exactly the test whose rejection is "the 95 % interval excludes 0", so an uncorrected verdict is unchanged.
+The intervals shown stay the per-comparison 95 % ones (reports say so).
 """
 
 from __future__ import annotations
@@ -11,10 +21,13 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TypeVar, cast
 
 from phalanx.errors import ConfigError
 
+ALPHA = 0.05
+"""The family-wise error rate of a report's verdicts (and the level of every per-comparison interval: 95 %)."""
 MIN_SEEDS = 3
 """The fewest seeds an interval is shown and a verdict drawn from (a t-interval from two is 12.7 standard errors
 wide: on an accuracy scale it reaches past 0 and 100)."""
@@ -44,10 +57,38 @@ class Estimate:
     low: float
     high: float
     k: int
+    p_adjusted: float | None = None
+    """The Holm-adjusted p-value of this estimate within its report's family (:func:`holm`); None: not corrected,
+    the verdict is the per-comparison interval's."""
+    family: int = 1
+    """How many comparisons the family held (1: not corrected)."""
 
     @property
     def half_width(self) -> float:
         return (self.high - self.low) / 2
+
+    def p_value(self) -> float | None:
+        """Two-sided p-value of the one-sample t test of mean 0 with ``k − 1`` degrees of freedom, recovered from the
+        interval (standard error = half-width / t₀.₉₇₅,ₖ₋₁); None when the estimate decides nothing
+        (:meth:`why_no_verdict`)."""
+        if self.why_no_verdict() is not None:
+            return None
+        from scipy import stats as sstats  # lazy: only reports read p-values
+
+        se = self.half_width / t_quantile_975(self.k - 1)
+        return float(2 * sstats.t.sf(abs(self.mean) / se, self.k - 1))
+
+    def holm_text(self) -> str:
+        """The Holm-adjusted p-value as a table cell (two significant digits), or — where it was not corrected (not
+        in a family, or deciding nothing)."""
+        return "—" if self.p_adjusted is None else f"{self.p_adjusted:.2g}"
+
+    def _decided(self) -> tuple[bool, bool]:
+        """(below 0, above 0): by the Holm-adjusted p-value when the estimate was corrected, else by the interval."""
+        if self.p_adjusted is None:
+            return self.high < 0, self.low > 0
+        shown = self.p_adjusted < ALPHA
+        return shown and self.mean < 0, shown and self.mean > 0
 
     def why_no_verdict(self, what: str = "value", magnitude: float | None = None) -> str | None:
         """Why this estimate decides nothing — fewer than :data:`MIN_SEEDS` samples, or an interval of zero width
@@ -80,7 +121,8 @@ class Estimate:
         why = self.why_no_verdict()
         if why is not None:
             return f"no verdict ({why})"
-        return below if self.high < 0 else (above if self.low > 0 else neither)
+        is_below, is_above = self._decided()
+        return below if is_below else (above if is_above else neither)
 
     def verdict(self, expect: str) -> str:
         """``holds`` if the whole interval has the expected sign (``"negative"`` or ``"positive"``), ``contradicted``
@@ -91,10 +133,30 @@ class Estimate:
         why = self.why_no_verdict()
         if why is not None:
             return f"no verdict ({why})"
-        below, above = self.high < 0, self.low > 0
+        below, above = self._decided()
         if expect == "negative":
             return "holds" if below else ("contradicted" if above else "inconclusive")
         return "holds" if above else ("contradicted" if below else "inconclusive")
+
+
+MaybeEstimate = TypeVar("MaybeEstimate", bound="Estimate | None")
+
+
+def holm(estimates: Sequence[MaybeEstimate]) -> list[MaybeEstimate]:
+    """The estimates of one family of verdicts with their Holm-adjusted p-values (see the module's docstring); an
+    estimate that decides nothing (None, fewer than :data:`MIN_SEEDS` seeds, zero width) is not counted in the
+    family and comes back unchanged. Order is kept."""
+    ps = [(i, e.p_value()) for i, e in enumerate(estimates) if e is not None]
+    tested = sorted(((p, i) for i, p in ps if p is not None))
+    m = len(tested)
+    out = list(estimates)
+    running = 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (m - rank) * p))
+        e = out[i]
+        assert e is not None
+        out[i] = cast(MaybeEstimate, replace(e, p_adjusted=running, family=m))
+    return out
 
 
 def mean_ci(values: Sequence[float]) -> Estimate:

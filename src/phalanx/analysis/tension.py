@@ -1,11 +1,13 @@
-"""The theory table of the price of robustness (Yang, Shi & Li, ICML 2025), with measured ε beside it.
+"""The theory table of the price of robustness (Yang, Shi & Li, ICML 2025), with measured lower bounds beside it.
 
-For n workers and every f = 0 … ⌊(n−1)/2⌋, each rule's ε (no-attack aggregation error factor) and κ
-((f, κ)-robustness, Allouah et al. AISTATS 2023) from its metadata, next to the lower bound ε ≥ f/(n−f) that no
-f-robust rule can beat (their Thm 3.1), and — when asked — the ε measured by :func:`phalanx.analysis.epsilon` and
-the certified lower bound on κ found by :func:`phalanx.analysis.kappa` (beside κ ≥ f/(n−2f), which binds every rule).
-The κ column is the proven bound (:func:`~phalanx.analysis.kappa.proven_upper_bound`: the rule's own, or NNM's
-composition bound for ``nnm>RULE``).
+For n workers and every f = 0 … ⌊(n−1)/2⌋, each rule's **proven** ε (no-attack aggregation error factor: the rule's
+``epsilon(n)``, with the statement that proves it in ``epsilon_source``) and κ ((f, κ)-robustness, Allouah et al.
+AISTATS 2023), next to the lower bound ε ≥ f/(n−f) that no (f, κ)-robust rule can beat (their Theorem 3.1). Where
+no ε is proven, the rule's proven κ bounds it from above (their Theorem 3.2: an (f, κ)-robust rule is κ-accurate),
+shown as ``≤ κ``. When asked, the **measured lower bounds**: ε by :func:`phalanx.analysis.epsilon` and κ by
+:func:`phalanx.analysis.kappa` (beside κ ≥ f/(n−2f), which binds every rule), each certified by recomputing the rule
+at the input found, shown as ``≥ value``. The κ column is the proven bound
+(:func:`~phalanx.analysis.kappa.proven_upper_bound`: the rule's own, or NNM's composition bound for ``nnm>RULE``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from phalanx import aggregators
-from phalanx.analysis.epsilon import epsilon, lower_bound
+from phalanx.analysis.epsilon import DEFAULT_BUDGET, epsilon, lower_bound
 from phalanx.analysis.kappa import kappa, proven_upper_bound, universal_lower_bound
 from phalanx.errors import ConfigError, PhalanxError
 
@@ -37,14 +39,22 @@ class TheoryRow:
     kappa_unbounded: bool = False
     """The search found the ratio growing without bound (the rule is (f, κ)-robust for no κ)."""
     kappa_bound: float | None = None
+    """f/(n − 2f): the κ of no rule is smaller."""
     kappa_rounding: bool = False
     """The measured κ is at the level of float64 rounding (no error found above it)."""
-    """f/(n − 2f): the κ of no rule is smaller."""
+    epsilon_source: str = ""
+    """The statement that proves :attr:`epsilon`."""
+    epsilon_upper: float | None = None
+    """Where no ε is proven: the proven κ, an upper bound on ε (Theorem 3.2)."""
+    kappa_source: str = ""
+    """The statement that proves :attr:`kappa`."""
+    above_upper: bool = False
+    """The measured ε is above the proven ε or κ: a bug of the rule or its metadata."""
 
 
 def theory_table(
     n: int, rules: tuple[str, ...] | list[str] = DEFAULT_RULES, *, measure: bool = False, d: int = 8,
-    trials: int = 100, seed: int = 0, kappa_budget: int = 300,
+    trials: int = 100, seed: int = 0, kappa_budget: int = 300, budget: int = DEFAULT_BUDGET,
 ) -> list[TheoryRow]:
     """Rows for every rule and every f = 0 … ⌊(n−1)/2⌋ (rules that cannot run with that f are noted, not dropped)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
@@ -63,24 +73,75 @@ def theory_table(
                 rows.append(TheoryRow(spec, f, lb, None, None, note=f"needs {rule.requirement}",
                                       kappa_bound=universal_lower_bound(n, f)))
                 continue
-            row = TheoryRow(spec, f, lb, rule.epsilon(n), proven_upper_bound(rule, n),
-                            kappa_bound=universal_lower_bound(n, f))
+            eps, kap = rule.epsilon(n), proven_upper_bound(rule, n)
+            row = TheoryRow(spec, f, lb, eps, kap, kappa_bound=universal_lower_bound(n, f),
+                            epsilon_source=rule.epsilon_source if eps is not None else "",
+                            epsilon_upper=kap if eps is None else None, kappa_source=kappa_source(rule, n, kap))
             if measure:
                 try:
-                    est = epsilon(rule, n, d=d, trials=trials, seed=seed)
+                    est = epsilon(rule, n, d=d, trials=trials, seed=seed, budget=budget)
                     k = kappa(rule, n, d=d, budget=kappa_budget, seed=seed)
                 except PhalanxError as exc:  # a rule that needs more than the rows per call (FLTrust's reference)
                     what = getattr(exc, "parameter", None)
                     row.note = f"not measured: needs {what} per call" if what else f"not measured: {exc}"
                 else:
-                    row.measured, row.worst_input = est.value, est.worst_input
+                    row.measured, row.worst_input, row.above_upper = est.value, est.worst_input, est.above_upper
                     row.kappa_measured, row.kappa_unbounded, row.kappa_rounding = k.value, k.unbounded, k.rounding
             rows.append(row)
     return rows
 
 
+def kappa_source(rule: aggregators.Aggregator, n: int, kap: float | None) -> str:
+    """The statement behind a proven κ: the rule's ``kappa_source``, or NNM's composition lemma for ``nnm>RULE``."""
+    if kap is None:
+        return ""
+    own = getattr(rule, "kappa_source", "")
+    if own and rule.kappa(n) is not None:
+        return str(own)
+    inner = getattr(getattr(rule, "rule", None), "kappa_source", "")
+    return ("Allouah et al., AISTATS 2023, the lemma on NNM: 8f/(n − f)·(κ + 1) with the rule's κ from "
+            + (inner or "its own metadata"))
+
+
 def _cell(v: float | None) -> str:
     return "—" if v is None else f"{v:.4g}"
+
+
+def epsilon_cell(r: TheoryRow) -> str:
+    """The proven ε of a row as a table shows it: the value, ``≤ κ`` (Theorem 3.2) where only κ is proven, or a
+    dash."""
+    if r.epsilon is not None:
+        return f"{r.epsilon:.4g}"
+    return f"≤ {r.epsilon_upper:.4g} (κ)" if r.epsilon_upper is not None else "—"
+
+
+def measured_cell(r: TheoryRow) -> str:
+    """The measured ε of a row: ``≥ value`` (a certified lower bound), ``BUG …`` above a proven bound, the note, or
+    a dash."""
+    if r.note is not None:
+        return r.note
+    if r.measured is None:
+        return "—"
+    if r.measured == float("inf"):
+        return "unbounded"
+    text = f"≥ {r.measured:.4g}"
+    return text + " BUG: above the proven bound" if r.above_upper else text
+
+
+def sources(rows: list[TheoryRow]) -> list[str]:
+    """The statements behind the proven values of the rows, one line per rule: ``rule: ε — …; κ — …``."""
+    seen: dict[str, str] = {}
+    for r in rows:
+        parts = []
+        if r.epsilon_source:
+            parts.append(f"ε — {r.epsilon_source}")
+        elif r.epsilon_upper is not None:
+            parts.append("ε ≤ κ — Yang, Shi & Li, ICML 2025, Theorem 3.2 (an (f, κ)-robust rule is κ-accurate)")
+        if r.kappa_source:
+            parts.append(f"κ — {r.kappa_source}")
+        if parts and r.rule not in seen:
+            seen[r.rule] = f"{r.rule}: " + "; ".join(parts)
+    return list(seen.values())
 
 
 def kappa_cell(r: TheoryRow) -> str:
@@ -95,26 +156,32 @@ def kappa_cell(r: TheoryRow) -> str:
 def to_markdown(rows: list[TheoryRow], n: int) -> str:
     """The table as Markdown."""
     measured = any(r.measured is not None for r in rows)
-    head = ["rule", "f", "lower bound f/(n−f)", "ε (theory)"]
-    head += ["ε (measured)", "κ bound f/(n−2f)", "κ (theory)", "κ (measured)"] if measured else ["κ (theory)"]
-    out = [f"Price of robustness at n = {n} (ε: no-attack aggregation error factor)", "",
+    head = ["rule", "f", "lower bound f/(n−f)", "ε (proven)"]
+    head += (["ε (measured lower bound)", "κ bound f/(n−2f)", "κ (proven)", "κ (measured lower bound)"] if measured
+             else ["κ (proven)"])
+    out = [f"Price of robustness at n = {n} (ε: no-attack aggregation error factor; proven values with the statement "
+           "that proves them below; measured values are certified lower bounds, ≥)", "",
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r.rule, str(r.f), _cell(r.lower_bound), _cell(r.epsilon)]
+        cells = [r.rule, str(r.f), _cell(r.lower_bound), epsilon_cell(r)]
         if measured:
-            cells += [_cell(r.measured) if r.note is None else r.note, _cell(r.kappa_bound), _cell(r.kappa),
-                      kappa_cell(r)]
+            cells += [measured_cell(r), _cell(r.kappa_bound), _cell(r.kappa), kappa_cell(r)]
         else:
             cells.append(_cell(r.kappa))
         out.append("| " + " | ".join(cells) + " |")
+    refs = sources(rows)
+    if refs:
+        out += ["", "Proven values:", *(f"- {line}" for line in refs)]
     return "\n".join(out) + "\n"
 
 
 def to_csv(rows: list[TheoryRow]) -> str:
-    """The table as CSV."""
-    lines = ["rule,f,lower_bound,epsilon,kappa,measured,worst_input,note,kappa_measured,kappa_unbounded,kappa_bound"]
+    """The table as CSV (``measured`` and ``kappa_measured`` are certified lower bounds)."""
+    lines = ["rule,f,lower_bound,epsilon,kappa,measured,worst_input,note,kappa_measured,kappa_unbounded,kappa_bound,"
+             "epsilon_source,epsilon_upper,kappa_source,above_upper"]
     for r in rows:
         vals = [r.rule, r.f, r.lower_bound, r.epsilon, r.kappa, r.measured, r.worst_input, r.note, r.kappa_measured,
-                r.kappa_unbounded if r.kappa_measured is not None else None, r.kappa_bound]
+                r.kappa_unbounded if r.kappa_measured is not None else None, r.kappa_bound, r.epsilon_source or None,
+                r.epsilon_upper, r.kappa_source or None, r.above_upper if r.measured is not None else None]
         lines.append(",".join("" if v is None else f'"{v}"' if isinstance(v, str) else str(v) for v in vals))
     return "\n".join(lines) + "\n"

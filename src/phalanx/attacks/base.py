@@ -115,6 +115,8 @@ class _Configurable(Component, ABC):
     needs_aggregator: ClassVar[bool] = False
     """True when the attack calls ``ctx.aggregator`` (adaptive attacks)."""
     kind: ClassVar[str] = "vector"
+    baseline: ClassVar[bool] = False
+    """True for a no-attack baseline (``none``, ``honest``): its "Byzantine" workers follow the protocol."""
     boost: float = 1.0
     """How much a federated client's pseudo-gradient is scaled before it is sent (model replacement, a backdoor's
     ``boost``); 1 for every other attack."""

@@ -31,6 +31,7 @@ class Honest(DataAttack):
     reference: ClassVar[str] = ("the all-honest baseline: Byzantine workers compute real gradients on their own data "
                                 "(no attack)")
     threat: ClassVar[str] = "none (is honest)"
+    baseline: ClassVar[bool] = True
 
     def _transform(
         self, x: Tensor, y: Tensor, num_classes: int, generator: torch.Generator | None,

@@ -29,6 +29,7 @@ class NoAttack(Attack):
     name: ClassVar[str] = "none"
     reference: ClassVar[str] = "no attack (baseline): Byzantine workers replay honest rows"
     threat: ClassVar[str] = "none (behaves honestly)"
+    baseline: ClassVar[bool] = True
     solo = True  # one worker replays its own honest vector
 
     def _run(self, ctx: AttackContext) -> Tensor:

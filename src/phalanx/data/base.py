@@ -39,12 +39,25 @@ class DatasetNotFoundError(ConfigError):
 
 
 class DataFormatError(PhalanxError, ValueError):
-    """A data file exists but is not what it claims to be (bad magic number, truncated, wrong shape)."""
+    """A data file exists but is not what it claims to be (bad magic number, truncated, wrong shape, a header or a
+    structure that would need more memory than the file's size justifies).
 
-    def __init__(self, path: str, problem: str) -> None:
+    One line: ``"<path>: [<field>: ]<problem>[ (allowed: <allowed>)]"``, naming the file, the field of it that is
+    wrong (when the format has fields: a LEAF JSON key, a pickle's dict key) and the allowed range. Raised before
+    anything large is allocated (docs/data.md, "What a data file may cost").
+
+    Attributes: ``path``, ``problem``, ``field`` (or None), ``allowed`` (or None).
+    """
+
+    def __init__(self, path: str, problem: str, *, field: str | None = None, allowed: str | None = None) -> None:
         self.path = path
-        self.problem = problem
-        super().__init__(f"{path}: {problem}")
+        self.problem = " ".join(str(problem).splitlines())  # one line, whatever a parser's message held
+        self.field = field
+        self.allowed = allowed
+        message = f"{path}: {field}: {self.problem}" if field else f"{path}: {self.problem}"
+        if allowed:
+            message += f" (allowed: {allowed})"
+        super().__init__(message)
 
 
 class DownloadError(PhalanxError, OSError):

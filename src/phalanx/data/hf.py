@@ -25,7 +25,8 @@ from phalanx.data import leaf
 from phalanx.data.base import DataFormatError, Dataset, DownloadError, standardise, user_ids
 from phalanx.errors import ConfigError
 
-__all__ = ["HOLDOUT", "HUB", "HUB_PROBE", "download_leaf", "from_hf", "holdout_split", "probe", "require"]
+__all__ = ["HOLDOUT", "HUB", "HUB_PROBE", "MAX_PADDING", "download_leaf", "from_hf", "holdout_split", "probe",
+           "require"]
 
 HOLDOUT = 10
 """Without a test set, every ``HOLDOUT``-th sample of each user (the 10th, 20th, …, in order) is a test sample:
@@ -89,16 +90,43 @@ def _column(ds: Any, name: str) -> list[Any]:
     return list(ds[name])
 
 
+MAX_PADDING = 16
+"""Without ``length``, every string is padded to the longest: that longest may be at most ``MAX_PADDING`` × the mean
+length + 64 characters (one outlier would otherwise pad every sample to its length: 10⁵ samples and one string of 10⁶
+characters are 800 GB of codes)."""
+
+
+def _text_length(values: list[Any], where: str) -> int:
+    """The default ``length``: the longest string, when padding to it costs at most :data:`MAX_PADDING` × what the
+    strings hold; a :class:`ConfigError` naming ``length`` otherwise, before anything is allocated."""
+    lengths = [len(v) if isinstance(v, str) else 0 for v in values]
+    longest = max(lengths)
+    mean = sum(lengths) / len(lengths)
+    if longest > MAX_PADDING * mean + 64:
+        at = lengths.index(longest)
+        raise ConfigError("length", None, f"a number of characters per input for {where}: its longest string (input "
+                          f"{at}, {longest:,} characters) is over {MAX_PADDING} × the mean ({mean:,.0f}) + 64, and "
+                          f"padding all {len(values):,} to it would take {8 * longest * len(values):,} bytes")
+    return longest
+
+
 def _inputs(values: list[Any], where: str, length: int | None) -> tuple[np.ndarray[Any, Any], str]:
     """A column as an array and its kind: ``"image"`` (uint8 ``(N, C, H, W)``), ``"text"`` (int64 codes) or
     ``"numeric"`` (float64 ``(N, ...)``)."""
     first = values[0]
     if hasattr(first, "getdata") and hasattr(first, "mode"):  # PIL images (a datasets Image feature, decoded)
+        channels = 3 if first.mode == "RGB" else 1
+        for i, img in enumerate(values):  # one size and channel count, checked before one byte is stacked
+            c = 3 if getattr(img, "mode", None) == "RGB" else 1
+            if getattr(img, "size", None) != first.size or c != channels:
+                got = f"{getattr(img, 'size', type(img).__name__)} with {c} channel(s)"
+                raise DataFormatError(where, f"input {i} is an image of {got}, input 0 of {first.size} with "
+                                      f"{channels}", allowed="images of one size and one mode")
         arr = np.stack([np.asarray(img.convert("L") if img.mode not in ("L", "RGB") else img) for img in values])
         arr = arr[:, None] if arr.ndim == 3 else arr.transpose(0, 3, 1, 2)
         return arr.astype(np.uint8), "image"
     if isinstance(first, str):
-        n = length if length is not None else max(len(v) for v in values)
+        n = length if length is not None else _text_length(values, where)
         return leaf.encode_text(values, n, where), "text"
     try:
         arr = np.asarray(values, dtype=np.float64)
@@ -161,6 +189,8 @@ def from_hf(
     Phalanx's image sets (scale 255); strings become LEAF's character codes (:data:`phalanx.data.leaf.LEAF_LETTERS`,
     left-padded to ``length``), for the ``char-lstm`` model; numbers are used as given (float32).
     """
+    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 1):
+        raise ConfigError("length", length, "an integer >= 1 (characters per text input), or None for the longest")
     parts, clients = _partitions(train)
     columns = list(parts[0].column_names)
     xc, yc = _pick(columns, x, _X_COLUMNS, "x"), _pick(columns, y, _Y_COLUMNS, "y")

@@ -3,61 +3,88 @@
 The format (LeCun et al., http://yann.lecun.com/exdb/mnist/, "FILE FORMATS"): a 4-byte magic number — two zero
 bytes, a type code, the number of dimensions ``k`` — then ``k`` big-endian uint32 sizes, then the values in C order,
 big-endian. Type codes: 0x08 uint8, 0x09 int8, 0x0B int16, 0x0C int32, 0x0D float32, 0x0E float64.
+
+The header is read first and the array it declares, ``4 + 4k + ∏ dims · itemsize`` bytes, is checked against what
+the file can hold (:mod:`phalanx.data.limits`) before anything is allocated: a plain file must be exactly that size,
+a ``.gz`` file of ``s`` bytes can hold at most ``1032·s`` (deflate's largest expansion). The values are then
+decompressed straight into the array, and one byte more is asked for: a file holding more than its header declares
+is refused without decompressing the rest.
 """
 
 from __future__ import annotations
 
 import gzip
+import io
+import math
 import struct
+import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from phalanx.data.base import DataFormatError
+from phalanx.data.limits import GZIP_MAGIC, GZIP_MAX_RATIO, file_size, read_exactly
 
 __all__ = ["read_idx"]
 
 _TYPES: dict[int, str] = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
-_GZIP_MAGIC = b"\x1f\x8b"
 
 
-def _read_bytes(path: Path) -> bytes:
-    with open(path, "rb") as fh:
-        head = fh.read(2)
-    opener: Any = gzip.open if head == _GZIP_MAGIC else open  # by content, not by file name
-    try:
-        with opener(path, "rb") as fh:
-            data: bytes = fh.read()
-    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
-        raise DataFormatError(str(path), f"cannot decompress: {exc}") from exc
-    return data
+def _read_header(stream: io.BufferedIOBase, where: str) -> tuple[tuple[int, ...], np.dtype[Any], int]:
+    """The dims, the dtype and the header's length of the IDX stream, whose position is left after the header."""
+    head = stream.read(4)
+    if len(head) < 4:
+        raise DataFormatError(where, f"{len(head)} bytes, too short for an IDX header")
+    zero, code, ndim = struct.unpack(">HBB", head)
+    if zero != 0 or code not in _TYPES or ndim == 0:
+        raise DataFormatError(
+            where, f"not an IDX file (magic number 0x{head.hex()}; expected 0x0000TTDD with T in 08..0E)",
+        )
+    raw = stream.read(4 * ndim)
+    if len(raw) < 4 * ndim:
+        raise DataFormatError(where, f"truncated header ({4 + len(raw)} bytes, {ndim} dimensions announced)")
+    return struct.unpack(f">{ndim}I", raw), np.dtype(_TYPES[code]), 4 + 4 * ndim
 
 
 def read_idx(path: str | Path) -> np.ndarray[Any, Any]:
     """Read one IDX file (``.gz`` or plain, detected from the content) into a writable array in native byte order.
 
-    Raises :class:`~phalanx.data.base.DataFormatError` when the magic number, the type code or the size is wrong
-    (a truncated download, an HTML error page saved under the file's name, ...).
+    Raises :class:`~phalanx.data.base.DataFormatError` naming the file when the magic number or the type code is
+    wrong, when the header declares more than the file can hold (checked before allocating: see the module
+    docstring), or when the data are cut short or go on past the declared size (a truncated download, an HTML error
+    page saved under the file's name, a header that lies, ...).
     """
     p = Path(path)
-    data = _read_bytes(p)
-    if len(data) < 4:
-        raise DataFormatError(str(p), f"{len(data)} bytes, too short for an IDX header")
-    zero, code, ndim = struct.unpack(">HBB", data[:4])
-    if zero != 0 or code not in _TYPES or ndim == 0:
-        raise DataFormatError(
-            str(p), f"not an IDX file (magic number 0x{data[:4].hex()}; expected 0x0000TTDD with T in 08..0E)",
-        )
-    header = 4 + 4 * ndim
-    if len(data) < header:
-        raise DataFormatError(str(p), f"truncated header ({len(data)} bytes, {ndim} dimensions announced)")
-    dims = struct.unpack(f">{ndim}I", data[4:header])
-    dtype = np.dtype(_TYPES[code])
-    expected = header + int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
-    if len(data) != expected:
-        raise DataFormatError(
-            str(p), f"{len(data)} bytes, expected {expected} for an array of shape {dims} of {dtype.name}",
-        )
-    arr = np.frombuffer(data, dtype=dtype, offset=header).reshape(dims)
-    return arr.astype(dtype.newbyteorder("="), copy=True)
+    where = str(p)
+    size = file_size(p)
+    try:
+        with open(p, "rb") as fh:
+            gz = fh.read(2) == GZIP_MAGIC  # by content, not by file name
+            fh.seek(0)
+            stream: io.BufferedIOBase = gzip.GzipFile(fileobj=fh, mode="rb") if gz else fh
+            dims, dtype, header = _read_header(stream, where)
+            n = math.prod(dims) * dtype.itemsize  # exact: Python integers
+            expected = header + n
+            what = f"an array of shape {dims} of {dtype.name}"
+            if not gz and expected != size:
+                raise DataFormatError(where, f"{size} bytes, expected {expected} for {what}")
+            if gz and expected > GZIP_MAX_RATIO * size:
+                raise DataFormatError(
+                    where, f"the header declares {what} ({expected:,} bytes), more than a {size:,}-byte gzip file "
+                    "can hold", allowed=f"at most {GZIP_MAX_RATIO} × the compressed size = "
+                    f"{GZIP_MAX_RATIO * size:,} bytes (deflate's largest expansion)",
+                )
+            buf, more = read_exactly(stream, n)
+    except DataFormatError:
+        raise
+    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+        raise DataFormatError(where, f"cannot decompress: {exc}") from None
+    if buf.shape[0] < n:
+        raise DataFormatError(where, f"{header + buf.shape[0]} bytes, expected {expected} for {what}")
+    if more:
+        raise DataFormatError(where, f"more than {expected} bytes, expected {expected} for {what}")
+    arr = buf.view(dtype)
+    if not dtype.isnative:
+        arr = arr.byteswap(inplace=True).view(dtype.newbyteorder("="))
+    return arr.reshape(dims)

@@ -24,18 +24,22 @@ builds the :class:`~phalanx.data.base.Dataset`.
 
 from __future__ import annotations
 
+import bisect
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from phalanx.data import jsonscan
 from phalanx.data.base import DataFormatError
+from phalanx.data.limits import short
 
 __all__ = [
-    "FEMNIST_CLASSES", "LEAF_LETTERS", "OOV", "LeafSplit", "encode_text", "femnist_pixels", "has_leaf_files",
-    "read_leaf_dir", "sent140_text", "text_labels",
+    "EXPANSION", "EXPANSION_SLACK", "FEMNIST_CLASSES", "LEAF_LETTERS", "MAX_DEPTH", "MAX_STRING_BYTES", "OOV",
+    "LeafSplit", "encode_text", "femnist_pixels", "has_leaf_files", "read_leaf_dir", "read_leaf_json",
+    "sent140_text", "shakespeare_text", "text_labels",
 ]
 
 FEMNIST_CLASSES = tuple("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
@@ -52,16 +56,43 @@ for _i, _c in enumerate(LEAF_LETTERS):
     _CODES[ord(_c)] = _i
 
 
+MAX_STRING_BYTES = 1 << 16
+"""The longest JSON string a LEAF file may hold, in bytes (64 KiB; LEAF's longest strings are tweets, at most 280
+characters: under 4 KB even with each escaped as a surrogate pair): a longer one is refused before anything is
+parsed (:func:`phalanx.data.jsonscan.scan`)."""
+MAX_DEPTH = 8
+"""The deepest nesting a LEAF file may have (LEAF's own: 5, ``{"user_data": {user: {"x": [[...]]}}}``)."""
+EXPANSION = 16
+"""What parsing a LEAF file may cost, per byte of the file: its :meth:`~phalanx.data.jsonscan.JsonCost.estimate`
+must stay within ``EXPANSION`` × its size + :data:`EXPANSION_SLACK` (LEAF's three formats, as its scripts write
+them, are estimated at most 14 ×: tests/test_data_bombs.py)."""
+EXPANSION_SLACK = 1 << 20
+
+
 @dataclass
 class LeafSplit:
     """One split (``train/`` or ``test/``) of a LEAF data set: the users in file order, and each sample's ``x``,
-    ``y`` and user (an index into ``users``)."""
+    ``y`` and user (an index into ``users``); ``starts[k]``: the first sample read from ``files[k]``."""
 
     users: list[str]
     x: list[Any]
     y: list[Any]
     user_of: np.ndarray[Any, Any]
     files: list[Path]
+    starts: list[int] = field(default_factory=list)
+
+    def locate(self, i: int) -> tuple[str, str]:
+        """The file that sample ``i`` was read from, and the field that holds it
+        (``user_data["<user>"]``)."""
+        k = max(bisect.bisect_right(self.starts, i) - 1, 0)
+        where = str(self.files[k]) if self.files else "?"
+        user = self.users[int(self.user_of[i])] if i < len(self.user_of) else "?"
+        return where, _user_field(user)
+
+
+def _user_field(user: str) -> str:
+    """A user's field, ``user_data["<user>"]`` (a name longer than 60 characters cut, marked with …)."""
+    return f"user_data[{json.dumps(user[:60])}{'…' if len(user) > 60 else ''}]"
 
 
 def _json_files(folder: Path) -> list[Path]:
@@ -73,74 +104,147 @@ def has_leaf_files(folder: Path) -> bool:
     return all((folder / s).is_dir() and _json_files(folder / s) for s in ("train", "test"))
 
 
+def read_leaf_json(path: Path) -> Any:
+    """``path`` parsed as JSON once :func:`~phalanx.data.jsonscan.scan` has shown it affordable: no string longer
+    than :data:`MAX_STRING_BYTES`, no nesting deeper than :data:`MAX_DEPTH`, and an estimated cost within
+    :data:`EXPANSION` × the file's size; a one-line :class:`DataFormatError` naming the file otherwise."""
+    where = str(path)
+    cost = jsonscan.scan(path, MAX_STRING_BYTES, MAX_DEPTH)
+    budget = EXPANSION * cost.size + EXPANSION_SLACK
+    if cost.estimate() > budget:
+        raise DataFormatError(where, f"parsing it would take up to {cost.estimate():,} bytes ({cost.containers:,} "
+                              f"arrays and objects, {cost.commas:,} items in {cost.size:,} bytes)",
+                              allowed=f"at most {EXPANSION} × the file's size + {EXPANSION_SLACK:,} = {budget:,} "
+                              "bytes; LEAF's own formats need at most 14 ×")
+    try:
+        text = path.read_bytes().decode("utf-8")
+        return json.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        raise DataFormatError(where, f"not a LEAF JSON file ({type(exc).__name__}: {exc})") from None
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _user_entries(doc: Any, where: str) -> list[tuple[str, list[Any], list[Any]]]:
+    """The ``(user, x, y)`` of one LEAF file's document, in the order of ``users``, with its structure checked:
+    ``users`` a list of distinct strings, ``num_samples`` (when present) one count per user, equal to the data's,
+    ``user_data[user]`` an object with lists ``x`` and ``y`` of one length. A :class:`DataFormatError` naming the
+    file and the field otherwise."""
+    if not isinstance(doc, dict) or not {"users", "user_data"} <= set(doc):
+        got = sorted(map(str, doc))[:6] if isinstance(doc, dict) else type(doc).__name__
+        raise DataFormatError(where, f"expected a JSON object with 'users', 'num_samples' and 'user_data', got {got}")
+    listed, data, counts = doc["users"], doc["user_data"], doc.get("num_samples")
+    if not isinstance(listed, list):
+        raise DataFormatError(where, f"a {type(listed).__name__}", field="users", allowed="a list of user names")
+    if not isinstance(data, dict):
+        raise DataFormatError(where, f"a {type(data).__name__}", field="user_data",
+                              allowed="an object: user -> {'x': [...], 'y': [...]}")
+    if counts is not None and (not isinstance(counts, list) or len(counts) != len(listed)):
+        got = f"{len(counts)} counts" if isinstance(counts, list) else f"a {type(counts).__name__}"
+        raise DataFormatError(where, f"'num_samples' must list one count per user: {got} for {len(listed)} users",
+                              field="num_samples", allowed="a list of one count per user")
+    seen: set[str] = set()
+    out: list[tuple[str, list[Any], list[Any]]] = []
+    for k, user in enumerate(listed):
+        if not isinstance(user, str) or user in seen:
+            what = "a duplicate" if isinstance(user, str) else f"a {type(user).__name__}"
+            raise DataFormatError(where, f"{what}: {short(user)}", field=f"users[{k}]", allowed="distinct strings")
+        seen.add(user)
+        name = _user_field(user)
+        entry = data.get(user)
+        if not isinstance(entry, dict) or not isinstance(entry.get("x"), list) or not isinstance(entry.get("y"),
+                                                                                                  list):
+            raise DataFormatError(where, f"user {short(user)}: expected {name} = {{'x': [...], 'y': [...]}}",
+                                  field=name)
+        x, y = entry["x"], entry["y"]
+        if len(x) != len(y):
+            raise DataFormatError(where, f"user {short(user)}: {len(x)} inputs but {len(y)} labels", field=name,
+                                  allowed="one label in y per input in x")
+        if counts is not None and (not _count(counts[k]) or counts[k] != len(y)):
+            raise DataFormatError(where, f"user {short(user)}: num_samples says {short(counts[k])}, the data hold "
+                                  f"{len(y)}", field=f"num_samples[{k}]", allowed=f"{len(y)}")
+        out.append((user, x, y))
+    return out
+
+
 def read_leaf_dir(folder: Path) -> LeafSplit:
     """Read every ``*.json`` file of ``folder`` (sorted by name) in LEAF's format.
 
-    A user may appear in several files (its samples are then appended in file order). Raises
-    :class:`~phalanx.data.base.DataFormatError` naming the file for invalid JSON, missing keys, ``num_samples``
-    that disagree with the data, or ``x`` and ``y`` of different lengths.
+    A user may appear in several files (its samples are then appended in file order). Each file is checked before
+    it is parsed (:func:`read_leaf_json`: its strings, nesting and parsing cost against its size) and after
+    (:func:`_user_entries`: its structure); a :class:`~phalanx.data.base.DataFormatError` names the file and the
+    field for invalid JSON, missing keys, ``num_samples`` that disagree with the data, or ``x`` and ``y`` of
+    different lengths.
     """
     users: list[str] = []
     index: dict[str, int] = {}
     xs: list[Any] = []
     ys: list[Any] = []
     owner: list[int] = []
+    starts: list[int] = []
     files = _json_files(folder)
     for path in files:
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DataFormatError(str(path), f"not a LEAF JSON file ({type(exc).__name__}: {exc})") from None
-        if not isinstance(doc, dict) or not {"users", "user_data"} <= set(doc):
-            raise DataFormatError(str(path), "expected a JSON object with 'users', 'num_samples' and 'user_data'")
-        listed, data = doc["users"], doc["user_data"]
-        counts = doc.get("num_samples")
-        if not isinstance(listed, list) or not isinstance(data, dict):
-            raise DataFormatError(str(path), "'users' must be a list and 'user_data' an object")
-        if counts is not None and (not isinstance(counts, list) or len(counts) != len(listed)):
-            raise DataFormatError(str(path), "'num_samples' must list one count per user")
-        for k, user in enumerate(listed):
-            entry = data.get(user) if isinstance(user, str) else None
-            if not isinstance(entry, dict) or not isinstance(entry.get("x"), list) or not isinstance(entry.get("y"),
-                                                                                                      list):
-                raise DataFormatError(str(path), f"user {user!r}: expected user_data[{user!r}] = {{'x': [...], "
-                                      "'y': [...]}")
-            x, y = entry["x"], entry["y"]
-            if len(x) != len(y):
-                raise DataFormatError(str(path), f"user {user!r}: {len(x)} inputs but {len(y)} labels")
-            if counts is not None and counts[k] != len(y):
-                raise DataFormatError(str(path), f"user {user!r}: num_samples says {counts[k]}, the data hold "
-                                      f"{len(y)}")
+        entries = _user_entries(read_leaf_json(path), str(path))
+        starts.append(len(ys))
+        for user, x, y in entries:
             u = index.setdefault(user, len(users))
             if u == len(users):
                 users.append(user)
             xs.extend(x)
             ys.extend(y)
             owner.extend([u] * len(y))
-    return LeafSplit(users, xs, ys, np.asarray(owner, dtype=np.int64), files)
+    return LeafSplit(users, xs, ys, np.asarray(owner, dtype=np.int64), files, starts)
+
+
+def _bad(split: LeafSplit, i: int, where: str, part: str, problem: str, allowed: str) -> DataFormatError:
+    """The error for ``part`` (``"x"`` or ``"y"``) of sample ``i`` of ``split``, naming the file it came from
+    (``where`` when unknown) and its field, ``user_data["<user>"].x[k]``: the ``k``-th of that user in that file."""
+    if not split.files or i >= len(split.user_of):
+        return DataFormatError(where, f"sample {i}: {part}: {problem}", allowed=allowed)
+    path, name = split.locate(i)
+    first = bisect.bisect_right(split.starts, i) - 1
+    lo = split.starts[first] if first >= 0 else 0
+    k = int((split.user_of[lo:i] == split.user_of[i]).sum())
+    return DataFormatError(path, problem, field=f"{name}.{part}[{k}]", allowed=allowed)
 
 
 def femnist_pixels(split: LeafSplit, where: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """FEMNIST's ``x`` as uint8 images ``(N, 1, 28, 28)`` (``round(255·x)``, exact for LEAF's ``v/255``) and ``y``
-    as int64 labels in 0–61; a :class:`DataFormatError` (naming ``where``) for anything else."""
+    as int64 labels in 0–61; a :class:`DataFormatError` naming the file and the sample for anything else."""
+    pixels = "784 numbers in [0, 1] (LEAF stores v/255)"
     bad = next((i for i, r in enumerate(split.x) if not isinstance(r, list) or len(r) != 784), None)
     if bad is not None:
         got = len(split.x[bad]) if isinstance(split.x[bad], list) else type(split.x[bad]).__name__
-        raise DataFormatError(where, f"user {split.users[split.user_of[bad]]!r}: expected 784 pixels per FEMNIST "
-                              f"sample, got {got}")
+        raise _bad(split, bad, where, "x", f"expected 784 pixels per FEMNIST sample, got {got}", pixels)
     try:
-        x = np.asarray(split.x, dtype=np.float64)
+        x = np.asarray(split.x, dtype=np.float64).reshape(-1, 784)
+    except (TypeError, ValueError, OverflowError) as exc:
+        bad = next(i for i, r in enumerate(split.x) if not _converts(r, np.float64))
+        raise _bad(split, bad, where, "x", f"FEMNIST pixels must be numbers ({exc})", pixels) from None
+    try:
         y = np.asarray(split.y, dtype=np.int64)
-    except (TypeError, ValueError) as exc:
-        raise DataFormatError(where, f"FEMNIST samples must be 784 numbers and an integer label ({exc})") from None
-    if x.ndim != 2 or x.shape[1] != 784 or y.shape != (x.shape[0],):
-        raise DataFormatError(where, f"expected 784 pixels per FEMNIST sample, got shape {x.shape}")
-    if x.size and (not np.isfinite(x).all() or x.min() < 0 or x.max() > 1):
-        raise DataFormatError(where, "FEMNIST pixels must lie in [0, 1] (LEAF stores v/255)")
+    except (TypeError, ValueError, OverflowError) as exc:
+        bad = next(i for i, v in enumerate(split.y) if not _converts([v], np.int64))
+        raise _bad(split, bad, where, "y", f"a FEMNIST label is an integer ({exc})", "0..61") from None
+    if x.size:
+        ok = np.isfinite(x).all(axis=1) & (x >= 0).all(axis=1) & (x <= 1).all(axis=1)
+        if not ok.all():
+            raise _bad(split, int(np.argmin(ok)), where, "x", "FEMNIST pixels must lie in [0, 1]", pixels)
     if y.size and (y.min() < 0 or y.max() >= len(FEMNIST_CLASSES)):
-        raise DataFormatError(where, f"FEMNIST labels must lie in 0..61, got {y.min()}..{y.max()}")
+        bad = int(np.argmax((y < 0) | (y >= len(FEMNIST_CLASSES))))
+        raise _bad(split, bad, where, "y", f"FEMNIST labels must lie in 0..61, got {y[bad]}", "0..61")
     v = np.rint(x * 255.0)
     return v.astype(np.uint8).reshape(-1, 1, 28, 28), y
+
+
+def _converts(values: Any, dtype: type) -> bool:
+    try:
+        np.asarray(values, dtype=dtype)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return True
 
 
 def encode_text(texts: list[str], length: int, where: str) -> np.ndarray[Any, Any]:
@@ -151,16 +255,27 @@ def encode_text(texts: list[str], length: int, where: str) -> np.ndarray[Any, An
         if not isinstance(s, str):
             raise DataFormatError(where, f"sample {i}: expected a string, got {type(s).__name__}")
         s = s[-length:].rjust(length)
-        b = np.frombuffer(s.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+        b = np.frombuffer(s.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.int64)
         out[i] = np.where(b < 256, _CODES[np.minimum(b, 255)], OOV)
     return out
+
+
+def shakespeare_text(split: LeafSplit, where: str) -> list[str]:
+    """Shakespeare's ``x`` (one string each), checked: a :class:`DataFormatError` naming the file and the sample
+    for anything else."""
+    bad = next((i for i, s in enumerate(split.x) if not isinstance(s, str)), None)
+    if bad is not None:
+        raise _bad(split, bad, where, "x", f"a Shakespeare input is a string, got {type(split.x[bad]).__name__}",
+                   "a string")
+    return split.x
 
 
 def text_labels(split: LeafSplit, where: str) -> np.ndarray[Any, Any]:
     """Shakespeare's ``y`` (one character each) as codes in :data:`LEAF_LETTERS` (else :data:`OOV`)."""
     for i, c in enumerate(split.y):
         if not isinstance(c, str) or len(c) != 1:
-            raise DataFormatError(where, f"sample {i}: a Shakespeare label is one character, got {c!r}")
+            raise _bad(split, i, where, "y", f"a Shakespeare label is one character, got {short(c)}",
+                       "one character")
     return encode_text([str(c) for c in split.y], 1, where)[:, 0]
 
 
@@ -169,12 +284,16 @@ def sent140_text(split: LeafSplit, where: str) -> tuple[list[str], np.ndarray[An
     texts: list[str] = []
     for i, row in enumerate(split.x):
         if not isinstance(row, list) or len(row) < 5 or not isinstance(row[4], str):
-            raise DataFormatError(where, f"sample {i}: a Sent140 input is [id, date, query, user, text]")
+            raise _bad(split, i, where, "x", "a Sent140 input is [id, date, query, user, text]",
+                       "a list whose 5th item is the tweet's text")
         texts.append(row[4])
-    try:
-        y = np.asarray([int(v) for v in split.y], dtype=np.int64)
-    except (TypeError, ValueError) as exc:
-        raise DataFormatError(where, f"Sent140 labels must be 0 or 1 ({exc})") from None
-    if y.size and (y.min() < 0 or y.max() > 1):
-        raise DataFormatError(where, "Sent140 labels must be 0 or 1")
-    return texts, y
+    labels: list[int] = []
+    for i, v in enumerate(split.y):
+        try:
+            label = int(v)
+        except (TypeError, ValueError, OverflowError):
+            label = -1
+        if label not in (0, 1):
+            raise _bad(split, i, where, "y", f"Sent140 labels must be 0 or 1, got {short(v)}", "0 or 1")
+        labels.append(label)
+    return texts, np.asarray(labels, dtype=np.int64)

@@ -187,8 +187,9 @@ def _how_idx(name: str, target: Path) -> str:
             "  - Debian/Ubuntu: sudo apt-get install dataset-fashion-mnist  (→ /usr/share/datasets/fashion-mnist)",
         )
     lines += [
-        f"  - put {files} (gzip or plain) into $PHALANX_DATA/{name}, or into a directory you pass as root=",
-        f"  - load({name!r}, download=True): downloads them (MD5-checked) into {target}",
+        f"  - put {files} (gzip or plain) into $PHALANX_DATA/{name}, or into a directory you pass with --set "
+        "data_root=DIR (Python: root=)",
+        f"  - --set download=true (Python: load({name!r}, download=True)): downloads them (MD5-checked) into {target}",
     ]
     return "\n".join(lines)
 
@@ -241,8 +242,9 @@ def _load_cifar10(root: str | Path | None, download_: bool) -> Dataset:
             how = (
                 "Get the files in one of these ways:\n"
                 "  - unpack cifar-10-python.tar.gz (https://www.cs.toronto.edu/~kriz/cifar.html) into "
-                "$PHALANX_DATA/cifar10, or into a directory you pass as root=\n"
-                f"  - load('cifar10', download=True): downloads it (170 MB, MD5-checked) into {target}"
+                "$PHALANX_DATA/cifar10, or into a directory you pass with --set data_root=DIR (Python: root=)\n"
+                "  - --set download=true (Python: load('cifar10', download=True)): downloads it (170 MB, MD5-checked) "
+                f"into {target}"
             )
             raise DatasetNotFoundError("cifar10", [str(d) for d in dirs], how)
         folder = download.download_cifar10(target)
@@ -262,11 +264,11 @@ def _how_leaf(name: str, target: Path) -> str:
     lines = [
         "Get the files in one of these ways:",
         f"  - run LEAF's data/{name}/preprocess.sh (Caldas et al. 2018) and pass its data/{name}/data directory "
-        "(holding train/ and test/) as root=, or copy it to $PHALANX_DATA/" + name,
+        "(holding train/ and test/) with --set data_root=DIR (Python: root=), or copy it to $PHALANX_DATA/" + name,
     ]
     if hub is not None:
-        lines.append(f"  - load({name!r}, download=True): Flower's copy of the LEAF data ({hub} on the Hugging Face "
-                     f"Hub; needs phalanx[hf]) into {target}")
+        lines.append(f"  - --set download=true (Python: load({name!r}, download=True)): Flower's copy of the LEAF data "
+                     f"({hub} on the Hugging Face Hub; needs phalanx[hf]) into {target}")
     return "\n".join(lines)
 
 
@@ -275,7 +277,8 @@ def _leaf_arrays(name: str, split: leaf.LeafSplit, where: str) -> tuple[np.ndarr
     if name == "femnist":
         return leaf.femnist_pixels(split, where)
     if name == "shakespeare":
-        return leaf.encode_text(split.x, SHAKESPEARE_LENGTH, where), leaf.text_labels(split, where)
+        texts = leaf.shakespeare_text(split, where)
+        return leaf.encode_text(texts, SHAKESPEARE_LENGTH, where), leaf.text_labels(split, where)
     texts, y = leaf.sent140_text(split, where)
     return leaf.encode_text(texts, SENT140_LENGTH, where), y
 

@@ -7,6 +7,12 @@ point it chose); WHAT = ``exit`` makes it die there instead (``os._exit(1)``, as
 ``PHALANX_TEST_HOLD="ROUND:PATH[,ROUND:PATH…]"`` makes the parameter server stop before it publishes θ of round
 ROUND, say ``holding round ROUND`` on stderr, and wait until the file PATH exists: a test can then act on the workers
 at a known point (every live worker is waiting for that θ) instead of racing the job.
+
+``PHALANX_TEST_JOURNAL="RANK:KIND[+KIND…]"`` makes gossip node RANK (keyed) send rank 0, at its successive gathering
+rounds, a journal of each KIND in turn instead of its own: ``junk`` (a list of non-entries, signed), ``deep`` (1,200
+nested lists), ``huge`` (8 MiB), ``unsigned`` (its journal with a signature that is not one), ``forged`` (its
+journal, signed, each message it took with a signature its sender never made), ``other`` (its journal, signed, of
+other rounds); ``own`` sends its own.
 """
 
 from __future__ import annotations
@@ -14,9 +20,12 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 VAR = "PHALANX_TEST_SLEEP"
 HOLD_VAR = "PHALANX_TEST_HOLD"
+JOURNAL_VAR = "PHALANX_TEST_JOURNAL"
 
 
 def _entries(var: str, fields: int) -> list[list[str]]:
@@ -26,6 +35,7 @@ def _entries(var: str, fields: int) -> list[list[str]]:
 
 _SLEEP = {(int(r), int(t)): what for r, t, what in _entries(VAR, 3)}
 _HOLD = {int(t): path for t, path in _entries(HOLD_VAR, 2)}
+_JOURNAL = {int(r): kinds.split("+") for r, kinds in _entries(JOURNAL_VAR, 2)}
 
 
 def _wait_for(path: str) -> None:
@@ -60,3 +70,30 @@ def maybe_hold(round_: int) -> None:
         return
     print(f"[phalanx rank 0] {HOLD_VAR}: holding round {round_} (test hook)", file=sys.stderr, flush=True)
     _wait_for(path)
+
+
+def journal(rank: int, items: list[dict[str, Any]],
+            sign: Callable[[list[dict[str, Any]]], tuple[str, str]]) -> tuple[str, str]:
+    """A gossip node's journal and signature as it sends them to rank 0: ``sign(items)``, unless the test plan makes
+    this rank send another kind (see the module's docstring)."""
+    plan = _JOURNAL.get(rank)
+    if not plan:
+        return sign(items)
+    kind = plan.pop(0)
+    plan.append(kind)
+    print(f"[phalanx rank {rank}] {JOURNAL_VAR}: a {kind} journal (test hook)", file=sys.stderr, flush=True)
+    text, signature = sign(items)
+    if kind == "junk":
+        return sign([1, "x", {"round": "a"}, None])  # type: ignore[list-item]
+    if kind == "deep":
+        return "[" * 1200 + "]" * 1200, signature
+    if kind == "huge":
+        return "x" * (8 << 20), signature
+    if kind == "unsigned":
+        return text, "00" * 64
+    if kind == "forged":  # every message it took, with a signature its sender never made
+        return sign([{**item, "accepted": [{**a, "signature": "cd" * 64} for a in item["accepted"]]}
+                     for item in items])
+    if kind == "other":
+        return sign([{**item, "round": item["round"] + 1000} for item in items])
+    return text, signature

@@ -219,24 +219,3 @@ def strict_json(data: bytes | bytearray) -> Any:
         return value
 
     return json.loads(data, parse_constant=constant, parse_float=finite)
-
-
-def integer(value: Any, name: str, low: int, high: int) -> int:
-    """``value`` if it is an integer (not a bool) in ``low … high``; else ``ValueError`` naming the field."""
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ValueError(f"{name} {str(value)[:20]!r} is not an integer in {low} … {high}")
-    return value
-
-
-def parse_report(payload: bytes | bytearray, workers: int) -> tuple[int, int | None, str]:
-    """A mesh rank's ``REPORT`` of a rejection: ``(round, rank, reason)``, the rank None when it is no rank of the
-    job (an outsider); ``ValueError`` (or ``KeyError``, ``TypeError``) for anything else — a non-finite or
-    out-of-range round included."""
-    item = strict_json(payload)
-    t = integer(item["round"], "round", 0, (1 << 63) - 1)
-    reason, rank = item["reason"], item.get("rank")
-    if not isinstance(reason, str):
-        raise ValueError("a reason that is not text")
-    if rank is not None and not (isinstance(rank, int) and not isinstance(rank, bool)):
-        raise ValueError("a rank that is not an integer")
-    return t, rank if rank is None or 0 <= rank < workers else None, reason

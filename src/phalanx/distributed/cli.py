@@ -53,30 +53,35 @@ def audit(
                                                        "directory's copy).")
     ] = None,
 ) -> None:
-    """Check who was heard: every accepted vector signed by its rank's key for this run, round and phase, no rank
-    twice in a round, missing ≤ f every round (server, serverless), the rounds chained. Exit 0 if all hold, else the
-    problems and exit 1."""
+    """Check who was heard: the transcript signed by rank 0's key and bound to this run (its config.json, n, f, the
+    rounds it reached, the allow-list); every round's accepted and missing ranks together every rank, each once,
+    missing ≤ f (server, serverless); every accepted vector signed by its rank's key for this run, round and phase;
+    every gossip journal by its node. Exit 0 if all hold, else one line per problem and exit 1."""
     from rich.console import Console
 
-    from phalanx.distributed.transcript import audit as check
+    from phalanx.distributed.audit import audit as check
 
     console = Console()
     report = check(run_dir, allow_list)
     rejected = sum(report.rejected.values())
     console.print(f"{run_dir}: {report.rounds} rounds, {report.accepted} accepted vectors, each signature checked "
                   f"against {report.allow_list}; {report.rounds_with_missing} rounds with missing ranks (at most "
-                  f"{report.most_missing}); {rejected} rejected messages or connections", soft_wrap=True)
+                  f"{report.most_missing}); {rejected} rejected messages or connections", soft_wrap=True,
+                  markup=False)
     for kind, count in sorted(report.rejected.items(), key=lambda kv: -kv[1]):
-        console.print(f"  rejected ×{count}: {kind}", soft_wrap=True)
+        console.print(f"  rejected ×{count}: {kind}", soft_wrap=True, markup=False, highlight=False)
     if any(at != 0 for at in report.rejected_at):  # the mesh: every rank reports what it refused to rank 0
         per_rank = ", ".join(f"rank {at}: {count}" for at, count in sorted(report.rejected_at.items()))
         console.print(f"  rejected by the rank that refused them: {per_rank}", soft_wrap=True)
     if report.ok:
         console.print("audit passed", soft_wrap=True)
         return
-    for problem in report.problems[:50]:
-        console.print(f"[red]{problem}[/red]", soft_wrap=True)
-    console.print(f"[red]audit failed: {len(report.problems)} problems[/red]", soft_wrap=True)
+    for problem in report.problems:
+        console.print(problem, style="red", soft_wrap=True, markup=False, highlight=False)
+    if report.more_problems:
+        console.print(f"[red]… and {report.more_problems} more[/red]", soft_wrap=True)
+    total = len(report.problems) + report.more_problems
+    console.print(f"[red]audit failed: {total} problem{'s' if total != 1 else ''}[/red]", soft_wrap=True)
     raise typer.Exit(1)
 
 

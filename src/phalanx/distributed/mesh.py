@@ -36,11 +36,12 @@ that does not verify, a second row, a malformed report …) is a violation, and 
 nonce, the config digest, the kind and phase, the round, the sender, the recipient (gossip: the neighbour it is
 sent to; serverless: :data:`EVERYONE`, a row being one broadcast) and the body's SHA-256 — so a row cannot be
 replayed into another round, phase, run or topology, relayed by another rank, or (gossip) redirected to another
-neighbour. A row that fails is a *rejection* (:class:`~phalanx.distributed.sealed.Rejection`, with the reason) and
+neighbour. A row that fails is a *rejection* (:class:`~phalanx.distributed.rejections.Rejection`, with the reason) and
 is handed to the topology as refused (:class:`Sink`), which decides what a refused row means.
 
-**Rejections** are recorded by the rank that made them; every rank other than 0 also sends each one to rank 0
-(``REPORT``) for its transcript (:mod:`phalanx.distributed.transcript`).
+**Rejections** are recorded by the rank that made them, counted by group (:mod:`phalanx.distributed.rejections`);
+every rank other than 0 also reports them to rank 0 (``REPORT``: a few with their reasons, the rest as counts) for
+its transcript (:mod:`phalanx.distributed.transcript`).
 """
 
 from __future__ import annotations
@@ -68,7 +69,6 @@ from phalanx.distributed.channel import (
     Violation,
     client_context,
     close_quietly,
-    parse_report,
     peer_rank,
     recv_phased,
     send_phased,
@@ -78,8 +78,9 @@ from phalanx.distributed.channel import (
 )
 from phalanx.distributed.keys import Identity
 from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S
+from phalanx.distributed.rejections import REASON_CHARS, Rejection, RejectionLog, Reporter, parse_report
 from phalanx.distributed.rendezvous import claimed_address
-from phalanx.distributed.sealed import SIGNATURE_BYTES, STOP_BYTES, Rejection
+from phalanx.distributed.sealed import SIGNATURE_BYTES, STOP_BYTES
 from phalanx.errors import PhalanxError
 
 DOMAINS = {"serverless": b"phalanx/serverless/v1\x00", "gossip": b"phalanx/gossip/v1\x00"}
@@ -88,9 +89,6 @@ one topology is never valid in another."""
 EVERYONE = 0xFFFFFFFF
 """The recipient of a serverless row (one row, sent to every rank)."""
 REPORT_BYTES = 1 << 16
-MAX_REPORTS = 10_000
-"""Rank 0 records at most this many rejections reported by one rank (a rank cannot grow the transcript at will)."""
-REASON_CHARS = 300
 CLOSE_WAIT_S = 10.0
 DIAL_BACK_S = 15.0
 """How long rank 0 tries to reach a rank that joined at the address it gave (all of them at once): the most a rank
@@ -164,9 +162,8 @@ class Mesh:
         self.address = (str(bound[0]), int(bound[1]))  # (a literal address: what peers see this rank connect from)
         self.nonce: bytes | None = os.urandom(32) if self.rank == 0 else None
         self.cond = threading.Condition()
-        self.rejections: list[Rejection] = []
-        self.reported = 0
-        self.reports: dict[int, int] = {}  # rank 0: how many rejections each rank reported
+        self.rejections = RejectionLog()  # bounded: counted per (round, rank or peer, kind)
+        self.reporter = Reporter()  # a rank other than 0: what of its rejections goes to rank 0, and when
         self.round = 0
         self.joined: dict[int, tuple[str, int]] = {}  # rank 0: where each rank that joined listens
         self.book: dict[int, tuple[str, int]] = {}
@@ -193,18 +190,20 @@ class Mesh:
         with self.cond:
             rejection = Rejection(self.round, rank, reason[:REASON_CHARS])
             self.rejections.append(rejection)
+            reports = self.reporter.add(rejection) if self.rank != 0 else []
             self.cond.notify_all()
+        self._report(reports)
+
+    def _report(self, reports: list[dict[str, Any]]) -> None:
         out = self.out.get(0)
         if self.rank != 0 and out is not None:  # rank 0 keeps the job's transcript
-            report = {"round": rejection.round, "rank": rejection.rank, "reason": rejection.reason}
-            out.post(Kind.REPORT, 0, rejection.round, json.dumps(report).encode()[:REPORT_BYTES])
+            for report in reports:
+                out.post(Kind.REPORT, 0, self.round, json.dumps(report).encode()[:REPORT_BYTES])
 
-    def new_rejections(self) -> list[Rejection]:
-        """The rejections recorded (here, and at rank 0 those the other ranks reported) since the last call."""
-        with self.cond:
-            new = self.rejections[self.reported:]
-            self.reported = len(self.rejections)
-            return new
+    def new_rejections(self) -> list[dict[str, Any]]:
+        """The rejections recorded (here, and at rank 0 those the other ranks reported) since the last call, counted
+        by group (:mod:`phalanx.distributed.rejections`)."""
+        return self.rejections.drain()
 
     def _gone(self, peer: int, why: str) -> None:
         with self.cond:
@@ -362,19 +361,14 @@ class Mesh:
         close_quietly(tls)
 
     def _take_report(self, sender: int, payload: bytearray) -> str | None:
-        """Rank 0: a rejection ``sender`` reports, for the transcript; why not, if it is malformed (a violation)."""
-        try:
-            t, rank, reason = parse_report(payload, self.n)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            return f"rank {sender} sent a report that is not one ({why(exc)})"
+        """Rank 0: rejections ``sender`` reports, for the transcript (counted by group, filed under this rank's
+        round: a reporter cannot open groups by naming rounds); why not, if it is malformed (a violation)."""
+        parsed = parse_report(payload, self.n)
+        if isinstance(parsed, str):
+            return f"rank {sender} sent a report that is not one ({parsed})"
+        rank, reason, count = parsed
         with self.cond:
-            count = self.reports.get(sender, 0) + 1
-            self.reports[sender] = count
-            if count == MAX_REPORTS + 1:
-                reason = f"rank {sender} reported more than {MAX_REPORTS} rejections: the others are not recorded"
-            elif count > MAX_REPORTS:
-                return None  # (an honest rank under a flood reports that much: not its violation)
-            self.rejections.append(Rejection(t, rank, reason[:REASON_CHARS], at=sender))
+            self.rejections.append(Rejection(self.round, rank, reason, at=sender), count)
             self.cond.notify_all()
         return None
 
@@ -574,6 +568,9 @@ class Mesh:
         """Say goodbye on every connection (after what is queued), wait — at most ``timeout`` — until it is written
         and the peers of ``wait_for`` (default: every peer) said goodbye or left, then close everything."""
         deadline = time.monotonic() + timeout
+        with self.cond:
+            reports = self.reporter.flush()
+        self._report(reports)  # the counts not reported yet, before the goodbye
         outs = list(self.out.values())
         for out in outs:
             out.post(Kind.BYE, 0, self.round, b"")

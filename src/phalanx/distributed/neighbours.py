@@ -63,7 +63,6 @@ for bit the run without keys when no message is lost.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -77,6 +76,7 @@ from phalanx.distributed import _test_hooks, wire
 from phalanx.distributed.channel import Kind
 from phalanx.distributed.env import RankEnv
 from phalanx.distributed.gossip_links import ATTACK, KEEP_ROUNDS, STEP, Inbox, Link, MeshInbox, MeshLink
+from phalanx.distributed.journal import sign_journal
 from phalanx.distributed.mesh import Mesh
 from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S, check_digest, collect
 from phalanx.distributed.serverless import _start_message, received_start, shared_start
@@ -413,7 +413,10 @@ class Neighbours(Transport, Callback):
     def _report_sealed(self, mesh: Mesh, t: int, payload: dict[str, Any]) -> None:
         """A rank other than 0, sealed: its rows and its journal after round t, signed, to rank 0; stop if rank 0
         stopped (or went away)."""
-        payload["journal"] = json.dumps(self.journal)
+        nonce = mesh.nonce
+        assert nonce is not None
+        payload["journal"], payload["journal_signature"] = _test_hooks.journal(  # (signed by this node)
+            self.rank, self.journal, lambda items: sign_journal(mesh.identity, nonce, self.digest, t, items))
         self.journal = []
         if mesh.alive(0):
             mesh.send([0], Kind.MONITOR, 0, t, wire.pack(payload))
@@ -457,8 +460,8 @@ class Neighbours(Transport, Callback):
         for p, data in raw.items():
             try:
                 msg = wire.unpack(bytes(data))
-                journal = json.loads(msg.pop("journal"))
-                assert isinstance(journal, list) and isinstance(msg["missing"], int)
+                journal = {"journal": msg.pop("journal", None), "signature": msg.pop("journal_signature", None)}
+                assert isinstance(msg["missing"], int)
                 assert isinstance(msg["attack"], Tensor) and msg["attack"].dtype == torch.uint8
                 for name in STATE:
                     known = self.known[name]
@@ -470,7 +473,7 @@ class Neighbours(Transport, Callback):
                 self.silent.add(p)
                 continue
             got[p] = msg
-            nodes.append({"node": p, "rounds": journal})
+            nodes.append({"node": p, **journal})  # checked (size, schema, its signature) by the transcript
         if self.on_reports is not None:
             self.on_reports(t, nodes)
         return got

@@ -1,9 +1,12 @@
 """What rank 0 records besides the run directory: ``distributed.json`` (per round: wall time, missing ranks, payload
-bytes) and its messages on stderr. Both are callbacks of the training loop; only rank 0 has them."""
+bytes; in its summary, rank 0's peak resident memory) and its messages on stderr. Both are callbacks of the training
+loop; only rank 0 has them. (Rank 0's transcript of who was heard, :mod:`phalanx.distributed.transcript`, is a
+:class:`WrittenWithCheckpoints` too.)"""
 
 from __future__ import annotations
 
 import json
+import resource
 import statistics
 import sys
 from collections.abc import Callable
@@ -55,6 +58,13 @@ class WrittenWithCheckpoints(Callback):
         self.write()
 
 
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far, in MiB (``getrusage``: KiB on Linux, bytes on macOS) — what an
+    attacker who makes rank 0 record things would grow."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)
+
+
 class DistributedLog(WrittenWithCheckpoints):
     """``distributed.json`` in the run directory (written with every checkpoint, when the run stops early and at the
     end); on resume, the rounds logged before the checkpoint are kept."""
@@ -83,6 +93,7 @@ class DistributedLog(WrittenWithCheckpoints):
             "bytes_sent_per_round": statistics.fmean(r.sent for r in self.log) if self.log else None,
             "bytes_received_per_round": statistics.fmean(r.received for r in self.log) if self.log else None,
             "rounds_with_missing": sum(1 for r in self.log if r.missing),
+            "max_rss_mib": peak_rss_mib(),
         }
 
     def write(self) -> None:

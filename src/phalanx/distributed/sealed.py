@@ -65,6 +65,7 @@ from phalanx.distributed.channel import (
 )
 from phalanx.distributed.keys import Identity
 from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S
+from phalanx.distributed.rejections import Rejection, RejectionLog
 from phalanx.errors import PhalanxError
 
 SIGNATURE_BYTES = 64
@@ -87,17 +88,6 @@ class Accepted:
     body: bytearray
     sha256: str
     signature: str
-
-
-@dataclass
-class Rejection:
-    """A message or connection that was not used: in which round, from which rank (None: not on the allow-list)."""
-
-    round: int
-    rank: int | None
-    reason: str
-    at: int | None = None
-    """The rank that rejected it, when it reported it to rank 0 (None: the rank that holds the record)."""
 
 
 @dataclass
@@ -124,8 +114,7 @@ class SealedLinks:
         self.nonce = os.urandom(32)
         self.cond = threading.Condition()
         self.inbox: dict[tuple[int, int], Accepted] = {}
-        self.rejections: list[Rejection] = []
-        self.reported = 0
+        self.rejections = RejectionLog()  # bounded: counted per (round, rank or peer, kind)
         self.down: dict[int, _Down] = {}
         self.up: dict[int, ssl.SSLSocket] = {}
         self.dead_up: set[int] = set()
@@ -358,12 +347,9 @@ class SealedLinks:
         with self.cond:
             return self.inbox.get((t, rank))
 
-    def new_rejections(self) -> list[Rejection]:
-        """The rejections recorded since the last call (each is reported once, with the round that follows it)."""
-        with self.cond:
-            new = self.rejections[self.reported:]
-            self.reported = len(self.rejections)
-            return new
+    def new_rejections(self) -> list[dict[str, Any]]:
+        """The rejections recorded since the last call, counted by group (:mod:`phalanx.distributed.rejections`)."""
+        return self.rejections.drain()
 
 
 class SealedWorkerLinks:

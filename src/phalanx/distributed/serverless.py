@@ -318,13 +318,14 @@ def _start_message(start: Snapshot, digest: str) -> dict[str, Any]:
     cpu = start.to("cpu")
     s = cpu.state
     return {"config": digest, "round": s.round, "streams": cpu.streams, "optimizer": cpu.optimizer,
-            "momentum": s.momentum, "theta": s.theta, "previous": s.previous, "own": s.own, "rule": cpu.rule}
+            "momentum": s.momentum, "theta": s.theta, "previous": s.previous, "own": s.own, "rule": cpu.rule,
+            "stages": cpu.stages}
 
 
 def received_start(init: dict[str, Any]) -> Snapshot:
     """The start snapshot a rank other than 0 rebuilds from rank 0's :func:`_start_message`."""
     state = RoundState(init["theta"], init["momentum"], init["previous"], init["round"], own=init["own"])
-    return Snapshot(state, init["streams"], init["optimizer"], rule=init.get("rule", {}))
+    return Snapshot(state, init["streams"], init["optimizer"], rule=init.get("rule", {}), stages=init.get("stages", {}))
 
 
 def shared_start(store: dist.Store, rank: int, digest: str, start: Snapshot) -> Snapshot:

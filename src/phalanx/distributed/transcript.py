@@ -1,73 +1,265 @@
-"""Who was heard: the transcript of a keyed run, and ``phalanx audit``, which checks it.
+"""Who was heard: rank 0's transcript of a keyed run — bounded, signed by rank 0's key and bound to the run — which
+``phalanx audit`` (:mod:`phalanx.distributed.audit`) checks.
 
-Rank 0 records, every round, the ranks whose rows it used — each with the SHA-256 of the payload and the sender's
-Ed25519 signature — the messages and connections rejected and why, and the ranks that were missing.
-``transcript.json`` in the run directory::
+``transcript.jsonl`` in the run directory holds one JSON object per line (canonical: sorted keys, no spaces, ASCII),
+each with a ``type``::
 
-    {"format": "phalanx-transcript/2", "topology": "server" | "serverless" | "gossip", "config": <digest>,
-     "allow_list": <SHA-256 of allow-list.json>, "workers": n, "f": f,
-     "sessions": [{"nonce": <hex>, "from_round": r, "after": {"round": r', "rejected": [...]}?}, …],
-     "rounds": [{"round": t, "accepted": [{"rank": r, "phase": p?, "sha256": …, "signature": …}, …],
-                 "rejected": [{"rank": r | null, "reason": …, "at": r'?}, …], "missing": [r, …],
-                 "chain": <hex>}, …]}
+    header     {"type": "header", "format": "phalanx-transcript/3", "topology": "server" | "serverless" | "gossip",
+                "config": <the config digest>, "allow_list": <SHA-256 of allow-list.json>, "workers": n, "f": f,
+                "total_rounds": R, "signer": 0}
+    session    {"type": "session", "nonce": <hex 64>, "from_round": r}                    each start of the job
+    rejected   {"type": "rejected", "round": r, "at": a, "rank": j | null, "peer": host | null, "kind": …,
+                "count": c, "samples": [reason, …]}                 a group of rejections (rejections.py)
+    round      {"type": "round", "round": t, "accepted": [{"rank", "phase", "sha256", "signature"}, …],
+                "missing": [j, …]}                                  server, serverless: every round
+    journal    {"type": "journal", "round": g, "node": i, "rounds": [item, …], "signature": <hex 128>}
+    gathered   {"type": "gathered", "round": g, "gathered": [i, …], "silent": [k, …]}
+                                                                    gossip: every gathering round g (journal.py)
+    signature  {"type": "signature", "sha256": <hex 64>, "signature": <hex 128>}        the last line
 
-What a signature covers, by topology: the parameter server's
-(:func:`~phalanx.distributed.sealed.signed_message`): ``(run nonce, config digest, round, rank, digest)``; the
-serverless topology's (:func:`~phalanx.distributed.mesh.mesh_message`, domain ``phalanx/serverless/v1``, recipient
-:data:`~phalanx.distributed.mesh.EVERYONE`): the same plus the kind and the ``phase`` (0: every rank's row, 1: a
-Byzantine rank's row of a vector attack); the gossip topology's (domain ``phalanx/gossip/v1``): the same with the
-recipient node. Gossip rounds hold, instead of ``accepted``, what every node reported at rank 0's gathering rounds
-(:meth:`Transcript.reports`): ``"nodes": [{"node": i, "rounds": [{"round": u, "accepted": [...],
-"missing": [...]}, …]}, …]``, the ``round`` of the entry being rank 0's gathering round.
+A ``round`` names the ranks whose rows the round used (``accepted``, with each row's SHA-256 and its sender's Ed25519
+signature: :func:`~phalanx.distributed.sealed.signed_message`, domain ``phalanx/vector/v1``, or
+:func:`~phalanx.distributed.mesh.mesh_message`, ``phalanx/serverless/v1`` with ``phase`` 0 for every rank's row and 1
+for a Byzantine rank's attack row) and the ranks whose row it did not use (``missing``: silent, late, or refused) —
+together every rank of the job, each once. A gossip gathering round holds every node's *journal* since its last
+report, signed by that node (:mod:`phalanx.distributed.journal`), and names the nodes whose journal did not come or
+was refused (``silent``). The ``rejected`` groups before a round are what was refused since the previous one; those
+after a session's last round, what was refused until it ended.
 
-A round's ``rejected`` holds what was refused since the previous round's entry (during round t, or while waiting
-before it); ``at`` names the rank that refused it when that is not rank 0 (it reported it to rank 0). A session's
-``after`` holds what was refused after its last round (the run stopped; with the mesh, also after it ended).
-Format 1 (parameter server only: no ``topology``, no ``phase``) is still read.
+**Signature.** The last line is rank 0's Ed25519 signature (the key of the job's allow-list, ``cryptography``) of
+``DOMAIN ‖ SHA-256(every byte before it)``; the header binds the file to the run: the config digest (which the audit
+recomputes from the run directory's ``config.json``), n, f, the rounds, the allow-list's digest, and each session's
+nonce (what every row's signature covers). A transcript written or edited without rank 0's key does not verify.
 
-Each round's ``chain`` is the SHA-256 of the previous round's chain and this round's entry, so a round cut out,
-reordered or edited breaks every later link. The file is written like every result file (atomically, its digest in
-the manifest), so ``phalanx sign`` covers it; the run directory also keeps a copy of the allow-list it ran with.
-
-A *session* is one start of the job: a resumed run has a new nonce from its checkpoint's round on.
-
-What the audit proves: that every accepted vector was signed, for that run, round, phase and rank (and, gossip,
-recipient), by the key the allow-list gives that rank — rank 0 cannot claim it heard an honest worker it did not
-hear, nor attribute a row to the wrong rank. What it cannot prove: that rank 0 *used* those rows (it could aggregate
-something else) or did not drop a rank it heard (a dropped rank looks missing). docs/security.md states the whole
-threat model.
+**Size.** A round line holds at most 2n accepted entries and n missing ranks; a journal at most
+:func:`~phalanx.distributed.journal.journal_limit` bytes; rejections are counted by group, at most
+``GROUPS_PER_ROUND + 2`` groups per round and recording rank (:mod:`phalanx.distributed.rejections`). So the file
+is at most :func:`size_bound` bytes — O(rounds × n), whatever an attacker sends — and no line is longer than
+:func:`line_limit`, which is how the audit reads it: line by line, each line's length checked before it is parsed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from phalanx.distributed.keys import ALLOW_LIST, AllowList
+from phalanx.distributed.journal import journal_limit, read_journal, sign_journal
+from phalanx.distributed.keys import ALLOW_LIST
 from phalanx.distributed.recording import WrittenWithCheckpoints
-from phalanx.errors import ConfigError
-from phalanx.experiments.store import file_digest, write_artifact
+from phalanx.distributed.rejections import GROUP_BYTES, GROUPS_PER_ROUND
+from phalanx.experiments.store import write_artifact
 from phalanx.training.loop import Loop
 from phalanx.training.state import Snapshot
 
-TRANSCRIPT = "transcript.json"
-FORMAT = "phalanx-transcript/2"
-READS = ("phalanx-transcript/1", FORMAT)
+TRANSCRIPT = "transcript.jsonl"
+FORMAT = "phalanx-transcript/3"
+OLD_TRANSCRIPT = "transcript.json"
+"""Formats 1 and 2 (before transcripts were signed): read by nothing any more; the audit says what it is."""
 TOPOLOGIES = ("server", "serverless", "gossip")
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_HEX128 = re.compile(r"[0-9a-f]{128}")
+DOMAIN = b"phalanx/transcript/v3\x00"
+HEADER_KEYS = ("format", "topology", "config", "allow_list", "workers", "f", "total_rounds", "signer")
+MAX_DEPTH = 6
+"""No line of a transcript nests deeper (a journal line: line → rounds → item → accepted → entry)."""
+ENTRY_BYTES = 330
+"""The most bytes one accepted entry of a round takes."""
 
 
-def link(previous: str, entry: dict[str, Any]) -> str:
-    """The chain value of a round: SHA-256 of the previous chain value and the round's entry (canonical JSON,
-    without its own ``chain``)."""
-    body = {k: v for k, v in entry.items() if k != "chain"}
-    return hashlib.sha256((previous + json.dumps(body, sort_keys=True, separators=(",", ":"))).encode()).hexdigest()
+class Unreadable(Exception):
+    """A transcript that cannot be read (one line says why)."""
+
+
+def line_limit(workers: int) -> int:
+    """The longest line a transcript of ``workers`` ranks can have (a journal line is the longest kind)."""
+    return journal_limit(workers, 1 << 30) + (64 << 10) + 1024 * workers
+
+
+def _round_bytes(workers: int) -> int:
+    return 256 + 2 * workers * ENTRY_BYTES + 12 * workers
+
+
+def size_bound(total_rounds: int, workers: int, sessions: int, topology: str) -> int:
+    """The most bytes a transcript of ``total_rounds`` rounds, ``workers`` ranks and ``sessions`` starts can take:
+    per round a round line (gossip: every node's journal items and the gathering line) and, per recording rank
+    (rank 0; every rank of a mesh), ``GROUPS_PER_ROUND + 2`` rejection groups; a session line and one extra round of
+    rejections per session."""
+    recorders = 1 if topology == "server" else workers
+    per_round = _round_bytes(workers) + recorders * (GROUPS_PER_ROUND + 2) * GROUP_BYTES
+    if topology == "gossip":
+        per_round += workers * (journal_limit(workers, 1) + 512)
+    return 4096 + sessions * 512 + (total_rounds + sessions) * per_round
+
+
+def dumps(obj: Any) -> bytes:
+    """One canonical line (sorted keys, no spaces, ASCII, a newline)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+
+
+def _depth(obj: Any) -> int:
+    """How deeply ``obj`` nests (iteratively: no recursion on what a file holds)."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        item, d = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, d)
+            if d <= MAX_DEPTH:
+                stack.extend((x, d + 1) for x in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+class Lines:
+    """A transcript read line by line: each line's length is checked before it is parsed, its nesting after."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self.fh = fh
+        self.number = 0
+
+    def next(self, limit: int) -> tuple[bytes, dict[str, Any]] | None:
+        """The next line (its bytes, its object), None at the end; :class:`Unreadable` if it is longer than
+        ``limit``, cut short, not a JSON object, or nested deeper than :data:`MAX_DEPTH`."""
+        raw = self.fh.readline(limit + 1)
+        if not raw:
+            return None
+        self.number += 1
+        where = f"line {self.number}"
+        if len(raw) > limit:
+            raise Unreadable(f"{where} is longer than the {limit} bytes a line of this transcript can have")
+        if not raw.endswith(b"\n"):
+            raise Unreadable(f"{where} is cut short (no end of line)")
+        try:
+            obj = json.loads(raw)
+        except RecursionError:
+            raise Unreadable(f"{where} nests deeper than {MAX_DEPTH} levels") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise Unreadable(f"{where} is not JSON ({type(exc).__name__})") from None
+        if not isinstance(obj, dict):
+            raise Unreadable(f"{where} is not a JSON object")
+        if _depth(obj) > MAX_DEPTH:
+            raise Unreadable(f"{where} nests deeper than {MAX_DEPTH} levels")
+        return raw, obj
+
+
+def _header_workers(header: dict[str, Any]) -> int:
+    n = header.get("workers")
+    if header.get("type") != "header" or not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 1 << 20:
+        raise Unreadable("line 1 is not a transcript's header")
+    return n
+
+
+def load(path: Path, public_key: Any = None) -> dict[str, Any]:
+    """A transcript as one document — the header's fields, ``sessions`` (each with the ``after`` rejections of its
+    end), ``rounds`` (each with the ``rejected`` groups before it; gossip: ``nodes``, the journals) and
+    ``signature`` — read line by line; with ``public_key`` (rank 0's), its signature is checked. :class:`Unreadable`
+    when it cannot be read, is not format 3, or does not verify."""
+    digest = hashlib.sha256()
+    doc: dict[str, Any] = {"sessions": [], "rounds": []}
+    pending: list[dict[str, Any]] = []
+    with Path(path).open("rb") as fh:
+        lines = Lines(fh)
+        first = lines.next(64 << 10)
+        if first is None:
+            raise Unreadable("empty")
+        digest.update(first[0])
+        header = first[1]
+        if header.get("format") != FORMAT:
+            raise Unreadable(f"format {str(header.get('format'))[:40]!r}, not {FORMAT}")
+        limit = line_limit(_header_workers(header))
+        doc.update({k: header.get(k) for k in HEADER_KEYS})
+        nodes: list[dict[str, Any]] = []
+        while (got := lines.next(limit)) is not None:
+            raw, rec = got
+            kind = rec.get("type")
+            if kind == "signature":
+                doc["signature"] = rec
+                if lines.next(limit) is not None:
+                    raise Unreadable(f"line {lines.number} follows the signature")
+                break
+            digest.update(raw)
+            if kind == "session":
+                if pending and doc["sessions"]:
+                    _after(doc["sessions"][-1], pending)
+                pending = []
+                doc["sessions"].append({"nonce": rec.get("nonce"), "from_round": rec.get("from_round")})
+            elif kind == "rejected":
+                pending.append({k: v for k, v in rec.items() if k != "type"})
+            elif kind == "round":
+                doc["rounds"].append({"round": rec.get("round"), "accepted": rec.get("accepted"),
+                                      "missing": rec.get("missing"), "rejected": pending})
+                pending = []
+            elif kind == "journal":
+                nodes.append({"node": rec.get("node"), "rounds": rec.get("rounds"), "signature": rec.get("signature")})
+            elif kind == "gathered":
+                doc["rounds"].append({"round": rec.get("round"), "nodes": nodes, "gathered": rec.get("gathered"),
+                                      "silent": rec.get("silent"), "rejected": pending})
+                nodes, pending = [], []
+            else:
+                raise Unreadable(f"line {lines.number} is of no known type ({str(kind)[:40]!r})")
+    if pending and doc["sessions"]:
+        _after(doc["sessions"][-1], pending)
+    if public_key is not None:
+        _verify(doc.get("signature"), digest.hexdigest(), public_key)
+    return doc
+
+
+def _after(session: dict[str, Any], groups: list[dict[str, Any]]) -> None:
+    after = session.setdefault("after", {"round": groups[-1].get("round"), "rejected": []})
+    after["rejected"] += groups
+    after["round"] = groups[-1].get("round")
+
+
+def _verify(signature: Any, sha256: str, public_key: Any) -> None:
+    from cryptography.exceptions import InvalidSignature
+
+    if not isinstance(signature, dict):
+        raise Unreadable("it is not signed")
+    try:
+        public_key.verify(bytes.fromhex(str(signature.get("signature"))), DOMAIN + bytes.fromhex(sha256))
+    except (InvalidSignature, ValueError):
+        raise Unreadable("its signature does not verify with rank 0's key") from None
+    if signature.get("sha256") != sha256:
+        raise Unreadable("its signature line names another digest")
+
+
+def render(doc: dict[str, Any]) -> bytes:
+    """The lines of a transcript document (:func:`load`'s form) before the signature line."""
+    out = [dumps({"type": "header", **{k: doc.get(k) for k in HEADER_KEYS}})]
+    sessions = doc["sessions"]
+    for i, session in enumerate(sessions):
+        out.append(dumps({"type": "session", "nonce": session["nonce"], "from_round": session["from_round"]}))
+        end = sessions[i + 1]["from_round"] if i + 1 < len(sessions) else None
+        for entry in doc["rounds"]:
+            t = entry["round"]
+            if not (isinstance(t, int) and t >= session["from_round"] and (end is None or t < end)):
+                continue
+            out += [dumps({"type": "rejected", **g}) for g in entry.get("rejected", [])]
+            if "nodes" in entry:
+                out += [dumps({"type": "journal", "round": t, **node}) for node in entry["nodes"]]
+                out.append(dumps({"type": "gathered", "round": t, "gathered": entry["gathered"],
+                                  "silent": entry["silent"]}))
+            else:
+                out.append(dumps({"type": "round", "round": t, "accepted": entry["accepted"],
+                                  "missing": entry["missing"]}))
+        out += [dumps({"type": "rejected", **g}) for g in session.get("after", {}).get("rejected", [])]
+    return b"".join(out)
+
+
+def signature_line(body: bytes, identity: Any) -> bytes:
+    """The last line of a transcript whose other lines are ``body``: ``identity``'s signature of them."""
+    digest = hashlib.sha256(body).digest()
+    return dumps({"type": "signature", "sha256": digest.hex(), "signature": identity.sign(DOMAIN + digest).hex()})
+
+
+def records(path: Path) -> Iterator[dict[str, Any]]:
+    """Every line of a transcript as an object (small files: tests and tools; the audit streams)."""
+    with Path(path).open("rb") as fh:
+        lines = Lines(fh)
+        limit = 64 << 10
+        while (got := lines.next(limit)) is not None:
+            if got[1].get("type") == "header":
+                limit = line_limit(_header_workers(got[1]))
+            yield got[1]
 
 
 class Transcript(WrittenWithCheckpoints):
@@ -77,7 +269,7 @@ class Transcript(WrittenWithCheckpoints):
     (``links``: the :class:`~phalanx.distributed.mesh.Mesh`)."""
 
     def __init__(self, run_dir: Path, links: Any, identity: Any, config: str, workers: int, f: int,
-                 due: Callable[[int], bool], topology: str = "server") -> None:
+                 due: Any, topology: str = "server") -> None:
         super().__init__(due)
         self.topology = topology
         self.run_dir = run_dir
@@ -86,235 +278,104 @@ class Transcript(WrittenWithCheckpoints):
         self.config = config
         self.workers = workers
         self.f = f
-        self.sessions: list[dict[str, Any]] = []
-        self.rounds: list[dict[str, Any]] = []
-        self.pending: dict[str, Any] | None = None
+        self.doc: dict[str, Any] = {}
+        self.gathered = -1  # gossip: the last gathering round of this session (from_round − 1 at its start)
+        self.keys = {r: identity.allow.public_key(r) for r in identity.allow.by_rank}
 
     def on_start(self, loop: Loop) -> None:
-        path = self.run_dir / TRANSCRIPT
-        if loop.resumed and path.exists():
-            old = json.loads(path.read_text())
-            self.sessions = [s for s in old["sessions"] if s["from_round"] < loop.state.round]
-            self.rounds = [r for r in old["rounds"] if r["round"] < loop.state.round]
-        self.sessions.append({"nonce": self.links.nonce.hex(), "from_round": loop.state.round})
+        from phalanx.distributed.keys import AllowList
+        from phalanx.errors import ConfigError
+
+        path, r = self.run_dir / TRANSCRIPT, loop.state.round
         allow = self.identity.allow
         if not (self.run_dir / ALLOW_LIST).exists():
             write_artifact(self.run_dir, ALLOW_LIST, allow.path.read_bytes())
+        sessions: list[dict[str, Any]] = []
+        rounds: list[dict[str, Any]] = []
+        if loop.resumed and path.exists():  # the rounds before the checkpoint, as rank 0 signed them
+            try:
+                old = load(path, AllowList.load(self.run_dir / ALLOW_LIST).public_key(0))
+            except (Unreadable, OSError) as exc:
+                raise ConfigError("file", str(path), "the transcript rank 0 wrote and signed for this run",
+                                  f"{exc}; move it away to resume without the record of the rounds before "
+                                  f"round {r} (the audit will then say they are missing)") from None
+            sessions = [s for s in old["sessions"] if s["from_round"] < r]
+            for entry in old["rounds"]:
+                if entry["round"] < r:
+                    rounds.append(entry)
+                elif sessions and entry["rejected"]:  # refusals of rounds done again still happened
+                    _after(sessions[-1], entry["rejected"])
+        sessions.append({"nonce": self.links.nonce.hex(), "from_round": r})
+        self.gathered = r - 1
+        self.doc = {"format": FORMAT, "topology": self.topology, "config": self.config, "allow_list": allow.digest,
+                    "workers": self.workers, "f": self.f, "total_rounds": loop.experiment.rounds, "signer": 0,
+                    "sessions": sessions, "rounds": rounds}
 
     def vectors(self, t: int, used: dict[int, bytes], missing: list[int]) -> None:
         """The parameter server's hook: round t aggregated the rows of ``used``; ``missing`` did not arrive."""
+        from phalanx.distributed.sealed import signed_message
+
         accepted = []
         for rank in sorted(used):
             got = self.links.accepted(t, rank)
             if got is not None:
-                accepted.append({"rank": rank, "sha256": got.sha256, "signature": got.signature})
+                accepted.append({"rank": rank, "phase": 0, "sha256": got.sha256, "signature": got.signature})
             elif rank == 0:  # the server's own row: signed here, as the workers sign theirs
                 digest = hashlib.sha256(used[0]).digest()
-                from phalanx.distributed.sealed import signed_message
-
                 sig = self.identity.sign(signed_message(self.links.nonce, self.config, t, 0, digest))
-                accepted.append({"rank": 0, "sha256": digest.hex(), "signature": sig.hex()})
+                accepted.append({"rank": 0, "phase": 0, "sha256": digest.hex(), "signature": sig.hex()})
         self.rows(t, accepted, missing)
 
     def rows(self, t: int, accepted: list[dict[str, Any]], missing: list[int]) -> None:
         """Round t used the rows of ``accepted`` (rank, phase, SHA-256, signature); ``missing`` did not arrive."""
-        self._append({"round": t, "accepted": accepted, "rejected": self._rejected(), "missing": sorted(missing)})
+        self.doc["rounds"].append({"round": t, "accepted": [{"phase": 0, **a} for a in accepted],
+                                   "missing": sorted(missing), "rejected": self.links.new_rejections()})
 
     def reports(self, t: int, nodes: list[dict[str, Any]]) -> None:
-        """Gossip, at rank 0's gathering round t: what every node reported of its rounds since its last report."""
-        self._append({"round": t, "nodes": nodes, "rejected": self._rejected()})
+        """Gossip, at rank 0's gathering round t: what every node reported since its last report — node 0's
+        journal (``rounds``: signed here), the others' as they sent it (``journal``: canonical JSON, ``signature``),
+        each checked before it is kept (:func:`~phalanx.distributed.journal.read_journal`); a journal that fails is
+        a rejection of its node, which is then silent at this gathering."""
+        expected = list(range(self.gathered + 1, t + 1))
+        self.gathered = t
+        nonce = self.links.nonce
+        kept: list[dict[str, Any]] = []
+        for report in nodes:
+            node = report.get("node")
+            text: Any
+            sig: Any
+            if node == 0:
+                text, sig = sign_journal(self.identity, nonce, self.config, t, report.get("rounds", []))
+            else:
+                text, sig = report.get("journal"), report.get("signature")
+            if not isinstance(node, int) or not 0 <= node < self.workers or any(k["node"] == node for k in kept):
+                continue
+            items = read_journal(text, sig, node, self.workers, expected, self.keys, nonce, self.config, t)
+            if isinstance(items, str):
+                self.links.reject(node, f"rank {node}'s journal of round {t} is refused: {items}")
+                continue
+            kept.append({"node": node, "rounds": items, "signature": sig})
+        gathered = sorted(k["node"] for k in kept)
+        self.doc["rounds"].append({"round": t, "nodes": kept, "gathered": gathered,
+                                   "silent": sorted(set(range(self.workers)) - set(gathered)),
+                                   "rejected": self.links.new_rejections()})
 
-    def _rejected(self) -> list[dict[str, Any]]:
-        return [{"rank": r.rank, "reason": r.reason, **({} if r.at is None else {"at": r.at})}
-                for r in self.links.new_rejections()]
-
-    def _append(self, entry: dict[str, Any]) -> None:
-        entry["chain"] = link(self.rounds[-1]["chain"] if self.rounds else "", entry)
-        self.rounds.append(entry)
-
-    def _after(self, t: int) -> None:
+    def _after(self) -> None:
         """What was rejected after the last round's entry (the run stopped, or ended): in the session's record."""
-        rejected = self._rejected()
-        if rejected:
-            after = self.sessions[-1].setdefault("after", {"round": t, "rejected": []})
-            after["round"] = t
-            after["rejected"] += rejected
+        groups = self.links.new_rejections()
+        if groups:
+            _after(self.doc["sessions"][-1], groups)
 
     def on_abort(self, loop: Loop, snapshot: Snapshot) -> str | None:
-        self._after(loop.state.round)
+        self._after()
         return super().on_abort(loop, snapshot)
 
     def on_finish(self, loop: Loop) -> None:
         if self.topology != "server":  # (the parameter server's workers leave by closing their uplinks, which its
-            self._after(loop.state.round)  # links record as failures after the last round; the mesh says goodbye)
+            self._after()  # links record as failures after the last round; the mesh says goodbye)
         super().on_finish(loop)
 
     def write(self) -> None:
-        """Write ``transcript.json`` (atomically, recorded in the manifest)."""
-        doc = {"format": FORMAT, "topology": self.topology, "config": self.config,
-               "allow_list": self.identity.allow.digest, "workers": self.workers, "f": self.f,
-               "sessions": self.sessions, "rounds": self.rounds}
-        write_artifact(self.run_dir, TRANSCRIPT, json.dumps(doc, indent=0).encode())
-
-
-@dataclass
-class AuditReport:
-    """What ``phalanx audit`` found."""
-
-    rounds: int = 0
-    accepted: int = 0
-    rejected: dict[str, int] = field(default_factory=dict)
-    rejected_at: dict[int, int] = field(default_factory=dict)
-    """How many rejections each rank recorded (0: rank 0's own; others: what they reported to it)."""
-    rounds_with_missing: int = 0
-    most_missing: int = 0
-    problems: list[str] = field(default_factory=list)
-    allow_list: str = ""
-
-    @property
-    def ok(self) -> bool:
-        """No problem found."""
-        return not self.problems
-
-
-def _reason_kind(reason: str) -> str:
-    """A rejection's reason without its numbers and addresses (to count rejections by kind)."""
-    return re.sub(r"\d+(\.\d+)*", "N", reason)[:120]
-
-
-def audit(run_dir: Path, allow_list: Path | None = None) -> AuditReport:
-    """Check a run's transcript: every accepted sender on the allow-list, no sender twice in a round and phase,
-    missing ≤ f every round (server, serverless), every rank's row in every serverless round, every signature valid
-    for its run, round, phase, rank (and gossip recipient) and digest, the rounds contiguous (gossip: increasing,
-    each node's rounds reported once) and chained, and the file the one the manifest records. Problems are collected,
-    not raised; an unreadable transcript is a :class:`ConfigError`."""
-    run_dir = Path(run_dir)
-    path = run_dir / TRANSCRIPT
-    if not path.exists():
-        raise ConfigError("RUN", str(run_dir), "a run directory of a keyed torchrun run (it has "
-                          f"{TRANSCRIPT})", "runs without keys record no transcript: nothing says who was heard")
-    try:
-        doc = json.loads(path.read_text())
-        rounds, sessions = doc["rounds"], doc["sessions"]
-        f, workers = int(doc["f"]), int(doc["workers"])
-        topology = str(doc.get("topology", "server"))
-        if doc.get("format") not in READS or topology not in TOPOLOGIES:
-            raise ValueError(f"format {doc.get('format')!r}, topology {topology!r}")
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError("file", str(path), f"a {FORMAT} document", f"unreadable ({type(exc).__name__})") from None
-    report = AuditReport()
-    problems = report.problems
-    manifest_path = run_dir / "manifest.json"
-    try:
-        recorded = json.loads(manifest_path.read_text())["artifacts"][TRANSCRIPT]["sha256"]
-        if recorded != file_digest(path):
-            problems.append(f"{TRANSCRIPT} is not the file the manifest records (edited after the run)")
-    except (OSError, ValueError, KeyError, TypeError):
-        problems.append(f"the manifest does not record {TRANSCRIPT}")
-    own = allow_list is None
-    allow = AllowList.load(run_dir / ALLOW_LIST if own else Path(allow_list))  # type: ignore[arg-type]
-    report.allow_list = f"{allow.path}" + (" (the run directory's copy)" if own else "")
-    if allow.digest != doc.get("allow_list"):
-        problems.append(f"the run used another allow-list (sha256 {str(doc.get('allow_list'))[:12]}…) than "
-                        f"{allow.path} (sha256 {allow.digest[:12]}…)")
-    check = _Checker(report, {r: allow.public_key(r) for r in allow.by_rank}, topology, str(doc["config"]),
-                     sorted((int(s["from_round"]), bytes.fromhex(s["nonce"])) for s in sessions))
-    chain = ""
-    previous: int | None = None
-    reported: dict[int, int] = {}  # gossip: the last round each node reported
-    for entry in rounds:
-        t = entry["round"]
-        report.rounds += 1
-        if topology != "gossip" and previous is not None and t != previous + 1:
-            problems.append(f"round {previous + 1} is followed by round {t} (rounds missing or reordered)")
-        if topology == "gossip" and previous is not None and t <= previous:
-            problems.append(f"round {previous} is followed by round {t} (rounds reordered)")
-        previous = t
-        if entry.get("chain") != link(chain, entry):
-            problems.append(f"round {t}: the chain does not match (the round or one before it was edited)")
-        chain = str(entry.get("chain"))
-        if topology == "gossip":
-            for node_report in entry.get("nodes", []):
-                node = node_report.get("node")
-                for item in node_report.get("rounds", []):
-                    u = item.get("round")
-                    if not isinstance(u, int) or u > t or u <= reported.get(node, -1):
-                        problems.append(f"round {t}: node {node!r} reports round {u!r} twice, out of order, or "
-                                        "ahead of the gathering")
-                        continue
-                    reported[node] = u
-                    check.accepted(item.get("accepted", []), u, node, f"round {u}, node {node}")
-                    report.rounds_with_missing += bool(item.get("missing"))
-                    report.most_missing = max(report.most_missing, len(item.get("missing", [])))
-        else:
-            phases = check.accepted(entry["accepted"], t, None, f"round {t}")
-            if topology == "serverless" and sorted(phases.get(0, [])) != list(range(workers)):
-                problems.append(f"round {t}: the rows of ranks {sorted(set(range(workers)) - set(phases.get(0, [])))}"
-                                " are not recorded (a serverless round needs every rank's)")
-            missing = entry.get("missing", [])
-            if len(missing) > f:
-                problems.append(f"round {t}: {len(missing)} ranks missing, more than f = {f}")
-            if missing:
-                report.rounds_with_missing += 1
-                report.most_missing = max(report.most_missing, len(missing))
-        check.rejected(entry.get("rejected", []))
-    for session in sessions:
-        check.rejected(session.get("after", {}).get("rejected", []))
-    return report
-
-
-class _Checker:
-    """The signature and count checks of :func:`audit`, for one transcript."""
-
-    def __init__(self, report: AuditReport, keys: dict[int, Any], topology: str, config: str,
-                 starts: list[tuple[int, bytes]]) -> None:
-        self.report, self.keys, self.topology, self.config, self.starts = report, keys, topology, config, starts
-
-    def _message(self, nonce: bytes, t: int, rank: int, phase: int, to: int | None, digest: bytes) -> bytes:
-        from phalanx.distributed.channel import Kind
-        from phalanx.distributed.mesh import EVERYONE, mesh_message
-        from phalanx.distributed.sealed import signed_message
-
-        if self.topology == "server":
-            return signed_message(nonce, self.config, t, rank, digest)
-        recipient = EVERYONE if to is None else to
-        return mesh_message(self.topology, nonce, self.config, Kind.ROW, phase, t, rank, recipient, digest)
-
-    def accepted(self, accepted: list[dict[str, Any]], t: int, to: int | None, where: str) -> dict[int, list[int]]:
-        """Check one round's accepted rows; the ranks heard, by phase."""
-        from cryptography.exceptions import InvalidSignature
-
-        problems = self.report.problems
-        nonce = next((n for start, n in reversed(self.starts) if start <= t), None)
-        heard: dict[int, list[int]] = {}
-        for acc in accepted:
-            rank, digest, sig = acc.get("rank"), str(acc.get("sha256")), str(acc.get("signature"))
-            phase = acc.get("phase", 0)
-            self.report.accepted += 1
-            if rank not in self.keys:
-                problems.append(f"{where}: accepted rank {rank!r}, which is not on the allow-list")
-                continue
-            if not isinstance(phase, int) or phase not in (0, 1):
-                problems.append(f"{where}: rank {rank}'s entry has no valid phase")
-                continue
-            if rank in heard.get(phase, []):
-                problems.append(f"{where}: rank {rank} was heard twice" + (f" (phase {phase})" if phase else ""))
-            heard.setdefault(phase, []).append(rank)
-            if not _HEX64.fullmatch(digest) or not _HEX128.fullmatch(sig) or nonce is None:
-                problems.append(f"{where}: rank {rank}'s entry has no valid digest or signature")
-                continue
-            try:
-                self.keys[rank].verify(bytes.fromhex(sig), self._message(nonce, t, rank, phase, to,
-                                                                         bytes.fromhex(digest)))
-            except InvalidSignature:
-                problems.append(f"{where}: rank {rank}'s signature does not verify with its key on the allow-list")
-        return heard
-
-    def rejected(self, rejected: list[dict[str, Any]]) -> None:
-        """Count rejections by kind, and by the rank that recorded them."""
-        for rej in rejected:
-            kind = _reason_kind(str(rej.get("reason")))
-            self.report.rejected[kind] = self.report.rejected.get(kind, 0) + 1
-            at = rej.get("at", 0)
-            at = at if isinstance(at, int) else -1
-            self.report.rejected_at[at] = self.report.rejected_at.get(at, 0) + 1
+        """Write ``transcript.jsonl``, signed (atomically, recorded in the manifest)."""
+        body = render(self.doc)
+        write_artifact(self.run_dir, TRANSCRIPT, body + signature_line(body, self.identity))

@@ -16,15 +16,13 @@ import torch
 from phalanx import data, models
 from phalanx.analysis.epsilon import MEMORY_SHARE, available_memory
 from phalanx.attacks.base import DataAttack
-from phalanx.decentralized import gossip_attacks, robust_gossip
-from phalanx.errors import ConfigError
-from phalanx.experiments import components
+from phalanx.errors import ConfigError, PhalanxError
+from phalanx.experiments import components, legacy
 from phalanx.experiments.components import processes
 from phalanx.experiments.schema import RunConfig
 from phalanx.training import devices, losses
 from phalanx.training.algorithms import builtin
 from phalanx.training.experiment import Experiment
-from phalanx.training.privacy import ClientDP
 from phalanx.training.streams import generator, stream_seed
 
 CONFIG_COLUMNS = (
@@ -37,23 +35,13 @@ CONFIG_COLUMNS = (
 def config_columns(cfg: RunConfig) -> dict[str, Any]:
     """The values of :data:`CONFIG_COLUMNS` in ``cfg``, and of the columns its algorithm declares
     (:attr:`~phalanx.training.algorithms.base.RoundAlgorithm.config_columns`: a federated run's ``clients_per_round``
-    …, a gossip run's ``graph`` …)."""
-    keys = CONFIG_COLUMNS + builtin.columns(cfg.algorithm) + (PRIVACY_COLUMNS if cfg.dp_noise is not None else ())
+    …, a gossip run's ``graph`` …), and of the flat keys of the stages it turns on
+    (:func:`phalanx.experiments.legacy.row_columns`: a run with differential privacy's ``dp_noise`` …)."""
+    keys = CONFIG_COLUMNS + builtin.columns(cfg.algorithm) + legacy.row_columns(cfg)
     out = {k: getattr(cfg, k) for k in keys}
     if cfg.attack_knowledge != "omniscient":  # only where set: the rows of every other run are as before
         out["attack_knowledge"] = cfg.attack_knowledge
     return out
-
-
-PRIVACY_COLUMNS = ("dp_noise", "dp_clip", "dp_delta")
-"""The config values a run with differential privacy repeats on its metric rows besides :data:`CONFIG_COLUMNS`."""
-
-
-def privacy(cfg: RunConfig) -> ClientDP | None:
-    """The client-level differential privacy ``cfg`` asks for (``dp_noise``, ``dp_clip``, ``dp_delta``), or None."""
-    if cfg.dp_noise is None or cfg.dp_clip is None:
-        return None
-    return ClientDP(clip=cfg.dp_clip, noise=cfg.dp_noise, delta=cfg.dp_delta)
 
 
 def resolve_device(cfg: RunConfig, local_rank: int | None = None) -> torch.device:
@@ -62,7 +50,7 @@ def resolve_device(cfg: RunConfig, local_rank: int | None = None) -> torch.devic
     ``"auto"`` picks CUDA when available and the run can use it (:func:`~phalanx.experiments.config.check_device`),
     else the CPU; on the torchrun engine ``"cuda"`` is the rank's ``cuda:LOCAL_RANK`` (``local_rank``), the device
     its NCCL all-gathers use."""
-    on_device = builtin.algorithm_class(cfg.algorithm).runs_on_device
+    on_device = cfg.algorithm_class.runs_on_device
     if cfg.device == "auto" and (not on_device or (cfg.engine == "torchrun" and cfg.topology != "serverless")):
         return devices.CPU
     return devices.resolve(cfg.device, local_rank=local_rank if cfg.engine == "torchrun" else None)
@@ -87,15 +75,13 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None, *, local_ra
     checked = parts.built_on is ds  # the one-run grid's check split the data and built the model on ds already
     shards = parts.shards if checked and parts.shards is not None else _split(cfg, ds)
     model = parts.model if checked and parts.model is not None else _model(cfg, ds)
-    spec = cfg.aggregator
+    spec, cls = cfg.aggregator, cfg.algorithm_class
     return Experiment(
         model=model, loss=losses.get(cfg.loss), dataset=ds, rule=parts.rule, workers=cfg.workers,
         byzantine=cfg.byzantine, attack=parts.attack, rounds=cfg.rounds, algorithm=parts.algorithm,
         optimizer=parts.optimizer, lr=parts.server_lr, shards=shards, seed=cfg.seed, eval_every=cfg.eval_every,
-        rule_for=lambda f: robust_gossip.configured(spec, f, cfg.algorithm, parts.algorithm.decentralized),
-        columns=config_columns(cfg),
-        eval_clients=cfg.eval_clients, device=device, attack_knowledge=cfg.attack_knowledge, privacy=privacy(cfg),
-        projection=parts.projection,
+        rule_for=lambda f: cls.make_rule(spec, f), columns=config_columns(cfg), eval_clients=cfg.eval_clients,
+        device=device, attack_knowledge=cfg.attack_knowledge, stages=parts.stages,
     )
 
 
@@ -176,8 +162,8 @@ def check_points(
                 splits.add(split)
                 if parts is not None:
                     parts.shards, parts.built_on = shards, ds
-            attack = parts.attack if parts is not None else gossip_attacks.configured(
-                cfg.attack, cfg.attack_params, cfg.algorithm, builtin.algorithm_class(cfg.algorithm).decentralized)
+            attack = parts.attack if parts is not None else cfg.algorithm_class.make_attack(cfg.attack,
+                                                                                              cfg.attack_params)
             if isinstance(attack, DataAttack):  # a trigger larger than the image, a class not there
                 attack.prepare(ds.train_x, ds.train_y, ds.num_classes)
             net = (cfg.model, json.dumps(cfg.model_params, sort_keys=True), ds.input_shape, ds.num_classes)
@@ -192,6 +178,8 @@ def check_points(
             where = f" (point {i + 1} of {len(cfgs)}: {cfg.label()})" if len(cfgs) > 1 else ""
             parameter = {"n_workers": "workers", "name": "dataset"}.get(exc.parameter, exc.parameter)
             raise ConfigError(parameter, exc.value, exc.allowed + where, exc.hint) from None
+        except PhalanxError:  # typed, and naming its own cause: a bad data file (DataFormatError names the file)
+            raise
         except (TypeError, ValueError, RuntimeError) as exc:  # a model builder that fails on these inputs
             where = f"point {i + 1} of {len(cfgs)}: " if len(cfgs) > 1 else ""
             raise ConfigError(

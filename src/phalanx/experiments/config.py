@@ -2,9 +2,9 @@
 
 The keys, their types, ranges and defaults are the schema (:class:`~phalanx.experiments.schema.RunConfig`);
 validation (:func:`make_config`) adds what ties keys together, and builds the components the config names — round
-algorithm, rule, attack, server optimizer — once, each checking its own parameters, with the algorithm checking what
-ties them (:mod:`phalanx.experiments.components`). What an algorithm reads, defaults and allows is declared by its
-class, not listed here.
+algorithm, rule, attack, server optimizer, stages — once, each checking its own parameters, with the algorithm
+checking what ties them and each stage checking itself against the run (:mod:`phalanx.experiments.components`). What
+an algorithm or a stage reads, defaults and allows is declared by its class, not listed here.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from phalanx import data, models, signing
-from phalanx.analysis import privacy as accounting
 from phalanx.errors import ConfigError
 from phalanx.experiments import components, tracking
-from phalanx.experiments.components import processes, server_optimizer
+from phalanx.experiments.components import processes
 from phalanx.experiments.schema import (
     DISTRIBUTED_KEYS,
     LATER_KEYS,
@@ -45,7 +44,7 @@ else:  # pragma: no cover
 
 __all__ = [
     "DISTRIBUTED_KEYS", "LATER_KEYS", "RESULT_NEUTRAL_KEYS", "Backend", "Engine", "Partition", "RunConfig", "Schedule",
-    "load_grid", "load_toml", "make_config", "processes", "server_optimizer",
+    "load_grid", "load_toml", "make_config", "processes",
 ]
 
 ALGORITHM_KEYS = builtin.own_keys()
@@ -79,7 +78,9 @@ def _friendly(exc: ValidationError) -> ConfigError:
     value = err.get("input")
     if err["type"] == "extra_forbidden":
         known = ", ".join(RunConfig.model_fields)
-        return ConfigError(loc, value, f"one of the known keys: {known}", "unknown key")
+        close = suggest(str(err["loc"][-1]), RunConfig.model_fields) if err["loc"] else None
+        return ConfigError(loc, value, f"one of the known keys: {known}", "unknown key" + (f"; {close}" if close
+                                                                                          else ""))
     allowed = _PLAIN.get(err["type"]) or err["msg"].removeprefix("Value error, ").removeprefix("Input should be ")
     return ConfigError(loc, value, allowed)
 
@@ -155,7 +156,7 @@ def algorithm_defaults(data: dict[str, Any]) -> dict[str, Any]:
 def make_config(data: dict[str, Any]) -> RunConfig:
     """Validate a dict into a :class:`RunConfig`: types and ranges, the relations between keys, and the names
     against the registries — one :class:`ConfigError` naming the first bad parameter. The components the config
-    names are built once here and kept for its run (:mod:`phalanx.experiments.components`)."""
+    names are built once here and kept on the config for its run (:mod:`phalanx.experiments.components`)."""
     if not isinstance(data, dict):
         raise ConfigError("config", type(data).__name__, "a table of key = value")
     data = algorithm_defaults(role_names(inline_dataset(data)))
@@ -207,7 +208,7 @@ def check_relations(cfg: RunConfig) -> None:
         raise ConfigError("rounds", cfg.rounds, f"<= {most:,} with eval_every = {cfg.eval_every} (at most "
                           f"{MAX_ROWS:,} metric rows a run: they are kept in memory and rewritten at every "
                           "checkpoint)", "raise eval_every, or run fewer rounds")
-    cls: type[RoundAlgorithm] = builtin.algorithm_class(cfg.algorithm)
+    cls: type[RoundAlgorithm] = cfg.algorithm_class
     defaults = RunConfig.model_fields
     for key in ALGORITHM_KEYS:  # another algorithm's own keys keep their defaults
         owners = builtin.readers(key)
@@ -231,7 +232,6 @@ def check_relations(cfg: RunConfig) -> None:
             raise ConfigError("model_params.norm", norm, "'group' or 'none' with engine = 'torchrun' "
                               f"({needs[1]} in one process so far: engine = 'simulated')")
     check_topology(cfg, cls)
-    check_privacy(cfg, cls)
     if cfg.keys is not None and cfg.engine == "torchrun" and cfg.backend == "nccl":
         raise ConfigError(
             "backend", cfg.backend, "'auto' or 'gloo' with keys (the sealed mesh carries the rows over TLS from the "
@@ -243,31 +243,6 @@ def check_relations(cfg: RunConfig) -> None:
             "c10d TCPStore, which survives missing workers, or gloo links between graph neighbours; NCCL needs "
             "topology = 'serverless'; docs/distributed.md)",
         )
-
-
-def check_privacy(cfg: RunConfig, cls: type[RoundAlgorithm]) -> None:
-    """Client-level differential privacy (``dp_noise``, ``dp_clip``, ``dp_delta``): the noise and the clipping norm
-    set together, δ only with them, an algorithm whose workers apply it
-    (:attr:`~phalanx.training.algorithms.base.RoundAlgorithm.supports_privacy`), no normalisation statistics leaving
-    the clients, and the accountant installed (the ``privacy`` extra)."""
-    if cfg.dp_noise is None:
-        if cfg.dp_clip is not None:
-            raise ConfigError("dp_noise", None, "a noise multiplier > 0 with dp_clip set (clipping alone gives no "
-                              "differential privacy)")
-        if cfg.dp_delta != RunConfig.model_fields["dp_delta"].get_default():
-            raise ConfigError("dp_delta", cfg.dp_delta, "its default (1e-05) unless dp_noise is set")
-        return
-    if cfg.dp_clip is None:
-        raise ConfigError("dp_clip", None, "a clipping norm > 0 with dp_noise set (the noise is σ times it)")
-    if not cls.supports_privacy:
-        able = " or ".join(repr(n) for n, c in builtin.BUILT_IN.items() if c.supports_privacy)
-        raise ConfigError("dp_noise", cfg.dp_noise, f"unset with algorithm = {cfg.algorithm!r} (client-level "
-                          f"differential privacy is applied by algorithm = {able})")
-    norm = cfg.model_params.get("norm")
-    if norm in _FEDERATED_NORMS:
-        raise ConfigError("model_params.norm", norm, "'group' or 'none' with dp_noise set (the clients' "
-                          "normalisation statistics would leave them without noise)")
-    accounting.require()
 
 
 BUILT_IN_TOPOLOGIES = builtin.topologies()
@@ -300,7 +275,7 @@ def check_device(cfg: RunConfig) -> None:
     spec = devices.check(cfg.device)
     if spec in ("cpu", "auto"):
         return
-    if not builtin.algorithm_class(cfg.algorithm).runs_on_device:
+    if not cfg.algorithm_class.runs_on_device:
         raise ConfigError("device", spec, f"'cpu' or 'auto' with algorithm = {cfg.algorithm!r} (its rounds run on "
                           "the CPU so far; 'auto' picks the CPU for it)")
     if cfg.engine == "torchrun" and cfg.topology != "serverless":
@@ -327,12 +302,11 @@ def check_keys(cfg: RunConfig) -> None:
 
 
 def check_names(cfg: RunConfig) -> components.Components:
-    """Build the components the config names — algorithm, aggregator spec, attack, server optimizer (built-in,
-    registered, ``module:attr`` or installed plug-ins) — each checking its parameters, and check what ties them
-    (:func:`phalanx.experiments.components.check`); check the data set, model and loss names and the model's
+    """Build the components the config names — algorithm, aggregator spec, attack, server optimizer, stages
+    (built-in, registered, ``module:attr`` or installed plug-ins) — each checking its parameters, and what ties them
+    (:func:`phalanx.experiments.components.build`); check the data set, model and loss names and the model's
     parameters. The built components, for the run to take."""
     parts = components.build(cfg)
-    components.check(cfg, parts)
     try:
         data.check_spec(cfg.dataset, cfg.dataset_params)
     except ConfigError as exc:

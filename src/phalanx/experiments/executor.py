@@ -11,7 +11,7 @@ directory holds the whole truth about its run (:mod:`phalanx.experiments.runstat
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -76,15 +76,26 @@ class GridFailed(PhalanxError):
         for what, runs in (("failed", outcome.failed), ("in use by another process", outcome.busy),
                            ("not finished", outcome.unfinished)):
             if runs:
-                shown = "; ".join(f"{Path(d).name}: {_one_line(e)}" for d, e in list(runs.items())[:3])
-                more = f"; and {len(runs) - 3} more" if len(runs) > 3 else ""
-                parts.append(f"{len(runs)} {what} ({shown}{more})")
+                parts.append(f"{len(runs)} {what} ({_grouped(runs)})")
         bad = len(outcome.failed) + len(outcome.busy) + len(outcome.unfinished)
         super().__init__(
             f"{bad} of {total} runs did not finish: " + "; ".join(parts) + ". The other runs finished; fix the cause "
             "and run the same command again (finished runs are skipped, the others resume); `phalanx status` lists "
             "every run"
         )
+
+
+def _grouped(runs: Mapping[Path, BaseException | str], shown: int = 3) -> str:
+    """The runs' errors, each distinct one said once with the runs it stopped (a model every seed of a grid fails
+    on is one cause, not five copies of one message): ``RUN: error`` or ``RUN and 4 more: error``; at most ``shown``
+    distinct errors, then how many more."""
+    by_error: dict[str, list[str]] = {}
+    for d, e in runs.items():
+        by_error.setdefault(_one_line(e), []).append(Path(d).name)
+    parts = [f"{names[0]}{f' and {len(names) - 1} more' if len(names) > 1 else ''}: {error}"
+             for error, names in list(by_error.items())[:shown]]
+    rest = len(by_error) - shown
+    return "; ".join(parts) + (f"; and {rest} more distinct error{'s' if rest > 1 else ''}" if rest > 0 else "")
 
 
 class Submitted(PhalanxError):

@@ -44,7 +44,13 @@ def _worker_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def _worker_init() -> None:
     """Initializer of a grid's worker process: the grid decides when it stops (SIGINT from the terminal is
-    ignored, SIGTERM from the grid ends it cleanly), and it ends when the grid does."""
+    ignored, SIGTERM from the grid ends it cleanly), and it ends when the grid does.
+
+    DuckDB (the Parquet writer a finished run uses) is imported here, before the SIGTERM handler exists: imported
+    lazily when a run finishes, a SIGTERM that landed inside its extension's initialisation raised there, and
+    nanobind printed a "Critical nanobind error" with a traceback instead of the grid's one line."""
+    import duckdb  # noqa: F401 - imported for its side effect: initialised before any signal can interrupt it
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _worker_sigterm)
     signals.unblock()

@@ -1,37 +1,33 @@
 """Reports: a summary table per setting, per-round plots (test accuracy, aggregation error, Byzantine share), an
-aggregator × attack heat map, the price and rescue of each robust rule against the mean (a table and a plot, when a
-grid has runs with and without an attack), Markdown."""
+aggregator × attack heat map (both drawn by :mod:`phalanx.experiments.plots`), the price and rescue of each robust
+rule against the mean (a table and a plot, when a grid has runs with and without an attack), Markdown."""
 
 from __future__ import annotations
 
-import io
 import json
-import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
+from phalanx.analysis.stats import MIN_SEEDS, Estimate, holm, mean_ci
 from phalanx.errors import ConfigError, OutputError
 from phalanx.experiments import status, store
+from phalanx.experiments.plots import (
+    MARKERS,
+    PANELS,
+    panel_values,
+    plot_curves,
+    plot_heatmap,
+    rule_colours,
+    save_figure,
+)
 from phalanx.experiments.schema import RESULT_NEUTRAL_KEYS, RunConfig
 
 SETTING_KEYS = ("aggregator", "f", "attack", "byzantine", "partition", "alpha", "dataset", "model", "workers",
                 "algorithm", "graph", "lr", "momentum", "local_steps", "clients_per_round")
 """What tells settings apart: runs that differ in any of these are not pooled (a key a grid does not vary is left out
 of the tables, :func:`varying`)."""
-
-
-def save_figure(fig: Any, path: Path, dpi: int = 100) -> Path:
-    """Write a matplotlib figure as PNG atomically (a reader never sees half a file) and close it."""
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    plt.close(fig)
-    store.atomic_write_bytes(path, buf.getvalue())  # creates the directory; an OutputError if it cannot
-    return path
 
 
 def collect(root: Path) -> list[dict[str, Any]]:
@@ -156,141 +152,6 @@ def markdown_table(summary: list[dict[str, Any]], keys: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-PANELS = (
-    ("test_accuracy", "test accuracy (%)", "Test accuracy per setting"),
-    ("agg_error", "aggregation error", "Aggregation error ‖Agg − honest mean‖² / honest variance"),
-    ("byz_share", "Byzantine share", "Share of the aggregate from Byzantine workers"),
-)
-"""The panels of ``accuracy.png``: metric key, y label, title (a panel whose metric no row has is left out)."""
-
-
-def clipped_errors(means: list[float], lows: list[float], highs: list[float], lo: float = 0.0,
-                   hi: float = 100.0) -> list[list[float]]:
-    """Error-bar lengths for matplotlib's ``yerr`` (two rows: below, above the mean) of the intervals
-    ``[low, high]`` around ``means``, clipped to ``[lo, hi]``: an accuracy interval is drawn within 0 … 100 %, never
-    below 0 or above 100 (an unbounded one, of a single seed, spans the whole range)."""
-    below = [max(0.0, m - max(lo, min(hi, low))) for m, low in zip(means, lows)]
-    above = [max(0.0, min(hi, max(lo, high)) - m) for m, high in zip(means, highs)]
-    return [below, above]
-
-
-def _panel_values(rows: list[dict[str, Any]], keys: list[str], metric: str) -> dict[str, dict[int, list[float]]]:
-    """Per setting label, per round: the finite values of ``metric`` (seeds pooled); None values are left out."""
-    curves: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        v = r.get(metric)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            continue
-        curves[_label(r, keys)][r["round"]].append(float(v))
-    return curves
-
-
-def _label(row: dict[str, Any], keys: list[str]) -> str:
-    """A setting's name in a legend: the aggregator, then ``key=value`` of the other varying keys."""
-    return ", ".join(f"{k}={row.get(k)}" if k != "aggregator" else str(row.get(k)) for k in keys)
-
-
-def rule_colours(rules: list[str]) -> dict[str, str]:
-    """One matplotlib colour per rule (``C0`` … ``C9``, by sorted name, the mean included): the same rule has the
-    same colour in every plot of a report."""
-    return {r: f"C{i % 10}" for i, r in enumerate(sorted(set(rules)))}
-
-
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
-"""Marker shapes of the trade-off plot, one per rule (points that overlap stay told apart)."""
-
-LINESTYLES = ("-", "--", ":", "-.")
-"""Line styles of ``accuracy.png``: one per setting of the keys other than the aggregator (the colour is the
-rule's)."""
-
-
-def curve_styles(rows: list[dict[str, Any]], keys: list[str]) -> dict[str, dict[str, str]]:
-    """Per setting label of :func:`plot_curves`: its colour and line style — when the aggregator varies, the colour
-    is the rule's (:func:`rule_colours`, as in ``tradeoff.png``) and the line style tells the other keys' settings
-    apart; else matplotlib's colour cycle."""
-    labels = sorted({_label(r, keys) for r in rows})
-    if "aggregator" not in keys:
-        return {label: {"color": f"C{i % 10}", "linestyle": "-"} for i, label in enumerate(labels)}
-    colours = rule_colours([str(r.get("aggregator")) for r in rows])
-    rest = [k for k in keys if k != "aggregator"]
-    others = sorted({_label(r, rest) for r in rows})
-    out = {}
-    for r in rows:
-        out[_label(r, keys)] = {"color": colours[str(r.get("aggregator"))],
-                                "linestyle": LINESTYLES[others.index(_label(r, rest)) % len(LINESTYLES)]}
-    return out
-
-
-def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path:
-    """Per round, one line per setting (mean over seeds): test accuracy, and below it — in panels of the same
-    figure, each only when some run logged it — the aggregation error ``agg_error`` and the Byzantine share
-    ``byz_share``. A rule has one colour (its colour in ``tradeoff.png`` too), the other varying keys a line style
-    each. The aggregation error is drawn on a log scale when it is positive throughout and spans more than
-    two decades (under attack the mean's error can be 10⁶ times the robust rules')."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    styles = curve_styles(rows, keys)
-    panels = [(m, y, t, c) for m, y, t in PANELS if (c := _panel_values(rows, keys, m))]
-    panels = panels or [(*PANELS[0], {})]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 1.2 + 3.0 * len(panels)), dpi=120, sharex=True,
-                             squeeze=False)
-    for ax, (metric, ylabel, title, curves) in zip(axes[:, 0], panels):
-        scale = 100.0 if metric == "test_accuracy" else 1.0
-        for label, pts in sorted(curves.items()):
-            xs = sorted(pts)
-            ax.plot(xs, [scale * sum(pts[x]) / len(pts[x]) for x in xs], marker="o", markersize=3, label=label,
-                    **styles[label])
-        ax.set_ylabel(ylabel)
-        ax.set_title(title, fontsize=10)
-        ax.grid(alpha=0.3)
-        if metric == "test_accuracy":
-            ax.set_ylim(0, 100)
-            ax.legend(fontsize=7, loc="lower right")
-        else:  # both are ≥ 0: a linear axis starts at 0, so that a small change does not look large
-            values = [v for pts in curves.values() for vs in pts.values() for v in vs]
-            if metric == "agg_error" and min(values) > 0 and max(values) > 100 * min(values):
-                ax.set_yscale("log")
-            else:
-                ax.set_ylim(bottom=min(0.0, min(values)))
-    axes[-1, 0].set_xlabel("round")
-    fig.tight_layout()
-    return save_figure(fig, path)
-
-
-def plot_heatmap(summary: list[dict[str, Any]], path: Path) -> Path | None:
-    """Final accuracy, aggregator × attack (mean over the other keys); None unless both axes have two values."""
-    aggs = sorted({s["aggregator"] for s in summary})
-    atts = sorted({s["attack"] for s in summary})
-    if len(aggs) < 2 or len(atts) < 2:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    grid = [[float("nan")] * len(atts) for _ in aggs]
-    for i, a in enumerate(aggs):
-        for j, t in enumerate(atts):
-            vals = [s["final_accuracy"] for s in summary if s["aggregator"] == a and s["attack"] == t]
-            if vals:
-                grid[i][j] = 100 * sum(vals) / len(vals)
-    fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(atts), 1.2 + 0.45 * len(aggs)), dpi=120)
-    im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=100, aspect="auto")
-    ax.set_xticks(range(len(atts)), atts, rotation=30, ha="right")
-    ax.set_yticks(range(len(aggs)), aggs)
-    for i in range(len(aggs)):
-        for j in range(len(atts)):
-            if grid[i][j] == grid[i][j]:
-                ax.text(j, i, f"{grid[i][j]:.0f}", ha="center", va="center", color="w", fontsize=8)
-    fig.colorbar(im, ax=ax, label="final test accuracy (%)")
-    ax.set_title("Final accuracy: aggregator × attack")
-    fig.tight_layout()
-    return save_figure(fig, path)
-
-
 # --- the price and rescue of robustness ----------------------------------------------------------------------------
 
 MEAN = "mean"
@@ -391,7 +252,15 @@ def tradeoff(rows: list[dict[str, Any]], extra: list[str] | tuple[str, ...] = ()
                 price = paired({s: acc[(MEAN, NO_ATTACK)][s] - acc[(rule, NO_ATTACK)][s] for s in seeds})
                 rescue = paired({s: acc[(rule, attack)][s] - acc[(MEAN, attack)][s] for s in seeds})
                 out.append(TradeOff(tuple(zip(context_keys, context)), rule, attack, price, rescue))
-    return out
+    return _holm(out)
+
+
+def _holm(tradeoffs: list[TradeOff]) -> list[TradeOff]:
+    """Every price and rescue of a report as one Holm family (:func:`phalanx.analysis.stats.holm`): the report reads
+    their verdicts all at once."""
+    adjusted = holm([e for t in tradeoffs for e in (t.price.estimate, t.rescue.estimate)])
+    return [replace(t, price=replace(t.price, estimate=adjusted[2 * i]),
+                    rescue=replace(t.rescue, estimate=adjusted[2 * i + 1])) for i, t in enumerate(tradeoffs)]
 
 
 def tradeoff_keys(tradeoffs: list[TradeOff]) -> list[str]:
@@ -400,11 +269,12 @@ def tradeoff_keys(tradeoffs: list[TradeOff]) -> list[str]:
     return [k for k in keys if len({json.dumps(dict(t.context).get(k)) for t in tradeoffs}) > 1]
 
 
-def _points(p: Paired) -> tuple[str, str]:
-    """A paired difference in accuracy points: the mean, and its interval (— when none is given)."""
+def _points(p: Paired) -> tuple[str, str, str]:
+    """A paired difference in accuracy points: the mean, its interval (— when none is given) and its Holm-adjusted
+    p-value (— likewise)."""
     e = p.estimate
     interval = "—" if p.why_no_interval else f"[{100 * e.low:+.1f}, {100 * e.high:+.1f}]"
-    return f"{100 * e.mean:+.1f}", interval
+    return f"{100 * e.mean:+.1f}", interval, "—" if p.why_no_interval else e.holm_text()
 
 
 def points_pm(p: Paired) -> str:
@@ -419,14 +289,15 @@ def sorted_tradeoffs(tradeoffs: list[TradeOff]) -> list[TradeOff]:
     return sorted(tradeoffs, key=lambda t: (json.dumps(t.context), t.attack, t.rule))
 
 
-TRADEOFF_HEAD = ("rule", "attack", "price (points)", "95 % interval", "rescue (points)", "95 % interval", "seeds",
-                 "verdict")
+TRADEOFF_HEAD = ("rule", "attack", "price (points)", "95 % interval", "Holm p", "rescue (points)", "95 % interval",
+                 "Holm p", "seeds", "verdict")
 """The columns of the trade-off table (after ``rule``, the setting keys that vary)."""
 
 TRADEOFF_MEANING = (
     "*Price* = accuracy of the mean with no attack − the rule's: what the rule costs when nobody attacks; *rescue* = "
     "the rule's accuracy under the attack − the mean's: what it keeps. Final test accuracy in points, paired by seed, "
-    f"mean over seeds with a 95 % Student-t interval (none from fewer than {MIN_SEEDS} seeds)."
+    f"mean over seeds with a 95 % Student-t interval (none from fewer than {MIN_SEEDS} seeds). Verdicts: every price "
+    "and rescue of the table is one family, each decided by its Holm-adjusted p < 0.05 (family-wise error ≤ 5 %)."
 )
 """The sentence under the trade-off table saying what price and rescue are."""
 
@@ -533,7 +404,7 @@ def write_report(root: Path, out: Path | None = None) -> dict[str, Any]:
 
 def _caption(rows: list[dict[str, Any]]) -> str:
     """What ``accuracy.png`` shows, for its alt text in ``report.md``."""
-    return ", ".join(["test accuracy"] + [y for m, y, _ in PANELS[1:] if _panel_values(rows, [], m)]) + " per round"
+    return ", ".join(["test accuracy"] + [y for m, y, _ in PANELS[1:] if panel_values(rows, [], m)]) + " per round"
 
 
 def completeness_line(root: Path, rows: list[dict[str, Any]]) -> str | None:

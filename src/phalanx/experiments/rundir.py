@@ -1,8 +1,11 @@
 """The run directory as a callback of the training loop: checkpoints every ``checkpoint_every`` rounds and at the
-end, the final metrics and the ``DONE`` marker (formats: :mod:`phalanx.experiments.store`); with a signing key the
-finished directory is signed, with a public key a signed directory is verified before it resumes
-(:mod:`phalanx.signing`). The manifest records the device the run trains on (and a later session's, when it resumes
-on another: :func:`phalanx.experiments.store.note_device`)."""
+end, the final metrics and the ``DONE`` marker (formats: :mod:`phalanx.experiments.store`). Every checkpoint carries
+the record of the sessions that trained it, signed at each checkpoint with a signing key
+(:mod:`phalanx.experiments.provenance`): a run resumes under a signing key only if every earlier session was signed
+by it, and the finished directory is signed (:class:`SignDirectory`, after everything else has written); with a
+public key a signed directory is verified before it resumes (:mod:`phalanx.signing`). The manifest records the
+device the run trains on (and a later session's, when it resumes on another:
+:func:`phalanx.experiments.store.note_device`)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from typing import Any
 
 from phalanx import signing
 from phalanx.data.base import Dataset
-from phalanx.experiments import store
+from phalanx.experiments import provenance, store
 from phalanx.training import devices
 from phalanx.training.experiment import Experiment
 from phalanx.training.loop import Callback, Loop, RoundInfo
@@ -38,6 +41,8 @@ class RunDirectory(Callback):
         self.verify_key = verify_key
         self.device = device or {"device": "cpu"}
         """Where the run trains, as the manifest records it (:func:`phalanx.training.devices.describe`)."""
+        self.session: provenance.Session | None = None
+        """This training session's provenance (:meth:`open` sets it, unless the run has finished)."""
 
     @classmethod
     def of(
@@ -52,14 +57,27 @@ class RunDirectory(Callback):
 
     def open(self) -> Snapshot | None:
         """Create the directory (or check that it holds the same configuration); the last checkpoint, if any. With
-        a public key, a directory that carries a signature is verified first (an unfinished run has none yet)."""
+        a public key, a directory that carries a signature is verified first (an unfinished run has none yet). An
+        unfinished run's checkpoint must match its provenance record and, with a signing key, have been trained
+        under that key from round 0 (:func:`phalanx.experiments.provenance.open_session`)."""
         if self.verify_key is not None and (self.path / signing.SIGNATURE).exists():
             signing.verify(self.path, self.verify_key)
         store.prepare_run_dir(self.path, self.identity, self.seed, self.fingerprint, self.device)
-        start = store.load_checkpoint(self.path)
+        loaded = store.open_checkpoint(self.path, self.rounds)
+        start = None if loaded is None else loaded.snapshot
+        if not store.is_finished(self.path):
+            at = chain = None
+            if loaded is not None:
+                at = provenance.Point(loaded.snapshot.state.round, loaded.tensors, loaded.rows)
+                chain = provenance.read_chain(self.path / "checkpoint.safetensors", loaded.metadata)
+            self.session = provenance.open_session(self.path, self.identity, self.fingerprint, chain, at,
+                                                   self.sign_key)
         store.note_device(self.path, self.device, 0 if start is None else start.state.round)
         store.remove_temporaries(self.path)  # what killed writes left (the caller holds the run's lock)
         return start
+
+    def _record(self) -> store.Provenance | None:
+        return None if self.session is None else self.session.record
 
     def checkpoints(self, done: int) -> bool:
         """Whether a checkpoint is due once ``done`` rounds are finished: every ``checkpoint_every`` and at the end."""
@@ -67,15 +85,29 @@ class RunDirectory(Callback):
 
     def on_round(self, loop: Loop, info: RoundInfo) -> None:
         if self.checkpoints(loop.state.round):
-            store.save_checkpoint(self.path, loop.snapshot())
+            store.save_checkpoint(self.path, loop.snapshot(), self._record())
 
     def on_abort(self, loop: Loop, snapshot: Snapshot) -> str | None:
-        return str(store.save_checkpoint(self.path, snapshot))
+        return str(store.save_checkpoint(self.path, snapshot, self._record()))
 
     def on_finish(self, loop: Loop) -> None:
         store.finish_run(self.path, loop.rows)
-        if self.sign_key is not None:
-            signing.sign(self.path, self.sign_key)
+
+    def signer(self) -> SignDirectory | None:
+        """The callback that signs the finished directory (with a signing key): it must come after every callback
+        that still writes into the directory when the run finishes (torchrun's ``distributed.json``, the
+        transcript)."""
+        return None if self.sign_key is None else SignDirectory(self.path, self.sign_key)
+
+
+class SignDirectory(Callback):
+    """Signs a finished run directory (:func:`phalanx.signing.sign`): the last callback that touches it."""
+
+    def __init__(self, path: Path, key: str) -> None:
+        self.path, self.key = path, key
+
+    def on_finish(self, loop: Loop) -> None:
+        signing.sign(self.path, self.key)
 
 
 @dataclass

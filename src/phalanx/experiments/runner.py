@@ -17,10 +17,11 @@ raises :class:`Interrupted`, which says how many runs finished (the CLI prints i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from phalanx import signing
-from phalanx.experiments import runstate, status, store
+from phalanx.experiments import provenance, runstate, status, store
 from phalanx.experiments.build import check_points
 from phalanx.experiments.config import RunConfig
 from phalanx.experiments.executor import (
@@ -51,10 +52,12 @@ def _counts(dirs: list[Path]) -> tuple[int, int]:
 def run_grid(
     cfgs: list[RunConfig], out: Path, *, jobs: int = 1, executor: Executor | None = None,
     on_round: RoundCallback | None = None, on_done: DoneCallback | None = None, wait: bool = False,
+    before: Callable[[list[tuple[RunConfig, Path]]], None] | None = None,
 ) -> list[Path]:
     """Run every configuration into ``out/<run_id>`` on ``executor`` (default: this machine with ``jobs`` worker
     processes; ``wait``: wait for run directories another process holds instead of reporting them busy); return the
-    run directories (in the order of ``cfgs``).
+    run directories (in the order of ``cfgs``). ``before`` is called with the unfinished runs (config, directory)
+    once every point is checked, before the first starts (the command line says how long they should take).
 
     SIGINT or SIGTERM while it runs stops it cleanly: :class:`Interrupted` (see the module's docstring).
     """
@@ -73,12 +76,17 @@ def run_grid(
     hooks = Hooks(on_round, on_done)
     for c, d in zip(cfgs, dirs):
         if store.is_finished(d):
-            store.check_identity(d, c.identity(), finished=True)  # trusted by what it recorded, not by its name
-            if c.verify_key is not None:  # its results will be used: they must be the signed ones
+            if c.verify_key is not None:  # its results will be used: the signed files, trained under the key
                 signing.verify(d, c.verify_key)
+            store.check_finished(d, c.identity())  # trusted by what it recorded, not by its name
+            provenance.check_recorded(d, c.identity())  # its checkpoint's own record names this run and matches it
+            if c.verify_key is not None:
+                provenance.require(d, Path(c.verify_key))
             hooks.done(c, "skipped (finished)")
         elif runstate.is_final(d):
             hooks.done(c, "skipped (diverged)")
+    if before is not None and todo:
+        before(todo)
     try:
         outcome = executor.run(todo, out, hooks)
     except StopRequested as stop:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.errors import PhalanxError
-from phalanx.experiments import store
+from phalanx.experiments import runfiles, store
 from phalanx.training.divergence import Diverged
 
 LOCK = ".lock"
@@ -80,9 +80,10 @@ def _now() -> str:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """A marker or lock file's JSON object, read with bounded memory (``{}`` if it cannot be read as one)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = runfiles.read_json(path, runfiles.MAX_MARKER_BYTES)
+    except (OSError, ValueError):  # missing, unreadable, too large, not JSON (ConfigError is a ValueError)
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -9,9 +9,13 @@ price-of-robustness experiments measure (Yang, Shi & Li, ICML 2025).
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
+
+from phalanx.training.algorithms import builtin
+from phalanx.training.algorithms.base import RoundAlgorithm
 
 Schedule = Literal["constant", "step", "cosine"]
 Partition = Literal["iid", "dirichlet", "pathological", "natural"]
@@ -26,7 +30,7 @@ LATER_KEYS = (
     "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch", "stats_momentum",
     "graph", "graph_params", "gossip_weights", "eval_clients", "device", "keys", "insecure", "algorithm_params",
     "tracking", "tracking_params", "attack_knowledge",
-    "dp_clip", "dp_noise", "dp_delta", "dataset_params", "server_projection", "server_projection_params",
+    "dp_clip", "dp_noise", "dp_delta", "dataset_params", "server_projection", "server_projection_params", "stages",
 )
 """Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
 that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
@@ -193,6 +197,11 @@ class RunConfig(BaseModel):
         "who is speaking; docs/security.md)",
     )
 
+    stages: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="stages of the round, each its own section: [stages.<name>] with its "
+        "parameters (phalanx list stages; e.g. [stages.fail_closed] window = 5); the built-in crfl and dp are turned "
+        "on by server_projection and dp_noise (docs/design.md, 'Stages')",
+    )
     tracking: list[str] = Field(
         default_factory=list, description="experiment trackers that also receive the run: its config as parameters "
         "and every metric row as it is made — 'tensorboard', 'mlflow', 'wandb' (a list, or one name), a plug-in's "
@@ -209,6 +218,30 @@ class RunConfig(BaseModel):
     def _one_tracker(cls, value: Any) -> Any:
         """``tracking = "mlflow"`` is ``tracking = ["mlflow"]``."""
         return [value] if isinstance(value, str) else value
+
+    @property
+    def algorithm_class(self) -> type[RoundAlgorithm]:
+        """The class of ``algorithm``, resolved once for this config (a built-in one, a registered name, a
+        ``module:attr`` spec or an entry point); kept with the name it was resolved from, so that a copy with another
+        ``algorithm`` resolves its own."""
+        cached = self.__dict__.get("_algorithm_class")
+        if cached is None or cached[0] != self.algorithm:
+            cached = (self.algorithm, builtin.algorithm_class(self.algorithm))
+            self.__dict__["_algorithm_class"] = cached  # beside the fields: not dumped, compared or pickled
+        cls: type[RoundAlgorithm] = cached[1]
+        return cls
+
+    @cached_property
+    def handover(self) -> Handover:
+        """What validating this very config built for its run (its components), handed over once."""
+        return Handover(id(self))
+
+    def __getstate__(self) -> dict[Any, Any]:
+        """Pickled (to a sweep's worker process) without what this process resolved and built for it: the other
+        process resolves and builds its own."""
+        state: dict[Any, Any] = super().__getstate__()
+        fields = type(self).model_fields
+        return {**state, "__dict__": {k: v for k, v in state["__dict__"].items() if k in fields}}
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -235,3 +268,28 @@ class RunConfig(BaseModel):
             + (f" α={self.alpha:g}" if self.partition == "dirichlet" else "")
             + f" | seed={self.seed}"
         )
+
+
+class Handover:
+    """The objects validating a config built for its run (:class:`phalanx.experiments.components.Components`), kept
+    on the config itself — not in a module-wide cache — and handed over once (they carry state: a second run of the
+    config builds its own). A copy of the config (``model_copy``) shares the box but not its owner: it gets
+    nothing."""
+
+    def __init__(self, owner: int) -> None:
+        self.owner = owner
+        self.parts: Any = None
+
+    def keep(self, parts: Any) -> None:
+        """Keep ``parts`` for the run."""
+        self.parts = parts
+
+    def peek(self, cfg: RunConfig) -> Any:
+        """What is kept for ``cfg`` (this very object), still kept; None when nothing is."""
+        return self.parts if id(cfg) == self.owner else None
+
+    def take(self, cfg: RunConfig) -> Any:
+        """What is kept for ``cfg`` (this very object), handed over once; None when nothing is."""
+        parts = self.peek(cfg)
+        self.parts = None if parts is not None else self.parts
+        return parts

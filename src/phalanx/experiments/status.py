@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phalanx.experiments import runstate, store
+from phalanx.experiments import runfiles, runstate, store
 
 GRID = "grid.json"
 
@@ -85,8 +85,8 @@ def recorded_config(run_dir: Path) -> dict[str, Any]:
     """The config a run directory recorded (``config.json``), or {} where it cannot be read: for what a listing or a
     report shows, not for resuming (a resume checks it against the config asked for)."""
     try:
-        cfg = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        cfg = runfiles.read_json(run_dir / "config.json")
+    except (OSError, ValueError):  # missing, unreadable, too large, not JSON (ConfigError is a ValueError)
         return {}
     return cfg if isinstance(cfg, dict) else {}
 

@@ -8,8 +8,8 @@ Layout of a run directory::
                           differ), and the SHA-256 of every file below
     metrics.jsonl         one row per evaluated round (rewritten atomically at every checkpoint)
     checkpoint.safetensors  θ, worker momentum, previous aggregate, normalisation statistics, random-stream states,
-                            server optimizer
-                          state, round (atomic)
+                            server optimizer state (:mod:`phalanx.experiments.checkpoint`); round, and the record
+                            of the sessions that trained it (:mod:`phalanx.experiments.provenance`) (atomic)
     metrics.parquet       the same rows as Parquet, written when the run finishes
     DONE                  marker of a finished run
 
@@ -17,8 +17,10 @@ Integrity: every file the run writes is recorded in the manifest (``artifacts``:
 *before* it replaces the old file, so a crash between the two leaves a file whose digest is one of the two recorded.
 Resuming a run and reading its metrics (reports, tables, the planner) check the files they read against the manifest
 and refuse a changed, truncated or missing one (:class:`~phalanx.errors.IntegrityError`); ``PHALANX_FORCE=1`` (the
-CLI's ``--force``) uses them anyway. The digests catch damage and edits by hand; against deliberate tampering, sign
-the directory (``phalanx sign``).
+CLI's ``--force``) uses them anyway. The digests are an unkeyed checksum: they catch damage and edits by hand, not
+someone who rewrites a file and its digest; against that, a run's ``sign_key`` (docs/security.md). Before a grid
+skips a finished run, every file it wrote is checked (:func:`check_finished`). Every file is read back with bounded
+memory (:mod:`phalanx.experiments.runfiles`).
 
 Errors: a write that fails (permission denied, disk full, ``--out`` naming a file) is an
 :class:`~phalanx.errors.OutputError` naming the path; the file it was replacing is left as it was, and no temporary
@@ -40,19 +42,23 @@ import platform
 import re
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from phalanx import __version__
 from phalanx.errors import ConfigError, IntegrityError, OutputError
-from phalanx.experiments.config import RESULT_NEUTRAL_KEYS
-from phalanx.training.state import RoundState, Snapshot
+from phalanx.experiments import checkpoint, runfiles
+from phalanx.experiments.config import MAX_ROWS, RESULT_NEUTRAL_KEYS
+from phalanx.experiments.runfiles import damaged
+from phalanx.experiments.runfiles import reason as _reason
+from phalanx.training.state import Snapshot
 
 
 def _proc_umask() -> int | None:
@@ -148,14 +154,24 @@ def file_digest(path: Path) -> str:
 
 
 def _read_manifest(out: Path) -> dict[str, Any]:
+    """The run directory's manifest, read with bounded memory (:mod:`phalanx.experiments.runfiles`)."""
     try:
-        data = json.loads((out / MANIFEST).read_text())
+        data = runfiles.read_json(out / MANIFEST)
     except FileNotFoundError:
         raise IntegrityError(str(out / MANIFEST), "missing (every run directory has one)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except OSError as exc:
         raise IntegrityError(str(out / MANIFEST), f"unreadable ({type(exc).__name__})") from None
+    except ConfigError as exc:
+        raise IntegrityError(str(out / MANIFEST), f"unreadable ({exc.hint.split(';')[0] if exc.hint else exc})"
+                             ) from None
     if not isinstance(data, dict):
         raise IntegrityError(str(out / MANIFEST), "not a JSON object")
+    artifacts = data.get("artifacts", {})
+    if not isinstance(artifacts, dict) or not all(
+            isinstance(e, dict) and isinstance(e.get("sha256"), str) and (e.get("previous") is None
+                                                                         or isinstance(e["previous"], str))
+            for e in artifacts.values()):
+        raise IntegrityError(str(out / MANIFEST), "its 'artifacts' are not a map of file names to digests")
     return data
 
 
@@ -193,13 +209,6 @@ def _install(out: Path, name: str, tmp: str) -> None:
     os.chmod(tmp, file_mode())
     _record(out, name, file_digest(Path(tmp)))
     os.replace(tmp, out / name)
-
-
-def damaged(path: Path, problem: str) -> ConfigError:
-    """The error for a run-directory file that cannot be read as Phalanx wrote it: names the file, the problem and
-    the directory to delete (the run then starts again from round 0)."""
-    return ConfigError("file", str(path), "a file as Phalanx wrote it",
-                       f"{problem}; delete {path.parent} to run that run again from the start")
 
 
 def forced() -> bool:
@@ -256,6 +265,7 @@ def verify(out: Path, names: tuple[str, ...]) -> None:
             continue
         if not path.exists() and not _finish_first_write(out, name, entry):
             raise IntegrityError(str(path), "missing (manifest.json records it)")
+        runfiles.size_of(path)  # a regular file: a FIFO or device put in its place would block or never end
         digest = file_digest(path)
         if digest not in (entry.get("sha256"), entry.get("previous")):
             raise IntegrityError(str(path), "changed or truncated since it was written (its SHA-256 differs from "
@@ -270,13 +280,9 @@ def check_identity(out: Path, identity: dict[str, Any], finished: bool = False) 
     cfg_path = out / "config.json"
     verify(out, ("config.json",))
     try:
-        stored = json.loads(cfg_path.read_text(encoding="utf-8"))
+        stored = runfiles.read_json_object(cfg_path)
     except FileNotFoundError:
         raise damaged(cfg_path, "missing (every run directory has one)") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise damaged(cfg_path, f"not JSON ({_reason(exc)})") from None
-    if not isinstance(stored, dict):
-        raise damaged(cfg_path, f"a JSON {type(stored).__name__}, not an object")
     existing = {k: v for k, v in stored.items() if k not in RESULT_NEUTRAL_KEYS}
     resolved = {k: v for k, v in identity.items() if k not in RESULT_NEUTRAL_KEYS}
     if existing != resolved:
@@ -286,6 +292,30 @@ def check_identity(out: Path, identity: dict[str, Any], finished: bool = False) 
             "run directory", str(out), f"{what} of the same configuration (differs in {', '.join(changed)})",
             "it holds another run under this run's name: use another --out or delete it",
         )
+
+
+RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.safetensors", "metrics.parquet", "DONE")
+"""The files every finished run has written into its directory, each recorded in the manifest."""
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")
+
+
+def check_finished(out: Path, identity: dict[str, Any]) -> None:
+    """What a grid checks before it skips a finished run as done: its recorded ``config.json`` is the file the
+    manifest records and the configuration ``identity`` asked for (:func:`check_identity`), every file the run
+    wrote agrees with the manifest, and the manifest's seed is the config's. All of it is unkeyed: it catches damage,
+    a run copied under another's name and a careless edit, not someone who rewrites the files and the manifest
+    consistently (a signature's provenance does: :mod:`phalanx.experiments.provenance`)."""
+    check_identity(out, identity, finished=True)
+    if forced():
+        return
+    manifest = _read_manifest(out)
+    if manifest.get("integrity") is not None:  # every recorded file (of a plain name: no path leads elsewhere)
+        recorded = {n for n in manifest.get("artifacts", {}) if _PLAIN_NAME.fullmatch(n) and n != MANIFEST}
+        verify(out, tuple(sorted(recorded | {n for n in RUN_FILES if (out / n).exists()})))
+    seed = manifest.get("seed")
+    if "seed" in identity and seed is not None and seed != identity["seed"]:
+        raise IntegrityError(str(out / MANIFEST), f"records seed {str(seed)[:20]}, but config.json says seed "
+                             f"{identity['seed']} (the run is not the one its config names)")
 
 
 def prepare_run_dir(
@@ -328,49 +358,36 @@ def note_device(out: Path, device: dict[str, str], round_: int) -> bool:
     return True
 
 
-def _reason(exc: BaseException) -> str:
-    """An exception's message as a short clause of one line."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 120 else text[:117] + "..."
+Provenance = Callable[[int, str, str | None], str]
+"""What a checkpoint's provenance record is made by: ``(round, digest of its tensors, digest of the metric rows)`` →
+the metadata value (:meth:`phalanx.experiments.provenance.Session.record`)."""
 
 
-def save_checkpoint(out: Path, snap: Snapshot) -> Path:
+def save_checkpoint(out: Path, snap: Snapshot, provenance: Provenance | None = None) -> Path:
     """Write the metric rows so far, then the checkpoint (both atomically; rows first, so none are lost).
 
-    Tensors: ``theta``, ``momentum``, ``previous``, ``norm_stats`` (BatchNorm / Hybrid BN global statistics),
-    ``algorithm.<name>`` (the round algorithm's own state, ``RoundState.own``: FedBN's ``local_norms``, say),
-    ``rule.<name>`` (the state of a rule that keeps state across rounds: FoolsGold's history),
-    ``rng.<stream>`` (random streams), ``optim.<name>`` (the server
-    optimizer's state); metadata: ``round`` and the number of rows. Tensors are saved as CPU tensors whatever
-    device the run trains on, so a checkpoint resumes on any device (the loop moves them to the run's).
+    Tensors: :func:`phalanx.experiments.checkpoint.tensors_of`; metadata: ``round``, the number of rows and, given
+    ``provenance``, the record of the sessions that trained it (:mod:`phalanx.experiments.provenance`), written in
+    the same rename as the tensors it describes.
     """
     state, rows = snap.state.to("cpu"), snap.rows
-    write_artifact(out, "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
-    tensors = {"theta": state.theta.contiguous()}
-    if state.momentum is not None:
-        tensors["momentum"] = state.momentum.contiguous()
-    if state.previous is not None:
-        tensors["previous"] = state.previous.contiguous()
-    if state.stats is not None:
-        tensors["norm_stats"] = state.stats.contiguous()
-    for name, t in state.own.items():
-        tensors[f"algorithm.{name}"] = t.contiguous()
-    for name, g in snap.streams.items():
-        tensors[f"rng.{name}"] = g.cpu()
-    for name, t in snap.optimizer.items():
-        tensors[f"optim.{name}"] = t.cpu().contiguous()
-    for name, t in snap.rule.items():
-        tensors[f"rule.{name}"] = t.cpu().contiguous()
+    payload = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    write_artifact(out, "metrics.jsonl", payload)
+    tensors = checkpoint.tensors_of(snap, state)
     path = out / "checkpoint.safetensors"
+    meta = {"round": str(state.round), "rows": str(len(rows))}
+    if provenance is not None:
+        digest = hashlib.sha256(payload).hexdigest() if payload else None
+        meta["provenance"] = provenance(state.round, runfiles.tensors_digest(tensors), digest)
     with writing(path):
         fd, tmp = tempfile.mkstemp(dir=out, prefix=".checkpoint.", suffix=".tmp")
         os.close(fd)
         try:
             try:
-                save_file(tensors, tmp, metadata={"round": str(state.round), "rows": str(len(rows))})
+                save_file(tensors, tmp, metadata=meta)
             except SafetensorError as exc:  # its I/O errors come as text ("… (os error 28)"): the OSError
-                raise _os_error(exc) from None
-            _check_written(path, tmp, set(tensors))
+                raise checkpoint.os_error(exc) from None
+            checkpoint.check_written(path, tmp, set(tensors))
             _install(out, path.name, tmp)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -378,40 +395,33 @@ def save_checkpoint(out: Path, snap: Snapshot) -> Path:
     return path
 
 
-def _os_error(exc: SafetensorError) -> BaseException:
-    """safetensors' error as the :class:`OSError` it carries (``… (os error 28)``: a full disk), so that
-    :func:`writing` makes it the one-line :class:`OutputError`; the error itself when it carries none."""
-    match = re.search(r"\(os error (\d+)\)|Os \{ code: (\d+)", str(exc))
-    if match is None:
-        return exc
-    code = int(match.group(1) or match.group(2))
-    return OSError(code, os.strerror(code))
+@dataclass(frozen=True)
+class Loaded:
+    """A checkpoint read back: the snapshot to resume from, its metadata (the provenance record among it), the digest
+    of its tensors and of the metric rows up to its round (:mod:`phalanx.experiments.provenance`)."""
 
-
-def _check_written(path: Path, tmp: str, names: set[str]) -> None:
-    """Flush the checkpoint just written to ``tmp`` to disk and read its header back: the library that writes it
-    can drop a failed write silently (a full disk), and such a file must not replace the last good checkpoint."""
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    try:
-        with safe_open(tmp, framework="pt") as fh:
-            complete = set(fh.keys()) == names
-    except SafetensorError:
-        complete = False
-    if not complete:
-        raise OutputError(str(path), "the checkpoint was not written completely (is the disk full?)",
-                          "free some space, then run the same command again (the previous checkpoint is intact)")
+    snapshot: Snapshot
+    metadata: dict[str, str]
+    tensors: str
+    rows: str | None
 
 
 def load_checkpoint(out: Path) -> Snapshot | None:
     """The last checkpoint of a run directory, with the metric rows up to it; None if there is none."""
+    loaded = open_checkpoint(out)
+    return None if loaded is None else loaded.snapshot
+
+
+def open_checkpoint(out: Path, rounds: int | None = None) -> Loaded | None:
+    """The last checkpoint of a run directory (of a run of ``rounds`` rounds, when given), with the metric rows up
+    to it; None if there is none. Its header is checked against the file's size before anything is loaded
+    (:func:`phalanx.experiments.runfiles.checkpoint_header`)."""
     ckpt = out / "checkpoint.safetensors"
     verify(out, ("config.json", "checkpoint.safetensors", "metrics.jsonl"))
     if not ckpt.exists():
         return None
+    meta = runfiles.checkpoint_header(ckpt).metadata
     try:
-        with safe_open(str(ckpt), framework="pt") as fh:
-            meta = fh.metadata() or {}
         tensors = load_file(str(ckpt))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise damaged(ckpt, f"truncated or not a safetensors file ({_reason(exc)})") from None
@@ -419,58 +429,16 @@ def load_checkpoint(out: Path) -> Snapshot | None:
         round_ = int(meta["round"])
         n_rows = int(meta["rows"]) if "rows" in meta else None
     except (KeyError, ValueError):
-        raise damaged(ckpt, f"its metadata has no valid round ({meta})") from None
-    if round_ < 0:
-        raise damaged(ckpt, f"its metadata has a negative round ({round_})")
-    _check_tensors(ckpt, tensors)
-    rows = [r for r in read_rows(out) if r["round"] <= round_]
+        raise damaged(ckpt, f"its metadata has no valid round ({str(meta.get('round'))[:40]!r})") from None
+    if round_ < 0 or (rounds is not None and round_ > rounds):
+        raise damaged(ckpt, f"its metadata has round {round_}, outside 0 … {rounds if rounds is not None else '∞'}")
+    checkpoint.check_tensors(ckpt, tensors)
+    rows, digest = rows_upto(out, round_)
     if n_rows is not None and len(rows) < n_rows:
         raise damaged(out / "metrics.jsonl", f"{len(rows)} rows up to round {round_}, but the checkpoint of that "
                       f"round was written after {n_rows} (rows are missing)")
-    state = RoundState(
-        theta=tensors["theta"], momentum=tensors.get("momentum"), previous=tensors.get("previous"), round=round_,
-        stats=tensors.get("norm_stats"), own=_algorithm_state(tensors),
-    )
-    streams = {k.removeprefix("rng."): v for k, v in tensors.items() if k.startswith("rng.")}
-    optimizer = {k.removeprefix("optim."): v for k, v in tensors.items() if k.startswith("optim.")}
-    rule = {k.removeprefix("rule."): v for k, v in tensors.items() if k.startswith("rule.")}  # none: a fresh rule
-    return Snapshot(state, streams, optimizer, rows, resumed=True, rule=rule)
-
-
-LEGACY_ALGORITHM_STATE = ("local_norms",)
-"""Algorithm state that checkpoints written before it was prefixed kept under its bare name (FedBN's table)."""
-
-
-def _algorithm_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The round algorithm's own state in a checkpoint: its ``algorithm.<name>`` tensors (and the bare names older
-    checkpoints used)."""
-    own = {k.removeprefix("algorithm."): v for k, v in tensors.items() if k.startswith("algorithm.")}
-    for name in LEGACY_ALGORITHM_STATE:
-        if name in tensors:
-            own.setdefault(name, tensors[name])
-    return own
-
-
-def _check_tensors(ckpt: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """The checkpoint's tensors fit together: a floating ``theta`` of d entries — ``(d,)``, or ``(n, d)`` with a
-    model per node (decentralized rounds) — ``momentum`` (rows, d), ``previous`` shaped as ``theta``, random-stream
-    states as bytes; a :class:`ConfigError` naming the tensor otherwise."""
-    theta = tensors.get("theta")
-    if theta is None:
-        raise damaged(ckpt, "it has no tensor 'theta'")
-    if theta.dim() not in (1, 2) or theta.numel() == 0 or not theta.is_floating_point():
-        raise damaged(ckpt, f"tensor 'theta' has shape {tuple(theta.shape)} and dtype {theta.dtype}, not a "
-                      "floating vector (or a matrix of one per node)")
-    d = theta.shape[-1]
-    expected = {"momentum": "(rows, d)", "previous": f"{tuple(theta.shape)} (as 'theta')"}
-    for name, shape in (("momentum", 2), ("previous", theta.dim())):
-        t = tensors.get(name)
-        if t is not None and (t.dim() != shape or t.shape[-1] != d):
-            raise damaged(ckpt, f"tensor {name!r} has shape {tuple(t.shape)}, expected {expected[name]} with "
-                          f"d = {d} (the size of 'theta')")
-    for name, t in tensors.items():
-        if name.startswith("rng.") and (t.dtype != torch.uint8 or t.dim() != 1):
-            raise damaged(ckpt, f"tensor {name!r} is not a random-stream state (1-D bytes)")
+    snap = checkpoint.snapshot_of(tensors, round_, rows)
+    return Loaded(snap, meta, runfiles.tensors_digest(tensors), digest)
 
 
 def finish_run(out: Path, rows: list[dict[str, Any]]) -> None:
@@ -520,29 +488,44 @@ def write_parquet(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """Read the metric rows of a run directory (JSON lines), checked against the manifest's digest."""
+    """Read the metric rows of a run directory (JSON lines), checked against the manifest's digest; streamed with
+    bounded memory (:func:`phalanx.experiments.runfiles.jsonl_lines`)."""
+    return rows_upto(path, None)[0]
+
+
+def rows_upto(path: Path, round_: int | None) -> tuple[list[dict[str, Any]], str | None]:
+    """The metric rows of a run directory up to round ``round_`` (all: ``None``) and the SHA-256 of their lines as
+    the file holds them (``None`` for no rows: what a provenance record compares). At most
+    :data:`~phalanx.experiments.config.MAX_ROWS` + 1 rows are read; a line longer than
+    :data:`~phalanx.experiments.runfiles.MAX_ROW_BYTES`, nested too deeply or not a row is one line naming the
+    file."""
     metrics = path / "metrics.jsonl"
     if not metrics.exists():
-        return []
+        return [], None
     if (path / MANIFEST).exists() or (path / "config.json").exists():
         verify(path, ("metrics.jsonl",))
-    try:
-        lines = metrics.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise damaged(metrics, f"not UTF-8 text (byte {exc.start})") from None
-    rows = []
-    for number, line in enumerate(lines, 1):
+    rows: list[dict[str, Any]] = []
+    h = hashlib.sha256()
+    for number, line in runfiles.jsonl_lines(metrics):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise damaged(metrics, f"line {number} is not UTF-8 text (byte {exc.start})") from None
         except json.JSONDecodeError as exc:
-            last = number == len(lines)
-            raise damaged(metrics, f"line {number} is {'cut short' if last else 'not JSON'} ({exc.msg})") from None
+            cut = not line.endswith(b"\n")
+            raise damaged(metrics, f"line {number} is {'cut short' if cut else 'not JSON'} ({exc.msg})") from None
+        except RecursionError:
+            raise damaged(metrics, f"line {number} is JSON nested too deeply") from None
         if not isinstance(row, dict) or isinstance(row.get("round"), bool) or not isinstance(row.get("round"), int):
             raise damaged(metrics, f"line {number} is not a metric row (a JSON object with an integer 'round')")
-        rows.append(row)
-    return rows
+        if round_ is None or row["round"] <= round_:
+            if len(rows) > MAX_ROWS:
+                raise damaged(metrics, f"more than {MAX_ROWS + 1:,} metric rows (the most a run writes)")
+            rows.append(row)
+            h.update(line)
+    return rows, (h.hexdigest() if rows else None)
 
 
 def finished_rows(path: Path) -> list[dict[str, Any]]:

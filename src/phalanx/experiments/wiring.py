@@ -11,9 +11,12 @@ A run is the loop over its transport with, in this order::
                   counts)                                          │
     Tracked       the experiment trackers (TensorBoard, MLflow,    │
                   W&B): every row as it is made                    ┘
-    RunDirectory  checkpoints, final metrics, DONE, the signature  ┐ with a run directory, unless the run has
-    recorders     what else writes into the directory (torchrun's  ┘ finished already
-                  distributed.json, the transcript)
+    RunDirectory  checkpoints (with their provenance record),      ┐ with a run directory, unless the run has
+                  final metrics, DONE                              │ finished already
+    recorders     what else writes into the directory (torchrun's  │
+                  distributed.json, the transcript)                │
+    SignDirectory with a signing key: the finished directory's     ┘
+                  signature, once nothing writes into it any more
     callbacks     the caller's (progress, logs)
 
 The run directory is held as :func:`phalanx.experiments.rundir.opened` holds it (lock, ``FAILED`` on an error, the
@@ -81,6 +84,8 @@ def run_experiment(
                 cbs.append(run.directory)
                 if recorders is not None:
                     cbs += recorders(run.directory)
+                sign = run.directory.signer()  # after every callback that writes into the directory
+                cbs += [] if sign is None else [sign]
             else:
                 if say is not None:
                     say(f"{r.path} has finished already: nothing to train")

@@ -16,7 +16,9 @@ when it pushes it, *after* ``configure_train`` has returned (``InMemoryGrid`` an
 
 A reply that passes is the *vote* of its node (:attr:`Screened.voter`). The replies dropped as unsampled, stale or
 impostor are no sampled node's vote: they never count against f (otherwise replies under made-up ids, or replays,
-would lower the f the rule is configured for down to 0). A duplicated node is one node whose vote was dropped.
+would lower the f the rule is configured for down to 0). A duplicated node is one node whose vote is void: missing,
+but not counted against f either, since the second reply in its name may be an impostor's that passed these checks
+(``phalanx.flower.strategy._lost_votes``).
 
 Flower's error reply for a reply whose objects the SuperLink could not pull (``src_node_id`` = the SuperLink's id,
 ``reply_to_message_id`` = the instruction) is that instruction's node's vote, dropped as an error reply.

@@ -12,9 +12,11 @@ ref-api/flwr.serverapp.strategy.FedAvg.html), with the broadcast global model w:
    then forms the updates Δᵢ = wᵢ − w (all arrays of the record flattened, in the global record's key order), drops
    the replies whose structure does not fit (error replies, no ``ArrayRecord``, other keys or shapes, not real
    numbers) and keeps the others, NaN and Inf included.
-3. The server steps w ← w + η·Agg(Δ₁, …, Δₙ) with the Phalanx rule ``Agg`` configured for f − m when m sampled nodes'
-   votes were dropped (each is one the adversary may have spent; a node that replied three times is one), η =
-   ``server_lr``.
+3. The server steps w ← w + η·Agg(Δ₁, …, Δₙ) with the Phalanx rule ``Agg`` configured for f − m when m sampled nodes
+   gave no usable vote of their own doing — silent, or their one reply an error or malformed (each is one the
+   adversary may have spent), η = ``server_lr``. A node whose vote is *void* — two or more replies in its name —
+   is missing like them but never lowers f: the second reply need not be its own, and an adversary that voided an
+   honest node's vote must not also weaken the rule (see :func:`_lost_votes`).
 
 Flower's SecAgg+ (``SecAggPlusWorkflow`` on the server, ``secaggplus_mod`` on the clients) would hand the strategy
 only the sum of the updates, which no robust rule can use: it is refused with a :class:`~phalanx.errors.ConfigError`
@@ -147,13 +149,26 @@ def _is_secagg_error(msg: Message) -> bool:
         return False
 
 
-def _lost_votes(screened: Sequence[Screened], parsed: Sequence[Reply], sent: Sent | None) -> int:
-    """The number of sampled nodes without a usable vote (m, counted against f): those whose replies were dropped,
-    and — when the round's sample is known — those that did not reply at all (a silent node is a missing worker,
-    as on the Phalanx server; so a node that voted twice weighs exactly what a silent one weighs)."""
+def _lost_votes(screened: Sequence[Screened], parsed: Sequence[Reply], sent: Sent | None) -> tuple[int, int]:
+    """``(m, void)`` for the round's sampled nodes without a usable vote.
+
+    ``m`` (counted against f): those whose vote is missing by their own doing — silent, when the round's sample is
+    known (a missing worker, as on the Phalanx server), or whose one reply was an error or malformed. Each is faulty
+    (a crash is the most benign Byzantine behaviour), so at most f − m of the used rows are Byzantine.
+
+    ``void`` (never counted against f): those whose vote was voided because two or more replies came in their name
+    (``duplicate``). Such a node is missing like the others, but it need not be faulty: a second reply that passes
+    every other check — the node's own id on the node's own instruction — may come from an impostor (a Grid or
+    SuperLink that does not bind node ids to senders). Lowering f for it would let the adversary drop an honest vote
+    *and* weaken the rule: with cwtm, f = 1, four honest updates of +0.1 and a Byzantine +100, one forged reply in an
+    honest node's name made the rule the mean of the rest, a step of +25 instead of +0.1
+    (tests/test_flower_void.py). Kept at f, the used rows still hold at most f − m Byzantine ones whatever the
+    adversary voids: voiding gains it nothing but a smaller sample (the round keeps the model when the rule then
+    needs more updates). A node that did reply twice itself is not credited to f either — the safe side."""
     voters = {s.voter for s in screened if s.voter is not None} | (set(sent.sampled) if sent is not None else set())
     used = {s.voter for s, p in zip(screened, parsed) if p.update is not None}
-    return len(voters - used)
+    void = {s.voter for s in screened if s.reason == "duplicate"} - used
+    return len(voters - used - void), len(void)
 
 
 class PhalanxFedAvg(FedAvg):
@@ -171,17 +186,18 @@ class PhalanxFedAvg(FedAvg):
         own ``f`` for a rule object).
     server_lr: η > 0, the server's step on the aggregated update (1 = replace the model by w + Agg).
     log_path: a JSON-lines file each round's contributions are appended to (one line per reply), or None.
-    count_dropped_against_f: use the rule configured for f − m when m sampled nodes gave no usable vote — silent,
-        an error or malformed reply, or replies dropped by the one-vote check (default; the Phalanx server's
-        convention for missing workers; a node that replied twice is one, replies of unsampled nodes, stale and
-        impostor replies are none). False keeps f whatever was dropped — safer when
-        honest clients fail often, at the price of a larger no-attack error.
+    count_dropped_against_f: use the rule configured for f − m when m sampled nodes gave no usable vote of their
+        own doing — silent, or an error or malformed reply (default; the Phalanx server's convention for missing
+        workers). A node whose vote is void (two or more replies in its name), replies of unsampled nodes, stale and
+        impostor replies never lower f. False keeps f whatever was dropped — safer when honest clients fail often,
+        at the price of a larger no-attack error.
 
     The clients' train (and evaluate) metrics are aggregated by the per-key unweighted median unless
     ``train_metrics_aggr_fn`` (``evaluate_metrics_aggr_fn``) is given; the train metrics also hold
     ``replies-received``, ``replies-valid``, ``replies-dropped`` (of which ``replies-duplicate``,
     ``replies-unsampled``, ``replies-stale`` and ``replies-impostor`` by the one-vote check), ``nodes-dropped`` (the
-    m of f − m) and ``aggregated`` (1, or 0 when the round kept the global model). ``contributions`` lists one
+    m of f − m), ``nodes-void`` (sampled nodes whose vote was voided by duplicates: missing, not counted against f)
+    and ``aggregated`` (1, or 0 when the round kept the global model). ``contributions`` lists one
     :class:`~phalanx.flower.contributions.Contribution` per reply.
     """
 
@@ -298,7 +314,7 @@ class PhalanxFedAvg(FedAvg):
         self._refuse_secagg_clients(server_round, messages, screened)
         parsed = [self._read(m, v, layout) for m, v in zip(messages, screened)]
         used = [i for i, p in enumerate(parsed) if p.update is not None]
-        lost = _lost_votes(screened, parsed, sent)
+        lost, void = _lost_votes(screened, parsed, sent)
         x = self._stack(parsed, used, layout)
         agg, share, f_eff, why_not = self._aggregate(x, lost, layout.size)
         applied = why_not is None
@@ -318,6 +334,7 @@ class PhalanxFedAvg(FedAvg):
         for reason in REASONS:
             metrics[f"replies-{reason}"] = sum(p.reason == reason for p in parsed)
         metrics["nodes-dropped"] = lost
+        metrics["nodes-void"] = void
         metrics["aggregated"] = int(applied)
         self._log_round(server_round, parsed, records, f_eff, agg, why_not)
         self.contributions.extend(records)
@@ -448,8 +465,8 @@ class PhalanxFedAvg(FedAvg):
     def _aggregate(
         self, x: Tensor | None, lost: int, d: int,
     ) -> tuple[Tensor | None, Tensor | None, int, str | None]:
-        """``(Agg, shares, f used, None)``, or ``(…, why the model is kept)``; ``lost``: the nodes whose vote was
-        dropped (counted against f unless ``count_dropped_against_f`` is False)."""
+        """``(Agg, shares, f used, None)``, or ``(…, why the model is kept)``; ``lost``: the m of f − m (nodes
+        without a vote of their own doing, :func:`_lost_votes`; counted unless ``count_dropped_against_f`` is False)."""
         f_eff = max(self.f - lost, 0) if self.count_dropped_against_f else self.f
         if x is None:
             return None, None, f_eff, "no valid reply"

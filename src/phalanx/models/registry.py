@@ -121,7 +121,24 @@ def make(
     if not isinstance(model, nn.Module):
         got = type(model).__name__
         raise ConfigError("model", name, f"a builder that returns a torch.nn.Module (it returned a {got})")
+    _check_functional(model, name)
     return model.train()
+
+
+def _check_functional(model: nn.Module, name: str) -> None:
+    """Refuse, in one line that names the fix, a model with torch's own BatchNorm (or InstanceNorm tracking running
+    statistics): every worker's gradient is one vmapped functional call, which cannot update running statistics in
+    place (torch's error, raised per run, said so three times in a grid's failure line without saying what to do)."""
+    for where, module in model.named_modules():
+        tracked = isinstance(module, nn.modules.instancenorm._InstanceNorm) and module.track_running_stats
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) or tracked:
+            raise ConfigError(
+                "model", name, f"a model without torch's {type(module).__name__} (layer {where!r}): every "
+                "worker's gradient is one vmapped, functional call, which cannot update running statistics",
+                "use nn.GroupNorm or nn.LayerNorm; or, for BatchNorm itself, a built-in model with model_params "
+                "norm = 'batch', 'hybrid' or 'fedbn' (statistics held by the server) and algorithm = 'fedavg' "
+                "(docs/models.md)",
+            )
 
 
 def planned_parameters(name: str, input_shape: tuple[int, ...], num_classes: int, **params: Any) -> int | None:

@@ -22,6 +22,13 @@ and gives its clean accuracy there. Each is a mean with a 95 % Student-t interva
 success at round s, with the verdict "cuts it" when the whole interval is above 0; and its **price** with no
 attack, mean − rule clean accuracy at round s, "costs accuracy" when the whole interval is above 0. No verdict
 from fewer than :data:`~phalanx.analysis.stats.MIN_SEEDS` seeds or an interval of zero width (every seed the same).
+
+**Many verdicts, one family.** The report reads every cut, every price and every trend at once (168 comparisons in
+the full preset), so they are one family: each verdict is decided by its Holm-adjusted p-value (Holm 1979; the
+family-wise error rate ≤ 0.05 under any dependence: :func:`phalanx.analysis.stats.holm`), while the intervals shown
+stay the per-comparison 95 % ones. **A trend is tested, not read off**: "the price grows with heterogeneity" is, per
+defence, the per-seed least-squares slope of the price on log₁₀ α (paired by seed), with its t-interval over the
+seeds — negative when the price grows as α shrinks — in the same family.
 """
 
 from __future__ import annotations
@@ -33,14 +40,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
+from phalanx.analysis.stats import MIN_SEEDS, Estimate, holm, mean_ci, slope
 from phalanx.errors import ConfigError
 from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.report import save_figure
+from phalanx.experiments.plots import save_figure
 from phalanx.studies.base import ModuleStudy, Report, StudyFunctions
 from phalanx.studies.registry import register
-from phalanx.studies.reporting import pick_preset, provenance, write_report_files
+from phalanx.studies.reporting import family_note, holm_p, pick_preset, provenance, write_report_files
 
 MEAN = "mean"
 NONE = "none"
@@ -312,69 +319,122 @@ def attack_label(p: Preset, attack: str) -> str:
     return attack + ("(" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "")
 
 
-def results_markdown(table: Table, p: Preset) -> str:
+Comparison = tuple[str, ...]
+"""A verdict's key in a report's family: ``("cut", rule, attack, α)``, ``("price", rule, α)`` or ``("trend", rule)``."""
+
+
+def price_trend(table: Table, rule: str, alphas: tuple[float, ...]) -> Estimate | None:
+    """Per seed, the least-squares slope of the price (mean − ``rule`` clean accuracy with no attack) on log₁₀ α;
+    mean and 95 % interval over the seeds that have every α. Negative: the price grows as α shrinks (as the clients'
+    data grow apart). None with fewer than two α or no such seed."""
+    if len(alphas) < 2:
+        return None
+    per_alpha = [_paired(table.get((MEAN, NONE, a), {}).get("accuracy", {}),
+                         table.get((rule, NONE, a), {}).get("accuracy", {})) for a in alphas]
+    seeds = sorted(set.intersection(*(set(d) for d in per_alpha)))
+    xs = [math.log10(a) for a in alphas]
+    slopes = [slope(xs, [d[s] for d in per_alpha]) for s in seeds]
+    return mean_ci(slopes) if slopes else None
+
+
+def family(table: Table, p: Preset) -> dict[Comparison, Estimate | None]:
+    """Every verdict the report reads — each defence's cut per (attack, α), its price per α and its price's trend
+    across α — Holm-corrected as one family (the module's docstring)."""
+    defences = [r for r in p.rules if r != MEAN]
+    alphas = tuple(float(a) for a in p.alphas)
+    keys: list[Comparison] = [("cut", r, a, str(al)) for r in defences for a in p.attacks for al in alphas]
+    keys += [("price", r, str(al)) for r in defences for al in alphas]
+    keys += [("trend", r) for r in defences] if len(alphas) > 1 else []
+    raw = [paired(table, k[1], k[2], float(k[3]), "success") if k[0] == "cut" else
+           paired(table, k[1], NONE, float(k[2]), "accuracy") if k[0] == "price" else price_trend(table, k[1], alphas)
+           for k in keys]
+    return dict(zip(keys, holm(raw)))
+
+
+def trend_verdict(e: Estimate | None) -> str:
+    """Whether a defence's price grows as α shrinks (the slope of the price on log₁₀ α below 0)."""
+    if e is None:
+        return "—"
+    return e.side(below="grows with heterogeneity", above="shrinks with heterogeneity", neither="no trend shown")
+
+
+def results_markdown(table: Table, p: Preset, fam: dict[Comparison, Estimate | None] | None = None) -> str:
     """Rows: (attack, α, rule); cells: clean accuracy, attack success at the stop round, durability, % mean ±
-    half-width; the success cut vs the mean (paired by seed) and its verdict."""
+    half-width; the success cut vs the mean (paired by seed), its Holm-adjusted p and its verdict."""
+    fam = family(table, p) if fam is None else fam
     k = f"{p.after} round{'s' if p.after != 1 else ''}"
     lines = [f"| attack | α | rule | clean accuracy % (round {p.stop_round}) | attack success % (round "
-             f"{p.stop_round}) | durability % ({k} after) | success cut vs mean, points | 95 % interval | "
-             "verdict |", "|---|---|---|---|---|---|---|---|---|"]
+             f"{p.stop_round}) | durability % ({k} after) | success cut vs mean, points | 95 % interval | Holm p | "
+             "verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
     for attack in p.attacks:
         for alpha in p.alphas:
             for rule in p.rules:
                 key = (rule, attack, float(alpha))
-                cut = None if rule == MEAN else paired(table, rule, attack, float(alpha), "success")
+                cut = None if rule == MEAN else fam.get(("cut", rule, attack, str(float(alpha))))
                 lines.append(
                     f"| {attack_label(p, attack)} | {alpha:g} | {rule} | {_show(estimate(table, key, 'accuracy'))} | "
                     f"{_show(estimate(table, key, 'success'))} | {_show(estimate(table, key, 'durability'))} | "
-                    + ("(baseline) | | |" if rule == MEAN else
-                       f"{_show(cut, '+')} | {'—' if cut is None else cut.interval(100, 1)} | {cut_verdict(cut)} |"))
+                    + ("(baseline) | | | |" if rule == MEAN else
+                       f"{_show(cut, '+')} | {'—' if cut is None else cut.interval(100, 1)} | {holm_p(cut)} | "
+                       f"{cut_verdict(cut)} |"))
     return "\n".join(lines)
 
 
-def price_markdown(table: Table, p: Preset) -> str:
-    """Rows: (rule, α); the clean accuracy with no attack and the price (mean − rule, paired by seed)."""
+def price_markdown(table: Table, p: Preset, fam: dict[Comparison, Estimate | None] | None = None) -> str:
+    """Rows: (rule, α); the clean accuracy with no attack and the price (mean − rule, paired by seed); then, per
+    defence, the price's trend across α (slope on log₁₀ α, per seed)."""
+    fam = family(table, p) if fam is None else fam
     lines = [f"| rule | α | clean accuracy % with no attack (round {p.stop_round}) | price: mean − rule, points | "
-             "95 % interval | verdict |", "|---|---|---|---|---|---|"]
+             "95 % interval | Holm p | verdict |", "|---|---|---|---|---|---|---|"]
     for rule in p.rules:
         for alpha in p.alphas:
             acc = estimate(table, (rule, NONE, float(alpha)), "accuracy")
             if rule == MEAN:
-                lines.append(f"| {rule} | {alpha:g} | {_show(acc)} | (baseline) | | |")
+                lines.append(f"| {rule} | {alpha:g} | {_show(acc)} | (baseline) | | | |")
                 continue
-            pr = paired(table, rule, NONE, float(alpha), "accuracy")
+            pr = fam.get(("price", rule, str(float(alpha))))
             lines.append(f"| {rule} | {alpha:g} | {_show(acc)} | {_show(pr, '+')} | "
-                         f"{'—' if pr is None else pr.interval(100, 1)} | {price_verdict(pr)} |")
+                         f"{'—' if pr is None else pr.interval(100, 1)} | {holm_p(pr)} | {price_verdict(pr)} |")
+    trends = [(r, fam.get(("trend", r))) for r in p.rules if r != MEAN and ("trend", r) in fam]
+    if trends:
+        lines += ["", "| rule | price's slope on log₁₀ α, points per decade | 95 % interval | Holm p | verdict |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r} | {_show(e, '+')} | {'—' if e is None else e.interval(100, 1)} | {holm_p(e)} | "
+                  f"{trend_verdict(e)} |" for r, e in trends]
     return "\n".join(lines)
 
 
-def readout(table: Table, p: Preset) -> str:
-    """One paragraph: how many (defence, attack, α) cells cut the backdoor, how many (defence, α) pay a price, and
-    the tension — defences that cut the backdoor somewhere at an α where they cost accuracy."""
-    defences = [r for r in p.rules if r != MEAN]
-    cuts = {(r, a, float(al)): cut_verdict(paired(table, r, a, float(al), "success"))
-            for r in defences for a in p.attacks for al in p.alphas}
-    prices = {(r, float(al)): price_verdict(paired(table, r, NONE, float(al), "accuracy"))
-              for r in defences for al in p.alphas}
+def readout(table: Table, p: Preset, fam: dict[Comparison, Estimate | None] | None = None) -> str:
+    """One paragraph: how many (defence, attack, α) cells cut the backdoor, how many (defence, α) pay a price, whose
+    price grows with heterogeneity, and the tension — defences that cut the backdoor somewhere at an α where they
+    cost accuracy. Every count is of Holm-corrected verdicts (:func:`family`)."""
+    fam = family(table, p) if fam is None else fam
+    cuts = {(k[1], k[2], float(k[3])): cut_verdict(e) for k, e in fam.items() if k[0] == "cut"}
+    prices = {(k[1], float(k[2])): price_verdict(e) for k, e in fam.items() if k[0] == "price"}
+    trends = {k[1]: trend_verdict(e) for k, e in fam.items() if k[0] == "trend"}
     n_cut = sum(v == "cuts it" for v in cuts.values())
     n_raise = sum(v == "raises it" for v in cuts.values())
     n_flat = sum(v == "no cut shown" for v in cuts.values())
     n_price = sum(v == "costs accuracy" for v in prices.values())
     n_gain = sum(v == "gains accuracy" for v in prices.values())
     n_free = sum(v == "no price shown" for v in prices.values())
-    n_none = sum(v.startswith("no verdict") for v in [*cuts.values(), *prices.values()])
+    n_none = sum(v.startswith("no verdict") for v in [*cuts.values(), *prices.values(), *trends.values()])
     both = sorted({f"{r} at α = {al:g}" for (r, a, al), v in cuts.items()
                    if v == "cuts it" and prices.get((r, al)) == "costs accuracy"})
     seeds = f"{len(p.seeds)} seeds" + ("" if len(p.seeds) >= MIN_SEEDS else f" (fewer than {MIN_SEEDS}: no verdicts)")
     text = (f"Of {len(cuts)} (defence, attack, α) cells, the defence cut the attack success below the mean's at round "
-            f"{p.stop_round} (whole paired 95 % interval above 0) in {n_cut}, raised it in {n_raise}, and showed no "
-            f"difference in {n_flat}. Of {len(prices)} (defence, α) pairs with no attack, {n_price} cost clean "
-            f"accuracy against the mean, {n_gain} gained and {n_free} showed no difference. ")
+            f"{p.stop_round} in {n_cut}, raised it in {n_raise}, and showed no difference in {n_flat}. Of "
+            f"{len(prices)} (defence, α) pairs with no attack, {n_price} cost clean accuracy against the mean, "
+            f"{n_gain} gained and {n_free} showed no difference. ")
+    if trends:
+        growing = sorted(r for r, v in trends.items() if v == "grows with heterogeneity")
+        text += (f"The price grew with heterogeneity (slope on log₁₀ α below 0) for {len(growing)} of {len(trends)} "
+                 "defences" + (f" ({', '.join(growing)}). " if growing else ". "))
     text += ("The tension — a backdoor cut and a price at the same α — shows for " + ", ".join(both) + "."
              if both else "No defence showed both a backdoor cut and a price at the same α.")
     text += f" {seeds}" + (f"; {n_none} comparisons gave no verdict (too few seeds, or every seed the same)."
                            if n_none else ".")
-    return text
+    return text + " " + family_note(fam.values())
 
 
 def cells_csv(table: Table, p: Preset) -> str:
@@ -479,6 +539,7 @@ def crfl_markdown(table: Table, p: Preset) -> str:
 
 def report_markdown(table: Table, p: Preset, *, command: str, wall_seconds: float | None, runs: int) -> str:
     """The whole report: setup, the attacked table, the price table, the readout."""
+    fam = family(table, p)
     cpr = "all" if p.clients_per_round is None else str(p.clients_per_round)
     parts = [
         f"# Backdoor defences: success, durability and price — preset `{p.name}`", "",
@@ -490,9 +551,9 @@ def report_markdown(table: Table, p: Preset, *, command: str, wall_seconds: floa
         f"honestly after; attack success = share of triggered test inputs (edgecase: of the edge-case test inputs) "
         f"classified as the target; durability = attack success {p.after} rounds after the attackers stopped. "
         f"Seeds {list(p.seeds)}; cells: mean ± 95 % Student-t half-width over the seeds; differences paired by seed.",
-        "", "## Under attack", "", results_markdown(table, p), "",
-        "## The price with no attack (paired by seed)", "", price_markdown(table, p), "",
-        "## Readout", "", readout(table, p), "",
+        "", "## Under attack", "", results_markdown(table, p, fam), "",
+        "## The price with no attack (paired by seed)", "", price_markdown(table, p, fam), "",
+        "## Readout", "", readout(table, p, fam), "",
     ]
     if CRFL in p.rules:
         parts += ["## CRFL's smoothed classifier and certificate (last round)", "",
@@ -531,5 +592,6 @@ class BackdoorDefences(ModuleStudy[Preset, Cell, Final]):
         text = report_markdown(table, p, command=command, wall_seconds=wall_seconds, runs=runs)
         files = write_report_files(out, text, cells_csv(table, p), "backdoor.png",
                                    "attack success, durability and price vs α", lambda path: plot(table, p, path))
-        return Report(files, [results_markdown(table, p) + "\n\n" + price_markdown(table, p) + "\n\n"
-                              + readout(table, p)])
+        fam = family(table, p)
+        return Report(files, [results_markdown(table, p, fam) + "\n\n" + price_markdown(table, p, fam) + "\n\n"
+                              + readout(table, p, fam)])

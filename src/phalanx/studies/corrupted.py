@@ -29,7 +29,7 @@ from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.report import save_figure
+from phalanx.experiments.plots import save_figure
 from phalanx.studies.base import ModuleStudy, Report, StudyFunctions
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import pick_preset, provenance, write_report_files

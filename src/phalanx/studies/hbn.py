@@ -32,10 +32,18 @@ from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments import store
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.report import clipped_errors, save_figure
+from phalanx.experiments.plots import clipped_errors, save_figure
 from phalanx.studies.base import ModuleStudy, Report, StudyFunctions
 from phalanx.studies.registry import register
-from phalanx.studies.reporting import final_accuracy, pick_preset, provenance, write_report_files
+from phalanx.studies.reporting import (
+    family_note,
+    final_accuracy,
+    holm_family,
+    holm_p,
+    pick_preset,
+    provenance,
+    write_report_files,
+)
 
 NORM_LABELS = {"group": "GroupNorm", "batch": "BatchNorm", "fedbn": "FedBN", "hybrid": "Hybrid BN", "none": "no norm",
                "fedbn-global": "FedBN, whole test set"}
@@ -186,7 +194,7 @@ def table_norms(p: Preset) -> list[str]:
 
 def differences(results: dict[tuple[str, str, int, float], Result], p: Preset) -> list[Difference]:
     """Hybrid BN − BatchNorm, Hybrid BN − GroupNorm, BatchNorm − GroupNorm and FedBN − BatchNorm (both of FedBN's
-    measures; those present), per rule and α, paired by seed."""
+    measures; those present), per rule and α, paired by seed; one Holm family (the report reads them all)."""
     rows = table_norms(p)
     pairs = [(a, b) for a, b in (("hybrid", "batch"), ("hybrid", "group"), ("batch", "group"), ("fedbn", "batch"),
                                  (FEDBN_GLOBAL, "batch"))
@@ -199,7 +207,7 @@ def differences(results: dict[tuple[str, str, int, float], Result], p: Preset) -
                 seeds = sorted(set(ra.per_seed) & set(rb.per_seed))
                 est = mean_ci([ra.per_seed[s] - rb.per_seed[s] for s in seeds])
                 out.append(Difference(a, b, rule, f, alpha, est))
-    return out
+    return holm_family(out)
 
 
 def _rule_label(rule: str, f: int) -> str:
@@ -221,13 +229,13 @@ def table_markdown(results: dict[tuple[str, str, int, float], Result], p: Preset
 
 
 def differences_markdown(ds: list[Difference]) -> str:
-    """One line per paired difference: estimate, interval, verdict."""
-    lines = ["| difference | rule | α | points | 95 % interval | verdict |", "|---|---|---|---|---|---|"]
+    """One line per paired difference: estimate, interval, Holm-adjusted p, verdict; the family's note under it."""
+    lines = ["| difference | rule | α | points | 95 % interval | Holm p | verdict |", "|---|---|---|---|---|---|---|"]
     for d in ds:
         e = d.estimate
         lines.append(f"| {NORM_LABELS[d.a]} − {NORM_LABELS[d.b]} | {_rule_label(d.rule, d.f)} | {d.alpha:g} | "
-                     f"{100 * e.mean:+.2f} | {e.interval(100)} | {d.verdict} |")
-    return "\n".join(lines)
+                     f"{100 * e.mean:+.2f} | {e.interval(100)} | {holm_p(e)} | {d.verdict} |")
+    return "\n".join(lines) + "\n\n" + family_note(d.estimate for d in ds)
 
 
 def cells_csv(results: dict[tuple[str, str, int, float], Result]) -> str:

@@ -27,10 +27,10 @@ from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.report import clipped_errors, save_figure
+from phalanx.experiments.plots import clipped_errors, save_figure
 from phalanx.studies.base import ModuleStudy, Report, StudyFunctions
 from phalanx.studies.registry import register
-from phalanx.studies.reporting import pick_preset, provenance, write_report_files
+from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance, write_report_files
 
 PLAIN = "mean"
 """Plain gossip: the reference of the price."""
@@ -180,7 +180,7 @@ class Price:
 
 
 def prices(results: dict[tuple[str, str, int], Result], p: Preset) -> list[Price]:
-    """Every robust rule's price with no attack, per b."""
+    """Every robust rule's price with no attack, per b; one Holm family (the report reads them all)."""
     out = []
     for b in p.byzantine:
         ref = results.get((PLAIN, "none", b))
@@ -190,7 +190,7 @@ def prices(results: dict[tuple[str, str, int], Result], p: Preset) -> list[Price
                 continue
             seeds = sorted(set(r.per_seed) & set(ref.per_seed))
             out.append(Price(rule, b, mean_ci([r.per_seed[s].mean - ref.per_seed[s].mean for s in seeds])))
-    return out
+    return holm_family(out)
 
 
 def _fmt(e: Estimate) -> str:
@@ -215,14 +215,14 @@ def table_markdown(results: dict[tuple[str, str, int], Result], p: Preset) -> st
 
 
 def prices_markdown(ps: list[Price]) -> str:
-    """One line per price: estimate, interval, verdict."""
-    lines = ["| rule | b (= f) | price: rule − mean, no attack (points) | 95 % interval | verdict |",
-             "|---|---|---|---|---|"]
+    """One line per price: estimate, interval, Holm-adjusted p, verdict; the family's note under it."""
+    lines = ["| rule | b (= f) | price: rule − mean, no attack (points) | 95 % interval | Holm p | verdict |",
+             "|---|---|---|---|---|---|"]
     for q in ps:
         e = q.estimate
-        lines.append(f"| {q.rule} | {q.b} | {100 * e.mean:+.2f} | {e.interval(100)} | "
+        lines.append(f"| {q.rule} | {q.b} | {100 * e.mean:+.2f} | {e.interval(100)} | {holm_p(e)} | "
                      f"{q.verdict} |")
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\n" + family_note(q.estimate for q in ps)
 
 
 def cells_csv(results: dict[tuple[str, str, int], Result]) -> str:

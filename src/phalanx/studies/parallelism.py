@@ -34,10 +34,10 @@ from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.report import save_figure
+from phalanx.experiments.plots import save_figure
 from phalanx.studies.base import ModuleStudy, Report, StudyFunctions
 from phalanx.studies.registry import register
-from phalanx.studies.reporting import pick_preset, provenance, write_report_files
+from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance, write_report_files
 
 ALGORITHM_LABELS = {"gossip": "D-SGD", "anytime": "Anytime SGD"}
 REFERENCE = "complete"
@@ -206,7 +206,7 @@ class Difference:
 
 
 def differences(results: dict[tuple[str, int, str], Result], p: Preset) -> list[Difference]:
-    """Anytime − D-SGD per (graph, n), paired by seed."""
+    """Anytime − D-SGD per (graph, n), paired by seed; one Holm family (the report reads them all)."""
     out = []
     for g in p.graphs:
         for n in p.nodes:
@@ -215,7 +215,7 @@ def differences(results: dict[tuple[str, int, str], Result], p: Preset) -> list[
                 continue
             seeds = sorted(set(a.per_seed) & set(d.per_seed))
             out.append(Difference(g, n, mean_ci([a.per_seed[s].loss - d.per_seed[s].loss for s in seeds])))
-    return out
+    return holm_family(out)
 
 
 def reference(results: dict[tuple[str, int, str], Result], n: int) -> float | None:
@@ -272,12 +272,13 @@ def accuracy_markdown(results: dict[tuple[str, int, str], Result], p: Preset) ->
 
 
 def differences_markdown(ds: list[Difference]) -> str:
-    """One line per paired difference: estimate, interval, verdict."""
-    lines = ["| graph | n | Anytime − D-SGD (test loss) | 95 % interval | verdict |", "|---|---|---|---|---|"]
+    """One line per paired difference: estimate, interval, Holm-adjusted p, verdict; the family's note under it."""
+    lines = ["| graph | n | Anytime − D-SGD (test loss) | 95 % interval | Holm p | verdict |",
+             "|---|---|---|---|---|---|"]
     for d in ds:
         e = d.estimate
-        lines.append(f"| {d.graph} | {d.n} | {e.mean:+.4f} | {e.interval(1.0, 4)} | {d.verdict} |")
-    return "\n".join(lines)
+        lines.append(f"| {d.graph} | {d.n} | {e.mean:+.4f} | {e.interval(1.0, 4)} | {holm_p(e)} | {d.verdict} |")
+    return "\n".join(lines) + "\n\n" + family_note(d.estimate for d in ds)
 
 
 def thresholds_markdown(th: dict[tuple[str, str], int | None], p: Preset) -> str:

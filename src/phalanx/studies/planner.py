@@ -44,7 +44,7 @@ from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.experiments import grid, store
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.report import save_figure
+from phalanx.experiments.plots import save_figure
 
 DEFAULT_RULES = ("cwtm", "nnm>cwtm", "multikrum", "geomed")
 DEFAULT_ATTACKS = ("alie", "foe", "signflip", "minmax")

@@ -32,10 +32,10 @@ from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.report import save_figure
+from phalanx.experiments.plots import save_figure
 from phalanx.studies.base import ModuleStudy, Report, StudyFunctions
 from phalanx.studies.registry import register
-from phalanx.studies.reporting import pick_preset, provenance, write_report_files
+from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance, write_report_files
 
 MEAN = "mean"
 
@@ -198,7 +198,8 @@ class Growth:
 
 
 def growth(table: dict[Key, dict[int, float]], p: Preset) -> list[Growth]:
-    """Per robust rule and σ > 0: the price at σ and its change from σ = 0 (paired by seed)."""
+    """Per robust rule and σ > 0: the price at σ and its change from σ = 0 (paired by seed); the changes are one
+    Holm family (the report reads them all)."""
     out = []
     for rule in p.rules:
         if rule == MEAN:
@@ -211,7 +212,7 @@ def growth(table: dict[Key, dict[int, float]], p: Preset) -> list[Growth]:
             change = _paired(at, base)
             if at and change:
                 out.append(Growth(rule, float(s), mean_ci(list(at.values())), mean_ci(list(change.values()))))
-    return out
+    return holm_family(out, "change")
 
 
 def _eps_label(p: Preset, noise: float) -> str:
@@ -234,11 +235,11 @@ def accuracy_markdown(est: dict[Key, Estimate], p: Preset) -> str:
 def growth_markdown(gs: list[Growth], p: Preset) -> str:
     """One line per (robust rule, σ): the price at σ, its change from no DP, interval, verdict."""
     lines = ["| rule | σ | ε | price of robustness (mean − rule, points) | change from no DP | 95 % interval | "
-             "the price grew? |", "|---|---|---|---|---|---|---|"]
+             "Holm p | the price grew? |", "|---|---|---|---|---|---|---|---|"]
     for g in gs:
         lines.append(f"| {g.rule} | {g.noise:g} | {epsilon(p, g.noise):.3g} | {g.price.show(100, 1, '+')} | "
-                     f"{100 * g.change.mean:+.1f} | {g.change.interval(100, 1)} | {g.verdict} |")
-    return "\n".join(lines)
+                     f"{100 * g.change.mean:+.1f} | {g.change.interval(100, 1)} | {holm_p(g.change)} | {g.verdict} |")
+    return "\n".join(lines) + "\n\n" + family_note(g.change for g in gs)
 
 
 def readout(gs: list[Growth], p: Preset) -> str:
@@ -248,9 +249,9 @@ def readout(gs: list[Growth], p: Preset) -> str:
     counts = {v: sum(g.verdict == v for g in gs) for v in ("holds", "contradicted", "inconclusive")}
     other = len(gs) - sum(counts.values())
     seeds = f"{len(p.seeds)} seeds" + ("" if len(p.seeds) >= MIN_SEEDS else f" (fewer than {MIN_SEEDS}: no verdicts)")
-    return (f"Of {len(gs)} (robust rule, σ) pairs, the price of robustness grew with the DP noise (whole 95 % interval "
-            f"above 0) in {counts['holds']}, shrank in {counts['contradicted']}, and neither was shown in "
-            f"{counts['inconclusive'] + other}; {seeds}.")
+    return (f"Of {len(gs)} (robust rule, σ) pairs, the price of robustness grew with the DP noise (Holm-adjusted "
+            f"p < 0.05, the change above 0) in {counts['holds']}, shrank in {counts['contradicted']}, and neither was "
+            f"shown in {counts['inconclusive'] + other}; {seeds}.")
 
 
 def cells_csv(table: dict[Key, dict[int, float]], p: Preset) -> str:

@@ -1,5 +1,6 @@
 """What the studies share: a preset picked by name and checked, the data set's fallback, a run's final accuracy, the
-provenance lines under a report's title, and the report's files written atomically.
+provenance lines under a report's title, how a Holm-corrected family of verdicts is shown, and the report's files
+written atomically.
 
 A study's own module holds its science (grid, statistics, tables, plot); this one holds what every study needs around
 it, so that no study imports another.
@@ -9,11 +10,12 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from phalanx.analysis.stats import Estimate, holm
 from phalanx.errors import ConfigError
 from phalanx.experiments import runstate, store
 
@@ -85,6 +87,29 @@ def provenance(command: str, wall_seconds: float | None, runs: int, what: str = 
     qualifies them: ``" distinct"``) and the wall time."""
     wall = f", wall time {wall_seconds / 60:.1f} min" if wall_seconds is not None else ""
     return [f"Command: `{command}`  ", f"Machine: {machine()}  ", f"Runs: {runs}{what}{wall}"]
+
+
+def holm_p(e: Estimate | None) -> str:
+    """A table cell: the estimate's Holm-adjusted p-value, or — (no estimate, or not corrected)."""
+    return "—" if e is None else e.holm_text()
+
+
+Item = TypeVar("Item")
+
+
+def holm_family(items: list[Item], field: str = "estimate") -> list[Item]:
+    """``items`` (frozen dataclasses, each holding one verdict's :class:`Estimate` in ``field``) with their estimates
+    Holm-corrected as one family (:func:`phalanx.analysis.stats.holm`): a report that reads them all decides each on
+    its adjusted p-value."""
+    adjusted = holm([getattr(x, field) for x in items])
+    return [replace(x, **{field: e}) for x, e in zip(items, adjusted)]  # type: ignore[type-var]
+
+
+def family_note(estimates: Iterable[Estimate | None]) -> str:
+    """The sentence under a report's verdicts that says how they were decided: Holm over the family's size."""
+    m = max((e.family for e in estimates if e is not None and e.p_adjusted is not None), default=0)
+    return (f"Verdicts: Holm-adjusted p < 0.05 over the {m} comparisons of this report that decide something (the "
+            "family-wise error rate ≤ 5 %); intervals: per comparison, 95 %.")
 
 
 def write_report_files(

@@ -41,7 +41,7 @@ from phalanx.analysis.stats import Estimate, mean_ci, slope
 from phalanx.errors import ConfigError
 from phalanx.experiments import grid
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.report import clipped_errors, save_figure
+from phalanx.experiments.plots import clipped_errors, save_figure
 from phalanx.studies.base import Report, Study
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import final_accuracy, pick_preset, provenance, write_report_files

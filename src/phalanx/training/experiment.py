@@ -19,15 +19,14 @@ two).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from phalanx.aggregators.base import Aggregator
-from phalanx.analysis import privacy as accounting
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.attacks.none import NoAttack
 from phalanx.data.partition import partition
@@ -37,13 +36,14 @@ from phalanx.training.algorithms.base import RoundAlgorithm, check_knowledge, ch
 from phalanx.training.algorithms.dsgd import DSGD
 from phalanx.training.algorithms.fedbn import local_norms
 from phalanx.training.optim import SGD, ServerOptimizer
-from phalanx.training.privacy import ClientDP
 from phalanx.training.problem import Loss, Problem
-from phalanx.training.projection import ServerProjection
 from phalanx.training.schedule import LRSchedule
 from phalanx.training.shards import WorkerData
-from phalanx.training.streams import generator, stream_seed
+from phalanx.training.stages.base import Plan, ServerStage, Stage, WorkerStage
+from phalanx.training.streams import RESERVED, generator, stream_seed
 from phalanx.validate import check_int
+
+S = TypeVar("S", bound=Stage)
 
 ROOT_SAMPLES = 100
 """Size of the server's trusted root set for rules that need a reference gradient (FLTrust: Cao et al., NDSS
@@ -89,14 +89,17 @@ class Experiment:
     moved there (in place), and so are the data set's training and test tensors, once (``data.x``, ``data.y``,
     ``test_x``, ``test_y``; ``dataset`` itself is left as given); random draws stay on the CPU. A CUDA device needs
     distributed SGD or federated averaging (decentralized rounds run on the CPU so far; ``"auto"`` picks it).
-    privacy: client-level differential privacy (:class:`~phalanx.training.privacy.ClientDP`: every computing worker
-    clips its update to norm C and adds N(0, σ²C²·I)), or None; the metric rows then carry the budget ε
-    (``dp_epsilon``, ``dp_epsilon_local``: :mod:`phalanx.analysis.privacy`). Distributed SGD and federated averaging
-    (models without BatchNorm statistics) support it.
-    projection: what the server does to θ after its optimizer's step, every round
-    (:class:`~phalanx.training.projection.ServerProjection`: CRFL's clipping and parameter noise,
-    :class:`~phalanx.training.crfl.CRFL`, whose final metric row carries the smoothed accuracy and certified radius),
-    or None. It needs one server model: decentralized rounds and FedBN refuse it.
+    stages: the round's stages beside the rule, the attack and the optimizer (:mod:`phalanx.training.stages`):
+    worker-side ones on every update before it leaves its worker (client-level differential privacy,
+    :class:`~phalanx.training.stages.privacy.ClientDP`), server-side ones on the aggregate and on θ after the step
+    (CRFL, :class:`~phalanx.training.stages.crfl.CRFL`; fail closed,
+    :class:`~phalanx.training.stages.fail_closed.FailClosed`), each checked against the run when it is built. The
+    algorithm may bring its own (federated averaging's pooling of BatchNorm statistics): ``self.stages`` then lists
+    every stage of the run, in the order they act.
+    privacy: a worker stage added after ``stages`` — the earlier spelling of client-level differential privacy
+    (``privacy=ClientDP(...)``), kept; ``stages=[ClientDP(...)]`` is the same run.
+    projection: a server stage added after ``stages`` — the earlier spelling of CRFL (``projection=CRFL(...)``),
+    kept; ``stages=[CRFL(...)]`` is the same run.
     """
 
     model: nn.Module | Problem
@@ -118,8 +121,9 @@ class Experiment:
     eval_clients: int = 100
     device: str | torch.device = "cpu"
     attack_knowledge: str = "omniscient"
-    privacy: ClientDP | None = None
-    projection: ServerProjection | None = None
+    privacy: WorkerStage | None = None
+    projection: ServerStage | None = None
+    stages: Sequence[Stage] = ()
 
     def __post_init__(self) -> None:
         for name in ("workers", "rounds", "eval_every", "eval_clients"):
@@ -148,7 +152,6 @@ class Experiment:
         check_knowledge(self.attack_knowledge, self.attack, algo)
         check_stop(self.attack, algo)
         algo.check(self)
-        self._check_privacy()
         on_device = algo.runs_on_device
         self.device = device = devices.resolve("cpu" if self.device == "auto" and not on_device else self.device)
         if device.type != "cpu" and not on_device:
@@ -165,6 +168,11 @@ class Experiment:
             raise ConfigError("model", "a FedBN model (FedNorm2d layers in 'fedbn' mode)", "a model without them with "
                               f"{type(self.algorithm).__name__} (every client keeps its BatchNorm layers between "
                               "federated rounds: algorithm FedAvg)")
+        if isinstance(self.lr, int | float) and not isinstance(self.lr, bool):
+            self.lr = LRSchedule(float(self.lr), "constant", self.rounds)
+        if not callable(self.lr):
+            raise ConfigError("lr", self.lr, "a number > 0, an LRSchedule or a function of the round")
+        self.stages = self._stages()
         ds = self.dataset
         if self.shards is None:
             self.shards = partition(ds.train_y, n, "iid", seed=stream_seed(self.seed, "partition") % (2**31))
@@ -175,43 +183,60 @@ class Experiment:
         """The test set on the device (evaluation reads these, not ``dataset``'s)."""
         if isinstance(self.attack, DataAttack):  # a trigger larger than the image, a rare sub-population picked
             self.attack.prepare(ds.train_x, ds.train_y, ds.num_classes)
-        if isinstance(self.lr, int | float) and not isinstance(self.lr, bool):
-            self.lr = LRSchedule(float(self.lr), "constant", self.rounds)
-        if not callable(self.lr):
-            raise ConfigError("lr", self.lr, "a number > 0, an LRSchedule or a function of the round")
         self.reference_batch = self._root_batch() if "reference" in self.rule.context_keys else None
-        self._check_projection()
-        if self.privacy is not None and (self.problem.norm_stats is not None or local_norms(self.problem) is not None):
-            raise ConfigError("model", "a model with BatchNorm / Hybrid BN / FedBN layers", "a model without them with "
-                              "differential privacy (the clients' normalisation statistics would leave them without "
-                              "noise)")
 
-    def _check_projection(self) -> None:
-        """A server projection acts on the one server model: not with decentralized rounds (a model per node) or
-        FedBN (a model per client)."""
-        proj = self.projection
-        if proj is None:
-            return
-        if not isinstance(proj, ServerProjection):
-            raise ConfigError("projection", proj, "a phalanx.training.projection.ServerProjection (CRFL) or None")
-        algo = type(self.algorithm).__name__
-        if self.algorithm.decentralized:
-            raise ConfigError("projection", repr(proj), f"None with {algo} (it clips and perturbs the server's model; "
-                              "decentralized rounds have a model per node and no server)")
-        if local_norms(self.problem) is not None:
-            raise ConfigError("projection", repr(proj), "None with a FedBN model (every client keeps its own "
-                              "BatchNorm layers: there is no one global model to smooth and certify)")
+    def _stages(self) -> tuple[Stage, ...]:
+        """Every stage of the run in the order they act: ``stages``, then ``projection`` and ``privacy`` (the earlier
+        spellings), then the algorithm's own; each of its kind, with its own name and streams, checked against the
+        run (:meth:`~phalanx.training.stages.base.Stage.check`)."""
+        self.given_stages = tuple(self.stages)
+        """The stages given as ``stages`` (the identity of a run directory of objects names them)."""
+        given: list[tuple[str, Any, type]] = [("stages", s, Stage) for s in self.given_stages]
+        given += [("projection", self.projection, ServerStage), ("privacy", self.privacy, WorkerStage)]
+        out: list[Stage] = []
+        for key, stage, kind in given:
+            if stage is None:
+                continue
+            if not isinstance(stage, Stage) or not isinstance(stage, kind):
+                raise ConfigError(key, stage, f"a {kind.__name__} (phalanx.training.stages) or None")
+            out.append(stage)
+        out += self.algorithm.stages(self)
+        plan = self.plan()
+        names: set[str] = set()
+        streams: set[str] = set(RESERVED)
+        for stage in out:
+            if stage.name in names or streams & set(stage.streams):
+                raise ConfigError("stages", repr(stage), "stages of distinct names, each drawing from streams of its "
+                                  f"own (not {', '.join(sorted(streams))})")
+            names.add(stage.name)
+            streams.update(stage.streams)
+            stage.check(plan)
+        return tuple(out)
 
-    def _check_privacy(self) -> None:
-        """Client-level DP needs an algorithm whose workers apply it, and the accountant (an optional extra)."""
-        if self.privacy is None:
-            return
-        if not isinstance(self.privacy, ClientDP):
-            raise ConfigError("privacy", self.privacy, "a phalanx.training.privacy.ClientDP or None")
-        if not type(self.algorithm).supports_privacy:
-            raise ConfigError("privacy", repr(self.privacy), f"None with {type(self.algorithm).__name__} (client-level "
-                              "differential privacy is applied by distributed SGD and federated averaging)")
-        accounting.require()
+    def plan(self) -> Plan:
+        """What a stage's check reads of this run (:class:`~phalanx.training.stages.base.Plan`)."""
+        norm, value = None, None
+        if self.problem.norm_stats is not None:
+            norm, value = "stats", "a model with BatchNorm / Hybrid BN layers"
+        elif local_norms(self.problem) is not None:
+            norm, value = "fedbn", "a FedBN model (FedNorm2d layers in 'fedbn' mode)"
+        assert callable(self.lr)
+        return Plan(self.algorithm, self.rule, self.attack, self.workers, self.byzantine, self.rounds, self.lr, None,
+                    norm, "model", value)
+
+    @property
+    def server_stages(self) -> tuple[ServerStage, ...]:
+        """The run's server-side stages, in order."""
+        return tuple(s for s in self.stages if isinstance(s, ServerStage))
+
+    @property
+    def worker_stages(self) -> tuple[WorkerStage, ...]:
+        """The run's worker-side stages, in order."""
+        return tuple(s for s in self.stages if isinstance(s, WorkerStage))
+
+    def stage(self, kind: type[S]) -> S | None:
+        """The run's first stage of class ``kind`` (a subclass too), or None."""
+        return next((s for s in self.stages if isinstance(s, kind)), None)
 
     @property
     def f(self) -> int:
@@ -248,7 +273,8 @@ class Experiment:
             "lr": repr(self.lr), "seed": self.seed, "eval_every": self.eval_every,
             **({"eval_clients": self.eval_clients} if local_norms(self.problem) is not None else {}),
             **({"privacy": repr(self.privacy)} if self.privacy is not None else {}),
-            **({"projection": repr(self.projection)} if self.projection is not None else {}), **self.columns,
+            **({"projection": repr(self.projection)} if self.projection is not None else {}),
+            **({"stages": [repr(s) for s in self.given_stages]} if self.given_stages else {}), **self.columns,
         }
 
 

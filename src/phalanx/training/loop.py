@@ -1,17 +1,20 @@
 """The training loop — the one loop every engine and topology runs.
 
-Round t (any algorithm, any transport)::
+Round t (any algorithm, any transport, any stages)::
 
     context  = server.context(θ, previous)               # centre, reference gradient, generator
-    received = transport.exchange(θ, t, rule ∘ context)  # the workers' vectors (attack included)
+    received = transport.exchange(θ, t, rule ∘ context)  # the workers' vectors (attack, worker stages included)
     a        = server.aggregate(received, context)       # the robust rule (for f − m if m workers are missing)
+    a        = stage.aggregated(a, round)                # every server stage, in order
     θ        = optimizer.step(θ, a, ηₜ)                  # the server optimizer
-    θ        = projection.apply(θ, t + 1, T, generator)  # only with a server projection (CRFL's clip and noise)
+    θ        = stage.stepped(θ, round)                   # every server stage, in order (CRFL's clip and noise)
 
-Everything else — evaluation, metric rows, checkpoints, progress, logs — is a :class:`Callback`; the loop itself
-reads and writes no file. A run starts from a :class:`~phalanx.training.state.Snapshot` (fresh, or resumed from a
-checkpoint by a run-directory callback's owner) and the transport may replace it (a process that holds no run
-directory receives its start from the one that does). When the transport or the server gives a round up
+The loop and the evaluation iterate over the experiment's stages (:mod:`phalanx.training.stages`) — their hooks,
+states, streams and columns — and never name one. Everything else — evaluation, metric rows, checkpoints,
+progress, logs — is a :class:`Callback`; the loop itself reads and writes no file. A run starts from a
+:class:`~phalanx.training.state.Snapshot` (fresh, or resumed from a checkpoint by a run-directory callback's owner)
+and the transport may replace it (a process that holds no run directory receives its start from the one that
+does). When the transport or the server gives a round up
 (:class:`~phalanx.training.state.RoundAborted`), the callbacks are handed the snapshot of the start of that round
 (to checkpoint it) and :class:`~phalanx.errors.WorkersLostError` is raised.
 """
@@ -27,12 +30,13 @@ import torch
 from torch import Tensor
 
 from phalanx.attacks.base import DataAttack
-from phalanx.errors import WorkersLostError
+from phalanx.errors import ConfigError, WorkersLostError
 from phalanx.training.experiment import Experiment
-from phalanx.training.projection import STREAM as PROJECTION_STREAM
 from phalanx.training.server import BoundRule, RoundResult, Server
+from phalanx.training.stages.base import STATE_PREFIX, Evaluation, ServerRound
 from phalanx.training.state import Received, RoundAborted, RoundState, Snapshot
 from phalanx.training.streams import ROUND_STREAMS, generator
+from phalanx.training.threads import pin_threads
 from phalanx.training.transport import InProcess, Transport
 
 Progress = Callable[[int, int, "dict[str, Any] | None"], None]
@@ -78,8 +82,8 @@ class Callback:
 
 class Evaluate(Callback):
     """Test accuracy and loss of θ (and the round's measurements) as a metric row: at round 0 and at every round the
-    experiment measures. The rows carry the experiment's ``columns``, and with client-level differential privacy the
-    budget ε after the rows's round (``dp_epsilon``, ``dp_epsilon_local``: :mod:`phalanx.analysis.privacy`)."""
+    experiment measures. The rows carry every stage's columns (client-level differential privacy's budget ε, CRFL's
+    certificate on the final row) and the experiment's ``columns``."""
 
     def on_start(self, loop: Loop) -> None:
         if loop.state.round == 0:
@@ -119,19 +123,12 @@ class Evaluate(Callback):
         if result is not None and result.sampled_byzantine is not None:  # a federated round: who was sampled
             row["byzantine_sampled"] = result.sampled_byzantine
         row.update(attack)
-        if exp.projection is not None:  # the final model's own measure (CRFL: smoothed accuracy, certified radius)
-            names = exp.projection.column_names()
-            if loop.state.round == exp.rounds and global_model:
-                metrics = getattr(exp.attack, "metrics", None)
-                row.update(exp.projection.columns(exp.problem, theta, exp.test_x, exp.test_y, exp.data.num_classes,
-                                                  metrics if callable(metrics) else None, exp.seed, exp.rounds))
-            else:
-                row.update(dict.fromkeys(names))
+        ev = Evaluation(exp, loop.state.round, theta, global_model)
+        for stage in exp.stages:
+            row.update(stage.columns(ev))
         stop = exp.attack.stop_round if isinstance(exp.attack, DataAttack) else None
         if stop is not None:  # durability: attack_success k rounds after the attackers stopped (docs/attacks.md)
             row["rounds_since_stop"] = loop.state.round - stop if loop.state.round >= stop else None
-        if exp.privacy is not None:  # the budget spent so far (phalanx.analysis.privacy)
-            row.update(exp.privacy.columns(loop.state.round, exp.workers, exp.algorithm.per_round(exp.workers)))
         row.update(exp.columns)
         return row
 
@@ -147,12 +144,12 @@ class OnRound(Callback):
 
 
 def fresh_start(exp: Experiment) -> Snapshot:
-    """Round 0: θ₀ from the model, the per-round streams seeded from the experiment's seed."""
-    norm = exp.problem.norm_stats
+    """Round 0: θ₀ from the model, the per-round streams (the stages' own too) seeded from the experiment's seed; the
+    stages' fresh states (none: each keeps what it starts with)."""
     theta = exp.problem.initial_theta()
-    state = RoundState(theta=theta, momentum=None, previous=None, round=0,
-                       stats=None if norm is None else norm.vector(), own=exp.algorithm.initial_state(exp, theta))
-    streams = {name: generator(exp.seed, name).get_state() for name in ROUND_STREAMS}
+    state = RoundState(theta=theta, momentum=None, previous=None, round=0, own=exp.algorithm.initial_state(exp, theta))
+    names = (*ROUND_STREAMS, *(name for stage in exp.stages for name in stage.streams))
+    streams = {name: generator(exp.seed, name).get_state() for name in names}
     return Snapshot(state, streams)
 
 
@@ -169,8 +166,12 @@ class Loop:
         self.start = start
         self.server: Server | Any = experiment.algorithm.make_server(experiment, generator(experiment.seed,
                                                                                             "aggregator"))
-        self.projection_rng = generator(experiment.seed, PROJECTION_STREAM)
-        """The server projection's stream (CRFL's noise); checkpointed only for a run that has a projection."""
+        self.stage_streams = {name: generator(experiment.seed, name)
+                              for stage in experiment.server_stages for name in stage.streams}
+        """The server-side stages' streams (CRFL's noise), by name; checkpointed with the run's."""
+        self.server_stages = experiment.server_stages
+        self.contributions = any(stage.needs_contributions for stage in self.server_stages)
+        """Whether a stage reads the rule's contributions every round (the server then measures every round)."""
         self.state = RoundState(experiment.problem.initial_theta(), None, None, 0)
         self.rows: list[dict[str, Any]] = []
         self.resumed = False
@@ -178,21 +179,30 @@ class Loop:
 
     def open(self) -> None:
         """Start the transport from the start snapshot (fresh unless given) on the experiment's device (a checkpoint's
-        CPU tensors, or what another rank sent, are moved there); call ``on_start``."""
+        CPU tensors, or what another rank sent, are moved there); call ``on_start``. The intra-op thread team is
+        pinned to its count first (:func:`~phalanx.training.threads.pin_threads`: no team shrunk by the load)."""
+        pin_threads()
         exp = self.experiment
         start = self.start if self.start is not None else fresh_start(exp)
         start = self.transport.open(exp, start.to(exp.device)).to(exp.device)
         self.state, self.rows, self.resumed = start.state, list(start.rows), start.resumed
-        norm = exp.problem.norm_stats
-        if norm is not None and self.state.stats is not None:
-            norm.load(self.state.stats)
+        unclaimed = {k for k in start.stages if k.startswith(STATE_PREFIX)}  # another run's stage; other keys: ignored
+        for stage in exp.stages:  # fresh: {} (as the stage starts); resumed: where the checkpoint left it
+            prefix = stage.prefix()
+            mine = {k: v for k, v in start.stages.items() if k.startswith(prefix)}
+            unclaimed -= set(mine)
+            stage.load_state_dict({k.removeprefix(prefix): v for k, v in mine.items()})
+        if unclaimed:
+            raise ConfigError("start", sorted(unclaimed), "the states of this run's stages only ("
+                              + (", ".join(repr(s) for s in exp.stages) or "it has none") + ")")
         exp.algorithm.load_state(exp, self.state.own)
         if getattr(exp.rule, "stateful", False):  # fresh: {} resets it; resumed: where the checkpoint left it
             exp.rule.load_state_dict(start.rule)
         if "aggregator" in start.streams:
             self.server.generator.set_state(start.streams["aggregator"])
-        if PROJECTION_STREAM in start.streams:
-            self.projection_rng.set_state(start.streams[PROJECTION_STREAM])
+        for name, gen in self.stage_streams.items():
+            if name in start.streams:
+                gen.set_state(start.streams[name])
         # moved to θ's device, not cast to its dtype: an optimizer may keep float64 state (robust-online does)
         exp.optimizer.load_state_dict({k: v.to(self.state.theta.device) for k, v in start.optimizer.items()})
         self._opened = True
@@ -202,11 +212,11 @@ class Loop:
     def snapshot(self) -> Snapshot:
         """What a checkpoint of the current state holds."""
         exp = self.experiment
-        streams = {**self.transport.streams(), "aggregator": self.server.generator.get_state()}
-        if exp.projection is not None:
-            streams[PROJECTION_STREAM] = self.projection_rng.get_state()
+        streams = {**self.transport.streams(), "aggregator": self.server.generator.get_state(),
+                   **{name: gen.get_state() for name, gen in self.stage_streams.items()}}
         rule = dict(exp.rule.state_dict()) if getattr(exp.rule, "stateful", False) else {}
-        return Snapshot(self.state, streams, exp.optimizer.state_dict(), list(self.rows), self.resumed, rule)
+        stages = {stage.prefix() + k: v for stage in exp.stages for k, v in stage.state_dict().items()}
+        return Snapshot(self.state, streams, exp.optimizer.state_dict(), list(self.rows), self.resumed, rule, stages)
 
     def step(self) -> RoundInfo:
         """Run round ``state.round``; return what it did (after the callbacks saw it)."""
@@ -221,15 +231,18 @@ class Loop:
         streams = self.transport.streams()  # the worker side's streams at the start of the round (for an abort)
         try:
             got = self.transport.exchange(state.theta, t, BoundRule(exp.rule, context, state.previous))
-            agg, result = self.server.aggregate(got, context, measure)
+            agg, result = self.server.aggregate(got, context, measure or self.contributions)
         except RoundAborted as exc:
             self._abort(exc, streams)
+        here = ServerRound(t, exp.rounds, got, result, exp.f, exp.workers, self.stage_streams)
+        for stage in self.server_stages:
+            agg = stage.aggregated(agg, here)
         theta = exp.optimizer.step(state.theta, agg, lr)
-        if exp.projection is not None:
-            theta = exp.projection.apply(theta, t + 1, exp.rounds, self.projection_rng)
-        stats = self._blend_stats(got)
-        after = RoundState(theta=theta, momentum=self._rows(got), previous=agg, round=t + 1, stats=stats,
-                           own=state.own)
+        for stage in self.server_stages:
+            theta = stage.stepped(theta, here)
+        if not measure:  # the round's measurements were made for a stage; the rows are made at evaluations only
+            result = None
+        after = RoundState(theta=theta, momentum=self._rows(got), previous=agg, round=t + 1, own=state.own)
         own = exp.algorithm.next_state(exp, after, got)
         if own is not state.own:
             exp.algorithm.load_state(exp, own)
@@ -272,18 +285,6 @@ class Loop:
             rows = got.vectors.new_zeros(self.experiment.workers, got.vectors.shape[1])
         rows[got.rows] = got.vectors
         return rows
-
-    def _blend_stats(self, got: Received) -> Tensor | None:
-        """The global normalisation statistics after this round: the clients' statistics pooled (trimmed mean at
-        the f the round's rule has) and blended in (:mod:`phalanx.training.norm_stats`)."""
-        exp = self.experiment
-        norm = exp.problem.norm_stats
-        if norm is None:
-            return None
-        if got.stats is not None and got.stats.shape[0]:
-            pooled = norm.pool(got.stats, max(0, exp.f - len(got.missing)))
-            norm.blend(pooled, exp.algorithm.norm_stats_momentum())
-        return norm.vector()
 
     def _abort(self, exc: RoundAborted, streams: dict[str, Tensor]) -> NoReturn:
         """Hand the snapshot of the start of this round to the callbacks, then raise :class:`WorkersLostError`."""

@@ -7,11 +7,16 @@ hold it and a resumed run continues exactly.
 
 Optimizers are registered by name (:func:`make`, :func:`names`); a user's own is any object with ``step``,
 ``state_dict`` and ``load_state_dict`` (subclassing :class:`ServerOptimizer` adds validation and ``params``).
+
+The server optimizer is the stage at the step (:mod:`phalanx.training.stages`): one per run, the experiment's
+``optimizer``, with a stage's interface — its config section (the constructor, :meth:`ServerOptimizer.configure`),
+one check against the run (:meth:`ServerOptimizer.check`), its state (checkpointed as ``optim.<key>``).
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
+from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -21,17 +26,25 @@ from phalanx.errors import ConfigError
 from phalanx.online.reduction import DirectionMagnitude
 from phalanx.online.robust import robust
 from phalanx.plugins import Registry, check_params
+from phalanx.training.stages.base import Plan, Stage
 from phalanx.validate import check_int, check_real
 
-__all__ = ["SGD", "Adam", "RobustOnline", "ServerOptimizer", "make", "names", "register"]
+__all__ = ["SGD", "Adam", "RobustOnline", "ServerOptimizer", "build", "make", "names", "register"]
 
 Opt = TypeVar("Opt")
 
 
-class ServerOptimizer(ABC):
-    """``θ_{t+1} = step(θ_t, a_t, η_t)`` with state that checkpoints hold."""
+class ServerOptimizer(Stage):
+    """``θ_{t+1} = step(θ_t, a_t, η_t)`` with state that checkpoints hold (``optim.<key>``)."""
 
     name: ClassVar[str]
+    state_prefix: ClassVar[str | None] = "optim."
+
+    @classmethod
+    def configure(cls, section: Mapping[str, Any], plan: Plan) -> ServerOptimizer:
+        """The optimizer a config's section (its parameters) describes in ``plan``'s run: its constructor."""
+        check_params(cls.name, cls, dict(section))
+        return cls(**section)
 
     @abstractmethod
     def step(self, theta: Tensor, direction: Tensor, lr: float) -> Tensor:
@@ -41,17 +54,10 @@ class ServerOptimizer(ABC):
         """The optimizer's state as named tensors (empty when it has none)."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
         """Restore a state saved by :meth:`state_dict` (an empty dict: the fresh state)."""
         if state:
             raise ConfigError("optimizer state", sorted(state), f"no state ({self.name} keeps none)")
-
-    def params(self) -> dict[str, Any]:
-        """The configuration (constructor arguments), for logs and manifests."""
-        return {}
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(" + ", ".join(f"{k}={v!r}" for k, v in self.params().items()) + ")"
 
 
 class SGD(ServerOptimizer):
@@ -95,7 +101,7 @@ class SGD(ServerOptimizer):
     def state_dict(self) -> dict[str, Tensor]:
         return {} if self.buffer is None else {"momentum_buffer": self.buffer.clone()}
 
-    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
         unknown = set(state) - {"momentum_buffer"}
         if unknown:
             raise ConfigError("optimizer state", sorted(unknown), "momentum_buffer only (SGD)")
@@ -150,7 +156,7 @@ class Adam(ServerOptimizer):
             return {}
         return {"m": self.m.clone(), "v": self.v.clone(), "step": torch.tensor([self.t], dtype=torch.float64)}
 
-    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
         unknown = set(state) - {"m", "v", "step"}
         if unknown:
             raise ConfigError("optimizer state", sorted(unknown), "m, v and step (Adam)")
@@ -203,6 +209,20 @@ class RobustOnline(ServerOptimizer):
     def params(self) -> dict[str, Any]:
         return {"corruptions": self.corruptions, "gradient_bound": self.gradient_bound, "horizon": self.horizon}
 
+    @classmethod
+    def configure(cls, section: Mapping[str, Any], plan: Plan) -> RobustOnline:
+        """The horizon T defaults to the run's rounds."""
+        opt = super().configure({"horizon": plan.rounds, **section}, plan)
+        assert isinstance(opt, RobustOnline)
+        return opt
+
+    def check(self, plan: Plan) -> None:
+        """A constant server step: the learning rate is the learner's scale ε, not a step size."""
+        kind = getattr(plan.server_lr, "kind", "constant")
+        if kind != "constant":
+            raise ConfigError("schedule", kind, "'constant' with server_optimizer = 'robust-online' (lr is the "
+                              "learner's scale, not a step size; docs/online.md)")
+
     def _build(self, anchor: Tensor, epsilon: float) -> DirectionMagnitude:
         return robust(anchor.numel(), self.gradient_bound, self.corruptions, self.horizon, epsilon)
 
@@ -230,7 +250,7 @@ class RobustOnline(ServerOptimizer):
                 "horizon": torch.tensor([float(self.horizon)], dtype=torch.float64)}
         return {**head, **{f"learner.{k}": v for k, v in self.learner.state_dict().items()}}
 
-    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
         if not state:
             self.anchor = self.epsilon = self.learner = None
             return
@@ -276,3 +296,16 @@ def make(name: str, **params: Any) -> ServerOptimizer:
     check_params(str(name), cls, params)
     opt: ServerOptimizer = cls(**params)
     return opt
+
+
+def build(name: str, section: Mapping[str, Any], plan: Plan) -> Any:
+    """The server optimizer a config names, with its section of parameters, in ``plan``'s run: a
+    :class:`ServerOptimizer`'s :meth:`~ServerOptimizer.configure` and :meth:`~ServerOptimizer.check`; a plain class
+    of one's own (``step``, ``state_dict``, ``load_state_dict``) from its constructor."""
+    cls = _REGISTRY.get(name, "server_optimizer")
+    if isinstance(cls, type) and issubclass(cls, ServerOptimizer):
+        opt = cls.configure(section, plan)
+        opt.check(plan)
+        return opt
+    check_params(str(name), cls, dict(section))
+    return cls(**section)

@@ -40,12 +40,15 @@ class RoundResult:
     ICML 2025, Def. 3.1); ``byz_share``: the share of the output that came from Byzantine rows; ``detection_auc``:
     P(a random honest row got a larger share than a random Byzantine one). Both None for a rule that does not
     report its contributions. ``sampled_byzantine``: how many Byzantine clients a federated round sampled.
+    ``contributions``: each received row's share of the output (``rule.contributions``, ``(m,)`` float64; NaN for a
+    rule that does not report them), what a server stage that watches the rule reads.
     """
 
     agg_error: float
     byz_share: float | None
     detection_auc: float | None
     sampled_byzantine: int | None = None
+    contributions: Tensor | None = None
 
 
 def detection_auc(contrib: Tensor, byzantine: Tensor) -> float | None:
@@ -216,6 +219,6 @@ class Server:
             agg_error=aggregation_error(agg, vectors[~is_byz.to(vectors.device)] if any_byz else vectors),
             byz_share=(float(contrib[is_byz.to(contrib.device)].sum()) if any_byz else 0.0) if known else None,
             detection_auc=detection_auc(contrib.cpu(), is_byz) if known else None,
-            sampled_byzantine=None if got.state_rows else int(is_byz.sum()),
+            sampled_byzantine=None if got.state_rows else int(is_byz.sum()), contributions=contrib,
         )
         return agg, result

@@ -16,9 +16,8 @@ class RoundState:
     ``momentum`` holds every worker's last vector, ``(n, d)`` — for distributed SGD with worker momentum, the
     workers' momentum rows, then the Byzantine rows sent last; ``None`` before the first round. The in-process
     transport updates it in place (one buffer for the whole run): a state must not be used after the next round.
-    ``previous`` is the last aggregate (the centre of centered clipping); ``stats`` the global statistics of the
-    model's BatchNorm / Hybrid BN layers (:mod:`phalanx.training.norm_stats`; None for a model without them);
-    ``own`` the round algorithm's own per-run state, an opaque mapping of tensors that only the algorithm reads
+    ``previous`` is the last aggregate the server stepped with (the centre of centered clipping); ``own`` the round
+    algorithm's own per-run state, an opaque mapping of tensors that only the algorithm reads
     (:meth:`~phalanx.training.algorithms.base.RoundAlgorithm.initial_state`; FedBN's table of every client's BatchNorm
     rows, say) and that a checkpoint saves under the prefix ``algorithm.``.
     """
@@ -27,33 +26,33 @@ class RoundState:
     momentum: Tensor | None
     previous: Tensor | None
     round: int = 0
-    stats: Tensor | None = None
     own: dict[str, Tensor] = field(default_factory=dict)
 
     def to(self, device: str | torch.device) -> RoundState:
         """This state with its tensors on ``device``: itself when they are all there already (no copy; the in-process
         transport keeps updating the same momentum buffer), else a state of moved copies."""
         dev = torch.device(device)
-        if all(t is None or t.device == dev for t in (self.theta, self.momentum, self.previous, self.stats,
-                                                        *self.own.values())):
+        if all(t is None or t.device == dev for t in (self.theta, self.momentum, self.previous, *self.own.values())):
             return self
 
         def move(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.to(dev)
 
         return replace(self, theta=self.theta.to(dev), momentum=move(self.momentum), previous=move(self.previous),
-                       stats=move(self.stats), own={k: t.to(dev) for k, t in self.own.items()})
+                       own={k: t.to(dev) for k, t in self.own.items()})
 
 
 @dataclass
 class Snapshot:
     """Everything a run needs to go on from the end of a round: what a checkpoint holds.
 
-    ``streams`` are the states of the per-round random streams (``batches``, ``attack``, ``aggregator``),
-    ``optimizer`` the server optimizer's ``state_dict()``, ``rows`` the metric rows so far, ``resumed`` whether it
-    was read back from a checkpoint, ``rule`` the state a rule that keeps state across rounds carries (its
-    ``state_dict()``, saved as ``rule.<key>``; empty for every other rule, and in checkpoints written before it
-    existed).
+    ``streams`` are the states of the per-round random streams (``batches``, ``attack``, ``aggregator``, and the
+    stages' own), ``optimizer`` the server optimizer's ``state_dict()``, ``rows`` the metric rows so far,
+    ``resumed`` whether it was read back from a checkpoint, ``rule`` the state a rule that keeps state across rounds
+    carries (its ``state_dict()``, saved as ``rule.<key>``; empty for every other rule, and in checkpoints written
+    before it existed), ``stages`` the run's stages' states under their checkpoint keys (each stage's
+    :meth:`~phalanx.training.stages.base.Stage.prefix` and its own key: ``stage.<name>.<key>``, or a key checkpoints
+    had before the stage existed, ``norm_stats``).
     """
 
     state: RoundState
@@ -62,17 +61,20 @@ class Snapshot:
     rows: list[dict[str, Any]] = field(default_factory=list)
     resumed: bool = False
     rule: dict[str, Tensor] = field(default_factory=dict)
+    stages: dict[str, Tensor] = field(default_factory=dict)
 
     def to(self, device: str | torch.device) -> Snapshot:
-        """This snapshot with the round state, the optimizer's and the rule's state on ``device`` (itself when they are
-        there already). The streams' states stay as they are: the random streams are CPU generators on every device
-        (:mod:`phalanx.training.devices`)."""
+        """This snapshot with the round state, the optimizer's, the rule's and the stages' state on ``device`` (itself
+        when they are there already). The streams' states stay as they are: the random streams are CPU generators on
+        every device (:mod:`phalanx.training.devices`)."""
         dev = torch.device(device)
         state = self.state.to(dev)
-        if state is self.state and all(t.device == dev for t in (*self.optimizer.values(), *self.rule.values())):
+        held = (*self.optimizer.values(), *self.rule.values(), *self.stages.values())
+        if state is self.state and all(t.device == dev for t in held):
             return self
         return replace(self, state=state, optimizer={k: t.to(dev) for k, t in self.optimizer.items()},
-                       rule={k: t.to(dev) for k, t in self.rule.items()})
+                       rule={k: t.to(dev) for k, t in self.rule.items()},
+                       stages={k: t.to(dev) for k, t in self.stages.items()})
 
 
 @dataclass

@@ -12,11 +12,12 @@ model), so every consumer draws from its own stream, seeded from the run's seed 
 ``aggregator``  a stochastic rule's draws (bucketing's permutation, DnC's / SignGuard's coordinates), every round
                 (server side)
 ``clients``     which clients a federated round samples, every round
-``dp``          the Gaussian noise every computing worker adds to its clipped update, every round (worker side;
-                client-level differential privacy, :mod:`phalanx.training.privacy`)
-``projection``  the server projection's draws after every step (CRFL's parameter noise, server side,
-                :mod:`phalanx.training.crfl`); in a checkpoint only for a run with a projection
 ==============  =====================================================================================
+
+and every stage's own (:attr:`phalanx.training.stages.base.Stage.streams`), in a checkpoint only for a run with
+that stage: ``dp`` (the Gaussian noise every computing worker adds to its clipped update, every round, worker side:
+client-level differential privacy, :mod:`phalanx.training.stages.privacy`), ``projection`` (the server projection's
+draws after every step: CRFL's parameter noise, server side, :mod:`phalanx.training.stages.crfl`).
 
 The per-round streams' states go into every checkpoint, so a resumed run draws exactly what an uninterrupted one
 would. Every stream is a CPU generator whatever the run's ``device``: on CUDA the draws are made on the CPU and then
@@ -29,8 +30,11 @@ import hashlib
 
 import torch
 
-ROUND_STREAMS = ("batches", "attack", "aggregator", "clients", "dp")
-"""The streams drawn from every round, whose states a checkpoint holds (:func:`phalanx.training.loop.fresh_start`)."""
+ROUND_STREAMS = ("batches", "attack", "aggregator", "clients")
+"""The streams drawn from every round, whose states a checkpoint holds (:func:`phalanx.training.loop.fresh_start`),
+besides the stages' own."""
+RESERVED = ("partition", "init", "server", *ROUND_STREAMS)
+"""The streams of the run itself: no stage may declare one of these names."""
 
 
 def stream_seed(seed: int, stream: str) -> int:

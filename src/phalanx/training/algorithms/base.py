@@ -19,6 +19,10 @@ pair of the two (:mod:`phalanx.training.loop`). An algorithm provides
 * ``evaluate(run, state)`` — its own test measurements when it has no single global model (a model per node, a
   model per client), or None for the model's plain test accuracy and loss;
 * ``check(run)`` — its own checks on the run it is part of, raised before anything trains;
+* ``stages(run)`` — the stages it brings to the run (:mod:`phalanx.training.stages`: federated averaging's pooling
+  of BatchNorm statistics);
+* ``make_rule(spec, f)`` / ``make_attack(name, params)`` — the rule and the attack a config names for it (a
+  decentralized one takes the robust gossip rules and the graph attacks too);
 * ``from_config(cfg, lr)`` / ``from_params(cfg, lr)`` — itself, as a run config describes it (a built-in algorithm
   from its config keys, one of one's own from ``algorithm_params``), with the schedule of the loop's server step;
 * ``check_config(cfg, rule, attack)`` — the config's relations it owns (f and the rule's requirement against its
@@ -31,7 +35,8 @@ and declares, as data (class attributes, not names listed elsewhere):
   "clients", "neighbours"); ``decentralized`` — a model per node, no server; ``topologies`` — the torchrun
   topologies it runs on (the first is the default); ``config_defaults`` — the defaults it gives the run's keys;
 * ``runs_on_device`` — its rounds run on a CUDA device; ``pools_norm_stats`` — it measures and pools BatchNorm /
-  Hybrid BN statistics; ``keeps_local_norms`` — it keeps every client's BatchNorm layers between rounds (FedBN).
+  Hybrid BN statistics; ``keeps_local_norms`` — it keeps every client's BatchNorm layers between rounds (FedBN);
+  ``runs_worker_stages`` — its workers pass every update they send through the run's worker stages.
 
 ``run`` is the :class:`~phalanx.training.experiment.Experiment` the algorithm is part of, seen through :class:`Run`
 (what an algorithm may read of it), so that neither this module nor any algorithm imports the experiment that
@@ -47,11 +52,13 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import Tensor
 
+from phalanx import aggregators, attacks
 from phalanx.aggregators.base import Aggregator
 from phalanx.attacks.base import KNOWLEDGE, Attack, DataAttack
+from phalanx.decentralized.gossip_attacks import is_gossip_attack
+from phalanx.decentralized.robust_gossip import is_gossip_rule
 from phalanx.errors import ConfigError
 from phalanx.plugins import Registry, check_params, is_spec
-from phalanx.training.privacy import ClientDP
 from phalanx.training.problem import Problem
 from phalanx.training.server import Server
 from phalanx.training.shards import WorkerData
@@ -81,9 +88,13 @@ class Run(Protocol):
     attack_knowledge: str
     """What a vector attack sees: ``"omniscient"`` (every honest vector) or ``"colluders"`` (the Byzantine workers'
     own honest computations only)."""
-    privacy: ClientDP | None
-    """Client-level differential privacy: every computing worker clips its update and adds Gaussian noise
-    (:mod:`phalanx.training.privacy`), or None."""
+
+    @property
+    def worker_stages(self) -> tuple[Any, ...]:
+        """The run's worker-side stages (:class:`~phalanx.training.stages.base.WorkerStage`: client-level
+        differential privacy, say), which every computing worker's update passes through before it leaves the worker
+        (:class:`~phalanx.training.stages.base.WorkerStages`)."""
+        ...
 
     @property
     def f(self) -> int: ...
@@ -153,10 +164,11 @@ class RoundAlgorithm(ABC):
     """The torchrun topologies its rounds run on (:mod:`phalanx.distributed.topologies`); a torchrun config's
     ``topology`` defaults to the first."""
     population_key: ClassVar[str] = "workers"
-    supports_privacy: ClassVar[bool] = False
-    """Its workers clip and noise their updates when the run asks for client-level differential privacy
-    (``Run.privacy``, :mod:`phalanx.training.privacy`); a run with privacy and an algorithm that does not is refused."""
     """The config key that sets :meth:`per_round`'s number, named in the config's errors about it."""
+    runs_worker_stages: ClassVar[bool] = False
+    """Its worker side passes every update it sends through the run's worker stages (``Run.worker_stages``:
+    client-level differential privacy, say), and sends nothing else of a worker's; a run with a worker stage and an
+    algorithm that does not is refused."""
     stops_attacks: ClassVar[bool] = False
     """Its worker side honours a data attack's ``stop_round`` (the attackers behave honestly from that round on:
     durability); an algorithm that does not refuses an attack with one."""
@@ -209,12 +221,35 @@ class RoundAlgorithm(ABC):
         model's plain accuracy and loss at ``state.theta`` (and the attack's own measure)."""
         return None
 
-    def norm_stats_momentum(self) -> float:
-        """How much of the round's pooled normalisation statistics is blended into the global ones."""
-        return 0.1
+    def stages(self, run: Run) -> tuple[Any, ...]:
+        """The stages the algorithm brings to the run (:mod:`phalanx.training.stages`: federated averaging's pooling
+        of BatchNorm statistics, say); none by default."""
+        return ()
 
     def check(self, run: Run) -> None:  # noqa: B027 - optional hook
         """Refuse (:class:`~phalanx.errors.ConfigError`) a run this algorithm cannot train, before it trains."""
+
+    @classmethod
+    def make_rule(cls, spec: str, f: int) -> Aggregator:
+        """The rule a config's ``aggregator = spec`` names for this algorithm, configured for ``f``: a rule of
+        :func:`phalanx.aggregators.make` (a robust gossip rule, which runs at the nodes of a decentralized algorithm,
+        is refused in one line naming ``aggregator``)."""
+        if is_gossip_rule(spec):
+            raise ConfigError("aggregator", spec, f"a rule of `phalanx list aggregators` with algorithm = {cls.name!r} "
+                              f"({spec!r} is a robust gossip rule: it runs at the nodes of a decentralized algorithm, "
+                              "'gossip' or 'anytime')")
+        return aggregators.make(spec, f=f)
+
+    @classmethod
+    def make_attack(cls, name: str, params: dict[str, Any]) -> Attack | DataAttack:
+        """The attack a config's ``attack = name`` (with ``attack_params``) names for this algorithm: one of
+        :func:`phalanx.attacks.make` (a decentralized attack, which needs a graph, is refused in one line naming
+        ``attack``)."""
+        if is_gossip_attack(name):
+            raise ConfigError("attack", name, f"an attack of `phalanx list attacks` with algorithm = {cls.name!r} "
+                              f"({name!r} is a decentralized attack: it needs the graph of a decentralized algorithm, "
+                              "'gossip' or 'anytime')")
+        return attacks.make(name, **params)
 
     @classmethod
     def from_params(cls, cfg: Any, lr: Callable[[int], float]) -> tuple[RoundAlgorithm, Callable[[int], float]]:

@@ -10,9 +10,9 @@ Round t:
    momentum rows the Byzantine workers compute honestly on their own shards (kept from round to round as an honest
    worker keeps its own); a data attack (label flipping, a backdoor) makes the worker compute an honest-looking
    momentum on poisoned batches (until its ``stop_round``, if it has one);
-   with client-level differential privacy (``Run.privacy``, :mod:`phalanx.training.privacy`) every computing worker
-   first clips gᵢ to norm C and adds N(0, σ²C²·I) — DP-SGD's clip-and-noise per client — so that its momentum, and
-   everything after, is post-processing of privatized gradients;
+   with worker-side stages (``Run.worker_stages``, :mod:`phalanx.training.stages`) every computing worker first
+   passes gᵢ through them — client-level differential privacy clips it to norm C and adds N(0, σ²C²·I), DP-SGD's
+   clip-and-noise per client — so that its momentum, and everything after, is post-processing of what they made;
 4. the server aggregates the n vectors and its optimizer steps θ (:mod:`phalanx.training.server`,
    :mod:`phalanx.training.optim`).
 
@@ -35,12 +35,11 @@ from phalanx.aggregators.base import Aggregator
 from phalanx.attacks.base import Attack, AttackContext, DataAttack
 from phalanx.errors import ConfigError
 from phalanx.training.algorithms.base import RoundAlgorithm, built_in_params
-from phalanx.training.privacy import STREAM as DP_STREAM
-from phalanx.training.privacy import ClientDP
 from phalanx.training.problem import Problem
 from phalanx.training.shards import WorkerData, sample_batch_of, sample_batches
+from phalanx.training.stages.base import WorkerStages
 from phalanx.training.state import Received, SlotPlan
-from phalanx.training.streams import generator, restored
+from phalanx.training.streams import restored
 from phalanx.validate import check_int, check_real
 
 if TYPE_CHECKING:
@@ -59,7 +58,7 @@ class DSGD(RoundAlgorithm):
     runs_on_device = True
     knowledge: ClassVar[tuple[str, ...]] = ("omniscient", "colluders")
     stops_attacks = True
-    supports_privacy = True
+    runs_worker_stages = True
 
     def __post_init__(self) -> None:
         check_int("batch_size", self.batch_size, low=1)
@@ -166,16 +165,16 @@ def local_momentum(
     return problem.accumulate_grads(theta, xb, yb, rows, 1.0 - momentum, weight_decay)
 
 
-def private_momentum(
+def staged_momentum(
     theta: Tensor, problem: Problem, xb: Tensor, yb: Tensor, rows: Tensor | None, *, momentum: float,
-    weight_decay: float, privacy: ClientDP, gen: torch.Generator, workers: int, positions: slice = slice(None),
+    weight_decay: float, stages: WorkerStages, workers: int, positions: slice = slice(None),
 ) -> Tensor:
-    """:func:`local_momentum` with client-level differential privacy: g̃ᵢ = clip_C(gᵢ) + N(0, σ²C²·I), then
-    mᵢ ← β mᵢ + (1 − β) g̃ᵢ (m₀ = g̃₀). The round has ``workers`` computing workers; these are those at ``positions``
-    (the noise is drawn for all of them: :meth:`~phalanx.training.privacy.ClientDP.privatize`)."""
+    """:func:`local_momentum` with worker-side stages: g̃ᵢ = stages(gᵢ) (client-level DP: clip_C(gᵢ) + N(0, σ²C²·I)),
+    then mᵢ ← β mᵢ + (1 − β) g̃ᵢ (m₀ = g̃₀). The round has ``workers`` computing workers; these are those at
+    ``positions`` (a stage draws for all of them: :class:`~phalanx.training.stages.base.WorkerStages`)."""
     g = torch.empty(xb.shape[0], problem.dim, dtype=theta.dtype, device=theta.device)
     problem.accumulate_grads(theta, xb, yb, g, 1.0, weight_decay)
-    privacy.privatize(g, workers, gen, positions)
+    g = stages.update(g, workers, positions)
     if rows is None:
         return g
     return rows.mul_(momentum).add_(g, alpha=1.0 - momentum)
@@ -209,32 +208,27 @@ class _Workers:
                                            "omniscient")
         self.batch_gen = restored(streams["batches"])
         self.attack_gen = restored(streams["attack"])
-        self.privacy = exp.privacy
-        self.dp_gen = restored(streams[DP_STREAM]) if DP_STREAM in streams else generator(exp.seed, DP_STREAM)
+        self.stages = WorkerStages(exp.worker_stages, streams, exp.seed)
 
     def streams(self) -> dict[str, Tensor]:
-        """The worker-side streams' states now (the ``dp`` stream's with differential privacy)."""
-        out = {"batches": self.batch_gen.get_state(), "attack": self.attack_gen.get_state()}
-        if self.privacy is not None:
-            out[DP_STREAM] = self.dp_gen.get_state()
-        return out
+        """The worker-side streams' states now (and the worker stages' own: ``dp`` with differential privacy)."""
+        return {"batches": self.batch_gen.get_state(), "attack": self.attack_gen.get_state(), **self.stages.streams()}
 
     def _momentum(self, theta: Tensor, xb: Tensor, yb: Tensor, rows: Tensor | None, positions: slice) -> Tensor:
         """The new momentum of the workers at ``positions`` of the computing ones (:func:`local_momentum`, or
-        :func:`private_momentum` with differential privacy)."""
+        :func:`staged_momentum` with worker-side stages)."""
         algo, exp = self.algo, self.exp
-        if self.privacy is None:
+        if not self.stages:
             return local_momentum(theta, exp.problem, xb, yb, rows, momentum=algo.momentum,
                                   weight_decay=algo.weight_decay)
-        return private_momentum(theta, exp.problem, xb, yb, rows, momentum=algo.momentum,
-                                weight_decay=algo.weight_decay, privacy=self.privacy, gen=self.dp_gen,
-                                workers=self.computing, positions=positions)
+        return staged_momentum(theta, exp.problem, xb, yb, rows, momentum=algo.momentum,
+                               weight_decay=algo.weight_decay, stages=self.stages, workers=self.computing,
+                               positions=positions)
 
     def _draw_noise(self, theta: Tensor) -> None:
-        """A round in which this process computes no update: the ``dp`` stream advances as where it does."""
-        if self.privacy is not None:
-            self.privacy.privatize(theta.new_zeros(0, self.exp.problem.dim), self.computing, self.dp_gen,
-                                   slice(0, 0))
+        """A round in which this process computes no update: the worker stages' streams advance as where it does."""
+        if self.stages:
+            self.stages.update(theta.new_zeros(0, self.exp.problem.dim), self.computing, slice(0, 0))
 
     def _attack(self, honest: Tensor, rule: Callable[[Tensor], Tensor], t: int) -> Tensor:
         assert isinstance(self.exp.attack, Attack)

@@ -10,9 +10,10 @@ Algorithm 1):
    gᵢ = ∇ℓ(θᵢ; batch) + λθᵢ + μ_prox (θᵢ − θ) (weight decay λ; FedProx's proximal term, Li et al., MLSys 2020,
    Eq. 2); with ``local_epochs`` = E, client i takes ⌈E · |shardᵢ| / B⌉ steps instead of K;
 3. it sends its *pseudo-gradient* Δ̃ᵢ = θ − θᵢ (the negative of its update θᵢ − θ, Reddi et al.'s −Δᵢ), so that
-   the vectors have a gradient's sign and scale for every rule and attack — with client-level differential privacy
-   (``Run.privacy``, :mod:`phalanx.training.privacy`) clipped to norm C with N(0, σ²C²·I) added first, by the
-   client: DP-FedAvg (McMahan, Ramage, Talwar & Zhang, ICLR 2018) with the noise at each client;
+   the vectors have a gradient's sign and scale for every rule and attack — passed through the worker-side stages
+   first (``Run.worker_stages``, :mod:`phalanx.training.stages`; client-level differential privacy clips it to norm
+   C and adds N(0, σ²C²·I) at the client: DP-FedAvg, McMahan, Ramage, Talwar & Zhang, ICLR 2018, with the noise at
+   each client);
 4. sampled Byzantine clients send what their attack says (a vector attack sees the round's honest pseudo-gradients
    — or, with ``attack_knowledge = "colluders"``, only the pseudo-gradients the sampled Byzantine clients compute
    honestly on their own shards; a data attack trains locally on poisoned batches until its ``stop_round``, and its
@@ -47,12 +48,13 @@ from phalanx.errors import ConfigError
 from phalanx.training.algorithms.base import RoundAlgorithm, built_in_params
 from phalanx.training.algorithms.dsgd import byzantine_vectors, poison_rows
 from phalanx.training.algorithms.fedbn import STATE_KEY, local_norms
-from phalanx.training.privacy import STREAM as DP_STREAM
 from phalanx.training.schedule import LRSchedule
 from phalanx.training.server import BoundRule
 from phalanx.training.shards import sample_batches_of
+from phalanx.training.stages.base import Stage, WorkerStages
+from phalanx.training.stages.norm_stats import PoolStats
 from phalanx.training.state import Received, RoundState, SlotPlan
-from phalanx.training.streams import generator, restored
+from phalanx.training.streams import restored
 from phalanx.validate import check_int, check_real
 
 if TYPE_CHECKING:
@@ -91,7 +93,7 @@ class FedAvg(RoundAlgorithm):
     stops_attacks = True
     pools_norm_stats = True
     keeps_local_norms = True
-    supports_privacy = True
+    runs_worker_stages = True
 
     def __post_init__(self) -> None:
         if self.clients_per_round is not None:
@@ -138,9 +140,11 @@ class FedAvg(RoundAlgorithm):
             raise ConfigError("clients_per_round", c, f"<= clients = {workers}")
         return c
 
-    def norm_stats_momentum(self) -> float:
-        """``stats_momentum``: how much of the round's pooled statistics is blended into the global ones."""
-        return self.stats_momentum
+    def stages(self, exp: Run) -> tuple[Stage, ...]:
+        """A model with BatchNorm / Hybrid BN statistics: the server stage that pools the statistics the clients
+        measure and blends them in with momentum ``stats_momentum`` (:mod:`phalanx.training.stages.norm_stats`)."""
+        norm = exp.problem.norm_stats
+        return () if norm is None else (PoolStats(norm, self.stats_momentum),)
 
     def make_server(self, exp: Run, generator: torch.Generator) -> Any:
         """The standard server; with a FedBN model, one whose rule sees the shared coordinates only (a coordinate
@@ -214,8 +218,7 @@ class _Clients:
         self.batch_gen = restored(streams["batches"])
         self.attack_gen = restored(streams["attack"])
         self.client_gen = restored(streams["clients"])
-        self.privacy = exp.privacy
-        self.dp_gen = restored(streams[DP_STREAM]) if DP_STREAM in streams else generator(exp.seed, DP_STREAM)
+        self.stages = WorkerStages(exp.worker_stages, streams, exp.seed)
         sizes = exp.data._sizes
         if algo.local_epochs is not None:
             self.steps = torch.ceil(algo.local_epochs * sizes.double() / algo.batch_size).long().clamp_min(1)
@@ -223,13 +226,10 @@ class _Clients:
             self.steps = torch.full((self.n,), algo.local_steps, dtype=torch.long)
 
     def streams(self) -> dict[str, Tensor]:
-        """The streams' states now: batches, attack and client sampling (and the ``dp`` noise, with differential
-        privacy)."""
-        out = {"batches": self.batch_gen.get_state(), "attack": self.attack_gen.get_state(),
-               "clients": self.client_gen.get_state()}
-        if self.privacy is not None:
-            out[DP_STREAM] = self.dp_gen.get_state()
-        return out
+        """The streams' states now: batches, attack and client sampling (and the worker stages' own: the ``dp``
+        noise, with differential privacy)."""
+        return {"batches": self.batch_gen.get_state(), "attack": self.attack_gen.get_state(),
+                "clients": self.client_gen.get_state(), **self.stages.streams()}
 
     def poisoning(self, t: int) -> bool:
         """Whether the sampled Byzantine clients of round ``t`` train on poisoned batches (a data attack, before its
@@ -256,8 +256,8 @@ class _Clients:
             return theta.new_zeros(0, exp.problem.dim)
         params = self._steps(theta, theta.expand(int(ids[rows].numel()), -1).clone(), ids, t, poisoned, rows)
         pseudo = theta - params
-        if self.privacy is not None:  # every training client clips and noises its own update (before any boost)
-            self.privacy.privatize(pseudo, w, self.dp_gen, rows)
+        if self.stages:  # every training client's own update, through the worker stages (before any boost)
+            pseudo = self.stages.update(pseudo, w, rows)
         return self._boosted(pseudo, w, poisoned, rows)
 
     def _train_local(self, theta: Tensor, ids: Tensor, t: int, poisoned: int) -> tuple[Tensor, Tensor]:
@@ -274,7 +274,10 @@ class _Clients:
         start = norms.models(theta, own)
         running = own[:, norms.params :].to(theta).clone()
         params = self._steps(start, start.clone(), ids, t, poisoned, slice(None), running)
-        pseudo = self._boosted(norms.shared(start - params), w, poisoned, slice(None))
+        shared = norms.shared(start - params)
+        if self.stages:  # every training client's update of the shared coordinates, through the worker stages
+            shared = self.stages.update(shared, w)
+        pseudo = self._boosted(shared, w, poisoned, slice(None))
         honest = w - poisoned
         return pseudo, norms.updated(ids[:honest], norms.rows(params[:honest], running[:honest]))
 

@@ -45,7 +45,7 @@ from torch import Tensor
 
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.decentralized import gossip as gossip_ops
-from phalanx.decentralized import topology
+from phalanx.decentralized import gossip_attacks, robust_gossip, topology
 from phalanx.decentralized.gossip_attacks import GossipAttack, GossipView
 from phalanx.decentralized.robust_gossip import GossipRule
 from phalanx.decentralized.topology import Graph
@@ -69,8 +69,6 @@ GRAPH_BYTES_PER_PAIR = 64
 matrix W in float64 (8), the copies that building and checking W make, and the padded neighbourhood tables (for a
 complete graph n × (n − 1) weights, indices and masks). Measured: 60 bytes per pair for the complete graph at
 n = 4,000 (the densest case; peak resident memory of topology.make + Gossip + Neighbourhoods)."""
-SERVER_KEYS = ("server_optimizer", "server_momentum", "server_weight_decay")
-"""The config keys of a server, which a decentralized run has not: they keep their defaults."""
 
 
 def check_graph_memory(n: int) -> None:
@@ -136,17 +134,22 @@ class Gossip(RoundAlgorithm):
                         momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         return algorithm, LRSchedule(1.0, "constant", cfg.rounds, cfg.step_every)
 
+    @classmethod
+    def make_rule(cls, spec: str, f: int) -> Aggregator:
+        """Any rule of :func:`phalanx.aggregators.make`, or a robust gossip rule (it runs at every node)."""
+        return robust_gossip.configured(spec, f, cls.name, True)
+
+    @classmethod
+    def make_attack(cls, name: str, params: dict[str, Any]) -> Attack | DataAttack:
+        """Any attack of :func:`phalanx.attacks.make`, or a decentralized attack (it uses the graph)."""
+        return gossip_attacks.configured(name, params, cls.name, True)
+
     def check_config(self, cfg: Any, rule: Aggregator, attack: Attack | DataAttack) -> None:
-        """No server keys; an attached graph's Byzantine nodes are the run's; every node's closed neighbourhood
+        """An attached graph's Byzantine nodes are the run's; every node's closed neighbourhood
         N(i) ∪ {i} large enough for the rule with f; on the torchrun engine, an attack a rank can compute from its
         neighbourhood (:func:`~phalanx.training.algorithms.gossip_node.check_attack`)."""
         check_knowledge(cfg.attack_knowledge, attack, self, cfg.engine)
         check_stop(attack, self, "attack_params.stop_round")
-        fields = type(cfg).model_fields
-        for key in SERVER_KEYS:
-            if getattr(cfg, key) != fields[key].get_default(call_default_factory=True):
-                raise ConfigError(key, getattr(cfg, key), f"its default with algorithm = {cfg.algorithm!r} (there is "
-                                  "no server; lr, momentum and weight_decay are the nodes')")
         if cfg.graph == "attached" and cfg.byzantine not in (0, cfg.graph_params.get("byzantine")):
             raise ConfigError("graph_params.byzantine", cfg.graph_params.get("byzantine"), f"= byzantine "
                               f"({cfg.byzantine}): the attached nodes are the run's Byzantine ones (or byzantine = 0: "

@@ -50,7 +50,7 @@ class Scaffold(FedAvg):
     knowledge = ("omniscient",)  # its round is its own: the colluders' honest pairs are not computed
     pools_norm_stats = False
     keeps_local_norms = False
-    supports_privacy = False  # a client's control-variate update Δcᵢ leaves it too, unprotected
+    runs_worker_stages = False  # a client's control-variate update Δcᵢ leaves it too, past the worker stages
     lr_role = "server"  # the run's lr is the server's η_g; the clients' η_l is algorithm_params.lr
 
     def check(self, run: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
 import time
 from collections.abc import Callable
@@ -12,12 +13,11 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import torch
 import typer
-from rich import box
 from rich.console import Console
-from rich.table import Table
 from typer.core import TyperGroup
 
 from phalanx import __version__, aggregators
+from phalanx.cli.output import FormatOption, Tabular, check_format, emit, emit_all
 from phalanx.distributed import cli as distributed_cli
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.executor_cli import ExecutorChoice, executor_options
@@ -87,7 +87,23 @@ experiment_app = typer.Typer(cls=_Experiments, help="Experiments of the field as
                              "intervals, plots. NAME is a study below, an installed plug-in's, or a module:attr spec "
                              "of a phalanx.studies.Study subclass.", no_args_is_help=True)
 app.add_typer(experiment_app, name="experiment")
-console = Console()
+
+
+def _console() -> Console:
+    """The CLI's console. Rich wraps everything to 80 columns when standard output is not a terminal (a pipe, a log,
+    a batch job): table headers shrank to "co…" and rows wrapped onto five lines. There — unless ``COLUMNS`` says
+    how wide — tables keep their natural width and no line is wrapped."""
+    out = Console()
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out = Console(width=PIPE_WIDTH)
+    return out
+
+
+PIPE_WIDTH = 100_000
+"""The console's width when standard output is not a terminal: wider than any table, so none is cut or wrapped."""
+console = _console()
+_STDERR = Console(stderr=True, width=None if Console(stderr=True).is_terminal else PIPE_WIDTH)
+"""Where a command's progress and notes go when ``--format`` asks for its tables alone on stdout."""
 app.command("launch")(distributed_cli.launch)
 app.add_typer(distributed_cli.keys_app, name="keys")
 app.command("audit")(distributed_cli.audit)
@@ -115,34 +131,30 @@ def _main(
     """Byzantine-robust distributed learning: robust aggregators, attacks, price of robustness."""
 
 
-def _references(table: Table, rows: list[tuple[list[str], str]]) -> list[str]:
+def _references(table: Tabular, rows: list[tuple[list[str], str]], fmt: str) -> None:
     """Fill ``table`` with ``rows`` (cells, reference), each row ending in its reference's number ``[k]``
-    (identical references share one), and return the numbered references, printed below the table: a reference
-    folded into a narrow column takes 5-10 lines at 80 columns, a list under the table one or two."""
+    (identical references share one), and add the numbered references to its notes, printed below the table: a
+    reference folded into a narrow column takes 5-10 lines at 80 columns, a list under the table one or two. In csv
+    and json (data, without notes) the cell holds the reference itself."""
     numbers: dict[str, int] = {}
     for cells, reference in rows:
         k = numbers.setdefault(reference, len(numbers) + 1)
-        table.add_row(*cells, f"[{k}]")
-    return [f"[{k}] {ref}" for ref, k in numbers.items()]
-
-
-def _print_with_references(table: Table, references: list[str]) -> None:
-    console.print(table)
-    for line in references:
-        console.print(line, highlight=False, soft_wrap=False)
+        table.add(*cells, reference if fmt in ("csv", "json") else f"[{k}]")
+    table.notes[:0] = [f"[{k}] {ref}" for ref, k in numbers.items()]
 
 
 @list_app.command("aggregators")
 def list_aggregators(
     workers: Annotated[int, typer.Option("--workers", "-n", min=1, help="n, for the ε and κ columns.")] = 16,
     f: Annotated[int, typer.Option("--f", "-f", min=0, help="f, the number of Byzantine workers tolerated.")] = 3,
+    fmt: FormatOption = "table",
 ) -> None:
     """Rules and pre-aggregators with their requirement on n, ε and κ at (n, f), and their references."""
+    fmt = check_format(fmt)
     if 2 * f >= workers:
         raise ConfigError("--f", f, f"< n/2 = {workers / 2:g} with -n {workers} (f ≥ n/2 is beyond any robust rule)")
-    table = Table(title=f"Phalanx aggregators (ε, κ at n={workers}, f={f})")
-    for col in ("name", "kind", "requirement", "ε", "κ", "ref."):
-        table.add_column(col, overflow="fold", no_wrap=col == "name")  # names stay whole (grep-able)
+    table = Tabular(f"Phalanx aggregators (ε, κ at n={workers}, f={f})",
+                    ("name", "kind", "requirement", "ε", "κ", "ref."), whole=("name",))  # names stay whole (grep-able)
     rows: list[tuple[list[str], str]] = []
     for name in aggregators.names():
         cls = aggregators.get_class(name)
@@ -158,10 +170,11 @@ def list_aggregators(
 
     for name in robust_gossip.names():  # a node's rule over its graph neighbourhood
         rows.append(([name, "gossip", "gossip only; 2f+1 ≤ deg+1", "", ""], robust_gossip.get_class(name).reference))
-    _print_with_references(table, _references(table, rows))
-    console.print(f"ε, κ: the values the literature proves (— where none). `phalanx epsilon SPEC -n {workers} --f {f}` "
-                  f"measures ε; `phalanx kappa SPEC -n {workers} -f {f}` a certified lower bound on κ.",
-                  soft_wrap=True, highlight=False, markup=False)
+    _references(table, rows, fmt)
+    table.notes.append(f"ε, κ: the values the literature proves (— where none; describe() names each statement). "
+                       f"`phalanx epsilon SPEC -n {workers} --f {f}` and `phalanx kappa SPEC -n {workers} -f {f}` "
+                       "measure certified lower bounds.")
+    emit(table, fmt, console)
 
 
 @app.command()
@@ -171,6 +184,7 @@ def demo(
     f: Annotated[int, typer.Option("--f", min=0, help="Byzantine workers the rules are configured for.")] = 4,
     dim: Annotated[int, typer.Option("--dim", "-d", min=1, help="Vector dimension d.")] = 100_000,
     seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    fmt: FormatOption = "table",
 ) -> None:
     """Aggregation demo: every rule on the same honest vectors, with no attack, an ALIE attack and NaN rows.
 
@@ -179,6 +193,7 @@ def demo(
     """
     from phalanx.analysis import aggregation_error, lower_bound
 
+    fmt = check_format(fmt)
     if byzantine >= workers:
         raise typer.BadParameter(f"--byzantine={byzantine} must be < --workers={workers}")
     gen = torch.Generator().manual_seed(seed)
@@ -188,15 +203,14 @@ def demo(
     alie = torch.cat([honest, (mu - 1.0 * sigma).expand(byzantine, dim)])
     nan = torch.cat([honest, torch.full((byzantine, dim), float("nan"))])
     clean = torch.cat([honest, honest[:byzantine] + 0.01 * torch.randn(byzantine, dim, generator=gen)])
-    console.print(
+    (console if fmt == "table" else _STDERR).print(
         f"[bold]Phalanx {__version__} aggregation demo[/bold]: n={workers}, {byzantine} Byzantine, rules configured "
-        f"for f={f}, d={dim}. Lower bound on any f-robust rule's no-attack error ε ≥ f/(n−f) = "
-        f"{lower_bound(workers, f):.3f} (Yang, Shi & Li, ICML 2025)."
+        f"for f={f}, d={dim}. The errors below are on one random input; ε is a rule's worst case over every input, "
+        f"and any f-robust rule's ε ≥ f/(n−f) = {lower_bound(workers, f):.3f} (Yang, Shi & Li, ICML 2025) — a "
+        "bound on that worst case, which a typical input's error may lie far below."
     )
-    table = Table(title="error = ‖Agg − honest mean‖² / honest spread (lower is better)")
-    for col in ("rule", "ε (theory)", "error, no attack", "error, ALIE", "error, NaN rows", "Byz. share (ALIE)",
-                "ms"):
-        table.add_column(col, justify="right" if col != "rule" else "left")
+    cols = ("rule", "ε (proven)", "error, no attack", "error, ALIE", "error, NaN rows", "Byz. share (ALIE)", "ms")
+    table = Tabular("error = ‖Agg − honest mean‖² / honest spread (lower is better)", cols, right=cols[1:])
     specs = [s for s in ("mean", "cwmed", "cwtm", "meamed", "krum", "multikrum", "geomed", "mda", "bulyan", "cc",
                          "nnm>cwtm", "bucketing>cwtm", "arc>cwtm", "dnc", "signguard", "clippedclustering")
              if s.split(">")[-1] in aggregators.names("rule") and all(p in aggregators.names() for p in s.split(">"))]
@@ -210,15 +224,15 @@ def demo(
             out_alie, contrib = rule.aggregate(alie)
             out_nan = rule(nan)
         except PhalanxError as exc:
-            table.add_row(spec, "", f"[red]{exc}[/red]", "", "", "", "")
+            table.add(spec, "", str(exc), "", "", "", "")
             continue
         byz_share = float(contrib[workers - byzantine:].sum()) if byzantine else 0.0
-        table.add_row(
+        table.add(
             spec, _fmt(rule.epsilon(workers)), _fmt(aggregation_error(out_clean, clean)),
             _fmt(aggregation_error(out_alie, honest)), _fmt(aggregation_error(out_nan, honest)), f"{byz_share:.2f}",
             f"{ms:.1f}",
         )
-    console.print(table)
+    emit(table, fmt, console)
 
 
 @app.command("epsilon")
@@ -227,16 +241,26 @@ def epsilon_cmd(
     workers: Annotated[int, typer.Option("--workers", "-n", min=1, help="Number of workers n.")] = 16,
     f: Annotated[int, typer.Option("--f", min=0, help="Byzantine workers tolerated.")] = 3,
     trials: Annotated[int, typer.Option("--trials", min=0, help="Random inputs to try.")] = 200,
+    budget: Annotated[int, typer.Option("--budget", min=0, help="Rule evaluations of the CMA-ES search.")] = 2000,
+    dim: Annotated[int, typer.Option("--dim", "-d", min=1, help="Dimension of the inputs.")] = 8,
     seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
 ) -> None:
-    """Measure a rule's no-attack aggregation error factor ε (worst-case inputs + random search)."""
+    """A certified lower bound on a rule's no-attack aggregation error factor ε (known constructions, random inputs
+    and a CMA-ES search, the best input recomputed exactly), beside its proven ε or upper bound; exit status 1 when
+    the measured value is above a proven bound (a bug)."""
     from phalanx.analysis import epsilon
 
-    est = epsilon(aggregators.make(spec, f=f), workers, trials=trials, seed=seed)
+    est = epsilon(aggregators.make(spec, f=f), workers, d=dim, trials=trials, seed=seed, budget=budget)
+    proven = (f"proven ε = {est.theory:.4g} ({est.theory_source})" if est.theory is not None else
+              f"nothing proven; ε ≤ {est.upper:.4g}, {est.upper_source}" if est.upper is not None else
+              "nothing proven, no proven upper bound")
     console.print(
-        f"{spec}: measured ε ≥ {est.value:.4f} (worst input: {est.worst_input}); theory {_fmt(est.theory, 4)}; "
-        f"lower bound f/(n−f) = {est.lower_bound:.4f}"
+        f"{spec} (n = {workers}, f = {f}): measured ε ≥ {est.value:.4g} — a certified lower bound ({est.verdict}; "
+        f"worst input: {est.worst_input}; {est.evaluations} rule evaluations, seed {seed}); {proven}; every "
+        f"(f, κ)-robust rule has ε ≥ f/(n−f) = {est.lower_bound:.4g}", soft_wrap=True, highlight=False, markup=False,
     )
+    if est.above_upper:
+        raise typer.Exit(1)
 
 
 def _ranges(rows: tuple[int, ...]) -> str:
@@ -435,11 +459,12 @@ def _short(cfg: RunConfig) -> str:
 
 def _train(
     cfgs: list[RunConfig], out: Path, jobs: int, executor: ExecutorChoice | None = None,
-    slurm_table: dict[str, Any] | None = None,
+    slurm_table: dict[str, Any] | None = None, *, plain: bool = False,
 ) -> None:
     """Run validated configurations into ``out`` (finished runs skipped) under a rich progress bar with ETA, on the
     executor the command line chose (``slurm_table``: the grid config's ``[slurm]`` settings). When stdout is not a
-    terminal (a batch job's log, a pipe) the progress is plain lines instead (:class:`_LogProgress`).
+    terminal (a batch job's log, a pipe) the progress is plain lines instead (:class:`_LogProgress`); with
+    ``plain`` (a table format asked for: stdout holds the tables alone) plain lines on stderr.
 
     The first SIGINT (Ctrl-C) or SIGTERM stops the grid cleanly (:class:`~phalanx.experiments.runner.Interrupted`:
     one line, exit status 130 or 143); the same command, started again, resumes.
@@ -451,14 +476,16 @@ def _train(
     _check_out(out)
     choice = executor or ExecutorChoice()
     chosen = choice.make(jobs, slurm_table)  # Slurm settings validated before anything runs
+    announce = None if choice.executor == "slurm" else functools.partial(_announce, jobs=jobs, err=plain)
 
-    if not _stdout_is_terminal():
-        log = _LogProgress({grid.run_id(c): c.rounds for c in cfgs})
+    if plain or not _stdout_is_terminal():
+        echo = functools.partial(typer.echo, err=True) if plain else typer.echo
+        log = _LogProgress({grid.run_id(c): c.rounds for c in cfgs}, echo=echo)
         try:
             with runner.stop_on_signals():
                 runner.run_grid(
                     cfgs, out, executor=chosen, on_round=lambda cfg, t, rounds: log.round(grid.run_id(cfg), t),
-                    on_done=lambda cfg, status: log.run_ended(grid.run_id(cfg), _short(cfg), status),
+                    on_done=lambda cfg, status: log.run_ended(grid.run_id(cfg), _short(cfg), status), before=announce,
                 )
         finally:
             log.close()
@@ -489,7 +516,38 @@ def _train(
             bar.update(task, before=before[0])
 
         with runner.stop_on_signals():
-            runner.run_grid(cfgs, out, executor=chosen, on_round=on_round, on_done=on_done)
+            runner.run_grid(cfgs, out, executor=chosen, on_round=on_round, on_done=on_done, before=announce)
+
+
+BUDGET_ENV = "PHALANX_BUDGET_MINUTES"
+"""The environment variable that sets how long a grid may be estimated to take before the command says so first."""
+DEFAULT_BUDGET_MINUTES = 5.0
+
+
+def _announce(todo: list[tuple[RunConfig, Path]], *, jobs: int, err: bool) -> None:
+    """Before the first run: when the grid's estimate (:func:`phalanx.experiments.estimate.estimate`) is over the
+    budget (``PHALANX_BUDGET_MINUTES``, default 5; ``off``: no estimate), one line saying so and how to make it
+    smaller. It does not stop the grid (a script's long run is no mistake): Ctrl-C stops it cleanly, and the same
+    command resumes."""
+    from phalanx.experiments import estimate
+
+    raw = os.environ.get(BUDGET_ENV, "")
+    if raw == "off":  # no estimate at all (the test suite's many small grids)
+        return
+    try:
+        budget = float(raw) if raw else DEFAULT_BUDGET_MINUTES
+    except ValueError:
+        raise ConfigError(BUDGET_ENV, raw, "a number of minutes, e.g. 30, or off") from None
+    if not math.isfinite(budget) or budget <= 0:
+        raise ConfigError(BUDGET_ENV, raw, "a number of minutes > 0")
+    guess = estimate.estimate(todo, jobs, _short)
+    if guess is None or guess.seconds <= 60 * budget:
+        return
+    (_STDERR if err else console).print(
+        f"[yellow]This grid should take {guess.text()}[/yellow] — over the {budget:g} min budget "
+        f"({BUDGET_ENV}). To make it smaller: fewer seeds or list values, fewer rounds (--set rounds=…), a smaller "
+        "preset (--preset quick), or more processes (--jobs); Ctrl-C stops it cleanly and the same command resumes.",
+        soft_wrap=True, highlight=False)
 
 
 def _devices(cfgs: list[RunConfig], executor: ExecutorChoice | None) -> str:
@@ -512,6 +570,7 @@ def _split_slurm(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] |
 
 def _run_grid(
     config: Path | None, overrides: list[str], out: Path, jobs: int, executor: ExecutorChoice | None = None,
+    fmt: str = "table",
 ) -> None:
     """Train the grid of a config: in this process's workers (``engine = "simulated"``), on a Slurm job array
     (``--executor slurm``), or — ``engine = "torchrun"`` — one process per worker, exactly as ``phalanx launch``
@@ -532,51 +591,53 @@ def _run_grid(
     if len(engines) > 1:
         raise ConfigError("engine", sorted(engines), "one engine for the whole grid (run the torchrun points with "
                           "`phalanx launch`)")
-    console.print(f"[bold]{len(cfgs)} run(s)[/bold] → {out} on {_devices(cfgs, executor)}")
-    _train(list(cfgs), out, jobs, executor, slurm_table)
+    say = console if fmt == "table" else _STDERR  # with --format, stdout holds the tables alone
+    say.print(f"[bold]{len(cfgs)} run(s)[/bold] → {out} on {_devices(cfgs, executor)}")
+    _train(list(cfgs), out, jobs, executor, slurm_table, plain=fmt != "table")
     result = report.write_report(out)
-    from rich import box
+    tables = [_summary_table(result)]
+    if result["tradeoff"]:
+        tables.append(_tradeoff_table(result["tradeoff"]))
+    if result.get("mixed"):
+        tables[0].notes.append(report.mixed_line(result["mixed"]).replace("**", ""))
+    emit_all(tables, fmt, console)
+    say.print(f"report: {out / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
 
+
+def _summary_table(result: dict[str, Any]) -> Tabular:
+    """A grid's final accuracy per setting (seeds pooled), best first, from :func:`report.write_report`'s result."""
     several = any(s["seeds"] > 1 for s in result["summary"])
-    table = Table(title="Final test accuracy (seeds pooled" + ("; ± the standard deviation over seeds)" if several
-                                                                else ")"), box=box.SIMPLE_HEAD, pad_edge=False)
     keys = result["keys"]
     diverged = sum(s.get("diverged", 0) for s in result["summary"])
-    for k in [*keys, "final %", "agg. error", "Byz. share", "seeds"] + (["diverged"] if diverged else []):
-        table.add_column(k, justify="left" if k in keys else "right", no_wrap=True)
+    cols = [*keys, "final %", "agg. error", "Byz. share", "seeds"] + (["diverged"] if diverged else [])
+    title = "Final test accuracy (seeds pooled" + ("; ± the standard deviation over seeds)" if several else ")")
+    table = Tabular(title, cols, right=cols[len(keys):], compact=True)
     for s in sorted(result["summary"], key=lambda s: -s["final_accuracy"]):
         acc = f"{100 * s['final_accuracy']:.1f}" + (f" ± {100 * s['final_accuracy_std']:.1f}" if s["seeds"] > 1 else "")
-        table.add_row(*[str(s.get(k)) for k in keys], acc, _fmt(s["agg_error"]), _fmt(s["byz_share"], 2),
-                      str(s["seeds"]),
-                      *([f"{s.get('diverged', 0)}/{s['seeds']}"] if diverged else []))
-    console.print(table)
-    if result.get("mixed"):
-        console.print("[yellow]" + report.mixed_line(result["mixed"]).replace("**", "") + "[/yellow]", soft_wrap=True)
+        table.add(*[str(s.get(k)) for k in keys], acc, _fmt(s["agg_error"]), _fmt(s["byz_share"], 2), s["seeds"],
+                  *([f"{s.get('diverged', 0)}/{s['seeds']}"] if diverged else []))
     if diverged:
-        console.print(f"[yellow]{diverged} run(s) diverged[/yellow] (the model became non-finite; final accuracy "
-                      "counted as 0; `phalanx status` says at which round)", soft_wrap=True)
-    if result["tradeoff"]:
-        _print_tradeoff(result["tradeoff"])
-    console.print(f"report: {out / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
+        table.notes.append(f"{diverged} run(s) diverged (the model became non-finite; final accuracy counted as 0; "
+                           "`phalanx status` says at which round)")
+    return table
 
 
-def _print_tradeoff(tradeoffs: list[Any]) -> None:
+def _tradeoff_table(tradeoffs: list[Any]) -> Tabular:
     """The price and rescue of every robust rule against the mean (:func:`phalanx.experiments.report.tradeoff`),
-    with the sentence saying what they are."""
+    each ± its half-width with its Holm-adjusted p, and the sentence saying what they are."""
     from phalanx.experiments import report
 
     keys = report.tradeoff_keys(tradeoffs)
-    # a number ± its half-width, no vertical rules: the table fits 80 columns with its verdicts
-    table = Table(title="The price and rescue of robustness (vs mean, paired by seed)", box=box.SIMPLE_HEAD,
-                  pad_edge=False, collapse_padding=True)
-    for k in ["rule", *keys, "attack", "price (pts)", "rescue (pts)", "seeds", "verdict"]:
-        table.add_column(k, justify="right" if "pts" in k or k == "seeds" else "left", no_wrap=k != "verdict")
+    cols = ["rule", *keys, "attack", "price (pts)", "p (price)", "rescue (pts)", "p (rescue)", "seeds", "verdict"]
+    table = Tabular("The price and rescue of robustness (vs mean, paired by seed)", cols, compact=True,
+                    right=("price (pts)", "p (price)", "rescue (pts)", "p (rescue)", "seeds"), wrap=("verdict",))
     for t in report.sorted_tradeoffs(tradeoffs):
         ctx = dict(t.context)
-        table.add_row(t.rule, *(str(ctx[k]) for k in keys), t.attack, report.points_pm(t.price),
-                      report.points_pm(t.rescue), str(len(t.seeds)), t.verdict)
-    console.print(table)
-    console.print(report.TRADEOFF_MEANING.replace("*", ""), soft_wrap=True, highlight=False)
+        table.add(t.rule, *(str(ctx[k]) for k in keys), t.attack, report.points_pm(t.price),
+                  t.price.estimate.holm_text(), report.points_pm(t.rescue), t.rescue.estimate.holm_text(),
+                  len(t.seeds), t.verdict)
+    table.notes.append(report.TRADEOFF_MEANING.replace("*", ""))
+    return table
 
 
 FORCE_HELP = "Use run-directory files whose SHA-256 differs from their manifest's (changed since written)."
@@ -613,6 +674,7 @@ def run(
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel worker processes.")] = 1,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     track: Annotated[list[str] | None, typer.Option("--track", help=TRACK_HELP)] = None,
+    fmt: FormatOption = "table",
     executor: ExecutorChoice | None = None,
 ) -> None:
     """Train: one run, or one per combination of the list-valued keys; print the comparison, write report + plots.
@@ -620,7 +682,7 @@ def run(
     With engine = "torchrun" every worker is its own process, as with `phalanx launch`.
     """
     _force(force)
-    _run_grid(config, _tracked(config, set_ or [], track), out, jobs, executor)
+    _run_grid(config, _tracked(config, set_ or [], track), out, jobs, executor, check_format(fmt))
 
 
 @app.command()
@@ -632,12 +694,13 @@ def sweep(
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel worker processes.")] = 2,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     track: Annotated[list[str] | None, typer.Option("--track", help=TRACK_HELP)] = None,
+    fmt: FormatOption = "table",
     executor: ExecutorChoice | None = None,
 ) -> None:
     """Run a grid in parallel processes or as a Slurm job array; finished runs are skipped, unfinished ones
     resume."""
     _force(force)
-    _run_grid(config, _tracked(config, set_ or [], track), out, jobs, executor)
+    _run_grid(config, _tracked(config, set_ or [], track), out, jobs, executor, check_format(fmt))
 
 
 @app.command("report")
@@ -662,11 +725,13 @@ def report_cmd(
 def status_cmd(
     directory: Annotated[Path, typer.Argument(help="A sweep's or experiment's output directory (its --out).")],
     all_runs: Annotated[bool, typer.Option("--all", help="List finished runs too (default: the others).")] = False,
+    fmt: FormatOption = "table",
 ) -> None:
     """Every run of a grid: done, diverged, running (who), queued (Slurm), failed (the error), stopped, pending."""
     from phalanx.errors import ConfigError
     from phalanx.experiments import slurm, status
 
+    fmt = check_format(fmt)
     if not directory.is_dir():
         raise ConfigError("DIR", str(directory), "an existing directory of runs (a sweep's --out)")
     base = directory / "runs" if (directory / "runs").is_dir() and not status.runs_of(directory) else directory
@@ -674,21 +739,18 @@ def status_cmd(
     rows = status.grid_status(base, queued or {})
     if not rows:
         raise ConfigError("DIR", str(directory), "a directory a grid has written into (no runs found)")
-    table = Table(title=f"{base}: {len(rows)} runs")
-    for c in ("run", "status", "round", "detail"):
-        table.add_column(c, justify="right" if c == "round" else "left", overflow="fold")
+    table = Tabular(f"{base}: {len(rows)} runs", ("run", "status", "round", "detail"), right=("round",))
     for r in rows:
         if r.status == "done" and not all_runs:
             continue
         where = "—" if r.round is None else f"{r.round}/{r.rounds}" if r.rounds else str(r.round)
-        table.add_row(r.run, r.status, where, r.detail)
-    if table.row_count:
-        console.print(table)
+        table.add(r.run, r.status, where, r.detail)
     counts = status.counts(rows)
     order = ("done", "diverged", "running", "queued", "stopped", "failed", "pending")
-    console.print(", ".join(f"{counts[k]} {k}" for k in order if counts.get(k)), soft_wrap=True, highlight=False)
+    table.notes.append(", ".join(f"{counts[k]} {k}" for k in order if counts.get(k)))
     if queued is None:
-        console.print("(the Slurm queue could not be read: queued runs show as pending)", soft_wrap=True)
+        table.notes.append("(the Slurm queue could not be read: queued runs show as pending)")
+    emit(table, fmt, console)
 
 
 @app.command("keygen")
@@ -721,6 +783,13 @@ def sign_cmd(
         raise typer.BadParameter("give --key KEY.pem (or --keyless for Sigstore, which needs the network)")
     path = signing.sign(run_dir, key, certificate=certificate, certificate_chain=tuple(chain or ()), keyless=keyless)
     console.print(f"signed {len(signing.covered_files(run_dir))} files of {run_dir} → {path}", soft_wrap=True)
+    if key is not None:  # what the signature vouches for, beyond the bytes
+        from phalanx.experiments import provenance
+
+        found = provenance.inspect(run_dir, signing.public_key_of(key))
+        if not found.proven:
+            console.print(f"note: {found.lines()[0]} — the signature vouches for these files, not for how they were "
+                          "trained; `phalanx verify` says so (exit 1)", soft_wrap=True, highlight=False)
 
 
 @app.command("verify")
@@ -732,26 +801,41 @@ def verify_cmd(
     identity: Annotated[str | None, typer.Option("--identity", help="Keyless: the signer's identity.")] = None,
     issuer: Annotated[str | None, typer.Option("--issuer", help="Keyless: its OpenID Connect issuer.")] = None,
 ) -> None:
-    """Check a run directory against its signature: exit 0 if every file is the one signed, else one line and 2."""
+    """Check a run directory against its signature, then (with --key) its provenance: which rounds were trained
+    under the key. Exit 0: the files are the signed ones and every round was trained under the key; 1: the files are
+    the signed ones, but not every round is proven to be trained under the key (the lines say which); 2: the
+    signature does not hold (one line)."""
     from phalanx import signing
+    from phalanx.experiments import provenance
 
     signing.verify(run_dir, key, certificate_chain=None if chain is None else tuple(chain), identity=identity,
                    oidc_issuer=issuer)
-    console.print(f"{run_dir}: signature verified ({len(signing.covered_files(run_dir))} files)", soft_wrap=True)
+    console.print(f"{run_dir}: signature verified ({len(signing.covered_files(run_dir))} files): they are the files "
+                  "that were signed", soft_wrap=True, highlight=False)
+    if key is None:
+        console.print("provenance: not checked (each training session is signed with the run's sign_key: check it "
+                      "with --key PUB.pem)", soft_wrap=True, highlight=False)
+        return
+    found = provenance.inspect(run_dir, key)
+    for line in found.lines():
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
+    if not found.proven:
+        raise typer.Exit(1)
 
 
 @list_app.command("attacks")
-def list_attacks() -> None:
+def list_attacks(fmt: FormatOption = "table") -> None:
     """Attacks with their reference."""
     from phalanx import attacks
-
-    table = Table(title="Phalanx attacks")
-    table.add_column("name")
-    table.add_column("kind")
-    table.add_column("ref.")
     from phalanx.attacks.base import DataAttack
 
+    fmt = check_format(fmt)
+    table = Tabular("Phalanx attacks", ("name", "kind", "ref."))
+
     def kind(cls: type) -> str:
+        if getattr(cls, "baseline", False):  # honest, none: no attack at all
+            return "baseline: no attack (" + ("real gradients on own data" if issubclass(cls, DataAttack)
+                                             else "replays honest rows") + ")"
         return "data: poisons its batches" if issubclass(cls, DataAttack) else "vector: sends rows"
 
     rows = [([name, kind(attacks.get_class(name))], attacks.get_class(name).reference) for name in attacks.names()]
@@ -759,25 +843,44 @@ def list_attacks() -> None:
 
     rows += [([name, "vector, over a graph (gossip, anytime)"], gossip_attacks.get_class(name).reference)
              for name in gossip_attacks.names()]
-    _print_with_references(table, _references(table, rows))
+    _references(table, rows, fmt)
+    emit(table, fmt, console)
+
+
+@list_app.command("stages")
+def list_stages(fmt: FormatOption = "table") -> None:
+    """The round's stages (docs/design.md, 'Stages'): each with its side, how a config turns it on, its config
+    section (its parameters) and its reference."""
+    from phalanx.experiments import legacy
+    from phalanx.training.stages import registry
+
+    fmt = check_format(fmt)
+    table = Tabular("Phalanx stages", ("name", "side", "turned on by", "section: its parameters", "ref."),
+                    whole=("name",))
+    rows = []
+    for name in registry.names():
+        cls = registry.get(name)
+        on = cls.brought_by or legacy.FLAT_STAGES.get(name) or f"{legacy.TREE}.{name} (a TOML table)"
+        section = "\n".join(f"{p}: {text}" for p, text in cls.parameters.items()) or "—"
+        rows.append(([name, cls.side, on, section], cls.reference or "—"))
+    _references(table, rows, fmt)
+    emit(table, fmt, console)
 
 
 @list_app.command("datasets")
-def list_datasets() -> None:
+def list_datasets(fmt: FormatOption = "table") -> None:
     """Data sets Phalanx can load."""
     from phalanx import data
 
-    for name in data.names():
-        console.print(name)
+    emit(Tabular("Phalanx data sets", ("name",), [[name] for name in data.names()]), check_format(fmt), console)
 
 
 @list_app.command("models")
-def list_models() -> None:
+def list_models(fmt: FormatOption = "table") -> None:
     """Models Phalanx can build."""
     from phalanx import models
 
-    for name in models.names():
-        console.print(name)
+    emit(Tabular("Phalanx models", ("name",), [[name] for name in models.names()]), check_format(fmt), console)
 
 
 @tension_app.command("theory")
@@ -791,38 +894,45 @@ def tension_theory(
     trials: Annotated[int, typer.Option("--trials", min=0, help="Random inputs per (rule, f) when measuring.")] = 100,
     kappa_budget: Annotated[int, typer.Option("--kappa-budget", min=1, help="Rule evaluations per (rule, f) of the "
                                               "κ search when measuring.")] = 300,
+    budget: Annotated[int, typer.Option("--budget", min=0, help="Rule evaluations per (rule, f) of the ε search's "
+                                        "CMA-ES when measuring.")] = 2000,
     dim: Annotated[int, typer.Option("--dim", "-d", min=1, help="Dimension of the measured inputs.")] = 8,
-    fmt: Annotated[str, typer.Option("--format", help="table, markdown or csv.")] = "table",
+    fmt: FormatOption = "table",
 ) -> None:
     """For f = 0 … ⌊(n−1)/2⌋: each rule's ε and κ beside the lower bounds ε ≥ f/(n−f) and κ ≥ f/(n−2f) (and with
     --measure the measured ε and the certified lower bound on κ)."""
     from phalanx.analysis import tension
 
-    if fmt not in ("table", "markdown", "csv"):
-        raise typer.BadParameter(f"--format={fmt!r}: allowed table, markdown or csv")
+    fmt = check_format(fmt)
     specs = [r.strip() for r in rules.split(",") if r.strip()]
-    rows = tension.theory_table(workers, specs, measure=measure, trials=trials, kappa_budget=kappa_budget, d=dim)
-    if fmt == "markdown":
+    rows = tension.theory_table(workers, specs, measure=measure, trials=trials, kappa_budget=kappa_budget, d=dim,
+                                budget=budget)
+    if fmt == "md":  # the analysis's own Markdown (its columns and notes), as the docs quote it
         console.print(tension.to_markdown(rows, workers), markup=False, highlight=False, soft_wrap=True)
         return
-    if fmt == "csv":
-        typer.echo(tension.to_csv(rows), nl=False)
+    if fmt in ("csv", "json"):  # the analysis's own columns, every value (the terminal table rounds them)
+        import csv
+        import io
+
+        data = list(csv.reader(io.StringIO(tension.to_csv(rows))))
+        emit(Tabular(f"Price of robustness at n = {workers}", data[0], data[1:]), fmt, console)
         return
-    table = Table(title=f"Price of robustness at n = {workers}: no-attack error ε vs the bound f/(n−f)")
-    cols = ["rule", "f", "bound f/(n−f)", "ε theory"]
+    cols = ["rule", "f", "bound f/(n−f)", "ε proven"]
     cols += (["ε measured", "worst input", "κ bound f/(n−2f)", "κ proven", "κ measured"] if measure else
-             ["κ theory"])
-    for c in cols:
-        table.add_column(c, justify="left" if c in ("rule", "worst input") else "right")
+             ["κ proven"])
+    table = Tabular(f"Price of robustness at n = {workers}: no-attack error ε vs the bound f/(n−f)", cols,
+                    right=[c for c in cols if c not in ("rule", "worst input")])
     for r in rows:
-        cells = [r.rule, str(r.f), _fmt(r.lower_bound, 4), _fmt(r.epsilon, 4)]
+        cells = [r.rule, str(r.f), _fmt(r.lower_bound, 4), tension.epsilon_cell(r)]
         if measure:
-            cells += [_fmt(r.measured, 4), r.worst_input or (r.note or ""), _fmt(r.kappa_bound, 4),
-                      _fmt(r.kappa, 4), tension.kappa_cell(r)]
+            cells += [tension.measured_cell(r) if r.note is None else "—", r.worst_input or (r.note or ""),
+                      _fmt(r.kappa_bound, 4), _fmt(r.kappa, 4), tension.kappa_cell(r)]
         else:
             cells.append(_fmt(r.kappa, 4))
-        table.add_row(*cells)
-    console.print(table)
+        table.add(*cells)
+    table.notes.append("Measured values (≥) are certified lower bounds. Proven values:")
+    table.notes.extend(f"  {line}" for line in tension.sources(rows))
+    emit(table, fmt, console)
 
 
 def _cpu_jobs() -> int:
@@ -933,11 +1043,15 @@ def tension_plan(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key of the config (repeatable).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/plan"),
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Processes (default: cores).")] = None,
+    fmt: FormatOption = "table",
     executor: ExecutorChoice | None = None,
 ) -> None:
     """Your task, every rule × f, with no attack and under strong attacks: the trade-off table and a recommendation."""
     from phalanx import data as data_module
     from phalanx.studies import planner
+
+    fmt = check_format(fmt)
+    say = console if fmt == "table" else _STDERR  # with --format, stdout holds the table alone
 
     def split(text: str | None) -> list[str] | None:
         return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
@@ -955,39 +1069,34 @@ def tension_plan(
                 data.pop(key)
     plan = planner.make_plan(data, expect=expect, rules=split(rules), fs=f_list,
                              attacks=split(attacks_))
-    console.print(f"[bold]plan[/bold]: rules {', '.join(plan.rules)}; f ∈ {plan.fs}; attacks "
-                  f"{', '.join(plan.attacks) if expect else '(none: K = 0)'}; K = {expect}; seeds {plan.seeds}; "
-                  f"{len(plan.configs)} runs → {out}")
+    say.print(f"[bold]plan[/bold]: rules {', '.join(plan.rules)}; f ∈ {plan.fs}; attacks "
+              f"{', '.join(plan.attacks) if expect else '(none: K = 0)'}; K = {expect}; seeds {plan.seeds}; "
+              f"{len(plan.configs)} runs → {out}")
     for note in plan.skipped:
-        console.print(f"[yellow]skipped[/yellow] {note}")
-    _train(plan.configs, out / "runs", jobs or _cpu_jobs(), executor, slurm_table)
+        say.print(f"[yellow]skipped[/yellow] {note}")
+    _train(plan.configs, out / "runs", jobs or _cpu_jobs(), executor, slurm_table, plain=fmt != "table")
     rows = planner.final_rows(plan, out / "runs")
     first = plan.configs[0]
     test_samples = len(data_module.load(first.dataset, root=first.data_root).test_y)
     tol = planner.derived_tolerance(rows, test_samples) if tolerance is None else tolerance / 100
     rec = planner.recommend(rows, expect, tol, workers=first.workers)
-    from rich import box
-
-    table = Table(title=f"Price of robustness on your task (n = {plan.configs[0].workers}, K = {expect})",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
     heads = ["rule", "f", "no attack %", "cost", "agg. error"] + ([*plan.attacks, "worst %"] if expect else [])
-    for h in [*heads, "seeds"]:  # (an accuracy ± its interval is never folded over two lines)
-        table.add_column(h, justify="left" if h == "rule" else "right", no_wrap=h in ("no attack %", "worst %"))
+    table = Tabular(f"Price of robustness on your task (n = {plan.configs[0].workers}, K = {expect})",
+                    [*heads, "seeds", "pick"], right=[*heads[1:], "seeds"], compact=True)
     for r in rows:
         cells = [r.rule, r.f_label, planner.with_interval(r.no_attack, r.no_attack_ci), f"{100 * r.cost:+.1f}",
                  _fmt(r.agg_error)]
         if expect:
             cells += [f"{100 * r.under_attack[a]:.1f}" if a in r.under_attack else "—" for a in plan.attacks]
             cells.append(planner.with_interval(r.worst, r.worst_ci) if r.worst is not None else "—")
-        cells.append(str(r.seeds))
-        style = "bold green" if (r.rule, r.f) == (rec.rule, rec.f) else None
-        table.add_row(*cells, style=style)
-    console.print(table)
-    for rule in sorted(plan.f_free):
-        console.print(f"{rule}: its output does not depend on f (checked on random rows), so it ran once (f: any)")
-    console.print(rec.text)
+        cells += [str(r.seeds), "★" if (r.rule, r.f) == (rec.rule, rec.f) else ""]
+        table.add(*cells)
+    table.notes += [f"{rule}: its output does not depend on f (checked on random rows), so it ran once (f: any)"
+                    for rule in sorted(plan.f_free)]
+    table.notes.append(f"★ {rec.text}")
+    emit(table, fmt, console)
     written = planner.write_outputs(rows, plan, rec, out)
-    console.print("written: " + ", ".join(str(w) for w in written))
+    say.print("written: " + ", ".join(str(w) for w in written))
 
 
 def main() -> None:

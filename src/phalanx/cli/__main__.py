@@ -1,0 +1,5 @@
+"""``python -m phalanx.cli``: the ``phalanx`` command."""
+
+from phalanx.cli import main
+
+main()

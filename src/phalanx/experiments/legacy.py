@@ -1,0 +1,111 @@
+"""The one adapter of the flat keys of earlier releases: what they turn on, as the sections the components read.
+
+A run config is flat (:class:`~phalanx.experiments.schema.RunConfig`): keys added by each feature at the top level
+(``dp_noise``, ``server_projection``, ``server_momentum`` …). The components do not read them: each reads its own
+section — a stage its constructor's parameters (:mod:`phalanx.training.stages`), the server optimizer its own —
+and this module is the only reader of the flat keys that turn those sections on. It is frozen: a new stage is
+configured as ``[stages.<name>]`` (:data:`TREE`) and edits nothing here. The flat keys keep naming runs exactly as
+before (the run id is computed from them, ``tests/test_compat.py``), and every error about a section's parameter
+names the flat key the user wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx.errors import ConfigError
+from phalanx.experiments.schema import RunConfig
+
+__all__ = ["TREE", "Section", "optimizer", "row_columns", "stage_sections"]
+
+TREE = "stages"
+"""The config key of the stages' own sections: ``[stages.<name>]`` with the stage's parameters."""
+
+PROJECTION = "server_projection"
+PRIVACY = ("dp_noise", "dp_clip", "dp_delta")
+SERVER = ("server_optimizer", "server_momentum", "server_weight_decay")
+FLAT_STAGES = {"crfl": PROJECTION, "dp": "dp_noise"}
+"""The built-in stages that flat keys turn on (a ``[stages.<name>]`` section of theirs is refused: one run, one
+spelling, one run id)."""
+
+
+@dataclass(frozen=True)
+class Section:
+    """One stage a config turns on: its ``name`` (a stage of :mod:`phalanx.training.stages.registry`), its
+    ``params``, the ``key`` that turned it on and ``name_of(p)``, the config key of its parameter ``p``."""
+
+    name: str
+    params: dict[str, Any]
+    key: str
+    name_of: Callable[[str], str]
+
+
+def _default(key: str) -> Any:
+    return RunConfig.model_fields[key].get_default(call_default_factory=True)
+
+
+def stage_sections(cfg: RunConfig, projections: Callable[[], list[str]]) -> list[Section]:
+    """The stages ``cfg`` turns on, in the order they act: the server projection (``server_projection`` with
+    ``server_projection_params``: one of ``projections()``), client-level differential privacy (``dp_noise``,
+    ``dp_clip``, ``dp_delta``), then every ``[stages.<name>]`` section in the order written."""
+    out: list[Section] = []
+    name, params = cfg.server_projection, dict(cfg.server_projection_params)
+    if name is None:
+        if params:
+            raise ConfigError("server_projection_params", params, "empty unless server_projection is set")
+    else:
+        known = projections()
+        if name not in known:
+            raise ConfigError(PROJECTION, name, "one of " + ", ".join(repr(n) for n in known) + " or unset")
+        out.append(Section(name, params, PROJECTION, _under("server_projection_params")))
+    if cfg.dp_noise is None:
+        if cfg.dp_clip is not None:
+            raise ConfigError("dp_noise", None, "a noise multiplier > 0 with dp_clip set (clipping alone gives no "
+                              "differential privacy)")
+        if cfg.dp_delta != _default("dp_delta"):
+            raise ConfigError("dp_delta", cfg.dp_delta, "its default (1e-05) unless dp_noise is set")
+    else:
+        if cfg.dp_clip is None:
+            raise ConfigError("dp_clip", None, "a clipping norm > 0 with dp_noise set (the noise is σ times it)")
+        flat = {"clip": "dp_clip", "noise": "dp_noise", "delta": "dp_delta"}
+        out.append(Section("dp", {"clip": cfg.dp_clip, "noise": cfg.dp_noise, "delta": cfg.dp_delta}, "dp_noise",
+                           lambda p: flat.get(p, p)))
+    for stage, section in getattr(cfg, TREE).items():
+        if stage in FLAT_STAGES:
+            raise ConfigError(f"{TREE}.{stage}", section, f"unset: {stage} is turned on by {FLAT_STAGES[stage]} "
+                              "(one spelling per run, so that its run id is the one it always had)")
+        out.append(Section(stage, dict(section), f"{TREE}.{stage}", _under(f"{TREE}.{stage}")))
+    return out
+
+
+def _under(prefix: str) -> Callable[[str], str]:
+    """``p`` ↦ ``prefix.p``: the config key of a section's parameter."""
+    return lambda p: f"{prefix}.{p}"
+
+
+def row_columns(cfg: RunConfig) -> tuple[str, ...]:
+    """The flat keys a run repeats on its metric rows because of a stage they turn on: the privacy keys."""
+    return PRIVACY if cfg.dp_noise is not None else ()
+
+
+def optimizer(cfg: RunConfig, decentralized: bool) -> tuple[str, dict[str, Any]]:
+    """The server optimizer's name and its section of parameters: ``server_optimizer`` with
+    ``server_optimizer_params``; SGD also takes ``server_momentum`` and ``server_weight_decay``. A decentralized
+    algorithm has no server: the server's keys keep their defaults."""
+    if decentralized:
+        for key in SERVER:
+            if getattr(cfg, key) != _default(key):
+                raise ConfigError(key, getattr(cfg, key), f"its default with algorithm = {cfg.algorithm!r} (there is "
+                                  "no server; lr, momentum and weight_decay are the nodes')")
+    params = dict(cfg.server_optimizer_params)
+    if cfg.server_optimizer == "sgd":
+        params.setdefault("momentum", cfg.server_momentum)
+        params.setdefault("weight_decay", cfg.server_weight_decay)
+    else:
+        for key in ("server_momentum", "server_weight_decay"):
+            if getattr(cfg, key) != 0.0:
+                raise ConfigError(key, getattr(cfg, key), f"0 with server_optimizer = {cfg.server_optimizer!r} "
+                                  "(its parameters go in server_optimizer_params)")
+    return cfg.server_optimizer, params

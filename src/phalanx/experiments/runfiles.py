@@ -1,0 +1,287 @@
+"""Reading the files of a run directory back with bounded memory.
+
+Whoever can write into a run directory (a co-user of a shared ``runs/`` folder, a Byzantine participant of a study who
+hands over its results) decides what Phalanx reads there. So every file read back is sized before it is read and
+parsed within a bound that its honest content never comes near; a file that is too large, nested too deeply, not
+what it should be, or whose header lies about sizes is one :class:`~phalanx.errors.ConfigError` naming the file
+(:func:`damaged`), raised before anything of the size the file claims is allocated.
+
+=====================  =========================  ===========================================================
+file                   bound                      what an honest one holds
+=====================  =========================  ===========================================================
+``manifest.json``,     :data:`MAX_JSON_BYTES`     a few kB: versions, digests of a handful of files, the config
+``config.json``        (4 MiB), JSON nested at    (the largest honest config measured: a few kB)
+                       most as deep as Python's
+                       parser allows
+``metrics.jsonl``      :data:`MAX_ROW_BYTES` a    a few hundred bytes a row (the row carries the config's
+                       line (16 MiB), at most     columns), at most :data:`~phalanx.experiments.config.MAX_ROWS`
+                       ``MAX_ROWS + 1`` rows,     rows (+ round 0)
+                       :data:`MAX_METRICS_BYTES`
+                       (4 GiB) in all
+checkpoint header      :data:`MAX_HEADER_BYTES`   a table of a few dozen tensors and the provenance record
+(safetensors)          (8 MiB), every tensor      (a few kB a training session)
+                       inside the file and of
+                       the size its shape says
+markers (``FAILED``,   :data:`MAX_MARKER_BYTES`   one short JSON object
+``DIVERGED``, lock)    (64 KiB)
+=====================  =========================  ===========================================================
+
+The safetensors format (Hugging Face, https://github.com/huggingface/safetensors): 8 bytes, a little-endian unsigned
+64-bit length N, then N bytes of JSON (``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__":
+{str: str}}``), then the tensors' bytes; offsets are relative to the end of the header. :func:`checkpoint_header`
+checks N against the file's size before it reads the header, and every tensor's offsets against the rest of the
+file and its dtype and shape, before any tensor is read.
+
+:func:`tensors_digest` / :func:`tensors_digest_of_file`: one SHA-256 of a checkpoint's *tensors* (names, dtypes,
+shapes and bytes, not its metadata), the same whether computed from the tensors in memory before they are written or
+streamed from the file (no tensor is loaded): what a provenance record (:mod:`phalanx.experiments.provenance`) says a
+training session wrote, while the record itself lives in that file's metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from phalanx.errors import ConfigError
+
+MAX_JSON_BYTES = 4 << 20
+"""The largest ``manifest.json`` / ``config.json`` read back."""
+MAX_MARKER_BYTES = 64 << 10
+"""The largest ``FAILED`` / ``DIVERGED`` marker or lock file read back."""
+MAX_ROW_BYTES = 16 << 20
+"""The longest line of ``metrics.jsonl`` read back."""
+MAX_METRICS_BYTES = 4 << 30
+"""The largest ``metrics.jsonl`` read back (streamed: memory is bounded by the rows kept, not by this)."""
+MAX_HEADER_BYTES = 8 << 20
+"""The largest safetensors header of a checkpoint read back."""
+MAX_TENSORS = 4096
+"""The most tensors a checkpoint may hold."""
+
+DTYPES: dict[str, tuple[torch.dtype | None, int]] = {
+    "F64": (torch.float64, 8), "F32": (torch.float32, 4), "F16": (torch.float16, 2), "BF16": (torch.bfloat16, 2),
+    "I64": (torch.int64, 8), "I32": (torch.int32, 4), "I16": (torch.int16, 2), "I8": (torch.int8, 1),
+    "U8": (torch.uint8, 1), "BOOL": (torch.bool, 1), "U16": (getattr(torch, "uint16", None), 2),
+    "U32": (getattr(torch, "uint32", None), 4), "U64": (getattr(torch, "uint64", None), 8),
+    "F8_E4M3": (getattr(torch, "float8_e4m3fn", None), 1), "F8_E5M2": (getattr(torch, "float8_e5m2", None), 1),
+    "C64": (torch.complex64, 8),
+}
+"""safetensors' dtype names, the torch dtype each is and its item size in bytes."""
+_NAME_OF = {dtype: name for name, (dtype, _) in DTYPES.items() if dtype is not None}
+
+
+def damaged(path: Path, problem: str) -> ConfigError:
+    """The error for a run-directory file that cannot be read as Phalanx wrote it: names the file, the problem and
+    the directory to delete (the run then starts again from round 0)."""
+    return ConfigError("file", str(path), "a file as Phalanx wrote it",
+                       f"{problem}; delete {path.parent} to run that run again from the start")
+
+
+def reason(exc: BaseException) -> str:
+    """An exception's message as a short clause of one line."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def size_of(path: Path) -> int:
+    """The size of ``path`` in bytes; :class:`FileNotFoundError` if it does not exist; a :func:`damaged` error if it is
+    not a regular file (a directory, a FIFO that would block a read, a device)."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise damaged(path, "not a regular file")
+    return st.st_size
+
+
+def _too_large(path: Path, size: int, limit: int) -> ConfigError:
+    return damaged(path, f"{size:,} bytes, more than the {limit:,} such a file may have (not read)")
+
+
+def loads(path: Path, raw: bytes) -> Any:
+    """``raw`` (the content of ``path``) as JSON; a :func:`damaged` error naming ``path`` if it is not UTF-8 JSON or
+    is nested deeper than the parser's recursion limit."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise damaged(path, f"not JSON (byte {exc.start} is not UTF-8)") from None
+    except json.JSONDecodeError as exc:
+        raise damaged(path, f"not JSON ({reason(exc)})") from None
+    except RecursionError:
+        raise damaged(path, "JSON nested too deeply") from None
+
+
+def read_bounded(path: Path, limit: int) -> bytes:
+    """The bytes of ``path``, sized first: a :func:`damaged` error if it holds more than ``limit`` (nothing of it read);
+    :class:`FileNotFoundError` if it is missing."""
+    size = size_of(path)
+    if size > limit:
+        raise _too_large(path, size, limit)
+    with open(path, "rb") as fh:
+        raw = fh.read(limit + 1)
+    if len(raw) > limit:  # it grew between the stat and the read
+        raise _too_large(path, len(raw), limit)
+    return raw
+
+
+def read_json(path: Path, limit: int = MAX_JSON_BYTES) -> Any:
+    """A JSON file of a run directory read with bounded memory (see the module's docstring)."""
+    return loads(path, read_bounded(path, limit))
+
+
+def read_json_object(path: Path, limit: int = MAX_JSON_BYTES) -> dict[str, Any]:
+    """:func:`read_json`, and it must be a JSON object."""
+    data = read_json(path, limit)
+    if not isinstance(data, dict):
+        raise damaged(path, f"a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def jsonl_lines(path: Path, max_line: int = MAX_ROW_BYTES, max_bytes: int = MAX_METRICS_BYTES
+                ) -> Iterator[tuple[int, bytes]]:
+    """The lines of a JSON-lines file as ``(line number, raw bytes with their newline)``, streamed: a line longer
+    than ``max_line`` or a file larger than ``max_bytes`` is a :func:`damaged` error, raised having read at most
+    ``max_line`` bytes more than the lines before it."""
+    size = size_of(path)
+    if size > max_bytes:
+        raise _too_large(path, size, max_bytes)
+    with open(path, "rb") as fh:
+        number = 0
+        while True:
+            line = fh.readline(max_line + 1)
+            if not line:
+                return
+            number += 1
+            if len(line) > max_line and not line.endswith(b"\n"):
+                raise damaged(path, f"line {number} is longer than {max_line:,} bytes (not read further)")
+            yield number, line
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of a checkpoint's safetensors header: its dtype name, shape, and where its bytes are (relative to
+    the start of the data section)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Header:
+    """A checkpoint's checked safetensors header: its tensors, its metadata, where the data section starts."""
+
+    tensors: dict[str, TensorEntry]
+    metadata: dict[str, str]
+    data_start: int
+
+
+def _entry(path: Path, name: str, raw: Any, data_size: int) -> TensorEntry:
+    if not isinstance(raw, dict) or set(raw) != {"dtype", "shape", "data_offsets"}:
+        raise damaged(path, f"its header's entry for tensor {name[:60]!r} is not a tensor's")
+    dtype, shape, offsets = raw["dtype"], raw["shape"], raw["data_offsets"]
+    if dtype not in DTYPES:
+        raise damaged(path, f"tensor {name[:60]!r} has dtype {str(dtype)[:20]!r}, not one safetensors knows")
+    if (not isinstance(shape, list) or len(shape) > 8
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
+        raise damaged(path, f"tensor {name[:60]!r} has shape {str(shape)[:60]}, not a list of at most 8 sizes")
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+        raise damaged(path, f"tensor {name[:60]!r} has data offsets {str(offsets)[:60]}, not [begin, end]")
+    begin, end = offsets
+    numel = 1
+    for s in shape:
+        numel *= s
+    if not 0 <= begin <= end <= data_size or end - begin != numel * DTYPES[dtype][1]:
+        raise damaged(path, f"tensor {name[:60]!r} claims {numel:,} × {DTYPES[dtype][1]} bytes at [{begin:,}, "
+                      f"{end:,}), but the file holds {data_size:,} bytes of tensor data (its header lies about sizes)")
+    return TensorEntry(dtype, tuple(shape), begin, end)
+
+
+def checkpoint_header(path: Path, limit: int = MAX_HEADER_BYTES) -> Header:
+    """The checked header of the safetensors file ``path`` (see the module's docstring); a :func:`damaged` error
+    naming it otherwise, raised having read at most ``limit`` + 8 bytes."""
+    size = size_of(path)
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise damaged(path, f"{size} bytes: shorter than a safetensors header")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise damaged(path, f"its header claims {n:,} bytes, but the file has {size - 8:,} after the length "
+                          "(its header lies about sizes)")
+        if n > limit:
+            raise damaged(path, f"its header claims {n:,} bytes, more than the {limit:,} a checkpoint's may have "
+                          "(not read)")
+        raw = fh.read(n)
+    table = loads(path, raw)
+    if not isinstance(table, dict):
+        raise damaged(path, "its header is not a JSON object")
+    meta = table.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise damaged(path, "its header's metadata is not a map of text to text")
+    if len(table) > MAX_TENSORS:
+        raise damaged(path, f"its header lists {len(table):,} tensors, more than {MAX_TENSORS:,}")
+    data_size = size - 8 - n
+    tensors = {name: _entry(path, name, entry, data_size) for name, entry in table.items()}
+    covered = sorted((t.begin, t.end) for t in tensors.values())
+    at = 0
+    for begin, end in covered:
+        if begin != at:
+            raise damaged(path, "its tensors overlap or leave gaps in the data (its header lies about sizes)")
+        at = end
+    if at != data_size:
+        raise damaged(path, f"its tensors cover {at:,} bytes of the {data_size:,} of data after the header")
+    return Header(tensors, meta, 8 + n)
+
+
+def _table(entries: dict[str, tuple[str, tuple[int, ...]]]) -> bytes:
+    return json.dumps({k: [d, list(s)] for k, (d, s) in sorted(entries.items())}, separators=(",", ":"),
+                      sort_keys=True).encode()
+
+
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 (hex) of the tensors a checkpoint holds: the canonical JSON table ``{name: [dtype, shape]}`` (sorted
+    names, safetensors' dtype names), then each tensor's bytes in that order (little-endian, row-major, as
+    safetensors stores them). Equal to :func:`tensors_digest_of_file` of the file they are saved to."""
+    h = hashlib.sha256()
+    entries = {}
+    for name, t in tensors.items():
+        if t.dtype not in _NAME_OF:
+            raise ConfigError("checkpoint tensor", f"{name} ({t.dtype})", f"one of the dtypes safetensors stores "
+                              f"({', '.join(sorted(DTYPES))})")
+        entries[name] = (_NAME_OF[t.dtype], tuple(t.shape))
+    h.update(_table(entries))
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+    return h.hexdigest()
+
+
+def tensors_digest_of_file(path: Path, header: Header | None = None) -> str:
+    """:func:`tensors_digest` of the checkpoint ``path``, streamed from the file in blocks of 1 MiB (no tensor is
+    loaded)."""
+    header = header if header is not None else checkpoint_header(path)
+    h = hashlib.sha256()
+    h.update(_table({k: (e.dtype, e.shape) for k, e in header.tensors.items()}))
+    with open(path, "rb") as fh:
+        for name in sorted(header.tensors):
+            e = header.tensors[name]
+            fh.seek(header.data_start + e.begin)
+            left = e.end - e.begin
+            while left:
+                block = fh.read(min(left, 1 << 20))
+                if not block:
+                    raise damaged(path, f"cut short inside tensor {name[:60]!r}")
+                h.update(block)
+                left -= len(block)
+    return h.hexdigest()

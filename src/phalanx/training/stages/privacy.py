@@ -1,0 +1,129 @@
+"""Client-level differential privacy at the worker, a worker stage: every honest update clipped to norm C, then
+Gaussian noise of standard deviation σC added by the worker itself, before anything leaves it.
+
+For a worker's update u (a DSGD worker's stochastic gradient gᵢ = ∇ℓ(θ; batchᵢ) + λθ, *before* its momentum, which
+is then post-processing of the noisy gradients; a FedAvg client's pseudo-gradient θ − θᵢ after its local steps)::
+
+    ũ = u · min(1, C / ‖u‖₂) + σC · ξ,    ξ ~ N(0, I_d)
+
+— per-example clipping and noise of DP-SGD (Abadi et al., "Deep learning with differential privacy", CCS 2016,
+Algorithm 1) applied per *client*, as DP-FedAvg does (McMahan, Ramage, Talwar & Zhang, ICLR 2018, Algorithm 1), with
+the noise added at each client instead of once at a trusted server: the server, the other clients and the Byzantine
+ones never see an unprotected update. The price is more noise in the aggregate (m clients' noise, variance m·σ²C²
+in a sum, where central DP-FedAvg adds σ²C² once). The budget (ε, δ) this buys, and against whom, is
+:mod:`phalanx.analysis.privacy`.
+
+Who is bound: every worker that *computes* an update — the honest ones, and the Byzantine workers of a data attack,
+which follow the protocol on poisoned data (a boosted backdoor scales its privatized update afterwards: the attacker
+is not bound by the clipping). A vector attack's rows are whatever the attack makes; it sees the honest rows after
+their noise.
+
+The noise comes from the run's ``dp`` stream (:mod:`phalanx.training.streams`), one ``(W, d)`` draw a round for the W
+computing workers in index order, on the CPU; a process that runs one worker draws the whole matrix and keeps its own
+row, so that it adds what the in-process run adds to that worker, and the stream's state is checkpointed with the
+others (a resumed run is the uninterrupted one bit for bit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from phalanx.analysis import privacy as accounting
+from phalanx.errors import ConfigError
+from phalanx.training.stages.base import Evaluation, Plan, WorkerStage, WorkerUpdate
+from phalanx.validate import check_real
+
+STREAM = "dp"
+"""The named random stream the noise is drawn from."""
+
+
+COLUMNS = ("dp_epsilon", "dp_epsilon_local")
+"""The budget spent so far, on every metric row (:meth:`ClientDP.budget`)."""
+
+
+@dataclass(frozen=True)
+class ClientDP(WorkerStage):
+    """Clip every computing worker's update to ``clip`` (C > 0) and add N(0, (noise·clip)²·I) (noise multiplier
+    σ = ``noise`` > 0); ``delta`` (0 < δ < 1) is the δ of the reported budget."""
+
+    clip: float
+    noise: float
+    delta: float = 1e-5
+    name: ClassVar[str] = "dp"
+    streams: ClassVar[tuple[str, ...]] = (STREAM,)
+    reference: ClassVar[str] = ("M. Abadi et al., 'Deep learning with differential privacy', CCS 2016, Algorithm 1; "
+                                "H. B. McMahan, D. Ramage, K. Talwar, L. Zhang, 'Learning differentially private "
+                                "recurrent language models', ICLR 2018, Algorithm 1 (per client, noise at the client)")
+    parameters: ClassVar[Mapping[str, str]] = {
+        "clip": "C > 0: every computing worker's update is clipped to norm C",
+        "noise": "σ > 0: the noise multiplier; each worker adds N(0, σ²C²·I) itself",
+        "delta": "0 < δ < 1: the δ of the reported budget (ε, δ) (default 1e-5)",
+    }
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "clip", check_real("dp_clip", self.clip, low=0.0, low_open=True))
+        object.__setattr__(self, "noise", check_real("dp_noise", self.noise, low=0.0, low_open=True))
+        object.__setattr__(self, "delta", check_real("dp_delta", self.delta, low=0.0, low_open=True, high=1.0,
+                                                     high_open=True))
+
+    def params(self) -> dict[str, Any]:
+        return {"clip": self.clip, "noise": self.noise, "delta": self.delta}
+
+    def check(self, plan: Plan) -> None:
+        """An algorithm whose workers pass every update they send through the worker stages, a model whose
+        normalisation statistics stay with the clients, and the accountant (the ``privacy`` extra) installed."""
+        algorithm = plan.algorithm
+        if not getattr(type(algorithm), "runs_worker_stages", False):
+            raise ConfigError(self.parameter("privacy"), self.noise, f"unset with algorithm {algorithm.name!r} "
+                              "(client-level differential privacy is applied by the workers of distributed SGD and "
+                              "federated averaging: they pass every update they send through the worker stages)")
+        if plan.norm is not None:
+            raise ConfigError(plan.norm_key, plan.norm_value, "a model without BatchNorm / Hybrid BN / FedBN layers "
+                              "('group' or 'none') with differential privacy (the clients' normalisation statistics "
+                              "would leave them without noise)")
+        accounting.require()
+
+    def update(self, rows: Tensor, u: WorkerUpdate) -> Tensor:
+        """Clip and noise the rows (:meth:`privatize`), from the run's ``dp`` stream."""
+        return self.privatize(rows, u.workers, u.generators[STREAM], u.positions)
+
+    def clip_rows(self, rows: Tensor) -> Tensor:
+        """``rows`` ``(W, d)`` with each row scaled to norm at most C (in place; returned)."""
+        norms = torch.linalg.vector_norm(rows, dim=1, keepdim=True)
+        return rows.mul_(torch.clamp(self.clip / norms.clamp_min(torch.finfo(rows.dtype).tiny), max=1.0))
+
+    def noise_rows(self, workers: int, dim: int, gen: torch.Generator) -> Tensor:
+        """One round's standard normal draws for ``workers`` computing workers, ``(workers, dim)`` float32 on the
+        CPU (every shape of the worker side draws this same matrix)."""
+        return torch.randn(workers, dim, generator=gen)
+
+    def privatize(self, rows: Tensor, workers: int, gen: torch.Generator, positions: slice = slice(None)) -> Tensor:
+        """Clip ``rows`` and add their noise, in place (returned): the round has ``workers`` computing workers, the
+        noise is drawn for all of them (``(workers, d)``, so that the stream advances alike in every process), and
+        ``rows`` are those at ``positions`` (all of them by default; one process's own worker, or none in a round it
+        computes nothing)."""
+        xi = self.noise_rows(workers, rows.shape[1], gen)[positions]
+        if rows.shape[0] == 0:
+            return rows
+        self.clip_rows(rows)
+        return rows.add_(xi.to(device=rows.device, dtype=rows.dtype), alpha=self.noise * self.clip)
+
+    def budget(self, rounds: int, population: int, sampled: int) -> accounting.Budget:
+        """The (ε, δ) after ``rounds`` rounds, ``sampled`` of ``population`` clients a round
+        (:func:`phalanx.analysis.privacy.budget`)."""
+        return accounting.budget(self.noise, self.delta, rounds, population, sampled)
+
+    def column_names(self) -> tuple[str, ...]:
+        return COLUMNS
+
+    def columns(self, ev: Evaluation) -> dict[str, Any]:
+        """The budget after the row's round: ``dp_epsilon`` (the released models) and ``dp_epsilon_local``
+        (against the server and the other clients)."""
+        run = ev.run
+        b = self.budget(ev.round, run.workers, run.algorithm.per_round(run.workers))
+        return {"dp_epsilon": b.epsilon, "dp_epsilon_local": b.epsilon_local}

@@ -1,0 +1,340 @@
+"""``phalanx audit`` against the transcripts an attacker can write (issue 33, item 2): each forged case is a mutant of
+a real keyed run's transcript that the audit must reject, with its one line.
+
+The honest transcript comes from a real keyed parameter-server job (4 ranks, rank 3 Byzantine as itself, outsiders
+knocking on rank 0's port while it holds before round 3, so that the record holds rejections). Every mutant is
+played twice where it applies: as the attacker can write it — holding any key but rank 0's, the Byzantine rank's
+included, and editing the manifest too (it is unsigned) — and re-signed with rank 0's key, which isolates the check
+that must still catch it (the audit must not rest on the signature alone). Hostile files — oversized, deeply nested,
+malformed — are one line each, read with bounded memory.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.test_distributed import run_dir, wait_for
+from tests.test_distributed_sealed import SEALED, job
+from typer.testing import CliRunner
+
+from phalanx.cli import app
+from phalanx.distributed.audit import AuditReport, audit
+from phalanx.distributed.keys import Identity, init_keys, load_identity
+from phalanx.distributed.transcript import (
+    OLD_TRANSCRIPT,
+    TRANSCRIPT,
+    Lines,
+    Unreadable,
+    load,
+    render,
+    signature_line,
+    size_bound,
+)
+from phalanx.experiments import make_config
+from phalanx.experiments.store import write_artifact
+
+Edit = Callable[[dict[str, Any]], None]
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("keys")
+    init_keys(d / "job", 4)
+    return d / "job"
+
+
+@pytest.fixture(scope="module")
+def honest(keys: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A keyed job's run directory; outsiders send plain bytes to rank 0's port while it holds before round 3."""
+    tmp = tmp_path_factory.mktemp("honest")
+    hold = tmp / "go"
+
+    def script(procs: list[subprocess.Popen[bytes]], errs: Path, port: int) -> None:
+        wait_for("holding round 3", errs, procs[0])
+        for _ in range(5):
+            with socket.create_connection(("127.0.0.1", port)) as plain:
+                plain.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        hold.touch()
+
+    code, errs, _ = job({**SEALED, "keys": str(keys)}, tmp / "out", tmp, env={"PHALANX_TEST_HOLD": f"3:{hold}"},
+                        script=script)
+    assert code == 0, errs[-3000:]
+    return run_dir(tmp / "out")
+
+
+def test_the_honest_transcript_is_signed_bound_and_audits(honest: Path) -> None:
+    doc = load(honest / TRANSCRIPT, load_identity_public(honest))
+    assert doc["format"] == "phalanx-transcript/3" and doc["signer"] == 0 and doc["total_rounds"] == 10
+    assert (doc["workers"], doc["f"]) == (4, 1)
+    assert [r["round"] for r in doc["rounds"]] == list(range(10))
+    assert all([a["rank"] for a in r["accepted"]] == [0, 1, 2, 3] and r["missing"] == [] for r in doc["rounds"])
+    groups = [g for r in doc["rounds"] for g in r["rejected"]]
+    assert sum(g["count"] for g in groups) >= 5 and all(g["peer"] == "127.0.0.1" for g in groups), groups
+    report = audit(honest)
+    assert report.ok, report.problems
+    assert report.accepted == 40 and sum(report.rejected.values()) == sum(g["count"] for g in groups)
+    res = CliRunner().invoke(app, ["audit", str(honest)])
+    assert res.exit_code == 0 and "audit passed" in res.output, res.output
+
+
+def load_identity_public(run: Path) -> Any:
+    from phalanx.distributed.keys import AllowList
+
+    return AllowList.load(run / "allow-list.json").public_key(0)
+
+
+def forge(honest: Path, tmp: Path, edit: Edit, signer: Identity | None) -> Path:
+    """A copy of the honest run whose transcript is edited by ``edit`` and signed by ``signer`` (None: the honest
+    signature line kept); the manifest records the forged file, as an attacker would make it."""
+    copy = tmp / "run"
+    shutil.copytree(honest, copy)
+    doc = load(copy / TRANSCRIPT)
+    edit(doc)
+    body = render(doc)
+    last = (honest / TRANSCRIPT).read_bytes().splitlines(keepends=True)[-1]
+    write_artifact(copy, TRANSCRIPT, body + (last if signer is None else signature_line(body, signer)))
+    return copy
+
+
+def one_line(report: AuditReport, expected: str) -> None:
+    """The audit failed, and ``expected`` is one of its lines."""
+    assert not report.ok
+    assert any(expected in p for p in report.problems), report.problems
+
+
+UNSIGNED = "does not verify with rank 0's key on the allow-list"
+
+
+def _byzantine_alone(doc: dict[str, Any]) -> None:
+    for r in doc["rounds"]:
+        r["accepted"] = [a for a in r["accepted"] if a["rank"] == 3]
+        r["missing"] = []
+
+
+def _f_raised(doc: dict[str, Any]) -> None:
+    doc["f"] = 3
+    doc["rounds"][4]["accepted"] = doc["rounds"][4]["accepted"][:1]
+    doc["rounds"][4]["missing"] = [1, 2, 3]
+
+
+def _rank_1_deleted(doc: dict[str, Any]) -> None:
+    for r in doc["rounds"]:
+        r["accepted"] = [a for a in r["accepted"] if a["rank"] != 1]
+
+
+def _rank_1_both(doc: dict[str, Any]) -> None:
+    doc["rounds"][2]["missing"] = [1]
+
+
+def _no_rounds(doc: dict[str, Any]) -> None:
+    doc["rounds"] = []
+
+
+def _last_five_cut(doc: dict[str, Any]) -> None:
+    doc["rounds"] = doc["rounds"][:5]
+
+
+def _rejections_erased(doc: dict[str, Any]) -> None:
+    for r in doc["rounds"]:
+        r["rejected"] = []
+    for s in doc["sessions"]:
+        s.pop("after", None)
+
+
+# (the mutant, the line the audit must say about it once re-signed with rank 0's key: None where only the
+# signature can tell — what rank 0 itself records about refusals is its own word)
+CASES: dict[str, tuple[Edit, str | None]] = {
+    "f-raised": (_f_raised, "round 4: 3 ranks missing, more than f = 1"),
+    "rank-1-deleted-from-every-round": (_rank_1_deleted, "round 9: ranks [1] are neither accepted nor missing"),
+    "rank-1-accepted-and-missing": (_rank_1_both, "round 2: ranks [1] are both accepted and missing"),
+    "zero-rounds": (_no_rounds, "the transcript records no round; the run reached round 10 (it is DONE)"),
+    "last-5-of-10-rounds-cut": (_last_five_cut, "the transcript's last round is 4; the run reached round 10"),
+    "every-rejection-erased": (_rejections_erased, None),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_forged_transcript_fails_without_rank_0s_key(honest: Path, keys: Path, tmp_path: Path, case: str) -> None:
+    """The attacker holds the Byzantine rank's key (or none) and edits the transcript: rank 0's signature no longer
+    verifies — and re-signing it with the key the attacker holds names that key instead."""
+    edit, _ = CASES[case]
+    kept = audit(forge(honest, tmp_path / "kept", edit, None))
+    one_line(kept, "the signature line names another digest")
+    one_line(kept, UNSIGNED)
+    report = audit(forge(honest, tmp_path / "byzantine", edit, load_identity(keys, 3, 4)))
+    one_line(report, "the transcript is signed by rank 3's key, not rank 0's")
+
+
+@pytest.mark.parametrize("case", [c for c, (_, line) in CASES.items() if line is not None])
+def test_a_forged_transcript_fails_even_re_signed_by_rank_0(honest: Path, keys: Path, tmp_path: Path,
+                                                           case: str) -> None:
+    """The same mutants signed with rank 0's key (a check that rested on the signature alone would pass them): the
+    check each one breaks says so, in one line each."""
+    edit, line = CASES[case]
+    assert line is not None
+    report = audit(forge(honest, tmp_path, edit, load_identity(keys, 0, 4)))
+    one_line(report, line)
+    assert not any(UNSIGNED in p or "signed by rank" in p for p in report.problems), report.problems
+    if case == "f-raised":
+        one_line(report, "the transcript says f = 3, the run's config.json f = 1")
+    if case == "rank-1-deleted-from-every-round":
+        assert len(report.problems) == 10  # one line per round, each naming the round
+    res = CliRunner().invoke(app, ["audit", str(tmp_path / "run")])
+    assert res.exit_code == 1 and line in res.output and "audit failed" in res.output, res.output
+
+
+def test_a_transcript_written_by_the_byzantine_rank_alone_fails(honest: Path, keys: Path, tmp_path: Path) -> None:
+    """Only the Byzantine rank's own signed rows, nobody missing, signed with its own key: not rank 0's record, and
+    three ranks of every round neither accepted nor missing."""
+    report = audit(forge(honest, tmp_path, _byzantine_alone, load_identity(keys, 3, 4)))
+    one_line(report, "the transcript is signed by rank 3's key, not rank 0's: it is not the server's record")
+    one_line(report, "round 0: ranks [0, 1, 2] are neither accepted nor missing")
+
+
+def test_another_keyed_runs_transcript_copied_in_fails(honest: Path, tmp_path: Path) -> None:
+    """The transcript of a run of another config, signed by the same rank 0, copied into this run's directory: its
+    signature verifies, its config digest is not this run's config.json's."""
+    other = tmp_path / "other"
+    shutil.copytree(honest, other)
+    identity = make_config({**SEALED, "engine": "torchrun", "seed": 6}).identity()
+    assert identity != json.loads((honest / "config.json").read_text())
+    write_artifact(other, "config.json", json.dumps(identity, indent=2, sort_keys=True).encode())
+    report = audit(other)
+    one_line(report, "the transcript is of another config")
+    assert len(report.problems) == 1, report.problems  # its signature is rank 0's: only the binding tells
+
+
+def test_an_audit_against_another_allow_list_fails(honest: Path, tmp_path: Path) -> None:
+    init_keys(tmp_path / "other", 4)
+    report = audit(honest, tmp_path / "other" / "allow-list.json")
+    one_line(report, "the run used another allow-list")
+    one_line(report, UNSIGNED)
+
+
+# -- hostile files ------------------------------------------------------------------------------------------------
+
+def plant(honest: Path, tmp: Path, payload: bytes) -> AuditReport:
+    copy = tmp / "run"
+    shutil.copytree(honest, copy)
+    write_artifact(copy, TRANSCRIPT, payload)
+    return audit(copy)
+
+
+def honest_lines(honest: Path) -> list[bytes]:
+    return (honest / TRANSCRIPT).read_bytes().splitlines(keepends=True)
+
+
+HOSTILE: dict[str, tuple[Callable[[list[bytes]], bytes], str]] = {
+    "deeply-nested": (lambda ls: b"".join(ls[:3]) + b'{"type":"rejected","samples":' + b"[" * 50_000
+                      + b"]" * 50_000 + b"}\n" + b"".join(ls[3:]), "line 4 nests deeper than 6 levels"),
+    "not-json": (lambda ls: b"".join(ls[:3]) + b'{"type":"round","round":3,\n' + b"".join(ls[3:]),
+                 "line 4 is not JSON"),
+    "not-an-object": (lambda ls: b"".join(ls[:3]) + b"[1, 2, 3]\n" + b"".join(ls[3:]), "line 4 is not a JSON object"),
+    "cut-short": (lambda ls: b"".join(ls)[:-7], "is cut short"),
+    "no-header": (lambda ls: b"".join(ls[1:]), "line 1 is not a phalanx-transcript/3 header"),
+    "header-with-a-string-n": (lambda ls: ls[0].replace(b'"workers":4', b'"workers":"4"') + b"".join(ls[1:]),
+                               "line 1 does not hold a topology, a config digest, n"),
+    "extra-field": (lambda ls: b"".join(ls[:3]) + ls[3].replace(b'{"accepted"', b'{"x":1,"accepted"')
+                    + b"".join(ls[4:]), "line 4 (round) has the fields"),
+    "unknown-type": (lambda ls: b"".join(ls[:3]) + b'{"type":"vote"}\n' + b"".join(ls[3:]),
+                     "line 4 is of no known type"),
+    "after-the-signature": (lambda ls: b"".join(ls) + ls[2], "follows the signature"),
+    "empty": (lambda ls: b"", "empty"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_malformed_transcript_is_one_line(honest: Path, tmp_path: Path, case: str) -> None:
+    make, expected = HOSTILE[case]
+    report = plant(honest, tmp_path, make(honest_lines(honest)))
+    assert len(report.problems) == 1 and expected in report.problems[0], report.problems
+    res = CliRunner().invoke(app, ["audit", str(tmp_path / "run")])
+    assert res.exit_code == 1 and "Traceback" not in res.output and "audit failed: 1 problem" in res.output
+
+
+def test_fields_of_the_wrong_type_or_range_are_problems_not_tracebacks(honest: Path, keys: Path,
+                                                                      tmp_path: Path) -> None:
+    def edit(doc: dict[str, Any]) -> None:
+        doc["rounds"][1]["accepted"][2] = {"rank": True, "phase": 0, "sha256": "x", "signature": None}
+        doc["rounds"][2]["accepted"][0]["rank"] = 10 ** 30
+        doc["rounds"][3]["missing"] = ["1"]
+        doc["rounds"][3]["rejected"] = [{"round": 3, "at": 0, "rank": -1, "peer": None, "kind": "k", "count": 1e300,
+                                         "samples": [7]}]
+        doc["rounds"][5]["accepted"] = {"rank": 1}
+
+    report = audit(forge(honest, tmp_path, edit, load_identity(keys, 0, 4)))
+    text = " | ".join(report.problems)
+    assert "round 1: accepted rank 'True', which is not on the allow-list" in text, text
+    assert "round 2: accepted rank '10000000000000000000'" in text
+    assert "round 3: 'accepted' or 'missing' is not a list of ranks of the job" in text
+    assert "a rejection group whose fields are not those of one" in text
+    assert "round 5: 'accepted' or 'missing' is not a list of ranks of the job" in text
+
+
+def test_an_oversized_transcript_is_refused_before_it_is_read(honest: Path, tmp_path: Path) -> None:
+    bound = size_bound(10, 4, 11, "server")
+    lines = honest_lines(honest)
+    padding = b'{"type":"rejected","round":3,"at":0,"rank":null,"peer":null,"kind":"k","count":1,"samples":[]}\n'
+    report = plant(honest, tmp_path, b"".join(lines[:-1]) + padding * (bound // len(padding) + 1) + lines[-1])
+    assert len(report.problems) == 1 and f"more than the {bound} a transcript of 10 rounds" in report.problems[0]
+
+
+def test_a_line_longer_than_its_limit_is_refused_unparsed(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"a":"' + b"x" * 5000 + b'"}\n')
+    with path.open("rb") as fh, pytest.raises(Unreadable, match="line 1 is longer than the 1000 bytes"):
+        Lines(fh).next(1000)
+
+
+def test_too_many_rejection_groups_in_a_round_are_a_problem(honest: Path, keys: Path, tmp_path: Path) -> None:
+    """A record holds at most GROUPS_PER_ROUND + 2 groups per round and recording rank: more is not a record rank 0
+    wrote (rank 0's own key re-signing it)."""
+    def edit(doc: dict[str, Any]) -> None:
+        doc["rounds"][3]["rejected"] = [{"round": 3, "at": 0, "rank": None, "peer": f"10.0.0.{i}", "kind": "k",
+                                         "count": 1, "samples": []} for i in range(40)]
+
+    one_line(audit(forge(honest, tmp_path, edit, load_identity(keys, 0, 4))),
+             "round 3: rank 0 recorded more than the 18 groups of rejections")
+
+
+def test_an_older_unsigned_transcript_is_one_line(honest: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(honest, copy)
+    (copy / TRANSCRIPT).unlink()
+    (copy / OLD_TRANSCRIPT).write_text('{"format": "phalanx-transcript/2", "rounds": []}')
+    report = audit(copy)
+    assert len(report.problems) == 1 and "written before transcripts were signed" in report.problems[0]
+
+
+def test_a_resumed_run_continues_only_the_transcript_rank_0_signed(honest: Path, keys: Path, tmp_path: Path) -> None:
+    """Rank 0 resuming from round 6 keeps the rounds before it as it signed them — and refuses, in one line naming
+    the file, a transcript edited while the run was stopped (it would otherwise sign the edit)."""
+    from types import SimpleNamespace
+
+    from phalanx.distributed.transcript import Transcript
+    from phalanx.errors import ConfigError
+
+    loop = SimpleNamespace(resumed=True, state=SimpleNamespace(round=6), experiment=SimpleNamespace(rounds=10))
+    digest = load(honest / TRANSCRIPT)["config"]
+
+    def resume(run: Path) -> Transcript:
+        record = Transcript(run, SimpleNamespace(nonce=b"\x07" * 32), load_identity(keys, 0, 4), digest, 4, 1,
+                            lambda t: False)
+        record.on_start(loop)  # type: ignore[arg-type]
+        return record
+
+    copy = tmp_path / "kept"
+    shutil.copytree(honest, copy)
+    doc = resume(copy).doc
+    assert [r["round"] for r in doc["rounds"]] == list(range(6))
+    assert [s["from_round"] for s in doc["sessions"]] == [0, 6] and doc["sessions"][1]["nonce"] == "07" * 32
+    edited = forge(honest, tmp_path / "edited", _rejections_erased, None)
+    with pytest.raises(ConfigError, match=r"transcript.jsonl.*does not verify with rank 0's key; move it away"):
+        resume(edited)
