@@ -32,9 +32,9 @@ def test_names_and_kinds() -> None:
     expected = {
         "none", "signflip", "labelflip", "gaussian", "alie", "ipm", "foe", "mimic", "inf", "nan", "minmax",
         "minsum", "fang", "optimal", "backdoor", "dba", "edgecase", "neurotoxin", "replacement", "honest",
-        "intermittent",
+        "intermittent", "phrase-backdoor",
     }
-    data = ["backdoor", "dba", "edgecase", "honest", "labelflip", "neurotoxin", "replacement"]
+    data = ["backdoor", "dba", "edgecase", "honest", "labelflip", "neurotoxin", "phrase-backdoor", "replacement"]
     assert set(attacks.names()) == expected
     assert attacks.names("data") == data
     assert set(attacks.names("vector")) == expected - set(data)

@@ -69,32 +69,52 @@ def test_intermittent_bad_parameters_name_the_key(params: dict[str, object], key
     assert exc.value.parameter == key
 
 
-def test_quick_grid_is_rules_by_optimizer_by_attack_by_seeds_of_valid_configs() -> None:
+def test_quick_grid_is_rules_by_arm_by_attack_by_seeds_of_valid_configs() -> None:
     p = corrupted.preset("quick")
     k = corrupted.corrupted(p)
     assert k == 10 == attacks.make("intermittent", **corrupted.attack_params(p)).attacked(p.rounds)
     cells, cfgs = corrupted.plan(p)
-    assert len(cells) == len(p.rules) * 2 * 2 * len(p.seeds) == len(cfgs)
+    assert len(cells) == len(p.rules) * len(corrupted.ARMS) * 2 * len(p.seeds) == len(cfgs)
+    told = {"robust-online": (k, p.gradient_bound, p.online_scale), "undefended-online": (0, p.gradient_bound,
+            p.online_scale), "undefended-tuned": (0, p.undefended_bound, p.undefended_scale),
+            "online-no-k": (1, p.gradient_bound, p.online_scale)}
     for c, cfg in zip(cells, cfgs):
         assert cfg.aggregator == c.rule and cfg.f == (0 if c.rule == "mean" else p.f)
         assert (cfg.attack, cfg.byzantine) == (("intermittent", p.byzantine) if c.attacked else ("none", 0))
-        assert cfg.server_optimizer == c.optimizer
-        if c.optimizer == "robust-online":
-            assert cfg.server_optimizer_params == {"corruptions": k, "gradient_bound": p.gradient_bound}
-            assert cfg.lr == p.online_scale
+        if c.optimizer in told:
+            budget, bound, scale = told[c.optimizer]
+            assert cfg.server_optimizer == "robust-online" and cfg.lr == scale
+            assert cfg.server_optimizer_params == {"corruptions": budget, "gradient_bound": bound}
+        elif c.optimizer == "clipped-sgd":  # the same G as the learner clips to
+            assert cfg.server_optimizer_params == {"clip": p.gradient_bound} and cfg.lr == p.clipped_lr
         else:
-            assert cfg.lr == p.lr
+            assert (cfg.server_optimizer, cfg.lr) == ("sgd", p.lr)
     assert studies.resolve("corrupted-rounds") is corrupted.CorruptedRounds
-    told = corrupted.config_for(corrupted.preset("quick", corruptions=0), corrupted.Cell("mean", "robust-online",
-                                                                                          True, 0))
-    assert told.server_optimizer_params["corruptions"] == 0
+    told_cfg = corrupted.config_for(corrupted.preset("quick", corruptions=0), corrupted.Cell("mean", "robust-online",
+                                                                                              True, 0))
+    assert told_cfg.server_optimizer_params["corruptions"] == 0
+
+
+def test_the_runs_of_the_earlier_two_arm_grid_keep_their_ids() -> None:
+    """Adding the controls adds runs; the sgd and robust-online runs are the ones the study ran before (their run
+    ids pinned here), so a finished run directory is reused."""
+    from phalanx.experiments import grid
+
+    p = corrupted.preset("quick")
+    ids = {c: grid.run_id(corrupted.config_for(p, c)) for c in (corrupted.Cell("mean", "sgd", True, 0),
+                                                                  corrupted.Cell("mean", "robust-online", True, 0))}
+    two = corrupted.preset("quick", arms=("sgd", "robust-online"))
+    assert ids == {c: grid.run_id(corrupted.config_for(two, c)) for c in ids}
+    assert len(corrupted.cells(two)) == len(two.rules) * 2 * 2 * len(two.seeds)
 
 
 @pytest.mark.parametrize(("changes", "key"), [
     ({"rules": ("cwtm", "cwmed")}, "rules"), ({"f": 1}, "f"), ({"seeds": (0,)}, "seeds"),
     ({"gradient_bound": 0.0}, "gradient_bound"), ({"online_scale": float("inf")}, "online_scale"),
     ({"start": 150}, "start"), ({"corruptions": -1}, "corruptions"),
-    ({"every": 0}, "every"), ({"start": -1}, "start"),
+    ({"every": 0}, "every"), ({"start": -1}, "start"), ({"arms": ("sgd", "adam")}, "arms"),
+    ({"arms": ("clipped-sgd", "robust-online")}, "arms"), ({"clipped_lr": 0.0}, "clipped_lr"),
+    ({"undefended_scale": float("nan")}, "undefended_scale"), ({"undefended_bound": True}, "undefended_bound"),
 ])
 def test_preset_errors_name_the_field(changes: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as exc:
@@ -102,35 +122,52 @@ def test_preset_errors_name_the_field(changes: dict[str, object], key: str) -> N
     assert exc.value.parameter == key
 
 
-def test_comparisons_are_paired_by_seed() -> None:
-    p = corrupted.preset("quick", rules=("mean", "cwtm"), seeds=(0, 1, 2))
+def test_comparisons_are_paired_by_seed_and_holm_adjusted() -> None:
+    p = corrupted.preset("quick", rules=("mean", "cwtm"), seeds=(0, 1, 2), arms=("sgd", "clipped-sgd",
+                                                                                 "robust-online"))
     acc = {("mean", "sgd", True): [0.10, 0.12, 0.08], ("mean", "robust-online", True): [0.90, 0.93, 0.91],
+           ("mean", "clipped-sgd", True): [0.95, 0.95, 0.94],
            ("cwtm", "sgd", True): [0.95, 0.94, 0.96], ("cwtm", "robust-online", True): [0.95, 0.93, 0.96],
+           ("cwtm", "clipped-sgd", True): [0.95, 0.94, 0.96],
            ("mean", "sgd", False): [0.96, 0.95, 0.97], ("mean", "robust-online", False): [0.95, 0.93, 0.95],
-           ("cwtm", "sgd", False): [0.95, 0.95, 0.96], ("cwtm", "robust-online", False): [0.95, 0.94, 0.96]}
+           ("mean", "clipped-sgd", False): [0.96, 0.95, 0.97],
+           ("cwtm", "sgd", False): [0.95, 0.95, 0.96], ("cwtm", "robust-online", False): [0.95, 0.94, 0.96],
+           ("cwtm", "clipped-sgd", False): [0.95, 0.95, 0.96]}
     finals = {corrupted.Cell(r, o, a, s): corrupted.Final(v[s], ((150, v[s]),))
               for (r, o, a), v in acc.items() for s in range(3)}
-    cs = {(c.question, c.a): c for c in corrupted.comparisons(corrupted.tabulate(finals), p)}
+    found = corrupted.comparisons(corrupted.tabulate(finals), p)
+    cs = {(c.question, c.a): c for c in found}
     buys = cs[("second line, attacked", ("mean", "robust-online", True))]
     assert buys.diff.mean == pytest.approx((0.80 + 0.81 + 0.83) / 3) and buys.verdict == "a is better"
-    costs = cs[("second line, no attack: the price", ("mean", "robust-online", False))]
-    assert costs.diff.mean == pytest.approx(-(0.01 + 0.02 + 0.02) / 3) and costs.verdict == "b is better"
+    beyond = cs[("the learner beyond clipping, attacked", ("mean", "robust-online", True))]
+    assert beyond.b == ("mean", "clipped-sgd", True) and beyond.diff.mean < 0
     assert cs[("second line, attacked", ("cwtm", "robust-online", True))].verdict == "no difference shown"
     assert cs[("first line, attacked", ("cwtm", "sgd", True))].diff.mean > 0.8
-    assert len(cs) == 7
-    assert "attacked, behind mean: +81.3 points" in corrupted.readout(list(cs.values()), p)
+    # the p-values are adjusted over the whole family: Holm's multiplier for the smallest is the family's size
+    tested = [c for c in found if c.p == c.p]
+    smallest = min(tested, key=lambda c: c.p)
+    assert smallest.p_holm == pytest.approx(min(1.0, len(tested) * smallest.p))
+    assert all(c.p_holm >= c.p for c in tested)
+    # a difference whose raw p is below 0.05 but whose Holm p is not gets no verdict of a difference
+    price = cs[("robust-online's price, no attack", ("mean", "robust-online", False))]
+    assert price.p < 0.05 < price.p_holm and price.verdict == "no difference shown"
+    assert len(found) == 3 * 2 + 1 + 2 + 2 * 2 + 1
+    assert "second line, behind mean (robust-online − sgd): +81.3 points" in corrupted.readout(found, p)
 
 
 def test_cli_runs_a_tiny_grid_and_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "corrupted"
     cmd = [sys.executable, "-m", "phalanx.cli", "experiment", "corrupted-rounds", "--seeds", "2", "--out", str(out),
            "-j", "1", "--set", "rounds=4", "--set", "eval_every=2", "--set", "every=2", "--set", "start=1",
-           "--set", "workers=6", "--set", "byzantine=1", "--set", "f=1", "--set", "model_params={hidden=[8]}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+           "--set", "workers=6", "--set", "byzantine=1", "--set", "f=1", "--set", "model_params={hidden=[8]}",
+           "--set", 'arms=["sgd", "clipped-sgd", "robust-online"]']
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)  # a hang guard: 24 runs, loaded machine
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     report = (out / "report.md").read_text()
-    assert "| mean | sgd |" in report and "| cwtm | robust-online |" in report
+    assert "| mean | sgd |" in report and "| cwtm | robust-online |" in report and "| mean | clipped-sgd |" in report
     assert "signflip in 2 of 4 rounds (b = 1)" in report and "no verdict (2 seeds, 3 needed)" in report
     assert (out / "corrupted-rounds.png").stat().st_size > 0
-    assert len((out / "cells.csv").read_text().splitlines()) == 1 + 2 * 2 * 2
-    assert len(list((out / "runs").glob("*/DONE"))) == 16
+    arms = 3
+    assert "| mean | undefended-online |" not in report
+    assert len((out / "cells.csv").read_text().splitlines()) == 1 + 2 * arms * 2
+    assert len(list((out / "runs").glob("*/DONE"))) == 2 * arms * 2 * 2

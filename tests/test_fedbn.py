@@ -276,6 +276,7 @@ def test_a_checkpoint_written_before_algorithm_state_was_prefixed_resumes(tmp_pa
         meta = fh.metadata()
     tensors = load_file(str(path))
     tensors["local_norms"] = tensors.pop("algorithm.local_norms")  # as the older writer named it
+    meta.pop("provenance", None)  # which wrote no provenance record either (a renamed tensor breaks a record's digest)
     store.write_artifact(part, path.name, save(tensors, metadata=meta))
     train(cfg, part)
     assert store.read_rows(full) == store.read_rows(part)

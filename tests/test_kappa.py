@@ -203,7 +203,10 @@ def test_theory_table_measures_kappa() -> None:
         assert by[("mean", f)].kappa_unbounded and tension.kappa_cell(by[("mean", f)]) == "unbounded"
     assert tension.kappa_cell(by[("cwtm", 0)]) == "0 (rounding)"
     md = tension.to_markdown(rows, 7)
-    assert "| κ (theory) | κ (measured) |" in md and "| cwtm | 2 | 0.4 | 0.4 | 0.4 | 0.6667 | 6.667 | ≥ 0.6667 |" in md
+    assert "| κ (proven) | κ (measured lower bound) |" in md
+    assert "| cwtm | 2 | 0.4 | 0.4 | ≥ 0.4 | 0.6667 | 6.667 | ≥ 0.6667 |" in md
+    # no 'unbounded' ε for rules whose ε is proven finite: a construction on a line (d = 2) made NaN rows once
+    assert "| mean | 1 | 0.1667 | 0 | 0 (rounding) |" in md and "| cwtm | 0 | 0 | 0 | 0 (rounding) |" in md
     assert math.isfinite(by[("cwtm", 3)].kappa_measured or math.inf)
 
 

@@ -202,3 +202,13 @@ def test_intervals_from_three_seeds_and_a_caveat_below() -> None:
     # the tolerance: one test sample (here 1/360), or the seeds' spread of the worst cases when that is wider
     assert planner.derived_tolerance([mean, robust], 360) == pytest.approx(ci.half_width)
     assert planner.derived_tolerance([_row("cwtm", 2, 0.88, 0.8)], 360) == pytest.approx(1 / 360)
+
+
+def test_coinciding_points_share_one_label() -> None:
+    """The plan's plot: a setting that lands on another (here cwtm f=4 on the mean, at the table's 0.1-point
+    precision) is named in one label with it, not printed over it; distinct points keep their own 'f=K'."""
+    rows = [Row("mean", 0, 0.955, 0.0, None, {"minmax": 0.876}, 0.876, "minmax"),
+            Row("cwtm", 4, 0.9551, 0.0, None, {"minmax": 0.8762}, 0.8762, "minmax"),
+            Row("cwtm", 8, 0.941, 0.014, None, {"signflip": 0.854}, 0.854, "signflip")]
+    labels = {text: (x, y) for x, y, text in planner.point_labels(rows)}
+    assert labels == {"mean = cwtm f=4": (95.5, 87.6), "f=8": (94.1, 85.4)}

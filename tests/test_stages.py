@@ -198,11 +198,11 @@ def test_phalanx_list_stages_shows_each_with_how_it_is_turned_on_and_its_section
 
     from phalanx import cli
 
-    monkeypatch.setattr(cli, "console", Console(width=400))
+    monkeypatch.setattr("phalanx.cli.listing.console", Console(width=400))
     out = CliRunner().invoke(cli.app, ["list", "stages"]).output
     for text in ("fail_closed", "stages.fail_closed (a TOML table)", "window: W ≥ 1", "crfl", "server_projection",
                  "dp_noise", "norm_stats", "algorithm = 'fedavg'"):
         assert text in out, text
     rows = json.loads(CliRunner().invoke(cli.app, ["list", "stages", "--format", "json"]).output)["rows"]
     assert {r["name"]: r["side"] for r in rows} == {"crfl": "server", "dp": "worker", "fail_closed": "server",
-                                                    "norm_stats": "server"}
+                                                    "lora_residual": "server", "norm_stats": "server"}

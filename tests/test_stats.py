@@ -1,4 +1,5 @@
-"""Small-sample statistics behind the trend verdicts: t quantiles, intervals, slopes."""
+"""Small-sample statistics behind the trend verdicts: t quantiles, intervals, slopes, paired p-values and Holm's
+adjustment for a family of comparisons."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 
 import pytest
 
-from phalanx.analysis.stats import Estimate, mean_ci, slope, t_quantile_975
+from phalanx.analysis.stats import Estimate, holm, mean_ci, slope, t_quantile_975
 from phalanx.errors import ConfigError
 
 
@@ -66,6 +67,36 @@ def test_no_verdict_and_no_interval_from_fewer_than_three_seeds_or_a_zero_width_
     assert three.why_no_verdict() is None and three.side("worse", "better") == "better"
     assert three.show(100) == "72.0 ± 5.0" and three.verdict("positive") == "holds"
     assert two.interval(100) == "—" and three.interval(100) == "[+67.03, +76.97]"
+
+
+def _with_p(p: float, df: int = 3) -> Estimate:
+    """An estimate of mean 1 whose one-sample t p-value (df degrees of freedom) is ``p``."""
+    from scipy import stats as sstats
+
+    half = t_quantile_975(df) / float(sstats.t.isf(p / 2, df))
+    return Estimate(1.0, 1.0 - half, 1.0 + half, df + 1)
+
+
+def test_holm_by_hand_and_against_its_mutants() -> None:
+    """Holm's step-down: sorted p (0.005, 0.01, 0.03, 0.04) × (4, 3, 2, 1) = (0.02, 0.03, 0.06, 0.04), made
+    monotone: the last is 0.06, not 0.04. Bonferroni (× m everywhere) would give (0.02, 0.04, 0.12, 0.16); the
+    unadjusted p would reject all four at 0.05, Holm two."""
+    p = [0.01, 0.04, 0.03, 0.005]
+    adj = [e.p_adjusted for e in holm([_with_p(x) for x in p])]
+    assert adj == pytest.approx([0.03, 0.06, 0.06, 0.02], rel=1e-9)
+    assert sum(a is not None and a < 0.05 for a in adj) == 2 and sum(x < 0.05 for x in p) == 4
+    assert adj != pytest.approx([min(1.0, 4 * x) for x in p])  # not Bonferroni
+    assert [e.p_adjusted for e in holm([_with_p(0.5), _with_p(0.9)])] == pytest.approx([1.0, 1.0])
+    assert holm([]) == []
+
+
+def test_a_paired_difference_p_value_is_the_paired_t_test() -> None:
+    """Studies read a paired difference as mean_ci(a − b): its p-value is scipy's paired t-test on (a, b)."""
+    from scipy import stats as sstats
+
+    a, b = [0.91, 0.93, 0.90, 0.95], [0.10, 0.12, 0.08, 0.11]
+    d = mean_ci([x - y for x, y in zip(a, b)])
+    assert d.p_value() == pytest.approx(float(sstats.ttest_rel(a, b).pvalue), rel=1e-3)
 
 
 def test_p_value_is_scipys_one_sample_t_test_and_agrees_with_the_interval() -> None:

@@ -153,3 +153,44 @@ def test_the_limit_is_the_papers_constant() -> None:
         inst = t45.Instance(n, f, G=2.0)
         assert inst.limit_grad == pytest.approx(f / (n - f) * 4.0)
         assert math.isclose(inst.c, n * 2.0 / (2 * math.sqrt(f * (n - f))))
+
+
+class TrimmedMeanExceptOnALine(CoordinateWiseTrimmedMean):
+    """A mutant the majority check cannot see: the trimmed mean in d ≥ 2 (where the check places its rows) and the
+    mean on a line (where ByzGD runs the paper's 1-d construction) — stateless, so its verdict must be BUG."""
+
+    def _run(self, x: torch.Tensor, want_contributions: bool, **context: Any) -> tuple[torch.Tensor, Any]:
+        if x.shape[1] == 1:
+            return coordinate_window_mean(x, "trimmed", 0, want_contributions)
+        return super()._run(x, want_contributions, **context)
+
+
+class TrimmedMeanThatForgets(CoordinateWiseTrimmedMean):
+    """The same behaviour from state instead: fresh it is the trimmed mean; after its first call, the mean."""
+
+    stateful = True
+
+    def __init__(self, f: int = 0) -> None:
+        super().__init__(f=f)
+        self.calls = 0
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"calls": torch.tensor(self.calls)}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.calls = int(state["calls"]) if "calls" in state else 0
+
+    def _run(self, x: torch.Tensor, want_contributions: bool, **context: Any) -> tuple[torch.Tensor, Any]:
+        self.calls += 1
+        if self.calls > 1:
+            return coordinate_window_mean(x, "trimmed", 0, want_contributions)
+        return super()._run(x, want_contributions, **context)
+
+
+def test_a_run_that_leaves_the_closed_form_is_a_bug_unless_the_rule_keeps_state() -> None:
+    """A BUG verdict is reachable (a stateless rule that keeps n − f identical rows where the check looks and not on
+    ByzGD's line), and a stateful rule that does the same through its history is said to escape, not a bug."""
+    bug = t45.check(TrimmedMeanExceptOnALine(f=3), N, steps=40)
+    assert bug.majority.holds and not bug.stalls and bug.verdict.startswith("BUG")
+    stateful = t45.check(TrimmedMeanThatForgets(f=3), N, steps=40)
+    assert stateful.majority.holds and not stateful.stalls and stateful.verdict.startswith("escapes: stateful")

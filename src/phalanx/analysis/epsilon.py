@@ -33,7 +33,7 @@ from torch import Tensor
 
 from phalanx.aggregators.base import Aggregator, check_positive
 from phalanx.analysis import epsilon_search
-from phalanx.analysis.ratios import EXACT_MAX, RuleCall, exact_ratio, round_down, rounding_slack
+from phalanx.analysis.ratios import EXACT_MAX, RuleCall, exact_ratio, proven_upper_bound, round_down, rounding_slack
 from phalanx.errors import ConfigError
 
 SEARCH_TOLERANCE = 0.05
@@ -185,8 +185,6 @@ def check_memory(rule: Aggregator, n: int, d: int, available: int | None = None)
 def _upper(rule: Aggregator, n: int, theory: float | None) -> tuple[float | None, str]:
     if theory is not None:
         return theory, "the proven ε"
-    from phalanx.analysis.kappa import proven_upper_bound  # kappa imports this module
-
     k = proven_upper_bound(rule, n) if n > 2 * getattr(rule, "f", 0) else None
     if k is None:
         return None, ""

@@ -75,9 +75,12 @@ def constructions(n: int, d: int, f: int | None = None) -> Iterator[tuple[str, T
 
 def simplex(m: int, dims: int) -> Tensor:
     """``(m, dims)`` unit vectors: the vertices of a regular simplex centred at 0 (every pair at the same distance)
-    when m − 1 ≤ ``dims``, else the m equally spaced directions of a circle in the first two dimensions."""
+    when m − 1 ≤ ``dims``, else the m equally spaced directions of a circle in the first two dimensions (on a line,
+    ``dims`` = 1: ±1 alternately)."""
     if m == 1:
         return torch.zeros(1, dims, dtype=torch.float64)
+    if dims == 1 and m > 2:
+        return torch.tensor([[1.0 if i % 2 == 0 else -1.0] for i in range(m)], dtype=torch.float64)
     if m - 1 <= dims:
         v = torch.eye(m, dtype=torch.float64) - 1.0 / m  # centred vertices in the span orthogonal to 1
         basis = torch.linalg.eigh(v).eigenvectors[:, 1:]  # an orthonormal basis of that span (eigenvalue 1)
@@ -164,7 +167,9 @@ class _Scorer:
         floor = (RESOLUTION * (self.n + self.d) * EPS * xb.abs().flatten(1).amax(dim=1)).square()
         r = torch.where(spread >= floor, err / spread.clamp_min(1e-300), torch.zeros((), dtype=err.dtype))
         r = torch.where(torch.isfinite(outs).all(dim=1), r, torch.full((), math.inf, dtype=r.dtype))
-        return torch.nan_to_num(r, nan=math.inf)
+        r = torch.nan_to_num(r, nan=math.inf)
+        # an input that is not finite is no input of the definition: never scored (its NaN output is not the rule's)
+        return torch.where(torch.isfinite(xb).flatten(1).all(dim=1), r, torch.zeros((), dtype=r.dtype))
 
     def score(self, xb: Tensor, name: str | list[str], family: str) -> Tensor:
         scores = torch.cat([self.ratios(xb[lo: lo + BATCH]) for lo in range(0, xb.shape[0], BATCH)])

@@ -52,8 +52,6 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators.base import Aggregator
-from phalanx.aggregators.chain import Chain
-from phalanx.aggregators.pre.nnm import NNM
 from phalanx.analysis.epsilon import check_memory
 from phalanx.analysis.ratios import (
     EPS,
@@ -61,6 +59,7 @@ from phalanx.analysis.ratios import (
     RESOLUTION,
     RuleCall,
     exact_ratio,
+    proven_upper_bound,
     round_down,
     rounding_slack,
     spread_floor,
@@ -93,20 +92,6 @@ def universal_lower_bound(n: int, f: int) -> float:
     if f < 0 or 2 * f >= n:
         raise ConfigError("f", f, f"0 <= f < n/2 = {n / 2:g} (with n = {n})")
     return f / (n - 2 * f)
-
-
-def proven_upper_bound(rule: Aggregator, n: int) -> float | None:
-    """The proven κ of ``rule`` at ``n``: its own ``kappa(n)``, else for ``nnm>RULE`` with NNM configured for the
-    rule's f, 8f/(n − f)·(κ_RULE + 1) (Allouah et al., AISTATS 2023, the lemma on NNM); None where none is known."""
-    own = rule.kappa(n)
-    if own is not None:
-        return own
-    if isinstance(rule, Chain) and len(rule.pre) == 1 and type(rule.pre[0]) is NNM and rule.pre[0].f == rule.f:
-        inner = rule.rule.kappa(n)
-        f = rule.f
-        if inner is not None and n > 2 * f:
-            return 8.0 * f / (n - f) * (inner + 1.0)
-    return None
 
 
 def check_setting(n: Any, f: Any, d: Any, budget: Any, seed: Any = 0) -> None:

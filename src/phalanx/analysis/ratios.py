@@ -19,12 +19,23 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators.base import Aggregator
+from phalanx.aggregators.chain import Chain
 from phalanx.aggregators.coordinatewise import CoordinateWiseMedian, CoordinateWiseTrimmedMean, MeaMed
 from phalanx.aggregators.mean import Mean
+from phalanx.aggregators.pre.nnm import NNM
 
 __all__ = [
-    "COLUMNWISE", "EPS", "EXACT_MAX", "RESOLUTION", "ROUNDING", "RuleCall", "exact_ratio", "round_down",
-    "rounding_slack", "spread_floor",
+    "COLUMNWISE",
+    "EPS",
+    "EXACT_MAX",
+    "RESOLUTION",
+    "ROUNDING",
+    "RuleCall",
+    "exact_ratio",
+    "proven_upper_bound",
+    "round_down",
+    "rounding_slack",
+    "spread_floor",
 ]
 
 EPS = torch.finfo(torch.float64).eps
@@ -81,6 +92,20 @@ def rounding_slack(out: Tensor, x: Tensor, rows: tuple[int, ...] | list[int], va
         return float("inf")
     delta = ROUNDING * (n + d) * EPS * float(x.double().abs().max())
     return (2.0 * math.sqrt(err) * delta * math.sqrt(d) + d * delta * delta) / spread + ROUNDING * (n + d) * EPS * value
+
+
+def proven_upper_bound(rule: Aggregator, n: int) -> float | None:
+    """The proven κ of ``rule`` at ``n``: its own ``kappa(n)``, else for ``nnm>RULE`` with NNM configured for the
+    rule's f, 8f/(n − f)·(κ_RULE + 1) (Allouah et al., AISTATS 2023, the lemma on NNM); None where none is known."""
+    own = rule.kappa(n)
+    if own is not None:
+        return own
+    if isinstance(rule, Chain) and len(rule.pre) == 1 and type(rule.pre[0]) is NNM and rule.pre[0].f == rule.f:
+        inner = rule.rule.kappa(n)
+        f = rule.f
+        if inner is not None and n > 2 * f:
+            return 8.0 * f / (n - f) * (inner + 1.0)
+    return None
 
 
 class RuleCall:

@@ -41,6 +41,8 @@ class TheoryRow:
     kappa_bound: float | None = None
     """f/(n − 2f): the κ of no rule is smaller."""
     kappa_rounding: bool = False
+    epsilon_rounding: bool = False
+    """The measured ε is within the rule's float64 rounding of 0 (:attr:`EpsilonEstimate.slack`): shown as such."""
     """The measured κ is at the level of float64 rounding (no error found above it)."""
     epsilon_source: str = ""
     """The statement that proves :attr:`epsilon`."""
@@ -86,6 +88,7 @@ def theory_table(
                     row.note = f"not measured: needs {what} per call" if what else f"not measured: {exc}"
                 else:
                     row.measured, row.worst_input, row.above_upper = est.value, est.worst_input, est.above_upper
+                    row.epsilon_rounding = 0.0 < est.value <= est.slack
                     row.kappa_measured, row.kappa_unbounded, row.kappa_rounding = k.value, k.unbounded, k.rounding
             rows.append(row)
     return rows
@@ -124,6 +127,8 @@ def measured_cell(r: TheoryRow) -> str:
         return "—"
     if r.measured == float("inf"):
         return "unbounded"
+    if r.epsilon_rounding:
+        return "0 (rounding)"
     text = f"≥ {r.measured:.4g}"
     return text + " BUG: above the proven bound" if r.above_upper else text
 

@@ -318,6 +318,9 @@ class Check:
     """|F(w_T) − F* of the run − that of the closed form|."""
     gap_tolerance: float = math.nan
     notes: list[str] = field(default_factory=list)
+    stateful: bool = False
+    """The rule keeps state across calls (FLDetector's history): the majority check tests it fresh, ByzGD as its
+    state grows, so a run that leaves the closed form is the state's doing, not a bug."""
 
     @property
     def stalls(self) -> bool:
@@ -327,9 +330,15 @@ class Check:
     @property
     def verdict(self) -> str:
         """``stalls`` (in the theorem's class, and it stalls where the theorem says), ``escapes: …`` (outside the
-        class: not (f, κ)-robust), or ``BUG: …`` (it passes the majority check but its run leaves the closed form)."""
+        class: not (f, κ)-robust, or a stateful rule whose later rounds are not the fresh rule the majority check
+        tested), or ``BUG: …`` (a stateless rule passes the majority check but its run leaves the closed form)."""
         if self.majority.holds:
-            return "stalls" if self.stalls else "BUG: identical rows kept, yet ByzGD left the closed form"
+            if self.stalls:
+                return "stalls"
+            if self.stateful:
+                return ("escapes: stateful — a fresh rule keeps the n − f identical rows, but with the history of "
+                        "the rounds before it does not (not a fixed function of its rows, outside the theorem)")
+            return "BUG: identical rows kept, yet ByzGD left the closed form"
         why = self.majority.error or (f"not (f, κ)-robust for any κ: n − f identical rows moved by "
                                       f"{self.majority.deviation:.3g} ({self.majority.placement})")
         return f"{'stalls anyway' if self.stalls else 'escapes'}: {why}"
@@ -348,7 +357,7 @@ def check(rule: Aggregator, n: int, *, eta_mu: float = 0.2, steps: int = 60, d: 
     eta_mu = check_real("eta_mu", eta_mu, low=0.0, low_open=True)
     spec = getattr(rule, "spec", rule.name)
     maj = majority_check(rule, n, d=max(d, 2), seed=seed)
-    out = Check(spec, n, f, eta_mu, maj, None, None, inst.limit_gap, inst.limit_grad)
+    out = Check(spec, n, f, eta_mu, maj, None, None, inst.limit_gap, inst.limit_grad, stateful=bool(rule.stateful))
     eta = eta_mu / inst.mu
     try:
         path = descend(inst, rule, eta, steps, w0, seed)

@@ -27,6 +27,7 @@ from phalanx.attacks import (  # noqa: F401
     noise,
     none,
     optimal,
+    phrase,
     replacement,
     scaling,
 )

@@ -272,14 +272,23 @@ def _how_leaf(name: str, target: Path) -> str:
     return "\n".join(lines)
 
 
-def _leaf_arrays(name: str, split: leaf.LeafSplit, where: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """A LEAF split's inputs (uint8 images for femnist, int64 character codes for the text sets) and labels."""
+Tokens = Callable[[list[str], str], np.ndarray[Any, Any]]
+"""A tokenizer: ``(texts, where)`` → ``(N, length)`` token ids (:func:`phalanx.data.tokens.tokenizer`)."""
+
+
+def _leaf_arrays(
+    name: str, split: leaf.LeafSplit, where: str, tokens: Tokens | None = None,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """A LEAF split's inputs (uint8 images for femnist, int64 character codes for the text sets, or a pre-trained
+    model's token ids for Sent140 with ``tokens``) and labels."""
     if name == "femnist":
         return leaf.femnist_pixels(split, where)
     if name == "shakespeare":
         texts = leaf.shakespeare_text(split, where)
         return leaf.encode_text(texts, SHAKESPEARE_LENGTH, where), leaf.text_labels(split, where)
     texts, y = leaf.sent140_text(split, where)
+    if tokens is not None:
+        return tokens(texts, where), y
     return leaf.encode_text(texts, SENT140_LENGTH, where), y
 
 
@@ -313,14 +322,28 @@ def leaf_dataset(
     )
 
 
-def _load_leaf(name: str, root: str | Path | None, download_: bool) -> Dataset:
-    """A LEAF data set from its ``train/`` and ``test/`` JSON directories (the first place that has both), else,
-    with ``download``, Flower's copy of it on the Hugging Face Hub (:func:`phalanx.data.hf.download_leaf`).
+def _load_leaf(name: str, root: str | Path | None, download_: bool, tokenizer: str | None = None,
+               length: int | None = None, folder: Path | None = None) -> Dataset:
+    """A LEAF data set from its ``train/`` and ``test/`` JSON directories (the first place that has both, or
+    ``folder``), else, with ``download``, Flower's copy of it on the Hugging Face Hub
+    (:func:`phalanx.data.hf.download_leaf`). Sent140 with ``tokenizer`` (``hf:NAME``): its tweets as that model's
+    ``length`` token ids (:mod:`phalanx.data.tokens`; default 32).
 
     The users are numbered in file order, training files first; a test user absent from training (LEAF's
     ``-t user`` split) gets the next number.
     """
-    dirs = search_dirs(name, root)
+    if (tokenizer is not None or length is not None) and name != "sent140":
+        raise ConfigError("dataset_params.tokenizer", tokenizer, f"None for {name} (token ids are for Sent140's "
+                          "tweets)")
+    if length is not None and tokenizer is None:
+        raise ConfigError("dataset_params.length", length, "None without a tokenizer (the character codes are "
+                          f"{SENT140_LENGTH} long)")
+    tokens = None
+    if tokenizer is not None:  # loaded (one line if it cannot be) before any file is read
+        from phalanx.data import tokens as hf_tokens  # transformers: only when a tokenizer is asked for
+
+        tokens = hf_tokens.tokenizer(tokenizer, 32 if length is None else length)
+    dirs = search_dirs(name, root) if folder is None else [folder]
     folder = next((d for d in dirs if leaf.has_leaf_files(d)), None)
     target = (Path(root).expanduser() / name) if root is not None else cache_dir() / name
     if folder is None:
@@ -337,13 +360,26 @@ def _load_leaf(name: str, root: str | Path | None, download_: bool) -> Dataset:
             index[u] = len(users)
             users.append(u)
     test_ids = np.asarray([index[test.users[k]] for k in test.user_of], dtype=np.int64)
-    tx, ty = _leaf_arrays(name, train, str(folder / "train"))
-    vx, vy = _leaf_arrays(name, test, str(folder / "test"))
+    tx, ty = _leaf_arrays(name, train, str(folder / "train"), tokens)
+    vx, vy = _leaf_arrays(name, test, str(folder / "test"), tokens)
     return leaf_dataset(name, (tx, ty, train.user_of), (vx, vy, test_ids), users, str(folder))
 
 
-for _leaf_name in LEAF_SETS:
+for _leaf_name in ("femnist", "shakespeare"):
     _REGISTRY.register(lambda root, download, _n=_leaf_name: _load_leaf(_n, root, download), name=_leaf_name)
+_REGISTRY.register(lambda root, download, tokenizer=None, length=None: _load_leaf(
+    "sent140", root, download, tokenizer, length), name="sent140")
+SENT140_SAMPLE = Path(__file__).resolve().parent / "_files" / "sent140-sample"
+"""The shipped Sent140-format sample: synthetic tweets of 60 made-up users (``scripts/make_sent140_sample.py``)."""
+
+
+@register("sent140-sample")
+def _load_sent140_sample(tokenizer: str | None = None, length: int | None = None) -> Dataset:
+    """``sent140-sample``: the synthetic tweets shipped in LEAF's Sent140 format (60 users, natural clients), read
+    by the Sent140 reader; with ``tokenizer``, as that model's token ids."""
+    ds = _load_leaf("sent140", None, False, tokenizer, length, folder=SENT140_SAMPLE)
+    ds.name = "sent140-sample"
+    return ds
 _REGISTRY.register(lambda root, download: _load_digits(root, download), name="digits")
 _REGISTRY.register(lambda root, download: _load_idx_set("mnist", root, download), name="mnist")
 _REGISTRY.register(lambda root, download: _load_idx_set("fashion-mnist", root, download), name="fashion-mnist")

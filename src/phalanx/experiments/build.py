@@ -20,7 +20,7 @@ from phalanx.errors import ConfigError, PhalanxError
 from phalanx.experiments import components, legacy
 from phalanx.experiments.components import processes
 from phalanx.experiments.schema import RunConfig
-from phalanx.training import devices, losses
+from phalanx.training import adapters, devices, losses
 from phalanx.training.algorithms import builtin
 from phalanx.training.experiment import Experiment
 from phalanx.training.streams import generator, stream_seed
@@ -77,11 +77,11 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None, *, local_ra
     model = parts.model if checked and parts.model is not None else _model(cfg, ds)
     spec, cls = cfg.aggregator, cfg.algorithm_class
     return Experiment(
-        model=model, loss=losses.get(cfg.loss), dataset=ds, rule=parts.rule, workers=cfg.workers,
-        byzantine=cfg.byzantine, attack=parts.attack, rounds=cfg.rounds, algorithm=parts.algorithm,
+        model=model, loss=losses.get(cfg.loss), dataset=ds, rule=adapters.rule_for(parts.rule, model),
+        workers=cfg.workers, byzantine=cfg.byzantine, attack=parts.attack, rounds=cfg.rounds, algorithm=parts.algorithm,
         optimizer=parts.optimizer, lr=parts.server_lr, shards=shards, seed=cfg.seed, eval_every=cfg.eval_every,
-        rule_for=lambda f: cls.make_rule(spec, f), columns=config_columns(cfg), eval_clients=cfg.eval_clients,
-        device=device, attack_knowledge=cfg.attack_knowledge, stages=parts.stages,
+        rule_for=lambda f: adapters.rule_for(cls.make_rule(spec, f), model), columns=config_columns(cfg),
+        eval_clients=cfg.eval_clients, device=device, attack_knowledge=cfg.attack_knowledge, stages=parts.stages,
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from phalanx import data, models, signing
+from phalanx import data, hub, models, signing
 from phalanx.errors import ConfigError
 from phalanx.experiments import components, tracking
 from phalanx.experiments.components import processes
@@ -31,7 +31,7 @@ from phalanx.experiments.schema import (
     Schedule,
 )
 from phalanx.plugins import accepted_params, check_params, is_spec
-from phalanx.training import devices, losses
+from phalanx.training import adapters, devices, losses
 from phalanx.training.algorithms import builtin
 from phalanx.training.algorithms.base import RoundAlgorithm
 from phalanx.training.transport import TOPOLOGIES
@@ -231,6 +231,9 @@ def check_relations(cfg: RunConfig) -> None:
         if cfg.engine == "torchrun":
             raise ConfigError("model_params.norm", norm, "'group' or 'none' with engine = 'torchrun' "
                               f"({needs[1]} in one process so far: engine = 'simulated')")
+    if hub.is_hf(cfg.model):  # LoRA adapters: the server step that aggregation 'update' needs
+        adapters.check_step(cfg.model_params.get("aggregation", "factors"), cfg.algorithm, cfg.server_optimizer,
+                            cfg.server_lr, cfg.server_momentum)
     check_topology(cfg, cls)
     if cfg.keys is not None and cfg.engine == "torchrun" and cfg.backend == "nccl":
         raise ConfigError(

@@ -13,6 +13,7 @@ deterministic too.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from phalanx import hub
 from phalanx.errors import ConfigError
 from phalanx.models.norm import FedNorm2d
 from phalanx.plugins import Registry, check_params
@@ -56,7 +58,12 @@ def register(name: str, *, meta: bool = False) -> Callable[[B], B]:
 
 
 def builder(name: str) -> Builder:
-    """The builder of ``name`` (registered, ``module:attr`` or an entry point); a ConfigError if unknown."""
+    """The builder of ``name`` (registered, ``module:attr``, an entry point, or ``hf:NAME`` — a pre-trained Hugging
+    Face model with LoRA adapters, :mod:`phalanx.models.hf`); a ConfigError if unknown."""
+    if hub.is_hf(name):
+        from phalanx.models import hf  # transformers and peft: only for an hf: model
+
+        return functools.partial(hf.build, name)
     return _REGISTRY.get(name, "model")
 
 

@@ -4,7 +4,11 @@
 - :mod:`phalanx.online.reduction`: the direction × magnitude reduction and the plain parameter-free learner;
 - :mod:`phalanx.online.robust`: the corruption-robust learner for a known gradient bound G (Zhang & Cutkosky,
   ICML 2025, Algorithm 1, as far as its structure is known; docs/online.md);
-- :mod:`phalanx.online.check`: the numerical check of its regret theorem (``python -m phalanx.online.check``).
+- :mod:`phalanx.online.game`: the synthetic games (problems, corruptions, the true regret);
+- :mod:`phalanx.online.bound`: the bound the learner is held to — proved against u = 0, calibrated once elsewhere
+  (``bound_constants.json``);
+- :mod:`phalanx.online.mutants`: the learners the check runs, the real one and the mutants it must reject;
+- :mod:`phalanx.online.check`: the check itself (``python -m phalanx.online.check``), which can fail.
 
 Every learner has ``predict() -> Tensor``, ``update(g)``, ``state_dict()`` and ``load_state_dict()``.
 """

@@ -1,196 +1,147 @@
-r"""The numerical check of the corruption-robust learner's regret theorem (Zhang & Cutkosky, ICML 2025).
+r"""The numerical check of the corruption-robust learner's regret bound (Zhang & Cutkosky, ICML 2025), which can fail.
 
-Synthetic online problems with a known comparator u and an adversary that corrupts the learner's feedback in k
-rounds; the regret :math:`R_T(u) = \sum_t\langle g_t, w_t - u\rangle` is always measured with the *true* gradients.
+The learners (:mod:`phalanx.online.mutants`: the real one and the mutants it must reject) play the synthetic games
+of :mod:`phalanx.online.game`; each one's true regret is compared with the bound of :mod:`phalanx.online.bound`,
+whose constants were calibrated once on a disjoint grid and are read from the committed ``bound_constants.json``,
+never refitted here. A cell *breaks* the bound when :math:`R_T(u) > B(T, k, u)`; a learner is *rejected* when any
+cell it ran breaks it.
 
-Problems (both with :math:`\|g_t\| = G`):
-
-- ``linear``: online linear optimisation with zero-mean gradients :math:`g_t = G\,\sigma_t e_{i_t}` (a random sign on a
-  random coordinate); the comparator is :math:`u = \|u\|\,e_1` (every u is a comparator of an OLO problem).
-- ``convex``: the absolute loss :math:`f_t(w) = G\,|\langle a_t, w - u^\star\rangle|` with :math:`a_t` uniform on the
-  unit sphere (optimum :math:`u^\star = \|u\|\,e_1`); its (sub)gradient :math:`G\operatorname{sign}(\langle a_t,
-  w_t - u^\star\rangle)\,a_t`, and the linearised regret, which bounds the convex one.
-
-Corruptions (the adversary sees :math:`w_t` and :math:`g_t`; every attack keeps within the budget k of the paper:
-at most k rounds with :math:`\|g_t - \tilde g_t\| \ge G` and :math:`\sum_t\min(\|g_t-\tilde g_t\|, G)/G \le k`):
-
-- ``flip``: :math:`\tilde g_t = -100\,g_t` in k rounds spread evenly over the run (large flips);
-- ``bias``: :math:`\tilde g_t = g_t - \tfrac{kG}{T}\,w_t/\|w_t\|` in every round (a small persistent push outwards);
-- ``push``: :math:`\tilde g_t = -100\,G\,w_t/\|w_t\|` ("go further out") in k consecutive rounds from T/4 on — the
-  worst moment for a betting learner, whose wealth then compounds on fake gains.
-
-``python -m phalanx.online.check`` prints the table of docs/online.md: the robust learner's regret and the plain
-(undefended) parameter-free learner's, divided by the bare rate :math:`\|u\|G(\sqrt T + k)` ("R/rate") and by
-the rate with its logarithms (:func:`reference`, "R/ref"). With ``--plot PATH`` it also draws the regret against T
-(:func:`plot`).
+``python -m phalanx.online.check`` runs a grid and prints, per cell, the bound and each learner's regret and
+R/B, then which learners the check rejects; it exits with 1 when the real learner (``robust``) breaks the bound.
+``--plot PATH`` draws the regret against T with the fixed bound. ``--calibrate PATH`` fits A₁ and A₂ on the grid
+run (:func:`phalanx.online.bound.fit`) and writes them with the command; a checked grid must not share a seed with
+the calibration's (:func:`check_disjoint`).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable, Iterable
+import multiprocessing
+import shlex
+import sys
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from torch import Tensor
-
 from phalanx.errors import ConfigError
-from phalanx.online.base import DTYPE, OnlineLearner
-from phalanx.online.reduction import parameter_free
-from phalanx.online.robust import robust
+from phalanx.online import bound as bounds
+from phalanx.online import mutants
+from phalanx.online.game import ATTACKS, PROBLEMS, regret
 
-__all__ = ["ATTACKS", "PROBLEMS", "Point", "fitted_constant", "grid", "main", "plot", "rate", "reference", "regret",
-           "table"]
+__all__ = ["DIM", "Cell", "Point", "calibrate", "cells", "check_disjoint", "main", "measure", "plot", "rejected",
+           "summary", "table", "violations"]
 
 DIM = 5
-FLIP = 100.0
+G = 1.0
 
-Gradient = Callable[[int, Tensor], Tensor]
-
-
-def _unit(w: Tensor) -> Tensor:
-    n = float(torch.linalg.vector_norm(w))
-    if n > 0:
-        return w / n
-    e = torch.zeros_like(w)
-    e[0] = 1.0
-    return e
-
-
-def _linear(T: int, G: float, u: Tensor, gen: torch.Generator) -> Gradient:
-    coords = torch.randint(0, u.numel(), (T,), generator=gen)
-    signs = torch.randint(0, 2, (T,), generator=gen).to(DTYPE) * 2 - 1
-
-    def grad(t: int, w: Tensor) -> Tensor:
-        g = torch.zeros(u.numel(), dtype=DTYPE)
-        g[int(coords[t])] = G * float(signs[t])
-        return g
-
-    return grad
-
-
-def _convex(T: int, G: float, u: Tensor, gen: torch.Generator) -> Gradient:
-    a = torch.randn(T, u.numel(), generator=gen, dtype=DTYPE)
-    a = a / torch.linalg.vector_norm(a, dim=1, keepdim=True)
-
-    def grad(t: int, w: Tensor) -> Tensor:
-        s = float(a[t] @ (w - u))
-        return (G * (1.0 if s > 0 else -1.0 if s < 0 else 0.0)) * a[t]
-
-    return grad
-
-
-PROBLEMS: dict[str, Callable[[int, float, Tensor, torch.Generator], Gradient]] = {
-    "linear": _linear, "convex": _convex,
-}
-
-Attack = Callable[[int, Tensor, Tensor, int, int, float], Tensor]
-
-
-def _none(t: int, g: Tensor, w: Tensor, T: int, k: int, G: float) -> Tensor:
-    return g
-
-
-def _flip(t: int, g: Tensor, w: Tensor, T: int, k: int, G: float) -> Tensor:
-    if k and t in {(T * (i + 1)) // (k + 1) for i in range(k)}:
-        return -FLIP * g
-    return g
-
-
-def _bias(t: int, g: Tensor, w: Tensor, T: int, k: int, G: float) -> Tensor:
-    return g - (k * G / T) * _unit(w)
-
-
-def _push(t: int, g: Tensor, w: Tensor, T: int, k: int, G: float) -> Tensor:
-    if T // 4 <= t < T // 4 + k:
-        return -FLIP * G * _unit(w)
-    return g
-
-
-ATTACKS: dict[str, Attack] = {"none": _none, "flip": _flip, "bias": _bias, "push": _push}
-
-
-def regret(learner: OnlineLearner, problem: str, attack: str, T: int, k: int, norm_u: float, G: float = 1.0,
-           seed: int = 0) -> float:
-    """The true regret :math:`\\sum_t\\langle g_t, w_t - u\\rangle` of ``learner`` over T rounds of ``problem`` with
-    ``attack`` corrupting k rounds (``PROBLEMS``, ``ATTACKS``); u = ‖u‖·e₁; the problem's randomness from ``seed``."""
-    if problem not in PROBLEMS:
-        raise ConfigError("problem", problem, ", ".join(PROBLEMS))
-    if attack not in ATTACKS:
-        raise ConfigError("attack", attack, ", ".join(ATTACKS))
-    u = torch.zeros(learner.dim, dtype=DTYPE)
-    u[0] = norm_u
-    grad = PROBLEMS[problem](T, G, u, torch.Generator().manual_seed(seed))
-    corrupt = ATTACKS[attack]
-    total = 0.0
-    for t in range(T):
-        w = learner.predict()
-        g = grad(t, w)
-        total += float(g @ (w - u))
-        learner.update(corrupt(t, g, w, T, k, G))
-    return total
-
-
-def rate(T: int, k: int, norm_u: float, G: float = 1.0) -> float:
-    """The theorem's rate without its constant and logarithms: ‖u‖·G·(√T + k)."""
-    return norm_u * G * (math.sqrt(T) + k)
-
-
-def reference(T: int, k: int, norm_u: float, G: float = 1.0, epsilon: float = 1.0) -> float:
-    """The rate with the logarithms the Õ hides, as this construction's bounds produce them:
-    ‖u‖·G·(√(T·Λ) + (1 + 2k)·Λ), Λ = ln(1 + ‖u‖T/ε) — the base learner's second-order term over T gradients of norm
-    ≤ G, and its additive term ‖u‖·H·Λ with the composite bound H = (1 + 2k)G (:mod:`phalanx.online.robust`)."""
-    lam = math.log1p(norm_u * T / epsilon)
-    return norm_u * G * (math.sqrt(T * lam) + (1 + 2 * k) * lam)
+Cell = tuple[str, str, int, int, float]
+"""(problem, attack, T, k, ‖u‖)."""
 
 
 @dataclass(frozen=True)
 class Point:
-    """One cell of the grid: the robust and the plain learner's regret, and the reference rate."""
+    """One learner's regret on one cell and seed."""
 
     problem: str
     attack: str
     T: int
     k: int
     norm_u: float
-    robust: float
-    plain: float
+    seed: int
+    learner: str
+    regret: float
+    epsilon: float = 1.0
 
     @property
-    def scale(self) -> float:
-        """:func:`reference` at this cell (G = 1, ε = 1)."""
-        return reference(self.T, self.k, self.norm_u)
+    def cell(self) -> Cell:
+        return (self.problem, self.attack, self.T, self.k, self.norm_u)
 
-    @property
-    def robust_ratio(self) -> float:
-        return self.robust / self.scale
+    def bound(self, constants: bounds.Constants) -> float:
+        """B(T, k, ‖u‖) with the fixed constants (G = 1)."""
+        return bounds.bound(self.T, self.k, self.norm_u, constants, G, self.epsilon)
 
-    @property
-    def plain_ratio(self) -> float:
-        return self.plain / self.scale
-
-    @property
-    def robust_rate_ratio(self) -> float:
-        """The robust regret over the bare rate ‖u‖G(√T + k)."""
-        return self.robust / rate(self.T, self.k, self.norm_u)
+    def ratio(self, constants: bounds.Constants) -> float:
+        """R / B: above 1 the cell breaks the bound."""
+        return self.regret / self.bound(constants)
 
 
-def grid(problems: Iterable[str], attacks: Iterable[str], horizons: Iterable[int], budgets: Iterable[int],
-         norms: Iterable[float], seed: int = 0, epsilon: float = 1.0) -> list[Point]:
-    """Every combination, robust (told k and T) and plain learner on the same problem and seed, G = 1.
-
-    With ``attack = "none"`` the robust learner is still told the budget k (the price of the defence)."""
-    out = []
+def cells(problems: Iterable[str], attacks: Iterable[str], horizons: Iterable[int], budgets: Iterable[int],
+          norms: Iterable[float]) -> list[Cell]:
+    """Every combination, in order, without the duplicates: with k = 0 every attack is ``none``, and a ``push``
+    that does not fit in T (k > T − T/4) is left out."""
+    out: list[Cell] = []
     for problem in problems:
         for attack in attacks:
             for T in horizons:
                 for k in budgets:
                     for nu in norms:
-                        r = regret(robust(DIM, 1.0, k, T, epsilon), problem, attack, T, k, nu, seed=seed)
-                        p = regret(parameter_free(DIM, 1.0, epsilon), problem, attack, T, k, nu, seed=seed)
-                        out.append(Point(problem, attack, T, k, nu, r, p))
+                        a = "none" if k == 0 else attack
+                        c = (problem, a, int(T), int(k), float(nu))
+                        if (a == "push" and k > T - T // 4) or c in out:
+                            continue
+                        out.append(c)
+    return out
+
+
+def _one(job: tuple[Cell, int, str, float]) -> Point:
+    (problem, attack, T, k, nu), seed, learner, eps = job
+    r = regret(mutants.make(learner, DIM, G, k, T, eps), problem, attack, T, k, nu, G, seed)
+    return Point(problem, attack, T, k, nu, seed, learner, r, eps)
+
+
+def measure(grid: Sequence[Cell], seeds: Iterable[int], learners: Iterable[str] = ("robust",), epsilon: float = 1.0,
+            jobs: int = 1) -> list[Point]:
+    """Every learner (told the cell's k and T) on every cell and seed; ``jobs`` > 1 spreads them over processes."""
+    names = list(learners)
+    for n in names:
+        if n not in mutants.LEARNERS:
+            raise ConfigError("learner", n, ", ".join(mutants.LEARNERS))
+    work = [(c, int(s), n, float(epsilon)) for c in grid for s in seeds for n in names]
+    if jobs <= 1 or len(work) <= 1:
+        return [_one(j) for j in work]
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(_one, work, chunksize=1))
+
+
+def calibrate(points: Iterable[Point], margin: float, command: str) -> bounds.Constants:
+    """A₁, A₂ fitted on the ``robust`` points (:func:`phalanx.online.bound.fit`) with the declared ``margin``, the
+    grid and seeds recorded."""
+    pts = [p for p in points if p.learner == "robust"]
+    if not pts:
+        raise ConfigError("learners", [], "the robust learner among those calibrated on")
+    eps = {p.epsilon for p in pts}
+    if len(eps) != 1:
+        raise ConfigError("epsilon", sorted(eps), "one scale ε for the whole calibration grid")
+    a1, a2 = bounds.fit([(p.T, p.k, p.norm_u, p.regret) for p in pts], G, pts[0].epsilon)
+    worst = max(pts, key=lambda p: p.regret / bounds.bound(p.T, p.k, p.norm_u, bounds.Constants(a1, a2, 1.0)))
+    grid = {
+        "problems": sorted({p.problem for p in pts}), "attacks": sorted({p.attack for p in pts}),
+        "horizons": sorted({p.T for p in pts}), "budgets": sorted({p.k for p in pts}),
+        "norms": sorted({p.norm_u for p in pts}), "seeds": sorted({p.seed for p in pts}), "cells": len(pts),
+        "epsilon": pts[0].epsilon, "G": G, "dim": DIM, "tightest_cell": [*list(worst.cell), worst.seed],
+    }
+    return bounds.Constants(a1, a2, margin, grid, command)
+
+
+def check_disjoint(points: Iterable[Point], constants: bounds.Constants) -> None:
+    """Refuse a checked grid that shares a seed with the calibration (the constants would have seen its data)."""
+    shared = sorted({p.seed for p in points} & constants.seeds())
+    if shared:
+        raise ConfigError("seeds", shared, f"seeds other than the calibration's {sorted(constants.seeds())}")
+
+
+def violations(points: Iterable[Point], constants: bounds.Constants) -> list[Point]:
+    """The points whose regret exceeds the bound."""
+    return [p for p in points if p.regret > p.bound(constants)]
+
+
+def rejected(points: Iterable[Point], constants: bounds.Constants) -> dict[str, int]:
+    """Per learner: how many of its points break the bound (0: not rejected)."""
+    out: dict[str, int] = {}
+    for p in points:
+        out[p.learner] = out.get(p.learner, 0) + (p.regret > p.bound(constants))
     return out
 
 
@@ -198,29 +149,47 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}" if abs(x) < 1e6 else f"{x:.2e}"
 
 
-def table(points: list[Point]) -> str:
-    """The grid as a Markdown table."""
-    lines = ["| problem | attack | T | k | ‖u‖ | robust R_T | R/rate | R/ref | plain R_T | plain R/ref |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def _by_cell(points: Iterable[Point]) -> dict[Cell, dict[str, list[Point]]]:
+    out: dict[Cell, dict[str, list[Point]]] = {}
     for p in points:
-        lines.append(f"| {p.problem} | {p.attack} | {p.T} | {p.k} | {p.norm_u:g} | {_fmt(p.robust)} | "
-                     f"{_fmt(p.robust_rate_ratio)} | {_fmt(p.robust_ratio)} | {_fmt(p.plain)} | "
-                     f"{_fmt(p.plain_ratio)} |")
+        out.setdefault(p.cell, {}).setdefault(p.learner, []).append(p)
+    return out
+
+
+def table(points: list[Point], constants: bounds.Constants) -> str:
+    """Markdown: one row per cell with the bound B and, per learner, the mean regret over the seeds and the largest
+    R/B (above 1: the cell breaks the bound)."""
+    learners = list(dict.fromkeys(p.learner for p in points))
+    head = "| problem | attack | T | k | ‖u‖ | bound B | " + " | ".join(f"{n} R | {n} max R/B" for n in learners) + " |"
+    lines = [head, "|---|---|---:|---:|---:|---:|" + "---:|---:|" * len(learners)]
+    for cell, per in _by_cell(points).items():
+        problem, attack, T, k, nu = cell
+        b = bounds.bound(T, k, nu, constants, G, next(iter(per.values()))[0].epsilon)
+        cols = []
+        for n in learners:
+            ps = per.get(n, [])
+            cols.append("— | —" if not ps else
+                        f"{_fmt(sum(p.regret for p in ps) / len(ps))} | {_fmt(max(p.ratio(constants) for p in ps))}")
+        lines.append(f"| {problem} | {attack} | {T} | {k} | {nu:g} | {_fmt(b)} | " + " | ".join(cols) + " |")
     return "\n".join(lines)
 
 
-def fitted_constant(points: Iterable[Point]) -> float:
-    """The smallest C with R_T(u) ≤ C·‖u‖G(√T + k) for the robust learner on every cell (G = 1): the largest
-    robust R/rate; 0 for no cell."""
-    return max((p.robust_rate_ratio for p in points), default=0.0)
+def summary(points: list[Point], constants: bounds.Constants) -> str:
+    """One line per learner: points run, points that break the bound, the range of R/B."""
+    lines = []
+    bad = rejected(points, constants)
+    for n in dict.fromkeys(p.learner for p in points):
+        rs = [p.ratio(constants) for p in points if p.learner == n]
+        verdict = f"REJECTED ({bad[n]} of {len(rs)} points break the bound)" if bad[n] else "keeps the bound"
+        lines.append(f"{n}: R/B in [{_fmt(min(rs))}, {_fmt(max(rs))}] over {len(rs)} points: {verdict}")
+    return "\n".join(lines)
 
 
-def plot(points: list[Point], path: str | Path) -> Path:
-    """Draw the regret against T, on log axes, into the PNG ``path``: one panel per (problem, attack, ‖u‖) — a row
-    per (problem, ‖u‖), a column per attack — and one colour per k; the robust learner solid, the undefended base
-    learner dotted, and the fitted bound C·‖u‖G(√T + k) dashed (C: :func:`fitted_constant` over all the cells
-    drawn, so the dashed lines bound every robust point). A regret ≤ 0 has no place on a log axis and is left out
-    (the learners can beat u on a short run). Returns the path written (its folder is created)."""
+def plot(points: list[Point], constants: bounds.Constants, path: str | Path) -> Path:
+    """The regret against T on log axes into the PNG ``path``: a row per (problem, ‖u‖), a column per attack, a
+    colour per k; the mean over the seeds of each learner (``robust`` solid, the others dotted or dash-dotted) and
+    the fixed bound B (dashed, :func:`phalanx.online.bound.bound`: the same for every learner, not fitted to the
+    points drawn). A regret ≤ 0 has no place on a log axis and is left out. Returns the path (its folder created)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -228,33 +197,43 @@ def plot(points: list[Point], path: str | Path) -> Path:
     import matplotlib.ticker
 
     if not points:
-        raise ConfigError("points", points, "at least one cell of the grid")
+        raise ConfigError("points", points, "at least one point")
     out = Path(path)
-    attacks = list(dict.fromkeys(p.attack for p in points))  # columns, in the grid's order
-    lines = sorted({(p.problem, p.norm_u) for p in points})  # rows
+    attacks = list(dict.fromkeys(p.attack for p in points))
+    rows = sorted({(p.problem, p.norm_u) for p in points})
     budgets = sorted({p.k for p in points})
-    c = fitted_constant(points)
-    fig, axes = plt.subplots(len(lines), len(attacks), figsize=(max(6.0, 4.6 * len(attacks)), 3.6 * len(lines)),
+    learners = list(dict.fromkeys(p.learner for p in points))
+    styles = {n: s for n, s in zip(["robust", *[n for n in learners if n != "robust"]], ["o-", "s:", "^-.", "v:",
+                                                                                             "d-."])}
+    eps = points[0].epsilon
+    fig, axes = plt.subplots(len(rows), len(attacks), figsize=(max(6.0, 4.6 * len(attacks)), 3.6 * len(rows)),
                              squeeze=False)
-    colours = plt.get_cmap("viridis")(torch.linspace(0.0, 0.9, len(budgets)).tolist())
-    panels = [(problem, attack, nu) for problem, nu in lines for attack in attacks]
-    for ax, (problem, attack, nu) in zip(axes.flat, panels):
+    colours = plt.get_cmap("viridis")([0.9 * i / max(1, len(budgets) - 1) for i in range(len(budgets))])
+    horizons = sorted({p.T for p in points})
+    for ax, (problem, nu, attack) in zip(axes.flat, [(pr, nu, a) for pr, nu in rows for a in attacks]):
         for colour, k in zip(colours, budgets):
-            cell = sorted((p for p in points if (p.problem, p.attack, p.norm_u, p.k) == (problem, attack, nu, k)),
-                          key=lambda p: p.T)
-            if not cell:
-                continue
-            ts = [p.T for p in cell]
-            rob = [p.robust if p.robust > 0 else float("nan") for p in cell]
-            pla = [p.plain if p.plain > 0 else float("nan") for p in cell]
-            ax.plot(ts, rob, "o-", color=colour, label=f"k = {k} robust")
-            ax.plot(ts, pla, "s:", color=colour, alpha=0.8, label=f"k = {k} undefended")
-            fine = torch.logspace(math.log10(ts[0]), math.log10(ts[-1]), 50, dtype=DTYPE).tolist()
-            ax.plot(fine, [c * rate(int(t), k, nu) for t in fine], "--", color=colour, linewidth=1,
-                    label=f"k = {k} bound")
+            ts_drawn: list[int] = []
+            for n in learners:
+                per = sorted({p.T for p in points if (p.problem, p.attack, p.norm_u, p.k, p.learner) ==
+                              (problem, attack, nu, k, n)})
+                if not per:
+                    continue
+                ys = []
+                for T in per:
+                    rs = [p.regret for p in points if (p.problem, p.attack, p.norm_u, p.k, p.learner, p.T) ==
+                          (problem, attack, nu, k, n, T)]
+                    m = sum(rs) / len(rs)
+                    ys.append(m if m > 0 else float("nan"))
+                ax.plot(per, ys, styles.get(n, "x-"), color=colour, alpha=1.0 if n == "robust" else 0.75,
+                        label=f"k = {k} {n}")
+                ts_drawn = sorted(set(ts_drawn) | set(per))
+            if ts_drawn:
+                fine = [math.exp(math.log(ts_drawn[0]) + i * (math.log(ts_drawn[-1]) - math.log(ts_drawn[0])) / 49)
+                        for i in range(50)] if ts_drawn[-1] > ts_drawn[0] else ts_drawn
+                ax.plot(fine, [bounds.bound(max(1, round(t)), k, nu, constants, G, eps) for t in fine], "--",
+                        color=colour, linewidth=1, label=f"k = {k} bound")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        horizons = sorted({p.T for p in points})
         ax.set_xticks(horizons, [str(t) for t in horizons])
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_title(f"{problem}, {attack}, ‖u‖ = {nu:g}", fontsize=10)
@@ -262,11 +241,12 @@ def plot(points: list[Point], path: str | Path) -> Path:
         ax.set_ylabel("regret R_T(u)")
         ax.grid(True, which="both", alpha=0.3)
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.suptitle(f"Robust online learner (solid) vs the undefended base learner (dotted)\ndashed: the fitted bound "
-                 f"{c:.3g}·‖u‖G(√T + k), G = 1, d = {DIM}", fontsize=10)
+    fig.suptitle(f"Regret against T (mean over seeds); dashed: the fixed bound (2 + 6k)Gε + ‖u‖G(A₁√(TΛ) + "
+                 f"A₂(1 + k)pΛ), A₁ = {constants.a1:.3g}, A₂ = {constants.a2:.3g} (calibrated on seeds "
+                 f"{sorted(constants.seeds())}), G = 1, d = {DIM}", fontsize=9)
     fig.tight_layout()
     fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(budgets), fontsize=8,
-               frameon=False)  # one column per k: robust, undefended, bound
+               frameon=False)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -274,26 +254,42 @@ def plot(points: list[Point], path: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m phalanx.online.check``: print the regret grid (Markdown); ``--plot PATH`` also draws it."""
+    """``python -m phalanx.online.check``: the grid's table and verdicts; ``--plot``; ``--calibrate``."""
     ap = argparse.ArgumentParser(prog="python -m phalanx.online.check", description=__doc__.splitlines()[0])
-    ap.add_argument("--problems", nargs="+", default=list(PROBLEMS), choices=list(PROBLEMS))
-    ap.add_argument("--attacks", nargs="+", default=["none", "flip", "bias", "push"], choices=list(ATTACKS))
+    ap.add_argument("--problems", nargs="+", default=["convex"], choices=list(PROBLEMS))
+    ap.add_argument("--attacks", nargs="+", default=["none", "push"], choices=list(ATTACKS))
     ap.add_argument("--horizons", nargs="+", type=int, default=[250, 1000, 4000])
-    ap.add_argument("--budgets", nargs="+", type=int, default=[0, 2, 8, 32])
-    ap.add_argument("--norms", nargs="+", type=float, default=[1.0, 10.0])
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--plot", metavar="PATH", default=None,
-                    help="also draw the regret against T (log axes, one line per k, robust vs undefended, the fitted "
-                    "bound dashed) into this PNG")
+    ap.add_argument("--budgets", nargs="+", type=int, default=[0, 8, 32, 128])
+    ap.add_argument("--norms", nargs="+", type=float, default=[0.0, 1.0, 10.0])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0])
+    ap.add_argument("--learners", nargs="+", default=["robust", "plain"], choices=list(mutants.LEARNERS))
+    ap.add_argument("--epsilon", type=float, default=1.0, help="the learners' scale ε (default 1)")
+    ap.add_argument("--jobs", type=int, default=1, help="processes to spread the runs over")
+    ap.add_argument("--constants", default=None, help="a constants file other than the committed one")
+    ap.add_argument("--plot", metavar="PATH", default=None, help="also draw the regret against T with the fixed bound")
+    ap.add_argument("--calibrate", metavar="PATH", default=None,
+                    help="fit A1, A2 on this grid (robust learner) and write them to PATH instead of checking")
+    ap.add_argument("--margin", type=float, default=1.25, help="with --calibrate: the factor A1, A2 are held with")
     a = ap.parse_args(argv)
-    pts = grid(a.problems, a.attacks, a.horizons, a.budgets, a.norms, a.seed)
-    print(table(pts))
+    grid = cells(a.problems, a.attacks, a.horizons, a.budgets, a.norms)
+    if a.calibrate:
+        pts = measure(grid, a.seeds, ["robust"], a.epsilon, a.jobs)
+        cmd = "python -m phalanx.online.check " + " ".join(shlex.quote(x) for x in (argv if argv is not None
+                                                                                      else sys.argv[1:]))
+        c = calibrate(pts, a.margin, cmd)
+        print(f"A1 = {c.sqrt_term:.4g}, A2 = {c.k_term:.4g} (fitted on {len(pts)} points), margin {c.margin:g}: "
+              f"{bounds.save(c, a.calibrate)}")
+        return 0
+    constants = bounds.load(a.constants)
+    check_disjoint([Point("", "", 1, 0, 0.0, s, "", 0.0) for s in a.seeds], constants)
+    pts = measure(grid, a.seeds, a.learners, a.epsilon, a.jobs)
+    print(table(pts, constants))
     if a.plot:
-        print(f"\nplot: {plot(pts, a.plot)} (fitted C = {fitted_constant(pts):.3g})")
-    rob = [p.robust_ratio for p in pts]
-    pl = [p.plain_ratio for p in pts]
-    print(f"\nmax R/ref: robust {_fmt(max(rob))}, plain {_fmt(max(pl))} over {len(pts)} cells (G = 1, d = {DIM})")
-    return 0
+        print(f"\nplot: {plot(pts, constants, a.plot)}")
+    print(f"\nbound: A1 = {constants.a1:.4g}, A2 = {constants.a2:.4g} (fitted × margin {constants.margin:g}, seeds "
+          f"{sorted(constants.seeds())}); {len(grid)} cells × {len(a.seeds)} seeds, G = 1, d = {DIM}")
+    print(summary(pts, constants))
+    return 1 if rejected(pts, constants).get("robust", 0) else 0
 
 
 if __name__ == "__main__":

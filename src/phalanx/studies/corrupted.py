@@ -1,6 +1,7 @@
 """Corrupted rounds, as a preset: an attack that succeeds only now and then, and a second line of defence after
 aggregation — server SGD against the corruption-robust online learner (``server_optimizer = "robust-online"``),
-each behind the mean and behind a robust rule; and what that second line costs when nobody attacks.
+each behind the mean and behind a robust rule; the controls a reviewer asks for beside it; and what each costs when
+nobody attacks.
 
 The question. Zhang & Cutkosky ("Unconstrained robust online convex optimization", ICML 2025; docs/online.md) give
 an online learner whose regret stays Õ(‖u‖G(√T + k)) when k of the T gradients it receives are corrupted. As the
@@ -9,11 +10,25 @@ fooled. Here the Byzantine workers run ``attack`` (default: sign flipping scaled
 (``intermittent``: every ``every``-th round from ``start``), which fools the mean in exactly those rounds; the robust
 learner is told that k (``corruptions``) and the gradient bound ``gradient_bound``; its scale ε is ``online_scale``.
 
-Grid: rule ∈ ``rules`` (the mean with f = 0 and robust rules with f = ``f``) × server optimizer ∈ {sgd,
-robust-online} × attack ∈ {none, intermittent} × seeds; distributed SGD with worker momentum. Per cell: the final
-test accuracy, mean and 95 % Student-t interval over the seeds. Paired by seed (same seed = same split, initial
-model and batches): what the robust learner buys under attack (robust-online − sgd, behind each rule), what it costs
-without attack (sgd − robust-online), and the first line of defence for comparison (robust rule − mean, with SGD).
+The learner clips every aggregate to norm G before it sees it, so "it survives the attack" may be the clipping's
+doing. The arms (``arms``) separate the parts:
+
+- ``sgd``: server SGD (lr ``lr``), no defence after aggregation;
+- ``clipped-sgd``: server SGD on the aggregate clipped to the same G (:class:`~phalanx.training.optim.ClippedSGD`,
+  lr ``clipped_lr``) — what clipping alone buys;
+- ``robust-online``: the learner told k;
+- ``undefended-online``: the same learner told k = 0 (no regulariser: the plain parameter-free learner, still
+  clipping at G) with the same G and ε — the learner without its robustness term;
+- ``undefended-tuned``: the learner told k = 0 with its own best (G, ε) (``undefended_bound``,
+  ``undefended_scale``) — the undefended learner given the same tuning effort;
+- ``online-no-k``: the learner told k = 1, whose regulariser has the weight c = 2G whatever the attack's k — the
+  regulariser without its k (the mutant of :mod:`phalanx.online.mutants` that the regret check rejects).
+
+Grid: rule ∈ ``rules`` (the mean with f = 0 and robust rules with f = ``f``) × arm × attack ∈ {none, intermittent}
+× seeds; distributed SGD with worker momentum. Per cell: the final test accuracy, mean and 95 % Student-t interval
+over the seeds. Paired by seed (same seed = same split, initial model and batches): the differences the study reads
+(:func:`comparisons`), each with its paired t-test p-value adjusted for the whole family by Holm's method
+(:func:`phalanx.analysis.stats.holm`); a verdict is drawn only from the adjusted p-value.
 """
 
 from __future__ import annotations
@@ -32,12 +47,17 @@ from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.plots import save_figure
 from phalanx.studies.base import ModuleStudy, Report, StudyFunctions
 from phalanx.studies.registry import register
-from phalanx.studies.reporting import pick_preset, provenance, write_report_files
+from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance, write_report_files
 
 MEAN = "mean"
 SGD = "sgd"
+CLIPPED = "clipped-sgd"
 ONLINE = "robust-online"
-OPTIMIZERS = (SGD, ONLINE)
+UNDEFENDED = "undefended-online"
+UNDEFENDED_TUNED = "undefended-tuned"
+NO_K = "online-no-k"
+ARMS = (SGD, CLIPPED, ONLINE, UNDEFENDED, UNDEFENDED_TUNED, NO_K)
+"""Every arm (the module's docstring), in the order tables list them."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +83,13 @@ class Preset:
     momentum: float = 0.9
     online_scale: float = 10.0
     gradient_bound: float = 0.3
+    clipped_lr: float = 0.3
+    """clipped-sgd's lr: the best of {0.1, 0.3, 1, 3, 10} on seed 100, the mean, no attack (docs/online.md)."""
+    undefended_bound: float = 1.0
+    undefended_scale: float = 0.1
+    """undefended-tuned's G and ε: the best of the 25 pairs G ∈ {0.1, 0.3, 1, 3, 10} × ε ∈ {0.1, 1, 10, 30, 100} on
+    seed 100, the mean, no attack (docs/online.md)."""
+    arms: tuple[str, ...] = ARMS
     corruptions: int | None = None
     """The budget the robust learner is told (None: k, the rounds actually attacked)."""
     eval_every: int = 10
@@ -110,7 +137,13 @@ def budget(p: Preset) -> int:
 def preset(name: str, **changes: Any) -> Preset:
     """A preset by name with fields replaced, checked: the mean and a robust rule among the rules, f at least the
     attackers, an attack active in at least one round, a positive gradient bound and scale."""
-    p = pick_preset(PRESETS, name, changes, ("rules", "seeds"))
+    p = pick_preset(PRESETS, name, changes, ("rules", "seeds", "arms"))
+    if not set(p.arms) <= set(ARMS) or SGD not in p.arms or ONLINE not in p.arms or len(set(p.arms)) != len(p.arms):
+        raise ConfigError("arms", list(p.arms), f"distinct arms of {', '.join(ARMS)}, with {SGD} and {ONLINE}")
+    for key in ("clipped_lr", "undefended_bound", "undefended_scale"):
+        v = getattr(p, key)
+        if isinstance(v, bool) or not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+            raise ConfigError(key, v, "a finite number > 0")
     if MEAN not in p.rules or len(p.rules) < 2:
         raise ConfigError("rules", list(p.rules), "the mean and at least one robust rule")
     if p.f < p.byzantine:
@@ -133,7 +166,7 @@ def preset(name: str, **changes: Any) -> Preset:
 
 @dataclass(frozen=True)
 class Cell:
-    """One run: a rule, a server optimizer, attacked or not, a seed."""
+    """One run: a rule, an arm (``optimizer``: one of :data:`ARMS`), attacked or not, a seed."""
 
     rule: str
     optimizer: str
@@ -143,12 +176,12 @@ class Cell:
 
 def cells(p: Preset) -> list[Cell]:
     """Every run of the grid."""
-    return [Cell(r, o, a, s) for r in p.rules for o in OPTIMIZERS for a in (False, True) for s in p.seeds]
+    return [Cell(r, o, a, s) for r in p.rules for o in p.arms for a in (False, True) for s in p.seeds]
 
 
 def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """The validated run configuration of one cell (the mean with f = 0; the robust learner told k and G, its lr
-    the scale ε)."""
+    """The validated run configuration of one cell (the mean with f = 0; the online arms told their budget and G,
+    their lr the scale ε; clipped-sgd clips at the same G)."""
     data: dict[str, Any] = {
         "dataset": p.dataset, "model": p.model, "model_params": dict(p.model_params), "workers": p.workers,
         "aggregator": cell.rule, "f": 0 if cell.rule == MEAN else p.f,
@@ -158,9 +191,15 @@ def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -
     }
     if cell.attacked:
         data["attack_params"] = attack_params(p)
-    if cell.optimizer == ONLINE:
-        data.update({"server_optimizer": ONLINE, "lr": p.online_scale, "server_optimizer_params": {
-            "corruptions": budget(p), "gradient_bound": float(p.gradient_bound)}})
+    told = {ONLINE: (budget(p), p.gradient_bound, p.online_scale), UNDEFENDED: (0, p.gradient_bound, p.online_scale),
+            UNDEFENDED_TUNED: (0, p.undefended_bound, p.undefended_scale), NO_K: (1, p.gradient_bound, p.online_scale)}
+    if cell.optimizer in told:
+        k, bound, scale = told[cell.optimizer]
+        data.update({"server_optimizer": ONLINE, "lr": scale, "server_optimizer_params": {
+            "corruptions": k, "gradient_bound": float(bound)}})
+    elif cell.optimizer == CLIPPED:
+        data.update({"server_optimizer": CLIPPED, "lr": p.clipped_lr,
+                     "server_optimizer_params": {"clip": float(p.gradient_bound)}})
     data.update(overrides or {})
     return make_config(data)
 
@@ -215,7 +254,9 @@ def _paired(a: dict[int, float], b: dict[int, float]) -> dict[int, float]:
 
 @dataclass(frozen=True)
 class Comparison:
-    """One paired difference of final accuracy, ``a − b`` over the seeds: what it compares and its estimate."""
+    """One paired difference of final accuracy, ``a − b`` over the seeds: what it compares and its estimate, which
+    carries the Holm-adjusted p-value over every comparison of the report once :func:`comparisons` has corrected the
+    family (:func:`phalanx.analysis.stats.holm`)."""
 
     question: str
     a: Key
@@ -223,8 +264,22 @@ class Comparison:
     diff: Estimate
 
     @property
+    def p(self) -> float:
+        """The paired t-test's two-sided p-value (the one-sample t test of mean 0 on the per-seed differences:
+        :meth:`Estimate.p_value`); NaN where the difference decides nothing (fewer than three seeds, zero width)."""
+        pv = self.diff.p_value()
+        return math.nan if pv is None else pv
+
+    @property
+    def p_holm(self) -> float:
+        """:attr:`p` adjusted by Holm's method over the report's family; NaN where it was not corrected."""
+        return math.nan if self.diff.p_adjusted is None else self.diff.p_adjusted
+
+    @property
     def verdict(self) -> str:
-        return self.diff.side("b is better", "a is better")  # a: with the defence, b: without
+        """``a is better`` / ``b is better`` when the Holm-adjusted p-value is below 0.05, else ``no difference
+        shown``; ``no verdict (why)`` with fewer than three seeds or a zero-width interval (:meth:`Estimate.side`)."""
+        return self.diff.side("b is better", "a is better")
 
 
 def _arm(key: Key) -> str:
@@ -232,65 +287,89 @@ def _arm(key: Key) -> str:
     return f"{rule} + {opt}" + (" (attacked)" if attacked else " (no attack)")
 
 
+QUESTIONS: tuple[tuple[str, str, str], ...] = (
+    ("second line", ONLINE, SGD),
+    ("clipping alone", CLIPPED, SGD),
+    ("the learner beyond clipping", ONLINE, CLIPPED),
+    ("its robustness term (vs told k = 0)", ONLINE, UNDEFENDED),
+    ("vs the undefended learner at its own tuning", ONLINE, UNDEFENDED_TUNED),
+    ("k in its weight (vs c = 2G)", ONLINE, NO_K),
+)
+"""What the study reads behind each rule, attacked: (question, arm a, arm b), a − b."""
+
+
 def comparisons(table: dict[Key, dict[int, float]], p: Preset) -> list[Comparison]:
-    """The paired differences the study asks about, each a = with a defence − b = without it (positive: the defence
-    helps; negative without attack: its price): the second line (robust-online − sgd behind each rule) and the first
-    (robust rule − mean, with SGD), with and without the attack; and, attacked, the learner alone (the mean) against
-    a robust rule alone (SGD)."""
+    """The paired differences the study reads, each a − b (positive: a is better). Attacked, behind each rule: every
+    question of :data:`QUESTIONS` whose arms the preset runs; without attack (the price), behind each rule: the
+    learner and clipping against SGD; the first line (robust rule − mean, with SGD) with and without the attack; and,
+    attacked, the learner alone and clipping alone (behind the mean) against a robust rule alone (SGD). Their p-values
+    are Holm-adjusted together."""
     pairs: list[tuple[str, Key, Key]] = []
-    for attacked in (True, False):
-        when = "attacked" if attacked else "no attack: the price"
-        for rule in p.rules:
-            pairs.append((f"second line, {when}", (rule, ONLINE, attacked), (rule, SGD, attacked)))
-        for rule in p.rules:
-            if rule != MEAN:
-                pairs.append((f"first line, {when}", (rule, SGD, attacked), (MEAN, SGD, attacked)))
-        if attacked:
-            for rule in p.rules:
-                if rule != MEAN:
-                    pairs.append(("learner alone vs rule alone, attacked", (MEAN, ONLINE, True), (rule, SGD, True)))
-    out = []
+    for rule in p.rules:
+        for q, arm_a, arm_b in QUESTIONS:
+            if arm_a in p.arms and arm_b in p.arms:
+                pairs.append((f"{q}, attacked", (rule, arm_a, True), (rule, arm_b, True)))
+    for rule in p.rules:
+        if rule != MEAN:
+            pairs.append(("first line, attacked", (rule, SGD, True), (MEAN, SGD, True)))
+            for arm in (ONLINE, CLIPPED):
+                if arm in p.arms:
+                    pairs.append((f"{arm} alone vs rule alone, attacked", (MEAN, arm, True), (rule, SGD, True)))
+    for rule in p.rules:
+        for arm in (ONLINE, CLIPPED):
+            if arm in p.arms:
+                pairs.append((f"{arm}'s price, no attack", (rule, arm, False), (rule, SGD, False)))
+    for rule in p.rules:
+        if rule != MEAN:
+            pairs.append(("first line's price, no attack", (rule, SGD, False), (MEAN, SGD, False)))
+    found = []
     for q, a, b in pairs:
         d = _paired(table.get(a, {}), table.get(b, {}))
         if d:
-            out.append(Comparison(q, a, b, mean_ci(list(d.values()))))
-    return out
+            found.append(Comparison(q, a, b, mean_ci(list(d.values()))))
+    return holm_family(found, "diff")
 
 
 def accuracy_markdown(est: dict[Key, Estimate], p: Preset) -> str:
-    """Rows: (rule, server optimizer); columns: no attack, attacked; cells: final test accuracy % mean ± half-width."""
+    """Rows: (rule, arm); columns: no attack, attacked; cells: final test accuracy % mean ± half-width."""
     k = corrupted(p)
     lines = [f"| rule | server optimizer | no attack | {p.attack} in {k} of {p.rounds} rounds (b = {p.byzantine}) |",
              "|---|---|---|---|"]
     for rule in p.rules:
-        for opt in OPTIMIZERS:
+        for opt in p.arms:
             row = [est.get((rule, opt, a)) for a in (False, True)]
             lines.append(f"| {rule} | {opt} | " + " | ".join("—" if e is None else e.show(100, 1) for e in row) + " |")
     return "\n".join(lines)
 
 
 def comparisons_markdown(cs: list[Comparison]) -> str:
-    """One line per paired difference: a − b in points, its interval, which is better."""
-    lines = ["| question | a | b | a − b (points) | 95 % interval | verdict |", "|---|---|---|---|---|---|"]
+    """One line per paired difference: a − b in points, its 95 % interval (unadjusted), its p-value adjusted by Holm
+    over every line that decides something, the verdict (from the adjusted p-value), and the sentence that says so."""
+    lines = ["| question | a | b | a − b (points) | 95 % interval | p (Holm) | verdict |",
+             "|---|---|---|---|---|---|---|"]
     for c in cs:
         lines.append(f"| {c.question} | {_arm(c.a)} | {_arm(c.b)} | {100 * c.diff.mean:+.1f} | "
-                     f"{c.diff.interval(100, 1)} | {c.verdict} |")
-    return "\n".join(lines)
+                     f"{c.diff.interval(100, 1)} | {holm_p(c.diff)} | {c.verdict} |")
+    return "\n".join([*lines, "", family_note(c.diff for c in cs)])
 
 
 def readout(cs: list[Comparison], p: Preset) -> str:
-    """One paragraph: what the second line of defence buys and costs, as the paired intervals say."""
+    """One paragraph: what the second line of defence buys and costs, and how much of it clipping alone buys, as the
+    Holm-adjusted paired comparisons say."""
     if not cs:
         return "Nothing to compare."
     seeds = f"{len(p.seeds)} seeds" + ("" if len(p.seeds) >= MIN_SEEDS else f" (fewer than {MIN_SEEDS}: no verdicts)")
     parts = []
     for c in cs:
-        if c.question.startswith("second line"):
-            parts.append(f"{c.question.removeprefix('second line, ')}, behind {c.a[0]}: "
-                         f"{100 * c.diff.mean:+.1f} points {c.diff.interval(100, 1)} ({c.verdict})")
-    return (f"The robust online learner (told k = {budget(p)}, G = {p.gradient_bound:g}, ε = {p.online_scale:g}) "
-            "minus server SGD, final accuracy paired by seed — "
-            + "; ".join(parts) + f". {seeds}.")
+        if c.question.endswith(", attacked") and c.a[0] == c.b[0]:
+            parts.append(f"{c.question.removesuffix(', attacked')}, behind {c.a[0]} ({c.a[1]} − {c.b[1]}): "
+                         f"{100 * c.diff.mean:+.1f} points {c.diff.interval(100, 1)}, Holm p {holm_p(c.diff)} "
+                         f"({c.verdict})")
+    family = max((c.diff.family for c in cs if c.diff.p_adjusted is not None), default=0)
+    return (f"Attacked, final accuracy paired by seed, Holm-adjusted over the {family} comparisons that decide "
+            f"something — the robust "
+            f"online learner told k = {budget(p)}, G = {p.gradient_bound:g}, ε = {p.online_scale:g}; clipped SGD at "
+            f"the same G — " + "; ".join(parts) + f". {seeds}.")
 
 
 def cells_csv(table: dict[Key, dict[int, float]]) -> str:
@@ -315,16 +394,30 @@ def _curves(finals: dict[Cell, Final], key: Key) -> list[tuple[int, Estimate]]:
     return [(r, mean_ci([b[r] for b in by])) for r in rounds]
 
 
+_STYLES = ("-", "--", ":")
+_HATCHES = ("", "//", "..")
+
+
+def _colour(opt: str) -> str:
+    """One colour per arm, the same behind every rule (the rule is the line style / hatch)."""
+    return f"C{ARMS.index(opt) % 10}"
+
+
+def _rule(p: Preset, rule: str) -> int:
+    return p.rules.index(rule) % len(_STYLES)
+
+
 def plot(finals: dict[Cell, Final], est: dict[Key, Estimate], p: Preset, path: Path) -> Path:
     """Three panels: final accuracy of every arm without and with the attack (95 % intervals), and the accuracy
-    against the round under attack (mean over the seeds, the attacked rounds marked)."""
+    against the round under attack (mean over the seeds, the attacked rounds marked). Colour: the arm; line style
+    and hatch: the rule."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    arms: list[Arm] = [(r, o) for r in p.rules for o in OPTIMIZERS]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4), gridspec_kw={"width_ratios": [1, 1, 1.4]})
+    arms: list[Arm] = [(r, o) for r in p.rules for o in p.arms]
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5.2), gridspec_kw={"width_ratios": [1, 1, 1.4]})
     k = corrupted(p)
     for ax, attacked in zip(axes[:2], (False, True)):
         for i, (rule, opt) in enumerate(arms):
@@ -332,8 +425,9 @@ def plot(finals: dict[Cell, Final], est: dict[Key, Estimate], p: Preset, path: P
             if e is None:
                 continue
             err = 100 * e.half_width if math.isfinite(e.half_width) else 0.0
-            ax.bar(i, 100 * e.mean, yerr=err, capsize=4, color=f"C{i}", label=f"{rule} + {opt}")
-        ax.set_xticks(range(len(arms)), [f"{r}\n{o}" for r, o in arms], fontsize=8)
+            ax.bar(i, 100 * e.mean, yerr=err, capsize=3, color=_colour(opt), hatch=_HATCHES[_rule(p, rule)],
+                   edgecolor="white", label=f"{rule} + {opt}")
+        ax.set_xticks(range(len(arms)), [f"{r}\n{o}" for r, o in arms], fontsize=7, rotation=60)
         ax.set_title(f"{p.attack} in {k} of {p.rounds} rounds" if attacked else "no attack")
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3, axis="y")
@@ -342,15 +436,16 @@ def plot(finals: dict[Cell, Final], est: dict[Key, Estimate], p: Preset, path: P
     for t in range(p.rounds):
         if active(p, t):
             ax.axvline(t, color="r", alpha=0.15, lw=2)
-    for i, (rule, opt) in enumerate(arms):
+    for rule, opt in arms:
         pts = _curves(finals, (rule, opt, True))
         if not pts:
             continue
         xs, means = [r for r, _ in pts], [100 * e.mean for _, e in pts]
         lo = [100 * (e.low if math.isfinite(e.low) else e.mean) for _, e in pts]
         hi = [100 * (e.high if math.isfinite(e.high) else e.mean) for _, e in pts]
-        ax.plot(xs, means, marker="o", ms=3, color=f"C{i}", label=f"{rule} + {opt}")
-        ax.fill_between(xs, lo, hi, color=f"C{i}", alpha=0.15)
+        ax.plot(xs, means, marker="o", ms=3, color=_colour(opt), ls=_STYLES[_rule(p, rule)],
+                label=f"{rule} + {opt}")
+        ax.fill_between(xs, lo, hi, color=_colour(opt), alpha=0.15)
     ax.set_xlabel("round (red: attacked rounds)")
     ax.set_ylabel("test accuracy %")
     ax.set_title("under attack, by round")
@@ -358,8 +453,8 @@ def plot(finals: dict[Cell, Final], est: dict[Key, Estimate], p: Preset, path: P
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.suptitle(f"{p.model} on {p.dataset}, n = {p.workers}, b = {p.byzantine}; robust-online: told k = {budget(p)}, "
-                 f"G = {p.gradient_bound:g}, ε = {p.online_scale:g}; SGD lr {p.lr:g}; {len(p.seeds)} seeds "
-                 "(95 % intervals)")
+                 f"G = {p.gradient_bound:g}, ε = {p.online_scale:g}; SGD lr {p.lr:g}; clipped-sgd: clip G, lr "
+                 f"{p.clipped_lr:g}; {len(p.seeds)} seeds (95 % intervals)")
     fig.tight_layout()
     return save_figure(fig, path, dpi=110)
 
@@ -378,13 +473,17 @@ def report_markdown(
         f"b = {p.byzantine} workers run {p.attack} {p.attack_params} in k = {k} of the {p.rounds} rounds "
         f"(`intermittent`, every {p.every}th round from round {p.start}) and replay honest rows in the others. "
         f"Rules: the mean with f = 0, robust rules with f = {p.f}. Server optimizers: SGD with lr {p.lr:g}; "
-        f"robust-online (Zhang & Cutkosky, ICML 2025; docs/online.md) with corruptions = {budget(p)}, gradient_bound = "
-        f"{p.gradient_bound:g} and scale ε = lr = {p.online_scale:g} — told k in the unattacked runs too. "
-        "(The quick preset's SGD lr and robust-online's G and ε are the best of a small sweep each, on seed 100 "
-        "without attack, which is not among the seeds reported: docs/online.md.) "
+        f"robust-online (Zhang & Cutkosky, ICML 2025; docs/online.md) with corruptions = {budget(p)}, "
+        f"gradient_bound = {p.gradient_bound:g} and scale ε = lr = {p.online_scale:g} — told k in the unattacked runs "
+        f"too; the controls: clipped-sgd (the aggregate clipped to the same G, lr {p.clipped_lr:g}), undefended-online "
+        "(the learner told k = 0: no regulariser), undefended-tuned (told k = 0, with its own G = "
+        f"{p.undefended_bound:g} and ε = {p.undefended_scale:g}) and online-no-k (told k = 1: the regulariser's "
+        f"weight c = 2G without k). Arms run: {', '.join(p.arms)}. (The quick preset's SGD and clipped-sgd lr, "
+        "robust-online's G and ε and undefended-tuned's are the best of a small sweep each, on seed 100 without "
+        "attack, which is not among the seeds reported: docs/online.md.) "
         f"Seeds {list(p.seeds)}. Cells: final test accuracy %, mean ± 95 % Student-t half-width over the seeds.", "",
         "## Final test accuracy %", "", accuracy_markdown(est, p), "",
-        "## Paired by seed (a − b, points)", "", comparisons_markdown(cs), "",
+        "## Paired by seed (a − b, points; p-values Holm-adjusted over every line)", "", comparisons_markdown(cs), "",
         "## Readout", "", readout(cs, p), "",
     ]
     return "\n".join(parts)
@@ -397,8 +496,9 @@ class CorruptedRounds(ModuleStudy[Preset, Cell, Final]):
     name = "corrupted-rounds"
     help = ("An attack that succeeds only now and then (active in k of T rounds) and a second line of defence after "
             "aggregation: server SGD vs the corruption-robust online learner (robust-online; Zhang & Cutkosky, ICML "
-            "2025), each behind the mean and robust rules, with and without the attack — what the learner buys and "
-            "what it costs. Tables with intervals, paired differences, plot.")
+            "2025), each behind the mean and robust rules, with and without the attack, beside the controls (SGD on "
+            "the aggregate clipped to the same G, the learner without its robustness term) — what the learner buys, "
+            "what clipping alone buys, what each costs. Tables with intervals, Holm-adjusted paired differences, plot.")
     preset_type = Preset
     presets = PRESETS
     out = "runs/corrupted-rounds-quick"

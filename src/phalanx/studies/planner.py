@@ -425,6 +425,24 @@ def to_csv(rows: list[Row], plan: Plan) -> str:
     return buf.getvalue()
 
 
+def point_labels(rows: list[Row]) -> list[tuple[float, float, str]]:
+    """One label per drawn point of :func:`plot` (in %): ``f=K`` alone, and the settings of points that coincide at
+    the table's precision (0.1 point) in one label — ``mean = cwtm f=4`` — instead of labels printed over each
+    other (a robust setting that lands on the mean is hidden under its star otherwise)."""
+    groups: dict[tuple[float, float], list[Row]] = {}
+    for r in rows:
+        if r.worst is not None:
+            groups.setdefault((round(100 * r.no_attack, 1), round(100 * r.worst, 1)), []).append(r)
+    out = []
+    for (x, y), members in groups.items():
+        if len(members) == 1:
+            text = f"f={members[0].f_label}"
+        else:
+            text = " = ".join("mean" if m.rule == "mean" else f"{m.rule} f={m.f_label}" for m in members)
+        out.append((x, y, text))
+    return out
+
+
 def plot(rows: list[Row], plan: Plan, rec: Recommendation, path: Path) -> Path | None:
     """No-attack accuracy (x) against worst-case accuracy under attack (y), one point per (rule, f)."""
     if plan.expect == 0:
@@ -444,12 +462,12 @@ def plot(rows: list[Row], plan: Plan, rec: Recommendation, path: Path) -> Path |
                 linestyle="-" if len(pts) > 1 else "none", color="k" if baseline else f"C{i}",
                 label="mean (no defence)" if baseline else rule)
         for r in pts:
-            ax.annotate(f"f={r.f_label}", (100 * r.no_attack, 100 * (r.worst or 0)), fontsize=7,
-                        textcoords="offset points", xytext=(4, 3))
             if r.no_attack_ci is not None and r.worst_ci is not None:
                 ax.errorbar([100 * r.no_attack], [100 * (r.worst or 0)], xerr=[100 * r.no_attack_ci.half_width],
                             yerr=[100 * r.worst_ci.half_width], fmt="none", ecolor="k" if baseline else f"C{i}",
                             alpha=0.5, capsize=2)
+    for x, y, text in point_labels(rows):
+        ax.annotate(text, (x, y), fontsize=7, textcoords="offset points", xytext=(4, 3))
     picked = next(r for r in rows if (r.rule, r.f) == (rec.rule, rec.f))
     if picked.worst is not None:
         ax.scatter([100 * picked.no_attack], [100 * picked.worst], s=200, facecolors="none", edgecolors="k",

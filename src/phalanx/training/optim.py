@@ -15,6 +15,7 @@ one check against the run (:meth:`ServerOptimizer.check`), its state (checkpoint
 
 from __future__ import annotations
 
+import math
 from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
@@ -29,7 +30,7 @@ from phalanx.plugins import Registry, check_params
 from phalanx.training.stages.base import Plan, Stage
 from phalanx.validate import check_int, check_real
 
-__all__ = ["SGD", "Adam", "RobustOnline", "ServerOptimizer", "build", "make", "names", "register"]
+__all__ = ["SGD", "Adam", "ClippedSGD", "RobustOnline", "ServerOptimizer", "build", "make", "names", "register"]
 
 Opt = TypeVar("Opt")
 
@@ -168,6 +169,46 @@ class Adam(ServerOptimizer):
         self.t = int(state["step"].reshape(-1)[0])
 
 
+class ClippedSGD(SGD):
+    r"""SGD on the aggregate clipped to norm G: the step of :class:`SGD` (momentum and weight decay included) taken
+    along
+
+    .. math:: \bar a_t = a_t\,\min\!\big(1,\ G/\|a_t\|\big),
+
+    so a round moves θ by at most η·G (without momentum) however large the aggregate. Norm clipping of the update is
+    Pascanu, Mikolov & Bengio ("On the difficulty of training recurrent neural networks", ICML 2013, §3.2); here it
+    is the control a reviewer asks for beside ``robust-online``, which clips the aggregate to the same G before its
+    learner sees it (docs/online.md, the corrupted-rounds study): what clipping alone buys.
+
+    - ``clip`` (G > 0): the norm the aggregate is clipped to.
+    - ``momentum``, ``weight_decay``, ``nesterov``: as :class:`SGD` (server momentum is taken after clipping).
+
+    A Byzantine majority may make the aggregate anything: its norm and the scaling are computed in float64 (finite
+    float32 entries never overflow them), and a non-finite aggregate (NaN, ±Inf) is skipped — the round steps as if
+    the aggregate were 0 — as ``robust-online`` does. State: SGD's (the momentum buffer).
+    """
+
+    name: ClassVar[str] = "clipped-sgd"
+
+    def __init__(self, clip: float = 1.0, momentum: float = 0.0, weight_decay: float = 0.0,
+                 nesterov: bool = False) -> None:
+        self.clip = check_real("clip", clip, low=0.0, low_open=True)
+        super().__init__(momentum, weight_decay, nesterov)
+
+    def params(self) -> dict[str, Any]:
+        return {"clip": self.clip, **super().params()}
+
+    def step(self, theta: Tensor, direction: Tensor, lr: float) -> Tensor:
+        norm = float(torch.linalg.vector_norm(direction, dtype=torch.float64))
+        if not math.isfinite(norm):
+            clipped = torch.zeros_like(direction)
+        elif norm > self.clip:  # scaled in float64: clip/norm may be below float32's normal range
+            clipped = (direction.to(torch.float64) * (self.clip / norm)).to(direction.dtype)
+        else:
+            clipped = direction
+        return super().step(theta, clipped, lr)
+
+
 class RobustOnline(ServerOptimizer):
     r"""The corruption-robust online learner (Zhang & Cutkosky, "Unconstrained robust online convex optimization",
     ICML 2025; :func:`phalanx.online.robust.robust`, docs/online.md) as the server optimizer: a second line of
@@ -275,6 +316,7 @@ def _accept(obj: Any, name: str) -> Any:
 _REGISTRY: Registry[Any] = Registry("server_optimizer", "phalanx.optimizers", _accept)
 _REGISTRY.register(SGD)
 _REGISTRY.register(Adam)
+_REGISTRY.register(ClippedSGD)
 _REGISTRY.register(RobustOnline)
 
 

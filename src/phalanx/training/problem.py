@@ -34,7 +34,12 @@ Loss = Callable[[Tensor, Tensor], Tensor]
 
 @dataclass(frozen=True)
 class ParamLayout:
-    """Names, shapes and offsets of a model's parameters inside the flat vector θ."""
+    """Names, shapes and offsets of a model's *trainable* parameters inside the flat vector θ.
+
+    A parameter with ``requires_grad = False`` (a pre-trained base under LoRA adapters, :mod:`phalanx.models.hf`)
+    is not in θ: it never travels, is never aggregated, and :func:`torch.func.functional_call` reads it from the
+    one model of the process (so the frozen base is held once, however many workers there are). A model whose
+    parameters all require gradients — every built-in — has the layout it always had."""
 
     names: tuple[str, ...]
     shapes: tuple[torch.Size, ...]
@@ -46,6 +51,8 @@ class ParamLayout:
         names, shapes, offsets = [], [], []
         off = 0
         for name, p in model.named_parameters():
+            if not p.requires_grad:
+                continue
             names.append(name)
             shapes.append(p.shape)
             offsets.append(off)
@@ -94,8 +101,9 @@ class Problem:
         return self.layout.dim
 
     def initial_theta(self) -> Tensor:
-        """The model's current parameters as one flat vector (a copy)."""
-        return torch.cat([p.detach().reshape(-1) for p in self.model.parameters()]).clone()
+        """The model's current trainable parameters as one flat vector (a copy)."""
+        params = dict(self.model.named_parameters())
+        return torch.cat([params[n].detach().reshape(-1) for n in self.layout.names]).clone()
 
     def _loss(self, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
         logits = functional_call(self.model, (params, self.buffers), (x,))

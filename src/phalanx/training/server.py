@@ -152,6 +152,7 @@ class Server:
         self._reference = "reference" in keys
         self._generator = "generator" in keys
         self._ids = "ids" in keys
+        self._theta = "theta" in keys
 
     def context(self, theta: Tensor, previous: Tensor | None) -> dict[str, Any]:
         """The rule's context of the round at θ (centre, reference gradient, generator — what the rule accepts)."""
@@ -165,6 +166,8 @@ class Server:
             context["reference"] = self.problem.grads(theta, x[None], y[None])[0]
         if self._generator:
             context["generator"] = self.generator
+        if self._theta:  # LoRA adapters aggregated per layer update (phalanx.aggregators.lora): the global factors
+            context["theta"] = theta
         return context
 
     def rule_for_missing(self, missing: int, received: int) -> Aggregator:

@@ -5,7 +5,9 @@ sees, the registry of names); the built-ins are a module each — :mod:`~phalanx
 (distributed SGD with worker momentum), :mod:`~phalanx.training.algorithms.fedavg` (federated averaging, FedProx,
 FedBN through :mod:`~phalanx.training.algorithms.fedbn`), :mod:`~phalanx.training.algorithms.scaffold` (SCAFFOLD),
 :mod:`~phalanx.training.algorithms.gossip` (decentralized SGD and Decentralized Anytime SGD; one node alone in
-:mod:`~phalanx.training.algorithms.gossip_node`).
+:mod:`~phalanx.training.algorithms.gossip_node`); the buffered asynchronous ones on a simulated clock —
+:mod:`~phalanx.training.algorithms.fedbuff` (FedBuff) and :mod:`~phalanx.training.algorithms.basgd` (BASGD), over
+:mod:`~phalanx.training.algorithms.asynchronous` and :mod:`~phalanx.training.algorithms.clock`.
 """
 
 from phalanx.training.algorithms.base import RoundAlgorithm, Run, register

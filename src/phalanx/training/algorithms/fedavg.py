@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators.base import Aggregator
+from phalanx.aggregators.lora import AdapterUpdates
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.errors import ConfigError
 from phalanx.training.algorithms.base import RoundAlgorithm, built_in_params
@@ -52,6 +53,7 @@ from phalanx.training.schedule import LRSchedule
 from phalanx.training.server import BoundRule
 from phalanx.training.shards import sample_batches_of
 from phalanx.training.stages.base import Stage, WorkerStages
+from phalanx.training.stages.lora import LoraResidual
 from phalanx.training.stages.norm_stats import PoolStats
 from phalanx.training.state import Received, RoundState, SlotPlan
 from phalanx.training.streams import restored
@@ -142,9 +144,14 @@ class FedAvg(RoundAlgorithm):
 
     def stages(self, exp: Run) -> tuple[Stage, ...]:
         """A model with BatchNorm / Hybrid BN statistics: the server stage that pools the statistics the clients
-        measure and blends them in with momentum ``stats_momentum`` (:mod:`phalanx.training.stages.norm_stats`)."""
+        measure and blends them in with momentum ``stats_momentum`` (:mod:`phalanx.training.stages.norm_stats`).
+        A rule aggregating LoRA adapters per layer update: the stage that records its truncation residual
+        (:mod:`phalanx.training.stages.lora`)."""
         norm = exp.problem.norm_stats
-        return () if norm is None else (PoolStats(norm, self.stats_momentum),)
+        out: tuple[Stage, ...] = () if norm is None else (PoolStats(norm, self.stats_momentum),)
+        if isinstance(exp.rule, AdapterUpdates):  # LoRA adapters aggregated per layer update: record the truncation
+            out += (LoraResidual(exp.rule),)
+        return out
 
     def make_server(self, exp: Run, generator: torch.Generator) -> Any:
         """The standard server; with a FedBN model, one whose rule sees the shared coordinates only (a coordinate

@@ -1,0 +1,83 @@
+"""What every command group of the command line shares: the ``phalanx`` app and its sub-apps, the consoles
+(stdout, and stderr for progress when ``--format`` asks for tables alone), number formatting and references."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+
+from phalanx import __version__
+from phalanx.cli.output import Tabular
+from phalanx.distributed import cli as distributed_cli
+
+if TYPE_CHECKING:
+    pass
+
+
+
+app = typer.Typer(
+    name="phalanx", help="Byzantine-robust distributed learning: robust aggregators, attacks, price of robustness.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    suggest_commands=False,  # click suggests the closest command itself: typer's own made it say so twice
+)
+list_app = typer.Typer(help="List what Phalanx provides.", no_args_is_help=True)
+app.add_typer(list_app, name="list")
+
+
+
+
+def _console() -> Console:
+    """The CLI's console. Rich wraps everything to 80 columns when standard output is not a terminal (a pipe, a log,
+    a batch job): table headers shrank to "co…" and rows wrapped onto five lines. There — unless ``COLUMNS`` says
+    how wide — tables keep their natural width and no line is wrapped."""
+    out = Console()
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out = Console(width=PIPE_WIDTH)
+    return out
+
+
+PIPE_WIDTH = 100_000
+"""The console's width when standard output is not a terminal: wider than any table, so none is cut or wrapped."""
+console = _console()
+_STDERR = Console(stderr=True, width=None if Console(stderr=True).is_terminal else PIPE_WIDTH)
+"""Where a command's progress and notes go when ``--format`` asks for its tables alone on stdout."""
+app.command("launch")(distributed_cli.launch)
+app.add_typer(distributed_cli.keys_app, name="keys")
+app.command("audit")(distributed_cli.audit)
+
+
+def _fmt(v: float | None, digits: int = 3) -> str:
+    if v is None:
+        return "—"
+    if v != v or v == float("inf"):
+        return "∞" if v == float("inf") else "nan"
+    return f"{v:.{digits}g}"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        console.print(f"phalanx {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True,
+                                          callback=_print_version)] = False,
+) -> None:
+    """Byzantine-robust distributed learning: robust aggregators, attacks, price of robustness."""
+
+
+def _references(table: Tabular, rows: list[tuple[list[str], str]], fmt: str) -> None:
+    """Fill ``table`` with ``rows`` (cells, reference), each row ending in its reference's number ``[k]``
+    (identical references share one), and add the numbered references to its notes, printed below the table: a
+    reference folded into a narrow column takes 5-10 lines at 80 columns, a list under the table one or two. In csv
+    and json (data, without notes) the cell holds the reference itself."""
+    numbers: dict[str, int] = {}
+    for cells, reference in rows:
+        k = numbers.setdefault(reference, len(numbers) + 1)
+        table.add(*cells, reference if fmt in ("csv", "json") else f"[{k}]")
+    table.notes[:0] = [f"[{k}] {ref}" for ref, k in numbers.items()]

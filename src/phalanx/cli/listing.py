@@ -1,0 +1,129 @@
+"""``phalanx list …``: what Phalanx provides — aggregators, attacks, round algorithms, stages, data sets, models."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from phalanx import aggregators
+from phalanx.cli.common import _fmt, _references, console, list_app
+from phalanx.cli.output import FormatOption, Tabular, check_format, emit
+from phalanx.errors import ConfigError, PhalanxError
+
+
+@list_app.command("aggregators")
+def list_aggregators(
+    workers: Annotated[int, typer.Option("--workers", "-n", min=1, help="n, for the ε and κ columns.")] = 16,
+    f: Annotated[int, typer.Option("--f", "-f", min=0, help="f, the number of Byzantine workers tolerated.")] = 3,
+    fmt: FormatOption = "table",
+) -> None:
+    """Rules and pre-aggregators with their requirement on n, ε and κ at (n, f), and their references."""
+    fmt = check_format(fmt)
+    if 2 * f >= workers:
+        raise ConfigError("--f", f, f"< n/2 = {workers / 2:g} with -n {workers} (f ≥ n/2 is beyond any robust rule)")
+    table = Tabular(f"Phalanx aggregators (ε, κ at n={workers}, f={f})",
+                    ("name", "kind", "requirement", "ε", "κ", "ref."), whole=("name",))  # names stay whole (grep-able)
+    rows: list[tuple[list[str], str]] = []
+    for name in aggregators.names():
+        cls = aggregators.get_class(name)
+        try:
+            comp = cls(f=f)
+        except PhalanxError as exc:
+            rows.append(([name, "?", str(exc), "", ""], cls.reference))
+            continue
+        info = comp.describe(workers)
+        rows.append(([name, info["kind"], info["requirement"], _fmt(info.get("epsilon")), _fmt(info.get("kappa"))],
+                     info["reference"]))
+    from phalanx.decentralized import robust_gossip
+
+    for name in robust_gossip.names():  # a node's rule over its graph neighbourhood
+        rows.append(([name, "gossip", "gossip only; 2f+1 ≤ deg+1", "", ""], robust_gossip.get_class(name).reference))
+    _references(table, rows, fmt)
+    table.notes.append(f"ε, κ: the values the literature proves (— where none; describe() names each statement). "
+                       f"`phalanx epsilon SPEC -n {workers} --f {f}` and `phalanx kappa SPEC -n {workers} -f {f}` "
+                       "measure certified lower bounds.")
+    emit(table, fmt, console)
+
+
+
+
+@list_app.command("attacks")
+def list_attacks(fmt: FormatOption = "table") -> None:
+    """Attacks with their reference."""
+    from phalanx import attacks
+    from phalanx.attacks.base import DataAttack
+
+    fmt = check_format(fmt)
+    table = Tabular("Phalanx attacks", ("name", "kind", "ref."))
+
+    def kind(cls: type) -> str:
+        if getattr(cls, "baseline", False):  # honest, none: no attack at all
+            return "baseline: no attack (" + ("real gradients on own data" if issubclass(cls, DataAttack)
+                                             else "replays honest rows") + ")"
+        return "data: poisons its batches" if issubclass(cls, DataAttack) else "vector: sends rows"
+
+    rows = [([name, kind(attacks.get_class(name))], attacks.get_class(name).reference) for name in attacks.names()]
+    from phalanx.decentralized import gossip_attacks
+
+    rows += [([name, "vector, over a graph (gossip, anytime)"], gossip_attacks.get_class(name).reference)
+             for name in gossip_attacks.names()]
+    _references(table, rows, fmt)
+    emit(table, fmt, console)
+
+
+@list_app.command("algorithms")
+def list_algorithms(fmt: FormatOption = "table") -> None:
+    """The round algorithms a config's ``algorithm`` names: how each is configured, and what it is (its reference
+    where it declares one, else its docstring's first line)."""
+    from phalanx.training.algorithms import base, builtin
+
+    fmt = check_format(fmt)
+    table = Tabular("Phalanx round algorithms", ("name", "configured by", "ref."), whole=("name",))
+    rows = []
+    for name in base.names():
+        cls = builtin.algorithm_class(name)
+        how = "its config keys" if name in builtin.BUILT_IN else "algorithm_params"
+        doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+        rows.append(([name, how], str(getattr(cls, "reference", "") or doc or "—")))
+    _references(table, rows, fmt)
+    emit(table, fmt, console)
+
+
+@list_app.command("stages")
+def list_stages(fmt: FormatOption = "table") -> None:
+    """The round's stages (docs/design.md, 'Stages'): each with its side, how a config turns it on, its config
+    section (its parameters) and its reference."""
+    from phalanx.experiments import legacy
+    from phalanx.training.stages import registry
+
+    fmt = check_format(fmt)
+    table = Tabular("Phalanx stages", ("name", "side", "turned on by", "section: its parameters", "ref."),
+                    whole=("name",))
+    rows = []
+    for name in registry.names():
+        cls = registry.get(name)
+        on = cls.brought_by or legacy.FLAT_STAGES.get(name) or f"{legacy.TREE}.{name} (a TOML table)"
+        section = "\n".join(f"{p}: {text}" for p, text in cls.parameters.items()) or "—"
+        rows.append(([name, cls.side, on, section], cls.reference or "—"))
+    _references(table, rows, fmt)
+    emit(table, fmt, console)
+
+
+@list_app.command("datasets")
+def list_datasets(fmt: FormatOption = "table") -> None:
+    """Data sets Phalanx can load."""
+    from phalanx import data
+
+    emit(Tabular("Phalanx data sets", ("name",), [[name] for name in data.names()]), check_format(fmt), console)
+
+
+@list_app.command("models")
+def list_models(fmt: FormatOption = "table") -> None:
+    """Models Phalanx can build: the registry's, then the pre-trained transformers with LoRA adapters (``hf:NAME``:
+    the embedded ones, or a local directory / a model in the Hugging Face cache; docs/lora.md)."""
+    from phalanx import hub, models
+
+    rows = [[name] for name in models.names()]
+    rows += [[hub.PREFIX + name] for name in sorted(hub.EMBEDDED)] + [[hub.PREFIX + "DIR"], [hub.PREFIX + "ORG/NAME"]]
+    emit(Tabular("Phalanx models", ("name",), rows), check_format(fmt), console)

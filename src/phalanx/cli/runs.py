@@ -1,0 +1,465 @@
+"""Training from the command line: ``phalanx run``, ``phalanx sweep``, ``phalanx report``, ``phalanx status`` —
+a grid's progress, its estimate before it starts, its summary and trade-off tables."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from phalanx.cli.common import _STDERR, _fmt, app, console
+from phalanx.cli.output import FormatOption, Tabular, check_format, emit, emit_all
+from phalanx.distributed import cli as distributed_cli
+from phalanx.errors import ConfigError
+from phalanx.executor_cli import ExecutorChoice, executor_options
+
+if TYPE_CHECKING:
+
+    from phalanx.experiments.config import RunConfig
+
+
+def _load_grid(config: Path | None, overrides: list[str]) -> dict[str, object]:
+    from phalanx.experiments.config import load_grid
+
+    return load_grid(config, overrides)
+
+
+def _check_out(out: Path) -> None:
+    """``--out`` must be (or become) a directory: an :class:`OutputError` before anything runs if it, or a folder
+    above it, is an existing file."""
+    from phalanx.errors import OutputError
+
+    blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise OutputError(str(out), f"{blocker} is a file, not a directory", "choose another --out, or move that "
+                          "file away")
+
+
+def _stdout_is_terminal() -> bool:
+    """Whether the console writes to a terminal (a TTY), whatever ``FORCE_COLOR`` says: only there may a progress
+    bar redraw itself."""
+    try:
+        return bool(console.file.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+class _LogProgress:
+    """Progress of a grid as plain lines, for a log (stdout not a terminal: a batch job, a pipe): never a
+    carriage-return redraw. A line when a run ends (``[12:00:05] done: cwtm / alie (RUN): 37/120 rounds (30 %), 2/4
+    runs done, ETA 0:02:10``), and between those a progress line every ``every_s`` seconds or every ``step`` of
+    the grid's rounds, whichever comes first (none while no round was trained since the last line); runs skipped as
+    already ended are counted in one line.
+
+    The ETA extrapolates the rounds trained by this command (not those found done: skipped runs, the rounds before a
+    resumed run's checkpoint; nor those a failed or diverged run left) over the rounds left. ``clock`` gives seconds
+    (monotonic), ``echo`` prints a line."""
+
+    def __init__(self, runs: dict[str, int], *, every_s: float = 60.0, step: float = 0.1,
+                 clock: Callable[[], float] = time.monotonic, echo: Callable[[str], None] = typer.echo) -> None:
+        self.rounds = runs  # run id → its rounds (distinct runs)
+        self.total = max(1, sum(runs.values()))
+        self.every_s, self.step, self.clock, self.echo = every_s, step, clock, echo
+        self.done: dict[str, int] = {}
+        self.ended: set[str] = set()
+        self.before = 0  # rounds done before this command: not part of the rate
+        self.skipped: dict[str, int] = {}
+        self.start = self.last_time = clock()
+        self.last_rounds = 0
+        self.next_mark = step * self.total
+
+    def _completed(self) -> int:
+        return sum(self.done.values())
+
+    def _state(self) -> str:
+        done = self._completed()
+        pct = int(100 * done / self.total)
+        text = f"{done}/{self.total} rounds ({pct} %), {len(self.ended)}/{len(self.rounds)} runs done"
+        elapsed = self.clock() - self.start
+        if done >= self.total:
+            return text + f", in {_duration(elapsed)}"
+        return text + f", ETA {_eta(elapsed, done, self.total, self.before)}"
+
+    def _line(self, text: str) -> None:
+        self.echo(f"[{time.strftime('%H:%M:%S')}] {text}")
+        done = self._completed()
+        self.last_time, self.last_rounds = self.clock(), done
+        while self.next_mark <= done:
+            self.next_mark += self.step * self.total
+
+    def _flush_skipped(self) -> None:
+        if self.skipped:
+            parts = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items()))
+            self.skipped = {}
+            self._line(f"skipped, already ended: {parts}; {self._state()}")
+
+    def round(self, key: str, t: int) -> None:
+        if key in self.ended:
+            return
+        if key not in self.done:  # the first round this command trains: the rounds before it were done earlier
+            self.before += max(0, t - 1)
+        self.done[key] = max(t, self.done.get(key, 0))
+        self._flush_skipped()
+        done = self._completed()
+        if done >= self.total:  # the last run's own line follows
+            return
+        if done > self.last_rounds and (done >= self.next_mark or self.clock() - self.last_time >= self.every_s):
+            self._line(self._state())
+
+    def run_ended(self, key: str, label: str, status: str) -> None:
+        if key in self.ended:
+            return
+        if status != "done":  # skipped, failed, diverged, busy: its rounds left were not trained here
+            self.before += self.rounds[key] - self.done.get(key, 0)
+        self.done[key] = self.rounds[key]
+        self.ended.add(key)
+        if status.startswith("skipped"):
+            why = status.removeprefix("skipped").strip(" ()") or "skipped"
+            self.skipped[why] = self.skipped.get(why, 0) + 1
+            return
+        self._flush_skipped()
+        self._line(f"{status}: {label} ({key}): {self._state()}")
+
+    def close(self) -> None:
+        self._flush_skipped()
+
+
+def _eta(elapsed: float, done: int, total: int, before: int) -> str:
+    """The time left, extrapolated from the rounds this command trained (``done − before``: not the rounds found
+    done — skipped runs, the rounds before a resumed run's checkpoint — which would make a resumed grid look fast),
+    or "unknown" before the first one."""
+    trained = done - before
+    if trained <= 0 or elapsed <= 0:
+        return "unknown"
+    return _duration(elapsed / trained * max(0, total - done))
+
+
+def _trained_eta() -> Any:
+    """A progress-bar column: :func:`_eta` from the task's elapsed time and its ``before`` field (the rounds found
+    done), instead of rich's own estimate, which counts a resumed run's jump as speed (rich imported here, late)."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class TrainedETA(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            before = int(task.fields.get("before", 0))
+            return Text(f"ETA {_eta(task.elapsed or 0.0, int(task.completed), int(task.total or 0), before)}")
+
+    return TrainedETA()
+
+
+def _duration(seconds: float) -> str:
+    """Seconds as H:MM:SS."""
+    s = max(0, round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def _short(cfg: RunConfig) -> str:
+    """A run's name on a progress line: its rule and attack (and, for a decentralized run, its algorithm, graph and
+    number of nodes)."""
+    from phalanx.experiments.config import DECENTRALIZED
+
+    where = f" ({cfg.algorithm}, {cfg.graph}, n={cfg.workers})" if cfg.algorithm in DECENTRALIZED else ""
+    return f"{cfg.aggregator} / {cfg.attack}{where}"
+
+
+def _train(
+    cfgs: list[RunConfig], out: Path, jobs: int, executor: ExecutorChoice | None = None,
+    slurm_table: dict[str, Any] | None = None, *, plain: bool = False,
+) -> None:
+    """Run validated configurations into ``out`` (finished runs skipped) under a rich progress bar with ETA, on the
+    executor the command line chose (``slurm_table``: the grid config's ``[slurm]`` settings). When stdout is not a
+    terminal (a batch job's log, a pipe) the progress is plain lines instead (:class:`_LogProgress`); with
+    ``plain`` (a table format asked for: stdout holds the tables alone) plain lines on stderr.
+
+    The first SIGINT (Ctrl-C) or SIGTERM stops the grid cleanly (:class:`~phalanx.experiments.runner.Interrupted`:
+    one line, exit status 130 or 143); the same command, started again, resumes.
+    """
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from phalanx.experiments import grid, runner
+
+    _check_out(out)
+    choice = executor or ExecutorChoice()
+    chosen = choice.make(jobs, slurm_table)  # Slurm settings validated before anything runs
+    announce = None if choice.executor == "slurm" else functools.partial(_announce, jobs=jobs, err=plain)
+
+    if plain or not _stdout_is_terminal():
+        echo = functools.partial(typer.echo, err=True) if plain else typer.echo
+        log = _LogProgress({grid.run_id(c): c.rounds for c in cfgs}, echo=echo)
+        try:
+            with runner.stop_on_signals():
+                runner.run_grid(
+                    cfgs, out, executor=chosen, on_round=lambda cfg, t, rounds: log.round(grid.run_id(cfg), t),
+                    on_done=lambda cfg, status: log.run_ended(grid.run_id(cfg), _short(cfg), status), before=announce,
+                )
+        finally:
+            log.close()
+        return
+
+    total = sum(c.rounds for c in cfgs)
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} rounds"),
+               TimeElapsedColumn(), _trained_eta())
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task("training", total=total, before=0)
+        offsets: dict[str, int] = {}
+        before = [0]  # rounds found done (skipped runs, the rounds before a resumed checkpoint): not this speed
+
+        def on_round(cfg: RunConfig, t: int, rounds: int) -> None:
+            key = grid.run_id(cfg)
+            if key not in offsets:  # the first round this command trains: the ones before it were done earlier
+                before[0] += max(0, t - 1)
+            bar.advance(task, t - offsets.get(key, 0))
+            offsets[key] = t
+            bar.update(task, description=_short(cfg), before=before[0])
+
+        def on_done(cfg: RunConfig, status: str) -> None:
+            key = grid.run_id(cfg)
+            if status != "done":  # skipped, failed, diverged: its rounds left were not trained here
+                before[0] += cfg.rounds - offsets.get(key, 0)
+            bar.advance(task, cfg.rounds - offsets.get(key, 0))
+            offsets[key] = cfg.rounds
+            bar.update(task, before=before[0])
+
+        with runner.stop_on_signals():
+            runner.run_grid(cfgs, out, executor=chosen, on_round=on_round, on_done=on_done, before=announce)
+
+
+BUDGET_ENV = "PHALANX_BUDGET_MINUTES"
+"""The environment variable that sets how long a grid may be estimated to take before the command says so first."""
+DEFAULT_BUDGET_MINUTES = 5.0
+
+
+def _announce(todo: list[tuple[RunConfig, Path]], *, jobs: int, err: bool) -> None:
+    """Before the first run: when the grid's estimate (:func:`phalanx.experiments.estimate.estimate`) is over the
+    budget (``PHALANX_BUDGET_MINUTES``, default 5; ``off``: no estimate), one line saying so and how to make it
+    smaller. It does not stop the grid (a script's long run is no mistake): Ctrl-C stops it cleanly, and the same
+    command resumes."""
+    from phalanx.experiments import estimate
+
+    raw = os.environ.get(BUDGET_ENV, "")
+    if raw == "off":  # no estimate at all (the test suite's many small grids)
+        return
+    try:
+        budget = float(raw) if raw else DEFAULT_BUDGET_MINUTES
+    except ValueError:
+        raise ConfigError(BUDGET_ENV, raw, "a number of minutes, e.g. 30, or off") from None
+    if not math.isfinite(budget) or budget <= 0:
+        raise ConfigError(BUDGET_ENV, raw, "a number of minutes > 0")
+    guess = estimate.estimate(todo, jobs, _short)
+    if guess is None or guess.seconds <= 60 * budget:
+        return
+    (_STDERR if err else console).print(
+        f"[yellow]This grid should take {guess.text()}[/yellow] — over the {budget:g} min budget "
+        f"({BUDGET_ENV}). To make it smaller: fewer seeds or list values, fewer rounds (--set rounds=…), a smaller "
+        "preset (--preset quick), or more processes (--jobs); Ctrl-C stops it cleanly and the same command resumes.",
+        soft_wrap=True, highlight=False)
+
+
+def _devices(cfgs: list[RunConfig], executor: ExecutorChoice | None) -> str:
+    """Where the runs train, for the header: the resolved devices (``cpu``, ``cuda:0 (NVIDIA H200)``; a device this
+    machine lacks is the one-line error naming ``device``, before any run), or for a Slurm array the configs' own
+    (resolved on the nodes)."""
+    from phalanx.experiments.build import resolve_device
+    from phalanx.training import devices
+
+    if executor is not None and executor.executor == "slurm":
+        return "device " + ", ".join(sorted({c.device for c in cfgs})) + " (resolved on the Slurm nodes)"
+    return ", ".join(sorted({devices.label(resolve_device(c)) for c in cfgs}))
+
+
+def _split_slurm(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """A grid config without its ``[slurm]`` table, and the table (``None`` if there is none)."""
+    data = dict(data)
+    return data, data.pop("slurm", None)
+
+
+def _run_grid(
+    config: Path | None, overrides: list[str], out: Path, jobs: int, executor: ExecutorChoice | None = None,
+    fmt: str = "table",
+) -> None:
+    """Train the grid of a config: in this process's workers (``engine = "simulated"``), on a Slurm job array
+    (``--executor slurm``), or — ``engine = "torchrun"`` — one process per worker, exactly as ``phalanx launch``
+    does."""
+    from phalanx.errors import ConfigError
+    from phalanx.experiments import grid, report
+
+    data, slurm_table = _split_slurm(_load_grid(config, overrides))
+    cfgs = grid.configs(data)  # every point validated before anything runs
+    _check_out(out)
+    engines = {c.engine for c in cfgs}
+    if engines == {"torchrun"}:
+        if executor is not None and executor.executor != "local":
+            raise ConfigError("--executor", executor.executor, "local for engine = \"torchrun\" (one job per run: "
+                              "`phalanx launch` inside your own sbatch script)")
+        distributed_cli.launch(config=config, workers=None, set_=overrides, out=out)
+        return
+    if len(engines) > 1:
+        raise ConfigError("engine", sorted(engines), "one engine for the whole grid (run the torchrun points with "
+                          "`phalanx launch`)")
+    say = console if fmt == "table" else _STDERR  # with --format, stdout holds the tables alone
+    say.print(f"[bold]{len(cfgs)} run(s)[/bold] → {out} on {_devices(cfgs, executor)}")
+    _train(list(cfgs), out, jobs, executor, slurm_table, plain=fmt != "table")
+    result = report.write_report(out)
+    tables = [_summary_table(result)]
+    if result["tradeoff"]:
+        tables.append(_tradeoff_table(result["tradeoff"]))
+    if result.get("mixed"):
+        tables[0].notes.append(report.mixed_line(result["mixed"]).replace("**", ""))
+    emit_all(tables, fmt, console)
+    say.print(f"report: {out / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
+
+
+def _summary_table(result: dict[str, Any]) -> Tabular:
+    """A grid's final accuracy per setting (seeds pooled), best first, from :func:`report.write_report`'s result."""
+    several = any(s["seeds"] > 1 for s in result["summary"])
+    keys = result["keys"]
+    diverged = sum(s.get("diverged", 0) for s in result["summary"])
+    cols = [*keys, "final %", "agg. error", "Byz. share", "seeds"] + (["diverged"] if diverged else [])
+    title = "Final test accuracy (seeds pooled" + ("; ± the standard deviation over seeds)" if several else ")")
+    table = Tabular(title, cols, right=cols[len(keys):], compact=True)
+    for s in sorted(result["summary"], key=lambda s: -s["final_accuracy"]):
+        acc = f"{100 * s['final_accuracy']:.1f}" + (f" ± {100 * s['final_accuracy_std']:.1f}" if s["seeds"] > 1 else "")
+        table.add(*[str(s.get(k)) for k in keys], acc, _fmt(s["agg_error"]), _fmt(s["byz_share"], 2), s["seeds"],
+                  *([f"{s.get('diverged', 0)}/{s['seeds']}"] if diverged else []))
+    if diverged:
+        table.notes.append(f"{diverged} run(s) diverged (the model became non-finite; final accuracy counted as 0; "
+                           "`phalanx status` says at which round)")
+    return table
+
+
+def _tradeoff_table(tradeoffs: list[Any]) -> Tabular:
+    """The price and rescue of every robust rule against the mean (:func:`phalanx.experiments.report.tradeoff`),
+    each ± its half-width with its Holm-adjusted p, and the sentence saying what they are."""
+    from phalanx.experiments import report
+
+    keys = report.tradeoff_keys(tradeoffs)
+    cols = ["rule", *keys, "attack", "price (pts)", "p (price)", "rescue (pts)", "p (rescue)", "seeds", "verdict"]
+    table = Tabular("The price and rescue of robustness (vs mean, paired by seed)", cols, compact=True,
+                    right=("price (pts)", "p (price)", "rescue (pts)", "p (rescue)", "seeds"), wrap=("verdict",))
+    for t in report.sorted_tradeoffs(tradeoffs):
+        ctx = dict(t.context)
+        table.add(t.rule, *(str(ctx[k]) for k in keys), t.attack, report.points_pm(t.price),
+                  t.price.estimate.holm_text(), report.points_pm(t.rescue), t.rescue.estimate.holm_text(),
+                  len(t.seeds), t.verdict)
+    table.notes.append(report.TRADEOFF_MEANING.replace("*", ""))
+    return table
+
+
+FORCE_HELP = "Use run-directory files whose SHA-256 differs from their manifest's (changed since written)."
+
+
+TRACK_HELP = ("Also send every run to a tracker: tensorboard, mlflow, wandb, or NAME=URI (MLflow: a directory or a "
+              "server; TensorBoard / W&B: a directory). Repeatable; adds to the config's `tracking` "
+              "(docs/tracking.md).")
+
+
+def _tracked(config: Path | None, overrides: list[str], track: list[str] | None) -> list[str]:
+    """``--track`` as ``--set`` overrides (the names added to the config's ``tracking``), so that every path of a
+    grid — worker processes, Slurm tasks, torchrun ranks — reads them from the config."""
+    if not track:
+        return overrides
+    from phalanx.experiments import tracking
+
+    return [*overrides, *tracking.track_overrides(_load_grid(config, overrides), track)]
+
+
+def _force(force: bool) -> None:
+    """``--force``: the integrity checks of run directories let changed files through (here and in the worker
+    processes, which inherit the environment)."""
+    if force:
+        os.environ["PHALANX_FORCE"] = "1"
+
+
+@app.command()
+@executor_options
+def run(
+    config: Annotated[Path | None, typer.Argument(help="TOML config (default: the built-in default job).")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set f=2 (repeatable).")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/default"),
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel worker processes.")] = 1,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    track: Annotated[list[str] | None, typer.Option("--track", help=TRACK_HELP)] = None,
+    fmt: FormatOption = "table",
+    executor: ExecutorChoice | None = None,
+) -> None:
+    """Train: one run, or one per combination of the list-valued keys; print the comparison, write report + plots.
+
+    With engine = "torchrun" every worker is its own process, as with `phalanx launch`.
+    """
+    _force(force)
+    _run_grid(config, _tracked(config, set_ or [], track), out, jobs, executor, check_format(fmt))
+
+
+@app.command()
+@executor_options
+def sweep(
+    config: Annotated[Path, typer.Argument(help="TOML config; every list-valued key is a grid axis.")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key (repeatable).")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/sweep"),
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel worker processes.")] = 2,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    track: Annotated[list[str] | None, typer.Option("--track", help=TRACK_HELP)] = None,
+    fmt: FormatOption = "table",
+    executor: ExecutorChoice | None = None,
+) -> None:
+    """Run a grid in parallel processes or as a Slurm job array; finished runs are skipped, unfinished ones
+    resume."""
+    _force(force)
+    _run_grid(config, _tracked(config, set_ or [], track), out, jobs, executor, check_format(fmt))
+
+
+@app.command("report")
+def report_cmd(
+    directory: Annotated[Path, typer.Argument(help="A run or sweep output directory.")],
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+) -> None:
+    """Write report.md and PNG plots for the runs under a directory."""
+    from phalanx.errors import ConfigError
+    from phalanx.experiments import report
+
+    _force(force)
+    if not directory.is_dir():
+        raise ConfigError("DIR", str(directory), "an existing directory of runs (a run's or a sweep's --out)")
+    result = report.write_report(directory)
+    if result.get("incomplete"):
+        console.print(f"[bold yellow]{result['incomplete']}[/bold yellow]", soft_wrap=True)
+    console.print(f"{directory / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
+
+
+@app.command("status")
+def status_cmd(
+    directory: Annotated[Path, typer.Argument(help="A sweep's or experiment's output directory (its --out).")],
+    all_runs: Annotated[bool, typer.Option("--all", help="List finished runs too (default: the others).")] = False,
+    fmt: FormatOption = "table",
+) -> None:
+    """Every run of a grid: done, diverged, running (who), queued (Slurm), failed (the error), stopped, pending."""
+    from phalanx.errors import ConfigError
+    from phalanx.experiments import slurm, status
+
+    fmt = check_format(fmt)
+    if not directory.is_dir():
+        raise ConfigError("DIR", str(directory), "an existing directory of runs (a sweep's --out)")
+    base = directory / "runs" if (directory / "runs").is_dir() and not status.runs_of(directory) else directory
+    queued = slurm.queued_runs(base)
+    rows = status.grid_status(base, queued or {})
+    if not rows:
+        raise ConfigError("DIR", str(directory), "a directory a grid has written into (no runs found)")
+    table = Tabular(f"{base}: {len(rows)} runs", ("run", "status", "round", "detail"), right=("round",))
+    for r in rows:
+        if r.status == "done" and not all_runs:
+            continue
+        where = "—" if r.round is None else f"{r.round}/{r.rounds}" if r.rounds else str(r.round)
+        table.add(r.run, r.status, where, r.detail)
+    counts = status.counts(rows)
+    order = ("done", "diverged", "running", "queued", "stopped", "failed", "pending")
+    table.notes.append(", ".join(f"{counts[k]} {k}" for k in order if counts.get(k)))
+    if queued is None:
+        table.notes.append("(the Slurm queue could not be read: queued runs show as pending)")
+    emit(table, fmt, console)

@@ -1,0 +1,84 @@
+"""Where a pre-trained model named ``hf:NAME`` lies on this machine — never downloaded at run time.
+
+``NAME`` is, in this order:
+
+1. an embedded model (:data:`EMBEDDED`): shipped inside the package, so it needs no network — ``phalanx-bert-tiny``,
+   a 2-layer BERT-style encoder pre-trained here by masked language modelling on Shakespeare's plays (public
+   domain; ``scripts/pretrain_tiny_bert.py`` reproduces it);
+2. a local directory holding a ``transformers`` checkpoint (its ``config.json``);
+3. a model already in the Hugging Face cache (``$HF_HOME``, ``$HF_HUB_CACHE``), looked up with
+   ``local_files_only=True``: ``hf:sentence-transformers/all-MiniLM-L6-v2`` once ``hf download`` has fetched it.
+
+Anything else is one :class:`~phalanx.errors.ConfigError` naming the parameter (``model``, or the data set's
+``tokenizer``) before anything is loaded. ``transformers`` and ``peft`` are the optional extra ``phalanx[lora]``;
+a missing install is one line naming it.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+from phalanx.errors import ConfigError
+
+__all__ = ["EMBEDDED", "PREFIX", "is_hf", "require", "resolve"]
+
+PREFIX = "hf:"
+"""How a config names a pre-trained Hugging Face model: ``model = "hf:NAME"``."""
+EMBEDDED = {"phalanx-bert-tiny": Path(__file__).resolve().parent / "_hub" / "phalanx-bert-tiny"}
+"""The models shipped inside the package, by name."""
+
+
+def is_hf(name: object) -> bool:
+    """Whether ``name`` is an ``hf:NAME`` spec."""
+    return isinstance(name, str) and name.startswith(PREFIX)
+
+
+def require(parameter: str, *modules: str) -> None:
+    """Import ``modules`` (default: transformers and peft) or raise one line naming the extra that brings them."""
+    for module in modules or ("transformers", "peft"):
+        try:
+            import_module(module)
+        except ImportError:
+            raise ConfigError(parameter, module, "an installed package: pip install 'phalanx[lora]' (transformers and "
+                              "peft, for Hugging Face models with LoRA adapters)") from None
+
+
+def resolve(spec: str, parameter: str = "model") -> Path:
+    """The local directory of ``spec`` (``hf:NAME`` or a bare ``NAME``): embedded, a directory, or the Hugging Face
+    cache — never the network; a :class:`ConfigError` naming ``parameter`` when it is in none of them."""
+    if not isinstance(spec, str) or not spec.removeprefix(PREFIX).strip():
+        raise ConfigError(parameter, spec, "hf:NAME — an embedded model, a local directory or a model in the Hugging "
+                          "Face cache")
+    name = spec.removeprefix(PREFIX)
+    if name in EMBEDDED:
+        return EMBEDDED[name]
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(parameter, spec, f"a directory holding a transformers checkpoint (no config.json in "
+                              f"{path})")
+        return path
+    found = _cached(name)
+    if found is None:
+        raise ConfigError(
+            parameter, spec, "hf:NAME for an embedded model (" + ", ".join(sorted(EMBEDDED)) + "), a local directory "
+            "with config.json, or a model already in the Hugging Face cache (nothing is downloaded at run time)",
+            f"fetch it once (hf download {name}) or pass its directory",
+        )
+    return found
+
+
+def _cached(repo: str) -> Path | None:
+    """The snapshot directory of ``repo`` in the Hugging Face cache, or None (no network: ``local_files_only``)."""
+    if "/" not in repo or repo.count("/") > 1 or any(c.isspace() for c in repo):
+        return None
+    try:
+        hub: Any = import_module("huggingface_hub")
+    except ImportError:
+        return None
+    try:
+        return Path(hub.snapshot_download(repo, local_files_only=True))
+    except Exception:  # not in the cache (LocalEntryNotFoundError), or a name the hub client refuses
+        return None

@@ -1,0 +1,197 @@
+"""Pre-trained Hugging Face transformers with LoRA adapters, as Phalanx models: ``model = "hf:NAME"``.
+
+A sequence classifier (``transformers.AutoModelForSequenceClassification``) is loaded from a local checkpoint
+(:mod:`phalanx.hub`: an embedded model, a directory, or the Hugging Face cache — never downloaded here), and
+``peft`` puts LoRA adapters on its ``target_modules`` (Hu et al., "LoRA: Low-rank adaptation of large language
+models", ICLR 2022, Eq. 3): each adapted linear layer computes ``h = W₀x + (α/r)·B A x`` with the pre-trained ``W₀``
+frozen, ``A ∈ ℝ^{r×d_in}`` and ``B ∈ ℝ^{d_out×r}`` trained, ``B = 0`` at the start. The new classification head
+(``num_classes`` outputs) is trained too. Only the trainable tensors — the adapters and the head — are the
+model's θ: a frozen parameter is not in :class:`~phalanx.training.problem.ParamLayout`, never travels and is never
+aggregated; the base lives once in the process, shared by every simulated worker (``functional_call`` reads it from
+the module).
+
+``aggregation`` (a model parameter because mode ``"shared"`` changes the model) says how the server combines the
+adapters (:mod:`phalanx.aggregators.lora`):
+
+* ``"factors"`` — the rule on the flat vector of A and B, what FedIT / FlowerTune do (the baseline);
+* ``"update"`` — the rule on each adapted layer's update ΔWᵢ = BᵢAᵢ − BA, re-factorised to rank r by a truncated
+  SVD (FlexLoRA-style; Bai et al., NeurIPS 2024);
+* ``"shared"`` — A frozen and shared by every client, B alone trained (FFA-LoRA: Sun et al., ICLR 2024): ΔW = ΔB·A
+  is linear in B, so every rule on B is exact in ΔW. Here A's rows are made orthonormal (times a constant c), so
+  B ↦ BA is c times an isometry and a rule's ε and κ on B hold unchanged on ΔW (docs/lora.md).
+
+Inputs are token ids ``(B, L)`` (float32, exact integers, as a Phalanx data set stores them; the tokenizer shipped
+with the checkpoint makes them: ``dataset_params.tokenizer``). The attention mask is built from the padding token as
+a 4-D additive mask, so that no data-dependent branch of ``transformers``' mask helpers runs: per-worker gradients
+are one ``torch.func.vmap`` call. Dropout is set to 0 (it would draw from a random stream per call inside
+``vmap``); attention is the plain ("eager") implementation, which ``vmap`` batches.
+
+Bad parameters are one line naming them, checked on a ``meta``-device copy before any weight is loaded: an input
+longer than the model's positions, an unknown target module, a rank above a layer's smaller side.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from phalanx import hub
+from phalanx.errors import ConfigError
+from phalanx.validate import check_int, check_real
+
+__all__ = ["AGGREGATIONS", "AdapterClassifier", "build", "linear_layers"]
+
+AGGREGATIONS = ("factors", "update", "shared")
+"""The three ways the server combines LoRA adapters (module docstring; docs/lora.md)."""
+
+
+class AdapterClassifier(nn.Module):
+    """A ``peft``-wrapped sequence classifier as a pure function of token ids: ``(B, L)`` ids → ``(B, C)`` logits.
+
+    ``spec`` is the ``hf:NAME`` it was built from, ``aggregation`` the server's mode, ``rank`` and ``alpha`` the
+    adapters' r and α, ``pad_id`` the padding token (masked out), ``causal`` whether the model attends to the past
+    only (decoders: the mask is then causal as well).
+    """
+
+    def __init__(self, net: nn.Module, *, spec: str, aggregation: str, rank: int, alpha: float, pad_id: int,
+                 causal: bool) -> None:
+        super().__init__()
+        self.net = net
+        self.spec = spec
+        self.aggregation = aggregation
+        self.rank = rank
+        self.alpha = alpha
+        self.pad_id = pad_id
+        self.causal = causal
+
+    def forward(self, x: Tensor) -> Tensor:
+        ids = x.long()
+        dtype = next(p for p in self.net.parameters()).dtype
+        low = torch.finfo(dtype).min
+        keys = torch.where(ids != self.pad_id, 0.0, low).to(dtype)[:, None, None, :]  # (B, 1, 1, L)
+        if self.causal:
+            length = ids.shape[-1]
+            future = torch.ones(length, length, dtype=torch.bool, device=ids.device).triu(1)
+            keys = keys.masked_fill(future, low)  # (B, 1, L, L)
+        out: Any = self.net(input_ids=ids, attention_mask=keys)
+        logits: Tensor = out.logits
+        return logits
+
+
+def _no_dropout(config: Any) -> None:
+    """Set every dropout probability of a ``transformers`` config to 0 (vmap and dropout do not mix)."""
+    for key, value in list(vars(config).items()):
+        if isinstance(value, float) and ("dropout" in key or key.endswith("_pdrop")):
+            setattr(config, key, 0.0)
+
+
+def linear_layers(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """Every ``nn.Linear`` of ``model`` (works on the ``meta`` device): its name → ``(d_out, d_in)``."""
+    return {name: (m.out_features, m.in_features) for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+
+def _targets(layers: dict[str, tuple[int, int]], target_modules: Any, model_type: str) -> list[str]:
+    """The target module names, checked against the model's linear layers (the last part of a layer's name)."""
+    if target_modules is None:
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+        if model_type not in DEFAULTS:
+            raise ConfigError("model_params.target_modules", None, f"the names of the {model_type} model's linear "
+                              "layers to adapt (peft has no default for this model type)")
+        target_modules = list(DEFAULTS[model_type])
+    if isinstance(target_modules, str):
+        target_modules = [target_modules]
+    if not isinstance(target_modules, (list, tuple)) or not target_modules or not all(
+            isinstance(t, str) and t for t in target_modules):
+        raise ConfigError("model_params.target_modules", target_modules, "a non-empty list of layer names")
+    known = sorted({name.rsplit(".", 1)[-1] for name in layers})
+    for t in target_modules:
+        if t not in known:
+            raise ConfigError("model_params.target_modules", t, "names of the model's linear layers: "
+                              + ", ".join(known))
+    return list(target_modules)
+
+
+def build(
+    spec: str, input_shape: tuple[int, ...], num_classes: int, r: int = 8, alpha: float | None = None,
+    target_modules: list[str] | None = None, aggregation: str = "factors",
+) -> AdapterClassifier:
+    """The model ``spec`` (``hf:NAME``) as a classifier with ``num_classes`` outputs and rank-``r`` LoRA adapters
+    (scaling ``alpha / r``; default α = 2r) on ``target_modules`` (default: peft's for the model type), combined
+    by the server as ``aggregation`` says (:data:`AGGREGATIONS`). Torch's global generator initialises the new
+    head and the adapters' A (:func:`phalanx.models.make` seeds it from the run's ``init`` stream)."""
+    hub.require("model")
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    path: Path = hub.resolve(spec, "model")
+    check_int("model_params.r", r, low=1)
+    alpha = float(2 * r if alpha is None else check_real("model_params.alpha", alpha, low=0.0, low_open=True))
+    if aggregation not in AGGREGATIONS:
+        raise ConfigError("model_params.aggregation", aggregation, " | ".join(AGGREGATIONS))
+    if len(input_shape) != 1:
+        raise ConfigError("input_shape", input_shape, f"(L,): token ids, for {spec}")
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True, num_labels=num_classes)
+    except Exception as exc:  # an unreadable config.json, an unknown model type
+        raise ConfigError("model", spec, f"a transformers checkpoint whose config loads ({type(exc).__name__}: "
+                          f"{str(exc)[:160]})") from None
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and input_shape[0] > positions:
+        raise ConfigError("input_shape", input_shape, f"at most {positions} tokens for {spec} (its positions): set "
+                          "the data set's length")
+    _no_dropout(config)
+    config._attn_implementation = "eager"  # vmap batches it; SDPA's CPU kernels have no batching rule
+    with torch.device("meta"):
+        skeleton = AutoModelForSequenceClassification.from_config(config)
+    layers = linear_layers(skeleton)
+    targets = _targets(layers, target_modules, str(config.model_type))
+    chosen = {n: s for n, s in layers.items() if n.rsplit(".", 1)[-1] in targets}
+    smallest = min(min(s) for s in chosen.values())
+    if r > smallest:
+        name = min(chosen, key=lambda n: min(chosen[n]))
+        raise ConfigError("model_params.r", r, f"1..{smallest} (layer {name} is {chosen[name][0]}×{chosen[name][1]})")
+    del skeleton
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # "some weights were newly initialised": the head, by design
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # peft asks transformers a deprecated question
+            net = AutoModelForSequenceClassification.from_pretrained(path, config=config, local_files_only=True)
+            net = _with_adapters(net, r, alpha, targets, aggregation)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
+    pad = getattr(config, "pad_token_id", None)
+    causal = bool(getattr(config, "is_decoder", False)) or str(config.model_type) in _CAUSAL
+    return AdapterClassifier(net, spec=spec, aggregation=aggregation, rank=r, alpha=alpha,
+                             pad_id=int(pad) if isinstance(pad, int) else 0, causal=causal)
+
+
+_CAUSAL = frozenset({"gpt2", "gpt_neo", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "phi", "phi3", "opt",
+                     "gemma", "gemma2", "gemma3", "smollm3", "olmo", "olmo2"})
+"""Decoder-only model types (their attention sees the past only)."""
+
+
+def _with_adapters(net: nn.Module, r: int, alpha: float, targets: list[str], aggregation: str) -> nn.Module:
+    """``peft``'s LoRA on ``targets`` (dropout 0, no bias, the head trained); with ``"shared"``, every A frozen with
+    orthonormal rows scaled to its own root-mean-square row norm c (A Aᵀ = c² I)."""
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    lora = LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none",  # type: ignore[arg-type]
+                      task_type=TaskType.SEQ_CLS)  # α/r is a float division in peft: a float α is fine
+    model: nn.Module = get_peft_model(net, lora)
+    if aggregation == "shared":
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if ".lora_A." in name:
+                    c = float(p.norm()) / max(p.shape[0], 1) ** 0.5
+                    q, _ = torch.linalg.qr(p.T)  # (d_in, r): orthonormal columns
+                    p.copy_(q.T * (c if c > 0 else 1.0))
+                    p.requires_grad_(False)
+    return model

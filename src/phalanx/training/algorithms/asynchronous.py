@@ -1,0 +1,280 @@
+"""What every buffered asynchronous round algorithm shares (FedBuff, :mod:`~phalanx.training.algorithms.fedbuff`;
+BASGD, :mod:`~phalanx.training.algorithms.basgd`): the simulated clock as the algorithm's state, the versions of θ
+in flight, and the batched computation of each server step's arrivals.
+
+The loop's round is a *server step*: one aggregation of a full buffer. Server step t (the loop's round t):
+
+1. θₜ joins the ring of model versions in flight (θ_{t−S} … θₜ, S = ``max_staleness``; ring slot t mod (S + 1));
+2. the clock (:mod:`~phalanx.training.algorithms.clock`) delivers the updates of the step in arrival order until
+   the algorithm's buffer is full (:meth:`Asynchronous.full`); an update from version v with t − v > S is dropped
+   (counted in the clock's stats, never aggregated);
+3. every accepted update is computed in **one batched call** (:meth:`~phalanx.training.problem.Problem.grads_each`:
+   row i is worker i's minibatch gradient at θ of the version it started from) — the honest workers' on their own
+   batches; a data attack's Byzantine workers' on poisoned batches; a vector attack's Byzantine updates are what the
+   attack makes of the step's honest updates (omniscient: it sees them, and the server's rule);
+4. the algorithm turns the updates into the rows its rule aggregates (:meth:`Asynchronous.assemble`: FedBuff's
+   staleness-weighted updates, BASGD's buffer means) and the loop's server steps θ with the run's rule and ``lr``.
+
+Staleness is measured by the server (it knows which version it sent each worker), never taken from an update: a
+Byzantine worker cannot claim to be fresh. The state — the ring of versions, the clock's speeds, arrival times,
+versions and statistics — is the algorithm's own (``RoundState.own``, checkpointed under ``algorithm.``): a resumed
+run is the uninterrupted one bit for bit (tests/test_async.py). In process only (``engine = "simulated"``); real
+asynchronous processes are not built yet (docs/async.md).
+
+The clock's statistics become metric columns through a stage the algorithm brings (:class:`AsyncClock`):
+``sim_time``, ``staleness_mean``, ``staleness_max``, ``dropped``, ``byzantine_buffer_share`` … on every evaluation
+row.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from phalanx.aggregators.base import Aggregator
+from phalanx.attacks.base import Attack, DataAttack
+from phalanx.errors import ConfigError
+from phalanx.training.algorithms.base import RoundAlgorithm, Run
+from phalanx.training.algorithms.clock import STATS, TIMINGS, Clock, Speeds, columns
+from phalanx.training.algorithms.dsgd import poison_rows
+from phalanx.training.algorithms.fedavg import attack_rows
+from phalanx.training.server import RoundResult, Server, aggregation_error, detection_auc
+from phalanx.training.shards import sample_batches_of
+from phalanx.training.stages.base import Evaluation, Stage
+from phalanx.training.state import Received
+from phalanx.training.streams import restored
+from phalanx.validate import check_int
+
+CLOCK_KEYS = ("speed", "arrival", "version", "stats")
+RING = "thetas"
+TOUCHED = "byzantine_rows"
+"""The algorithm's state key of the last step's mask of rule rows a Byzantine update touched (the server measures
+with it)."""
+
+
+class AsyncClock(Stage):
+    """The metric columns of an asynchronous run's clock (simulated time, staleness, drops, the Byzantine share of the
+    buffer), and the holder of the run's clock state between server steps (one per run: the algorithm object may be
+    shared by runs)."""
+
+    name = "async_clock"
+    side = "server"
+    brought_by = "algorithm fedbuff or basgd"
+    reference = "the simulated clock of phalanx.training.algorithms.clock (docs/async.md)"
+
+    def __init__(self) -> None:
+        self.own: dict[str, Tensor] = {}
+
+    def column_names(self) -> tuple[str, ...]:
+        return (*STATS, "byzantine_buffer_share_mean")
+
+    def columns(self, ev: Evaluation) -> dict[str, Any]:
+        if "stats" not in self.own:
+            return dict.fromkeys(self.column_names())
+        return columns(self.own["stats"])
+
+
+def clock_stage(run: Run) -> AsyncClock:
+    """The run's :class:`AsyncClock` (every run of an asynchronous algorithm has one: the algorithm brings it)."""
+    for stage in getattr(run, "stages", ()):
+        if isinstance(stage, AsyncClock):
+            return stage
+    raise ConfigError("stages", "a run without its async_clock stage", "the stages an asynchronous algorithm brings")
+
+
+@dataclass(frozen=True)
+class Asynchronous(RoundAlgorithm):
+    """The base of a buffered asynchronous algorithm (see the module's docstring). ``batch_size``: samples per
+    update; ``max_staleness``: S, the oldest version an aggregated update may start from is t − S; ``speeds``: the
+    workers' speed distribution (:class:`~phalanx.training.algorithms.clock.Speeds`); ``byzantine_timing``: the
+    Byzantine workers' clock, ``"honest"`` or ``"always_first"``."""
+
+    batch_size: int = 32
+    max_staleness: int = 4
+    speeds: Any = "lognormal(1.0)"
+    byzantine_timing: str = "honest"
+
+    missing_word = "workers"
+    knowledge: ClassVar[tuple[str, ...]] = ("omniscient",)
+    topologies: ClassVar[tuple[str, ...]] = ("server",)
+    lr_role = "server"
+    reference: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        check_int("algorithm_params.batch_size", self.batch_size, low=1)
+        check_int("algorithm_params.max_staleness", self.max_staleness, low=0)
+        Speeds.parse(self.speeds)
+        if isinstance(self.speeds, list):  # a config's list: kept as a tuple (the algorithm is frozen and hashable)
+            object.__setattr__(self, "speeds", tuple(self.speeds))
+        if self.byzantine_timing not in TIMINGS:
+            raise ConfigError("algorithm_params.byzantine_timing", self.byzantine_timing,
+                              "one of " + ", ".join(TIMINGS))
+
+    # --- what an asynchronous algorithm declares -------------------------------------------------------------------
+
+    @abstractmethod
+    def full(self, workers: int, order: Tensor, accepted: Tensor) -> int:
+        """How many of the deliveries, in delivery order (``order``: worker indices; ``accepted``: within the
+        staleness bound), the step takes: the shortest prefix whose accepted updates fill the buffer."""
+
+    @abstractmethod
+    def assemble(self, run: Run, ids: Tensor, updates: Tensor, staleness: Tensor) -> tuple[Tensor, list[int] | None,
+                                                                                         Tensor]:
+        """The step's rows for the rule from its accepted updates (row i: worker ``ids[i]``, staleness
+        ``staleness[i]``): the rows, the worker each row is (None: not one worker's), and which rows a Byzantine
+        update touched (``(m,)`` bool, on the CPU)."""
+
+    def population(self, workers: int) -> str:
+        return self.population_key
+
+    # --- the seam --------------------------------------------------------------------------------------------------
+
+    def stages(self, run: Run) -> tuple[Stage, ...]:
+        """The clock's columns and state holder (:class:`AsyncClock`)."""
+        return (AsyncClock(),)
+
+    def clock(self, run: Run) -> Clock:
+        return Clock(workers=run.workers, byzantine=run.byzantine, max_staleness=self.max_staleness,
+                     timing=self.byzantine_timing)
+
+    def initial_state(self, run: Run, theta: Tensor) -> dict[str, Tensor]:
+        """Time 0: every worker starts on θ₀; the ring holds θ₀ in every slot (only slot 0 is ever read before it is
+        rewritten)."""
+        speed = Speeds.parse(self.speeds).draw(run.workers, run.seed)
+        ring = theta.detach().clone()[None].repeat(self.max_staleness + 1, 1)
+        touched = torch.zeros(self.per_round(run.workers), dtype=torch.bool)
+        return {RING: ring, TOUCHED: touched, **self.clock(run).start(speed)}
+
+    def load_state(self, run: Run, own: dict[str, Tensor]) -> None:
+        """Take the clock and the ring (refusing one of another population, bound or model)."""
+        self.clock(run).check_state(own)
+        ring = own.get(RING)
+        shape = (self.max_staleness + 1, run.problem.dim)
+        if ring is None or tuple(ring.shape) != shape:
+            got = None if ring is None else tuple(ring.shape)
+            raise ConfigError("start", f"a ring of model versions of shape {got}",
+                              f"{shape} (max_staleness + 1 versions of θ)")
+        clock_stage(run).own = own
+
+    def make_server(self, run: Run, generator: torch.Generator) -> BufferServer:
+        """The standard server, its measurements taken over the rows a Byzantine update touched."""
+        return BufferServer(run.rule, honest=run.honest, problem=run.problem, reference_batch=run.reference_batch,
+                            generator=generator, rule_for=run.rule_for)
+
+    def all_workers(self, run: Run, streams: dict[str, Tensor], carried: Tensor | None) -> AsyncWorkers:
+        """Every worker in this process, driven by the clock."""
+        return AsyncWorkers(self, run, streams)
+
+    def one_worker(self, run: Run, rank: int, streams: dict[str, Tensor], carried: Tensor | None) -> Any:
+        raise ConfigError("engine", "torchrun", f"'simulated' with algorithm {self.name} (asynchronous rounds run on "
+                          "the simulated clock so far; real asynchronous processes are not built)")
+
+    def check(self, run: Run) -> None:
+        """The population fits (:meth:`per_round` refuses a buffer larger than it), the listed speeds are one per
+        worker, and the attack is one an asynchronous worker can play."""
+        self.per_round(run.workers)
+        Speeds.parse(self.speeds).check(run.workers)
+        check_attack(run.attack, self.name)
+
+    def check_config(self, cfg: Any, rule: Aggregator, attack: Attack | DataAttack) -> None:
+        """The seam's checks (f and the rule's requirement against :meth:`per_round`, named by
+        :attr:`population_key`) after the population's and the attack's own."""
+        if getattr(cfg, "engine", "simulated") != "simulated":
+            raise ConfigError("engine", cfg.engine, f"'simulated' with algorithm {self.name!r} (asynchronous rounds "
+                              "run on the simulated clock so far; real asynchronous processes are not built)")
+        self.per_round(cfg.workers)
+        Speeds.parse(self.speeds).check(cfg.workers)
+        check_attack(attack, self.name)
+        super().check_config(cfg, rule, attack)
+
+    @classmethod
+    def processes(cls, cfg: Any) -> int:
+        return 1
+
+
+def check_attack(attack: Attack | DataAttack, name: str) -> None:
+    """A boosted attack or one that shapes a federated client's update has no asynchronous worker to play it."""
+    if float(attack.boost) != 1.0:
+        raise ConfigError("attack_params.boost", float(attack.boost), f"1 with algorithm {name!r} (boosting scales a "
+                          "federated client's update)")
+    if isinstance(attack, DataAttack) and attack.shapes_update:
+        raise ConfigError("attack", attack.name, f"an attack that does not shape a federated client's update with "
+                          f"algorithm {name!r}")
+
+
+class AsyncWorkers:
+    """Every worker of an asynchronous run in this process: each server step, the clock's deliveries computed as one
+    batched call (see the module's docstring)."""
+
+    def __init__(self, algo: Asynchronous, run: Run, streams: dict[str, Tensor]) -> None:
+        self.algo, self.run = algo, run
+        self.n, self.b = run.workers, run.byzantine
+        self.honest_n = self.n - self.b
+        self.clock = algo.clock(run)
+        self.data_attack = isinstance(run.attack, DataAttack)
+        self.vector_attack = self.b > 0 and not self.data_attack
+        self.batch_gen = restored(streams["batches"])
+        self.attack_gen = restored(streams["attack"])
+        self.stage = clock_stage(run)
+
+    def streams(self) -> dict[str, Tensor]:
+        return {"batches": self.batch_gen.get_state(), "attack": self.attack_gen.get_state()}
+
+    def round(self, theta: Tensor, t: int, rule: Callable[[Tensor], Tensor]) -> Received:
+        """Server step t: collect the step's deliveries, compute them in one batched call, assemble the rule's rows;
+        the new clock and ring travel as the algorithm's state (``Received.own``)."""
+        algo, run = self.algo, self.run
+        own = self.stage.own
+        slots = algo.max_staleness + 1
+        ring = own[RING].clone()
+        ring[t % slots] = theta.detach()
+        state = {k: own[k] for k in CLOCK_KEYS}
+        step = self.clock.collect(state, t, lambda order, ok: algo.full(self.n, order, ok))
+        byz_mask = step.ids >= self.honest_n
+        honest, byz = step.ids[~byz_mask], step.ids[byz_mask]
+        stale = torch.cat([step.staleness[~byz_mask], step.staleness[byz_mask]])
+        versions = torch.cat([step.versions[~byz_mask], step.versions[byz_mask]])
+        computing = torch.cat([honest, byz]) if self.data_attack else honest
+        dim = run.problem.dim
+        updates = theta.new_zeros(0, dim)
+        if computing.numel():
+            xb, yb = sample_batches_of(run.data, computing, algo.batch_size, self.batch_gen)
+            attack = run.attack
+            if isinstance(attack, DataAttack) and byz.numel() and attack.active(t):
+                xb, yb = poison_rows(attack, xb, yb, int(honest.numel()), run.data.num_classes, self.attack_gen,
+                                     attackers=(byz - self.honest_n).tolist())
+            thetas = ring[(versions[: computing.numel()] % slots).to(ring.device)]
+            updates = run.problem.grads_each(thetas, xb, yb)
+        if self.vector_attack and byz.numel():
+            rows = attack_rows(run, updates, int(byz.numel()), rule, self.attack_gen, t)
+            updates = torch.cat([updates, rows.to(updates)])
+        ids = torch.cat([honest, byz])
+        vectors, rows_of, touched = algo.assemble(run, ids, updates, stale)
+        after = {RING: ring, TOUCHED: touched, **self.clock.advance(state, t, step, int(touched.sum()))}
+        return Received(vectors, rows=rows_of, state_rows=False, own=after)
+
+
+class BufferServer(Server):
+    """The standard :class:`~phalanx.training.server.Server` whose measurements (``agg_error``, ``byz_share``,
+    ``detection_auc``) count a row as Byzantine when a Byzantine update touched it — a FedBuff row that is one, a
+    BASGD buffer mean with one in it — read from the step's state (``Received.own``), not from worker indices."""
+
+    def aggregate(self, got: Received, context: dict[str, Any], measure: bool) -> tuple[Tensor, RoundResult | None]:
+        agg, result = super().aggregate(got, context, measure)
+        if result is None or got.own is None or TOUCHED not in got.own:
+            return agg, result
+        byz = got.own[TOUCHED].cpu()
+        contrib = result.contributions
+        known = contrib is not None and bool(torch.isfinite(contrib).all())
+        honest = got.vectors[~byz.to(got.vectors.device)] if bool(byz.any()) else got.vectors
+        result = RoundResult(
+            agg_error=aggregation_error(agg, honest),
+            byz_share=(float(contrib.cpu()[byz].sum()) if known and contrib is not None else None),
+            detection_auc=detection_auc(contrib.cpu(), byz) if known and contrib is not None else None,
+            sampled_byzantine=int(byz.sum()), contributions=contrib)
+        return agg, result

@@ -1,0 +1,210 @@
+"""The simulated clock of an asynchronous run: who arrives when, on which model version, and which arrivals make a
+server step — the state of an asynchronous round algorithm (:mod:`~phalanx.training.algorithms.asynchronous`).
+
+The model. Worker i has a speed vᵢ > 0, drawn once from a declared distribution (``speeds``) with the run's seed;
+each update it computes takes 1/vᵢ simulated time units. A worker starts an update on the model version the server
+publishes (θ₀ at time 0), and delivers it at ``arrival = start + 1/vᵢ``. The server collects deliveries in time order
+(ties: an always-first Byzantine worker first, then by worker index) into its buffer until the buffer is *full*
+(the algorithm says when: K accepted updates for FedBuff, every buffer non-empty for BASGD), then steps: version
+t → t + 1 at the time of the last delivery it took. An update that started from version v and arrives while the
+server is at version t has staleness s = t − v; one with s > S (``max_staleness``) is dropped, counted and
+recorded, never aggregated. Every worker that delivered in step t (accepted or dropped) starts its next update on
+version t + 1 when it is published — so a worker delivers at most one update per server step, and a step never
+waits on a worker whose update is already in it.
+
+Why the steps never stall: the ≥ K workers that delivered in step t − 1 all start on version t and arrive with
+s = 0 ≤ S, so FedBuff always finds K acceptable updates; for BASGD every buffer got an update in step t − 1, whose
+worker starts on version t and arrives in step t with s = 0.
+
+Versions in flight: an update whose version is older than t − S will be dropped, so only versions t − S … t are
+ever computed on — the algorithm keeps S + 1 model versions, a ring indexed by v mod (S + 1).
+
+Time attacks (``byzantine_timing``): ``"honest"`` — Byzantine workers run at the speeds the distribution gave them;
+``"always_first"`` — they take no time at all and are served before every honest delivery of the same instant: each
+Byzantine worker delivers (on the freshest version, s = 0) at the start of every server step, so they fill the
+first min(b, K) places of every FedBuff buffer, a share b/K > b/n when K < n (the threat model of docs/async.md).
+
+Everything is tensors (checkpointed with the run, :meth:`Clock.state`): ``speed (n,)``, ``arrival (n,)`` float64,
+``version (n,)`` int64, and ``stats`` float64 — a resumed run's clock is the uninterrupted one's, bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from phalanx.errors import ConfigError
+from phalanx.training.algorithms import traces
+from phalanx.training.streams import generator
+
+TIMINGS = ("honest", "always_first")
+"""The values of ``byzantine_timing``: the Byzantine workers' clock."""
+
+STATS = ("sim_time", "dropped", "updates", "byzantine_updates", "staleness_mean", "staleness_max",
+         "byzantine_buffer_share", "dropped_step", "byzantine_rows")
+"""The entries of the clock's ``stats`` vector: the simulated time of the last step; totals over the run (dropped,
+aggregated and Byzantine aggregated updates); the last step's staleness mean and max over its aggregated updates,
+the Byzantine share of its buffer, the updates it dropped, and how many rows of the rule's input a Byzantine update
+touched (FedBuff: its Byzantine updates; BASGD: its Byzantine-touched buffers)."""
+
+_SPEC = re.compile(r"^\s*(constant|lognormal)\s*(?:\(\s*([^)]*?)\s*\))?\s*$")
+SPEEDS_ALLOWED = ("'constant', 'lognormal(sigma)' with sigma > 0 (speed = exp(sigma·z), z ~ N(0, 1)), "
+                  "'fedscale:PATH' (a FedScale device-capacity trace; 'fedscale:sample' the shipped one), or a list "
+                  "of one speed > 0 per worker")
+
+
+@dataclass(frozen=True)
+class Speeds:
+    """A declared distribution of the workers' speeds: ``constant`` (all 1), ``lognormal`` (exp(σ z), z ~ N(0, 1),
+    median 1), ``listed`` speeds, one per worker, or a ``trace``'s, the first n clients'
+    (:mod:`~phalanx.training.algorithms.traces`)."""
+
+    kind: str
+    sigma: float = 0.0
+    listed: tuple[float, ...] = ()
+
+    @classmethod
+    def parse(cls, spec: Any, parameter: str = "algorithm_params.speeds") -> Speeds:
+        """The distribution ``spec`` names; a one-line :class:`ConfigError` naming ``parameter`` otherwise."""
+        if isinstance(spec, Sequence) and not isinstance(spec, str):
+            values = list(spec)
+            ok = values and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+            if not ok or not all(math.isfinite(v) and v > 0 for v in values):
+                raise ConfigError(parameter, spec, SPEEDS_ALLOWED)
+            return cls("listed", listed=tuple(float(v) for v in values))
+        if isinstance(spec, str) and spec.startswith(traces.PREFIX):
+            return cls("trace", listed=traces.load(spec))
+        m = _SPEC.match(spec) if isinstance(spec, str) else None
+        if m is None:
+            raise ConfigError(parameter, spec, SPEEDS_ALLOWED)
+        kind, arg = m.group(1), m.group(2)
+        if kind == "constant":
+            if arg:
+                raise ConfigError(parameter, spec, SPEEDS_ALLOWED)
+            return cls("constant")
+        try:
+            sigma = float(arg or "")
+        except ValueError:
+            raise ConfigError(parameter, spec, SPEEDS_ALLOWED) from None
+        if not (math.isfinite(sigma) and sigma > 0):
+            raise ConfigError(parameter, spec, SPEEDS_ALLOWED)
+        return cls("lognormal", sigma=sigma)
+
+    def check(self, workers: int, parameter: str = "algorithm_params.speeds") -> None:
+        """Listed speeds: exactly one per worker; a trace: at least one client per worker."""
+        if self.kind == "listed" and len(self.listed) != workers:
+            raise ConfigError(parameter, f"{len(self.listed)} speeds", f"one speed > 0 per worker ({workers})")
+        if self.kind == "trace" and len(self.listed) < workers:
+            raise ConfigError(parameter, f"a trace of {len(self.listed)} clients", f"a trace of at least as many "
+                              f"clients as workers ({workers})")
+
+    def draw(self, workers: int, seed: int) -> Tensor:
+        """The n speeds, float64, from the run's ``clock`` stream (no round stream is touched)."""
+        self.check(workers)
+        if self.kind in ("listed", "trace"):
+            return torch.tensor(self.listed[:workers], dtype=torch.float64)
+        if self.kind == "constant":
+            return torch.ones(workers, dtype=torch.float64)
+        z = torch.randn(workers, generator=generator(seed, "clock"), dtype=torch.float64)
+        return torch.exp(self.sigma * z)
+
+
+@dataclass
+class Step:
+    """One server step's deliveries, in arrival order: the worker, the version its update started from and its
+    staleness, for the accepted (``ids``) and the dropped (``dropped``) ones; ``time`` the step's simulated time."""
+
+    ids: Tensor
+    versions: Tensor
+    staleness: Tensor
+    dropped: Tensor
+    time: float
+
+
+class Clock:
+    """The simulated clock (see the module's docstring) of ``n`` workers, the last ``byzantine`` of them Byzantine,
+    over the state tensors ``speed``, ``arrival``, ``version`` (never changed in place: :meth:`advance` returns new
+    ones)."""
+
+    def __init__(self, *, workers: int, byzantine: int, max_staleness: int, timing: str) -> None:
+        if timing not in TIMINGS:
+            raise ConfigError("algorithm_params.byzantine_timing", timing, "one of " + ", ".join(TIMINGS))
+        self.n, self.b, self.bound, self.timing = workers, byzantine, max_staleness, timing
+        self.first = torch.zeros(workers, dtype=torch.bool)  # served first at a tie, and take no time
+        if timing == "always_first" and byzantine:
+            self.first[workers - byzantine:] = True
+
+    def durations(self, speed: Tensor) -> Tensor:
+        """How long each worker's update takes: 1/vᵢ (0 for an always-first Byzantine worker)."""
+        return torch.where(self.first, torch.zeros_like(speed), 1.0 / speed)
+
+    def start(self, speed: Tensor) -> dict[str, Tensor]:
+        """Time 0: every worker starts on version 0."""
+        stats = torch.zeros(len(STATS), dtype=torch.float64)
+        return {"speed": speed, "arrival": self.durations(speed), "version": torch.zeros(self.n, dtype=torch.int64),
+                "stats": stats}
+
+    def order(self, arrival: Tensor) -> Tensor:
+        """The workers in delivery order: by arrival time, then always-first ones, then by index (a stable lexical
+        sort, so the order is a function of the state alone)."""
+        order = torch.argsort((~self.first).to(torch.int8), stable=True)
+        return order[torch.argsort(arrival[order], stable=True)]
+
+    def collect(self, state: dict[str, Tensor], t: int, full: Any) -> Step:
+        """The deliveries of server step t: in delivery order, up to the first prefix whose accepted updates make the
+        buffer full — ``full(ids, accepted)`` returns that prefix's length, given every worker in delivery order and
+        whether its update is within the staleness bound."""
+        order = self.order(state["arrival"])
+        staleness = t - state["version"][order]
+        accepted = staleness <= self.bound
+        end = int(full(order, accepted))
+        if not 0 < end <= self.n:  # cannot happen (the module's docstring argues why): a defect, said so
+            raise RuntimeError(f"the simulated clock found no full buffer at step {t}")
+        taken, ok = order[:end], accepted[:end]
+        time = max(float(state["stats"][0]), float(state["arrival"][taken[-1]]))
+        return Step(taken[ok], state["version"][taken[ok]], staleness[:end][ok], taken[~ok], time)
+
+    def advance(self, state: dict[str, Tensor], t: int, step: Step, byzantine_rows: int) -> dict[str, Tensor]:
+        """The state after step t: every worker that delivered starts on version t + 1 at the step's time; the stats
+        updated (the totals, and the step's own)."""
+        arrival, version = state["arrival"].clone(), state["version"].clone()
+        went = torch.cat([step.ids, step.dropped])
+        arrival[went] = step.time + self.durations(state["speed"])[went]
+        version[went] = t + 1
+        old = state["stats"]
+        k = int(step.ids.numel())
+        byz = int((step.ids >= self.n - self.b).sum())
+        s = step.staleness.to(torch.float64)
+        stats = torch.tensor([step.time, float(old[1]) + step.dropped.numel(), float(old[2]) + k, float(old[3]) + byz,
+                              float(s.mean()) if k else 0.0, float(s.max()) if k else 0.0, byz / k if k else 0.0,
+                              float(step.dropped.numel()), float(byzantine_rows)], dtype=torch.float64)
+        return {"speed": state["speed"], "arrival": arrival, "version": version, "stats": stats}
+
+    def check_state(self, state: dict[str, Tensor]) -> None:
+        """Refuse a clock state this clock cannot continue from (another population, a corrupted time)."""
+        shapes = {"speed": (self.n,), "arrival": (self.n,), "version": (self.n,), "stats": (len(STATS),)}
+        for key, shape in shapes.items():
+            got = state.get(key)
+            if got is None or tuple(got.shape) != shape:
+                raise ConfigError("start", f"a clock state with {key} of shape "
+                                  f"{None if got is None else tuple(got.shape)}", f"the clock of {self.n} workers, "
+                                  f"{key} of shape {shape}")
+        if not (bool(torch.isfinite(state["arrival"]).all()) and bool((state["speed"] > 0).all())):
+            raise ConfigError("start", "a clock state with a non-finite arrival or a speed <= 0",
+                              "finite arrival times and speeds > 0")
+
+
+def columns(stats: Tensor) -> dict[str, Any]:
+    """The metric columns of a clock's ``stats``: its entries by name, and the run's Byzantine share of the
+    aggregated updates so far (``byzantine_buffer_share_mean``)."""
+    out: dict[str, Any] = {name: float(v) for name, v in zip(STATS, stats.tolist())}
+    for name in ("dropped", "updates", "byzantine_updates", "staleness_max", "dropped_step", "byzantine_rows"):
+        out[name] = int(out[name])
+    out["byzantine_buffer_share_mean"] = out["byzantine_updates"] / out["updates"] if out["updates"] else None
+    return out

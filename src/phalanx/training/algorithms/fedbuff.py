@@ -1,0 +1,70 @@
+"""FedBuff: buffered asynchronous aggregation, on the simulated clock, with the run's rule over the buffer.
+
+Nguyen, Malik, Zhan, Yousefpour, Rabbat, Malek & Huba, "Federated Learning with Buffered Asynchronous
+Aggregation", AISTATS 2022, Algorithm 1. Workers compute at their own pace on the model version they last
+received; the server keeps a buffer of K updates and, once it holds K, steps
+
+    x ← x − η_g · Agg( w(s₁)·Δ₁, …, w(s_K)·Δ_K ),    w(s) = 1/√(1 + s),
+
+where sᵢ is update i's staleness (server steps since the version it started from) and w the paper's staleness
+scaling (its §5, "we scale each update by 1/√(1 + staleness)"). With ``Agg`` the mean this is the paper's server
+update (Δ̄/K); any registry rule may replace it (f < K/2 and the rule's own ``min_workers`` ≤ K, checked) — but a
+rule over one buffer bounds only the Byzantine *rows of that buffer*: an attacker who is always first fills it
+(docs/async.md, the threat model of time). Here an update is one minibatch gradient at the version's θ (the paper's
+local training with one local step — buffered asynchronous SGD); the run's ``lr`` is η_g. Staleness assumption:
+none for the scaling itself; updates older than ``max_staleness`` versions are dropped (counted, never aggregated).
+
+Config: ``algorithm = "fedbuff"``, ``algorithm_params = {buffer_size = K, max_staleness = S, speeds = "...",
+byzantine_timing = "honest" | "always_first", batch_size = B}`` (:mod:`~phalanx.training.algorithms.asynchronous`,
+:mod:`~phalanx.training.algorithms.clock`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from phalanx.errors import ConfigError
+from phalanx.training.algorithms.asynchronous import Asynchronous
+from phalanx.training.algorithms.base import Run, register
+from phalanx.validate import check_int
+
+
+def staleness_weight(staleness: Tensor) -> Tensor:
+    """FedBuff's staleness scaling w(s) = 1/√(1 + s) (Nguyen et al., AISTATS 2022, §5), float64."""
+    return 1.0 / torch.sqrt(1.0 + staleness.to(torch.float64))
+
+
+@register
+@dataclass(frozen=True)
+class FedBuff(Asynchronous):
+    """FedBuff (see the module's docstring): a buffer of ``buffer_size`` updates, each scaled by 1/√(1 + s)."""
+
+    buffer_size: int = 10
+    name = "fedbuff"
+    population_key = "algorithm_params.buffer_size"
+    reference = ("Nguyen et al., Federated Learning with Buffered Asynchronous Aggregation, AISTATS 2022, Alg. 1 "
+                 "(staleness scaling 1/sqrt(1+s))")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int("algorithm_params.buffer_size", self.buffer_size, low=1)
+
+    def per_round(self, workers: int) -> int:
+        """The rule aggregates the K updates of a full buffer (refused when K > workers)."""
+        if self.buffer_size > workers:
+            raise ConfigError("algorithm_params.buffer_size", self.buffer_size, f"<= workers = {workers} (a buffer "
+                              "of K updates from K distinct workers a step)")
+        return self.buffer_size
+
+    def full(self, workers: int, order: Tensor, accepted: Tensor) -> int:
+        """The first K accepted deliveries (and the dropped ones among them)."""
+        reached = torch.nonzero(torch.cumsum(accepted.to(torch.int64), 0) >= self.buffer_size)
+        return int(reached[0, 0]) + 1 if reached.numel() else 0
+
+    def assemble(self, run: Run, ids: Tensor, updates: Tensor, staleness: Tensor) -> tuple[Tensor, list[int], Tensor]:
+        """Row i is w(sᵢ)·Δᵢ, worker ``ids[i]``'s; the Byzantine rows are its Byzantine updates."""
+        w = staleness_weight(staleness).to(updates)
+        return updates * w[:, None], ids.tolist(), ids >= run.workers - run.byzantine
