@@ -227,20 +227,32 @@ def distributed_round(n: int, attack: str, topology: str, warmup: int, rounds: i
 KEYS_HIDDEN = 13_333
 """The keys comparison's MLP width: 64·13,333 + 13,333 + 13,333·10 + 10 = 1,000,052 parameters (a 4 MB vector)."""
 KEYS_TARGET = 1.1
-"""The keyed parameter-server round within this factor of the same round without keys (issue: ≤ 1.1×)."""
+"""The keyed round within this factor of the same round without keys (issue: ≤ 1.1×), on every topology."""
+KEYS_TOPOLOGIES = ("server", "serverless", "gossip")
 
 
-def keys_round(n: int, keyed: bool, keydir: Path, warmup: int, rounds: int, timeout: float) -> dict[str, Any]:
-    """The parameter-server round at d ≈ 10⁶ (no attack), with the job's keys (sealed TLS links, signed vectors,
-    the transcript) or without (the c10d store): rank 0's median round."""
+def keys_config(n: int, topology: str, rounds: int) -> dict[str, Any]:
+    """The keys comparison's job at d ≈ 10⁶, no attack: the parameter server and the serverless all-gather with the
+    trimmed mean (f = 1), gossip on a ring with plain averaging (every node's neighbours only)."""
+    cfg = {**config(n, "none", rounds), "batch_size": 16, "topology": topology}
+    if topology == "gossip":
+        cfg.update({"algorithm": "gossip", "graph": "ring", "aggregator": "mean", "f": 0})
+    return cfg
+
+
+def keys_round(n: int, keyed: bool, keydir: Path, warmup: int, rounds: int, timeout: float,
+               topology: str = "server") -> dict[str, Any]:
+    """The round of ``topology`` at d ≈ 10⁶ (no attack), with the job's keys (mutual TLS — the parameter server's
+    sealed links or the sealed mesh —, signed rows, the transcript) or without (the c10d store; gloo for the
+    serverless all-gather and the gossip links): rank 0's median round."""
     from phalanx.distributed import launch
 
     with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
-        cfg = {**config(n, "none", warmup + rounds), "model_params": {"hidden": [KEYS_HIDDEN]}, "batch_size": 16}
+        cfg = keys_config(n, topology, warmup + rounds)
         if keyed:
             cfg["keys"] = str(keydir)
         cfg_path = Path(tmp) / "job.toml"
-        lines = [f"{k} = {json.dumps(v)}\n" for k, v in cfg.items() if k != "model_params"]
+        lines = [f"{k} = {json.dumps(v)}\n" for k, v in cfg.items()]
         cfg_path.write_text("".join(lines) + f"model_params = {{ hidden = [{KEYS_HIDDEN}] }}\n")
         out = Path(tmp) / "out"
         with (Path(tmp) / "stderr").open("wb") as err:
@@ -253,9 +265,10 @@ def keys_round(n: int, keyed: bool, keydir: Path, warmup: int, rounds: int, time
     return {"round_s": statistics.median(timed), "missing_rounds": sum(1 for r in log["rounds"] if r["missing"])}
 
 
-def keys_comparison(ns: list[int], repeats: int, warmup: int, rounds: int, timeout: float) -> list[dict[str, Any]]:
-    """Without and with keys, alternating ``repeats`` times per n (so drift in the machine's load hits both); the
-    ratio of the medians of the two."""
+def keys_comparison(ns: list[int], repeats: int, warmup: int, rounds: int, timeout: float,
+                    topologies: tuple[str, ...] = KEYS_TOPOLOGIES) -> list[dict[str, Any]]:
+    """Without and with keys, alternating ``repeats`` times per n and topology (so drift in the machine's load hits
+    both); the ratio of the medians of the two."""
     from phalanx.distributed.keys import init_keys
 
     out = []
@@ -263,26 +276,29 @@ def keys_comparison(ns: list[int], repeats: int, warmup: int, rounds: int, timeo
         for n in ns:
             keydir = Path(tmp) / f"n{n}"
             init_keys(keydir, n)
-            plain, keyed = [], []
-            for _ in range(repeats):
-                for flag, into in ((False, plain), (True, keyed)):
-                    got = keys_round(n, flag, keydir, warmup, rounds, timeout)
-                    if "error" in got:
-                        raise RuntimeError(got["error"])
-                    into.append(got["round_s"])
-            row = {"n": n, "d": 75 * KEYS_HIDDEN + 10, "plain_s": plain, "keyed_s": keyed,
-                   "ratio": statistics.median(keyed) / statistics.median(plain)}
-            print(json.dumps(row), flush=True)
-            out.append(row)
+            for topology in topologies:
+                plain, keyed = [], []
+                for _ in range(repeats):
+                    for flag, into in ((False, plain), (True, keyed)):
+                        got = keys_round(n, flag, keydir, warmup, rounds, timeout, topology)
+                        if "error" in got:
+                            raise RuntimeError(got["error"])
+                        into.append(got["round_s"])
+                row = {"n": n, "topology": topology, "d": 75 * KEYS_HIDDEN + 10, "plain_s": plain, "keyed_s": keyed,
+                       "ratio": statistics.median(keyed) / statistics.median(plain)}
+                print(json.dumps(row), flush=True)
+                out.append(row)
     return out
 
 
 def keys_table(rows: list[dict[str, Any]]) -> str:
     """The Markdown table of the keys comparison."""
-    lines = ["| n | d | round without keys ms (runs) | with keys ms (runs) | with ÷ without |", "|---|---|---|---|---|"]
+    lines = ["| topology | n | d | round without keys ms (runs) | with keys ms (runs) | with ÷ without |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         runs = ", ".join(f"{1e3 * x:.0f}" for x in r["plain_s"]), ", ".join(f"{1e3 * x:.0f}" for x in r["keyed_s"])
-        lines.append(f"| {r['n']} | {r['d']:,} | {1e3 * statistics.median(r['plain_s']):.1f} ({runs[0]}) | "
+        lines.append(f"| {r.get('topology', 'server')} | {r['n']} | {r['d']:,} | "
+                     f"{1e3 * statistics.median(r['plain_s']):.1f} ({runs[0]}) | "
                      f"{1e3 * statistics.median(r['keyed_s']):.1f} ({runs[1]}) | {r['ratio']:.3f}× |")
     return "\n".join(lines)
 
@@ -329,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
                     "only it, or not at all")
     ap.add_argument("--keys-rounds", type=int, default=40, help="timed rounds per keys-comparison job (default 40)")
     ap.add_argument("--keys-repeats", type=int, default=2, help="alternations without / with keys (default 2)")
+    ap.add_argument("--keys-topologies", default=",".join(KEYS_TOPOLOGIES),
+                    help="comma-separated topologies of the keys comparison (default server,serverless,gossip)")
     args = ap.parse_args(argv)
     import torch
 
@@ -341,8 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {env}", flush=True)
     keys_rows: list[dict[str, Any]] = []
     if args.keys != "skip":
+        topologies = tuple(t.strip() for t in args.keys_topologies.split(",") if t.strip())
         keys_rows = keys_comparison([n for n in ns if n in TARGET_NS] or ns, args.keys_repeats, 5, args.keys_rounds,
-                                    args.timeout)
+                                    args.timeout, topologies)
         print(keys_table(keys_rows))
         worst = max(r["ratio"] for r in keys_rows)
         print(f"target (keyed round ≤ {KEYS_TARGET:g}× the round without keys, d ≈ 10⁶): "

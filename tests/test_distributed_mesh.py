@@ -41,8 +41,8 @@ from phalanx.distributed.channel import (
 )
 from phalanx.distributed.env import RankEnv, free_port
 from phalanx.distributed.keys import init_keys, load_identity
-from phalanx.distributed.mesh import ADDR_VAR, bind_host
 from phalanx.distributed.parameter_server import config_digest
+from phalanx.distributed.rendezvous import ADDR_VAR, bind_host
 from phalanx.distributed.worker import resolve_config
 from phalanx.errors import ConfigError
 from phalanx.experiments import make_config

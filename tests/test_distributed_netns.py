@@ -95,11 +95,13 @@ def _run_ranks(ranks: list[tuple[int, str, dict[str, str]]], master: str, port: 
 
 
 def test_ranks_in_two_network_namespaces(two_hosts: dict[str, Any], tmp_path: Path) -> None:
+    """Without keys, across hosts, with ``insecure = true`` (every rank's ``LOCAL_WORLD_SIZE`` says one machine: the
+    ranks on host B see that ``MASTER_ADDR`` is not theirs, and would refuse without it)."""
     ns_a, ns_b = two_hosts["ns"]
     dev_a, _ = two_hosts["dev"]
     master = two_hosts["addr"][0]
     cfg_path = tmp_path / "job.toml"
-    cfg_path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in DATA.items()))
+    cfg_path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in {**DATA, "insecure": True}.items()))
     out = tmp_path / "dist"
     before = _counter(ns_a, dev_a, "rx_bytes")
     ranks = [(0, ns_a, {"LOCAL_RANK": "0"}), (1, ns_b, {"LOCAL_RANK": "0"}), (2, ns_b, {"LOCAL_RANK": "1"})]
@@ -128,6 +130,29 @@ def _two_host_job(two_hosts: dict[str, Any], tmp_path: Path, data: dict[str, Any
              for rank, ns, addr, local in ((0, ns_a, addr_a, (0, 1)), (1, ns_b, addr_b, (0, 2)),
                                            (2, ns_b, addr_b, (1, 2)))]
     return _run_ranks(ranks, addr_a, 29518, cfg_path, tmp_path / "dist")
+
+
+def test_ranks_on_another_host_are_refused_without_keys_whatever_local_world_size_says(
+    two_hosts: dict[str, Any], tmp_path: Path,
+) -> None:
+    """Issue 33: ``LOCAL_WORLD_SIZE`` unset, or saying one machine (3 of 3), on host B: ranks 1 and 2 still refuse in
+    one line before they open anything — ``MASTER_ADDR`` is not an address of their host."""
+    _, ns_b = two_hosts["ns"]
+    cfg_path = tmp_path / "job.toml"
+    cfg_path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in DATA.items()))
+    for extra in ({"LOCAL_WORLD_SIZE": "3"}, {"LOCAL_WORLD_SIZE": ""}):
+        ranks = [(1, ns_b, {"LOCAL_RANK": "0", **extra}), (2, ns_b, {"LOCAL_RANK": "1", **extra})]
+        procs = []
+        for rank, ns, more in ranks:
+            env = {**rank_env(rank, 3, two_hosts["addr"][0], 29519), **more}
+            if not env["LOCAL_WORLD_SIZE"]:
+                del env["LOCAL_WORLD_SIZE"]
+            cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "phalanx.distributed.worker",
+                   *worker_args(cfg_path, [], tmp_path / "dist")]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        errs = [p.communicate(timeout=TIMEOUT_S)[1] for p in procs]
+        assert [p.returncode for p in procs] == [2, 2], errs
+        assert all("several machines" in e and "Traceback" not in e for e in errs), errs
 
 
 def test_ranks_on_two_hosts_are_refused_without_keys(two_hosts: dict[str, Any], tmp_path: Path) -> None:

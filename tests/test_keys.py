@@ -136,3 +136,106 @@ def test_keys_change_no_run_id(tmp_path: Path) -> None:
     plain = make_config({"engine": "torchrun", "workers": 4, "aggregator": "cwtm", "f": 1})
     keyed = make_config({"engine": "torchrun", "workers": 4, "aggregator": "cwtm", "f": 1, "keys": str(tmp_path)})
     assert grid.run_id(plain) == grid.run_id(keyed)
+
+
+def _mint_leaf(issuer_dir: Path, issuer_rank: int, tmp: Path) -> tuple[str, str]:
+    """A certificate for a fresh key, signed by ``issuer_rank``'s key as its issuer (what a rank holding its own key
+    can make): the PEM files (leaf + issuer chain, key)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+    from cryptography.x509.oid import NameOID
+
+    issuer_key = serialization.load_pem_private_key((issuer_dir / key_file(issuer_rank)).read_bytes(), None)
+    issuer_pem = AllowList.load(issuer_dir / ALLOW_LIST).by_rank[issuer_rank]
+    issuer = x509.load_pem_x509_certificate(issuer_pem.encode())
+    key = ed25519.Ed25519PrivateKey.generate()
+    now = datetime.datetime.now(datetime.timezone.utc)
+    leaf = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "minted")]))
+            .issuer_name(issuer.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=1))
+            .sign(issuer_key, None))  # type: ignore[arg-type]
+    chain, secret = tmp / "minted.pem", tmp / "minted.key"
+    chain.write_text(leaf.public_bytes(serialization.Encoding.PEM).decode() + issuer_pem)
+    secret.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                         serialization.NoEncryption()))
+    return str(chain), str(secret)
+
+
+@pytest.mark.parametrize("certificates", ["leaves", "mutant"])
+def test_a_certificate_minted_by_a_listed_key_fails_the_handshake(
+    tmp_path: Path, certificates: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 1, with its own key, signs a certificate for a key of its own making and offers it to rank 0's listener.
+    The allow-list's certificates are leaves (CA:FALSE): OpenSSL refuses the chain at the handshake. The mutant — the
+    CA:TRUE certificates of before issue 33 — lets the minted certificate through the handshake (it is caught only
+    afterwards, by its fingerprint)."""
+    import socket
+    import ssl
+    import time
+
+    from cryptography import x509
+
+    from phalanx.distributed import keys as keys_module
+    from phalanx.distributed.channel import client_context
+    from phalanx.distributed.keys import Identity
+    from phalanx.distributed.sealed import SealedLinks
+
+    if certificates == "mutant":
+        def ca_true(key: object, rank: int) -> object:
+            import datetime
+
+            from cryptography.x509.oid import NameOID
+
+            name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"phalanx rank {rank}")])
+            now = datetime.datetime.now(datetime.timezone.utc)
+            return (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+                    .public_key(key.public_key())  # type: ignore[attr-defined]
+                    .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+                    .not_valid_after(now + datetime.timedelta(days=9))
+                    .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+                    .sign(key, None))  # type: ignore[arg-type]
+
+        monkeypatch.setattr(keys_module, "_certificate", ca_true)
+    d = tmp_path / "k"
+    allow = init_keys(d, 3)
+    for pem in allow.by_rank.values():
+        constraints = x509.load_pem_x509_certificate(pem.encode()).extensions.get_extension_for_class(
+            x509.BasicConstraints).value
+        assert constraints.ca is (certificates == "mutant")
+    if certificates == "mutant":
+        with pytest.raises(ConfigError, match="is a CA \\(CA:TRUE\\)"):
+            load_identity(d, 0, 3)  # a job refuses such a list …
+        assert AllowList.load(d / ALLOW_LIST).authorities == (0, 1, 2)  # … an audit still reads it
+        from cryptography.hazmat.primitives import serialization
+
+        identity = Identity(0, d / key_file(0), serialization.load_pem_private_key((d / key_file(0)).read_bytes(),
+                                                                                   None), allow)
+    else:
+        identity = load_identity(d, 0, 3)
+    server = SealedLinks(identity, "127.0.0.1", 0, "c", 16, 3)
+    server.offer({"config": "c", "round": 0, "streams": {}, "momentum": None})
+    try:
+        ctx = client_context(load_identity(d, 2, 3)) if certificates == "leaves" else ssl.SSLContext(
+            ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        ctx.load_cert_chain(*_mint_leaf(d, 1, tmp_path))
+        try:
+            tls = ctx.wrap_socket(socket.create_connection(("127.0.0.1", server.port)))
+            tls.sendall(b"x" * 40)
+            tls.recv(1)
+        except (ssl.SSLError, OSError):
+            pass
+        deadline = time.monotonic() + 20.0
+        while not server.rejections and time.monotonic() < deadline:
+            time.sleep(0.01)
+        reason = server.rejections[0].reason
+        if certificates == "leaves":
+            assert "TLS handshake" in reason and "failed" in reason, reason
+        else:
+            assert "its certificate is not on the allow-list" in reason, reason  # past the handshake
+        assert server.rejections[0].rank is None and server.up == {} and server.down == {}
+    finally:
+        server.close()

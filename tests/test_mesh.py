@@ -25,10 +25,11 @@ import pytest
 import torch
 from tests.test_sealed import Proxy
 
+from phalanx.distributed import mesh as mesh_module
 from phalanx.distributed.channel import PHASED_HEADER, PHASED_MAGIC, Kind, client_context, recv_phased, send_phased
+from phalanx.distributed.gossip_links import STEP, Inbox, MeshInbox
 from phalanx.distributed.keys import Identity, init_keys, load_identity
 from phalanx.distributed.mesh import DOMAINS, EVERYONE, Mesh, mesh_message
-from phalanx.distributed.neighbours import STEP, Inbox, MeshInbox
 from phalanx.distributed.serverless import GATHER, RowBox, _CollectiveFailed
 from phalanx.errors import PhalanxError
 
@@ -293,7 +294,8 @@ def test_a_rejected_gossip_message_is_missing_at_once_and_the_first_one_counts(k
     nodes = []
     for m in meshes:
         nb = SimpleNamespace(rank=m.rank, inputs=[(m.rank - 1) % N, (m.rank + 1) % N], attackers=[],
-                             width=ROW, dtype=torch.uint8, inbox=Inbox(), peers=[(m.rank - 1) % N, (m.rank + 1) % N])
+                             width=ROW, dtype=torch.uint8, inbox=Inbox(), peers=[(m.rank - 1) % N, (m.rank + 1) % N],
+                             exp=SimpleNamespace(rounds=100))
         nb.sink = MeshInbox(nb)  # type: ignore[arg-type]
         m.sink = nb.sink
         nodes.append(nb)
@@ -338,7 +340,7 @@ def test_a_rank_that_sends_different_rows_to_different_peers_stops_the_serverles
 
     meshes, boxes = job
     dim = ROW // 4
-    exp = SimpleNamespace(workers=N, honest=N, problem=SimpleNamespace(dim=dim))
+    exp = SimpleNamespace(workers=N, honest=N, problem=SimpleNamespace(dim=dim), rounds=100)
     gathers = []
     for r in range(3):
         ag = AllGather(None, SimpleNamespace(rank=r), DIGEST, 10.0, "gloo", meshes[r])  # type: ignore[arg-type]
@@ -363,3 +365,237 @@ def test_a_rank_that_sends_different_rows_to_different_peers_stops_the_serverles
         for f in futures:
             with pytest.raises(RoundAborted, match="aggregated other rows in round 0"):
                 f.result()
+
+
+# -- availability and bounds (issue 33) -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("budget", ["kept", "mutant"])
+def test_a_rank_flooding_bad_rows_is_disconnected_after_the_bounded_number(
+    keydir: Path, job: tuple[list[Mesh], list[RowBox]], budget: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 2, with its own key, floods rank 1 with rows signed for another run: rank 1 closes its link at the
+    MAX_VIOLATIONS-th (each was checked and recorded, no more). The mutant — a budget that never runs out — checks
+    and records every one and keeps reading."""
+    from phalanx.distributed import channel
+
+    if budget == "mutant":
+        monkeypatch.setattr(mesh_module, "MAX_VIOLATIONS", 10**9)
+    meshes, _ = job
+    bad = frame(ident(keydir, 2), b"\x00" * 32, 0, 2, row(2), 0)
+    try:
+        for _ in range(40):
+            meshes[2].out[1].sock.sendall(bad)
+    except (ssl.SSLError, OSError):
+        pass
+    if budget == "kept":
+        wait_until(lambda: 2 not in meshes[1].incoming, meshes[1])
+        assert reasons(meshes[1]).count("does not verify") == channel.MAX_VIOLATIONS
+        assert f"closed after {channel.MAX_VIOLATIONS} violations" in reasons(meshes[1])
+    else:
+        wait_until(lambda: reasons(meshes[1]).count("does not verify") == 40, meshes[1])
+        assert 2 in meshes[1].incoming
+
+
+BAD_REPORTS = ['{"round": Infinity, "rank": 1, "reason": "x"}', '{"round": 1e999, "rank": 1, "reason": "x"}',
+               '{"round": NaN, "rank": 1, "reason": "x"}', '{"round": 3.0, "rank": 1, "reason": "x"}',
+               '{"round": -1, "rank": 1, "reason": "x"}', '{"round": 99999999999999999999999, "reason": "x"}',
+               '[1, 2]']
+
+
+def _old_parse_report(payload: bytes | bytearray, workers: int) -> tuple[int | None, str, int]:
+    """The mutant: the report parsing before issue 33 (``json.loads``, then ``int``)."""
+    item = json.loads(payload)
+    int(item["round"])
+    return item.get("rank"), str(item["reason"]), int(item.get("count", 1))
+
+
+@pytest.mark.parametrize("parse", ["strict", "mutant"])
+def test_a_report_with_non_finite_or_out_of_range_numbers_is_a_violation_not_a_dead_thread(
+    job: tuple[list[Mesh], list[RowBox]], parse: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 2 reports rejections to rank 0 with a round of Infinity, 1e999, NaN, 3.0, −1, 10²³ and a list: each is
+    a violation, recorded, and rank 0 keeps reading — a genuine report after them is recorded. The mutant (the
+    parsing before issue 33) dies on the first: ``int(inf)`` raises OverflowError in rank 0's reader thread."""
+    meshes, _ = job
+    died: list[BaseException] = []
+    if parse == "mutant":
+        import threading
+
+        monkeypatch.setattr(mesh_module, "parse_report", _old_parse_report)
+        monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    sock = meshes[2].out[0].sock
+    for text in BAD_REPORTS:
+        sock.sendall(PHASED_HEADER.pack(PHASED_MAGIC, Kind.REPORT, 0, 0, len(text)) + text.encode())
+    good = json.dumps({"round": 3, "rank": 1, "reason": "a genuine report"}).encode()
+    sock.sendall(PHASED_HEADER.pack(PHASED_MAGIC, Kind.REPORT, 0, 0, len(good)) + good)
+    if parse == "mutant":
+        deadline = time.monotonic() + 20.0
+        while not died and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert died and isinstance(died[0], OverflowError)
+        assert "a genuine report" not in reasons(meshes[0])
+        return
+    wait_until(lambda: "a genuine report" in reasons(meshes[0]), meshes[0])
+    assert reasons(meshes[0]).count("sent a report that is not one") == len(BAD_REPORTS)
+    assert [(r.rank, r.at) for r in meshes[0].rejections if r.reason == "a genuine report"] == [(1, 2)]
+    assert 2 in meshes[0].incoming
+
+
+@pytest.mark.parametrize("check", ["kept", "mutant"])
+def test_rank_0_dials_back_only_the_address_a_rank_connected_from(
+    keydir: Path, check: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 1 (its own key) says it listens on 10.0.0.1:22 and on 127.0.0.2, connecting from 127.0.0.1: rank 0
+    refuses both, so it never dials an arbitrary host:port for a rank. The mutant — any address taken — records
+    10.0.0.1:22 as rank 1's, to be dialled."""
+    if check == "mutant":
+        monkeypatch.setattr(mesh_module, "claimed_address", lambda listen, addr: None)
+    m0 = mesh(keydir, 0)
+    try:
+        answers = []
+        for host, port in (("10.0.0.1", 22), ("127.0.0.2", 40000)):
+            tls = client_context(ident(keydir, 1)).wrap_socket(socket.create_connection(m0.address))
+            answers.append(_hello(tls, {"rank": 1, "config": DIGEST, "listen": [host, port]}))
+            tls.close()
+            if check == "mutant":
+                break
+        if check == "mutant":
+            assert answers == ["ACK"] and m0.joined[1] == ("10.0.0.1", 22)
+        else:
+            assert all("not on 127.0.0.1, the address it connected from" in a for a in answers), answers
+            assert m0.joined == {}
+    finally:
+        m0.close(wait_for=set(), timeout=1.0)
+
+
+def test_a_rank_that_stalls_rank_0s_dial_back_delays_the_start_boundedly(
+    keydir: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 2 (its own key) joins, saying it listens on a port that accepts TCP and never answers the handshake:
+    rank 0 dials every rank back at once, gives rank 2 up at DIAL_BACK_S, and ranks 1 and 3 get the start snapshot
+    with rank 2 out of the book — one stalled rank cannot hold the others' start for longer."""
+    monkeypatch.setattr(mesh_module, "DIAL_BACK_S", 2.0)
+    stall = socket.create_server(("127.0.0.1", 0))  # never accepts: connections wait in its backlog, unanswered
+    m0, m1, m3 = mesh(keydir, 0), mesh(keydir, 1), mesh(keydir, 3)
+    tls = client_context(ident(keydir, 2)).wrap_socket(socket.create_connection(m0.address))
+    try:
+        assert _hello(tls, {"rank": 2, "config": DIGEST, "listen": ["127.0.0.1", stall.getsockname()[1]]}) == "ACK"
+        m1.join(*m0.address)
+        m3.join(*m0.address)
+        assert m0.wait_joins({1, 2, 3}, 20.0) == {1, 2, 3}
+        m0.offer({"config": DIGEST, "round": 0})
+        assert set(m0.book) == {0, 1, 3}
+        for m in (m1, m3):
+            assert m.receive_init(20.0) == {"config": DIGEST, "round": 0} and set(m.book) == {0, 1, 3}
+        assert any(r.rank == 2 and "could not reach" in r.reason for r in m0.rejections), reasons(m0)
+    finally:
+        tls.close()
+        stall.close()
+        for m in (m0, m1, m3):
+            m.close(wait_for=set(), timeout=1.0)
+
+
+@pytest.mark.parametrize("cap", ["kept", "mutant"])
+def test_a_listed_rank_holds_at_most_two_admissions_at_once(
+    keydir: Path, cap: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before its start snapshot, rank 1 holds a peer's introduction until the run's nonce is known (a thread
+    each). Rank 3, with its own key, introduces itself five times: two wait, the others are refused — its threads
+    on rank 1 are bounded. The mutant (no cap) holds all five."""
+    from phalanx.distributed import admission
+
+    if cap == "mutant":
+        monkeypatch.setattr(admission, "ADMITTING_PER_RANK", 10**6)
+    m1 = mesh(keydir, 1)
+    socks = []
+    try:
+        for _ in range(5):
+            tls = client_context(ident(keydir, 3)).wrap_socket(socket.create_connection(m1.address))
+            send_phased(tls, Kind.HELLO, 0, 0, json.dumps({"rank": 3, "config": DIGEST, "nonce": "00" * 32}).encode())
+            socks.append(tls)
+        if cap == "kept":
+            wait_until(lambda: reasons(m1).count("connections being admitted already") == 3, m1)
+            assert m1.admission.admitting[3] == 2
+        else:
+            deadline = time.monotonic() + 20.0
+            while m1.admission.admitting.get(3, 0) < 5:
+                assert time.monotonic() < deadline, m1.admission.admitting
+                time.sleep(0.01)
+    finally:
+        m1.close(wait_for=set(), timeout=1.0)
+        for s in socks:
+            s.close()
+
+
+@pytest.mark.parametrize("confirm", ["kept", "mutant"])
+def test_a_rank_that_equivocates_in_the_last_round_stops_the_serverless_run(
+    job: tuple[list[Mesh], list[RowBox]], confirm: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 3 sends rank 1 another row than ranks 0 and 2 in the run's last round, and each honest rank the view it
+    expects: no next round carries the views, but the last round's view exchange finds that ranks 0 and 1 (and 1 and
+    2) aggregated different rows — every honest rank gives the round up. The mutant without the exchange ends with
+    rank 1's model split from the others', unnoticed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from phalanx.distributed.serverless import VIEW, VIEW_BYTES, AllGather
+    from phalanx.training.server import BoundRule
+    from phalanx.training.state import RoundAborted
+
+    if confirm == "mutant":
+        monkeypatch.setattr(AllGather, "_confirm_view", lambda self, mesh, others, t: None)
+    meshes, boxes = job
+    dim = ROW // 4
+    exp = SimpleNamespace(workers=N, honest=N, problem=SimpleNamespace(dim=dim), rounds=1)
+    gathers = []
+    for r in range(3):
+        ag = AllGather(None, SimpleNamespace(rank=r), DIGEST, 10.0, "gloo", meshes[r])  # type: ignore[arg-type]
+        ag.exp, ag.box, ag.view = exp, boxes[r], b"\x00" * VIEW_BYTES  # type: ignore[assignment]
+        ag.me = SimpleNamespace(vector=lambda theta, t: theta.clone(), vector_attack=False,  # type: ignore[assignment]
+                                sends_attack=False, attack_gen=torch.Generator())
+        gathers.append(ag)
+    theta = torch.zeros(dim)
+    honest = hashlib.sha256(b"\x00" * VIEW_BYTES + theta.numpy().tobytes()).digest()
+    for p in range(3):
+        body = b"\x00" * VIEW_BYTES + torch.full((dim,), 9 if p == 1 else 7, dtype=torch.float32).numpy().tobytes()
+        meshes[3].send([p], Kind.ROW, GATHER, 0, body)
+        view = hashlib.sha256(honest * 3 + hashlib.sha256(body).digest()).digest()  # what rank p aggregated
+        meshes[3].send([p], Kind.ROW, VIEW, 0, view)
+    rule = BoundRule(lambda x: x.mean(dim=0), {})  # type: ignore[arg-type]
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(ag.exchange, theta, 0, rule) for ag in gathers]
+        if confirm == "mutant":
+            got = [f.result().vectors for f in futures]
+            assert torch.equal(got[0], got[2]) and not torch.equal(got[0], got[1])  # split, and nobody knows
+            return
+        for f in futures:
+            with pytest.raises(RoundAborted, match=r"aggregated other rows in round 0 \(the last\)"):
+                f.result()
+
+
+@pytest.mark.parametrize("rule", ["least", "mutant"])
+def test_one_neighbour_claiming_a_round_far_ahead_does_not_make_a_node_sit_out(
+    rule: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Node r waits for two receivers; the Byzantine one signs a row of round 10⁹ (and of the round it likes), the
+    honest one is in step: r is not behind. The far-ahead row is not kept. The mutant — the most advanced peer
+    decides, as before issue 33 — makes r sit every round out."""
+    if rule == "mutant":
+        monkeypatch.setattr(Inbox, "ahead", lambda self, peers: max((self.newest.get(k, -1) for k in peers),
+                                                                    default=-1))
+    inbox = Inbox()
+    inbox.advance(5)
+    assert inbox.put(1, 5, STEP, torch.zeros(2))  # the honest receiver, in step
+    assert inbox.put(2, 10**9, STEP, torch.zeros(2))  # the Byzantine one
+    assert (2, 10**9, STEP) not in inbox.items
+    behind = inbox.ahead([1, 2]) >= 5 + 2
+    assert behind is (rule == "mutant")
+
+
+def test_a_gossip_row_beyond_the_runs_last_round_is_a_violation(keydir: Path) -> None:
+    m = SimpleNamespace(round=0)
+    nb = SimpleNamespace(rank=1, inputs=[0, 2], attackers=[], width=ROW, dtype=torch.uint8, inbox=Inbox(),
+                         peers=[0, 2], mesh=m, exp=SimpleNamespace(rounds=10))
+    sink = MeshInbox(nb)  # type: ignore[arg-type]
+    problem = sink.signed(0, Kind.ROW, STEP, 2**63, bytearray(row(0)), b"", b"")
+    assert problem is not None and "beyond the run's last (9)" in problem
+    assert (0, 2**63, STEP) in nb.inbox.refused and nb.inbox.newest == {}

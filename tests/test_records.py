@@ -3,9 +3,10 @@ O(rounds × ranks) — rejections counted by group with a few samples, gossip jo
 
 In one process: floods of rejections in bounded memory and counted exactly; a mesh rank's reports to rank 0 bounded
 and exact; a hostile report or journal is a reason, never an exception. On real processes: a Byzantine rank flooding
-rank 0 with 400,000 unsigned frames (with its own key) while outsiders knock — the transcript and rank 0's memory
-stay bounded, the honest transcript audits; a Byzantine gossip node sending junk, deeply nested, 8 MiB, unsigned,
-forged and misdated journals — each refused and counted, the run finishes, the audit passes.
+rank 0 with 400,000 unsigned frames (with its own key) while outsiders knock — its link is cut at the 8th, each
+counted, the transcript and rank 0's memory stay bounded, the honest transcript audits; a Byzantine gossip node
+sending junk, deeply nested, 8 MiB, unsigned, forged and misdated journals — each refused and counted, the run
+finishes, the audit passes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hashlib
 import json
 import math
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -27,7 +29,7 @@ from tests.test_distributed_sealed import SEALED, job
 
 from phalanx.distributed import launch
 from phalanx.distributed.audit import audit
-from phalanx.distributed.channel import HEADER, MAGIC, PHASED_HEADER, PHASED_MAGIC, Kind
+from phalanx.distributed.channel import HEADER, MAGIC, MAX_VIOLATIONS, PHASED_HEADER, PHASED_MAGIC, Kind
 from phalanx.distributed.env import free_port
 from phalanx.distributed.journal import check_items, journal_limit, read_journal, sign_journal
 from phalanx.distributed.keys import AllowList, init_keys, load_identity
@@ -169,21 +171,31 @@ def serverless(keys: Path) -> Iterator[list[Mesh]]:
 
 
 def test_a_flood_at_a_mesh_rank_reaches_rank_0_as_a_few_exact_counts(serverless: list[Mesh]) -> None:
-    """Rank 2 (its own key) sends rank 1 20,000 unsigned rows: rank 1 refuses each, and rank 0 — which keeps the
-    transcript — receives a handful of reports whose counts add up to rank 1's, once rank 1 has closed."""
+    """Rank 2 (its own key) sends rank 1 20,000 unsigned rows — rank 1 refuses the first MAX_VIOLATIONS and closes
+    the link — and 1,000 outsiders' connections of garbage knock on rank 1's listener: rank 0, which keeps the
+    transcript, receives a handful of reports whose counts add up to rank 1's, once rank 1 has closed."""
     meshes = serverless
-    frames = 20_000
-    meshes[2].out[1].sock.sendall((PHASED_HEADER.pack(PHASED_MAGIC, Kind.ROW, 0, 0, 10) + b"x" * 10) * frames)
+    frames, knocks = 20_000, 1_000
+    try:
+        meshes[2].out[1].sock.sendall((PHASED_HEADER.pack(PHASED_MAGIC, Kind.ROW, 0, 0, 10) + b"x" * 10) * frames)
+    except (ssl.SSLError, OSError):
+        pass  # rank 1 cut the link
     target = meshes[1]
+    for _ in range(knocks):
+        with socket.create_connection(target.address) as plain:
+            plain.sendall(b"\x16\x03\x01 not a handshake")
     with target.cond:
-        assert target.cond.wait_for(lambda: len(target.rejections) >= frames or 2 not in target.incoming, 60.0)
+        assert target.cond.wait_for(lambda: len(target.rejections) >= MAX_VIOLATIONS + 1 + knocks, 60.0)
+    assert 2 not in target.incoming
     target.close(wait_for=set(), timeout=5.0)  # its goodbye carries the counts not reported yet
     refused = len(target.rejections)
     with meshes[0].cond:
         assert meshes[0].cond.wait_for(lambda: len(meshes[0].rejections) >= refused, 30.0)
     groups = meshes[0].rejections.drain()
-    assert sum(g["count"] for g in groups if g["at"] == 1) == refused >= 1
-    assert meshes[0].rejections.appends <= GROUPS_PER_ROUND * (SAMPLES + math.log2(frames) + 2)
+    assert sum(g["count"] for g in groups if g["at"] == 1) == refused >= knocks
+    assert sum(g["count"] for g in groups if g["at"] == 1 and g["rank"] == 2 and "without a signature" in g["kind"]) \
+        == MAX_VIOLATIONS
+    assert meshes[0].rejections.appends <= GROUPS_PER_ROUND * (SAMPLES + math.log2(refused) + 2)
     assert all(len(g["samples"]) <= SAMPLES for g in groups)
 
 
@@ -244,11 +256,11 @@ OUTSIDERS = 200
 
 def test_a_flooding_byzantine_rank_and_outsiders_leave_a_bounded_record(keys: Path, tmp_path: Path) -> None:
     """Ranks 0–2 run a keyed job; the test is rank 3, with rank 3's own key: it joins, then — while rank 0 holds
-    before round 3 — sends 400,000 unsigned 21-byte vector frames (16.8 MB: TCP flow control makes rank 0 read most
-    of them before the send returns) and 200 outsiders send plain bytes to rank 0's port. The run finishes with rank
-    3 missing (≤ f); the transcript grows by a few groups, not by the flood; rank 0's peak memory from before the
-    flood to round 9 grows by less than 32 MiB (measured: 303 → 304 MiB with 344,415 frames counted; the unbounded
-    record this replaced: 303 → 657 MiB and a 30.8 MB transcript); the honest transcript audits."""
+    before round 3 — sends 400,000 unsigned 21-byte vector frames (16.8 MB) and 200 outsiders send plain bytes to
+    rank 0's port. Rank 0 counts the first MAX_VIOLATIONS frames and closes rank 3's uplink (the send fails); the
+    run finishes with rank 3 missing (≤ f); the transcript grows by a few groups, not by the flood; rank 0's peak
+    memory from before the flood to round 9 grows by less than 32 MiB (the unbounded record that bounded records
+    replaced, without the violation limit: 303 → 657 MiB and a 30.8 MB transcript); the honest transcript audits."""
     if sys.platform != "linux":
         pytest.skip("reads rank 0's peak memory from Linux's /proc")
     data = {**SEALED, "keys": str(keys / "job4"), "byzantine": 0, "attack": "none", "round_timeout": 2.0}
@@ -270,7 +282,8 @@ def test_a_flooding_byzantine_rank_and_outsiders_leave_a_bounded_record(keys: Pa
             assert links.up is not None
             wait_for("holding round 3", errs, procs[0])
             before = vm_hwm_mib(procs[0].pid)
-            links.up.sendall((HEADER.pack(MAGIC, Kind.VECTOR, 3, 21) + b"\x00" * 21) * FRAMES)
+            with pytest.raises((ssl.SSLError, OSError)):  # rank 0 cuts the link at the MAX_VIOLATIONS-th frame
+                links.up.sendall((HEADER.pack(MAGIC, Kind.VECTOR, 3, 21) + b"\x00" * 21) * FRAMES)
             for _ in range(OUTSIDERS):
                 with socket.create_connection(("127.0.0.1", port)) as plain:
                     plain.sendall(b"\x16\x03\x01 not a handshake")
@@ -295,12 +308,13 @@ def test_a_flooding_byzantine_rank_and_outsiders_leave_a_bounded_record(keys: Pa
     groups = [g for r in doc["rounds"] for g in r["rejected"]] + [
         g for s in doc["sessions"] for g in s.get("after", {}).get("rejected", [])]
     flood = sum(g["count"] for g in groups if g["rank"] == 3 and "without a signature" in g["kind"])
+    cut = sum(g["count"] for g in groups if g["rank"] == 3 and "closed after" in g["kind"])
     outsiders = sum(g["count"] for g in groups if g["rank"] is None)
     size = (d / TRANSCRIPT).stat().st_size
     peak = json.loads((d / "distributed.json").read_text())["summary"]["max_rss_mib"]
     print(f"flood: {flood} unsigned frames and {outsiders} outsiders counted; transcript {size} bytes; rank 0's "
           f"peak memory {before:.0f} MiB before, {after:.0f} MiB at round 9, {peak:.0f} MiB at the end")
-    assert 1 <= flood <= FRAMES and 1 <= outsiders <= OUTSIDERS, (flood, outsiders)
+    assert flood == MAX_VIOLATIONS and cut == 1 and 1 <= outsiders <= OUTSIDERS, (flood, cut, outsiders)
     assert size <= size_bound(10, 4, 1, "server") and size < 64 << 10, size
     assert after - before < 32, (before, after, flood)
     report = audit(d)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.distributed import sealed as sealed_module
 from phalanx.distributed import wire
 from phalanx.distributed.channel import HEADER, MAGIC, Kind, client_context, send_frame
 from phalanx.distributed.keys import Identity, init_keys, load_identity
@@ -333,3 +334,38 @@ def test_copies_of_the_key_directory_are_not_needed_beyond_own_key(keydir: Path,
     shutil.copy(keydir / "job" / "allow-list.json", only / "allow-list.json")
     shutil.copy(keydir / "job" / "rank-2.key", only / "rank-2.key")
     assert load_identity(only, 2, N).rank == 2
+
+
+@pytest.mark.parametrize("budget", ["kept", "mutant"])
+def test_a_listed_rank_flooding_bad_frames_is_disconnected_after_the_bounded_number(
+    keydir: Path, server: SealedLinks, budget: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 1, with its own key, sends 200 vectors whose signature does not verify: its uplink is closed at the
+    MAX_VIOLATIONS-th and the rank is missing from then on (each one was checked and recorded, no more). The mutant
+    — a budget that never runs out — keeps checking and recording every one, and the link stays open."""
+    from phalanx.distributed import channel
+
+    if budget == "mutant":
+        monkeypatch.setattr(sealed_module, "MAX_VIOLATIONS", 10**9)
+    w1 = worker(keydir, server, 1)
+    server.publish_theta(0, wire.THETA + row(0))
+    assert w1.up is not None
+    bad = _signed_frame(ident(keydir, 1), b"\x00" * 32, 0, 1, row(1), frame_round=0)  # another run's nonce
+    sent = 0
+    try:
+        for _ in range(200):
+            w1.up.sendall(bad)
+            sent += 1
+    except (ssl.SSLError, OSError):
+        pass  # the server closed the link
+    if budget == "kept":
+        wait(lambda: 1 not in server.up, server)
+        verified = [r for r in server.rejections if "does not verify" in r.reason]
+        assert len(verified) == channel.MAX_VIOLATIONS, reasons(server)
+        assert f"closed after {channel.MAX_VIOLATIONS} violations" in reasons(server)
+        assert server.collect(0, [1], set(), 1.0) == {}
+    else:
+        wait(lambda: len(server.rejections) >= 200, server)  # (counted by group: the last 64 are kept whole)
+        groups = server.rejections.drain()
+        assert sum(g["count"] for g in groups if "does not verify" in g["kind"]) == 200, groups
+        assert 1 in server.up and sent == 200

@@ -8,9 +8,12 @@ provides the transports that cross processes and the per-rank entry point:
 * :mod:`~phalanx.distributed.wire` — tensors ↔ bytes, key names, byte counts;
 * :mod:`~phalanx.distributed.parameter_server` — parameter-server topology, tolerant of crashed and silent workers;
 * :mod:`~phalanx.distributed.serverless` — server-free topology (all-gather; needs every rank alive);
-* :mod:`~phalanx.distributed.neighbours` — gossip topology (point to point with the graph neighbours);
+* :mod:`~phalanx.distributed.neighbours` — gossip topology (point to point with the graph neighbours), over the links
+  of :mod:`~phalanx.distributed.gossip_links`;
 * with keys: :mod:`~phalanx.distributed.keys` (identities, the allow-list), :mod:`~phalanx.distributed.channel`
-  (TLS contexts, frames), :mod:`~phalanx.distributed.sealed` (the parameter server's sealed links),
+  (TLS contexts, frames), :mod:`~phalanx.distributed.admission` (how a listener admits connections: one thread,
+  deadlines, caps per source), :mod:`~phalanx.distributed.rendezvous` (where ranks listen, what is read from the
+  store), :mod:`~phalanx.distributed.sealed` (the parameter server's sealed links),
   :mod:`~phalanx.distributed.mesh` (the serverless and gossip topologies' sealed mesh) and
   :mod:`~phalanx.distributed.transcript` (who was heard, ``phalanx audit``);
 * :mod:`~phalanx.distributed.recording` — rank 0's ``distributed.json`` and messages (loop callbacks);

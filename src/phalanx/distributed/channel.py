@@ -18,12 +18,13 @@ round (8) · length (8)`` (:func:`send_phased`, :func:`recv_phased`), with the s
 from __future__ import annotations
 
 import enum
+import json
+import math
 import socket
 import ssl
 import struct
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from phalanx.distributed.keys import Identity
 
@@ -31,9 +32,14 @@ MAGIC = b"PHX1"
 HEADER = struct.Struct(">4sBQQ")
 PHASED_MAGIC = b"PHM1"
 PHASED_HEADER = struct.Struct(">4sBBQQ")
-HANDSHAKE_TIMEOUT_S = 20.0
-"""A connection must finish its TLS handshake and introduce itself within this long (an idle outsider cannot hold a
-connection slot)."""
+HANDSHAKE_TIMEOUT_S = 10.0
+"""How long a connecting rank waits for its TCP connection and TLS handshake (the listening end gives a connection
+:data:`~phalanx.distributed.admission.ADMIT_DEADLINE_S` to introduce itself)."""
+MAX_VIOLATIONS = 8
+"""A listed peer's connection is closed at its this-many-th violation — a frame that framed correctly but must not be
+used (no signature, one that does not verify, a second row of a round, a round far out of range, a malformed report)
+— so a peer cannot make a rank check bad frames forever. A frame that does not frame (bad magic, unknown kind, over
+its size) closes the connection at once."""
 
 
 class Kind(enum.IntEnum):
@@ -61,7 +67,7 @@ class Kind(enum.IntEnum):
     BYE = 10
     """mesh: the sender's last frame on this connection (it ended the run)"""
     ACK = 11
-    """mesh: the receiving end let the connecting peer in (its only frame on that connection)"""
+    """the receiving end let the connecting peer in (its only frame on a mesh connection or a worker's uplink)"""
     REPORT = 12
     """mesh, rank r → rank 0: what rank r rejected (JSON), for rank 0's transcript"""
 
@@ -199,41 +205,17 @@ def close_quietly(sock: socket.socket) -> None:
         pass
 
 
-MAX_PENDING_HANDSHAKES = 64
-"""Connections still in their handshake beyond this many are closed at once (an outsider cannot exhaust threads)."""
+def strict_json(data: bytes | bytearray) -> Any:
+    """JSON as the protocol writes it: ``NaN``, ``Infinity`` and numbers that overflow to them are refused
+    (``ValueError``), so a peer cannot slip a non-finite number into a field that is later made an integer."""
 
+    def constant(name: str) -> float:
+        raise ValueError(f"{name} is not a number the protocol sends")
 
-def serve_tls(
-    listener: socket.socket, ctx: ssl.SSLContext, admit: Callable[[ssl.SSLSocket, str], None],
-    reject: Callable[[int | None, str], None], stopping: Callable[[], bool], name: str,
-) -> None:
-    """Accept connections on ``listener`` until it is closed (or ``stopping()``), each in a thread of its own: the TLS
-    handshake within :data:`HANDSHAKE_TIMEOUT_S`, then ``admit(tls, peer address)``. At most
-    :data:`MAX_PENDING_HANDSHAKES` at once; beyond that, and for a failed handshake (an unknown key, no certificate,
-    recorded traffic replayed, plain bytes), ``reject(None, reason)`` and the connection is closed. Blocks: run it in
-    a thread."""
-    pending = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
+    def finite(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(f"{text[:20]} is not a finite number")
+        return value
 
-    def handshake(conn: socket.socket, addr: str) -> None:
-        try:
-            conn.settimeout(HANDSHAKE_TIMEOUT_S)
-            try:
-                tls = ctx.wrap_socket(conn, server_side=True)
-            except (ssl.SSLError, OSError) as exc:
-                conn.close()
-                reject(None, f"a TLS handshake from {addr} failed ({why(exc)})")
-                return
-            admit(tls, addr)
-        finally:
-            pending.release()
-
-    while not stopping():
-        try:
-            conn, addr = listener.accept()
-        except OSError:
-            return
-        if not pending.acquire(blocking=False):
-            conn.close()
-            reject(None, f"a connection from {addr[0]} beyond {MAX_PENDING_HANDSHAKES} pending handshakes")
-            continue
-        threading.Thread(target=handshake, args=(conn, addr[0]), daemon=True, name=name).start()
+    return json.loads(data, parse_constant=constant, parse_float=finite)

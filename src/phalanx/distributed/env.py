@@ -8,10 +8,12 @@ is a client; under ``phalanx launch`` rank 0 hosts it. Either way it lives outsi
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -36,11 +38,18 @@ class RankEnv:
     """Distinguishes the jobs (and torchrun restarts) that share a store: the key prefix."""
     local_world_size: int = 0
     """How many ranks run on this machine (``LOCAL_WORLD_SIZE``; 0 when not set)."""
+    nodes: int = 0
+    """How many machines torchrun was told the job has (``GROUP_WORLD_SIZE``, its ``--nnodes``; 0 when not set)."""
+    master_here: bool = True
+    """Whether ``MASTER_ADDR`` — where rank 0 (or torchrun's agent of node 0) is — is an address of this machine."""
 
     @property
     def several_machines(self) -> bool:
-        """Whether the job's ranks run on more than one machine (torchrun's ``LOCAL_WORLD_SIZE`` < ``WORLD_SIZE``)."""
-        return 0 < self.local_world_size < self.world_size
+        """Whether the job's ranks may run on more than one machine. Any one sign says so — torchrun's
+        ``LOCAL_WORLD_SIZE`` < ``WORLD_SIZE``, its ``GROUP_WORLD_SIZE`` > 1, or ``MASTER_ADDR`` not an address of
+        this machine — so no single variable, left unset, hides it; ranks without keys also compare the machines
+        they actually run on (:func:`check_one_machine`)."""
+        return 0 < self.local_world_size < self.world_size or self.nodes > 1 or not self.master_here
 
     @classmethod
     def from_environ(cls) -> RankEnv:
@@ -63,12 +72,80 @@ class RankEnv:
         if not 0 <= rank < world:
             raise ConfigError("RANK", rank, f"0 … WORLD_SIZE−1 = {world - 1}")
         restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+        master = env.get("MASTER_ADDR", "127.0.0.1")
+        port = integer("MASTER_PORT")
+        if not 0 < port < 65536:
+            raise ConfigError("MASTER_PORT", port, "a TCP port, 1 … 65535")
         return cls(
             rank=rank, world_size=world, local_rank=integer("LOCAL_RANK", "0"),
-            master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=integer("MASTER_PORT"),
+            master_addr=master, master_port=port,
             agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
             run_id=f"{env.get('TORCHELASTIC_RUN_ID', 'local')}.{restart}",
-            local_world_size=integer("LOCAL_WORLD_SIZE", "0"),
+            local_world_size=integer("LOCAL_WORLD_SIZE", "0"), nodes=integer("GROUP_WORLD_SIZE", "0"),
+            master_here=address_here(master),
+        )
+
+
+def address_here(host: str) -> bool:
+    """Whether ``host`` names an address of this machine: a loopback address, or one a socket can bind (the kernel
+    refuses to bind an address no interface of this machine has)."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)
+    except (socket.gaierror, UnicodeError):
+        return False
+    for family, _, _, _, sockaddr in infos:
+        address = str(sockaddr[0])
+        try:
+            if ipaddress.ip_address(address.split("%", 1)[0]).is_loopback:
+                return True
+        except ValueError:
+            continue
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.bind((address, 0, *sockaddr[2:]))  # (an IPv6 address keeps its flow and scope)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def machine_id() -> str:
+    """What tells this machine (and network namespace) from another: the kernel's boot id, the network namespace and
+    the host name (each may be unreadable; together they tell two hosts apart)."""
+    parts = []
+    for path in ("/proc/sys/kernel/random/boot_id", "/etc/machine-id"):
+        try:
+            parts.append(Path(path).read_text()[:64].strip())
+        except OSError:
+            parts.append("")
+    try:
+        parts.append(str(os.stat("/proc/self/ns/net").st_ino))
+    except OSError:
+        parts.append("")
+    parts.append(socket.gethostname()[:64])
+    return "|".join(parts)
+
+
+def check_one_machine(store: dist.Store, renv: RankEnv, timeout_s: float) -> None:
+    """Ranks without keys: every rank writes :func:`machine_id` into the store and compares it with rank 0's; a rank
+    on another machine than rank 0 refuses to run (one line) — the store's addresses, not a variable, decide."""
+    mine = machine_id()
+    store.set(f"machine/{renv.rank}", mine)
+    if renv.rank == 0:
+        return
+    default = store.timeout  # type: ignore[attr-defined]  # (missing from the c10d stubs)
+    store.set_timeout(timedelta(seconds=timeout_s))
+    try:
+        theirs = bytes(store.get("machine/0")).decode(errors="replace")
+    except (dist.DistError, RuntimeError):
+        return  # (rank 0 is not there: the topology reports it)
+    finally:
+        store.set_timeout(default)
+    if theirs != mine:
+        raise ConfigError(
+            "keys", None, "a key directory (phalanx keys init DIR --workers N) when the ranks run on several machines",
+            f"rank {renv.rank} runs on another machine than rank 0 (as the store shows); without keys anyone who "
+            "reaches the store can speak for any rank; --set insecure=true to run anyway",
         )
 
 

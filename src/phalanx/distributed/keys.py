@@ -65,18 +65,37 @@ def fingerprint(cert_der: bytes) -> str:
 
 
 def _certificate(key: Any, rank: int) -> Any:
+    """Rank ``rank``'s self-signed *leaf* certificate: ``CA:FALSE`` and a key usage of signatures only, so that the
+    key can prove its identity in a TLS handshake but OpenSSL never accepts a certificate it signed (a rank holding
+    its own key cannot mint others that chain to the pinned list)."""
     x509, _, _ = _crypto()
-    from cryptography.x509.oid import NameOID
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"phalanx rank {rank}")])
     now = datetime.datetime.now(datetime.timezone.utc)
+    usage = x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                          data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
+                          encipher_only=False, decipher_only=False)
     return (
         x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=3650))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(usage, critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                       critical=False)
         .sign(key, None)  # Ed25519 signs without a separate hash
     )
+
+
+def _authority(cert: Any) -> bool:
+    """Whether OpenSSL may take ``cert`` as an issuer of other certificates: ``CA:TRUE``, or no basic constraints
+    (the allow-lists of Phalanx before issue 33 were ``CA:TRUE``)."""
+    x509, _, _ = _crypto()
+    try:
+        return bool(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
+    except x509.ExtensionNotFound:
+        return True
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -151,6 +170,9 @@ class AllowList:
     """``sha256:<hex>`` of the DER certificate → rank"""
     digest: str
     """SHA-256 of the allow-list file: recorded in a run's transcript"""
+    authorities: tuple[int, ...] = ()
+    """Ranks whose certificate may sign others (``CA:TRUE``): read for an audit, refused for a job
+    (:func:`load_identity`)."""
 
     @property
     def size(self) -> int:
@@ -182,6 +204,7 @@ class AllowList:
         by_rank: dict[int, str] = {}
         by_fp: dict[str, int] = {}
         keys_seen: dict[bytes, int] = {}
+        authorities = []
         for entry in raw["ranks"]:
             if not isinstance(entry, dict) or not isinstance(entry.get("rank"), int) or isinstance(entry["rank"], bool):
                 raise bad("an entry without an integer rank")
@@ -204,9 +227,11 @@ class AllowList:
                 raise bad(f"rank {rank}'s fingerprint does not match its certificate")
             by_rank[rank] = cert.public_bytes(serialization.Encoding.PEM).decode()
             by_fp[fp] = rank
+            if _authority(cert):
+                authorities.append(rank)
         if sorted(by_rank) != list(range(len(by_rank))) or not by_rank:
             raise bad(f"ranks {sorted(by_rank)} are not 0 … N−1")
-        return cls(path, by_rank, by_fp, hashlib.sha256(blob).hexdigest())
+        return cls(path, by_rank, by_fp, hashlib.sha256(blob).hexdigest(), tuple(sorted(authorities)))
 
     def public_key(self, rank: int) -> Any:
         """Rank ``rank``'s Ed25519 public key (a ``cryptography`` object)."""
@@ -275,6 +300,11 @@ def load_identity(directory: str | Path, rank: int, world_size: int | None = Non
                           f"it names {allow.size}; make keys with --workers {world_size}")
     if rank not in allow.by_rank:
         raise ConfigError("RANK", rank, f"a rank of {allow.path} (0 … {allow.size - 1})")
+    if allow.authorities:
+        raise ConfigError("allow-list", str(allow.path), "leaf certificates (CA:FALSE), as `phalanx keys init` makes "
+                          "them", f"rank {allow.authorities[0]}'s certificate is a CA (CA:TRUE): it could sign "
+                          f"certificates for keys not on the list; make new keys with `phalanx keys init "
+                          f"{directory} --workers {allow.size} --force`")
     path = directory / key_file(rank)
 
     def bad(problem: str, hint: str | None = None) -> ConfigError:

@@ -6,35 +6,37 @@ monitoring row travels through gloo or the c10d store. The protocol:
 
 **Connections.** One TLS connection per direction and pair: the *sender* opens it to the receiver's listener and is
 the only one who writes on it after the introduction; the receiver only reads it (an SSL object is never used by two
-threads; see :mod:`phalanx.distributed.sealed`). Each end checks the other's certificate against the allow-list
-(:mod:`phalanx.distributed.keys`) and the connecting end also checks that the listener holds the key of the rank it
-meant to reach. The connecting peer introduces itself (``HELLO``: its rank, the config digest, and either the address
-it listens on — to rank 0 — or the run's nonce — to any other rank); the receiver refuses, with a reason sent back
-and recorded, a claimed rank that is not the certificate's, a rank not in the job, another config, another nonce
-(another start of the job), and a second connection of one rank (one key, one connection, for the whole run); it
-answers ``ACK`` otherwise, then only reads. Who sent a frame is the certificate's rank, never what the frame says.
+threads). A listener admits connections through :class:`~phalanx.distributed.admission.Admission` (one thread,
+handshake deadlines, caps per source: no slot a stranger can hold); the connecting end checks that the listener holds
+the key of the rank it meant to reach and tries again while a listener under attack sheds it. The connecting peer
+introduces itself (``HELLO``: its rank, the config digest, and either the address it listens on — to rank 0 — or the
+run's nonce); the receiver refuses, with a reason sent back and recorded, a claimed rank that is not the
+certificate's, a rank not in the job, another config, another nonce, and a second connection of one rank (one key,
+one connection, for the whole run); it answers ``ACK`` otherwise, then only reads. Who sent a frame is the
+certificate's rank, never what the frame says.
 
-**Rendezvous.** Rank 0 listens on ``MASTER_ADDR:MASTER_PORT`` (``phalanx launch``: no c10d store exists); under
-torchrun's agent, which holds that port, it listens on a free port and the agent's store carries its ``(host, port)``
-— the only thing an unauthenticated party can touch, and a forged address only leads the ranks to a listener that
-cannot prove rank 0's key (refused). Every other rank listens on :func:`bind_host` with a free port, connects to rank
-0 and says where it listens; rank 0 connects back to each, checks the certificate there is that rank's, and sends it
-the start snapshot (``INIT``: the run's 32-byte nonce, the address book of every rank, the state, over TLS), after
-which the ranks connect to one another through the book. Rank 0's connection to a rank and that rank's to rank 0
-exist in both topologies: the start snapshot, rank 0's stop message, the gossip monitoring rows and the rejection
-reports travel on them.
+**Rendezvous** (:mod:`phalanx.distributed.rendezvous`). Rank 0 listens on ``MASTER_ADDR:MASTER_PORT`` (under
+torchrun's agent, which holds that port: ``PHALANX_SEALED_PORT``, or a free port published in the agent's store and
+read back as untrusted input). Every other rank listens on ``bind_host`` with a free port, connects to rank 0 from
+that address and says where it listens — rank 0 takes only the address the connection came from — and rank 0
+connects back to every rank at once (at most :data:`DIAL_BACK_S`), checks the certificate there is that rank's, and
+sends it the start snapshot (``INIT``: the run's 32-byte nonce, the address book, the state), after which the ranks
+connect to one another through the book, in parallel. Rank 0's connection to a rank and that rank's to rank 0 carry
+the start snapshot, rank 0's stop message, the gossip monitoring rows and the rejection reports.
 
 **Frames.** ``PHASED_MAGIC · kind · phase · round · length`` (:func:`~phalanx.distributed.channel.recv_phased`),
 the length checked against the kind's limit before the payload is read; a receiver takes only the kinds its sender
 may send (``INIT`` and ``STOP`` only from rank 0, ``MONITOR`` and ``REPORT`` only at rank 0). A frame that breaks
-this, or is cut or garbage, closes the connection: its sender is gone from then on.
+this, or is cut or garbage, closes the connection at once; a frame that frames but must not be used (a signature
+that does not verify, a second row, a malformed report …) is a violation, and the connection is closed at the
+:data:`~phalanx.distributed.channel.MAX_VIOLATIONS`-th: its sender is gone from then on.
 
 **Signatures.** A ``ROW`` or ``MONITOR`` payload is ``signature (64) ‖ body``; the Ed25519 signature covers
 :func:`mesh_message` — a domain string per topology (``phalanx/serverless/v1``, ``phalanx/gossip/v1``), the run's
 nonce, the config digest, the kind and phase, the round, the sender, the recipient (gossip: the neighbour it is
 sent to; serverless: :data:`EVERYONE`, a row being one broadcast) and the body's SHA-256 — so a row cannot be
 replayed into another round, phase, run or topology, relayed by another rank, or (gossip) redirected to another
-neighbour. A row that fails is a *rejection* (:class:`~phalanx.distributed.sealed.Rejection`, with the reason) and
+neighbour. A row that fails is a *rejection* (:class:`~phalanx.distributed.rejections.Rejection`, with the reason) and
 is handed to the topology as refused (:class:`Sink`), which decides what a refused row means.
 
 **Rejections** are recorded by the rank that made them, counted by group (:mod:`phalanx.distributed.rejections`);
@@ -48,7 +50,6 @@ import hashlib
 import json
 import os
 import queue
-import socket
 import ssl
 import threading
 import time
@@ -56,8 +57,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from phalanx.distributed import wire
+from phalanx.distributed.admission import Admission, Shed, at_once, dial, listen_on
 from phalanx.distributed.channel import (
     HANDSHAKE_TIMEOUT_S,
+    MAX_VIOLATIONS,
+    PHASED_HEADER,
+    PHASED_MAGIC,
     Closed,
     Kind,
     Limits,
@@ -67,22 +72,17 @@ from phalanx.distributed.channel import (
     peer_rank,
     recv_phased,
     send_phased,
-    serve_tls,
     server_context,
+    strict_json,
     why,
 )
-from phalanx.distributed.env import RankEnv
 from phalanx.distributed.keys import Identity
 from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S
 from phalanx.distributed.rejections import REASON_CHARS, Rejection, RejectionLog, Reporter, parse_report
-from phalanx.distributed.sealed import HELLO_BYTES, SIGNATURE_BYTES, STOP_BYTES
-from phalanx.errors import ConfigError, PhalanxError
+from phalanx.distributed.rendezvous import claimed_address
+from phalanx.distributed.sealed import SIGNATURE_BYTES, STOP_BYTES
+from phalanx.errors import PhalanxError
 
-ADDR_VAR = "PHALANX_SEALED_ADDR"
-"""The address this rank listens on for its peers (a keyed serverless or gossip job). Default: ``MASTER_ADDR`` when
-every rank runs on one machine; required on several."""
-ADDRESS_KEY = "sealed/mesh"
-"""Under torchrun's agent, rank 0 publishes its listener's ``[host, port]`` (JSON) here."""
 DOMAINS = {"serverless": b"phalanx/serverless/v1\x00", "gossip": b"phalanx/gossip/v1\x00"}
 """What a signature of each topology starts with (and the parameter server's ``phalanx/vector/v1``): a signature of
 one topology is never valid in another."""
@@ -90,6 +90,9 @@ EVERYONE = 0xFFFFFFFF
 """The recipient of a serverless row (one row, sent to every rank)."""
 REPORT_BYTES = 1 << 16
 CLOSE_WAIT_S = 10.0
+DIAL_BACK_S = 15.0
+"""How long rank 0 tries to reach a rank that joined at the address it gave (all of them at once): the most a rank
+that does not answer there delays the start of the others."""
 
 
 def mesh_message(topology: str, nonce: bytes, config: str, kind: Kind, phase: int, t: int, sender: int, to: int,
@@ -97,21 +100,6 @@ def mesh_message(topology: str, nonce: bytes, config: str, kind: Kind, phase: in
     """What a mesh signature covers (every field of fixed length: the nonce 32 bytes, the config digest 64 hex)."""
     return (DOMAINS[topology] + nonce + config.encode() + bytes([int(kind), phase]) + t.to_bytes(8, "big")
             + sender.to_bytes(4, "big") + to.to_bytes(4, "big") + digest)
-
-
-def bind_host(renv: RankEnv) -> str:
-    """Where this rank listens for its peers: ``PHALANX_SEALED_ADDR``, else ``MASTER_ADDR`` when the job runs on one
-    machine (``127.0.0.1`` under ``phalanx launch``); a job across machines must name each machine's address."""
-    host = os.environ.get(ADDR_VAR, "").strip()
-    if host:
-        return host
-    if renv.several_machines:
-        raise ConfigError(
-            ADDR_VAR, None, "this machine's address on the job's network, on every machine of a keyed serverless or "
-            "gossip job (each rank listens there for its peers' TLS connections)",
-            f"export {ADDR_VAR}=<this machine's address> before torchrun (docs/security.md)",
-        )
-    return renv.master_addr
 
 
 class Sink(Protocol):
@@ -169,14 +157,9 @@ class Mesh:
         self.n = workers
         self.server_ctx = server_context(identity)
         self.client_ctx = client_context(identity)
-        host, port = listen
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        try:
-            self.listener = socket.create_server((host, port), family=family, backlog=128)
-        except OSError as exc:
-            raise ConfigError("listen address", f"{host}:{port}", "an address of this machine and a free port",
-                              exc.strerror or type(exc).__name__) from None
-        self.address = (host, int(self.listener.getsockname()[1]))
+        self.listener = listen_on(*listen)
+        bound = self.listener.getsockname()
+        self.address = (str(bound[0]), int(bound[1]))  # (a literal address: what peers see this rank connect from)
         self.nonce: bytes | None = os.urandom(32) if self.rank == 0 else None
         self.cond = threading.Condition()
         self.rejections = RejectionLog()  # bounded: counted per (round, rank or peer, kind)
@@ -196,8 +179,9 @@ class Mesh:
         self.ready = threading.Event()  # rows are handed to the sink only once the topology is set up
         self.closing = False
         self.row_limit, self.init_limit, self.monitor_limit = row_limit, init_limit, monitor_limit
-        self.hello_limits = Limits({Kind.HELLO: HELLO_BYTES})
-        threading.Thread(target=self._accept_loop, daemon=True, name="phalanx-mesh-accept").start()
+        self.admission = Admission(self.listener, self.server_ctx, identity.allow, header=PHASED_HEADER,
+                                   magic=PHASED_MAGIC, hello_kind=int(Kind.HELLO), admit=self._introduce,
+                                   reject=self.reject, name="phalanx-mesh-admit")
 
     # -- records ---------------------------------------------------------------------------------------------------
 
@@ -236,26 +220,21 @@ class Mesh:
 
     # -- listening -------------------------------------------------------------------------------------------------
 
-    def _accept_loop(self) -> None:
-        serve_tls(self.listener, self.server_ctx, self._introduce, self.reject, lambda: self.closing,
-                  "phalanx-mesh-admit")
-
-    def _introduce(self, tls: ssl.SSLSocket, addr: str) -> None:
-        rank = peer_rank(tls, self.identity)
+    def _introduce(self, tls: ssl.SSLSocket, addr: str, rank: int, payload: bytes) -> None:
+        """A connection whose certificate is rank ``rank``'s introduced itself (:class:`Admission`): let it in
+        (``ACK``, then read it) or refuse it with the reason."""
         try:
-            _, _, _, payload = recv_phased(tls, self.hello_limits)
-            hello = json.loads(payload)
+            hello = strict_json(payload)
             claimed, config = hello["rank"], hello["config"]
-        except (Violation, ssl.SSLError, OSError, ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError) as exc:
             close_quietly(tls)
             self.reject(rank, f"a connection from {addr} that did not introduce itself ({why(exc)})")
             return
-        problem = self._check_hello(rank, claimed, config, hello)
+        problem = self._check_hello(rank, claimed, config, hello, addr)
         with self.cond:
             if problem is None and rank in self.heard_from:
                 problem = f"rank {rank} is already connected: one connection per rank and run (one key used twice)"
             if problem is None:
-                assert rank is not None
                 self.heard_from.add(rank)
                 self.incoming[rank] = tls
                 if self.rank == 0:
@@ -270,18 +249,15 @@ class Mesh:
                 pass
             close_quietly(tls)
             return
-        assert rank is not None
         try:
             send_phased(tls, Kind.ACK, 0, 0)
-        except (ssl.SSLError, OSError) as exc:
+            tls.settimeout(None)
+        except (ssl.SSLError, OSError) as exc:  # (it failed, or this rank is closing)
             self._end_incoming(rank, tls, f"its connection failed ({why(exc)})")
             return
-        tls.settimeout(None)
         threading.Thread(target=self._read, args=(rank, tls), daemon=True, name=f"phalanx-mesh-in-{rank}").start()
 
-    def _check_hello(self, rank: int | None, claimed: Any, config: Any, hello: dict[str, Any]) -> str | None:
-        if rank is None:
-            return "its certificate is not on the allow-list"
+    def _check_hello(self, rank: int, claimed: Any, config: Any, hello: dict[str, Any], addr: str) -> str | None:
         if claimed != rank:
             return f"it claims rank {claimed!r} with rank {rank}'s key"
         if not 0 <= rank < self.n or rank == self.rank:
@@ -289,11 +265,7 @@ class Mesh:
         if config != self.digest:
             return "it runs another config"
         if self.rank == 0:
-            listen = hello.get("listen")
-            if not (isinstance(listen, list) and len(listen) == 2 and isinstance(listen[0], str)
-                    and len(listen[0]) <= 255 and isinstance(listen[1], int) and 0 < listen[1] < 65536):
-                return "it did not say where it listens"
-            return None
+            return claimed_address(hello.get("listen"), addr)
         if rank == 0:  # rank 0's connection brings the nonce
             return None
         with self.cond:  # a peer may connect before this rank has its start snapshot (and the nonce)
@@ -317,6 +289,7 @@ class Mesh:
         limits = self._limits(sender)
         public = self.identity.allow.public_key(sender)
         reason = "finished"
+        violations = 0
         while True:
             try:
                 kind, phase, t, payload = recv_phased(tls, limits)
@@ -343,10 +316,18 @@ class Mesh:
                     self.cond.notify_all()
                 continue
             if kind == Kind.REPORT:
-                self._take_report(sender, payload)
+                problem = self._take_report(sender, payload)
+            else:
+                self.ready.wait()
+                problem = self._take_signed(sender, public, kind, phase, t, payload)
+            if problem is None:
                 continue
-            self.ready.wait()
-            self._take_signed(sender, public, kind, phase, t, payload)
+            violations += 1
+            self.reject(sender, problem)
+            if violations >= MAX_VIOLATIONS:
+                reason = f"it broke the protocol's rules {violations} times"
+                self.reject(sender, f"rank {sender}'s link closed after {violations} violations")
+                break
         self._end_incoming(sender, tls, reason)
 
     def _take_init(self, data: bytes) -> None:
@@ -379,28 +360,32 @@ class Mesh:
         self._gone(sender, why)
         close_quietly(tls)
 
-    def _take_report(self, sender: int, payload: bytearray) -> None:
+    def _take_report(self, sender: int, payload: bytearray) -> str | None:
+        """Rank 0: rejections ``sender`` reports, for the transcript (counted by group, filed under this rank's
+        round: a reporter cannot open groups by naming rounds); why not, if it is malformed (a violation)."""
         parsed = parse_report(payload, self.n)
         if isinstance(parsed, str):
-            self.reject(sender, f"rank {sender} sent a report that is not one ({parsed})")
-            return
+            return f"rank {sender} sent a report that is not one ({parsed})"
         rank, reason, count = parsed
-        with self.cond:  # filed under this rank's round: a reporter cannot open groups by naming rounds
+        with self.cond:
             self.rejections.append(Rejection(self.round, rank, reason, at=sender), count)
             self.cond.notify_all()
+        return None
 
-    def _take_signed(self, sender: int, public: Any, kind: Kind, phase: int, t: int, payload: bytearray) -> None:
+    def _take_signed(self, sender: int, public: Any, kind: Kind, phase: int, t: int,
+                     payload: bytearray) -> str | None:
+        """A ``ROW`` or ``MONITOR`` of ``sender``: to the sink if its signature verifies and the sink takes it;
+        else why not (a violation)."""
         from cryptography.exceptions import InvalidSignature
 
         sink = self.sink
         if sink is None or self.nonce is None:  # (closing before the topology was set up)
-            return
+            return None
         what = f"round-{t} {kind.name} (phase {phase})"
         if len(payload) < SIGNATURE_BYTES:
             reason = f"rank {sender} sent a {what} without a signature"
-            self.reject(sender, reason)
             sink.refused(sender, kind, phase, t, reason)
-            return
+            return reason
         signature, body = bytes(payload[:SIGNATURE_BYTES]), payload[SIGNATURE_BYTES:]
         digest = hashlib.sha256(body).digest()
         to = EVERYONE if self.topology == "serverless" and kind == Kind.ROW else self.rank
@@ -409,55 +394,52 @@ class Mesh:
                                                   digest))
         except InvalidSignature:
             reason = f"rank {sender}'s {what} has a signature that does not verify"
-            self.reject(sender, reason)
             sink.refused(sender, kind, phase, t, reason)
-            return
-        problem = sink.signed(sender, kind, phase, t, body, digest, signature)
-        if problem is not None:
-            self.reject(sender, problem)
+            return reason
+        return sink.signed(sender, kind, phase, t, body, digest, signature)
 
     # -- connecting ------------------------------------------------------------------------------------------------
 
-    def _connect(self, peer: int, host: str, port: int, extra: dict[str, Any], deadline: float) -> _Out:
-        where = f"{host}:{port}"
-        while True:
+    def _connect(self, peer: int, host: str, port: int, extra: dict[str, Any], deadline: float,
+                 source: str | None = None) -> _Out:
+        """This rank's connection to ``peer`` at ``host:port`` (:func:`~phalanx.distributed.admission.dial`: tried
+        again while the listener sheds it, until ``deadline``), introduced and let in; :class:`PhalanxError` if the
+        listener is not ``peer`` or refuses this rank."""
+        who, where = f"rank {self.rank}", f"{host}:{port}"
+        hello = json.dumps({"rank": self.rank, "config": self.digest, **extra}).encode()
+
+        def introduce(tls: ssl.SSLSocket) -> ssl.SSLSocket:
+            got = peer_rank(tls, self.identity)
+            if got != peer:
+                raise PhalanxError(f"{who}: the peer at {where} holds rank {got}'s key, not rank {peer}'s")
+            tls.settimeout(max(1.0, deadline - time.monotonic()))  # it may wait for its start snapshot to answer
+            send_phased(tls, Kind.HELLO, 0, 0, hello)
             try:
-                raw = socket.create_connection((host, port), timeout=HANDSHAKE_TIMEOUT_S)
-                break
-            except OSError as exc:
-                if time.monotonic() > deadline:
-                    raise PhalanxError(f"rank {self.rank}: nothing answers at {where}, where rank {peer} should "
-                                       f"listen ({why(exc)})") from None
-                time.sleep(0.05)
-        try:
-            tls = self.client_ctx.wrap_socket(raw)
-        except (ssl.SSLError, OSError) as exc:
-            close_quietly(raw)
-            raise PhalanxError(f"rank {self.rank}: the peer at {where} did not prove a key of the allow-list "
-                               f"({why(exc)})") from None
-        got = peer_rank(tls, self.identity)
-        if got != peer:
-            close_quietly(tls)
-            raise PhalanxError(f"rank {self.rank}: the peer at {where} holds rank {got}'s key, not rank {peer}'s")
-        hello = {"rank": self.rank, "config": self.digest, **extra}
-        try:
-            tls.settimeout(JOIN_TIMEOUT_S)  # the peer may wait for its own start snapshot before it answers
-            send_phased(tls, Kind.HELLO, 0, 0, json.dumps(hello).encode())
-            kind, _, _, answer = recv_phased(tls, Limits({Kind.ACK: 0, Kind.REFUSED: STOP_BYTES}))
-        except (Violation, ssl.SSLError, OSError) as exc:
-            close_quietly(tls)
-            raise PhalanxError(f"rank {self.rank}: rank {peer} at {where} did not let this rank in "
-                               f"({why(exc)})") from None
-        if kind == Kind.REFUSED:
-            close_quietly(tls)
-            raise PhalanxError(f"rank {self.rank}: rank {peer} refused this rank: "
-                               f"{answer.decode(errors='replace')}")
-        tls.settimeout(None)
+                kind, _, _, answer = recv_phased(tls, Limits({Kind.ACK: 0, Kind.REFUSED: STOP_BYTES}))
+            except Closed:
+                raise Shed("closed") from None
+            except Violation as exc:
+                raise PhalanxError(f"{who}: rank {peer} at {where} answered with {exc.reason}") from None
+            except TimeoutError:
+                raise PhalanxError(f"{who}: rank {peer} at {where} did not answer in time") from None
+            if kind == Kind.REFUSED:
+                raise PhalanxError(f"{who}: rank {peer} refused this rank: {answer.decode(errors='replace')}")
+            tls.settimeout(None)
+            return tls
+
+        tls = dial(host, port, self.client_ctx, deadline, introduce, who=who, timeout=HANDSHAKE_TIMEOUT_S,
+                   source=source)
         out = _Out(peer, tls)
         with self.cond:
             self.out[peer] = out
         threading.Thread(target=self._write, args=(out,), daemon=True, name=f"phalanx-mesh-out-{peer}").start()
         return out
+
+    def _connect_all(self, targets: dict[int, tuple[str, int]], extra: dict[str, Any],
+                     deadline: float) -> dict[int, str]:
+        """:meth:`_connect` to every peer of ``targets`` at once (a peer that stalls delays only its own
+        connection, never the others', and none beyond ``deadline``); the peers it failed for, and why."""
+        return at_once(targets, lambda p, a: self._connect(p, a[0], a[1], extra, deadline), f"rank {self.rank}")
 
     def _write(self, out: _Out) -> None:
         while (item := out.mailbox.get()) is not None:
@@ -483,9 +465,10 @@ class Mesh:
             out.cond.notify_all()
 
     def join(self, host: str, port: int) -> None:
-        """A rank other than 0: connect to rank 0 at ``host:port`` and tell it where this rank listens."""
+        """A rank other than 0: connect to rank 0 at ``host:port`` and tell it where this rank listens (from the
+        address it listens on, which rank 0 checks)."""
         self._connect(0, host, port, {"listen": [self.address[0], self.address[1]]},
-                      time.monotonic() + JOIN_TIMEOUT_S)
+                      time.monotonic() + JOIN_TIMEOUT_S, source=self.address[0])
 
     def wait_joins(self, ranks: set[int], timeout: float) -> set[int]:
         """Rank 0: the ranks of ``ranks`` that joined within ``timeout`` seconds."""
@@ -497,17 +480,13 @@ class Mesh:
         """Rank 0: connect to every rank that joined and send it ``init`` with the nonce and the address book of the
         ranks it reached; the bytes sent (the same to every rank)."""
         assert self.rank == 0 and self.nonce is not None
-        book = {0: self.address}
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
         with self.cond:
-            joined = sorted(self.joined.items())
-        for r, (host, port) in joined:
-            try:
-                self._connect(r, host, port, {}, deadline)
-                book[r] = (host, port)
-            except PhalanxError as exc:
-                self.reject(r, str(exc))
-                self._gone(r, str(exc))
+            joined = dict(self.joined)
+        failed = self._connect_all(joined, {}, time.monotonic() + DIAL_BACK_S)
+        for r, reason in failed.items():
+            self.reject(r, reason)
+            self._gone(r, reason)
+        book = {0: self.address, **{r: a for r, a in sorted(joined.items()) if r not in failed}}
         payload = wire.pack({**init, "nonce": self.nonce, "book": {r: [h, p] for r, (h, p) in book.items()}})
         self.book = book
         for r in book:
@@ -532,19 +511,12 @@ class Mesh:
         """Open this rank's connection to each of ``peers`` it has none to yet, through the address book; the peers
         it could not reach, and why."""
         assert self.nonce is not None
-        failed: dict[int, str] = {}
-        for p in sorted(peers):
-            if p in self.out:
-                continue
-            if p not in self.book:
-                failed[p] = "it did not join the job"
-                continue
-            try:
-                self._connect(p, *self.book[p], {"nonce": self.nonce.hex()}, deadline)
-            except PhalanxError as exc:
-                self.reject(p, str(exc))
-                failed[p] = str(exc)
-        return failed
+        absent = {p: "it did not join the job" for p in peers if p not in self.out and p not in self.book}
+        targets = {p: self.book[p] for p in peers if p not in self.out and p in self.book}
+        failed = self._connect_all(targets, {"nonce": self.nonce.hex()}, deadline)
+        for p, reason in failed.items():
+            self.reject(p, reason)
+        return dict(sorted({**absent, **failed}.items()))
 
     def wait_incoming(self, peers: set[int], deadline: float) -> set[int]:
         """The ranks of ``peers`` whose connections to this rank are in, waiting until ``deadline`` (monotonic)."""
@@ -561,24 +533,14 @@ class Mesh:
         broadcast)."""
         assert self.nonce is not None
         digest = hashlib.sha256(body).digest()
-        sigs: dict[int, bytes] = {}
-        if self.topology == "serverless" and kind == Kind.ROW:
-            sig = self.identity.sign(mesh_message(self.topology, self.nonce, self.digest, kind, phase, t, self.rank,
-                                                  EVERYONE, digest))
-            sigs[EVERYONE] = sig
-            payload = sig + body
-            for p in peers:
-                out = self.out.get(p)
-                if out is not None:
-                    out.post(kind, phase, t, payload)
-            return digest, sigs
+        broadcast = self.topology == "serverless" and kind == Kind.ROW
+        sigs = {p: self.identity.sign(mesh_message(self.topology, self.nonce, self.digest, kind, phase, t, self.rank,
+                                                   p, digest)) for p in ([EVERYONE] if broadcast else peers)}
+        payload = sigs[EVERYONE] + body if broadcast else b""
         for p in peers:
             out = self.out.get(p)
-            sig = self.identity.sign(mesh_message(self.topology, self.nonce, self.digest, kind, phase, t, self.rank, p,
-                                                  digest))
-            sigs[p] = sig
             if out is not None:
-                out.post(kind, phase, t, sig + body)
+                out.post(kind, phase, t, payload if broadcast else sigs[p] + body)
         return digest, sigs
 
     def backlog(self, peer: int) -> int:
@@ -623,11 +585,9 @@ class Mesh:
         self.ready.set()
         with self.cond:
             self.cond.notify_all()
+        self.admission.close()
         close_quietly(self.listener)
         for out in outs:
             close_quietly(out.sock)
         for tls in list(self.incoming.values()):
             close_quietly(tls)
-
-
-

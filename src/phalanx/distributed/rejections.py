@@ -206,8 +206,8 @@ def _int(value: Any, low: int, high: int) -> bool:
 
 def parse_report(payload: bytes | bytearray, workers: int) -> tuple[int | None, str, int] | str:
     """A mesh ``REPORT``'s (rank, reason, count), or what is wrong with it: a JSON object with ``rank`` (a rank of
-    the job, or null), ``reason`` (a string), ``count`` (1 … :data:`MAX_COUNT`, default 1) and ``round`` (an integer;
-    not used: rank 0 files a report under its own round). Nothing a peer sends makes it raise."""
+    the job, or null), ``reason`` (a string), ``count`` (1 … :data:`MAX_COUNT`, default 1) and ``round`` (an
+    integer, 0 … 2⁶²; not used: rank 0 files a report under its own round). Nothing a peer sends makes it raise."""
     try:
         item = json.loads(bytes(payload))
     except (ValueError, RecursionError, UnicodeDecodeError) as exc:
@@ -221,6 +221,6 @@ def parse_report(payload: bytes | bytearray, workers: int) -> tuple[int | None, 
         return "no reason"
     if not _int(count, 1, MAX_COUNT):
         return f"count {str(count)[:20]!r} is not an integer in 1 … 2^62"
-    if not _int(item.get("round"), -(1 << 62), 1 << 62):
-        return f"round {str(item.get('round'))[:20]!r} is not an integer"
+    if not _int(item.get("round"), 0, 1 << 62):
+        return f"round {str(item.get('round'))[:20]!r} is not an integer in 0 … 2^62"
     return rank, reason[:REASON_CHARS], count

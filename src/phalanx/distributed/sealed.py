@@ -12,12 +12,18 @@ worker accepts θ only from rank 0's key. Every vector carries an Ed25519 signat
 the run's transcript (:mod:`phalanx.distributed.transcript`) so that anyone holding the allow-list can check later
 who was heard.
 
+Rank 0's listener admits connections through :class:`~phalanx.distributed.admission.Admission` (one thread,
+handshake deadlines, caps per source: an outsider holding connections cannot keep a worker out); a worker whose
+connection was shed tries again until :data:`~phalanx.distributed.parameter_server.JOIN_TIMEOUT_S`, and the server
+answers its uplink with ``ACK`` (its downlink with the start snapshot), so it knows it was let in.
+
 What is never used: a frame over its kind's size (refused before it is read, and the connection closed), a frame of
 a kind the server does not take, a vector whose signature does not verify, a second vector of one rank in one round,
 a vector of a round that has not begun, and anything from a connection that failed TLS (an unknown key, a flipped or
 cut byte, a replay of recorded traffic). Each is a *rejection*, recorded with the round, the rank (None for an
 unknown key) and the reason; the rank's row is then missing from the round and counts against f, exactly as a
-silent worker's does.
+silent worker's does. An uplink is closed at its :data:`~phalanx.distributed.channel.MAX_VIOLATIONS`-th vector that
+must not be used: a listed rank cannot make the server check bad frames forever.
 
 The server never blocks on a worker: each downlink has its own writer thread with a mailbox in which a newer round's
 θ replaces messages of older rounds that have not been sent yet (a worker that fell behind receives the newest θ and
@@ -29,7 +35,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import ssl
 import sys
 import threading
@@ -39,8 +44,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phalanx.distributed import wire
+from phalanx.distributed.admission import Admission, Shed, dial, listen_on
 from phalanx.distributed.channel import (
     HANDSHAKE_TIMEOUT_S,
+    HEADER,
+    MAGIC,
+    MAX_VIOLATIONS,
     Closed,
     Kind,
     Limits,
@@ -50,8 +59,8 @@ from phalanx.distributed.channel import (
     peer_rank,
     recv_frame,
     send_frame,
-    serve_tls,
     server_context,
+    strict_json,
     why,
 )
 from phalanx.distributed.keys import Identity
@@ -60,7 +69,6 @@ from phalanx.distributed.rejections import Rejection, RejectionLog
 from phalanx.errors import PhalanxError
 
 SIGNATURE_BYTES = 64
-HELLO_BYTES = 4096
 STOP_BYTES = 1 << 16
 ATTACK_STATE_BYTES = 1 << 16
 """The most a Byzantine rank's attack-stream state appended to its vector may take."""
@@ -101,7 +109,7 @@ class SealedLinks:
         self.digest = digest
         self.row_bytes = row_bytes
         self.ctx = server_context(identity)
-        self.listener = socket.create_server((host, port), backlog=128)
+        self.listener = listen_on(host, port)
         self.port = int(self.listener.getsockname()[1])
         self.nonce = os.urandom(32)
         self.cond = threading.Condition()
@@ -116,7 +124,7 @@ class SealedLinks:
         self.init_payload: dict[str, Any] | None = None
         self.closed = False
         self.vector_limits = Limits({Kind.VECTOR: SIGNATURE_BYTES + row_bytes + ATTACK_STATE_BYTES})
-        self.hello_limits = Limits({Kind.HELLO: HELLO_BYTES})
+        self.admission: Admission | None = None
 
     # -- connections ---------------------------------------------------------------------------------------------
 
@@ -125,23 +133,18 @@ class SealedLinks:
             self.rejections.append(Rejection(self.round, rank, reason))
             self.cond.notify_all()
 
-    def _accept_loop(self) -> None:
-        serve_tls(self.listener, self.ctx, self._introduce, self._reject, lambda: self.closed, "phalanx-sealed-admit")
-
-    def _introduce(self, tls: ssl.SSLSocket, addr: str) -> None:
-        rank = peer_rank(tls, self.identity)
+    def _introduce(self, tls: ssl.SSLSocket, addr: str, rank: int, payload: bytes) -> None:
+        """A connection whose certificate is rank ``rank``'s introduced itself (:class:`Admission`): let it in as
+        that rank's down- or uplink, or refuse it with the reason."""
         try:
-            _, _, payload = recv_frame(tls, self.hello_limits)
-            hello = json.loads(payload)
+            hello = strict_json(payload)
             claimed, link, config = hello["rank"], hello["link"], hello["config"]
-        except (Violation, ssl.SSLError, OSError, ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError) as exc:
             tls.close()
             self._reject(rank, f"a connection from {addr} that did not introduce itself ({why(exc)})")
             return
         problem = None
-        if rank is None:
-            problem = "its certificate is not on the allow-list"
-        elif claimed != rank:
+        if claimed != rank:
             problem = f"it claims rank {claimed!r} with rank {rank}'s key"
         elif not 1 <= rank < self.n:
             problem = f"rank {rank} is not a worker of this job (1 … {self.n - 1})"
@@ -167,17 +170,26 @@ class SealedLinks:
                 pass
             tls.close()
             return
-        assert rank is not None
-        tls.settimeout(None)
-        if link == "down":
+        if link == "down":  # (its answer is the start snapshot, which its writer sends first)
+            try:
+                tls.settimeout(None)
+            except OSError:  # (closed under it: the server is closing)
+                return
             self._open_down(rank, tls)
-        else:
-            with self.cond:
-                self.up[rank] = tls
-                self.ever_up.add(rank)
-                self.dead_up.discard(rank)
-                self.cond.notify_all()
-            threading.Thread(target=self._read_up, args=(rank, tls), daemon=True, name=f"phalanx-up-{rank}").start()
+            return
+        try:
+            send_frame(tls, Kind.ACK, 0)  # the uplink's only frame from this end: the worker reads it
+            tls.settimeout(None)
+        except (ssl.SSLError, OSError) as exc:
+            close_quietly(tls)
+            self._reject(rank, f"rank {rank}'s uplink failed before it was let in ({why(exc)})")
+            return
+        with self.cond:
+            self.up[rank] = tls
+            self.ever_up.add(rank)
+            self.dead_up.discard(rank)
+            self.cond.notify_all()
+        threading.Thread(target=self._read_up, args=(rank, tls), daemon=True, name=f"phalanx-up-{rank}").start()
 
     def _open_down(self, rank: int, tls: ssl.SSLSocket) -> None:
         assert self.init_payload is not None
@@ -221,8 +233,7 @@ class SealedLinks:
 
     def _read_up(self, rank: int, tls: ssl.SSLSocket) -> None:
         public = self.identity.allow.public_key(rank)
-        from cryptography.exceptions import InvalidSignature
-
+        violations = 0
         while True:
             try:
                 _, t, payload = recv_frame(tls, self.vector_limits)
@@ -236,26 +247,15 @@ class SealedLinks:
                 if not self.closed:
                     self._reject(rank, f"rank {rank}'s uplink failed ({why(exc)})")
                 break
-            if len(payload) < SIGNATURE_BYTES:
-                self._reject(rank, f"rank {rank} sent a round-{t} vector without a signature")
+            problem = self._take_vector(rank, public, t, payload)
+            if problem is None:
                 continue
-            signature, body = bytes(payload[:SIGNATURE_BYTES]), payload[SIGNATURE_BYTES:]
-            digest = hashlib.sha256(body).digest()
-            try:
-                public.verify(signature, signed_message(self.nonce, self.digest, t, rank, digest))
-            except InvalidSignature:
-                self._reject(rank, f"rank {rank}'s round-{t} vector has a signature that does not verify")
-                continue
-            with self.cond:
-                if t > self.round:
-                    self.rejections.append(Rejection(self.round, rank, f"rank {rank} sent a vector for round {t}, "
-                                                     "which has not begun"))
-                elif (t, rank) in self.inbox:
-                    self.rejections.append(Rejection(self.round, rank, f"rank {rank} sent a second vector in round "
-                                                     f"{t}"))
-                elif t + 1 >= self.round:
-                    self.inbox[(t, rank)] = Accepted(body, digest.hex(), signature.hex())
-                self.cond.notify_all()
+            violations += 1
+            self._reject(rank, problem)
+            if violations >= MAX_VIOLATIONS:
+                self._reject(rank, f"rank {rank}'s uplink closed after {violations} violations: it is missing from "
+                                   "now on")
+                break
         with self.cond:
             if self.up.get(rank) is tls:
                 del self.up[rank]
@@ -263,12 +263,36 @@ class SealedLinks:
             self.cond.notify_all()
         close_quietly(tls)
 
+    def _take_vector(self, rank: int, public: Any, t: int, payload: bytearray) -> str | None:
+        """Keep a vector of ``rank`` if it passes every check; else why not (a violation)."""
+        from cryptography.exceptions import InvalidSignature
+
+        if len(payload) < SIGNATURE_BYTES:
+            return f"rank {rank} sent a round-{t} vector without a signature"
+        signature, body = bytes(payload[:SIGNATURE_BYTES]), payload[SIGNATURE_BYTES:]
+        digest = hashlib.sha256(body).digest()
+        try:
+            public.verify(signature, signed_message(self.nonce, self.digest, t, rank, digest))
+        except InvalidSignature:
+            return f"rank {rank}'s round-{t} vector has a signature that does not verify"
+        with self.cond:
+            if t > self.round:
+                return f"rank {rank} sent a vector for round {t}, which has not begun"
+            if (t, rank) in self.inbox:
+                return f"rank {rank} sent a second vector in round {t}"
+            if t + 1 >= self.round:  # (an older one is late, not wrong: a slow worker's; it is dropped)
+                self.inbox[(t, rank)] = Accepted(body, digest.hex(), signature.hex())
+                self.cond.notify_all()
+        return None
+
     # -- ServerLinks -----------------------------------------------------------------------------------------------
 
     def offer(self, init: dict[str, Any]) -> None:
         self.init_payload = init
         self.round = int(init["round"])
-        threading.Thread(target=self._accept_loop, daemon=True, name="phalanx-sealed-accept").start()
+        self.admission = Admission(self.listener, self.ctx, self.identity.allow, header=HEADER, magic=MAGIC,
+                                   hello_kind=int(Kind.HELLO), admit=self._introduce, reject=self._reject,
+                                   name="phalanx-sealed-admit")
 
     def joined(self, n: int) -> set[int]:
         deadline = time.monotonic() + JOIN_TIMEOUT_S
@@ -310,6 +334,8 @@ class SealedLinks:
             while down.alive and down.pending and time.monotonic() < deadline:
                 time.sleep(0.01)
         self.closed = True
+        if self.admission is not None:
+            self.admission.close()
         close_quietly(self.listener)
         for tls in list(self.up.values()):
             close_quietly(tls)
@@ -340,35 +366,42 @@ class SealedWorkerLinks:
             Kind.INIT: 4 * row_bytes + (64 << 20), Kind.THETA: 1 + row_bytes, Kind.STOP: STOP_BYTES,
             Kind.HONEST: 1 + (workers + 8) * row_bytes + (64 << 20), Kind.REFUSED: STOP_BYTES,
         })
+        self.ack_limits = Limits({Kind.ACK: 0, Kind.REFUSED: STOP_BYTES})
         self.down: ssl.SSLSocket | None = None
         self.up: ssl.SSLSocket | None = None
         self.pushed: tuple[Kind, int, bytearray] | None = None
 
     def _connect(self, link: str) -> ssl.SSLSocket:
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
-        while True:
+        """Open ``link`` to rank 0 (:func:`~phalanx.distributed.admission.dial`: a connection the server sheds or
+        resets is tried again until :data:`JOIN_TIMEOUT_S`); its answer — the start snapshot on the downlink,
+        ``ACK`` on the uplink — is read here, a refusal is one line."""
+        who = f"rank {self.rank}"
+
+        def introduce(tls: ssl.SSLSocket) -> ssl.SSLSocket:
+            server = peer_rank(tls, self.identity)
+            if server != 0:
+                raise PhalanxError(f"{who}: the server at {self.host}:{self.port} holds rank {server}'s key, not "
+                                   "rank 0's")
+            tls.settimeout(JOIN_TIMEOUT_S)
+            send_frame(tls, Kind.HELLO, 0, json.dumps({"rank": self.rank, "link": link, "config": self.digest})
+                       .encode())
             try:
-                raw = socket.create_connection((self.host, self.port), timeout=HANDSHAKE_TIMEOUT_S)
-                break
-            except (ConnectionRefusedError, TimeoutError, OSError):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        try:
-            tls = self.ctx.wrap_socket(raw)
-        except ssl.SSLError as exc:
-            raw.close()
-            raise PhalanxError(f"rank {self.rank}: the server at {self.host}:{self.port} did not prove a key of the "
-                               f"allow-list ({why(exc)})") from None
-        server = peer_rank(tls, self.identity)
-        if server != 0:
-            tls.close()
-            raise PhalanxError(f"rank {self.rank}: the server at {self.host}:{self.port} holds rank {server}'s key, "
-                               "not rank 0's")
-        hello = {"rank": self.rank, "link": link, "config": self.digest}
-        send_frame(tls, Kind.HELLO, 0, json.dumps(hello).encode())
-        tls.settimeout(None)
-        return tls
+                frame = recv_frame(tls, self.limits if link == "down" else self.ack_limits)
+            except Closed:
+                raise Shed("closed") from None
+            except Violation as exc:
+                raise PhalanxError(f"{who}: the server answered with {exc.reason}") from None
+            if frame[0] == Kind.REFUSED:
+                raise PhalanxError(f"{who}: the server refused this rank: {frame[2].decode(errors='replace')}")
+            if link == "down":
+                if frame[0] != Kind.INIT:
+                    raise PhalanxError(f"{who}: a {frame[0].name} frame where the start snapshot was due")
+                self.pushed = frame
+            tls.settimeout(None)
+            return tls
+
+        return dial(self.host, self.port, self.ctx, time.monotonic() + JOIN_TIMEOUT_S, introduce, who=who,
+                    timeout=HANDSHAKE_TIMEOUT_S)
 
     def _next(self) -> tuple[Kind, int, bytearray]:
         if self.pushed is not None:
@@ -382,9 +415,7 @@ class SealedWorkerLinks:
 
     def init(self) -> dict[str, Any]:
         self.down = self._connect("down")
-        kind, _, payload = self._next()
-        if kind != Kind.INIT:
-            raise Violation(f"a {kind.name} frame where the start snapshot was due")
+        _, _, payload = self._next()  # (the start snapshot, read by _connect)
         init: dict[str, Any] = wire.unpack(bytes(payload))
         self.nonce = bytes(init.pop("nonce"))
         return init

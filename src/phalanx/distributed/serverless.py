@@ -21,12 +21,14 @@ the store: rank 0 sends the start snapshot over TLS; in round t every rank sends
 (phase :data:`BYZANTINE`: ``vector ‖ attack-stream state``). ``view`` is the SHA-256 of the row digests this rank
 used in round t − 1 (of the start snapshot it received, in a session's first round): every rank checks that each
 peer aggregated exactly what it did, so a rank that sent different rows to different peers stops the run instead
-of splitting the ranks' models unnoticed. A row that did not arrive within ``round_timeout``, was rejected (no
-signature, a signature that does not verify, a second row, a wrong length or view), or whose sender's connection
-ended is a **failed collective**, exactly as a gloo failure: :class:`RoundAborted`, the run stops with a checkpoint
-of the start of the round (rank 0) and :class:`~phalanx.errors.WorkersLostError`. Not "missing": the ranks would
-need to agree on which rows are missing to stay identical, and nothing here makes them agree. Bit for bit the run
-without keys. Rank 0's transcript (``on_rows``) records every row it used, with its digest and signature.
+of splitting the ranks' models unnoticed; the run's last round, which no next row checks, ends with every rank
+sending every other its view of that round (phase :data:`VIEW`), compared the same way. A row that did not arrive
+within ``round_timeout``, was rejected (no signature, a signature that does not verify, a second row, a wrong length
+or view), or whose sender's connection ended is a **failed collective**, exactly as a gloo failure:
+:class:`RoundAborted`, the run stops with a checkpoint of the start of the round (rank 0) and
+:class:`~phalanx.errors.WorkersLostError`. Not "missing": the ranks would need to agree on which rows are missing to
+stay identical, and nothing here makes them agree. Bit for bit the run without keys. Rank 0's transcript
+(``on_rows``) records every row it used, with its digest and signature.
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ from phalanx.training.transport import Transport
 if TYPE_CHECKING:
     from phalanx.training.experiment import Experiment
 
-GATHER, BYZANTINE = 0, 1
-"""The phases of a sealed round: every rank's row; the Byzantine ranks' rows of a vector attack."""
+GATHER, BYZANTINE, VIEW = 0, 1, 2
+"""The phases of a sealed round: every rank's row; the Byzantine ranks' rows of a vector attack; in the run's last
+round, every rank's view (the digest of the rows it aggregated)."""
 VIEW_BYTES = 32
 
 
@@ -259,15 +262,28 @@ class AllGather(Transport):
                 self.attack_state = wire.bytes_tensor(byz[-1][row_bytes:], torch.uint8)
             else:
                 self.attack_state = me.attack_gen.get_state()  # a data attack's stream runs on every rank alike
+            order = sorted(used, key=lambda k: (k[1], k[0]))
+            self.view = hashlib.sha256(b"".join(bytes.fromhex(used[k].sha256) for k in order)).digest()
+            if t == exp.rounds - 1:  # no next round carries this view: compare it now
+                self._confirm_view(mesh, others, t)
         except _CollectiveFailed as exc:
             detail = f"the serverless topology needs every rank alive; a collective failed ({exc})"
             raise RoundAborted([], detail) from None
-        order = sorted(used, key=lambda k: (k[1], k[0]))
-        self.view = hashlib.sha256(b"".join(bytes.fromhex(used[k].sha256) for k in order)).digest()
         if self.on_rows is not None:
             self.on_rows(t, [{"rank": r, "phase": p, "sha256": used[(r, p)].sha256,
                               "signature": used[(r, p)].signature} for r, p in sorted(used)], [])
         return Received(m.to(theta.device), sent=sent, received=received)
+
+    def _confirm_view(self, mesh: Mesh, others: list[int], t: int) -> None:
+        """The run's last round: every rank sends every other the digest of the rows it aggregated (phase
+        :data:`VIEW`, signed) and checks theirs against its own — a rank that sent different rows to different peers
+        in the last round is caught like in any other (the round is given up), not after the run."""
+        mesh.send(others, Kind.ROW, VIEW, t, self.view)
+        for r, acc in self.box.wait(t, VIEW, others, self.timeout).items():
+            if bytes(acc.body) != self.view:
+                raise _CollectiveFailed(self._refuse(
+                    mesh, r, f"rank {r} aggregated other rows in round {t} (the last) than rank {self.renv.rank}: a "
+                    "rank sent different rows to different peers"))
 
     @staticmethod
     def _send(mesh: Mesh, others: list[int], phase: int, t: int, body: bytes) -> Accepted:
@@ -343,7 +359,7 @@ class RowBox:
 
     def signed(self, sender: int, kind: Kind, phase: int, t: int, body: bytearray, digest: bytes,
                signature: bytes) -> str | None:
-        if kind != Kind.ROW or phase not in (GATHER, BYZANTINE):
+        if kind != Kind.ROW or phase not in (GATHER, BYZANTINE, VIEW):
             return f"rank {sender} sent a {kind.name} frame of phase {phase}, which the serverless topology never sends"
         key = (t, phase, sender)
         with self.cond:

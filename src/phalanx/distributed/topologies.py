@@ -20,11 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from phalanx.distributed.env import RankEnv, open_store
+from phalanx.distributed import rendezvous
+from phalanx.distributed.env import RankEnv, check_one_machine, open_store
 from phalanx.distributed.keys import Identity
 from phalanx.distributed.mesh import Mesh
 from phalanx.distributed.neighbours import MessageCount, Neighbours
-from phalanx.distributed.parameter_server import ParameterServer, ParameterServerWorker
+from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S, ParameterServer, ParameterServerWorker
 from phalanx.distributed.recording import RankLog
 from phalanx.distributed.sealed import SealedLinks, SealedWorkerLinks
 from phalanx.distributed.serverless import AllGather
@@ -40,8 +41,6 @@ from phalanx.validate import suggest
 
 WORKER_WAIT_S = 3600.0
 """How long a worker waits for the server's next message (θ or stop) before giving up."""
-SEALED_PORT_KEY = "sealed/port"
-"""Under torchrun's agent (which holds ``MASTER_PORT``), rank 0 publishes the port of its TLS listener here."""
 
 
 @dataclass
@@ -97,7 +96,12 @@ class Topology(ABC):
 
 
 def _store(rank: Rank) -> Any:
-    return open_store(rank.renv, WORKER_WAIT_S)
+    """The job's c10d store, for a rank without keys; unless ``insecure``, a rank on another machine than rank 0
+    refuses to run here (:func:`~phalanx.distributed.env.check_one_machine`)."""
+    store = open_store(rank.renv, WORKER_WAIT_S)
+    if not rank.cfg.insecure:
+        check_one_machine(store, rank.renv, JOIN_TIMEOUT_S)
+    return store
 
 
 class ServerTopology(Topology):
@@ -116,19 +120,25 @@ class ServerTopology(Topology):
             return Part(ParameterServer(store, digest, rank.cfg.round_timeout, rank.log.say))
         row_bytes = exp.problem.dim * exp.problem.initial_theta().element_size()
         n = processes(rank.cfg)
-        # Under torchrun's agent, which holds MASTER_PORT, rank 0 listens on a free port and publishes its number in
-        # the agent's store: the one thing an unauthenticated party can touch, and a forged number only makes the
+        # Under torchrun's agent, which holds MASTER_PORT, rank 0 listens on PHALANX_SEALED_PORT (no store read), or
+        # on a free port whose number it publishes in the agent's store: the one thing an unauthenticated party can
+        # touch, read back as untrusted input (rendezvous.read_port) — a forged number is one line, or makes the
         # workers meet a listener that cannot prove rank 0's key.
-        store = _store(rank) if renv.agent_store else None
+        fixed = rendezvous.port_override() if renv.agent_store else None
+        store = open_store(renv, WORKER_WAIT_S) if renv.agent_store and fixed is None else None
+        host = rendezvous.check_bind_address("MASTER_ADDR", renv.master_addr)
         if renv.rank != 0:
-            port = renv.master_port if store is None else int(store.get(SEALED_PORT_KEY))
-            links = SealedWorkerLinks(rank.identity, renv.master_addr, port, digest, row_bytes, n)
+            if store is not None:
+                port = rendezvous.read_port(store, JOIN_TIMEOUT_S)
+            else:
+                port = renv.master_port if fixed is None else fixed
+            links = SealedWorkerLinks(rank.identity, host, port, digest, row_bytes, n)
             ParameterServerWorker(exp, links, renv.rank, digest).run()
             return None
-        server_links = SealedLinks(rank.identity, renv.master_addr, renv.master_port if store is None else 0, digest,
-                                   row_bytes, n)
+        listen = renv.master_port if not renv.agent_store else fixed or 0
+        server_links = SealedLinks(rank.identity, host, listen, digest, row_bytes, n)
         if store is not None:
-            store.set(SEALED_PORT_KEY, str(server_links.port))
+            store.set(rendezvous.PORT_KEY, str(server_links.port))
         transport = ParameterServer(server_links, digest, rank.cfg.round_timeout, rank.log.say)
 
         def hear(transcript: Transcript) -> None:

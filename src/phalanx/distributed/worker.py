@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from phalanx.distributed import topologies
+from phalanx.distributed import rendezvous, topologies
 from phalanx.distributed.env import RankEnv, open_store
 from phalanx.distributed.keys import Identity, load_identity
-from phalanx.distributed.mesh import ADDRESS_KEY, Mesh, bind_host
-from phalanx.distributed.parameter_server import config_digest
+from phalanx.distributed.mesh import Mesh
+from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S, config_digest
 from phalanx.distributed.recording import DistributedLog, RankLog
 from phalanx.distributed.sealed import ATTACK_STATE_BYTES, warn_unsealed
 from phalanx.distributed.topologies import WORKER_WAIT_S
@@ -124,18 +124,25 @@ def open_mesh(cfg: RunConfig, renv: RankEnv, exp: Experiment, identity: Identity
     introduced to rank 0.
 
     Under ``phalanx launch`` rank 0 listens on ``MASTER_ADDR:MASTER_PORT`` and no c10d store exists; under torchrun's
-    agent, which holds that port, it listens on a free port of :func:`~phalanx.distributed.mesh.bind_host` and
-    publishes ``[host, port]`` in the agent's store (a forged one leads the ranks to a listener that cannot prove rank
-    0's key). The other ranks listen on ``bind_host`` (``PHALANX_SEALED_ADDR``, default ``MASTER_ADDR`` on one
-    machine) with a free port, which they tell rank 0 over TLS.
+    agent, which holds that port, it listens on ``MASTER_ADDR:PHALANX_SEALED_PORT`` when that is set (no store is
+    read), else on a free port of :func:`~phalanx.distributed.rendezvous.bind_host`, published as ``[host, port]`` in
+    the agent's store (read back as untrusted input: a forged one is one line, or leads the ranks to a listener that
+    cannot prove rank 0's key). The other ranks listen on ``bind_host`` (``PHALANX_SEALED_ADDR``, default
+    ``MASTER_ADDR`` on one machine) with a free port, which they tell rank 0 over TLS.
     """
     n = processes(cfg)
     row = exp.problem.dim * exp.problem.initial_theta().element_size()
     row_limit = 2 * row + ATTACK_STATE_BYTES + 64  # the longest row: an anytime pair, a Byzantine row + its state
-    store = open_store(renv, WORKER_WAIT_S) if renv.agent_store else None
-    host = bind_host(renv)
+    fixed = rendezvous.port_override() if renv.agent_store else None
+    store = open_store(renv, WORKER_WAIT_S) if renv.agent_store and fixed is None else None
+    host = rendezvous.bind_host(renv)
     if renv.rank == 0:
-        listen = (renv.master_addr, renv.master_port) if store is None else (host, 0)
+        if not renv.agent_store:
+            listen = (rendezvous.check_bind_address("MASTER_ADDR", renv.master_addr), renv.master_port)
+        elif fixed is not None:
+            listen = (rendezvous.check_bind_address("MASTER_ADDR", renv.master_addr), fixed)
+        else:
+            listen = (host, 0)
     else:
         listen = (host, 0)
     mesh = Mesh(identity, cfg.topology, digest, n, listen, row_limit=row_limit,
@@ -144,13 +151,12 @@ def open_mesh(cfg: RunConfig, renv: RankEnv, exp: Experiment, identity: Identity
           file=sys.stderr, flush=True)
     if renv.rank == 0:
         if store is not None:
-            store.set(ADDRESS_KEY, json.dumps(list(mesh.address)))
+            store.set(rendezvous.ADDRESS_KEY, json.dumps(list(mesh.address)))
         return mesh
-    if store is None:
-        server = (renv.master_addr, renv.master_port)
+    if store is not None:
+        server = rendezvous.read_address(store, JOIN_TIMEOUT_S)
     else:
-        raw = json.loads(bytes(store.get(ADDRESS_KEY)))
-        server = (str(raw[0]), int(raw[1]))
+        server = (renv.master_addr, renv.master_port if fixed is None else fixed)
     mesh.join(*server)
     return mesh
 
