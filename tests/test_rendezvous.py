@@ -129,3 +129,22 @@ def test_a_rank_on_another_machine_than_rank_0_refuses_without_keys(monkeypatch:
     with pytest.raises(ConfigError, match="rank 1 runs on another machine than rank 0") as info:
         check_one_machine(client, r1, 5.0)
     assert "\n" not in str(info.value) and "insecure=true" in str(info.value)
+
+
+def test_a_free_port_is_below_the_ephemeral_range() -> None:
+    """free_port gives listeners a port no outgoing connection can take as its local port (the OS draws those from
+    ip_local_port_range); the old bind-to-0 port was inside that range — the mutant, checked to be so."""
+    import socket
+
+    from phalanx.distributed import env as denv
+
+    span = denv.ephemeral_range()
+    if span is None or span[0] - 1 <= denv.LOWEST_LISTEN_PORT:
+        pytest.skip("no ephemeral range below which to pick")
+    ports = [denv.free_port() for _ in range(20)]
+    assert all(denv.LOWEST_LISTEN_PORT <= p < span[0] for p in ports), ports
+    with socket.socket() as s:  # the mutant: port 0
+        s.bind(("127.0.0.1", 0))
+        assert span[0] <= s.getsockname()[1] <= span[1]
+    with socket.socket() as s:  # and the port is really free: it binds
+        s.bind(("127.0.0.1", ports[0]))

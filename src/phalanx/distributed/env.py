@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import random
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -188,8 +189,41 @@ def resolve_backend(requested: str) -> str:
     return requested
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+"""Where Linux says which ports its outgoing connections take their local port from."""
+LOWEST_LISTEN_PORT = 10_000
+"""The lowest port :func:`free_port` picks below the ephemeral range (above the registered services of the low
+thousands)."""
+
+
+def ephemeral_range() -> tuple[int, int] | None:
+    """The ports outgoing connections take their local port from (``ip_local_port_range``), None where unknown."""
+    try:
+        low, high = (int(v) for v in EPHEMERAL_RANGE.read_text().split()[:2])
+    except (OSError, ValueError):
+        return None
+    return (low, high) if 0 < low <= high < 65536 else None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free now (bind to port 0 and read it back)."""
+    """A TCP port that is free now, **below the ephemeral range** where the OS says what it is.
+
+    Port 0 would give a port *in* that range, from which every outgoing connection on the machine takes its local
+    port: one of them may hold it by the time the listener binds ("Address already in use"). Seen once in a loaded
+    suite: rank 0 of an availability test, whose outsiders open and reopen hundreds of connections from before rank 0
+    listens, could not bind the port it was given. Below the range no outgoing connection takes a port; a random one
+    there is checked by binding it (up to 64 tries, then port 0)."""
+    span = ephemeral_range()
+    if span is not None and span[0] - 1 > LOWEST_LISTEN_PORT:
+        pick = random.SystemRandom()
+        for _ in range(64):
+            port = pick.randint(LOWEST_LISTEN_PORT, span[0] - 1)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
