@@ -29,6 +29,7 @@ import torch
 from tests.test_distributed import BASE, run_dir, write_toml
 from tests.test_distributed_gossip import JOB as GOSSIP_JOB
 from tests.test_distributed_sealed import final, transcript
+from tests.test_distributed_sealed import job as sealed_job
 
 from _outsider import Outsider
 from phalanx.distributed import launch
@@ -60,23 +61,9 @@ TIMEOUT_S = 400.0
 
 def job(data: dict[str, Any], out: Path, tmp: Path, env: dict[str, str] | None = None,
         script: Any = None) -> tuple[int, str, int]:
-    """Run a job with ``phalanx launch``'s spawn/supervise; ``script(procs, errs, port)`` acts while it runs."""
-    cfg = write_toml(tmp / f"job{time.monotonic_ns()}.toml", data)
-    errs = tmp / f"stderr{time.monotonic_ns()}.txt"
-    port = free_port()
-    with errs.open("wb") as fh:
-        procs = launch.spawn(data["workers"], launch.worker_args(cfg, [], out), extra_env=env, stderr=fh,
-                             stdout=subprocess.DEVNULL, master_port=port)
-        try:
-            if script is not None:
-                script(procs, errs, port)
-            code = finish(procs)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-    return code, errs.read_text(), port
+    """The sealed tests' job runner (spawn/supervise, ``script(procs, errs, port)`` while it runs) under this
+    file's bound."""
+    return sealed_job(data, out, tmp, env, script, timeout_s=TIMEOUT_S)
 
 
 def wait_for(text: str, errs: Path, rank0: subprocess.Popen[bytes]) -> None:

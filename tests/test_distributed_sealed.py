@@ -47,7 +47,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def job(data: dict[str, Any], out: Path, tmp: Path, env: dict[str, str] | None = None,
-        script: Any = None) -> tuple[int, str, int]:
+        script: Any = None, timeout_s: float = JOB_TIMEOUT_S) -> tuple[int, str, int]:
     """Run a job with ``phalanx launch``'s spawn/supervise; ``script(procs, errs, port)`` acts while it runs."""
     cfg = write_toml(tmp / f"job{time.monotonic_ns()}.toml", data)
     errs = tmp / f"stderr{time.monotonic_ns()}.txt"
@@ -58,7 +58,7 @@ def job(data: dict[str, Any], out: Path, tmp: Path, env: dict[str, str] | None =
         try:
             if script is not None:
                 script(procs, errs, port)
-            code = launch.supervise(procs, grace_s=5.0, timeout_s=JOB_TIMEOUT_S, say=lambda s: None)
+            code = launch.supervise(procs, grace_s=5.0, timeout_s=timeout_s, say=lambda s: None)
         finally:
             for p in procs:
                 if p.poll() is None:
