@@ -265,6 +265,53 @@ def keys_round(n: int, keyed: bool, keydir: Path, warmup: int, rounds: int, time
     return {"round_s": statistics.median(timed), "missing_rounds": sum(1 for r in log["rounds"] if r["missing"])}
 
 
+def crypto_costs(row_bytes: int, repeats: int = 15) -> dict[str, float]:
+    """Seconds one core takes, in this process, to seal (AES-256-GCM, what TLS 1.3 negotiates here), open, and hash
+    (SHA-256) one row of ``row_bytes``: the medians of ``repeats`` calls through OpenSSL (``cryptography`` and
+    ``hashlib``), the same code the keyed links run."""
+    import hashlib
+
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    row, aead, nonce = os.urandom(row_bytes), AESGCM(AESGCM.generate_key(bit_length=256)), os.urandom(12)
+    sealed = aead.encrypt(nonce, row, None)
+
+    def median_s(call: Any) -> float:
+        call()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    return {"seal_s": median_s(lambda: aead.encrypt(nonce, row, None)),
+            "open_s": median_s(lambda: aead.decrypt(nonce, sealed, None)),
+            "hash_s": median_s(lambda: hashlib.sha256(row).digest())}
+
+
+def crypto_floor(n: int, topology: str, costs: dict[str, float], cores: int) -> float:
+    """The least a keyed round adds to the same round without keys on this machine, in seconds: the cryptographic
+    work every rank must do on its rows, spread over the cores (n processes, min(n, cores) at once).
+
+    Per rank and round, with S rows sent and R received: serverless S = R = n − 1 (every rank's signed row to every
+    other) and one SHA-256 of its own row (one signature for all); gossip on a ring S = R = 2 (one signed message per
+    link, each hashed by its sender); the parameter server's rows are sealed per link and not hashed here, and the
+    floor is not computed for it (its target is met). Each sent row is sealed once, each received row opened once and
+    hashed once (to check its signature): ``n · (S·seal + R·open + (R + H)·hash) / min(n, cores)``, H the sender's
+    hashes (1 serverless, S gossip). The TCP copies are not counted: the round without keys makes them too."""
+    if topology == "serverless":
+        sent = received = n - 1
+        own_hashes = 1
+    elif topology == "gossip":
+        sent = received = min(2, n - 1)
+        own_hashes = sent
+    else:
+        return float("nan")
+    per_rank = sent * costs["seal_s"] + received * costs["open_s"] + (received + own_hashes) * costs["hash_s"]
+    return n * per_rank / max(1, min(n, cores))
+
+
 def keys_comparison(ns: list[int], repeats: int, warmup: int, rounds: int, timeout: float,
                     topologies: tuple[str, ...] = KEYS_TOPOLOGIES) -> list[dict[str, Any]]:
     """Without and with keys, alternating ``repeats`` times per n and topology (so drift in the machine's load hits
@@ -272,6 +319,10 @@ def keys_comparison(ns: list[int], repeats: int, warmup: int, rounds: int, timeo
     from phalanx.distributed.keys import init_keys
 
     out = []
+    costs = crypto_costs(4 * (75 * KEYS_HIDDEN + 10))
+    cores = len(os.sched_getaffinity(0))
+    print(f"# one core: seal {1e3 * costs['seal_s']:.2f} ms, open {1e3 * costs['open_s']:.2f} ms, SHA-256 "
+          f"{1e3 * costs['hash_s']:.2f} ms per 4 MB row", flush=True)
     with tempfile.TemporaryDirectory(prefix="phalanx-keys-") as tmp:
         for n in ns:
             keydir = Path(tmp) / f"n{n}"
@@ -285,7 +336,8 @@ def keys_comparison(ns: list[int], repeats: int, warmup: int, rounds: int, timeo
                             raise RuntimeError(got["error"])
                         into.append(got["round_s"])
                 row = {"n": n, "topology": topology, "d": 75 * KEYS_HIDDEN + 10, "plain_s": plain, "keyed_s": keyed,
-                       "ratio": statistics.median(keyed) / statistics.median(plain)}
+                       "ratio": statistics.median(keyed) / statistics.median(plain),
+                       "crypto_floor_s": crypto_floor(n, topology, costs, cores)}
                 print(json.dumps(row), flush=True)
                 out.append(row)
     return out
@@ -293,13 +345,16 @@ def keys_comparison(ns: list[int], repeats: int, warmup: int, rounds: int, timeo
 
 def keys_table(rows: list[dict[str, Any]]) -> str:
     """The Markdown table of the keys comparison."""
-    lines = ["| topology | n | d | round without keys ms (runs) | with keys ms (runs) | with ÷ without |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| topology | n | d | round without keys ms (runs) | with keys ms (runs) | with ÷ without "
+             "| crypto floor ms | with ÷ (without + floor) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         runs = ", ".join(f"{1e3 * x:.0f}" for x in r["plain_s"]), ", ".join(f"{1e3 * x:.0f}" for x in r["keyed_s"])
-        lines.append(f"| {r.get('topology', 'server')} | {r['n']} | {r['d']:,} | "
-                     f"{1e3 * statistics.median(r['plain_s']):.1f} ({runs[0]}) | "
-                     f"{1e3 * statistics.median(r['keyed_s']):.1f} ({runs[1]}) | {r['ratio']:.3f}× |")
+        plain, keyed, floor = statistics.median(r["plain_s"]), statistics.median(r["keyed_s"]), r.get("crypto_floor_s")
+        has_floor = floor is not None and floor == floor
+        floor_cells = (f"{1e3 * floor:.1f} | {keyed / (plain + floor):.3f}×" if has_floor else "— | —")
+        lines.append(f"| {r.get('topology', 'server')} | {r['n']} | {r['d']:,} | {1e3 * plain:.1f} ({runs[0]}) | "
+                     f"{1e3 * keyed:.1f} ({runs[1]}) | {r['ratio']:.3f}× | {floor_cells} |")
     return "\n".join(lines)
 
 
