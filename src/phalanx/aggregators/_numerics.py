@@ -81,9 +81,13 @@ def row_distances(x: Tensor, v: Tensor) -> Tensor:
     cols = min(d, max(4096, DISTANCE_CHUNK_BYTES // max(1, n * x.element_size())))
     total = torch.zeros(n, dtype=torch.float64, device=x.device)
     buf = torch.empty(n, cols, dtype=x.dtype, device=x.device)
+    grad = torch.is_grad_enabled() and (x.requires_grad or v.requires_grad)
     for s in range(0, d, cols):
         e = min(d, s + cols)
-        block = buf[:, : e - s]
-        torch.sub(x[:, s:e], v[s:e], out=block)
+        if grad:  # out= is not differentiable: a fresh block, as before
+            block = x[:, s:e] - v[s:e]
+        else:
+            block = buf[:, : e - s]
+            torch.sub(x[:, s:e], v[s:e], out=block)
         total += torch.linalg.vector_norm(block, dim=1).double().square()
     return total.sqrt()

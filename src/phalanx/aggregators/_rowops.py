@@ -210,8 +210,10 @@ def new_rows(shape: tuple[int, ...], like: Tensor) -> Tensor:
 def scale_rows(x: Tensor, scales: Tensor) -> Tensor:
     """``x * scales[:, None]`` as a new tensor (never in place), in the dtype of ``x`` (output from
     :func:`new_rows`: the same values as ``x * scales[:, None]``, without its page faults)."""
-    out = new_rows(tuple(x.shape), x)
-    return torch.mul(x, scales.to(device=x.device, dtype=x.dtype)[:, None], out=out)
+    s = scales.to(device=x.device, dtype=x.dtype)[:, None]
+    if torch.is_grad_enabled() and (x.requires_grad or s.requires_grad):
+        return x * s  # out= is not differentiable
+    return torch.mul(x, s, out=new_rows(tuple(x.shape), x))
 
 
 def _runs(mask: Tensor) -> list[tuple[int, int]]:
