@@ -92,11 +92,17 @@ def test_signmaj() -> None:
 
 
 @pytest.mark.parametrize(("n", "d"), [(3, 10), (7, 9000), (300, 5000)])
-def test_row_distances_are_exact_even_next_to_the_centre(n: int, d: int) -> None:
-    # cc's distances run over reused cache-sized blocks of differences: several blocks (d = 9000 at n = 7, and
-    # n = 300 where a block is 4,096 columns), one row a hair away from v (1e-4 per coordinate: the Gram expansion
+def test_row_distances_are_exact_even_next_to_the_centre(
+    n: int, d: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # cc's distances run over reused blocks of differences: here the smallest blocks (4,096 columns, so d = 9000
+    # and 5000 take several), one row a hair away from v (1e-4 per coordinate: the Gram expansion
     # ‖x‖² − 2x·v + ‖v‖² loses it to cancellation — the mutant below), and a NaN row that stays non-finite.
+    from phalanx.aggregators import _numerics
     from phalanx.aggregators._numerics import row_distances
+
+    monkeypatch.setattr(_numerics, "DISTANCE_CHUNK_BYTES", 1)
+    monkeypatch.setattr(_numerics, "DISTANCE_CHUNK_BYTES_THREADED", 1)
 
     g = torch.Generator().manual_seed(n)
     v = torch.randn(d, generator=g) * 100
