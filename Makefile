@@ -40,6 +40,7 @@ docs-check: $(STAMP)
 $(VENV)/.bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/pip install --quiet --no-deps byzfl==0.0.11
+	$(BIN)/pip install --quiet --no-deps byzpy==0.1.4
 	touch $(VENV)/.bench
 
 bench: $(VENV)/.bench

@@ -1,4 +1,4 @@
-"""Adapters that run the peer libraries (ByzFL 0.0.11, Flower 1.42) on the benchmark's input.
+"""Adapters that run the peer libraries (ByzFL 0.0.11, ByzPy 0.1.4, Flower 1.42) on the benchmark's input.
 
 Every adapter is a :class:`Peer`: ``prepare`` converts the benchmark's tensor into the peer's input format once,
 outside the timed region; ``fresh`` (when the peer modifies or consumes its input) makes a new copy before every
@@ -19,12 +19,19 @@ import numpy as np
 import torch
 
 BYZFL = "ByzFL"
+BYZPY = "ByzPy"
 FLOWER_LEGACY = "Flower legacy"
 FLOWER_MSG = "Flower msg"
-PEER_COLUMNS = (BYZFL, FLOWER_LEGACY, FLOWER_MSG)
+PEER_COLUMNS = (BYZFL, BYZPY, FLOWER_LEGACY, FLOWER_MSG)
 
 MDA_LIMIT = 10**6
 """ByzFL's MDA and SMEA enumerate all C(n, f) subsets in Python: above this many, they are not run."""
+
+
+def rows_to_numpy(out: Any) -> np.ndarray:
+    """A pre-aggregator's list of output rows (ByzPy's ``pre_aggregate``) as one float64 ``(n, d)`` ndarray."""
+    return np.stack([np.asarray(o.detach().double().numpy() if isinstance(o, torch.Tensor) else o, np.float64)
+                     for o in out])
 
 
 def to_numpy(out: Any) -> np.ndarray:
@@ -170,12 +177,28 @@ def load_byzfl() -> Any:
     return byzfl
 
 
+def load_byzpy() -> Any:
+    """ByzPy's aggregators and pre-aggregators, as one namespace.
+
+    ByzPy 0.1.4 is installed with ``--no-deps`` (its wheel pins torch < 2.6): its aggregator modules import numpy,
+    torch and cloudpickle (its actor engine) and nothing else, so nothing is stubbed.
+    """
+    from byzpy.aggregators import coordinate_wise, geometric_wise, norm_wise
+    from byzpy.pre_aggregators import ARC, Clipping
+
+    return types.SimpleNamespace(
+        Median=coordinate_wise.CoordinateWiseMedian, TrimmedMean=coordinate_wise.CoordinateWiseTrimmedMean,
+        Krum=geometric_wise.Krum, MultiKrum=geometric_wise.MultiKrum, CGE=norm_wise.ComparativeGradientElimination,
+        CenteredClipping=norm_wise.CenteredClipping, ARC=ARC, Clipping=Clipping,
+    )
+
+
 def peer_versions() -> dict[str, str]:
     """Installed versions of the peers (or why they are missing)."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for pkg in ("byzfl", "flwr"):
+    for pkg in ("byzfl", "byzpy", "flwr"):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
@@ -210,6 +233,47 @@ def _byzfl(
     )
 
 
+def _byzpy_peer(s: Setting, timed: str, call: Callable[[Any], Any], *, pre: bool = False, **kw: Any) -> Peer:
+    """A ByzPy peer on its own input format: a list of per-client tensors (views of ``x``, built before timing)."""
+    return Peer(column=BYZPY, timed=timed, prepare=lambda: list(s.x.unbind(0)), call=call,
+                output=rows_to_numpy if pre else to_numpy, **kw)
+
+
+def byzpy_peers(rule: str, s: Setting, pparams: dict[str, Any]) -> list[Peer]:
+    """ByzPy's implementation of ``rule`` (its direct API: ``aggregate(list)`` / ``pre_aggregate(list)``), if any."""
+    try:
+        bp = load_byzpy()
+    except Exception as exc:
+        return [Peer(column=BYZPY, timed="-", prepare=lambda: None, call=lambda v: None,
+                     skip=f"not installed ({type(exc).__name__})")]
+    f = s.f
+    if rule == "cwmed":
+        return [_byzpy_peer(s, "CoordinateWiseMedian().aggregate(list)", bp.Median().aggregate,
+                            known="ByzPy's median is torch.median: for even n the lower of the two middle values "
+                                  "(Phalanx: their mean)")]
+    if rule == "cwtm":
+        return [_byzpy_peer(s, f"CoordinateWiseTrimmedMean(f={f}).aggregate(list)", bp.TrimmedMean(f=f).aggregate)]
+    if rule == "krum":
+        return [_byzpy_peer(s, f"Krum(f={f}).aggregate(list)", bp.Krum(f=f).aggregate)]
+    if rule == "multikrum":
+        m = int(pparams.get("m") or (s.n - f))
+        return [_byzpy_peer(s, f"MultiKrum(f={f}, q={m}).aggregate(list)", bp.MultiKrum(f=f, q=m).aggregate)]
+    if rule == "cge":
+        return [_byzpy_peer(s, f"ComparativeGradientElimination(f={f}).aggregate(list)", bp.CGE(f=f).aggregate)]
+    if rule == "cc":
+        tau, iters = float(pparams.get("tau", 100.0)), int(pparams.get("iterations", 1))
+        agg = bp.CenteredClipping(c_tau=tau, M=iters, init="zero")
+        return [_byzpy_peer(s, f"CenteredClipping(c_tau={tau:.6g}, M={iters}, init='zero').aggregate(list)",
+                            agg.aggregate)]
+    if rule == "clip":
+        thr = next((float(pparams[k]) for k in ("threshold", "c", "tau", "max_norm") if k in pparams), 2.0)
+        return [_byzpy_peer(s, f"Clipping(threshold={thr:.6g}).pre_aggregate(list)",
+                            bp.Clipping(threshold=thr).pre_aggregate, pre=True)]
+    if rule == "arc":
+        return [_byzpy_peer(s, f"ARC(f={f}).pre_aggregate(list)", bp.ARC(f=f).pre_aggregate, pre=True)]
+    return []
+
+
 def _flower_trim_beta(n: int, f: int) -> tuple[float, int]:
     """Flower's trimming fraction for exactly f values cut per side, and the count Flower then cuts.
 
@@ -225,7 +289,7 @@ def _flower_trim_beta(n: int, f: int) -> tuple[float, int]:
 def build_peers(rule: str, s: Setting, pparams: dict[str, Any]) -> list[Peer]:
     """The peer implementations of ``rule``, configured like the Phalanx rule (``pparams``: its ``params()``)."""
     n, d, f = s.n, s.d, s.f
-    peers: list[Peer] = []
+    peers: list[Peer] = byzpy_peers(rule, s, pparams)
     try:
         bz = load_byzfl()
     except Exception as exc:

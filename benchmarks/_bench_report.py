@@ -9,7 +9,7 @@ from typing import Any
 
 from _bench_peers import PEER_COLUMNS
 
-SHORT = {"ByzFL": "BZ", "Flower legacy": "FL", "Flower msg": "FM"}
+SHORT = {"ByzFL": "BZ", "ByzPy": "BP", "Flower legacy": "FL", "Flower msg": "FM"}
 SPEEDUP_TARGET = 2.0
 FLOOR_TARGET = 5.0
 

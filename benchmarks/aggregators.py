@@ -1,4 +1,4 @@
-"""Time Phalanx's aggregators against ByzFL 0.0.11 and Flower 1.42 on identical inputs, in one command.
+"""Time Phalanx's aggregators against ByzFL 0.0.11, ByzPy 0.1.4 and Flower 1.42 on identical inputs, in one command.
 
     .venv/bin/python benchmarks/aggregators.py [--quick] [--threads 1|all] [--no-peers] [--markdown PATH]
 
@@ -166,7 +166,7 @@ def report(results: list[tuple[dict[str, Any], list[dict[str, Any]]]], args: arg
     lines += notes(results)
     thr = "; ".join(f"{setting_label(st)}: {st.get('threads_info')}" for st, _ in results if st.get("threads_info"))
     stubbed = sorted({m for st, _ in results for m in st.get("stubbed", [])})
-    lines.append(f"Peers: {', '.join(PEER_COLUMNS)} (BZ/FL/FM in the max |Δ| column). Versions: {vtxt}."
+    lines.append(f"Peers: {', '.join(PEER_COLUMNS)} (BZ/BP/FL/FM in the max |Δ| column). Versions: {vtxt}."
                  + (f" Stubbed for `import byzfl` (not installed, import-time only): {', '.join(stubbed)}."
                     if stubbed else ""))
     lines.append(f"Threads per setting: {thr}")

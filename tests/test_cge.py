@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from phalanx import aggregators
+from phalanx.aggregators import _rowops
 from phalanx.aggregators.cge import cge_weights
 from phalanx.errors import ConfigError
 from phalanx.testing import check_aggregator
@@ -47,3 +48,84 @@ def test_requirement_and_properties() -> None:
     with pytest.raises(ConfigError, match="n >= 7"):
         aggregators.make("cge", f=3)(torch.randn(6, 2))
     check_aggregator("cge", trials=12)
+
+
+def _float64_decision(x: torch.Tensor, f: int) -> torch.Tensor:
+    """CGE's weights from every norm summed in float64 (the definition the one-pass norms must reproduce)."""
+    xc = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    return cge_weights(_rowops.float64_row_norms(xc, _rowops.row_norms(xc)[1]), f)
+
+
+def _inputs(seed: int) -> list[tuple[torch.Tensor, int]]:
+    """Gaussian rows, small integers (exact ties), permutations of one row (ties that float32 rounds apart), garbage
+    and overflowing rows, float64 rows whose norms differ by 1e-9 relatively — each in float32 and float64."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for kind in range(5):
+        n = int(torch.randint(3, 30, (1,), generator=g))
+        f = int(torch.randint(0, (n - 1) // 2 + 1, (1,), generator=g))
+        d = int(torch.randint(1, 2000, (1,), generator=g))
+        if kind == 0:
+            x = torch.randn(n, d, generator=g)
+        elif kind == 1:
+            x = torch.randint(-3, 4, (n, d), generator=g).float()
+        elif kind == 2:
+            v = torch.randint(2**15, 2**16, (d,), generator=g).float() / 2**16
+            x = torch.stack([v[torch.randperm(d, generator=g)] for _ in range(n)])
+            x[0] *= 0.5
+        elif kind == 3:
+            x = torch.randn(n, d, generator=g)
+            x[0], x[1, 0], x[2] = float("nan"), float("inf"), 3e19
+        else:
+            x = torch.randn(n, d, generator=g, dtype=torch.float64)
+            x = x * (1 + 1e-9 * torch.randn(n, 1, generator=g, dtype=torch.float64))
+        out += [(x, f), (x.double(), f), (x.half(), f)]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_one_pass_norms_decide_like_float64_norms(seed: int) -> None:
+    # The fast path (float32 block norms with an error bound, float64 norms only for rows that may sit at the cut)
+    # gives exactly the weights of every norm summed in float64, ties included.
+    for x, f in _inputs(seed):
+        _, share = aggregators.make("cge", f=f).aggregate(x)
+        assert torch.equal(share, _float64_decision(x, f)), (x.dtype, x.shape, f)
+
+
+def test_a_bound_that_ignores_rounding_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Mutant: the block estimates taken as exact (δ = η = 0). Rows that are permutations of one another have the
+    # same float64 norm (a tie: they share the places left) but float32 rounds their block norms apart; the mutant
+    # then keeps one and drops the other.
+    g = torch.Generator().manual_seed(3)
+    v = torch.randint(2**15, 2**16, (1000,), generator=g).float() / 2**16
+    x = torch.stack([0.5 * v, v, v.flip(0), v[torch.randperm(1000, generator=g)], 2 * v])
+    want = _float64_decision(x, 2)
+    assert torch.equal(aggregators.make("cge", f=2).aggregate(x)[1], want)
+    assert want[1] == want[2] == want[3] == pytest.approx(2 / 9)  # three tied rows share two places
+    real = _rowops.row_sqnorm_estimates
+
+    def no_slack(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+        est, bad, _, _ = real(x)
+        return est, bad, 0.0, 0.0
+
+    monkeypatch.setattr(_rowops, "row_sqnorm_estimates", no_slack)
+    assert not torch.equal(aggregators.make("cge", f=2).aggregate(x)[1], want)
+
+
+def test_rows_at_the_cut_cost_at_most_their_own_float64_norms(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Availability: a Byzantine row placed exactly at the cut only makes the rows near the cut take the float64
+    # path; well separated rows never do.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(20, 5000, generator=g) * torch.linspace(1, 2, 20)[:, None]
+    x[19] = x[10]  # an attacker's copy of the row at the cut
+    seen: list[int] = []
+    real = _rowops.float64_row_norms
+
+    def counting(x: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+        seen.append(x.shape[0])
+        return real(x, bad)
+
+    monkeypatch.setattr(_rowops, "float64_row_norms", counting)
+    _, share = aggregators.make("cge", f=9).aggregate(x)
+    assert seen and max(seen) <= 3
+    assert share[10] == share[19] == pytest.approx(1 / 22)

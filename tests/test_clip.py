@@ -79,3 +79,29 @@ def test_norms_never_exceed_threshold_and_directions_are_kept(rows: list[list[fl
     torch.testing.assert_close(y[short], x[short])
     long = ~short
     torch.testing.assert_close(y[long], x[long] * (tau / norms[long])[:, None])
+
+
+@pytest.mark.parametrize("rule", ["clip", "arc"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_large_outputs_are_the_same_values_in_their_own_memory(rule: str, dtype: torch.dtype) -> None:
+    # Outputs of ≥ 2 MiB are written into a huge-page-advised buffer (phalanx.aggregators._rowops.new_rows): the
+    # values are exactly x · min(1, τ/‖x‖), the memory is not the input's, and writing into it leaves x alone.
+    from phalanx.aggregators import _rowops, registry
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(8, 70_000, generator=g) * torch.linspace(0.5, 2, 8)[:, None]).to(dtype)
+    assert x.numel() * x.element_size() >= _rowops.HUGE_OUTPUT_BYTES or dtype == torch.float16
+    kept = x.clone()
+    pre = registry.get_class(rule)(f=2, **({"threshold": 250.0} if rule == "clip" else {}))
+    y = pre(x)
+    xc = x.float() if dtype == torch.float16 else x
+    norms, bad = _rowops.row_norms(xc)
+    if rule == "clip":
+        tau: torch.Tensor | float = 250.0
+    else:
+        tau = torch.sort(norms, descending=True).values[2 * 2 * 6 // 8]
+    expected = (xc * _rowops.clip_scales(norms, bad, tau).to(xc.dtype)[:, None]).to(dtype)
+    assert y.dtype == dtype and torch.equal(y, expected)
+    assert y.data_ptr() != x.data_ptr()
+    y.fill_(0)
+    assert torch.equal(x, kept)

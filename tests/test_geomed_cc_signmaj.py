@@ -89,3 +89,29 @@ def test_signmaj() -> None:
     assert out.tolist() == [1.0, -1.0, 0.0, 1.0]
     # agreement with non-zero majority: row0: cols 0,1 -> 2; row1: 0,1,3 -> 3; row2: col 3 -> 1
     assert torch.allclose(c, torch.tensor([2 / 6, 3 / 6, 1 / 6], dtype=torch.float64))
+
+
+@pytest.mark.parametrize(("n", "d"), [(3, 10), (7, 9000), (300, 5000)])
+def test_row_distances_are_exact_even_next_to_the_centre(
+    n: int, d: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # cc's distances run over reused blocks of differences: here the smallest blocks (4,096 columns, so d = 9000
+    # and 5000 take several), one row a hair away from v (1e-4 per coordinate: the Gram expansion
+    # ‖x‖² − 2x·v + ‖v‖² loses it to cancellation — the mutant below), and a NaN row that stays non-finite.
+    from phalanx.aggregators import _numerics
+    from phalanx.aggregators._numerics import row_distances
+
+    monkeypatch.setattr(_numerics, "DISTANCE_CHUNK_BYTES", 1)
+    monkeypatch.setattr(_numerics, "DISTANCE_CHUNK_BYTES_THREADED", 1)
+
+    g = torch.Generator().manual_seed(n)
+    v = torch.randn(d, generator=g) * 100
+    x = torch.randn(n, d, generator=g)
+    x[0] = v + 1e-4
+    x[-1, d // 2] = float("nan")
+    exact = (x.double() - v.double()).norm(dim=1)
+    got = row_distances(x, v)
+    torch.testing.assert_close(got[:-1], exact[:-1], rtol=1e-5, atol=0)
+    assert not torch.isfinite(got[-1])
+    gram = (x.square().sum(1) - 2 * (x @ v) + v.square().sum()).clamp_min(0).sqrt().double()
+    assert not torch.allclose(gram[0], exact[0], rtol=1e-2, atol=0)

@@ -8,6 +8,7 @@ copy of the input), instead of building a cleaned copy of the whole input.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -15,8 +16,13 @@ from phalanx.aggregators._numerics import COLUMN_CHUNK
 
 __all__ = [
     "clip_scales", "clipped_mean", "column_mean", "cosine_matrix", "float64_gram", "float64_row_norms", "median_norm",
-    "mix_rows", "row_norms", "scale_rows", "weighted_sum",
+    "mix_rows", "new_rows", "row_norms", "row_sqnorm_estimates", "scale_rows", "smallest_norms_keys", "weighted_sum",
 ]
+
+HUGE_OUTPUT_BYTES = 2 << 20
+"""Outputs of at least this many bytes are allocated through numpy (see :func:`new_rows`)."""
+
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
 
 
 def column_mean(x: Tensor) -> Tensor:
@@ -53,6 +59,81 @@ def float64_row_norms(x: Tensor, bad: Tensor) -> Tensor:
     for s in range(0, x.shape[1], COLUMN_CHUNK):
         total += x[:, s : s + COLUMN_CHUNK].to(torch.float64).square().sum(dim=1)
     return torch.where(bad, torch.full_like(total, float("inf")), total.sqrt())
+
+
+NORM_BLOCK = 128
+"""Columns per float32 partial norm in :func:`row_sqnorm_estimates` (its error bound grows with the block)."""
+
+
+def row_sqnorm_estimates(x: Tensor) -> tuple[Tensor, Tensor, float, float]:
+    r"""One streaming pass: estimates of the squared row norms that :func:`float64_row_norms` would square, with a
+    rigorous error bound, and the bad rows (as :func:`row_norms` flags them).
+
+    The columns are cut into blocks of :data:`NORM_BLOCK`; each block's norm is taken in the dtype of ``x`` (no
+    ``(n, d)`` temporary, no float64 copy) and the squares of the ``m ≈ d/B`` block norms are summed in float64.
+    Summing ``B`` non-negative terms in any order errs by at most :math:`\gamma_{B-1} \le (B-1)u` relatively
+    (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §4.2, Eq. 4.4 — it holds for every order,
+    hence for whatever torch's kernel does); the squares, the block square root, its float64 square and the float64
+    sum of ``m`` terms add a few ``u`` and ``m·u₆₄``; the float64 reference itself errs by ``d·u₆₄``. With
+    :math:`\delta = 2\big((B + 4)u + (m + d + 8)u_{64}\big)` (factor 2 of slack) and an absolute term ``η`` for
+    squares that underflow, the value :math:`S_i` that :func:`float64_row_norms` squares satisfies
+    :math:`|\hat S_i - S_i| \le \delta \hat S_i + \eta` (for δ < 0.1). Returns ``(estimates float64 (n,), bad,
+    δ, η)``; bad rows have estimate ``+inf``.
+
+    Bad rows: a NaN/Inf entry makes its block's norm non-finite. A row whose squared norm might overflow the dtype
+    (estimate above a quarter of its largest value) gets its norm from :func:`row_norms`, so that ``bad`` is
+    exactly what :func:`row_norms` says.
+    """
+    n, d = x.shape
+    m = d // NORM_BLOCK
+    parts = []
+    if m:
+        parts.append(torch.linalg.vector_norm(x[:, : m * NORM_BLOCK].reshape(n, m, NORM_BLOCK), dim=-1))
+    if d % NORM_BLOCK:
+        parts.append(torch.linalg.vector_norm(x[:, m * NORM_BLOCK :], dim=1, keepdim=True))
+    blocks = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+    est = blocks.to(torch.float64).square().sum(dim=1)
+    bad = ~torch.isfinite(est)
+    info = torch.finfo(x.dtype)
+    suspect = (~bad & (est > info.max / 4)).nonzero().flatten()
+    if suspect.numel():
+        bad[suspect] = row_norms(x.index_select(0, suspect.to(x.device)))[1].to(bad.device)
+    est = torch.where(bad, torch.full_like(est, float("inf")), est)
+    u, u64 = info.eps / 2, torch.finfo(torch.float64).eps / 2
+    delta = 2.0 * ((NORM_BLOCK + 4) * u + (blocks.shape[1] + d + 8) * u64)
+    eta = 4.0 * d * (info.smallest_normal + torch.finfo(torch.float64).smallest_normal)
+    return est, bad, delta, eta
+
+
+def smallest_norms_keys(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Keys that put the rows of ``x`` in the order of :func:`float64_row_norms` around the ``k``-th smallest, and the
+    bad rows: float64 ``(n,)``, the exact float64 norm on the rows that could be the ``k``-th smallest, ``-inf`` on
+    rows surely below it, ``+inf`` on rows surely above it and on bad rows.
+
+    So ``cge_weights(keys, n - k)`` (or any rule that compares rows with the ``k``-th smallest norm) decides what it
+    would on ``float64_row_norms(x, bad)``, at the cost of one streaming pass (:func:`row_sqnorm_estimates`) and the
+    float64 norms of the few rows whose interval ``[Ŝ(1−2δ) − η, Ŝ(1+2δ) + η]`` may contain the ``k``-th smallest
+    value: if ``L`` and ``H`` are the ``k``-th smallest lower and upper ends, that value lies in ``[L, H]``; a row
+    whose upper end is below ``L`` is below it, one whose lower end is above ``H`` above it (fewer than ``k`` rows
+    are surely below and at most ``n − k`` surely above, so the ``k``-th smallest key is the exact value of a row in
+    between). An attacker who places rows in the uncertain band pays for their exact norms, at most what computing
+    every norm in float64 costs; when bad rows reach the ``k``-th place every norm is computed in float64.
+    """
+    est, bad, delta, eta = row_sqnorm_estimates(x)
+    lo = torch.where(bad, est, est * (1.0 - 2.0 * delta) - eta)
+    hi = torch.where(bad, est, est * (1.0 + 2.0 * delta) + eta)
+    low_cut = torch.kthvalue(lo, k).values
+    high_cut = torch.kthvalue(hi, k).values
+    if not bool(torch.isfinite(high_cut)):
+        return float64_row_norms(x, bad), bad
+    below = hi < low_cut
+    unsure = ~below & ~(lo > high_cut) & ~bad
+    keys = torch.where(below, torch.full_like(est, float("-inf")), torch.full_like(est, float("inf")))
+    idx = unsure.nonzero().flatten()
+    keys[idx] = float64_row_norms(x.index_select(0, idx.to(x.device)), torch.zeros_like(idx, dtype=torch.bool)).to(
+        keys.device
+    )
+    return keys, bad
 
 
 def float64_gram(x: Tensor, keep: Tensor) -> Tensor:
@@ -105,9 +186,34 @@ def clip_scales(norms: Tensor, bad: Tensor, threshold: Tensor | float) -> Tensor
     return torch.where(keep, torch.ones_like(norms), tau / safe)
 
 
+def new_rows(shape: tuple[int, ...], like: Tensor) -> Tensor:
+    """An uninitialised tensor of ``shape`` with the dtype and device of ``like``, for a rule's ``(n, d)`` output.
+
+    A fresh CPU allocation of hundreds of MB is mostly page faults: glibc maps it anew on every call and the kernel
+    hands out 4 KiB pages one fault at a time, so writing ``x * s`` into a fresh 200 MB tensor took 250–450 ms where
+    the arithmetic takes 20 ms (n = 50, d = 10⁶, float32, measured in docs/benchmarks.md). numpy advises the kernel
+    to back large arrays with transparent huge pages (``madvise(MADV_HUGEPAGE)``, numpy's default on Linux), which
+    cuts those faults by 512×; torch's CPU allocator does so only when ``THP_MEM_ALLOC_ENABLE=1`` was set before it
+    first allocated. So a CPU output of at least :data:`HUGE_OUTPUT_BYTES` in a dtype numpy has is a numpy array
+    seen as a tensor (``torch.from_numpy``: same memory, freed with the tensor; only ``resize_`` is refused);
+    anything else comes from ``torch.empty``. The values written into it are the same either way.
+    """
+    n_bytes = like.element_size()
+    for s in shape:
+        n_bytes *= s
+    np_dtype = _NUMPY_DTYPES.get(like.dtype)
+    if like.device.type != "cpu" or np_dtype is None or n_bytes < HUGE_OUTPUT_BYTES:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    return torch.from_numpy(np.empty(shape, dtype=np_dtype))
+
+
 def scale_rows(x: Tensor, scales: Tensor) -> Tensor:
-    """``x * scales[:, None]`` as a new tensor (never in place), in the dtype of ``x``."""
-    return x * scales.to(device=x.device, dtype=x.dtype)[:, None]
+    """``x * scales[:, None]`` as a new tensor (never in place), in the dtype of ``x`` (output from
+    :func:`new_rows`: the same values as ``x * scales[:, None]``, without its page faults)."""
+    s = scales.to(device=x.device, dtype=x.dtype)[:, None]
+    if torch.is_grad_enabled() and (x.requires_grad or s.requires_grad):
+        return x * s  # out= is not differentiable
+    return torch.mul(x, s, out=new_rows(tuple(x.shape), x))
 
 
 def _runs(mask: Tensor) -> list[tuple[int, int]]:

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from phalanx.aggregators._rowops import float64_row_norms, row_norms, weighted_sum
+from phalanx.aggregators._rowops import smallest_norms_keys, weighted_sum
 from phalanx.aggregators.base import Aggregator, RuleTags, as_compute_dtype
 from phalanx.aggregators.registry import register
 
@@ -70,7 +70,7 @@ class CGE(Aggregator):
 
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
         xc = as_compute_dtype(x)
-        bad = row_norms(xc)[1]
-        weights = cge_weights(float64_row_norms(xc, bad), self.f)
+        keys, bad = smallest_norms_keys(xc, x.shape[0] - self.f)
+        weights = cge_weights(keys, self.f)
         out = weighted_sum(weights, xc, bad)
         return out.to(x.dtype), (weights if want_contributions else None)
