@@ -344,3 +344,15 @@ def test_a_hostile_leaf_file_is_refused_when_the_population_opens(tmp_path: Path
     with pytest.raises(DataFormatError, match="all_data_0") as info:
         LeafPopulation(folder, eval_clients=1)
     assert "\n" not in str(info.value)
+
+
+def test_the_scale_benchmark_prints_both_ratios() -> None:
+    """benchmarks/scale.py in miniature (each population in its own interpreter): both ratios printed."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "scale.py"), "--populations", "100,100000",
+                          "--per-round", "10", "--rounds", "2", "--warm-up", "1", "--local-steps", "1"],
+                         capture_output=True, text=True, check=True, timeout=600).stdout
+    assert "peak RSS  100,000 ÷ 100:" in out and "round time 100,000 ÷ 100:" in out
