@@ -186,6 +186,7 @@ def test_the_tail_is_the_hypergeometric_one() -> None:
 def test_f_for_is_the_smallest_f_within_delta() -> None:
     """f_for(N, B, C, δ) has P(X > f) ≤ δ and f − 1 does not (10⁶ clients, 10 % Byzantine, 100 a round, δ = 10⁻³)."""
     f = f_for(10**6, 10**5, 100, 1e-3)
+    assert f == 20 and round(tail(10**6, 10**5, 100, 10), 2) == 0.42  # the numbers docs/federated.md quotes
     assert tail(10**6, 10**5, 100, f) <= 1e-3 < tail(10**6, 10**5, 100, f - 1)
     with pytest.raises(ConfigError, match="delta"):
         f_for(100, 10, 10, 1.0)
