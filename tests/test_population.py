@@ -168,6 +168,14 @@ def test_a_round_uses_only_its_clients_data() -> None:
             assert bool(hit.any()) and int(y[hit][0]) == int(yb[row, s])
 
 
+def test_the_same_seed_gives_the_same_run_and_a_data_attack_runs() -> None:
+    """Two runs of one experiment over 10⁶ clients give the same rows (the sample, the clients' data, the batches);
+    a data attack (label flipping) poisons the sampled Byzantine clients' batches as on a split data set."""
+    assert run(_experiment(10**6, rounds=2)) == run(_experiment(10**6, rounds=2))
+    rows = run(_experiment(10**6, rounds=2, attack="labelflip"))
+    assert rows[-1]["round"] == 2 and math.isfinite(rows[-1]["test_loss"])
+
+
 # --- Byzantine count and f --------------------------------------------------------------------------------------
 
 
@@ -329,12 +337,21 @@ def test_the_leaf_population_reads_writers_lazily(tmp_path: Path, monkeypatch: p
 
 
 def test_a_leaf_population_trains(tmp_path: Path) -> None:
+    """The lazy FEMNIST population trains in Python and from a config (``femnist-population`` with ``path``); a run
+    of more clients than it has writers is one line naming ``workers``."""
     folder = _leaf_tree(tmp_path, [{f"w{i:03d}": 3 + i % 4 for i in range(j * 10, j * 10 + 10)} for j in range(3)])
     pop = LeafPopulation(folder, eval_clients=3)
     exp = _experiment(30, byzantine=3, c=6, f=1, rounds=2, pop=pop)
     assert run(exp)[-1]["round"] == 2
     with pytest.raises(ConfigError, match="workers"):
         _experiment(31, byzantine=3, c=6, f=1, rounds=2, pop=pop)
+    cfg = {"algorithm": "fedavg", "dataset": "femnist-population", "dataset_params": {"path": str(folder),
+           "eval_clients": 3}, "model": "logreg", "workers": 30, "clients_per_round": 6, "byzantine": 3, "f": 1,
+           "aggregator": "cwtm", "rounds": 2, "eval_every": 2, "local_steps": 1, "batch_size": 2}
+    assert run(from_config(make_config(cfg)))[-1]["workers"] == 30
+    with pytest.raises(ConfigError) as info:
+        from_config(make_config({**cfg, "workers": 31}))
+    assert info.value.parameter == "workers"
 
 
 @pytest.mark.parametrize("bad", [{"x": [], "y": []}, {"x": [[2.0] * 784], "y": [0]}, {"x": [[0.0] * 784], "y": [99]}])
