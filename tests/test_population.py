@@ -374,3 +374,24 @@ def test_the_scale_benchmark_prints_both_ratios() -> None:
                           "--per-round", "10", "--rounds", "2", "--warm-up", "1", "--local-steps", "1"],
                          capture_output=True, text=True, check=True, timeout=600).stdout
     assert "peak RSS  100,000 ÷ 100:" in out and "round time 100,000 ÷ 100:" in out
+
+
+def test_per_client_state_and_the_torchrun_engine_are_refused() -> None:
+    """A FedBN model (a BatchNorm row per client: O(N)) and a torchrun client slot over a population are one line
+    each, before a round runs."""
+
+    class Images(SyntheticPopulation):  # the same clients, seen as 1×6×10 images, so a CNN builds on them
+        def __init__(self) -> None:
+            super().__init__(eval_clients=1)
+            self.input_shape = (1, 6, 10)
+            self.train_x = self.train_x.view(-1, 1, 6, 10)
+            self.test_x = self.test_x.view(-1, 1, 6, 10)
+
+    pop = Images()
+    model = models.make("cnn", pop.input_shape, 10, channels=[2, 4], norm="fedbn")
+    with pytest.raises(ConfigError, match="FedBN"):
+        Experiment(model=model, dataset=pop, workers=10**6, rule=aggregators.make("cwtm", f=1),
+                   algorithm=FedAvg(clients_per_round=10))
+    exp = _experiment(10**6)
+    with pytest.raises(ConfigError, match="torchrun"):
+        exp.algorithm.one_worker(exp, 0, {}, None)

@@ -31,6 +31,12 @@ The Byzantine clients are a fixed subset of the population (the last ``byzantine
 sampled varies from round to round, and the rule tolerates the ``f`` it is configured for — each round's true number
 is measured (``byzantine_sampled`` in the metric rows). All sampled clients' local training runs as one batched
 computation over their stacked parameters (``torch.func.vmap`` over per-client parameters), not a loop over clients.
+
+Over a client population (:mod:`phalanx.training.population`: the data set is a
+:class:`~phalanx.data.population.Population` of up to millions of clients whose data are produced when sampled) the
+round samples by Floyd's algorithm — O(C), not a permutation of the N clients — and keeps nothing per client; the
+``byzantine_count`` stage (:mod:`phalanx.training.stages.byzantine_count`) records every round's sampled Byzantine
+count against f.
 """
 
 from __future__ import annotations
