@@ -322,8 +322,8 @@ def test_download_cifar10_archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_names_and_bad_arguments(tmp_path: Path) -> None:
-    assert data.names() == ["cifar10", "digits", "fashion-mnist", "femnist", "mnist", "sent140", "sent140-sample",
-                            "shakespeare"]
+    assert data.names() == ["cifar10", "digits", "fashion-mnist", "femnist", "femnist-population", "mnist", "sent140",
+                            "sent140-sample", "shakespeare", "synthetic"]
     assert data.canonical("Fashion_MNIST") == data.canonical("fmnist") == "fashion-mnist"
     assert data.canonical("CIFAR-10") == "cifar10"
     with pytest.raises(ConfigError, match="did you mean mnist"):

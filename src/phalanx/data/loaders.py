@@ -27,6 +27,8 @@ import torch
 from phalanx.data import cifar, download, leaf
 from phalanx.data.base import DataFormatError, Dataset, DatasetNotFoundError, standardise
 from phalanx.data.idx import read_idx
+from phalanx.data.leaf_population import LeafPopulation
+from phalanx.data.population import Population, SyntheticPopulation
 from phalanx.errors import ConfigError
 from phalanx.plugins import Registry, accepted_params, split_call
 from phalanx.validate import close_matches as suggest_names
@@ -380,15 +382,48 @@ def _load_sent140_sample(tokenizer: str | None = None, length: int | None = None
     ds = _load_leaf("sent140", None, False, tokenizer, length, folder=SENT140_SAMPLE)
     ds.name = "sent140-sample"
     return ds
+
+
+def _population_params(build: Callable[[], Population]) -> Population:
+    """A population built from a config's ``dataset_params``: a bad one is named as the config spells it."""
+    try:
+        return build()
+    except ConfigError as exc:
+        if type(exc) is not ConfigError or exc.parameter.startswith("dataset_params."):
+            raise
+        raise ConfigError(f"dataset_params.{exc.parameter}", exc.value, exc.allowed, exc.hint) from None
+
+
+@register("synthetic")
+def _load_synthetic(alpha: float = 0.5, beta: float = 0.5, seed: int = 0, max_samples: int = 1000,
+                    eval_clients: int = 100) -> Population:
+    """``synthetic``: FedProx's synthetic(α, β) population, each client generated from (seed, id) when it is
+    sampled (:class:`~phalanx.data.population.SyntheticPopulation`)."""
+    return _population_params(lambda: SyntheticPopulation(alpha, beta, seed, max_samples, eval_clients))
+
+
+def _load_femnist_population(root: str | Path | None, path: str | None, eval_clients: int) -> Population:
+    """``femnist-population``: FEMNIST's writers read lazily (:class:`~phalanx.data.leaf_population.LeafPopulation`)
+    from ``path``, else the first place :func:`search_dirs` gives FEMNIST's files."""
+    dirs = [Path(path).expanduser()] if path is not None else search_dirs("femnist", root)
+    folder = next((d for d in dirs if leaf.has_leaf_files(d)), None)
+    if folder is None:
+        raise DatasetNotFoundError("femnist-population", [str(d) for d in dirs], "LEAF's FEMNIST train/ and test/ "
+                                   "JSON directories (dataset_params.path, or the places femnist is looked for)")
+    return _population_params(lambda: LeafPopulation(folder, eval_clients))
+
+
+_REGISTRY.register(lambda root, download, path=None, eval_clients=100: _load_femnist_population(
+    root, path, eval_clients), name="femnist-population")
 _REGISTRY.register(lambda root, download: _load_digits(root, download), name="digits")
 _REGISTRY.register(lambda root, download: _load_idx_set("mnist", root, download), name="mnist")
 _REGISTRY.register(lambda root, download: _load_idx_set("fashion-mnist", root, download), name="fashion-mnist")
 _REGISTRY.register(lambda root, download: _load_cifar10(root, download), name="cifar10")
 
 
-def _as_dataset(name: str, got: Any) -> Dataset:
-    """What a loader returned, as a :class:`Dataset`."""
-    if isinstance(got, Dataset):
+def _as_dataset(name: str, got: Any) -> Dataset | Population:
+    """What a loader returned, as a :class:`Dataset` (a client population as it is)."""
+    if isinstance(got, Dataset | Population):
         return got
     if isinstance(got, dict):
         keys = ("train_x", "train_y", "test_x", "test_y")
@@ -435,7 +470,7 @@ def check_spec(name: str, params: Mapping[str, Any] | None = None) -> tuple[str,
 
 
 def load(name: str, root: str | Path | None = None, download: bool = False,
-         params: Mapping[str, Any] | None = None) -> Dataset:
+         params: Mapping[str, Any] | None = None) -> Dataset | Population:
     """Load a data set by name (see :func:`names`; ``"Fashion_MNIST"``, ``"fmnist"``, ``"cifar-10"`` also work).
 
     Parameters

@@ -16,6 +16,7 @@ import torch
 from phalanx import data, models
 from phalanx.analysis.epsilon import MEMORY_SHARE, available_memory
 from phalanx.attacks.base import DataAttack
+from phalanx.data.population import Population
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.experiments import components, legacy
 from phalanx.experiments.components import processes
@@ -56,7 +57,7 @@ def resolve_device(cfg: RunConfig, local_rank: int | None = None) -> torch.devic
     return devices.resolve(cfg.device, local_rank=local_rank if cfg.engine == "torchrun" else None)
 
 
-def load_data(cfg: RunConfig) -> data.Dataset:
+def load_data(cfg: RunConfig) -> data.Dataset | Population:
     """The config's data set: its loader with the config's root, download flag and ``dataset_params``."""
     return data.load(cfg.dataset, root=cfg.data_root, download=cfg.download, params=cfg.dataset_params)
 
@@ -66,7 +67,9 @@ def _frozen(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True, default=repr)
 
 
-def from_config(cfg: RunConfig, dataset: data.Dataset | None = None, *, local_rank: int | None = None) -> Experiment:
+def from_config(
+    cfg: RunConfig, dataset: data.Dataset | Population | None = None, *, local_rank: int | None = None,
+) -> Experiment:
     """The experiment a config describes (the data set is loaded unless given), on the config's device
     (:func:`resolve_device`; ``local_rank``: a torchrun rank's ``LOCAL_RANK``)."""
     device = resolve_device(cfg, local_rank)
@@ -85,10 +88,20 @@ def from_config(cfg: RunConfig, dataset: data.Dataset | None = None, *, local_ra
     )
 
 
-def _split(cfg: RunConfig, ds: data.Dataset) -> list[torch.Tensor]:
+def _split(cfg: RunConfig, ds: data.Dataset | Population) -> list[torch.Tensor] | None:
     """The workers' shards of ``ds`` as ``cfg`` splits it (drawn from the ``partition`` stream). ``natural``: each
     worker is one of the data set's users (all of them, or ``workers`` drawn from the stream); a data set without
-    user ids is a ConfigError naming ``partition``."""
+    user ids is a ConfigError naming ``partition``. A client population: None (no shards: each client's data are its
+    own), its size checked against ``workers``, and a split other than the default refused."""
+    if isinstance(ds, Population):
+        if not cfg.algorithm_class.samples_population:
+            raise ConfigError("algorithm", cfg.algorithm, f"one that samples a few clients a round and keeps nothing "
+                              f"per client ('fedavg') with the population {ds.name!r}")
+        if cfg.partition != "iid":
+            raise ConfigError("partition", cfg.partition, f"'iid' (the default) with the population {ds.name!r}: "
+                              "each client's data are its own, nothing is split")
+        ds.check_size(cfg.workers)
+        return None
     seed = stream_seed(cfg.seed, "partition") % (2**31)
     if cfg.partition == "natural":
         if not ds.has_users:
@@ -107,7 +120,7 @@ working copies). Measured: 46–56 bytes per parameter and worker (DSGD, cwtm, t
 digits, 10 and 40 workers: peak resident memory), so this bound refuses no run that would fit."""
 
 
-def check_model_memory(cfg: RunConfig, ds: data.Dataset) -> None:
+def check_model_memory(cfg: RunConfig, ds: data.Dataset | Population) -> None:
     """Refuse (one line, before the model is built) a run whose model, times the rows its workers hold each round
     (:data:`ROW_BYTES_PER_PARAMETER` × the run's processes, plus the model itself), cannot fit in the memory this
     process can still get; counted on the ``meta`` device (:func:`phalanx.models.planned_parameters`)."""
@@ -125,7 +138,7 @@ def check_model_memory(cfg: RunConfig, ds: data.Dataset) -> None:
         )
 
 
-def _model(cfg: RunConfig, ds: data.Dataset) -> torch.nn.Module:
+def _model(cfg: RunConfig, ds: data.Dataset | Population) -> torch.nn.Module:
     """The initial model of ``cfg`` on ``ds``'s inputs (drawn from the ``init`` stream), once its memory is checked
     (:func:`check_model_memory`)."""
     check_model_memory(cfg, ds)
@@ -134,7 +147,8 @@ def _model(cfg: RunConfig, ds: data.Dataset) -> torch.nn.Module:
 
 
 def check_points(
-    cfgs: list[RunConfig], load: Callable[[RunConfig], data.Dataset] | None = None, *, here: bool = True,
+    cfgs: list[RunConfig], load: Callable[[RunConfig], data.Dataset | Population] | None = None, *,
+    here: bool = True,
 ) -> None:
     """What validating each config alone cannot see, checked for every point of a grid before the first run starts:
     its data set loads, it can be split among the workers as asked (enough samples for every worker), a data attack

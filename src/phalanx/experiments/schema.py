@@ -70,7 +70,7 @@ class RunConfig(BaseModel):
     )
     model: str = Field("mlp", description="model name (phalanx list models) or a 'module:attr' builder")
     model_params: dict[str, Any] = Field(default_factory=dict, description="extra model parameters")
-    workers: int = Field(20, ge=1, le=100_000, description="n, all workers")
+    workers: int = Field(20, ge=1, le=10_000_000, description="n, all workers (a client population: up to 10⁷)")
     byzantine: int = Field(0, ge=0, description="workers that actually attack")
     f: int = Field(0, ge=0, description="Byzantine workers the aggregator is configured to tolerate")
     aggregator: str = Field("cwtm", description="aggregator spec, e.g. 'nnm>cwtm' (phalanx list aggregators)")

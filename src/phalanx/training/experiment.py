@@ -30,12 +30,14 @@ from phalanx.aggregators.base import Aggregator
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.attacks.none import NoAttack
 from phalanx.data.partition import partition
+from phalanx.data.population import Population
 from phalanx.errors import ConfigError
 from phalanx.training import devices
 from phalanx.training.algorithms.base import RoundAlgorithm, check_knowledge, check_stop
 from phalanx.training.algorithms.dsgd import DSGD
 from phalanx.training.algorithms.fedbn import local_norms
 from phalanx.training.optim import SGD, ServerOptimizer
+from phalanx.training.population import PopulationData
 from phalanx.training.problem import Loss, Problem
 from phalanx.training.schedule import LRSchedule
 from phalanx.training.shards import WorkerData
@@ -149,6 +151,8 @@ class Experiment:
             raise ConfigError("aggregator", repr(self.rule), f"a rule that keeps no state across rounds with "
                               f"{type(algo).__name__} (every node aggregates its own neighbours: there is no one "
                               "server to keep the rule's history)")
+        if isinstance(self.dataset, Population):
+            self._check_population(self.dataset)
         check_knowledge(self.attack_knowledge, self.attack, algo)
         check_stop(self.attack, algo)
         algo.check(self)
@@ -168,22 +172,42 @@ class Experiment:
             raise ConfigError("model", "a FedBN model (FedNorm2d layers in 'fedbn' mode)", "a model without them with "
                               f"{type(self.algorithm).__name__} (every client keeps its BatchNorm layers between "
                               "federated rounds: algorithm FedAvg)")
+        if isinstance(self.dataset, Population) and local_norms(self.problem) is not None:
+            raise ConfigError("model", "a FedBN model (FedNorm2d layers in 'fedbn' mode)", "a model without them with "
+                              "a client population (FedBN keeps a BatchNorm row per client: O(N))")
         if isinstance(self.lr, int | float) and not isinstance(self.lr, bool):
             self.lr = LRSchedule(float(self.lr), "constant", self.rounds)
         if not callable(self.lr):
             raise ConfigError("lr", self.lr, "a number > 0, an LRSchedule or a function of the round")
         self.stages = self._stages()
         ds = self.dataset
-        if self.shards is None:
-            self.shards = partition(ds.train_y, n, "iid", seed=stream_seed(self.seed, "partition") % (2**31))
-        if len(self.shards) != n:
-            raise ConfigError("shards", f"{len(self.shards)} shards", f"one per worker ({n})")
-        self.data = WorkerData(ds.train_x.to(device), ds.train_y.to(device), list(self.shards), ds.num_classes)
+        self.data: WorkerData
+        if isinstance(ds, Population):  # each client's data are its own, produced when it is sampled
+            self.data = PopulationData(ds, n, device)
+        else:
+            if self.shards is None:
+                self.shards = partition(ds.train_y, n, "iid", seed=stream_seed(self.seed, "partition") % (2**31))
+            if len(self.shards) != n:
+                raise ConfigError("shards", f"{len(self.shards)} shards", f"one per worker ({n})")
+            self.data = WorkerData(ds.train_x.to(device), ds.train_y.to(device), list(self.shards), ds.num_classes)
         self.test_x, self.test_y = ds.test_x.to(device), ds.test_y.to(device)
         """The test set on the device (evaluation reads these, not ``dataset``'s)."""
         if isinstance(self.attack, DataAttack):  # a trigger larger than the image, a rare sub-population picked
             self.attack.prepare(ds.train_x, ds.train_y, ds.num_classes)
         self.reference_batch = self._root_batch() if "reference" in self.rule.context_keys else None
+
+    def _check_population(self, population: Population) -> None:
+        """A client population (:mod:`phalanx.training.population`) needs a round that samples a few clients and
+        keeps nothing per client (federated averaging), no shards, and a population that has the ``workers``
+        clients; refused in one line before anything per client is built."""
+        algo = self.algorithm
+        if not algo.samples_population:
+            raise ConfigError("algorithm", type(algo).__name__, "one that samples a few clients a round and keeps "
+                              "nothing per client (FedAvg) with a client population")
+        if self.shards is not None:
+            raise ConfigError("shards", f"{len(self.shards)} shards", "None with a client population (each client's "
+                              "data are its own)")
+        population.check_size(self.workers)
 
     def _stages(self) -> tuple[Stage, ...]:
         """Every stage of the run in the order they act: ``stages``, then ``projection`` and ``privacy`` (the earlier

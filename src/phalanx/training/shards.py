@@ -33,6 +33,16 @@ class WorkerData:
         """The number of shards."""
         return len(self.shards)
 
+    def batches_of(self, ids: Tensor, batch: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+        """The workers ``ids`` (any subset, in the given order) each draw ``batch`` samples uniformly (with
+        replacement) from their own shard: ``(x (len(ids), B, ...), y (len(ids), B))``, one draw of ``gen``."""
+        sizes = self._sizes[ids]
+        u = torch.rand(ids.numel(), batch, generator=gen, dtype=torch.float64)
+        pos = torch.minimum((u * sizes[:, None]).long(), sizes[:, None] - 1)
+        idx = self._flat[self._starts[ids][:, None] + pos].reshape(-1).to(self.x.device)
+        xb = self.x.index_select(0, idx).view(ids.numel(), batch, *self.x.shape[1:])
+        return xb, self.y.index_select(0, idx).view(ids.numel(), batch)
+
 
 def _batch_indices(data: WorkerData, workers: int, batch: int, gen: torch.Generator) -> Tensor:
     """The ``(W, B)`` sample indices of workers ``0 … W−1``: one draw of ``gen`` for all of them."""
@@ -65,10 +75,6 @@ def sample_batch_of(
 
 def sample_batches_of(data: WorkerData, ids: Tensor, batch: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
     """The workers ``ids`` (any subset, in the given order) each draw ``batch`` samples uniformly (with replacement)
-    from their own shard: ``(x (len(ids), B, ...), y (len(ids), B))``, one draw of ``gen`` for all of them."""
-    sizes = data._sizes[ids]
-    u = torch.rand(ids.numel(), batch, generator=gen, dtype=torch.float64)
-    pos = torch.minimum((u * sizes[:, None]).long(), sizes[:, None] - 1)
-    idx = data._flat[data._starts[ids][:, None] + pos].reshape(-1).to(data.x.device)
-    xb = data.x.index_select(0, idx).view(ids.numel(), batch, *data.x.shape[1:])
-    return xb, data.y.index_select(0, idx).view(ids.numel(), batch)
+    from their own shard: ``(x (len(ids), B, ...), y (len(ids), B))``, one draw of ``gen`` for all of them
+    (:meth:`WorkerData.batches_of`; a client population's own: :mod:`phalanx.training.population`)."""
+    return data.batches_of(ids, batch, gen)

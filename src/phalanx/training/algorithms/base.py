@@ -165,6 +165,9 @@ class RoundAlgorithm(ABC):
     ``topology`` defaults to the first."""
     population_key: ClassVar[str] = "workers"
     """The config key that sets :meth:`per_round`'s number, named in the config's errors about it."""
+    samples_population: ClassVar[bool] = False
+    """Its rounds sample a few clients and keep nothing per client, so that it can run over a client population
+    whose data are produced on demand (:mod:`phalanx.training.population`: federated averaging)."""
     runs_worker_stages: ClassVar[bool] = False
     """Its worker side passes every update it sends through the run's worker stages (``Run.worker_stages``:
     client-level differential privacy, say), and sends nothing else of a worker's; a run with a worker stage and an

@@ -31,6 +31,12 @@ The Byzantine clients are a fixed subset of the population (the last ``byzantine
 sampled varies from round to round, and the rule tolerates the ``f`` it is configured for — each round's true number
 is measured (``byzantine_sampled`` in the metric rows). All sampled clients' local training runs as one batched
 computation over their stacked parameters (``torch.func.vmap`` over per-client parameters), not a loop over clients.
+
+Over a client population (:mod:`phalanx.training.population`: the data set is a
+:class:`~phalanx.data.population.Population` of up to millions of clients whose data are produced when sampled) the
+round samples by Floyd's algorithm — O(C), not a permutation of the N clients — and keeps nothing per client; the
+``byzantine_count`` stage (:mod:`phalanx.training.stages.byzantine_count`) records every round's sampled Byzantine
+count against f.
 """
 
 from __future__ import annotations
@@ -45,14 +51,17 @@ from torch import Tensor
 from phalanx.aggregators.base import Aggregator
 from phalanx.aggregators.lora import AdapterUpdates
 from phalanx.attacks.base import Attack, DataAttack
+from phalanx.data.population import Population
 from phalanx.errors import ConfigError
 from phalanx.training.algorithms.base import RoundAlgorithm, built_in_params
 from phalanx.training.algorithms.dsgd import byzantine_vectors, poison_rows
 from phalanx.training.algorithms.fedbn import STATE_KEY, local_norms
+from phalanx.training.population import PopulationData, sample_clients
 from phalanx.training.schedule import LRSchedule
 from phalanx.training.server import BoundRule
 from phalanx.training.shards import sample_batches_of
 from phalanx.training.stages.base import Stage, WorkerStages
+from phalanx.training.stages.byzantine_count import ByzantineCount
 from phalanx.training.stages.lora import LoraResidual
 from phalanx.training.stages.norm_stats import PoolStats
 from phalanx.training.state import Received, RoundState, SlotPlan
@@ -96,6 +105,7 @@ class FedAvg(RoundAlgorithm):
     pools_norm_stats = True
     keeps_local_norms = True
     runs_worker_stages = True
+    samples_population = True
 
     def __post_init__(self) -> None:
         if self.clients_per_round is not None:
@@ -151,6 +161,8 @@ class FedAvg(RoundAlgorithm):
         out: tuple[Stage, ...] = () if norm is None else (PoolStats(norm, self.stats_momentum),)
         if isinstance(exp.rule, AdapterUpdates):  # LoRA adapters aggregated per layer update: record the truncation
             out += (LoraResidual(exp.rule),)
+        if isinstance(exp.dataset, Population):  # a population: each round's sampled Byzantine count, against f
+            out += (ByzantineCount(exp.workers, exp.byzantine, per_round=self.per_round(exp.workers)),)
         return out
 
     def make_server(self, exp: Run, generator: torch.Generator) -> Any:
@@ -193,6 +205,9 @@ class FedAvg(RoundAlgorithm):
 
     def one_worker(self, exp: Run, rank: int, streams: dict[str, Tensor], momentum: Tensor | None) -> FedAvgSlot:
         """Client slot ``rank`` of a process-per-slot run: it trains the ``rank``-th sampled client of each round."""
+        if isinstance(exp.data, PopulationData):
+            raise ConfigError("engine", "torchrun", "'simulated' for a client population (its rounds run in one "
+                              "process so far)")
         if exp.attack_knowledge != "omniscient":
             raise ConfigError("attack_knowledge", exp.attack_knowledge, "'omniscient' with a process per client slot "
                               "(the attacking slots are sent the honest slots' vectors; colluders run in process)")
@@ -226,11 +241,28 @@ class _Clients:
         self.attack_gen = restored(streams["attack"])
         self.client_gen = restored(streams["clients"])
         self.stages = WorkerStages(exp.worker_stages, streams, exp.seed)
-        sizes = exp.data._sizes
+        self.population = isinstance(exp.data, PopulationData)
+        """A client population (:mod:`phalanx.training.population`): nothing is kept per client of it."""
+        self.steps: Tensor | None = None
+        if not self.population:
+            self.steps = self._step_counts(exp.data._sizes)
+
+    def _step_counts(self, sizes: Tensor) -> Tensor:
+        """Each client's number of local steps: K, or ⌈E · |shard| / B⌉ with ``local_epochs`` = E."""
+        algo = self.algo
         if algo.local_epochs is not None:
-            self.steps = torch.ceil(algo.local_epochs * sizes.double() / algo.batch_size).long().clamp_min(1)
-        else:
-            self.steps = torch.full((self.n,), algo.local_steps, dtype=torch.long)
+            return torch.ceil(algo.local_epochs * sizes.double() / algo.batch_size).long().clamp_min(1)
+        return torch.full((int(sizes.numel()),), algo.local_steps, dtype=torch.long)
+
+    def steps_of(self, ids: Tensor) -> Tensor:
+        """The local steps of the clients ``ids``: kept for a split data set, computed from the sampled clients'
+        sizes for a population."""
+        if self.steps is not None:
+            return self.steps[ids]
+        data = self.exp.data
+        assert isinstance(data, PopulationData)
+        sizes = data.sizes(ids) if self.algo.local_epochs is not None else torch.zeros(int(ids.numel()))
+        return self._step_counts(sizes)
 
     def streams(self) -> dict[str, Tensor]:
         """The streams' states now: batches, attack and client sampling (and the worker stages' own: the ``dp``
@@ -247,6 +279,8 @@ class _Clients:
     def sample(self) -> Tensor:
         """The round's clients: C of N uniformly without replacement, in increasing index order (honest clients
         first: the Byzantine ones are the last indices)."""
+        if self.population:  # Floyd's algorithm: O(C), not a permutation of the N clients
+            return sample_clients(self.n, self.c, self.client_gen)
         return torch.randperm(self.n, generator=self.client_gen)[: self.c].sort().values
 
     def _train(self, theta: Tensor, ids: Tensor, t: int, poisoned: int, rows: slice = slice(None)) -> Tensor:
@@ -299,9 +333,10 @@ class _Clients:
         norms = local_norms(exp.problem) if running is not None else None
         w = int(ids.numel())
         velocity = torch.zeros_like(params) if algo.momentum else None
-        steps = self.steps[ids[rows]]
+        counts = self.steps_of(ids)
+        steps = counts[rows]
         lr = algo.client_lr(t)
-        for k in range(int(self.steps[ids].max())):
+        for k in range(int(counts.max())):
             xb, yb = sample_batches_of(exp.data, ids, algo.batch_size, self.batch_gen)
             if poisoned:
                 assert isinstance(exp.attack, DataAttack)

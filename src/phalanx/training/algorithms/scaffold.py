@@ -50,6 +50,7 @@ class Scaffold(FedAvg):
     knowledge = ("omniscient",)  # its round is its own: the colluders' honest pairs are not computed
     pools_norm_stats = False
     keeps_local_norms = False
+    samples_population = False  # a control variate per client: an (N + 1, d) table, no population
     runs_worker_stages = False  # a client's control-variate update Δcᵢ leaves it too, past the worker stages
     lr_role = "server"  # the run's lr is the server's η_g; the clients' η_l is algorithm_params.lr
 
@@ -104,7 +105,7 @@ class ScaffoldClients(FedAvgClients):
         poisoned = int(byz_ids.numel()) if self.poisoning(t) else 0
         pseudo = self._train(theta, train_ids, t, poisoned)  # x − yᵢ, the drift-corrected local steps (correct())
         rows = train_ids.to(self.table.device)
-        steps = self.steps[train_ids].to(pseudo)
+        steps = self.steps_of(train_ids).to(pseudo)
         before = self.table[rows]
         after = before - self.table[self.n] + pseudo / (steps[:, None] * algo.client_lr(t))  # option II
         self.table[rows] = after
