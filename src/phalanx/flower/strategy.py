@@ -31,7 +31,6 @@ for vectors around the honest mean) and the server step η apply as in the rest 
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -43,7 +42,6 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from torch import Tensor
@@ -55,6 +53,7 @@ from phalanx.flower.contributions import Contribution, append_jsonl
 from phalanx.flower.identity import REASONS, Screened, Sent, screen
 from phalanx.flower.metrics import median_metrics
 from phalanx.flower.replies import Layout, Reply, metrics_of, read_reply
+from phalanx.flower.secagg import RECORD_KEY_CONFIGS, SECAGG, is_secagg_error, legacy_refusal
 from phalanx.validate import check_int, check_real
 
 __all__ = ["PhalanxFedAvg"]
@@ -100,54 +99,6 @@ def _name(rule: Any) -> str:
 
 _MAX_DROP_LINES = 20
 """Warning lines per round for the replies dropped by the one-vote check (one line per node and reason)."""
-
-_SECAGG = "under SecAgg+ a strategy sees only the sum of the clients' updates, which no robust rule can use"
-
-
-def _calling_workflow() -> Any:
-    """The Flower SecAgg(+) workflow up the call stack (itself, or a ``DefaultWorkflow``'s ``fit_workflow``), else the
-    ``DefaultWorkflow``, else None."""
-    try:
-        from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow  # SecAggWorkflow is a subclass
-    except ImportError:  # pragma: no cover - shipped with every Flower 1.42
-        return None
-    frame = inspect.currentframe()
-    try:
-        for _ in range(32):
-            if frame is None:
-                return None
-            owner = frame.f_locals.get("self")
-            if isinstance(owner, SecAggPlusWorkflow):
-                return owner
-            if isinstance(owner, DefaultWorkflow):
-                fit = getattr(owner, "fit_workflow", None)
-                return fit if isinstance(fit, SecAggPlusWorkflow) else owner
-            frame = frame.f_back
-        return None
-    finally:
-        del frame
-
-
-def _legacy_refusal(method: str) -> ConfigError:
-    """The error for a legacy (``flwr.server``) workflow calling ``method``: SecAgg+ named when it is the caller."""
-    workflow = _calling_workflow()
-    name = type(workflow).__name__
-    allowed = "strategy.start(grid=..., initial_arrays=...), Flower's Message API, without secure aggregation"
-    if name in ("SecAggPlusWorkflow", "SecAggWorkflow"):
-        return ConfigError("fit_workflow", name, allowed, f"{name} called PhalanxFedAvg.{method}; {_SECAGG}")
-    caller = name if workflow is not None else "DefaultWorkflow, SecAggPlusWorkflow"
-    return ConfigError("strategy", "PhalanxFedAvg", allowed, f"a legacy workflow ({caller}) called {method}: "
-                       f"PhalanxFedAvg has no legacy Strategy API, and {_SECAGG}")
-
-
-def _is_secagg_error(msg: Message) -> bool:
-    """Whether ``msg`` is the error reply of a ClientApp running ``secaggplus_mod`` (or ``secagg_mod``) on an
-    instruction without SecAgg+'s config record: Flower's reason names the missing ``secaggplus_configs`` key."""
-    try:
-        return msg.has_error() and RECORD_KEY_CONFIGS in str(msg.error.reason)
-    except Exception:  # a malformed reply is judged elsewhere
-        return False
-
 
 def _lost_votes(screened: Sequence[Screened], parsed: Sequence[Reply], sent: Sent | None) -> tuple[int, int]:
     """``(m, void)`` for the round's sampled nodes without a usable vote.
@@ -376,16 +327,16 @@ class PhalanxFedAvg(FedAvg):
     def initialize_parameters(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Refused (:class:`~phalanx.errors.ConfigError`): the first call of Flower's legacy ``DefaultWorkflow``, which
         is how ``SecAggPlusWorkflow`` runs in Flower 1.42. PhalanxFedAvg runs under ``strategy.start``."""
-        raise _legacy_refusal("initialize_parameters")
+        raise legacy_refusal("initialize_parameters")
 
     def configure_fit(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Refused (:class:`~phalanx.errors.ConfigError`): ``SecAggPlusWorkflow``'s (and ``SecAggWorkflow``'s) first
         call to the strategy. Under SecAgg+ the strategy sees only the sum of the updates; no robust rule can use it."""
-        raise _legacy_refusal("configure_fit")
+        raise legacy_refusal("configure_fit")
 
     def aggregate_fit(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Refused (:class:`~phalanx.errors.ConfigError`): where SecAgg+ hands a strategy the unmasked *sum*."""
-        raise _legacy_refusal("aggregate_fit")
+        raise legacy_refusal("aggregate_fit")
 
     # ------------------------------------------------------------------------------------------------ internals
 
@@ -415,13 +366,13 @@ class PhalanxFedAvg(FedAvg):
     ) -> None:
         """Raise when more than f sampled nodes replied with ``secaggplus_mod``'s error (see :meth:`aggregate_train`):
         f Byzantine clients alone cannot end the run this way."""
-        nodes = {v.voter for m, v in zip(messages, screened) if v.passed and _is_secagg_error(m)}
+        nodes = {v.voter for m, v in zip(messages, screened) if v.passed and is_secagg_error(m)}
         if len(nodes) > self.f:
             raise ConfigError(
                 "mods", "secaggplus_mod", "a ClientApp without Flower's secure aggregation mods (secaggplus_mod, "
                 "secagg_mod) under PhalanxFedAvg",
                 f"round {server_round}: {len(nodes)} sampled clients failed on SecAgg+'s missing "
-                f"{RECORD_KEY_CONFIGS!r} record, more than f={self.f} Byzantine ones could fake; {_SECAGG}",
+                f"{RECORD_KEY_CONFIGS!r} record, more than f={self.f} Byzantine ones could fake; {SECAGG}",
             )
 
     def _read(self, msg: Message, verdict: Screened, layout: Layout) -> Reply:
