@@ -49,6 +49,7 @@ from torch import Tensor
 from phalanx import aggregators
 from phalanx.aggregators import Aggregator
 from phalanx.errors import ConfigError, PhalanxError
+from phalanx.flower.adapters import ADAPTER, MODES, AdapterPlan
 from phalanx.flower.contributions import Contribution, append_jsonl
 from phalanx.flower.identity import REASONS, Screened, Sent, screen
 from phalanx.flower.metrics import median_metrics
@@ -115,10 +116,13 @@ def _lost_votes(screened: Sequence[Screened], parsed: Sequence[Reply], sent: Sen
     honest node's name made the rule the mean of the rest, a step of +25 instead of +0.1
     (tests/test_flower_void.py). Kept at f, the used rows still hold at most f − m Byzantine ones whatever the
     adversary voids: voiding gains it nothing but a smaller sample (the round keeps the model when the rule then
-    needs more updates). A node that did reply twice itself is not credited to f either — the safe side."""
+    needs more updates). A node that did reply twice itself is not credited to f either — the safe side.
+
+    An adapter that does not fit (reason ``"adapter"``, :mod:`phalanx.flower.adapters`: another rank, other layers,
+    a changed frozen A) voids its node's vote too: another rank is no proof of a Byzantine sender."""
     voters = {s.voter for s in screened if s.voter is not None} | (set(sent.sampled) if sent is not None else set())
     used = {s.voter for s, p in zip(screened, parsed) if p.update is not None}
-    void = {s.voter for s in screened if s.reason == "duplicate"} - used
+    void = {s.voter for s, p in zip(screened, parsed) if s.reason == "duplicate" or p.reason == ADAPTER} - used
     return len(voters - used - void), len(void)
 
 
@@ -142,14 +146,20 @@ class PhalanxFedAvg(FedAvg):
         workers). A node whose vote is void (two or more replies in its name), replies of unsampled nodes, stale and
         impostor replies never lower f. False keeps f whatever was dropped — safer when honest clients fail often,
         at the price of a larger no-attack error.
+    lora: None (the default: every array is a coordinate of the rule), or how LoRA adapters sent as ``peft``'s
+        ``get_peft_model_state_dict`` arrays are aggregated — ``"factors"`` (the rule on every A and B),
+        ``"update"`` (the rule on each layer's BᵢAᵢ − BA, re-factorised to rank r; needs ``server_lr = 1`` and a
+        Phalanx rule), ``"shared"`` (A frozen and shared, the rule on the B's and the head; a Phalanx rule):
+        :mod:`phalanx.flower.adapters`, docs/lora.md. A reply whose adapters do not fit is a void vote.
 
     The clients' train (and evaluate) metrics are aggregated by the per-key unweighted median unless
     ``train_metrics_aggr_fn`` (``evaluate_metrics_aggr_fn``) is given; the train metrics also hold
     ``replies-received``, ``replies-valid``, ``replies-dropped`` (of which ``replies-duplicate``,
-    ``replies-unsampled``, ``replies-stale`` and ``replies-impostor`` by the one-vote check), ``nodes-dropped`` (the
-    m of f − m), ``nodes-void`` (sampled nodes whose vote was voided by duplicates: missing, not counted against f)
-    and ``aggregated`` (1, or 0 when the round kept the global model). ``contributions`` lists one
-    :class:`~phalanx.flower.contributions.Contribution` per reply.
+    ``replies-unsampled``, ``replies-stale`` and ``replies-impostor`` by the one-vote check; ``replies-adapter``
+    with ``lora``), ``nodes-dropped`` (the m of f − m), ``nodes-void`` (sampled nodes whose vote was voided by
+    duplicates or an adapter that does not fit: missing, not counted against f) and ``aggregated`` (1, or 0 when the
+    round kept the global model). ``contributions`` lists one :class:`~phalanx.flower.contributions.Contribution`
+    per reply.
     """
 
     def __init__(
@@ -170,6 +180,7 @@ class PhalanxFedAvg(FedAvg):
         server_lr: float = 1.0,
         log_path: str | Path | None = None,
         count_dropped_against_f: bool = True,
+        lora: str | None = None,
     ) -> None:
         check_real("fraction_train", fraction_train, low=0.0, high=1.0)
         check_real("fraction_evaluate", fraction_evaluate, low=0.0, high=1.0)
@@ -185,6 +196,14 @@ class PhalanxFedAvg(FedAvg):
         self.server_lr = check_real("server_lr", server_lr, low=0.0, low_open=True)
         self.log_path = None if log_path is None else Path(log_path)
         self.count_dropped_against_f = bool(count_dropped_against_f)
+        if lora is not None and lora not in MODES:
+            raise ConfigError("lora", lora, "None | " + " | ".join(MODES))
+        if lora in ("update", "shared") and not isinstance(self.rule, Aggregator):
+            raise ConfigError("aggregator", _name(self.rule), f"a Phalanx spec or rule object with lora={lora!r}")
+        if lora == "update" and self.server_lr != 1.0:
+            raise ConfigError("server_lr", self.server_lr, "1.0 with lora='update' (the step lands on the "
+                              "re-factorised adapters only at rate 1)")
+        self.lora = lora
         super().__init__(
             fraction_train=fraction_train, fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
             min_evaluate_nodes=min_evaluate_nodes, min_available_nodes=min_available_nodes,
@@ -196,6 +215,7 @@ class PhalanxFedAvg(FedAvg):
         self.contributions: list[Contribution] = []
         """One record per reply of every round, in order (see :mod:`phalanx.flower.contributions`)."""
         self._layouts: dict[int, Layout] = {}
+        self._plans: dict[int, AdapterPlan] = {}  # round -> the broadcast adapters (with ``lora``)
         self._sent: dict[tuple[str, int], Sent] = {}  # ("train" | "evaluate", round) -> the round's instructions
         self._rules: dict[int, Any] = {self.f: self.rule}
         self._previous: Tensor | None = None  # the last aggregate: centered clipping's centre
@@ -237,6 +257,9 @@ class PhalanxFedAvg(FedAvg):
                               f"{type(exc).__name__}: {exc}") from None
         self._layouts = {r: v for r, v in self._layouts.items() if r >= server_round - 1}
         self._layouts[server_round] = layout
+        self._plans = {r: v for r, v in self._plans.items() if r >= server_round - 1}
+        if self.lora is not None:
+            self._plans[server_round] = AdapterPlan.of(self.lora, layout)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message],
@@ -256,6 +279,7 @@ class PhalanxFedAvg(FedAvg):
                 "(configure_train, or remember_global, must run first)"
             )
         sent = self._sent.pop(("train", server_round), None)
+        plan = self._plans.pop(server_round, None)
         messages = list(replies)
         if not messages:
             level = INFO if self.fraction_train == 0 else WARNING  # no clients asked: nothing to warn about
@@ -263,11 +287,11 @@ class PhalanxFedAvg(FedAvg):
             return None, None
         screened = self._screen("round", server_round, messages, sent)
         self._refuse_secagg_clients(server_round, messages, screened)
-        parsed = [self._read(m, v, layout) for m, v in zip(messages, screened)]
+        parsed = [self._read(m, v, layout, plan) for m, v in zip(messages, screened)]
         used = [i for i, p in enumerate(parsed) if p.update is not None]
         lost, void = _lost_votes(screened, parsed, sent)
         x = self._stack(parsed, used, layout)
-        agg, share, f_eff, why_not = self._aggregate(x, lost, layout.size)
+        agg, share, f_eff, why_not = self._aggregate(x, lost, layout.size, plan)
         applied = why_not is None
         assert agg is None or x is not None
         if applied and agg is not None:
@@ -284,6 +308,8 @@ class PhalanxFedAvg(FedAvg):
         metrics["replies-dropped"] = len(parsed) - len(used)
         for reason in REASONS:
             metrics[f"replies-{reason}"] = sum(p.reason == reason for p in parsed)
+        if plan is not None:
+            metrics[f"replies-{ADAPTER}"] = sum(p.reason == ADAPTER for p in parsed)
         metrics["nodes-dropped"] = lost
         metrics["nodes-void"] = void
         metrics["aggregated"] = int(applied)
@@ -375,12 +401,15 @@ class PhalanxFedAvg(FedAvg):
                 f"{RECORD_KEY_CONFIGS!r} record, more than f={self.f} Byzantine ones could fake; {SECAGG}",
             )
 
-    def _read(self, msg: Message, verdict: Screened, layout: Layout) -> Reply:
-        """The reply's update, or why it is dropped: by the one-vote check (then its content is never read)."""
+    def _read(self, msg: Message, verdict: Screened, layout: Layout, plan: AdapterPlan | None) -> Reply:
+        """The reply's update, or why it is dropped: by the one-vote check (then its content is never read), its
+        structure, or (with ``lora``) its adapters."""
         if not verdict.passed:
             return Reply(node_id=verdict.node_id, dropped=verdict.detail, reason=verdict.reason)
         reply = read_reply(msg, layout, self.arrayrecord_key, self.weighted_by_key)
         reply.node_id = verdict.node_id
+        if plan is not None:
+            plan.check(reply, msg, self.arrayrecord_key)
         return reply
 
     def _wait_for_nodes(self, grid: Grid) -> None:
@@ -414,21 +443,23 @@ class PhalanxFedAvg(FedAvg):
         return self._rules[f]
 
     def _aggregate(
-        self, x: Tensor | None, lost: int, d: int,
+        self, x: Tensor | None, lost: int, d: int, plan: AdapterPlan | None = None,
     ) -> tuple[Tensor | None, Tensor | None, int, str | None]:
         """``(Agg, shares, f used, None)``, or ``(…, why the model is kept)``; ``lost``: the m of f − m (nodes
-        without a vote of their own doing, :func:`_lost_votes`; counted unless ``count_dropped_against_f`` is False)."""
+        without a vote of their own doing, :func:`_lost_votes`; counted unless ``count_dropped_against_f`` is False);
+        ``plan``: the round's adapters (the rule wrapped for the mode)."""
         f_eff = max(self.f - lost, 0) if self.count_dropped_against_f else self.f
         if x is None:
             return None, None, f_eff, "no valid reply"
         try:
             rule = self._rule_for(f_eff)
+            rule = rule if plan is None else plan.rule(rule)
         except PhalanxError as exc:
             return None, None, f_eff, f"{_name(self.rule)} with f={f_eff}: {exc}"
         need = _min_workers(rule)
         if x.shape[0] < need:
             return None, None, f_eff, f"{_name(rule)} with f={f_eff} needs {need} updates, got {x.shape[0]}"
-        context: dict[str, Any] = {}
+        context: dict[str, Any] = {} if plan is None else plan.context(rule, x.dtype)
         prev = self._previous
         if "center" in getattr(rule, "context_keys", ()) and prev is not None and prev.shape == (d,):
             context["center"] = prev.to(x.dtype)
