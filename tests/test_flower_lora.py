@@ -12,6 +12,7 @@ void vote: missing, never lowering f.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from phalanx import aggregators, models  # noqa: E402
 from phalanx.aggregators.lora import refactor  # noqa: E402
 from phalanx.errors import ConfigError  # noqa: E402
 from phalanx.flower import PhalanxFedAvg  # noqa: E402
-from phalanx.flower.adapters import AdapterPlan, SharedA  # noqa: E402
+from phalanx.flower.adapters import ORTHONORMAL_TOL, AdapterPlan, SharedA, shared_a  # noqa: E402
 from test_flower_identity import FakeGrid, serverapp_identity  # noqa: E402, F401 - the autouse fixture
 
 NODES = [101, 102, 103, 104, 105]
@@ -230,6 +231,38 @@ def test_shared_mode_voids_a_node_that_changed_a(peft_arrays: Arrays, monkeypatc
         == (1, 1, 0, 4)
     monkeypatch.setattr(AdapterPlan, "check", lambda self, reply, msg, key: None)
     assert run()["replies-valid"] == 5
+
+
+def test_shared_mode_warns_once_on_a_skewed_a_and_shared_a_makes_it_orthonormal(
+    peft_arrays: Arrays, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The κ claim of mode ``shared`` needs A Aᵀ = c² I. A record whose A is not so (peft's random A: here the
+    model's A plus N(0, 0.1²)) gets one WARNING naming the layer over two rounds; ``shared_a`` of it has A Aᵀ = c² I
+    with c its root-mean-square row norm (so ‖ΔB A‖_F = c‖ΔB‖_F), every other array untouched, and no warning; the
+    model's own A (orthonormal times c) gets none either."""
+    rng = np.random.default_rng(3)
+    skewed = {k: (v + 0.1 * rng.standard_normal(v.shape)).astype(v.dtype) if ".lora_A." in k else v
+              for k, v in peft_arrays.items()}
+    fixed = shared_a(record(skewed))
+    for w, warned in ((peft_arrays, False), (skewed, True), ({k: fixed[k].numpy() for k in fixed}, False)):
+        s = PhalanxFedAvg(lora="shared", min_available_nodes=5)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="flwr"):
+            s.remember_global(1, record(w))
+            s.remember_global(2, record(w))
+        lines = [r.getMessage() for r in caplog.records if "not orthonormal" in r.getMessage()]
+        assert len(lines) == int(warned)
+        if warned:
+            assert _keys(w, "A")[0].split(".lora_A.")[0] in lines[0]
+    for key in skewed:
+        if ".lora_A." not in key:
+            np.testing.assert_array_equal(fixed[key].numpy(), skewed[key])
+            continue
+        a = fixed[key].numpy().astype(np.float64)
+        c2 = float((skewed[key].astype(np.float64) ** 2).sum()) / a.shape[0]
+        np.testing.assert_allclose(a @ a.T, c2 * np.eye(a.shape[0]), rtol=0, atol=ORTHONORMAL_TOL * c2)
+        db = rng.standard_normal((a.shape[1] // 2, a.shape[0]))  # any B, any d_out
+        np.testing.assert_allclose(np.linalg.norm(db @ a), c2**0.5 * np.linalg.norm(db), rtol=ORTHONORMAL_TOL)
 
 
 # ------------------------------------------------------------------------------------- adapters that do not fit

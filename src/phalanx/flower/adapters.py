@@ -17,8 +17,9 @@ and each client's row is its update ``Δᵢ = θᵢ − θ`` (Flower's sign, ``+
 * ``shared`` — A frozen and shared (FFA-LoRA, Sun et al., ICLR 2024, §3): :class:`SharedA` applies the rule to
   every coordinate but the A's (the B's and the head) and leaves A where it is. ΔW = ΔB·A is linear in B, so the
   aggregate is exact in ΔW for any rule; with ``A Aᵀ = c² I`` (as ``phalanx.models.make(..., aggregation="shared")``
-  makes A) ``‖ΔB A‖_F = c‖ΔB‖_F`` and the rule keeps its ε and κ on the layers' updates. A client must send A back
-  unchanged (bit for bit: a frozen tensor is).
+  makes A, and :func:`shared_a` makes a record's) ``‖ΔB A‖_F = c‖ΔB‖_F`` and the rule keeps its ε and κ on the
+  layers' updates; :attr:`AdapterPlan.skewed` names a layer whose A is not so (the strategy warns). A client must
+  send A back unchanged (bit for bit: a frozen tensor is).
 
 **An adapter that does not fit is a void vote** (:meth:`AdapterPlan.check`): a reply whose adapter arrays have
 other names (other layers adapted), another shape (another rank r′, another width), or — in mode ``shared`` — an A
@@ -36,7 +37,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Message
+from flwr.app import Array, ArrayRecord, Message
 from torch import Tensor
 
 from phalanx.aggregators.base import Aggregator, RuleTags
@@ -44,10 +45,38 @@ from phalanx.aggregators.lora import MODES, AdapterUpdates, LoraLayout
 from phalanx.errors import ConfigError
 from phalanx.flower.replies import Layout, Reply, _one, _short
 
-__all__ = ["ADAPTER", "MODES", "AdapterPlan", "SharedA", "is_adapter"]
+__all__ = ["ADAPTER", "MODES", "ORTHONORMAL_TOL", "AdapterPlan", "SharedA", "is_adapter", "shared_a"]
 
 ADAPTER = "adapter"
 """The drop reason of a reply whose adapters do not fit (``replies-adapter`` in the train metrics)."""
+
+
+ORTHONORMAL_TOL = 1e-4
+"""Largest ``max|A Aᵀ − c² I| / c²`` (c² the mean of A Aᵀ's diagonal) of an A taken as orthonormal times c: float32
+rounding of a QR factor is ~10⁻⁷; a random A's is of order 1."""
+
+
+def shared_a(record: ArrayRecord) -> ArrayRecord:
+    """``record`` with every ``lora_A`` (r × d_in, r ≤ d_in) replaced by orthonormal rows times its root-mean-square
+    row norm c (``A Aᵀ = c² I``: the Q of Aᵀ's QR factorisation, as ``phalanx.models.hf`` makes A for mode
+    ``shared``), in its dtype; every other array as it is. The initial arrays of a ``lora="shared"`` run."""
+    out: dict[str, Array] = {}
+    for key in record:
+        value = record[key].numpy()
+        if ".lora_A." in key and value.ndim == 2 and 0 < value.shape[0] <= value.shape[1]:
+            a = value.astype(np.float64)
+            c = float(np.linalg.norm(a)) / value.shape[0] ** 0.5
+            q, _ = np.linalg.qr(a.T)
+            value = (q.T * (c if c > 0 else 1.0)).astype(value.dtype)
+        out[key] = Array(np.ascontiguousarray(value))
+    return ArrayRecord(out)
+
+
+def _skew(a: np.ndarray[Any, Any]) -> float:
+    """``max|A Aᵀ − c² I| / c²`` with c² the mean of A Aᵀ's diagonal (inf for A = 0)."""
+    gram = a.astype(np.float64) @ a.astype(np.float64).T
+    c2 = float(np.trace(gram)) / max(gram.shape[0], 1)
+    return float(np.abs(gram - c2 * np.eye(gram.shape[0])).max()) / c2 if c2 > 0 else float("inf")
 
 
 def is_adapter(key: str) -> bool:
@@ -112,6 +141,8 @@ class AdapterPlan:
     shapes: dict[str, tuple[int, ...]]
     frozen: np.ndarray[Any, Any] | None
     theta: np.ndarray[Any, Any]
+    skewed: str | None = None
+    """Mode ``shared``: the first layer whose A is not orthonormal times c (:data:`ORTHONORMAL_TOL`), else None."""
 
     @classmethod
     def of(cls, mode: str, layout: Layout) -> AdapterPlan:
@@ -122,12 +153,15 @@ class AdapterPlan:
                               f"with lora={mode!r}, peft's adapter arrays (get_peft_model_state_dict: "
                               "'<layer>.lora_A.weight' and '<layer>.lora_B.weight')")
         shapes = {k: s for k, s in zip(layout.keys, layout.shapes) if is_adapter(k)}
-        frozen = None
+        frozen, skewed = None, None
         if mode == "shared":
             frozen = np.zeros(lora.dim, dtype=bool)
             for blk in lora.blocks:
                 frozen[blk.a: blk.a + blk.rank * blk.d_in] = True
-        return cls(mode, lora, shapes, frozen, layout.flat)
+                a = layout.flat[blk.a: blk.a + blk.rank * blk.d_in].reshape(blk.rank, blk.d_in)
+                if skewed is None and not _skew(a) <= ORTHONORMAL_TOL:
+                    skewed = blk.name
+        return cls(mode, lora, shapes, frozen, layout.flat, skewed)
 
     def rule(self, rule: Any) -> Any:
         """``rule`` as this mode applies it: wrapped for ``update`` and ``shared``, itself for ``factors``."""

@@ -216,6 +216,7 @@ class PhalanxFedAvg(FedAvg):
         """One record per reply of every round, in order (see :mod:`phalanx.flower.contributions`)."""
         self._layouts: dict[int, Layout] = {}
         self._plans: dict[int, AdapterPlan] = {}  # round -> the broadcast adapters (with ``lora``)
+        self._skew_logged = False
         self._sent: dict[tuple[str, int], Sent] = {}  # ("train" | "evaluate", round) -> the round's instructions
         self._rules: dict[int, Any] = {self.f: self.rule}
         self._previous: Tensor | None = None  # the last aggregate: centered clipping's centre
@@ -259,7 +260,12 @@ class PhalanxFedAvg(FedAvg):
         self._layouts[server_round] = layout
         self._plans = {r: v for r, v in self._plans.items() if r >= server_round - 1}
         if self.lora is not None:
-            self._plans[server_round] = AdapterPlan.of(self.lora, layout)
+            plan = self._plans[server_round] = AdapterPlan.of(self.lora, layout)
+            if plan.skewed is not None and not self._skew_logged:  # once: A is frozen, it stays so every round
+                self._skew_logged = True
+                log(WARNING, "phalanx: lora='shared': the A of %s is not orthonormal times c (A Aᵀ ≠ c² I): the step "
+                    "is exact in ΔW, but the rule's ε and κ hold for B only; start from "
+                    "phalanx.flower.adapters.shared_a(arrays)", plan.skewed)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message],
