@@ -339,6 +339,77 @@ def test_an_adapter_that_does_not_fit_is_a_void_vote_that_never_lowers_f(
     assert moved < 10 * spread
 
 
+# ------------------------------------------------------------------------------------- whole runs (Strategy.start)
+
+
+class LoopGrid(FakeGrid):
+    """A Grid whose ``send_and_receive`` pushes the instructions (message ids set) and answers each with
+    ``client(node, arrays)`` as Flower's own reply: Flower's strategy loop, in process."""
+
+    def __init__(self, nodes: list[int], client: Any) -> None:
+        super().__init__(nodes)
+        self.client = client
+
+    def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> list[Message]:
+        sent = list(messages)
+        self.push_messages(sent)
+        return [answer(m, self.client(m.metadata.dst_node_id, {k: v.numpy() for k, v in m.content["arrays"].items()}))
+                for m in sent]
+
+
+def _fit(w: Arrays, target: dict[str, np.ndarray], train_a: bool, steps: int = 10) -> Arrays:
+    """Local training: ``steps`` of gradient descent on ½‖BA − W*‖²_F per layer (A frozen unless ``train_a``), each
+    at rate 0.5 / max(‖A‖₂², ‖B‖₂²), below 2 / the curvature whatever scale the re-factorisation gives B."""
+    out = {k: v.astype(np.float64) for k, v in w.items()}
+    for a_key, goal in target.items():
+        b_key = a_key.replace(".lora_A.", ".lora_B.")
+        for _ in range(steps):
+            a, b = out[a_key], out[b_key]
+            lr = 0.5 / max(np.linalg.norm(a, 2) ** 2, np.linalg.norm(b, 2) ** 2, 1e-12)
+            err = b @ a - goal
+            out[b_key] = b - lr * err @ a.T
+            if train_a:
+                out[a_key] = a - lr * b.T @ err
+    return {k: v.astype(np.float32) for k, v in out.items()}
+
+
+def _loss(w: Arrays, target: dict[str, np.ndarray]) -> float:
+    return float(sum(np.linalg.norm(product(w, k) - goal) ** 2 for k, goal in target.items()))
+
+
+@pytest.mark.parametrize("mode", ["factors", "update", "shared"])
+def test_a_whole_run_learns_the_honest_target_under_a_scaled_byzantine_adapter(peft_arrays: Arrays, mode: str) -> None:
+    """``strategy.start`` for 4 rounds, four honest nodes fitting every layer's BA to a rank-4 target W* (with A
+    frozen in mode ``shared``, W* = B*A then), node 105 sending its honest adapter scaled by 10³. With cwtm (f = 1)
+    the loss Σ‖BA − W*‖² ends below a quarter of its start; with the mean (the mutant) it ends above its start or the
+    run keeps a model because the aggregate is not finite."""
+    w = peft_arrays
+    rng = np.random.default_rng(5)
+    target = {}
+    for a_key in _keys(w, "A"):
+        a = w[a_key].astype(np.float64) if mode == "shared" else rng.standard_normal(w[a_key].shape) * 0.1
+        target[a_key] = (0.1 * rng.standard_normal(w[a_key.replace(".lora_A.", ".lora_B.")].shape)) @ a
+
+    def client(node: int, arrays: Arrays) -> Arrays:
+        with np.errstate(all="ignore"):  # the mutant's model overflows: the clients train on what they get
+            fitted = _fit(arrays, target, train_a=mode != "shared")
+        return scaled(arrays, fitted, 1e3) if node == BAD else fitted
+
+    start_loss = _loss(w, target)
+    losses: dict[str, float] = {}
+    for aggregator in ("cwtm", "mean"):
+        s = PhalanxFedAvg(aggregator=aggregator, f=1, fraction_evaluate=0.0, min_available_nodes=5, lora=mode)
+        result = s.start(grid=LoopGrid(NODES, client), initial_arrays=record(w), num_rounds=4)
+        final = {k: result.arrays[k].numpy() for k in result.arrays}
+        losses[aggregator] = _loss(final, target)
+        if mode == "shared":
+            for a_key in _keys(w, "A"):
+                np.testing.assert_array_equal(final[a_key], w[a_key])
+    assert losses["cwtm"] < start_loss / 4
+    mean_kept = not np.isfinite(losses["mean"])
+    assert mean_kept or losses["mean"] > start_loss
+
+
 # ------------------------------------------------------------------------------------------------- refusals
 
 
