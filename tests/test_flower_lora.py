@@ -210,6 +210,33 @@ def test_shared_mode_keeps_a_and_is_the_rule_on_b_and_the_head(peft_arrays: Arra
     assert np.abs(flat(mutant) - flat(w)).max() > 50 * float(x[:4].abs().max())
 
 
+@pytest.mark.parametrize("value", [np.nan, np.inf, 1e38])
+@pytest.mark.parametrize("mode", ["factors", "update"])
+def test_a_garbage_adapter_is_survived_in_factor_and_update_space(peft_arrays: Arrays, mode: str, value: float) -> None:
+    """Node 105 sends every A and B entry as NaN, +inf or 10³⁸ (its products overflow to ±inf or NaN in float32):
+    a bad row for the rule in factor space and in each layer's ΔW. cwtm (f = 1) steps, finite, by less than 10 times
+    an honest client's effect on BA; the mean keeps the model (its aggregate is not finite) or, given 10³⁸ factors,
+    steps by more than 10³⁰ — without a crash."""
+    w = peft_arrays
+    clients = honest(w, 4, train_a=True)
+    bad = {k: np.full_like(v, value) if ".lora_" in k else v for k, v in clients[0].items()}
+    for aggregator in ("cwtm", "mean"):
+        s = PhalanxFedAvg(aggregator=aggregator, f=1, min_available_nodes=5, lora=mode)
+        ins = start(s, w)
+        replies = [answer(ins[n], c) for n, c in zip(NODES, clients)] + [answer(ins[BAD], bad)]
+        got, metrics = new_model(s, replies, w)
+        assert np.isfinite(flat(got)).all()
+        if aggregator == "mean":  # kept (not finite), or — 10³⁸ in factor space: a finite mean — thrown 10³⁰ away
+            if metrics["aggregated"] == 0:
+                np.testing.assert_array_equal(flat(got), flat(w))
+            else:
+                assert float(np.abs(flat(got) - flat(w)).max()) > 1e30
+            continue
+        assert metrics["aggregated"] == 1
+        spread = float(np.abs(effect(clients[0]) - effect(w)).max())
+        assert float(np.abs(effect(got) - effect(w)).max()) < 10 * spread
+
+
 def test_shared_mode_voids_a_node_that_changed_a(peft_arrays: Arrays, monkeypatch: pytest.MonkeyPatch) -> None:
     """A node that sends back another A (here: trained, N(0, 0.01²) added) is dropped with reason ``adapter``: its B
     was trained against another A. Its vote is void (f stays 1, nodes-dropped 0). The mutant without the A check
