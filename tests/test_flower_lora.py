@@ -315,6 +315,18 @@ def _huge(w: Arrays, client: Arrays) -> ArrayRecord:
     return ArrayRecord(arrays)
 
 
+def _lying_bytes(w: Arrays, client: Arrays) -> ArrayRecord:
+    """An A that declares the right shape (4, 64) over the .npy bytes of a (8, 64) array."""
+    import io
+
+    arrays = {k: Array(np.ascontiguousarray(v)) for k, v in client.items()}
+    key = _keys(w, "A")[0]
+    buf = io.BytesIO()
+    np.save(buf, np.resize(client[key], (8, client[key].shape[1])).astype(np.float32), allow_pickle=False)
+    arrays[key] = Array(dtype="float32", shape=tuple(client[key].shape), stype="numpy.ndarray", data=buf.getvalue())
+    return ArrayRecord(arrays)
+
+
 def _other_layers(w: Arrays, client: Arrays) -> Arrays:
     """One adapted layer fewer: another ``target_modules``."""
     gone = _keys(w, "A")[0]
@@ -322,7 +334,7 @@ def _other_layers(w: Arrays, client: Arrays) -> Arrays:
 
 
 _FAULTS = {"rank 8": lambda w, c: _other_rank(w, c, 8), "rank 2": lambda w, c: _other_rank(w, c, 2),
-           "declared 10^9 rows": _huge, "one layer fewer": _other_layers}
+           "declared 10^9 rows": _huge, "one layer fewer": _other_layers, "rank 8 in the bytes": _lying_bytes}
 
 
 def _lowers_f(*args: Any) -> tuple[int, int]:

@@ -27,7 +27,8 @@ other than the broadcast one is dropped with reason ``"adapter"``. Its node is m
 voided by a duplicate, and, like it, never lowers f: federations with heterogeneous ranks exist (HetLoRA, Cho et al.,
 EMNLP 2024; FlexLoRA), so another rank is no proof that the sender is one of the f Byzantine nodes, and an honest
 client of another rank counted against f would leave all f Byzantine rows facing a rule configured for f − 1.
-Only the declared shapes are read for this check (a huge declared array is never deserialised).
+The declared shapes are checked first (a huge declared array is never deserialised); an adapter whose bytes hold
+another shape than it declares is caught by the reader (:mod:`phalanx.flower.replies`) and is an adapter misfit too.
 """
 
 from __future__ import annotations
@@ -185,6 +186,9 @@ class AdapterPlan:
         why: str | None = None
         if reply.reason == "malformed":
             why = self._shape_fault(msg, arrayrecord_key)
+            dropped = reply.dropped or ""
+            if why is None and any(dropped.startswith(f"wrong shape of {k!r}:") for k in self.shapes):
+                why = f"adapter {dropped}"  # declared right, another shape in its bytes (read by the reader)
         elif reply.update is not None and self.frozen is not None:
             changed = int(np.count_nonzero(reply.update[self.frozen] != 0))
             if changed:
