@@ -2,10 +2,10 @@
 
 One record per reply: ``round``, ``node_id``, ``status`` (``"used"``, ``"dropped: <why>"`` or ``"not aggregated:
 <why>"``), ``reason`` (the same in one word: ``"used"``, ``"not-aggregated"``, or why the reply was dropped:
-``"error"``, ``"malformed"``, ``"duplicate"``, ``"unsampled"``, ``"stale"``, ``"impostor"``), ``update_norm`` ‖Δᵢ‖,
-``distance_to_aggregate`` ‖Δᵢ − Agg(Δ₁…Δₙ)‖, ``share`` (the rule's weight on the client: its share of the aggregate,
-from ``Aggregator.contributions``; None for a rule that does not report it) and ``num_examples`` (None when the
-client did not send it, or when the reply was dropped by the one-vote check, which never reads it). Norms are
+``"error"``, ``"malformed"``, ``"duplicate"``, ``"unsampled"``, ``"stale"``, ``"impostor"``, ``"adapter"``),
+``update_norm`` ‖Δᵢ‖, ``distance_to_aggregate`` ‖Δᵢ − Agg(Δ₁…Δₙ)‖, ``share`` (the rule's weight on the client: its share
+of the aggregate, from ``Aggregator.contributions``; None for a rule that does not report it) and ``num_examples`` (None
+when the client did not send it, or when the reply was dropped by the one-vote check, which never reads it). Norms are
 computed in float64; a NaN or infinite norm is kept as such in memory and written as ``null`` in the file (strict
 JSON).
 """

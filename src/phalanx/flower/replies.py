@@ -74,7 +74,8 @@ class Reply:
     """One client's reply as the strategy sees it: ``update`` (``Δᵢ``, ``(d,)`` in the layout's compute dtype) or
     ``dropped`` (why it was not used, in words) and ``reason`` (the kind of drop: ``"error"`` for an error reply,
     ``"malformed"`` for a structure that does not fit; the strategy adds ``"duplicate"``, ``"unsampled"``,
-    ``"stale"`` and ``"impostor"``), its ``metrics`` record and ``num_examples`` when it sent them."""
+    ``"stale"``, ``"impostor"`` and, with LoRA adapters, ``"adapter"``), its ``metrics`` record and ``num_examples``
+    when it sent them."""
 
     node_id: int | None
     update: np.ndarray[Any, Any] | None = None

@@ -31,7 +31,6 @@ for vectors around the honest mean) and the server step η apply as in the rest 
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -43,7 +42,6 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from torch import Tensor
@@ -51,10 +49,12 @@ from torch import Tensor
 from phalanx import aggregators
 from phalanx.aggregators import Aggregator
 from phalanx.errors import ConfigError, PhalanxError
+from phalanx.flower.adapters import ADAPTER, MODES, AdapterPlan
 from phalanx.flower.contributions import Contribution, append_jsonl
 from phalanx.flower.identity import REASONS, Screened, Sent, screen
 from phalanx.flower.metrics import median_metrics
 from phalanx.flower.replies import Layout, Reply, metrics_of, read_reply
+from phalanx.flower.secagg import RECORD_KEY_CONFIGS, SECAGG, is_secagg_error, legacy_refusal
 from phalanx.validate import check_int, check_real
 
 __all__ = ["PhalanxFedAvg"]
@@ -101,54 +101,6 @@ def _name(rule: Any) -> str:
 _MAX_DROP_LINES = 20
 """Warning lines per round for the replies dropped by the one-vote check (one line per node and reason)."""
 
-_SECAGG = "under SecAgg+ a strategy sees only the sum of the clients' updates, which no robust rule can use"
-
-
-def _calling_workflow() -> Any:
-    """The Flower SecAgg(+) workflow up the call stack (itself, or a ``DefaultWorkflow``'s ``fit_workflow``), else the
-    ``DefaultWorkflow``, else None."""
-    try:
-        from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow  # SecAggWorkflow is a subclass
-    except ImportError:  # pragma: no cover - shipped with every Flower 1.42
-        return None
-    frame = inspect.currentframe()
-    try:
-        for _ in range(32):
-            if frame is None:
-                return None
-            owner = frame.f_locals.get("self")
-            if isinstance(owner, SecAggPlusWorkflow):
-                return owner
-            if isinstance(owner, DefaultWorkflow):
-                fit = getattr(owner, "fit_workflow", None)
-                return fit if isinstance(fit, SecAggPlusWorkflow) else owner
-            frame = frame.f_back
-        return None
-    finally:
-        del frame
-
-
-def _legacy_refusal(method: str) -> ConfigError:
-    """The error for a legacy (``flwr.server``) workflow calling ``method``: SecAgg+ named when it is the caller."""
-    workflow = _calling_workflow()
-    name = type(workflow).__name__
-    allowed = "strategy.start(grid=..., initial_arrays=...), Flower's Message API, without secure aggregation"
-    if name in ("SecAggPlusWorkflow", "SecAggWorkflow"):
-        return ConfigError("fit_workflow", name, allowed, f"{name} called PhalanxFedAvg.{method}; {_SECAGG}")
-    caller = name if workflow is not None else "DefaultWorkflow, SecAggPlusWorkflow"
-    return ConfigError("strategy", "PhalanxFedAvg", allowed, f"a legacy workflow ({caller}) called {method}: "
-                       f"PhalanxFedAvg has no legacy Strategy API, and {_SECAGG}")
-
-
-def _is_secagg_error(msg: Message) -> bool:
-    """Whether ``msg`` is the error reply of a ClientApp running ``secaggplus_mod`` (or ``secagg_mod``) on an
-    instruction without SecAgg+'s config record: Flower's reason names the missing ``secaggplus_configs`` key."""
-    try:
-        return msg.has_error() and RECORD_KEY_CONFIGS in str(msg.error.reason)
-    except Exception:  # a malformed reply is judged elsewhere
-        return False
-
-
 def _lost_votes(screened: Sequence[Screened], parsed: Sequence[Reply], sent: Sent | None) -> tuple[int, int]:
     """``(m, void)`` for the round's sampled nodes without a usable vote.
 
@@ -164,10 +116,13 @@ def _lost_votes(screened: Sequence[Screened], parsed: Sequence[Reply], sent: Sen
     honest node's name made the rule the mean of the rest, a step of +25 instead of +0.1
     (tests/test_flower_void.py). Kept at f, the used rows still hold at most f − m Byzantine ones whatever the
     adversary voids: voiding gains it nothing but a smaller sample (the round keeps the model when the rule then
-    needs more updates). A node that did reply twice itself is not credited to f either — the safe side."""
+    needs more updates). A node that did reply twice itself is not credited to f either — the safe side.
+
+    An adapter that does not fit (reason ``"adapter"``, :mod:`phalanx.flower.adapters`: another rank, other layers,
+    a changed frozen A) voids its node's vote too: another rank is no proof of a Byzantine sender."""
     voters = {s.voter for s in screened if s.voter is not None} | (set(sent.sampled) if sent is not None else set())
     used = {s.voter for s, p in zip(screened, parsed) if p.update is not None}
-    void = {s.voter for s in screened if s.reason == "duplicate"} - used
+    void = {s.voter for s, p in zip(screened, parsed) if s.reason == "duplicate" or p.reason == ADAPTER} - used
     return len(voters - used - void), len(void)
 
 
@@ -191,14 +146,20 @@ class PhalanxFedAvg(FedAvg):
         workers). A node whose vote is void (two or more replies in its name), replies of unsampled nodes, stale and
         impostor replies never lower f. False keeps f whatever was dropped — safer when honest clients fail often,
         at the price of a larger no-attack error.
+    lora: None (the default: every array is a coordinate of the rule), or how LoRA adapters sent as ``peft``'s
+        ``get_peft_model_state_dict`` arrays are aggregated — ``"factors"`` (the rule on every A and B),
+        ``"update"`` (the rule on each layer's BᵢAᵢ − BA, re-factorised to rank r; needs ``server_lr = 1`` and a
+        Phalanx rule), ``"shared"`` (A frozen and shared, the rule on the B's and the head; a Phalanx rule):
+        :mod:`phalanx.flower.adapters`, docs/lora.md. A reply whose adapters do not fit is a void vote.
 
     The clients' train (and evaluate) metrics are aggregated by the per-key unweighted median unless
     ``train_metrics_aggr_fn`` (``evaluate_metrics_aggr_fn``) is given; the train metrics also hold
     ``replies-received``, ``replies-valid``, ``replies-dropped`` (of which ``replies-duplicate``,
-    ``replies-unsampled``, ``replies-stale`` and ``replies-impostor`` by the one-vote check), ``nodes-dropped`` (the
-    m of f − m), ``nodes-void`` (sampled nodes whose vote was voided by duplicates: missing, not counted against f)
-    and ``aggregated`` (1, or 0 when the round kept the global model). ``contributions`` lists one
-    :class:`~phalanx.flower.contributions.Contribution` per reply.
+    ``replies-unsampled``, ``replies-stale`` and ``replies-impostor`` by the one-vote check; ``replies-adapter``
+    with ``lora``), ``nodes-dropped`` (the m of f − m), ``nodes-void`` (sampled nodes whose vote was voided by
+    duplicates or an adapter that does not fit: missing, not counted against f) and ``aggregated`` (1, or 0 when the
+    round kept the global model). ``contributions`` lists one :class:`~phalanx.flower.contributions.Contribution`
+    per reply.
     """
 
     def __init__(
@@ -219,6 +180,7 @@ class PhalanxFedAvg(FedAvg):
         server_lr: float = 1.0,
         log_path: str | Path | None = None,
         count_dropped_against_f: bool = True,
+        lora: str | None = None,
     ) -> None:
         check_real("fraction_train", fraction_train, low=0.0, high=1.0)
         check_real("fraction_evaluate", fraction_evaluate, low=0.0, high=1.0)
@@ -234,6 +196,14 @@ class PhalanxFedAvg(FedAvg):
         self.server_lr = check_real("server_lr", server_lr, low=0.0, low_open=True)
         self.log_path = None if log_path is None else Path(log_path)
         self.count_dropped_against_f = bool(count_dropped_against_f)
+        if lora is not None and lora not in MODES:
+            raise ConfigError("lora", lora, "None | " + " | ".join(MODES))
+        if lora in ("update", "shared") and not isinstance(self.rule, Aggregator):
+            raise ConfigError("aggregator", _name(self.rule), f"a Phalanx spec or rule object with lora={lora!r}")
+        if lora == "update" and self.server_lr != 1.0:
+            raise ConfigError("server_lr", self.server_lr, "1.0 with lora='update' (the step lands on the "
+                              "re-factorised adapters only at rate 1)")
+        self.lora = lora
         super().__init__(
             fraction_train=fraction_train, fraction_evaluate=fraction_evaluate, min_train_nodes=min_train_nodes,
             min_evaluate_nodes=min_evaluate_nodes, min_available_nodes=min_available_nodes,
@@ -245,6 +215,8 @@ class PhalanxFedAvg(FedAvg):
         self.contributions: list[Contribution] = []
         """One record per reply of every round, in order (see :mod:`phalanx.flower.contributions`)."""
         self._layouts: dict[int, Layout] = {}
+        self._plans: dict[int, AdapterPlan] = {}  # round -> the broadcast adapters (with ``lora``)
+        self._skew_logged = False
         self._sent: dict[tuple[str, int], Sent] = {}  # ("train" | "evaluate", round) -> the round's instructions
         self._rules: dict[int, Any] = {self.f: self.rule}
         self._previous: Tensor | None = None  # the last aggregate: centered clipping's centre
@@ -286,6 +258,14 @@ class PhalanxFedAvg(FedAvg):
                               f"{type(exc).__name__}: {exc}") from None
         self._layouts = {r: v for r, v in self._layouts.items() if r >= server_round - 1}
         self._layouts[server_round] = layout
+        self._plans = {r: v for r, v in self._plans.items() if r >= server_round - 1}
+        if self.lora is not None:
+            plan = self._plans[server_round] = AdapterPlan.of(self.lora, layout)
+            if plan.skewed is not None and not self._skew_logged:  # once: A is frozen, it stays so every round
+                self._skew_logged = True
+                log(WARNING, "phalanx: lora='shared': the A of %s is not orthonormal times c (A Aᵀ ≠ c² I): the step "
+                    "is exact in ΔW, but the rule's ε and κ hold for B only; start from "
+                    "phalanx.flower.adapters.shared_a(arrays)", plan.skewed)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message],
@@ -305,6 +285,7 @@ class PhalanxFedAvg(FedAvg):
                 "(configure_train, or remember_global, must run first)"
             )
         sent = self._sent.pop(("train", server_round), None)
+        plan = self._plans.pop(server_round, None)
         messages = list(replies)
         if not messages:
             level = INFO if self.fraction_train == 0 else WARNING  # no clients asked: nothing to warn about
@@ -312,11 +293,11 @@ class PhalanxFedAvg(FedAvg):
             return None, None
         screened = self._screen("round", server_round, messages, sent)
         self._refuse_secagg_clients(server_round, messages, screened)
-        parsed = [self._read(m, v, layout) for m, v in zip(messages, screened)]
+        parsed = [self._read(m, v, layout, plan) for m, v in zip(messages, screened)]
         used = [i for i, p in enumerate(parsed) if p.update is not None]
         lost, void = _lost_votes(screened, parsed, sent)
         x = self._stack(parsed, used, layout)
-        agg, share, f_eff, why_not = self._aggregate(x, lost, layout.size)
+        agg, share, f_eff, why_not = self._aggregate(x, lost, layout.size, plan)
         applied = why_not is None
         assert agg is None or x is not None
         if applied and agg is not None:
@@ -333,6 +314,8 @@ class PhalanxFedAvg(FedAvg):
         metrics["replies-dropped"] = len(parsed) - len(used)
         for reason in REASONS:
             metrics[f"replies-{reason}"] = sum(p.reason == reason for p in parsed)
+        if plan is not None:
+            metrics[f"replies-{ADAPTER}"] = sum(p.reason == ADAPTER for p in parsed)
         metrics["nodes-dropped"] = lost
         metrics["nodes-void"] = void
         metrics["aggregated"] = int(applied)
@@ -376,16 +359,16 @@ class PhalanxFedAvg(FedAvg):
     def initialize_parameters(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Refused (:class:`~phalanx.errors.ConfigError`): the first call of Flower's legacy ``DefaultWorkflow``, which
         is how ``SecAggPlusWorkflow`` runs in Flower 1.42. PhalanxFedAvg runs under ``strategy.start``."""
-        raise _legacy_refusal("initialize_parameters")
+        raise legacy_refusal("initialize_parameters")
 
     def configure_fit(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Refused (:class:`~phalanx.errors.ConfigError`): ``SecAggPlusWorkflow``'s (and ``SecAggWorkflow``'s) first
         call to the strategy. Under SecAgg+ the strategy sees only the sum of the updates; no robust rule can use it."""
-        raise _legacy_refusal("configure_fit")
+        raise legacy_refusal("configure_fit")
 
     def aggregate_fit(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Refused (:class:`~phalanx.errors.ConfigError`): where SecAgg+ hands a strategy the unmasked *sum*."""
-        raise _legacy_refusal("aggregate_fit")
+        raise legacy_refusal("aggregate_fit")
 
     # ------------------------------------------------------------------------------------------------ internals
 
@@ -415,21 +398,24 @@ class PhalanxFedAvg(FedAvg):
     ) -> None:
         """Raise when more than f sampled nodes replied with ``secaggplus_mod``'s error (see :meth:`aggregate_train`):
         f Byzantine clients alone cannot end the run this way."""
-        nodes = {v.voter for m, v in zip(messages, screened) if v.passed and _is_secagg_error(m)}
+        nodes = {v.voter for m, v in zip(messages, screened) if v.passed and is_secagg_error(m)}
         if len(nodes) > self.f:
             raise ConfigError(
                 "mods", "secaggplus_mod", "a ClientApp without Flower's secure aggregation mods (secaggplus_mod, "
                 "secagg_mod) under PhalanxFedAvg",
                 f"round {server_round}: {len(nodes)} sampled clients failed on SecAgg+'s missing "
-                f"{RECORD_KEY_CONFIGS!r} record, more than f={self.f} Byzantine ones could fake; {_SECAGG}",
+                f"{RECORD_KEY_CONFIGS!r} record, more than f={self.f} Byzantine ones could fake; {SECAGG}",
             )
 
-    def _read(self, msg: Message, verdict: Screened, layout: Layout) -> Reply:
-        """The reply's update, or why it is dropped: by the one-vote check (then its content is never read)."""
+    def _read(self, msg: Message, verdict: Screened, layout: Layout, plan: AdapterPlan | None) -> Reply:
+        """The reply's update, or why it is dropped: by the one-vote check (then its content is never read), its
+        structure, or (with ``lora``) its adapters."""
         if not verdict.passed:
             return Reply(node_id=verdict.node_id, dropped=verdict.detail, reason=verdict.reason)
         reply = read_reply(msg, layout, self.arrayrecord_key, self.weighted_by_key)
         reply.node_id = verdict.node_id
+        if plan is not None:
+            plan.check(reply, msg, self.arrayrecord_key)
         return reply
 
     def _wait_for_nodes(self, grid: Grid) -> None:
@@ -463,21 +449,23 @@ class PhalanxFedAvg(FedAvg):
         return self._rules[f]
 
     def _aggregate(
-        self, x: Tensor | None, lost: int, d: int,
+        self, x: Tensor | None, lost: int, d: int, plan: AdapterPlan | None = None,
     ) -> tuple[Tensor | None, Tensor | None, int, str | None]:
         """``(Agg, shares, f used, None)``, or ``(…, why the model is kept)``; ``lost``: the m of f − m (nodes
-        without a vote of their own doing, :func:`_lost_votes`; counted unless ``count_dropped_against_f`` is False)."""
+        without a vote of their own doing, :func:`_lost_votes`; counted unless ``count_dropped_against_f`` is False);
+        ``plan``: the round's adapters (the rule wrapped for the mode)."""
         f_eff = max(self.f - lost, 0) if self.count_dropped_against_f else self.f
         if x is None:
             return None, None, f_eff, "no valid reply"
         try:
             rule = self._rule_for(f_eff)
+            rule = rule if plan is None else plan.rule(rule)
         except PhalanxError as exc:
             return None, None, f_eff, f"{_name(self.rule)} with f={f_eff}: {exc}"
         need = _min_workers(rule)
         if x.shape[0] < need:
             return None, None, f_eff, f"{_name(rule)} with f={f_eff} needs {need} updates, got {x.shape[0]}"
-        context: dict[str, Any] = {}
+        context: dict[str, Any] = {} if plan is None else plan.context(rule, x.dtype)
         prev = self._previous
         if "center" in getattr(rule, "context_keys", ()) and prev is not None and prev.shape == (d,):
             context["center"] = prev.to(x.dtype)
