@@ -52,6 +52,9 @@ from phalanx.validate import check_int
 
 CLOCK_KEYS = ("speed", "arrival", "version", "stats")
 RING = "thetas"
+REPLAY, REPLAY_AT = "replay", "replay_at"
+"""The state keys of the stale-replay attacker (``byzantine_timing = "replay"``): the first honest update aggregated
+in each of the last S + 1 steps, and the step each was stored at (−1: none)."""
 SCREENED = "screened"
 """The algorithm's state key of a filter's statistics (:data:`SCREEN`)."""
 SCREEN = ("rejected", "rejected_step", "byzantine_rejected", "honest_rejected")
@@ -190,6 +193,9 @@ class Asynchronous(RoundAlgorithm):
         touched = torch.zeros(self.per_round(run.workers), dtype=torch.bool)
         extra = {SCREENED: torch.zeros(len(SCREEN), dtype=torch.float64), **self.screen_state(run, theta)} \
             if self.screens else {}
+        if self.byzantine_timing == "replay":
+            extra[REPLAY] = theta.new_zeros(self.max_staleness + 1, run.problem.dim)
+            extra[REPLAY_AT] = torch.full((self.max_staleness + 1,), -1, dtype=torch.int64)
         return {RING: ring, TOUCHED: touched, **self.clock(run).start(speed), **extra}
 
     def load_state(self, run: Run, own: dict[str, Tensor]) -> None:
@@ -201,6 +207,11 @@ class Asynchronous(RoundAlgorithm):
             got = None if ring is None else tuple(ring.shape)
             raise ConfigError("start", f"a ring of model versions of shape {got}",
                               f"{shape} (max_staleness + 1 versions of θ)")
+        if self.byzantine_timing == "replay":
+            kept, at = own.get(REPLAY), own.get(REPLAY_AT)
+            if kept is None or tuple(kept.shape) != shape or at is None or tuple(at.shape) != shape[:1]:
+                raise ConfigError("start", "a checkpoint without the replay attacker's updates",
+                                  f"{shape} past updates and their steps")
         if self.screens:
             screened = own.get(SCREENED)
             if screened is None or tuple(screened.shape) != (len(SCREEN),) or not bool(torch.isfinite(screened).all()):
@@ -303,13 +314,29 @@ class AsyncWorkers:
             updates = torch.cat([updates, rows.to(updates)])
         ids = torch.cat([honest, byz])
         extra: dict[str, Tensor] = {}
+        if algo.byzantine_timing == "replay":
+            updates, extra = replayed(own, updates, int(honest.numel()), int(byz.numel()), t, slots)
         if algo.screens:
-            updates, keep, extra = algo.screen(run, own, theta, t, ids, updates, versions, ring)
+            updates, keep, filtered = algo.screen(run, own, theta, t, ids, updates, versions, ring)
             updates = torch.where(keep.to(updates.device)[:, None], updates, updates.new_zeros(()))
-            extra[SCREENED] = screen_stats(own[SCREENED], keep, ids >= self.honest_n)
+            extra.update(filtered, **{SCREENED: screen_stats(own[SCREENED], keep, ids >= self.honest_n)})
         vectors, rows_of, touched = algo.assemble(run, ids, updates, stale)
         after = {RING: ring, TOUCHED: touched, **self.clock.advance(state, t, step, int(touched.sum())), **extra}
         return Received(vectors, rows=rows_of, state_rows=False, own=after)
+
+
+def replayed(own: dict[str, Tensor], updates: Tensor, honest: int, byz: int, t: int, slots: int
+             ) -> tuple[Tensor, dict[str, Tensor]]:
+    """The stale replay (``byzantine_timing = "replay"``): the step's Byzantine rows (the last ``byz``) become the
+    honest update stored S + 1 = ``slots`` steps earlier, when there is one (before: the attack's own rows); this
+    step's first honest update is stored in its place."""
+    store, at = own[REPLAY].clone(), own[REPLAY_AT].clone()
+    slot = t % slots
+    if byz and int(at[slot]) == t - slots:
+        updates = torch.cat([updates[:honest], store[slot].to(updates)[None].expand(byz, -1)])
+    if honest:
+        store[slot], at[slot] = updates[0].to(store), t
+    return updates, {REPLAY: store, REPLAY_AT: at}
 
 
 def screen_stats(old: Tensor, keep: Tensor, byzantine: Tensor) -> Tensor:
