@@ -1,6 +1,8 @@
 """What every buffered asynchronous round algorithm shares (FedBuff, :mod:`~phalanx.training.algorithms.fedbuff`;
-BASGD, :mod:`~phalanx.training.algorithms.basgd`): the simulated clock as the algorithm's state, the versions of θ
-in flight, and the batched computation of each server step's arrivals.
+BASGD, :mod:`~phalanx.training.algorithms.basgd`; Kardam and Zeno++, :mod:`~phalanx.training.algorithms.kardam`,
+:mod:`~phalanx.training.algorithms.zenopp`): the simulated clock as the algorithm's state, the versions of θ in
+flight, the batched computation of each server step's arrivals, an optional filter on each update (:meth:`screen`)
+and the stale-replay attacker (``byzantine_timing = "replay"``, :func:`replayed`).
 
 The loop's round is a *server step*: one aggregation of a full buffer. Server step t (the loop's round t):
 
@@ -12,7 +14,9 @@ The loop's round is a *server step*: one aggregation of a full buffer. Server st
    row i is worker i's minibatch gradient at θ of the version it started from) — the honest workers' on their own
    batches; a data attack's Byzantine workers' on poisoned batches; a vector attack's Byzantine updates are what the
    attack makes of the step's honest updates (omniscient: it sees them, and the server's rule);
-4. the algorithm turns the updates into the rows its rule aggregates (:meth:`Asynchronous.assemble`: FedBuff's
+4. an algorithm that filters (``screens``: Kardam, Zeno++) judges each update; a rejected one becomes a zero row,
+   counted in its statistics (:data:`SCREEN`);
+5. the algorithm turns the updates into the rows its rule aggregates (:meth:`Asynchronous.assemble`: FedBuff's
    staleness-weighted updates, BASGD's buffer means) and the loop's server steps θ with the run's rule and ``lr``.
 
 Staleness is measured by the server (it knows which version it sent each worker), never taken from an update: a
@@ -72,7 +76,7 @@ class AsyncClock(Stage):
 
     name = "async_clock"
     side = "server"
-    brought_by = "algorithm fedbuff or basgd"
+    brought_by = "algorithm fedbuff, basgd, kardam or zenopp"
     reference = "the simulated clock of phalanx.training.algorithms.clock (docs/async.md)"
 
     def __init__(self) -> None:
@@ -90,7 +94,6 @@ class AsyncClock(Stage):
 class ScreenedClock(AsyncClock):
     """:class:`AsyncClock` with a filter's columns (:data:`SCREEN`: what Kardam's or Zeno++'s test rejected)."""
 
-    brought_by = "algorithm kardam or zenopp"
 
     def column_names(self) -> tuple[str, ...]:
         return (*super().column_names(), *SCREEN)

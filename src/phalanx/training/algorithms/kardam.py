@@ -1,7 +1,8 @@
 """Kardam: asynchronous SGD with a Lipschitz filter and staleness-aware dampening, on the simulated clock.
 
 Damaskinos, El Mhamdi, Guerraoui, Patra & Taziki, "Asynchronous Byzantine Machine Learning (the case of SGD)",
-ICML 2018. The paper's statement: Kardam "consists of two complementary components: a filtering and a dampening
+ICML 2018. The paper's statement (its abstract; the equations below are Phalanx's reading, their numbers in the
+paper not checked here): Kardam "consists of two complementary components: a filtering and a dampening
 component. The first is scalar-based and ensures resilience against 1/3 Byzantine workers [...] this filter
 leverages the Lipschitzness of cost functions [...]. The dampening component bounds the convergence rate by
 adjusting to stale information through a generic gradient weighting scheme"; it guarantees almost sure convergence
@@ -34,9 +35,10 @@ first keeps its place — measured by ``byzantine_buffer_share``), and the learn
 run's ``lr`` and schedule are used). Undefined coefficients: the run's first update has no reference and is
 accepted unjudged (a finite one: an always-first attacker's first update is applied); an update computed at the
 same θ as every reference (before θ has moved twice) is rejected, and its coefficient does not enter the set. What
-the filter does not stop (tests/test_async_filters.py): an update close to the last accepted one passes whatever
-it is — the filter bounds how fast the applied gradients change, not where they point (a little-is-enough
-perturbation mostly passes).
+the filter does not stop (docs/async.md, measured): always-first sign flippers ×10 (n = 10, b = 2, K = 4) — it
+rejects 15–26 of their 60 updates and the model stays at chance. A likely cause, not tested: an accepted Byzantine
+update becomes the next reference, and the flipped gradients that follow change slowly. The filter bounds how fast
+the applied gradients change, not where they point.
 
 Config: ``algorithm = "kardam"``, ``algorithm_params = {filter_f = f, beta = β, buffer_size = K, max_staleness = S,
 speeds = "...", byzantine_timing = "..."}``; the run's ``aggregator`` (``mean`` with ``f = 0`` for the paper).

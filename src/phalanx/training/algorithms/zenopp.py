@@ -5,7 +5,8 @@ key idea "is to estimate the descent of the loss value after the candidate gradi
 values indicate that the update results in optimization progress"; it proves convergence for non-convex problems
 with "arbitrarily stale worker updates, and [...] an unbounded number of Byzantine workers", assuming a smooth loss,
 bounded variance of the gradients, and a server validation set drawn from the same distribution as the workers'
-data. Its test, for a candidate g at the server's θ with learning rate γ, is the first-order estimate of the
+data (the assumptions as Phalanx reads them; the equation numbers in the paper are not checked here). Its test,
+for a candidate g at the server's θ with learning rate γ, is the first-order estimate of the
 descent on the server's validation loss f_r,
 
     Score_{γ,ρ}(g, θ) = γ ⟨∇f_r(θ), g⟩ − ρ ‖g‖²  ≥  −γ ε,
