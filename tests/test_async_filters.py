@@ -232,13 +232,31 @@ def test_bad_filter_parameters_are_refused_in_one_line(make: Any, parameter: str
 
 
 def test_a_hostile_filter_checkpoint_is_refused() -> None:
-    """A resumed state whose filter tensors have another shape is refused in one line naming ``start``."""
-    for algo, key in ((Kardam(buffer_size=2), "kardam_lip"), (ZenoPP(buffer_size=2), "zeno_v")):
+    """A resumed state whose filter tensors have another shape, a non-finite reference or validation gradient, an
+    impossible count or non-finite statistics is refused in one line naming ``start``."""
+    for algo, key in ((Kardam(buffer_size=2), "kardam_lip"), (ZenoPP(buffer_size=2), "zeno_v"),
+                      (Kardam(buffer_size=2), "screened")):
         exp = experiment(algo)
         own = algo.initial_state(exp, exp.problem.initial_theta())
         algo.load_state(exp, own)
-        with pytest.raises(ConfigError, match=r"^start="):
-            algo.load_state(exp, {**own, key: torch.zeros(3)})
+        bad = [{**own, key: torch.zeros(3)}, {**own, key: torch.full_like(own[key], float("nan"))}]
+        if key == "kardam_lip":
+            bad = [bad[0], {**own, "kardam_refs": torch.tensor(3)},
+                   {**own, "kardam_ref_grad": torch.full_like(own["kardam_ref_grad"], float("inf"))}]
+        for state in bad:
+            with pytest.raises(ConfigError, match=r"^start=") as info:
+                algo.load_state(exp, state)
+            assert "\n" not in str(info.value)
+
+
+def test_the_config_refuses_what_the_api_does() -> None:
+    """The config path checks Kardam's f against the workers before anything is built."""
+    base = {"dataset": "digits", "model": "logreg", "workers": 9, "aggregator": "mean", "f": 0}
+    with pytest.raises(ConfigError, match=r"^algorithm_params.filter_f=3"):
+        make_config({**base, "algorithm": "kardam", "algorithm_params": {"filter_f": 3}})
+    with pytest.raises(ConfigError, match=r"^algorithm_params.rho=-1"):
+        make_config({**base, "algorithm": "zenopp", "algorithm_params": {"rho": -1.0}})
+    make_config({**base, "algorithm": "kardam", "algorithm_params": {"filter_f": 2}})
 
 
 def test_the_cli_lists_and_runs_both(tmp_path: Path) -> None:

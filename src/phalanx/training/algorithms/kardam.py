@@ -129,6 +129,9 @@ class Kardam(FedBuff):
                                   f"{None if got is None else tuple(got.shape)}", f"{shape} for {n} workers")
         if not 0 <= int(own["kardam_refs"]) <= 2:
             raise ConfigError("start", f"a Kardam state with {int(own['kardam_refs'])} references", "0, 1 or 2")
+        refs = torch.cat([own["kardam_ref_grad"].flatten(), own["kardam_ref_theta"].flatten()])
+        if not bool(torch.isfinite(refs).all()):
+            raise ConfigError("start", "a Kardam state with a non-finite reference", "finite accepted updates and θ")
 
     def screen(self, run: Run, own: dict[str, Tensor], theta: Tensor, t: int, ids: Tensor, updates: Tensor,
                versions: Tensor, ring: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:

@@ -115,9 +115,10 @@ class ZenoPP(FedBuff):
 
     def check_screen_state(self, run: Run, own: dict[str, Tensor]) -> None:
         v, at = own.get(V), own.get(AT)
-        if v is None or tuple(v.shape) != (run.problem.dim,) or at is None or at.numel() != 1:
-            raise ConfigError("start", "a Zeno++ state without its validation gradient",
-                              f"a validation gradient of shape ({run.problem.dim},) and its version")
+        if (v is None or tuple(v.shape) != (run.problem.dim,) or not bool(torch.isfinite(v).all()) or at is None
+                or at.numel() != 1):
+            raise ConfigError("start", "a Zeno++ state without its finite validation gradient",
+                              f"a finite validation gradient of shape ({run.problem.dim},) and its version")
 
     def screen(self, run: Run, own: dict[str, Tensor], theta: Tensor, t: int, ids: Tensor, updates: Tensor,
                versions: Tensor, ring: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
