@@ -5,13 +5,17 @@ does (and does not) see."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
+from tests._interrupt import train_interrupted
 
 from phalanx import aggregators, attacks, data, models
 from phalanx.errors import ConfigError
+from phalanx.experiments import make_config, train
 from phalanx.training import Experiment, Loop
 from phalanx.training.algorithms.asynchronous import Asynchronous, replayed
 from phalanx.training.algorithms.basgd import BASGD
@@ -155,3 +159,35 @@ def test_every_attack_plays_under_every_time_attack_and_filter(attack: str) -> N
         rows = loop.run()
         assert bool(torch.isfinite(loop.state.theta).all()), algo
         assert rows[-1]["byzantine_updates"] >= 1, algo
+
+
+@pytest.mark.parametrize("timing", ["last_slot", "at_bound", "replay"])
+def test_time_attacks_are_deterministic_given_the_seed(timing: str) -> None:
+    """Two runs of a time attack with the seed are equal bit for bit (θ and every metric row)."""
+    algo = FedBuff(buffer_size=4, max_staleness=2, byzantine_timing=timing)
+    a, b = Loop(experiment(algo, rounds=6), callbacks=[Evaluate()]), Loop(experiment(algo, rounds=6),
+                                                                          callbacks=[Evaluate()])
+    assert a.run() == b.run() and torch.equal(a.state.theta, b.state.theta)
+
+
+def test_a_replay_run_resumes_bit_for_bit(tmp_path: Path) -> None:
+    """The replay attacker's stored updates are the algorithm's state: a run stopped after step 4 and resumed ends
+    with the uninterrupted run's checkpoint, key for key; a checkpoint without them is refused in one line."""
+    cfg = make_config({"dataset": "digits", "model": "logreg", "workers": 8, "byzantine": 2, "f": 0,
+                       "aggregator": "mean", "attack": "signflip", "algorithm": "fedbuff",
+                       "algorithm_params": {"buffer_size": 3, "max_staleness": 2, "byzantine_timing": "replay"},
+                       "rounds": 8, "eval_every": 4, "checkpoint_every": 4, "lr": 0.5, "seed": 4})
+    train(cfg, tmp_path / "whole")
+    part = train_interrupted(cfg, tmp_path / "resumed", stop=4)
+    train(cfg, part)
+    a = load_file(str(next((tmp_path / "whole").glob("**/checkpoint.safetensors"))))
+    b = load_file(str(next((tmp_path / "resumed").glob("**/checkpoint.safetensors"))))
+    assert set(a) == set(b) and "algorithm.replay" in a
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    algo = FedBuff(buffer_size=3, max_staleness=2, byzantine_timing="replay")
+    exp = experiment(algo, workers=8)
+    own = algo.initial_state(exp, exp.problem.initial_theta())
+    with pytest.raises(ConfigError, match=r"^start=") as info:
+        algo.load_state(exp, {k: v for k, v in own.items() if k != "replay"})
+    assert "\n" not in str(info.value)
