@@ -36,9 +36,8 @@ run's ``lr`` and schedule are used). Undefined coefficients: the run's first upd
 accepted unjudged (a finite one: an always-first attacker's first update is applied); an update computed at the
 same θ as every reference (before θ has moved twice) is rejected, and its coefficient does not enter the set. What
 the filter does not stop (docs/async.md, measured): always-first sign flippers ×10 (n = 10, b = 2, K = 4) — it
-rejects 15–26 of their 60 updates and the model stays at chance. A likely cause, not tested: an accepted Byzantine
-update becomes the next reference, and the flipped gradients that follow change slowly. The filter bounds how fast
-the applied gradients change, not where they point.
+rejects 15–26 of their 60 updates and the model stays at chance (why is not established). The filter bounds how
+fast the applied gradients change, not where they point.
 
 Config: ``algorithm = "kardam"``, ``algorithm_params = {filter_f = f, beta = β, buffer_size = K, max_staleness = S,
 speeds = "...", byzantine_timing = "..."}``; the run's ``aggregator`` (``mean`` with ``f = 0`` for the paper).
