@@ -6,7 +6,8 @@ sees, the registry of names); the built-ins are a module each — :mod:`~phalanx
 FedBN through :mod:`~phalanx.training.algorithms.fedbn`), :mod:`~phalanx.training.algorithms.scaffold` (SCAFFOLD),
 :mod:`~phalanx.training.algorithms.gossip` (decentralized SGD and Decentralized Anytime SGD; one node alone in
 :mod:`~phalanx.training.algorithms.gossip_node`); the buffered asynchronous ones on a simulated clock —
-:mod:`~phalanx.training.algorithms.fedbuff` (FedBuff) and :mod:`~phalanx.training.algorithms.basgd` (BASGD), over
+:mod:`~phalanx.training.algorithms.fedbuff` (FedBuff), :mod:`~phalanx.training.algorithms.basgd` (BASGD),
+:mod:`~phalanx.training.algorithms.kardam` (Kardam) and :mod:`~phalanx.training.algorithms.zenopp` (Zeno++), over
 :mod:`~phalanx.training.algorithms.asynchronous` and :mod:`~phalanx.training.algorithms.clock`.
 """
 

@@ -1,6 +1,8 @@
 """What every buffered asynchronous round algorithm shares (FedBuff, :mod:`~phalanx.training.algorithms.fedbuff`;
-BASGD, :mod:`~phalanx.training.algorithms.basgd`): the simulated clock as the algorithm's state, the versions of θ
-in flight, and the batched computation of each server step's arrivals.
+BASGD, :mod:`~phalanx.training.algorithms.basgd`; Kardam and Zeno++, :mod:`~phalanx.training.algorithms.kardam`,
+:mod:`~phalanx.training.algorithms.zenopp`): the simulated clock as the algorithm's state, the versions of θ in
+flight, the batched computation of each server step's arrivals, an optional filter on each update (:meth:`screen`)
+and the stale-replay attacker (``byzantine_timing = "replay"``, :func:`replayed`).
 
 The loop's round is a *server step*: one aggregation of a full buffer. Server step t (the loop's round t):
 
@@ -12,7 +14,9 @@ The loop's round is a *server step*: one aggregation of a full buffer. Server st
    row i is worker i's minibatch gradient at θ of the version it started from) — the honest workers' on their own
    batches; a data attack's Byzantine workers' on poisoned batches; a vector attack's Byzantine updates are what the
    attack makes of the step's honest updates (omniscient: it sees them, and the server's rule);
-4. the algorithm turns the updates into the rows its rule aggregates (:meth:`Asynchronous.assemble`: FedBuff's
+4. an algorithm that filters (``screens``: Kardam, Zeno++) judges each update; a rejected one becomes a zero row,
+   counted in its statistics (:data:`SCREEN`);
+5. the algorithm turns the updates into the rows its rule aggregates (:meth:`Asynchronous.assemble`: FedBuff's
    staleness-weighted updates, BASGD's buffer means) and the loop's server steps θ with the run's rule and ``lr``.
 
 Staleness is measured by the server (it knows which version it sent each worker), never taken from an update: a
@@ -52,6 +56,14 @@ from phalanx.validate import check_int
 
 CLOCK_KEYS = ("speed", "arrival", "version", "stats")
 RING = "thetas"
+REPLAY, REPLAY_AT = "replay", "replay_at"
+"""The state keys of the stale-replay attacker (``byzantine_timing = "replay"``): the first honest update aggregated
+in each of the last S + 1 steps, and the step each was stored at (−1: none)."""
+SCREENED = "screened"
+"""The algorithm's state key of a filter's statistics (:data:`SCREEN`)."""
+SCREEN = ("rejected", "rejected_step", "byzantine_rejected", "honest_rejected")
+"""A filter's statistics (Kardam, Zeno++): updates it rejected over the run and in the last step, and the run's
+rejected Byzantine and honest updates."""
 TOUCHED = "byzantine_rows"
 """The algorithm's state key of the last step's mask of rule rows a Byzantine update touched (the server measures
 with it)."""
@@ -64,7 +76,7 @@ class AsyncClock(Stage):
 
     name = "async_clock"
     side = "server"
-    brought_by = "algorithm fedbuff or basgd"
+    brought_by = "algorithm fedbuff, basgd, kardam or zenopp"
     reference = "the simulated clock of phalanx.training.algorithms.clock (docs/async.md)"
 
     def __init__(self) -> None:
@@ -77,6 +89,20 @@ class AsyncClock(Stage):
         if "stats" not in self.own:
             return dict.fromkeys(self.column_names())
         return columns(self.own["stats"])
+
+
+class ScreenedClock(AsyncClock):
+    """:class:`AsyncClock` with a filter's columns (:data:`SCREEN`: what Kardam's or Zeno++'s test rejected)."""
+
+
+    def column_names(self) -> tuple[str, ...]:
+        return (*super().column_names(), *SCREEN)
+
+    def columns(self, ev: Evaluation) -> dict[str, Any]:
+        out = super().columns(ev)
+        screened = self.own.get(SCREENED)
+        values = [None] * len(SCREEN) if screened is None else [int(v) for v in screened.tolist()]
+        return {**out, **dict(zip(SCREEN, values))}
 
 
 def clock_stage(run: Run) -> AsyncClock:
@@ -132,11 +158,31 @@ class Asynchronous(RoundAlgorithm):
     def population(self, workers: int) -> str:
         return self.population_key
 
+    # --- an optional filter on each update (Kardam, Zeno++) -------------------------------------------------------
+
+    screens: ClassVar[bool] = False
+    """It filters each accepted update before its rule (:meth:`screen`): a rejected update's row is zero, and the
+    ``screen`` statistics (:data:`SCREEN`) become metric columns."""
+
+    def screen_state(self, run: Run, theta: Tensor) -> dict[str, Tensor]:
+        """The filter's own state before the first step (checkpointed with the clock); none by default."""
+        return {}
+
+    def check_screen_state(self, run: Run, own: dict[str, Tensor]) -> None:
+        """Refuse (one-line :class:`ConfigError` naming ``start``) a filter state this run cannot continue from."""
+
+    def screen(self, run: Run, own: dict[str, Tensor], theta: Tensor, t: int, ids: Tensor, updates: Tensor,
+               versions: Tensor, ring: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """The step's updates as the filter passes them on (row i: worker ``ids[i]``, computed at
+        ``ring[versions[i] % (S + 1)]``), which of them it accepts (``(m,)`` bool, CPU), and its new state. By
+        default every update, unchanged."""
+        return updates, torch.ones(ids.numel(), dtype=torch.bool), {}
+
     # --- the seam --------------------------------------------------------------------------------------------------
 
     def stages(self, run: Run) -> tuple[Stage, ...]:
-        """The clock's columns and state holder (:class:`AsyncClock`)."""
-        return (AsyncClock(),)
+        """The clock's columns and state holder (:class:`AsyncClock`; :class:`ScreenedClock` with a filter)."""
+        return (ScreenedClock(),) if self.screens else (AsyncClock(),)
 
     def clock(self, run: Run) -> Clock:
         return Clock(workers=run.workers, byzantine=run.byzantine, max_staleness=self.max_staleness,
@@ -148,7 +194,12 @@ class Asynchronous(RoundAlgorithm):
         speed = Speeds.parse(self.speeds).draw(run.workers, run.seed)
         ring = theta.detach().clone()[None].repeat(self.max_staleness + 1, 1)
         touched = torch.zeros(self.per_round(run.workers), dtype=torch.bool)
-        return {RING: ring, TOUCHED: touched, **self.clock(run).start(speed)}
+        extra = {SCREENED: torch.zeros(len(SCREEN), dtype=torch.float64), **self.screen_state(run, theta)} \
+            if self.screens else {}
+        if self.byzantine_timing == "replay":
+            extra[REPLAY] = theta.new_zeros(self.max_staleness + 1, run.problem.dim)
+            extra[REPLAY_AT] = torch.full((self.max_staleness + 1,), -1, dtype=torch.int64)
+        return {RING: ring, TOUCHED: touched, **self.clock(run).start(speed), **extra}
 
     def load_state(self, run: Run, own: dict[str, Tensor]) -> None:
         """Take the clock and the ring (refusing one of another population, bound or model)."""
@@ -159,6 +210,17 @@ class Asynchronous(RoundAlgorithm):
             got = None if ring is None else tuple(ring.shape)
             raise ConfigError("start", f"a ring of model versions of shape {got}",
                               f"{shape} (max_staleness + 1 versions of θ)")
+        if self.byzantine_timing == "replay":
+            kept, at = own.get(REPLAY), own.get(REPLAY_AT)
+            if kept is None or tuple(kept.shape) != shape or at is None or tuple(at.shape) != shape[:1]:
+                raise ConfigError("start", "a checkpoint without the replay attacker's updates",
+                                  f"{shape} past updates and their steps")
+        if self.screens:
+            screened = own.get(SCREENED)
+            if screened is None or tuple(screened.shape) != (len(SCREEN),) or not bool(torch.isfinite(screened).all()):
+                raise ConfigError("start", "a checkpoint without the filter's finite statistics",
+                                  f"a {self.name} checkpoint ({len(SCREEN)} finite statistics)")
+            self.check_screen_state(run, own)
         clock_stage(run).own = own
 
     def make_server(self, run: Run, generator: torch.Generator) -> BufferServer:
@@ -254,9 +316,37 @@ class AsyncWorkers:
             rows = attack_rows(run, updates, int(byz.numel()), rule, self.attack_gen, t)
             updates = torch.cat([updates, rows.to(updates)])
         ids = torch.cat([honest, byz])
+        extra: dict[str, Tensor] = {}
+        if algo.byzantine_timing == "replay":
+            updates, extra = replayed(own, updates, int(honest.numel()), int(byz.numel()), t, slots)
+        if algo.screens:
+            updates, keep, filtered = algo.screen(run, own, theta, t, ids, updates, versions, ring)
+            updates = torch.where(keep.to(updates.device)[:, None], updates, updates.new_zeros(()))
+            extra.update(filtered, **{SCREENED: screen_stats(own[SCREENED], keep, ids >= self.honest_n)})
         vectors, rows_of, touched = algo.assemble(run, ids, updates, stale)
-        after = {RING: ring, TOUCHED: touched, **self.clock.advance(state, t, step, int(touched.sum()))}
+        after = {RING: ring, TOUCHED: touched, **self.clock.advance(state, t, step, int(touched.sum())), **extra}
         return Received(vectors, rows=rows_of, state_rows=False, own=after)
+
+
+def replayed(own: dict[str, Tensor], updates: Tensor, honest: int, byz: int, t: int, slots: int
+             ) -> tuple[Tensor, dict[str, Tensor]]:
+    """The stale replay (``byzantine_timing = "replay"``): the step's Byzantine rows (the last ``byz``) become the
+    honest update stored S + 1 = ``slots`` steps earlier, when there is one (before: the attack's own rows); this
+    step's first honest update is stored in its place."""
+    store, at = own[REPLAY].clone(), own[REPLAY_AT].clone()
+    slot = t % slots
+    if byz and int(at[slot]) == t - slots:
+        updates = torch.cat([updates[:honest], store[slot].to(updates)[None].expand(byz, -1)])
+    if honest:
+        store[slot], at[slot] = updates[0].to(store), t
+    return updates, {REPLAY: store, REPLAY_AT: at}
+
+
+def screen_stats(old: Tensor, keep: Tensor, byzantine: Tensor) -> Tensor:
+    """A filter's statistics (:data:`SCREEN`) after a step that accepted ``keep`` of its updates."""
+    out = ~keep
+    return torch.tensor([float(old[0]) + int(out.sum()), float(out.sum()), float(old[2]) + int((out & byzantine).sum()),
+                         float(old[3]) + int((out & ~byzantine).sum())], dtype=torch.float64)
 
 
 class BufferServer(Server):

@@ -12,10 +12,12 @@ from phalanx.training.algorithms.dsgd import DSGD
 from phalanx.training.algorithms.fedavg import FedAvg
 from phalanx.training.algorithms.fedbuff import FedBuff  # noqa: F401 - registers 'fedbuff'
 from phalanx.training.algorithms.gossip import AnytimeGossip, Gossip
+from phalanx.training.algorithms.kardam import Kardam  # noqa: F401 - registers 'kardam'
+from phalanx.training.algorithms.zenopp import ZenoPP  # noqa: F401 - registers 'zenopp'
 
-# FedBuff and BASGD are entry points too (pyproject.toml); they are imported above (each registers itself) so that
-# their short names work from a checkout whose installed metadata predates them (an editable install's entry points
-# are not re-read until it is reinstalled).
+# FedBuff, BASGD, Kardam and Zeno++ are entry points too (pyproject.toml); they are imported above (each registers
+# itself) so that their short names work from a checkout whose installed metadata predates them (an editable
+# install's entry points are not re-read until it is reinstalled).
 
 BUILT_IN: dict[str, type[RoundAlgorithm]] = {cls.name: cls for cls in (DSGD, FedAvg, Gossip, AnytimeGossip)}
 """``algorithm = NAME`` → its class, for the algorithms a config configures with its own keys."""

@@ -22,7 +22,17 @@ ever computed on — the algorithm keeps S + 1 model versions, a ring indexed by
 Time attacks (``byzantine_timing``): ``"honest"`` — Byzantine workers run at the speeds the distribution gave them;
 ``"always_first"`` — they take no time at all and are served before every honest delivery of the same instant: each
 Byzantine worker delivers (on the freshest version, s = 0) at the start of every server step, so they fill the
-first min(b, K) places of every FedBuff buffer, a share b/K > b/n when K < n (the threat model of docs/async.md).
+first min(b, K) places of every FedBuff buffer, a share b/K > b/n when K < n (the threat model of docs/async.md);
+``"last_slot"`` — they take no time and wait for the buffer's boundary: they deliver right before the honest
+delivery that would have filled the buffer (the honest deliveries of the step but its last, then the Byzantine
+ones, then the rest), so the buffer closes on a Byzantine update — FedBuff's last place, BASGD's last empty buffer
+when it is one of theirs; ``"at_bound"`` — they take no time and hold each update until it is exactly as stale as
+the bound allows: a Byzantine worker delivers (first) only at the step where its staleness is S, computed on the
+oldest version the server still accepts (one held longer would be dropped, counted and recorded like any update);
+``"replay"`` — always first, and what they send is a *stale replay*: the honest update the server aggregated S + 1
+steps earlier (older than the bound), re-sent as the worker's fresh update
+(:class:`~phalanx.training.algorithms.asynchronous.AsyncWorkers`). The staleness the server records is the version
+it sent the worker, never a tag the update carries: the replay is recorded as fresh, and the bound does not see it.
 
 Everything is tensors (checkpointed with the run, :meth:`Clock.state`): ``speed (n,)``, ``arrival (n,)`` float64,
 ``version (n,)`` int64, and ``stats`` float64 — a resumed run's clock is the uninterrupted one's, bit for bit.
@@ -43,8 +53,8 @@ from phalanx.errors import ConfigError
 from phalanx.training.algorithms import traces
 from phalanx.training.streams import generator
 
-TIMINGS = ("honest", "always_first")
-"""The values of ``byzantine_timing``: the Byzantine workers' clock."""
+TIMINGS = ("honest", "always_first", "last_slot", "at_bound", "replay")
+"""The values of ``byzantine_timing``: the Byzantine workers' clock (the module's docstring)."""
 
 STATS = ("sim_time", "dropped", "updates", "byzantine_updates", "staleness_mean", "staleness_max",
          "byzantine_buffer_share", "dropped_step", "byzantine_rows")
@@ -136,13 +146,14 @@ class Clock:
         if timing not in TIMINGS:
             raise ConfigError("algorithm_params.byzantine_timing", timing, "one of " + ", ".join(TIMINGS))
         self.n, self.b, self.bound, self.timing = workers, byzantine, max_staleness, timing
-        self.first = torch.zeros(workers, dtype=torch.bool)  # served first at a tie, and take no time
-        if timing == "always_first" and byzantine:
-            self.first[workers - byzantine:] = True
+        self.byz = torch.zeros(workers, dtype=torch.bool)
+        self.byz[workers - byzantine:] = byzantine > 0
+        self.instant = self.byz & (timing != "honest")  # a time attacker takes no time: it chooses when to deliver
+        self.first = self.byz & (timing in ("always_first", "replay"))  # served first at a tie
 
     def durations(self, speed: Tensor) -> Tensor:
-        """How long each worker's update takes: 1/vᵢ (0 for an always-first Byzantine worker)."""
-        return torch.where(self.first, torch.zeros_like(speed), 1.0 / speed)
+        """How long each worker's update takes: 1/vᵢ (0 for a Byzantine worker that attacks the clock)."""
+        return torch.where(self.instant, torch.zeros_like(speed), 1.0 / speed)
 
     def start(self, speed: Tensor) -> dict[str, Tensor]:
         """Time 0: every worker starts on version 0."""
@@ -161,6 +172,10 @@ class Clock:
         buffer full — ``full(ids, accepted)`` returns that prefix's length, given every worker in delivery order and
         whether its update is within the staleness bound."""
         order = self.order(state["arrival"])
+        if self.timing == "last_slot":
+            order = self.before_last(order, t - state["version"], full)
+        elif self.timing == "at_bound":
+            order = self.held(order, t - state["version"])
         staleness = t - state["version"][order]
         accepted = staleness <= self.bound
         end = int(full(order, accepted))
@@ -169,6 +184,24 @@ class Clock:
         taken, ok = order[:end], accepted[:end]
         time = max(float(state["stats"][0]), float(state["arrival"][taken[-1]]))
         return Step(taken[ok], state["version"][taken[ok]], staleness[:end][ok], taken[~ok], time)
+
+    def before_last(self, order: Tensor, staleness: Tensor, full: Any) -> Tensor:
+        """``last_slot``: the deliveries that fill the buffer with the Byzantine ones served last — the honest ones but
+        the last, then the Byzantine ones, then the rest: the buffer's last place goes to a Byzantine update."""
+        is_b = self.byz[order]
+        honest, byz = order[~is_b], order[is_b]
+        merged = torch.cat([honest, byz])
+        end = int(full(merged, staleness[merged] <= self.bound))
+        if not byz.numel() or not 0 < end <= honest.numel():  # the buffer needs them anyway (or cannot fill)
+            return merged
+        return torch.cat([honest[: end - 1], byz, honest[end - 1:]])
+
+    def held(self, order: Tensor, staleness: Tensor) -> Tensor:
+        """``at_bound``: the Byzantine updates exactly S versions old (or older) first, then the honest deliveries,
+        then the Byzantine updates still being held."""
+        is_b = self.byz[order]
+        ready = is_b & (staleness[order] >= self.bound)
+        return torch.cat([order[ready], order[~is_b], order[is_b & ~ready]])
 
     def advance(self, state: dict[str, Tensor], t: int, step: Step, byzantine_rows: int) -> dict[str, Tensor]:
         """The state after step t: every worker that delivered starts on version t + 1 at the step's time; the stats
