@@ -12,7 +12,7 @@ import torch
 
 from phalanx import studies
 from phalanx.errors import ConfigError
-from phalanx.experiments import from_config
+from phalanx.experiments import from_config, stragglers
 from phalanx.studies import asynchrony as A
 from phalanx.training import Loop
 from phalanx.training.algorithms.clock import Speeds
@@ -84,7 +84,7 @@ def test_the_sync_round_waits_for_its_slowest_sampled_worker_of_the_runs_own_sam
     for ids in sampled:
         now += float(duration[ids].max())
         expected.append(now)
-    assert A.sync_times(p.speeds, p.workers, p.per_step, 8, cell.seed) == pytest.approx(expected, rel=1e-12)
+    assert stragglers.sync_times(p.speeds, p.workers, p.per_step, 8, cell.seed) == pytest.approx(expected, rel=1e-12)
     gen = torch.Generator().manual_seed(12345)  # the mutant: a sample the run did not draw
     wrong, now = [], 0.0
     for _ in range(8):
@@ -92,7 +92,7 @@ def test_the_sync_round_waits_for_its_slowest_sampled_worker_of_the_runs_own_sam
         wrong.append(now)
     assert wrong != pytest.approx(expected, rel=1e-6)
     # always-first attackers take no time: the round waits for the slowest sampled *honest* worker
-    instant = A.sync_times(p.speeds, p.workers, p.per_step, 8, cell.seed, instant=p.byzantine)
+    instant = stragglers.sync_times(p.speeds, p.workers, p.per_step, 8, cell.seed, instant=p.byzantine)
     honest_only, now = [], 0.0
     for ids in sampled:
         now += max(float(duration[i]) for i in ids if i < p.workers - p.byzantine)
@@ -113,7 +113,7 @@ def test_sync_rows_are_timed_by_rounds_done() -> None:
     cell = A.Cell("sync", "mean", "none", 0)
     cfg = A.config_for(p, cell)
     rows = [{"round": 0, "test_accuracy": 0.1}, {"round": 2, "test_accuracy": 0.5}, {"round": 4, "test_accuracy": 0.8}]
-    times = A.sync_times(p.speeds, p.workers, p.per_step, 4, 0)
+    times = stragglers.sync_times(p.speeds, p.workers, p.per_step, 4, 0)
     assert A.curve(rows, cell, cfg, p.speeds).points == ((0.0, 0.1), (times[1], 0.5), (times[3], 0.8))
     fb = A.Cell("fedbuff", "mean", "none", 0)
     assert A.curve([{"round": 3, "test_accuracy": 0.4, "sim_time": 1.25}], fb, A.config_for(p, fb),

@@ -46,18 +46,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.plots import save_figure
+from phalanx.experiments.stragglers import sync_times
 from phalanx.studies.base import ModuleStudy, Report, StudyFunctions
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance, write_report_files
-from phalanx.training.algorithms.clock import Speeds
-from phalanx.training.streams import generator
 
 MEAN = "mean"
 MODES = ("sync", "fedbuff", "basgd")
@@ -179,24 +176,6 @@ def plan(p: Preset, overrides: dict[str, Any] | None = None) -> tuple[list[Cell]
     """The cells and their configurations."""
     cs = cells(p)
     return cs, [config_for(p, c, overrides) for c in cs]
-
-
-def sync_times(speeds: str, workers: int, per_round: int, rounds: int, seed: int, instant: int = 0) -> list[float]:
-    """The simulated time after each of ``rounds`` synchronous rounds: round r lasts maxᵢ∈Sᵣ 1/vᵢ over its sampled
-    workers Sᵣ, drawn as federated averaging draws them (K of n uniformly without replacement from the run's
-    ``clients`` stream); the last ``instant`` workers take no time (always-first attackers: the round waits for its
-    slowest other worker). The speeds are the asynchronous runs' draw (the run's ``clock`` stream)."""
-    v = Speeds.parse(speeds).draw(workers, seed)
-    duration = 1.0 / v
-    if instant:
-        duration[workers - instant:] = 0.0
-    gen = generator(seed, "clients")
-    out, now = [], 0.0
-    for _ in range(rounds):
-        ids = torch.randperm(workers, generator=gen)[:per_round]
-        now += float(duration[ids].max())
-        out.append(now)
-    return out
 
 
 @dataclass(frozen=True)
