@@ -357,3 +357,22 @@ def test_a_trace_too_large_missing_or_too_short_is_refused(tmp_path: Path, monke
     monkeypatch.undo()
     with pytest.raises(ConfigError, match="at least as many clients as workers"):
         experiment(FedBuff(speeds="fedscale:sample"), workers=33)
+
+
+def test_only_the_runs_own_last_state_skips_the_clock_checks() -> None:
+    """load_state takes the state the run's own last step returned (the same object) unchecked — the speed-up — and
+    still refuses a corrupted copy of it (the mutant that skips the checks for any state would take it)."""
+    from phalanx.training.algorithms.asynchronous import clock_stage
+
+    algo = FedBuff(buffer_size=3)
+    exp = experiment(algo)
+    loop = Loop(exp)
+    loop.step()
+    stage = clock_stage(exp)
+    made = stage.made
+    assert made is not None and stage.own is made
+    bad = {**made, "arrival": torch.full_like(made["arrival"], float("inf"))}
+    with pytest.raises(ConfigError, match=r"^start="):
+        algo.load_state(exp, bad)
+    algo.load_state(exp, made)
+    assert stage.own is made

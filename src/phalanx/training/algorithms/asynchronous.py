@@ -81,6 +81,9 @@ class AsyncClock(Stage):
 
     def __init__(self) -> None:
         self.own: dict[str, Tensor] = {}
+        self.made: dict[str, Tensor] | None = None
+        """The state the run's last server step returned (identity: :meth:`Asynchronous.load_state` takes it
+        unchecked)."""
 
     def column_names(self) -> tuple[str, ...]:
         return (*STATS, "byzantine_buffer_share_mean")
@@ -202,7 +205,13 @@ class Asynchronous(RoundAlgorithm):
         return {RING: ring, TOUCHED: touched, **self.clock(run).start(speed), **extra}
 
     def load_state(self, run: Run, own: dict[str, Tensor]) -> None:
-        """Take the clock and the ring (refusing one of another population, bound or model)."""
+        """Take the clock and the ring (refusing one of another population, bound or model). The state the run's own
+        last step returned (:attr:`AsyncClock.made`, the same object) is taken as it is: it was built from a state
+        already checked, by this code — the checks are for states from elsewhere (a checkpoint)."""
+        stage = clock_stage(run)
+        if own is stage.made:
+            stage.own = own
+            return
         self.clock(run).check_state(own)
         ring = own.get(RING)
         shape = (self.max_staleness + 1, run.problem.dim)
@@ -298,9 +307,12 @@ class AsyncWorkers:
         state = {k: own[k] for k in CLOCK_KEYS}
         step = self.clock.collect(state, t, lambda order, ok: algo.full(self.n, order, ok))
         byz_mask = step.ids >= self.honest_n
-        honest, byz = step.ids[~byz_mask], step.ids[byz_mask]
-        stale = torch.cat([step.staleness[~byz_mask], step.staleness[byz_mask]])
-        versions = torch.cat([step.versions[~byz_mask], step.versions[byz_mask]])
+        if self.b and bool(byz_mask.any()):  # the honest updates first, then the Byzantine ones
+            honest, byz = step.ids[~byz_mask], step.ids[byz_mask]
+            stale = torch.cat([step.staleness[~byz_mask], step.staleness[byz_mask]])
+            versions = torch.cat([step.versions[~byz_mask], step.versions[byz_mask]])
+        else:  # no Byzantine update in the step: the step's order as it is, no masked copies
+            honest, byz, stale, versions = step.ids, step.ids[:0], step.staleness, step.versions
         computing = torch.cat([honest, byz]) if self.data_attack else honest
         dim = run.problem.dim
         updates = theta.new_zeros(0, dim)
@@ -325,6 +337,7 @@ class AsyncWorkers:
             extra.update(filtered, **{SCREENED: screen_stats(own[SCREENED], keep, ids >= self.honest_n)})
         vectors, rows_of, touched = algo.assemble(run, ids, updates, stale)
         after = {RING: ring, TOUCHED: touched, **self.clock.advance(state, t, step, int(touched.sum())), **extra}
+        self.stage.made = after
         return Received(vectors, rows=rows_of, state_rows=False, own=after)
 
 

@@ -164,6 +164,8 @@ class Clock:
     def order(self, arrival: Tensor) -> Tensor:
         """The workers in delivery order: by arrival time, then always-first ones, then by index (a stable lexical
         sort, so the order is a function of the state alone)."""
+        if not self.b or not bool(self.first.any()):  # nobody is served first at a tie: one sort, the same order
+            return torch.argsort(arrival, stable=True)
         order = torch.argsort((~self.first).to(torch.int8), stable=True)
         return order[torch.argsort(arrival[order], stable=True)]
 
@@ -176,14 +178,17 @@ class Clock:
             order = self.before_last(order, t - state["version"], full)
         elif self.timing == "at_bound":
             order = self.held(order, t - state["version"])
-        staleness = t - state["version"][order]
+        versions = state["version"][order]
+        staleness = t - versions
         accepted = staleness <= self.bound
         end = int(full(order, accepted))
         if not 0 < end <= self.n:  # cannot happen (the module's docstring argues why): a defect, said so
             raise RuntimeError(f"the simulated clock found no full buffer at step {t}")
         taken, ok = order[:end], accepted[:end]
         time = max(float(state["stats"][0]), float(state["arrival"][taken[-1]]))
-        return Step(taken[ok], state["version"][taken[ok]], staleness[:end][ok], taken[~ok], time)
+        if bool(ok.all()):  # nothing dropped (the usual step): the prefix as it is, no masked copies
+            return Step(taken, versions[:end], staleness[:end], taken[:0], time)
+        return Step(taken[ok], versions[:end][ok], staleness[:end][ok], taken[~ok], time)
 
     def before_last(self, order: Tensor, staleness: Tensor, full: Any) -> Tensor:
         """``last_slot``: the deliveries that fill the buffer with the Byzantine ones served last — the honest ones but
@@ -207,14 +212,14 @@ class Clock:
         """The state after step t: every worker that delivered starts on version t + 1 at the step's time; the stats
         updated (the totals, and the step's own)."""
         arrival, version = state["arrival"].clone(), state["version"].clone()
-        went = torch.cat([step.ids, step.dropped])
+        went = torch.cat([step.ids, step.dropped]) if step.dropped.numel() else step.ids
         arrival[went] = step.time + self.durations(state["speed"])[went]
         version[went] = t + 1
-        old = state["stats"]
+        old = state["stats"].tolist()
         k = int(step.ids.numel())
-        byz = int((step.ids >= self.n - self.b).sum())
+        byz = int((step.ids >= self.n - self.b).sum()) if self.b else 0
         s = step.staleness.to(torch.float64)
-        stats = torch.tensor([step.time, float(old[1]) + step.dropped.numel(), float(old[2]) + k, float(old[3]) + byz,
+        stats = torch.tensor([step.time, old[1] + step.dropped.numel(), old[2] + k, old[3] + byz,
                               float(s.mean()) if k else 0.0, float(s.max()) if k else 0.0, byz / k if k else 0.0,
                               float(step.dropped.numel()), float(byzantine_rows)], dtype=torch.float64)
         return {"speed": state["speed"], "arrival": arrival, "version": version, "stats": stats}
