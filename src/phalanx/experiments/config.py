@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from phalanx import data, hub, models, signing
 from phalanx.errors import ConfigError
-from phalanx.experiments import components, tracking
+from phalanx.experiments import components, legacy, tracking
 from phalanx.experiments.components import processes
 from phalanx.experiments.schema import (
     DISTRIBUTED_KEYS,
@@ -159,7 +159,7 @@ def make_config(data: dict[str, Any]) -> RunConfig:
     names are built once here and kept on the config for its run (:mod:`phalanx.experiments.components`)."""
     if not isinstance(data, dict):
         raise ConfigError("config", type(data).__name__, "a table of key = value")
-    data = algorithm_defaults(role_names(inline_dataset(data)))
+    data = algorithm_defaults(role_names(legacy.client_keys(inline_dataset(data))))
     try:
         cfg = RunConfig(**data)
     except ValidationError as exc:
