@@ -74,18 +74,22 @@ def list_attacks(fmt: FormatOption = "table") -> None:
 
 @list_app.command("algorithms")
 def list_algorithms(fmt: FormatOption = "table") -> None:
-    """The round algorithms a config's ``algorithm`` names: how each is configured, and what it is (its reference
+    """The round algorithms a config's ``algorithm`` names: how each is configured, its config section (its
+    constructor's parameters, each with its type, default and the key that sets it) and what it is (its reference
     where it declares one, else its docstring's first line)."""
+    from phalanx.experiments.sections import algorithm_section
     from phalanx.training.algorithms import base, builtin
 
     fmt = check_format(fmt)
-    table = Tabular("Phalanx round algorithms", ("name", "configured by", "ref."), whole=("name",))
+    table = Tabular("Phalanx round algorithms", ("name", "configured by", "section: its parameters", "ref."),
+                    whole=("name",))
     rows = []
     for name in base.names():
         cls = builtin.algorithm_class(name)
         how = "its config keys" if name in builtin.BUILT_IN else "algorithm_params"
+        section = "\n".join(p.text() for p in algorithm_section(name)) or "—"
         doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
-        rows.append(([name, how], str(getattr(cls, "reference", "") or doc or "—")))
+        rows.append(([name, how, section], str(getattr(cls, "reference", "") or doc or "—")))
     _references(table, rows, fmt)
     emit(table, fmt, console)
 

@@ -155,6 +155,10 @@ class RoundAlgorithm(ABC):
     """The run config's keys that this built-in algorithm reads and no other does (federated averaging's
     ``clients_per_round`` …, gossip's ``graph`` …): a config of another algorithm must leave them at their defaults.
     An algorithm of one's own takes its parameters from ``algorithm_params`` instead."""
+    section_keys: ClassVar[dict[str, str]] = {}
+    """A built-in algorithm's constructor parameters that a config key of another name sets (gossip's ``weights``
+    is ``gossip_weights``); every other parameter is set by the config key of its own name (its config section:
+    :func:`phalanx.experiments.sections.algorithm_section`)."""
     config_columns: ClassVar[tuple[str, ...]] = ()
     """The config keys repeated on every metric row of its runs, beside the common ones (what a report groups by)."""
     config_defaults: ClassVar[dict[str, Any]] = {}
