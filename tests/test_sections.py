@@ -86,3 +86,52 @@ def test_the_section_check_rejects_an_undeclared_key(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(Gossip, "section_keys", {})
     with pytest.raises(AssertionError):
         _keys_are_true("gossip", {"weights": "uniform_neighbour"})
+
+
+def _attack_keys_are_true(name: str, params: dict[str, Any]) -> None:
+    """Each of ``params``, set by the key the attack's section names for it, reaches the built attack."""
+    from phalanx.experiments import sections
+
+    section = {p.name: p for p in sections.attack_section(name)}
+    table: dict[str, Any] = {**SMALL, "attack": name, "byzantine": 2, "f": 2, "aggregator": "cwtm"}
+    for param, value in params.items():
+        key = section[param].keys[0]
+        if key.startswith("attack_params."):
+            table.setdefault("attack_params", {})[key.split(".", 1)[1]] = value
+        else:
+            table[key] = value
+    attack = from_config(make_config(table)).attack
+    for param, value in params.items():
+        assert getattr(attack, param) == value, param
+
+
+@pytest.mark.parametrize(("name", "params"), [
+    ("alie", {"z": 1.5}), ("signflip", {"scale": 2.0}), ("gaussian", {"sigma": 3.0, "mu": 0.5}),
+    ("minmax", {"perturbation": "sign", "gamma_init": 5.0}), ("backdoor", {"target": 3, "poison_fraction": 0.25}),
+])
+def test_the_key_an_attack_section_names_sets_the_parameter(name: str, params: dict[str, Any]) -> None:
+    _attack_keys_are_true(name, params)
+
+
+def test_every_attack_has_its_section_in_the_listing() -> None:
+    from phalanx import attacks
+    from phalanx.experiments.sections import attack_section
+
+    out = CliRunner().invoke(cli.app, ["list", "attacks", "--format", "csv"]).output
+    assert "z: float | None = None (attack_params.z)" in out
+    for name in attacks.names():
+        for p in attack_section(name):
+            assert p.keys == (f"attack_params.{p.name}",) and p.text() in out, (name, p)
+
+
+def test_the_attack_section_check_rejects_a_section_naming_the_wrong_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant section that names a parameter by a flat key (``z`` instead of ``attack_params.z``): the config
+    refuses that key, so the check fails."""
+    from phalanx.errors import ConfigError
+    from phalanx.experiments import sections
+
+    real = sections.attack_section
+    monkeypatch.setattr(sections, "attack_section",
+                        lambda name: [dataclasses.replace(p, keys=(p.name,)) for p in real(name)])
+    with pytest.raises(ConfigError, match="unknown key"):
+        _attack_keys_are_true("alie", {"z": 1.5})
