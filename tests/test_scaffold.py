@@ -178,3 +178,18 @@ def test_the_flat_spelling_check_rejects_a_broken_adapter(mutant: str, monkeypat
         monkeypatch.setattr(legacy, "client_keys", quiet)
     with pytest.raises((AssertionError, ConfigError, pytest.fail.Exception)):
         _flat_spelling()
+
+
+@pytest.mark.parametrize(("table", "names"), [
+    ({"local_steps": 0}, "local_steps=0"),
+    ({"clients_per_round": "x"}, "clients_per_round='x'"),
+    ({"clients_per_round": True}, "clients_per_round=True"),
+    ({"clients_per_round": 10**18}, "clients_per_round=1000000000000000000"),
+    ({"local_epochs": -1.0}, "local_epochs=-1.0"),
+    ({"clients_per_round": 3, "algorithm_params": "x"}, "algorithm_params='x'"),
+])
+def test_a_bad_flat_client_key_is_refused_in_one_line_naming_it(table: dict[str, Any], names: str) -> None:
+    """A hostile file's flat client keys with SCAFFOLD: moved or not, refused in one line naming the key written."""
+    with pytest.raises(ConfigError) as caught:
+        make_config({"algorithm": "scaffold", "workers": 8, **table})
+    assert str(caught.value).startswith(names) and "\n" not in str(caught.value)
