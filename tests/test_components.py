@@ -119,3 +119,34 @@ def test_the_algorithm_owns_the_population_check() -> None:
     with pytest.raises(ConfigError, match=r"graph='ring' is invalid: allowed a graph whose every node has >= 4"):
         make_config({**SMALL, "f": 2, "algorithm": "gossip", "graph": "ring"})
     assert build.processes(make_config({**SMALL, "algorithm": "fedavg", "clients_per_round": 4})) == 4
+
+
+def _objects(byzantine: int, workers: int = 6) -> Any:
+    from phalanx import aggregators
+    from phalanx.training import Experiment
+
+    ds = data.load("digits")
+    return Experiment(model=models.make("mlp", ds.input_shape, ds.num_classes), dataset=ds, workers=workers,
+                      byzantine=byzantine, rule=aggregators.make("mean", f=0), rounds=1)
+
+
+@pytest.mark.parametrize("algorithm", ["dsgd", "fedavg", "gossip", "anytime", "scaffold"])
+def test_at_least_one_honest_worker_for_every_algorithm(algorithm: str) -> None:
+    """byzantine < workers, checked by the config (before any component is built) whatever the algorithm — gossip
+    and Anytime SGD replace the population check but not this one — and by an experiment of objects."""
+    with pytest.raises(ConfigError, match=r"byzantine=7 is invalid: allowed < workers = 6 \(at least one honest"):
+        make_config({**SMALL, "f": 0, "aggregator": "mean", "attack": "none", "algorithm": algorithm,
+                     "byzantine": 7})
+    with pytest.raises(ConfigError, match=r"byzantine=6 is invalid: allowed < workers = 6"):
+        _objects(6)
+
+
+def test_the_honest_worker_check_is_written_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant that removes the one check (a rule that ignores the honest majority's least member): then neither
+    the config nor the objects refuse a run of Byzantine workers only — so there is no second copy to drift from
+    it (the config's ``check_relations`` and ``Experiment`` each had one)."""
+    monkeypatch.setattr(base, "check_honest", lambda workers, byzantine: None)
+    monkeypatch.setattr(components, "check_honest", lambda workers, byzantine: None)
+    cfg = make_config({**SMALL, "f": 0, "aggregator": "mean", "attack": "none", "byzantine": 6})
+    assert cfg.byzantine == cfg.workers
+    assert _objects(6).byzantine == 6

@@ -119,3 +119,77 @@ def test_the_short_name_comes_from_the_packages_entry_point() -> None:
     cfg = make_config({"algorithm": "scaffold", "algorithm_params": PARAMS, "workers": 8, "aggregator": "cwtm",
                        "f": 1, "rounds": 2})
     assert isinstance(from_config(cfg).algorithm, Scaffold)
+
+
+def _flat_spelling() -> None:
+    """``clients_per_round`` (and FedAvg's other client keys) set flat mean what they mean for federated averaging:
+    SCAFFOLD is built with them, the run is the ``algorithm_params`` one (the same run id), and the population's
+    checks apply to them. Raises (AssertionError or ConfigError) where they do not."""
+    from phalanx.experiments.config import apply_overrides
+    from phalanx.experiments.grid import run_id
+
+    base = {"algorithm": "scaffold", "workers": 20, "aggregator": "cwtm", "f": 1, "rounds": 2}
+    flat = make_config(apply_overrides(base, ["clients_per_round=10", "local_steps=3", "prox_mu=0.01"]))
+    table = make_config({**base, "algorithm_params": {"clients_per_round": 10, "local_steps": 3, "prox_mu": 0.01}})
+    assert run_id(flat) == run_id(table)
+    from phalanx.experiments import from_config
+
+    algo = from_config(flat).algorithm
+    assert isinstance(algo, Scaffold)
+    assert (algo.clients_per_round, algo.local_steps, algo.prox_mu) == (10, 3, 0.01)
+    with pytest.raises(ConfigError, match="clients_per_round=30"):  # more clients than the population
+        make_config({**base, "clients_per_round": 30})
+    with pytest.raises(ConfigError, match=r"clients_per_round=10.*algorithm_params\.clients_per_round"):
+        make_config({**base, "clients_per_round": 10, "algorithm_params": {"clients_per_round": 8}})
+
+
+def test_fedavgs_client_keys_mean_the_same_for_scaffold() -> None:
+    _flat_spelling()
+
+
+def test_the_flat_client_keys_have_scaffolds_defaults() -> None:
+    """A flat key left at its default is not moved (so no run id changes): that is the same run only because the
+    config's default is the constructor's."""
+    import inspect
+
+    from phalanx.experiments.schema import RunConfig
+    from phalanx.training.algorithms.builtin import own_keys
+
+    sig = inspect.signature(Scaffold).parameters
+    shared = [k for k in own_keys() if k in sig]
+    assert {"clients_per_round", "local_steps", "local_epochs", "prox_mu"} <= set(shared)
+    for key in shared:
+        assert RunConfig.model_fields[key].get_default() == sig[key].default, key
+
+
+@pytest.mark.parametrize("mutant", ["ignores the flat keys", "drops a conflicting spelling"])
+def test_the_flat_spelling_check_rejects_a_broken_adapter(mutant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutants of the adapter: one that leaves the flat keys where they are (the config is then refused, as before
+    the adapter), one that lets algorithm_params win silently over a flat key of another value."""
+    from phalanx.experiments import legacy
+
+    real = legacy.client_keys
+    if mutant == "ignores the flat keys":
+        monkeypatch.setattr(legacy, "client_keys", lambda table: table)
+    else:
+        def quiet(table: dict[str, Any]) -> dict[str, Any]:
+            params = table.get("algorithm_params", {})
+            return real({k: v for k, v in table.items() if k not in params})
+        monkeypatch.setattr(legacy, "client_keys", quiet)
+    with pytest.raises((AssertionError, ConfigError, pytest.fail.Exception)):
+        _flat_spelling()
+
+
+@pytest.mark.parametrize(("table", "names"), [
+    ({"local_steps": 0}, "local_steps=0"),
+    ({"clients_per_round": "x"}, "clients_per_round='x'"),
+    ({"clients_per_round": True}, "clients_per_round=True"),
+    ({"clients_per_round": 10**18}, "clients_per_round=1000000000000000000"),
+    ({"local_epochs": -1.0}, "local_epochs=-1.0"),
+    ({"clients_per_round": 3, "algorithm_params": "x"}, "algorithm_params='x'"),
+])
+def test_a_bad_flat_client_key_is_refused_in_one_line_naming_it(table: dict[str, Any], names: str) -> None:
+    """A hostile file's flat client keys with SCAFFOLD: moved or not, refused in one line naming the key written."""
+    with pytest.raises(ConfigError) as caught:
+        make_config({"algorithm": "scaffold", "workers": 8, **table})
+    assert str(caught.value).startswith(names) and "\n" not in str(caught.value)

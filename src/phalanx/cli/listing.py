@@ -50,12 +50,14 @@ def list_aggregators(
 
 @list_app.command("attacks")
 def list_attacks(fmt: FormatOption = "table") -> None:
-    """Attacks with their reference."""
+    """Attacks with their kind, their config section (the constructor's parameters, each set by
+    ``attack_params.<p>``) and their reference."""
     from phalanx import attacks
     from phalanx.attacks.base import DataAttack
+    from phalanx.experiments.sections import attack_section
 
     fmt = check_format(fmt)
-    table = Tabular("Phalanx attacks", ("name", "kind", "ref."))
+    table = Tabular("Phalanx attacks", ("name", "kind", "section: its parameters", "ref."), whole=("name",))
 
     def kind(cls: type) -> str:
         if getattr(cls, "baseline", False):  # honest, none: no attack at all
@@ -63,10 +65,14 @@ def list_attacks(fmt: FormatOption = "table") -> None:
                                              else "replays honest rows") + ")"
         return "data: poisons its batches" if issubclass(cls, DataAttack) else "vector: sends rows"
 
-    rows = [([name, kind(attacks.get_class(name))], attacks.get_class(name).reference) for name in attacks.names()]
+    def section(name: str) -> str:
+        return "\n".join(p.text() for p in attack_section(name)) or "—"
+
+    rows = [([name, kind(attacks.get_class(name)), section(name)], attacks.get_class(name).reference)
+            for name in attacks.names()]
     from phalanx.decentralized import gossip_attacks
 
-    rows += [([name, "vector, over a graph (gossip, anytime)"], gossip_attacks.get_class(name).reference)
+    rows += [([name, "vector, over a graph (gossip, anytime)", "—"], gossip_attacks.get_class(name).reference)
              for name in gossip_attacks.names()]
     _references(table, rows, fmt)
     emit(table, fmt, console)
@@ -74,18 +80,22 @@ def list_attacks(fmt: FormatOption = "table") -> None:
 
 @list_app.command("algorithms")
 def list_algorithms(fmt: FormatOption = "table") -> None:
-    """The round algorithms a config's ``algorithm`` names: how each is configured, and what it is (its reference
+    """The round algorithms a config's ``algorithm`` names: how each is configured, its config section (its
+    constructor's parameters, each with its type, default and the key that sets it) and what it is (its reference
     where it declares one, else its docstring's first line)."""
+    from phalanx.experiments.sections import algorithm_section
     from phalanx.training.algorithms import base, builtin
 
     fmt = check_format(fmt)
-    table = Tabular("Phalanx round algorithms", ("name", "configured by", "ref."), whole=("name",))
+    table = Tabular("Phalanx round algorithms", ("name", "configured by", "section: its parameters", "ref."),
+                    whole=("name",))
     rows = []
     for name in base.names():
         cls = builtin.algorithm_class(name)
         how = "its config keys" if name in builtin.BUILT_IN else "algorithm_params"
+        section = "\n".join(p.text() for p in algorithm_section(name)) or "—"
         doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
-        rows.append(([name, how], str(getattr(cls, "reference", "") or doc or "—")))
+        rows.append(([name, how, section], str(getattr(cls, "reference", "") or doc or "—")))
     _references(table, rows, fmt)
     emit(table, fmt, console)
 

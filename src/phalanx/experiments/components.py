@@ -30,7 +30,7 @@ from phalanx.experiments import legacy
 from phalanx.experiments.schema import RunConfig
 from phalanx.training import optim
 from phalanx.training.algorithms import builtin
-from phalanx.training.algorithms.base import RoundAlgorithm
+from phalanx.training.algorithms.base import RoundAlgorithm, check_honest
 from phalanx.training.projection import ServerProjection
 from phalanx.training.schedule import LRSchedule
 from phalanx.training.stages import registry
@@ -80,6 +80,7 @@ def projections() -> list[str]:
 def build(cfg: RunConfig) -> Components:
     """The components of ``cfg``, each checked as it is built (a one-line :class:`ConfigError` naming its key), and
     what ties them (:meth:`~phalanx.training.algorithms.base.RoundAlgorithm.check_config`)."""
+    check_honest(cfg.workers, cfg.byzantine)
     cls = cfg.algorithm_class
     rule = cls.make_rule(cfg.aggregator, cfg.f)
     configure = cls.from_config if cfg.algorithm in builtin.BUILT_IN else cls.from_params  # keys | algorithm_params

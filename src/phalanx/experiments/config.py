@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from phalanx import data, hub, models, signing
 from phalanx.errors import ConfigError
-from phalanx.experiments import components, tracking
+from phalanx.experiments import components, legacy, tracking
 from phalanx.experiments.components import processes
 from phalanx.experiments.schema import (
     DISTRIBUTED_KEYS,
@@ -159,7 +159,7 @@ def make_config(data: dict[str, Any]) -> RunConfig:
     names are built once here and kept on the config for its run (:mod:`phalanx.experiments.components`)."""
     if not isinstance(data, dict):
         raise ConfigError("config", type(data).__name__, "a table of key = value")
-    data = algorithm_defaults(role_names(inline_dataset(data)))
+    data = algorithm_defaults(role_names(legacy.client_keys(inline_dataset(data))))
     try:
         cfg = RunConfig(**data)
     except ValidationError as exc:
@@ -196,13 +196,11 @@ def _able(capability: str) -> str:
 
 
 def check_relations(cfg: RunConfig) -> None:
-    """The rules that tie keys together, as the algorithm's class declares them: at least one honest worker, a
-    bounded number of metric rows, another algorithm's keys at their defaults, a normalisation the algorithm can
-    train, a torchrun topology it runs on, NCCL only without a server. (f against the population the rule sees, and
-    the rule's requirement, are the algorithm's own checks: :mod:`phalanx.experiments.components`.)"""
-    n = cfg.workers
-    if cfg.byzantine >= n:
-        raise ConfigError("byzantine", cfg.byzantine, f"< workers = {n} (at least one honest worker)")
+    """The rules that tie keys together, as the algorithm's class declares them: a bounded number of metric rows,
+    another algorithm's keys at their defaults, a normalisation the algorithm can train, a torchrun topology it
+    runs on, NCCL only without a server. (At least one honest worker, f against the population the rule sees, and
+    the rule's requirement are written once: :func:`~phalanx.training.algorithms.base.check_honest`,
+    ``check_population``.)"""
     if -(-cfg.rounds // cfg.eval_every) + 1 > MAX_ROWS:  # round 0, every eval_every-th and the last
         most = (MAX_ROWS - 1) * cfg.eval_every
         raise ConfigError("rounds", cfg.rounds, f"<= {most:,} with eval_every = {cfg.eval_every} (at most "

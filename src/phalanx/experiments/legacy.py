@@ -17,8 +17,10 @@ from typing import Any
 
 from phalanx.errors import ConfigError
 from phalanx.experiments.schema import RunConfig
+from phalanx.plugins import accepted_params
+from phalanx.training.algorithms import builtin
 
-__all__ = ["TREE", "Section", "optimizer", "row_columns", "stage_sections"]
+__all__ = ["TREE", "Section", "client_keys", "optimizer", "row_columns", "stage_sections"]
 
 TREE = "stages"
 """The config key of the stages' own sections: ``[stages.<name>]`` with the stage's parameters."""
@@ -44,6 +46,38 @@ class Section:
 
 def _default(key: str) -> Any:
     return RunConfig.model_fields[key].get_default(call_default_factory=True)
+
+
+def client_keys(table: dict[str, Any]) -> dict[str, Any]:
+    """The flat keys of the built-in algorithms (``clients_per_round``, ``local_steps``, ``local_epochs``,
+    ``prox_mu``, ``stats_batch``, ``stats_momentum``: :func:`~phalanx.training.algorithms.builtin.own_keys`) moved
+    into ``algorithm_params`` when the run's algorithm is not built in and its constructor takes a parameter of that
+    name (SCAFFOLD, a subclass of federated averaging, takes all of them): ``clients_per_round = 10`` means the
+    same for every algorithm that has it. The moved spelling *is* the ``algorithm_params`` one, so the run id is
+    the one ``algorithm_params`` gives (``tests/test_compat.py`` pins it). A key at its default is left where it is
+    (it configures nothing: the built-in defaults and the constructor's coincide, as the tests check for SCAFFOLD);
+    a key given both ways with two values is refused, naming both."""
+    algorithm = table.get("algorithm") if isinstance(table, dict) else None
+    if not isinstance(algorithm, str) or algorithm in builtin.BUILT_IN:
+        return table
+    moved = {k: table[k] for k in builtin.own_keys() if k in table and table[k] != _default(k)}
+    if not moved:
+        return table
+    try:
+        cls = builtin.algorithm_class(algorithm)
+    except ConfigError:  # an unknown name: refused where the algorithm is checked, with its own message
+        return table
+    takes = set(accepted_params(cls) or ())
+    moved = {k: v for k, v in moved.items() if k in takes}
+    params = table.get("algorithm_params", {})
+    if not moved or not isinstance(params, dict):  # a non-table algorithm_params: refused by the schema
+        return table
+    for key, value in moved.items():
+        if key in params and params[key] != value:
+            raise ConfigError(key, value, f"{params[key]!r} (as algorithm_params.{key}) or unset (one parameter of "
+                              f"algorithm {algorithm!r}, two spellings)")
+    rest = {k: v for k, v in table.items() if k not in moved}
+    return {**rest, "algorithm_params": {**params, **moved}}
 
 
 def stage_sections(cfg: RunConfig, projections: Callable[[], list[str]]) -> list[Section]:

@@ -33,7 +33,7 @@ from phalanx.data.partition import partition
 from phalanx.data.population import Population
 from phalanx.errors import ConfigError
 from phalanx.training import devices
-from phalanx.training.algorithms.base import RoundAlgorithm, check_knowledge, check_stop
+from phalanx.training.algorithms.base import RoundAlgorithm, check_knowledge, check_population, check_stop
 from phalanx.training.algorithms.dsgd import DSGD
 from phalanx.training.algorithms.fedbn import local_norms
 from phalanx.training.optim import SGD, ServerOptimizer
@@ -133,20 +133,13 @@ class Experiment:
         check_int("byzantine", self.byzantine, low=0)
         check_int("seed", self.seed, low=0)
         n = self.workers
-        if self.byzantine >= n:
-            raise ConfigError("byzantine", self.byzantine, f"< workers = {n} (at least one honest worker)")
         if not callable(self.rule) or not hasattr(self.rule, "f"):
             raise ConfigError("rule", self.rule, "an aggregator (phalanx.aggregators.make(...))")
         algo = self.algorithm
         if not isinstance(algo, RoundAlgorithm):
             raise ConfigError("algorithm", algo,
                               "a round algorithm (a phalanx.training.algorithms.base.RoundAlgorithm)")
-        m = algo.per_round(n)  # the vectors the rule aggregates each round (at least, in a gossip round)
-        what = algo.population(n)
-        if 2 * self.rule.f >= m:
-            raise ConfigError("f", self.rule.f, f"< {what}/2 = {m / 2:g} (f ≥ n/2 is beyond any robust rule)")
-        if m < self.rule.min_workers():
-            raise ConfigError(what, m, f">= {self.rule.min_workers()} for {self.rule!r} ({self.rule.requirement})")
+        check_population(algo, n, self.byzantine, self.rule, algo.population(n), repr(self.rule))
         if getattr(self.rule, "stateful", False) and algo.decentralized:
             raise ConfigError("aggregator", repr(self.rule), f"a rule that keeps no state across rounds with "
                               f"{type(algo).__name__} (every node aggregates its own neighbours: there is no one "

@@ -155,6 +155,10 @@ class RoundAlgorithm(ABC):
     """The run config's keys that this built-in algorithm reads and no other does (federated averaging's
     ``clients_per_round`` …, gossip's ``graph`` …): a config of another algorithm must leave them at their defaults.
     An algorithm of one's own takes its parameters from ``algorithm_params`` instead."""
+    section_keys: ClassVar[dict[str, str]] = {}
+    """A built-in algorithm's constructor parameters that a config key of another name sets (gossip's ``weights``
+    is ``gossip_weights``); every other parameter is set by the config key of its own name (its config section:
+    :func:`phalanx.experiments.sections.algorithm_section`)."""
     config_columns: ClassVar[tuple[str, ...]] = ()
     """The config keys repeated on every metric row of its runs, beside the common ones (what a report groups by)."""
     config_defaults: ClassVar[dict[str, Any]] = {}
@@ -275,18 +279,39 @@ class RoundAlgorithm(ABC):
         needs, for the m vectors it aggregates a round (:meth:`per_round`, set by :attr:`population_key`)."""
         check_knowledge(getattr(cfg, "attack_knowledge", "omniscient"), attack, self, getattr(cfg, "engine", None))
         check_stop(attack, self, "attack_params.stop_round")
-        m, key = self.per_round(cfg.workers), self.population_key
-        if 2 * rule.f >= m:
-            sees = "" if key == "workers" else f"; the rule sees {m} updates a round"
-            raise ConfigError("f", rule.f, f"< {key}/2 = {m / 2:g} (f ≥ n/2 is beyond any robust rule{sees})")
-        if m < rule.min_workers():
-            raise ConfigError(key, m, f">= {rule.min_workers()} for aggregator {cfg.aggregator!r} with f={cfg.f} "
-                              f"({rule.requirement})")
+        check_population(self, cfg.workers, cfg.byzantine, rule, self.population_key, repr(cfg.aggregator))
 
     @classmethod
     def processes(cls, cfg: Any) -> int:
         """How many processes a torchrun run of ``cfg`` has: one per worker (by default)."""
         return int(cfg.workers)
+
+
+def check_honest(workers: int, byzantine: int) -> None:
+    """At least one honest worker: ``byzantine < workers`` (every algorithm; a run of Byzantine workers only has
+    nothing to learn from). Written once, run by a config's validation (:func:`phalanx.experiments.components.build`,
+    before any component is built) and by an experiment of objects (:func:`check_population`)."""
+    if byzantine >= workers:
+        raise ConfigError("byzantine", byzantine, f"< workers = {workers} (at least one honest worker)")
+
+
+def check_population(algorithm: RoundAlgorithm, workers: int, byzantine: int, rule: Aggregator, key: str,
+                     named: str) -> None:
+    """The population's conditions, written once for a config (:meth:`RoundAlgorithm.check_config`, the key
+    :attr:`~RoundAlgorithm.population_key`) and for an experiment of objects (``Experiment``, the name
+    :meth:`~RoundAlgorithm.population`): at least one honest worker (:func:`check_honest`); for the m vectors
+    the rule sees a round (:meth:`~RoundAlgorithm.per_round`), f < m/2 — no rule is robust beyond it (Guerraoui,
+    Gupta & Pinot, *Robust Machine Learning*, 2024, Prop. 4.4: f ≥ n/2 makes honest and Byzantine halves
+    indistinguishable) — and m at least what the rule requires (:meth:`Aggregator.min_workers`, e.g. Krum's
+    n > 2f + 2). ``named`` is the rule as the message shows it (the config's spec, or the object's repr)."""
+    check_honest(workers, byzantine)
+    m = algorithm.per_round(workers)
+    if 2 * rule.f >= m:
+        sees = "" if key == "workers" else f"; the rule sees {m} updates a round"
+        raise ConfigError("f", rule.f, f"< {key}/2 = {m / 2:g} (f ≥ n/2 is beyond any robust rule{sees})")
+    if m < rule.min_workers():
+        raise ConfigError(key, m, f">= {rule.min_workers()} for aggregator {named} with f={rule.f} "
+                          f"({rule.requirement})")
 
 
 def check_knowledge(knowledge: str, attack: Attack | DataAttack, algorithm: RoundAlgorithm,

@@ -104,6 +104,7 @@ class Gossip(RoundAlgorithm):
     missing_word = "neighbours"
     lr_role = "node"
     config_keys = ("graph", "graph_params", "gossip_weights")
+    section_keys: ClassVar[dict[str, str]] = {"weights": "gossip_weights"}
     config_columns = ("algorithm", "graph", "gossip_weights")
     decentralized = True
     topologies = ("gossip",)  # a rank per node, exchanging with its graph neighbours
