@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,9 @@ def test_every_cell_of_the_paper_grid_is_a_valid_config_at_n16() -> None:
     p = tension.preset("cpu")
     assert p.max_f == 7
     cells, cfgs = tension.plan(p)
-    assert len(cells) == 4 * 8 * 3 * 4 * 3
+    assert len(cells) == 4 * 8 * 3 * 4 * (3 + 3)  # 3 reported and 3 tuning seeds
     # the f = 0 / f_NNM = 0 rows of the four tables are one run each
-    assert len(tension.unique(cfgs)) == len(cells) - 3 * 3 * 4 * 3
+    assert len(tension.unique(cfgs)) == len(cells) - 3 * 3 * 4 * (3 + 3)
     for cfg in tension.unique(cfgs):
         assert cfg.byzantine == 0 and cfg.attack == "none" and cfg.workers == 16 and cfg.batch_size == 16
         assert cfg.schedule == "cosine" and cfg.momentum == 0.9 and cfg.partition == "dirichlet"
@@ -86,7 +87,7 @@ def _synthetic(p: tension.Preset, drop: float, nnm_gain: float) -> dict[tension.
 def test_tabulate_and_trends_find_planted_trends() -> None:
     p = tension.preset("cpu", seeds=(0, 1, 2))
     cells = tension.cells(p)
-    results = tension.tabulate(cells, _synthetic(p, drop=0.01, nnm_gain=0.05))
+    results = tension.tabulate(cells, _synthetic(p, drop=0.01, nnm_gain=0.05), p.tuning_seeds)
     r = results[("T4", 3, 0.1)]
     assert r.lr == 0.5 and set(r.per_seed) == {0, 1, 2}
     assert r.estimate.mean == pytest.approx(0.9 - 0.03 * 3, abs=0.01)
@@ -96,14 +97,14 @@ def test_tabulate_and_trends_find_planted_trends() -> None:
     assert verdicts[("(c)", "T5", "pooled")] == "holds"
     assert verdicts[("(d)", "T6", "0.1")] == "holds"
     # the opposite data contradict (a): accuracy rising with f
-    flipped = tension.tabulate(cells, _synthetic(p, drop=-0.01, nnm_gain=0.0))
+    flipped = tension.tabulate(cells, _synthetic(p, drop=-0.01, nnm_gain=0.0), p.tuning_seeds)
     v2 = {(t.trend[:3], t.table, t.alpha): t.verdict for t in tension.trends(flipped, p)}
     assert v2[("(a)", "T3", "pooled")] == "contradicted"
 
 
 def test_report_files(tmp_path: Path) -> None:
     p = tension.preset("cpu", seeds=(0, 1, 2))
-    results = tension.tabulate(tension.cells(p), _synthetic(p, 0.01, 0.05))
+    results = tension.tabulate(tension.cells(p), _synthetic(p, 0.01, 0.05), p.tuning_seeds)
     written = tension.write_outputs(results, tension.trends(results, p), p, tmp_path, command="x", wall_seconds=1.0,
                                   runs=10)
     md = (tmp_path / "report.md").read_text()
@@ -127,8 +128,10 @@ def test_tiny_end_to_end_cli(tmp_path: Path) -> None:
     cells = list(csv.DictReader(io.StringIO((tmp_path / "cells.csv").read_text())))
     assert len(cells) == 4 * 3 * 2
     assert all(0.0 <= float(c["mean"]) <= 1.0 for c in cells)
+    assert all(set(dict(x.split(":") for x in c["per_seed"].split(";"))) == {"0", "1"} for c in cells)
+    assert "tuning seeds [1000, 1001, 1002], reported seeds [0, 1]" in md
     runs = sorted(p for p in (tmp_path / "runs").iterdir() if p.is_dir())
-    assert len(runs) == (1 + 4 * 2) * 2 * 2  # mean + 2 rows per table, × 2 α × 2 seeds
+    assert len(runs) == (1 + 4 * 2) * 2 * (2 + 3)  # mean + 2 rows per table, × 2 α × (2 reported + 3 tuning seeds)
     stamp = {r: (r / "DONE").stat().st_mtime_ns for r in runs}
     first = (tmp_path / "cells.csv").read_text()
     res2 = CliRunner().invoke(cli.app, args)
@@ -171,15 +174,77 @@ def test_federated_rounds_through_the_same_command(tmp_path: Path) -> None:
 
 def test_the_quick_preset_is_a_smaller_grid_and_the_report_says_when_the_lr_search_is_clipped() -> None:
     quick, cpu = tension.preset("quick"), tension.preset("cpu")
-    assert len(tension.unique(tension.plan(quick)[1])) == 522 < len(tension.unique(tension.plan(cpu)[1])) == 1044
+    # 522 (1,044) distinct runs at the reported seeds, as many at the tuning seeds
+    n_quick, n_cpu = (len(tension.unique(tension.plan(p)[1])) for p in (quick, cpu))
+    assert n_quick == 2 * 522 and n_cpu == 2 * 1044
     cs = tension.cells(quick)
     acc = {c: 0.8 + 0.01 * (c.lr == 1.0) for c in cs}  # the largest rate wins everywhere: clipped at the top
-    results = tension.tabulate(cs, acc)
+    results = tension.tabulate(cs, acc, quick.tuning_seeds)
     line = tension.lr_edges(results, quick)
     assert line.startswith(f"Learning rate: lr₀ chosen at an edge of its grid {{0.1, 0.3, 1}} in {len(results)} of "
                            f"{len(results)} cells ({len(results)} at the largest, 0 at the smallest)")
-    middle = tension.tabulate(cs, {c: 0.8 + 0.01 * (c.lr == 0.3) for c in cs})
+    middle = tension.tabulate(cs, {c: 0.8 + 0.01 * (c.lr == 0.3) for c in cs}, quick.tuning_seeds)
     assert tension.lr_edges(middle, quick) == ""
     two = tension.preset("quick", lrs=(0.1, 0.3))
     assert "every choice is at an edge" in tension.lr_edges(tension.tabulate(tension.cells(two), {
-        c: 0.8 for c in tension.cells(two)}), two)
+        c: 0.8 for c in tension.cells(two)}, two.tuning_seeds), two)
+
+
+def _disagreeing(p: tension.Preset) -> dict[tension.Cell, float]:
+    """The tuning seeds favour lr 0.1, the reported seeds lr 1 (by more): a selector that looks at the reported seeds
+    picks 1, an honest one 0.1."""
+    tuning = set(p.tuning_seeds)
+    return {c: 0.8 + (0.01 * (c.lr == 0.1) if c.seed in tuning else 0.05 * (c.lr == 1.0)) + 0.001 * c.seed % 7
+            for c in tension.cells(p)}
+
+
+def test_lr_is_chosen_on_the_tuning_seeds_and_the_reported_seeds_cannot_move_it() -> None:
+    p = tension.preset("quick")
+    cs, acc = tension.cells(p), _disagreeing(p)
+    results = tension.tabulate(cs, acc, p.tuning_seeds)
+    assert all(r.lr == 0.1 and set(r.per_seed) == set(p.seeds) for r in results.values())
+    assert all(r.lr_on_reported == 1.0 for r in results.values())  # what the reported seeds would have chosen
+    # the attacker's full power over the reported runs: any value (NaN, 1.0, 0) at any rate moves no choice
+    for poison in (math.nan, 1.0, 0.0, -math.inf):
+        rigged = {c: (poison if c.seed in p.seeds else v) for c, v in acc.items()}
+        assert {k: r.lr for k, r in tension.tabulate(cs, rigged, p.tuning_seeds).items()} == {
+            k: r.lr for k, r in results.items()}
+    note = tension.selection_note(results, p)
+    assert f"would differ in {len(results)} of {len(results)} cells" in note and "+5.00 points higher" in note
+
+
+def test_a_selector_that_peeks_at_the_reported_seeds_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutant: the split hands the reported seeds to the selector too (tuning on all seeds, the old way)."""
+    p = tension.preset("quick")
+    cs, acc = tension.cells(p), _disagreeing(p)
+    monkeypatch.setattr(tension, "split_seeds", lambda by_seed, tuning: (
+        dict(by_seed), {s: v for s, v in by_seed.items() if s not in tuning}))
+    peeked = tension.tabulate(cs, acc, p.tuning_seeds)
+    assert any(r.lr != 0.1 for r in peeked.values())  # the check of the test above fails on it
+
+
+def test_tuning_seeds_must_be_disjoint_from_the_reported_ones() -> None:
+    with pytest.raises(ConfigError, match=r"tuning_seeds.*disjoint"):
+        tension.preset("quick", tuning_seeds=(2, 1000))
+    with pytest.raises(ConfigError, match="tuning_seeds"):
+        tension.preset("quick", tuning_seeds=())
+    p = tension.preset("quick")
+    cs = [c for c in tension.cells(p) if c.seed in p.seeds]  # no tuning runs: nothing to choose on
+    with pytest.raises(ConfigError, match="tuning_seeds"):
+        tension.tabulate(cs, {c: 0.5 for c in cs}, p.tuning_seeds)
+
+
+def test_the_reported_runs_keep_their_run_ids() -> None:
+    """Adding tuning seeds changes no reported run's configuration: the ids the docs' runs were trained under."""
+    from dataclasses import replace
+
+    from phalanx.experiments import grid
+
+    p = tension.preset("quick")
+    cs, cfgs = tension.plan(p)
+    reported = {grid.run_id(cfg) for c, cfg in zip(cs, cfgs) if c.seed in p.seeds}
+    old = tension.unique([tension.config_for(p, tension.Cell(t, x, a, lr, s)) for t in tension.TABLES
+                          for x in range(p.max_f + 1) for a in p.alphas for lr in p.lrs for s in p.seeds])
+    assert reported == {grid.run_id(c) for c in old} and len(reported) == 522
+    assert "multikrum-strict-false-_none_f1_b0_s0_228d2fe44e" in reported  # an id the quick runs were trained under
+    assert replace(p, tuning_seeds=(7, 8)).seeds == p.seeds
