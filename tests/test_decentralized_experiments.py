@@ -46,7 +46,7 @@ def test_an_attached_config_needs_its_byzantine_count_or_none() -> None:
 def test_parallelism_grid_spends_one_budget_at_every_n() -> None:
     p = parallelism.preset("quick")
     cells, cfgs = parallelism.plan(p)
-    assert len(cells) == 3 * 5 * (6 + 9) * 3 == len(cfgs)
+    assert len(cells) == 3 * 5 * (6 + 9) * (3 + 3) == len(cfgs)  # 3 reported, 3 tuning seeds
     for c, cfg in zip(cells, cfgs):
         assert cfg.workers * cfg.rounds * cfg.batch_size == p.budget and cfg.algorithm == c.algorithm
         assert cfg.momentum == 0 and cfg.attack == "none" and cfg.eval_every == cfg.rounds
@@ -63,7 +63,7 @@ def _final(loss: float, acc: float = 0.9) -> parallelism.Final:
 
 def test_parallelism_picks_the_best_lr_per_cell_and_pairs_by_seed() -> None:
     p = parallelism.preset("quick", nodes=(9, 16), graphs=("ring", "complete"), seeds=(0, 1, 2),
-                           lrs={"gossip": (0.1, 0.2), "anytime": (0.01,)})
+                           tuning_seeds=(3, 4, 5), lrs={"gossip": (0.1, 0.2), "anytime": (0.01,)})
     loss = {  # (graph, n, algorithm, lr) -> per-seed losses
         ("ring", 9, "gossip", 0.1): [0.30, 0.32, 0.31], ("ring", 9, "gossip", 0.2): [0.20, 0.22, 0.21],
         ("ring", 9, "anytime", 0.01): [0.19, 0.20, 0.20],
@@ -74,8 +74,8 @@ def test_parallelism_picks_the_best_lr_per_cell_and_pairs_by_seed() -> None:
         ("complete", 16, "gossip", 0.1): [0.22, 0.22, 0.22], ("complete", 16, "gossip", 0.2): [0.3, 0.3, 0.3],
         ("complete", 16, "anytime", 0.01): [0.23, 0.23, 0.23],
     }
-    finals = {c: _final(loss[(c.graph, c.n, c.algorithm, c.lr)][c.seed]) for c in parallelism.cells(p)}
-    results = parallelism.tabulate(finals)
+    finals = {c: _final(loss[(c.graph, c.n, c.algorithm, c.lr)][c.seed % 3]) for c in parallelism.cells(p)}
+    results = parallelism.tabulate(finals, p.tuning_seeds)
     assert results[("ring", 9, "gossip")].lr == 0.2 and results[("ring", 16, "gossip")].lr == 0.1  # inf loses
     assert results[("ring", 9, "gossip")].loss.mean == pytest.approx(0.21)
     ds = {(d.graph, d.n): d for d in parallelism.differences(results, p)}
@@ -87,6 +87,32 @@ def test_parallelism_picks_the_best_lr_per_cell_and_pairs_by_seed() -> None:
     assert th[("ring", "anytime")] == 16 and th[("ring", "gossip")] == 9
     text = parallelism.table_markdown(results, p)
     assert "| ring | Anytime SGD | 0.197 ± " in text and "(0.01)" in text
+
+
+def _split_preference(p: parallelism.Preset) -> dict[parallelism.Cell, parallelism.Final]:
+    """The tuning seeds favour D-SGD's lr 0.1, the reported seeds its lr 0.2 (by more)."""
+    return {c: _final(0.3 - (0.01 * (c.lr == 0.1) if c.seed in p.tuning_seeds else 0.05 * (c.lr == 0.2))
+                      + 0.001 * (c.seed % 5)) for c in parallelism.cells(p)}
+
+
+def test_parallelism_chooses_the_lr_on_the_tuning_seeds_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = parallelism.preset("quick", nodes=(9,), graphs=("ring", "complete"), lrs={"gossip": (0.1, 0.2),
+                                                                                 "anytime": (0.01,)})
+    finals = _split_preference(p)
+    results = parallelism.tabulate(finals, p.tuning_seeds)
+    gossip = [r for r in results.values() if r.algorithm == "gossip"]
+    assert all(r.lr == 0.1 and r.lr_on_reported == 0.2 and set(r.per_seed) == set(p.seeds) for r in gossip)
+    assert "would differ in 2 of 4 cells" in parallelism.selection_note(results, p)
+    for poison in (math.nan, math.inf, 0.0):  # the reported runs, whatever they hold, move no choice
+        rigged = {c: (_final(poison) if c.seed in p.seeds else f) for c, f in finals.items()}
+        assert {k: r.lr for k, r in parallelism.tabulate(rigged, p.tuning_seeds).items()} == {
+            k: r.lr for k, r in results.items()}
+    # the mutant: a split that hands the reported seeds to the selector too — the check above catches it
+    monkeypatch.setattr(parallelism, "split_seeds", lambda by_seed, tuning: (
+        dict(by_seed), {s: v for s, v in by_seed.items() if s not in tuning}))
+    assert any(r.lr != 0.1 for r in parallelism.tabulate(finals, p.tuning_seeds).values() if r.algorithm == "gossip")
+    with pytest.raises(ConfigError, match=r"tuning_seeds.*disjoint"):
+        parallelism.preset("quick", tuning_seeds=(0, 1000))
 
 
 def test_neighbours_grid_price_runs_are_attack_free_on_the_same_graph() -> None:
@@ -131,7 +157,8 @@ def test_cli_runs_a_tiny_parallelism_grid(tmp_path: Path) -> None:
     report = (out / "report.md").read_text()
     assert "| ring | D-SGD |" in report and "| ring | Anytime SGD |" in report and "## Readout" in report
     assert (out / "parallelism.png").stat().st_size > 0
-    assert len(list((out / "runs").glob("*/DONE"))) == 2 * 2 * 2
+    assert "tuning seeds [1000, 1001, 1002] is kept per cell (in brackets); reported seeds [0, 1]" in report
+    assert len(list((out / "runs").glob("*/DONE"))) == 2 * 2 * (2 + 3)  # 2 reported + 3 tuning seeds
 
 
 def test_cli_runs_a_tiny_neighbours_grid(tmp_path: Path) -> None:

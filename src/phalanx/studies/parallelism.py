@@ -12,12 +12,16 @@ SGD on n·b samples a round) as the reference.
 
 Grid: graph ∈ ``graphs`` × n ∈ ``nodes`` × algorithm × learning rate (the algorithm's own grid: D-SGD's η is a step,
 Anytime SGD's is multiplied by the round t) × seeds, no attack, every node evaluated at the end. Per (graph, n,
-algorithm) the learning rate with the lowest mean final test loss over the seeds is kept (the same seeds: the reported
-loss is optimistic by the selection, for both algorithms alike), and its final test loss (the mean over nodes of each
-node's own model's loss on the test set: the population risk of stochastic convex optimization) and accuracy are
-given as mean and 95 % Student-t interval over seeds. Paired differences Anytime − D-SGD per (graph, n), same seed =
-same split and initial model. The readout per (graph, algorithm): the largest n whose loss is within ``tolerance``
-(relative) of the centralized reference at that n (the complete graph's best loss over both algorithms).
+algorithm) the learning rate with the lowest mean final test loss over the *tuning seeds* (``tuning_seeds``, 1000 …
+1002 by default) is kept, and the *reported seeds* (``seeds``, disjoint from them) give its final test loss (the mean
+over nodes of each node's own model's loss on the test set: the population risk of stochastic convex optimization)
+and accuracy as mean and 95 % Student-t interval over seeds. Choosing on the reported seeds would make the reported
+loss optimistic by the selection (the winner's curse; Cawley & Talbot, JMLR 11, 2010); on disjoint seeds the choice
+is independent of the reported runs' noise, given the data. Every (lr, seed) of both sets is trained, and the report
+counts the cells where the reported seeds would have chosen another rate. Paired differences Anytime − D-SGD per
+(graph, n), same seed = same split and initial model. The readout per (graph, algorithm): the largest n whose loss is
+within ``tolerance`` (relative) of the centralized reference at that n (the complete graph's best loss over both
+algorithms).
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ class Preset:
         "anytime": (0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512),
     })
     seeds: tuple[int, ...] = (0, 1, 2)
+    tuning_seeds: tuple[int, ...] = (1000, 1001, 1002)
+    """The seeds the learning rate is chosen on, disjoint from ``seeds`` (the reported ones)."""
     tolerance: float = 0.1
     fallback_dataset: str | None = None
 
@@ -91,7 +97,11 @@ def preset(name: str, **changes: Any) -> Preset:
     spends the budget in at least one round, a torus needs n = rows × cols with rows, cols ≥ 3."""
     from phalanx.decentralized import topology
 
-    p = pick_preset(PRESETS, name, changes, ("nodes", "graphs", "seeds"))
+    p = pick_preset(PRESETS, name, changes, ("nodes", "graphs", "seeds", "tuning_seeds"))
+    shared = sorted(set(p.seeds) & set(p.tuning_seeds))
+    if shared:
+        raise ConfigError("tuning_seeds", list(p.tuning_seeds),
+                          f"seeds disjoint from the reported seeds {list(p.seeds)} (both hold {shared})")
     for n in p.nodes:
         if p.rounds(n) < 1:
             raise ConfigError("nodes", n, f"<= budget / batch_size = {p.budget // p.batch_size} (one round at least)")
@@ -117,9 +127,9 @@ class Cell:
 
 
 def cells(p: Preset) -> list[Cell]:
-    """Every run of the grid."""
+    """Every run of the grid, at the reported seeds and at the tuning seeds."""
     return [Cell(g, n, a, lr, s) for g in p.graphs for n in p.nodes for a in ALGORITHM_LABELS for lr in p.lrs[a]
-            for s in p.seeds]
+            for s in (*p.seeds, *p.tuning_seeds)]
 
 
 def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -> RunConfig:
@@ -162,6 +172,8 @@ class Result:
     per_seed: dict[int, Final]
     loss: Estimate
     accuracy: Estimate
+    lr_on_reported: float
+    """The rate that selection on the reported seeds would have kept (not used)."""
 
 
 def collect(cs: list[Cell], cfgs: list[RunConfig], runs_dir: Path) -> dict[Cell, Final]:
@@ -178,18 +190,46 @@ def collect(cs: list[Cell], cfgs: list[RunConfig], runs_dir: Path) -> dict[Cell,
     return out
 
 
-def tabulate(finals: dict[Cell, Final]) -> dict[tuple[str, int, str], Result]:
-    """Per (graph, n, algorithm): the learning rate of lowest mean final test loss, and the estimates at it."""
+def lowest_loss(by_lr: dict[float, dict[int, Final]]) -> float:
+    """The learning rate of lowest mean final test loss over the seeds given (NaN counts as diverged; ties: the
+    smaller rate)."""
+    def mean(r: float) -> float:
+        m = sum(f.loss for f in by_lr[r].values()) / len(by_lr[r])
+        return math.inf if math.isnan(m) else m
+    return min(by_lr, key=lambda r: (mean(r), r))
+
+
+def split_seeds(by_seed: dict[int, Final], tuning: frozenset[int]) -> tuple[dict[int, Final], dict[int, Final]]:
+    """One learning rate's per-seed finals split into (tuning seeds', reported seeds')."""
+    return ({s: v for s, v in by_seed.items() if s in tuning}, {s: v for s, v in by_seed.items() if s not in tuning})
+
+
+def tabulate(finals: dict[Cell, Final], tuning_seeds: tuple[int, ...]) -> dict[tuple[str, int, str], Result]:
+    """Per (graph, n, algorithm): the learning rate of lowest mean final test loss over the tuning seeds alone, and
+    the reported seeds' estimates at it. Raises :class:`ConfigError` when a cell lacks tuning or reported seeds."""
+    tuning = frozenset(tuning_seeds)
     groups: dict[tuple[str, int, str], dict[float, dict[int, Final]]] = {}
     for c, fin in finals.items():
         groups.setdefault((c.graph, c.n, c.algorithm), {}).setdefault(c.lr, {})[c.seed] = fin
     out = {}
     for key, by_lr in groups.items():
-        lr = min(by_lr, key=lambda r: (sum(f.loss for f in by_lr[r].values()) / len(by_lr[r]), r))
-        seeds = by_lr[lr]
+        split = {r: split_seeds(v, tuning) for r, v in by_lr.items()}
+        if any(not t or not rep for t, rep in split.values()):
+            raise ConfigError("tuning_seeds", sorted(tuning), f"some but not all of cell {key}'s seeds")
+        lr = lowest_loss({r: t for r, (t, _) in split.items()})
+        seeds = split[lr][1]
         out[key] = Result(*key, lr=lr, per_seed=seeds, loss=mean_ci([f.loss for f in seeds.values()]),
-                          accuracy=mean_ci([f.accuracy for f in seeds.values()]))
+                          accuracy=mean_ci([f.accuracy for f in seeds.values()]),
+                          lr_on_reported=lowest_loss({r: rep for r, (_, rep) in split.items()}))
     return out
+
+
+def selection_note(results: dict[tuple[str, int, str], Result], p: Preset) -> str:
+    """What choosing on disjoint seeds changed: in how many cells the reported seeds would have kept another rate."""
+    moved = sum(r.lr_on_reported != r.lr for r in results.values())
+    return (f"Selection: the lr is chosen on the tuning seeds {list(p.tuning_seeds)}, disjoint from the reported seeds "
+            f"{list(p.seeds)}; chosen on the reported seeds instead it would differ in {moved} of {len(results)} "
+            "cells.")
 
 
 @dataclass(frozen=True)
@@ -295,11 +335,11 @@ def cells_csv(results: dict[tuple[str, int, str], Result]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["graph", "n", "algorithm", "lr", "loss_mean", "loss_low", "loss_high", "accuracy_mean",
-                "accuracy_low", "accuracy_high", "per_seed_loss"])
+                "accuracy_low", "accuracy_high", "per_seed_loss", "lr_on_reported"])
     for (g, n, a), r in sorted(results.items()):
         w.writerow([g, n, a, r.lr, f"{r.loss.mean:.6f}", f"{r.loss.low:.6f}", f"{r.loss.high:.6f}",
                     f"{r.accuracy.mean:.6f}", f"{r.accuracy.low:.6f}", f"{r.accuracy.high:.6f}",
-                    " ".join(f"{s}:{f.loss:.6f}" for s, f in sorted(r.per_seed.items()))])
+                    " ".join(f"{s}:{f.loss:.6f}" for s, f in sorted(r.per_seed.items())), r.lr_on_reported])
     return buf.getvalue()
 
 
@@ -354,9 +394,10 @@ def report_markdown(
         *provenance(command, wall_seconds, runs), "",
         f"Setup: {p.model} on {p.dataset}, Dirichlet α = {p.alpha:g}, no attack, plain gossip (Metropolis–Hastings "
         f"W; the complete graph with W = J/n is the centralized reference); N = {p.budget:,} samples in all, batch "
-        f"{p.batch_size} per node, T = N/(n·b) rounds; {grids}; the lr of lowest mean final test loss is kept per "
-        f"cell (in brackets); seeds {list(p.seeds)}. Cells: final test loss (mean over the nodes' own models) mean ± "
-        "95 % Student-t half-width over the seeds.", "",
+        f"{p.batch_size} per node, T = N/(n·b) rounds; {grids}; the lr of lowest mean final test loss over the "
+        f"tuning seeds {list(p.tuning_seeds)} is kept per cell (in brackets); reported seeds {list(p.seeds)}. "
+        "Cells: final test loss (mean over the nodes' own models) mean ± "
+        "95 % Student-t half-width over the reported seeds.", "", selection_note(results, p), "",
         "## Final test loss", "", table_markdown(results, p), "",
         "## Final test accuracy %", "", accuracy_markdown(results, p), "",
         "## Paired differences (same seed = same split and initial model)", "", differences_markdown(ds), "",
@@ -395,7 +436,7 @@ class Parallelism(ModuleStudy[Preset, Cell, Final]):
         self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], out: Path, *, command: str,
         wall_seconds: float | None, runs: int, overrides: dict[str, Any],
     ) -> Report:
-        results = tabulate(collected)
+        results = tabulate(collected, p.tuning_seeds)
         diffs = differences(results, p)
         files = write_outputs(results, diffs, p, out, command=command, wall_seconds=wall_seconds, runs=runs)
         return Report(files, [table_markdown(results, p) + "\n\n" + differences_markdown(diffs) + "\n\n"
