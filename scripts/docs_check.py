@@ -20,6 +20,10 @@ Options, separated by ``;`` after the command:
 - ``file: PATH`` compares with a file the command writes instead of its standard output; ``{out}`` is a fresh
   temporary directory, also usable in the command, and ``{python}`` this interpreter (for steps chained in
   ``sh -c "… && …"``, where ``phalanx`` is not rewritten).
+- ``results: PATH`` names the study's raw per-run results committed under ``docs/results/`` (the ``runs.csv`` its
+  report wrote): the claim is then checked in every tier *from that file*, without training — the command runs with
+  ``--results PATH`` appended, so the quoted table must be what the committed runs give; with ``--full`` it runs as
+  written (the runs trained again). A named file that does not exist is an error.
 - ``expect: TEXT`` (repeatable) checks that the output contains each TEXT — for a number quoted in prose, where the
   marker stands after the sentence; without it, the marker must be followed by a fenced block or a Markdown table,
   whose every non-blank line must appear in the output in the same order (an excerpt may leave lines out; a line
@@ -67,8 +71,14 @@ class Claim:
     command: str
     tier: str = "quick"
     file: str | None = None
+    results: str | None = None
     expect: list[str] = field(default_factory=list)
     block: list[str] = field(default_factory=list)
+
+    @property
+    def quick(self) -> bool:
+        """Checked without ``--full``: a quick claim, or one read from its committed raw results."""
+        return self.tier == "quick" or self.results is not None
 
     @property
     def where(self) -> str:
@@ -97,8 +107,12 @@ def _options(text: str, path: Path, line: int) -> Claim:
             claim.file = value
         elif key == "expect":
             claim.expect.append(value)
+        elif key == "results":
+            if not (ROOT / value).is_file():
+                raise ClaimError(f"{path}:{line}: results file {value!r} does not exist")
+            claim.results = value
         else:
-            raise ClaimError(f"{path}:{line}: unknown option {key!r} (tier, file, expect)")
+            raise ClaimError(f"{path}:{line}: unknown option {key!r} (tier, file, results, expect)")
     return claim
 
 
@@ -172,12 +186,15 @@ def argv(command: str, out: str) -> list[str]:
     return words
 
 
-def run(claim: Claim, timeout: float | None = None) -> str:
-    """The claim's output: the command's standard output, or the file it names."""
+def run(claim: Claim, timeout: float | None = None, *, full: bool = False) -> str:
+    """The claim's output: the command's standard output, or the file it names; from the claim's committed raw
+    results unless ``full``."""
     with tempfile.TemporaryDirectory(prefix="docs-check-") as out:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
-        done = subprocess.run(argv(claim.command, out), cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        words = argv(claim.command, out)
+        if claim.results is not None and not full:
+            words += ["--results", str(ROOT / claim.results)]
+        done = subprocess.run(words, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             raise ClaimError(f"{claim.where}: `{claim.command}` exited with {done.returncode}: "
                              f"{(done.stderr or done.stdout).strip()[-800:]}")
@@ -208,10 +225,10 @@ def main(args: list[str] | None = None) -> int:
             if ns.list:
                 print(f"{claim.where}\t{claim.tier}\t{claim.command}")
                 continue
-            if claim.tier == "full" and not ns.full:
+            if not claim.quick and not ns.full:
                 continue
             try:
-                problems = compare(claim, run(claim))
+                problems = compare(claim, run(claim, full=ns.full))
             except (ClaimError, subprocess.TimeoutExpired) as exc:
                 problems = [str(exc)]
             status = "ok" if not problems else "DIFFERS"

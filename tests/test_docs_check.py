@@ -15,7 +15,7 @@ from _scripts import load_script
 
 dc = load_script("scripts/docs_check.py", "docs_check")
 ALL = [c for page in dc.pages() for c in dc.claims(page)]
-QUICK = [c for c in ALL if c.tier == "quick"]
+QUICK = [c for c in ALL if c.quick]  # quick, or read from committed raw results
 
 
 def test_every_marker_parses_and_the_docs_have_claims_of_both_tiers() -> None:
@@ -94,3 +94,22 @@ def test_a_failing_command_or_a_missing_file_is_a_disagreement(tmp_path: Path, e
     with pytest.raises(dc.ClaimError, match="wrote no file"):
         dc.run(claim)
     assert dc.main([str(tmp_path / "page.md")]) == 1
+
+
+def test_a_table_read_from_committed_raw_results_is_checked_against_them(tmp_path: Path) -> None:
+    """``results: FILE``: checked without --full by running the command with ``--results FILE`` (the report made again
+    from the committed raw results); a changed digit in the file is caught, a missing file is an error."""
+    results = tmp_path / "runs.csv"
+    results.write_text("| cwtm | 0.0667 |\n")
+    reader = _command(tmp_path, "import sys\nif '--results' not in sys.argv: sys.exit(3)\n"
+                                "print(open(sys.argv[sys.argv.index('--results') + 1]).read())\n")
+    page = _page(tmp_path, f"<!-- regenerate: {reader}; results: {results}; tier: full -->\n| cwtm | 0.0667 |\n")
+    (claim,) = dc.claims(page)
+    assert claim.quick and dc.compare(claim, dc.run(claim)) == []
+    with pytest.raises(dc.ClaimError, match="exited with 3"):  # --full runs the command as written (retrains)
+        dc.run(claim, full=True)
+    results.write_text("| cwtm | 0.0668 |\n")  # the mutant: the committed results no longer give the quoted table
+    assert dc.compare(claim, dc.run(claim))
+    assert dc.main([str(page)]) == 1  # and without --full the check runs it
+    with pytest.raises(dc.ClaimError, match="does not exist"):
+        dc.claims(_page(tmp_path, f"<!-- regenerate: {reader}; results: {tmp_path}/none.csv -->\n| a |\n"))

@@ -138,6 +138,12 @@ def test_tiny_end_to_end_cli(tmp_path: Path) -> None:
     assert res2.exit_code == 0, res2.output
     assert {r: (r / "DONE").stat().st_mtime_ns for r in runs} == stamp
     assert (tmp_path / "cells.csv").read_text() == first  # the tables come from the stored runs
+    # the raw per-run results it wrote give the same tables with nothing trained (--results: the docs check's way)
+    again = tmp_path / "again"
+    res3 = CliRunner().invoke(cli.app, [*args, "--out", str(again), "--results", str(tmp_path / "runs.csv")])
+    assert res3.exit_code == 0, res3.output
+    assert (again / "cells.csv").read_text() == first and not (again / "runs").exists()
+    assert (again / "runs.csv").read_text() == (tmp_path / "runs.csv").read_text()
 
 
 def test_missing_data_is_one_clear_error_before_any_run(

@@ -93,6 +93,10 @@ def _study_options(study: type[Study[Any, Any, Any]]) -> list[inspect.Parameter]
         "set_": (Annotated[list[str] | None, typer.Option("--set", help="Override a preset field or run key: --set "
                                                           f"{study.set_example}.")], None),
     }
+    if study.raw_value is not None:
+        options["results"] = (Annotated[Path | None, typer.Option(
+            "--results", help="Report from a raw-results file (the runs.csv a report wrote; docs/results/) instead "
+            "of training: no run is trained.")], None)
     return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
             for name, (annotation, default) in options.items()]
 
@@ -107,8 +111,8 @@ def _study_command(name: str, path: str) -> click.Command:
     study = studies.resolve(name)
 
     def command(*, preset_name: str, out: Path, seeds: int, jobs: int | None, set_: list[str] | None,
-                executor: ExecutorChoice | None = None) -> None:
-        _run_study(study(), path, preset_name, out, seeds, jobs, set_ or [], executor)
+                executor: ExecutorChoice | None = None, results: Path | None = None) -> None:
+        _run_study(study(), path, preset_name, out, seeds, jobs, set_ or [], executor, results)
 
     params = _study_options(study)
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
@@ -120,11 +124,13 @@ def _study_command(name: str, path: str) -> click.Command:
 
 def _run_study(
     study: Study[Any, Any, Any], path: str, preset_name: str, out: Path, seeds: int, jobs: int | None,
-    sets: list[str], executor: ExecutorChoice | None,
+    sets: list[str], executor: ExecutorChoice | None, results: Path | None = None,
 ) -> None:
     """One study command, the same for every study: its preset from the options, its grid trained into
-    ``out/runs`` (finished runs skipped), then its tables, files and terminal output from the ended runs."""
+    ``out/runs`` (finished runs skipped), then its tables, files and terminal output from the ended runs — or, with
+    ``results``, from that raw-results file, nothing trained. A study with ``raw_value`` writes ``out/runs.csv``."""
     from phalanx.experiments import grid, store
+    from phalanx.studies import raw
 
     p, overrides = study.configure(preset_name, seeds, sets)
     cells, cfgs = study.plan(p, overrides)
@@ -141,18 +147,27 @@ def _run_study(
     note = study.data_note
     if note is not None:
         console.print(f"[bold yellow]warning:[/bold yellow] {note}", soft_wrap=True)
-    t0 = time.perf_counter()
-    runs_dir = out / "runs"
-    done_before = sum(store.is_finished(runs_dir / grid.run_id(c)) for c in runs)
-    _train(runs, runs_dir, jobs or _cpu_jobs(), executor)
-    # the wall time of the whole grid, or none: a resumed command timed only what was left
-    wall = time.perf_counter() - t0 if not done_before else None
-    if done_before:
-        console.print(f"{done_before} of {len(runs)} runs had finished before this command: the report gives no wall "
-                      "time (this command timed only the rest)", soft_wrap=True)
     command = f"{path} --preset {preset_name} --seeds {seeds}" + "".join(f" --set {o}" for o in sets)
-    report = study.report(p, cells, study.collect(cells, cfgs, runs_dir), out, command=command, wall_seconds=wall,
-                          runs=len(runs), overrides=overrides)
+    wall: float | None = None
+    if results is not None and study.raw_value is not None:  # the report again from its raw results: no training
+        collected = raw.read(results, cells, study.raw_value)
+        console.print(f"from the raw results {results}: nothing trained", soft_wrap=True)
+    else:
+        t0 = time.perf_counter()
+        runs_dir = out / "runs"
+        done_before = sum(store.is_finished(runs_dir / grid.run_id(c)) for c in runs)
+        _train(runs, runs_dir, jobs or _cpu_jobs(), executor)
+        # the wall time of the whole grid, or none: a resumed command timed only what was left
+        wall = time.perf_counter() - t0 if not done_before else None
+        if done_before:
+            console.print(f"{done_before} of {len(runs)} runs had finished before this command: the report gives no "
+                          "wall time (this command timed only the rest)", soft_wrap=True)
+        collected = study.collect(cells, cfgs, runs_dir)
+    report = study.report(p, cells, collected, out, command=command, wall_seconds=wall, runs=len(runs),
+                          overrides=overrides)
+    if study.raw_value is not None:
+        store.atomic_write_text(out / "runs.csv", raw.write(cells, collected, study.raw_value))
+        report = type(report)([*report.files, out / "runs.csv"], report.terminal)
     if note is not None:  # the report says it too, under its title, where a reader of the file sees it first
         from phalanx.experiments.store import atomic_write_text
 

@@ -71,6 +71,10 @@ class Study(ABC, Generic[P, C, V]):
     """The ``--preset`` option's help (default: the presets' names)."""
     set_example: ClassVar[str] = "rounds=50"
     """The example in the ``--set`` option's help."""
+    raw_value: ClassVar[type | None] = None
+    """What :meth:`collect` gives per cell, when it is a float or a dataclass of floats: the command then writes the
+    raw per-run results as ``runs.csv`` (:mod:`phalanx.studies.raw`) and ``--results FILE`` reports from such a file
+    without training. None: neither."""
 
     def preset(self, name: str, **changes: Any) -> P:
         """``presets[name]`` with fields replaced, checked (a known name and fields, two seeds at least). A study with

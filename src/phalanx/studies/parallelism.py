@@ -429,6 +429,7 @@ class Parallelism(ModuleStudy[Preset, Cell, Final]):
     out = "runs/parallelism-quick"
     preset_help = "quick (digits, CPU, minutes) or full (Fashion-MNIST)."
     set_example = "nodes=[9,16]"
+    raw_value = Final
 
     functions = StudyFunctions(preset, plan, collect)
 

@@ -518,6 +518,7 @@ class Tension(Study[Preset, Cell, float]):
     out = "runs/tension-quick"
     preset_help = "quick (Fashion-MNIST/digits, minutes on a CPU), cpu (the full grids, ~30 min) or paper."
     set_example = "rounds=100"
+    raw_value = float
 
     def preset(self, name: str, **changes: Any) -> Preset:
         return preset(name, **changes)
