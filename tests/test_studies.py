@@ -181,7 +181,7 @@ def test_experiment_lists_the_registered_studies_and_tension_keeps_paper() -> No
     assert res.exit_code == 0 and all(f"│ {c} " in res.output for c in ("paper", "plan", "theory", "convergence"))
 
 
-TENSION_PRESETS = "quick (Fashion-MNIST/digits, minutes on a CPU), cpu (the full grids, ~30 min) or paper."
+TENSION_PRESETS = "quick (Fashion-MNIST/digits, minutes on a CPU), cpu (the full grids, ~1 h) or paper."
 
 
 @pytest.mark.parametrize(("args", "preset_help", "out"), [
@@ -200,6 +200,8 @@ def test_every_study_command_has_the_shared_options_with_its_own_defaults(
     assert preset_help in res.output and f"[default: {out}]" in res.output
     for option in ("--preset", "--out", "--seeds", "--jobs", "--set", "--executor", "--partition", "--wait"):
         assert option in res.output
+    # --results (report from raw per-run results, nothing trained) where the study writes them (raw_value)
+    assert ("--results" in res.output) == (args[-1] in ("paper", "tension", "parallelism"))
 
 
 def test_an_unknown_study_command_is_one_line(capsys: pytest.CaptureFixture[str],

@@ -516,7 +516,7 @@ class Tension(Study[Preset, Cell, float]):
     preset_type = Preset
     presets = PRESETS
     out = "runs/tension-quick"
-    preset_help = "quick (Fashion-MNIST/digits, minutes on a CPU), cpu (the full grids, ~30 min) or paper."
+    preset_help = "quick (Fashion-MNIST/digits, minutes on a CPU), cpu (the full grids, ~1 h) or paper."
     set_example = "rounds=100"
     raw_value = float
 
