@@ -289,7 +289,7 @@ def test_paper_interval_bars_stay_within_0_and_100(tmp_path: Path, monkeypatch: 
     cs = tension.cells(p)
     # seeds far apart, next to 100 % (T3, T4) and next to 0 % (T5, T6): the raw 95 % intervals pass both ends
     acc = {c: (0.99 if c.seed < 2 else 0.6) if c.table in ("T3", "T4") else (0.01 if c.seed < 2 else 0.4) for c in cs}
-    results = tension.tabulate(cs, acc)
+    results = tension.tabulate(cs, acc, p.tuning_seeds)
     assert any(r.estimate.high > 1 for r in results.values()) and any(r.estimate.low < 0 for r in results.values())
     tension.plot(results, p, tmp_path / "t.png")
     assert spans and all(0.0 <= lo <= hi <= 100.0 for lo, hi in spans)
