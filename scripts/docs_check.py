@@ -42,6 +42,7 @@ one block per disagreement.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import shlex
@@ -186,9 +187,25 @@ def argv(command: str, out: str) -> list[str]:
     return words
 
 
+_OUTPUTS: dict[tuple[str, str | None, str | None, bool], str] = {}
+"""What each distinct (command, file, raw results with their SHA-256, full) printed in this process: claims that quote
+several tables of one command's output (seven markers of one report) run it once. A raw-results file that changed is
+another key, so its table is read again."""
+
+
 def run(claim: Claim, timeout: float | None = None, *, full: bool = False) -> str:
     """The claim's output: the command's standard output, or the file it names; from the claim's committed raw
-    results unless ``full``."""
+    results unless ``full`` (run once per distinct command in a process: :data:`_OUTPUTS`)."""
+    results = None
+    if claim.results is not None:
+        results = f"{claim.results}:{hashlib.sha256((ROOT / claim.results).read_bytes()).hexdigest()}"
+    key = (claim.command, claim.file, results, full)
+    if key not in _OUTPUTS:
+        _OUTPUTS[key] = _run(claim, timeout, full=full)
+    return _OUTPUTS[key]
+
+
+def _run(claim: Claim, timeout: float | None, *, full: bool) -> str:
     with tempfile.TemporaryDirectory(prefix="docs-check-") as out:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
         words = argv(claim.command, out)

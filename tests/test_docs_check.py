@@ -113,3 +113,15 @@ def test_a_table_read_from_committed_raw_results_is_checked_against_them(tmp_pat
     assert dc.main([str(page)]) == 1  # and without --full the check runs it
     with pytest.raises(dc.ClaimError, match="does not exist"):
         dc.claims(_page(tmp_path, f"<!-- regenerate: {reader}; results: {tmp_path}/none.csv -->\n| a |\n"))
+
+
+def test_markers_of_one_command_run_it_once(tmp_path: Path) -> None:
+    """Several tables quoted from one command's output (the tension report's seven) run it once per process; the
+    mutant without the cache would count two runs here."""
+    count = tmp_path / "count"
+    command = _command(tmp_path, f"from pathlib import Path\np = Path({str(count)!r})\n"
+                                 "p.write_text(p.read_text() + 'x' if p.exists() else 'x')\nprint('| a |')\n")
+    page = _page(tmp_path, f"<!-- regenerate: {command} -->\n| a |\n\n<!-- regenerate: {command} -->\n| a |\n")
+    first, second = dc.claims(page)
+    assert dc.compare(first, dc.run(first)) == [] and dc.compare(second, dc.run(second)) == []
+    assert count.read_text() == "x"
