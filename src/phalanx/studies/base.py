@@ -37,6 +37,14 @@ C = TypeVar("C", bound=Hashable)
 V = TypeVar("V")
 
 
+def planned(cells: Callable[[P], list[C]], config_for: Callable[[P, C, dict[str, Any] | None], RunConfig], p: P,
+            overrides: dict[str, Any] | None) -> tuple[list[C], list[RunConfig]]:
+    """A study's plan: its cells and each cell's run configuration, in order (equal cells give equal
+    configurations; the grid runs each distinct one once)."""
+    cs = cells(p)
+    return cs, [config_for(p, c, overrides) for c in cs]
+
+
 @dataclass(frozen=True)
 class Report:
     """What a study's report made: the files it wrote, and what the terminal shows — each item a ``str``, echoed as

@@ -33,7 +33,7 @@ from phalanx.errors import ConfigError
 from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.plots import save_figure
-from phalanx.studies.base import ModuleStudy, Report, StudyFunctions
+from phalanx.studies.base import ModuleStudy, Report, StudyFunctions, planned
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance, write_report_files
 
@@ -126,8 +126,7 @@ def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -
 
 def plan(p: Preset, overrides: dict[str, Any] | None = None) -> tuple[list[Cell], list[RunConfig]]:
     """The cells and their configurations."""
-    cs = cells(p)
-    return cs, [config_for(p, c, overrides) for c in cs]
+    return planned(cells, config_for, p, overrides)
 
 
 @dataclass(frozen=True)

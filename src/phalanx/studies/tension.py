@@ -47,7 +47,7 @@ from phalanx.errors import ConfigError
 from phalanx.experiments import grid
 from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.plots import clipped_errors, save_figure
-from phalanx.studies.base import Report, Study
+from phalanx.studies.base import Report, Study, planned
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import final_accuracy, pick_preset, provenance, write_report_files
 
@@ -181,8 +181,7 @@ def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -
 
 def plan(p: Preset, overrides: dict[str, Any] | None = None) -> tuple[list[Cell], list[RunConfig]]:
     """The cells and their configurations (one per cell; shared cells give equal configurations)."""
-    cs = cells(p)
-    return cs, [config_for(p, c, overrides) for c in cs]
+    return planned(cells, config_for, p, overrides)
 
 
 def unique(cfgs: list[RunConfig]) -> list[RunConfig]:
