@@ -138,12 +138,14 @@ def hf_model(spec: str, quick: bool) -> str:
             return spec
         except ConfigError:
             pass
-    small = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128,
-             "vocab_size": 1024} if quick else {}
+    small: dict[str, Any] = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                             "intermediate_size": 128, "vocab_size": 1024} if quick else {}
     folder = Path(tempfile.mkdtemp(prefix="phalanx-bench-bert-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     torch.manual_seed(0)
-    BertForSequenceClassification(BertConfig(num_labels=2, **small)).save_pretrained(folder)
+    config = BertConfig(**small)
+    config.num_labels = 2
+    BertForSequenceClassification(config).save_pretrained(folder)
     return f"hf:{folder}"
 
 

@@ -25,7 +25,7 @@ pytest.importorskip("peft")
 
 from phalanx import aggregators, attacks, data, models
 from phalanx.aggregators.lora import AdapterUpdates, updates_of
-from phalanx.attacks.base import AttackContext
+from phalanx.attacks.base import Attack, AttackContext
 from phalanx.training import adapters
 from phalanx.training.problem import Problem
 
@@ -59,7 +59,9 @@ def _rule(name: str, f: int, mode: str) -> tuple[aggregators.Aggregator, dict[st
 def _attacked(attack: str, mode: str, rule: aggregators.Aggregator, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
     """The N rows the server receives: the first N − B honest, then the attack's B, made knowing the rule."""
     honest = _round(mode)[2][: N - B]
-    byz = attacks.make(attack)(AttackContext(honest=honest, n_byzantine=B, f=F,
+    made = attacks.make(attack)
+    assert isinstance(made, Attack)
+    byz = made(AttackContext(honest=honest, n_byzantine=B, f=F,
                                              aggregator=functools.partial(rule, **ctx),
                                              generator=torch.Generator().manual_seed(0)))
     assert byz.shape == (B, honest.shape[1])

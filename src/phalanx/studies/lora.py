@@ -408,10 +408,12 @@ def report_markdown(finals: dict[Cell, Final], cs: list[Comparison], p: Preset, 
     parts = [
         f"# The price of robustness for LoRA adapters — preset `{p.name}`", "",
         *provenance(command, wall_seconds, runs), "",
-        f"Setup: {p.model} with LoRA r = {p.r} {p.model_params or ''} on {p.dataset} (texts of {p.length} tokens), "
+        f"Setup: {p.model} with LoRA r = {p.r}{f' {p.model_params}' if p.model_params else ''} on {p.dataset} "
+        f"(texts of {p.length} tokens), "
         f"natural split (a client per user), n = {p.workers}, FedAvg ({p.local_steps} local steps, batch "
         f"{p.batch_size}, lr {p.lr:g}, momentum {p.momentum:g}), {p.rounds} rounds; every rule configured for "
-        f"f = {p.f}; b = {p.byzantine} attackers: {p.vector_attack} {p.vector_params or ''}, or the phrase backdoor "
+        f"f = {p.f}; b = {p.byzantine} attackers: {p.vector_attack}{f' {p.vector_params}' if p.vector_params else ''}, "
+        "or the phrase backdoor "
         f"(\"{p.phrase}\" after [CLS], label {p.target}, {p.poison_fraction:g} of each attacker's batch); seeds "
         f"{list(p.seeds)}. Cells: final test accuracy %, mean ± 95 % Student-t half-width over the seeds.", "",
         "## Final test accuracy %", "", accuracy_markdown(finals, p), "",
