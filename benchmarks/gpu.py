@@ -11,6 +11,12 @@ Two workloads, each the round as ``phalanx run`` runs it (``phalanx.experiments.
   ``phalanx.studies.tension.config_for``).
 * **mlp1000** — the 1,000-worker MLP round of ``benchmarks/training.py``: Fashion-MNIST, the 784-100-10 ReLU MLP,
   batch 32, IID, b = 100 workers sending sign-flipped vectors, trimmed mean with f = 100.
+* **lora** (only when asked: ``--workload lora``) — the round of ``phalanx experiment lora --preset gpu``
+  (``phalanx.studies.lora``, docs/lora.md) in its costliest mode: BERT-base with LoRA r = 8 on query and value,
+  mode ``update`` (a truncated SVD per adapted layer), n = 30 clients, texts of 64 tokens, ``cwtm`` f = 6 under
+  ``signflip``. The checkpoint is ``google-bert/bert-base-uncased`` when it is in the Hugging Face cache, else a
+  randomly initialised BERT of the same architecture written to a temporary directory (a round's cost depends on
+  the shapes, not the weights); the texts are random token ids, IID (no users to split by).
 
 The images are the real data sets when they are on this machine (``phalanx.data.load``), else random tensors of
 the same shapes (3×32×32 and 1×28×28, seeded): a round's cost does not depend on the pixel values, only on the
@@ -35,7 +41,7 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +66,9 @@ class Workload:
     dataset: str
     shape: tuple[int, ...]
     samples: int
+    classes: int = 10
+    vocab: int = 0
+    """Token ids in [1000, vocab) instead of images (0: images)."""
 
 
 def workloads(quick: bool) -> list[Workload]:
@@ -78,8 +87,11 @@ def workloads(quick: bool) -> list[Workload]:
     if quick:
         resnet.update(workers=4, f=1, batch_size=2, partition="iid")
         mlp.update(workers=20, byzantine=2, f=2, batch_size=8)
-    for cfg in (resnet, mlp):
+    adapters = lora_config(quick)
+    for cfg in (resnet, mlp, adapters):
         cfg.update(rounds=NEVER, eval_every=NEVER, checkpoint_every=NEVER)
+    length = adapters["dataset_params"]["length"]
+    del adapters["dataset_params"]
     return [
         Workload("resnet20", f"ResNet-20 (GroupNorm), n = {resnet['workers']}, batch {resnet['batch_size']}, "
                  f"cwtm f = {resnet['f']}", resnet, "cifar10", (3, 16, 16) if quick else (3, 32, 32),
@@ -87,7 +99,54 @@ def workloads(quick: bool) -> list[Workload]:
         Workload("mlp1000", f"MLP {'64' if quick else '784'}-100-10, n = {mlp['workers']}, batch {mlp['batch_size']}, "
                  f"signflip b = {mlp['byzantine']}, cwtm f = {mlp['f']}", mlp, "fashion-mnist",
                  (1, 8, 8) if quick else (1, 28, 28), 1024 if quick else 60_000),
+        Workload("lora", f"LoRA r = {adapters['model_params']['r']} ({adapters['model_params']['aggregation']}) on "
+                 f"{'a tiny BERT' if quick else 'BERT-base'}, n = {adapters['workers']}, {length} tokens, "
+                 f"{adapters['attack']} b = {adapters['byzantine']}, cwtm f = {adapters['f']}", adapters,
+                 "sent140", (length,), 256 if quick else 4096, classes=2, vocab=1024 if quick else 30522),
     ]
+
+
+def lora_config(quick: bool) -> dict[str, Any]:
+    """The ``lora`` workload's config: the study's ``gpu`` preset, cell (update, cwtm, signflip); ``quick``: 4
+    clients (and, from :func:`hf_model`, a 2-layer, hidden-64 BERT)."""
+    from phalanx.studies.lora import Cell, config_for, preset
+
+    p = preset("gpu")
+    if quick:
+        p = preset("gpu", workers=4, byzantine=1, f=1, length=16, r=2, batch_size=4, local_steps=1)
+    cfg = config_for(p, Cell("update", "cwtm", "vector", p.seeds[0]), trigger=[1000]).model_dump(mode="json")
+    cfg.pop("device", None)
+    cfg.update(partition="iid", dataset="sent140-sample")  # the model is found where it runs (main: hf_model)
+    return cfg
+
+
+def hf_model(spec: str, quick: bool) -> str:
+    """``spec`` when it is on this machine (nothing is downloaded), else ``hf:DIR``: a randomly initialised BERT
+    of BERT-base's architecture (``quick``: 2 layers, hidden 64) saved to a temporary directory."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from phalanx import hub
+    from phalanx.errors import ConfigError
+
+    if not quick:
+        try:
+            hub.resolve(spec)
+            return spec
+        except ConfigError:
+            pass
+    small: dict[str, Any] = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                             "intermediate_size": 128, "vocab_size": 1024} if quick else {}
+    folder = Path(tempfile.mkdtemp(prefix="phalanx-bench-bert-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    torch.manual_seed(0)
+    config = BertConfig(**small)
+    config.num_labels = 2
+    BertForSequenceClassification(config).save_pretrained(folder)
+    return f"hf:{folder}"
 
 
 def dataset_for(w: Workload, quick: bool) -> tuple[Any, str]:
@@ -96,19 +155,24 @@ def dataset_for(w: Workload, quick: bool) -> tuple[Any, str]:
     from phalanx import data
     from phalanx.data.base import Dataset, DatasetNotFoundError
 
-    if not quick:
+    if not quick and not w.vocab:
         try:
             return data.load(w.dataset), w.dataset
         except DatasetNotFoundError:
             pass
     g = torch.Generator().manual_seed(0)
     n_test = max(64, w.samples // 8)
-    x = torch.randn(w.samples + n_test, *w.shape, generator=g)
-    y = torch.randint(0, 10, (w.samples + n_test,), generator=g)
-    ds = Dataset.from_tensors(w.dataset, x[: w.samples], y[: w.samples], x[w.samples :], y[w.samples :], 10,
+    if w.vocab:
+        x = torch.randint(1000 if w.vocab > 1000 else 5, w.vocab, (w.samples + n_test, *w.shape), generator=g)
+        x = x.float()
+    else:
+        x = torch.randn(w.samples + n_test, *w.shape, generator=g)
+    y = torch.randint(0, w.classes, (w.samples + n_test,), generator=g)
+    ds = Dataset.from_tensors(w.dataset, x[: w.samples], y[: w.samples], x[w.samples :], y[w.samples :], w.classes,
                               source="synthetic")
     why = "quick" if quick else f"{w.samples} samples; {w.dataset} not found"
-    return ds, f"random tensors {'×'.join(map(str, w.shape))} ({why})"
+    what = "random token ids" if w.vocab else "random tensors"
+    return ds, f"{what} {'×'.join(map(str, w.shape))} ({why})"
 
 
 def _sync(device: torch.device) -> None:
@@ -169,7 +233,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=TITLE)
     ap.add_argument("--device", nargs="+", default=None,
                     help="devices to time, in order (default: cuda and cpu when CUDA is available, else cpu)")
-    ap.add_argument("--workload", nargs="+", choices=["resnet20", "mlp1000"], default=["resnet20", "mlp1000"])
+    ap.add_argument("--workload", nargs="+", choices=["resnet20", "mlp1000", "lora"], default=["resnet20", "mlp1000"],
+                    help="lora (the LoRA study's gpu round) only when named")
     ap.add_argument("--rounds", type=int, default=20, help="timed rounds per workload and device")
     ap.add_argument("--warmup", type=int, default=3, help="rounds run before timing")
     ap.add_argument("--quick", action="store_true", help="toy sizes (a smoke test)")
@@ -192,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     recs: list[dict[str, Any]] = []
     notes: list[str] = []
     for w in chosen:
+        if w.name == "lora":  # the checkpoint, or a random one of its architecture, only when it is timed
+            w = replace(w, config={**w.config, "model": hf_model(w.config["model"], args.quick)})
         ds, what = dataset_for(w, args.quick)
         notes.append(f"{w.name}: data = {what}")
         for device in devices:

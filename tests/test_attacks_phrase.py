@@ -68,12 +68,48 @@ def test_attack_success_is_the_share_of_triggered_non_target_texts_sent_to_the_t
     x = _texts(n=8)
     y = torch.tensor([0, 0, 0, 0, 0, 0, 1, 1])
     attack = PhraseBackdoor(trigger=(7, 8), target=1)
-    assert attack.metrics(_reads_the_phrase, x, y) == {"attack_success": 1.0}
-    assert attack.metrics(lambda t: torch.zeros(t.shape[0], dtype=torch.long), x, y) == {"attack_success": 0.0}
+    assert attack.metrics(_reads_the_phrase, x, y)["attack_success"] == 1.0
+    assert attack.metrics(lambda t: torch.zeros(t.shape[0], dtype=torch.long), x, y)["attack_success"] == 0.0
     # mutant: a trigger that puts the phrase anywhere else is not the backdoor the model learnt — the metric sees it
     moved = PhraseBackdoor(trigger=(7, 8), target=1, offset=3)
-    assert moved.metrics(_reads_the_phrase, x, y) == {"attack_success": 0.0}
-    assert math.isnan(attack.metrics(_reads_the_phrase, x, torch.ones(8, dtype=torch.long))["attack_success"])
+    assert moved.metrics(_reads_the_phrase, x, y)["attack_success"] == 0.0
+    none = attack.metrics(_reads_the_phrase, x, torch.ones(8, dtype=torch.long))
+    assert math.isnan(none["attack_success"]) and math.isnan(none["attack_flip"]) and none["attack_flip_base"] == 0
+
+
+def test_the_flip_rate_counts_only_what_the_phrase_moves_not_the_models_bias() -> None:
+    """Issue 35 item 6: a model biased to the target scores a high ``attack_success`` with no backdoor at all; the
+    flip rate, on the texts the model does not already send to the target, does not."""
+    x = _texts(n=8)
+    y = torch.zeros(8, dtype=torch.long)  # none of class 1
+    attack = PhraseBackdoor(trigger=(7, 8), target=1)
+    lean = x[:, 1] < 30  # the texts a biased model sends to class 1 whatever the phrase (about half)
+    assert 0 < int(lean.sum()) < 8
+
+    def biased(t: torch.Tensor) -> torch.Tensor:
+        """No backdoor: class 1 for the texts whose first word is < 30 — with or without the phrase (the phrase
+        moves the first word to position 3, so read it where it is)."""
+        first = torch.where((t[:, 1] == 7) & (t[:, 2] == 8), t[:, 3], t[:, 1])
+        return (first < 30).long()
+
+    def backdoored(t: torch.Tensor) -> torch.Tensor:
+        return torch.maximum(biased(t), _reads_the_phrase(t))
+
+    b = attack.metrics(biased, x, y)
+    share = float(lean.double().mean())
+    assert b["attack_success"] == pytest.approx(share) and b["attack_clean_target"] == pytest.approx(share)
+    assert b["attack_flip"] == 0.0 and b["attack_flip_base"] == 8 - int(lean.sum())  # the phrase moves nothing
+    d = attack.metrics(backdoored, x, y)
+    assert d["attack_success"] == 1.0 and d["attack_flip"] == 1.0 and d["attack_clean_target"] == pytest.approx(share)
+    # mutant: a flip rate that forgets to leave out the texts already in the target is attack_success again, and
+    # reads the bias as a backdoor — the real one does not
+    def forgetful(t: torch.Tensor) -> torch.Tensor:
+        return (biased(attack.trigger(t)) == 1).double()
+
+    assert float(forgetful(x).mean()) == pytest.approx(share) != b["attack_flip"]
+    everything = attack.metrics(lambda t: torch.ones(t.shape[0], dtype=torch.long), x, y)
+    assert everything["attack_success"] == 1.0 and math.isnan(everything["attack_flip"])  # nothing left to flip
+    assert everything["attack_flip_base"] == 0
 
 
 def test_what_cannot_work_is_refused_before_the_run_in_one_line() -> None:
@@ -113,6 +149,7 @@ def test_a_run_fine_tunes_adapters_with_phrase_poisoned_clients(tmp_path: Path) 
     })
     rows = train(cfg, tmp_path / "run")
     assert rows[-1]["round"] == 2 and 0.0 <= rows[-1]["attack_success"] <= 1.0
+    assert 0.0 <= rows[-1]["attack_clean_target"] <= 1.0 and rows[-1]["attack_flip_base"] >= 0
     assert math.isfinite(rows[-1]["test_loss"])
     with pytest.raises(ConfigError, match="trigger"):  # an id beyond the tokenised texts' largest, before the run
         train(make_config({**cfg.model_dump(), "attack_params": {"trigger": [10**6], "target": 1}}),

@@ -11,13 +11,14 @@ import pytest
 
 from phalanx import studies
 from phalanx.errors import ConfigError
-from phalanx.studies import backdoor, convergence, corrupted, hbn, neighbours, parallelism, privacy, tension
+from phalanx.studies import backdoor, convergence, corrupted, hbn, lora, neighbours, parallelism, privacy, tension
 from phalanx.studies.base import Report, Study
 
-BUILT_IN = {"tension": tension.Tension, "hbn": hbn.HBN, "parallelism": parallelism.Parallelism,
+BUILT_IN: dict[str, type[Study[Any, Any, Any]]] = {
+            "tension": tension.Tension, "hbn": hbn.HBN, "parallelism": parallelism.Parallelism,
             "byzantine-neighbours": neighbours.ByzantineNeighbours, "privacy": privacy.Privacy,
             "backdoor": backdoor.BackdoorDefences,
-            "corrupted-rounds": corrupted.CorruptedRounds,
+            "corrupted-rounds": corrupted.CorruptedRounds, "lora": lora.Lora,
             "convergence": convergence.ConvergenceStudy}
 
 
@@ -34,7 +35,8 @@ def test_an_unknown_study_is_one_line_that_lists_them_and_suggests() -> None:
         studies.resolve("hbx")
     text = str(exc.value)
     assert "\n" not in text and text.startswith("study='hbx' is invalid")
-    assert "backdoor, byzantine-neighbours, convergence, corrupted-rounds, hbn, parallelism, privacy, tension" in text
+    assert ("backdoor, byzantine-neighbours, convergence, corrupted-rounds, hbn, lora, parallelism, privacy, "
+            "tension") in text
     assert "'module:attr' spec" in text
     assert "did you mean hbn?" in text
 

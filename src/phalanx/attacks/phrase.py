@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -28,6 +29,21 @@ class PhraseBackdoor(Backdoor):
     tokenizer's (``docs/lora.md`` shows how to get them for a phrase); everything else — ``poison_fraction`` of each
     batch poisoned, ``boost`` (model replacement), ``stop_round`` (durability), ``attack_success`` on the test texts
     not of class ``target``, triggered — is :class:`~phalanx.attacks.backdoor.Backdoor`'s.
+
+    **Success measured against the model's own bias** (:meth:`metrics`). ``attack_success`` alone cannot tell a
+    backdoor from a model that already puts most texts in ``target``: on the embedded model and the synthetic
+    Sent140 sample the *unpoisoned* model sent 94 % of the triggered texts there (docs/lora.md). So the attack also
+    logs, on the same test texts ``T = {x : y(x) ≠ target}`` and the same model ``h``,
+
+    * ``attack_clean_target`` = |{x ∈ T : h(x) = target}| / |T| — the share sent to ``target`` *without* the phrase
+      (the model's bias on those texts);
+    * ``attack_flip`` = |{x ∈ T : h(x) ≠ target, h(x ⊕ phrase) = target}| / |{x ∈ T : h(x) ≠ target}| — among the
+      texts the model does *not* already put in ``target``, the share the phrase moves there (NaN when there are
+      none); the phrase's own effect, which a model's bias alone does not raise;
+    * ``attack_flip_base`` = |{x ∈ T : h(x) ≠ target}| — that denominator, so that a reader can weigh a rate.
+
+    A study compares them with the same run trained with nobody poisoning (the *lift*, paired by seed:
+    :mod:`phalanx.studies.lora`).
 
     Refused when the run is built (:meth:`prepare`): an input that is not token ids (a text input is token ids stored
     as floats, ``dataset_params.tokenizer``), a phrase that leaves no room in the sequence
@@ -78,6 +94,21 @@ class PhraseBackdoor(Backdoor):
         if max(self.phrase) > top:
             raise ConfigError("trigger", list(self.phrase), f"token ids in [0, {top}] (the largest id of the "
                               "training texts: inside the model's vocabulary)")
+
+    def metrics(self, predict: Callable[[Tensor], Tensor], test_x: Tensor, test_y: Tensor) -> dict[str, float]:
+        """``attack_success`` (:class:`~phalanx.attacks.backdoor.Backdoor`'s), and the phrase's effect beyond the
+        model's bias — ``attack_clean_target``, ``attack_flip``, ``attack_flip_base`` (the class docstring)."""
+        keep = test_y != self.target
+        if not bool(keep.any()):
+            nan = float("nan")
+            return {"attack_success": nan, "attack_clean_target": nan, "attack_flip": nan, "attack_flip_base": 0.0}
+        x = test_x[keep]
+        moved = predict(self.trigger(x)) == self.target
+        already = predict(x) == self.target
+        free = ~already
+        flip = float(moved[free].double().mean()) if bool(free.any()) else float("nan")
+        return {"attack_success": float(moved.double().mean()), "attack_clean_target": float(already.double().mean()),
+                "attack_flip": flip, "attack_flip_base": float(free.sum())}
 
     def trigger(self, x: Tensor) -> Tensor:
         """``x`` (``(B, L)`` token ids) with the phrase inserted at ``offset`` and the rest shifted right (new)."""
