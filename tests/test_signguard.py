@@ -187,3 +187,105 @@ def test_too_few_rows_and_metadata() -> None:
     assert agg.params() == {"f": 2, "lower": 0.1, "upper": 3.0, "subsample": 0.1, "seed": 0}
     assert "ICDCS 2022" in agg.reference
     assert isinstance(make("signguard(subsample=0.5)", f=1), SignGuard)
+
+
+def _reference(rule: SignGuard, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SignGuard with every norm in float64 (the implementation before the one-pass norm filter)."""
+    from phalanx.aggregators._rowops import clipped_mean, float64_row_norms, median_norm, row_norms
+
+    xc = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    bad = row_norms(xc)[1]
+    norms = float64_row_norms(xc, bad)
+    med = median_norm(norms, bad)
+    s1 = ~bad & (norms >= rule.lower * med) & (norms <= rule.upper * med)
+    k = max(1, int(rule.subsample * x.shape[1]))
+    g = torch.Generator().manual_seed(rule.seed)
+    sub = xc.index_select(1, torch.randperm(x.shape[1], generator=g)[:k].sort().values) if k < x.shape[1] else xc
+    labels = mean_shift_labels(sign_features(sub))
+    s2 = labels == int(torch.argmax(torch.bincount(labels[labels >= 0], minlength=1)))
+    kept = s1 & s2 if bool((s1 & s2).any()) else s1
+    out, share = clipped_mean(xc, kept, norms, bad, med)
+    return out.to(x.dtype), share
+
+
+def _hostile_inputs() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for n, d, dtype in [(11, 3000, torch.float32), (12, 70_000, torch.float32), (9, 500, torch.float64),
+                        (10, 257, torch.float16)]:
+        x = (torch.randn(n, d, generator=g) * 0.1 + 1.0).to(dtype)
+        out.append(x)
+        ties = x.clone()  # rows whose norms are exactly the median, L·M and R·M (scaled copies of one row)
+        base = ties[0].to(torch.float64)
+        for i, c in enumerate([1.0, 1.0, 1.0, 0.1, 3.0, 4.0, 0.0, 2.0, 0.5]):
+            ties[i] = (base * c).to(dtype)
+        out.append(ties)
+        bad = x.clone()
+        bad[0, 0], bad[1, 1], bad[2] = float("nan"), float("inf"), 0.0
+        out.append(bad)
+    return out
+
+
+def _differs(lower: float, upper: float) -> bool:
+    for x in _hostile_inputs():
+        out, contrib = SignGuard(lower=lower, upper=upper, subsample=0.5).aggregate(x)
+        ref_out, ref_contrib = _reference(SignGuard(lower=lower, upper=upper, subsample=0.5), x)
+        if not (torch.equal(out.nan_to_num(), ref_out.nan_to_num()) and torch.equal(contrib, ref_contrib)):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("lower,upper", [(0.1, 3.0), (0.0, 1.0), (0.9, 1.0), (0.5, 1.5)])
+def test_one_pass_norm_filter_matches_float64_norms(lower: float, upper: float) -> None:
+    """The one-pass norm filter takes SignGuard's float64-norm decisions bit for bit: same output and
+    contributions as every norm in float64, with rows exactly at the median, L·M and R·M, NaN/Inf and zero rows,
+    float16/32/64."""
+    assert not _differs(lower, upper)
+
+
+def test_norm_filter_mutant_without_exact_norms_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutant: decide on the one-pass estimates alone (no exact norm where an interval leaves a decision open).
+    The comparison above rejects it."""
+    from phalanx.aggregators import signguard
+
+    monkeypatch.setattr(signguard._Exact, "need", lambda self, rows: None)
+    assert _differs(0.1, 3.0)
+
+
+def test_exact_norms_only_where_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On honest Gaussian rows the float64 norms are taken on fewer rows than n (the median candidates and the
+    kept rows above the median), each row at most once; a NaN majority falls back to the float64 path."""
+    from phalanx.aggregators import signguard
+
+    rows: list[int] = []
+    real = signguard.float64_row_norms
+
+    def counting(x: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+        rows.append(x.shape[0])
+        return real(x, bad)
+
+    monkeypatch.setattr(signguard, "float64_row_norms", counting)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 20_000, generator=g) * 0.5 + 1.0
+    SignGuard().aggregate(x)
+    assert 1 <= sum(rows) < 40
+    rows.clear()
+    x[:21] = float("nan")
+    out, contrib = SignGuard().aggregate(x)
+    assert rows == [40] and torch.equal(out, torch.zeros(20_000)) and float(contrib.sum()) == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_one_pass_norm_filter_keeps_the_gradient(dtype: torch.dtype) -> None:
+    """The gradient through the clipping factors (exact norms of the clipped rows) is the float64-norm one, bit
+    for bit; the estimates that only take decisions carry none."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(9, 300, generator=g, dtype=dtype) + 0.5).requires_grad_()
+    out = SignGuard(subsample=1.0)(x)
+    out.sum().backward()
+    assert x.grad is not None
+    grad = x.grad.clone()
+    x.grad = None
+    ref, _ = _reference(SignGuard(subsample=1.0), x)
+    ref.sum().backward()
+    assert torch.equal(out, ref) and torch.equal(grad, x.grad)

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from phalanx.aggregators._rowops import clipped_mean, float64_row_norms, median_norm, row_norms
+from phalanx.aggregators._rowops import clipped_mean, float64_row_norms, median_norm, row_sqnorm_estimates
 from phalanx.aggregators.base import (
     Aggregator,
     RuleTags,
@@ -19,7 +19,91 @@ from phalanx.aggregators.base import (
 from phalanx.aggregators.registry import register
 from phalanx.errors import ConfigError
 
-__all__ = ["SignGuard", "mean_shift_labels", "sign_features"]
+__all__ = ["SignGuard", "mean_shift_labels", "norm_filter", "sign_features"]
+
+MARGIN = 1e-9
+"""Relative margin (on squared norms) within which a row's bound comparison is settled by its exact norm: far
+above the float64 rounding of ``sqrt`` and of the bound itself (a few ``u₆₄`` ≈ 1e-16)."""
+
+
+class _Exact:
+    """The float64 norms of :func:`~phalanx.aggregators._rowops.float64_row_norms`, computed on demand, row by row
+    subset, and remembered (``known`` marks the rows computed so far)."""
+
+    def __init__(self, x: Tensor) -> None:
+        self.x = x
+        self.norms = torch.zeros(x.shape[0], dtype=torch.float64)
+        self.known = torch.zeros(x.shape[0], dtype=torch.bool)
+        self.hi = torch.full((x.shape[0],), float("inf"), dtype=torch.float64)
+        """Upper ends of the squared-norm intervals (set by :func:`norm_filter`)."""
+
+    def need(self, rows: Tensor) -> None:
+        idx = (rows.cpu() & ~self.known).nonzero().flatten()
+        if idx.numel():
+            sub = self.x.index_select(0, idx.to(self.x.device))
+            vals = float64_row_norms(sub, torch.zeros(idx.numel(), dtype=torch.bool, device=sub.device)).cpu()
+            # out of place: earlier decisions (and autograd) keep the tensors they used
+            self.norms = self.norms.index_put((idx,), vals)
+            self.known = self.known.index_put((idx,), torch.ones_like(idx, dtype=torch.bool))
+
+    def clip_norms(self, kept: Tensor, med: Tensor) -> Tensor:
+        """Norms for :func:`~phalanx.aggregators._rowops.clipped_mean`: exact on every kept row that may exceed
+        ``med`` (its clipping factor ``med/‖gᵢ‖`` needs it), 0 on rows known to be at most ``med`` or not kept
+        (factor 1, or a zero share)."""
+        m2 = float(med.detach()) ** 2
+        self.need(kept.cpu() & ~(self.hi < m2 * (1 - MARGIN)))
+        return torch.where(self.known, self.norms, torch.zeros_like(self.norms))
+
+
+def norm_filter(x: Tensor, lower: float, upper: float) -> tuple[Tensor, Tensor, Tensor, _Exact] | None:
+    r"""SignGuard's norm decisions from one streaming pass, exactly as the float64 norms would take them.
+
+    :func:`~phalanx.aggregators._rowops.row_sqnorm_estimates` gives every squared norm :math:`S_i` within
+    :math:`[\ell_i, h_i] = [\hat S_i(1-2\delta) - \eta,\ \hat S_i(1+2\delta) + \eta]` (Higham 2002, §4.2). A
+    row's exact float64 norm (:func:`~phalanx.aggregators._rowops.float64_row_norms`) is computed only where an
+    interval leaves a decision open:
+
+    * the median rank(s) :math:`k`: rows whose interval meets :math:`[L_k, H_k]`, the :math:`k`-th smallest lower
+      and upper ends (rows surely below or above keep their place, so the :math:`k`-th smallest of the exact
+      values is taken among these rows, as in :func:`~phalanx.aggregators._rowops.smallest_norms_keys`);
+    * the bounds :math:`L M` and :math:`R M`: rows whose interval meets :math:`[(cM)^2(1-\epsilon), (cM)^2
+      (1+\epsilon)]` (``MARGIN`` = ε);
+    * the clipping (:meth:`clip_norms`): kept rows not surely at most :math:`M`.
+
+    Returns ``(median M, bad, S₁, exact)``, or ``None`` when bad rows reach a median rank (the caller then takes
+    every norm in float64, as before). An attacker who places rows in the uncertain bands pays for their exact
+    norms: at most the cost of computing every norm in float64.
+    """
+    n = x.shape[0]
+    est, bad, delta, eta = row_sqnorm_estimates(x)
+    est, bad = est.detach().cpu(), bad.cpu()  # decisions only: no gradient flows through the estimates
+    lo = torch.where(bad, est, est * (1.0 - 2.0 * delta) - eta)
+    hi = torch.where(bad, est, est * (1.0 + 2.0 * delta) + eta)
+    ranks = [(n + 1) // 2] if n % 2 else [n // 2, n // 2 + 1]
+    cuts = []
+    for k in ranks:
+        low_cut, high_cut = torch.kthvalue(lo, k).values, torch.kthvalue(hi, k).values
+        if not bool(torch.isfinite(high_cut)):
+            return None
+        cuts.append((k, low_cut, high_cut))
+    exact = _Exact(x)
+    for _, low_cut, high_cut in cuts:
+        exact.need(~bad & ~(hi < low_cut) & ~(lo > high_cut))
+    values = []
+    for k, low_cut, _ in cuts:
+        below = torch.full_like(est, float("-inf"))
+        above = torch.full_like(est, float("inf"))
+        keys = torch.where(exact.known, exact.norms, torch.where(~bad & (hi < low_cut), below, above))
+        values.append(torch.kthvalue(keys, k).values)
+    med = values[0] if n % 2 else 0.5 * (values[0] + values[1])
+    bounds = [float((c * med).detach()) ** 2 for c in (lower, upper)]
+    for b2 in bounds:
+        exact.need(~bad & (lo <= b2 * (1 + MARGIN)) & (hi >= b2 * (1 - MARGIN)))
+    surely_in = (lo > bounds[0] * (1 + MARGIN)) & (hi < bounds[1] * (1 - MARGIN))
+    exact_in = (exact.norms >= lower * med) & (exact.norms <= upper * med)
+    s1 = ~bad & torch.where(exact.known, exact_in, surely_in)
+    exact.hi = hi
+    return med, bad, s1, exact
 
 
 def sign_features(sub: Tensor) -> Tensor:
@@ -162,10 +246,15 @@ class SignGuard(Aggregator):
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
         d = x.shape[1]
         xc = as_compute_dtype(x)
-        bad = row_norms(xc)[1]
-        norms = float64_row_norms(xc, bad)  # the same norms for a float16/32/64 copy: the filter's ties too
-        med = median_norm(norms, bad)
-        s1 = ~bad & (norms >= self.lower * med) & (norms <= self.upper * med)
+        decided = norm_filter(xc, self.lower, self.upper)
+        if decided is None:  # bad rows reach the median: every norm in float64 (the median is +inf)
+            bad = row_sqnorm_estimates(xc)[1]
+            full = float64_row_norms(xc, bad)
+            med = median_norm(full, bad)
+            s1 = ~bad & (full >= self.lower * med) & (full <= self.upper * med)
+        else:
+            med, bad, s1, exact = decided
+        bad, s1 = bad.to(x.device), s1.to(x.device)
         k = max(1, int(self.subsample * d))
         if k < d:
             idx = torch.randperm(d, generator=random_source(context, self._generator))[:k].sort().values.to(x.device)
@@ -178,5 +267,6 @@ class SignGuard(Aggregator):
         kept = s1 & s2
         if not bool(kept.any()):
             kept = s1
+        norms = full if decided is None else exact.clip_norms(kept, med).to(x.device)
         out, share = clipped_mean(xc, kept, norms, bad, med)
         return out.to(x.dtype), (share if want_contributions else None)
