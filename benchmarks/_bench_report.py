@@ -68,11 +68,11 @@ def build_rows(settings: list[tuple[dict[str, Any], list[dict[str, Any]]]]) -> l
     out: list[list[Row]] = []
     for st, cases in settings:
         label = setting_label(st)
-        floors = [rec["floor"] for rec in cases if rec.get("floor")]
+        floors = [rec["floor_parts"]["pass"] for rec in cases if rec.get("floor_parts")]
         floor = statistics.median(floors) if floors else st.get("floor")
         rows: list[Row] = []
         for i, rec in enumerate(cases):
-            head = f"{label}\nfloor {fmt_time(floor)}" if i == 0 else ""
+            head = f"{label}\npass {fmt_time(floor)}" if i == 0 else ""
             rows.append(_row(head, label, rec, rec.get("floor") or floor))
         if st.get("worker_error"):
             rows.append(Row(f"{label}" if not rows else "", "(worker)", st["worker_error"], {}, "", "", "", "", "",
@@ -125,7 +125,7 @@ def _row(head: str, label: str, rec: dict[str, Any], floor: float | None) -> Row
         fastest = f"{best_name} {fmt_time(best_t)}"
         speedup = f"{ratio:.2f}×"
     xfloor = ph_t / floor if floor else None
-    floor_txt = f"{xfloor:.1f}×" if xfloor is not None else ""
+    floor_txt = f"{xfloor:.1f}× ({rec.get('floor_kind', 'pass')})" if xfloor is not None else ""
     if candidates:
         target_ok = ratio >= SPEEDUP_TARGET
         if rec.get("coordinatewise") and xfloor is not None:

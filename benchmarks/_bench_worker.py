@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+import _bench_floors
 from _bench_peers import Peer, Setting, build_peers, peer_versions
 
 CAP_S = 20.0
@@ -332,6 +333,7 @@ def run_case(case: Case, s: Setting, x_ref: torch.Tensor, reps: int, peers_on: b
             rec["traceback"] = traceback.format_exc(limit=4)
         return rec
     rec["status"] = "ok"
+    rec["floor_plan"] = _bench_floors.plan(case.spec, pparams, lambda: ph_call(s.x))
     rec["phalanx"] = {"time": t.time, "times": t.times, "single": t.single, "warmup": t.warmup, "note": t.note}
     if not torch.equal(s.x, x_ref):
         rec["notes"].append("Phalanx MODIFIED ITS INPUT")
@@ -496,10 +498,12 @@ def run_setting(
         if case.optional and not phalanx_known(case.spec):
             continue
         t0 = time.perf_counter()
-        case_floor = floor_time(s, reps=10)
         rec = run_case(case, s, x_ref, reps, peers_on, limit)
         rec["type"] = "case"
-        rec["floor"] = case_floor
+        floor_plan = rec.get("floor_plan") or _bench_floors.plan(case.spec, {})
+        rec["floor_kind"] = _bench_floors.label(floor_plan)
+        rec["floor_parts"] = _bench_floors.measure(s.x, floor_plan)
+        rec["floor"] = rec["floor_parts"]["floor"]
         emit(rec)
         if s.n * s.d >= 10**7:
             gc.collect()

@@ -33,6 +33,10 @@ def test_quick_benchmark_prints_every_rule(capsys: pytest.CaptureFixture[str], t
     # the baseline always exists: its row has a time and a ratio to the streaming floor
     assert re.search(r"\d+(\.\d+)? (µs|ms|s)", rows["mean"].split("│")[3])
     assert re.search(r"\d+(\.\d+)?×", rows["mean"])
+    # every ratio names its own floor (benchmarks/_bench_floors.py): tests/test_bench_floors.py checks the table
+    for rule, kind in [("mean", "(pass)"), ("krum", "(gemm)"), ("cc", "(passes(3))"), ("nnm>mean", "(gemm+pass)")]:
+        assert kind in rows[rule], rows[rule]
+    assert re.search(r"geomed .*× \(passes\(\d+\)\)", out)
     text = md.read_text()
     assert "| `cwtm` |" in text and "| `mean` |" in text
     assert "max \\|Δ\\| vs Phalanx" in text

@@ -1,0 +1,108 @@
+"""Each rule's own floor: the least memory traffic (or arithmetic) its definition needs, timed in the worker.
+
+A rule's ``× floor`` is its time over the time of the work its definition cannot avoid on an ``(n, d)`` float32
+input, measured in the same process under the same load:
+
+* ``pass`` — one streaming pass, ``x.sum(0)``: coordinate-wise rules (cwmed, cwtm, meamed, signmaj, rlr), norm and
+  clipping rules (clip, arc, cge, signguard, fltrust), averaging pre-aggregators (bucketing), and rules whose
+  extra work is on a small subsample or history (dnc, fldetector);
+* ``passes(k)`` — ``k`` passes for ``k``-iteration rules: ``cc`` (``k`` = its ``iterations``) and ``geomed``
+  (``k`` = the Weiszfeld iterations the call ran, counted once outside the timing: each iteration takes one
+  ``torch.dot``, counted under a ``TorchFunctionMode``);
+* ``gemm`` — the Gram matrix ``x·xᵀ`` (``torch.mm``), for rules defined on all pairwise distances or cosines
+  (krum, multikrum, mda, bulyan, nnm, monna — a benchmark case shown when registered —, clippedclustering, flame,
+  foolsgold, caf, smea).
+
+A chain (``nnm>mean``) has the sum of its components' floors (``gemm+pass``). A rule not in :data:`FLOOR_KINDS`
+(a plug-in, a new rule) gets one pass and is labelled ``pass (undeclared)``. A floor is a declared lower bound of
+the work, not a claim that the rule could reach it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+FLOOR_KINDS: dict[str, str] = {
+    **dict.fromkeys(["mean", "cwmed", "cwtm", "meamed", "signmaj", "rlr", "fltrust", "signguard", "cge", "clip",
+                     "arc", "bucketing", "dnc", "fldetector"], "pass"),
+    **dict.fromkeys(["cc", "geomed"], "passes"),
+    **dict.fromkeys(["krum", "multikrum", "mda", "bulyan", "nnm", "monna", "clippedclustering", "flame", "foolsgold",
+                     "caf", "smea"], "gemm"),
+}
+"""Floor kind of every registered rule and pre-aggregator (``tests/test_bench_floors.py`` checks the registry)."""
+
+UNDECLARED = "pass (undeclared)"
+
+
+class _CountDots(TorchFunctionMode):
+    """Counts ``torch.dot`` calls (one per Weiszfeld iteration of ``geomed``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.dot:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def components(spec: str) -> list[str]:
+    """Names of the components of a spec (``nnm>mean`` → ``["nnm", "mean"]``; parameters dropped)."""
+    return [part.split("(")[0].split(":")[0].strip() for part in spec.split(">")]
+
+
+def plan(spec: str, params: dict[str, Any], call: Callable[[], Any] | None = None) -> list[tuple[str, int]]:
+    """The floor of ``spec`` as ``[(kind, k), ...]`` (summed), ``k`` the number of passes of a ``passes`` kind.
+
+    ``params`` are the rule's flattened parameters (``iterations`` of cc); ``call`` runs the rule once (untimed) to
+    count geomed's iterations.
+    """
+    out = []
+    for name in components(spec):
+        kind = FLOOR_KINDS.get(name, UNDECLARED)
+        k = 1
+        if name == "cc":
+            k = int(params.get("iterations", 1))
+        elif name == "geomed" and call is not None:
+            with _CountDots() as counter:
+                call()
+            k = max(1, counter.count)
+        out.append((kind, k))
+    return out
+
+
+def label(floor_plan: list[tuple[str, int]]) -> str:
+    """``pass``, ``passes(3)``, ``gemm+pass``, ``pass (undeclared)``."""
+    return "+".join(f"passes({k})" if kind == "passes" else kind for kind, k in floor_plan)
+
+
+def _median_time(fn: Callable[[], Any], reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(x: torch.Tensor, floor_plan: list[tuple[str, int]], reps: int = 10) -> dict[str, float]:
+    """Seconds of the floor of ``floor_plan`` on ``x``, with its parts: ``{"floor", "pass", "gemm"?}``.
+
+    ``pass`` is the median of ``reps`` calls of ``x.sum(0)``; ``gemm`` the median of ``max(3, reps // 3)`` calls of
+    ``torch.mm(x, x.T)`` (timed only when a component needs it); ``passes(k)`` is ``k`` × pass.
+    """
+    parts = {"pass": _median_time(lambda: x.sum(0), reps)}
+    if any(kind == "gemm" for kind, _ in floor_plan):
+        parts["gemm"] = _median_time(lambda: torch.mm(x, x.T), max(3, reps // 3))
+    total = 0.0
+    for kind, k in floor_plan:
+        total += parts["gemm"] if kind == "gemm" else k * parts["pass"]
+    return {"floor": total, **parts}

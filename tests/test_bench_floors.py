@@ -1,0 +1,73 @@
+"""Each aggregator row of ``make bench`` is compared with its own floor (benchmarks/_bench_floors.py, issue 37).
+
+No timing is asserted: the tests check which floor every rule gets and that the report prints it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _scripts import load_script
+
+load_script("benchmarks/aggregators.py", "phalanx_bench_aggregators")  # puts benchmarks/ on sys.path
+
+import _bench_floors  # noqa: E402
+from _bench_report import build_rows  # noqa: E402
+from _bench_worker import CASES  # noqa: E402
+from phalanx.aggregators import make, registry  # noqa: E402
+
+
+def undeclared(kinds: dict[str, str]) -> list[str]:
+    """Registered rules and pre-aggregators without a floor kind in ``kinds``."""
+    return [name for name in registry.names() if name not in kinds]
+
+
+def test_every_registered_rule_has_a_floor_kind() -> None:
+    assert undeclared(_bench_floors.FLOOR_KINDS) == []
+    assert set(_bench_floors.FLOOR_KINDS.values()) <= {"pass", "passes", "gemm"}
+
+
+def test_a_rule_left_out_of_the_table_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutant: krum dropped from the table. The registry check names it, and the benchmark labels it undeclared
+    (one pass) instead of silently comparing it with one pass."""
+    kinds = dict(_bench_floors.FLOOR_KINDS)
+    del kinds["krum"]
+    assert undeclared(kinds) == ["krum"]
+    monkeypatch.setattr(_bench_floors, "FLOOR_KINDS", kinds)
+    assert _bench_floors.label(_bench_floors.plan("krum", {})) == "pass (undeclared)"
+
+
+def test_plans_of_the_benchmarked_cases() -> None:
+    plans = {case.key: _bench_floors.label(_bench_floors.plan(case.spec, {"iterations": 3})) for case in CASES}
+    assert plans["cwmed"] == "pass" and plans["signguard"] == "pass"
+    assert plans["krum"] == plans["bulyan"] == plans["mda"] == "gemm"
+    assert plans["cc"] == "passes(3)"
+    assert plans["nnm>mean"] == "gemm+pass"
+    assert not any("undeclared" in p for p in plans.values())
+
+
+def test_geomed_passes_are_its_weiszfeld_iterations() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(9, 200, generator=g)
+    short, long = make("geomed", 2, max_iter=2), make("geomed", 2, max_iter=50)
+    assert _bench_floors.plan("geomed", {}, lambda: short(x)) == [("passes", 2)]
+    k = _bench_floors.plan("geomed", {}, lambda: long(x))[0][1]
+    assert 2 < k <= 50
+
+
+def test_measure_sums_the_parts() -> None:
+    x = torch.randn(4, 1000)
+    m = _bench_floors.measure(x, [("gemm", 1), ("passes", 3)], reps=3)
+    assert m["floor"] == m["gemm"] + 3 * m["pass"]
+    assert "gemm" not in _bench_floors.measure(x, [("pass", 1)], reps=3)
+
+
+def test_report_prints_the_floor_kind_beside_each_ratio() -> None:
+    setting = {"n": 20, "d": 10**4, "f": 4, "threads": 1}
+    cases = [{"rule": rule, "status": "ok", "phalanx": {"time": 2e-3}, "peers": [], "floor": 1e-3,
+              "floor_kind": kind, "floor_parts": {"pass": 1e-3, "floor": 1e-3}}
+             for rule, kind in [("krum", "gemm"), ("cc", "passes(3)"), ("plugin", "pass (undeclared)")]]
+    rows = build_rows([(setting, cases)])[0]
+    assert [r.floor for r in rows] == ["2.0× (gemm)", "2.0× (passes(3))", "2.0× (pass (undeclared))"]
+    assert rows[0].setting.endswith("pass 1 ms")  # the one-pass time stays in the setting cell
