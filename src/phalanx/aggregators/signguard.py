@@ -199,9 +199,13 @@ class SignGuard(Aggregator):
     than the bandwidth from every cluster centre) are dropped, so on honest, noisy gradients SignGuard typically
     averages only half to two thirds of the rows.
 
-    Ties: the norms are summed in float64 from the input values (exact squares for float16/32 inputs), so a
-    float32 and a float64 copy of the same input keep the same rows, also when a norm meets a bound with equality
-    in exact arithmetic (such a row is kept or dropped by float64 rounding, the same for every input dtype).
+    Ties: every decision is the one the norms summed in float64 from the input values take (exact squares for
+    float16/32 inputs), so a float32 and a float64 copy of the same input keep the same rows, also when a norm
+    meets a bound with equality in exact arithmetic (such a row is kept or dropped by float64 rounding, the same
+    for every input dtype). Cost: one streaming pass bounds every norm (:func:`norm_filter`); the float64 norm is
+    taken only on the rows whose interval leaves a decision open and on the kept rows that are clipped, so output,
+    contributions and gradient are bit-identical to taking every norm in float64
+    (``tests/test_signguard.py::test_one_pass_norm_filter_matches_float64_norms``).
 
     Robustness conventions (ours): bad rows (NaN/Inf or an overflowing norm) count as +inf in the median and
     never pass the norm filter. If :math:`S_1 \cap S_2` is empty the rule falls back to :math:`S_1` (which
