@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -60,12 +61,12 @@ class BASGD(Asynchronous):
         return self.buffers
 
     def full(self, workers: int, order: Tensor, accepted: Tensor) -> int:
-        """The shortest prefix in which every buffer has an accepted update."""
-        pos = torch.arange(order.numel())
-        first = torch.full((self.buffers,), order.numel(), dtype=torch.int64)
-        first = first.scatter_reduce(0, buffer_of(order[accepted], self.buffers), pos[accepted], "amin")
-        end = int(first.max()) + 1
-        return end if end <= order.numel() else 0
+        """The shortest prefix in which every buffer has an accepted update: one past the latest of the buffers' first
+        accepted positions, 0 when a buffer has none (in NumPy on the CPU tensors' views: a per-step cost)."""
+        pos = np.flatnonzero(accepted.detach().cpu().numpy())
+        hit = order.detach().cpu().numpy()[pos] % self.buffers
+        _, first = np.unique(hit, return_index=True)  # each buffer's first accepted delivery, among the accepted
+        return int(pos[first].max()) + 1 if first.size == self.buffers else 0
 
     def assemble(self, run: Run, ids: Tensor, updates: Tensor, staleness: Tensor) -> tuple[Tensor, None, Tensor]:
         """Row b is buffer b's mean; a buffer is Byzantine-touched when a Byzantine update is in it (at most as many

@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -150,6 +151,13 @@ class Clock:
         self.byz[workers - byzantine:] = byzantine > 0
         self.instant = self.byz & (timing != "honest")  # a time attacker takes no time: it chooses when to deliver
         self.first = self.byz & (timing in ("always_first", "replay"))  # served first at a tie
+        # the per-step work runs in NumPy on zero-copy views of the state's tensors (a step's few small operations
+        # on n entries cost less there than as torch calls); the masks as arrays, and the tie order of the
+        # always-first workers (their indices, then the others', each ascending) computed once
+        self._byz, self._instant = self.byz.numpy(), self.instant.numpy()
+        self._ahead: np.ndarray | None = None
+        if byzantine and bool(self.first.any()):
+            self._ahead = np.argsort((~self.first).numpy().astype(np.int8), kind="stable")
 
     def durations(self, speed: Tensor) -> Tensor:
         """How long each worker's update takes: 1/vᵢ (0 for a Byzantine worker that attacks the clock)."""
@@ -164,65 +172,75 @@ class Clock:
     def order(self, arrival: Tensor) -> Tensor:
         """The workers in delivery order: by arrival time, then always-first ones, then by index (a stable lexical
         sort, so the order is a function of the state alone)."""
-        if not self.b or not bool(self.first.any()):  # nobody is served first at a tie: one sort, the same order
-            return torch.argsort(arrival, stable=True)
-        order = torch.argsort((~self.first).to(torch.int8), stable=True)
-        return order[torch.argsort(arrival[order], stable=True)]
+        return torch.from_numpy(self._order(_np(arrival)))
+
+    def _order(self, arrival: np.ndarray) -> np.ndarray:
+        """:meth:`order` on a NumPy view: a stable sort is one permutation whatever sorts it (no NaN: a state's
+        arrival times are finite, :meth:`check_state`)."""
+        if self._ahead is None:  # nobody is served first at a tie: one sort, the same order
+            return np.argsort(arrival, kind="stable")
+        return self._ahead[np.argsort(arrival[self._ahead], kind="stable")]
 
     def collect(self, state: dict[str, Tensor], t: int, full: Any) -> Step:
         """The deliveries of server step t: in delivery order, up to the first prefix whose accepted updates make the
         buffer full — ``full(ids, accepted)`` returns that prefix's length, given every worker in delivery order and
-        whether its update is within the staleness bound."""
-        order = self.order(state["arrival"])
+        whether its update is within the staleness bound (CPU tensors)."""
+        arrival, version = _np(state["arrival"]), _np(state["version"])
+        order = self._order(arrival)
         if self.timing == "last_slot":
-            order = self.before_last(order, t - state["version"], full)
+            order = self.before_last(order, t - version, full)
         elif self.timing == "at_bound":
-            order = self.held(order, t - state["version"])
-        versions = state["version"][order]
+            order = self.held(order, t - version)
+        versions = version[order]
         staleness = t - versions
         accepted = staleness <= self.bound
-        end = int(full(order, accepted))
+        end = int(full(torch.from_numpy(order), torch.from_numpy(accepted)))
         if not 0 < end <= self.n:  # cannot happen (the module's docstring argues why): a defect, said so
             raise RuntimeError(f"the simulated clock found no full buffer at step {t}")
         taken, ok = order[:end], accepted[:end]
-        time = max(float(state["stats"][0]), float(state["arrival"][taken[-1]]))
+        time = max(float(_np(state["stats"])[0]), float(arrival[taken[-1]]))
         if bool(ok.all()):  # nothing dropped (the usual step): the prefix as it is, no masked copies
-            return Step(taken, versions[:end], staleness[:end], taken[:0], time)
-        return Step(taken[ok], versions[:end][ok], staleness[:end][ok], taken[~ok], time)
+            return Step(torch.from_numpy(taken), torch.from_numpy(versions[:end]), torch.from_numpy(staleness[:end]),
+                        torch.from_numpy(taken[:0]), time)
+        return Step(torch.from_numpy(taken[ok]), torch.from_numpy(versions[:end][ok]),
+                    torch.from_numpy(staleness[:end][ok]), torch.from_numpy(taken[~ok]), time)
 
-    def before_last(self, order: Tensor, staleness: Tensor, full: Any) -> Tensor:
+    def before_last(self, order: np.ndarray, staleness: np.ndarray, full: Any) -> np.ndarray:
         """``last_slot``: the deliveries that fill the buffer with the Byzantine ones served last — the honest ones but
         the last, then the Byzantine ones, then the rest: the buffer's last place goes to a Byzantine update."""
-        is_b = self.byz[order]
+        is_b = self._byz[order]
         honest, byz = order[~is_b], order[is_b]
-        merged = torch.cat([honest, byz])
-        end = int(full(merged, staleness[merged] <= self.bound))
-        if not byz.numel() or not 0 < end <= honest.numel():  # the buffer needs them anyway (or cannot fill)
+        merged = np.concatenate([honest, byz])
+        end = int(full(torch.from_numpy(merged), torch.from_numpy(staleness[merged] <= self.bound)))
+        if not byz.size or not 0 < end <= honest.size:  # the buffer needs them anyway (or cannot fill)
             return merged
-        return torch.cat([honest[: end - 1], byz, honest[end - 1:]])
+        return np.concatenate([honest[: end - 1], byz, honest[end - 1:]])
 
-    def held(self, order: Tensor, staleness: Tensor) -> Tensor:
+    def held(self, order: np.ndarray, staleness: np.ndarray) -> np.ndarray:
         """``at_bound``: the Byzantine updates exactly S versions old (or older) first, then the honest deliveries,
         then the Byzantine updates still being held."""
-        is_b = self.byz[order]
+        is_b = self._byz[order]
         ready = is_b & (staleness[order] >= self.bound)
-        return torch.cat([order[ready], order[~is_b], order[is_b & ~ready]])
+        return np.concatenate([order[ready], order[~is_b], order[is_b & ~ready]])
 
     def advance(self, state: dict[str, Tensor], t: int, step: Step, byzantine_rows: int) -> dict[str, Tensor]:
-        """The state after step t: every worker that delivered starts on version t + 1 at the step's time; the stats
-        updated (the totals, and the step's own)."""
-        arrival, version = state["arrival"].clone(), state["version"].clone()
-        went = torch.cat([step.ids, step.dropped]) if step.dropped.numel() else step.ids
-        arrival[went] = step.time + self.durations(state["speed"])[went]
+        """The state after step t: every worker that delivered starts on version t + 1 at the step's time, taking
+        1/vᵢ (0 for a time attacker: :meth:`durations`); the stats updated (the totals, and the step's own)."""
+        arrival, version = _np(state["arrival"]).copy(), _np(state["version"]).copy()
+        ids, dropped = _np(step.ids), _np(step.dropped)
+        went = np.concatenate([ids, dropped]) if dropped.size else ids
+        arrival[went] = step.time + np.where(self._instant[went], 0.0, 1.0 / _np(state["speed"])[went])
         version[went] = t + 1
-        old = state["stats"].tolist()
-        k = int(step.ids.numel())
-        byz = int((step.ids >= self.n - self.b).sum()) if self.b else 0
-        s = step.staleness.to(torch.float64)
-        stats = torch.tensor([step.time, old[1] + step.dropped.numel(), old[2] + k, old[3] + byz,
-                              float(s.mean()) if k else 0.0, float(s.max()) if k else 0.0, byz / k if k else 0.0,
-                              float(step.dropped.numel()), float(byzantine_rows)], dtype=torch.float64)
-        return {"speed": state["speed"], "arrival": arrival, "version": version, "stats": stats}
+        old = _np(state["stats"]).tolist()
+        k = int(ids.size)
+        byz = int(np.count_nonzero(ids >= self.n - self.b)) if self.b else 0
+        s = _np(step.staleness)
+        # staleness is integral: its sum is exact, so sum / k is the float64 mean, correctly rounded
+        stats = torch.tensor([step.time, old[1] + dropped.size, old[2] + k, old[3] + byz,
+                              int(s.sum()) / k if k else 0.0, float(s.max()) if k else 0.0, byz / k if k else 0.0,
+                              float(dropped.size), float(byzantine_rows)], dtype=torch.float64)
+        return {"speed": state["speed"], "arrival": torch.from_numpy(arrival), "version": torch.from_numpy(version),
+                "stats": stats}
 
     def check_state(self, state: dict[str, Tensor]) -> None:
         """Refuse a clock state this clock cannot continue from (another population, a corrupted time)."""
@@ -236,6 +254,11 @@ class Clock:
         if not (bool(torch.isfinite(state["arrival"]).all()) and bool((state["speed"] > 0).all())):
             raise ConfigError("start", "a clock state with a non-finite arrival or a speed <= 0",
                               "finite arrival times and speeds > 0")
+
+
+def _np(x: Tensor) -> np.ndarray:
+    """A CPU tensor's NumPy view (no copy); another device's, copied to the CPU."""
+    return x.detach().cpu().numpy()
 
 
 def columns(stats: Tensor) -> dict[str, Any]:

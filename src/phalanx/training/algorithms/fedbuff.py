@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -60,9 +61,10 @@ class FedBuff(Asynchronous):
         return self.buffer_size
 
     def full(self, workers: int, order: Tensor, accepted: Tensor) -> int:
-        """The first K accepted deliveries (and the dropped ones among them)."""
-        reached = torch.nonzero(torch.cumsum(accepted.to(torch.int64), 0) >= self.buffer_size)
-        return int(reached[0, 0]) + 1 if reached.numel() else 0
+        """The first K accepted deliveries (and the dropped ones among them): one past the K-th accepted position, 0
+        when fewer than K are accepted (in NumPy on the CPU mask's view: a per-step cost, :mod:`~phalanx.training.algorithms.clock`)."""
+        where = np.flatnonzero(accepted.detach().cpu().numpy())
+        return int(where[self.buffer_size - 1]) + 1 if where.size >= self.buffer_size else 0
 
     def assemble(self, run: Run, ids: Tensor, updates: Tensor, staleness: Tensor) -> tuple[Tensor, list[int], Tensor]:
         """Row i is w(sᵢ)·Δᵢ, worker ``ids[i]``'s; the Byzantine rows are its Byzantine updates."""
