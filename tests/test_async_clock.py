@@ -150,6 +150,7 @@ def test_the_clock_is_the_torch_clock_on_random_states(timing: str, byzantine: i
             order = torch.randperm(n, generator=gen)
             ok = torch.rand(n, generator=gen) < 0.7
             assert algo.full(n, order, ok) == ref_full(order, ok)
+            clock._head = int(torch.randint(1, n + 1, (), generator=gen))  # a leading part of any length first
             assert agree(clock, ref, state, t, algo, ref_full), (timing, trial, algo)
 
 
@@ -166,10 +167,14 @@ def test_a_run_of_the_clock_is_the_torch_runs_at_scale() -> None:
         dropped = 0
         for t in range(60):
             assert agree(clock, ref, state, t, algo, ref_full)
-            step = clock.collect(state, t, lambda o, a: algo.full(n, o, a))
+            step = clock.collect(state, t, algo_full(algo, n))
             dropped += int(step.dropped.numel())
             state = clock.advance(state, t, step, 0)
         assert dropped > 0  # the bound was played
+
+
+def algo_full(algo: Asynchronous, n: int) -> Callable[[Tensor, Tensor], int]:
+    return lambda o, a: algo.full(n, o, a)
 
 
 class Unstable(Clock):
@@ -177,6 +182,14 @@ class Unstable(Clock):
 
     def _order(self, arrival: np.ndarray) -> np.ndarray:
         return self.n - 1 - np.argsort(arrival[::-1], kind="stable")
+
+
+class NoTies(Clock):
+    """Mutant: the leading part is exactly the m earliest (a partition), cutting through a tie at its boundary."""
+
+    def _leading(self, arrival: np.ndarray, m: int) -> np.ndarray:
+        due = np.argpartition(arrival, m - 1)[:m]
+        return due[np.lexsort((due, arrival[due]))]
 
 
 class StaleMean(Clock):
@@ -207,7 +220,8 @@ class FullCountsDrops(FedBuff):
 
 
 @pytest.mark.parametrize(("mutant", "algo", "timing"), [
-    (Unstable, FedBuff(buffer_size=3), "always_first"), (StaleMean, FedBuff(buffer_size=3), "honest"),
+    (Unstable, FedBuff(buffer_size=3), "always_first"), (NoTies, FedBuff(buffer_size=3), "honest"),
+    (StaleMean, FedBuff(buffer_size=3), "honest"),
     (LateArrival, BASGD(buffers=4), "last_slot"), (Clock, FullCountsDrops(buffer_size=3), "honest")])
 def test_the_comparison_catches_a_clock_that_is_not_the_torch_one(mutant: type[Clock], algo: Asynchronous,
                                                                    timing: str) -> None:
@@ -218,7 +232,10 @@ def test_the_comparison_catches_a_clock_that_is_not_the_torch_one(mutant: type[C
     clock = mutant(workers=n, byzantine=3, max_staleness=1, timing=timing)
     ref = TorchClock(workers=n, byzantine=3, max_staleness=1, timing=timing)
     ref_full = ref_fedbuff_full(3) if isinstance(algo, FedBuff) else ref_basgd_full(4)
-    results = [agree(clock, ref, random_state(gen, n, trial % 7, 1), trial % 7, algo, ref_full) for trial in range(40)]
+    results = []
+    for trial in range(40):
+        clock._head = int(torch.randint(1, n + 1, (), generator=gen))
+        results.append(agree(clock, ref, random_state(gen, n, trial % 7, 1), trial % 7, algo, ref_full))
     assert not all(results)
 
 

@@ -149,7 +149,9 @@ class Asynchronous(RoundAlgorithm):
     @abstractmethod
     def full(self, workers: int, order: Tensor, accepted: Tensor) -> int:
         """How many of the deliveries, in delivery order (``order``: worker indices; ``accepted``: within the
-        staleness bound), the step takes: the shortest prefix whose accepted updates fill the buffer."""
+        staleness bound), the step takes: the shortest prefix whose accepted updates fill the buffer, 0 when none
+        does. A function of that prefix alone: the clock may pass only a leading part of the order first
+        (:meth:`~phalanx.training.algorithms.clock.Clock.collect`)."""
 
     @abstractmethod
     def assemble(self, run: Run, ids: Tensor, updates: Tensor, staleness: Tensor) -> tuple[Tensor, list[int] | None,
@@ -306,8 +308,8 @@ class AsyncWorkers:
         ring[t % slots] = theta.detach()
         state = {k: own[k] for k in CLOCK_KEYS}
         step = self.clock.collect(state, t, lambda order, ok: algo.full(self.n, order, ok))
-        byz_mask = step.ids >= self.honest_n
-        if self.b and bool(byz_mask.any()):  # the honest updates first, then the Byzantine ones
+        byz_mask = step.ids >= self.honest_n if self.b else None
+        if byz_mask is not None and bool(byz_mask.any()):  # the honest updates first, then the Byzantine ones
             honest, byz = step.ids[~byz_mask], step.ids[byz_mask]
             stale = torch.cat([step.staleness[~byz_mask], step.staleness[byz_mask]])
             versions = torch.cat([step.versions[~byz_mask], step.versions[byz_mask]])

@@ -155,7 +155,11 @@ class Clock:
         # on n entries cost less there than as torch calls); the masks as arrays, and the tie order of the
         # always-first workers (their indices, then the others', each ascending) computed once
         self._byz, self._instant = self.byz.numpy(), self.instant.numpy()
+        self._first = self.first.numpy()
         self._ahead: np.ndarray | None = None
+        self._head = 16
+        """How much of the order :meth:`collect` sorts first (twice the last step's prefix; speed only, never the
+        result)."""
         if byzantine and bool(self.first.any()):
             self._ahead = np.argsort((~self.first).numpy().astype(np.int8), kind="stable")
 
@@ -183,20 +187,37 @@ class Clock:
 
     def collect(self, state: dict[str, Tensor], t: int, full: Any) -> Step:
         """The deliveries of server step t: in delivery order, up to the first prefix whose accepted updates make the
-        buffer full — ``full(ids, accepted)`` returns that prefix's length, given every worker in delivery order and
-        whether its update is within the staleness bound (CPU tensors)."""
+        buffer full — ``full(ids, accepted)`` returns that prefix's length, given the workers in delivery order and
+        whether each update is within the staleness bound (CPU tensors), 0 when they do not fill it.
+
+        Where the order is by arrival alone (every timing but ``last_slot`` and ``at_bound``, which reorder the whole
+        of it), only its leading part is sorted first — the workers due no later than the m-th earliest arrival, m
+        twice the last step's prefix — and ``full`` sees that part: the buffer's prefix is a function of the prefix
+        alone (:meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.full`), so a part that fills it gives
+        the whole order's answer, and one that does not (0) is followed by the whole order."""
         arrival, version = _np(state["arrival"]), _np(state["version"])
-        order = self._order(arrival)
-        if self.timing == "last_slot":
-            order = self.before_last(order, t - version, full)
-        elif self.timing == "at_bound":
-            order = self.held(order, t - version)
-        versions = version[order]
-        staleness = t - versions
-        accepted = staleness <= self.bound
-        end = int(full(torch.from_numpy(order), torch.from_numpy(accepted)))
+        order: np.ndarray | None = None
+        if self._head < self.n and self.timing not in ("last_slot", "at_bound"):
+            order = self._leading(arrival, self._head)
+            versions = version[order]
+            staleness = t - versions
+            accepted = staleness <= self.bound
+            end = int(full(torch.from_numpy(order), torch.from_numpy(accepted)))
+            if not 0 < end <= order.size:
+                order = None
+        if order is None:
+            order = self._order(arrival)
+            if self.timing == "last_slot":
+                order = _np(self.before_last(torch.from_numpy(order), torch.from_numpy(t - version), full))
+            elif self.timing == "at_bound":
+                order = _np(self.held(torch.from_numpy(order), torch.from_numpy(t - version)))
+            versions = version[order]
+            staleness = t - versions
+            accepted = staleness <= self.bound
+            end = int(full(torch.from_numpy(order), torch.from_numpy(accepted)))
         if not 0 < end <= self.n:  # cannot happen (the module's docstring argues why): a defect, said so
             raise RuntimeError(f"the simulated clock found no full buffer at step {t}")
+        self._head = max(16, 2 * end)
         taken, ok = order[:end], accepted[:end]
         time = max(float(_np(state["stats"])[0]), float(arrival[taken[-1]]))
         if bool(ok.all()):  # nothing dropped (the usual step): the prefix as it is, no masked copies
@@ -205,23 +226,33 @@ class Clock:
         return Step(torch.from_numpy(taken[ok]), torch.from_numpy(versions[:end][ok]),
                     torch.from_numpy(staleness[:end][ok]), torch.from_numpy(taken[~ok]), time)
 
-    def before_last(self, order: np.ndarray, staleness: np.ndarray, full: Any) -> np.ndarray:
+    def _leading(self, arrival: np.ndarray, m: int) -> np.ndarray:
+        """The leading part of :meth:`_order`: every worker due no later than the m-th earliest arrival (ties
+        included, so it is a prefix of the whole order), in the same order."""
+        due = np.flatnonzero(arrival <= np.partition(arrival, m - 1)[m - 1])  # ascending index
+        if self._ahead is not None:  # the always-first ones ahead, each side by index
+            due = due[np.argsort(~self._first[due], kind="stable")]
+        return due[np.argsort(arrival[due], kind="stable")]
+
+    def before_last(self, order: Tensor, staleness: Tensor, full: Any) -> Tensor:
         """``last_slot``: the deliveries that fill the buffer with the Byzantine ones served last — the honest ones but
         the last, then the Byzantine ones, then the rest: the buffer's last place goes to a Byzantine update."""
-        is_b = self._byz[order]
-        honest, byz = order[~is_b], order[is_b]
+        o = _np(order)
+        is_b = self._byz[o]
+        honest, byz = o[~is_b], o[is_b]
         merged = np.concatenate([honest, byz])
-        end = int(full(torch.from_numpy(merged), torch.from_numpy(staleness[merged] <= self.bound)))
+        end = int(full(torch.from_numpy(merged), torch.from_numpy(_np(staleness)[merged] <= self.bound)))
         if not byz.size or not 0 < end <= honest.size:  # the buffer needs them anyway (or cannot fill)
-            return merged
-        return np.concatenate([honest[: end - 1], byz, honest[end - 1:]])
+            return torch.from_numpy(merged)
+        return torch.from_numpy(np.concatenate([honest[: end - 1], byz, honest[end - 1:]]))
 
-    def held(self, order: np.ndarray, staleness: np.ndarray) -> np.ndarray:
+    def held(self, order: Tensor, staleness: Tensor) -> Tensor:
         """``at_bound``: the Byzantine updates exactly S versions old (or older) first, then the honest deliveries,
         then the Byzantine updates still being held."""
-        is_b = self._byz[order]
-        ready = is_b & (staleness[order] >= self.bound)
-        return np.concatenate([order[ready], order[~is_b], order[is_b & ~ready]])
+        o = _np(order)
+        is_b = self._byz[o]
+        ready = is_b & (_np(staleness)[o] >= self.bound)
+        return torch.from_numpy(np.concatenate([o[ready], o[~is_b], o[is_b & ~ready]]))
 
     def advance(self, state: dict[str, Tensor], t: int, step: Step, byzantine_rows: int) -> dict[str, Tensor]:
         """The state after step t: every worker that delivered starts on version t + 1 at the step's time, taking
@@ -236,9 +267,10 @@ class Clock:
         byz = int(np.count_nonzero(ids >= self.n - self.b)) if self.b else 0
         s = _np(step.staleness)
         # staleness is integral: its sum is exact, so sum / k is the float64 mean, correctly rounded
-        stats = torch.tensor([step.time, old[1] + dropped.size, old[2] + k, old[3] + byz,
-                              int(s.sum()) / k if k else 0.0, float(s.max()) if k else 0.0, byz / k if k else 0.0,
-                              float(dropped.size), float(byzantine_rows)], dtype=torch.float64)
+        stats = torch.from_numpy(np.array([step.time, old[1] + dropped.size, old[2] + k, old[3] + byz,
+                                           int(s.sum()) / k if k else 0.0, float(s.max()) if k else 0.0,
+                                           byz / k if k else 0.0, float(dropped.size), float(byzantine_rows)],
+                                          dtype=np.float64))
         return {"speed": state["speed"], "arrival": torch.from_numpy(arrival), "version": torch.from_numpy(version),
                 "stats": stats}
 
@@ -258,7 +290,10 @@ class Clock:
 
 def _np(x: Tensor) -> np.ndarray:
     """A CPU tensor's NumPy view (no copy); another device's, copied to the CPU."""
-    return x.detach().cpu().numpy()
+    try:
+        return x.numpy()
+    except (RuntimeError, TypeError):  # on another device, or part of a graph
+        return x.detach().cpu().numpy()
 
 
 def columns(stats: Tensor) -> dict[str, Any]:

@@ -62,7 +62,8 @@ class FedBuff(Asynchronous):
 
     def full(self, workers: int, order: Tensor, accepted: Tensor) -> int:
         """The first K accepted deliveries (and the dropped ones among them): one past the K-th accepted position, 0
-        when fewer than K are accepted (in NumPy on the CPU mask's view: a per-step cost, :mod:`~phalanx.training.algorithms.clock`)."""
+        when fewer than K are accepted (in NumPy on the CPU mask's view: a per-step cost,
+        :mod:`~phalanx.training.algorithms.clock`)."""
         where = np.flatnonzero(accepted.detach().cpu().numpy())
         return int(where[self.buffer_size - 1]) + 1 if where.size >= self.buffer_size else 0
 
