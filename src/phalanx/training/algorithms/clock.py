@@ -35,7 +35,9 @@ steps earlier (older than the bound), re-sent as the worker's fresh update
 it sent the worker, never a tag the update carries: the replay is recorded as fresh, and the bound does not see it.
 
 Everything is tensors (checkpointed with the run, :meth:`Clock.state`): ``speed (n,)``, ``arrival (n,)`` float64,
-``version (n,)`` int64, and ``stats`` float64 — a resumed run's clock is the uninterrupted one's, bit for bit.
+``version (n,)`` int64, and ``stats`` float64 — a resumed run's clock is the uninterrupted one's, bit for bit. A
+step's work on them runs in NumPy on zero-copy views (a few small operations on n entries cost less there than as
+torch calls), the torch computation's result bit for bit (tests/test_async_clock.py).
 """
 
 from __future__ import annotations
