@@ -71,7 +71,7 @@ class TorchClock(Clock):
         end = int(full(order, accepted))
         assert 0 < end <= self.n
         taken, ok = order[:end], accepted[:end]
-        time = max(float(state["stats"][0]), float(state["arrival"][taken[-1]]))
+        time = max(float(state["stats"][0]), float(state["arrival"][taken].max()))  # (fixed with the clock: below)
         return Step(taken[ok], versions[:end][ok], staleness[:end][ok], taken[~ok], time)
 
     def advance(self, state: dict[str, Tensor], t: int, step: Step, byzantine_rows: int) -> dict[str, Tensor]:
@@ -250,8 +250,8 @@ PINNED: dict[str, tuple[Callable[[], Asynchronous], str, list[float]]] = {
                              "50cdb8baea1a2779a883ff12922d6ab6",
                              [3.4690510573178037, 2.0, 80.0, 40.0, 1.0, 3.0, 0.5, 0.0, 2.0]),
     "fedbuff-last_slot": (lambda: FedBuff(buffer_size=3, max_staleness=2, byzantine_timing="last_slot"),
-                          "1b14cd6f6b9ab7423aae0e96944754e0",
-                          [0.0, 30.0, 60.0, 20.0, 0.0, 0.0, 0.3333333333333333, 6.0, 1.0]),
+                          "e7428bccc28ba97e527128cf5d1a093a",  # (re-pinned: time no longer runs back)
+                          [5.131851740628985, 11.0, 60.0, 20.0, 1.0, 2.0, 0.3333333333333333, 0.0, 1.0]),
     "fedbuff-at_bound": (lambda: FedBuff(buffer_size=4, max_staleness=2, byzantine_timing="at_bound"),
                          "79c5434e393116755f16abe2f8f1bc0f",
                          [8.726729920134886, 1.0, 80.0, 12.0, 1.0, 2.0, 0.0, 0.0, 0.0]),
@@ -261,8 +261,8 @@ PINNED: dict[str, tuple[Callable[[], Asynchronous], str, list[float]]] = {
     "basgd-always_first": (lambda: BASGD(buffers=5, max_staleness=1, byzantine_timing="always_first"),
                            "e9d4a836b4c16d6f25a83b8d6f61ee7f",
                            [24.44462966018101, 1.0, 160.0, 40.0, 0.0, 0.0, 0.25, 0.0, 2.0]),
-    "basgd-last_slot": (lambda: BASGD(buffers=3, byzantine_timing="last_slot"), "1b14cd6f6b9ab7423aae0e96944754e0",
-                        [0.0, 18.0, 60.0, 20.0, 0.0, 0.0, 0.3333333333333333, 0.0, 1.0]),
+    "basgd-last_slot": (lambda: BASGD(buffers=3, byzantine_timing="last_slot"), "84d89efda5190e39062c5639a642e9ae",
+                        [5.7092917863232495, 0.0, 94.0, 32.0, 1.25, 3.0, 0.25, 0.0, 1.0]),
     "fedbuff-constant": (lambda: FedBuff(buffer_size=3, max_staleness=1, speeds="constant",
                                          byzantine_timing="always_first"), "2d485d3146fa193a89e0f95313b8bc12",
                          [10.0, 30.0, 60.0, 40.0, 0.3333333333333333, 1.0, 0.6666666666666666, 0.0, 2.0]),
@@ -285,3 +285,26 @@ def test_runs_end_where_the_torch_clock_ended_them(name: str) -> None:
     theta = loop.state.theta.detach().contiguous().numpy().tobytes()
     assert hashlib.sha256(theta).hexdigest()[:32] == digest
     assert loop.state.own["stats"].tolist() == stats
+
+
+@pytest.mark.parametrize("timing", ["last_slot", "at_bound"])
+def test_a_time_attackers_order_never_runs_the_clock_back(timing: str) -> None:
+    """A step's time is its latest delivery: under ``last_slot`` an instant Byzantine update is served *after* honest
+    ones that arrived later, and the clock once took the last in order — the attacker's instant — as the step's time,
+    so simulated time stayed at 0 for a whole run while honest updates were taken before they arrived. Every update a
+    step takes has arrived by the step's time, and time advances; the old rule (the mutant) runs it back here."""
+    loop = Loop(experiment(FedBuff(buffer_size=3, max_staleness=2, byzantine_timing=timing), rounds=20, seed=3))
+    loop.run()
+    assert float(loop.state.own["stats"][0]) > 0.0
+    n, algo = 10, FedBuff(buffer_size=3, max_staleness=2, byzantine_timing=timing)
+    clock = Clock(workers=n, byzantine=2, max_staleness=2, timing=timing)
+    state = clock.start(torch.rand(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64) + 0.5)
+    mutant_ran_back = False
+    for t in range(12):
+        step = clock.collect(state, t, lambda order, ok: algo.full(n, order, ok))
+        arrival = state["arrival"]
+        assert bool((arrival[step.ids] <= step.time).all()), (t, step)
+        mutant = max(float(state["stats"][0]), float(arrival[step.ids[-1]]))
+        mutant_ran_back |= mutant < float(arrival[step.ids].max())
+        state = clock.advance(state, t, step, int((step.ids >= n - 2).sum()))
+    assert mutant_ran_back or timing == "at_bound"

@@ -221,7 +221,9 @@ class Clock:
             raise RuntimeError(f"the simulated clock found no full buffer at step {t}")
         self._head = max(16, 2 * end)
         taken, ok = order[:end], accepted[:end]
-        time = max(float(_np(state["stats"])[0]), float(arrival[taken[-1]]))
+        # The latest delivery taken, not the last in order: a time attacker's order (last_slot, at_bound) puts an
+        # instant Byzantine delivery after honest ones that arrive later — time must not run back to it.
+        time = max(float(_np(state["stats"])[0]), float(arrival[taken].max()))
         if bool(ok.all()):  # nothing dropped (the usual step): the prefix as it is, no masked copies
             return Step(torch.from_numpy(taken), torch.from_numpy(versions[:end]), torch.from_numpy(staleness[:end]),
                         torch.from_numpy(taken[:0]), time)
