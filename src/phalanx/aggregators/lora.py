@@ -39,7 +39,7 @@ from torch import Tensor
 from phalanx.aggregators.base import Aggregator, RuleTags
 from phalanx.errors import ConfigError
 
-__all__ = ["MODES", "AdapterUpdates", "LoraBlock", "LoraLayout", "refactor", "updates_of"]
+__all__ = ["MODES", "AdapterUpdates", "LoraBlock", "LoraLayout", "imbalance", "refactor", "updates_of"]
 
 MODES = ("factors", "update", "shared")
 """Where the rule acts on adapters (module docstring)."""
@@ -127,20 +127,42 @@ def updates_of(x: Tensor, theta: Tensor, blk: LoraBlock, sign: int = -1) -> Tens
     return torch.baddbmm((b @ a).neg().expand(n, -1, -1), bi, ai).reshape(n, -1)
 
 
+def imbalance(b: Tensor, a: Tensor) -> float:
+    """``c`` with ``c² = tr(AAᵀ − BᵀB) / r`` (0 when that is negative or not finite), in float64: the scalar that
+    gradient flow on the pair (A, B) keeps constant (below, :func:`refactor`). At peft's start (B = 0) it is A's
+    root-mean-square row norm."""
+    c2 = (float(a.double().pow(2).sum()) - float(b.double().pow(2).sum())) / max(a.shape[0], 1)
+    return c2**0.5 if c2 > 0 and c2 != float("inf") else 0.0
+
+
 def refactor(m: Tensor, rank: int, scale: float) -> tuple[Tensor, Tensor]:
-    """``(B′, A′)`` with ``B′A′`` the best rank-``rank`` approximation of ``m`` (truncated SVD, Eckart & Young 1936):
-    ``A′ = c·V_rᵀ`` (orthonormal rows times ``scale`` = c, so A keeps its size from round to round) and
-    ``B′ = U_r Σ_r / c``."""
+    """``(B′, A′)`` with ``B′A′`` the best rank-``rank`` approximation of ``m`` (truncated SVD, Eckart & Young 1936),
+    split so that ``A′A′ᵀ − B′ᵀB′ = c²I`` (``scale`` = c ≥ 0).
+
+    A product has many factorisations, (BG⁻¹, GA); which one the clients start from sets how fast they learn. Local
+    gradient steps on (A, B) keep ``AAᵀ − BᵀB`` constant (gradient flow exactly: Du, Hu & Lee, NeurIPS 2018, §2,
+    balancedness of linear layers), and peft starts at B = 0, where it is ``A₀A₀ᵀ``. So with ``m = UΣVᵀ``:
+    ``A′ = S V_rᵀ``, ``B′ = U_r Σ_r S⁻¹`` with ``s_k² = (c² + √(c⁴ + 4σ_k²)) / 2`` — the one diagonal split with
+    ``s_k² − σ_k²/s_k² = c²``. At σ_k = 0 it is ``A′ = c·V_rᵀ``, ``B′ = 0`` (LoRA's B = 0 start); for σ_k ≫ c² it is
+    the balanced ``√σ_k`` on both sides. Each column of B′ has norm ``σ_k/s_k ≤ √σ_k`` and each row of A′ norm
+    ``s_k ≥ c``: no division by a small number. (Keeping ``A′ = c·V_rᵀ`` and putting all of Σ in B — this
+    module's first version — makes a client's step on A scale with ‖B‖ ∝ σ: the product's next change grows like
+    σ², and mode ``update`` diverged where ``factors`` learned; docs/lora.md, "Why mode update learned little".)"""
     u, s, vh = torch.linalg.svd(m, full_matrices=False)
-    c = scale if scale > 0 and scale == scale and scale != float("inf") else 1.0
-    return u[:, :rank] * (s[:rank] / c), vh[:rank] * c
+    c = scale if scale > 0 and scale != float("inf") else 0.0
+    sig = s[:rank].double()  # float64: 4σ² and c⁴ of a float32 update cannot overflow here
+    c2 = torch.full_like(sig, c * c)
+    split = ((c2 + torch.sqrt(c2 * c2 + 4 * sig * sig)) / 2).sqrt()  # s_k ≥ max(c, √σ_k)
+    col = torch.where(split > 0, sig / torch.where(split > 0, split, 1.0), 0.0)
+    return u[:, :rank] * col.to(m.dtype), vh[:rank] * split.to(m.dtype)[:, None]
 
 
 class AdapterUpdates(Aggregator):
     """Mode ``update``: ``rule`` on every adapted layer's update ΔWᵢ = BᵢAᵢ − BA, re-factorised to rank r.
 
     For each block of ``layout``: ``ΔW* = rule(ΔW₁, …, ΔWₙ)`` (rows of ``d_out·d_in``), ``(B′, A′) =``
-    :func:`refactor` ``(BA + ΔW*, r, c)`` with c the root-mean-square row norm of the current A, and the output's
+    :func:`refactor` ``(BA + ΔW*, r, c)`` with c² = tr(AAᵀ − BᵀB)/r of the current factors (:func:`imbalance`,
+    kept from round to round: the new factors have it again), and the output's
     coordinates of that block are ``sign·(new − θ)`` — so the server's step ``θ + sign·η·out`` lands exactly on
     (B′, A′) when η = 1 (SGD without momentum; another rate moves part of the way in factor space). The other
     coordinates (the head) get ``rule`` on their rows. Needs the current global vector: context key ``theta`` (the
@@ -233,8 +255,7 @@ class AdapterUpdates(Aggregator):
                 out[a_slice] = float("nan")
                 out[b_slice] = float("nan")
                 continue
-            scale = float(a.norm()) / blk.rank**0.5
-            b2, a2 = refactor(m, blk.rank, scale)
+            b2, a2 = refactor(m, blk.rank, imbalance(b, a))
             norm = float(m.norm())
             if norm > 0:
                 residual = max(residual, float((m - b2 @ a2).norm()) / norm)
