@@ -155,7 +155,8 @@ def test_factors_mode_is_the_rule_on_every_factor_and_trims_the_scaled_adapter(p
 
 def test_update_mode_refactorises_the_rules_layer_update_and_trims_the_scaled_adapter(peft_arrays: Arrays) -> None:
     """``update``: per layer, B′A′ is the best rank-4 approximation of BA + cwtm(BᵢAᵢ − BA) (an SVD computed here in
-    float64, not Phalanx's), and A′ has orthonormal rows times c. Against the Byzantine 10³-scaled adapter the layer's
+    float64, not Phalanx's), split with the balance of the start: A′A′ᵀ − B′ᵀB′ = c²I (docs/lora.md).
+    Against the Byzantine 10³-scaled adapter the layer's
     step stays within the honest products' spread of the honest mean update; the mutant rule (mean) moves it by
     more than 10³ times that spread."""
     w = peft_arrays
@@ -170,9 +171,11 @@ def test_update_mode_refactorises_the_rules_layer_update_and_trims_the_scaled_ad
         u, sv, vh = np.linalg.svd(target)
         best = (u[:, :4] * sv[:4]) @ vh[:4]
         np.testing.assert_allclose(product(got, a_key), best, rtol=0, atol=_tol(float(np.abs(target).max())))
-        a = got[a_key].astype(np.float64)
-        gram = a @ a.T
-        np.testing.assert_allclose(gram, gram[0, 0] * np.eye(4), rtol=0, atol=_tol(float(gram[0, 0])))
+        a, b = got[a_key].astype(np.float64), got[a_key.replace("lora_A", "lora_B")].astype(np.float64)
+        a0, b0 = w[a_key].astype(np.float64), w[a_key.replace("lora_A", "lora_B")].astype(np.float64)
+        balance = a @ a.T - b.T @ b  # the global factors' balance c² = tr(A₀A₀ᵀ − B₀ᵀB₀)/r (0 if negative) is kept
+        c2 = max(float((a0**2).sum() - (b0**2).sum()) / 4, 0.0)
+        np.testing.assert_allclose(balance, c2 * np.eye(4), rtol=0, atol=_tol(float(np.abs(a @ a.T).max())))
         honest_mean = base + dw[:4].mean(0).reshape(base.shape)
         spread = float(np.abs(dw[:4] - dw[:4].mean(0)).max())  # cwtm's ΔW* and the mean lie in the honest range
         assert np.abs(product(got, a_key) - honest_mean).max() <= 2 * spread + np.abs(target - best).max() + _tol(1.0)

@@ -215,6 +215,7 @@ def test_update_mode_is_the_best_rank_r_approximation_and_factor_mode_is_not_the
     assert float((b3 @ a3 - (b @ a + mean_update)).norm()) > 1e-3
 
 
+@pytest.mark.parametrize("garbage", [float("nan"), float("inf"), 1e38])
 def test_update_mode_survives_f_garbage_rows_and_the_mean_reports_them(garbage: float) -> None:
     lay = _layout()
     theta, x = _clients(9, lay)
