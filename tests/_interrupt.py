@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,3 +31,16 @@ def train_interrupted(cfg: RunConfig, out: Path, stop: int) -> Path:
     with pytest.raises(_Stopped):
         train(cfg, out, callbacks=[_StopAt(stop)])
     return out
+
+
+def whole_and_resumed(cfg: RunConfig, tmp_path: Path, stop: int) -> tuple[dict[str, Any], dict[str, Any], Path]:
+    """``cfg`` trained once without a stop (into ``tmp_path/whole``) and once stopped after round ``stop`` and resumed
+    (``tmp_path/resumed``): both final checkpoints (tensor by key) and the resumed run's directory."""
+    from safetensors.torch import load_file
+
+    train(cfg, tmp_path / "whole")
+    part = train_interrupted(cfg, tmp_path / "resumed", stop=stop)
+    train(cfg, part)
+    whole = load_file(str(next((tmp_path / "whole").glob("**/checkpoint.safetensors"))))
+    resumed = load_file(str(next(part.glob("**/checkpoint.safetensors"))))
+    return whole, resumed, part

@@ -10,12 +10,11 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
-from tests._interrupt import train_interrupted
+from tests._interrupt import whole_and_resumed
 
 from phalanx import aggregators, attacks, data, models
 from phalanx.errors import ConfigError
-from phalanx.experiments import make_config, train
+from phalanx.experiments import make_config
 from phalanx.training import Experiment, Loop
 from phalanx.training.algorithms.asynchronous import Asynchronous, replayed
 from phalanx.training.algorithms.basgd import BASGD
@@ -177,11 +176,7 @@ def test_a_replay_run_resumes_bit_for_bit(tmp_path: Path) -> None:
                        "aggregator": "mean", "attack": "signflip", "algorithm": "fedbuff",
                        "algorithm_params": {"buffer_size": 3, "max_staleness": 2, "byzantine_timing": "replay"},
                        "rounds": 8, "eval_every": 4, "checkpoint_every": 4, "lr": 0.5, "seed": 4})
-    train(cfg, tmp_path / "whole")
-    part = train_interrupted(cfg, tmp_path / "resumed", stop=4)
-    train(cfg, part)
-    a = load_file(str(next((tmp_path / "whole").glob("**/checkpoint.safetensors"))))
-    b = load_file(str(next((tmp_path / "resumed").glob("**/checkpoint.safetensors"))))
+    a, b, _ = whole_and_resumed(cfg, tmp_path, stop=4)
     assert set(a) == set(b) and "algorithm.replay" in a
     for key in a:
         assert torch.equal(a[key], b[key]), key
