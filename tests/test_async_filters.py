@@ -55,7 +55,8 @@ def test_kardams_quantile_is_the_papers() -> None:
     assert dampening(torch.tensor([0, 2]), 0.5).tolist() == [1.0, math.exp(-1.0)]
 
 
-def kardam_after_honest_steps(algo: Kardam, steps: int = 8) -> tuple[Loop, Experiment]:
+def after_steps(algo: Kardam | ZenoPP, steps: int) -> tuple[Loop, Experiment]:
+    """A run of ``algo`` opened and stepped ``steps`` server steps (one more round configured), and its experiment."""
     exp = experiment(algo, rounds=steps + 1)
     loop = Loop(exp)
     loop.open()
@@ -85,7 +86,7 @@ def test_kardam_rejects_a_scaled_update_and_its_mutant_does_not() -> None:
     scaled by 10 (its coefficient is far above the (n − f)/n quantile). The mutant — a filter that accepts
     everything (K̂ = ∞) — admits the scaled one."""
     algo = Kardam(buffer_size=4, filter_f=2, speeds="constant")
-    loop, exp = kardam_after_honest_steps(algo)
+    loop, exp = after_steps(algo, 8)
     g = honest_gradient(loop, exp)
     assert judge(algo, loop, exp, g) and not judge(algo, loop, exp, 10 * g)
     assert not judge(algo, loop, exp, torch.full_like(g, float("nan")))
@@ -126,20 +127,13 @@ def test_zenos_score_is_the_papers() -> None:
     assert scores(g, v, 0.1).tolist() == pytest.approx([-25.0 - 2.5, 0.0])
 
 
-def zeno_after_steps(algo: ZenoPP, steps: int = 5) -> tuple[Loop, Experiment]:
-    exp = experiment(algo, rounds=steps + 1)
-    loop = Loop(exp)
-    loop.open()
-    for _ in range(steps):
-        loop.step()
-    return loop, exp
 
 
 def test_zeno_rejects_a_sign_flipped_update_and_its_mutant_does_not() -> None:
     """Zeno++ admits an honest gradient and rejects the same gradient sign-flipped (its validation score is
     negative, below −ε). The mutant ε = 10⁶ (a test that cannot fail) admits it."""
     algo = ZenoPP(buffer_size=4, speeds="constant")
-    loop, exp = zeno_after_steps(algo)
+    loop, exp = after_steps(algo, 5)
     g = honest_gradient(loop, exp)
     assert judge(algo, loop, exp, g) and not judge(algo, loop, exp, -g)
     assert judge(ZenoPP(buffer_size=4, speeds="constant", epsilon=1e6), loop, exp, -g)
@@ -149,7 +143,7 @@ def test_zeno_with_rho_zero_admits_what_barely_descends() -> None:
     """ρ > 0 demands a sufficient descent: an update that is almost orthogonal to the validation gradient (cos ≈
     0.001: noise with a trace of descent) is rejected with ρ = 0.01 and admitted by the mutant ρ = 0."""
     algo = ZenoPP(buffer_size=4, speeds="constant", rho=0.01)
-    loop, exp = zeno_after_steps(algo)
+    loop, exp = after_steps(algo, 5)
     v = algo.gradient(exp, loop.state.theta)  # what the step at the current θ scores against (refresh = 1)
     noise = torch.randn(v.shape, generator=torch.Generator().manual_seed(0), dtype=v.dtype)
     noise -= (noise @ v) / (v @ v) * v  # orthogonal to v
@@ -172,7 +166,7 @@ def test_zenos_validation_gradient_is_lazy() -> None:
     """With ``refresh = 3`` the validation gradient is recomputed only at steps 0, 3, 6 …: after step 4 it is the one
     computed at θ₃."""
     algo = ZenoPP(buffer_size=3, refresh=3, speeds="constant")
-    loop, exp = zeno_after_steps(algo, steps=3)
+    loop, exp = after_steps(algo, steps=3)
     theta3 = loop.state.theta.clone()
     loop.step()
     loop.step()
