@@ -17,6 +17,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "phalanx"
 
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
+    "files": set(),  # the one atomic write: below everything that writes a file
     "validate": {"errors"},
     "plugins": {"errors", "validate"},
     "aggregators": {"errors", "plugins", "validate"},
@@ -26,12 +27,12 @@ ALLOWED: dict[str, set[str]] = {
     "models": {"errors", "plugins", "validate", "hub"},
     "analysis": {"aggregators", "errors", "validate"},
     "testing": {"aggregators", "attacks", "errors"},
-    "signing": {"errors"},
+    "signing": {"errors", "files"},
     "online": {"errors", "validate"},
     "training": {"aggregators", "attacks", "data", "models", "analysis", "decentralized", "errors", "online",
                  "plugins", "validate"},
     "experiments": {"training", "aggregators", "attacks", "data", "models", "analysis", "errors", "plugins", "signing",
-                    "decentralized", "hub",
+                    "files", "decentralized", "hub",
                     "validate", "__init__"},
     "studies": {"experiments", "aggregators", "attacks", "analysis", "data", "decentralized", "errors", "hub",
                 "plugins"},  # attacks, hub: the LoRA study checks its attack names and reads its tokenizer
@@ -40,7 +41,8 @@ ALLOWED: dict[str, set[str]] = {
     "cli": {"distributed", "studies", "experiments", "training", "aggregators", "attacks", "data", "models", "analysis",
             "signing", "hub", "errors", "plugins", "validate", "executor_cli", "decentralized", "__init__"},
     "executor_cli": {"experiments", "errors"},
-    "flower": {"aggregators", "attacks", "errors", "validate"},  # attacks: the Byzantine clients (flower/byzantine.py)
+    # attacks: the Byzantine clients (flower/byzantine.py); files: their exchange of updates
+    "flower": {"aggregators", "attacks", "errors", "files", "validate"},
     "decentralized": {"aggregators", "attacks", "errors", "validate", "plugins"},
     "__init__": {"errors"},
 }

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from phalanx import cli
+from phalanx import cli, files
 from phalanx.experiments import grid, plots, report, runner, store
 from phalanx.studies import hbn, tension
 
@@ -51,8 +51,8 @@ def test_atomic_writes_get_the_mode_of_a_plain_open(tmp_path: Path, mask: int) -
 
 
 def test_file_mode_without_proc_uses_the_umask_read_at_import(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(store, "_proc_umask", lambda: None)
-    monkeypatch.setattr(store, "_UMASK_AT_IMPORT", 0o027)
+    monkeypatch.setattr(files, "_proc_umask", lambda: None)
+    monkeypatch.setattr(files, "_UMASK_AT_IMPORT", 0o027)
     assert store.file_mode() == 0o640
     store.atomic_write_bytes(tmp_path / "b.bin", b"x")
     assert _mode(tmp_path / "b.bin") == 0o640

@@ -43,6 +43,7 @@ from types import ModuleType
 from typing import Any
 
 from phalanx.errors import ConfigError, PhalanxError
+from phalanx.files import write_atomic
 
 __all__ = [
     "CURVES",
@@ -166,37 +167,11 @@ def _hashing_config(hashing: ModuleType, run: Path) -> Any:
 
 def _write_new(path: Path, payload: bytes, mode: int) -> None:
     """Write ``path`` atomically with permissions ``mode``, never replacing an existing file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:
-            os.link(tmp, path)  # atomic, and fails if the file appeared meanwhile
-        except FileExistsError:
-            raise
-        except OSError:  # a file system without hard links
-            if path.exists():
-                raise FileExistsError(str(path)) from None
-            os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    write_atomic(path, payload, mode, exclusive=True)
 
 
 def _write_atomic(path: Path, payload: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, payload, 0o644)
 
 
 def keygen(

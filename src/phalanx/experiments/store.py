@@ -40,7 +40,6 @@ import json
 import os
 import platform
 import re
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -58,43 +57,8 @@ from phalanx.experiments import checkpoint, runfiles
 from phalanx.experiments.config import MAX_ROWS, RESULT_NEUTRAL_KEYS
 from phalanx.experiments.runfiles import damaged
 from phalanx.experiments.runfiles import reason as _reason
+from phalanx.files import file_mode, temporary, write_atomic
 from phalanx.training.state import Snapshot
-
-
-def _proc_umask() -> int | None:
-    """The process's umask as ``/proc/self/status`` reports it (Linux 4.7 and later), or None where it cannot."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8) & 0o777
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _umask_at_import() -> int:
-    """The umask when this module is imported: from ``/proc`` where it can be read, else set and restored at once —
-    ``os.umask`` is the only portable way to read it, and it changes the whole process's umask for a moment, which is
-    safe here only because module import runs before any thread of Phalanx writes files."""
-    mask = _proc_umask()
-    if mask is None:
-        mask = os.umask(0o022)
-        os.umask(mask)
-    return mask
-
-
-_UMASK_AT_IMPORT = _umask_at_import()
-
-
-def file_mode() -> int:
-    """The permissions a new file of ours gets: those of ``open(path, "w")``, ``0o666 & ~umask``.
-
-    The umask is read now from ``/proc/self/status`` where it is available (Linux), so a process that changes its
-    umask is followed, without the set-and-restore of ``os.umask`` (process-wide, not thread-safe); elsewhere it is
-    the umask read once when the module was imported."""
-    mask = _proc_umask()
-    return 0o666 & ~(_UMASK_AT_IMPORT if mask is None else mask)
 
 
 @contextmanager
@@ -116,23 +80,14 @@ def make_dir(path: Path) -> Path:
 
 
 def atomic_write_bytes(path: Path, payload: bytes, mode: int | None = None) -> None:
-    """Write a file so that readers see the old or the new content, never a torn one; an :class:`OutputError` if it
-    cannot be written (the old content then stays, and no temporary file). ``mode``: the file's permissions (default
-    what ``open(path, "w")`` would give; 0o600 for a private key, which is never readable by others, not even
-    while it is written: the temporary file is created 0600)."""
+    """Write a file so that readers see the old or the new content, never a torn one
+    (:func:`phalanx.files.write_atomic`), creating its directory; an :class:`OutputError` if it cannot be written
+    (the old content then stays, and no temporary file). ``mode``: the file's permissions (default what
+    ``open(path, "w")`` would give; 0o600 for a private key, which is never readable by others, not even while it is
+    written: the temporary file is created 0600)."""
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                os.fchmod(fh.fileno(), file_mode() if mode is None else mode)  # mkstemp's 0600 → what open() gives
-                fh.write(payload)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, payload, mode)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -189,18 +144,7 @@ def write_artifact(out: Path, name: str, payload: bytes) -> None:
     """Write ``out/name`` atomically and record its digest in the manifest before it replaces the old file."""
     path = out / name
     with writing(path):
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                os.fchmod(fh.fileno(), file_mode())
-                fh.write(payload)
-                fh.flush()
-                os.fsync(fh.fileno())
-            _record(out, name, hashlib.sha256(payload).hexdigest())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, payload, before_replace=lambda _: _record(out, name, hashlib.sha256(payload).hexdigest()))
 
 
 def _install(out: Path, name: str, tmp: str) -> None:
@@ -379,19 +323,13 @@ def save_checkpoint(out: Path, snap: Snapshot, provenance: Provenance | None = N
     if provenance is not None:
         digest = hashlib.sha256(payload).hexdigest() if payload else None
         meta["provenance"] = provenance(state.round, runfiles.tensors_digest(tensors), digest)
-    with writing(path):
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=".checkpoint.", suffix=".tmp")
-        os.close(fd)
+    with writing(path), temporary(path) as tmp:
         try:
-            try:
-                save_file(tensors, tmp, metadata=meta)
-            except SafetensorError as exc:  # its I/O errors come as text ("… (os error 28)"): the OSError
-                raise checkpoint.os_error(exc) from None
-            checkpoint.check_written(path, tmp, set(tensors))
-            _install(out, path.name, tmp)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+            save_file(tensors, str(tmp), metadata=meta)
+        except SafetensorError as exc:  # its I/O errors come as text ("… (os error 28)"): the OSError
+            raise checkpoint.os_error(exc) from None
+        checkpoint.check_written(path, str(tmp), set(tensors))
+        _install(out, path.name, str(tmp))
     return path
 
 
@@ -457,34 +395,24 @@ def write_parquet(path: Path, rows: list[dict[str, Any]]) -> None:
     """Write rows to Parquet through DuckDB (atomically: a temporary file, then a rename)."""
     import duckdb
 
-    tmp_json = tmp = ""
-    try:
-        with writing(path):
-            fd, tmp_json = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".jsonl.tmp")
-            with os.fdopen(fd, "w") as fh:
-                fh.write("".join(json.dumps(r) + "\n" for r in rows))
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            os.close(fd)
-            con = duckdb.connect()
-            try:
-                con.execute(
-                    f"COPY (SELECT * FROM read_json_auto('{tmp_json}', format='newline_delimited')) TO '{tmp}' "
-                    "(FORMAT parquet)"
-                )
-            except duckdb.IOException as exc:
-                raise OutputError(str(path), _reason(exc), "fix that (free space, permissions), then run the same "
-                                  "command again") from None
-            finally:
-                con.close()
-            if (path.parent / MANIFEST).exists():  # a run directory's: recorded like every file it writes
-                _install(path.parent, path.name, tmp)
-            else:
-                os.chmod(tmp, file_mode())
-                os.replace(tmp, path)
-    finally:
-        for name in (tmp_json, tmp):
-            if name:
-                Path(name).unlink(missing_ok=True)
+    with writing(path), temporary(path, ".jsonl.tmp") as tmp_json, temporary(path) as tmp:
+        tmp_json.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        con = duckdb.connect()
+        try:
+            con.execute(
+                f"COPY (SELECT * FROM read_json_auto('{tmp_json}', format='newline_delimited')) TO '{tmp}' "
+                "(FORMAT parquet)"
+            )
+        except duckdb.IOException as exc:
+            raise OutputError(str(path), _reason(exc), "fix that (free space, permissions), then run the same "
+                              "command again") from None
+        finally:
+            con.close()
+        if (path.parent / MANIFEST).exists():  # a run directory's: recorded like every file it writes
+            _install(path.parent, path.name, str(tmp))
+        else:
+            os.chmod(tmp, file_mode())
+            os.replace(tmp, path)
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:

@@ -48,7 +48,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -64,6 +63,7 @@ from flwr.common.logger import log
 from phalanx import attacks
 from phalanx.attacks import Attack, AttackContext, DataAttack
 from phalanx.errors import ConfigError, PhalanxError
+from phalanx.files import write_atomic
 from phalanx.flower.replies import Layout, _flatten
 from phalanx.validate import check_choice, check_int, check_real
 
@@ -170,14 +170,8 @@ class Rendezvous:
         in time (``on_timeout="fail"``) or a file is not an update of the same length and dtype."""
         mine = self._path(run_id, server_round, self.index)
         mine.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{mine.name}.", suffix=".tmp", dir=mine.parent)  # O_EXCL, mode 0600
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.save(fh, own, allow_pickle=False)
-            os.replace(tmp, mine)  # a link planted at `mine` is replaced, never followed
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        # O_EXCL, mode 0600; a link planted at `mine` is replaced, never followed
+        write_atomic(mine, lambda fh: np.save(fh, own, allow_pickle=False), 0o600, sync=False)
         old = self._path(run_id, server_round - 2, self.index)
         old.unlink(missing_ok=True)
         paths = [self._path(run_id, server_round, i) for i in range(self.colluders)]
