@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import warnings
 from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, ClassVar, Generic, TypeVar, overload
@@ -150,11 +151,16 @@ class Registry(Generic[T]):
 
     ``kind`` is how the user names the kind in errors (``"aggregator"``), ``group`` the entry-point group
     (``"phalanx.aggregators"``), ``accept(obj, name)`` validates (or adapts) an object before it is handed out.
+    ``legacy_group``: an older group this kind was read from, still read (its entry points under the names the new
+    group does not have), each with a :class:`DeprecationWarning` naming the group to move to — the communication
+    graphs and the torchrun topologies shared ``phalanx.topologies`` until each got its own group.
     """
 
-    def __init__(self, kind: str, group: str, accept: Callable[[Any, str], T] | None = None) -> None:
+    def __init__(self, kind: str, group: str, accept: Callable[[Any, str], T] | None = None,
+                 legacy_group: str | None = None) -> None:
         self.kind = kind
         self.group = group
+        self.legacy_group = legacy_group
         self._accept = accept
         self._entries: dict[str, T] = {}
         self._entry_points: dict[str, EntryPoint] | None = None
@@ -184,7 +190,8 @@ class Registry(Generic[T]):
 
     def _eps(self) -> dict[str, EntryPoint]:
         if self._entry_points is None:
-            self._entry_points = {ep.name: ep for ep in entry_points(group=self.group)}
+            old = {ep.name: ep for ep in entry_points(group=self.legacy_group)} if self.legacy_group else {}
+            self._entry_points = old | {ep.name: ep for ep in entry_points(group=self.group)}
         return self._entry_points
 
     def names(self) -> list[str]:
@@ -210,10 +217,14 @@ class Registry(Generic[T]):
             return self._accept(obj, name) if self._accept else obj
         ep = self._eps().get(name) if isinstance(name, str) else None
         if ep is not None:
+            if ep.group != self.group:
+                warnings.warn(f"{self.kind} {name!r} is an entry point of the old group {ep.group}; register it "
+                              f"under {self.group} (the old group is read for now)", DeprecationWarning,
+                              stacklevel=2)
             try:
                 obj = ep.load()
             except Exception as exc:  # a broken plug-in: say which one
-                raise ConfigError(parameter, name, f"an entry point of {self.group} that loads ({exc!r})") from None
+                raise ConfigError(parameter, name, f"an entry point of {ep.group} that loads ({exc!r})") from None
             accepted = self._accept(obj, name) if self._accept else obj
             self._entries[name] = accepted
             return accepted

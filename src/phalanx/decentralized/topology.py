@@ -18,7 +18,8 @@ A graph is undirected, simple (no self-loops, no multi-edges) and — for everyt
 
 A builder is a function ``builder(n, **params) -> Graph``; :func:`register` adds one under a name, a
 ``module:attr`` spec names one in another module, and an installed package's entry point in the group
-``phalanx.topologies`` adds one for every process (:mod:`phalanx.plugins`).
+``phalanx.graphs`` adds one for every process (:mod:`phalanx.plugins`; the group ``phalanx.topologies``, which
+the torchrun topologies shared until each kind had its own, is still read with a deprecation warning).
 """
 
 from __future__ import annotations
@@ -192,7 +193,8 @@ def _accept(obj: Any, name: str) -> Callable[..., Graph]:
     return obj
 
 
-_REGISTRY: Registry[Callable[..., Graph]] = Registry("topology", "phalanx.topologies", _accept)
+_REGISTRY: Registry[Callable[..., Graph]] = Registry("topology", "phalanx.graphs", _accept,
+                                                      legacy_group="phalanx.topologies")
 
 
 def register(name: str) -> Callable[[B], B]:

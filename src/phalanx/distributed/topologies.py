@@ -10,7 +10,8 @@ Built in: ``server`` (:mod:`~phalanx.distributed.parameter_server`: rank 0 aggre
 :mod:`~phalanx.distributed.sealed`), ``serverless`` (:mod:`~phalanx.distributed.serverless`: every rank gathers
 every vector and aggregates) and ``gossip`` (:mod:`~phalanx.distributed.neighbours`: a rank per node of the graph).
 A topology of one's own subclasses :class:`Topology` and is registered (:func:`register`, or the
-``phalanx.topologies`` entry-point group).
+``phalanx.torchrun_topologies`` entry-point group; the old shared ``phalanx.topologies`` is still read, with a
+deprecation warning).
 """
 
 from __future__ import annotations

@@ -252,7 +252,7 @@ BUILT_IN_TOPOLOGIES = builtin.topologies()
 
 
 def check_topology(cfg: RunConfig, cls: type[RoundAlgorithm]) -> None:
-    """``topology``: a known name (built in, registered, an installed ``phalanx.topologies`` entry point) or a
+    """``topology``: a known name (built in, registered, an installed ``phalanx.torchrun_topologies`` entry point) or a
     ``module:attr`` spec; on the torchrun engine, a built-in one the algorithm runs on
     (:attr:`~phalanx.training.algorithms.base.RoundAlgorithm.topologies`). Whether a topology of one's own runs the
     algorithm is its own declaration, checked where it is built (``phalanx.distributed.topologies.check``, before

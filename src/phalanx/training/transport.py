@@ -80,8 +80,9 @@ class InProcess(Transport):
         return self.workers.streams()
 
 
-TOPOLOGIES: Registry[Any] = Registry("topology", "phalanx.topologies")
+TOPOLOGIES: Registry[Any] = Registry("topology", "phalanx.torchrun_topologies", legacy_group="phalanx.topologies")
 """The torchrun topologies — how the processes of a run carry its vectors — by name: the built-in ones and a
 user's own, registered by :func:`phalanx.distributed.topologies.register` (which checks what it registers) or as
-``phalanx.topologies`` entry points. Kept here, below both the config (which checks a ``topology`` name) and the
+``phalanx.torchrun_topologies`` entry points (the old shared group ``phalanx.topologies`` still read, with a
+deprecation warning). Kept here, below both the config (which checks a ``topology`` name) and the
 distributed package (which builds the topology)."""

@@ -1,0 +1,70 @@
+"""Communication graphs and torchrun topologies have their own entry-point groups (``phalanx.graphs``,
+``phalanx.torchrun_topologies``); the group they shared, ``phalanx.topologies``, is still read for both, with a
+deprecation warning naming the group to move to."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from phalanx.decentralized import topology
+from phalanx.plugins import Registry
+from phalanx.training import transport
+
+TARGET = "phalanx.decentralized.topology:ring"
+
+
+def _site(tmp_path: Path, groups: dict[str, dict[str, str]]) -> Path:
+    """A site directory with one installed distribution whose entry points are ``groups``."""
+    meta = tmp_path / "site" / "lab_plugins-0.1.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: lab-plugins\nVersion: 0.1\n")
+    lines = []
+    for group, entries in groups.items():
+        lines += [f"[{group}]", *(f"{name} = {target}" for name, target in entries.items())]
+    (meta / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    return tmp_path / "site"
+
+
+def test_the_two_kinds_read_two_groups() -> None:
+    graphs = topology._REGISTRY
+    assert (graphs.group, graphs.legacy_group) == ("phalanx.graphs", "phalanx.topologies")
+    assert (transport.TOPOLOGIES.group, transport.TOPOLOGIES.legacy_group) == (
+        "phalanx.torchrun_topologies", "phalanx.topologies")
+
+
+def test_a_graph_in_its_own_group_is_not_a_torchrun_topology(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(_site(tmp_path, {"phalanx.graphs": {"labring": TARGET}})))
+    graphs = Registry("topology", "phalanx.graphs", legacy_group="phalanx.topologies")
+    torchrun = Registry("topology", "phalanx.torchrun_topologies", legacy_group="phalanx.topologies")
+    assert "labring" in graphs.names() and "labring" not in torchrun.names()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new group: no warning
+        assert graphs.get("labring")(4).n == 4
+    # the mutant: both kinds on one group again — the graph shows up as a torchrun topology
+    shared = Registry("topology", "phalanx.graphs")
+    assert "labring" in shared.names()
+
+
+def test_the_old_group_is_still_read_with_a_deprecation_line(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(_site(tmp_path, {"phalanx.topologies": {"oldring": TARGET}})))
+    graphs = Registry("topology", "phalanx.graphs", legacy_group="phalanx.topologies")
+    assert "oldring" in graphs.names()
+    with pytest.warns(DeprecationWarning, match=r"old group phalanx\.topologies; register it under phalanx\.graphs"):
+        build = graphs.get("oldring")
+    assert build(5).n == 5
+    assert "oldring" not in Registry("topology", "phalanx.graphs").names()  # without the legacy group: not read
+
+
+def test_the_new_group_wins_over_the_old_for_one_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(_site(tmp_path, {
+        "phalanx.topologies": {"labring": "phalanx.decentralized.topology:complete"},
+        "phalanx.graphs": {"labring": TARGET}})))
+    graphs = Registry("topology", "phalanx.graphs", legacy_group="phalanx.topologies")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        graph = graphs.get("labring")(6)
+    assert graph.degrees.tolist() == [2] * 6  # the ring, not the complete graph
