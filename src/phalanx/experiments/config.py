@@ -23,6 +23,7 @@ from phalanx.experiments.components import processes
 from phalanx.experiments.schema import (
     DISTRIBUTED_KEYS,
     LATER_KEYS,
+    MAX_ROWS,
     RESULT_NEUTRAL_KEYS,
     Backend,
     Engine,
@@ -182,12 +183,6 @@ _FEDERATED_NORMS: dict[str, tuple[str, str]] = {
 }
 """The normalisations that only federated rounds in one process can train: why each needs ``algorithm = 'fedavg'``,
 and what it keeps in one process (so not on the torchrun engine yet)."""
-
-
-MAX_ROWS = 1_000_000
-"""The most metric rows one run may make (one per evaluated round, and round 0): a run keeps them in memory and
-rewrites ``metrics.jsonl`` with all of them at every checkpoint (0.38 kB a row in the default job's: about 0.4 GB at
-the bound)."""
 
 
 def _able(capability: str) -> str:

@@ -47,7 +47,7 @@ from typing import Any
 from phalanx import __version__, signing
 from phalanx.errors import PhalanxError
 from phalanx.experiments import runfiles, store
-from phalanx.experiments.config import RESULT_NEUTRAL_KEYS
+from phalanx.experiments.schema import RESULT_NEUTRAL_KEYS
 
 FORMAT = "phalanx/segment/v1"
 """The ``type`` of a segment statement."""

@@ -14,7 +14,7 @@ file                   bound                      what an honest one holds
                        most as deep as Python's
                        parser allows
 ``metrics.jsonl``      :data:`MAX_ROW_BYTES` a    a few hundred bytes a row (the row carries the config's
-                       line (16 MiB), at most     columns), at most :data:`~phalanx.experiments.config.MAX_ROWS`
+                       line (16 MiB), at most     columns), at most :data:`~phalanx.experiments.schema.MAX_ROWS`
                        ``MAX_ROWS + 1`` rows,     rows (+ round 0)
                        :data:`MAX_METRICS_BYTES`
                        (4 GiB) in all

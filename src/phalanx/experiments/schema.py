@@ -34,6 +34,12 @@ LATER_KEYS = (
 )
 """Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
 that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
+MAX_ROWS = 1_000_000
+"""The most metric rows one run may make (one per evaluated round, and round 0): a run keeps them in memory and
+rewrites ``metrics.jsonl`` with all of them at every checkpoint (0.38 kB a row in the default job's: about 0.4 GB at
+the bound)."""
+
+
 RESULT_NEUTRAL_KEYS = (
     "download", "sign_key", "verify_key", "device", "keys", "insecure", "tracking", "tracking_params",
 )

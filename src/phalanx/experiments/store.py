@@ -54,9 +54,9 @@ from safetensors.torch import load_file, save_file
 from phalanx import __version__
 from phalanx.errors import ConfigError, IntegrityError, OutputError
 from phalanx.experiments import checkpoint, runfiles
-from phalanx.experiments.config import MAX_ROWS, RESULT_NEUTRAL_KEYS
 from phalanx.experiments.runfiles import damaged
 from phalanx.experiments.runfiles import reason as _reason
+from phalanx.experiments.schema import MAX_ROWS, RESULT_NEUTRAL_KEYS
 from phalanx.files import file_mode, temporary, write_atomic
 from phalanx.training.state import Snapshot
 
@@ -424,7 +424,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 def rows_upto(path: Path, round_: int | None) -> tuple[list[dict[str, Any]], str | None]:
     """The metric rows of a run directory up to round ``round_`` (all: ``None``) and the SHA-256 of their lines as
     the file holds them (``None`` for no rows: what a provenance record compares). At most
-    :data:`~phalanx.experiments.config.MAX_ROWS` + 1 rows are read; a line longer than
+    :data:`~phalanx.experiments.schema.MAX_ROWS` + 1 rows are read; a line longer than
     :data:`~phalanx.experiments.runfiles.MAX_ROW_BYTES`, nested too deeply or not a row is one line naming the
     file."""
     metrics = path / "metrics.jsonl"
