@@ -45,12 +45,35 @@ class Component:
     """The paper that defines it (authors, title, venue, year, and the equation or algorithm used)."""
 
     def params(self) -> dict[str, Any]:
-        """The configuration (constructor arguments), for logs and manifests."""
-        return {}
+        """The configuration — the constructor's arguments, read from the attributes of the same names
+        (:func:`constructor_params`) — for logs, manifests and rebuilding the component (a rule's ``with_f``).
+        A component that keeps an argument under another name overrides this."""
+        return constructor_params(self)
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
         return f"{type(self).__name__}({args})"
+
+
+def constructor_params(obj: object) -> dict[str, Any]:
+    """``obj``'s configuration derived from its class's constructor (scikit-learn's ``get_params`` convention): each
+    named parameter of ``__init__`` (``*args``/``**kwargs`` skipped), in the signature's order, with the value of
+    the attribute of that name. A parameter kept under another name (or as a method's name) is a
+    :class:`TypeError` naming the class and the parameter — the author overrides ``params()`` then — rather than a
+    configuration that silently drops it."""
+    out: dict[str, Any] = {}
+    for name, p in list(inspect.signature(type(obj).__init__).parameters.items())[1:]:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        value = getattr(obj, name, _MISSING)
+        if value is _MISSING or inspect.ismethod(value):
+            raise TypeError(f"{type(obj).__name__}.params(): constructor parameter {name!r} is not kept as "
+                            f"self.{name}; keep it so, or override params()")
+        out[name] = value
+    return out
+
+
+_MISSING = object()
 
 
 def is_spec(name: str) -> bool:

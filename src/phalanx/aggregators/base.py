@@ -267,10 +267,6 @@ class _Component(Component, ABC):
             allowed = ", ".join(sorted(self.context_keys)) or "none"
             raise ConfigError("context", sorted(unknown), f"keyword arguments accepted by {self.name}: {allowed}")
 
-    def params(self) -> dict[str, Any]:
-        """The configuration of this component (constructor arguments), for logs and manifests."""
-        return {"f": self.f}
-
     def with_f(self, f: int) -> Any:
         """The same component configured for another ``f`` (every other parameter kept): a server that counts m
         missing workers against f aggregates with ``rule.with_f(f − m)``. Rebuilt from :meth:`params`, so a

@@ -57,9 +57,6 @@ class CenteredClipping(Aggregator):
             raise ConfigError("center", center, "'median' or 'zero' (or pass a tensor per call: rule(x, center=v))")
         self.center = center
 
-    def params(self) -> dict[str, Any]:
-        return {"f": self.f, "tau": self.tau, "iterations": self.iterations, "center": self.center}
-
     def min_workers(self) -> int:
         return 2 * self.f + 1
 

@@ -137,9 +137,6 @@ class ClippedClustering(Aggregator):
     requirement = "n > 2f (honest majority; f itself is not used by the rule)"
     tags = RuleTags(translation=False)  # it clips the rows' norms, measured from the origin
 
-    def params(self) -> dict[str, Any]:
-        return {"f": self.f}
-
     def min_workers(self) -> int:
         return 2 * self.f + 1
 

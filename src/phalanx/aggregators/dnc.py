@@ -97,10 +97,6 @@ class DnC(Aggregator):
         self.seed = int(check_positive("seed", seed, integer=True, allow_zero=True))
         self._generator = torch.Generator().manual_seed(self.seed)
 
-    def params(self) -> dict[str, Any]:
-        return {"f": self.f, "iterations": self.iterations, "subsample": self.subsample, "c": self.c,
-                "seed": self.seed}
-
     def removed(self) -> int:
         """Number of rows removed in each round: ``⌈c · f⌉``."""
         return max(0, math.ceil(self.c * self.f - 1e-9))

@@ -201,9 +201,6 @@ class FLAME(Aggregator):
         self.seed = int(check_positive("seed", seed, integer=True, allow_zero=True))
         self._generator = torch.Generator().manual_seed(self.seed)
 
-    def params(self) -> dict[str, Any]:
-        return {"f": self.f, "noise": self.noise, "seed": self.seed}
-
     def min_workers(self) -> int:
         return 2 * self.f + 1
 

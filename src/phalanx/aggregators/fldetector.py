@@ -182,9 +182,6 @@ class FLDetector(Aggregator):
         self._generator = torch.Generator().manual_seed(self.seed)
         self._state: dict[str, Tensor] = {}
 
-    def params(self) -> dict[str, Any]:
-        return {"f": self.f, "window": self.window, "base": self.base, "seed": self.seed}
-
     def min_workers(self) -> int:
         return self._base.min_workers()
 

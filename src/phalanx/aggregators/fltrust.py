@@ -73,9 +73,6 @@ class FLTrust(Aggregator):
     # Every row is rescaled to the norm of the server's reference, which does not move with the rows.
     tags = RuleTags(translation=False, scale=False, identical=False)
 
-    def params(self) -> dict[str, Any]:
-        return {"f": self.f}
-
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
         n, d = x.shape
         g0 = _check_reference(context.get("reference"), d, x.device)

@@ -109,9 +109,6 @@ class FoolsGold(Aggregator):
         self.confidence = float(check_positive("confidence", confidence))
         self._history: Tensor | None = None
 
-    def params(self) -> dict[str, Any]:
-        return {"f": self.f, "confidence": self.confidence}
-
     def state_dict(self) -> dict[str, Tensor]:
         return {} if self._history is None else {"history": self._history}
 

@@ -54,9 +54,6 @@ class GeometricMedian(Aggregator):
         self.max_iter = check_positive("max_iter", max_iter, integer=True)
         self.nu = float(check_positive("nu", nu))
 
-    def params(self) -> dict[str, Any]:
-        return {"f": self.f, "tol": self.tol, "max_iter": self.max_iter, "nu": self.nu}
-
     def min_workers(self) -> int:
         return 2 * self.f + 1
 

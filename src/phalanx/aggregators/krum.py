@@ -153,9 +153,6 @@ class MultiKrum(Aggregator):
     def min_workers(self) -> int:
         return max(2 * self.f + 3 if self.strict else self.f + 3, self.m or 1)
 
-    def params(self) -> dict[str, Any]:
-        return {"f": self.f, "m": self.m, "strict": self.strict}
-
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
         n = x.shape[0]
         m = n - self.f if self.m is None else self.m

@@ -78,9 +78,6 @@ class RobustLR(Aggregator):
         """The agreement threshold in force: ``threshold``, or ``f + 1``."""
         return self.f + 1 if self.threshold is None else self.threshold
 
-    def params(self) -> dict[str, Any]:
-        return {"f": self.f, "threshold": self.threshold}
-
     def min_workers(self) -> int:
         return max(2 * self.f + 1, self.theta)
 

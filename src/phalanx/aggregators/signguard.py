@@ -240,10 +240,6 @@ class SignGuard(Aggregator):
         self.seed = int(check_positive("seed", seed, integer=True, allow_zero=True))
         self._generator = torch.Generator().manual_seed(self.seed)
 
-    def params(self) -> dict[str, Any]:
-        return {"f": self.f, "lower": self.lower, "upper": self.upper, "subsample": self.subsample,
-                "seed": self.seed}
-
     def min_workers(self) -> int:
         return 2 * self.f + 1
 

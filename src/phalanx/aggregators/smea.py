@@ -116,9 +116,6 @@ class SMEA(Aggregator):
         self.max_subsets = int(check_positive("max_subsets", max_subsets, integer=True))
         self.requirement = f"n > 2f and C(n, f) <= max_subsets = {self.max_subsets}"
 
-    def params(self) -> dict[str, Any]:
-        return {"f": self.f, "max_subsets": self.max_subsets}
-
     def min_workers(self) -> int:
         return 2 * self.f + 1
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -73,9 +73,6 @@ class ALIE(Attack):
 
     def __init__(self, z: float | None = None) -> None:
         self.z = None if z is None else check_real("z", z)
-
-    def params(self) -> dict[str, Any]:
-        return {"z": self.z}
 
     def z_for(self, ctx: AttackContext) -> float:
         """The ``z`` this attack uses in ``ctx``: the given one, or :func:`alie_z_max` of ``(h + b, b)``."""

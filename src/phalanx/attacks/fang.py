@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -69,9 +69,6 @@ class Fang(Attack):
 
     def __init__(self, b: float = 2.0) -> None:
         self.b = check_real("b", b, low=1.0, low_open=True)
-
-    def params(self) -> dict[str, Any]:
-        return {"b": self.b}
 
     def _run(self, ctx: AttackContext) -> Tensor:
         low, high, _ = fang_ranges(ctx.honest, self.b)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -58,9 +58,6 @@ class Mimic(Attack):
 
     def __init__(self, target: int | None = None) -> None:
         self.target = None if target is None else check_int("target", target, low=0)
-
-    def params(self) -> dict[str, Any]:
-        return {"target": self.target}
 
     def target_for(self, ctx: AttackContext) -> int:
         """The honest row copied in ``ctx``."""

@@ -4,7 +4,7 @@ still looks as close to the honest vectors as they are to each other."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -86,9 +86,6 @@ class _ShejwalkarAttack(Attack):
         self.perturbation = check_choice("perturbation", perturbation, PERTURBATIONS)
         self.gamma_init = check_real("gamma_init", gamma_init, low=0.0, low_open=True)
         self.tol = check_real("tol", tol, low=0.0, low_open=True)
-
-    def params(self) -> dict[str, Any]:
-        return {"perturbation": self.perturbation, "gamma_init": self.gamma_init, "tol": self.tol}
 
     def _feasible(self, a: Tensor, c: Tensor, q: float, sqdist: Tensor) -> Callable[[float], bool]:
         raise NotImplementedError

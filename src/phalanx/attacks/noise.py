@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -43,9 +43,6 @@ class Gaussian(Attack):
         self.mu = check_real("mu", mu)
         self.center = check_choice("center", center, ("zero", "mean"))
         self.reads_honest = self.center == "mean"
-
-    def params(self) -> dict[str, Any]:
-        return {"sigma": self.sigma, "mu": self.mu, "center": self.center}
 
     def _run(self, ctx: AttackContext) -> Tensor:
         noise = standard_normal((ctx.n_byzantine, ctx.dim), ctx.generator, ctx.honest)

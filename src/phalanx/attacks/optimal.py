@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -70,9 +70,6 @@ class Optimal(Attack):
         self.base = check_choice("base", base, BASES)
         self.max_factor = check_real("max_factor", max_factor, low=0.0, low_open=True)
         self.evaluations = check_int("evaluations", evaluations, low=2, high=256)
-
-    def params(self) -> dict[str, Any]:
-        return {"base": self.base, "max_factor": self.max_factor, "evaluations": self.evaluations}
 
     def default_factor(self, ctx: AttackContext) -> float:
         """The base attack's own factor in ``ctx`` (ALIE: :func:`~phalanx.attacks.alie.alie_z_max` of (h + b, b))."""

@@ -7,7 +7,7 @@ they come from and in the default ``c``. They are kept as separate, documented p
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from torch import Tensor
 
@@ -53,9 +53,6 @@ class SignFlip(Attack):
     def __init__(self, scale: float = 1.0) -> None:
         self.scale = check_real("scale", scale, low=0.0, low_open=True)
 
-    def params(self) -> dict[str, Any]:
-        return {"scale": self.scale}
-
     def _run(self, ctx: AttackContext) -> Tensor:
         return repeat_row(negative_mean(ctx.honest, self.scale), ctx.n_byzantine, ctx.honest)
 
@@ -78,9 +75,6 @@ class InnerProductManipulation(Attack):
 
     def __init__(self, epsilon: float = 0.1) -> None:
         self.epsilon = check_real("epsilon", epsilon, low=0.0, low_open=True)
-
-    def params(self) -> dict[str, Any]:
-        return {"epsilon": self.epsilon}
 
     def _run(self, ctx: AttackContext) -> Tensor:
         return repeat_row(negative_mean(ctx.honest, self.epsilon), ctx.n_byzantine, ctx.honest)
@@ -107,9 +101,6 @@ class FallOfEmpires(Attack):
 
     def __init__(self, epsilon: float = 2.0) -> None:
         self.epsilon = check_real("epsilon", epsilon, low=0.0, low_open=True)
-
-    def params(self) -> dict[str, Any]:
-        return {"epsilon": self.epsilon}
 
     def _run(self, ctx: AttackContext) -> Tensor:
         return repeat_row(negative_mean(ctx.honest, self.epsilon), ctx.n_byzantine, ctx.honest)

@@ -52,9 +52,6 @@ class ARC(PreAggregator):
     def min_workers(self) -> int:
         return 2 * self.f + 1
 
-    def params(self) -> dict[str, Any]:
-        return {"f": self.f}
-
     def _run(self, x: Tensor, **context: Any) -> tuple[Tensor, Tensor]:
         n = x.shape[0]
         xc = as_compute_dtype(x)

@@ -54,9 +54,6 @@ class Bucketing(PreAggregator):
         self.seed = int(check_positive("seed", seed, integer=True, allow_zero=True))
         self._generator = torch.Generator().manual_seed(self.seed)
 
-    def params(self) -> dict[str, Any]:
-        return {"f": self.f, "s": self.s, "seed": self.seed}
-
     def output_rows(self, n: int) -> int:
         return math.ceil(n / self.s)
 

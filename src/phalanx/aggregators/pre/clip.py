@@ -41,9 +41,6 @@ class Clip(PreAggregator):
         super().__init__(f)
         self.threshold = float(check_positive("threshold", threshold))
 
-    def params(self) -> dict[str, Any]:
-        return {"f": self.f, "threshold": self.threshold}
-
     def _run(self, x: Tensor, **context: Any) -> tuple[Tensor, Tensor]:
         xc = as_compute_dtype(x)
         norms, bad = row_norms(xc)
