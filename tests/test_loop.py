@@ -282,7 +282,7 @@ def test_missing_workers_count_against_f_and_too_many_stop_the_run() -> None:
     loop = Loop(exp, _Dropping([5], after=2), [Evaluate(), keep])
     loop.run()
     assert keep.missing == [[]] * 2 + [[5]] * 4
-    assert 1 in loop.server._rules  # aggregated with f − 1
+    assert 1 in loop.server._for_missing._rules  # aggregated with f − 1
     assert loop.state.momentum is not None and loop.state.momentum.shape[0] == 7  # every worker's row kept
     keep = _Keep()
     loop = Loop(exp, _Dropping([1, 2, 3], after=3), [Evaluate(), keep])

@@ -48,6 +48,9 @@ from torch import Tensor
 
 from phalanx import aggregators
 from phalanx.aggregators import Aggregator
+from phalanx.aggregators.missing import MissingTooMany, RulesForMissing
+from phalanx.aggregators.missing import min_workers as _min_workers
+from phalanx.aggregators.missing import rule_name as _name
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.flower.adapters import ADAPTER, MODES, AdapterPlan
 from phalanx.flower.contributions import Contribution, append_jsonl
@@ -87,15 +90,6 @@ def _build_rule(aggregator: Any, f: int | None) -> tuple[Any, int]:
         return aggregator.with_f(f), f
     own = getattr(aggregator, "f", 0)
     return aggregator, (f if f is not None else (own if isinstance(own, int) and own >= 0 else 0))
-
-
-def _min_workers(rule: Any) -> int:
-    m = getattr(rule, "min_workers", None)
-    return int(m()) if callable(m) else 1
-
-
-def _name(rule: Any) -> str:
-    return str(getattr(rule, "spec", None) or getattr(rule, "name", None) or type(rule).__name__)
 
 
 _MAX_DROP_LINES = 20
@@ -218,7 +212,7 @@ class PhalanxFedAvg(FedAvg):
         self._plans: dict[int, AdapterPlan] = {}  # round -> the broadcast adapters (with ``lora``)
         self._skew_logged = False
         self._sent: dict[tuple[str, int], Sent] = {}  # ("train" | "evaluate", round) -> the round's instructions
-        self._rules: dict[int, Any] = {self.f: self.rule}
+        self._for_missing = RulesForMissing(self.rule)  # the rule for f − m, shared with the Phalanx server
         self._previous: Tensor | None = None  # the last aggregate: centered clipping's centre
 
     # ------------------------------------------------------------------------------------------------ Flower API
@@ -442,12 +436,6 @@ class PhalanxFedAvg(FedAvg):
             parsed[i].update = update[:0]  # still "valid", no longer holding d values
         return x
 
-    def _rule_for(self, f: int) -> Any:
-        if f not in self._rules:
-            with_f = getattr(self.rule, "with_f", None)
-            self._rules[f] = with_f(f) if callable(with_f) else self.rule
-        return self._rules[f]
-
     def _aggregate(
         self, x: Tensor | None, lost: int, d: int, plan: AdapterPlan | None = None,
     ) -> tuple[Tensor | None, Tensor | None, int, str | None]:
@@ -458,8 +446,10 @@ class PhalanxFedAvg(FedAvg):
         if x is None:
             return None, None, f_eff, "no valid reply"
         try:
-            rule = self._rule_for(f_eff)
+            rule = self._for_missing.for_f(f_eff)
             rule = rule if plan is None else plan.rule(rule)
+        except MissingTooMany as exc:
+            return None, None, f_eff, f"{_name(self.rule)} with f={f_eff}: {exc.reason}"
         except PhalanxError as exc:
             return None, None, f_eff, f"{_name(self.rule)} with f={f_eff}: {exc}"
         need = _min_workers(rule)

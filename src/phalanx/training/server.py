@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators.base import Aggregator
+from phalanx.aggregators.missing import MissingTooMany, RulesForMissing
 from phalanx.analysis.epsilon import aggregation_error
 from phalanx.errors import PhalanxError
 from phalanx.training.problem import Problem
@@ -145,8 +146,7 @@ class Server:
         self.problem = problem
         self.reference_batch = reference_batch
         self.generator = generator
-        self._rule_for = rule_for
-        self._rules: dict[int, Aggregator] = {self.f: rule}
+        self._for_missing = RulesForMissing(rule, rule_for, name=rule.name)
         keys = rule.context_keys
         self._center = "center" in keys
         self._reference = "reference" in keys
@@ -174,19 +174,10 @@ class Server:
         """The rule for ``missing`` absent workers: configured for f − m (each missing worker is one the adversary
         could have controlled, so at most f − m of the received vectors are Byzantine and n − m > 2(f − m) still
         holds); :class:`RoundAborted` when m > f or the rule is not defined on what arrived."""
-        f_eff = self.f - missing
-        if f_eff < 0:
-            raise RoundAborted([], "")
-        if f_eff not in self._rules:
-            try:
-                self._rules[f_eff] = self._rule_for(f_eff) if self._rule_for else self.rule.with_f(f_eff)
-            except PhalanxError as exc:
-                raise RoundAborted([], f"aggregator {self.rule.name!r} with f={f_eff}: {exc}") from None
-        rule = self._rules[f_eff]
-        if received < rule.min_workers():
-            raise RoundAborted(
-                [], f"aggregator {self.rule.name!r} with f={f_eff} needs {rule.min_workers()} vectors, got {received}",
-            )
+        try:
+            rule: Aggregator = self._for_missing.for_missing(missing, received)
+        except MissingTooMany as exc:
+            raise RoundAborted([], exc.detail) from None
         return rule
 
     def aggregate(
