@@ -50,6 +50,10 @@ def test_demo_small() -> None:
     res = runner.invoke(cli.app, ["demo", "-n", "9", "-b", "2", "--f", "2", "-d", "50"])
     assert res.exit_code == 0, res.output
     assert "cwtm" in res.output and "mean" in res.output
+    # issue 38 item 5: the f/(n−f) figure beside measured errors is said to bound the worst case, not these inputs
+    # (the earlier banner, "Lower bound on any f-robust rule's no-attack error ε ≥ f/(n−f) = 0.286", fails this)
+    said = " ".join(res.output.split())
+    assert "The errors below are on one random input" in said and "a bound on that worst case" in said
 
 
 def test_config_error_is_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -74,3 +74,22 @@ def test_the_command_says_so_before_it_starts_and_refuses_a_bad_budget(tmp_path:
     monkeypatch.setenv(cli.BUDGET_ENV, "soon")
     with pytest.raises(ConfigError, match="PHALANX_BUDGET_MINUTES='soon' is invalid: allowed a number of minutes"):
         cli._announce([(make_config(SMALL), tmp_path / "x")], jobs=1, err=False)
+
+
+def test_a_study_command_says_so_before_it_starts_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`phalanx tension plan` (the tutorial's step 3) trains through the same grid path as `run`, so a plan over the
+    budget is announced before its first run, not only a `run` grid. Mutant: the study path without the announcement
+    (``_announce`` a no-op) prints the table with no line before it, and this check sees the difference."""
+    config = tmp_path / "task.toml"
+    config.write_text("\n".join(f"{k} = {v!r}".replace("'", '"') for k, v in SMALL.items() if k != "attack") + "\n")
+    command = ["tension", "plan", str(config), "-k", "1", "--rules", "cwtm", "--f", "1", "--attacks", "alie",
+               "-j", "1", "--set", "rounds=20"]
+    monkeypatch.setenv(cli.BUDGET_ENV, "0.0001")  # every plan is over a budget of 6 ms
+    res = CliRunner().invoke(cli.app, [*command, "--out", str(tmp_path / "plan")])
+    assert res.exit_code == 0, res.output
+    assert "This grid should take about" in res.output and "over the 0.0001 min budget" in res.output
+    assert res.output.index("This grid should take about") < res.output.index("Price of robustness on your task")
+    monkeypatch.setattr("phalanx.cli.runs._announce", lambda *a, **k: None)  # the mutant: no announcement
+    res = CliRunner().invoke(cli.app, [*command, "--out", str(tmp_path / "mutant")])
+    assert res.exit_code == 0, res.output
+    assert "This grid should take about" not in res.output
