@@ -69,6 +69,7 @@ def test_the_command_says_so_before_it_starts_and_refuses_a_bad_budget(tmp_path:
                                        "--set", "seed=0", "--set", "eval_every=25", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     said = res.output.index("This grid should take about")
+    assert res.output.index("Timing a few rounds of the first run") < said  # the probe is announced before it runs
     assert "over the 0.0001 min budget (PHALANX_BUDGET_MINUTES)" in res.output and "fewer rounds" in res.output
     assert said < res.output.index("Final test accuracy")  # before the results, not after
     monkeypatch.setenv(cli.BUDGET_ENV, "soon")

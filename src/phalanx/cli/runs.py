@@ -252,6 +252,10 @@ def _announce(todo: list[tuple[RunConfig, Path]], *, jobs: int, err: bool) -> No
         raise ConfigError(BUDGET_ENV, raw, "a number of minutes, e.g. 30, or off") from None
     if not math.isfinite(budget) or budget <= 0:
         raise ConfigError(BUDGET_ENV, raw, "a number of minutes > 0")
+    if todo:  # the probe trains a few rounds first: under load that is minutes, so say what is happening
+        (_STDERR if err else console).print(
+            f"[dim]Timing a few rounds of the first run to estimate the grid ({BUDGET_ENV}=off skips this)…[/dim]",
+            soft_wrap=True, highlight=False)
     guess = estimate.estimate(todo, jobs, _short)
     if guess is None or guess.seconds <= 60 * budget:
         return
