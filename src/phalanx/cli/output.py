@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated
@@ -112,3 +113,58 @@ def emit(t: Tabular, fmt: str, console: Console) -> None:
         console.print(table)
     for line in t.notes:
         console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+
+_SEPARATOR = re.compile(r"^\|(\s*:?-{3,}:?\s*\|)+\s*$")
+_PIPE = re.compile(r"(?<!\\)\|")
+
+
+def _md_cells(line: str) -> list[str]:
+    cells = _PIPE.split(line.strip())[1:-1]
+    return [c.strip().replace("\\|", "|") for c in cells]
+
+
+def _title(line: str) -> str:
+    return line.strip().lstrip("#").strip().strip("*").strip()
+
+
+def tables_of(items: Sequence[object]) -> tuple[list[Tabular], list[str]]:
+    """The tables in a study's terminal output (:class:`phalanx.studies.base.Report`), as :class:`Tabular`, and the
+    text around them: a rich ``Table`` becomes one table (its title, headers and cells as plain text); a string is
+    read for Markdown pipe tables — a header row, a ``|---|`` separator, the rows — each titled by the nearest line of
+    prose above it; the rest of the text is returned as lines, in order. So every study's tables print in every
+    ``--format`` from what its report already writes, with no second copy of each table."""
+    tables: list[Tabular] = []
+    text: list[str] = []
+    for item in items:
+        if isinstance(item, Table):
+            columns = [_plain(c.header) for c in item.columns]
+            t = Tabular(_plain(item.title) if item.title is not None else "", columns)
+            for row in zip(*[list(c.cells) for c in item.columns], strict=True):
+                t.add(*map(_plain, row))
+            tables.append(t)
+            continue
+        lines = str(item).splitlines()
+        i, title = 0, ""
+        while i < len(lines):
+            line = lines[i]
+            if line.lstrip().startswith("|") and i + 1 < len(lines) and _SEPARATOR.match(lines[i + 1].strip()):
+                t = Tabular(title, _md_cells(line))
+                i += 2
+                while i < len(lines) and lines[i].lstrip().startswith("|"):
+                    cells = _md_cells(lines[i])
+                    t.add(*(cells + [""] * (len(t.columns) - len(cells)))[:len(t.columns)])
+                    i += 1
+                tables.append(t)
+                title = ""
+                continue
+            if line.strip():
+                text.append(line)
+                title = _title(line)
+            i += 1
+    return tables, text
+
+
+def _plain(renderable: object) -> str:
+    plain = getattr(renderable, "plain", None)
+    return plain if isinstance(plain, str) else str(renderable)

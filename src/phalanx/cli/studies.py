@@ -13,7 +13,8 @@ import typer
 from typer.core import TyperGroup
 
 from phalanx.cli.common import _STDERR, _fmt, app, console
-from phalanx.cli.output import FormatOption, Tabular, check_format, emit
+from phalanx.cli.common import console as _console
+from phalanx.cli.output import FormatOption, Tabular, check_format, emit, emit_all, tables_of
 from phalanx.cli.runs import _load_grid, _split_slurm, _train
 from phalanx.executor_cli import ExecutorChoice, executor_options
 
@@ -93,6 +94,7 @@ def _study_options(study: type[Study[Any, Any, Any]]) -> list[inspect.Parameter]
         "set_": (Annotated[list[str] | None, typer.Option("--set", help="Override a preset field or run key: --set "
                                                           f"{study.set_example}.")], None),
     }
+    options["fmt"] = (FormatOption, "table")
     if study.raw_value is not None:
         options["results"] = (Annotated[Path | None, typer.Option(
             "--results", help="Report from a raw-results file (the runs.csv a report wrote; docs/results/) instead "
@@ -111,8 +113,8 @@ def _study_command(name: str, path: str) -> click.Command:
     study = studies.resolve(name)
 
     def command(*, preset_name: str, out: Path, seeds: int, jobs: int | None, set_: list[str] | None,
-                executor: ExecutorChoice | None = None, results: Path | None = None) -> None:
-        _run_study(study(), path, preset_name, out, seeds, jobs, set_ or [], executor, results)
+                executor: ExecutorChoice | None = None, results: Path | None = None, fmt: str = "table") -> None:
+        _run_study(study(), path, preset_name, out, seeds, jobs, set_ or [], executor, results, fmt)
 
     params = _study_options(study)
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
@@ -124,14 +126,18 @@ def _study_command(name: str, path: str) -> click.Command:
 
 def _run_study(
     study: Study[Any, Any, Any], path: str, preset_name: str, out: Path, seeds: int, jobs: int | None,
-    sets: list[str], executor: ExecutorChoice | None, results: Path | None = None,
+    sets: list[str], executor: ExecutorChoice | None, results: Path | None = None, fmt: str = "table",
 ) -> None:
     """One study command, the same for every study: its preset from the options, its grid trained into
     ``out/runs`` (finished runs skipped), then its tables, files and terminal output from the ended runs — or, with
-    ``results``, from that raw-results file, nothing trained. A study with ``raw_value`` writes ``out/runs.csv``."""
+    ``results``, from that raw-results file, nothing trained. A study with ``raw_value`` writes ``out/runs.csv``.
+    With ``fmt`` other than ``table``, stdout holds the report's tables alone in that format
+    (:func:`~phalanx.cli.output.tables_of`) and everything else goes to stderr."""
     from phalanx.experiments import grid, store
     from phalanx.studies import raw
 
+    fmt = check_format(fmt)
+    console = _console if fmt == "table" else _STDERR  # with --format, stdout holds the tables alone
     p, overrides = study.configure(preset_name, seeds, sets)
     cells, cfgs = study.plan(p, overrides)
     runs = study.runs(cfgs)
@@ -156,7 +162,7 @@ def _run_study(
         t0 = time.perf_counter()
         runs_dir = out / "runs"
         done_before = sum(store.is_finished(runs_dir / grid.run_id(c)) for c in runs)
-        _train(runs, runs_dir, jobs or _cpu_jobs(), executor)
+        _train(runs, runs_dir, jobs or _cpu_jobs(), executor, plain=fmt != "table")
         # the wall time of the whole grid, or none: a resumed command timed only what was left
         wall = time.perf_counter() - t0 if not done_before else None
         if done_before:
@@ -175,7 +181,10 @@ def _run_study(
         if md.exists():
             title, _, rest = md.read_text().partition("\n")
             atomic_write_text(md, f"{title}\n\n> **Warning: {note}.**\n{rest}")
-    for item in report.terminal:
+    if fmt != "table":
+        tables, _ = tables_of(report.terminal)
+        emit_all(tables, fmt, _console)
+    for item in report.terminal if fmt == "table" else ():
         if isinstance(item, str):
             typer.echo(item)
         else:

@@ -1,0 +1,70 @@
+"""Every study command takes ``--format table|md|csv|json``: its report's tables — rich tables or Markdown pipe
+tables in what the report prints — on stdout alone, everything else on stderr."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from rich.table import Table
+from typer.testing import CliRunner
+
+from phalanx import cli
+from phalanx.cli.output import tables_of
+
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "tension_quick_runs.csv"
+
+MARKDOWN = """**Accuracy (mean ± sd over seeds)**
+
+| rule | attack | accuracy |
+|---|---|---:|
+| cwtm | alie | 71.2 ± 1.0 |
+| a \\| b | none | 80.0 |
+
+Comparisons, Holm-adjusted:
+
+| comparison | p |
+|---|---:|
+| cwtm vs mean | 0.04 |
+the readout line"""
+
+
+def test_markdown_and_rich_tables_are_read_with_their_titles_and_cells() -> None:
+    rich = Table(title="T1: mean")
+    rich.add_column("f")
+    rich.add_column("α = 0.1")
+    rich.add_row("0", "80.9")
+    tables, text = tables_of([MARKDOWN, rich])
+    assert [t.title for t in tables] == ["Accuracy (mean ± sd over seeds)", "Comparisons, Holm-adjusted:", "T1: mean"]
+    assert tables[0].columns == ["rule", "attack", "accuracy"]
+    assert tables[0].rows == [["cwtm", "alie", "71.2 ± 1.0"], ["a | b", "none", "80.0"]]  # an escaped pipe kept
+    assert tables[1].rows == [["cwtm vs mean", "0.04"]]
+    assert tables[2].rows == [["0", "80.9"]]
+    assert text == ["**Accuracy (mean ± sd over seeds)**", "Comparisons, Holm-adjusted:", "the readout line"]
+
+
+def test_a_line_of_pipes_without_a_separator_is_prose_not_a_table() -> None:
+    tables, text = tables_of(["| not a table |\njust words"])
+    assert tables == [] and text == ["| not a table |", "just words"]
+
+
+def test_a_study_prints_its_tables_alone_on_stdout_in_each_format(tmp_path: Path) -> None:
+    """``tension paper`` rebuilt from its committed raw results (nothing trained): csv and json parse whole, the
+    progress and the 'written:' line are on stderr."""
+    args = ["tension", "paper", "--preset", "quick", "--results", str(RESULTS), "--out", str(tmp_path)]
+    res = CliRunner().invoke(cli.app, [*args, "--format", "json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    titles = [t["title"] for t in data["tables"]]
+    assert titles[0].startswith("T3: ") and any(t.startswith("Trends") for t in titles)
+    assert "written:" in res.stderr and "written:" not in res.stdout
+    res = CliRunner().invoke(cli.app, [*args, "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    blocks = res.stdout.split("\n\n")
+    assert len(blocks) == len(titles)
+    first = list(csv.reader(io.StringIO(blocks[0].partition("\n")[2])))
+    assert first[0][0] == "f" and len(first) > 2
+    res = CliRunner().invoke(cli.app, [*args, "--format", "xml"])
+    assert res.exit_code != 0 and "--format='xml'" in res.output
