@@ -76,15 +76,15 @@ def fedbuff_update(rank: int, version: int, payload: bytes | bytearray) -> Any:
 
 
 def hostile(cls: type[Buffer]) -> dict[str, str | None]:
-    """A Byzantine worker's moves against a server at version 5 with S = 2 (workers 1 … 3)."""
-    b = cls(workers=4, dim=DIM, dtype=torch.float32, max_staleness=2)
+    """A Byzantine worker's moves against a server at version 5 with S = 2 (workers 1 … 7)."""
+    b = cls(workers=8, dim=DIM, dtype=torch.float32, max_staleness=2)
     b.publish(5)
     return {
         "first": b.offer(3, 5, row(1.0)),
         "second for the same version": b.offer(3, 5, row(100.0)),
-        "stale": b.offer(3, 2, row(1.0)),
-        "future": b.offer(3, 6, row(1.0)),
-        "wrong shape": b.offer(3, 4, b"\x00" * (ROW - 4)),
+        "stale": b.offer(4, 2, row(1.0)),
+        "future": b.offer(5, 6, row(1.0)),
+        "wrong shape": b.offer(6, 4, b"\x00" * (ROW - 4)),
         "nan": b.offer(2, 5, row(float("nan"))),
         "not a worker": b.offer(0, 5, row(1.0)),
         "outside the job": b.offer(9, 5, row(1.0)),
@@ -187,8 +187,8 @@ def updates(k: int, dim: int, seed: int) -> list[torch.Tensor]:
 def test_the_real_servers_fedbuff_step_is_the_papers_and_the_simulated_ones() -> None:
     """Steps 0 and 1 of a real FedBuff server (K = 3, S = 2) on scripted arrivals: the rows are Δᵢ/√(1 + sᵢ) with
     sᵢ = t − version (Nguyen et al., AISTATS 2022, §5), exactly what the simulated FedBuff assembles from the same
-    buffer; a duplicate, a NaN row and a stale update are dropped, a second update of a worker in one step waits for
-    the next step."""
+    buffer; a duplicate, a NaN row and a stale update are dropped, a worker's newer update supersedes its older one
+    in a step."""
     srv, arrivals, theta = server("fedbuff", {"buffer_size": 3, "max_staleness": 2}, workers=6)
     d = theta.numel()
     u = updates(8, d, 0)
@@ -200,7 +200,7 @@ def test_the_real_servers_fedbuff_step_is_the_papers_and_the_simulated_ones() ->
     assert got.rows == [1, 3, 4]
     assert srv.dropped()["duplicate"] == 1 and srv.dropped()["nonfinite"] == 1
     # worker 2's NaN was its update of version 0: another one for that version is a duplicate
-    arrivals.items = [(2, 0, b(u[6])), (5, 0, b(u[5])), (5, 1, b(u[6])), (3, 1, b(u[7])), (4, 1, b(u[1]))]
+    arrivals.items = [(2, 0, b(u[6])), (5, 0, b(u[5])), (3, 1, b(u[7])), (4, 1, b(u[1]))]
     got = srv.exchange(theta, 1, None)  # type: ignore[arg-type]
     assert srv.dropped()["duplicate"] == 2
     ids, stale = torch.tensor([5, 3, 4]), torch.tensor([1, 0, 0])
@@ -208,12 +208,26 @@ def test_the_real_servers_fedbuff_step_is_the_papers_and_the_simulated_ones() ->
     torch.testing.assert_close(got.vectors, expected, rtol=1e-6, atol=0)  # float32 rounding of one product
     simulated, rows, _ = srv.exp.algorithm.assemble(srv.exp, ids, torch.stack([u[5], u[7], u[1]]), stale)
     assert torch.equal(got.vectors, simulated) and rows == got.rows
-    assert [x.rank for x in srv.buffer.held.values()] == [5]  # worker 5's version-1 update: the next step's
-    arrivals.items = [(1, 0, b(u[0])), (1, 1, b(u[2])), (3, 2, b(u[3]))]
+    # step 3: version 0 is older than S = 2 (dropped, never aggregated); worker 1's version 2 supersedes its version 1
+    arrivals.items = [(1, 0, b(u[0])), (1, 1, b(u[2])), (1, 2, b(u[3])), (3, 2, b(u[4])), (2, 3, b(u[5]))]
     got = srv.exchange(theta, 3, None)  # type: ignore[arg-type]
-    assert got.rows == [5, 1, 3]  # the held update first (staleness 2, within the bound), then the arrivals
-    assert srv.dropped()["stale"] == 1  # version 0 at step 3: older than S = 2, never aggregated
+    assert got.rows == [1, 3, 2]
+    torch.testing.assert_close(got.vectors, torch.stack([u[3] / math.sqrt(2.0), u[4] / math.sqrt(2.0), u[5]]),
+                               rtol=1e-6, atol=0)
+    assert srv.dropped()["stale"] == 1 and srv.dropped()["superseded"] == 1
     assert got.own is not None and int(got.own["stats"][1]) == sum(srv.dropped().values())
+
+
+def test_updates_after_a_full_buffer_wait_for_the_next_step() -> None:
+    """K = 2: a third update that arrives while the step fills is the next step's, not lost."""
+    srv, arrivals, theta = server("fedbuff", {"buffer_size": 2, "max_staleness": 2})
+    u = updates(3, theta.numel(), 3)
+    arrivals.items = [(1, 0, wire.tensor_bytes(u[0])), (2, 0, wire.tensor_bytes(u[1])), (3, 0, wire.tensor_bytes(u[2]))]
+    assert srv.exchange(theta, 0, None).rows == [1, 2]  # type: ignore[arg-type]
+    arrivals.items = [(1, 1, wire.tensor_bytes(u[0]))]
+    got = srv.exchange(theta, 1, None)  # type: ignore[arg-type]
+    assert got.rows == [3, 1]
+    torch.testing.assert_close(got.vectors[0], u[2] / math.sqrt(2.0), rtol=1e-6, atol=0)
 
 
 def test_the_staleness_weighting_is_checked_against_a_mutant(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,8 +11,11 @@ version. Server step t (the training loop's round t, which publishes θₜ as ve
    (S = ``max_staleness``: **dropped, counted and recorded, never aggregated**), a second update of one worker for
    one version, a payload that is not one row of the model's length, a non-finite value, a rank that is not a
    worker — each dropped and recorded (bounded: a count per reason and rank, :data:`REASONS`);
-2. an accepted update of a worker that already has one in this step's buffer waits for the next step (at most one
-   per worker: a worker delivers at most one update per step, as on the simulated clock);
+2. before it waits, the server takes every update already there; the step holds at most one update per worker —
+   its newest version, an older one is dropped as superseded (counted) — as on the simulated clock, where a worker
+   delivers at most one update per step. Without this the workers, each of which sends one update per version,
+   would queue (n − 1)/K − 1 updates per step more than the buffer takes, and the staleness would grow to the bound
+   (measured: it did); updates that arrive after the buffer filled wait for the next step (one per worker);
 3. when the algorithm's buffer is full (:meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.full`: K
    updates for FedBuff, one in each of B buffers for BASGD) the rows the rule aggregates are the algorithm's own
    (:meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.assemble`: FedBuff's 1/√(1 + s) weighting, BASGD's
@@ -62,9 +65,10 @@ if TYPE_CHECKING:
     from phalanx.training.algorithms.asynchronous import Asynchronous
     from phalanx.training.experiment import Experiment
 
-REASONS = ("stale", "future", "duplicate", "shape", "nonfinite", "rank", "lost")
+REASONS = ("stale", "future", "duplicate", "shape", "nonfinite", "rank", "lost", "superseded")
 """Why an update was dropped: older than the bound, from a version not yet published, a second one of a worker for
-one version, not one row of the model's length, a non-finite value, not from a worker rank, or announced but gone."""
+one version, not one row of the model's length, a non-finite value, not from a worker rank, announced but gone, or
+an older version of a worker whose newer update is in the step (the server keeps each worker's freshest)."""
 NOTICES = "async/n"
 
 
@@ -125,10 +129,14 @@ class Buffer:
             self.dropped["nonfinite", rank] += 1
             return "nonfinite"
         u = Update(rank, version, row)
-        if any(x.rank == rank for x in self.step):
-            self.held[rank] = u  # (a newer one replaces an older held one: one per worker)
-        else:
-            self.step.append(u)
+        for i, x in enumerate(self.step):
+            if x.rank == rank:  # one per worker in a step: the newer version, in the older one's place
+                self.dropped["superseded", rank] += 1
+                if x.version > version:
+                    return "superseded"
+                self.step[i] = u
+                return None
+        self.step.append(u)
         return None
 
     def _check(self, rank: int, version: int, payload: bytes | bytearray) -> str | None:
@@ -171,20 +179,24 @@ class Arrivals(Protocol):
 class StoreArrivals:
     """Arrivals through the c10d store, without keys (see the module's docstring): nothing says who wrote a key."""
 
-    def __init__(self, links: Any) -> None:
+    def __init__(self, links: Any, grace: float) -> None:
         self.links = links  # the synchronous server's StoreLinks (offer, joined, publish_theta, stop, close)
         self.store: dist.Store = links.store
         self.ticket = 1
+        self.grace = grace
+        """A ticket drawn but without its notice after waiting this long is skipped (its worker died mid-send)."""
 
     def publish(self, t: int, msg: bytes) -> None:
         self.links.publish_theta(t, msg)
 
     def next(self, timeout: float) -> tuple[int, int, bytes] | None:
         key = notice_key(self.ticket)
+        if timeout <= 0 and not self.store.check([key]):
+            return None
         try:
             self.store.wait([key], timedelta(seconds=max(timeout, 0.001)))
         except dist.DistStoreError:
-            if int(self.store.add(NOTICES, 0)) >= self.ticket:  # drawn, never written: its worker died mid-send
+            if timeout >= self.grace and int(self.store.add(NOTICES, 0)) >= self.ticket:  # drawn, never written
                 self.ticket += 1
                 return -1, -1, b""
             return None
@@ -282,6 +294,8 @@ class AsyncServer(Transport):
         self.next_round = t + 1
         before = buf.counts()
         sent, received = len(msg) * (self.exp.workers - 1), 0
+        while (ready := self.arrivals.next(0.0)) is not None:  # everything already there first: the freshest wins
+            received += self._offer(*ready, t)
         take = self._full()
         while not take:
             got = self.arrivals.next(self.wait_s)
@@ -289,16 +303,7 @@ class AsyncServer(Transport):
                 raise RoundAborted(sorted({u.rank for u in buf.step} ^ set(range(1, self.exp.workers))),
                                    f"server step {t}: no update arrived within round_timeout="
                                    f"{self.wait_s:g} s")
-            rank, version, payload = got
-            received += len(payload)
-            reason = buf.offer(rank, version, payload) if payload else "lost"
-            if reason == "lost":
-                buf.dropped["lost", rank if 1 <= rank < self.exp.workers else -1] += 1
-            if reason is not None:
-                self._record(reason, rank, version, t)
-            for late_rank, k in self.arrivals.stale().items():
-                buf.dropped["stale", late_rank] += k
-                self._record("stale", late_rank, -1, t)
+            received += self._offer(*got, t)
             take = self._full()
         for group in self.arrivals.rejections():  # (bounded per step: the rejection log's groups)
             self.say(f"server step {t}: refused {group['count']}× from rank {group['rank']}: "
@@ -317,6 +322,19 @@ class AsyncServer(Transport):
         own[TOUCHED] = touched
         own["stats"] = self._stats(own["stats"], staleness, touched, buf.counts(), before, ids)
         return Received(vectors, rows=rows, state_rows=False, own=own, sent=sent, received=received)
+
+    def _offer(self, rank: int, version: int, payload: bytes, t: int) -> int:
+        """Offer one arrival to the buffer, record why it was dropped (if it was); its size."""
+        buf = self.buffer
+        reason = buf.offer(rank, version, payload) if payload else "lost"
+        if reason == "lost":
+            buf.dropped["lost", rank if 1 <= rank < self.exp.workers else -1] += 1
+        if reason is not None and reason != "superseded":  # (superseded: an honest worker's routine, counted only)
+            self._record(reason, rank, version, t)
+        for late_rank, k in self.arrivals.stale().items():
+            buf.dropped["stale", late_rank] += k
+            self._record("stale", late_rank, -1, t)
+        return len(payload)
 
     def _full(self) -> int:
         """The length of the step's buffer prefix the algorithm takes (0: not full yet)."""
