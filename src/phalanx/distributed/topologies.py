@@ -178,7 +178,8 @@ def start_async(rank: Rank) -> Part | None:
                         notify=store_notifier(store, renv.rank)).run()
             return None
         links = StoreLinks(store)
-        return Part(AsyncServer(links, StoreArrivals(links, cfg.round_timeout), digest, cfg.round_timeout, rank.log.say))
+        arrivals = StoreArrivals(links, cfg.round_timeout)
+        return Part(AsyncServer(links, arrivals, digest, cfg.round_timeout, rank.log.say))
     if renv.agent_store:
         raise ConfigError("MASTER_PORT", renv.master_port, "a keyed asynchronous job under `phalanx launch` (not "
                           "torchrun's agent: not built for the asynchronous server)")
