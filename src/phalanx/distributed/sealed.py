@@ -319,7 +319,8 @@ class SealedLinks:
             self.round = t
             for key in [k for k in self.inbox if k[0] < t - self.window]:
                 del self.inbox[key]
-            if self.fresh is not None:
+            if self.fresh is not None:  # (not yet taken and now older than the window: late, counted)
+                self.late.update(r for v, r in self.fresh if v < t - self.window)
                 self.fresh = [k for k in self.fresh if k[0] >= t - self.window]
         for rank in list(self.down):
             self._post(rank, Kind.THETA, t, msg)
