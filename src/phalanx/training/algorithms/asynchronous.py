@@ -22,8 +22,9 @@ The loop's round is a *server step*: one aggregation of a full buffer. Server st
 Staleness is measured by the server (it knows which version it sent each worker), never taken from an update: a
 Byzantine worker cannot claim to be fresh. The state — the ring of versions, the clock's speeds, arrival times,
 versions and statistics — is the algorithm's own (``RoundState.own``, checkpointed under ``algorithm.``): a resumed
-run is the uninterrupted one bit for bit (tests/test_async.py). In process only (``engine = "simulated"``); real
-asynchronous processes are not built yet (docs/async.md).
+run is the uninterrupted one bit for bit (tests/test_async.py). On real processes (``engine = "torchrun"``, FedBuff
+and BASGD) the server step is :mod:`phalanx.distributed.async_server`'s, which reuses :meth:`Asynchronous.full` and
+:meth:`Asynchronous.assemble` (docs/async.md).
 
 The clock's statistics become metric columns through a stage the algorithm brings (:class:`AsyncClock`):
 ``sim_time``, ``staleness_mean``, ``staleness_max``, ``dropped``, ``byzantine_buffer_share`` … on every evaluation
@@ -244,8 +245,9 @@ class Asynchronous(RoundAlgorithm):
         return AsyncWorkers(self, run, streams)
 
     def one_worker(self, run: Run, rank: int, streams: dict[str, Tensor], carried: Tensor | None) -> Any:
-        raise ConfigError("engine", "torchrun", f"'simulated' with algorithm {self.name} (asynchronous rounds run on "
-                          "the simulated clock so far; real asynchronous processes are not built)")
+        raise ConfigError("engine", "torchrun", f"'simulated' with algorithm {self.name} here (an asynchronous run has "
+                          "no worker slot of a synchronous round: on real processes its workers are "
+                          "phalanx.distributed.async_server's)")
 
     def check(self, run: Run) -> None:
         """The population fits (:meth:`per_round` refuses a buffer larger than it), the listed speeds are one per
