@@ -116,7 +116,7 @@ def test_each_check_rejects_its_mutant(mutant: type[Buffer], move: str) -> None:
 def test_a_flooding_worker_is_bounded_by_the_buffer_and_the_versions_in_flight() -> None:
     """10,000 updates from one Byzantine worker (every version, duplicates, junk) and the versions moving on: what
     the server holds never exceeds one step row and one held row per worker and (S + 1)(n − 1) seen pairs; what it
-    records, |REASONS| · (n + 1) counters."""
+    records, |REASONS| · n counters (ranks 1 … n − 1, and one for every rank outside the job)."""
     n, s = 6, 3
     b = Buffer(workers=n, dim=DIM, dtype=torch.float32, max_staleness=s)
     g = torch.Generator().manual_seed(0)
