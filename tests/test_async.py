@@ -252,7 +252,10 @@ def test_the_config_refuses_what_the_api_does() -> None:
     with pytest.raises(ConfigError, match=r"^f=2"):
         make_config({**base, "f": 2, "byzantine": 2, "algorithm": "basgd", "algorithm_params": {"buffers": 4}})
     with pytest.raises(ConfigError, match=r"^engine='torchrun'"):
-        make_config({**base, "engine": "torchrun", "algorithm": "fedbuff", "algorithm_params": {"buffer_size": 3}})
+        make_config({**base, "engine": "torchrun", "algorithm": "kardam", "algorithm_params": {"buffer_size": 3}})
+    with pytest.raises(ConfigError, match=r"^attack="):  # fedbuff runs on real processes, but without an attack
+        make_config({**base, "engine": "torchrun", "algorithm": "fedbuff", "algorithm_params": {"buffer_size": 3},
+                     "attack": "signflip", "byzantine": 1})
 
 
 def test_a_hostile_checkpoint_clock_is_refused() -> None:

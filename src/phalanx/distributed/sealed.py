@@ -39,6 +39,7 @@ import ssl
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,6 +115,13 @@ class SealedLinks:
         self.nonce = os.urandom(32)
         self.cond = threading.Condition()
         self.inbox: dict[tuple[int, int], Accepted] = {}
+        self.window = 1
+        """Vectors of rounds t − window … t are kept (the synchronous server: the round and the one before; the
+        asynchronous server, :mod:`~phalanx.distributed.async_server`: its staleness bound S)."""
+        self.fresh: list[tuple[int, int]] | None = None
+        """The asynchronous server's arrival order: (round, rank) of each vector kept, when not None."""
+        self.late: Counter[int] = Counter()
+        """Vectors older than the window, per rank (dropped, never kept)."""
         self.rejections = RejectionLog()  # bounded: counted per (round, rank or peer, kind)
         self.down: dict[int, _Down] = {}
         self.up: dict[int, ssl.SSLSocket] = {}
@@ -280,9 +288,13 @@ class SealedLinks:
                 return f"rank {rank} sent a vector for round {t}, which has not begun"
             if (t, rank) in self.inbox:
                 return f"rank {rank} sent a second vector in round {t}"
-            if t + 1 >= self.round:  # (an older one is late, not wrong: a slow worker's; it is dropped)
+            if t + self.window >= self.round:  # (an older one is late, not wrong: a slow worker's; it is dropped)
                 self.inbox[(t, rank)] = Accepted(body, digest.hex(), signature.hex())
+                if self.fresh is not None:
+                    self.fresh.append((t, rank))
                 self.cond.notify_all()
+            else:
+                self.late[rank] += 1
         return None
 
     # -- ServerLinks -----------------------------------------------------------------------------------------------
@@ -305,8 +317,11 @@ class SealedLinks:
     def publish_theta(self, t: int, msg: bytes) -> None:
         with self.cond:
             self.round = t
-            for key in [k for k in self.inbox if k[0] < t - 1]:
+            for key in [k for k in self.inbox if k[0] < t - self.window]:
                 del self.inbox[key]
+            if self.fresh is not None:  # (not yet taken and now older than the window: late, counted)
+                self.late.update(r for v, r in self.fresh if v < t - self.window)
+                self.fresh = [k for k in self.fresh if k[0] >= t - self.window]
         for rank in list(self.down):
             self._post(rank, Kind.THETA, t, msg)
 

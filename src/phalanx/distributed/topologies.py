@@ -22,11 +22,24 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from phalanx.distributed import rendezvous
+from phalanx.distributed.async_server import (
+    AsyncServer,
+    AsyncWorker,
+    SealedArrivals,
+    StoreArrivals,
+    store_notifier,
+)
 from phalanx.distributed.env import RankEnv, check_one_machine, open_store
 from phalanx.distributed.keys import Identity
 from phalanx.distributed.mesh import Mesh
 from phalanx.distributed.neighbours import MessageCount, Neighbours
-from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S, ParameterServer, ParameterServerWorker
+from phalanx.distributed.parameter_server import (
+    JOIN_TIMEOUT_S,
+    ParameterServer,
+    ParameterServerWorker,
+    StoreLinks,
+    StoreWorkerLinks,
+)
 from phalanx.distributed.recording import RankLog
 from phalanx.distributed.sealed import SealedLinks, SealedWorkerLinks
 from phalanx.distributed.serverless import AllGather
@@ -34,6 +47,7 @@ from phalanx.distributed.transcript import Transcript
 from phalanx.errors import ConfigError
 from phalanx.experiments.config import RunConfig, processes
 from phalanx.training.algorithms import builtin
+from phalanx.training.algorithms.asynchronous import Asynchronous
 from phalanx.training.algorithms.base import RoundAlgorithm
 from phalanx.training.experiment import Experiment
 from phalanx.training.loop import Callback
@@ -113,6 +127,8 @@ class ServerTopology(Topology):
 
     def start(self, rank: Rank) -> Part | None:
         renv, exp, digest = rank.renv, rank.exp, rank.digest
+        if isinstance(exp.algorithm, Asynchronous):
+            return start_async(rank)
         if rank.identity is None:
             store = _store(rank)
             if renv.rank != 0:
@@ -148,6 +164,36 @@ class ServerTopology(Topology):
         return Part(transport, links=server_links, hear=hear,
                     banner=f"sealed links: mutual TLS on {renv.master_addr}:{server_links.port}, {n - 1} workers on "
                            f"the allow-list {rank.identity.allow.path}")
+
+
+def start_async(rank: Rank) -> Part | None:
+    """The asynchronous parameter server (:mod:`~phalanx.distributed.async_server`): rank 0 serves, ranks 1 … n−1
+    compute at their own pace; through the store without keys, over the sealed links with them."""
+    renv, exp, digest, cfg = rank.renv, rank.exp, rank.digest, rank.cfg
+    s = exp.algorithm.max_staleness  # type: ignore[attr-defined]
+    if rank.identity is None:
+        store = _store(rank)
+        if renv.rank != 0:
+            AsyncWorker(exp, StoreWorkerLinks(store, renv.rank), renv.rank, digest,
+                        notify=store_notifier(store, renv.rank)).run()
+            return None
+        links = StoreLinks(store)
+        arrivals = StoreArrivals(links, cfg.round_timeout)
+        return Part(AsyncServer(links, arrivals, digest, cfg.round_timeout, rank.log.say))
+    if renv.agent_store:
+        raise ConfigError("MASTER_PORT", renv.master_port, "a keyed asynchronous job under `phalanx launch` (not "
+                          "torchrun's agent: not built for the asynchronous server)")
+    row_bytes = exp.problem.dim * exp.problem.initial_theta().element_size()
+    host = rendezvous.check_bind_address("MASTER_ADDR", renv.master_addr)
+    if renv.rank != 0:
+        worker_links = SealedWorkerLinks(rank.identity, host, renv.master_port, digest, row_bytes, cfg.workers)
+        AsyncWorker(exp, worker_links, renv.rank, digest).run()
+        return None
+    sealed = SealedLinks(rank.identity, host, renv.master_port, digest, row_bytes, cfg.workers)
+    server = AsyncServer(sealed, SealedArrivals(sealed, s), digest, cfg.round_timeout, rank.log.say)
+    return Part(server, banner=f"sealed links: mutual TLS on {renv.master_addr}:{sealed.port}, {cfg.workers - 1} "
+                               f"asynchronous workers on the allow-list {rank.identity.allow.path} (no transcript: "
+                               "docs/async.md)")
 
 
 class ServerlessTopology(Topology):

@@ -89,7 +89,7 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
         return
     measured = renv.rank == 0
     if measured:
-        if part.links is None:
+        if part.links is None and part.banner is None:
             warn_unsealed(log.say)
         elif mesh is not None and identity is not None:
             log.say(f"sealed mesh: mutual TLS between the {renv.world_size} ranks ({cfg.topology}), rank 0 on "

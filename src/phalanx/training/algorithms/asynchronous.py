@@ -22,8 +22,9 @@ The loop's round is a *server step*: one aggregation of a full buffer. Server st
 Staleness is measured by the server (it knows which version it sent each worker), never taken from an update: a
 Byzantine worker cannot claim to be fresh. The state — the ring of versions, the clock's speeds, arrival times,
 versions and statistics — is the algorithm's own (``RoundState.own``, checkpointed under ``algorithm.``): a resumed
-run is the uninterrupted one bit for bit (tests/test_async.py). In process only (``engine = "simulated"``); real
-asynchronous processes are not built yet (docs/async.md).
+run is the uninterrupted one bit for bit (tests/test_async.py). On real processes (``engine = "torchrun"``, FedBuff
+and BASGD) the server step is :mod:`phalanx.distributed.async_server`'s, which reuses :meth:`Asynchronous.full` and
+:meth:`Asynchronous.assemble` (docs/async.md).
 
 The clock's statistics become metric columns through a stage the algorithm brings (:class:`AsyncClock`):
 ``sim_time``, ``staleness_mean``, ``staleness_max``, ``dropped``, ``byzantine_buffer_share`` … on every evaluation
@@ -244,8 +245,9 @@ class Asynchronous(RoundAlgorithm):
         return AsyncWorkers(self, run, streams)
 
     def one_worker(self, run: Run, rank: int, streams: dict[str, Tensor], carried: Tensor | None) -> Any:
-        raise ConfigError("engine", "torchrun", f"'simulated' with algorithm {self.name} (asynchronous rounds run on "
-                          "the simulated clock so far; real asynchronous processes are not built)")
+        raise ConfigError("engine", "torchrun", f"'simulated' with algorithm {self.name} here (an asynchronous run has "
+                          "no worker slot of a synchronous round: on real processes its workers are "
+                          "phalanx.distributed.async_server's)")
 
     def check(self, run: Run) -> None:
         """The population fits (:meth:`per_round` refuses a buffer larger than it), the listed speeds are one per
@@ -258,16 +260,40 @@ class Asynchronous(RoundAlgorithm):
         """The seam's checks (f and the rule's requirement against :meth:`per_round`, named by
         :attr:`population_key`) after the population's and the attack's own."""
         if getattr(cfg, "engine", "simulated") != "simulated":
-            raise ConfigError("engine", cfg.engine, f"'simulated' with algorithm {self.name!r} (asynchronous rounds "
-                              "run on the simulated clock so far; real asynchronous processes are not built)")
+            self.check_processes(cfg, attack)
         self.per_round(cfg.workers)
         Speeds.parse(self.speeds).check(cfg.workers)
         check_attack(attack, self.name)
         super().check_config(cfg, rule, attack)
 
+    real_processes: ClassVar[bool] = False
+    """It runs on real processes (``engine = "torchrun"``, :mod:`phalanx.distributed.async_server`): FedBuff and
+    BASGD."""
+
+    def check_processes(self, cfg: Any, attack: Attack | DataAttack) -> None:
+        """What the asynchronous server on real processes runs, refused in one line otherwise: this algorithm, the
+        server topology, honest timing, no attack played by the worker processes (a Byzantine process speaks for
+        itself), and a buffer the n − 1 worker ranks can fill (rank 0 only serves)."""
+        if not self.real_processes or self.screens:  # (a filter — Kardam's, Zeno++'s — is not run there)
+            raise ConfigError("engine", cfg.engine, f"'simulated' with algorithm {self.name!r} (real asynchronous "
+                              "processes run fedbuff and basgd)")
+        if self.byzantine_timing != "honest":
+            raise ConfigError("algorithm_params.byzantine_timing", self.byzantine_timing, "'honest' with engine "
+                              "'torchrun' (the processes' own pace is their timing)")
+        if attack.name != "none":
+            raise ConfigError("attack", attack.name, "'none' with an asynchronous algorithm on engine 'torchrun' (the "
+                              "worker processes play no attack; a Byzantine process sends what it likes)")
+        if getattr(cfg, "topology", "server") != "server":
+            raise ConfigError("topology", cfg.topology, "'server' with an asynchronous algorithm")
+        if cfg.workers < 2:
+            raise ConfigError("workers", cfg.workers, ">= 2 with engine 'torchrun' (rank 0 serves, ranks 1 … n−1 "
+                              "compute)")
+        self.per_round(cfg.workers - 1)
+
     @classmethod
     def processes(cls, cfg: Any) -> int:
-        return 1
+        """One process on the simulated clock; with ``engine = "torchrun"`` one per worker rank (rank 0 serves)."""
+        return int(cfg.workers) if getattr(cfg, "engine", "simulated") == "torchrun" else 1
 
 
 def check_attack(attack: Attack | DataAttack, name: str) -> None:

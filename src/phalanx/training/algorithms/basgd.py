@@ -47,6 +47,7 @@ class BASGD(Asynchronous):
     buffers: int = 5
     name = "basgd"
     population_key = "algorithm_params.buffers"
+    real_processes = True
     reference = "Yang & Li, BASGD: Buffered Asynchronous SGD for Byzantine Learning, ICML 2021, Alg. 1"
 
     def __post_init__(self) -> None:

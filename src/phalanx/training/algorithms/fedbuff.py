@@ -46,6 +46,7 @@ class FedBuff(Asynchronous):
     buffer_size: int = 10
     name = "fedbuff"
     population_key = "algorithm_params.buffer_size"
+    real_processes = True
     reference = ("Nguyen et al., Federated Learning with Buffered Asynchronous Aggregation, AISTATS 2022, Alg. 1 "
                  "(staleness scaling 1/sqrt(1+s))")
 

@@ -1,0 +1,436 @@
+"""An asynchronous parameter server on real processes: FedBuff and BASGD under ``phalanx launch``.
+
+Nguyen et al., "Federated Learning with Buffered Asynchronous Aggregation", AISTATS 2022, Alg. 1 (FedBuff); Yang & Li,
+"BASGD: Buffered Asynchronous SGD for Byzantine Learning", ICML 2021, Alg. 1. Rank 0 is the server and computes
+nothing; ranks 1 … n−1 are workers, each at its own pace: it takes the newest model version it is sent, computes one
+minibatch gradient there (FedBuff with one local step, as the simulated algorithm) and sends it tagged with that
+version. Server step t (the training loop's round t, which publishes θₜ as version t):
+
+1. every update that arrives — from *any* worker: the server waits on the next arrival, never on a particular
+   worker — is checked before it is used (:meth:`Buffer.offer`): a version newer than t, or older than t − S
+   (S = ``max_staleness``: **dropped, counted and recorded, never aggregated**), a second update of one worker for
+   one version, a payload that is not one row of the model's length, a non-finite value, a rank that is not a
+   worker — each dropped and recorded (bounded: a count per reason and rank, :data:`REASONS`);
+2. before it waits, the server takes every update already there; the step holds at most one update per worker —
+   its newest version, an older one is dropped as superseded (counted) — as on the simulated clock, where a worker
+   delivers at most one update per step. Without this the workers, each of which sends one update per version,
+   would queue (n − 1)/K − 1 updates per step more than the buffer takes, and the staleness would grow to the bound
+   (measured: it did); updates that arrive after the buffer filled wait for the next step (one per worker);
+3. when the algorithm's buffer is full (:meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.full`: K
+   updates for FedBuff, one in each of B buffers for BASGD) the rows the rule aggregates are the algorithm's own
+   (:meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.assemble`: FedBuff's 1/√(1 + s) weighting, BASGD's
+   buffer means — one source of the math for the simulated and the real server), with staleness s = t − version;
+   the loop's server aggregates them with the run's rule and steps θ.
+
+If no update at all arrives for ``round_timeout`` seconds the step is given up (:class:`RoundAborted`: the loop
+writes a checkpoint and stops with :class:`~phalanx.errors.WorkersLostError`); a silent or crashed worker alone never
+holds a step up while others deliver.
+
+Transports. Without keys the c10d store (:class:`StoreArrivals`): θ as ``s/<t>`` and ``latest`` (the synchronous
+server's keys), an update as ``v/<version>/<rank>`` followed by a *notice*: the worker draws a ticket
+``store.add("async/n", 1)`` and writes ``async/a/<ticket>``; the server reads tickets in order, so it waits on
+whichever worker arrives next. A ticket drawn by a worker that died before writing its notice is skipped after
+``round_timeout``. With keys the sealed links (:class:`SealedArrivals`, :mod:`phalanx.distributed.sealed`): every
+update is signed for (run, version, rank), one per worker per version (a second one is a violation of the link; its
+eighth closes it), held for the last S + 1 versions only, so the server's memory is bounded by (S + 2)·(n − 1) rows
+whatever a worker sends. torch.distributed's collectives and gloo point-to-point are not used: a collective waits for
+every rank, and a gloo receive that times out on a silent peer leaves the pair unusable (docs/distributed.md).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from phalanx.distributed import _test_hooks, wire
+from phalanx.distributed.parameter_server import WorkerLinks, check_digest
+from phalanx.training.algorithms.asynchronous import TOUCHED, clock_stage
+from phalanx.training.algorithms.clock import STATS
+from phalanx.training.server import BoundRule
+from phalanx.training.shards import sample_batches_of
+from phalanx.training.state import Received, RoundAborted, Snapshot
+from phalanx.training.transport import Transport
+
+if TYPE_CHECKING:
+    from phalanx.training.algorithms.asynchronous import Asynchronous
+    from phalanx.training.experiment import Experiment
+
+REASONS = ("stale", "future", "duplicate", "shape", "nonfinite", "rank", "lost", "superseded")
+"""Why an update was dropped: older than the bound, from a version not yet published, a second one of a worker for
+one version, not one row of the model's length, a non-finite value, not from a worker rank, announced but gone, or
+an older version of a worker whose newer update is in the step (the server keeps each worker's freshest)."""
+NOTICES = "async/n"
+
+
+def notice_key(ticket: int) -> str:
+    """The store key of the ``ticket``-th arrival notice (without keys)."""
+    return f"async/a/{ticket}"
+
+
+@dataclass
+class Update:
+    """An accepted update: the worker, the version it was computed at, the row."""
+
+    rank: int
+    version: int
+    row: Tensor
+
+
+@dataclass
+class Buffer:
+    """The server's checks and buffer (see the module's docstring, steps 1–2): pure logic, no I/O.
+
+    Memory: the (worker, version) pairs seen for the last S + 1 versions (at most (S + 1)·(n − 1)), the step's buffer
+    (at most one row per worker) and the rows held for the next step (at most one per worker); the record is a count
+    per (reason, rank), ranks outside the job counted under −1.
+    """
+
+    workers: int
+    dim: int
+    dtype: torch.dtype
+    max_staleness: int
+    version: int = 0
+    seen: set[tuple[int, int]] = field(default_factory=set)
+    step: list[Update] = field(default_factory=list)
+    held: dict[int, Update] = field(default_factory=dict)
+    dropped: Counter[tuple[str, int]] = field(default_factory=Counter)
+
+    def publish(self, t: int) -> None:
+        """Version t is published: forget pairs older than the bound, start the step with the held updates that are
+        still within it (older ones dropped as stale)."""
+        self.version = t
+        self.seen = {(r, v) for r, v in self.seen if t - v <= self.max_staleness}
+        held, self.held, self.step = self.held, {}, []
+        for u in held.values():
+            if t - u.version > self.max_staleness:
+                self.dropped["stale", u.rank] += 1
+            else:
+                self.step.append(u)
+
+    def offer(self, rank: int, version: int, payload: bytes | bytearray) -> str | None:
+        """Check one arrival; None when accepted (into the step, or held for the next one), else the reason."""
+        reason = self._check(rank, version, payload)
+        if reason is not None:
+            self.dropped[reason, rank if 1 <= rank < self.workers else -1] += 1
+            return reason
+        self.seen.add((rank, version))
+        row = wire.bytes_tensor(bytes(payload), self.dtype).clone()
+        if not bool(torch.isfinite(row).all()):
+            self.dropped["nonfinite", rank] += 1
+            return "nonfinite"
+        u = Update(rank, version, row)
+        for i, x in enumerate(self.step):
+            if x.rank == rank:  # one per worker in a step: the newer version, in the older one's place
+                self.dropped["superseded", rank] += 1
+                if x.version > version:
+                    return "superseded"
+                self.step[i] = u
+                return None
+        self.step.append(u)
+        return None
+
+    def _check(self, rank: int, version: int, payload: bytes | bytearray) -> str | None:
+        if not 1 <= rank < self.workers:
+            return "rank"
+        if version > self.version:
+            return "future"
+        if self.version - version > self.max_staleness:
+            return "stale"
+        if (rank, version) in self.seen:
+            return "duplicate"
+        if len(payload) != self.dim * torch.empty((), dtype=self.dtype).element_size():
+            return "shape"
+        return None
+
+    def counts(self) -> dict[str, int]:
+        """Drops per reason over the run."""
+        out = dict.fromkeys(REASONS, 0)
+        for (reason, _), k in self.dropped.items():
+            out[reason] += k
+        return out
+
+
+class Arrivals(Protocol):
+    """How updates reach the asynchronous server."""
+
+    def publish(self, t: int, msg: bytes) -> None:
+        """Version t's message (``THETA`` + θ) to every worker."""
+
+    def next(self, timeout: float) -> tuple[int, int, bytes] | None:
+        """The next update to arrive, from any worker: (rank, version, payload); None when none within ``timeout``."""
+
+    def stale(self) -> Counter[int]:
+        """Updates the links themselves dropped as older than the bound, per rank, since the last call."""
+
+    def rejections(self) -> list[dict[str, Any]]:
+        """What the links refused since the last call (bounded groups, :mod:`phalanx.distributed.rejections`)."""
+
+
+class StoreArrivals:
+    """Arrivals through the c10d store, without keys (see the module's docstring): nothing says who wrote a key."""
+
+    def __init__(self, links: Any, grace: float) -> None:
+        self.links = links  # the synchronous server's StoreLinks (offer, joined, publish_theta, stop, close)
+        self.store: dist.Store = links.store
+        self.ticket = 1
+        self.grace = grace
+        """A ticket drawn but without its notice after waiting this long is skipped (its worker died mid-send)."""
+
+    def publish(self, t: int, msg: bytes) -> None:
+        self.links.publish_theta(t, msg)
+
+    def next(self, timeout: float) -> tuple[int, int, bytes] | None:
+        key = notice_key(self.ticket)
+        if timeout <= 0 and not self.store.check([key]):
+            return None
+        try:
+            self.store.wait([key], timedelta(seconds=max(timeout, 0.001)))
+        except dist.DistStoreError:
+            if timeout >= self.grace and int(self.store.add(NOTICES, 0)) >= self.ticket:  # drawn, never written
+                self.ticket += 1
+                return -1, -1, b""
+            return None
+        note = bytes(self.store.get(key))
+        self.store.delete_key(key)
+        self.ticket += 1
+        try:
+            version, rank = (int(x) for x in note.decode().split())
+        except (ValueError, UnicodeDecodeError):
+            return -1, 0, b""
+        vkey = wire.key_vector(version, rank)
+        if not self.store.check([vkey]):
+            return rank, version, b""
+        payload = bytes(self.store.get(vkey))
+        self.store.delete_key(vkey)
+        return rank, version, payload
+
+    def stale(self) -> Counter[int]:
+        return Counter()
+
+    def rejections(self) -> list[dict[str, Any]]:
+        return []
+
+
+class SealedArrivals:
+    """Arrivals over the sealed links (:class:`~phalanx.distributed.sealed.SealedLinks`, with keys): every update
+    signed, one per worker per version, versions older than the bound dropped by the links and counted."""
+
+    def __init__(self, links: Any, max_staleness: int) -> None:
+        self.links = links
+        links.window = max_staleness
+        links.fresh = []
+
+    def publish(self, t: int, msg: bytes) -> None:
+        self.links.publish_theta(t, msg)
+
+    def next(self, timeout: float) -> tuple[int, int, bytes] | None:
+        links = self.links
+        with links.cond:
+            if not links.cond.wait_for(lambda: bool(links.fresh), timeout):
+                return None
+            version, rank = links.fresh.pop(0)
+            got = links.inbox.get((version, rank))
+        return (rank, version, b"") if got is None else (rank, version, bytes(got.body))
+
+    def stale(self) -> Counter[int]:
+        with self.links.cond:
+            late, self.links.late = self.links.late, Counter()
+        return late
+
+    def rejections(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = self.links.new_rejections()
+        return out
+
+
+class AsyncServer(Transport):
+    """Rank 0's side (see the module's docstring): the loop's round t is server step t."""
+
+    def __init__(self, links: Any, arrivals: Arrivals, digest: str, round_timeout: float,
+                 say: Callable[[str], None]) -> None:
+        self.links, self.arrivals = links, arrivals
+        self.digest = digest
+        self.round_timeout = round_timeout
+        self.wait_s = round_timeout
+        self.say = say
+        self.next_round = 0
+        self.started = time.monotonic()
+        self.said: set[tuple[str, int]] = set()
+        self.on_step: Callable[[int, list[Update]], None] | None = None
+
+    def open(self, experiment: Experiment, start: Snapshot) -> Snapshot:
+        self.exp = experiment
+        self.algo: Asynchronous = experiment.algorithm  # type: ignore[assignment]
+        n = experiment.workers
+        theta = start.state.theta
+        self.buffer = Buffer(n, experiment.problem.dim, theta.dtype, self.algo.max_staleness, start.state.round)
+        self.next_round = start.state.round
+        self.links.offer({"config": self.digest, "round": start.state.round, "streams": {}, "momentum": None})
+        joined = self.links.joined(n)
+        if set(range(1, n)) - joined:
+            self.say(f"ranks {sorted(set(range(1, n)) - joined)} did not start in time; the server goes on without "
+                     "waiting for them")
+        self.streams_at = start.streams
+        return start
+
+    def streams(self) -> dict[str, Tensor]:
+        return self.streams_at
+
+    def exchange(self, theta: Tensor, t: int, rule: BoundRule) -> Received:
+        buf, algo = self.buffer, self.algo
+        _test_hooks.maybe_hold(t)
+        msg = wire.THETA + wire.tensor_bytes(theta)
+        buf.publish(t)
+        self.arrivals.publish(t, msg)
+        self.next_round = t + 1
+        before = buf.counts()
+        sent, received = len(msg) * (self.exp.workers - 1), 0
+        while (ready := self.arrivals.next(0.0)) is not None:  # everything already there first: the freshest wins
+            received += self._offer(*ready, t)
+        take = self._full()
+        while not take:
+            got = self.arrivals.next(self.wait_s)
+            if got is None:
+                raise RoundAborted(sorted({u.rank for u in buf.step} ^ set(range(1, self.exp.workers))),
+                                   f"server step {t}: no update arrived within round_timeout="
+                                   f"{self.wait_s:g} s")
+            received += self._offer(*got, t)
+            take = self._full()
+        for group in self.arrivals.rejections():  # (bounded per step: the rejection log's groups)
+            self.say(f"server step {t}: refused {group['count']}× from rank {group['rank']}: "
+                     f"{(group['samples'] or [group['kind']])[0]}")
+        used, buf.step = buf.step[:take], buf.step[take:]
+        for u in buf.step:  # (arrived after the buffer filled: kept for the next step, one per worker)
+            buf.held.setdefault(u.rank, u)
+        buf.step = []
+        ids = torch.tensor([u.rank for u in used], dtype=torch.int64)
+        staleness = torch.tensor([t - u.version for u in used], dtype=torch.int64)
+        updates = torch.stack([u.row for u in used]).to(theta)
+        vectors, rows, touched = algo.assemble(self.exp, ids, updates, staleness)
+        if self.on_step is not None:
+            self.on_step(t, used)
+        own = dict(clock_stage(self.exp).own)
+        own[TOUCHED] = touched
+        own["stats"] = self._stats(own["stats"], staleness, touched, buf.counts(), before, ids)
+        return Received(vectors, rows=rows, state_rows=False, own=own, sent=sent, received=received)
+
+    def _offer(self, rank: int, version: int, payload: bytes, t: int) -> int:
+        """Offer one arrival to the buffer, record why it was dropped (if it was); its size."""
+        buf = self.buffer
+        reason = buf.offer(rank, version, payload) if payload else "lost"
+        if reason == "lost":
+            buf.dropped["lost", rank if 1 <= rank < self.exp.workers else -1] += 1
+        if reason is not None and reason != "superseded":  # (superseded: an honest worker's routine, counted only)
+            self._record(reason, rank, version, t)
+        for late_rank, k in self.arrivals.stale().items():
+            buf.dropped["stale", late_rank] += k
+            self._record("stale", late_rank, -1, t)
+        return len(payload)
+
+    def _full(self) -> int:
+        """The length of the step's buffer prefix the algorithm takes (0: not full yet)."""
+        step = self.buffer.step
+        if not step:
+            return 0
+        order = torch.tensor([u.rank for u in step], dtype=torch.int64)
+        return self.algo.full(self.exp.workers, order, torch.ones(len(step), dtype=torch.bool))
+
+    def _stats(self, old: Tensor, staleness: Tensor, touched: Tensor, after: dict[str, int], before: dict[str, int],
+               ids: Tensor) -> Tensor:
+        """The clock's statistics (:data:`~phalanx.training.algorithms.clock.STATS`) of a real step: ``sim_time``
+        is the server's wall-clock seconds since it started; dropped counts every reason."""
+        s = dict(zip(STATS, old.tolist()))
+        byz = int((ids >= self.exp.workers - self.exp.byzantine).sum())
+        dropped_step = sum(after.values()) - sum(before.values())
+        s.update(sim_time=time.monotonic() - self.started, dropped=sum(after.values()),
+                 updates=s["updates"] + len(ids), byzantine_updates=s["byzantine_updates"] + byz,
+                 staleness_mean=float(staleness.double().mean()), staleness_max=float(staleness.max()),
+                 byzantine_buffer_share=byz / len(ids), dropped_step=dropped_step, byzantine_rows=int(touched.sum()))
+        return torch.tensor([s[k] for k in STATS], dtype=torch.float64)
+
+    def _record(self, reason: str, rank: int, version: int, t: int) -> None:
+        """Say the first drop of each (reason, rank) on rank 0's log (bounded: |REASONS| · n lines); all are counted
+        (:attr:`Buffer.dropped`, the ``dropped`` metric)."""
+        key = (reason, rank if 1 <= rank < self.exp.workers else -1)
+        if key in self.said:
+            return
+        self.said.add(key)
+        self.say(f"server step {t}: dropped an update of rank {key[1]} (version {version}): {reason} "
+                 f"(max_staleness = {self.buffer.max_staleness}); further ones of this kind are counted only")
+
+    def dropped(self) -> dict[str, int]:
+        """Drops per reason over the run (what :meth:`_record` counts)."""
+        return self.buffer.counts()
+
+    def close(self, error: BaseException | None) -> None:
+        try:
+            self.links.stop(self.next_round, b"finished" if error is None else str(error).encode())
+        except (dist.DistError, ConnectionError, RuntimeError, OSError):
+            pass
+        finally:
+            self.links.close()
+        counts = {k: v for k, v in self.buffer.counts().items() if v} if hasattr(self, "buffer") else {}
+        if counts:
+            self.say("updates dropped: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+
+
+class AsyncWorker:
+    """A worker rank: take the newest version, compute one minibatch gradient there, send it tagged with the
+    version; again, until the server says stop."""
+
+    def __init__(self, experiment: Experiment, links: WorkerLinks, rank: int, digest: str,
+                 notify: Callable[[int], None] | None = None) -> None:
+        self.exp, self.links, self.rank, self.digest = experiment, links, rank, digest
+        self.notify = notify
+
+    def run(self) -> None:
+        exp, links, rank = self.exp, self.links, self.rank
+        init = links.init()
+        check_digest(init, self.digest, rank)
+        links.ready()
+        algo: Any = exp.algorithm
+        gen = torch.Generator().manual_seed(int(exp.seed) * 1_000_003 + rank)  # this worker's own batches
+        dtype = exp.problem.initial_theta().dtype
+        ids = torch.tensor([rank], dtype=torch.int64)
+        t = int(init["round"])
+        while t < exp.rounds:
+            latest, msg = links.next_message(t)
+            if msg is None:
+                t = latest
+                continue
+            if msg[:1] == wire.STOP:
+                return
+            theta = wire.bytes_tensor(msg[1:], dtype)
+            _test_hooks.maybe_sleep(rank, latest)
+            xb, yb = sample_batches_of(exp.data, ids, algo.batch_size, gen)
+            g = exp.problem.grads_each(theta[None], xb, yb)[0]
+            links.send_vector(latest, wire.tensor_bytes(g))
+            if self.notify is not None:
+                self.notify(latest)
+            t = latest + 1
+
+
+def store_notifier(store: dist.Store, rank: int) -> Callable[[int], None]:
+    """Without keys: after its update of a version is written, a worker announces it (a ticket, then the notice)."""
+    lock = threading.Lock()
+
+    def notify(version: int) -> None:
+        with lock:
+            ticket = int(store.add(NOTICES, 1))
+            wire.put(store, notice_key(ticket), f"{version} {rank}")
+
+    return notify
+
+
+def log(text: str) -> None:
+    """A worker's line on stderr."""
+    print(text, file=sys.stderr, flush=True)

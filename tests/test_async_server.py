@@ -1,0 +1,276 @@
+"""The asynchronous parameter server's logic, in process (phalanx.distributed.async_server): its checks on every
+update, each with a mutant that the check's test rejects; its memory under a flood; and its server step, which must
+be the simulated FedBuff's and BASGD's math on the same buffer (docs/async.md, "On real processes")."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from phalanx.distributed import wire
+from phalanx.distributed.async_server import REASONS, AsyncServer, Buffer
+from phalanx.errors import ConfigError
+from phalanx.experiments import make_config
+from phalanx.experiments.build import from_config
+from phalanx.training.algorithms import fedbuff
+from phalanx.training.state import RoundAborted
+
+DIM = 5
+ROW = DIM * 4
+
+
+def row(*values: float) -> bytes:
+    x = torch.zeros(DIM)
+    x[: len(values)] = torch.tensor(values)
+    return wire.tensor_bytes(x)
+
+
+class NoDuplicateCheck(Buffer):
+    """Mutant: a server that accepts two updates of one worker for one version."""
+
+    def _check(self, rank: int, version: int, payload: bytes | bytearray) -> str | None:
+        got = super()._check(rank, version, payload)
+        return None if got == "duplicate" else got
+
+
+class NoStalenessBound(Buffer):
+    """Mutant: a server that aggregates updates older than the bound."""
+
+    def _check(self, rank: int, version: int, payload: bytes | bytearray) -> str | None:
+        got = super()._check(rank, version, payload)
+        return None if got == "stale" else got
+
+
+class NoShapeCheck(Buffer):
+    """Mutant: a server that takes a row of any length (it is cut or padded to d)."""
+
+    def _check(self, rank: int, version: int, payload: bytes | bytearray) -> str | None:
+        got = super()._check(rank, version, payload)
+        return None if got == "shape" else got
+
+    def offer(self, rank: int, version: int, payload: bytes | bytearray) -> str | None:
+        return super().offer(rank, version, (bytes(payload) + bytes(ROW))[:ROW])
+
+
+class NoFiniteCheck(Buffer):
+    """Mutant: a server that buffers NaN rows."""
+
+    def offer(self, rank: int, version: int, payload: bytes | bytearray) -> str | None:
+        reason = self._check(rank, version, payload)
+        if reason is not None:
+            return reason
+        self.seen.add((rank, version))
+        self.step.append(fedbuff_update(rank, version, payload))
+        return None
+
+
+def fedbuff_update(rank: int, version: int, payload: bytes | bytearray) -> Any:
+    from phalanx.distributed.async_server import Update
+
+    return Update(rank, version, wire.bytes_tensor(bytes(payload), torch.float32).clone())
+
+
+def hostile(cls: type[Buffer]) -> dict[str, str | None]:
+    """A Byzantine worker's moves against a server at version 5 with S = 2 (workers 1 … 7)."""
+    b = cls(workers=8, dim=DIM, dtype=torch.float32, max_staleness=2)
+    b.publish(5)
+    return {
+        "first": b.offer(3, 5, row(1.0)),
+        "second for the same version": b.offer(3, 5, row(100.0)),
+        "stale": b.offer(4, 2, row(1.0)),
+        "future": b.offer(5, 6, row(1.0)),
+        "wrong shape": b.offer(6, 4, b"\x00" * (ROW - 4)),
+        "nan": b.offer(2, 5, row(float("nan"))),
+        "not a worker": b.offer(0, 5, row(1.0)),
+        "outside the job": b.offer(9, 5, row(1.0)),
+    }
+
+
+def test_every_bad_update_is_dropped_with_its_reason_and_counted() -> None:
+    got = hostile(Buffer)
+    assert got == {"first": None, "second for the same version": "duplicate", "stale": "stale", "future": "future",
+                   "wrong shape": "shape", "nan": "nonfinite", "not a worker": "rank", "outside the job": "rank"}
+    b = Buffer(workers=4, dim=DIM, dtype=torch.float32, max_staleness=2)
+    b.publish(5)
+    b.offer(3, 5, row(1.0))
+    b.offer(3, 5, row(2.0))
+    b.offer(3, 1, row(2.0))
+    assert b.counts() == {**dict.fromkeys(REASONS, 0), "duplicate": 1, "stale": 1}
+    assert [u.rank for u in b.step] == [3] and float(b.step[0].row[0]) == 1.0  # the first one, never the second
+
+
+@pytest.mark.parametrize(("mutant", "move"), [
+    (NoDuplicateCheck, "second for the same version"), (NoStalenessBound, "stale"), (NoShapeCheck, "wrong shape"),
+    (NoFiniteCheck, "nan"),
+])
+def test_each_check_rejects_its_mutant(mutant: type[Buffer], move: str) -> None:
+    assert hostile(Buffer)[move] is not None
+    assert hostile(mutant)[move] is None  # the mutant takes what the server drops: the test above fails on it
+
+
+def test_a_flooding_worker_is_bounded_by_the_buffer_and_the_versions_in_flight() -> None:
+    """10,000 updates from one Byzantine worker (every version, duplicates, junk) and the versions moving on: what
+    the server holds never exceeds one step row and one held row per worker and (S + 1)(n − 1) seen pairs; what it
+    records, |REASONS| · n counters (ranks 1 … n − 1, and one for every rank outside the job)."""
+    n, s = 6, 3
+    b = Buffer(workers=n, dim=DIM, dtype=torch.float32, max_staleness=s)
+    g = torch.Generator().manual_seed(0)
+    for t in range(40):
+        b.publish(t)
+        for _ in range(250):
+            rank = int(torch.randint(-3, n + 3, (1,), generator=g))
+            version = t - int(torch.randint(-2, 8, (1,), generator=g))
+            payload = row(1.0) if int(torch.randint(0, 4, (1,), generator=g)) else b"junk"
+            b.offer(rank, version, payload)
+            assert len(b.step) <= n - 1 and len(b.held) <= n - 1
+            assert len(b.seen) <= (s + 1) * (n - 1)
+        b.step = b.step[:1]  # (the server takes a buffer each step)
+    assert len(b.dropped) <= len(REASONS) * n
+    assert sum(b.counts().values()) > 9000
+
+
+class Links:
+    def offer(self, init: dict[str, Any]) -> None:
+        self.init = init
+
+    def joined(self, n: int) -> set[int]:
+        return set(range(1, n))
+
+    def stop(self, t: int, reason: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Scripted:
+    """Arrivals in a scripted order: (rank, version, payload); None when the script is spent."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[int, int, bytes]] = []
+
+    def publish(self, t: int, msg: bytes) -> None:
+        pass
+
+    def next(self, timeout: float) -> tuple[int, int, bytes] | None:
+        return self.items.pop(0) if self.items else None
+
+    def stale(self) -> Counter[int]:
+        return Counter()
+
+    def rejections(self) -> list[dict[str, Any]]:
+        return []
+
+
+def server(algorithm: str, params: dict[str, Any], workers: int = 5) -> tuple[AsyncServer, Scripted, Any]:
+    cfg = make_config({"dataset": "digits", "model": "logreg", "workers": workers, "byzantine": 0, "attack": "none",
+                       "aggregator": "mean", "f": 0, "algorithm": algorithm, "algorithm_params": params,
+                       "engine": "torchrun", "round_timeout": 1.0})
+    exp = from_config(cfg)
+    theta = exp.problem.initial_theta()
+    exp.algorithm.load_state(exp, exp.algorithm.initial_state(exp, theta))
+    arrivals = Scripted()
+    srv = AsyncServer(Links(), arrivals, "digest", 1.0, lambda s: None)
+    srv.open(exp, SimpleNamespace(state=SimpleNamespace(round=0, theta=theta), streams={}))  # type: ignore[arg-type]
+    return srv, arrivals, theta
+
+
+def updates(k: int, dim: int, seed: int) -> list[torch.Tensor]:
+    return list(torch.randn(k, dim, generator=torch.Generator().manual_seed(seed)))
+
+
+def test_the_real_servers_fedbuff_step_is_the_papers_and_the_simulated_ones() -> None:
+    """Steps 0 and 1 of a real FedBuff server (K = 3, S = 2) on scripted arrivals: the rows are Δᵢ/√(1 + sᵢ) with
+    sᵢ = t − version (Nguyen et al., AISTATS 2022, §5), exactly what the simulated FedBuff assembles from the same
+    buffer; a duplicate, a NaN row and a stale update are dropped, a worker's newer update supersedes its older one
+    in a step."""
+    srv, arrivals, theta = server("fedbuff", {"buffer_size": 3, "max_staleness": 2}, workers=6)
+    d = theta.numel()
+    u = updates(8, d, 0)
+    b = lambda x: wire.tensor_bytes(x)  # noqa: E731
+    arrivals.items = [(1, 0, b(u[0])), (1, 0, b(u[1])), (2, 0, b(torch.full((d,), math.nan))),
+                      (3, 0, b(u[3])), (4, 0, b(u[4]))]
+    got = srv.exchange(theta, 0, None)  # type: ignore[arg-type]
+    assert torch.equal(got.vectors, torch.stack([u[0], u[3], u[4]]))
+    assert got.rows == [1, 3, 4]
+    assert srv.dropped()["duplicate"] == 1 and srv.dropped()["nonfinite"] == 1
+    # worker 2's NaN was its update of version 0: another one for that version is a duplicate
+    arrivals.items = [(2, 0, b(u[6])), (5, 0, b(u[5])), (3, 1, b(u[7])), (4, 1, b(u[1]))]
+    got = srv.exchange(theta, 1, None)  # type: ignore[arg-type]
+    assert srv.dropped()["duplicate"] == 2
+    ids, stale = torch.tensor([5, 3, 4]), torch.tensor([1, 0, 0])
+    expected = torch.stack([u[5] / math.sqrt(2.0), u[7], u[1]])
+    torch.testing.assert_close(got.vectors, expected, rtol=1e-6, atol=0)  # float32 rounding of one product
+    simulated, rows, _ = srv.exp.algorithm.assemble(srv.exp, ids, torch.stack([u[5], u[7], u[1]]), stale)
+    assert torch.equal(got.vectors, simulated) and rows == got.rows
+    # step 3: version 0 is older than S = 2 (dropped, never aggregated); worker 1's version 2 supersedes its version 1
+    arrivals.items = [(1, 0, b(u[0])), (1, 1, b(u[2])), (1, 2, b(u[3])), (3, 2, b(u[4])), (2, 3, b(u[5]))]
+    got = srv.exchange(theta, 3, None)  # type: ignore[arg-type]
+    assert got.rows == [1, 3, 2]
+    torch.testing.assert_close(got.vectors, torch.stack([u[3] / math.sqrt(2.0), u[4] / math.sqrt(2.0), u[5]]),
+                               rtol=1e-6, atol=0)
+    assert srv.dropped()["stale"] == 1 and srv.dropped()["superseded"] == 1
+    assert got.own is not None and int(got.own["stats"][1]) == sum(srv.dropped().values())
+
+
+def test_updates_after_a_full_buffer_wait_for_the_next_step() -> None:
+    """K = 2: a third update that arrives while the step fills is the next step's, not lost."""
+    srv, arrivals, theta = server("fedbuff", {"buffer_size": 2, "max_staleness": 2})
+    u = updates(3, theta.numel(), 3)
+    arrivals.items = [(1, 0, wire.tensor_bytes(u[0])), (2, 0, wire.tensor_bytes(u[1])), (3, 0, wire.tensor_bytes(u[2]))]
+    assert srv.exchange(theta, 0, None).rows == [1, 2]  # type: ignore[arg-type]
+    arrivals.items = [(1, 1, wire.tensor_bytes(u[0]))]
+    got = srv.exchange(theta, 1, None)  # type: ignore[arg-type]
+    assert got.rows == [3, 1]
+    torch.testing.assert_close(got.vectors[0], u[2] / math.sqrt(2.0), rtol=1e-6, atol=0)
+
+
+def test_the_staleness_weighting_is_checked_against_a_mutant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutant: FedBuff without its staleness weighting — the real server's step is then not the paper's."""
+    monkeypatch.setattr(fedbuff, "staleness_weight", lambda s: torch.ones(s.shape, dtype=torch.float64))
+    srv, arrivals, theta = server("fedbuff", {"buffer_size": 2, "max_staleness": 2})
+    u = updates(2, theta.numel(), 1)
+    arrivals.items = [(1, 0, wire.tensor_bytes(u[0])), (2, 1, wire.tensor_bytes(u[1]))]
+    got = srv.exchange(theta, 1, None)  # type: ignore[arg-type]
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(got.vectors, torch.stack([u[0] / math.sqrt(2.0), u[1]]))
+
+
+def test_the_real_servers_basgd_step_is_the_buffer_means() -> None:
+    """BASGD (B = 2, workers 1 … 4 hashed j mod 2): the step is full once both buffers hold an update; the rows are
+    the buffers' means (Yang & Li, ICML 2021, Alg. 1), unweighted."""
+    srv, arrivals, theta = server("basgd", {"buffers": 2, "max_staleness": 2})
+    u = updates(3, theta.numel(), 2)
+    arrivals.items = [(1, 0, wire.tensor_bytes(u[0])), (3, 0, wire.tensor_bytes(u[1])), (2, 0, wire.tensor_bytes(u[2]))]
+    got = srv.exchange(theta, 0, None)  # type: ignore[arg-type]
+    torch.testing.assert_close(got.vectors, torch.stack([u[2], (u[0] + u[1]) / 2]), rtol=1e-6, atol=1e-7)
+
+
+def test_silence_gives_the_step_up_instead_of_hanging() -> None:
+    srv, arrivals, theta = server("fedbuff", {"buffer_size": 2})
+    arrivals.items = [(1, 0, wire.tensor_bytes(torch.zeros(theta.numel())))]
+    with pytest.raises(RoundAborted, match="no update arrived"):
+        srv.exchange(theta, 0, None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("params", "extra", "match"), [
+    ({"buffer_size": 4}, {}, "buffer_size"),  # 4 workers: rank 0 serves, 3 compute
+    ({"buffer_size": 2, "byzantine_timing": "always_first"}, {}, "byzantine_timing"),
+    ({"buffer_size": 2}, {"attack": "signflip", "byzantine": 1}, "attack"),
+    ({"buffer_size": 2}, {"topology": "serverless"}, "topology"),
+])
+def test_what_real_processes_do_not_run_is_refused_in_one_line(params: dict[str, Any], extra: dict[str, Any],
+                                                                match: str) -> None:
+    data = {"dataset": "digits", "model": "logreg", "workers": 4, "byzantine": 0, "attack": "none",
+            "aggregator": "mean", "f": 0, "algorithm": "fedbuff", "algorithm_params": params, "engine": "torchrun",
+            **extra}
+    with pytest.raises(ConfigError, match=match):
+        from_config(make_config(data))
+    with pytest.raises(ConfigError, match="engine"):
+        from_config(make_config({**data, "algorithm": "kardam", "algorithm_params": {}, "attack": "none",
+                                 "byzantine": 0, "topology": "server"}))
