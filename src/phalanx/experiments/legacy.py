@@ -11,7 +11,7 @@ names the flat key the user wrote.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,13 +20,16 @@ from phalanx.experiments.schema import RunConfig
 from phalanx.plugins import accepted_params
 from phalanx.training.algorithms import builtin
 
-__all__ = ["TREE", "Section", "client_keys", "optimizer", "row_columns", "stage_sections"]
+__all__ = ["TREE", "Section", "client_keys", "flat_keys", "optimizer", "row_columns", "stage_sections"]
 
 TREE = "stages"
 """The config key of the stages' own sections: ``[stages.<name>]`` with the stage's parameters."""
 
 PROJECTION = "server_projection"
-PRIVACY = ("dp_noise", "dp_clip", "dp_delta")
+DP = {"noise": "dp_noise", "clip": "dp_clip", "delta": "dp_delta"}
+"""The flat key of each parameter of the privacy stage's section (:class:`~phalanx.training.stages.privacy.ClientDP`:
+``noise``, ``clip``, ``delta``)."""
+PRIVACY = tuple(DP.values())
 SERVER = ("server_optimizer", "server_momentum", "server_weight_decay")
 FLAT_STAGES = {"crfl": PROJECTION, "dp": "dp_noise"}
 """The built-in stages that flat keys turn on (a ``[stages.<name>]`` section of theirs is refused: one run, one
@@ -103,15 +106,30 @@ def stage_sections(cfg: RunConfig, projections: Callable[[], list[str]]) -> list
     else:
         if cfg.dp_clip is None:
             raise ConfigError("dp_clip", None, "a clipping norm > 0 with dp_noise set (the noise is σ times it)")
-        flat = {"clip": "dp_clip", "noise": "dp_noise", "delta": "dp_delta"}
         out.append(Section("dp", {"clip": cfg.dp_clip, "noise": cfg.dp_noise, "delta": cfg.dp_delta}, "dp_noise",
-                           lambda p: flat.get(p, p)))
+                           lambda p: DP.get(p, p)))
     for stage, section in getattr(cfg, TREE).items():
         if stage in FLAT_STAGES:
             raise ConfigError(f"{TREE}.{stage}", section, f"unset: {stage} is turned on by {FLAT_STAGES[stage]} "
                               "(one spelling per run, so that its run id is the one it always had)")
         out.append(Section(stage, dict(section), f"{TREE}.{stage}", _under(f"{TREE}.{stage}")))
     return out
+
+
+def flat_keys(stage: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The flat keys that turn on the built-in stage ``stage`` with its section ``params`` — :func:`stage_sections`
+    read backwards, for code that writes configs (a study's grid): ``flat_keys("dp", {"noise": σ, "clip": C})`` is
+    ``{"dp_noise": σ, "dp_clip": C}``; ``"crfl"`` (any server projection) is ``server_projection`` with its params.
+    The flat spelling is the one a run id is computed from, so a study that writes its stage's section through here
+    names its runs as it always did."""
+    if stage == "dp":
+        unknown = sorted(set(params) - set(DP))
+        if unknown:
+            raise ConfigError(unknown[0], params[unknown[0]], f"a parameter of dp: {', '.join(DP)}")
+        return {DP[p]: v for p, v in params.items()}
+    if stage == "crfl":
+        return {PROJECTION: stage, "server_projection_params": dict(params)}
+    raise ConfigError("stage", stage, "a stage with flat keys: " + ", ".join(repr(n) for n in FLAT_STAGES))
 
 
 def _under(prefix: str) -> Callable[[str], str]:
