@@ -31,6 +31,8 @@ DP = {"noise": "dp_noise", "clip": "dp_clip", "delta": "dp_delta"}
 ``noise``, ``clip``, ``delta``)."""
 PRIVACY = tuple(DP.values())
 SERVER = ("server_optimizer", "server_momentum", "server_weight_decay")
+SGD = {"momentum": "server_momentum", "weight_decay": "server_weight_decay"}
+"""The flat key of each parameter of the SGD server optimizer's section that has one."""
 FLAT_STAGES = {"crfl": PROJECTION, "dp": "dp_noise"}
 """The built-in stages that flat keys turn on (a ``[stages.<name>]`` section of theirs is refused: one run, one
 spelling, one run id)."""
@@ -142,22 +144,24 @@ def row_columns(cfg: RunConfig) -> tuple[str, ...]:
     return PRIVACY if cfg.dp_noise is not None else ()
 
 
-def optimizer(cfg: RunConfig, decentralized: bool) -> tuple[str, dict[str, Any]]:
-    """The server optimizer's name and its section of parameters: ``server_optimizer`` with
-    ``server_optimizer_params``; SGD also takes ``server_momentum`` and ``server_weight_decay``. A decentralized
-    algorithm has no server: the server's keys keep their defaults."""
+def optimizer(cfg: RunConfig, decentralized: bool) -> tuple[str, dict[str, Any], Callable[[str], str]]:
+    """The server optimizer's name, its section of parameters and the config key of each (for its errors):
+    ``server_optimizer`` with ``server_optimizer_params`` (``p`` is ``server_optimizer_params.p``); SGD also takes
+    ``momentum`` and ``weight_decay`` from the flat ``server_momentum`` and ``server_weight_decay`` (:data:`SGD`).
+    A decentralized algorithm has no server: the server's keys keep their defaults."""
     if decentralized:
         for key in SERVER:
             if getattr(cfg, key) != _default(key):
                 raise ConfigError(key, getattr(cfg, key), f"its default with algorithm = {cfg.algorithm!r} (there is "
                                   "no server; lr, momentum and weight_decay are the nodes')")
-    params = dict(cfg.server_optimizer_params)
-    if cfg.server_optimizer == "sgd":
-        params.setdefault("momentum", cfg.server_momentum)
-        params.setdefault("weight_decay", cfg.server_weight_decay)
-    else:
-        for key in ("server_momentum", "server_weight_decay"):
-            if getattr(cfg, key) != 0.0:
-                raise ConfigError(key, getattr(cfg, key), f"0 with server_optimizer = {cfg.server_optimizer!r} "
-                                  "(its parameters go in server_optimizer_params)")
-    return cfg.server_optimizer, params
+    given = dict(cfg.server_optimizer_params)
+    params = dict(given)
+    keys = {p: f"server_optimizer_params.{p}" for p in given}
+    for p, key in SGD.items():
+        if cfg.server_optimizer == "sgd":
+            if p not in given:
+                params[p], keys[p] = getattr(cfg, key), key
+        elif getattr(cfg, key) != 0.0:
+            raise ConfigError(key, getattr(cfg, key), f"0 with server_optimizer = {cfg.server_optimizer!r} "
+                              "(its parameters go in server_optimizer_params)")
+    return cfg.server_optimizer, params, lambda p: keys.get(p, p)
