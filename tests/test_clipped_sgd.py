@@ -61,7 +61,7 @@ def test_a_huge_finite_aggregate_moves_theta_by_at_most_lr_times_clip() -> None:
 @pytest.mark.parametrize(("params", "match"), [
     ({"clip": 0.0}, "clip=0.0 is invalid"), ({"clip": -1.0}, "clip=-1.0 is invalid"),
     ({"clip": math.inf}, "clip=inf is invalid"), ({"clip": "auto"}, "clip='auto' is invalid"),
-    ({"clip": 1.0, "momentum": 1.0}, "server_momentum=1.0 is invalid"),
+    ({"clip": 1.0, "momentum": 1.0}, "momentum=1.0 is invalid"),
 ])
 def test_bad_parameters_are_one_line_config_errors(params: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match) as err:

@@ -26,6 +26,7 @@ from phalanx.training import DSGD, Experiment, Loop
 from phalanx.training.algorithms.fedavg import FedAvg
 from phalanx.training.algorithms.fedbn import LocalNorms, label_shares, local_norms
 from phalanx.training.loop import Evaluate
+from phalanx.training.norm_stats import NormStats
 from phalanx.training.optim import SGD
 from phalanx.training.problem import Problem
 from phalanx.training.streams import generator
@@ -395,7 +396,7 @@ def test_the_objects_api_refuses_fedbn_without_federated_rounds_and_on_client_sl
 def test_resnet20_takes_fedbn_and_no_server_statistics_are_kept() -> None:
     problem = Problem(models.make("resnet20", (3, 8, 8), 4, norm="fedbn"))
     norms = local_norms(problem)
-    assert problem.norm_stats is None and norms is not None
+    assert NormStats.of(problem.model) is None and norms is not None
     assert norms.channels == 16 + 2 * 3 * (16 + 32 + 64)
     assert norms.bn_index.numel() == 2 * norms.channels
     assert norms.shared_index.numel() == problem.dim - 2 * norms.channels

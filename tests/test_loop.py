@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -17,7 +17,7 @@ from _interrupt import train_interrupted
 from phalanx import aggregators, attacks, data, models
 from phalanx.aggregators.cc import CenteredClipping
 from phalanx.errors import ConfigError, WorkersLostError
-from phalanx.experiments import from_config, grid, make_config, store, train
+from phalanx.experiments import from_config, grid, legacy, make_config, store, train
 from phalanx.training import (
     SGD,
     BoundRule,
@@ -29,6 +29,7 @@ from phalanx.training import (
     Received,
     RoundAborted,
     Snapshot,
+    optim,
     run,
 )
 from phalanx.training.streams import restored
@@ -162,6 +163,31 @@ def test_server_momentum_trains_from_toml_and_resumes(tmp_path: Path) -> None:
 def test_server_optimizer_config_errors(change: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         make_config({**SMALL, **change})
+
+
+def test_server_optimizer_errors_name_the_key_the_config_wrote() -> None:
+    """SGD checks its own section (``momentum``, ``nesterov``); the legacy adapter names each parameter by the key
+    that set it — the flat ``server_momentum`` or ``server_optimizer_params.<p>`` (an adapter that named them all
+    by one spelling fails here; the schema's range refuses a bad flat value before SGD sees it, so the flat name is
+    checked on the adapter's own mapping)."""
+    with pytest.raises(ConfigError) as api:
+        SGD(momentum=1.0)
+    assert api.value.parameter == "momentum"
+    for params, key in (({"momentum": 1.0}, "server_optimizer_params.momentum"),
+                        ({"nesterov": True}, "server_optimizer_params.nesterov")):
+        with pytest.raises(ConfigError) as exc:
+            make_config({**SMALL, "server_optimizer_params": params})
+        assert exc.value.parameter == key and "\n" not in str(exc.value)
+    flat = make_config({**SMALL, "server_momentum": 0.5})
+    name, section, name_of = legacy.optimizer(flat, decentralized=False)
+    assert (name, section) == ("sgd", {"momentum": 0.5, "weight_decay": 0.0})
+    assert (name_of("momentum"), name_of("weight_decay")) == ("server_momentum", "server_weight_decay")
+    with pytest.raises(ConfigError) as built:  # what the flat key would name if SGD refused its value
+        optim.build(name, {**section, "momentum": 1.0}, cast(Any, None), name_of)
+    assert built.value.parameter == "server_momentum"
+    mixed = make_config({**SMALL, "server_optimizer_params": {"momentum": 0.25}})
+    _, section, name_of = legacy.optimizer(mixed, decentralized=False)
+    assert section["momentum"] == 0.25 and name_of("momentum") == "server_optimizer_params.momentum"
 
 
 def test_sgd_state_dict_round_trip_and_nesterov() -> None:

@@ -331,6 +331,17 @@ def test_a_config_with_update_mode_and_a_server_rate_is_refused_before_it_runs(t
         make_config(_cfg("update", server_lr=0.5))
 
 
+@pytest.mark.parametrize("momentum", [{"server_momentum": 0.5}, {"server_optimizer_params": {"momentum": 0.5}}])
+def test_update_mode_refuses_server_momentum_however_it_is_spelled(momentum: dict[str, object]) -> None:
+    """The check reads the SGD section's momentum, from the flat key or from server_optimizer_params (a check that
+    read the flat key alone let the second spelling through)."""
+    from phalanx.experiments import make_config
+
+    with pytest.raises(ConfigError, match="'sgd' without momentum") as exc:
+        make_config(_cfg("update", **momentum))
+    assert exc.value.parameter == "server_optimizer"
+
+
 def test_fail_closed_watches_the_update_mode_and_stops_a_run_with_more_than_f_flagged(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fail-closed stage (main's stage seam) over mode 'update': its check probes the wrapped rule on i.i.d. rows

@@ -20,6 +20,7 @@ from phalanx.models.norm import FedNorm2d, recording
 from phalanx.training import DSGD, Experiment
 from phalanx.training.norm_stats import NormStats
 from phalanx.training.problem import Problem
+from phalanx.training.stages.norm_stats import PoolStats
 
 
 def _features(seed: int = 0, n: int = 6, c: int = 3) -> torch.Tensor:
@@ -86,7 +87,7 @@ def test_measured_statistics_and_their_pool() -> None:
     model = models.make("cnn", (1, 8, 8), 4, generator=torch.Generator().manual_seed(0), channels=[4, 8], hidden=16,
                         norm="batch")
     problem = Problem(model)
-    stats = problem.norm_stats
+    stats = NormStats.of(model)
     assert stats is not None and stats.channels == 12
     xb = torch.randn(3, 10, 1, 8, 8, generator=torch.Generator().manual_seed(2))
     rows = stats.measure(problem.layout.views(problem.initial_theta()), problem.buffers, xb)
@@ -158,8 +159,9 @@ def test_batchnorm_statistics_matter_for_evaluation() -> None:
         "channels": [4, 8], "hidden": 16, "norm": "batch"}}))
     loop = Loop(exp)
     loop.run()
-    norm = exp.problem.norm_stats
-    assert norm is not None
+    pool = exp.stage(PoolStats)
+    assert pool is not None
+    norm = pool.norm  # the stage's own layers: the clients measure on them, the stage pools into them
     theta = loop.state.theta
     x = exp.dataset.test_x
     trained = exp.problem.predict(theta, x)
@@ -193,4 +195,4 @@ def test_experiment_refuses_a_batchnorm_model_with_dsgd() -> None:
 
 def test_norm_stats_of_a_model_without_them_is_none() -> None:
     assert NormStats.of(models.make("cnn", (1, 8, 8), 4)) is None
-    assert Problem(models.make("resnet20", (3, 8, 8), 4, norm="batch")).norm_stats is not None
+    assert NormStats.of(models.make("resnet20", (3, 8, 8), 4, norm="batch")) is not None

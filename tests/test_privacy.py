@@ -18,7 +18,7 @@ from _interrupt import train_interrupted
 from phalanx import aggregators, data, models
 from phalanx.analysis import privacy as accounting
 from phalanx.errors import ConfigError
-from phalanx.experiments import from_config, make_config, store, train
+from phalanx.experiments import from_config, legacy, make_config, store, train
 from phalanx.training import Experiment, run
 from phalanx.training.algorithms.scaffold import Scaffold
 from phalanx.training.privacy import ClientDP
@@ -78,15 +78,37 @@ def test_a_process_running_one_worker_adds_what_the_batched_run_adds_to_it() -> 
 
 
 @pytest.mark.parametrize(("kwargs", "key"), [
-    ({"clip": 0.0, "noise": 1.0}, "dp_clip"), ({"clip": -1.0, "noise": 1.0}, "dp_clip"),
-    ({"clip": 1.0, "noise": 0.0}, "dp_noise"), ({"clip": 1.0, "noise": -0.5}, "dp_noise"),
-    ({"clip": 1.0, "noise": 1.0, "delta": 0.0}, "dp_delta"), ({"clip": 1.0, "noise": 1.0, "delta": 1.0}, "dp_delta"),
-    ({"clip": math.inf, "noise": 1.0}, "dp_clip"),
+    ({"clip": 0.0, "noise": 1.0}, "clip"), ({"clip": -1.0, "noise": 1.0}, "clip"),
+    ({"clip": 1.0, "noise": 0.0}, "noise"), ({"clip": 1.0, "noise": -0.5}, "noise"),
+    ({"clip": 1.0, "noise": 1.0, "delta": 0.0}, "delta"), ({"clip": 1.0, "noise": 1.0, "delta": 1.0}, "delta"),
+    ({"clip": math.inf, "noise": 1.0}, "clip"),
 ])
-def test_bad_parameters_are_one_line_naming_the_key(kwargs: dict[str, float], key: str) -> None:
+def test_bad_parameters_are_one_line_naming_the_parameter(kwargs: dict[str, float], key: str) -> None:
+    """The stage checks its own section's parameters, under the names the API user wrote (a config's errors name
+    its flat keys through the adapter's ``name_of``: the next test)."""
     with pytest.raises(ConfigError) as exc:
         ClientDP(**kwargs)
     assert exc.value.parameter == key and "\n" not in str(exc.value)
+
+
+def test_the_privacy_section_and_its_flat_keys_are_one_mapping() -> None:
+    """The adapter's inverse (``legacy.flat_keys``, what a study writes) gives the flat keys that turn the same
+    stage on, with the same parameters, as the stage sections read them back; the section's ``name_of`` names each
+    parameter by its flat key in errors (an adapter whose ``name_of`` forgot the mapping fails here: the schema's
+    ranges refuse a bad flat value first, so no config reaches the stage's own check with one)."""
+    section = {"noise": 0.8, "clip": 1.5, "delta": 1e-6}
+    flat = legacy.flat_keys("dp", section)
+    assert flat == {"dp_noise": 0.8, "dp_clip": 1.5, "dp_delta": 1e-6}
+    (dp,) = legacy.stage_sections(make_config({**SMALL, **flat}), lambda: [])
+    assert (dp.name, dp.params, dp.key) == ("dp", section, "dp_noise")
+    assert [dp.name_of(p) for p in section] == ["dp_noise", "dp_clip", "dp_delta"]
+    with pytest.raises(ConfigError) as exc:
+        legacy.flat_keys("dp", {"sigma": 1.0})
+    assert exc.value.parameter == "sigma" and "noise, clip, delta" in str(exc.value)
+    assert legacy.flat_keys("crfl", {"clip": 2.0}) == {"server_projection": "crfl",
+                                                       "server_projection_params": {"clip": 2.0}}
+    with pytest.raises(ConfigError, match="stage='fail_closed'"):
+        legacy.flat_keys("fail_closed", {})
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -57,12 +57,13 @@ class Budget:
     rounds: int
 
 
-def require() -> ModuleType:
-    """The ``dp_accounting`` package, or a one-line :class:`ConfigError` naming the extra that installs it."""
+def require(parameter: str = "noise") -> ModuleType:
+    """The ``dp_accounting`` package, or a one-line :class:`ConfigError` naming ``parameter`` (what turned privacy
+    on: the config key of the privacy stage's noise) and the extra that installs it."""
     try:
         import dp_accounting
     except ImportError:
-        raise ConfigError("dp_noise", "set", f"only with the accountant installed: pip install '{EXTRA}' "
+        raise ConfigError(parameter, "set", f"only with the accountant installed: pip install '{EXTRA}' "
                           "(Google's dp-accounting)") from None
     return dp_accounting
 

@@ -225,8 +225,9 @@ def check_relations(cfg: RunConfig) -> None:
             raise ConfigError("model_params.norm", norm, "'group' or 'none' with engine = 'torchrun' "
                               f"({needs[1]} in one process so far: engine = 'simulated')")
     if hub.is_hf(cfg.model):  # LoRA adapters: the server step that aggregation 'update' needs
-        adapters.check_step(cfg.model_params.get("aggregation", "factors"), cfg.algorithm, cfg.server_optimizer,
-                            cfg.server_lr, cfg.server_momentum)
+        optimizer, section, _ = legacy.optimizer(cfg, cls.decentralized)
+        adapters.check_step(cfg.model_params.get("aggregation", "factors"), cfg.algorithm, optimizer,
+                            cfg.server_lr, section.get("momentum", 0.0))
     check_topology(cfg, cls)
     if cfg.keys is not None and cfg.engine == "torchrun" and cfg.backend == "nccl":
         raise ConfigError(

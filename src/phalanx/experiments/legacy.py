@@ -11,7 +11,7 @@ names the flat key the user wrote.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,14 +20,19 @@ from phalanx.experiments.schema import RunConfig
 from phalanx.plugins import accepted_params
 from phalanx.training.algorithms import builtin
 
-__all__ = ["TREE", "Section", "client_keys", "optimizer", "row_columns", "stage_sections"]
+__all__ = ["TREE", "Section", "client_keys", "flat_keys", "optimizer", "row_columns", "stage_sections"]
 
 TREE = "stages"
 """The config key of the stages' own sections: ``[stages.<name>]`` with the stage's parameters."""
 
 PROJECTION = "server_projection"
-PRIVACY = ("dp_noise", "dp_clip", "dp_delta")
+DP = {"noise": "dp_noise", "clip": "dp_clip", "delta": "dp_delta"}
+"""The flat key of each parameter of the privacy stage's section (:class:`~phalanx.training.stages.privacy.ClientDP`:
+``noise``, ``clip``, ``delta``)."""
+PRIVACY = tuple(DP.values())
 SERVER = ("server_optimizer", "server_momentum", "server_weight_decay")
+SGD = {"momentum": "server_momentum", "weight_decay": "server_weight_decay"}
+"""The flat key of each parameter of the SGD server optimizer's section that has one."""
 FLAT_STAGES = {"crfl": PROJECTION, "dp": "dp_noise"}
 """The built-in stages that flat keys turn on (a ``[stages.<name>]`` section of theirs is refused: one run, one
 spelling, one run id)."""
@@ -103,15 +108,30 @@ def stage_sections(cfg: RunConfig, projections: Callable[[], list[str]]) -> list
     else:
         if cfg.dp_clip is None:
             raise ConfigError("dp_clip", None, "a clipping norm > 0 with dp_noise set (the noise is σ times it)")
-        flat = {"clip": "dp_clip", "noise": "dp_noise", "delta": "dp_delta"}
         out.append(Section("dp", {"clip": cfg.dp_clip, "noise": cfg.dp_noise, "delta": cfg.dp_delta}, "dp_noise",
-                           lambda p: flat.get(p, p)))
+                           lambda p: DP.get(p, p)))
     for stage, section in getattr(cfg, TREE).items():
         if stage in FLAT_STAGES:
             raise ConfigError(f"{TREE}.{stage}", section, f"unset: {stage} is turned on by {FLAT_STAGES[stage]} "
                               "(one spelling per run, so that its run id is the one it always had)")
         out.append(Section(stage, dict(section), f"{TREE}.{stage}", _under(f"{TREE}.{stage}")))
     return out
+
+
+def flat_keys(stage: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The flat keys that turn on the built-in stage ``stage`` with its section ``params`` — :func:`stage_sections`
+    read backwards, for code that writes configs (a study's grid): ``flat_keys("dp", {"noise": σ, "clip": C})`` is
+    ``{"dp_noise": σ, "dp_clip": C}``; ``"crfl"`` (any server projection) is ``server_projection`` with its params.
+    The flat spelling is the one a run id is computed from, so a study that writes its stage's section through here
+    names its runs as it always did."""
+    if stage == "dp":
+        unknown = sorted(set(params) - set(DP))
+        if unknown:
+            raise ConfigError(unknown[0], params[unknown[0]], f"a parameter of dp: {', '.join(DP)}")
+        return {DP[p]: v for p, v in params.items()}
+    if stage == "crfl":
+        return {PROJECTION: stage, "server_projection_params": dict(params)}
+    raise ConfigError("stage", stage, "a stage with flat keys: " + ", ".join(repr(n) for n in FLAT_STAGES))
 
 
 def _under(prefix: str) -> Callable[[str], str]:
@@ -124,22 +144,24 @@ def row_columns(cfg: RunConfig) -> tuple[str, ...]:
     return PRIVACY if cfg.dp_noise is not None else ()
 
 
-def optimizer(cfg: RunConfig, decentralized: bool) -> tuple[str, dict[str, Any]]:
-    """The server optimizer's name and its section of parameters: ``server_optimizer`` with
-    ``server_optimizer_params``; SGD also takes ``server_momentum`` and ``server_weight_decay``. A decentralized
-    algorithm has no server: the server's keys keep their defaults."""
+def optimizer(cfg: RunConfig, decentralized: bool) -> tuple[str, dict[str, Any], Callable[[str], str]]:
+    """The server optimizer's name, its section of parameters and the config key of each (for its errors):
+    ``server_optimizer`` with ``server_optimizer_params`` (``p`` is ``server_optimizer_params.p``); SGD also takes
+    ``momentum`` and ``weight_decay`` from the flat ``server_momentum`` and ``server_weight_decay`` (:data:`SGD`).
+    A decentralized algorithm has no server: the server's keys keep their defaults."""
     if decentralized:
         for key in SERVER:
             if getattr(cfg, key) != _default(key):
                 raise ConfigError(key, getattr(cfg, key), f"its default with algorithm = {cfg.algorithm!r} (there is "
                                   "no server; lr, momentum and weight_decay are the nodes')")
-    params = dict(cfg.server_optimizer_params)
-    if cfg.server_optimizer == "sgd":
-        params.setdefault("momentum", cfg.server_momentum)
-        params.setdefault("weight_decay", cfg.server_weight_decay)
-    else:
-        for key in ("server_momentum", "server_weight_decay"):
-            if getattr(cfg, key) != 0.0:
-                raise ConfigError(key, getattr(cfg, key), f"0 with server_optimizer = {cfg.server_optimizer!r} "
-                                  "(its parameters go in server_optimizer_params)")
-    return cfg.server_optimizer, params
+    given = dict(cfg.server_optimizer_params)
+    params = dict(given)
+    keys = {p: f"server_optimizer_params.{p}" for p in given}
+    for p, key in SGD.items():
+        if cfg.server_optimizer == "sgd":
+            if p not in given:
+                params[p], keys[p] = getattr(cfg, key), key
+        elif getattr(cfg, key) != 0.0:
+            raise ConfigError(key, getattr(cfg, key), f"0 with server_optimizer = {cfg.server_optimizer!r} "
+                              "(its parameters go in server_optimizer_params)")
+    return cfg.server_optimizer, params, lambda p: keys.get(p, p)

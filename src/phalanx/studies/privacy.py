@@ -30,7 +30,7 @@ from typing import Any
 from phalanx.analysis import privacy as accounting
 from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
 from phalanx.errors import ConfigError
-from phalanx.experiments import runstate
+from phalanx.experiments import legacy, runstate
 from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.plots import save_figure
 from phalanx.studies.base import ModuleStudy, Report, StudyFunctions, planned
@@ -119,7 +119,7 @@ def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -
         "lr": p.lr, "momentum": p.momentum, "partition": p.partition, "alpha": p.alpha, "seed": cell.seed,
     }
     if cell.noise > 0:
-        data.update({"dp_noise": cell.noise, "dp_clip": p.clip, "dp_delta": p.delta})
+        data.update(legacy.flat_keys("dp", {"noise": cell.noise, "clip": p.clip, "delta": p.delta}))
     data.update(overrides or {})
     return make_config(data)
 

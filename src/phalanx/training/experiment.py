@@ -36,6 +36,7 @@ from phalanx.training import devices
 from phalanx.training.algorithms.base import RoundAlgorithm, check_knowledge, check_population, check_stop
 from phalanx.training.algorithms.dsgd import DSGD
 from phalanx.training.algorithms.fedbn import local_norms
+from phalanx.training.norm_stats import NormStats
 from phalanx.training.optim import SGD, ServerOptimizer
 from phalanx.training.population import PopulationData
 from phalanx.training.problem import Loss, Problem
@@ -157,7 +158,7 @@ class Experiment:
                               f"'cpu' with {type(algo).__name__} ({rounds} run on the CPU so far)")
         self.problem = self.model if isinstance(self.model, Problem) else Problem(self.model, loss=self.loss)
         _move(self.problem, device)
-        if self.problem.norm_stats is not None and not algo.pools_norm_stats:
+        if NormStats.of(self.problem.model) is not None and not algo.pools_norm_stats:
             raise ConfigError("model", "a model with BatchNorm / Hybrid BN layers (FedNorm2d)", "a model without them "
                               f"with {type(algo).__name__} (their statistics are measured and pooled by federated "
                               "rounds: algorithm FedAvg)")
@@ -233,7 +234,7 @@ class Experiment:
     def plan(self) -> Plan:
         """What a stage's check reads of this run (:class:`~phalanx.training.stages.base.Plan`)."""
         norm, value = None, None
-        if self.problem.norm_stats is not None:
+        if NormStats.of(self.problem.model) is not None:
             norm, value = "stats", "a model with BatchNorm / Hybrid BN layers"
         elif local_norms(self.problem) is not None:
             norm, value = "fedbn", "a FedBN model (FedNorm2d layers in 'fedbn' mode)"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -77,12 +77,12 @@ class SGD(ServerOptimizer):
     name: ClassVar[str] = "sgd"
 
     def __init__(self, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False) -> None:
-        self.momentum = check_real("server_momentum", momentum, low=0.0, high=1.0, high_open=True)
-        self.weight_decay = check_real("server_weight_decay", weight_decay, low=0.0)
+        self.momentum = check_real("momentum", momentum, low=0.0, high=1.0, high_open=True)
+        self.weight_decay = check_real("weight_decay", weight_decay, low=0.0)
         if not isinstance(nesterov, bool):
             raise ConfigError("nesterov", nesterov, "true or false")
         if nesterov and self.momentum == 0:
-            raise ConfigError("nesterov", nesterov, "false when server_momentum = 0 (Nesterov needs momentum)")
+            raise ConfigError("nesterov", nesterov, "false when momentum = 0 (Nesterov needs momentum)")
         self.nesterov = nesterov
         self.buffer: Tensor | None = None
 
@@ -340,14 +340,20 @@ def make(name: str, **params: Any) -> ServerOptimizer:
     return opt
 
 
-def build(name: str, section: Mapping[str, Any], plan: Plan) -> Any:
+def build(name: str, section: Mapping[str, Any], plan: Plan, name_of: Callable[[str], str] = str) -> Any:
     """The server optimizer a config names, with its section of parameters, in ``plan``'s run: a
     :class:`ServerOptimizer`'s :meth:`~ServerOptimizer.configure` and :meth:`~ServerOptimizer.check`; a plain class
-    of one's own (``step``, ``state_dict``, ``load_state_dict``) from its constructor."""
+    of one's own (``step``, ``state_dict``, ``load_state_dict``) from its constructor. An optimizer checks its own
+    parameters (SGD's ``momentum``); ``name_of(p)`` is the config key of the section's parameter ``p``, which the
+    errors of building it name (``server_momentum``: :func:`phalanx.experiments.legacy.optimizer`)."""
     cls = _REGISTRY.get(name, "server_optimizer")
-    if isinstance(cls, type) and issubclass(cls, ServerOptimizer):
-        opt = cls.configure(section, plan)
-        opt.check(plan)
-        return opt
-    check_params(str(name), cls, dict(section))
-    return cls(**section)
+    try:
+        if isinstance(cls, type) and issubclass(cls, ServerOptimizer):
+            opt = cls.configure(section, plan)
+        else:
+            check_params(str(name), cls, dict(section))
+            return cls(**section)
+    except ConfigError as exc:
+        raise ConfigError(name_of(exc.parameter), exc.value, exc.allowed, exc.hint) from None
+    opt.check(plan)
+    return opt

@@ -26,7 +26,6 @@ from torch.func import functional_call, grad, vmap
 from phalanx.errors import ConfigError
 from phalanx.models.norm import evaluating
 from phalanx.training.linear_stack import LinearStack, blend_rows
-from phalanx.training.norm_stats import NormStats
 
 Loss = Callable[[Tensor, Tensor], Tensor]
 """``loss(logits, y)``: a scalar, the mean over the batch's samples."""
@@ -88,8 +87,6 @@ class Problem:
         # explicit back-propagation for fully connected ReLU stacks under cross-entropy (None: vmap(grad))
         self.stack = LinearStack.of(model) if per_worker == "auto" and self.loss is None else None
         self._offsets = dict(zip(self.layout.names, self.layout.offsets))
-        self.norm_stats = NormStats.of(model)
-        """The server-held statistics of the model's BatchNorm / Hybrid BN layers (None: it has none)."""
 
     def _eval_mode(self) -> AbstractContextManager[nn.Module]:
         """The model in evaluation mode (normalisation layers use the global statistics) for a prediction."""

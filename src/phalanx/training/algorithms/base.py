@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
 from torch import Tensor
@@ -62,8 +62,11 @@ from phalanx.plugins import Registry, check_params, is_spec
 from phalanx.training.problem import Problem
 from phalanx.training.server import Server
 from phalanx.training.shards import WorkerData
+from phalanx.training.stages.base import Stage
 from phalanx.training.state import Received, RoundState, SlotPlan
 from phalanx.validate import suggest
+
+_S = TypeVar("_S", bound=Stage)
 
 
 class Run(Protocol):
@@ -94,6 +97,11 @@ class Run(Protocol):
         """The run's worker-side stages (:class:`~phalanx.training.stages.base.WorkerStage`: client-level
         differential privacy, say), which every computing worker's update passes through before it leaves the worker
         (:class:`~phalanx.training.stages.base.WorkerStages`)."""
+        ...
+
+    def stage(self, kind: type[_S]) -> _S | None:
+        """The run's first stage of class ``kind``, or None (federated averaging's clients measure the statistics
+        that its norm-statistics stage pools, on that stage's layers)."""
         ...
 
     @property

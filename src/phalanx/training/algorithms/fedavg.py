@@ -56,6 +56,7 @@ from phalanx.errors import ConfigError
 from phalanx.training.algorithms.base import RoundAlgorithm, built_in_params
 from phalanx.training.algorithms.dsgd import byzantine_vectors, poison_rows
 from phalanx.training.algorithms.fedbn import STATE_KEY, local_norms
+from phalanx.training.norm_stats import NormStats
 from phalanx.training.population import PopulationData, sample_clients
 from phalanx.training.schedule import LRSchedule
 from phalanx.training.server import BoundRule
@@ -157,7 +158,7 @@ class FedAvg(RoundAlgorithm):
         measure and blends them in with momentum ``stats_momentum`` (:mod:`phalanx.training.stages.norm_stats`).
         A rule aggregating LoRA adapters per layer update: the stage that records its truncation residual
         (:mod:`phalanx.training.stages.lora`)."""
-        norm = exp.problem.norm_stats
+        norm = NormStats.of(exp.problem.model)
         out: tuple[Stage, ...] = () if norm is None else (PoolStats(norm, self.stats_momentum),)
         if isinstance(exp.rule, AdapterUpdates):  # LoRA adapters aggregated per layer update: record the truncation
             out += (LoraResidual(exp.rule),)
@@ -214,7 +215,7 @@ class FedAvg(RoundAlgorithm):
         if isinstance(exp.attack, DataAttack) and exp.attack.needs_previous:
             raise ConfigError("attack", exp.attack.name, "an attack that does not read the previous aggregate with a "
                               "process per client slot (it is passed in process only so far)")
-        if exp.problem.norm_stats is not None:
+        if exp.stage(PoolStats) is not None:
             raise ConfigError("engine", "torchrun", "'simulated' for a model with BatchNorm / Hybrid BN layers (their "
                               "statistics are pooled in one process so far)")
         if local_norms(exp.problem) is not None:
@@ -238,6 +239,9 @@ class _Clients:
         self.previous: Tensor | None = None
         """The previous round's aggregate, for an attack that shapes its update by it (set by each round)."""
         self.batch_gen = restored(streams["batches"])
+        self.pool = exp.stage(PoolStats)
+        """The run's pooling of BatchNorm / Hybrid BN statistics, whose layers the clients measure (None: the model
+        has none)."""
         self.attack_gen = restored(streams["attack"])
         self.client_gen = restored(streams["clients"])
         self.stages = WorkerStages(exp.worker_stages, streams, exp.seed)
@@ -399,7 +403,7 @@ class FedAvgClients(_Clients):
         byz_ids = ids[ids >= self.honest_n]
         train_ids = ids if self.data_attack or self.colluders else honest_ids
         poisoned = int(byz_ids.numel()) if self.poisoning(t) else 0
-        stats = None if exp.problem.norm_stats is None else self._stats(theta, train_ids, poisoned, byz_ids, t)
+        stats = None if self.pool is None else self._stats(theta, train_ids, poisoned, byz_ids, t)
         local = None
         if local_norms(exp.problem) is None:
             vectors = self._train(theta, train_ids, t, poisoned)
@@ -429,8 +433,8 @@ class FedAvgClients(_Clients):
         the computing clients' measurements on one batch each of θ (a data attack's on its poisoned batch), then
         a vector attack's rows computed on the honest ones."""
         exp, algo = self.exp, self.algo
-        norm = exp.problem.norm_stats
-        assert norm is not None
+        assert self.pool is not None
+        norm = self.pool.norm
         width = 2 * norm.channels
         rows = theta.new_zeros(0, width)
         if ids.numel():

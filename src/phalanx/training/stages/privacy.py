@@ -66,9 +66,11 @@ class ClientDP(WorkerStage):
     }
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "clip", check_real("dp_clip", self.clip, low=0.0, low_open=True))
-        object.__setattr__(self, "noise", check_real("dp_noise", self.noise, low=0.0, low_open=True))
-        object.__setattr__(self, "delta", check_real("dp_delta", self.delta, low=0.0, low_open=True, high=1.0,
+        """Each parameter checked under its own name; a config's errors name its key (``dp_clip`` …) through the
+        adapter that turned the stage on (:func:`phalanx.training.stages.registry.build`)."""
+        object.__setattr__(self, "clip", check_real("clip", self.clip, low=0.0, low_open=True))
+        object.__setattr__(self, "noise", check_real("noise", self.noise, low=0.0, low_open=True))
+        object.__setattr__(self, "delta", check_real("delta", self.delta, low=0.0, low_open=True, high=1.0,
                                                      high_open=True))
 
     def params(self) -> dict[str, Any]:
@@ -86,7 +88,7 @@ class ClientDP(WorkerStage):
             raise ConfigError(plan.norm_key, plan.norm_value, "a model without BatchNorm / Hybrid BN / FedBN layers "
                               "('group' or 'none') with differential privacy (the clients' normalisation statistics "
                               "would leave them without noise)")
-        accounting.require()
+        accounting.require(self.parameter("privacy"))
 
     def update(self, rows: Tensor, u: WorkerUpdate) -> Tensor:
         """Clip and noise the rows (:meth:`privatize`), from the run's ``dp`` stream."""
