@@ -187,3 +187,24 @@ def test_the_honest_worker_check_is_written_once(monkeypatch: pytest.MonkeyPatch
     cfg = make_config({**SMALL, "f": 0, "aggregator": "mean", "attack": "none", "byzantine": 6})
     assert cfg.byzantine == cfg.workers
     assert _objects(6).byzantine == 6
+
+
+def test_a_config_made_directly_is_validated_where_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A RunConfig built without validation (``RunConfig(...)``) is validated by ``train``: a key file that does not
+    exist is refused before anything is built. The mutant that wraps the config into a value without validating it
+    trains."""
+    import importlib
+
+    from phalanx.experiments.schema import RunConfig
+
+    train_module = importlib.import_module("phalanx.experiments.train")  # the module (the package exports train)
+
+    cfg = RunConfig(**{**SMALL, "rounds": 1, "eval_every": 1, "sign_key": str(tmp_path / "none.pem")})
+    with pytest.raises(ConfigError, match=r"sign_key=.*none\.pem' is invalid: allowed an existing PEM key file"):
+        train_module.train(cfg)
+
+    def unvalidated(c: RunConfig) -> validrun.ValidRun:
+        return validrun.ValidRun(c, run_id(c), components.build(c), build.config_columns(c), build.processes(c))
+
+    monkeypatch.setattr(train_module, "validate", unvalidated)
+    assert train_module.train(cfg)  # the mutant trains a config nothing checked
