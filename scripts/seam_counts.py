@@ -6,10 +6,13 @@
 * **reads** — a file *reads* a key when its code (not a docstring or a comment) names it: an attribute
   ``x.<key>``, or a string constant equal to the key (``"dp_noise"``, ``"robust-online"``). A key's declaration in
   the schema counts (it is a reader of the flat config).
-* **stops** — the distinct Phalanx functions called with the run's config (a ``RunConfig`` argument; the config's
-  own methods not counted) from the command line until the loop opens its transport (by then the algorithm, the rule
-  and the transport are built), in the order first met; a *climb back up* is a stop that the stop before it did not
-  call (the config went back up the call stack, to be handed down again).
+* **stops** — the distinct Phalanx functions called with the run's config — a ``RunConfig`` argument, or a
+  ``ValidRun`` (the validated-run value that wraps it: a value around the config must not hide the config's path
+  from the count) — from the command line until the loop opens its transport (by then the algorithm, the rule and
+  the transport are built), in the order first met; the config's own methods and the methods a dataclass generates
+  for the value (its ``__init__``) are not counted. A *climb back up* is a stop that the stop before it did not call
+  (the config went back up the call stack, to be handed down again). ``tests/test_seam_counts.py`` checks that a
+  function called with the value alone counts.
 
 Run it from a tree's root with that tree's ``src`` on the path to measure that tree (the figures in
 docs/design.md were made so, on this branch and on ``main``).
@@ -22,6 +25,7 @@ import ast
 import itertools
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -68,13 +72,28 @@ def long_modules(src: Path, limit: int = 600) -> list[tuple[str, int]]:
     return [(p, n) for p, n in sizes if n > limit]
 
 
+def carries_config(value: Any) -> bool:
+    """Whether ``value`` is the run's config or the validated-run value that carries it (a stop's argument)."""
+    from phalanx.experiments.schema import RunConfig
+    from phalanx.experiments.validrun import ValidRun
+
+    return isinstance(value, RunConfig | ValidRun)
+
+
 def stops() -> list[tuple[str, int]]:
-    """``phalanx run`` of a one-round config: the functions first called with its RunConfig until the loop opens,
-    each with its depth in the call stack."""
+    """``phalanx run`` of a one-round config: the functions first called with its RunConfig or its ValidRun
+    (:func:`carries_config`) until the loop opens, each with its depth in the call stack."""
     from typer.testing import CliRunner
 
     from phalanx.cli import app
-    from phalanx.experiments.schema import RunConfig
+
+    return trace(lambda out: CliRunner().invoke(app, [
+        "run", "--set", "rounds=1", "--set", "eval_every=1", "--set", "seed=0", "--set", "aggregator=cwtm",
+        "--set", "attack=none", "--out", out]))
+
+
+def trace(call: Callable[[str], Any]) -> list[tuple[str, int]]:
+    """The stops of ``call(out)`` (``out``: an empty temporary directory) until the loop opens its transport."""
     from phalanx.training.loop import Loop
 
     seen: dict[str, int] = {}
@@ -91,9 +110,11 @@ def stops() -> list[tuple[str, int]]:
             return
         if not module.startswith("phalanx.") or module == "phalanx.experiments.schema":
             return
+        if "__create_fn__" in code.co_qualname:  # a dataclass's generated method (the value's own __init__)
+            return
         args = [frame.f_locals.get(name) for name in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]]
         name = f"{module}.{code.co_qualname}"
-        if name not in seen and any(isinstance(a, RunConfig) for a in args):
+        if name not in seen and any(carries_config(a) for a in args):
             depth, f = 0, frame
             while f is not None:
                 depth, f = depth + 1, f.f_back
@@ -102,11 +123,15 @@ def stops() -> list[tuple[str, int]]:
     with tempfile.TemporaryDirectory() as out:
         sys.setprofile(profile)
         try:
-            CliRunner().invoke(app, ["run", "--set", "rounds=1", "--set", "eval_every=1", "--set", "seed=0",
-                                     "--set", "aggregator=cwtm", "--set", "attack=none", "--out", out])
+            call(out)
         finally:
             sys.setprofile(None)
     return list(seen.items())
+
+
+def climbs_of(path: list[tuple[str, int]]) -> int:
+    """The climbs back up of a path of stops: each stop no deeper than the one before it."""
+    return sum(1 for (_, a), (_, b) in itertools.pairwise(path) if b <= a)
 
 
 def main() -> None:
@@ -122,7 +147,7 @@ def main() -> None:
         print(f"{feature} ({', '.join(keys)}): read in {len(files)} files: {', '.join(files)}")
     print("modules over 600 lines:", long_modules(src) or "none")
     path = stops()
-    climbs = sum(1 for (_, a), (_, b) in itertools.pairwise(path) if b <= a)
+    climbs = climbs_of(path)
     modules = {name.rsplit(".", 2)[0] if name.rsplit(".", 2)[1][:1].isupper() else name.rsplit(".", 1)[0]
                for name, _ in path}
     print(f"phalanx run → algorithm, rule, transport: {len(path)} stops in {len(modules)} modules, {climbs} climbs "

@@ -13,7 +13,8 @@ import pytest
 
 from phalanx import data, models
 from phalanx.errors import ConfigError
-from phalanx.experiments import build, components, from_config, make_config
+from phalanx.experiments import build, components, from_config, make_config, validrun
+from phalanx.experiments.config import validate
 from phalanx.experiments.grid import run_id
 from phalanx.experiments.runner import run_grid
 from phalanx.training.algorithms import base
@@ -24,33 +25,41 @@ SMALL = {"dataset": "digits", "model": "mlp", "workers": 6, "byzantine": 1, "f":
 
 
 def test_the_run_takes_the_objects_its_validation_built_once() -> None:
-    cfg = make_config(SMALL)
-    kept = components.kept(cfg)
-    assert kept is not None
-    exp = from_config(cfg)
-    assert exp.rule is kept.rule and exp.attack is kept.attack and exp.optimizer is kept.optimizer
-    assert exp.algorithm is kept.algorithm
-    again = from_config(cfg)  # handed over once: a second run of the config builds its own (objects carry state)
+    run = validate(SMALL)
+    exp = from_config(run)
+    parts = run.parts
+    assert exp.rule is parts.rule and exp.attack is parts.attack and exp.optimizer is parts.optimizer
+    assert exp.algorithm is parts.algorithm
+    again = from_config(run)  # taken once: a second run of the value builds its own (objects carry state)
     assert again.rule is not exp.rule and again.optimizer is not exp.optimizer
     assert repr(again.rule) == repr(exp.rule)
 
 
-def test_every_validated_config_keeps_its_own_objects_on_itself() -> None:
-    """No module-wide cache of the last config validated: each config object carries what its validation built; a
-    copy of it (another object, maybe other values) gets nothing, and neither does a config pickled to another
-    process."""
+def test_a_value_taken_twice_builds_its_own_the_second_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant that hands the same components to every experiment of a value (so two runs share a stateful
+    rule's and the server optimizer's state) is caught."""
+    run = validate(SMALL)
+    monkeypatch.setattr(validrun, "components", lambda r: r.parts)
+    exp, again = from_config(run), from_config(run)
+    assert again.optimizer is exp.optimizer  # the mutant shares: the assertion above would fail under it
+
+
+def test_no_config_carries_what_validating_it_built() -> None:
+    """No module-wide cache and nothing on the config object: each validation's value holds its own objects; a
+    config (and a copy, or a config pickled to another process) carries none, so a run made from it validates it
+    there."""
     import pickle
 
-    first, second = make_config(SMALL), make_config({**SMALL, "seed": 2})
-    assert components.kept(first) is not None and components.kept(second) is not None
-    assert components.kept(first) is not components.kept(second)
-    assert components.kept(first.model_copy(update={"seed": 3})) is None
-    assert components.kept(pickle.loads(pickle.dumps(first))) is None
+    first, second = validate(SMALL), validate({**SMALL, "seed": 2})
+    assert first.parts is not second.parts and first.parts.rule is not second.parts.rule
+    for cfg in (first.cfg, first.cfg.model_copy(update={"seed": 3}), pickle.loads(pickle.dumps(first.cfg))):
+        assert not any(isinstance(v, components.Components) for v in vars(cfg).values())
+    assert first.run_id == run_id(first.cfg) and first.columns == validrun.config_columns(first.cfg)
+    assert first.processes == build.processes(first.cfg)
 
 
-def test_one_phalanx_run_builds_its_split_model_rule_attack_and_optimizer_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _counting(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """What the run builds, counted: data split, model, optimizer, rule, attack."""
     built: Counter[str] = Counter()
 
     def counting(name: str, fn: Any) -> Any:
@@ -65,20 +74,48 @@ def test_one_phalanx_run_builds_its_split_model_rule_attack_and_optimizer_once(
     for method, what in (("make_rule", "rule"), ("make_attack", "attack")):  # the algorithm builds them
         original = getattr(base.RoundAlgorithm, method).__func__
         monkeypatch.setattr(base.RoundAlgorithm, method, classmethod(counting(what, original)))
-    cfg = make_config(SMALL)
-    run_grid([cfg], tmp_path / "out")
+    return built
+
+
+def test_one_phalanx_run_builds_its_split_model_rule_attack_and_optimizer_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built = _counting(monkeypatch)
+    run = validate(SMALL)
+    run_grid([run], tmp_path / "out")
     assert built == {"split": 1, "model": 1, "optimizer": 1, "rule": 1, "attack": 1}
-    assert (tmp_path / "out" / run_id(cfg) / "DONE").exists()
+    assert (tmp_path / "out" / run.run_id / "DONE").exists()
+
+
+def test_the_command_line_validates_each_point_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``phalanx run``: the config is validated once (its components built once) from the command line to the
+    trained run; the mutant that validates a point again downstream (train given the config) builds twice."""
+    from typer.testing import CliRunner
+
+    from phalanx.cli import app
+    from phalanx.experiments import local
+
+    args = ["run", "--set", "rounds=2", "--set", "eval_every=2", "--set", "aggregator=cwtm", "--set", "attack=alie",
+            "--set", "workers=6", "--set", "byzantine=1", "--set", "f=1", "--set", "seed=0"]
+    built = _counting(monkeypatch)
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "one")])
+    assert result.exit_code == 0, result.output
+    assert built["rule"] == 1 and built["optimizer"] == 1
+    original = local.train
+    monkeypatch.setattr(local, "train", lambda run, *a, **k: original(run.cfg, *a, **k))  # validates it again
+    built.clear()
+    assert CliRunner().invoke(app, [*args, "--out", str(tmp_path / "two")]).exit_code == 0
+    assert built["rule"] == 2 and built["optimizer"] == 2
 
 
 def test_a_grids_points_each_build_their_own_and_equal_a_fresh_build(tmp_path: Path) -> None:
     """Taking the validation's objects changes nothing: the rows equal a run built from scratch."""
     from phalanx.experiments import train
 
-    cfg = make_config(SMALL)
-    taken = train(cfg)
-    fresh = train(cfg)  # nothing kept any more: everything built again
-    assert taken == fresh
+    run = validate(SMALL)
+    taken = train(run)
+    fresh = train(run)  # taken already: everything built again
+    assert taken == fresh == train(run.cfg)  # a config is validated by train itself
 
 
 def test_server_lr_is_distributed_sgds_lr_by_its_role_and_federated_averagings_own_key() -> None:
@@ -150,3 +187,24 @@ def test_the_honest_worker_check_is_written_once(monkeypatch: pytest.MonkeyPatch
     cfg = make_config({**SMALL, "f": 0, "aggregator": "mean", "attack": "none", "byzantine": 6})
     assert cfg.byzantine == cfg.workers
     assert _objects(6).byzantine == 6
+
+
+def test_a_config_made_directly_is_validated_where_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A RunConfig built without validation (``RunConfig(...)``) is validated by ``train``: a key file that does not
+    exist is refused before anything is built. The mutant that wraps the config into a value without validating it
+    trains."""
+    import importlib
+
+    from phalanx.experiments.schema import RunConfig
+
+    train_module = importlib.import_module("phalanx.experiments.train")  # the module (the package exports train)
+
+    cfg = RunConfig(**{**SMALL, "rounds": 1, "eval_every": 1, "sign_key": str(tmp_path / "none.pem")})
+    with pytest.raises(ConfigError, match=r"sign_key=.*none\.pem' is invalid: allowed an existing PEM key file"):
+        train_module.train(cfg)
+
+    def unvalidated(c: RunConfig) -> validrun.ValidRun:
+        return validrun.ValidRun(c, run_id(c), components.build(c), validrun.config_columns(c), build.processes(c))
+
+    monkeypatch.setattr(train_module, "validate", unvalidated)
+    assert train_module.train(cfg)  # the mutant trains a config nothing checked

@@ -175,7 +175,7 @@ def test_the_config_reads_which_keys_roles_and_devices_belong_to_which_algorithm
     """FEDERATED_KEYS, DECENTRALIZED_KEYS, ROLE_NAMES, DEVICE_ALGORITHMS and the columns a run's rows carry were lists
     in the config and the builder; each built-in algorithm now declares its own and the config derives them."""
     from phalanx.experiments import config
-    from phalanx.experiments.build import config_columns
+    from phalanx.experiments.validrun import config_columns
     from phalanx.training.algorithms import builtin
     from phalanx.training.algorithms.base import BUILT_IN
 

@@ -5,7 +5,10 @@ their own parameter names.
 
 The counter must be able to fail: a file that reads a flat key in code is counted (a mutant stage that went back to
 ``cfg.dp_noise``, an optimizer that names ``"server_momentum"`` in its check), and a key named only in a docstring
-is not (the mutants below)."""
+is not (the mutants below).
+
+Its second figure, the config's path from ``phalanx run``: a function called with the validated-run value (which
+wraps the config) counts as a stop, so the value cannot hide the config's path from the count."""
 
 from __future__ import annotations
 
@@ -15,6 +18,9 @@ import pytest
 
 import phalanx
 from _scripts import load_script
+from phalanx.experiments import validrun
+from phalanx.experiments.config import validate
+from phalanx.experiments.schema import RunConfig
 
 seams = load_script("scripts/seam_counts.py", "seam_counts")
 SRC = Path(phalanx.__file__).resolve().parent
@@ -46,3 +52,24 @@ def test_the_counter_counts_code_and_not_prose(tmp_path: Path, code: str, counte
     (tmp_path / "mutant.py").write_text(code)
     keys = seams.KEYS["DP"] + seams.KEYS["server momentum"] + seams.KEYS["norm statistics"]
     assert seams.readers(tmp_path, keys) == (["mutant.py"] if counted else [])
+
+
+SMALL = {"dataset": "digits", "model": "mlp", "workers": 6, "byzantine": 1, "f": 1, "aggregator": "cwtm",
+         "attack": "none", "rounds": 1, "eval_every": 1, "seed": 0}
+
+
+def test_a_function_called_with_the_validated_run_alone_is_a_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    counter = seams
+    run = validate(SMALL)
+    names = [name for name, _ in counter.trace(lambda out: validrun.components(run))]
+    assert names == ["phalanx.experiments.validrun.components"]
+    # the mutant counter that counts the RunConfig alone does not see it: the check above is what catches it
+    monkeypatch.setattr(counter, "carries_config", lambda value: isinstance(value, RunConfig))
+    assert counter.trace(lambda out: validrun.components(validate(SMALL))) != []  # validation takes the config
+    assert "phalanx.experiments.validrun.components" not in [
+        name for name, _ in counter.trace(lambda out: validrun.components(run))]
+
+
+def test_climbs_are_stops_no_deeper_than_the_one_before() -> None:
+    counter = seams
+    assert counter.climbs_of([("a", 3), ("b", 4), ("c", 4), ("d", 2), ("e", 5)]) == 2

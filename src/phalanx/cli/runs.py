@@ -7,7 +7,7 @@ import functools
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -21,7 +21,7 @@ from phalanx.executor_cli import ExecutorChoice, executor_options
 
 if TYPE_CHECKING:
 
-    from phalanx.experiments.config import RunConfig
+    from phalanx.experiments.config import RunConfig, ValidRun
 
 
 def _load_grid(config: Path | None, overrides: list[str]) -> dict[str, object]:
@@ -170,21 +170,25 @@ def _short(cfg: RunConfig) -> str:
 
 
 def _train(
-    cfgs: list[RunConfig], out: Path, jobs: int, executor: ExecutorChoice | None = None,
+    points: Sequence[RunConfig | ValidRun], out: Path, jobs: int, executor: ExecutorChoice | None = None,
     slurm_table: dict[str, Any] | None = None, *, plain: bool = False,
 ) -> None:
-    """Run validated configurations into ``out`` (finished runs skipped) under a rich progress bar with ETA, on the
-    executor the command line chose (``slurm_table``: the grid config's ``[slurm]`` settings). When stdout is not a
-    terminal (a batch job's log, a pipe) the progress is plain lines instead (:class:`_LogProgress`); with
-    ``plain`` (a table format asked for: stdout holds the tables alone) plain lines on stderr.
+    """Run validated runs (configs are validated here, once) into ``out`` (finished runs skipped) under a rich
+    progress bar with ETA, on the executor the command line chose (``slurm_table``: the grid config's ``[slurm]``
+    settings). When stdout is not a terminal (a batch job's log, a pipe) the progress is plain lines instead
+    (:class:`_LogProgress`); with ``plain`` (a table format asked for: stdout holds the tables alone) plain lines on
+    stderr.
 
     The first SIGINT (Ctrl-C) or SIGTERM stops the grid cleanly (:class:`~phalanx.experiments.runner.Interrupted`:
     one line, exit status 130 or 143); the same command, started again, resumes.
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from phalanx.experiments import grid, runner
+    from phalanx.experiments import runner
+    from phalanx.experiments.config import ValidRun, validate
 
+    runs = [p if isinstance(p, ValidRun) else validate(p) for p in points]
+    ids = {id(r.cfg): r.run_id for r in runs}  # the hooks receive each run's config: its id, not hashed again
     _check_out(out)
     choice = executor or ExecutorChoice()
     chosen = choice.make(jobs, slurm_table)  # Slurm settings validated before anything runs
@@ -192,18 +196,18 @@ def _train(
 
     if plain or not _stdout_is_terminal():
         echo = functools.partial(typer.echo, err=True) if plain else typer.echo
-        log = _LogProgress({grid.run_id(c): c.rounds for c in cfgs}, echo=echo)
+        log = _LogProgress({r.run_id: r.cfg.rounds for r in runs}, echo=echo)
         try:
             with runner.stop_on_signals():
                 runner.run_grid(
-                    cfgs, out, executor=chosen, on_round=lambda cfg, t, rounds: log.round(grid.run_id(cfg), t),
-                    on_done=lambda cfg, status: log.run_ended(grid.run_id(cfg), _short(cfg), status), before=announce,
+                    runs, out, executor=chosen, on_round=lambda cfg, t, rounds: log.round(ids[id(cfg)], t),
+                    on_done=lambda cfg, status: log.run_ended(ids[id(cfg)], _short(cfg), status), before=announce,
                 )
         finally:
             log.close()
         return
 
-    total = sum(c.rounds for c in cfgs)
+    total = sum(r.cfg.rounds for r in runs)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} rounds"),
                TimeElapsedColumn(), _trained_eta())
     with Progress(*columns, console=console, transient=False) as bar:
@@ -212,7 +216,7 @@ def _train(
         before = [0]  # rounds found done (skipped runs, the rounds before a resumed checkpoint): not this speed
 
         def on_round(cfg: RunConfig, t: int, rounds: int) -> None:
-            key = grid.run_id(cfg)
+            key = ids[id(cfg)]
             if key not in offsets:  # the first round this command trains: the ones before it were done earlier
                 before[0] += max(0, t - 1)
             bar.advance(task, t - offsets.get(key, 0))
@@ -220,7 +224,7 @@ def _train(
             bar.update(task, description=_short(cfg), before=before[0])
 
         def on_done(cfg: RunConfig, status: str) -> None:
-            key = grid.run_id(cfg)
+            key = ids[id(cfg)]
             if status != "done":  # skipped, failed, diverged: its rounds left were not trained here
                 before[0] += cfg.rounds - offsets.get(key, 0)
             bar.advance(task, cfg.rounds - offsets.get(key, 0))
@@ -228,7 +232,7 @@ def _train(
             bar.update(task, before=before[0])
 
         with runner.stop_on_signals():
-            runner.run_grid(cfgs, out, executor=chosen, on_round=on_round, on_done=on_done, before=announce)
+            runner.run_grid(runs, out, executor=chosen, on_round=on_round, on_done=on_done, before=announce)
 
 
 BUDGET_ENV = "PHALANX_BUDGET_MINUTES"
@@ -236,7 +240,7 @@ BUDGET_ENV = "PHALANX_BUDGET_MINUTES"
 DEFAULT_BUDGET_MINUTES = 5.0
 
 
-def _announce(todo: list[tuple[RunConfig, Path]], *, jobs: int, err: bool) -> None:
+def _announce(todo: list[tuple[ValidRun, Path]], *, jobs: int, err: bool) -> None:
     """Before the first run: when the grid's estimate (:func:`phalanx.experiments.estimate.estimate`) is over the
     budget (``PHALANX_BUDGET_MINUTES``, default 5; ``off``: no estimate), one line saying so and how to make it
     smaller. It does not stop the grid (a script's long run is no mistake): Ctrl-C stops it cleanly, and the same
@@ -266,7 +270,7 @@ def _announce(todo: list[tuple[RunConfig, Path]], *, jobs: int, err: bool) -> No
         soft_wrap=True, highlight=False)
 
 
-def _devices(cfgs: list[RunConfig], executor: ExecutorChoice | None) -> str:
+def _devices(runs: list[ValidRun], executor: ExecutorChoice | None) -> str:
     """Where the runs train, for the header: the resolved devices (``cpu``, ``cuda:0 (NVIDIA H200)``; a device this
     machine lacks is the one-line error naming ``device``, before any run), or for a Slurm array the configs' own
     (resolved on the nodes)."""
@@ -274,8 +278,8 @@ def _devices(cfgs: list[RunConfig], executor: ExecutorChoice | None) -> str:
     from phalanx.training import devices
 
     if executor is not None and executor.executor == "slurm":
-        return "device " + ", ".join(sorted({c.device for c in cfgs})) + " (resolved on the Slurm nodes)"
-    return ", ".join(sorted({devices.label(resolve_device(c)) for c in cfgs}))
+        return "device " + ", ".join(sorted({r.cfg.device for r in runs})) + " (resolved on the Slurm nodes)"
+    return ", ".join(sorted({devices.label(resolve_device(r.cfg)) for r in runs}))
 
 
 def _split_slurm(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -295,9 +299,9 @@ def _run_grid(
     from phalanx.experiments import grid, report
 
     data, slurm_table = _split_slurm(_load_grid(config, overrides))
-    cfgs = grid.configs(data)  # every point validated before anything runs
+    runs = grid.runs(data)  # every point validated, once, before anything runs
     _check_out(out)
-    engines = {c.engine for c in cfgs}
+    engines = {r.cfg.engine for r in runs}
     if engines == {"torchrun"}:
         if executor is not None and executor.executor != "local":
             raise ConfigError("--executor", executor.executor, "local for engine = \"torchrun\" (one job per run: "
@@ -308,8 +312,8 @@ def _run_grid(
         raise ConfigError("engine", sorted(engines), "one engine for the whole grid (run the torchrun points with "
                           "`phalanx launch`)")
     say = console if fmt == "table" else _STDERR  # with --format, stdout holds the tables alone
-    say.print(f"[bold]{len(cfgs)} run(s)[/bold] → {out} on {_devices(cfgs, executor)}")
-    _train(list(cfgs), out, jobs, executor, slurm_table, plain=fmt != "table")
+    say.print(f"[bold]{len(runs)} run(s)[/bold] → {out} on {_devices(runs, executor)}")
+    _train(runs, out, jobs, executor, slurm_table, plain=fmt != "table")
     result = report.write_report(out)
     tables = [_summary_table(result)]
     if result["tradeoff"]:

@@ -33,7 +33,7 @@ from phalanx.distributed.transcript import Transcript
 from phalanx.errors import ConfigError, PhalanxError, WorkersLostError
 from phalanx.experiments import grid, tracking
 from phalanx.experiments.build import from_config
-from phalanx.experiments.config import RunConfig, load_grid, processes
+from phalanx.experiments.config import RunConfig, ValidRun, load_grid, processes
 from phalanx.experiments.rundir import RunDirectory
 from phalanx.experiments.wiring import Recording, run_experiment
 from phalanx.training.experiment import Experiment
@@ -42,12 +42,18 @@ from phalanx.training.memory import tune_allocator
 
 
 def resolve_config(config: str | None, overrides: list[str], point: int | None = None) -> RunConfig:
-    """The one run config of this job: CONFIG (TOML, default: the built-in job) + overrides, engine = torchrun.
+    """The one run config of this job (:func:`resolve_run`'s config)."""
+    return resolve_run(config, overrides, point).cfg
+
+
+def resolve_run(config: str | None, overrides: list[str], point: int | None = None) -> ValidRun:
+    """The one run of this job, validated once: CONFIG (TOML, default: the built-in job) + overrides, engine =
+    torchrun.
 
     A config with list-valued keys is a grid; ``point`` picks one of its runs (``phalanx launch`` runs them in turn).
     """
     data = load_grid(config, [*overrides, "engine='torchrun'"])
-    cfgs = grid.configs(data)
+    cfgs = grid.runs(data)
     if point is None:
         if len(cfgs) != 1:
             raise ConfigError(
@@ -60,7 +66,7 @@ def resolve_config(config: str | None, overrides: list[str], point: int | None =
     return cfgs[point]
 
 
-def run_rank(cfg: RunConfig, out: Path | None) -> None:
+def run_rank(run: ValidRun, out: Path | None) -> None:
     """Run this process's rank of the job described by the torchrun environment.
 
     The config's topology (:mod:`phalanx.distributed.topologies`) says what the rank runs: a training loop over its
@@ -71,6 +77,7 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
     carries a vector, a model or the start snapshot.
     """
     renv = RankEnv.from_environ()
+    cfg = run.cfg
     if renv.world_size != processes(cfg):
         what = "workers" if processes(cfg) == cfg.workers else "clients_per_round"  # the key that sets the number
         raise ConfigError(
@@ -80,7 +87,7 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
     topology = topologies.check(cfg)  # registered, and one that runs the config's algorithm
     identity = check_identity(cfg, renv)  # before anything is built: a key problem is one line, at once
     tune_allocator()
-    exp = from_config(cfg, local_rank=renv.local_rank)  # device = "cuda": this rank's cuda:LOCAL_RANK
+    exp = from_config(run, local_rank=renv.local_rank)  # device = "cuda": this rank's cuda:LOCAL_RANK
     digest = config_digest(cfg.identity())
     mesh = None if identity is None or not topology.meshed else open_mesh(cfg, renv, exp, identity, digest)
     log = RankLog()
@@ -111,12 +118,12 @@ def run_rank(cfg: RunConfig, out: Path | None) -> None:
 
     recording = None
     if measured and out is not None:
-        recording = Recording(out / grid.run_id(cfg), cfg.identity(), cfg.checkpoint_every, sign_key=cfg.sign_key,
+        recording = Recording(out / run.run_id, cfg.identity(), cfg.checkpoint_every, sign_key=cfg.sign_key,
                               verify_key=cfg.verify_key)
     run_experiment(exp, part.transport, recording, measured=measured, first=part.first, measures=part.measures,
                    recorders=recorders, callbacks=[log] if measured else [],
                    say=lambda text: log.say(text + " (the other ranks are told to stop)"),
-                   tracking=tracking.of(cfg, grid.run_id(cfg)) if measured else None)
+                   tracking=tracking.of(cfg, run.run_id) if measured else None)
 
 
 def open_mesh(cfg: RunConfig, renv: RankEnv, exp: Experiment, identity: Identity, digest: str) -> Mesh:
@@ -186,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = "?"
     try:
         rank = os.environ.get("RANK", "?")
-        cfg = resolve_config(args.config, args.overrides, args.point)
-        run_rank(cfg, None if args.no_out else args.out)
+        run_rank(resolve_run(args.config, args.overrides, args.point), None if args.no_out else args.out)
     except WorkersLostError as exc:
         print(f"[phalanx rank {rank}] error: {exc}", file=sys.stderr, flush=True)
         return 3

@@ -8,7 +8,7 @@ draws from ``partition``, the initial model from ``init``, so changing the attac
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -18,31 +18,13 @@ from phalanx.analysis.epsilon import MEMORY_SHARE, available_memory
 from phalanx.attacks.base import DataAttack
 from phalanx.data.population import Population
 from phalanx.errors import ConfigError, PhalanxError
-from phalanx.experiments import components, legacy
+from phalanx.experiments import validrun
 from phalanx.experiments.components import processes
 from phalanx.experiments.schema import RunConfig
+from phalanx.experiments.validrun import ValidRun
 from phalanx.training import adapters, devices, losses
-from phalanx.training.algorithms import builtin
 from phalanx.training.experiment import Experiment
 from phalanx.training.streams import generator, stream_seed
-
-CONFIG_COLUMNS = (
-    "dataset", "model", "workers", "byzantine", "f", "aggregator", "attack", "partition", "alpha", "rounds",
-    "batch_size", "lr", "momentum", "schedule", "seed",
-)
-"""The config values repeated on every metric row (so rows from many runs can be queried together)."""
-
-
-def config_columns(cfg: RunConfig) -> dict[str, Any]:
-    """The values of :data:`CONFIG_COLUMNS` in ``cfg``, and of the columns its algorithm declares
-    (:attr:`~phalanx.training.algorithms.base.RoundAlgorithm.config_columns`: a federated run's ``clients_per_round``
-    …, a gossip run's ``graph`` …), and of the flat keys of the stages it turns on
-    (:func:`phalanx.experiments.legacy.row_columns`: a run with differential privacy's ``dp_noise`` …)."""
-    keys = CONFIG_COLUMNS + builtin.columns(cfg.algorithm) + legacy.row_columns(cfg)
-    out = {k: getattr(cfg, k) for k in keys}
-    if cfg.attack_knowledge != "omniscient":  # only where set: the rows of every other run are as before
-        out["attack_knowledge"] = cfg.attack_knowledge
-    return out
 
 
 def resolve_device(cfg: RunConfig, local_rank: int | None = None) -> torch.device:
@@ -68,13 +50,20 @@ def _frozen(params: dict[str, Any]) -> str:
 
 
 def from_config(
-    cfg: RunConfig, dataset: data.Dataset | Population | None = None, *, local_rank: int | None = None,
+    run: ValidRun | RunConfig, dataset: data.Dataset | Population | None = None, *, local_rank: int | None = None,
 ) -> Experiment:
-    """The experiment a config describes (the data set is loaded unless given), on the config's device
-    (:func:`resolve_device`; ``local_rank``: a torchrun rank's ``LOCAL_RANK``)."""
+    """The experiment a validated run describes (the data set is loaded unless given), on the config's device
+    (:func:`resolve_device`; ``local_rank``: a torchrun rank's ``LOCAL_RANK``), with the components validating it
+    built (:func:`phalanx.experiments.validrun.components`). A RunConfig is validated here first
+    (:func:`phalanx.experiments.config.validate`)."""
+    if isinstance(run, RunConfig):
+        from phalanx.experiments.config import validate  # config imports this module: validating is its job
+
+        run = validate(run)
+    cfg = run.cfg
     device = resolve_device(cfg, local_rank)
     ds = dataset if dataset is not None else load_data(cfg)
-    parts = components.take(cfg) or components.build(cfg)  # the objects validating cfg built, else its own
+    parts = validrun.components(run)  # the objects validating it built, else (a second run) its own
     checked = parts.built_on is ds  # the one-run grid's check split the data and built the model on ds already
     shards = parts.shards if checked and parts.shards is not None else _split(cfg, ds)
     model = parts.model if checked and parts.model is not None else _model(cfg, ds)
@@ -83,7 +72,7 @@ def from_config(
         model=model, loss=losses.get(cfg.loss), dataset=ds, rule=adapters.rule_for(parts.rule, model),
         workers=cfg.workers, byzantine=cfg.byzantine, attack=parts.attack, rounds=cfg.rounds, algorithm=parts.algorithm,
         optimizer=parts.optimizer, lr=parts.server_lr, shards=shards, seed=cfg.seed, eval_every=cfg.eval_every,
-        rule_for=lambda f: adapters.rule_for(cls.make_rule(spec, f), model), columns=config_columns(cfg),
+        rule_for=lambda f: adapters.rule_for(cls.make_rule(spec, f), model), columns=dict(run.columns),
         eval_clients=cfg.eval_clients, device=device, attack_knowledge=cfg.attack_knowledge, stages=parts.stages,
     )
 
@@ -147,13 +136,14 @@ def _model(cfg: RunConfig, ds: data.Dataset | Population) -> torch.nn.Module:
 
 
 def check_points(
-    cfgs: list[RunConfig], load: Callable[[RunConfig], data.Dataset | Population] | None = None, *,
+    runs: Sequence[ValidRun | RunConfig], load: Callable[[RunConfig], data.Dataset | Population] | None = None, *,
     here: bool = True,
 ) -> None:
     """What validating each config alone cannot see, checked for every point of a grid before the first run starts:
     its data set loads, it can be split among the workers as asked (enough samples for every worker), a data attack
     fits the data (:meth:`~phalanx.attacks.base.DataAttack.prepare`: a trigger no larger than the image), and the
-    model builds with its parameters on the data set's inputs. Each distinct data split and model is checked once. With
+    model builds with its parameters on the data set's inputs. Each distinct data split and model is checked once; a
+    grid of one validated run keeps the split and the model in its components, for its run to train. With
     ``here`` (the runs train on this machine; not for a Slurm array, whose nodes may have GPUs that this login node
     lacks), its ``device`` exists here (:func:`resolve_device`).
 
@@ -163,6 +153,7 @@ def check_points(
     load = load or load_data
     splits: set[tuple[Any, ...]] = set()
     nets: set[tuple[Any, ...]] = set()
+    cfgs = [r.cfg if isinstance(r, ValidRun) else r for r in runs]
     for i, cfg in enumerate(cfgs):
         try:
             if here:
@@ -170,7 +161,8 @@ def check_points(
             ds = load(cfg)
             split = (cfg.dataset, _frozen(cfg.dataset_params), cfg.data_root, cfg.workers, cfg.partition, cfg.alpha,
                      cfg.classes_per_worker, cfg.seed)
-            parts = components.kept(cfg) if len(cfgs) == 1 else None  # one run: it trains what is checked here
+            one = runs[0] if len(runs) == 1 else None  # one run: it trains what is checked here
+            parts = one.parts if isinstance(one, ValidRun) and not one._taken else None
             if split not in splits:
                 shards = _split(cfg, ds)
                 splits.add(split)

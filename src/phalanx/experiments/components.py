@@ -11,10 +11,11 @@ themselves against the run's :class:`~phalanx.training.stages.base.Plan` (:meth:
 turn stages on are read by :mod:`phalanx.experiments.legacy` alone. Nothing here knows any particular algorithm or
 stage.
 
-A run builds its components once: validating a config keeps what it built on the config itself
-(:attr:`~phalanx.experiments.schema.RunConfig.handover`, not a module-wide cache) and the experiment built from
-that very config object takes it (:func:`take`); a config trained again, or validated elsewhere (a Slurm task reads
-its config from a file, a sweep's worker process receives it pickled), builds its own.
+A run builds its components once: validating a config keeps what it built in the validated-run value
+(:class:`phalanx.experiments.validrun.ValidRun`, not on the config, not in a module-wide cache), and the experiment
+built from that value takes it (:func:`phalanx.experiments.validrun.components`); a value trained again, or a config
+validated elsewhere (a Slurm task reads its config from a file, a sweep's worker process receives it pickled),
+builds its own.
 """
 
 from __future__ import annotations
@@ -101,19 +102,3 @@ def processes(cfg: RunConfig) -> int:
     federated round — rank 0 is also the server)."""
     return cfg.algorithm_class.processes(cfg)
 
-
-def keep(cfg: RunConfig, parts: Components) -> None:
-    """Keep ``parts`` for the run of ``cfg`` (this very object), on the config itself."""
-    cfg.handover.keep(parts)
-
-
-def kept(cfg: RunConfig) -> Components | None:
-    """The components kept for ``cfg`` (this very object), still kept; None when there are none."""
-    parts: Components | None = cfg.handover.peek(cfg)
-    return parts
-
-
-def take(cfg: RunConfig) -> Components | None:
-    """The components kept for ``cfg`` (this very object), handed over once; None when there are none."""
-    parts: Components | None = cfg.handover.take(cfg)
-    return parts

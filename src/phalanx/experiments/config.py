@@ -1,10 +1,11 @@
 """The run configuration: one validated object, loaded from TOML, overridable with ``key=value`` strings.
 
 The keys, their types, ranges and defaults are the schema (:class:`~phalanx.experiments.schema.RunConfig`);
-validation (:func:`make_config`) adds what ties keys together, and builds the components the config names — round
-algorithm, rule, attack, server optimizer, stages — once, each checking its own parameters, with the algorithm
-checking what ties them and each stage checking itself against the run (:mod:`phalanx.experiments.components`). What
-an algorithm or a stage reads, defaults and allows is declared by its class, not listed here.
+validation (:func:`validate`, once, into a :class:`~phalanx.experiments.validrun.ValidRun`) adds what ties keys
+together, and builds the components the config names — round algorithm, rule, attack, server optimizer, stages —
+once, each checking its own parameters, with the algorithm checking what ties them and each stage checking itself
+against the run (:mod:`phalanx.experiments.components`). What an algorithm or a stage reads, defaults and allows is
+declared by its class, not listed here.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from phalanx.experiments.schema import (
     RunConfig,
     Schedule,
 )
+from phalanx.experiments.validrun import ValidRun, config_columns, run_id
 from phalanx.plugins import accepted_params, check_params, is_spec
 from phalanx.training import adapters, devices, losses
 from phalanx.training.algorithms import builtin
@@ -45,7 +47,7 @@ else:  # pragma: no cover
 
 __all__ = [
     "DISTRIBUTED_KEYS", "LATER_KEYS", "RESULT_NEUTRAL_KEYS", "Backend", "Engine", "Partition", "RunConfig", "Schedule",
-    "load_grid", "load_toml", "make_config", "processes",
+    "ValidRun", "load_grid", "load_toml", "make_config", "processes", "validate",
 ]
 
 ALGORITHM_KEYS = builtin.own_keys()
@@ -154,24 +156,34 @@ def algorithm_defaults(data: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in defaults.items() if k not in data}, **data}
 
 
-def make_config(data: dict[str, Any]) -> RunConfig:
-    """Validate a dict into a :class:`RunConfig`: types and ranges, the relations between keys, and the names
-    against the registries — one :class:`ConfigError` naming the first bad parameter. The components the config
-    names are built once here and kept on the config for its run (:mod:`phalanx.experiments.components`)."""
-    if not isinstance(data, dict):
-        raise ConfigError("config", type(data).__name__, "a table of key = value")
-    data = algorithm_defaults(role_names(legacy.client_keys(inline_dataset(data))))
-    try:
-        cfg = RunConfig(**data)
-    except ValidationError as exc:
-        raise _friendly(exc) from None
+def validate(data: dict[str, Any] | RunConfig) -> ValidRun:
+    """Validate a dict (or check a RunConfig object) once, into the value the run is made from
+    (:class:`~phalanx.experiments.validrun.ValidRun`): types and ranges, the relations between keys, and the names
+    against the registries — one :class:`ConfigError` naming the first bad parameter — and the components the
+    config names, each built once and checked (:mod:`phalanx.experiments.components`), its run id, metric columns
+    and process count. A RunConfig object (made directly, or received pickled or from a file) is checked as it is."""
+    if isinstance(data, RunConfig):
+        cfg = data
+    else:
+        if not isinstance(data, dict):
+            raise ConfigError("config", type(data).__name__, "a table of key = value")
+        data = algorithm_defaults(role_names(legacy.client_keys(inline_dataset(data))))
+        try:
+            cfg = RunConfig(**data)
+        except ValidationError as exc:
+            raise _friendly(exc) from None
     check_relations(cfg)
     parts = check_names(cfg)
-    check_keys(cfg)
+    check_keys(cfg.sign_key, cfg.verify_key)
     check_device(cfg)
-    tracking.check(cfg)
-    components.keep(cfg, parts)
-    return cfg
+    tracking.check(cfg.tracking, cfg.tracking_params)
+    return ValidRun(cfg, run_id(cfg), parts, config_columns(cfg), processes(cfg))
+
+
+def make_config(data: dict[str, Any]) -> RunConfig:
+    """Validate a dict into a :class:`RunConfig` (:func:`validate`, keeping the config alone: a run made from it
+    later is validated there; :func:`validate` gives the value that carries what validating built)."""
+    return validate(data).cfg
 
 
 _BN_STATISTICS = ("BatchNorm and Hybrid BN statistics are measured and pooled by federated rounds",
@@ -282,11 +294,10 @@ def check_device(cfg: RunConfig) -> None:
         raise ConfigError("device", spec, "'cuda' or 'auto' with engine = 'torchrun' (rank r uses cuda:LOCAL_RANK)")
 
 
-def check_keys(cfg: RunConfig) -> None:
-    """``sign_key`` / ``verify_key``: existing files, and the signing extra installed — checked before a run trains,
-    not when it finishes."""
-    for key in ("sign_key", "verify_key"):
-        path = getattr(cfg, key)
+def check_keys(sign_key: str | None, verify_key: str | None) -> None:
+    """``sign_key`` / ``verify_key`` (the two keys it reads, not the config): existing files, and the signing extra
+    installed — checked before a run trains, not when it finishes."""
+    for key, path in (("sign_key", sign_key), ("verify_key", verify_key)):
         if path is not None:
             allowed = "an existing PEM key file (phalanx keygen KEY.pem PUB.pem)"
             try:

@@ -16,15 +16,16 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from phalanx import models
-from phalanx.experiments import runstate
-from phalanx.experiments.config import RunConfig
+from phalanx.experiments import components, runstate
+from phalanx.experiments.schema import RunConfig
+from phalanx.experiments.validrun import ValidRun
 
 PROBE_ROUNDS = 3
 """Rounds timed (after one warm-up round that is not)."""
@@ -60,10 +61,11 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _left(cfg: RunConfig, run_dir: Path) -> int:
-    """Rounds ``cfg``'s run has left: all of them, less the rounds before its last checkpoint."""
+def _left(rounds: int, run_dir: Path) -> int:
+    """Rounds a run of ``rounds`` into ``run_dir`` has left: all of them, less the rounds before its last
+    checkpoint."""
     done = runstate.last_round(run_dir) if run_dir.is_dir() else None
-    return max(0, cfg.rounds - (done or 0))
+    return max(0, rounds - (done or 0))
 
 
 def _size(cfg: RunConfig, input_shape: tuple[int, ...], num_classes: int) -> float | None:
@@ -75,17 +77,19 @@ def _size(cfg: RunConfig, input_shape: tuple[int, ...], num_classes: int) -> flo
     return None if d is None else float(d * cfg.workers)
 
 
-def time_rounds(cfg: RunConfig, rounds: int = PROBE_ROUNDS,
+def time_rounds(run: ValidRun | RunConfig, rounds: int = PROBE_ROUNDS,
                 clock: Callable[[], float] = time.perf_counter) -> tuple[float, tuple[int, ...], int]:
-    """Seconds a round of ``cfg`` takes here (the mean of ``rounds`` rounds after a warm-up round), with its data
-    set's input shape and class count. Built from a copy of ``cfg`` (the components validating ``cfg`` kept for
-    its run stay its own), nothing written, torch's and numpy's global random state restored."""
+    """Seconds a round of ``run`` takes here (the mean of ``rounds`` rounds after a warm-up round), with its data
+    set's input shape and class count. Built with components of its own (those validating ``run`` built stay the
+    run's), nothing written, torch's and numpy's global random state restored. A RunConfig is validated first."""
     from phalanx.experiments.build import from_config
+    from phalanx.experiments.config import validate
     from phalanx.experiments.executor import dataset_for
     from phalanx.training import Loop
 
-    probe = cfg.model_copy()
-    ds = dataset_for(probe)
+    valid = run if isinstance(run, ValidRun) else validate(run)
+    probe = replace(valid, parts=components.build(valid.cfg), _taken=[])
+    ds = dataset_for(probe.cfg)
     state = np.random.get_state()
     try:
         with torch.random.fork_rng(devices=[]):
@@ -100,23 +104,24 @@ def time_rounds(cfg: RunConfig, rounds: int = PROBE_ROUNDS,
     return per_round, tuple(ds.input_shape), int(ds.num_classes)
 
 
-def estimate(todo: Sequence[tuple[RunConfig, Path]], jobs: int, label: Callable[[RunConfig], str] = str,
+def estimate(todo: Sequence[tuple[ValidRun | RunConfig, Path]], jobs: int, label: Callable[[RunConfig], str] = str,
              clock: Callable[[], float] = time.perf_counter) -> Estimate | None:
     """How long ``todo`` (the unfinished runs and their directories) should take on ``jobs`` processes here; None
     when fewer than :data:`MIN_ROUNDS` rounds are left or the first run cannot be timed (it will say why itself)."""
-    left = [(cfg, _left(cfg, d)) for cfg, d in todo]
-    left = [(cfg, k) for cfg, k in left if k > 0]
-    total = sum(k for _, k in left)
+    runs = [(r, r.cfg if isinstance(r, ValidRun) else r, d) for r, d in todo]
+    left = [(r, cfg, _left(cfg.rounds, d)) for r, cfg, d in runs]
+    left = [(r, cfg, k) for r, cfg, k in left if k > 0]
+    total = sum(k for _, _, k in left)
     if total < MIN_ROUNDS:
         return None
-    first = left[0][0]
+    run, first = left[0][0], left[0][1]
     try:
-        per_round, shape, classes = time_rounds(first, min(PROBE_ROUNDS, max(1, first.rounds - 1)), clock)
+        per_round, shape, classes = time_rounds(run, min(PROBE_ROUNDS, max(1, first.rounds - 1)), clock)
     except Exception:  # an estimate never stops a grid: the run says what is wrong itself
         return None
     base = _size(first, shape, classes)
     work = 0.0
-    for cfg, k in left:
+    for _, cfg, k in left:
         size = _size(cfg, shape, classes)
         work += k * (size / base if size is not None and base else 1.0)
     parallel = max(1, min(jobs, len(left)))

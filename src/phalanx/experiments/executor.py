@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from phalanx import data
 from phalanx.errors import PhalanxError
 from phalanx.experiments import build
-from phalanx.experiments.config import RunConfig
+from phalanx.experiments.config import RunConfig, ValidRun
 
 RoundCallback = Callable[[RunConfig, int, int], None]
 DoneCallback = Callable[[RunConfig, str], None]
@@ -58,12 +58,13 @@ class Outcome:
 
 
 class Executor(Protocol):
-    """Runs a grid's unfinished runs; returns early, leaving each run at its last checkpoint, once ``hooks.stopped``
+    """Runs a grid's unfinished runs (each validated once: :class:`~phalanx.experiments.validrun.ValidRun`, with the
+    directory it runs into); returns early, leaving each run at its last checkpoint, once ``hooks.stopped``
     holds a signal (or raises :class:`~phalanx.experiments.signals.StopRequested` out of a run in this process)."""
 
     name: str
 
-    def run(self, todo: list[tuple[RunConfig, Path]], out: Path, hooks: Hooks) -> Outcome: ...
+    def run(self, todo: list[tuple[ValidRun, Path]], out: Path, hooks: Hooks) -> Outcome: ...
 
 
 class GridFailed(PhalanxError):

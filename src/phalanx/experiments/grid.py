@@ -7,14 +7,15 @@ the same number of local gradient steps, not nine).
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import math
 from typing import Any
 
 from phalanx.errors import ConfigError
-from phalanx.experiments.config import RunConfig, key_text, make_config
+from phalanx.experiments.config import RunConfig, key_text, validate
+from phalanx.experiments.validrun import RUN_ID_MAX, ValidRun, run_id
+
+__all__ = ["MAX_POINTS", "RUN_ID_MAX", "configs", "expand", "run_id", "runs"]
 
 # Keys whose values are lists by nature (never expanded).
 _LIST_KEYS: frozenset[str] = frozenset({"tracking"})
@@ -66,33 +67,11 @@ def expand(data: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def runs(data: dict[str, Any]) -> list[ValidRun]:
+    """Validate every point of the grid, once, before anything runs (a bad point is an error up front)."""
+    return [validate(point) for point in expand(data)]
+
+
 def configs(data: dict[str, Any]) -> list[RunConfig]:
-    """Validate every point of the grid before anything runs (a bad point is an error up front)."""
-    return [make_config(point) for point in expand(data)]
-
-
-RUN_ID_MAX = 100
-"""The longest run directory name :func:`run_id` makes (file systems allow 255 bytes per name; this leaves room for
-the temporary files written next to a run's, and for paths that end up in messages)."""
-
-
-def run_id(cfg: RunConfig) -> str:
-    """A short, stable directory name for a configuration: readable prefix + hash of the full config.
-
-    The name is ``<aggregator>_<attack>_f<f>_b<byzantine>_s<seed>_<hash>``, at most :data:`RUN_ID_MAX` characters.
-    Only a name that would be longer — a long aggregator chain, a long attack name — is shortened: its readable
-    prefix is cut (the aggregator part first, else the whole prefix) and the hash, which covers the full
-    configuration, keeps it unique. Every name of :data:`RUN_ID_MAX` characters or fewer is exactly as before, so
-    existing run directories keep their names (and resume).
-    """
-    payload = json.dumps(cfg.identity(), sort_keys=True).encode()
-    digest = hashlib.sha256(payload).hexdigest()[:10]
-    agg = "".join(c if c.isalnum() else "-" for c in cfg.aggregator)
-    rest = f"_{cfg.attack}_f{cfg.f}_b{cfg.byzantine}_s{cfg.seed}"
-    name = f"{agg}{rest}_{digest}"
-    if len(name) <= RUN_ID_MAX:
-        return name
-    room = RUN_ID_MAX - len(rest) - len(digest) - 1  # characters left for the aggregator part
-    if room >= 16:
-        return f"{agg[:room]}{rest}_{digest}"
-    return f"{(agg + rest)[: RUN_ID_MAX - len(digest) - 1]}_{digest}"
+    """The configs of :func:`runs` (a run made from one of them later is validated there)."""
+    return [run.cfg for run in runs(data)]

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from phalanx.experiments import signals
-from phalanx.experiments.config import RunConfig
+from phalanx.experiments.config import RunConfig, ValidRun
 from phalanx.experiments.executor import Hooks, Outcome, dataset_for
 from phalanx.experiments.runstate import RunInUse
 from phalanx.experiments.train import train
@@ -66,8 +66,9 @@ def _manager_init() -> None:
 
 
 def _run_one(cfg: RunConfig, run_dir: str, threads: int, wait_lock: bool, rounds_queue: Any = None) -> str:
-    """Train one run of the grid in a worker process: ``cfg`` as the parent validated it (pickled, not validated
-    again; its components are built here, once)."""
+    """Train one run of the grid in a worker process: ``cfg`` as the parent validated it, pickled (the objects the
+    parent built stay there): validated here, once, by :func:`~phalanx.experiments.train.train`, which builds its
+    components."""
     global _IN_RUN
     torch.set_num_threads(threads)
     progress = None
@@ -116,20 +117,21 @@ class LocalExecutor:
         self.jobs = jobs
         self.wait = wait
 
-    def run(self, todo: list[tuple[RunConfig, Path]], out: Path, hooks: Hooks) -> Outcome:
+    def run(self, todo: list[tuple[ValidRun, Path]], out: Path, hooks: Hooks) -> Outcome:
         outcome = Outcome()
         if self.jobs <= 1 or len(todo) <= 1:
-            for c, d in todo:  # a signal raises StopRequested out of the run (the caller's stop_on_signals)
+            for r, d in todo:  # a signal raises StopRequested out of the run (the caller's stop_on_signals)
+                c = r.cfg
                 cb = (lambda t, total, row, c=c: hooks.round(c, t)) if hooks.on_round is not None else None
                 try:
-                    train(c, d, progress=cb, dataset=dataset_for(c), wait=self.wait)
+                    train(r, d, progress=cb, dataset=dataset_for(c), wait=self.wait)
                 except Exception as exc:
                     _ended(c, d, exc, hooks, outcome)
                 else:
                     _ended(c, d, None, hooks, outcome)
             return outcome
         with signals.recording(hooks.stopped):  # the loop below sees a signal within 0.2 s and stops the grid
-            self._run_parallel(todo, hooks, outcome)
+            self._run_parallel([(r.cfg, d) for r, d in todo], hooks, outcome)  # each worker validates its config
         return outcome
 
     def _run_parallel(self, todo: list[tuple[RunConfig, Path]], hooks: Hooks, outcome: Outcome) -> None:

@@ -17,13 +17,13 @@ raises :class:`Interrupted`, which says how many runs finished (the CLI prints i
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from phalanx import signing
 from phalanx.experiments import provenance, runstate, status, store
 from phalanx.experiments.build import check_points
-from phalanx.experiments.config import RunConfig
+from phalanx.experiments.config import RunConfig, ValidRun, validate
 from phalanx.experiments.executor import (
     DoneCallback,
     Executor,
@@ -33,7 +33,6 @@ from phalanx.experiments.executor import (
     Submitted,
     dataset_for,
 )
-from phalanx.experiments.grid import run_id
 from phalanx.experiments.local import LocalExecutor
 from phalanx.experiments.signals import STOP_SIGNALS, Interrupted, StopRequested, stop_on_signals
 
@@ -50,31 +49,33 @@ def _counts(dirs: list[Path]) -> tuple[int, int]:
 
 
 def run_grid(
-    cfgs: list[RunConfig], out: Path, *, jobs: int = 1, executor: Executor | None = None,
+    points: Sequence[ValidRun | RunConfig], out: Path, *, jobs: int = 1, executor: Executor | None = None,
     on_round: RoundCallback | None = None, on_done: DoneCallback | None = None, wait: bool = False,
-    before: Callable[[list[tuple[RunConfig, Path]]], None] | None = None,
+    before: Callable[[list[tuple[ValidRun, Path]]], None] | None = None,
 ) -> list[Path]:
     """Run every configuration into ``out/<run_id>`` on ``executor`` (default: this machine with ``jobs`` worker
     processes; ``wait``: wait for run directories another process holds instead of reporting them busy); return the
-    run directories (in the order of ``cfgs``). ``before`` is called with the unfinished runs (config, directory)
-    once every point is checked, before the first starts (the command line says how long they should take).
+    run directories (in the order of ``points``: validated runs, or configs validated here). ``before`` is called with
+    the unfinished runs (validated run, directory) once every point is checked, before the first starts (the command
+    line says how long they should take). The hooks receive each run's config.
 
     SIGINT or SIGTERM while it runs stops it cleanly: :class:`Interrupted` (see the module's docstring).
     """
+    runs = [p if isinstance(p, ValidRun) else validate(p) for p in points]
     # every point can run, before the first one starts (its device: where it trains, not on a Slurm login node)
-    check_points(cfgs, dataset_for, here=executor is None or executor.name == "local")
+    check_points(runs, dataset_for, here=executor is None or executor.name == "local")
     store.make_dir(out)
-    dirs = [out / run_id(c) for c in cfgs]
+    dirs = [out / r.run_id for r in runs]
     executor = executor if executor is not None else LocalExecutor(jobs, wait=wait)
     status.record_grid(out, dirs, executor.name)
     seen: set[Path] = set()  # the same configuration twice in a grid is one run (one directory, one process)
     todo = []
-    for c, d in zip(cfgs, dirs):
+    for r, d in zip(runs, dirs):
         if d not in seen and not runstate.is_final(d):
-            todo.append((c, d))
+            todo.append((r, d))
         seen.add(d)
     hooks = Hooks(on_round, on_done)
-    for c, d in zip(cfgs, dirs):
+    for c, d in zip((r.cfg for r in runs), dirs):
         if store.is_finished(d):
             if c.verify_key is not None:  # its results will be used: the signed files, trained under the key
                 signing.verify(d, c.verify_key)

@@ -9,7 +9,6 @@ price-of-robustness experiments measure (Yang, Shi & Li, ICML 2025).
 
 from __future__ import annotations
 
-from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
@@ -237,14 +236,9 @@ class RunConfig(BaseModel):
         cls: type[RoundAlgorithm] = cached[1]
         return cls
 
-    @cached_property
-    def handover(self) -> Handover:
-        """What validating this very config built for its run (its components), handed over once."""
-        return Handover(id(self))
-
     def __getstate__(self) -> dict[Any, Any]:
-        """Pickled (to a sweep's worker process) without what this process resolved and built for it: the other
-        process resolves and builds its own."""
+        """Pickled (to a sweep's worker process) without what this process resolved for it (the algorithm's class):
+        the other process resolves its own."""
         state: dict[Any, Any] = super().__getstate__()
         fields = type(self).model_fields
         return {**state, "__dict__": {k: v for k, v in state["__dict__"].items() if k in fields}}
@@ -275,27 +269,3 @@ class RunConfig(BaseModel):
             + f" | seed={self.seed}"
         )
 
-
-class Handover:
-    """The objects validating a config built for its run (:class:`phalanx.experiments.components.Components`), kept
-    on the config itself — not in a module-wide cache — and handed over once (they carry state: a second run of the
-    config builds its own). A copy of the config (``model_copy``) shares the box but not its owner: it gets
-    nothing."""
-
-    def __init__(self, owner: int) -> None:
-        self.owner = owner
-        self.parts: Any = None
-
-    def keep(self, parts: Any) -> None:
-        """Keep ``parts`` for the run."""
-        self.parts = parts
-
-    def peek(self, cfg: RunConfig) -> Any:
-        """What is kept for ``cfg`` (this very object), still kept; None when nothing is."""
-        return self.parts if id(cfg) == self.owner else None
-
-    def take(self, cfg: RunConfig) -> Any:
-        """What is kept for ``cfg`` (this very object), handed over once; None when nothing is."""
-        parts = self.peek(cfg)
-        self.parts = None if parts is not None else self.parts
-        return parts

@@ -34,7 +34,7 @@ from typing import Any
 
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.experiments import runstate, signals, status
-from phalanx.experiments.config import RunConfig, make_config
+from phalanx.experiments.config import RunConfig, ValidRun, validate
 from phalanx.experiments.executor import Hooks, Outcome, dataset_for
 from phalanx.training.divergence import Diverged
 from phalanx.validate import check_int, check_real
@@ -197,9 +197,9 @@ def run_task(runs: list[tuple[dict[str, Any], str]], threads: int) -> dict[str, 
     try:
         with signals.stop_on_signals():
             for cfg_json, run_dir in runs:
-                cfg = make_config(cfg_json)
+                run = validate(cfg_json)
                 try:
-                    train(cfg, run_dir, dataset=dataset_for(cfg))
+                    train(run, run_dir, dataset=dataset_for(run.cfg))
                 except Diverged as exc:
                     ended[run_dir] = f"diverged at round {exc.round}"
                 except runstate.RunInUse as exc:
@@ -275,8 +275,9 @@ class SlurmExecutor:
     job_id: str | None = None
     folder: Path = field(default=Path("slurm"), repr=False)  # the array's log folder, once submitted
 
-    def run(self, todo: list[tuple[RunConfig, Path]], out: Path, hooks: Hooks) -> Outcome:
+    def run(self, runs: list[tuple[ValidRun, Path]], out: Path, hooks: Hooks) -> Outcome:
         outcome = Outcome()
+        todo = [(r.cfg, d) for r, d in runs]  # the nodes validate each config they read (the objects stay here)
         busy = [(c, d) for c, d in todo if runstate.holder(d) is not None]  # a job of an earlier submission
         for c, d in busy:
             outcome.busy[d] = f"in use by {runstate.describe_holder(runstate.holder(d) or {})}"

@@ -9,10 +9,10 @@ from typing import Any
 
 from phalanx.data.base import Dataset
 from phalanx.experiments.build import check_engine, from_config
-from phalanx.experiments.config import RunConfig
-from phalanx.experiments.grid import run_id
+from phalanx.experiments.config import RunConfig, validate
 from phalanx.experiments.tracking import TrackerLike, Tracking
 from phalanx.experiments.tracking import of as trackers_of
+from phalanx.experiments.validrun import ValidRun
 from phalanx.experiments.wiring import Recording, run_experiment
 from phalanx.training.experiment import Experiment
 from phalanx.training.loop import Callback, OnRound, Progress
@@ -20,7 +20,7 @@ from phalanx.training.memory import tune_allocator
 
 
 def train(
-    run: RunConfig | Experiment, run_dir: str | Path | None = None, *, dataset: Dataset | None = None,
+    run: ValidRun | RunConfig | Experiment, run_dir: str | Path | None = None, *, dataset: Dataset | None = None,
     progress: Progress | None = None, callbacks: Sequence[Callback] = (), checkpoint_every: int | None = None,
     wait: bool = False, tracking: Tracking | Sequence[str | TrackerLike] | None = None,
 ) -> list[dict[str, Any]]:
@@ -36,16 +36,20 @@ def train(
     ``callbacks`` run after the built-in ones. ``tracking``: experiment trackers that also receive the run — names
     (``["tensorboard", "mlflow"]``), tracker objects or a :class:`~phalanx.experiments.tracking.Tracking`; a
     config's own ``tracking`` when not given (docs/tracking.md). A config with ``engine = "torchrun"`` is started
-    with ``phalanx launch`` or torchrun instead.
+    with ``phalanx launch`` or torchrun instead. A RunConfig is validated here
+    (:func:`~phalanx.experiments.config.validate`); a :class:`~phalanx.experiments.validrun.ValidRun` was already.
     """
     tune_allocator()
     recording = None
     if isinstance(run, RunConfig):
-        check_engine(run)
+        run = validate(run)
+    if isinstance(run, ValidRun):
+        cfg = run.cfg
+        check_engine(cfg)
         exp = from_config(run, dataset)
         if run_dir is not None:
-            recording = Recording(Path(run_dir), run.identity(), checkpoint_every or run.checkpoint_every,
-                                  sign_key=run.sign_key, verify_key=run.verify_key, wait=wait)
+            recording = Recording(Path(run_dir), cfg.identity(), checkpoint_every or cfg.checkpoint_every,
+                                  sign_key=cfg.sign_key, verify_key=cfg.verify_key, wait=wait)
     else:
         exp = run
         if run_dir is not None:
@@ -55,16 +59,15 @@ def train(
     return run_experiment(exp, None, recording, callbacks=[*cbs, *callbacks], tracking=tracked)
 
 
-def _tracking(run: RunConfig | Experiment, run_dir: str | Path | None,
+def _tracking(run: ValidRun | Experiment, run_dir: str | Path | None,
               given: Tracking | Sequence[str | TrackerLike] | None) -> Tracking | None:
-    """The run's trackers: given ones, else a config's own; named by the run directory, else by the config's run
-    id."""
-    name = Path(run_dir).name if run_dir is not None else run_id(run) if isinstance(run, RunConfig) else None
+    """The run's trackers: given ones, else a config's own; named by the run directory, else by the run id."""
+    name = Path(run_dir).name if run_dir is not None else run.run_id if isinstance(run, ValidRun) else None
     if isinstance(given, Tracking):
         return given
     if given is not None:
         if not given:
             return None
-        params = run.identity() if isinstance(run, RunConfig) else run.describe()
+        params = run.cfg.identity() if isinstance(run, ValidRun) else run.describe()
         return Tracking.of_names(list(given), params, name)
-    return trackers_of(run, name) if isinstance(run, RunConfig) else None
+    return trackers_of(run.cfg, name) if isinstance(run, ValidRun) else None

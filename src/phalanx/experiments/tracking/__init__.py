@@ -77,23 +77,24 @@ def build(name: str, params: Mapping[str, Any] | None = None) -> TrackerLike:
     return tracker
 
 
-def check(cfg: RunConfig) -> None:
-    """``tracking`` and ``tracking_params``, before any run: known names (one line with a suggestion otherwise), each
-    named once, each table's parameters those its tracker takes, the packages installed (a one-line error naming the
-    extra), a local location writable. A table for a tracker the config does not use is checked by name only."""
+def check(names: Sequence[str], params: Mapping[str, Any]) -> None:
+    """A config's ``tracking`` (``names``) and ``tracking_params`` (``params``: the two keys it reads, not the
+    config), before any run: known names (one line with a suggestion otherwise), each named once, each table's
+    parameters those its tracker takes, the packages installed (a one-line error naming the extra), a local location
+    writable. A table for a tracker the config does not use is checked by name only."""
     seen: set[str] = set()
-    for name in cfg.tracking:
+    for name in names:
         if name in seen:
-            raise ConfigError("tracking", cfg.tracking, "each tracker named once")
+            raise ConfigError("tracking", list(names), "each tracker named once")
         seen.add(name)
-        build(name, _params(cfg, name))
-    for name in cfg.tracking_params:
+        build(name, _params(params, name))
+    for name in params:
         if name not in seen:
             TRACKERS.get(name, "tracking_params")
 
 
-def _params(cfg: RunConfig, name: str) -> dict[str, Any]:
-    table = cfg.tracking_params.get(name, {})
+def _params(params: Mapping[str, Any], name: str) -> dict[str, Any]:
+    table = params.get(name, {})
     if not isinstance(table, dict):
         raise ConfigError(f"tracking_params.{name}", table, "a table of the tracker's parameters")
     return table
@@ -123,7 +124,7 @@ def of(cfg: RunConfig, name: str | None = None) -> Tracking | None:
     """The config's trackers, built (None when it names none)."""
     if not cfg.tracking:
         return None
-    trackers = {n: build(n, _params(cfg, n)) for n in cfg.tracking}
+    trackers = {n: build(n, _params(cfg.tracking_params, n)) for n in cfg.tracking}
     return Tracking(trackers, flatten(cfg.identity()), name)
 
 
