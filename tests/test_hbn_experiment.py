@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests._raw import assert_rebuilt
 
 from phalanx.errors import ConfigError
 from phalanx.studies import hbn
@@ -100,3 +101,6 @@ def test_cli_runs_a_tiny_grid_and_writes_the_report(tmp_path: Path) -> None:
     assert (out / "hbn.png").stat().st_size > 0
     assert len((out / "cells.csv").read_text().splitlines()) == 5
     assert len(list((out / "runs").glob("*/DONE"))) == 6
+    assert_rebuilt("hbn", out, 2, ["dataset=digits", "rounds=2", "eval_every=2", "clients=6", "clients_per_round=3",
+                                   "local_steps=2", "alphas=[1.0]", "norms=['batch','fedbn','hybrid']",
+                                   "rules=[['mean',0]]"])
