@@ -7,7 +7,11 @@ The report made from a study's real runs.csv is the report made from its runs, b
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
+import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,7 @@ from phalanx.errors import ConfigError
 from phalanx.studies import raw
 
 NAMES = ["privacy", "backdoor", "corrupted-rounds", "byzantine-neighbours", "hbn", "convergence", "tension",
-         "parallelism"]
+         "parallelism", "async"]
 SMALL: dict[str, dict[str, Any]] = {  # narrowed presets: the checks read the plan, never train
     "privacy": {"rules": ("mean", "cwtm"), "noises": (0.0, 1.0)},
     "backdoor": {"rules": ("mean", "cwtm"), "attacks": ("dba",), "alphas": (1.0,)},
@@ -29,6 +33,7 @@ SMALL: dict[str, dict[str, Any]] = {  # narrowed presets: the checks read the pl
     "convergence": {},
     "tension": {},
     "parallelism": {"nodes": (9,), "graphs": ("ring",), "lrs": {"gossip": (0.1,), "anytime": (0.01,)}},
+    "async": {"rules": ("mean", "cwmed")},
 }
 
 
@@ -80,14 +85,22 @@ def test_a_file_that_is_not_the_studys_own_is_one_typed_line(name: str, tmp_path
         raw.read(path, cells, ids, study.raw_value)
 
 
+def _nan_first(v: Any) -> Any:
+    """``v`` (a parsed JSON curve) with its first number NaN."""
+    if isinstance(v, list):
+        return [_nan_first(v[0]), *v[1:]]
+    return math.nan
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_nan_where_a_number_must_be_is_refused(name: str, tmp_path: Path) -> None:
     study, cells, ids, lines = _rows(name)
-    header = lines[0].split(",")
-    first = header.index("run") + 1  # the first value column: a float that must be a number
-    row = lines[1].split(",")
-    row[first] = "nan"
-    _refused(tmp_path / "runs.csv", [lines[0], ",".join(row), *lines[2:]], study, cells, ids, "not NaN")
+    header, row = next(csv.reader([lines[0]])), next(csv.reader([lines[1]]))
+    first = header.index("run") + 1  # the first value column: a number (or a curve of numbers) that must be one
+    row[first] = json.dumps(_nan_first(json.loads(row[first]))) if row[first].startswith("[") else "nan"
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="").writerow(row)
+    _refused(tmp_path / "runs.csv", [lines[0], buf.getvalue(), *lines[2:]], study, cells, ids, "not NaN")
 
 
 def test_the_run_ids_follow_the_settings() -> None:
