@@ -39,9 +39,11 @@ if TYPE_CHECKING:
 C = TypeVar("C", bound=Hashable)
 
 MAX_BYTES = 16 << 20
-"""The largest raw-results file read (16 MiB; a documented study's is well under 1 MiB)."""
-MAX_TEXT = 200
-"""The longest string a string field may hold (a label: ``proven``, a verdict word)."""
+"""The largest raw-results file read (16 MiB; the largest committed one, the convergence quick preset's with its
+per-round curves, is 1.7 MB)."""
+MAX_TEXT = 1000
+"""The longest string a string field may hold (a label: ``proven``; a verdict: a sentence, 210 characters at most in
+the convergence quick preset)."""
 NAN_OK = {"raw_nan": True}
 """A value field's metadata that lets it hold NaN (``field(metadata=raw.NAN_OK)``); every other float refuses it."""
 
