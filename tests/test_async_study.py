@@ -162,3 +162,16 @@ def test_the_report_writes_its_tables_csv_and_figure(tmp_path: Path) -> None:
     lines = (tmp_path / "cells.csv").read_text().splitlines()
     assert len(lines) == 1 + len(curves) and lines[0].startswith("mode,rule,attack,seed,time_to_target")
     assert (tmp_path / "async.png").stat().st_size > 0 and len(rep.files) == 3
+    # the report from its raw results (runs.csv) is this report, byte for byte
+    from phalanx.studies import raw
+
+    cells, cfgs = A.plan(p)
+    assert set(cells) == set(curves)
+    ids = raw.run_ids(cfgs)
+    (tmp_path / "runs.csv").write_text(raw.write(cells, ids, curves, A.Curve))
+    again = tmp_path / "again"
+    again.mkdir()
+    A.Asynchrony().report(p, list(curves), raw.read(tmp_path / "runs.csv", cells, ids, A.Curve), again,
+                          command="phalanx experiment async", wall_seconds=6.0, runs=60, overrides={})
+    for name in ("report.md", "cells.csv"):
+        assert (again / name).read_bytes() == (tmp_path / name).read_bytes()

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests._raw import assert_rebuilt
 
 from phalanx import studies
 from phalanx.errors import ConfigError
@@ -188,3 +189,5 @@ def test_cli_runs_a_tiny_grid_and_writes_the_report(tmp_path: Path) -> None:
     rows = (out / "cells.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 * (3 + 1)  # per rule: accuracy, success, durability under dba; accuracy with none
     assert len(list((out / "runs").glob("*/DONE"))) == 2 * 2 * 2
+    assert_rebuilt("backdoor", out, 2, ["stop_round=2", "after=1", "eval_every=1", "workers=6", "byzantine=1", "f=1",
+                                        "rules=['mean','cwtm']", "attacks=['dba']", "alphas=[1.0]"])

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests._raw import assert_rebuilt
 
 from phalanx import studies
 from phalanx.errors import ConfigError
@@ -213,3 +214,9 @@ def test_the_command_runs_end_to_end(tmp_path: Path) -> None:
     assert {p.name for p in tmp_path.iterdir()} >= {"report.md", "cells.csv", "convergence.png"}
     report = (tmp_path / "report.md").read_text()
     assert "`phalanx tension convergence --preset quick --seeds 3 --set workers=8" in report
+    assert_rebuilt("convergence", tmp_path, 3, sets)
+    again = tmp_path / "again"  # the same command from its runs.csv: nothing run, the same cells
+    res = CliRunner().invoke(cli.app, [*args[:-1], str(again), "--results", str(tmp_path / "runs.csv"),
+                                       *(a for s in sets for a in ("--set", s))], env={"COLUMNS": "80"})
+    assert res.exit_code == 0 and "nothing trained" in res.output, res.output
+    assert (again / "cells.csv").read_bytes() == (tmp_path / "cells.csv").read_bytes()

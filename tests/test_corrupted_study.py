@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tests._raw import assert_rebuilt
 
 from _interrupt import train_interrupted
 from phalanx import attacks, studies
@@ -171,3 +172,6 @@ def test_cli_runs_a_tiny_grid_and_writes_the_report(tmp_path: Path) -> None:
     assert "| mean | undefended-online |" not in report
     assert len((out / "cells.csv").read_text().splitlines()) == 1 + 2 * arms * 2
     assert len(list((out / "runs").glob("*/DONE"))) == 2 * arms * 2 * 2
+    assert_rebuilt("corrupted-rounds", out, 2, ["rounds=4", "eval_every=2", "every=2", "start=1", "workers=6",
+                                                "byzantine=1", "f=1", "model_params={hidden=[8]}",
+                                                'arms=["sgd", "clipped-sgd", "robust-online"]'])

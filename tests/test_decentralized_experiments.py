@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests._raw import assert_rebuilt
 
 from phalanx.analysis.stats import mean_ci
 from phalanx.decentralized import topology
@@ -170,3 +171,5 @@ def test_cli_runs_a_tiny_neighbours_grid(tmp_path: Path) -> None:
     assert "| cs_plus |" in report and "## Price with no attack" in report
     assert (out / "neighbours.png").stat().st_size > 0
     assert len(list((out / "runs").glob("*/DONE"))) == 2 * 2 * 2
+    assert_rebuilt("byzantine-neighbours", out, 2, ["byzantine=[1]", "rules=['mean','cs_plus']",
+                                                    "attacks=['none','dissensus']", "rounds=3", "honest=9"])

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests._raw import assert_rebuilt
 
 from phalanx.errors import ConfigError
 from phalanx.studies import hbn
@@ -100,3 +101,30 @@ def test_cli_runs_a_tiny_grid_and_writes_the_report(tmp_path: Path) -> None:
     assert (out / "hbn.png").stat().st_size > 0
     assert len((out / "cells.csv").read_text().splitlines()) == 5
     assert len(list((out / "runs").glob("*/DONE"))) == 6
+    assert_rebuilt("hbn", out, 2, ["dataset=digits", "rounds=2", "eval_every=2", "clients=6", "clients_per_round=3",
+                                   "local_steps=2", "alphas=[1.0]", "norms=['batch','fedbn','hybrid']",
+                                   "rules=[['mean',0]]"])
+
+
+def test_the_differences_are_one_holm_family_and_a_verdict_reads_the_adjusted_p(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hybrid − BatchNorm, Hybrid − GroupNorm and BatchNorm − GroupNorm at two α are read together: one Holm family
+    of 6 (the report says so). A difference whose interval excludes 0 alone (p ≈ 0.035) is no verdict among them; the
+    mutant — the same differences uncorrected — calls it "Hybrid BN better", and this test rejects it."""
+    p = hbn.preset("quick", norms=("group", "batch", "hybrid"), rules=(("mean", 0),), alphas=(0.1, 1.0),
+                   seeds=(0, 1, 2))
+    cells = hbn.cells(p)
+    noise = [0.03, -0.02, 0.01]  # the other differences span 0 widely
+    lift = {("hybrid", 0.1): [0.03, 0.06, 0.045], ("hybrid", 1.0): [-0.01, 0.02, 0.0]}
+    acc = {c: 0.7 + lift.get((c.norm, c.alpha), [0.0] * 3)[c.seed] + (noise[c.seed] if c.norm == "group" else 0.0)
+           for c in cells}
+    results = hbn.tabulate(cells, acc)
+    ds = hbn.differences(results, p)
+    assert len(ds) == 6 and all(d.estimate.family == 6 for d in ds)
+    (target,) = [d for d in ds if (d.a, d.b, d.alpha) == ("hybrid", "batch", 0.1)]
+    assert target.estimate.p_value() < 0.05 < (target.estimate.p_adjusted or 0.0)
+    assert target.verdict != "Hybrid BN better"  # adjusted: no verdict
+    monkeypatch.setattr(hbn, "holm_family", lambda items: items)  # the mutant: no correction
+    (uncorrected,) = [d for d in hbn.differences(results, p) if (d.a, d.b, d.alpha) == ("hybrid", "batch", 0.1)]
+    assert uncorrected.verdict == "Hybrid BN better"  # what the test above would let through

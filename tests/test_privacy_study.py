@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests._raw import assert_rebuilt
 
 from phalanx import studies
 from phalanx.errors import ConfigError
@@ -67,3 +68,5 @@ def test_cli_runs_a_tiny_grid_and_writes_the_report(tmp_path: Path) -> None:
     assert (out / "privacy.png").stat().st_size > 0
     assert len((out / "cells.csv").read_text().splitlines()) == 1 + 2 * 2 * 2
     assert len(list((out / "runs").glob("*/DONE"))) == 16
+    assert_rebuilt("privacy", out, 2, ["rounds=3", "workers=6", "byzantine=1", "f=1", "rules=['mean','cwtm']",
+                                       "noises=[0,1]"])

@@ -156,7 +156,7 @@ def _run_study(
     command = f"{path} --preset {preset_name} --seeds {seeds}" + "".join(f" --set {o}" for o in sets)
     wall: float | None = None
     if results is not None and study.raw_value is not None:  # the report again from its raw results: no training
-        collected = raw.read(results, cells, study.raw_value)
+        collected = raw.read(results, *study.raw_cells(p, cells, cfgs), study.raw_value)
         console.print(f"from the raw results {results}: nothing trained", soft_wrap=True)
     else:
         t0 = time.perf_counter()
@@ -172,7 +172,8 @@ def _run_study(
     report = study.report(p, cells, collected, out, command=command, wall_seconds=wall, runs=len(runs),
                           overrides=overrides)
     if study.raw_value is not None:
-        store.atomic_write_text(out / "runs.csv", raw.write(cells, collected, study.raw_value))
+        rows = study.raw_cells(p, cells, cfgs)
+        store.atomic_write_text(out / "runs.csv", raw.write(*rows, collected, study.raw_value))
         report = type(report)([*report.files, out / "runs.csv"], report.terminal)
     if note is not None:  # the report says it too, under its title, where a reader of the file sees it first
         from phalanx.experiments.store import atomic_write_text

@@ -450,6 +450,7 @@ class Asynchrony(ModuleStudy[Preset, Cell, Curve]):
     set_example = "rules=['mean','cwmed']"
 
     functions = StudyFunctions(preset, plan, collect)
+    raw_value = Curve
 
     def runs(self, configs: list[RunConfig]) -> list[RunConfig]:
         return distinct(configs)

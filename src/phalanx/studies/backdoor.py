@@ -583,6 +583,7 @@ class BackdoorDefences(ModuleStudy[Preset, Cell, Final]):
     set_example = "alphas=[0.5]"
 
     functions = StudyFunctions(preset, plan, collect)
+    raw_value = Final
 
     def report(
         self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], out: Path, *, command: str,

@@ -134,6 +134,15 @@ class Study(ABC, Generic[P, C, V]):
         """The cells of the grid and their validated run configurations (one per cell), ``overrides`` (run keys)
         applied to every one."""
 
+    def raw_cells(self, preset: P, cells: list[C], configs: list[RunConfig]) -> tuple[list[C], list[str]]:
+        """The cells :meth:`collect` gives a value for, each with the name of the run it reads (the rows of
+        ``runs.csv`` and their ``run`` column): the planned ones and their configurations' run ids. A study whose
+        collect derives more cells from a run (HBN's FedBN-global accuracy), or that trains no run directories,
+        overrides this."""
+        from phalanx.studies import raw
+
+        return cells, raw.run_ids(configs)
+
     def runs(self, configs: list[RunConfig]) -> list[RunConfig]:
         """The configurations to train: every cell's (a study whose cells share runs gives the distinct ones)."""
         return configs

@@ -461,6 +461,20 @@ class ConvergenceStudy(Study[Preset, Cell, Outcome]):
         self._root = None if root is None else str(root)
         return plan_cells(preset), []
 
+    raw_value = Outcome
+
+    def raw_cells(self, preset: Preset, cells: list[Cell], configs: list[RunConfig]) -> tuple[list[Cell], list[str]]:
+        """The cells, each named (no run directory) by ``gd_`` and a hash of the preset's fields bar its name,
+        description and seeds (what a cell's GD run depends on besides the cell itself): a raw-results file made with
+        other rounds, workers or data is refused."""
+        import dataclasses
+        import hashlib
+        import json
+
+        fields = {k: v for k, v in dataclasses.asdict(preset).items() if k not in ("name", "description", "seeds")}
+        digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=repr).encode()).hexdigest()[:10]
+        return cells, [f"gd_{digest}"] * len(cells)
+
     def summary(self, preset: Preset, cells: list[Cell], runs: list[RunConfig], out: Path) -> str:
         return (f"[bold]{self.name} {preset.name}[/bold]: {preset.description}; dataset {preset.dataset}; "
                 f"{len(cells)} full-batch GD runs in process (no run directories) → {out}")

@@ -31,6 +31,7 @@ from phalanx.analysis import theorem45
 from phalanx.analysis.kappa import proven_upper_bound
 from phalanx.errors import ConfigError
 from phalanx.studies.planner import f_matters
+from phalanx.studies.raw import NAN_OK
 
 PROBLEM_LABELS = {"least-squares": "lsq", "logistic": "logreg", "mlp": "mlp"}
 PAPER = "theorem 4.5"
@@ -97,15 +98,16 @@ class Outcome:
 
     floor: float
     """F(θ_T) − F* (PL problems, the constructions) or ‖∇F(θ_T)‖² (MLP)."""
-    bound: float
+    bound: float = field(metadata=NAN_OK)
     """εζ²(θ_T)/(2μ) or εζ²(θ_T) with a proven ε (NaN where none is proven); for a construction, the closed form's
     value at the last round."""
-    epsilon: float
+    epsilon: float = field(metadata=NAN_OK)
+    """The proven ε (NaN: none is proven; ``runs.csv`` lets this, the bound and the ratio hold NaN)."""
     epsilon_source: str
     """``proven`` (the rule's ε), ``kappa`` (its proven κ, Theorem 3.2), ``none``; for Theorem 4.5, ``theorem``
     (ε is then f/(n − f), the theorem's constant)."""
     zeta2: float
-    ratio: float
+    ratio: float = field(metadata=NAN_OK)
     """The rule's realised aggregation error at θ_T (ρ of Proposition 3; for Theorem 4.5 the largest deviation of the
     aggregate from the majority's gradient over the rounds)."""
     curve: list[float] = field(default_factory=list)

@@ -505,6 +505,7 @@ class CorruptedRounds(ModuleStudy[Preset, Cell, Final]):
     set_example = "every=10"
 
     functions = StudyFunctions(preset, plan, collect)
+    raw_value = Final
 
     def report(
         self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], out: Path, *, command: str,

@@ -346,6 +346,16 @@ class HBN(ModuleStudy[Preset, Cell, float]):
     set_example = "rounds=50"
 
     functions = StudyFunctions(preset, plan, collect)
+    raw_value = float
+
+    def raw_cells(self, p: Preset, cells: list[Cell], configs: list[RunConfig]) -> tuple[list[Cell], list[str]]:
+        """The planned cells, then each FedBN cell's whole-test-set accuracy (norm ``fedbn-global``, read from the
+        same run: :func:`collect`)."""
+        from phalanx.studies import raw
+
+        ids = raw.run_ids(configs)
+        extra = [(Cell(FEDBN_GLOBAL, c.rule, c.f, c.alpha, c.seed), i) for c, i in zip(cells, ids) if c.norm == "fedbn"]
+        return [*cells, *(c for c, _ in extra)], [*ids, *(i for _, i in extra)]
 
     def report(
         self, p: Preset, cells: list[Cell], collected: dict[Cell, float], out: Path, *, command: str,

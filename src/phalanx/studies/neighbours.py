@@ -313,6 +313,7 @@ class ByzantineNeighbours(ModuleStudy[Preset, Cell, Final]):
     set_example = "byzantine=[1,2]"
 
     functions = StudyFunctions(preset, plan, collect)
+    raw_value = Final
 
     def report(
         self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], out: Path, *, command: str,

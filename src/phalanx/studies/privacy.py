@@ -358,6 +358,7 @@ class Privacy(ModuleStudy[Preset, Cell, Final]):
     set_example = "noises=[0,1]"
 
     functions = StudyFunctions(preset, plan, collect)
+    raw_value = Final
 
     def report(
         self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], out: Path, *, command: str,
