@@ -3,6 +3,9 @@ the rule on the factors, on each layer's update (re-factorised by a truncated SV
 
     python benchmarks/lora.py [--hidden 512] [--layers 8] [--r 8] [--workers 20 50] [--rules mean cwtm] [--threads 1]
 
+Beside each time, its ratio to the mean's in the same mode (what robustness costs there) and to the same rule's in
+mode ``factors`` (what the mode costs: ``update``'s per-layer truncated SVD).
+
 The adapters are laid out as ``peft`` lays them out on a BERT of the given size (``query`` and ``value`` adapted, a
 2-class head; peft's parameter names, so the layout is the one a run reads). The frozen base is counted on a
 ``meta``-device copy (no weights allocated): it is not aggregated, and a run holds it once per process
@@ -78,7 +81,7 @@ def base_parameters(hidden: int, layers: int) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
@@ -87,18 +90,27 @@ def main() -> None:
     parser.add_argument("--rules", nargs="+", default=["mean", "cwtm"])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each child")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(f"base: BERT hidden {args.hidden}, {args.layers} layers = {base_parameters(args.hidden, args.layers):,} "
           f"frozen parameters; adapters r = {args.r} on query, value")
-    print(f"{'mode':8} {'rule':6} {'n':>4} {'d':>9} {'ms':>9} {'rows MB':>8} {'+peak MB':>8}")
+    print(f"{'mode':8} {'rule':6} {'n':>4} {'d':>9} {'ms':>9} {'× mean':>8} {'× factors':>9} {'rows MB':>8} "
+          f"{'+peak MB':>8}")
     for n in args.workers:
+        ms: dict[tuple[str, str], float] = {}
         for mode in ("factors", "update", "shared"):
             for rule in args.rules:
-                argv = [str(v) for v in (args.hidden, args.layers, args.r, n, mode, rule, args.repeat, args.threads)]
-                out = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True, check=True)
+                child = [str(v) for v in (args.hidden, args.layers, args.r, n, mode, rule, args.repeat, args.threads)]
+                out = subprocess.run([sys.executable, "-c", CHILD, *child], capture_output=True, text=True, check=True)
                 got = json.loads(out.stdout.strip().splitlines()[-1])
-                print(f"{mode:8} {rule:6} {n:4d} {got['dim']:9d} {got['ms']:9.1f} {got['rows_mb']:8.1f} "
-                      f"{got['growth_mb']:8.0f}")
+                ms[mode, rule] = got["ms"]
+                print(f"{mode:8} {rule:6} {n:4d} {got['dim']:9d} {got['ms']:9.1f} "
+                      f"{ratio(got['ms'], ms.get((mode, 'mean'))):>8} {ratio(got['ms'], ms.get(('factors', rule))):>9} "
+                      f"{got['rows_mb']:8.1f} {got['growth_mb']:8.0f}")
+
+
+def ratio(ms: float, baseline: float | None) -> str:
+    """``ms`` over the baseline's time (the mean in the same mode; the same rule in mode ``factors``), or ``—``."""
+    return "—" if not baseline else f"{ms / baseline:.1f}×"
 
 
 if __name__ == "__main__":

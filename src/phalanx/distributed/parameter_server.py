@@ -126,6 +126,22 @@ class Janitor:
         self.thread.join(timeout=10.0)
 
 
+def fits(size: int, row_bytes: int, state_bytes: int | None = None) -> bool:
+    """Whether a vector of ``size`` bytes is a row of this model: exactly ``row_bytes`` (d coordinates), or — from a
+    Byzantine rank of a vector attack (``state_bytes`` given) — a row followed by the attack stream's state.
+
+    Nothing else is truncated, padded or reshaped: a LoRA adapter of another rank r′ or on other layers has
+    r′·Σ(d_in + d_out) coordinates where the model has r·Σ(d_in + d_out), so it is a row of the wrong length, and the
+    rank is missing from the round (counted against f, as a silent worker is; docs/lora.md)."""
+    return size == row_bytes or (state_bytes is not None and size == row_bytes + state_bytes)
+
+
+def misfit_reason(rank: int, t: int, size: int, row_bytes: int, itemsize: int) -> str:
+    """One line: rank ``rank``'s vector of round t had ``size`` bytes where the model's row has ``row_bytes``."""
+    return (f"rank {rank} sent a round-{t} vector of {size} bytes ({size / itemsize:g} coordinates); this model's "
+            f"row is {row_bytes} bytes ({row_bytes // itemsize} coordinates)")
+
+
 class ServerLinks(Protocol):
     """How the parameter server reaches its workers: the c10d store (:class:`StoreLinks`, no authentication) or
     mutually authenticated TLS connections (:class:`~phalanx.distributed.sealed.SealedLinks`)."""
@@ -150,6 +166,10 @@ class ServerLinks(Protocol):
 
     def stop(self, t: int, reason: bytes) -> None:
         """Tell every worker to stop (``STOP`` + reason), as the message of round t."""
+
+    def refuse(self, t: int, rank: int, reason: str) -> None:
+        """Record that ``rank``'s vector of round t was not used, and why (sealed links: a rejection in the
+        transcript; the store: nothing beyond the missing rank, since nothing says who wrote the key)."""
 
     def close(self) -> None:
         """Release what the links hold (threads, sockets)."""
@@ -190,6 +210,9 @@ class StoreLinks:
         wire.put(self.store, wire.key_server(t), wire.STOP + reason)
         wire.put(self.store, "latest", str(t))
 
+    def refuse(self, t: int, rank: int, reason: str) -> None:
+        pass
+
     def close(self) -> None:
         if self.janitor is not None:
             self.janitor.close()
@@ -207,6 +230,7 @@ class ParameterServer(Transport):
         self.say = say
         self.opened = False
         self.next_round = 0  # the round whose server message the workers read next (a stop message goes there)
+        self.last_misfits: dict[int, int] = {}
         self.on_vectors: Callable[[int, dict[int, bytes], list[int]], None] | None = None
         """Called with (round, the payload each accepted rank's row came from, the missing ranks) after every
         exchange: the sealed links' transcript listens here."""
@@ -257,11 +281,14 @@ class ParameterServer(Transport):
         phase1 = [r for r in plan.computing if r != 0]
         got = links.collect(t, phase1, self.suspects, self.timeout)
         row_bytes = self.dim * self.itemsize
+        misfits: dict[int, int] = {}
         for r, data in got.items():
             received += len(data)
-            if len(data) == row_bytes:  # anything else (only a Byzantine rank could send it) is dropped
+            if fits(len(data), row_bytes):  # anything else (only a Byzantine rank could send it) is missing
                 rows[r] = wire.bytes_tensor(data, theta.dtype)
                 used[r] = data
+            else:
+                misfits[r] = len(data)
         if plan.attacking:
             missing_honest = [r for r in plan.honest if r not in rows]
             if len(missing_honest) > exp.f:
@@ -279,14 +306,17 @@ class ParameterServer(Transport):
                 rows[0] = self.me.attack_vector(honest, rule, t)
                 self.attack_state = self.me.attack_gen.get_state()
             got = links.collect(t, others, self.suspects, self.timeout)
+            state_bytes = self.attack_state.numel()
             for r, data in got.items():
                 received += len(data)
-                if len(data) >= row_bytes:
-                    rows[r] = wire.bytes_tensor(data[:row_bytes], theta.dtype)
-                    used[r] = data
-                    tail = data[row_bytes:]
-                    if len(tail) == self.attack_state.numel():
-                        self.attack_state = wire.bytes_tensor(tail, torch.uint8)
+                if not fits(len(data), row_bytes, state_bytes):
+                    misfits[r] = len(data)
+                    continue
+                rows[r] = wire.bytes_tensor(data[:row_bytes], theta.dtype)
+                used[r] = data
+                if len(data) > row_bytes:
+                    self.attack_state = wire.bytes_tensor(data[row_bytes:], torch.uint8)
+        self._misfits(t, misfits, row_bytes)
         expected = sorted(set(plan.computing) | set(plan.attacking))
         present = [r for r in expected if r in rows]
         missing = [r for r in expected if r not in rows]
@@ -300,6 +330,18 @@ class ParameterServer(Transport):
             return Received(vectors, present if missing else None, missing, sent, received)
         return Received(vectors, self._named(plan, present), self._named(plan, missing), sent, received,
                         state_rows=False)
+
+    def _misfits(self, t: int, misfits: dict[int, int], row_bytes: int) -> None:
+        """Record the rows of round t that were not of this model's length (a LoRA adapter of another rank or of
+        other layers, a truncated vector …): each is a rejection of the links, and rank 0 says so on stderr when the
+        set of (rank, length) changes — so what a rank sending misfits every round makes it print is bounded."""
+        for r, size in misfits.items():
+            self.links.refuse(t, r, misfit_reason(r, t, size, row_bytes, self.itemsize))
+        if misfits and misfits != self.last_misfits:
+            self.say(f"round {t}: rows not of the model's length (counted against f, like a missing worker): "
+                     + "; ".join(misfit_reason(r, t, size, row_bytes, self.itemsize)
+                                 for r, size in sorted(misfits.items())))
+        self.last_misfits = misfits
 
     @staticmethod
     def _named(plan: SlotPlan, slots: list[int]) -> list[int]:

@@ -343,6 +343,10 @@ class SealedLinks:
         for rank in list(self.down):
             self._post(rank, Kind.STOP, t, wire.STOP + reason[:STOP_BYTES - 1])
 
+    def refuse(self, t: int, rank: int, reason: str) -> None:
+        with self.cond:  # a signed vector the server could not use (not of the model's length): in the transcript
+            self.rejections.append(Rejection(t, rank, reason))
+
     def close(self) -> None:
         deadline = time.monotonic() + 10.0
         for down in list(self.down.values()):  # let the stop messages go out
