@@ -3,6 +3,8 @@ an event, not a race with the machine's speed), and the live children of a proce
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 HOLD = """
@@ -51,3 +53,21 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def supervised(procs: list[subprocess.Popen[bytes]], timeout_s: float, before: Callable[[], object] | None = None,
+               ) -> int:
+    """A launched job's exit code: ``before()`` first (the test's script against the live ranks, if any), then
+    :func:`phalanx.distributed.launch.supervise` to the end; every rank still alive afterwards — an assertion that
+    failed in ``before``, a timeout — is killed and reaped, so no test leaves a rank behind."""
+    from phalanx.distributed import launch
+
+    try:
+        if before is not None:
+            before()
+        return launch.supervise(procs, grace_s=5.0, timeout_s=timeout_s, say=lambda s: None)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()

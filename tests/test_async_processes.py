@@ -18,6 +18,7 @@ import pytest
 import torch
 from tests.test_distributed import JOB_TIMEOUT_S, run_dir, wait_for, write_toml
 
+from _processes import supervised
 from phalanx.distributed import launch, wire
 from phalanx.distributed.channel import Kind, client_context, send_frame
 from phalanx.distributed.env import free_port
@@ -55,15 +56,7 @@ def launched(data: dict[str, Any], tmp: Path, env: dict[str, str], ranks: int | 
             procs.append(subprocess.Popen([sys.executable, "-m", "phalanx.distributed.worker",
                                            *launch.worker_args(cfg, [], tmp / "out")], env=e, stderr=fh,
                                           stdout=subprocess.DEVNULL))
-        try:
-            if script is not None:
-                script(procs, errs, port)
-            code = launch.supervise(procs, grace_s=5.0, timeout_s=JOB_TIMEOUT_S, say=lambda s: None)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        code = supervised(procs, JOB_TIMEOUT_S, None if script is None else lambda: script(procs, errs, port))
     return code, errs.read_text()
 
 

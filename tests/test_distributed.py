@@ -22,6 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from _processes import supervised
 from phalanx.distributed import launch, wire, worker
 from phalanx.distributed.env import RankEnv, free_port, open_store
 from phalanx.errors import ConfigError
@@ -103,17 +104,13 @@ def run_job(
     with errs.open("wb") as fh:
         procs = launch.spawn(size, launch.worker_args(cfg_path, [], out), extra_env=env, stderr=fh,
                              stdout=subprocess.DEVNULL, master_port=port)
-        try:
-            if script is not None:
-                # a client of the job's store, as a worker rank opens it (same key prefix)
+
+        def act() -> None:
+            if script is not None:  # a client of the job's store, as a worker rank opens it (same key prefix)
                 client = RankEnv(1, size, 1, "127.0.0.1", port, agent_store=False, run_id="local.0")
                 script(procs, errs, open_store(client, JOB_TIMEOUT_S))
-            code = launch.supervise(procs, grace_s=5.0, timeout_s=JOB_TIMEOUT_S, say=lambda s: None)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+
+        code = supervised(procs, JOB_TIMEOUT_S, act)
     return code, errs.read_text()
 
 

@@ -31,6 +31,7 @@ pytest.importorskip("peft")
 from tests._lora_misfit import BYZANTINE_RANK, EXTRA, misfit_row
 from tests.test_distributed import JOB_TIMEOUT_S, run_dir, write_toml
 
+from _processes import supervised
 from phalanx.distributed import launch, parameter_server, wire
 from phalanx.distributed.env import free_port
 from phalanx.distributed.parameter_server import ParameterServer, fits
@@ -190,18 +191,15 @@ def test_a_rank_sending_a_wrong_rank_or_wrong_layer_adapter_on_real_processes(tm
     errs = tmp_path / "stderr.txt"
     procs: list[subprocess.Popen[bytes]] = []
     with errs.open("wb") as fh:
-        try:
+
+        def spawn() -> None:
             for rank in range(JOB["clients_per_round"]):
                 env = launch.rank_env(rank, JOB["clients_per_round"], "127.0.0.1", port)
                 cmd = ([sys.executable, str(script), MISFITS[rank], *args] if rank in MISFITS
                        else [sys.executable, "-m", "phalanx.distributed.worker", *args])
                 procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=fh))
-            code = launch.supervise(procs, grace_s=5.0, timeout_s=JOB_TIMEOUT_S, say=lambda s: None)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+
+        code = supervised(procs, JOB_TIMEOUT_S, spawn)  # a rank spawned before a failure is reaped too
     text = errs.read_text()
     assert code == 0, text[-3000:]
     run = run_dir(out)

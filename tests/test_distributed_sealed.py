@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 from tests.test_distributed import BASE, JOB_TIMEOUT_S, run_dir, wait_for, write_toml
 from typer.testing import CliRunner
 
+from _processes import supervised
 from phalanx.cli import app
 from phalanx.distributed import launch
 from phalanx.distributed.audit import audit
@@ -55,15 +56,7 @@ def job(data: dict[str, Any], out: Path, tmp: Path, env: dict[str, str] | None =
     with errs.open("wb") as fh:
         procs = launch.spawn(data["workers"], launch.worker_args(cfg, [], out), extra_env=env, stderr=fh,
                              stdout=subprocess.DEVNULL, master_port=port)
-        try:
-            if script is not None:
-                script(procs, errs, port)
-            code = launch.supervise(procs, grace_s=5.0, timeout_s=timeout_s, say=lambda s: None)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        code = supervised(procs, timeout_s, None if script is None else lambda: script(procs, errs, port))
     return code, errs.read_text(), port
 
 
