@@ -1,0 +1,128 @@
+"""Issue 35 item 2: each LoRA mode's κ in the space of the layers' updates — the proven bounds hold against the
+search, the mutant wrapper that ignores f is caught, mode ``factors`` is unbounded by an exact construction.
+
+Budgets are small (tens of evaluations on 7 clients, two layers of rank 2): seconds, not a study.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from phalanx import aggregators
+from phalanx.aggregators.lora import AdapterUpdates, updates_of
+from phalanx.analysis.lora_kappa import MEASURED_MODES, factor_constructions, lora_kappa, proven, setting
+from phalanx.errors import ConfigError
+
+N, F = 7, 2
+CWTM = aggregators.make("cwtm", f=F)
+
+
+@pytest.mark.parametrize("mode", ["update", "update-truncated", "shared"])
+def test_measured_kappa_never_exceeds_the_proven_one_and_the_mutant_that_ignores_f_does(mode: str) -> None:
+    """The proven κ (κ_F for ``shared`` and ``update``, (1 + 2√κ_F)² after the truncation) is not exceeded by the
+    certified value the search finds (which reaches the universal f/(n − 2f) at least); the wrapper whose inner
+    rule ignores f (cwtm with f = 0: the mean) is flagged above it on the same search."""
+    k = lora_kappa(CWTM, mode, n=N, budget=60)
+    assert k.proven is not None and not k.above_proven and k.verdict == "certified"
+    assert k.lower_bound - 1e-12 <= k.value <= k.proven + k.slack
+    s = setting(0)
+    mutant = AdapterUpdates(CWTM.with_f(0), s.layout) if mode.startswith("update") else CWTM.with_f(0)
+    bad = lora_kappa(CWTM, mode, n=N, budget=60, wrapper=mutant)
+    assert bad.above_proven and bad.verdict.startswith("BUG") and bad.value > 1e3 * k.proven
+
+
+def test_the_proven_bounds_are_the_rules_kappa_carried_and_the_truncation_lemma() -> None:
+    kf = CWTM.kappa(N)
+    assert kf is not None
+    assert proven(CWTM, "update", N) == proven(CWTM, "shared", N) == kf
+    assert proven(CWTM, "update-truncated", N) == pytest.approx((1 + 2 * math.sqrt(kf)) ** 2)
+    assert proven(CWTM, "factors", N) is None
+
+
+def test_truncation_lemma_holds_on_random_attacked_clients_per_layer() -> None:
+    """‖(B′A′ − BA) − mean_S ΔW‖² ≤ (1 + 2√κ_F)² spread_S per layer, on random clients with f ALIE-like rows — and the
+    bound is not vacuous: the truncation moves the update (the residual is positive)."""
+    s = setting(1)
+    gen = torch.Generator().manual_seed(3)
+    bound = proven(CWTM, "update-truncated", N)
+    assert bound is not None
+    wrapper = AdapterUpdates(CWTM, s.layout)
+    for _ in range(5):
+        x = torch.randn(N, s.layout.dim, generator=gen, dtype=torch.float64)
+        x[N - F:] = x[: N - F].mean(0) + 1.5 * x[: N - F].std(0)
+        out = wrapper(x, theta=s.theta)
+        assert wrapper.last_residual > 0
+        for blk in s.layout.blocks:
+            honest = updates_of(x[: N - F], s.theta, blk)
+            applied = updates_of(out[None], s.theta, blk)[0]
+            spread = float((honest - honest.mean(0)).square().sum(1).mean())
+            assert float((applied - honest.mean(0)).square().sum()) <= bound * spread * (1 + 1e-9)
+
+
+def test_truncation_lemma_needs_the_rank_r_truncation_and_a_rank_below_r_fails_it() -> None:
+    """The lemma uses that an honest client's own product BⱼAⱼ has rank ≤ r: with honest clients all sending one
+    rank-r adapter (zero spread) the applied update is theirs (error at rounding), while the mutant truncation to rank
+    r − 1 leaves a positive error over the zero spread — above any bound."""
+    s = setting(2)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(N, s.layout.dim, generator=gen, dtype=torch.float64)
+    x[: N - F] = x[0]
+    x[N - F:] *= 10.0
+    out = AdapterUpdates(CWTM, s.layout)(x, theta=s.theta)
+    for blk in s.layout.blocks:
+        honest = updates_of(x[:1], s.theta, blk)[0]
+        applied = updates_of(out[None], s.theta, blk)[0]
+        assert float((applied - honest).norm()) <= 1e-12 * (1 + float(honest.norm()))
+        b, a = s.layout.factors(s.theta, blk)
+        m = b @ a + CWTM(updates_of(x, s.theta, blk)).view(blk.d_out, blk.d_in)
+        u, sig, vh = torch.linalg.svd(m)
+        lower = (u[:, : blk.rank - 1] * sig[: blk.rank - 1]) @ vh[: blk.rank - 1] - b @ a  # the mutant: rank r − 1
+        assert float((lower.flatten() - honest).norm()) > 1e-3
+
+
+def test_shared_mode_ratio_in_the_update_equals_the_ratio_on_b() -> None:
+    """A's rows are orthonormal (c = 1), so ‖ΔB A‖ = ‖ΔB‖ row by row: the ratio in ΔW space is the rule's own."""
+    a = setting(0).shared_a
+    torch.testing.assert_close(a @ a.T, torch.eye(2, dtype=torch.float64), rtol=0, atol=0)
+    db = torch.randn(5, 3, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    torch.testing.assert_close((db @ a).flatten(1).norm(dim=1), db.flatten(1).norm(dim=1))
+
+
+@pytest.mark.parametrize("spec", ["cwtm", "cwmed", "krum"])
+def test_factor_mode_is_unbounded_in_the_update_by_an_exact_construction(spec: str) -> None:
+    """Clients whose factors differ but whose updates BᵢAᵢ − BA are bit-for-bit equal (zero honest spread): the rule
+    on the factors returns factors with another product — a positive error over a zero spread, κ = +∞, certified in
+    rational arithmetic. The same clients in mode ``update`` give a ratio of 0: the rule on ΔW returns their ΔW."""
+    rule = aggregators.make(spec, f=F)
+    k = lora_kappa(rule, "factors", n=N, budget=30)
+    assert math.isinf(k.value) and k.verdict == "unbounded" and k.proven is None
+    assert k.construction.startswith(("sign", "scale"))
+    s = setting(0)
+    rows = torch.cat([updates_of(k.input, s.theta, blk) for blk in s.layout.blocks], 1)[list(k.honest)]
+    assert bool((rows == rows[0]).all())  # the honest clients' updates are exactly one
+    ok = lora_kappa(rule, "update", n=N, budget=30)
+    assert ok.value <= (ok.proven or 0.0) + ok.slack
+
+
+def test_the_factor_constructions_are_exact_one_update() -> None:
+    s = setting(0)
+    for name, x in factor_constructions(N, F, s, torch.Generator().manual_seed(0)):
+        rows = torch.cat([updates_of(x[: N - F], s.theta, blk) for blk in s.layout.blocks], 1)
+        assert bool((rows == rows[0]).all()), name
+
+
+def test_bad_settings_are_one_line_config_errors() -> None:
+    with pytest.raises(ConfigError, match="mode"):
+        lora_kappa(CWTM, "products")
+    with pytest.raises(ConfigError, match="n"):
+        lora_kappa(CWTM, "update", n=4)
+    with pytest.raises(ConfigError, match="n"):
+        lora_kappa(CWTM, "update", n=10**6)
+    with pytest.raises(ConfigError, match="budget"):
+        lora_kappa(CWTM, "update", budget=0)
+    with pytest.raises(ConfigError, match="mode"):
+        proven(CWTM, "products", N)
+    assert set(MEASURED_MODES) == {"factors", "update", "update-truncated", "shared"}
