@@ -170,7 +170,7 @@ def factor_constructions(n: int, f: int, s: Setting, gen: torch.Generator) -> It
     for j in range(m):
         for e in (-6, -3, 0):
             nudge = torch.randint(-1, 2, (lay.dim,), generator=gen).double() * 2.0**e
-            yield (f"scale: honest at (2ᵏP, Q/2ᵏ), Byzantine at honest #{j} + δ (|δᵢ| ≤ 2^{e})",
+            yield (f"scale: honest at (2ᵏP, Q/2ᵏ), Byzantine at honest #{j} + δ, δ in {{0, ±2^{e}}}",
                    rows(honest + [honest[j] + nudge] * f))
 
 
