@@ -34,6 +34,26 @@ def test_measured_kappa_never_exceeds_the_proven_one_and_the_mutant_that_ignores
     assert bad.above_proven and bad.verdict.startswith("BUG") and bad.value > 1e3 * k.proven
 
 
+@pytest.mark.parametrize("mode", ["update", "shared"])
+def test_measured_epsilon_reaches_cwtms_exact_epsilon_and_a_wrapper_trimming_more_exceeds_it(mode: str) -> None:
+    """ε (S = every row) carries over like κ: cwtm's ε = f/(n − f) (Yang, Shi & Li, Theorem 3.6) is attained and not
+    exceeded; the mutant wrapper whose inner rule trims f + 1 per side (the median at n = 7) while the wrapper claims
+    cwtm's ε is flagged above it."""
+    k = lora_kappa(CWTM, mode, n=N, budget=60, quantity="epsilon")
+    assert k.proven == pytest.approx(F / (N - F)) and not k.above_proven
+    assert k.value == pytest.approx(F / (N - F), rel=1e-9)
+    s = setting(0)
+    more = CWTM.with_f(F + 1)
+    mutant = AdapterUpdates(more, s.layout) if mode == "update" else more
+    bad = lora_kappa(CWTM, mode, n=N, budget=60, quantity="epsilon", wrapper=mutant)
+    assert bad.above_proven and bad.value > k.proven + 0.1
+
+
+def test_factor_mode_epsilon_is_unbounded_for_cwtm() -> None:
+    k = lora_kappa(CWTM, "factors", n=N, budget=5, quantity="epsilon")
+    assert math.isinf(k.value) and k.honest == tuple(range(N))
+
+
 def test_the_proven_bounds_are_the_rules_kappa_carried_and_the_truncation_lemma() -> None:
     kf = CWTM.kappa(N)
     assert kf is not None
@@ -125,4 +145,6 @@ def test_bad_settings_are_one_line_config_errors() -> None:
         lora_kappa(CWTM, "update", budget=0)
     with pytest.raises(ConfigError, match="mode"):
         proven(CWTM, "products", N)
+    with pytest.raises(ConfigError, match="quantity"):
+        lora_kappa(CWTM, "update", quantity="delta")
     assert set(MEASURED_MODES) == {"factors", "update", "update-truncated", "shared"}

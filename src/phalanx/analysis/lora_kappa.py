@@ -29,6 +29,12 @@ What is proven, per mode (``proven`` of :class:`ModeKappa`):
   a Byzantine row near one of them with another product: a positive error over a zero spread, κ = +∞
   (:func:`factor_constructions`, certified exactly: every number in it is dyadic, so the products are exact).
 
+ε (Yang, Shi & Li, ICML 2025, Definition 2.2: the same ratio with S = every row, the error with no attack) is
+measured the same way (``quantity="epsilon"``), and every argument above carries over with S = all rows (the
+truncation's j is any row, each a client's own rank-r product): ε_F (the rule's ε, else its κ by their Theorem 3.2)
+in ``shared`` and ``update``, (1 + 2√ε_F)² after the truncation, +∞ in ``factors`` (the ``sign`` construction: all
+rows make one update).
+
 A value above the proven bound by more than the rounding of the computation (:func:`slack`) is flagged
 ``above_proven``: a bug of the wrapper, the rule or the argument (the mutant wrapper that ignores f is caught so).
 """
@@ -51,7 +57,8 @@ from phalanx.analysis.ratios import EPS, RESOLUTION, ROUNDING, RuleCall, round_d
 from phalanx.errors import ConfigError
 from phalanx.validate import check_int
 
-__all__ = ["MEASURED_MODES", "ModeKappa", "factor_constructions", "lora_kappa", "proven", "setting", "table"]
+__all__ = ["MEASURED_MODES", "QUANTITIES", "ModeKappa", "factor_constructions", "lora_kappa", "proven", "setting",
+           "table"]
 
 MEASURED_MODES = ("factors", "update", "update-truncated", "shared")
 """The rows of the table: ``update`` is the rule's aggregate ΔW* before the rank-r truncation, ``update-truncated``
@@ -59,6 +66,9 @@ the update the server applies after it."""
 LAYERS = ((3, 4), (5, 4))
 """(d_out, d_in) of the adapted layers of the small layout (d_in = 4: A's rows can be Hadamard rows, exact)."""
 RANK = 2
+QUANTITIES = ("kappa", "epsilon")
+"""κ: the ratio's worst set S of n − f rows (Allouah et al.); ε: S = every row (Yang, Shi & Li, ICML 2025, Definition
+2.2 — the no-attack error; the same arguments carry it over, with S = all rows)."""
 _HADAMARD = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, -1.0, 1.0, -1.0]], dtype=torch.float64) / 2
 """Two orthonormal rows of the 4 × 4 Hadamard matrix over 2: mode ``shared``'s frozen A (c = 1, every entry dyadic)."""
 
@@ -84,12 +94,17 @@ def setting(seed: int = 0) -> Setting:
     return Setting(layout, theta, _HADAMARD.clone())
 
 
-def proven(rule: Aggregator, mode: str, n: int) -> float | None:
-    """The κ in ΔW space proven from the rule's own κ_F at ``n`` (module docstring): κ_F for ``shared`` and ``update``,
-    (1 + 2√κ_F)² for ``update-truncated``, None for ``factors`` (none exists) or a rule with no proven κ."""
+def proven(rule: Aggregator, mode: str, n: int, quantity: str = "kappa") -> float | None:
+    """The κ (or ε) in ΔW space proven from the rule's own κ_F (ε_F, else κ_F: Yang, Shi & Li, ICML 2025, Theorem
+    3.2) at ``n`` (module docstring): that constant for ``shared`` and ``update``, (1 + 2√·)² of it for
+    ``update-truncated``, None for ``factors`` (none exists) or a rule with none proven."""
     if mode not in MEASURED_MODES:
         raise ConfigError("mode", mode, ", ".join(MEASURED_MODES))
-    own = rule.kappa(n)
+    if quantity not in QUANTITIES:
+        raise ConfigError("quantity", quantity, ", ".join(QUANTITIES))
+    own = rule.kappa(n) if quantity == "kappa" else rule.epsilon(n)
+    if own is None and quantity == "epsilon":
+        own = rule.kappa(n)
     if own is None or mode == "factors":
         return None
     return (1.0 + 2.0 * math.sqrt(own)) ** 2 if mode == "update-truncated" else float(own)
@@ -201,9 +216,10 @@ class _ModeSearch:
     """Scores client rows by their largest ratio in ΔW space over every set S of n − f rows (the duck type
     :func:`phalanx.analysis.kappa._local_search` drives)."""
 
-    def __init__(self, updates: Updates, n: int, f: int, d: int, budget: int, base: float) -> None:
+    def __init__(self, updates: Updates, n: int, f: int, d: int, budget: int, base: float,
+                 sets: list[tuple[int, ...]]) -> None:
         self.updates, self.n, self.m, self.d, self.budget, self.base = updates, n, n - f, d, budget, base
-        self.sets = torch.tensor(list(itertools.combinations(range(n), n - f)), dtype=torch.long)
+        self.sets = torch.tensor(sets, dtype=torch.long)
         self.used = 0
         self.best = -1.0
         self.best_x = torch.zeros(n, d, dtype=torch.float64)
@@ -266,6 +282,7 @@ class ModeKappa:
 
     rule: str
     mode: str
+    quantity: str
     n: int
     f: int
     value: float
@@ -276,7 +293,7 @@ class ModeKappa:
     honest: tuple[int, ...]
     proven: float | None
     lower_bound: float
-    """f/(n − 2f): no rule does better (on any space)."""
+    """f/(n − 2f) for κ, f/(n − f) for ε: no (f, κ)-robust rule does better (on any space)."""
     slack: float
     above_proven: bool
     evaluations: int
@@ -296,16 +313,17 @@ def _base(s: Setting, mode: str) -> float:
     return max(float((b @ a).abs().max()) for b, a in (s.layout.factors(s.theta, blk) for blk in s.layout.blocks))
 
 
-def _certify(updates: Updates, x: Tensor, n: int, f: int, base: float) -> tuple[float, tuple[int, ...], float]:
+def _certify(updates: Updates, x: Tensor, sets: list[tuple[int, ...]], base: float
+             ) -> tuple[float, tuple[int, ...], float]:
     """The exact ratio at ``x`` (rows and aggregate recomputed through the wrapped rule), its set S and slack."""
     rows, agg = updates(x)
     scale = max(float(rows.abs().max()), float(x.abs().max()), base, 1e-300)
     if not bool(torch.isfinite(agg).all()):
-        return math.inf, tuple(range(n - f)), math.inf
-    best: tuple[Fraction | float, tuple[int, ...]] = (Fraction(0), tuple(range(n - f)))
+        return math.inf, sets[0], math.inf
+    best: tuple[Fraction | float, tuple[int, ...]] = (Fraction(0), sets[0])
     floor = _floor(rows, x, base)
     out = [Fraction(v) for v in agg.tolist()]
-    for hs in itertools.combinations(range(n), n - f):
+    for hs in sets:
         pts = [[Fraction(v) for v in rows[i].tolist()] for i in hs]
         mean = [sum(col, Fraction(0)) / len(pts) for col in zip(*pts)]
         spread = sum((sum(((a - b) ** 2 for a, b in zip(r, mean)), Fraction(0)) for r in pts), Fraction(0)) / len(pts)
@@ -321,16 +339,19 @@ def _certify(updates: Updates, x: Tensor, n: int, f: int, base: float) -> tuple[
 
 
 def lora_kappa(rule: Aggregator, mode: str, n: int = 7, budget: int = 400, seed: int = 0,
-               wrapper: Aggregator | None = None) -> ModeKappa:
+               wrapper: Aggregator | None = None, quantity: str = "kappa") -> ModeKappa:
     """A certified lower bound on the κ of ``rule`` (its f) wrapped for LoRA ``mode`` (:data:`MEASURED_MODES`), in
     the space of the layers' updates, on ``n`` clients and the small layout of :func:`setting`, with ``budget``
     evaluations: the structured inputs (:func:`factor_constructions` outside ``shared``, then the κ search's line
     along a B-only direction and along e₁), then the κ search's local search from the best ones.
     ``wrapper`` replaces the mode's wrapper (``AdapterUpdates(rule, layout)`` in ``update``, the rule otherwise) —
-    for the mutants; the proven bound is still the one of ``rule``. Bad settings are one-line ConfigErrors before
-    anything is built."""
+    for the mutants; the proven bound is still the one of ``rule``. ``quantity="epsilon"`` measures ε instead (the
+    ratio at S = every row; lower bound f/(n − f), Theorem 3.1 of Yang, Shi & Li). Bad settings are one-line
+    ConfigErrors before anything is built."""
     if mode not in MEASURED_MODES:
         raise ConfigError("mode", mode, ", ".join(MEASURED_MODES))
+    if quantity not in QUANTITIES:
+        raise ConfigError("quantity", quantity, ", ".join(QUANTITIES))
     check_int("n", n, low=1, high=12)
     check_int("budget", budget, low=1, high=100_000)
     check_int("seed", seed)
@@ -340,7 +361,8 @@ def lora_kappa(rule: Aggregator, mode: str, n: int = 7, budget: int = 400, seed:
     s = setting(seed)
     updates, d = _updates(wrapper if wrapper is not None else _wrapped(rule, mode, s), mode, s, seed)
     base = _base(s, mode)
-    search = _ModeSearch(updates, n, f, d, budget, base)
+    sets = [tuple(range(n))] if quantity == "epsilon" else list(itertools.combinations(range(n), n - f))
+    search = _ModeSearch(updates, n, f, d, budget, base, sets)
     gen = torch.Generator().manual_seed(seed)
     m = n - f
     e1 = torch.zeros(d, dtype=torch.float64)
@@ -360,14 +382,16 @@ def lora_kappa(rule: Aggregator, mode: str, n: int = 7, budget: int = 400, seed:
         for v, name, x in tops[:2]:
             _local_search(search, x, v, share, gen, name)  # type: ignore[arg-type]
         _local_search(search, search.best_x, search.best, search.left(), gen, "the best input so far")  # type: ignore[arg-type]
-    value, honest, sl = _certify(updates, search.best_x, n, f, base)
-    bound = proven(rule, mode, n)
+    value, honest, sl = _certify(updates, search.best_x, sets, base)
+    bound = proven(rule, mode, n, quantity)
+    floor = universal_lower_bound(n, f) if quantity == "kappa" else f / (n - f)
     return ModeKappa(
-        rule=getattr(rule, "spec", rule.name), mode=mode, n=n, f=f, value=value, construction=search.best_name,
-        input=search.best_x.clone(), honest=honest, proven=bound, lower_bound=universal_lower_bound(n, f), slack=sl,
-        above_proven=bound is not None and value > bound + sl, evaluations=search.used)
+        rule=getattr(rule, "spec", rule.name), mode=mode, quantity=quantity, n=n, f=f, value=value,
+        construction=search.best_name, input=search.best_x.clone(), honest=honest, proven=bound, lower_bound=floor,
+        slack=sl, above_proven=bound is not None and value > bound + sl, evaluations=search.used)
 
 
-def table(rules: list[Aggregator], n: int = 7, budget: int = 400, seed: int = 0) -> list[ModeKappa]:
+def table(rules: list[Aggregator], n: int = 7, budget: int = 400, seed: int = 0, quantity: str = "kappa"
+          ) -> list[ModeKappa]:
     """:func:`lora_kappa` of every rule in every mode."""
-    return [lora_kappa(r, mode, n, budget, seed) for r in rules for mode in MEASURED_MODES]
+    return [lora_kappa(r, mode, n, budget, seed, quantity=quantity) for r in rules for mode in MEASURED_MODES]
