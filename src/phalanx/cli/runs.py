@@ -240,34 +240,55 @@ BUDGET_ENV = "PHALANX_BUDGET_MINUTES"
 DEFAULT_BUDGET_MINUTES = 5.0
 
 
-def _announce(todo: list[tuple[ValidRun, Path]], *, jobs: int, err: bool) -> None:
-    """Before the first run: when the grid's estimate (:func:`phalanx.experiments.estimate.estimate`) is over the
-    budget (``PHALANX_BUDGET_MINUTES``, default 5; ``off``: no estimate), one line saying so and how to make it
-    smaller. It does not stop the grid (a script's long run is no mistake): Ctrl-C stops it cleanly, and the same
-    command resumes."""
-    from phalanx.experiments import estimate
+GRID_SMALLER = ("fewer seeds or list values, fewer rounds (--set rounds=…), a smaller preset (--preset quick), or "
+                "more processes (--jobs); Ctrl-C stops it cleanly and the same command resumes.")
+"""How to make a grid smaller, said with its estimate over the budget."""
 
+
+def _budget() -> float | None:
+    """The budget in minutes (``PHALANX_BUDGET_MINUTES``, default 5), or None for ``off`` (no estimate at all: the
+    test suite's many small grids); anything else is a :class:`ConfigError` naming the variable."""
     raw = os.environ.get(BUDGET_ENV, "")
-    if raw == "off":  # no estimate at all (the test suite's many small grids)
-        return
+    if raw == "off":
+        return None
     try:
         budget = float(raw) if raw else DEFAULT_BUDGET_MINUTES
     except ValueError:
         raise ConfigError(BUDGET_ENV, raw, "a number of minutes, e.g. 30, or off") from None
     if not math.isfinite(budget) or budget <= 0:
         raise ConfigError(BUDGET_ENV, raw, "a number of minutes > 0")
-    if todo:  # the probe trains a few rounds first: under load that is minutes, so say what is happening
-        (_STDERR if err else console).print(
-            f"[dim]Timing a few rounds of the first run to estimate the grid ({BUDGET_ENV}=off skips this)…[/dim]",
-            soft_wrap=True, highlight=False)
-    guess = estimate.estimate(todo, jobs, _short)
-    if guess is None or guess.seconds <= 60 * budget:
+    return budget
+
+
+def _forewarn(what: str, timing: str, guess: Callable[[], Any], smaller: str, *, err: bool) -> None:
+    """The one line every grid and study prints before its first run when its estimate is over the budget
+    (:func:`_budget`): first that ``timing`` (what the probe times) is under way — under load that is minutes — then
+    ``guess()`` (an estimate with ``seconds`` and ``text()``, or None: none made) and, when over, ``smaller`` (how
+    to make it smaller). ``what`` is ``grid`` or ``study``. It stops nothing (a script's long run is no mistake)."""
+    budget = _budget()
+    if budget is None:
         return
-    (_STDERR if err else console).print(
-        f"[yellow]This grid should take {guess.text()}[/yellow] — over the {budget:g} min budget "
-        f"({BUDGET_ENV}). To make it smaller: fewer seeds or list values, fewer rounds (--set rounds=…), a smaller "
-        "preset (--preset quick), or more processes (--jobs); Ctrl-C stops it cleanly and the same command resumes.",
-        soft_wrap=True, highlight=False)
+    say = _STDERR if err else console
+    say.print(f"[dim]Timing {timing} to estimate the {what} ({BUDGET_ENV}=off skips this)…[/dim]", soft_wrap=True,
+              highlight=False)
+    est = guess()
+    if est is None or est.seconds <= 60 * budget:
+        return
+    say.print(f"[yellow]This {what} should take {est.text()}[/yellow] — over the {budget:g} min budget "
+              f"({BUDGET_ENV}). To make it smaller: {smaller}", soft_wrap=True, highlight=False)
+
+
+def _announce(todo: list[tuple[ValidRun, Path]], *, jobs: int, err: bool) -> None:
+    """Before the first run: when the grid's estimate (:func:`phalanx.experiments.estimate.estimate`) is over the
+    budget, one line saying so and how to make it smaller (:func:`_forewarn`). Ctrl-C stops the grid cleanly, and the
+    same command resumes."""
+    from phalanx.experiments import estimate
+
+    budget = _budget()  # a bad budget is its one-line error even with nothing to do
+    if budget is None or not todo:
+        return
+    _forewarn("grid", "a few rounds of the first run", lambda: estimate.estimate(todo, jobs, _short), GRID_SMALLER,
+              err=err)
 
 
 def _devices(runs: list[ValidRun], executor: ExecutorChoice | None) -> str:

@@ -15,7 +15,7 @@ from typer.core import TyperGroup
 from phalanx.cli.common import _STDERR, _fmt, app, console
 from phalanx.cli.common import console as _console
 from phalanx.cli.output import FormatOption, Tabular, check_format, emit, emit_all, tables_of
-from phalanx.cli.runs import _load_grid, _split_slurm, _train
+from phalanx.cli.runs import _forewarn, _load_grid, _split_slurm, _train
 from phalanx.executor_cli import ExecutorChoice, executor_options
 
 if TYPE_CHECKING:
@@ -159,6 +159,9 @@ def _run_study(
         collected = raw.read(results, *study.raw_cells(p, cells, cfgs), study.raw_value)
         console.print(f"from the raw results {results}: nothing trained", soft_wrap=True)
     else:
+        if study.timing is not None:  # its own in-process work, which the grid's estimate never sees
+            _forewarn("study", study.timing, functools.partial(study.estimate, p, cells), study.smaller,
+                      err=fmt != "table")
         t0 = time.perf_counter()
         runs_dir = out / "runs"
         done_before = sum(store.is_finished(runs_dir / grid.run_id(c)) for c in runs)

@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from phalanx.studies.reporting import PresetLike, pick_preset, resolve_dataset
 
@@ -57,6 +57,17 @@ class Report:
 def _tuples(value: Any) -> Any:
     """TOML lists as tuples, nested ones too (preset fields are tuples)."""
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+class Timed(Protocol):
+    """An estimate of how long a study's own work takes here (:meth:`Study.estimate`)."""
+
+    @property
+    def seconds(self) -> float: ...
+
+    def text(self) -> str:
+        """One clause: ``about 7.5 min for …`` and what it rests on."""
+        ...
 
 
 class Study(ABC, Generic[P, C, V]):
@@ -151,6 +162,18 @@ class Study(ABC, Generic[P, C, V]):
         """The line the command prints before training (rich markup)."""
         return (f"[bold]{self.name} {preset.name}[/bold]: {preset.description}; dataset {preset.dataset}; "
                 f"{len(runs)} runs → {out}")
+
+    timing: ClassVar[str | None] = None
+    """What :meth:`estimate` times, said before it does (``a few GD rounds of each setting``); None: the study's work
+    is its grid's runs, which the grid's own estimate times (:mod:`phalanx.experiments.estimate`)."""
+    smaller: ClassVar[str] = ""
+    """How to make the study smaller, said with an :meth:`estimate` over the budget."""
+
+    def estimate(self, preset: P, cells: list[C]) -> Timed | None:
+        """How long :meth:`collect`'s own work (a study whose cells are computed in process, not trained as runs)
+        should take here, timed on this machine without changing any result; None (the default): no work of its own
+        beyond reading the runs, or too little to time."""
+        return None
 
     @abstractmethod
     def collect(self, cells: list[C], configs: list[RunConfig], runs_dir: Path) -> dict[C, V]:

@@ -39,7 +39,7 @@ import torch
 from phalanx import aggregators
 from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
 from phalanx.errors import ConfigError
-from phalanx.studies.base import Report, Study
+from phalanx.studies.base import Report, Study, Timed
 from phalanx.studies.convergence_runs import (
     CONSTRUCTION,
     PAPER,
@@ -478,6 +478,18 @@ class ConvergenceStudy(Study[Preset, Cell, Outcome]):
     def summary(self, preset: Preset, cells: list[Cell], runs: list[RunConfig], out: Path) -> str:
         return (f"[bold]{self.name} {preset.name}[/bold]: {preset.description}; dataset {preset.dataset}; "
                 f"{len(cells)} full-batch GD runs in process (no run directories) → {out}")
+
+    timing = "a few GD rounds of each (problem, rule, f) and the first construction of each kind"
+    smaller = ("fewer seeds (--seeds 2), fewer rounds (--set rounds=…), fewer f or α values (--set fs=[2], --set "
+               "alphas=[1.0]), a smaller preset (--preset quick); --jobs does not apply (its GD runs are in process "
+               "on one thread), and Ctrl-C stops it but keeps nothing: its results are written at the end.")
+
+    def estimate(self, preset: Preset, cells: list[Cell]) -> Timed | None:
+        """:func:`phalanx.studies.convergence_estimate.estimate` of the planned cells (their GD runs are in process:
+        the grid's estimate never sees them)."""
+        from phalanx.studies import convergence_estimate
+
+        return convergence_estimate.estimate(preset, cells, self._root)
 
     def collect(self, cells: list[Cell], configs: list[RunConfig], runs_dir: Path) -> dict[Cell, Outcome]:
         if self._preset is None:

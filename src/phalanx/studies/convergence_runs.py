@@ -263,9 +263,22 @@ def collect_all(p: Preset, cells: list[Cell], root: str | None = None) -> dict[C
         torch.set_num_threads(threads)
 
 
+def group_problem(p: Preset, x: torch.Tensor, y: torch.Tensor, prob: str, alpha: float,
+                  seed: int) -> tuple[pb.Problem, pb.Curvature | None, float]:
+    """The problem a (problem, α, seed) group of cells shares — its Dirichlet split of ``x``, ``y`` over
+    ``workers`` — its curvature (None for the MLP) and the step size: 1/L for the PL problems, ``mlp_lr`` for the
+    MLP. The study's runs and its estimate (:mod:`phalanx.studies.convergence_estimate`) build it the same way."""
+    from phalanx.data.partition import partition
+
+    parts = partition(y, p.workers, "dirichlet", alpha=alpha, seed=seed)
+    lam = p.mlp_lam if prob == "mlp" else p.lam
+    problem = pb.make_problem(prob, x, y, parts, lam=lam, hidden=p.hidden, seed=seed)
+    curv = None if prob == "mlp" else pb.curvature(problem)
+    return problem, curv, p.mlp_lr if curv is None else 1.0 / curv.L
+
+
 def _collect(p: Preset, cells: list[Cell], root: str | None) -> dict[Cell, Outcome]:
     from phalanx import data
-    from phalanx.data.partition import partition
 
     out: dict[Cell, Outcome] = {}
     for cell in cells:
@@ -283,11 +296,7 @@ def _collect(p: Preset, cells: list[Cell], root: str | None) -> dict[Cell, Outco
     for c in real:
         groups.setdefault((c.problem, c.alpha, c.seed), []).append(c)
     for (prob, alpha, seed), members in groups.items():
-        parts = partition(y, p.workers, "dirichlet", alpha=alpha, seed=seed)
-        lam = p.mlp_lam if prob == "mlp" else p.lam
-        problem = pb.make_problem(prob, x, y, parts, lam=lam, hidden=p.hidden, seed=seed)
-        curv = None if prob == "mlp" else pb.curvature(problem)
-        eta = p.mlp_lr if curv is None else 1.0 / curv.L
+        problem, curv, eta = group_problem(p, x, y, prob, alpha, seed)
         for c in members:
             key = (c.rule, c.f)
             if key not in eps_cache:
