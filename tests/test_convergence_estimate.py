@@ -78,9 +78,9 @@ def test_an_estimate_from_rounds_never_run_is_caught(rounds_clock: list[int], mo
 
 
 def test_the_wall_clock_estimate_counts_every_kind_of_cell() -> None:
-    """A clock that ticks 1 s per reading: each timed segment takes 1 s — the first construction of each kind (× its
-    cells), each problem's build (× its (α, seed) groups) and each setting's PROBE_STEPS rounds (× its cells'
-    rounds + 1)."""
+    """A clock that ticks 1 s per reading: each timed segment takes 1 s — each rule's first construction of each
+    kind (× its cells of that kind), each problem's build (× its (α, seed) groups) and each setting's PROBE_STEPS
+    rounds (× its cells' rounds + 1)."""
     ticks = iter(range(10**6))
     cells = cr.plan_cells(SMALL)
     est = ce.estimate(SMALL, cells, clock=lambda: float(next(ticks)))

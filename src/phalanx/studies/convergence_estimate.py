@@ -11,8 +11,10 @@ machine as it is now, on the one thread the study runs on — and extrapolates o
   round then :data:`PROBE_STEPS` timed rounds (:func:`phalanx.analysis.problems.descend`); a cell's ``rounds`` + 1
   evaluations of that setting cost ``(rounds + 1) × t_round``, so the problem's share is
   :math:`\\sum_{(r, f)} \\text{cells}(r, f)\\,(T + 1)\\,t_{r,f} + \\text{groups}\\times t_{\\text{build}}`;
-* **the constructions**: the first Theorem 4.5 check and the first Proposition 3 run are run whole and timed, each
-  × its number of cells (their cost varies by rule: an order of magnitude, said as such).
+* **the constructions**: for each rule, its first Theorem 4.5 check and its first Proposition 3 run are run whole
+  and timed, each × that rule's number of such cells (the cost varies by rule more than by f: Bulyan's check took
+  1.4 s where most took a tenth of that at load 5, so one rule's time for all of them overstated the quick preset's
+  checks fourfold).
 
 Nothing is written, no cell's result is kept, and torch's and numpy's global random state and torch's thread count
 are restored, so the study's results are bit for bit those without the estimate (``tests/test_convergence_
@@ -68,8 +70,8 @@ class Estimate:
         """One clause: the estimate and what it rests on."""
         return (f"about {duration(self.seconds)} for {self.cells + self.checks} in-process GD runs "
                 f"({self.rounds:,} rounds of the real problems, {self.checks} constructions) on one thread — "
-                f"{PROBE_STEPS} rounds of each of its {self.settings} (problem, rule, f) settings and its first "
-                "construction of each kind timed here, now (an order of magnitude)")
+                f"{PROBE_STEPS} rounds of each of its {self.settings} (problem, rule, f) settings and each rule's "
+                "first construction timed here, now (an order of magnitude)")
 
 
 def _timed(clock: Callable[[], float], work: Callable[[], T]) -> tuple[float, T]:
@@ -111,8 +113,9 @@ def _measure(p: Preset, real: list[Cell], built: dict[str, list[Cell]], root: st
 
     seconds = 0.0
     for kind, run in ((PAPER, run_paper), (CONSTRUCTION, run_construction)):
-        if built[kind]:
-            seconds += len(built[kind]) * _timed(clock, functools.partial(run, p, built[kind][0]))[0]
+        for spec in dict.fromkeys(c.rule for c in built[kind]):
+            mine = [c for c in built[kind] if c.rule == spec]
+            seconds += len(mine) * _timed(clock, functools.partial(run, p, mine[0]))[0]
     if not real:
         return seconds, 0
     settings = 0
