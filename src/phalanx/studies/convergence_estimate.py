@@ -7,18 +7,19 @@ machine as it is now, on the one thread the study runs on — and extrapolates o
 
 * **the real problems**: for each problem, the first (α, seed) group's problem is built exactly as the study builds
   it (:func:`~phalanx.studies.convergence_runs.group_problem`: the split, the curvature, the step size; timed,
-  × the number of (α, seed) groups of that problem), and for each (rule, f) the problem runs with, one warm-up GD
-  round then :data:`PROBE_STEPS` timed rounds (:func:`phalanx.analysis.problems.descend`); a cell's ``rounds`` + 1
-  evaluations of that setting cost ``(rounds + 1) × t_round``, so the problem's share is
+  × the number of (α, seed) groups of that problem), and for each (rule, f) the problem runs with, a warm-up descent
+  (two rounds) then :data:`PROBE_STEPS` timed rounds (:func:`phalanx.analysis.problems.descend`); a cell's
+  ``rounds`` + 1 evaluations of that setting cost ``(rounds + 1) × t_round``, so the problem's share is
   :math:`\\sum_{(r, f)} \\text{cells}(r, f)\\,(T + 1)\\,t_{r,f} + \\text{groups}\\times t_{\\text{build}}`;
 * **the constructions**: for each rule, its first Theorem 4.5 check and its first Proposition 3 run are run whole
-  and timed, each × that rule's number of such cells (the cost varies by rule more than by f: Bulyan's check took
-  1.4 s where most took a tenth of that at load 5, so one rule's time for all of them overstated the quick preset's
-  checks fourfold).
+  and timed, each × that rule's number of such cells (the cost varies by rule more than by f: Bulyan's check, the
+  first, took 0.74 s at load 1 where the quick preset's 82 checks averaged 0.18 s, so its time for all of them
+  overstated them fourfold).
 
 Nothing is written, no cell's result is kept, and torch's and numpy's global random state and torch's thread count
-are restored, so the study's results are bit for bit those without the estimate (``tests/test_convergence_
-estimate.py``). A loaded machine gives a longer estimate; the data set's loading comes on top.
+are restored, so the study's results are bit for bit those without the estimate
+(``tests/test_convergence_estimate.py``). A loaded machine gives a longer estimate; loading the data set comes on
+top.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from phalanx.studies.convergence_runs import (
 T = TypeVar("T")
 
 PROBE_STEPS = 3
-"""GD rounds timed per (problem, rule, f), after one warm-up round that is not."""
+"""GD rounds timed per (problem, rule, f), after a warm-up descent that is not."""
 PROBE_ETA = 1e-3
 """The probe's step size: the timed rounds must stay finite (``descend`` stops at a non-finite value, which would
 time fewer rounds than it counts); a round's cost does not depend on the step."""
