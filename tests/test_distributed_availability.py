@@ -32,6 +32,7 @@ from tests.test_distributed_sealed import final, transcript
 from tests.test_distributed_sealed import job as sealed_job
 
 from _outsider import Outsider
+from _processes import supervised
 from phalanx.distributed import launch
 from phalanx.distributed.audit import audit
 from phalanx.distributed.channel import MAX_VIOLATIONS, PHASED_HEADER, PHASED_MAGIC, Kind, send_frame
@@ -185,13 +186,7 @@ def digest_of(data: dict[str, Any], tmp: Path) -> str:
 
 
 def finish(procs: list[subprocess.Popen[bytes]]) -> int:
-    try:
-        return launch.supervise(procs, grace_s=5.0, timeout_s=TIMEOUT_S, say=lambda s: None)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    return supervised(procs, TIMEOUT_S)
 
 
 def test_a_listed_rank_flooding_bad_vectors_is_cut_off_and_the_server_goes_on_without_it(
