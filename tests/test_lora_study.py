@@ -5,15 +5,19 @@ end-to-end run through the CLI on the embedded model."""
 from __future__ import annotations
 
 import csv
+import dataclasses
+import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tests._raw import assert_rebuilt, fake_values
 
 from phalanx import studies
 from phalanx.errors import ConfigError
+from phalanx.studies import raw
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
@@ -35,6 +39,7 @@ def test_quick_grid_is_modes_by_rules_by_arms_by_seeds_of_valid_configs() -> Non
             assert cfg.attack == "phrase-backdoor" and cfg.byzantine == (0 if c.arm == "none" else p.byzantine)
             assert cfg.attack_params["trigger"] == [207, 947]  # "good morrow" in the embedded model's tokenizer
     assert studies.resolve("lora") is lora.Lora
+    assert tuple(f.name for f in dataclasses.fields(lora.Final)) == lora.MEASURES  # collect fills them in order
     assert lora.preset("gpu").device == "cuda" and lora.preset("gpu").fallback_dataset == "sent140-sample"
 
 
@@ -62,10 +67,9 @@ def _finals(acc: dict[tuple[str, str], list[float]], success: dict[tuple[str, st
     for rule in ("mean", "cwtm"):
         for arm in lora.ARMS:
             for seed in range(3):
-                out[lora.Cell("shared", rule, arm, seed)] = {
-                    "test_accuracy": acc[(rule, arm)][seed], "attack_success": success.get((rule, arm), [None] * 3)[
-                        seed], "attack_flip": flip.get((rule, arm), [None] * 3)[seed], "attack_clean_target": None,
-                    "attack_flip_base": 10.0, "lora_residual": None}
+                out[lora.Cell("shared", rule, arm, seed)] = lora.Final(
+                    test_accuracy=acc[(rule, arm)][seed], attack_success=success.get((rule, arm), [None] * 3)[seed],
+                    attack_flip=flip.get((rule, arm), [None] * 3)[seed], attack_flip_base=10.0)
     return out
 
 
@@ -103,13 +107,30 @@ def test_price_rescue_and_lift_are_paired_by_seed_and_the_lift_is_over_the_clean
                                                             wall_seconds=None, runs=18)
 
 
+TINY = ["rounds=1", "workers=6", "byzantine=1", "f=1", "local_steps=1", "modes=['update']", "rules=['mean','cwtm']",
+        "batch_size=4"]
+
+
 def test_cli_runs_a_tiny_grid_and_writes_the_report_and_the_per_run_csv(tmp_path: Path) -> None:
+    """The tiny grid trained through the CLI; its ``runs.csv`` made into the report again (``--results``, nothing
+    trained) gives the same ``report.md`` and ``cells.csv`` byte for byte as the command run again on the finished
+    runs (which, like a report from a file, gives no wall time)."""
     out = tmp_path / "lora"
     cmd = [sys.executable, "-m", "phalanx.cli", "experiment", "lora", "--seeds", "2", "--out", str(out), "-j", "1",
-           "--set", "rounds=1", "--set", "workers=6", "--set", "byzantine=1", "--set", "f=1", "--set", "local_steps=1",
-           "--set", "modes=['update']", "--set", "rules=['mean','cwtm']", "--set", "batch_size=4"]
+           *(a for s in TINY for a in ("--set", s))]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    assert_rebuilt("lora", out, 2, TINY)
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # every run finished: no wall time
+    assert again.returncode == 0 and "12 of 12 runs had finished" in again.stdout, again.stderr[-3000:]
+    from_file = tmp_path / "from-file"
+    cmd_file = [*cmd[:cmd.index("--out") + 1], str(from_file), *cmd[cmd.index("--out") + 2:],
+                "--results", str(out / "runs.csv")]
+    proc = subprocess.run(cmd_file, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "nothing trained" in proc.stdout, proc.stderr[-3000:] + proc.stdout[-3000:]
+    assert not (from_file / "runs").exists()
+    for name in ("report.md", "cells.csv", "runs.csv"):
+        assert (from_file / name).read_bytes() == (out / name).read_bytes(), name
     report = (out / "report.md").read_text()
     assert "| update | cwtm |" in report and "signflip (b = 1)" in report and "phrase backdoor (b = 1)" in report
     assert "no verdict (2 seeds, 3 needed)" in report
@@ -136,3 +157,82 @@ def test_the_gpu_preset_is_a_workload_of_the_gpu_benchmark(tmp_path: Path) -> No
                        "--json", str(out)]) == 0
     (rec,) = json.loads(out.read_text())["records"]
     assert rec["workload"] == "lora" and rec["finite"] and rec["rounds_per_s"] > 0
+
+
+def _tiny_plan(**changes: object) -> tuple[list[lora.Cell], list[str]]:
+    p = lora.preset("quick", modes=("update",), **changes)  # type: ignore[arg-type]
+    cells, cfgs = lora.plan(p)
+    return cells, raw.run_ids(cfgs)
+
+
+def _edited(path: Path, lines: list[str], column: str, text: str, row: int = 1) -> Path:
+    rows = [next(csv.reader([line])) for line in lines]
+    rows[row][rows[0].index(column)] = text
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    path.write_text(buf.getvalue())
+    return path
+
+
+@pytest.mark.parametrize(("column", "text", "says"), [
+    ("test_accuracy", "1.5", r"a number in \[0, 1\] in the column test_accuracy"),
+    ("test_accuracy", "-0.0625", r"in \[0, 1\]"),
+    ("test_accuracy", "inf", r"in \[0, 1\]"),
+    ("test_accuracy", "nan", "not NaN"),
+    ("test_accuracy", "", "a float"),  # the accuracy is always there (a diverged run's is 0)
+    ("attack_success", "-inf", r"in \[0, 1\] in the column attack_success"),
+    ("attack_flip", "nan", "not NaN"),
+    ("attack_clean_target", "1e308", r"in \[0, 1\]"),
+    ("attack_flip_base", "inf", "in the column attack_flip_base"),
+    ("attack_flip_base", "-1", "in the column attack_flip_base"),
+    ("lora_residual", "inf", "in the column lora_residual"),
+    ("seed", "7", "rows of the planned cells only"),
+    ("run", "0" * 16, "run id of the planned configuration"),
+])
+def test_a_hostile_raw_results_file_is_one_line_naming_results(tmp_path: Path, column: str, text: str,
+                                                              says: str) -> None:
+    """Whatever a file can make the report print is what a run can give: a share in [0, 1], a finite count; a cell
+    the plan does not have, or a run id not its cell's configuration's, is refused — one typed line, no report."""
+    cells, ids = _tiny_plan()
+    lines = raw.write(cells, ids, fake_values(lora.Final, cells), lora.Final).splitlines()
+    path = _edited(tmp_path / "runs.csv", lines, column, text)
+    with pytest.raises(ConfigError, match=says) as exc:
+        raw.read(path, cells, ids, lora.Final)
+    assert exc.value.parameter == "results" and str(path) in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_the_bounds_are_the_check_a_final_without_them_reads_a_share_of_150_percent(tmp_path: Path) -> None:
+    """The mutant: the same measures without their ``raw.within`` bounds let an accuracy of 150 % and an infinite
+    success into the report."""
+    cells, ids = _tiny_plan()
+    lines = raw.write(cells, ids, fake_values(lora.Final, cells), lora.Final).splitlines()
+    path = _edited(_edited(tmp_path / "runs.csv", lines, "test_accuracy", "1.5"),
+                   (tmp_path / "runs.csv").read_text().splitlines(), "attack_success", "inf")
+    unbounded = dataclasses.make_dataclass("Unbounded", [(f.name, f.type) for f in dataclasses.fields(lora.Final)],
+                                           frozen=True)
+    got = raw.read(path, cells, ids, unbounded)
+    assert got[cells[0]].test_accuracy == 1.5 and got[cells[0]].attack_success == float("inf")
+    with pytest.raises(ConfigError):
+        raw.read(path, cells, ids, lora.Final)
+
+
+def test_a_raw_results_file_of_other_settings_another_study_or_too_large_is_refused(tmp_path: Path) -> None:
+    cells, ids = _tiny_plan()
+    values = fake_values(lora.Final, cells)
+    path = tmp_path / "runs.csv"
+    for changes in ({"rounds": 7}, {"lr": 0.5}, {"phrase": "good night"}):  # the same cells, other runs
+        other_cells, other_ids = _tiny_plan(**changes)
+        changed = {c.arm for c, a, b in zip(cells, ids, other_ids) if a != b}
+        assert other_cells == cells and changed == ({"none", "phrase"} if "phrase" in changes else set(lora.ARMS))
+        path.write_text(raw.write(cells, other_ids, values, lora.Final))
+        with pytest.raises(ConfigError, match="run id of the planned configuration"):
+            raw.read(path, cells, ids, lora.Final)
+    # the committed quick preset's table (the report's cells.csv, 6 digits, no run ids) is not raw results
+    committed = Path(__file__).resolve().parent.parent / "docs" / "results" / "lora_quick_runs.csv"
+    with pytest.raises(ConfigError, match="header mode,rule,arm,seed,run,test_accuracy"):
+        raw.read(committed, cells, ids, lora.Final)
+    path.write_text(raw.write(cells, ids, values, lora.Final) + "#" * raw.MAX_BYTES)  # bounded before it is read
+    with pytest.raises(ConfigError, match=f"at most {raw.MAX_BYTES} bytes"):
+        raw.read(path, cells, ids, lora.Final)
+    path.write_text(raw.write(cells, ids, values, lora.Final))
+    assert raw.read(path, cells, ids, lora.Final) == values

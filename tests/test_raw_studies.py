@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import importlib.util
 import io
 import json
 import math
@@ -24,6 +25,8 @@ from phalanx.studies import raw
 
 NAMES = ["privacy", "backdoor", "corrupted-rounds", "byzantine-neighbours", "hbn", "convergence", "tension",
          "parallelism", "async"]
+if importlib.util.find_spec("transformers") and importlib.util.find_spec("peft"):  # its plan reads the tokenizer
+    NAMES.append("lora")
 SMALL: dict[str, dict[str, Any]] = {  # narrowed presets: the checks read the plan, never train
     "privacy": {"rules": ("mean", "cwtm"), "noises": (0.0, 1.0)},
     "backdoor": {"rules": ("mean", "cwtm"), "attacks": ("dba",), "alphas": (1.0,)},
@@ -34,6 +37,7 @@ SMALL: dict[str, dict[str, Any]] = {  # narrowed presets: the checks read the pl
     "tension": {},
     "parallelism": {"nodes": (9,), "graphs": ("ring",), "lrs": {"gossip": (0.1,), "anytime": (0.01,)}},
     "async": {"rules": ("mean", "cwmed")},
+    "lora": {"modes": ("update", "shared")},
 }
 
 

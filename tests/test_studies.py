@@ -206,13 +206,12 @@ def test_every_study_command_has_the_shared_options_with_its_own_defaults(
     assert "--results" in res.output
 
 
-def test_every_built_in_study_but_lora_writes_raw_results() -> None:
-    """One mechanism (phalanx.studies.raw) for every study's runs.csv; LoRA's Final is a dict, not yet a raw type
-    (its docs/results file is its report's cells.csv)."""
+def test_every_built_in_study_writes_raw_results() -> None:
+    """One mechanism (phalanx.studies.raw) for every study's runs.csv, LoRA's included (issue 34 item 4)."""
     from phalanx import studies
 
     names = {n for n in studies.names() if studies.resolve(n).raw_value is None}
-    assert names == {"lora"}
+    assert names == set()
 
 
 def test_an_unknown_study_command_is_one_line(capsys: pytest.CaptureFixture[str],

@@ -33,6 +33,12 @@ Student-t interval over the seeds:
 All are one family (the report reads them all): each verdict is decided by its Holm-adjusted p-value
 (:func:`phalanx.analysis.stats.holm`; family-wise error ≤ 5 % under any dependence). No verdict from fewer than
 :data:`~phalanx.analysis.stats.MIN_SEEDS` seeds or an interval of zero width.
+
+Raw results: the command writes every run's :class:`Final` to ``runs.csv`` (:mod:`phalanx.studies.raw`: the cell,
+the run id of its configuration, each measure by ``repr``), and ``phalanx experiment lora --results runs.csv`` makes
+the report again from it, byte for byte, without training; a file of another grid or settings, or with a share
+outside [0, 1], NaN or inf where a measure must be finite, is one :class:`~phalanx.errors.ConfigError` naming
+``results``.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +56,7 @@ from phalanx.errors import ConfigError
 from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.plots import save_figure
+from phalanx.studies import raw
 from phalanx.studies.base import ModuleStudy, Report, StudyFunctions
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance, write_report_files
@@ -199,8 +207,24 @@ def plan(p: Preset, overrides: dict[str, Any] | None = None) -> tuple[list[Cell]
     return cs, [config_for(p, c, overrides, ids) for c in cs]
 
 
-Final = dict[str, float | None]
-"""What one ended run ended with: :data:`MEASURES` (None: not in the row, or not finite)."""
+SHARE = raw.within(0, 1)
+"""A share of texts (accuracy, success, flip rate): what a run can give, and all a raw-results file may hold."""
+FINITE = raw.within(0, sys.float_info.max)
+"""A count of texts, a truncation residual: finite and not negative."""
+
+
+@dataclass(frozen=True)
+class Final:
+    """What one ended run ended with: :data:`MEASURES` (None: not in the row, or not finite) — the raw per-run
+    results (``runs.csv``, :mod:`phalanx.studies.raw`), each bounded to what a run can give."""
+
+    test_accuracy: float = field(metadata=SHARE)
+    """A diverged run's accuracy as its row says, 0 when that is not finite."""
+    attack_success: float | None = field(default=None, metadata=SHARE)
+    attack_flip: float | None = field(default=None, metadata=SHARE)
+    attack_clean_target: float | None = field(default=None, metadata=SHARE)
+    attack_flip_base: float | None = field(default=None, metadata=FINITE)
+    lora_residual: float | None = field(default=None, metadata=FINITE)
 
 
 def _finite(v: Any) -> float | None:
@@ -214,9 +238,7 @@ def collect(cs: list[Cell], cfgs: list[RunConfig], runs_dir: Path) -> dict[Cell,
     out: dict[Cell, Final] = {}
     for c, cfg in zip(cs, cfgs):
         last = runstate.final_rows(runs_dir / grid.run_id(cfg))[-1]
-        out[c] = {k: _finite(last.get(k)) for k in MEASURES}
-        if out[c]["test_accuracy"] is None:
-            out[c]["test_accuracy"] = 0.0
+        out[c] = Final(_finite(last.get("test_accuracy")) or 0.0, *(_finite(last.get(k)) for k in MEASURES[1:]))
     return out
 
 
@@ -228,7 +250,7 @@ def per_seed(finals: dict[Cell, Final], measure: str) -> dict[Key, dict[int, flo
     """Per (mode, rule, arm): ``measure`` of each seed whose run has it."""
     out: dict[Key, dict[int, float]] = {}
     for c, fin in finals.items():
-        v = fin.get(measure)
+        v = getattr(fin, measure)
         if v is not None:
             out.setdefault((c.mode, c.rule, c.arm), {})[c.seed] = v
     return out
@@ -359,12 +381,14 @@ def readout(cs: list[Comparison], p: Preset) -> str:
 
 
 def runs_csv(finals: dict[Cell, Final]) -> str:
-    """Every run's raw final measures, one line per run."""
+    """Every run's final measures, one line per run, to 6 significant digits (the report's ``cells.csv``, for
+    reading; ``runs.csv`` holds them digit for digit, with each run's id: :attr:`Lora.raw_value`)."""
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["mode", "rule", "arm", "seed", *MEASURES])
     for c, fin in sorted(finals.items(), key=lambda kv: (kv[0].mode, kv[0].rule, kv[0].arm, kv[0].seed)):
-        w.writerow([c.mode, c.rule, c.arm, c.seed, *("" if fin.get(k) is None else f"{fin[k]:.6g}" for k in MEASURES)])
+        values = [getattr(fin, k) for k in MEASURES]
+        w.writerow([c.mode, c.rule, c.arm, c.seed, *("" if v is None else f"{v:.6g}" for v in values)])
     return buf.getvalue()
 
 
@@ -436,9 +460,11 @@ class Lora(ModuleStudy[Preset, Cell, Final]):
     help = ("The price of robustness for LoRA adapters (Yang, Shi & Li, ICML 2025): accuracy with no attack, under a "
             "vector attack and under a trigger-phrase backdoor, per rule and per aggregation mode (factors, update, "
             "shared); price and rescue paired by seed, the backdoor's lift over the clean model, Holm-corrected "
-            "verdicts; tables, plot, per-run CSV.")
+            "verdicts; tables, plot, per-run CSV, and the raw per-run results (runs.csv) that --results makes the "
+            "report from again without training.")
     preset_type = Preset
     presets = PRESETS
+    raw_value = Final
     out = "runs/lora-quick"
     preset_help = "quick (the embedded tiny BERT on the shipped sample, CPU, minutes) or gpu (BERT-base, CUDA)."
     set_example = "modes=['shared']"

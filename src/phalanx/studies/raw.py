@@ -14,7 +14,8 @@ to their configurations (the ``run`` column), so a file cannot add a cell, a cel
 file of the same grid run with other settings (another preset's rounds, another data set) is refused. A file is input
 from anyone: one that is too large, not CSV, lacks a column, repeats or lacks a planned cell, names another run, or
 holds a value not of its field's type — NaN where a number must be (a field may allow NaN only by its metadata
-``{"raw_nan": True}``: a bound that is not proven), a nested list too deep — is one
+``{"raw_nan": True}``: a bound that is not proven), a number outside its field's range (metadata :func:`within`: a
+share in [0, 1], a count that is finite), a nested list too deep — is one
 :class:`~phalanx.errors.ConfigError` naming ``results``, the file and the cell, before any report is written.
 """
 
@@ -48,6 +49,14 @@ NAN_OK = {"raw_nan": True}
 """A value field's metadata that lets it hold NaN (``field(metadata=raw.NAN_OK)``); every other float refuses it."""
 
 
+def within(low: float, high: float) -> dict[str, Any]:
+    """A value field's metadata that bounds its numbers to ``low <= x <= high`` when read (``field(metadata=
+    raw.within(0, 1))``: a share; ``within(0, sys.float_info.max)``: a finite count) — every number of a curve too;
+    NaN and ±inf outside the bounds are refused. What a hostile file can make a report print and plot is then what
+    a run can give."""
+    return {"raw_range": (float(low), float(high))}
+
+
 class _Bad(ValueError):
     """A cell's text is not of its field's type (the message says what it must be)."""
 
@@ -57,6 +66,7 @@ class _Column:
     name: str
     hint: Any
     nan_ok: bool
+    range: tuple[float, float] | None = None
 
 
 def _columns(value_type: type) -> list[_Column]:
@@ -64,7 +74,7 @@ def _columns(value_type: type) -> list[_Column]:
         return [_Column("value", float, False)]
     if dataclasses.is_dataclass(value_type):
         hints = typing.get_type_hints(value_type)
-        return [_Column(f.name, hints[f.name], bool(f.metadata.get("raw_nan")))
+        return [_Column(f.name, hints[f.name], bool(f.metadata.get("raw_nan")), f.metadata.get("raw_range"))
                 for f in dataclasses.fields(value_type)]
     raise TypeError(f"raw results hold floats or dataclasses, not {value_type!r}")
 
@@ -163,6 +173,19 @@ def _decode(text: str, hint: Any, nan_ok: bool) -> Any:
         raise _Bad(f"JSON of the type {hint}") from None
 
 
+def _check_range(v: Any, bounds: tuple[float, float] | None) -> None:
+    """``v`` (a decoded value: a number, None, a curve) within ``bounds``, or :class:`_Bad`."""
+    if bounds is None or v is None or isinstance(v, (bool, str)):
+        return
+    if isinstance(v, (tuple, list)):
+        for x in v:
+            _check_range(x, bounds)
+        return
+    low, high = bounds
+    if not low <= v <= high:
+        raise _Bad(f"a number in [{low:g}, {high:g}]")
+
+
 def _key(cell: Any) -> tuple[str, ...]:
     return tuple(str(getattr(cell, f.name)) for f in dataclasses.fields(cell))
 
@@ -244,7 +267,9 @@ def read(path: Path, cells: list[C], runs: Sequence[str], value_type: type) -> d
         values = []
         for col, cell_text in zip(columns, got[1]):
             try:
-                values.append(_decode(cell_text, col.hint, col.nan_ok))
+                value = _decode(cell_text, col.hint, col.nan_ok)
+                _check_range(value, col.range)
+                values.append(value)
             except _Bad as exc:
                 raise bad(f"{exc} in the column {col.name} (cell {','.join(_key(c))})") from None
         out[c] = values[0] if value_type is float else value_type(*values)
