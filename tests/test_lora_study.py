@@ -227,7 +227,8 @@ def test_a_raw_results_file_of_other_settings_another_study_or_too_large_is_refu
         path.write_text(raw.write(cells, other_ids, values, lora.Final))
         with pytest.raises(ConfigError, match="run id of the planned configuration"):
             raw.read(path, cells, ids, lora.Final)
-    # the committed quick preset's table (the report's cells.csv, 6 digits, no run ids) is not raw results
+    # the committed quick preset's table (the report's cells.csv, 6 digits, no run ids) is not raw results, as
+    # docs/lora.md says; when the preset's runs.csv replaces it (docs/lora.md: how), that sentence and this go
     committed = Path(__file__).resolve().parent.parent / "docs" / "results" / "lora_quick_runs.csv"
     with pytest.raises(ConfigError, match="header mode,rule,arm,seed,run,test_accuracy"):
         raw.read(committed, cells, ids, lora.Final)
