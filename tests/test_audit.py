@@ -82,6 +82,11 @@ def test_the_honest_transcript_is_signed_bound_and_audits(honest: Path) -> None:
     assert report.accepted == 40 and sum(report.rejected.values()) == sum(g["count"] for g in groups)
     res = CliRunner().invoke(app, ["audit", str(honest)])
     assert res.exit_code == 0 and "audit passed" in res.output, res.output
+    res = CliRunner().invoke(app, ["audit", str(honest), "--format", "json"])  # the same findings, as tables
+    summary, kinds, _, problems = json.loads(res.stdout)["tables"]
+    assert res.exit_code == 0 and problems["rows"] == [], res.output
+    assert (summary["rows"][0]["rounds"], summary["rows"][0]["accepted vectors"]) == ("10", "40")
+    assert {r["kind"]: int(r["count"]) for r in kinds["rows"]} == report.rejected
 
 
 def load_identity_public(run: Path) -> Any:

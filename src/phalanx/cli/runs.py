@@ -336,13 +336,21 @@ def _run_grid(
     say.print(f"[bold]{len(runs)} run(s)[/bold] → {out} on {_devices(runs, executor)}")
     _train(runs, out, jobs, executor, slurm_table, plain=fmt != "table")
     result = report.write_report(out)
+    emit_all(_grid_tables(result), fmt, console)
+    say.print(f"report: {out / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
+
+
+def _grid_tables(result: dict[str, Any]) -> list[Tabular]:
+    """What ``run``, ``sweep`` and ``report`` print of a grid's report (:func:`report.write_report`'s result): the
+    final accuracies and, when there is a mean to compare with, the price and rescue of every robust rule."""
+    from phalanx.experiments import report
+
     tables = [_summary_table(result)]
     if result["tradeoff"]:
         tables.append(_tradeoff_table(result["tradeoff"]))
     if result.get("mixed"):
         tables[0].notes.append(report.mixed_line(result["mixed"]).replace("**", ""))
-    emit_all(tables, fmt, console)
-    say.print(f"report: {out / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
+    return tables
 
 
 def _summary_table(result: dict[str, Any]) -> Tabular:
@@ -448,18 +456,22 @@ def sweep(
 def report_cmd(
     directory: Annotated[Path, typer.Argument(help="A run or sweep output directory.")],
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    fmt: FormatOption = "table",
 ) -> None:
-    """Write report.md and PNG plots for the runs under a directory."""
+    """Write report.md and PNG plots for the runs under a directory; print its tables (as `phalanx run` does)."""
     from phalanx.errors import ConfigError
     from phalanx.experiments import report
 
+    fmt = check_format(fmt)
+    say = console if fmt == "table" else _STDERR  # with --format, stdout holds the tables alone
     _force(force)
     if not directory.is_dir():
         raise ConfigError("DIR", str(directory), "an existing directory of runs (a run's or a sweep's --out)")
     result = report.write_report(directory)
+    emit_all(_grid_tables(result), fmt, console)
     if result.get("incomplete"):
-        console.print(f"[bold yellow]{result['incomplete']}[/bold yellow]", soft_wrap=True)
-    console.print(f"{directory / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
+        say.print(f"[bold yellow]{result['incomplete']}[/bold yellow]", soft_wrap=True)
+    say.print(f"{directory / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
 
 
 @app.command("status")
