@@ -237,3 +237,23 @@ def test_a_raw_results_file_of_other_settings_another_study_or_too_large_is_refu
         raw.read(path, cells, ids, lora.Final)
     path.write_text(raw.write(cells, ids, values, lora.Final))
     assert raw.read(path, cells, ids, lora.Final) == values
+
+
+def test_the_command_refuses_a_hostile_results_file_in_one_line_before_anything_runs(tmp_path: Path) -> None:
+    """Through the command line: the tiny grid's file with one accuracy of 150 % is exit status 2 and one line naming
+    ``results`` and the cell — no traceback, nothing trained, no report written."""
+    study = lora.Lora()
+    p, overrides = study.configure("quick", 2, TINY)
+    cells, ids = study.raw_cells(p, *study.plan(p, overrides))
+    lines = raw.write(cells, ids, fake_values(lora.Final, cells), lora.Final).splitlines()
+    path = _edited(tmp_path / "runs.csv", lines, "test_accuracy", "1.5", row=3)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "phalanx.cli", "experiment", "lora", "--seeds", "2", "--out", str(out),
+           *(a for s in TINY for a in ("--set", s)), "--results", str(path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in said, said[-3000:]
+    (line,) = [x for x in said.splitlines() if x.startswith("error:")]
+    cell = ",".join(lines[3].split(",")[:4])  # mode,rule,arm,seed of the edited row
+    assert "results=" in line and "in [0, 1] in the column test_accuracy" in line and cell in line
+    assert not (out / "runs").exists() and not (out / "report.md").exists()
