@@ -193,6 +193,7 @@ TENSION_PRESETS = "quick (Fashion-MNIST/digits, minutes on a CPU), cpu (the full
     (["experiment", "parallelism"], "quick (digits, CPU, minutes) or full (Fashion-MNIST).", "runs/parallelism-quick"),
     (["experiment", "byzantine-neighbours"], "quick (digits, CPU, minutes) or full", "runs/neighbours-quick"),
     (["experiment", "phalanx.studies.hbn:HBN"], "quick (CPU, ≤ 30 min)", "runs/hbn-quick"),
+    (["experiment", "lora"], "quick (the embedded tiny BERT", "runs/lora-quick"),
 ])
 def test_every_study_command_has_the_shared_options_with_its_own_defaults(
     args: list[str], preset_help: str, out: str,
