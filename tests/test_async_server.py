@@ -113,6 +113,27 @@ def test_each_check_rejects_its_mutant(mutant: type[Buffer], move: str) -> None:
     assert hostile(mutant)[move] is None  # the mutant takes what the server drops: the test above fails on it
 
 
+class NoOrderCheck(Buffer):
+    """The mutant that forgets each worker's newest version: an older one after a newer is taken."""
+
+    def _check(self, rank: int, version: int, payload: bytes | bytearray) -> str | None:
+        self.newest.clear()
+        return super()._check(rank, version, payload)
+
+
+@pytest.mark.parametrize(("cls", "taken"), [(Buffer, False), (NoOrderCheck, True)])
+def test_a_workers_older_version_after_a_newer_one_is_dropped(cls: type[Buffer], taken: bool) -> None:
+    """A Byzantine worker sends version 5, then version 4 (both within the bound, neither a duplicate): the server
+    drops the older as superseded, so a worker's aggregated versions increase step after step — what the audit of a
+    keyed transcript checks (tests/test_async_audit.py, "stale-kept"). The mutant takes it."""
+    b = cls(workers=4, dim=DIM, dtype=torch.float32, max_staleness=3)
+    b.publish(5)
+    assert b.offer(1, 5, row(1.0)) is None
+    b.publish(6)  # (the step took version 5)
+    assert (b.offer(1, 4, row(2.0)) is None) is taken
+    assert b.counts()["superseded"] == (0 if taken else 1)
+
+
 def test_a_flooding_worker_is_bounded_by_the_buffer_and_the_versions_in_flight() -> None:
     """10,000 updates from one Byzantine worker (every version, duplicates, junk) and the versions moving on: what
     the server holds never exceeds one step row and one held row per worker and (S + 1)(n − 1) seen pairs; what it
@@ -153,6 +174,7 @@ class Scripted:
 
     def __init__(self) -> None:
         self.items: list[tuple[int, int, bytes]] = []
+        self.last_proof: tuple[str, str] | None = None
 
     def publish(self, t: int, msg: bytes) -> None:
         pass

@@ -84,6 +84,9 @@ class Update:
     rank: int
     version: int
     row: Tensor
+    proof: tuple[str, str] | None = None
+    """With keys: the update's SHA-256 and its worker's signature for (run, version, rank), as the links checked them
+    (what the transcript records: :mod:`phalanx.distributed.async_transcript`)."""
 
 
 @dataclass
@@ -104,6 +107,10 @@ class Buffer:
     step: list[Update] = field(default_factory=list)
     held: dict[int, Update] = field(default_factory=dict)
     dropped: Counter[tuple[str, int]] = field(default_factory=Counter)
+    newest: dict[int, int] = field(default_factory=dict)
+    """Each worker's newest accepted version: an older one after it is dropped as superseded, so the versions a
+    worker's aggregated updates carry increase step after step (what the audit checks; an honest worker sends its
+    versions in order, a Byzantine one that reorders them is dropped)."""
 
     def publish(self, t: int) -> None:
         """Version t is published: forget pairs older than the bound, start the step with the held updates that are
@@ -117,18 +124,20 @@ class Buffer:
             else:
                 self.step.append(u)
 
-    def offer(self, rank: int, version: int, payload: bytes | bytearray) -> str | None:
+    def offer(self, rank: int, version: int, payload: bytes | bytearray,
+              proof: tuple[str, str] | None = None) -> str | None:
         """Check one arrival; None when accepted (into the step, or held for the next one), else the reason."""
         reason = self._check(rank, version, payload)
         if reason is not None:
             self.dropped[reason, rank if 1 <= rank < self.workers else -1] += 1
             return reason
         self.seen.add((rank, version))
+        self.newest[rank] = max(version, self.newest.get(rank, -1))
         row = wire.bytes_tensor(bytes(payload), self.dtype).clone()
         if not bool(torch.isfinite(row).all()):
             self.dropped["nonfinite", rank] += 1
             return "nonfinite"
-        u = Update(rank, version, row)
+        u = Update(rank, version, row, proof)
         for i, x in enumerate(self.step):
             if x.rank == rank:  # one per worker in a step: the newer version, in the older one's place
                 self.dropped["superseded", rank] += 1
@@ -148,6 +157,8 @@ class Buffer:
             return "stale"
         if (rank, version) in self.seen:
             return "duplicate"
+        if version < self.newest.get(rank, -1):
+            return "superseded"
         if len(payload) != self.dim * torch.empty((), dtype=self.dtype).element_size():
             return "shape"
         return None
@@ -162,6 +173,9 @@ class Buffer:
 
 class Arrivals(Protocol):
     """How updates reach the asynchronous server."""
+
+    last_proof: tuple[str, str] | None
+    """The SHA-256 and signature of the update :meth:`next` returned last (None without keys)."""
 
     def publish(self, t: int, msg: bytes) -> None:
         """Version t's message (``THETA`` + θ) to every worker."""
@@ -183,6 +197,7 @@ class StoreArrivals:
         self.links = links  # the synchronous server's StoreLinks (offer, joined, publish_theta, stop, close)
         self.store: dist.Store = links.store
         self.ticket = 1
+        self.last_proof: tuple[str, str] | None = None
         self.grace = grace
         """A ticket drawn but without its notice after waiting this long is skipped (its worker died mid-send)."""
 
@@ -227,6 +242,7 @@ class SealedArrivals:
 
     def __init__(self, links: Any, max_staleness: int) -> None:
         self.links = links
+        self.last_proof: tuple[str, str] | None = None
         links.window = max_staleness
         links.fresh = []
 
@@ -240,6 +256,7 @@ class SealedArrivals:
                 return None
             version, rank = links.fresh.pop(0)
             got = links.inbox.get((version, rank))
+        self.last_proof = None if got is None else (got.sha256, got.signature)
         return (rank, version, b"") if got is None else (rank, version, bytes(got.body))
 
     def stale(self) -> Counter[int]:
@@ -265,7 +282,10 @@ class AsyncServer(Transport):
         self.next_round = 0
         self.started = time.monotonic()
         self.said: set[tuple[str, int]] = set()
-        self.on_step: Callable[[int, list[Update]], None] | None = None
+        self.on_step: Callable[[int, list[Update], Tensor, Tensor, list[dict[str, Any]]], None] | None = None
+        """With keys, the transcript's hook (:meth:`~phalanx.distributed.async_transcript.AsyncRecord.step`): step
+        t used these updates, made these rows, and the rule's result over them is this; the links' refusals since the
+        last step."""
 
     def open(self, experiment: Experiment, start: Snapshot) -> Snapshot:
         self.exp = experiment
@@ -305,7 +325,8 @@ class AsyncServer(Transport):
                                    f"{self.wait_s:g} s")
             received += self._offer(*got, t)
             take = self._full()
-        for group in self.arrivals.rejections():  # (bounded per step: the rejection log's groups)
+        groups = self.arrivals.rejections()
+        for group in groups:  # (bounded per step: the rejection log's groups)
             self.say(f"server step {t}: refused {group['count']}× from rank {group['rank']}: "
                      f"{(group['samples'] or [group['kind']])[0]}")
         used, buf.step = buf.step[:take], buf.step[take:]
@@ -316,8 +337,8 @@ class AsyncServer(Transport):
         staleness = torch.tensor([t - u.version for u in used], dtype=torch.int64)
         updates = torch.stack([u.row for u in used]).to(theta)
         vectors, rows, touched = algo.assemble(self.exp, ids, updates, staleness)
-        if self.on_step is not None:
-            self.on_step(t, used)
+        if self.on_step is not None:  # the result the loop's server will compute: the bound rule, its context
+            self.on_step(t, used, vectors, rule(vectors), groups)
         own = dict(clock_stage(self.exp).own)
         own[TOUCHED] = touched
         own["stats"] = self._stats(own["stats"], staleness, touched, buf.counts(), before, ids)
@@ -326,7 +347,7 @@ class AsyncServer(Transport):
     def _offer(self, rank: int, version: int, payload: bytes, t: int) -> int:
         """Offer one arrival to the buffer, record why it was dropped (if it was); its size."""
         buf = self.buffer
-        reason = buf.offer(rank, version, payload) if payload else "lost"
+        reason = buf.offer(rank, version, payload, self.arrivals.last_proof) if payload else "lost"
         if reason == "lost":
             buf.dropped["lost", rank if 1 <= rank < self.exp.workers else -1] += 1
         if reason is not None and reason != "superseded":  # (superseded: an honest worker's routine, counted only)

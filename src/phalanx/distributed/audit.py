@@ -22,6 +22,12 @@ What a passing audit proves, and against whom:
   :func:`~phalanx.distributed.transcript.size_bound` bytes for the config's rounds and n (checked before it is
   read). A file that breaks this is one problem line, and nothing else of it is read.
 
+- **An asynchronous run's steps** (a keyed FedBuff or BASGD run: ``step`` lines,
+  :mod:`phalanx.distributed.async_transcript`): every step's updates are signed by their own workers for their
+  versions, within the staleness bound with the staleness recorded truly, each worker's versions increasing; the
+  rows are the algorithm's ``assemble`` of them and the result the rule over the rows (a rule without context or
+  state), recomputed from the run's ``config.json``.
+
 What it cannot prove: that rank 0 aggregated the rows it names (rank 0 runs the rule), that it did not drop a row
 it heard (a dropped rank looks missing), or that a gossip node's journal is complete (it is the node's own word).
 docs/security.md states the threat model and the test behind each claim.
@@ -37,6 +43,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from phalanx.distributed.async_transcript import STEP_KEYS, StepCheck, experiment_of
 from phalanx.distributed.channel import Kind
 from phalanx.distributed.journal import canonical, read_journal
 from phalanx.distributed.keys import ALLOW_LIST, AllowList
@@ -56,7 +63,7 @@ from phalanx.distributed.transcript import (
     line_limit,
     size_bound,
 )
-from phalanx.errors import ConfigError
+from phalanx.errors import ConfigError, PhalanxError
 from phalanx.experiments.store import file_digest
 
 MAX_PROBLEMS = 200
@@ -76,6 +83,7 @@ _KEYS = {
     "round": {"type", "round", "accepted", "missing"},
     "journal": {"type", "round", "node", "rounds", "signature"},
     "gathered": {"type", "round", "gathered", "silent"},
+    "step": STEP_KEYS,
     "signature": {"type", "sha256", "signature"},
 }
 
@@ -96,6 +104,8 @@ class AuditReport:
     more_problems: int = 0
     """Problems found beyond the :data:`MAX_PROBLEMS` kept."""
     allow_list: str = ""
+    results_unchecked: int = 0
+    """Asynchronous steps whose result was not recomputed (a rule with context or state: docs/async.md)."""
 
     @property
     def ok(self) -> bool:
@@ -126,6 +136,7 @@ class RunFacts:
     topology: str | None = None
     reached: int | None = None
     source: str = ""
+    identity: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def read(cls, run_dir: Path, report: AuditReport) -> RunFacts:
@@ -143,6 +154,7 @@ class RunFacts:
                            " nothing to bind the transcript to")
             return facts
         facts.digest = config_digest(identity)
+        facts.identity = identity
         facts.topology = identity.get("topology") if isinstance(identity.get("topology"), str) else None
         facts.f = identity.get("f") if _int(identity.get("f")) else None
         facts.rounds = identity.get("rounds") if _int(identity.get("rounds"), 1) else None
@@ -207,16 +219,24 @@ def audit(run_dir: Path, allow_list: Path | None = None) -> AuditReport:
     allow = AllowList.load(run_dir / ALLOW_LIST if own else Path(allow_list))  # type: ignore[arg-type]
     report.allow_list = f"{allow.path}" + (" (the run directory's copy)" if own else "")
     before = len(report.problems)
+    try:
+        steps = experiment_of(run.identity) if run.identity else None
+    except (PhalanxError, ValueError, TypeError, OSError) as exc:
+        report.problem(f"the run's config.json does not build its experiment ({str(exc)[:160]}): its asynchronous "
+                       "steps cannot be recomputed")
+        return report
+    check = None if steps is None else StepCheck(steps)
     size = path.stat().st_size
     n = run.workers or allow.size
-    bound = size_bound(run.rounds or 0, n, (run.rounds or 0) + 1, run.topology or "serverless")
+    dim = 0 if check is None else check.dim
+    bound = size_bound(run.rounds or 0, n, (run.rounds or 0) + 1, run.topology or "serverless", dim)
     if run.rounds is not None and size > bound:
         report.problem(f"{TRANSCRIPT} has {size} bytes, more than the {bound} a transcript of {run.rounds} rounds "
                        f"and {n} ranks can have: not read")
         return report
     try:
         with path.open("rb") as fh:
-            _Audit(report, run, allow).read(Lines(fh))
+            _Audit(report, run, allow, check).read(Lines(fh))
     except Unreadable as exc:  # the file is not a transcript: that is the one thing to say about it
         del report.problems[before:]
         report.more_problems = 0
@@ -227,8 +247,9 @@ def audit(run_dir: Path, allow_list: Path | None = None) -> AuditReport:
 class _Audit:
     """The checks of :func:`audit`, fed one line at a time."""
 
-    def __init__(self, report: AuditReport, run: RunFacts, allow: AllowList) -> None:
+    def __init__(self, report: AuditReport, run: RunFacts, allow: AllowList, steps: StepCheck | None = None) -> None:
         self.report, self.run, self.allow = report, run, allow
+        self.steps = steps
         self.keys = {r: allow.public_key(r) for r in allow.by_rank}
         self.digest = hashlib.sha256()
         self.n = self.f = 0
@@ -253,7 +274,7 @@ class _Audit:
             raise Unreadable("empty")
         self.header(first[1])
         self.digest.update(first[0])
-        limit = line_limit(self.n)
+        limit = line_limit(self.n, 0 if self.steps is None else self.steps.dim)
         while (got := lines.next(limit)) is not None:
             raw, rec = got
             kind = rec.get("type")
@@ -277,8 +298,11 @@ class _Audit:
         """The header's fields, and that they are this run's."""
         if h.get("type") != "header" or h.get("format") != FORMAT:
             raise Unreadable(f"line 1 is not a {FORMAT} header (format {str(h.get('format'))[:40]!r})")
-        if set(h) != {"type", *HEADER_KEYS}:
-            raise Unreadable(f"line 1 has the fields {sorted(h)[:12]}, not {sorted({'type', *HEADER_KEYS})}")
+        keys = {"type", *HEADER_KEYS} | (set() if self.steps is None else {"dim"})
+        if set(h) != keys:
+            raise Unreadable(f"line 1 has the fields {sorted(h)[:12]}, not {sorted(keys)}")
+        if self.steps is not None and h["dim"] != self.steps.dim:
+            raise Unreadable(f"line 1 names d = {str(h['dim'])[:20]}, the run's model has d = {self.steps.dim}")
         topology, config, n, f, total = h["topology"], h["config"], h["workers"], h["f"], h["total_rounds"]
         if topology not in TOPOLOGIES or not (isinstance(config, str) and _HEX64.fullmatch(config)) or not (
                 _int(n, 1, self.allow.size) and _int(f, 0, n) and _int(total, 1)):
@@ -372,10 +396,27 @@ class _Audit:
             self.problem(f"round {t} is beyond the run's {self.run.rounds} rounds")
         return True
 
+    def line_step(self, rec: dict[str, Any]) -> None:
+        t = rec["round"]
+        if self.steps is None:
+            raise Unreadable("a step line in the transcript of a run that is not asynchronous")
+        if not self._next_round(t, "step"):
+            return
+        self.last = t
+        self.report.rounds += 1
+        assert self.session is not None
+        for text in self.steps.check(rec, t, self.session[1], self.config, self.keys):
+            self.problem(text)
+        if isinstance(rec["updates"], list):
+            self.report.accepted += len(rec["updates"])
+        self.report.results_unchecked += not self.steps.recomputes
+
     def line_round(self, rec: dict[str, Any]) -> None:
         t = rec["round"]
         if self.topology == "gossip":
             raise Unreadable("a round line in a gossip transcript")
+        if self.steps is not None:
+            raise Unreadable("a round line in the transcript of an asynchronous run (its steps are step lines)")
         if not self._next_round(t, "round"):
             return
         self.last = t

@@ -191,9 +191,13 @@ def start_async(rank: Rank) -> Part | None:
         return None
     sealed = SealedLinks(rank.identity, host, renv.master_port, digest, row_bytes, cfg.workers)
     server = AsyncServer(sealed, SealedArrivals(sealed, s), digest, cfg.round_timeout, rank.log.say)
-    return Part(server, banner=f"sealed links: mutual TLS on {renv.master_addr}:{sealed.port}, {cfg.workers - 1} "
-                               f"asynchronous workers on the allow-list {rank.identity.allow.path} (no transcript: "
-                               "docs/async.md)")
+
+    def hear(transcript: Transcript) -> None:
+        server.on_step = transcript.step
+
+    return Part(server, links=sealed, hear=hear,
+                banner=f"sealed links: mutual TLS on {renv.master_addr}:{sealed.port}, {cfg.workers - 1} "
+                       f"asynchronous workers on the allow-list {rank.identity.allow.path}")
 
 
 class ServerlessTopology(Topology):

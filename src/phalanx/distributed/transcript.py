@@ -15,6 +15,10 @@ each with a ``type``::
     journal    {"type": "journal", "round": g, "node": i, "rounds": [item, …], "signature": <hex 128>}
     gathered   {"type": "gathered", "round": g, "gathered": [i, …], "silent": [k, …]}
                                                                     gossip: every gathering round g (journal.py)
+    step       {"type": "step", "round": t, "updates": [{"rank", "version", "staleness", "sha256", "signature",
+                "body"}, …], "rows": [<hex 64>, …], "result": <hex 64>}
+                                                                    asynchronous server: every step (its header
+                                                                    also holds "dim": d; async_transcript.py)
     signature  {"type": "signature", "sha256": <hex 64>, "signature": <hex 128>}        the last line
 
 A ``round`` names the ranks whose rows the round used (``accepted``, with each row's SHA-256 and its sender's Ed25519
@@ -46,6 +50,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from torch import Tensor
+
+from phalanx.distributed.async_transcript import MAX_DIM, step_bytes, step_entry
 from phalanx.distributed.journal import journal_limit, read_journal, sign_journal
 from phalanx.distributed.keys import ALLOW_LIST
 from phalanx.distributed.recording import WrittenWithCheckpoints
@@ -71,16 +78,18 @@ class Unreadable(Exception):
     """A transcript that cannot be read (one line says why)."""
 
 
-def line_limit(workers: int) -> int:
-    """The longest line a transcript of ``workers`` ranks can have (a journal line is the longest kind)."""
-    return journal_limit(workers, 1 << 30) + (64 << 10) + 1024 * workers
+def line_limit(workers: int, dim: int = 0) -> int:
+    """The longest line a transcript of ``workers`` ranks can have (a journal line is the longest kind; with
+    ``dim`` > 0, an asynchronous run's step line may be longer:
+    :func:`~phalanx.distributed.async_transcript.step_bytes`)."""
+    return max(journal_limit(workers, 1 << 30) + (64 << 10) + 1024 * workers, step_bytes(workers, dim) if dim else 0)
 
 
 def _round_bytes(workers: int) -> int:
     return 256 + 2 * workers * ENTRY_BYTES + 12 * workers
 
 
-def size_bound(total_rounds: int, workers: int, sessions: int, topology: str) -> int:
+def size_bound(total_rounds: int, workers: int, sessions: int, topology: str, dim: int = 0) -> int:
     """The most bytes a transcript of ``total_rounds`` rounds, ``workers`` ranks and ``sessions`` starts can take:
     per round a round line (gossip: every node's journal items and the gathering line) and, per recording rank
     (rank 0; every rank of a mesh), ``GROUPS_PER_ROUND + 2`` rejection groups; a session line and one extra round of
@@ -89,6 +98,8 @@ def size_bound(total_rounds: int, workers: int, sessions: int, topology: str) ->
     per_round = _round_bytes(workers) + recorders * (GROUPS_PER_ROUND + 2) * GROUP_BYTES
     if topology == "gossip":
         per_round += workers * (journal_limit(workers, 1) + 512)
+    if dim:  # an asynchronous run: a step line per step
+        per_round += step_bytes(workers, dim)
     return 4096 + sessions * 512 + (total_rounds + sessions) * per_round
 
 
@@ -148,6 +159,14 @@ def _header_workers(header: dict[str, Any]) -> int:
     return n
 
 
+def header_dim(header: dict[str, Any]) -> int:
+    """The d an asynchronous run's header names (0: none, a synchronous run's)."""
+    d = header.get("dim", 0)
+    if not isinstance(d, int) or isinstance(d, bool) or not 0 <= d <= MAX_DIM:
+        raise Unreadable(f"line 1 names d = {str(d)[:20]}, not 1 … {MAX_DIM}")
+    return d
+
+
 def load(path: Path, public_key: Any = None) -> dict[str, Any]:
     """A transcript as one document — the header's fields, ``sessions`` (each with the ``after`` rejections of its
     end), ``rounds`` (each with the ``rejected`` groups before it; gossip: ``nodes``, the journals) and
@@ -165,8 +184,10 @@ def load(path: Path, public_key: Any = None) -> dict[str, Any]:
         header = first[1]
         if header.get("format") != FORMAT:
             raise Unreadable(f"format {str(header.get('format'))[:40]!r}, not {FORMAT}")
-        limit = line_limit(_header_workers(header))
+        limit = line_limit(_header_workers(header), header_dim(header))
         doc.update({k: header.get(k) for k in HEADER_KEYS})
+        if "dim" in header:
+            doc["dim"] = header["dim"]
         nodes: list[dict[str, Any]] = []
         while (got := lines.next(limit)) is not None:
             raw, rec = got
@@ -187,6 +208,10 @@ def load(path: Path, public_key: Any = None) -> dict[str, Any]:
             elif kind == "round":
                 doc["rounds"].append({"round": rec.get("round"), "accepted": rec.get("accepted"),
                                       "missing": rec.get("missing"), "rejected": pending})
+                pending = []
+            elif kind == "step":
+                doc["rounds"].append({**{k: rec.get(k) for k in ("round", "updates", "rows", "result")},
+                                      "rejected": pending})
                 pending = []
             elif kind == "journal":
                 nodes.append({"node": rec.get("node"), "rounds": rec.get("rounds"), "signature": rec.get("signature")})
@@ -224,7 +249,8 @@ def _verify(signature: Any, sha256: str, public_key: Any) -> None:
 
 def render(doc: dict[str, Any]) -> bytes:
     """The lines of a transcript document (:func:`load`'s form) before the signature line."""
-    out = [dumps({"type": "header", **{k: doc.get(k) for k in HEADER_KEYS}})]
+    out = [dumps({"type": "header", **{k: doc.get(k) for k in HEADER_KEYS},
+                  **({"dim": doc["dim"]} if "dim" in doc else {})})]
     sessions = doc["sessions"]
     for i, session in enumerate(sessions):
         out.append(dumps({"type": "session", "nonce": session["nonce"], "from_round": session["from_round"]}))
@@ -234,7 +260,9 @@ def render(doc: dict[str, Any]) -> bytes:
             if not (isinstance(t, int) and t >= session["from_round"] and (end is None or t < end)):
                 continue
             out += [dumps({"type": "rejected", **g}) for g in entry.get("rejected", [])]
-            if "nodes" in entry:
+            if "updates" in entry:
+                out.append(dumps({"type": "step", **{k: entry[k] for k in ("round", "updates", "rows", "result")}}))
+            elif "nodes" in entry:
                 out += [dumps({"type": "journal", "round": t, **node}) for node in entry["nodes"]]
                 out.append(dumps({"type": "gathered", "round": t, "gathered": entry["gathered"],
                                   "silent": entry["silent"]}))
@@ -258,7 +286,7 @@ def records(path: Path) -> Iterator[dict[str, Any]]:
         limit = 64 << 10
         while (got := lines.next(limit)) is not None:
             if got[1].get("type") == "header":
-                limit = line_limit(_header_workers(got[1]))
+                limit = line_limit(_header_workers(got[1]), header_dim(got[1]))
             yield got[1]
 
 
@@ -269,7 +297,7 @@ class Transcript(WrittenWithCheckpoints):
     (``links``: the :class:`~phalanx.distributed.mesh.Mesh`)."""
 
     def __init__(self, run_dir: Path, links: Any, identity: Any, config: str, workers: int, f: int,
-                 due: Any, topology: str = "server") -> None:
+                 due: Any, topology: str = "server", dim: int | None = None) -> None:
         super().__init__(due)
         self.topology = topology
         self.run_dir = run_dir
@@ -278,6 +306,8 @@ class Transcript(WrittenWithCheckpoints):
         self.config = config
         self.workers = workers
         self.f = f
+        self.dim = dim
+        """d, for an asynchronous run (its header names it; its steps are ``step`` lines); None otherwise."""
         self.doc: dict[str, Any] = {}
         self.gathered = -1  # gossip: the last gathering round of this session (from_round − 1 at its start)
         self.keys = {r: identity.allow.public_key(r) for r in identity.allow.by_rank}
@@ -310,6 +340,8 @@ class Transcript(WrittenWithCheckpoints):
         self.doc = {"format": FORMAT, "topology": self.topology, "config": self.config, "allow_list": allow.digest,
                     "workers": self.workers, "f": self.f, "total_rounds": loop.experiment.rounds, "signer": 0,
                     "sessions": sessions, "rounds": rounds}
+        if self.dim is not None:
+            self.doc["dim"] = self.dim
 
     def vectors(self, t: int, used: dict[int, bytes], missing: list[int]) -> None:
         """The parameter server's hook: round t aggregated the rows of ``used``; ``missing`` did not arrive."""
@@ -330,6 +362,11 @@ class Transcript(WrittenWithCheckpoints):
         """Round t used the rows of ``accepted`` (rank, phase, SHA-256, signature); ``missing`` did not arrive."""
         self.doc["rounds"].append({"round": t, "accepted": [{"phase": 0, **a} for a in accepted],
                                    "missing": sorted(missing), "rejected": self.links.new_rejections()})
+
+    def step(self, t: int, used: list[Any], rows: Tensor, result: Tensor, groups: list[dict[str, Any]]) -> None:
+        """The asynchronous server's hook: step t used the updates ``used`` (with their links' proofs), made
+        ``rows`` and the rule's ``result`` over them; ``groups``: the links' refusals since the previous step."""
+        self.doc["rounds"].append({**step_entry(t, used, rows, result), "rejected": groups})
 
     def reports(self, t: int, nodes: list[dict[str, Any]]) -> None:
         """Gossip, at rank 0's gathering round t: what every node reported since its last report — node 0's

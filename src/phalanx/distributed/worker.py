@@ -36,6 +36,7 @@ from phalanx.experiments.build import from_config
 from phalanx.experiments.config import RunConfig, ValidRun, load_grid, processes
 from phalanx.experiments.rundir import RunDirectory
 from phalanx.experiments.wiring import Recording, run_experiment
+from phalanx.training.algorithms.asynchronous import Asynchronous
 from phalanx.training.experiment import Experiment
 from phalanx.training.loop import Callback
 from phalanx.training.memory import tune_allocator
@@ -110,7 +111,8 @@ def run_rank(run: ValidRun, out: Path | None) -> None:
                                               directory.checkpoints)]
         if part.links is not None and identity is not None:
             transcript = Transcript(directory.path, part.links, identity, digest, renv.world_size, exp.f,
-                                    directory.checkpoints, topology=cfg.topology)
+                                    directory.checkpoints, topology=cfg.topology,
+                                    dim=exp.problem.dim if isinstance(exp.algorithm, Asynchronous) else None)
             if part.hear is not None:
                 part.hear(transcript)
             cbs.append(transcript)

@@ -1,0 +1,203 @@
+"""The transcript of a keyed *asynchronous* run (:mod:`phalanx.distributed.async_server`): one ``step`` line per
+server step, and the audit's check of it, which recomputes the step from what it records.
+
+The synchronous transcript (:mod:`phalanx.distributed.transcript`) binds a row to a *round*; an asynchronous update
+is bound to the model *version* it was computed at, and a step aggregates updates of several versions. So a keyed
+asynchronous run's transcript holds, instead of ``round`` lines (and with ``"dim": d`` in its header)::
+
+    step  {"type": "step", "round": t,
+           "updates": [{"rank": j, "version": v, "staleness": t − v, "sha256": <hex 64>, "signature": <hex 128>,
+                        "body": <base64 of the update's d values>}, …],
+           "rows": [<hex 64>, …], "result": <hex 64>}
+
+— the updates step t aggregated, in the order the server took them, each with its worker's Ed25519 signature over
+(run nonce, config, **version**, rank, SHA-256 of the body) (:func:`~phalanx.distributed.sealed.signed_message`,
+made by the worker, checked by the links before the update was used); the SHA-256 of each row the algorithm's
+:meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.assemble` made of them (FedBuff: Δᵢ/√(1 + sᵢ),
+Nguyen et al., AISTATS 2022; BASGD: the buffer means, Yang & Li, ICML 2021); and the SHA-256 of the rule's result
+over those rows (what the server steps θ by, before the learning rate).
+
+**What the audit checks** (:class:`StepCheck`, for each step line, besides the file's own checks in
+:mod:`phalanx.distributed.audit`): each update is a worker's (rank 1 … n − 1, on the allow-list; rank 0 computes
+nothing), once per step; its body is d values and hashes to the recorded SHA-256; the signature verifies with
+*that rank's* key for this session's nonce, the config and the version — so neither rank 0 nor a Byzantine worker
+holding its own valid key can put an update in another rank's name; 0 ≤ version ≤ t, the recorded staleness is
+t − version and at most ``max_staleness``; a worker's versions increase from step to step (the server keeps each
+worker's freshest and drops an older one after a newer: :attr:`~phalanx.distributed.async_server.Buffer.newest`) — so
+a step that keeps a worker's older update after a newer one was aggregated is refused; the values are finite; the
+rows are ``assemble`` of the recorded updates and staleness, digest for digest; and the result is the run's rule
+over those rows, digest for digest, when the rule takes no context (a stateful, stochastic or centred rule's
+result is recorded but not recomputed: the audit does not hold its state — counted in
+:attr:`~phalanx.distributed.audit.AuditReport.results_unchecked`).
+
+What it cannot prove: that the server did not leave out an update it received (an update that never appears in
+the transcript leaves no trace the audit can read), or that θ moved by the recorded result.
+
+**Size.** A step line holds at most n − 1 updates of d values: at most :func:`step_bytes` bytes, one per step — what
+an attacker can make the server record is bounded by K ≤ n − 1 and d, whatever it sends.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import re
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from phalanx.distributed import wire
+from phalanx.distributed.sealed import signed_message
+
+if TYPE_CHECKING:
+    from phalanx.distributed.async_server import Update
+    from phalanx.training.experiment import Experiment
+
+STEP_KEYS = {"type", "round", "updates", "rows", "result"}
+UPDATE_KEYS = {"rank", "version", "staleness", "sha256", "signature", "body"}
+UPDATE_BYTES = 512
+"""The most bytes one update entry takes besides its body."""
+MAX_DIM = 1 << 28
+"""The largest d a transcript's header may name."""
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX128 = re.compile(r"[0-9a-f]{128}")
+
+
+def step_bytes(workers: int, dim: int) -> int:
+    """The most bytes a step line of an ``workers``-rank job with d = ``dim`` takes: n − 1 updates, each its entry
+    and its body in base64 (at most 8 bytes a value), and as many row digests."""
+    body = 4 * ((8 * dim + 2) // 3)
+    return 512 + workers * (UPDATE_BYTES + body + 70)
+
+
+def digest(x: Tensor) -> str:
+    """The SHA-256 (hex) of a row's bytes."""
+    return hashlib.sha256(wire.tensor_bytes(x)).hexdigest()
+
+
+def step_entry(t: int, used: list[Update], rows: Tensor, result: Tensor) -> dict[str, Any]:
+    """Step t's record (see the module's docstring): the updates (each with its links' proof), rows and result."""
+    updates = []
+    for u in used:
+        sha, sig = u.proof if u.proof is not None else ("", "")
+        updates.append({"rank": u.rank, "version": u.version, "staleness": t - u.version, "sha256": sha,
+                        "signature": sig, "body": base64.b64encode(wire.tensor_bytes(u.row)).decode()})
+    return {"round": t, "updates": updates, "rows": [digest(r) for r in rows], "result": digest(result)}
+
+
+def _int(value: Any, low: int = 0, high: int = 1 << 62) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+class StepCheck:
+    """The audit's check of a keyed asynchronous run's step lines (see the module's docstring), for the run's
+    experiment (built from its ``config.json``: the algorithm, the rule, n, d and the staleness bound)."""
+
+    def __init__(self, exp: Experiment) -> None:
+        self.exp = exp
+        algo: Any = exp.algorithm
+        self.algo = algo
+        self.workers = exp.workers
+        self.dim = exp.problem.dim
+        self.dtype = exp.problem.initial_theta().dtype
+        self.max_staleness = int(algo.max_staleness)  # (an Asynchronous algorithm: experiment_of)
+        rule: Any = exp.rule
+        self.recomputes = not rule.context_keys and not getattr(rule, "stateful", False)
+        """Whether the result is recomputed (a rule without context or state)."""
+        self.newest: dict[int, int] = {}
+
+    def check(self, rec: dict[str, Any], t: int, nonce: bytes, config: str, keys: dict[int, Any]) -> list[str]:
+        """The problems of step t's line (empty: it is the step it claims)."""
+        from cryptography.exceptions import InvalidSignature
+
+        updates, rows, result = rec["updates"], rec["rows"], rec["result"]
+        where = f"step {t}"
+        if not (isinstance(updates, list) and 1 <= len(updates) < self.workers and isinstance(rows, list)
+                and len(rows) <= len(updates) and all(isinstance(r, str) and _HEX64.fullmatch(r) for r in rows)
+                and isinstance(result, str) and _HEX64.fullmatch(result)):
+            return [f"{where}: 'updates', 'rows' or 'result' is not 1 … n − 1 updates and their digests"]
+        problems: list[str] = []
+        ranks: list[int] = []
+        values: list[Tensor] = []
+        staleness: list[int] = []
+        size = self.dim * torch.empty((), dtype=self.dtype).element_size()
+        for u in updates:
+            if not isinstance(u, dict) or set(u) != UPDATE_KEYS:
+                problems.append(f"{where}: an update entry is not {{{', '.join(sorted(UPDATE_KEYS))}}}")
+                continue
+            rank, version, s, sha, sig, body = (u[k] for k in ("rank", "version", "staleness", "sha256",
+                                                                "signature", "body"))
+            if not _int(rank, 1, self.workers - 1) or rank not in keys:
+                problems.append(f"{where}: an update of rank {str(rank)[:20]!r}, which is not a worker of the job")
+                continue
+            if rank in ranks:
+                problems.append(f"{where}: two updates of rank {rank} (a step takes one per worker)")
+            if not _int(version, 0, t):
+                problems.append(f"{where}: rank {rank}'s update has version {str(version)[:20]!r}, not 0 … {t}")
+                continue
+            if s != t - version:
+                problems.append(f"{where}: rank {rank}'s update of version {version} is recorded with staleness "
+                                f"{str(s)[:20]}, not {t - version} (edited)")
+            if t - version > self.max_staleness:
+                problems.append(f"{where}: rank {rank}'s update of version {version} is beyond the staleness bound "
+                                f"({t - version} > max_staleness = {self.max_staleness})")
+            if version <= self.newest.get(rank, -1):
+                problems.append(f"{where}: rank {rank}'s update of version {version} is not newer than its update "
+                                f"of version {self.newest[rank]} aggregated before (a stale one kept)")
+            self.newest[rank] = max(version, self.newest.get(rank, -1))
+            try:
+                raw = base64.b64decode(body, validate=True) if isinstance(body, str) else b""
+            except (binascii.Error, ValueError):
+                raw = b""
+            if len(raw) != size or not (isinstance(sha, str) and _HEX64.fullmatch(sha)
+                                        and isinstance(sig, str) and _HEX128.fullmatch(sig)):
+                problems.append(f"{where}: rank {rank}'s update has no body of d = {self.dim} values, digest and "
+                                "signature")
+                continue
+            if hashlib.sha256(raw).hexdigest() != sha:
+                problems.append(f"{where}: rank {rank}'s update body does not hash to its recorded SHA-256")
+            try:
+                keys[rank].verify(bytes.fromhex(sig), signed_message(nonce, config, version, rank, bytes.fromhex(sha)))
+            except InvalidSignature:
+                problems.append(f"{where}: rank {rank}'s signature of version {version} does not verify with its "
+                                "key on the allow-list (not its update)")
+            row = wire.bytes_tensor(raw, self.dtype)
+            if not bool(torch.isfinite(row).all()):
+                problems.append(f"{where}: rank {rank}'s update has a non-finite value")
+            ranks.append(rank)
+            values.append(row)
+            staleness.append(t - version)
+        if problems:
+            return problems
+        return self._recompute(where, ranks, values, staleness, rows, result)
+
+    def _recompute(self, where: str, ranks: list[int], values: list[Tensor], staleness: list[int], rows: list[str],
+                   result: str) -> list[str]:
+        ids = torch.tensor(ranks, dtype=torch.int64)
+        made, _, _ = self.algo.assemble(self.exp, ids, torch.stack(values), torch.tensor(staleness,
+                                                                                         dtype=torch.int64))
+        if [digest(r) for r in made] != rows:
+            return [f"{where}: the recorded rows are not the algorithm's rows of the recorded updates "
+                    f"({self.exp.algorithm.name}'s assemble)"]
+        if self.recomputes and digest(self.exp.rule(made)) != result:
+            return [f"{where}: the recorded result is not {self.exp.rule.name} over the recorded rows"]
+        return []
+
+
+def experiment_of(identity: dict[str, Any]) -> Experiment | None:
+    """The experiment of a run's ``config.json`` when its algorithm is asynchronous (None otherwise): what the audit
+    recomputes its steps with. A config that does not validate raises its one-line :class:`ConfigError`."""
+    from phalanx.experiments.build import from_config
+    from phalanx.experiments.config import validate
+    from phalanx.training.algorithms import builtin
+    from phalanx.training.algorithms.asynchronous import Asynchronous
+
+    try:
+        cls = builtin.algorithm_class(str(identity.get("algorithm", "dsgd")))
+    except Exception:  # (an unknown algorithm: not an asynchronous one of this build; the header check says more)
+        return None
+    if not issubclass(cls, Asynchronous):
+        return None
+    return from_config(validate(identity))

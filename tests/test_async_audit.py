@@ -1,0 +1,164 @@
+"""The transcript of a keyed asynchronous run and its audit (phalanx.distributed.async_transcript, docs/async.md
+"On real processes"): a real keyed FedBuff run's transcript passes ``phalanx audit``, one step line per step within
+its size bound; each forgery of a Byzantine server (rank 0's key, which the test holds) or of a Byzantine worker
+(its own valid key) is refused with its line. The job waits on its own end, never on a sleep."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.test_async_processes import ASYNC, launched
+from tests.test_audit import forge, one_line
+from tests.test_distributed import run_dir
+
+from phalanx.distributed.async_transcript import StepCheck, digest, experiment_of, step_bytes
+from phalanx.distributed.audit import audit
+from phalanx.distributed.keys import init_keys, load_identity
+from phalanx.distributed.sealed import signed_message
+from phalanx.distributed.transcript import TRANSCRIPT, load, records
+
+JOB: dict[str, Any] = {**ASYNC, "workers": 5, "rounds": 12, "eval_every": 6, "checkpoint_every": 6,
+                       "algorithm_params": {"buffer_size": 2, "max_staleness": 3}}
+
+
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A keyed FedBuff run of 12 steps on ranks 0–4 (K = 2, S = 3): its run directory and its key directory."""
+    tmp = tmp_path_factory.mktemp("async-audit")
+    init_keys(tmp / "keys", 5)
+    code, errs = launched({**JOB, "keys": str(tmp / "keys")}, tmp, {})
+    assert code == 0, errs[-3000:]
+    return run_dir(tmp / "out"), tmp / "keys"
+
+
+def test_a_keyed_async_runs_transcript_passes_the_audit_one_bounded_step_per_step(honest: tuple[Path, Path]) -> None:
+    run, _ = honest
+    report = audit(run)
+    assert report.ok, report.problems
+    assert report.rounds == 12 and report.accepted == 24 and report.results_unchecked == 0
+    lines = (run / TRANSCRIPT).read_bytes().splitlines(keepends=True)
+    steps = [json.loads(x) for x in lines if b'"type":"step"' in x]
+    assert [s["round"] for s in steps] == list(range(12))
+    dim = json.loads(lines[0])["dim"]
+    assert all(len(x) <= step_bytes(5, dim) for x in lines if b'"type":"step"' in x)
+    assert all(len(s["updates"]) == 2 and all(u["staleness"] <= 3 for u in s["updates"]) for s in steps)
+
+
+Edit = Callable[[dict[str, Any]], None]
+
+
+def _redigest(run: Path, doc: dict[str, Any], entry: dict[str, Any]) -> None:
+    """Make a step's rows and result those of its (edited) updates: the forger keeps everything else consistent."""
+    import base64
+
+    import torch
+
+    from phalanx.distributed import wire
+
+    exp = experiment_of(json.loads((run / "config.json").read_text()))
+    assert exp is not None
+    check = StepCheck(exp)
+    t = entry["round"]
+    rows = torch.stack([wire.bytes_tensor(base64.b64decode(u["body"]), check.dtype) for u in entry["updates"]])
+    ids = torch.tensor([u["rank"] for u in entry["updates"]])
+    made, _, _ = check.algo.assemble(exp, ids, rows, torch.tensor([t - u["version"] for u in entry["updates"]]))
+    entry["rows"] = [digest(r) for r in made]
+    entry["result"] = digest(exp.rule(made))
+
+
+def _kept_stale(run: Path) -> Edit:
+    """Step t drops rank j's update and keeps, in its place, j's older update that an earlier step aggregated
+    (within the staleness bound, its staleness, rows and result recomputed: only the order of versions betrays it)."""
+
+    def edit(doc: dict[str, Any]) -> None:
+        seen: dict[int, dict[str, Any]] = {}
+        for entry in doc["rounds"]:
+            t = entry["round"]
+            for i, u in enumerate(entry["updates"]):
+                old = seen.get(u["rank"])
+                if old is not None and t - old["version"] <= 3 and old["version"] < u["version"]:
+                    entry["updates"][i] = {**old, "staleness": t - old["version"]}
+                    _redigest(run, doc, entry)
+                    return
+                seen[u["rank"]] = u
+        raise AssertionError("no step with a worker's earlier update within the bound")
+
+    return edit
+
+
+def _claim(doc: dict[str, Any], byz: Any) -> None:
+    """A Byzantine rank 3 puts its own update (signed with its own key) in rank 1's name."""
+    entry = next(e for e in doc["rounds"] if all(u["rank"] != 1 for u in e["updates"]))
+    i, mine = next((i, u) for i, u in enumerate(entry["updates"]))
+    sig = byz.sign(signed_message(bytes.fromhex(doc["sessions"][0]["nonce"]), doc["config"], mine["version"], 3,
+                                  bytes.fromhex(mine["sha256"])))
+    entry["updates"][i] = {**mine, "rank": 1, "signature": sig.hex()}
+
+
+def _set(step: int, **changes: Any) -> Edit:
+    def edit(doc: dict[str, Any]) -> None:
+        doc["rounds"][step]["updates"][0].update(changes)
+
+    return edit
+
+
+@pytest.mark.parametrize("case", ["byzantine-writer", "claimed-by-server", "stale-kept", "result", "rows",
+                                  "staleness", "beyond-bound", "rank-0", "too-many"])
+def test_each_forged_async_transcript_is_refused(case: str, honest: tuple[Path, Path], tmp_path: Path) -> None:
+    """Each mutant of the transcript, signed as its forger can sign it, fails the audit with its own line."""
+    run, keys = honest
+    server, byz = load_identity(keys, 0, 5), load_identity(keys, 3, 5)
+    step4 = load(run / TRANSCRIPT)["rounds"][4]
+    v = step4["updates"][0]["version"]
+
+    def rows_of_unweighted(doc: dict[str, Any]) -> None:  # the mutant without FedBuff's 1/√(1 + s)
+        import base64
+
+        import torch
+
+        from phalanx.distributed import wire
+
+        for entry in doc["rounds"]:
+            entry["rows"] = [digest(wire.bytes_tensor(base64.b64decode(u["body"]), torch.float32))
+                             for u in entry["updates"]]
+
+    def flood(doc: dict[str, Any]) -> None:
+        entry = doc["rounds"][4]
+        entry["updates"] = entry["updates"] * 3
+
+    plans: dict[str, tuple[Edit, Any, str]] = {
+        "byzantine-writer": (lambda d: _claim(d, byz), byz, "signed by rank 3's key, not rank 0's"),
+        "claimed-by-server": (lambda d: _claim(d, byz), server, "rank 1's signature of version"),
+        "stale-kept": (_kept_stale(run), server, "aggregated before (a stale one kept)"),
+        "result": (lambda d: d["rounds"][4].update(result=d["rounds"][4]["rows"][0]), server,
+                   "the recorded result is not"),
+        "rows": (rows_of_unweighted, server, "not the algorithm's rows"),
+        "staleness": (_set(4, staleness=0 if 4 - v else 1), server, "(edited)"),
+        "beyond-bound": (_set(4, version=0, staleness=4), server, "beyond the staleness bound"),
+        "rank-0": (_set(4, rank=0), server, "not a worker of the job"),
+        "too-many": (flood, server, "not 1 … n − 1 updates"),
+    }
+    edit, signer, expected = plans[case]
+    one_line(audit(forge(run, tmp_path, edit, signer)), expected)
+
+
+def test_the_honest_transcript_copied_is_still_accepted(honest: tuple[Path, Path], tmp_path: Path) -> None:
+    """The forgery harness alone (a copy, re-rendered and re-signed by rank 0 without an edit) passes: each refusal
+    above is the edit's."""
+    run, keys = honest
+    report = audit(forge(run, tmp_path, lambda d: None, load_identity(keys, 0, 5)))
+    assert report.ok, report.problems
+
+
+def test_a_resumed_keyed_async_transcript_loads_with_its_steps(honest: tuple[Path, Path], tmp_path: Path) -> None:
+    """The loader rank 0 resumes from reads the step lines back (what on_start keeps before the checkpoint)."""
+    run, _ = honest
+    doc = load(run / TRANSCRIPT)
+    assert [e["round"] for e in doc["rounds"]] == list(range(12)) and doc["dim"] > 0
+    assert sum(1 for r in records(run / TRANSCRIPT) if r["type"] == "step") == 12
+    shutil.rmtree(tmp_path)
