@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from phalanx.attacks import Attack, AttackContext
 from phalanx.distributed import _test_hooks, wire
 from phalanx.distributed.parameter_server import WorkerLinks, check_digest
 from phalanx.training.algorithms.asynchronous import TOUCHED, clock_stage
@@ -406,7 +407,14 @@ class AsyncServer(Transport):
 
 class AsyncWorker:
     """A worker rank: take the newest version, compute one minibatch gradient there, send it tagged with the
-    version; again, until the server says stop."""
+    version; again, until the server says stop.
+
+    A Byzantine rank (the run's last ``byzantine`` ranks, as on the simulated clock) of a vector attack sends, in
+    place of its gradient g, the attack's own code on what it knows — its own update, one row:
+    ``attack(AttackContext(honest = g[None], n_byzantine = 1, aggregator = None, round = version))`` with its own
+    ``attack`` stream; the protocol gives it θ and nothing else, so only an attack one worker can run alone is
+    allowed (``Attack.solo``, :func:`~phalanx.training.algorithms.asynchronous.check_process_attack`).
+    """
 
     def __init__(self, experiment: Experiment, links: WorkerLinks, rank: int, digest: str,
                  notify: Callable[[int], None] | None = None) -> None:
@@ -420,6 +428,8 @@ class AsyncWorker:
         links.ready()
         algo: Any = exp.algorithm
         gen = torch.Generator().manual_seed(int(exp.seed) * 1_000_003 + rank)  # this worker's own batches
+        attack = exp.attack if rank >= exp.workers - exp.byzantine and isinstance(exp.attack, Attack) else None
+        attack_gen = torch.Generator().manual_seed(int(exp.seed) * 1_000_003 + 500_009 + rank)
         dtype = exp.problem.initial_theta().dtype
         ids = torch.tensor([rank], dtype=torch.int64)
         t = int(init["round"])
@@ -434,6 +444,10 @@ class AsyncWorker:
             _test_hooks.maybe_sleep(rank, latest)
             xb, yb = sample_batches_of(exp.data, ids, algo.batch_size, gen)
             g = exp.problem.grads_each(theta[None], xb, yb)[0]
+            if attack is not None:
+                g = attack(AttackContext(honest=g[None], n_byzantine=1, f=exp.f, aggregator=None,
+                                         generator=attack_gen, round=latest,
+                                         knowledge="colluders" if attack.reads_honest else "omniscient"))[0]
             links.send_vector(latest, wire.tensor_bytes(g))
             if self.notify is not None:
                 self.notify(latest)

@@ -272,17 +272,15 @@ class Asynchronous(RoundAlgorithm):
 
     def check_processes(self, cfg: Any, attack: Attack | DataAttack) -> None:
         """What the asynchronous server on real processes runs, refused in one line otherwise: this algorithm, the
-        server topology, honest timing, no attack played by the worker processes (a Byzantine process speaks for
-        itself), and a buffer the n − 1 worker ranks can fill (rank 0 only serves)."""
+        server topology, honest timing, an attack one worker process can play on its own update
+        (:func:`check_process_attack`), and a buffer the n − 1 worker ranks can fill (rank 0 only serves)."""
         if not self.real_processes or self.screens:  # (a filter — Kardam's, Zeno++'s — is not run there)
             raise ConfigError("engine", cfg.engine, f"'simulated' with algorithm {self.name!r} (real asynchronous "
                               "processes run fedbuff and basgd)")
         if self.byzantine_timing != "honest":
             raise ConfigError("algorithm_params.byzantine_timing", self.byzantine_timing, "'honest' with engine "
                               "'torchrun' (the processes' own pace is their timing)")
-        if attack.name != "none":
-            raise ConfigError("attack", attack.name, "'none' with an asynchronous algorithm on engine 'torchrun' (the "
-                              "worker processes play no attack; a Byzantine process sends what it likes)")
+        check_process_attack(attack)
         if getattr(cfg, "topology", "server") != "server":
             raise ConfigError("topology", cfg.topology, "'server' with an asynchronous algorithm")
         if cfg.workers < 2:
@@ -294,6 +292,28 @@ class Asynchronous(RoundAlgorithm):
     def processes(cls, cfg: Any) -> int:
         """One process on the simulated clock; with ``engine = "torchrun"`` one per worker rank (rank 0 serves)."""
         return int(cfg.workers) if getattr(cfg, "engine", "simulated") == "torchrun" else 1
+
+
+def check_process_attack(attack: Attack | DataAttack) -> None:
+    """On real processes a Byzantine worker rank knows θ of its version and its own update, nothing else (no other
+    worker's update, not the server's rule or context): it plays a vector attack that one worker can run on its own
+    update (``Attack.solo``: sign flip, IPM, noise, NaN …; the mean of one row is that row), refused in one line
+    otherwise (ALIE, min-max, Fang, mimic, the optimal attacks). A data attack is not played there (not built)."""
+    from phalanx.attacks import names
+
+    if isinstance(attack, DataAttack):
+        raise ConfigError("attack", attack.name, "a vector attack with an asynchronous algorithm on engine 'torchrun' "
+                          "(a data attack is not played by the worker processes)")
+    if type(attack).needs_aggregator or not getattr(attack, "solo", False):
+        solo = ", ".join(n for n in names("vector") if getattr(_attack_class(n), "solo", False))
+        raise ConfigError("attack", attack.name, f"an attack one worker plays on its own update ({solo}) with an "
+                          "asynchronous algorithm on engine 'torchrun' (a worker process sees no other update)")
+
+
+def _attack_class(name: str) -> Any:
+    from phalanx.attacks import get_class
+
+    return get_class(name)
 
 
 def check_attack(attack: Attack | DataAttack, name: str) -> None:
