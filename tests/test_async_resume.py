@@ -15,7 +15,9 @@ from safetensors import safe_open
 from tests.test_async_processes import ASYNC, last_row, launched
 from tests.test_distributed import run_dir, wait_for
 
+from phalanx.distributed.audit import audit
 from phalanx.distributed.keys import init_keys
+from phalanx.distributed.transcript import TRANSCRIPT, load
 from phalanx.distributed.worker import resolve_config
 
 
@@ -24,7 +26,8 @@ def test_a_killed_async_run_resumes_from_its_checkpoint_and_finishes(keyed: bool
     """Ranks 0–4, K = 2, 20 steps, a checkpoint every 5. Rank 0 holds before step 12 (its checkpoint of step 10 is
     written); every rank is SIGKILLed there. The same job launched again says it resumes from step 10, ends all
     20 steps (a checkpoint of step 20, DONE) and learns; the run directory is the one of the first launch and its
-    config is the one asked for (the same run id and identity)."""
+    config is the one asked for (the same run id and identity). With keys, the transcript of the two sessions
+    audits."""
     data = {**ASYNC, "workers": 5, "rounds": 20, "eval_every": 5, "checkpoint_every": 5}
     if keyed:
         init_keys(tmp_path / "keys", 5)
@@ -55,5 +58,9 @@ def test_a_killed_async_run_resumes_from_its_checkpoint_and_finishes(keyed: bool
     assert [r["round"] for r in rows if "test_accuracy" in r][-1] == 20
     row = last_row(tmp_path / "out")
     assert row["test_accuracy"] > 0.5 and row["staleness_max"] <= 3
-    if keyed:
+    if keyed:  # the transcript of both sessions (two nonces) audits: its steps recomputed, signed by rank 0
         assert "sealed links" in errs and "no keys" not in errs
+        report = audit(d)
+        assert report.ok, report.problems
+        assert report.rounds == 20 and report.results_unchecked == 0
+        assert [s["from_round"] for s in load(d / TRANSCRIPT)["sessions"]] == [0, 10]

@@ -9,8 +9,9 @@ version. Server step t (the training loop's round t, which publishes θₜ as ve
 1. every update that arrives — from *any* worker: the server waits on the next arrival, never on a particular
    worker — is checked before it is used (:meth:`Buffer.offer`): a version newer than t, or older than t − S
    (S = ``max_staleness``: **dropped, counted and recorded, never aggregated**), a second update of one worker for
-   one version, a payload that is not one row of the model's length, a non-finite value, a rank that is not a
-   worker — each dropped and recorded (bounded: a count per reason and rank, :data:`REASONS`);
+   one version, an older version of a worker than one it already delivered (superseded), a payload that is not
+   one row of the model's length, a non-finite value, a rank that is not a worker — each dropped and recorded
+   (bounded: a count per reason and rank, :data:`REASONS`);
 2. before it waits, the server takes every update already there; the step holds at most one update per worker —
    its newest version, an older one is dropped as superseded (counted) — as on the simulated clock, where a worker
    delivers at most one update per step. Without this the workers, each of which sends one update per version,
@@ -33,8 +34,10 @@ whichever worker arrives next. A ticket drawn by a worker that died before writi
 ``round_timeout``. With keys the sealed links (:class:`SealedArrivals`, :mod:`phalanx.distributed.sealed`): every
 update is signed for (run, version, rank), one per worker per version (a second one is a violation of the link; its
 eighth closes it), held for the last S + 1 versions only, so the server's memory is bounded by (S + 2)·(n − 1) rows
-whatever a worker sends. torch.distributed's collectives and gloo point-to-point are not used: a collective waits for
-every rank, and a gloo receive that times out on a silent peer leaves the pair unusable (docs/distributed.md).
+whatever a worker sends; rank 0's transcript then records every step's signed updates, rows and result
+(:mod:`phalanx.distributed.async_transcript`: ``phalanx audit`` recomputes them). torch.distributed's collectives
+and gloo point-to-point are not used: a collective waits for every rank, and a gloo receive that times out on a
+silent peer leaves the pair unusable (docs/distributed.md).
 """
 
 from __future__ import annotations
