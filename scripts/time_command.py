@@ -1,6 +1,6 @@
 """Time one command the way the docs quote a time: wall clock, the machine's load while it ran, CPU time, peak memory.
 
-    .venv/bin/python scripts/time_command.py [--label TEXT] -- COMMAND [ARGS ...]
+    .venv/bin/python scripts/time_command.py [--label TEXT] [--append FILE] -- COMMAND [ARGS ...]
 
 Prints one line a doc's time table can take as it is, e.g.::
 
@@ -101,6 +101,8 @@ def line(t: Timing) -> str:
 def main(args: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--label", help="what to call the command in the line (default: the command itself)")
+    parser.add_argument("--append", metavar="FILE", help="also append the line to FILE (the command's own output "
+                        "goes to the terminal, so a log of many timings keeps only the timings)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS ...]")
     ns = parser.parse_args(args)
     argv = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
@@ -109,6 +111,9 @@ def main(args: list[str] | None = None) -> int:
     timing = time_command(argv, ns.label)
     print(line(timing), flush=True)
     print(json.dumps(asdict(timing)), flush=True)
+    if ns.append:
+        with open(ns.append, "a", encoding="utf-8") as log:
+            log.write(line(timing) + "\n")
     return timing.returncode
 
 

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from phalanx import __version__
+from phalanx.cli import audit as audit_command
 from phalanx.cli.output import Tabular
 from phalanx.distributed import cli as distributed_cli
 
@@ -46,7 +47,7 @@ _STDERR = Console(stderr=True, width=None if Console(stderr=True).is_terminal el
 """Where a command's progress and notes go when ``--format`` asks for its tables alone on stdout."""
 app.command("launch")(distributed_cli.launch)
 app.add_typer(distributed_cli.keys_app, name="keys")
-app.command("audit")(distributed_cli.audit)
+app.command("audit")(audit_command.audit)
 
 
 def _fmt(v: float | None, digits: int = 3) -> str:
