@@ -13,7 +13,7 @@ import pytest
 
 from phalanx import data, models
 from phalanx.errors import ConfigError
-from phalanx.experiments import build, components, from_config, make_config, validrun
+from phalanx.experiments import build, components, from_config, make_config, specs, validrun
 from phalanx.experiments.config import validate
 from phalanx.experiments.grid import run_id
 from phalanx.experiments.runner import run_grid
@@ -204,7 +204,8 @@ def test_a_config_made_directly_is_validated_where_it_runs(tmp_path: Path, monke
         train_module.train(cfg)
 
     def unvalidated(c: RunConfig) -> validrun.ValidRun:
-        return validrun.ValidRun(c, run_id(c), components.build(c), validrun.config_columns(c), build.processes(c))
+        return validrun.ValidRun(c, run_id(c), components.build(c), validrun.config_columns(c), build.processes(c),
+                                 specs.read(c))
 
     monkeypatch.setattr(train_module, "validate", unvalidated)
     assert train_module.train(cfg)  # the mutant trains a config nothing checked

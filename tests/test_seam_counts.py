@@ -13,14 +13,16 @@ wraps the config) counts as a stop, so the value cannot hide the config's path f
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
 import phalanx
 from _scripts import load_script
-from phalanx.experiments import validrun
+from phalanx.experiments import specs, validrun
 from phalanx.experiments.config import validate
 from phalanx.experiments.schema import RunConfig
+from phalanx.training.algorithms.dsgd import DSGD
 
 seams = load_script("scripts/seam_counts.py", "seam_counts")
 SRC = Path(phalanx.__file__).resolve().parent
@@ -73,3 +75,70 @@ def test_a_function_called_with_the_validated_run_alone_is_a_stop(monkeypatch: p
 def test_climbs_are_stops_no_deeper_than_the_one_before() -> None:
     counter = seams
     assert counter.climbs_of([("a", 3), ("b", 4), ("c", 4), ("d", 2), ("e", 5)]) == 2
+
+
+PATH_STOPS, PATH_CLIMBS = 5, 1
+"""The config's path from ``phalanx run`` to the built algorithm, rule and transport, as measured on this tree
+(``PYTHONPATH=src python scripts/seam_counts.py``): issue 39's target is at most 20 stops and 3 climbs; the bound
+pinned is the measured one, so that a function that takes the config again fails here."""
+
+MUTANT = '''
+def from_config(run, dataset=None, *, local_rank=None):
+    resolve_device(run.cfg, local_rank)  # the mutant: a builder that takes the config again
+    return built(run, dataset, local_rank=local_rank)
+'''
+
+
+def test_the_run_path_is_one_descent() -> None:
+    """``phalanx run``'s config: read once (:func:`phalanx.experiments.specs.read`, the flat keys by the legacy
+    adapter) during validation, then handed as the validated run from ``train`` down to its components — the data
+    set, the split, the model, the device and the tracking take their concern's value."""
+    path = seams.stops()
+    names = [name for name, _ in path]
+    assert names == ["phalanx.experiments.specs.read", "phalanx.experiments.legacy.read",
+                     "phalanx.experiments.train.train", "phalanx.experiments.build.from_config",
+                     "phalanx.experiments.validrun.components"]
+    assert len(path) <= PATH_STOPS <= 20 and seams.climbs_of(path) <= PATH_CLIMBS <= 3
+
+
+def test_a_builder_that_takes_the_config_again_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant experiment builder that resolves the device from the config again (as ``resolve_device(cfg)`` did)
+    adds a stop the pinned bound refuses."""
+    import importlib
+
+    from phalanx.experiments import build
+
+    train_module = importlib.import_module("phalanx.experiments.train")
+    scope = {"__name__": "phalanx.experiments.build", "resolve_device": build.resolve_device,
+             "built": build.from_config}
+    exec(compile(MUTANT, "mutant", "exec"), scope)
+    monkeypatch.setattr(train_module, "from_config", scope["from_config"])
+    path = seams.stops()
+    assert "phalanx.experiments.build.resolve_device" in [name for name, _ in path]
+    assert len(path) > PATH_STOPS
+
+
+class LegacyHooks(DSGD):
+    """A round algorithm of one's own written for the hooks that took the run config: its check reads a key that the
+    algorithm's section (:class:`~phalanx.experiments.specs.AlgorithmSpec`) does not have."""
+
+    seeds: ClassVar[list[int]] = []
+
+    def check_config(self, cfg: Any, rule: Any, attack: Any) -> None:
+        LegacyHooks.seeds.append(cfg.seed)
+        super().check_config(cfg, rule, attack)
+
+
+def test_a_plug_ins_own_hooks_still_receive_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plug-in interface is kept: a class of one's own that overrides a hook outside Phalanx receives the config,
+    with a DeprecationWarning; a built-in algorithm's hooks receive its section. The mutant adapter that always
+    passes the section breaks the plug-in (its hook reads a key the section lacks)."""
+    plug_in = {**SMALL, "algorithm": "tests.test_seam_counts:LegacyHooks", "seed": 7}
+    with pytest.warns(DeprecationWarning, match=r"LegacyHooks\.check_config overrides a hook"):
+        run = validate(plug_in)
+    built = type(run.parts.algorithm)  # the class the spec names (its module imported by that name)
+    assert run.specs.legacy_hooks and built.__name__ == "LegacyHooks" and built.seeds[-1] == 7
+    assert not validate(SMALL).specs.legacy_hooks
+    monkeypatch.setattr(specs, "needs_config", lambda cls: False)
+    with pytest.raises(AttributeError, match="seed"):
+        validate(plug_in)

@@ -300,7 +300,7 @@ def _devices(runs: list[ValidRun], executor: ExecutorChoice | None) -> str:
 
     if executor is not None and executor.executor == "slurm":
         return "device " + ", ".join(sorted({r.cfg.device for r in runs})) + " (resolved on the Slurm nodes)"
-    return ", ".join(sorted({devices.label(resolve_device(r.cfg)) for r in runs}))
+    return ", ".join(sorted({devices.label(resolve_device(r.specs.device)) for r in runs}))
 
 
 def _split_slurm(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:

@@ -79,10 +79,10 @@ def run_rank(run: ValidRun, out: Path | None) -> None:
     """
     renv = RankEnv.from_environ()
     cfg = run.cfg
-    if renv.world_size != processes(cfg):
-        what = "workers" if processes(cfg) == cfg.workers else "clients_per_round"  # the key that sets the number
+    if renv.world_size != run.processes:  # as validating the run counted them
+        what = "workers" if run.processes == cfg.workers else "clients_per_round"  # the key that sets the number
         raise ConfigError(
-            "WORLD_SIZE", renv.world_size, f"{what} = {processes(cfg)} (one process per worker, or per client slot "
+            "WORLD_SIZE", renv.world_size, f"{what} = {run.processes} (one process per worker, or per client slot "
             "of a federated round; rank 0 is also the server)", f"launch as many processes, or --set {what}=N",
         )
     topology = topologies.check(cfg)  # registered, and one that runs the config's algorithm

@@ -19,34 +19,36 @@ from phalanx.attacks.base import DataAttack
 from phalanx.data.population import Population
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.experiments import validrun
-from phalanx.experiments.components import processes
+from phalanx.experiments.components import processes  # noqa: F401 - the process count of a config, as before
 from phalanx.experiments.schema import RunConfig
+from phalanx.experiments.specs import DataSpec, DeviceSpec, ModelSpec, read
 from phalanx.experiments.validrun import ValidRun
 from phalanx.training import adapters, devices, losses
 from phalanx.training.experiment import Experiment
 from phalanx.training.streams import generator, stream_seed
 
 
-def resolve_device(cfg: RunConfig, local_rank: int | None = None) -> torch.device:
+def resolve_device(cfg: DeviceSpec | RunConfig, local_rank: int | None = None) -> torch.device:
     """The device a run of ``cfg`` computes on, here: ``device`` resolved once
     (:func:`phalanx.training.devices.resolve`; a :class:`ConfigError` naming ``device`` when this machine lacks it).
     ``"auto"`` picks CUDA when available and the run can use it (:func:`~phalanx.experiments.config.check_device`),
     else the CPU; on the torchrun engine ``"cuda"`` is the rank's ``cuda:LOCAL_RANK`` (``local_rank``), the device
-    its NCCL all-gathers use."""
-    on_device = cfg.algorithm_class.runs_on_device
+    its NCCL all-gathers use. ``cfg``: the run's :class:`~phalanx.experiments.specs.DeviceSpec` (a RunConfig is read
+    into it)."""
+    if isinstance(cfg, RunConfig):
+        cfg = read(cfg).device
+    on_device = cfg.on_device
     if cfg.device == "auto" and (not on_device or (cfg.engine == "torchrun" and cfg.topology != "serverless")):
         return devices.CPU
     return devices.resolve(cfg.device, local_rank=local_rank if cfg.engine == "torchrun" else None)
 
 
-def load_data(cfg: RunConfig) -> data.Dataset | Population:
-    """The config's data set: its loader with the config's root, download flag and ``dataset_params``."""
-    return data.load(cfg.dataset, root=cfg.data_root, download=cfg.download, params=cfg.dataset_params)
-
-
-def _frozen(params: dict[str, Any]) -> str:
-    """A table of parameters as a key of a dict or a set (equal tables, equal keys)."""
-    return json.dumps(params, sort_keys=True, default=repr)
+def load_data(spec: DataSpec | RunConfig) -> data.Dataset | Population:
+    """The config's data set: its loader with the config's root, download flag and ``dataset_params`` (``spec``:
+    the run's :class:`~phalanx.experiments.specs.DataSpec`; a RunConfig is read into it)."""
+    if isinstance(spec, RunConfig):
+        spec = read(spec).data
+    return data.load(spec.name, root=spec.root, download=spec.download, params=spec.params)
 
 
 def from_config(
@@ -60,14 +62,14 @@ def from_config(
         from phalanx.experiments.config import validate  # config imports this module: validating is its job
 
         run = validate(run)
-    cfg = run.cfg
-    device = resolve_device(cfg, local_rank)
-    ds = dataset if dataset is not None else load_data(cfg)
+    cfg, specs = run.cfg, run.specs
+    device = resolve_device(specs.device, local_rank)
+    ds = dataset if dataset is not None else load_data(specs.data)
     parts = validrun.components(run)  # the objects validating it built, else (a second run) its own
     checked = parts.built_on is ds  # the one-run grid's check split the data and built the model on ds already
-    shards = parts.shards if checked and parts.shards is not None else _split(cfg, ds)
-    model = parts.model if checked and parts.model is not None else _model(cfg, ds)
-    spec, cls = cfg.aggregator, cfg.algorithm_class
+    shards = parts.shards if checked and parts.shards is not None else _split(specs.data, ds)
+    model = parts.model if checked and parts.model is not None else _model(specs.model, ds)
+    spec, cls = specs.algorithm.aggregator, specs.algorithm.cls
     return Experiment(
         model=model, loss=losses.get(cfg.loss), dataset=ds, rule=adapters.rule_for(parts.rule, model),
         workers=cfg.workers, byzantine=cfg.byzantine, attack=parts.attack, rounds=cfg.rounds, algorithm=parts.algorithm,
@@ -77,13 +79,14 @@ def from_config(
     )
 
 
-def _split(cfg: RunConfig, ds: data.Dataset | Population) -> list[torch.Tensor] | None:
-    """The workers' shards of ``ds`` as ``cfg`` splits it (drawn from the ``partition`` stream). ``natural``: each
-    worker is one of the data set's users (all of them, or ``workers`` drawn from the stream); a data set without
-    user ids is a ConfigError naming ``partition``. A client population: None (no shards: each client's data are its
-    own), its size checked against ``workers``, and a split other than the default refused."""
+def _split(cfg: DataSpec, ds: data.Dataset | Population) -> list[torch.Tensor] | None:
+    """The workers' shards of ``ds`` as ``cfg`` (the run's :class:`~phalanx.experiments.specs.DataSpec`) splits it
+    (drawn from the ``partition`` stream). ``natural``: each worker is one of the data set's users (all of them, or
+    ``workers`` drawn from the stream); a data set without user ids is a ConfigError naming ``partition``. A client
+    population: None (no shards: each client's data are its own), its size checked against ``workers``, and a split
+    other than the default refused."""
     if isinstance(ds, Population):
-        if not cfg.algorithm_class.samples_population:
+        if not cfg.samples_population:
             raise ConfigError("algorithm", cfg.algorithm, f"one that samples a few clients a round and keeps nothing "
                               f"per client ('fedavg') with the population {ds.name!r}")
         if cfg.partition != "iid":
@@ -94,7 +97,7 @@ def _split(cfg: RunConfig, ds: data.Dataset | Population) -> list[torch.Tensor] 
     seed = stream_seed(cfg.seed, "partition") % (2**31)
     if cfg.partition == "natural":
         if not ds.has_users:
-            raise ConfigError("partition", "natural", f"iid, dirichlet or pathological for dataset {cfg.dataset!r}: "
+            raise ConfigError("partition", "natural", f"iid, dirichlet or pathological for dataset {cfg.name!r}: "
                               "'natural' needs a data set whose samples carry writer/speaker ids (femnist, "
                               "shakespeare, sent140, or data.from_hf(..., user=...))")
         return data.partition(ds.train_y, cfg.workers, "natural", seed=seed, users=ds.train_users)
@@ -109,34 +112,37 @@ working copies). Measured: 46–56 bytes per parameter and worker (DSGD, cwtm, t
 digits, 10 and 40 workers: peak resident memory), so this bound refuses no run that would fit."""
 
 
-def check_model_memory(cfg: RunConfig, ds: data.Dataset | Population) -> None:
+def check_model_memory(cfg: ModelSpec | RunConfig, ds: data.Dataset | Population) -> None:
     """Refuse (one line, before the model is built) a run whose model, times the rows its workers hold each round
     (:data:`ROW_BYTES_PER_PARAMETER` × the run's processes, plus the model itself), cannot fit in the memory this
-    process can still get; counted on the ``meta`` device (:func:`phalanx.models.planned_parameters`)."""
-    d = models.planned_parameters(cfg.model, ds.input_shape, ds.num_classes, **cfg.model_params)
+    process can still get; counted on the ``meta`` device (:func:`phalanx.models.planned_parameters`). ``cfg``: the
+    run's :class:`~phalanx.experiments.specs.ModelSpec` (a RunConfig is read into it)."""
+    if isinstance(cfg, RunConfig):
+        cfg = read(cfg).model
+    d = models.planned_parameters(cfg.name, ds.input_shape, ds.num_classes, **cfg.params)
     avail = available_memory()
     if d is None or avail is None:
         return
-    rows = processes(cfg) + 1
+    rows = cfg.processes + 1
     need = ROW_BYTES_PER_PARAMETER * d * rows
     if need > MEMORY_SHARE * avail:
         raise ConfigError(
-            "model_params", cfg.model_params, f"a model that fits with {cfg.workers} workers: {cfg.model!r} with "
+            "model_params", cfg.params, f"a model that fits with {cfg.workers} workers: {cfg.name!r} with "
             f"these parameters has {d:,} parameters, and {rows - 1} workers' rows need at least ~{need / 1e9:.1f} GB; "
             f"{avail / 1e9:.1f} GB are available", "a smaller model, or fewer workers",
         )
 
 
-def _model(cfg: RunConfig, ds: data.Dataset | Population) -> torch.nn.Module:
-    """The initial model of ``cfg`` on ``ds``'s inputs (drawn from the ``init`` stream), once its memory is checked
-    (:func:`check_model_memory`)."""
+def _model(cfg: ModelSpec, ds: data.Dataset | Population) -> torch.nn.Module:
+    """The initial model of ``cfg`` (the run's :class:`~phalanx.experiments.specs.ModelSpec`) on ``ds``'s inputs
+    (drawn from the ``init`` stream), once its memory is checked (:func:`check_model_memory`)."""
     check_model_memory(cfg, ds)
-    return models.make(cfg.model, ds.input_shape, ds.num_classes, generator=generator(cfg.seed, "init"),
-                       **cfg.model_params)
+    return models.make(cfg.name, ds.input_shape, ds.num_classes, generator=generator(cfg.seed, "init"),
+                       **cfg.params)
 
 
 def check_points(
-    runs: Sequence[ValidRun | RunConfig], load: Callable[[RunConfig], data.Dataset | Population] | None = None, *,
+    runs: Sequence[ValidRun | RunConfig], load: Callable[[DataSpec], data.Dataset | Population] | None = None, *,
     here: bool = True,
 ) -> None:
     """What validating each config alone cannot see, checked for every point of a grid before the first run starts:
@@ -147,34 +153,35 @@ def check_points(
     ``here`` (the runs train on this machine; not for a Slurm array, whose nodes may have GPUs that this login node
     lacks), its ``device`` exists here (:func:`resolve_device`).
 
-    ``load`` gives a config's data set (default :func:`phalanx.data.load`; a sweep passes its per-process cache).
+    ``load`` gives a config's data set from its :class:`~phalanx.experiments.specs.DataSpec` (default
+    :func:`load_data`; a sweep passes its per-process cache).
     A failure is a :class:`ConfigError` that says which point of the grid it is.
     """
     load = load or load_data
     splits: set[tuple[Any, ...]] = set()
     nets: set[tuple[Any, ...]] = set()
     cfgs = [r.cfg if isinstance(r, ValidRun) else r for r in runs]
-    for i, cfg in enumerate(cfgs):
+    read_runs = [r.specs if isinstance(r, ValidRun) else read(r) for r in runs]  # each run's values, read once
+    for i, (cfg, specs) in enumerate(zip(cfgs, read_runs)):
         try:
             if here:
-                resolve_device(cfg)
-            ds = load(cfg)
-            split = (cfg.dataset, _frozen(cfg.dataset_params), cfg.data_root, cfg.workers, cfg.partition, cfg.alpha,
-                     cfg.classes_per_worker, cfg.seed)
+                resolve_device(specs.device)
+            ds = load(specs.data)
+            split = specs.data.split_key()
             one = runs[0] if len(runs) == 1 else None  # one run: it trains what is checked here
             parts = one.parts if isinstance(one, ValidRun) and not one._taken else None
             if split not in splits:
-                shards = _split(cfg, ds)
+                shards = _split(specs.data, ds)
                 splits.add(split)
                 if parts is not None:
                     parts.shards, parts.built_on = shards, ds
-            attack = parts.attack if parts is not None else cfg.algorithm_class.make_attack(cfg.attack,
-                                                                                              cfg.attack_params)
+            spec = specs.algorithm
+            attack = parts.attack if parts is not None else spec.cls.make_attack(spec.attack, spec.attack_params)
             if isinstance(attack, DataAttack):  # a trigger larger than the image, a class not there
                 attack.prepare(ds.train_x, ds.train_y, ds.num_classes)
-            net = (cfg.model, json.dumps(cfg.model_params, sort_keys=True), ds.input_shape, ds.num_classes)
+            net = (specs.model.name, json.dumps(specs.model.params, sort_keys=True), ds.input_shape, ds.num_classes)
             if net not in nets:
-                model = _model(cfg, ds)
+                model = _model(specs.model, ds)
                 nets.add(net)
                 if parts is not None:
                     parts.model, parts.built_on = model, ds
@@ -194,13 +201,18 @@ def check_points(
             ) from None
 
 
-def check_engine(cfg: RunConfig) -> None:
-    """Refuse a config of another engine: ``train`` runs every worker in this process (the simulated engine)."""
+def check_engine(cfg: DeviceSpec | RunConfig, count: int | None = None) -> None:
+    """Refuse a config of another engine: ``train`` runs every worker in this process (the simulated engine).
+    ``cfg``: the run's :class:`~phalanx.experiments.specs.DeviceSpec` with its process ``count`` (a RunConfig is
+    read into both)."""
+    if isinstance(cfg, RunConfig):
+        read_run = read(cfg)
+        cfg, count = read_run.device, read_run.shape.processes
     if cfg.engine != "simulated":
         raise ConfigError(
             "engine", cfg.engine, "'simulated' in `phalanx run` / `phalanx sweep` / train()",
             "a torchrun run has one process per worker (per client slot in federated rounds): start it with "
-            f"`phalanx launch CONFIG` or `torchrun --nproc-per-node {processes(cfg)} -m phalanx.distributed.worker "
+            f"`phalanx launch CONFIG` or `torchrun --nproc-per-node {count} -m phalanx.distributed.worker "
             "CONFIG` "
             "(docs/distributed.md)",
         )

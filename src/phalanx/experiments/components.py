@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -29,6 +30,7 @@ from phalanx.aggregators.base import Aggregator
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.experiments import legacy
 from phalanx.experiments.schema import RunConfig
+from phalanx.experiments.specs import RunShape, Specs, read
 from phalanx.training import optim
 from phalanx.training.algorithms import builtin
 from phalanx.training.algorithms.base import RoundAlgorithm, check_honest
@@ -63,13 +65,13 @@ class Components:
     """The data set object that ``shards`` and ``model`` were built on (the run uses them only on that one)."""
 
 
-def plan(cfg: RunConfig, algorithm: RoundAlgorithm, rule: Aggregator, attack: Attack | DataAttack,
+def plan(shape: RunShape, algorithm: RoundAlgorithm, rule: Aggregator, attack: Attack | DataAttack,
          server_lr: Callable[[int], float]) -> Plan:
-    """What the stages' configuration and checks read of the run ``cfg`` describes, before anything large is
+    """What the stages' configuration and checks read of the run whose shape is ``shape``, before anything large is
     built."""
-    norm = cfg.model_params.get("norm")
+    norm = shape.norm
     kind = NORMS.get(norm) if isinstance(norm, str) else None
-    return Plan(algorithm, rule, attack, cfg.workers, cfg.byzantine, cfg.rounds, server_lr, cfg.lr, kind,
+    return Plan(algorithm, rule, attack, shape.workers, shape.byzantine, shape.rounds, server_lr, shape.lr, kind,
                 "model_params.norm", norm)
 
 
@@ -78,27 +80,35 @@ def projections() -> list[str]:
     return [n for n in registry.names() if issubclass(registry.get(n), ServerProjection)]
 
 
-def build(cfg: RunConfig) -> Components:
-    """The components of ``cfg``, each checked as it is built (a one-line :class:`ConfigError` naming its key), and
-    what ties them (:meth:`~phalanx.training.algorithms.base.RoundAlgorithm.check_config`)."""
-    check_honest(cfg.workers, cfg.byzantine)
-    cls = cfg.algorithm_class
-    rule = cls.make_rule(cfg.aggregator, cfg.f)
-    configure = cls.from_config if cfg.algorithm in builtin.BUILT_IN else cls.from_params  # keys | algorithm_params
-    algorithm, server_lr = configure(cfg, LRSchedule(cfg.lr, cfg.schedule, cfg.rounds, cfg.step_every))
-    attack = cls.make_attack(cfg.attack, cfg.attack_params)
-    algorithm.check_config(cfg, rule, attack)
-    run = plan(cfg, algorithm, rule, attack, server_lr)
-    name, section, name_of = legacy.optimizer(cfg, cls.decentralized)
+def build(specs: Specs | RunConfig, cfg: RunConfig | None = None) -> Components:
+    """The components of a config read into ``specs`` (:func:`phalanx.experiments.specs.read`; a RunConfig is read
+    here), each checked as it is built (a one-line :class:`ConfigError` naming its key), and what ties them
+    (:meth:`~phalanx.training.algorithms.base.RoundAlgorithm.check_config`). The algorithm's hooks receive its
+    section (:class:`~phalanx.experiments.specs.AlgorithmSpec`), or ``cfg`` itself for a class of one's own whose
+    hooks predate the sections (:attr:`Specs.legacy_hooks`: the caller passes it then)."""
+    if isinstance(specs, RunConfig):
+        cfg = specs
+        specs = read(cfg)
+    spec = specs.algorithm
+    view: Any = cfg if specs.legacy_hooks and cfg is not None else spec  # what the algorithm's hooks receive
+    check_honest(spec.workers, spec.byzantine)
+    cls = spec.cls
+    rule = cls.make_rule(spec.aggregator, spec.f)
+    configure = cls.from_config if spec.algorithm in builtin.BUILT_IN else cls.from_params  # keys | algorithm_params
+    algorithm, server_lr = configure(view, LRSchedule(spec.lr, spec.schedule, spec.rounds, spec.step_every))
+    attack = cls.make_attack(spec.attack, spec.attack_params)
+    algorithm.check_config(view, rule, attack)
+    run = plan(specs.shape, algorithm, rule, attack, server_lr)
+    name, section, name_of = legacy.optimizer(specs.flat, cls.decentralized)
     optimizer = optim.build(name, section, run, name_of)
     stages = tuple(registry.build(registry.get(s.name, s.key), s.params, run, s.key, s.name_of)
-                   for s in legacy.stage_sections(cfg, projections))
+                   for s in legacy.stage_sections(specs.flat, projections))
     return Components(algorithm, server_lr, rule, attack, optimizer, stages)
 
 
 def processes(cfg: RunConfig) -> int:
     """How many processes a torchrun run of ``cfg`` has, as its algorithm says
     (:meth:`~phalanx.training.algorithms.base.RoundAlgorithm.processes`: one per worker, or per client slot of a
-    federated round — rank 0 is also the server)."""
-    return cfg.algorithm_class.processes(cfg)
+    federated round — rank 0 is also the server): :attr:`phalanx.experiments.specs.RunShape.processes`."""
+    return read(cfg).shape.processes
 

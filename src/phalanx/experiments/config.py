@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from phalanx import data, hub, models, signing
 from phalanx.errors import ConfigError
-from phalanx.experiments import components, legacy, tracking
+from phalanx.experiments import components, legacy, specs, tracking
 from phalanx.experiments.components import processes
 from phalanx.experiments.schema import (
     DISTRIBUTED_KEYS,
@@ -32,7 +32,8 @@ from phalanx.experiments.schema import (
     RunConfig,
     Schedule,
 )
-from phalanx.experiments.validrun import ValidRun, config_columns, run_id
+from phalanx.experiments.specs import DataSpec, DeviceSpec, ModelSpec, Specs
+from phalanx.experiments.validrun import ValidRun, name_of
 from phalanx.plugins import accepted_params, check_params, is_spec
 from phalanx.training import adapters, devices, losses
 from phalanx.training.algorithms import builtin
@@ -172,12 +173,15 @@ def validate(data: dict[str, Any] | RunConfig) -> ValidRun:
             cfg = RunConfig(**data)
         except ValidationError as exc:
             raise _friendly(exc) from None
-    check_relations(cfg)
-    parts = check_names(cfg)
+    check_rows(cfg.rounds, cfg.eval_every)
+    run = specs.read(cfg)  # the one reading of the config: every check and builder below takes its concern's value
+    check_relations(run)
+    parts = components.build(run, cfg if run.legacy_hooks else None)
+    check_names(run.data, run.model)
     check_keys(cfg.sign_key, cfg.verify_key)
-    check_device(cfg)
-    tracking.check(cfg.tracking, cfg.tracking_params)
-    return ValidRun(cfg, run_id(cfg), parts, config_columns(cfg), processes(cfg))
+    check_device(run.device)
+    tracking.check(*run.tracking)
+    return ValidRun(cfg, name_of(cfg.identity()), parts, run.columns, run.shape.processes, run)
 
 
 def make_config(data: dict[str, Any]) -> RunConfig:
@@ -202,54 +206,69 @@ def _able(capability: str) -> str:
     return " or ".join(repr(n) for n, c in builtin.BUILT_IN.items() if getattr(c, capability))
 
 
-def check_relations(cfg: RunConfig) -> None:
-    """The rules that tie keys together, as the algorithm's class declares them: a bounded number of metric rows,
-    another algorithm's keys at their defaults, a normalisation the algorithm can train, a torchrun topology it
-    runs on, NCCL only without a server. (At least one honest worker, f against the population the rule sees, and
-    the rule's requirement are written once: :func:`~phalanx.training.algorithms.base.check_honest`,
-    ``check_population``.)"""
-    if -(-cfg.rounds // cfg.eval_every) + 1 > MAX_ROWS:  # round 0, every eval_every-th and the last
-        most = (MAX_ROWS - 1) * cfg.eval_every
-        raise ConfigError("rounds", cfg.rounds, f"<= {most:,} with eval_every = {cfg.eval_every} (at most "
+def check_rows(rounds: int, eval_every: int) -> None:
+    """A bounded number of metric rows: round 0, every ``eval_every``-th and the last, at most :data:`MAX_ROWS`."""
+    if -(-rounds // eval_every) + 1 > MAX_ROWS:  # round 0, every eval_every-th and the last
+        most = (MAX_ROWS - 1) * eval_every
+        raise ConfigError("rounds", rounds, f"<= {most:,} with eval_every = {eval_every} (at most "
                           f"{MAX_ROWS:,} metric rows a run: they are kept in memory and rewritten at every "
                           "checkpoint)", "raise eval_every, or run fewer rounds")
-    cls: type[RoundAlgorithm] = cfg.algorithm_class
+
+
+def check_relations(run: Specs | RunConfig) -> None:
+    """The rules that tie keys together, as the algorithm's class declares them: a bounded number of metric rows
+    (:func:`check_rows`), another algorithm's keys at their defaults, a normalisation the algorithm can train, a
+    torchrun topology it runs on, NCCL only without a server — on the config read into its values
+    (:func:`phalanx.experiments.specs.read`; a RunConfig is read here). (At least one honest worker, f against the
+    population the rule sees, and the rule's requirement are written once:
+    :func:`~phalanx.training.algorithms.base.check_honest`, ``check_population``.)"""
+    if isinstance(run, RunConfig):
+        check_rows(run.rounds, run.eval_every)
+        run = specs.read(run)
+    shape, spec, model, device = run.shape, run.algorithm, run.model, run.device
+    check_rows(shape.rounds, shape.eval_every)
+    cls: type[RoundAlgorithm] = spec.cls
     defaults = RunConfig.model_fields
     for key in ALGORITHM_KEYS:  # another algorithm's own keys keep their defaults
         owners = builtin.readers(key)
-        if cfg.algorithm in owners:
+        if spec.algorithm in owners:
             continue
-        if getattr(cfg, key) != defaults[key].get_default(call_default_factory=True):
+        if spec.own[key] != defaults[key].get_default(call_default_factory=True):
             readers = " or ".join(repr(o) for o in owners)
-            raise ConfigError(key, getattr(cfg, key), f"its default with algorithm = {cfg.algorithm!r} (it is "
+            raise ConfigError(key, spec.own[key], f"its default with algorithm = {spec.algorithm!r} (it is "
                               f"read by algorithm = {readers} only)")
-    norm = cfg.model_params.get("norm")
-    if norm != "fedbn" and cfg.eval_clients != defaults["eval_clients"].get_default():
-        raise ConfigError("eval_clients", cfg.eval_clients, "its default (100) unless model_params.norm = 'fedbn' (it "
-                          "picks the clients whose own models a FedBN run evaluates)")
+    norm = model.norm
+    if norm != "fedbn" and shape.eval_clients != defaults["eval_clients"].get_default():
+        raise ConfigError("eval_clients", shape.eval_clients, "its default (100) unless model_params.norm = 'fedbn' "
+                          "(it picks the clients whose own models a FedBN run evaluates)")
     needs = _FEDERATED_NORMS.get(norm) if isinstance(norm, str) else None
     if needs is not None:  # (why the norm needs federated rounds, what it keeps in one process, who can)
         capability = "keeps_local_norms" if norm == "fedbn" else "pools_norm_stats"
         if not getattr(cls, capability):
-            raise ConfigError("model_params.norm", norm, f"'group' or 'none' with algorithm = {cfg.algorithm!r} "
+            raise ConfigError("model_params.norm", norm, f"'group' or 'none' with algorithm = {spec.algorithm!r} "
                               f"({needs[0]}: algorithm = {_able(capability)})")
-        if cfg.engine == "torchrun":
+        if device.engine == "torchrun":
             raise ConfigError("model_params.norm", norm, "'group' or 'none' with engine = 'torchrun' "
                               f"({needs[1]} in one process so far: engine = 'simulated')")
-    if hub.is_hf(cfg.model):  # LoRA adapters: the server step that aggregation 'update' needs
-        optimizer, section, _ = legacy.optimizer(cfg, cls.decentralized)
-        adapters.check_step(cfg.model_params.get("aggregation", "factors"), cfg.algorithm, optimizer,
-                            cfg.server_lr, section.get("momentum", 0.0))
-    check_topology(cfg, cls)
-    if cfg.keys is not None and cfg.engine == "torchrun" and cfg.backend == "nccl":
+    if hub.is_hf(model.name):  # LoRA adapters: the server step that aggregation 'update' needs
+        optimizer, section, _ = legacy.optimizer(run.flat, cls.decentralized)
+        adapters.check_step(model.params.get("aggregation", "factors"), spec.algorithm, optimizer,
+                            spec.own["server_lr"], section.get("momentum", 0.0))
+    check_topology(device, cls)
+    check_transport(device)
+
+
+def check_transport(device: DeviceSpec) -> None:
+    """A sealed mesh carries its rows over TLS from the CPU (not NCCL), and NCCL needs the serverless topology."""
+    if device.keys and device.engine == "torchrun" and device.backend == "nccl":
         raise ConfigError(
-            "backend", cfg.backend, "'auto' or 'gloo' with keys (the sealed mesh carries the rows over TLS from the "
+            "backend", device.backend, "'auto' or 'gloo' with keys (the sealed mesh carries the rows over TLS from the "
             "CPU, not through NCCL; docs/security.md)",
         )
-    if cfg.backend == "nccl" and cfg.topology != "serverless":
+    if device.backend == "nccl" and device.topology != "serverless":
         raise ConfigError(
-            "backend", cfg.backend, f"'auto' or 'gloo' with topology = {cfg.topology!r} (its vectors go through the "
-            "c10d TCPStore, which survives missing workers, or gloo links between graph neighbours; NCCL needs "
+            "backend", device.backend, f"'auto' or 'gloo' with topology = {device.topology!r} (its vectors go through "
+            "the c10d TCPStore, which survives missing workers, or gloo links between graph neighbours; NCCL needs "
             "topology = 'serverless'; docs/distributed.md)",
         )
 
@@ -259,7 +278,7 @@ BUILT_IN_TOPOLOGIES = builtin.topologies()
 ``gossip``)."""
 
 
-def check_topology(cfg: RunConfig, cls: type[RoundAlgorithm]) -> None:
+def check_topology(cfg: DeviceSpec | RunConfig, cls: type[RoundAlgorithm]) -> None:
     """``topology``: a known name (built in, registered, an installed ``phalanx.torchrun_topologies`` entry point) or a
     ``module:attr`` spec; on the torchrun engine, a built-in one the algorithm runs on
     (:attr:`~phalanx.training.algorithms.base.RoundAlgorithm.topologies`). Whether a topology of one's own runs the
@@ -275,16 +294,19 @@ def check_topology(cfg: RunConfig, cls: type[RoundAlgorithm]) -> None:
                           f"= {cfg.algorithm!r} (the torchrun topologies its rounds run on; docs/distributed.md)")
 
 
-def check_device(cfg: RunConfig) -> None:
+def check_device(cfg: DeviceSpec | RunConfig) -> None:
     """``device``: a device spec, and one the run can use — a CUDA device for an algorithm that declares its rounds
     run on one (:attr:`~phalanx.training.algorithms.base.RoundAlgorithm.runs_on_device`), and on the torchrun engine
     only in the serverless topology (the server topology's vectors travel through the c10d TCPStore as CPU bytes),
     as ``cuda`` (rank r uses ``cuda:LOCAL_RANK``). Whether this machine has CUDA is checked where the run is built
-    (``phalanx.experiments.build.resolve_device``): a grid is validated on a login node and trains on GPU nodes."""
+    (``phalanx.experiments.build.resolve_device``): a grid is validated on a login node and trains on GPU nodes.
+    ``cfg``: the run's :class:`~phalanx.experiments.specs.DeviceSpec` (a RunConfig is read into it)."""
+    if isinstance(cfg, RunConfig):
+        cfg = specs.read(cfg).device
     spec = devices.check(cfg.device)
     if spec in ("cpu", "auto"):
         return
-    if not cfg.algorithm_class.runs_on_device:
+    if not cfg.on_device:
         raise ConfigError("device", spec, f"'cpu' or 'auto' with algorithm = {cfg.algorithm!r} (its rounds run on "
                           "the CPU so far; 'auto' picks the CPU for it)")
     if cfg.engine == "torchrun" and cfg.topology != "serverless":
@@ -309,25 +331,22 @@ def check_keys(sign_key: str | None, verify_key: str | None) -> None:
             signing.require()
 
 
-def check_names(cfg: RunConfig) -> components.Components:
-    """Build the components the config names — algorithm, aggregator spec, attack, server optimizer, stages
-    (built-in, registered, ``module:attr`` or installed plug-ins) — each checking its parameters, and what ties them
-    (:func:`phalanx.experiments.components.build`); check the data set, model and loss names and the model's
-    parameters. The built components, for the run to take."""
-    parts = components.build(cfg)
+def check_names(dataset: DataSpec, model: ModelSpec) -> None:
+    """The data set, model and loss names (built-in, registered, ``module:attr`` or installed plug-ins) and the
+    data set's and the model's parameters. (The components the config names — algorithm, aggregator spec, attack,
+    server optimizer, stages — check theirs as they are built: :func:`phalanx.experiments.components.build`.)"""
     try:
-        data.check_spec(cfg.dataset, cfg.dataset_params)
+        data.check_spec(dataset.name, dataset.params)
     except ConfigError as exc:
         if exc.parameter.startswith("dataset_params"):
             raise
-        raise ConfigError("dataset", cfg.dataset, exc.allowed, exc.hint) from None
-    build = models.builder(cfg.model)
-    if cfg.model_params.get("norm") == "fedbn" and "norm" not in (accepted_params(build) or ["norm"]):
+        raise ConfigError("dataset", dataset.name, exc.allowed, exc.hint) from None
+    build = models.builder(model.name)
+    if model.norm == "fedbn" and "norm" not in (accepted_params(build) or ["norm"]):
         raise ConfigError("model_params.norm", "fedbn", f"a model with BatchNorm layers ('cnn', 'resnet20'): "
-                          f"{cfg.model!r} has none")
-    check_params(cfg.model, build, cfg.model_params, skip=("input_shape", "num_classes"))
-    losses.get(cfg.loss)
-    return parts
+                          f"{model.name!r} has none")
+    check_params(model.name, build, model.params, skip=("input_shape", "num_classes"))
+    losses.get(model.loss)
 
 
 def parse_value(text: str, key: str | None = None) -> Any:

@@ -88,8 +88,9 @@ def time_rounds(run: ValidRun | RunConfig, rounds: int = PROBE_ROUNDS,
     from phalanx.training import Loop
 
     valid = run if isinstance(run, ValidRun) else validate(run)
-    probe = replace(valid, parts=components.build(valid.cfg), _taken=[])
-    ds = dataset_for(probe.cfg)
+    probe = replace(valid, parts=components.build(valid.specs, valid.cfg if valid.specs.legacy_hooks else None),
+                    _taken=[])
+    ds = dataset_for(probe.specs.data)
     state = np.random.get_state()
     try:
         with torch.random.fork_rng(devices=[]):

@@ -10,16 +10,15 @@ directory holds the whole truth about its run (:mod:`phalanx.experiments.runstat
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from phalanx import data
 from phalanx.errors import PhalanxError
 from phalanx.experiments import build
 from phalanx.experiments.config import RunConfig, ValidRun
+from phalanx.experiments.specs import DataSpec, read
 
 RoundCallback = Callable[[RunConfig, int, int], None]
 DoneCallback = Callable[[RunConfig, str], None]
@@ -123,11 +122,14 @@ def _one_line(err: BaseException | str) -> str:
 _DATASETS: dict[tuple[str, str, str | None], Any] = {}
 
 
-def dataset_for(cfg: RunConfig) -> Any:
-    """The configuration's data set, loaded once per process (the last two kept)."""
-    key = (data.canonical(cfg.dataset), json.dumps(cfg.dataset_params, sort_keys=True, default=repr), cfg.data_root)
+def dataset_for(spec: DataSpec | RunConfig) -> Any:
+    """The configuration's data set, loaded once per process (the last two kept); ``spec``: the run's
+    :class:`~phalanx.experiments.specs.DataSpec` (a RunConfig is read into it)."""
+    if isinstance(spec, RunConfig):
+        spec = read(spec).data
+    key = spec.key()
     if key not in _DATASETS:
         while len(_DATASETS) >= 2:
             _DATASETS.pop(next(iter(_DATASETS)))
-        _DATASETS[key] = build.load_data(cfg)
+        _DATASETS[key] = build.load_data(spec)
     return _DATASETS[key]

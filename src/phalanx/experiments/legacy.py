@@ -20,7 +20,7 @@ from phalanx.experiments.schema import RunConfig
 from phalanx.plugins import accepted_params
 from phalanx.training.algorithms import builtin
 
-__all__ = ["TREE", "Section", "client_keys", "flat_keys", "optimizer", "row_columns", "stage_sections"]
+__all__ = ["TREE", "Flat", "Section", "client_keys", "flat_keys", "optimizer", "read", "row_columns", "stage_sections"]
 
 TREE = "stages"
 """The config key of the stages' own sections: ``[stages.<name>]`` with the stage's parameters."""
@@ -47,6 +47,36 @@ class Section:
     params: dict[str, Any]
     key: str
     name_of: Callable[[str], str]
+
+
+@dataclass(frozen=True)
+class Flat:
+    """The flat keys of earlier releases that turn stages and the server optimizer on, as a run config gives them
+    (:func:`read`), with the run's ``algorithm`` (named in their errors) and its ``[stages.<name>]`` sections."""
+
+    algorithm: str
+    server_projection: str | None
+    server_projection_params: dict[str, Any]
+    dp_noise: float | None
+    dp_clip: float | None
+    dp_delta: float
+    server_optimizer: str
+    server_optimizer_params: dict[str, Any]
+    server_momentum: float
+    server_weight_decay: float
+    stages: dict[str, Any]
+
+
+def read(cfg: RunConfig) -> Flat:
+    """The flat keys of ``cfg`` this module maps onto sections, read once (the checks are where they are mapped:
+    :func:`optimizer`, :func:`stage_sections`)."""
+    return Flat(cfg.algorithm, cfg.server_projection, dict(cfg.server_projection_params), cfg.dp_noise, cfg.dp_clip,
+                cfg.dp_delta, cfg.server_optimizer, dict(cfg.server_optimizer_params), cfg.server_momentum,
+                cfg.server_weight_decay, dict(getattr(cfg, TREE)))
+
+
+def _flat(cfg: Flat | RunConfig) -> Flat:
+    return read(cfg) if isinstance(cfg, RunConfig) else cfg
 
 
 def _default(key: str) -> Any:
@@ -85,10 +115,11 @@ def client_keys(table: dict[str, Any]) -> dict[str, Any]:
     return {**rest, "algorithm_params": {**params, **moved}}
 
 
-def stage_sections(cfg: RunConfig, projections: Callable[[], list[str]]) -> list[Section]:
-    """The stages ``cfg`` turns on, in the order they act: the server projection (``server_projection`` with
-    ``server_projection_params``: one of ``projections()``), client-level differential privacy (``dp_noise``,
-    ``dp_clip``, ``dp_delta``), then every ``[stages.<name>]`` section in the order written."""
+def stage_sections(cfg: Flat | RunConfig, projections: Callable[[], list[str]]) -> list[Section]:
+    """The stages ``cfg`` (its flat keys: :func:`read`) turns on, in the order they act: the server projection
+    (``server_projection`` with ``server_projection_params``: one of ``projections()``), client-level differential
+    privacy (``dp_noise``, ``dp_clip``, ``dp_delta``), then every ``[stages.<name>]`` section in the order written."""
+    cfg = _flat(cfg)
     out: list[Section] = []
     name, params = cfg.server_projection, dict(cfg.server_projection_params)
     if name is None:
@@ -110,7 +141,7 @@ def stage_sections(cfg: RunConfig, projections: Callable[[], list[str]]) -> list
             raise ConfigError("dp_clip", None, "a clipping norm > 0 with dp_noise set (the noise is σ times it)")
         out.append(Section("dp", {"clip": cfg.dp_clip, "noise": cfg.dp_noise, "delta": cfg.dp_delta}, "dp_noise",
                            lambda p: DP.get(p, p)))
-    for stage, section in getattr(cfg, TREE).items():
+    for stage, section in cfg.stages.items():
         if stage in FLAT_STAGES:
             raise ConfigError(f"{TREE}.{stage}", section, f"unset: {stage} is turned on by {FLAT_STAGES[stage]} "
                               "(one spelling per run, so that its run id is the one it always had)")
@@ -139,16 +170,17 @@ def _under(prefix: str) -> Callable[[str], str]:
     return lambda p: f"{prefix}.{p}"
 
 
-def row_columns(cfg: RunConfig) -> tuple[str, ...]:
+def row_columns(cfg: Flat | RunConfig) -> tuple[str, ...]:
     """The flat keys a run repeats on its metric rows because of a stage they turn on: the privacy keys."""
-    return PRIVACY if cfg.dp_noise is not None else ()
+    return PRIVACY if _flat(cfg).dp_noise is not None else ()
 
 
-def optimizer(cfg: RunConfig, decentralized: bool) -> tuple[str, dict[str, Any], Callable[[str], str]]:
+def optimizer(cfg: Flat | RunConfig, decentralized: bool) -> tuple[str, dict[str, Any], Callable[[str], str]]:
     """The server optimizer's name, its section of parameters and the config key of each (for its errors):
     ``server_optimizer`` with ``server_optimizer_params`` (``p`` is ``server_optimizer_params.p``); SGD also takes
     ``momentum`` and ``weight_decay`` from the flat ``server_momentum`` and ``server_weight_decay`` (:data:`SGD`).
     A decentralized algorithm has no server: the server's keys keep their defaults."""
+    cfg = _flat(cfg)
     if decentralized:
         for key in SERVER:
             if getattr(cfg, key) != _default(key):

@@ -124,7 +124,7 @@ class LocalExecutor:
                 c = r.cfg
                 cb = (lambda t, total, row, c=c: hooks.round(c, t)) if hooks.on_round is not None else None
                 try:
-                    train(r, d, progress=cb, dataset=dataset_for(c), wait=self.wait)
+                    train(r, d, progress=cb, dataset=dataset_for(r.specs.data), wait=self.wait)
                 except Exception as exc:
                     _ended(c, d, exc, hooks, outcome)
                 else:

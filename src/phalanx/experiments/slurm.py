@@ -199,7 +199,7 @@ def run_task(runs: list[tuple[dict[str, Any], str]], threads: int) -> dict[str, 
             for cfg_json, run_dir in runs:
                 run = validate(cfg_json)
                 try:
-                    train(run, run_dir, dataset=dataset_for(run.cfg))
+                    train(run, run_dir, dataset=dataset_for(run.specs.data))
                 except Diverged as exc:
                     ended[run_dir] = f"diverged at round {exc.round}"
                 except runstate.RunInUse as exc:

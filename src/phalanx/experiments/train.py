@@ -11,7 +11,7 @@ from phalanx.data.base import Dataset
 from phalanx.experiments.build import check_engine, from_config
 from phalanx.experiments.config import RunConfig, validate
 from phalanx.experiments.tracking import TrackerLike, Tracking
-from phalanx.experiments.tracking import of as trackers_of
+from phalanx.experiments.tracking import of_keys as trackers_of
 from phalanx.experiments.validrun import ValidRun
 from phalanx.experiments.wiring import Recording, run_experiment
 from phalanx.training.experiment import Experiment
@@ -45,7 +45,7 @@ def train(
         run = validate(run)
     if isinstance(run, ValidRun):
         cfg = run.cfg
-        check_engine(cfg)
+        check_engine(run.specs.device, run.specs.shape.processes)
         exp = from_config(run, dataset)
         if run_dir is not None:
             recording = Recording(Path(run_dir), cfg.identity(), checkpoint_every or cfg.checkpoint_every,
@@ -55,19 +55,23 @@ def train(
         if run_dir is not None:
             recording = Recording(Path(run_dir), run.describe(), checkpoint_every or 100, wait=wait)
     cbs = [] if progress is None else [OnRound(progress)]
-    tracked = _tracking(run, run_dir, tracking)
+    if isinstance(run, ValidRun):  # what names and describes the run, and the trackers its config names
+        named, params, own = run.run_id, run.cfg.identity(), run.specs.tracking
+    else:
+        named, params, own = None, run.describe(), None
+    tracked = _tracking(named, params, own, run_dir, tracking)
     return run_experiment(exp, None, recording, callbacks=[*cbs, *callbacks], tracking=tracked)
 
 
-def _tracking(run: ValidRun | Experiment, run_dir: str | Path | None,
-              given: Tracking | Sequence[str | TrackerLike] | None) -> Tracking | None:
-    """The run's trackers: given ones, else a config's own; named by the run directory, else by the run id."""
-    name = Path(run_dir).name if run_dir is not None else run.run_id if isinstance(run, ValidRun) else None
+def _tracking(run_id: str | None, params: dict[str, Any], own: tuple[list[str], dict[str, Any]] | None,
+              run_dir: str | Path | None, given: Tracking | Sequence[str | TrackerLike] | None) -> Tracking | None:
+    """The run's trackers: given ones, else a config's own (``own``: its ``tracking`` names and
+    ``tracking_params``); named by the run directory, else by the run id; ``params``: what describes the run."""
+    name = Path(run_dir).name if run_dir is not None else run_id
     if isinstance(given, Tracking):
         return given
     if given is not None:
         if not given:
             return None
-        params = run.cfg.identity() if isinstance(run, ValidRun) else run.describe()
         return Tracking.of_names(list(given), params, name)
-    return trackers_of(run.cfg, name) if isinstance(run, ValidRun) else None
+    return trackers_of(*own, params, name) if own is not None else None

@@ -22,28 +22,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phalanx.experiments import components as parts_of
-from phalanx.experiments import legacy
+from phalanx.experiments import specs as read_specs
 from phalanx.experiments.components import Components
 from phalanx.experiments.schema import RunConfig
-from phalanx.training.algorithms import builtin
+from phalanx.experiments.specs import CONFIG_COLUMNS, Specs
 
-CONFIG_COLUMNS = (
-    "dataset", "model", "workers", "byzantine", "f", "aggregator", "attack", "partition", "alpha", "rounds",
-    "batch_size", "lr", "momentum", "schedule", "seed",
-)
-"""The config values repeated on every metric row (so rows from many runs can be queried together)."""
+__all__ = ["CONFIG_COLUMNS", "RUN_ID_MAX", "ValidRun", "components", "config_columns", "name_of", "run_id"]
 
 
 def config_columns(cfg: RunConfig) -> dict[str, Any]:
     """The values of :data:`CONFIG_COLUMNS` in ``cfg``, and of the columns its algorithm declares
     (:attr:`~phalanx.training.algorithms.base.RoundAlgorithm.config_columns`: a federated run's ``clients_per_round``
     …, a gossip run's ``graph`` …), and of the flat keys of the stages it turns on
-    (:func:`phalanx.experiments.legacy.row_columns`: a run with differential privacy's ``dp_noise`` …)."""
-    keys = CONFIG_COLUMNS + builtin.columns(cfg.algorithm) + legacy.row_columns(cfg)
-    out = {k: getattr(cfg, k) for k in keys}
-    if cfg.attack_knowledge != "omniscient":  # only where set: the rows of every other run are as before
-        out["attack_knowledge"] = cfg.attack_knowledge
-    return out
+    (:func:`phalanx.experiments.legacy.row_columns`: a run with differential privacy's ``dp_noise`` …): the
+    ``columns`` of :func:`phalanx.experiments.specs.read`, which validation carries (:attr:`ValidRun.columns`)."""
+    return read_specs.read(cfg).columns
 
 
 RUN_ID_MAX = 100
@@ -60,10 +53,16 @@ def run_id(cfg: RunConfig) -> str:
     configuration, keeps it unique. Every name of :data:`RUN_ID_MAX` characters or fewer is exactly as before, so
     existing run directories keep their names (and resume; ``tests/test_compat.py`` pins them).
     """
-    payload = json.dumps(cfg.identity(), sort_keys=True).encode()
+    return name_of(cfg.identity())
+
+
+def name_of(identity: dict[str, Any]) -> str:
+    """:func:`run_id` of the config whose identity (:meth:`~phalanx.experiments.schema.RunConfig.identity`: the
+    resolved config without its result-neutral keys) is ``identity`` — the name is made from the identity alone."""
+    payload = json.dumps(identity, sort_keys=True).encode()
     digest = hashlib.sha256(payload).hexdigest()[:10]
-    agg = "".join(c if c.isalnum() else "-" for c in cfg.aggregator)
-    rest = f"_{cfg.attack}_f{cfg.f}_b{cfg.byzantine}_s{cfg.seed}"
+    agg = "".join(c if c.isalnum() else "-" for c in identity["aggregator"])
+    rest = f"_{identity['attack']}_f{identity['f']}_b{identity['byzantine']}_s{identity['seed']}"
     name = f"{agg}{rest}_{digest}"
     if len(name) <= RUN_ID_MAX:
         return name
@@ -79,7 +78,8 @@ class ValidRun:
     ``cfg`` (the config itself, as it is saved and named), ``run_id`` (its directory name, :func:`run_id`), ``parts``
     (its components, built and checked together: :class:`~phalanx.experiments.components.Components`), ``columns``
     (the config values repeated on every metric row: :func:`config_columns`) and
-    ``processes`` (how many processes a torchrun run of it has, as its algorithm says).
+    ``processes`` (how many processes a torchrun run of it has, as its algorithm says) and ``specs`` (the config read
+    once into the values its checks and builders take: :class:`~phalanx.experiments.specs.Specs`).
 
     ``parts`` carry state (a stateful rule's, the server optimizer's): the first experiment built from the value
     takes them, every later one builds its own (:func:`components`)."""
@@ -89,6 +89,7 @@ class ValidRun:
     parts: Components
     columns: dict[str, Any]
     processes: int
+    specs: Specs
     _taken: list[bool] = field(default_factory=list, repr=False, compare=False)
     """Empty until an experiment took ``parts`` (a list: the value is frozen, this one mark is not)."""
 
@@ -97,6 +98,6 @@ def components(run: ValidRun) -> Components:
     """The components of ``run``'s experiment: those validating it built, the first time; built anew (without the
     checks: the config is valid) every later time, so that two runs of one value share no state."""
     if run._taken:
-        return parts_of.build(run.cfg)
+        return parts_of.build(run.specs, run.cfg if run.specs.legacy_hooks else None)
     run._taken.append(True)
     return run.parts

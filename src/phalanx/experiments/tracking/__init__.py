@@ -122,10 +122,17 @@ class Tracking:
 
 def of(cfg: RunConfig, name: str | None = None) -> Tracking | None:
     """The config's trackers, built (None when it names none)."""
-    if not cfg.tracking:
+    return of_keys(cfg.tracking, cfg.tracking_params, cfg.identity(), name)
+
+
+def of_keys(names: list[str], params: dict[str, Any], identity: dict[str, Any],
+            name: str | None = None) -> Tracking | None:
+    """The trackers a config's ``tracking`` (``names``) and ``tracking_params`` (``params``) name, built, for the
+    run whose config's identity is ``identity`` (None when it names none)."""
+    if not names:
         return None
-    trackers = {n: build(n, _params(cfg.tracking_params, n)) for n in cfg.tracking}
-    return Tracking(trackers, flatten(cfg.identity()), name)
+    trackers = {n: build(n, _params(params, n)) for n in names}
+    return Tracking(trackers, flatten(identity), name)
 
 
 def track_overrides(data: Mapping[str, Any], tracks: Sequence[str]) -> list[str]:
