@@ -49,10 +49,11 @@ from typing import Any
 from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments import runstate
-from phalanx.experiments.config import RunConfig, make_config
+from phalanx.experiments.config import RunConfig, ValidRun, make_config
 from phalanx.experiments.plots import save_figure
 from phalanx.experiments.stragglers import sync_times
 from phalanx.studies.base import ModuleStudy, Report, StudyFunctions, planned
+from phalanx.studies.base import distinct as distinct_runs
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance, write_report_files
 
@@ -452,8 +453,8 @@ class Asynchrony(ModuleStudy[Preset, Cell, Curve]):
     functions = StudyFunctions(preset, plan, collect)
     raw_value = Curve
 
-    def runs(self, configs: list[RunConfig]) -> list[RunConfig]:
-        return distinct(configs)
+    def runs(self, configs: list[ValidRun]) -> list[ValidRun]:
+        return distinct_runs(configs)
 
     def report(
         self, p: Preset, cells: list[Cell], collected: dict[Cell, Curve], out: Path, *, command: str,

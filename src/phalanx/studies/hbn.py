@@ -31,7 +31,7 @@ from typing import Any
 from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments import store
-from phalanx.experiments.config import RunConfig, make_config
+from phalanx.experiments.config import RunConfig, ValidRun, make_config
 from phalanx.experiments.plots import clipped_errors, save_figure
 from phalanx.studies.base import ModuleStudy, Report, StudyFunctions, planned
 from phalanx.studies.registry import register
@@ -348,7 +348,7 @@ class HBN(ModuleStudy[Preset, Cell, float]):
     functions = StudyFunctions(preset, plan, collect)
     raw_value = float
 
-    def raw_cells(self, p: Preset, cells: list[Cell], configs: list[RunConfig]) -> tuple[list[Cell], list[str]]:
+    def raw_cells(self, p: Preset, cells: list[Cell], configs: list[ValidRun]) -> tuple[list[Cell], list[str]]:
         """The planned cells, then each FedBN cell's whole-test-set accuracy (norm ``fedbn-global``, read from the
         same run: :func:`collect`)."""
         from phalanx.studies import raw
