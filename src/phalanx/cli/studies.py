@@ -164,7 +164,7 @@ def _run_study(
                       err=fmt != "table")
         t0 = time.perf_counter()
         runs_dir = out / "runs"
-        done_before = sum(store.is_finished(runs_dir / r.run_id) for r in runs)
+        done_before = sum(store.is_finished(runs_dir / i) for i in raw.run_ids(runs))
         _train(runs, runs_dir, jobs or _cpu_jobs(), executor, plain=fmt != "table")
         # the wall time of the whole grid, or none: a resumed command timed only what was left
         wall = time.perf_counter() - t0 if not done_before else None

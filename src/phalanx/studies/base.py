@@ -153,7 +153,9 @@ class Study(ABC, Generic[P, C, V]):
     def plan(self, preset: P, overrides: dict[str, Any]) -> tuple[list[C], list[ValidRun]]:
         """The cells of the grid and their runs (one per cell), ``overrides`` (run keys) applied to every one, each
         validated once (:func:`phalanx.experiments.config.validate`): the command line trains these values as they
-        are, without validating them again."""
+        are, without validating them again. (A study written before may still give configs, ``make_config``'s: the
+        command line validates them again before training them, and gives :meth:`collect` what :meth:`plan`
+        gave.)"""
 
     def raw_cells(self, preset: P, cells: list[C], configs: list[ValidRun]) -> tuple[list[C], list[str]]:
         """The cells :meth:`collect` gives a value for, each with the name of the run it reads (the rows of

@@ -350,7 +350,8 @@ class Privacy(GridStudy[Preset, Cell, Final]):
     raw_value = Final
 
     def document(
-        self, p: Preset, collected: dict[Cell, Final], *, command: str, wall_seconds: float | None, runs: int,
+        self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], *, command: str,
+        wall_seconds: float | None, runs: int,
     ) -> Document:
         table = tabulate(collected)
         est = estimates(table)

@@ -39,12 +39,14 @@ class GridFunctions:
     """What a grid study declares as functions (its module's, usually): ``preset(name, **changes)`` (the preset,
     checked), ``cells(preset)`` (every cell of the grid, in order), ``keys(preset, cell)`` (the run keys of one
     cell, not validated: the template applies the command line's run keys and validates once) and
-    ``final(cell, run, rows)`` (what the cell's ended run, whose metric rows are ``rows``, ended with)."""
+    ``final(cell, run, rows)`` (what the cell's ended run, whose metric rows are ``rows``, ended with; None: the
+    study's :meth:`GridStudy.collect` reads its runs itself — the async study times its sync cells with what all its
+    runs name)."""
 
     preset: Callable[..., Any]
     cells: Callable[[Any], list[Any]]
     keys: Callable[[Any, Any], dict[str, Any]]
-    final: Callable[[Any, ValidRun, list[dict[str, Any]]], Any]
+    final: Callable[[Any, ValidRun, list[dict[str, Any]]], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -86,13 +88,17 @@ class GridStudy(Study[P, C, V]):
         """``final`` of every cell's ended run under ``runs_dir``."""
         from phalanx.experiments import runstate
 
-        return {c: self.functions.final(c, r, runstate.final_rows(runs_dir / r.run_id)) for c, r in zip(cells, configs)}
+        final = self.functions.final
+        if final is None:
+            raise NotImplementedError(f"{type(self).__name__} declares a final function or its own collect()")
+        return {c: final(c, r, runstate.final_rows(runs_dir / r.run_id)) for c, r in zip(cells, configs)}
 
     def document(
-        self, preset: P, collected: dict[C, V], *, command: str, wall_seconds: float | None, runs: int,
+        self, preset: P, cells: list[C], collected: dict[C, V], *, command: str, wall_seconds: float | None,
+        runs: int,
     ) -> Document:
-        """The study's report from its collected values (:class:`Document`); ``command``, ``wall_seconds`` and
-        ``runs`` as :meth:`~phalanx.studies.base.Study.report` receives them."""
+        """The study's report from its planned cells and collected values (:class:`Document`); ``command``,
+        ``wall_seconds`` and ``runs`` as :meth:`~phalanx.studies.base.Study.report` receives them."""
         raise NotImplementedError(f"{type(self).__name__} declares document()")
 
     def report(
@@ -100,6 +106,6 @@ class GridStudy(Study[P, C, V]):
         wall_seconds: float | None, runs: int, overrides: dict[str, Any],
     ) -> Report:
         """:meth:`document`, written into ``out``: ``report.md``, ``cells.csv`` and the figure."""
-        d = self.document(preset, collected, command=command, wall_seconds=wall_seconds, runs=runs)
+        d = self.document(preset, cells, collected, command=command, wall_seconds=wall_seconds, runs=runs)
         return Report(write_report_files(out, d.text, d.csv, d.figure, d.caption, d.draw), d.terminal)
 
