@@ -58,3 +58,31 @@ def test_a_template_study_validates_each_run_once(tmp_path: Path, monkeypatch: p
     built.clear()
     _run(tmp_path, "twice")
     assert built["rule"] == 2 * RUNS
+
+
+def test_cells_that_share_a_run_share_one_validation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The async study's always-first sync cells run what its vector-attack sync cells run: the plan validates
+    that run once and gives both cells the same value; the mutant that validates cell by cell validates it twice."""
+    from phalanx.experiments import config
+    from phalanx.studies import asynchrony
+    from phalanx.studies.base import distinct
+
+    calls: Counter[str] = Counter()
+    original = config.validate
+
+    def counting(data: Any) -> Any:
+        calls["validate"] += 1
+        return original(data)
+
+    monkeypatch.setattr(config, "validate", counting)
+    study = asynchrony.Asynchrony()
+    p = study.preset("quick", rules=("mean", "cwmed"), seeds=(0, 1))
+    cells, runs = study.plan(p, {})
+    shared = sum(c.mode == "sync" and c.attack == "always_first" for c in cells)
+    assert shared > 0 and len(distinct(runs)) == len(cells) - shared
+    assert calls["validate"] == len(distinct(runs)) == len({id(r) for r in runs})
+    calls.clear()
+    monkeypatch.setattr(template.GridStudy, "plan", lambda self, p, o: (  # the mutant: one validation per cell
+        self.functions.cells(p), [self.run(p, c, o) for c in self.functions.cells(p)]))
+    cells, runs = study.plan(p, {})
+    assert calls["validate"] == len(cells) > len(distinct(runs))

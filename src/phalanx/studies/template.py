@@ -80,9 +80,22 @@ class GridStudy(Study[P, C, V]):
         return validate({**self.functions.keys(preset, cell), **(overrides or {})})
 
     def plan(self, preset: P, overrides: dict[str, Any]) -> tuple[list[C], list[ValidRun]]:
-        """Every cell and its run (:meth:`run`)."""
+        """Every cell and its run (:meth:`run`). Cells whose run keys are equal share one run, validated once (the
+        async study's always-first sync cells share the vector attack's run)."""
+        import json
+
+        from phalanx.experiments.config import validate
+
         cells = self.functions.cells(preset)
-        return cells, [self.run(preset, c, overrides) for c in cells]
+        made: dict[str, ValidRun] = {}
+        runs = []
+        for c in cells:
+            data = {**self.functions.keys(preset, c), **overrides}
+            key = json.dumps(data, sort_keys=True, default=repr)
+            if key not in made:
+                made[key] = validate(data)
+            runs.append(made[key])
+        return cells, runs
 
     def collect(self, cells: list[C], configs: list[ValidRun], runs_dir: Path) -> dict[C, V]:
         """``final`` of every cell's ended run under ``runs_dir``."""
