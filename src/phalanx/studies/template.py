@@ -7,8 +7,9 @@ share it). Its steps:
 
 1. **plan** — ``cells(preset)`` in order; for each cell ``keys(preset, cell)`` (a dict of run keys, not validated),
    the command line's run keys over it, validated once by :func:`phalanx.experiments.config.validate` into a
-   :class:`~phalanx.experiments.validrun.ValidRun`. The runner trains these values as they are: no study's run is
-   validated a second time (``tests/test_study_template.py`` counts the components built).
+   :class:`~phalanx.experiments.validrun.ValidRun` (cells with equal run keys share one). The runner trains these
+   values as they are: no study's run is validated a second time (``tests/test_study_template.py`` counts the
+   components built, and the validations of shared cells).
 2. **collect** — each cell's ended run (finished, or diverged: :func:`phalanx.experiments.runstate.final_rows`) under
    ``runs_dir / run.run_id``, read by ``final(cell, run, rows)`` into the study's raw value (the rows of ``runs.csv``,
    :mod:`phalanx.studies.raw`).
