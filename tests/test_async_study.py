@@ -21,7 +21,8 @@ from phalanx.training.algorithms.fedavg import FedAvgClients
 
 def test_quick_grid_is_modes_by_rules_by_attacks_by_seeds_of_valid_configs() -> None:
     p = A.preset("quick")
-    cells, cfgs = A.plan(p)
+    cells, runs = A.Asynchrony().plan(p, {})
+    cfgs = [r.cfg for r in runs]
     assert len(cells) == len(A.MODES) * len(p.rules) * len(A.ATTACKS) * len(p.seeds) == len(cfgs)
     for c, cfg in zip(cells, cfgs):
         assert cfg.aggregator == c.rule and cfg.f == (0 if c.rule == "mean" else p.f) and cfg.seed == c.seed
@@ -36,7 +37,7 @@ def test_quick_grid_is_modes_by_rules_by_attacks_by_seeds_of_valid_configs() -> 
             assert params["byzantine_timing"] == ("always_first" if c.attack == "always_first" else "honest")
     # sync's always-first cells share the vector attack's run: trained once
     shared = len(p.rules) * len(p.seeds)
-    assert len(A.Asynchrony().runs(cfgs)) == len(cfgs) - shared
+    assert len(A.Asynchrony().runs(runs)) == len(cfgs) - shared
     assert studies.resolve("async") is A.Asynchrony
 
 
@@ -77,7 +78,7 @@ def test_the_sync_round_waits_for_its_slowest_sampled_worker_of_the_runs_own_sam
     the asynchronous runs draw. The mutant that replays another stream (the batches') gives other times."""
     p = A.preset("quick", sync_rounds=8)
     cell = A.Cell("sync", "mean", "vector", 3)
-    cfg = A.config_for(p, cell)
+    cfg = A.Asynchrony().run(p, cell).cfg
     sampled = _sampled(cfg, 8)
     duration = 1.0 / Speeds.parse(p.speeds).draw(p.workers, cell.seed)
     expected, now = [], 0.0
@@ -111,12 +112,12 @@ def test_sync_rows_are_timed_by_rounds_done() -> None:
     """A sync row of round r (r rounds done) is at the replayed time after round r; round 0 at time 0."""
     p = A.preset("quick", sync_rounds=4)
     cell = A.Cell("sync", "mean", "none", 0)
-    cfg = A.config_for(p, cell)
+    cfg = A.Asynchrony().run(p, cell).cfg
     rows = [{"round": 0, "test_accuracy": 0.1}, {"round": 2, "test_accuracy": 0.5}, {"round": 4, "test_accuracy": 0.8}]
     times = stragglers.sync_times(p.speeds, p.workers, p.per_step, 4, 0)
     assert A.curve(rows, cell, cfg, p.speeds).points == ((0.0, 0.1), (times[1], 0.5), (times[3], 0.8))
     fb = A.Cell("fedbuff", "mean", "none", 0)
-    assert A.curve([{"round": 3, "test_accuracy": 0.4, "sim_time": 1.25}], fb, A.config_for(p, fb),
+    assert A.curve([{"round": 3, "test_accuracy": 0.4, "sim_time": 1.25}], fb, A.Asynchrony().run(p, fb).cfg,
                    p.speeds).points == ((1.25, 0.4),)
 
 
@@ -165,9 +166,9 @@ def test_the_report_writes_its_tables_csv_and_figure(tmp_path: Path) -> None:
     # the report from its raw results (runs.csv) is this report, byte for byte
     from phalanx.studies import raw
 
-    cells, cfgs = A.plan(p)
+    cells, runs = A.Asynchrony().plan(p, {})
     assert set(cells) == set(curves)
-    ids = raw.run_ids(cfgs)
+    ids = raw.run_ids(runs)
     (tmp_path / "runs.csv").write_text(raw.write(cells, ids, curves, A.Curve))
     again = tmp_path / "again"
     again.mkdir()

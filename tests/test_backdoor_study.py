@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests._raw import assert_rebuilt
@@ -16,9 +17,15 @@ from phalanx.errors import ConfigError
 from phalanx.studies import backdoor
 
 
+def _plan(p: backdoor.Preset) -> tuple[list[backdoor.Cell], list[Any]]:
+    """The study's cells and their runs' configs."""
+    cells, runs = backdoor.BackdoorDefences().plan(p, {})
+    return cells, [r.cfg for r in runs]
+
+
 def test_quick_grid_is_rules_by_attacks_and_none_by_alphas_by_seeds_of_valid_configs() -> None:
     p = backdoor.preset("quick")
-    cells, cfgs = backdoor.plan(p)
+    cells, cfgs = _plan(p)
     assert len(cells) == len(p.rules) * (1 + len(p.attacks)) * len(p.alphas) * len(p.seeds) == len(cfgs)
     for c, cfg in zip(cells, cfgs):
         assert (cfg.aggregator, cfg.algorithm, cfg.partition, cfg.alpha, cfg.seed) == (
@@ -37,7 +44,7 @@ def test_full_preset_has_every_defence_and_backdoor_attack_and_replacement_proje
     assert set(p.attacks) == set(backdoor.BACKDOORS) and len(p.seeds) >= 3
     assert {"mean", "cwtm", "foolsgold", "flame", "rlr", "fldetector"} <= set(p.rules)
     assert f"clip(threshold={backdoor.CLIP:g})>mean" in p.rules
-    cells, cfgs = backdoor.plan(p)
+    cells, cfgs = _plan(p)
     rep = next(cfg for c, cfg in zip(cells, cfgs) if c.attack == "replacement")
     assert rep.attack_params["norm_bound"] == backdoor.CLIP
 
@@ -47,7 +54,7 @@ def test_crfl_cells_are_the_mean_with_the_projection_and_the_report_shows_the_ce
     the preset's ``crfl_params``; the report's CRFL table reads the final rows' smoothed columns."""
     p = backdoor.preset("quick", rules=("mean", "crfl"), attacks=("backdoor",), alphas=(0.5,),
                         crfl_params={"clip": 4.0, "noise": 0.02})
-    cells, cfgs = backdoor.plan(p)
+    cells, cfgs = _plan(p)
     for c, cfg in zip(cells, cfgs):
         assert cfg.aggregator == "mean"
         crfl = c.rule == "crfl"
@@ -87,7 +94,7 @@ def test_preset_errors_name_the_field(changes: dict[str, object], key: str) -> N
 
 def test_a_run_key_the_grid_sets_is_refused() -> None:
     with pytest.raises(ConfigError) as exc:
-        backdoor.plan(backdoor.preset("quick"), {"rounds": 5})
+        backdoor.BackdoorDefences().plan(backdoor.preset("quick"), {"rounds": 5})
     assert exc.value.parameter == "rounds"
 
 

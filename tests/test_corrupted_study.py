@@ -74,7 +74,8 @@ def test_quick_grid_is_rules_by_arm_by_attack_by_seeds_of_valid_configs() -> Non
     p = corrupted.preset("quick")
     k = corrupted.corrupted(p)
     assert k == 10 == attacks.make("intermittent", **corrupted.attack_params(p)).attacked(p.rounds)
-    cells, cfgs = corrupted.plan(p)
+    cells, runs = corrupted.CorruptedRounds().plan(p, {})
+    cfgs = [r.cfg for r in runs]
     assert len(cells) == len(p.rules) * len(corrupted.ARMS) * 2 * len(p.seeds) == len(cfgs)
     told = {"robust-online": (k, p.gradient_bound, p.online_scale), "undefended-online": (0, p.gradient_bound,
             p.online_scale), "undefended-tuned": (0, p.undefended_bound, p.undefended_scale),
@@ -91,21 +92,20 @@ def test_quick_grid_is_rules_by_arm_by_attack_by_seeds_of_valid_configs() -> Non
         else:
             assert (cfg.server_optimizer, cfg.lr) == ("sgd", p.lr)
     assert studies.resolve("corrupted-rounds") is corrupted.CorruptedRounds
-    told_cfg = corrupted.config_for(corrupted.preset("quick", corruptions=0), corrupted.Cell("mean", "robust-online",
-                                                                                              True, 0))
+    told_cfg = corrupted.CorruptedRounds().run(corrupted.preset("quick", corruptions=0),
+                                               corrupted.Cell("mean", "robust-online", True, 0)).cfg
     assert told_cfg.server_optimizer_params["corruptions"] == 0
 
 
 def test_the_runs_of_the_earlier_two_arm_grid_keep_their_ids() -> None:
     """Adding the controls adds runs; the sgd and robust-online runs are the ones the study ran before (their run
     ids pinned here), so a finished run directory is reused."""
-    from phalanx.experiments import grid
-
+    study = corrupted.CorruptedRounds()
     p = corrupted.preset("quick")
-    ids = {c: grid.run_id(corrupted.config_for(p, c)) for c in (corrupted.Cell("mean", "sgd", True, 0),
+    ids = {c: study.run(p, c).run_id for c in (corrupted.Cell("mean", "sgd", True, 0),
                                                                   corrupted.Cell("mean", "robust-online", True, 0))}
     two = corrupted.preset("quick", arms=("sgd", "robust-online"))
-    assert ids == {c: grid.run_id(corrupted.config_for(two, c)) for c in ids}
+    assert ids == {c: study.run(two, c).run_id for c in ids}
     assert len(corrupted.cells(two)) == len(two.rules) * 2 * 2 * len(two.seeds)
 
 

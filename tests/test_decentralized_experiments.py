@@ -46,7 +46,8 @@ def test_an_attached_config_needs_its_byzantine_count_or_none() -> None:
 
 def test_parallelism_grid_spends_one_budget_at_every_n() -> None:
     p = parallelism.preset("quick")
-    cells, cfgs = parallelism.plan(p)
+    cells, runs = parallelism.Parallelism().plan(p, {})
+    cfgs = [r.cfg for r in runs]
     assert len(cells) == 3 * 5 * (6 + 9) * (3 + 3) == len(cfgs)  # 3 reported, 3 tuning seeds
     for c, cfg in zip(cells, cfgs):
         assert cfg.workers * cfg.rounds * cfg.batch_size == p.budget and cfg.algorithm == c.algorithm
@@ -118,7 +119,8 @@ def test_parallelism_chooses_the_lr_on_the_tuning_seeds_alone(monkeypatch: pytes
 
 def test_neighbours_grid_price_runs_are_attack_free_on_the_same_graph() -> None:
     p = neighbours.preset("quick")
-    cells, cfgs = neighbours.plan(p)
+    cells, runs = neighbours.ByzantineNeighbours().plan(p, {})
+    cfgs = [r.cfg for r in runs]
     assert len(cells) == 3 * 3 * 6 * 3 == len(cfgs)
     for c, cfg in zip(cells, cfgs):
         assert cfg.graph == "attached" and cfg.graph_params["byzantine"] == c.b and cfg.workers == 16 + c.b

@@ -18,7 +18,8 @@ from phalanx.studies import hbn
 def test_quick_grid_is_norms_by_rules_by_alphas_by_seeds_of_valid_federated_configs() -> None:
     p = hbn.preset("quick")
     assert p.norms == ("group", "batch", "fedbn", "hybrid")
-    cells, cfgs = hbn.plan(p)
+    cells, runs = hbn.HBN().plan(p, {})
+    cfgs = [r.cfg for r in runs]
     assert len(cells) == 4 * 2 * 3 * 3 == len(cfgs)
     for c, cfg in zip(cells, cfgs):
         assert cfg.algorithm == "fedavg" and cfg.attack == "none" and cfg.byzantine == 0
@@ -27,7 +28,7 @@ def test_quick_grid_is_norms_by_rules_by_alphas_by_seeds_of_valid_federated_conf
         assert cfg.rounds == 70 and cfg.eval_every == 70  # one evaluation at the end (and round 0)
         assert cfg.eval_clients == (10 if c.norm == "fedbn" else 100)
     paper = hbn.preset("paper")
-    cfg = hbn.config_for(paper, hbn.Cell("hybrid", "mean", 0, 0.1, 0))
+    cfg = hbn.HBN().run(paper, hbn.Cell("hybrid", "mean", 0, 0.1, 0)).cfg
     assert cfg.dataset == "cifar10" and cfg.local_epochs == 1.0 and cfg.stats_momentum == 0.002
     assert cfg.model_params == {"channels": [16, 32, 64], "kernel_size": 3, "hidden": 128, "norm": "hybrid"}
 

@@ -8,6 +8,7 @@ and nothing in it writes files except a data set's download into its cache. docs
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -241,3 +242,41 @@ def test_the_cycle_checker_sees_a_cycle() -> None:
     tc = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from phalanx.training.loop import Loop\n")
     assert module_imports(tc, type_only=False) == set()
     assert module_imports(tc, type_only=True) == {"phalanx.training.loop"}
+
+
+DESIGN = SRC.parent.parent / "docs" / "design.md"
+
+
+def layer_table(text: str) -> dict[str, set[str]]:
+    """The "## Layers" table of docs/design.md: package → the packages its last column ("may import") names, each
+    in backquotes (``—``: none). A row whose first cell names no package, or a package twice, is an error."""
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        name = re.fullmatch(r"`(\w+)`", cells[0])
+        assert name is not None, f"a layer row that names no package: {line}"
+        assert name[1] not in rows, f"the layer {name[1]} has two rows"
+        rows[name[1]] = set(re.findall(r"`(\w+)`", cells[-1]))
+    return rows
+
+
+def test_the_design_table_is_the_allowed_imports() -> None:
+    """docs/design.md's layer table says exactly what ``ALLOWED`` enforces: every package, and for each the same
+    set of packages it may import."""
+    assert layer_table(DESIGN.read_text()) == ALLOWED
+
+
+@pytest.mark.parametrize("edit", [
+    ("| `plugins` | the one registry mechanism (names, `module:attr` specs, entry points) | `errors`, `validate` |",
+     "| `plugins` | the one registry mechanism (names, `module:attr` specs, entry points) | `errors` |"),  # one less
+    ("| `hub` |", "| `hubs` |"),  # a renamed package
+    ("| `errors` | typed errors | — |", "| `errors` | typed errors | `files` |"),  # one more
+])
+def test_an_edited_layer_row_fails_the_check(edit: tuple[str, str]) -> None:
+    """The mutants: the table with one row edited no longer equals ``ALLOWED``."""
+    text = DESIGN.read_text()
+    assert edit[0] in text
+    assert layer_table(text.replace(edit[0], edit[1])) != ALLOWED

@@ -19,9 +19,9 @@ pytest.importorskip("dp_accounting")
 
 def test_quick_grid_is_rules_by_attack_by_noise_by_seeds_of_valid_configs() -> None:
     p = privacy.preset("quick")
-    cells, cfgs = privacy.plan(p)
-    assert len(cells) == len(p.rules) * 2 * len(p.noises) * len(p.seeds) == len(cfgs)
-    for c, cfg in zip(cells, cfgs):
+    cells, runs = privacy.Privacy().plan(p, {})
+    assert len(cells) == len(p.rules) * 2 * len(p.noises) * len(p.seeds) == len(runs)
+    for c, cfg in zip(cells, (r.cfg for r in runs)):
         assert cfg.aggregator == c.rule and cfg.f == (0 if c.rule == "mean" else p.f)
         assert (cfg.attack, cfg.byzantine) == (("alie", p.byzantine) if c.attacked else ("none", 0))
         assert cfg.dp_noise == (c.noise or None) and cfg.dp_clip == (p.clip if c.noise else None)

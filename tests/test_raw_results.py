@@ -14,8 +14,8 @@ from phalanx.studies import parallelism, raw, tension
 
 def _tension() -> tuple[tension.Preset, list[tension.Cell], list[str], dict[tension.Cell, float]]:
     p = tension.preset("quick", seeds=(0, 1))
-    cs, cfgs = tension.plan(p)
-    return p, cs, raw.run_ids(cfgs), {c: 0.7 + 0.1 * c.lr / 3 + 0.001 * c.seed + 1e-9 * c.x for c in cs}
+    cs, runs = tension.Tension().plan(p, {})
+    return p, cs, raw.run_ids(runs), {c: 0.7 + 0.1 * c.lr / 3 + 0.001 * c.seed + 1e-9 * c.x for c in cs}
 
 
 def test_a_report_from_the_raw_results_is_the_report_from_the_runs(tmp_path: Path) -> None:
@@ -27,8 +27,8 @@ def test_a_report_from_the_raw_results_is_the_report_from_the_runs(tmp_path: Pat
     assert tension.cells_csv(tension.tabulate(cs, back, p.tuning_seeds)) == tension.cells_csv(
         tension.tabulate(cs, acc, p.tuning_seeds))
     pp = parallelism.preset("quick", nodes=(9,), graphs=("ring",), lrs={"gossip": (0.1,), "anytime": (0.01,)})
-    pcs, pcfgs = parallelism.plan(pp)
-    pids = raw.run_ids(pcfgs)
+    pcs, pruns = parallelism.Parallelism().plan(pp, {})
+    pids = raw.run_ids(pruns)
     finals = {c: parallelism.Final(0.1 * c.seed, 0.9, math.inf) for c in pcs}
     (tmp_path / "p.csv").write_text(raw.write(pcs, pids, finals, parallelism.Final))
     assert raw.read(tmp_path / "p.csv", pcs, pids, parallelism.Final) == finals

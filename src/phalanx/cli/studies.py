@@ -133,7 +133,7 @@ def _run_study(
     ``results``, from that raw-results file, nothing trained. A study with ``raw_value`` writes ``out/runs.csv``.
     With ``fmt`` other than ``table``, stdout holds the report's tables alone in that format
     (:func:`~phalanx.cli.output.tables_of`) and everything else goes to stderr."""
-    from phalanx.experiments import grid, store
+    from phalanx.experiments import store
     from phalanx.studies import raw
 
     fmt = check_format(fmt)
@@ -164,7 +164,7 @@ def _run_study(
                       err=fmt != "table")
         t0 = time.perf_counter()
         runs_dir = out / "runs"
-        done_before = sum(store.is_finished(runs_dir / grid.run_id(c)) for c in runs)
+        done_before = sum(store.is_finished(runs_dir / i) for i in raw.run_ids(runs))
         _train(runs, runs_dir, jobs or _cpu_jobs(), executor, plain=fmt != "table")
         # the wall time of the whole grid, or none: a resumed command timed only what was left
         wall = time.perf_counter() - t0 if not done_before else None

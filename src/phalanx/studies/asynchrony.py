@@ -48,13 +48,14 @@ from typing import Any
 
 from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
 from phalanx.errors import ConfigError
-from phalanx.experiments import runstate
-from phalanx.experiments.config import RunConfig, make_config
+from phalanx.experiments.config import RunConfig
 from phalanx.experiments.plots import save_figure
 from phalanx.experiments.stragglers import sync_times
-from phalanx.studies.base import ModuleStudy, Report, StudyFunctions, planned
+from phalanx.experiments.validrun import ValidRun
+from phalanx.studies.base import distinct
 from phalanx.studies.registry import register
-from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance, write_report_files
+from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance
+from phalanx.studies.template import Document, GridFunctions, GridStudy
 
 MEAN = "mean"
 MODES = ("sync", "fedbuff", "basgd")
@@ -148,8 +149,8 @@ def cells(p: Preset) -> list[Cell]:
     return [Cell(m, r, a, s) for m in MODES for r in p.rules for a in ATTACKS for s in p.seeds]
 
 
-def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """The validated run configuration of one cell (the mean with f = 0; constant step size)."""
+def keys(p: Preset, cell: Cell) -> dict[str, Any]:
+    """The run keys of one cell (the mean with f = 0; constant step size)."""
     attacked = cell.attack != "none"
     data: dict[str, Any] = {
         "dataset": p.dataset, "model": p.model, "workers": p.workers, "aggregator": cell.rule,
@@ -168,13 +169,7 @@ def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -
         params["buffer_size" if cell.mode == "fedbuff" else "buffers"] = p.per_step
         data.update(algorithm=cell.mode, algorithm_params=params, rounds=p.async_steps, eval_every=p.async_eval_every)
     data["checkpoint_every"] = data["rounds"]
-    data.update(overrides or {})
-    return make_config(data)
-
-
-def plan(p: Preset, overrides: dict[str, Any] | None = None) -> tuple[list[Cell], list[RunConfig]]:
-    """The cells and their configurations."""
-    return planned(cells, config_for, p, overrides)
+    return data
 
 
 @dataclass(frozen=True)
@@ -209,16 +204,13 @@ def curve(rows: list[dict[str, Any]], cell: Cell, cfg: RunConfig, speeds: str) -
     return Curve(tuple((at[min(int(r["round"]), len(times))], float(r["test_accuracy"])) for r in evaluated))
 
 
-def collect(cs: list[Cell], cfgs: list[RunConfig], runs_dir: Path) -> dict[Cell, Curve]:
-    """Every cell's curve from its ended run under ``runs_dir``; the sync cells timed with the speed distribution
-    the asynchronous cells' configs name (one per study: the same population)."""
-    from phalanx.experiments import grid
-
-    named = {str(cfg.algorithm_params["speeds"]) for cfg in cfgs if cfg.algorithm in ASYNC}
+def speeds_of(runs: list[ValidRun]) -> str:
+    """The speed distribution the asynchronous cells' runs name (one per study: the same population), with which
+    the sync cells are timed."""
+    named = {str(r.cfg.algorithm_params["speeds"]) for r in runs if r.cfg.algorithm in ASYNC}
     if len(named) != 1:
         raise ConfigError("speeds", sorted(named), "one speed distribution for every asynchronous cell")
-    speeds = named.pop()
-    return {c: curve(runstate.final_rows(runs_dir / grid.run_id(cfg)), c, cfg, speeds) for c, cfg in zip(cs, cfgs)}
+    return named.pop()
 
 
 Key = tuple[str, str, str]
@@ -424,18 +416,8 @@ def report_markdown(times: dict[Key, dict[int, float]], accs: dict[Key, dict[int
     return "\n".join(parts)
 
 
-def distinct(cfgs: list[RunConfig]) -> list[RunConfig]:
-    """The configurations with the same run id once (sync's always-first cells share the vector attack's run)."""
-    from phalanx.experiments import grid
-
-    seen: dict[str, RunConfig] = {}
-    for cfg in cfgs:
-        seen.setdefault(grid.run_id(cfg), cfg)
-    return list(seen.values())
-
-
 @register
-class Asynchrony(ModuleStudy[Preset, Cell, Curve]):
+class Asynchrony(GridStudy[Preset, Cell, Curve]):
     """Asynchrony, stragglers and robustness (the module's docstring): ``phalanx experiment async``."""
 
     name = "async"
@@ -449,19 +431,27 @@ class Asynchrony(ModuleStudy[Preset, Cell, Curve]):
     preset_help = "quick (digits, 20 workers, CPU, minutes) or full (100 workers, 5 seeds)."
     set_example = "rules=['mean','cwmed']"
 
-    functions = StudyFunctions(preset, plan, collect)
+    functions = GridFunctions(preset, cells, keys)
     raw_value = Curve
 
-    def runs(self, configs: list[RunConfig]) -> list[RunConfig]:
+    def runs(self, configs: list[ValidRun]) -> list[ValidRun]:
+        """The runs with the same run id once (sync's always-first cells share the vector attack's run)."""
         return distinct(configs)
 
-    def report(
-        self, p: Preset, cells: list[Cell], collected: dict[Cell, Curve], out: Path, *, command: str,
-        wall_seconds: float | None, runs: int, overrides: dict[str, Any],
-    ) -> Report:
+    def collect(self, cells: list[Cell], configs: list[ValidRun], runs_dir: Path) -> dict[Cell, Curve]:
+        """Every cell's curve from its ended run, the sync cells timed with :func:`speeds_of` the runs."""
+        from phalanx.experiments import runstate
+
+        speeds = speeds_of(configs)
+        return {c: curve(runstate.final_rows(runs_dir / r.run_id), c, r.cfg, speeds) for c, r in zip(cells, configs)}
+
+    def document(
+        self, p: Preset, cells: list[Cell], collected: dict[Cell, Curve], *, command: str,
+        wall_seconds: float | None, runs: int,
+    ) -> Document:
         times, accs = tabulate(collected, p)
         cs = comparisons(times, p)
-        text = report_markdown(times, accs, cs, p, command=command, wall_seconds=wall_seconds, runs=runs)
-        files = write_report_files(out, text, runs_csv(collected, p), "async.png", "test accuracy vs simulated time",
-                                   lambda path: plot(collected, p, path))
-        return Report(files, [time_markdown(times, p) + "\n\n" + verdicts_markdown(cs) + "\n\n" + readout(cs, p)])
+        return Document(report_markdown(times, accs, cs, p, command=command, wall_seconds=wall_seconds, runs=runs),
+                        runs_csv(collected, p), "async.png", "test accuracy vs simulated time",
+                        lambda path: plot(collected, p, path),
+                        [time_markdown(times, p) + "\n\n" + verdicts_markdown(cs) + "\n\n" + readout(cs, p)])

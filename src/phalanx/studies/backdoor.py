@@ -42,12 +42,11 @@ from typing import Any
 
 from phalanx.analysis.stats import MIN_SEEDS, Estimate, holm, mean_ci, slope
 from phalanx.errors import ConfigError
-from phalanx.experiments import runstate
-from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.plots import save_figure
-from phalanx.studies.base import ModuleStudy, Report, StudyFunctions
+from phalanx.experiments.validrun import ValidRun
 from phalanx.studies.registry import register
-from phalanx.studies.reporting import family_note, holm_p, pick_preset, provenance, write_report_files
+from phalanx.studies.reporting import family_note, holm_p, pick_preset, provenance
+from phalanx.studies.template import Document, GridFunctions, GridStudy
 
 MEAN = "mean"
 NONE = "none"
@@ -170,8 +169,8 @@ def cells(p: Preset) -> list[Cell]:
     return [Cell(r, a, float(al), s) for r in p.rules for a in (NONE, *p.attacks) for al in p.alphas for s in p.seeds]
 
 
-def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """The validated run configuration of one cell: an attacked run goes ``stop_round + after`` rounds, with the
+def keys(p: Preset, cell: Cell) -> dict[str, Any]:
+    """The run keys of one cell: an attacked run goes ``stop_round + after`` rounds, with the
     attack stopping at ``stop_round``; a run with no attack goes ``stop_round`` rounds."""
     attacked = cell.attack != NONE
     rounds = p.stop_round + p.after if attacked else p.stop_round
@@ -188,18 +187,15 @@ def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -
         data["attack_params"] = {**p.attack_params.get(cell.attack, {}), "stop_round": p.stop_round}
     if cell.rule == CRFL:  # the mean, the global model clipped and perturbed (not a rule: a server projection)
         data.update(aggregator=MEAN, server_projection=CRFL, server_projection_params=dict(p.crfl_params))
-    data.update(overrides or {})
-    return make_config(data)
+    return data
 
 
-def plan(p: Preset, overrides: dict[str, Any] | None = None) -> tuple[list[Cell], list[RunConfig]]:
-    """The cells and their configurations; a run key the grid sets itself is refused (set the preset's field)."""
-    clash = sorted(set(overrides or {}) & set(_RESERVED))
+def check_overrides(overrides: dict[str, Any]) -> None:
+    """A run key the grid sets itself is refused (set the preset's field)."""
+    clash = sorted(set(overrides) & set(_RESERVED))
     if clash:
-        raise ConfigError(clash[0], (overrides or {})[clash[0]], "left to the grid: set the preset's fields "
+        raise ConfigError(clash[0], overrides[clash[0]], "left to the grid: set the preset's fields "
                           "(rules, attacks, attack_params, alphas, stop_round, after, eval_every, byzantine)")
-    cs = cells(p)
-    return cs, [config_for(p, c, overrides) for c in cs]
 
 
 @dataclass(frozen=True)
@@ -228,22 +224,15 @@ def _success(row: dict[str, Any]) -> float | None:
     return None if value is None else float(value)
 
 
-def collect(cs: list[Cell], cfgs: list[RunConfig], runs_dir: Path) -> dict[Cell, Final]:
-    """Every cell's ended run under ``runs_dir``: accuracy (and success) at the attack's ``stop_round``, success at
-    the run's last round (``after`` rounds later); a run with no attack: its last round (the stop round)."""
-    from phalanx.experiments import grid
-
-    out = {}
-    for c, cfg in zip(cs, cfgs):
-        rows = runstate.final_rows(runs_dir / grid.run_id(cfg))
-        last = _row(rows, cfg.rounds)
-        smoothed = {k: _value(last, col) for k, col in _SMOOTHED.items()}
-        if c.attack == NONE:
-            out[c] = Final(float(last["test_accuracy"]), **smoothed)
-            continue
-        at = _row(rows, int(cfg.attack_params["stop_round"]))
-        out[c] = Final(float(at["test_accuracy"]), _success(at), _success(last), **smoothed)
-    return out
+def final(cell: Cell, run: ValidRun, rows: list[dict[str, Any]]) -> Final:
+    """A cell's ended run: accuracy (and success) at the attack's ``stop_round``, success at the run's last round
+    (``after`` rounds later); a run with no attack: its last round (the stop round)."""
+    last = _row(rows, run.cfg.rounds)
+    smoothed = {k: _value(last, col) for k, col in _SMOOTHED.items()}
+    if cell.attack == NONE:
+        return Final(float(last["test_accuracy"]), **smoothed)
+    at = _row(rows, int(run.cfg.attack_params["stop_round"]))
+    return Final(float(at["test_accuracy"]), _success(at), _success(last), **smoothed)
 
 
 _SMOOTHED = {"smoothed_accuracy": "crfl_accuracy", "smoothed_success": "crfl_attack_success",
@@ -567,7 +556,7 @@ def report_markdown(table: Table, p: Preset, *, command: str, wall_seconds: floa
 
 
 @register
-class BackdoorDefences(ModuleStudy[Preset, Cell, Final]):
+class BackdoorDefences(GridStudy[Preset, Cell, Final]):
     """Backdoor defences against backdoor attacks (the module's docstring): ``phalanx experiment backdoor``."""
 
     name = "backdoor"
@@ -582,17 +571,21 @@ class BackdoorDefences(ModuleStudy[Preset, Cell, Final]):
     preset_help = "quick (digits, CPU, minutes) or full (Fashion-MNIST, every defence and attack)."
     set_example = "alphas=[0.5]"
 
-    functions = StudyFunctions(preset, plan, collect)
+    functions = GridFunctions(preset, cells, keys, final)
     raw_value = Final
 
-    def report(
-        self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], out: Path, *, command: str,
-        wall_seconds: float | None, runs: int, overrides: dict[str, Any],
-    ) -> Report:
+    def plan(self, p: Preset, overrides: dict[str, Any]) -> tuple[list[Cell], list[ValidRun]]:
+        check_overrides(overrides)
+        return super().plan(p, overrides)
+
+    def document(
+        self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], *, command: str,
+        wall_seconds: float | None, runs: int,
+    ) -> Document:
         table = tabulate(collected)
-        text = report_markdown(table, p, command=command, wall_seconds=wall_seconds, runs=runs)
-        files = write_report_files(out, text, cells_csv(table, p), "backdoor.png",
-                                   "attack success, durability and price vs α", lambda path: plot(table, p, path))
         fam = family(table, p)
-        return Report(files, [results_markdown(table, p, fam) + "\n\n" + price_markdown(table, p, fam) + "\n\n"
-                              + readout(table, p, fam)])
+        return Document(report_markdown(table, p, command=command, wall_seconds=wall_seconds, runs=runs),
+                        cells_csv(table, p), "backdoor.png", "attack success, durability and price vs α",
+                        lambda path: plot(table, p, path),
+                        [results_markdown(table, p, fam) + "\n\n" + price_markdown(table, p, fam) + "\n\n"
+                         + readout(table, p, fam)])

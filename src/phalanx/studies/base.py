@@ -31,10 +31,19 @@ from phalanx.studies.reporting import PresetLike, pick_preset, resolve_dataset
 
 if TYPE_CHECKING:
     from phalanx.experiments.config import RunConfig
+    from phalanx.experiments.validrun import ValidRun
 
 P = TypeVar("P", bound=PresetLike)
 C = TypeVar("C", bound=Hashable)
 V = TypeVar("V")
+
+
+def distinct(runs: list[ValidRun]) -> list[ValidRun]:
+    """The runs with the same run id once, in first-seen order (cells that share a run: :meth:`Study.runs`)."""
+    seen: dict[str, ValidRun] = {}
+    for r in runs:
+        seen.setdefault(r.run_id, r)
+    return list(seen.values())
 
 
 def planned(cells: Callable[[P], list[C]], config_for: Callable[[P, C, dict[str, Any] | None], RunConfig], p: P,
@@ -141,24 +150,27 @@ class Study(ABC, Generic[P, C, V]):
         return p, overrides
 
     @abstractmethod
-    def plan(self, preset: P, overrides: dict[str, Any]) -> tuple[list[C], list[RunConfig]]:
-        """The cells of the grid and their validated run configurations (one per cell), ``overrides`` (run keys)
-        applied to every one."""
+    def plan(self, preset: P, overrides: dict[str, Any]) -> tuple[list[C], list[ValidRun]]:
+        """The cells of the grid and their runs (one per cell), ``overrides`` (run keys) applied to every one, each
+        validated once (:func:`phalanx.experiments.config.validate`): the command line trains these values as they
+        are, without validating them again. (A study written before may still give configs, ``make_config``'s: the
+        command line validates them again before training them, and gives :meth:`collect` what :meth:`plan`
+        gave.)"""
 
-    def raw_cells(self, preset: P, cells: list[C], configs: list[RunConfig]) -> tuple[list[C], list[str]]:
+    def raw_cells(self, preset: P, cells: list[C], configs: list[ValidRun]) -> tuple[list[C], list[str]]:
         """The cells :meth:`collect` gives a value for, each with the name of the run it reads (the rows of
-        ``runs.csv`` and their ``run`` column): the planned ones and their configurations' run ids. A study whose
+        ``runs.csv`` and their ``run`` column): the planned ones and their runs' ids. A study whose
         collect derives more cells from a run (HBN's FedBN-global accuracy), or that trains no run directories,
         overrides this."""
         from phalanx.studies import raw
 
         return cells, raw.run_ids(configs)
 
-    def runs(self, configs: list[RunConfig]) -> list[RunConfig]:
+    def runs(self, configs: list[ValidRun]) -> list[ValidRun]:
         """The configurations to train: every cell's (a study whose cells share runs gives the distinct ones)."""
         return configs
 
-    def summary(self, preset: P, cells: list[C], runs: list[RunConfig], out: Path) -> str:
+    def summary(self, preset: P, cells: list[C], runs: list[ValidRun], out: Path) -> str:
         """The line the command prints before training (rich markup)."""
         return (f"[bold]{self.name} {preset.name}[/bold]: {preset.description}; dataset {preset.dataset}; "
                 f"{len(runs)} runs → {out}")
@@ -176,9 +188,8 @@ class Study(ABC, Generic[P, C, V]):
         return None
 
     @abstractmethod
-    def collect(self, cells: list[C], configs: list[RunConfig], runs_dir: Path) -> dict[C, V]:
-        """What every cell's ended run under ``runs_dir`` (named by :func:`phalanx.experiments.grid.run_id`)
-        ended with."""
+    def collect(self, cells: list[C], configs: list[ValidRun], runs_dir: Path) -> dict[C, V]:
+        """What every cell's ended run under ``runs_dir`` (named by its ``run_id``) ended with."""
 
     @abstractmethod
     def report(
@@ -203,7 +214,9 @@ class StudyFunctions:
 
 class ModuleStudy(Study[P, C, V]):
     """A study whose :meth:`preset`, :meth:`plan` and :meth:`collect` are the functions its ``functions`` names (its
-    module's, usually): the class declares the command's attributes and writes its :meth:`report`."""
+    module's, usually): the class declares the command's attributes and writes its :meth:`report`. Its module's
+    ``plan`` gives configs (made by ``make_config``), validated here again into the runs the command line trains: a
+    study on the template (:class:`phalanx.studies.template.GridStudy`) validates each run once."""
 
     functions: ClassVar[StudyFunctions]
     """The functions the three methods call."""
@@ -211,8 +224,11 @@ class ModuleStudy(Study[P, C, V]):
     def preset(self, name: str, **changes: Any) -> P:
         return cast(P, self.functions.preset(name, **changes))
 
-    def plan(self, preset: P, overrides: dict[str, Any]) -> tuple[list[C], list[RunConfig]]:
-        return self.functions.plan(preset, overrides)
+    def plan(self, preset: P, overrides: dict[str, Any]) -> tuple[list[C], list[ValidRun]]:
+        from phalanx.experiments.config import validate
 
-    def collect(self, cells: list[C], configs: list[RunConfig], runs_dir: Path) -> dict[C, V]:
-        return self.functions.collect(cells, configs, runs_dir)
+        cells, configs = self.functions.plan(preset, overrides)
+        return cells, [validate(c) for c in configs]
+
+    def collect(self, cells: list[C], configs: list[ValidRun], runs_dir: Path) -> dict[C, V]:
+        return self.functions.collect(cells, [r.cfg for r in configs], runs_dir)

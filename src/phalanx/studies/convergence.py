@@ -61,7 +61,7 @@ from phalanx.studies.registry import register
 from phalanx.studies.reporting import pick_preset, provenance, write_report_files
 
 if TYPE_CHECKING:
-    from phalanx.experiments.config import RunConfig
+    from phalanx.experiments.validrun import ValidRun
 
 __all__ = [
     "PRESETS", "Cell", "ConvergenceStudy", "Outcome", "Preset", "Row", "Trend", "check_preset", "collect_all",
@@ -451,7 +451,7 @@ class ConvergenceStudy(Study[Preset, Cell, Outcome]):
         p = pick_preset(self.presets, name, changes, ("rules", "fs", "alphas", "problems"))
         return check_preset(p)
 
-    def plan(self, preset: Preset, overrides: dict[str, Any]) -> tuple[list[Cell], list[RunConfig]]:
+    def plan(self, preset: Preset, overrides: dict[str, Any]) -> tuple[list[Cell], list[ValidRun]]:
         unknown = sorted(set(overrides) - {"data_root", "download"})
         if unknown:
             raise ConfigError("--set", unknown, "fields of the convergence preset: "
@@ -463,7 +463,7 @@ class ConvergenceStudy(Study[Preset, Cell, Outcome]):
 
     raw_value = Outcome
 
-    def raw_cells(self, preset: Preset, cells: list[Cell], configs: list[RunConfig]) -> tuple[list[Cell], list[str]]:
+    def raw_cells(self, preset: Preset, cells: list[Cell], configs: list[ValidRun]) -> tuple[list[Cell], list[str]]:
         """The cells, each named (no run directory) by ``gd_`` and a hash of the preset's fields bar its name,
         description and seeds (what a cell's GD run depends on besides the cell itself): a raw-results file made with
         other rounds, workers or data is refused."""
@@ -475,7 +475,7 @@ class ConvergenceStudy(Study[Preset, Cell, Outcome]):
         digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=repr).encode()).hexdigest()[:10]
         return cells, [f"gd_{digest}"] * len(cells)
 
-    def summary(self, preset: Preset, cells: list[Cell], runs: list[RunConfig], out: Path) -> str:
+    def summary(self, preset: Preset, cells: list[Cell], runs: list[ValidRun], out: Path) -> str:
         return (f"[bold]{self.name} {preset.name}[/bold]: {preset.description}; dataset {preset.dataset}; "
                 f"{len(cells)} full-batch GD runs in process (no run directories) → {out}")
 
@@ -491,7 +491,7 @@ class ConvergenceStudy(Study[Preset, Cell, Outcome]):
 
         return convergence_estimate.estimate(preset, cells, self._root)
 
-    def collect(self, cells: list[Cell], configs: list[RunConfig], runs_dir: Path) -> dict[Cell, Outcome]:
+    def collect(self, cells: list[Cell], configs: list[ValidRun], runs_dir: Path) -> dict[Cell, Outcome]:
         if self._preset is None:
             raise ConfigError("preset", None, "a preset planned first (plan, then collect)")
         t0 = time.perf_counter()

@@ -42,12 +42,11 @@ from typing import Any
 
 from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
 from phalanx.errors import ConfigError
-from phalanx.experiments import runstate
-from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.plots import save_figure
-from phalanx.studies.base import ModuleStudy, Report, StudyFunctions, planned
+from phalanx.experiments.validrun import ValidRun
 from phalanx.studies.registry import register
-from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance, write_report_files
+from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance
+from phalanx.studies.template import Document, GridFunctions, GridStudy
 
 MEAN = "mean"
 SGD = "sgd"
@@ -179,8 +178,8 @@ def cells(p: Preset) -> list[Cell]:
     return [Cell(r, o, a, s) for r in p.rules for o in p.arms for a in (False, True) for s in p.seeds]
 
 
-def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """The validated run configuration of one cell (the mean with f = 0; the online arms told their budget and G,
+def keys(p: Preset, cell: Cell) -> dict[str, Any]:
+    """The run keys of one cell (the mean with f = 0; the online arms told their budget and G,
     their lr the scale ε; clipped-sgd clips at the same G)."""
     data: dict[str, Any] = {
         "dataset": p.dataset, "model": p.model, "model_params": dict(p.model_params), "workers": p.workers,
@@ -200,13 +199,7 @@ def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -
     elif cell.optimizer == CLIPPED:
         data.update({"server_optimizer": CLIPPED, "lr": p.clipped_lr,
                      "server_optimizer_params": {"clip": float(p.gradient_bound)}})
-    data.update(overrides or {})
-    return make_config(data)
-
-
-def plan(p: Preset, overrides: dict[str, Any] | None = None) -> tuple[list[Cell], list[RunConfig]]:
-    """The cells and their configurations."""
-    return planned(cells, config_for, p, overrides)
+    return data
 
 
 @dataclass(frozen=True)
@@ -218,16 +211,10 @@ class Final:
     curve: tuple[tuple[int, float], ...]
 
 
-def collect(cs: list[Cell], cfgs: list[RunConfig], runs_dir: Path) -> dict[Cell, Final]:
-    """The rows of every cell's ended run under ``runs_dir``."""
-    from phalanx.experiments import grid
-
-    out = {}
-    for c, cfg in zip(cs, cfgs):
-        rows = [r for r in runstate.final_rows(runs_dir / grid.run_id(cfg)) if "test_accuracy" in r]
-        curve = tuple((int(r["round"]), float(r["test_accuracy"])) for r in rows)
-        out[c] = Final(curve[-1][1], curve)
-    return out
+def final(cell: Cell, run: ValidRun, rows: list[dict[str, Any]]) -> Final:
+    """The evaluated rows of a cell's ended run: its final accuracy and its curve."""
+    curve = tuple((int(r["round"]), float(r["test_accuracy"])) for r in rows if "test_accuracy" in r)
+    return Final(curve[-1][1], curve)
 
 
 Arm = tuple[str, str]  # (rule, optimizer)
@@ -489,7 +476,7 @@ def report_markdown(
 
 
 @register
-class CorruptedRounds(ModuleStudy[Preset, Cell, Final]):
+class CorruptedRounds(GridStudy[Preset, Cell, Final]):
     """Corrupted rounds (the module's docstring): ``phalanx experiment corrupted-rounds``."""
 
     name = "corrupted-rounds"
@@ -504,18 +491,17 @@ class CorruptedRounds(ModuleStudy[Preset, Cell, Final]):
     preset_help = "quick (digits, CPU, minutes) or full (Fashion-MNIST)."
     set_example = "every=10"
 
-    functions = StudyFunctions(preset, plan, collect)
+    functions = GridFunctions(preset, cells, keys, final)
     raw_value = Final
 
-    def report(
-        self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], out: Path, *, command: str,
-        wall_seconds: float | None, runs: int, overrides: dict[str, Any],
-    ) -> Report:
+    def document(
+        self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], *, command: str,
+        wall_seconds: float | None, runs: int,
+    ) -> Document:
         table = tabulate(collected)
         est = estimates(table)
         cs = comparisons(table, p)
-        text = report_markdown(est, cs, p, command=command, wall_seconds=wall_seconds, runs=runs)
-        files = write_report_files(out, text, cells_csv(table), "corrupted-rounds.png",
-                                   "accuracy with and without corrupted rounds", lambda path: plot(collected, est, p,
-                                                                                                   path))
-        return Report(files, [accuracy_markdown(est, p) + "\n\n" + comparisons_markdown(cs) + "\n\n" + readout(cs, p)])
+        return Document(report_markdown(est, cs, p, command=command, wall_seconds=wall_seconds, runs=runs),
+                        cells_csv(table), "corrupted-rounds.png", "accuracy with and without corrupted rounds",
+                        lambda path: plot(collected, est, p, path),
+                        [accuracy_markdown(est, p) + "\n\n" + comparisons_markdown(cs) + "\n\n" + readout(cs, p)])

@@ -31,19 +31,17 @@ from typing import Any
 from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments import store
-from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.plots import clipped_errors, save_figure
-from phalanx.studies.base import ModuleStudy, Report, StudyFunctions, planned
+from phalanx.experiments.validrun import ValidRun
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import (
     family_note,
-    final_accuracy,
     holm_family,
     holm_p,
     pick_preset,
     provenance,
-    write_report_files,
 )
+from phalanx.studies.template import Document, GridFunctions, GridStudy
 
 NORM_LABELS = {"group": "GroupNorm", "batch": "BatchNorm", "fedbn": "FedBN", "hybrid": "Hybrid BN", "none": "no norm",
                "fedbn-global": "FedBN, whole test set"}
@@ -124,8 +122,8 @@ def cells(p: Preset) -> list[Cell]:
     return [Cell(n, r, f, a, s) for n in p.norms for r, f in p.rules for a in p.alphas for s in p.seeds]
 
 
-def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """The validated run configuration of one cell (no attack)."""
+def keys(p: Preset, cell: Cell) -> dict[str, Any]:
+    """The run keys of one cell (no attack)."""
     data: dict[str, Any] = {
         "algorithm": "fedavg", "dataset": p.dataset, "model": p.model,
         "model_params": {**p.model_params, "norm": cell.norm}, "workers": p.clients,
@@ -139,13 +137,7 @@ def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -
         data.update(stats_batch=p.stats_batch, stats_momentum=p.stats_momentum)
     if cell.norm == "fedbn":
         data.update(eval_clients=p.eval_clients)
-    data.update(overrides or {})
-    return make_config(data)
-
-
-def plan(p: Preset, overrides: dict[str, Any] | None = None) -> tuple[list[Cell], list[RunConfig]]:
-    """The cells and their configurations."""
-    return planned(cells, config_for, p, overrides)
+    return data
 
 
 @dataclass
@@ -308,31 +300,13 @@ def report_markdown(
     return "\n".join(parts)
 
 
-def write_outputs(
-    results: dict[tuple[str, str, int, float], Result], ds: list[Difference], p: Preset, out: Path, *,
-    command: str, wall_seconds: float | None, runs: int,
-) -> list[Path]:
-    """Write ``report.md``, ``cells.csv`` and ``hbn.png`` into ``out`` (atomically); return their paths."""
-    text = report_markdown(results, ds, p, command=command, wall_seconds=wall_seconds, runs=runs)
-    return write_report_files(out, text, cells_csv(results), "hbn.png", "accuracy vs alpha",
-                              lambda path: plot(results, p, path))
-
-
-def collect(cs: list[Cell], cfgs: list[RunConfig], runs_dir: Path) -> dict[Cell, float]:
-    """The final accuracy (``test_accuracy``) of every cell's finished run under ``runs_dir``; for a FedBN run also
-    its ``global_test_accuracy``, under the same cell with norm ``"fedbn-global"``."""
-    from phalanx.experiments import grid
-
-    out = {c: final_accuracy(runs_dir / grid.run_id(cfg)) for c, cfg in zip(cs, cfgs)}
-    for c, cfg in zip(cs, cfgs):
-        if c.norm == "fedbn":
-            last = store.finished_rows(runs_dir / grid.run_id(cfg))[-1]
-            out[Cell(FEDBN_GLOBAL, c.rule, c.f, c.alpha, c.seed)] = float(last["global_test_accuracy"])
-    return out
+def final(cell: Cell, run: ValidRun, rows: list[dict[str, Any]]) -> float:
+    """The final accuracy (``test_accuracy``) of a cell's ended run."""
+    return float(rows[-1]["test_accuracy"])
 
 
 @register
-class HBN(ModuleStudy[Preset, Cell, float]):
+class HBN(GridStudy[Preset, Cell, float]):
     """BatchNorm under heterogeneity (the module's docstring) as a study: ``phalanx experiment hbn``."""
 
     name = "hbn"
@@ -345,10 +319,20 @@ class HBN(ModuleStudy[Preset, Cell, float]):
     preset_help = "quick (CPU, ≤ 30 min) or paper (CIFAR-10, GPU)."
     set_example = "rounds=50"
 
-    functions = StudyFunctions(preset, plan, collect)
+    functions = GridFunctions(preset, cells, keys, final)
     raw_value = float
 
-    def raw_cells(self, p: Preset, cells: list[Cell], configs: list[RunConfig]) -> tuple[list[Cell], list[str]]:
+    def collect(self, cells: list[Cell], configs: list[ValidRun], runs_dir: Path) -> dict[Cell, float]:
+        """:func:`final` of every cell's run; for a FedBN run also its ``global_test_accuracy``, under the same cell
+        with norm ``"fedbn-global"``."""
+        out = super().collect(cells, configs, runs_dir)
+        for c, r in zip(cells, configs):
+            if c.norm == "fedbn":
+                last = store.finished_rows(runs_dir / r.run_id)[-1]
+                out[Cell(FEDBN_GLOBAL, c.rule, c.f, c.alpha, c.seed)] = float(last["global_test_accuracy"])
+        return out
+
+    def raw_cells(self, p: Preset, cells: list[Cell], configs: list[ValidRun]) -> tuple[list[Cell], list[str]]:
         """The planned cells, then each FedBN cell's whole-test-set accuracy (norm ``fedbn-global``, read from the
         same run: :func:`collect`)."""
         from phalanx.studies import raw
@@ -357,11 +341,12 @@ class HBN(ModuleStudy[Preset, Cell, float]):
         extra = [(Cell(FEDBN_GLOBAL, c.rule, c.f, c.alpha, c.seed), i) for c, i in zip(cells, ids) if c.norm == "fedbn"]
         return [*cells, *(c for c, _ in extra)], [*ids, *(i for _, i in extra)]
 
-    def report(
-        self, p: Preset, cells: list[Cell], collected: dict[Cell, float], out: Path, *, command: str,
-        wall_seconds: float | None, runs: int, overrides: dict[str, Any],
-    ) -> Report:
+    def document(
+        self, p: Preset, cells: list[Cell], collected: dict[Cell, float], *, command: str,
+        wall_seconds: float | None, runs: int,
+    ) -> Document:
         results = tabulate(cells, collected)
         diffs = differences(results, p)
-        files = write_outputs(results, diffs, p, out, command=command, wall_seconds=wall_seconds, runs=runs)
-        return Report(files, [table_markdown(results, p) + "\n\n" + differences_markdown(diffs)])
+        return Document(report_markdown(results, diffs, p, command=command, wall_seconds=wall_seconds, runs=runs),
+                        cells_csv(results), "hbn.png", "accuracy vs alpha", lambda path: plot(results, p, path),
+                        [table_markdown(results, p) + "\n\n" + differences_markdown(diffs)])

@@ -25,12 +25,11 @@ from typing import Any
 
 from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError
-from phalanx.experiments import runstate
-from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.plots import clipped_errors, save_figure
-from phalanx.studies.base import ModuleStudy, Report, StudyFunctions, planned
+from phalanx.experiments.validrun import ValidRun
 from phalanx.studies.registry import register
-from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance, write_report_files
+from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance
+from phalanx.studies.template import Document, GridFunctions, GridStudy
 
 PLAIN = "mean"
 """Plain gossip: the reference of the price."""
@@ -99,8 +98,8 @@ def cells(p: Preset) -> list[Cell]:
     return [Cell(r, a, b, s) for b in p.byzantine for a in p.attacks for r in p.rules for s in p.seeds]
 
 
-def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """The validated run configuration of one cell."""
+def keys(p: Preset, cell: Cell) -> dict[str, Any]:
+    """The run keys of one cell."""
     byz = 0 if cell.attack == "none" else cell.b
     data: dict[str, Any] = {
         "algorithm": p.algorithm, "graph": "attached", "graph_params": {"byzantine": cell.b, "base": "torus"},
@@ -109,13 +108,7 @@ def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -
         "alpha": p.alpha, "batch_size": p.batch_size, "lr": p.lr, "momentum": p.momentum, "rounds": p.rounds,
         "eval_every": p.rounds, "checkpoint_every": p.rounds, "seed": cell.seed,
     }
-    data.update(overrides or {})
-    return make_config(data)
-
-
-def plan(p: Preset, overrides: dict[str, Any] | None = None) -> tuple[list[Cell], list[RunConfig]]:
-    """The cells and their configurations."""
-    return planned(cells, config_for, p, overrides)
+    return data
 
 
 @dataclass(frozen=True)
@@ -144,16 +137,11 @@ class Result:
         return sum(1 for f in self.per_seed.values() if f.diverged)
 
 
-def collect(cs: list[Cell], cfgs: list[RunConfig], runs_dir: Path) -> dict[Cell, Final]:
-    """The last evaluation of every cell's finished (or diverged) run under ``runs_dir``."""
-    from phalanx.experiments import grid
-
-    out = {}
-    for c, cfg in zip(cs, cfgs):
-        last = runstate.final_rows(runs_dir / grid.run_id(cfg))[-1]
-        out[c] = Final(float(last["test_accuracy"]), float(last.get("worst_node_accuracy", last["test_accuracy"])),
-                       bool(last.get("diverged")))
-    return out
+def final(cell: Cell, run: ValidRun, rows: list[dict[str, Any]]) -> Final:
+    """The last evaluation of a cell's finished (or diverged) run."""
+    last = rows[-1]
+    return Final(float(last["test_accuracy"]), float(last.get("worst_node_accuracy", last["test_accuracy"])),
+                 bool(last.get("diverged")))
 
 
 def tabulate(finals: dict[Cell, Final]) -> dict[tuple[str, str, int], Result]:
@@ -288,18 +276,8 @@ def report_markdown(
     return "\n".join(parts)
 
 
-def write_outputs(
-    results: dict[tuple[str, str, int], Result], ps: list[Price], p: Preset, out: Path, *,
-    command: str, wall_seconds: float | None, runs: int,
-) -> list[Path]:
-    """Write ``report.md``, ``cells.csv`` and ``neighbours.png`` into ``out`` (atomically); return their paths."""
-    text = report_markdown(results, ps, p, command=command, wall_seconds=wall_seconds, runs=runs)
-    return write_report_files(out, text, cells_csv(results), "neighbours.png", "accuracy vs Byzantine neighbours",
-                              lambda path: plot(results, p, path))
-
-
 @register
-class ByzantineNeighbours(ModuleStudy[Preset, Cell, Final]):
+class ByzantineNeighbours(GridStudy[Preset, Cell, Final]):
     """Robust gossip vs the number of Byzantine neighbours (the module's docstring) as a study: ``phalanx experiment
     byzantine-neighbours``."""
 
@@ -312,14 +290,16 @@ class ByzantineNeighbours(ModuleStudy[Preset, Cell, Final]):
     preset_help = "quick (digits, CPU, minutes) or full (Fashion-MNIST)."
     set_example = "byzantine=[1,2]"
 
-    functions = StudyFunctions(preset, plan, collect)
+    functions = GridFunctions(preset, cells, keys, final)
     raw_value = Final
 
-    def report(
-        self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], out: Path, *, command: str,
-        wall_seconds: float | None, runs: int, overrides: dict[str, Any],
-    ) -> Report:
+    def document(
+        self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], *, command: str,
+        wall_seconds: float | None, runs: int,
+    ) -> Document:
         results = tabulate(collected)
         ps = prices(results, p)
-        files = write_outputs(results, ps, p, out, command=command, wall_seconds=wall_seconds, runs=runs)
-        return Report(files, [table_markdown(results, p) + "\n\n" + prices_markdown(ps)])
+        return Document(report_markdown(results, ps, p, command=command, wall_seconds=wall_seconds, runs=runs),
+                        cells_csv(results), "neighbours.png", "accuracy vs Byzantine neighbours",
+                        lambda path: plot(results, p, path),
+                        [table_markdown(results, p) + "\n\n" + prices_markdown(ps)])

@@ -36,12 +36,11 @@ from typing import Any
 
 from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError
-from phalanx.experiments import runstate
-from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.plots import save_figure
-from phalanx.studies.base import ModuleStudy, Report, StudyFunctions, planned
+from phalanx.experiments.validrun import ValidRun
 from phalanx.studies.registry import register
-from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance, write_report_files
+from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance
+from phalanx.studies.template import Document, GridFunctions, GridStudy
 
 ALGORITHM_LABELS = {"gossip": "D-SGD", "anytime": "Anytime SGD"}
 REFERENCE = "complete"
@@ -132,8 +131,8 @@ def cells(p: Preset) -> list[Cell]:
             for s in (*p.seeds, *p.tuning_seeds)]
 
 
-def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """The validated run configuration of one cell (no attack, plain gossip, evaluated at the end)."""
+def keys(p: Preset, cell: Cell) -> dict[str, Any]:
+    """The run keys of one cell (no attack, plain gossip, evaluated at the end)."""
     rounds = p.rounds(cell.n)
     data: dict[str, Any] = {
         "algorithm": cell.algorithm, "graph": cell.graph, "workers": cell.n, "dataset": p.dataset, "model": p.model,
@@ -142,13 +141,7 @@ def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -
         "rounds": rounds, "eval_every": rounds, "checkpoint_every": rounds, "seed": cell.seed,
         "gossip_weights": "uniform_neighbour" if cell.graph == REFERENCE else "metropolis_hastings",
     }
-    data.update(overrides or {})
-    return make_config(data)
-
-
-def plan(p: Preset, overrides: dict[str, Any] | None = None) -> tuple[list[Cell], list[RunConfig]]:
-    """The cells and their configurations."""
-    return planned(cells, config_for, p, overrides)
+    return data
 
 
 @dataclass(frozen=True)
@@ -175,18 +168,13 @@ class Result:
     """The rate that selection on the reported seeds would have kept (not used)."""
 
 
-def collect(cs: list[Cell], cfgs: list[RunConfig], runs_dir: Path) -> dict[Cell, Final]:
-    """The last evaluation of every cell's finished run under ``runs_dir``. A run that diverged has no loss: it
-    counts as infinitely bad (its learning rate is never chosen)."""
-    from phalanx.experiments import grid
-
-    out = {}
-    for c, cfg in zip(cs, cfgs):
-        last = runstate.final_rows(runs_dir / grid.run_id(cfg))[-1]
-        loss = last.get("test_loss")
-        out[c] = Final(math.inf if loss is None else float(loss), float(last["test_accuracy"]),
-                       float(last.get("consensus_distance") or 0.0))
-    return out
+def final(cell: Cell, run: ValidRun, rows: list[dict[str, Any]]) -> Final:
+    """The last evaluation of a cell's ended run. A run that diverged has no loss: it counts as infinitely bad (its
+    learning rate is never chosen)."""
+    last = rows[-1]
+    loss = last.get("test_loss")
+    return Final(math.inf if loss is None else float(loss), float(last["test_accuracy"]),
+                 float(last.get("consensus_distance") or 0.0))
 
 
 def lowest_loss(by_lr: dict[float, dict[int, Final]]) -> float:
@@ -405,18 +393,8 @@ def report_markdown(
     return "\n".join(parts)
 
 
-def write_outputs(
-    results: dict[tuple[str, int, str], Result], ds: list[Difference], p: Preset, out: Path, *,
-    command: str, wall_seconds: float | None, runs: int,
-) -> list[Path]:
-    """Write ``report.md``, ``cells.csv`` and ``parallelism.png`` into ``out`` (atomically); return their paths."""
-    text = report_markdown(results, ds, p, command=command, wall_seconds=wall_seconds, runs=runs)
-    return write_report_files(out, text, cells_csv(results), "parallelism.png", "test loss vs nodes",
-                              lambda path: plot(results, p, path))
-
-
 @register
-class Parallelism(ModuleStudy[Preset, Cell, Final]):
+class Parallelism(GridStudy[Preset, Cell, Final]):
     """The parallelism threshold (the module's docstring) as a study: ``phalanx experiment parallelism``."""
 
     name = "parallelism"
@@ -430,14 +408,16 @@ class Parallelism(ModuleStudy[Preset, Cell, Final]):
     set_example = "nodes=[9,16]"
     raw_value = Final
 
-    functions = StudyFunctions(preset, plan, collect)
+    functions = GridFunctions(preset, cells, keys, final)
 
-    def report(
-        self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], out: Path, *, command: str,
-        wall_seconds: float | None, runs: int, overrides: dict[str, Any],
-    ) -> Report:
+    def document(
+        self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], *, command: str,
+        wall_seconds: float | None, runs: int,
+    ) -> Document:
         results = tabulate(collected, p.tuning_seeds)
         diffs = differences(results, p)
-        files = write_outputs(results, diffs, p, out, command=command, wall_seconds=wall_seconds, runs=runs)
-        return Report(files, [table_markdown(results, p) + "\n\n" + differences_markdown(diffs) + "\n\n"
-                              + thresholds_markdown(thresholds(results, p), p)])
+        return Document(report_markdown(results, diffs, p, command=command, wall_seconds=wall_seconds, runs=runs),
+                        cells_csv(results), "parallelism.png", "test loss vs nodes",
+                        lambda path: plot(results, p, path),
+                        [table_markdown(results, p) + "\n\n" + differences_markdown(diffs) + "\n\n"
+                         + thresholds_markdown(thresholds(results, p), p)])

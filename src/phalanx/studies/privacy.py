@@ -30,12 +30,12 @@ from typing import Any
 from phalanx.analysis import privacy as accounting
 from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
 from phalanx.errors import ConfigError
-from phalanx.experiments import legacy, runstate
-from phalanx.experiments.config import RunConfig, make_config
+from phalanx.experiments import legacy
 from phalanx.experiments.plots import save_figure
-from phalanx.studies.base import ModuleStudy, Report, StudyFunctions, planned
+from phalanx.experiments.validrun import ValidRun
 from phalanx.studies.registry import register
-from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance, write_report_files
+from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance
+from phalanx.studies.template import Document, GridFunctions, GridStudy
 
 MEAN = "mean"
 
@@ -109,8 +109,8 @@ def cells(p: Preset) -> list[Cell]:
     return [Cell(r, a, float(s), seed) for r in p.rules for a in (False, True) for s in p.noises for seed in p.seeds]
 
 
-def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """The validated run configuration of one cell (evaluated at the end; the mean with f = 0)."""
+def keys(p: Preset, cell: Cell) -> dict[str, Any]:
+    """The run keys of one cell (evaluated at the end; the mean with f = 0)."""
     data: dict[str, Any] = {
         "dataset": p.dataset, "model": p.model, "model_params": dict(p.model_params), "workers": p.workers,
         "aggregator": cell.rule, "f": 0 if cell.rule == MEAN else p.f,
@@ -120,13 +120,7 @@ def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -
     }
     if cell.noise > 0:
         data.update(legacy.flat_keys("dp", {"noise": cell.noise, "clip": p.clip, "delta": p.delta}))
-    data.update(overrides or {})
-    return make_config(data)
-
-
-def plan(p: Preset, overrides: dict[str, Any] | None = None) -> tuple[list[Cell], list[RunConfig]]:
-    """The cells and their configurations."""
-    return planned(cells, config_for, p, overrides)
+    return data
 
 
 @dataclass(frozen=True)
@@ -137,16 +131,11 @@ class Final:
     epsilon: float | None
 
 
-def collect(cs: list[Cell], cfgs: list[RunConfig], runs_dir: Path) -> dict[Cell, Final]:
-    """The last row of every cell's ended run under ``runs_dir``: its test accuracy and ε."""
-    from phalanx.experiments import grid
-
-    out = {}
-    for c, cfg in zip(cs, cfgs):
-        last = runstate.final_rows(runs_dir / grid.run_id(cfg))[-1]
-        eps = last.get("dp_epsilon")
-        out[c] = Final(float(last["test_accuracy"]), None if eps is None else float(eps))
-    return out
+def final(cell: Cell, run: ValidRun, rows: list[dict[str, Any]]) -> Final:
+    """The last row of a cell's ended run: its test accuracy and ε."""
+    last = rows[-1]
+    eps = last.get("dp_epsilon")
+    return Final(float(last["test_accuracy"]), None if eps is None else float(eps))
 
 
 def epsilon(p: Preset, noise: float, rounds: int | None = None) -> float:
@@ -343,7 +332,7 @@ def report_markdown(
 
 
 @register
-class Privacy(ModuleStudy[Preset, Cell, Final]):
+class Privacy(GridStudy[Preset, Cell, Final]):
     """Differential privacy next to robustness (the module's docstring): ``phalanx experiment privacy``."""
 
     name = "privacy"
@@ -357,17 +346,16 @@ class Privacy(ModuleStudy[Preset, Cell, Final]):
     preset_help = "quick (digits, CPU, minutes) or full (Fashion-MNIST)."
     set_example = "noises=[0,1]"
 
-    functions = StudyFunctions(preset, plan, collect)
+    functions = GridFunctions(preset, cells, keys, final)
     raw_value = Final
 
-    def report(
-        self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], out: Path, *, command: str,
-        wall_seconds: float | None, runs: int, overrides: dict[str, Any],
-    ) -> Report:
+    def document(
+        self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], *, command: str,
+        wall_seconds: float | None, runs: int,
+    ) -> Document:
         table = tabulate(collected)
         est = estimates(table)
         gs = growth(table, p)
-        text = report_markdown(est, gs, p, command=command, wall_seconds=wall_seconds, runs=runs)
-        files = write_report_files(out, text, cells_csv(table, p), "privacy.png", "accuracy vs DP ε",
-                                   lambda path: plot(est, gs, p, path))
-        return Report(files, [accuracy_markdown(est, p) + "\n\n" + growth_markdown(gs, p) + "\n\n" + readout(gs, p)])
+        return Document(report_markdown(est, gs, p, command=command, wall_seconds=wall_seconds, runs=runs),
+                        cells_csv(table, p), "privacy.png", "accuracy vs DP ε", lambda path: plot(est, gs, p, path),
+                        [accuracy_markdown(est, p) + "\n\n" + growth_markdown(gs, p) + "\n\n" + readout(gs, p)])

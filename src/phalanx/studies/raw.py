@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from phalanx.errors import ConfigError
 
 if TYPE_CHECKING:
-    from phalanx.experiments.config import RunConfig
+    from phalanx.experiments.schema import RunConfig
+    from phalanx.experiments.validrun import ValidRun
 
 C = TypeVar("C", bound=Hashable)
 
@@ -190,11 +191,13 @@ def _key(cell: Any) -> tuple[str, ...]:
     return tuple(str(getattr(cell, f.name)) for f in dataclasses.fields(cell))
 
 
-def run_ids(configs: Sequence[RunConfig]) -> list[str]:
-    """The ``run`` column of cells run with ``configs`` (in order): each configuration's run id."""
-    from phalanx.experiments import grid
+def run_ids(runs: Sequence[ValidRun | RunConfig]) -> list[str]:
+    """The ``run`` column of cells run as ``runs`` (in order): each run's id (a study of its own may still plan
+    configs: their ids are computed)."""
+    from phalanx.experiments.validrun import ValidRun as Valid
+    from phalanx.experiments.validrun import run_id
 
-    return [grid.run_id(c) for c in configs]
+    return [r.run_id if isinstance(r, Valid) else run_id(r) for r in runs]
 
 
 def write(cells: list[C], runs: Sequence[str], collected: dict[C, Any], value_type: type) -> str:

@@ -45,9 +45,9 @@ from typing import TYPE_CHECKING, Any
 from phalanx.analysis.stats import Estimate, mean_ci, slope
 from phalanx.errors import ConfigError
 from phalanx.experiments import grid
-from phalanx.experiments.config import RunConfig, make_config
+from phalanx.experiments.config import RunConfig, ValidRun, make_config, validate
 from phalanx.experiments.plots import clipped_errors, save_figure
-from phalanx.studies.base import Report, Study, planned
+from phalanx.studies.base import Report, Study, distinct, planned
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import final_accuracy, pick_preset, provenance, write_report_files
 
@@ -522,18 +522,19 @@ class Tension(Study[Preset, Cell, float]):
     def preset(self, name: str, **changes: Any) -> Preset:
         return preset(name, **changes)
 
-    def plan(self, p: Preset, overrides: dict[str, Any]) -> tuple[list[Cell], list[RunConfig]]:
-        return plan(p, overrides)
+    def plan(self, p: Preset, overrides: dict[str, Any]) -> tuple[list[Cell], list[ValidRun]]:
+        cells, configs = plan(p, overrides)
+        return cells, [validate(c) for c in configs]
 
-    def runs(self, configs: list[RunConfig]) -> list[RunConfig]:
-        return unique(configs)
+    def runs(self, configs: list[ValidRun]) -> list[ValidRun]:
+        return distinct(configs)
 
-    def summary(self, p: Preset, cells: list[Cell], runs: list[RunConfig], out: Path) -> str:
+    def summary(self, p: Preset, cells: list[Cell], runs: list[ValidRun], out: Path) -> str:
         return (f"[bold]preset {p.name}[/bold]: {p.description}; dataset {p.dataset}; {len(cells)} cells, "
                 f"{len(runs)} distinct runs → {out}")
 
-    def collect(self, cells: list[Cell], configs: list[RunConfig], runs_dir: Path) -> dict[Cell, float]:
-        return {c: final_accuracy(runs_dir / grid.run_id(cfg)) for c, cfg in zip(cells, configs)}
+    def collect(self, cells: list[Cell], configs: list[ValidRun], runs_dir: Path) -> dict[Cell, float]:
+        return {c: final_accuracy(runs_dir / r.run_id) for c, r in zip(cells, configs)}
 
     def report(
         self, p: Preset, cells: list[Cell], collected: dict[Cell, float], out: Path, *, command: str,

@@ -1,0 +1,88 @@
+"""The study template (:mod:`phalanx.studies.template`): a study on it plans runs validated once, which the command
+line trains as they are — each run's components are built once from ``phalanx experiment`` to the trained run; the
+mutant that validates each planned run again (as a study whose builder returns configs does) builds every run's
+twice."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from phalanx.experiments.config import validate
+from phalanx.studies import template
+from phalanx.training.algorithms import base
+
+ARGS = ["experiment", "privacy", "--preset", "quick", "--seeds", "2", "-j", "1", "--set", "rounds=2", "--set",
+        "noises=[0]", "--set", "rules=['mean','cwtm']"]
+RUNS = 2 * 2 * 1 * 2  # rules × attacked or not × noises × seeds
+
+
+def _rules_built(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """How many times a run's rule is built (validation builds it; a second validation builds it again)."""
+    built: Counter[str] = Counter()
+    original = base.RoundAlgorithm.make_rule.__func__  # type: ignore[attr-defined]
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        built["rule"] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(base.RoundAlgorithm, "make_rule", classmethod(counting))
+    return built
+
+
+def _run(tmp_path: Path, name: str) -> None:
+    from typer.testing import CliRunner
+
+    from phalanx.cli import app
+
+    result = CliRunner().invoke(app, [*ARGS, "--out", str(tmp_path / name)])
+    assert result.exit_code == 0, result.output
+
+
+def test_a_template_study_validates_each_run_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("dp_accounting")
+    monkeypatch.setenv("PHALANX_BUDGET_MINUTES", "off")
+    built = _rules_built(monkeypatch)
+    _run(tmp_path, "once")
+    assert built["rule"] == RUNS
+    original = template.GridStudy.plan
+
+    def again(self: Any, preset: Any, overrides: dict[str, Any]) -> Any:  # the mutant: each run validated again
+        cells, runs = original(self, preset, overrides)  # (the module studies' way: make_config, then validate)
+        return cells, [validate(r.cfg) for r in runs]
+
+    monkeypatch.setattr(template.GridStudy, "plan", again)
+    built.clear()
+    _run(tmp_path, "twice")
+    assert built["rule"] == 2 * RUNS
+
+
+def test_cells_that_share_a_run_share_one_validation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The async study's always-first sync cells run what its vector-attack sync cells run: the plan validates
+    that run once and gives both cells the same value; the mutant that validates cell by cell validates it twice."""
+    from phalanx.experiments import config
+    from phalanx.studies import asynchrony
+    from phalanx.studies.base import distinct
+
+    calls: Counter[str] = Counter()
+    original = config.validate
+
+    def counting(data: Any) -> Any:
+        calls["validate"] += 1
+        return original(data)
+
+    monkeypatch.setattr(config, "validate", counting)
+    study = asynchrony.Asynchrony()
+    p = study.preset("quick", rules=("mean", "cwmed"), seeds=(0, 1))
+    cells, runs = study.plan(p, {})
+    shared = sum(c.mode == "sync" and c.attack == "always_first" for c in cells)
+    assert shared > 0 and len(distinct(runs)) == len(cells) - shared
+    assert calls["validate"] == len(distinct(runs)) == len({id(r) for r in runs})
+    calls.clear()
+    monkeypatch.setattr(template.GridStudy, "plan", lambda self, p, o: (  # the mutant: one validation per cell
+        self.functions.cells(p), [self.run(p, c, o) for c in self.functions.cells(p)]))
+    cells, runs = study.plan(p, {})
+    assert calls["validate"] == len(cells) > len(distinct(runs))
