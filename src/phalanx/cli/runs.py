@@ -459,14 +459,13 @@ def report_cmd(
     fmt: FormatOption = "table",
 ) -> None:
     """Write report.md and PNG plots for the runs under a directory; print its tables (as `phalanx run` does)."""
-    from phalanx.errors import ConfigError
-    from phalanx.experiments import report
-
     fmt = check_format(fmt)
     say = console if fmt == "table" else _STDERR  # with --format, stdout holds the tables alone
     _force(force)
-    if not directory.is_dir():
+    if not directory.is_dir():  # before torch is imported: a wrong path is its one line at once
         raise ConfigError("DIR", str(directory), "an existing directory of runs (a run's or a sweep's --out)")
+    from phalanx.experiments import report
+
     result = report.write_report(directory)
     emit_all(_grid_tables(result), fmt, console)
     if result.get("incomplete"):
@@ -481,12 +480,11 @@ def status_cmd(
     fmt: FormatOption = "table",
 ) -> None:
     """Every run of a grid: done, diverged, running (who), queued (Slurm), failed (the error), stopped, pending."""
-    from phalanx.errors import ConfigError
+    fmt = check_format(fmt)
+    if not directory.is_dir():  # before torch is imported: a wrong path is its one line at once
+        raise ConfigError("DIR", str(directory), "an existing directory of runs (a sweep's --out)")
     from phalanx.experiments import slurm, status
 
-    fmt = check_format(fmt)
-    if not directory.is_dir():
-        raise ConfigError("DIR", str(directory), "an existing directory of runs (a sweep's --out)")
     base = directory / "runs" if (directory / "runs").is_dir() and not status.runs_of(directory) else directory
     queued = slurm.queued_runs(base)
     rows = status.grid_status(base, queued or {})
