@@ -127,6 +127,15 @@ def test_a_hostile_cache_is_refused_in_one_line_and_measured_again(why: str, tmp
     assert json.loads(path.read_text())[th.machine_key(2)]["threads"] == 1  # replaced by a sound entry
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_in_place_of_the_cache_is_refused_without_blocking(tmp_path: Path) -> None:
+    path = tmp_path / "threads.json"
+    os.mkfifo(path)  # an open() for reading would wait for a writer forever
+    said: list[str] = []
+    picked = th.choose(jobs=1, env={}, cores=2, measure=lambda t: {1: 0.004, 2: 0.3}[t], path=path, say=said.append)
+    assert picked.threads == 1 and len(said) == 1 and "not a regular file" in said[0]
+
+
 def test_the_forged_count_check_has_teeth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Mutant: an entry read without checking that its timings make its count the fastest — the forged count of
     :data:`HOSTILE` is then trusted (so the test above, which refuses it, can fail)."""

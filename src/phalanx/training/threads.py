@@ -37,6 +37,7 @@ import json
 import math
 import os
 import platform
+import stat
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -167,13 +168,19 @@ def _count(raw: object, parameter: str, cores: int) -> int:
 
 def _entries(path: Path) -> tuple[dict[str, Any], str | None]:
     """The cache file's entries and what is wrong with it (None: nothing; no file: no entries)."""
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(CACHE_MAX_BYTES + 1)
+    try:  # non-blocking open, then a regular file only: a FIFO or a device put there would block or never end
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         return {}, None
     except OSError as exc:
         return {}, f"unreadable ({exc.strerror or exc})"
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {}, "not a regular file"
+        try:
+            raw = fh.read(CACHE_MAX_BYTES + 1)
+        except OSError as exc:
+            return {}, f"unreadable ({exc.strerror or exc})"
     if len(raw) > CACHE_MAX_BYTES:
         return {}, f"larger than {CACHE_MAX_BYTES // 1024} KiB"
     try:
