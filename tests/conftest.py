@@ -18,3 +18,6 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 torch.set_num_threads(min(2, torch.get_num_threads()))
 # No grid times its first rounds to estimate its length (tests/test_estimate.py turns it on where it is tested).
 os.environ.setdefault("PHALANX_BUDGET_MINUTES", "off")
+# `phalanx run` keeps torch's own thread count here, as before it chose one (tests/test_threads_choice.py turns the
+# choice on where it is tested): no test measures the machine or writes to the user's cache.
+os.environ.setdefault("PHALANX_THREADS", "torch")

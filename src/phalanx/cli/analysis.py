@@ -7,10 +7,9 @@ import math
 import time
 from typing import Annotated
 
-import torch
 import typer
 
-from phalanx import __version__, aggregators
+from phalanx import __version__
 from phalanx.cli.common import _STDERR, _fmt, app, console
 from phalanx.cli.output import FormatOption, Tabular, check_format, emit
 from phalanx.cli.studies import tension_app
@@ -31,6 +30,9 @@ def demo(
     Prints, per rule, the error of its output against the honest mean (relative to the honest spread, the
     quantity whose worst case is ε), the share of the output it gave to the Byzantine rows, and its speed.
     """
+    import torch
+
+    from phalanx import aggregators
     from phalanx.analysis import aggregation_error, lower_bound
 
     fmt = check_format(fmt)
@@ -88,6 +90,7 @@ def epsilon_cmd(
     """A certified lower bound on a rule's no-attack aggregation error factor ε (known constructions, random inputs
     and a CMA-ES search, the best input recomputed exactly), beside its proven ε or upper bound; exit status 1 when
     the measured value is above a proven bound (a bug)."""
+    from phalanx import aggregators
     from phalanx.analysis import epsilon
 
     est = epsilon(aggregators.make(spec, f=f), workers, d=dim, trials=trials, seed=seed, budget=budget)
@@ -134,6 +137,7 @@ def kappa_cmd(
 ) -> None:
     """Measure a certified lower bound on a rule's (f, κ)-robustness coefficient (Allouah et al., AISTATS 2023):
     the worst input a search finds, beside the proven upper bound and the bound f/(n−2f) of every rule."""
+    from phalanx import aggregators
     from phalanx.analysis import kappa
     from phalanx.analysis.kappa import check_setting
 

@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from phalanx import aggregators
 from phalanx.cli.common import _fmt, _references, console, list_app
 from phalanx.cli.output import FormatOption, Tabular, check_format, emit
 from phalanx.errors import ConfigError, PhalanxError
@@ -22,6 +21,8 @@ def list_aggregators(
     fmt = check_format(fmt)
     if 2 * f >= workers:
         raise ConfigError("--f", f, f"< n/2 = {workers / 2:g} with -n {workers} (f ≥ n/2 is beyond any robust rule)")
+    from phalanx import aggregators
+
     table = Tabular(f"Phalanx aggregators (ε, κ at n={workers}, f={f})",
                     ("name", "kind", "requirement", "ε", "κ", "ref."), whole=("name",))  # names stay whole (grep-able)
     rows: list[tuple[list[str], str]] = []

@@ -169,9 +169,48 @@ def _short(cfg: RunConfig) -> str:
     return f"{cfg.aggregator} / {cfg.attack}{where}"
 
 
+def _calibration_round(threads: int) -> float:
+    """Seconds a round of the default job (its ``cwtm`` run, no attack, seed 0) takes here at ``threads`` threads
+    (:func:`phalanx.experiments.estimate.time_rounds`: nothing written, the random state restored)."""
+    import torch
+
+    from phalanx.experiments import estimate, grid
+    from phalanx.experiments.config import load_grid
+
+    run = grid.runs(load_grid(None, ["aggregator=cwtm", "attack=none", "seed=0"]))[0]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return estimate.time_rounds(run, rounds=CALIBRATION_ROUNDS)[0]
+    finally:
+        torch.set_num_threads(before)
+
+
+CALIBRATION_ROUNDS = 5
+"""Rounds of the default job timed per thread count (after one warm-up round) the first time a machine runs."""
+
+
+def _choose_threads(executor: Any, jobs: int, threads: int | None, *, err: bool) -> None:
+    """Give the local executor its runs' thread count (:func:`phalanx.training.threads.choose`) and say it in one
+    line: ``--threads``, ``PHALANX_THREADS``, cores / jobs, or the count measured fastest on this machine (once,
+    stored)."""
+    from phalanx.training.threads import choose
+
+    say = _STDERR if err else console
+    note = functools.partial(say.print, soft_wrap=True, highlight=False, markup=False)
+    picked = choose(jobs=jobs, override=threads, measure=_calibration_round, say=note)
+    executor.threads = picked.threads
+    note(picked.line())
+
+
+THREADS_HELP = ("Intra-op threads per run (default: PHALANX_THREADS, else cores / --jobs, else for one process the "
+                "count measured fastest on this machine, once). Results depend on it.")
+
+
 def _train(
     points: Sequence[RunConfig | ValidRun], out: Path, jobs: int, executor: ExecutorChoice | None = None,
-    slurm_table: dict[str, Any] | None = None, *, plain: bool = False,
+    slurm_table: dict[str, Any] | None = None, *, plain: bool = False, threads: int | None = None,
+    choose_threads: bool = False,
 ) -> None:
     """Run validated runs (configs are validated here, once) into ``out`` (finished runs skipped) under a rich
     progress bar with ETA, on the executor the command line chose (``slurm_table``: the grid config's ``[slurm]``
@@ -192,6 +231,8 @@ def _train(
     _check_out(out)
     choice = executor or ExecutorChoice()
     chosen = choice.make(jobs, slurm_table)  # Slurm settings validated before anything runs
+    if choose_threads and choice.executor == "local":  # phalanx run / sweep (a study keeps its own counts)
+        _choose_threads(chosen, jobs, threads, err=plain)
     announce = None if choice.executor == "slurm" else functools.partial(_announce, jobs=jobs, err=plain)
 
     if plain or not _stdout_is_terminal():
@@ -311,7 +352,7 @@ def _split_slurm(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] |
 
 def _run_grid(
     config: Path | None, overrides: list[str], out: Path, jobs: int, executor: ExecutorChoice | None = None,
-    fmt: str = "table",
+    fmt: str = "table", threads: int | None = None,
 ) -> None:
     """Train the grid of a config: in this process's workers (``engine = "simulated"``), on a Slurm job array
     (``--executor slurm``), or — ``engine = "torchrun"`` — one process per worker, exactly as ``phalanx launch``
@@ -334,7 +375,8 @@ def _run_grid(
                           "`phalanx launch`)")
     say = console if fmt == "table" else _STDERR  # with --format, stdout holds the tables alone
     say.print(f"[bold]{len(runs)} run(s)[/bold] → {out} on {_devices(runs, executor)}")
-    _train(runs, out, jobs, executor, slurm_table, plain=fmt != "table")
+    _train(runs, out, jobs, executor, slurm_table, plain=fmt != "table", threads=threads,
+           choose_threads=True)
     result = report.write_report(out)
     emit_all(_grid_tables(result), fmt, console)
     say.print(f"report: {out / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
@@ -423,6 +465,7 @@ def run(
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel worker processes.")] = 1,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     track: Annotated[list[str] | None, typer.Option("--track", help=TRACK_HELP)] = None,
+    threads: Annotated[int | None, typer.Option("--threads", min=1, help=THREADS_HELP)] = None,
     fmt: FormatOption = "table",
     executor: ExecutorChoice | None = None,
 ) -> None:
@@ -431,7 +474,7 @@ def run(
     With engine = "torchrun" every worker is its own process, as with `phalanx launch`.
     """
     _force(force)
-    _run_grid(config, _tracked(config, set_ or [], track), out, jobs, executor, check_format(fmt))
+    _run_grid(config, _tracked(config, set_ or [], track), out, jobs, executor, check_format(fmt), threads)
 
 
 @app.command()
@@ -443,13 +486,14 @@ def sweep(
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel worker processes.")] = 2,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     track: Annotated[list[str] | None, typer.Option("--track", help=TRACK_HELP)] = None,
+    threads: Annotated[int | None, typer.Option("--threads", min=1, help=THREADS_HELP)] = None,
     fmt: FormatOption = "table",
     executor: ExecutorChoice | None = None,
 ) -> None:
     """Run a grid in parallel processes or as a Slurm job array; finished runs are skipped, unfinished ones
     resume."""
     _force(force)
-    _run_grid(config, _tracked(config, set_ or [], track), out, jobs, executor, check_format(fmt))
+    _run_grid(config, _tracked(config, set_ or [], track), out, jobs, executor, check_format(fmt), threads)
 
 
 @app.command("report")
@@ -459,14 +503,13 @@ def report_cmd(
     fmt: FormatOption = "table",
 ) -> None:
     """Write report.md and PNG plots for the runs under a directory; print its tables (as `phalanx run` does)."""
-    from phalanx.errors import ConfigError
-    from phalanx.experiments import report
-
     fmt = check_format(fmt)
     say = console if fmt == "table" else _STDERR  # with --format, stdout holds the tables alone
     _force(force)
-    if not directory.is_dir():
+    if not directory.is_dir():  # before torch is imported: a wrong path is its one line at once
         raise ConfigError("DIR", str(directory), "an existing directory of runs (a run's or a sweep's --out)")
+    from phalanx.experiments import report
+
     result = report.write_report(directory)
     emit_all(_grid_tables(result), fmt, console)
     if result.get("incomplete"):
@@ -481,12 +524,11 @@ def status_cmd(
     fmt: FormatOption = "table",
 ) -> None:
     """Every run of a grid: done, diverged, running (who), queued (Slurm), failed (the error), stopped, pending."""
-    from phalanx.errors import ConfigError
+    fmt = check_format(fmt)
+    if not directory.is_dir():  # before torch is imported: a wrong path is its one line at once
+        raise ConfigError("DIR", str(directory), "an existing directory of runs (a sweep's --out)")
     from phalanx.experiments import slurm, status
 
-    fmt = check_format(fmt)
-    if not directory.is_dir():
-        raise ConfigError("DIR", str(directory), "an existing directory of runs (a sweep's --out)")
     base = directory / "runs" if (directory / "runs").is_dir() and not status.runs_of(directory) else directory
     queued = slurm.queued_runs(base)
     rows = status.grid_status(base, queued or {})

@@ -113,30 +113,44 @@ class LocalExecutor:
 
     name = "local"
 
-    def __init__(self, jobs: int = 1, *, wait: bool = False) -> None:
+    def __init__(self, jobs: int = 1, *, wait: bool = False, threads: int | None = None) -> None:
         self.jobs = jobs
         self.wait = wait
+        self.threads = threads
+        """Intra-op threads of each run (:func:`phalanx.training.threads.choose`); None: torch's default in this
+        process, ``cores // jobs`` in worker processes."""
 
     def run(self, todo: list[tuple[ValidRun, Path]], out: Path, hooks: Hooks) -> Outcome:
         outcome = Outcome()
         if self.jobs <= 1 or len(todo) <= 1:
-            for r, d in todo:  # a signal raises StopRequested out of the run (the caller's stop_on_signals)
-                c = r.cfg
-                cb = (lambda t, total, row, c=c: hooks.round(c, t)) if hooks.on_round is not None else None
-                try:
-                    train(r, d, progress=cb, dataset=dataset_for(r.specs.data), wait=self.wait)
-                except Exception as exc:
-                    _ended(c, d, exc, hooks, outcome)
-                else:
-                    _ended(c, d, None, hooks, outcome)
+            before = torch.get_num_threads()
+            if self.threads is not None:
+                torch.set_num_threads(self.threads)
+            try:
+                self._run_here(todo, hooks, outcome)
+            finally:
+                if self.threads is not None:  # this process's count as it was (a library caller's own)
+                    torch.set_num_threads(before)
             return outcome
         with signals.recording(hooks.stopped):  # the loop below sees a signal within 0.2 s and stops the grid
             self._run_parallel([(r.cfg, d) for r, d in todo], hooks, outcome)  # each worker validates its config
         return outcome
 
+    def _run_here(self, todo: list[tuple[ValidRun, Path]], hooks: Hooks, outcome: Outcome) -> None:
+        """Run ``todo`` one after the other in this process."""
+        for r, d in todo:  # a signal raises StopRequested out of the run (the caller's stop_on_signals)
+            c = r.cfg
+            cb = (lambda t, total, row, c=c: hooks.round(c, t)) if hooks.on_round is not None else None
+            try:
+                train(r, d, progress=cb, dataset=dataset_for(r.specs.data), wait=self.wait)
+            except Exception as exc:
+                _ended(c, d, exc, hooks, outcome)
+            else:
+                _ended(c, d, None, hooks, outcome)
+
     def _run_parallel(self, todo: list[tuple[RunConfig, Path]], hooks: Hooks, outcome: Outcome) -> None:
         """Run ``todo`` in spawned worker processes; return early, the workers ended, once a signal arrived."""
-        threads = max(1, (os.cpu_count() or 1) // self.jobs)
+        threads = self.threads or max(1, (os.cpu_count() or 1) // self.jobs)
         ctx = multiprocessing.get_context("spawn")
         by_dir = {str(d): c for c, d in todo}
         manager = SyncManager(ctx=ctx)

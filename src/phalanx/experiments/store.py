@@ -268,8 +268,9 @@ def prepare_run_dir(
     """Create the run directory, or check that an existing one holds the same configuration.
 
     ``identity`` is what names the run (a config's :meth:`~phalanx.experiments.config.RunConfig.identity`); the
-    resolved configuration is written as ``config.json``, with a manifest of versions, seed, data fingerprint and
-    ``device`` (:func:`phalanx.training.devices.describe`: where the run trains; default the CPU).
+    resolved configuration is written as ``config.json``, with a manifest of versions, seed, data fingerprint, the
+    intra-op thread count it starts with and ``device`` (:func:`phalanx.training.devices.describe`: where the run
+    trains; default the CPU).
     """
     make_dir(out)
     if (out / "config.json").exists():
@@ -279,6 +280,7 @@ def prepare_run_dir(
         "phalanx": __version__, "torch": torch.__version__, "python": platform.python_version(),
         "platform": platform.platform(), "seed": seed, "data_fingerprint": data_fingerprint,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "integrity": INTEGRITY_VERSION, "artifacts": {},
+        "threads": torch.get_num_threads(),  # a float result depends on it (phalanx.training.threads)
         **(device or {"device": "cpu"}),
     }
     atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
