@@ -1,5 +1,5 @@
 """A run's thread count, chosen for the user (issue 37 item 5): measured once per machine, stored, read back — never
-from the load of the moment (:func:`phalanx.training.threads.choose`).
+from the load of the moment (:func:`phalanx.experiments.threads.choose`).
 
 The attacker here is the machine and its files: a load that changes between two runs of one config (simulated:
 ``os.getloadavg`` and the calibration's timings both follow it), and a cache file anyone with the user's home can
@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 
 from phalanx import cli
 from phalanx.errors import ConfigError
+from phalanx.experiments import threads as th
 from phalanx.experiments.local import LocalExecutor
-from phalanx.training import threads as th
 
 Chooser = Callable[..., th.ThreadChoice]
 

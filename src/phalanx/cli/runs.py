@@ -191,10 +191,10 @@ CALIBRATION_ROUNDS = 5
 
 
 def _choose_threads(executor: Any, jobs: int, threads: int | None, *, err: bool) -> None:
-    """Give the local executor its runs' thread count (:func:`phalanx.training.threads.choose`) and say it in one
+    """Give the local executor its runs' thread count (:func:`phalanx.experiments.threads.choose`) and say it in one
     line: ``--threads``, ``PHALANX_THREADS``, cores / jobs, or the count measured fastest on this machine (once,
     stored)."""
-    from phalanx.training.threads import choose
+    from phalanx.experiments.threads import choose
 
     say = _STDERR if err else console
     note = functools.partial(say.print, soft_wrap=True, highlight=False, markup=False)

@@ -117,7 +117,7 @@ class LocalExecutor:
         self.jobs = jobs
         self.wait = wait
         self.threads = threads
-        """Intra-op threads of each run (:func:`phalanx.training.threads.choose`); None: torch's default in this
+        """Intra-op threads of each run (:func:`phalanx.experiments.threads.choose`); None: torch's default in this
         process, ``cores // jobs`` in worker processes."""
 
     def run(self, todo: list[tuple[ValidRun, Path]], out: Path, hooks: Hooks) -> Outcome:
