@@ -201,3 +201,21 @@ def test_a_tree_is_validated_as_its_flat_form() -> None:
     with pytest.raises(ConfigError, match=r"^f=20 is invalid"):  # the flat key's own check, with its own message
         make_config({"run": {"workers": 10}, "rule": {"f": 20}})
     assert legacy.TREE in tree.SECTIONS
+
+
+def test_the_command_line_lists_the_sections_and_shows_a_config_as_its_tree(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from phalanx import cli
+
+    runner = CliRunner()
+    res = runner.invoke(cli.app, ["list", "sections", "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    assert "rule,spec,aggregator,all" in res.output and "server.optimizer,lr,server_lr,fedavg" in res.output
+    flat = config.load_grid(None, ["f=3"])
+    for how in ("--tree", "--flat"):
+        res = runner.invoke(cli.app, ["config", "show", "--set", "rule.f=3", how])
+        assert res.exit_code == 0, res.output
+        shown = config.toml_loads(res.output)
+        assert tree.is_tree(shown) == (how == "--tree")
+        assert sorted(r.run_id for r in grid.runs(shown)) == sorted(r.run_id for r in grid.runs(flat))

@@ -516,3 +516,42 @@ def dumps(tree: dict[str, Any]) -> str:
         for name, body in tables:
             lines += ["", f"[{name}]", *(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in body.items())]
     return "\n".join(lines) + "\n"
+
+
+def declared() -> list[tuple[str, str, str, str]]:
+    """Every section's declared keys as ``(section, key, the flat key it sets, for which component)`` — read from
+    the declarations (:data:`TABLE`, each built-in algorithm's constructor, :func:`lr_homes`, the built-in stages'
+    flat keys), what ``phalanx list sections`` prints."""
+    rows: list[tuple[str, str, str, str]] = []
+    for section in SECTIONS:
+        if section == "stages":
+            rows += [("stages.dp", p, flat, "client-level DP") for p, flat in legacy.DP.items()]
+            rows += [("stages.crfl", "<p>", "server_projection_params.<p> (server_projection = 'crfl')", "CRFL"),
+                     ("stages.<name>", "<p>", "stages.<name>.<p>", "every other stage (phalanx list stages)")]
+            continue
+        rows += [(section, key, flat, "all") for key, flat in TABLE[section].items()]
+        if section == "algorithm":
+            seen: dict[tuple[str, str], list[str]] = {}
+            for name in builtin.BUILT_IN:
+                for key, flat in _algorithm_keys(name).items():
+                    if key not in TABLE[section]:
+                        seen.setdefault((key, flat), []).append(name)
+                home = lr_homes(name)[0]
+                if home is not None:
+                    seen.setdefault(("lr", home), []).append(name)
+            rows += [(section, key, flat, ", ".join(names)) for (key, flat), names in seen.items()]
+            rows.append((section, "<p>", "algorithm_params.<p>", "an algorithm of one's own (its constructor)"))
+        elif section == "server.optimizer":
+            homes: dict[str, list[str]] = {}
+            for name in builtin.BUILT_IN:
+                home = lr_homes(name)[1]
+                if home is not None:
+                    homes.setdefault(home, []).append(name)
+            rows += [(section, "lr", flat, ", ".join(names)) for flat, names in homes.items()]
+            rows += [(section, p, flat, "sgd") for p, flat in legacy.SGD.items()]
+            rows.append((section, "<p>", "server_optimizer_params.<p>", "the optimizer's own"))
+        elif section == "attack":
+            rows.append((section, "<p>", "attack_params.<p>", "its constructor's (phalanx list attacks)"))
+        elif section == "model":
+            rows.append((section, "<p>", "model_params.<p>", "the builder's"))
+    return rows
