@@ -219,3 +219,15 @@ def test_the_command_line_lists_the_sections_and_shows_a_config_as_its_tree(tmp_
         shown = config.toml_loads(res.output)
         assert tree.is_tree(shown) == (how == "--tree")
         assert sorted(r.run_id for r in grid.runs(shown)) == sorted(r.run_id for r in grid.runs(flat))
+
+
+def test_the_docs_example_is_one_run_both_ways() -> None:
+    """docs/config.md's job written as a tree and flat: the same runs, with the same run ids."""
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "config.md").read_text()
+    as_tree, as_flat = (config.toml_loads(b) for b in re.findall(r"```toml\n(.*?)```", text, flags=re.S)[:2])
+    assert tree.is_tree(as_tree) and not tree.is_tree(as_flat)
+    assert tree.to_flat(as_tree) == as_flat
+    ids = [r.run_id for r in grid.runs(as_flat)]
+    assert len(ids) == 9 and sorted(r.run_id for r in grid.runs(as_tree)) == sorted(ids)

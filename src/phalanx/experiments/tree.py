@@ -64,7 +64,7 @@ OPEN = {"model": "model_params", "server.optimizer": "server_optimizer_params"}
 LR = ("lr", "server_lr")
 """The flat keys of the learning rates: in ``[algorithm]`` or ``[server.optimizer]`` by the algorithm's role."""
 ROLE = "lr (by the algorithm's lr_role)"
-STAGE_KEYS = (*legacy.PRIVACY, legacy.PROJECTION, "server_projection_params", legacy.TREE)
+STAGE_KEYS = (*legacy.PRIVACY, legacy.PROJECTION, legacy.PROJECTION_PARAMS, legacy.TREE)
 """The flat keys of ``[stages.<name>]``: the privacy stage's, the server projection's, and ``stages`` itself."""
 
 
@@ -392,12 +392,12 @@ def to_tree(flat: dict[str, Any]) -> dict[str, Any]:
         if name not in legacy.FLAT_STAGES:
             raise ConfigError(legacy.PROJECTION, name, "one of " + ", ".join(repr(n) for n in legacy.FLAT_STAGES
                                                                               if n != "dp"))
-        stages[name] = dict(flat.get("server_projection_params", {}))
+        stages[name] = dict(flat.get(legacy.PROJECTION_PARAMS, {}))
     for key, value in flat.items():
         if key in STAGE_KEYS:
             if key == legacy.TREE and isinstance(value, dict):
                 stages.update(value)
-            elif key == "server_projection_params" and legacy.PROJECTION not in flat and value:
+            elif key == legacy.PROJECTION_PARAMS and legacy.PROJECTION not in flat and value:
                 top[key] = value  # refused by validation (params without the projection): kept to say so
             continue
         if key in params_of and isinstance(value, dict):
