@@ -231,3 +231,21 @@ def test_the_docs_example_is_one_run_both_ways() -> None:
     assert tree.to_flat(as_tree) == as_flat
     ids = [r.run_id for r in grid.runs(as_flat)]
     assert len(ids) == 9 and sorted(r.run_id for r in grid.runs(as_tree)) == sorted(ids)
+
+
+def test_a_hostile_section_is_one_line_error() -> None:
+    """A file may hold anything: a key with a line break, a section that is no table, a server table of other
+    things — each a one-line ConfigError naming where, never a crash."""
+    for table in ({"rule": {"a\nb": 1}}, {"rule": "cwtm"}, {"server": {"optimizer": 5}}, {"server": {"x": {}}},
+                  {"algorithm": {"name": 5, "lr": 1}}, {"attack": {"name": "no-such-attack", "z": 1}}):
+        try:
+            make_config(table)
+        except ConfigError as exc:
+            assert "\n" not in str(exc), str(exc)
+        else:
+            raise AssertionError(f"accepted {table}")
+
+
+def test_set_of_the_runs_lr_replaces_its_role_spelling() -> None:
+    base = {"algorithm": "fedavg", "client_lr": 0.05}
+    assert config.apply_overrides(base, ["algorithm.lr=0.2"]) == {"algorithm": "fedavg", "lr": 0.2}

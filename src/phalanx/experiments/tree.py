@@ -187,8 +187,10 @@ def _owner_of(key: str) -> str | None:
 
 
 def _refuse(section: str, key: str, value: Any, keys: Iterable[str]) -> ConfigError:
-    """A key ``section`` does not declare: where it belongs, or the closest of the section's keys."""
+    """A key ``section`` does not declare: where it belongs, or the closest of the section's keys (a key that would
+    not print on one line shown as its repr, so that the error stays one line)."""
     allowed = ", ".join(keys)
+    key = key if key.strip() and key.isprintable() else repr(key)
     owner = _owner_of(key)
     if key == "lr" and section in ("algorithm", "server.optimizer"):  # the other one has it (lr_homes)
         owner = "server.optimizer" if section == "algorithm" else "algorithm"
@@ -464,6 +466,9 @@ def flat_override(table: dict[str, Any], key: str, parse: Any) -> dict[str, Any]
     outer, _, inner = target.partition(".")
     text_value = parse(target if not inner else None)
     if not inner:
+        if target == "lr":  # the run's lr replaces the file's, whatever role spelling it used (client_lr …)
+            spellings = {builtin.lr_spelling(n) for n in _names(_tied(table).get("algorithm"), "dsgd")}
+            table = {k: v for k, v in table.items() if k not in spellings}
         return {**table, outer: text_value}
     current = dict(table.get(outer) or {})
     node = current
