@@ -249,3 +249,47 @@ def test_a_hostile_section_is_one_line_error() -> None:
 def test_set_of_the_runs_lr_replaces_its_role_spelling() -> None:
     base = {"algorithm": "fedavg", "client_lr": 0.05}
     assert config.apply_overrides(base, ["algorithm.lr=0.2"]) == {"algorithm": "fedavg", "lr": 0.2}
+
+
+SECTION_KEYS = sorted({k for keys in tree.TABLE.values() for k in keys} | {"lr", "z", "pre", "spec", "f", "noise",
+                                                                           "clip", "window", "hidden", "weights"})
+NAMES = ["dsgd", "fedavg", "gossip", "scaffold", "alie", "none", "cwtm", "sgd", "adam", "mlp", "digits", "crfl",
+         "dp", "fail_closed", "no:such", ""]
+
+
+def _values() -> Any:
+    from hypothesis import strategies as st
+
+    leaf = st.one_of(st.sampled_from(NAMES), st.integers(-3, 2**70), st.floats(allow_nan=True), st.booleans(),
+                     st.text(max_size=4))
+    return st.recursive(leaf, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                      st.dictionaries(st.sampled_from(SECTION_KEYS + NAMES), inner,
+                                                                      max_size=3)), max_leaves=6)
+
+
+def test_a_random_tree_is_read_or_refused_in_one_line() -> None:
+    """Random trees (the section names, their keys and others, every kind of value) through the adapter both ways,
+    ``--set`` and validation: each succeeds or raises a one-line ConfigError — never another exception."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    heads = st.sampled_from([*tree.SECTIONS, "server", "tie", "f", "workers", "attack_params"])
+    tables = st.dictionaries(heads, st.one_of(st.dictionaries(st.sampled_from(SECTION_KEYS + NAMES), _values(),
+                                                              max_size=4), _values()), max_size=4)
+    sets = st.lists(st.tuples(st.sampled_from(["rule.f", "rule", "attack.z", "server.optimizer.lr", "algorithm.lr",
+                                               "stages.dp.noise", "model.hidden", "run", "data.name", "lr"]),
+                              st.sampled_from(["3", "{spec='cwtm', f=1}", "[1, 2]", "x", "1.5", "{z=1}", "true"])),
+                    max_size=2)
+
+    @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(tables, sets)
+    def check(table: dict[str, Any], overrides: list[tuple[str, str]]) -> None:
+        for step in (lambda: tree.to_tree(tree.to_flat(table)),
+                     lambda: config.apply_overrides(table, [f"{k}={v}" for k, v in overrides]),
+                     lambda: grid.configs({"workers": 5, "rounds": 2, **table})):
+            try:
+                step()
+            except ConfigError as exc:
+                assert "\n" not in str(exc), str(exc)
+
+    check()

@@ -299,6 +299,8 @@ def _merge(made: dict[str, Any], spelled: dict[str, str], flat: str, value: Any,
     outer, _, inner = flat.partition(".")
     if inner:
         table = made.setdefault(outer, {})
+        if not isinstance(table, dict):
+            raise ConfigError(spelled.get(outer, outer), table, f"a table (key = value, …) beside {where}")
         if inner in table:
             raise ConfigError(where, value, f"one spelling of {flat} (it is also set as {spelled.get(flat, flat)})")
         table[inner] = value
@@ -391,10 +393,11 @@ def to_tree(flat: dict[str, Any]) -> dict[str, Any]:
         stages["dp"] = dp
     if legacy.PROJECTION in flat:
         name = flat[legacy.PROJECTION]
-        if name not in legacy.FLAT_STAGES:
+        if not isinstance(name, str) or name not in legacy.FLAT_STAGES:
             raise ConfigError(legacy.PROJECTION, name, "one of " + ", ".join(repr(n) for n in legacy.FLAT_STAGES
                                                                               if n != "dp"))
-        stages[name] = dict(flat.get(legacy.PROJECTION_PARAMS, {}))
+        params = flat.get(legacy.PROJECTION_PARAMS, {})
+        stages[name] = dict(params) if isinstance(params, dict) else params
     for key, value in flat.items():
         if key in STAGE_KEYS:
             if key == legacy.TREE and isinstance(value, dict):
@@ -470,11 +473,17 @@ def flat_override(table: dict[str, Any], key: str, parse: Any) -> dict[str, Any]
             spellings = {builtin.lr_spelling(n) for n in _names(_tied(table).get("algorithm"), "dsgd")}
             table = {k: v for k, v in table.items() if k not in spellings}
         return {**table, outer: text_value}
-    current = dict(table.get(outer) or {})
+    current = table.get(outer) or {}
+    if not isinstance(current, dict):
+        raise ConfigError(outer, current, f"a table (key = value, …) to set {key!r} in")
+    current = dict(current)
     node = current
     path = inner.split(".")
     for part in path[:-1]:
-        node[part] = dict(node.get(part) or {})
+        inside = node.get(part) or {}
+        if not isinstance(inside, dict):
+            raise ConfigError(f"{outer}.{part}", inside, f"a table (key = value, …) to set {key!r} in")
+        node[part] = dict(inside)
         node = node[part]
     node[path[-1]] = text_value
     return {**table, outer: current}
