@@ -458,6 +458,8 @@ def flat_override(table: dict[str, Any], key: str, parse: Any) -> dict[str, Any]
         target = next(iter(flat))
     else:
         keys = section_keys(section, table)
+        if keys is not None and rest[0] not in keys and section in RunConfig.model_fields and section not in OPEN:
+            return None  # attack.b.c=2, b no parameter of the attack: the flat key's own refusal (not a table)
         if keys is not None and rest[0] in keys:
             target = keys[rest[0]]
         elif keys is None or section in OPEN:
