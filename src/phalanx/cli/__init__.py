@@ -1,12 +1,12 @@
 """The ``phalanx`` command line. Nothing in the package imports this module.
 
-One module per command group (``common``: the app and its consoles; ``listing``, ``analysis``, ``runs``,
+One module per command group (``common``: the app and its consoles; ``listing``, ``analysis``, ``configs``, ``runs``,
 ``signatures``, ``studies``; ``output``: tables in every ``--format``); importing this package registers them all.
 """
 
 from __future__ import annotations
 
-from phalanx.cli import analysis, listing, runs, signatures, studies  # noqa: F401  (registers their commands)
+from phalanx.cli import analysis, configs, listing, runs, signatures, studies  # noqa: F401  (registers their commands)
 from phalanx.cli.common import app, console
 from phalanx.cli.runs import BUDGET_ENV, _announce, _eta, _LogProgress, _trained_eta
 from phalanx.errors import PhalanxError

@@ -138,3 +138,18 @@ def list_models(fmt: FormatOption = "table") -> None:
     rows = [[name] for name in models.names()]
     rows += [[hub.PREFIX + name] for name in sorted(hub.EMBEDDED)] + [[hub.PREFIX + "DIR"], [hub.PREFIX + "ORG/NAME"]]
     emit(Tabular("Phalanx models", ("name",), rows), check_format(fmt), console)
+
+
+@list_app.command("sections")
+def list_sections(fmt: FormatOption = "table") -> None:
+    """The config tree's sections (docs/config.md): each key, the flat key of earlier releases it is (what the run
+    id is computed from) and the components that have it — read from the declarations, not listed here."""
+    from phalanx.experiments import tree
+
+    fmt = check_format(fmt)
+    table = Tabular("Phalanx config sections", ("section", "key", "flat key", "for"), whole=("section", "key"))
+    for row in tree.declared():
+        table.add(*row)
+    table.notes.append("`phalanx config show CONFIG --tree` prints a config as its tree; a flat config is read as "
+                       "it always was, with the same run ids.")
+    emit(table, fmt, console)

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from phalanx import data, hub, models, signing
 from phalanx.errors import ConfigError
-from phalanx.experiments import components, legacy, specs, tracking
+from phalanx.experiments import components, legacy, specs, tracking, tree
 from phalanx.experiments.components import processes
 from phalanx.experiments.schema import (
     DISTRIBUTED_KEYS,
@@ -168,7 +168,7 @@ def validate(data: dict[str, Any] | RunConfig) -> ValidRun:
     else:
         if not isinstance(data, dict):
             raise ConfigError("config", type(data).__name__, "a table of key = value")
-        data = algorithm_defaults(role_names(legacy.client_keys(inline_dataset(data))))
+        data = algorithm_defaults(role_names(legacy.client_keys(inline_dataset(tree.to_flat(data)))))
         try:
             cfg = RunConfig(**data)
         except ValidationError as exc:
@@ -449,13 +449,16 @@ def _kind(key: str | None) -> str | None:
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key=value`` overrides (``attack_params.z=1.5`` sets a nested key), each value parsed for its key's
     type (:func:`parse_value`)."""
-    out = dict(data)
+    out = dict(tree.to_flat(data))
     for item in overrides:
         if "=" not in item:
             raise ConfigError("--set", item, "key=value")
         key, text = item.split("=", 1)
         key = key.strip()
-        if "." in key:
+        made = tree.flat_override(out, key, lambda flat, text=text, key=key: _parse(text, flat, key))
+        if made is not None:  # a key of the config tree: rule.f=3, 'rule={spec="cwtm", f=3}'
+            out = made
+        elif "." in key:
             out = _set_nested(out, key.split("."), _parse(text, None, key), key)
         else:
             spellings = lr_spellings(out)
@@ -525,4 +528,4 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.t
 def load_grid(config: str | Path | None, overrides: list[str]) -> dict[str, Any]:
     """A config file (default: :data:`DEFAULT_CONFIG`) with ``key=value`` overrides applied; list values are grid
     axes (:func:`phalanx.experiments.grid.configs` expands and validates them)."""
-    return apply_overrides(load_toml(config if config is not None else DEFAULT_CONFIG), overrides)
+    return apply_overrides(tree.to_flat(load_toml(config if config is not None else DEFAULT_CONFIG)), overrides)

@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from phalanx.errors import ConfigError
+from phalanx.experiments import tree
 from phalanx.experiments.config import RunConfig, key_text, validate
 from phalanx.experiments.validrun import RUN_ID_MAX, ValidRun, run_id
 
@@ -45,7 +46,9 @@ def _tied(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 def expand(data: dict[str, Any]) -> list[dict[str, Any]]:
     """All combinations of the list-valued keys, in a stable order (the first key varies slowest; the ``tie`` axis
-    varies slowest of all)."""
+    varies slowest of all). A config tree is read as its flat keys first (:func:`phalanx.experiments.tree.to_flat`:
+    a section's list is an axis too)."""
+    data = tree.to_flat(data)
     tied = _tied(data)
     data = {k: v for k, v in data.items() if k != "tie"}
     keys = [k for k, v in data.items() if isinstance(v, list) and k not in _LIST_KEYS]

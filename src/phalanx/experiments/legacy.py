@@ -26,6 +26,8 @@ TREE = "stages"
 """The config key of the stages' own sections: ``[stages.<name>]`` with the stage's parameters."""
 
 PROJECTION = "server_projection"
+PROJECTION_PARAMS = "server_projection_params"
+"""The flat key of the server projection's parameters (``[stages.crfl]``'s section, :mod:`phalanx.experiments.tree`)."""
 DP = {"noise": "dp_noise", "clip": "dp_clip", "delta": "dp_delta"}
 """The flat key of each parameter of the privacy stage's section (:class:`~phalanx.training.stages.privacy.ClientDP`:
 ``noise``, ``clip``, ``delta``)."""

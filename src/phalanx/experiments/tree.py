@@ -1,0 +1,573 @@
+"""The config as a tree of sections (issue 39, item 2): ``[run]``, ``[algorithm]``, ``[rule]``, ``[attack]``,
+``[server.optimizer]``, ``[stages.<name>]``, ``[data]``, ``[model]``, ``[engine]`` — and the one adapter between it
+and the flat keys every earlier release wrote (:class:`~phalanx.experiments.schema.RunConfig`), both ways.
+
+A section's keys are declared once. Where a component has a constructor, the constructor is the declaration
+(scikit-learn's rule, :mod:`phalanx.experiments.sections`): ``[algorithm]`` is the algorithm class's keyword
+parameters (gossip's ``weights`` is the flat ``gossip_weights``; an algorithm that is not built in takes each as
+``algorithm_params.<p>``), ``[attack]`` the attack class's (``attack_params.<p>``). The sections without one are
+the table :data:`TABLE` (section key → flat key); ``[stages.<name>]`` is the stages' own tree, the built-in
+``dp`` and ``crfl`` read from and written to their flat keys by :func:`phalanx.experiments.legacy.flat_keys`.
+
+``lr`` means one thing per section: ``[algorithm].lr`` is the algorithm's own rate (federated averaging's clients',
+gossip's nodes', SCAFFOLD's clients' η_l), ``[server.optimizer].lr`` the server's step (distributed SGD's ``lr``,
+federated averaging's ``server_lr``, SCAFFOLD's η_g) — read from the algorithm's declared ``lr_role``
+(:func:`lr_homes`).
+
+**The run id is computed from the flat form**: :func:`to_flat` runs before validation (a table without sections
+is returned as it is), so a tree names the run its flat spelling names (``tests/test_tree.py`` writes every run
+``tests/test_compat.py`` pins as a tree and finds the same id). :func:`to_tree` is the inverse: ``to_flat(to_tree(t))
+== t`` for every flat table ``t`` as validation reads it (the role spellings of ``lr`` as ``lr``, an algorithm of
+one's own's client keys in ``algorithm_params``: the same run id) — tested on every shipped example.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from phalanx import attacks
+from phalanx.errors import ConfigError
+from phalanx.experiments import legacy, sections
+from phalanx.experiments.schema import RunConfig
+from phalanx.plugins import accepted_params
+from phalanx.training.algorithms import builtin
+from phalanx.validate import suggest
+
+__all__ = ["SECTIONS", "TABLE", "dumps", "flat_override", "is_tree", "lr_homes", "owners", "section_keys",
+           "to_flat", "to_tree"]
+
+TABLE: dict[str, dict[str, str]] = {
+    "run": {"workers": "workers", "byzantine": "byzantine", "rounds": "rounds", "seed": "seed",
+            "eval_every": "eval_every", "checkpoint_every": "checkpoint_every", "sign_key": "sign_key",
+            "verify_key": "verify_key", "tracking": "tracking", "tracking_params": "tracking_params"},
+    "rule": {"spec": "aggregator", "f": "f"},
+    "data": {"name": "dataset", "params": "dataset_params", "data_root": "data_root", "download": "download",
+             "partition": "partition", "alpha": "alpha", "classes_per_worker": "classes_per_worker"},
+    "model": {"name": "model", "params": "model_params", "loss": "loss"},
+    "engine": {"name": "engine", "topology": "topology", "round_timeout": "round_timeout", "device": "device",
+               "backend": "backend", "keys": "keys", "insecure": "insecure"},
+    "server.optimizer": {"name": "server_optimizer", "params": "server_optimizer_params", "schedule": "schedule",
+                         "step_every": "step_every"},
+    "algorithm": {"name": "algorithm", "params": "algorithm_params", "eval_clients": "eval_clients"},
+    "attack": {"name": "attack", "params": "attack_params", "knowledge": "attack_knowledge"},
+}
+"""The declared keys of each section that no constructor declares: section key → the flat key it is. ``params``
+is the component's whole parameter table (``[data.params]``); a section's other keys are its component's
+parameters where it has a constructor (``[algorithm]``, ``[attack]``) or takes any (``[model]``: the builder's,
+``[server.optimizer]``: the optimizer's; each refused, naming its flat key, by the component's own check)."""
+SECTIONS = ("run", "algorithm", "rule", "attack", "server.optimizer", "stages", "data", "model", "engine")
+"""The sections, in the order :func:`to_tree` writes them."""
+OPEN = {"model": "model_params", "server.optimizer": "server_optimizer_params"}
+"""The sections whose other keys are their component's parameters without a constructor to check them here."""
+LR = ("lr", "server_lr")
+"""The flat keys of the learning rates: in ``[algorithm]`` or ``[server.optimizer]`` by the algorithm's role."""
+ROLE = "lr (by the algorithm's lr_role)"
+STAGE_KEYS = (*legacy.PRIVACY, legacy.PROJECTION, legacy.PROJECTION_PARAMS, legacy.TREE)
+"""The flat keys of ``[stages.<name>]``: the privacy stage's, the server projection's, and ``stages`` itself."""
+
+
+def _algorithm_keys(name: str) -> dict[str, str]:
+    """``[algorithm]``'s keys for algorithm ``name`` (built in): its constructor's parameters (their flat keys), the
+    flat keys it reads (``graph_params``) and :data:`TABLE`'s — not ``lr`` (:func:`lr_homes`)."""
+    out = dict(TABLE["algorithm"])
+    for p in sections.algorithm_section(name):
+        if p.keys[0] in RunConfig.model_fields and p.keys[0] not in LR:
+            out[p.name] = p.keys[0]
+    cls = builtin.BUILT_IN[name]
+    out.update({k: k for k in cls.config_keys if k not in LR and k not in out.values()})
+    return out
+
+
+def owners() -> dict[str, list[str]]:
+    """Every flat key → the sections whose declaration sets it (one each, ``tests/test_tree.py``): :data:`TABLE`,
+    ``[algorithm]`` over every built-in algorithm's constructor, ``[stages]`` and the learning rates' one row."""
+    out: dict[str, list[str]] = {}
+    declared = {section: set(keys.values()) for section, keys in TABLE.items()}
+    declared["algorithm"] |= {k for name in builtin.BUILT_IN for k in _algorithm_keys(name).values()}
+    declared["server.optimizer"] |= set(legacy.SGD.values())
+    declared["stages"] = set(STAGE_KEYS)
+    declared[ROLE] = set(LR)
+    for section, keys in declared.items():
+        for key in sorted(keys):
+            out.setdefault(key, []).append(section)
+    return out
+
+
+def _names(value: Any, default: str) -> list[str]:
+    """The component names a (grid) value holds: ``"x"`` → ``["x"]``, a list → its strings."""
+    value = default if value is None else value
+    return [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, str)]
+
+
+def lr_homes(algorithm: str) -> tuple[str | None, str | None]:
+    """``(the flat key of [algorithm].lr, the flat key of [server.optimizer].lr)`` for ``algorithm`` (None: the
+    section has no ``lr``). A built-in algorithm whose ``lr`` is the server's (dsgd) has it in
+    ``[server.optimizer]``; one whose ``lr`` is the clients' or nodes' has it in ``[algorithm]``, and the server's
+    step is ``server_lr`` where it reads one (fedavg). An algorithm of one's own: its run ``lr`` is the server's
+    unless its ``lr_role`` says otherwise, and a constructor ``lr`` of its own is ``algorithm_params.lr``."""
+    cls = builtin.algorithm_class(algorithm)
+    if algorithm in builtin.BUILT_IN:
+        if cls.lr_role == "server":
+            return None, "lr"
+        return "lr", ("server_lr" if "server_lr" in cls.config_keys else None)
+    if cls.lr_role != "server":
+        return "lr", None
+    return ("algorithm_params.lr" if "lr" in (accepted_params(cls) or ()) else None), "lr"
+
+
+def section_keys(section: str, context: dict[str, Any]) -> dict[str, str] | None:
+    """The declared keys of ``section`` for the run ``context`` (a flat table: its ``algorithm``, ``attack`` and
+    ``server_optimizer``) → their flat keys (``attack_params.z``), or None where any key is the component's (a
+    section in :data:`OPEN`, an attack or algorithm whose constructor ``inspect`` cannot read)."""
+    if section == "algorithm":
+        names = _names(context.get("algorithm"), "dsgd")
+        if all(n in builtin.BUILT_IN for n in names):
+            out: dict[str, str] = {}
+            for n in names:
+                out.update(_algorithm_keys(n))
+        else:
+            if len(names) != 1:
+                raise ConfigError("[algorithm].name", names, "one algorithm of one's own per grid, or built-in ones "
+                                  "only (their sections differ)")
+            takes = accepted_params(builtin.algorithm_class(names[0]))
+            if takes is None:
+                return None
+            out = {**TABLE["algorithm"], **{p: f"algorithm_params.{p}" for p in takes
+                                            if p not in TABLE["algorithm"]}}
+        homes = {lr_homes(n)[0] for n in names}
+        if len(homes) > 1:
+            raise ConfigError("[algorithm].lr", names, "algorithms whose lr plays one role (write lr flat in a grid "
+                              "over algorithms whose rates differ)")
+        home = homes.pop() if homes else None
+        if home is not None:
+            out["lr"] = home
+        return out
+    if section == "attack":
+        out = dict(TABLE["attack"])
+        for name in _names(context.get("attack"), "none"):
+            try:
+                params = sections.attack_section(name)
+                if accepted_params(attacks.get_class(name)) is None:  # **params: a wrapped class of one's own
+                    return None
+            except ConfigError:  # an unknown attack: refused, naming attack, where it is checked
+                return None
+            out.update({p.name: p.keys[0] for p in params if p.name not in out})
+        return out
+    if section == "server.optimizer":
+        out = dict(TABLE[section])
+        names = _names(context.get("algorithm"), "dsgd")
+        homes = {lr_homes(n)[1] for n in names}
+        if len(homes) > 1:
+            raise ConfigError("[server.optimizer].lr", names, "algorithms whose server step is one key")
+        home = homes.pop() if homes else None
+        if home is not None:
+            out["lr"] = home
+        optimizers = _names(context.get("server_optimizer"), "sgd")
+        if optimizers and all(o == "sgd" for o in optimizers):
+            out.update({p: flat for p, flat in legacy.SGD.items()})
+        return out
+    return dict(TABLE[section])
+
+
+def _owner_of(key: str) -> str | None:
+    """The section whose declaration has ``key`` as one of its keys, for "belongs in [section]" hints."""
+    for section in SECTIONS:
+        if section == "stages":
+            continue
+        keys = dict(TABLE.get(section, {}))
+        if section == "algorithm":
+            for name in builtin.BUILT_IN:
+                keys.update(_algorithm_keys(name))
+            keys["lr"] = "lr"
+        if key in keys or (key in RunConfig.model_fields and key in keys.values()):
+            return section
+    return None
+
+
+def _refuse(section: str, key: str, value: Any, keys: Iterable[str]) -> ConfigError:
+    """A key ``section`` does not declare: where it belongs, or the closest of the section's keys (a key that would
+    not print on one line shown as its repr, so that the error stays one line)."""
+    allowed = ", ".join(keys)
+    key = key if key.strip() and key.isprintable() else repr(key)
+    owner = _owner_of(key)
+    if key == "lr" and section in ("algorithm", "server.optimizer"):  # the other one has it (lr_homes)
+        owner = "server.optimizer" if section == "algorithm" else "algorithm"
+    if owner is not None and owner != section:
+        return ConfigError(f"[{section}].{key}", value, f"a key of [{section}]: {allowed}",
+                           f"{key} belongs in [{owner}]")
+    close = suggest(key, keys)
+    return ConfigError(f"[{section}].{key}", value, f"a key of [{section}]: {allowed}",
+                       "unknown key" + (f"; {close}" if close else ""))
+
+
+def _section_of(key: str, value: Any) -> bool:
+    """Whether top-level ``key = value`` is a section (a table under a section's name) rather than a flat key."""
+    head = "server" if key == "server" else key
+    if head not in {s.split(".")[0] for s in SECTIONS}:
+        return False
+    return isinstance(value, dict) or head not in RunConfig.model_fields
+
+
+def _tied(table: dict[str, Any]) -> dict[str, Any]:
+    """``table`` with the components a grid's ``tie`` table names (``[tie] algorithm = ["gossip", "anytime"]``)
+    where the table itself does not: the context a section's keys are read in."""
+    tie = table.get("tie")
+    if not isinstance(tie, dict):
+        return table
+    return {**{k: tie[k] for k in ("algorithm", "attack", "server_optimizer") if k in tie}, **table}
+
+
+def is_tree(table: Any) -> bool:
+    """Whether ``table`` has a section other than ``stages`` (or ``[stages.dp]`` / ``[stages.crfl]``)."""
+    if not isinstance(table, dict):
+        return False
+    stages = table.get(legacy.TREE)
+    return any(_section_of(k, v) for k, v in table.items() if k != legacy.TREE) or (
+        isinstance(stages, dict) and any(s in legacy.FLAT_STAGES for s in stages))
+
+
+def _sections(table: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The sections of ``table`` by name (``server`` opened to ``server.optimizer``)."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in table.items():
+        if not _section_of(key, value) or key == legacy.TREE:
+            continue
+        if key == "server":
+            if not isinstance(value, dict) or set(value) - {"optimizer"}:
+                extra = sorted(set(value) - {"optimizer"}) if isinstance(value, dict) else value
+                raise ConfigError("[server]", extra, "only the table [server.optimizer] (name, lr, schedule, …)")
+            key, value = "server.optimizer", value.get("optimizer", {})
+        if not isinstance(value, dict):
+            raise ConfigError(f"[{key}]", value, f"a table of the keys of [{key}]")
+        out[key] = value
+    return out
+
+
+def to_flat(table: Any) -> Any:
+    """The flat table a tree is (what validation reads and the run id is computed from); a table with no section
+    is returned as it is. A section key and the flat spelling of the same key in one table is a one-line
+    :class:`ConfigError` naming both; an unknown key names its section, the closest of the section's keys and,
+    when another section declares it, that section. List values (grid axes) are moved as they are."""
+    if not is_tree(table):
+        return table
+    found = _sections(table)
+    rest = {k: v for k, v in table.items() if k not in found and not (k == "server" and "server.optimizer" in found)}
+    context = {**_tied(rest), **{flat: found[s][k] for s, keys in (("algorithm", {"name": "algorithm"}),
+                                                            ("attack", {"name": "attack"}),
+                                                            ("server.optimizer", {"name": "server_optimizer"}))
+                          for k, flat in keys.items() if k in found.get(s, {})}}
+    rule = found.get("rule", {})
+    if "pre" in rule:
+        if "spec" not in rule:
+            raise ConfigError("[rule].pre", rule["pre"], "set with [rule].spec (the rule it runs before)")
+        context["__pre__"] = rule["pre"]
+    made: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for section in SECTIONS:
+        if section in found:
+            for key, value in found[section].items():
+                _put(made, spelled, section, key, value, context)
+    stages = rest.pop(legacy.TREE, None)
+    if isinstance(stages, dict):
+        kept = {}
+        for stage, params in stages.items():
+            if stage in legacy.FLAT_STAGES and isinstance(params, dict):
+                for flat, value in legacy.flat_keys(stage, params).items():
+                    _merge(made, spelled, flat, value, f"[stages.{stage}]")
+            else:
+                kept[stage] = params
+        if kept:
+            made[legacy.TREE] = kept
+    elif stages is not None:
+        made[legacy.TREE] = stages
+    for flat, value in made.items():
+        if flat in rest:
+            if isinstance(value, dict) and isinstance(rest[flat], dict) and not set(value) & set(rest[flat]):
+                continue
+            raise ConfigError(spelled.get(flat, flat), value, f"unset or {flat} unset (one key, two spellings: "
+                              f"{spelled.get(flat, flat)} and {flat})")
+    out = dict(rest)
+    for flat, value in made.items():
+        out[flat] = {**rest[flat], **value} if flat in rest else value
+    return out
+
+
+def _merge(made: dict[str, Any], spelled: dict[str, str], flat: str, value: Any, where: str) -> None:
+    """Set ``flat`` (``attack_params.z``: a key of the table ``attack_params``) once."""
+    outer, _, inner = flat.partition(".")
+    if inner:
+        table = made.setdefault(outer, {})
+        if not isinstance(table, dict):
+            raise ConfigError(spelled.get(outer, outer), table, f"a table (key = value, …) beside {where}")
+        if inner in table:
+            raise ConfigError(where, value, f"one spelling of {flat} (it is also set as {spelled.get(flat, flat)})")
+        table[inner] = value
+        spelled[outer] = spelled.get(outer, where)
+        spelled[flat] = where
+        return
+    if flat in made:
+        if isinstance(made[flat], dict) and isinstance(value, dict) and not set(made[flat]) & set(value):
+            made[flat] = {**made[flat], **value}
+            return
+        raise ConfigError(where, value, f"one spelling of {flat} (it is also set as {spelled.get(flat, flat)})")
+    made[flat] = value
+    spelled[flat] = where
+
+
+def _put(made: dict[str, Any], spelled: dict[str, str], section: str, key: str, value: Any,
+         context: dict[str, Any]) -> None:
+    """One key of a section into the flat table being made."""
+    if section == "rule" and key == "pre":  # the pre-aggregation, written before the rule's spec
+        return
+    keys = section_keys(section, context)
+    where = f"[{section}].{key}"
+    if keys is None and key in TABLE[section]:  # the declared keys of a component inspect cannot read
+        keys, anything = dict(TABLE[section]), True
+    else:
+        anything = keys is None
+    if keys is not None and key in keys:
+        flat = keys[key]
+        if section == "rule" and key == "spec":
+            pre = context.get("__pre__")
+            value = _with_pre(value, pre)
+        _merge(made, spelled, flat, value, where)
+        return
+    if anything or section in OPEN:
+        params = {"algorithm": "algorithm_params", "attack": "attack_params", **OPEN}.get(section)
+        if params is not None and _owner_of(key) in (None, section):
+            _merge(made, spelled, f"{params}.{key}", value, where)
+            return
+    raise _refuse(section, key, value, [*(keys or {}), *(["pre"] if section == "rule" else [])])
+
+
+def _with_pre(spec: Any, pre: Any) -> Any:
+    """``[rule] pre = "nnm"`` before ``spec`` (a name or a grid of names): ``nnm>spec``."""
+    if pre is None:
+        return spec
+    if not isinstance(pre, str):
+        raise ConfigError("[rule].pre", pre, "a pre-aggregation spec (a string: 'nnm', 'bucketing(s=2)>nnm')")
+    return [f"{pre}>{s}" for s in spec] if isinstance(spec, list) else f"{pre}>{spec}"
+
+
+def _normalised(flat: dict[str, Any]) -> dict[str, Any]:
+    """``flat`` as validation reads it before the schema: the run's algorithm's role spelling of ``lr``
+    (``client_lr``, ``node_lr``, dsgd's ``server_lr``: :func:`~phalanx.training.algorithms.builtin.lr_spelling`) as
+    ``lr``, an algorithm of one's own's client keys in ``algorithm_params`` (:func:`legacy.client_keys`) — each
+    the same run id. Another algorithm's spelling, or two values, are left for validation to refuse
+    (:func:`phalanx.experiments.config.role_names`)."""
+    out = dict(legacy.client_keys(flat))
+    algorithm = _tied(out).get("algorithm", "dsgd")
+    own = builtin.lr_spelling(algorithm) if isinstance(algorithm, str) else None
+    if own is not None and own in out and "lr" not in out:
+        out["lr"] = out.pop(own)
+    return out
+
+
+def to_tree(flat: dict[str, Any]) -> dict[str, Any]:
+    """The tree a flat table is: each key in the section that declares it (:func:`owners`), a component's
+    ``*_params`` spread into its section (under ``params`` where a name would collide with a declared key), the
+    built-in stages' flat keys as ``[stages.dp]`` / ``[stages.crfl]``; keys no section owns (a grid's ``tie``, an
+    unknown key validation refuses) kept at the top. :func:`to_flat` of it is ``flat`` as validation reads it."""
+    if not isinstance(flat, dict):
+        raise ConfigError("config", type(flat).__name__, "a table of key = value")
+    if is_tree(flat):
+        flat = to_flat(flat)
+    flat = _normalised(flat)
+    tree: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+    top: dict[str, Any] = {}
+    homes: dict[str, tuple[str, str]] = {}
+    context = _tied(flat)
+    for section in SECTIONS:
+        if section == "stages":
+            continue
+        keys = section_keys(section, context) or dict(TABLE[section])
+        for key, target in keys.items():
+            homes.setdefault(target, (section, key))
+    params_of = {"algorithm_params": "algorithm", "attack_params": "attack", "model_params": "model",
+                 "server_optimizer_params": "server.optimizer", "dataset_params": "data"}
+    stages: dict[str, Any] = {}
+    dp = {p: flat[k] for p, k in legacy.DP.items() if k in flat}
+    if dp:
+        stages["dp"] = dp
+    if legacy.PROJECTION in flat:
+        name = flat[legacy.PROJECTION]
+        if not isinstance(name, str) or name not in legacy.FLAT_STAGES:
+            raise ConfigError(legacy.PROJECTION, name, "one of " + ", ".join(repr(n) for n in legacy.FLAT_STAGES
+                                                                              if n != "dp"))
+        params = flat.get(legacy.PROJECTION_PARAMS, {})
+        stages[name] = dict(params) if isinstance(params, dict) else params
+    for key, value in flat.items():
+        if key in STAGE_KEYS:
+            if key == legacy.TREE and isinstance(value, dict):
+                stages.update(value)
+            elif key == legacy.PROJECTION_PARAMS and legacy.PROJECTION not in flat and value:
+                top[key] = value  # refused by validation (params without the projection): kept to say so
+            continue
+        if key in params_of and isinstance(value, dict):
+            section = params_of[key]
+            declared = section_keys(section, context) or {}
+            for p, v in value.items():
+                home = declared.get(p)
+                if home == f"{key}.{p}" or (home is None and p not in TABLE[section] and _owner_of(p) in
+                                              (None, section) and section != "data"):
+                    tree[section][p] = v
+                else:
+                    tree[section].setdefault("params", {})[p] = v
+            continue
+        if key in homes:
+            section, name = homes[key]
+            tree[section][name] = value
+        else:
+            top[key] = value
+    if stages:
+        tree["stages"] = stages
+    out: dict[str, Any] = {}
+    for section in SECTIONS:
+        if tree.get(section):
+            if section == "server.optimizer":
+                out["server"] = {"optimizer": tree[section]}
+            else:
+                out[section] = tree[section]
+    return {**out, **top}
+
+
+def flat_override(table: dict[str, Any], key: str, parse: Any) -> dict[str, Any] | None:
+    """``--set`` of a tree key on the flat ``table`` (None when ``key`` is not one): ``rule.f=3`` sets ``f``;
+    ``rule={spec="cwtm", f=3}`` sets the section's keys; ``attack.z=1.5`` sets ``attack_params.z``. A value set
+    so replaces the table's, whatever spelling the file used. ``parse(flat_key)`` parses the text for that key."""
+    parts = key.split(".")
+    section = ".".join(parts[:2]) if parts[0] == "server" else parts[0]
+    rest = parts[2:] if parts[0] == "server" else parts[1:]
+    if section not in SECTIONS or (section == legacy.TREE and not (len(rest) >= 2 and rest[0] in legacy.FLAT_STAGES)):
+        return None
+    if section in RunConfig.model_fields and not rest:
+        value = parse(None)
+        if not isinstance(value, dict):
+            return None  # algorithm=fedavg: the flat key
+    elif not rest:
+        value = parse(None)
+    else:
+        value = None
+    if value is not None:
+        made = to_flat(_nest(section, value, table))
+        return {**table, **{k: v for k, v in made.items() if k not in table or made[k] is not table[k]}}
+    if section == legacy.TREE:
+        flat = legacy.flat_keys(rest[0], {rest[1]: None})
+        target = next(iter(flat))
+    else:
+        keys = section_keys(section, table)
+        if keys is not None and rest[0] not in keys and section in RunConfig.model_fields and section not in OPEN:
+            return None  # attack.b.c=2, b no parameter of the attack: the flat key's own refusal (not a table)
+        if keys is not None and rest[0] in keys:
+            target = keys[rest[0]]
+        elif keys is None or section in OPEN:
+            target = f"{({'algorithm': 'algorithm_params', 'attack': 'attack_params', **OPEN})[section]}.{rest[0]}"
+        else:
+            raise _refuse(section, rest[0], "…", keys)
+        if rest[1:]:
+            target = ".".join([target, *rest[1:]])
+    outer, _, inner = target.partition(".")
+    text_value = parse(target if not inner else None)
+    if not inner:
+        if target == "lr":  # the run's lr replaces the file's, whatever role spelling it used (client_lr …)
+            spellings = {builtin.lr_spelling(n) for n in _names(_tied(table).get("algorithm"), "dsgd")}
+            table = {k: v for k, v in table.items() if k not in spellings}
+        return {**table, outer: text_value}
+    current = table.get(outer) or {}
+    if not isinstance(current, dict):
+        raise ConfigError(outer, current, f"a table (key = value, …) to set {key!r} in")
+    current = dict(current)
+    node = current
+    path = inner.split(".")
+    for part in path[:-1]:
+        inside = node.get(part) or {}
+        if not isinstance(inside, dict):
+            raise ConfigError(f"{outer}.{part}", inside, f"a table (key = value, …) to set {key!r} in")
+        node[part] = dict(inside)
+        node = node[part]
+    node[path[-1]] = text_value
+    return {**table, outer: current}
+
+
+def _nest(section: str, value: Any, table: dict[str, Any]) -> dict[str, Any]:
+    """``{section: value}`` as a one-section tree, with the run's components for the section's context."""
+    context: dict[str, Any] = {k: table[k] for k in ("algorithm", "attack", "server_optimizer") if k in table}
+    if section == "server.optimizer":
+        return {**context, "server": {"optimizer": value}}
+    if isinstance(value, dict) and section in context:
+        value = {"name": context[section], **value}
+        return {**{k: v for k, v in context.items() if k != section}, section: value}
+    return {**context, section: value}
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise ConfigError("config", value, "TOML values (a string, number, boolean, list or table)")
+
+
+def _toml_key(key: str) -> str:
+    return key if key and all(c.isalnum() or c in "_-" for c in key) else json.dumps(key)
+
+
+def dumps(tree: dict[str, Any]) -> str:
+    """A tree (:func:`to_tree`) as TOML text: its top-level keys first, then one ``[section]`` table each
+    (``[server.optimizer]``, ``[stages.<name>]``)."""
+    lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in tree.items() if not _section_of(k, v)]
+    for key, value in tree.items():
+        if not _section_of(key, value):
+            continue
+        tables = ([("server.optimizer", value.get("optimizer", {}))] if key == "server" else
+                  [(f"stages.{_toml_key(s)}", p) for s, p in value.items()] if key == legacy.TREE else [(key, value)])
+        for name, body in tables:
+            lines += ["", f"[{name}]", *(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in body.items())]
+    return "\n".join(lines) + "\n"
+
+
+def declared() -> list[tuple[str, str, str, str]]:
+    """Every section's declared keys as ``(section, key, the flat key it sets, for which component)`` — read from
+    the declarations (:data:`TABLE`, each built-in algorithm's constructor, :func:`lr_homes`, the built-in stages'
+    flat keys), what ``phalanx list sections`` prints."""
+    rows: list[tuple[str, str, str, str]] = []
+    for section in SECTIONS:
+        if section == "stages":
+            rows += [("stages.dp", p, flat, "client-level DP") for p, flat in legacy.DP.items()]
+            rows += [("stages.crfl", "<p>", "server_projection_params.<p> (server_projection = 'crfl')", "CRFL"),
+                     ("stages.<name>", "<p>", "stages.<name>.<p>", "every other stage (phalanx list stages)")]
+            continue
+        rows += [(section, key, flat, "all") for key, flat in TABLE[section].items()]
+        if section == "algorithm":
+            seen: dict[tuple[str, str], list[str]] = {}
+            for name in builtin.BUILT_IN:
+                for key, flat in _algorithm_keys(name).items():
+                    if key not in TABLE[section]:
+                        seen.setdefault((key, flat), []).append(name)
+                home = lr_homes(name)[0]
+                if home is not None:
+                    seen.setdefault(("lr", home), []).append(name)
+            rows += [(section, key, flat, ", ".join(names)) for (key, flat), names in seen.items()]
+            rows.append((section, "<p>", "algorithm_params.<p>", "an algorithm of one's own (its constructor)"))
+        elif section == "server.optimizer":
+            homes: dict[str, list[str]] = {}
+            for name in builtin.BUILT_IN:
+                home = lr_homes(name)[1]
+                if home is not None:
+                    homes.setdefault(home, []).append(name)
+            rows += [(section, "lr", flat, ", ".join(names)) for flat, names in homes.items()]
+            rows += [(section, p, flat, "sgd") for p, flat in legacy.SGD.items()]
+            rows.append((section, "<p>", "server_optimizer_params.<p>", "the optimizer's own"))
+        elif section == "attack":
+            rows.append((section, "<p>", "attack_params.<p>", "its constructor's (phalanx list attacks)"))
+        elif section == "model":
+            rows.append((section, "<p>", "model_params.<p>", "the builder's"))
+    return rows
