@@ -100,13 +100,27 @@ def test_audit_prints_its_findings_as_tables_that_read_back_and_keeps_its_exit_c
     summary, kinds, ranks, problems = data["tables"]
     assert summary["rows"] == [{"rounds": "5", "accepted vectors": "15", "allow-list": "keys/allow-list.json",
                                 "rounds with missing ranks": "1", "most missing": "1", "rejected": "10",
-                                "problems": "0" if ok else "5", "result": "passed" if ok else "failed"}]
+                                "results unchecked": "0", "problems": "0" if ok else "5",
+                                "result": "passed" if ok else "failed"}]
     assert kinds["rows"] == [{"kind": "bad signature", "count": "7"}, {"kind": HOSTILE, "count": "3"}]
     assert ranks["rows"] == [{"rank": "0", "count": "8"}, {"rank": "2", "count": "2"}]
     assert [r["problem"] for r in problems["rows"]] == ([] if ok else [f"round 2: {HOSTILE}"])
     res = CliRunner().invoke(cli.app, ["audit", str(tmp_path)])  # the terminal's lines, as before
     assert res.exit_code == (0 if ok else 1)
     assert ("audit passed" if ok else "audit failed: 5 problems") in res.stdout
+
+
+def test_a_pass_with_unchecked_results_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An asynchronous run whose rule has context or state: its steps' results are not recomputed
+    (``results_unchecked``), so the pass says how many — in the terminal's line and in the summary table. A pass
+    that printed only "audit passed" would claim the results were checked."""
+    report = AuditReport(rounds=4, accepted=8, rejected={}, rejected_at={}, rounds_with_missing=0, most_missing=0,
+                         allow_list="keys/allow-list.json", results_unchecked=3)
+    _fake_audit(monkeypatch, report)
+    res = CliRunner().invoke(cli.app, ["audit", str(tmp_path)])
+    assert res.exit_code == 0 and "audit passed (3 steps' results unchecked)" in res.stdout, res.stdout
+    summary = _check_formats(["audit", str(tmp_path)], 0)["tables"][0]
+    assert summary["rows"][0]["results unchecked"] == "3"
 
 
 def test_audit_refuses_an_unknown_format_before_it_reads_anything(monkeypatch: pytest.MonkeyPatch,
