@@ -33,12 +33,12 @@ def _rules_built(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     return built
 
 
-def _run(tmp_path: Path, name: str) -> None:
+def _run(tmp_path: Path, name: str, args: list[str] = ARGS) -> None:
     from typer.testing import CliRunner
 
     from phalanx.cli import app
 
-    result = CliRunner().invoke(app, [*ARGS, "--out", str(tmp_path / name)])
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / name)])
     assert result.exit_code == 0, result.output
 
 
@@ -86,3 +86,34 @@ def test_cells_that_share_a_run_share_one_validation(monkeypatch: pytest.MonkeyP
         self.functions.cells(p), [self.run(p, c, o) for c in self.functions.cells(p)]))
     cells, runs = study.plan(p, {})
     assert calls["validate"] == len(cells) > len(distinct(runs))
+
+
+TENSION = ["tension", "paper", "--preset", "quick", "--seeds", "2", "-j", "1", "--set", "dataset=digits", "--set",
+           "workers=4", "--set", "rounds=1", "--set", "eval_every=1", "--set", "alphas=[1.0]", "--set", "lrs=[0.1]",
+           "--set", "tuning_seeds=[1000]"]
+TENSION_RUNS = (1 + 4) * (2 + 1)  # (the shared mean row + f = 1 of the four tables) × (2 reported + 1 tuning seed)
+TENSION_CELLS = 4 * 2 * (2 + 1)  # tables × (f = 0, 1) × seeds: the four f = 0 cells of a seed share one run
+
+
+def test_the_tension_study_validates_each_run_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``phalanx tension paper`` on the template: lr₀'s two stages (chosen on the tuning seeds, then the reported
+    seeds at it) are one grid of runs, each distinct run validated once from the command line to the trained run —
+    the four tables' shared f = 0 run too; the mutant that validates each planned run again (the study's old way:
+    ``make_config``, then ``validate``) builds every rule twice."""
+    from phalanx.studies import tension
+
+    monkeypatch.setenv("PHALANX_BUDGET_MINUTES", "off")
+    built = _rules_built(monkeypatch)
+    _run(tmp_path, "once", TENSION)
+    assert len([d for d in (tmp_path / "once" / "runs").iterdir() if d.is_dir()]) == TENSION_RUNS
+    assert built["rule"] == TENSION_RUNS
+    original = tension.Tension.plan
+
+    def again(self: Any, preset: Any, overrides: dict[str, Any]) -> Any:  # the mutant: each run validated again
+        cells, runs = original(self, preset, overrides)
+        return cells, [validate(r.cfg) for r in runs]
+
+    monkeypatch.setattr(tension.Tension, "plan", again)
+    built.clear()
+    _run(tmp_path, "twice", TENSION)
+    assert built["rule"] == TENSION_RUNS + TENSION_CELLS  # every cell's run validated again, a shared one per cell

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from phalanx import aggregators, cli
 from phalanx.errors import ConfigError
 from phalanx.studies import reporting, tension
+from phalanx.studies.base import distinct
 
 
 def test_spec_for_rows() -> None:
@@ -30,11 +31,11 @@ def test_spec_for_rows() -> None:
 def test_every_cell_of_the_paper_grid_is_a_valid_config_at_n16() -> None:
     p = tension.preset("cpu")
     assert p.max_f == 7
-    cells, cfgs = tension.plan(p)
+    cells, runs = tension.Tension().plan(p, {})
     assert len(cells) == 4 * 8 * 3 * 4 * (3 + 3)  # 3 reported and 3 tuning seeds
     # the f = 0 / f_NNM = 0 rows of the four tables are one run each
-    assert len(tension.unique(cfgs)) == len(cells) - 3 * 3 * 4 * (3 + 3)
-    for cfg in tension.unique(cfgs):
+    assert len(distinct(runs)) == len(cells) - 3 * 3 * 4 * (3 + 3)
+    for cfg in (r.cfg for r in distinct(runs)):
         assert cfg.byzantine == 0 and cfg.attack == "none" and cfg.workers == 16 and cfg.batch_size == 16
         assert cfg.schedule == "cosine" and cfg.momentum == 0.9 and cfg.partition == "dirichlet"
         rule = aggregators.make(cfg.aggregator, f=cfg.f)
@@ -181,7 +182,7 @@ def test_federated_rounds_through_the_same_command(tmp_path: Path) -> None:
 def test_the_quick_preset_is_a_smaller_grid_and_the_report_says_when_the_lr_search_is_clipped() -> None:
     quick, cpu = tension.preset("quick"), tension.preset("cpu")
     # 522 (1,044) distinct runs at the reported seeds, as many at the tuning seeds
-    n_quick, n_cpu = (len(tension.unique(tension.plan(p)[1])) for p in (quick, cpu))
+    n_quick, n_cpu = (len(distinct(tension.Tension().plan(p, {})[1])) for p in (quick, cpu))
     assert n_quick == 2 * 522 and n_cpu == 2 * 1044
     cs = tension.cells(quick)
     acc = {c: 0.8 + 0.01 * (c.lr == 1.0) for c in cs}  # the largest rate wins everywhere: clipped at the top
@@ -247,10 +248,10 @@ def test_the_reported_runs_keep_their_run_ids() -> None:
     from phalanx.experiments import grid
 
     p = tension.preset("quick")
-    cs, cfgs = tension.plan(p)
-    reported = {grid.run_id(cfg) for c, cfg in zip(cs, cfgs) if c.seed in p.seeds}
-    old = tension.unique([tension.config_for(p, tension.Cell(t, x, a, lr, s)) for t in tension.TABLES
-                          for x in range(p.max_f + 1) for a in p.alphas for lr in p.lrs for s in p.seeds])
+    cs, runs = tension.Tension().plan(p, {})
+    reported = {r.run_id for c, r in zip(cs, runs) if c.seed in p.seeds}
+    old = [tension.config_for(p, tension.Cell(t, x, a, lr, s)) for t in tension.TABLES
+           for x in range(p.max_f + 1) for a in p.alphas for lr in p.lrs for s in p.seeds]
     assert reported == {grid.run_id(c) for c in old} and len(reported) == 522
     assert "multikrum-strict-false-_none_f1_b0_s0_228d2fe44e" in reported  # an id the quick runs were trained under
     assert replace(p, tuning_seeds=(7, 8)).seeds == p.seeds

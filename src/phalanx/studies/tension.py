@@ -44,12 +44,12 @@ from typing import TYPE_CHECKING, Any
 
 from phalanx.analysis.stats import Estimate, mean_ci, slope
 from phalanx.errors import ConfigError
-from phalanx.experiments import grid
-from phalanx.experiments.config import RunConfig, ValidRun, make_config, validate
+from phalanx.experiments.config import RunConfig, ValidRun, make_config
 from phalanx.experiments.plots import clipped_errors, save_figure
-from phalanx.studies.base import Report, Study, distinct, planned
+from phalanx.studies.base import Report, distinct
 from phalanx.studies.registry import register
-from phalanx.studies.reporting import final_accuracy, pick_preset, provenance, write_report_files
+from phalanx.studies.reporting import pick_preset, provenance, write_report_files
+from phalanx.studies.template import GridFunctions, GridStudy
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -165,31 +165,29 @@ def cells(p: Preset) -> list[Cell]:
     ]
 
 
-def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """The validated run configuration of one cell (no attack: ``byzantine = 0``)."""
+def keys(p: Preset, cell: Cell) -> dict[str, Any]:
+    """The run keys of one cell, not validated (no attack: ``byzantine = 0``): the study template applies the command
+    line's run keys over them and validates each distinct run once (:class:`~phalanx.studies.template.GridStudy`)."""
     spec, f = spec_for(cell.table, cell.x, p.max_f)
-    data: dict[str, Any] = {
+    return {
         "dataset": p.dataset, "model": p.model, "model_params": dict(p.model_params), "workers": p.workers,
         "byzantine": 0, "f": f, "aggregator": spec, "attack": "none", "partition": "dirichlet", "alpha": cell.alpha,
         "rounds": p.rounds, "batch_size": p.batch_size, "lr": cell.lr, "momentum": p.momentum,
         "weight_decay": p.weight_decay, "schedule": "cosine", "seed": cell.seed, "eval_every": p.eval_every,
         "checkpoint_every": max(p.eval_every, p.rounds // 4 or 1), "device": p.device,
     }
-    data.update(overrides or {})
-    return make_config(data)
 
 
-def plan(p: Preset, overrides: dict[str, Any] | None = None) -> tuple[list[Cell], list[RunConfig]]:
-    """The cells and their configurations (one per cell; shared cells give equal configurations)."""
-    return planned(cells, config_for, p, overrides)
+def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """One cell's configuration on its own, validated (:func:`keys` with ``overrides`` over them): for a caller
+    that wants one cell's run outside the study (``benchmarks/gpu.py`` times the ``paper`` preset's round with it).
+    The study itself plans from :func:`keys` (:meth:`Tension.plan`), each run validated once."""
+    return make_config({**keys(p, cell), **(overrides or {})})
 
 
-def unique(cfgs: list[RunConfig]) -> list[RunConfig]:
-    """The distinct configurations, in first-seen order (the mean cells are shared by the four tables)."""
-    seen: dict[str, RunConfig] = {}
-    for c in cfgs:
-        seen.setdefault(grid.run_id(c), c)
-    return list(seen.values())
+def final(cell: Cell, run: ValidRun, rows: list[dict[str, Any]]) -> float:
+    """A cell's raw value: the last evaluated round's test accuracy of its ended run (finished, or diverged)."""
+    return float(rows[-1]["test_accuracy"])
 
 
 @dataclass
@@ -505,9 +503,13 @@ def terminal_tables(results: dict[tuple[str, int, float], CellResult], ts: list[
 
 
 @register
-class Tension(Study[Preset, Cell, float]):
-    """The price of robustness (the module's docstring) as a study: ``phalanx experiment tension``, also
-    ``phalanx tension paper``. The f = 0 rows of the four tables share their runs: the distinct ones are trained."""
+class Tension(GridStudy[Preset, Cell, float]):
+    """The price of robustness (the module's docstring) as a study on the template: ``phalanx experiment tension``,
+    also ``phalanx tension paper``. Its two stages are one grid: every (lr₀, seed) of both seed sets is a cell, and
+    lr₀ is chosen on the tuning seeds when the report is made (:func:`tabulate`), so the plan is the template's —
+    each distinct run validated once. The f = 0 rows of the four tables share their runs (equal run keys, one
+    validation): the distinct ones are trained. Its report reads the run keys (the round note under
+    ``--set algorithm=fedavg``), so the class writes :meth:`report` rather than the template's ``document``."""
 
     name = "tension"
     help = ("Yang, Shi & Li (ICML 2025), no attack, n = 16: Tables 3-6 (rows f or f_NNM, columns α), plot, trend "
@@ -518,13 +520,7 @@ class Tension(Study[Preset, Cell, float]):
     preset_help = "quick (Fashion-MNIST/digits, minutes on a CPU), cpu (the full grids, ~1 h) or paper."
     set_example = "rounds=100"
     raw_value = float
-
-    def preset(self, name: str, **changes: Any) -> Preset:
-        return preset(name, **changes)
-
-    def plan(self, p: Preset, overrides: dict[str, Any]) -> tuple[list[Cell], list[ValidRun]]:
-        cells, configs = plan(p, overrides)
-        return cells, [validate(c) for c in configs]
+    functions = GridFunctions(preset, cells, keys, final)
 
     def runs(self, configs: list[ValidRun]) -> list[ValidRun]:
         return distinct(configs)
@@ -532,9 +528,6 @@ class Tension(Study[Preset, Cell, float]):
     def summary(self, p: Preset, cells: list[Cell], runs: list[ValidRun], out: Path) -> str:
         return (f"[bold]preset {p.name}[/bold]: {p.description}; dataset {p.dataset}; {len(cells)} cells, "
                 f"{len(runs)} distinct runs → {out}")
-
-    def collect(self, cells: list[Cell], configs: list[ValidRun], runs_dir: Path) -> dict[Cell, float]:
-        return {c: final_accuracy(runs_dir / r.run_id) for c, r in zip(cells, configs)}
 
     def report(
         self, p: Preset, cells: list[Cell], collected: dict[Cell, float], out: Path, *, command: str,
