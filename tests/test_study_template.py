@@ -1,7 +1,8 @@
 """The study template (:mod:`phalanx.studies.template`): a study on it plans runs validated once, which the command
 line trains as they are — each run's components are built once from ``phalanx experiment`` to the trained run; the
 mutant that validates each planned run again (as a study whose builder returns configs does) builds every run's
-twice."""
+twice. The same count for ``phalanx tension paper`` (its lr₀ chosen on tuning seeds, then the reported seeds: one
+grid), whose cells share runs."""
 
 from __future__ import annotations
 
