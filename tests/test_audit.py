@@ -343,3 +343,44 @@ def test_a_resumed_run_continues_only_the_transcript_rank_0_signed(honest: Path,
     edited = forge(honest, tmp_path / "edited", _rejections_erased, None)
     with pytest.raises(ConfigError, match=r"transcript.jsonl.*does not verify with rank 0's key; move it away"):
         resume(edited)
+
+
+def test_a_resume_checks_the_old_transcript_with_the_launched_allow_list(honest: Path, keys: Path,
+                                                                       tmp_path: Path) -> None:
+    """The reviewer's F5 (an attacker with no listed key who can write the run directory while the run is stopped):
+    it puts its own key in rank 0's place in the directory's ``allow-list.json``, erases the rejections and signs
+    the transcript with that key. Rank 0 resuming checks the old transcript with rank 0's key of the list the job
+    was *launched* with, so it refuses — in one line naming the directory's allow-list — rather than sign the
+    forgery with its real key. A transcript rank 0 really signed but whose header names another config or
+    allow-list (another run's record) is refused too."""
+    from types import SimpleNamespace
+
+    from phalanx.distributed.transcript import Transcript
+    from phalanx.errors import ConfigError
+
+    loop = SimpleNamespace(resumed=True, state=SimpleNamespace(round=6), experiment=SimpleNamespace(rounds=10))
+    digest = load(honest / TRANSCRIPT)["config"]
+
+    def resume(run: Path) -> Transcript:
+        record = Transcript(run, SimpleNamespace(nonce=b"\x07" * 32), load_identity(keys, 0, 4), digest, 4, 1,
+                            lambda t: False)
+        record.on_start(loop)  # type: ignore[arg-type]
+        return record
+
+    init_keys(tmp_path / "evil", 4)
+    evil = load_identity(tmp_path / "evil", 0, 4)
+    swapped = forge(honest, tmp_path / "swapped", _rejections_erased, evil)
+    allow = json.loads((swapped / "allow-list.json").read_text())
+    allow["ranks"][0] = json.loads((tmp_path / "evil" / "allow-list.json").read_text())["ranks"][0]
+    (swapped / "allow-list.json").write_text(json.dumps(allow, indent=1) + "\n")
+    with pytest.raises(ConfigError, match=r"allow-list.json.*the allow-list this job was launched with"):
+        resume(swapped)
+    shutil.copy(keys / "allow-list.json", swapped / "allow-list.json")  # the copy restored: the signature fails
+    with pytest.raises(ConfigError, match=r"transcript.jsonl.*does not verify with rank 0's key"):
+        resume(swapped)
+    for field in ("config", "allow_list"):
+        other = forge(honest, tmp_path / field, lambda d, k=field: d.update({k: "ab" * 32}), load_identity(keys, 0, 4))
+        with pytest.raises(ConfigError, match=r"transcript.jsonl.*another config or allow-list"):
+            resume(other)
+    assert [r["round"] for r in resume(forge(honest, tmp_path / "kept", lambda d: None, None)).doc["rounds"]] == \
+        list(range(6))

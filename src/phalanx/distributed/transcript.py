@@ -313,22 +313,16 @@ class Transcript(WrittenWithCheckpoints):
         self.keys = {r: identity.allow.public_key(r) for r in identity.allow.by_rank}
 
     def on_start(self, loop: Loop) -> None:
-        from phalanx.distributed.keys import AllowList
-        from phalanx.errors import ConfigError
-
         path, r = self.run_dir / TRANSCRIPT, loop.state.round
         allow = self.identity.allow
         if not (self.run_dir / ALLOW_LIST).exists():
             write_artifact(self.run_dir, ALLOW_LIST, allow.path.read_bytes())
+        elif loop.resumed:
+            self._same_allow_list()
         sessions: list[dict[str, Any]] = []
         rounds: list[dict[str, Any]] = []
         if loop.resumed and path.exists():  # the rounds before the checkpoint, as rank 0 signed them
-            try:
-                old = load(path, AllowList.load(self.run_dir / ALLOW_LIST).public_key(0))
-            except (Unreadable, OSError) as exc:
-                raise ConfigError("file", str(path), "the transcript rank 0 wrote and signed for this run",
-                                  f"{exc}; move it away to resume without the record of the rounds before "
-                                  f"round {r} (the audit will then say they are missing)") from None
+            old = self._signed_before(path, r)
             sessions = [s for s in old["sessions"] if s["from_round"] < r]
             for entry in old["rounds"]:
                 if entry["round"] < r:
@@ -342,6 +336,43 @@ class Transcript(WrittenWithCheckpoints):
                     "sessions": sessions, "rounds": rounds}
         if self.dim is not None:
             self.doc["dim"] = self.dim
+
+    def _same_allow_list(self) -> None:
+        """On resume: refuse (one-line :class:`ConfigError` naming the file) a run directory whose ``allow-list.json``
+        is not the list this job was launched with — whoever can write the directory between a crash and the resume
+        must not choose the key the old transcript is checked with, nor what the audit later reads."""
+        from phalanx.distributed.keys import AllowList
+        from phalanx.errors import ConfigError
+
+        copy = self.run_dir / ALLOW_LIST
+        try:
+            digest = AllowList.load(copy).digest
+        except ConfigError as exc:
+            digest = f"unreadable ({exc})"
+        if digest != self.identity.allow.digest:
+            raise ConfigError("file", str(copy), f"the allow-list this job was launched with "
+                              f"({self.identity.allow.path}, sha256 {self.identity.allow.digest[:12]}…)",
+                              f"the run directory's copy is sha256 {digest[:60]}; the run was started with "
+                              "another list or the copy was edited — resume with the list it was started with")
+
+    def _signed_before(self, path: Path, r: int) -> dict[str, Any]:
+        """On resume from round r: the old transcript, verified with rank 0's key of the allow-list this job was
+        launched with (never the run directory's copy) and bound to this job's config and allow-list — else a
+        one-line :class:`ConfigError` naming the file (rank 0 would otherwise sign what someone else wrote)."""
+        from phalanx.errors import ConfigError
+
+        def refuse(problem: str) -> ConfigError:
+            return ConfigError("file", str(path), "the transcript rank 0 wrote and signed for this run",
+                               f"{problem}; move it away to resume without the record of the rounds before "
+                               f"round {r} (the audit will then say they are missing)")
+
+        try:
+            old = load(path, self.identity.allow.public_key(0))
+        except (Unreadable, OSError) as exc:
+            raise refuse(str(exc)) from None
+        if old["config"] != self.config or old["allow_list"] != self.identity.allow.digest:
+            raise refuse("its header names another config or allow-list than this job's (another run's record)")
+        return old
 
     def vectors(self, t: int, used: dict[int, bytes], missing: list[int]) -> None:
         """The parameter server's hook: round t aggregated the rows of ``used``; ``missing`` did not arrive."""
