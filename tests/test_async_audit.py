@@ -36,6 +36,17 @@ def honest(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return run_dir(tmp / "out"), tmp / "keys"
 
 
+@pytest.fixture(scope="module")
+def honest_basgd(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The same job under BASGD with B = 2 buffers (ranks 1 and 3 hash to buffer 1, ranks 2 and 4 to buffer 0)."""
+    tmp = tmp_path_factory.mktemp("async-audit-basgd")
+    init_keys(tmp / "keys", 5)
+    code, errs = launched({**JOB, "algorithm": "basgd", "algorithm_params": {"buffers": 2, "max_staleness": 3},
+                           "keys": str(tmp / "keys")}, tmp, {})
+    assert code == 0, errs[-3000:]
+    return run_dir(tmp / "out"), tmp / "keys"
+
+
 def test_a_keyed_async_runs_transcript_passes_the_audit_one_bounded_step_per_step(honest: tuple[Path, Path]) -> None:
     run, _ = honest
     report = audit(run)
@@ -47,6 +58,13 @@ def test_a_keyed_async_runs_transcript_passes_the_audit_one_bounded_step_per_ste
     dim = json.loads(lines[0])["dim"]
     assert all(len(x) <= step_bytes(5, dim) for x in lines if b'"type":"step"' in x)
     assert all(len(s["updates"]) == 2 and all(u["staleness"] <= 3 for u in s["updates"]) for s in steps)
+
+
+def test_a_keyed_basgd_runs_transcript_passes_the_audit(honest_basgd: tuple[Path, Path]) -> None:
+    """The control of the BASGD mutant: every honest step is the shortest prefix that fills both buffers."""
+    report = audit(honest_basgd[0])
+    assert report.ok, report.problems
+    assert report.rounds == 12 and report.results_unchecked == 0
 
 
 Edit = Callable[[dict[str, Any]], None]
@@ -107,11 +125,62 @@ def _set(step: int, **changes: Any) -> Edit:
     return edit
 
 
+def _fewer_than_k(run: Path) -> Edit:
+    """Step 4 keeps only its first update (FedBuff's K = 2), rows and result recomputed over that one: the rule runs
+    over rows the algorithm never makes (the reviewer's F1a)."""
+
+    def edit(doc: dict[str, Any]) -> None:
+        entry = doc["rounds"][4]
+        entry["updates"] = entry["updates"][:1]
+        _redigest(run, doc, entry)
+
+    return edit
+
+
+def _more_than_k(run: Path) -> Edit:
+    """A step takes, besides its K = 2 updates, a third worker's genuine update that the next step aggregated (its
+    version ≤ t, within the bound), rows and result recomputed (the reviewer's F1b)."""
+
+    def edit(doc: dict[str, Any]) -> None:
+        for entry, after in zip(doc["rounds"], doc["rounds"][1:]):
+            t, ranks = entry["round"], {u["rank"] for u in entry["updates"]}
+            extra = [u for u in after["updates"] if u["rank"] not in ranks and u["version"] <= t]
+            if extra:
+                entry["updates"].append({**extra[0], "staleness": t - extra[0]["version"]})
+                _redigest(run, doc, entry)
+                return
+        raise AssertionError("no step followed by a third worker's update of a version it could have taken")
+
+    return edit
+
+
+def _one_buffer_only(run: Path) -> Edit:
+    """BASGD (B = 2): a step holds rank 2's and rank 4's genuine updates (both buffer 0: rank 4's taken from the next
+    step, a version the step could have taken) and no other; buffer 1's row is 0/0 = NaN and so is the mean, rows
+    and result recomputed to match (the reviewer's F1c)."""
+
+    def edit(doc: dict[str, Any]) -> None:
+        for entry, after in zip(doc["rounds"], doc["rounds"][1:]):
+            t = entry["round"]
+            mine = [u for u in entry["updates"] if u["rank"] in (2, 4)]
+            other = [u for u in after["updates"] if mine and u["rank"] == 6 - mine[0]["rank"] and u["version"] <= t
+                     and t - u["version"] <= 3]
+            if mine and other:
+                entry["updates"] = [mine[0], {**other[0], "staleness": t - other[0]["version"]}]
+                _redigest(run, doc, entry)
+                return
+        raise AssertionError("no step of rank 2 or 4 followed by the other's update of a version it could take")
+
+    return edit
+
+
 @pytest.mark.parametrize("case", ["byzantine-writer", "claimed-by-server", "stale-kept", "result", "rows",
-                                  "staleness", "beyond-bound", "rank-0", "too-many"])
-def test_each_forged_async_transcript_is_refused(case: str, honest: tuple[Path, Path], tmp_path: Path) -> None:
+                                  "staleness", "beyond-bound", "rank-0", "too-many", "fewer-than-K", "more-than-K",
+                                  "basgd-empty-buffer"])
+def test_each_forged_async_transcript_is_refused(case: str, honest: tuple[Path, Path], tmp_path: Path,
+                                                 request: pytest.FixtureRequest) -> None:
     """Each mutant of the transcript, signed as its forger can sign it, fails the audit with its own line."""
-    run, keys = honest
+    run, keys = request.getfixturevalue("honest_basgd") if case.startswith("basgd") else honest
     server, byz = load_identity(keys, 0, 5), load_identity(keys, 3, 5)
     step4 = load(run / TRANSCRIPT)["rounds"][4]
     v = step4["updates"][0]["version"]
@@ -142,9 +211,35 @@ def test_each_forged_async_transcript_is_refused(case: str, honest: tuple[Path, 
         "beyond-bound": (_set(4, version=0, staleness=4), server, "beyond the staleness bound"),
         "rank-0": (_set(4, rank=0), server, "not a worker of the job"),
         "too-many": (flood, server, "not 1 … n − 1 updates"),
+        "fewer-than-K": (_fewer_than_k(run), server, "step 4: 1 updates, not a step fedbuff takes (its buffer is not "
+                         "full"),
+        "more-than-K": (_more_than_k(run), server, "3 updates, not a step fedbuff takes (its buffer is full after the "
+                        "first 2)"),
+        "basgd-empty-buffer": (_one_buffer_only(run), server, "not a step basgd takes (its buffer is not full"),
     }
     edit, signer, expected = plans[case]
     one_line(audit(forge(run, tmp_path, edit, signer)), expected)
+
+
+def test_what_the_algorithm_or_rule_raises_on_a_step_is_a_problem_line(honest: tuple[Path, Path], tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reviewer's F3: whatever ``assemble`` or the rule raises inside the audit's recomputation (here the
+    mutant: a FedBuff whose assemble refuses every step with a ConfigError, as a rule refuses too few rows) is a
+    "step t: …" line and exit 1 — never an exception out of ``audit()``, nor the CLI's exit 2."""
+    from typer.testing import CliRunner
+
+    from phalanx.cli import app
+    from phalanx.errors import ConfigError
+    from phalanx.training.algorithms.fedbuff import FedBuff
+
+    def refuses(*args: Any, **kwargs: Any) -> Any:
+        raise ConfigError("n", 1, "n >= 3 for cwtm with f=1 (n > 2f)")
+
+    run, _ = honest
+    monkeypatch.setattr(FedBuff, "assemble", refuses)
+    one_line(audit(run), "step 0: fedbuff or mean cannot take the recorded updates (ConfigError: n=1 is invalid")
+    got = CliRunner().invoke(app, ["audit", str(run)])
+    assert got.exit_code == 1 and "step 0: fedbuff or mean cannot take" in got.output, got.output
 
 
 def test_the_honest_transcript_copied_is_still_accepted(honest: tuple[Path, Path], tmp_path: Path) -> None:

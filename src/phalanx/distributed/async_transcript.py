@@ -19,16 +19,22 @@ over those rows (what the server steps θ by, before the learning rate).
 
 **What the audit checks** (:class:`StepCheck`, for each step line, besides the file's own checks in
 :mod:`phalanx.distributed.audit`): each update is a worker's (rank 1 … n − 1, on the allow-list; rank 0 computes
-nothing), once per step; its body is d values and hashes to the recorded SHA-256; the signature verifies with
-*that rank's* key for this session's nonce, the config and the version — so neither rank 0 nor a Byzantine worker
-holding its own valid key can put an update in another rank's name; 0 ≤ version ≤ t, the recorded staleness is
-t − version and at most ``max_staleness``; a worker's versions increase from step to step (the server keeps each
-worker's freshest and drops an older one after a newer: :attr:`~phalanx.distributed.async_server.Buffer.newest`) — so
-a step that keeps a worker's older update after a newer one was aggregated is refused; the values are finite; the
-rows are ``assemble`` of the recorded updates and staleness, digest for digest; and the result is the run's rule
+nothing), once per step; its body is d values and hashes to the recorded SHA-256; the signature verifies with *that
+rank's* key for this session's nonce, the config and the version — so neither rank 0 nor a Byzantine worker holding its
+own valid key can put an update in another rank's name; 0 ≤ version ≤ t, the recorded staleness is t − version and at
+most ``max_staleness``; a worker's versions increase from step to step (the server keeps each worker's freshest and
+drops an older one after a newer: :attr:`~phalanx.distributed.async_server.Buffer.newest`) — so a step that keeps a
+worker's older update after a newer one was aggregated is refused; the values are finite; the step is one the algorithm
+takes — ``full`` of the recorded order is exactly its length (FedBuff: exactly K updates; BASGD: the shortest prefix
+that puts an update in every buffer), so the rule never runs over rows the algorithm never makes; the rows are
+``assemble`` of the recorded updates and staleness, digest for digest; and the result is the run's rule
 over those rows, digest for digest, when the rule takes no context (a stateful, stochastic or centred rule's
 result is recorded but not recomputed: the audit does not hold its state — counted in
-:attr:`~phalanx.distributed.audit.AuditReport.results_unchecked`).
+:attr:`~phalanx.distributed.audit.AuditReport.results_unchecked`). Whatever ``full``, ``assemble`` or the rule raises
+on what the file holds is that step's problem line, never an exception out of the audit.
+A non-finite row or result recomputed digest for digest from finite updates (an overflow that a Byzantine worker's
+huge finite values cause under a non-robust rule) is what an honest server computes, so it is not refused — that
+would let a worker frame rank 0; the 0/0 of an empty BASGD buffer is refused, as a step the algorithm does not take.
 
 What it cannot prove: that the server did not leave out an update it received (an update that never appears in
 the transcript leaves no trace the audit can read), or that θ moved by the recorded result.
@@ -50,6 +56,7 @@ from torch import Tensor
 
 from phalanx.distributed import wire
 from phalanx.distributed.sealed import signed_message
+from phalanx.errors import PhalanxError
 
 if TYPE_CHECKING:
     from phalanx.distributed.async_server import Update
@@ -175,13 +182,30 @@ class StepCheck:
 
     def _recompute(self, where: str, ranks: list[int], values: list[Tensor], staleness: list[int], rows: list[str],
                    result: str) -> list[str]:
+        """The step is one the algorithm takes (its buffer full after exactly the recorded updates), its rows are
+        ``assemble`` of them, and its result the rule over them (when the rule takes no context or state); whatever
+        the algorithm or the rule raises on what the file holds is a problem of the step, never an exception out of
+        the audit."""
         ids = torch.tensor(ranks, dtype=torch.int64)
-        made, _, _ = self.algo.assemble(self.exp, ids, torch.stack(values), torch.tensor(staleness,
-                                                                                         dtype=torch.int64))
-        if [digest(r) for r in made] != rows:
-            return [f"{where}: the recorded rows are not the algorithm's rows of the recorded updates "
-                    f"({self.exp.algorithm.name}'s assemble)"]
-        if self.recomputes and digest(self.exp.rule(made)) != result:
+        m, name = len(ranks), self.exp.algorithm.name
+        try:
+            take = self.algo.full(self.workers, ids, torch.ones(m, dtype=torch.bool))
+            if take != m:
+                return [f"{where}: {m} updates, not a step {name} takes (" + (
+                    "its buffer is not full with them: FedBuff takes exactly K, BASGD one update in every buffer)"
+                    if take == 0 else f"its buffer is full after the first {take})")]
+            made, _, _ = self.algo.assemble(self.exp, ids, torch.stack(values), torch.tensor(staleness,
+                                                                                             dtype=torch.int64))
+            if [digest(r) for r in made] != rows:
+                return [f"{where}: the recorded rows are not the algorithm's rows of the recorded updates "
+                        f"({name}'s assemble)"]
+            if not self.recomputes:
+                return []
+            out = self.exp.rule(made)
+        except (PhalanxError, ArithmeticError, LookupError, RuntimeError, TypeError, ValueError) as exc:
+            return [f"{where}: {name} or {self.exp.rule.name} cannot take the recorded updates "
+                    f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"]
+        if digest(out) != result:
             return [f"{where}: the recorded result is not {self.exp.rule.name} over the recorded rows"]
         return []
 
