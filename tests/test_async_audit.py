@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -257,3 +258,84 @@ def test_a_resumed_keyed_async_transcript_loads_with_its_steps(honest: tuple[Pat
     assert [e["round"] for e in doc["rounds"]] == list(range(12)) and doc["dim"] > 0
     assert sum(1 for r in records(run / TRANSCRIPT) if r["type"] == "step") == 12
     shutil.rmtree(tmp_path)
+
+
+def _resumed_step(run: Path, keys: Path, floor: bool) -> tuple[dict[str, Any], Any]:
+    """A real :class:`AsyncServer` resumed at step 6 (a fake transport: the arrivals a queue) is offered, first, a
+    Byzantine rank 3's update of an old version v (r − S ≤ v < r, signed with its own key for this session's nonce),
+    then ranks 1's and 2's honest updates of version 6: the step it records, and the server. ``floor=False``: the
+    mutant server that forgets where its session started (what it was before the fix)."""
+    import base64
+    import hashlib
+    import os
+    from types import SimpleNamespace
+
+    import torch
+
+    from phalanx.distributed import wire
+    from phalanx.distributed.async_server import AsyncServer
+    from phalanx.distributed.async_transcript import step_entry
+    from phalanx.training.algorithms.asynchronous import clock_stage
+
+    exp = experiment_of(json.loads((run / "config.json").read_text()))
+    assert exp is not None
+    doc = load(run / TRANSCRIPT)
+    nonce = os.urandom(32)
+
+    def signed(rank: int, version: int, body: bytes) -> tuple[int, int, bytes, tuple[str, str]]:
+        sha = hashlib.sha256(body).digest()
+        sig = load_identity(keys, rank, 5).sign(signed_message(nonce, doc["config"], version, rank, sha))
+        return rank, version, body, (sha.hex(), sig.hex())
+
+    class Queue:
+        def __init__(self, q: list[tuple[int, int, bytes, tuple[str, str]]]) -> None:
+            self.q, self.last_proof = q, None
+
+        def publish(self, t: int, msg: bytes) -> None:
+            pass
+
+        def next(self, timeout: float) -> tuple[int, int, bytes] | None:
+            if not self.q:
+                return None
+            rank, version, payload, self.last_proof = self.q.pop(0)
+            return rank, version, payload
+
+        def stale(self) -> Counter[int]:
+            return Counter()
+
+        def rejections(self) -> list[dict[str, Any]]:
+            return []
+
+    body = base64.b64decode(doc["rounds"][6]["updates"][0]["body"])
+    byz = wire.tensor_bytes(torch.full((len(body) // 4,), 0.01))
+    queue = Queue([signed(3, 3, byz), signed(1, 6, body), signed(2, 6, body)])
+    links = SimpleNamespace(offer=lambda init: None, joined=lambda n: set(range(1, n)))
+    srv = AsyncServer(links, queue, doc["config"], 5.0, lambda text: None)
+    theta = exp.problem.initial_theta()
+    srv.open(exp, SimpleNamespace(state=SimpleNamespace(theta=theta, round=6), streams={}))  # type: ignore[arg-type]
+    if not floor:
+        srv.buffer.since = 0
+    clock_stage(exp).own.update(exp.algorithm.initial_state(exp, theta))
+    seen: dict[str, Any] = {}
+    srv.on_step = lambda t, used, rows, result, groups: seen.update(entry=step_entry(t, used, rows, result))
+    srv.exchange(theta, 6, exp.rule)
+    check = StepCheck(exp)
+    allow = load_identity(keys, 0, 5).allow
+    pub = {r: allow.public_key(r) for r in range(5)}
+    for e in doc["rounds"][:6]:  # the steps before the checkpoint, as the audit reads them
+        assert check.check(e, e["round"], bytes.fromhex(doc["sessions"][0]["nonce"]), doc["config"], pub) == []
+    return seen["entry"], (srv, check.check(seen["entry"], 6, nonce, doc["config"], pub, since=6))
+
+
+def test_a_byzantine_workers_old_version_after_a_resume_is_dropped(honest: tuple[Path, Path]) -> None:
+    """The reviewer's F2 (a Byzantine worker with its own valid key, after a resume): its signed update of a version
+    the resumed session never published (3 < 6, within S = 3 of it) is dropped and counted as ``unpublished``, and
+    the honest server's step passes the audit's check. The mutant server without the session's floor aggregates it,
+    and the audit then refuses that step as the server's own fault ("predates this session")."""
+    entry, (srv, problems) = _resumed_step(*honest, floor=True)
+    assert [(u["rank"], u["version"]) for u in entry["updates"]] == [(1, 6), (2, 6)]
+    assert srv.dropped()["unpublished"] == 1 and problems == []
+    entry, (srv, problems) = _resumed_step(*honest, floor=False)
+    assert (3, 3) in [(u["rank"], u["version"]) for u in entry["updates"]]
+    assert srv.dropped()["unpublished"] == 0
+    assert any("rank 3's update of version 3 predates this session (from round 6)" in p for p in problems), problems

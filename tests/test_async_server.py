@@ -104,6 +104,18 @@ def test_every_bad_update_is_dropped_with_its_reason_and_counted() -> None:
     assert [u.rank for u in b.step] == [3] and float(b.step[0].row[0]) == 1.0  # the first one, never the second
 
 
+def test_a_resumed_buffer_drops_a_version_its_session_never_published() -> None:
+    """After a resume from round 6 (S = 3), a worker's update of version 4 — within the bound, but published only by
+    the session before the checkpoint — is dropped as ``unpublished`` and counted; version 6 is accepted. The mutant
+    buffer that forgets where its session started (``since`` = 0) keeps it."""
+    for since, kept, dropped in ((6, [(1, 6)], 1), (0, [(2, 4), (1, 6)], 0)):
+        b = Buffer(workers=4, dim=DIM, dtype=torch.float32, max_staleness=3, version=6, since=since)
+        b.publish(6)
+        assert (b.offer(2, 4, row(1.0)) == "unpublished") == bool(dropped)
+        assert b.offer(1, 6, row(2.0)) is None
+        assert [(u.rank, u.version) for u in b.step] == kept and b.counts()["unpublished"] == dropped
+
+
 @pytest.mark.parametrize(("mutant", "move"), [
     (NoDuplicateCheck, "second for the same version"), (NoStalenessBound, "stale"), (NoShapeCheck, "wrong shape"),
     (NoFiniteCheck, "nan"),

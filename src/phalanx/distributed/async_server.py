@@ -9,8 +9,9 @@ version. Server step t (the training loop's round t, which publishes θₜ as ve
 1. every update that arrives — from *any* worker: the server waits on the next arrival, never on a particular
    worker — is checked before it is used (:meth:`Buffer.offer`): a version newer than t, or older than t − S
    (S = ``max_staleness``: **dropped, counted and recorded, never aggregated**), a second update of one worker for
-   one version, an older version of a worker than one it already delivered (superseded), a payload that is not
-   one row of the model's length, a non-finite value, a rank that is not a worker — each dropped and recorded
+   one version, an older version of a worker than one it already delivered (superseded), a version before the
+   session's first (after a resume: ``unpublished``), a payload that is not one row of the model's length, a
+   non-finite value, a rank that is not a worker — each dropped and recorded
    (bounded: a count per reason and rank, :data:`REASONS`);
 2. before it waits, the server takes every update already there; the step holds at most one update per worker —
    its newest version, an older one is dropped as superseded (counted) — as on the simulated clock, where a worker
@@ -69,10 +70,13 @@ if TYPE_CHECKING:
     from phalanx.training.algorithms.asynchronous import Asynchronous
     from phalanx.training.experiment import Experiment
 
-REASONS = ("stale", "future", "duplicate", "shape", "nonfinite", "rank", "lost", "superseded")
+REASONS = ("stale", "future", "duplicate", "shape", "nonfinite", "rank", "lost", "superseded", "unpublished")
 """Why an update was dropped: older than the bound, from a version not yet published, a second one of a worker for
-one version, not one row of the model's length, a non-finite value, not from a worker rank, announced but gone, or
-an older version of a worker whose newer update is in the step (the server keeps each worker's freshest)."""
+one version, not one row of the model's length, a non-finite value, not from a worker rank, announced but gone, an
+older version of a worker whose newer update is in the step (the server keeps each worker's freshest), or a version
+before this session's first (after a resume: this session never published it, and the record of what each worker
+delivered before the checkpoint is not the buffer's — a Byzantine worker's old version would otherwise be kept after
+a newer one of it was aggregated, and the honest server's transcript would fail the audit)."""
 NOTICES = "async/n"
 
 
@@ -111,6 +115,8 @@ class Buffer:
     step: list[Update] = field(default_factory=list)
     held: dict[int, Update] = field(default_factory=dict)
     dropped: Counter[tuple[str, int]] = field(default_factory=Counter)
+    since: int = 0
+    """The first version this session published (the round it started or resumed from): an older one is dropped."""
     newest: dict[int, int] = field(default_factory=dict)
     """Each worker's newest accepted version: an older one after it is dropped as superseded, so the versions a
     worker's aggregated updates carry increase step after step (what the audit checks; an honest worker sends its
@@ -157,6 +163,8 @@ class Buffer:
             return "rank"
         if version > self.version:
             return "future"
+        if version < self.since:
+            return "unpublished"
         if self.version - version > self.max_staleness:
             return "stale"
         if (rank, version) in self.seen:
@@ -296,7 +304,8 @@ class AsyncServer(Transport):
         self.algo: Asynchronous = experiment.algorithm  # type: ignore[assignment]
         n = experiment.workers
         theta = start.state.theta
-        self.buffer = Buffer(n, experiment.problem.dim, theta.dtype, self.algo.max_staleness, start.state.round)
+        self.buffer = Buffer(n, experiment.problem.dim, theta.dtype, self.algo.max_staleness, start.state.round,
+                             since=start.state.round)
         self.next_round = start.state.round
         self.links.offer({"config": self.digest, "round": start.state.round, "streams": {}, "momentum": None})
         joined = self.links.joined(n)

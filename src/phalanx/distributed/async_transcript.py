@@ -21,20 +21,21 @@ over those rows (what the server steps θ by, before the learning rate).
 :mod:`phalanx.distributed.audit`): each update is a worker's (rank 1 … n − 1, on the allow-list; rank 0 computes
 nothing), once per step; its body is d values and hashes to the recorded SHA-256; the signature verifies with *that
 rank's* key for this session's nonce, the config and the version — so neither rank 0 nor a Byzantine worker holding its
-own valid key can put an update in another rank's name; 0 ≤ version ≤ t, the recorded staleness is t − version and at
-most ``max_staleness``; a worker's versions increase from step to step (the server keeps each worker's freshest and
-drops an older one after a newer: :attr:`~phalanx.distributed.async_server.Buffer.newest`) — so a step that keeps a
+own valid key can put an update in another rank's name; 0 ≤ version ≤ t and no older than its session's first round (a
+resumed server never published an older version: it drops one, ``unpublished``), the recorded staleness is t − version
+and at most ``max_staleness``; a worker's versions increase from step to step (the server keeps each worker's freshest
+and drops an older one after a newer: :attr:`~phalanx.distributed.async_server.Buffer.newest`) — so a step that keeps a
 worker's older update after a newer one was aggregated is refused; the values are finite; the step is one the algorithm
 takes — ``full`` of the recorded order is exactly its length (FedBuff: exactly K updates; BASGD: the shortest prefix
 that puts an update in every buffer), so the rule never runs over rows the algorithm never makes; the rows are
-``assemble`` of the recorded updates and staleness, digest for digest; and the result is the run's rule
-over those rows, digest for digest, when the rule takes no context (a stateful, stochastic or centred rule's
-result is recorded but not recomputed: the audit does not hold its state — counted in
+``assemble`` of the recorded updates and staleness, digest for digest; and the result is the run's rule over those
+rows, digest for digest, when the rule takes no context (a stateful, stochastic or centred rule's result is recorded
+but not recomputed: the audit does not hold its state — counted in
 :attr:`~phalanx.distributed.audit.AuditReport.results_unchecked`). Whatever ``full``, ``assemble`` or the rule raises
-on what the file holds is that step's problem line, never an exception out of the audit.
-A non-finite row or result recomputed digest for digest from finite updates (an overflow that a Byzantine worker's
-huge finite values cause under a non-robust rule) is what an honest server computes, so it is not refused — that
-would let a worker frame rank 0; the 0/0 of an empty BASGD buffer is refused, as a step the algorithm does not take.
+on what the file holds is that step's problem line, never an exception out of the audit. A non-finite row or result
+recomputed digest for digest from finite updates (an overflow that a Byzantine worker's huge finite values cause under
+a non-robust rule) is what an honest server computes, so it is not refused — that would let a worker frame rank 0; the
+0/0 of an empty BASGD buffer is refused, as a step the algorithm does not take.
 
 What it cannot prove: that the server did not leave out an update it received (an update that never appears in
 the transcript leaves no trace the audit can read), or that θ moved by the recorded result.
@@ -115,8 +116,10 @@ class StepCheck:
         """Whether the result is recomputed (a rule without context or state)."""
         self.newest: dict[int, int] = {}
 
-    def check(self, rec: dict[str, Any], t: int, nonce: bytes, config: str, keys: dict[int, Any]) -> list[str]:
-        """The problems of step t's line (empty: it is the step it claims)."""
+    def check(self, rec: dict[str, Any], t: int, nonce: bytes, config: str, keys: dict[int, Any],
+              since: int = 0) -> list[str]:
+        """The problems of step t's line (empty: it is the step it claims); ``since``: the round its session started
+        from (an update of an older version is one the session never published)."""
         from cryptography.exceptions import InvalidSignature
 
         updates, rows, result = rec["updates"], rec["rows"], rec["result"]
@@ -144,6 +147,9 @@ class StepCheck:
             if not _int(version, 0, t):
                 problems.append(f"{where}: rank {rank}'s update has version {str(version)[:20]!r}, not 0 … {t}")
                 continue
+            if version < since:
+                problems.append(f"{where}: rank {rank}'s update of version {version} predates this session (from "
+                                f"round {since}), which never published it (the server drops it as unpublished)")
             if s != t - version:
                 problems.append(f"{where}: rank {rank}'s update of version {version} is recorded with staleness "
                                 f"{str(s)[:20]}, not {t - version} (edited)")

@@ -405,7 +405,7 @@ class _Audit:
         self.last = t
         self.report.rounds += 1
         assert self.session is not None
-        for text in self.steps.check(rec, t, self.session[1], self.config, self.keys):
+        for text in self.steps.check(rec, t, self.session[1], self.config, self.keys, self.session[0]):
             self.problem(text)
         if isinstance(rec["updates"], list):
             self.report.accepted += len(rec["updates"])
