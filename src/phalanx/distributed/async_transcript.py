@@ -2,7 +2,8 @@
 server step, and the audit's check of it, which recomputes the step from what it records.
 
 The synchronous transcript (:mod:`phalanx.distributed.transcript`) binds a row to a *round*; an asynchronous update
-is bound to the model *version* it was computed at, and a step aggregates updates of several versions. So a keyed
+is bound to the model *version* it was computed at — the version label rank 0 sent with θ: the worker's signature
+covers the label, not θ itself, nor the step t — and a step aggregates updates of several versions. So a keyed
 asynchronous run's transcript holds, instead of ``round`` lines (and with ``"dim": d`` in its header)::
 
     step  {"type": "step", "round": t,

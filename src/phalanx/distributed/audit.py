@@ -1,5 +1,7 @@
 """``phalanx audit RUN``: check a keyed run's transcript (:mod:`phalanx.distributed.transcript`) against the run
-directory and the allow-list, reading it line by line with bounded memory, one line per problem found.
+directory and the allow-list, reading it line by line with bounded memory, one line per problem found (an
+asynchronous run's experiment — its model and data — is first built from the directory's ``config.json``, whose size
+nothing caps: open, docs/security.md).
 
 What a passing audit proves, and against whom:
 
@@ -7,7 +9,8 @@ What a passing audit proves, and against whom:
   key the allow-list gives rank 0 (a transcript written by any other rank — its own signed rows and nothing else —
   or edited by anyone without rank 0's key, e.g. rejections erased or rounds cut, does not verify). Its header names
   the run: the config digest equals the digest of the run directory's ``config.json`` (another run's transcript
-  copied in does not), n, f and the rounds are the config's, the allow-list is the one checked against.
+  copied in does not; another run of the *same* config, signed by the same rank 0, does: nothing run-unique binds
+  it to the checkpoint), n, f and the rounds are the config's, the allow-list is the one checked against.
 - **Every round is accounted for.** Rounds run contiguously from 0 to the round the run directory reached (``DONE``:
   every round; else its checkpoint's round); each session starts where the previous one ended. In a server or
   serverless round the accepted ranks and the missing ranks are together every rank, each once (none deleted, none
