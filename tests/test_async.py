@@ -253,9 +253,9 @@ def test_the_config_refuses_what_the_api_does() -> None:
         make_config({**base, "f": 2, "byzantine": 2, "algorithm": "basgd", "algorithm_params": {"buffers": 4}})
     with pytest.raises(ConfigError, match=r"^engine='torchrun'"):
         make_config({**base, "engine": "torchrun", "algorithm": "kardam", "algorithm_params": {"buffer_size": 3}})
-    with pytest.raises(ConfigError, match=r"^attack="):  # fedbuff runs on real processes, but without an attack
+    with pytest.raises(ConfigError, match=r"^attack="):  # on real processes, only attacks one worker plays alone
         make_config({**base, "engine": "torchrun", "algorithm": "fedbuff", "algorithm_params": {"buffer_size": 3},
-                     "attack": "signflip", "byzantine": 1})
+                     "attack": "alie", "byzantine": 1})
 
 
 def test_a_hostile_checkpoint_clock_is_refused() -> None:
