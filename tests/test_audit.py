@@ -318,22 +318,29 @@ def test_an_older_unsigned_transcript_is_one_line(honest: Path, tmp_path: Path) 
     assert len(report.problems) == 1 and "written before transcripts were signed" in report.problems[0]
 
 
+def _resume_at_round_6(run: Path, keys: Path, digest: str) -> Any:
+    """Rank 0's transcript callback starting a session that resumes ``run`` from its round-6 checkpoint (the loop
+    stubbed: resumed, round 6 of 10), with rank 0's key of ``keys`` and the session nonce 07…07."""
+    from types import SimpleNamespace
+
+    from phalanx.distributed.transcript import Transcript
+
+    loop = SimpleNamespace(resumed=True, state=SimpleNamespace(round=6), experiment=SimpleNamespace(rounds=10))
+    record = Transcript(run, SimpleNamespace(nonce=b"\x07" * 32), load_identity(keys, 0, 4), digest, 4, 1,
+                        lambda t: False)
+    record.on_start(loop)  # type: ignore[arg-type]
+    return record
+
+
 def test_a_resumed_run_continues_only_the_transcript_rank_0_signed(honest: Path, keys: Path, tmp_path: Path) -> None:
     """Rank 0 resuming from round 6 keeps the rounds before it as it signed them — and refuses, in one line naming
     the file, a transcript edited while the run was stopped (it would otherwise sign the edit)."""
-    from types import SimpleNamespace
 
     from phalanx.distributed.transcript import Transcript
     from phalanx.errors import ConfigError
 
-    loop = SimpleNamespace(resumed=True, state=SimpleNamespace(round=6), experiment=SimpleNamespace(rounds=10))
-    digest = load(honest / TRANSCRIPT)["config"]
-
     def resume(run: Path) -> Transcript:
-        record = Transcript(run, SimpleNamespace(nonce=b"\x07" * 32), load_identity(keys, 0, 4), digest, 4, 1,
-                            lambda t: False)
-        record.on_start(loop)  # type: ignore[arg-type]
-        return record
+        return _resume_at_round_6(run, keys, load(honest / TRANSCRIPT)["config"])
 
     copy = tmp_path / "kept"
     shutil.copytree(honest, copy)
@@ -353,19 +360,12 @@ def test_a_resume_checks_the_old_transcript_with_the_launched_allow_list(honest:
     was *launched* with, so it refuses — in one line naming the directory's allow-list — rather than sign the
     forgery with its real key. A transcript rank 0 really signed but whose header names another config or
     allow-list (another run's record) is refused too."""
-    from types import SimpleNamespace
 
     from phalanx.distributed.transcript import Transcript
     from phalanx.errors import ConfigError
 
-    loop = SimpleNamespace(resumed=True, state=SimpleNamespace(round=6), experiment=SimpleNamespace(rounds=10))
-    digest = load(honest / TRANSCRIPT)["config"]
-
     def resume(run: Path) -> Transcript:
-        record = Transcript(run, SimpleNamespace(nonce=b"\x07" * 32), load_identity(keys, 0, 4), digest, 4, 1,
-                            lambda t: False)
-        record.on_start(loop)  # type: ignore[arg-type]
-        return record
+        return _resume_at_round_6(run, keys, load(honest / TRANSCRIPT)["config"])
 
     init_keys(tmp_path / "evil", 4)
     evil = load_identity(tmp_path / "evil", 0, 4)
