@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -248,3 +251,33 @@ def test_a_resumed_run_equals_an_uninterrupted_one_bit_for_bit(tmp_path: Path) -
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
     assert not any(k.startswith("stage.update_clip") for k in a)  # no state: nothing to carry
     assert store.read_rows(full) == store.read_rows(part)
+
+
+JOB_TIMEOUT_S = float(os.environ.get("PHALANX_TEST_JOB_TIMEOUT", "120"))
+"""The launch's hard timeout (raise it on a machine shared with other work: PHALANX_TEST_JOB_TIMEOUT=600)."""
+
+
+def test_under_phalanx_launch_the_rows_hold_rank_0s_own_worker_and_the_run_is_the_simulated_one(
+        tmp_path: Path) -> None:
+    """`phalanx launch --workers 4` (topology server: rank 0 serves and computes one worker; 1 signflip rank) with
+    both new stages: θ is the simulated run's (up to the all-reduce order: the tolerance of tests/test_distributed),
+    the server stage's counts are the simulated run's, and the worker stage's columns count rank 0's own row only
+    — at most 1 clipped, where the simulated run counts all 3 honest rows."""
+    flat = {**RUN, "workers": 4, "byzantine": 1, "f": 1, "rounds": 2, "eval_every": 1, "checkpoint_every": 10,
+            "seed": 0, "batch_size": 8, "stages": {"update_clip": {"c": 0.05}, "adaptive_clip": {"multiplier": 0.5}}}
+    sim = tmp_path / "sim"
+    sim_rows = train(make_config(flat), sim)
+    cfg = tmp_path / "c.toml"
+    flat_keys = {k: v for k, v in flat.items() if k not in ("model", "model_params", "stages")}
+    cfg.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in flat_keys.items()) + "\n[model]\nname = \"mlp\"\n"
+                   "hidden = [16]\n[stages.update_clip]\nc = 0.05\n[stages.adaptive_clip]\nmultiplier = 0.5\n")
+    done = subprocess.run([sys.executable, "-m", "phalanx.cli", "launch", "--workers", "4", str(cfg), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (run_dir,) = [p for p in (tmp_path / "out").iterdir() if p.is_dir()]
+    rows = store.read_rows(run_dir)
+    got, want = load_file(str(run_dir / "checkpoint.safetensors")), load_file(str(sim / "checkpoint.safetensors"))
+    torch.testing.assert_close(got["theta"], want["theta"], atol=1e-5, rtol=1e-4)
+    assert [r["adaptive_clip_clipped"] for r in rows] == [r["adaptive_clip_clipped"] for r in sim_rows]
+    assert [r["update_clip_clipped"] for r in sim_rows[1:]] == [3, 3]
+    assert all(r["update_clip_clipped"] in (0, 1) for r in rows[1:])

@@ -21,10 +21,12 @@ attack's rows are whatever the attack makes: nothing at the worker binds an atta
 divergence check reports it; scaling it by C/∞ = 0 would turn its ∞ into NaN and hide where it came from.
 
 **Columns** (measured by the worker side of *this process*): ``update_clip_clipped``, how many of the last round's
-rows had a norm above C, and ``update_clip_max_norm``, the largest norm before clipping. In the simulated engine
-every computing worker is in this process; where a process computed no row in the last round (rank 0 of a
-parameter server, a round before the first) both are None. No state, no random stream: a resumed run is the
-uninterrupted one bit for bit (the columns are the last round's, recomputed every round).
+rows had a norm above C, and ``update_clip_max_norm``, the largest norm before clipping (∞ for a non-finite row). In
+the simulated engine every computing worker is in this process, so the columns cover them all; under ``phalanx
+launch`` the metric rows are rank 0's, so they cover only the rows rank 0 computed itself (one worker's, measured
+with ``topology = "server"`` and 4 processes), and are None where a process computed no row in the last round (and
+before the first round). A worker stage has no channel to send its measurements to the server's rows. No state, no
+random stream: a resumed run is the uninterrupted one bit for bit (the columns are the last round's, recomputed every round).
 """
 
 from __future__ import annotations
