@@ -207,4 +207,5 @@ def test_phalanx_list_stages_shows_each_with_how_it_is_turned_on_and_its_section
     rows = json.loads(CliRunner().invoke(cli.app, ["list", "stages", "--format", "json"]).output)["rows"]
     assert {r["name"]: r["side"] for r in rows} == {"byzantine_count": "server", "crfl": "server", "dp": "worker",
                                                     "fail_closed": "server", "lora_residual": "server",
-                                                    "norm_stats": "server"}
+                                                    "norm_stats": "server", "update_clip": "worker",
+                                                    "adaptive_clip": "server"}
