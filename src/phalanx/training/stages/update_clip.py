@@ -25,8 +25,9 @@ rows had a norm above C, and ``update_clip_max_norm``, the largest norm before c
 the simulated engine every computing worker is in this process, so the columns cover them all; under ``phalanx
 launch`` the metric rows are rank 0's, so they cover only the rows rank 0 computed itself (one worker's, measured
 with ``topology = "server"`` and 4 processes), and are None where a process computed no row in the last round (and
-before the first round). A worker stage has no channel to send its measurements to the server's rows. No state, no
-random stream: a resumed run is the uninterrupted one bit for bit (the columns are the last round's, recomputed every round).
+before the first round). A worker stage has no channel to send its measurements to the server's rows. No state,
+no random stream: a resumed run is the uninterrupted one bit for bit (the columns are the last round's, recomputed
+every round).
 """
 
 from __future__ import annotations
