@@ -22,11 +22,14 @@ the round's received norms and capped at rank m − f, so that it holds against 
   second smallest honest norm).
 
 Both are order-statistic facts (the breakdown point of a quantile: Hampel, "A general qualitative definition of
-robustness", Ann. Math. Stat. 1971), checked in ``tests/test_adaptive_clip.py`` against f rows of every kind.
+robustness", Ann. Math. Stat. 1971), checked in ``tests/test_adaptive_clip.py`` against f rows of eight kinds (1e38,
+∞, NaN, 0, 1e-30, the longest honest row times −1e6 or times 1.5, ∞ and 0 mixed) and an aggregate of 1e30
+or ∞, at four (q, κ, m, f); the two mutants (no cap at m − f; the mean of the norms) fail it.
 
 **A non-finite aggregate** (a rule with no robustness, the mean, fed an ∞ row) has no norm to clip to: the stage
-replaces it by 0 — the server takes no step along it this round (its optimizer's momentum still decays) — and counts
-the round. Nothing a worker sends makes the stage raise or allocate beyond ``(m,)`` norms.
+replaces it by 0 — the server takes no step along it this round (an optimizer with momentum still moves θ by its
+buffer) — and counts the round. Nothing a worker sends makes the stage raise, and it allocates ``(m,)`` norms and
+one copy of the aggregate whatever the rows hold.
 
 State: ``stage.adaptive_clip.counts``, ``(2,)`` int64 — the rounds clipped so far and the rounds whose aggregate was
 replaced by 0 — so a resumed run counts what an uninterrupted one does. Columns: ``adaptive_clip_threshold`` (the

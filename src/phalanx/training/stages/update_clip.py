@@ -9,10 +9,9 @@ FedAvg client's pseudo-gradient θ − θᵢ after its local steps — :mod:`pha
 — the client-side clipping of DP-FedAvg (McMahan, Ramage, Talwar & Zhang, "Learning differentially private recurrent
 language models", ICLR 2018, Algorithm 1, ``ClipFn``) without its noise, i.e. the norm bounding of Sun, Kairouz,
 Suresh & McMahan ("Can you really backdoor federated learning?", arXiv 1911.07963, 2019, §3) done by each client
-instead of by the server. Its use for robustness: the analyses of Krum, the trimmed mean and every rule that assumes
-bounded honest gradients (Blanchard et al., NeurIPS 2017, Proposition 1: E‖G‖^r bounded; Yin et al., ICML 2018,
-Assumption 3) then hold with the bound C by construction, not by hope — at the price of the bias a clipped gradient
-has when ‖∇ℓ‖ > C.
+instead of by the server. Its use for robustness: an analysis that assumes the honest vectors' norms bounded (Krum's
+moment condition, Blanchard et al., NeurIPS 2017, Proposition 1: E‖G‖^r bounded for r = 2, 3, 4) then has the bound
+C by construction, not by hope — at the price of the bias a clipped gradient has when ‖∇ℓ‖ > C.
 
 **Who is bound.** Every worker that *computes* an update: the honest ones, and the Byzantine workers of a data
 attack (label flip …), which follow the protocol on poisoned data — so their updates too have norm ≤ C. A *vector*
