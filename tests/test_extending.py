@@ -172,3 +172,40 @@ def test_entry_points_reach_the_list_a_parallel_sweep_and_launch(installed: Path
     got = final(tmp_path / "launch")
     # every rank built the same model from the plug-in's builder, and the run equals the simulated one
     torch.testing.assert_close(got["median-of-means"][1], swept["median-of-means"][1], atol=1e-5, rtol=1e-4)
+
+
+def stage_example() -> type:
+    """The ``ClipAggregate`` class of docs/extending.md's "A stage", as the page shows it."""
+    block = next(b for b in blocks() if "class ClipAggregate(ServerStage)" in b)
+    namespace: dict[str, object] = {}
+    exec(compile(block, "docs/extending.md", "exec"), namespace)
+    return namespace["ClipAggregate"]  # type: ignore[return-value]
+
+
+def test_the_docs_stage_checks_its_parameter_and_keeps_its_count() -> None:
+    """The page's stage refuses c ≤ 0 in one line naming ``c`` (the registry prefixes ``stages.clip_aggregate.``),
+    and its count survives a checkpoint; the mutant without ``state_dict`` (the page's earlier version) restarts at
+    0."""
+    from phalanx.errors import ConfigError
+    from phalanx.training.stages import ServerStage
+
+    clip = stage_example()
+    for bad in (-1.0, 0.0, float("nan"), "x"):
+        with pytest.raises(ConfigError) as info:
+            clip(c=bad)
+        assert info.value.parameter == "c" and "\n" not in str(info.value)
+    saved = clip(c=0.5)
+    saved.clipped = 3
+    resumed = clip(c=0.5)
+    resumed.load_state_dict(saved.state_dict())
+    assert resumed.clipped == 3
+
+    class Forgetful(clip):  # type: ignore[misc, valid-type]
+        state_dict = ServerStage.state_dict
+        load_state_dict = ServerStage.load_state_dict
+
+    lost = Forgetful(c=0.5)
+    lost.clipped = 3
+    again = Forgetful(c=0.5)
+    again.load_state_dict(lost.state_dict())
+    assert again.clipped != 3

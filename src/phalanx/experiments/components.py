@@ -101,7 +101,7 @@ def build(specs: Specs | RunConfig, cfg: RunConfig | None = None) -> Components:
     run = plan(specs.shape, algorithm, rule, attack, server_lr)
     name, section, name_of = legacy.optimizer(specs.flat, cls.decentralized)
     optimizer = optim.build(name, section, run, name_of)
-    stages = tuple(registry.build(registry.get(s.name, s.key), s.params, run, s.key, s.name_of)
+    stages = tuple(registry.build(registry.from_config(s.name, s.key), s.params, run, s.key, s.name_of)
                    for s in legacy.stage_sections(specs.flat, projections))
     return Components(algorithm, server_lr, rule, attack, optimizer, stages)
 

@@ -15,7 +15,7 @@ from phalanx.errors import ConfigError
 from phalanx.plugins import Registry
 from phalanx.training.stages.base import Plan, Stage
 
-__all__ = ["build", "get", "names", "register"]
+__all__ = ["build", "configurable", "from_config", "get", "names", "register"]
 
 S = TypeVar("S", bound=type[Stage])
 
@@ -57,9 +57,28 @@ def register(cls: S) -> S:
 
 
 def names() -> list[str]:
-    """Every stage name a config's ``[stages.<name>]`` accepts (a ``module:attr`` spec too)."""
+    """Every stage name known (registered, discovered or an entry point), the ones round algorithms bring included."""
     _discover()
     return _REGISTRY.names()
+
+
+def configurable() -> list[str]:
+    """The stage names a config's ``[stages.<name>]`` turns on: every known one but those a round algorithm brings
+    (:attr:`~phalanx.training.stages.base.Stage.brought_by`); a ``module:attr`` spec too."""
+    return [n for n in names() if not _REGISTRY.get(n).brought_by]
+
+
+def from_config(name: str, parameter: str) -> type[Stage]:
+    """The class of the stage a config's ``[stages.<name>]`` names: a one-line :class:`ConfigError` naming
+    ``parameter`` lists the stages a config turns on when ``name`` is unknown or one a round algorithm brings."""
+    allowed = "one of " + ", ".join(configurable()) + " or a 'module:attr' spec"
+    try:
+        cls = get(name, parameter)
+    except ConfigError as exc:
+        raise ConfigError(parameter, name, allowed, exc.hint) from None
+    if cls.brought_by:
+        raise ConfigError(parameter, name, f"{allowed} ({name} is not set in a config: {cls.brought_by} brings it)")
+    return cls
 
 
 def get(name: str, parameter: str = "stages") -> type[Stage]:
