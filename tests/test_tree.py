@@ -12,7 +12,7 @@ import pytest
 from tests.test_compat import IDS
 
 from phalanx.errors import ConfigError
-from phalanx.experiments import config, grid, legacy, make_config, tree
+from phalanx.experiments import config, grid, legacy, make_config, tree, treetext
 from phalanx.experiments.schema import RunConfig
 
 EXAMPLES = sorted(p for p in (Path(__file__).resolve().parent.parent / "examples").rglob("*.toml")
@@ -47,7 +47,7 @@ def test_every_pinned_run_id_is_the_same_written_as_a_tree(what: str, data: dict
     written = tree.to_tree(data)
     assert set(written) <= {*tree.SECTIONS, "server"}, written  # every key went into a section
     assert grid.run_id(make_config(written)) == run_id, what
-    text = tree.dumps(written)  # and as a TOML file
+    text = treetext.dumps(written)  # and as a TOML file
     assert grid.run_id(make_config(config.toml_loads(text))) == run_id, text
 
 
@@ -63,7 +63,7 @@ def test_flat_to_tree_to_flat_is_the_identity_on_every_example(path: Path, monke
     assert round_trip(flat)
     written = tree.to_tree(flat)
     assert set(written) <= {*tree.SECTIONS, "server", "tie", "slurm"}, written
-    again = config.toml_loads(tree.dumps(written))
+    again = config.toml_loads(treetext.dumps(written))
     assert again == written
     assert sorted(r.run_id for r in grid.runs(again)) == sorted(r.run_id for r in grid.runs(flat))  # same runs
 
@@ -198,8 +198,11 @@ def test_set_of_a_tree_key_replaces_the_files_spelling(tmp_path: Path) -> None:
 
 
 def test_a_tree_is_validated_as_its_flat_form() -> None:
-    with pytest.raises(ConfigError, match=r"^f=20 is invalid"):  # the flat key's own check, with its own message
+    """The flat key's own check, with its own message, naming the key as written (tests/test_tree_errors.py)."""
+    with pytest.raises(ConfigError, match=r"^\[rule\]\.f=20 is invalid: allowed < workers/2 = 5"):
         make_config({"run": {"workers": 10}, "rule": {"f": 20}})
+    with pytest.raises(ConfigError, match=r"^f=20 is invalid: allowed < workers/2 = 5"):
+        make_config({"workers": 10, "f": 20})
     assert legacy.TREE in tree.SECTIONS
 
 
@@ -268,14 +271,20 @@ def _values() -> Any:
 
 
 def test_a_random_tree_is_read_or_refused_in_one_line() -> None:
-    """Random trees (the section names, their keys and others, every kind of value) through the adapter both ways,
-    ``--set`` and validation: each succeeds or raises a one-line ConfigError — never another exception."""
+    """Random trees (the section names, their keys and others, every kind of value; a ``[tie]`` of sections)
+    through the adapter both ways, ``--set`` and validation: each succeeds or raises a one-line ConfigError — never
+    another exception — and no error of validation names the flat spelling of a key the tree wrote in a section
+    (it names ``[section].key``: tests/test_tree_errors.py)."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
+    from phalanx.experiments import spelling
+
     heads = st.sampled_from([*tree.SECTIONS, "server", "tie", "f", "workers", "attack_params"])
-    tables = st.dictionaries(heads, st.one_of(st.dictionaries(st.sampled_from(SECTION_KEYS + NAMES), _values(),
-                                                              max_size=4), _values()), max_size=4)
+    section = st.dictionaries(st.sampled_from(SECTION_KEYS + NAMES), _values(), max_size=4)
+    tie = st.dictionaries(st.sampled_from([*tree.SECTIONS, "local_steps", "rounds"]),
+                          st.one_of(section, st.lists(_values(), min_size=2, max_size=2)), max_size=3)
+    tables = st.dictionaries(heads, st.one_of(section, _values(), tie), max_size=4)
     sets = st.lists(st.tuples(st.sampled_from(["rule.f", "rule", "attack.z", "server.optimizer.lr", "algorithm.lr",
                                                "stages.dp.noise", "model.hidden", "run", "data.name", "lr"]),
                               st.sampled_from(["3", "{spec='cwtm', f=1}", "[1, 2]", "x", "1.5", "{z=1}", "true"])),
@@ -291,5 +300,12 @@ def test_a_random_tree_is_read_or_refused_in_one_line() -> None:
                 step()
             except ConfigError as exc:
                 assert "\n" not in str(exc), str(exc)
+        written = spelling.Written()
+        try:
+            _, written = tree.read(table)
+            for point in grid.expand({"workers": 5, "rounds": 2, **table}):
+                config.validate(point)
+        except ConfigError as exc:
+            assert written.spelling(exc.parameter) is None, str(exc)
 
     check()

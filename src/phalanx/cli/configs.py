@@ -24,9 +24,9 @@ def show(
 ) -> None:
     """Print the config as TOML: its tree of sections (``--tree``, the default) or its flat keys (``--flat``).
     Either reads back as the same runs with the same run ids."""
-    from phalanx.experiments import tree
+    from phalanx.experiments import spelling, tree, treetext
     from phalanx.experiments.config import load_grid
 
-    data = load_grid(config, set_ or [])
-    text = tree.dumps(data if flat else tree.to_tree(data))
+    data, _ = spelling.detach(load_grid(config, set_ or []))
+    text = treetext.dumps(data if flat else tree.to_tree(data))
     console.print(text, end="", soft_wrap=True, highlight=False, markup=False)

@@ -144,11 +144,11 @@ def list_models(fmt: FormatOption = "table") -> None:
 def list_sections(fmt: FormatOption = "table") -> None:
     """The config tree's sections (docs/config.md): each key, the flat key of earlier releases it is (what the run
     id is computed from) and the components that have it — read from the declarations, not listed here."""
-    from phalanx.experiments import tree
+    from phalanx.experiments import treetext
 
     fmt = check_format(fmt)
     table = Tabular("Phalanx config sections", ("section", "key", "flat key", "for"), whole=("section", "key"))
-    for row in tree.declared():
+    for row in treetext.declared():
         table.add(*row)
     table.notes.append("`phalanx config show CONFIG --tree` prints a config as its tree; a flat config is read as "
                        "it always was, with the same run ids.")

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from phalanx import data, hub, models, signing
 from phalanx.errors import ConfigError
-from phalanx.experiments import components, legacy, specs, tracking, tree
+from phalanx.experiments import components, legacy, specs, spelling, tracking, tree
 from phalanx.experiments.components import processes
 from phalanx.experiments.schema import (
     DISTRIBUTED_KEYS,
@@ -163,24 +163,34 @@ def validate(data: dict[str, Any] | RunConfig) -> ValidRun:
     against the registries — one :class:`ConfigError` naming the first bad parameter — and the components the
     config names, each built once and checked (:mod:`phalanx.experiments.components`), its run id, metric columns
     and process count. A RunConfig object (made directly, or received pickled or from a file) is checked as it is."""
-    if isinstance(data, RunConfig):
-        cfg = data
-    else:
-        if not isinstance(data, dict):
-            raise ConfigError("config", type(data).__name__, "a table of key = value")
-        data = algorithm_defaults(role_names(legacy.client_keys(inline_dataset(tree.to_flat(data)))))
-        try:
-            cfg = RunConfig(**data)
-        except ValidationError as exc:
-            raise _friendly(exc) from None
-    check_rows(cfg.rounds, cfg.eval_every)
-    run = specs.read(cfg)  # the one reading of the config: every check and builder below takes its concern's value
-    check_relations(run)
-    parts = components.build(run, cfg if run.legacy_hooks else None)
-    check_names(run.data, run.model)
-    check_keys(cfg.sign_key, cfg.verify_key)
-    check_device(run.device)
-    tracking.check(*run.tracking)
+    written = spelling.Written()
+    try:
+        if isinstance(data, RunConfig):
+            cfg = data
+        else:
+            if not isinstance(data, dict):
+                raise ConfigError("config", type(data).__name__, "a table of key = value")
+            data, carried = spelling.detach(data)  # the spelling of a tree read before (load_grid, a grid's point)
+            flat, written = tree.read(data)
+            written = written if written.names else carried
+            data = algorithm_defaults(role_names(legacy.client_keys(inline_dataset(flat))))
+            try:
+                cfg = RunConfig(**data)
+            except ValidationError as exc:
+                raise _friendly(exc) from None
+        check_rows(cfg.rounds, cfg.eval_every)
+        run = specs.read(cfg)  # the one reading of the config: every check and builder below takes its concern's
+        check_relations(run)  # value
+        parts = components.build(run, cfg if run.legacy_hooks else None)
+        check_names(run.data, run.model)
+        check_keys(cfg.sign_key, cfg.verify_key)
+        check_device(run.device)
+        tracking.check(*run.tracking)
+    except ConfigError as exc:  # each value checked once, by its key's declaration: named as the user wrote it
+        named = spelling.respelled(exc, written, RunConfig.model_fields)
+        if named is exc:
+            raise
+        raise named from None
     return ValidRun(cfg, name_of(cfg.identity()), parts, run.columns, run.shape.processes, run)
 
 
@@ -528,4 +538,8 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.t
 def load_grid(config: str | Path | None, overrides: list[str]) -> dict[str, Any]:
     """A config file (default: :data:`DEFAULT_CONFIG`) with ``key=value`` overrides applied; list values are grid
     axes (:func:`phalanx.experiments.grid.configs` expands and validates them)."""
-    return apply_overrides(tree.to_flat(load_toml(config if config is not None else DEFAULT_CONFIG)), overrides)
+    flat, written = tree.read(load_toml(config if config is not None else DEFAULT_CONFIG))
+    out = apply_overrides(flat, overrides)
+    set_flat = [k for k in (o.split("=", 1)[0].strip() for o in overrides)  # written flat on the command line
+                if k.split(".")[0] not in tree.HEADS or ("." not in k and k in RunConfig.model_fields)]
+    return spelling.attach(out, written.without(set_flat))

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from phalanx.errors import ConfigError
-from phalanx.experiments import tree
+from phalanx.experiments import spelling, tree
 from phalanx.experiments.config import RunConfig, key_text, validate
 from phalanx.experiments.validrun import RUN_ID_MAX, ValidRun, run_id
 
@@ -48,13 +48,17 @@ def expand(data: dict[str, Any]) -> list[dict[str, Any]]:
     """All combinations of the list-valued keys, in a stable order (the first key varies slowest; the ``tie`` axis
     varies slowest of all). A config tree is read as its flat keys first (:func:`phalanx.experiments.tree.to_flat`:
     a section's list is an axis too)."""
-    data = tree.to_flat(data)
+    data, carried = spelling.detach(data)
+    data, written = tree.read(data)
+    written = written if written.names else carried  # each point carries it to validation (spelling.py)
+    data = spelling.attach(data, written)
     tied = _tied(data)
     data = {k: v for k, v in data.items() if k != "tie"}
     keys = [k for k, v in data.items() if isinstance(v, list) and k not in _LIST_KEYS]
     for k in keys:
         if not data[k]:
-            raise ConfigError(key_text(k), [], "a non-empty list (each value is one point of the grid)")
+            raise ConfigError(written.spelling(k) or key_text(k), [], "a non-empty list (each value is one point of "
+                              "the grid)")
     points = len(tied) * math.prod(len(data[k]) for k in keys)
     if points > MAX_POINTS:  # counted before a point is built
         sizes = " × ".join(f"{len(data[k])} {k}" for k in keys) + (f" × {len(tied)} tied" if len(tied) > 1 else "")

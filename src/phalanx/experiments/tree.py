@@ -19,11 +19,15 @@ is returned as it is), so a tree names the run its flat spelling names (``tests/
 ``tests/test_compat.py`` pins as a tree and finds the same id). :func:`to_tree` is the inverse: ``to_flat(to_tree(t))
 == t`` for every flat table ``t`` as validation reads it (the role spellings of ``lr`` as ``lr``, an algorithm of
 one's own's client keys in ``algorithm_params``: the same run id) — tested on every shipped example.
+
+:func:`read` is :func:`to_flat` with the record of where each flat key was written
+(:class:`~phalanx.experiments.spelling.Written`), so that a value's one check names it as the user wrote it
+(``[rule].f``); a grid's ``[tie]`` (the grid's, not a component's) may hold the sections' keys
+(``[tie.algorithm] lr = […]``), read into the flat keys it ties.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -31,12 +35,13 @@ from phalanx import attacks
 from phalanx.errors import ConfigError
 from phalanx.experiments import legacy, sections
 from phalanx.experiments.schema import RunConfig
+from phalanx.experiments.spelling import Written
 from phalanx.plugins import accepted_params
 from phalanx.training.algorithms import builtin
 from phalanx.validate import suggest
 
-__all__ = ["SECTIONS", "TABLE", "dumps", "flat_override", "is_tree", "lr_homes", "owners", "section_keys",
-           "to_flat", "to_tree"]
+__all__ = ["SECTIONS", "TABLE", "algorithm_keys", "flat_override", "is_tree", "lr_homes", "owners", "read",
+           "section_keys", "to_flat", "to_tree"]
 
 TABLE: dict[str, dict[str, str]] = {
     "run": {"workers": "workers", "byzantine": "byzantine", "rounds": "rounds", "seed": "seed",
@@ -59,6 +64,9 @@ parameters where it has a constructor (``[algorithm]``, ``[attack]``) or takes a
 ``[server.optimizer]``: the optimizer's; each refused, naming its flat key, by the component's own check)."""
 SECTIONS = ("run", "algorithm", "rule", "attack", "server.optimizer", "stages", "data", "model", "engine")
 """The sections, in the order :func:`to_tree` writes them."""
+HEADS = frozenset(s.split(".")[0] for s in SECTIONS)
+"""The first word of each section's name (``server`` of ``server.optimizer``): a ``--set`` key it starts is a
+tree key."""
 OPEN = {"model": "model_params", "server.optimizer": "server_optimizer_params"}
 """The sections whose other keys are their component's parameters without a constructor to check them here."""
 LR = ("lr", "server_lr")
@@ -68,7 +76,7 @@ STAGE_KEYS = (*legacy.PRIVACY, legacy.PROJECTION, legacy.PROJECTION_PARAMS, lega
 """The flat keys of ``[stages.<name>]``: the privacy stage's, the server projection's, and ``stages`` itself."""
 
 
-def _algorithm_keys(name: str) -> dict[str, str]:
+def algorithm_keys(name: str) -> dict[str, str]:
     """``[algorithm]``'s keys for algorithm ``name`` (built in): its constructor's parameters (their flat keys), the
     flat keys it reads (``graph_params``) and :data:`TABLE`'s — not ``lr`` (:func:`lr_homes`)."""
     out = dict(TABLE["algorithm"])
@@ -85,7 +93,7 @@ def owners() -> dict[str, list[str]]:
     ``[algorithm]`` over every built-in algorithm's constructor, ``[stages]`` and the learning rates' one row."""
     out: dict[str, list[str]] = {}
     declared = {section: set(keys.values()) for section, keys in TABLE.items()}
-    declared["algorithm"] |= {k for name in builtin.BUILT_IN for k in _algorithm_keys(name).values()}
+    declared["algorithm"] |= {k for name in builtin.BUILT_IN for k in algorithm_keys(name).values()}
     declared["server.optimizer"] |= set(legacy.SGD.values())
     declared["stages"] = set(STAGE_KEYS)
     declared[ROLE] = set(LR)
@@ -126,7 +134,7 @@ def section_keys(section: str, context: dict[str, Any]) -> dict[str, str] | None
         if all(n in builtin.BUILT_IN for n in names):
             out: dict[str, str] = {}
             for n in names:
-                out.update(_algorithm_keys(n))
+                out.update(algorithm_keys(n))
         else:
             if len(names) != 1:
                 raise ConfigError("[algorithm].name", names, "one algorithm of one's own per grid, or built-in ones "
@@ -179,7 +187,7 @@ def _owner_of(key: str) -> str | None:
         keys = dict(TABLE.get(section, {}))
         if section == "algorithm":
             for name in builtin.BUILT_IN:
-                keys.update(_algorithm_keys(name))
+                keys.update(algorithm_keys(name))
             keys["lr"] = "lr"
         if key in keys or (key in RunConfig.model_fields and key in keys.values()):
             return section
@@ -223,9 +231,10 @@ def is_tree(table: Any) -> bool:
     """Whether ``table`` has a section other than ``stages`` (or ``[stages.dp]`` / ``[stages.crfl]``)."""
     if not isinstance(table, dict):
         return False
-    stages = table.get(legacy.TREE)
+    stages, tie = table.get(legacy.TREE), table.get("tie")
     return any(_section_of(k, v) for k, v in table.items() if k != legacy.TREE) or (
-        isinstance(stages, dict) and any(s in legacy.FLAT_STAGES for s in stages))
+        isinstance(stages, dict) and any(s in legacy.FLAT_STAGES for s in stages)) or (
+        isinstance(tie, dict) and any(_section_of(k, v) for k, v in tie.items() if k != legacy.TREE))
 
 
 def _sections(table: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -250,14 +259,21 @@ def to_flat(table: Any) -> Any:
     is returned as it is. A section key and the flat spelling of the same key in one table is a one-line
     :class:`ConfigError` naming both; an unknown key names its section, the closest of the section's keys and,
     when another section declares it, that section. List values (grid axes) are moved as they are."""
+    return read(table)[0]
+
+
+def read(table: Any) -> tuple[Any, Written]:
+    """:func:`to_flat`, and the key the user wrote for each flat key the tree set (:class:`Written`: ``f`` →
+    ``[rule].f``, ``model_params.hidden`` → ``[model].hidden``, ``dp_noise`` → ``[stages.dp].noise``), so that
+    the check of a value names it so (:func:`phalanx.experiments.spelling.respelled`); empty for a flat table."""
     if not is_tree(table):
-        return table
+        return table, Written()
     found = _sections(table)
     rest = {k: v for k, v in table.items() if k not in found and not (k == "server" and "server.optimizer" in found)}
-    context = {**_tied(rest), **{flat: found[s][k] for s, keys in (("algorithm", {"name": "algorithm"}),
-                                                            ("attack", {"name": "attack"}),
-                                                            ("server.optimizer", {"name": "server_optimizer"}))
-                          for k, flat in keys.items() if k in found.get(s, {})}}
+    tied: dict[str, str] = {}
+    if isinstance(rest.get("tie"), dict):
+        rest["tie"], tied = _flat_tie(rest["tie"], {**rest, **_named(found)})
+    context = {**_tied(rest), **_named(found)}
     rule = found.get("rule", {})
     if "pre" in rule:
         if "spec" not in rule:
@@ -291,7 +307,62 @@ def to_flat(table: Any) -> Any:
     out = dict(rest)
     for flat, value in made.items():
         out[flat] = {**rest[flat], **value} if flat in rest else value
-    return out
+    return out, _written({**spelled, **tied}, stages, made)
+
+
+def _named(found: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The components the sections ``found`` name (``[algorithm] name``: ``algorithm``): the sections' context."""
+    return {flat: found[s]["name"] for s, flat in (("algorithm", "algorithm"), ("attack", "attack"),
+                                                    ("server.optimizer", "server_optimizer"))
+            if "name" in found.get(s, {})}
+
+
+def _flat_tie(tie: dict[str, Any], context: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``[tie]`` written with sections (``[tie.algorithm] name = ["gossip", "anytime"]``, ``lr = [0.8, 0.016]``:
+    each a section's key whose list is the tied axis) as the flat keys the grid ties, and where each was written
+    (``[tie.algorithm].lr``); its flat keys stay as they are. The tie is the grid's, not a component's: its keys are
+    the sections', read in the run's context and the tie's own components."""
+    found = _sections({k: v for k, v in tie.items() if k != legacy.TREE and _section_of(k, v)})
+    if not found:
+        return tie, {}
+    if "pre" in found.get("rule", {}):
+        raise ConfigError("[tie.rule].pre", found["rule"]["pre"], "unset (tie the spec with its pre-aggregation "
+                          "written in: spec = ['nnm>cwtm', 'cwtm'])")
+    made: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    context = {**{k: v for k, v in context.items() if k != "tie"}, **_named(found)}
+    for section, keys in found.items():
+        for key, value in keys.items():
+            try:
+                _put(made, spelled, section, key, value, context)
+            except ConfigError as exc:  # the tie's key, not the run's section's
+                raise ConfigError(exc.parameter.replace("[", "[tie.", 1), exc.value, exc.allowed, exc.hint) from None
+    out = {k: v for k, v in tie.items() if k not in found and not (k == "server" and "server.optimizer" in found)}
+    for flat, value in made.items():
+        if flat in out:
+            raise ConfigError(f"tie.{flat}", value, f"unset (one key, two spellings: {spelled[flat]} in [tie])")
+        out[flat] = value
+    return out, {flat: where.replace("[", "[tie.", 1) for flat, where in spelled.items()}
+
+
+def _written(spelled: dict[str, str], stages: Any, made: dict[str, Any]) -> Written:
+    """The adapter's record of where each flat key was written, as :class:`Written`: a table that a section's
+    keys filled one by one (``model_params`` from ``[model] hidden``) is the section, one written whole
+    (``[model].params``) has each of its keys; a built-in stage's flat key is its ``[stages.<name>].<p>``."""
+    names = {}
+    for flat, where in spelled.items():
+        inner = [w for k, w in spelled.items() if k.startswith(flat + ".")]
+        names[flat] = where.partition("].")[0] + "]" if where in inner else where
+        if where.endswith("].params") and isinstance(made.get(flat), dict):
+            names.update({f"{flat}.{p}": f"{where}.{p}" for p in made[flat] if f"{flat}.{p}" not in spelled})
+    for stage, params in (stages.items() if isinstance(stages, dict) else ()):
+        if stage in legacy.FLAT_STAGES and isinstance(params, dict):
+            for p in params:
+                names[legacy.DP.get(str(p), str(p)) if stage == "dp" else f"{legacy.PROJECTION_PARAMS}.{p}"] = \
+                    f"[stages.{stage}].{p}"
+            if stage != "dp":
+                names[legacy.PROJECTION] = f"[stages.{stage}]"
+    return Written.of(names)
 
 
 def _merge(made: dict[str, Any], spelled: dict[str, str], flat: str, value: Any, where: str) -> None:
@@ -419,6 +490,14 @@ def to_tree(flat: dict[str, Any]) -> dict[str, Any]:
         if key in homes:
             section, name = homes[key]
             tree[section][name] = value
+        elif key == "tie" and isinstance(value, dict):  # each tied key in its section: [tie.algorithm] lr = […]
+            tie: dict[str, Any] = {}
+            for k, v in value.items():
+                section, name = homes.get(k, ("", k)) if k not in STAGE_KEYS else ("", k)
+                where = tie.setdefault("server", {}).setdefault("optimizer", {}) if section == "server.optimizer" \
+                    else tie.setdefault(section, {}) if section else tie
+                where[name] = v
+            top[key] = tie
         else:
             top[key] = value
     if stages:
@@ -502,72 +581,4 @@ def _nest(section: str, value: Any, table: dict[str, Any]) -> dict[str, Any]:
     return {**context, section: value}
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise ConfigError("config", value, "TOML values (a string, number, boolean, list or table)")
 
-
-def _toml_key(key: str) -> str:
-    return key if key and all(c.isalnum() or c in "_-" for c in key) else json.dumps(key)
-
-
-def dumps(tree: dict[str, Any]) -> str:
-    """A tree (:func:`to_tree`) as TOML text: its top-level keys first, then one ``[section]`` table each
-    (``[server.optimizer]``, ``[stages.<name>]``)."""
-    lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in tree.items() if not _section_of(k, v)]
-    for key, value in tree.items():
-        if not _section_of(key, value):
-            continue
-        tables = ([("server.optimizer", value.get("optimizer", {}))] if key == "server" else
-                  [(f"stages.{_toml_key(s)}", p) for s, p in value.items()] if key == legacy.TREE else [(key, value)])
-        for name, body in tables:
-            lines += ["", f"[{name}]", *(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in body.items())]
-    return "\n".join(lines) + "\n"
-
-
-def declared() -> list[tuple[str, str, str, str]]:
-    """Every section's declared keys as ``(section, key, the flat key it sets, for which component)`` — read from
-    the declarations (:data:`TABLE`, each built-in algorithm's constructor, :func:`lr_homes`, the built-in stages'
-    flat keys), what ``phalanx list sections`` prints."""
-    rows: list[tuple[str, str, str, str]] = []
-    for section in SECTIONS:
-        if section == "stages":
-            rows += [("stages.dp", p, flat, "client-level DP") for p, flat in legacy.DP.items()]
-            rows += [("stages.crfl", "<p>", "server_projection_params.<p> (server_projection = 'crfl')", "CRFL"),
-                     ("stages.<name>", "<p>", "stages.<name>.<p>", "every other stage (phalanx list stages)")]
-            continue
-        rows += [(section, key, flat, "all") for key, flat in TABLE[section].items()]
-        if section == "algorithm":
-            seen: dict[tuple[str, str], list[str]] = {}
-            for name in builtin.BUILT_IN:
-                for key, flat in _algorithm_keys(name).items():
-                    if key not in TABLE[section]:
-                        seen.setdefault((key, flat), []).append(name)
-                home = lr_homes(name)[0]
-                if home is not None:
-                    seen.setdefault(("lr", home), []).append(name)
-            rows += [(section, key, flat, ", ".join(names)) for (key, flat), names in seen.items()]
-            rows.append((section, "<p>", "algorithm_params.<p>", "an algorithm of one's own (its constructor)"))
-        elif section == "server.optimizer":
-            homes: dict[str, list[str]] = {}
-            for name in builtin.BUILT_IN:
-                home = lr_homes(name)[1]
-                if home is not None:
-                    homes.setdefault(home, []).append(name)
-            rows += [(section, "lr", flat, ", ".join(names)) for flat, names in homes.items()]
-            rows += [(section, p, flat, "sgd") for p, flat in legacy.SGD.items()]
-            rows.append((section, "<p>", "server_optimizer_params.<p>", "the optimizer's own"))
-        elif section == "attack":
-            rows.append((section, "<p>", "attack_params.<p>", "its constructor's (phalanx list attacks)"))
-        elif section == "model":
-            rows.append((section, "<p>", "model_params.<p>", "the builder's"))
-    return rows
