@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
-__all__ = ["AGGREGATORS", "DATASETS", "GOSSIP_REQUIREMENT", "GOSSIP_RULES", "MODELS", "STUDIES", "Group", "extra_names", "names",
-           "rule_rows"]
+__all__ = ["AGGREGATORS", "DATASETS", "GOSSIP_REQUIREMENT", "GOSSIP_RULES", "MODELS", "STUDIES", "Group",
+           "extra_names", "names", "rule_rows"]
 
 Bound = Callable[[int, int], "float | None"]
 """ε or κ of a rule configured for f, at n inputs: ``(n, f) → value`` (None where nothing is proven)."""
