@@ -25,8 +25,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 LIGHT = (["--help"], ["--version"], ["list", "--help"], ["run", "--help"], ["sweep", "--help"], ["keys", "--help"],
          ["launch", "--help"], ["status", "/nonexistent-phalanx-dir"], ["report", "/nonexistent-phalanx-dir"],
-         ["list", "datasets"], ["list", "models"], ["list", "aggregators"], ["list", "aggregators", "-n", "7", "-f", "3",
-                                                                             "--format", "json"],
+         ["list", "datasets"], ["list", "models"], ["list", "aggregators"],
+         ["list", "aggregators", "-n", "7", "-f", "3", "--format", "json"],
          ["tension", "--help"], ["experiment", "--help"], ["tension"], ["experiment"])
 """Commands that compute nothing: none may import torch."""
 
