@@ -40,8 +40,9 @@ ALLOWED: dict[str, set[str]] = {
                 "plugins"},  # attacks, hub: the LoRA study checks its attack names and reads its tokenizer
     "distributed": {"experiments", "training", "aggregators", "attacks", "data", "models", "decentralized", "errors",
                     "plugins", "validate"},
-    "cli": {"catalogue", "distributed", "studies", "experiments", "training", "aggregators", "attacks", "data", "models", "analysis",
-            "signing", "hub", "errors", "plugins", "validate", "executor_cli", "decentralized", "__init__"},
+    "cli": {"catalogue", "distributed", "studies", "experiments", "training", "aggregators", "attacks", "data",
+            "models", "analysis", "signing", "hub", "errors", "plugins", "validate", "executor_cli", "decentralized",
+            "__init__"},
     "executor_cli": {"experiments", "errors"},
     # attacks: the Byzantine clients (flower/byzantine.py); files: their exchange of updates
     "flower": {"aggregators", "attacks", "errors", "files", "validate"},
