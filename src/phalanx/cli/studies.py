@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 
 class _StudyGroup(TyperGroup):
     """A command group whose study commands are made when one is asked for, from the study registry
-    (:mod:`phalanx.studies`): a study's module — a plug-in's too — is imported only then."""
+    (:mod:`phalanx.studies`): a study's module — a plug-in's too — is imported only then. The group's own help page
+    lists the built-in studies from :mod:`phalanx.catalogue` (name and help, no torch); a plug-in study's line is
+    its command's, made from its class."""
 
     prefix: ClassVar[str]
     """The group's command line, as a study's report quotes it."""
