@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from phalanx import catalogue
 from phalanx.cli.common import _fmt, _references, console, list_app
 from phalanx.cli.output import FormatOption, Tabular, check_format, emit
 from phalanx.errors import ConfigError, PhalanxError
@@ -21,10 +22,27 @@ def list_aggregators(
     fmt = check_format(fmt)
     if 2 * f >= workers:
         raise ConfigError("--f", f, f"< n/2 = {workers / 2:g} with -n {workers} (f ≥ n/2 is beyond any robust rule)")
-    from phalanx import aggregators
-
     table = Tabular(f"Phalanx aggregators (ε, κ at n={workers}, f={f})",
                     ("name", "kind", "requirement", "ε", "κ", "ref."), whole=("name",))  # names stay whole (grep-able)
+    declared = catalogue.rule_rows(workers, f)  # torch-free: the declared built-ins (None: a plug-in is installed)
+    if declared is None:
+        rows = _built_rows(workers, f)
+    else:
+        rows = [([name, kind, requirement, *(("", "") if kind == "gossip" else (_fmt(eps), _fmt(kappa)))], ref)
+                for name, kind, requirement, eps, kappa, ref in declared]
+    _references(table, rows, fmt)
+    table.notes.append(f"ε, κ: the values the literature proves (— where none; describe() names each statement). "
+                       f"`phalanx epsilon SPEC -n {workers} --f {f}` and `phalanx kappa SPEC -n {workers} -f {f}` "
+                       "measure certified lower bounds.")
+    emit(table, fmt, console)
+
+
+def _built_rows(workers: int, f: int) -> list[tuple[list[str], str]]:
+    """``list aggregators``' rows from the registries' classes (torch imported): the built-ins, which
+    :func:`phalanx.catalogue.rule_rows` declares alike, and installed plug-ins, which only their classes describe."""
+    from phalanx import aggregators
+    from phalanx.decentralized import robust_gossip
+
     rows: list[tuple[list[str], str]] = []
     for name in aggregators.names():
         cls = aggregators.get_class(name)
@@ -36,17 +54,9 @@ def list_aggregators(
         info = comp.describe(workers)
         rows.append(([name, info["kind"], info["requirement"], _fmt(info.get("epsilon")), _fmt(info.get("kappa"))],
                      info["reference"]))
-    from phalanx.decentralized import robust_gossip
-
     for name in robust_gossip.names():  # a node's rule over its graph neighbourhood
-        rows.append(([name, "gossip", "gossip only; 2f+1 ≤ deg+1", "", ""], robust_gossip.get_class(name).reference))
-    _references(table, rows, fmt)
-    table.notes.append(f"ε, κ: the values the literature proves (— where none; describe() names each statement). "
-                       f"`phalanx epsilon SPEC -n {workers} --f {f}` and `phalanx kappa SPEC -n {workers} -f {f}` "
-                       "measure certified lower bounds.")
-    emit(table, fmt, console)
-
-
+        rows.append(([name, "gossip", catalogue.GOSSIP_REQUIREMENT, "", ""], robust_gossip.get_class(name).reference))
+    return rows
 
 
 @list_app.command("attacks")
@@ -124,18 +134,17 @@ def list_stages(fmt: FormatOption = "table") -> None:
 @list_app.command("datasets")
 def list_datasets(fmt: FormatOption = "table") -> None:
     """Data sets Phalanx can load."""
-    from phalanx import data
-
-    emit(Tabular("Phalanx data sets", ("name",), [[name] for name in data.names()]), check_format(fmt), console)
+    names = catalogue.names(catalogue.DATASETS, catalogue.DATASET_GROUP)  # torch-free: plug-ins by name, unloaded
+    emit(Tabular("Phalanx data sets", ("name",), [[name] for name in names]), check_format(fmt), console)
 
 
 @list_app.command("models")
 def list_models(fmt: FormatOption = "table") -> None:
     """Models Phalanx can build: the registry's, then the pre-trained transformers with LoRA adapters (``hf:NAME``:
     the embedded ones, or a local directory / a model in the Hugging Face cache; docs/lora.md)."""
-    from phalanx import hub, models
+    from phalanx import hub
 
-    rows = [[name] for name in models.names()]
+    rows = [[name] for name in catalogue.names(catalogue.MODELS, catalogue.MODEL_GROUP)]  # torch-free, as data sets
     rows += [[hub.PREFIX + name] for name in sorted(hub.EMBEDDED)] + [[hub.PREFIX + "DIR"], [hub.PREFIX + "ORG/NAME"]]
     emit(Tabular("Phalanx models", ("name",), rows), check_format(fmt), console)
 

@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
+import click
 import typer
 from typer.core import TyperGroup
 
+from phalanx import catalogue
 from phalanx.cli.common import _STDERR, _fmt, app, console
 from phalanx.cli.common import console as _console
 from phalanx.cli.output import FormatOption, Tabular, check_format, emit, emit_all, tables_of
@@ -19,15 +21,15 @@ from phalanx.cli.runs import _forewarn, _load_grid, _split_slurm, _train
 from phalanx.executor_cli import ExecutorChoice, executor_options
 
 if TYPE_CHECKING:
-    import click
-
     from phalanx.studies import Study
 
 
 
 class _StudyGroup(TyperGroup):
     """A command group whose study commands are made when one is asked for, from the study registry
-    (:mod:`phalanx.studies`): a study's module — a plug-in's too — is imported only then."""
+    (:mod:`phalanx.studies`): a study's module — a plug-in's too — is imported only then. The group's own help page
+    lists the built-in studies from :mod:`phalanx.catalogue` (name and help, no torch); a plug-in study's line is
+    its command's, made from its class."""
 
     prefix: ClassVar[str]
     """The group's command line, as a study's report quotes it."""
@@ -35,15 +37,30 @@ class _StudyGroup(TyperGroup):
     """Command → study; None: every study :func:`phalanx.studies.names` lists, under its own name, and any
     ``module:attr`` spec of a study."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        from phalanx import studies
+    _help_only = False
+    """True while the group's own help page is written: its study commands are then listed from the catalogue."""
 
-        return [*super().list_commands(ctx), *(studies.names() if self.aliases is None else self.aliases)]
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        if self.aliases is not None:
+            return [*super().list_commands(ctx), *self.aliases]
+        # from the torch-free catalogue: the built-ins, and installed plug-ins' entry points by name, unloaded
+        return [*super().list_commands(ctx), *catalogue.names(catalogue.STUDIES, catalogue.STUDY_GROUP)]
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._help_only = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._help_only = False
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)
         if command is not None:
             return command
+        study = cmd_name if self.aliases is None else self.aliases.get(cmd_name)
+        if self._help_only and study in catalogue.STUDIES:
+            # the group's help lists each command with its help alone: a declared study's, without importing it
+            return click.Command(cmd_name, help=catalogue.STUDIES[study].help)
         if self.aliases is None:  # an unknown study is the registry's one-line error (the studies, the closest)
             return _study_command(cmd_name, f"{self.prefix} {cmd_name}")
         study = self.aliases.get(cmd_name)
