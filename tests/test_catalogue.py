@@ -26,8 +26,10 @@ from phalanx.cli import listing
 from phalanx.decentralized import robust_gossip
 from phalanx.plugins import import_spec
 
-GRID = [(n, f) for n in range(1, 25) for f in range((n + 1) // 2)]
-"""Every (n, f) ``phalanx list aggregators`` accepts (f < n/2) up to n = 24."""
+GRID = [(n, f) for n in range(1, 25) for f in range((n + 1) // 2)] + [
+    (n, f) for n in (49, 100, 1001, 10**6) for f in (0, 1, n // 4, (n - 1) // 2)]
+"""Every (n, f) ``phalanx list aggregators`` accepts (f < n/2) up to n = 24, and the ends of the range at four larger
+n (a formula copied with a slip that shows only at large n — an n² where the class has n — fails there)."""
 
 
 def _own(registered: Mapping[str, Any]) -> set[str]:
