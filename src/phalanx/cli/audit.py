@@ -55,9 +55,14 @@ def audit(
     if report.results_unchecked:  # a pass must not read as more than it checked
         console.print(f"  {report.results_unchecked} steps' results not recomputed (the rule has context or state: "
                       "their signed updates, staleness and rows were checked, not the rule's output)", soft_wrap=True)
+    if report.filters_unchecked:  # Kardam's, Zeno++'s decisions: not recomputed (the transcript lacks every θ)
+        console.print(f"  {report.filters_unchecked} steps' filtering unchecked (the algorithm's filter decisions "
+                      "were not recomputed: which updates it dropped is rank 0's word)", soft_wrap=True)
     if report.ok:
         console.print("audit passed" + (f" ({report.results_unchecked} steps' results unchecked)"
-                                        if report.results_unchecked else ""), soft_wrap=True)
+                                        if report.results_unchecked else "")
+                      + (f" ({report.filters_unchecked} steps' filtering unchecked)"
+                         if report.filters_unchecked else ""), soft_wrap=True)
         return
     for problem in report.problems:
         console.print(problem, style="red", soft_wrap=True, markup=False, highlight=False)

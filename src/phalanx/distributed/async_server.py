@@ -57,10 +57,13 @@ import torch.distributed as dist
 from torch import Tensor
 
 from phalanx.attacks import Attack, AttackContext
+from phalanx.attacks.base import DataAttack
 from phalanx.distributed import _test_hooks, wire
+from phalanx.distributed.async_filters import ProcessFilter
 from phalanx.distributed.parameter_server import WorkerLinks, check_digest
 from phalanx.training.algorithms.asynchronous import TOUCHED, clock_stage
 from phalanx.training.algorithms.clock import STATS
+from phalanx.training.algorithms.dsgd import poison_rows
 from phalanx.training.server import BoundRule
 from phalanx.training.shards import sample_batches_of
 from phalanx.training.state import Received, RoundAborted, Snapshot
@@ -70,13 +73,15 @@ if TYPE_CHECKING:
     from phalanx.training.algorithms.asynchronous import Asynchronous
     from phalanx.training.experiment import Experiment
 
-REASONS = ("stale", "future", "duplicate", "shape", "nonfinite", "rank", "lost", "superseded", "unpublished")
+REASONS = ("stale", "future", "duplicate", "shape", "nonfinite", "rank", "lost", "superseded", "unpublished",
+           "filtered")
 """Why an update was dropped: older than the bound, from a version not yet published, a second one of a worker for
 one version, not one row of the model's length, a non-finite value, not from a worker rank, announced but gone, an
 older version of a worker whose newer update is in the step (the server keeps each worker's freshest), or a version
 before this session's first (after a resume: this session never published it, and the record of what each worker
 delivered before the checkpoint is not the buffer's — a Byzantine worker's old version would otherwise be kept after
-a newer one of it was aggregated, and the honest server's transcript would fail the audit)."""
+a newer one of it was aggregated, and the honest server's transcript would fail the audit), or one the algorithm's
+filter rejected (Kardam's, Zeno++'s: :mod:`phalanx.distributed.async_filters`)."""
 NOTICES = "async/n"
 
 
@@ -95,6 +100,9 @@ class Update:
     proof: tuple[str, str] | None = None
     """With keys: the update's SHA-256 and its worker's signature for (run, version, rank), as the links checked them
     (what the transcript records: :mod:`phalanx.distributed.async_transcript`)."""
+    passed: Tensor | None = None
+    """The row the algorithm's filter passed on, when it is not ``row`` (Zeno++'s normalised update); ``row`` stays
+    the update as its worker signed it (what the transcript records)."""
 
 
 @dataclass
@@ -121,6 +129,9 @@ class Buffer:
     """Each worker's newest accepted version: an older one after it is dropped as superseded, so the versions a
     worker's aggregated updates carry increase step after step (what the audit checks; an honest worker sends its
     versions in order, a Byzantine one that reorders them is dropped)."""
+    judge: Callable[[int, int, Tensor], Tensor | None] | None = None
+    """The algorithm's filter on an update that passed every other check (:meth:`~phalanx.distributed.async_filters.
+    ProcessFilter.judge`): the row to use, or None — dropped as ``filtered``."""
 
     def publish(self, t: int) -> None:
         """Version t is published: forget pairs older than the bound, start the step with the held updates that are
@@ -147,7 +158,11 @@ class Buffer:
         if not bool(torch.isfinite(row).all()):
             self.dropped["nonfinite", rank] += 1
             return "nonfinite"
-        u = Update(rank, version, row, proof)
+        passed = row if self.judge is None else self.judge(rank, version, row)
+        if passed is None:
+            self.dropped["filtered", rank] += 1
+            return "filtered"
+        u = Update(rank, version, row, proof, None if passed is row else passed)
         for i, x in enumerate(self.step):
             if x.rank == rank:  # one per worker in a step: the newer version, in the older one's place
                 self.dropped["superseded", rank] += 1
@@ -306,6 +321,9 @@ class AsyncServer(Transport):
         theta = start.state.theta
         self.buffer = Buffer(n, experiment.problem.dim, theta.dtype, self.algo.max_staleness, start.state.round,
                              since=start.state.round)
+        self.filter = ProcessFilter(experiment, start.state.own) if self.algo.screens else None
+        if self.filter is not None:  # (Kardam's, Zeno++'s: from the start's state — a resume's checkpoint)
+            self.buffer.judge = self.filter.judge
         self.next_round = start.state.round
         self.links.offer({"config": self.digest, "round": start.state.round, "streams": {}, "momentum": None})
         joined = self.links.joined(n)
@@ -323,6 +341,8 @@ class AsyncServer(Transport):
         _test_hooks.maybe_hold(t)
         msg = wire.THETA + wire.tensor_bytes(theta)
         buf.publish(t)
+        if self.filter is not None:
+            self.filter.publish(t, theta)
         self.arrivals.publish(t, msg)
         self.next_round = t + 1
         before = buf.counts()
@@ -348,11 +368,13 @@ class AsyncServer(Transport):
         buf.step = []
         ids = torch.tensor([u.rank for u in used], dtype=torch.int64)
         staleness = torch.tensor([t - u.version for u in used], dtype=torch.int64)
-        updates = torch.stack([u.row for u in used]).to(theta)
+        updates = torch.stack([u.row if u.passed is None else u.passed for u in used]).to(theta)
         vectors, rows, touched = algo.assemble(self.exp, ids, updates, staleness)
         if self.on_step is not None:  # the result the loop's server will compute: the bound rule, its context
             self.on_step(t, used, vectors, rule(vectors), groups)
         own = dict(clock_stage(self.exp).own)
+        if self.filter is not None:
+            own.update(self.filter.state())
         own[TOUCHED] = touched
         own["stats"] = self._stats(own["stats"], staleness, touched, buf.counts(), before, ids)
         return Received(vectors, rows=rows, state_rows=False, own=own, sent=sent, received=received)
@@ -425,7 +447,10 @@ class AsyncWorker:
     place of its gradient g, the attack's own code on what it knows — its own update, one row:
     ``attack(AttackContext(honest = g[None], n_byzantine = 1, aggregator = None, round = version))`` with its own
     ``attack`` stream; the protocol gives it θ and nothing else, so only an attack one worker can run alone is
-    allowed (``Attack.solo``, :func:`~phalanx.training.algorithms.asynchronous.check_process_attack`).
+    allowed (``Attack.solo``, :func:`~phalanx.training.algorithms.asynchronous.check_process_attack`). Of a data
+    attack (label flip, backdoor, edge case …) it computes its gradient honestly on its batch as the attack object
+    transforms it (:func:`~phalanx.training.algorithms.dsgd.poison_rows`, the simulator's call, attacker index
+    rank − (n − b), its own ``attack`` stream) while the attack is active at the version.
     """
 
     def __init__(self, experiment: Experiment, links: WorkerLinks, rank: int, digest: str,
@@ -440,7 +465,9 @@ class AsyncWorker:
         links.ready()
         algo: Any = exp.algorithm
         gen = torch.Generator().manual_seed(int(exp.seed) * 1_000_003 + rank)  # this worker's own batches
-        attack = exp.attack if rank >= exp.workers - exp.byzantine and isinstance(exp.attack, Attack) else None
+        byzantine = rank >= exp.workers - exp.byzantine
+        attack = exp.attack if byzantine and isinstance(exp.attack, Attack) else None
+        poison = exp.attack if byzantine and isinstance(exp.attack, DataAttack) else None
         attack_gen = torch.Generator().manual_seed(int(exp.seed) * 1_000_003 + 500_009 + rank)
         dtype = exp.problem.initial_theta().dtype
         ids = torch.tensor([rank], dtype=torch.int64)
@@ -455,6 +482,9 @@ class AsyncWorker:
             theta = wire.bytes_tensor(msg[1:], dtype)
             _test_hooks.maybe_sleep(rank, latest)
             xb, yb = sample_batches_of(exp.data, ids, algo.batch_size, gen)
+            if poison is not None and poison.active(latest):  # the simulator's code: its batch, then honest SGD
+                xb, yb = poison_rows(poison, xb, yb, 0, exp.data.num_classes, attack_gen,
+                                     attackers=[rank - (exp.workers - exp.byzantine)])
             g = exp.problem.grads_each(theta[None], xb, yb)[0]
             if attack is not None:
                 g = attack(AttackContext(honest=g[None], n_byzantine=1, f=exp.f, aggregator=None,

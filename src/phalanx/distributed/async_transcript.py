@@ -57,6 +57,7 @@ import torch
 from torch import Tensor
 
 from phalanx.distributed import wire
+from phalanx.distributed.async_filters import rows_unchecked
 from phalanx.distributed.sealed import signed_message
 from phalanx.errors import PhalanxError
 
@@ -113,8 +114,10 @@ class StepCheck:
         self.dtype = exp.problem.initial_theta().dtype
         self.max_staleness = int(algo.max_staleness)  # (an Asynchronous algorithm: experiment_of)
         rule: Any = exp.rule
-        self.recomputes = not rule.context_keys and not getattr(rule, "stateful", False)
-        """Whether the result is recomputed (a rule without context or state)."""
+        self.reshaped = rows_unchecked(algo)
+        """Whether the filter passed on other rows than the signed updates (Zeno++): rows and result not recomputed."""
+        self.recomputes = not rule.context_keys and not getattr(rule, "stateful", False) and not self.reshaped
+        """Whether the result is recomputed (a rule without context or state, rows recomputable)."""
         self.newest: dict[int, int] = {}
 
     def check(self, rec: dict[str, Any], t: int, nonce: bytes, config: str, keys: dict[int, Any],
@@ -201,6 +204,8 @@ class StepCheck:
                 return [f"{where}: {m} updates, not a step {name} takes (" + (
                     "its buffer is not full with them: FedBuff takes exactly K, BASGD one update in every buffer)"
                     if take == 0 else f"its buffer is full after the first {take})")]
+            if self.reshaped:  # (Zeno++: the rows are g̃ = ‖v‖/‖g‖·g, v not recorded: counted unchecked)
+                return []
             made, _, _ = self.algo.assemble(self.exp, ids, torch.stack(values), torch.tensor(staleness,
                                                                                              dtype=torch.int64))
             if [digest(r) for r in made] != rows:

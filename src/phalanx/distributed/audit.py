@@ -46,6 +46,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from phalanx.distributed.async_filters import unchecked
 from phalanx.distributed.async_transcript import STEP_KEYS, StepCheck, experiment_of
 from phalanx.distributed.channel import Kind
 from phalanx.distributed.journal import canonical, read_journal
@@ -109,6 +110,9 @@ class AuditReport:
     allow_list: str = ""
     results_unchecked: int = 0
     """Asynchronous steps whose result was not recomputed (a rule with context or state: docs/async.md)."""
+    filters_unchecked: int = 0
+    """Asynchronous steps of an algorithm that filters (Kardam, Zeno++) whose filter decisions were not recomputed
+    (:func:`phalanx.distributed.async_filters.unchecked`)."""
 
     @property
     def ok(self) -> bool:
@@ -413,6 +417,7 @@ class _Audit:
         if isinstance(rec["updates"], list):
             self.report.accepted += len(rec["updates"])
         self.report.results_unchecked += not self.steps.recomputes
+        self.report.filters_unchecked += unchecked(self.steps.algo)
 
     def line_round(self, rec: dict[str, Any]) -> None:
         t = rec["round"]

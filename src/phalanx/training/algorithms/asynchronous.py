@@ -22,9 +22,10 @@ The loop's round is a *server step*: one aggregation of a full buffer. Server st
 Staleness is measured by the server (it knows which version it sent each worker), never taken from an update: a
 Byzantine worker cannot claim to be fresh. The state — the ring of versions, the clock's speeds, arrival times,
 versions and statistics — is the algorithm's own (``RoundState.own``, checkpointed under ``algorithm.``): a resumed
-run is the uninterrupted one bit for bit (tests/test_async.py). On real processes (``engine = "torchrun"``, FedBuff
-and BASGD) the server step is :mod:`phalanx.distributed.async_server`'s, which reuses :meth:`Asynchronous.full` and
-:meth:`Asynchronous.assemble` (docs/async.md).
+run is the uninterrupted one bit for bit (tests/test_async.py). On real processes (``engine = "torchrun"``, all
+four) the server step is :mod:`phalanx.distributed.async_server`'s, which reuses :meth:`Asynchronous.full`,
+:meth:`Asynchronous.assemble` and, per update as it arrives, :meth:`Asynchronous.screen`
+(:mod:`phalanx.distributed.async_filters`; docs/async.md).
 
 The clock's statistics become metric columns through a stage the algorithm brings (:class:`AsyncClock`):
 ``sim_time``, ``staleness_mean``, ``staleness_max``, ``dropped``, ``byzantine_buffer_share`` … on every evaluation
@@ -178,10 +179,12 @@ class Asynchronous(RoundAlgorithm):
         """Refuse (one-line :class:`ConfigError` naming ``start``) a filter state this run cannot continue from."""
 
     def screen(self, run: Run, own: dict[str, Tensor], theta: Tensor, t: int, ids: Tensor, updates: Tensor,
-               versions: Tensor, ring: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+               versions: Tensor, ring: Tensor, workers: int | None = None) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """The step's updates as the filter passes them on (row i: worker ``ids[i]``, computed at
         ``ring[versions[i] % (S + 1)]``), which of them it accepts (``(m,)`` bool, CPU), and its new state. By
-        default every update, unchanged."""
+        default every update, unchanged. ``workers``: how many workers compute (default ``run.workers``; on real
+        processes n − 1, rank 0 only serves: :mod:`phalanx.distributed.async_filters` calls it one update at a time,
+        as each arrives)."""
         return updates, torch.ones(ids.numel(), dtype=torch.bool), {}
 
     # --- the seam --------------------------------------------------------------------------------------------------
@@ -267,16 +270,16 @@ class Asynchronous(RoundAlgorithm):
         super().check_config(cfg, rule, attack)
 
     real_processes: ClassVar[bool] = False
-    """It runs on real processes (``engine = "torchrun"``, :mod:`phalanx.distributed.async_server`): FedBuff and
-    BASGD."""
+    """It runs on real processes (``engine = "torchrun"``, :mod:`phalanx.distributed.async_server`): FedBuff, BASGD,
+    Kardam and Zeno++."""
 
     def check_processes(self, cfg: Any, attack: Attack | DataAttack) -> None:
         """What the asynchronous server on real processes runs, refused in one line otherwise: this algorithm, the
-        server topology, honest timing, an attack one worker process can play on its own update
+        server topology, honest timing, an attack one worker process can play on its own update or its own data
         (:func:`check_process_attack`), and a buffer the n − 1 worker ranks can fill (rank 0 only serves)."""
-        if not self.real_processes or self.screens:  # (a filter — Kardam's, Zeno++'s — is not run there)
+        if not self.real_processes:
             raise ConfigError("engine", cfg.engine, f"'simulated' with algorithm {self.name!r} (real asynchronous "
-                              "processes run fedbuff and basgd)")
+                              "processes run fedbuff, basgd, kardam and zenopp)")
         if self.byzantine_timing != "honest":
             raise ConfigError("algorithm_params.byzantine_timing", self.byzantine_timing, "'honest' with engine "
                               "'torchrun' (the processes' own pace is their timing)")
@@ -295,15 +298,17 @@ class Asynchronous(RoundAlgorithm):
 
 
 def check_process_attack(attack: Attack | DataAttack) -> None:
-    """On real processes a Byzantine worker rank knows θ of its version and its own update, nothing else (no other
-    worker's update, not the server's rule or context): it plays a vector attack that one worker can run on its own
-    update (``Attack.solo``: sign flip, IPM, noise, NaN …; the mean of one row is that row), refused in one line
-    otherwise (ALIE, min-max, Fang, mimic, the optimal attacks). A data attack is not played there (not built)."""
+    """On real processes a Byzantine worker rank knows θ of its version, its own data and its own update, nothing
+    else (no other worker's update, not the server's rule or context): it plays a data attack on its own batches
+    (label flip, backdoor, edge case … — the simulator's attack objects,
+    :class:`~phalanx.distributed.async_server.AsyncWorker`; one that shapes a federated client's update is refused
+    by :func:`check_attack`) or a vector attack that one worker can run on its own update (``Attack.solo``: sign
+    flip, IPM, noise, NaN …; the mean of one row is that row), refused in one line otherwise (ALIE, min-max, Fang,
+    mimic, the optimal attacks)."""
     from phalanx.attacks import names
 
     if isinstance(attack, DataAttack):
-        raise ConfigError("attack", attack.name, "a vector attack with an asynchronous algorithm on engine 'torchrun' "
-                          "(a data attack is not played by the worker processes)")
+        return
     if type(attack).needs_aggregator or not getattr(attack, "solo", False):
         solo = ", ".join(n for n in names("vector") if getattr(_attack_class(n), "solo", False))
         raise ConfigError("attack", attack.name, f"an attack one worker plays on its own update ({solo}) with an "

@@ -105,6 +105,8 @@ class Kardam(FedBuff):
 
     def check_config(self, cfg: Any, rule: Aggregator, attack: Attack | DataAttack) -> None:
         check_filter_f(self.filter_f, cfg.workers)
+        if getattr(cfg, "engine", "simulated") != "simulated":  # rank 0 serves: n − 1 workers compute
+            check_filter_f(self.filter_f, cfg.workers - 1, " on processes, where rank 0 only serves")
         super().check_config(cfg, rule, attack)
 
     def assemble(self, run: Run, ids: Tensor, updates: Tensor, staleness: Tensor) -> tuple[Tensor, list[int], Tensor]:
@@ -133,7 +135,7 @@ class Kardam(FedBuff):
             raise ConfigError("start", "a Kardam state with a non-finite reference", "finite accepted updates and θ")
 
     def screen(self, run: Run, own: dict[str, Tensor], theta: Tensor, t: int, ids: Tensor, updates: Tensor,
-               versions: Tensor, ring: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+               versions: Tensor, ring: Tensor, workers: int | None = None) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """The Lipschitz filter, update by update in delivery order (each one's coefficient enters the set, and an
         accepted one becomes the reference, before the next is judged)."""
         ref_g, ref_x = own["kardam_ref_grad"].clone(), own["kardam_ref_theta"].clone()
@@ -153,7 +155,7 @@ class Kardam(FedBuff):
                     dx = float(torch.linalg.vector_norm((x - ref_x[j]).double()))
                     k = float(torch.linalg.vector_norm((g - ref_g[j]).double())) / dx
                     k = k if math.isfinite(k) else math.inf
-                    bound = quantile_bound(lips, run.workers, self.filter_f)
+                    bound = quantile_bound(lips, run.workers if workers is None else workers, self.filter_f)
                     keep[i] = bound is None or k <= bound
                     lips[w] = k
             if keep[i]:
@@ -165,8 +167,8 @@ class Kardam(FedBuff):
                                "kardam_refs": torch.tensor(refs, dtype=torch.int64), "kardam_lip": lips}
 
 
-def check_filter_f(f: int, workers: int) -> None:
-    """Kardam's filter tolerates f < n/3 (the paper's n ≥ 3f + 1)."""
+def check_filter_f(f: int, workers: int, where: str = "") -> None:
+    """Kardam's filter tolerates f < n/3 (the paper's n ≥ 3f + 1; on processes n is the n − 1 worker ranks)."""
     if 3 * f >= workers:
-        raise ConfigError("algorithm_params.filter_f", f, f"< workers/3 = {workers / 3:g} (Kardam's filter needs "
-                          "n >= 3f + 1)")
+        raise ConfigError("algorithm_params.filter_f", f, f"< {workers}/3 = {workers / 3:g} computing workers{where} "
+                          "(Kardam's filter needs n >= 3f + 1)")

@@ -78,6 +78,9 @@ class ZenoPP(FedBuff):
     validation_size: int = 32
     name = "zenopp"
     screens = True
+    reshapes = True
+    """Its filter passes on another row than the update (g̃, normalised by v): a keyed audit cannot recompute the
+    rows from the signed updates (:func:`phalanx.distributed.async_filters.rows_unchecked`)."""
     reference = "Xie, Koyejo & Gupta, Zeno++: Robust Fully Asynchronous SGD, ICML 2020 (validation score, rho, eps)"
 
     def __post_init__(self) -> None:
@@ -121,7 +124,7 @@ class ZenoPP(FedBuff):
                               f"a finite validation gradient of shape ({run.problem.dim},) and its version")
 
     def screen(self, run: Run, own: dict[str, Tensor], theta: Tensor, t: int, ids: Tensor, updates: Tensor,
-               versions: Tensor, ring: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+               versions: Tensor, ring: Tensor, workers: int | None = None) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """The lazy validation gradient, then every update's normalised score against it."""
         v, at = own[V], own[AT]
         if t % self.refresh == 0 and int(at) != t:
