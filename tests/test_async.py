@@ -251,8 +251,9 @@ def test_the_config_refuses_what_the_api_does() -> None:
         make_config({**base, "algorithm": "fedbuff", "algorithm_params": {"buffer_size": 7}})
     with pytest.raises(ConfigError, match=r"^f=2"):
         make_config({**base, "f": 2, "byzantine": 2, "algorithm": "basgd", "algorithm_params": {"buffers": 4}})
-    with pytest.raises(ConfigError, match=r"^engine='torchrun'"):
-        make_config({**base, "engine": "torchrun", "algorithm": "kardam", "algorithm_params": {"buffer_size": 3}})
+    with pytest.raises(ConfigError, match=r"^algorithm_params.filter_f=2 .*on processes"):  # n − 1 = 6 ranks compute
+        make_config({**base, "workers": 7, "engine": "torchrun", "algorithm": "kardam",
+                     "algorithm_params": {"buffer_size": 3, "filter_f": 2}})
     with pytest.raises(ConfigError, match=r"^attack="):  # on real processes, only attacks one worker plays alone
         make_config({**base, "engine": "torchrun", "algorithm": "fedbuff", "algorithm_params": {"buffer_size": 3},
                      "attack": "alie", "byzantine": 1})

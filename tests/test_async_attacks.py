@@ -21,10 +21,10 @@ ATTACKED: dict[str, Any] = {
 }
 
 
-@pytest.mark.parametrize("attack", ["alie", "minmax", "labelflip"])
+@pytest.mark.parametrize("attack", ["alie", "minmax"])
 def test_an_attack_one_worker_cannot_play_alone_is_refused_in_one_line(attack: str) -> None:
-    """ALIE and min-max need the honest spread (several rows), label flipping is a data attack: refused, naming the
-    attack, before any process starts."""
+    """ALIE and min-max need the honest spread (several rows): refused, naming the attack, before any process starts
+    (a data attack, played on the worker's own batches, is accepted: tests/test_async_process_filters.py)."""
     with pytest.raises(ConfigError) as err:
         make_config({**ATTACKED, "attack": attack, "attack_params": {}, "engine": "torchrun"})
     assert "attack" in str(err.value) and attack in str(err.value) and "\n" not in str(err.value)
@@ -33,6 +33,8 @@ def test_an_attack_one_worker_cannot_play_alone_is_refused_in_one_line(attack: s
 def test_a_solo_attack_is_accepted_on_real_processes() -> None:
     cfg = make_config({**ATTACKED, "engine": "torchrun"})
     assert cfg.attack == "signflip" and cfg.byzantine == 1
+    cfg = make_config({**ATTACKED, "attack": "labelflip", "attack_params": {}, "engine": "torchrun"})
+    assert cfg.attack == "labelflip"
 
 
 def test_a_byzantine_worker_process_flipping_its_update_beats_the_mean_not_the_median(tmp_path: Path) -> None:
