@@ -173,11 +173,12 @@ def test_a_data_attack_runs_on_processes(tmp_path: Path) -> None:
      "algorithm_params.byzantine_timing"),
     ({"algorithm": "kardam", "attack": "alie", "attack_params": {}, "algorithm_params": {"buffer_size": 1}},
      "attack"),
+    ({"algorithm": "aflguard", "algorithm_params": {"buffer_size": 1}}, "engine"),
 ])
 def test_a_bad_combination_is_refused_before_launch(change: dict[str, Any], parameter: str, tmp_path: Path) -> None:
     """Kardam's 3f < n − 1 on processes (f = 2 of 6 worker ranks: the simulated 3f < n = 7 would pass), a timing the
-    processes cannot play, an attack one worker cannot play alone: each one line naming its parameter, from the
-    config alone (nothing launched)."""
+    processes cannot play, an attack one worker cannot play alone, a filter not run on processes (AFLGuard's): each
+    one line naming its parameter, from the config alone (nothing launched)."""
     data = {**FILTERED, "engine": "torchrun", **change}
     with pytest.raises(ConfigError) as info:
         resolve_config(str(write_toml(tmp_path / "bad.toml", data)), [])

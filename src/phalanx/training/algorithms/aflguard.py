@@ -95,7 +95,7 @@ class AFLGuard(FedBuff):
         return run.problem.grads(theta.detach(), xb, yb)[0]
 
     def screen(self, run: Run, own: dict[str, Tensor], theta: Tensor, t: int, ids: Tensor, updates: Tensor,
-               versions: Tensor, ring: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+               versions: Tensor, ring: Tensor, workers: int | None = None) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """Every update of the step tested against the server's update at θₜ (no state: g₀ is recomputed from θₜ,
         so a resumed run recomputes the same g₀)."""
         return updates, accepted(updates, self.server_update(run, theta), self.lam), {}

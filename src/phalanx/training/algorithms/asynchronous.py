@@ -272,12 +272,16 @@ class Asynchronous(RoundAlgorithm):
     real_processes: ClassVar[bool] = False
     """It runs on real processes (``engine = "torchrun"``, :mod:`phalanx.distributed.async_server`): FedBuff, BASGD,
     Kardam and Zeno++."""
+    screens_on_processes: ClassVar[bool] = False
+    """Its filter (:meth:`screen`) is run, and tested, on real processes one update at a time
+    (:mod:`phalanx.distributed.async_filters`): Kardam and Zeno++ (a filtering algorithm without it is refused
+    there)."""
 
     def check_processes(self, cfg: Any, attack: Attack | DataAttack) -> None:
         """What the asynchronous server on real processes runs, refused in one line otherwise: this algorithm, the
         server topology, honest timing, an attack one worker process can play on its own update or its own data
         (:func:`check_process_attack`), and a buffer the n − 1 worker ranks can fill (rank 0 only serves)."""
-        if not self.real_processes:
+        if not self.real_processes or (self.screens and not self.screens_on_processes):
             raise ConfigError("engine", cfg.engine, f"'simulated' with algorithm {self.name!r} (real asynchronous "
                               "processes run fedbuff, basgd, kardam and zenopp)")
         if self.byzantine_timing != "honest":

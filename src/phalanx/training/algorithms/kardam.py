@@ -91,6 +91,7 @@ class Kardam(FedBuff):
     beta: float = 0.5
     name = "kardam"
     screens = True
+    screens_on_processes = True
     reference = ("Damaskinos et al., Asynchronous Byzantine Machine Learning (the case of SGD), ICML 2018 "
                  "(Lipschitz filter, dampening exp(-beta tau))")
 

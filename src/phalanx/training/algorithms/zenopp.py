@@ -78,6 +78,7 @@ class ZenoPP(FedBuff):
     validation_size: int = 32
     name = "zenopp"
     screens = True
+    screens_on_processes = True
     reshapes = True
     """Its filter passes on another row than the update (g̃, normalised by v): a keyed audit cannot recompute the
     rows from the signed updates (:func:`phalanx.distributed.async_filters.rows_unchecked`)."""
