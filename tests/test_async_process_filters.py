@@ -41,13 +41,12 @@ PARAMS = {"kardam": {"buffer_size": 1, "filter_f": 1, "max_staleness": 3},
 
 def attacker_filtered(row: dict[str, Any]) -> list[str]:
     """What the test asserts of a run's last metric row (empty: the filter did its job): it dropped the Byzantine
-    rank's updates — most of the rejections are the attacker's, and no more than half of what the attacker offered
-    got through (its ``byzantine_updates`` aggregated)."""
+    rank's updates — at least 3 of them, and at least as many as got through (its ``byzantine_updates``
+    aggregated). Not asserted: how many honest updates it dropped (Kardam drops many — an update computed at the
+    reference's θ, or above the quantile — and how many depends on the processes' timing)."""
     wrong = []
     if not row["byzantine_rejected"] >= 3:
         wrong.append(f"byzantine_rejected = {row['byzantine_rejected']} < 3")
-    if not row["byzantine_rejected"] > row["honest_rejected"]:
-        wrong.append(f"byzantine_rejected {row['byzantine_rejected']} <= honest_rejected {row['honest_rejected']}")
     if not row["byzantine_updates"] <= row["byzantine_rejected"]:
         wrong.append(f"byzantine_updates {row['byzantine_updates']} > byzantine_rejected {row['byzantine_rejected']}")
     return wrong
@@ -183,3 +182,19 @@ def test_a_bad_combination_is_refused_before_launch(change: dict[str, Any], para
     with pytest.raises(ConfigError) as info:
         resolve_config(str(write_toml(tmp_path / "bad.toml", data)), [])
     assert info.value.parameter == parameter and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("name", "filters", "rows"), [("fedbuff", False, False), ("kardam", True, False),
+                                                       ("zenopp", True, True)])
+def test_the_audit_counts_what_it_cannot_recompute(name: str, filters: bool, rows: bool) -> None:
+    """The keyed audit's hook: a filtering algorithm's steps count as ``filters_unchecked`` (the transcript holds
+    neither the dropped updates nor every θ); Zeno++'s rows (g̃, v unrecorded) and so its results are not recomputed
+    (``results_unchecked``), Kardam's and FedBuff's are. The mutant that claims Zeno++'s rows recomputable would
+    refuse every honest Zeno++ step ("the recorded rows are not the algorithm's rows")."""
+    from phalanx.distributed.async_filters import rows_unchecked, unchecked
+    from phalanx.distributed.async_transcript import StepCheck
+
+    params = {"buffer_size": 1} if name != "fedbuff" else {"buffer_size": 2}
+    exp = from_config(make_config({**FILTERED, "algorithm": name, "algorithm_params": params}))
+    assert unchecked(exp.algorithm) is filters and rows_unchecked(exp.algorithm) is rows
+    assert StepCheck(exp).recomputes is not rows
