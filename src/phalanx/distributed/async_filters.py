@@ -22,7 +22,9 @@ What differs from the simulated clock, and why:
   (``workers = n − 1``; the config checks 3f < n − 1 before launch).
 * **The step of the judgement.** An update is judged at the version t the server has published when it arrives
   (Zeno++'s v is refreshed at the first judgement of step t when t is a multiple of ``refresh``); one that arrives
-  after the buffer filled is used in the next step, judged at t.
+  after the buffer filled is used in the next step, judged at t. An accepted update that a newer one of its worker
+  then supersedes in the step (the buffer keeps each worker's freshest) was judged, and stays Kardam's reference,
+  without being aggregated.
 
 State: the ring of the last S + 1 published θ (Kardam's θ of an update's version), the filter's own state
 (Kardam's references and the coefficients of every worker; Zeno++'s v and the step it was computed at, drawn from
