@@ -145,7 +145,7 @@ def test_a_resumed_filter_continues_from_the_checkpoints_state(tmp_path: Path) -
     theta = torch.zeros(exp.problem.dim)
     fresh = fresh_start(exp).state.own
     kept = {**fresh, **saved}
-    row = torch.ones(exp.problem.dim)
+    row = torch.full((exp.problem.dim,), 1e8)  # a coefficient far above any of the run's (a ×10 flip's included)
     verdicts = []
     for own in (kept, fresh):
         flt = ProcessFilter(exp, own)
