@@ -9,8 +9,10 @@ What a passing audit proves, and against whom:
   key the allow-list gives rank 0 (a transcript written by any other rank — its own signed rows and nothing else —
   or edited by anyone without rank 0's key, e.g. rejections erased or rounds cut, does not verify). Its header names
   the run: the config digest equals the digest of the run directory's ``config.json`` (another run's transcript
-  copied in does not; another run of the *same* config, signed by the same rank 0, does: nothing run-unique binds
-  it to the checkpoint), n, f and the rounds are the config's, the allow-list is the one checked against.
+  copied in does not), n, f and the rounds are the config's, the allow-list is the one checked against; its
+  sessions — each with the nonce it drew at random — are the ones the run directory's checkpoint names in its
+  metadata (:data:`~phalanx.distributed.transcript.BINDING`, written by rank 0 in the checkpoint's own rename), so
+  another run's transcript of the *same* config, signed by the same rank 0, copied in does not pass either.
 - **Every round is accounted for.** Rounds run contiguously from 0 to the round the run directory reached (``DONE``:
   every round; else its checkpoint's round); each session starts where the previous one ended. In a server or
   serverless round the accepted ranks and the missing ranks are together every rank, each once (none deleted, none
@@ -55,6 +57,7 @@ from phalanx.distributed.parameter_server import config_digest
 from phalanx.distributed.rejections import GROUPS_PER_ROUND, KIND_CHARS, MAX_COUNT, PEER_CHARS, REASON_CHARS, SAMPLES
 from phalanx.distributed.sealed import signed_message
 from phalanx.distributed.transcript import (
+    BINDING,
     DOMAIN,
     FORMAT,
     HEADER_KEYS,
@@ -75,6 +78,9 @@ MAX_KINDS = 64
 """Kinds of rejection tallied by name; the others are tallied together."""
 CONFIG_BYTES = 1 << 20
 MANIFEST_BYTES = 16 << 20
+BINDING_CHARS = 1 << 20
+"""The longest list of transcript sessions a checkpoint's metadata may hold (an honest one: about 80 bytes a
+session, and a run has at most :data:`~phalanx.experiments.provenance.MAX_SEGMENTS` sessions)."""
 TRACKED = 1 << 16
 """(round, recording rank) pairs whose groups the audit counts at most (a hostile file of many rounds: the rest are
 not counted; a transcript rank 0 wrote has at most rounds × n)."""
@@ -140,6 +146,11 @@ class RunFacts:
     reached: int | None = None
     source: str = ""
     identity: dict[str, Any] = field(default_factory=dict)
+    sessions: list[tuple[int, str]] | None = None
+    """The transcript sessions the checkpoint names (:data:`~phalanx.distributed.transcript.BINDING`); None: it names
+    none (or there is no checkpoint)."""
+    binding: str = "no checkpoint"
+    """What the checkpoint says of the sessions, when it names none that can be read (for the problem line)."""
 
     @classmethod
     def read(cls, run_dir: Path, report: AuditReport) -> RunFacts:
@@ -162,10 +173,12 @@ class RunFacts:
         facts.f = identity.get("f") if _int(identity.get("f")) else None
         facts.rounds = identity.get("rounds") if _int(identity.get("rounds"), 1) else None
         facts.workers = _processes(identity)
+        meta = _checkpoint_metadata(run_dir)
         if (run_dir / "DONE").exists():
             facts.reached, facts.source = facts.rounds, "it is DONE"
         else:
-            facts.reached, facts.source = _checkpoint_round(run_dir), "its checkpoint"
+            facts.reached, facts.source = _checkpoint_round(meta), "its checkpoint"
+        facts.sessions, facts.binding = _sessions(meta)
         return facts
 
 
@@ -181,18 +194,52 @@ def _processes(identity: dict[str, Any]) -> int | None:
     return n if _int(n, 1) else None
 
 
-def _checkpoint_round(run_dir: Path) -> int | None:
+def _checkpoint_metadata(run_dir: Path) -> dict[str, str] | None:
+    """The checkpoint's metadata ({}: no checkpoint; None: unreadable)."""
     from safetensors import SafetensorError, safe_open
 
     ckpt = run_dir / "checkpoint.safetensors"
     if not ckpt.exists():
-        return 0
+        return {}
     try:
         with safe_open(str(ckpt), framework="pt") as fh:
-            value = int((fh.metadata() or {})["round"])
-    except (SafetensorError, OSError, ValueError, KeyError, RuntimeError):
+            meta = fh.metadata() or {}
+    except (SafetensorError, OSError, ValueError, RuntimeError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _checkpoint_round(meta: dict[str, str] | None) -> int | None:
+    if meta is None:
+        return None
+    if not meta:
+        return 0
+    try:
+        value = int(meta["round"])
+    except (ValueError, KeyError, TypeError):
         return None
     return value if value >= 0 else None
+
+
+def _sessions(meta: dict[str, str] | None) -> tuple[list[tuple[int, str]] | None, str]:
+    """The transcript sessions a checkpoint's metadata names, or None and what it holds instead."""
+    if meta is None:
+        return None, "an unreadable checkpoint"
+    if not meta:
+        return None, "no checkpoint"
+    text = meta.get(BINDING)
+    if not isinstance(text, str):
+        return None, "a checkpoint that names no transcript sessions"
+    try:
+        if len(text) > BINDING_CHARS:
+            raise ValueError
+        value = json.loads(text)
+        sessions = [(int(r), str(n)) for r, n in value if _int(r) and isinstance(n, str) and _HEX64.fullmatch(n)]
+        if len(sessions) != len(value):
+            raise ValueError
+    except (ValueError, TypeError, RecursionError):
+        return None, "a checkpoint whose transcript sessions cannot be read"
+    return sessions, ""
 
 
 def audit(run_dir: Path, allow_list: Path | None = None) -> AuditReport:
@@ -259,6 +306,7 @@ class _Audit:
         self.topology = self.config = ""
         self.session: tuple[int, bytes] | None = None  # the current session: where it starts, its nonce
         self.sessions = 0
+        self.named: list[tuple[int, str]] = []  # every session (from_round, nonce), as the checkpoint must name them
         self.last: int | None = None  # the last round (gossip: gathering round) recorded
         self.node_lines: dict[int, int] = {}  # gossip: the nodes with a journal line at the pending gathering
         self.journal_round: int | None = None
@@ -369,6 +417,22 @@ class _Audit:
         elif self.last is not None and self.last + 1 != reached:
             self.problem(f"the transcript's last round is {self.last}; the run reached round {reached} "
                          f"({self.run.source}): rounds are missing from one or the other")
+        self.bound()
+
+    def bound(self) -> None:
+        """The transcript is the one the run directory's checkpoint names: its sessions, nonce for nonce (each drawn
+        at random by its session) — another run's transcript of the same config, signed by the same rank 0, is
+        not. A directory without a checkpoint binds nothing, and may then hold no round (``end`` says so)."""
+        named, recorded = self.named, self.run.sessions
+        if recorded is None:
+            if self.run.binding != "no checkpoint" or self.last is not None:
+                self.problem(f"the run directory holds {self.run.binding}: nothing binds the transcript to this run "
+                             "(another run's transcript of the same config would pass)")
+        elif recorded != named:
+            def show(ss: list[tuple[int, str]]) -> str:
+                return ", ".join(f"{r}:{n[:8]}…" for r, n in ss[:4]) + (" …" if len(ss) > 4 else "")
+            self.problem(f"the transcript's sessions ({show(named)}) are not the ones the run directory's checkpoint "
+                         f"names ({show(recorded)}): it is another run's transcript")
 
     # -- lines -------------------------------------------------------------------------------------------------
 
@@ -382,6 +446,7 @@ class _Audit:
                          "before it): rounds missing, repeated or reordered")
         self.session = (start, bytes.fromhex(nonce))
         self.sessions += 1
+        self.named.append((start, nonce))
         self.node_lines, self.journal_round = {}, None
 
     def _next_round(self, t: Any, what: str) -> bool:
