@@ -339,3 +339,42 @@ def test_a_byzantine_workers_old_version_after_a_resume_is_dropped(honest: tuple
     assert (3, 3) in [(u["rank"], u["version"]) for u in entry["updates"]]
     assert srv.dropped()["unpublished"] == 0
     assert any("rank 3's update of version 3 predates this session (from round 6)" in p for p in problems), problems
+
+
+def test_a_config_naming_a_huge_model_is_refused_before_anything_is_built(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reviewer's F6 (whoever hands over the run directory, with no key): ``config.json`` names an MLP of
+    [30000, 30000] hidden units (about 9·10⁸ parameters — 3.6 GB for θ₀ alone, 15 GiB as the review measured the
+    growth). The audit sizes the model on the meta device and refuses it in one line naming config.json and the cap,
+    with the model builder and the shard split patched to fail if called, and a traced peak far below one copy of
+    θ. Mutant: a cap above the model's size — the builder is then reached (the patched one raises, and says so)."""
+    import tracemalloc
+
+    from phalanx.distributed import async_transcript
+    from phalanx.experiments import build, make_config
+
+    def never(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the audit built the hostile config's model")
+
+    monkeypatch.setattr(build, "_model", never)
+    monkeypatch.setattr(build, "_split", never)
+    init_keys(tmp_path / "keys", 5)
+    run = tmp_path / "run"
+    run.mkdir()
+    identity = make_config({**JOB, "model": "mlp", "model_params": {"hidden": [30000, 30000]}}).identity()
+    (run / "config.json").write_text(json.dumps(identity))
+    shutil.copy(tmp_path / "keys" / "allow-list.json", run / "allow-list.json")
+    (run / TRANSCRIPT).write_bytes(b'{"type":"header"}\n')
+    tracemalloc.start()
+    try:
+        report = audit(run)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    said = [p for p in report.problems if "does not build its experiment" in p]
+    assert len(said) == 1 and str(run / "config.json") in said[0] and \
+        f"at most {async_transcript.AUDIT_DIM:,} parameters" in said[0] and "not built" in said[0], report.problems
+    assert peak < 64 << 20, peak  # θ₀ alone would be 3.6 GB; digits and the meta model are a few MB
+    monkeypatch.setattr(async_transcript, "AUDIT_DIM", 1 << 40)  # the mutant: no cap that binds
+    with pytest.raises(AssertionError, match="built the hostile config's model"):
+        audit(run)

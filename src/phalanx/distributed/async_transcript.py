@@ -217,9 +217,22 @@ class StepCheck:
         return []
 
 
-def experiment_of(identity: dict[str, Any]) -> Experiment | None:
+AUDIT_DIM = 1 << 26
+"""The largest d whose experiment the audit builds from a run directory's ``config.json`` (67,108,864 parameters:
+the model and θ₀ at most 256 MiB each in float32); a config naming a larger model is refused in one line before
+anything of its size is allocated (the review's F6: the audit's memory was set by an untrusted config)."""
+
+
+def experiment_of(identity: dict[str, Any], path: str = "config.json") -> Experiment | None:
     """The experiment of a run's ``config.json`` when its algorithm is asynchronous (None otherwise): what the audit
-    recomputes its steps with. A config that does not validate raises its one-line :class:`ConfigError`."""
+    recomputes its steps with. A config that does not validate raises its one-line :class:`ConfigError`; so does one
+    whose model has more than :data:`AUDIT_DIM` parameters, counted on the ``meta`` device
+    (:func:`phalanx.models.planned_parameters`: shapes only) before the model, θ₀ or the workers' shards are built.
+    The data set is read from this machine's disk only (never downloaded, whatever the config says), so its size is
+    the auditor's files', not the config's; a model of one's own (not built on ``meta``) is refused, as its size
+    cannot be known before it is built."""
+    from phalanx import data, models
+    from phalanx.errors import ConfigError
     from phalanx.experiments.build import from_config
     from phalanx.experiments.config import validate
     from phalanx.training.algorithms import builtin
@@ -231,4 +244,12 @@ def experiment_of(identity: dict[str, Any]) -> Experiment | None:
         return None
     if not issubclass(cls, Asynchronous):
         return None
-    return from_config(validate(identity))
+    run = validate(identity)
+    spec, model = run.specs.data, run.specs.model
+    ds = data.load(spec.name, root=spec.root, download=False, params=spec.params)
+    d = models.planned_parameters(model.name, ds.input_shape, ds.num_classes, **model.params)
+    if d is None or d > AUDIT_DIM:
+        size = "no size known before it is built" if d is None else f"{d:,} parameters"
+        raise ConfigError(path, f"model {model.name!r} ({size}): not built",
+                          f"a built-in model of at most {AUDIT_DIM:,} parameters (AUDIT_DIM), sized on the meta device")
+    return from_config(run, ds)

@@ -1,7 +1,8 @@
 """``phalanx audit RUN``: check a keyed run's transcript (:mod:`phalanx.distributed.transcript`) against the run
 directory and the allow-list, reading it line by line with bounded memory, one line per problem found (an
-asynchronous run's experiment — its model and data — is first built from the directory's ``config.json``, whose size
-nothing caps: open, docs/security.md).
+asynchronous run's experiment — its model and data — is first built from the directory's ``config.json``: at most
+:data:`CONFIG_BYTES` bytes, its model sized on the ``meta`` device and refused above
+:data:`~phalanx.distributed.async_transcript.AUDIT_DIM` parameters before anything of its size is built).
 
 What a passing audit proves, and against whom:
 
@@ -270,9 +271,9 @@ def audit(run_dir: Path, allow_list: Path | None = None) -> AuditReport:
     report.allow_list = f"{allow.path}" + (" (the run directory's copy)" if own else "")
     before = len(report.problems)
     try:
-        steps = experiment_of(run.identity) if run.identity else None
+        steps = experiment_of(run.identity, str(run_dir / "config.json")) if run.identity else None
     except (PhalanxError, ValueError, TypeError, OSError) as exc:
-        report.problem(f"the run's config.json does not build its experiment ({str(exc)[:160]}): its asynchronous "
+        report.problem(f"the run's config.json does not build its experiment ({str(exc)[:300]}): its asynchronous "
                        "steps cannot be recomputed")
         return report
     check = None if steps is None else StepCheck(steps)
