@@ -245,9 +245,9 @@ class StepCheck:
         return []
 
 
-AUDIT_DIM = 1 << 26
-"""The largest d whose experiment the audit builds from a run directory's ``config.json`` (67,108,864 parameters:
-the model and θ₀ at most 256 MiB each in float32); a config naming a larger model is refused in one line before
+AUDIT_DIM = 1 << 24
+"""The largest d whose experiment the audit builds from a run directory's ``config.json`` (16,777,216 parameters:
+the model and θ₀ at most 64 MiB each in float32); a config naming a larger model is refused in one line before
 anything of its size is allocated (the review's F6: the audit's memory was set by an untrusted config)."""
 
 
