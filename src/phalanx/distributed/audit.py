@@ -50,6 +50,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from phalanx.distributed.async_transcript import STEP_KEYS, StepCheck, experiment_of
+from phalanx.distributed.binding import checkpoint_metadata, checkpoint_round, checkpoint_sessions
 from phalanx.distributed.channel import Kind
 from phalanx.distributed.journal import canonical, read_journal
 from phalanx.distributed.keys import ALLOW_LIST, AllowList
@@ -58,7 +59,6 @@ from phalanx.distributed.parameter_server import config_digest
 from phalanx.distributed.rejections import GROUPS_PER_ROUND, KIND_CHARS, MAX_COUNT, PEER_CHARS, REASON_CHARS, SAMPLES
 from phalanx.distributed.sealed import signed_message
 from phalanx.distributed.transcript import (
-    BINDING,
     DOMAIN,
     FORMAT,
     HEADER_KEYS,
@@ -79,9 +79,6 @@ MAX_KINDS = 64
 """Kinds of rejection tallied by name; the others are tallied together."""
 CONFIG_BYTES = 1 << 20
 MANIFEST_BYTES = 16 << 20
-BINDING_CHARS = 1 << 20
-"""The longest list of transcript sessions a checkpoint's metadata may hold (an honest one: about 80 bytes a
-session, and a run has at most :data:`~phalanx.experiments.provenance.MAX_SEGMENTS` sessions)."""
 TRACKED = 1 << 16
 """(round, recording rank) pairs whose groups the audit counts at most (a hostile file of many rounds: the rest are
 not counted; a transcript rank 0 wrote has at most rounds × n)."""
@@ -174,12 +171,12 @@ class RunFacts:
         facts.f = identity.get("f") if _int(identity.get("f")) else None
         facts.rounds = identity.get("rounds") if _int(identity.get("rounds"), 1) else None
         facts.workers = _processes(identity)
-        meta = _checkpoint_metadata(run_dir)
+        meta = checkpoint_metadata(run_dir)
         if (run_dir / "DONE").exists():
             facts.reached, facts.source = facts.rounds, "it is DONE"
         else:
-            facts.reached, facts.source = _checkpoint_round(meta), "its checkpoint"
-        facts.sessions, facts.binding = _sessions(meta)
+            facts.reached, facts.source = checkpoint_round(meta), "its checkpoint"
+        facts.sessions, facts.binding = checkpoint_sessions(meta)
         return facts
 
 
@@ -193,54 +190,6 @@ def _processes(identity: dict[str, Any]) -> int | None:
     except (TypeError, ValueError, AttributeError):
         return None
     return n if _int(n, 1) else None
-
-
-def _checkpoint_metadata(run_dir: Path) -> dict[str, str] | None:
-    """The checkpoint's metadata ({}: no checkpoint; None: unreadable)."""
-    from safetensors import SafetensorError, safe_open
-
-    ckpt = run_dir / "checkpoint.safetensors"
-    if not ckpt.exists():
-        return {}
-    try:
-        with safe_open(str(ckpt), framework="pt") as fh:
-            meta = fh.metadata() or {}
-    except (SafetensorError, OSError, ValueError, RuntimeError):
-        return None
-    return meta if isinstance(meta, dict) else None
-
-
-def _checkpoint_round(meta: dict[str, str] | None) -> int | None:
-    if meta is None:
-        return None
-    if not meta:
-        return 0
-    try:
-        value = int(meta["round"])
-    except (ValueError, KeyError, TypeError):
-        return None
-    return value if value >= 0 else None
-
-
-def _sessions(meta: dict[str, str] | None) -> tuple[list[tuple[int, str]] | None, str]:
-    """The transcript sessions a checkpoint's metadata names, or None and what it holds instead."""
-    if meta is None:
-        return None, "an unreadable checkpoint"
-    if not meta:
-        return None, "no checkpoint"
-    text = meta.get(BINDING)
-    if not isinstance(text, str):
-        return None, "a checkpoint that names no transcript sessions"
-    try:
-        if len(text) > BINDING_CHARS:
-            raise ValueError
-        value = json.loads(text)
-        sessions = [(int(r), str(n)) for r, n in value if _int(r) and isinstance(n, str) and _HEX64.fullmatch(n)]
-        if len(sessions) != len(value):
-            raise ValueError
-    except (ValueError, TypeError, RecursionError):
-        return None, "a checkpoint whose transcript sessions cannot be read"
-    return sessions, ""
 
 
 def audit(run_dir: Path, allow_list: Path | None = None) -> AuditReport:
