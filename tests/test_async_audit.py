@@ -282,13 +282,14 @@ def _resumed_step(run: Path, keys: Path, floor: bool) -> tuple[dict[str, Any], A
     doc = load(run / TRANSCRIPT)
     nonce = os.urandom(32)
 
-    def signed(rank: int, version: int, body: bytes) -> tuple[int, int, bytes, tuple[str, str]]:
-        sha = hashlib.sha256(body).digest()
+    def signed(rank: int, version: int, body: bytes) -> tuple[int, int, bytes, tuple[str, str, str]]:
+        at = hashlib.sha256(f"θ of version {version}".encode()).digest()  # what the worker signs: SHA-256(θ) ‖ body
+        sha = hashlib.sha256(at + body).digest()
         sig = load_identity(keys, rank, 5).sign(signed_message(nonce, doc["config"], version, rank, sha))
-        return rank, version, body, (sha.hex(), sig.hex())
+        return rank, version, body, (sha.hex(), sig.hex(), at.hex())
 
     class Queue:
-        def __init__(self, q: list[tuple[int, int, bytes, tuple[str, str]]]) -> None:
+        def __init__(self, q: list[tuple[int, int, bytes, tuple[str, str, str]]]) -> None:
             self.q, self.last_proof = q, None
 
         def publish(self, t: int, msg: bytes) -> None:
@@ -339,3 +340,125 @@ def test_a_byzantine_workers_old_version_after_a_resume_is_dropped(honest: tuple
     assert (3, 3) in [(u["rank"], u["version"]) for u in entry["updates"]]
     assert srv.dropped()["unpublished"] == 0
     assert any("rank 3's update of version 3 predates this session (from round 6)" in p for p in problems), problems
+
+
+def test_a_config_naming_a_huge_model_is_refused_before_anything_is_built(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reviewer's F6 (whoever hands over the run directory, with no key): ``config.json`` names an MLP of
+    [30000, 30000] hidden units (about 9·10⁸ parameters — 3.6 GB for θ₀ alone, 15 GiB as the review measured the
+    growth). The audit sizes the model on the meta device and refuses it in one line naming config.json and the cap,
+    with the model builder and the shard split patched to fail if called, and a traced peak far below one copy of
+    θ. Mutant: a cap above the model's size — the builder is then reached (the patched one raises, and says so)."""
+    import tracemalloc
+
+    from phalanx.distributed import async_transcript
+    from phalanx.experiments import build, make_config
+
+    def never(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the audit built the hostile config's model")
+
+    monkeypatch.setattr(build, "_model", never)
+    monkeypatch.setattr(build, "_split", never)
+    init_keys(tmp_path / "keys", 5)
+    run = tmp_path / "run"
+    run.mkdir()
+    identity = make_config({**JOB, "model": "mlp", "model_params": {"hidden": [30000, 30000]}}).identity()
+    (run / "config.json").write_text(json.dumps(identity))
+    shutil.copy(tmp_path / "keys" / "allow-list.json", run / "allow-list.json")
+    (run / TRANSCRIPT).write_bytes(b'{"type":"header"}\n')
+    tracemalloc.start()
+    try:
+        report = audit(run)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    said = [p for p in report.problems if "does not build its experiment" in p]
+    assert len(said) == 1 and str(run / "config.json") in said[0] and \
+        f"at most {async_transcript.AUDIT_DIM:,} parameters" in said[0] and "not built" in said[0], report.problems
+    assert peak < 64 << 20, peak  # θ₀ alone would be 3.6 GB; digits and the meta model are a few MB
+    monkeypatch.setattr(async_transcript, "AUDIT_DIM", 1 << 40)  # the mutant: no cap that binds
+    with pytest.raises(AssertionError, match="built the hostile config's model"):
+        audit(run)
+
+
+def _two_thetas(keys: Path) -> Edit:
+    """A Byzantine rank 0 sends one worker another θ′ under a version label it also sent, with the true θ, to another
+    worker: that worker, honest, signs SHA-256(θ′) ‖ its update (the test holds its key and signs as it would), and
+    rank 0 records it truthfully — its only way past the signature check — and re-signs the file."""
+    import base64
+    import hashlib
+
+    def edit(doc: dict[str, Any]) -> None:
+        seen: dict[int, int] = {}
+        for entry in doc["rounds"]:
+            for u in entry["updates"]:
+                v = u["version"]
+                if v > 0 and v in seen and seen[v] != u["rank"]:
+                    other = hashlib.sha256(b"theta-prime").digest()
+                    sha = hashlib.sha256(other + base64.b64decode(u["body"])).digest()
+                    sig = load_identity(keys, u["rank"], 5).sign(signed_message(
+                        bytes.fromhex(doc["sessions"][0]["nonce"]), doc["config"], v, u["rank"], sha))
+                    u.update(theta=other.hex(), sha256=sha.hex(), signature=sig.hex())
+                    return
+                seen.setdefault(v, u["rank"])
+        raise AssertionError("no version with updates of two ranks")
+
+    return edit
+
+
+def test_rank_0_sending_two_models_under_one_version_is_refused(honest: tuple[Path, Path], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reviewer's I1 (a Byzantine rank 0): a worker's signature covers SHA-256 of the θ it computed at, so two
+    workers' updates of one version label computed at two different θ are refused ("two models under one version"),
+    and every honest update of version 0 carries θ₀'s digest, which the config's seed fixes. Control: in the honest
+    run every version's updates carry one θ digest. Mutant: an audit without the θ check passes the forgery."""
+    from phalanx.distributed.async_transcript import StepCheck as Check
+
+    run, keys = honest
+    by_version: dict[int, set[str]] = {}
+    for rec in records(run / TRANSCRIPT):
+        for u in rec.get("updates", []) if rec["type"] == "step" else []:
+            by_version.setdefault(u["version"], set()).add(u["theta"])
+    assert by_version and all(len(x) == 1 for x in by_version.values()), by_version
+    forged = forge(run, tmp_path / "two", _two_thetas(keys), load_identity(keys, 0, 5))
+    report = audit(forged)
+    one_line(report, "rank 0 sent two models under one version")
+    assert len(report.problems) == 1, report.problems  # every signature verifies: only the θ digests tell
+    monkeypatch.setattr(Check, "_same_theta", lambda self, rank, version, theta: None)
+    assert audit(forged).ok  # the mutant audit without the θ check
+
+
+def test_a_byzantine_workers_update_at_another_theta_is_refused_by_the_honest_server() -> None:
+    """A Byzantine worker with its own key signs an update under version 5 but SHA-256 of another θ: the honest
+    server's arrivals refuse it (recorded as a rejection, not aggregated), so it cannot put two θ digests under one
+    version in the honest server's transcript and frame rank 0. An honest update of the same version passes with its
+    θ digest in the proof. Mutant: arrivals that do not remember the published θ pass the forged one."""
+    import hashlib
+    import threading
+    from types import SimpleNamespace
+
+    from phalanx.distributed import wire
+    from phalanx.distributed.async_server import THETA_DIGEST, SealedArrivals
+    from phalanx.distributed.sealed import Accepted
+
+    theta = wire.THETA + bytes(range(16))
+    right, wrong = hashlib.sha256(theta[1:]).digest(), hashlib.sha256(b"another").digest()
+    assert len(right) == THETA_DIGEST
+    refused: list[tuple[int, int, str]] = []
+
+    def arrivals() -> SealedArrivals:
+        links = SimpleNamespace(cond=threading.Condition(), inbox={}, publish_theta=lambda t, m: None,
+                                refuse=lambda t, r, why: refused.append((t, r, why)))
+        arr = SealedArrivals(links, 3)
+        arr.publish(5, theta)
+        links.inbox = {(5, 3): Accepted(wrong + b"row3", "aa", "bb"), (5, 1): Accepted(right + b"row1", "cc", "dd")}
+        links.fresh = [(5, 3), (5, 1)]
+        return arr
+
+    arr = arrivals()
+    assert arr.next(0.0) == (3, 5, b"") and arr.last_proof is None
+    assert refused and refused[0][:2] == (5, 3) and "another θ" in refused[0][2]
+    assert arr.next(0.0) == (1, 5, b"row1") and arr.last_proof == ("cc", "dd", right.hex())
+    mutant = arrivals()
+    mutant.thetas.clear()
+    assert mutant.next(0.0) == (3, 5, b"row3")  # without the check the forged θ digest is kept

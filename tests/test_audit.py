@@ -216,6 +216,58 @@ def test_another_keyed_runs_transcript_copied_in_fails(honest: Path, tmp_path: P
     assert len(report.problems) == 1, report.problems  # its signature is rank 0's: only the binding tells
 
 
+def _checkpoint_names(run: Path, sessions: str | None) -> None:
+    """Rewrite the checkpoint's metadata so that it names ``sessions`` (None: none) as its transcript's."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from phalanx.distributed.transcript import BINDING
+
+    ckpt = run / "checkpoint.safetensors"
+    with safe_open(str(ckpt), framework="pt") as fh:
+        meta = dict(fh.metadata() or {})
+    tensors = load_file(str(ckpt))
+    meta.pop(BINDING, None)
+    if sessions is not None:
+        meta[BINDING] = sessions
+    save_file(tensors, str(ckpt), metadata=meta)
+
+
+def test_a_same_config_runs_transcript_copied_in_fails(honest: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reviewer's F4 (whoever hands over the run directory, with no key): run A's transcript — the same config,
+    the same allow-list, signed by the same rank 0, so its header, rows and signature all verify — copied beside run
+    B's checkpoint, which names B's session (its nonce drawn at random). The audit refuses it, and a checkpoint that
+    names no sessions (stripped, or written by another build) binds nothing and is refused too. Mutant: an audit
+    without the binding check (``_Audit.bound`` a no-op) passes the copy — the check is what catches it."""
+    from safetensors import safe_open
+
+    from phalanx.distributed import audit as audit_module
+    from phalanx.distributed.transcript import BINDING
+
+    sessions = [[s["from_round"], s["nonce"]] for s in load(honest / TRANSCRIPT)["sessions"]]
+    with safe_open(str(honest / "checkpoint.safetensors"), framework="pt") as fh:
+        assert json.loads((fh.metadata() or {})[BINDING]) == sessions  # rank 0 bound the honest run
+    other = tmp_path / "b"
+    shutil.copytree(honest, other)
+    _checkpoint_names(other, json.dumps([[0, "5a" * 32]]))  # run B's checkpoint: B's own session
+    report = audit(other)
+    one_line(report, "the transcript's sessions (0:")
+    assert "are not the ones the run directory's checkpoint names (0:5a5a5a5a…): it is another run's" in \
+        report.problems[0]
+    assert len(report.problems) == 1, report.problems  # signature, config, rows: all A's and valid
+    for meta, said in ((None, "a checkpoint that names no transcript sessions"),
+                       ("[[0, 1]]", "a checkpoint whose transcript sessions cannot be read"),
+                       ("[" * 100_000, "a checkpoint whose transcript sessions cannot be read")):
+        _checkpoint_names(other, meta)
+        one_line(audit(other), f"the run directory holds {said}: nothing binds the transcript to this run")
+    (other / "checkpoint.safetensors").unlink()  # DONE, and no checkpoint: nothing names the transcript
+    one_line(audit(other), "the run directory holds no checkpoint: nothing binds the transcript to this run")
+    _checkpoint_names(shutil.copytree(honest, tmp_path / "mutant"), json.dumps([[0, "5a" * 32]]))
+    monkeypatch.setattr(audit_module._Audit, "bound", lambda self: None)
+    assert audit(tmp_path / "mutant").ok  # without the check, A's transcript passes in B's directory
+
+
 def test_an_audit_against_another_allow_list_fails(honest: Path, tmp_path: Path) -> None:
     init_keys(tmp_path / "other", 4)
     report = audit(honest, tmp_path / "other" / "allow-list.json")

@@ -43,6 +43,7 @@ silent peer leaves the pair unusable (docs/distributed.md).
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import threading
 import time
@@ -97,9 +98,10 @@ class Update:
     rank: int
     version: int
     row: Tensor
-    proof: tuple[str, str] | None = None
-    """With keys: the update's SHA-256 and its worker's signature for (run, version, rank), as the links checked them
-    (what the transcript records: :mod:`phalanx.distributed.async_transcript`)."""
+    proof: tuple[str, str, str] | None = None
+    """With keys: the update's SHA-256, its worker's signature for (run, version, rank), as the links checked them,
+    and the SHA-256 of the θ it was computed at (the first :data:`THETA_DIGEST` bytes of what it signed; what the
+    transcript records: :mod:`phalanx.distributed.async_transcript`)."""
     passed: Tensor | None = None
     """The row the algorithm's filter passed on, when it is not ``row`` (Zeno++'s normalised update); ``row`` stays
     the update as its worker signed it (what the transcript records)."""
@@ -146,7 +148,7 @@ class Buffer:
                 self.step.append(u)
 
     def offer(self, rank: int, version: int, payload: bytes | bytearray,
-              proof: tuple[str, str] | None = None) -> str | None:
+              proof: tuple[str, str, str] | None = None) -> str | None:
         """Check one arrival; None when accepted (into the step, or held for the next one), else the reason."""
         reason = self._check(rank, version, payload)
         if reason is not None:
@@ -201,7 +203,7 @@ class Buffer:
 class Arrivals(Protocol):
     """How updates reach the asynchronous server."""
 
-    last_proof: tuple[str, str] | None
+    last_proof: tuple[str, str, str] | None
     """The SHA-256 and signature of the update :meth:`next` returned last (None without keys)."""
 
     def publish(self, t: int, msg: bytes) -> None:
@@ -224,7 +226,7 @@ class StoreArrivals:
         self.links = links  # the synchronous server's StoreLinks (offer, joined, publish_theta, stop, close)
         self.store: dist.Store = links.store
         self.ticket = 1
-        self.last_proof: tuple[str, str] | None = None
+        self.last_proof: tuple[str, str, str] | None = None
         self.grace = grace
         """A ticket drawn but without its notice after waiting this long is skipped (its worker died mid-send)."""
 
@@ -263,17 +265,31 @@ class StoreArrivals:
         return []
 
 
+THETA_DIGEST = 32
+"""With keys, a worker's signed payload is SHA-256(θ it computed at) ‖ its update: the signature binds θ, not only
+the version label rank 0 sent with it (the review's I1)."""
+
+
 class SealedArrivals:
     """Arrivals over the sealed links (:class:`~phalanx.distributed.sealed.SealedLinks`, with keys): every update
-    signed, one per worker per version, versions older than the bound dropped by the links and counted."""
+    signed, one per worker per version, versions older than the bound dropped by the links and counted. Each signed
+    payload begins with the SHA-256 of the θ the worker computed at (:data:`THETA_DIGEST`); one that names another θ
+    than the server published as that version is refused (recorded in the transcript's rejections, not used), so a
+    Byzantine worker cannot put two θ digests under one version in the honest server's transcript. Memory: the
+    digests of the last S + 1 versions."""
 
     def __init__(self, links: Any, max_staleness: int) -> None:
         self.links = links
-        self.last_proof: tuple[str, str] | None = None
+        self.last_proof: tuple[str, str, str] | None = None
+        self.window = max_staleness
+        self.thetas: dict[int, bytes] = {}
         links.window = max_staleness
         links.fresh = []
 
     def publish(self, t: int, msg: bytes) -> None:
+        self.thetas[t] = hashlib.sha256(msg[1:]).digest()
+        for v in [v for v in self.thetas if v < t - self.window]:
+            del self.thetas[v]
         self.links.publish_theta(t, msg)
 
     def next(self, timeout: float) -> tuple[int, int, bytes] | None:
@@ -283,8 +299,18 @@ class SealedArrivals:
                 return None
             version, rank = links.fresh.pop(0)
             got = links.inbox.get((version, rank))
-        self.last_proof = None if got is None else (got.sha256, got.signature)
-        return (rank, version, b"") if got is None else (rank, version, bytes(got.body))
+        self.last_proof = None
+        if got is None:
+            return rank, version, b""
+        body = bytes(got.body)
+        theta, row = body[:THETA_DIGEST], body[THETA_DIGEST:]
+        published = self.thetas.get(version)
+        if len(body) < THETA_DIGEST or (published is not None and theta != published):
+            self.links.refuse(version, rank, f"rank {rank}'s update of version {version} was computed at another θ "
+                              "than the server published as that version (its signed θ digest differs)")
+            return rank, version, b""
+        self.last_proof = (got.sha256, got.signature, theta.hex())
+        return rank, version, row
 
     def stale(self) -> Counter[int]:
         with self.links.cond:
@@ -454,9 +480,11 @@ class AsyncWorker:
     """
 
     def __init__(self, experiment: Experiment, links: WorkerLinks, rank: int, digest: str,
-                 notify: Callable[[int], None] | None = None) -> None:
+                 notify: Callable[[int], None] | None = None, bind_theta: bool = False) -> None:
         self.exp, self.links, self.rank, self.digest = experiment, links, rank, digest
         self.notify = notify
+        self.bind_theta = bind_theta
+        """With keys: sign SHA-256(θ) ‖ the update (:data:`THETA_DIGEST`), binding the θ it was computed at."""
 
     def run(self) -> None:
         exp, links, rank = self.exp, self.links, self.rank
@@ -490,7 +518,8 @@ class AsyncWorker:
                 g = attack(AttackContext(honest=g[None], n_byzantine=1, f=exp.f, aggregator=None,
                                          generator=attack_gen, round=latest,
                                          knowledge="colluders" if attack.reads_honest else "omniscient"))[0]
-            links.send_vector(latest, wire.tensor_bytes(g))
+            bound = hashlib.sha256(msg[1:]).digest() if self.bind_theta else b""
+            links.send_vector(latest, bound + wire.tensor_bytes(g))
             if self.notify is not None:
                 self.notify(latest)
             t = latest + 1

@@ -2,38 +2,42 @@
 server step, and the audit's check of it, which recomputes the step from what it records.
 
 The synchronous transcript (:mod:`phalanx.distributed.transcript`) binds a row to a *round*; an asynchronous update
-is bound to the model *version* it was computed at — the version label rank 0 sent with θ: the worker's signature
-covers the label, not θ itself, nor the step t — and a step aggregates updates of several versions. So a keyed
+is bound to the model *version* it was computed at — the version label rank 0 sent with θ *and* SHA-256 of that θ,
+both under the worker's signature (not the step t) — and a step aggregates updates of several versions. So a keyed
 asynchronous run's transcript holds, instead of ``round`` lines (and with ``"dim": d`` in its header)::
 
     step  {"type": "step", "round": t,
            "updates": [{"rank": j, "version": v, "staleness": t − v, "sha256": <hex 64>, "signature": <hex 128>,
-                        "body": <base64 of the update's d values>}, …],
+                        "theta": <hex 64>, "body": <base64 of the update's d values>}, …],
            "rows": [<hex 64>, …], "result": <hex 64>}
 
-— the updates step t aggregated, in the order the server took them, each with its worker's Ed25519 signature over
-(run nonce, config, **version**, rank, SHA-256 of the body) (:func:`~phalanx.distributed.sealed.signed_message`,
-made by the worker, checked by the links before the update was used); the SHA-256 of each row the algorithm's
-:meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.assemble` made of them (FedBuff: Δᵢ/√(1 + sᵢ),
-Nguyen et al., AISTATS 2022; BASGD: the buffer means, Yang & Li, ICML 2021); and the SHA-256 of the rule's result
-over those rows (what the server steps θ by, before the learning rate).
+— the updates step t aggregated, in the order the server took them, each with its worker's Ed25519 signature over (run
+nonce, config, **version**, rank, SHA-256 of SHA-256(θ) ‖ the body) (:func:`~phalanx.distributed.sealed.signed_message`,
+made by the worker over the θ it computed at, checked by the links before the update was used, and its θ digest by the
+server against the θ it published as that version: :class:`~phalanx.distributed.async_server.SealedArrivals`); ``theta``
+is that SHA-256(θ); the SHA-256 of each row the algorithm's
+:meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.assemble` made of them (FedBuff: Δᵢ/√(1 + sᵢ), Nguyen et
+al., AISTATS 2022; BASGD: the buffer means, Yang & Li, ICML 2021); and the SHA-256 of the rule's result over those rows
+(what the server steps θ by, before the learning rate).
 
 **What the audit checks** (:class:`StepCheck`, for each step line, besides the file's own checks in
 :mod:`phalanx.distributed.audit`): each update is a worker's (rank 1 … n − 1, on the allow-list; rank 0 computes
-nothing), once per step; its body is d values and hashes to the recorded SHA-256; the signature verifies with *that
-rank's* key for this session's nonce, the config and the version — so neither rank 0 nor a Byzantine worker holding its
-own valid key can put an update in another rank's name; 0 ≤ version ≤ t and no older than its session's first round (a
-resumed server never published an older version: it drops one, ``unpublished``), the recorded staleness is t − version
-and at most ``max_staleness``; a worker's versions increase from step to step (the server keeps each worker's freshest
-and drops an older one after a newer: :attr:`~phalanx.distributed.async_server.Buffer.newest`) — so a step that keeps a
-worker's older update after a newer one was aggregated is refused; the values are finite; the step is one the algorithm
-takes — ``full`` of the recorded order is exactly its length (FedBuff: exactly K updates; BASGD: the shortest prefix
-that puts an update in every buffer), so the rule never runs over rows the algorithm never makes; the rows are
-``assemble`` of the recorded updates and staleness, digest for digest; and the result is the run's rule over those
-rows, digest for digest, when the rule takes no context (a stateful, stochastic or centred rule's result is recorded
-but not recomputed: the audit does not hold its state — counted in
-:attr:`~phalanx.distributed.audit.AuditReport.results_unchecked`). Whatever ``full``, ``assemble`` or the rule raises
-on what the file holds is that step's problem line, never an exception out of the audit. A non-finite row or result
+nothing), once per step; its body is d values and, after its θ digest, hashes to the recorded SHA-256; every update of
+one version carries one θ digest and version 0's is θ₀'s, which the config's seed fixes — so a rank 0 that sends two
+workers different θ under one version label, or another θ₀, is refused (the review's I1); the signature verifies with
+*that rank's* key for this session's nonce, the config and the version — so neither rank 0 nor a Byzantine worker
+holding its own valid key can put an update in another rank's name; 0 ≤ version ≤ t and no older than its session's
+first round (a resumed server never published an older version: it drops one, ``unpublished``), the recorded staleness
+is t − version and at most ``max_staleness``; a worker's versions increase from step to step (the server keeps each
+worker's freshest and drops an older one after a newer: :attr:`~phalanx.distributed.async_server.Buffer.newest`) — so a
+step that keeps a worker's older update after a newer one was aggregated is refused; the values are finite; the step is
+one the algorithm takes — ``full`` of the recorded order is exactly its length (FedBuff: exactly K updates; BASGD: the
+shortest prefix that puts an update in every buffer), so the rule never runs over rows the algorithm never makes; the
+rows are ``assemble`` of the recorded updates and staleness, digest for digest; and the result is the run's rule over
+those rows, digest for digest, when the rule takes no context (a stateful, stochastic or centred rule's result is
+recorded but not recomputed: the audit does not hold its state — counted in
+:attr:`~phalanx.distributed.audit.AuditReport.results_unchecked`). Whatever ``full``, ``assemble`` or the rule raises on
+what the file holds is that step's problem line, never an exception out of the audit. A non-finite row or result
 recomputed digest for digest from finite updates (an overflow that a Byzantine worker's huge finite values cause under
 a non-robust rule) is what an honest server computes, so it is not refused — that would let a worker frame rank 0; the
 0/0 of an empty BASGD buffer is refused, as a step the algorithm does not take.
@@ -66,7 +70,7 @@ if TYPE_CHECKING:
     from phalanx.training.experiment import Experiment
 
 STEP_KEYS = {"type", "round", "updates", "rows", "result"}
-UPDATE_KEYS = {"rank", "version", "staleness", "sha256", "signature", "body"}
+UPDATE_KEYS = {"rank", "version", "staleness", "sha256", "signature", "theta", "body"}
 UPDATE_BYTES = 512
 """The most bytes one update entry takes besides its body."""
 MAX_DIM = 1 << 28
@@ -91,9 +95,9 @@ def step_entry(t: int, used: list[Update], rows: Tensor, result: Tensor) -> dict
     """Step t's record (see the module's docstring): the updates (each with its links' proof), rows and result."""
     updates = []
     for u in used:
-        sha, sig = u.proof if u.proof is not None else ("", "")
+        sha, sig, theta = u.proof if u.proof is not None else ("", "", "")
         updates.append({"rank": u.rank, "version": u.version, "staleness": t - u.version, "sha256": sha,
-                        "signature": sig, "body": base64.b64encode(wire.tensor_bytes(u.row)).decode()})
+                        "signature": sig, "theta": theta, "body": base64.b64encode(wire.tensor_bytes(u.row)).decode()})
     return {"round": t, "updates": updates, "rows": [digest(r) for r in rows], "result": digest(result)}
 
 
@@ -119,6 +123,11 @@ class StepCheck:
         self.recomputes = not rule.context_keys and not getattr(rule, "stateful", False) and not self.reshaped
         """Whether the result is recomputed (a rule without context or state, rows recomputable)."""
         self.newest: dict[int, int] = {}
+        self.theta0 = digest(exp.problem.initial_theta())
+        """SHA-256 of θ₀ (version 0), drawn from the config's seed as the run drew it."""
+        self.thetas: dict[int, tuple[str, int]] = {}
+        """The θ digest each version's updates carry, with the first rank seen carrying it (the versions a step may
+        still hold: the last S + 1)."""
 
     def check(self, rec: dict[str, Any], t: int, nonce: bytes, config: str, keys: dict[int, Any],
               since: int = 0) -> list[str]:
@@ -141,8 +150,8 @@ class StepCheck:
             if not isinstance(u, dict) or set(u) != UPDATE_KEYS:
                 problems.append(f"{where}: an update entry is not {{{', '.join(sorted(UPDATE_KEYS))}}}")
                 continue
-            rank, version, s, sha, sig, body = (u[k] for k in ("rank", "version", "staleness", "sha256",
-                                                                "signature", "body"))
+            rank, version, s, sha, sig, theta, body = (u[k] for k in ("rank", "version", "staleness", "sha256",
+                                                                       "signature", "theta", "body"))
             if not _int(rank, 1, self.workers - 1) or rank not in keys:
                 problems.append(f"{where}: an update of rank {str(rank)[:20]!r}, which is not a worker of the job")
                 continue
@@ -168,13 +177,17 @@ class StepCheck:
                 raw = base64.b64decode(body, validate=True) if isinstance(body, str) else b""
             except (binascii.Error, ValueError):
                 raw = b""
-            if len(raw) != size or not (isinstance(sha, str) and _HEX64.fullmatch(sha)
-                                        and isinstance(sig, str) and _HEX128.fullmatch(sig)):
-                problems.append(f"{where}: rank {rank}'s update has no body of d = {self.dim} values, digest and "
-                                "signature")
+            if len(raw) != size or not (isinstance(sha, str) and _HEX64.fullmatch(sha) and isinstance(sig, str)
+                                        and _HEX128.fullmatch(sig) and isinstance(theta, str)
+                                        and _HEX64.fullmatch(theta)):
+                problems.append(f"{where}: rank {rank}'s update has no body of d = {self.dim} values, digest, "
+                                "signature and θ digest")
                 continue
-            if hashlib.sha256(raw).hexdigest() != sha:
-                problems.append(f"{where}: rank {rank}'s update body does not hash to its recorded SHA-256")
+            if hashlib.sha256(bytes.fromhex(theta) + raw).hexdigest() != sha:
+                problems.append(f"{where}: rank {rank}'s θ digest and update body do not hash to its recorded SHA-256")
+            other = self._same_theta(rank, version, theta)
+            if other is not None:
+                problems.append(f"{where}: {other}")
             try:
                 keys[rank].verify(bytes.fromhex(sig), signed_message(nonce, config, version, rank, bytes.fromhex(sha)))
             except InvalidSignature:
@@ -186,9 +199,24 @@ class StepCheck:
             ranks.append(rank)
             values.append(row)
             staleness.append(t - version)
+        for v in [v for v in self.thetas if v < t - self.max_staleness]:
+            del self.thetas[v]
         if problems:
             return problems
         return self._recompute(where, ranks, values, staleness, rows, result)
+
+    def _same_theta(self, rank: int, version: int, theta: str) -> str | None:
+        """Why rank's update of ``version``, computed at the θ of SHA-256 ``theta`` (signed by the worker), cannot be
+        of the θ rank 0 published as that version: version 0 is θ₀, which the config's seed fixes; every update of a
+        version carries one θ digest (None: it holds)."""
+        if version == 0 and theta != self.theta0:
+            return (f"rank {rank}'s update of version 0 was computed at θ {theta[:12]}…, not at θ₀ of the config's "
+                    f"seed ({self.theta0[:12]}…): rank 0 sent another model as version 0")
+        first = self.thetas.setdefault(version, (theta, rank))
+        if first[0] != theta:
+            return (f"rank {rank}'s update of version {version} was computed at θ {theta[:12]}…, rank {first[1]}'s "
+                    f"of the same version at θ {first[0][:12]}…: rank 0 sent two models under one version")
+        return None
 
     def _recompute(self, where: str, ranks: list[int], values: list[Tensor], staleness: list[int], rows: list[str],
                    result: str) -> list[str]:
@@ -222,9 +250,22 @@ class StepCheck:
         return []
 
 
-def experiment_of(identity: dict[str, Any]) -> Experiment | None:
+AUDIT_DIM = 1 << 24
+"""The largest d whose experiment the audit builds from a run directory's ``config.json`` (16,777,216 parameters:
+the model and θ₀ at most 64 MiB each in float32); a config naming a larger model is refused in one line before
+anything of its size is allocated (the review's F6: the audit's memory was set by an untrusted config)."""
+
+
+def experiment_of(identity: dict[str, Any], path: str = "config.json") -> Experiment | None:
     """The experiment of a run's ``config.json`` when its algorithm is asynchronous (None otherwise): what the audit
-    recomputes its steps with. A config that does not validate raises its one-line :class:`ConfigError`."""
+    recomputes its steps with. A config that does not validate raises its one-line :class:`ConfigError`; so does one
+    whose model has more than :data:`AUDIT_DIM` parameters, counted on the ``meta`` device
+    (:func:`phalanx.models.planned_parameters`: shapes only) before the model, θ₀ or the workers' shards are built.
+    The data set is read from this machine's disk only (never downloaded, whatever the config says), so its size is
+    the auditor's files', not the config's; a model of one's own (not built on ``meta``) is refused, as its size
+    cannot be known before it is built."""
+    from phalanx import data, models
+    from phalanx.errors import ConfigError
     from phalanx.experiments.build import from_config
     from phalanx.experiments.config import validate
     from phalanx.training.algorithms import builtin
@@ -236,4 +277,12 @@ def experiment_of(identity: dict[str, Any]) -> Experiment | None:
         return None
     if not issubclass(cls, Asynchronous):
         return None
-    return from_config(validate(identity))
+    run = validate(identity)
+    spec, model = run.specs.data, run.specs.model
+    ds = data.load(spec.name, root=spec.root, download=False, params=spec.params)
+    d = models.planned_parameters(model.name, ds.input_shape, ds.num_classes, **model.params)
+    if d is None or d > AUDIT_DIM:
+        size = "no size known before it is built" if d is None else f"{d:,} parameters"
+        raise ConfigError(path, f"model {model.name!r} ({size}): not built",
+                          f"a built-in model of at most {AUDIT_DIM:,} parameters (AUDIT_DIM), sized on the meta device")
+    return from_config(run, ds)

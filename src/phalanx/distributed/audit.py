@@ -1,7 +1,8 @@
 """``phalanx audit RUN``: check a keyed run's transcript (:mod:`phalanx.distributed.transcript`) against the run
 directory and the allow-list, reading it line by line with bounded memory, one line per problem found (an
-asynchronous run's experiment — its model and data — is first built from the directory's ``config.json``, whose size
-nothing caps: open, docs/security.md).
+asynchronous run's experiment — its model and data — is first built from the directory's ``config.json``: at most
+:data:`CONFIG_BYTES` bytes, its model sized on the ``meta`` device and refused above
+:data:`~phalanx.distributed.async_transcript.AUDIT_DIM` parameters before anything of its size is built).
 
 What a passing audit proves, and against whom:
 
@@ -9,8 +10,10 @@ What a passing audit proves, and against whom:
   key the allow-list gives rank 0 (a transcript written by any other rank — its own signed rows and nothing else —
   or edited by anyone without rank 0's key, e.g. rejections erased or rounds cut, does not verify). Its header names
   the run: the config digest equals the digest of the run directory's ``config.json`` (another run's transcript
-  copied in does not; another run of the *same* config, signed by the same rank 0, does: nothing run-unique binds
-  it to the checkpoint), n, f and the rounds are the config's, the allow-list is the one checked against.
+  copied in does not), n, f and the rounds are the config's, the allow-list is the one checked against; its
+  sessions — each with the nonce it drew at random — are the ones the run directory's checkpoint names in its
+  metadata (:data:`~phalanx.distributed.transcript.BINDING`, written by rank 0 in the checkpoint's own rename), so
+  another run's transcript of the *same* config, signed by the same rank 0, copied in does not pass either.
 - **Every round is accounted for.** Rounds run contiguously from 0 to the round the run directory reached (``DONE``:
   every round; else its checkpoint's round); each session starts where the previous one ended. In a server or
   serverless round the accepted ranks and the missing ranks are together every rank, each once (none deleted, none
@@ -48,6 +51,7 @@ from typing import Any
 
 from phalanx.distributed.async_filters import unchecked
 from phalanx.distributed.async_transcript import STEP_KEYS, StepCheck, experiment_of
+from phalanx.distributed.binding import checkpoint_metadata, checkpoint_round, checkpoint_sessions
 from phalanx.distributed.channel import Kind
 from phalanx.distributed.journal import canonical, read_journal
 from phalanx.distributed.keys import ALLOW_LIST, AllowList
@@ -144,6 +148,11 @@ class RunFacts:
     reached: int | None = None
     source: str = ""
     identity: dict[str, Any] = field(default_factory=dict)
+    sessions: list[tuple[int, str]] | None = None
+    """The transcript sessions the checkpoint names (:data:`~phalanx.distributed.transcript.BINDING`); None: it names
+    none (or there is no checkpoint)."""
+    binding: str = "no checkpoint"
+    """What the checkpoint says of the sessions, when it names none that can be read (for the problem line)."""
 
     @classmethod
     def read(cls, run_dir: Path, report: AuditReport) -> RunFacts:
@@ -166,10 +175,12 @@ class RunFacts:
         facts.f = identity.get("f") if _int(identity.get("f")) else None
         facts.rounds = identity.get("rounds") if _int(identity.get("rounds"), 1) else None
         facts.workers = _processes(identity)
+        meta = checkpoint_metadata(run_dir)
         if (run_dir / "DONE").exists():
             facts.reached, facts.source = facts.rounds, "it is DONE"
         else:
-            facts.reached, facts.source = _checkpoint_round(run_dir), "its checkpoint"
+            facts.reached, facts.source = checkpoint_round(meta), "its checkpoint"
+        facts.sessions, facts.binding = checkpoint_sessions(meta)
         return facts
 
 
@@ -183,20 +194,6 @@ def _processes(identity: dict[str, Any]) -> int | None:
     except (TypeError, ValueError, AttributeError):
         return None
     return n if _int(n, 1) else None
-
-
-def _checkpoint_round(run_dir: Path) -> int | None:
-    from safetensors import SafetensorError, safe_open
-
-    ckpt = run_dir / "checkpoint.safetensors"
-    if not ckpt.exists():
-        return 0
-    try:
-        with safe_open(str(ckpt), framework="pt") as fh:
-            value = int((fh.metadata() or {})["round"])
-    except (SafetensorError, OSError, ValueError, KeyError, RuntimeError):
-        return None
-    return value if value >= 0 else None
 
 
 def audit(run_dir: Path, allow_list: Path | None = None) -> AuditReport:
@@ -227,9 +224,9 @@ def audit(run_dir: Path, allow_list: Path | None = None) -> AuditReport:
     report.allow_list = f"{allow.path}" + (" (the run directory's copy)" if own else "")
     before = len(report.problems)
     try:
-        steps = experiment_of(run.identity) if run.identity else None
+        steps = experiment_of(run.identity, str(run_dir / "config.json")) if run.identity else None
     except (PhalanxError, ValueError, TypeError, OSError) as exc:
-        report.problem(f"the run's config.json does not build its experiment ({str(exc)[:160]}): its asynchronous "
+        report.problem(f"the run's config.json does not build its experiment ({str(exc)[:300]}): its asynchronous "
                        "steps cannot be recomputed")
         return report
     check = None if steps is None else StepCheck(steps)
@@ -263,6 +260,7 @@ class _Audit:
         self.topology = self.config = ""
         self.session: tuple[int, bytes] | None = None  # the current session: where it starts, its nonce
         self.sessions = 0
+        self.named: list[tuple[int, str]] = []  # every session (from_round, nonce), as the checkpoint must name them
         self.last: int | None = None  # the last round (gossip: gathering round) recorded
         self.node_lines: dict[int, int] = {}  # gossip: the nodes with a journal line at the pending gathering
         self.journal_round: int | None = None
@@ -373,6 +371,22 @@ class _Audit:
         elif self.last is not None and self.last + 1 != reached:
             self.problem(f"the transcript's last round is {self.last}; the run reached round {reached} "
                          f"({self.run.source}): rounds are missing from one or the other")
+        self.bound()
+
+    def bound(self) -> None:
+        """The transcript is the one the run directory's checkpoint names: its sessions, nonce for nonce (each drawn
+        at random by its session) — another run's transcript of the same config, signed by the same rank 0, is
+        not. A directory without a checkpoint binds nothing, and may then hold no round (``end`` says so)."""
+        named, recorded = self.named, self.run.sessions
+        if recorded is None:
+            if self.run.binding != "no checkpoint" or self.last is not None:
+                self.problem(f"the run directory holds {self.run.binding}: nothing binds the transcript to this run "
+                             "(another run's transcript of the same config would pass)")
+        elif recorded != named:
+            def show(ss: list[tuple[int, str]]) -> str:
+                return ", ".join(f"{r}:{n[:8]}…" for r, n in ss[:4]) + (" …" if len(ss) > 4 else "")
+            self.problem(f"the transcript's sessions ({show(named)}) are not the ones the run directory's checkpoint "
+                         f"names ({show(recorded)}): it is another run's transcript")
 
     # -- lines -------------------------------------------------------------------------------------------------
 
@@ -386,6 +400,7 @@ class _Audit:
                          "before it): rounds missing, repeated or reordered")
         self.session = (start, bytes.fromhex(nonce))
         self.sessions += 1
+        self.named.append((start, nonce))
         self.node_lines, self.journal_round = {}, None
 
     def _next_round(self, t: Any, what: str) -> bool:

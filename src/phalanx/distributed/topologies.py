@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 from phalanx.distributed import rendezvous
 from phalanx.distributed.async_server import (
+    THETA_DIGEST,
     AsyncServer,
     AsyncWorker,
     SealedArrivals,
@@ -183,11 +184,11 @@ def start_async(rank: Rank) -> Part | None:
     if renv.agent_store:
         raise ConfigError("MASTER_PORT", renv.master_port, "a keyed asynchronous job under `phalanx launch` (not "
                           "torchrun's agent: not built for the asynchronous server)")
-    row_bytes = exp.problem.dim * exp.problem.initial_theta().element_size()
+    row_bytes = exp.problem.dim * exp.problem.initial_theta().element_size() + THETA_DIGEST  # (SHA-256(θ) ‖ row)
     host = rendezvous.check_bind_address("MASTER_ADDR", renv.master_addr)
     if renv.rank != 0:
         worker_links = SealedWorkerLinks(rank.identity, host, renv.master_port, digest, row_bytes, cfg.workers)
-        AsyncWorker(exp, worker_links, renv.rank, digest).run()
+        AsyncWorker(exp, worker_links, renv.rank, digest, bind_theta=True).run()
         return None
     sealed = SealedLinks(rank.identity, host, renv.master_port, digest, row_bytes, cfg.workers)
     server = AsyncServer(sealed, SealedArrivals(sealed, s), digest, cfg.round_timeout, rank.log.say)

@@ -72,6 +72,8 @@ MAX_DEPTH = 6
 """No line of a transcript nests deeper (a journal line: line → rounds → item → accepted → entry)."""
 ENTRY_BYTES = 330
 """The most bytes one accepted entry of a round takes."""
+BINDING = "transcript_sessions"
+"""The checkpoint metadata key under which rank 0 records its transcript's sessions (:meth:`Transcript.binding`)."""
 
 
 class Unreadable(Exception):
@@ -336,6 +338,16 @@ class Transcript(WrittenWithCheckpoints):
                     "sessions": sessions, "rounds": rounds}
         if self.dim is not None:
             self.doc["dim"] = self.dim
+
+    def binding(self) -> dict[str, str]:
+        """The checkpoint metadata that binds this transcript to the run directory (asked for by the run directory
+        at each checkpoint, :attr:`~phalanx.experiments.rundir.RunDirectory.metadata`, and written in the same
+        atomic rename as the checkpoint): :data:`BINDING` → the sessions, ``[[from_round, nonce], …]`` in canonical
+        JSON. Each nonce is 32 bytes of ``os.urandom`` drawn by that session (2⁻²⁵⁶ that two runs share one), so
+        another run's transcript — the same config, signed by the same rank 0 — names other sessions than the
+        checkpoint it is copied beside, and the audit refuses it."""
+        sessions = [[s["from_round"], s["nonce"]] for s in self.doc.get("sessions", [])]
+        return {BINDING: json.dumps(sessions, separators=(",", ":"))}
 
     def _same_allow_list(self) -> None:
         """On resume: refuse (one-line :class:`ConfigError` naming the file) a run directory whose ``allow-list.json``

@@ -115,6 +115,7 @@ def run_rank(run: ValidRun, out: Path | None) -> None:
                                     dim=exp.problem.dim if isinstance(exp.algorithm, Asynchronous) else None)
             if part.hear is not None:
                 part.hear(transcript)
+            directory.metadata = transcript.binding  # each checkpoint names the transcript's sessions (F4)
             cbs.append(transcript)
         return cbs
 

@@ -9,7 +9,7 @@ device the run trains on (and a later session's, when it resumes on another:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +43,9 @@ class RunDirectory(Callback):
         """Where the run trains, as the manifest records it (:func:`phalanx.training.devices.describe`)."""
         self.session: provenance.Session | None = None
         """This training session's provenance (:meth:`open` sets it, unless the run has finished)."""
+        self.metadata: Callable[[], dict[str, str]] | None = None
+        """More checkpoint metadata, asked for at each checkpoint (a keyed torchrun run's rank 0 binds its
+        transcript's sessions to the checkpoint: :meth:`phalanx.distributed.transcript.Transcript.binding`)."""
 
     @classmethod
     def of(
@@ -83,12 +86,15 @@ class RunDirectory(Callback):
         """Whether a checkpoint is due once ``done`` rounds are finished: every ``checkpoint_every`` and at the end."""
         return done % self.every == 0 or done == self.rounds
 
+    def _extra(self) -> dict[str, str] | None:
+        return None if self.metadata is None else self.metadata()
+
     def on_round(self, loop: Loop, info: RoundInfo) -> None:
         if self.checkpoints(loop.state.round):
-            store.save_checkpoint(self.path, loop.snapshot(), self._record())
+            store.save_checkpoint(self.path, loop.snapshot(), self._record(), self._extra())
 
     def on_abort(self, loop: Loop, snapshot: Snapshot) -> str | None:
-        return str(store.save_checkpoint(self.path, snapshot, self._record()))
+        return str(store.save_checkpoint(self.path, snapshot, self._record(), self._extra()))
 
     def on_finish(self, loop: Loop) -> None:
         store.finish_run(self.path, loop.rows)

@@ -309,19 +309,21 @@ Provenance = Callable[[int, str, str | None], str]
 the metadata value (:meth:`phalanx.experiments.provenance.Session.record`)."""
 
 
-def save_checkpoint(out: Path, snap: Snapshot, provenance: Provenance | None = None) -> Path:
+def save_checkpoint(out: Path, snap: Snapshot, provenance: Provenance | None = None,
+                    extra: dict[str, str] | None = None) -> Path:
     """Write the metric rows so far, then the checkpoint (both atomically; rows first, so none are lost).
 
     Tensors: :func:`phalanx.experiments.checkpoint.tensors_of`; metadata: ``round``, the number of rows and, given
     ``provenance``, the record of the sessions that trained it (:mod:`phalanx.experiments.provenance`), written in
-    the same rename as the tensors it describes.
+    the same rename as the tensors it describes; ``extra``: more metadata of the caller's (a keyed torchrun run's
+    transcript sessions: :meth:`phalanx.distributed.transcript.Transcript.binding`), in the same rename.
     """
     state, rows = snap.state.to("cpu"), snap.rows
     payload = "".join(json.dumps(r) + "\n" for r in rows).encode()
     write_artifact(out, "metrics.jsonl", payload)
     tensors = checkpoint.tensors_of(snap, state)
     path = out / "checkpoint.safetensors"
-    meta = {"round": str(state.round), "rows": str(len(rows))}
+    meta = {**(extra or {}), "round": str(state.round), "rows": str(len(rows))}
     if provenance is not None:
         digest = hashlib.sha256(payload).hexdigest() if payload else None
         meta["provenance"] = provenance(state.round, runfiles.tensors_digest(tensors), digest)
