@@ -18,6 +18,8 @@ from tests._raw import assert_rebuilt, fake_values
 from phalanx import studies
 from phalanx.errors import ConfigError
 from phalanx.studies import raw
+from phalanx.studies.base import distinct
+from phalanx.studies.template import GridStudy
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
@@ -27,7 +29,8 @@ from phalanx.studies import lora
 
 def test_quick_grid_is_modes_by_rules_by_arms_by_seeds_of_valid_configs() -> None:
     p = lora.preset("quick")
-    cells, cfgs = lora.plan(p)
+    cells, runs = lora.Lora().plan(p, {})
+    cfgs = [r.cfg for r in runs]
     assert len(cells) == len(p.modes) * len(p.rules) * 3 * len(p.seeds) == len(cfgs) == 54
     for c, cfg in zip(cells, cfgs):
         assert cfg.model == "hf:phalanx-bert-tiny" and cfg.model_params["aggregation"] == c.mode
@@ -56,9 +59,18 @@ def test_preset_errors_name_the_field(changes: dict[str, object], key: str) -> N
 
 
 def test_keys_the_grid_sets_itself_are_refused_as_run_overrides() -> None:
-    p = lora.preset("quick")
+    """By the study's plan (the command line's) and by one cell's ``config_for`` alike; the mutant plan without the
+    check lets ``--set seed=5`` make both seeds one run, so that the paired statistics pair a run with itself."""
+    p = lora.preset("quick", modes=("update",), seeds=(0, 1))
+    with pytest.raises(ConfigError, match="preset's fields") as exc:
+        lora.Lora().plan(p, {"attack": "alie"})
+    assert exc.value.parameter == "--set"
     with pytest.raises(ConfigError, match="preset's fields"):
         lora.config_for(p, lora.Cell("shared", "mean", "none", 0), {"attack": "alie"}, trigger=[207])
+    with pytest.raises(ConfigError, match="preset's fields"):
+        lora.Lora().plan(p, {"seed": 5})
+    cells, runs = GridStudy.plan(lora.Lora(), p, {"seed": 5})  # the mutant: the template's plan unchecked
+    assert {r.cfg.seed for r in runs} == {5} and len(distinct(runs)) == len(cells) // 2
 
 
 def _finals(acc: dict[tuple[str, str], list[float]], success: dict[tuple[str, str], list[float]],
@@ -161,8 +173,8 @@ def test_the_gpu_preset_is_a_workload_of_the_gpu_benchmark(tmp_path: Path) -> No
 
 def _tiny_plan(**changes: object) -> tuple[list[lora.Cell], list[str]]:
     p = lora.preset("quick", modes=("update",), **changes)  # type: ignore[arg-type]
-    cells, cfgs = lora.plan(p)
-    return cells, raw.run_ids(cfgs)
+    cells, runs = lora.Lora().plan(p, {})
+    return cells, raw.run_ids(runs)
 
 
 def _edited(path: Path, lines: list[str], column: str, text: str, row: int = 1) -> Path:

@@ -118,3 +118,35 @@ def test_the_tension_study_validates_each_run_once(tmp_path: Path, monkeypatch: 
     built.clear()
     _run(tmp_path, "twice", TENSION)
     assert built["rule"] == TENSION_RUNS + TENSION_CELLS  # every cell's run validated again, a shared one per cell
+
+
+LORA_SETS = ["rounds=1", "workers=6", "byzantine=1", "f=1", "local_steps=1", "modes=['update']",
+             "rules=['mean','cwtm']", "batch_size=4"]  # tests/test_lora_study.py's tiny grid
+LORA = ["experiment", "lora", "--seeds", "2", "-j", "1", *(a for s in LORA_SETS for a in ("--set", s))]
+LORA_RUNS = 1 * 2 * 3 * 2  # modes × rules × arms × seeds, every cell its own run
+
+
+def test_the_lora_study_validates_each_run_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``phalanx experiment lora`` on the template: each run of a tiny grid (the embedded tiny BERT, one round) is
+    validated once from the command line to the trained run — one rule built per run; the mutant that validates each
+    planned run again (the study's old way: ``make_config`` in the module's plan, then ``validate``) builds every
+    rule twice. The mutant runs on the finished runs (nothing is trained again; the plan alone builds them)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from phalanx.studies import lora
+
+    monkeypatch.setenv("PHALANX_BUDGET_MINUTES", "off")
+    built = _rules_built(monkeypatch)
+    _run(tmp_path, "once", LORA)
+    assert len([d for d in (tmp_path / "once" / "runs").iterdir() if d.is_dir()]) == LORA_RUNS
+    assert built["rule"] == LORA_RUNS
+    original = lora.Lora.plan
+
+    def again(self: Any, preset: Any, overrides: dict[str, Any]) -> Any:  # the mutant: each run validated again
+        cells, runs = original(self, preset, overrides)
+        return cells, [validate(r.cfg) for r in runs]
+
+    monkeypatch.setattr(lora.Lora, "plan", again)
+    built.clear()
+    _run(tmp_path, "once", LORA)
+    assert built["rule"] == 2 * LORA_RUNS

@@ -44,6 +44,7 @@ outside [0, 1], NaN or inf where a measure must be finite, is one :class:`~phala
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import math
 import sys
@@ -53,13 +54,13 @@ from typing import Any
 
 from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
 from phalanx.errors import ConfigError
-from phalanx.experiments import runstate
 from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.plots import save_figure
+from phalanx.experiments.validrun import ValidRun
 from phalanx.studies import raw
-from phalanx.studies.base import ModuleStudy, Report, StudyFunctions
 from phalanx.studies.registry import register
-from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance, write_report_files
+from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance
+from phalanx.studies.template import Document, GridFunctions, GridStudy
 
 MEAN = "mean"
 MODES = ("factors", "update", "shared")
@@ -148,15 +149,22 @@ def preset(name: str, **changes: Any) -> Preset:
 
 
 def trigger_ids(p: Preset) -> list[int]:
-    """The preset's phrase as token ids of its model's tokenizer (no special tokens; offline)."""
+    """The preset's phrase as token ids of its model's tokenizer (no special tokens; offline): tokenised once per
+    (model, phrase) in a process (:func:`_tokenised`), however many cells ask."""
+    return list(_tokenised(p.model, p.phrase))
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenised(model: str, phrase: str) -> tuple[int, ...]:
+    """``phrase`` as ``model``'s tokenizer's ids (a tuple, so that the cached value cannot be changed by a caller)."""
     from transformers import AutoTokenizer
 
     from phalanx import hub
 
-    tok = AutoTokenizer.from_pretrained(hub.resolve(p.model), local_files_only=True)
-    ids = [int(i) for i in tok(p.phrase, add_special_tokens=False)["input_ids"]]
+    tok = AutoTokenizer.from_pretrained(hub.resolve(model), local_files_only=True)
+    ids = tuple(int(i) for i in tok(phrase, add_special_tokens=False)["input_ids"])
     if not ids:
-        raise ConfigError("phrase", p.phrase, f"a text that {p.model}'s tokenizer turns into at least one token")
+        raise ConfigError("phrase", phrase, f"a text that {model}'s tokenizer turns into at least one token")
     return ids
 
 
@@ -175,19 +183,23 @@ def cells(p: Preset) -> list[Cell]:
     return [Cell(m, r, a, s) for m in p.modes for r in p.rules for a in ARMS for s in p.seeds]
 
 
-def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None,
-               trigger: list[int] | None = None) -> RunConfig:
-    """The validated run configuration of one cell, evaluated at its last round only (``trigger``: the phrase's
-    ids, tokenised here when not given)."""
-    bad = sorted(set(overrides or {}) & set(_RESERVED))
+def check_overrides(overrides: dict[str, Any]) -> None:
+    """A run key the grid sets itself is refused as a ``--set`` run key (the preset's fields change it)."""
+    bad = sorted(set(overrides) & set(_RESERVED))
     if bad:
         raise ConfigError("--set", bad, "keys the grid does not set itself (change the preset's fields instead: "
                           "modes, rules, vector_attack, phrase, rounds …)")
-    phrase = {"trigger": trigger if trigger is not None else trigger_ids(p), "target": p.target,
-              "poison_fraction": p.poison_fraction}
+
+
+def keys(p: Preset, cell: Cell, trigger: list[int] | None = None) -> dict[str, Any]:
+    """The run keys of one cell, not validated, evaluated at its last round only: the study template applies the
+    command line's run keys over them and validates each run once (:class:`~phalanx.studies.template.GridStudy`).
+    ``trigger``: the phrase's ids, tokenised here when not given (once per process: :func:`trigger_ids`)."""
+    ids = list(trigger) if trigger is not None else trigger_ids(p)
+    phrase = {"trigger": ids, "target": p.target, "poison_fraction": p.poison_fraction}
     attack, params, b = {"none": (PHRASE, phrase, 0), "vector": (p.vector_attack, dict(p.vector_params), p.byzantine),
                          "phrase": (PHRASE, phrase, p.byzantine)}[cell.arm]
-    data: dict[str, Any] = {
+    return {
         "dataset": p.dataset, "dataset_params": {"tokenizer": p.model, "length": p.length},
         "partition": "natural", "model": p.model,
         "model_params": {**p.model_params, "r": p.r, "aggregation": cell.mode}, "algorithm": "fedavg",
@@ -196,15 +208,16 @@ def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None,
         "attack_params": params, "rounds": p.rounds, "eval_every": p.rounds, "checkpoint_every": p.rounds,
         "seed": cell.seed, "device": p.device,
     }
-    data.update(overrides or {})
-    return make_config(data)
 
 
-def plan(p: Preset, overrides: dict[str, Any] | None = None) -> tuple[list[Cell], list[RunConfig]]:
-    """The cells and their configurations (the phrase tokenised once)."""
-    cs = cells(p)
-    ids = trigger_ids(p)
-    return cs, [config_for(p, c, overrides, ids) for c in cs]
+def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None,
+               trigger: list[int] | None = None) -> RunConfig:
+    """One cell's configuration on its own, validated (:func:`keys` with ``overrides`` over them; ``trigger``: the
+    phrase's ids instead of the tokenizer's): for a caller that wants one cell's run outside the study
+    (``benchmarks/gpu.py`` times the ``gpu`` preset's round with it, ``scripts/lora_update_norms.py`` trains one).
+    The study itself plans from :func:`keys` (:meth:`Lora.plan`), each run validated once."""
+    check_overrides(overrides or {})
+    return make_config({**keys(p, cell, trigger), **(overrides or {})})
 
 
 SHARE = raw.within(0, 1)
@@ -231,15 +244,11 @@ def _finite(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-def collect(cs: list[Cell], cfgs: list[RunConfig], runs_dir: Path) -> dict[Cell, Final]:
-    """The last row of every cell's ended run under ``runs_dir`` (a diverged run: its accuracy as the row says, 0)."""
-    from phalanx.experiments import grid
-
-    out: dict[Cell, Final] = {}
-    for c, cfg in zip(cs, cfgs):
-        last = runstate.final_rows(runs_dir / grid.run_id(cfg))[-1]
-        out[c] = Final(_finite(last.get("test_accuracy")) or 0.0, *(_finite(last.get(k)) for k in MEASURES[1:]))
-    return out
+def final(cell: Cell, run: ValidRun, rows: list[dict[str, Any]]) -> Final:
+    """A cell's raw value: its ended run's last row (a diverged run: its accuracy as the row says, 0 when that is not
+    finite)."""
+    last = rows[-1]
+    return Final(_finite(last.get("test_accuracy")) or 0.0, *(_finite(last.get(k)) for k in MEASURES[1:]))
 
 
 Key = tuple[str, str, str]
@@ -453,8 +462,10 @@ def report_markdown(finals: dict[Cell, Final], cs: list[Comparison], p: Preset, 
 
 
 @register
-class Lora(ModuleStudy[Preset, Cell, Final]):
-    """The price of robustness for LoRA adapters (the module's docstring): ``phalanx experiment lora``."""
+class Lora(GridStudy[Preset, Cell, Final]):
+    """The price of robustness for LoRA adapters (the module's docstring) as a study on the template: ``phalanx
+    experiment lora``. Its plan is the template's (each run validated once) after the run keys the grid sets itself
+    are refused (:func:`check_overrides`)."""
 
     name = "lora"
     help = ("The price of robustness for LoRA adapters (Yang, Shi & Li, ICML 2025): accuracy with no attack, under a "
@@ -469,15 +480,19 @@ class Lora(ModuleStudy[Preset, Cell, Final]):
     preset_help = "quick (the embedded tiny BERT on the shipped sample, CPU, minutes) or gpu (BERT-base, CUDA)."
     set_example = "modes=['shared']"
 
-    functions = StudyFunctions(preset, plan, collect)
+    functions = GridFunctions(preset, cells, keys, final)
 
-    def report(
-        self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], out: Path, *, command: str,
-        wall_seconds: float | None, runs: int, overrides: dict[str, Any],
-    ) -> Report:
+    def plan(self, p: Preset, overrides: dict[str, Any]) -> tuple[list[Cell], list[ValidRun]]:
+        check_overrides(overrides)
+        return super().plan(p, overrides)
+
+    def document(
+        self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], *, command: str,
+        wall_seconds: float | None, runs: int,
+    ) -> Document:
         cs = comparisons(collected, p)
-        text = report_markdown(collected, cs, p, command=command, wall_seconds=wall_seconds, runs=runs)
-        files = write_report_files(out, text, runs_csv(collected), "lora.png", "accuracy and backdoor per mode",
-                                   lambda path: plot(collected, p, path))
-        return Report(files, [accuracy_markdown(collected, p) + "\n\n" + robustness_markdown(cs, p) + "\n\n"
-                              + backdoor_markdown(collected, cs, p) + "\n\n" + readout(cs, p)])
+        return Document(report_markdown(collected, cs, p, command=command, wall_seconds=wall_seconds, runs=runs),
+                        runs_csv(collected), "lora.png", "accuracy and backdoor per mode",
+                        lambda path: plot(collected, p, path),
+                        [accuracy_markdown(collected, p) + "\n\n" + robustness_markdown(cs, p) + "\n\n"
+                         + backdoor_markdown(collected, cs, p) + "\n\n" + readout(cs, p)])
