@@ -5,6 +5,7 @@ message from the server), never on a sleep."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import ssl
@@ -107,22 +108,33 @@ def test_a_byzantine_worker_with_its_own_key_is_dropped_and_recorded(keys: Path,
     hold1, hold6 = tmp_path / "go1", tmp_path / "go6"
 
     def byzantine(port: int) -> None:
-        links = SealedWorkerLinks(load_identity(keys / "job", 3, 4), "127.0.0.1", port, digest, dim * 4, 4)
+        links = SealedWorkerLinks(load_identity(keys / "job", 3, 4), "127.0.0.1", port, digest, dim * 4 + 32, 4)
         links.init()
         links.ready()
-        v, _ = links.next_message(0)  # version 0: the server holds before version 1
-        links.send_vector(v, wire.tensor_bytes(zero))
-        links.send_vector(v, wire.tensor_bytes(zero))  # a second update for one version
-        links.send_vector(v + 50, wire.tensor_bytes(zero))  # a version not yet published
+        # A keyed worker signs SHA-256(θ it computed at) ‖ its update (async_server.THETA_DIGEST): rank 3 binds the
+        # θ it was sent, so that each bad update below is refused for its own fault, not for naming another θ.
+        thetas: dict[int, bytes] = {}
+        v, msg = links.next_message(0)  # version 0: the server holds before version 1
+        assert msg is not None
+        thetas[v] = hashlib.sha256(msg[1:]).digest()
+
+        def bound(version: int, row: bytes) -> bytes:
+            return thetas.get(version, bytes(32)) + row  # (a version never received: no θ to bind)
+
+        links.send_vector(v, bound(v, wire.tensor_bytes(zero)))
+        links.send_vector(v, bound(v, wire.tensor_bytes(zero)))  # a second update for one version
+        links.send_vector(v + 50, bound(v + 50, wire.tensor_bytes(zero)))  # a version not yet published
         first.set()
-        while v < 5:  # (waits on the server's messages; it holds before version 6)
-            v, _ = links.next_message(v + 1)
-        links.send_vector(5, wire.tensor_bytes(zero)[:-4])  # the wrong length
-        links.send_vector(4, wire.tensor_bytes(nan))
-        links.send_vector(0, wire.tensor_bytes(zero))  # beyond the bound (S = 2)
+        while v < 5:  # (waits on the server's messages, each version broadcast; it holds before version 6)
+            v, msg = links.next_message(v + 1)
+            assert msg is not None
+            thetas[v] = hashlib.sha256(msg[1:]).digest()
+        links.send_vector(5, bound(5, wire.tensor_bytes(zero)[:-4]))  # the wrong length
+        links.send_vector(4, bound(4, wire.tensor_bytes(nan)))
+        links.send_vector(0, bound(0, wire.tensor_bytes(zero)))  # beyond the bound (S = 2)
         try:
             for _ in range(30):
-                links.send_vector(5, wire.tensor_bytes(zero))  # the flood: one, then duplicates
+                links.send_vector(5, bound(5, wire.tensor_bytes(zero)))  # the flood: one, then duplicates
         except (ssl.SSLError, OSError):
             pass  # (closed by the server)
         done.set()
