@@ -40,7 +40,7 @@ from torch import Tensor
 from phalanx.errors import ConfigError
 from phalanx.training.algorithms.base import Run, register
 from phalanx.training.algorithms.fedbuff import FedBuff
-from phalanx.training.streams import generator
+from phalanx.training.algorithms.zenopp import server_samples
 from phalanx.validate import check_int, check_real
 
 
@@ -85,9 +85,7 @@ class AFLGuard(FedBuff):
     def trusted(self, run: Run) -> tuple[Tensor, Tensor]:
         """The server's trusted samples: ``trusted_size`` training samples drawn with the run's seed (its ``trusted``
         stream: no round stream is touched)."""
-        idx = torch.randperm(int(run.data.y.numel()), generator=generator(run.seed, "trusted"))
-        idx = idx[: self.trusted_size].to(run.data.y.device)
-        return run.data.x[idx][None], run.data.y[idx][None]
+        return server_samples(run, self.trusted_size, "trusted")
 
     def server_update(self, run: Run, theta: Tensor) -> Tensor:
         """g₀ = ∇f₀(θ) on the trusted samples."""

@@ -51,6 +51,15 @@ from phalanx.validate import check_int, check_real
 V, AT = "zeno_v", "zeno_at"
 
 
+def server_samples(run: Run, size: int, stream: str) -> tuple[Tensor, Tensor]:
+    """``size`` training samples the server holds as its own small data set, drawn once with the run's seed from the
+    named ``stream`` (no round stream is touched): Zeno++'s validation samples, AFLGuard's trusted ones; one batch,
+    shaped ``(1, size, …)``."""
+    idx = torch.randperm(int(run.data.y.numel()), generator=generator(run.seed, stream))
+    idx = idx[:size].to(run.data.y.device)
+    return run.data.x[idx][None], run.data.y[idx][None]
+
+
 def normalised(updates: Tensor, v: Tensor) -> Tensor:
     """g̃ = ‖v‖/‖g‖ · g per row (0 for a zero row; NaN rows stay non-finite)."""
     norms = torch.linalg.vector_norm(updates, dim=1, keepdim=True)
@@ -105,9 +114,7 @@ class ZenoPP(FedBuff):
     def validation(self, run: Run) -> tuple[Tensor, Tensor]:
         """The server's validation samples: ``validation_size`` training samples drawn with the run's seed (its
         ``validation`` stream: no round stream is touched)."""
-        idx = torch.randperm(int(run.data.y.numel()), generator=generator(run.seed, "validation"))
-        idx = idx[: self.validation_size].to(run.data.y.device)
-        return run.data.x[idx][None], run.data.y[idx][None]
+        return server_samples(run, self.validation_size, "validation")
 
     def gradient(self, run: Run, theta: Tensor) -> Tensor:
         """v = ∇f_r(θ) on the validation samples."""
