@@ -7,17 +7,14 @@ runs; a bad combination is refused in one line before anything is launched. Ever
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from safetensors import safe_open
-from tests.test_async_processes import ASYNC, last_row, launched
-from tests.test_distributed import run_dir, wait_for, write_toml
+from tests.test_async_processes import ASYNC, killed_while_holding, last_row, launched
+from tests.test_distributed import run_dir, write_toml
 
 from phalanx.distributed.async_filters import ProcessFilter
 from phalanx.distributed.async_server import Buffer
@@ -115,15 +112,7 @@ def test_a_resumed_filter_continues_from_the_checkpoints_state(tmp_path: Path) -
     init_keys(tmp_path / "keys", 5)
     data = {**FILTERED, "algorithm": "kardam", "algorithm_params": PARAMS["kardam"], "rounds": 20,
             "eval_every": 5, "checkpoint_every": 10, "keys": str(tmp_path / "keys")}
-    never = tmp_path / "never"
-
-    def kill_all(procs: list[subprocess.Popen[bytes]], errs: Path, port: int) -> None:
-        wait_for("holding round 12", errs, procs[0])
-        for p in procs:
-            os.kill(p.pid, signal.SIGKILL)
-            p.wait()
-
-    code, errs = launched(data, tmp_path, {"PHALANX_TEST_HOLD": f"12:{never}"}, script=kill_all)
+    code, errs = killed_while_holding(data, tmp_path, 12)
     assert code != 0, errs[-3000:]
     d = run_dir(tmp_path / "out")
     with safe_open(str(d / "checkpoint.safetensors"), framework="pt") as fh:

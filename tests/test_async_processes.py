@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -60,6 +62,20 @@ def launched(data: dict[str, Any], tmp: Path, env: dict[str, str], ranks: int | 
         code = supervised(procs, JOB_TIMEOUT_S, None if script is None else lambda: script(procs, errs, port))
     return code, errs.read_text()
 
+
+
+def killed_while_holding(data: dict[str, Any], tmp: Path, step: int) -> tuple[int, str]:
+    """Launch the job with rank 0 holding before ``step`` (a test hook, after the checkpoint it will resume from is
+    written) and SIGKILL every rank there — on the event, never on a sleep. Rank 0's exit status and the stderr."""
+    never = tmp / "never"
+
+    def kill_all(procs: list[subprocess.Popen[bytes]], errs: Path, port: int) -> None:
+        wait_for(f"holding round {step}", errs, procs[0])
+        for p in procs:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+
+    return launched(data, tmp, {"PHALANX_TEST_HOLD": f"{step}:{never}"}, script=kill_all)
 
 def test_a_slow_a_silent_and_a_crashed_worker_never_block_the_server(tmp_path: Path) -> None:
     """Ranks 1 … 5, K = 2: rank 2 sleeps 2 s before each of versions 1–3 (slow), rank 4 stops answering at version 2

@@ -5,15 +5,12 @@ with keys and without (docs/async.md "On real processes"). The kill is on an eve
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 from safetensors import safe_open
-from tests.test_async_processes import ASYNC, last_row, launched
-from tests.test_distributed import run_dir, wait_for
+from tests.test_async_processes import ASYNC, killed_while_holding, last_row, launched
+from tests.test_distributed import run_dir
 
 from phalanx.distributed.audit import audit
 from phalanx.distributed.keys import init_keys
@@ -32,15 +29,7 @@ def test_a_killed_async_run_resumes_from_its_checkpoint_and_finishes(keyed: bool
     if keyed:
         init_keys(tmp_path / "keys", 5)
         data["keys"] = str(tmp_path / "keys")
-    never = tmp_path / "never"
-
-    def kill_all(procs: list[subprocess.Popen[bytes]], errs: Path, port: int) -> None:
-        wait_for("holding round 12", errs, procs[0])
-        for p in procs:
-            os.kill(p.pid, signal.SIGKILL)
-            p.wait()
-
-    code, errs = launched(data, tmp_path, {"PHALANX_TEST_HOLD": f"12:{never}"}, script=kill_all)
+    code, errs = killed_while_holding(data, tmp_path, 12)
     assert code != 0, errs[-3000:]
     d = run_dir(tmp_path / "out")
     assert not (d / "DONE").exists()
