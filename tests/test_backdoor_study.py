@@ -93,8 +93,13 @@ def test_preset_errors_name_the_field(changes: dict[str, object], key: str) -> N
 
 
 def test_a_run_key_the_grid_sets_is_refused() -> None:
+    """By the template's ``check`` hook, in the plan and in one cell's run alike."""
+    p = backdoor.preset("quick")
     with pytest.raises(ConfigError) as exc:
-        backdoor.BackdoorDefences().plan(backdoor.preset("quick"), {"rounds": 5})
+        backdoor.BackdoorDefences().plan(p, {"rounds": 5})
+    assert exc.value.parameter == "rounds"
+    with pytest.raises(ConfigError) as exc:
+        backdoor.BackdoorDefences().run(p, backdoor.cells(p)[0], {"rounds": 5})
     assert exc.value.parameter == "rounds"
 
 

@@ -19,7 +19,6 @@ from phalanx import studies
 from phalanx.errors import ConfigError
 from phalanx.studies import raw
 from phalanx.studies.base import distinct
-from phalanx.studies.template import GridStudy
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
@@ -69,7 +68,10 @@ def test_keys_the_grid_sets_itself_are_refused_as_run_overrides() -> None:
         lora.config_for(p, lora.Cell("shared", "mean", "none", 0), {"attack": "alie"}, trigger=[207])
     with pytest.raises(ConfigError, match="preset's fields"):
         lora.Lora().plan(p, {"seed": 5})
-    cells, runs = GridStudy.plan(lora.Lora(), p, {"seed": 5})  # the mutant: the template's plan unchecked
+    class Unchecked(lora.Lora):  # the mutant: the study without its check hook
+        functions = dataclasses.replace(lora.Lora.functions, check=None)
+
+    cells, runs = Unchecked().plan(p, {"seed": 5})
     assert {r.cfg.seed for r in runs} == {5} and len(distinct(runs)) == len(cells) // 2
 
 

@@ -571,12 +571,8 @@ class BackdoorDefences(GridStudy[Preset, Cell, Final]):
     preset_help = "quick (digits, CPU, minutes) or full (Fashion-MNIST, every defence and attack)."
     set_example = "alphas=[0.5]"
 
-    functions = GridFunctions(preset, cells, keys, final)
+    functions = GridFunctions(preset, cells, keys, final, check=check_overrides)
     raw_value = Final
-
-    def plan(self, p: Preset, overrides: dict[str, Any]) -> tuple[list[Cell], list[ValidRun]]:
-        check_overrides(overrides)
-        return super().plan(p, overrides)
 
     def document(
         self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], *, command: str,

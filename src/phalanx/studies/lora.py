@@ -464,8 +464,8 @@ def report_markdown(finals: dict[Cell, Final], cs: list[Comparison], p: Preset, 
 @register
 class Lora(GridStudy[Preset, Cell, Final]):
     """The price of robustness for LoRA adapters (the module's docstring) as a study on the template: ``phalanx
-    experiment lora``. Its plan is the template's (each run validated once) after the run keys the grid sets itself
-    are refused (:func:`check_overrides`)."""
+    experiment lora``. Its plan is the template's (each run validated once), the run keys the grid sets itself
+    refused by its ``check`` (:func:`check_overrides`)."""
 
     name = "lora"
     help = ("The price of robustness for LoRA adapters (Yang, Shi & Li, ICML 2025): accuracy with no attack, under a "
@@ -480,11 +480,7 @@ class Lora(GridStudy[Preset, Cell, Final]):
     preset_help = "quick (the embedded tiny BERT on the shipped sample, CPU, minutes) or gpu (BERT-base, CUDA)."
     set_example = "modes=['shared']"
 
-    functions = GridFunctions(preset, cells, keys, final)
-
-    def plan(self, p: Preset, overrides: dict[str, Any]) -> tuple[list[Cell], list[ValidRun]]:
-        check_overrides(overrides)
-        return super().plan(p, overrides)
+    functions = GridFunctions(preset, cells, keys, final, check=check_overrides)
 
     def document(
         self, p: Preset, cells: list[Cell], collected: dict[Cell, Final], *, command: str,

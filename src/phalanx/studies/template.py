@@ -42,12 +42,14 @@ class GridFunctions:
     cell, not validated: the template applies the command line's run keys and validates once) and
     ``final(cell, run, rows)`` (what the cell's ended run, whose metric rows are ``rows``, ended with; None: the
     study's :meth:`GridStudy.collect` reads its runs itself — the async study times its sync cells with what all its
-    runs name)."""
+    runs name); ``check(overrides)`` refuses, before any run is validated, the command line's run keys the grid
+    sets itself (a ``ConfigError``; None: every run key may be set)."""
 
     preset: Callable[..., Any]
     cells: Callable[[Any], list[Any]]
     keys: Callable[[Any, Any], dict[str, Any]]
     final: Callable[[Any, ValidRun, list[dict[str, Any]]], Any] | None = None
+    check: Callable[[dict[str, Any]], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -75,9 +77,11 @@ class GridStudy(Study[P, C, V]):
         return cast(P, self.functions.preset(name, **changes))
 
     def run(self, preset: P, cell: C, overrides: dict[str, Any] | None = None) -> ValidRun:
-        """One cell's run: its keys with ``overrides`` (run keys) over them, validated once."""
+        """One cell's run: its keys with ``overrides`` (run keys; those the grid sets itself refused by
+        :attr:`GridFunctions.check`) over them, validated once."""
         from phalanx.experiments.config import validate
 
+        self._check(overrides or {})
         return validate({**self.functions.keys(preset, cell), **(overrides or {})})
 
     def plan(self, preset: P, overrides: dict[str, Any]) -> tuple[list[C], list[ValidRun]]:
@@ -87,6 +91,7 @@ class GridStudy(Study[P, C, V]):
 
         from phalanx.experiments.config import validate
 
+        self._check(overrides)
         cells = self.functions.cells(preset)
         made: dict[str, ValidRun] = {}
         runs = []
@@ -97,6 +102,10 @@ class GridStudy(Study[P, C, V]):
                 made[key] = validate(data)
             runs.append(made[key])
         return cells, runs
+
+    def _check(self, overrides: dict[str, Any]) -> None:
+        if self.functions.check is not None:
+            self.functions.check(overrides)
 
     def collect(self, cells: list[C], configs: list[ValidRun], runs_dir: Path) -> dict[C, V]:
         """``final`` of every cell's ended run under ``runs_dir``."""
