@@ -76,7 +76,7 @@ def test_the_check_catches_an_eager_import_of_torch(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("module", "old", "new", "args"), [
-    ("catalogue.py", "import sys\n", "import sys\n\nimport torch  # noqa: F401\n", ["list", "datasets"]),
+    ("catalogue/__init__.py", "import sys\n", "import sys\n\nimport torch  # noqa: F401\n", ["list", "datasets"]),
     ("cli/listing.py", "    names = catalogue.names(catalogue.DATASETS, catalogue.DATASET_GROUP)",
      "    from phalanx import data\n\n    names = data.names()", ["list", "datasets"]),
     ("cli/studies.py", "        if self._help_only and study in catalogue.STUDIES:", "        if False:",
