@@ -19,8 +19,8 @@ import time
 
 COMMANDS: tuple[tuple[str, ...], ...] = (
     ("--help",), ("--version",), ("list", "--help"), ("run", "--help"), ("sweep", "--help"),
-    ("list", "datasets"), ("list", "models"), ("list", "aggregators"), ("tension", "--help"), ("experiment", "--help"),
-    ("status", "/nonexistent-phalanx-dir"),
+    ("list", "datasets"), ("list", "models"), ("list", "aggregators"), ("list", "attacks"), ("list", "algorithms"),
+    ("list", "stages"), ("tension", "--help"), ("experiment", "--help"), ("status", "/nonexistent-phalanx-dir"),
 )
 """What is timed: the help pages (the study groups' too), the listings, and a command that fails on its argument
 before any work."""

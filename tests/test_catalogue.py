@@ -9,11 +9,19 @@ kind, requirement and reference and its ε and κ at every (n, f) with n ≤ 24,
 mutants (a κ that ignores f, a stale reference, a requirement of another default, a target naming another class, a
 missing or an extra name, an edited help text) that it must report. The listings themselves are compared as printed,
 in every format, from the catalogue and from the registries' classes.
+
+``list attacks | algorithms | stages`` read :mod:`phalanx.catalogue.rounds` alike: each declared entry's target and
+cells (an attack's kind, section and reference; an algorithm's configuration, section and reference; a stage's side,
+what turns it on, its parameters and reference) are checked against the cells the registries' classes give
+(:func:`phalanx.cli.listing.attack_rows`, ``algorithm_rows``, ``stage_rows``), names both ways, with mutants of each
+field.
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -21,10 +29,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from phalanx import aggregators, catalogue, cli, data, models, studies
+from phalanx import aggregators, attacks, catalogue, cli, data, models, studies
+from phalanx.catalogue import rounds
 from phalanx.cli import listing
-from phalanx.decentralized import robust_gossip
+from phalanx.decentralized import gossip_attacks, robust_gossip
 from phalanx.plugins import import_spec
+from phalanx.training.algorithms import base, builtin
+from phalanx.training.stages import registry as stage_registry
 
 GRID = [(n, f) for n in range(1, 25) for f in range((n + 1) // 2)] + [
     (n, f) for n in (49, 100, 1001, 10**6) for f in (0, 1, n // 4, (n - 1) // 2)]
@@ -84,6 +95,66 @@ def study_mismatches(declared: Mapping[str, Any]) -> list[str]:
     return out
 
 
+Fields = tuple[str, ...]
+
+
+def row_mismatches(declared: Mapping[str, tuple[str, Fields]], rows: list[tuple[list[str], str]],
+                   get_class: Callable[[str], type]) -> list[str]:
+    """Every difference between ``declared`` (name → its target and its cells after the name, the reference last)
+    and a listing's ``rows`` as the registries' classes give them: names both ways (Phalanx's own classes; a test's
+    in-process registration left out), each target, each cell."""
+    listed = {}
+    for cells, reference in rows:
+        cls = get_class(cells[0])
+        if cls.__module__.startswith("phalanx."):
+            listed[cells[0]] = (cls, (*cells[1:], reference))
+    out = ([f"{n}: declared, not registered" for n in sorted(set(declared) - set(listed))]
+           + [f"{n}: registered, not declared" for n in sorted(set(listed) - set(declared))])
+    for name in sorted(set(declared) & set(listed)):
+        (target, got), (cls, want) = declared[name], listed[name]
+        if import_spec(target, "target") is not cls:
+            out.append(f"{name}: target {target} is not {cls.__module__}:{cls.__qualname__}")
+        if got != want:
+            out.append(f"{name}: declared {got}, the class gives {want}")
+    return out
+
+
+def _section(lines: tuple[str, ...]) -> str:
+    return "\n".join(lines) or rounds.NO_SECTION
+
+
+def _attack_class(name: str) -> type:
+    return gossip_attacks.get_class(name) if name in gossip_attacks.names() else attacks.get_class(name)
+
+
+def attack_mismatches(declared: Mapping[str, Any] = rounds.ATTACKS,
+                      gossip: Mapping[str, Any] = rounds.GOSSIP_ATTACKS) -> list[str]:
+    """The declared attacks and gossip attacks against ``list attacks``' rows from the registries."""
+    cells = {name: (a.target, (a.kind, _section(a.section), a.reference)) for name, a in declared.items()}
+    cells |= {name: (g.target, (rounds.GOSSIP_ATTACK_KIND, rounds.NO_SECTION, g.reference))
+              for name, g in gossip.items()}
+    return row_mismatches(cells, listing.attack_rows(), _attack_class)
+
+
+def algorithm_mismatches(declared: Mapping[str, Any] = rounds.ALGORITHMS) -> list[str]:
+    """The declared round algorithms against ``list algorithms``' rows from the registry."""
+    cells = {name: (a.target, (a.configured_by, _section(a.section), a.reference)) for name, a in declared.items()}
+    return row_mismatches(cells, listing.algorithm_rows(), builtin.algorithm_class)
+
+
+def stage_mismatches(declared: Mapping[str, Any] = rounds.STAGES) -> list[str]:
+    """The declared stages against ``list stages``' rows from the registry."""
+    cells = {name: (s.target, (s.side, s.turned_on_by, _section(s.section), s.reference))
+             for name, s in declared.items()}
+    return row_mismatches(cells, listing.stage_rows(), stage_registry.get)
+
+
+def test_the_declared_attacks_algorithms_and_stages_are_the_registries() -> None:
+    assert not attack_mismatches()
+    assert not algorithm_mismatches()
+    assert not stage_mismatches()
+
+
 def test_the_declared_data_sets_and_models_are_the_registries() -> None:
     assert not name_mismatches(catalogue.DATASETS, data.loaders._REGISTRY.registered())
     assert not name_mismatches(catalogue.MODELS, models.registry._REGISTRY.registered())
@@ -126,6 +197,37 @@ MUTANTS: list[tuple[str, Callable[[], list[str]]]] = [
     ("an edited help text", lambda: study_mismatches(
         _edit(catalogue.STUDIES, "hbn", help=catalogue.STUDIES["hbn"].help + " "))),
     ("a study left out", lambda: study_mismatches(_without(catalogue.STUDIES, "lora"))),
+    ("an attack of another kind", lambda: attack_mismatches(
+        _edit(rounds.ATTACKS, "labelflip", kind="vector: sends rows"))),
+    ("an attack's stale default", lambda: attack_mismatches(
+        _edit(rounds.ATTACKS, "alie", section=("z: float | None = 1.0 (attack_params.z)",)))),
+    ("an attack's parameter left out", lambda: attack_mismatches(
+        _edit(rounds.ATTACKS, "backdoor", section=rounds.ATTACKS["backdoor"].section[:-1]))),
+    ("an attack's stale reference", lambda: attack_mismatches(_edit(rounds.ATTACKS, "fang", reference="Fang et al."))),
+    ("an attack's target naming another class", lambda: attack_mismatches(
+        _edit(rounds.ATTACKS, "minsum", target="phalanx.attacks.minmax:MinMax"))),
+    ("an attack left out", lambda: attack_mismatches(_without(rounds.ATTACKS, "signflip"))),
+    ("an attack that is not there", lambda: attack_mismatches({**rounds.ATTACKS, "alie2": rounds.ATTACKS["alie"]})),
+    ("a gossip attack's stale reference", lambda: attack_mismatches(
+        gossip=_edit(rounds.GOSSIP_ATTACKS, "spectral", reference="Gaucher et al."))),
+    ("a gossip attack left out", lambda: attack_mismatches(gossip=_without(rounds.GOSSIP_ATTACKS, "dissensus"))),
+    ("an algorithm configured another way", lambda: algorithm_mismatches(
+        _edit(rounds.ALGORITHMS, "scaffold", configured_by="its config keys"))),
+    ("an algorithm's stale default", lambda: algorithm_mismatches(_edit(rounds.ALGORITHMS, "dsgd", section=tuple(
+        line.replace("0.9", "0.0") for line in rounds.ALGORITHMS["dsgd"].section)))),
+    ("an algorithm's stale description", lambda: algorithm_mismatches(
+        _edit(rounds.ALGORITHMS, "fedavg", reference="Federated averaging."))),
+    ("an algorithm left out", lambda: algorithm_mismatches(_without(rounds.ALGORITHMS, "kardam"))),
+    ("an algorithm that is not there", lambda: algorithm_mismatches(
+        {**rounds.ALGORITHMS, "fedprox": rounds.ALGORITHMS["fedavg"]})),
+    ("a stage on the other side", lambda: stage_mismatches(_edit(rounds.STAGES, "dp", side="server"))),
+    ("a stage turned on by another key", lambda: stage_mismatches(
+        _edit(rounds.STAGES, "crfl", turned_on_by="stages.crfl (a TOML table)"))),
+    ("a stage's parameter left out", lambda: stage_mismatches(
+        _edit(rounds.STAGES, "adaptive_clip", section=rounds.STAGES["adaptive_clip"].section[:1]))),
+    ("a stage's target naming another class", lambda: stage_mismatches(
+        _edit(rounds.STAGES, "dp", target="phalanx.training.stages.crfl:CRFL"))),
+    ("a stage left out", lambda: stage_mismatches(_without(rounds.STAGES, "lora_residual"))),
 ]
 
 
@@ -160,3 +262,55 @@ def test_a_name_beyond_the_table_makes_the_listing_ask_the_registry(monkeypatch:
     monkeypatch.setitem(data.loaders._REGISTRY._entries, "zz-data", lambda root, download: None)
     assert catalogue.names(catalogue.DATASETS, catalogue.DATASET_GROUP) == data.names()
     assert "zz-data" in data.names()
+
+
+ROUND_LISTINGS = {"attacks": "attack_rows", "algorithms": "algorithm_rows", "stages": "stage_rows"}
+
+
+def _phalanx_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registries as a fresh process has them: entries registered by other tests of this process (a user's
+    algorithm in tests/test_sections.py) set aside for this test."""
+    for reg in (attacks.registry._REGISTRY, gossip_attacks._REGISTRY, base._REGISTRY, stage_registry._REGISTRY):
+        monkeypatch.setattr(reg, "_entries", {k: v for k, v in reg._entries.items()
+                                              if getattr(v, "__module__", "").startswith("phalanx.")})
+
+
+@pytest.mark.parametrize("what", list(ROUND_LISTINGS))
+@pytest.mark.parametrize("fmt", ["table", "markdown", "csv", "json"])
+def test_list_attacks_algorithms_stages_print_the_same_from_the_catalogue_as_from_the_classes(
+        monkeypatch: pytest.MonkeyPatch, what: str, fmt: str) -> None:
+    """``list attacks``, ``list algorithms`` and ``list stages`` as printed — every cell, the numbered references,
+    the notes — from the declared rows and from the registries' classes (the path a plug-in takes)."""
+    _phalanx_only(monkeypatch)
+    stage_registry.names()  # the stages found (their modules imported) before the catalogue is asked
+    assert getattr(rounds, ROUND_LISTINGS[what])() is not None  # the declared rows are the ones printed first
+    command, env = ["list", what, "--format", fmt], {"COLUMNS": "100"}
+    declared = CliRunner().invoke(cli.app, command, env=env)
+    monkeypatch.setattr(listing.rounds, ROUND_LISTINGS[what], lambda: None)
+    built = CliRunner().invoke(cli.app, command, env=env)
+    assert declared.exit_code == built.exit_code == 0, declared.output + built.output
+    assert declared.output == built.output
+    if fmt == "json":  # the built path did take the classes' rows: as many as the tables declare
+        tables = {"attacks": (rounds.ATTACKS, rounds.GOSSIP_ATTACKS), "algorithms": (rounds.ALGORITHMS,),
+                  "stages": (rounds.STAGES,)}[what]
+        assert len(json.loads(built.output)["rows"]) == sum(map(len, tables))
+
+
+def test_an_attack_or_stage_beyond_the_table_makes_the_listing_ask_the_registry(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attack, gossip attack, algorithm or stage registered in this process (as a plug-in's entry point would
+    be) is a name the tables do not hold: the declared rows are not used, and the listing shows it."""
+    _phalanx_only(monkeypatch)
+    stage_registry.names()
+    cases = [(attacks.registry._REGISTRY, "zz-attack", attacks.get_class("alie"), "attacks"),
+             (gossip_attacks._REGISTRY, "zz-gossip", gossip_attacks.get_class("spectral"), "attacks"),
+             (base._REGISTRY, "zz-algorithm", builtin.algorithm_class("fedbuff"), "algorithms"),
+             (stage_registry._REGISTRY, "zz-stage", stage_registry.get("adaptive_clip"), "stages")]
+    for reg, name, cls, what in cases:
+        assert getattr(rounds, ROUND_LISTINGS[what])() is not None
+        monkeypatch.setitem(reg._entries, name, cls)
+        assert getattr(rounds, ROUND_LISTINGS[what])() is None
+        out = CliRunner().invoke(cli.app, ["list", what, "--format", "csv"]).output
+        listed = [row[0] for row in csv.reader(io.StringIO(out))][1:]
+        assert name in listed and {"attacks": "alie", "algorithms": "dsgd", "stages": "dp"}[what] in listed
+        monkeypatch.delitem(reg._entries, name)

@@ -1,17 +1,20 @@
 """Start-up of the command line: the commands that compute nothing import no torch (issue 37 item 5).
 
 Importing torch is most of a command's start-up (``benchmarks/startup.py``, docs/benchmarks.md "Start-up"), so the
-help pages, ``--version``, a wrong directory given to ``status`` / ``report``, the listings of data sets, models and
-aggregators and the study groups' help pages (``tension --help``, ``experiment --help``; read from the torch-free
-:mod:`phalanx.catalogue`) must answer without it. Each case runs the command in a fresh interpreter and reads
-``sys.modules`` when it ends; the mutants (an eager ``import torch`` in a command module, as ``phalanx.cli.analysis``
-had; in the catalogue; a listing that asks the registry again) must fail the same check. Installed plug-ins are still
-listed: by name, without loading them, for data sets and models; ``list aggregators`` and a plug-in study's line in
-``experiment --help`` need the plug-in's class, and load it (and torch) then.
+help pages, ``--version``, a wrong directory given to ``status`` / ``report``, the listings of data sets, models,
+aggregators, attacks, round algorithms and stages and the study groups' help pages (``tension --help``,
+``experiment --help``; read from the torch-free :mod:`phalanx.catalogue`) must answer without it. Each case runs the
+command in a fresh interpreter and reads ``sys.modules`` when it ends; the mutants (an eager ``import torch`` in a
+command module, as ``phalanx.cli.analysis`` had; in the catalogue; a listing that asks the registry again) must fail
+the same check. Installed plug-ins are still listed: by name, without loading them, for data sets and models;
+``list aggregators``, ``list attacks``, ``list algorithms`` and a plug-in study's line in ``experiment --help`` need
+the plug-in's class, and load it (and torch) then.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import shutil
@@ -26,7 +29,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LIGHT = (["--help"], ["--version"], ["list", "--help"], ["run", "--help"], ["sweep", "--help"], ["keys", "--help"],
          ["launch", "--help"], ["status", "/nonexistent-phalanx-dir"], ["report", "/nonexistent-phalanx-dir"],
          ["list", "datasets"], ["list", "models"], ["list", "aggregators"],
-         ["list", "aggregators", "-n", "7", "-f", "3", "--format", "json"],
+         ["list", "aggregators", "-n", "7", "-f", "3", "--format", "json"], ["list", "attacks"], ["list", "algorithms"],
+         ["list", "stages"], ["list", "stages", "--format", "csv"],
          ["tension", "--help"], ["experiment", "--help"], ["tension"], ["experiment"])
 """Commands that compute nothing: none may import torch."""
 
@@ -76,18 +80,24 @@ def test_the_check_catches_an_eager_import_of_torch(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("module", "old", "new", "args"), [
-    ("catalogue.py", "import sys\n", "import sys\n\nimport torch  # noqa: F401\n", ["list", "datasets"]),
+    ("catalogue/__init__.py", "import sys\n", "import sys\n\nimport torch  # noqa: F401\n", ["list", "datasets"]),
     ("cli/listing.py", "    names = catalogue.names(catalogue.DATASETS, catalogue.DATASET_GROUP)",
      "    from phalanx import data\n\n    names = data.names()", ["list", "datasets"]),
     ("cli/studies.py", "        if self._help_only and study in catalogue.STUDIES:", "        if False:",
      ["experiment", "--help"]),
-], ids=["torch-in-the-catalogue", "listing-asks-the-registry", "help-builds-each-study"])
+    ("catalogue/rounds.py", "from dataclasses import dataclass\n",
+     "from dataclasses import dataclass\n\nimport torch  # noqa: F401\n", ["list", "stages"]),
+    ("cli/listing.py", "    declared = rounds.attack_rows()", "    declared = None", ["list", "attacks"]),
+    ("cli/listing.py", "    declared = rounds.algorithm_rows()", "    declared = None", ["list", "algorithms"]),
+], ids=["torch-in-the-catalogue", "listing-asks-the-registry", "help-builds-each-study",
+        "torch-in-the-rounds-catalogue", "attacks-ask-the-registry", "algorithms-ask-the-registry"])
 def test_the_check_catches_a_listing_or_help_page_that_imports_torch(tmp_path: Path, module: str, old: str, new: str,
                                                                     args: list[str]) -> None:
     """Mutants of the torch-free listings and help pages, each in a copy of the package: the catalogue importing
     torch at its top; ``list datasets`` asking the data registry (which imports torch) as before issue 37; the
-    study groups' help building each study's command (importing its module). Each loads torch, and the check sees
-    it."""
+    study groups' help building each study's command (importing its module); the catalogue of attacks, algorithms
+    and stages importing torch at its top (``list stages``); ``list attacks`` and ``list algorithms`` asking their
+    registries again. Each loads torch, and the check sees it."""
     shutil.copytree(SRC / "phalanx", tmp_path / "phalanx", ignore=shutil.ignore_patterns("__pycache__"))
     target = tmp_path / "phalanx" / module
     text = target.read_text(encoding="utf-8")
@@ -112,3 +122,10 @@ def test_installed_plug_ins_are_still_listed(tmp_path: Path) -> None:
     assert "cwtm" in out and "clipped_gossip" in out  # the built-ins, as before
     loaded, out = _run(["experiment", "--help"], extra=(site, PLUGINS))
     assert " momentum " in out and " tension " in out
+    for args, name, builtin in ((["list", "attacks", "--format", "csv"], "shift", "alie"),
+                                (["list", "algorithms", "--format", "csv"], "full-gd", "dsgd")):
+        loaded, out = _run(args, extra=(site, PLUGINS))
+        listed = [row[0] for row in csv.reader(io.StringIO(out)) if row]
+        assert name in listed and builtin in listed, (args, out[-500:])
+    loaded, out = _run(["list", "stages", "--format", "csv"], extra=(site, PLUGINS))  # no plug-in stage: torch-free
+    assert "torch" not in loaded and "update_clip" in out

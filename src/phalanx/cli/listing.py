@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from phalanx import catalogue
+from phalanx.catalogue import rounds
 from phalanx.cli.common import _fmt, _references, console, list_app
 from phalanx.cli.output import FormatOption, Tabular, check_format, emit
 from phalanx.errors import ConfigError, PhalanxError
@@ -63,12 +64,21 @@ def _built_rows(workers: int, f: int) -> list[tuple[list[str], str]]:
 def list_attacks(fmt: FormatOption = "table") -> None:
     """Attacks with their kind, their config section (the constructor's parameters, each set by
     ``attack_params.<p>``) and their reference."""
-    from phalanx import attacks
-    from phalanx.attacks.base import DataAttack
-    from phalanx.experiments.sections import attack_section
-
     fmt = check_format(fmt)
     table = Tabular("Phalanx attacks", ("name", "kind", "section: its parameters", "ref."), whole=("name",))
+    declared = rounds.attack_rows()  # torch-free: the declared built-ins (None: a plug-in is installed)
+    _references(table, attack_rows() if declared is None else declared, fmt)
+    emit(table, fmt, console)
+
+
+def attack_rows() -> list[tuple[list[str], str]]:
+    """``list attacks``' rows from the registries' classes (torch imported): the built-ins, which
+    :func:`phalanx.catalogue.rounds.attack_rows` declares alike, and installed plug-ins, which only their classes
+    describe. Each row: (name, kind, section), reference."""
+    from phalanx import attacks
+    from phalanx.attacks.base import DataAttack
+    from phalanx.decentralized import gossip_attacks
+    from phalanx.experiments.sections import attack_section
 
     def kind(cls: type) -> str:
         if getattr(cls, "baseline", False):  # honest, none: no attack at all
@@ -81,12 +91,9 @@ def list_attacks(fmt: FormatOption = "table") -> None:
 
     rows = [([name, kind(attacks.get_class(name)), section(name)], attacks.get_class(name).reference)
             for name in attacks.names()]
-    from phalanx.decentralized import gossip_attacks
-
-    rows += [([name, "vector, over a graph (gossip, anytime)", "—"], gossip_attacks.get_class(name).reference)
+    rows += [([name, rounds.GOSSIP_ATTACK_KIND, "—"], gossip_attacks.get_class(name).reference)
              for name in gossip_attacks.names()]
-    _references(table, rows, fmt)
-    emit(table, fmt, console)
+    return rows
 
 
 @list_app.command("algorithms")
@@ -94,12 +101,20 @@ def list_algorithms(fmt: FormatOption = "table") -> None:
     """The round algorithms a config's ``algorithm`` names: how each is configured, its config section (its
     constructor's parameters, each with its type, default and the key that sets it) and what it is (its reference
     where it declares one, else its docstring's first line)."""
-    from phalanx.experiments.sections import algorithm_section
-    from phalanx.training.algorithms import base, builtin
-
     fmt = check_format(fmt)
     table = Tabular("Phalanx round algorithms", ("name", "configured by", "section: its parameters", "ref."),
                     whole=("name",))
+    declared = rounds.algorithm_rows()  # torch-free, as attacks
+    _references(table, algorithm_rows() if declared is None else declared, fmt)
+    emit(table, fmt, console)
+
+
+def algorithm_rows() -> list[tuple[list[str], str]]:
+    """``list algorithms``' rows from the registry's classes (torch imported), as :func:`attack_rows`: (name,
+    configured by, section), reference."""
+    from phalanx.experiments.sections import algorithm_section
+    from phalanx.training.algorithms import base, builtin
+
     rows = []
     for name in base.names():
         cls = builtin.algorithm_class(name)
@@ -107,28 +122,34 @@ def list_algorithms(fmt: FormatOption = "table") -> None:
         section = "\n".join(p.text() for p in algorithm_section(name)) or "—"
         doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
         rows.append(([name, how, section], str(getattr(cls, "reference", "") or doc or "—")))
-    _references(table, rows, fmt)
-    emit(table, fmt, console)
+    return rows
 
 
 @list_app.command("stages")
 def list_stages(fmt: FormatOption = "table") -> None:
     """The round's stages (docs/design.md, 'Stages'): each with its side, how a config turns it on, its config
     section (its parameters) and its reference."""
-    from phalanx.experiments import legacy
-    from phalanx.training.stages import registry
-
     fmt = check_format(fmt)
     table = Tabular("Phalanx stages", ("name", "side", "turned on by", "section: its parameters", "ref."),
                     whole=("name",))
+    declared = rounds.stage_rows()  # torch-free, as attacks
+    _references(table, stage_rows() if declared is None else declared, fmt)
+    emit(table, fmt, console)
+
+
+def stage_rows() -> list[tuple[list[str], str]]:
+    """``list stages``' rows from the registry's classes (torch imported), as :func:`attack_rows`: (name, side,
+    turned on by, section), reference."""
+    from phalanx.experiments import legacy
+    from phalanx.training.stages import registry
+
     rows = []
     for name in registry.names():
         cls = registry.get(name)
         on = cls.brought_by or legacy.FLAT_STAGES.get(name) or f"{legacy.TREE}.{name} (a TOML table)"
         section = "\n".join(f"{p}: {text}" for p, text in cls.parameters.items()) or "—"
         rows.append(([name, cls.side, on, section], cls.reference or "—"))
-    _references(table, rows, fmt)
-    emit(table, fmt, console)
+    return rows
 
 
 @list_app.command("datasets")

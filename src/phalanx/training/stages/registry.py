@@ -1,7 +1,8 @@
 """The stages by name: every module of this package (found by itself — a new stage is one file here, with no list
 to extend), a stage registered in this process (:func:`register`), a ``module:attr`` spec, or an installed package's
 ``phalanx.stages`` entry point (:class:`phalanx.plugins.Registry`) — and :func:`build`, a stage from its config
-section, checked against the run.
+section, checked against the run. A stage shipped in this package also has its ``phalanx list stages`` cells in
+:mod:`phalanx.catalogue.rounds` (read without torch); ``tests/test_catalogue.py`` names a missing or stale one.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """What Phalanx provides, declared without importing torch: the built-in data sets, models, aggregation rules,
-robust gossip rules and studies, each with what the command line shows of it (issue 37: ``phalanx list …``,
+robust gossip rules and studies — and, in :mod:`phalanx.catalogue.rounds`, the attacks, round algorithms and
+stages — each with what the command line shows of it (issue 37: ``phalanx list …``,
 ``phalanx tension --help`` and ``phalanx experiment --help`` answer without torch, whose import is most of a
 command's start-up; ``benchmarks/startup.py``).
 
