@@ -23,13 +23,13 @@ A range is a closed or open bound on each side (``ge``/``gt``, ``le``/``lt``): t
 from __future__ import annotations
 
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from phalanx.errors import ConfigError
 
-__all__ = ["Key", "Section", "bind", "check"]
+__all__ = ["Key", "Section", "Tables", "bind", "check"]
 
 _MISSING = object()
 
@@ -137,6 +137,26 @@ class Section:
     def with_key(self, key: Key) -> Section:
         """This section with one more key (a plug-in's or a test's: the same declaration, one key longer)."""
         return Section(self.name, (*self.keys, key), self.doc)
+
+
+class Tables(Mapping[str, dict[str, str]]):
+    """Section name → its table (section key → flat key), read from ``declared()`` (the sections) at every
+    look-up: a declaration replaced (a plug-in's, a test's) is the one read, and there is no second list."""
+
+    def __init__(self, declared: Callable[[], Iterable[Section]]) -> None:
+        self._declared = declared
+
+    def _sections(self) -> dict[str, Section]:
+        return {s.name: s for s in self._declared()}
+
+    def __getitem__(self, section: str) -> dict[str, str]:
+        return self._sections()[section].table()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sections())
+
+    def __len__(self) -> int:
+        return len(self._sections())
 
 
 def bind(fields: Mapping[str, Any], sections: Iterable[Section]) -> None:

@@ -30,7 +30,7 @@ one's own's client keys in ``algorithm_params``: the same run id) — tested on 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from phalanx import attacks
@@ -45,31 +45,13 @@ from phalanx.validate import suggest
 __all__ = ["SECTIONS", "TABLE", "algorithm_keys", "flat_override", "is_tree", "lr_homes", "owners", "read",
            "section_keys", "to_flat", "to_tree"]
 
-class _Table(Mapping[str, dict[str, str]]):
-    """The declared keys of each section that no constructor declares — section key → the flat key it is — read
-    from the sections' declarations (:func:`phalanx.experiments.specs.declared`) at every look-up: a declaration
-    is the one list (a key added to it is a key of the tree, of ``phalanx list sections`` and of the errors)."""
-
-    def __getitem__(self, section: str) -> dict[str, str]:
-        return _declared()[section].table()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(_declared())
-
-    def __len__(self) -> int:
-        return len(_declared())
-
-
-def _declared() -> dict[str, declare.Section]:
-    return {s.name: s for s in specs.declared()}
-
-
-TABLE: Mapping[str, dict[str, str]] = _Table()
+TABLE: Mapping[str, dict[str, str]] = declare.Tables(specs.declared)
 """The declared keys of each section that no constructor declares: section key → the flat key it is (derived from
-the declarations, :class:`_Table`). ``params`` is the component's whole parameter table (``[data.params]``); a
-section's other keys are its component's parameters where it has a constructor (``[algorithm]``, ``[attack]``) or
-takes any (``[model]``: the builder's, ``[server.optimizer]``: the optimizer's; each refused, naming its flat key,
-by the component's own check)."""
+the declarations at every look-up, :class:`~phalanx.experiments.declare.Tables`). ``params`` is the component's
+whole parameter table (``[data.params]``); a section's other keys are its component's parameters where it has a
+constructor (``[algorithm]``, ``[attack]``) or takes any (``[model]``: the builder's, ``[server.optimizer]``: the
+optimizer's); each such key's name is checked once, by the component as it is built (:func:`_component_checks`),
+and its refusal names the key as written."""
 SECTIONS = ("run", "algorithm", "rule", "attack", "server.optimizer", "stages", "data", "model", "engine")
 """The sections, in the order :func:`to_tree` writes them."""
 HEADS = frozenset(s.split(".")[0] for s in SECTIONS)
@@ -413,12 +395,20 @@ def _put(made: dict[str, Any], spelled: dict[str, str], section: str, key: str, 
             value = _with_pre(value, pre)
         _merge(made, spelled, flat, value, where)
         return
-    if anything or section in OPEN:
+    if anything or section in OPEN or _component_checks(section, context):
         params = {"algorithm": "algorithm_params", "attack": "attack_params", **OPEN}.get(section)
         if params is not None and _owner_of(key) in (None, section):
             _merge(made, spelled, f"{params}.{key}", value, where)
             return
     raise _refuse(section, key, value, [*(keys or {}), *(["pre"] if section == "rule" else [])])
+
+
+def _component_checks(section: str, context: dict[str, Any]) -> bool:
+    """Whether a key ``section`` does not declare is its component's parameter, whose name the component checks
+    once, as it is built (``[attack]``'s: the attack's; ``[algorithm]``'s, for an algorithm of one's own: its
+    constructor's ``algorithm_params``) — not here too (a built-in algorithm's keys are the flat keys: here)."""
+    return section == "attack" or (section == "algorithm" and not all(
+        n in builtin.BUILT_IN for n in _names(context.get("algorithm"), "dsgd")))
 
 
 def _with_pre(spec: Any, pre: Any) -> Any:
