@@ -13,7 +13,7 @@ import pytest
 from pydantic import Field, ValidationError, create_model
 
 from phalanx.errors import ConfigError
-from phalanx.experiments import config, declare, make_config, specs, tree
+from phalanx.experiments import concerns, config, declare, make_config, specs, tree
 from phalanx.experiments.declare import Key, Section
 from phalanx.experiments.schema import RunConfig
 
@@ -44,7 +44,7 @@ def test_a_key_added_to_one_declaration_is_in_the_tree_the_listing_and_the_range
         tree.to_flat(table)  # not declared yet: not a key of [data]
     assert "data,classes," not in _listing()
 
-    monkeypatch.setattr(specs.DataSpec, "section", specs.DATA.with_key(CLASSES))
+    monkeypatch.setattr(specs.DataSpec, "section", concerns.DATA.with_key(CLASSES))
     flat = tree.to_flat(table)
     assert flat["dataset_params"] == {"classes": 3}
     assert tree.to_tree(flat)["data"] == {"name": BLOBS, "classes": 3}
@@ -64,7 +64,7 @@ def test_the_ownership_of_an_added_key_is_checked_too(monkeypatch: pytest.Monkey
     the ownership check (``tests/test_tree.py``) without any list to extend."""
     from tests.test_tree import ownership_problems
 
-    monkeypatch.setattr(specs.DataSpec, "section", specs.DATA.with_key(Key("seed", "seed", int, 0, "x", ge=0)))
+    monkeypatch.setattr(specs.DataSpec, "section", concerns.DATA.with_key(Key("seed", "seed", int, 0, "x", ge=0)))
     assert ownership_problems(tree.owners()) == ["seed: ['run', 'data']"]
 
 

@@ -12,7 +12,7 @@ import pytest
 from tests.test_compat import IDS
 
 from phalanx.errors import ConfigError
-from phalanx.experiments import config, grid, legacy, make_config, specs, tree, treetext
+from phalanx.experiments import concerns, config, grid, legacy, make_config, specs, tree, treetext
 from phalanx.experiments.declare import Key, Section
 from phalanx.experiments.schema import RunConfig
 
@@ -33,7 +33,7 @@ def test_every_flat_key_belongs_to_exactly_one_section() -> None:
 
 def test_a_section_declaring_a_key_another_owns_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """The mutant: [rule]'s declaration also declares ``workers`` (owned by [run])."""
-    rule = specs.RULE.with_key(Key("n", "workers", int, 20, "n"))
+    rule = concerns.RULE.with_key(Key("n", "workers", int, 20, "n"))
     monkeypatch.setattr(specs.AlgorithmSpec, "sections",
                         tuple(rule if s.name == "rule" else s for s in specs.AlgorithmSpec.sections))
     assert ownership_problems(tree.owners()) == ["workers: ['run', 'rule']"]
@@ -41,7 +41,8 @@ def test_a_section_declaring_a_key_another_owns_is_caught(monkeypatch: pytest.Mo
 
 def test_a_key_no_section_owns_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """The mutant: [run]'s declaration forgets ``seed``."""
-    monkeypatch.setattr(specs.RunShape, "section", Section("run", tuple(k for k in specs.RUN.keys if k.key != "seed")))
+    forgetting = Section("run", tuple(k for k in concerns.RUN.keys if k.key != "seed"))
+    monkeypatch.setattr(specs.RunShape, "section", forgetting)
     assert ownership_problems(tree.owners()) == ["seed: []"]
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 from phalanx.experiments import declare
-from phalanx.experiments.specs import (
+from phalanx.experiments.concerns import (
     ALGORITHM,
     ATTACK,
     DATA,
