@@ -59,6 +59,18 @@ def test_a_key_added_to_one_declaration_is_in_the_tree_the_listing_and_the_range
         make_config({**table, "data": {"name": BLOBS, "classes": "3"}})
 
 
+def test_the_docs_recipe_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/config.md's "Adding a config section, or a key of one": its block runs (its declaration undone after)."""
+    import re
+
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    monkeypatch.setattr(specs.DataSpec, "section", concerns.DATA)  # restored after the block replaced it
+    text = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    exec(compile(block, "docs/config.md", "exec"), {})
+    assert specs.DataSpec.section.by_key["classes"] == CLASSES
+
+
 def test_the_ownership_of_an_added_key_is_checked_too(monkeypatch: pytest.MonkeyPatch) -> None:
     """The mutant: a key added to ``[data]``'s declaration whose flat key ``[run]`` owns (``seed``) is caught by
     the ownership check (``tests/test_tree.py``) without any list to extend."""
