@@ -232,3 +232,15 @@ def test_an_adapter_that_checks_the_names_again_is_caught(monkeypatch: pytest.Mo
     monkeypatch.setattr(tree, "check_params", check_params, raising=False)
     monkeypatch.setattr(tree, "_put", checking_twice)
     assert _name_checks(TREE, monkeypatch)["alie"] == 2
+
+
+def test_the_listing_shows_a_description_as_written() -> None:
+    """A declaration's description is data, not markup: ``phalanx[signing]`` in ``[run].sign_key``'s is printed as
+    written in the terminal's table (the mutant that passes it as rich markup prints ``phalanx``)."""
+    from typer.testing import CliRunner
+
+    from phalanx import cli
+
+    res = CliRunner().invoke(cli.app, ["list", "sections"], env={"COLUMNS": "2000"})
+    assert res.exit_code == 0, res.output
+    assert "needs phalanx[signing]" in res.output
