@@ -1,7 +1,9 @@
 """The run configuration: one validated object, loaded from TOML, overridable with ``key=value`` strings.
 
-The keys, their types, ranges and defaults are the schema (:class:`~phalanx.experiments.schema.RunConfig`);
-validation (:func:`validate`, once, into a :class:`~phalanx.experiments.validrun.ValidRun`) adds what ties keys
+The keys, their types, ranges and defaults are the schema (:class:`~phalanx.experiments.schema.RunConfig`; the
+sections without a constructor are declared by the values that read them, :func:`phalanx.experiments.specs.declared`,
+whose ranges :func:`phalanx.experiments.declare.check` checks once); validation (:func:`validate`, once, into a
+:class:`~phalanx.experiments.validrun.ValidRun`) adds what ties keys
 together, and builds the components the config names — round algorithm, rule, attack, server optimizer, stages —
 once, each checking its own parameters, with the algorithm checking what ties them and each stage checking itself
 against the run (:mod:`phalanx.experiments.components`). What an algorithm or a stage reads, defaults and allows is
@@ -19,7 +21,7 @@ from pydantic import ValidationError
 
 from phalanx import data, hub, models, signing
 from phalanx.errors import ConfigError
-from phalanx.experiments import components, legacy, specs, spelling, tracking, tree
+from phalanx.experiments import components, declare, legacy, specs, spelling, tracking, tree
 from phalanx.experiments.components import processes
 from phalanx.experiments.schema import (
     DISTRIBUTED_KEYS,
@@ -164,6 +166,7 @@ def validate(data: dict[str, Any] | RunConfig) -> ValidRun:
     config names, each built once and checked (:mod:`phalanx.experiments.components`), its run id, metric columns
     and process count. A RunConfig object (made directly, or received pickled or from a file) is checked as it is."""
     written = spelling.Written()
+    given: dict[str, Any] = {}  # the values as the user gave them (a float key's 1 is shown as 1, not 1.0)
     try:
         if isinstance(data, RunConfig):
             cfg = data
@@ -174,10 +177,15 @@ def validate(data: dict[str, Any] | RunConfig) -> ValidRun:
             flat, written = tree.read(data)
             written = written if written.names else carried
             data = algorithm_defaults(role_names(legacy.client_keys(inline_dataset(flat))))
+            given = data
             try:
                 cfg = RunConfig(**data)
-            except ValidationError as exc:
+            except ValidationError as exc:  # a declared key before the refused one is out of range: it is first
+                loc = exc.errors()[0]["loc"]
+                declare.check(data, specs.declared(), RunConfig.model_fields, before=str(loc[0]) if loc else "")
                 raise _friendly(exc) from None
+        # each declared key's range, by its declaration, once
+        declare.check({**dict(iter(cfg)), **given}, specs.declared(), RunConfig.model_fields)
         check_rows(cfg.rounds, cfg.eval_every)
         run = specs.read(cfg)  # the one reading of the config: every check and builder below takes its concern's
         check_relations(run)  # value

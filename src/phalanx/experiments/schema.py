@@ -1,5 +1,10 @@
 """The run configuration's schema: every key of one training run, its type, range, default and description, and
-which keys name a run (its identity). :mod:`phalanx.experiments.config` validates a table of keys into it (the
+which keys name a run (its identity). The keys of the sections that no constructor declares (``[run]``,
+``[data]``, ``[model]``, ``[engine]``, ``[rule]``, ``[server.optimizer]``, and ``[algorithm]``'s and
+``[attack]``'s own) are declared by the values that read them (:mod:`phalanx.experiments.specs`, :func:`declared`):
+their fields here are made from those declarations (:meth:`~phalanx.experiments.declare.Section.field`), and their
+ranges are checked by them (:func:`phalanx.experiments.declare.check`), not by pydantic.
+:mod:`phalanx.experiments.config` validates a table of keys into it (the
 relations between keys, the names against the registries) and loads it from TOML.
 
 ``workers`` is n, all of them; ``byzantine`` is how many *actually* attack; ``f`` is how many the aggregator is
@@ -9,18 +14,32 @@ price-of-robustness experiments measure (Yang, Shi & Li, ICML 2025).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
+from phalanx.experiments import declare
+from phalanx.experiments.concerns import (
+    ALGORITHM,
+    ATTACK,
+    DATA,
+    ENGINE,
+    MODEL,
+    RULE,
+    RUN,
+    SERVER_OPTIMIZER,
+    Backend,
+    Engine,
+    Knowledge,
+    Partition,
+    Schedule,
+    declared,
+)
 from phalanx.training.algorithms import builtin
 from phalanx.training.algorithms.base import RoundAlgorithm
 
-Schedule = Literal["constant", "step", "cosine"]
-Partition = Literal["iid", "dirichlet", "pathological", "natural"]
-Engine = Literal["simulated", "torchrun"]
-Backend = Literal["auto", "gloo", "nccl"]
-Knowledge = Literal["omniscient", "colluders"]
+__all__ = ["DISTRIBUTED_KEYS", "LATER_KEYS", "MAX_ROWS", "RESULT_NEUTRAL_KEYS", "Backend", "Engine", "Knowledge",
+           "Partition", "RunConfig", "Schedule"]
 DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend", "keys", "insecure")
 """Keys that only the ``torchrun`` engine reads. A simulated run's resolved config leaves them out, so that they
 change neither its results nor its run id / ``config.json`` (run directories written before they existed resume)."""
@@ -55,59 +74,39 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    dataset: str = Field("digits", description="data set name (phalanx list datasets) or a 'module:attr' loader")
-    dataset_params: dict[str, Any] = Field(
-        default_factory=dict, description="the data set loader's own parameters (a registered or 'module:attr' "
-        "loader's; or inline: dataset = 'mylab.data:cancer(seed=1)')",
-    )
-    data_root: str | None = Field(None, description="directory holding the data set files")
-    download: bool = Field(
-        False, description="download the data set (torchvision's mirrors, MD5-checked) when it is found nowhere; "
-        "off by default: nothing touches the network unless asked",
-    )
-    sign_key: str | None = Field(
-        None, description="sign every finished run directory with this PEM private key (phalanx keygen; needs "
-        "phalanx[signing]; docs/reliability.md)",
-    )
-    verify_key: str | None = Field(
-        None, description="check a run directory's signature with this PEM public key when it resumes and before a "
-        "finished run's results are used (a finished run must be signed)",
-    )
-    model: str = Field("mlp", description="model name (phalanx list models) or a 'module:attr' builder")
-    model_params: dict[str, Any] = Field(default_factory=dict, description="extra model parameters")
-    workers: int = Field(20, ge=1, le=10_000_000, description="n, all workers (a client population: up to 10⁷)")
-    byzantine: int = Field(0, ge=0, description="workers that actually attack")
-    f: int = Field(0, ge=0, description="Byzantine workers the aggregator is configured to tolerate")
-    aggregator: str = Field("cwtm", description="aggregator spec, e.g. 'nnm>cwtm' (phalanx list aggregators)")
-    attack: str = Field("none", description="attack name (phalanx list attacks)")
-    attack_params: dict[str, Any] = Field(default_factory=dict, description="attack parameters")
-    attack_knowledge: Knowledge = Field(
-        "omniscient", description="what a vector attack sees: 'omniscient' (every honest vector of the round) or "
-        "'colluders' (only the Byzantine workers' own honest computations, on their own shards; dsgd and fedavg, "
-        "simulated engine; docs/attacks.md)",
-    )
-    partition: Partition = Field("iid", description="how training data is split between workers ('natural': each "
-                                 "writer / speaker of a data set with user ids is one worker; docs/data.md)")
-    alpha: float = Field(1.0, gt=0, description="Dirichlet concentration (partition = 'dirichlet')")
-    classes_per_worker: int = Field(2, ge=1, description="classes per worker (partition = 'pathological')")
-    rounds: int = Field(200, ge=1, description="training rounds (server steps)")
+    dataset: str = DATA.field("name")
+    dataset_params: dict[str, Any] = DATA.field("params")
+    data_root: str | None = DATA.field("data_root")
+    download: bool = DATA.field("download")
+    sign_key: str | None = RUN.field("sign_key")
+    verify_key: str | None = RUN.field("verify_key")
+    model: str = MODEL.field("name")
+    model_params: dict[str, Any] = MODEL.field("params")
+    workers: int = RUN.field("workers")
+    byzantine: int = RUN.field("byzantine")
+    f: int = RULE.field("f")
+    aggregator: str = RULE.field("spec")
+    attack: str = ATTACK.field("name")
+    attack_params: dict[str, Any] = ATTACK.field("params")
+    attack_knowledge: Knowledge = ATTACK.field("knowledge")
+    partition: Partition = DATA.field("partition")
+    alpha: float = DATA.field("alpha")
+    classes_per_worker: int = DATA.field("classes_per_worker")
+    rounds: int = RUN.field("rounds")
     batch_size: int = Field(32, ge=1, description="samples per worker per round")
     lr: float = Field(0.1, gt=0, description="the learning rate (initial): the server's with dsgd, the clients' with "
                       "fedavg (also spelled client_lr; server_lr is the server's), the nodes' with gossip and anytime "
                       "(also spelled node_lr)")
     momentum: float = Field(0.9, ge=0, lt=1, description="worker momentum β: mᵢ ← β mᵢ + (1 − β) gᵢ")
     weight_decay: float = Field(0.0, ge=0, description="L2 penalty added to every worker's gradient")
-    schedule: Schedule = Field("constant", description="learning-rate schedule")
-    server_optimizer: str = Field("sgd", description="the server optimizer that applies the aggregate (sgd)")
+    schedule: Schedule = SERVER_OPTIMIZER.field("schedule")
+    server_optimizer: str = SERVER_OPTIMIZER.field("name")
     server_momentum: float = Field(
         0.0, ge=0, lt=1, description="server momentum μ: u ← μ u + Agg, θ ← θ − η u (0: plain θ ← θ − η Agg)",
     )
     server_weight_decay: float = Field(0.0, ge=0, description="L2 penalty λ the server adds to the aggregate")
-    loss: str = Field("cross_entropy", description="loss(logits, y), the batch mean: a name or a 'module:attr' spec")
-    server_optimizer_params: dict[str, Any] = Field(
-        default_factory=dict, description="further parameters of the server optimizer (adam: beta1, beta2, tau; "
-        "robust-online: corruptions, gradient_bound)",
-    )
+    loss: str = MODEL.field("loss")
+    server_optimizer_params: dict[str, Any] = SERVER_OPTIMIZER.field("params")
     server_projection: str | None = Field(
         None, description="what the server does to its model after every step: 'crfl' (CRFL: clip θ to norm ρ and add "
         "N(0, σ²I) in every round but the last; the final row carries the smoothed classifier's accuracy, attack "
@@ -118,17 +117,8 @@ class RunConfig(BaseModel):
         "test_noise, samples, alpha, and the certificate's threat: attackers, weight, scale, local_steps, client_lr, "
         "poison_fraction, lipschitz, attack_rounds — defaults from the run)",
     )
-    algorithm: str = Field(
-        "dsgd", description="the round: 'dsgd' (every worker one gradient step, worker momentum), 'fedavg' (sampled "
-        "clients, local steps, pseudo-gradient updates; docs/federated.md), 'gossip' (no server: decentralized SGD "
-        "over `graph`; docs/decentralized.md), 'anytime' (Decentralized Anytime SGD over `graph`: gradients at the "
-        "running weighted average of the iterates; momentum = 0), or your own: a 'module:attr' spec of a "
-        "RoundAlgorithm subclass or a plug-in's name (docs/extending.md)",
-    )
-    algorithm_params: dict[str, Any] = Field(
-        default_factory=dict, description="the constructor parameters of a round algorithm of your own (the built-in "
-        "ones take their config keys)",
-    )
+    algorithm: str = ALGORITHM.field("name")
+    algorithm_params: dict[str, Any] = ALGORITHM.field("params")
     graph: str = Field("ring", description="gossip: the communication graph (ring, torus, complete, star, "
                        "erdos_renyi, exponential, hypercube, or a 'module:attr' builder) over the `workers` nodes")
     graph_params: dict[str, Any] = Field(default_factory=dict, description="gossip: the graph's parameters "
@@ -152,10 +142,7 @@ class RunConfig(BaseModel):
         0.1, gt=0, le=1, description="fedavg, norm = 'batch' | 'hybrid': weight of the round's pooled statistics "
         "in the global ones (Hybrid BN's authors: 0.002 over 500 rounds)",
     )
-    eval_clients: int = Field(
-        100, ge=1, description="fedavg, norm = 'fedbn' (no global model): evaluate every honest client's own model, "
-        "or this many evenly spaced ones when there are more",
-    )
+    eval_clients: int = ALGORITHM.field("eval_clients")
     dp_noise: float | None = Field(
         None, gt=0, description="client-level differential privacy: the noise multiplier σ — every computing worker "
         "clips its update to norm dp_clip = C and adds N(0, σ²C²·I) itself (dsgd: its gradient, before momentum; "
@@ -165,58 +152,25 @@ class RunConfig(BaseModel):
     dp_clip: float | None = Field(None, gt=0, description="differential privacy: the clipping norm C of every "
                                   "worker's update (set with dp_noise)")
     dp_delta: float = Field(1e-5, gt=0, lt=1, description="differential privacy: the δ of the reported (ε, δ)")
-    step_every: int = Field(100, ge=1, description="'step' schedule: divide lr by 10 every this many rounds")
-    seed: int = Field(0, ge=0, description="the one seed; split into named streams")
-    eval_every: int = Field(20, ge=1, description="evaluate every this many rounds (and at the end)")
-    checkpoint_every: int = Field(100, ge=1, description="write a checkpoint every this many rounds")
-    engine: Engine = Field(
-        "simulated", description="where workers run: 'simulated' (one process, vmap) or 'torchrun' (one process per "
-        "worker, torch.distributed; start it with `phalanx launch` or torchrun, docs/distributed.md)",
-    )
-    topology: str = Field(
-        "server", description="torchrun engine: 'server' (rank 0 aggregates and broadcasts θ; survives missing "
-        "workers), 'serverless' (every rank aggregates the all-gathered vectors; needs every rank alive), 'gossip' "
-        "(algorithm = 'gossip', where it is implied: a rank per node, exchanging with its graph neighbours only), or "
-        "a topology of one's own (a registered name or a 'module:attr' spec; docs/extending.md); the default is the "
-        "first topology the algorithm runs on",
-    )
-    round_timeout: float = Field(
-        30.0, gt=0, le=86_400, description="torchrun engine: seconds the server waits for the vectors of a round; "
-        "workers still missing then count against f",
-    )
-    device: str = Field(
-        "cpu", description="where the simulated engine (and a torchrun rank) computes: 'cpu', 'cuda', 'cuda:N' or "
-        "'auto' (cuda when available, else cpu); random draws stay on the CPU (docs/cluster.md, GPUs)",
-    )
-    backend: Backend = Field(
-        "auto", description="torchrun engine, serverless topology: torch.distributed backend ('auto': nccl when CUDA "
-        "is available, else gloo)",
-    )
-    keys: str | None = Field(
-        None, description="torchrun engine: a key directory (phalanx keys init DIR --workers N): mutual TLS between "
-        "the ranks of every topology (worker and server; the serverless and gossip mesh), every vector signed, who "
-        "was heard recorded in the run's transcript (phalanx audit; docs/security.md)",
-    )
-    insecure: bool = Field(
-        False, description="torchrun engine: allow ranks on several machines without keys (nothing then checks "
-        "who is speaking; docs/security.md)",
-    )
+    step_every: int = SERVER_OPTIMIZER.field("step_every")
+    seed: int = RUN.field("seed")
+    eval_every: int = RUN.field("eval_every")
+    checkpoint_every: int = RUN.field("checkpoint_every")
+    engine: Engine = ENGINE.field("name")
+    topology: str = ENGINE.field("topology")
+    round_timeout: float = ENGINE.field("round_timeout")
+    device: str = ENGINE.field("device")
+    backend: Backend = ENGINE.field("backend")
+    keys: str | None = ENGINE.field("keys")
+    insecure: bool = ENGINE.field("insecure")
 
     stages: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="stages of the round, each its own section: [stages.<name>] with its "
         "parameters (phalanx list stages; e.g. [stages.fail_closed] window = 5); the built-in crfl and dp are turned "
         "on by server_projection and dp_noise (docs/design.md, 'Stages')",
     )
-    tracking: list[str] = Field(
-        default_factory=list, description="experiment trackers that also receive the run: its config as parameters "
-        "and every metric row as it is made — 'tensorboard', 'mlflow', 'wandb' (a list, or one name), a plug-in's "
-        "name or a 'module:attr' spec (docs/tracking.md); changes no result",
-    )
-    tracking_params: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="each tracker's parameters, by its name: uri (TensorBoard: the log "
-        "directory; MLflow: a local store or a server URI; W&B: the directory), and experiment (MLflow), project, "
-        "entity, mode, group (W&B) (docs/tracking.md)",
-    )
+    tracking: list[str] = RUN.field("tracking")
+    tracking_params: dict[str, dict[str, Any]] = RUN.field("tracking_params")
 
     @field_validator("tracking", mode="before")
     @classmethod
@@ -269,3 +223,6 @@ class RunConfig(BaseModel):
             + f" | seed={self.seed}"
         )
 
+
+
+declare.bind(RunConfig.model_fields, declared())

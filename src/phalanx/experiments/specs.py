@@ -17,17 +17,25 @@ it receives the config itself, with a :class:`DeprecationWarning` (:func:`needs_
 
 from __future__ import annotations
 
-import json
 import warnings
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from phalanx.experiments import legacy
-from phalanx.experiments.schema import RunConfig, Schedule
+from phalanx.experiments.concerns import (  # the values, each with the section it reads (declared there)
+    AlgorithmSpec,
+    DataSpec,
+    DeviceSpec,
+    ModelSpec,
+    RunShape,
+    declared,
+)
+from phalanx.experiments.schema import RunConfig
 from phalanx.training.algorithms import builtin
 
-if TYPE_CHECKING:
-    from phalanx.training.algorithms.base import RoundAlgorithm
+__all__ = ["CONFIG_COLUMNS", "AlgorithmSpec", "DataSpec", "DeviceSpec", "ModelSpec", "RunShape", "Specs", "declared",
+           "needs_config", "read"]
+
 
 CONFIG_COLUMNS = (
     "dataset", "model", "workers", "byzantine", "f", "aggregator", "attack", "partition", "alpha", "rounds",
@@ -39,123 +47,6 @@ HOOKS = ("from_config", "from_params", "check_config", "processes")
 """The round algorithm's hooks that took the run config before the sections (the plug-in interface)."""
 
 OWN_KEYS = builtin.own_keys()
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    """What loading and splitting the data read: the data set's ``name`` with its ``params``, ``root`` and
-    ``download`` flag; the split (``workers``, ``partition``, ``alpha``, ``classes_per_worker``, the ``seed`` its
-    stream is drawn from); the ``algorithm`` and whether it ``samples_population`` (a client population needs one
-    that does)."""
-
-    name: str
-    params: dict[str, Any]
-    root: str | None
-    download: bool
-    workers: int
-    partition: str
-    alpha: float
-    classes_per_worker: int
-    seed: int
-    algorithm: str
-    samples_population: bool
-
-    def key(self) -> tuple[str, str, str | None]:
-        """The data set itself (not its split), as a key: equal loads, equal keys."""
-        from phalanx import data
-
-        return data.canonical(self.name), json.dumps(self.params, sort_keys=True, default=repr), self.root
-
-    def split_key(self) -> tuple[Any, ...]:
-        """The data split, as a key (equal splits, equal keys)."""
-        return (self.name, json.dumps(self.params, sort_keys=True, default=repr), self.root, self.workers,
-                self.partition, self.alpha, self.classes_per_worker, self.seed)
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What building the model reads: its ``name`` and ``params``, the ``seed`` of its ``init`` stream, the
-    ``loss``, the ``dataset`` named in its errors, and the rows its workers hold (``workers``, ``processes``) for the
-    memory check."""
-
-    name: str
-    params: dict[str, Any]
-    seed: int
-    loss: str
-    dataset: str
-    workers: int
-    processes: int
-
-    @property
-    def norm(self) -> Any:
-        """``model_params.norm``, as given (None when unset)."""
-        return self.params.get("norm")
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """Where a run computes and how its processes talk: ``device``, ``engine``, ``topology``, ``backend``, whether
-    it has ``keys`` (a sealed mesh), and whether its ``algorithm`` runs ``on_device``."""
-
-    device: str
-    engine: str
-    topology: str
-    backend: str
-    keys: bool
-    algorithm: str
-    on_device: bool
-
-
-@dataclass(frozen=True)
-class RunShape:
-    """The run's size and clock: ``workers``, ``byzantine``, ``rounds``, ``eval_every``, ``eval_clients``,
-    ``lr`` (the config's learning rate) and the model's normalisation ``norm``; ``processes``: how many processes a
-    torchrun run of it has, as its algorithm says."""
-
-    workers: int
-    byzantine: int
-    rounds: int
-    eval_every: int
-    eval_clients: int
-    lr: float
-    norm: Any
-    processes: int
-
-
-@dataclass(frozen=True)
-class AlgorithmSpec:
-    """The round algorithm's section: its name and class, its ``algorithm_params``, and the config keys a round
-    algorithm's hooks read — the population and the rule (``workers``, ``byzantine``, ``f``, ``aggregator``), the
-    attack, the engine, the workers' optimisation, the schedule and the built-in algorithms' own keys
-    (:func:`~phalanx.training.algorithms.builtin.own_keys`) — by their config names."""
-
-    algorithm: str
-    cls: type[RoundAlgorithm]
-    algorithm_params: dict[str, Any]
-    workers: int
-    byzantine: int
-    f: int
-    aggregator: str
-    attack: str
-    attack_params: dict[str, Any]
-    attack_knowledge: str
-    engine: str
-    topology: str
-    batch_size: int
-    lr: float
-    momentum: float
-    weight_decay: float
-    schedule: Schedule
-    rounds: int
-    step_every: int
-    own: dict[str, Any] = field(default_factory=dict)
-    """The built-in algorithms' own keys (``clients_per_round``, ``graph`` …), read as attributes too."""
-
-    def __getattr__(self, name: str) -> Any:
-        own = self.__dict__.get("own", {})
-        if name in own:
-            return own[name]
-        raise AttributeError(name)
 
 
 @dataclass(frozen=True)

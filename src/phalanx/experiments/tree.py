@@ -8,6 +8,8 @@ parameters (gossip's ``weights`` is the flat ``gossip_weights``; an algorithm th
 ``algorithm_params.<p>``), ``[attack]`` the attack class's (``attack_params.<p>``). The sections without one are
 the table :data:`TABLE` (section key → flat key); ``[stages.<name>]`` is the stages' own tree, the built-in
 ``dp`` and ``crfl`` read from and written to their flat keys by :func:`phalanx.experiments.legacy.flat_keys`.
+:data:`TABLE` is derived from the declarations of the values that read those sections
+(:func:`phalanx.experiments.specs.declared`; :mod:`phalanx.experiments.declare`).
 
 ``lr`` means one thing per section: ``[algorithm].lr`` is the algorithm's own rate (federated averaging's clients',
 gossip's nodes', SCAFFOLD's clients' η_l), ``[server.optimizer].lr`` the server's step (distributed SGD's ``lr``,
@@ -28,12 +30,12 @@ one's own's client keys in ``algorithm_params``: the same run id) — tested on 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from phalanx import attacks
 from phalanx.errors import ConfigError
-from phalanx.experiments import legacy, sections
+from phalanx.experiments import declare, legacy, sections, specs
 from phalanx.experiments.schema import RunConfig
 from phalanx.experiments.spelling import Written
 from phalanx.plugins import accepted_params
@@ -43,25 +45,13 @@ from phalanx.validate import suggest
 __all__ = ["SECTIONS", "TABLE", "algorithm_keys", "flat_override", "is_tree", "lr_homes", "owners", "read",
            "section_keys", "to_flat", "to_tree"]
 
-TABLE: dict[str, dict[str, str]] = {
-    "run": {"workers": "workers", "byzantine": "byzantine", "rounds": "rounds", "seed": "seed",
-            "eval_every": "eval_every", "checkpoint_every": "checkpoint_every", "sign_key": "sign_key",
-            "verify_key": "verify_key", "tracking": "tracking", "tracking_params": "tracking_params"},
-    "rule": {"spec": "aggregator", "f": "f"},
-    "data": {"name": "dataset", "params": "dataset_params", "data_root": "data_root", "download": "download",
-             "partition": "partition", "alpha": "alpha", "classes_per_worker": "classes_per_worker"},
-    "model": {"name": "model", "params": "model_params", "loss": "loss"},
-    "engine": {"name": "engine", "topology": "topology", "round_timeout": "round_timeout", "device": "device",
-               "backend": "backend", "keys": "keys", "insecure": "insecure"},
-    "server.optimizer": {"name": "server_optimizer", "params": "server_optimizer_params", "schedule": "schedule",
-                         "step_every": "step_every"},
-    "algorithm": {"name": "algorithm", "params": "algorithm_params", "eval_clients": "eval_clients"},
-    "attack": {"name": "attack", "params": "attack_params", "knowledge": "attack_knowledge"},
-}
-"""The declared keys of each section that no constructor declares: section key → the flat key it is. ``params``
-is the component's whole parameter table (``[data.params]``); a section's other keys are its component's
-parameters where it has a constructor (``[algorithm]``, ``[attack]``) or takes any (``[model]``: the builder's,
-``[server.optimizer]``: the optimizer's; each refused, naming its flat key, by the component's own check)."""
+TABLE: Mapping[str, dict[str, str]] = declare.Tables(specs.declared)
+"""The declared keys of each section that no constructor declares: section key → the flat key it is (derived from
+the declarations at every look-up, :class:`~phalanx.experiments.declare.Tables`). ``params`` is the component's
+whole parameter table (``[data.params]``); a section's other keys are its component's parameters where it has a
+constructor (``[algorithm]``, ``[attack]``) or takes any (``[model]``: the builder's, ``[server.optimizer]``: the
+optimizer's); each such key's name is checked once, by the component as it is built (:func:`_component_checks`),
+and its refusal names the key as written."""
 SECTIONS = ("run", "algorithm", "rule", "attack", "server.optimizer", "stages", "data", "model", "engine")
 """The sections, in the order :func:`to_tree` writes them."""
 HEADS = frozenset(s.split(".")[0] for s in SECTIONS)
@@ -405,12 +395,20 @@ def _put(made: dict[str, Any], spelled: dict[str, str], section: str, key: str, 
             value = _with_pre(value, pre)
         _merge(made, spelled, flat, value, where)
         return
-    if anything or section in OPEN:
+    if anything or section in OPEN or _component_checks(section, context):
         params = {"algorithm": "algorithm_params", "attack": "attack_params", **OPEN}.get(section)
         if params is not None and _owner_of(key) in (None, section):
             _merge(made, spelled, f"{params}.{key}", value, where)
             return
     raise _refuse(section, key, value, [*(keys or {}), *(["pre"] if section == "rule" else [])])
+
+
+def _component_checks(section: str, context: dict[str, Any]) -> bool:
+    """Whether a key ``section`` does not declare is its component's parameter, whose name the component checks
+    once, as it is built (``[attack]``'s: the attack's; ``[algorithm]``'s, for an algorithm of one's own: its
+    constructor's ``algorithm_params``) — not here too (a built-in algorithm's keys are the flat keys: here)."""
+    return section == "attack" or (section == "algorithm" and not all(
+        n in builtin.BUILT_IN for n in _names(context.get("algorithm"), "dsgd")))
 
 
 def _with_pre(spec: Any, pre: Any) -> Any:

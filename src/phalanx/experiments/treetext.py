@@ -9,49 +9,63 @@ import json
 from typing import Any
 
 from phalanx.errors import ConfigError
-from phalanx.experiments import legacy, tree
+from phalanx.experiments import legacy, sections, specs, tree
 from phalanx.training.algorithms import builtin
 
 __all__ = ["declared", "dumps"]
 
 
-def declared() -> list[tuple[str, str, str, str]]:
-    """Every section's declared keys as ``(section, key, the flat key it sets, for which component)`` — read from
-    the declarations (:data:`~phalanx.experiments.tree.TABLE`, each built-in algorithm's constructor,
+Row = tuple[str, str, str, str, str, str, str, str]
+"""``(section, key, flat key, for which component, type, allowed range, default, description)``."""
+
+
+def declared() -> list[Row]:
+    """Every section's declared keys as :data:`Row` s — read from the declarations (each section's
+    :class:`~phalanx.experiments.declare.Section`: :data:`~phalanx.experiments.tree.TABLE` is made from them, with
+    each key's type, range, default and description; each built-in algorithm's constructor,
     :func:`~phalanx.experiments.tree.lr_homes`, the built-in stages' flat keys): what ``phalanx list sections``
     prints."""
-    rows: list[tuple[str, str, str, str]] = []
+    rows: list[Row] = []
+    of = {s.name: s for s in specs.declared()}
     for section in tree.SECTIONS:
         if section == "stages":
-            rows += [("stages.dp", p, flat, "client-level DP") for p, flat in legacy.DP.items()]
-            rows += [("stages.crfl", "<p>", "server_projection_params.<p> (server_projection = 'crfl')", "CRFL"),
-                     ("stages.<name>", "<p>", "stages.<name>.<p>", "every other stage (phalanx list stages)")]
+            rows += [("stages.dp", p, flat, "client-level DP", "", "", "", "") for p, flat in legacy.DP.items()]
+            rows += [("stages.crfl", "<p>", "server_projection_params.<p> (server_projection = 'crfl')", "CRFL",
+                      "", "", "", ""),
+                     ("stages.<name>", "<p>", "stages.<name>.<p>", "every other stage (phalanx list stages)",
+                      "", "", "", "")]
             continue
-        rows += [(section, key, flat, "all") for key, flat in tree.TABLE[section].items()]
+        rows += [(section, k.key, k.flat, "all", *k.row()) for k in of[section].keys]
         if section == "algorithm":
             seen: dict[tuple[str, str], list[str]] = {}
+            shown: dict[str, tuple[str, str]] = {}
             for name in builtin.BUILT_IN:
+                for p in sections.algorithm_section(name):
+                    shown.setdefault(p.name, (p.type, p.default))
                 for key, flat in tree.algorithm_keys(name).items():
                     if key not in tree.TABLE[section]:
                         seen.setdefault((key, flat), []).append(name)
                 home = tree.lr_homes(name)[0]
                 if home is not None:
                     seen.setdefault(("lr", home), []).append(name)
-            rows += [(section, key, flat, ", ".join(names)) for (key, flat), names in seen.items()]
-            rows.append((section, "<p>", "algorithm_params.<p>", "an algorithm of one's own (its constructor)"))
+            rows += [(section, key, flat, ", ".join(names), shown.get(key, ("", ""))[0], "its constructor's check",
+                      shown.get(key, ("", ""))[1], "") for (key, flat), names in seen.items()]
+            rows.append((section, "<p>", "algorithm_params.<p>", "an algorithm of one's own (its constructor)",
+                         "", "", "", ""))
         elif section == "server.optimizer":
             homes: dict[str, list[str]] = {}
             for name in builtin.BUILT_IN:
                 home = tree.lr_homes(name)[1]
                 if home is not None:
                     homes.setdefault(home, []).append(name)
-            rows += [(section, "lr", flat, ", ".join(names)) for flat, names in homes.items()]
-            rows += [(section, p, flat, "sgd") for p, flat in legacy.SGD.items()]
-            rows.append((section, "<p>", "server_optimizer_params.<p>", "the optimizer's own"))
+            rows += [(section, "lr", flat, ", ".join(names), "", "", "", "") for flat, names in homes.items()]
+            rows += [(section, p, flat, "sgd", "", "", "", "") for p, flat in legacy.SGD.items()]
+            rows.append((section, "<p>", "server_optimizer_params.<p>", "the optimizer's own", "", "", "", ""))
         elif section == "attack":
-            rows.append((section, "<p>", "attack_params.<p>", "its constructor's (phalanx list attacks)"))
+            rows.append((section, "<p>", "attack_params.<p>", "its constructor's (phalanx list attacks)",
+                         "", "", "", ""))
         elif section == "model":
-            rows.append((section, "<p>", "model_params.<p>", "the builder's"))
+            rows.append((section, "<p>", "model_params.<p>", "the builder's", "", "", "", ""))
     return rows
 
 

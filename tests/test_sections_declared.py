@@ -1,0 +1,246 @@
+"""Issue 39, item 2: each config section without a constructor is declared once, by the value that reads it
+(``experiments/specs.py``: ``RunShape.section`` is ``[run]`` …; ``experiments/declare.py``), and everything else is
+derived from that declaration — the schema's fields, the adapter's table, ``phalanx list sections``, the range check
+and its error. Each key's range and each component parameter's name is checked once. Each check has its mutant."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import Field, ValidationError, create_model
+
+from phalanx.errors import ConfigError
+from phalanx.experiments import concerns, config, declare, make_config, specs, tree
+from phalanx.experiments.declare import Key, Section
+from phalanx.experiments.schema import RunConfig
+
+PLUGINS = Path(__file__).resolve().parents[1] / "examples" / "plugins"
+BLOBS = "mylab.data:blobs"  # a data set of one's own that takes `classes`, `dim`, `per_class`
+CLASSES = Key("classes", "dataset_params.classes", int, 2, "classes of a generated data set", ge=2, le=100)
+"""The key the "declared once" test adds to ``[data]``'s declaration (a path into the loader's table)."""
+
+
+def _listing() -> str:
+    from typer.testing import CliRunner
+
+    from phalanx import cli
+
+    res = CliRunner().invoke(cli.app, ["list", "sections", "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def test_a_key_added_to_one_declaration_is_in_the_tree_the_listing_and_the_range_check(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """"Declared once": one key added to ``[data]``'s declaration (``DataSpec.section``) — and no other edit — is
+    accepted in a tree, written back into it, listed by ``phalanx list sections`` with its type, range and
+    description, and range-checked with its allowed range in the error, named as written."""
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    table = {"data": {"name": BLOBS, "classes": 3}, "run": {"workers": 4, "rounds": 2, "eval_every": 1}}
+    with pytest.raises(ConfigError, match=r"^\[data\]\.classes=3 is invalid: allowed a key of \[data\]: name, "):
+        tree.to_flat(table)  # not declared yet: not a key of [data]
+    assert "data,classes," not in _listing()
+
+    monkeypatch.setattr(specs.DataSpec, "section", concerns.DATA.with_key(CLASSES))
+    flat = tree.to_flat(table)
+    assert flat["dataset_params"] == {"classes": 3}
+    assert tree.to_tree(flat)["data"] == {"name": BLOBS, "classes": 3}
+    assert make_config(table).dataset_params == {"classes": 3}  # accepted: the loader takes it
+    assert 'data,classes,dataset_params.classes,all,int,"≥ 2, ≤ 100",2,classes of a generated data set' in _listing()
+    with pytest.raises(ConfigError, match=r"^\[data\]\.classes=1 is invalid: allowed greater than or equal to 2$"):
+        make_config({**table, "data": {"name": BLOBS, "classes": 1}})
+    with pytest.raises(ConfigError, match=r"^dataset_params\.classes=101 is invalid: allowed less than or equal to "
+                       r"100$"):
+        make_config({"dataset": BLOBS, "dataset_params": {"classes": 101}})  # flat: named flat
+    with pytest.raises(ConfigError, match=r"^\[data\]\.classes='3' is invalid: allowed an integer$"):
+        make_config({**table, "data": {"name": BLOBS, "classes": "3"}})
+
+
+def test_the_docs_recipe_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/config.md's "Adding a config section, or a key of one": its block runs (its declaration undone after)."""
+    import re
+
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    monkeypatch.setattr(specs.DataSpec, "section", concerns.DATA)  # restored after the block replaced it
+    text = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    exec(compile(block, "docs/config.md", "exec"), {})
+    assert specs.DataSpec.section.by_key["classes"] == CLASSES
+
+
+def test_the_ownership_of_an_added_key_is_checked_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant: a key added to ``[data]``'s declaration whose flat key ``[run]`` owns (``seed``) is caught by
+    the ownership check (``tests/test_tree.py``) without any list to extend."""
+    from tests.test_tree import ownership_problems
+
+    monkeypatch.setattr(specs.DataSpec, "section", concerns.DATA.with_key(Key("seed", "seed", int, 0, "x", ge=0)))
+    assert ownership_problems(tree.owners()) == ["seed: ['run', 'data']"]
+
+
+def _pydantic_words(key: Key, value: Any) -> str:
+    """What pydantic said of ``value`` when ``key``'s range was a constraint of the schema's field (as before)."""
+    bounds = {b: getattr(key, b) for b in ("ge", "gt", "le", "lt") if getattr(key, b) is not None}
+    model = create_model("M", __config__={"strict": True, "allow_inf_nan": False}, x=(key.type, Field(**bounds)))
+    try:
+        model(x=value)
+    except ValidationError as exc:
+        return str(exc.errors()[0]["msg"]).removeprefix("Input should be ")
+    return ""
+
+
+def _outside(key: Key) -> list[Any]:
+    """Values just outside ``key``'s range, of its type."""
+    out = []
+    for bound, step in ((key.ge, -1), (key.gt, 0), (key.le, 1), (key.lt, 0)):
+        if bound is not None:
+            value = bound + step
+            out.append(key.type(value) if key.type in (int, float) else value)
+    return out
+
+
+def test_every_range_error_reads_as_it_did_on_the_schema() -> None:
+    """Each declared range, checked by its declaration, refuses what the schema's constraint refused, in pydantic's
+    words (every message users saw stays byte for byte: ``tests/test_user_errors.py``, ``tests/test_tree_errors.py``
+    pin some; this pins each range), naming the flat key — and a value in range passes."""
+    seen = 0
+    for section in specs.declared():
+        for key in section.keys:
+            for value in _outside(key):
+                with pytest.raises(ConfigError) as caught:
+                    make_config({key.flat: value})
+                assert str(caught.value) == f"{key.flat}={value!r} is invalid: allowed {_pydantic_words(key, value)}"
+                seen += 1
+            if key.ge is not None or key.gt is not None:
+                declare.check({key.flat: key.default}, [section])  # the default is in range
+    assert seen >= 12  # workers (both sides), byzantine, rounds, seed, eval_every, checkpoint_every, f, alpha, …
+
+
+def test_the_schema_checks_no_declared_range_a_second_time() -> None:
+    """One check: the schema's fields of declared keys carry no constraint of their own (the declaration's check is
+    the one), and the range of each is checked exactly once per validation."""
+    assert _constrained() == []
+    counted: Counter[str] = Counter()
+    real = Key.refusal
+
+    def counting(self: Key, value: Any) -> str | None:
+        counted[self.flat] += 1
+        return real(self, value)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Key, "refusal", counting)
+        make_config({"run": {"workers": 5, "rounds": 3}, "rule": {"f": 1}})
+    assert set(counted.values()) == {1}, counted
+
+
+def _constrained() -> list[str]:
+    """The declared flat keys whose schema field has a constraint of its own (a second check)."""
+    return [k.flat for s in specs.declared() for k in s.keys
+            if "." not in k.flat and RunConfig.model_fields[k.flat].metadata]
+
+
+def test_a_schema_that_checks_a_range_again_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant: ``workers`` with ``ge=1`` on the schema's field again (the range checked twice)."""
+    import annotated_types
+
+    monkeypatch.setattr(RunConfig.model_fields["workers"], "metadata", [annotated_types.Ge(1)])
+    assert _constrained() == ["workers"]
+
+
+def test_the_schema_is_made_from_the_declarations() -> None:
+    """Each declared key's field: the declaration's default and description; its annotation (what a type checker
+    reads) is checked against the declared type when the schema is made — the mutant declaring another type is a
+    TypeError, a declared key the schema lacks too."""
+    for section in specs.declared():
+        for key in section.keys:
+            field = RunConfig.model_fields[key.flat]
+            assert field.get_default(call_default_factory=True) == key.default and field.description == key.doc
+    wrong = Section("run", (Key("workers", "workers", float, 20.0, "n"),))
+    with pytest.raises(TypeError, match=r"^\[run\]\.workers: the schema's field 'workers' is <class 'int'>"):
+        declare.bind(RunConfig.model_fields, [wrong])
+    with pytest.raises(TypeError, match="missing"):
+        declare.bind(RunConfig.model_fields, [Section("run", (Key("n", "nope", int, 1, "n"),))])
+
+
+def test_the_first_error_is_the_first_key_as_before() -> None:
+    """Two bad keys: the first in the schema's order is reported, whichever checks it (a declared range before a
+    type the schema refuses, and the other way round) — as when pydantic checked both."""
+    with pytest.raises(ConfigError, match=r"^workers=0 is invalid"):
+        make_config({"batch_size": 0, "workers": 0})
+    with pytest.raises(ConfigError, match=r"^workers=0 is invalid"):
+        make_config({"workers": 0, "rounds": "x"})
+    with pytest.raises(ConfigError, match=r"^workers='x' is invalid"):
+        make_config({"workers": "x", "rounds": 0})
+    with pytest.raises(ConfigError, match=r"^workers=0 is invalid"):
+        make_config({"workers": 0, "nope": 1})
+
+
+# --- item 2: a component parameter's name is checked once ---------------------------------------------------------
+
+def _name_checks(table: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """How many times each component's parameter names are checked while ``table`` is validated: every call of
+    the one checker (``phalanx.plugins.check_params``, as the attacks and the algorithms call it)."""
+    from phalanx.attacks import registry
+    from phalanx.training.algorithms import base
+
+    counted: Counter[str] = Counter()
+    real = registry.check_params
+
+    def counting(what: str, fn: Any, params: dict[str, Any], skip: tuple[str, ...] = ()) -> None:
+        counted[what] += 1
+        real(what, fn, params, skip)
+
+    monkeypatch.setattr(registry, "check_params", counting)
+    monkeypatch.setattr(base, "check_params", counting)
+    monkeypatch.setattr(tree, "check_params", counting, raising=False)
+    config.validate(table)
+    return counted
+
+
+TREE = {"run": {"workers": 5, "byzantine": 1, "rounds": 2}, "rule": {"f": 1},
+        "attack": {"name": "alie", "z": 1.0}, "algorithm": {"name": "scaffold", "local_steps": 2}}
+"""An attack's and an algorithm of one's own's parameters written in their sections."""
+
+
+def test_each_component_parameter_name_is_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[attack] z`` and ``[algorithm] local_steps`` of an algorithm of one's own: the adapter routes them to
+    ``attack_params`` / ``algorithm_params``, and their names are checked once — by the component as it is built
+    (a flat config's are checked by the same one check)."""
+    assert _name_checks(TREE, monkeypatch) == Counter({"alie": 1, "scaffold": 1})
+    monkeypatch.undo()
+    flat = tree.to_flat(TREE)
+    assert flat["attack_params"] == {"z": 1.0} and flat["algorithm_params"] == {"local_steps": 2}
+    assert _name_checks(flat, monkeypatch) == Counter({"alie": 1, "scaffold": 1})
+
+
+def test_an_adapter_that_checks_the_names_again_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant: the adapter checks ``[attack]``'s keys against the attack's constructor itself (as it did before
+    issue 39's item 2) and the component checks them again when it is built — counted twice."""
+    from phalanx import attacks
+    from phalanx.plugins import check_params
+
+    real = tree._put
+
+    def checking_twice(made: dict[str, Any], spelled: dict[str, str], section: str, key: str, value: Any,
+                       context: dict[str, Any]) -> None:
+        if section == "attack" and key != "name":
+            tree.check_params(context["attack"], attacks.get_class(context["attack"]), {key: value})  # type: ignore[attr-defined]
+        real(made, spelled, section, key, value, context)
+
+    monkeypatch.setattr(tree, "check_params", check_params, raising=False)
+    monkeypatch.setattr(tree, "_put", checking_twice)
+    assert _name_checks(TREE, monkeypatch)["alie"] == 2
+
+
+def test_the_listing_shows_a_description_as_written() -> None:
+    """A declaration's description is data, not markup: ``phalanx[signing]`` in ``[run].sign_key``'s is printed as
+    written in the terminal's table (the mutant that passes it as rich markup prints ``phalanx``)."""
+    from typer.testing import CliRunner
+
+    from phalanx import cli
+
+    res = CliRunner().invoke(cli.app, ["list", "sections"], env={"COLUMNS": "2000"})
+    assert res.exit_code == 0, res.output
+    assert "needs phalanx[signing]" in res.output
