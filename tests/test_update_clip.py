@@ -229,7 +229,7 @@ def test_the_command_line_names_the_key_of_a_bad_value(tmp_path: Path, capsys: p
         cli.main()
     assert exc.value.code == 2
     out = capsys.readouterr().out.strip()
-    assert out == "error: stages.update_clip.c=0 is invalid: allowed a finite number > 0"
+    assert out == "error: [stages.update_clip].c=0 is invalid: allowed a finite number > 0"  # a tree: as written
     assert not (tmp_path / "out").exists() or not any(p.is_dir() for p in (tmp_path / "out").iterdir())
 
 
