@@ -471,8 +471,10 @@ class ParameterServerWorker:
             _test_hooks.maybe_sleep(rank, t)
             v = me.vector(theta, t)
             if v is not None:
-                report = _test_hooks.report(rank, wire.report_message(reporting)) if reporting else None
-                links.send_vector(t, wire.tensor_bytes(v), report)
+                if reporting:  # its worker stages' measurements, with the vector (wire.py's m/<t>/<r>)
+                    links.send_vector(t, wire.tensor_bytes(v), _test_hooks.report(rank, wire.report_message(reporting)))
+                else:
+                    links.send_vector(t, wire.tensor_bytes(v))
             elif rank in me.plan.attacking:
                 hmsg = links.honest(t)
                 parsed = None if hmsg is None else wire.parse_honest(hmsg, dtype, exp.problem.dim)
