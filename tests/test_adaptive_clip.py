@@ -242,7 +242,7 @@ def test_the_command_line_names_the_key_of_a_bad_value(tmp_path: Path, capsys: p
         cli.main()
     assert exc.value.code == 2
     out = capsys.readouterr().out.strip()
-    assert out.startswith("error: stages.adaptive_clip.quantile=2 is invalid: allowed") and "\n" not in out
+    assert out.startswith("error: [stages.adaptive_clip].quantile=2 is invalid: allowed") and "\n" not in out
 
 
 def test_decentralized_rounds_refuse_it() -> None:

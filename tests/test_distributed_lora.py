@@ -91,6 +91,9 @@ class FakeLinks:
     def refuse(self, t: int, rank: int, reason: str) -> None:
         self.refused.append((t, rank, reason))
 
+    def reports(self, t: int, ranks: list[int]) -> dict[int, bytes]:
+        return {}
+
     def close(self) -> None:
         pass
 

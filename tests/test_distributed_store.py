@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from phalanx.distributed import wire
 from phalanx.distributed.env import free_port
-from phalanx.distributed.parameter_server import Janitor, collect
+from phalanx.distributed.parameter_server import Janitor, StoreLinks, StoreWorkerLinks, collect
 
 
 @pytest.fixture
@@ -95,3 +95,24 @@ def test_janitor_removes_old_rounds_and_leaves_a_tombstone(store: dist.Store) ->
         assert not store.check([wire.key_honest(old)])
         assert not any(store.check([wire.key_vector(old, r)]) for r in range(n))
     assert store.get(wire.key_server(2)) == b"T" and store.check([wire.key_vector(2, 0)])  # recent rounds stay
+
+
+def test_reports_are_read_with_their_vectors_and_a_rank_without_one_is_not_waited_for(store: dist.Store) -> None:
+    """Worker-stage reports (``m/<t>/<r>``, tests/test_stage_reports.py): a worker writes its report and its vector in
+    one request; rank 0 reads the reports of the ranks whose vectors it used, at once — a rank that sent none (a peer
+    of another release, a Byzantine one) is skipped, not waited for — and the janitor removes old rounds' reports."""
+    links = StoreLinks(store)
+    links.joined(1)
+    for r in (1, 2):
+        StoreWorkerLinks(store, r).send_vector(0, b"v", b"R1report" if r == 1 else None)
+    assert store.get(wire.key_vector(0, 1)) == b"v" and store.get(wire.key_vector(0, 2)) == b"v"
+    assert links.reports(0, [1]) == {1: b"R1report"}
+    assert links.reports(0, [1, 2]) == {1: b"R1report"}  # rank 2's is not there: the 30 s store timeout not spent
+    assert links.reports(0, []) == {}
+    janitor = links.janitor
+    assert janitor is not None and janitor.reports
+    janitor.n = 3
+    for t in range(1, wire.KEEP_ROUNDS + 1):
+        janitor.round_started(t)
+    janitor.close()
+    assert not store.check([wire.key_report(0, 1)])

@@ -30,6 +30,18 @@ BOTH: list[tuple[dict[str, Any], str, dict[str, Any], str]] = [
     ({"stages": {"dp": {"noise": -1}}}, r"\[stages\.dp\]\.noise=-1", {"dp_noise": -1}, r"dp_noise=-1"),
     ({"stages": {"crfl": {"clip": -1}}}, r"\[stages\.crfl\]\.clip=-1",
      {"server_projection": "crfl", "server_projection_params": {"clip": -1}}, r"server_projection_params\.clip=-1"),
+    ({"run": {"workers": 7}, "stages": {"update_clip": {"c": -1}}}, r"\[stages\.update_clip\]\.c=-1",
+     {"workers": 7, "stages": {"update_clip": {"c": -1}}}, r"stages\.update_clip\.c=-1"),
+    ({"run": {"workers": 7}, "stages": {"update_clip": {"cc": 1}}}, r"\[stages\.update_clip\]\.cc=1",
+     {"workers": 7, "stages": {"update_clip": {"cc": 1}}}, r"stages\.update_clip\.cc=1"),
+    ({"run": {"workers": 7}, "stages": {"adaptive_clip": {"quantile": 2}}}, r"\[stages\.adaptive_clip\]\.quantile=2",
+     {"workers": 7, "stages": {"adaptive_clip": {"quantile": 2}}}, r"stages\.adaptive_clip\.quantile=2"),
+    ({"algorithm": {"name": "gossip"}, "run": {"byzantine": 0}, "attack": {"name": "none"},
+      "rule": {"spec": "mean", "f": 0}, "stages": {"update_clip": {}}}, r"\[stages\.update_clip\]='update_clip'",
+     {"algorithm": "gossip", "byzantine": 0, "attack": "none", "aggregator": "mean", "f": 0,
+      "stages": {"update_clip": {}}}, r"stages\.update_clip='update_clip'"),
+    ({"run": {"workers": 7}, "stages": {"nope": {}}}, r"\[stages\.nope\]='nope'",
+     {"workers": 7, "stages": {"nope": {}}}, r"stages\.nope='nope'"),
     ({"attack": {"name": "alie", "z": "x"}}, r"\[attack\]\.z='x'",
      {"attack": "alie", "attack_params": {"z": "x"}}, r"z='x'"),
     ({"algorithm": {"name": "fedavg", "local_steps": 0}}, r"\[algorithm\]\.local_steps=0",
@@ -63,6 +75,24 @@ def test_the_mutant_that_forgets_the_spelling_is_caught(monkeypatch: pytest.Monk
     assert not str(caught.value).startswith("[model].hiden")
 
 
+def test_the_mutant_that_forgets_a_stages_section_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant of issue 39's trial (finding 1): an adapter that records the built-in stages' sections only (as
+    before) names ``[stages.update_clip] c = -1`` in a tree ``stages.update_clip.c``, unlike every other section."""
+    real = tree._written
+
+    def mutant(spelled: dict[str, str], stages: Any, made: dict[str, Any]) -> spelling.Written:
+        names = real(spelled, stages, made).names
+        return spelling.Written(tuple((k, v) for k, v in names if not k.startswith("stages.")))
+
+    as_tree = {"run": {"workers": 7}, "stages": {"update_clip": {"c": -1}}}
+    with pytest.raises(ConfigError, match=r"^\[stages\.update_clip\]\.c=-1 is invalid"):
+        make_config(as_tree)
+    monkeypatch.setattr(tree, "_written", mutant)
+    with pytest.raises(ConfigError) as caught:
+        make_config(as_tree)
+    assert str(caught.value).startswith("stages.update_clip.c=-1")  # what the test above refuses
+
+
 def test_the_adapter_records_where_each_key_was_written() -> None:
     """The mutant of the record: an adapter that spelled a filled table as its first key (``model_params`` as
     ``[model].hidden``) would name every other parameter of the table after that one key."""
@@ -74,6 +104,10 @@ def test_the_adapter_records_where_each_key_was_written() -> None:
     assert written.spelling("dp_noise") == "[stages.dp].noise"
     assert written.spelling("aggregator") == "[rule].spec"
     assert written.spelling("workers") is None  # written flat beside the sections: named flat
+    _, staged = tree.read({"run": {"workers": 5}, "stages": {"update_clip": {"c": 1.0}}})
+    assert staged.spelling("stages.update_clip.c") == "[stages.update_clip].c"
+    assert staged.spelling("stages.update_clip") == "[stages.update_clip]"
+    assert tree.read({"workers": 5, "stages": {"update_clip": {"c": 1.0}}})[1] == spelling.Written()  # flat
     assert tree.read({"workers": 5})[1] == spelling.Written()
 
 

@@ -229,7 +229,7 @@ def test_the_command_line_names_the_key_of_a_bad_value(tmp_path: Path, capsys: p
         cli.main()
     assert exc.value.code == 2
     out = capsys.readouterr().out.strip()
-    assert out == "error: stages.update_clip.c=0 is invalid: allowed a finite number > 0"
+    assert out == "error: [stages.update_clip].c=0 is invalid: allowed a finite number > 0"  # a tree: as written
     assert not (tmp_path / "out").exists() or not any(p.is_dir() for p in (tmp_path / "out").iterdir())
 
 
@@ -257,12 +257,13 @@ JOB_TIMEOUT_S = float(os.environ.get("PHALANX_TEST_JOB_TIMEOUT", "120"))
 """The launch's hard timeout (raise it on a machine shared with other work: PHALANX_TEST_JOB_TIMEOUT=600)."""
 
 
-def test_under_phalanx_launch_the_rows_hold_rank_0s_own_worker_and_the_run_is_the_simulated_one(
+def test_under_phalanx_launch_the_rows_count_every_worker_and_the_run_is_the_simulated_one(
         tmp_path: Path) -> None:
     """`phalanx launch --workers 4` (topology server: rank 0 serves and computes one worker; 1 signflip rank) with
     both new stages: θ is the simulated run's (up to the all-reduce order: the tolerance of tests/test_distributed),
-    the server stage's counts are the simulated run's, and the worker stage's columns count rank 0's own row only
-    — at most 1 clipped, where the simulated run counts all 3 honest rows."""
+    the server stage's counts are the simulated run's, and the worker stage's columns count every computing worker
+    as the simulated run does — rank 0's own row and the 2 other honest ranks' reports (issue 39's trial, finding 3:
+    before, they counted rank 0's row only, at most 1 clipped where the simulated run counts 3)."""
     flat = {**RUN, "workers": 4, "byzantine": 1, "f": 1, "rounds": 2, "eval_every": 1, "checkpoint_every": 10,
             "seed": 0, "batch_size": 8, "stages": {"update_clip": {"c": 0.05}, "adaptive_clip": {"multiplier": 0.5}}}
     sim = tmp_path / "sim"
@@ -280,4 +281,8 @@ def test_under_phalanx_launch_the_rows_hold_rank_0s_own_worker_and_the_run_is_th
     torch.testing.assert_close(got["theta"], want["theta"], atol=1e-5, rtol=1e-4)
     assert [r["adaptive_clip_clipped"] for r in rows] == [r["adaptive_clip_clipped"] for r in sim_rows]
     assert [r["update_clip_clipped"] for r in sim_rows[1:]] == [3, 3]
-    assert all(r["update_clip_clipped"] in (0, 1) for r in rows[1:])
+    assert [r["update_clip_clipped"] for r in rows[1:]] == [3, 3]
+    assert [r["update_clip_reported"] for r in rows[1:]] == [2, 2] and [r["update_clip_reported"] for r in
+                                                                        sim_rows[1:]] == [0, 0]
+    assert [r["update_clip_max_norm"] for r in rows[1:]] == pytest.approx([r["update_clip_max_norm"] for r in
+                                                                           sim_rows[1:]], rel=1e-4)

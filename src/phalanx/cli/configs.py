@@ -23,10 +23,13 @@ def show(
                                        "instead of the tree (the default).")] = False,
 ) -> None:
     """Print the config as TOML: its tree of sections (``--tree``, the default) or its flat keys (``--flat``).
-    Either reads back as the same runs with the same run ids."""
+    Either reads back as the same runs with the same run ids. A config ``phalanx run`` refuses is refused here, by
+    the same one validation, with the same one line."""
+    from phalanx.cli.runs import _validated_grid
     from phalanx.experiments import spelling, tree, treetext
     from phalanx.experiments.config import load_grid
 
+    _validated_grid(config, set_ or [])  # what `phalanx run` would refuse is refused before anything is printed
     data, _ = spelling.detach(load_grid(config, set_ or []))
     text = treetext.dumps(data if flat else tree.to_tree(data))
     console.print(text, end="", soft_wrap=True, highlight=False, markup=False)

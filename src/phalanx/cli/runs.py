@@ -350,6 +350,18 @@ def _split_slurm(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] |
     return data, data.pop("slurm", None)
 
 
+def _validated_grid(config: Path | None, overrides: list[str]) -> tuple[dict[str, Any], dict[str, Any] | None,
+                                                                        list[Any]]:
+    """The grid of a config as ``phalanx run`` and ``sweep`` take it — the table (with its spelling), its
+    ``[slurm]`` table, and its runs, every point validated once (:func:`phalanx.experiments.grid.runs`) before
+    anything runs. ``phalanx config show`` goes through here too, so it never prints a config ``run`` refuses, and
+    refuses it with the same one line (``tests/test_config_show.py``)."""
+    from phalanx.experiments import grid
+
+    data, slurm_table = _split_slurm(_load_grid(config, overrides))
+    return data, slurm_table, grid.runs(data)
+
+
 def _run_grid(
     config: Path | None, overrides: list[str], out: Path, jobs: int, executor: ExecutorChoice | None = None,
     fmt: str = "table", threads: int | None = None,
@@ -358,10 +370,9 @@ def _run_grid(
     (``--executor slurm``), or — ``engine = "torchrun"`` — one process per worker, exactly as ``phalanx launch``
     does."""
     from phalanx.errors import ConfigError
-    from phalanx.experiments import grid, report
+    from phalanx.experiments import report
 
-    data, slurm_table = _split_slurm(_load_grid(config, overrides))
-    runs = grid.runs(data)  # every point validated, once, before anything runs
+    _, slurm_table, runs = _validated_grid(config, overrides)  # every point validated, once, before anything runs
     _check_out(out)
     engines = {r.cfg.engine for r in runs}
     if engines == {"torchrun"}:

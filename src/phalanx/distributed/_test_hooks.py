@@ -13,11 +13,19 @@ rounds, a journal of each KIND in turn instead of its own: ``junk`` (a list of n
 nested lists), ``huge`` (8 MiB), ``unsigned`` (its journal with a signature that is not one), ``forged`` (its
 journal, signed, each message it took with a signature its sender never made), ``other`` (its journal, signed, of
 other rounds); ``own`` sends its own.
+
+``PHALANX_TEST_REPORT="RANK:KIND[+KIND…]"`` makes parameter-server worker RANK send, with its successive vectors,
+a worker-stage report of each KIND in turn instead of its own (:mod:`phalanx.distributed.wire`, ``m/<t>/<r>``):
+``huge`` (every number 1e300), ``nan`` (NaN and −∞), ``short`` (its report less one byte), ``other`` (its report
+under another tag: a peer of another release), ``lie`` (every number 1: a claim within any count's bounds);
+``own`` sends its own.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import struct
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +34,7 @@ from typing import Any
 VAR = "PHALANX_TEST_SLEEP"
 HOLD_VAR = "PHALANX_TEST_HOLD"
 JOURNAL_VAR = "PHALANX_TEST_JOURNAL"
+REPORT_VAR = "PHALANX_TEST_REPORT"
 
 
 def _entries(var: str, fields: int) -> list[list[str]]:
@@ -36,6 +45,7 @@ def _entries(var: str, fields: int) -> list[list[str]]:
 _SLEEP = {(int(r), int(t)): what for r, t, what in _entries(VAR, 3)}
 _HOLD = {int(t): path for t, path in _entries(HOLD_VAR, 2)}
 _JOURNAL = {int(r): kinds.split("+") for r, kinds in _entries(JOURNAL_VAR, 2)}
+_REPORT = {int(r): kinds.split("+") for r, kinds in _entries(REPORT_VAR, 2)}
 
 
 def _wait_for(path: str) -> None:
@@ -97,3 +107,26 @@ def journal(rank: int, items: list[dict[str, Any]],
     if kind == "other":
         return sign([{**item, "round": item["round"] + 1000} for item in items])
     return text, signature
+
+
+def report(rank: int, payload: bytes) -> bytes:
+    """A parameter-server worker's stage report as it sends it: ``payload``, unless the test plan makes this rank
+    send another kind (see the module's docstring)."""
+    plan = _REPORT.get(rank)
+    if not plan:
+        return payload
+    kind = plan.pop(0)
+    plan.append(kind)
+    print(f"[phalanx rank {rank}] {REPORT_VAR}: a {kind} report (test hook)", file=sys.stderr, flush=True)
+    tag, n = payload[:2], (len(payload) - 2) // 8
+    if kind == "huge":
+        return tag + struct.pack(f"<{n}d", *[1e300] * n)
+    if kind == "nan":
+        return tag + struct.pack(f"<{n}d", *[math.nan, -math.inf] * (n // 2), *[math.nan] * (n % 2))
+    if kind == "short":
+        return payload[:-1]
+    if kind == "other":
+        return b"R0" + payload[2:]
+    if kind == "lie":
+        return tag + struct.pack(f"<{n}d", *[1.0] * n)
+    return payload

@@ -102,6 +102,8 @@ class Janitor:
     def __init__(self, store: dist.Store, n: int) -> None:
         self.store = store.clone()  # type: ignore[attr-defined]  # a new connection (missing from the stubs)
         self.n = n
+        self.reports = False
+        """Whether the run's workers send worker-stage reports (``m/`` keys to delete too)."""
         self.rounds: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="phalanx-janitor", daemon=True)
         self.thread.start()
@@ -115,7 +117,8 @@ class Janitor:
         while (old := self.rounds.get()) is not None:
             try:
                 self.store.set(wire.key_server(old), wire.LAPSED)
-                for key in (wire.key_honest(old), *(wire.key_vector(old, r) for r in range(self.n))):
+                reports = [wire.key_report(old, r) for r in range(self.n)] if self.reports else []
+                for key in (wire.key_honest(old), *(wire.key_vector(old, r) for r in range(self.n)), *reports):
                     self.store.delete_key(key)
             except (dist.DistError, ConnectionError, RuntimeError):  # the store went away: the job is ending
                 return
@@ -171,6 +174,10 @@ class ServerLinks(Protocol):
         """Record that ``rank``'s vector of round t was not used, and why (sealed links: a rejection in the
         transcript; the store: nothing beyond the missing rank, since nothing says who wrote the key)."""
 
+    def reports(self, t: int, ranks: list[int]) -> dict[int, bytes]:
+        """The worker-stage reports of round t of ``ranks`` (whose vectors arrived) that are here, not waited for
+        (:func:`~phalanx.distributed.wire.absorb_reports`; sealed links carry none yet: {})."""
+
     def close(self) -> None:
         """Release what the links hold (threads, sockets)."""
 
@@ -212,6 +219,17 @@ class StoreLinks:
 
     def refuse(self, t: int, rank: int, reason: str) -> None:
         pass
+
+    def reports(self, t: int, ranks: list[int]) -> dict[int, bytes]:
+        if self.janitor is not None:
+            self.janitor.reports = True
+        keys = [wire.key_report(t, r) for r in ranks]
+        if not keys:
+            return {}
+        if self.store.check(keys):  # the normal round: every report came with its vector (one request each way)
+            return dict(zip(ranks, self.store.multi_get(keys)))
+        here = [r for r, k in zip(ranks, keys) if self.store.check([k])]  # a rank that sent none: not waited for
+        return dict(zip(here, self.store.multi_get([wire.key_report(t, r) for r in here]))) if here else {}
 
     def close(self) -> None:
         if self.janitor is not None:
@@ -255,6 +273,7 @@ class ParameterServer(Transport):
         if self.suspects:
             self.say(f"ranks {sorted(self.suspects)} did not start within {JOIN_TIMEOUT_S:g} s; training without them")
         self.vector_attack = self.me.vector_attack
+        self.reporting = wire.reporting(exp.stages)
         self.attack_state = start.streams["attack"]
         self.dim = exp.problem.dim
         self.itemsize = state.theta.element_size()
@@ -317,6 +336,8 @@ class ParameterServer(Transport):
                 if len(data) > row_bytes:
                     self.attack_state = wire.bytes_tensor(data[row_bytes:], torch.uint8)
         self._misfits(t, misfits, row_bytes)
+        if self.reporting:  # the other computing ranks' worker-stage measurements, for rank 0's columns (claims)
+            wire.absorb_reports(self.reporting, links.reports(t, [r for r in plan.computing if r != 0 and r in used]))
         expected = sorted(set(plan.computing) | set(plan.attacking))
         present = [r for r in expected if r in rows]
         missing = [r for r in expected if r not in rows]
@@ -373,8 +394,9 @@ class WorkerLinks(Protocol):
         rank fell behind and skips to t'), ``msg`` the message (``THETA`` + θ or ``STOP`` + reason) or None when
         only the new round is known."""
 
-    def send_vector(self, t: int, payload: bytes) -> None:
-        """This rank's vector of round t (with a Byzantine rank's attack-stream state appended)."""
+    def send_vector(self, t: int, payload: bytes, report: bytes | None = None) -> None:
+        """This rank's vector of round t (with a Byzantine rank's attack-stream state appended), and its
+        worker-stage report (:func:`~phalanx.distributed.wire.report_message`) if the run's stages make one."""
 
     def honest(self, t: int) -> bytes | None:
         """Round t's honest-vector message (for a Byzantine rank of a vector attack); None if the round is over."""
@@ -404,8 +426,11 @@ class StoreWorkerLinks:
             return max(t, latest), None
         return t, msg
 
-    def send_vector(self, t: int, payload: bytes) -> None:
-        wire.put(self.store, wire.key_vector(t, self.rank), payload)
+    def send_vector(self, t: int, payload: bytes, report: bytes | None = None) -> None:
+        if report is None:
+            wire.put(self.store, wire.key_vector(t, self.rank), payload)
+        else:  # one request, the report first: rank 0 finds it whenever it finds the vector
+            wire.put_many(self.store, [wire.key_report(t, self.rank), wire.key_vector(t, self.rank)], [report, payload])
 
     def honest(self, t: int) -> bytes | None:
         return bytes(self.store.get(wire.key_honest(t)))
@@ -429,6 +454,7 @@ class ParameterServerWorker:
         me.warm_up()
         links.ready()
         dtype = exp.problem.initial_theta().dtype
+        reporting = wire.reporting(exp.stages)
         t = int(init["round"])
         while t < exp.rounds:
             latest, msg = links.next_message(t)
@@ -445,7 +471,10 @@ class ParameterServerWorker:
             _test_hooks.maybe_sleep(rank, t)
             v = me.vector(theta, t)
             if v is not None:
-                links.send_vector(t, wire.tensor_bytes(v))
+                if reporting:  # its worker stages' measurements, with the vector (wire.py's m/<t>/<r>)
+                    links.send_vector(t, wire.tensor_bytes(v), _test_hooks.report(rank, wire.report_message(reporting)))
+                else:
+                    links.send_vector(t, wire.tensor_bytes(v))
             elif rank in me.plan.attacking:
                 hmsg = links.honest(t)
                 parsed = None if hmsg is None else wire.parse_honest(hmsg, dtype, exp.problem.dim)

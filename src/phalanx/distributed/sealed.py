@@ -343,6 +343,9 @@ class SealedLinks:
         for rank in list(self.down):
             self._post(rank, Kind.STOP, t, wire.STOP + reason[:STOP_BYTES - 1])
 
+    def reports(self, t: int, ranks: list[int]) -> dict[int, bytes]:
+        return {}  # a signed VECTOR frame carries the row alone: keyed jobs' worker-stage columns stay rank 0's
+
     def refuse(self, t: int, rank: int, reason: str) -> None:
         with self.cond:  # a signed vector the server could not use (not of the model's length): in the transcript
             self.rejections.append(Rejection(t, rank, reason))
@@ -451,8 +454,8 @@ class SealedWorkerLinks:
                 return r, bytes(payload)
             # an honest-vector message of a round this rank no longer serves, or an old θ: not for now
 
-    def send_vector(self, t: int, payload: bytes) -> None:
-        assert self.up is not None, "ready() first"
+    def send_vector(self, t: int, payload: bytes, report: bytes | None = None) -> None:
+        assert self.up is not None, "ready() first"  # the report is not sent (SealedLinks.reports)
         digest = hashlib.sha256(payload).digest()
         signature = self.identity.sign(signed_message(self.nonce, self.digest, t, self.rank, digest))
         send_frame(self.up, Kind.VECTOR, t, signature + payload)

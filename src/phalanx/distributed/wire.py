@@ -20,22 +20,37 @@ key                value                                       written by / read
                    (:func:`honest_message`), or ``X``
 ``v/<t>/<r>``      the rank's vector (+ its attack-stream       rank r / rank 0
                    state, Byzantine ranks of vector attacks)
+``m/<t>/<r>``      :data:`REPORT` + the rank's worker-stage     rank r (with its vector, one request) /
+                   measurements of round t (float64s)          rank 0 (:func:`absorb_reports`)
 =================  ==========================================  =====================================
+
+A report (``m/``) is written only in runs with a worker stage that reports (:attr:`WorkerStage.reports`
+<phalanx.training.stages.base.WorkerStage.reports>`), in the same request as the vector and before it, so rank 0
+finds it whenever it finds the vector. Its length is fixed by the run's stages; one of another length or tag (a peer
+of another release, a Byzantine rank) is dropped unread, as if the rank had reported nothing, and what it holds is a
+claim that only fills metric columns.
 """
 
 from __future__ import annotations
 
 import io
+import math
+import struct
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from phalanx.training.stages.base import Stage, WorkerStage
 
 THETA = b"T"
 HONEST = b"H"
 HONEST_CONTEXT = b"C"
 STOP = b"X"
 LAPSED = b"L"
+REPORT = b"R1"
+"""The tag and version of a worker-stage report: a report with another is dropped (its rank reported nothing)."""
 KEEP_ROUNDS = 16
 """Keys of rounds older than this are deleted; a worker further behind skips ahead to the current round."""
 
@@ -53,6 +68,53 @@ def key_honest(t: int) -> str:
 def key_vector(t: int, rank: int) -> str:
     """A rank's vector of round t."""
     return f"v/{t}/{rank}"
+
+
+def key_report(t: int, rank: int) -> str:
+    """A rank's worker-stage report of round t."""
+    return f"m/{t}/{rank}"
+
+
+def reporting(stages: Sequence[Stage]) -> list[WorkerStage]:
+    """The run's worker stages that report their measurements to rank 0 (in the run's order: every rank's same)."""
+    return [s for s in stages if isinstance(s, WorkerStage) and s.reports > 0]
+
+
+def report_message(stages: Sequence[WorkerStage]) -> bytes:
+    """:data:`REPORT` + each stage's :meth:`~WorkerStage.report` as float64s (NaN for a stage that has none)."""
+    values: list[float] = []
+    for stage in stages:
+        got = stage.report()
+        if got is not None and len(got) != stage.reports:
+            raise ValueError(f"{stage.name} reported {len(got)} numbers, not its {stage.reports}")
+        values += [math.nan] * stage.reports if got is None else [float(v) for v in got]
+    return REPORT + struct.pack(f"<{len(values)}d", *values)
+
+
+def parse_report(stages: Sequence[WorkerStage], data: bytes | bytearray) -> list[tuple[float, ...] | None] | None:
+    """Each stage's numbers in a report (None for a stage whose numbers are all NaN: no row), or None — the report
+    dropped — unless it has the tag :data:`REPORT` and exactly the run's length (checked before anything is read)."""
+    size = sum(s.reports for s in stages)
+    if bytes(data[:len(REPORT)]) != REPORT or len(data) != len(REPORT) + 8 * size:
+        return None
+    values = struct.unpack(f"<{size}d", bytes(data[len(REPORT):]))
+    out: list[tuple[float, ...] | None] = []
+    at = 0
+    for stage in stages:
+        chunk = tuple(values[at:at + stage.reports])
+        at += stage.reports
+        out.append(None if all(math.isnan(v) for v in chunk) else chunk)
+    return out
+
+
+def absorb_reports(stages: Sequence[WorkerStage], payloads: Mapping[int, bytes | bytearray]) -> int:
+    """Rank 0: hand each stage the reports ``payloads`` (rank → report) that parse (:func:`parse_report`), in rank
+    order; returns how many were dropped. Each stage bounds what it takes (:meth:`WorkerStage.absorb`)."""
+    parsed = [parse_report(stages, payloads[r]) for r in sorted(payloads)]
+    kept = [p for p in parsed if p is not None]
+    for i, stage in enumerate(stages):
+        stage.absorb([p[i] for p in kept])
+    return len(parsed) - len(kept)
 
 
 def tensor_bytes(x: Tensor) -> bytes:

@@ -338,7 +338,9 @@ def _flat_tie(tie: dict[str, Any], context: dict[str, Any]) -> tuple[dict[str, A
 def _written(spelled: dict[str, str], stages: Any, made: dict[str, Any]) -> Written:
     """The adapter's record of where each flat key was written, as :class:`Written`: a table that a section's
     keys filled one by one (``model_params`` from ``[model] hidden``) is the section, one written whole
-    (``[model].params``) has each of its keys; a built-in stage's flat key is its ``[stages.<name>].<p>``."""
+    (``[model].params``) has each of its keys; a built-in stage's flat key is its ``[stages.<name>].<p>``, and any
+    other stage's section ``stages.<name>`` is ``[stages.<name>]`` (its parameter ``stages.<name>.<p>`` then reads
+    ``[stages.<name>].<p>``, as every section's does)."""
     names = {}
     for flat, where in spelled.items():
         inner = [w for k, w in spelled.items() if k.startswith(flat + ".")]
@@ -352,6 +354,8 @@ def _written(spelled: dict[str, str], stages: Any, made: dict[str, Any]) -> Writ
                     f"[stages.{stage}].{p}"
             if stage != "dp":
                 names[legacy.PROJECTION] = f"[stages.{stage}]"
+        else:
+            names[f"{legacy.TREE}.{stage}"] = f"[stages.{stage}]"
     return Written.of(names)
 
 

@@ -32,7 +32,7 @@ in this package (found by :mod:`phalanx.training.stages.registry`), with no othe
 from __future__ import annotations
 
 from abc import ABC
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -221,13 +221,31 @@ class WorkerUpdate:
 class WorkerStage(Stage):
     """A stage at every computing worker, on each update before it leaves the worker (a vector attack's rows are
     not an update: the attack makes them). It is called every round, with no rows where a process computes none, so
-    that its streams advance alike in every process."""
+    that its streams advance alike in every process.
+
+    **Its measurements under** ``phalanx launch``: a worker process's stage measures only its own rows, and the
+    metric rows are rank 0's. A stage whose columns count the workers' updates declares :attr:`reports` numbers
+    (:meth:`report`: what this process measured of its last round); each worker process sends them to rank 0 with its
+    update, and rank 0's stage merges those of the processes whose rows the server used (:meth:`absorb`). A report
+    is its sender's *claim* — a Byzantine worker may report anything within the stage's bounds — so it only ever
+    fills metric columns, labelled as reported, and is never read by a decision (a rule, a stage's hook, a stop)."""
 
     side: ClassVar[str] = "worker"
+    reports: ClassVar[int] = 0
+    """How many float64 numbers :meth:`report` holds (0: the stage reports nothing to rank 0)."""
 
     def update(self, rows: Tensor, u: WorkerUpdate) -> Tensor:
         """The rows as they leave their workers (in place or new); by default as they are."""
         return rows
+
+    def report(self) -> tuple[float, ...] | None:
+        """This process's measurements of its last round, :attr:`reports` numbers (None: it computed no row)."""
+        return None
+
+    def absorb(self, reported: Sequence[tuple[float, ...] | None]) -> None:
+        """Rank 0, after its own :meth:`update` of the round: the reports of the other processes whose rows the server
+        used this round (each :attr:`reports` float64s, or None for a process that computed no row), to merge into
+        the columns. Each is a claim: one out of the stage's bounds is dropped, never raised on."""
 
     def check(self, plan: Plan) -> None:
         """The algorithm's workers must pass every update they send through the worker stages."""

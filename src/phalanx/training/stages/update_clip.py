@@ -19,20 +19,26 @@ attack's rows are whatever the attack makes: nothing at the worker binds an atta
 (that is the server's rule's job). A row with a non-finite norm (a diverged honest worker) is left as it is: the run's
 divergence check reports it; scaling it by C/∞ = 0 would turn its ∞ into NaN and hide where it came from.
 
-**Columns** (measured by the worker side of *this process*): ``update_clip_clipped``, how many of the last round's
-rows had a norm above C, and ``update_clip_max_norm``, the largest norm before clipping (∞ for a non-finite row). In
-the simulated engine every computing worker is in this process, so the columns cover them all; under ``phalanx
-launch`` the metric rows are rank 0's, so they cover only the rows rank 0 computed itself (one worker's, measured
-with ``topology = "server"`` and 4 processes), and are None where a process computed no row in the last round (and
-before the first round). A worker stage has no channel to send its measurements to the server's rows. No state,
-no random stream: a resumed run is the uninterrupted one bit for bit (the columns are the last round's, recomputed
-every round).
+**Columns**: ``update_clip_clipped``, how many of the last round's rows had a norm above C, and
+``update_clip_max_norm``, the largest norm before clipping (∞ for a non-finite row); None before the first round and
+in a round no row was computed. In the simulated engine every computing worker is in this process, so the columns
+cover them all, measured here. Under ``phalanx launch`` (topology ``server``) every worker process measures its own
+row and sends rank 0 its report — ``(clipped, max_norm)`` of its last round, with its update (the stage seam's
+:meth:`~phalanx.training.stages.base.WorkerStage.report`; :mod:`phalanx.distributed.wire`) — and rank 0 adds the
+reports of the ranks whose rows the server used to its own row's: the columns then count every computing worker,
+as the simulated run does. ``update_clip_reported`` says how many of those were *reported* by another process (0 in
+the simulated engine): a report is its sender's claim — a Byzantine worker of a data attack may report any count —
+so these columns are never read by a decision; a report out of the stage's bounds (a count that is not an integer in
+[0, n], a NaN or negative norm, a count > 0 with a norm ≤ C or a count of 0 with a finite norm > C) is dropped, so
+the columns stay within ``[0, n²]`` and ``[0, ∞]``. Keyed jobs (sealed links) and the serverless topology carry no
+report yet: there the columns are rank 0's own row's, and ``update_clip_reported`` is 0. No state, no random stream:
+a resumed run is the uninterrupted one bit for bit (the columns are the last round's, recomputed every round).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -41,7 +47,7 @@ from torch import Tensor
 from phalanx.training.stages.base import Evaluation, WorkerStage, WorkerUpdate
 from phalanx.validate import check_real
 
-COLUMNS = ("update_clip_clipped", "update_clip_max_norm")
+COLUMNS = ("update_clip_clipped", "update_clip_max_norm", "update_clip_reported")
 """The metric columns it fills."""
 
 
@@ -57,9 +63,14 @@ class UpdateClip(WorkerStage):
         "c": "C > 0: every computing worker's update is scaled to norm at most C before it is sent",
     }
 
+    reports: ClassVar[int] = 2
+    """Its report to rank 0 under ``phalanx launch``: (rows clipped, largest norm) of a process's last round."""
+
     def __init__(self, c: float = 1.0) -> None:
         self.c = check_real("c", c, low=0.0, low_open=True)
         self.last: tuple[int, float] | None = None
+        self.reported = 0  # how many other processes' reports went into ``last`` (rank 0 under phalanx launch)
+        self.workers = 0  # the last round's computing workers: no report may count more
 
     def params(self) -> dict[str, Any]:
         return {"c": self.c}
@@ -67,6 +78,7 @@ class UpdateClip(WorkerStage):
     def update(self, rows: Tensor, u: WorkerUpdate) -> Tensor:
         """Scale each row of finite norm above C to norm C, in place (returned); record the round's count and
         largest norm before clipping (∞ for a non-finite row; None with no rows)."""
+        self.workers, self.reported = u.workers, 0
         if rows.shape[0] == 0:
             self.last = None
             return rows
@@ -77,9 +89,32 @@ class UpdateClip(WorkerStage):
         self.last = (int(over.sum()), float(torch.nan_to_num(norms, nan=math.inf).max()))  # a NaN norm counts as ∞
         return rows
 
+    def report(self) -> tuple[float, ...] | None:
+        """This process's last round: (rows clipped, largest norm before clipping); None without rows."""
+        return None if self.last is None else (float(self.last[0]), self.last[1])
+
+    def plausible(self, claim: tuple[float, ...]) -> bool:
+        """Whether a report is within the stage's bounds: a count k, an integer in [0, n], and a norm ν in [0, ∞]
+        that agrees with it (k > 0 needs ν > C; k = 0 needs ν ≤ C or ν = ∞, a non-finite row not being clipped)."""
+        k, top = claim
+        if not (math.isfinite(k) and k == int(k) and 0 <= k <= self.workers) or math.isnan(top) or top < 0:
+            return False
+        return top > self.c if k > 0 else (top <= self.c or math.isinf(top))
+
+    def absorb(self, reported: Sequence[tuple[float, ...] | None]) -> None:
+        """Add the other processes' plausible reports (:meth:`plausible`; any other is dropped) to this round's
+        count and largest norm; :attr:`reported` counts them."""
+        for claim in reported:
+            if claim is None or not self.plausible(claim):
+                continue
+            k, top = int(claim[0]), float(claim[1])
+            self.last = (k, top) if self.last is None else (self.last[0] + k, max(self.last[1], top))
+            self.reported += 1
+
     def column_names(self) -> tuple[str, ...]:
         return COLUMNS
 
     def columns(self, ev: Evaluation) -> dict[str, Any]:
-        """The last round's clipped rows and largest norm before clipping, in this process (None without rows)."""
-        return dict.fromkeys(COLUMNS) if self.last is None else dict(zip(COLUMNS, self.last))
+        """The last round's clipped rows and largest norm before clipping — this process's, and under ``phalanx
+        launch`` at rank 0 the other processes' reports — and how many were reported (None without rows)."""
+        return dict.fromkeys(COLUMNS) if self.last is None else dict(zip(COLUMNS, (*self.last, self.reported)))
