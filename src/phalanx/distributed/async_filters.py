@@ -8,7 +8,8 @@ Asynchronous SGD", ICML 2020 (the validation score ⟨v, g̃⟩ − ρ‖g̃‖�
 gradient v of the server's validation loss; assumes a smooth loss, bounded gradient variance and a validation set
 drawn from the workers' distribution); Fang, Liu, Gong & Bentley, "AFLGuard: Byzantine-robust Asynchronous
 Federated Learning", ACSAC 2022 (accept g iff ‖g − g₀‖ ≤ λ‖g₀‖, g₀ the server's own update on its trusted samples at
-the current θ — here rank 0's gradient at the θₜ it published; no state). The math is the simulated algorithms' own and lives there — this module
+the current θ — here rank 0's gradient at the θₜ it published; no state). The math is the simulated algorithms'
+own and lives there — this module
 calls :meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.screen`
 (:meth:`~phalanx.training.algorithms.kardam.Kardam.screen`, :meth:`~phalanx.training.algorithms.zenopp.ZenoPP.screen`,
 :meth:`~phalanx.training.algorithms.aflguard.AFLGuard.screen`)
