@@ -37,7 +37,7 @@ What Phalanx implements, per update g of worker p computed at θ (version v, sta
   (default 1); a rejected one does not enter the window, so the window slides only on accepted updates. It needs
   W < q · n (n the computing workers: on processes n − 1), checked, else every worker could hold q places and
   nothing would ever be accepted again. Within any W consecutive accepted updates at most q are one worker's
-  (tests/test_async_filters.py::test_kardams_frequency_filter_throttles_a_fast_worker, with its mutant W = 0).
+  (tests/test_kardam_frequency.py::test_a_worker_faster_than_the_others_is_throttled, with its mutant W = 0).
 
 What it keeps and drops. Kept: the Lipschitz filter with the (n − f)/n quantile, the dampening, the bounded
 staleness (``max_staleness``: older updates are dropped by the clock, counted), a frequency filter (Phalanx's
