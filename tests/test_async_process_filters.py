@@ -1,4 +1,4 @@
-"""Kardam's and Zeno++'s filters, and data attacks, on real processes (phalanx.distributed.async_filters,
+"""Kardam's, Zeno++'s and AFLGuard's filters, and data attacks, on real processes (phalanx.distributed.async_filters,
 docs/async.md "On real processes"): a launch of each with a sign-flipping Byzantine rank finishes with the filter
 dropping that rank's updates (recorded counts, not one seed's accuracy); the same check fails on a filter that accepts
 everything; a resumed filter continues from the checkpoint's state (and a fresh one does not); a label-flipping rank
@@ -23,8 +23,8 @@ from phalanx.distributed.keys import init_keys
 from phalanx.distributed.worker import resolve_config
 from phalanx.errors import ConfigError
 from phalanx.experiments.build import from_config
-from phalanx.experiments.config import make_config
-from phalanx.training.algorithms.asynchronous import SCREENED
+from phalanx.experiments.config import make_config, validate
+from phalanx.training.algorithms.asynchronous import RING, SCREENED
 from phalanx.training.loop import fresh_start
 from phalanx.training.shards import sample_batches_of
 
@@ -33,7 +33,10 @@ FILTERED: dict[str, Any] = {
     "eval_every": 30, "checkpoint_every": 30,
 }
 PARAMS = {"kardam": {"buffer_size": 1, "filter_f": 1, "max_staleness": 3},
-          "zenopp": {"buffer_size": 1, "max_staleness": 3}}
+          "zenopp": {"buffer_size": 1, "max_staleness": 3},
+          "aflguard": {"buffer_size": 1, "max_staleness": 3, "lam": 3.0}}
+"""AFLGuard with λ = 3: at the default 1.5 it rejects most honest one-minibatch updates (docs/async.md), and on
+processes a version all of whose updates are rejected stops the run after ``round_timeout`` (measured: 2 of 3 seeds)."""
 
 
 def attacker_filtered(row: dict[str, Any]) -> list[str]:
@@ -49,7 +52,7 @@ def attacker_filtered(row: dict[str, Any]) -> list[str]:
     return wrong
 
 
-@pytest.mark.parametrize("name", ["kardam", "zenopp"])
+@pytest.mark.parametrize("name", ["kardam", "zenopp", "aflguard"])
 def test_a_filter_on_processes_drops_the_sign_flipping_rank(name: str, tmp_path: Path) -> None:
     """Ranks 0–4 (4 workers, rank 4 Byzantine: sign flip ×10 of its own gradient), K = 1, 30 steps. The run ends;
     rank 0 names the attacker's first filtered update on its log, and the metrics record the filter's drops of it
@@ -64,11 +67,12 @@ def test_a_filter_on_processes_drops_the_sign_flipping_rank(name: str, tmp_path:
     assert row["updates"] == 30 and row["rejected"] == row["byzantine_rejected"] + row["honest_rejected"]
 
 
-def scripted(name: str, accept_all: bool, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+def scripted(name: str, accept_all: bool, monkeypatch: pytest.MonkeyPatch, **params: Any) -> dict[str, Any]:
     """The real server's buffer and filter, in this process, offered what the launched job's workers send — rank
     1–3's minibatch gradients at θ, rank 4's sign flip ×10 — for 30 steps of K = 1 (θ stepped by the accepted one),
-    and the metric row :func:`attacker_filtered` reads. ``accept_all``: the mutant filter that accepts everything."""
-    cfg = make_config({**FILTERED, "algorithm": name, "algorithm_params": PARAMS[name]})
+    and the metric row :func:`attacker_filtered` reads. ``accept_all``: the mutant filter that accepts everything;
+    ``params``: the algorithm's parameters changed (a mutant's)."""
+    cfg = make_config({**FILTERED, "algorithm": name, "algorithm_params": {**PARAMS[name], **params}})
     exp = from_config(cfg)
     start = fresh_start(exp)
     own = start.state.own
@@ -94,12 +98,39 @@ def scripted(name: str, accept_all: bool, monkeypatch: pytest.MonkeyPatch) -> di
     return {**stats, "byzantine_updates": byz_used, "updates": 30}
 
 
-@pytest.mark.parametrize("name", ["kardam", "zenopp"])
+@pytest.mark.parametrize("name", ["kardam", "zenopp", "aflguard"])
 def test_the_check_catches_a_filter_that_accepts_everything(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The check of the launch test, on the server's own buffer and filter fed the job's updates: it passes with
     the algorithm's filter, and fails on the mutant that accepts everything (it would pass a server without one)."""
     assert attacker_filtered(scripted(name, False, monkeypatch)) == []
     assert attacker_filtered(scripted(name, True, monkeypatch)) != []
+
+
+def test_aflguards_check_on_processes_catches_the_lambda_mutant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """AFLGuard on the server's own buffer and filter fed the job's updates (:func:`scripted`): with λ = 1.5 the
+    sign-flipping rank's updates are dropped; the mutant λ = 10⁶ (a ball that holds any update) admits them and the
+    launch test's check fails on it."""
+    assert attacker_filtered(scripted("aflguard", False, monkeypatch)) == []
+    lax = scripted("aflguard", False, monkeypatch, lam=1e6)
+    assert attacker_filtered(lax) != [] and lax["byzantine_rejected"] == 0 and lax["byzantine_updates"] > 0
+
+
+def test_aflguard_runs_on_processes_with_its_trusted_gradient_at_the_published_theta() -> None:
+    """The server's filter computes g₀ at the θ it published last (no state: a fresh filter and one that judged
+    before give the same verdict, so a resume needs nothing from the checkpoint): g₀ itself passes at that θ,
+    −10·g₀ does not; the config with ``engine = "torchrun"`` resolves (AFLGuard was refused there)."""
+    exp = from_config(make_config({**FILTERED, "algorithm": "aflguard", "algorithm_params": PARAMS["aflguard"]}))
+    validate(make_config({**FILTERED, "algorithm": "aflguard", "algorithm_params": PARAMS["aflguard"],
+                          "engine": "torchrun"}))
+    theta = fresh_start(exp).state.theta.clone() + 0.01
+    g0 = exp.algorithm.server_update(exp, theta)
+    verdicts = []
+    for _ in range(2):
+        flt = ProcessFilter(exp, fresh_start(exp).state.own)
+        flt.publish(3, theta)
+        verdicts.append((flt.judge(1, 3, g0) is not None, flt.judge(4, 3, -10.0 * g0) is not None))
+    assert verdicts == [(True, False), (True, False)]
+    assert set(flt.state()) == {RING, SCREENED}  # the ring and the counts: no filter state to checkpoint
 
 
 def test_a_resumed_filter_continues_from_the_checkpoints_state(tmp_path: Path) -> None:
@@ -161,12 +192,11 @@ def test_a_data_attack_runs_on_processes(tmp_path: Path) -> None:
      "algorithm_params.byzantine_timing"),
     ({"algorithm": "kardam", "attack": "alie", "attack_params": {}, "algorithm_params": {"buffer_size": 1}},
      "attack"),
-    ({"algorithm": "aflguard", "algorithm_params": {"buffer_size": 1}}, "engine"),
 ])
 def test_a_bad_combination_is_refused_before_launch(change: dict[str, Any], parameter: str, tmp_path: Path) -> None:
     """Kardam's 3f < n − 1 on processes (f = 2 of 6 worker ranks: the simulated 3f < n = 7 would pass), a timing the
-    processes cannot play, an attack one worker cannot play alone, a filter not run on processes (AFLGuard's): each
-    one line naming its parameter, from the config alone (nothing launched)."""
+    processes cannot play, an attack one worker cannot play alone: each one line naming its parameter, from the
+    config alone (nothing launched)."""
     data = {**FILTERED, "engine": "torchrun", **change}
     with pytest.raises(ConfigError) as info:
         resolve_config(str(write_toml(tmp_path / "bad.toml", data)), [])
@@ -174,10 +204,11 @@ def test_a_bad_combination_is_refused_before_launch(change: dict[str, Any], para
 
 
 @pytest.mark.parametrize(("name", "filters", "rows"), [("fedbuff", False, False), ("kardam", True, False),
-                                                       ("zenopp", True, True)])
+                                                       ("zenopp", True, True), ("aflguard", True, False)])
 def test_the_audit_counts_what_it_cannot_recompute(name: str, filters: bool, rows: bool) -> None:
     """The keyed audit's hook: a filtering algorithm's steps count as ``filters_unchecked`` (the transcript holds
-    neither the dropped updates nor every θ); Zeno++'s rows (g̃, v unrecorded) and so its results are not recomputed
+    neither the dropped updates nor every θ: AFLGuard's g₀ needs θₜ); Zeno++'s rows (g̃, v unrecorded) and so its
+    results are not recomputed
     (``results_unchecked``), Kardam's and FedBuff's are. The mutant that claims Zeno++'s rows recomputable would
     refuse every honest Zeno++ step ("the recorded rows are not the algorithm's rows")."""
     from phalanx.distributed.async_filters import rows_unchecked, unchecked

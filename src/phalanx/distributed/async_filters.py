@@ -1,4 +1,4 @@
-"""Kardam's and Zeno++'s filters on the real asynchronous server: each update judged as it arrives.
+"""Kardam's, Zeno++'s and AFLGuard's filters on the real asynchronous server: each update judged as it arrives.
 
 Damaskinos, El Mhamdi, Guerraoui, Patra & Taziki, "Asynchronous Byzantine Machine Learning (the case of SGD)",
 ICML 2018 (the Lipschitz filter: an update g of worker p computed at θ is accepted iff its empirical Lipschitz
@@ -6,9 +6,13 @@ coefficient k = ‖g − ĝ‖ / ‖θ − θ̂‖ is at most the ((n − f)/n)-
 n ≥ 3f + 1, a Lipschitz-smooth cost and bounded staleness); Xie, Koyejo & Gupta, "Zeno++: Robust Fully
 Asynchronous SGD", ICML 2020 (the validation score ⟨v, g̃⟩ − ρ‖g̃‖² ≥ −ε of the normalised update g̃ against the
 gradient v of the server's validation loss; assumes a smooth loss, bounded gradient variance and a validation set
-drawn from the workers' distribution). The math is the simulated algorithms' own and lives there — this module
+drawn from the workers' distribution); Fang, Liu, Gong & Bentley, "AFLGuard: Byzantine-robust Asynchronous
+Federated Learning", ACSAC 2022 (accept g iff ‖g − g₀‖ ≤ λ‖g₀‖, g₀ the server's own update on its trusted samples at
+the current θ — here rank 0's gradient at the θₜ it published; no state). The math is the simulated algorithms'
+own and lives there — this module
 calls :meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.screen`
-(:meth:`~phalanx.training.algorithms.kardam.Kardam.screen`, :meth:`~phalanx.training.algorithms.zenopp.ZenoPP.screen`)
+(:meth:`~phalanx.training.algorithms.kardam.Kardam.screen`, :meth:`~phalanx.training.algorithms.zenopp.ZenoPP.screen`,
+:meth:`~phalanx.training.algorithms.aflguard.AFLGuard.screen`)
 with one update at a time, never a copy of it.
 
 What differs from the simulated clock, and why:
@@ -21,7 +25,8 @@ What differs from the simulated clock, and why:
 * **n is the worker ranks.** Rank 0 only serves, so Kardam's quantile is over the n − 1 ranks that compute
   (``workers = n − 1``; the config checks 3f < n − 1 before launch).
 * **The step of the judgement.** An update is judged at the version t the server has published when it arrives
-  (Zeno++'s v is refreshed at the first judgement of step t when t is a multiple of ``refresh``); one that arrives
+  (Zeno++'s v is refreshed at the first judgement of step t when t is a multiple of ``refresh``; AFLGuard's g₀ is
+  computed at θₜ for each judgement); one that arrives
   after the buffer filled is used in the next step, judged at t. An accepted update that a newer one of its worker
   then supersedes in the step (the buffer keeps each worker's freshest) was judged, and stays Kardam's reference,
   without being aggregated.
@@ -100,7 +105,8 @@ class ProcessFilter:
 
 def unchecked(algorithm: Any) -> bool:
     """Whether the keyed audit leaves an asynchronous step's filtering unchecked (the algorithm screens: Kardam,
-    Zeno++) — the audit counts such steps instead of passing them silently."""
+    Zeno++, AFLGuard — whose g₀ needs θₜ, which the transcript does not hold) — the audit counts such steps instead
+    of passing them silently."""
     return bool(getattr(algorithm, "screens", False))
 
 

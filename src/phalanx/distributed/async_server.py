@@ -82,7 +82,7 @@ older version of a worker whose newer update is in the step (the server keeps ea
 before this session's first (after a resume: this session never published it, and the record of what each worker
 delivered before the checkpoint is not the buffer's — a Byzantine worker's old version would otherwise be kept after
 a newer one of it was aggregated, and the honest server's transcript would fail the audit), or one the algorithm's
-filter rejected (Kardam's, Zeno++'s: :mod:`phalanx.distributed.async_filters`)."""
+filter rejected (Kardam's, Zeno++'s, AFLGuard's: :mod:`phalanx.distributed.async_filters`)."""
 NOTICES = "async/n"
 
 
@@ -348,7 +348,7 @@ class AsyncServer(Transport):
         self.buffer = Buffer(n, experiment.problem.dim, theta.dtype, self.algo.max_staleness, start.state.round,
                              since=start.state.round)
         self.filter = ProcessFilter(experiment, start.state.own) if self.algo.screens else None
-        if self.filter is not None:  # (Kardam's, Zeno++'s: from the start's state — a resume's checkpoint)
+        if self.filter is not None:  # (Kardam's, Zeno++'s, AFLGuard's: from the start's state — a resume's checkpoint)
             self.buffer.judge = self.filter.judge
         self.next_round = start.state.round
         self.links.offer({"config": self.digest, "round": start.state.round, "streams": {}, "momentum": None})

@@ -23,6 +23,13 @@ the run's rule over the buffer (``buffer_size = 1`` and the mean: the paper's up
 weighting (the paper applies the accepted update as it is). Rejected updates become zero rows, counted in the
 ``screened`` statistics (:mod:`~phalanx.training.algorithms.asynchronous`).
 
+On real processes (``engine = "torchrun"``, :mod:`phalanx.distributed.async_filters`) the same :meth:`AFLGuard.screen`
+judges each update as it arrives: g₀ is computed by rank 0 at the θₜ it has published when the update arrives, on
+the same trusted samples (the run's seed and ``trusted`` stream); a rejected update is dropped (reason
+``filtered``), not a zero row. No state, so a resumed server recomputes the same g₀. The keyed audit cannot
+recompute the decisions (the transcript holds neither θₜ nor the dropped updates): it counts every step under
+``filters_unchecked``; the rows (the updates as signed: no reshaping) and results it recomputes.
+
 λ's default, 1.5, is Phalanx's choice (the paper studies λ's effect); λ → ∞ accepts everything (FedBuff's server
 without the staleness scaling), a small λ rejects honest updates whose noise exceeds λ‖g₀‖.
 
@@ -64,6 +71,7 @@ class AFLGuard(FedBuff):
     trusted_size: int = 32
     name = "aflguard"
     screens = True
+    screens_on_processes = True
     reference = "Fang, Liu, Gong & Bentley, AFLGuard: Byzantine-robust Asynchronous Federated Learning, ACSAC 2022"
 
     def __post_init__(self) -> None:

@@ -271,11 +271,11 @@ class Asynchronous(RoundAlgorithm):
 
     real_processes: ClassVar[bool] = False
     """It runs on real processes (``engine = "torchrun"``, :mod:`phalanx.distributed.async_server`): FedBuff, BASGD,
-    Kardam and Zeno++."""
+    Kardam, Zeno++ and AFLGuard."""
     screens_on_processes: ClassVar[bool] = False
     """Its filter (:meth:`screen`) is run, and tested, on real processes one update at a time
-    (:mod:`phalanx.distributed.async_filters`): Kardam and Zeno++ (a filtering algorithm without it is refused
-    there)."""
+    (:mod:`phalanx.distributed.async_filters`): Kardam, Zeno++ and AFLGuard (a filtering algorithm without it is
+    refused there)."""
 
     def check_processes(self, cfg: Any, attack: Attack | DataAttack) -> None:
         """What the asynchronous server on real processes runs, refused in one line otherwise: this algorithm, the
@@ -283,7 +283,7 @@ class Asynchronous(RoundAlgorithm):
         (:func:`check_process_attack`), and a buffer the n − 1 worker ranks can fill (rank 0 only serves)."""
         if not self.real_processes or (self.screens and not self.screens_on_processes):
             raise ConfigError("engine", cfg.engine, f"'simulated' with algorithm {self.name!r} (real asynchronous "
-                              "processes run fedbuff, basgd, kardam and zenopp)")
+                              "processes run fedbuff, basgd, kardam, zenopp and aflguard)")
         if self.byzantine_timing != "honest":
             raise ConfigError("algorithm_params.byzantine_timing", self.byzantine_timing, "'honest' with engine "
                               "'torchrun' (the processes' own pace is their timing)")
