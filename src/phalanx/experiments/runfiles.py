@@ -48,7 +48,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -92,6 +92,20 @@ def reason(exc: BaseException) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading, only if it is a regular file: opened ``O_NONBLOCK`` (a FIFO put in its place does
+    not block the open) and checked with ``fstat`` on the descriptor read (no swap between a check and the open); a
+    :func:`damaged` error otherwise, :class:`FileNotFoundError` if it is missing."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise damaged(path, "not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def size_of(path: Path) -> int:
     """The size of ``path`` in bytes; :class:`FileNotFoundError` if it does not exist; a :func:`damaged` error if it is
     not a regular file (a directory, a FIFO that would block a read, a device)."""
@@ -106,8 +120,9 @@ def _too_large(path: Path, size: int, limit: int) -> ConfigError:
 
 
 def loads(path: Path, raw: bytes) -> Any:
-    """``raw`` (the content of ``path``) as JSON; a :func:`damaged` error naming ``path`` if it is not UTF-8 JSON or
-    is nested deeper than the parser's recursion limit."""
+    """``raw`` (the content of ``path``) as JSON; a :func:`damaged` error naming ``path`` if it is not UTF-8 JSON, is
+    nested deeper than the parser's recursion limit, or holds an integer longer than Python converts
+    (``sys.get_int_max_str_digits()``, 4,300 digits: a plain :class:`ValueError` of ``json``)."""
     try:
         return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -116,6 +131,8 @@ def loads(path: Path, raw: bytes) -> Any:
         raise damaged(path, f"not JSON ({reason(exc)})") from None
     except RecursionError:
         raise damaged(path, "JSON nested too deeply") from None
+    except ValueError as exc:  # an integer of more than sys.get_int_max_str_digits() (4,300) digits
+        raise damaged(path, f"a number too long to read ({reason(exc)})") from None
 
 
 def read_bounded(path: Path, limit: int) -> bytes:
@@ -124,7 +141,7 @@ def read_bounded(path: Path, limit: int) -> bytes:
     size = size_of(path)
     if size > limit:
         raise _too_large(path, size, limit)
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         raw = fh.read(limit + 1)
     if len(raw) > limit:  # it grew between the stat and the read
         raise _too_large(path, len(raw), limit)
@@ -152,7 +169,7 @@ def jsonl_lines(path: Path, max_line: int = MAX_ROW_BYTES, max_bytes: int = MAX_
     size = size_of(path)
     if size > max_bytes:
         raise _too_large(path, size, max_bytes)
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         number = 0
         while True:
             line = fh.readline(max_line + 1)
@@ -210,7 +227,7 @@ def checkpoint_header(path: Path, limit: int = MAX_HEADER_BYTES) -> Header:
     """The checked header of the safetensors file ``path`` (see the module's docstring); a :func:`damaged` error
     naming it otherwise, raised having read at most ``limit`` + 8 bytes."""
     size = size_of(path)
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         head = fh.read(8)
         if len(head) < 8:
             raise damaged(path, f"{size} bytes: shorter than a safetensors header")

@@ -25,6 +25,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -93,10 +94,9 @@ def locked(run_dir: Path, *, wait: bool = False) -> Iterator[None]:
     """Hold the run directory's lock inside the block (see the module's docstring); :class:`RunInUse` if another
     process holds it, or, with ``wait``, block until it is free."""
     run_dir = Path(run_dir)
-    store.make_dir(run_dir)
+    store.make_run_dir(run_dir)
     path = run_dir / LOCK
-    with store.writing(path):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask applies, as for open(path, "w")
+    fd = store.open_lock(path)  # a link, FIFO or hard link planted there is refused, never written through
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
@@ -113,11 +113,13 @@ def locked(run_dir: Path, *, wait: bool = False) -> Iterator[None]:
 def holder(run_dir: Path) -> dict[str, Any] | None:
     """Who holds the run directory's lock now (what its lock file says), or ``None`` when nobody does."""
     path = Path(run_dir) / LOCK
-    try:
-        fd = os.open(path, os.O_RDONLY)
+    try:  # a FIFO does not block the open, a link is not followed: neither is a lock Phalanx made
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -191,18 +193,18 @@ def final_rows(run_dir: Path) -> list[dict[str, Any]]:
 def last_round(run_dir: Path) -> int | None:
     """The round of the last metrics row written (metrics are written at every checkpoint), or ``None``."""
     path = Path(run_dir) / "metrics.jsonl"
-    try:
-        with path.open("rb") as fh:
+    try:  # only a regular file, opened without blocking (a FIFO there would hang `phalanx status` and the watcher)
+        with runfiles.open_regular(path) as fh:
             fh.seek(0, os.SEEK_END)
             size = fh.tell()
             fh.seek(max(0, size - 65536))
-            lines = fh.read().splitlines()
-    except OSError:
+            lines = fh.read(65536).splitlines()
+    except (OSError, ValueError):  # missing, unreadable, not a regular file (ConfigError is a ValueError)
         return None
     for line in reversed(lines):
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, a number too long, nested too deeply
             continue
         if isinstance(row, dict) and isinstance(row.get("round"), int):
             return int(row["round"])

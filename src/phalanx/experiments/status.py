@@ -27,9 +27,7 @@ GRID = "grid.json"
 @contextmanager
 def _grid_lock(out: Path) -> Iterator[None]:
     """Serialise read-modify-write of ``grid.json`` between commands writing into the same ``OUT``."""
-    path = out / ".grid.lock"
-    with store.writing(path):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # as open(path, "w"): the umask applies
+    fd = store.open_lock(out / ".grid.lock")  # a link, FIFO or hard link planted there is refused, never followed
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -37,17 +35,35 @@ def _grid_lock(out: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def _empty() -> dict[str, Any]:
+    return {"runs": [], "slurm_jobs": []}
+
+
 def read_grid(out: Path) -> dict[str, Any]:
-    """What ``OUT/grid.json`` says (an empty record if there is none or it cannot be read)."""
+    """What ``OUT/grid.json`` says (an empty record if there is none or it cannot be read).
+
+    ``OUT`` may be a shared folder whose co-users can write it, so the file is read as every run-directory file is
+    (:func:`phalanx.experiments.runfiles.read_json_object`: a regular file only, opened without blocking, at most
+    :data:`~phalanx.experiments.runfiles.MAX_JSON_BYTES`, nesting and over-long numbers refused), and its shape is
+    checked: ``runs`` keeps only run ids (plain names: none leads out of ``OUT``), ``slurm_jobs`` only the entries
+    :func:`record_slurm_job` writes;
+    anything else is dropped (and the next write of the record leaves it out)."""
     try:
-        data = json.loads((Path(out) / GRID).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {"runs": [], "slurm_jobs": []}
-    if not isinstance(data, dict):
-        return {"runs": [], "slurm_jobs": []}
-    data.setdefault("runs", [])
-    data.setdefault("slurm_jobs", [])
+        data = runfiles.read_json_object(Path(out) / GRID)
+    except (OSError, ValueError):  # missing, unreadable, too large, not a JSON object (ConfigError is a ValueError)
+        return _empty()
+    runs, jobs = data.get("runs"), data.get("slurm_jobs")
+    data["runs"] = [r for r in runs if isinstance(r, str) and store.plain_name(r)] if isinstance(runs, list) else []
+    data["slurm_jobs"] = [j for j in jobs if _job_ok(j)] if isinstance(jobs, list) else []
     return data
+
+
+def _job_ok(job: Any) -> bool:
+    """Whether a ``slurm_jobs`` entry is one :func:`record_slurm_job` writes: a job id, and per task a list of run
+    ids."""
+    return (isinstance(job, dict) and isinstance(job.get("job"), str) and isinstance(job.get("runs", []), list)
+            and all(isinstance(t, list) and all(isinstance(n, str) and store.plain_name(n) for n in t)
+                    for t in job.get("runs", [])))
 
 
 def _update(out: Path, change: dict[str, Any]) -> None:

@@ -40,6 +40,7 @@ import json
 import os
 import platform
 import re
+import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -77,6 +78,47 @@ def make_dir(path: Path) -> Path:
     with writing(path):
         path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def _link_refused(path: Path, what: str) -> OutputError:
+    return OutputError(str(path), f"{what}, not followed (whoever can write its folder could point it at any file of "
+                       "yours)", "remove it, then run the same command again")
+
+
+def make_run_dir(path: Path) -> Path:
+    """:func:`make_dir` for a run directory, which must be a directory of its own, not a symbolic link: one planted
+    by a co-user of a shared ``runs/`` folder would send every file of the run (and the lock's truncation) to
+    wherever it points. Checked with ``lstat`` before and after the directory is created; an :class:`OutputError`
+    naming it otherwise."""
+    if path.is_symlink():
+        raise _link_refused(path, "a symbolic link where a run directory goes")
+    make_dir(path)
+    if path.is_symlink():  # it appeared between the check and the mkdir
+        raise _link_refused(path, "a symbolic link where a run directory goes")
+    return path
+
+
+def open_lock(path: Path) -> int:
+    """A descriptor on the lock file ``path``, created if missing (as ``open(path, "w")``: the umask applies),
+    opened read-write only if it is a plain file of its own: ``O_NOFOLLOW`` (a symbolic link is refused, never
+    followed), ``O_NONBLOCK`` (a FIFO does not block the open), then ``fstat`` on the descriptor: a regular file with
+    one link (a hard link to another file is refused too). Nothing is written before these checks, so a planted
+    link can no longer make the lock's holder record truncate the file it points at. An :class:`OutputError` naming
+    ``path`` otherwise."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if path.is_symlink():  # ELOOP (Linux) or EMLINK (FreeBSD): O_NOFOLLOW met a link
+            raise _link_refused(path, "a symbolic link where a lock file goes") from None
+        raise OutputError.of(path, exc) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        what = "not a regular file (a FIFO, a device or a directory)" if not stat.S_ISREG(st.st_mode) else \
+            f"a file with {st.st_nlink} hard links where a lock file goes"
+        raise _link_refused(path, what)
+    return fd
 
 
 def atomic_write_bytes(path: Path, payload: bytes, mode: int | None = None) -> None:
@@ -131,10 +173,23 @@ def _read_manifest(out: Path) -> dict[str, Any]:
 
 
 def _record(out: Path, name: str, digest: str) -> None:
-    """Record ``digest`` as the file ``name``'s, keeping the one it replaces (see the module's docstring)."""
+    """Record ``digest`` as the file ``name``'s, keeping the one it replaces (see the module's docstring).
+
+    ``previous`` is the digest of the file on disk now, the one the rename will replace, when it is one of the two
+    recorded: after a crash between an earlier record and its rename, the disk holds the *previous* file while the
+    manifest already names the new one, and a second crash in the same window must still find the disk's file
+    recorded (keeping the last recorded digest there lost it: two such crashes made a run unresumable)."""
     manifest = _read_manifest(out)
     artifacts = manifest.setdefault("artifacts", {})
-    old = artifacts.get(name, {}).get("sha256")
+    entry = artifacts.get(name, {})
+    old = entry.get("sha256")
+    if entry.get("previous") is not None and entry["previous"] != old:
+        try:  # the file may be the one recorded (the usual case) or the previous one (a crash in the window)
+            runfiles.size_of(out / name)  # a regular file: a FIFO would block the digest's read
+            if file_digest(out / name) == entry["previous"]:
+                old = entry["previous"]
+        except (OSError, ValueError):  # missing, not a regular file (ConfigError is a ValueError)
+            pass
     artifacts[name] = {"sha256": digest, "previous": old}
     manifest["integrity"] = INTEGRITY_VERSION
     atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
@@ -243,6 +298,12 @@ RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.safetensors", "metrics.
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")
 
 
+def plain_name(name: str) -> bool:
+    """Whether ``name`` is a plain file or directory name (letters, digits, ``._-``, not starting with a dot): no
+    path separator, no ``..``, so joined to a folder it stays inside it."""
+    return _PLAIN_NAME.fullmatch(name) is not None
+
+
 def check_finished(out: Path, identity: dict[str, Any]) -> None:
     """What a grid checks before it skips a finished run as done: its recorded ``config.json`` is the file the
     manifest records and the configuration ``identity`` asked for (:func:`check_identity`), every file the run
@@ -272,7 +333,7 @@ def prepare_run_dir(
     intra-op thread count it starts with and ``device`` (:func:`phalanx.training.devices.describe`: where the run
     trains; default the CPU).
     """
-    make_dir(out)
+    make_run_dir(out)
     if (out / "config.json").exists():
         check_identity(out, identity)
         return
@@ -450,6 +511,8 @@ def rows_upto(path: Path, round_: int | None) -> tuple[list[dict[str, Any]], str
             raise damaged(metrics, f"line {number} is {'cut short' if cut else 'not JSON'} ({exc.msg})") from None
         except RecursionError:
             raise damaged(metrics, f"line {number} is JSON nested too deeply") from None
+        except ValueError:  # an integer of more than 4,300 digits (sys.get_int_max_str_digits)
+            raise damaged(metrics, f"line {number} holds a number too long to read") from None
         if not isinstance(row, dict) or isinstance(row.get("round"), bool) or not isinstance(row.get("round"), int):
             raise damaged(metrics, f"line {number} is not a metric row (a JSON object with an integer 'round')")
         if round_ is None or row["round"] <= round_:
