@@ -10,6 +10,8 @@ asks for 0o600, which it has from the start: the temporary file is never readabl
 
 A link planted at the target is replaced, never followed (``os.replace`` renames over the name); a crash leaves at
 most the temporary file, which :func:`phalanx.experiments.store.remove_temporaries` clears.
+The one kind of file written in place, not replaced, is a lock file: it is opened ``O_NOFOLLOW`` and checked to be a
+regular file of one link before anything is written to it (:func:`phalanx.experiments.store.open_lock`).
 """
 
 from __future__ import annotations
