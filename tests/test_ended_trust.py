@@ -252,3 +252,23 @@ def test_a_signed_run_stopped_early_resumes_under_verify_key(tmp_path: Path, key
     train_interrupted(_cfg(keys, seed=0, verify=False), run, 2)
     train(_cfg(keys, seed=0, sign=False), run)
     assert store.is_finished(run)
+
+
+# ----------------------------------------------- finding 9: a row appended after the checkpoint of an unsigned run
+
+
+def test_a_row_appended_after_the_final_checkpoint_is_refused_on_an_unsigned_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = _cfg(None, seed=0)
+    (run,) = run_grid([cfg], tmp_path)
+    honest = _reported(tmp_path, 0)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    with (run / "metrics.jsonl").open("a") as fh:
+        fh.write(json.dumps({**rows[-1], "round": BASE["rounds"] + 1, "test_accuracy": 0.99}) + "\n")
+    _rehash(run)
+    with pytest.raises(ProvenanceError) as info:
+        run_grid([cfg], tmp_path)
+    _one_line(info.value, "1 row(s) after its checkpoint's round 4 (round 5)")
+    monkeypatch.setattr(provenance, "rows_beyond", lambda run_dir, round_: None)  # mutant: rows_upto(…, round_)
+    run_grid([cfg], tmp_path)
+    assert _reported(tmp_path, 0) == 0.99 != honest

@@ -344,7 +344,20 @@ def _on_disk(run_dir: Path, identity: dict[str, Any]) -> tuple[list[Segment] | N
     problem = structure(chain, run_digest(identity)) or _end_mismatch(chain[-1].end, at)
     if problem is None and store.is_finished(run_dir) and identity.get("rounds") not in (None, round_):
         problem = f"its checkpoint is of round {round_}, but the run has {identity.get('rounds')} rounds"
+    if problem is None and store.is_finished(run_dir):
+        problem = rows_beyond(run_dir, round_)
     return chain, problem
+
+
+def rows_beyond(run_dir: Path, round_: int) -> str | None:
+    """What is wrong with a finished run's metric rows after its final checkpoint's round ``round_``, or ``None``:
+    the record covers the rows up to that round only, and a finished run writes none after it, so a later row (the
+    one a report would take as final) was appended by hand."""
+    later = [r["round"] for r in store.read_rows(run_dir) if r["round"] > round_]
+    if not later:
+        return None
+    return (f"metrics.jsonl has {len(later)} row(s) after its checkpoint's round {round_} (round {max(later)}), "
+            "which no session wrote")
 
 
 def check_recorded(run_dir: Path, identity: dict[str, Any]) -> None:
