@@ -180,6 +180,16 @@ def test_a_diverged_run_planted_without_a_key_is_refused_by_the_unkeyed_checks(
     assert _reported(tmp_path, 1) == 0.99
 
 
+def test_without_a_key_a_consistently_planted_divergence_of_the_runs_own_files_is_skipped_the_documented_limit(
+        tmp_path: Path, keys: dict[str, Path], signed: tuple[Path, Path]) -> None:
+    """The limit docs/security.md states: unsigned, the run's own files turned 'diverged' with every digest
+    recomputed are indistinguishable from an honest divergence (the same plant under verify_key is refused)."""
+    (run,) = _copy(signed[:1], tmp_path)
+    plant_diverged(run, 0.99)
+    run_grid([_cfg(keys, seed=0, verify=False)], tmp_path)
+    assert _reported(tmp_path, 0) == 0.99
+
+
 def test_a_diverged_marker_the_manifest_does_not_record_is_never_counted(
         tmp_path: Path, signed: tuple[Path, Path]) -> None:
     """report.collect and runstate.final_rows (what studies read) believe only a recorded marker."""
