@@ -1,8 +1,9 @@
 """Run a grid of configurations, skipping finished runs, on an executor (this machine by default, or Slurm).
 
 Each configuration gets its own run directory ``OUT/<run_id>``; a finished run (``DONE``, or ``DIVERGED``: it would
-diverge again) is skipped, an unfinished one resumes from its checkpoint. So a killed sweep, started again, redoes
-no finished run and no round before the last checkpoint. The grid's run ids are recorded in ``OUT/grid.json`` so
+diverge again) is skipped once what it recorded is checked (:mod:`phalanx.experiments.ended`), an unfinished one
+resumes from its checkpoint. So a killed sweep, started again, redoes no finished run and no round before the last
+checkpoint. The grid's run ids are recorded in ``OUT/grid.json`` so
 that ``phalanx status OUT`` can list the runs not started yet.
 
 A run that fails does not stop the others: its directory keeps a ``FAILED`` marker with the error, and once the

@@ -443,7 +443,8 @@ def rows_upto(path: Path, round_: int | None) -> tuple[list[dict[str, Any]], str
     the file holds them (``None`` for no rows: what a provenance record compares). At most
     :data:`~phalanx.experiments.schema.MAX_ROWS` + 1 rows are read; a line longer than
     :data:`~phalanx.experiments.runfiles.MAX_ROW_BYTES`, nested too deeply or not a row is one line naming the
-    file."""
+    file. A run directory pinned to a verified signature (:func:`pin`) must hold, in the bytes read here, the signed
+    file: an :class:`IntegrityError` otherwise."""
     metrics = path / "metrics.jsonl"
     signed = None if forced() else _PINNED.get(os.path.abspath(path), {}).get("metrics.jsonl", "") or None
     if not metrics.exists():
