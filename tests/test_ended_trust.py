@@ -169,6 +169,12 @@ def test_a_diverged_run_planted_without_a_key_is_refused_by_the_unkeyed_checks(
     with pytest.raises(IntegrityError) as integrity:
         run_grid([victim], tmp_path)
     _one_line(integrity.value, "DONE", "missing")
+    manifest = json.loads((a / "manifest.json").read_text())
+    del manifest["artifacts"]["DONE"]  # DONE's record dropped too: the marker itself is what is refused
+    (a / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IntegrityError) as marker:
+        run_grid([victim], tmp_path)
+    _one_line(marker.value, "DIVERGED", "not recorded in manifest.json")
     shutil.rmtree(a)
     shutil.copytree(b, a)
     plant_diverged(a, 0.99)
