@@ -41,7 +41,6 @@ docs/security.md states the threat model and the test behind each claim.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -51,7 +50,8 @@ from typing import Any
 
 from phalanx.distributed.async_filters import unchecked
 from phalanx.distributed.async_transcript import STEP_KEYS, StepCheck, experiment_of
-from phalanx.distributed.binding import checkpoint_metadata, checkpoint_round, checkpoint_sessions
+from phalanx.distributed.binding import checkpoint_end, checkpoint_metadata, checkpoint_round, checkpoint_sessions
+from phalanx.distributed.chain import Chain, MarkCheck
 from phalanx.distributed.channel import Kind
 from phalanx.distributed.journal import canonical, read_journal
 from phalanx.distributed.keys import ALLOW_LIST, AllowList
@@ -153,6 +153,9 @@ class RunFacts:
     none (or there is no checkpoint)."""
     binding: str = "no checkpoint"
     """What the checkpoint says of the sessions, when it names none that can be read (for the problem line)."""
+    end: tuple[int, str, str] | None = None
+    """The checkpoint's mark of the transcript (:mod:`phalanx.distributed.chain`); None: it names none."""
+    end_why: str = ""
 
     @classmethod
     def read(cls, run_dir: Path, report: AuditReport) -> RunFacts:
@@ -181,6 +184,7 @@ class RunFacts:
         else:
             facts.reached, facts.source = checkpoint_round(meta), "its checkpoint"
         facts.sessions, facts.binding = checkpoint_sessions(meta)
+        facts.end, facts.end_why = checkpoint_end(meta)
         return facts
 
 
@@ -255,7 +259,8 @@ class _Audit:
         self.report, self.run, self.allow = report, run, allow
         self.steps = steps
         self.keys = {r: allow.public_key(r) for r in allow.by_rank}
-        self.digest = hashlib.sha256()
+        self.digest = Chain()
+        self.mark = MarkCheck(run.end, self.keys.get(0))
         self.n = self.f = 0
         self.topology = self.config = ""
         self.session: tuple[int, bytes] | None = None  # the current session: where it starts, its nonce
@@ -278,7 +283,7 @@ class _Audit:
         if first is None:
             raise Unreadable("empty")
         self.header(first[1])
-        self.digest.update(first[0])
+        self.chained(first[0])
         limit = line_limit(self.n, 0 if self.steps is None else self.steps.dim)
         while (got := lines.next(limit)) is not None:
             raw, rec = got
@@ -293,11 +298,17 @@ class _Audit:
             if kind == "signature":
                 self.signature(rec)
                 continue
-            self.digest.update(raw)
+            self.chained(raw)
             if kind != "session" and self.session is None:
                 raise Unreadable(f"line {lines.number} ({kind}) comes before any session")
             getattr(self, "line_" + str(kind))(rec)
         self.end()
+
+    def chained(self, raw: bytes) -> None:
+        self.digest.update(raw)
+        problem = self.mark.line(raw, self.digest)
+        if problem is not None:
+            self.problem(problem)
 
     def header(self, h: dict[str, Any]) -> None:
         """The header's fields, and that they are this run's."""
@@ -360,7 +371,11 @@ class _Audit:
                          "or edited without it)")
 
     def end(self) -> None:
-        if not self.signed:
+        done = self.run.source == "it is DONE"
+        problem = self.mark.ended(self.signed, done)
+        if problem is not None or self.run.end_why:
+            self.problem(problem or f"the run directory holds {self.run.end_why}")
+        if not self.signed and not self.mark.closed_here(self.signed, done):
             self.problem("the transcript is not signed (its last line is not rank 0's signature: cut short, or not "
                          "written by rank 0)")
         reached = self.run.reached
