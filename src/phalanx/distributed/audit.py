@@ -24,10 +24,11 @@ What a passing audit proves, and against whom:
   rank (gossip: and recipient) and digest; every gossip journal verifies with its own node's key.
 - **It is a transcript.** Every line is at most :func:`~phalanx.distributed.transcript.line_limit` bytes (checked
   before it is parsed), nests at most :data:`~phalanx.distributed.transcript.MAX_DEPTH` levels, and has its type's
-  fields with their types and ranges; the file is at most
-  :func:`~phalanx.distributed.transcript.size_bound` bytes for the config's rounds and n (checked before it is
-  read). A file that breaks this is one problem line, and nothing else of it is read.
-
+  fields with their types and ranges; the file is at most :func:`~phalanx.distributed.transcript.size_bound` bytes
+  for the config's rounds and n (checked before it is read). A file that breaks this is one problem line.
+- **It is the record the checkpoint marked** (:mod:`phalanx.distributed.chain`): a line ends at the offset the
+  checkpoint's mark names, the bytes before it hash to the mark's digest, signed by rank 0; nothing unsigned follows
+  it (a run not done may end exactly there: it stopped without closing its record).
 - **An asynchronous run's steps** (a keyed FedBuff or BASGD run: ``step`` lines,
   :mod:`phalanx.distributed.async_transcript`): every step's updates are signed by their own workers for their
   versions, within the staleness bound with the staleness recorded truly, each worker's versions increasing; the
@@ -153,8 +154,7 @@ class RunFacts:
     none (or there is no checkpoint)."""
     binding: str = "no checkpoint"
     """What the checkpoint says of the sessions, when it names none that can be read (for the problem line)."""
-    end: tuple[int, str, str] | None = None
-    """The checkpoint's mark of the transcript (:mod:`phalanx.distributed.chain`); None: it names none."""
+    end: tuple[int, str, str] | None = None  # the checkpoint's mark of the transcript (chain.py); None: none
     end_why: str = ""
 
     @classmethod
@@ -179,10 +179,9 @@ class RunFacts:
         facts.rounds = identity.get("rounds") if _int(identity.get("rounds"), 1) else None
         facts.workers = _processes(identity)
         meta = checkpoint_metadata(run_dir)
-        if (run_dir / "DONE").exists():
-            facts.reached, facts.source = facts.rounds, "it is DONE"
-        else:
-            facts.reached, facts.source = checkpoint_round(meta), "its checkpoint"
+        done = (run_dir / "DONE").exists()
+        facts.reached, facts.source = (facts.rounds, "it is DONE") if done else (checkpoint_round(meta),
+                                                                                 "its checkpoint")
         facts.sessions, facts.binding = checkpoint_sessions(meta)
         facts.end, facts.end_why = checkpoint_end(meta)
         return facts
@@ -276,8 +275,6 @@ class _Audit:
     def problem(self, text: str) -> None:
         self.report.problem(text)
 
-    # -- the file ----------------------------------------------------------------------------------------------
-
     def read(self, lines: Lines) -> None:
         first = lines.next(64 << 10)
         if first is None:
@@ -306,8 +303,7 @@ class _Audit:
 
     def chained(self, raw: bytes) -> None:
         self.digest.update(raw)
-        problem = self.mark.line(raw, self.digest)
-        if problem is not None:
+        if (problem := self.mark.line(raw, self.digest)) is not None:
             self.problem(problem)
 
     def header(self, h: dict[str, Any]) -> None:
