@@ -34,6 +34,10 @@ after a session's last round, what was refused until it ended.
 ``DOMAIN ‖ SHA-256(every byte before it)``; the header binds the file to the run: the config digest (which the audit
 recomputes from the run directory's ``config.json``), n, f, the rounds, the allow-list's digest, and each session's
 nonce (what every row's signature covers). A transcript written or edited without rank 0's key does not verify.
+The file is written append-only, each record when it is made, and each checkpoint's metadata holds rank 0's signed
+mark of where it stood (:mod:`phalanx.distributed.chain`: a resume cuts back to it, the audit checks the file passes
+through it). The last line is written when the run stops or ends; a run killed between two checkpoints leaves an
+unsigned tail after its checkpoint's mark, which its resume cuts.
 
 **Size.** A round line holds at most 2n accepted entries and n missing ranks; a journal at most
 :func:`~phalanx.distributed.journal.journal_limit` bytes; rejections are counted by group, at most
