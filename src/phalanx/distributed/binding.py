@@ -11,7 +11,11 @@ import json
 import re
 from pathlib import Path
 
-from phalanx.distributed.transcript import BINDING
+from phalanx.distributed.chain import END
+
+BINDING = "transcript_sessions"
+"""The checkpoint metadata key under which rank 0 records its transcript's sessions
+(:meth:`~phalanx.distributed.transcript.Transcript.binding`)."""
 
 BINDING_CHARS = 1 << 20
 """The longest list of transcript sessions a checkpoint's metadata may hold (an honest one: about 80 bytes a
@@ -76,8 +80,6 @@ def checkpoint_end(meta: dict[str, str] | None) -> tuple[tuple[int, str, str] | 
     """The transcript mark a checkpoint's metadata names (:data:`~phalanx.distributed.chain.END`:
     ``[offset, head, signature]``), or None and what it holds instead ("": none — no checkpoint, or one written
     before transcripts were appended)."""
-    from phalanx.distributed.chain import END
-
     text = (meta or {}).get(END)
     if text is None:
         return None, ""

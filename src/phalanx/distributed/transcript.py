@@ -57,6 +57,7 @@ from typing import IO, Any
 from torch import Tensor
 
 from phalanx.distributed.async_transcript import MAX_DIM, step_bytes, step_entry
+from phalanx.distributed.binding import BINDING, checkpoint_end, checkpoint_metadata
 from phalanx.distributed.chain import END, Appender, Chain, mark_json, verify_mark
 from phalanx.distributed.journal import journal_limit, read_journal, sign_journal
 from phalanx.distributed.keys import ALLOW_LIST
@@ -77,8 +78,6 @@ MAX_DEPTH = 6
 """No line of a transcript nests deeper (a journal line: line → rounds → item → accepted → entry)."""
 ENTRY_BYTES = 330
 """The most bytes one accepted entry of a round takes."""
-BINDING = "transcript_sessions"
-"""The checkpoint metadata key under which rank 0 records its transcript's sessions (:meth:`Transcript.binding`)."""
 
 
 class Unreadable(Exception):
@@ -395,8 +394,6 @@ class Transcript(WrittenWithCheckpoints):
         job's config and allow-list; else a one-line :class:`ConfigError` naming the file (rank 0 would otherwise go
         on signing what someone else wrote). A checkpoint without a mark (written by a build that rewrote the
         transcript whole) resumes as that build did, once: the old transcript verified, its rounds before r kept."""
-        from phalanx.distributed.binding import checkpoint_end, checkpoint_metadata
-
         end, why = checkpoint_end(checkpoint_metadata(self.run_dir))
         if end is None:
             if why:
