@@ -80,13 +80,18 @@ class Appender:
             self.fh.seek(offset)
             self.fh.truncate()
         self.offset = offset
+        self.before: tuple[int, int, bytes] | None = None
+        """(round, offset, digest) where the last record began: a checkpoint of that round marks there."""
         self.written = 0
         """Bytes this process appended (what the review's F7 measured: it grows linearly with the rounds)."""
 
-    def append(self, lines: list[bytes]) -> None:
-        """Append ``lines`` (each a canonical line) and flush them to the operating system."""
+    def append(self, lines: list[bytes], round_: int | None = None) -> None:
+        """Append ``lines`` (each a canonical line; ``round_``: the round whose record they are) and flush them to
+        the operating system."""
         from phalanx.experiments.store import writing
 
+        if round_ is not None:
+            self.before = (round_, self.offset, self.chain.digest())
         with writing(self.path):
             for line in lines:
                 self.fh.write(line)
@@ -104,11 +109,15 @@ class Appender:
             os.fsync(self.fh.fileno())
         record_artifact(self.path.parent, self.path.name, self.whole.hexdigest())
 
-    def mark(self, identity: Any) -> list[Any]:
-        """The checkpoint's mark ``[offset, head, signature]`` (see the module's docstring), the file synced first."""
+    def mark(self, identity: Any, round_: int) -> list[Any]:
+        """The mark ``[offset, head, signature]`` of a checkpoint of round ``round_`` (see the module's docstring),
+        the file synced first: where the records of rounds before it end — before the last record when that is of
+        round ``round_`` itself (a round that stopped after its record was made: it will be done again)."""
         self.sync()
-        head = self.chain.digest()
-        return [self.offset, head.hex(), identity.sign(mark_message(self.offset, head)).hex()]
+        offset, head = self.offset, self.chain.digest()
+        if self.before is not None and self.before[0] >= round_:
+            _, offset, head = self.before
+        return [offset, head.hex(), identity.sign(mark_message(offset, head)).hex()]
 
     def close(self) -> None:
         self.fh.close()

@@ -333,6 +333,7 @@ class Transcript(WrittenWithCheckpoints):
         self.sessions: list[list[Any]] = []
         """Every session of the transcript, ``[from_round, nonce]`` (at most one per start of the job)."""
         self.out: Appender | None = None
+        self.state: Any = None  # the loop's state: the round a checkpoint is of
         self.gathered = -1  # gossip: the last gathering round of this session (from_round − 1 at its start)
         self.keys = {r: identity.allow.public_key(r) for r in identity.allow.by_rank}
 
@@ -351,6 +352,7 @@ class Transcript(WrittenWithCheckpoints):
                       **({} if self.dim is None else {"dim": self.dim})}
             self.out = Appender(path, Chain(), hashlib.sha256(), 0)
             self.out.append([header_line(header)])
+        self.state = loop.state
         self.sessions.append([r, self.links.nonce.hex()])
         self.out.append([dumps({"type": "session", "nonce": self.links.nonce.hex(), "from_round": r})])
         self.gathered = r - 1
@@ -367,7 +369,7 @@ class Transcript(WrittenWithCheckpoints):
         sessions = json.dumps(self.sessions, separators=(",", ":"))
         if self.out is None:
             return {BINDING: sessions}
-        return {BINDING: sessions, END: mark_json(self.out.mark(self.identity))}
+        return {BINDING: sessions, END: mark_json(self.out.mark(self.identity, self.round))}
 
     def _same_allow_list(self) -> None:
         """On resume: refuse (one-line :class:`ConfigError` naming the file) a run directory whose ``allow-list.json``
@@ -486,9 +488,14 @@ class Transcript(WrittenWithCheckpoints):
                 accepted.append({"rank": 0, "phase": 0, "sha256": digest.hex(), "signature": sig.hex()})
         self.rows(t, accepted, missing)
 
+    @property
+    def round(self) -> int:
+        """The round a checkpoint written now is of (the rounds before it are done)."""
+        return int(self.state.round) if self.state is not None else 0
+
     def _append(self, entry: dict[str, Any]) -> None:
         assert self.out is not None, "a transcript is appended to after on_start"
-        self.out.append(entry_lines(entry))
+        self.out.append(entry_lines(entry), entry["round"])
 
     def rows(self, t: int, accepted: list[dict[str, Any]], missing: list[int]) -> None:
         """Round t used the rows of ``accepted`` (rank, phase, SHA-256, signature); ``missing`` did not arrive."""
