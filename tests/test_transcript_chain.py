@@ -262,3 +262,24 @@ def test_the_bytes_rank_0_writes_grow_linearly_with_the_rounds(keys: Path, tmp_p
     assert size_one - one == size_two - two == len(seal_line(bytes(32), load_identity(keys, 0, 4)))
     fixed = 2 * one - two  # the header and the session line
     assert 0 < fixed < 1024 and two - fixed == 2 * (one - fixed)
+
+
+def test_a_checkpoint_of_a_round_whose_record_was_made_marks_before_it(keys: Path, tmp_path: Path) -> None:  # noqa: F811
+    """A run that stops in round 6 after the server's hook recorded it (too many workers lost: the checkpoint is of
+    round 6, which is done again): the mark ends at round 5's line, so the resume cuts round 6's record and the run
+    records it once (the real job: tests/test_distributed_sealed.py::test_a_keyed_run_that_lost_too_many_workers_
+    resumes_and_audits, which failed with the mark at the file's end — round 6 recorded twice)."""
+    tmp_path.joinpath("manifest.json").write_text("{}")
+    state = SimpleNamespace(round=0)
+    loop = SimpleNamespace(resumed=False, state=state, experiment=SimpleNamespace(rounds=10))
+    record = Transcript(tmp_path, SimpleNamespace(nonce=b"\x01" * 32, new_rejections=list),
+                        load_identity(keys, 0, 4), "ab" * 32, 4, 1, lambda t: False)
+    record.on_start(loop)  # type: ignore[arg-type]
+    entry = [{"rank": r, "sha256": "cd" * 32, "signature": "ef" * 64} for r in range(4)]
+    for t in range(7):
+        record.rows(t, entry, [])
+        state.round = min(t + 1, 6)
+    offset = json.loads(record.binding()[END])[0]
+    data = (tmp_path / TRANSCRIPT).read_bytes()
+    assert json.loads(data[:offset].splitlines()[-1])["round"] == 5
+    assert json.loads(data[offset:].splitlines()[0])["round"] == 6
