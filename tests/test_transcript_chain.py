@@ -192,7 +192,7 @@ def test_a_resume_cuts_what_was_written_after_the_checkpoint(honest: Path, keys:
     assert audit(run).ok, audit(run).problems
 
     def no_cut(self: chain_module.Appender, path: Path, chain: Chain, whole: Any, offset: int) -> None:
-        self.path, self.chain, self.whole, self.written = path, chain, whole, 0
+        self.path, self.chain, self.whole, self.written, self.before = path, chain, whole, 0, None
         self.fh = open(path, "ab")  # (the mutant: on after the old tail, nothing cut)
         self.offset = path.stat().st_size
 

@@ -333,7 +333,7 @@ class Transcript(WrittenWithCheckpoints):
         self.sessions: list[list[Any]] = []
         """Every session of the transcript, ``[from_round, nonce]`` (at most one per start of the job)."""
         self.out: Appender | None = None
-        self.state: Any = None  # the loop's state: the round a checkpoint is of
+        self.loop: Any = None  # the training loop (its state's round: the round a checkpoint is of)
         self.gathered = -1  # gossip: the last gathering round of this session (from_round − 1 at its start)
         self.keys = {r: identity.allow.public_key(r) for r in identity.allow.by_rank}
 
@@ -352,7 +352,7 @@ class Transcript(WrittenWithCheckpoints):
                       **({} if self.dim is None else {"dim": self.dim})}
             self.out = Appender(path, Chain(), hashlib.sha256(), 0)
             self.out.append([header_line(header)])
-        self.state = loop.state
+        self.loop = loop
         self.sessions.append([r, self.links.nonce.hex()])
         self.out.append([dumps({"type": "session", "nonce": self.links.nonce.hex(), "from_round": r})])
         self.gathered = r - 1
@@ -491,7 +491,7 @@ class Transcript(WrittenWithCheckpoints):
     @property
     def round(self) -> int:
         """The round a checkpoint written now is of (the rounds before it are done)."""
-        return int(self.state.round) if self.state is not None else 0
+        return int(self.loop.state.round) if self.loop is not None else 0
 
     def _append(self, entry: dict[str, Any]) -> None:
         assert self.out is not None, "a transcript is appended to after on_start"
