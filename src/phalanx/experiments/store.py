@@ -140,6 +140,12 @@ def _record(out: Path, name: str, digest: str) -> None:
     atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
 
 
+def record_artifact(out: Path, name: str, digest: str) -> None:
+    """Record ``digest`` as the file ``name``'s in the manifest (a file written in place, appended to: rank 0's
+    transcript, :mod:`phalanx.distributed.chain`)."""
+    _record(out, name, digest)
+
+
 def write_artifact(out: Path, name: str, payload: bytes) -> None:
     """Write ``out/name`` atomically and record its digest in the manifest before it replaces the old file."""
     path = out / name
