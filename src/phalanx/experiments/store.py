@@ -152,6 +152,13 @@ def pin(out: Path, digests: dict[str, str]) -> None:
     _PINNED[os.path.abspath(out)] = dict(digests)
 
 
+def record_artifact(out: Path, name: str, digest: str) -> None:
+    """Record ``digest`` as the file ``name``'s in the manifest (a file written in place, appended to: rank 0's
+    transcript, :mod:`phalanx.distributed.chain`)."""
+    _PINNED.pop(os.path.abspath(out), None)  # this process writes it again: what was verified is not what it holds
+    _record(out, name, digest)
+
+
 def write_artifact(out: Path, name: str, payload: bytes) -> None:
     """Write ``out/name`` atomically and record its digest in the manifest before it replaces the old file."""
     _PINNED.pop(os.path.abspath(out), None)  # this process writes it again: what was verified is not what it holds
