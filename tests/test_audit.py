@@ -105,7 +105,26 @@ def forge(honest: Path, tmp: Path, edit: Edit, signer: Identity | None) -> Path:
     body = render(doc)
     last = (honest / TRANSCRIPT).read_bytes().splitlines(keepends=True)[-1]
     write_artifact(copy, TRANSCRIPT, body + (last if signer is None else signature_line(body, signer)))
+    if signer is not None:  # the signer marks the forged record at the checkpoint too (chain.py)
+        mark(copy, len(body), signer)
     return copy
+
+
+def mark(run: Path, offset: int, signer: Identity) -> None:
+    """Rewrite the checkpoint's mark of the transcript: its first ``offset`` bytes, signed by ``signer``."""
+    import hashlib
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from phalanx.distributed.chain import END, mark_json, mark_message
+
+    head = hashlib.sha256((run / TRANSCRIPT).read_bytes()[:offset]).digest()
+    ckpt = run / "checkpoint.safetensors"
+    with safe_open(str(ckpt), framework="pt") as fh:
+        meta = {**(fh.metadata() or {}), END: mark_json([offset, head.hex(), signer.sign(mark_message(offset, head))
+                                                         .hex()])}
+    save_file(load_file(str(ckpt)), str(ckpt), metadata=meta)
 
 
 def one_line(report: AuditReport, expected: str) -> None:
@@ -370,33 +389,43 @@ def test_an_older_unsigned_transcript_is_one_line(honest: Path, tmp_path: Path) 
     assert len(report.problems) == 1 and "written before transcripts were signed" in report.problems[0]
 
 
-def _resume_at_round_6(run: Path, keys: Path, digest: str) -> Any:
+def _resume_at_round_6(run: Path, keys: Path, digest: str) -> dict[str, Any]:
     """Rank 0's transcript callback starting a session that resumes ``run`` from its round-6 checkpoint (the loop
-    stubbed: resumed, round 6 of 10), with rank 0's key of ``keys`` and the session nonce 07…07."""
+    stubbed: resumed, round 6 of 10), with rank 0's key of ``keys`` and the session nonce 07…07; the transcript it
+    continues (as :func:`load` reads it). The checkpoint's mark is taken away: the checkpoint of a build that
+    rewrote the transcript whole, which a resume verifies whole and rewrites once (a checkpoint with a mark:
+    tests/test_transcript_chain.py)."""
     from types import SimpleNamespace
 
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from phalanx.distributed.chain import END
     from phalanx.distributed.transcript import Transcript
 
+    ckpt = run / "checkpoint.safetensors"
+    with safe_open(str(ckpt), framework="pt") as fh:
+        meta = {k: v for k, v in (fh.metadata() or {}).items() if k != END}
+    save_file(load_file(str(ckpt)), str(ckpt), metadata=meta)
     loop = SimpleNamespace(resumed=True, state=SimpleNamespace(round=6), experiment=SimpleNamespace(rounds=10))
     record = Transcript(run, SimpleNamespace(nonce=b"\x07" * 32), load_identity(keys, 0, 4), digest, 4, 1,
                         lambda t: False)
     record.on_start(loop)  # type: ignore[arg-type]
-    return record
+    return load(run / TRANSCRIPT)
 
 
 def test_a_resumed_run_continues_only_the_transcript_rank_0_signed(honest: Path, keys: Path, tmp_path: Path) -> None:
     """Rank 0 resuming from round 6 keeps the rounds before it as it signed them — and refuses, in one line naming
     the file, a transcript edited while the run was stopped (it would otherwise sign the edit)."""
 
-    from phalanx.distributed.transcript import Transcript
     from phalanx.errors import ConfigError
 
-    def resume(run: Path) -> Transcript:
+    def resume(run: Path) -> dict[str, Any]:
         return _resume_at_round_6(run, keys, load(honest / TRANSCRIPT)["config"])
 
     copy = tmp_path / "kept"
     shutil.copytree(honest, copy)
-    doc = resume(copy).doc
+    doc = resume(copy)
     assert [r["round"] for r in doc["rounds"]] == list(range(6))
     assert [s["from_round"] for s in doc["sessions"]] == [0, 6] and doc["sessions"][1]["nonce"] == "07" * 32
     edited = forge(honest, tmp_path / "edited", _rejections_erased, None)
@@ -413,10 +442,9 @@ def test_a_resume_checks_the_old_transcript_with_the_launched_allow_list(honest:
     forgery with its real key. A transcript rank 0 really signed but whose header names another config or
     allow-list (another run's record) is refused too."""
 
-    from phalanx.distributed.transcript import Transcript
     from phalanx.errors import ConfigError
 
-    def resume(run: Path) -> Transcript:
+    def resume(run: Path) -> dict[str, Any]:
         return _resume_at_round_6(run, keys, load(honest / TRANSCRIPT)["config"])
 
     init_keys(tmp_path / "evil", 4)
@@ -434,5 +462,5 @@ def test_a_resume_checks_the_old_transcript_with_the_launched_allow_list(honest:
         other = forge(honest, tmp_path / field, lambda d, k=field: d.update({k: "ab" * 32}), load_identity(keys, 0, 4))
         with pytest.raises(ConfigError, match=r"transcript.jsonl.*another config or allow-list"):
             resume(other)
-    assert [r["round"] for r in resume(forge(honest, tmp_path / "kept", lambda d: None, None)).doc["rounds"]] == \
+    assert [r["round"] for r in resume(forge(honest, tmp_path / "kept", lambda d: None, None))["rounds"]] == \
         list(range(6))

@@ -232,7 +232,7 @@ def test_accuracy_plot_names_diverged_runs_and_rounding_level_errors(tmp_path: P
     seen = _figure(monkeypatch)
     _run_dir(tmp_path, "mean", "mean", [{"round": 0, "test_accuracy": 0.1, "agg_error": None, "byz_share": None},
                                         {"round": 1, "test_accuracy": 0.0, "agg_error": None, "byz_share": None}])
-    (tmp_path / "mean" / "DIVERGED").write_text("round 1\n")
+    store.write_artifact(tmp_path / "mean", "DIVERGED", b"round 1\n")  # recorded (a planted one is refused)
     _run_dir(tmp_path, "cwtm", "cwtm", [
         {"round": t, "test_accuracy": 0.8, "agg_error": 0.3 / t, "byz_share": 0.0} for t in range(1, 5)])
     _run_dir(tmp_path, "exact", "nnm>cwtm", [

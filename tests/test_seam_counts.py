@@ -12,6 +12,7 @@ wraps the config) counts as a stop, so the value cannot hide the config's path f
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -54,6 +55,23 @@ def test_the_counter_counts_code_and_not_prose(tmp_path: Path, code: str, counte
     (tmp_path / "mutant.py").write_text(code)
     keys = seams.KEYS["DP"] + seams.KEYS["server momentum"] + seams.KEYS["norm statistics"]
     assert seams.readers(tmp_path, keys) == (["mutant.py"] if counted else [])
+
+
+def test_the_catalogue_is_left_out_and_reads_no_config(tmp_path: Path) -> None:
+    """The counter leaves out ``catalogue/`` (listing text: a stage's name and the key that switches it on) and only
+    it: the same line elsewhere counts. The exemption hides no reader: the catalogue imports no Phalanx module but
+    its own (so it cannot reach a config)."""
+    (tmp_path / "catalogue").mkdir()
+    (tmp_path / "catalogue" / "rounds.py").write_text("STAGES = {'dp': ('worker', 'dp_noise')}\n")
+    (tmp_path / "listing.py").write_text("STAGES = {'dp': ('worker', 'dp_noise')}\n")
+    assert seams.readers(tmp_path, seams.KEYS["DP"]) == ["listing.py"]
+    for path in (SRC / "catalogue").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                assert not node.module.startswith("phalanx") or node.module.startswith("phalanx.catalogue"), path
+            if isinstance(node, ast.Import):
+                assert all(not a.name.startswith("phalanx") or a.name.startswith("phalanx.catalogue")
+                           for a in node.names), path
 
 
 SMALL = {"dataset": "digits", "model": "mlp", "workers": 6, "byzantine": 1, "f": 1, "aggregator": "cwtm",

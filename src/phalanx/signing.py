@@ -353,8 +353,10 @@ def verify(
     certificate_chain: Sequence[PathLike] | None = None,
     identity: str | None = None,
     oidc_issuer: str | None = None,
-) -> None:
-    """Check ``run_dir/phalanx.sig`` against the files of ``run_dir``; return quietly, or raise.
+) -> dict[str, str]:
+    """Check ``run_dir/phalanx.sig`` against the files of ``run_dir``; return the file → SHA-256 map the verified
+    statement signs, or raise. The bundle is read once and the bytes verified are the bytes parsed for that map (a
+    copy in a private temporary folder): a bundle swapped in after the check cannot supply it.
 
     Modes, matching those of :func:`sign`:
 
@@ -407,12 +409,22 @@ def verify(
                           ) from None
     config.set_hashing_config(_hashing_config(hashing, run))
 
-    try:
-        config.verify(run, signature)
-    except PhalanxError:
-        raise
-    except Exception as exc:
-        raise _verify_error(hashing, run, signature, exc, key) from exc
+    with tempfile.TemporaryDirectory(prefix="phalanx-sig-") as private:
+        held = Path(private) / SIGNATURE  # the bytes verified are the bytes whose digests are returned
+        try:
+            with open(signature, "rb") as fh:  # bounded: the size was checked, but it may have grown since
+                held.write_bytes(fh.read(MAX_SIGNATURE_BYTES + 1))
+            _check_size(run, held)
+            config.verify(run, held)
+        except PhalanxError:
+            raise
+        except Exception as exc:
+            raise _verify_error(hashing, run, held, exc, key) from exc
+        digests = _signed_digests(held)
+    if digests is None:  # verified, yet not a statement of resources: nothing to hold its files to
+        raise SignatureError(str(run), f"{SIGNATURE} verified but lists no files", "do not use these results; "
+                             "restore the directory from a trusted copy")
+    return digests
 
 
 def _verify_error(hashing: ModuleType, run: Path, signature: Path, exc: Exception, key: PathLike | None

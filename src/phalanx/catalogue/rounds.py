@@ -368,7 +368,9 @@ ALGORITHMS: dict[str, _Algorithm] = {
          "byzantine_timing: str = 'honest' (algorithm_params.byzantine_timing)",
          'buffer_size: int = 1 (algorithm_params.buffer_size)',
          'filter_f: int = 1 (algorithm_params.filter_f)',
-         'beta: float = 0.5 (algorithm_params.beta)'),
+         'beta: float = 0.5 (algorithm_params.beta)',
+         'frequency_window: int = 0 (algorithm_params.frequency_window)',
+         'frequency_max: int = 1 (algorithm_params.frequency_max)'),
         ('Damaskinos et al., Asynchronous Byzantine Machine Learning (the case of SGD), ICML 2018 (Lipschitz filter, '
          'dampening exp(-beta tau))')),
     'scaffold': _Algorithm(

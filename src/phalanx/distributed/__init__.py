@@ -16,7 +16,7 @@ provides the transports that cross processes and the per-rank entry point:
   store), :mod:`~phalanx.distributed.sealed` (the parameter server's sealed links),
   :mod:`~phalanx.distributed.mesh` (the serverless and gossip topologies' sealed mesh) and
   :mod:`~phalanx.distributed.transcript` (who was heard, ``phalanx audit``; bound to the run's checkpoint by
-  :mod:`~phalanx.distributed.binding`);
+  :mod:`~phalanx.distributed.binding`; appended and marked at each checkpoint by :mod:`~phalanx.distributed.chain`);
 * :mod:`~phalanx.distributed.recording` — rank 0's ``distributed.json`` and messages (loop callbacks);
 * :mod:`~phalanx.distributed.worker` — the per-rank entry point (``torchrun … -m phalanx.distributed.worker``);
 * :mod:`~phalanx.distributed.launch` and :mod:`~phalanx.distributed.cli` — ``phalanx launch`` on one machine.

@@ -24,10 +24,11 @@ What a passing audit proves, and against whom:
   rank (gossip: and recipient) and digest; every gossip journal verifies with its own node's key.
 - **It is a transcript.** Every line is at most :func:`~phalanx.distributed.transcript.line_limit` bytes (checked
   before it is parsed), nests at most :data:`~phalanx.distributed.transcript.MAX_DEPTH` levels, and has its type's
-  fields with their types and ranges; the file is at most
-  :func:`~phalanx.distributed.transcript.size_bound` bytes for the config's rounds and n (checked before it is
-  read). A file that breaks this is one problem line, and nothing else of it is read.
-
+  fields with their types and ranges; the file is at most :func:`~phalanx.distributed.transcript.size_bound` bytes
+  for the config's rounds and n (checked before it is read). A file that breaks this is one problem line.
+- **It is the record the checkpoint marked** (:mod:`phalanx.distributed.chain`): a line ends at the offset the
+  checkpoint's mark names, the bytes before it hash to the mark's digest, signed by rank 0; nothing unsigned follows
+  it (a run not done may end exactly there: it stopped without closing its record).
 - **An asynchronous run's steps** (a keyed FedBuff or BASGD run: ``step`` lines,
   :mod:`phalanx.distributed.async_transcript`): every step's updates are signed by their own workers for their
   versions, within the staleness bound with the staleness recorded truly, each worker's versions increasing; the
@@ -41,7 +42,6 @@ docs/security.md states the threat model and the test behind each claim.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -51,7 +51,8 @@ from typing import Any
 
 from phalanx.distributed.async_filters import unchecked
 from phalanx.distributed.async_transcript import STEP_KEYS, StepCheck, experiment_of
-from phalanx.distributed.binding import checkpoint_metadata, checkpoint_round, checkpoint_sessions
+from phalanx.distributed.binding import checkpoint_end, checkpoint_metadata, checkpoint_round, checkpoint_sessions
+from phalanx.distributed.chain import Chain, MarkCheck
 from phalanx.distributed.channel import Kind
 from phalanx.distributed.journal import canonical, read_journal
 from phalanx.distributed.keys import ALLOW_LIST, AllowList
@@ -153,6 +154,8 @@ class RunFacts:
     none (or there is no checkpoint)."""
     binding: str = "no checkpoint"
     """What the checkpoint says of the sessions, when it names none that can be read (for the problem line)."""
+    end: tuple[int, str, str] | None = None  # the checkpoint's mark of the transcript (chain.py); None: none
+    end_why: str = ""
 
     @classmethod
     def read(cls, run_dir: Path, report: AuditReport) -> RunFacts:
@@ -176,11 +179,11 @@ class RunFacts:
         facts.rounds = identity.get("rounds") if _int(identity.get("rounds"), 1) else None
         facts.workers = _processes(identity)
         meta = checkpoint_metadata(run_dir)
-        if (run_dir / "DONE").exists():
-            facts.reached, facts.source = facts.rounds, "it is DONE"
-        else:
-            facts.reached, facts.source = checkpoint_round(meta), "its checkpoint"
+        done = (run_dir / "DONE").exists()
+        facts.reached, facts.source = (facts.rounds, "it is DONE") if done else (checkpoint_round(meta),
+                                                                                 "its checkpoint")
         facts.sessions, facts.binding = checkpoint_sessions(meta)
+        facts.end, facts.end_why = checkpoint_end(meta)
         return facts
 
 
@@ -255,7 +258,8 @@ class _Audit:
         self.report, self.run, self.allow = report, run, allow
         self.steps = steps
         self.keys = {r: allow.public_key(r) for r in allow.by_rank}
-        self.digest = hashlib.sha256()
+        self.digest = Chain()
+        self.mark = MarkCheck(run.end, self.keys.get(0))
         self.n = self.f = 0
         self.topology = self.config = ""
         self.session: tuple[int, bytes] | None = None  # the current session: where it starts, its nonce
@@ -271,14 +275,12 @@ class _Audit:
     def problem(self, text: str) -> None:
         self.report.problem(text)
 
-    # -- the file ----------------------------------------------------------------------------------------------
-
     def read(self, lines: Lines) -> None:
         first = lines.next(64 << 10)
         if first is None:
             raise Unreadable("empty")
         self.header(first[1])
-        self.digest.update(first[0])
+        self.chained(first[0])
         limit = line_limit(self.n, 0 if self.steps is None else self.steps.dim)
         while (got := lines.next(limit)) is not None:
             raw, rec = got
@@ -293,11 +295,16 @@ class _Audit:
             if kind == "signature":
                 self.signature(rec)
                 continue
-            self.digest.update(raw)
+            self.chained(raw)
             if kind != "session" and self.session is None:
                 raise Unreadable(f"line {lines.number} ({kind}) comes before any session")
             getattr(self, "line_" + str(kind))(rec)
         self.end()
+
+    def chained(self, raw: bytes) -> None:
+        self.digest.update(raw)
+        if (problem := self.mark.line(raw, self.digest)) is not None:
+            self.problem(problem)
 
     def header(self, h: dict[str, Any]) -> None:
         """The header's fields, and that they are this run's."""
@@ -360,7 +367,11 @@ class _Audit:
                          "or edited without it)")
 
     def end(self) -> None:
-        if not self.signed:
+        done = self.run.source == "it is DONE"
+        problem = self.mark.ended(self.signed, done)
+        if problem is not None or self.run.end_why:
+            self.problem(problem or f"the run directory holds {self.run.end_why}")
+        if not self.signed and not self.mark.closed_here(self.signed, done):
             self.problem("the transcript is not signed (its last line is not rank 0's signature: cut short, or not "
                          "written by rank 0)")
         reached = self.run.reached

@@ -11,12 +11,17 @@ import json
 import re
 from pathlib import Path
 
-from phalanx.distributed.transcript import BINDING
+from phalanx.distributed.chain import END
+
+BINDING = "transcript_sessions"
+"""The checkpoint metadata key under which rank 0 records its transcript's sessions
+(:meth:`~phalanx.distributed.transcript.Transcript.binding`)."""
 
 BINDING_CHARS = 1 << 20
 """The longest list of transcript sessions a checkpoint's metadata may hold (an honest one: about 80 bytes a
 session, and a run has at most :data:`~phalanx.experiments.provenance.MAX_SEGMENTS` sessions)."""
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX128 = re.compile(r"[0-9a-f]{128}")
 
 
 def _int(value: object) -> bool:
@@ -69,3 +74,22 @@ def checkpoint_sessions(meta: dict[str, str] | None) -> tuple[list[tuple[int, st
     except (ValueError, TypeError, RecursionError):
         return None, "a checkpoint whose transcript sessions cannot be read"
     return sessions, ""
+
+
+def checkpoint_end(meta: dict[str, str] | None) -> tuple[tuple[int, str, str] | None, str]:
+    """The transcript mark a checkpoint's metadata names (:data:`~phalanx.distributed.chain.END`:
+    ``[offset, head, signature]``), or None and what it holds instead ("": none — no checkpoint, or one written
+    before transcripts were appended)."""
+    text = (meta or {}).get(END)
+    if text is None:
+        return None, ""
+    try:
+        if not isinstance(text, str) or len(text) > 1024:
+            raise ValueError
+        offset, head, sig = json.loads(text)
+        if not (_int(offset) and isinstance(head, str) and _HEX64.fullmatch(head) and isinstance(sig, str)
+                and _HEX128.fullmatch(sig)):
+            raise ValueError
+    except (ValueError, TypeError, RecursionError):
+        return None, "a checkpoint whose transcript end cannot be read"
+    return (offset, head, sig), ""

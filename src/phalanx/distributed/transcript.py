@@ -34,6 +34,10 @@ after a session's last round, what was refused until it ended.
 ``DOMAIN ‖ SHA-256(every byte before it)``; the header binds the file to the run: the config digest (which the audit
 recomputes from the run directory's ``config.json``), n, f, the rounds, the allow-list's digest, and each session's
 nonce (what every row's signature covers). A transcript written or edited without rank 0's key does not verify.
+The file is written append-only, each record when it is made, and each checkpoint's metadata holds rank 0's signed
+mark of where it stood (:mod:`phalanx.distributed.chain`: a resume cuts back to it, the audit checks the file passes
+through it). The last line is written when the run stops or ends; a run killed between two checkpoints leaves an
+unsigned tail after its checkpoint's mark, which its resume cuts.
 
 **Size.** A round line holds at most 2n accepted entries and n missing ranks; a journal at most
 :func:`~phalanx.distributed.journal.journal_limit` bytes; rejections are counted by group, at most
@@ -53,12 +57,14 @@ from typing import IO, Any
 from torch import Tensor
 
 from phalanx.distributed.async_transcript import MAX_DIM, step_bytes, step_entry
+from phalanx.distributed.binding import BINDING, checkpoint_end, checkpoint_metadata
+from phalanx.distributed.chain import END, Appender, Chain, mark_json, verify_mark
 from phalanx.distributed.journal import journal_limit, read_journal, sign_journal
 from phalanx.distributed.keys import ALLOW_LIST
 from phalanx.distributed.recording import WrittenWithCheckpoints
 from phalanx.distributed.rejections import GROUP_BYTES, GROUPS_PER_ROUND
 from phalanx.experiments.store import write_artifact
-from phalanx.training.loop import Loop
+from phalanx.training.loop import Loop, RoundInfo
 from phalanx.training.state import Snapshot
 
 TRANSCRIPT = "transcript.jsonl"
@@ -72,8 +78,6 @@ MAX_DEPTH = 6
 """No line of a transcript nests deeper (a journal line: line → rounds → item → accepted → entry)."""
 ENTRY_BYTES = 330
 """The most bytes one accepted entry of a round takes."""
-BINDING = "transcript_sessions"
-"""The checkpoint metadata key under which rank 0 records its transcript's sessions (:meth:`Transcript.binding`)."""
 
 
 class Unreadable(Exception):
@@ -249,35 +253,49 @@ def _verify(signature: Any, sha256: str, public_key: Any) -> None:
         raise Unreadable("its signature line names another digest")
 
 
+def entry_lines(entry: dict[str, Any]) -> list[bytes]:
+    """The lines of one round's entry (:func:`load`'s form): its rejection groups, then its record (a step; a
+    gathering's journals and gathering line; a round)."""
+    t = entry["round"]
+    out = [dumps({"type": "rejected", **g}) for g in entry.get("rejected", [])]
+    if "updates" in entry:
+        out.append(dumps({"type": "step", **{k: entry[k] for k in ("round", "updates", "rows", "result")}}))
+    elif "nodes" in entry:
+        out += [dumps({"type": "journal", "round": t, **node}) for node in entry["nodes"]]
+        out.append(dumps({"type": "gathered", "round": t, "gathered": entry["gathered"], "silent": entry["silent"]}))
+    else:
+        out.append(dumps({"type": "round", "round": t, "accepted": entry["accepted"], "missing": entry["missing"]}))
+    return out
+
+
+def header_line(doc: dict[str, Any]) -> bytes:
+    """A transcript's first line (``doc``: the header's fields)."""
+    return dumps({"type": "header", **{k: doc.get(k) for k in HEADER_KEYS}, **({"dim": doc["dim"]} if "dim" in doc
+                                                                                 else {})})
+
+
 def render(doc: dict[str, Any]) -> bytes:
     """The lines of a transcript document (:func:`load`'s form) before the signature line."""
-    out = [dumps({"type": "header", **{k: doc.get(k) for k in HEADER_KEYS},
-                  **({"dim": doc["dim"]} if "dim" in doc else {})})]
+    out = [header_line(doc)]
     sessions = doc["sessions"]
     for i, session in enumerate(sessions):
         out.append(dumps({"type": "session", "nonce": session["nonce"], "from_round": session["from_round"]}))
         end = sessions[i + 1]["from_round"] if i + 1 < len(sessions) else None
         for entry in doc["rounds"]:
             t = entry["round"]
-            if not (isinstance(t, int) and t >= session["from_round"] and (end is None or t < end)):
-                continue
-            out += [dumps({"type": "rejected", **g}) for g in entry.get("rejected", [])]
-            if "updates" in entry:
-                out.append(dumps({"type": "step", **{k: entry[k] for k in ("round", "updates", "rows", "result")}}))
-            elif "nodes" in entry:
-                out += [dumps({"type": "journal", "round": t, **node}) for node in entry["nodes"]]
-                out.append(dumps({"type": "gathered", "round": t, "gathered": entry["gathered"],
-                                  "silent": entry["silent"]}))
-            else:
-                out.append(dumps({"type": "round", "round": t, "accepted": entry["accepted"],
-                                  "missing": entry["missing"]}))
+            if isinstance(t, int) and t >= session["from_round"] and (end is None or t < end):
+                out += entry_lines(entry)
         out += [dumps({"type": "rejected", **g}) for g in session.get("after", {}).get("rejected", [])]
     return b"".join(out)
 
 
 def signature_line(body: bytes, identity: Any) -> bytes:
     """The last line of a transcript whose other lines are ``body``: ``identity``'s signature of them."""
-    digest = hashlib.sha256(body).digest()
+    return seal_line(hashlib.sha256(body).digest(), identity)
+
+
+def seal_line(digest: bytes, identity: Any) -> bytes:
+    """The last line of a transcript whose other lines hash to ``digest``: ``identity``'s signature of them."""
     return dumps({"type": "signature", "sha256": digest.hex(), "signature": identity.sign(DOMAIN + digest).hex()})
 
 
@@ -293,10 +311,12 @@ def records(path: Path) -> Iterator[dict[str, Any]]:
 
 
 class Transcript(WrittenWithCheckpoints):
-    """Rank 0's record of who was heard (see the module's docstring); a callback of the training loop, fed by the
-    parameter server's ``on_vectors`` hook and the sealed links' accepted vectors and rejections (``links``: the
+    """Rank 0's record of who was heard (see the module's docstring), written append-only
+    (:mod:`phalanx.distributed.chain`); a callback of the training loop, fed by the parameter server's
+    ``on_vectors`` hook and the sealed links' accepted vectors and rejections (``links``: the
     :class:`~phalanx.distributed.sealed.SealedLinks`), or by a sealed mesh transport's ``on_rows`` / ``on_reports``
-    (``links``: the :class:`~phalanx.distributed.mesh.Mesh`)."""
+    (``links``: the :class:`~phalanx.distributed.mesh.Mesh`). Each record is appended when it is made; each
+    checkpoint asks for the mark (:meth:`binding`); the last line is written when the run stops or ends."""
 
     def __init__(self, run_dir: Path, links: Any, identity: Any, config: str, workers: int, f: int,
                  due: Any, topology: str = "server", dim: int | None = None) -> None:
@@ -310,7 +330,10 @@ class Transcript(WrittenWithCheckpoints):
         self.f = f
         self.dim = dim
         """d, for an asynchronous run (its header names it; its steps are ``step`` lines); None otherwise."""
-        self.doc: dict[str, Any] = {}
+        self.sessions: list[list[Any]] = []
+        """Every session of the transcript, ``[from_round, nonce]`` (at most one per start of the job)."""
+        self.out: Appender | None = None
+        self.loop: Any = None  # the training loop (its state's round: the round a checkpoint is of)
         self.gathered = -1  # gossip: the last gathering round of this session (from_round − 1 at its start)
         self.keys = {r: identity.allow.public_key(r) for r in identity.allow.by_rank}
 
@@ -321,33 +344,32 @@ class Transcript(WrittenWithCheckpoints):
             write_artifact(self.run_dir, ALLOW_LIST, allow.path.read_bytes())
         elif loop.resumed:
             self._same_allow_list()
-        sessions: list[dict[str, Any]] = []
-        rounds: list[dict[str, Any]] = []
         if loop.resumed and path.exists():  # the rounds before the checkpoint, as rank 0 signed them
-            old = self._signed_before(path, r)
-            sessions = [s for s in old["sessions"] if s["from_round"] < r]
-            for entry in old["rounds"]:
-                if entry["round"] < r:
-                    rounds.append(entry)
-                elif sessions and entry["rejected"]:  # refusals of rounds done again still happened
-                    _after(sessions[-1], entry["rejected"])
-        sessions.append({"nonce": self.links.nonce.hex(), "from_round": r})
+            self.out = self._resumed(path, r)
+        else:
+            header = {"format": FORMAT, "topology": self.topology, "config": self.config, "allow_list": allow.digest,
+                      "workers": self.workers, "f": self.f, "total_rounds": loop.experiment.rounds, "signer": 0,
+                      **({} if self.dim is None else {"dim": self.dim})}
+            self.out = Appender(path, Chain(), hashlib.sha256(), 0)
+            self.out.append([header_line(header)])
+        self.loop = loop
+        self.sessions.append([r, self.links.nonce.hex()])
+        self.out.append([dumps({"type": "session", "nonce": self.links.nonce.hex(), "from_round": r})])
         self.gathered = r - 1
-        self.doc = {"format": FORMAT, "topology": self.topology, "config": self.config, "allow_list": allow.digest,
-                    "workers": self.workers, "f": self.f, "total_rounds": loop.experiment.rounds, "signer": 0,
-                    "sessions": sessions, "rounds": rounds}
-        if self.dim is not None:
-            self.doc["dim"] = self.dim
 
     def binding(self) -> dict[str, str]:
         """The checkpoint metadata that binds this transcript to the run directory (asked for by the run directory
         at each checkpoint, :attr:`~phalanx.experiments.rundir.RunDirectory.metadata`, and written in the same
         atomic rename as the checkpoint): :data:`BINDING` → the sessions, ``[[from_round, nonce], …]`` in canonical
-        JSON. Each nonce is 32 bytes of ``os.urandom`` drawn by that session (2⁻²⁵⁶ that two runs share one), so
-        another run's transcript — the same config, signed by the same rank 0 — names other sessions than the
-        checkpoint it is copied beside, and the audit refuses it."""
-        sessions = [[s["from_round"], s["nonce"]] for s in self.doc.get("sessions", [])]
-        return {BINDING: json.dumps(sessions, separators=(",", ":"))}
+        JSON, and :data:`~phalanx.distributed.chain.END` → the mark ``[offset, head, signature]``, where the
+        transcript stands (:meth:`~phalanx.distributed.chain.Appender.mark`). Each nonce is 32 bytes of
+        ``os.urandom`` drawn by that session (2⁻²⁵⁶ that two runs share one), so another run's transcript — the
+        same config, signed by the same rank 0 — names other sessions than the checkpoint it is copied beside, and
+        the audit refuses it."""
+        sessions = json.dumps(self.sessions, separators=(",", ":"))
+        if self.out is None:
+            return {BINDING: sessions}
+        return {BINDING: sessions, END: mark_json(self.out.mark(self.identity, self.round))}
 
     def _same_allow_list(self) -> None:
         """On resume: refuse (one-line :class:`ConfigError` naming the file) a run directory whose ``allow-list.json``
@@ -367,16 +389,81 @@ class Transcript(WrittenWithCheckpoints):
                               f"the run directory's copy is sha256 {digest[:60]}; the run was started with "
                               "another list or the copy was edited — resume with the list it was started with")
 
+    def _resumed(self, path: Path, r: int) -> Appender:
+        """On resume from round r: the transcript cut back to where the checkpoint's mark says it stood, its chain
+        continued — the mark checked first with rank 0's key of the allow-list this job was launched with (never the
+        run directory's copy), and the kept bytes against the mark's digest, line by line, with their header this
+        job's config and allow-list; else a one-line :class:`ConfigError` naming the file (rank 0 would otherwise go
+        on signing what someone else wrote). A checkpoint without a mark (written by a build that rewrote the
+        transcript whole) resumes as that build did, once: the old transcript verified, its rounds before r kept."""
+        end, why = checkpoint_end(checkpoint_metadata(self.run_dir))
+        if end is None:
+            if why:
+                raise self._refuse(path, r, f"the checkpoint holds {why}")
+            return self._rewritten(path, r)
+        offset, head, sig = end
+        if not verify_mark(self.identity.allow.public_key(0), offset, head, sig):
+            raise self._refuse(path, r, "the checkpoint's mark of it does not verify with rank 0's key")
+        chain, whole, seen = Chain(), hashlib.sha256(), 0
+        try:
+            with path.open("rb") as fh:
+                lines = Lines(fh)
+                while seen < offset and (got := lines.next(64 << 10 if seen == 0 else self._limit)) is not None:
+                    raw, rec = got
+                    if seen == 0:
+                        self._same_header(path, r, rec)
+                    elif rec.get("type") == "session":
+                        self.sessions.append([rec.get("from_round"), rec.get("nonce")])
+                    chain.update(raw)
+                    whole.update(raw)
+                    seen += len(raw)
+        except (Unreadable, OSError) as exc:
+            raise self._refuse(path, r, str(exc)) from None
+        if seen != offset or chain.digest().hex() != head:
+            raise self._refuse(path, r, f"its first {offset} bytes are not the ones rank 0 marked at the checkpoint")
+        return Appender(path, chain, whole, offset)
+
+    @property
+    def _limit(self) -> int:
+        return line_limit(self.workers, self.dim or 0)
+
+    def _same_header(self, path: Path, r: int, header: dict[str, Any]) -> None:
+        if header.get("type") != "header" or header.get("format") != FORMAT:
+            raise self._refuse(path, r, f"line 1 is not a {FORMAT} header")
+        if header.get("config") != self.config or header.get("allow_list") != self.identity.allow.digest:
+            raise self._refuse(path, r, "its header names another config or allow-list than this job's (another "
+                               "run's record)")
+
+    def _refuse(self, path: Path, r: int, problem: str) -> Exception:
+        from phalanx.errors import ConfigError
+
+        return ConfigError("file", str(path), "the transcript rank 0 wrote and signed for this run",
+                           f"{problem}; move it away to resume without the record of the rounds before round {r} "
+                           "(the audit will then say they are missing)")
+
+    def _rewritten(self, path: Path, r: int) -> Appender:
+        """A transcript of the former writer (no mark in the checkpoint): verified whole, its rounds before r kept
+        and rewritten once (the refusals of rounds done again still happened: its last session's ``after``)."""
+        old = self._signed_before(path, r)
+        sessions = [s for s in old["sessions"] if s["from_round"] < r]
+        rounds: list[dict[str, Any]] = []
+        for entry in old["rounds"]:
+            if entry["round"] < r:
+                rounds.append(entry)
+            elif sessions and entry["rejected"]:
+                _after(sessions[-1], entry["rejected"])
+        old.update(sessions=sessions, rounds=rounds)
+        self.sessions = [[s["from_round"], s["nonce"]] for s in sessions]
+        out = Appender(path, Chain(), hashlib.sha256(), 0)
+        out.append(render(old).splitlines(keepends=True))
+        return out
+
     def _signed_before(self, path: Path, r: int) -> dict[str, Any]:
         """On resume from round r: the old transcript, verified with rank 0's key of the allow-list this job was
         launched with (never the run directory's copy) and bound to this job's config and allow-list — else a
         one-line :class:`ConfigError` naming the file (rank 0 would otherwise sign what someone else wrote)."""
-        from phalanx.errors import ConfigError
-
-        def refuse(problem: str) -> ConfigError:
-            return ConfigError("file", str(path), "the transcript rank 0 wrote and signed for this run",
-                               f"{problem}; move it away to resume without the record of the rounds before "
-                               f"round {r} (the audit will then say they are missing)")
+        def refuse(problem: str) -> Exception:
+            return self._refuse(path, r, problem)
 
         try:
             old = load(path, self.identity.allow.public_key(0))
@@ -401,16 +488,24 @@ class Transcript(WrittenWithCheckpoints):
                 accepted.append({"rank": 0, "phase": 0, "sha256": digest.hex(), "signature": sig.hex()})
         self.rows(t, accepted, missing)
 
+    @property
+    def round(self) -> int:
+        """The round a checkpoint written now is of (the rounds before it are done)."""
+        return int(self.loop.state.round) if self.loop is not None else 0
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        assert self.out is not None, "a transcript is appended to after on_start"
+        self.out.append(entry_lines(entry), entry["round"])
+
     def rows(self, t: int, accepted: list[dict[str, Any]], missing: list[int]) -> None:
         """Round t used the rows of ``accepted`` (rank, phase, SHA-256, signature); ``missing`` did not arrive."""
-        self.doc["rounds"].append({"round": t, "accepted": [{"phase": 0, **a} for a in accepted],
-                                   "missing": sorted(missing), "rejected": self.links.new_rejections()})
+        self._append({"round": t, "accepted": [{"phase": 0, **a} for a in accepted], "missing": sorted(missing),
+                      "rejected": self.links.new_rejections()})
 
     def step(self, t: int, used: list[Any], rows: Tensor, result: Tensor, groups: list[dict[str, Any]]) -> None:
         """The asynchronous server's hook: step t used the updates ``used`` (with their links' proofs), made
         ``rows`` and the rule's ``result`` over them; ``groups``: the links' refusals since the previous step."""
-        self.doc["rounds"].append({**step_entry(t, used, rows, result), "rejected": groups})
-
+        self._append({**step_entry(t, used, rows, result), "rejected": groups})
     def reports(self, t: int, nodes: list[dict[str, Any]]) -> None:
         """Gossip, at rank 0's gathering round t: what every node reported since its last report — node 0's
         journal (``rounds``: signed here), the others' as they sent it (``journal``: canonical JSON, ``signature``),
@@ -436,15 +531,15 @@ class Transcript(WrittenWithCheckpoints):
                 continue
             kept.append({"node": node, "rounds": items, "signature": sig})
         gathered = sorted(k["node"] for k in kept)
-        self.doc["rounds"].append({"round": t, "nodes": kept, "gathered": gathered,
-                                   "silent": sorted(set(range(self.workers)) - set(gathered)),
-                                   "rejected": self.links.new_rejections()})
+        self._append({"round": t, "nodes": kept, "gathered": gathered,
+                      "silent": sorted(set(range(self.workers)) - set(gathered)),
+                      "rejected": self.links.new_rejections()})
 
     def _after(self) -> None:
         """What was rejected after the last round's entry (the run stopped, or ended): in the session's record."""
         groups = self.links.new_rejections()
-        if groups:
-            _after(self.doc["sessions"][-1], groups)
+        if groups and self.out is not None:
+            self.out.append([dumps({"type": "rejected", **g}) for g in groups])
 
     def on_abort(self, loop: Loop, snapshot: Snapshot) -> str | None:
         self._after()
@@ -455,7 +550,15 @@ class Transcript(WrittenWithCheckpoints):
             self._after()  # links record as failures after the last round; the mesh says goodbye)
         super().on_finish(loop)
 
+    def on_round(self, loop: Loop, info: RoundInfo) -> None:
+        """Nothing to write: the round's record was appended when it was made, and the checkpoint marks it."""
+
     def write(self) -> None:
-        """Write ``transcript.jsonl``, signed (atomically, recorded in the manifest)."""
-        body = render(self.doc)
-        write_artifact(self.run_dir, TRANSCRIPT, body + signature_line(body, self.identity))
+        """Close the transcript: rank 0's signature of every byte as the last line, synced, recorded in the
+        manifest."""
+        if self.out is None:
+            return
+        self.out.append([seal_line(self.out.chain.digest(), self.identity)])
+        self.out.sync()
+        self.out.close()
+        self.out = None

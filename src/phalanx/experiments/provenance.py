@@ -251,6 +251,19 @@ def open_session(run_dir: Path, identity: dict[str, Any], data: str, chain: list
     return Session(run, data, chain or [], at, key, public)
 
 
+def require_resumable(run_dir: Path, chain: list[Segment], public_key: Path) -> None:
+    """Before an unfinished run resumes under ``verify_key`` (the PEM public key ``public_key``): every round of the
+    checkpoint it resumes from was trained under that key (``chain``: the record :func:`open_session` checked against
+    the checkpoint and rows on disk), else :class:`ProvenanceError`. Without it, anyone who can write the directory
+    makes a signed finished run look unfinished (``DONE`` and the signature deleted, an unsigned record rewritten
+    consistently) and its forged rows are "resumed" and reported."""
+    why = _unproven(chain or None, runfiles.read_bounded(public_key, 64 << 10))
+    if why is not None:
+        raise ProvenanceError(str(run_dir), f"not resumed under verify_key: {why}; its checkpoint and rows are not "
+                              "proven to be trained under the key", f"delete {run_dir} to train it again from "
+                              "round 0 (under sign_key), or leave out verify_key to resume it unverified")
+
+
 def _unproven(chain: list[Segment] | None, public: bytes) -> str | None:
     """Why ``chain`` does not prove that every round was trained under ``public``'s key, or ``None``."""
     if chain is None:
@@ -331,7 +344,20 @@ def _on_disk(run_dir: Path, identity: dict[str, Any]) -> tuple[list[Segment] | N
     problem = structure(chain, run_digest(identity)) or _end_mismatch(chain[-1].end, at)
     if problem is None and store.is_finished(run_dir) and identity.get("rounds") not in (None, round_):
         problem = f"its checkpoint is of round {round_}, but the run has {identity.get('rounds')} rounds"
+    if problem is None and store.is_finished(run_dir):
+        problem = rows_beyond(run_dir, round_)
     return chain, problem
+
+
+def rows_beyond(run_dir: Path, round_: int) -> str | None:
+    """What is wrong with a finished run's metric rows after its final checkpoint's round ``round_``, or ``None``:
+    the record covers the rows up to that round only, and a finished run writes none after it, so a later row (the
+    one a report would take as final) was appended by hand."""
+    later = [r["round"] for r in store.read_rows(run_dir) if r["round"] > round_]
+    if not later:
+        return None
+    return (f"metrics.jsonl has {len(later)} row(s) after its checkpoint's round {round_} (round {max(later)}), "
+            "which no session wrote")
 
 
 def check_recorded(run_dir: Path, identity: dict[str, Any]) -> None:

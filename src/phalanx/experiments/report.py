@@ -39,6 +39,7 @@ def collect(root: Path) -> list[dict[str, Any]]:
     for cfg_path in sorted(root.rglob("config.json")):
         run_dir = cfg_path.parent
         run_rows = []
+        diverged = store.is_diverged(run_dir)  # a marker the manifest records, not one planted
         for r in store.read_rows(run_dir):
             acc = r.get("test_accuracy")
             if isinstance(acc, bool) or not isinstance(acc, (int, float)):
@@ -47,7 +48,7 @@ def collect(root: Path) -> list[dict[str, Any]]:
             r = dict(r)
             r["run"] = run_dir.name
             r["finished"] = store.is_finished(run_dir)
-            r["run_diverged"] = (run_dir / "DIVERGED").exists()
+            r["run_diverged"] = diverged
             run_rows.append(r)
         if run_rows:
             configs[run_dir.name] = status.recorded_config(run_dir)

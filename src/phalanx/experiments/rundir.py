@@ -62,7 +62,9 @@ class RunDirectory(Callback):
         """Create the directory (or check that it holds the same configuration); the last checkpoint, if any. With
         a public key, a directory that carries a signature is verified first (an unfinished run has none yet). An
         unfinished run's checkpoint must match its provenance record and, with a signing key, have been trained
-        under that key from round 0 (:func:`phalanx.experiments.provenance.open_session`)."""
+        under that key from round 0 (:func:`phalanx.experiments.provenance.open_session`); with a public key, under
+        that key (:func:`phalanx.experiments.provenance.require_resumable`): a run made to look unfinished is not
+        resumed from a record anyone can write."""
         if self.verify_key is not None and (self.path / signing.SIGNATURE).exists():
             signing.verify(self.path, self.verify_key)
         store.prepare_run_dir(self.path, self.identity, self.seed, self.fingerprint, self.device)
@@ -75,6 +77,8 @@ class RunDirectory(Callback):
                 chain = provenance.read_chain(self.path / "checkpoint.safetensors", loaded.metadata)
             self.session = provenance.open_session(self.path, self.identity, self.fingerprint, chain, at,
                                                    self.sign_key)
+            if self.verify_key is not None and at is not None:  # what it resumes from is what it reports
+                provenance.require_resumable(self.path, self.session.chain, Path(self.verify_key))
         store.note_device(self.path, self.device, 0 if start is None else start.state.round)
         store.remove_temporaries(self.path)  # what killed writes left (the caller holds the run's lock)
         return start
@@ -136,7 +140,7 @@ def opened(
     checked to hold the same configuration, the checkpoint to resume from — and the two ways a run can be over
     already: finished (its rows are returned, nothing trains) or diverged (:class:`~phalanx.training.divergence.
     Diverged` is raised again, at the same round, instead of training into the same divergence)."""
-    from phalanx.experiments import runstate
+    from phalanx.experiments import ended, runstate
 
     directory = RunDirectory.of(path, identity, exp, checkpoint_every, sign_key=sign_key, verify_key=verify_key)
     with runstate.locked(directory.path, wait=wait), runstate.recording_failure(directory.path):
@@ -144,6 +148,7 @@ def opened(
         if store.is_finished(directory.path):  # finished (perhaps by the process this one waited for)
             yield OpenedRun(directory, start, store.read_rows(directory.path))
             return
+        ended.refuse_diverged_under_key(directory.path, verify_key)  # never signed: nothing to verify
         again = runstate.diverged_again(directory.path)
         if again is not None:  # it would diverge at the same round again
             raise again

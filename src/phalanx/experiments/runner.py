@@ -1,8 +1,9 @@
 """Run a grid of configurations, skipping finished runs, on an executor (this machine by default, or Slurm).
 
 Each configuration gets its own run directory ``OUT/<run_id>``; a finished run (``DONE``, or ``DIVERGED``: it would
-diverge again) is skipped, an unfinished one resumes from its checkpoint. So a killed sweep, started again, redoes
-no finished run and no round before the last checkpoint. The grid's run ids are recorded in ``OUT/grid.json`` so
+diverge again) is skipped once what it recorded is checked (:mod:`phalanx.experiments.ended`), an unfinished one
+resumes from its checkpoint. So a killed sweep, started again, redoes no finished run and no round before the last
+checkpoint. The grid's run ids are recorded in ``OUT/grid.json`` so
 that ``phalanx status OUT`` can list the runs not started yet.
 
 A run that fails does not stop the others: its directory keeps a ``FAILED`` marker with the error, and once the
@@ -20,8 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from phalanx import signing
-from phalanx.experiments import provenance, runstate, status, store
+from phalanx.experiments import ended, runstate, status, store
 from phalanx.experiments.build import check_points
 from phalanx.experiments.config import RunConfig, ValidRun, validate
 from phalanx.experiments.executor import (
@@ -76,16 +76,9 @@ def run_grid(
         seen.add(d)
     hooks = Hooks(on_round, on_done)
     for c, d in zip((r.cfg for r in runs), dirs):
-        if store.is_finished(d):
-            if c.verify_key is not None:  # its results will be used: the signed files, trained under the key
-                signing.verify(d, c.verify_key)
-            store.check_finished(d, c.identity())  # trusted by what it recorded, not by its name
-            provenance.check_recorded(d, c.identity())  # its checkpoint's own record names this run and matches it
-            if c.verify_key is not None:
-                provenance.require(d, Path(c.verify_key))
-            hooks.done(c, "skipped (finished)")
-        elif runstate.is_final(d):
-            hooks.done(c, "skipped (diverged)")
+        if runstate.is_final(d):  # finished or diverged: held to the same checks before it is skipped and reported
+            ended.check(d, c)
+            hooks.done(c, "skipped (finished)" if store.is_finished(d) else "skipped (diverged)")
     if before is not None and todo:
         before(todo)
     try:

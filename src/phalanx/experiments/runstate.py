@@ -39,7 +39,7 @@ from phalanx.training.divergence import Diverged
 
 LOCK = ".lock"
 FAILED = "FAILED"
-DIVERGED = "DIVERGED"
+DIVERGED = store.DIVERGED
 STATES = ("done", "diverged", "running", "failed", "stopped", "pending")
 
 
@@ -183,7 +183,7 @@ class RunState:
 def final_rows(run_dir: Path) -> list[dict[str, Any]]:
     """The metric rows, by round, of a run that ended — done, or diverged (its last row marked ``"diverged": true``);
     a :class:`~phalanx.errors.ConfigError` naming ``run`` if it has not ended."""
-    if (Path(run_dir) / DIVERGED).exists():
+    if store.is_diverged(Path(run_dir)):  # a marker the manifest does not record: refused, not believed
         rows = store.read_rows(Path(run_dir))
         if rows:
             return sorted(rows, key=lambda r: r["round"])
@@ -243,9 +243,9 @@ def record_divergence(run_dir: Path, diverged: Diverged) -> None:
 
 def diverged_again(run_dir: Path) -> Diverged | None:
     """A run directory marked ``DIVERGED``, as the :class:`Diverged` it ended with (``None`` if it is not)."""
-    record = divergence(run_dir)
-    if record is None:
+    if not store.is_diverged(Path(run_dir)):  # a marker the manifest does not record: refused, not believed
         return None
+    record = divergence(run_dir) or {}
     rows = store.read_rows(Path(run_dir))
     return Diverged(int(record.get("round") or 0), int(record.get("non_finite") or 0), int(record.get("size") or 0),
                     rows)

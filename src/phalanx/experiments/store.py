@@ -195,8 +195,28 @@ def _record(out: Path, name: str, digest: str) -> None:
     atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
 
 
+_PINNED: dict[str, dict[str, str]] = {}
+"""Run directory (its absolute path) → file → SHA-256 as a verified signature states them (:func:`pin`)."""
+
+
+def pin(out: Path, digests: dict[str, str]) -> None:
+    """Hold the run directory ``out``'s metric rows, for every later read in this process, to the digests a signature
+    was just verified to state (``digests``: :func:`phalanx.signing.verify`'s result), not to the manifest's, which
+    anyone who can write the directory recomputes: the rows a report reads are then the rows that were verified, even
+    if the file was swapped since (docs/security.md). A write into ``out`` by this process lifts the pin."""
+    _PINNED[os.path.abspath(out)] = dict(digests)
+
+
+def record_artifact(out: Path, name: str, digest: str) -> None:
+    """Record ``digest`` as the file ``name``'s in the manifest (a file written in place, appended to: rank 0's
+    transcript, :mod:`phalanx.distributed.chain`)."""
+    _PINNED.pop(os.path.abspath(out), None)  # this process writes it again: what was verified is not what it holds
+    _record(out, name, digest)
+
+
 def write_artifact(out: Path, name: str, payload: bytes) -> None:
     """Write ``out/name`` atomically and record its digest in the manifest before it replaces the old file."""
+    _PINNED.pop(os.path.abspath(out), None)  # this process writes it again: what was verified is not what it holds
     path = out / name
     with writing(path):
         write_atomic(path, payload, before_replace=lambda _: _record(out, name, hashlib.sha256(payload).hexdigest()))
@@ -491,15 +511,20 @@ def rows_upto(path: Path, round_: int | None) -> tuple[list[dict[str, Any]], str
     the file holds them (``None`` for no rows: what a provenance record compares). At most
     :data:`~phalanx.experiments.schema.MAX_ROWS` + 1 rows are read; a line longer than
     :data:`~phalanx.experiments.runfiles.MAX_ROW_BYTES`, nested too deeply or not a row is one line naming the
-    file."""
+    file. A run directory pinned to a verified signature (:func:`pin`) must hold, in the bytes read here, the signed
+    file: an :class:`IntegrityError` otherwise."""
     metrics = path / "metrics.jsonl"
+    signed = None if forced() else _PINNED.get(os.path.abspath(path), {}).get("metrics.jsonl", "") or None
     if not metrics.exists():
+        if signed is not None:
+            raise IntegrityError(str(metrics), "missing (its signature, verified earlier, covers it)")
         return [], None
     if (path / MANIFEST).exists() or (path / "config.json").exists():
         verify(path, ("metrics.jsonl",))
     rows: list[dict[str, Any]] = []
-    h = hashlib.sha256()
+    h, whole = hashlib.sha256(), hashlib.sha256()
     for number, line in runfiles.jsonl_lines(metrics):
+        whole.update(line)
         if not line.strip():
             continue
         try:
@@ -520,7 +545,24 @@ def rows_upto(path: Path, round_: int | None) -> tuple[list[dict[str, Any]], str
                 raise damaged(metrics, f"more than {MAX_ROWS + 1:,} metric rows (the most a run writes)")
             rows.append(row)
             h.update(line)
+    if signed is not None and whole.hexdigest() != signed:  # these bytes, not the file verified: the pin's reason
+        raise IntegrityError(str(metrics), "changed since its signature was verified (its SHA-256 differs from the "
+                             "signed one)")
     return rows, (h.hexdigest() if rows else None)
+
+
+DIVERGED = "DIVERGED"
+"""The marker of a run whose model became non-finite (:mod:`phalanx.experiments.runstate`)."""
+
+
+def is_diverged(out: Path) -> bool:
+    """Whether ``out`` holds a run that diverged: a ``DIVERGED`` marker, which must be the file the manifest records
+    (:func:`verify`) — a marker planted by hand is an :class:`IntegrityError`, never a reason to skip or count a
+    run."""
+    if not (out / DIVERGED).exists():
+        return False
+    verify(out, (DIVERGED,))
+    return True
 
 
 def finished_rows(path: Path) -> list[dict[str, Any]]:
