@@ -68,17 +68,24 @@ def fake(hint: Any, i: int) -> Any:
 
 
 def _inside(v: Any, bounds: tuple[float, float] | None) -> Any:
-    """``v`` (a made-up number, or None) moved into a field's ``raw.within`` bounds (its digits kept awkward)."""
+    """``v`` (a made-up number, a curve of them, or None) moved into a field's ``raw.within`` bounds (its digits kept
+    awkward; an infinite number of a curve where the bounds are finite: the lower bound)."""
+    if isinstance(v, (tuple, list)):
+        return type(v)(_inside(x, bounds) for x in v)
     if bounds is None or not isinstance(v, float):
         return v
     low, high = bounds
-    return v if low <= v <= high else low + math.fmod(v - low, min(high - low, 1.0))
+    if low <= v <= high:
+        return v
+    return low if math.isinf(v) else low + math.fmod(v - low, min(high - low, 1.0))
 
 
 def fake_values(value_type: type, cells: list[Any]) -> dict[Any, Any]:
     """A made-up value of ``value_type`` for every cell (within each field's ``raw.within`` bounds)."""
     if value_type is float:
         return {c: fake(float, i) for i, c in enumerate(cells)}
+    if value_type is raw.Share:
+        return {c: _inside(fake(float, i), raw.SHARE["raw_range"]) for i, c in enumerate(cells)}
     hints = typing.get_type_hints(value_type)
     return {c: value_type(*(_inside(fake(hints[f.name], i + k), f.metadata.get("raw_range"))
                             for k, f in enumerate(dataclasses.fields(value_type))))

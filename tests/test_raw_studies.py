@@ -107,6 +107,53 @@ def test_nan_where_a_number_must_be_is_refused(name: str, tmp_path: Path) -> Non
     _refused(tmp_path / "runs.csv", [lines[0], buf.getvalue(), *lines[2:]], study, cells, ids, "not NaN")
 
 
+UNBOUNDED = {"convergence": "its measures (F(θ_T) − F*, ζ², ε, the bound, their ratio, the curves) may be slightly "
+                            "negative by rounding, NaN where no ε is proven, infinite where a run diverges"}
+"""The studies whose numbers carry no ``raw.within`` bound, and why (every other number a study records is bounded)."""
+
+
+def _first_value(v: Any, x: float) -> Any:
+    """``v`` (a parsed JSON curve) with its first number ``x``."""
+    if isinstance(v, list):
+        return [_first_value(v[0], x), *v[1:]]
+    return x
+
+
+def _unbounded(value_type: Any) -> Any:
+    """The mutant: ``value_type`` with every bound removed (a plain float for a share)."""
+    if value_type is raw.Share:
+        return float
+    return dataclasses.make_dataclass("Unbounded", [(f.name, f.type) for f in dataclasses.fields(value_type)],
+                                      frozen=True)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_number_a_study_records_has_its_range(name: str) -> None:
+    """What a hostile runs.csv can make a report print is what a run can give: every numeric column (a number or a
+    curve of numbers) of every study declares its range (``raw.within``, ``raw.Share``), but those of
+    :data:`UNBOUNDED`, each with its reason."""
+    study = studies.resolve(name)()
+    numeric = [c for c in raw._columns(study.raw_value) if c.hint not in (str, bool)]
+    assert numeric
+    unbounded = [c.name for c in numeric if c.range is None]
+    assert unbounded == ([c.name for c in numeric] if name in UNBOUNDED else [])
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in UNBOUNDED])
+def test_a_number_outside_its_range_is_refused_and_the_unbounded_mutant_reads_it(name: str, tmp_path: Path) -> None:
+    """The first value column (a share, a loss, a curve's first number) set to −1 — below every declared range — is
+    one typed line; the same value type without its bounds (the mutant) reads the file."""
+    study, cells, ids, lines = _rows(name)
+    header, row = next(csv.reader([lines[0]])), next(csv.reader([lines[1]]))
+    first = header.index("run") + 1
+    row[first] = json.dumps(_first_value(json.loads(row[first]), -1.0)) if row[first].startswith("[") else "-1.0"
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="").writerow(row)
+    path = tmp_path / "runs.csv"
+    _refused(path, [lines[0], buf.getvalue(), *lines[2:]], study, cells, ids, "a number in")
+    assert len(raw.read(path, cells, ids, _unbounded(study.raw_value))) == len(set(cells))
+
+
 def test_the_run_ids_follow_the_settings() -> None:
     """A file made with other rounds is refused: the run column changes with what names a run (the mutant: an id
     that ignores the settings would let another preset's numbers through)."""
@@ -121,3 +168,24 @@ def test_hbn_writes_its_fedbn_global_cells_with_the_fedbn_runs_id() -> None:
     by_cell = dict(zip(cells, ids))
     glob = [c for c in cells if c.norm == "fedbn-global"]
     assert glob and all(by_cell[c] == by_cell[dataclasses.replace(c, norm="fedbn")] for c in glob)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Seed:
+    seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Count:
+    n: int
+
+
+@pytest.mark.parametrize("text", ["--5", "-", "", "5-", "٣", "+5", "1e3", "5.0", "9" * 21])
+def test_an_int_column_takes_only_an_optional_minus_and_digits(text: str, tmp_path: Path) -> None:
+    """Every such text is one typed line (``--5`` passed the old check and then crashed ``int()``); ``-5`` reads."""
+    path = tmp_path / "runs.csv"
+    path.write_text(f"seed,run,n\n0,r0,{text}\n")
+    with pytest.raises(ConfigError, match="an integer"):
+        raw.read(path, [_Seed(0)], ["r0"], _Count)
+    path.write_text("seed,run,n\n0,r0,-5\n")
+    assert raw.read(path, [_Seed(0)], ["r0"], _Count) == {_Seed(0): _Count(-5)}

@@ -42,7 +42,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ from phalanx.experiments.config import RunConfig
 from phalanx.experiments.plots import save_figure
 from phalanx.experiments.stragglers import sync_times
 from phalanx.experiments.validrun import ValidRun
+from phalanx.studies import raw
 from phalanx.studies.base import distinct
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance
@@ -176,7 +177,7 @@ def keys(p: Preset, cell: Cell) -> dict[str, Any]:
 class Curve:
     """What one run ended with: its evaluations as (simulated time, test accuracy), in order."""
 
-    points: tuple[tuple[float, float], ...]
+    points: tuple[tuple[float, float], ...] = field(metadata=raw.FINITE)
 
     def time_to(self, target: float) -> float:
         """The simulated time of the first evaluation at or above ``target`` (∞: never, censored)."""

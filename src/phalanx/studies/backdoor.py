@@ -44,6 +44,7 @@ from phalanx.analysis.stats import MIN_SEEDS, Estimate, holm, mean_ci, slope
 from phalanx.errors import ConfigError
 from phalanx.experiments.plots import save_figure
 from phalanx.experiments.validrun import ValidRun
+from phalanx.studies import raw
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import family_note, holm_p, pick_preset, provenance
 from phalanx.studies.template import Document, GridFunctions, GridStudy
@@ -203,14 +204,14 @@ class Final:
     """What one ended run gave: clean accuracy at the stop round; for an attacked run the attack success there and
     ``after`` rounds later (None: not logged). A run that diverged before a round reads as its last row."""
 
-    accuracy: float
-    success: float | None = None
-    durability: float | None = None
-    smoothed_accuracy: float | None = None
+    accuracy: float = field(metadata=raw.SHARE)
+    success: float | None = field(default=None, metadata=raw.SHARE)
+    durability: float | None = field(default=None, metadata=raw.SHARE)
+    smoothed_accuracy: float | None = field(default=None, metadata=raw.SHARE)
     """CRFL's runs: the smoothed classifier's clean accuracy at the last round (and the three below)."""
-    smoothed_success: float | None = None
-    certified_rate: float | None = None
-    radius: float | None = None
+    smoothed_success: float | None = field(default=None, metadata=raw.SHARE)
+    certified_rate: float | None = field(default=None, metadata=raw.SHARE)
+    radius: float | None = field(default=None, metadata=raw.FINITE)
 
 
 def _row(rows: list[dict[str, Any]], round_: int) -> dict[str, Any]:
@@ -334,10 +335,10 @@ def family(table: Table, p: Preset) -> dict[Comparison, Estimate | None]:
     keys: list[Comparison] = [("cut", r, a, str(al)) for r in defences for a in p.attacks for al in alphas]
     keys += [("price", r, str(al)) for r in defences for al in alphas]
     keys += [("trend", r) for r in defences] if len(alphas) > 1 else []
-    raw = [paired(table, k[1], k[2], float(k[3]), "success") if k[0] == "cut" else
+    unadjusted = [paired(table, k[1], k[2], float(k[3]), "success") if k[0] == "cut" else
            paired(table, k[1], NONE, float(k[2]), "accuracy") if k[0] == "price" else price_trend(table, k[1], alphas)
            for k in keys]
-    return dict(zip(keys, holm(raw)))
+    return dict(zip(keys, holm(unadjusted)))
 
 
 def trend_verdict(e: Estimate | None) -> str:

@@ -44,6 +44,7 @@ from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments.plots import save_figure
 from phalanx.experiments.validrun import ValidRun
+from phalanx.studies import raw
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance
 from phalanx.studies.template import Document, GridFunctions, GridStudy
@@ -207,8 +208,8 @@ class Final:
     """What one ended run ended with: the final test accuracy and the accuracy at every evaluated round (a diverged
     run: as far as its rows go, its final accuracy that of chance as its last row says)."""
 
-    accuracy: float
-    curve: tuple[tuple[int, float], ...]
+    accuracy: float = field(metadata=raw.SHARE)
+    curve: tuple[tuple[int, float], ...] = field(metadata=raw.FINITE)
 
 
 def final(cell: Cell, run: ValidRun, rows: list[dict[str, Any]]) -> Final:

@@ -33,6 +33,7 @@ from phalanx.errors import ConfigError
 from phalanx.experiments import store
 from phalanx.experiments.plots import clipped_errors, save_figure
 from phalanx.experiments.validrun import ValidRun
+from phalanx.studies import raw
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import (
     family_note,
@@ -320,7 +321,7 @@ class HBN(GridStudy[Preset, Cell, float]):
     set_example = "rounds=50"
 
     functions = GridFunctions(preset, cells, keys, final)
-    raw_value = float
+    raw_value = raw.Share
 
     def collect(self, cells: list[Cell], configs: list[ValidRun], runs_dir: Path) -> dict[Cell, float]:
         """:func:`final` of every cell's run; for a FedBN run also its ``global_test_accuracy``, under the same cell

@@ -47,7 +47,6 @@ import csv
 import functools
 import io
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,9 +219,9 @@ def config_for(p: Preset, cell: Cell, overrides: dict[str, Any] | None = None,
     return make_config({**keys(p, cell, trigger), **(overrides or {})})
 
 
-SHARE = raw.within(0, 1)
+SHARE = raw.SHARE
 """A share of texts (accuracy, success, flip rate): what a run can give, and all a raw-results file may hold."""
-FINITE = raw.within(0, sys.float_info.max)
+FINITE = raw.FINITE
 """A count of texts, a truncation residual: finite and not negative."""
 
 

@@ -27,6 +27,7 @@ from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments.plots import clipped_errors, save_figure
 from phalanx.experiments.validrun import ValidRun
+from phalanx.studies import raw
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance
 from phalanx.studies.template import Document, GridFunctions, GridStudy
@@ -115,8 +116,8 @@ def keys(p: Preset, cell: Cell) -> dict[str, Any]:
 class Final:
     """The honest nodes' final mean and worst test accuracy of one run (0 and 0 when it diverged)."""
 
-    mean: float
-    worst: float
+    mean: float = field(metadata=raw.SHARE)
+    worst: float = field(metadata=raw.SHARE)
     diverged: bool = False
 
 

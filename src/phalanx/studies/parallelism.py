@@ -38,6 +38,7 @@ from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments.plots import save_figure
 from phalanx.experiments.validrun import ValidRun
+from phalanx.studies import raw
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance
 from phalanx.studies.template import Document, GridFunctions, GridStudy
@@ -148,9 +149,9 @@ def keys(p: Preset, cell: Cell) -> dict[str, Any]:
 class Final:
     """What one finished run ended with."""
 
-    loss: float
-    accuracy: float
-    consensus: float
+    loss: float = field(metadata=raw.NON_NEGATIVE)
+    accuracy: float = field(metadata=raw.SHARE)
+    consensus: float = field(metadata=raw.NON_NEGATIVE)
 
 
 @dataclass

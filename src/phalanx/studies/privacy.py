@@ -33,6 +33,7 @@ from phalanx.errors import ConfigError
 from phalanx.experiments import legacy
 from phalanx.experiments.plots import save_figure
 from phalanx.experiments.validrun import ValidRun
+from phalanx.studies import raw
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance
 from phalanx.studies.template import Document, GridFunctions, GridStudy
@@ -127,8 +128,8 @@ def keys(p: Preset, cell: Cell) -> dict[str, Any]:
 class Final:
     """What one ended run ended with (a diverged run: accuracy as its last row says)."""
 
-    accuracy: float
-    epsilon: float | None
+    accuracy: float = field(metadata=raw.SHARE)
+    epsilon: float | None = field(metadata=raw.NON_NEGATIVE)
 
 
 def final(cell: Cell, run: ValidRun, rows: list[dict[str, Any]]) -> Final:

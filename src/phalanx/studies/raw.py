@@ -26,6 +26,8 @@ import dataclasses
 import io
 import json
 import math
+import re
+import sys
 import types
 import typing
 from collections.abc import Hashable, Sequence
@@ -58,6 +60,27 @@ def within(low: float, high: float) -> dict[str, Any]:
     return {"raw_range": (float(low), float(high))}
 
 
+SHARE = within(0, 1)
+"""A share (an accuracy, a success rate, a fraction of inputs): in [0, 1]."""
+FINITE = within(0, sys.float_info.max)
+"""A finite non-negative number (a radius, a simulated time, a round and its accuracy in a curve)."""
+NON_NEGATIVE = within(0, math.inf)
+"""A non-negative number that a diverged run may leave infinite (a loss, a privacy budget, a consensus distance)."""
+
+
+class Share(float):
+    """The ``raw_value`` of a study whose value is one float that is a share (a final accuracy): read as a plain float
+    in [0, 1] (:data:`SHARE`)."""
+
+
+_SCALARS: dict[type, tuple[float, float] | None] = {float: None, Share: SHARE["raw_range"]}
+"""The one-float values and their bounds."""
+
+
+_INTEGER = re.compile(r"-?[0-9]+")
+"""An int column's text: an optional minus and ASCII digits (``--5``, ``-`` and ``٣`` are not integers)."""
+
+
 class _Bad(ValueError):
     """A cell's text is not of its field's type (the message says what it must be)."""
 
@@ -71,8 +94,8 @@ class _Column:
 
 
 def _columns(value_type: type) -> list[_Column]:
-    if value_type is float:
-        return [_Column("value", float, False)]
+    if value_type in _SCALARS:
+        return [_Column("value", float, False, _SCALARS[value_type])]
     if dataclasses.is_dataclass(value_type):
         hints = typing.get_type_hints(value_type)
         return [_Column(f.name, hints[f.name], bool(f.metadata.get("raw_nan")), f.metadata.get("raw_range"))
@@ -157,7 +180,7 @@ def _decode(text: str, hint: Any, nan_ok: bool) -> Any:
             raise _Bad("True or False")
         return text == "True"
     if hint is int:
-        if not (text.lstrip("-").isdigit() and text.isascii() and len(text) <= 20):
+        if not (_INTEGER.fullmatch(text) and len(text) <= 20):
             raise _Bad("an integer")
         return int(text)
     if hint is str:
@@ -216,7 +239,7 @@ def write(cells: list[C], runs: Sequence[str], collected: dict[C, Any], value_ty
             continue
         seen.add(key)
         v = collected[c]
-        row = [v] if value_type is float else [getattr(v, col.name) for col in columns]
+        row = [v] if value_type in _SCALARS else [getattr(v, col.name) for col in columns]
         w.writerow([*key, run, *(_encode(x, col.hint) for x, col in zip(row, columns))])
     return buf.getvalue()
 
@@ -275,5 +298,5 @@ def read(path: Path, cells: list[C], runs: Sequence[str], value_type: type) -> d
                 values.append(value)
             except _Bad as exc:
                 raise bad(f"{exc} in the column {col.name} (cell {','.join(_key(c))})") from None
-        out[c] = values[0] if value_type is float else value_type(*values)
+        out[c] = values[0] if value_type in _SCALARS else value_type(*values)
     return out

@@ -46,6 +46,7 @@ from phalanx.analysis.stats import Estimate, mean_ci, slope
 from phalanx.errors import ConfigError
 from phalanx.experiments.config import RunConfig, ValidRun, make_config
 from phalanx.experiments.plots import clipped_errors, save_figure
+from phalanx.studies import raw
 from phalanx.studies.base import Report, distinct
 from phalanx.studies.registry import register
 from phalanx.studies.reporting import pick_preset, provenance, write_report_files
@@ -519,7 +520,7 @@ class Tension(GridStudy[Preset, Cell, float]):
     out = "runs/tension-quick"
     preset_help = "quick (Fashion-MNIST/digits, minutes on a CPU), cpu (the full grids, ~1 h) or paper."
     set_example = "rounds=100"
-    raw_value = float
+    raw_value = raw.Share
     functions = GridFunctions(preset, cells, keys, final)
 
     def runs(self, configs: list[ValidRun]) -> list[ValidRun]:
