@@ -133,7 +133,8 @@ def _forged_chain(d: Path, victim: Any) -> list[dict[str, Any]]:
     from phalanx.experiments import store
 
     end = provenance.Point(round_, runfiles.tensors_digest_of_file(ckpt, header), store.rows_upto(d, round_)[1])
-    seg = {"type": provenance.FORMAT, "run": provenance.run_digest(victim.identity()), "data": "",
+    data = store.recorded_fingerprint(d) or ""  # the data set the run directory names, as a consistent forger writes
+    seg = {"type": provenance.FORMAT, "run": provenance.run_digest(victim.identity()), "data": data,
            "segment": 1, "from": provenance.FRESH.json(), "to": end.json(), "signer": None, "phalanx": "0"}
     return [{"statement": json.dumps(seg, sort_keys=True, separators=(",", ":")), "bundle": None}]
 
@@ -478,3 +479,38 @@ def test_a_run_resumed_more_often_than_a_record_holds_is_refused_a_new_session(
     with pytest.raises(ProvenanceError) as info:
         train(_cfg(None, rounds=12), _copy(two_sessions, tmp_path))
     _one_line(info.value, "trained in 2 sessions already")
+
+
+def test_a_resume_on_another_data_set_is_refused_and_the_mutant_extends_the_record(
+        tmp_path: Path, keys: dict[str, Path], two_sessions: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review finding 11: the data set's fingerprint each session records was never compared. A resume whose data set
+    is another (files changed under ``data_root``: its fingerprint differs) is refused in one line naming the
+    session; the mutant without the comparison resumes and extends a "proven" record over other data."""
+    from phalanx.data.base import Dataset
+
+    other = "0" * 64
+    run = _copy(two_sessions, tmp_path)
+    monkeypatch.setattr(Dataset, "fingerprint", lambda self: other)
+    with pytest.raises(ProvenanceError) as exc:
+        train(_cfg(keys, rounds=12), run)
+    _one_line(exc.value, "trained on the data set of fingerprint", "session 1")
+    mutant = _copy(two_sessions, tmp_path, "mutant")
+    monkeypatch.setattr(provenance, "data_mismatch", lambda chain, data: None)
+    train(_cfg(keys, rounds=12), mutant)
+    assert provenance.inspect(mutant, keys["pub"]).chain[-1].data == other  # type: ignore[index]
+
+
+def test_verify_does_not_call_proven_a_run_whose_manifest_names_other_data(
+        tmp_path: Path, keys: dict[str, Path], signed_grid: tuple[Path, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sessions' signed fingerprints against the data set the manifest records: one that differs makes the run
+    not proven, naming the session (the mutant without the comparison calls it proven)."""
+    run = _copy(signed_grid[0], tmp_path)
+    assert provenance.inspect(run, keys["pub"]).proven
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["data_fingerprint"] = "f" * 64
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    found = provenance.inspect(run, keys["pub"])
+    assert not found.proven and "trained on the data set of fingerprint" in found.lines()[0], found.lines()
+    monkeypatch.setattr(provenance, "data_mismatch", lambda chain, data: None)
+    assert provenance.inspect(run, keys["pub"]).proven

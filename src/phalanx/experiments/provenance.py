@@ -183,6 +183,17 @@ def structure(chain: list[Segment], run: str) -> str | None:
     return None
 
 
+def data_mismatch(chain: list[Segment], data: str) -> str | None:
+    """What is wrong with ``chain`` against the data set ``data`` (the SHA-256 fingerprint a session trains on, or the
+    manifest records), or ``None``: every session trained on it. A resume on another data set (files changed under
+    ``data_root``, another cache) would extend a record that says nothing about which data — review finding 11."""
+    for seg in chain:
+        if seg.data != data:
+            return (f"its session {seg.index} trained on the data set of fingerprint {seg.data[:12]}…, not "
+                    f"{data[:12] or '(none)'}…")
+    return None
+
+
 def _end_mismatch(end: Point, at: Point) -> str | None:
     if end == at:
         return None
@@ -233,7 +244,7 @@ def open_session(run_dir: Path, identity: dict[str, Any], data: str, chain: list
     ckpt = run_dir / "checkpoint.safetensors"
     delete = f"delete {run_dir} to train it again from round 0"
     if chain is not None:
-        problem = structure(chain, run) or _end_mismatch(chain[-1].end, at)
+        problem = structure(chain, run) or _end_mismatch(chain[-1].end, at) or data_mismatch(chain, data)
         if problem is not None and (key is not None or not store.forced()):
             raise ProvenanceError(str(ckpt), f"{problem}: it is not a checkpoint this run's sessions wrote", delete)
         if problem is not None:  # forced, unsigned: go on from it with no record of what came before
@@ -342,6 +353,9 @@ def _on_disk(run_dir: Path, identity: dict[str, Any]) -> tuple[list[Segment] | N
         raise runfiles.damaged(ckpt, "its metadata has no valid round") from None
     at = Point(round_, runfiles.tensors_digest_of_file(ckpt, header), store.rows_upto(run_dir, round_)[1])
     problem = structure(chain, run_digest(identity)) or _end_mismatch(chain[-1].end, at)
+    recorded = store.recorded_fingerprint(run_dir)
+    if problem is None and recorded is not None:
+        problem = data_mismatch(chain, recorded)
     if problem is None and store.is_finished(run_dir) and identity.get("rounds") not in (None, round_):
         problem = f"its checkpoint is of round {round_}, but the run has {identity.get('rounds')} rounds"
     if problem is None and store.is_finished(run_dir):

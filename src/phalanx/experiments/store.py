@@ -150,6 +150,14 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def recorded_fingerprint(out: Path) -> str | None:
+    """The data set's fingerprint the run directory's manifest records (``None``: no manifest, or none recorded)."""
+    if not (Path(out) / MANIFEST).exists():
+        return None
+    value = _read_manifest(Path(out)).get("data_fingerprint")
+    return value if isinstance(value, str) else None
+
+
 def _read_manifest(out: Path) -> dict[str, Any]:
     """The run directory's manifest, read with bounded memory (:mod:`phalanx.experiments.runfiles`)."""
     try:
