@@ -84,7 +84,9 @@ def test_a_slow_a_silent_and_a_crashed_worker_never_block_the_server(tmp_path: P
     env = {"PHALANX_TEST_SLEEP": f"2:1:2,2:2:2,2:3:2,4:2:{never},3:3:exit"}
     code, errs = launched(ASYNC, tmp_path, env)
     assert code == 0, errs[-3000:]
-    assert "exiting in round 3" in errs and "sleeping until the test wakes it" in errs
+    # rank 3 dies at the first version ≥ 3 it is handed (on a loaded machine it may never be handed 3 itself)
+    assert "[phalanx rank 3] PHALANX_TEST_SLEEP: exiting in round" in errs
+    assert "sleeping until the test wakes it" in errs
     row = last_row(tmp_path / "out")
     assert row["round"] == 30 and row["updates"] == 60
     assert row["staleness_max"] <= 3 and row["test_accuracy"] > 0.5  # chance is 0.1

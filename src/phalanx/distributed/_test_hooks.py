@@ -2,7 +2,10 @@
 
 ``PHALANX_TEST_SLEEP="RANK:ROUND:WHAT[,RANK:ROUND:WHAT…]"`` makes rank RANK stop answering before it computes its
 vector of round ROUND: for WHAT seconds when WHAT is a number, else until the file WHAT exists (a test wakes it at a
-point it chose); WHAT = ``exit`` makes it die there instead (``os._exit(1)``, as a crash: its sockets close).
+point it chose); WHAT = ``exit`` makes it die there instead (``os._exit(1)``, as a crash: its sockets close). Each
+entry acts once, at the first round ≥ ROUND the rank computes: an asynchronous worker on a loaded machine may be
+handed version 4 after version 2, and its crash "at version 3" must still happen (the latest of the entries it
+passed acts; ``exit`` before any sleep).
 
 ``PHALANX_TEST_HOLD="ROUND:PATH[,ROUND:PATH…]"`` makes the parameter server stop before it publishes θ of round
 ROUND, say ``holding round ROUND`` on stderr, and wait until the file PATH exists: a test can then act on the workers
@@ -53,11 +56,18 @@ def _wait_for(path: str) -> None:
         time.sleep(0.01)
 
 
+_FIRED: set[tuple[int, int]] = set()
+
+
 def maybe_sleep(rank: int, round_: int) -> None:
-    """Stop answering if the test plan says so for this (rank, round)."""
-    what = _SLEEP.get((rank, round_))
-    if not what:
+    """Stop answering if the test plan says so for this rank at a round ≤ ``round_`` it has not acted on yet (the
+    module's docstring)."""
+    due = sorted(k for k in _SLEEP if k[0] == rank and k[1] <= round_ and k not in _FIRED)
+    if not due:
         return
+    _FIRED.update(due)
+    whats = [_SLEEP[k] for k in due]
+    what = "exit" if "exit" in whats else whats[-1]
     if what == "exit":
         print(f"[phalanx rank {rank}] {VAR}: exiting in round {round_} (test hook)", file=sys.stderr, flush=True)
         os._exit(1)
