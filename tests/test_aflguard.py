@@ -10,14 +10,13 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
-from tests._interrupt import train_interrupted
+from tests._interrupt import whole_and_resumed
 from tests.test_async_filters import FIRST, after_steps, experiment, honest_gradient, judge, last_row
 from typer.testing import CliRunner
 
 from phalanx import cli
 from phalanx.errors import ConfigError
-from phalanx.experiments import make_config, train
+from phalanx.experiments import make_config
 from phalanx.training.algorithms.aflguard import AFLGuard, accepted
 
 LAX = 1e6
@@ -87,11 +86,7 @@ def test_an_interrupted_aflguard_run_resumes_bit_for_bit(tmp_path: Path) -> None
                        "aggregator": "mean", "attack": "signflip", "algorithm": "aflguard",
                        "algorithm_params": {"buffer_size": 3, "byzantine_timing": "always_first"},
                        "rounds": 8, "eval_every": 4, "checkpoint_every": 4, "lr": 0.5, "seed": 4})
-    train(cfg, tmp_path / "whole")
-    part = train_interrupted(cfg, tmp_path / "resumed", stop=4)
-    train(cfg, part)
-    a = load_file(str(next((tmp_path / "whole").glob("**/checkpoint.safetensors"))))
-    b = load_file(str(next((tmp_path / "resumed").glob("**/checkpoint.safetensors"))))
+    a, b, _ = whole_and_resumed(cfg, tmp_path, stop=4)
     assert set(a) == set(b) and "algorithm.screened" in a
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, equal_nan=True, msg=key)

@@ -12,15 +12,14 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
-from tests._interrupt import train_interrupted
+from tests._interrupt import whole_and_resumed
 from tests.test_async_filters import after_steps, experiment
 from tests.test_async_process_filters import FILTERED
 
 from phalanx.distributed.async_filters import ProcessFilter
 from phalanx.distributed.async_server import Buffer
 from phalanx.errors import ConfigError
-from phalanx.experiments import make_config, train
+from phalanx.experiments import make_config
 from phalanx.experiments.build import from_config
 from phalanx.training.algorithms.kardam import RECENT, Kardam
 from phalanx.training.loop import Loop, fresh_start
@@ -184,11 +183,7 @@ def test_a_run_with_the_frequency_filter_resumes_bit_for_bit(tmp_path: Path) -> 
                        "algorithm_params": {"buffer_size": 2, "filter_f": 2, "frequency_window": 3,
                                             "byzantine_timing": "always_first"},
                        "rounds": 8, "eval_every": 4, "checkpoint_every": 4, "lr": 0.5, "seed": 4})
-    train(cfg, tmp_path / "whole")
-    part = train_interrupted(cfg, tmp_path / "resumed", stop=4)
-    train(cfg, part)
-    a = load_file(str(next((tmp_path / "whole").glob("**/checkpoint.safetensors"))))
-    b = load_file(str(next((tmp_path / "resumed").glob("**/checkpoint.safetensors"))))
+    a, b, _ = whole_and_resumed(cfg, tmp_path, stop=4)
     assert set(a) == set(b) and f"algorithm.{RECENT}" in a
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, equal_nan=True, msg=key)
