@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -101,6 +102,30 @@ def test_tabulate_and_trends_find_planted_trends() -> None:
     flipped = tension.tabulate(cells, _synthetic(p, drop=-0.01, nnm_gain=0.0), p.tuning_seeds)
     v2 = {(t.trend[:3], t.table, t.alpha): t.verdict for t in tension.trends(flipped, p)}
     assert v2[("(a)", "T3", "pooled")] == "contradicted"
+
+
+def test_the_verdicts_are_holm_corrected_as_one_family() -> None:
+    """Every trend the report reads is one Holm family: each estimate carries the family's size and its adjusted p,
+    and a verdict is decided on it. Planted trends too weak for the correction (each reading's interval excludes 0,
+    p between 0.05/26 and 0.05) hold uncorrected and are inconclusive corrected — the mutant that decides on the
+    per-comparison interval (the report before the correction) reads them as holding."""
+    p = tension.preset("cpu", seeds=(0, 1, 2))
+    results = tension.tabulate(tension.cells(p), _synthetic(p, drop=0.01, nnm_gain=0.05), p.tuning_seeds)
+    ts = tension.trends(results, p)
+    assert len(ts) == 26
+    decided = [t for t in ts if t.estimate.p_adjusted is not None]
+    assert decided and {t.estimate.family for t in decided} == {len(decided)}
+    for t in decided:
+        assert t.estimate.p_adjusted >= t.estimate.p_value()
+    # weak trends: the synthetic noise made 10× larger relative to the planted drop
+    weak = tension.tabulate(tension.cells(p), _synthetic(p, drop=0.0004, nnm_gain=0.0), p.tuning_seeds)
+    corrected = tension.trends(weak, p)
+    uncorrected = [dataclasses.replace(t, estimate=dataclasses.replace(t.estimate, p_adjusted=None, family=1))
+                   for t in corrected]
+    held = {(t.trend, t.table, t.alpha) for t in uncorrected if t.verdict == "holds"}
+    still = {(t.trend, t.table, t.alpha) for t in corrected if t.verdict == "holds"}
+    assert held - still, "no planted trend is weak enough for the correction to matter: the test cannot fail"
+    assert still <= held
 
 
 def test_report_files(tmp_path: Path) -> None:

@@ -27,8 +27,10 @@ Trend verdicts, each from per-seed statistics (runs with the same seed share the
 these are paired) with a 95 % interval: (a) accuracy falls as f grows — the per-seed least-squares slope of
 accuracy on f is negative; (b) it falls faster for small α — slope(α_min) − slope(α_max) is negative; (c) NNM reduces
 the drop — accuracy with NNM (f_NNM = f = 7) minus without (the rule alone at f = 7) is positive; (d) smaller f_NNM
-gives higher accuracy — the slope of accuracy on f_NNM is negative. ``holds`` when the whole interval has the
-expected sign, ``contradicted`` when it has the opposite sign, ``inconclusive`` otherwise.
+gives higher accuracy — the slope of accuracy on f_NNM is negative. The report reads all of them (26 with three
+α), so they are one family, Holm-corrected (Holm, Scand. J. Statist. 6, 1979; :func:`phalanx.analysis.stats.holm`):
+``holds`` when the Holm-adjusted p-value is below 0.05 and the estimate has the expected sign, ``contradicted`` when
+it is below 0.05 with the opposite sign, ``inconclusive`` otherwise. The intervals shown are per comparison (95 %).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from phalanx.experiments.plots import clipped_errors, save_figure
 from phalanx.studies import raw
 from phalanx.studies.base import Report, distinct
 from phalanx.studies.registry import register
-from phalanx.studies.reporting import pick_preset, provenance, write_report_files
+from phalanx.studies.reporting import family_note, holm_family, holm_p, pick_preset, provenance, write_report_files
 from phalanx.studies.template import GridFunctions, GridStudy
 
 if TYPE_CHECKING:
@@ -285,16 +287,22 @@ def _finite(v: float) -> float:
     return v if math.isfinite(v) else -math.inf
 
 
-@dataclass
+@dataclass(frozen=True)
 class Trend:
-    """One trend test: what was measured, the estimate over seeds, and the verdict."""
+    """One trend test: what was measured, the estimate over seeds (Holm-corrected within the report's family by
+    :func:`trends`), and the sign the trend expects."""
 
     trend: str
     table: str
     alpha: str
     statistic: str
     estimate: Estimate
-    verdict: str
+    expect: str
+
+    @property
+    def verdict(self) -> str:
+        """holds / contradicted / inconclusive, decided on the estimate's Holm-adjusted p-value when it has one."""
+        return self.estimate.verdict(self.expect)
 
 
 def trends(results: dict[tuple[str, int, float], CellResult], p: Preset) -> list[Trend]:
@@ -314,9 +322,9 @@ def trends(results: dict[tuple[str, int, float], CellResult], p: Preset) -> list
     def add(trend: str, table: str, stat: str, expect: str, fn: Callable[[float, int], float]) -> None:
         for a in alphas:
             est = mean_ci([fn(a, s) for s in seeds])
-            out.append(Trend(trend, table, f"{a:g}", stat, est, est.verdict(expect)))
+            out.append(Trend(trend, table, f"{a:g}", stat, est, expect))
         pooled = mean_ci([sum(fn(a, s) for a in alphas) / len(alphas) for s in seeds])
-        out.append(Trend(trend, table, "pooled", stat, pooled, pooled.verdict(expect)))
+        out.append(Trend(trend, table, "pooled", stat, pooled, expect))
 
     def slope_of(t: str) -> Callable[[float, int], float]:
         return lambda a, s: per_seed_slope(t, a, s)
@@ -332,13 +340,13 @@ def trends(results: dict[tuple[str, int, float], CellResult], p: Preset) -> list
             diffs = [per_seed_slope(t, lo, s) - per_seed_slope(t, hi, s) for s in seeds]
             est = mean_ci(diffs)
             out.append(Trend("(b) faster for small α", t, f"{lo:g} vs {hi:g}",
-                             f"slope(α={lo:g}) − slope(α={hi:g})", est, est.verdict("negative")))
+                             f"slope(α={lo:g}) − slope(α={hi:g})", est, "negative"))
     for t, base in PAIRED.items():
         add("(c) NNM reduces the drop", t, f"accuracy with NNM(f_NNM = {p.max_f}) − without, rule at f = {p.max_f}",
             "positive", nnm_gain(t, base))
     for t in PAIRED:
         add("(d) smaller f_NNM is better", t, "slope of accuracy on f_NNM (per f_NNM)", "negative", slope_of(t))
-    return out
+    return holm_family(out)
 
 
 def table_markdown(results: dict[tuple[str, int, float], CellResult], p: Preset, table: str) -> str:
@@ -360,15 +368,15 @@ def table_markdown(results: dict[tuple[str, int, float], CellResult], p: Preset,
 
 def trends_markdown(ts: list[Trend]) -> str:
     """The verdicts as a Markdown table (statistics in accuracy points, i.e. ×100)."""
-    lines = ["| trend | table | α | statistic | estimate (points) | 95 % interval | verdict |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| trend | table | α | statistic | estimate (points) | 95 % interval | Holm p | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
     for t in ts:
         e = t.estimate
         lines.append(
             f"| {t.trend} | {t.table} | {t.alpha} | {t.statistic} | {100 * e.mean:+.2f} | "
-            f"{e.interval(100)} | **{t.verdict}** |"
+            f"{e.interval(100)} | {holm_p(e)} | **{t.verdict}** |"
         )
-    return "\n".join(lines)
+    return "\n".join([*lines, "", family_note(t.estimate for t in ts)])
 
 
 def cells_csv(results: dict[tuple[str, int, float], CellResult]) -> str:
@@ -460,8 +468,8 @@ def report_markdown(
         parts += [f"## {table} — {meta['label'].replace('F', str(F))}", "", table_markdown(results, p, table), ""]
     parts += ["## Trends", "", trends_markdown(ts), "",
               "Statistics are per-seed (paired: same seed = same data split and initial model), then a 95 % "
-              "Student-t interval over seeds. *holds*: the interval excludes 0 on the expected side; "
-              "*contradicted*: on the other side; *inconclusive*: it contains 0.", ""]
+              "Student-t interval over seeds. *holds*: Holm-adjusted p < 0.05 and the estimate on the expected "
+              "side of 0; *contradicted*: p < 0.05 on the other side; *inconclusive*: otherwise.", ""]
     return "\n".join(parts)
 
 
@@ -493,12 +501,12 @@ def terminal_tables(results: dict[tuple[str, int, float], CellResult], ts: list[
             t.add_row(*row)
         out.append(t)
     verdicts = Table(title="Trends (per-seed statistics, 95 % intervals, accuracy points)")
-    for c in ("trend", "table", "α", "estimate", "interval", "verdict"):
+    for c in ("trend", "table", "α", "estimate", "interval", "Holm p", "verdict"):
         verdicts.add_column(c)
     for tr in ts:
         e = tr.estimate
         verdicts.add_row(tr.trend, tr.table, tr.alpha, f"{100 * e.mean:+.2f}",
-                         e.interval(100), tr.verdict)
+                         e.interval(100), holm_p(e), tr.verdict)
     out.append(verdicts)
     return out
 
