@@ -29,6 +29,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +59,7 @@ from phalanx.studies.convergence_runs import (
     settings,
 )
 from phalanx.studies.registry import register
-from phalanx.studies.reporting import pick_preset, provenance, write_report_files
+from phalanx.studies.reporting import family_note, holm_family, pick_preset, provenance, write_report_files
 
 if TYPE_CHECKING:
     from phalanx.experiments.validrun import ValidRun
@@ -259,21 +260,23 @@ def trends(p: Preset, collected: dict[Cell, Outcome]) -> list[Trend]:
                         logs.append(math.log(collected[a_hi].floor / collected[a_lo].floor))
                 if logs:
                     out.append(Trend(prob, float(a), spec, lo, hi, mean_ci(logs)))
-    return out
+    return holm_family(out, "log_ratio")
 
 
 def trend_table(p: Preset, collected: dict[Cell, Outcome]) -> str:
     """The f trends, plain text within 80 columns."""
+    ts = trends(p, collected)
     lines = ["Does more f stall higher? floor(f_max)/floor(f_min) per seed: geometric mean",
-             "[95 %]; holds: the whole interval above 1.",
-             f"{'prob':<7}{'α':>4} {'rule':<7}{'f':>6}  {'ratio [95 %]':<28} verdict"]
-    for t in trends(p, collected):
+             "[95 %]; holds: Holm-adjusted p < 0.05 with the ratio above 1.",
+             f"{'prob':<7}{'α':>4} {'rule':<7}{'f':>6}  {'ratio [95 %]':<24}{'Holm p':>7} verdict"]
+    for t in ts:
         e = t.log_ratio
         ratio = (f"{_c(math.exp(e.mean))} [{_c(math.exp(e.low), 2)}, {_c(math.exp(e.high), 2)}]" if e.k >= MIN_SEEDS
                  else f"{_c(math.exp(e.mean))} ({e.k} seeds)")
         lines.append(f"{PROBLEM_LABELS[t.problem]:<7}{t.alpha:>4g} {t.rule:<7}{f'{t.low_f}→{t.high_f}':>6}  "
-                     f"{ratio:<28} {t.verdict()}")
-    return "\n".join(line.rstrip() for line in lines)
+                     f"{ratio:<24}{e.holm_text():>7} {t.verdict()}")
+    note = family_note(t.log_ratio for t in ts)
+    return "\n".join([*(line.rstrip() for line in lines), *textwrap.wrap(note, 80)])
 
 
 def report_markdown(p: Preset, cells: list[Cell], collected: dict[Cell, Outcome], *, command: str,
