@@ -229,6 +229,8 @@ def test_the_more_f_trends_are_holm_corrected(done) -> None:  # type: ignore[no-
     per-comparison interval would say it holds). The documented quick table (docs/tension.md, rebuilt by the docs
     check from its committed runs) pins the corrected verdicts of the real preset."""
     _, _, collected, _, _ = done
+    bounded = [r for r in cs.rows(SMALL, collected) if r.bounded]
+    assert len(bounded) >= 2 and {r.share.family for r in bounded} == {len(bounded)}  # the rows' own family
     ts = cs.trends(SMALL, collected)
     decided = [t for t in ts if t.log_ratio.p_adjusted is not None]
     assert len(decided) >= 2 and {t.log_ratio.family for t in decided} == {len(decided)}

@@ -19,13 +19,14 @@ accuracy and the attack success (``attack_success``) at round s, and the **durab
 rounds after the attackers stopped (the row with ``rounds_since_stop = k``); a run with no attack stops at round s
 and gives its clean accuracy there. Each is a mean with a 95 % Student-t interval over the seeds. Paired by seed
 (same seed = same split, initial model, batches and attackers): the success cut of a defence, mean − rule attack
-success at round s, with the verdict "cuts it" when the whole interval is above 0; and its **price** with no
-attack, mean − rule clean accuracy at round s, "costs accuracy" when the whole interval is above 0. No verdict
+success at round s, with the verdict "cuts it" when it is shown above 0 (below: the Holm-adjusted p); and its
+**price** with no attack, mean − rule clean accuracy at round s, "costs accuracy" when it is shown above 0. No verdict
 from fewer than :data:`~phalanx.analysis.stats.MIN_SEEDS` seeds or an interval of zero width (every seed the same).
 
-**Many verdicts, one family.** The report reads every cut, every price and every trend at once (168 comparisons in
-the full preset), so they are one family: each verdict is decided by its Holm-adjusted p-value (Holm 1979; the
-family-wise error rate ≤ 0.05 under any dependence: :func:`phalanx.analysis.stats.holm`), while the intervals shown
+**Many verdicts, one family.** The report reads every cut, every price and every trend at once (175 in the full
+preset: 140 cuts, 28 prices, 7 trends), so they are one family: each verdict is decided by its Holm-adjusted
+p-value (Holm 1979; the family-wise error rate ≤ 0.05 under any dependence: :func:`phalanx.analysis.stats.holm`),
+while the intervals shown
 stay the per-comparison 95 % ones. **A trend is tested, not read off**: "the price grows with heterogeneity" is, per
 defence, the per-seed least-squares slope of the price on log₁₀ α (paired by seed), with its t-interval over the
 seeds — negative when the price grows as α shrinks — in the same family.
