@@ -318,6 +318,13 @@ def _linked(run: Path) -> SignatureError:
                           "signed directories hold only regular files: remove the link")
 
 
+def _refuse_link(run: Path, signature: Path) -> None:
+    """The bundle is read through no link: its bytes are the directory's own (a link would make another file, or a
+    FIFO, the signature verified)."""
+    if signature.is_symlink():
+        raise _linked(run)
+
+
 def _read_signature(run: Path, signature: Path) -> bytes:
     """The bundle's bytes, at most :data:`MAX_SIGNATURE_BYTES` + 1 (the size was checked, but it may have grown
     since), read through a descriptor opened ``O_NOFOLLOW | O_NONBLOCK`` and checked to be a regular file: a link or
@@ -401,8 +408,7 @@ def verify(
                           "exactly one of: key (a public key), certificate_chain, identity with oidc_issuer")
     hashing, _, verifying = _library()
     signature = run / SIGNATURE
-    if signature.is_symlink():  # the bundle is read through no link: its bytes are the directory's own
-        raise _linked(run)
+    _refuse_link(run, signature)
     if not signature.is_file():
         raise SignatureError(str(run), f"no signature ({SIGNATURE} is missing)",
                              "sign the directory first (phalanx sign RUN_DIR --key KEY.pem), or do not trust it")

@@ -155,10 +155,11 @@ def recorded_fingerprint(out: Path) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _read_manifest(out: Path) -> dict[str, Any]:
-    """The run directory's manifest, read with bounded memory (:mod:`phalanx.experiments.runfiles`)."""
+def _read_manifest(out: Path, via: Path | None = None) -> dict[str, Any]:
+    """The run directory's manifest, read with bounded memory (:mod:`phalanx.experiments.runfiles`); ``via``: the
+    directory to read it from (:func:`phalanx.experiments.dirfd.scratch`: the held one), errors naming ``out``'s."""
     try:
-        data = runfiles.read_json(out / MANIFEST)
+        data = runfiles.read_json((via or out) / MANIFEST)
     except FileNotFoundError:
         raise IntegrityError(str(out / MANIFEST), "missing (every run directory has one)") from None
     except OSError as exc:
@@ -184,14 +185,15 @@ def _record(out: Path, name: str, digest: str) -> None:
     recorded: after a crash between an earlier record and its rename, the disk holds the *previous* file while the
     manifest already names the new one, and a second crash in the same window must still find the disk's file
     recorded (keeping the last recorded digest there lost it: two such crashes made a run unresumable)."""
-    manifest = _read_manifest(out)
+    at = dirfd.scratch(out)  # in a held run directory: the one checked, whatever its name points at now
+    manifest = _read_manifest(out, at)
     artifacts = manifest.setdefault("artifacts", {})
     entry = artifacts.get(name, {})
     old = entry.get("sha256")
     if entry.get("previous") is not None and entry["previous"] != old:
         try:  # the file may be the one recorded (the usual case) or the previous one (a crash in the window)
-            runfiles.size_of(out / name)  # a regular file: a FIFO would block the digest's read
-            if file_digest(out / name) == entry["previous"]:
+            runfiles.size_of(at / name)  # a regular file: a FIFO would block the digest's read
+            if file_digest(at / name) == entry["previous"]:
                 old = entry["previous"]
         except (OSError, ValueError):  # missing, not a regular file (ConfigError is a ValueError)
             pass

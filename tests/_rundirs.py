@@ -1,0 +1,63 @@
+"""What the tests of hostile run directories share: a finished run to copy and attack, and the attacker's moves —
+recompute the manifest's digests after an edit, strip the manifest's ``integrity`` so its files are read unchecked —
+and the assertion that an error is one line naming what it must.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from phalanx.experiments import make_config, train
+
+FINISHED = {"dataset": "digits", "model": "logreg", "workers": 4, "rounds": 4, "eval_every": 2, "checkpoint_every": 2}
+"""The configuration of :func:`finished`: four rounds, checkpoints at rounds 2 and 4."""
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished, unsigned run directory (:data:`FINISHED`), trained once a module: copy it before attacking it."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    train(make_config(FINISHED), out)
+    return out
+
+
+def sha(path: Path) -> str:
+    """The SHA-256 of a file, hex."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def rehash(d: Path) -> None:
+    """What the attacker does after an edit: recompute every digest the manifest records, drop the deleted files, and
+    record ``metrics.jsonl``, ``DIVERGED`` and ``config.json`` when they exist (an unkeyed checksum)."""
+    manifest = json.loads((d / "manifest.json").read_text())
+    artifacts = manifest["artifacts"]
+    for name in list(artifacts):
+        if (d / name).exists():
+            artifacts[name] = {"sha256": sha(d / name), "previous": None}
+        else:
+            del artifacts[name]
+    for name in ("metrics.jsonl", "DIVERGED", "config.json"):
+        if (d / name).exists():
+            artifacts[name] = {"sha256": sha(d / name), "previous": None}
+    (d / "manifest.json").write_text(json.dumps(manifest))
+
+
+def legacy(d: Path) -> None:
+    """A run directory as written before digests were recorded: what the attacker makes of one to skip the manifest
+    (its files are then read as they are)."""
+    manifest = json.loads((d / "manifest.json").read_text())
+    manifest.pop("integrity", None)
+    (d / "manifest.json").write_text(json.dumps(manifest))
+
+
+def one_line(exc: BaseException, *needles: str) -> str:
+    """``exc``'s message, asserted to be one line, no traceback, holding every one of ``needles``."""
+    text = str(exc)
+    assert "\n" not in text and "Traceback" not in text, text
+    for needle in needles:
+        assert needle in text, (needle, text)
+    return text
