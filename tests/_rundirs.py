@@ -46,6 +46,23 @@ def rehash(d: Path) -> None:
     (d / "manifest.json").write_text(json.dumps(manifest))
 
 
+def forge_rows(d: Path, acc: float) -> None:
+    """The attacker's rows: every evaluated round after round 0 reports the test accuracy ``acc``."""
+    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    for r in rows:
+        if r["round"] > 0:
+            r["test_accuracy"] = acc
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def reported(out: Path, seed: int) -> float:
+    """The final accuracy the report reads for the run of ``seed`` under ``out``."""
+    from phalanx.experiments import report
+
+    rows = [r for r in report.collect(out) if r["seed"] == seed]
+    return float(max(rows, key=lambda r: r["round"])["test_accuracy"])
+
+
 def legacy(d: Path) -> None:
     """A run directory as written before digests were recorded: what the attacker makes of one to skip the manifest
     (its files are then read as they are)."""

@@ -20,7 +20,7 @@ import pytest
 
 import _rundirs
 from _interrupt import train_interrupted
-from _rundirs import FINISHED, legacy, one_line, rehash
+from _rundirs import FINISHED, forge_rows, legacy, one_line, rehash, reported
 from phalanx.errors import ConfigError, IntegrityError, OutputError
 from phalanx.experiments import dirfd, make_config, runfiles, store, train
 from phalanx.training.loop import Callback, Loop, RoundInfo
@@ -226,21 +226,6 @@ def test_verify_and_sign_refuse_a_symlinked_signature_or_file_naming_it(
 
 # -- 3: the pin of verified rows lasts one process ---------------------------------------------------------------------
 
-def _forge_rows(d: Path, acc: float) -> None:
-    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    for r in rows:
-        if r["round"] > 0:
-            r["test_accuracy"] = acc
-    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def _reported(out: Path, seed: int) -> float:
-    from phalanx.experiments import report
-
-    rows = [r for r in report.collect(out) if r["seed"] == seed]
-    return float(max(rows, key=lambda r: r["round"])["test_accuracy"])
-
-
 def test_rows_of_a_run_trained_in_the_sweep_are_verified_and_pinned_before_the_report(
         signed: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The pin of a run the sweep *reused* is set in the sweep's process, which reports; a run the sweep *trained*
@@ -259,7 +244,7 @@ def test_rows_of_a_run_trained_in_the_sweep_are_verified_and_pinned_before_the_r
         def on_round(cfg: Any, t: int, rounds: int) -> None:
             if cfg.seed == 1 and not forged:
                 (run,) = [p for p in out.iterdir() if p.is_dir() and "_s0_" in p.name]
-                _forge_rows(run, 0.999)
+                forge_rows(run, 0.999)
                 rehash(run)
                 forged.append(run)
         return on_round
@@ -270,12 +255,12 @@ def test_rows_of_a_run_trained_in_the_sweep_are_verified_and_pinned_before_the_r
     # the honest sweep: every run it trained is pinned, so a swap after it returns is refused at report time
     dirs = run_grid(cfgs, tmp_path / "b")
     assert all(os.path.abspath(d) in store._PINNED for d in dirs)
-    _forge_rows(dirs[0], 0.999)
+    forge_rows(dirs[0], 0.999)
     rehash(dirs[0])
     with pytest.raises(IntegrityError):
-        _reported(tmp_path / "b", 0)
+        reported(tmp_path / "b", 0)
     # mutant: the trained runs left unpinned, as before — the forged rows are reported
     monkeypatch.setattr(ended, "check_trained", lambda run_dir, cfg: None)
     forged.clear()
     run_grid(cfgs, tmp_path / "c", on_round=attacker(tmp_path / "c"))
-    assert forged and _reported(tmp_path / "c", 0) == 0.999
+    assert forged and reported(tmp_path / "c", 0) == 0.999
