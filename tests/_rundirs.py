@@ -25,6 +25,17 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two signing key pairs (PEM files): ``key``/``pub``, the victim's; ``other``/``other_pub``, a co-user's."""
+    from phalanx import signing
+
+    d = tmp_path_factory.mktemp("keys")
+    key, pub = signing.keygen(d / "k.pem", d / "k.pub")
+    other, other_pub = signing.keygen(d / "o.pem", d / "o.pub")
+    return {"key": key, "pub": pub, "other": other, "other_pub": other_pub}
+
+
 def sha(path: Path) -> str:
     """The SHA-256 of a file, hex."""
     return hashlib.sha256(path.read_bytes()).hexdigest()

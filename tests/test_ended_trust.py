@@ -21,6 +21,7 @@ pytest.importorskip("model_signing")
 
 from safetensors.torch import load_file, save_file
 
+import _rundirs
 from _interrupt import train_interrupted
 from _rundirs import forge_rows, one_line, rehash, reported
 from phalanx import __version__, signing
@@ -33,11 +34,7 @@ BASE: dict[str, Any] = {"dataset": "digits", "model": "logreg", "workers": 4, "r
                         "checkpoint_every": 2}
 
 
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("keys")
-    key, pub = signing.keygen(d / "k.pem", d / "k.pub")
-    return {"key": key, "pub": pub}
+keys = _rundirs.keys  # the victim's key pair (a fixture)
 
 
 def _cfg(keys: dict[str, Path] | None, *, sign: bool = True, verify: bool = True, **over: Any) -> Any:

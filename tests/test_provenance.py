@@ -22,6 +22,7 @@ pytest.importorskip("model_signing")
 
 from safetensors.torch import load_file, save_file
 
+import _rundirs
 from _interrupt import train_interrupted
 from _rundirs import one_line, rehash, sha
 from phalanx import signing
@@ -34,12 +35,7 @@ BASE: dict[str, Any] = {"dataset": "digits", "model": "logreg", "workers": 4, "r
                         "checkpoint_every": 4}
 
 
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("keys")
-    key, pub = signing.keygen(d / "k.pem", d / "k.pub")
-    other, other_pub = signing.keygen(d / "o.pem", d / "o.pub")
-    return {"key": key, "pub": pub, "other": other, "other_pub": other_pub}
+keys = _rundirs.keys  # the victim's and a co-user's key pairs (a fixture)
 
 
 def _cfg(keys: dict[str, Path] | None = None, **over: Any) -> Any:

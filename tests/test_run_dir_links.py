@@ -184,16 +184,16 @@ def test_a_grids_check_and_the_bounded_readers_refuse_a_symlink_naming_it(name: 
     READERS[name](d)  # the mutant: read through the link, as if it were the run's own file
 
 
-@pytest.fixture(scope="module")
-def signed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    pytest.importorskip("model_signing")
-    from phalanx import signing
+keys = _rundirs.keys  # the victim's key pair (a fixture)
 
-    keys = tmp_path_factory.mktemp("keys")
-    key, pub = signing.keygen(keys / "k.pem", keys / "k.pub")
+
+@pytest.fixture(scope="module")
+def signed(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, Path]) -> dict[str, Path]:
+    """A finished run signed under the key, and the key pair."""
+    pytest.importorskip("model_signing")
     out = tmp_path_factory.mktemp("signed") / "run"
-    train(make_config({**FINISHED, "sign_key": str(key)}), out)
-    return {"run": out, "key": key, "pub": pub}
+    train(make_config({**FINISHED, "sign_key": str(keys["key"])}), out)
+    return {"run": out, **keys}
 
 
 def test_verify_and_sign_refuse_a_symlinked_signature_or_file_naming_it(
