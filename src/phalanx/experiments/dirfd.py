@@ -29,7 +29,6 @@ directory is refused, never followed, by every bounded read (:func:`phalanx.expe
 
 from __future__ import annotations
 
-import errno
 import os
 import secrets
 from collections.abc import Callable, Iterator
@@ -64,10 +63,7 @@ def _open(path: Path) -> int:
     except OSError as exc:
         if path.is_symlink():  # ELOOP (Linux), EMLINK (FreeBSD): O_NOFOLLOW met a link
             raise link_refused(path, "a symbolic link where a run directory goes") from None
-        if exc.errno == errno.ENOTDIR:
-            raise OutputError(str(path), "not a directory (a file of that name is in the way)",
-                              "use another --out, or move the file away") from None
-        raise OutputError.of(path, exc) from None
+        raise OutputError.of(path, exc) from None  # ENOTDIR: "… is a file, not a directory", as mkdir's was
 
 
 def check(path: Path) -> None:
