@@ -215,7 +215,9 @@ def pin(out: Path, digests: dict[str, str]) -> None:
     """Hold the run directory ``out``'s metric rows, for every later read in this process, to the digests a signature
     was just verified to state (``digests``: :func:`phalanx.signing.verify`'s result), not to the manifest's, which
     anyone who can write the directory recomputes: the rows a report reads are then the rows that were verified, even
-    if the file was swapped since (docs/security.md). A write into ``out`` by this process lifts the pin."""
+    if the file was swapped since (docs/security.md). A write into ``out`` by this process lifts the pin. It lasts
+    this process: every process that reports under ``verify_key`` pins for itself (a grid verifies each run it reuses,
+    and each it trained under both keys: :func:`phalanx.experiments.ended.check_trained`)."""
     _PINNED[os.path.abspath(out)] = dict(digests)
 
 
