@@ -114,7 +114,8 @@ def install() -> None:
 
     def replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
         if is_temp(str(src)):
-            point("rename", str(dst))
+            at = kwargs.get("dst_dir_fd")  # a held run directory's rename (phalanx.experiments.dirfd): its real path
+            point("rename", str(dst) if at is None else os.path.join(os.readlink(f"/proc/self/fd/{at}"), str(dst)))
         real_replace(src, dst, *args, **kwargs)
 
     def fsync(fd: Any) -> None:

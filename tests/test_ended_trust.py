@@ -21,7 +21,9 @@ pytest.importorskip("model_signing")
 
 from safetensors.torch import load_file, save_file
 
+import _rundirs
 from _interrupt import train_interrupted
+from _rundirs import forge_rows, one_line, rehash, reported
 from phalanx import __version__, signing
 from phalanx.errors import ConfigError, IntegrityError
 from phalanx.experiments import ended, make_config, provenance, report, runfiles, runstate, store, train
@@ -32,11 +34,7 @@ BASE: dict[str, Any] = {"dataset": "digits", "model": "logreg", "workers": 4, "r
                         "checkpoint_every": 2}
 
 
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("keys")
-    key, pub = signing.keygen(d / "k.pem", d / "k.pub")
-    return {"key": key, "pub": pub}
+keys = _rundirs.keys  # the victim's key pair (a fixture)
 
 
 def _cfg(keys: dict[str, Path] | None, *, sign: bool = True, verify: bool = True, **over: Any) -> Any:
@@ -60,40 +58,13 @@ def _copy(runs: tuple[Path, ...], out: Path) -> list[Path]:
     return [Path(shutil.copytree(r, out / r.name)) for r in runs]
 
 
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _rehash(d: Path) -> None:
-    """What the attacker does after an edit: recompute every digest the manifest records, drop the deleted files."""
-    manifest = json.loads((d / "manifest.json").read_text())
-    artifacts = manifest["artifacts"]
-    for name in list(artifacts):
-        if (d / name).exists():
-            artifacts[name] = {"sha256": _sha(d / name), "previous": None}
-        else:
-            del artifacts[name]
-    for name in ("metrics.jsonl", "DIVERGED", "config.json"):
-        if (d / name).exists():
-            artifacts[name] = {"sha256": _sha(d / name), "previous": None}
-    (d / "manifest.json").write_text(json.dumps(manifest))
-
-
-def _forge_rows(d: Path, acc: float) -> None:
-    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    for r in rows:
-        if r["round"] > 0:
-            r["test_accuracy"] = acc
-    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
 def plant_diverged(d: Path, acc: float) -> None:
     """review38_repro/plant_diverged.py: a signed finished run turned 'diverged', its rows the attacker's."""
     for name in ("DONE", signing.SIGNATURE, "checkpoint.safetensors", "metrics.parquet"):
         (d / name).unlink(missing_ok=True)
-    _forge_rows(d, acc)
+    forge_rows(d, acc)
     (d / "DIVERGED").write_text(json.dumps({"round": BASE["rounds"], "non_finite": 0, "size": 0, "when": "x"}) + "\n")
-    _rehash(d)
+    rehash(d)
 
 
 def forge_unfinished(d: Path, acc: float) -> None:
@@ -102,7 +73,7 @@ def forge_unfinished(d: Path, acc: float) -> None:
     ckpt = d / "checkpoint.safetensors"
     meta = dict(runfiles.checkpoint_header(ckpt).metadata)
     tensors = load_file(str(ckpt))
-    _forge_rows(d, acc)
+    forge_rows(d, acc)
     payload = (d / "metrics.jsonl").read_bytes()
     cfg = json.loads((d / "config.json").read_text())
     man = json.loads((d / "manifest.json").read_text())
@@ -115,20 +86,7 @@ def forge_unfinished(d: Path, acc: float) -> None:
     save_file(tensors, str(ckpt), metadata=meta)
     for name in ("DONE", signing.SIGNATURE, "metrics.parquet"):
         (d / name).unlink(missing_ok=True)
-    _rehash(d)
-
-
-def _one_line(exc: BaseException, *needles: str) -> None:
-    text = str(exc)
-    assert "\n" not in text and "Traceback" not in text, text
-    for needle in needles:
-        assert needle in text, (needle, text)
-
-
-def _reported(out: Path, seed: int) -> float:
-    """The final accuracy the report reads for the run of ``seed`` under ``out``."""
-    rows = [r for r in report.collect(out) if r["seed"] == seed]
-    return float(max(rows, key=lambda r: r["round"])["test_accuracy"])
+    rehash(d)
 
 
 def _old_check(run_dir: Path, cfg: Any) -> None:
@@ -151,10 +109,10 @@ def test_a_planted_diverged_marker_is_refused_under_verify_key_and_its_mutant_re
     plant_diverged(run, 0.99)
     with pytest.raises(ProvenanceError) as info:
         run_grid([_cfg(keys, seed=0)], tmp_path)
-    _one_line(info.value, str(run), "diverged", "never signed", "verify_key")
+    one_line(info.value, str(run), "diverged", "never signed", "verify_key")
     monkeypatch.setattr(ended, "check", _old_check)  # mutant: the diverged run is skipped on the marker's word
     run_grid([_cfg(keys, seed=0)], tmp_path)
-    assert _reported(tmp_path, 0) == 0.99
+    assert reported(tmp_path, 0) == 0.99
 
 
 def test_a_diverged_run_planted_without_a_key_is_refused_by_the_unkeyed_checks(
@@ -168,22 +126,22 @@ def test_a_diverged_run_planted_without_a_key_is_refused_by_the_unkeyed_checks(
     victim = _cfg(keys, seed=0, verify=False)
     with pytest.raises(IntegrityError) as integrity:
         run_grid([victim], tmp_path)
-    _one_line(integrity.value, "DONE", "missing")
+    one_line(integrity.value, "DONE", "missing")
     manifest = json.loads((a / "manifest.json").read_text())
     del manifest["artifacts"]["DONE"]  # DONE's record dropped too: the marker itself is what is refused
     (a / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(IntegrityError) as marker:
         run_grid([victim], tmp_path)
-    _one_line(marker.value, "DIVERGED", "not recorded in manifest.json")
+    one_line(marker.value, "DIVERGED", "not recorded in manifest.json")
     shutil.rmtree(a)
     shutil.copytree(b, a)
     plant_diverged(a, 0.99)
     with pytest.raises(ConfigError) as swapped:  # seed 1's run under seed 0's id
         run_grid([victim], tmp_path)
-    _one_line(swapped.value, "differs in seed")
+    one_line(swapped.value, "differs in seed")
     monkeypatch.setattr(ended, "check", _old_check)  # mutant: skipped as diverged, seed 1's forged rows reported
     run_grid([victim], tmp_path)
-    assert _reported(tmp_path, 1) == 0.99
+    assert reported(tmp_path, 1) == 0.99
 
 
 def test_without_a_key_a_consistently_planted_divergence_of_the_runs_own_files_is_skipped_the_documented_limit(
@@ -193,7 +151,7 @@ def test_without_a_key_a_consistently_planted_divergence_of_the_runs_own_files_i
     (run,) = _copy(signed[:1], tmp_path)
     plant_diverged(run, 0.99)
     run_grid([_cfg(keys, seed=0, verify=False)], tmp_path)
-    assert _reported(tmp_path, 0) == 0.99
+    assert reported(tmp_path, 0) == 0.99
 
 
 def test_a_diverged_marker_the_manifest_does_not_record_is_never_counted(
@@ -204,7 +162,7 @@ def test_a_diverged_marker_the_manifest_does_not_record_is_never_counted(
     for read in (report.collect, lambda _: runstate.final_rows(run), lambda _: runstate.diverged_again(run)):
         with pytest.raises(IntegrityError) as info:
             read(tmp_path)
-        _one_line(info.value, "DIVERGED", "not recorded in manifest.json")
+        one_line(info.value, "DIVERGED", "not recorded in manifest.json")
     assert runstate.state(run).status == "done"  # status never raises on a hostile file
 
 
@@ -220,8 +178,8 @@ def test_rows_swapped_after_verify_key_checked_them_are_refused_at_report_time(
 
     def attacker(cfg: Any, t: int, rounds: int) -> None:
         if cfg.seed == 1 and not swapped:
-            _forge_rows(run, 0.999)
-            _rehash(run)
+            forge_rows(run, 0.999)
+            rehash(run)
             swapped.append(run)
 
     def sweep(out: Path) -> None:
@@ -231,7 +189,7 @@ def test_rows_swapped_after_verify_key_checked_them_are_refused_at_report_time(
     sweep(tmp_path)
     with pytest.raises(IntegrityError) as info:
         report.collect(tmp_path)
-    _one_line(info.value, str(run / "metrics.jsonl"), "changed since its signature was verified")
+    one_line(info.value, str(run / "metrics.jsonl"), "changed since its signature was verified")
     with pytest.raises(IntegrityError):
         runstate.final_rows(run)
     # mutant: nothing pinned, the later read checked against the (recomputed) manifest only
@@ -241,7 +199,7 @@ def test_rows_swapped_after_verify_key_checked_them_are_refused_at_report_time(
     (run,) = _copy(signed[:1], again)
     swapped.clear()
     sweep(again)
-    assert _reported(again, 0) == 0.999
+    assert reported(again, 0) == 0.999
 
 
 # ------------------------------------------------- finding 5: verify_key without sign_key, a run made unfinished
@@ -254,11 +212,11 @@ def test_a_run_made_to_look_unfinished_is_not_resumed_under_verify_key_alone(
     victim = _cfg(keys, seed=0, sign=False)
     with pytest.raises(ProvenanceError) as info:
         run_grid([victim], tmp_path)
-    _one_line(info.value, str(run), "not resumed under verify_key", "trained without a key")
+    one_line(info.value, str(run), "not resumed under verify_key", "trained without a key")
     assert not (run / "DONE").exists()  # nothing resumed, nothing finished
     monkeypatch.setattr(provenance, "require_resumable", lambda *a: None)  # mutant: the former open()
     run_grid([victim], tmp_path)
-    assert _reported(tmp_path, 0) == 0.97
+    assert reported(tmp_path, 0) == 0.97
 
 
 def test_a_signed_run_stopped_early_resumes_under_verify_key(tmp_path: Path, keys: dict[str, Path]) -> None:
@@ -277,14 +235,14 @@ def test_a_row_appended_after_the_final_checkpoint_is_refused_on_an_unsigned_run
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = _cfg(None, seed=0)
     (run,) = run_grid([cfg], tmp_path)
-    honest = _reported(tmp_path, 0)
+    honest = reported(tmp_path, 0)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     with (run / "metrics.jsonl").open("a") as fh:
         fh.write(json.dumps({**rows[-1], "round": BASE["rounds"] + 1, "test_accuracy": 0.99}) + "\n")
-    _rehash(run)
+    rehash(run)
     with pytest.raises(ProvenanceError) as info:
         run_grid([cfg], tmp_path)
-    _one_line(info.value, "1 row(s) after its checkpoint's round 4 (round 5)")
+    one_line(info.value, "1 row(s) after its checkpoint's round 4 (round 5)")
     monkeypatch.setattr(provenance, "rows_beyond", lambda run_dir, round_: None)  # mutant: rows_upto(…, round_)
     run_grid([cfg], tmp_path)
-    assert _reported(tmp_path, 0) == 0.99 != honest
+    assert reported(tmp_path, 0) == 0.99 != honest

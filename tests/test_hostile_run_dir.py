@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+import _rundirs
+from _rundirs import legacy, one_line
 from phalanx.errors import ConfigError, IntegrityError, OutputError, PhalanxError
 from phalanx.experiments import make_config, provenance, runfiles, runstate, status, store, train
 
@@ -26,17 +28,7 @@ BIG = b"9" * 5000
 VICTIM = b"VICTIM PRIVATE DATA\n"
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("finished") / "run"
-    train(make_config({"dataset": "digits", "model": "logreg", "workers": 4, "rounds": 4, "eval_every": 2,
-                       "checkpoint_every": 2}), out)
-    return out
-
-
-def _one_line(exc: BaseException, *names: str) -> None:
-    said = str(exc)
-    assert "\n" not in said and all(n in said for n in names), said
+finished = _rundirs.finished  # a finished run to copy and attack (a fixture)
 
 
 # -- finding 2: a link planted where a lock or a run directory goes ---------------------------------------------------
@@ -61,12 +53,12 @@ def test_a_lock_planted_as_a_link_or_fifo_is_refused_and_the_file_it_names_is_le
     _plant(kind, run / runstate.LOCK, victim)
     with pytest.raises(OutputError) as caught, runstate.locked(run):
         pass
-    _one_line(caught.value, str(run / runstate.LOCK))
+    one_line(caught.value, str(run / runstate.LOCK))
     (out / ".grid.lock").unlink(missing_ok=True)
     _plant(kind, out / ".grid.lock", victim)
     with pytest.raises(OutputError) as caught:
         status.record_grid(out, [run], "local")
-    _one_line(caught.value, ".grid.lock")
+    one_line(caught.value, ".grid.lock")
     assert victim.read_bytes() == VICTIM
 
 
@@ -95,7 +87,7 @@ def test_a_run_directory_planted_as_a_symlink_is_refused_and_its_target_left_int
     cfg = make_config({"dataset": "digits", "model": "logreg", "workers": 4, "rounds": 2})
     with pytest.raises(OutputError) as caught:
         train(cfg, run)
-    _one_line(caught.value, str(run), "symbolic link")
+    one_line(caught.value, str(run), "symbolic link")
     with pytest.raises(OutputError):
         store.prepare_run_dir(run, {}, 0, "")
     assert sorted(p.name for p in victim.iterdir()) == ["manifest.json"]
@@ -115,12 +107,6 @@ def test_the_mutant_make_run_dir_writes_into_the_link_target(tmp_path: Path, mon
 
 # -- finding 6: integers of more than 4,300 digits --------------------------------------------------------------------
 
-def _legacy(d: Path) -> None:
-    manifest = json.loads((d / "manifest.json").read_text())
-    manifest.pop("integrity", None)
-    (d / "manifest.json").write_text(json.dumps(manifest))
-
-
 def _statement_with_big_segment(d: Path) -> None:
     from safetensors.torch import load_file, save_file
 
@@ -135,11 +121,11 @@ BIG_CASES: dict[str, tuple[Any, str, Any]] = {
     # plant: (make it, the file the line names, the call that reads it)
     "manifest.json": (lambda d: (d / "manifest.json").write_bytes(b'{"integrity": 1, "seed": ' + BIG + b"}"),
                       "manifest.json", lambda d: store.verify(d, ("config.json",))),
-    "config.json": (lambda d: (_legacy(d), (d / "config.json").write_bytes(b'{"eval_every": ' + BIG + b"}")),
+    "config.json": (lambda d: (legacy(d), (d / "config.json").write_bytes(b'{"eval_every": ' + BIG + b"}")),
                     "config.json", lambda d: store.check_identity(d, {})),
-    "metrics.jsonl": (lambda d: (_legacy(d), open(d / "metrics.jsonl", "ab").write(b'{"round": ' + BIG + b"}\n")),
+    "metrics.jsonl": (lambda d: (legacy(d), open(d / "metrics.jsonl", "ab").write(b'{"round": ' + BIG + b"}\n")),
                       "metrics.jsonl", lambda d: store.read_rows(d)),
-    "checkpoint provenance statement": (lambda d: (_legacy(d), _statement_with_big_segment(d)),
+    "checkpoint provenance statement": (lambda d: (legacy(d), _statement_with_big_segment(d)),
                                         "checkpoint.safetensors", lambda d: provenance.read_chain(
                                             d / "checkpoint.safetensors", runfiles.checkpoint_header(
                                                 d / "checkpoint.safetensors").metadata)),
@@ -153,7 +139,7 @@ def test_an_integer_of_5000_digits_is_one_line_naming_the_file(case: str, finish
     make(d)
     with pytest.raises((ConfigError, IntegrityError)) as caught:
         call(d)
-    _one_line(caught.value, str(d), name)
+    one_line(caught.value, str(d), name)
     assert "too long" in str(caught.value)
 
 

@@ -8,7 +8,6 @@ they plant another run's files, rewrite ``config.json``, the manifest's digests,
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,7 +22,9 @@ pytest.importorskip("model_signing")
 
 from safetensors.torch import load_file, save_file
 
+import _rundirs
 from _interrupt import train_interrupted
+from _rundirs import one_line, rehash, sha
 from phalanx import signing
 from phalanx.experiments import make_config, provenance, runfiles, train
 from phalanx.experiments.provenance import ProvenanceError
@@ -34,12 +35,7 @@ BASE: dict[str, Any] = {"dataset": "digits", "model": "logreg", "workers": 4, "r
                         "checkpoint_every": 4}
 
 
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("keys")
-    key, pub = signing.keygen(d / "k.pem", d / "k.pub")
-    other, other_pub = signing.keygen(d / "o.pem", d / "o.pub")
-    return {"key": key, "pub": pub, "other": other, "other_pub": other_pub}
+keys = _rundirs.keys  # the victim's and a co-user's key pairs (a fixture)
 
 
 def _cfg(keys: dict[str, Path] | None = None, **over: Any) -> Any:
@@ -67,22 +63,6 @@ def two_sessions(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, Path]
 
 def _copy(src: Path, tmp_path: Path, name: str = "run") -> Path:
     return Path(shutil.copytree(src, tmp_path / name))
-
-
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _rehash(d: Path) -> None:
-    """What the attacker does after an edit: recompute every digest the manifest records (an unkeyed checksum)."""
-    manifest = json.loads((d / "manifest.json").read_text())
-    artifacts = manifest["artifacts"]
-    for name in list(artifacts):
-        if (d / name).exists():
-            artifacts[name] = {"sha256": _sha(d / name), "previous": None}
-        else:
-            del artifacts[name]
-    (d / "manifest.json").write_text(json.dumps(manifest))
 
 
 def _meta(d: Path) -> dict[str, str]:
@@ -121,7 +101,7 @@ def _plant(src: Path, dst: Path, victim: Any) -> None:
     manifest = json.loads((dst / "manifest.json").read_text())
     manifest["seed"] = victim.seed
     (dst / "manifest.json").write_text(json.dumps(manifest))
-    _rehash(dst)
+    rehash(dst)
 
 
 def _forged_chain(d: Path, victim: Any) -> list[dict[str, Any]]:
@@ -137,14 +117,6 @@ def _forged_chain(d: Path, victim: Any) -> list[dict[str, Any]]:
     seg = {"type": provenance.FORMAT, "run": provenance.run_digest(victim.identity()), "data": data,
            "segment": 1, "from": provenance.FRESH.json(), "to": end.json(), "signer": None, "phalanx": "0"}
     return [{"statement": json.dumps(seg, sort_keys=True, separators=(",", ":")), "bundle": None}]
-
-
-def _one_line(exc: BaseException, *needles: str) -> str:
-    text = str(exc)
-    assert "\n" not in text, text
-    for needle in needles:
-        assert needle in text, text
-    return text
 
 
 # ------------------------------------------------------------------------------------------- signed, resumed, proven
@@ -210,12 +182,12 @@ def test_a_planted_unfinished_run_is_refused_not_resumed_and_signed(
     victim = _cfg(keys if signed else None, seed=0)
     run = tmp_path / signed_grid[0].name
     _plant(signed_grid[1], run, victim)
-    before = _sha(run / "checkpoint.safetensors")
+    before = sha(run / "checkpoint.safetensors")
     with pytest.raises(ProvenanceError) as info:
         run_grid([victim], tmp_path)
-    _one_line(info.value, "names another configuration", "delete")
+    one_line(info.value, "names another configuration", "delete")
     assert not (run / "DONE").exists() and not (run / signing.SIGNATURE).exists()
-    assert _sha(run / "checkpoint.safetensors") == before
+    assert sha(run / "checkpoint.safetensors") == before
 
 
 PLANTED = {
@@ -237,10 +209,10 @@ def test_a_planted_run_with_a_forged_record_is_refused_under_sign_key(
     run = tmp_path / signed_grid[0].name
     _plant(signed_grid[1], run, victim)
     forge(run, victim)
-    _rehash(run)
+    rehash(run)
     with pytest.raises(ProvenanceError) as info:
         run_grid([victim], tmp_path)
-    _one_line(info.value, "not resumed under sign_key", needle, "resume it without sign_key")
+    one_line(info.value, "not resumed under sign_key", needle, "resume it without sign_key")
     assert not (run / "DONE").exists() and not (run / signing.SIGNATURE).exists()
 
 
@@ -254,7 +226,7 @@ def test_without_a_key_a_consistently_forged_plant_resumes_the_documented_limit(
     run = tmp_path / signed_grid[0].name
     _plant(signed_grid[1], run, victim)
     forge(run, victim)
-    _rehash(run)
+    rehash(run)
     run_grid([victim], tmp_path)
     assert (run / "DONE").exists() and not (run / signing.SIGNATURE).exists()
     assert not provenance.inspect(run, keys["pub"]).proven  # and a verifier with the key is told so
@@ -271,7 +243,7 @@ def test_a_session_trained_without_the_key_is_refused_a_signed_resume_and_report
     train_interrupted(_cfg(None, rounds=12), run, 8)  # session 2: without it (resuming without signing is allowed)
     with pytest.raises(ProvenanceError) as info:
         train(cfg, run)
-    _one_line(info.value, "not resumed under sign_key: rounds 4–8 (session 2) were trained without a key",
+    one_line(info.value, "not resumed under sign_key: rounds 4–8 (session 2) were trained without a key",
               f"delete {run}", "resume it without sign_key")
     train(_cfg(None, rounds=12), run)
     signing.sign(run, keys["key"])  # by hand: the key vouches for the files
@@ -296,12 +268,12 @@ def test_another_key_cannot_resume_a_run_and_a_run_without_record_cannot_be_resu
     other = make_config({**BASE, "rounds": 12, "sign_key": str(keys["other"])})
     with pytest.raises(ProvenanceError) as info:
         train(other, run)
-    _one_line(info.value, "rounds 0–4 (session 1) were signed by another key")
+    one_line(info.value, "rounds 0–4 (session 1) were signed by another key")
     _set_chain(run, None)  # a checkpoint written before provenance was recorded
-    _rehash(run)
+    rehash(run)
     with pytest.raises(ProvenanceError) as info:
         train(_cfg(keys, rounds=12), run)
-    _one_line(info.value, "carries no provenance record")
+    one_line(info.value, "carries no provenance record")
     assert train(_cfg(None, rounds=12), run)[-1]["round"] == 12  # without the key it resumes
     assert [(s.start.round, s.end.round) for s in provenance.inspect(run, keys["pub"]).chain or []] == [(8, 12)]
 
@@ -356,10 +328,10 @@ def test_every_tampering_of_the_chain_or_what_it_names_is_refused(
     change, needle, unsigned_too = TAMPERINGS[tamper]
     run = _copy(two_sessions, tmp_path)
     change(run)
-    _rehash(run)
+    rehash(run)
     with pytest.raises(ProvenanceError) as info:
         train(_cfg(keys, rounds=12), run)
-    _one_line(info.value, needle)
+    one_line(info.value, needle)
     assert not provenance.inspect(run, keys["pub"]).proven
     if unsigned_too:
         with pytest.raises(ProvenanceError):
@@ -370,7 +342,7 @@ def test_force_resumes_an_unsigned_run_from_a_checkpoint_its_record_does_not_mat
         tmp_path: Path, keys: dict[str, Path], two_sessions: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = _copy(two_sessions, tmp_path)
     _flip_theta(run)
-    _rehash(run)
+    rehash(run)
     monkeypatch.setenv("PHALANX_FORCE", "1")
     with pytest.raises(ProvenanceError):  # never under the key
         train(_cfg(keys, rounds=12), run)
@@ -393,12 +365,12 @@ def test_an_unsigned_config_swap_with_recomputed_digests_is_refused_by_the_check
     manifest = json.loads((run / "manifest.json").read_text())
     manifest["seed"] = 0
     (run / "manifest.json").write_text(json.dumps(manifest))
-    _rehash(run)
+    rehash(run)
     with pytest.raises(ProvenanceError) as info:
         run_grid([victim], tmp_path)
-    _one_line(info.value, "names another configuration")
+    one_line(info.value, "names another configuration")
     _set_chain(run, _forged_chain(run, victim))  # the documented limit: a consistent rewrite passes unsigned …
-    _rehash(run)
+    rehash(run)
     run_grid([victim], tmp_path)
 
 
@@ -412,7 +384,7 @@ def test_verify_key_refuses_a_finished_run_whose_files_are_signed_but_not_its_tr
     checked = make_config({**BASE, "verify_key": str(keys["pub"])})
     with pytest.raises(ProvenanceError) as info:
         run_grid([checked], tmp_path)
-    _one_line(info.value, "NOT proven", "leave out verify_key")
+    one_line(info.value, "NOT proven", "leave out verify_key")
 
 
 def test_the_signature_is_made_after_every_callback_that_writes_into_the_directory(
@@ -466,11 +438,11 @@ def test_every_structural_check_of_the_chain_rejects_its_mutant(tmp_path: Path, 
     change, index, needle = STRUCTURE[case]
     run = _copy(two_sessions, tmp_path)
     _edit_statement(run, index, change)
-    _rehash(run)
+    rehash(run)
     for cfg in (_cfg(keys, rounds=12), _cfg(None, rounds=12)):
         with pytest.raises(Exception) as info:
             train(cfg, run)
-        _one_line(info.value, needle)
+        one_line(info.value, needle)
 
 
 def test_a_run_resumed_more_often_than_a_record_holds_is_refused_a_new_session(
@@ -478,7 +450,7 @@ def test_a_run_resumed_more_often_than_a_record_holds_is_refused_a_new_session(
     monkeypatch.setattr(provenance, "MAX_SEGMENTS", 2)
     with pytest.raises(ProvenanceError) as info:
         train(_cfg(None, rounds=12), _copy(two_sessions, tmp_path))
-    _one_line(info.value, "trained in 2 sessions already")
+    one_line(info.value, "trained in 2 sessions already")
 
 
 def test_a_resume_on_another_data_set_is_refused_and_the_mutant_extends_the_record(
@@ -493,7 +465,7 @@ def test_a_resume_on_another_data_set_is_refused_and_the_mutant_extends_the_reco
     monkeypatch.setattr(Dataset, "fingerprint", lambda self: other)
     with pytest.raises(ProvenanceError) as exc:
         train(_cfg(keys, rounds=12), run)
-    _one_line(exc.value, "trained on the data set of fingerprint", "session 1")
+    one_line(exc.value, "trained on the data set of fingerprint", "session 1")
     mutant = _copy(two_sessions, tmp_path, "mutant")
     monkeypatch.setattr(provenance, "data_mismatch", lambda chain, data: None)
     train(_cfg(keys, rounds=12), mutant)

@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 from safetensors.torch import load_file, save_file
 
+import _rundirs
+from _rundirs import legacy
 from phalanx.errors import ConfigError, IntegrityError
-from phalanx.experiments import make_config, provenance, runfiles, store, train
+from phalanx.experiments import provenance, runfiles, store
 
 ROOT = Path(__file__).resolve().parent.parent
 BOUND_MIB = 64
@@ -31,20 +33,7 @@ CLAIM = 1 << 30
 """What a huge file claims (its size): 16 times the bound."""
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("finished") / "run"
-    train(make_config({"dataset": "digits", "model": "logreg", "workers": 4, "rounds": 4, "eval_every": 2,
-                       "checkpoint_every": 2}), out)
-    return out
-
-
-def _legacy(d: Path) -> None:
-    """A run directory as written before digests were recorded: what the attacker makes of one to skip the manifest
-    (its files are then read as they are)."""
-    manifest = json.loads((d / "manifest.json").read_text())
-    manifest.pop("integrity", None)
-    (d / "manifest.json").write_text(json.dumps(manifest))
+finished = _rundirs.finished  # a finished run to copy and attack (a fixture)
 
 
 def _sparse(path: Path, size: int, head: bytes = b"") -> None:
@@ -78,47 +67,47 @@ CASES: dict[str, tuple[Any, str, str, str]] = {
     "manifest.json with artifacts that are not digests": (
         lambda d: (d / "manifest.json").write_text(json.dumps({"integrity": 1, "artifacts": [1, 2]})),
         "manifest.json", "not a map", "store.verify(d, ('config.json',))"),
-    "config.json of 1 GiB": (lambda d: (_legacy(d), _sparse(d / "config.json", CLAIM)), "config.json", "not read",
+    "config.json of 1 GiB": (lambda d: (legacy(d), _sparse(d / "config.json", CLAIM)), "config.json", "not read",
                              "store.check_identity(d, {})"),
     "config.json nested 3 million deep": (
-        lambda d: (_legacy(d), (d / "config.json").write_bytes(_nested(1_500_000))), "config.json",
+        lambda d: (legacy(d), (d / "config.json").write_bytes(_nested(1_500_000))), "config.json",
         "nested too deeply", "store.check_identity(d, {})"),
-    "metrics.jsonl: one line of 1 GiB": (lambda d: (_legacy(d), _sparse(d / "metrics.jsonl", CLAIM, b'{"round": ')),
+    "metrics.jsonl: one line of 1 GiB": (lambda d: (legacy(d), _sparse(d / "metrics.jsonl", CLAIM, b'{"round": ')),
                                          "metrics.jsonl", "longer than", "store.read_rows(d)"),
     "metrics.jsonl: a row nested 1 million deep": (
-        lambda d: (_legacy(d), (d / "metrics.jsonl").write_bytes(_nested(1_000_000) + b"\n")), "metrics.jsonl",
+        lambda d: (legacy(d), (d / "metrics.jsonl").write_bytes(_nested(1_000_000) + b"\n")), "metrics.jsonl",
         "nested too deeply", "store.read_rows(d)"),
-    "metrics.jsonl of 5 GiB": (lambda d: (_legacy(d), _sparse(d / "metrics.jsonl", 5 << 30)), "metrics.jsonl",
+    "metrics.jsonl of 5 GiB": (lambda d: (legacy(d), _sparse(d / "metrics.jsonl", 5 << 30)), "metrics.jsonl",
                                "not read", "store.read_rows(d)"),
     "phalanx.sig of 1 GiB": (lambda d: _sparse(d / "phalanx.sig", CLAIM), "phalanx.sig", "not read",
                              "signing.verify(d, KEY)"),
     "phalanx.sig nested 1 million deep": (lambda d: (d / "phalanx.sig").write_bytes(_nested(1_000_000)),
                                           "phalanx.sig", "not a readable", "signing.verify(d, KEY)"),
     "checkpoint header claiming 1 TiB": (
-        lambda d: (_legacy(d), _header(d / "checkpoint.safetensors", {}, length=1 << 40)), "checkpoint.safetensors",
+        lambda d: (legacy(d), _header(d / "checkpoint.safetensors", {}, length=1 << 40)), "checkpoint.safetensors",
         "lies about sizes", "store.open_checkpoint(d)"),
     "checkpoint header of 64 MiB (a sparse file that holds it)": (
-        lambda d: (_legacy(d), _sparse(d / "checkpoint.safetensors", 8 + (64 << 20), struct.pack("<Q", 64 << 20))),
+        lambda d: (legacy(d), _sparse(d / "checkpoint.safetensors", 8 + (64 << 20), struct.pack("<Q", 64 << 20))),
         "checkpoint.safetensors", "more than the 8,388,608", "store.open_checkpoint(d)"),
     "checkpoint tensor claiming 2^40 floats": (
-        lambda d: (_legacy(d), _header(d / "checkpoint.safetensors", {"theta": {
+        lambda d: (legacy(d), _header(d / "checkpoint.safetensors", {"theta": {
             "dtype": "F32", "shape": [1 << 40], "data_offsets": [0, 4 << 40]}}, data=16)),
         "checkpoint.safetensors", "lies about sizes", "store.open_checkpoint(d)"),
     "checkpoint tensors overlapping": (
-        lambda d: (_legacy(d), _header(d / "checkpoint.safetensors", {
+        lambda d: (legacy(d), _header(d / "checkpoint.safetensors", {
             "theta": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
             "momentum": {"dtype": "F32", "shape": [1, 4], "data_offsets": [0, 16]}}, data=16)),
         "checkpoint.safetensors", "overlap", "store.open_checkpoint(d)"),
     "checkpoint header nested 1 million deep": (
-        lambda d: (_legacy(d), (d / "checkpoint.safetensors").write_bytes(struct.pack("<Q", 2_000_000)
+        lambda d: (legacy(d), (d / "checkpoint.safetensors").write_bytes(struct.pack("<Q", 2_000_000)
                                                                           + _nested(1_000_000))),
         "checkpoint.safetensors", "nested too deeply", "store.open_checkpoint(d)"),
     "checkpoint with 5,000 provenance entries": (
-        lambda d: (_legacy(d), _ckpt_meta(d, {provenance.KEY: json.dumps([{"statement": "{}", "bundle": None}]
+        lambda d: (legacy(d), _ckpt_meta(d, {provenance.KEY: json.dumps([{"statement": "{}", "bundle": None}]
                                                                           * 5000)})),
         "checkpoint.safetensors", "not a list of 1 to 1024", "provenance.inspect(d, KEY)"),
     "checkpoint with a provenance statement of 1 MiB": (
-        lambda d: (_legacy(d), _ckpt_meta(d, {provenance.KEY: json.dumps([{"statement": "x" * (1 << 20),
+        lambda d: (legacy(d), _ckpt_meta(d, {provenance.KEY: json.dumps([{"statement": "x" * (1 << 20),
                                                                             "bundle": None}])})),
         "checkpoint.safetensors", "over 16,384 bytes", "provenance.inspect(d, KEY)"),
 }
@@ -250,7 +239,7 @@ def test_every_check_of_a_checkpoint_header_rejects_its_mutant(case: str, tmp_pa
 def test_a_checkpoint_beyond_the_runs_last_round_and_too_many_rows_are_refused(
         finished: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     d = Path(shutil.copytree(finished, tmp_path / "run"))
-    _legacy(d)
+    legacy(d)
     _ckpt_meta(d, {"round": "99"})
     with pytest.raises(ConfigError, match=r"round 99, outside 0 … 4"):
         store.open_checkpoint(d, rounds=4)

@@ -36,6 +36,7 @@ import base64
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -312,6 +313,36 @@ def _check_size(run: Path, signature: Path) -> None:
                              "a trusted copy")
 
 
+def _linked(run: Path) -> SignatureError:
+    return SignatureError(str(run), f"{run / SIGNATURE} is a symbolic link, not followed",
+                          "signed directories hold only regular files: remove the link")
+
+
+def _refuse_link(run: Path, signature: Path) -> None:
+    """The bundle is read through no link: its bytes are the directory's own (a link would make another file, or a
+    FIFO, the signature verified)."""
+    if signature.is_symlink():
+        raise _linked(run)
+
+
+def _read_signature(run: Path, signature: Path) -> bytes:
+    """The bundle's bytes, at most :data:`MAX_SIGNATURE_BYTES` + 1 (the size was checked, but it may have grown
+    since), read through a descriptor opened ``O_NOFOLLOW | O_NONBLOCK`` and checked to be a regular file: a link or
+    FIFO swapped in after the checks is refused, never followed or waited on."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(signature, flags)
+    except OSError:
+        if signature.is_symlink():
+            raise _linked(run) from None
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SignatureError(str(run), f"{signature} is not a regular file", "do not use these results; "
+                                 "restore the directory from a trusted copy")
+        return fh.read(MAX_SIGNATURE_BYTES + 1)
+
+
 def _signed_digests(signature: Path) -> dict[str, str] | None:
     """file → SHA-256 as the signed in-toto statement lists them (read only after the library verified it)."""
     try:
@@ -377,6 +408,7 @@ def verify(
                           "exactly one of: key (a public key), certificate_chain, identity with oidc_issuer")
     hashing, _, verifying = _library()
     signature = run / SIGNATURE
+    _refuse_link(run, signature)
     if not signature.is_file():
         raise SignatureError(str(run), f"no signature ({SIGNATURE} is missing)",
                              "sign the directory first (phalanx sign RUN_DIR --key KEY.pem), or do not trust it")
@@ -412,8 +444,7 @@ def verify(
     with tempfile.TemporaryDirectory(prefix="phalanx-sig-") as private:
         held = Path(private) / SIGNATURE  # the bytes verified are the bytes whose digests are returned
         try:
-            with open(signature, "rb") as fh:  # bounded: the size was checked, but it may have grown since
-                held.write_bytes(fh.read(MAX_SIGNATURE_BYTES + 1))
+            held.write_bytes(_read_signature(run, signature))
             _check_size(run, held)
             config.verify(run, held)
         except PhalanxError:

@@ -14,6 +14,10 @@ are skipped by a grid and both are reported, so both are held to the same checks
   diverged run is never signed (no directory signature, no final checkpoint), so under ``verify_key`` it is refused
   in one line — never skipped on the marker's word.
 
+A run a grid *trains* under both ``sign_key`` and ``verify_key`` is verified and pinned the same way once the grid's
+runs are done (:func:`check_trained`): its rows were read back by name at report time, and the pin of the process
+that wrote them (a worker's) ends with that process.
+
 Without a key all of it is an unkeyed checksum (docs/security.md, "Without a key").
 """
 
@@ -51,3 +55,14 @@ def check(run_dir: Path, cfg: RunConfig) -> None:
     if cfg.verify_key is not None and digests is not None:
         provenance.require(run_dir, Path(cfg.verify_key))
         store.pin(run_dir, digests)
+
+
+def check_trained(run_dir: Path, cfg: RunConfig) -> None:
+    """After a grid trained the run ``cfg`` into ``run_dir`` under ``sign_key`` *and* ``verify_key``: the checks of
+    :func:`check`, its verified rows pinned for the reads that follow in this process. Its rows were written by this
+    installation, but read back by name at report time: in a worker process (whose pin ends with it), or in this one
+    (a write lifts the pin), and a swap made while the grid trained its other runs reached the report checked against
+    the unkeyed manifest only. A run trained without ``sign_key`` carries no signature to verify (docs/security.md);
+    a diverged one is never signed."""
+    if cfg.verify_key is not None and cfg.sign_key is not None and store.is_finished(run_dir):
+        check(run_dir, cfg)

@@ -268,7 +268,7 @@ def require_resumable(run_dir: Path, chain: list[Segment], public_key: Path) -> 
     the checkpoint and rows on disk), else :class:`ProvenanceError`. Without it, anyone who can write the directory
     makes a signed finished run look unfinished (``DONE`` and the signature deleted, an unsigned record rewritten
     consistently) and its forged rows are "resumed" and reported."""
-    why = _unproven(chain or None, runfiles.read_bounded(public_key, 64 << 10))
+    why = _unproven(chain or None, runfiles.read_bounded(public_key, 64 << 10, follow=True))
     if why is not None:
         raise ProvenanceError(str(run_dir), f"not resumed under verify_key: {why}; its checkpoint and rows are not "
                               "proven to be trained under the key", f"delete {run_dir} to train it again from "
@@ -391,7 +391,8 @@ def inspect(run_dir: Path, public_key: Path | bytes) -> Provenance:
     public key ``public_key``, its recorded ``config.json``, and its checkpoint and rows as they are on disk (read with
     bounded memory: :mod:`~phalanx.experiments.runfiles`)."""
     run_dir = Path(run_dir)
-    public = public_key if isinstance(public_key, bytes) else runfiles.read_bounded(Path(public_key), 64 << 10)
+    public = (public_key if isinstance(public_key, bytes)
+              else runfiles.read_bounded(Path(public_key), 64 << 10, follow=True))
     if not (run_dir / "checkpoint.safetensors").exists():
         return Provenance(run_dir, None, [], "the run has no checkpoint", signing.fingerprint(public))
     chain, problem = _on_disk(run_dir, runfiles.read_json_object(run_dir / "config.json"))

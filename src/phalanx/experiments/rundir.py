@@ -17,7 +17,7 @@ from typing import Any
 
 from phalanx import signing
 from phalanx.data.base import Dataset
-from phalanx.experiments import provenance, store
+from phalanx.experiments import dirfd, provenance, store
 from phalanx.training import devices
 from phalanx.training.experiment import Experiment
 from phalanx.training.loop import Callback, Loop, RoundInfo
@@ -117,6 +117,9 @@ class SignDirectory(Callback):
         self.path, self.key = path, key
 
     def on_finish(self, loop: Loop) -> None:
+        if not dirfd.still_named(self.path):  # the library walks the directory by name: not a swapped-in one
+            raise dirfd.link_refused(self.path, "no longer the run directory this run checked and wrote (replaced "
+                                     "while it ran), so it is not signed")
         signing.sign(self.path, self.key)
 
 

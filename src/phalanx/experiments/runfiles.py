@@ -40,6 +40,7 @@ training session wrote, while the record itself lives in that file's metadata.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -92,11 +93,27 @@ def reason(exc: BaseException) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def open_regular(path: Path) -> BinaryIO:
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _link(path: Path) -> ConfigError:
+    return damaged(path, "a symbolic link, not followed (whoever can write the run directory could point it at any "
+                   "file)")
+
+
+def open_regular(path: Path, follow: bool = False) -> BinaryIO:
     """``path`` opened for reading, only if it is a regular file: opened ``O_NONBLOCK`` (a FIFO put in its place does
-    not block the open) and checked with ``fstat`` on the descriptor read (no swap between a check and the open); a
-    :func:`damaged` error otherwise, :class:`FileNotFoundError` if it is missing."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    not block the open) and ``O_NOFOLLOW`` (a symbolic link planted in a run directory is refused, never followed;
+    ``follow``: a file the user named, such as a public key, may be a link), then checked with ``fstat`` on the
+    descriptor read (no swap between a check and the open); a :func:`damaged` error otherwise,
+    :class:`FileNotFoundError` if it is missing."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else _NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if not follow and exc.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):  # EMLINK: FreeBSD
+            raise _link(path) from None
+        raise
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise damaged(path, "not a regular file")
@@ -106,10 +123,13 @@ def open_regular(path: Path) -> BinaryIO:
         raise
 
 
-def size_of(path: Path) -> int:
+def size_of(path: Path, follow: bool = False) -> int:
     """The size of ``path`` in bytes; :class:`FileNotFoundError` if it does not exist; a :func:`damaged` error if it is
-    not a regular file (a directory, a FIFO that would block a read, a device)."""
-    st = os.stat(path)
+    a symbolic link (``lstat``: not followed unless ``follow``) or not a regular file (a directory, a FIFO that would
+    block a read, a device)."""
+    st = os.stat(path) if follow else os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise _link(path)
     if not stat.S_ISREG(st.st_mode):
         raise damaged(path, "not a regular file")
     return st.st_size
@@ -135,13 +155,13 @@ def loads(path: Path, raw: bytes) -> Any:
         raise damaged(path, f"a number too long to read ({reason(exc)})") from None
 
 
-def read_bounded(path: Path, limit: int) -> bytes:
-    """The bytes of ``path``, sized first: a :func:`damaged` error if it holds more than ``limit`` (nothing of it read);
-    :class:`FileNotFoundError` if it is missing."""
-    size = size_of(path)
+def read_bounded(path: Path, limit: int, follow: bool = False) -> bytes:
+    """The bytes of ``path``, sized first: a :func:`damaged` error if it holds more than ``limit`` (nothing of it read)
+    or is a symbolic link (unless ``follow``: a file the user named); :class:`FileNotFoundError` if it is missing."""
+    size = size_of(path, follow)
     if size > limit:
         raise _too_large(path, size, limit)
-    with open_regular(path) as fh:
+    with open_regular(path, follow) as fh:
         raw = fh.read(limit + 1)
     if len(raw) > limit:  # it grew between the stat and the read
         raise _too_large(path, len(raw), limit)
@@ -290,7 +310,7 @@ def tensors_digest_of_file(path: Path, header: Header | None = None) -> str:
     header = header if header is not None else checkpoint_header(path)
     h = hashlib.sha256()
     h.update(_table({k: (e.dtype, e.shape) for k, e in header.tensors.items()}))
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         for name in sorted(header.tensors):
             e = header.tensors[name]
             fh.seek(header.data_start + e.begin)

@@ -95,4 +95,6 @@ def run_grid(
         raise Submitted(outcome, out)
     if outcome.failed or outcome.busy or outcome.unfinished:
         raise GridFailed(outcome, len(set(dirs)))
+    for r, d in todo:  # trained here under both keys: verified and pinned as a reused run is, before any report
+        ended.check_trained(d, r.cfg)
     return dirs

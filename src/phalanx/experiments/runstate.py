@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.errors import PhalanxError
-from phalanx.experiments import runfiles, store
+from phalanx.experiments import dirfd, runfiles, store
 from phalanx.training.divergence import Diverged
 
 LOCK = ".lock"
@@ -94,7 +94,12 @@ def locked(run_dir: Path, *, wait: bool = False) -> Iterator[None]:
     """Hold the run directory's lock inside the block (see the module's docstring); :class:`RunInUse` if another
     process holds it, or, with ``wait``, block until it is free."""
     run_dir = Path(run_dir)
-    store.make_run_dir(run_dir)
+    with dirfd.held(run_dir), _lock(run_dir, wait):  # the directory checked by its descriptor, held while it is used
+        yield
+
+
+@contextmanager
+def _lock(run_dir: Path, wait: bool) -> Iterator[None]:
     path = run_dir / LOCK
     fd = store.open_lock(path)  # a link, FIFO or hard link planted there is refused, never written through
     try:
@@ -134,7 +139,7 @@ def recording_failure(run_dir: Path) -> Iterator[None]:
     """Inside the block a run trains: an earlier ``FAILED`` marker is removed first; an error (an ``Exception``, not
     a stop signal) leaves a new one — its type and message, when and where — and goes on up."""
     run_dir = Path(run_dir)
-    (run_dir / FAILED).unlink(missing_ok=True)
+    dirfd.unlink(run_dir, FAILED)
     try:
         yield
     except Diverged:  # an end of the run, not an error (DIVERGED records it)
@@ -143,7 +148,8 @@ def recording_failure(run_dir: Path) -> Iterator[None]:
         record = {"error": type(exc).__name__, "message": str(exc)[:2000], "when": _now(),
                   "host": socket.gethostname(), "pid": os.getpid(), "slurm_job": _slurm_job()}
         try:
-            store.atomic_write_text(run_dir / FAILED, json.dumps(record) + "\n")
+            with store.writing(run_dir / FAILED):
+                dirfd.write(run_dir, FAILED, (json.dumps(record) + "\n").encode())
         except PhalanxError:  # the disk that failed the run may fail this too: the error itself matters more
             pass
         raise

@@ -54,7 +54,7 @@ from safetensors.torch import load_file, save_file
 
 from phalanx import __version__
 from phalanx.errors import ConfigError, IntegrityError, OutputError
-from phalanx.experiments import checkpoint, runfiles
+from phalanx.experiments import checkpoint, dirfd, runfiles
 from phalanx.experiments.runfiles import damaged
 from phalanx.experiments.runfiles import reason as _reason
 from phalanx.experiments.schema import MAX_ROWS, RESULT_NEUTRAL_KEYS
@@ -80,21 +80,16 @@ def make_dir(path: Path) -> Path:
     return path
 
 
-def _link_refused(path: Path, what: str) -> OutputError:
-    return OutputError(str(path), f"{what}, not followed (whoever can write its folder could point it at any file of "
-                       "yours)", "remove it, then run the same command again")
+_link_refused = dirfd.link_refused
 
 
 def make_run_dir(path: Path) -> Path:
     """:func:`make_dir` for a run directory, which must be a directory of its own, not a symbolic link: one planted
     by a co-user of a shared ``runs/`` folder would send every file of the run (and the lock's truncation) to
-    wherever it points. Checked with ``lstat`` before and after the directory is created; an :class:`OutputError`
-    naming it otherwise."""
-    if path.is_symlink():
-        raise _link_refused(path, "a symbolic link where a run directory goes")
-    make_dir(path)
-    if path.is_symlink():  # it appeared between the check and the mkdir
-        raise _link_refused(path, "a symbolic link where a run directory goes")
+    wherever it points. Checked by opening it ``O_DIRECTORY | O_NOFOLLOW`` (:func:`phalanx.experiments.dirfd.check`);
+    while a run holds it (:func:`phalanx.experiments.dirfd.held`), its writes go through that descriptor, so a swap
+    after the check cannot redirect them. An :class:`OutputError` naming it otherwise."""
+    dirfd.check(path)
     return path
 
 
@@ -106,8 +101,9 @@ def open_lock(path: Path) -> int:
     link can no longer make the lock's holder record truncate the file it points at. An :class:`OutputError` naming
     ``path`` otherwise."""
     flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    held = dirfd.fd_of(path.parent)  # in a held run directory: the one checked, whatever its name points at now
     try:
-        fd = os.open(path, flags, 0o666)
+        fd = os.open(path, flags, 0o666) if held is None else os.open(path.name, flags, 0o666, dir_fd=held)
     except OSError as exc:
         if path.is_symlink():  # ELOOP (Linux) or EMLINK (FreeBSD): O_NOFOLLOW met a link
             raise _link_refused(path, "a symbolic link where a lock file goes") from None
@@ -142,9 +138,10 @@ INTEGRITY_VERSION = 1
 
 
 def file_digest(path: Path) -> str:
-    """The SHA-256 of a file, hex."""
+    """The SHA-256 of a regular file, hex (:func:`phalanx.experiments.runfiles.open_regular`: a symbolic link or a
+    FIFO is a one-line error naming it)."""
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with runfiles.open_regular(path) as fh:  # a symbolic link is refused, not followed; a FIFO does not block
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -158,10 +155,11 @@ def recorded_fingerprint(out: Path) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _read_manifest(out: Path) -> dict[str, Any]:
-    """The run directory's manifest, read with bounded memory (:mod:`phalanx.experiments.runfiles`)."""
+def _read_manifest(out: Path, via: Path | None = None) -> dict[str, Any]:
+    """The run directory's manifest, read with bounded memory (:mod:`phalanx.experiments.runfiles`); ``via``: the
+    directory to read it from (:func:`phalanx.experiments.dirfd.scratch`: the held one), errors naming ``out``'s."""
     try:
-        data = runfiles.read_json(out / MANIFEST)
+        data = runfiles.read_json((via or out) / MANIFEST)
     except FileNotFoundError:
         raise IntegrityError(str(out / MANIFEST), "missing (every run directory has one)") from None
     except OSError as exc:
@@ -187,20 +185,26 @@ def _record(out: Path, name: str, digest: str) -> None:
     recorded: after a crash between an earlier record and its rename, the disk holds the *previous* file while the
     manifest already names the new one, and a second crash in the same window must still find the disk's file
     recorded (keeping the last recorded digest there lost it: two such crashes made a run unresumable)."""
-    manifest = _read_manifest(out)
+    at = dirfd.scratch(out)  # in a held run directory: the one checked, whatever its name points at now
+    manifest = _read_manifest(out, at)
     artifacts = manifest.setdefault("artifacts", {})
     entry = artifacts.get(name, {})
     old = entry.get("sha256")
     if entry.get("previous") is not None and entry["previous"] != old:
         try:  # the file may be the one recorded (the usual case) or the previous one (a crash in the window)
-            runfiles.size_of(out / name)  # a regular file: a FIFO would block the digest's read
-            if file_digest(out / name) == entry["previous"]:
+            runfiles.size_of(at / name)  # a regular file: a FIFO would block the digest's read
+            if file_digest(at / name) == entry["previous"]:
                 old = entry["previous"]
         except (OSError, ValueError):  # missing, not a regular file (ConfigError is a ValueError)
             pass
     artifacts[name] = {"sha256": digest, "previous": old}
     manifest["integrity"] = INTEGRITY_VERSION
-    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+    _write_manifest(out, manifest)
+
+
+def _write_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    with writing(out / MANIFEST):
+        dirfd.write(out, MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
 
 
 _PINNED: dict[str, dict[str, str]] = {}
@@ -211,7 +215,9 @@ def pin(out: Path, digests: dict[str, str]) -> None:
     """Hold the run directory ``out``'s metric rows, for every later read in this process, to the digests a signature
     was just verified to state (``digests``: :func:`phalanx.signing.verify`'s result), not to the manifest's, which
     anyone who can write the directory recomputes: the rows a report reads are then the rows that were verified, even
-    if the file was swapped since (docs/security.md). A write into ``out`` by this process lifts the pin."""
+    if the file was swapped since (docs/security.md). A write into ``out`` by this process lifts the pin. It lasts
+    this process: every process that reports under ``verify_key`` pins for itself (a grid verifies each run it reuses,
+    and each it trained under both keys: :func:`phalanx.experiments.ended.check_trained`)."""
     _PINNED[os.path.abspath(out)] = dict(digests)
 
 
@@ -225,9 +231,9 @@ def record_artifact(out: Path, name: str, digest: str) -> None:
 def write_artifact(out: Path, name: str, payload: bytes) -> None:
     """Write ``out/name`` atomically and record its digest in the manifest before it replaces the old file."""
     _PINNED.pop(os.path.abspath(out), None)  # this process writes it again: what was verified is not what it holds
-    path = out / name
-    with writing(path):
-        write_atomic(path, payload, before_replace=lambda _: _record(out, name, hashlib.sha256(payload).hexdigest()))
+    digest = hashlib.sha256(payload).hexdigest()
+    with writing(out / name):
+        dirfd.write(out, name, payload, before_replace=lambda _: _record(out, name, digest))
 
 
 def _install(out: Path, name: str, tmp: str) -> None:
@@ -235,7 +241,7 @@ def _install(out: Path, name: str, tmp: str) -> None:
     to ``out/name``."""
     os.chmod(tmp, file_mode())
     _record(out, name, file_digest(Path(tmp)))
-    os.replace(tmp, out / name)
+    dirfd.install(out, Path(tmp), name)  # relative to the held directory: never into a link swapped in its place
 
 
 def forced() -> bool:
@@ -249,12 +255,12 @@ def _finish_first_write(out: Path, name: str, entry: dict[str, Any]) -> bool:
     that write (the rename) and say so. A file deleted by hand leaves no such temporary file: still refused."""
     if entry.get("previous") is not None:
         return False
-    for tmp in sorted(out.glob(".*.tmp")):
+    for tmp in dirfd.temporaries(out):
         try:
-            if tmp.is_file() and file_digest(tmp) == entry.get("sha256"):
-                os.replace(tmp, out / name)
+            if file_digest(dirfd.scratch(out) / tmp) == entry.get("sha256"):
+                dirfd.install(out, dirfd.scratch(out) / tmp, name)
                 return True
-        except OSError:
+        except (OSError, ValueError):  # gone, or not a regular file (ConfigError is a ValueError)
             continue
     return False
 
@@ -264,9 +270,9 @@ def remove_temporaries(out: Path) -> int:
     call it only while holding the run's lock, after the checkpoint is loaded (:func:`verify` may finish a first
     write from one). Returns how many were removed."""
     removed = 0
-    for tmp in out.glob(".*.tmp"):
+    for tmp in dirfd.temporaries(out):
         try:
-            tmp.unlink()
+            dirfd.unlink(out, tmp)
             removed += 1
         except OSError:
             continue
@@ -372,7 +378,7 @@ def prepare_run_dir(
         "threads": torch.get_num_threads(),  # a float result depends on it (phalanx.training.threads)
         **(device or {"device": "cpu"}),
     }
-    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+    _write_manifest(out, manifest)
     write_artifact(out, "config.json", json.dumps(identity, indent=2, sort_keys=True).encode())
 
 
@@ -389,7 +395,7 @@ def note_device(out: Path, device: dict[str, str], round_: int) -> bool:
     if (last.get("device"), last.get("gpu")) == (device.get("device"), device.get("gpu")):
         return False
     manifest["resumed_on"] = [*later, {"round": round_, **device}]
-    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+    _write_manifest(out, manifest)
     return True
 
 
@@ -416,7 +422,7 @@ def save_checkpoint(out: Path, snap: Snapshot, provenance: Provenance | None = N
     if provenance is not None:
         digest = hashlib.sha256(payload).hexdigest() if payload else None
         meta["provenance"] = provenance(state.round, runfiles.tensors_digest(tensors), digest)
-    with writing(path), temporary(path) as tmp:
+    with writing(path), temporary(dirfd.scratch(out) / path.name) as tmp:
         try:
             save_file(tensors, str(tmp), metadata=meta)
         except SafetensorError as exc:  # its I/O errors come as text ("… (os error 28)"): the OSError
@@ -488,7 +494,8 @@ def write_parquet(path: Path, rows: list[dict[str, Any]]) -> None:
     """Write rows to Parquet through DuckDB (atomically: a temporary file, then a rename)."""
     import duckdb
 
-    with writing(path), temporary(path, ".jsonl.tmp") as tmp_json, temporary(path) as tmp:
+    at = dirfd.scratch(path.parent) / path.name  # in a held run directory: the one checked (phalanx.experiments.dirfd)
+    with writing(path), temporary(at, ".jsonl.tmp") as tmp_json, temporary(at) as tmp:
         tmp_json.write_text("".join(json.dumps(r) + "\n" for r in rows))
         con = duckdb.connect()
         try:
