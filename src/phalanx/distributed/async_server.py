@@ -24,6 +24,8 @@ version. Server step t (the training loop's round t, which publishes θₜ as ve
    buffer means — one source of the math for the simulated and the real server), with staleness s = t − version;
    the loop's server aggregates them with the run's rule and steps θ.
 
+With a filter (Kardam's, Zeno++'s, AFLGuard's), when every live worker's update of version t was rejected and the
+buffer is empty, step t is a zero step (:mod:`phalanx.distributed.async_zero`: θ not moved, version t + 1 published).
 If no update at all arrives for ``round_timeout`` seconds the step is given up (:class:`RoundAborted`: the loop
 writes a checkpoint and stops with :class:`~phalanx.errors.WorkersLostError`); a silent or crashed worker alone never
 holds a step up while others deliver.

@@ -42,6 +42,10 @@ recomputed digest for digest from finite updates (an overflow that a Byzantine w
 a non-robust rule) is what an honest server computes, so it is not refused — that would let a worker frame rank 0; the
 0/0 of an empty BASGD buffer is refused, as a step the algorithm does not take.
 
+A **zero step** (the filter rejected every live worker's update of the newest version) is a step line with no
+updates, θₜ and the rejected updates: :mod:`phalanx.distributed.async_zero` says what it holds and what the audit
+checks of it (:class:`~phalanx.distributed.async_zero.ZeroCheck`).
+
 What it cannot prove: that the server did not leave out an update it received (an update that never appears in
 the transcript leaves no trace the audit can read), or that θ moved by the recorded result.
 

@@ -60,7 +60,6 @@ from torch import Tensor
 from phalanx.distributed import wire
 
 if TYPE_CHECKING:
-    from phalanx.distributed.async_server import Update
     from phalanx.training.experiment import Experiment
 
 ZERO_KEYS = ("theta", "judged")
@@ -98,8 +97,9 @@ def zero_rows(exp: Experiment, ranks: list[int], theta: Tensor) -> tuple[Tensor,
     return rows, named, torch.zeros_like(touched)
 
 
-def zero_fields(theta: Tensor, judged: list[Update], entry: Any) -> dict[str, Any]:
-    """A zero step's fields (:data:`ZERO_KEYS`): θₜ and the rejected updates, each as ``entry`` records an update."""
+def zero_fields(theta: Tensor, judged: list[Any], entry: Any) -> dict[str, Any]:
+    """A zero step's fields (:data:`ZERO_KEYS`): θₜ and the rejected updates (the server's
+    :class:`~phalanx.distributed.async_server.Update`, which imports this module), each as ``entry`` records one."""
     return {"theta": base64.b64encode(wire.tensor_bytes(theta)).decode(), "judged": entry(judged)}
 
 
