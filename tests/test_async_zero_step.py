@@ -24,6 +24,7 @@ from tests.test_distributed import run_dir
 
 from phalanx.distributed import wire
 from phalanx.distributed.async_server import AsyncServer
+from phalanx.distributed.async_transcript import step_bytes
 from phalanx.distributed.async_zero import holds_still
 from phalanx.distributed.audit import audit
 from phalanx.distributed.keys import init_keys, load_identity
@@ -182,8 +183,9 @@ def rejected(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]
 def test_a_run_whose_every_update_is_rejected_ends_with_one_line_and_audits(rejected: tuple[Path, Path, str]
                                                                            ) -> None:
     """The bound: 6 zero steps of 6, exit status 0, one closing line; no update aggregated; θ never moved (every
-    zero step records θ₀). The keyed transcript holds a zero step per step and passes the audit, which recomputed
-    each (AFLGuard's rejections at the recorded θ, the rows, the result)."""
+    zero step records θ₀); each zero step's line within the step line's bound (n bodies). The keyed transcript
+    holds a zero step per step and passes the audit, which recomputed each (AFLGuard's rejections at the recorded
+    θ, the rows, the result)."""
     run, _, errs = rejected
     assert "zero steps: 6 of 6" in errs and errs.count("a zero step, θ not moved") == 1
     assert last_row(run.parent)["updates"] == 0
@@ -194,6 +196,9 @@ def test_a_run_whose_every_update_is_rejected_ends_with_one_line_and_audits(reje
     exp = from_config(make_config({**AFLGUARD, "algorithm_params": {"buffer_size": 1, "lam": 1e-3}}))
     theta0 = base64.b64encode(wire.tensor_bytes(fresh_start(exp).state.theta)).decode()
     assert all(e["updates"] == [] and e["judged"] and e["theta"] == theta0 for e in steps)
+    lines = (run / TRANSCRIPT).read_bytes().splitlines()
+    dim = json.loads(lines[0])["dim"]
+    assert all(len(x) <= step_bytes(5, dim) for x in lines if b'"type":"step"' in x)  # the record's bound
 
 
 def _resign(doc: dict[str, Any], keys: Path, u: dict[str, Any], body: bytes, theta: str) -> None:

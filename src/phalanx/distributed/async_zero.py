@@ -34,7 +34,8 @@ update: :func:`~phalanx.distributed.async_transcript.step_entry`); ``theta``: θ
 judged at. Size: at most n − 1 entries and one more row of d values — within the step line's bound
 (:func:`~phalanx.distributed.async_transcript.step_bytes` counts n bodies).
 
-**What the audit checks** (:class:`ZeroCheck`): no accepted update in the line; 1 … n − 1 judged updates, one per
+**What the audit checks** (:class:`ZeroCheck`): the algorithm filters (a FedBuff or BASGD server never takes a
+zero step); no accepted update in the line; 1 … n − 1 judged updates, one per
 worker rank, each of version t, signed by its own rank's key for (nonce, config, version) and its θ digest equal to
 SHA-256(θₜ) as recorded (so rank 0 cannot record another θ than its workers computed at); each worker's version
 newer than its last aggregated one (the server drops an older version after a newer one was judged, and an update
@@ -141,6 +142,9 @@ class ZeroCheck:
         from phalanx.errors import PhalanxError
 
         steps, where = self.steps, f"step {t}"
+        if not getattr(steps.algo, "screens", False):
+            return [f"{where}: a zero step in a run of {steps.algo.name}, which filters nothing (its server never "
+                    "takes one)"]
         if rec["updates"]:
             return [f"{where}: a zero step with {len(rec['updates'])} accepted update(s) (a zero step aggregates "
                     "none)"]
