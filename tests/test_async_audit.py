@@ -462,3 +462,15 @@ def test_a_byzantine_workers_update_at_another_theta_is_refused_by_the_honest_se
     mutant = arrivals()
     mutant.thetas.clear()
     assert mutant.next(0.0) == (3, 5, b"row3")  # without the check the forged θ digest is kept
+
+
+def test_a_zero_step_in_a_run_that_filters_nothing_is_refused(honest: tuple[Path, Path], tmp_path: Path) -> None:
+    """A zero step (phalanx.distributed.async_zero) follows a filter's rejections: rank 0 of a FedBuff run that
+    records step 4 as one — its updates moved to ``judged`` — is refused."""
+    run, keys = honest
+
+    def edit(doc: dict[str, Any]) -> None:
+        entry = doc["rounds"][4]
+        entry.update(judged=entry["updates"], theta="", updates=[])
+
+    one_line(audit(forge(run, tmp_path, edit, load_identity(keys, 0, 5))), "step 4: a zero step in a run of fedbuff")

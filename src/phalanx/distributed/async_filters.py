@@ -21,7 +21,9 @@ What differs from the simulated clock, and why:
   stays in the buffer as a zero row; on processes the server judges each update when it arrives (after the
   buffer's own checks: :class:`~phalanx.distributed.async_server.Buffer`), and a rejected one is **dropped** —
   counted under the reason ``filtered`` per rank, said once per rank on rank 0's log, and never takes a buffer
-  place: the step waits for an update the filter passes (or gives up after ``round_timeout``).
+  place: the step waits for an update the filter passes — or, when every live worker's update of the newest version
+  was rejected, takes a zero step (:mod:`phalanx.distributed.async_zero`); it gives up after ``round_timeout`` only
+  when nothing arrives.
 * **n is the worker ranks.** Rank 0 only serves, so Kardam's quantile is over the n − 1 ranks that compute
   (``workers = n − 1``; the config checks 3f < n − 1 before launch).
 * **The step of the judgement.** An update is judged at the version t the server has published when it arrives
@@ -39,9 +41,10 @@ the checkpoint holds them and a resumed server continues from them (the algorith
 of another shape in one line).
 
 Memory: the ring (S + 1 rows of d), Kardam's two references and one coefficient per rank — bounded by S, d and n,
-whatever a worker sends. The keyed audit cannot recompute a filter's decision (it would need every θ of the run and
-the rejected updates, which the transcript does not hold): :func:`unchecked` says so, and the audit counts those
-steps (``filters_unchecked``), never passing them as checked.
+whatever a worker sends. The keyed audit cannot recompute a filter's decision on an ordinary step (it would need
+every θ of the run and the rejected updates, which the transcript does not hold — a zero step records both, and the
+audit recomputes AFLGuard's decision there): :func:`unchecked` says so, and the audit counts those steps
+(``filters_unchecked``), never passing them as checked.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ version. Server step t (the training loop's round t, which publishes θₜ as ve
    buffer means — one source of the math for the simulated and the real server), with staleness s = t − version;
    the loop's server aggregates them with the run's rule and steps θ.
 
+With a filter (Kardam's, Zeno++'s, AFLGuard's), when every live worker's update of version t was rejected and the
+buffer is empty, step t is a zero step (:mod:`phalanx.distributed.async_zero`: θ not moved, version t + 1 published).
 If no update at all arrives for ``round_timeout`` seconds the step is given up (:class:`RoundAborted`: the loop
 writes a checkpoint and stops with :class:`~phalanx.errors.WorkersLostError`); a silent or crashed worker alone never
 holds a step up while others deliver.
@@ -61,6 +63,7 @@ from phalanx.attacks import Attack, AttackContext
 from phalanx.attacks.base import DataAttack
 from phalanx.distributed import _test_hooks, wire
 from phalanx.distributed.async_filters import ProcessFilter
+from phalanx.distributed.async_zero import summary, zero_rows
 from phalanx.distributed.parameter_server import WorkerLinks, check_digest
 from phalanx.training.algorithms.asynchronous import TOUCHED, clock_stage
 from phalanx.training.algorithms.clock import STATS
@@ -134,11 +137,14 @@ class Buffer:
     judge: Callable[[int, int, Tensor], Tensor | None] | None = None
     """The algorithm's filter on an update that passed every other check (:meth:`~phalanx.distributed.async_filters.
     ProcessFilter.judge`): the row to use, or None — dropped as ``filtered``."""
+    judged: list[Update] = field(default_factory=list)
+    """The updates of the newest version the filter rejected (at most one per worker): a zero step's record
+    (:mod:`phalanx.distributed.async_zero`)."""
 
     def publish(self, t: int) -> None:
         """Version t is published: forget pairs older than the bound, start the step with the held updates that are
         still within it (older ones dropped as stale)."""
-        self.version = t
+        self.version, self.judged = t, []
         self.seen = {(r, v) for r, v in self.seen if t - v <= self.max_staleness}
         held, self.held, self.step = self.held, {}, []
         for u in held.values():
@@ -163,6 +169,8 @@ class Buffer:
         passed = row if self.judge is None else self.judge(rank, version, row)
         if passed is None:
             self.dropped["filtered", rank] += 1
+            if version == self.version:
+                self.judged.append(Update(rank, version, row, proof))
             return "filtered"
         u = Update(rank, version, row, proof, None if passed is row else passed)
         for i, x in enumerate(self.step):
@@ -335,10 +343,16 @@ class AsyncServer(Transport):
         self.next_round = 0
         self.started = time.monotonic()
         self.said: set[tuple[str, int]] = set()
-        self.on_step: Callable[[int, list[Update], Tensor, Tensor, list[dict[str, Any]]], None] | None = None
-        """With keys, the transcript's hook (:meth:`~phalanx.distributed.async_transcript.AsyncRecord.step`): step
+        self.live: set[int] = set()
+        """The worker ranks that joined: a zero step waits for each one's update of the newest version."""
+        self.delivered: set[int] = set()
+        """The worker ranks whose update of the newest version arrived (whatever became of it)."""
+        self.zero = self.steps = 0
+        """Zero steps and steps this session (:mod:`phalanx.distributed.async_zero`)."""
+        self.on_step: Callable[..., None] | None = None
+        """With keys, the transcript's hook (:meth:`~phalanx.distributed.transcript.Transcript.step`): step
         t used these updates, made these rows, and the rule's result over them is this; the links' refusals since the
-        last step."""
+        last step; on a zero step also θₜ and the rejected updates (:mod:`phalanx.distributed.async_zero`)."""
 
     def open(self, experiment: Experiment, start: Snapshot) -> Snapshot:
         self.exp = experiment
@@ -353,6 +367,7 @@ class AsyncServer(Transport):
         self.next_round = start.state.round
         self.links.offer({"config": self.digest, "round": start.state.round, "streams": {}, "momentum": None})
         joined = self.links.joined(n)
+        self.live = set(joined) & set(range(1, n))
         if set(range(1, n)) - joined:
             self.say(f"ranks {sorted(set(range(1, n)) - joined)} did not start in time; the server goes on without "
                      "waiting for them")
@@ -370,13 +385,14 @@ class AsyncServer(Transport):
         if self.filter is not None:
             self.filter.publish(t, theta)
         self.arrivals.publish(t, msg)
-        self.next_round = t + 1
+        self.next_round, self.delivered = t + 1, set()
+        self.steps += 1
         before = buf.counts()
         sent, received = len(msg) * (self.exp.workers - 1), 0
         while (ready := self.arrivals.next(0.0)) is not None:  # everything already there first: the freshest wins
             received += self._offer(*ready, t)
         take = self._full()
-        while not take:
+        while not take and not self._exhausted():
             got = self.arrivals.next(self.wait_s)
             if got is None:
                 raise RoundAborted(sorted({u.rank for u in buf.step} ^ set(range(1, self.exp.workers))),
@@ -394,10 +410,16 @@ class AsyncServer(Transport):
         buf.step = []
         ids = torch.tensor([u.rank for u in used], dtype=torch.int64)
         staleness = torch.tensor([t - u.version for u in used], dtype=torch.int64)
-        updates = torch.stack([u.row if u.passed is None else u.passed for u in used]).to(theta)
-        vectors, rows, touched = algo.assemble(self.exp, ids, updates, staleness)
-        if self.on_step is not None:  # the result the loop's server will compute: the bound rule, its context
+        if take:
+            updates = torch.stack([u.row if u.passed is None else u.passed for u in used]).to(theta)
+            vectors, rows, touched = algo.assemble(self.exp, ids, updates, staleness)
+        else:  # a zero step (async_zero): every live worker's update of version t rejected, none in the buffer
+            vectors, rows, touched = zero_rows(self.exp, [u.rank for u in buf.judged], theta)
+            self._zero_step(t)
+        if self.on_step is not None and take:  # the result the loop's server will compute: the bound rule, its context
             self.on_step(t, used, vectors, rule(vectors), groups)
+        elif self.on_step is not None:
+            self.on_step(t, used, vectors, rule(vectors), groups, (theta.detach().clone(), list(buf.judged)))
         own = dict(clock_stage(self.exp).own)
         if self.filter is not None:
             own.update(self.filter.state())
@@ -405,9 +427,26 @@ class AsyncServer(Transport):
         own["stats"] = self._stats(own["stats"], staleness, touched, buf.counts(), before, ids)
         return Received(vectors, rows=rows, state_rows=False, own=own, sent=sent, received=received)
 
+    def _exhausted(self) -> bool:
+        """Whether no update can fill the step (a filtering algorithm's buffer is empty, every live worker's update
+        of the newest version arrived, and the filter rejected at least one): a zero step follows
+        (:mod:`phalanx.distributed.async_zero`)."""
+        return self.filter is not None and not self.buffer.step and bool(self.buffer.judged) and \
+            self.live <= self.delivered
+
+    def _zero_step(self, t: int) -> None:
+        """Count a zero step at t; say the first one (bounded: one line a session, the rest counted)."""
+        self.zero += 1
+        if self.zero == 1:
+            self.say(f"server step {t}: the filter rejected every live worker's update of version {t} (ranks "
+                     f"{sorted(u.rank for u in self.buffer.judged)}): a zero step, θ not moved, version {t + 1} "
+                     "published; further ones are counted only")
+
     def _offer(self, rank: int, version: int, payload: bytes, t: int) -> int:
         """Offer one arrival to the buffer, record why it was dropped (if it was); its size."""
         buf = self.buffer
+        if version == t and 1 <= rank < self.exp.workers:  # (its update of the newest version came, whatever it is)
+            self.delivered.add(rank)
         reason = buf.offer(rank, version, payload, self.arrivals.last_proof) if payload else "lost"
         if reason == "lost":
             buf.dropped["lost", rank if 1 <= rank < self.exp.workers else -1] += 1
@@ -433,10 +472,13 @@ class AsyncServer(Transport):
         s = dict(zip(STATS, old.tolist()))
         byz = int((ids >= self.exp.workers - self.exp.byzantine).sum())
         dropped_step = sum(after.values()) - sum(before.values())
+        m = len(ids)  # (0: a zero step, whose staleness statistics and share are 0)
         s.update(sim_time=time.monotonic() - self.started, dropped=sum(after.values()),
-                 updates=s["updates"] + len(ids), byzantine_updates=s["byzantine_updates"] + byz,
-                 staleness_mean=float(staleness.double().mean()), staleness_max=float(staleness.max()),
-                 byzantine_buffer_share=byz / len(ids), dropped_step=dropped_step, byzantine_rows=int(touched.sum()))
+                 updates=s["updates"] + m, byzantine_updates=s["byzantine_updates"] + byz,
+                 staleness_mean=float(staleness.double().mean()) if m else 0.0,
+                 staleness_max=float(staleness.max()) if m else 0.0,
+                 byzantine_buffer_share=byz / m if m else 0.0, dropped_step=dropped_step,
+                 byzantine_rows=int(touched.sum()))
         return torch.tensor([s[k] for k in STATS], dtype=torch.float64)
 
     def _record(self, reason: str, rank: int, version: int, t: int) -> None:
@@ -463,6 +505,8 @@ class AsyncServer(Transport):
         counts = {k: v for k, v in self.buffer.counts().items() if v} if hasattr(self, "buffer") else {}
         if counts:
             self.say("updates dropped: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        if self.zero:
+            self.say(summary(self.zero, self.steps))
 
 
 class AsyncWorker:

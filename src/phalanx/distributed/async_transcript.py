@@ -42,6 +42,10 @@ recomputed digest for digest from finite updates (an overflow that a Byzantine w
 a non-robust rule) is what an honest server computes, so it is not refused — that would let a worker frame rank 0; the
 0/0 of an empty BASGD buffer is refused, as a step the algorithm does not take.
 
+A **zero step** (the filter rejected every live worker's update of the newest version) is a step line with no
+updates, θₜ and the rejected updates: :mod:`phalanx.distributed.async_zero` says what it holds and what the audit
+checks of it (:class:`~phalanx.distributed.async_zero.ZeroCheck`).
+
 What it cannot prove: that the server did not leave out an update it received (an update that never appears in
 the transcript leaves no trace the audit can read), or that θ moved by the recorded result.
 
@@ -62,6 +66,7 @@ from torch import Tensor
 
 from phalanx.distributed import wire
 from phalanx.distributed.async_filters import rows_unchecked
+from phalanx.distributed.async_zero import ZERO_KEYS, ZeroCheck, zero_fields
 from phalanx.distributed.sealed import signed_message
 from phalanx.errors import PhalanxError
 
@@ -70,6 +75,10 @@ if TYPE_CHECKING:
     from phalanx.training.experiment import Experiment
 
 STEP_KEYS = {"type", "round", "updates", "rows", "result"}
+STEP_FIELDS = ("round", "updates", "rows", "result", *ZERO_KEYS)
+"""A step line's fields after its type, in their order (a zero step's last two only on a zero step)."""
+ZERO_STEP_KEYS = STEP_KEYS | set(ZERO_KEYS)
+"""A zero step's line (:mod:`phalanx.distributed.async_zero`): a step line with θₜ and the rejected updates."""
 UPDATE_KEYS = {"rank", "version", "staleness", "sha256", "signature", "theta", "body"}
 UPDATE_BYTES = 512
 """The most bytes one update entry takes besides its body."""
@@ -91,14 +100,21 @@ def digest(x: Tensor) -> str:
     return hashlib.sha256(wire.tensor_bytes(x)).hexdigest()
 
 
-def step_entry(t: int, used: list[Update], rows: Tensor, result: Tensor) -> dict[str, Any]:
-    """Step t's record (see the module's docstring): the updates (each with its links' proof), rows and result."""
-    updates = []
-    for u in used:
-        sha, sig, theta = u.proof if u.proof is not None else ("", "", "")
-        updates.append({"rank": u.rank, "version": u.version, "staleness": t - u.version, "sha256": sha,
+def step_entry(t: int, used: list[Update], rows: Tensor, result: Tensor,
+               zero: tuple[Tensor, list[Update]] | None = None) -> dict[str, Any]:
+    """Step t's record (see the module's docstring): the updates (each with its links' proof), rows and result;
+    ``zero``: a zero step's θₜ and rejected updates (:mod:`phalanx.distributed.async_zero`)."""
+
+    def entries(updates: list[Update]) -> list[dict[str, Any]]:
+        out = []
+        for u in updates:
+            sha, sig, theta = u.proof if u.proof is not None else ("", "", "")
+            out.append({"rank": u.rank, "version": u.version, "staleness": t - u.version, "sha256": sha,
                         "signature": sig, "theta": theta, "body": base64.b64encode(wire.tensor_bytes(u.row)).decode()})
-    return {"round": t, "updates": updates, "rows": [digest(r) for r in rows], "result": digest(result)}
+        return out
+
+    extra = {} if zero is None else zero_fields(zero[0], zero[1], entries)
+    return {"round": t, "updates": entries(used), "rows": [digest(r) for r in rows], "result": digest(result), **extra}
 
 
 def _int(value: Any, low: int = 0, high: int = 1 << 62) -> bool:
@@ -128,13 +144,17 @@ class StepCheck:
         self.thetas: dict[int, tuple[str, int]] = {}
         """The θ digest each version's updates carry, with the first rank seen carrying it (the versions a step may
         still hold: the last S + 1)."""
+        self.zero = ZeroCheck(self)
+        """The check of a zero step's line (:mod:`phalanx.distributed.async_zero`)."""
 
     def check(self, rec: dict[str, Any], t: int, nonce: bytes, config: str, keys: dict[int, Any],
               since: int = 0) -> list[str]:
         """The problems of step t's line (empty: it is the step it claims); ``since``: the round its session started
         from (an update of an older version is one the session never published)."""
-        from cryptography.exceptions import InvalidSignature
-
+        if "judged" in rec:  # (a zero step: async_zero)
+            zero = self.zero.check(rec, t, lambda u, at: self._entry(u, at, nonce, config, keys, since))
+            self._forget(t)
+            return zero
         updates, rows, result = rec["updates"], rec["rows"], rec["result"]
         where = f"step {t}"
         if not (isinstance(updates, list) and 1 <= len(updates) < self.workers and isinstance(rows, list)
@@ -145,65 +165,80 @@ class StepCheck:
         ranks: list[int] = []
         values: list[Tensor] = []
         staleness: list[int] = []
-        size = self.dim * torch.empty((), dtype=self.dtype).element_size()
         for u in updates:
-            if not isinstance(u, dict) or set(u) != UPDATE_KEYS:
-                problems.append(f"{where}: an update entry is not {{{', '.join(sorted(UPDATE_KEYS))}}}")
-                continue
-            rank, version, s, sha, sig, theta, body = (u[k] for k in ("rank", "version", "staleness", "sha256",
-                                                                       "signature", "theta", "body"))
-            if not _int(rank, 1, self.workers - 1) or rank not in keys:
-                problems.append(f"{where}: an update of rank {str(rank)[:20]!r}, which is not a worker of the job")
+            found, rank, version, _, row = self._entry(u, t, nonce, config, keys, since)
+            problems += found
+            if rank is None or version is None or row is None:
                 continue
             if rank in ranks:
                 problems.append(f"{where}: two updates of rank {rank} (a step takes one per worker)")
-            if not _int(version, 0, t):
-                problems.append(f"{where}: rank {rank}'s update has version {str(version)[:20]!r}, not 0 … {t}")
-                continue
-            if version < since:
-                problems.append(f"{where}: rank {rank}'s update of version {version} predates this session (from "
-                                f"round {since}), which never published it (the server drops it as unpublished)")
-            if s != t - version:
-                problems.append(f"{where}: rank {rank}'s update of version {version} is recorded with staleness "
-                                f"{str(s)[:20]}, not {t - version} (edited)")
-            if t - version > self.max_staleness:
-                problems.append(f"{where}: rank {rank}'s update of version {version} is beyond the staleness bound "
-                                f"({t - version} > max_staleness = {self.max_staleness})")
-            if version <= self.newest.get(rank, -1):
-                problems.append(f"{where}: rank {rank}'s update of version {version} is not newer than its update "
-                                f"of version {self.newest[rank]} aggregated before (a stale one kept)")
-            self.newest[rank] = max(version, self.newest.get(rank, -1))
-            try:
-                raw = base64.b64decode(body, validate=True) if isinstance(body, str) else b""
-            except (binascii.Error, ValueError):
-                raw = b""
-            if len(raw) != size or not (isinstance(sha, str) and _HEX64.fullmatch(sha) and isinstance(sig, str)
-                                        and _HEX128.fullmatch(sig) and isinstance(theta, str)
-                                        and _HEX64.fullmatch(theta)):
-                problems.append(f"{where}: rank {rank}'s update has no body of d = {self.dim} values, digest, "
-                                "signature and θ digest")
-                continue
-            if hashlib.sha256(bytes.fromhex(theta) + raw).hexdigest() != sha:
-                problems.append(f"{where}: rank {rank}'s θ digest and update body do not hash to its recorded SHA-256")
-            other = self._same_theta(rank, version, theta)
-            if other is not None:
-                problems.append(f"{where}: {other}")
-            try:
-                keys[rank].verify(bytes.fromhex(sig), signed_message(nonce, config, version, rank, bytes.fromhex(sha)))
-            except InvalidSignature:
-                problems.append(f"{where}: rank {rank}'s signature of version {version} does not verify with its "
-                                "key on the allow-list (not its update)")
-            row = wire.bytes_tensor(raw, self.dtype)
             if not bool(torch.isfinite(row).all()):
                 problems.append(f"{where}: rank {rank}'s update has a non-finite value")
             ranks.append(rank)
             values.append(row)
             staleness.append(t - version)
-        for v in [v for v in self.thetas if v < t - self.max_staleness]:
-            del self.thetas[v]
+        self._forget(t)
         if problems:
             return problems
         return self._recompute(where, ranks, values, staleness, rows, result)
+
+    def _forget(self, t: int) -> None:
+        for v in [v for v in self.thetas if v < t - self.max_staleness]:
+            del self.thetas[v]
+
+    def _entry(self, u: Any, t: int, nonce: bytes, config: str, keys: dict[int, Any], since: int
+               ) -> tuple[list[str], int | None, int | None, str | None, Tensor | None]:
+        """One update entry of step t (aggregated, or rejected in a zero step): its problems, rank, version, θ
+        digest and values (None where the entry does not hold them)."""
+        from cryptography.exceptions import InvalidSignature
+
+        where = f"step {t}"
+        if not isinstance(u, dict) or set(u) != UPDATE_KEYS:
+            return [f"{where}: an update entry is not {{{', '.join(sorted(UPDATE_KEYS))}}}"], None, None, None, None
+        rank, version, s, sha, sig, theta, body = (u[k] for k in ("rank", "version", "staleness", "sha256",
+                                                                   "signature", "theta", "body"))
+        if not _int(rank, 1, self.workers - 1) or rank not in keys:
+            return ([f"{where}: an update of rank {str(rank)[:20]!r}, which is not a worker of the job"], None, None,
+                    None, None)
+        if not _int(version, 0, t):
+            return ([f"{where}: rank {rank}'s update has version {str(version)[:20]!r}, not 0 … {t}"], rank, None,
+                    None, None)
+        problems: list[str] = []
+        if version < since:
+            problems.append(f"{where}: rank {rank}'s update of version {version} predates this session (from "
+                            f"round {since}), which never published it (the server drops it as unpublished)")
+        if s != t - version:
+            problems.append(f"{where}: rank {rank}'s update of version {version} is recorded with staleness "
+                            f"{str(s)[:20]}, not {t - version} (edited)")
+        if t - version > self.max_staleness:
+            problems.append(f"{where}: rank {rank}'s update of version {version} is beyond the staleness bound "
+                            f"({t - version} > max_staleness = {self.max_staleness})")
+        if version <= self.newest.get(rank, -1):
+            problems.append(f"{where}: rank {rank}'s update of version {version} is not newer than its update "
+                            f"of version {self.newest[rank]} aggregated before (a stale one kept)")
+        self.newest[rank] = max(version, self.newest.get(rank, -1))
+        try:
+            raw = base64.b64decode(body, validate=True) if isinstance(body, str) else b""
+        except (binascii.Error, ValueError):
+            raw = b""
+        size = self.dim * torch.empty((), dtype=self.dtype).element_size()
+        if len(raw) != size or not (isinstance(sha, str) and _HEX64.fullmatch(sha) and isinstance(sig, str)
+                                    and _HEX128.fullmatch(sig) and isinstance(theta, str)
+                                    and _HEX64.fullmatch(theta)):
+            problems.append(f"{where}: rank {rank}'s update has no body of d = {self.dim} values, digest, "
+                            "signature and θ digest")
+            return problems, rank, version, None, None
+        if hashlib.sha256(bytes.fromhex(theta) + raw).hexdigest() != sha:
+            problems.append(f"{where}: rank {rank}'s θ digest and update body do not hash to its recorded SHA-256")
+        for other in (self._same_theta(rank, version, theta), self.zero.theta_of(t, version, rank, theta)):
+            if other is not None:
+                problems.append(f"{where}: {other}")
+        try:
+            keys[rank].verify(bytes.fromhex(sig), signed_message(nonce, config, version, rank, bytes.fromhex(sha)))
+        except InvalidSignature:
+            problems.append(f"{where}: rank {rank}'s signature of version {version} does not verify with its "
+                            "key on the allow-list (not its update)")
+        return problems, rank, version, theta, wire.bytes_tensor(raw, self.dtype)
 
     def _same_theta(self, rank: int, version: int, theta: str) -> str | None:
         """Why rank's update of ``version``, computed at the θ of SHA-256 ``theta`` (signed by the worker), cannot be

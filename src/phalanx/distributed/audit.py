@@ -50,7 +50,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from phalanx.distributed.async_filters import unchecked
-from phalanx.distributed.async_transcript import STEP_KEYS, StepCheck, experiment_of
+from phalanx.distributed.async_transcript import STEP_KEYS, ZERO_STEP_KEYS, StepCheck, experiment_of
 from phalanx.distributed.binding import checkpoint_end, checkpoint_metadata, checkpoint_round, checkpoint_sessions
 from phalanx.distributed.chain import Chain, MarkCheck
 from phalanx.distributed.channel import Kind
@@ -289,7 +289,7 @@ class _Audit:
                 raise Unreadable(f"line {lines.number} follows the signature")
             if kind not in _KEYS:
                 raise Unreadable(f"line {lines.number} is of no known type ({str(kind)[:40]!r})")
-            if set(rec) != _KEYS[kind]:
+            if set(rec) != _KEYS[kind] and not (kind == "step" and set(rec) == ZERO_STEP_KEYS):
                 raise Unreadable(f"line {lines.number} ({kind}) has the fields {sorted(rec)[:10]}, not "
                                  f"{sorted(_KEYS[kind])}")
             if kind == "signature":

@@ -56,7 +56,7 @@ from typing import IO, Any
 
 from torch import Tensor
 
-from phalanx.distributed.async_transcript import MAX_DIM, step_bytes, step_entry
+from phalanx.distributed.async_transcript import MAX_DIM, STEP_FIELDS, ZERO_KEYS, step_bytes, step_entry
 from phalanx.distributed.binding import BINDING, checkpoint_end, checkpoint_metadata
 from phalanx.distributed.chain import END, Appender, Chain, mark_json, verify_mark
 from phalanx.distributed.journal import journal_limit, read_journal, sign_journal
@@ -216,7 +216,7 @@ def load(path: Path, public_key: Any = None) -> dict[str, Any]:
                                       "missing": rec.get("missing"), "rejected": pending})
                 pending = []
             elif kind == "step":
-                doc["rounds"].append({**{k: rec.get(k) for k in ("round", "updates", "rows", "result")},
+                doc["rounds"].append({**{k: rec.get(k) for k in STEP_FIELDS if k in rec or k not in ZERO_KEYS},
                                       "rejected": pending})
                 pending = []
             elif kind == "journal":
@@ -259,7 +259,7 @@ def entry_lines(entry: dict[str, Any]) -> list[bytes]:
     t = entry["round"]
     out = [dumps({"type": "rejected", **g}) for g in entry.get("rejected", [])]
     if "updates" in entry:
-        out.append(dumps({"type": "step", **{k: entry[k] for k in ("round", "updates", "rows", "result")}}))
+        out.append(dumps({"type": "step", **{k: entry[k] for k in STEP_FIELDS if k in entry}}))
     elif "nodes" in entry:
         out += [dumps({"type": "journal", "round": t, **node}) for node in entry["nodes"]]
         out.append(dumps({"type": "gathered", "round": t, "gathered": entry["gathered"], "silent": entry["silent"]}))
@@ -502,10 +502,12 @@ class Transcript(WrittenWithCheckpoints):
         self._append({"round": t, "accepted": [{"phase": 0, **a} for a in accepted], "missing": sorted(missing),
                       "rejected": self.links.new_rejections()})
 
-    def step(self, t: int, used: list[Any], rows: Tensor, result: Tensor, groups: list[dict[str, Any]]) -> None:
+    def step(self, t: int, used: list[Any], rows: Tensor, result: Tensor, groups: list[dict[str, Any]],
+             zero: Any = None) -> None:
         """The asynchronous server's hook: step t used the updates ``used`` (with their links' proofs), made
-        ``rows`` and the rule's ``result`` over them; ``groups``: the links' refusals since the previous step."""
-        self._append({**step_entry(t, used, rows, result), "rejected": groups})
+        ``rows`` and the rule's ``result`` over them; ``groups``: the links' refusals since the previous step;
+        ``zero``: a zero step's θₜ and rejected updates (:mod:`phalanx.distributed.async_zero`)."""
+        self._append({**step_entry(t, used, rows, result, zero), "rejected": groups})
     def reports(self, t: int, nodes: list[dict[str, Any]]) -> None:
         """Gossip, at rank 0's gathering round t: what every node reported since its last report — node 0's
         journal (``rounds``: signed here), the others' as they sent it (``journal``: canonical JSON, ``signature``),

@@ -27,7 +27,8 @@ On real processes (``engine = "torchrun"``, :mod:`phalanx.distributed.async_filt
 judges each update as it arrives: g₀ is computed by rank 0 at the θₜ it has published when the update arrives, on
 the same trusted samples (the run's seed and ``trusted`` stream); a rejected update is dropped (reason
 ``filtered``), not a zero row. No state, so a resumed server recomputes the same g₀. The keyed audit cannot
-recompute the decisions (the transcript holds neither θₜ nor the dropped updates): it counts every step under
+recompute the decisions (the transcript holds neither θₜ nor the dropped updates, except a zero step's, whose
+decisions it recomputes: :mod:`phalanx.distributed.async_zero`): it counts every step under
 ``filters_unchecked``; the rows (the updates as signed: no reshaping) and results it recomputes.
 
 λ's default, 1.5, is Phalanx's choice (the paper studies λ's effect); λ → ∞ accepts everything (FedBuff's server
