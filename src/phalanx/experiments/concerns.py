@@ -6,6 +6,9 @@ declared by the component that reads it"): ``DataSpec.section`` is ``[data]``, `
 no constructor declares). A :class:`~phalanx.experiments.declare.Section` gives each key its flat key, type,
 range, default and description; the schema's fields (:class:`~phalanx.experiments.schema.RunConfig`), the tree's
 table, ``phalanx list sections`` and the range checks are made from it (:mod:`phalanx.experiments.declare`).
+:func:`checked` adds the keys the components declare on their own classes (a built-in algorithm's, SGD's, the
+privacy stage's ``config_section``) and the workers' optimisation (:data:`WORKERS`): every key of the schema but the
+stages' adapter's three, each declared once, each range checked by its declaration alone.
 
 This module is below the schema (the schema is made from it): the reading of a config into these values is
 :func:`phalanx.experiments.specs.read`.

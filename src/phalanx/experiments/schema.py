@@ -6,7 +6,9 @@ the values that read them (:mod:`phalanx.experiments.concerns`), the workers' op
 …) by :class:`~phalanx.experiments.concerns.AlgorithmSpec`, a built-in algorithm's own keys by its class
 (``FedAvg.config_section``: ``clients_per_round`` …; gossip's ``graph`` …), SGD's ``server_momentum`` and
 ``server_weight_decay`` by :class:`~phalanx.training.optim.SGD`, ``dp_noise``, ``dp_clip``, ``dp_delta`` by the
-privacy stage (:class:`~phalanx.training.stages.privacy.ClientDP`). Their fields here are made from those
+privacy stage (:class:`~phalanx.training.stages.privacy.ClientDP`); the stages' adapter's own three
+(``server_projection``, ``server_projection_params``, ``stages``: :mod:`phalanx.experiments.legacy`), which have no
+range, keep their fields here. The declared keys' fields here are made from those
 declarations (:meth:`~phalanx.validate.Section.field`; :func:`~phalanx.experiments.declare.bind` checks each
 annotation against the declared type) and their ranges are checked by them, once
 (:func:`phalanx.experiments.declare.check`), not by pydantic: no field here has a range of its own
