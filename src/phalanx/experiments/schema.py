@@ -63,14 +63,16 @@ DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend", "keys", "insecure")
 """Keys that only the ``torchrun`` engine reads. A simulated run's resolved config leaves them out, so that they
 change neither its results nor its run id / ``config.json`` (run directories written before they existed resume)."""
 LATER_KEYS = (
-    "server_optimizer", "server_momentum", "server_weight_decay", "server_optimizer_params", "loss", "algorithm",
+    "server_optimizer", *SERVER_SGD.flat_keys(), "server_optimizer_params", "loss", "algorithm",
     "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch", "stats_momentum",
     "graph", "graph_params", "gossip_weights", "eval_clients", "device", "keys", "insecure", "algorithm_params",
     "tracking", "tracking_params", "attack_knowledge",
-    "dp_clip", "dp_noise", "dp_delta", "dataset_params", "server_projection", "server_projection_params", "stages",
+    *DP.flat_keys(), "dataset_params", "server_projection", "server_projection_params", "stages",
 )
 """Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
-that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
+that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume).
+SGD's and the privacy stage's flat keys are named by their declarations (``server_momentum``, ``server_weight_decay``;
+``dp_noise``, ``dp_clip``, ``dp_delta``), so that each is named in code by its component and the adapter alone."""
 MAX_ROWS = 1_000_000
 """The most metric rows one run may make (one per evaluated round, and round 0): a run keeps them in memory and
 rewrites ``metrics.jsonl`` with all of them at every checkpoint (0.38 kB a row in the default job's: about 0.4 GB at
