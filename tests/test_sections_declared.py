@@ -343,3 +343,41 @@ def test_the_listing_shows_a_description_as_written() -> None:
     res = CliRunner().invoke(cli.app, ["list", "sections"], env={"COLUMNS": "2000"})
     assert res.exit_code == 0, res.output
     assert "needs phalanx[signing]" in res.output
+
+
+def _listed_ranges() -> dict[str, set[str]]:
+    """Flat key → the allowed ranges ``phalanx list sections`` prints for it (each row that names it)."""
+    import csv
+    import io
+
+    out: dict[str, set[str]] = {}
+    for row in csv.DictReader(io.StringIO(_listing())):
+        out.setdefault(row["flat key"], set()).add(row["allowed"])
+    return out
+
+
+def _ranged() -> dict[str, str]:
+    return {k.flat: k.allowed() for s in concerns.checked() for k in s.keys if k.allowed() != "any"}
+
+
+def test_the_listing_shows_every_declared_range() -> None:
+    """``phalanx list sections`` prints each key's range from the declaration of the component that reads it — the
+    tree's sections', fedavg's own keys, the workers' optimisation, SGD's, the privacy stage's — on every row that
+    lists the key."""
+    listed = _listed_ranges()
+    assert {"clients_per_round", "lr", "server_momentum", "dp_delta", "workers"} <= set(_ranged())
+    for flat, allowed in _ranged().items():
+        assert listed.get(flat) == {allowed}, (flat, listed.get(flat))
+
+
+def test_a_listing_that_reads_the_tree_sections_only_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant: the listing reads the ranges of the tree's own sections only (``specs.declared()``), not the
+    components' declarations — SGD's and the privacy stage's keys, fedavg's, the workers' optimisation are then
+    listed without their range."""
+    from phalanx.experiments import treetext
+
+    ranged = _ranged()
+    monkeypatch.setattr(treetext.concerns, "checked", specs.declared)
+    listed = _listed_ranges()
+    missing = sorted(flat for flat, allowed in ranged.items() if listed.get(flat) != {allowed})
+    assert {"clients_per_round", "dp_delta", "lr", "server_momentum"} <= set(missing)
