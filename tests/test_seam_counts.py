@@ -1,7 +1,7 @@
 """Issue 39's first measured target (``scripts/seam_counts.py``): each of DP, CRFL, robust-online, server momentum and
-norm statistics has its config key read in at most two source files — for the flat keys, the schema that declares
-them and the legacy adapter that maps them onto the stage's (or the server optimizer's) own section; the stages read
-their own parameter names.
+norm statistics has its config key read in at most two source files — for the flat keys, the component that declares
+them (the privacy stage, the SGD server optimizer; CRFL's, which have no range: the schema) and the legacy adapter
+that maps them onto the stage's (or the server optimizer's) own section; the stages read their own parameter names.
 
 The counter must be able to fail: a file that reads a flat key in code is counted (a mutant stage that went back to
 ``cfg.dp_noise``, an optimizer that names ``"server_momentum"`` in its check), and a key named only in a docstring
@@ -29,10 +29,10 @@ seams = load_script("scripts/seam_counts.py", "seam_counts")
 SRC = Path(phalanx.__file__).resolve().parent
 
 READERS = {
-    "DP": ["experiments/legacy.py", "experiments/schema.py"],
+    "DP": ["experiments/legacy.py", "training/stages/privacy.py"],
     "CRFL": ["experiments/legacy.py", "experiments/schema.py"],
     "robust-online": ["studies/corrupted.py", "training/optim.py"],
-    "server momentum": ["experiments/legacy.py", "experiments/schema.py"],
+    "server momentum": ["experiments/legacy.py", "training/optim.py"],
     "norm statistics": ["training/stages/norm_stats.py"],
 }
 

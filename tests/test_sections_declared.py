@@ -1,7 +1,10 @@
 """Issue 39, item 2: each config section without a constructor is declared once, by the value that reads it
-(``experiments/specs.py``: ``RunShape.section`` is ``[run]`` …; ``experiments/declare.py``), and everything else is
-derived from that declaration — the schema's fields, the adapter's table, ``phalanx list sections``, the range check
-and its error. Each key's range and each component parameter's name is checked once. Each check has its mutant."""
+(``experiments/specs.py``: ``RunShape.section`` is ``[run]`` …; ``experiments/declare.py``), each other flat key by
+the component that reads it (a built-in algorithm's ``config_section``, SGD's, the privacy stage's, the workers'
+optimisation on ``AlgorithmSpec``: ``concerns.checked()``), and everything else is derived from that declaration —
+the schema's fields, the adapter's table, ``phalanx list sections``, the range check and its error. Each key's range
+and each component parameter's name is checked once; the schema has no range of its own. Each check has its
+mutant."""
 
 from __future__ import annotations
 
@@ -106,22 +109,26 @@ def test_every_range_error_reads_as_it_did_on_the_schema() -> None:
     words (every message users saw stays byte for byte: ``tests/test_user_errors.py``, ``tests/test_tree_errors.py``
     pin some; this pins each range), naming the flat key — and a value in range passes."""
     seen = 0
-    for section in specs.declared():
+    for section in concerns.checked():
         for key in section.keys:
             for value in _outside(key):
+                # server_lr is federated averaging's own key (with dsgd, it is lr's role spelling: lr)
+                context = {"algorithm": "fedavg"} if key.flat == "server_lr" else {}
                 with pytest.raises(ConfigError) as caught:
-                    make_config({key.flat: value})
+                    make_config({key.flat: value, **context})
                 assert str(caught.value) == f"{key.flat}={value!r} is invalid: allowed {_pydantic_words(key, value)}"
                 seen += 1
             if key.ge is not None or key.gt is not None:
                 declare.check({key.flat: key.default}, [section])  # the default is in range
-    assert seen >= 12  # workers (both sides), byzantine, rounds, seed, eval_every, checkpoint_every, f, alpha, …
+    assert seen >= 34  # workers (both sides), byzantine, rounds, seed, …, lr, clients_per_round, dp_delta (both), …
 
 
-def test_the_schema_checks_no_declared_range_a_second_time() -> None:
-    """One check: the schema's fields of declared keys carry no constraint of their own (the declaration's check is
-    the one), and the range of each is checked exactly once per validation."""
-    assert _constrained() == []
+def _flat_keys() -> set[str]:
+    return {k.flat for s in concerns.checked() for k in s.keys if "." not in k.flat}
+
+
+def _counted_checks(table: dict[str, Any]) -> Counter[str]:
+    """How many times each declared key's range is checked while ``table`` is validated."""
     counted: Counter[str] = Counter()
     real = Key.refusal
 
@@ -131,14 +138,32 @@ def test_the_schema_checks_no_declared_range_a_second_time() -> None:
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(Key, "refusal", counting)
-        make_config({"run": {"workers": 5, "rounds": 3}, "rule": {"f": 1}})
-    assert set(counted.values()) == {1}, counted
+        make_config(table)
+    return counted
 
 
-def _constrained() -> list[str]:
-    """The declared flat keys whose schema field has a constraint of its own (a second check)."""
-    return [k.flat for s in specs.declared() for k in s.keys
-            if "." not in k.flat and RunConfig.model_fields[k.flat].metadata]
+FEDAVG_DP = {"run": {"workers": 6, "rounds": 3}, "rule": {"f": 1},
+             "algorithm": {"name": "fedavg", "clients_per_round": 4, "local_epochs": 0.5, "lr": 0.05},
+             "server": {"optimizer": {"lr": 0.5, "momentum": 0.5}}, "stages": {"dp": {"noise": 1.0, "clip": 1.0}}}
+"""A run that sets keys of every kind of declaration: [run], [rule], fedavg's own, SGD's, the privacy stage's."""
+
+
+def test_the_schema_checks_no_declared_range_a_second_time() -> None:
+    """One check: the schema's fields carry no constraint of their own (the declaration's check is the one), and the
+    range of every declared key — the tree's sections', the workers' optimisation, fedavg's and gossip's own keys,
+    SGD's, the privacy stage's — is checked exactly once per validation, a run that sets them or not."""
+    assert _constrained() == []
+    for table in ({"run": {"workers": 5, "rounds": 3}, "rule": {"f": 1}}, FEDAVG_DP):
+        counted = _counted_checks(table)
+        assert set(counted.values()) == {1}, counted
+        assert set(counted) == _flat_keys()
+
+
+def _constrained(fields: Any = None) -> list[str]:
+    """The schema's fields — of *any* key, declared or not — that carry a constraint of their own (a range pydantic
+    would check: a second check, or one no declaration holds)."""
+    fields = RunConfig.model_fields if fields is None else fields
+    return [name for name, f in fields.items() if f.metadata]
 
 
 def test_a_schema_that_checks_a_range_again_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,11 +174,85 @@ def test_a_schema_that_checks_a_range_again_is_caught(monkeypatch: pytest.Monkey
     assert _constrained() == ["workers"]
 
 
+def test_the_schema_checks_no_range_of_its_own() -> None:
+    """The schema holds no range for any key: none on a field (above), no validator but the one that reads
+    ``tracking = "mlflow"`` as ``["mlflow"]`` (a spelling, which checks nothing), and every field's key is declared by
+    a component (each once), but the three the stages' adapter reads (which have no range)."""
+    decorators = RunConfig.__pydantic_decorators__
+    assert set(decorators.field_validators) == {"_one_tracker"} and not decorators.model_validators
+    assert not decorators.validators and not decorators.root_validators
+    assert set(RunConfig.model_fields) - _flat_keys() == {"server_projection", "server_projection_params", "stages"}
+    twice = [k for k, n in Counter(k.flat for s in concerns.checked() for k in s.keys).items() if n > 1]
+    assert twice == []
+
+
+def test_a_range_put_back_on_the_schema_for_any_key_is_caught() -> None:
+    """The mutants: a schema with a range written on a field again — a key that a component declares (fedavg's
+    ``local_steps``, SGD's ``server_momentum``, the privacy stage's ``dp_delta``, the workers' ``lr``) or one no
+    declaration holds (``stages``) — and a schema whose validator checks a range (``lr > 0``): each is found."""
+    from pydantic import field_validator
+
+    for name, annotation, field in (
+        ("local_steps", int, Field(1, ge=1)), ("server_momentum", float, Field(0.0, ge=0, lt=1)),
+        ("dp_delta", float, Field(1e-5, gt=0, lt=1)), ("lr", float, Field(0.1, gt=0)),
+        ("stages", dict[str, dict[str, Any]], Field(default_factory=dict, max_length=64)),
+    ):
+        mutant = create_model("Mutant", __base__=RunConfig, **{name: (annotation, field)})  # type: ignore[call-overload]
+        assert _constrained(mutant.model_fields) == [name]
+
+    class Checking(RunConfig):
+        @field_validator("lr")
+        @classmethod
+        def _positive(cls, value: float) -> float:
+            if value <= 0:
+                raise ValueError("greater than 0")
+            return value
+
+    assert set(Checking.__pydantic_decorators__.field_validators) == {"_one_tracker", "_positive"}
+
+
+def test_a_key_declared_by_two_components_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant: federated averaging's declaration also declares ``batch_size`` (the workers' optimisation
+    declares it): two declarations of one key, found."""
+    from phalanx.training.algorithms.fedavg import FedAvg
+
+    twice = FedAvg.config_section.with_key(Key("batch_size", "batch_size", int, 32, "x", ge=2))
+    monkeypatch.setattr(FedAvg, "config_section", twice)
+    assert [k for k, n in Counter(k.flat for s in concerns.checked() for k in s.keys).items() if n > 1] == [
+        "batch_size"]
+
+
+def test_the_components_declaration_is_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Declared once: a range changed on the component's own declaration (fedavg's ``local_steps`` at most 5, the
+    privacy stage's ``dp_delta`` below 0.01) — and nowhere else — is the range a config is checked against, in
+    pydantic's words, named as written; its listing shows it."""
+    from phalanx.training.algorithms.fedavg import FedAvg
+    from phalanx.training.stages.privacy import ClientDP
+
+    fedavg = FedAvg.config_section
+    steps = Key("local_steps", "local_steps", int, 1, "x", ge=1, le=5)
+    monkeypatch.setattr(FedAvg, "config_section", type(fedavg)(fedavg.name, tuple(
+        steps if k.key == "local_steps" else k for k in fedavg.keys)))
+    dp = ClientDP.config_section
+    delta = Key("delta", "dp_delta", float, 1e-5, "x", gt=0, lt=0.01)
+    monkeypatch.setattr(ClientDP, "config_section", type(dp)(dp.name, tuple(
+        delta if k.key == "delta" else k for k in dp.keys)))
+    with pytest.raises(ConfigError, match=r"^local_steps=6 is invalid: allowed less than or equal to 5$"):
+        make_config({"algorithm": "fedavg", "local_steps": 6})
+    with pytest.raises(ConfigError, match=r"^\[algorithm\]\.local_steps=6 is invalid: allowed less than or equal to "
+                       r"5$"):
+        make_config({"algorithm": {"name": "fedavg", "local_steps": 6}})
+    with pytest.raises(ConfigError, match=r"^\[stages\.dp\]\.delta=0\.5 is invalid: allowed less than 0\.01$"):
+        make_config({"stages": {"dp": {"noise": 1.0, "clip": 1.0, "delta": 0.5}}})
+    assert make_config({"algorithm": "fedavg", "local_steps": 5}).local_steps == 5
+    assert 'algorithm,local_steps,local_steps,fedavg,int,"≥ 1, ≤ 5",1,x' in _listing()
+
+
 def test_the_schema_is_made_from_the_declarations() -> None:
     """Each declared key's field: the declaration's default and description; its annotation (what a type checker
     reads) is checked against the declared type when the schema is made — the mutant declaring another type is a
     TypeError, a declared key the schema lacks too."""
-    for section in specs.declared():
+    for section in concerns.checked():
         for key in section.keys:
             field = RunConfig.model_fields[key.flat]
             assert field.get_default(call_default_factory=True) == key.default and field.description == key.doc
@@ -244,3 +343,41 @@ def test_the_listing_shows_a_description_as_written() -> None:
     res = CliRunner().invoke(cli.app, ["list", "sections"], env={"COLUMNS": "2000"})
     assert res.exit_code == 0, res.output
     assert "needs phalanx[signing]" in res.output
+
+
+def _listed_ranges() -> dict[str, set[str]]:
+    """Flat key → the allowed ranges ``phalanx list sections`` prints for it (each row that names it)."""
+    import csv
+    import io
+
+    out: dict[str, set[str]] = {}
+    for row in csv.DictReader(io.StringIO(_listing())):
+        out.setdefault(row["flat key"], set()).add(row["allowed"])
+    return out
+
+
+def _ranged() -> dict[str, str]:
+    return {k.flat: k.allowed() for s in concerns.checked() for k in s.keys if k.allowed() != "any"}
+
+
+def test_the_listing_shows_every_declared_range() -> None:
+    """``phalanx list sections`` prints each key's range from the declaration of the component that reads it — the
+    tree's sections', fedavg's own keys, the workers' optimisation, SGD's, the privacy stage's — on every row that
+    lists the key."""
+    listed = _listed_ranges()
+    assert {"clients_per_round", "lr", "server_momentum", "dp_delta", "workers"} <= set(_ranged())
+    for flat, allowed in _ranged().items():
+        assert listed.get(flat) == {allowed}, (flat, listed.get(flat))
+
+
+def test_a_listing_that_reads_the_tree_sections_only_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant: the listing reads the ranges of the tree's own sections only (``specs.declared()``), not the
+    components' declarations — SGD's and the privacy stage's keys, fedavg's, the workers' optimisation are then
+    listed without their range."""
+    from phalanx.experiments import treetext
+
+    ranged = _ranged()
+    monkeypatch.setattr(treetext.concerns, "checked", specs.declared)
+    listed = _listed_ranges()
+    missing = sorted(flat for flat, allowed in ranged.items() if listed.get(flat) != {allowed})
+    assert {"clients_per_round", "dp_delta", "lr", "server_momentum"} <= set(missing)

@@ -1,19 +1,28 @@
 """The one vocabulary for checking a component's parameters at construction: each check returns the value or raises
 :class:`~phalanx.errors.ConfigError` naming the parameter, the value and the allowed range (``"tau=-1 is invalid:
-allowed a finite number > 0"``). Used by rules, attacks, data splits, models' registries and the training objects."""
+allowed a finite number > 0"``). Used by rules, attacks, data splits, models' registries and the training objects.
+
+A config key's declaration, :class:`Key` (its flat key, type, default, range and description) and a
+:class:`Section` of them, is here too, below every layer, so that the component that reads a key declares it
+wherever it lives — a round algorithm (federated averaging's ``clients_per_round``), a stage (client-level
+differential privacy's ``dp_noise``), the SGD server optimizer (``server_momentum``) or a value of
+:mod:`phalanx.experiments.concerns` (``[run]``'s ``workers``). How the declarations make the schema and check each
+range once: :mod:`phalanx.experiments.declare`."""
 
 from __future__ import annotations
 
 import difflib
 import math
+import typing
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from phalanx.errors import ConfigError
 
-__all__ = ["check_choice", "check_int", "check_real", "close_matches", "suggest"]
+__all__ = ["Key", "Section", "check_choice", "check_int", "check_real", "close_matches", "suggest"]
 
 
 def _describe_range(kind: str, low: float | None, low_open: bool, high: float | None, high_open: bool) -> str:
@@ -76,3 +85,120 @@ def suggest(value: Any, choices: Iterable[str], n: int = 3) -> str | None:
     """``"did you mean …?"`` for the choices closest to ``value``, or None."""
     close = close_matches(value, choices, n)
     return f"did you mean {', '.join(dict.fromkeys(close))}?" if close else None
+
+
+# --- a config key's declaration (issue 39, item 2) ------------------------------------------------------------
+
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+"""What a value of a table key (``dataset_params.x``, which the schema does not type) must be, as the schema's
+own type errors say it."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of a section: ``key`` (as written in the section), ``flat`` (the flat key, or a path into a
+    component's table), ``type`` (the Python type, as the schema's field annotates it), ``default``, the range
+    (``ge``, ``gt``, ``le``, ``lt``: None where unbounded) and ``doc`` (one line)."""
+
+    key: str
+    flat: str
+    type: Any
+    default: Any
+    doc: str
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def field(self) -> Any:
+        """The flat schema's field of this key (pydantic ``Field``): its default (a table or list default is a
+        fresh one per config) and its description. The range is not the field's: :func:`check` checks it."""
+        from pydantic import Field
+
+        if isinstance(self.default, (dict, list)):
+            return Field(default_factory=type(self.default), description=self.doc)
+        return Field(self.default, description=self.doc)
+
+    def refusal(self, value: Any) -> str | None:
+        """What is allowed, when ``value`` is out of this key's range (None: in range) — pydantic's words."""
+        if self.flat.count(".") and not _typed(value, self.type):
+            return _TYPE_WORDS.get(self.type, getattr(self.type, "__name__", str(self.type)))
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return None
+        for bound, ok, words in (
+            (self.gt, lambda b: value > b, "greater than"), (self.ge, lambda b: value >= b, "greater than or equal to"),
+            (self.lt, lambda b: value < b, "less than"), (self.le, lambda b: value <= b, "less than or equal to"),
+        ):
+            if bound is not None and not ok(bound):
+                return f"{words} {bound}"
+        return None
+
+    def allowed(self) -> str:
+        """The range as help text (``≥ 1, ≤ 10000000``; ``any``: unbounded)."""
+        parts = [f"{sign} {b}" for sign, b in ((">", self.gt), ("≥", self.ge), ("<", self.lt), ("≤", self.le))
+                 if b is not None]
+        return ", ".join(parts) or "any"
+
+    def type_text(self) -> str:
+        """The type as help text: ``int``, ``str | None``, ``'iid' | 'dirichlet'``."""
+        return _type_text(self.type)
+
+    def row(self) -> tuple[str, str, str, str]:
+        """``(type, allowed, default, doc)``: what ``phalanx list sections`` prints beside the key."""
+        return self.type_text(), self.allowed(), repr(self.default), self.doc
+
+
+def _typed(value: Any, kind: Any) -> bool:
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return not isinstance(kind, type) or isinstance(value, kind)
+
+
+def _type_text(kind: Any) -> str:
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) is typing.Literal:
+        return " | ".join(repr(a) for a in args)
+    if args and typing.get_origin(kind) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return " | ".join(_type_text(a) for a in args)
+    if kind is type(None):
+        return "None"
+    if args:
+        return str(kind).replace("typing.", "")
+    return getattr(kind, "__name__", str(kind))
+
+
+@dataclass(frozen=True)
+class Section:
+    """A section's declaration: its ``name`` (``run``, ``server.optimizer``), its :class:`Key` s in order, and
+    ``doc``, what reads it."""
+
+    name: str
+    keys: tuple[Key, ...]
+    doc: str = ""
+    by_key: dict[str, Key] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_key", {k.key: k for k in self.keys})
+
+    def table(self) -> dict[str, str]:
+        """Section key → flat key (the adapter's table)."""
+        return {k.key: k.flat for k in self.keys}
+
+    def field(self, key: str) -> Any:
+        """The flat schema's field of the key ``key`` (:meth:`Key.field`)."""
+        return self.by_key[key].field()
+
+    def flat_keys(self) -> tuple[str, ...]:
+        """The flat keys of its keys, in order (a round algorithm's ``config_keys``)."""
+        return tuple(k.flat for k in self.keys)
+
+    def renamed(self) -> dict[str, str]:
+        """Section key → flat key, of the keys whose flat key is another name (gossip's ``weights`` is
+        ``gossip_weights``)."""
+        return {k.key: k.flat for k in self.keys if k.key != k.flat}
+
+    def with_key(self, key: Key) -> Section:
+        """This section with one more key (a plug-in's or a test's: the same declaration, one key longer)."""
+        return Section(self.name, (*self.keys, key), self.doc)

@@ -6,6 +6,9 @@ declared by the component that reads it"): ``DataSpec.section`` is ``[data]``, `
 no constructor declares). A :class:`~phalanx.experiments.declare.Section` gives each key its flat key, type,
 range, default and description; the schema's fields (:class:`~phalanx.experiments.schema.RunConfig`), the tree's
 table, ``phalanx list sections`` and the range checks are made from it (:mod:`phalanx.experiments.declare`).
+:func:`checked` adds the keys the components declare on their own classes (a built-in algorithm's, SGD's, the
+privacy stage's ``config_section``) and the workers' optimisation (:data:`WORKERS`): every key of the schema but the
+stages' adapter's three, each declared once, each range checked by its declaration alone.
 
 This module is below the schema (the schema is made from it): the reading of a config into these values is
 :func:`phalanx.experiments.specs.read`.
@@ -18,13 +21,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from phalanx.experiments.declare import Key, Section
+from phalanx.training.algorithms import builtin
+from phalanx.training.optim import SGD
+from phalanx.training.stages.privacy import ClientDP
 
 if TYPE_CHECKING:
     from phalanx.training.algorithms.base import RoundAlgorithm
 
-__all__ = ["ALGORITHM", "ATTACK", "DATA", "ENGINE", "MODEL", "RULE", "RUN", "SERVER_OPTIMIZER", "AlgorithmSpec",
-           "Backend", "DataSpec", "DeviceSpec", "Engine", "Knowledge", "ModelSpec", "Partition", "RunShape",
-           "Schedule", "declared"]
+__all__ = ["ALGORITHM", "ATTACK", "DATA", "ENGINE", "MODEL", "RULE", "RUN", "SERVER_OPTIMIZER", "WORKERS",
+           "AlgorithmSpec", "Backend", "DataSpec", "DeviceSpec", "Engine", "Knowledge", "ModelSpec", "Partition",
+           "RunShape", "Schedule", "checked", "declared"]
 
 Schedule = Literal["constant", "step", "cosine"]
 Partition = Literal["iid", "dirichlet", "pathological", "natural"]
@@ -225,6 +231,22 @@ SERVER_OPTIMIZER = Section("server.optimizer", (
 ``lr_role``; SGD's ``momentum``, ``weight_decay``: :data:`phalanx.experiments.legacy.SGD`)."""
 
 
+WORKERS = Section("algorithm", (
+    Key("batch_size", "batch_size", int, 32, "samples per worker per round", ge=1),
+    Key("lr", "lr", float, 0.1, "the learning rate (initial): the server's with dsgd, the clients' with fedavg (also "
+        "spelled client_lr; server_lr is the server's), the nodes' with gossip and anytime (also spelled node_lr)",
+        gt=0),
+    Key("momentum", "momentum", float, 0.9, "worker momentum β: mᵢ ← β mᵢ + (1 − β) gᵢ", ge=0, lt=1),
+    Key("weight_decay", "weight_decay", float, 0.0, "L2 penalty added to every worker's gradient", ge=0),
+), "the workers' optimisation, which every built-in algorithm's constructor takes (AlgorithmSpec.batch_size, .lr, "
+   ".momentum, .weight_decay); in the tree, each is its algorithm's constructor parameter, lr by its role")
+"""The keys every built-in round algorithm reads (no constructor of one declares them for all): not a table of the
+tree's own — ``[algorithm]`` has them as its algorithm's constructor parameters (:func:`phalanx.experiments.tree.
+algorithm_keys`), ``lr`` in ``[algorithm]`` or ``[server.optimizer]`` by the algorithm's ``lr_role``
+(:func:`phalanx.experiments.tree.lr_homes`), and an algorithm of one's own takes any of them as
+``algorithm_params.<p>``."""
+
+
 @dataclass(frozen=True)
 class AlgorithmSpec:
     """The round algorithm's section: its name and class, its ``algorithm_params``, and the config keys a round
@@ -234,6 +256,8 @@ class AlgorithmSpec:
 
     sections: ClassVar[tuple[Section, ...]] = (ALGORITHM, RULE, ATTACK, SERVER_OPTIMIZER)
     """Its keys' sections: ``[algorithm]``, ``[rule]``, ``[attack]``, ``[server.optimizer]``."""
+    workers_section: ClassVar[Section] = WORKERS
+    """The workers' optimisation (:data:`WORKERS`): ``batch_size``, ``lr``, ``momentum``, ``weight_decay``."""
 
     algorithm: str
     cls: type[RoundAlgorithm]
@@ -269,3 +293,19 @@ def declared() -> tuple[Section, ...]:
     plug-in's, a test's — is the one read), in the tree's order: ``[run]``, ``[algorithm]``, ``[rule]``,
     ``[attack]``, ``[server.optimizer]``, ``[data]``, ``[model]``, ``[engine]``."""
     return (RunShape.section, *AlgorithmSpec.sections, DataSpec.section, ModelSpec.section, DeviceSpec.section)
+
+
+def checked() -> tuple[Section, ...]:
+    """Every declaration of a flat key, each key declared once, by the component that reads it (each time: a
+    declaration replaced is the one read): the tree's sections (:func:`declared`), the workers' optimisation
+    (``AlgorithmSpec.workers_section``), each built-in round algorithm's own keys (its ``config_section``:
+    federated averaging's ``clients_per_round`` …, gossip's ``graph`` …), the SGD server optimizer's
+    (``server_momentum``, ``server_weight_decay``) and client-level differential privacy's (``dp_noise``,
+    ``dp_clip``, ``dp_delta``). The run config's fields are made from them (checked by
+    :func:`phalanx.experiments.declare.bind`) and their ranges are the only ones checked
+    (:func:`phalanx.experiments.declare.check`): the schema has none of its own."""
+    own: list[Section] = []
+    for cls in builtin.BUILT_IN.values():  # Anytime SGD's is gossip's (inherited); distributed SGD has none
+        if cls.config_section.keys and not any(s is cls.config_section for s in own):
+            own.append(cls.config_section)
+    return (*declared(), AlgorithmSpec.workers_section, *own, SGD.config_section, ClientDP.config_section)

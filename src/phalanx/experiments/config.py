@@ -1,8 +1,8 @@
 """The run configuration: one validated object, loaded from TOML, overridable with ``key=value`` strings.
 
-The keys, their types, ranges and defaults are the schema (:class:`~phalanx.experiments.schema.RunConfig`; the
-sections without a constructor are declared by the values that read them, :func:`phalanx.experiments.specs.declared`,
-whose ranges :func:`phalanx.experiments.declare.check` checks once); validation (:func:`validate`, once, into a
+The keys, their types and defaults are the schema (:class:`~phalanx.experiments.schema.RunConfig`), made from the
+declaration of each key by the component that reads it (:func:`phalanx.experiments.concerns.checked`), whose ranges
+:func:`phalanx.experiments.declare.check` checks once; validation (:func:`validate`, once, into a
 :class:`~phalanx.experiments.validrun.ValidRun`) adds what ties keys
 together, and builds the components the config names — round algorithm, rule, attack, server optimizer, stages —
 once, each checking its own parameters, with the algorithm checking what ties them and each stage checking itself
@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from phalanx import data, hub, models, signing
 from phalanx.errors import ConfigError
-from phalanx.experiments import components, declare, legacy, specs, spelling, tracking, tree
+from phalanx.experiments import components, concerns, declare, legacy, specs, spelling, tracking, tree
 from phalanx.experiments.components import processes
 from phalanx.experiments.schema import (
     DISTRIBUTED_KEYS,
@@ -182,10 +182,10 @@ def validate(data: dict[str, Any] | RunConfig) -> ValidRun:
                 cfg = RunConfig(**data)
             except ValidationError as exc:  # a declared key before the refused one is out of range: it is first
                 loc = exc.errors()[0]["loc"]
-                declare.check(data, specs.declared(), RunConfig.model_fields, before=str(loc[0]) if loc else "")
+                declare.check(data, concerns.checked(), RunConfig.model_fields, before=str(loc[0]) if loc else "")
                 raise _friendly(exc) from None
         # each declared key's range, by its declaration, once
-        declare.check({**dict(iter(cfg)), **given}, specs.declared(), RunConfig.model_fields)
+        declare.check({**dict(iter(cfg)), **given}, concerns.checked(), RunConfig.model_fields)
         check_rows(cfg.rounds, cfg.eval_every)
         run = specs.read(cfg)  # the one reading of the config: every check and builder below takes its concern's
         check_relations(run)  # value

@@ -18,7 +18,9 @@ from typing import Any
 from phalanx.errors import ConfigError
 from phalanx.experiments.schema import RunConfig
 from phalanx.plugins import accepted_params
+from phalanx.training import optim
 from phalanx.training.algorithms import builtin
+from phalanx.training.stages.privacy import ClientDP
 
 __all__ = ["TREE", "Flat", "Section", "client_keys", "flat_keys", "optimizer", "read", "row_columns", "stage_sections"]
 
@@ -28,13 +30,14 @@ TREE = "stages"
 PROJECTION = "server_projection"
 PROJECTION_PARAMS = "server_projection_params"
 """The flat key of the server projection's parameters (``[stages.crfl]``'s section, :mod:`phalanx.experiments.tree`)."""
-DP = {"noise": "dp_noise", "clip": "dp_clip", "delta": "dp_delta"}
-"""The flat key of each parameter of the privacy stage's section (:class:`~phalanx.training.stages.privacy.ClientDP`:
-``noise``, ``clip``, ``delta``)."""
+DP = ClientDP.config_section.table()
+"""The flat key of each parameter of the privacy stage's section (``noise``: ``dp_noise``, ``clip``, ``delta``),
+as the stage declares them (``ClientDP.config_section``, :mod:`phalanx.training.stages.privacy`)."""
 PRIVACY = tuple(DP.values())
-SERVER = ("server_optimizer", "server_momentum", "server_weight_decay")
-SGD = {"momentum": "server_momentum", "weight_decay": "server_weight_decay"}
-"""The flat key of each parameter of the SGD server optimizer's section that has one."""
+SGD = optim.SGD.config_section.table()
+"""The flat key of each parameter of the SGD server optimizer's section that has one (``momentum``:
+``server_momentum``, ``weight_decay``), as the optimizer declares them (``SGD.config_section``)."""
+SERVER = ("server_optimizer", *SGD.values())
 FLAT_STAGES = {"crfl": PROJECTION, "dp": "dp_noise"}
 """The built-in stages that flat keys turn on (a ``[stages.<name>]`` section of theirs is refused: one run, one
 spelling, one run id)."""

@@ -1,11 +1,20 @@
-"""The run configuration's schema: every key of one training run, its type, range, default and description, and
-which keys name a run (its identity). The keys of the sections that no constructor declares (``[run]``,
-``[data]``, ``[model]``, ``[engine]``, ``[rule]``, ``[server.optimizer]``, and ``[algorithm]``'s and
-``[attack]``'s own) are declared by the values that read them (:mod:`phalanx.experiments.specs`, :func:`declared`):
-their fields here are made from those declarations (:meth:`~phalanx.experiments.declare.Section.field`), and their
-ranges are checked by them (:func:`phalanx.experiments.declare.check`), not by pydantic.
-:mod:`phalanx.experiments.config` validates a table of keys into it (the
-relations between keys, the names against the registries) and loads it from TOML.
+"""The run configuration's schema: every key of one training run, its type, default and description, and which
+keys name a run (its identity). Every key is declared by the component that reads it
+(:func:`phalanx.experiments.concerns.checked`): the sections that no constructor declares (``[run]``, ``[data]``,
+``[model]``, ``[engine]``, ``[rule]``, ``[server.optimizer]``, and ``[algorithm]``'s and ``[attack]``'s own) by
+the values that read them (:mod:`phalanx.experiments.concerns`), the workers' optimisation (``batch_size``, ``lr``
+…) by :class:`~phalanx.experiments.concerns.AlgorithmSpec`, a built-in algorithm's own keys by its class
+(``FedAvg.config_section``: ``clients_per_round`` …; gossip's ``graph`` …), SGD's ``server_momentum`` and
+``server_weight_decay`` by :class:`~phalanx.training.optim.SGD`, ``dp_noise``, ``dp_clip``, ``dp_delta`` by the
+privacy stage (:class:`~phalanx.training.stages.privacy.ClientDP`); the stages' adapter's own three
+(``server_projection``, ``server_projection_params``, ``stages``: :mod:`phalanx.experiments.legacy`), which have no
+range, keep their fields here. The declared keys' fields here are made from those
+declarations (:meth:`~phalanx.validate.Section.field`; :func:`~phalanx.experiments.declare.bind` checks each
+annotation against the declared type) and their ranges are checked by them, once
+(:func:`phalanx.experiments.declare.check`), not by pydantic: no field here has a range of its own
+(``tests/test_sections_declared.py::test_the_schema_checks_no_range_of_its_own``).
+:mod:`phalanx.experiments.config` validates a table of keys into it (the relations between keys, the names
+against the registries) and loads it from TOML.
 
 ``workers`` is n, all of them; ``byzantine`` is how many *actually* attack; ``f`` is how many the aggregator is
 *configured* to tolerate. The three are kept apart everywhere: the gap between ``f`` and ``byzantine`` is what the
@@ -28,15 +37,25 @@ from phalanx.experiments.concerns import (
     RULE,
     RUN,
     SERVER_OPTIMIZER,
+    WORKERS,
     Backend,
     Engine,
     Knowledge,
     Partition,
     Schedule,
-    declared,
+    checked,
 )
 from phalanx.training.algorithms import builtin
 from phalanx.training.algorithms.base import RoundAlgorithm
+from phalanx.training.algorithms.fedavg import FedAvg
+from phalanx.training.algorithms.gossip import Gossip
+from phalanx.training.optim import SGD
+from phalanx.training.stages.privacy import ClientDP
+
+FEDAVG, GOSSIP, SERVER_SGD, DP = (FedAvg.config_section, Gossip.config_section, SGD.config_section,
+                                  ClientDP.config_section)
+"""The declarations of the components' own flat keys that the fields below are made from (each component's
+``config_section``: :func:`phalanx.experiments.concerns.checked`)."""
 
 __all__ = ["DISTRIBUTED_KEYS", "LATER_KEYS", "MAX_ROWS", "RESULT_NEUTRAL_KEYS", "Backend", "Engine", "Knowledge",
            "Partition", "RunConfig", "Schedule"]
@@ -44,14 +63,16 @@ DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend", "keys", "insecure")
 """Keys that only the ``torchrun`` engine reads. A simulated run's resolved config leaves them out, so that they
 change neither its results nor its run id / ``config.json`` (run directories written before they existed resume)."""
 LATER_KEYS = (
-    "server_optimizer", "server_momentum", "server_weight_decay", "server_optimizer_params", "loss", "algorithm",
+    "server_optimizer", *SERVER_SGD.flat_keys(), "server_optimizer_params", "loss", "algorithm",
     "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch", "stats_momentum",
     "graph", "graph_params", "gossip_weights", "eval_clients", "device", "keys", "insecure", "algorithm_params",
     "tracking", "tracking_params", "attack_knowledge",
-    "dp_clip", "dp_noise", "dp_delta", "dataset_params", "server_projection", "server_projection_params", "stages",
+    *DP.flat_keys(), "dataset_params", "server_projection", "server_projection_params", "stages",
 )
 """Keys added after the first release: a resolved config leaves them out while they hold their default, so a config
-that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume)."""
+that does not use them keeps its run id and ``config.json`` (run directories written before they existed resume).
+SGD's and the privacy stage's flat keys are named by their declarations (``server_momentum``, ``server_weight_decay``;
+``dp_noise``, ``dp_clip``, ``dp_delta``), so that each is named in code by its component and the adapter alone."""
 MAX_ROWS = 1_000_000
 """The most metric rows one run may make (one per evaluated round, and round 0): a run keeps them in memory and
 rewrites ``metrics.jsonl`` with all of them at every checkpoint (0.38 kB a row in the default job's: about 0.4 GB at
@@ -93,18 +114,14 @@ class RunConfig(BaseModel):
     alpha: float = DATA.field("alpha")
     classes_per_worker: int = DATA.field("classes_per_worker")
     rounds: int = RUN.field("rounds")
-    batch_size: int = Field(32, ge=1, description="samples per worker per round")
-    lr: float = Field(0.1, gt=0, description="the learning rate (initial): the server's with dsgd, the clients' with "
-                      "fedavg (also spelled client_lr; server_lr is the server's), the nodes' with gossip and anytime "
-                      "(also spelled node_lr)")
-    momentum: float = Field(0.9, ge=0, lt=1, description="worker momentum β: mᵢ ← β mᵢ + (1 − β) gᵢ")
-    weight_decay: float = Field(0.0, ge=0, description="L2 penalty added to every worker's gradient")
+    batch_size: int = WORKERS.field("batch_size")
+    lr: float = WORKERS.field("lr")
+    momentum: float = WORKERS.field("momentum")
+    weight_decay: float = WORKERS.field("weight_decay")
     schedule: Schedule = SERVER_OPTIMIZER.field("schedule")
     server_optimizer: str = SERVER_OPTIMIZER.field("name")
-    server_momentum: float = Field(
-        0.0, ge=0, lt=1, description="server momentum μ: u ← μ u + Agg, θ ← θ − η u (0: plain θ ← θ − η Agg)",
-    )
-    server_weight_decay: float = Field(0.0, ge=0, description="L2 penalty λ the server adds to the aggregate")
+    server_momentum: float = SERVER_SGD.field("momentum")
+    server_weight_decay: float = SERVER_SGD.field("weight_decay")
     loss: str = MODEL.field("loss")
     server_optimizer_params: dict[str, Any] = SERVER_OPTIMIZER.field("params")
     server_projection: str | None = Field(
@@ -119,39 +136,20 @@ class RunConfig(BaseModel):
     )
     algorithm: str = ALGORITHM.field("name")
     algorithm_params: dict[str, Any] = ALGORITHM.field("params")
-    graph: str = Field("ring", description="gossip: the communication graph (ring, torus, complete, star, "
-                       "erdos_renyi, exponential, hypercube, or a 'module:attr' builder) over the `workers` nodes")
-    graph_params: dict[str, Any] = Field(default_factory=dict, description="gossip: the graph's parameters "
-                                         "(erdos_renyi: p, seed; torus: rows, cols)")
-    gossip_weights: str = Field("metropolis_hastings", description="gossip: the mixing matrix of plain gossip "
-                                "(aggregator = 'mean'): metropolis_hastings or uniform_neighbour")
-    clients_per_round: int | None = Field(
-        None, ge=1, description="fedavg: clients sampled per round (default: all `workers`, the population)",
-    )
-    local_steps: int = Field(1, ge=1, description="fedavg: local SGD steps per sampled client and round")
-    local_epochs: float | None = Field(
-        None, gt=0, description="fedavg: local passes over the client's shard (instead of local_steps)",
-    )
-    server_lr: float = Field(1.0, gt=0, description="fedavg: the server's step size on the aggregated update")
-    prox_mu: float = Field(0.0, ge=0, description="fedavg: FedProx's proximal term μ (Li et al., MLSys 2020)")
-    stats_batch: int = Field(
-        64, ge=1, description="fedavg, a model with norm = 'batch' | 'hybrid': samples each sampled client measures "
-        "the normalisation statistics on",
-    )
-    stats_momentum: float = Field(
-        0.1, gt=0, le=1, description="fedavg, norm = 'batch' | 'hybrid': weight of the round's pooled statistics "
-        "in the global ones (Hybrid BN's authors: 0.002 over 500 rounds)",
-    )
+    graph: str = GOSSIP.field("graph")
+    graph_params: dict[str, Any] = GOSSIP.field("graph_params")
+    gossip_weights: str = GOSSIP.field("weights")
+    clients_per_round: int | None = FEDAVG.field("clients_per_round")
+    local_steps: int = FEDAVG.field("local_steps")
+    local_epochs: float | None = FEDAVG.field("local_epochs")
+    server_lr: float = FEDAVG.field("server_lr")
+    prox_mu: float = FEDAVG.field("prox_mu")
+    stats_batch: int = FEDAVG.field("stats_batch")
+    stats_momentum: float = FEDAVG.field("stats_momentum")
     eval_clients: int = ALGORITHM.field("eval_clients")
-    dp_noise: float | None = Field(
-        None, gt=0, description="client-level differential privacy: the noise multiplier σ — every computing worker "
-        "clips its update to norm dp_clip = C and adds N(0, σ²C²·I) itself (dsgd: its gradient, before momentum; "
-        "fedavg: its pseudo-gradient); the metric rows carry the budget ε (dp_epsilon, dp_epsilon_local); needs "
-        "phalanx[privacy]; off by default (docs/privacy.md)",
-    )
-    dp_clip: float | None = Field(None, gt=0, description="differential privacy: the clipping norm C of every "
-                                  "worker's update (set with dp_noise)")
-    dp_delta: float = Field(1e-5, gt=0, lt=1, description="differential privacy: the δ of the reported (ε, δ)")
+    dp_noise: float | None = DP.field("noise")
+    dp_clip: float | None = DP.field("clip")
+    dp_delta: float = DP.field("delta")
     step_every: int = SERVER_OPTIMIZER.field("step_every")
     seed: int = RUN.field("seed")
     eval_every: int = RUN.field("eval_every")
@@ -225,4 +223,4 @@ class RunConfig(BaseModel):
 
 
 
-declare.bind(RunConfig.model_fields, declared())
+declare.bind(RunConfig.model_fields, checked())

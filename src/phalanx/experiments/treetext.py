@@ -1,7 +1,9 @@
 """The config tree as text: its TOML (:func:`dumps`, what ``phalanx config show`` prints) and the declared keys of
 every section as rows (:func:`declared`, what ``phalanx list sections`` prints), read from the declarations the
 adapter (:mod:`phalanx.experiments.tree`) reads: :data:`~phalanx.experiments.tree.TABLE`, each built-in
-algorithm's constructor, :func:`~phalanx.experiments.tree.lr_homes`, the built-in stages' flat keys."""
+algorithm's constructor, :func:`~phalanx.experiments.tree.lr_homes`, the built-in stages' flat keys — each key's
+type, range, default and description from the declaration of the component that reads it
+(:func:`phalanx.experiments.concerns.checked`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import json
 from typing import Any
 
 from phalanx.errors import ConfigError
-from phalanx.experiments import legacy, sections, specs, tree
+from phalanx.experiments import concerns, legacy, sections, specs, tree
 from phalanx.training.algorithms import builtin
 
 __all__ = ["declared", "dumps"]
@@ -27,9 +29,16 @@ def declared() -> list[Row]:
     prints."""
     rows: list[Row] = []
     of = {s.name: s for s in specs.declared()}
+    keys = {k.flat: k for s in concerns.checked() for k in s.keys}
+
+    def described(flat: str, otherwise: tuple[str, str, str, str] = ("", "", "", "")) -> tuple[str, str, str, str]:
+        """A flat key's type, range, default and description, from the declaration of the component that reads it
+        (:func:`~phalanx.experiments.concerns.checked`)."""
+        return keys[flat].row() if flat in keys else otherwise
+
     for section in tree.SECTIONS:
         if section == "stages":
-            rows += [("stages.dp", p, flat, "client-level DP", "", "", "", "") for p, flat in legacy.DP.items()]
+            rows += [("stages.dp", p, flat, "client-level DP", *described(flat)) for p, flat in legacy.DP.items()]
             rows += [("stages.crfl", "<p>", "server_projection_params.<p> (server_projection = 'crfl')", "CRFL",
                       "", "", "", ""),
                      ("stages.<name>", "<p>", "stages.<name>.<p>", "every other stage (phalanx list stages)",
@@ -48,8 +57,10 @@ def declared() -> list[Row]:
                 home = tree.lr_homes(name)[0]
                 if home is not None:
                     seen.setdefault(("lr", home), []).append(name)
-            rows += [(section, key, flat, ", ".join(names), shown.get(key, ("", ""))[0], "its constructor's check",
-                      shown.get(key, ("", ""))[1], "") for (key, flat), names in seen.items()]
+            rows += [(section, key, flat, ", ".join(names),
+                      *described(flat, (shown.get(key, ("", ""))[0], "its constructor's check",
+                                        shown.get(key, ("", ""))[1], "")))
+                     for (key, flat), names in seen.items()]
             rows.append((section, "<p>", "algorithm_params.<p>", "an algorithm of one's own (its constructor)",
                          "", "", "", ""))
         elif section == "server.optimizer":
@@ -58,8 +69,8 @@ def declared() -> list[Row]:
                 home = tree.lr_homes(name)[1]
                 if home is not None:
                     homes.setdefault(home, []).append(name)
-            rows += [(section, "lr", flat, ", ".join(names), "", "", "", "") for flat, names in homes.items()]
-            rows += [(section, p, flat, "sgd", "", "", "", "") for p, flat in legacy.SGD.items()]
+            rows += [(section, "lr", flat, ", ".join(names), *described(flat)) for flat, names in homes.items()]
+            rows += [(section, p, flat, "sgd", *described(flat)) for p, flat in legacy.SGD.items()]
             rows.append((section, "<p>", "server_optimizer_params.<p>", "the optimizer's own", "", "", "", ""))
         elif section == "attack":
             rows.append((section, "<p>", "attack_params.<p>", "its constructor's (phalanx list attacks)",

@@ -28,7 +28,7 @@ from phalanx.online.reduction import DirectionMagnitude
 from phalanx.online.robust import robust
 from phalanx.plugins import Registry, check_params
 from phalanx.training.stages.base import Plan, Stage
-from phalanx.validate import check_int, check_real
+from phalanx.validate import Key, Section, check_int, check_real
 
 __all__ = ["SGD", "Adam", "ClippedSGD", "RobustOnline", "ServerOptimizer", "build", "make", "names", "register"]
 
@@ -75,6 +75,15 @@ class SGD(ServerOptimizer):
     """
 
     name: ClassVar[str] = "sgd"
+    config_section: ClassVar[Section] = Section("server.optimizer", (
+        Key("momentum", "server_momentum", float, 0.0, "server momentum μ: u ← μ u + Agg, θ ← θ − η u (0: plain "
+            "θ ← θ − η Agg)", ge=0, lt=1),
+        Key("weight_decay", "server_weight_decay", float, 0.0, "L2 penalty λ the server adds to the aggregate", ge=0),
+    ), "the SGD server optimizer's flat keys")
+    """Its parameters that flat keys of earlier releases set (``[server.optimizer] momentum`` is ``server_momentum``:
+    the adapter, :data:`phalanx.experiments.legacy.SGD`), each with its type, default, range and description: the
+    run config's fields are made from them and a config's values checked once against them
+    (:func:`phalanx.experiments.declare.check`); the constructor's checks are the object's."""
 
     def __init__(self, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False) -> None:
         self.momentum = check_real("momentum", momentum, low=0.0, high=1.0, high_open=True)

@@ -64,7 +64,7 @@ from phalanx.training.server import Server
 from phalanx.training.shards import WorkerData
 from phalanx.training.stages.base import Stage
 from phalanx.training.state import Received, RoundState, SlotPlan
-from phalanx.validate import suggest
+from phalanx.validate import Section, suggest
 
 _S = TypeVar("_S", bound=Stage)
 
@@ -159,10 +159,17 @@ class RoundAlgorithm(ABC):
     lr_role: ClassVar[str] = "server"
     """Whose learning rate the run's ``lr`` is: the server's (distributed SGD), the clients' (federated averaging:
     ``client_lr``), the nodes' (gossip: ``node_lr``). A config may spell it ``<role>_lr``."""
+    config_section: ClassVar[Section] = Section("algorithm", ())
+    """The declaration of its own flat config keys (:attr:`config_keys`): each one's type, default, allowed range
+    and description (:class:`~phalanx.validate.Key`). The run config's field of each key is made from it, and its
+    range is checked once, by it, when a config is validated (:func:`phalanx.experiments.declare.check`) — for
+    every config, as the schema's own range was. A built-in algorithm's only: an algorithm of one's own takes its
+    parameters from ``algorithm_params`` (its constructor checks them)."""
     config_keys: ClassVar[tuple[str, ...]] = ()
     """The run config's keys that this built-in algorithm reads and no other does (federated averaging's
-    ``clients_per_round`` …, gossip's ``graph`` …): a config of another algorithm must leave them at their defaults.
-    An algorithm of one's own takes its parameters from ``algorithm_params`` instead."""
+    ``clients_per_round`` …, gossip's ``graph`` …; ``config_section.flat_keys()``): a config of another algorithm
+    must leave them at their defaults. An algorithm of one's own takes its parameters from ``algorithm_params``
+    instead."""
     section_keys: ClassVar[dict[str, str]] = {}
     """A built-in algorithm's constructor parameters that a config key of another name sets (gossip's ``weights``
     is ``gossip_weights``); every other parameter is set by the config key of its own name (its config section:

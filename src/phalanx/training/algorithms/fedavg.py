@@ -67,7 +67,7 @@ from phalanx.training.stages.lora import LoraResidual
 from phalanx.training.stages.norm_stats import PoolStats
 from phalanx.training.state import Received, RoundState, SlotPlan
 from phalanx.training.streams import restored
-from phalanx.validate import check_int, check_real
+from phalanx.validate import Key, Section, check_int, check_real
 
 if TYPE_CHECKING:
     from phalanx.training.algorithms.base import Run
@@ -95,8 +95,20 @@ class FedAvg(RoundAlgorithm):
     name = "fedavg"
     missing_word = "clients"
     lr_role = "client"
-    config_keys = ("clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch",
-                   "stats_momentum")
+    config_section = Section("fedavg", (
+        Key("clients_per_round", "clients_per_round", int | None, None, "fedavg: clients sampled per round (default: "
+            "all `workers`, the population)", ge=1),
+        Key("local_steps", "local_steps", int, 1, "fedavg: local SGD steps per sampled client and round", ge=1),
+        Key("local_epochs", "local_epochs", float | None, None, "fedavg: local passes over the client's shard "
+            "(instead of local_steps)", gt=0),
+        Key("server_lr", "server_lr", float, 1.0, "fedavg: the server's step size on the aggregated update", gt=0),
+        Key("prox_mu", "prox_mu", float, 0.0, "fedavg: FedProx's proximal term μ (Li et al., MLSys 2020)", ge=0),
+        Key("stats_batch", "stats_batch", int, 64, "fedavg, a model with norm = 'batch' | 'hybrid': samples each "
+            "sampled client measures the normalisation statistics on", ge=1),
+        Key("stats_momentum", "stats_momentum", float, 0.1, "fedavg, norm = 'batch' | 'hybrid': weight of the round's "
+            "pooled statistics in the global ones (Hybrid BN's authors: 0.002 over 500 rounds)", gt=0, le=1),
+    ), "federated averaging's own flat keys")
+    config_keys = config_section.flat_keys()
     config_columns = ("algorithm", "clients_per_round", "local_steps", "local_epochs", "server_lr")
     topologies = ("server",)  # the server samples the clients: a process per client slot
     population_key = "clients_per_round"

@@ -58,7 +58,7 @@ from phalanx.training.schedule import LRSchedule
 from phalanx.training.server import BoundRule, RoundResult
 from phalanx.training.state import Received, RoundState
 from phalanx.training.streams import restored
-from phalanx.validate import check_choice, check_int, check_real
+from phalanx.validate import Key, Section, check_choice, check_int, check_real
 
 if TYPE_CHECKING:
     from phalanx.aggregators.base import Aggregator
@@ -103,8 +103,16 @@ class Gossip(RoundAlgorithm):
     name = "gossip"
     missing_word = "neighbours"
     lr_role = "node"
-    config_keys = ("graph", "graph_params", "gossip_weights")
-    section_keys: ClassVar[dict[str, str]] = {"weights": "gossip_weights"}
+    config_section = Section("gossip", (
+        Key("graph", "graph", str, "ring", "gossip: the communication graph (ring, torus, complete, star, "
+            "erdos_renyi, exponential, hypercube, or a 'module:attr' builder) over the `workers` nodes"),
+        Key("graph_params", "graph_params", dict[str, Any], {}, "gossip: the graph's parameters (erdos_renyi: p, "
+            "seed; torus: rows, cols)"),
+        Key("weights", "gossip_weights", str, "metropolis_hastings", "gossip: the mixing matrix of plain gossip "
+            "(aggregator = 'mean'): metropolis_hastings or uniform_neighbour"),
+    ), "gossip's and Anytime SGD's own flat keys")
+    config_keys = config_section.flat_keys()
+    section_keys: ClassVar[dict[str, str]] = config_section.renamed()
     config_columns = ("algorithm", "graph", "gossip_weights")
     decentralized = True
     topologies = ("gossip",)  # a rank per node, exchanging with its graph neighbours

@@ -36,7 +36,7 @@ from torch import Tensor
 from phalanx.analysis import privacy as accounting
 from phalanx.errors import ConfigError
 from phalanx.training.stages.base import Evaluation, Plan, WorkerStage, WorkerUpdate
-from phalanx.validate import check_real
+from phalanx.validate import Key, Section, check_real
 
 STREAM = "dp"
 """The named random stream the noise is drawn from."""
@@ -59,6 +59,19 @@ class ClientDP(WorkerStage):
     reference: ClassVar[str] = ("M. Abadi et al., 'Deep learning with differential privacy', CCS 2016, Algorithm 1; "
                                 "H. B. McMahan, D. Ramage, K. Talwar, L. Zhang, 'Learning differentially private "
                                 "recurrent language models', ICLR 2018, Algorithm 1 (per client, noise at the client)")
+    config_section: ClassVar[Section] = Section("stages.dp", (
+        Key("noise", "dp_noise", float | None, None, "client-level differential privacy: the noise multiplier σ — "
+            "every computing worker clips its update to norm dp_clip = C and adds N(0, σ²C²·I) itself (dsgd: its "
+            "gradient, before momentum; fedavg: its pseudo-gradient); the metric rows carry the budget ε (dp_epsilon, "
+            "dp_epsilon_local); needs phalanx[privacy]; off by default (docs/privacy.md)", gt=0),
+        Key("clip", "dp_clip", float | None, None, "differential privacy: the clipping norm C of every worker's update "
+            "(set with dp_noise)", gt=0),
+        Key("delta", "dp_delta", float, 1e-5, "differential privacy: the δ of the reported (ε, δ)", gt=0, lt=1),
+    ), "client-level differential privacy, turned on by the flat dp_noise")
+    """The flat keys of earlier releases that configure it (``[stages.dp] noise`` is ``dp_noise``: the adapter,
+    :data:`phalanx.experiments.legacy.DP`), each with its type, default, range and description: the run config's
+    fields are made from them and a config's values checked once against them, before the stage is built
+    (:func:`phalanx.experiments.declare.check`; its own check below is the object's, for a stage built directly)."""
     parameters: ClassVar[Mapping[str, str]] = {
         "clip": "C > 0: every computing worker's update is clipped to norm C",
         "noise": "σ > 0: the noise multiplier; each worker adds N(0, σ²C²·I) itself",
