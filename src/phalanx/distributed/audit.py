@@ -46,19 +46,18 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from phalanx.distributed.async_filters import unchecked
 from phalanx.distributed.async_transcript import STEP_KEYS, StepCheck, experiment_of
-from phalanx.distributed.binding import checkpoint_end, checkpoint_metadata, checkpoint_round, checkpoint_sessions
 from phalanx.distributed.chain import Chain, MarkCheck
 from phalanx.distributed.channel import Kind
 from phalanx.distributed.journal import canonical, read_journal
 from phalanx.distributed.keys import ALLOW_LIST, AllowList
 from phalanx.distributed.mesh import EVERYONE, mesh_message
-from phalanx.distributed.parameter_server import config_digest
 from phalanx.distributed.rejections import GROUPS_PER_ROUND, KIND_CHARS, MAX_COUNT, PEER_CHARS, REASON_CHARS, SAMPLES
+from phalanx.distributed.runfacts import CONFIG_BYTES as CONFIG_BYTES
+from phalanx.distributed.runfacts import RunFacts, _int
 from phalanx.distributed.sealed import signed_message
 from phalanx.distributed.transcript import (
     DOMAIN,
@@ -79,7 +78,6 @@ MAX_PROBLEMS = 200
 """Problems kept one line each; beyond this many, only counted."""
 MAX_KINDS = 64
 """Kinds of rejection tallied by name; the others are tallied together."""
-CONFIG_BYTES = 1 << 20
 MANIFEST_BYTES = 16 << 20
 TRACKED = 1 << 16
 """(round, recording rank) pairs whose groups the audit counts at most (a hostile file of many rounds: the rest are
@@ -130,73 +128,6 @@ class AuditReport:
             self.problems.append(text[:400])
         else:
             self.more_problems += 1
-
-
-def _int(value: Any, low: int = 0, high: int = 1 << 62) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
-
-@dataclass
-class RunFacts:
-    """What the run directory itself says (``config.json``, ``DONE``, the checkpoint), against which the header is
-    compared; None where it cannot be read (a problem is recorded)."""
-
-    digest: str | None = None
-    workers: int | None = None
-    f: int | None = None
-    rounds: int | None = None
-    topology: str | None = None
-    reached: int | None = None
-    source: str = ""
-    identity: dict[str, Any] = field(default_factory=dict)
-    sessions: list[tuple[int, str]] | None = None
-    """The transcript sessions the checkpoint names (:data:`~phalanx.distributed.transcript.BINDING`); None: it names
-    none (or there is no checkpoint)."""
-    binding: str = "no checkpoint"
-    """What the checkpoint says of the sessions, when it names none that can be read (for the problem line)."""
-    end: tuple[int, str, str] | None = None  # the checkpoint's mark of the transcript (chain.py); None: none
-    end_why: str = ""
-
-    @classmethod
-    def read(cls, run_dir: Path, report: AuditReport) -> RunFacts:
-        """Read ``config.json`` (at most :data:`CONFIG_BYTES`) and how far the run got."""
-        facts = cls()
-        path = run_dir / "config.json"
-        try:
-            if path.stat().st_size > CONFIG_BYTES:
-                raise ValueError(f"larger than {CONFIG_BYTES} bytes")
-            identity = json.loads(path.read_bytes())
-            if not isinstance(identity, dict):
-                raise ValueError("not a JSON object")
-        except (OSError, ValueError, RecursionError) as exc:
-            report.problem(f"the run directory's config.json cannot be read ({str(exc)[:80] or type(exc).__name__}):"
-                           " nothing to bind the transcript to")
-            return facts
-        facts.digest = config_digest(identity)
-        facts.identity = identity
-        facts.topology = identity.get("topology") if isinstance(identity.get("topology"), str) else None
-        facts.f = identity.get("f") if _int(identity.get("f")) else None
-        facts.rounds = identity.get("rounds") if _int(identity.get("rounds"), 1) else None
-        facts.workers = _processes(identity)
-        meta = checkpoint_metadata(run_dir)
-        done = (run_dir / "DONE").exists()
-        facts.reached, facts.source = (facts.rounds, "it is DONE") if done else (checkpoint_round(meta),
-                                                                                 "its checkpoint")
-        facts.sessions, facts.binding = checkpoint_sessions(meta)
-        facts.end, facts.end_why = checkpoint_end(meta)
-        return facts
-
-
-def _processes(identity: dict[str, Any]) -> int | None:
-    """The processes of a run of ``identity`` (a built-in algorithm's rule; a plug-in's is not imported here)."""
-    from phalanx.training.algorithms.builtin import BUILT_IN
-
-    cls = BUILT_IN.get(str(identity.get("algorithm", "dsgd")))  # (a config at its default does not name it)
-    try:
-        n = cls.processes(SimpleNamespace(**identity)) if cls is not None else identity.get("workers")
-    except (TypeError, ValueError, AttributeError):
-        return None
-    return n if _int(n, 1) else None
 
 
 def audit(run_dir: Path, allow_list: Path | None = None) -> AuditReport:
