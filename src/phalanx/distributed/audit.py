@@ -20,6 +20,10 @@ What a passing audit proves, and against whom:
   both); at most f are missing (serverless: none). In a gossip gathering round the nodes that reported and the
   silent ones are together every node, node 0 (rank 0 itself) reported, and each report covers exactly the rounds
   since that node's last one.
+- **Its nonces are not rank 0's alone** (keyed parameter server): each session line lists every rank's contribution
+  to its nonce, and the nonce is SHA-256 of them (:func:`~phalanx.distributed.contribution.session_problem`); a
+  session line without the list (a mesh's, or a transcript written before) is read as before and counted in
+  ``AuditReport.uncontributed``.
 - **Who was heard.** Every accepted row verifies with its sender's key for this run's nonce, config, round, phase,
   rank (gossip: and recipient) and digest; every gossip journal verifies with its own node's key.
 - **It is a transcript.** Every line is at most :func:`~phalanx.distributed.transcript.line_limit` bytes (checked
@@ -52,6 +56,7 @@ from phalanx.distributed.async_filters import unchecked
 from phalanx.distributed.async_transcript import STEP_KEYS, StepCheck, experiment_of
 from phalanx.distributed.chain import Chain, MarkCheck
 from phalanx.distributed.channel import Kind
+from phalanx.distributed.contribution import session_problem
 from phalanx.distributed.journal import canonical, read_journal
 from phalanx.distributed.keys import ALLOW_LIST, AllowList
 from phalanx.distributed.mesh import EVERYONE, mesh_message
@@ -85,7 +90,7 @@ not counted; a transcript rank 0 wrote has at most rounds × n)."""
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX128 = re.compile(r"[0-9a-f]{128}")
 _KEYS = {
-    "session": {"type", "nonce", "from_round"},
+    "session": {"type", "nonce", "from_round", "contributions"},
     "rejected": {"type", "round", "at", "rank", "peer", "kind", "count", "samples"},
     "round": {"type", "round", "accepted", "missing"},
     "journal": {"type", "round", "node", "rounds", "signature"},
@@ -113,6 +118,9 @@ class AuditReport:
     allow_list: str = ""
     results_unchecked: int = 0
     """Asynchronous steps whose result was not recomputed (a rule with context or state: docs/async.md)."""
+    uncontributed: int = 0
+    """Sessions whose line lists no contributions to its nonce — *nonce not contributed*: drawn by rank 0 alone (a
+    sealed mesh's, or a transcript written before the workers' share, :mod:`phalanx.distributed.contribution`)."""
     filters_unchecked: int = 0
     """Asynchronous steps of an algorithm that filters (Kardam, Zeno++) whose filter decisions were not recomputed
     (:func:`phalanx.distributed.async_filters.unchecked`)."""
@@ -220,7 +228,7 @@ class _Audit:
                 raise Unreadable(f"line {lines.number} follows the signature")
             if kind not in _KEYS:
                 raise Unreadable(f"line {lines.number} is of no known type ({str(kind)[:40]!r})")
-            if set(rec) != _KEYS[kind]:
+            if set(rec) != _KEYS[kind] and not (kind == "session" and set(rec) == _KEYS[kind] - {"contributions"}):
                 raise Unreadable(f"line {lines.number} ({kind}) has the fields {sorted(rec)[:10]}, not "
                                  f"{sorted(_KEYS[kind])}")
             if kind == "signature":
@@ -340,6 +348,10 @@ class _Audit:
         if start != expected:
             self.problem(f"a session starts at round {start}, not at round {expected} (after the rounds recorded "
                          "before it): rounds missing, repeated or reordered")
+        if "contributions" not in rec:
+            self.report.uncontributed += 1
+        elif (problem := session_problem(rec, self.n)) is not None:
+            self.problem(problem)
         self.session = (start, bytes.fromhex(nonce))
         self.sessions += 1
         self.named.append((start, nonce))
