@@ -223,12 +223,16 @@ def test_a_rank_0_that_reuses_a_nonce_or_drops_a_contribution_is_refused(
     timeout for the ranks that left)."""
     data = {**SEALED, "keys": str(keys / "job"), "byzantine": 0, "attack": "none"}
 
+    before_kill: list[str] = []
+
     def script(procs: list[subprocess.Popen[bytes]], errs: Path, port: int) -> None:
         for r in refusing:
             assert procs[r].wait(timeout=JOB_TIMEOUT_S) == 2  # (a configuration-class error: one line, exit 2)
+        before_kill.append(errs.read_text())  # (ranks that went on print the server's going away after the kill)
         procs[0].kill()
 
-    _, errs, _ = job(data, tmp_path / "out", tmp_path, env={"PHALANX_TEST_NONCE": mutant}, script=script)
+    job(data, tmp_path / "out", tmp_path, env={"PHALANX_TEST_NONCE": mutant}, script=script)
+    errs = before_kill[0]
     lines = [line for line in errs.splitlines() if "refused the start snapshot" in line]
     assert {int(line.split()[2].rstrip("]")) for line in lines} == refusing, errs[-3000:]
     why = "does not follow from the contributions" if mutant.startswith("reuse") else "contribution to the session " \

@@ -376,8 +376,9 @@ class Transcript(WrittenWithCheckpoints):
         at each checkpoint, :attr:`~phalanx.experiments.rundir.RunDirectory.metadata`, and written in the same
         atomic rename as the checkpoint): :data:`BINDING` → the sessions, ``[[from_round, nonce], …]`` in canonical
         JSON, and :data:`~phalanx.distributed.chain.END` → the mark ``[offset, head, signature]``, where the
-        transcript stands (:meth:`~phalanx.distributed.chain.Appender.mark`). Each nonce is 32 bytes of
-        ``os.urandom`` drawn by that session (2⁻²⁵⁶ that two runs share one), so another run's transcript — the
+        transcript stands (:meth:`~phalanx.distributed.chain.Appender.mark`). Each nonce is 32 random bytes of
+        that session (on the parameter server SHA-256 of every rank's fresh contribution,
+        :mod:`~phalanx.distributed.contribution`; 2⁻²⁵⁶ that two runs share one), so another run's transcript — the
         same config, signed by the same rank 0 — names other sessions than the checkpoint it is copied beside, and
         the audit refuses it."""
         sessions = json.dumps(self.sessions, separators=(",", ":"))
