@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,6 +163,41 @@ def test_a_reconnection_resends_the_same_contribution_and_a_new_session_draws_ne
     kind, _, answer = recv_frame(tls, Limits({Kind.REFUSED: 1 << 16, Kind.ACK: 0}))
     tls.close()
     assert kind == Kind.REFUSED and b"not the one it gave this session" in answer
+
+
+def test_a_worker_reconnecting_before_the_start_snapshot_is_let_in_once(keydir: Path) -> None:
+    """Rank 1's downlink waits for rank 2's contribution; rank 1 connects again (its first connection lost, say) with
+    the same contribution: the new connection replaces the old and gets the start snapshot. A second connection of
+    rank 1's key with other bytes meanwhile is refused (one key used twice)."""
+    links = SealedLinks(ident(keydir, 0), "127.0.0.1", 0, DIGEST, ROW, N)
+    links.offer({"config": DIGEST, "round": 0, "streams": {}, "momentum": None}, expected={1, 2})
+    try:
+        share = contribution.draw()
+
+        def first_down(share_hex: str) -> ssl.SSLSocket:
+            tls = client_context(ident(keydir, 1)).wrap_socket(socket.create_connection(("127.0.0.1", links.port)))
+            send_frame(tls, Kind.HELLO, 0, json.dumps({"rank": 1, "link": "down", "config": DIGEST,
+                                                       "share": share_hex}).encode())
+            return tls
+
+        lost = first_down(share.hex())
+        with links.cond:
+            assert links.cond.wait_for(lambda: 1 in links.down, 20.0)
+        other = first_down(contribution.draw().hex())  # rank 1's key, other bytes: refused
+        kind, _, answer = recv_frame(other, Limits({Kind.REFUSED: 1 << 16}))
+        assert kind == Kind.REFUSED and b"already connected (down)" in answer
+        again = SealedWorkerLinks(ident(keydir, 1), "127.0.0.1", links.port, DIGEST, ROW, N)
+        again.share = share  # the same session's links (what a retried dial sends)
+        done = threading.Thread(target=again.init, daemon=True)
+        done.start()
+        with links.cond:
+            assert links.cond.wait_for(lambda: links.down[1].sock is not lost, 20.0)
+        SealedWorkerLinks(ident(keydir, 2), "127.0.0.1", links.port, DIGEST, ROW, N).init()
+        done.join(60.0)
+        assert again.nonce == links.nonce and links.contributions is not None and links.contributions[1] == share
+    finally:
+        links.closed = True
+        links.close()
 
 
 def test_a_worker_after_the_nonce_was_fixed_is_refused_in_one_line(keydir: Path) -> None:

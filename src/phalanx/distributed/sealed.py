@@ -181,6 +181,10 @@ class SealedLinks:
         elif link not in ("up", "down"):
             problem = f"unknown link {link!r}"
         with self.cond:
+            old = self.down.get(rank) if problem is None and link == "down" else None
+            if old is not None and old.alive and not old.started and share == self.shares.get(rank):
+                close_quietly(old.sock)  # the same session's worker again, before its start snapshot: this one counts
+                old.alive = False
             if problem is None and rank is not None and (
                 (link == "down" and rank in self.down and self.down[rank].alive)
                 or (link == "up" and rank in self.up)
