@@ -166,7 +166,6 @@ class SealedLinks:
         try:
             hello = strict_json(payload)
             claimed, link, config = hello["rank"], hello["link"], hello["config"]
-            share = parse_hex(hello.get("share"))
         except (ValueError, KeyError, TypeError) as exc:
             tls.close()
             self._reject(rank, f"a connection from {addr} that did not introduce itself ({why(exc)})")
@@ -180,6 +179,12 @@ class SealedLinks:
             problem = "it runs another config"
         elif link not in ("up", "down"):
             problem = f"unknown link {link!r}"
+        share = b""
+        if problem is None:  # (after who it is: an impostor's refusal still says what it claimed)
+            try:
+                share = parse_hex(hello.get("share"))
+            except ValueError as exc:
+                problem = str(exc)
         with self.cond:
             old = self.down.get(rank) if problem is None and link == "down" else None
             if old is not None and old.alive and not old.started and share == self.shares.get(rank):
