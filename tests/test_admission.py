@@ -14,6 +14,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,13 @@ def join(keydir: Path, server: SealedLinks, rank: int) -> SealedWorkerLinks:
     return w
 
 
+def join_all(keydir: Path, server: SealedLinks) -> list[SealedWorkerLinks]:
+    """Ranks 1–3 join at once (rank 0 sends no start snapshot before every worker's contribution to the session
+    nonce came: one after the other, the first would wait for the others)."""
+    with ThreadPoolExecutor(3) as pool:
+        return list(pool.map(lambda r: join(keydir, server, r), (1, 2, 3)))
+
+
 def test_sources_are_addresses_and_ipv6_64s() -> None:
     assert source_of("10.0.0.7") == "10.0.0.7" and source_of("::ffff:10.0.0.7") == "10.0.0.7"
     assert source_of("2001:db8::1") == source_of("2001:db8::ffff:1") == "2001:db8::/64"
@@ -82,7 +90,7 @@ def test_hundreds_of_idle_connections_do_not_keep_a_rank_out(keydir: Path, serve
         adm = server.admission
         assert adm is not None
         until(lambda: adm.shed > 0 and len(adm.pending) >= admission.PER_SOURCE, "the outsider fills its cap")
-        workers = [join(keydir, server, r) for r in (1, 2, 3)]
+        workers = join_all(keydir, server)
         assert server.joined(N) == {1, 2, 3}
         assert len(workers) == 3
         held = {source: len(adm.idle.get(source, {})) + len(adm.busy.get(source, {}))
@@ -149,7 +157,7 @@ def test_a_flood_of_garbage_and_unknown_keys_does_not_keep_ranks_out(keydir: Pat
     flood = Outsider(server.port, flood=4, slow=50, foreign=keydir / "other")
     try:
         until(lambda: flood.opened >= 200, "the flood is under way")
-        workers = [join(keydir, server, r) for r in (1, 2, 3)]
+        workers = join_all(keydir, server)
         assert server.joined(N) == {1, 2, 3} and len(workers) == 3
     finally:
         flood.close()

@@ -235,6 +235,53 @@ def test_another_keyed_runs_transcript_copied_in_fails(honest: Path, tmp_path: P
     assert len(report.problems) == 1, report.problems  # its signature is rank 0's: only the binding tells
 
 
+def _contribution_replaced(doc: dict[str, Any]) -> None:
+    """What a rank 0 that reused another run's nonce records: a session line whose nonce is not SHA-256 of the
+    contributions beside it (rank 2's swapped for other bytes; the nonce, and so every row's signature, kept)."""
+    doc["sessions"][0]["contributions"][2] = "5a" * 32
+
+
+def test_a_session_nonce_that_does_not_follow_from_its_contributions_fails(
+    honest: Path, keys: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Re-signed and re-marked with rank 0's key, every row still verifying under the session's nonce: the audit
+    recomputes the nonce from the session line's contributions and refuses it in one line. Mutant: the audit without
+    the recomputation passes it."""
+    from phalanx.distributed import audit as audit_module
+
+    (session,) = load(honest / TRANSCRIPT)["sessions"]
+    assert len(session["contributions"]) == 4 and None not in session["contributions"]
+    forged = forge(honest, tmp_path, _contribution_replaced, load_identity(keys, 0, 4))
+    report = audit(forged)
+    one_line(report, "the session from round 0 has a nonce that does not follow from its contributions")
+    assert len(report.problems) == 1, report.problems
+    res = CliRunner().invoke(app, ["audit", str(forged)])
+    assert res.exit_code == 1 and "does not follow from its contributions" in res.output, res.output
+    monkeypatch.setattr(audit_module, "session_problem", lambda rec, n: None)
+    assert audit(forged).ok
+
+
+def test_a_transcript_without_contributions_is_read_as_before_and_labelled(
+    honest: Path, keys: Path, tmp_path: Path,
+) -> None:
+    """A transcript written before the workers' share (its session line has no ``contributions``: rank 0 drew the
+    nonce alone) still audits, counted and said as "nonce not contributed"; the honest one has none such."""
+    assert audit(honest).uncontributed == 0
+    res = CliRunner().invoke(app, ["audit", str(honest)])
+    assert "not contributed" not in res.output, res.output
+
+    def older(doc: dict[str, Any]) -> None:
+        for session in doc["sessions"]:
+            del session["contributions"]
+
+    run = forge(honest, tmp_path, older, load_identity(keys, 0, 4))
+    assert b"contributions" not in (run / TRANSCRIPT).read_bytes()
+    report = audit(run)
+    assert report.ok and report.uncontributed == 1, report.problems
+    res = CliRunner().invoke(app, ["audit", str(run)])
+    assert res.exit_code == 0 and "1 sessions' nonce not contributed" in res.output, res.output
+
+
 def _checkpoint_names(run: Path, sessions: str | None) -> None:
     """Rewrite the checkpoint's metadata so that it names ``sessions`` (None: none) as its transcript's."""
     from safetensors import safe_open

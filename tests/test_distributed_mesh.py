@@ -198,6 +198,9 @@ def test_the_serverless_transcript_names_every_row_once_and_audits(serverless: P
     report = audit(run_dir(serverless))
     assert report.ok, report.problems
     assert report.accepted == 5 * SERVERLESS["rounds"]
+    # the mesh's rank 0 still draws the nonce alone (docs/security.md, "Open"): its session line lists no
+    # contributions, and the audit says so
+    assert all("contributions" not in s for s in doc["sessions"]) and report.uncontributed == 1
 
 
 def test_an_edited_serverless_transcript_fails_the_audit(serverless: Path, keys: Path, tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from phalanx.cli import app
 from phalanx.distributed import launch
 from phalanx.distributed.audit import audit
 from phalanx.distributed.channel import HEADER, MAGIC, Kind, Limits, Violation, client_context, recv_frame, send_frame
+from phalanx.distributed.contribution import derive
 from phalanx.distributed.env import RankEnv, free_port, open_store
 from phalanx.distributed.keys import init_keys, load_identity
 from phalanx.distributed.transcript import TRANSCRIPT, load, render, signature_line
@@ -107,7 +108,9 @@ def test_the_transcript_names_every_rank_once_per_round_and_audits(clean: Path) 
         assert entry["missing"] == [] and entry["rejected"] == []
     report = audit(run_dir(clean))
     assert report.ok, report.problems
-    assert report.accepted == 4 * SEALED["rounds"]
+    assert report.accepted == 4 * SEALED["rounds"] and report.uncontributed == 0
+    (session,) = doc["sessions"]  # its nonce: SHA-256 of every rank's contribution
+    assert derive([bytes.fromhex(c) for c in session["contributions"]]).hex() == session["nonce"]
     res = CliRunner().invoke(app, ["audit", str(run_dir(clean))])
     assert res.exit_code == 0 and "audit passed" in res.output, res.output
 
@@ -202,6 +205,39 @@ def test_a_keyed_run_that_lost_too_many_workers_resumes_and_audits(keys: Path, t
     assert [r["round"] for r in doc["rounds"]] == list(range(10))
     report = audit(run_dir(tmp_path / "out"))
     assert report.ok, report.problems
+    # each session's nonce follows from every rank's contribution, drawn afresh by the resumed session
+    first, second = (s["contributions"] for s in doc["sessions"])
+    assert all(c is not None for c in first + second) and not set(first) & set(second)
+    for s in doc["sessions"]:
+        assert derive([bytes.fromhex(c) for c in s["contributions"]]).hex() == s["nonce"]
+    assert report.uncontributed == 0
+
+
+@pytest.mark.parametrize(("mutant", "refusing"), [("reuse:" + "ab" * 32, {1, 2, 3}), ("drop:2", {2})])
+def test_a_rank_0_that_reuses_a_nonce_or_drops_a_contribution_is_refused(
+    keys: Path, tmp_path: Path, mutant: str, refusing: set[int],
+) -> None:
+    """A mutant rank 0 (``PHALANX_TEST_NONCE``) on real processes: reusing another run's nonce (every contribution
+    ignored) — every honest worker stops; dropping rank 2's contribution — rank 2 stops. Each in one line, exit 2,
+    no traceback, without waiting for anything; the test then ends the job (the mutant rank 0 would wait out the join
+    timeout for the ranks that left)."""
+    data = {**SEALED, "keys": str(keys / "job"), "byzantine": 0, "attack": "none"}
+
+    before_kill: list[str] = []
+
+    def script(procs: list[subprocess.Popen[bytes]], errs: Path, port: int) -> None:
+        for r in refusing:
+            assert procs[r].wait(timeout=JOB_TIMEOUT_S) == 2  # (a configuration-class error: one line, exit 2)
+        before_kill.append(errs.read_text())  # (ranks that went on print the server's going away after the kill)
+        procs[0].kill()
+
+    job(data, tmp_path / "out", tmp_path, env={"PHALANX_TEST_NONCE": mutant}, script=script)
+    errs = before_kill[0]
+    lines = [line for line in errs.splitlines() if "refused the start snapshot" in line]
+    assert {int(line.split()[2].rstrip("]")) for line in lines} == refusing, errs[-3000:]
+    why = "does not follow from the contributions" if mutant.startswith("reuse") else "contribution to the session " \
+        "nonce is absent"
+    assert all(why in line for line in lines) and "Traceback" not in errs, errs[-3000:]
 
 
 def test_torchruns_agent_store_carries_only_the_listeners_port(keys: Path, tmp_path: Path) -> None:

@@ -42,9 +42,13 @@ def ident(keydir: Path, rank: int, job: str = "job") -> Identity:
 
 
 @pytest.fixture
-def server(keydir: Path) -> Iterator[SealedLinks]:
+def server(keydir: Path, request: pytest.FixtureRequest) -> Iterator[SealedLinks]:
+    """Rank 0's links, waiting (to fix the session nonce) for the workers a ``joins(...)`` mark names (default:
+    rank 1) — the ranks the test lets in; the others would be refused as late."""
+    mark = request.node.get_closest_marker("joins")
     links = SealedLinks(ident(keydir, 0), "127.0.0.1", 0, DIGEST, ROW, N)
-    links.offer({"config": DIGEST, "round": 0, "streams": {}, "momentum": None})
+    links.offer({"config": DIGEST, "round": 0, "streams": {}, "momentum": None},
+                expected=set(mark.args) if mark else {1})
     yield links
     links.closed = True
     links.close()
@@ -56,6 +60,30 @@ def worker(keydir: Path, server: SealedLinks, rank: int, port: int | None = None
     assert init["round"] == 0
     w.ready()
     return w
+
+
+def workers(keydir: Path, server: SealedLinks, ranks: tuple[int, ...],
+            ports: dict[int, int] | None = None) -> dict[int, SealedWorkerLinks]:
+    """Join ``ranks`` at once (each in its own thread: rank 0 sends no start snapshot before every expected worker's
+    contribution came), each through ``ports[rank]`` when given."""
+    joined: dict[int, SealedWorkerLinks] = {}
+    errors: list[BaseException] = []
+
+    def one(rank: int) -> None:
+        try:
+            joined[rank] = worker(keydir, server, rank, (ports or {}).get(rank))
+        except BaseException as exc:  # (re-raised below, in the test's thread)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60.0)
+    if errors:
+        raise errors[0]
+    assert set(joined) == set(ranks), "a worker did not join"
+    return {r: joined[r] for r in ranks}
 
 
 def wait(cond: Callable[[], bool], server: SealedLinks) -> None:
@@ -79,14 +107,16 @@ def raw_tls(keydir: Path, rank: int, server: SealedLinks, job: str = "job") -> s
 def hello(tls: ssl.SSLSocket, rank: object, link: str, config: str = DIGEST) -> None:
     import json
 
-    send_frame(tls, Kind.HELLO, 0, json.dumps({"rank": rank, "link": link, "config": config}).encode())
+    send_frame(tls, Kind.HELLO, 0, json.dumps({"rank": rank, "link": link, "config": config, "share": "00" * 32})
+               .encode())
 
 
+@pytest.mark.joins(1, 2, 3)
 def test_genuine_workers_are_heard_once_each_with_their_signature(keydir: Path, server: SealedLinks) -> None:
-    workers = {r: worker(keydir, server, r) for r in (1, 2, 3)}
+    ws = workers(keydir, server, (1, 2, 3))
     assert server.joined(N) == {1, 2, 3}
     server.publish_theta(0, wire.THETA + row(0))
-    for r, w in workers.items():
+    for r, w in ws.items():
         assert w.next_message(0) == (0, wire.THETA + row(0))
         w.send_vector(0, row(r))
     got = server.collect(0, [1, 2, 3], set(), 20.0)
@@ -173,8 +203,9 @@ def _signed_frame(identity: Identity, nonce: bytes, t: int, signer_rank: int, bo
     return HEADER.pack(MAGIC, Kind.VECTOR, frame_round, len(payload)) + payload
 
 
+@pytest.mark.joins(1, 2)
 def test_replayed_relayed_and_forged_vectors_are_rejected(keydir: Path, server: SealedLinks) -> None:
-    w1, w2 = worker(keydir, server, 1), worker(keydir, server, 2)
+    w1, w2 = workers(keydir, server, (1, 2)).values()
     server.publish_theta(0, wire.THETA + row(0))
     w1.send_vector(0, row(1))
     wait(lambda: (0, 1) in server.inbox, server)
@@ -304,11 +335,13 @@ def test_recorded_traffic_replayed_on_a_new_connection_is_refused(keydir: Path, 
     proxy.close()
 
 
+@pytest.mark.joins(1, 2)
 @pytest.mark.parametrize("how", ["flip", "cut"])
 def test_a_flipped_or_cut_byte_on_the_path_never_reaches_the_rule(keydir: Path, server: SealedLinks, how: str) -> None:
-    # measure, through an honest proxy, how many bytes rank 2's uplink carries before and with its vector
-    probe = Proxy(server.port)
-    w2 = worker(keydir, server, 2, port=probe.port)
+    # rank 1's uplink (the proxy's second connection) will get the byte flipped, or the stream cut, inside its vector;
+    # where that is, rank 2's uplink through an honest proxy measures first (both join at once: the nonce waits)
+    probe, proxy = Proxy(server.port), Proxy(server.port, conn=1, how=how)
+    w2, w = workers(keydir, server, (2, 1), {2: probe.port, 1: proxy.port}).values()
     wait(lambda: 2 in server.up, server)  # its introduction went through the proxy
     before = len(probe.sent[1])
     server.publish_theta(0, wire.THETA + row(0))
@@ -316,9 +349,7 @@ def test_a_flipped_or_cut_byte_on_the_path_never_reaches_the_rule(keydir: Path, 
     wait(lambda: (0, 2) in server.inbox, server)
     size = len(probe.sent[1]) - before
     probe.close()
-    # rank 1's uplink (the proxy's second connection) gets the byte flipped, or the stream cut, inside its vector
-    proxy = Proxy(server.port, conn=1, at=before + size // 2, how=how)
-    w = worker(keydir, server, 1, port=proxy.port)
+    proxy.at = before + size // 2
     w.send_vector(0, row(1))
     wait(lambda: any(r.rank == 1 for r in server.rejections), server)
     assert (0, 1) not in server.inbox

@@ -22,6 +22,11 @@ a worker-stage report of each KIND in turn instead of its own (:mod:`phalanx.dis
 ``huge`` (every number 1e300), ``nan`` (NaN and −∞), ``short`` (its report less one byte), ``other`` (its report
 under another tag: a peer of another release), ``lie`` (every number 1: a claim within any count's bounds);
 ``own`` sends its own.
+
+``PHALANX_TEST_NONCE="KIND:ARG"`` makes keyed parameter-server rank 0 a mutant at the session nonce
+(:mod:`phalanx.distributed.contribution`): ``reuse:HEX`` sends the nonce HEX (another run's) with the workers' true
+contributions, ignoring them; ``drop:RANK`` marks rank RANK's contribution absent, ``alter:RANK`` flips a bit of it —
+each with the nonce derived from the list it sends.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ VAR = "PHALANX_TEST_SLEEP"
 HOLD_VAR = "PHALANX_TEST_HOLD"
 JOURNAL_VAR = "PHALANX_TEST_JOURNAL"
 REPORT_VAR = "PHALANX_TEST_REPORT"
+NONCE_VAR = "PHALANX_TEST_NONCE"
 
 
 def _entries(var: str, fields: int) -> list[list[str]]:
@@ -140,3 +146,20 @@ def report(rank: int, payload: bytes) -> bytes:
     if kind == "lie":
         return tag + struct.pack(f"<{n}d", *[1.0] * n)
     return payload
+
+
+def nonce_mutant(shares: list[bytes | None], nonce: bytes) -> tuple[list[bytes | None], bytes]:
+    """Rank 0's contributions and session nonce, as ``PHALANX_TEST_NONCE`` breaks them (unchanged when unset)."""
+    from phalanx.distributed.contribution import derive
+
+    entries = _entries(NONCE_VAR, 2)
+    if not entries:
+        return shares, nonce
+    kind, arg = entries[0]
+    if kind == "reuse":
+        return shares, bytes.fromhex(arg)
+    out = list(shares)
+    rank = int(arg)
+    share = out[rank]
+    out[rank] = None if kind == "drop" or share is None else bytes([share[0] ^ 1]) + share[1:]
+    return out, derive(out)

@@ -20,6 +20,10 @@ What a passing audit proves, and against whom:
   both); at most f are missing (serverless: none). In a gossip gathering round the nodes that reported and the
   silent ones are together every node, node 0 (rank 0 itself) reported, and each report covers exactly the rounds
   since that node's last one.
+- **Its nonces are not rank 0's alone** (keyed parameter server): each session line lists every rank's contribution
+  to its nonce, and the nonce is SHA-256 of them (:func:`~phalanx.distributed.contribution.session_problem`); a
+  session line without the list (a mesh's, or a transcript written before) is read as before and counted in
+  ``AuditReport.uncontributed``.
 - **Who was heard.** Every accepted row verifies with its sender's key for this run's nonce, config, round, phase,
   rank (gossip: and recipient) and digest; every gossip journal verifies with its own node's key.
 - **It is a transcript.** Every line is at most :func:`~phalanx.distributed.transcript.line_limit` bytes (checked
@@ -46,19 +50,19 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from phalanx.distributed.async_filters import unchecked
 from phalanx.distributed.async_transcript import STEP_KEYS, ZERO_STEP_KEYS, StepCheck, experiment_of
-from phalanx.distributed.binding import checkpoint_end, checkpoint_metadata, checkpoint_round, checkpoint_sessions
 from phalanx.distributed.chain import Chain, MarkCheck
 from phalanx.distributed.channel import Kind
+from phalanx.distributed.contribution import session_problem
 from phalanx.distributed.journal import canonical, read_journal
 from phalanx.distributed.keys import ALLOW_LIST, AllowList
 from phalanx.distributed.mesh import EVERYONE, mesh_message
-from phalanx.distributed.parameter_server import config_digest
 from phalanx.distributed.rejections import GROUPS_PER_ROUND, KIND_CHARS, MAX_COUNT, PEER_CHARS, REASON_CHARS, SAMPLES
+from phalanx.distributed.runfacts import CONFIG_BYTES as CONFIG_BYTES
+from phalanx.distributed.runfacts import RunFacts, _int
 from phalanx.distributed.sealed import signed_message
 from phalanx.distributed.transcript import (
     DOMAIN,
@@ -79,7 +83,6 @@ MAX_PROBLEMS = 200
 """Problems kept one line each; beyond this many, only counted."""
 MAX_KINDS = 64
 """Kinds of rejection tallied by name; the others are tallied together."""
-CONFIG_BYTES = 1 << 20
 MANIFEST_BYTES = 16 << 20
 TRACKED = 1 << 16
 """(round, recording rank) pairs whose groups the audit counts at most (a hostile file of many rounds: the rest are
@@ -87,7 +90,7 @@ not counted; a transcript rank 0 wrote has at most rounds × n)."""
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX128 = re.compile(r"[0-9a-f]{128}")
 _KEYS = {
-    "session": {"type", "nonce", "from_round"},
+    "session": {"type", "nonce", "from_round", "contributions"},
     "rejected": {"type", "round", "at", "rank", "peer", "kind", "count", "samples"},
     "round": {"type", "round", "accepted", "missing"},
     "journal": {"type", "round", "node", "rounds", "signature"},
@@ -115,6 +118,9 @@ class AuditReport:
     allow_list: str = ""
     results_unchecked: int = 0
     """Asynchronous steps whose result was not recomputed (a rule with context or state: docs/async.md)."""
+    uncontributed: int = 0
+    """Sessions whose line lists no contributions to its nonce — *nonce not contributed*: drawn by rank 0 alone (a
+    sealed mesh's, or a transcript written before the workers' share, :mod:`phalanx.distributed.contribution`)."""
     filters_unchecked: int = 0
     """Asynchronous steps of an algorithm that filters (Kardam, Zeno++) whose filter decisions were not recomputed
     (:func:`phalanx.distributed.async_filters.unchecked`)."""
@@ -130,73 +136,6 @@ class AuditReport:
             self.problems.append(text[:400])
         else:
             self.more_problems += 1
-
-
-def _int(value: Any, low: int = 0, high: int = 1 << 62) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
-
-@dataclass
-class RunFacts:
-    """What the run directory itself says (``config.json``, ``DONE``, the checkpoint), against which the header is
-    compared; None where it cannot be read (a problem is recorded)."""
-
-    digest: str | None = None
-    workers: int | None = None
-    f: int | None = None
-    rounds: int | None = None
-    topology: str | None = None
-    reached: int | None = None
-    source: str = ""
-    identity: dict[str, Any] = field(default_factory=dict)
-    sessions: list[tuple[int, str]] | None = None
-    """The transcript sessions the checkpoint names (:data:`~phalanx.distributed.transcript.BINDING`); None: it names
-    none (or there is no checkpoint)."""
-    binding: str = "no checkpoint"
-    """What the checkpoint says of the sessions, when it names none that can be read (for the problem line)."""
-    end: tuple[int, str, str] | None = None  # the checkpoint's mark of the transcript (chain.py); None: none
-    end_why: str = ""
-
-    @classmethod
-    def read(cls, run_dir: Path, report: AuditReport) -> RunFacts:
-        """Read ``config.json`` (at most :data:`CONFIG_BYTES`) and how far the run got."""
-        facts = cls()
-        path = run_dir / "config.json"
-        try:
-            if path.stat().st_size > CONFIG_BYTES:
-                raise ValueError(f"larger than {CONFIG_BYTES} bytes")
-            identity = json.loads(path.read_bytes())
-            if not isinstance(identity, dict):
-                raise ValueError("not a JSON object")
-        except (OSError, ValueError, RecursionError) as exc:
-            report.problem(f"the run directory's config.json cannot be read ({str(exc)[:80] or type(exc).__name__}):"
-                           " nothing to bind the transcript to")
-            return facts
-        facts.digest = config_digest(identity)
-        facts.identity = identity
-        facts.topology = identity.get("topology") if isinstance(identity.get("topology"), str) else None
-        facts.f = identity.get("f") if _int(identity.get("f")) else None
-        facts.rounds = identity.get("rounds") if _int(identity.get("rounds"), 1) else None
-        facts.workers = _processes(identity)
-        meta = checkpoint_metadata(run_dir)
-        done = (run_dir / "DONE").exists()
-        facts.reached, facts.source = (facts.rounds, "it is DONE") if done else (checkpoint_round(meta),
-                                                                                 "its checkpoint")
-        facts.sessions, facts.binding = checkpoint_sessions(meta)
-        facts.end, facts.end_why = checkpoint_end(meta)
-        return facts
-
-
-def _processes(identity: dict[str, Any]) -> int | None:
-    """The processes of a run of ``identity`` (a built-in algorithm's rule; a plug-in's is not imported here)."""
-    from phalanx.training.algorithms.builtin import BUILT_IN
-
-    cls = BUILT_IN.get(str(identity.get("algorithm", "dsgd")))  # (a config at its default does not name it)
-    try:
-        n = cls.processes(SimpleNamespace(**identity)) if cls is not None else identity.get("workers")
-    except (TypeError, ValueError, AttributeError):
-        return None
-    return n if _int(n, 1) else None
 
 
 def audit(run_dir: Path, allow_list: Path | None = None) -> AuditReport:
@@ -289,7 +228,8 @@ class _Audit:
                 raise Unreadable(f"line {lines.number} follows the signature")
             if kind not in _KEYS:
                 raise Unreadable(f"line {lines.number} is of no known type ({str(kind)[:40]!r})")
-            if set(rec) != _KEYS[kind] and not (kind == "step" and set(rec) == ZERO_STEP_KEYS):
+            if set(rec) != _KEYS[kind] and not (kind == "step" and set(rec) == ZERO_STEP_KEYS) and not (
+                    kind == "session" and set(rec) == _KEYS[kind] - {"contributions"}):
                 raise Unreadable(f"line {lines.number} ({kind}) has the fields {sorted(rec)[:10]}, not "
                                  f"{sorted(_KEYS[kind])}")
             if kind == "signature":
@@ -409,6 +349,10 @@ class _Audit:
         if start != expected:
             self.problem(f"a session starts at round {start}, not at round {expected} (after the rounds recorded "
                          "before it): rounds missing, repeated or reordered")
+        if "contributions" not in rec:
+            self.report.uncontributed += 1
+        elif (problem := session_problem(rec, self.n)) is not None:
+            self.problem(problem)
         self.session = (start, bytes.fromhex(nonce))
         self.sessions += 1
         self.named.append((start, nonce))

@@ -12,6 +12,13 @@ worker accepts θ only from rank 0's key. Every vector carries an Ed25519 signat
 the run's transcript (:mod:`phalanx.distributed.transcript`) so that anyone holding the allow-list can check later
 who was heard.
 
+The run nonce is not rank 0's alone (:mod:`phalanx.distributed.contribution`): each worker sends 32 fresh random
+bytes in the hello of its links, rank 0 waits for every expected worker's (at most
+:data:`~phalanx.distributed.parameter_server.JOIN_TIMEOUT_S`) before it sends any start snapshot, and the nonce is
+SHA-256 of the domain and every contribution in rank order; the start snapshot carries the contributions, and a
+worker whose own is not there unchanged, or whose nonce does not follow, stops in one line. A worker that comes after
+the nonce was fixed is refused at its handshake (its contribution could no longer count): it is missing this session.
+
 Rank 0's listener admits connections through :class:`~phalanx.distributed.admission.Admission` (one thread,
 handshake deadlines, caps per source: an outsider holding connections cannot keep a worker out); a worker whose
 connection was shed tries again until :data:`~phalanx.distributed.parameter_server.JOIN_TIMEOUT_S`, and the server
@@ -34,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import ssl
 import sys
 import threading
@@ -44,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from phalanx.distributed import wire
+from phalanx.distributed import _test_hooks, wire
 from phalanx.distributed.admission import Admission, Shed, dial, listen_on
 from phalanx.distributed.channel import (
     HANDSHAKE_TIMEOUT_S,
@@ -64,6 +70,7 @@ from phalanx.distributed.channel import (
     strict_json,
     why,
 )
+from phalanx.distributed.contribution import check_init, derive, draw, parse_hex
 from phalanx.distributed.keys import Identity
 from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S
 from phalanx.distributed.rejections import Rejection, RejectionLog
@@ -100,6 +107,7 @@ class _Down:
     cond: threading.Condition = field(default_factory=threading.Condition)
     alive: bool = True
     closing: bool = False
+    started: bool = False
 
 
 class SealedLinks:
@@ -112,7 +120,18 @@ class SealedLinks:
         self.ctx = server_context(identity)
         self.listener = listen_on(host, port)
         self.port = int(self.listener.getsockname()[1])
-        self.nonce = os.urandom(32)
+        self.own = draw()
+        """Rank 0's contribution to the session nonce."""
+        self.shares: dict[int, bytes] = {}
+        """Each worker's contribution, from the hello of its downlink (the first of the session)."""
+        self.expected: set[int] = set(range(1, workers))
+        """The workers whose contributions rank 0 waits for before it fixes the nonce (:meth:`offer`)."""
+        self.contributions: list[bytes | None] | None = None
+        """The list the nonce was derived from (rank order, None: absent), once fixed."""
+        self.nonce = b""
+        """The session nonce: :func:`~phalanx.distributed.contribution.derive` of the contributions, fixed when every
+        expected worker's came or at the join deadline (empty until then)."""
+        self.deadline = 0.0
         self.cond = threading.Condition()
         self.inbox: dict[tuple[int, int], Accepted] = {}
         self.window = 1
@@ -160,7 +179,17 @@ class SealedLinks:
             problem = "it runs another config"
         elif link not in ("up", "down"):
             problem = f"unknown link {link!r}"
+        share = b""
+        if problem is None:  # (after who it is: an impostor's refusal still says what it claimed)
+            try:
+                share = parse_hex(hello.get("share"))
+            except ValueError as exc:
+                problem = str(exc)
         with self.cond:
+            old = self.down.get(rank) if problem is None and link == "down" else None
+            if old is not None and old.alive and not old.started and share == self.shares.get(rank):
+                close_quietly(old.sock)  # the same session's worker again, before its start snapshot: this one counts
+                old.alive = False
             if problem is None and rank is not None and (
                 (link == "down" and rank in self.down and self.down[rank].alive)
                 or (link == "up" and rank in self.up)
@@ -168,6 +197,12 @@ class SealedLinks:
                 problem = f"rank {rank} is already connected ({link}): one key used twice"
             if problem is None and link == "up" and (rank not in self.down or not self.down[rank].alive):
                 problem = f"rank {rank} opened its uplink before its downlink"
+            if problem is None:
+                problem = self._contribute(rank, link, share)
+            if problem is None and link == "down":  # (registered under the lock: the nonce is fixed under it too)
+                self.down[rank] = _Down(tls)
+                if self.contributions is None and self.expected <= set(self.shares):
+                    self._fix()
             if problem is not None:
                 self.rejections.append(Rejection(self.round, rank, f"a connection from {addr} refused: {problem}"))
                 self.cond.notify_all()
@@ -178,12 +213,12 @@ class SealedLinks:
                 pass
             tls.close()
             return
-        if link == "down":  # (its answer is the start snapshot, which its writer sends first)
+        if link == "down":  # (its answer is the start snapshot, which its writer sends first, once the nonce is fixed)
             try:
                 tls.settimeout(None)
             except OSError:  # (closed under it: the server is closing)
                 return
-            self._open_down(rank, tls)
+            self._open_down(rank)
             return
         try:
             send_frame(tls, Kind.ACK, 0)  # the uplink's only frame from this end: the worker reads it
@@ -199,17 +234,51 @@ class SealedLinks:
             self.cond.notify_all()
         threading.Thread(target=self._read_up, args=(rank, tls), daemon=True, name=f"phalanx-up-{rank}").start()
 
-    def _open_down(self, rank: int, tls: ssl.SSLSocket) -> None:
+    def _contribute(self, rank: int, link: str, share: bytes) -> str | None:
+        """(Under the lock.) Take rank ``rank``'s contribution from its hello, or why its connection is refused: a
+        contribution other than the one it gave this session once the nonce is fixed — or none at all then (it came
+        too late to count: it is missing this session)."""
+        known = self.shares.get(rank)
+        if self.contributions is None:
+            if link == "down":
+                self.shares[rank] = share  # (a downlink opened again before the nonce was fixed: its latest bytes)
+            return None
+        if known is None:
+            return (f"rank {rank} came after the session nonce was fixed without its contribution; it is missing "
+                    "this session")
+        if share != known:
+            return f"rank {rank}'s contribution is not the one it gave this session"
+        return None
+
+    def _fix(self) -> None:
+        """(Under the lock.) Fix the session nonce from rank 0's and the workers' contributions that came (the others
+        absent), and send every waiting downlink its start snapshot."""
+        shares: list[bytes | None] = [self.own, *(self.shares.get(r) for r in range(1, self.n))]
+        shares, nonce = _test_hooks.nonce_mutant(shares, derive(shares))
+        self.contributions, self.nonce = shares, nonce
+        self.cond.notify_all()
+        for rank in sorted(self.down):
+            self._start(rank, self.down[rank])
+
+    def _start(self, rank: int, down: _Down) -> None:
+        """Post rank ``rank``'s start snapshot (the nonce and the contributions with it) and start its writer."""
         assert self.init_payload is not None
         init = dict(self.init_payload)
         momentum = init["momentum"]
         init["momentum"] = None if momentum is None else momentum[rank].clone()
-        init["nonce"] = self.nonce
-        down = _Down(tls)
-        down.pending.append((Kind.INIT, init["round"], wire.pack(init)))
-        with self.cond:
-            self.down[rank] = down
+        init["nonce"], init["contributions"] = self.nonce, self.contributions
+        down.started = True
+        with down.cond:
+            down.pending.insert(0, (Kind.INIT, init["round"], wire.pack(init)))
+            down.cond.notify_all()
         threading.Thread(target=self._write_down, args=(rank, down), daemon=True, name=f"phalanx-down-{rank}").start()
+
+    def _open_down(self, rank: int) -> None:
+        """A downlink let in: its start snapshot goes out now if the nonce is fixed (else when it is: :meth:`_fix`)."""
+        with self.cond:
+            down = self.down.get(rank)
+            if down is not None and self.contributions is not None and not down.started:
+                self._start(rank, down)
 
     def _write_down(self, rank: int, down: _Down) -> None:
         while True:
@@ -299,9 +368,18 @@ class SealedLinks:
 
     # -- ServerLinks -----------------------------------------------------------------------------------------------
 
-    def offer(self, init: dict[str, Any]) -> None:
+    def offer(self, init: dict[str, Any], expected: set[int] | None = None) -> None:
+        """Start admitting the workers; the start snapshot ``init`` goes to each once the nonce is fixed — when every
+        rank of ``expected`` (default: every worker) has sent its contribution, or at the join deadline
+        (:meth:`joined`)."""
         self.init_payload = init
         self.round = int(init["round"])
+        self.deadline = time.monotonic() + JOIN_TIMEOUT_S
+        if expected is not None:
+            self.expected = set(expected)
+        with self.cond:
+            if self.contributions is None and self.expected <= set(self.shares):
+                self._fix()
         self.admission = Admission(self.listener, self.ctx, self.identity.allow, header=HEADER, magic=MAGIC,
                                    hello_kind=int(Kind.HELLO), admit=self._introduce, reject=self._reject,
                                    name="phalanx-sealed-admit")
@@ -309,6 +387,10 @@ class SealedLinks:
     def joined(self, n: int) -> set[int]:
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         with self.cond:
+            # the nonce first: every expected worker's contribution, or those that came by the join deadline
+            self.cond.wait_for(lambda: self.contributions is not None, max(0.0, self.deadline - time.monotonic()))
+            if self.contributions is None:
+                self._fix()
             # every rank that opened its uplink has joined, even if it has left again since (a rank whose run has no
             # round left connects, finds nothing to do and closes at once)
             self.cond.wait_for(lambda: len(self.ever_up) >= n - 1, max(0.0, deadline - time.monotonic()))
@@ -383,7 +465,11 @@ class SealedWorkerLinks:
         self.digest = digest
         self.rank = identity.rank
         self.ctx = client_context(identity)
+        self.n = workers
         self.nonce = b""
+        self.share = draw()
+        """This rank's contribution to the session nonce: drawn once per session (per start of this process), sent in
+        the hello of every connection it opens to rank 0 — the same bytes when it opens one again."""
         self.limits = Limits({
             Kind.INIT: 4 * row_bytes + (64 << 20), Kind.THETA: 1 + row_bytes, Kind.STOP: STOP_BYTES,
             Kind.HONEST: 1 + (workers + 8) * row_bytes + (64 << 20), Kind.REFUSED: STOP_BYTES,
@@ -404,9 +490,9 @@ class SealedWorkerLinks:
             if server != 0:
                 raise PhalanxError(f"{who}: the server at {self.host}:{self.port} holds rank {server}'s key, not "
                                    "rank 0's")
-            tls.settimeout(JOIN_TIMEOUT_S)
-            send_frame(tls, Kind.HELLO, 0, json.dumps({"rank": self.rank, "link": link, "config": self.digest})
-                       .encode())
+            tls.settimeout(2 * JOIN_TIMEOUT_S)  # (the start snapshot waits for every worker, or the join deadline)
+            send_frame(tls, Kind.HELLO, 0, json.dumps({"rank": self.rank, "link": link, "config": self.digest,
+                                                       "share": self.share.hex()}).encode())
             try:
                 frame = recv_frame(tls, self.limits if link == "down" else self.ack_limits)
             except Closed:
@@ -439,7 +525,13 @@ class SealedWorkerLinks:
         self.down = self._connect("down")
         _, _, payload = self._next()  # (the start snapshot, read by _connect)
         init: dict[str, Any] = wire.unpack(bytes(payload))
-        self.nonce = bytes(init.pop("nonce"))
+        try:
+            self.nonce = check_init(init, self.rank, self.n, self.share)
+        except ValueError as exc:
+            close_quietly(self.down)
+            raise PhalanxError(f"rank {self.rank}: refused the start snapshot: {exc}") from None
+        init.pop("nonce")
+        init.pop("contributions")
         return init
 
     def ready(self) -> None:

@@ -7,7 +7,8 @@ each with a ``type``::
     header     {"type": "header", "format": "phalanx-transcript/3", "topology": "server" | "serverless" | "gossip",
                 "config": <the config digest>, "allow_list": <SHA-256 of allow-list.json>, "workers": n, "f": f,
                 "total_rounds": R, "signer": 0}
-    session    {"type": "session", "nonce": <hex 64>, "from_round": r}                    each start of the job
+    session    {"type": "session", "nonce": <hex 64>, "from_round": r,                     each start of the job
+                "contributions": [<hex 64> | null, …]}       (keyed parameter server: contribution.py)
     rejected   {"type": "rejected", "round": r, "at": a, "rank": j | null, "peer": host | null, "kind": …,
                 "count": c, "samples": [reason, …]}                 a group of rejections (rejections.py)
     round      {"type": "round", "round": t, "accepted": [{"rank", "phase", "sha256", "signature"}, …],
@@ -33,7 +34,10 @@ after a session's last round, what was refused until it ended.
 **Signature.** The last line is rank 0's Ed25519 signature (the key of the job's allow-list, ``cryptography``) of
 ``DOMAIN ‖ SHA-256(every byte before it)``; the header binds the file to the run: the config digest (which the audit
 recomputes from the run directory's ``config.json``), n, f, the rounds, the allow-list's digest, and each session's
-nonce (what every row's signature covers). A transcript written or edited without rank 0's key does not verify.
+nonce (what every row's signature covers) — on the keyed parameter server with every rank's contribution to it
+(rank order, null: absent; :mod:`phalanx.distributed.contribution`), from which the audit recomputes it; a session
+line without them (a sealed mesh's, or a transcript written before) is read as before. A transcript written or
+edited without rank 0's key does not verify.
 The file is written append-only, each record when it is made, and each checkpoint's metadata holds rank 0's signed
 mark of where it stood (:mod:`phalanx.distributed.chain`: a resume cuts back to it, the audit checks the file passes
 through it). The last line is written when the run stops or ends; a run killed between two checkpoints leaves an
@@ -59,6 +63,7 @@ from torch import Tensor
 from phalanx.distributed.async_transcript import MAX_DIM, STEP_FIELDS, ZERO_KEYS, step_bytes, step_entry
 from phalanx.distributed.binding import BINDING, checkpoint_end, checkpoint_metadata
 from phalanx.distributed.chain import END, Appender, Chain, mark_json, verify_mark
+from phalanx.distributed.contribution import SHARE_BYTES, as_json
 from phalanx.distributed.journal import journal_limit, read_journal, sign_journal
 from phalanx.distributed.keys import ALLOW_LIST
 from phalanx.distributed.recording import WrittenWithCheckpoints
@@ -99,14 +104,14 @@ def size_bound(total_rounds: int, workers: int, sessions: int, topology: str, di
     """The most bytes a transcript of ``total_rounds`` rounds, ``workers`` ranks and ``sessions`` starts can take:
     per round a round line (gossip: every node's journal items and the gathering line) and, per recording rank
     (rank 0; every rank of a mesh), ``GROUPS_PER_ROUND + 2`` rejection groups; a session line and one extra round of
-    rejections per session."""
+    rejections per session (with each rank's contribution to its nonce: 2 × 32 hex characters and 3 bytes a rank)."""
     recorders = 1 if topology == "server" else workers
     per_round = _round_bytes(workers) + recorders * (GROUPS_PER_ROUND + 2) * GROUP_BYTES
     if topology == "gossip":
         per_round += workers * (journal_limit(workers, 1) + 512)
     if dim:  # an asynchronous run: a step line per step
         per_round += step_bytes(workers, dim)
-    return 4096 + sessions * 512 + (total_rounds + sessions) * per_round
+    return 4096 + sessions * (512 + (2 * SHARE_BYTES + 3) * workers) + (total_rounds + sessions) * per_round
 
 
 def dumps(obj: Any) -> bytes:
@@ -208,7 +213,8 @@ def load(path: Path, public_key: Any = None) -> dict[str, Any]:
                 if pending and doc["sessions"]:
                     _after(doc["sessions"][-1], pending)
                 pending = []
-                doc["sessions"].append({"nonce": rec.get("nonce"), "from_round": rec.get("from_round")})
+                doc["sessions"].append({"nonce": rec.get("nonce"), "from_round": rec.get("from_round"),
+                                        **({"contributions": rec["contributions"]} if "contributions" in rec else {})})
             elif kind == "rejected":
                 pending.append({k: v for k, v in rec.items() if k != "type"})
             elif kind == "round":
@@ -279,7 +285,7 @@ def render(doc: dict[str, Any]) -> bytes:
     out = [header_line(doc)]
     sessions = doc["sessions"]
     for i, session in enumerate(sessions):
-        out.append(dumps({"type": "session", "nonce": session["nonce"], "from_round": session["from_round"]}))
+        out.append(session_line(session))
         end = sessions[i + 1]["from_round"] if i + 1 < len(sessions) else None
         for entry in doc["rounds"]:
             t = entry["round"]
@@ -287,6 +293,12 @@ def render(doc: dict[str, Any]) -> bytes:
                 out += entry_lines(entry)
         out += [dumps({"type": "rejected", **g}) for g in session.get("after", {}).get("rejected", [])]
     return b"".join(out)
+
+
+def session_line(session: dict[str, Any]) -> bytes:
+    """A session line (``session``: its nonce, first round and, when it has them, the contributions)."""
+    return dumps({"type": "session", **{k: session[k] for k in ("nonce", "from_round", "contributions")
+                                        if k in session}})
 
 
 def signature_line(body: bytes, identity: Any) -> bytes:
@@ -354,7 +366,9 @@ class Transcript(WrittenWithCheckpoints):
             self.out.append([header_line(header)])
         self.loop = loop
         self.sessions.append([r, self.links.nonce.hex()])
-        self.out.append([dumps({"type": "session", "nonce": self.links.nonce.hex(), "from_round": r})])
+        shares = getattr(self.links, "contributions", None)  # (a mesh's rank 0 still draws its nonce alone)
+        self.out.append([session_line({"nonce": self.links.nonce.hex(), "from_round": r,
+                                       **({} if shares is None else {"contributions": as_json(shares)})})])
         self.gathered = r - 1
 
     def binding(self) -> dict[str, str]:
@@ -362,8 +376,9 @@ class Transcript(WrittenWithCheckpoints):
         at each checkpoint, :attr:`~phalanx.experiments.rundir.RunDirectory.metadata`, and written in the same
         atomic rename as the checkpoint): :data:`BINDING` → the sessions, ``[[from_round, nonce], …]`` in canonical
         JSON, and :data:`~phalanx.distributed.chain.END` → the mark ``[offset, head, signature]``, where the
-        transcript stands (:meth:`~phalanx.distributed.chain.Appender.mark`). Each nonce is 32 bytes of
-        ``os.urandom`` drawn by that session (2⁻²⁵⁶ that two runs share one), so another run's transcript — the
+        transcript stands (:meth:`~phalanx.distributed.chain.Appender.mark`). Each nonce is 32 random bytes of
+        that session (on the parameter server SHA-256 of every rank's fresh contribution,
+        :mod:`~phalanx.distributed.contribution`; 2⁻²⁵⁶ that two runs share one), so another run's transcript — the
         same config, signed by the same rank 0 — names other sessions than the checkpoint it is copied beside, and
         the audit refuses it."""
         sessions = json.dumps(self.sessions, separators=(",", ":"))
