@@ -151,7 +151,8 @@ class AllGather(Transport):
                 report = wire.in_slot(_test_hooks.report(self.renv.rank, wire.report_message(self.reporting)), size)
                 gathered = self._all_gather(torch.cat([mine, wire.bytes_tensor(report, dtype).to(mine.device)]))
                 m = gathered[:, :dim].contiguous()
-                self._absorb({r: wire.tensor_bytes(gathered[r, dim:]) for r in range(n)})
+                slots = {r: wire.disclose(wire.tensor_bytes(gathered[r, dim:])) for r in range(n)}
+                self._absorb({r: got[0] for r, got in slots.items() if got is not None})
             else:
                 m = self._all_gather(mine)
             traffic = row_bytes * (n - 1)
