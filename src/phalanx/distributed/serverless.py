@@ -38,8 +38,8 @@ path never verifies, and the view compares it too). Every rank hands its stages 
 (:func:`~phalanx.distributed.wire.absorb_reports`), after its own update, as the parameter server's rank 0 does:
 every honest rank gathered the same rows and the same reports, so every honest rank computes the same metric row —
 rank 0's is the one written. A report is its sender's claim: bounded by the stage, dropped when out of bounds (short,
-of another tag), it only fills metric columns and never changes a vector. The byte counts are the vectors' (the
-reports are not counted, as on the server topology).
+of another tag), it only fills metric columns and never changes a vector. Over gloo the byte counts are the vectors'
+(the reports are not counted, as on the server topology); over the mesh they stay the signed rows', report included.
 """
 
 from __future__ import annotations
