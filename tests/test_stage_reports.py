@@ -196,6 +196,24 @@ def test_a_reported_frame_is_refused_in_one_line_by_a_run_that_takes_none(sealed
         links.vector_limits.check(14, 100)
 
 
+def test_a_serverless_rank_of_an_earlier_release_is_refused_at_the_start_in_one_line() -> None:
+    """A reporting serverless run marks its start snapshot's config digest (``wire.marked``): a rank whose rows carry
+    no report (an earlier release: the plain digest) and a rank of this release refuse each other's start in one line
+    (``check_digest``'s ConfigError) instead of all-gathering rows of two formats; a run without reporting stages
+    keeps the plain digest (its rows are unchanged)."""
+    from phalanx.distributed.parameter_server import check_digest
+    from phalanx.errors import ConfigError
+
+    stages = [UpdateClip(c=1.0)]
+    new = wire.marked("d" * 64, stages)
+    assert new != "d" * 64 and wire.marked("d" * 64, []) == "d" * 64
+    check_digest({"config": new}, new, 1)  # the same release: let in
+    for init, mine in (({"config": new}, "d" * 64), ({"config": "d" * 64}, new)):  # old rank ← new rank 0, and back
+        with pytest.raises(ConfigError) as err:
+            check_digest(init, mine, 1)
+        assert "\n" not in str(err.value)
+
+
 RUN: dict[str, Any] = {
     "dataset": "digits", "workers": 4, "byzantine": 1, "f": 1, "aggregator": "cwtm", "attack": "signflip",
     "rounds": 5, "batch_size": 8, "lr": 0.1, "eval_every": 1, "checkpoint_every": 10, "seed": 0,

@@ -38,8 +38,11 @@ path never verifies, and the view compares it too). Every rank hands its stages 
 (:func:`~phalanx.distributed.wire.absorb_reports`), after its own update, as the parameter server's rank 0 does:
 every honest rank gathered the same rows and the same reports, so every honest rank computes the same metric row —
 rank 0's is the one written. A report is its sender's claim: bounded by the stage, dropped when out of bounds (short,
-of another tag), it only fills metric columns and never changes a vector. Over gloo the byte counts are the vectors'
-(the reports are not counted, as on the server topology); over the mesh they stay the signed rows', report included.
+of another tag), it only fills metric columns and never changes a vector. The rows' format is marked in the start
+snapshot's config digest (:func:`~phalanx.distributed.wire.marked`): a rank of an earlier release, whose rows carry
+no report, is refused at the start in one line, as a rank running another config, either way round. Over gloo the
+byte counts are the vectors' (the reports are not counted, as on the server topology); over the mesh they stay the
+signed rows', report included.
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ class AllGather(Transport):
         assert store is not None
         self.exp = exp
         n = exp.workers
-        start = shared_start(store, rank, self.digest, start)
+        start = shared_start(store, rank, wire.marked(self.digest, exp.stages), start)
         momentum = start.state.momentum
         me = exp.algorithm.one_worker(exp, rank, start.streams, None if momentum is None else momentum[rank])
         if not isinstance(me, OneWorker):  # federated rounds: the server samples the clients
@@ -197,10 +200,10 @@ class AllGather(Transport):
             if len(joined) < n - 1:
                 missing = sorted(set(range(1, n)) - joined)
                 raise WorkersLostError(start.state.round, missing, exp.f, JOIN_TIMEOUT_S, None, lost)
-            init_bytes = mesh.offer(_start_message(start, self.digest))
+            init_bytes = mesh.offer(_start_message(start, wire.marked(self.digest, exp.stages)))
         else:
             init = mesh.receive_init(2 * JOIN_TIMEOUT_S)
-            check_digest(init, self.digest, rank)
+            check_digest(init, wire.marked(self.digest, exp.stages), rank)
             assert mesh.init_bytes is not None
             init_bytes = mesh.init_bytes
             start = received_start(init)

@@ -89,6 +89,14 @@ def reporting(stages: Sequence[Stage]) -> list[WorkerStage]:
     return [s for s in stages if isinstance(s, WorkerStage) and s.reports > 0]
 
 
+def marked(digest: str, stages: Sequence[Stage]) -> str:
+    """The config digest a serverless start snapshot carries: ``digest``, marked with :data:`REPORT` when the run's
+    rows carry worker-stage reports — so that a rank of an earlier release (rows without them) and this one refuse
+    each other at the start in one line (:func:`~phalanx.distributed.parameter_server.check_digest`) instead of
+    all-gathering rows of two formats."""
+    return f"{digest}+reports/{REPORT.decode()}" if reporting(stages) else digest
+
+
 def report_message(stages: Sequence[WorkerStage]) -> bytes:
     """:data:`REPORT` + each stage's :meth:`~WorkerStage.report` as float64s (NaN for a stage that has none)."""
     values: list[float] = []
