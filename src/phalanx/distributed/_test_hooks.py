@@ -17,8 +17,9 @@ nested lists), ``huge`` (8 MiB), ``unsigned`` (its journal with a signature that
 journal, signed, each message it took with a signature its sender never made), ``other`` (its journal, signed, of
 other rounds); ``own`` sends its own.
 
-``PHALANX_TEST_REPORT="RANK:KIND[+KIND…]"`` makes parameter-server worker RANK send, with its successive vectors,
-a worker-stage report of each KIND in turn instead of its own (:mod:`phalanx.distributed.wire`, ``m/<t>/<r>``):
+``PHALANX_TEST_REPORT="RANK:KIND[+KIND…]"`` makes rank RANK (a parameter-server worker, keyed or not, or a serverless
+rank, keyed or not) send, with its successive vectors, a worker-stage report of each KIND in turn instead of its own
+(:mod:`phalanx.distributed.wire`: ``m/<t>/<r>``, or enclosed with the vector, signed on sealed links):
 ``huge`` (every number 1e300), ``nan`` (NaN and −∞), ``short`` (its report less one byte), ``other`` (its report
 under another tag: a peer of another release), ``lie`` (every number 1: a claim within any count's bounds);
 ``own`` sends its own.
@@ -126,8 +127,8 @@ def journal(rank: int, items: list[dict[str, Any]],
 
 
 def report(rank: int, payload: bytes) -> bytes:
-    """A parameter-server worker's stage report as it sends it: ``payload``, unless the test plan makes this rank
-    send another kind (see the module's docstring)."""
+    """A rank's worker-stage report as it sends it: ``payload``, unless the test plan makes this rank send another
+    kind (see the module's docstring)."""
     plan = _REPORT.get(rank)
     if not plan:
         return payload

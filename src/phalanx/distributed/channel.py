@@ -70,6 +70,10 @@ class Kind(enum.IntEnum):
     """the receiving end let the connecting peer in (its only frame on a mesh connection or a worker's uplink)"""
     REPORT = 12
     """mesh, rank r → rank 0: what rank r rejected (JSON), for rank 0's transcript"""
+    REPORTED_VECTOR = 13
+    """worker → server, in a run whose worker stages report: the rank's signed vector of round t with its worker-stage
+    report ahead of it (:func:`~phalanx.distributed.wire.enclose`), both under the signature; a server of an earlier
+    release refuses the kind (one line: "a frame of unknown kind 13")"""
 
 
 class Violation(Exception):

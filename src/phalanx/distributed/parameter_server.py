@@ -176,7 +176,7 @@ class ServerLinks(Protocol):
 
     def reports(self, t: int, ranks: list[int]) -> dict[int, bytes]:
         """The worker-stage reports of round t of ``ranks`` (whose vectors arrived) that are here, not waited for
-        (:func:`~phalanx.distributed.wire.absorb_reports`; sealed links carry none yet: {})."""
+        (:func:`~phalanx.distributed.wire.absorb_reports`; sealed links: those signed with the vectors)."""
 
     def close(self) -> None:
         """Release what the links hold (threads, sockets)."""

@@ -35,6 +35,16 @@ must not be used: a listed rank cannot make the server check bad frames forever.
 The server never blocks on a worker: each downlink has its own writer thread with a mailbox in which a newer round's
 θ replaces messages of older rounds that have not been sent yet (a worker that fell behind receives the newest θ and
 skips ahead, as with the store's ``latest`` key); each uplink has a reader thread.
+
+**Worker-stage reports.** In a run whose worker stages report (:func:`~phalanx.distributed.wire.reporting`), a worker
+sends its vector in a ``REPORTED_VECTOR`` frame: its report enclosed ahead of the vector
+(:func:`~phalanx.distributed.wire.enclose`), the signature over the SHA-256 of both — the digest the transcript
+records and the audit checks, so a report altered or forged on the path never verifies, and the rank cannot later
+deny what it claimed. The server cuts the report off before the vector is used and hands it to the stages as that
+rank's claim (:meth:`SealedLinks.reports`, :func:`~phalanx.distributed.wire.absorb_reports`): bounded by the stage,
+only ever in metric columns. A plain ``VECTOR`` frame (a Byzantine rank's vector attack, or a rank that chose to
+report nothing) is a vector with no report; a ``REPORTED_VECTOR`` frame in a run that does not report is refused
+like any kind the server never takes, and so is one whose enclosure is not one (a violation).
 """
 
 from __future__ import annotations
@@ -96,6 +106,8 @@ class Accepted:
     body: bytearray
     sha256: str
     signature: str
+    report: bytes | None = None
+    """The worker-stage report that came with it, under the same signature (a ``REPORTED_VECTOR`` frame); a claim."""
 
 
 @dataclass
@@ -113,7 +125,8 @@ class _Down:
 class SealedLinks:
     """Rank 0's sealed links to the workers (see the module's docstring); a :class:`ServerLinks`."""
 
-    def __init__(self, identity: Identity, host: str, port: int, digest: str, row_bytes: int, workers: int) -> None:
+    def __init__(self, identity: Identity, host: str, port: int, digest: str, row_bytes: int, workers: int,
+                 reports: bool = False) -> None:
         self.identity = identity
         self.digest = digest
         self.row_bytes = row_bytes
@@ -150,7 +163,9 @@ class SealedLinks:
         self.n = workers
         self.init_payload: dict[str, Any] | None = None
         self.closed = False
-        self.vector_limits = Limits({Kind.VECTOR: SIGNATURE_BYTES + row_bytes + ATTACK_STATE_BYTES})
+        vector = SIGNATURE_BYTES + row_bytes + ATTACK_STATE_BYTES
+        self.vector_limits = Limits({Kind.VECTOR: vector, **({Kind.REPORTED_VECTOR: vector + 2 + wire.REPORT_BYTES}
+                                                             if reports else {})})
         self.admission: Admission | None = None
 
     # -- connections ---------------------------------------------------------------------------------------------
@@ -313,7 +328,7 @@ class SealedLinks:
         violations = 0
         while True:
             try:
-                _, t, payload = recv_frame(tls, self.vector_limits)
+                kind, t, payload = recv_frame(tls, self.vector_limits)
             except Closed:  # the worker left between two frames: from now on it is missing, like a silent one
                 break
             except Violation as exc:
@@ -324,7 +339,7 @@ class SealedLinks:
                 if not self.closed:
                     self._reject(rank, f"rank {rank}'s uplink failed ({why(exc)})")
                 break
-            problem = self._take_vector(rank, public, t, payload)
+            problem = self._take_vector(rank, public, t, payload, kind == Kind.REPORTED_VECTOR)
             if problem is None:
                 continue
             violations += 1
@@ -340,8 +355,9 @@ class SealedLinks:
             self.cond.notify_all()
         close_quietly(tls)
 
-    def _take_vector(self, rank: int, public: Any, t: int, payload: bytearray) -> str | None:
-        """Keep a vector of ``rank`` if it passes every check; else why not (a violation)."""
+    def _take_vector(self, rank: int, public: Any, t: int, payload: bytearray, reported: bool = False) -> str | None:
+        """Keep a vector of ``rank`` if it passes every check (``reported``: with its enclosed report, cut off here);
+        else why not (a violation)."""
         from cryptography.exceptions import InvalidSignature
 
         if len(payload) < SIGNATURE_BYTES:
@@ -352,13 +368,19 @@ class SealedLinks:
             public.verify(signature, signed_message(self.nonce, self.digest, t, rank, digest))
         except InvalidSignature:
             return f"rank {rank}'s round-{t} vector has a signature that does not verify"
+        report = None
+        if reported:
+            parts = wire.disclose(body)
+            if parts is None:
+                return f"rank {rank}'s round-{t} vector carries a report that is not enclosed (a length over its body)"
+            report, body = parts
         with self.cond:
             if t > self.round:
                 return f"rank {rank} sent a vector for round {t}, which has not begun"
             if (t, rank) in self.inbox:
                 return f"rank {rank} sent a second vector in round {t}"
             if t + self.window >= self.round:  # (an older one is late, not wrong: a slow worker's; it is dropped)
-                self.inbox[(t, rank)] = Accepted(body, digest.hex(), signature.hex())
+                self.inbox[(t, rank)] = Accepted(body, digest.hex(), signature.hex(), report)
                 if self.fresh is not None:
                     self.fresh.append((t, rank))
                 self.cond.notify_all()
@@ -426,7 +448,9 @@ class SealedLinks:
             self._post(rank, Kind.STOP, t, wire.STOP + reason[:STOP_BYTES - 1])
 
     def reports(self, t: int, ranks: list[int]) -> dict[int, bytes]:
-        return {}  # a signed VECTOR frame carries the row alone: keyed jobs' worker-stage columns stay rank 0's
+        with self.cond:  # (the reports that came signed with the vectors of round t: claims)
+            got = {r: self.inbox[(t, r)].report for r in ranks if (t, r) in self.inbox}
+        return {r: report for r, report in got.items() if report is not None}
 
     def refuse(self, t: int, rank: int, reason: str) -> None:
         with self.cond:  # a signed vector the server could not use (not of the model's length): in the transcript
@@ -547,10 +571,13 @@ class SealedWorkerLinks:
             # an honest-vector message of a round this rank no longer serves, or an old θ: not for now
 
     def send_vector(self, t: int, payload: bytes, report: bytes | None = None) -> None:
-        assert self.up is not None, "ready() first"  # the report is not sent (SealedLinks.reports)
+        assert self.up is not None, "ready() first"
+        kind = Kind.VECTOR
+        if report is not None:  # the report ahead of the vector, both signed (the module's docstring)
+            kind, payload = Kind.REPORTED_VECTOR, wire.enclose(report, payload)
         digest = hashlib.sha256(payload).digest()
         signature = self.identity.sign(signed_message(self.nonce, self.digest, t, self.rank, digest))
-        send_frame(self.up, Kind.VECTOR, t, signature + payload)
+        send_frame(self.up, kind, t, signature + payload)
 
     def honest(self, t: int) -> bytes | None:
         while True:

@@ -29,6 +29,20 @@ or view), or whose sender's connection ended is a **failed collective**, exactly
 :class:`~phalanx.errors.WorkersLostError`. Not "missing": the ranks would need to agree on which rows are missing to
 stay identical, and nothing here makes them agree. Bit for bit the run without keys. Rank 0's transcript
 (``on_rows``) records every row it used, with its digest and signature.
+
+**Worker-stage reports** (a run whose worker stages report, :func:`~phalanx.distributed.wire.reporting`): every rank
+measures its own row only, so each rank's row carries its report (:func:`~phalanx.distributed.wire.report_message`)
+to every other — over gloo after the vector in a fixed slot (:func:`~phalanx.distributed.wire.slot`), over the mesh
+enclosed ahead of the vector under the row's signature (``view ‖ enclose(report, vector)``: a report changed on the
+path never verifies, and the view compares it too). Every rank hands its stages the other ranks' reports in rank order
+(:func:`~phalanx.distributed.wire.absorb_reports`), after its own update, as the parameter server's rank 0 does:
+every honest rank gathered the same rows and the same reports, so every honest rank computes the same metric row —
+rank 0's is the one written. A report is its sender's claim: bounded by the stage, dropped when out of bounds (short,
+of another tag), it only fills metric columns and never changes a vector. The rows' format is marked in the start
+snapshot's config digest (:func:`~phalanx.distributed.wire.marked`): a rank of an earlier release, whose rows carry
+no report, is refused at the start in one line, as a rank running another config, either way round. Over gloo the
+byte counts are the vectors' (the reports are not counted, as on the server topology); over the mesh they stay the
+signed rows', report included.
 """
 
 from __future__ import annotations
@@ -90,12 +104,13 @@ class AllGather(Transport):
         assert store is not None
         self.exp = exp
         n = exp.workers
-        start = shared_start(store, rank, self.digest, start)
+        start = shared_start(store, rank, wire.marked(self.digest, exp.stages), start)
         momentum = start.state.momentum
         me = exp.algorithm.one_worker(exp, rank, start.streams, None if momentum is None else momentum[rank])
         if not isinstance(me, OneWorker):  # federated rounds: the server samples the clients
             raise ConfigError("topology", "serverless", f"'server' with algorithm = {exp.algorithm.name!r}")
         self.me = me
+        self.reporting = wire.reporting(exp.stages)
         self.attack_state: Tensor = start.streams["attack"]
         self.device = torch.device("cpu")
         if start.state.round >= exp.rounds:  # a finished run: no round to exchange, so no process group to form
@@ -134,7 +149,15 @@ class AllGather(Transport):
         v = me.vector(theta, t)
         mine = theta.new_zeros(dim) if v is None else v
         try:
-            m = self._all_gather(mine)
+            if self.reporting:  # this rank's report in a slot after its vector (the module's docstring)
+                size = wire.slot(self.reporting, theta.element_size())
+                report = wire.in_slot(_test_hooks.report(self.renv.rank, wire.report_message(self.reporting)), size)
+                gathered = self._all_gather(torch.cat([mine, wire.bytes_tensor(report, dtype).to(mine.device)]))
+                m = gathered[:, :dim].contiguous()
+                slots = {r: wire.disclose(wire.tensor_bytes(gathered[r, dim:])) for r in range(n)}
+                self._absorb({r: got[0] for r, got in slots.items() if got is not None})
+            else:
+                m = self._all_gather(mine)
             traffic = row_bytes * (n - 1)
             if me.vector_attack:
                 if me.sends_attack:
@@ -177,10 +200,10 @@ class AllGather(Transport):
             if len(joined) < n - 1:
                 missing = sorted(set(range(1, n)) - joined)
                 raise WorkersLostError(start.state.round, missing, exp.f, JOIN_TIMEOUT_S, None, lost)
-            init_bytes = mesh.offer(_start_message(start, self.digest))
+            init_bytes = mesh.offer(_start_message(start, wire.marked(self.digest, exp.stages)))
         else:
             init = mesh.receive_init(2 * JOIN_TIMEOUT_S)
-            check_digest(init, self.digest, rank)
+            check_digest(init, wire.marked(self.digest, exp.stages), rank)
             assert mesh.init_bytes is not None
             init_bytes = mesh.init_bytes
             start = received_start(init)
@@ -193,6 +216,7 @@ class AllGather(Transport):
         if not isinstance(me, OneWorker):  # federated rounds: the server samples the clients
             raise ConfigError("topology", "serverless", f"'server' with algorithm = {exp.algorithm.name!r}")
         self.me = me
+        self.reporting = wire.reporting(exp.stages)
         me.warm_up()
         others = set(range(n)) - {rank}
         deadline = time.monotonic() + JOIN_TIMEOUT_S
@@ -222,6 +246,11 @@ class AllGather(Transport):
         v = me.vector(theta, t)
         mine = (theta.new_zeros(dim) if v is None else v).detach().to("cpu", dtype)
         body = self.view + wire.tensor_bytes(mine)
+        if self.reporting:  # this rank's report ahead of its vector, under the row's signature
+            report = _test_hooks.report(rank, wire.report_message(self.reporting))
+            body = self.view + wire.enclose(report, wire.tensor_bytes(mine))
+        vectors: dict[int, bytearray] = {}
+        reports: dict[int, bytes] = {}
         used: dict[tuple[int, int], Accepted] = {}
         sent = received = 0
         try:
@@ -229,7 +258,17 @@ class AllGather(Transport):
             sent += len(body) * len(others)
             got = self.box.wait(t, GATHER, others, self.timeout)
             for r, acc in got.items():
-                if len(acc.body) != VIEW_BYTES + row_bytes:
+                vectors[r] = acc.body[VIEW_BYTES:]
+                if self.reporting:  # (the report cut off exactly: one of any length leaves the vector whole)
+                    parts = wire.disclose(vectors[r])
+                    if parts is None:
+                        raise _CollectiveFailed(self._refuse(mesh, r, f"rank {r}'s round-{t} row carries a report "
+                                                             "that is not enclosed (a length over its body)"))
+                    reports[r], vectors[r] = parts
+                    if len(vectors[r]) != row_bytes:
+                        raise _CollectiveFailed(self._refuse(mesh, r, f"rank {r}'s round-{t} row has a vector of "
+                                                             f"{len(vectors[r])} bytes, not {row_bytes}"))
+                elif len(acc.body) != VIEW_BYTES + row_bytes:
                     raise _CollectiveFailed(self._refuse(mesh, r, f"rank {r}'s round-{t} row has {len(acc.body)} "
                                                          f"bytes, not {VIEW_BYTES + row_bytes}"))
                 if bytes(acc.body[:VIEW_BYTES]) != self.view:
@@ -238,8 +277,10 @@ class AllGather(Transport):
                         f"snapshot) than rank {rank}: a rank sent different rows to different peers"))
                 used[(r, GATHER)] = acc
                 received += len(acc.body)
-            rows = [mine if r == rank else wire.bytes_tensor(got[r].body[VIEW_BYTES:], dtype) for r in range(n)]
+            rows = [mine if r == rank else wire.bytes_tensor(vectors[r], dtype) for r in range(n)]
             m = torch.stack(rows)
+            if self.reporting:
+                self._absorb(reports)
             if me.vector_attack:
                 if me.sends_attack:
                     mine = me.attack_vector(m[:h], rule, t).detach().to("cpu", dtype)
@@ -284,6 +325,10 @@ class AllGather(Transport):
                 raise _CollectiveFailed(self._refuse(
                     mesh, r, f"rank {r} aggregated other rows in round {t} (the last) than rank {self.renv.rank}: a "
                     "rank sent different rows to different peers"))
+
+    def _absorb(self, reports: dict[int, bytes]) -> None:
+        """This rank's worker stages take the other ranks' reports of the round (claims, in rank order)."""
+        wire.absorb_reports(self.reporting, {r: p for r, p in reports.items() if r != self.renv.rank})
 
     @staticmethod
     def _send(mesh: Mesh, others: list[int], phase: int, t: int, body: bytes) -> Accepted:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from phalanx.distributed import rendezvous
+from phalanx.distributed import rendezvous, wire
 from phalanx.distributed.async_server import (
     THETA_DIGEST,
     AsyncServer,
@@ -154,7 +154,8 @@ class ServerTopology(Topology):
             ParameterServerWorker(exp, links, renv.rank, digest).run()
             return None
         listen = renv.master_port if not renv.agent_store else fixed or 0
-        server_links = SealedLinks(rank.identity, host, listen, digest, row_bytes, n)
+        server_links = SealedLinks(rank.identity, host, listen, digest, row_bytes, n,
+                                   reports=bool(wire.reporting(exp.stages)))  # (REPORTED_VECTOR frames taken)
         if store is not None:
             store.set(rendezvous.PORT_KEY, str(server_links.port))
         transport = ParameterServer(server_links, digest, rank.cfg.round_timeout, rank.log.say)

@@ -25,11 +25,12 @@ each with a ``type``::
 A ``round`` names the ranks whose rows the round used (``accepted``, with each row's SHA-256 and its sender's Ed25519
 signature: :func:`~phalanx.distributed.sealed.signed_message`, domain ``phalanx/vector/v1``, or
 :func:`~phalanx.distributed.mesh.mesh_message`, ``phalanx/serverless/v1`` with ``phase`` 0 for every rank's row and 1
-for a Byzantine rank's attack row) and the ranks whose row it did not use (``missing``: silent, late, or refused) —
-together every rank of the job, each once. A gossip gathering round holds every node's *journal* since its last
-report, signed by that node (:mod:`phalanx.distributed.journal`), and names the nodes whose journal did not come or
-was refused (``silent``). The ``rejected`` groups before a round are what was refused since the previous one; those
-after a session's last round, what was refused until it ended.
+for a Byzantine rank's attack row; in a run whose worker stages report, the SHA-256 is of the signed body — the
+report enclosed ahead of the vector, :mod:`phalanx.distributed.sealed`) and the ranks whose row it did not use
+(``missing``: silent, late, or refused) — together every rank of the job, each once. A gossip gathering round holds
+every node's *journal* since its last report, signed by that node (:mod:`phalanx.distributed.journal`), and names
+the nodes whose journal did not come or was refused (``silent``). The ``rejected`` groups before a round are what was
+refused since the previous one; those after a session's last round, what was refused until it ended.
 
 **Signature.** The last line is rank 0's Ed25519 signature (the key of the job's allow-list, ``cryptography``) of
 ``DOMAIN ‖ SHA-256(every byte before it)``; the header binds the file to the run: the config digest (which the audit

@@ -29,6 +29,12 @@ A report (``m/``) is written only in runs with a worker stage that reports (:att
 finds it whenever it finds the vector. Its length is fixed by the run's stages; one of another length or tag (a peer
 of another release, a Byzantine rank) is dropped unread, as if the rank had reported nothing, and what it holds is a
 claim that only fills metric columns.
+
+The same report travels on the other engines *enclosed* (:func:`enclose`: a 2-byte length, then the report) ahead of
+the rank's vector, so that a report of any length — one byte short, of another tag — is cut from the vector exactly
+and dropped alone, never taking the vector with it: in a keyed server job's ``REPORTED_VECTOR`` frame, under the
+worker's signature (:mod:`phalanx.distributed.sealed`); in a serverless job's gathered row, after the vector in a
+fixed slot (:func:`slot`, gloo) or signed in the sealed mesh's row (:mod:`phalanx.distributed.serverless`).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import io
 import math
 import struct
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -51,6 +57,9 @@ STOP = b"X"
 LAPSED = b"L"
 REPORT = b"R1"
 """The tag and version of a worker-stage report: a report with another is dropped (its rank reported nothing)."""
+REPORT_BYTES = 1 << 12
+"""The most an enclosed report may hold (:func:`enclose`): a stage's report is 2 + 8k bytes, k ≤ 511 numbers."""
+_Bytes = TypeVar("_Bytes", bytes, bytearray)
 KEEP_ROUNDS = 16
 """Keys of rounds older than this are deleted; a worker further behind skips ahead to the current round."""
 
@@ -78,6 +87,14 @@ def key_report(t: int, rank: int) -> str:
 def reporting(stages: Sequence[Stage]) -> list[WorkerStage]:
     """The run's worker stages that report their measurements to rank 0 (in the run's order: every rank's same)."""
     return [s for s in stages if isinstance(s, WorkerStage) and s.reports > 0]
+
+
+def marked(digest: str, stages: Sequence[Stage]) -> str:
+    """The config digest a serverless start snapshot carries: ``digest``, marked with :data:`REPORT` when the run's
+    rows carry worker-stage reports — so that a rank of an earlier release (rows without them) and this one refuse
+    each other at the start in one line (:func:`~phalanx.distributed.parameter_server.check_digest`) instead of
+    all-gathering rows of two formats."""
+    return f"{digest}+reports/{REPORT.decode()}" if reporting(stages) else digest
 
 
 def report_message(stages: Sequence[WorkerStage]) -> bytes:
@@ -115,6 +132,39 @@ def absorb_reports(stages: Sequence[WorkerStage], payloads: Mapping[int, bytes |
     for i, stage in enumerate(stages):
         stage.absorb([p[i] for p in kept])
     return len(parsed) - len(kept)
+
+
+def enclose(report: bytes, payload: bytes) -> bytes:
+    """``len(report)`` (2 bytes, big-endian) ‖ ``report`` ‖ ``payload``: a report carried ahead of a vector; a report
+    over :data:`REPORT_BYTES` is carried empty (it would be dropped anyway: not the run's length)."""
+    if len(report) > REPORT_BYTES:
+        report = b""
+    return len(report).to_bytes(2, "big") + report + payload
+
+
+def disclose(body: _Bytes) -> tuple[bytes, _Bytes] | None:
+    """The report and the payload of a body :func:`enclose` made; None if its length field is over
+    :data:`REPORT_BYTES` or over what follows (a body that is not one)."""
+    if len(body) < 2:
+        return None
+    size = int.from_bytes(body[:2], "big")
+    if size > REPORT_BYTES or size > len(body) - 2:
+        return None
+    return bytes(body[2:2 + size]), body[2 + size:]
+
+
+def slot(stages: Sequence[WorkerStage], itemsize: int) -> int:
+    """The bytes a serverless gloo row carries its report in after its vector: an enclosed report of the run's
+    length, rounded up to whole elements of ``itemsize`` bytes (every rank's same: the collective needs one size)."""
+    size = 2 + len(REPORT) + 8 * sum(s.reports for s in stages)
+    return -(-size // itemsize) * itemsize
+
+
+def in_slot(report: bytes, size: int) -> bytes:
+    """``report`` enclosed (with no payload) and zero-padded to ``size`` bytes (:func:`slot`); a report too long for
+    the slot is carried empty (dropped at every rank)."""
+    body = enclose(report if 2 + len(report) <= size else b"", b"")
+    return body + bytes(size - len(body))
 
 
 def tensor_bytes(x: Tensor) -> bytes:

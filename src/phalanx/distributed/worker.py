@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from phalanx.distributed import rendezvous, topologies
+from phalanx.distributed import rendezvous, topologies, wire
 from phalanx.distributed.env import RankEnv, open_store
 from phalanx.distributed.keys import Identity, load_identity
 from phalanx.distributed.mesh import Mesh
@@ -143,6 +143,8 @@ def open_mesh(cfg: RunConfig, renv: RankEnv, exp: Experiment, identity: Identity
     n = processes(cfg)
     row = exp.problem.dim * exp.problem.initial_theta().element_size()
     row_limit = 2 * row + ATTACK_STATE_BYTES + 64  # the longest row: an anytime pair, a Byzantine row + its state
+    if wire.reporting(exp.stages):  # a serverless row's enclosed worker-stage report (serverless.py)
+        row_limit += 2 + wire.REPORT_BYTES
     fixed = rendezvous.port_override() if renv.agent_store else None
     store = open_store(renv, WORKER_WAIT_S) if renv.agent_store and fixed is None else None
     host = rendezvous.bind_host(renv)

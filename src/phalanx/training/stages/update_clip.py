@@ -30,8 +30,9 @@ as the simulated run does. ``update_clip_reported`` says how many of those were 
 the simulated engine): a report is its sender's claim — a Byzantine worker of a data attack may report any count —
 so these columns are never read by a decision; a report out of the stage's bounds (a count that is not an integer in
 [0, n], a NaN or negative norm, a count > 0 with a norm ≤ C or a count of 0 with a finite norm > C) is dropped, so
-the columns stay within ``[0, n²]`` and ``[0, ∞]``. Keyed jobs (sealed links) and the serverless topology carry no
-report yet: there the columns are rank 0's own row's, and ``update_clip_reported`` is 0. No state, no random stream:
+the columns stay within ``[0, n²]`` and ``[0, ∞]``. Keyed server jobs carry the report signed with the vector, and
+serverless jobs (keyed or not) in every rank's row, where every rank adds the others' (docs/design.md, "Where a worker
+stage's columns come from"; ``tests/test_stage_reports_engines.py``). No state, no random stream:
 a resumed run is the uninterrupted one bit for bit (the columns are the last round's, recomputed every round).
 """
 
