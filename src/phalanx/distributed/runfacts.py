@@ -9,13 +9,17 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from phalanx.distributed.binding import checkpoint_end, checkpoint_metadata, checkpoint_round, checkpoint_sessions
 from phalanx.distributed.parameter_server import config_digest
 
-if TYPE_CHECKING:
-    from phalanx.distributed.audit import AuditReport
+
+class Problems(Protocol):
+    """Where the facts' reader records what it cannot read (the audit's report: :class:`~phalanx.distributed.audit.
+    AuditReport`; a protocol so that this module does not import the audit that imports it)."""
+
+    def problem(self, text: str) -> None: ...
 
 CONFIG_BYTES = 1 << 20
 """The most of ``config.json`` the audit reads."""
@@ -47,7 +51,7 @@ class RunFacts:
     end_why: str = ""
 
     @classmethod
-    def read(cls, run_dir: Path, report: AuditReport) -> RunFacts:
+    def read(cls, run_dir: Path, report: Problems) -> RunFacts:
         """Read ``config.json`` (at most :data:`CONFIG_BYTES`) and how far the run got."""
         facts = cls()
         path = run_dir / "config.json"
