@@ -21,16 +21,18 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import importlib.util
 import io
 import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from phalanx import aggregators, attacks, catalogue, cli, data, models, studies
-from phalanx.catalogue import rounds
+from phalanx.catalogue import rounds, stage_files
 from phalanx.cli import listing
 from phalanx.decentralized import gossip_attacks, robust_gossip
 from phalanx.plugins import import_spec
@@ -142,10 +144,14 @@ def algorithm_mismatches(declared: Mapping[str, Any] = rounds.ALGORITHMS) -> lis
     return row_mismatches(cells, listing.algorithm_rows(), builtin.algorithm_class)
 
 
-def stage_mismatches(declared: Mapping[str, Any] = rounds.STAGES) -> list[str]:
-    """The declared stages against ``list stages``' rows from the registry."""
+def stage_mismatches(declared: Mapping[str, Any] = rounds.STAGES, files: bool = True) -> list[str]:
+    """The declared stages, and (``files``) those read from the package's files the table does not name, against
+    ``list stages``' rows from the registry."""
     cells = {name: (s.target, (s.side, s.turned_on_by, _section(s.section), s.reference))
              for name, s in declared.items()}
+    read = stage_files.derived(s.target.split(":")[0] for s in declared.values()) if files else {}
+    assert read is not None, "a stage file the table does not name cannot be read from its source"
+    cells |= {name: (c[0], (c[1], c[2], _section(c[3:-1]), c[-1])) for name, c in read.items()}
     return row_mismatches(cells, listing.stage_rows(), stage_registry.get)
 
 
@@ -224,10 +230,10 @@ MUTANTS: list[tuple[str, Callable[[], list[str]]]] = [
     ("a stage turned on by another key", lambda: stage_mismatches(
         _edit(rounds.STAGES, "crfl", turned_on_by="stages.crfl (a TOML table)"))),
     ("a stage's parameter left out", lambda: stage_mismatches(
-        _edit(rounds.STAGES, "adaptive_clip", section=rounds.STAGES["adaptive_clip"].section[:1]))),
+        _edit(rounds.STAGES, "dp", section=rounds.STAGES["dp"].section[:1]))),
     ("a stage's target naming another class", lambda: stage_mismatches(
         _edit(rounds.STAGES, "dp", target="phalanx.training.stages.crfl:CRFL"))),
-    ("a stage left out", lambda: stage_mismatches(_without(rounds.STAGES, "lora_residual"))),
+    ("a stage left out", lambda: stage_mismatches(_without(rounds.STAGES, "dp"), files=False)),
 ]
 
 
@@ -283,17 +289,16 @@ def test_list_attacks_algorithms_stages_print_the_same_from_the_catalogue_as_fro
     the notes — from the declared rows and from the registries' classes (the path a plug-in takes)."""
     _phalanx_only(monkeypatch)
     stage_registry.names()  # the stages found (their modules imported) before the catalogue is asked
-    assert getattr(rounds, ROUND_LISTINGS[what])() is not None  # the declared rows are the ones printed first
+    declared_rows = getattr(rounds, ROUND_LISTINGS[what])()
+    assert declared_rows is not None  # the declared rows are the ones printed first
     command, env = ["list", what, "--format", fmt], {"COLUMNS": "100"}
     declared = CliRunner().invoke(cli.app, command, env=env)
     monkeypatch.setattr(listing.rounds, ROUND_LISTINGS[what], lambda: None)
     built = CliRunner().invoke(cli.app, command, env=env)
     assert declared.exit_code == built.exit_code == 0, declared.output + built.output
     assert declared.output == built.output
-    if fmt == "json":  # the built path did take the classes' rows: as many as the tables declare
-        tables = {"attacks": (rounds.ATTACKS, rounds.GOSSIP_ATTACKS), "algorithms": (rounds.ALGORITHMS,),
-                  "stages": (rounds.STAGES,)}[what]
-        assert len(json.loads(built.output)["rows"]) == sum(map(len, tables))
+    if fmt == "json":  # the built path did take the classes' rows: as many as the catalogue gives
+        assert len(json.loads(built.output)["rows"]) == len(declared_rows)
 
 
 def test_an_attack_or_stage_beyond_the_table_makes_the_listing_ask_the_registry(
@@ -314,3 +319,59 @@ def test_an_attack_or_stage_beyond_the_table_makes_the_listing_ask_the_registry(
         listed = [row[0] for row in csv.reader(io.StringIO(out))][1:]
         assert name in listed and {"attacks": "alie", "algorithms": "dsgd", "stages": "dp"}[what] in listed
         monkeypatch.delitem(reg._entries, name)
+
+
+NEW_STAGE = """
+from collections.abc import Mapping
+from typing import ClassVar
+
+from phalanx.training.stages.base import WorkerStage
+
+
+class ZzNoise(WorkerStage):
+    name: ClassVar[str] = "zz_noise"
+    reference: ClassVar[str] = ("A. Author, 'A paper', "
+                                "2026, §1")
+    parameters: ClassVar[Mapping[str, str]] = {"sigma": "σ ≥ 0: the noise's standard deviation"}
+"""
+
+
+def _package_with(tmp_path: Path, source: str) -> Path:
+    """A copy of the stages package's files with one more stage file, ``zz_noise.py``."""
+    for path in stage_files.PACKAGE.glob("*.py"):
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    (tmp_path / "zz_noise.py").write_text(source)
+    return tmp_path
+
+
+def test_every_stage_file_read_from_its_source_gives_its_classes_cells() -> None:
+    """The stages that only their file declares are listed with the cells their classes give: every stage of the
+    package but those a legacy flat key turns on (dp, crfl: kept in the table) read from its source, none imported
+    for it — the same rows as the listing from the classes."""
+    kept = {name: s for name, s in rounds.STAGES.items() if name in ("dp", "crfl")}
+    read = stage_files.derived(s.target.split(":")[0] for s in kept.values())
+    assert read is not None and set(read) == _own(stage_registry._REGISTRY.registered()) - set(kept)
+    assert not stage_mismatches(kept)
+
+
+def test_a_new_stage_file_is_listed_without_a_catalogue_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage added as one file of the package is in ``phalanx list stages`` — read from its source, no catalogue
+    line — with the cells its class gives; a file whose stage is not written with literals makes the listing ask
+    the classes (None here: the command then imports the stages, whose rows are right), never drop it (mutant)."""
+    before = rounds.stage_rows()
+    assert before is not None and "zz_noise" not in [r[0][0] for r in before]
+    monkeypatch.setattr(stage_files, "PACKAGE", _package_with(tmp_path, NEW_STAGE))
+    rows = rounds.stage_rows()
+    assert rows is not None and [r[0][0] for r in rows] == sorted([*(r[0][0] for r in before), "zz_noise"])
+    spec = importlib.util.spec_from_file_location("zz_noise_module", tmp_path / "zz_noise.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cls = module.ZzNoise
+    want = ([cls.name, cls.side, f"stages.{cls.name} (a TOML table)",
+             "\n".join(f"{p}: {t}" for p, t in cls.parameters.items())], cls.reference)
+    assert dict((r[0][0], r) for r in rows)["zz_noise"] == want
+    computed = NEW_STAGE.replace('{"sigma": "σ ≥ 0: the noise\'s standard deviation"}', 'dict(sigma="σ ≥ 0")')
+    assert computed != NEW_STAGE
+    (tmp_path / "zz_noise.py").write_text(computed)
+    assert rounds.stage_rows() is None

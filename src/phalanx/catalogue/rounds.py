@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from phalanx.catalogue import Group, extra_names
+from phalanx.catalogue import Group, extra_names, stage_files
 
 __all__ = ["ALGORITHMS", "ALGORITHM_GROUP", "ATTACKS", "ATTACK_GROUP", "GOSSIP_ATTACKS", "GOSSIP_ATTACK_GROUP",
            "GOSSIP_ATTACK_KIND", "STAGES", "STAGE_GROUP", "Rows", "algorithm_rows", "attack_rows", "stage_rows"]
@@ -407,22 +407,6 @@ themselves or are Phalanx's own entry points)."""
 ALGORITHM_GROUP = Group("phalanx.algorithms", "phalanx.training.algorithms.base")
 
 STAGES: dict[str, _Stage] = {
-    'adaptive_clip': _Stage(
-        'phalanx.training.stages.adaptive_clip:AdaptiveClip',
-        'server',
-        'stages.adaptive_clip (a TOML table)',
-        ("quantile: 0 < q ≤ 1: τ is read at rank min(⌈q·m⌉, m − f) of the round's m received norms (default 0.5)",
-         'multiplier: κ > 0: the aggregate is clipped to κ times that norm (default 1)'),
-        ("G. Andrew, O. Thakkar, H. B. McMahan, S. Ramaswamy, 'Differentially private learning with adaptive "
-         "clipping', NeurIPS 2021, §2 (quantile clipping norm), capped at rank m − f against f Byzantine rows "
-         '(Blanchard et al., NeurIPS 2017, threat model)')),
-    'byzantine_count': _Stage(
-        'phalanx.training.stages.byzantine_count:ByzantineCount',
-        'server',
-        "algorithm = 'fedavg', for a population data set (synthetic, femnist-population)",
-        (),
-        ('Feller, An introduction to probability theory, vol. I, 1968, §II.6 (the hypergeometric distribution of a '
-         'sample without replacement)')),
     'crfl': _Stage(
         'phalanx.training.stages.crfl:CRFL',
         'server',
@@ -453,41 +437,10 @@ STAGES: dict[str, _Stage] = {
         ("M. Abadi et al., 'Deep learning with differential privacy', CCS 2016, Algorithm 1; H. B. McMahan, D. "
          "Ramage, K. Talwar, L. Zhang, 'Learning differentially private recurrent language models', ICLR 2018, "
          'Algorithm 1 (per client, noise at the client)')),
-    'fail_closed': _Stage(
-        'phalanx.training.stages.fail_closed:FailClosed',
-        'server',
-        'stages.fail_closed (a TOML table)',
-        ("window: W ≥ 1: rounds a worker's flags are remembered (default 1)",
-         'min_flags: 1 ≤ k ≤ W: a worker flagged in at least k of the last W rounds is suspected (default 1)',
-         "bound: ≥ 0: the run fails closed when more workers are suspected (default: the rule's f)",
-         'share: 0 ≤ s < 1: a row is flagged when the rule gives it at most this share of its output (default 0)'),
-        ("Saltzer & Schroeder, 'The protection of information in computer systems', Proc. IEEE 1975 (fail-safe "
-         "defaults); flagged = the rule's contributions (Phalanx's Aggregator.contributions)")),
-    'lora_residual': _Stage(
-        'phalanx.training.stages.lora:LoraResidual',
-        'server',
-        "algorithm = 'fedavg', for an hf: model with model_params.aggregation = 'update'",
-        (),
-        ('Eckart & Young, Psychometrika 1936 (best rank-r approximation); FlexLoRA, Bai et al., NeurIPS 2024, §3 '
-         '(update-space aggregation re-factorised by SVD)')),
-    'norm_stats': _Stage(
-        'phalanx.training.stages.norm_stats:PoolStats',
-        'server',
-        "algorithm = 'fedavg', for a model with BatchNorm / Hybrid BN layers",
-        (("momentum: 0 < ρ ≤ 1: the weight of the round's pooled statistics in the global ones (fedavg's "
-          'stats_momentum)'),),
-        ("Chen et al., 'Hybrid batch normalisation', ICML 2025, arXiv 2505.21877, §3; the trimmed mean of Yin et al., "
-         'ICML 2018')),
-    'update_clip': _Stage(
-        'phalanx.training.stages.update_clip:UpdateClip',
-        'worker',
-        'stages.update_clip (a TOML table)',
-        ("c: C > 0: every computing worker's update is scaled to norm at most C before it is sent",),
-        ("H. B. McMahan, D. Ramage, K. Talwar, L. Zhang, 'Learning differentially private recurrent language models', "
-         "ICLR 2018, Algorithm 1 (ClipFn at the client, without the noise); Sun et al., 'Can you really backdoor "
-         "federated learning?', 2019, §3")),
 }
-"""The stages (:func:`phalanx.training.stages.registry.names`)."""
+"""The stages a legacy flat key turns on (dp, crfl: their cells name it). Every other stage of
+:mod:`phalanx.training.stages` is listed from its own file's source, read without importing it
+(:mod:`phalanx.catalogue.stage_files`): a new stage needs no line here."""
 STAGE_GROUP = Group("phalanx.stages", "phalanx.training.stages.registry")
 
 
@@ -522,6 +475,9 @@ def algorithm_rows() -> Rows | None:
 def stage_rows() -> Rows | None:
     """``phalanx list stages``' rows — (name, side, turned on by, section), reference — sorted by name; None as for
     :func:`attack_rows`."""
-    if not _complete((STAGES, STAGE_GROUP)):
+    files = stage_files.derived(s.target.split(":")[0] for s in STAGES.values())  # a stage file the table lacks
+    if files is None or not _complete((set(STAGES) | set(files), STAGE_GROUP)):
         return None
-    return [([name, s.side, s.turned_on_by, _section(s.section)], s.reference) for name, s in sorted(STAGES.items())]
+    rows = {name: ([name, s.side, s.turned_on_by, _section(s.section)], s.reference) for name, s in STAGES.items()}
+    rows |= {name: ([name, cells[1], cells[2], _section(cells[3:-1])], cells[-1]) for name, cells in files.items()}
+    return [rows[name] for name in sorted(rows)]

@@ -1,8 +1,9 @@
 """The stages by name: every module of this package (found by itself — a new stage is one file here, with no list
 to extend), a stage registered in this process (:func:`register`), a ``module:attr`` spec, or an installed package's
 ``phalanx.stages`` entry point (:class:`phalanx.plugins.Registry`) — and :func:`build`, a stage from its config
-section, checked against the run. A stage shipped in this package also has its ``phalanx list stages`` cells in
-:mod:`phalanx.catalogue.rounds` (read without torch); ``tests/test_catalogue.py`` names a missing or stale one.
+section, checked against the run. ``phalanx list stages`` reads a stage file of this package from its source without
+importing it (:mod:`phalanx.catalogue.stage_files`: its literal ``name``, ``parameters``, ``reference``); only the
+stages a legacy flat key turns on keep their cells in :mod:`phalanx.catalogue.rounds`.
 """
 
 from __future__ import annotations
