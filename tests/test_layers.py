@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "analysis": {"aggregators", "errors", "validate"},
     "testing": {"aggregators", "attacks", "errors"},
     "signing": {"errors", "files"},
-    "online": {"errors", "validate"},
+    "online": {"errors", "files", "validate"},  # files: the check's raw results and report
     "training": {"aggregators", "attacks", "data", "models", "analysis", "decentralized", "errors", "online",
                  "plugins", "validate"},
     "experiments": {"training", "aggregators", "attacks", "data", "models", "analysis", "errors", "plugins", "signing",

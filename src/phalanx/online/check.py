@@ -10,7 +10,9 @@ cell it ran breaks it.
 R/B, then which learners the check rejects; it exits with 1 when the real learner (``robust``) breaks the bound.
 ``--plot PATH`` draws the regret against T with the fixed bound. ``--calibrate PATH`` fits A₁ and A₂ on the grid
 run (:func:`phalanx.online.bound.fit`) and writes them with the command; a checked grid must not share a seed with
-the calibration's (:func:`check_disjoint`).
+the calibration's (:func:`check_disjoint`). ``--out DIR`` also writes the grid's raw results (``points.csv``) and the
+printed report (``report.md``) there; ``--results FILE`` makes that report again from a committed ``points.csv``
+of the same grid, without running a game (:mod:`phalanx.online.results`).
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ from pathlib import Path
 from phalanx.errors import ConfigError
 from phalanx.online import bound as bounds
 from phalanx.online import mutants
+from phalanx.online import results as raw
 from phalanx.online.game import ATTACKS, PROBLEMS, regret
 
-__all__ = ["DIM", "Cell", "Point", "calibrate", "cells", "check_disjoint", "main", "measure", "plot", "rejected",
-           "summary", "table", "violations"]
+__all__ = ["DIM", "Cell", "Point", "calibrate", "cells", "check_disjoint", "main", "measure", "plan", "plot",
+           "rejected", "report", "summary", "table", "violations"]
 
 DIM = 5
 G = 1.0
@@ -89,6 +92,12 @@ def _one(job: tuple[Cell, int, str, float]) -> Point:
     (problem, attack, T, k, nu), seed, learner, eps = job
     r = regret(mutants.make(learner, DIM, G, k, T, eps), problem, attack, T, k, nu, G, seed)
     return Point(problem, attack, T, k, nu, seed, learner, r, eps)
+
+
+def plan(grid: Sequence[Cell], seeds: Iterable[int], learners: Iterable[str]) -> list[raw.Planned]:
+    """The points a grid runs, in the order :func:`measure` runs and returns them: cell, then seed, then learner."""
+    names = list(learners)
+    return [(*c, int(s), n) for c in grid for s in seeds for n in names]
 
 
 def measure(grid: Sequence[Cell], seeds: Iterable[int], learners: Iterable[str] = ("robust",), epsilon: float = 1.0,
@@ -185,6 +194,14 @@ def summary(points: list[Point], constants: bounds.Constants) -> str:
     return "\n".join(lines)
 
 
+def report(points: list[Point], constants: bounds.Constants, n_cells: int, n_seeds: int) -> str:
+    """What the check prints (and ``report.md`` holds): the :func:`table`, a blank line, the bound's constants, then
+    the :func:`summary` lines."""
+    return (f"{table(points, constants)}\n\nbound: A1 = {constants.a1:.4g}, A2 = {constants.a2:.4g} (fitted × margin "
+            f"{constants.margin:g}, seeds {sorted(constants.seeds())}); {n_cells} cells × {n_seeds} seeds, G = 1, "
+            f"d = {DIM}\n{summary(points, constants)}\n")
+
+
 def plot(points: list[Point], constants: bounds.Constants, path: str | Path) -> Path:
     """The regret against T on log axes into the PNG ``path``: a row per (problem, ‖u‖), a column per attack, a
     colour per k; the mean over the seeds of each learner (``robust`` solid, the others dotted or dash-dotted) and
@@ -254,7 +271,8 @@ def plot(points: list[Point], constants: bounds.Constants, path: str | Path) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m phalanx.online.check``: the grid's table and verdicts; ``--plot``; ``--calibrate``."""
+    """``python -m phalanx.online.check``: the grid's table and verdicts; ``--plot``; ``--calibrate``; ``--out``;
+    ``--results``."""
     ap = argparse.ArgumentParser(prog="python -m phalanx.online.check", description=__doc__.splitlines()[0])
     ap.add_argument("--problems", nargs="+", default=["convex"], choices=list(PROBLEMS))
     ap.add_argument("--attacks", nargs="+", default=["none", "push"], choices=list(ATTACKS))
@@ -270,7 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibrate", metavar="PATH", default=None,
                     help="fit A1, A2 on this grid (robust learner) and write them to PATH instead of checking")
     ap.add_argument("--margin", type=float, default=1.25, help="with --calibrate: the factor A1, A2 are held with")
+    ap.add_argument("--out", metavar="DIR", default=None,
+                    help="also write the raw results (points.csv) and the report (report.md) into DIR")
+    ap.add_argument("--results", metavar="CSV", default=None,
+                    help="make the report from this points.csv of the same grid instead of running it")
     a = ap.parse_args(argv)
+    if a.calibrate and (a.out or a.results):
+        raise ConfigError("calibrate", a.calibrate, "a calibration without --out or --results (they are a check's)")
     grid = cells(a.problems, a.attacks, a.horizons, a.budgets, a.norms)
     if a.calibrate:
         pts = measure(grid, a.seeds, ["robust"], a.epsilon, a.jobs)
@@ -282,15 +306,34 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     constants = bounds.load(a.constants)
     check_disjoint([Point("", "", 1, 0, 0.0, s, "", 0.0) for s in a.seeds], constants)
-    pts = measure(grid, a.seeds, a.learners, a.epsilon, a.jobs)
-    print(table(pts, constants))
+    if a.results:
+        planned = plan(grid, a.seeds, a.learners)
+        regrets = raw.read(Path(a.results), planned, constants, G, a.epsilon)
+        pts = [Point(*p, r, a.epsilon) for p, r in zip(planned, regrets)]
+    else:
+        pts = measure(grid, a.seeds, a.learners, a.epsilon, a.jobs)
+    text = report(pts, constants, len(grid), len(a.seeds))
+    head, tail = text.split("\n\n", 1)
+    print(head)
     if a.plot:
         print(f"\nplot: {plot(pts, constants, a.plot)}")
-    print(f"\nbound: A1 = {constants.a1:.4g}, A2 = {constants.a2:.4g} (fitted × margin {constants.margin:g}, seeds "
-          f"{sorted(constants.seeds())}); {len(grid)} cells × {len(a.seeds)} seeds, G = 1, d = {DIM}")
-    print(summary(pts, constants))
+    print("\n" + tail, end="")
+    if a.out:
+        rows = [((p.problem, p.attack, p.T, p.k, p.norm_u, p.seed, p.learner), p.regret, p.bound(constants))
+                for p in pts]
+        print(f"\nraw results and report: {raw.save(Path(a.out), raw.write(rows), text)}")
     return 1 if rejected(pts, constants).get("robust", 0) else 0
 
 
+def _cli() -> int:
+    """:func:`main` as a command: a refused input (a :class:`~phalanx.errors.ConfigError`: a hostile ``--results``
+    file, seeds shared with the calibration) is one line on stderr and exit code 2, as with ``phalanx``."""
+    try:
+        return main()
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_cli())
