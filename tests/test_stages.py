@@ -139,6 +139,13 @@ def test_stages_that_cannot_run_are_refused_when_the_run_is_built() -> None:
 
     with pytest.raises(ConfigError, match="streams of its own"):
         _experiment(stages=[Thief()])
+
+    class Overwriter(ClipAggregate):  # its own name and stream, but another stage's column
+        name: ClassVar[str] = "overwriter_test"
+        streams: ClassVar[tuple[str, ...]] = ("overwriter-test",)
+
+    with pytest.raises(ConfigError, match=r"metric columns are distinct \(clipped_rounds is also clip_aggregate_test"):
+        _experiment(stages=[ClipAggregate(), Overwriter()])
     with pytest.raises(ConfigError, match="do not pass every update they send through the worker stages"):
         _experiment(algorithm=Scaffold(), attack=attacks.make("none"), byzantine=0,
                     rule=aggregators.make("mean", f=0), stages=[Halve()])

@@ -222,12 +222,18 @@ class Experiment:
         plan = self.plan()
         names: set[str] = set()
         streams: set[str] = set(RESERVED)
+        columns: dict[str, str] = {}
         for stage in out:
             if stage.name in names or streams & set(stage.streams):
                 raise ConfigError("stages", repr(stage), "stages of distinct names, each drawing from streams of its "
                                   f"own (not {', '.join(sorted(streams))})")
+            shared = sorted(set(stage.column_names()) & set(columns))
+            if shared:  # one stage's column would overwrite another's on every evaluation row
+                raise ConfigError("stages", repr(stage), f"stages whose metric columns are distinct ({shared[0]} is "
+                                  f"also {columns[shared[0]]}'s)")
             names.add(stage.name)
             streams.update(stage.streams)
+            columns.update(dict.fromkeys(stage.column_names(), stage.name))
             stage.check(plan)
         return tuple(out)
 
