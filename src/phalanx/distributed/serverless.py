@@ -68,6 +68,7 @@ from phalanx.distributed.sealed import Accepted
 from phalanx.errors import ConfigError, WorkersLostError
 from phalanx.training.algorithms.dsgd import OneWorker
 from phalanx.training.server import BoundRule
+from phalanx.training.stages.base import WorkerStage
 from phalanx.training.state import Received, RoundAborted, RoundState, Snapshot
 from phalanx.training.transport import Transport
 
@@ -93,6 +94,8 @@ class AllGather(Transport):
         self.round_timeout = round_timeout
         self.backend = backend
         self.mesh = mesh
+        self.reporting: list[WorkerStage] = []
+        """The run's reporting worker stages (set when the run opens; none until then)."""
         self.on_rows: Callable[[int, list[dict[str, Any]], list[int]], None] | None = None
         """Sealed: called after every exchange with (round, every row used — rank, phase, SHA-256, signature —, the
         missing ranks): rank 0's transcript listens here."""
