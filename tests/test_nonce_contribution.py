@@ -183,6 +183,7 @@ def test_a_worker_reconnecting_before_the_start_snapshot_is_let_in_once(keydir: 
         lost = first_down(share.hex())
         with links.cond:
             assert links.cond.wait_for(lambda: 1 in links.down, 20.0)
+            first = links.down[1]  # the server's side of `lost`
         other = first_down(contribution.draw().hex())  # rank 1's key, other bytes: refused
         kind, _, answer = recv_frame(other, Limits({Kind.REFUSED: 1 << 16}))
         assert kind == Kind.REFUSED and b"already connected (down)" in answer
@@ -190,8 +191,9 @@ def test_a_worker_reconnecting_before_the_start_snapshot_is_let_in_once(keydir: 
         again.share = share  # the same session's links (what a retried dial sends)
         done = threading.Thread(target=again.init, daemon=True)
         done.start()
-        with links.cond:
-            assert links.cond.wait_for(lambda: links.down[1].sock is not lost, 20.0)
+        with links.cond:  # the retried dial has replaced the first link before rank 2 lets the nonce be fixed
+            assert links.cond.wait_for(lambda: links.down[1] is not first, 20.0)
+        lost.close()  # (held open until replaced: a collected socket would close the first link early)
         SealedWorkerLinks(ident(keydir, 2), "127.0.0.1", links.port, DIGEST, ROW, N).init()
         done.join(60.0)
         assert again.nonce == links.nonce and links.contributions is not None and links.contributions[1] == share

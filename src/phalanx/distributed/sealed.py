@@ -218,6 +218,7 @@ class SealedLinks:
                 self.down[rank] = _Down(tls)
                 if self.contributions is None and self.expected <= set(self.shares):
                     self._fix()
+                self.cond.notify_all()  # (whoever waits for this rank's link: an event, not a timeout)
             if problem is not None:
                 self.rejections.append(Rejection(self.round, rank, f"a connection from {addr} refused: {problem}"))
                 self.cond.notify_all()
