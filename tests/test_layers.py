@@ -37,7 +37,7 @@ ALLOWED: dict[str, set[str]] = {
                     "files", "decentralized", "hub",
                     "validate", "__init__"},
     "studies": {"experiments", "aggregators", "attacks", "analysis", "data", "decentralized", "errors", "hub",
-                "plugins"},  # attacks, hub: the LoRA study checks its attack names and reads its tokenizer
+                "plugins", "validate"},  # attacks, hub: the LoRA study checks its attack names and reads its tokenizer
     "distributed": {"experiments", "training", "aggregators", "attacks", "data", "models", "decentralized", "errors",
                     "plugins", "validate"},
     "cli": {"catalogue", "distributed", "studies", "experiments", "training", "aggregators", "attacks", "data",

@@ -16,13 +16,14 @@ import math
 import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from phalanx.errors import ConfigError
 
-__all__ = ["Key", "Section", "check_choice", "check_int", "check_real", "close_matches", "suggest"]
+__all__ = ["Key", "Section", "check_choice", "check_int", "check_real", "close_matches", "read_bounded_text", "suggest"]
 
 
 def _describe_range(kind: str, low: float | None, low_open: bool, high: float | None, high_open: bool) -> str:
@@ -202,3 +203,17 @@ class Section:
     def with_key(self, key: Key) -> Section:
         """This section with one more key (a plug-in's or a test's: the same declaration, one key longer)."""
         return Section(self.name, (*self.keys, key), self.doc)
+
+
+def read_bounded_text(path: Path, max_bytes: int, existing: str, key: str = "results") -> str:
+    """The UTF-8 text of the input file ``path``, refused in one line naming ``key`` and the file — missing (the
+    allowed value ``existing`` says what was expected), larger than ``max_bytes`` (checked before a byte is read) or
+    not UTF-8."""
+    if not path.is_file():
+        raise ConfigError(key, str(path), existing)
+    if path.stat().st_size > max_bytes:
+        raise ConfigError(key, str(path), f"a file of at most {max_bytes} bytes")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(key, str(path), f"a UTF-8 text file ({type(exc).__name__})") from None

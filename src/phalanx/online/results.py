@@ -26,6 +26,7 @@ from pathlib import Path
 from phalanx.errors import ConfigError
 from phalanx.files import write_atomic
 from phalanx.online import bound as bounds
+from phalanx.validate import read_bounded_text
 
 __all__ = ["HEADER", "MAX_BYTES", "Planned", "read", "save", "write"]
 
@@ -63,14 +64,7 @@ def read(path: Path, planned: Sequence[Planned], constants: bounds.Constants, g:
     def bad(allowed: str) -> ConfigError:
         return ConfigError("results", str(path), allowed)
 
-    if not path.is_file():
-        raise bad("an existing file (a points.csv that --out wrote)")
-    if path.stat().st_size > MAX_BYTES:
-        raise bad(f"a file of at most {MAX_BYTES} bytes")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise bad(f"a UTF-8 text file ({type(exc).__name__})") from None
+    text = read_bounded_text(path, MAX_BYTES, "an existing file (a points.csv that --out wrote)")
     try:
         rows = list(csv.reader(io.StringIO(text)))
     except csv.Error as exc:

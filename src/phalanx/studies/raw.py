@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from phalanx.errors import ConfigError
+from phalanx.validate import read_bounded_text
 
 if TYPE_CHECKING:
     from phalanx.experiments.schema import RunConfig
@@ -250,14 +251,7 @@ def read(path: Path, cells: list[C], runs: Sequence[str], value_type: type) -> d
     def bad(allowed: str) -> ConfigError:
         return ConfigError("results", str(path), allowed)
 
-    if not path.is_file():
-        raise bad("an existing file (a runs.csv a report wrote)")
-    if path.stat().st_size > MAX_BYTES:
-        raise bad(f"a file of at most {MAX_BYTES} bytes")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise bad(f"a UTF-8 text file ({type(exc).__name__})") from None
+    text = read_bounded_text(path, MAX_BYTES, "an existing file (a runs.csv a report wrote)")
     if not cells:
         return {}
     names = [f.name for f in dataclasses.fields(cells[0])]  # type: ignore[arg-type]
