@@ -28,15 +28,17 @@ from phalanx.training.loop import Callback, Loop, RoundInfo
 finished = _rundirs.finished  # the module's finished run (a fixture)
 
 
-def _victim(finished: Path, tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+def _victim(finished: Path, tmp_path: Path) -> tuple[Path, dict[str, tuple[int, bytes]]]:
     """A directory of the victim's that the attacker's link will point at — another of their run directories, which
     a write by name would damage — and its files' bytes."""
     victim = Path(shutil.copytree(finished, tmp_path / "victim"))
     return victim, _bytes(victim)
 
 
-def _bytes(d: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in d.iterdir()}
+def _bytes(d: Path) -> dict[str, tuple[int, bytes]]:
+    """Each file's inode and bytes: a write by name replaces the inode (an atomic rename) even where the same config
+    and seed rewrite the same bytes (the victim here is a copy of the same finished run)."""
+    return {p.name: (p.stat().st_ino, p.read_bytes()) for p in d.iterdir()}
 
 
 def _swap(run: Path, victim: Path) -> Path:
@@ -60,7 +62,7 @@ class _SwapAt(Callback):
             self.moved = _swap(self.run, self.victim)
 
 
-def _untouched(victim: Path, before: dict[str, bytes]) -> None:
+def _untouched(victim: Path, before: dict[str, tuple[int, bytes]]) -> None:
     assert _bytes(victim) == before  # no file written, replaced, added or removed through the link
 
 
