@@ -260,3 +260,27 @@ def test_held_out_seeds_are_a_calibrations_and_disjoint_from_its_fit(tmp_path: P
         check.main([*GRID, "--held-out-seeds", "5"])
     with pytest.raises(ConfigError, match="seeds other than the fitted ones"):
         check.main([*CAL, "--seeds", "100", "102", "--calibrate", str(tmp_path / "c.json")])
+
+
+DOCUMENTED = ["--problems", "convex", "linear", "--attacks", "none", "push", "flip", "bias", "--horizons", "500",
+              "2000", "8000", "--budgets", "0", "4", "16", "64", "--norms", "0", "3", "30", "--seeds", "100", "101",
+              "--held-out-seeds", "102", "--margin", "1.25"]
+"""The calibration of docs/online.md ("Calibration, once, on data no check runs") as bound_constants.json records it."""
+
+
+def test_the_committed_constants_are_the_fit_of_the_committed_calibration_points(tmp_path: Path,
+                                                                                 capsys: pytest.CaptureFixture[str]
+                                                                                 ) -> None:
+    """``bound_constants.json`` is what the committed raw results of its command give: the fit rows of
+    docs/results/online_calibration_points.csv (seeds 100 and 101 only) fitted again, no game run, give A₁ and A₂
+    to the last bit, the same grid, seeds and tightest cell; and that command is the one the file records."""
+    committed = bound.load()
+    assert " ".join(DOCUMENTED) in committed.command and "--out" in committed.command
+    out = tmp_path / "c.json"
+    check.main([*DOCUMENTED, "--calibrate", str(out), "--results",
+                str(ROOT / "docs" / "results" / "online_calibration_points.csv")])
+    again = bound.load(out)
+    assert (again.sqrt_term, again.k_term, again.margin, again.calibration) == (
+        committed.sqrt_term, committed.k_term, committed.margin, committed.calibration)
+    assert committed.seeds() == {100, 101} and committed.calibration["held_out_seeds"] == [102]
+    capsys.readouterr()

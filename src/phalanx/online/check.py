@@ -10,9 +10,12 @@ cell it ran breaks it.
 R/B, then which learners the check rejects; it exits with 1 when the real learner (``robust``) breaks the bound.
 ``--plot PATH`` draws the regret against T with the fixed bound. ``--calibrate PATH`` fits A₁ and A₂ on the grid
 run (:func:`phalanx.online.bound.fit`) and writes them with the command; a checked grid must not share a seed with
-the calibration's (:func:`check_disjoint`). ``--out DIR`` also writes the grid's raw results (``points.csv``) and the
-printed report (``report.md``) there; ``--results FILE`` makes that report again from a committed ``points.csv``
-of the same grid, without running a game (:mod:`phalanx.online.results`).
+the calibration's (:func:`check_disjoint`). With ``--held-out-seeds`` the calibration also runs its grid on those
+seeds, which the fit never sees (:func:`split`), and checks them against the constants the ``--seeds`` fixed
+(:func:`calibration_report`; exit 1 if one breaks the bound). ``--out DIR`` also writes the grid's raw results
+(``points.csv``; a calibration's with each point's role, ``fit`` or ``held-out``) and the printed report
+(``report.md``) there; ``--results FILE`` makes that report again from a committed ``points.csv`` of the same grid,
+without running a game (:mod:`phalanx.online.results`) — for a calibration, by fitting the file's ``fit`` rows again.
 """
 
 from __future__ import annotations
