@@ -10,9 +10,12 @@ cell it ran breaks it.
 R/B, then which learners the check rejects; it exits with 1 when the real learner (``robust``) breaks the bound.
 ``--plot PATH`` draws the regret against T with the fixed bound. ``--calibrate PATH`` fits A₁ and A₂ on the grid
 run (:func:`phalanx.online.bound.fit`) and writes them with the command; a checked grid must not share a seed with
-the calibration's (:func:`check_disjoint`). ``--out DIR`` also writes the grid's raw results (``points.csv``) and the
-printed report (``report.md``) there; ``--results FILE`` makes that report again from a committed ``points.csv``
-of the same grid, without running a game (:mod:`phalanx.online.results`).
+the calibration's (:func:`check_disjoint`). With ``--held-out-seeds`` the calibration also runs its grid on those
+seeds, which the fit never sees (:func:`split`), and checks them against the constants the ``--seeds`` fixed
+(:func:`calibration_report`; exit 1 if one breaks the bound). ``--out DIR`` also writes the grid's raw results
+(``points.csv``; a calibration's with each point's role, ``fit`` or ``held-out``) and the printed report
+(``report.md``) there; ``--results FILE`` makes that report again from a committed ``points.csv`` of the same grid,
+without running a game (:mod:`phalanx.online.results`) — for a calibration, by fitting the file's ``fit`` rows again.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ from phalanx.online import mutants
 from phalanx.online import results as raw
 from phalanx.online.game import ATTACKS, PROBLEMS, regret
 
-__all__ = ["DIM", "Cell", "Point", "calibrate", "cells", "check_disjoint", "main", "measure", "plan", "plot",
-           "rejected", "report", "summary", "table", "violations"]
+__all__ = ["DIM", "Cell", "Point", "calibrate", "calibration_report", "cells", "check_disjoint", "main", "measure",
+           "plan", "plot", "rejected", "report", "split", "summary", "table", "violations"]
 
 DIM = 5
 G = 1.0
@@ -202,6 +205,105 @@ def report(points: list[Point], constants: bounds.Constants, n_cells: int, n_see
             f"d = {DIM}\n{summary(points, constants)}\n")
 
 
+def split(points: Iterable[Point], fit_seeds: Iterable[int]) -> tuple[list[Point], list[Point]]:
+    """A calibration's points kept apart, each list in its order: those of a fitting seed (the only ones
+    :func:`calibrate` may see) and the held-out rest (checked against the constants the first fitted)."""
+    fs = {int(s) for s in fit_seeds}
+    pts = list(points)
+    return [p for p in pts if p.seed in fs], [p for p in pts if p.seed not in fs]
+
+
+def calibration_report(fit: list[Point], held: list[Point], constants: bounds.Constants) -> str:
+    """What ``--calibrate`` prints (and ``report.md`` holds): per cell, B with the constants as used (fitted ×
+    margin) and the mean regret and largest R/B of the fit points and of the held-out points, apart; then the
+    fitted constants with the seeds and number of points *the fit recorded seeing* (``constants.calibration``, not
+    the command line), the constants as used, and one verdict line per role. A held-out seed among those the fit
+    saw is said on the held-out line, and no held-out verdict is drawn: its data would have set the constants."""
+    roles = [("fit", fit), ("held-out", held)] if held else [("fit", fit)]
+    per: dict[Cell, dict[str, list[Point]]] = {}
+    for role, pts in roles:
+        for p in pts:
+            per.setdefault(p.cell, {}).setdefault(role, []).append(p)
+    lines = ["| problem | attack | T | k | ‖u‖ | bound B | " + " | ".join(f"{r} R | {r} max R/B" for r, _ in roles)
+             + " |", "|---|---|---:|---:|---:|---:|" + "---:|---:|" * len(roles)]
+    for cell, by in per.items():
+        problem, attack, T, k, nu = cell
+        first = next(iter(by.values()))[0]
+        cols = []
+        for r, _ in roles:
+            ps = by.get(r, [])
+            cols.append("— | —" if not ps else
+                        f"{_fmt(sum(p.regret for p in ps) / len(ps))} | {_fmt(max(p.ratio(constants) for p in ps))}")
+        lines.append(f"| {problem} | {attack} | {T} | {k} | {nu:g} | {_fmt(first.bound(constants))} | "
+                     + " | ".join(cols) + " |")
+    cal = constants.calibration
+    seen = sorted(constants.seeds())
+    tight = cal.get("tightest_cell", [])
+    where = (f"{tight[0]}, {tight[1]}, T = {tight[2]}, k = {tight[3]}, ‖u‖ = {float(tight[4]):g}, seed {tight[5]}"
+             if len(tight) == 6 else "—")
+    lines += ["", f"fit: A1 = {constants.sqrt_term:.3g}, A2 = {constants.k_term:.3g} ({constants.sqrt_term!r}, "
+                  f"{constants.k_term!r}), fitted on the {cal.get('cells', 0)} points of seeds {seen} (role fit) "
+                  f"and no others; tightest: {where}",
+              f"used: A1 = {constants.a1:.4g}, A2 = {constants.a2:.4g} (fitted × margin {constants.margin:g}), "
+              f"the bound B of every row, G = {G:g}, d = {DIM}"]
+    held_seeds = sorted({p.seed for p in held})
+    entered = sorted(set(held_seeds) & constants.seeds())
+    if not held:
+        lines.append("held out: none (no --held-out-seeds)")
+    elif entered:
+        lines.append(f"held out: {len(held)} points of seeds {held_seeds}, but seeds {entered} ENTERED THE FIT: "
+                     f"no held-out verdict")
+    else:
+        lines.append(f"held out: {len(held)} points of seeds {held_seeds} (role held-out), none of them in the fit")
+    for role, pts in roles:
+        if role == "held-out" and entered:
+            continue
+        rs = [p.ratio(constants) for p in pts]
+        bad = sum(r > 1 for r in rs)
+        verdict = f"REJECTED ({bad} of {len(rs)} points break the bound)" if bad else "keeps the bound"
+        lines.append(f"{role}: R/B in [{_fmt(min(rs))}, {_fmt(max(rs))}] over {len(rs)} points: {verdict}")
+    return "\n".join(lines) + "\n"
+
+
+def _calibrate(a: argparse.Namespace, grid: Sequence[Cell], command: str) -> int:
+    """``--calibrate PATH``: fit A₁, A₂ on the ``--seeds`` points only, check the ``--held-out-seeds`` points
+    against them, print the :func:`calibration_report` and write the constants to PATH (and, with ``--out``, the
+    raw results and the report; with ``--results``, every point read from a points file, no game run). Exit 1 when
+    a held-out point breaks the bound."""
+    shared = sorted(set(a.seeds) & set(a.held_out_seeds))
+    if shared:
+        raise ConfigError("held-out-seeds", shared, f"seeds other than the fitted ones {sorted(set(a.seeds))}")
+    planned = [(p, "fit") for p in plan(grid, a.seeds, ["robust"])]
+    planned += [(p, "held-out") for p in plan(grid, a.held_out_seeds, ["robust"])]
+    if a.results:
+        got = raw.read_calibration(Path(a.results), planned)
+        pts = [Point(*p, r, a.epsilon) for (p, _), (r, _) in zip(planned, got)]
+    else:
+        pts = measure(grid, [*a.seeds, *a.held_out_seeds], ["robust"], a.epsilon, a.jobs)
+    fit, held = split(pts, a.seeds)
+    try:
+        c = calibrate(fit, a.margin, command)
+    except ConfigError as exc:
+        if not a.results:
+            raise
+        raise ConfigError("results", a.results, f"regrets a calibration can fit ({exc})") from None
+    if a.results:
+        raw.check_bounds(Path(a.results), [p for p, _ in planned], [b for _, b in got], c, G, a.epsilon,
+                         f"the constants its fit rows give (× margin {a.margin:g})")
+    if held:
+        c = bounds.Constants(c.sqrt_term, c.k_term, c.margin,
+                             {**c.calibration, "held_out_seeds": sorted({p.seed for p in held})}, c.command)
+    text = calibration_report(fit, held, c)
+    print(text, end="")
+    print(f"\nA1 = {c.sqrt_term:.4g}, A2 = {c.k_term:.4g} (fitted on {len(fit)} points), margin {c.margin:g}: "
+          f"{bounds.save(c, a.calibrate)}")
+    if a.out:
+        rows = [((p.problem, p.attack, p.T, p.k, p.norm_u, p.seed, p.learner), role, p.regret, p.bound(c))
+                for role, ps in (("fit", fit), ("held-out", held)) for p in ps]
+        print(f"raw results and report: {raw.save(Path(a.out), raw.write_calibration(rows), text)}")
+    return 1 if any(p.regret > p.bound(c) for p in held) else 0
+
+
 def plot(points: list[Point], constants: bounds.Constants, path: str | Path) -> Path:
     """The regret against T on log axes into the PNG ``path``: a row per (problem, ‖u‖), a column per attack, a
     colour per k; the mean over the seeds of each learner (``robust`` solid, the others dotted or dash-dotted) and
@@ -288,22 +390,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibrate", metavar="PATH", default=None,
                     help="fit A1, A2 on this grid (robust learner) and write them to PATH instead of checking")
     ap.add_argument("--margin", type=float, default=1.25, help="with --calibrate: the factor A1, A2 are held with")
+    ap.add_argument("--held-out-seeds", nargs="+", type=int, default=[], metavar="SEED",
+                    help="with --calibrate: also run the grid on these seeds, never fitted, and check them against "
+                         "the constants the --seeds fitted")
     ap.add_argument("--out", metavar="DIR", default=None,
                     help="also write the raw results (points.csv) and the report (report.md) into DIR")
     ap.add_argument("--results", metavar="CSV", default=None,
                     help="make the report from this points.csv of the same grid instead of running it")
     a = ap.parse_args(argv)
-    if a.calibrate and (a.out or a.results):
-        raise ConfigError("calibrate", a.calibrate, "a calibration without --out or --results (they are a check's)")
+    if a.held_out_seeds and not a.calibrate:
+        raise ConfigError("held-out-seeds", a.held_out_seeds, "with --calibrate only (a check's seeds are all "
+                                                              "held out)")
     grid = cells(a.problems, a.attacks, a.horizons, a.budgets, a.norms)
     if a.calibrate:
-        pts = measure(grid, a.seeds, ["robust"], a.epsilon, a.jobs)
         cmd = "python -m phalanx.online.check " + " ".join(shlex.quote(x) for x in (argv if argv is not None
                                                                                       else sys.argv[1:]))
-        c = calibrate(pts, a.margin, cmd)
-        print(f"A1 = {c.sqrt_term:.4g}, A2 = {c.k_term:.4g} (fitted on {len(pts)} points), margin {c.margin:g}: "
-              f"{bounds.save(c, a.calibrate)}")
-        return 0
+        return _calibrate(a, grid, cmd)
     constants = bounds.load(a.constants)
     check_disjoint([Point("", "", 1, 0, 0.0, s, "", 0.0) for s in a.seeds], constants)
     if a.results:
