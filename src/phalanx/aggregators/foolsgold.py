@@ -128,9 +128,9 @@ class FoolsGold(Aggregator):
     Robustness conventions (ours): a bad row (NaN/Inf, or a norm that overflows) adds nothing to its client's
     history and gets weight 0 in that round; a client whose history overflows is not used again (weight 0). When
     every weight is 0 the output is the zero vector. The history is kept in float32 for float16/bfloat16/float32
-    inputs and in float64 for float64 ones; similarities are computed in float64, and a cosine within the rounding
-    of its sums of 1 is exactly 1 (the tie rule, :func:`similarities`), so identical histories — ALIE's sybils —
-    get the same weights on every engine and machine.
+    inputs and in float64 for float64 ones; similarities are computed in float64, and a cosine within
+    :math:`\tau(d)` of 1 — the rounding of its sums — is exactly 1 (tie rule, ours: :func:`similarities`), so
+    identical histories (ALIE's sybils) get the same weights on every engine and machine.
 
     ``f`` is not used: FoolsGold assumes no bound on the number of sybils (its guarantee is about *similar* ones);
     n identical rows give weight 0 to all of them, by design. Contributions: :math:`\alpha_i / n` (they add up to
