@@ -360,12 +360,12 @@ def test_too_many_missing_stops_with_a_checkpoint_that_resumes(tmp_path: Path) -
 def test_a_stateful_rule_keeps_its_history_on_every_topology(case: str, tmp_path: Path) -> None:
     """FoolsGold's per-client history on the torchrun engine: rank 0's server (federated client slots, a new sample
     of clients every round; ALIE's ranks get the history with the honest vectors) or every rank's own copy
-    (serverless): the run, its checkpointed history included, equals the simulated one. One Byzantine client: ALIE's
-    clients send identical rows, whose cosine similarity of 1 is a tie that FoolsGold's pardoning breaks by the last
-    bit of each engine's sums — with 3 such clients θ differed by 10 % between the engines on an AVX-512 machine
-    (2026-12-04; exact with signflip or one ALIE client)."""
+    (serverless): the run, its checkpointed history included, equals the simulated one. Three ALIE clients send
+    identical rows, whose cosine similarity of 1 is a tie: before the tie rule (phalanx.aggregators.foolsgold.
+    similarities) each engine's last bits broke it and θ differed by 10 % on an AVX-512 machine (commit b2841d0);
+    seed 10 samples rounds whose participants are all Byzantine twins."""
     if case == "server-fedavg":
-        data = {**FED_JOB, "aggregator": "foolsgold", "attack": "alie", "byzantine": 1}
+        data = {**FED_JOB, "aggregator": "foolsgold", "attack": "alie"}
     else:
         data = {**BASE, "workers": 3, "aggregator": "foolsgold", "topology": "serverless", "engine": "torchrun"}
     code, err = run_job(data, tmp_path / "dist", tmp_path)

@@ -19,7 +19,48 @@ from phalanx.aggregators.base import (
 from phalanx.aggregators.registry import register
 from phalanx.errors import ConfigError, InputError
 
-__all__ = ["FoolsGold", "foolsgold_weights"]
+__all__ = ["FoolsGold", "foolsgold_weights", "similarities", "tie_band"]
+
+
+def tie_band(d: int) -> float:
+    r"""Half-width :math:`\tau(d) = 4(d + 4)\,u` (:math:`u = 2^{-53}`) of the band below 1 in which a computed cosine
+    of rows of length ``d`` is a tie with 1 (:func:`similarities`).
+
+    The float64 Gram matrix summed in any order errs by :math:`|\hat g_{ij} - g_{ij}| \le \gamma_d
+    \lVert H_i\rVert \lVert H_j\rVert` with :math:`\gamma_d = du/(1 - du)` (Higham, *Accuracy and Stability of
+    Numerical Algorithms*, 2nd ed., §3.1, Eq. 3.5: any order, any blocking, with or without FMA); the two square roots,
+    their product and the division add four roundings, so the computed cosine errs by at most
+    :math:`2\gamma_d + \gamma_4 + O(u^2) \le \tau(d)/2`: a pair whose exact cosine is 1 is computed in
+    :math:`[1 - \tau/2, 1]` (after the clamp) on every machine and in every summation order."""
+    return 4.0 * (d + 4) * 2.0 ** -53
+
+
+def similarities(history: Tensor, usable: Tensor) -> tuple[Tensor, Tensor]:
+    r"""FoolsGold's similarity matrix ``cs`` (float64 ``(n, n)``, zero diagonal) and the mask of rows that have one.
+
+    :math:`cs_{ij} = \cos(H_i, H_j)` from the float64 Gram matrix (column chunk by column chunk), clamped to
+    [−1, 1]; a row that is not ``usable`` or whose history is zero (or overflows) has cosine 0 with every row.
+
+    **Tie rule (ours).** A cosine computed at or above :math:`1 - \tau(d)` (:func:`tie_band`) is set to exactly 1:
+    its exact value may be 1 given the rounding of the sums, whose order differs between BLAS kernels, machines
+    (AVX2, AVX-512) and the shape of the stacked matrix (which engine stacked it). So identical histories (ALIE's
+    sybils send the same row every round) and exactly parallel ones have similarity exactly 1 wherever they are
+    computed, and everything Algorithm 1 decides from it — :math:`v_i = \max_j cs_{ij}` and pardoning's
+    comparison :math:`v_i < v_j` — is made with that exact value: two twins both have :math:`v = 1`, so neither
+    pardons the other, and their weights are exactly 0. Without the rule the cosine of two identical rows is
+    :math:`\hat g / (\sqrt{\hat g}\,\sqrt{\hat g})`, 1 or :math:`1 - 2^{-52}` by the last bit of :math:`\hat g`
+    (:math:`\hat g = 2` gives the latter); when every participant has a twin the largest :math:`\alpha` is then 0
+    (every weight 0) or :math:`2^{-52}` (rescaled to 0.99: every weight 1) — the engines' θ differed by 10 % on an
+    AVX-512 machine (commit b2841d0). Pairs whose cosine is within :math:`\tau` of 1 but not exactly parallel (an
+    angle below :math:`\sqrt{2\tau}`, 8·10⁻⁶ rad at d = 79,510) count as twins too; a cosine right at the band's
+    edge is still decided by the last bit, as any threshold is.
+    """
+    d = history.shape[1]
+    keep = usable.to(history.device)
+    cs, ok = cosine_matrix(float64_gram(history.detach(), keep), keep)  # float64, column chunk by column chunk
+    cs = torch.where(cs >= 1.0 - tie_band(d), torch.ones_like(cs), cs)  # a row without a cosine has 0s: untouched
+    cs.fill_diagonal_(0.0)
+    return cs, ok
 
 
 def foolsgold_weights(history: Tensor, usable: Tensor, confidence: float = 1.0) -> Tensor:
@@ -37,15 +78,17 @@ def foolsgold_weights(history: Tensor, usable: Tensor, confidence: float = 1.0) 
         \alpha_i \leftarrow \alpha_i / \max_k \alpha_k \ (\text{the largest capped at } 0.99), \quad
         \alpha_i \leftarrow \mathrm{clip}_{[0,1]}\Big(\kappa \big(\ln\tfrac{\alpha_i}{1 - \alpha_i} + 0.5\big)\Big).
 
+    Tie rule (ours, :func:`similarities`): a cosine within :math:`\tau(d) = 4(d + 4)\,2^{-53}` of 1 — the rounding
+    of the float64 sums in any order — is exactly 1, so identical or exactly parallel histories get the same weights
+    (0) on every engine and machine, whatever the order of the rows or of the sums.
+
     ``usable`` masks the rows that take part (a row that is not usable gets weight 0 and is similar to no one); a
     zero history is similar to no one (cosine 0). The zero diagonal is the authors' ``cs − I``: it makes
     :math:`v_i \ge 0`, so the pardoning divides by :math:`v_j > v_i \ge 0` only. When every weight is 0 before the
-    rescaling (every usable history has a perfect twin, or none is usable) all weights are 0.
+    rescaling (every usable history has a twin, or none is usable) all weights are 0.
     """
     n = history.shape[0]
-    keep = usable.to(history.device)
-    cs, ok = cosine_matrix(float64_gram(history.detach(), keep), keep)  # float64, column chunk by column chunk
-    cs.fill_diagonal_(0.0)
+    cs, ok = similarities(history, usable)
     v = cs.max(dim=1).values
     lower = v[:, None] < v[None, :]
     cs = torch.where(lower, cs * (v[:, None] / torch.where(lower, v[None, :], torch.ones_like(cs))), cs)
@@ -85,7 +128,9 @@ class FoolsGold(Aggregator):
     Robustness conventions (ours): a bad row (NaN/Inf, or a norm that overflows) adds nothing to its client's
     history and gets weight 0 in that round; a client whose history overflows is not used again (weight 0). When
     every weight is 0 the output is the zero vector. The history is kept in float32 for float16/bfloat16/float32
-    inputs and in float64 for float64 ones; similarities are computed in float64.
+    inputs and in float64 for float64 ones; similarities are computed in float64, and a cosine within
+    :math:`\tau(d)` of 1 — the rounding of its sums — is exactly 1 (tie rule, ours: :func:`similarities`), so
+    identical histories (ALIE's sybils) get the same weights on every engine and machine.
 
     ``f`` is not used: FoolsGold assumes no bound on the number of sybils (its guarantee is about *similar* ones);
     n identical rows give weight 0 to all of them, by design. Contributions: :math:`\alpha_i / n` (they add up to

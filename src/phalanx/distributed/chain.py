@@ -71,12 +71,13 @@ class Appender:
     the digest of the first ``offset`` bytes) and the file's own SHA-256 (``whole``, the manifest's digest)."""
 
     def __init__(self, path: Path, chain: Chain, whole: Any, offset: int) -> None:
+        from phalanx.experiments import dirfd
         from phalanx.experiments.store import writing
 
         self.path = path
         self.chain, self.whole = chain, whole
-        with writing(path):
-            self.fh = open(path, "r+b" if path.exists() else "w+b")  # (held open for the run)
+        with writing(path):  # through the run directory's held descriptor (phalanx.experiments.dirfd)
+            self.fh = os.fdopen(dirfd.open_file(path.parent, path.name, os.O_RDWR | os.O_CREAT), "r+b")  # held open
             self.fh.seek(offset)
             self.fh.truncate()
         self.offset = offset

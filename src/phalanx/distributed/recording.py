@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phalanx.experiments.store import atomic_write_text
+from phalanx.experiments import dirfd
+from phalanx.experiments.store import writing
 from phalanx.training.loop import Callback, Loop, RoundInfo
 from phalanx.training.state import Snapshot
 
@@ -97,9 +98,11 @@ class DistributedLog(WrittenWithCheckpoints):
         }
 
     def write(self) -> None:
-        """Write ``distributed.json`` (atomically)."""
+        """Write ``distributed.json`` (atomically), through the run directory's held descriptor: into the directory
+        the run checked, even if its name was swapped for a link since (:mod:`phalanx.experiments.dirfd`)."""
         payload = {"summary": self.summary(), "rounds": [vars(r) for r in self.log]}
-        atomic_write_text(self.path, json.dumps(payload, indent=1))
+        with writing(self.path):
+            dirfd.write(self.path.parent, self.path.name, json.dumps(payload, indent=1).encode())
 
 
 class RankLog(Callback):

@@ -19,6 +19,7 @@ relative to the descriptor:
   is written under :func:`scratch` — on Linux ``/proc/self/fd/N``, the directory as the descriptor names it — and
   renamed into place relative to the descriptor; where ``/proc`` is missing the temporary file goes by name and the
   rename relative to the descriptor fails if the directory was swapped meanwhile (refused, not redirected);
+* :func:`open_file`: a file the run keeps open and appends to (rank 0's transcript under ``phalanx launch``);
 * :func:`unlink` and :func:`temporaries`: removing a marker and clearing a killed write's temporary files.
 
 So a swap after the check leaves the run's writes in the directory that was checked (now under whatever name the
@@ -144,6 +145,16 @@ def write(path: Path, name: str, payload: bytes, mode: int | None = None, *,
             os.unlink(tmp, dir_fd=fd)
         except FileNotFoundError:  # moved into place
             pass
+
+
+def open_file(path: Path, name: str, flags: int, mode: int = 0o666) -> int:
+    """A descriptor on ``path/name`` opened with ``flags`` (plus ``O_NOFOLLOW | O_CLOEXEC``: a symbolic link planted
+    at that name is refused, never followed), relative to the held descriptor when there is one — for a file a run
+    keeps open and appends to (rank 0's transcript, :mod:`phalanx.distributed.chain`). Errors: the :class:`OSError`
+    of the open."""
+    flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = fd_of(path)
+    return os.open(Path(path) / name, flags, mode) if fd is None else os.open(name, flags, mode, dir_fd=fd)
 
 
 def unlink(path: Path, name: str) -> None:
