@@ -4,12 +4,15 @@ constructions-only estimate, and the search with budget 0 — are reported "beat
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
 
 from _scripts import load_script
 from phalanx import aggregators
+from phalanx.aggregators import Aggregator
 from phalanx.analysis import aggregation_error
 from phalanx.analysis.epsilon_search import constructions
 from phalanx.analysis.ratios import exact_ratio, round_down
@@ -54,3 +57,33 @@ def test_a_search_without_its_budget_is_beaten(capsys: pytest.CaptureFixture[str
     out = capsys.readouterr().out
     assert "| krum | 10 | 2 | 1 |" in out and out.splitlines()[2].endswith("| beaten |")
     assert "0 of 1 hold" in out
+
+
+
+def _worst_excess(make: Callable[[int, int], Aggregator]) -> float:
+    """The largest ratio / (f/(n − f)) over random inputs — Gaussian rows at random scales, and f or f + 1 rows
+    shifted far (two clusters) — for n = 7 … 10 and f = 1, 2."""
+    gen = torch.Generator().manual_seed(7)
+    worst = 0.0
+    for t in range(60):
+        n, f = 7 + t % 4, 1 + t % 2
+        x = torch.randn(n, 3, generator=gen, dtype=torch.float64)
+        x = x * torch.rand(n, 1, generator=gen, dtype=torch.float64) * 10 ** (t % 5)
+        if t % 3:
+            x[: f + t % 3 - 1] += 5.0 * 10 ** (t % 5)
+        worst = max(worst, aggregation_error(make(n, f)(x), x) / (f / (n - f)))
+    return worst
+
+
+@pytest.mark.parametrize("spec", ["multikrum", "meamed", "mda"])
+def test_no_rule_averaging_n_minus_f_values_exceeds_f_over_n_minus_f(spec: str) -> None:
+    """Each averages n − f values (rows, or per coordinate), so ε ≤ f/(n − f) (docs/tension.md, Cauchy–Schwarz with
+    Σ yᵢ = 0): no random input goes above it."""
+    assert _worst_excess(lambda n, f: aggregators.make(spec, f=f)) <= 1 + 1e-9
+
+
+def test_a_multikrum_averaging_fewer_rows_exceeds_it() -> None:
+    """The mutant: Multi-Krum averaging n − f − 1 rows pays (f + 1)/(n − f − 1) on f + 1 far rows — above the bound."""
+    from phalanx.aggregators.krum import MultiKrum
+
+    assert _worst_excess(lambda n, f: MultiKrum(f=f, m=n - f - 1)) > 1.1
