@@ -1,4 +1,4 @@
-"""The workers' share of a keyed parameter-server session's nonce (issue 36): rank 0 no longer draws it alone.
+"""Every rank's share of a keyed session's nonce (issue 36): rank 0 no longer draws it alone (parameter server, mesh).
 
 Every worker rank r draws 32 fresh random bytes ``c_r`` (:func:`draw`, ``secrets.token_bytes``) once per session —
 per start of its process — and sends them in the hello of its (TLS-authenticated, identity-checked) links to rank 0;
