@@ -25,8 +25,8 @@ under another tag: a peer of another release), ``lie`` (every number 1: a claim 
 ``own`` sends its own.
 
 ``PHALANX_TEST_NONCE="KIND:ARG"`` makes keyed rank 0 (parameter server or sealed mesh) a mutant at the session nonce
-(:func:`phalanx.distributed.contribution.fix`): ``reuse:HEX`` sends the nonce HEX (another run's) with the other
-ranks' true contributions, ignoring them; ``drop:RANK`` marks rank RANK's contribution absent, ``alter:RANK``
+(what :func:`phalanx.distributed.contribution.fix` gave): ``reuse:HEX`` sends the nonce HEX (another run's) with the
+other ranks' true contributions, ignoring them; ``drop:RANK`` marks rank RANK's contribution absent, ``alter:RANK``
 flips a bit of it — each with the nonce derived from the list it sends.
 """
 

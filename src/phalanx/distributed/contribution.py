@@ -58,12 +58,10 @@ def derive(shares: list[bytes | None]) -> bytes:
 
 def fix(own: bytes, got: dict[int, bytes], n: int) -> tuple[list[bytes | None], bytes]:
     """Rank 0 fixes the session's nonce: the list (rank 0's ``own`` first, then ``got[r]`` for r = 1 … n−1, None for a
-    rank whose contribution did not come) and :func:`derive` of it (as the test hook ``PHALANX_TEST_NONCE`` breaks
-    them when set: :func:`phalanx.distributed._test_hooks.nonce_mutant`)."""
-    from phalanx.distributed import _test_hooks
-
+    rank whose contribution did not come) and :func:`derive` of it (its callers pass both through the test hook
+    :func:`phalanx.distributed._test_hooks.nonce_mutant`: unchanged unless ``PHALANX_TEST_NONCE`` is set)."""
     shares: list[bytes | None] = [own, *(got.get(r) for r in range(1, n))]
-    return _test_hooks.nonce_mutant(shares, derive(shares))
+    return shares, derive(shares)
 
 
 def too_late(rank: int) -> str:

@@ -57,7 +57,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from phalanx.distributed import wire
+from phalanx.distributed import _test_hooks, wire
 from phalanx.distributed.admission import Admission, Shed, at_once, dial, listen_on
 from phalanx.distributed.channel import (
     HANDSHAKE_TIMEOUT_S,
@@ -487,7 +487,7 @@ class Mesh:
         assert self.rank == 0 and self.nonce is None
         with self.cond:
             joined = dict(self.joined)
-            self.contributions, self.nonce = fix(self.share, self.shares, self.n)
+            self.contributions, self.nonce = _test_hooks.nonce_mutant(*fix(self.share, self.shares, self.n))
         failed = self._connect_all(joined, {}, time.monotonic() + DIAL_BACK_S)
         for r, reason in failed.items():
             self.reject(r, reason)
