@@ -309,6 +309,7 @@ def test_a_rejected_gossip_message_is_missing_at_once_and_the_first_one_counts(k
         meshes[3].send([1], Kind.ROW, STEP, 0, row(3))  # not a neighbour of node 1
         meshes[2].send([1], Kind.ROW, STEP, 0, b"\x01" * (ROW - 1))  # wrong length
         redirected = frame(ident(keydir, 2), nonce, 1, 2, row(2), 1, topology="gossip", to=3, phase=STEP)
+        meshes[2].flush(1, time.monotonic() + 20.0)  # (its queued row written first: one writer on the socket at once)
         meshes[2].out[1].sock.sendall(redirected)  # signed for node 3, sent to node 1
         wait_until(lambda: len(meshes[1].rejections) >= 4, meshes[1])
         text = reasons(meshes[1])
