@@ -2,7 +2,8 @@
 (a Byzantine rank attacking as itself included), an impostor campaign against two ranks' listeners while the job
 trains that changes no bit of it, every rejection in rank 0's transcript (the rank that refused it named), the
 audit passing and catching an edit; a keyed serverless run that loses a rank stops with a checkpoint and resumes to
-the same bits.
+the same bits (its resumed session's nonce from fresh contributions); a mutant rank 0 at the session nonce refused by
+the rank it cheats, and a forged list of contributions failing the audit.
 
 Every job is small (MLP on digits, 4 or 5 ranks, ≤ 10 rounds) and runs under a hard timeout; the campaign acts while
 rank 0 holds before round 3 (``PHALANX_TEST_HOLD``), an event, not a race with the machine's speed.
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.test_audit import forge
 from tests.test_distributed import BASE, JOB_TIMEOUT_S, run_dir, wait_for, write_toml
 from tests.test_distributed_gossip import JOB as GOSSIP_JOB
 from tests.test_distributed_sealed import final, job, rewrite, transcript
@@ -39,6 +41,7 @@ from phalanx.distributed.channel import (
     recv_phased,
     send_phased,
 )
+from phalanx.distributed.contribution import derive
 from phalanx.distributed.env import RankEnv, free_port
 from phalanx.distributed.keys import init_keys, load_identity
 from phalanx.distributed.parameter_server import config_digest
@@ -198,9 +201,11 @@ def test_the_serverless_transcript_names_every_row_once_and_audits(serverless: P
     report = audit(run_dir(serverless))
     assert report.ok, report.problems
     assert report.accepted == 5 * SERVERLESS["rounds"]
-    # the mesh's rank 0 still draws the nonce alone (docs/security.md, "Open"): its session line lists no
-    # contributions, and the audit says so
-    assert all("contributions" not in s for s in doc["sessions"]) and report.uncontributed == 1
+    # the nonce is not rank 0's alone: its session line lists every rank's contribution, and it follows from them
+    (session,) = doc["sessions"]
+    assert len(session["contributions"]) == 4 and None not in session["contributions"]
+    assert derive([bytes.fromhex(c) for c in session["contributions"]]).hex() == session["nonce"]
+    assert report.uncontributed == 0
 
 
 def test_an_edited_serverless_transcript_fails_the_audit(serverless: Path, keys: Path, tmp_path: Path) -> None:
@@ -245,10 +250,74 @@ def test_a_keyed_serverless_run_that_loses_a_rank_stops_with_a_checkpoint_and_re
     assert [s["from_round"] for s in doc["sessions"]] == [0, 6] and doc["sessions"][0]["nonce"] != doc["sessions"][1][
         "nonce"]
     assert [r["round"] for r in doc["rounds"]] == list(range(10))
-    assert audit(run_dir(tmp_path / "out")).ok
+    report = audit(run_dir(tmp_path / "out"))
+    assert report.ok and report.uncontributed == 0, report.problems
+    # the resumed session's nonce follows from fresh contributions of every rank (a new start draws new bytes)
+    first, second = (s["contributions"] for s in doc["sessions"])
+    assert None not in first + second and not set(first) & set(second)
+    for s in doc["sessions"]:
+        assert derive([bytes.fromhex(c) for c in s["contributions"]]).hex() == s["nonce"]
     code, errs, _ = job(data, tmp_path / "plain", tmp_path)
     assert code == 0, errs[-3000:]
     same_bits(tmp_path / "out", tmp_path / "plain")
+
+
+@pytest.mark.parametrize(("mutant", "refusing"), [("reuse:" + "ab" * 32, {1, 2, 3}), ("drop:2", {2}), ("alter:1", {1})])
+def test_a_mesh_rank_0_that_reuses_a_nonce_or_drops_or_alters_a_contribution_is_refused(
+    keys: Path, tmp_path: Path, mutant: str, refusing: set[int],
+) -> None:
+    """A mutant serverless rank 0 (``PHALANX_TEST_NONCE``) on real processes: reusing another run's nonce (every
+    contribution ignored) — every other rank stops; dropping rank 2's contribution, or altering rank 1's — that rank
+    stops. Each in one line, exit 2, no traceback, before it signs anything; the test then ends the job (the others
+    would wait out the join timeout for the rank that left)."""
+    data = {**keyed(SERVERLESS, keys), "byzantine": 0, "attack": "none"}
+    before_kill: list[str] = []
+
+    def script(procs: list[subprocess.Popen[bytes]], errs: Path, port: int) -> None:
+        for r in refusing:
+            assert procs[r].wait(timeout=JOB_TIMEOUT_S) == 2  # (a configuration-class error: one line, exit 2)
+        before_kill.append(errs.read_text())
+        procs[0].kill()
+
+    job(data, tmp_path / "out", tmp_path, env={"PHALANX_TEST_NONCE": mutant}, script=script)
+    errs = before_kill[0]
+    # the ranks share one stderr file, so one rank's line may run into another's: read each message, not each line
+    refused = re.findall(r"\[phalanx rank (\d+)\] error: rank (\d+): refused the start snapshot: ([^\[\n]*)", errs)
+    assert {int(rank) for rank, _, _ in refused} == refusing and all(a == b for a, b, _ in refused), errs[-3000:]
+    why = {"reuse": "does not follow from the contributions", "drop": "contribution to the session nonce is absent",
+           "alter": "contribution to the session nonce is altered"}[mutant.split(":")[0]]
+    assert all(why in message for _, _, message in refused) and "Traceback" not in errs, errs[-3000:]
+
+
+def test_a_forged_list_of_contributions_fails_the_audit_of_a_mesh_run(
+    serverless: Path, keys: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a mesh rank 0 that reused another run's nonce would record: its session line with one rank's contribution
+    swapped (the nonce, and so every row's signature, kept), re-signed with rank 0's key — the audit recomputes the
+    nonce and refuses it in one line; the mutant audit without the recomputation passes it. A mesh transcript written
+    before the contributions (none listed) is read as before and labelled "nonce not contributed"."""
+    from phalanx.distributed import audit as audit_module
+
+    def swapped(doc: dict[str, Any]) -> None:
+        doc["sessions"][0]["contributions"][2] = "5a" * 32
+
+    def older(doc: dict[str, Any]) -> None:
+        del doc["sessions"][0]["contributions"]
+
+    rank0 = load_identity(keys / "job4", 0, 4)
+    forged = forge(run_dir(serverless), tmp_path / "forged", swapped, rank0)
+    report = audit(forged)
+    assert report.problems == ["the session from round 0 has a nonce that does not follow from its contributions "
+                               "(SHA-256 of them): rank 0 chose it alone"], report.problems
+    res = CliRunner().invoke(app, ["audit", str(forged)])
+    assert res.exit_code == 1 and "does not follow from its contributions" in res.output, res.output
+    old = forge(run_dir(serverless), tmp_path / "old", older, rank0)
+    report = audit(old)
+    assert report.ok and report.uncontributed == 1, report.problems
+    res = CliRunner().invoke(app, ["audit", str(old)])
+    assert res.exit_code == 0 and "1 sessions' nonce not contributed" in res.output, res.output
+    monkeypatch.setattr(audit_module, "session_problem", lambda rec, n: None)
+    assert audit(forged).ok
 
 
 def test_under_torchruns_agent_the_store_carries_only_rank_0s_address(keys: Path, tmp_path: Path) -> None:
@@ -301,6 +370,9 @@ def test_the_gossip_transcript_holds_every_nodes_journal_and_audits(gossip: Path
     report = audit(run_dir(gossip))
     assert report.ok, report.problems
     assert report.accepted == 6 * (4 * 2 + 4)
+    (session,) = doc["sessions"]  # the nonce follows from every node's contribution
+    assert len(session["contributions"]) == 5 and None not in session["contributions"] and report.uncontributed == 0
+    assert derive([bytes.fromhex(c) for c in session["contributions"]]).hex() == session["nonce"]
     copy = tmp_path / "run"
     shutil.copytree(run_dir(gossip), copy)
     doc["rounds"][0]["nodes"][1]["rounds"][0]["accepted"][0]["rank"] = 3  # node 1 claims it heard node 3

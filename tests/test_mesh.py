@@ -309,6 +309,7 @@ def test_a_rejected_gossip_message_is_missing_at_once_and_the_first_one_counts(k
         meshes[3].send([1], Kind.ROW, STEP, 0, row(3))  # not a neighbour of node 1
         meshes[2].send([1], Kind.ROW, STEP, 0, b"\x01" * (ROW - 1))  # wrong length
         redirected = frame(ident(keydir, 2), nonce, 1, 2, row(2), 1, topology="gossip", to=3, phase=STEP)
+        meshes[2].flush(1, time.monotonic() + 20.0)  # (its queued row written first: one writer on the socket at once)
         meshes[2].out[1].sock.sendall(redirected)  # signed for node 3, sent to node 1
         wait_until(lambda: len(meshes[1].rejections) >= 4, meshes[1])
         text = reasons(meshes[1])
@@ -455,7 +456,7 @@ def test_rank_0_dials_back_only_the_address_a_rank_connected_from(
         answers = []
         for host, port in (("10.0.0.1", 22), ("127.0.0.2", 40000)):
             tls = client_context(ident(keydir, 1)).wrap_socket(socket.create_connection(m0.address))
-            answers.append(_hello(tls, {"rank": 1, "config": DIGEST, "listen": [host, port]}))
+            answers.append(_hello(tls, {"rank": 1, "config": DIGEST, "listen": [host, port], "share": "ab" * 32}))
             tls.close()
             if check == "mutant":
                 break
@@ -479,7 +480,8 @@ def test_a_rank_that_stalls_rank_0s_dial_back_delays_the_start_boundedly(
     m0, m1, m3 = mesh(keydir, 0), mesh(keydir, 1), mesh(keydir, 3)
     tls = client_context(ident(keydir, 2)).wrap_socket(socket.create_connection(m0.address))
     try:
-        assert _hello(tls, {"rank": 2, "config": DIGEST, "listen": ["127.0.0.1", stall.getsockname()[1]]}) == "ACK"
+        assert _hello(tls, {"rank": 2, "config": DIGEST, "listen": ["127.0.0.1", stall.getsockname()[1]],
+                            "share": "ab" * 32}) == "ACK"
         m1.join(*m0.address)
         m3.join(*m0.address)
         assert m0.wait_joins({1, 2, 3}, 20.0) == {1, 2, 3}

@@ -3,9 +3,13 @@ expected worker's 32 random bytes before it sends the start snapshot; the nonce 
 contribution in rank order; each worker checks that its own is there, unchanged, and that the nonce follows — a rank 0
 that reuses an old nonce, or drops or alters one worker's contribution, is refused by that worker in one line.
 
+The sealed mesh (serverless, gossip) uses the same function: every rank ≠ 0 contributes in its introduction to rank 0,
+and the rank a mutant rank 0 cheats refuses its start snapshot.
+
 In one process with real TLS sockets on loopback (:class:`~phalanx.distributed.sealed.SealedLinks` and
-:class:`~phalanx.distributed.sealed.SealedWorkerLinks`); the same mutants on real processes are in
-``tests/test_distributed_sealed.py``, the audit's recomputation in ``tests/test_audit.py``.
+:class:`~phalanx.distributed.sealed.SealedWorkerLinks`; :class:`~phalanx.distributed.mesh.Mesh`); the same mutants on
+real processes are in ``tests/test_distributed_sealed.py`` and ``tests/test_distributed_mesh.py``, the audit's
+recomputation in ``tests/test_audit.py`` and ``tests/test_distributed_mesh.py``.
 """
 
 from __future__ import annotations
@@ -21,9 +25,19 @@ from pathlib import Path
 import pytest
 
 from phalanx.distributed import _test_hooks, contribution, sealed
-from phalanx.distributed.channel import Kind, Limits, client_context, recv_frame, send_frame
+from phalanx.distributed import mesh as mesh_module
+from phalanx.distributed.channel import (
+    Kind,
+    Limits,
+    client_context,
+    recv_frame,
+    recv_phased,
+    send_frame,
+    send_phased,
+)
 from phalanx.distributed.contribution import ABSENT, DOMAIN, PRESENT, check_init, derive, session_problem
 from phalanx.distributed.keys import Identity, init_keys, load_identity
+from phalanx.distributed.mesh import Mesh
 from phalanx.distributed.sealed import SealedLinks, SealedWorkerLinks
 from phalanx.errors import PhalanxError
 
@@ -233,3 +247,122 @@ def test_the_audits_check_of_a_session_line(contributions: object, why: str) -> 
            "contributions": contributions}
     problem = session_problem(rec, 4)
     assert problem is not None and why in problem
+
+
+# -- the sealed mesh (serverless, gossip): the same function, every rank ≠ 0 contributing in its join ----------------
+
+def mesh(keydir: Path, rank: int) -> Mesh:
+    return Mesh(ident(keydir, rank), "serverless", DIGEST, N, ("127.0.0.1", 0), row_limit=ROW + 64,
+                init_limit=1 << 20)
+
+
+def start_mesh(keydir: Path, joining: tuple[int, ...] = (1, 2, 3)) -> tuple[Mesh, dict[int, Mesh], dict[int, str]]:
+    """Ranks of ``joining`` join rank 0, which offers the start snapshot; the meshes, and for each joined rank what
+    its ``receive_init`` raised ("" when it took the snapshot)."""
+    m0 = mesh(keydir, 0)
+    others = {r: mesh(keydir, r) for r in joining}
+    for m in others.values():
+        m.join(*m0.address)
+    assert m0.wait_joins(set(joining), 20.0) == set(joining)
+    m0.offer({"config": DIGEST, "round": 0})
+    errors = {}
+    for r, m in others.items():
+        try:
+            assert m.receive_init(20.0) == {"config": DIGEST, "round": 0}
+            errors[r] = ""
+        except PhalanxError as exc:
+            errors[r] = str(exc)
+    return m0, others, errors
+
+
+def close_all(*meshes: Mesh) -> None:
+    for m in meshes:
+        m.close(wait_for=set(), timeout=1.0)
+
+
+def test_every_mesh_rank_contributes_and_checks_the_nonce(keydir: Path) -> None:
+    """Rank 0 fixes the nonce when it sends the start snapshot: SHA-256 of its own and every joined rank's share, in
+    rank order; each rank takes it only after checking it; a new start of a rank (a resumed job) draws new bytes."""
+    m0, others, errors = start_mesh(keydir)
+    try:
+        assert errors == {1: "", 2: "", 3: ""}
+        assert m0.contributions == [m0.share, *(others[r].share for r in (1, 2, 3))]
+        assert m0.nonce == derive(m0.contributions) and all(m.nonce == m0.nonce for m in others.values())
+        assert len({m0.share, *(m.share for m in others.values())}) == 4
+        assert mesh(keydir, 1).share != others[1].share  # (closed by the garbage collector: never joined)
+    finally:
+        close_all(m0, *others.values())
+
+
+@pytest.mark.parametrize(("mutant", "refusing", "why"), [
+    ("reuse:" + "ab" * 32, {1, 2, 3}, "does not follow from the contributions"),
+    ("drop:2", {2}, "this rank's contribution to the session nonce is absent"),
+    ("alter:1", {1}, "this rank's contribution to the session nonce is altered"),
+])
+def test_a_mesh_rank_0_mutant_at_the_nonce_is_refused_by_the_rank_it_cheats(
+    keydir: Path, monkeypatch: pytest.MonkeyPatch, mutant: str, refusing: set[int], why: str,
+) -> None:
+    """The mesh's rank 0 reusing another run's nonce: every rank refuses the start snapshot; dropping or altering one
+    rank's share: that rank refuses, the others (their own bytes in the nonce) take it. A rank that refuses holds no
+    nonce: it can sign nothing."""
+    monkeypatch.setenv(_test_hooks.NONCE_VAR, mutant)
+    m0, others, errors = start_mesh(keydir)
+    try:
+        assert {r for r, e in errors.items() if e} == refusing, errors
+        for r in refusing:
+            assert errors[r].startswith(f"rank {r}: refused the start snapshot: ") and why in errors[r]
+            assert "\n" not in errors[r] and others[r].nonce is None
+        assert all(others[r].nonce == m0.nonce for r in set(others) - refusing)
+    finally:
+        close_all(m0, *others.values())
+
+
+def test_mutant_a_mesh_rank_that_does_not_check_takes_the_reused_nonce(
+    keydir: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The mutant rank (no check: it takes rank 0's nonce as before the contributions) signs under another run's."""
+    monkeypatch.setenv(_test_hooks.NONCE_VAR, "reuse:" + "ab" * 32)
+    monkeypatch.setattr(mesh_module, "check_init", lambda init, rank, n, mine: init["nonce"])
+    m0, others, errors = start_mesh(keydir)
+    try:
+        assert errors == {1: "", 2: "", 3: ""}
+        assert all(m.nonce == bytes.fromhex("ab" * 32) for m in others.values())
+    finally:
+        close_all(m0, *others.values())
+
+
+@pytest.mark.parametrize("check", ["kept", "mutant"])
+def test_a_mesh_rank_after_the_nonce_was_fixed_or_without_a_share_is_refused(
+    keydir: Path, monkeypatch: pytest.MonkeyPatch, check: str,
+) -> None:
+    """Rank 0 fixed the nonce with ranks 1 and 2 (rank 3 absent from the list): rank 3 joining afterwards is refused
+    at its introduction, in one line — its share could no longer count. The mutant (no such refusal) lets it in, to
+    wait for a start snapshot that never comes. An introduction without a share (or not 32 bytes in hex) is refused
+    with its reason."""
+    if check == "mutant":
+        monkeypatch.setattr(mesh_module, "too_late", lambda rank: None)
+    m0, others, errors = start_mesh(keydir, (1, 2))
+    late = mesh(keydir, 3)
+    try:
+        assert errors == {1: "", 2: ""} and m0.contributions is not None and m0.contributions[3] is None
+        if check == "mutant":
+            late.join(*m0.address)
+            assert 3 in m0.joined
+            return
+        with pytest.raises(PhalanxError, match="rank 3 came after the session nonce was fixed") as info:
+            late.join(*m0.address)
+        assert "\n" not in str(info.value) and 3 not in m0.joined
+        fresh = mesh(keydir, 0)
+        try:
+            for share in (None, "ab" * 31, "AB" * 32):
+                tls = client_context(ident(keydir, 1)).wrap_socket(socket.create_connection(fresh.address))
+                send_phased(tls, Kind.HELLO, 0, 0, json.dumps({"rank": 1, "config": DIGEST, "listen": [
+                    "127.0.0.1", 1], **({} if share is None else {"share": share})}).encode())
+                kind, _, _, answer = recv_phased(tls, Limits({Kind.REFUSED: 1 << 16, Kind.ACK: 0}))
+                tls.close()
+                assert kind == Kind.REFUSED and b"not 32 bytes in hex" in answer, answer
+            assert fresh.joined == {} and fresh.shares == {}
+        finally:
+            close_all(fresh)
+    finally:
+        close_all(m0, late, *others.values())

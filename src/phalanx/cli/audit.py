@@ -58,9 +58,9 @@ def audit(
     if report.filters_unchecked:  # Kardam's, Zeno++'s decisions: not recomputed (the transcript lacks every θ)
         console.print(f"  {report.filters_unchecked} steps' filtering unchecked (the algorithm's filter decisions "
                       "were not recomputed: which updates it dropped is rank 0's word)", soft_wrap=True)
-    if report.uncontributed:  # its nonce drawn by rank 0 alone (a mesh's session, or an older transcript's)
-        console.print(f"  {report.uncontributed} sessions' nonce not contributed (drawn by rank 0 alone: a sealed "
-                      "mesh's, or a transcript written before the workers' share)", soft_wrap=True)
+    if report.uncontributed:  # its nonce drawn by rank 0 alone (an older transcript's session)
+        console.print(f"  {report.uncontributed} sessions' nonce not contributed (drawn by rank 0 alone: a "
+                      "transcript written before the ranks' share)", soft_wrap=True)
     if report.ok:
         console.print("audit passed" + (f" ({report.results_unchecked} steps' results unchecked)"
                                         if report.results_unchecked else "")

@@ -24,10 +24,10 @@ rank, keyed or not) send, with its successive vectors, a worker-stage report of 
 under another tag: a peer of another release), ``lie`` (every number 1: a claim within any count's bounds);
 ``own`` sends its own.
 
-``PHALANX_TEST_NONCE="KIND:ARG"`` makes keyed parameter-server rank 0 a mutant at the session nonce
-(:mod:`phalanx.distributed.contribution`): ``reuse:HEX`` sends the nonce HEX (another run's) with the workers' true
-contributions, ignoring them; ``drop:RANK`` marks rank RANK's contribution absent, ``alter:RANK`` flips a bit of it —
-each with the nonce derived from the list it sends.
+``PHALANX_TEST_NONCE="KIND:ARG"`` makes keyed rank 0 (parameter server or sealed mesh) a mutant at the session nonce
+(what :func:`phalanx.distributed.contribution.fix` gave): ``reuse:HEX`` sends the nonce HEX (another run's) with the
+other ranks' true contributions, ignoring them; ``drop:RANK`` marks rank RANK's contribution absent, ``alter:RANK``
+flips a bit of it — each with the nonce derived from the list it sends.
 """
 
 from __future__ import annotations

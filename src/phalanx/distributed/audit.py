@@ -20,10 +20,10 @@ What a passing audit proves, and against whom:
   both); at most f are missing (serverless: none). In a gossip gathering round the nodes that reported and the
   silent ones are together every node, node 0 (rank 0 itself) reported, and each report covers exactly the rounds
   since that node's last one.
-- **Its nonces are not rank 0's alone** (keyed parameter server): each session line lists every rank's contribution
-  to its nonce, and the nonce is SHA-256 of them (:func:`~phalanx.distributed.contribution.session_problem`); a
-  session line without the list (a mesh's, or a transcript written before) is read as before and counted in
-  ``AuditReport.uncontributed``.
+- **Its nonces are not rank 0's alone** (keyed parameter server, sealed mesh): each session line lists every
+  rank's contribution to its nonce, and the nonce is SHA-256 of them
+  (:func:`~phalanx.distributed.contribution.session_problem`); a session line without the list (a transcript written
+  before) is read as before and counted in ``AuditReport.uncontributed``.
 - **Who was heard.** Every accepted row verifies with its sender's key for this run's nonce, config, round, phase,
   rank (gossip: and recipient) and digest; every gossip journal verifies with its own node's key.
 - **It is a transcript.** Every line is at most :func:`~phalanx.distributed.transcript.line_limit` bytes (checked
@@ -120,7 +120,7 @@ class AuditReport:
     """Asynchronous steps whose result was not recomputed (a rule with context or state: docs/async.md)."""
     uncontributed: int = 0
     """Sessions whose line lists no contributions to its nonce — *nonce not contributed*: drawn by rank 0 alone (a
-    sealed mesh's, or a transcript written before the workers' share, :mod:`phalanx.distributed.contribution`)."""
+    transcript written before the ranks' share, :mod:`phalanx.distributed.contribution`)."""
     filters_unchecked: int = 0
     """Asynchronous steps of an algorithm that filters (Kardam, Zeno++) whose filter decisions were not recomputed
     (:func:`phalanx.distributed.async_filters.unchecked`)."""

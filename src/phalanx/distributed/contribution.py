@@ -1,4 +1,4 @@
-"""The workers' share of a keyed parameter-server session's nonce (issue 36): rank 0 no longer draws it alone.
+"""Every rank's share of a keyed session's nonce (issue 36): rank 0 no longer draws it alone (parameter server, mesh).
 
 Every worker rank r draws 32 fresh random bytes ``c_r`` (:func:`draw`, ``secrets.token_bytes``) once per session —
 per start of its process — and sends them in the hello of its (TLS-authenticated, identity-checked) links to rank 0;
@@ -12,8 +12,13 @@ snapshot (``INIT``) carries the list; each worker checks that its own ``c_r`` is
 follows from the list (:func:`check_init`) — else it stops in one line. A rank 0 that reuses another run's nonce
 must then find SHA-256 preimages: every honest worker's fresh ``c_r`` is inside. The transcript's session line
 carries the list (:func:`as_json`), and ``phalanx audit`` recomputes each session's nonce from it
-(:func:`session_problem`). A session line without the list (a transcript written before this, or a sealed mesh's,
-whose rank 0 still draws the nonce alone) is read as before and counted as *not contributed*.
+(:func:`session_problem`). A session line without the list (a transcript written before this) is read as before and
+counted as *not contributed*.
+
+The sealed mesh (serverless, gossip: :mod:`phalanx.distributed.mesh`) uses the same function: every rank r ≠ 0 sends
+its ``c_r`` in the introduction of its (identity-checked) connection to rank 0, rank 0 fixes the nonce (:func:`fix`)
+from the ranks that joined when it sends the start snapshot, and each rank checks the snapshot with
+:func:`check_init` before it signs anything.
 
 No cryptography of Phalanx's own beyond SHA-256 over this domain-separated concatenation (RFC 6234's hash).
 """
@@ -51,11 +56,33 @@ def derive(shares: list[bytes | None]) -> bytes:
     return h.digest()
 
 
+def fix(own: bytes, got: dict[int, bytes], n: int) -> tuple[list[bytes | None], bytes]:
+    """Rank 0 fixes the session's nonce: the list (rank 0's ``own`` first, then ``got[r]`` for r = 1 … n−1, None for a
+    rank whose contribution did not come) and :func:`derive` of it (its callers pass both through the test hook
+    :func:`phalanx.distributed._test_hooks.nonce_mutant`: unchanged unless ``PHALANX_TEST_NONCE`` is set)."""
+    shares: list[bytes | None] = [own, *(got.get(r) for r in range(1, n))]
+    return shares, derive(shares)
+
+
+def too_late(rank: int) -> str:
+    """Why rank 0 refuses a rank that introduces itself after the nonce was fixed (its contribution could not count)."""
+    return f"rank {rank} came after the session nonce was fixed without its contribution; it is missing this session"
+
+
 def parse_hex(value: Any) -> bytes:
     """A contribution sent as 64 lowercase hex characters (a worker's hello); ValueError otherwise."""
     if not (isinstance(value, str) and len(value) == 2 * SHARE_BYTES and _HEX.fullmatch(value)):
         raise ValueError(f"its contribution to the session nonce is not {SHARE_BYTES} bytes in hex")
     return bytes.fromhex(value)
+
+
+def share_problem(value: Any) -> str | None:
+    """Why ``value`` (from a mesh rank's introduction) is not a contribution in hex (:func:`parse_hex`), or None."""
+    try:
+        parse_hex(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def as_json(shares: list[bytes | None]) -> list[str | None]:

@@ -9,20 +9,22 @@ the only one who writes on it after the introduction; the receiver only reads it
 threads). A listener admits connections through :class:`~phalanx.distributed.admission.Admission` (one thread,
 handshake deadlines, caps per source: no slot a stranger can hold); the connecting end checks that the listener holds
 the key of the rank it meant to reach and tries again while a listener under attack sheds it. The connecting peer
-introduces itself (``HELLO``: its rank, the config digest, and either the address it listens on — to rank 0 — or the
-run's nonce); the receiver refuses, with a reason sent back and recorded, a claimed rank that is not the
-certificate's, a rank not in the job, another config, another nonce, and a second connection of one rank (one key,
-one connection, for the whole run); it answers ``ACK`` otherwise, then only reads. Who sent a frame is the
-certificate's rank, never what the frame says.
+introduces itself (``HELLO``: its rank, the config digest, and either the address it listens on and its share of
+the nonce — to rank 0 — or the run's nonce); the receiver refuses, with a reason sent back and recorded, a claimed
+rank that is not the certificate's, a rank not in the job, another config, another nonce, and a second connection of
+one rank (one key, one connection, for the whole run); it answers ``ACK`` otherwise, then only reads. Who sent a
+frame is the certificate's rank, never what the frame says.
 
 **Rendezvous** (:mod:`phalanx.distributed.rendezvous`). Rank 0 listens on ``MASTER_ADDR:MASTER_PORT`` (under
 torchrun's agent, which holds that port: ``PHALANX_SEALED_PORT``, or a free port published in the agent's store and
 read back as untrusted input). Every other rank listens on ``bind_host`` with a free port, connects to rank 0 from
 that address and says where it listens — rank 0 takes only the address the connection came from — and rank 0
 connects back to every rank at once (at most :data:`DIAL_BACK_S`), checks the certificate there is that rank's, and
-sends it the start snapshot (``INIT``: the run's 32-byte nonce, the address book, the state), after which the ranks
-connect to one another through the book, in parallel. Rank 0's connection to a rank and that rank's to rank 0 carry
-the start snapshot, rank 0's stop message, the gossip monitoring rows and the rejection reports.
+sends it the start snapshot (``INIT``: the run's nonce, its contributions, the address book, the state), after which
+the ranks connect to one another through the book, in parallel. The nonce is SHA-256 of every joined rank's fresh
+share (:mod:`~phalanx.distributed.contribution`; a rank joining after it was fixed is refused); a rank whose own is
+not in the snapshot unchanged, or whose nonce does not follow, stops in one line before it signs anything. Rank 0's
+connection to a rank and that rank's to rank 0: the start snapshot, its stop, gossip monitoring rows and reports.
 
 **Frames.** ``PHASED_MAGIC · kind · phase · round · length`` (:func:`~phalanx.distributed.channel.recv_phased`),
 the length checked against the kind's limit before the payload is read; a receiver takes only the kinds its sender
@@ -48,7 +50,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import queue
 import ssl
 import threading
@@ -56,7 +57,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from phalanx.distributed import wire
+from phalanx.distributed import _test_hooks, wire
 from phalanx.distributed.admission import Admission, Shed, at_once, dial, listen_on
 from phalanx.distributed.channel import (
     HANDSHAKE_TIMEOUT_S,
@@ -76,6 +77,7 @@ from phalanx.distributed.channel import (
     strict_json,
     why,
 )
+from phalanx.distributed.contribution import check_init, draw, fix, share_problem, too_late
 from phalanx.distributed.keys import Identity
 from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S
 from phalanx.distributed.rejections import REASON_CHARS, Rejection, RejectionLog, Reporter, parse_report
@@ -150,17 +152,15 @@ class Mesh:
                  row_limit: int, init_limit: int, monitor_limit: int = 0) -> None:
         if topology not in DOMAINS:
             raise ValueError(f"no sealed mesh for topology {topology!r}")
-        self.identity = identity
-        self.rank = identity.rank
-        self.topology = topology
-        self.digest = digest
+        self.identity, self.rank, self.topology, self.digest = identity, identity.rank, topology, digest
         self.n = workers
-        self.server_ctx = server_context(identity)
-        self.client_ctx = client_context(identity)
+        self.server_ctx, self.client_ctx = server_context(identity), client_context(identity)
         self.listener = listen_on(*listen)
         bound = self.listener.getsockname()
         self.address = (str(bound[0]), int(bound[1]))  # (a literal address: what peers see this rank connect from)
-        self.nonce: bytes | None = os.urandom(32) if self.rank == 0 else None
+        self.nonce: bytes | None = None  # (rank 0: fixed in offer(); the others: from its start snapshot)
+        self.share, self.shares = draw(), dict[int, bytes]()  # its share of the nonce (per start); rank 0: the others'
+        self.contributions: list[bytes | None] | None = None  # rank 0: what the nonce follows from (rank order)
         self.cond = threading.Condition()
         self.rejections = RejectionLog()  # bounded: counted per (round, rank or peer, kind)
         self.reporter = Reporter()  # a rank other than 0: what of its rejections goes to rank 0, and when
@@ -234,12 +234,14 @@ class Mesh:
         with self.cond:
             if problem is None and rank in self.heard_from:
                 problem = f"rank {rank} is already connected: one connection per rank and run (one key used twice)"
+            if problem is None and self.rank == 0:  # (under the lock: the nonce is fixed under it too)
+                problem = too_late(rank) if self.contributions is not None else share_problem(hello.get("share"))
             if problem is None:
                 self.heard_from.add(rank)
                 self.incoming[rank] = tls
                 if self.rank == 0:
                     host, port = hello["listen"]
-                    self.joined[rank] = (str(host), int(port))
+                    self.joined[rank], self.shares[rank] = (str(host), int(port)), bytes.fromhex(hello["share"])
                 self.cond.notify_all()
         if problem is not None:
             self.reject(rank, f"a connection from {addr} refused: {problem}")
@@ -338,16 +340,19 @@ class Mesh:
                 return
         try:
             init: dict[str, Any] = wire.unpack(data)
-            nonce, book = bytes(init.pop("nonce")), init.pop("book")
-            parsed = {int(r): (str(a[0]), int(a[1])) for r, a in book.items()}
-            if len(nonce) != 32:
-                raise ValueError("no 32-byte nonce")
+            parsed = {int(r): (str(a[0]), int(a[1])) for r, a in init.pop("book").items()}
         except Exception as exc:  # torch.load's many ways of refusing bytes
             self.init_error = f"rank 0's start snapshot is unreadable ({why(exc)})"
+        try:  # its own contribution in, unchanged, and the nonce SHA-256 of the list
+            nonce = b"" if self.init_error else check_init(init, self.rank, self.n, self.share)
+        except ValueError as exc:
+            self.init_error = f"refused the start snapshot: {exc}"
+        if self.init_error:
             with self.cond:
                 self.init_bytes = data
                 self.cond.notify_all()
             return
+        del init["nonce"], init["contributions"]
         with self.cond:
             self.init, self.nonce, self.book, self.init_bytes = init, nonce, parsed, data
             self.cond.notify_all()
@@ -467,7 +472,7 @@ class Mesh:
     def join(self, host: str, port: int) -> None:
         """A rank other than 0: connect to rank 0 at ``host:port`` and tell it where this rank listens (from the
         address it listens on, which rank 0 checks)."""
-        self._connect(0, host, port, {"listen": [self.address[0], self.address[1]]},
+        self._connect(0, host, port, {"listen": [self.address[0], self.address[1]], "share": self.share.hex()},
                       time.monotonic() + JOIN_TIMEOUT_S, source=self.address[0])
 
     def wait_joins(self, ranks: set[int], timeout: float) -> set[int]:
@@ -477,17 +482,19 @@ class Mesh:
             return ranks & set(self.joined)
 
     def offer(self, init: dict[str, Any]) -> bytes:
-        """Rank 0: connect to every rank that joined and send it ``init`` with the nonce and the address book of the
-        ranks it reached; the bytes sent (the same to every rank)."""
-        assert self.rank == 0 and self.nonce is not None
+        """Rank 0: fix the nonce from the joined ranks' shares (a later rank is refused), connect to each and send it
+        ``init`` with the nonce, its contributions and the book of the ranks it reached; the bytes sent (to all)."""
+        assert self.rank == 0 and self.nonce is None
         with self.cond:
             joined = dict(self.joined)
+            self.contributions, self.nonce = _test_hooks.nonce_mutant(*fix(self.share, self.shares, self.n))
         failed = self._connect_all(joined, {}, time.monotonic() + DIAL_BACK_S)
         for r, reason in failed.items():
             self.reject(r, reason)
             self._gone(r, reason)
         book = {0: self.address, **{r: a for r, a in sorted(joined.items()) if r not in failed}}
-        payload = wire.pack({**init, "nonce": self.nonce, "book": {r: [h, p] for r, (h, p) in book.items()}})
+        payload = wire.pack({**init, "nonce": self.nonce, "contributions": self.contributions,
+                             "book": {r: [h, p] for r, (h, p) in book.items()}})
         self.book = book
         for r in book:
             if r != 0:

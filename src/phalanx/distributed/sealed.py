@@ -80,7 +80,7 @@ from phalanx.distributed.channel import (
     strict_json,
     why,
 )
-from phalanx.distributed.contribution import check_init, derive, draw, parse_hex
+from phalanx.distributed.contribution import check_init, draw, fix, parse_hex, too_late
 from phalanx.distributed.keys import Identity
 from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S
 from phalanx.distributed.rejections import Rejection, RejectionLog
@@ -260,8 +260,7 @@ class SealedLinks:
                 self.shares[rank] = share  # (a downlink opened again before the nonce was fixed: its latest bytes)
             return None
         if known is None:
-            return (f"rank {rank} came after the session nonce was fixed without its contribution; it is missing "
-                    "this session")
+            return too_late(rank)
         if share != known:
             return f"rank {rank}'s contribution is not the one it gave this session"
         return None
@@ -269,9 +268,7 @@ class SealedLinks:
     def _fix(self) -> None:
         """(Under the lock.) Fix the session nonce from rank 0's and the workers' contributions that came (the others
         absent), and send every waiting downlink its start snapshot."""
-        shares: list[bytes | None] = [self.own, *(self.shares.get(r) for r in range(1, self.n))]
-        shares, nonce = _test_hooks.nonce_mutant(shares, derive(shares))
-        self.contributions, self.nonce = shares, nonce
+        self.contributions, self.nonce = _test_hooks.nonce_mutant(*fix(self.own, self.shares, self.n))
         self.cond.notify_all()
         for rank in sorted(self.down):
             self._start(rank, self.down[rank])

@@ -8,7 +8,7 @@ each with a ``type``::
                 "config": <the config digest>, "allow_list": <SHA-256 of allow-list.json>, "workers": n, "f": f,
                 "total_rounds": R, "signer": 0}
     session    {"type": "session", "nonce": <hex 64>, "from_round": r,                     each start of the job
-                "contributions": [<hex 64> | null, …]}       (keyed parameter server: contribution.py)
+                "contributions": [<hex 64> | null, …]}       (every rank's share: contribution.py)
     rejected   {"type": "rejected", "round": r, "at": a, "rank": j | null, "peer": host | null, "kind": …,
                 "count": c, "samples": [reason, …]}                 a group of rejections (rejections.py)
     round      {"type": "round", "round": t, "accepted": [{"rank", "phase", "sha256", "signature"}, …],
@@ -35,9 +35,9 @@ refused since the previous one; those after a session's last round, what was ref
 **Signature.** The last line is rank 0's Ed25519 signature (the key of the job's allow-list, ``cryptography``) of
 ``DOMAIN ‖ SHA-256(every byte before it)``; the header binds the file to the run: the config digest (which the audit
 recomputes from the run directory's ``config.json``), n, f, the rounds, the allow-list's digest, and each session's
-nonce (what every row's signature covers) — on the keyed parameter server with every rank's contribution to it
-(rank order, null: absent; :mod:`phalanx.distributed.contribution`), from which the audit recomputes it; a session
-line without them (a sealed mesh's, or a transcript written before) is read as before. A transcript written or
+nonce (what every row's signature covers) with every rank's contribution to it (rank order, null: absent;
+:mod:`phalanx.distributed.contribution`), from which the audit recomputes it; a session line without them (a
+transcript written before) is read as before. A transcript written or
 edited without rank 0's key does not verify.
 The file is written append-only, each record when it is made, and each checkpoint's metadata holds rank 0's signed
 mark of where it stood (:mod:`phalanx.distributed.chain`: a resume cuts back to it, the audit checks the file passes
@@ -367,7 +367,7 @@ class Transcript(WrittenWithCheckpoints):
             self.out.append([header_line(header)])
         self.loop = loop
         self.sessions.append([r, self.links.nonce.hex()])
-        shares = getattr(self.links, "contributions", None)  # (a mesh's rank 0 still draws its nonce alone)
+        shares = getattr(self.links, "contributions", None)  # (SealedLinks' and Mesh's: always set once started)
         self.out.append([session_line({"nonce": self.links.nonce.hex(), "from_round": r,
                                        **({} if shares is None else {"contributions": as_json(shares)})})])
         self.gathered = r - 1
