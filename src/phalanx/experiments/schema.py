@@ -57,12 +57,12 @@ FEDAVG, GOSSIP, SERVER_SGD, DP = (FedAvg.config_section, Gossip.config_section, 
 """The declarations of the components' own flat keys that the fields below are made from (each component's
 ``config_section``: :func:`phalanx.experiments.concerns.checked`)."""
 
-__all__ = ["DISTRIBUTED_KEYS", "LATER_KEYS", "MAX_ROWS", "RESULT_NEUTRAL_KEYS", "Backend", "Engine", "Knowledge",
-           "Partition", "RunConfig", "Schedule"]
+__all__ = ["DISTRIBUTED_KEYS", "LATER_KEYS", "MAX_ROWS", "RESULT_NEUTRAL_KEYS", "SECTION_KEYS", "Backend", "Engine",
+           "Knowledge", "Partition", "RunConfig", "Schedule"]
 DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend", "keys", "insecure")
 """Keys that only the ``torchrun`` engine reads. A simulated run's resolved config leaves them out, so that they
 change neither its results nor its run id / ``config.json`` (run directories written before they existed resume)."""
-LATER_KEYS = (
+LATER_KEYS: tuple[str, ...] = (
     "server_optimizer", *SERVER_SGD.flat_keys(), "server_optimizer_params", "loss", "algorithm",
     "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch", "stats_momentum",
     "graph", "graph_params", "gossip_weights", "eval_clients", "device", "keys", "insecure", "algorithm_params",
@@ -79,7 +79,7 @@ rewrites ``metrics.jsonl`` with all of them at every checkpoint (0.38 kB a row i
 the bound)."""
 
 
-RESULT_NEUTRAL_KEYS = (
+RESULT_NEUTRAL_KEYS: tuple[str, ...] = (
     "download", "sign_key", "verify_key", "device", "keys", "insecure", "tracking", "tracking_params",
 )
 """Keys that change how a run gets its inputs, never its results: left out of a run's identity (its run id and the
@@ -223,4 +223,38 @@ class RunConfig(BaseModel):
 
 
 
+def _section_fields() -> tuple[str, ...]:
+    """Make the fields of the keys no field above has — a plug-in's section's (found by its entry point before
+    this runs: :mod:`phalanx.experiments.section_registry`) — from their declarations (:meth:`Key.field`, the
+    declared type as the annotation), and return their flat keys. A flat key declared twice (a plug-in's key that a
+    built-in component, or the stages' adapter, already declares) is a one-line :class:`ConfigError`."""
+    from pydantic.fields import FieldInfo
+
+    from phalanx.errors import ConfigError
+
+    seen: dict[str, str] = dict.fromkeys(("server_projection", "server_projection_params", "stages"), "[stages]")
+    made: list[str] = []
+    for section in checked():
+        for key in section.keys:
+            if "." in key.flat:
+                continue
+            if key.flat in seen:
+                raise ConfigError(f"[{section.name}].{key.key}", key.flat, f"a flat key no other component declares "
+                                  f"({seen[key.flat]} declares {key.flat})")
+            seen[key.flat] = f"[{section.name}]"
+            if key.flat not in RunConfig.__pydantic_fields__:
+                RunConfig.__pydantic_fields__[key.flat] = FieldInfo.from_annotated_attribute(key.type, key.field())
+                made.append(key.flat)
+    if made:
+        RunConfig.model_rebuild(force=True)
+    return tuple(made)
+
+
+SECTION_KEYS = _section_fields()
+"""The flat keys whose fields were made from a plug-in's section (none without one): each is a later key (left out
+of the identity while at its default, so every run id on disk stays), and a result-neutral section's never enters
+it."""
+LATER_KEYS = (*LATER_KEYS, *SECTION_KEYS)
+RESULT_NEUTRAL_KEYS = (*RESULT_NEUTRAL_KEYS, *(k.flat for s in checked() if s.result_neutral for k in s.keys
+                                               if "." not in k.flat))
 declare.bind(RunConfig.model_fields, checked())
