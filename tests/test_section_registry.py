@@ -26,17 +26,7 @@ from phalanx.experiments.section_registry import SectionRegistry
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-NOTES = '''\
-"""[run_notes]: a run's title and tags, for its trackers; they change no result (result-neutral)."""
-
-from phalanx.experiments.declare import Key, Section
-from phalanx.experiments.section_registry import register
-
-RUN_NOTES = register(Section("run_notes", (
-    Key("title", "title", str, "", "the run's title, shown by its trackers", max_len=200),
-    Key("tags", "tags", list[str], [], "the run's tags, shown by its trackers", max_len=32),
-), "notes on a run, read by its trackers", result_neutral=True))
-'''
+NOTES = (Path(__file__).resolve().parents[1] / "examples" / "plugins" / "mylab" / "notes.py").read_text()
 """The newcomer's one file: the section, declared and registered."""
 
 TRACKER = '''\
@@ -106,7 +96,10 @@ def _site(tmp_path: Path, sections: dict[str, str], modules: dict[str, str]) -> 
     (meta / "entry_points.txt").write_text("[phalanx.sections]\n" + "".join(
         f"{name} = {target}\n" for name, target in sections.items()))
     for name, source in modules.items():
-        (site / f"{name}.py").write_text(source)
+        path = site / f"{name.replace('.', '/')}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / "__init__.py").touch()
+        path.write_text(source)
     return site
 
 
@@ -117,8 +110,9 @@ def _python(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_section_of_ones_own_is_one_file(tmp_path: Path) -> None:
-    """The newcomer's ``[run_notes]``: one module and its entry point, no other edit."""
-    site = _site(tmp_path, {"run_notes": "mylab_notes"}, {"mylab_notes": NOTES, "mylab_tracker": TRACKER})
+    """The newcomer's ``[run_notes]`` (``examples/plugins/mylab/notes.py``): one module and its entry point, no
+    other edit."""
+    site = _site(tmp_path, {"run_notes": "mylab.notes"}, {"mylab.notes": NOTES, "mylab_tracker": TRACKER})
     told = tmp_path / "told.json"
     res = _python(site, "-c", SCRIPT, str(told), str(tmp_path / "run"))
     assert res.returncode == 0, res.stderr[-3000:]
@@ -217,8 +211,29 @@ def test_a_length_bound_is_checked_and_its_mutant_is_caught() -> None:
 
 
 def test_the_newcomers_module_is_one_file() -> None:
-    """The section module of the first test is all the newcomer writes: it imports only the declaration and the
-    registry."""
+    """The section module of the first test (``examples/plugins/mylab/notes.py``) is all the newcomer writes: it
+    imports only the declaration and the registry."""
     imports = [line for line in textwrap.dedent(NOTES).splitlines() if line.startswith(("from ", "import "))]
     assert imports == ["from phalanx.experiments.declare import Key, Section",
                        "from phalanx.experiments.section_registry import register"]
+
+
+def test_a_section_registered_after_the_schema_is_made_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The schema's fields are made once, from the sections registered by then: a section registered later (a
+    module imported after ``phalanx.experiments``, not by its entry point) is refused in one line. The mutant
+    registry that takes it: the tree reads ``[late]`` into a flat key the schema has no field for, and the config is
+    refused as if the key were unknown — the section half there."""
+    from phalanx.experiments import make_config
+
+    late = Section("late", (Key("x", "late_x", int, 0, "x", ge=0),))
+    monkeypatch.setattr(section_registry.REGISTRY, "_holders", list(section_registry.REGISTRY._holders))
+    with pytest.raises(ConfigError, match=r"^section='late' is invalid: allowed a section registered before the run "
+                       r"config's schema is made \(by its entry point in phalanx\.sections: docs/config\.md\); "
+                       r"(tests\.)?test_section_registry registers it after$"):
+        section_registry.register(late)
+    assert "late" not in tree.SECTIONS
+    monkeypatch.setattr(section_registry.REGISTRY, "closed", False)  # the mutant: no guard
+    section_registry.register(late)
+    assert tree.to_flat({"late": {"x": 1}}) == {"late_x": 1}  # the tree takes it …
+    with pytest.raises(ConfigError, match=r"late_x"):
+        make_config({"late": {"x": 1}})  # … the schema has no field for it

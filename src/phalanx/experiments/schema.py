@@ -12,7 +12,10 @@ range, keep their fields here. The declared keys' fields here are made from thos
 declarations (:meth:`~phalanx.validate.Section.field`; :func:`~phalanx.experiments.declare.bind` checks each
 annotation against the declared type) and their ranges are checked by them, once
 (:func:`phalanx.experiments.declare.check`), not by pydantic: no field here has a range of its own
-(``tests/test_sections_declared.py::test_the_schema_checks_no_range_of_its_own``).
+(``tests/test_sections_declared.py::test_the_schema_checks_no_range_of_its_own``). A plug-in's section (found by
+its entry point before this module is made: :mod:`phalanx.experiments.section_registry`) has no line here: its
+keys' fields are made from its declaration when this module is imported (:data:`SECTION_KEYS`), each a later key,
+and a result-neutral section's keys join :data:`RESULT_NEUTRAL_KEYS`.
 :mod:`phalanx.experiments.config` validates a table of keys into it (the relations between keys, the names
 against the registries) and loads it from TOML.
 
@@ -27,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
-from phalanx.experiments import declare
+from phalanx.experiments import declare, section_registry
 from phalanx.experiments.concerns import (
     ALGORITHM,
     ATTACK,
@@ -213,6 +216,13 @@ class RunConfig(BaseModel):
             out.pop(key, None)
         return out
 
+    def described(self) -> dict[str, Any]:
+        """The resolved config, whole — the result-neutral keys included (``tracking``, ``sign_key``, a
+        result-neutral section's keys: ``[run_notes] title``), which :meth:`identity` leaves out: what a tracker is
+        told of its run (:attr:`~phalanx.experiments.tracking.base.TrackedRun.params`, flattened)."""
+        out: dict[str, Any] = self.model_dump(mode="json")
+        return out
+
     def label(self) -> str:
         """A short human label of the setting."""
         return (
@@ -258,3 +268,4 @@ LATER_KEYS = (*LATER_KEYS, *SECTION_KEYS)
 RESULT_NEUTRAL_KEYS = (*RESULT_NEUTRAL_KEYS, *(k.flat for s in checked() if s.result_neutral for k in s.keys
                                                if "." not in k.flat))
 declare.bind(RunConfig.model_fields, checked())
+section_registry.REGISTRY.closed = True  # the fields are made: a section registered now would have none

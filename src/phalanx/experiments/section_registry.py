@@ -62,6 +62,9 @@ class SectionRegistry:
         self.group = group
         self._holders: list[tuple[Any, str]] = []
         self._found = False
+        self.closed = False
+        """Set when the schema's fields have been made from the sections (:mod:`phalanx.experiments.schema`): a
+        section registered after that would have no field, and is refused."""
 
     def register(self, holder: H, origin: str = "") -> H:
         """Register ``holder`` (a :class:`Section`, or a class whose ``section`` / ``sections`` it is), from
@@ -69,6 +72,10 @@ class SectionRegistry:
         a malformed name, or a flat key another section declares is a one-line :class:`ConfigError`."""
         origin = origin or _origin(holder)
         for section in read(holder):
+            if self.closed:
+                raise ConfigError("section", section.name, f"a section registered before the run config's schema is "
+                                  f"made (by its entry point in {self.group}: docs/config.md); {origin} registers it "
+                                  "after")
             self.refusal(section, origin)
         self._holders.append((holder, origin))
         return holder

@@ -10,7 +10,7 @@ from typing import Any
 from phalanx.data.base import Dataset
 from phalanx.experiments.build import check_engine, from_config
 from phalanx.experiments.config import RunConfig, validate
-from phalanx.experiments.tracking import TrackerLike, Tracking, described
+from phalanx.experiments.tracking import TrackerLike, Tracking
 from phalanx.experiments.tracking import of_keys as trackers_of
 from phalanx.experiments.validrun import ValidRun
 from phalanx.experiments.wiring import Recording, run_experiment
@@ -56,7 +56,7 @@ def train(
             recording = Recording(Path(run_dir), run.describe(), checkpoint_every or 100, wait=wait)
     cbs = [] if progress is None else [OnRound(progress)]
     if isinstance(run, ValidRun):  # what names and describes the run, and the trackers its config names
-        named, params, own = run.run_id, described(run.cfg), run.specs.tracking
+        named, params, own = run.run_id, run.cfg.described(), run.specs.tracking
     else:
         named, params, own = None, run.describe(), None
     tracked = _tracking(named, params, own, run_dir, tracking)

@@ -1,6 +1,8 @@
 """The config as a tree of sections (issue 39, item 2): ``[run]``, ``[algorithm]``, ``[rule]``, ``[attack]``,
-``[server.optimizer]``, ``[stages.<name>]``, ``[data]``, ``[model]``, ``[engine]`` — and the one adapter between it
-and the flat keys every earlier release wrote (:class:`~phalanx.experiments.schema.RunConfig`), both ways.
+``[server.optimizer]``, ``[stages.<name>]``, ``[data]``, ``[model]``, ``[engine]``, and a plug-in's own (each read
+from the section registry, :mod:`phalanx.experiments.section_registry`: :data:`SECTIONS`) — and the one adapter
+between it and the flat keys every earlier release wrote (:class:`~phalanx.experiments.schema.RunConfig`), both
+ways.
 
 A section's keys are declared once. Where a component has a constructor, the constructor is the declaration
 (scikit-learn's rule, :mod:`phalanx.experiments.sections`): ``[algorithm]`` is the algorithm class's keyword

@@ -38,7 +38,7 @@ from phalanx.plugins import Registry, check_params
 
 __all__ = [
     "ENDS", "TRACKERS", "MLflow", "TensorBoard", "TrackedRun", "Tracker", "TrackerLike", "Tracking", "WandB",
-    "build", "check", "described", "flatten", "numbers", "of", "register", "track_overrides",
+    "build", "check", "flatten", "numbers", "of", "register", "track_overrides",
 ]
 
 
@@ -120,23 +120,16 @@ class Tracking:
         return cls(trackers, flatten(params or {}), name)
 
 
-def described(cfg: RunConfig) -> dict[str, Any]:
-    """What a tracker is told of a run (:attr:`TrackedRun.params`, before :func:`flatten`): the whole validated
-    config as it is resolved (:meth:`RunConfig.model_dump`) — the result-neutral keys included (``tracking``, a
-    result-neutral section of one's own: ``[run_notes] title``), which its identity, and so its run id, leaves out."""
-    out: dict[str, Any] = cfg.model_dump(mode="json")
-    return out
-
-
 def of(cfg: RunConfig, name: str | None = None) -> Tracking | None:
-    """The config's trackers, built (None when it names none), told the whole config (:func:`described`)."""
-    return of_keys(cfg.tracking, cfg.tracking_params, described(cfg), name)
+    """The config's trackers, built (None when it names none), told the whole validated config
+    (:meth:`RunConfig.described`: the result-neutral keys included)."""
+    return of_keys(cfg.tracking, cfg.tracking_params, cfg.described(), name)
 
 
 def of_keys(names: list[str], params: dict[str, Any], config: dict[str, Any],
             name: str | None = None) -> Tracking | None:
     """The trackers a config's ``tracking`` (``names``) and ``tracking_params`` (``params``) name, built, for the
-    run whose validated config is ``config`` (:func:`described`; None when it names none)."""
+    run whose validated config is ``config`` (:meth:`RunConfig.described`; None when it names none)."""
     if not names:
         return None
     trackers = {n: build(n, _params(params, n)) for n in names}
