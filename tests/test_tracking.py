@@ -185,7 +185,7 @@ def test_mlflow_store_holds_params_and_the_metric_history_of_one_run_across_a_re
     assert got.info.status == "FINISHED" and got.info.run_name == run.name
     params = got.data.params
     assert params["aggregator"] == "cwtm" and params["workers"] == "5" and params["model_params.hidden"] == "[16]"
-    assert "tracking" not in params  # what names the run, not how it is watched
+    assert params["tracking"] == '["mlflow"]'  # the whole validated config: how it is watched too (issue 39)
     rows = rows_of(run)
     for key in ("test_accuracy", "agg_error", "byz_share", "detection_auc"):
         history = sorted((m.step, m.value) for m in client.get_metric_history(got.info.run_id, key))
