@@ -55,7 +55,7 @@ import json, sys
 from typer.testing import CliRunner
 from phalanx import cli
 from phalanx.errors import ConfigError
-from phalanx.experiments import make_config, grid, tree, train
+from phalanx.experiments import apply_overrides, make_config, grid, tree, train
 out = {}
 listing = CliRunner().invoke(cli.app, ["list", "sections", "--format", "csv"])
 out["listing"] = listing.output
@@ -69,6 +69,7 @@ out["flat"] = make_config({"workers": 4, "byzantine": 0, "rounds": 1, "eval_ever
 out["ids"] = [grid.run_id(plain), grid.run_id(noted)]
 out["values"] = [noted.title, noted.tags]
 out["tree"] = tree.to_tree(noted.model_dump())["run_notes"]
+out["set"] = make_config(apply_overrides(tiny, ["run_notes.title=from the command line"])).title
 errors = []
 for bad in ({"title": "y" * 201}, {"title": 3}, {"tags": ["a"] * 33}, {"titel": "x"}):
     try:
@@ -124,6 +125,7 @@ def test_a_section_of_ones_own_is_one_file(tmp_path: Path) -> None:
     # validated, in the tree and flat; written back into its section
     assert out["values"] == ["x", ["a", "b"]] and out["flat"] == "x"
     assert out["tree"] == {"title": "x", "tags": ["a", "b"]}
+    assert out["set"] == "from the command line"  # --set run_notes.title=…
     # refused in one line, named as written, with its range
     assert out["errors"] == [
         f"[run_notes].title={'y' * 201!r} is invalid: allowed at most 200 characters",
