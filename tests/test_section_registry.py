@@ -240,3 +240,21 @@ def test_a_section_registered_after_the_schema_is_made_is_refused(monkeypatch: p
     with pytest.raises(ConfigError, match=r"^\[late\]\.x=1 is invalid: allowed one of the known keys: .*\(unknown "
                        r"key\)$"):
         make_config({"late": {"x": 1}})  # … the schema has no field for it: its own key is "unknown"
+
+
+def test_the_result_neutral_keys_are_read_from_the_declarations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RESULT_NEUTRAL_KEYS`` is each key declared ``neutral`` (the eight every run id on disk was computed
+    without: ``tests/test_compat.py``), no list kept in the schema. The mutant ``[run]`` that forgets ``tracking``'s
+    flag puts it back into the identity: a run tracked or not would have two run ids."""
+    from phalanx.experiments import grid, make_config, schema
+
+    pinned = {"download", "sign_key", "verify_key", "device", "keys", "insecure", "tracking", "tracking_params"}
+    assert set(schema.RESULT_NEUTRAL_KEYS) == set(schema.result_neutral_keys()) == pinned
+    tiny = {"workers": 4, "rounds": 1}
+    assert grid.run_id(make_config({**tiny, "tracking": ["tensorboard"]})) == grid.run_id(make_config(tiny))
+    forgetting = Section("run", tuple(Key(k.key, k.flat, k.type, k.default, k.doc, k.ge, k.gt, k.le, k.lt)
+                                      if k.key == "tracking" else k for k in concerns.RUN.keys), concerns.RUN.doc)
+    monkeypatch.setattr(concerns.RunShape, "section", forgetting)
+    assert "tracking" not in schema.result_neutral_keys()
+    monkeypatch.setattr(schema, "RESULT_NEUTRAL_KEYS", schema.result_neutral_keys())
+    assert grid.run_id(make_config({**tiny, "tracking": ["tensorboard"]})) != grid.run_id(make_config(tiny))

@@ -99,8 +99,9 @@ own type errors say it."""
 class Key:
     """One key of a section: ``key`` (as written in the section), ``flat`` (the flat key, or a path into a
     component's table), ``type`` (the Python type, as the schema's field annotates it), ``default``, the range
-    (``ge``, ``gt``, ``le``, ``lt``: None where unbounded), ``doc`` (one line) and ``max_len``: the most characters
-    of a string, items of a list or keys of a table (None: unbounded)."""
+    (``ge``, ``gt``, ``le``, ``lt``: None where unbounded), ``doc`` (one line), ``max_len``: the most characters
+    of a string, items of a list or keys of a table (None: unbounded), and ``neutral``: its value changes how a run
+    gets its inputs or is recorded, never its results, so it never enters the run's identity (its run id)."""
 
     key: str
     flat: str
@@ -112,6 +113,7 @@ class Key:
     le: float | None = None
     lt: float | None = None
     max_len: int | None = None
+    neutral: bool = False
 
     def field(self) -> Any:
         """The flat schema's field of this key (pydantic ``Field``): its default (a table or list default is a

@@ -73,15 +73,15 @@ RUN = Section("run", (
     Key("eval_every", "eval_every", int, 20, "evaluate every this many rounds (and at the end)", ge=1),
     Key("checkpoint_every", "checkpoint_every", int, 100, "write a checkpoint every this many rounds", ge=1),
     Key("sign_key", "sign_key", str | None, None, "sign every finished run directory with this PEM private key "
-        "(phalanx keygen; needs phalanx[signing]; docs/reliability.md)"),
+        "(phalanx keygen; needs phalanx[signing]; docs/reliability.md)", neutral=True),
     Key("verify_key", "verify_key", str | None, None, "check a run directory's signature with this PEM public key "
-        "when it resumes and before a finished run's results are used (a finished run must be signed)"),
+        "when it resumes and before a finished run's results are used (a finished run must be signed)", neutral=True),
     Key("tracking", "tracking", list[str], [], "experiment trackers that also receive the run: its config as "
         "parameters and every metric row as it is made — 'tensorboard', 'mlflow', 'wandb' (a list, or one name), a "
-        "plug-in's name or a 'module:attr' spec (docs/tracking.md); changes no result"),
+        "plug-in's name or a 'module:attr' spec (docs/tracking.md); changes no result", neutral=True),
     Key("tracking_params", "tracking_params", dict[str, dict[str, Any]], {}, "each tracker's parameters, by its name: "
         "uri (TensorBoard: the log directory; MLflow: a local store or a server URI; W&B: the directory), and "
-        "experiment (MLflow), project, entity, mode, group (W&B) (docs/tracking.md)"),
+        "experiment (MLflow), project, entity, mode, group (W&B) (docs/tracking.md)", neutral=True),
 ), "the run's size, clock, seed and records (RunShape)")
 """``[run]``: what :class:`RunShape` reads, and the run's records (signing, tracking)."""
 
@@ -212,7 +212,7 @@ DATA = Section("data", (
         "'module:attr' loader's; or inline: dataset = 'mylab.data:cancer(seed=1)')"),
     Key("data_root", "data_root", str | None, None, "directory holding the data set files"),
     Key("download", "download", bool, False, "download the data set (torchvision's mirrors, MD5-checked) when it is "
-        "found nowhere; off by default: nothing touches the network unless asked"),
+        "found nowhere; off by default: nothing touches the network unless asked", neutral=True),
     Key("partition", "partition", Partition, "iid", "how training data is split between workers ('natural': each "
         "writer / speaker of a data set with user ids is one worker; docs/data.md)"),
     Key("alpha", "alpha", float, 1.0, "Dirichlet concentration (partition = 'dirichlet')", gt=0),
@@ -297,14 +297,16 @@ ENGINE = Section("engine", (
     Key("round_timeout", "round_timeout", float, 30.0, "torchrun engine: seconds the server waits for the vectors of "
         "a round; workers still missing then count against f", gt=0, le=86_400),
     Key("device", "device", str, "cpu", "where the simulated engine (and a torchrun rank) computes: 'cpu', 'cuda', "
-        "'cuda:N' or 'auto' (cuda when available, else cpu); random draws stay on the CPU (docs/cluster.md, GPUs)"),
+        "'cuda:N' or 'auto' (cuda when available, else cpu); random draws stay on the CPU (docs/cluster.md, GPUs)",
+        neutral=True),
     Key("backend", "backend", Backend, "auto", "torchrun engine, serverless topology: torch.distributed backend "
         "('auto': nccl when CUDA is available, else gloo)"),
     Key("keys", "keys", str | None, None, "torchrun engine: a key directory (phalanx keys init DIR --workers N): "
         "mutual TLS between the ranks of every topology (worker and server; the serverless and gossip mesh), every "
-        "vector signed, who was heard recorded in the run's transcript (phalanx audit; docs/security.md)"),
+        "vector signed, who was heard recorded in the run's transcript (phalanx audit; docs/security.md)",
+        neutral=True),
     Key("insecure", "insecure", bool, False, "torchrun engine: allow ranks on several machines without keys (nothing "
-        "then checks who is speaking; docs/security.md)"),
+        "then checks who is speaking; docs/security.md)", neutral=True),
 ), "where the run computes and how its processes talk (DeviceSpec)")
 """``[engine]``: what :class:`DeviceSpec` reads (and the torchrun engine's transport)."""
 

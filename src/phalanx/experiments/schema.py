@@ -61,7 +61,7 @@ FEDAVG, GOSSIP, SERVER_SGD, DP = (FedAvg.config_section, Gossip.config_section, 
 ``config_section``: :func:`phalanx.experiments.concerns.checked`)."""
 
 __all__ = ["DISTRIBUTED_KEYS", "LATER_KEYS", "MAX_ROWS", "RESULT_NEUTRAL_KEYS", "SECTION_KEYS", "Backend", "Engine",
-           "Knowledge", "Partition", "RunConfig", "Schedule"]
+           "Knowledge", "Partition", "RunConfig", "Schedule", "result_neutral_keys"]
 DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend", "keys", "insecure")
 """Keys that only the ``torchrun`` engine reads. A simulated run's resolved config leaves them out, so that they
 change neither its results nor its run id / ``config.json`` (run directories written before they existed resume)."""
@@ -82,15 +82,21 @@ rewrites ``metrics.jsonl`` with all of them at every checkpoint (0.38 kB a row i
 the bound)."""
 
 
-RESULT_NEUTRAL_KEYS: tuple[str, ...] = (
-    "download", "sign_key", "verify_key", "device", "keys", "insecure", "tracking", "tracking_params",
-)
+def result_neutral_keys() -> tuple[str, ...]:
+    """The flat keys declared result-neutral (:func:`phalanx.experiments.concerns.checked`): each key declared
+    ``neutral``, and every key of a section declared ``result_neutral`` (a plug-in's ``[run_notes]``)."""
+    return tuple(k.flat for s in checked() for k in s.keys if "." not in k.flat and (k.neutral or s.result_neutral))
+
+
+RESULT_NEUTRAL_KEYS: tuple[str, ...] = result_neutral_keys()
 """Keys that change how a run gets its inputs, never its results: left out of a run's identity (its run id and the
 check that a run directory holds the same configuration), so setting them does not orphan finished runs. ``device``
 computes the same rounds with the same random draws elsewhere (equal up to floating-point rounding; the run's
 manifest records where it ran), so a run started on one device resumes on another. ``tracking`` and
 ``tracking_params`` say where the metric rows are also sent (TensorBoard, MLflow, W&B): a run tracked or not is the
-same run."""
+same run. Read from the declarations (each key's ``neutral``: ``download`` on ``[data]``, ``sign_key``,
+``verify_key``, ``tracking``, ``tracking_params`` on ``[run]``, ``device``, ``keys``, ``insecure`` on
+``[engine]``; a section's ``result_neutral``), not listed here."""
 
 
 class RunConfig(BaseModel):
@@ -265,7 +271,5 @@ SECTION_KEYS = _section_fields()
 of the identity while at its default, so every run id on disk stays), and a result-neutral section's never enters
 it."""
 LATER_KEYS = (*LATER_KEYS, *SECTION_KEYS)
-RESULT_NEUTRAL_KEYS = (*RESULT_NEUTRAL_KEYS, *(k.flat for s in checked() if s.result_neutral for k in s.keys
-                                               if "." not in k.flat))
 declare.bind(RunConfig.model_fields, checked())
 section_registry.REGISTRY.closed = True  # the fields are made: a section registered now would have none
