@@ -70,6 +70,8 @@ out["ids"] = [grid.run_id(plain), grid.run_id(noted)]
 out["values"] = [noted.title, noted.tags]
 out["tree"] = tree.to_tree(noted.model_dump())["run_notes"]
 out["set"] = make_config(apply_overrides(tiny, ["run_notes.title=from the command line"])).title
+out["points"] = [len(grid.expand({**tiny, "run_notes": {"tags": ["a", "b"]}})),
+                 len(grid.expand({**tiny, "rule": {"spec": ["mean", "cwtm"]}, "run_notes": {"tags": ["a", "b"]}}))]
 errors = []
 for bad in ({"title": "y" * 201}, {"title": 3}, {"tags": ["a"] * 33}, {"titel": "x"}):
     try:
@@ -126,6 +128,7 @@ def test_a_section_of_ones_own_is_one_file(tmp_path: Path) -> None:
     assert out["values"] == ["x", ["a", "b"]] and out["flat"] == "x"
     assert out["tree"] == {"title": "x", "tags": ["a", "b"]}
     assert out["set"] == "from the command line"  # --set run_notes.title=…
+    assert out["points"] == [1, 2]  # a list-typed key's list is its value, not a grid axis
     # refused in one line, named as written, with its range
     assert out["errors"] == [
         f"[run_notes].title={'y' * 201!r} is invalid: allowed at most 200 characters",
