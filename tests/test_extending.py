@@ -31,7 +31,7 @@ def blocks() -> list[str]:
 
 def test_the_docs_show_the_plugins_files_as_they_are() -> None:
     shown = [b for b in blocks() if b.startswith("# examples/plugins/")]
-    assert len(shown) == 7
+    assert len(shown) == 8
     for block in shown:
         path = ROOT / block.splitlines()[0].removeprefix("# ")
         assert block == path.read_text(), f"docs/extending.md shows another version of {path.name}"

@@ -26,7 +26,7 @@ from phalanx import cli
 from phalanx.errors import ConfigError
 from phalanx.experiments import grid, store, tracking
 from phalanx.experiments.config import apply_overrides, make_config
-from phalanx.experiments.tracking import TrackedRun, Tracker
+from phalanx.experiments.tracking import TrackedRun, Tracker, flatten
 from phalanx.experiments.tracking.callback import KEPT
 from phalanx.experiments.train import train
 from phalanx.training.divergence import Diverged
@@ -185,7 +185,7 @@ def test_mlflow_store_holds_params_and_the_metric_history_of_one_run_across_a_re
     assert got.info.status == "FINISHED" and got.info.run_name == run.name
     params = got.data.params
     assert params["aggregator"] == "cwtm" and params["workers"] == "5" and params["model_params.hidden"] == "[16]"
-    assert "tracking" not in params  # what names the run, not how it is watched
+    assert params["tracking"] == '["mlflow"]'  # the whole validated config: how it is watched too (issue 39)
     rows = rows_of(run)
     for key in ("test_accuracy", "agg_error", "byz_share", "detection_auc"):
         history = sorted((m.step, m.value) for m in client.get_metric_history(got.info.run_id, key))
@@ -332,6 +332,17 @@ def test_a_tracker_of_ones_own_by_spec_sees_params_rows_and_the_end(tmp_path: Pa
     assert mine.logged[-1][1]["test_accuracy"] == pytest.approx(rows[-1]["test_accuracy"])
     assert mine.ended == ["finished"]
     assert json.loads((run / KEPT).read_text())[SPEC] == {"id": "r1", "through": 4}
+
+
+def test_a_tracker_is_told_the_whole_config_result_neutral_keys_included(tmp_path: Path) -> None:
+    """Issue 39: a tracker receives the validated config whole — the keys the run id leaves out (``tracking``,
+    ``download``, ``sign_key`` …) included; the mutant that tells it the identity (as before) drops them."""
+    cfg = make_config({**TINY, "rounds": 1, "tracking": [SPEC]})
+    train(cfg, tmp_path / "run")
+    told = Recorder.seen[-1].run
+    assert told is not None and told.params == flatten(cfg.described())
+    assert told.params["tracking"] == [SPEC] and told.params["download"] is False
+    assert "tracking" not in flatten(cfg.identity())  # the mutant's: what the trackers were told before
 
 
 def test_a_tracker_failing_mid_run_is_dropped_with_a_warning_and_the_run_finishes(

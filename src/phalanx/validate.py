@@ -99,7 +99,9 @@ own type errors say it."""
 class Key:
     """One key of a section: ``key`` (as written in the section), ``flat`` (the flat key, or a path into a
     component's table), ``type`` (the Python type, as the schema's field annotates it), ``default``, the range
-    (``ge``, ``gt``, ``le``, ``lt``: None where unbounded) and ``doc`` (one line)."""
+    (``ge``, ``gt``, ``le``, ``lt``: None where unbounded), ``doc`` (one line), ``max_len``: the most characters
+    of a string, items of a list or keys of a table (None: unbounded), and ``neutral``: its value changes how a run
+    gets its inputs or is recorded, never its results, so it never enters the run's identity (its run id)."""
 
     key: str
     flat: str
@@ -110,6 +112,8 @@ class Key:
     gt: float | None = None
     le: float | None = None
     lt: float | None = None
+    max_len: int | None = None
+    neutral: bool = False
 
     def field(self) -> Any:
         """The flat schema's field of this key (pydantic ``Field``): its default (a table or list default is a
@@ -124,6 +128,8 @@ class Key:
         """What is allowed, when ``value`` is out of this key's range (None: in range) — pydantic's words."""
         if self.flat.count(".") and not _typed(value, self.type):
             return _TYPE_WORDS.get(self.type, getattr(self.type, "__name__", str(self.type)))
+        if self.max_len is not None and isinstance(value, (str, list, dict)) and len(value) > self.max_len:
+            return f"at most {self.max_len} {'characters' if isinstance(value, str) else 'items'}"
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             return None
         for bound, ok, words in (
@@ -138,6 +144,8 @@ class Key:
         """The range as help text (``≥ 1, ≤ 10000000``; ``any``: unbounded)."""
         parts = [f"{sign} {b}" for sign, b in ((">", self.gt), ("≥", self.ge), ("<", self.lt), ("≤", self.le))
                  if b is not None]
+        if self.max_len is not None:
+            parts.append(f"length ≤ {self.max_len}")
         return ", ".join(parts) or "any"
 
     def type_text(self) -> str:
@@ -172,12 +180,14 @@ def _type_text(kind: Any) -> str:
 
 @dataclass(frozen=True)
 class Section:
-    """A section's declaration: its ``name`` (``run``, ``server.optimizer``), its :class:`Key` s in order, and
-    ``doc``, what reads it."""
+    """A section's declaration: its ``name`` (``run``, ``server.optimizer``), its :class:`Key` s in order,
+    ``doc``, what reads it, and ``result_neutral``: its keys change how a run is recorded, never its results, so
+    none of them enters the run's identity (its run id; :data:`phalanx.experiments.schema.RESULT_NEUTRAL_KEYS`)."""
 
     name: str
     keys: tuple[Key, ...]
     doc: str = ""
+    result_neutral: bool = False
     by_key: dict[str, Key] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -202,7 +212,7 @@ class Section:
 
     def with_key(self, key: Key) -> Section:
         """This section with one more key (a plug-in's or a test's: the same declaration, one key longer)."""
-        return Section(self.name, (*self.keys, key), self.doc)
+        return Section(self.name, (*self.keys, key), self.doc, self.result_neutral)
 
 
 def read_bounded_text(path: Path, max_bytes: int, existing: str, key: str = "results") -> str:

@@ -10,6 +10,10 @@ table, ``phalanx list sections`` and the range checks are made from it (:mod:`ph
 privacy stage's ``config_section``) and the workers' optimisation (:data:`WORKERS`): every key of the schema but the
 stages' adapter's three, each declared once, each range checked by its declaration alone.
 
+Each value registers its section where it is declared (``@register``, :mod:`phalanx.experiments.section_registry`),
+in the tree's order; a plug-in's section is registered the same way in its own module, found by its entry point, and
+:func:`declared` reads them all from the registry — there is no list of sections to extend.
+
 This module is below the schema (the schema is made from it): the reading of a config into these values is
 :func:`phalanx.experiments.specs.read`.
 """
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from phalanx.experiments.declare import Key, Section
+from phalanx.experiments.section_registry import REGISTRY, register
 from phalanx.training.algorithms import builtin
 from phalanx.training.optim import SGD
 from phalanx.training.stages.privacy import ClientDP
@@ -28,132 +33,36 @@ from phalanx.training.stages.privacy import ClientDP
 if TYPE_CHECKING:
     from phalanx.training.algorithms.base import RoundAlgorithm
 
-__all__ = ["ALGORITHM", "ATTACK", "DATA", "ENGINE", "MODEL", "RULE", "RUN", "SERVER_OPTIMIZER", "WORKERS",
-           "AlgorithmSpec", "Backend", "DataSpec", "DeviceSpec", "Engine", "Knowledge", "ModelSpec", "Partition",
-           "RunShape", "Schedule", "checked", "declared"]
+__all__ = [
+    "ALGORITHM",
+    "ATTACK",
+    "DATA",
+    "ENGINE",
+    "MODEL",
+    "RULE",
+    "RUN",
+    "SERVER_OPTIMIZER",
+    "STAGES",
+    "WORKERS",
+    "AlgorithmSpec",
+    "Backend",
+    "DataSpec",
+    "DeviceSpec",
+    "Engine",
+    "Knowledge",
+    "ModelSpec",
+    "Partition",
+    "RunShape",
+    "Schedule",
+    "checked",
+    "declared",
+]
 
 Schedule = Literal["constant", "step", "cosine"]
 Partition = Literal["iid", "dirichlet", "pathological", "natural"]
 Engine = Literal["simulated", "torchrun"]
 Backend = Literal["auto", "gloo", "nccl"]
 Knowledge = Literal["omniscient", "colluders"]
-
-
-DATA = Section("data", (
-    Key("name", "dataset", str, "digits", "data set name (phalanx list datasets) or a 'module:attr' loader"),
-    Key("params", "dataset_params", dict[str, Any], {}, "the data set loader's own parameters (a registered or "
-        "'module:attr' loader's; or inline: dataset = 'mylab.data:cancer(seed=1)')"),
-    Key("data_root", "data_root", str | None, None, "directory holding the data set files"),
-    Key("download", "download", bool, False, "download the data set (torchvision's mirrors, MD5-checked) when it is "
-        "found nowhere; off by default: nothing touches the network unless asked"),
-    Key("partition", "partition", Partition, "iid", "how training data is split between workers ('natural': each "
-        "writer / speaker of a data set with user ids is one worker; docs/data.md)"),
-    Key("alpha", "alpha", float, 1.0, "Dirichlet concentration (partition = 'dirichlet')", gt=0),
-    Key("classes_per_worker", "classes_per_worker", int, 2, "classes per worker (partition = 'pathological')", ge=1),
-), "loading and splitting the data (DataSpec)")
-"""``[data]``: what :class:`DataSpec` reads."""
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    """What loading and splitting the data read: the data set's ``name`` with its ``params``, ``root`` and
-    ``download`` flag; the split (``workers``, ``partition``, ``alpha``, ``classes_per_worker``, the ``seed`` its
-    stream is drawn from); the ``algorithm`` and whether it ``samples_population`` (a client population needs one
-    that does)."""
-
-    section: ClassVar[Section] = DATA
-
-    name: str
-    params: dict[str, Any]
-    root: str | None
-    download: bool
-    workers: int
-    partition: str
-    alpha: float
-    classes_per_worker: int
-    seed: int
-    algorithm: str
-    samples_population: bool
-
-    def key(self) -> tuple[str, str, str | None]:
-        """The data set itself (not its split), as a key: equal loads, equal keys."""
-        from phalanx import data
-
-        return data.canonical(self.name), json.dumps(self.params, sort_keys=True, default=repr), self.root
-
-    def split_key(self) -> tuple[Any, ...]:
-        """The data split, as a key (equal splits, equal keys)."""
-        return (self.name, json.dumps(self.params, sort_keys=True, default=repr), self.root, self.workers,
-                self.partition, self.alpha, self.classes_per_worker, self.seed)
-
-
-MODEL = Section("model", (
-    Key("name", "model", str, "mlp", "model name (phalanx list models) or a 'module:attr' builder"),
-    Key("params", "model_params", dict[str, Any], {}, "extra model parameters"),
-    Key("loss", "loss", str, "cross_entropy", "loss(logits, y), the batch mean: a name or a 'module:attr' spec"),
-), "building the model (ModelSpec); its other keys are the builder's parameters")
-"""``[model]``: what :class:`ModelSpec` reads (a key it does not declare is the builder's: ``model_params.<p>``)."""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What building the model reads: its ``name`` and ``params``, the ``seed`` of its ``init`` stream, the
-    ``loss``, the ``dataset`` named in its errors, and the rows its workers hold (``workers``, ``processes``) for the
-    memory check."""
-
-    section: ClassVar[Section] = MODEL
-
-    name: str
-    params: dict[str, Any]
-    seed: int
-    loss: str
-    dataset: str
-    workers: int
-    processes: int
-
-    @property
-    def norm(self) -> Any:
-        """``model_params.norm``, as given (None when unset)."""
-        return self.params.get("norm")
-
-
-ENGINE = Section("engine", (
-    Key("name", "engine", Engine, "simulated", "where workers run: 'simulated' (one process, vmap) or 'torchrun' (one "
-        "process per worker, torch.distributed; start it with `phalanx launch` or torchrun, docs/distributed.md)"),
-    Key("topology", "topology", str, "server", "torchrun engine: 'server' (rank 0 aggregates and broadcasts θ; "
-        "survives missing workers), 'serverless' (every rank aggregates the all-gathered vectors; needs every rank "
-        "alive), 'gossip' (algorithm = 'gossip', where it is implied: a rank per node, exchanging with its graph "
-        "neighbours only), or a topology of one's own (a registered name or a 'module:attr' spec; docs/extending.md); "
-        "the default is the first topology the algorithm runs on"),
-    Key("round_timeout", "round_timeout", float, 30.0, "torchrun engine: seconds the server waits for the vectors of "
-        "a round; workers still missing then count against f", gt=0, le=86_400),
-    Key("device", "device", str, "cpu", "where the simulated engine (and a torchrun rank) computes: 'cpu', 'cuda', "
-        "'cuda:N' or 'auto' (cuda when available, else cpu); random draws stay on the CPU (docs/cluster.md, GPUs)"),
-    Key("backend", "backend", Backend, "auto", "torchrun engine, serverless topology: torch.distributed backend "
-        "('auto': nccl when CUDA is available, else gloo)"),
-    Key("keys", "keys", str | None, None, "torchrun engine: a key directory (phalanx keys init DIR --workers N): "
-        "mutual TLS between the ranks of every topology (worker and server; the serverless and gossip mesh), every "
-        "vector signed, who was heard recorded in the run's transcript (phalanx audit; docs/security.md)"),
-    Key("insecure", "insecure", bool, False, "torchrun engine: allow ranks on several machines without keys (nothing "
-        "then checks who is speaking; docs/security.md)"),
-), "where the run computes and how its processes talk (DeviceSpec)")
-"""``[engine]``: what :class:`DeviceSpec` reads (and the torchrun engine's transport)."""
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """Where a run computes and how its processes talk: ``device``, ``engine``, ``topology``, ``backend``, whether
-    it has ``keys`` (a sealed mesh), and whether its ``algorithm`` runs ``on_device``."""
-
-    section: ClassVar[Section] = ENGINE
-
-    device: str
-    engine: str
-    topology: str
-    backend: str
-    keys: bool
-    algorithm: str
-    on_device: bool
 
 
 RUN = Section("run", (
@@ -164,19 +73,20 @@ RUN = Section("run", (
     Key("eval_every", "eval_every", int, 20, "evaluate every this many rounds (and at the end)", ge=1),
     Key("checkpoint_every", "checkpoint_every", int, 100, "write a checkpoint every this many rounds", ge=1),
     Key("sign_key", "sign_key", str | None, None, "sign every finished run directory with this PEM private key "
-        "(phalanx keygen; needs phalanx[signing]; docs/reliability.md)"),
+        "(phalanx keygen; needs phalanx[signing]; docs/reliability.md)", neutral=True),
     Key("verify_key", "verify_key", str | None, None, "check a run directory's signature with this PEM public key "
-        "when it resumes and before a finished run's results are used (a finished run must be signed)"),
+        "when it resumes and before a finished run's results are used (a finished run must be signed)", neutral=True),
     Key("tracking", "tracking", list[str], [], "experiment trackers that also receive the run: its config as "
         "parameters and every metric row as it is made — 'tensorboard', 'mlflow', 'wandb' (a list, or one name), a "
-        "plug-in's name or a 'module:attr' spec (docs/tracking.md); changes no result"),
+        "plug-in's name or a 'module:attr' spec (docs/tracking.md); changes no result", neutral=True),
     Key("tracking_params", "tracking_params", dict[str, dict[str, Any]], {}, "each tracker's parameters, by its name: "
         "uri (TensorBoard: the log directory; MLflow: a local store or a server URI; W&B: the directory), and "
-        "experiment (MLflow), project, entity, mode, group (W&B) (docs/tracking.md)"),
+        "experiment (MLflow), project, entity, mode, group (W&B) (docs/tracking.md)", neutral=True),
 ), "the run's size, clock, seed and records (RunShape)")
 """``[run]``: what :class:`RunShape` reads, and the run's records (signing, tracking)."""
 
 
+@register
 @dataclass(frozen=True)
 class RunShape:
     """The run's size and clock: ``workers``, ``byzantine``, ``rounds``, ``eval_every``, ``eval_clients``,
@@ -247,6 +157,7 @@ algorithm_keys`), ``lr`` in ``[algorithm]`` or ``[server.optimizer]`` by the alg
 ``algorithm_params.<p>``."""
 
 
+@register
 @dataclass(frozen=True)
 class AlgorithmSpec:
     """The round algorithm's section: its name and class, its ``algorithm_params``, and the config keys a round
@@ -288,11 +199,142 @@ class AlgorithmSpec:
         raise AttributeError(name)
 
 
+STAGES = register(Section("stages", (), "the round's stages, each its own [stages.<name>] table (phalanx list "
+                            "stages)"))
+"""``[stages.<name>]``: the stages' own tables, read by the stages' adapter (:mod:`phalanx.experiments.legacy`)
+and each stage's ``configure``; registered here for its place in the tree, between ``[server.optimizer]`` and
+``[data]``."""
+
+
+DATA = Section("data", (
+    Key("name", "dataset", str, "digits", "data set name (phalanx list datasets) or a 'module:attr' loader"),
+    Key("params", "dataset_params", dict[str, Any], {}, "the data set loader's own parameters (a registered or "
+        "'module:attr' loader's; or inline: dataset = 'mylab.data:cancer(seed=1)')"),
+    Key("data_root", "data_root", str | None, None, "directory holding the data set files"),
+    Key("download", "download", bool, False, "download the data set (torchvision's mirrors, MD5-checked) when it is "
+        "found nowhere; off by default: nothing touches the network unless asked", neutral=True),
+    Key("partition", "partition", Partition, "iid", "how training data is split between workers ('natural': each "
+        "writer / speaker of a data set with user ids is one worker; docs/data.md)"),
+    Key("alpha", "alpha", float, 1.0, "Dirichlet concentration (partition = 'dirichlet')", gt=0),
+    Key("classes_per_worker", "classes_per_worker", int, 2, "classes per worker (partition = 'pathological')", ge=1),
+), "loading and splitting the data (DataSpec)")
+"""``[data]``: what :class:`DataSpec` reads."""
+
+
+@register
+@dataclass(frozen=True)
+class DataSpec:
+    """What loading and splitting the data read: the data set's ``name`` with its ``params``, ``root`` and
+    ``download`` flag; the split (``workers``, ``partition``, ``alpha``, ``classes_per_worker``, the ``seed`` its
+    stream is drawn from); the ``algorithm`` and whether it ``samples_population`` (a client population needs one
+    that does)."""
+
+    section: ClassVar[Section] = DATA
+
+    name: str
+    params: dict[str, Any]
+    root: str | None
+    download: bool
+    workers: int
+    partition: str
+    alpha: float
+    classes_per_worker: int
+    seed: int
+    algorithm: str
+    samples_population: bool
+
+    def key(self) -> tuple[str, str, str | None]:
+        """The data set itself (not its split), as a key: equal loads, equal keys."""
+        from phalanx import data
+
+        return data.canonical(self.name), json.dumps(self.params, sort_keys=True, default=repr), self.root
+
+    def split_key(self) -> tuple[Any, ...]:
+        """The data split, as a key (equal splits, equal keys)."""
+        return (self.name, json.dumps(self.params, sort_keys=True, default=repr), self.root, self.workers,
+                self.partition, self.alpha, self.classes_per_worker, self.seed)
+
+
+MODEL = Section("model", (
+    Key("name", "model", str, "mlp", "model name (phalanx list models) or a 'module:attr' builder"),
+    Key("params", "model_params", dict[str, Any], {}, "extra model parameters"),
+    Key("loss", "loss", str, "cross_entropy", "loss(logits, y), the batch mean: a name or a 'module:attr' spec"),
+), "building the model (ModelSpec); its other keys are the builder's parameters")
+"""``[model]``: what :class:`ModelSpec` reads (a key it does not declare is the builder's: ``model_params.<p>``)."""
+
+
+@register
+@dataclass(frozen=True)
+class ModelSpec:
+    """What building the model reads: its ``name`` and ``params``, the ``seed`` of its ``init`` stream, the
+    ``loss``, the ``dataset`` named in its errors, and the rows its workers hold (``workers``, ``processes``) for the
+    memory check."""
+
+    section: ClassVar[Section] = MODEL
+
+    name: str
+    params: dict[str, Any]
+    seed: int
+    loss: str
+    dataset: str
+    workers: int
+    processes: int
+
+    @property
+    def norm(self) -> Any:
+        """``model_params.norm``, as given (None when unset)."""
+        return self.params.get("norm")
+
+
+ENGINE = Section("engine", (
+    Key("name", "engine", Engine, "simulated", "where workers run: 'simulated' (one process, vmap) or 'torchrun' (one "
+        "process per worker, torch.distributed; start it with `phalanx launch` or torchrun, docs/distributed.md)"),
+    Key("topology", "topology", str, "server", "torchrun engine: 'server' (rank 0 aggregates and broadcasts θ; "
+        "survives missing workers), 'serverless' (every rank aggregates the all-gathered vectors; needs every rank "
+        "alive), 'gossip' (algorithm = 'gossip', where it is implied: a rank per node, exchanging with its graph "
+        "neighbours only), or a topology of one's own (a registered name or a 'module:attr' spec; docs/extending.md); "
+        "the default is the first topology the algorithm runs on"),
+    Key("round_timeout", "round_timeout", float, 30.0, "torchrun engine: seconds the server waits for the vectors of "
+        "a round; workers still missing then count against f", gt=0, le=86_400),
+    Key("device", "device", str, "cpu", "where the simulated engine (and a torchrun rank) computes: 'cpu', 'cuda', "
+        "'cuda:N' or 'auto' (cuda when available, else cpu); random draws stay on the CPU (docs/cluster.md, GPUs)",
+        neutral=True),
+    Key("backend", "backend", Backend, "auto", "torchrun engine, serverless topology: torch.distributed backend "
+        "('auto': nccl when CUDA is available, else gloo)"),
+    Key("keys", "keys", str | None, None, "torchrun engine: a key directory (phalanx keys init DIR --workers N): "
+        "mutual TLS between the ranks of every topology (worker and server; the serverless and gossip mesh), every "
+        "vector signed, who was heard recorded in the run's transcript (phalanx audit; docs/security.md)",
+        neutral=True),
+    Key("insecure", "insecure", bool, False, "torchrun engine: allow ranks on several machines without keys (nothing "
+        "then checks who is speaking; docs/security.md)", neutral=True),
+), "where the run computes and how its processes talk (DeviceSpec)")
+"""``[engine]``: what :class:`DeviceSpec` reads (and the torchrun engine's transport)."""
+
+
+@register
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Where a run computes and how its processes talk: ``device``, ``engine``, ``topology``, ``backend``, whether
+    it has ``keys`` (a sealed mesh), and whether its ``algorithm`` runs ``on_device``."""
+
+    section: ClassVar[Section] = ENGINE
+
+    device: str
+    engine: str
+    topology: str
+    backend: str
+    keys: bool
+    algorithm: str
+    on_device: bool
+
+
 def declared() -> tuple[Section, ...]:
     """The declared sections, read from the values that declare them (each time: a declaration replaced — a
-    plug-in's, a test's — is the one read), in the tree's order: ``[run]``, ``[algorithm]``, ``[rule]``,
-    ``[attack]``, ``[server.optimizer]``, ``[data]``, ``[model]``, ``[engine]``."""
-    return (RunShape.section, *AlgorithmSpec.sections, DataSpec.section, ModelSpec.section, DeviceSpec.section)
+    plug-in's, a test's — is the one read), in the order they were registered
+    (:mod:`phalanx.experiments.section_registry`): the built-in ones, as this module declares them — ``[run]``,
+    ``[algorithm]``, ``[rule]``, ``[attack]``, ``[server.optimizer]``, ``[data]``, ``[model]``, ``[engine]`` — then
+    each plug-in's (an entry point of ``phalanx.sections``)."""
+    return REGISTRY.declared()
 
 
 def checked() -> tuple[Section, ...]:

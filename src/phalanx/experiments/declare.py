@@ -23,7 +23,10 @@ that declares one; re-exported here):
   section does not declare) and ``phalanx list sections`` (:meth:`Key.row`).
 
 A range is a closed or open bound on each side (``ge``/``gt``, ``le``/``lt``): the interval of a number,
-``x ≥ 1`` is ``ge=1``.
+``x ≥ 1`` is ``ge=1``; ``max_len`` bounds a string's characters or a list's items.
+
+Each section is registered where it is declared (:mod:`phalanx.experiments.section_registry`): a plug-in's section
+is one module and its ``phalanx.sections`` entry point, with no list to extend.
 """
 
 from __future__ import annotations

@@ -12,7 +12,10 @@ range, keep their fields here. The declared keys' fields here are made from thos
 declarations (:meth:`~phalanx.validate.Section.field`; :func:`~phalanx.experiments.declare.bind` checks each
 annotation against the declared type) and their ranges are checked by them, once
 (:func:`phalanx.experiments.declare.check`), not by pydantic: no field here has a range of its own
-(``tests/test_sections_declared.py::test_the_schema_checks_no_range_of_its_own``).
+(``tests/test_sections_declared.py::test_the_schema_checks_no_range_of_its_own``). A plug-in's section (found by
+its entry point before this module is made: :mod:`phalanx.experiments.section_registry`) has no line here: its
+keys' fields are made from its declaration when this module is imported (:data:`SECTION_KEYS`), each a later key,
+and a result-neutral section's keys join :data:`RESULT_NEUTRAL_KEYS`.
 :mod:`phalanx.experiments.config` validates a table of keys into it (the relations between keys, the names
 against the registries) and loads it from TOML.
 
@@ -27,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
-from phalanx.experiments import declare
+from phalanx.experiments import declare, section_registry
 from phalanx.experiments.concerns import (
     ALGORITHM,
     ATTACK,
@@ -57,12 +60,12 @@ FEDAVG, GOSSIP, SERVER_SGD, DP = (FedAvg.config_section, Gossip.config_section, 
 """The declarations of the components' own flat keys that the fields below are made from (each component's
 ``config_section``: :func:`phalanx.experiments.concerns.checked`)."""
 
-__all__ = ["DISTRIBUTED_KEYS", "LATER_KEYS", "MAX_ROWS", "RESULT_NEUTRAL_KEYS", "Backend", "Engine", "Knowledge",
-           "Partition", "RunConfig", "Schedule"]
+__all__ = ["DISTRIBUTED_KEYS", "LATER_KEYS", "MAX_ROWS", "RESULT_NEUTRAL_KEYS", "SECTION_KEYS", "Backend", "Engine",
+           "Knowledge", "Partition", "RunConfig", "Schedule", "result_neutral_keys"]
 DISTRIBUTED_KEYS = ("topology", "round_timeout", "backend", "keys", "insecure")
 """Keys that only the ``torchrun`` engine reads. A simulated run's resolved config leaves them out, so that they
 change neither its results nor its run id / ``config.json`` (run directories written before they existed resume)."""
-LATER_KEYS = (
+LATER_KEYS: tuple[str, ...] = (
     "server_optimizer", *SERVER_SGD.flat_keys(), "server_optimizer_params", "loss", "algorithm",
     "clients_per_round", "local_steps", "local_epochs", "server_lr", "prox_mu", "stats_batch", "stats_momentum",
     "graph", "graph_params", "gossip_weights", "eval_clients", "device", "keys", "insecure", "algorithm_params",
@@ -79,15 +82,21 @@ rewrites ``metrics.jsonl`` with all of them at every checkpoint (0.38 kB a row i
 the bound)."""
 
 
-RESULT_NEUTRAL_KEYS = (
-    "download", "sign_key", "verify_key", "device", "keys", "insecure", "tracking", "tracking_params",
-)
+def result_neutral_keys() -> tuple[str, ...]:
+    """The flat keys declared result-neutral (:func:`phalanx.experiments.concerns.checked`): each key declared
+    ``neutral``, and every key of a section declared ``result_neutral`` (a plug-in's ``[run_notes]``)."""
+    return tuple(k.flat for s in checked() for k in s.keys if "." not in k.flat and (k.neutral or s.result_neutral))
+
+
+RESULT_NEUTRAL_KEYS: tuple[str, ...] = result_neutral_keys()
 """Keys that change how a run gets its inputs, never its results: left out of a run's identity (its run id and the
 check that a run directory holds the same configuration), so setting them does not orphan finished runs. ``device``
 computes the same rounds with the same random draws elsewhere (equal up to floating-point rounding; the run's
 manifest records where it ran), so a run started on one device resumes on another. ``tracking`` and
 ``tracking_params`` say where the metric rows are also sent (TensorBoard, MLflow, W&B): a run tracked or not is the
-same run."""
+same run. Read from the declarations (each key's ``neutral``: ``download`` on ``[data]``, ``sign_key``,
+``verify_key``, ``tracking``, ``tracking_params`` on ``[run]``, ``device``, ``keys``, ``insecure`` on
+``[engine]``; a section's ``result_neutral``), not listed here."""
 
 
 class RunConfig(BaseModel):
@@ -213,6 +222,13 @@ class RunConfig(BaseModel):
             out.pop(key, None)
         return out
 
+    def described(self) -> dict[str, Any]:
+        """The resolved config, whole — the result-neutral keys included (``tracking``, ``sign_key``, a
+        result-neutral section's keys: ``[run_notes] title``), which :meth:`identity` leaves out: what a tracker is
+        told of its run (:attr:`~phalanx.experiments.tracking.base.TrackedRun.params`, flattened)."""
+        out: dict[str, Any] = self.model_dump(mode="json")
+        return out
+
     def label(self) -> str:
         """A short human label of the setting."""
         return (
@@ -223,4 +239,37 @@ class RunConfig(BaseModel):
 
 
 
+def _section_fields() -> tuple[str, ...]:
+    """Make the fields of the keys no field above has — a plug-in's section's (found by its entry point before
+    this runs: :mod:`phalanx.experiments.section_registry`) — from their declarations (:meth:`Key.field`, the
+    declared type as the annotation), and return their flat keys. A flat key declared twice (a plug-in's key that a
+    built-in component, or the stages' adapter, already declares) is a one-line :class:`ConfigError`."""
+    from pydantic.fields import FieldInfo
+
+    from phalanx.errors import ConfigError
+
+    seen: dict[str, str] = dict.fromkeys(("server_projection", "server_projection_params", "stages"), "[stages]")
+    made: list[str] = []
+    for section in checked():
+        for key in section.keys:
+            if "." in key.flat:
+                continue
+            if key.flat in seen:
+                raise ConfigError(f"[{section.name}].{key.key}", key.flat, f"a flat key no other component declares "
+                                  f"({seen[key.flat]} declares {key.flat})")
+            seen[key.flat] = f"[{section.name}]"
+            if key.flat not in RunConfig.__pydantic_fields__:
+                RunConfig.__pydantic_fields__[key.flat] = FieldInfo.from_annotated_attribute(key.type, key.field())
+                made.append(key.flat)
+    if made:
+        RunConfig.model_rebuild(force=True)
+    return tuple(made)
+
+
+SECTION_KEYS = _section_fields()
+"""The flat keys whose fields were made from a plug-in's section (none without one): each is a later key (left out
+of the identity while at its default, so every run id on disk stays), and a result-neutral section's never enters
+it."""
+LATER_KEYS = (*LATER_KEYS, *SECTION_KEYS)
 declare.bind(RunConfig.model_fields, checked())
+section_registry.REGISTRY.closed = True  # the fields are made: a section registered now would have none

@@ -56,7 +56,7 @@ def train(
             recording = Recording(Path(run_dir), run.describe(), checkpoint_every or 100, wait=wait)
     cbs = [] if progress is None else [OnRound(progress)]
     if isinstance(run, ValidRun):  # what names and describes the run, and the trackers its config names
-        named, params, own = run.run_id, run.cfg.identity(), run.specs.tracking
+        named, params, own = run.run_id, run.cfg.described(), run.specs.tracking
     else:
         named, params, own = None, run.describe(), None
     tracked = _tracking(named, params, own, run_dir, tracking)

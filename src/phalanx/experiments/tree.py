@@ -1,6 +1,8 @@
 """The config as a tree of sections (issue 39, item 2): ``[run]``, ``[algorithm]``, ``[rule]``, ``[attack]``,
-``[server.optimizer]``, ``[stages.<name>]``, ``[data]``, ``[model]``, ``[engine]`` — and the one adapter between it
-and the flat keys every earlier release wrote (:class:`~phalanx.experiments.schema.RunConfig`), both ways.
+``[server.optimizer]``, ``[stages.<name>]``, ``[data]``, ``[model]``, ``[engine]``, and a plug-in's own (each read
+from the section registry, :mod:`phalanx.experiments.section_registry`: :data:`SECTIONS`) — and the one adapter
+between it and the flat keys every earlier release wrote (:class:`~phalanx.experiments.schema.RunConfig`), both
+ways.
 
 A section's keys are declared once. Where a component has a constructor, the constructor is the declaration
 (scikit-learn's rule, :mod:`phalanx.experiments.sections`): ``[algorithm]`` is the algorithm class's keyword
@@ -30,12 +32,12 @@ one's own's client keys in ``algorithm_params``: the same run id) — tested on 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import Any
 
 from phalanx import attacks
 from phalanx.errors import ConfigError
-from phalanx.experiments import declare, legacy, sections, specs
+from phalanx.experiments import declare, legacy, section_registry, sections, specs
 from phalanx.experiments.schema import RunConfig
 from phalanx.experiments.spelling import Written
 from phalanx.plugins import accepted_params
@@ -52,9 +54,19 @@ whole parameter table (``[data.params]``); a section's other keys are its compon
 constructor (``[algorithm]``, ``[attack]``) or takes any (``[model]``: the builder's, ``[server.optimizer]``: the
 optimizer's); each such key's name is checked once, by the component as it is built (:func:`_component_checks`),
 and its refusal names the key as written."""
-SECTIONS = ("run", "algorithm", "rule", "attack", "server.optimizer", "stages", "data", "model", "engine")
-"""The sections, in the order :func:`to_tree` writes them."""
-HEADS = frozenset(s.split(".")[0] for s in SECTIONS)
+SECTIONS: Sequence[str] = section_registry.Names()
+"""The sections, in the order :func:`to_tree` writes them: the registered ones, read from the registry at every
+look-up (:mod:`phalanx.experiments.section_registry`: the built-in ones in their order, then each plug-in's)."""
+
+
+class _Heads(Container[str]):
+    """The first word of each section's name (``server`` of ``server.optimizer``), read from :data:`SECTIONS`."""
+
+    def __contains__(self, word: object) -> bool:
+        return word in {s.split(".")[0] for s in SECTIONS}
+
+
+HEADS: Container[str] = _Heads()
 """The first word of each section's name (``server`` of ``server.optimizer``): a ``--set`` key it starts is a
 tree key."""
 OPEN = {"model": "model_params", "server.optimizer": "server_optimizer_params"}

@@ -121,18 +121,19 @@ class Tracking:
 
 
 def of(cfg: RunConfig, name: str | None = None) -> Tracking | None:
-    """The config's trackers, built (None when it names none)."""
-    return of_keys(cfg.tracking, cfg.tracking_params, cfg.identity(), name)
+    """The config's trackers, built (None when it names none), told the whole validated config
+    (:meth:`RunConfig.described`: the result-neutral keys included)."""
+    return of_keys(cfg.tracking, cfg.tracking_params, cfg.described(), name)
 
 
-def of_keys(names: list[str], params: dict[str, Any], identity: dict[str, Any],
+def of_keys(names: list[str], params: dict[str, Any], config: dict[str, Any],
             name: str | None = None) -> Tracking | None:
     """The trackers a config's ``tracking`` (``names``) and ``tracking_params`` (``params``) name, built, for the
-    run whose config's identity is ``identity`` (None when it names none)."""
+    run whose validated config is ``config`` (:meth:`RunConfig.described`; None when it names none)."""
     if not names:
         return None
     trackers = {n: build(n, _params(params, n)) for n in names}
-    return Tracking(trackers, flatten(identity), name)
+    return Tracking(trackers, flatten(config), name)
 
 
 def track_overrides(data: Mapping[str, Any], tracks: Sequence[str]) -> list[str]:
