@@ -345,6 +345,21 @@ def test_a_tracker_is_told_the_whole_config_result_neutral_keys_included(tmp_pat
     assert "tracking" not in flatten(cfg.identity())  # the mutant's: what the trackers were told before
 
 
+def test_a_tracker_is_never_told_a_credential_or_where_the_keys_are(tmp_path: Path) -> None:
+    """The whole config, but not :data:`~phalanx.experiments.schema.UNTOLD_KEYS`: a tracker's URI may carry a
+    credential and the key paths say where the key material is — a tracking server is told neither; the mutant that
+    sends the config whole (``model_dump`` with nothing left out) sends the token."""
+    from phalanx.experiments import schema
+
+    secret = "https://alice:s3cr3t-token@tracking.example"
+    cfg = make_config({**TINY, "rounds": 1, "tracking": [SPEC], "tracking_params": {SPEC: {"uri": secret}}})
+    train(cfg, tmp_path / "run")
+    told = Recorder.seen[-1].run
+    assert told is not None and "s3cr3t-token" not in repr(told.params)
+    assert not {k for k in told.params if k.split(".")[0] in schema.UNTOLD_KEYS}
+    assert "s3cr3t-token" in repr(cfg.model_dump(mode="json"))  # the mutant's: the config whole
+
+
 def test_a_tracker_failing_mid_run_is_dropped_with_a_warning_and_the_run_finishes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -223,10 +223,12 @@ class RunConfig(BaseModel):
         return out
 
     def described(self) -> dict[str, Any]:
-        """The resolved config, whole — the result-neutral keys included (``tracking``, ``sign_key``, a
-        result-neutral section's keys: ``[run_notes] title``), which :meth:`identity` leaves out: what a tracker is
-        told of its run (:attr:`~phalanx.experiments.tracking.base.TrackedRun.params`, flattened)."""
-        out: dict[str, Any] = self.model_dump(mode="json")
+        """The resolved config — the result-neutral keys included (``tracking``, ``device``, a result-neutral
+        section's keys: ``[run_notes] title``), which :meth:`identity` leaves out: what a tracker is told of its run
+        (:attr:`~phalanx.experiments.tracking.base.TrackedRun.params`, flattened) — all but :data:`UNTOLD_KEYS`: the
+        trackers' own settings, whose URI may carry a credential (``https://user:token@host``), and where the key
+        material is, are never sent to a tracking server."""
+        out: dict[str, Any] = self.model_dump(mode="json", exclude=set(UNTOLD_KEYS))
         return out
 
     def label(self) -> str:
@@ -237,6 +239,11 @@ class RunConfig(BaseModel):
             + f" | seed={self.seed}"
         )
 
+
+
+UNTOLD_KEYS = ("tracking_params", "sign_key", "verify_key", "keys")
+"""Keys :meth:`RunConfig.described` leaves out: the trackers' own settings (a URI may hold a credential) and the paths
+of the run's key material — neither says anything about the result, and a tracking server is not told them."""
 
 
 def _section_fields() -> tuple[str, ...]:
