@@ -31,6 +31,19 @@ class PhalanxError(Exception):
         return (_rebuild, (type(self), self.args, dict(self.__dict__)))
 
 
+SHOWN_CHARACTERS = 200
+"""The most characters of a bad value a one-line error repeats: whatever a config, a flag or a peer sends, the line
+that refuses it stays bounded (a 5,000-character title made a 5,063-byte line before)."""
+
+
+def shown(value: Any) -> str:
+    """``repr(value)``, cut to :data:`SHOWN_CHARACTERS` with how long it was: ``'xxx…'… (5,002 characters)``."""
+    text = repr(value)
+    if len(text) <= SHOWN_CHARACTERS:
+        return text
+    return f"{text[:SHOWN_CHARACTERS - 40]}… ({len(text):,} characters)"
+
+
 class ConfigError(PhalanxError, ValueError):
     """A configuration parameter has a value outside its allowed range.
 
@@ -46,7 +59,7 @@ class ConfigError(PhalanxError, ValueError):
         self.value = value
         self.allowed = allowed
         self.hint = hint
-        message = f"{parameter}={value!r} is invalid: allowed {allowed}"
+        message = f"{parameter}={shown(value)} is invalid: allowed {allowed}"
         if hint:
             message += f" ({hint})"
         super().__init__(message)
