@@ -396,7 +396,7 @@ class Transcript(WrittenWithCheckpoints):
 
         copy = self.run_dir / ALLOW_LIST
         try:
-            digest = AllowList.load(copy).digest
+            digest = AllowList.load(copy, follow=False).digest  # the directory's: a link is not followed
         except ConfigError as exc:
             digest = f"unreadable ({exc})"
         if digest != self.identity.allow.digest:
