@@ -2,7 +2,10 @@
 directory and the allow-list, reading it line by line with bounded memory, one line per problem found (an
 asynchronous run's experiment — its model and data — is first built from the directory's ``config.json``: at most
 :data:`CONFIG_BYTES` bytes, its model sized on the ``meta`` device and refused above
-:data:`~phalanx.distributed.async_transcript.AUDIT_DIM` parameters before anything of its size is built).
+:data:`~phalanx.distributed.async_transcript.AUDIT_DIM` parameters before anything of its size is built; a
+``module:attr`` spec in it is refused, never imported). The directory's small files are read with
+:func:`~phalanx.experiments.runfiles.open_regular` — no link followed, no FIFO waited on, at most their bound + 1
+byte — and the transcript is sized against its bound before it is hashed or read (issue 38).
 
 What a passing audit proves, and against whom:
 
