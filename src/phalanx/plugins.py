@@ -21,15 +21,17 @@ import importlib
 import inspect
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, ClassVar, Generic, TypeVar, overload
 
 from phalanx.errors import ConfigError
 from phalanx.validate import suggest
 
-__all__ = ["Component", "Registry", "accepted_params", "check_params", "import_spec", "is_spec", "parse_value",
-           "split_call"]
+__all__ = ["Component", "Registry", "accepted_params", "check_params", "import_spec", "is_spec", "no_spec_imports",
+           "parse_value", "split_call"]
 
 T = TypeVar("T")
 Obj = TypeVar("Obj")
@@ -81,8 +83,32 @@ def is_spec(name: str) -> bool:
     return isinstance(name, str) and ":" in name
 
 
+_RECORDED: ContextVar[str | None] = ContextVar("phalanx_recorded_config", default=None)
+"""The recorded file whose names are being resolved (:func:`no_spec_imports`); None: a user's own config."""
+
+
+@contextmanager
+def no_spec_imports(origin: str) -> Iterator[None]:
+    """While the block runs, :func:`import_spec` refuses every ``module:attr`` spec — a one-line
+    :class:`ConfigError` naming the parameter and ``origin`` — instead of importing it: for a config read back from a
+    file that someone else may have written (``phalanx audit`` of a run directory handed over), where importing
+    ``pwn:Rule`` would run the code of whoever wrote the file (a ``pwn.py`` next to it is importable when the
+    command runs from that directory). Registered names and installed entry points (code the auditor installed)
+    still resolve. Issue 38, finding 4; ``tests/test_audit_hostile.py``."""
+    token = _RECORDED.set(origin)
+    try:
+        yield
+    finally:
+        _RECORDED.reset(token)
+
+
 def import_spec(spec: str, parameter: str) -> Any:
-    """The object a ``module:attr`` spec names (``attr`` may be dotted); a clear error if it cannot be imported."""
+    """The object a ``module:attr`` spec names (``attr`` may be dotted); a clear error if it cannot be imported, or
+    if it is named by a recorded config (:func:`no_spec_imports`: refused, never imported)."""
+    if (origin := _RECORDED.get()) is not None:
+        raise ConfigError(parameter, spec, "a registered name or an installed entry point",
+                          f"{origin} is a recorded config: a 'module:attr' spec in it is not imported, as that would "
+                          "run the code of whoever wrote the file")
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ConfigError(parameter, spec, "a registered name or a 'module:attr' spec such as 'mylab.rules:Trimmed2'")

@@ -298,7 +298,16 @@ def experiment_of(identity: dict[str, Any], path: str = "config.json") -> Experi
     (:func:`phalanx.models.planned_parameters`: shapes only) before the model, θ₀ or the workers' shards are built.
     The data set is read from this machine's disk only (never downloaded, whatever the config says), so its size is
     the auditor's files', not the config's; a model of one's own (not built on ``meta``) is refused, as its size
-    cannot be known before it is built."""
+    cannot be known before it is built. The config is whoever wrote the run directory's: a ``module:attr`` spec in
+    it is refused (a one-line :class:`ConfigError` naming the key and ``path``), never imported
+    (:func:`phalanx.plugins.no_spec_imports`) — only registered names and installed entry points are built."""
+    from phalanx.plugins import no_spec_imports
+
+    with no_spec_imports(path):
+        return _experiment_of(identity, path)
+
+
+def _experiment_of(identity: dict[str, Any], path: str) -> Experiment | None:
     from phalanx import data, models
     from phalanx.errors import ConfigError
     from phalanx.experiments.build import from_config

@@ -2,7 +2,10 @@
 directory and the allow-list, reading it line by line with bounded memory, one line per problem found (an
 asynchronous run's experiment — its model and data — is first built from the directory's ``config.json``: at most
 :data:`CONFIG_BYTES` bytes, its model sized on the ``meta`` device and refused above
-:data:`~phalanx.distributed.async_transcript.AUDIT_DIM` parameters before anything of its size is built).
+:data:`~phalanx.distributed.async_transcript.AUDIT_DIM` parameters before anything of its size is built; a
+``module:attr`` spec in it is refused, never imported). The directory's small files are read with
+:func:`~phalanx.experiments.runfiles.open_regular` — no link followed, no FIFO waited on, at most their bound + 1
+byte — and the transcript is sized against its bound before it is hashed or read (issue 38).
 
 What a passing audit proves, and against whom:
 
@@ -46,11 +49,12 @@ docs/security.md states the threat model and the test behind each claim.
 
 from __future__ import annotations
 
-import json
+import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from phalanx.distributed.async_filters import unchecked
 from phalanx.distributed.async_transcript import STEP_KEYS, ZERO_STEP_KEYS, StepCheck, experiment_of
@@ -77,7 +81,7 @@ from phalanx.distributed.transcript import (
     size_bound,
 )
 from phalanx.errors import ConfigError, PhalanxError
-from phalanx.experiments.store import file_digest
+from phalanx.experiments.runfiles import open_regular, problem_of, read_json
 
 MAX_PROBLEMS = 200
 """Problems kept one line each; beyond this many, only counted."""
@@ -152,17 +156,10 @@ def audit(run_dir: Path, allow_list: Path | None = None) -> AuditReport:
         raise ConfigError("RUN", str(run_dir), f"a run directory of a keyed torchrun run (it has {TRANSCRIPT})",
                           "runs without keys record no transcript: nothing says who was heard")
     run = RunFacts.read(run_dir, report)
-    try:
-        manifest = run_dir / "manifest.json"
-        if manifest.stat().st_size > MANIFEST_BYTES:
-            raise ValueError(f"larger than {MANIFEST_BYTES} bytes")
-        recorded = json.loads(manifest.read_bytes())["artifacts"][TRANSCRIPT]["sha256"]
-        if recorded != file_digest(path):
-            report.problem(f"{TRANSCRIPT} is not the file the manifest records (edited after the run)")
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
-        report.problem(f"the manifest does not record {TRANSCRIPT}")
+    recorded = _recorded_digest(run_dir, report)
     own = allow_list is None
-    allow = AllowList.load(run_dir / ALLOW_LIST if own else Path(allow_list))  # type: ignore[arg-type]
+    allow = AllowList.load(run_dir / ALLOW_LIST if own else Path(allow_list),  # type: ignore[arg-type]
+                           follow=not own)  # the directory's copy is not followed; a list the user named may be
     report.allow_list = f"{allow.path}" + (" (the run directory's copy)" if own else "")
     before = len(report.problems)
     try:
@@ -172,22 +169,55 @@ def audit(run_dir: Path, allow_list: Path | None = None) -> AuditReport:
                        "steps cannot be recomputed")
         return report
     check = None if steps is None else StepCheck(steps)
-    size = path.stat().st_size
-    n = run.workers or allow.size
-    dim = 0 if check is None else check.dim
-    bound = size_bound(run.rounds or 0, n, (run.rounds or 0) + 1, run.topology or "serverless", dim)
-    if run.rounds is not None and size > bound:
-        report.problem(f"{TRANSCRIPT} has {size} bytes, more than the {bound} a transcript of {run.rounds} rounds "
-                       f"and {n} ranks can have: not read")
-        return report
     try:
-        with path.open("rb") as fh:
+        fh = open_regular(path)  # a link is refused, not followed; a FIFO does not block; the size is this file's
+    except ConfigError as exc:
+        report.problem(f"{TRANSCRIPT}: {problem_of(exc)}: not read")
+        return report
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        n = run.workers or allow.size
+        dim = 0 if check is None else check.dim
+        bound = size_bound(run.rounds or 0, n, (run.rounds or 0) + 1, run.topology or "serverless", dim)
+        if run.rounds is not None and size > bound:
+            report.problem(f"{TRANSCRIPT} has {size} bytes, more than the {bound} a transcript of {run.rounds} rounds "
+                           f"and {n} ranks can have: not read")
+            return report
+        if recorded is not None and recorded != _digest(fh):  # hashed only once its size is within the bound
+            report.problem(f"{TRANSCRIPT} is not the file the manifest records (edited after the run)")
+            before = len(report.problems)
+        fh.seek(0)
+        try:
             _Audit(report, run, allow, check).read(Lines(fh))
-    except Unreadable as exc:  # the file is not a transcript: that is the one thing to say about it
-        del report.problems[before:]
-        report.more_problems = 0
-        report.problem(f"{TRANSCRIPT}: {exc}")
+        except Unreadable as exc:  # the file is not a transcript: that is the one thing to say about it
+            del report.problems[before:]
+            report.more_problems = 0
+            report.problem(f"{TRANSCRIPT}: {exc}")
     return report
+
+
+def _recorded_digest(run_dir: Path, report: AuditReport) -> str | None:
+    """The SHA-256 the run directory's ``manifest.json`` records of the transcript (read with
+    :func:`~phalanx.experiments.runfiles.read_json`: at most :data:`MANIFEST_BYTES`, a link not followed, a FIFO not
+    waited on); None, with a problem, if it records none. The transcript itself is hashed later, once its size is
+    known to be within the bound (a 1 TiB sparse file is refused by size, not read)."""
+    try:
+        recorded = read_json(run_dir / "manifest.json", MANIFEST_BYTES)["artifacts"][TRANSCRIPT]["sha256"]
+    except ConfigError as exc:
+        report.problem(f"the manifest cannot be read ({problem_of(exc)}): it does not record {TRANSCRIPT}")
+        return None
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        report.problem(f"the manifest does not record {TRANSCRIPT}")
+        return None
+    return recorded if isinstance(recorded, str) else ""
+
+
+def _digest(fh: BinaryIO) -> str:
+    """SHA-256 (hex) of the open file ``fh``, streamed in blocks of 1 MiB."""
+    h = hashlib.sha256()
+    for block in iter(lambda: fh.read(1 << 20), b""):
+        h.update(block)
+    return h.hexdigest()
 
 
 class _Audit:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.errors import ConfigError
+from phalanx.experiments.runfiles import open_regular, problem_of
 from phalanx.experiments.store import atomic_write_bytes
 
 ALLOW_LIST = "allow-list.json"
@@ -180,8 +181,12 @@ class AllowList:
         return len(self.by_rank)
 
     @classmethod
-    def load(cls, path: Path) -> AllowList:
-        """Read and check an allow-list; any problem is one :class:`ConfigError` naming the file."""
+    def load(cls, path: Path, follow: bool = True) -> AllowList:
+        """Read and check an allow-list; any problem is one :class:`ConfigError` naming the file. Read with bounded
+        memory (:func:`~phalanx.experiments.runfiles.open_regular`: a FIFO or a device is refused without blocking,
+        at most :data:`MAX_ALLOW_LIST_BYTES` + 1 bytes are read); ``follow=False`` — a run directory's copy, which
+        whoever writes the directory chooses — refuses a symbolic link instead of following it (a list the user
+        names may be one)."""
         x509, serialization, ed25519 = _crypto()
         path = Path(path)
 
@@ -189,15 +194,22 @@ class AllowList:
             return ConfigError("allow-list", str(path), "an allow-list written by `phalanx keys init`", problem)
 
         try:
-            size = path.stat().st_size
+            with open_regular(path, follow) as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size > MAX_ALLOW_LIST_BYTES:
+                    raise bad(f"{size} bytes, more than the {MAX_ALLOW_LIST_BYTES} an allow-list can have")
+                blob = fh.read(MAX_ALLOW_LIST_BYTES + 1)
         except OSError as exc:
             raise bad(f"cannot be read ({exc.strerror or type(exc).__name__})") from None
-        if size > MAX_ALLOW_LIST_BYTES:
-            raise bad(f"{size} bytes, more than the {MAX_ALLOW_LIST_BYTES} an allow-list can have")
+        except ConfigError as exc:
+            if exc.parameter == "allow-list":
+                raise
+            raise bad(problem_of(exc)) from None  # runfiles.damaged: a link not followed, not a regular file
+        if len(blob) > MAX_ALLOW_LIST_BYTES:  # it grew since its size was taken
+            raise bad(f"{len(blob)} bytes, more than the {MAX_ALLOW_LIST_BYTES} an allow-list can have")
         try:
-            blob = path.read_bytes()
             raw = json.loads(blob)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, a number too long, nested too deeply
             raise bad(f"not readable as JSON ({type(exc).__name__})") from None
         if not isinstance(raw, dict) or raw.get("format") != FORMAT or not isinstance(raw.get("ranks"), list):
             raise bad(f"not a {FORMAT} document")

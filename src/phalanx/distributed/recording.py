@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.experiments import dirfd
+from phalanx.experiments.runfiles import damaged, read_json
 from phalanx.experiments.store import writing
 from phalanx.training.loop import Callback, Loop, RoundInfo
 from phalanx.training.state import Snapshot
@@ -66,6 +67,21 @@ def peak_rss_mib() -> float:
     return round(peak / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)
 
 
+ROW_FIELDS = {"round", "seconds", "missing", "sent", "received"}
+"""The fields of a round's row in ``distributed.json``."""
+
+
+def log_bytes(rounds: int, world_size: int) -> int:
+    """The most bytes a ``distributed.json`` of ``rounds`` rounds and ``world_size`` ranks is read back with: its
+    summary (64 KiB), and per round a row (512 bytes: four numbers and its indentation) with every rank missing (16
+    bytes each, one a line with ``indent=1``)."""
+    return (64 << 10) + (rounds + 1) * (512 + 16 * world_size)
+
+
+def _count(value: object, high: int = 1 << 62) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= high
+
+
 class DistributedLog(WrittenWithCheckpoints):
     """``distributed.json`` in the run directory (written with every checkpoint, when the run stops early and at the
     end); on resume, the rounds logged before the checkpoint are kept."""
@@ -78,9 +94,32 @@ class DistributedLog(WrittenWithCheckpoints):
         self.log: list[RoundLog] = []
 
     def on_start(self, loop: Loop) -> None:
-        if loop.resumed and self.path.exists():
-            logged = json.loads(self.path.read_text())["rounds"]
-            self.log = [RoundLog(**r) for r in logged if r["round"] < loop.state.round]
+        if loop.resumed:
+            self.log = [r for r in self.read(loop.experiment.rounds) if r.round < loop.state.round]
+
+    def read(self, rounds: int) -> list[RoundLog]:
+        """The rounds logged in ``distributed.json`` (none if it is missing), read back with bounded memory: at most
+        :func:`log_bytes` of ``rounds`` (:func:`~phalanx.experiments.runfiles.read_json`: a symbolic link is not
+        followed, a FIFO or a device is refused without blocking), every row :data:`ROW_FIELDS` with their types and
+        ranges; anything else is one :class:`~phalanx.errors.ConfigError` naming the file (issue 38, finding 8)."""
+        try:
+            doc = read_json(self.path, log_bytes(rounds, self.world_size))
+        except FileNotFoundError:
+            return []
+        rows = doc.get("rounds") if isinstance(doc, dict) else None
+        if not isinstance(rows, list) or len(rows) > rounds + 1:
+            raise damaged(self.path, f"not an object whose 'rounds' is a list of at most {rounds + 1} rows")
+        log = []
+        for i, r in enumerate(rows):
+            if not (isinstance(r, dict) and set(r) == ROW_FIELDS and _count(r["round"], rounds)
+                    and _count(r["sent"]) and _count(r["received"])
+                    and isinstance(r["seconds"], (int, float)) and not isinstance(r["seconds"], bool)
+                    and 0 <= r["seconds"] < float("inf") and isinstance(r["missing"], list)
+                    and all(_count(k, self.world_size - 1) for k in r["missing"])):
+                raise damaged(self.path, f"its row {i} is not {{{', '.join(sorted(ROW_FIELDS))}}} of a round of "
+                              f"{rounds} and {self.world_size} ranks")
+            log.append(RoundLog(**r))
+        return log
 
     def record(self, loop: Loop, info: RoundInfo) -> None:
         self.log.append(RoundLog(info.round, info.seconds, info.missing, info.sent, info.received))

@@ -5,7 +5,6 @@ of the audit's module unchanged (it had reached the 600-line limit)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,6 +12,8 @@ from typing import Any, Protocol
 
 from phalanx.distributed.binding import checkpoint_end, checkpoint_metadata, checkpoint_round, checkpoint_sessions
 from phalanx.distributed.parameter_server import config_digest
+from phalanx.errors import ConfigError
+from phalanx.experiments.runfiles import problem_of, read_json
 
 
 class Problems(Protocol):
@@ -52,18 +53,24 @@ class RunFacts:
 
     @classmethod
     def read(cls, run_dir: Path, report: Problems) -> RunFacts:
-        """Read ``config.json`` (at most :data:`CONFIG_BYTES`) and how far the run got."""
+        """Read ``config.json`` (at most :data:`CONFIG_BYTES`, :func:`~phalanx.experiments.runfiles.read_json`: a
+        symbolic link is not followed, a FIFO or a device is refused without blocking, at most the bound + 1 byte is
+        read) and how far the run got."""
         facts = cls()
         path = run_dir / "config.json"
         try:
-            if path.stat().st_size > CONFIG_BYTES:
-                raise ValueError(f"larger than {CONFIG_BYTES} bytes")
-            identity = json.loads(path.read_bytes())
+            identity = read_json(path, CONFIG_BYTES)
             if not isinstance(identity, dict):
                 raise ValueError("not a JSON object")
+        except ConfigError as exc:  # runfiles.damaged: a link, not a regular file, too large, not JSON
+            why: str = problem_of(exc)
         except (OSError, ValueError, RecursionError) as exc:
-            report.problem(f"the run directory's config.json cannot be read ({str(exc)[:80] or type(exc).__name__}):"
-                           " nothing to bind the transcript to")
+            why = str(exc)[:80] or type(exc).__name__
+        else:
+            why = ""
+        if why:
+            report.problem(f"the run directory's config.json cannot be read ({why}): nothing to bind the transcript "
+                           "to")
             return facts
         facts.digest = config_digest(identity)
         facts.identity = identity

@@ -132,6 +132,9 @@ def _depth(obj: Any) -> int:
     return deepest
 
 
+CHUNK, _TEXT = 1 << 20, bytes(range(0x20, 0x7F)) + b"\n"  # Lines' chunk; what dumps writes (ASCII, \n at the end)
+
+
 class Lines:
     """A transcript read line by line: each line's length is checked before it is parsed, its nesting after."""
 
@@ -139,14 +142,29 @@ class Lines:
         self.fh = fh
         self.number = 0
 
+    def _line(self, limit: int, where: str) -> bytes:
+        """At most ``limit`` + 1 bytes of the next line, by ``CHUNK``: a byte outside printable ASCII (not dumps'
+        output) is :class:`Unreadable` at once: a sparse file's zeros cost a chunk, not the limit (issue 38, #6)."""
+        parts, got = [], 0
+        while got <= limit:
+            part = self.fh.readline(min(CHUNK, limit + 1 - got))
+            if not part:
+                break
+            if part.translate(None, _TEXT):
+                raise Unreadable(f"{where} is not JSON as a transcript writes it (a byte not printable ASCII)")
+            parts.append(part)
+            got += len(part)
+            if part.endswith(b"\n"):
+                break
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
     def next(self, limit: int) -> tuple[bytes, dict[str, Any]] | None:
         """The next line (its bytes, its object), None at the end; :class:`Unreadable` if it is longer than
         ``limit``, cut short, not a JSON object, or nested deeper than :data:`MAX_DEPTH`."""
-        raw = self.fh.readline(limit + 1)
+        raw = self._line(limit, where := f"line {self.number + 1}")
         if not raw:
             return None
         self.number += 1
-        where = f"line {self.number}"
         if len(raw) > limit:
             raise Unreadable(f"{where} is longer than the {limit} bytes a line of this transcript can have")
         if not raw.endswith(b"\n"):
@@ -396,7 +414,7 @@ class Transcript(WrittenWithCheckpoints):
 
         copy = self.run_dir / ALLOW_LIST
         try:
-            digest = AllowList.load(copy).digest
+            digest = AllowList.load(copy, follow=False).digest  # the directory's: a link is not followed
         except ConfigError as exc:
             digest = f"unreadable ({exc})"
         if digest != self.identity.allow.digest:

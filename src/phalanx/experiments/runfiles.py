@@ -87,6 +87,12 @@ def damaged(path: Path, problem: str) -> ConfigError:
                        f"{problem}; delete {path.parent} to run that run again from the start")
 
 
+def problem_of(exc: ConfigError) -> str:
+    """The problem a :func:`damaged` error names, without its advice to delete the directory: for a reader that
+    records it as a line of its own (``phalanx audit``: the directory is someone else's, not to be run again)."""
+    return str(exc.hint or exc.allowed).split("; delete ")[0]
+
+
 def reason(exc: BaseException) -> str:
     """An exception's message as a short clause of one line."""
     text = " ".join(str(exc).split()) or type(exc).__name__
