@@ -408,7 +408,7 @@ class SealedLinks:
                 self._fix()
         self.admission = Admission(self.listener, self.ctx, self.identity.allow, header=HEADER, magic=MAGIC,
                                    hello_kind=int(Kind.HELLO), admit=self._introduce, reject=self._reject,
-                                   name="phalanx-sealed-admit")
+                                   name="phalanx-sealed-admit", links=2 * self.n)
 
     def joined(self, n: int) -> set[int]:
         deadline = time.monotonic() + JOIN_TIMEOUT_S
