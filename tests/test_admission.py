@@ -205,3 +205,45 @@ def test_at_the_cap_of_all_the_busiest_source_sheds_and_a_rank_gets_in(
             o.close()
         adm.close()
         listener.close()
+
+
+@pytest.mark.parametrize("cap", ["sized", "mutant"])
+def test_idle_connections_leave_rank_0_the_descriptors_its_files_need(tmp_path: Path, cap: str) -> None:
+    """attack38's r4 at a small scale: rank 0 of 40 ranks (78 link descriptors) under a file limit of 256 it cannot
+    raise (soft = hard), and an outsider holding 300 idle connections from 20 addresses. The cap of pending
+    connections is sized from the descriptors left free (limit − held − links − FD_RESERVE), so rank 0 still opens
+    the 8 files a checkpoint and the transcript need. The mutant — the former ``soft − 64``, whatever the process
+    holds — lets the outsider take every descriptor: rank 0 cannot open its files (EMFILE)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    n, soft, outsiders = 40, 256, 300
+    init_keys(tmp_path / "job", n)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(["src", "tests", os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "tests/_fd_rank0.py", str(tmp_path / "job"), str(n), str(soft),
+                              str(soft), cap], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    held: list[socket.socket] = []
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        start = json.loads(child.stdout.readline())
+        for i in range(outsiders):
+            s = socket.socket()
+            s.bind((f"127.0.0.{2 + i % 20}", 0))
+            s.connect(("127.0.0.1", start["port"]))
+            held.append(s)
+        child.stdin.write(f"{outsiders}\n")
+        child.stdin.flush()
+        got = json.loads(child.stdout.readline())
+    finally:
+        child.kill()
+        child.wait()
+        for s in held:
+            s.close()
+    assert got["accepted"] == outsiders, got
+    if cap == "sized":
+        assert start["cap"] <= soft - 2 * (n - 1) - admission.FD_RESERVE, start
+        assert got["pending"] <= start["cap"] and got["files"] == 8 and not got["error"], got
+    else:
+        assert got["files"] < 8 and got["error"] == "Too many open files", got

@@ -464,6 +464,69 @@ def test_a_byzantine_workers_update_at_another_theta_is_refused_by_the_honest_se
     assert mutant.next(0.0) == (3, 5, b"row3")  # without the check the forged θ digest is kept
 
 
+
+@pytest.mark.parametrize("filed", ["step", "mutant"])
+def test_a_refusal_at_another_theta_is_filed_under_the_step_so_the_honest_transcript_audits(
+    tmp_path: Path, filed: str,
+) -> None:
+    """attack38's r6: an outsider from 23 addresses fills round 0's record (16 groups and the overflow at step 0's
+    drain, the overflow again after it: 18, the most a round holds), then at step 2 one Byzantine worker with its own
+    key sends an update of version 0 (still within S = 4) signed at another θ. The honest server refuses it under its
+    current step (2), so no round holds more than 18 groups and the audit's check of the drained groups finds
+    nothing. The mutant — the refusal filed under the update's version, the code before the fix — makes round 0 hold
+    19 and the audit rejects the honest server's own record."""
+    import hashlib
+
+    from phalanx.distributed import wire
+    from phalanx.distributed.async_server import THETA_DIGEST, SealedArrivals
+    from phalanx.distributed.audit import AuditReport, _Audit
+    from phalanx.distributed.rejections import GROUPS_PER_ROUND
+    from phalanx.distributed.runfacts import RunFacts
+    from phalanx.distributed.sealed import Accepted, SealedLinks
+
+    n, row = 4, 64
+    init_keys(tmp_path / "job", n)
+    links = SealedLinks(load_identity(tmp_path / "job", 0, n), "127.0.0.1", 0, "c0nf1g", THETA_DIGEST + row, n)
+    try:
+        arrivals = SealedArrivals(links, 4)
+        theta = [wire.THETA + bytes([t]) * row for t in range(3)]
+
+        def outsiders(first: int, count: int) -> None:  # (what the listener records for each address's handshake)
+            for i in range(first, first + count):
+                links._reject(None, f"a connection from 127.0.0.{i} that did not finish its TLS handshake (garbage)")
+
+        drained: list[dict[str, Any]] = []
+        arrivals.publish(0, theta[0])
+        outsiders(2, 20)
+        drained += arrivals.rejections()  # step 0's record: 16 groups and the overflow
+        outsiders(30, 3)  # still round 0, after its record: the overflow again (its second record)
+        arrivals.publish(1, theta[1])
+        drained += arrivals.rejections()
+        arrivals.publish(2, theta[2])
+        if filed == "mutant":
+            arrivals.step = 0  # the refusal filed under the update's version (0), as before the fix
+        body = hashlib.sha256(b"another theta").digest() + bytes([9]) * row
+        with links.cond:  # rank 1's update of version 0, its signature verified by the links: at another θ
+            links.inbox[(0, 1)] = Accepted(bytearray(body), hashlib.sha256(body).hexdigest(), "00" * 64)
+            links.fresh = [(0, 1)]
+        assert arrivals.next(0.0) == (1, 0, b"")
+        drained += arrivals.rejections()  # step 2's record
+    finally:
+        links.closed = True
+        links.close()
+    per_round = Counter(g["round"] for g in drained)
+    report = AuditReport()
+    check = _Audit(report, RunFacts(), links.identity.allow)
+    check.n = n
+    for group in drained:
+        check.line_rejected(group)
+    if filed == "step":
+        assert per_round == {0: GROUPS_PER_ROUND + 2, 2: 1}, per_round
+        assert report.problems == [], report.problems
+    else:
+        assert per_round[0] == GROUPS_PER_ROUND + 3
+        one_line(report, f"round 0: rank 0 recorded more than the {GROUPS_PER_ROUND + 2} groups")
+
 def test_a_zero_step_in_a_run_that_filters_nothing_is_refused(honest: tuple[Path, Path], tmp_path: Path) -> None:
     """A zero step (phalanx.distributed.async_zero) follows a filter's rejections: rank 0 of a FedBuff run that
     records step 4 as one — its updates moved to ``judged`` — is refused."""

@@ -379,6 +379,7 @@ def test_a_listed_rank_flooding_bad_frames_is_disconnected_after_the_bounded_num
     if budget == "mutant":
         monkeypatch.setattr(sealed_module, "MAX_VIOLATIONS", 10**9)
     w1 = worker(keydir, server, 1)
+    wait(lambda: 1 in server.up, server)  # (the ACK goes out before the server registers the link)
     server.publish_theta(0, wire.THETA + row(0))
     assert w1.up is not None
     bad = _signed_frame(ident(keydir, 1), b"\x00" * 32, 0, 1, row(1), frame_round=0)  # another run's nonce
@@ -400,3 +401,63 @@ def test_a_listed_rank_flooding_bad_frames_is_disconnected_after_the_bounded_num
         groups = server.rejections.drain()
         assert sum(g["count"] for g in groups if "does not verify" in g["kind"]) == 200, groups
         assert 1 in server.up and sent == 200
+
+
+@pytest.mark.joins(1, 2)
+@pytest.mark.parametrize("bar", ["kept", "mutant"])
+def test_a_rank_closed_for_violations_is_refused_a_new_uplink_for_the_session(
+    keydir: Path, server: SealedLinks, bar: str,
+) -> None:
+    """Rank 1, with its own key, floods bad-signature vectors until its uplink is closed, then opens a new uplink
+    with the same key and session share (attack38's r1: 25 closures, 200 vectors verified, a genuine vector heard
+    again): the new uplink is refused in one line and the rank stays missing — MAX_VIOLATIONS vectors verified in
+    all. The mutant — the server that forgets the closure (the code before the fix) — lets it in with a fresh budget
+    and accepts its next vector. Rank 2, whose uplink is lost without a violation (its end closed it), opens a new
+    one and is heard: only a rank closed for violations is barred."""
+    from phalanx.distributed import channel
+
+    class Forgetful(set[int]):
+        def add(self, rank: int) -> None:  # the mutant: no rank is ever barred
+            pass
+
+    if bar == "mutant":
+        server.barred = Forgetful()
+    w1, w2 = workers(keydir, server, (1, 2)).values()
+    wait(lambda: {1, 2} <= set(server.up), server)  # (the ACK goes out before the server registers the link)
+    server.publish_theta(0, wire.THETA + row(0))
+    assert w2.up is not None
+    w2.up.close()  # an honest rank's uplink lost (not a violation): it may come back
+    wait(lambda: 2 not in server.up, server)
+    w2.ready()
+    w2.send_vector(0, row(2))
+    wait(lambda: (0, 2) in server.inbox, server)
+    bad = _signed_frame(ident(keydir, 1), b"\x00" * 32, 0, 1, row(1), frame_round=0)  # another run's nonce
+    for _closure in range(2):
+        up = w1.up
+        assert up is not None
+        try:
+            for _ in range(channel.MAX_VIOLATIONS + 2):
+                up.sendall(bad)
+        except (ssl.SSLError, OSError):
+            pass  # the server closed the link
+        wait(lambda: 1 not in server.up, server)
+        up.close()
+        if bar == "kept":
+            with pytest.raises(PhalanxError, match="closed for violations: it is missing for the rest of the session"):
+                w1.ready()
+            assert 1 not in server.up
+            break
+        w1.ready()  # the mutant: let in again, a new budget
+        wait(lambda: 1 in server.up, server)
+    groups = server.rejections.drain()
+    verified = sum(g["count"] for g in groups if "does not verify" in g["kind"])
+    genuine = _signed_frame(ident(keydir, 1), server.nonce, 0, 1, row(7), frame_round=0)
+    if bar == "kept":
+        assert verified == channel.MAX_VIOLATIONS, groups
+        assert any("closed for violations" in g["kind"] for g in groups), groups
+        assert server.collect(0, [1], set(), 1.0) == {}
+    else:
+        assert verified == 2 * channel.MAX_VIOLATIONS, groups
+        assert w1.up is not None
+        w1.up.sendall(genuine)
+        wait(lambda: (0, 1) in server.inbox, server)

@@ -14,9 +14,11 @@ a few kilobytes, never a thread, and nobody waits for it. What bounds a stranger
 * **a cap per source** — at most :data:`PER_SOURCE` pending connections per source (an IPv4 address, an IPv6 /64);
   a source at its cap that connects again loses its *own* oldest pending connection — one that never sent a byte
   first, then the oldest of the others — so a source can only ever evict itself;
-* **a cap in all** — at most :data:`TOTAL` pending connections (and no more than the process's file limit allows:
-  when ``accept`` fails for want of descriptors, one is shed the same way); at the cap, the source holding the most
-  pending connections loses its oldest.
+* **a cap in all** — at most :data:`TOTAL` pending connections, and no more than the descriptors left free allow
+  (:func:`total_cap`: the soft limit on open files, raised toward the hard limit as far as needed, less what the
+  process holds, its ranks' links to come and :data:`FD_RESERVE` for files — so an outsider cannot take the
+  descriptors a checkpoint or the transcript needs; when ``accept`` fails for want of descriptors all the same, one
+  is shed the same way); at the cap, the source holding the most pending connections loses its oldest.
 
 So an outsider holding any number of idle or slow connections never keeps a newcomer out: a newcomer is shed only if
 its *own source* opens :data:`PER_SOURCE` newer connections (or the busiest source — never one with fewer pending than
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import os
 import resource
 import selectors
 import socket
@@ -62,7 +65,8 @@ ADMITTING_PER_RANK = 2
 ACCEPTS_PER_WAKE = 64
 """Connections accepted per readiness of the listener before the pending ones get their turn."""
 FD_RESERVE = 64
-"""File descriptors left to the rest of the process (its links, files) when :data:`TOTAL` is sized to the limit."""
+"""File descriptors left to the process's files (checkpoints, the transcript, metrics) beyond those it holds and its
+links will hold, when :data:`TOTAL` is sized to the file limit."""
 
 
 def source_of(addr: str) -> str:
@@ -88,15 +92,39 @@ def listen_on(host: str, port: int) -> socket.socket:
                           exc.strerror or type(exc).__name__) from None
 
 
-def total_cap(limit: int = TOTAL) -> int:
-    """:data:`TOTAL`, or less when the process may not open that many more descriptors."""
+def open_fds() -> int:
+    """How many file descriptors this process holds now (``/proc/self/fd``, else ``/dev/fd``; 0 if neither lists)."""
+    for folder in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return len(os.listdir(folder))
+        except OSError:
+            continue
+    return 0
+
+
+def total_cap(limit: int = TOTAL, links: int = 0) -> int:
+    """The cap of pending connections: ``min(limit, soft − held − links − FD_RESERVE)`` (at least 8), where ``soft``
+    is the process's soft limit on open files, ``held`` the descriptors it holds now (:func:`open_fds`) and ``links``
+    those its ranks' connections will hold (2(n − 1) on a parameter server or a mesh rank of n). The soft limit is
+    first raised toward the hard limit as far as ``limit`` pending connections need (never lowered). Before, the cap
+    was ``soft − 64`` whatever the process held, so outsiders holding idle connections at a rank 0 of ~26 ranks
+    under the common soft limit of 1,024 left it no descriptor for a checkpoint (attack38's r4)."""
     try:
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     except (OSError, ValueError):
         return limit
+    taken = open_fds() + links + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < taken + limit:
+        target = taken + limit if hard == resource.RLIM_INFINITY else min(taken + limit, hard)
+        if target > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                soft = target
+            except (OSError, ValueError):  # (not allowed here: the cap is sized to the limit as it is)
+                pass
     if soft == resource.RLIM_INFINITY:
         return limit
-    return max(8, min(limit, int(soft) - FD_RESERVE))
+    return max(8, min(limit, int(soft) - taken))
 
 
 def retry_delays(first: float = 0.05, most: float = 1.0) -> Iterator[float]:
@@ -210,13 +238,14 @@ class Admission:
     ``header``: the protocol's frame header (its first field the magic, its second the kind, its last the length);
     ``hello_kind``: the introduction's kind; ``admit(tls, addr, rank, hello)``: called in a thread of its own for an
     introduced connection (blocking socket; at most :data:`ADMITTING_PER_RANK` at once per rank); ``reject(rank,
-    reason)``: a connection that was closed before it was introduced, or refused (``rank`` None: no verified key).
+    reason)``: a connection that was closed before it was introduced, or refused (``rank`` None: no verified key);
+    ``links``: the descriptors the owner's links to its ranks will hold (:func:`total_cap`).
     """
 
     def __init__(self, listener: socket.socket, ctx: ssl.SSLContext, allow: AllowList, *, header: struct.Struct,
                  magic: bytes, hello_kind: int, admit: Callable[[ssl.SSLSocket, str, int, bytes], None],
                  reject: Callable[[int | None, str], None], name: str, deadline_s: float = ADMIT_DEADLINE_S,
-                 per_source: int = PER_SOURCE, total: int | None = None) -> None:
+                 per_source: int = PER_SOURCE, total: int | None = None, links: int = 0) -> None:
         self.listener = listener
         self.ctx = ctx
         self.allow = allow
@@ -225,7 +254,7 @@ class Admission:
         self.name = name
         self.deadline_s = deadline_s
         self.per_source = per_source
-        self.total = total_cap() if total is None else total
+        self.total = total_cap(links=links) if total is None else total
         self.pending: dict[int, _Pending] = {}  # by file descriptor, in order of arrival (= of deadline)
         self.idle: dict[str, dict[int, _Pending]] = {}  # per source, in order of arrival: never heard from
         self.busy: dict[str, dict[int, _Pending]] = {}  # per source, in order of arrival: the others

@@ -283,18 +283,23 @@ class SealedArrivals:
     signed, one per worker per version, versions older than the bound dropped by the links and counted. Each signed
     payload begins with the SHA-256 of the θ the worker computed at (:data:`THETA_DIGEST`); one that names another θ
     than the server published as that version is refused (recorded in the transcript's rejections, not used), so a
-    Byzantine worker cannot put two θ digests under one version in the honest server's transcript. Memory: the
-    digests of the last S + 1 versions."""
+    Byzantine worker cannot put two θ digests under one version in the honest server's transcript. The refusal is
+    filed under the server's current step (the version named in its reason), like every other refusal of that step:
+    filed under the version, it could be drained in a third record of that round, past the 18 groups per round the
+    audit allows (attack38's r6). Memory: the digests of the last S + 1 versions."""
 
     def __init__(self, links: Any, max_staleness: int) -> None:
         self.links = links
         self.last_proof: tuple[str, str, str] | None = None
         self.window = max_staleness
         self.thetas: dict[int, bytes] = {}
+        self.step = 0
+        """The server's current step (the last version published)."""
         links.window = max_staleness
         links.fresh = []
 
     def publish(self, t: int, msg: bytes) -> None:
+        self.step = t
         self.thetas[t] = hashlib.sha256(msg[1:]).digest()
         for v in [v for v in self.thetas if v < t - self.window]:
             del self.thetas[v]
@@ -314,7 +319,7 @@ class SealedArrivals:
         theta, row = body[:THETA_DIGEST], body[THETA_DIGEST:]
         published = self.thetas.get(version)
         if len(body) < THETA_DIGEST or (published is not None and theta != published):
-            self.links.refuse(version, rank, f"rank {rank}'s update of version {version} was computed at another θ "
+            self.links.refuse(self.step, rank, f"rank {rank}'s update of version {version} was computed at another θ "
                               "than the server published as that version (its signed θ digest differs)")
             return rank, version, b""
         self.last_proof = (got.sha256, got.signature, theta.hex())

@@ -181,7 +181,7 @@ class Mesh:
         self.row_limit, self.init_limit, self.monitor_limit = row_limit, init_limit, monitor_limit
         self.admission = Admission(self.listener, self.server_ctx, identity.allow, header=PHASED_HEADER,
                                    magic=PHASED_MAGIC, hello_kind=int(Kind.HELLO), admit=self._introduce,
-                                   reject=self.reject, name="phalanx-mesh-admit")
+                                   reject=self.reject, name="phalanx-mesh-admit", links=2 * workers)
 
     # -- records ---------------------------------------------------------------------------------------------------
 

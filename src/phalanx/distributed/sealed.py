@@ -1,16 +1,15 @@
 """Sealed links of the parameter-server topology: every worker talks to the server over mutually authenticated TLS,
 and signs every vector it sends.
 
-With keys (``keys = "DIR"``), no c10d store carries a vector, θ or a stop message. Each worker rank r opens two TLS
-1.3 connections to rank 0 — *down* (server → worker: the start snapshot, θ of every round, the honest vectors for a
-Byzantine rank, stop) and *up* (worker → server: its vectors) — so that each TLS connection is read or written by
-one thread only. Who is speaking is decided by the certificate the peer proved it holds the key of, looked up in the
-allow-list (:mod:`phalanx.distributed.keys`); the rank a peer *claims* in its introduction must be that rank, a rank
-is let in once per link (a second connection under a key already connected is refused: one key, one rank), and a
-worker accepts θ only from rank 0's key. Every vector carries an Ed25519 signature over
-``(run nonce, config digest, round, rank, SHA-256 of the payload)``, checked before the vector is used, and kept in
-the run's transcript (:mod:`phalanx.distributed.transcript`) so that anyone holding the allow-list can check later
-who was heard.
+With keys (``keys = "DIR"``), no c10d store carries a vector, θ or a stop message. Each worker rank r opens two TLS 1.3
+connections to rank 0 — *down* (server → worker: the start snapshot, θ of every round, the honest vectors for a
+Byzantine rank, stop) and *up* (worker → server: its vectors) — so that each TLS connection is read or written by one
+thread only. Who is speaking is decided by the certificate the peer proved it holds the key of, looked up in the
+allow-list (:mod:`phalanx.distributed.keys`); the rank a peer *claims* in its introduction must be that rank, a rank is
+let in once per link (a second connection under a key already connected is refused: one key, one rank), and a worker
+accepts θ only from rank 0's key. Every vector carries an Ed25519 signature over ``(run nonce, config digest, round,
+rank, SHA-256 of the payload)``, checked before the vector is used, and kept in the run's transcript
+(:mod:`phalanx.distributed.transcript`) so that anyone holding the allow-list can check later who was heard.
 
 The run nonce is not rank 0's alone (:mod:`phalanx.distributed.contribution`): each worker sends 32 fresh random
 bytes in the hello of its links, rank 0 waits for every expected worker's (at most
@@ -30,7 +29,8 @@ a vector of a round that has not begun, and anything from a connection that fail
 cut byte, a replay of recorded traffic). Each is a *rejection*, recorded with the round, the rank (None for an
 unknown key) and the reason; the rank's row is then missing from the round and counts against f, exactly as a
 silent worker's does. An uplink is closed at its :data:`~phalanx.distributed.channel.MAX_VIOLATIONS`-th vector that
-must not be used: a listed rank cannot make the server check bad frames forever.
+must not be used, and a new uplink of that rank is refused for the session (a link lost otherwise may be opened
+again): a listed rank cannot make the server check bad frames forever, nor buy a new budget by reconnecting.
 
 The server never blocks on a worker: each downlink has its own writer thread with a mailbox in which a newer round's
 θ replaces messages of older rounds that have not been sent yet (a worker that fell behind receives the newest θ and
@@ -159,6 +159,7 @@ class SealedLinks:
         self.up: dict[int, ssl.SSLSocket] = {}
         self.dead_up: set[int] = set()
         self.ever_up: set[int] = set()
+        self.barred: set[int] = set()  # ranks whose uplink was closed for violations: refused a new one
         self.round = 0
         self.n = workers
         self.init_payload: dict[str, Any] | None = None
@@ -210,6 +211,8 @@ class SealedLinks:
                 or (link == "up" and rank in self.up)
             ):
                 problem = f"rank {rank} is already connected ({link}): one key used twice"
+            if problem is None and link == "up" and rank in self.barred:
+                problem = f"rank {rank}'s uplink was closed for violations: it is missing for the rest of the session"
             if problem is None and link == "up" and (rank not in self.down or not self.down[rank].alive):
                 problem = f"rank {rank} opened its uplink before its downlink"
             if problem is None:
@@ -345,6 +348,7 @@ class SealedLinks:
             if violations >= MAX_VIOLATIONS:
                 self._reject(rank, f"rank {rank}'s uplink closed after {violations} violations: it is missing from "
                                    "now on")
+                self.barred.add(rank)  # (before the link is removed: never neither open nor barred)
                 break
         with self.cond:
             if self.up.get(rank) is tls:
@@ -357,7 +361,6 @@ class SealedLinks:
         """Keep a vector of ``rank`` if it passes every check (``reported``: with its enclosed report, cut off here);
         else why not (a violation)."""
         from cryptography.exceptions import InvalidSignature
-
         if len(payload) < SIGNATURE_BYTES:
             return f"rank {rank} sent a round-{t} vector without a signature"
         signature, body = bytes(payload[:SIGNATURE_BYTES]), payload[SIGNATURE_BYTES:]
@@ -402,7 +405,7 @@ class SealedLinks:
                 self._fix()
         self.admission = Admission(self.listener, self.ctx, self.identity.allow, header=HEADER, magic=MAGIC,
                                    hello_kind=int(Kind.HELLO), admit=self._introduce, reject=self._reject,
-                                   name="phalanx-sealed-admit")
+                                   name="phalanx-sealed-admit", links=2 * self.n)
 
     def joined(self, n: int) -> set[int]:
         deadline = time.monotonic() + JOIN_TIMEOUT_S
@@ -586,8 +589,6 @@ class SealedWorkerLinks:
             if kind in (Kind.THETA, Kind.STOP):  # the round went on without this rank's vector
                 self.pushed = frame
                 return None
-
-
 
 
 def warn_unsealed(say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> None:
