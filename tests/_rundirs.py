@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,17 @@ def one_line(exc: BaseException, *needles: str) -> str:
     for needle in needles:
         assert needle in text, (needle, text)
     return text
+
+
+def file_states(d: Path) -> dict[str, tuple[int, bytes]]:
+    """Each file's inode and bytes: a write by name replaces the inode (an atomic rename) even where the same config
+    and seed rewrite the same bytes, an append changes the bytes."""
+    return {p.name: (p.stat().st_ino, p.read_bytes()) for p in d.iterdir()}
+
+
+def swap_for_link(run: Path, victim: Path) -> Path:
+    """The attacker's move: the checked run directory renamed away, a link to ``victim`` put in its place."""
+    moved = run.with_name(run.name + ".moved")
+    os.rename(run, moved)
+    run.symlink_to(victim)
+    return moved

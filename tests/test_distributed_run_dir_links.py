@@ -19,6 +19,7 @@ import pytest
 from tests.test_distributed import run_dir, wait_for
 from tests.test_distributed_sealed import SEALED, job
 
+from _rundirs import file_states, swap_for_link
 from phalanx.distributed.audit import audit
 from phalanx.distributed.chain import Appender, Chain
 from phalanx.distributed.keys import init_keys
@@ -38,20 +39,9 @@ def _victim(tmp_path: Path) -> tuple[Path, dict[str, tuple[int, bytes]]]:
     victim.mkdir(parents=True)
     for name, payload in VICTIM.items():
         (victim / name).write_bytes(payload)
-    return victim, _bytes(victim)
+    return victim, file_states(victim)
 
 
-def _bytes(d: Path) -> dict[str, tuple[int, bytes]]:
-    """Each file's inode and bytes (a write by name replaces the inode, an append changes the bytes)."""
-    return {p.name: (p.stat().st_ino, p.read_bytes()) for p in d.iterdir()}
-
-
-def _swap(run: Path, victim: Path) -> Path:
-    """The attacker's move: the checked run directory renamed away, a link to ``victim`` put in its place."""
-    moved = run.with_name(run.name + ".moved")
-    os.rename(run, moved)
-    run.symlink_to(victim)
-    return moved
 
 
 def _records_after_a_swap(run: Path, victim: Path) -> Path:
@@ -61,7 +51,7 @@ def _records_after_a_swap(run: Path, victim: Path) -> Path:
     with dirfd.held(run):
         store.prepare_run_dir(run, {"x": 1}, 0, "")
         log = DistributedLog(run / "distributed.json", "server", 3, lambda t: True)
-        moved = _swap(run, victim)
+        moved = swap_for_link(run, victim)
         out = Appender(run / TRANSCRIPT, Chain(), hashlib.sha256(), 0)
         out.append([b'{"round": 0}\n'], 0)
         out.sync()
@@ -73,7 +63,7 @@ def _records_after_a_swap(run: Path, victim: Path) -> Path:
 def test_rank0s_records_after_a_swap_stay_in_the_checked_directory(tmp_path: Path) -> None:
     (victim, before), run = _victim(tmp_path), tmp_path / "r"
     moved = _records_after_a_swap(run, victim)
-    assert _bytes(victim) == before  # nothing written, replaced, appended or truncated through the link
+    assert file_states(victim) == before  # nothing written, replaced, appended or truncated through the link
     assert (moved / TRANSCRIPT).read_bytes() == b'{"round": 0}\n'
     assert json.loads((moved / "distributed.json").read_text())["summary"]["world_size"] == 3
     manifest = json.loads((moved / "manifest.json").read_text())
@@ -87,7 +77,7 @@ def test_a_link_planted_as_the_transcript_is_refused_not_followed(tmp_path: Path
         with pytest.raises(OutputError) as caught:
             Appender(run / TRANSCRIPT, Chain(), hashlib.sha256(), 0)
     assert str(run / TRANSCRIPT) in str(caught.value) and "\n" not in str(caught.value)
-    assert _bytes(victim) == before
+    assert file_states(victim) == before
 
 
 def _by_name(self: DistributedLog) -> None:
@@ -103,13 +93,13 @@ def test_the_mutant_by_name_writes_into_the_links_target(tmp_path: Path, monkeyp
     with monkeypatch.context() as m:
         m.setattr(dirfd, "fd_of", lambda path: None)
         _records_after_a_swap(run, victim)
-    changed = {n for n, b in _bytes(victim).items() if before.get(n) != b}
+    changed = {n for n, b in file_states(victim).items() if before.get(n) != b}
     assert {"distributed.json", TRANSCRIPT, "manifest.json"} <= changed
     assert (victim / TRANSCRIPT).read_bytes() == b'{"round": 0}\n'
     (victim2, before2), run2 = _victim(tmp_path / "2"), tmp_path / "r2"
     monkeypatch.setattr(DistributedLog, "write", _by_name)
     _records_after_a_swap(run2, victim2)
-    assert {n for n, b in _bytes(victim2).items() if before2.get(n) != b} == {"distributed.json"}
+    assert {n for n, b in file_states(victim2).items() if before2.get(n) != b} == {"distributed.json"}
 
 
 # -- a real keyed job: rank 0 holds before round 7, the test swaps its run directory for a link ------------------------
@@ -142,7 +132,7 @@ def _swapped_job(keys: Path, tmp_path: Path, env: dict[str, str] | None = None) 
 
     def script(procs: list[subprocess.Popen[bytes]], errs: Path, port: int) -> None:
         wait_for("holding round 7", errs, procs[0])
-        moved.append(_swap(run_dir(out), victim))
+        moved.append(swap_for_link(run_dir(out), victim))
         go.touch()
 
     code, errs, _ = job({**SEALED, "keys": str(keys / "job")}, out, tmp_path,
@@ -155,7 +145,7 @@ def _swapped_job(keys: Path, tmp_path: Path, env: dict[str, str] | None = None) 
 def test_a_keyed_job_whose_run_directory_is_swapped_mid_run_writes_nothing_into_the_links_target(
         keys: Path, tmp_path: Path) -> None:
     victim, moved, before = _swapped_job(keys, tmp_path)
-    assert _bytes(victim) == before
+    assert file_states(victim) == before
     assert (moved / "DONE").exists()
     assert [r["round"] for r in json.loads((moved / "distributed.json").read_text())["rounds"]] == list(range(10))
     report = audit(moved)  # the transcript, signed to its last line, in the directory the run checked
@@ -169,7 +159,7 @@ def test_the_mutant_job_writes_distributed_json_into_the_links_target(keys: Path
     (site / "sitecustomize.py").write_text(MUTANT_SITE)  # rank 0 writes distributed.json by name, as before
     path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
     victim, moved, before = _swapped_job(keys, tmp_path, env={"PYTHONPATH": path})
-    assert {n for n, b in _bytes(victim).items() if before.get(n) != b} == {"distributed.json"}
+    assert {n for n, b in file_states(victim).items() if before.get(n) != b} == {"distributed.json"}
     assert [r["round"] for r in json.loads((victim / "distributed.json").read_text())["rounds"]] == list(range(10))
     assert [r["round"] for r in json.loads((moved / "distributed.json").read_text())["rounds"]] == list(range(5))
 

@@ -20,7 +20,7 @@ import pytest
 
 import _rundirs
 from _interrupt import train_interrupted
-from _rundirs import FINISHED, forge_rows, legacy, one_line, rehash, reported
+from _rundirs import FINISHED, file_states, forge_rows, legacy, one_line, rehash, reported, swap_for_link
 from phalanx.errors import ConfigError, IntegrityError, OutputError
 from phalanx.experiments import dirfd, make_config, runfiles, store, train
 from phalanx.training.loop import Callback, Loop, RoundInfo
@@ -32,21 +32,9 @@ def _victim(finished: Path, tmp_path: Path) -> tuple[Path, dict[str, tuple[int, 
     """A directory of the victim's that the attacker's link will point at — another of their run directories, which
     a write by name would damage — and its files' bytes."""
     victim = Path(shutil.copytree(finished, tmp_path / "victim"))
-    return victim, _bytes(victim)
+    return victim, file_states(victim)
 
 
-def _bytes(d: Path) -> dict[str, tuple[int, bytes]]:
-    """Each file's inode and bytes: a write by name replaces the inode (an atomic rename) even where the same config
-    and seed rewrite the same bytes (the victim here is a copy of the same finished run)."""
-    return {p.name: (p.stat().st_ino, p.read_bytes()) for p in d.iterdir()}
-
-
-def _swap(run: Path, victim: Path) -> Path:
-    """The attacker's move: the checked run directory renamed away, a link to ``victim`` put in its place."""
-    moved = run.with_name(run.name + ".moved")
-    os.rename(run, moved)
-    run.symlink_to(victim)
-    return moved
 
 
 class _SwapAt(Callback):
@@ -59,11 +47,11 @@ class _SwapAt(Callback):
 
     def on_round(self, loop: Loop, info: RoundInfo) -> None:
         if loop.state.round == self.at and self.moved is None:
-            self.moved = _swap(self.run, self.victim)
+            self.moved = swap_for_link(self.run, self.victim)
 
 
 def _untouched(victim: Path, before: dict[str, tuple[int, bytes]]) -> None:
-    assert _bytes(victim) == before  # no file written, replaced, added or removed through the link
+    assert file_states(victim) == before  # no file written, replaced, added or removed through the link
 
 
 # -- 1: the run directory checked by its descriptor, the writes through it -------------------------------------------
@@ -86,7 +74,7 @@ def test_a_write_between_the_check_and_its_use_goes_to_the_checked_directory_or_
     (victim, before), run = _victim(finished, tmp_path), tmp_path / "r"
     with dirfd.held(run):
         store.prepare_run_dir(run, {"x": 1}, 0, "")
-        moved = _swap(run, victim)
+        moved = swap_for_link(run, victim)
         store.write_artifact(run, "metrics.jsonl", b'{"round": 0}\n')
         store.write_parquet(run / "metrics.parquet", [{"round": 0}])
         dirfd.unlink(run, "config.json")
@@ -112,7 +100,7 @@ def test_the_mutant_check_by_name_then_write_by_name_writes_into_the_links_targe
     monkeypatch.setattr(dirfd, "fd_of", lambda path: None)
     (victim, before), run = _victim(finished, tmp_path), tmp_path / "runs" / "r"
     train(make_config(FINISHED), run, callbacks=[_SwapAt(run, victim, 2)])
-    changed = {n for n, b in _bytes(victim).items() if before.get(n) != b}
+    changed = {n for n, b in file_states(victim).items() if before.get(n) != b}
     assert {"manifest.json", "checkpoint.safetensors"} <= changed
 
 
