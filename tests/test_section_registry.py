@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.errors import ConfigError
+from phalanx.errors import ConfigError, shown
 from phalanx.experiments import concerns, section_registry, tree
 from phalanx.experiments.declare import Key, Section
 from phalanx.experiments.section_registry import SectionRegistry
@@ -131,7 +131,7 @@ def test_a_section_of_ones_own_is_one_file(tmp_path: Path) -> None:
     assert out["points"] == [1, 2]  # a list-typed key's list is its value, not a grid axis
     # refused in one line, named as written, with its range
     assert out["errors"] == [
-        f"[run_notes].title={'y' * 201!r} is invalid: allowed at most 200 characters",
+        f"[run_notes].title={shown('y' * 201)} is invalid: allowed at most 200 characters",
         "[run_notes].title=3 is invalid: allowed a string",
         f"[run_notes].tags={['a'] * 33!r} is invalid: allowed at most 32 items",
         "[run_notes].titel='x' is invalid: allowed a key of [run_notes]: title, tags (unknown key; did you mean "
