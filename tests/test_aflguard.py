@@ -125,3 +125,20 @@ def test_the_cli_lists_and_runs_it(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     rows = [json.loads(line) for line in next(tmp_path.glob("run/**/metrics.jsonl")).read_text().splitlines()]
     assert rows[-1]["round"] == 2 and rows[-1]["rejected"] >= 0
+
+
+def test_an_attacker_who_knows_lambda_passes_the_ball_with_a_small_sign_flip() -> None:
+    """What the filter does not stop (docs/async.md, AFLGuard): ‖−s·g₀ − g₀‖ = (1 + s)‖g₀‖, so a sign flip scaled by
+    s ≤ λ − 1 is inside the ball whenever the honest mean is near g₀. Always-first flippers at s = 0.4 (λ = 1.5),
+    seeds 0–2, 20 steps: fewer than half of their updates are rejected on every seed (against all of them at s = 10,
+    the test above), and on each seed the run ends below the ×10 flip's accuracy at the same seed. The control: at
+    s = 10 the same setting rejects every one."""
+    kw: dict[str, Any] = {"byzantine": 2, "attack": "signflip", "rounds": 20}
+    for seed in (0, 1, 2):
+        _, small = last_row(experiment(AFLGuard(buffer_size=4, **FIRST), seed=seed, attack_params={"scale": 0.4},
+                                       **kw))
+        _, blatant = last_row(experiment(AFLGuard(buffer_size=4, **FIRST), seed=seed,
+                                         attack_params={"scale": 10.0}, **kw))
+        assert blatant["byzantine_rejected"] == blatant["byzantine_updates"] > 0
+        assert 2 * small["byzantine_rejected"] < small["byzantine_updates"]
+        assert small["test_accuracy"] < blatant["test_accuracy"]

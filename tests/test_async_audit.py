@@ -292,7 +292,7 @@ def _resumed_step(run: Path, keys: Path, floor: bool) -> tuple[dict[str, Any], A
         def __init__(self, q: list[tuple[int, int, bytes, tuple[str, str, str]]]) -> None:
             self.q, self.last_proof = q, None
 
-        def publish(self, t: int, msg: bytes) -> None:
+        def publish(self, t: int, msg: bytes, credit: bytes = b"") -> None:
             pass
 
         def next(self, timeout: float) -> tuple[int, int, bytes] | None:

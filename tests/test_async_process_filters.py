@@ -17,8 +17,8 @@ from safetensors import safe_open
 from tests.test_async_processes import ASYNC, killed_while_holding, last_row, launched
 from tests.test_distributed import run_dir, write_toml
 
+from phalanx.distributed.async_buffer import Buffer
 from phalanx.distributed.async_filters import ProcessFilter
-from phalanx.distributed.async_server import Buffer
 from phalanx.distributed.audit import audit
 from phalanx.distributed.keys import init_keys
 from phalanx.distributed.worker import resolve_config
@@ -179,9 +179,12 @@ def test_a_resumed_filter_continues_from_the_checkpoints_state(tmp_path: Path) -
 
 def test_a_data_attack_runs_on_processes(tmp_path: Path) -> None:
     """FedBuff, ranks 0–4, rank 4 label-flipping (the simulator's attack object on its own batches): the run ends all
-    its steps with the attacker's updates aggregated (``byzantine_updates`` > 0)."""
+    its steps with the attacker's updates aggregated (``byzantine_updates`` > 0). A buffer of K = 4, the number of
+    worker ranks: with one credit each (flow control) a step fills only with rank 4's update in it, however slowly
+    its process runs — with K = 2 the three honest ranks could fill every step before it was scheduled (seen once
+    at load 20+)."""
     data = {**ASYNC, "workers": 5, "byzantine": 1, "attack": "labelflip", "rounds": 20, "eval_every": 20,
-            "checkpoint_every": 20}
+            "checkpoint_every": 20, "algorithm_params": {"buffer_size": 4, "max_staleness": 3}}
     code, errs = launched(data, tmp_path, {})
     assert code == 0, errs[-3000:]
     row = last_row(tmp_path / "out")

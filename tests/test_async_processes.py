@@ -134,7 +134,7 @@ def test_a_byzantine_worker_with_its_own_key_is_dropped_and_recorded(keys: Path,
         thetas: dict[int, bytes] = {}
         v, msg = links.next_message(0)  # version 0: the server holds before version 1
         assert msg is not None
-        thetas[v] = hashlib.sha256(msg[1:]).digest()
+        thetas[v] = hashlib.sha256(msg[1:1 + dim * 4]).digest()  # (θ alone: the credits follow it, async_credit)
 
         def bound(version: int, row: bytes) -> bytes:
             return thetas.get(version, bytes(32)) + row  # (a version never received: no θ to bind)
@@ -146,7 +146,7 @@ def test_a_byzantine_worker_with_its_own_key_is_dropped_and_recorded(keys: Path,
         while v < 5:  # (waits on the server's messages, each version broadcast; it holds before version 6)
             v, msg = links.next_message(v + 1)
             assert msg is not None
-            thetas[v] = hashlib.sha256(msg[1:]).digest()
+            thetas[v] = hashlib.sha256(msg[1:1 + dim * 4]).digest()
         links.send_vector(5, bound(5, wire.tensor_bytes(zero)[:-4]))  # the wrong length
         links.send_vector(4, bound(4, wire.tensor_bytes(nan)))
         links.send_vector(0, bound(0, wire.tensor_bytes(zero)))  # beyond the bound (S = 2)

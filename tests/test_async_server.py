@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from phalanx.distributed import wire
-from phalanx.distributed.async_server import REASONS, AsyncServer, Buffer
+from phalanx.distributed.async_buffer import REASONS, Buffer
+from phalanx.distributed.async_server import AsyncServer
 from phalanx.errors import ConfigError
 from phalanx.experiments import make_config
 from phalanx.experiments.build import from_config
@@ -70,7 +71,7 @@ class NoFiniteCheck(Buffer):
 
 
 def fedbuff_update(rank: int, version: int, payload: bytes | bytearray) -> Any:
-    from phalanx.distributed.async_server import Update
+    from phalanx.distributed.async_buffer import Update
 
     return Update(rank, version, wire.bytes_tensor(bytes(payload), torch.float32).clone())
 
@@ -188,7 +189,7 @@ class Scripted:
         self.items: list[tuple[int, int, bytes]] = []
         self.last_proof: tuple[str, str] | None = None
 
-    def publish(self, t: int, msg: bytes) -> None:
+    def publish(self, t: int, msg: bytes, credit: bytes = b"") -> None:
         pass
 
     def next(self, timeout: float) -> tuple[int, int, bytes] | None:

@@ -67,7 +67,7 @@ class Scripted:
     def __init__(self) -> None:
         self.queue: list[tuple[int, int, bytes]] = []
 
-    def publish(self, t: int, msg: bytes) -> None:
+    def publish(self, t: int, msg: bytes, credit: bytes = b"") -> None:
         pass
 
     def next(self, timeout: float) -> tuple[int, int, bytes] | None:

@@ -16,8 +16,8 @@ from tests._interrupt import whole_and_resumed
 from tests.test_async_filters import after_steps, experiment
 from tests.test_async_process_filters import FILTERED
 
+from phalanx.distributed.async_buffer import Buffer
 from phalanx.distributed.async_filters import ProcessFilter
-from phalanx.distributed.async_server import Buffer
 from phalanx.errors import ConfigError
 from phalanx.experiments import make_config
 from phalanx.experiments.build import from_config

@@ -19,7 +19,7 @@ What differs from the simulated clock, and why:
 
 * **Per update, as it arrives.** The simulated step screens its deliveries in delivery order and a rejected update
   stays in the buffer as a zero row; on processes the server judges each update when it arrives (after the
-  buffer's own checks: :class:`~phalanx.distributed.async_server.Buffer`), and a rejected one is **dropped** —
+  buffer's own checks: :class:`~phalanx.distributed.async_buffer.Buffer`), and a rejected one is **dropped** —
   counted under the reason ``filtered`` per rank, said once per rank on rank 0's log, and never takes a buffer
   place: the step waits for an update the filter passes — or, when every live worker's update of the newest version
   was rejected, takes a zero step (:mod:`phalanx.distributed.async_zero`); it gives up after ``round_timeout`` only
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from phalanx.training.experiment import Experiment
 
 REASON = "filtered"
-"""The drop reason of an update the algorithm's filter rejected (:data:`~phalanx.distributed.async_server.REASONS`)."""
+"""The drop reason of an update the algorithm's filter rejected (:data:`~phalanx.distributed.async_buffer.REASONS`)."""
 
 
 class ProcessFilter:

@@ -12,12 +12,15 @@ version. Server step t (the training loop's round t, which publishes θₜ as ve
    one version, an older version of a worker than one it already delivered (superseded), a version before the
    session's first (after a resume: ``unpublished``), a payload that is not one row of the model's length, a
    non-finite value, a rank that is not a worker — each dropped and recorded
-   (bounded: a count per reason and rank, :data:`REASONS`);
-2. before it waits, the server takes every update already there; the step holds at most one update per worker —
+   (bounded: a count per reason and rank, :data:`~phalanx.distributed.async_buffer.REASONS`);
+2. before it waits, the server takes what is already there, at most (S + 1)·(n − 1) arrivals (:meth:`AsyncServer.
+   drain_cap`: a flood of notices cannot hold the step); the step holds at most one update per worker —
    its newest version, an older one is dropped as superseded (counted) — as on the simulated clock, where a worker
    delivers at most one update per step. Without this the workers, each of which sends one update per version,
    would queue (n − 1)/K − 1 updates per step more than the buffer takes, and the staleness would grow to the bound
-   (measured: it did); updates that arrive after the buffer filled wait for the next step (one per worker);
+   (measured: it did); updates that arrive after the buffer filled wait for the next step (one per worker). With
+   FedBuff and BASGD a worker computes only on a credit of rank 0, carried with each version
+   (:mod:`phalanx.distributed.async_credit`), so an honest worker has one update in flight and none is superseded;
 3. when the algorithm's buffer is full (:meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.full`: K
    updates for FedBuff, one in each of B buffers for BASGD) the rows the rule aggregates are the algorithm's own
    (:meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.assemble`: FedBuff's 1/√(1 + s) weighting, BASGD's
@@ -51,7 +54,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -62,6 +64,8 @@ from torch import Tensor
 from phalanx.attacks import Attack, AttackContext
 from phalanx.attacks.base import DataAttack
 from phalanx.distributed import _test_hooks, wire
+from phalanx.distributed.async_buffer import Buffer
+from phalanx.distributed.async_credit import Credits, may_compute, split, trailer
 from phalanx.distributed.async_filters import ProcessFilter
 from phalanx.distributed.async_zero import summary, zero_rows
 from phalanx.distributed.parameter_server import WorkerLinks, check_digest
@@ -77,15 +81,6 @@ if TYPE_CHECKING:
     from phalanx.training.algorithms.asynchronous import Asynchronous
     from phalanx.training.experiment import Experiment
 
-REASONS = ("stale", "future", "duplicate", "shape", "nonfinite", "rank", "lost", "superseded", "unpublished",
-           "filtered")
-"""Why an update was dropped: older than the bound, from a version not yet published, a second one of a worker for
-one version, not one row of the model's length, a non-finite value, not from a worker rank, announced but gone, an
-older version of a worker whose newer update is in the step (the server keeps each worker's freshest), or a version
-before this session's first (after a resume: this session never published it, and the record of what each worker
-delivered before the checkpoint is not the buffer's — a Byzantine worker's old version would otherwise be kept after
-a newer one of it was aggregated, and the honest server's transcript would fail the audit), or one the algorithm's
-filter rejected (Kardam's, Zeno++'s, AFLGuard's: :mod:`phalanx.distributed.async_filters`)."""
 NOTICES = "async/n"
 
 
@@ -94,128 +89,15 @@ def notice_key(ticket: int) -> str:
     return f"async/a/{ticket}"
 
 
-@dataclass
-class Update:
-    """An accepted update: the worker, the version it was computed at, the row."""
-
-    rank: int
-    version: int
-    row: Tensor
-    proof: tuple[str, str, str] | None = None
-    """With keys: the update's SHA-256, its worker's signature for (run, version, rank), as the links checked them,
-    and the SHA-256 of the θ it was computed at (the first :data:`THETA_DIGEST` bytes of what it signed; what the
-    transcript records: :mod:`phalanx.distributed.async_transcript`)."""
-    passed: Tensor | None = None
-    """The row the algorithm's filter passed on, when it is not ``row`` (Zeno++'s normalised update); ``row`` stays
-    the update as its worker signed it (what the transcript records)."""
-
-
-@dataclass
-class Buffer:
-    """The server's checks and buffer (see the module's docstring, steps 1–2): pure logic, no I/O.
-
-    Memory: the (worker, version) pairs seen for the last S + 1 versions (at most (S + 1)·(n − 1)), the step's buffer
-    (at most one row per worker) and the rows held for the next step (at most one per worker); the record is a count
-    per (reason, rank), ranks outside the job counted under −1.
-    """
-
-    workers: int
-    dim: int
-    dtype: torch.dtype
-    max_staleness: int
-    version: int = 0
-    seen: set[tuple[int, int]] = field(default_factory=set)
-    step: list[Update] = field(default_factory=list)
-    held: dict[int, Update] = field(default_factory=dict)
-    dropped: Counter[tuple[str, int]] = field(default_factory=Counter)
-    since: int = 0
-    """The first version this session published (the round it started or resumed from): an older one is dropped."""
-    newest: dict[int, int] = field(default_factory=dict)
-    """Each worker's newest accepted version: an older one after it is dropped as superseded, so the versions a
-    worker's aggregated updates carry increase step after step (what the audit checks; an honest worker sends its
-    versions in order, a Byzantine one that reorders them is dropped)."""
-    judge: Callable[[int, int, Tensor], Tensor | None] | None = None
-    """The algorithm's filter on an update that passed every other check (:meth:`~phalanx.distributed.async_filters.
-    ProcessFilter.judge`): the row to use, or None — dropped as ``filtered``."""
-    judged: list[Update] = field(default_factory=list)
-    """The updates of the newest version the filter rejected (at most one per worker): a zero step's record
-    (:mod:`phalanx.distributed.async_zero`)."""
-
-    def publish(self, t: int) -> None:
-        """Version t is published: forget pairs older than the bound, start the step with the held updates that are
-        still within it (older ones dropped as stale)."""
-        self.version, self.judged = t, []
-        self.seen = {(r, v) for r, v in self.seen if t - v <= self.max_staleness}
-        held, self.held, self.step = self.held, {}, []
-        for u in held.values():
-            if t - u.version > self.max_staleness:
-                self.dropped["stale", u.rank] += 1
-            else:
-                self.step.append(u)
-
-    def offer(self, rank: int, version: int, payload: bytes | bytearray,
-              proof: tuple[str, str, str] | None = None) -> str | None:
-        """Check one arrival; None when accepted (into the step, or held for the next one), else the reason."""
-        reason = self._check(rank, version, payload)
-        if reason is not None:
-            self.dropped[reason, rank if 1 <= rank < self.workers else -1] += 1
-            return reason
-        self.seen.add((rank, version))
-        self.newest[rank] = max(version, self.newest.get(rank, -1))
-        row = wire.bytes_tensor(bytes(payload), self.dtype).clone()
-        if not bool(torch.isfinite(row).all()):
-            self.dropped["nonfinite", rank] += 1
-            return "nonfinite"
-        passed = row if self.judge is None else self.judge(rank, version, row)
-        if passed is None:
-            self.dropped["filtered", rank] += 1
-            if version == self.version:
-                self.judged.append(Update(rank, version, row, proof))
-            return "filtered"
-        u = Update(rank, version, row, proof, None if passed is row else passed)
-        for i, x in enumerate(self.step):
-            if x.rank == rank:  # one per worker in a step: the newer version, in the older one's place
-                self.dropped["superseded", rank] += 1
-                if x.version > version:
-                    return "superseded"
-                self.step[i] = u
-                return None
-        self.step.append(u)
-        return None
-
-    def _check(self, rank: int, version: int, payload: bytes | bytearray) -> str | None:
-        if not 1 <= rank < self.workers:
-            return "rank"
-        if version > self.version:
-            return "future"
-        if version < self.since:
-            return "unpublished"
-        if self.version - version > self.max_staleness:
-            return "stale"
-        if (rank, version) in self.seen:
-            return "duplicate"
-        if version < self.newest.get(rank, -1):
-            return "superseded"
-        if len(payload) != self.dim * torch.empty((), dtype=self.dtype).element_size():
-            return "shape"
-        return None
-
-    def counts(self) -> dict[str, int]:
-        """Drops per reason over the run."""
-        out = dict.fromkeys(REASONS, 0)
-        for (reason, _), k in self.dropped.items():
-            out[reason] += k
-        return out
-
-
 class Arrivals(Protocol):
     """How updates reach the asynchronous server."""
 
     last_proof: tuple[str, str, str] | None
     """The SHA-256 and signature of the update :meth:`next` returned last (None without keys)."""
 
-    def publish(self, t: int, msg: bytes) -> None:
-        """Version t's message (``THETA`` + θ) to every worker."""
+    def publish(self, t: int, msg: bytes, credit: bytes = b"") -> None:
+        """Version t's message (``THETA`` + θ, then ``credit``: the workers' credits,
+        :func:`~phalanx.distributed.async_credit.trailer`) to every worker."""
 
     def next(self, timeout: float) -> tuple[int, int, bytes] | None:
         """The next update to arrive, from any worker: (rank, version, payload); None when none within ``timeout``."""
@@ -238,8 +120,8 @@ class StoreArrivals:
         self.grace = grace
         """A ticket drawn but without its notice after waiting this long is skipped (its worker died mid-send)."""
 
-    def publish(self, t: int, msg: bytes) -> None:
-        self.links.publish_theta(t, msg)
+    def publish(self, t: int, msg: bytes, credit: bytes = b"") -> None:
+        self.links.publish_theta(t, msg + credit)
 
     def next(self, timeout: float) -> tuple[int, int, bytes] | None:
         key = notice_key(self.ticket)
@@ -298,12 +180,12 @@ class SealedArrivals:
         links.window = max_staleness
         links.fresh = []
 
-    def publish(self, t: int, msg: bytes) -> None:
+    def publish(self, t: int, msg: bytes, credit: bytes = b"") -> None:
         self.step = t
-        self.thetas[t] = hashlib.sha256(msg[1:]).digest()
+        self.thetas[t] = hashlib.sha256(msg[1:]).digest()  # (θ alone: the credits are not what a worker signs)
         for v in [v for v in self.thetas if v < t - self.window]:
             del self.thetas[v]
-        self.links.publish_theta(t, msg)
+        self.links.publish_theta(t, msg + credit)
 
     def next(self, timeout: float) -> tuple[int, int, bytes] | None:
         links = self.links
@@ -354,6 +236,10 @@ class AsyncServer(Transport):
         """The worker ranks whose update of the newest version arrived (whatever became of it)."""
         self.zero = self.steps = 0
         """Zero steps and steps this session (:mod:`phalanx.distributed.async_zero`)."""
+        self.flow = True
+        """Whether the workers compute on rank 0's credits (:mod:`phalanx.distributed.async_credit`; not with a
+        filtering algorithm, whose zero step waits for every live worker's update of the newest version)."""
+        self.credits: Credits | None = None
         self.on_step: Callable[..., None] | None = None
         """With keys, the transcript's hook (:meth:`~phalanx.distributed.transcript.Transcript.step`): step
         t used these updates, made these rows, and the rule's result over them is this; the links' refusals since the
@@ -369,6 +255,7 @@ class AsyncServer(Transport):
         self.filter = ProcessFilter(experiment, start.state.own) if self.algo.screens else None
         if self.filter is not None:  # (Kardam's, Zeno++'s, AFLGuard's: from the start's state — a resume's checkpoint)
             self.buffer.judge = self.filter.judge
+        self.credits = Credits(n, self.algo.max_staleness) if self.flow and self.filter is None else None
         self.next_round = start.state.round
         self.links.offer({"config": self.digest, "round": start.state.round, "streams": {}, "momentum": None})
         joined = self.links.joined(n)
@@ -389,12 +276,16 @@ class AsyncServer(Transport):
         buf.publish(t)
         if self.filter is not None:
             self.filter.publish(t, theta)
-        self.arrivals.publish(t, msg)
+        counts = None if self.credits is None else self.credits.publish(t, {u.rank for u in buf.step})
+        credit = trailer(counts)
+        self.arrivals.publish(t, msg, credit)
         self.next_round, self.delivered = t + 1, set()
         self.steps += 1
         before = buf.counts()
-        sent, received = len(msg) * (self.exp.workers - 1), 0
-        while (ready := self.arrivals.next(0.0)) is not None:  # everything already there first: the freshest wins
+        sent, received = (len(msg) + len(credit)) * (self.exp.workers - 1), 0
+        for _ in range(self.drain_cap()):  # what is already there first (bounded: a flood cannot hold the step)
+            if (ready := self.arrivals.next(0.0)) is None:
+                break
             received += self._offer(*ready, t)
         take = self._full()
         while not take and not self._exhausted():
@@ -432,6 +323,13 @@ class AsyncServer(Transport):
         own["stats"] = self._stats(own["stats"], staleness, touched, buf.counts(), before, ids)
         return Received(vectors, rows=rows, state_rows=False, own=own, sent=sent, received=received)
 
+    def drain_cap(self) -> int:
+        """How many arrivals a step reads before it looks whether its buffer is full: (S + 1)·(n − 1), what the
+        workers can have sent within the bound — honest workers send at most one update per version, so this is all
+        of theirs; a worker that writes store notices faster than the server reads them (without keys nothing stops
+        it) would otherwise keep the server reading forever."""
+        return (self.buffer.max_staleness + 1) * (self.exp.workers - 1)
+
     def _exhausted(self) -> bool:
         """Whether no update can fill the step (a filtering algorithm's buffer is empty, every live worker's update
         of the newest version arrived, and the filter rejected at least one): a zero step follows
@@ -452,6 +350,8 @@ class AsyncServer(Transport):
         buf = self.buffer
         if version == t and 1 <= rank < self.exp.workers:  # (its update of the newest version came, whatever it is)
             self.delivered.add(rank)
+        if self.credits is not None and version <= t:  # (a version not yet published settles nothing)
+            self.credits.arrived(rank, version)
         reason = buf.offer(rank, version, payload, self.arrivals.last_proof) if payload else "lost"
         if reason == "lost":
             buf.dropped["lost", rank if 1 <= rank < self.exp.workers else -1] += 1
@@ -512,6 +412,9 @@ class AsyncServer(Transport):
             self.say("updates dropped: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
         if self.zero:
             self.say(summary(self.zero, self.steps))
+        if self.credits is not None:
+            self.say(f"credits: {sum(self.credits.granted)} granted, {self.credits.expired} given up after "
+                     f"max_staleness = {self.credits.max_staleness} versions")
 
 
 class AsyncWorker:
@@ -535,8 +438,17 @@ class AsyncWorker:
         self.bind_theta = bind_theta
         """With keys: sign SHA-256(θ) ‖ the update (:data:`THETA_DIGEST`), binding the θ it was computed at."""
 
+    computed = 0
+    """The updates this worker sent (with flow control it computes only while rank 0 has granted more)."""
+
     def run(self) -> None:
         exp, links, rank = self.exp, self.links, self.rank
+        try:
+            self._serve(exp, links, rank)
+        finally:
+            log(f"[phalanx rank {rank}] computed {self.computed} updates")
+
+    def _serve(self, exp: Experiment, links: WorkerLinks, rank: int) -> None:
         init = links.init()
         check_digest(init, self.digest, rank)
         links.ready()
@@ -547,6 +459,7 @@ class AsyncWorker:
         poison = exp.attack if byzantine and isinstance(exp.attack, DataAttack) else None
         attack_gen = torch.Generator().manual_seed(int(exp.seed) * 1_000_003 + 500_009 + rank)
         dtype = exp.problem.initial_theta().dtype
+        theta_bytes = exp.problem.dim * torch.empty((), dtype=dtype).element_size()
         ids = torch.tensor([rank], dtype=torch.int64)
         t = int(init["round"])
         while t < exp.rounds:
@@ -556,7 +469,11 @@ class AsyncWorker:
                 continue
             if msg[:1] == wire.STOP:
                 return
-            theta = wire.bytes_tensor(msg[1:], dtype)
+            parts = split(msg, theta_bytes, exp.workers)
+            if parts is None or not may_compute(parts[1], rank, self.computed):  # no credit: wait for a version
+                t = latest + 1
+                continue
+            theta = wire.bytes_tensor(parts[0], dtype)
             _test_hooks.maybe_sleep(rank, latest)
             xb, yb = sample_batches_of(exp.data, ids, algo.batch_size, gen)
             if poison is not None and poison.active(latest):  # the simulator's code: its batch, then honest SGD
@@ -567,8 +484,9 @@ class AsyncWorker:
                 g = attack(AttackContext(honest=g[None], n_byzantine=1, f=exp.f, aggregator=None,
                                          generator=attack_gen, round=latest,
                                          knowledge="colluders" if attack.reads_honest else "omniscient"))[0]
-            bound = hashlib.sha256(msg[1:]).digest() if self.bind_theta else b""
+            bound = hashlib.sha256(parts[0]).digest() if self.bind_theta else b""
             links.send_vector(latest, bound + wire.tensor_bytes(g))
+            self.computed += 1
             if self.notify is not None:
                 self.notify(latest)
             t = latest + 1

@@ -29,7 +29,7 @@ workers different θ under one version label, or another θ₀, is refused (the 
 holding its own valid key can put an update in another rank's name; 0 ≤ version ≤ t and no older than its session's
 first round (a resumed server never published an older version: it drops one, ``unpublished``), the recorded staleness
 is t − version and at most ``max_staleness``; a worker's versions increase from step to step (the server keeps each
-worker's freshest and drops an older one after a newer: :attr:`~phalanx.distributed.async_server.Buffer.newest`) — so a
+worker's freshest and drops an older one after a newer: :attr:`~phalanx.distributed.async_buffer.Buffer.newest`) — so a
 step that keeps a worker's older update after a newer one was aggregated is refused; the values are finite; the step is
 one the algorithm takes — ``full`` of the recorded order is exactly its length (FedBuff: exactly K updates; BASGD: the
 shortest prefix that puts an update in every buffer), so the rule never runs over rows the algorithm never makes; the
@@ -71,7 +71,7 @@ from phalanx.distributed.sealed import signed_message
 from phalanx.errors import PhalanxError
 
 if TYPE_CHECKING:
-    from phalanx.distributed.async_server import Update
+    from phalanx.distributed.async_buffer import Update
     from phalanx.training.experiment import Experiment
 
 STEP_KEYS = {"type", "round", "updates", "rows", "result"}

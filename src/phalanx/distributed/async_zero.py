@@ -100,7 +100,7 @@ def zero_rows(exp: Experiment, ranks: list[int], theta: Tensor) -> tuple[Tensor,
 
 def zero_fields(theta: Tensor, judged: list[Any], entry: Any) -> dict[str, Any]:
     """A zero step's fields (:data:`ZERO_KEYS`): θₜ and the rejected updates (the server's
-    :class:`~phalanx.distributed.async_server.Update`, which imports this module), each as ``entry`` records one."""
+    :class:`~phalanx.distributed.async_buffer.Update`, which imports this module), each as ``entry`` records one."""
     return {"theta": base64.b64encode(wire.tensor_bytes(theta)).decode(), "judged": entry(judged)}
 
 

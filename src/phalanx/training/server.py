@@ -17,6 +17,7 @@ leave it as it was.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,18 +39,33 @@ class RoundResult:
     """What one round measured (only at evaluation rounds: it costs the rule's contributions).
 
     ``agg_error``: ‖Agg − honest mean‖² / honest spread, the price of robustness in this round (Yang, Shi & Li,
-    ICML 2025, Def. 3.1); ``byz_share``: the share of the output that came from Byzantine rows; ``detection_auc``:
+    ICML 2025, Def. 3.1), None where that ratio has no value (:func:`honest_error`);
+    ``byz_share``: the share of the output that came from Byzantine rows; ``detection_auc``:
     P(a random honest row got a larger share than a random Byzantine one). Both None for a rule that does not
     report its contributions. ``sampled_byzantine``: how many Byzantine clients a federated round sampled.
     ``contributions``: each received row's share of the output (``rule.contributions``, ``(m,)`` float64; NaN for a
     rule that does not report them), what a server stage that watches the rule reads.
     """
 
-    agg_error: float
+    agg_error: float | None
     byz_share: float | None
     detection_auc: float | None
     sampled_byzantine: int | None = None
     contributions: Tensor | None = None
+
+
+def honest_error(agg: Tensor, honest: Tensor) -> float | None:
+    """``agg``'s aggregation error against the ``honest`` rows (:func:`~phalanx.analysis.epsilon.aggregation_error`),
+    or None where the ratio has no value: fewer than two honest rows (none — a buffer of Byzantine updates alone —
+    or one), or honest rows with no spread at all (identical rows: the zero rows an asynchronous filter puts in
+    place of rejected honest updates) from which a finite ``agg`` differs. Counting that as +∞, the ratio's own
+    convention for x/0, made one such step turn a whole run's mean error into ∞. A non-finite ``agg`` stays +∞."""
+    if honest.shape[0] < 2:
+        return None if bool(torch.isfinite(agg).all()) else float("inf")
+    error = aggregation_error(agg, honest)
+    if math.isinf(error) and bool(torch.isfinite(agg).all()):
+        return None  # a finite output over honest rows with no spread: x/0
+    return error
 
 
 def detection_auc(contrib: Tensor, byzantine: Tensor) -> float | None:
@@ -210,7 +226,7 @@ class Server:
         any_byz = bool(is_byz.any())
         known = bool(torch.isfinite(contrib).all())  # a user's rule without contributions reports NaN shares
         result = RoundResult(
-            agg_error=aggregation_error(agg, vectors[~is_byz.to(vectors.device)] if any_byz else vectors),
+            agg_error=honest_error(agg, vectors[~is_byz.to(vectors.device)] if any_byz else vectors),
             byz_share=(float(contrib[is_byz.to(contrib.device)].sum()) if any_byz else 0.0) if known else None,
             detection_auc=detection_auc(contrib.cpu(), is_byz) if known else None,
             sampled_byzantine=None if got.state_rows else int(is_byz.sum()), contributions=contrib,

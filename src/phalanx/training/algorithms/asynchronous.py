@@ -49,7 +49,7 @@ from phalanx.training.algorithms.base import RoundAlgorithm, Run
 from phalanx.training.algorithms.clock import STATS, TIMINGS, Clock, Speeds, columns
 from phalanx.training.algorithms.dsgd import poison_rows
 from phalanx.training.algorithms.fedavg import attack_rows
-from phalanx.training.server import RoundResult, Server, aggregation_error, detection_auc
+from phalanx.training.server import RoundResult, Server, detection_auc, honest_error
 from phalanx.training.shards import sample_batches_of
 from phalanx.training.stages.base import Evaluation, Stage
 from phalanx.training.state import Received
@@ -433,7 +433,7 @@ class BufferServer(Server):
         known = contrib is not None and bool(torch.isfinite(contrib).all())
         honest = got.vectors[~byz.to(got.vectors.device)] if bool(byz.any()) else got.vectors
         result = RoundResult(
-            agg_error=aggregation_error(agg, honest),
+            agg_error=honest_error(agg, honest),
             byz_share=(float(contrib.cpu()[byz].sum()) if known and contrib is not None else None),
             detection_auc=detection_auc(contrib.cpu(), byz) if known and contrib is not None else None,
             sampled_byzantine=int(byz.sum()), contributions=contrib)
