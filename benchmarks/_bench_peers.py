@@ -24,6 +24,10 @@ FLOWER_LEGACY = "Flower legacy"
 FLOWER_MSG = "Flower msg"
 PEER_COLUMNS = (BYZFL, BYZPY, FLOWER_LEGACY, FLOWER_MSG)
 
+INPLACE = "{} in place"
+"""The benchmark's name of a pre-aggregator's in-place case (``clip in place``: ``mix_`` on rows the caller gives
+up, beside ByzFL's in-place rule on a copy made before the clock starts)."""
+
 MDA_LIMIT = 10**6
 """ByzFL's MDA and SMEA enumerate all C(n, f) subsets in Python: above this many, they are not run."""
 
@@ -169,11 +173,12 @@ def load_byzfl() -> Any:
                 _stub_module(name)
             if top not in STUBBED:
                 STUBBED.append(top)
-    import byzfl
-
-    for name in [m for m in sys.modules if m.split(".")[0] in STUBBED]:  # byzfl keeps its references; nothing
-        if isinstance(sys.modules[name], types.ModuleType) and "__getattr__" in vars(sys.modules[name]):  # else
-            del sys.modules[name]  # imported later (torch, hypothesis) may find a stand-in where a module is absent
+    try:
+        import byzfl
+    finally:  # also when byzfl is not installed: the stand-ins never outlive this call
+        for name in [m for m in sys.modules if m.split(".")[0] in STUBBED]:  # byzfl keeps its references; nothing
+            if isinstance(sys.modules[name], types.ModuleType) and "__getattr__" in vars(sys.modules[name]):  # else
+                del sys.modules[name]  # imported later (torch, hypothesis) may find a stand-in for an absent module
     return byzfl
 
 
@@ -231,6 +236,23 @@ def _byzfl(
         fresh=(lambda v: v.clone() if isinstance(v, torch.Tensor) else v.copy()) if fresh else None,
         fallback=prep_np, fallback_note="numpy input (the torch input raised: {err})", **kw,
     )
+
+
+def _copy(v: Any) -> Any:
+    return v.clone() if isinstance(v, torch.Tensor) else v.copy()
+
+
+def _byzfl_in_place(s: Setting, name: str, make: Callable[[], Any], *, copy: bool) -> Peer:
+    """A ByzFL rule that overwrites its input (``Clipping``, ``ARC``), compared like with like.
+
+    ``copy``: beside Phalanx's ``pre(x)``, which leaves ``x`` as it was, ByzFL clips a copy that it makes on the
+    clock (what a caller who keeps its rows pays). Otherwise, beside Phalanx's ``mix_`` (in place), ByzFL clips a
+    fresh copy made before the clock starts, as Phalanx's is.
+    """
+    if copy:
+        return _byzfl(s, f"{name}(x.clone()) (the copy on the clock: ByzFL clips its input in place)",
+                      lambda: lambda v: make()(_copy(v)))
+    return _byzfl(s, f"{name}(copy of x) (clips in place; the copy made before the clock)", make, fresh=True)
 
 
 def _byzpy_peer(s: Setting, timed: str, call: Callable[[Any], Any], *, pre: bool = False, **kw: Any) -> Peer:
@@ -450,15 +472,15 @@ def build_peers(rule: str, s: Setting, pparams: dict[str, Any]) -> list[Peer]:
                 s, f"byzfl.Bucketing(s={sz})(x)", lambda: bz.Bucketing(s=sz), compare="rowmean",
                 known="random permutation: only the mean over buckets can agree",
             ))
-    elif rule == "clip":
+    elif rule in ("clip", INPLACE.format("clip")):
         thr = next((float(pparams[k]) for k in ("threshold", "c", "tau", "max_norm") if k in pparams), None)
         if has_bz():
             c = thr if thr is not None else 2.0
-            peers.append(_byzfl(s, f"byzfl.Clipping(c={c:.6g})(copy of x) (clips in place)",
-                                lambda: bz.Clipping(c=c), fresh=True))
-    elif rule == "arc":
+            peers.append(_byzfl_in_place(s, f"byzfl.Clipping(c={c:.6g})", lambda: bz.Clipping(c=c),
+                                         copy=rule == "clip"))
+    elif rule in ("arc", INPLACE.format("arc")):
         if has_bz():
-            peers.append(_byzfl(s, f"byzfl.ARC(f={f})(copy of x) (clips in place)", lambda: bz.ARC(f=f), fresh=True))
+            peers.append(_byzfl_in_place(s, f"byzfl.ARC(f={f})", lambda: bz.ARC(f=f), copy=rule == "arc"))
     elif rule == "monna":
         idx = int(pparams.get("idx", 0))
         if has_bz():

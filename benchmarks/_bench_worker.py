@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 import _bench_floors
-from _bench_peers import Peer, Setting, build_peers, peer_versions
+from _bench_peers import INPLACE, Peer, Setting, build_peers, peer_versions
 
 CAP_S = 20.0
 """A call (warm-up or first timed one) slower than this is reported alone, without further repetitions."""
@@ -48,6 +48,11 @@ class Case:
     coordinatewise: bool = False
     optional: bool = False
     """Shown only when Phalanx registers it (ByzFL-only rules: MoNNA, CAF, SMEA)."""
+    inplace: bool = False
+    """Timed through ``mix_`` (a caller that owns its rows and gives them up) on a copy of the input made before the
+    clock starts, beside the peers that also overwrite their input; the plain case (``clip``) is the copying call
+    ``pre(x)``, beside peers that leave their input as it was (ByzFL's in-place rules then clip a copy, on the
+    clock)."""
     warm_rounds: int = 0
     """A stateful rule is called this many times on perturbed copies of the input before it is timed, so that the
     timed calls are rounds with a full history (FLDetector: its window filled, every client predicted)."""
@@ -72,6 +77,8 @@ CASES: list[Case] = [
     Case("bucketing", "bucketing", kind="pre", params=lambda s: {"s": 2}),
     Case("clip", "clip", kind="pre", params=lambda s: {"threshold": _median_norm(s)}),
     Case("arc", "arc", kind="pre"),
+    Case(INPLACE.format("clip"), "clip", kind="pre", params=lambda s: {"threshold": _median_norm(s)}, inplace=True),
+    Case(INPLACE.format("arc"), "arc", kind="pre", inplace=True),
     Case("signmaj", "signmaj"),
     Case("fltrust", "fltrust"),
     Case("dnc", "dnc"),
@@ -313,7 +320,13 @@ def run_case(case: Case, s: Setting, x_ref: torch.Tensor, reps: int, peers_on: b
     if cnote:
         rec["notes"].append(cnote)
 
-    if case.kind == "pre":
+    def make_arg() -> torch.Tensor:
+        return s.x.clone() if case.inplace else s.x  # the clone: before the clock (measure)
+
+    if case.inplace:
+        def ph_call(v: torch.Tensor) -> Any:
+            return obj.mix_(v)[0]
+    elif case.kind == "pre":
         def ph_call(v: torch.Tensor) -> Any:
             return obj(v)
     else:
@@ -326,14 +339,14 @@ def run_case(case: Case, s: Setting, x_ref: torch.Tensor, reps: int, peers_on: b
             obj(s.x + 0.01 * torch.randn(s.x.shape, generator=gen), **ctx)
         rec["notes"].append(f"timed after {case.warm_rounds} rounds on perturbed copies (a full history)")
     try:
-        t = measure(ph_call, lambda: s.x, reps, big, limit)
+        t = measure(ph_call, make_arg, reps, big, limit)
     except Exception as exc:
         rec["status"] = f"error: {_err(exc)}"
         if not isinstance(exc, CallTimeout):
             rec["traceback"] = traceback.format_exc(limit=4)
         return rec
     rec["status"] = "ok"
-    rec["floor_plan"] = _bench_floors.plan(case.spec, pparams, lambda: ph_call(s.x))
+    rec["floor_plan"] = _bench_floors.plan(case.spec, pparams, lambda: ph_call(make_arg()))
     rec["phalanx"] = {"time": t.time, "times": t.times, "single": t.single, "warmup": t.warmup, "note": t.note}
     if not torch.equal(s.x, x_ref):
         rec["notes"].append("Phalanx MODIFIED ITS INPUT")

@@ -8,7 +8,10 @@ OMP/OPENBLAS/MKL/NUMBA thread variables set before anything is imported (and ``t
 ``numba.set_num_threads``, threadpoolctl inside); the parent gathers their JSON lines and prints one table.
 
 Input: Gaussian rows around a common random mean (float32, seeded), the same tensor for every library (its numpy
-view, Flower's list of per-client arrays, or Flower RecordDicts, all built before timing). Each measurement is a
+view, Flower's list of per-client arrays, or Flower RecordDicts, all built before timing). ``clip`` and ``arc``
+appear twice, like against like: ``pre(x)`` (x left as it was) beside ByzFL clipping a copy it makes on the clock
+(ByzFL overwrites its input), and ``… in place``, Phalanx's ``mix_`` beside ByzFL, each on a copy of x made before
+the clock (a caller that owns its rows and gives them up). Each measurement is a
 warm-up call (numba compiles on first call) then the median of k calls (k=5; k=3 at d=10⁶ when a call takes more
 than 1 s; a single call when the warm-up or the first timed call takes more than 20 s, marked †).
 
@@ -172,7 +175,9 @@ def report(results: list[tuple[dict[str, Any], list[dict[str, Any]]]], args: arg
                  + (f" Stubbed for `import byzfl` (not installed, import-time only): {', '.join(stubbed)}."
                     if stubbed else ""))
     lines.append(f"Threads per setting: {thr}")
-    lines.append(f"Phalanx timed through its public call rule(x) / pre(x). Wall time {wall:.0f} s.")
+    lines.append("Phalanx timed through its public call rule(x) / pre(x), which leave x as it was; the rows "
+                 "'… in place' through pre.mix_(copy of x), the copy made before the clock, beside peers that "
+                 f"overwrite their input. Wall time {wall:.0f} s.")
     for line in lines:
         console.print(line, markup=False, highlight=False)
     if args.markdown:

@@ -402,10 +402,31 @@ class PreAggregator(_Component):
         return self.mix(x, **context)[0]
 
     def mix(self, x: Rows, **context: Any) -> tuple[Tensor, Tensor]:
-        """Return ``(y, M)``: the transformed rows and their provenance matrix."""
+        """Return ``(y, M)``: the transformed rows and their provenance matrix. ``x`` is never modified."""
         x = check_input(x, self.name)
         self._check_rows(x.shape[0])
         self._check_context(context)
+        return self._run(x, **context)
+
+    def mix_(self, x: Tensor, **context: Any) -> tuple[Tensor, Tensor]:
+        """:meth:`mix` for a caller that owns ``x`` and gives it up: the values of ``x`` may be overwritten (``y`` may
+        be ``x`` itself), so ``x`` must not be read afterwards. The same ``(y, M)`` as :meth:`mix` (bit for bit:
+        ``_rowops.scale_rows_``).
+
+        Scaling rules (``clip``, ``arc``) then scale ``x`` in place (on one CPU thread only the rows they clip)
+        instead of writing a fresh ``(n, d)`` output; every other pre-aggregator returns what :meth:`mix` does. Only
+        a caller that created ``x`` may call it: :class:`~phalanx.aggregators.chain.Chain` does for the rows a
+        previous element made, never for its own caller's (``tests/test_inplace_pre.py``).
+        """
+        x = check_input(x, self.name)
+        self._check_rows(x.shape[0])
+        self._check_context(context)
+        if torch.is_grad_enabled() and x.requires_grad:
+            return self._run(x, **context)  # autograd forbids overwriting a tensor it needs
+        return self._run_(x, **context)
+
+    def _run_(self, x: Tensor, **context: Any) -> tuple[Tensor, Tensor]:
+        """:meth:`_run` allowed to overwrite ``x`` (see :meth:`mix_`); by default :meth:`_run` itself."""
         return self._run(x, **context)
 
 

@@ -11,12 +11,25 @@ from phalanx.aggregators.base import Aggregator, PreAggregator, RuleTags
 from phalanx.errors import ConfigError
 
 
+def _owned(y: Tensor, x: Tensor) -> bool:
+    """Whether ``y`` is rows the chain made itself: not the caller's ``x`` and sharing no memory with it."""
+    if y is x:
+        return False
+    ys, xs = y.untyped_storage(), x.untyped_storage()
+    if ys.device != xs.device:
+        return True
+    y0, x0 = ys.data_ptr(), xs.data_ptr()
+    return y0 + ys.nbytes() <= x0 or x0 + xs.nbytes() <= y0
+
+
 class Chain(Aggregator):
     """``rule ∘ pre_k ∘ … ∘ pre_1``: each pre-aggregator transforms the rows, the rule aggregates the result.
 
     Contributions are traced back to the original inputs through each pre-aggregator's provenance matrix:
-    ``c = c_rule · M_k ⋯ M_1``. The chain claims the properties that all its elements claim (their ``tags``): a
-    pre-aggregator's tags say what it keeps of the rule after it.
+    ``c = c_rule · M_k ⋯ M_1``. The caller's input is never modified; the rows an element makes belong to the
+    chain, so the next element gets them through :meth:`~phalanx.aggregators.base.PreAggregator.mix_` (``clip`` and
+    ``arc`` then scale in place instead of writing another ``(n, d)`` tensor). The chain claims the properties that
+    all its elements claim (their ``tags``): a pre-aggregator's tags say what it keeps of the rule after it.
     """
 
     name: ClassVar[str] = "chain"
@@ -60,7 +73,9 @@ class Chain(Aggregator):
         y = x
         for p in self.pre:
             ctx = {k: v for k, v in context.items() if k in p.context_keys}
-            y, m = p.mix(y, **ctx)
+            # rows an earlier element made are the chain's own: the next element may overwrite them (mix_); the
+            # caller's x, or anything sharing its memory (a view an element passed through), never
+            y, m = p.mix_(y, **ctx) if _owned(y, x) else p.mix(y, **ctx)
             provenance = m if provenance is None else m @ provenance
         ctx = {k: v for k, v in context.items() if k in self.rule.context_keys}
         assert provenance is not None

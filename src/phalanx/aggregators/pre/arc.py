@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from phalanx.aggregators._rowops import clip_scales, row_norms, scale_rows
+from phalanx.aggregators._rowops import clip_scales, row_norms, scale_rows, scale_rows_
 from phalanx.aggregators.base import PreAggregator, RuleTags, as_compute_dtype
 from phalanx.aggregators.registry import register
 
@@ -38,7 +38,8 @@ class ARC(PreAggregator):
 
     Bad rows (NaN/Inf, or a norm that overflows) count as the longest rows and are passed through unchanged, so
     they stay bad for the rule downstream. Provenance ``M = I``. The input is never modified (ByzFL's ``ARC`` and
-    ``Clipping`` modify their input in place).
+    ``Clipping`` modify their input in place), except through :meth:`mix_`, for a caller that owns it: then ``x`` is
+    scaled in place, with the same values (``tests/test_inplace_pre.py``).
     """
 
     name: ClassVar[str] = "arc"
@@ -52,15 +53,25 @@ class ARC(PreAggregator):
     def min_workers(self) -> int:
         return 2 * self.f + 1
 
-    def _run(self, x: Tensor, **context: Any) -> tuple[Tensor, Tensor]:
-        n = x.shape[0]
-        xc = as_compute_dtype(x)
+    def _scales(self, xc: Tensor) -> Tensor | None:
+        """The factors ``min(1, C/‖xᵢ‖)`` (float64 ``(n,)``), or ``None`` when nothing is clipped (``k = 0``)."""
         norms, bad = row_norms(xc)
-        k = arc_clipped_count(n, self.f)
+        k = arc_clipped_count(xc.shape[0], self.f)
         if k == 0:
-            y = xc.clone()
-        else:
-            key = torch.where(bad, torch.full_like(norms, float("inf")), norms)
-            threshold = torch.sort(key, descending=True).values[k]
-            y = scale_rows(xc, clip_scales(norms, bad, threshold))
-        return y.to(x.dtype), torch.eye(n, dtype=torch.float64, device=x.device)
+            return None
+        key = torch.where(bad, torch.full_like(norms, float("inf")), norms)
+        threshold = torch.sort(key, descending=True).values[k]
+        return clip_scales(norms, bad, threshold)
+
+    def _run(self, x: Tensor, **context: Any) -> tuple[Tensor, Tensor]:
+        xc = as_compute_dtype(x)
+        scales = self._scales(xc)
+        y = xc.clone() if scales is None else scale_rows(xc, scales)
+        return y.to(x.dtype), torch.eye(x.shape[0], dtype=torch.float64, device=x.device)
+
+    def _run_(self, x: Tensor, **context: Any) -> tuple[Tensor, Tensor]:
+        if x.dtype not in (torch.float32, torch.float64):
+            return self._run(x, **context)  # half precision is computed in float32: a new tensor anyway
+        scales = self._scales(x)
+        y = x if scales is None else scale_rows_(x, scales)
+        return y, torch.eye(x.shape[0], dtype=torch.float64, device=x.device)
