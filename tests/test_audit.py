@@ -356,7 +356,11 @@ def honest_lines(honest: Path) -> list[bytes]:
 
 HOSTILE: dict[str, tuple[Callable[[list[bytes]], bytes], str]] = {
     "deeply-nested": (lambda ls: b"".join(ls[:3]) + b'{"type":"rejected","samples":' + b"[" * 50_000
-                      + b"]" * 50_000 + b"}\n" + b"".join(ls[3:]), "line 4 nests deeper than 6 levels"),
+                      + b"]" * 50_000 + b"}\n" + b"".join(ls[3:]), "line 4 holds more lists than"),  # (unparsed)
+    "nested-past-the-parser": (lambda ls: b"".join(ls[:3]) + b'{"type":"rejected","samples":' + b"[" * 1_100
+                               + b"]" * 1_100 + b"}\n" + b"".join(ls[3:]), "line 4 nests deeper than 6 levels"),
+    "nested-7-levels": (lambda ls: b"".join(ls[:3]) + b'{"type":"rejected","samples":[[[[[[0]]]]]]}\n'
+                        + b"".join(ls[3:]), "line 4 nests deeper than 6 levels"),
     "not-json": (lambda ls: b"".join(ls[:3]) + b'{"type":"round","round":3,\n' + b"".join(ls[3:]),
                  "line 4 is not JSON"),
     "not-an-object": (lambda ls: b"".join(ls[:3]) + b"[1, 2, 3]\n" + b"".join(ls[3:]), "line 4 is not a JSON object"),

@@ -229,6 +229,130 @@ def test_a_long_honest_line_is_read_whole_across_chunks() -> None:
     assert got is not None and got[0] == line
 
 
+# -- 4b. what parsing a line costs: crowded lines refused unparsed, the rest bounded -----------------------------
+
+SIZE = 1 << 20
+
+
+def _fill(prefix: bytes, unit: bytes, suffix: bytes) -> bytes:
+    return prefix + unit * ((SIZE - len(prefix) - len(suffix)) // len(unit)) + suffix + b"\n"
+
+
+CROWDED = {  # what the bounds refuse: the densest shapes json.loads turns into objects (47x the line, before)
+    "dicts": _fill(b'{"type":"step","updates":[', b"{},", b"{}]}"),
+    "lists": _fill(b'{"type":"step","updates":[', b"[],", b"[]]}"),
+    "keys": b'{"missing":{' + b"".join(b'"%05d":0,' % i for i in range(SIZE // 10)) + b'"k":0},"type":"round"}\n',
+    "strings": _fill(b'{"missing":[', b'"ab",', b'"a"],"type":"round"}'),
+}
+THROUGH = {  # what the bounds let through (the densest of each kind), and a writer's densest and bulkiest lines
+    "journal-items": _fill(b'{"rounds":[', b'{"accepted":[],"missing":[],"round":0},',
+                           b'{"accepted":[],"missing":[],"round":1}],"type":"journal"}'),
+    "one-long-string": _fill(b'{"type":"step","updates":[{"body":"', b"A", b'"}]}'),
+    "integers": _fill(b'{"missing":[', b"100000,", b'1],"type":"round"}'),
+    "floats": _fill(b'{"missing":[', b"1.5,", b'1],"type":"round"}'),
+    "strings": _fill(b'{"missing":[', b'"abcdefghij",', b'"a"],"type":"round"}'),
+    "dicts": _fill(b'{"missing":[', b'{"k":"abcdefghijklmnopqrstuvwxyz12"},', b'{}],"type":"round"}'),
+    "lists": _fill(b'{"missing":[', b"[1000000,1000001],", b'[]],"type":"round"}'),
+    "keys": b'{"missing":{' + b"".join(b'"%08d":1234,' % i for i in range(SIZE // 12 - 4))
+            + b'"k":0},"type":"round"}\n',
+}
+
+
+def _peak(line: bytes) -> tuple[float, str]:
+    """tracemalloc's peak while Lines reads and parses ``line``, over its size, and what became of it."""
+    import tracemalloc
+
+    json.loads(b"{}")  # (the parser's first use allocates its own tables)
+    fh = io.BytesIO(line)
+    tracemalloc.start()
+    try:
+        Lines(fh).next(len(line))
+        became = "parsed"
+    except Unreadable as exc:
+        became = str(exc)
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak / len(line), became
+
+
+@pytest.mark.parametrize("kind", list(CROWDED))
+def test_a_line_crowded_with_small_objects_is_refused_before_it_is_parsed(kind: str) -> None:
+    """A 1 MiB line of empty dicts, empty lists, short keys or short strings is refused on its byte counts, having
+    cost what reading it costs (its chunks and their join), never what parsing it would."""
+    factor, became = _peak(CROWDED[kind])
+    assert f"holds more {kind} than a transcript's line of" in became, became
+    assert factor < 2.5, factor
+
+
+@pytest.mark.parametrize("kind", ["dicts", "lists"])
+def test_the_mutant_without_the_bounds_parses_a_crowded_line_at_many_times_its_size(
+    kind: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from phalanx.distributed import lines as lines_mod
+
+    monkeypatch.setattr(lines_mod, "_crowded", lambda raw: None)
+    factor, became = _peak(CROWDED[kind])
+    assert became == "parsed" and factor > 20, (factor, became)
+
+
+@pytest.mark.parametrize("kind", list(THROUGH))
+def test_what_a_line_the_bounds_let_through_costs_is_bounded(kind: str) -> None:
+    """Every shape the bounds let through — at the densest they allow, and a writer's densest (journal items) and
+    bulkiest (one long string) lines — parses at most 11× its size (measured: 3.0× for one long string, 9.7× for
+    journal items, at most 10.5× for a hostile shape; docs/security.md)."""
+    factor, became = _peak(THROUGH[kind])
+    assert became == "parsed", became
+    assert factor <= (3.2 if kind == "one-long-string" else 11.0), factor
+
+
+def test_a_rejection_group_sampling_a_peers_brackets_is_read() -> None:
+    """The text of a rejection group's samples is a peer's to choose (a claimed link, a reason): a group whose kind
+    and samples are all brackets, colons and quotes is still read (:data:`~phalanx.distributed.lines.FREE`); the
+    mutant without that allowance refuses a genuine transcript's line."""
+    from phalanx.distributed import lines as lines_mod
+
+    text = '[{":' * 75
+    line = json.dumps({"type": "rejected", "round": 0, "at": None, "rank": 1, "peer": None, "kind": text[:120],
+                       "count": 2, "samples": [text, text]}, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+    assert Lines(io.BytesIO(line)).next(len(line)) is not None
+    lines_mod.FREE, free = 0, lines_mod.FREE
+    try:
+        with pytest.raises(Unreadable, match="holds more"):
+            Lines(io.BytesIO(line)).next(len(line))
+    finally:
+        lines_mod.FREE = free
+
+
+def test_the_depth_check_costs_its_depth_not_a_tuple_per_item() -> None:
+    """The nesting check after parsing walks one iterator per level; the mutant — the former walk, a stack of a
+    (value, depth) tuple per item — holds another copy of the line's objects (here 100,000 integers)."""
+    import tracemalloc
+
+    from phalanx.distributed.lines import MAX_DEPTH, _depth
+
+    def former(obj: Any) -> int:
+        deepest, stack = 0, [(obj, 1)]
+        while stack:
+            item, d = stack.pop()
+            if isinstance(item, dict | list):
+                deepest = max(deepest, d)
+                if d <= MAX_DEPTH:
+                    stack.extend((x, d + 1) for x in (item.values() if isinstance(item, dict) else item))
+        return deepest
+
+    obj = {"a": [list(range(1000, 101_000))], "b": [[[[[[[0]]]]]]]}
+    for walk in (_depth, former):
+        assert walk(obj) == MAX_DEPTH + 1
+    costs = []
+    for walk in (_depth, former):
+        tracemalloc.start()
+        walk(obj)
+        costs.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert costs[0] < 4096 < 1_000_000 < costs[1], costs
+
+
 # -- 5. distributed.json on resume ---------------------------------------------------------------------------------
 
 def _loop(rounds: int = 10, at: int = 5) -> Any:

@@ -257,6 +257,38 @@ def test_oversized_foreign_and_cut_frames_close_the_link_unread(
         boxes[1].wait(0, GATHER, [2], 5.0)
 
 
+@pytest.mark.parametrize("how", ["no-magic", "cut", "mutant-forgets"])
+def test_a_peer_closed_for_a_broken_frame_never_connects_again_and_a_cut_is_a_failed_link(
+    job: tuple[list[Mesh], list[RowBox]], how: str,
+) -> None:
+    """A mesh connection is one per rank and run, so a rank closed for a frame that does not frame cannot loop
+    (reconnect, send garbage) as it could on the parameter server's uplink: its new connection is refused in one
+    line. A frame cut short (a drop) is recorded as a failed connection, not as a break of the protocol. The mutant
+    that forgets the closed connection (as if one per rank were per connection) lets it in again."""
+    meshes, _ = job
+    out, nonce = meshes[2].out[1], meshes[2].nonce
+    assert nonce is not None
+    if how == "cut":
+        out.sock.sendall(frame(meshes[2].identity, nonce, 0, 2, row(2), 0)[:40])  # its header and part of its body
+        try:
+            out.sock.unwrap()
+        except (ssl.SSLError, OSError):
+            pass
+    else:
+        out.sock.sendall(PHASED_HEADER.pack(b"JUNK", Kind.ROW, GATHER, 0, ROW))
+    wait_until(lambda: 2 not in meshes[1].incoming and 2 in meshes[1].dead, meshes[1])
+    gone = meshes[1].dead[2]
+    said = "its connection failed (a frame cut short" if how == "cut" else "it broke the protocol"
+    assert gone.startswith(said), gone
+    if how == "mutant-forgets":
+        with meshes[1].cond:
+            meshes[1].heard_from.discard(2)
+        meshes[2]._connect(1, *meshes[1].address, {"nonce": nonce.hex()}, time.monotonic() + 20.0)
+        return
+    with pytest.raises(PhalanxError, match="already connected: one connection per rank and run"):
+        meshes[2]._connect(1, *meshes[1].address, {"nonce": nonce.hex()}, time.monotonic() + 20.0)
+
+
 @pytest.mark.parametrize("how", ["flip", "cut"])
 def test_a_flipped_or_cut_byte_on_the_path_never_reaches_the_rule(keydir: Path, how: str) -> None:
     meshes = [mesh(keydir, r) for r in range(N)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import socket
 import ssl
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -461,3 +462,105 @@ def test_a_rank_closed_for_violations_is_refused_a_new_uplink_for_the_session(
         assert w1.up is not None
         w1.up.sendall(genuine)
         wait(lambda: (0, 1) in server.inbox, server)
+
+
+class _Never(Exception):
+    """The mutant's ``Malformed``: a class no frame raises, so a wrong header is what it was before — uncounted."""
+
+
+LOOPS = 20
+"""How many reconnections the garbage loop tries (the bound of the mutant's loop: a count, not a time)."""
+
+
+@pytest.mark.parametrize(("garbage", "counted"), [
+    (HEADER.pack(b"JUNK", Kind.VECTOR, 0, ROW), "kept"),
+    (HEADER.pack(MAGIC, 99, 0, 1), "kept"),
+    (HEADER.pack(MAGIC, Kind.VECTOR, 0, 100 * (64 + ROW + (1 << 16))), "kept"),
+    (HEADER.pack(MAGIC, Kind.THETA, 0, ROW) + row(1), "kept"),
+    (HEADER.pack(b"JUNK", Kind.VECTOR, 0, ROW), "mutant"),
+], ids=["no-magic", "unknown-kind", "oversized", "foreign-kind", "mutant-uncounted"])
+def test_a_listed_rank_reconnecting_to_send_frames_that_do_not_frame_is_barred(
+    keydir: Path, server: SealedLinks, garbage: bytes, counted: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 1, with its own key and session share, loops: open an uplink (a TLS handshake, a reader thread), send a
+    complete header that is wrong, get closed, reconnect. Inside TLS that header is the rank's own bytes, so the first
+    one bars its uplink for the session: the next reconnection is refused in one line and the loop ends after one
+    closure. The mutant — the former code, where such a closure was not held against the rank — lets it in all
+    LOOPS times and never bars it."""
+    if counted == "mutant":
+        monkeypatch.setattr(sealed_module, "Malformed", _Never)
+    w1 = worker(keydir, server, 1)
+    server.publish_theta(0, wire.THETA + row(0))
+    closures = 0
+    for loop in range(LOOPS):
+        if loop:
+            try:
+                w1.ready()
+            except PhalanxError as exc:
+                assert "closed for violations: it is missing for the rest of the session" in str(exc)
+                break
+        wait(lambda: 1 in server.up, server)  # (the ACK goes out before the server registers the link)
+        up = w1.up
+        assert up is not None
+        try:
+            up.sendall(garbage)
+        except (ssl.SSLError, OSError):
+            pass  # the server closed the link
+        wait(lambda: 1 not in server.up, server)
+        up.close()
+        closures += 1
+    if counted == "kept":
+        assert closures == 1 and server.barred == {1}, reasons(server)
+        assert "the rank barred for the session" in reasons(server)
+        assert server.collect(0, [1], set(), 1.0) == {}
+    else:
+        assert closures == LOOPS and not server.barred, reasons(server)
+
+
+@pytest.mark.parametrize(("where", "bar"), [
+    ("header", "kept"), ("body", "kept"), ("ragged", "kept"), ("reset", "kept"), ("body", "mutant"),
+], ids=["mid-header", "mid-body", "no-close-notify-mid-body", "reset-mid-body", "mutant-counts-cuts"])
+def test_an_honest_rank_whose_uplink_drops_mid_frame_reconnects_and_is_never_barred(
+    keydir: Path, server: SealedLinks, where: str, bar: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 1's uplink drops in the middle of a genuine vector's frame — after half its header, after its header and
+    half its body (closed with or without TLS's close_notify), or reset there — more times than MAX_VIOLATIONS: each
+    time it opens the link again and is let in, is never barred, and its next vector is heard. The mutant that holds
+    every closure for a broken frame against the rank (a cut counted as a wrong header) bars it at its first drop."""
+    from phalanx.distributed import channel
+
+    if bar == "mutant":
+        monkeypatch.setattr(sealed_module, "Malformed", channel.Violation)
+    w1 = worker(keydir, server, 1)
+    server.publish_theta(0, wire.THETA + row(0))
+    genuine = _signed_frame(ident(keydir, 1), server.nonce, 0, 1, row(1), frame_round=0)
+    half = HEADER.size // 2 if where == "header" else HEADER.size + (len(genuine) - HEADER.size) // 2
+    part = genuine[:half]
+    for drop in range(channel.MAX_VIOLATIONS + 2):
+        if drop:
+            if bar == "mutant":
+                with pytest.raises(PhalanxError, match="closed for violations"):
+                    w1.ready()
+                assert server.barred == {1}
+                return
+            w1.ready()
+        wait(lambda: 1 in server.up, server)
+        up = w1.up
+        assert up is not None
+        up.sendall(part)
+        if where == "reset":  # an RST: the connection dropped under the frame
+            up.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        elif where != "ragged":  # (ragged: no close_notify, as when the rank's process is killed)
+            try:
+                up.unwrap()  # the connection's end closed in the middle of the frame
+            except (ssl.SSLError, OSError):
+                pass
+        up.close()
+        wait(lambda: 1 not in server.up, server)
+    assert not server.barred and "barred" not in reasons(server), reasons(server)
+    drops = [r.reason for r in server.rejections]
+    assert len(drops) == channel.MAX_VIOLATIONS + 2, drops
+    assert all("cut short" in r or "failed" in r for r in drops), drops
+    w1.ready()
+    w1.send_vector(0, row(1))
+    wait(lambda: (0, 1) in server.inbox, server)

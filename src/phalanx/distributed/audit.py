@@ -29,10 +29,12 @@ What a passing audit proves, and against whom:
   before) is read as before and counted in ``AuditReport.uncontributed``.
 - **Who was heard.** Every accepted row verifies with its sender's key for this run's nonce, config, round, phase,
   rank (gossip: and recipient) and digest; every gossip journal verifies with its own node's key.
-- **It is a transcript.** Every line is at most :func:`~phalanx.distributed.transcript.line_limit` bytes (checked
-  before it is parsed), nests at most :data:`~phalanx.distributed.transcript.MAX_DEPTH` levels, and has its type's
-  fields with their types and ranges; the file is at most :func:`~phalanx.distributed.transcript.size_bound` bytes
-  for the config's rounds and n (checked before it is read). A file that breaks this is one problem line.
+- **It is a transcript.** Every line is at most :func:`~phalanx.distributed.transcript.line_limit` bytes and no
+  denser in dicts, lists, keys and strings than a writer's line (both checked before it is parsed:
+  :mod:`phalanx.distributed.lines`), nests at most :data:`~phalanx.distributed.transcript.MAX_DEPTH` levels, and
+  has its type's fields with their types and ranges; the file is at most
+  :func:`~phalanx.distributed.transcript.size_bound` bytes for the config's rounds and n (checked before it is
+  read). A file that breaks this is one problem line.
 - **It is the record the checkpoint marked** (:mod:`phalanx.distributed.chain`): a line ends at the offset the
   checkpoint's mark names, the bytes before it hash to the mark's digest, signed by rank 0; nothing unsigned follows
   it (a run not done may end exactly there: it stopped without closing its record).

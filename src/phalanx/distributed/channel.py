@@ -38,8 +38,9 @@ HANDSHAKE_TIMEOUT_S = 10.0
 MAX_VIOLATIONS = 8
 """A listed peer's connection is closed at its this-many-th violation — a frame that framed correctly but must not be
 used (no signature, one that does not verify, a second row of a round, a round far out of range, a malformed report)
-— so a peer cannot make a rank check bad frames forever. A frame that does not frame (bad magic, unknown kind, over
-its size) closes the connection at once."""
+— so a peer cannot make a rank check bad frames forever. A frame that does not frame closes the connection at once:
+a complete header that is wrong (:class:`Malformed`: the peer's own doing — rank 0 also bars the uplink for the
+session), or a frame the connection's end cut short (:class:`Cut`: a drop, never held against the peer)."""
 
 
 class Kind(enum.IntEnum):
@@ -85,6 +86,29 @@ class Violation(Exception):
         super().__init__(reason)
 
 
+class Malformed(Violation):
+    """A *complete* header that is wrong: without the magic, of an unknown kind, of a kind this end never accepts from
+    this peer, or longer than its kind's limit.
+
+    Why this is held against the peer (and a :class:`Cut` is not): inside TLS every byte read is a byte the peer's own
+    process wrote — the record layer's AEAD tag refuses a flipped, inserted or reordered byte (RFC 8446 §5.2), and
+    what the path can still do is end the stream, which shows as a cut, never as other bytes. A genuine rank's code
+    writes only headers of the kinds its link carries, with lengths its config (the digest checked at its
+    introduction) bounds. So a complete wrong header is proof of the sender's intent, with no honest mishap to
+    forgive — unlike a frame that frames but must not be used, which rank 0 checks up to
+    :data:`MAX_VIOLATIONS` times per link. Rank 0 therefore bars the rank's uplink for the session at the first one
+    (:meth:`~phalanx.distributed.sealed.SealedLinks._read_up`) rather than counting it as one violation: counting
+    would need a tally kept across connections and would buy the rank ``MAX_VIOLATIONS`` handshakes, reader threads
+    and session-share checks per session instead of one, for no honest rank's benefit."""
+
+
+class Cut(Violation):
+    """The connection ended in the middle of a frame (after part of its header, or after its header and part of its
+    body): what a network drop, a reset or a crashed peer looks like. The frame is not used and the connection is
+    closed, but nothing is held against the peer: a link lost this way may be opened again, as one lost between two
+    frames (:class:`Closed`)."""
+
+
 @dataclass(frozen=True)
 class Limits:
     """The most bytes each kind of frame may hold (a frame over its kind's limit is refused unread)."""
@@ -96,12 +120,12 @@ class Limits:
         try:
             k = Kind(kind)
         except ValueError:
-            raise Violation(f"a frame of unknown kind {kind}") from None
+            raise Malformed(f"a frame of unknown kind {kind}") from None
         limit = self.sizes.get(k)
         if limit is None:
-            raise Violation(f"a {k.name} frame, which this end never accepts")
+            raise Malformed(f"a {k.name} frame, which this end never accepts")
         if length > limit:
-            raise Violation(f"a {k.name} frame of {length} bytes, more than the {limit} it can hold")
+            raise Malformed(f"a {k.name} frame of {length} bytes, more than the {limit} it can hold")
         return k
 
 
@@ -155,7 +179,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
         k = sock.recv_into(view[got:], min(n - got, 1 << 22))
         if k == 0:
             if got:
-                raise Violation("a frame cut short: the connection closed in the middle of it")
+                raise Cut("a frame cut short: the connection closed in the middle of it")
             raise Closed("the connection closed")
         got += k
     return buf
@@ -173,12 +197,12 @@ def recv_phased(sock: socket.socket, limits: Limits) -> tuple[Kind, int, int, by
     """One mesh frame: (kind, phase, round, payload), checked as :func:`recv_frame` checks a frame."""
     magic, kind, phase, round_, length = PHASED_HEADER.unpack(_recv_exact(sock, PHASED_HEADER.size))
     if magic != PHASED_MAGIC:
-        raise Violation("a frame without the protocol's magic bytes")
+        raise Malformed("a frame without the protocol's magic bytes")
     k = limits.check(kind, length)
     try:
         return k, phase, round_, _recv_exact(sock, length) if length else bytearray()
     except Closed:
-        raise Violation(f"a {k.name} frame cut short: the connection closed after its header") from None
+        raise Cut(f"a {k.name} frame cut short: the connection closed after its header") from None
 
 
 def recv_frame(sock: socket.socket, limits: Limits) -> tuple[Kind, int, bytearray]:
@@ -187,12 +211,12 @@ def recv_frame(sock: socket.socket, limits: Limits) -> tuple[Kind, int, bytearra
     whose authentication tag does not match)."""
     magic, kind, round_, length = HEADER.unpack(_recv_exact(sock, HEADER.size))
     if magic != MAGIC:
-        raise Violation("a frame without the protocol's magic bytes")
+        raise Malformed("a frame without the protocol's magic bytes")
     k = limits.check(kind, length)
     try:
         return k, round_, _recv_exact(sock, length) if length else bytearray()
     except Closed:
-        raise Violation(f"a {k.name} frame cut short: the connection closed after its header") from None
+        raise Cut(f"a {k.name} frame cut short: the connection closed after its header") from None
 
 
 def why(exc: BaseException) -> str:

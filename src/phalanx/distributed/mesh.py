@@ -26,12 +26,11 @@ share (:mod:`~phalanx.distributed.contribution`; a rank joining after it was fix
 not in the snapshot unchanged, or whose nonce does not follow, stops in one line before it signs anything. Rank 0's
 connection to a rank and that rank's to rank 0: the start snapshot, its stop, gossip monitoring rows and reports.
 
-**Frames.** ``PHASED_MAGIC · kind · phase · round · length`` (:func:`~phalanx.distributed.channel.recv_phased`),
-the length checked against the kind's limit before the payload is read; a receiver takes only the kinds its sender
-may send (``INIT`` and ``STOP`` only from rank 0, ``MONITOR`` and ``REPORT`` only at rank 0). A frame that breaks
-this, or is cut or garbage, closes the connection at once; a frame that frames but must not be used (a signature
-that does not verify, a second row, a malformed report …) is a violation, and the connection is closed at the
-:data:`~phalanx.distributed.channel.MAX_VIOLATIONS`-th: its sender is gone from then on.
+**Frames.** ``PHASED_MAGIC · kind · phase · round · length`` (:func:`~phalanx.distributed.channel.recv_phased`), the
+length checked against the kind's limit before the payload is read; a receiver takes only the kinds its sender may send
+(``INIT`` and ``STOP`` only from rank 0, ``MONITOR`` and ``REPORT`` only at rank 0). A frame that breaks this, or is
+garbage or cut, closes the connection at once; a frame that frames but must not be used (a signature that does not
+verify, a second row …) is a violation, closing it at the ``MAX_VIOLATIONS``-th. Its sender is gone for the run.
 
 **Signatures.** A ``ROW`` or ``MONITOR`` payload is ``signature (64) ‖ body``; the Ed25519 signature covers
 :func:`mesh_message` — a domain string per topology (``phalanx/serverless/v1``, ``phalanx/gossip/v1``), the run's
@@ -65,6 +64,7 @@ from phalanx.distributed.channel import (
     PHASED_HEADER,
     PHASED_MAGIC,
     Closed,
+    Cut,
     Kind,
     Limits,
     Violation,
@@ -298,14 +298,14 @@ class Mesh:
             except Closed:
                 reason = "its connection closed"
                 break
-            except Violation as exc:
-                reason = f"it broke the protocol ({exc.reason})"
-                self.reject(sender, f"rank {sender}'s link: {exc.reason}; connection closed")
-                break
-            except (ssl.SSLError, OSError) as exc:
+            except (ssl.SSLError, OSError, Cut) as exc:  # (a frame cut short: a drop, as a reset — not its doing)
                 reason = f"its connection failed ({why(exc)})"
                 if not self.closing:
                     self.reject(sender, f"rank {sender}'s link failed ({why(exc)})")
+                break
+            except Violation as exc:  # (a wrong header: its doing; it can never connect again in this run)
+                reason = f"it broke the protocol ({exc.reason})"
+                self.reject(sender, f"rank {sender}'s link: {exc.reason}; connection closed")
                 break
             if kind == Kind.BYE:
                 break

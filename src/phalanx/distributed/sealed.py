@@ -28,9 +28,9 @@ a kind the server does not take, a vector whose signature does not verify, a sec
 a vector of a round that has not begun, and anything from a connection that failed TLS (an unknown key, a flipped or
 cut byte, a replay of recorded traffic). Each is a *rejection*, recorded with the round, the rank (None for an
 unknown key) and the reason; the rank's row is then missing from the round and counts against f, exactly as a
-silent worker's does. An uplink is closed at its :data:`~phalanx.distributed.channel.MAX_VIOLATIONS`-th vector that
-must not be used, and a new uplink of that rank is refused for the session (a link lost otherwise may be opened
-again): a listed rank cannot make the server check bad frames forever, nor buy a new budget by reconnecting.
+silent worker's does. An uplink is closed at its ``MAX_VIOLATIONS``-th vector that must not be used or its first wrong
+header (``channel.Malformed``), and the rank refused a new uplink for the session (a link closed, reset or cut mid-frame
+may be opened again): a listed rank cannot make the server check bad frames forever, nor reconnect for more.
 
 The server never blocks on a worker: each downlink has its own writer thread with a mailbox in which a newer round's
 θ replaces messages of older rounds that have not been sent yet (a worker that fell behind receives the newest θ and
@@ -70,6 +70,7 @@ from phalanx.distributed.channel import (
     Closed,
     Kind,
     Limits,
+    Malformed,
     Violation,
     client_context,
     close_quietly,
@@ -118,7 +119,6 @@ class _Down:
     pending: list[tuple[Kind, int, bytes]] = field(default_factory=list)
     cond: threading.Condition = field(default_factory=threading.Condition)
     alive: bool = True
-    closing: bool = False
     started: bool = False
 
 
@@ -332,9 +332,12 @@ class SealedLinks:
                 kind, t, payload = recv_frame(tls, self.vector_limits)
             except Closed:  # the worker left between two frames: from now on it is missing, like a silent one
                 break
-            except Violation as exc:
+            except Violation as exc:  # cut short (a drop: it may come back), or a wrong header (its own doing: barred)
+                if isinstance(exc, Malformed):
+                    self.barred.add(rank)  # (before the link is removed: never neither open nor barred)
                 if not self.closed:
-                    self._reject(rank, f"rank {rank}'s uplink: {exc.reason}; connection closed")
+                    self._reject(rank, f"rank {rank}'s uplink: {exc.reason}; connection closed"
+                                 + (", the rank barred for the session" if rank in self.barred else ""))
                 break
             except (ssl.SSLError, OSError) as exc:
                 if not self.closed:
@@ -496,7 +499,7 @@ class SealedWorkerLinks:
         """This rank's contribution to the session nonce: drawn once per session (per start of this process), sent in
         the hello of every connection it opens to rank 0 — the same bytes when it opens one again."""
         self.limits = Limits({
-            Kind.INIT: 4 * row_bytes + (64 << 20), Kind.THETA: 1 + row_bytes, Kind.STOP: STOP_BYTES,
+            Kind.INIT: 4 * row_bytes + (64 << 20), Kind.THETA: 1 + row_bytes + 8 * workers + 4, Kind.STOP: STOP_BYTES,
             Kind.HONEST: 1 + (workers + 8) * row_bytes + (64 << 20), Kind.REFUSED: STOP_BYTES,
         })
         self.ack_limits = Limits({Kind.ACK: 0, Kind.REFUSED: STOP_BYTES})

@@ -57,7 +57,7 @@ import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from torch import Tensor
 
@@ -67,6 +67,9 @@ from phalanx.distributed.chain import END, Appender, Chain, mark_json, verify_ma
 from phalanx.distributed.contribution import SHARE_BYTES, as_json
 from phalanx.distributed.journal import journal_limit, read_journal, sign_journal
 from phalanx.distributed.keys import ALLOW_LIST
+from phalanx.distributed.lines import CHUNK as CHUNK
+from phalanx.distributed.lines import MAX_DEPTH as MAX_DEPTH
+from phalanx.distributed.lines import Lines, Unreadable
 from phalanx.distributed.recording import WrittenWithCheckpoints
 from phalanx.distributed.rejections import GROUP_BYTES, GROUPS_PER_ROUND
 from phalanx.experiments.store import write_artifact
@@ -80,14 +83,8 @@ OLD_TRANSCRIPT = "transcript.json"
 TOPOLOGIES = ("server", "serverless", "gossip")
 DOMAIN = b"phalanx/transcript/v3\x00"
 HEADER_KEYS = ("format", "topology", "config", "allow_list", "workers", "f", "total_rounds", "signer")
-MAX_DEPTH = 6
-"""No line of a transcript nests deeper (a journal line: line → rounds → item → accepted → entry)."""
 ENTRY_BYTES = 330
 """The most bytes one accepted entry of a round takes."""
-
-
-class Unreadable(Exception):
-    """A transcript that cannot be read (one line says why)."""
 
 
 def line_limit(workers: int, dim: int = 0) -> int:
@@ -118,68 +115,6 @@ def size_bound(total_rounds: int, workers: int, sessions: int, topology: str, di
 def dumps(obj: Any) -> bytes:
     """One canonical line (sorted keys, no spaces, ASCII, a newline)."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode() + b"\n"
-
-
-def _depth(obj: Any) -> int:
-    """How deeply ``obj`` nests (iteratively: no recursion on what a file holds)."""
-    deepest, stack = 0, [(obj, 1)]
-    while stack:
-        item, d = stack.pop()
-        if isinstance(item, dict | list):
-            deepest = max(deepest, d)
-            if d <= MAX_DEPTH:
-                stack.extend((x, d + 1) for x in (item.values() if isinstance(item, dict) else item))
-    return deepest
-
-
-CHUNK, _TEXT = 1 << 20, bytes(range(0x20, 0x7F)) + b"\n"  # Lines' chunk; what dumps writes (ASCII, \n at the end)
-
-
-class Lines:
-    """A transcript read line by line: each line's length is checked before it is parsed, its nesting after."""
-
-    def __init__(self, fh: IO[bytes]) -> None:
-        self.fh = fh
-        self.number = 0
-
-    def _line(self, limit: int, where: str) -> bytes:
-        """At most ``limit`` + 1 bytes of the next line, by ``CHUNK``: a byte outside printable ASCII (not dumps'
-        output) is :class:`Unreadable` at once: a sparse file's zeros cost a chunk, not the limit (issue 38, #6)."""
-        parts, got = [], 0
-        while got <= limit:
-            part = self.fh.readline(min(CHUNK, limit + 1 - got))
-            if not part:
-                break
-            if part.translate(None, _TEXT):
-                raise Unreadable(f"{where} is not JSON as a transcript writes it (a byte not printable ASCII)")
-            parts.append(part)
-            got += len(part)
-            if part.endswith(b"\n"):
-                break
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def next(self, limit: int) -> tuple[bytes, dict[str, Any]] | None:
-        """The next line (its bytes, its object), None at the end; :class:`Unreadable` if it is longer than
-        ``limit``, cut short, not a JSON object, or nested deeper than :data:`MAX_DEPTH`."""
-        raw = self._line(limit, where := f"line {self.number + 1}")
-        if not raw:
-            return None
-        self.number += 1
-        if len(raw) > limit:
-            raise Unreadable(f"{where} is longer than the {limit} bytes a line of this transcript can have")
-        if not raw.endswith(b"\n"):
-            raise Unreadable(f"{where} is cut short (no end of line)")
-        try:
-            obj = json.loads(raw)
-        except RecursionError:
-            raise Unreadable(f"{where} nests deeper than {MAX_DEPTH} levels") from None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise Unreadable(f"{where} is not JSON ({type(exc).__name__})") from None
-        if not isinstance(obj, dict):
-            raise Unreadable(f"{where} is not a JSON object")
-        if _depth(obj) > MAX_DEPTH:
-            raise Unreadable(f"{where} nests deeper than {MAX_DEPTH} levels")
-        return raw, obj
 
 
 def _header_workers(header: dict[str, Any]) -> int:
