@@ -33,7 +33,8 @@ Options, separated by ``;`` after the command:
 A marker that is malformed, not followed by what it checks, or whose command fails is an error, not a skip: a check
 that cannot fail is a defect. ``phalanx`` at the start of a command is this interpreter's ``-m phalanx.cli`` (so the
 check runs the code of the checkout it is in); other commands run as written, from the repository's root, with one
-thread per process (``OMP_NUM_THREADS=1``: the documented numbers are one-thread numbers unless they say otherwise).
+thread per process (``OMP_NUM_THREADS=1`` and ``PHALANX_THREADS=1``: the documented numbers are one-thread numbers
+unless they say otherwise; a run's result depends on its thread count, which a run otherwise chooses per machine).
 
 Usage: ``python scripts/docs_check.py [--full] [--list] [FILE ...]`` (default: README.md and docs/*.md); exit 1 and
 one block per disagreement.
@@ -207,7 +208,10 @@ def run(claim: Claim, timeout: float | None = None, *, full: bool = False) -> st
 
 def _run(claim: Claim, timeout: float | None, *, full: bool) -> str:
     with tempfile.TemporaryDirectory(prefix="docs-check-") as out:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
+        # one thread: torch's (OMP_NUM_THREADS) and the count a run would choose itself (PHALANX_THREADS; without it
+        # a single run takes the count stored for the machine, and a result depends on the count)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PHALANX_THREADS": "1", "COLUMNS": "200", "NO_COLOR": "1",
+               "TERM": "dumb"}
         words = argv(claim.command, out)
         if claim.results is not None and not full:
             words += ["--results", str(ROOT / claim.results)]

@@ -125,3 +125,17 @@ def test_markers_of_one_command_run_it_once(tmp_path: Path) -> None:
     first, second = dc.claims(page)
     assert dc.compare(first, dc.run(first)) == [] and dc.compare(second, dc.run(second)) == []
     assert count.read_text() == "x"
+
+
+def test_a_documented_command_runs_on_one_thread_whatever_the_machine_chose(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's result depends on its thread count, and a single run otherwise takes the count stored for its machine
+    (``phalanx.experiments.threads``), so a quoted figure would depend on what that machine once measured. The
+    check runs every command with one (``PHALANX_THREADS=1`` beside ``OMP_NUM_THREADS=1``), whatever the caller's
+    environment says (the mutant that sets only torch's variable passes the caller's 2 through and fails here)."""
+    monkeypatch.setenv("PHALANX_THREADS", "2")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    show = _command(tmp_path, "import os\n"
+                    "print('|', os.environ['PHALANX_THREADS'], '|', os.environ['OMP_NUM_THREADS'], '|')\n")
+    (claim,) = dc.claims(_page(tmp_path, f"<!-- regenerate: {show} -->\n| 1 | 1 |\n"))
+    assert dc.compare(claim, dc.run(claim)) == []

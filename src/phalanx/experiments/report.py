@@ -87,6 +87,22 @@ def other_keys(rows: list[dict[str, Any]]) -> list[str]:
     return sorted(k for k in carried if len({json.dumps(r.get(k), sort_keys=True) for r in by_run.values()}) > 1)
 
 
+ROUNDING_ERROR = 1e-12
+"""An aggregation error ‖Agg − honest mean‖² / honest variance below this is rounding: the rule returned the honest
+mean up to the order of float sums (the mean with no attack gives 4.7e-16, and another digit after any change of
+summation order). Shown as ``< 1e-12``, so that a table quoting it does not change with the order of a sum."""
+
+
+def format_agg_error(value: float | None) -> str:
+    """An aggregation error for a table: three significant digits, ``< 1e-12`` at rounding level
+    (:data:`ROUNDING_ERROR`), ``—`` when none was measured, ``∞``/``nan`` as they are."""
+    if value is None:
+        return "—"
+    if value != value or value == float("inf"):
+        return "∞" if value == float("inf") else "nan"
+    return f"< {ROUNDING_ERROR:g}" if 0 <= value < ROUNDING_ERROR else f"{value:.3g}"
+
+
 def _setting(row: dict[str, Any], keys: tuple[str, ...]) -> tuple[Any, ...]:
     return tuple(row.get(k) for k in keys)
 
@@ -146,7 +162,7 @@ def markdown_table(summary: list[dict[str, Any]], keys: list[str]) -> str:
         acc = f"{100 * s['final_accuracy']:.1f}" + (f" ± {100 * s['final_accuracy_std']:.1f}" if s["seeds"] > 1 else "")
         cells = [str(s.get(k)) for k in keys] + [
             acc, f"{100 * s['best_accuracy']:.1f}",
-            "—" if s["agg_error"] is None else f"{s['agg_error']:.3g}",
+            format_agg_error(s["agg_error"]),
             "—" if s["byz_share"] is None else f"{s['byz_share']:.2f}", str(s["seeds"]),
         ] + ([f"{s.get('diverged', 0)}/{s['seeds']}"] if diverged else [])
         lines.append("| " + " | ".join(cells) + " |")
@@ -208,10 +224,11 @@ class TradeOff:
 
     @property
     def verdict(self) -> str:
-        """What the intervals show: the price's side of 0, then the rescue's."""
+        """What the intervals show: the price's side of 0, then the rescue's (one ``no interval (why)`` when both
+        have none for the same reason: the same seeds)."""
         price = self.price.side("gains accuracy", "costs accuracy", "no cost shown")
         rescue = self.rescue.side("falls below the mean", "rescues", "no rescue shown")
-        return f"{price}; {rescue}"
+        return price if price == rescue else f"{price}; {rescue}"
 
 
 def _final_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -438,7 +455,7 @@ def _write_report(root: Path, out: Path) -> dict[str, Any]:
     summary = summarize(rows, (*SETTING_KEYS, *extra))
     keys = varying(summary, (*SETTING_KEYS, *extra))
     curves = plot_curves(rows, keys, out / "accuracy.png")
-    heat = plot_heatmap(summary, out / "heatmap.png")
+    heat = plot_heatmap(summary, out / "heatmap.png", keys)
     trades = tradeoff(rows, extra)
     trade_plot = plot_tradeoff(trades, out / "tradeoff.png")
     completeness = completeness_line(root, rows)

@@ -485,8 +485,7 @@ def plot(table: Table, p: Preset, path: Path) -> Path:
                     ax.errorbar([x for x, _ in got], [100 * e.mean for _, e in got],
                                 yerr=_bars([e for _, e in got], True), marker="o" if metric == "success" else "x",
                                 ls=style, capsize=3, color=f"C{i}", label=label)
-        ax.set_title(f"{attack_label(p, attack)}, b = {p.byzantine}: ● round {p.stop_round} (attackers stop), "
-                     f"× {p.after} round{'s' if p.after != 1 else ''} later", fontsize=9)
+        ax.set_title(f"{attack_label(p, attack)}, b = {p.byzantine}", fontsize=9)
         ax.set_ylabel("attack success %")
         ax.set_ylim(-5, 105)
     ax = axes[0][-1]
@@ -505,10 +504,18 @@ def plot(table: Table, p: Preset, path: Path) -> Path:
         a.set_xticks(xs, [f"{al:g}" for al in alphas])
         a.set_xlabel("Dirichlet α (smaller: more heterogeneous)")
         a.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+    # one legend under the panels (inside one it hid that panel's points): a colour per rule, then the two styles
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=f"C{i}", marker="o", label=rule) for i, rule in enumerate(p.rules)]
+    handles += [Line2D([], [], color="0.3", ls="-", marker="o", label=f"round {p.stop_round} (attackers stop)"),
+                Line2D([], [], color="0.3", ls="--", marker="x",
+                       label=f"{p.after} round{'s' if p.after != 1 else ''} later (durability)")]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, handlelength=3)
     fig.suptitle(f"{p.model} on {p.dataset}, FedAvg, n = {p.workers}, f = {p.f}, {len(p.seeds)} seeds (95 % "
                  "intervals; attack success's cut at [0, 100])")
-    fig.tight_layout()
+    rows_of_legend = -(-len(handles) // min(len(handles), 5))
+    fig.tight_layout(rect=(0, 0.035 * rows_of_legend / nrows + 0.01, 1, 1))
     return save_figure(fig, path, dpi=100)
 
 

@@ -45,6 +45,7 @@ from phalanx.errors import ConfigError, PhalanxError
 from phalanx.experiments import grid, store
 from phalanx.experiments.config import RunConfig, make_config
 from phalanx.experiments.plots import save_figure
+from phalanx.experiments.report import format_agg_error
 
 DEFAULT_RULES = ("cwtm", "nnm>cwtm", "multikrum", "geomed")
 DEFAULT_ATTACKS = ("alie", "foe", "signflip", "minmax")
@@ -398,7 +399,7 @@ def to_markdown(rows: list[Row], plan: Plan, rec: Recommendation) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r.rule, r.f_label, with_interval(r.no_attack, r.no_attack_ci), f"{100 * r.cost:+.1f}",
-                 "—" if r.agg_error is None else f"{r.agg_error:.3g}"]
+                 format_agg_error(r.agg_error)]
         cells += [f"{100 * r.under_attack[a]:.1f}" if a in r.under_attack else "—" for a in attacks]
         if attacks:
             cells += ["—" if r.worst is None else with_interval(r.worst, r.worst_ci), r.worst_attack or "—"]
