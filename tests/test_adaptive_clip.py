@@ -123,7 +123,7 @@ class MeanNorm(AdaptiveClip):
 def test_it_is_found_by_name_with_no_registry_line() -> None:
     assert "adaptive_clip" in registry.names() and registry.get("adaptive_clip") is AdaptiveClip
     out = CliRunner().invoke(cli.app, ["list", "stages", "--format", "json"]).output
-    row = next(r for r in json.loads(out)["rows"] if r["name"] == "adaptive_clip")
+    row = next(r for r in json.loads(out)["tables"][0]["rows"] if r["name"] == "adaptive_clip")
     assert row["side"] == "server" and "stages.adaptive_clip" in json.dumps(row)
 
 

@@ -257,7 +257,8 @@ def test_list_aggregators_prints_the_same_from_the_catalogue_as_from_the_classes
     assert declared.exit_code == built.exit_code == 0, declared.output + built.output
     assert declared.output == built.output
     if fmt == "json":  # the built path did take the classes' rows: the same 30 names
-        assert len(json.loads(built.output)["rows"]) == len(catalogue.AGGREGATORS) + len(catalogue.GOSSIP_RULES)
+        rows = json.loads(built.output)["tables"][0]["rows"]
+        assert len(rows) == len(catalogue.AGGREGATORS) + len(catalogue.GOSSIP_RULES)
 
 
 def test_a_name_beyond_the_table_makes_the_listing_ask_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -298,7 +299,7 @@ def test_list_attacks_algorithms_stages_print_the_same_from_the_catalogue_as_fro
     assert declared.exit_code == built.exit_code == 0, declared.output + built.output
     assert declared.output == built.output
     if fmt == "json":  # the built path did take the classes' rows: as many as the catalogue gives
-        assert len(json.loads(built.output)["rows"]) == len(declared_rows)
+        assert len(json.loads(built.output)["tables"][0]["rows"]) == len(declared_rows)
 
 
 def test_an_attack_or_stage_beyond_the_table_makes_the_listing_ask_the_registry(

@@ -139,7 +139,7 @@ def test_the_progress_bars_eta_counts_only_the_rounds_this_command_trained() -> 
     with Progress(column, get_time=lambda: now[0], disable=True) as bar:
         task = bar.add_task("training", total=100, before=0)
         bar.update(task, advance=50, before=50)  # the resumed run's checkpoint, reported at once
-        assert str(column.render(bar.tasks[0])) == "ETA unknown"
+        assert str(column.render(bar.tasks[0])) == "ETA —"
         now[0] = 10.0
         bar.update(task, advance=10)
         assert str(column.render(bar.tasks[0])) == "ETA 0:00:40"
@@ -176,7 +176,9 @@ def test_every_table_prints_as_csv_json_and_markdown(command: list[str]) -> None
 
     as_json = runner.invoke(cli.app, [*command, "--format", "json"])
     assert as_json.exit_code == 0, as_json.output
-    doc = json.loads(as_json.stdout)
+    tables = json.loads(as_json.stdout)["tables"]  # every command's one shape, as docs/start.md says
+    assert len(tables) == 1
+    doc = tables[0]
     assert doc["rows"] and all(set(row) == set(doc["columns"]) for row in doc["rows"])
     as_csv = runner.invoke(cli.app, [*command, "--format", "csv"])
     parsed = list(csv.reader(io.StringIO(as_csv.stdout)))

@@ -78,6 +78,17 @@ def test_a_list_in_the_natural_shell_form_gets_the_quoting_hint() -> None:
     assert apply_overrides({}, ["f=[1, 2]"])["f"] == [1, 2]
 
 
+def test_an_unclosed_list_of_numbers_gets_a_hint_that_works() -> None:
+    """``--set 'seed=[0,1'`` was told to quote each number (``seed=["0", "1"]``), which the seed then refuses as
+    text: numbers need only the brackets closed — and the hint, applied, is accepted."""
+    from phalanx.experiments.config import apply_overrides
+
+    with pytest.raises(ConfigError, match=r"""seed='\[0,1' .*close the brackets .*--set 'seed=\[0, 1\]'\)""") as info:
+        apply_overrides({}, ["seed=[0,1"])
+    hint = str(info.value).rsplit("--set '", 1)[1].rstrip("')")
+    assert apply_overrides({}, [hint])["seed"] == [0, 1]
+
+
 def test_rounds_beyond_a_million_metric_rows_are_refused_before_anything_runs() -> None:
     """``rounds = 10**12`` was accepted silently: its metric rows (kept in memory, rewritten at every checkpoint)
     would grow without bound. At most 1,000,000 rows a run; raising eval_every allows more rounds."""
@@ -99,3 +110,13 @@ def test_a_grid_too_large_to_validate_is_refused_before_a_point_is_built() -> No
                                           r"at most 100,000 points"):
         grid.configs(axes)
     assert MAX_POINTS == 100_000 and len(grid.expand({"seed": list(range(10)), "lr": [0.1, 0.2]})) == 20
+
+
+def test_a_misspelled_norm_is_refused_by_its_key_with_a_guess_before_any_point_is_built() -> None:
+    """``model_params={norm="btach"}`` was refused only while the grid's first point was built, after the thread
+    line, as ``norm=`` and without a guess (a newcomer's finding): now by the config's validation, naming the key as
+    written and the closest norm."""
+    from phalanx.experiments.config import apply_overrides, validate
+
+    with pytest.raises(ConfigError, match=r"^model_params\.norm='btach' is invalid: .*'batch'.*did you mean batch\?"):
+        validate(apply_overrides({}, ["model=cnn", 'model_params={norm="btach"}']))

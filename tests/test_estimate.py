@@ -3,7 +3,6 @@ step ran for hours with no warning). Timing is injected (a fake clock): no test 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,33 +17,57 @@ SMALL = {"dataset": "digits", "model": "mlp", "workers": 6, "byzantine": 1, "f":
          "attack": "alie", "rounds": 40, "batch_size": 8, "eval_every": 20, "seed": 3}
 
 
-def _clock(step: float) -> Iterator[float]:
-    t = 0.0
-    while True:
-        yield t
-        t += step
+class _FakeRounds:
+    """A fake clock that a round moves on: round i (counted over the whole probe, warm-up included) takes
+    ``seconds[i]`` fake seconds (the last value repeats), so the probe's round costs are chosen, never measured."""
+
+    def __init__(self, seconds: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
+        from phalanx.training import Loop
+
+        self.now, self.seconds, self.i = 0.0, seconds, 0
+        step = Loop.step
+
+        def timed(loop: Loop) -> object:
+            self.now += self.seconds[min(self.i, len(self.seconds) - 1)]
+            self.i += 1
+            return step(loop)
+
+        monkeypatch.setattr(Loop, "step", timed)
+
+    def __call__(self) -> float:
+        return self.now
 
 
-def test_the_estimate_is_the_timed_round_times_the_rounds_left(tmp_path: Path) -> None:
-    """A fake clock: 30 s between the two readings around 3 timed rounds, so 10 s a round; two runs of 40 rounds
-    on one process → 800 s; on two processes → 400 s."""
+def test_the_estimate_is_the_steady_round_times_the_rounds_left(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake clock: the probe's rounds cost 100 s, 50 s (one-time costs: the first call of every kernel, the first
+    batches), then 10, 14 and 10 s (a loaded machine's noise). The steady round is 10 s: two runs of 40 rounds on one
+    process → 800 s; on two processes → 400 s. Mutants: the probe before issue 38's fix (one warm-up round, the mean
+    of the three after it: 24.7 s a round) and one that averages every round (36.8 s) both overstate it."""
     cfgs = [make_config({**SMALL, "seed": s}) for s in (0, 1)]
     todo = [(c, tmp_path / grid.run_id(c)) for c in cfgs]
-    ticks = _clock(30.0)
-    one = estimate.estimate(todo, jobs=1, clock=lambda: next(ticks))
+    costs = [100.0, 50.0, 10.0, 14.0, 10.0]
+    one = estimate.estimate(todo, jobs=1, clock=_FakeRounds(costs, monkeypatch))
     assert one is not None and one.per_round == pytest.approx(10.0) and one.seconds == pytest.approx(800.0)
     assert one.rounds == 80 and one.runs == 2 and "about 13.3 min" in one.text()
-    ticks = _clock(30.0)
-    two = estimate.estimate(todo, jobs=2, clock=lambda: next(ticks))
+    assert "the median of 3 after 2 warm-up rounds" in one.text()
+    two = estimate.estimate(todo, jobs=2, clock=_FakeRounds(costs, monkeypatch))
     assert two is not None and two.seconds == pytest.approx(400.0) and two.parallel == 2
+    monkeypatch.setattr(estimate, "steady", lambda s: sum(s) / len(s))  # the mean, not the median
+    for warmup, timed, per_round in ((1, 3, (50 + 10 + 14) / 3), (0, 5, (100 + 50 + 10 + 14 + 10) / 5)):
+        monkeypatch.setattr(estimate, "WARMUP_ROUNDS", warmup)
+        monkeypatch.setattr(estimate, "PROBE_ROUNDS", timed)
+        mutant = estimate.estimate(todo, jobs=1, clock=_FakeRounds(costs, monkeypatch))
+        assert mutant is not None and mutant.per_round == pytest.approx(per_round)
+        assert mutant.seconds > 2.4 * one.seconds  # the overstatement issue 38 found
 
 
-def test_a_larger_model_counts_more_and_a_tiny_grid_is_not_timed(tmp_path: Path) -> None:
+def test_a_larger_model_counts_more_and_a_tiny_grid_is_not_timed(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     small = make_config(SMALL)
     wide = make_config({**SMALL, "model_params": {"hidden": [400]}})  # more parameters: more work per round
     todo = [(small, tmp_path / "a"), (wide, tmp_path / "b")]
-    ticks = _clock(3.0)
-    both = estimate.estimate(todo, jobs=1, clock=lambda: next(ticks))
+    both = estimate.estimate(todo, jobs=1, clock=_FakeRounds([1.0], monkeypatch))
     assert both is not None and both.seconds > 1.0 * 80  # the wide run counts for more than its 40 rounds at 1 s
     assert estimate.estimate([(make_config({**SMALL, "rounds": 5}), tmp_path / "c")], jobs=1) is None
 
@@ -94,3 +117,50 @@ def test_a_study_command_says_so_before_it_starts_too(tmp_path: Path, monkeypatc
     res = CliRunner().invoke(cli.app, [*command, "--out", str(tmp_path / "mutant")])
     assert res.exit_code == 0, res.output
     assert "This grid should take about" not in res.output
+
+
+def test_the_probe_trains_at_the_runs_thread_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 38: the probe timed rounds at this process's torch threads (2 on the 2-core machine) while a study's
+    worker processes train at cores // jobs = 1 — on a loaded machine 10–100× slower a round. The probe's rounds run
+    at the count it is given, and the process's own count is restored after. Mutant: a probe that ignores ``threads``
+    (the count seen inside its rounds is the process's)."""
+    from phalanx.cli.runs import _run_threads
+    from phalanx.experiments.local import LocalExecutor
+    from phalanx.training import Loop
+
+    seen: list[int] = []
+    step = Loop.step
+    monkeypatch.setattr(Loop, "step", lambda loop: (seen.append(torch.get_num_threads()), step(loop))[1])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        cfgs = [make_config({**SMALL, "seed": s}) for s in (0, 1)]
+        todo = [(c, tmp_path / grid.run_id(c)) for c in cfgs]
+        assert estimate.estimate(todo, jobs=2, threads=1) is not None
+        assert seen and set(seen) == {1} and torch.get_num_threads() == 2
+        seen.clear()
+        assert estimate.estimate(todo, jobs=1) is not None  # None: the process's own count, as one process trains
+        assert set(seen) == {2}
+    finally:
+        torch.set_num_threads(before)
+    cores = max(1, (__import__("os").cpu_count() or 1) // 2)
+    assert _run_threads(LocalExecutor(2), 2, 5) == cores and _run_threads(LocalExecutor(2, threads=3), 2, 5) == 3
+    assert _run_threads(LocalExecutor(1), 1, 5) is None and _run_threads(LocalExecutor(2), 2, 1) is None
+
+
+def test_the_advice_names_only_what_applies() -> None:
+    """Issue 38: every line said "a smaller preset (--preset quick)", to commands already running quick and to
+    `phalanx run` grids, which have no preset."""
+    from phalanx.cli.runs import GRID_SMALLER, study_smaller
+
+    assert "--preset" not in GRID_SMALLER and "--jobs" in GRID_SMALLER and "--set rounds" in GRID_SMALLER
+    assert "--preset" not in study_smaller("quick", "quick") and "--seeds" in study_smaller("quick", "quick")
+    assert "a smaller preset (--preset quick)" in study_smaller("paper", "quick")
+    assert "--preset" not in study_smaller("default", None)
+    # the convergence study's own advice: its {preset} place filled the same way (a full run is told of quick)
+    from phalanx.cli.runs import smaller_preset
+    from phalanx.studies.convergence import ConvergenceStudy
+
+    own = ConvergenceStudy.smaller
+    assert "(--preset quick);" in own.replace("{preset}", smaller_preset("full", "quick"))
+    assert "--preset" not in own.replace("{preset}", smaller_preset("quick", "quick"))

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests._tiny_grid import tiny_grid
 from typer.testing import CliRunner
 
 from phalanx import cli
 from phalanx.cli.output import Tabular, tables_of
 from phalanx.distributed.audit import AuditReport
-from phalanx.experiments import grid, make_config, train
 
 FORMATS = ("md", "csv", "json")
 
@@ -58,12 +58,7 @@ def _check_formats(args: list[str], code: int) -> dict[str, Any]:
 
 
 def test_report_prints_the_grids_tables_in_every_format(tmp_path: Path) -> None:
-    base = {"dataset": "digits", "model": "logreg", "workers": 4, "f": 1, "byzantine": 1, "rounds": 2,
-            "eval_every": 2, "batch_size": 8, "seed": 0}
-    for rule in ("mean", "cwtm"):
-        for attack in ("none", "signflip"):
-            cfg = make_config({**base, "aggregator": rule, "attack": attack})
-            train(cfg, tmp_path / grid.run_id(cfg))
+    tiny_grid(tmp_path)
     data = _check_formats(["report", str(tmp_path)], 0)
     summary, tradeoff = data["tables"]
     assert summary["title"].startswith("Final test accuracy") and len(summary["rows"]) == 4

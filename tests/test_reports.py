@@ -125,6 +125,23 @@ def test_log_progress_prints_every_tenth_of_the_rounds_or_every_minute() -> None
     assert not any("\r" in line for line in lines)
 
 
+def test_no_eta_before_a_tenth_of_the_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 38: the first progress line of step 2 of docs/start.md said ETA 37:05:24 — one round's one-time costs
+    extrapolated over 5,400. Until a command trained a tenth of its rounds its ETA is "—". Mutant: no threshold
+    (``ETA_AFTER = 0``) extrapolates the first slow round."""
+    from phalanx.cli import runs
+
+    clock = Clock()
+    log, lines = _progress({"a": 200, "b": 200}, clock)
+    clock.t = 61.0  # a minute: a line, with 1 slow round trained
+    log.round("a", 1)
+    assert len(lines) == 1 and lines[0].endswith("1/400 rounds (0 %), 0/2 runs done, ETA —")
+    assert runs._eta(61.0, 40, 400, 0) == "0:09:09" and runs._eta(61.0, 39, 400, 0) == "—"
+    assert runs._eta(61.0, 60, 400, 50) == "—" and runs._eta(61.0, 85, 400, 50) == "0:09:09"  # of those left
+    monkeypatch.setattr(runs, "ETA_AFTER", 0.0)
+    assert runs._eta(61.0, 1, 400, 0) == "6:45:39"
+
+
 def test_log_progress_counts_skipped_runs_in_one_line_and_not_in_the_rate() -> None:
     clock = Clock()
     log, lines = _progress({"a": 10, "b": 10, "c": 10}, clock)
@@ -206,7 +223,7 @@ def test_report_without_those_values_has_the_accuracy_panel_only(tmp_path: Path,
     seen = _capture(monkeypatch)
     _run_dir(tmp_path, "a", "cwtm", [{"round": 1, "test_accuracy": 0.7, "agg_error": None, "byz_share": None}])
     report.write_report(tmp_path)
-    assert [t for t, _ in seen[0]] == ["Test accuracy per setting"]
+    assert [t for t, _ in seen[0]] == ["Test accuracy per setting — attack: alie"]  # one attack: the title names it
     assert "![test accuracy per round](accuracy.png)" in (tmp_path / "report.md").read_text()
 
 

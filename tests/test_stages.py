@@ -211,7 +211,7 @@ def test_phalanx_list_stages_shows_each_with_how_it_is_turned_on_and_its_section
     for text in ("fail_closed", "stages.fail_closed (a TOML table)", "window: W ≥ 1", "crfl", "server_projection",
                  "dp_noise", "norm_stats", "algorithm = 'fedavg'"):
         assert text in out, text
-    rows = json.loads(CliRunner().invoke(cli.app, ["list", "stages", "--format", "json"]).output)["rows"]
+    rows = json.loads(CliRunner().invoke(cli.app, ["list", "stages", "--format", "json"]).output)["tables"][0]["rows"]
     listed = {r["name"]: r["side"] for r in rows}
     built_in = {"byzantine_count": "server", "crfl": "server", "dp": "worker", "fail_closed": "server",
                 "lora_residual": "server", "norm_stats": "server"}

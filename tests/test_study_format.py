@@ -68,3 +68,22 @@ def test_a_study_prints_its_tables_alone_on_stdout_in_each_format(tmp_path: Path
     assert first[0][0] == "f" and len(first) > 2
     res = CliRunner().invoke(cli.app, [*args, "--format", "xml"])
     assert res.exit_code != 0 and "--format='xml'" in res.output
+
+
+def test_an_untitled_table_in_markdown_has_no_empty_bold_line() -> None:
+    """A report's second table under one heading has no title: ``--format md`` printed ``****`` above it (the
+    backdoor study's trend table)."""
+    from phalanx.cli.output import Tabular, render
+
+    assert render(Tabular("", ["rule", "p"], [["cwtm", "1"]]), "md").splitlines()[0] == "| rule | p |"
+    assert render(Tabular("T", ["rule"], [["cwtm"]]), "md").splitlines()[:2] == ["**T**", ""]
+
+
+def test_an_aggregation_error_at_rounding_level_is_shown_as_such() -> None:
+    """The mean with no attack returned the honest mean up to the order of a float sum (4.75e-16, then 4.72e-16 after
+    an unrelated change): a quoted table changed with it. Below 1e-12 it is shown as ``< 1e-12``; a real error keeps
+    its three digits (the mutant threshold 1e-2 would hide 0.00774, the mean's error under attack)."""
+    from phalanx.experiments.report import format_agg_error
+
+    assert [format_agg_error(v) for v in (4.75e-16, 0.0, 4.72e-16)] == ["< 1e-12"] * 3
+    assert [format_agg_error(v) for v in (0.00774, 2e-12, None, float("inf"))] == ["0.00774", "2e-12", "—", "∞"]

@@ -48,3 +48,60 @@ def test_cli_formats() -> None:
     assert "| cwtm | 2 | 0.5 | 0.5 |" in res.output
     res = runner.invoke(cli.app, ["tension", "theory", "--format", "xml"])
     assert res.exit_code != 0
+
+
+MEASURE = ["tension", "theory", "-n", "6", "--rules", "cwtm,cwmed", "--measure", "--trials", "2", "--budget", "4",
+           "--kappa-budget", "4", "--format", "csv"]
+
+
+def test_measure_says_what_it_measures_and_a_line_per_rule_and_f(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 38: ``tension theory --measure`` printed nothing for minutes. On stderr (stdout holds the table alone)
+    it says what it measures, then a line after each (rule, f) with how far it is; over the budget
+    (PHALANX_BUDGET_MINUTES) it says so after the first pair. Mutant: a budget it is under (``off``) — no such line."""
+    monkeypatch.setenv(cli.BUDGET_ENV, "0.000001")  # every measurement is over a budget of 60 µs
+    res = CliRunner().invoke(cli.app, MEASURE)
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith("rule,f,") and "(rule, f) measured" not in res.stdout
+    err = res.stderr.splitlines()
+    assert err[0].startswith("Measuring ε (2 random inputs, then 4 rule evaluations of CMA-ES) and a certified lower "
+                             "bound on κ (4 rule evaluations) for 2 rule(s) × every f at n = 6, d = 8: 6 (rule, f)")
+    assert err[1].startswith("cwtm f=0: 1/6 (rule, f) measured in ") and ", ETA " in err[1]
+    assert err[2].startswith("This measurement should take about ") and "over the 1e-06 min budget" in err[2]
+    pairs = [line for line in err if " (rule, f) measured in " in line]
+    assert [p.split(":")[0] for p in pairs] == [f"{r} f={f}" for r in ("cwtm", "cwmed") for f in range(3)]
+    assert pairs[-1].startswith("cwmed f=2: 6/6") and "ETA" not in pairs[-1]
+    monkeypatch.setenv(cli.BUDGET_ENV, "off")
+    res = CliRunner().invoke(cli.app, MEASURE)
+    assert res.exit_code == 0 and "This measurement should take" not in res.stderr
+    assert len([line for line in res.stderr.splitlines() if " (rule, f) measured in " in line]) == 6
+
+
+def test_the_progress_eta_extrapolates_the_pairs_done() -> None:
+    """A fake clock: 10 s a pair, 3 pairs → after the first, 0:00:10 spent and 0:00:20 left."""
+    from phalanx.cli.analysis import _TheoryProgress
+
+    ticks, lines = iter([0.0, 10.0, 20.0, 30.0]), []
+    progress = _TheoryProgress(3, clock=lambda: next(ticks), echo=lines.append)
+    for f in range(3):
+        progress("krum", f)
+    assert lines[0] == "krum f=0: 1/3 (rule, f) measured in 0:00:10, ETA 0:00:20"
+    assert lines[-1] == "krum f=2: 3/3 (rule, f) measured in 0:00:30"
+
+
+def test_ctrl_c_is_one_line_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGINT during the searches (played: the κ search of the third pair raises KeyboardInterrupt) ends the command
+    with one line on stderr saying how far it got, exit status 130, and no table."""
+    real, calls = tension.kappa, []
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setenv(cli.BUDGET_ENV, "off")
+    monkeypatch.setattr(tension, "kappa", interrupted)
+    res = CliRunner().invoke(cli.app, MEASURE)
+    assert res.exit_code == 130, res.output
+    assert res.stderr.splitlines()[-1].startswith("interrupted after 2 of 6 (rule, f) measured, in ")
+    assert "Traceback" not in res.output and res.stdout == ""

@@ -91,7 +91,7 @@ def _call(stage: UpdateClip, rows: Tensor) -> Tensor:
 def test_it_is_found_by_name_with_no_registry_line() -> None:
     assert "update_clip" in registry.names() and registry.get("update_clip") is UpdateClip
     out = CliRunner().invoke(cli.app, ["list", "stages", "--format", "json"]).output
-    row = next(r for r in json.loads(out)["rows"] if r["name"] == "update_clip")
+    row = next(r for r in json.loads(out)["tables"][0]["rows"] if r["name"] == "update_clip")
     assert row["side"] == "worker" and "stages.update_clip" in json.dumps(row)
 
 

@@ -12,6 +12,7 @@ at the input found, shown as ``≥ value``. The κ column is the proven bound
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from phalanx import aggregators
@@ -57,8 +58,11 @@ class TheoryRow:
 def theory_table(
     n: int, rules: tuple[str, ...] | list[str] = DEFAULT_RULES, *, measure: bool = False, d: int = 8,
     trials: int = 100, seed: int = 0, kappa_budget: int = 300, budget: int = DEFAULT_BUDGET,
+    progress: Callable[[str, int], None] | None = None,
 ) -> list[TheoryRow]:
-    """Rows for every rule and every f = 0 … ⌊(n−1)/2⌋ (rules that cannot run with that f are noted, not dropped)."""
+    """Rows for every rule and every f = 0 … ⌊(n−1)/2⌋ (rules that cannot run with that f are noted, not dropped).
+    With ``measure``, ``progress(rule, f)`` is called after each of the :func:`cells` (rule, f) is done — measured,
+    or noted as not measurable — so a caller can say how far the searches are (they take minutes)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise ConfigError("workers", n, "an integer >= 2")
     rows: list[TheoryRow] = []
@@ -70,10 +74,14 @@ def theory_table(
                 rule = aggregators.make(spec, f=f)
             except PhalanxError as exc:
                 rows.append(TheoryRow(spec, f, lb, None, None, note=str(exc), kappa_bound=universal_lower_bound(n, f)))
+                if measure and progress is not None:
+                    progress(spec, f)
                 continue
             if n < rule.min_workers():
                 rows.append(TheoryRow(spec, f, lb, None, None, note=f"needs {rule.requirement}",
                                       kappa_bound=universal_lower_bound(n, f)))
+                if measure and progress is not None:
+                    progress(spec, f)
                 continue
             eps, kap = rule.epsilon(n), proven_upper_bound(rule, n)
             row = TheoryRow(spec, f, lb, eps, kap, kappa_bound=universal_lower_bound(n, f),
@@ -90,8 +98,15 @@ def theory_table(
                     row.measured, row.worst_input, row.above_upper = est.value, est.worst_input, est.above_upper
                     row.epsilon_rounding = 0.0 < est.value <= est.slack
                     row.kappa_measured, row.kappa_unbounded, row.kappa_rounding = k.value, k.unbounded, k.rounding
+                if progress is not None:
+                    progress(spec, f)
             rows.append(row)
     return rows
+
+
+def cells(n: int, rules: tuple[str, ...] | list[str]) -> int:
+    """How many (rule, f) pairs :func:`theory_table` goes through: every rule × f = 0 … ⌊(n−1)/2⌋."""
+    return len(rules) * ((n - 1) // 2 + 1)
 
 
 def kappa_source(rule: aggregators.Aggregator, n: int, kap: float | None) -> str:

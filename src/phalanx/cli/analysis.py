@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import time
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -12,6 +14,7 @@ import typer
 from phalanx import __version__
 from phalanx.cli.common import _STDERR, _fmt, app, console
 from phalanx.cli.output import FormatOption, Tabular, check_format, emit
+from phalanx.cli.runs import _duration
 from phalanx.cli.studies import tension_app
 from phalanx.errors import PhalanxError
 
@@ -164,6 +167,42 @@ def kappa_cmd(
 
 
 
+_ECHO_ERR = functools.partial(typer.echo, err=True)
+
+
+class _TheoryProgress:
+    """``tension theory --measure``'s progress on stderr (stdout holds the table alone): after each (rule, f) one
+    line — ``krum f=3: 12/32 (rule, f) measured in 0:01:05, ETA 0:01:48`` — the ETA extrapolating the pairs done
+    over the pairs left. Every pair has the same budgets of rule evaluations, but rules differ in what an evaluation
+    costs (at n = 16, d = 8 cwtm's 8 pairs took 2 s in all, geomed's and krum's far more): while a cheap rule's pairs
+    are done the ETA is low, an order of magnitude, not a bound. After the first pair, when that
+    extrapolation is over the budget (``PHALANX_BUDGET_MINUTES``, :func:`phalanx.cli.runs._budget`), one line says
+    so, as a grid's does before its first run (issue 38: the command printed nothing for 6 minutes). ``clock``
+    gives seconds (monotonic), ``echo`` prints a line."""
+
+    def __init__(self, total: int, *, clock: Callable[[], float] = time.monotonic,
+                 echo: Callable[[str], None] = _ECHO_ERR) -> None:
+        self.total, self.clock, self.echo = max(1, total), clock, echo
+        self.done = 0
+        self.start = clock()
+
+    def __call__(self, rule: str, f: int) -> None:
+        from phalanx.cli.runs import BUDGET_ENV, _budget
+        from phalanx.experiments.estimate import duration
+
+        self.done += 1
+        elapsed = self.clock() - self.start
+        left = elapsed / self.done * (self.total - self.done)
+        eta = "" if self.done >= self.total else f", ETA {_duration(left)}"
+        self.echo(f"{rule} f={f}: {self.done}/{self.total} (rule, f) measured in {_duration(elapsed)}{eta}")
+        budget = _budget() if self.done == 1 else None
+        if budget is not None and elapsed + left > 60 * budget:
+            self.echo(f"This measurement should take about {duration(elapsed + left)} (its first (rule, f) took "
+                      f"{elapsed:.3g} s here, now) — over the {budget:g} min budget ({BUDGET_ENV}). To make it "
+                      "smaller: fewer rules (--rules), a smaller --kappa-budget, --budget or --trials, a smaller n; "
+                      "Ctrl-C stops it")
+
+
 @tension_app.command("theory")
 def tension_theory(
     workers: Annotated[int, typer.Option("--workers", "-n", min=2, help="Number of workers n.")] = 16,
@@ -186,8 +225,22 @@ def tension_theory(
 
     fmt = check_format(fmt)
     specs = [r.strip() for r in rules.split(",") if r.strip()]
-    rows = tension.theory_table(workers, specs, measure=measure, trials=trials, kappa_budget=kappa_budget, d=dim,
-                                budget=budget)
+    progress = None
+    if measure:
+        progress = _TheoryProgress(tension.cells(workers, specs))
+        progress.echo(f"Measuring ε ({trials} random inputs, then {budget} rule evaluations of CMA-ES) and a certified "
+                      f"lower bound on κ ({kappa_budget} rule evaluations) for {len(specs)} rule(s) × every f at "
+                      f"n = {workers}, d = {dim}: {progress.total} (rule, f), a line after each; Ctrl-C stops it")
+    try:
+        rows = tension.theory_table(workers, specs, measure=measure, trials=trials, kappa_budget=kappa_budget,
+                                    d=dim, budget=budget, progress=progress)
+    except KeyboardInterrupt:
+        if progress is None:
+            raise
+        progress.echo(f"interrupted after {progress.done} of {progress.total} (rule, f) measured, in "
+                      f"{_duration(progress.clock() - progress.start)}: no table (fewer --rules, a smaller "
+                      "--kappa-budget or --trials make it shorter)")
+        raise typer.Exit(130) from None
     if fmt == "md":  # the analysis's own Markdown (its columns and notes), as the docs quote it
         console.print(tension.to_markdown(rows, workers), markup=False, highlight=False, soft_wrap=True)
         return

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from phalanx import __version__
 from phalanx.cli import audit as audit_command
-from phalanx.cli.output import Tabular
+from phalanx.cli.output import PIPE_WIDTH, Tabular
 from phalanx.distributed import cli as distributed_cli
 
 if TYPE_CHECKING:
@@ -40,8 +40,6 @@ def _console() -> Console:
     return out
 
 
-PIPE_WIDTH = 100_000
-"""The console's width when standard output is not a terminal: wider than any table, so none is cut or wrapped."""
 console = _console()
 _STDERR = Console(stderr=True, width=None if Console(stderr=True).is_terminal else PIPE_WIDTH)
 """Where a command's progress and notes go when ``--format`` asks for its tables alone on stdout."""

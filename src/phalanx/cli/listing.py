@@ -175,15 +175,13 @@ def list_sections(fmt: FormatOption = "table") -> None:
     """The config tree's sections (docs/config.md): each key, the flat key of earlier releases it is (what the run
     id is computed from), the components that have it, and its type, allowed range, default and description —
     read from the declarations, not listed here."""
-    from rich.markup import escape
-
     from phalanx.experiments import treetext
 
     fmt = check_format(fmt)
     table = Tabular("Phalanx config sections", ("section", "key", "flat key", "for", "type", "allowed", "default",
                                                 "description"), whole=("section", "key"))
-    for row in treetext.declared():  # data, not markup: "phalanx[signing]" is shown as written
-        table.add(*(escape(c) for c in row) if fmt == "table" else row)
+    for row in treetext.declared():  # data, not markup: the terminal renderer prints cells as text, as written
+        table.add(*row)
     table.notes.append("`phalanx config show CONFIG --tree` prints a config as its tree; a flat config is read as "
                        "it always was, with the same run ids.")
     emit(table, fmt, console)

@@ -2,13 +2,33 @@
 for a pipe, a file, a notebook or another program.
 
 Every table-printing command builds a :class:`Tabular` (title, columns, rows of strings, notes printed under it)
-and hands it to :func:`emit`; nothing else decides how it looks. ``csv`` and ``json`` print the table alone (its
-notes are words for a reader, not data); ``md`` prints the title in bold, the Markdown table and the notes.
+and hands it to :func:`emit` (several: :func:`emit_all`); nothing else decides how it looks. ``csv`` and ``json``
+print the table alone (its notes are words for a reader, not data); ``md`` prints the title in bold, the Markdown
+table and the notes. ``json`` has one shape for every command, one table or several: ``{"tables": [{"title",
+"columns", "rows"}]}`` (docs/start.md; ``tests/test_cli.py::test_every_table_prints_as_csv_json_and_markdown``).
+
+On the terminal nothing is ever cropped, cut or ellipsised (issue 38: at 80 columns ``+7.0`` printed as ``+7.``,
+``any`` as ``an``, a header as ``cos``; at 60 a column vanished). The layout, for a terminal ``W`` cells wide (a pipe
+without ``COLUMNS``: :data:`PIPE_WIDTH`, so every table keeps its natural width):
+
+1. a column *folds* — its cells wrap at spaces — unless it holds names or numbers (``whole``, ``right``, or any
+   column of a ``compact`` table but those in ``wrap``); a word is never split, a name or a number never wrapped;
+2. :func:`widths` gives each column its natural width, then narrows the widest column that still can (a folding
+   column down to its longest word, any column down to its header's longest word: headers fold at spaces) until
+   the table fits ``W``;
+3. a ``compact`` table that still does not fit tries again with one space between columns instead of two;
+4. if even those least widths do not fit, the table is printed as one block per row — ``column  value`` on a line
+   of its own, a blank line between rows, never wrapped or cropped (a line wider than the terminal overflows it).
+
+``tests/test_table_widths.py`` checks, at widths 40, 60, 80, 120 and piped, over the ``list`` tables, ``report``,
+``status``, ``tension plan`` and the plan, price-and-rescue and status tables, that every word of every cell and
+header appears whole and that a table's lines fit the width; the cropping renderer it replaced fails it.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import re
@@ -18,8 +38,14 @@ from typing import Annotated
 
 import typer
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
+
+PIPE_WIDTH = 100_000
+"""The console's width when standard output is not a terminal: wider than any table, so none is cut or wrapped."""
 
 FORMATS = ("table", "md", "csv", "json")
 """The values of ``--format``; ``markdown`` is also read as ``md``."""
@@ -75,7 +101,8 @@ def render(t: Tabular, fmt: str) -> str:
         return json.dumps({"title": t.title, "columns": list(t.columns),
                            "rows": [dict(zip(t.columns, r)) for r in t.rows]}, ensure_ascii=False, indent=1) + "\n"
     if fmt == "md":
-        lines = [f"**{_cell_md(t.title)}**", "", "| " + " | ".join(map(_cell_md, t.columns)) + " |",
+        title = [f"**{_cell_md(t.title)}**", ""] if t.title.strip() else []  # an untitled table: no empty "****"
+        lines = [*title, "| " + " | ".join(map(_cell_md, t.columns)) + " |",
                  "|" + "".join("---:|" if c in t.right else "---|" for c in t.columns)]
         lines += ["| " + " | ".join(map(_cell_md, r)) + " |" for r in t.rows]
         return "\n".join(lines + (["", *t.notes] if t.notes else [])) + "\n"
@@ -98,21 +125,129 @@ def emit_all(tables: Sequence[Tabular], fmt: str, console: Console) -> None:
 
 
 def emit(t: Tabular, fmt: str, console: Console) -> None:
-    """Print ``t`` in ``fmt``: a rich table (and its notes) on the terminal, else :func:`render`'s text as it is."""
+    """Print ``t`` in ``fmt``: on the terminal a table that loses nothing (:func:`_terminal`) and its notes; in
+    ``json`` the one shape every command prints, ``{"tables": [{title, columns, rows}]}`` (:func:`emit_all`); else
+    :func:`render`'s text as it is."""
+    if fmt == "json":
+        emit_all([t], fmt, console)
+        return
     if fmt != "table":
         typer.echo(render(t, fmt), nl=False)
         return
-    table = (Table(title=t.title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True) if t.compact
-             else Table(title=t.title))
-    for c in t.columns:
-        whole = c in t.whole or (t.compact and c not in t.wrap)
-        table.add_column(c, justify="right" if c in t.right else "left", overflow="fold", no_wrap=whole)
-    for r in t.rows:
-        table.add_row(*r)
     if t.rows:
-        console.print(table)
+        _terminal(t, console)
     for line in t.notes:
         console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+
+def _words(text: str) -> list[str]:
+    return text.split() or [""]
+
+
+def _longest_word(texts: Sequence[str]) -> int:
+    return max(cell_len(w) for text in texts for w in _words(text))
+
+
+def _longest_line(texts: Sequence[str]) -> int:
+    return max(cell_len(line) for text in texts for line in (text.splitlines() or [""]))
+
+
+def _folds(t: Tabular, c: str) -> bool:
+    """Whether column ``c``'s cells may fold at spaces: never a name (``whole``), a number (``right``) or, in a
+    ``compact`` table, any column but those in ``wrap``."""
+    return not (c in t.whole or c in t.right or (t.compact and c not in t.wrap))
+
+
+def widths(t: Tabular, room: int) -> list[int] | None:
+    """Each column's width on a terminal ``room`` cells wide (the table's borders and padding taken off), or ``None``
+    when even the narrowest layout that cuts nothing does not fit.
+
+    A column's natural width ``N_c`` is its longest line, header included; its least width ``m_c`` is its longest
+    cell line for a column that never folds (:func:`_folds`), else its longest cell word — and at least its header's
+    longest word (a header folds at spaces in every column): a word is never split. If ``Σ N_c ≤ room`` every column
+    keeps ``N_c``; else, while the sum exceeds ``room``, the widest column above its ``m_c`` loses one cell (the
+    first such on a tie); if ``Σ m_c > room`` there is no such layout."""
+    natural = [_longest_line([c, *(r[i] for r in t.rows)]) for i, c in enumerate(t.columns)]
+    cells = [[r[i] for r in t.rows] for i in range(len(t.columns))]
+    least = [max(_longest_word([c]), (_longest_word if _folds(t, c) else _longest_line)(cells[i] or [""]))
+             for i, c in enumerate(t.columns)]
+    if sum(least) > room:
+        return None
+    out = list(natural)
+    excess = sum(out) - room
+    while excess > 0:
+        i = max((i for i in range(len(out)) if out[i] > least[i]), key=lambda i: out[i])
+        out[i] -= 1
+        excess -= 1
+    return out
+
+
+def _header(text: str, width: int) -> str:
+    """A header folded at its spaces into ``width`` cells (never inside a word): a column that never folds would
+    otherwise crop its header."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and cell_len(lines[-1]) + 1 + cell_len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "\n".join(lines) or text
+
+
+def _rich_table(t: Tabular, title: Text | None, tight: bool = False) -> Table:
+    if tight:  # a compact table with one space between columns: no padding, no edges
+        return Table(title=title, box=box.SIMPLE_HEAD, padding=0, show_edge=False)
+    if t.compact:
+        return Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    return Table(title=title)
+
+
+def _terminal(t: Tabular, console: Console) -> None:
+    """``t`` on ``console`` with nothing cropped, cut or ellipsised: a rich table at the widths :func:`widths` gives
+    (foldable text folds at spaces; names and numbers stay on one line) — a ``compact`` table that does not fit with
+    two spaces between columns tries one — its title above it, on lines of its own, when one of the title's words is
+    wider than the table; or, when no such table fits, one block per row (each ``column  value`` on a line of its
+    own, never wrapped: a line wider than the terminal overflows it)."""
+    for tight in (False, True) if t.compact else (False,):
+        probe = _rich_table(t, None, tight)
+        for c in t.columns:
+            probe.add_column(c, width=1)
+        overhead = Measurement.get(console, console.options.update_width(PIPE_WIDTH), probe).maximum - len(t.columns)
+        cols = widths(t, console.width - overhead)
+        if cols is not None:
+            break
+    if cols is None:
+        _records(t, console)
+        return
+    inside = Text(t.title) if _longest_word([t.title]) <= sum(cols) + overhead else None
+    if inside is None and t.title:
+        console.print(t.title, overflow="ignore", crop=False, highlight=False, markup=False)
+    table = _rich_table(t, inside, tight)
+    for c, w in zip(t.columns, cols):
+        folds = _folds(t, c)
+        table.add_column(c if folds else _header(c, w), justify="right" if c in t.right else "left", width=w,
+                         overflow="fold", no_wrap=not folds)
+    for r in t.rows:
+        table.add_row(*(Text(cell) for cell in r))
+    console.print(table)
+
+
+def _records(t: Tabular, console: Console) -> None:
+    """The table too wide for the terminal even folded: its title, then every row as a block of ``column  value``
+    lines (a cell's further lines under its first), each block after a blank line and one after the last, printed
+    without wrapping or cropping."""
+    say = functools.partial(console.print, soft_wrap=True, highlight=False, markup=False)
+    label = max(cell_len(c) for c in t.columns)
+    if t.title:
+        say(t.title)
+    for r in t.rows:
+        say("")
+        for c, cell in zip(t.columns, r):
+            lines = cell.splitlines() or [""]
+            say(c + " " * (label - cell_len(c)) + "  " + lines[0])
+            for more in lines[1:]:
+                say(" " * (label + 2) + more)
+    say("")
 
 
 _SEPARATOR = re.compile(r"^\|(\s*:?-{3,}:?\s*\|)+\s*$")

@@ -130,13 +130,19 @@ class _LogProgress:
         self._flush_skipped()
 
 
+ETA_AFTER = 0.1
+"""The share of its rounds a command trains before its progress gives an ETA ("—" until then)."""
+
+
 def _eta(elapsed: float, done: int, total: int, before: int) -> str:
     """The time left, extrapolated from the rounds this command trained (``done − before``: not the rounds found
     done — skipped runs, the rounds before a resumed run's checkpoint — which would make a resumed grid look fast),
-    or "unknown" before the first one."""
+    or "—" until it trained :data:`ETA_AFTER` of the rounds it has to train: a run's first rounds pay one-time costs
+    (kernels' first calls, first batches; 15 s and 8 s against a steady 1.5 s for step 2 of docs/start.md), and an
+    ETA from them alone said 37:05:24 on the first line (issue 38; ``tests/test_reports.py``)."""
     trained = done - before
-    if trained <= 0 or elapsed <= 0:
-        return "unknown"
+    if trained <= 0 or elapsed <= 0 or trained < ETA_AFTER * (total - before):
+        return "—"
     return _duration(elapsed / trained * max(0, total - done))
 
 
@@ -210,7 +216,7 @@ THREADS_HELP = ("Intra-op threads per run (default: PHALANX_THREADS, else cores 
 def _train(
     points: Sequence[RunConfig | ValidRun], out: Path, jobs: int, executor: ExecutorChoice | None = None,
     slurm_table: dict[str, Any] | None = None, *, plain: bool = False, threads: int | None = None,
-    choose_threads: bool = False,
+    choose_threads: bool = False, smaller: str | None = None,
 ) -> None:
     """Run validated runs (configs are validated here, once) into ``out`` (finished runs skipped) under a rich
     progress bar with ETA, on the executor the command line chose (``slurm_table``: the grid config's ``[slurm]``
@@ -233,7 +239,8 @@ def _train(
     chosen = choice.make(jobs, slurm_table)  # Slurm settings validated before anything runs
     if choose_threads and choice.executor == "local":  # phalanx run / sweep (a study keeps its own counts)
         _choose_threads(chosen, jobs, threads, err=plain)
-    announce = None if choice.executor == "slurm" else functools.partial(_announce, jobs=jobs, err=plain)
+    announce = None if choice.executor == "slurm" else functools.partial(
+        _announce, jobs=jobs, err=plain, threads=_run_threads(chosen, jobs, len(runs)), smaller=smaller)
 
     if plain or not _stdout_is_terminal():
         echo = functools.partial(typer.echo, err=True) if plain else typer.echo
@@ -281,9 +288,23 @@ BUDGET_ENV = "PHALANX_BUDGET_MINUTES"
 DEFAULT_BUDGET_MINUTES = 5.0
 
 
-GRID_SMALLER = ("fewer seeds or list values, fewer rounds (--set rounds=…), a smaller preset (--preset quick), or "
-                "more processes (--jobs); Ctrl-C stops it cleanly and the same command resumes.")
-"""How to make a grid smaller, said with its estimate over the budget."""
+GRID_SMALLER = ("fewer seeds or list values, fewer rounds (--set rounds=…), or more processes (--jobs); Ctrl-C stops "
+                "it cleanly and the same command resumes.")
+"""How to make a grid of ``phalanx run`` or ``sweep`` smaller, said with its estimate over the budget (a grid has
+no preset; a study's own advice is :func:`study_smaller`)."""
+
+
+def smaller_preset(preset: str, smallest: str | None) -> str:
+    """``, a smaller preset (--preset SMALLEST)`` — only when the study has one (``smallest``) and the command is not
+    already running it (issue 38: ``--preset quick`` was suggested to a command running ``quick``); else ``""``."""
+    return f", a smaller preset (--preset {smallest})" if smallest is not None and smallest != preset else ""
+
+
+def study_smaller(preset: str, smallest: str | None) -> str:
+    """How to make a study (``phalanx experiment NAME``, ``tension paper``) smaller: fewer seeds, fewer rounds, more
+    processes — and a smaller preset where :func:`smaller_preset` has one."""
+    return (f"fewer seeds (--seeds …), fewer rounds (--set rounds=…){smaller_preset(preset, smallest)}, or more "
+            "processes (--jobs); Ctrl-C stops it cleanly and the same command resumes.")
 
 
 def _budget() -> float | None:
@@ -319,17 +340,28 @@ def _forewarn(what: str, timing: str, guess: Callable[[], Any], smaller: str, *,
               f"({BUDGET_ENV}). To make it smaller: {smaller}", soft_wrap=True, highlight=False)
 
 
-def _announce(todo: list[tuple[ValidRun, Path]], *, jobs: int, err: bool) -> None:
-    """Before the first run: when the grid's estimate (:func:`phalanx.experiments.estimate.estimate`) is over the
-    budget, one line saying so and how to make it smaller (:func:`_forewarn`). Ctrl-C stops the grid cleanly, and the
-    same command resumes."""
+def _run_threads(executor: Any, jobs: int, runs: int) -> int | None:
+    """The intra-op threads each run of a local grid trains with (:class:`phalanx.experiments.local.LocalExecutor`):
+    the executor's count, else ``cores // jobs`` in worker processes, else (one process) None: this process's."""
+    threads = getattr(executor, "threads", None)
+    if threads is not None:
+        return int(threads)
+    return max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 and runs > 1 else None
+
+
+def _announce(todo: list[tuple[ValidRun, Path]], *, jobs: int, err: bool, threads: int | None = None,
+              smaller: str | None = None) -> None:
+    """Before the first run: when the grid's estimate (:func:`phalanx.experiments.estimate.estimate`, its probe at
+    ``threads``, the runs' own count) is over the budget, one line saying so and how to make it smaller
+    (``smaller``, default :data:`GRID_SMALLER`; :func:`_forewarn`). Ctrl-C stops the grid cleanly, and the same
+    command resumes."""
     from phalanx.experiments import estimate
 
     budget = _budget()  # a bad budget is its one-line error even with nothing to do
     if budget is None or not todo:
         return
-    _forewarn("grid", "a few rounds of the first run", lambda: estimate.estimate(todo, jobs, _short), GRID_SMALLER,
-              err=err)
+    _forewarn("grid", "a few rounds of the first run", lambda: estimate.estimate(todo, jobs, _short, threads=threads),
+              smaller or GRID_SMALLER, err=err)
 
 
 def _devices(runs: list[ValidRun], executor: ExecutorChoice | None) -> str:
@@ -408,6 +440,8 @@ def _grid_tables(result: dict[str, Any]) -> list[Tabular]:
 
 def _summary_table(result: dict[str, Any]) -> Tabular:
     """A grid's final accuracy per setting (seeds pooled), best first, from :func:`report.write_report`'s result."""
+    from phalanx.experiments.report import format_agg_error  # (not at import: it loads torch)
+
     several = any(s["seeds"] > 1 for s in result["summary"])
     keys = result["keys"]
     diverged = sum(s.get("diverged", 0) for s in result["summary"])
@@ -416,8 +450,8 @@ def _summary_table(result: dict[str, Any]) -> Tabular:
     table = Tabular(title, cols, right=cols[len(keys):], compact=True)
     for s in sorted(result["summary"], key=lambda s: -s["final_accuracy"]):
         acc = f"{100 * s['final_accuracy']:.1f}" + (f" ± {100 * s['final_accuracy_std']:.1f}" if s["seeds"] > 1 else "")
-        table.add(*[str(s.get(k)) for k in keys], acc, _fmt(s["agg_error"]), _fmt(s["byz_share"], 2), s["seeds"],
-                  *([f"{s.get('diverged', 0)}/{s['seeds']}"] if diverged else []))
+        table.add(*[str(s.get(k)) for k in keys], acc, format_agg_error(s["agg_error"]), _fmt(s["byz_share"], 2),
+                  s["seeds"], *([f"{s.get('diverged', 0)}/{s['seeds']}"] if diverged else []))
     if diverged:
         table.notes.append(f"{diverged} run(s) diverged (the model became non-finite; final accuracy counted as 0; "
                            "`phalanx status` says at which round)")

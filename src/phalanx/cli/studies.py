@@ -14,10 +14,10 @@ import typer
 from typer.core import TyperGroup
 
 from phalanx import catalogue
-from phalanx.cli.common import _STDERR, _fmt, app, console
+from phalanx.cli.common import _STDERR, app, console
 from phalanx.cli.common import console as _console
 from phalanx.cli.output import FormatOption, Tabular, check_format, emit, emit_all, tables_of
-from phalanx.cli.runs import _forewarn, _load_grid, _split_slurm, _train
+from phalanx.cli.runs import _forewarn, _load_grid, _split_slurm, _train, smaller_preset, study_smaller
 from phalanx.executor_cli import ExecutorChoice, executor_options
 
 if TYPE_CHECKING:
@@ -176,13 +176,15 @@ def _run_study(
         collected = raw.read(results, *study.raw_cells(p, cells, cfgs), study.raw_value)
         console.print(f"from the raw results {results}: nothing trained", soft_wrap=True)
     else:
+        smallest = "quick" if "quick" in study.presets else None
         if study.timing is not None:  # its own in-process work, which the grid's estimate never sees
-            _forewarn("study", study.timing, functools.partial(study.estimate, p, cells), study.smaller,
-                      err=fmt != "table")
+            own = study.smaller.replace("{preset}", smaller_preset(preset_name, smallest))  # (a plug-in's braces kept)
+            _forewarn("study", study.timing, functools.partial(study.estimate, p, cells), own, err=fmt != "table")
         t0 = time.perf_counter()
         runs_dir = out / "runs"
         done_before = sum(store.is_finished(runs_dir / i) for i in raw.run_ids(runs))
-        _train(runs, runs_dir, jobs or _cpu_jobs(), executor, plain=fmt != "table")
+        _train(runs, runs_dir, jobs or _cpu_jobs(), executor, plain=fmt != "table",
+               smaller=study_smaller(preset_name, smallest))
         # the wall time of the whole grid, or none: a resumed command timed only what was left
         wall = time.perf_counter() - t0 if not done_before else None
         if done_before:
@@ -234,6 +236,7 @@ def tension_plan(
 ) -> None:
     """Your task, every rule × f, with no attack and under strong attacks: the trade-off table and a recommendation."""
     from phalanx import data as data_module
+    from phalanx.experiments.report import format_agg_error
     from phalanx.studies import planner
 
     fmt = check_format(fmt)
@@ -260,7 +263,10 @@ def tension_plan(
               f"{len(plan.configs)} runs → {out}")
     for note in plan.skipped:
         say.print(f"[yellow]skipped[/yellow] {note}")
-    _train(plan.configs, out / "runs", jobs or _cpu_jobs(), executor, slurm_table, plain=fmt != "table")
+    _train(plan.configs, out / "runs", jobs or _cpu_jobs(), executor, slurm_table, plain=fmt != "table",
+           smaller="fewer rules (--rules), f values (--f) or attacks (--attacks), fewer seeds or rounds (--set "
+           "seed=0, --set rounds=…), or more processes (--jobs); Ctrl-C stops it cleanly and the same command "
+           "resumes.")
     rows = planner.final_rows(plan, out / "runs")
     first = plan.configs[0]
     test_samples = len(data_module.load(first.dataset, root=first.data_root).test_y)
@@ -271,7 +277,7 @@ def tension_plan(
                     [*heads, "seeds", "pick"], right=[*heads[1:], "seeds"], compact=True)
     for r in rows:
         cells = [r.rule, r.f_label, planner.with_interval(r.no_attack, r.no_attack_ci), f"{100 * r.cost:+.1f}",
-                 _fmt(r.agg_error)]
+                 format_agg_error(r.agg_error)]
         if expect:
             cells += [f"{100 * r.under_attack[a]:.1f}" if a in r.under_attack else "—" for a in plan.attacks]
             cells.append(planner.with_interval(r.worst, r.worst_ci) if r.worst is not None else "—")

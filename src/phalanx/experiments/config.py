@@ -36,6 +36,7 @@ from phalanx.experiments.schema import (
 )
 from phalanx.experiments.specs import DataSpec, DeviceSpec, ModelSpec, Specs
 from phalanx.experiments.validrun import ValidRun, name_of
+from phalanx.models.norm import NORMS
 from phalanx.plugins import accepted_params, check_params, is_spec
 from phalanx.training import adapters, devices, losses
 from phalanx.training.algorithms import builtin
@@ -256,6 +257,8 @@ def check_relations(run: Specs | RunConfig) -> None:
             raise ConfigError(key, spec.own[key], f"its default with algorithm = {spec.algorithm!r} (it is "
                               f"read by algorithm = {readers} only)")
     norm = model.norm
+    if isinstance(norm, str) and norm not in NORMS:  # before any point is built: the key as written, and a guess
+        raise ConfigError("model_params.norm", norm, " | ".join(repr(n) for n in NORMS), suggest(norm, NORMS))
     if norm != "fedbn" and shape.eval_clients != defaults["eval_clients"].get_default():
         raise ConfigError("eval_clients", shape.eval_clients, "its default (100) unless model_params.norm = 'fedbn' "
                           "(it picks the clients whose own models a FedBN run evaluates)")
@@ -378,6 +381,11 @@ def parse_value(text: str, key: str | None = None) -> Any:
     return _parse(text, key, key or "--set")
 
 
+def _number(word: str) -> bool:
+    """Whether ``word`` reads as a TOML number (an int or a float), so needs no quotes in a list."""
+    return isinstance(_toml(word, None, "--set"), (int, float)) and word.lower() not in ("true", "false")
+
+
 def _parse(text: str, key: str | None, name: str) -> Any:
     """:func:`parse_value`; a value that is TOML but that Python cannot hold (nested too deeply, an integer beyond
     64 bits) is a :class:`ConfigError` naming ``name``."""
@@ -387,7 +395,12 @@ def _parse(text: str, key: str | None, name: str) -> Any:
         value = _toml(t, None, name)
         if value is None:  # "[cwtm,krum]", the natural shell form: TOML wants each name in quotes
             shown = t if len(t) <= 60 else t[:57] + "..."
-            example = ", ".join(f'"{w.strip()}"' for w in t.strip("[]").split(",")[:3] if w.strip()) or '"…"'
+            words = [w.strip() for w in t.strip("[]").split(",")[:3] if w.strip()]
+            if words and all(_number(w) for w in words):  # "[0,1": numbers need no quotes, only the brackets
+                raise ConfigError(key_text(name), shown, "a TOML list (a grid axis)",
+                                  f"close the brackets and put the whole argument in single quotes for the shell: "
+                                  f"--set '{name}=[{', '.join(words)}]'")
+            example = ", ".join(f'"{w}"' for w in words) or '"…"'
             raise ConfigError(key_text(name), shown, "a TOML list (a grid axis)",
                               f"put each name in quotes and the whole argument in single quotes for the shell: "
                               f"--set '{name}=[{example}]'")

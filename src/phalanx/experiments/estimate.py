@@ -3,11 +3,13 @@ machine, extrapolated to every round left.
 
 A newcomer's config that trains for hours should say so before the first run, not in a progress line an hour in
 (issue 38: a tutorial step estimated by its own progress line at 4.6 h at load 4 and 8–9 h at load 7–14, with no
-warning). :func:`estimate` times :data:`PROBE_ROUNDS` rounds after one warm-up round of the first unfinished run —
+warning). :func:`estimate` times :data:`PROBE_ROUNDS` rounds, one by one, after :data:`WARMUP_ROUNDS` warm-up rounds
+of the first unfinished run, and takes their median (:func:`steady`) —
 built from a copy of its config in this process, nothing written, the global random state restored, so the runs
 themselves are bit for bit what they would have been (``tests/test_estimate.py``) — and multiplies by every round
 the unfinished runs have left, scaled per run by workers × parameters where the model's size can be counted before
-it is built, divided among the worker processes. It counts rounds only (evaluation and checkpoints add to it) and
+it is built, plus the probed run's set-up once per run, divided among the worker processes. It counts rounds and
+set-up only (evaluation and checkpoints add to it) and
 measures the machine as it is now (a loaded machine gives a longer estimate): an order of magnitude, said as such.
 """
 
@@ -28,7 +30,12 @@ from phalanx.experiments.schema import RunConfig
 from phalanx.experiments.validrun import ValidRun
 
 PROBE_ROUNDS = 3
-"""Rounds timed (after one warm-up round that is not)."""
+"""Rounds timed, one by one (after :data:`WARMUP_ROUNDS` that are not); their median is the estimate's round."""
+WARMUP_ROUNDS = 2
+"""Rounds run before the timed ones and not timed: the first rounds pay one-time costs — the first call of every
+kernel, each worker's first batch, memory first touched — that a run pays once, not every round. Issue 38: with one
+warm-up round and the mean of three, step 2 of docs/start.md measured 15 s, 8.3 s, then 1.1–1.6 s a round at load
+6–8; the second round alone made the mean 4.3 s, three times the steady 1.5 s (tests/test_estimate.py)."""
 MIN_ROUNDS = 20
 """Below this many rounds left in the whole grid no estimate is made: timing them would cost a noticeable share."""
 
@@ -44,12 +51,15 @@ class Estimate:
     rounds: int
     runs: int
     parallel: int
+    setup: float = 0.0
+    """Seconds the probed run's set-up took (its data, model and experiment built), counted once per run."""
 
     def text(self) -> str:
         """One clause: the estimate and what it rests on."""
         return (f"about {duration(self.seconds)} for {self.rounds:,} rounds of {self.runs} run(s) on {self.parallel} "
-                f"process(es) — {PROBE_ROUNDS} rounds of {self.probed} took {self.per_round:.3g} s each here, now "
-                "(evaluations and checkpoints come on top)")
+                f"process(es) — a round of {self.probed} took {self.per_round:.3g} s here, now (the median of "
+                f"{PROBE_ROUNDS} after {WARMUP_ROUNDS} warm-up rounds; its set-up {self.setup:.2g} s, counted once a "
+                "run; evaluations and checkpoints come on top)")
 
 
 def duration(seconds: float) -> str:
@@ -77,11 +87,23 @@ def _size(cfg: RunConfig, input_shape: tuple[int, ...], num_classes: int) -> flo
     return None if d is None else float(d * cfg.workers)
 
 
+def steady(seconds: Sequence[float]) -> float:
+    """What a round costs once the run is under way: the median of the timed rounds ``seconds`` (the warm-up rounds
+    are not among them). A median, not a mean: a round that another process on a loaded machine slowed tenfold moves
+    it by one rank, not by a tenth of its time."""
+    return float(np.median(np.asarray(seconds, dtype=float)))
+
+
 def time_rounds(run: ValidRun | RunConfig, rounds: int = PROBE_ROUNDS,
-                clock: Callable[[], float] = time.perf_counter) -> tuple[float, tuple[int, ...], int]:
-    """Seconds a round of ``run`` takes here (the mean of ``rounds`` rounds after a warm-up round), with its data
+                clock: Callable[[], float] = time.perf_counter,
+                threads: int | None = None) -> tuple[float, tuple[int, ...], int, float]:
+    """Seconds a round of ``run`` takes here (:func:`steady` of ``rounds`` rounds timed one by one after
+    :data:`WARMUP_ROUNDS` warm-up rounds), the seconds its set-up took (loading the data, building the experiment:
+    what every run pays once), with its data
     set's input shape and class count. Built with components of its own (those validating ``run`` built stay the
-    run's), nothing written, torch's and numpy's global random state restored. A RunConfig is validated first."""
+    run's), nothing written, torch's and numpy's global random state restored. A RunConfig is validated first.
+    ``threads``: torch's intra-op threads during the probe (the count the runs will train with; this process's own
+    count restored after), None: this process's count as it is."""
     from phalanx.experiments.build import from_config
     from phalanx.experiments.config import validate
     from phalanx.experiments.executor import dataset_for
@@ -90,25 +112,39 @@ def time_rounds(run: ValidRun | RunConfig, rounds: int = PROBE_ROUNDS,
     valid = run if isinstance(run, ValidRun) else validate(run)
     probe = replace(valid, parts=components.build(valid.specs, valid.cfg if valid.specs.legacy_hooks else None),
                     _taken=[])
+    begin = clock()
     ds = dataset_for(probe.specs.data)
-    state = np.random.get_state()
+    state, before = np.random.get_state(), torch.get_num_threads()
     try:
+        if threads is not None:
+            torch.set_num_threads(threads)
         with torch.random.fork_rng(devices=[]):
             loop = Loop(from_config(probe, ds), callbacks=[])
-            loop.step()  # warm-up: the first call of every kernel
-            start = clock()
+            setup = clock() - begin
+            for _ in range(min(WARMUP_ROUNDS, max(0, loop.experiment.rounds - rounds))):
+                loop.step()  # warm-up: one-time costs (WARMUP_ROUNDS), not timed
+            times = []
             for _ in range(rounds):
+                start = clock()
                 loop.step()
-            per_round = (clock() - start) / rounds
+                times.append(clock() - start)
+            per_round = steady(times)
     finally:
         np.random.set_state(state)
-    return per_round, tuple(ds.input_shape), int(ds.num_classes)
+        if threads is not None:
+            torch.set_num_threads(before)
+    return per_round, tuple(ds.input_shape), int(ds.num_classes), setup
 
 
 def estimate(todo: Sequence[tuple[ValidRun | RunConfig, Path]], jobs: int, label: Callable[[RunConfig], str] = str,
-             clock: Callable[[], float] = time.perf_counter) -> Estimate | None:
-    """How long ``todo`` (the unfinished runs and their directories) should take on ``jobs`` processes here; None
-    when fewer than :data:`MIN_ROUNDS` rounds are left or the first run cannot be timed (it will say why itself)."""
+             clock: Callable[[], float] = time.perf_counter, threads: int | None = None) -> Estimate | None:
+    """How long ``todo`` (the unfinished runs and their directories) should take on ``jobs`` processes of
+    ``threads`` intra-op threads each (None: this process's count) here; None when fewer than :data:`MIN_ROUNDS`
+    rounds are left or the first run cannot be timed (it will say why itself).
+
+    The probe must train at the runs' own thread count: on a loaded 2-core machine a round at torch's default of 2
+    threads took 80–160 ms where the same round at the 1 thread each of 2 worker processes uses took 1–10 ms
+    (digits MLP, load 6, issue 38) — the 13–20× overstatement of ``phalanx experiment corrupted-rounds``."""
     runs = [(r, r.cfg if isinstance(r, ValidRun) else r, d) for r, d in todo]
     left = [(r, cfg, _left(cfg.rounds, d)) for r, cfg, d in runs]
     left = [(r, cfg, k) for r, cfg, k in left if k > 0]
@@ -117,7 +153,8 @@ def estimate(todo: Sequence[tuple[ValidRun | RunConfig, Path]], jobs: int, label
         return None
     run, first = left[0][0], left[0][1]
     try:
-        per_round, shape, classes = time_rounds(run, min(PROBE_ROUNDS, max(1, first.rounds - 1)), clock)
+        timed = min(PROBE_ROUNDS, max(1, first.rounds - WARMUP_ROUNDS))
+        per_round, shape, classes, setup = time_rounds(run, timed, clock, threads)
     except Exception:  # an estimate never stops a grid: the run says what is wrong itself
         return None
     base = _size(first, shape, classes)
@@ -126,6 +163,6 @@ def estimate(todo: Sequence[tuple[ValidRun | RunConfig, Path]], jobs: int, label
         size = _size(cfg, shape, classes)
         work += k * (size / base if size is not None and base else 1.0)
     parallel = max(1, min(jobs, len(left)))
-    seconds = per_round * work / parallel
+    seconds = (per_round * work + setup * len(left)) / parallel
     return Estimate(seconds if math.isfinite(seconds) else math.inf, per_round, label(first), total, len(left),
-                    parallel)
+                    parallel, setup)

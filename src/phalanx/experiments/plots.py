@@ -1,12 +1,14 @@
 """The sweep report's figures — ``accuracy.png`` (per round: test accuracy, aggregation error, Byzantine share) and
-``heatmap.png`` (final accuracy, aggregator × attack) — and what every figure of Phalanx shares: a PNG written
-atomically, error bars clipped to their scale, one colour per rule.
+``heatmap.png`` (final accuracy, aggregator × attack, a panel per combination of the other varying keys) — and what
+every figure of Phalanx shares: a PNG written atomically, error bars clipped to their scale, one colour per rule.
 
-Drawn to be read by someone who did not make them: a rule has one colour everywhere, and the other keys that vary
-(the attack …) have a line style *and* a marker each, with legend handles long enough to show both; a setting whose
-runs diverged is labelled so in the legend and marked where it did; a value at the level of rounding (an aggregation
-error of 10⁻¹⁶) is drawn at the bottom of its axis, not allowed to stretch it over sixteen decades; the heat map's
-numbers take the colour that contrasts with their cell.
+Drawn to be read by someone who did not make them, and never to misattribute (issue 38): a rule has one colour
+everywhere, and each other varying key has a visual channel of its own (the attack the line style, the next key the
+marker …), named in the legend's title, with legend handles long enough to show them; legends lie outside the axes,
+where they cover no curve; a setting whose runs diverged is labelled so in the legend and marked where it did; a value
+at the level of rounding (an aggregation error of 10⁻¹⁶) is drawn at the bottom of its axis, not allowed to stretch it
+over sixteen decades; the heat map never averages over a key that varies and is not on its axes, and its numbers take
+the colour that contrasts with their cell.
 """
 
 from __future__ import annotations
@@ -27,11 +29,10 @@ PANELS = (
 """The panels of ``accuracy.png``: metric key, y label, title (a panel whose metric no row has is left out)."""
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
-"""Marker shapes: one per rule in the trade-off plot, one per setting of the other keys in ``accuracy.png``."""
+"""Marker shapes: one per rule in the trade-off plot, one per value of the marker's key in ``accuracy.png``."""
 
-LINESTYLES = ("-", "--", ":", "-.")
-"""Line styles of ``accuracy.png``: one per setting of the keys other than the aggregator (the colour is the
-rule's)."""
+LINESTYLES = ("-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
+"""Line styles of ``accuracy.png``: one per value of the line style's key (the attack's, :func:`channel_keys`)."""
 
 LOG_DECADES = 6
 """The aggregation-error axis spans at most this many decades below its largest value: smaller values (an exact
@@ -81,23 +82,66 @@ def rule_colours(rules: list[str]) -> dict[str, str]:
     return {r: f"C{i % 10}" for i, r in enumerate(sorted(set(rules)))}
 
 
-def curve_styles(rows: list[dict[str, Any]], keys: list[str]) -> dict[str, dict[str, str]]:
-    """Per setting label of :func:`plot_curves`: its colour, line style and marker — when the aggregator varies, the
-    colour is the rule's (:func:`rule_colours`, as in ``tradeoff.png``) and the line style and the marker tell the
-    other keys' settings apart (an attack and no attack differ in both, so neither colour-blindness nor a short
-    legend handle hides which is which); else matplotlib's colour cycle, one marker."""
-    labels = sorted({setting_label(r, keys) for r in rows})
-    if "aggregator" not in keys:
-        return {label: {"color": f"C{i % 10}", "linestyle": "-", "marker": "o"} for i, label in enumerate(labels)}
-    colours = rule_colours([str(r.get("aggregator")) for r in rows])
-    rest = [k for k in keys if k != "aggregator"]
-    others = sorted({setting_label(r, rest) for r in rows})
-    out = {}
+CHANNELS = ("color", "linestyle", "marker", "fillstyle")
+"""The visual channels of ``accuracy.png``'s lines, in the order the varying keys take them (:func:`channel_keys`)."""
+
+CHANNEL_NAMES = {"color": "colour", "linestyle": "line", "marker": "marker", "fillstyle": "fill"}
+"""How the legend's title names each channel."""
+
+OPTIONS: dict[str, tuple[Any, ...]] = {
+    "linestyle": LINESTYLES,
+    "marker": MARKERS,
+    "fillstyle": ("full", "none", "left", "bottom"),
+}
+"""The values of each channel but the colour (``C0`` … ``C9``, or the rule's: :func:`rule_colours`); a key with more
+values than its channel has cycles through them (the legend's labels still tell every line apart)."""
+
+UNUSED = {"linestyle": "-", "marker": "o", "fillstyle": "full"}
+"""A channel no key takes."""
+
+
+def channel_keys(keys: list[str]) -> dict[str, list[str]]:
+    """Which varying keys each visual channel encodes: the aggregator the colour, the attack the line style, the next
+    varying keys (in ``keys``' order) the marker, then the marker's fill; one key per channel, so that a line's colour
+    depends on its rule alone, its dash on its attack alone, and so on. When only two keys vary, the marker repeats
+    the line style's key (an attack and no attack then differ in both, so that neither colour-blindness nor a short
+    legend handle hides which is which). With more than four varying keys the fill encodes the combination of the
+    remaining ones (their labels are in the legend)."""
+    order = [k for k in ("aggregator", "attack") if k in keys] + [k for k in keys if k not in ("aggregator", "attack")]
+    out = {c: [k] for c, k in zip(CHANNELS, order)}
+    if len(order) > len(CHANNELS):
+        out[CHANNELS[-1]] = order[len(CHANNELS) - 1:]
+    if len(order) == 2:
+        out["marker"] = [order[1]]
+    return out
+
+
+def legend_title(keys: list[str]) -> str:
+    """The legend's key to the channels, e.g. ``colour: aggregator · line: attack · marker: model`` (``line +
+    marker: attack`` when two channels encode one key)."""
+    named: dict[str, list[str]] = {}
+    for c, ks in channel_keys(keys).items():
+        named.setdefault(", ".join(ks), []).append(CHANNEL_NAMES[c])
+    return " · ".join(f"{' + '.join(cs)}: {ks}" for ks, cs in named.items())
+
+
+def curve_styles(rows: list[dict[str, Any]], keys: list[str]) -> dict[str, dict[str, Any]]:
+    """Per setting label of :func:`plot_curves`: its colour, line style, marker and marker fill, each a function of
+    one varying key alone (:func:`channel_keys`): the colour is the rule's (:func:`rule_colours`, as in
+    ``tradeoff.png``), the dash the attack's, the marker the next key's — so that "mean, alie, cnn" and "mean,
+    signflip, mlp" never share a line style by the accident of a pair's rank (issue 38). A key's values take the
+    channel's values in sorted order."""
+    channels = channel_keys(keys)
+    values = {c: sorted({setting_label(r, ks) for r in rows}) for c, ks in channels.items()}
+    colours = (rule_colours([str(r.get("aggregator")) for r in rows]) if channels.get("color") == ["aggregator"]
+               else {v: f"C{i % 10}" for i, v in enumerate(values.get("color", []))})
+    out: dict[str, dict[str, Any]] = {}
     for r in rows:
-        i = others.index(setting_label(r, rest))
-        out[setting_label(r, keys)] = {"color": colours[str(r.get("aggregator"))],
-                                       "linestyle": LINESTYLES[i % len(LINESTYLES)],
-                                       "marker": MARKERS[i % len(MARKERS)]}
+        style: dict[str, Any] = {"color": "C0", **UNUSED}
+        for c, ks in channels.items():
+            v = setting_label(r, ks)
+            style[c] = colours[v] if c == "color" else OPTIONS[c][values[c].index(v) % len(OPTIONS[c])]
+        out[setting_label(r, keys)] = style
     return out
 
 
@@ -129,11 +173,13 @@ def _error_floor(values: list[float]) -> float | None:
 def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path:
     """Per round, one line per setting (mean over seeds): test accuracy, and below it — in panels of the same
     figure, each only when some run logged it — the aggregation error ``agg_error`` and the Byzantine share
-    ``byz_share``. A rule has one colour (its colour in ``tradeoff.png`` too), the other varying keys a line style
-    and a marker each. The aggregation error is drawn on a log scale when it is positive throughout and spans more
-    than two decades, down to :data:`LOG_DECADES` below its largest value (values under that are drawn on the
-    bottom edge, ▼, and their settings named "≈ 0" in the legend). A setting whose runs diverged says so in the
-    legend ("diverged k/n at round t") and its curve ends in ✕."""
+    ``byz_share``. Each varying key has its own visual channel (:func:`channel_keys`: colour the rule's, as in
+    ``tradeoff.png``, dash the attack's, marker the next key's), named in the legend's title; the legends lie outside
+    the axes, so that none covers a curve; when the attack does not vary, the title names it. The aggregation error
+    is drawn on a log scale when it is positive throughout and spans more than two decades, down to
+    :data:`LOG_DECADES` below its largest value (values under that are drawn on the bottom edge, ▼, and their
+    settings named "≈ 0" in the legend). A setting whose runs diverged says so in the legend ("diverged k/n at round
+    t") and its curve ends in ✕."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -143,8 +189,10 @@ def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path
     diverged = diverged_settings(rows, keys)
     panels = [(m, y, t, c) for m, y, t in PANELS if (c := panel_values(rows, keys, m))]
     panels = panels or [(*PANELS[0], {})]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(7.5, 1.2 + 3.2 * len(panels)), dpi=120, sharex=True,
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10.5, 1.2 + 3.2 * len(panels)), dpi=120, sharex=True,
                              squeeze=False)
+    attacks = sorted({str(r.get("attack")) for r in rows if r.get("attack") is not None})
+    fixed = f" — attack: {attacks[0]}" if "attack" not in keys and len(attacks) == 1 else ""
     for ax, (metric, ylabel, title, curves) in zip(axes[:, 0], panels):
         scale = 100.0 if metric == "test_accuracy" else 1.0
         values = [v for pts in curves.values() for vs in pts.values() for v in vs]
@@ -164,16 +212,18 @@ def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path
                 ax.plot([xs[-1]], [ys[-1]], marker="X", markersize=9, color=style["color"], ls="none")
             ax.plot(xs, ys, markersize=3.5, label=name, **style)
         ax.set_ylabel(ylabel)
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title + fixed if metric == "test_accuracy" else title, fontsize=10)
         ax.grid(alpha=0.3)
+        outside = {"fontsize": 7, "handlelength": 4.5, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0),
+                   "title": legend_title(keys), "title_fontsize": 7, "alignment": "left"}
         if metric == "test_accuracy":
             ax.set_ylim(-2, 102)
-            ax.legend(fontsize=7, loc="lower right", handlelength=4.5)
+            ax.legend(**outside)  # outside the axes: a legend inside covered curves (issue 38)
         elif log:
             ax.set_yscale("log")
             if floor is not None:
                 ax.set_ylim(bottom=floor / 2)
-                ax.legend(fontsize=7, loc="best", handlelength=4.5)
+                ax.legend(**outside)
         else:  # both are ≥ 0: a linear axis starts at 0, so that a small change does not look large
             ax.set_ylim(bottom=min(0.0, min(values, default=0.0)))
     axes[-1, 0].set_xlabel("round")
@@ -192,34 +242,70 @@ def text_colour(rgba: tuple[float, ...]) -> str:
     return "black" if (luminance + 0.05) / 0.05 > 1.05 / (luminance + 0.05) else "white"
 
 
-def plot_heatmap(summary: list[dict[str, Any]], path: Path) -> Path | None:
-    """Final accuracy, aggregator × attack (mean over the other keys); None unless both axes have two values. Each
-    cell's number is black or white, whichever contrasts with the cell (:func:`text_colour`)."""
-    aggs = sorted({s["aggregator"] for s in summary})
-    atts = sorted({s["attack"] for s in summary})
+def heatmap_panels(summary: list[dict[str, Any]], keys: list[str]
+                   ) -> list[tuple[str, list[str], list[str], list[list[float]]]]:
+    """The heat map's panels: (title, aggregators, attacks, final accuracy in % per aggregator × attack), one panel
+    per combination of the varying ``keys`` other than the aggregator and the attack (title ``model=cnn``, or "" when
+    there is none), so that a cell is one setting's mean over its seeds and never an average over a key that varies
+    (issue 38: a folder of CNN and MLP runs showed mean/none = 79, a value neither model has). A cell no setting
+    fills is NaN; one that two settings would fill (a key missing from ``keys``) is NaN too — never their mean. []
+    unless aggregator and attack both have two values."""
+    aggs = sorted({str(s["aggregator"]) for s in summary})
+    atts = sorted({str(s["attack"]) for s in summary})
     if len(aggs) < 2 or len(atts) < 2:
+        return []
+    rest = [k for k in keys if k not in ("aggregator", "attack")]
+    groups: dict[str, dict[tuple[str, str], list[float]]] = defaultdict(lambda: defaultdict(list))
+    for s in summary:
+        groups[setting_label(s, rest)][(str(s["aggregator"]), str(s["attack"]))].append(100 * s["final_accuracy"])
+    nan = float("nan")
+    return [(title, aggs, atts, [[cells[(a, t)][0] if len(cells.get((a, t), ())) == 1 else nan for t in atts]
+                                 for a in aggs])
+            for title, cells in sorted(groups.items())]
+
+
+MAX_HEATMAP_PANELS = 24
+"""Panels drawn at most: past that the figure says how many it left out (the report's table has them all)."""
+
+
+def plot_heatmap(summary: list[dict[str, Any]], path: Path, keys: list[str]) -> Path | None:
+    """Final accuracy, aggregator × attack, one panel per combination of the other varying ``keys``
+    (:func:`heatmap_panels`, titled with it); None unless both axes have two values. Each cell's number is black or
+    white, whichever contrasts with the cell (:func:`text_colour`)."""
+    panels = heatmap_panels(summary, keys)
+    if not panels:
         return None
+    shown = len(panels)
+    panels = panels[:MAX_HEATMAP_PANELS]  # a grid of a thousand settings: a figure matplotlib can still draw
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    grid = [[float("nan")] * len(atts) for _ in aggs]
-    for i, a in enumerate(aggs):
-        for j, t in enumerate(atts):
-            vals = [s["final_accuracy"] for s in summary if s["aggregator"] == a and s["attack"] == t]
-            if vals:
-                grid[i][j] = 100 * sum(vals) / len(vals)
-    fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(atts), 1.2 + 0.45 * len(aggs)), dpi=120)
-    im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=100, aspect="auto")
-    ax.set_xticks(range(len(atts)), atts, rotation=30, ha="right")
-    ax.set_yticks(range(len(aggs)), aggs)
-    for i in range(len(aggs)):
-        for j in range(len(atts)):
-            if grid[i][j] == grid[i][j]:
-                ax.text(j, i, f"{grid[i][j]:.0f}", ha="center", va="center", fontsize=8,
-                        color=text_colour(tuple(float(c) for c in im.cmap(grid[i][j] / 100))))  # vmin 0, vmax 100
-    fig.colorbar(im, ax=ax, label="final test accuracy (%)")
-    ax.set_title("Final accuracy: aggregator × attack")
-    fig.tight_layout()
+    aggs, atts = panels[0][1], panels[0][2]
+    cols = min(3, len(panels))
+    rows_ = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows_, cols, figsize=(1.2 + (1.4 + 1.1 * len(atts)) * cols,
+                                                   0.9 + (1.0 + 0.45 * len(aggs)) * rows_), dpi=120, squeeze=False,
+                             layout="constrained")
+    images = []
+    for ax, (title, _, _, grid) in zip(axes.flat, panels):
+        im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=100, aspect="auto")
+        images.append(im)
+        ax.set_xticks(range(len(atts)), atts, rotation=30, ha="right")
+        ax.set_yticks(range(len(aggs)), aggs)
+        for i in range(len(aggs)):
+            for j in range(len(atts)):
+                if grid[i][j] == grid[i][j]:
+                    ax.text(j, i, f"{grid[i][j]:.0f}", ha="center", va="center", fontsize=8,
+                            color=text_colour(tuple(float(c) for c in im.cmap(grid[i][j] / 100))))  # vmin 0, vmax 100
+        if title:
+            ax.set_title(title, fontsize=10)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.colorbar(images[0], ax=axes.ravel().tolist(), label="final test accuracy (%)")
+    rest = [k for k in keys if k not in ("aggregator", "attack")]
+    more = f" (the first {len(panels)} of {shown}: report.md has every setting)" if shown > len(panels) else ""
+    fig.suptitle("Final accuracy (%): aggregator × attack" + (f", one panel per {', '.join(rest)}" if rest else "")
+                 + more, fontsize=10)
     return save_figure(fig, path)

@@ -179,7 +179,8 @@ class Study(ABC, Generic[P, C, V]):
     """What :meth:`estimate` times, said before it does (``a few GD rounds of each setting``); None: the study's work
     is its grid's runs, which the grid's own estimate times (:mod:`phalanx.experiments.estimate`)."""
     smaller: ClassVar[str] = ""
-    """How to make the study smaller, said with an :meth:`estimate` over the budget."""
+    """How to make the study smaller, said with an :meth:`estimate` over the budget; ``{preset}`` in it stands for
+    the advice of a smaller preset, when there is one (``phalanx.cli.runs.smaller_preset``)."""
 
     def estimate(self, preset: P, cells: list[C]) -> Timed | None:
         """How long :meth:`collect`'s own work (a study whose cells are computed in process, not trained as runs)

@@ -488,7 +488,7 @@ class ConvergenceStudy(Study[Preset, Cell, Outcome]):
 
     timing = "a few GD rounds of each (problem, rule, f) and each rule's first construction"
     smaller = ("fewer seeds (--seeds 2), fewer rounds (--set rounds=…), fewer f or α values (--set fs=[2], --set "
-               "alphas=[1.0]), a smaller preset (--preset quick); --jobs does not apply (its GD runs are in process "
+               "alphas=[1.0]){preset}; --jobs does not apply (its GD runs are in process "
                "on one thread), and Ctrl-C stops it but keeps nothing: its results are written at the end.")
 
     def estimate(self, preset: Preset, cells: list[Cell]) -> Timed | None:

@@ -1,0 +1,222 @@
+"""Issue 38: no plot that misattributes. A folder holding CNN and MLP runs (docs/start.md step 2, rerun shrunk into
+the same folder) drew a heat map whose cells averaged the two models (mean/none = 79: CNN 81.2, MLP 76.0), and an
+``accuracy.png`` whose line style followed the (attack, model) pair, so that "mean, alie, cnn" and "mean, signflip,
+mlp" were both solid orange. Each check here is played against the broken variant (the mutant) it must reject."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from phalanx.experiments import plots, report, store
+
+ACC = {("cnn", "mean", "none"): 0.812, ("mlp", "mean", "none"): 0.760, ("cnn", "mean", "alie"): 0.781,
+       ("mlp", "mean", "alie"): 0.760, ("cnn", "cwtm", "none"): 0.80, ("mlp", "cwtm", "none"): 0.74,
+       ("cnn", "cwtm", "alie"): 0.79, ("mlp", "cwtm", "alie"): 0.70}
+"""The newcomer's two-model grid: final accuracy per (model, aggregator, attack)."""
+
+
+def _summary() -> list[dict[str, Any]]:
+    return [{"model": m, "aggregator": a, "attack": t, "final_accuracy": v} for (m, a, t), v in ACC.items()]
+
+
+def _pooling_panels(summary: list[dict[str, Any]], keys: list[str]
+                    ) -> list[tuple[str, list[str], list[str], list[list[float]]]]:
+    """The mutant: the heat map before issue 38 — one panel, each cell the mean over every setting in it."""
+    aggs = sorted({s["aggregator"] for s in summary})
+    atts = sorted({s["attack"] for s in summary})
+    cells: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for s in summary:
+        cells[(s["aggregator"], s["attack"])].append(100 * s["final_accuracy"])
+    return [("", aggs, atts, [[sum(cells[(a, t)]) / len(cells[(a, t)]) for t in atts] for a in aggs])]
+
+
+def _misattributed(panels: Any) -> list[str]:
+    """Every cell of ``panels(summary, keys)`` whose number is not the accuracy of the one setting its panel title and
+    its row and column name."""
+    keys = ["aggregator", "attack", "model"]
+    bad = []
+    for title, aggs, atts, grid in panels(_summary(), keys):
+        model = dict(p.split("=") for p in title.split(", ") if p).get("model")
+        for i, a in enumerate(aggs):
+            for j, t in enumerate(atts):
+                want = ACC.get((str(model), a, t))
+                if want is None or not math.isclose(grid[i][j], 100 * want):
+                    bad.append(f"{title or '(one panel)'}: {a}/{t} = {grid[i][j]:.1f}")
+    return bad
+
+
+def test_heatmap_never_pools_a_varying_key() -> None:
+    assert _misattributed(plots.heatmap_panels) == []
+    assert "(one panel): mean/none = 78.6" in _misattributed(_pooling_panels)  # the mutant pools: rejected
+    titles = [p[0] for p in plots.heatmap_panels(_summary(), ["aggregator", "attack", "model"])]
+    assert titles == ["model=cnn", "model=mlp"]
+
+
+def test_heatmap_leaves_a_cell_two_settings_would_fill_empty() -> None:
+    """A key left out of ``keys`` (a caller's slip) blanks the cells it would pool — never their mean."""
+    [(_, _, _, grid)] = plots.heatmap_panels(_summary(), ["aggregator", "attack"])
+    assert all(math.isnan(v) for row in grid for v in row)
+
+
+def _runs(out: Path, attacks: tuple[str, ...] = ("alie", "none")) -> None:
+    for (model, agg, att), acc in ACC.items():
+        if att not in attacks:
+            continue
+        d = out / f"{model}-{agg}-{att}"
+        cfg = {"aggregator": agg, "attack": att, "model": model}
+        store.prepare_run_dir(d, cfg, 0, "synthetic")
+        store.finish_run(d, [{**cfg, "round": t, "test_accuracy": acc * t / 4, "agg_error": 0.5, "byz_share": 0.1}
+                             for t in range(1, 5)])
+
+
+def _figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Per file name, the figure the report saves (drawn, before it is closed)."""
+    seen: dict[str, Any] = {}
+    real = plots.save_figure
+
+    def save(fig: Any, path: Path, dpi: int = 100) -> Path:
+        fig.canvas.draw()
+        seen[path.name] = {
+            "titles": [ax.get_title() for ax in fig.axes],
+            "texts": [[t.get_text() for t in ax.texts] for ax in fig.axes],
+            "overlap": [_legend_overlaps(ax) for ax in fig.axes],
+            "legend_titles": [ax.get_legend().get_title().get_text() for ax in fig.axes if ax.get_legend()],
+        }
+        return real(fig, path, dpi)
+
+    monkeypatch.setattr(plots, "save_figure", save)
+    return seen
+
+
+def _legend_overlaps(ax: Any) -> bool:
+    """Whether the axes' legend lies (partly) over the axes' plotting area."""
+    legend = ax.get_legend()
+    return legend is not None and legend.get_window_extent().overlaps(ax.get_window_extent())
+
+
+def test_report_of_a_two_model_folder_draws_a_panel_per_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    seen = _figures(monkeypatch)
+    _runs(tmp_path)
+    report.write_report(tmp_path)
+    heat = seen["heatmap.png"]
+    assert heat["titles"][:2] == ["model=cnn", "model=mlp"]
+    cnn, mlp = heat["texts"][:2]  # rows cwtm, mean; columns alie, none
+    assert cnn == ["79", "80", "78", "81"] and mlp == ["70", "74", "76", "76"]
+    assert "79" not in mlp and "77" not in cnn + mlp  # the pooled values (mean/none 78.6, mean/alie 77.0) are gone
+
+
+OLD_LINESTYLES = ("-", "--", ":", "-.")
+"""The mutant's line styles (``plots.LINESTYLES`` before issue 38)."""
+
+
+def _pair_styles(rows: list[dict[str, Any]], keys: list[str]) -> dict[str, dict[str, Any]]:
+    """The mutant: ``accuracy.png``'s styles before issue 38 — colour per rule, line style and marker by the rank of
+    the pair of the other keys (so the dash of an attack depended on the model too)."""
+    colours = plots.rule_colours([str(r.get("aggregator")) for r in rows])
+    rest = [k for k in keys if k != "aggregator"]
+    others = sorted({plots.setting_label(r, rest) for r in rows})
+    out = {}
+    for r in rows:
+        i = others.index(plots.setting_label(r, rest))
+        out[plots.setting_label(r, keys)] = {"color": colours[str(r.get("aggregator"))],
+                                             "linestyle": OLD_LINESTYLES[i % len(OLD_LINESTYLES)],
+                                             "marker": plots.MARKERS[i % len(plots.MARKERS)]}
+    return out
+
+
+def _channels_mixing_keys(styles_of: Any, keys: list[str]) -> list[str]:
+    """Each channel whose value is not a function of its one key alone, or that gives two values of it one value."""
+    rows = [{"aggregator": a, "attack": t, "model": m, "f": f}
+            for a in ("cwtm", "mean", "nnm>cwtm") for t in ("alie", "none", "signflip") for m in ("cnn", "mlp")
+            for f in (1, 2)]
+    styles = styles_of(rows, keys)
+    rest = [k for k in keys if k not in ("aggregator", "attack")]  # the marker's, then the fill's, in keys' order
+    channel = dict(zip(("color", "linestyle", "marker", "fillstyle"), ["aggregator", "attack", *rest]))
+    if not rest:
+        channel["marker"] = "attack"  # two keys: the marker doubles the dash
+    bad = []
+    for c, key in channel.items():
+        by_value: dict[Any, set[str]] = defaultdict(set)
+        for r in rows:
+            by_value[r[key]].add(repr(styles[plots.setting_label(r, keys)].get(c)))
+        if any(len(v) != 1 for v in by_value.values()) or len(set.union(*by_value.values())) != len(by_value):
+            bad.append(f"{c} ({key})")
+    return bad
+
+
+@pytest.mark.parametrize("keys", [["aggregator", "attack"], ["aggregator", "attack", "model"],
+                                  ["aggregator", "f", "attack", "model"]])
+def test_each_visual_channel_follows_one_key(keys: list[str]) -> None:
+    assert _channels_mixing_keys(plots.curve_styles, keys) == []
+
+
+def test_the_pair_based_styles_are_rejected() -> None:
+    """The mutant: its dash follows the (attack, model) pair — "mean, alie, cnn" and "mean, signflip, cnn" share one,
+    while "mean, alie, mlp" has another."""
+    assert "linestyle (attack)" in _channels_mixing_keys(_pair_styles, ["aggregator", "attack", "model"])
+    styles = _pair_styles([{"aggregator": "mean", "attack": t, "model": m} for t in ("alie", "none", "signflip")
+                           for m in ("cnn", "mlp")], ["aggregator", "attack", "model"])
+    alie_cnn, alie_mlp = styles["mean, attack=alie, model=cnn"], styles["mean, attack=alie, model=mlp"]
+    assert alie_cnn["linestyle"] == styles["mean, attack=signflip, model=cnn"]["linestyle"] != alie_mlp["linestyle"]
+
+
+def test_legend_says_which_channel_is_which() -> None:
+    assert plots.legend_title(["aggregator", "attack", "model"]) == "colour: aggregator · line: attack · marker: model"
+    assert plots.legend_title(["aggregator", "attack"]) == "colour: aggregator · line + marker: attack"
+    assert plots.legend_title(["aggregator", "f", "attack", "model", "lr"]) == (
+        "colour: aggregator · line: attack · marker: f · fill: model, lr")
+
+
+def test_accuracy_legends_lie_outside_the_axes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make run`'s middle panel: a legend inside covered a curve at its "≈ 0" floor. Mutant: a legend inside."""
+    seen = _figures(monkeypatch)
+    _runs(tmp_path)
+    report.write_report(tmp_path)
+    acc = seen["accuracy.png"]
+    assert acc["legend_titles"] == ["colour: aggregator · line: attack · marker: model"]
+    assert acc["overlap"] == [False] * len(acc["overlap"])
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1], label="x")
+    ax.legend(loc="lower right")  # the mutant's placement
+    fig.canvas.draw()
+    assert _legend_overlaps(ax)
+    plt.close(fig)
+
+
+def test_a_single_attack_is_named_in_the_title(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _figures(monkeypatch)
+    _runs(tmp_path, attacks=("alie",))
+    report.write_report(tmp_path)
+    assert seen["accuracy.png"]["titles"][0] == "Test accuracy per setting — attack: alie"
+
+
+def test_a_heatmap_of_many_settings_draws_at_most_its_cap_and_says_so(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A panel per setting of the other keys grows with the grid; past ``MAX_HEATMAP_PANELS`` the figure draws that
+    many and its title says how many there were (a grid of a thousand would exceed the largest image matplotlib
+    draws)."""
+    summary = [{"lr": lr, "aggregator": a, "attack": t, "final_accuracy": 0.5}
+               for lr in range(30) for a in ("mean", "cwtm") for t in ("none", "alie")]
+    seen: dict[str, Any] = {}
+    real = plots.save_figure
+
+    def keep(fig: Any, path: Path, **kw: Any) -> Path:
+        seen["axes"] = [ax for ax in fig.axes if ax.get_visible() and ax.images]
+        seen["title"] = fig._suptitle.get_text()
+        return real(fig, path, **kw)
+
+    monkeypatch.setattr(plots, "save_figure", keep)
+    assert plots.plot_heatmap(summary, tmp_path / "h.png", ["aggregator", "attack", "lr"]) is not None
+    assert len(seen["axes"]) == plots.MAX_HEATMAP_PANELS == 24
+    assert "the first 24 of 30" in seen["title"]
