@@ -69,8 +69,10 @@ class Separation:
     note: str = ""
 
     def label(self, label: str) -> str:
-        """``label`` with the note, if any."""
-        return f"{label} ({self.note})" if self.note else label
+        """``label`` with the note, if any (inside its closing parenthesis, when it ends in one)."""
+        if not self.note:
+            return label
+        return f"{label[:-1]}; {self.note})" if label.endswith(")") else f"{label} ({self.note})"
 
 
 def separate(series: dict[str, Sequence[float]], *, log: bool, linewidth: float, span: float | None = None,
