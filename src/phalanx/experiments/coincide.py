@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 LINE_SHARE = 0.015
@@ -75,7 +75,7 @@ class Separation:
         return f"{label[:-1]}; {self.note})" if label.endswith(")") else f"{label} ({self.note})"
 
 
-def separate(series: dict[str, Sequence[float]], *, log: bool, linewidth: float, span: float | None = None,
+def separate(series: Mapping[str, Sequence[float]], *, log: bool, linewidth: float, span: float | None = None,
              terms: int = 1) -> dict[str, Separation]:
     """Per label of ``series`` (in drawing order; values at the same x): its line width and legend note. Curves that
     coincide (:func:`coincide` on an axis of height ``span``, by default the span of every value of ``series``)

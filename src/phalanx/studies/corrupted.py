@@ -417,7 +417,8 @@ def plot(finals: dict[Cell, Final], est: dict[Key, Estimate], p: Preset, path: P
     from phalanx.experiments.coincide import separate
 
     fig = plt.figure(figsize=(max(16.0, 6.0 * len(p.rules) + 3), 10.5), layout="constrained")
-    top, bottom = fig.subfigures(2, 1, height_ratios=[1.05, 1])
+    halves: Any = fig.subfigures(2, 1, height_ratios=[1.05, 1])  # an array of two (typed as one or an array)
+    top, bottom = halves
     bars = top.subplots(1, 2, sharey=True)
     k = corrupted(p)
     for ax, attacked in zip(bars, (False, True)):
