@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -175,3 +176,59 @@ def test_cli_runs_a_tiny_grid_and_writes_the_report(tmp_path: Path) -> None:
     assert_rebuilt("corrupted-rounds", out, 2, ["rounds=4", "eval_every=2", "every=2", "start=1", "workers=6",
                                                 "byzantine=1", "f=1", "model_params={hidden=[8]}",
                                                 'arms=["sgd", "clipped-sgd", "robust-online"]'])
+
+
+def _plotted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any]:
+    """The axes of ``corrupted-rounds.png`` for a small grid whose mean + sgd seeds (99, 70, 99 %) give a 95 %
+    interval reaching past 100 % (drawn before the figure is closed)."""
+    p = corrupted.preset("quick", rules=("mean", "cwtm"), seeds=(0, 1, 2), arms=("sgd", "robust-online"))
+    acc = {0: 0.99, 1: 0.70, 2: 0.99}
+    finals = {c: corrupted.Final(acc[c.seed], ((0, 0.1), (75, acc[c.seed]), (150, acc[c.seed])))
+              for c in corrupted.cells(p)}
+    est = corrupted.estimates(corrupted.tabulate(finals))
+    assert est[("mean", "sgd", True)].high > 1.0  # the interval the tables keep
+    seen: list[Any] = []
+
+    def save(fig: Any, path: Path, dpi: int = 100) -> Path:
+        fig.canvas.draw()
+        seen.extend(fig.axes)
+        return path
+
+    monkeypatch.setattr(corrupted, "save_figure", save)
+    corrupted.plot(finals, est, p, tmp_path / "corrupted-rounds.png")
+    return seen
+
+
+def _drawn_past(axes: list[Any], lo: float = 0.0, hi: float = 100.0) -> list[str]:
+    """Every error-bar end and interval band of ``axes`` drawn below ``lo`` or above ``hi``."""
+    from matplotlib.collections import PolyCollection
+    from matplotlib.container import ErrorbarContainer
+
+    out = []
+    for ax in axes:
+        for c in ax.containers:
+            if isinstance(c, ErrorbarContainer):
+                ys = [y for cap in c.lines[1] for y in cap.get_ydata()]
+                ys += [y for seg in c.lines[2][0].get_segments() for _, y in seg]
+                out += [f"{ax.get_title()}: bar end {y:.1f}" for y in ys if not lo <= y <= hi]
+        for coll in ax.collections:
+            if isinstance(coll, PolyCollection):
+                ys = [y for path in coll.get_paths() for _, y in path.vertices]
+                out += [f"{ax.get_title()}: band {y:.1f}" for y in ys if not lo <= y <= hi]
+    return out
+
+
+def test_the_plot_clips_intervals_to_0_100_and_gives_each_rule_its_panel(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path) -> None:
+    """Issue 38: the intervals of an accuracy ran past 100 % and twelve by-round curves shared one crowded panel.
+    Mutant: the old error bars (± the half-width, unclipped), rejected."""
+    axes = _plotted(monkeypatch, tmp_path)
+    assert _drawn_past(axes) == []
+    titles = [ax.get_title() for ax in axes]
+    assert titles == ["no attack", "signflip in 10 of 150 rounds", "under attack, behind mean, by round",
+                      "under attack, behind cwtm, by round"]
+    for ax in axes[2:]:  # a curve per arm, the legend below the panel, where it covers none
+        assert len([ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]) == 2
+        assert not ax.get_legend().get_window_extent().overlaps(ax.get_window_extent())
+    monkeypatch.setattr(corrupted, "bar_errors", lambda est, keys: [[100 * est[k].half_width for k in keys]] * 2)
+    assert any("bar end" in s and float(s.split()[-1]) > 100 for s in _drawn_past(_plotted(monkeypatch, tmp_path)))

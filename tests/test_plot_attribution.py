@@ -179,7 +179,7 @@ def test_accuracy_legends_lie_outside_the_axes(tmp_path: Path, monkeypatch: pyte
     _runs(tmp_path)
     report.write_report(tmp_path)
     acc = seen["accuracy.png"]
-    assert acc["legend_titles"] == ["colour: aggregator · line: attack · marker: model"]
+    assert set(acc["legend_titles"]) == {"colour: aggregator · line: attack · marker: model"}  # every legend drawn
     assert acc["overlap"] == [False] * len(acc["overlap"])
     import matplotlib
 
@@ -220,3 +220,128 @@ def test_a_heatmap_of_many_settings_draws_at_most_its_cap_and_says_so(tmp_path: 
     assert plots.plot_heatmap(summary, tmp_path / "h.png", ["aggregator", "attack", "lr"]) is not None
     assert len(seen["axes"]) == plots.MAX_HEATMAP_PANELS == 24
     assert "the first 24 of 30" in seen["title"]
+
+
+def _hidden(ax: Any) -> list[str]:
+    """Every line of ``ax`` that a later line hides: drawn within a line width of it (``coincide.coincide`` on the
+    axis' height) at the same x, and not narrower (no casing shows the line beneath)."""
+    from phalanx.experiments import coincide
+
+    log = ax.get_yscale() == "log"
+    low, high = ax.get_ylim()
+    span = math.log10(high / low) if log else high - low
+    lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 1 and not ln.get_label().startswith("_")]
+    hidden = []
+    for i, under in enumerate(lines):
+        for over in lines[i + 1:]:
+            same_x = list(under.get_xdata()) == list(over.get_xdata())
+            if (same_x and coincide.coincide(list(under.get_ydata()), list(over.get_ydata()), log=log, span=span)
+                    and under.get_linewidth() <= over.get_linewidth()):
+                hidden.append(f"{under.get_label()} under {over.get_label()}")
+    return hidden
+
+
+def _no_separation(series: dict[str, Any], *, linewidth: float, **_: Any) -> dict[str, Any]:
+    """The mutant: every curve drawn alike, as before issue 38 (the later hides the earlier)."""
+    from phalanx.experiments.coincide import Separation
+
+    return {label: Separation(linewidth) for label in series}
+
+
+def _axes_of(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
+    """Per file name, the axes of the figure the code saves (drawn, before it is closed)."""
+    seen: dict[str, list[Any]] = {}
+    real = plots.save_figure
+
+    def save(fig: Any, path: Path, dpi: int = 100) -> Path:
+        fig.canvas.draw()
+        seen[path.name] = list(fig.axes)
+        return real(fig, path, dpi)
+
+    monkeypatch.setattr(plots, "save_figure", save)
+    return seen
+
+
+@pytest.mark.parametrize("mutant", [False, True])
+def test_coincident_convergence_curves_are_both_visible(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        mutant: bool) -> None:
+    """``convergence.png`` of the committed quick results (nothing run): cwmed's curve lay under krum's. Now krum's
+    is drawn thinner over cwmed's thicker one and its label says so; the mutant (drawn alike) hides cwmed."""
+    from typer.testing import CliRunner
+
+    from phalanx import cli
+    from phalanx.experiments import coincide
+
+    if mutant:
+        monkeypatch.setattr(coincide, "separate", _no_separation)
+    seen = _axes_of(monkeypatch)
+    res = CliRunner().invoke(cli.app, ["tension", "convergence", "--preset", "quick", "--out", str(tmp_path),
+                                       "--results", "docs/results/convergence_quick_runs.csv"])
+    assert res.exit_code == 0, res.output
+    least = next(ax for ax in seen["convergence.png"] if ax.get_title().startswith("least-squares"))
+    if mutant:
+        assert _hidden(least) == ["cwmed under krum f=5"]
+        return
+    assert _hidden(least) == []
+    labels = [t.get_text() for t in least.get_legend().get_texts()]
+    assert "krum f=5 (≈ cwmed, drawn over it)" in labels
+
+
+def _equal_accuracy_runs(out: Path, errors: dict[str, Any]) -> None:
+    """A sweep folder of one seed per rule, every rule at the same accuracy, with the aggregation errors ``errors``
+    (rule → error in round t)."""
+    for agg, err in errors.items():
+        d = out / agg.replace(">", "-")
+        cfg = {"aggregator": agg, "attack": "none"}
+        store.prepare_run_dir(d, cfg, 0, "synthetic")
+        store.finish_run(d, [{**cfg, "round": t, "test_accuracy": 0.2 * t, "agg_error": err(t), "byz_share": 0.0}
+                             for t in range(1, 5)])
+
+
+EXACT = {"mean": lambda t: 0.0, "cwtm": lambda t: 0.3 / t, "nnm>cwtm": lambda t: 10.0 ** -(1 + t)}
+"""A fedavg/mean sweep's errors: the mean's exactly 0, the others over four decades."""
+
+
+def test_equal_accuracy_curves_are_both_visible(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _axes_of(monkeypatch)
+    _equal_accuracy_runs(tmp_path, EXACT)
+    report.write_report(tmp_path)
+    acc = seen["accuracy.png"][0]
+    assert _hidden(acc) == []
+    assert "mean (= cwtm, drawn over it)" in [t.get_text() for t in acc.get_legend().get_texts()]
+    from phalanx.experiments import coincide
+
+    monkeypatch.setattr(coincide, "separate", _no_separation)  # the mutant: drawn alike
+    report.write_report(tmp_path)
+    assert _hidden(seen["accuracy.png"][0]) == ["cwtm under mean", "cwtm under nnm>cwtm", "mean under nnm>cwtm"]
+
+
+def _lost(ax: Any) -> list[str]:
+    """Every line with a point the axes cannot show: ≤ 0 on a log axis, or outside the y limits."""
+    low, high = ax.get_ylim()
+    log = ax.get_yscale() == "log"
+    return [ln.get_label() for ln in ax.get_lines()
+            if any((log and y <= 0) or not low <= y <= high for y in ln.get_ydata())]
+
+
+def test_an_exact_zero_error_is_drawn_on_the_log_axis_edge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep whose mean's aggregation error is exactly 0: the axis stays logarithmic (the others span four
+    decades), the mean lies on its bottom edge, named "= 0". Mutants: zeros left on a log axis (matplotlib drops
+    them: the series vanishes), and the axis made linear by the zero (where 1e-5 and 0 look alike)."""
+    seen = _axes_of(monkeypatch)
+    _equal_accuracy_runs(tmp_path, EXACT)
+    report.write_report(tmp_path)
+    errors = seen["accuracy.png"][1]
+    assert errors.get_yscale() == "log" and _lost(errors) == []
+    assert "mean (= 0: on the bottom edge)" in [t.get_text() for t in errors.get_legend().get_texts()]
+    [mean] = [ln for ln in errors.get_lines() if ln.get_label().startswith("mean")]
+    assert set(mean.get_ydata()) == {plots.error_axis([v(t) for v in EXACT.values() for t in range(1, 5)])[1]}
+    assert plots.error_axis([0.0, 1e-5, 0.3]) == (True, pytest.approx(1e-6))
+    assert plots.error_axis([0.0, 0.05, 0.09]) == (True, pytest.approx(0.005))  # zero and a narrow range: log too
+    assert plots.error_axis([0.0, 0.0]) == (False, None) and plots.error_axis([0.1, 0.3]) == (False, None)
+    monkeypatch.setattr(plots, "_on_floor", lambda label, ys, floor: (ys, label, False))  # mutant 1: zeros kept
+    report.write_report(tmp_path)
+    assert _lost(seen["accuracy.png"][1]) == ["mean"]
+    monkeypatch.setattr(plots, "error_axis", lambda values: (False, None))  # mutant 2: linear, as before
+    report.write_report(tmp_path)
+    assert seen["accuracy.png"][1].get_yscale() != "log"  # what the first assertion rejects

@@ -257,7 +257,7 @@ def test_accuracy_plot_names_diverged_runs_and_rounding_level_errors(tmp_path: P
     report.write_report(tmp_path)
     accuracy, errors = seen[0][0], seen[0][1]
     assert "mean — diverged 1/1 at round 1" in accuracy[0]
-    assert any(label.startswith("nnm>cwtm (≈ 0: below") for label in errors[0])
+    assert any(label.startswith("nnm>cwtm (≈ 0: < 1e-12, rounding") for label in errors[0])
     assert errors[2] == "log" and errors[1][0] > 1e-8  # six decades below 0.3, not down to 4e-16
 
 

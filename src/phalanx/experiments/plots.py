@@ -34,6 +34,12 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 LINESTYLES = ("-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
 """Line styles of ``accuracy.png``: one per value of the line style's key (the attack's, :func:`channel_keys`)."""
 
+ROUNDING_ERROR = 1e-12
+"""An aggregation error ‖Agg − honest mean‖² / honest variance below this is rounding: the rule returned the honest
+mean up to the order of float sums (the mean with no attack gives 4.7e-16, and another digit after any change of
+summation order). The report's tables show it as ``< 1e-12`` and its plot as ``≈ 0``, so that neither changes with
+the order of a sum."""
+
 LOG_DECADES = 6
 """The aggregation-error axis spans at most this many decades below its largest value: smaller values (an exact
 rule's 10⁻¹⁶, rounding) are drawn at the bottom edge as ▼ and named in the legend."""
@@ -160,14 +166,39 @@ def diverged_settings(rows: list[dict[str, Any]], keys: list[str]) -> dict[str, 
     return out
 
 
-def _error_floor(values: list[float]) -> float | None:
-    """The bottom of a log aggregation-error axis: :data:`LOG_DECADES` below the largest value, when some values lie
-    further down (else None: the axis fits them all)."""
+def error_axis(values: list[float]) -> tuple[bool, float | None]:
+    """How to draw the aggregation errors ``values`` (all ≥ 0): (log scale?, the floor — the bottom edge, where the
+    values too small for the axis are drawn — or None). The axis is logarithmic when the positive values span more
+    than two decades, or when some value is 0 or rounding (below :data:`LOG_DECADES` under the largest), which a log
+    axis cannot show and a linear one hides on its bottom spine; its floor is then a decade under the smallest value
+    it shows, never more than :data:`LOG_DECADES` below the largest. An axis of zeros alone is linear (floor None)."""
     positive = [v for v in values if v > 0]
     if not positive:
-        return None
-    floor = max(positive) * 10.0 ** -LOG_DECADES
-    return floor if min(positive) < floor else None
+        return False, None
+    top = max(positive)
+    cut = top * 10.0 ** -LOG_DECADES
+    shown = min(v for v in positive if v >= cut)
+    if len(positive) == len(values) and min(positive) >= cut:  # nothing to put on an edge
+        return top > 100 * shown, None
+    return True, max(cut, shown / 10)
+
+
+def _on_floor(label: str, ys: list[float], floor: float | None) -> tuple[list[float], str, bool]:
+    """A curve's values as drawn, its legend name and whether it lies wholly on the bottom edge: on a log axis
+    (``floor``) values under the floor are drawn on it — a curve wholly there named ``= 0`` (exactly zero) or
+    ``≈ 0: < 1e-12, rounding`` (as the report's tables say, :data:`ROUNDING_ERROR`; ``≈ 0: at most …`` above it),
+    one partly there ``≈ 0 in k of n rounds``; on a linear axis (floor None) a curve of zeros is named ``= 0``.
+    Never a value dropped."""
+    below = [y < floor if floor is not None else y == 0 for y in ys]
+    if not any(below):
+        return ys, label, False
+    drawn = [max(y, floor) for y in ys] if floor is not None else ys
+    if not all(below):
+        return drawn, f"{label} (≈ 0 in {sum(below)} of {len(ys)} rounds: on the bottom edge)", False
+    if all(y == 0 for y in ys):
+        return drawn, f"{label} (= 0" + (": on the bottom edge)" if floor is not None else ")"), True
+    size = f"< {ROUNDING_ERROR:g}, rounding" if max(ys) < ROUNDING_ERROR else f"at most {max(ys):.1e}"
+    return drawn, f"{label} (≈ 0: {size}; on the bottom edge)", True
 
 
 def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path:
@@ -176,14 +207,17 @@ def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path
     ``byz_share``. Each varying key has its own visual channel (:func:`channel_keys`: colour the rule's, as in
     ``tradeoff.png``, dash the attack's, marker the next key's), named in the legend's title; the legends lie outside
     the axes, so that none covers a curve; when the attack does not vary, the title names it. The aggregation error
-    is drawn on a log scale when it is positive throughout and spans more than two decades, down to
-    :data:`LOG_DECADES` below its largest value (values under that are drawn on the bottom edge, ▼, and their
-    settings named "≈ 0" in the legend). A setting whose runs diverged says so in the legend ("diverged k/n at round
-    t") and its curve ends in ✕."""
+    is drawn as :func:`error_axis` says: values a log axis cannot show (0, rounding) on its bottom edge, ▼, and named
+    "= 0" or "≈ 0" in the legend (:func:`_on_floor`), never dropped. Curves drawn on top of each other are cased and
+    named in the legend (:func:`phalanx.experiments.coincide.separate`). A setting whose runs diverged says so in
+    the legend ("diverged k/n at round t") and its curve ends in ✕."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    from phalanx.experiments.coincide import separate
 
     styles = curve_styles(rows, keys)
     diverged = diverged_settings(rows, keys)
@@ -196,36 +230,44 @@ def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path
     for ax, (metric, ylabel, title, curves) in zip(axes[:, 0], panels):
         scale = 100.0 if metric == "test_accuracy" else 1.0
         values = [v for pts in curves.values() for vs in pts.values() for v in vs]
-        log = metric == "agg_error" and bool(values) and min(values) > 0 and max(values) > 100 * min(values)
-        floor = _error_floor(values) if log else None
+        log, floor = error_axis(values) if metric != "test_accuracy" else (False, None)
+        rounds = sorted({x for pts in curves.values() for x in pts})
+        drawn: dict[str, tuple[list[int], list[float], str, bool]] = {}
         for label, pts in sorted(curves.items()):
             xs = sorted(pts)
             ys = [scale * sum(pts[x]) / len(pts[x]) for x in xs]
-            style = dict(styles[label])
-            name = label
-            if floor is not None and max(ys) < floor:  # rounding-level error: on the edge, said in the legend
-                ys, name = [floor] * len(ys), f"{label} (≈ 0: below {floor:.0e})"
-                style["marker"] = "v"
+            drawn[label] = (xs, ys, label, False) if metric == "test_accuracy" else (xs, *_on_floor(label, ys, floor))
+        nan = float("nan")
+        looks = separate({label: [dict(zip(xs, ys)).get(x, nan) for x in rounds]
+                          for label, (xs, ys, _, _) in drawn.items()}, log=log, linewidth=1.5)
+        noted = False
+        for label, (xs, ys, name, edge) in drawn.items():
+            style = {**styles[label], "marker": "v"} if edge else dict(styles[label])
+            name = looks[label].label(name)
             if label in diverged and metric == "test_accuracy":
                 k, n, at = diverged[label]
-                name = f"{label} — diverged {k}/{n} at round {at}"
+                name = f"{name} — diverged {k}/{n} at round {at}"
                 ax.plot([xs[-1]], [ys[-1]], marker="X", markersize=9, color=style["color"], ls="none")
-            ax.plot(xs, ys, markersize=3.5, label=name, **style)
+            noted = noted or name != label
+            ax.plot(xs, ys, markersize=3.5, label=name, lw=looks[label].linewidth, **style)
         ax.set_ylabel(ylabel)
         ax.set_title(title + fixed if metric == "test_accuracy" else title, fontsize=10)
         ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))  # no tick at round 2.5
         outside = {"fontsize": 7, "handlelength": 4.5, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0),
                    "title": legend_title(keys), "title_fontsize": 7, "alignment": "left"}
         if metric == "test_accuracy":
             ax.set_ylim(-2, 102)
-            ax.legend(**outside)  # outside the axes: a legend inside covered curves (issue 38)
         elif log:
             ax.set_yscale("log")
             if floor is not None:
                 ax.set_ylim(bottom=floor / 2)
-                ax.legend(**outside)
-        else:  # both are ≥ 0: a linear axis starts at 0, so that a small change does not look large
-            ax.set_ylim(bottom=min(0.0, min(values, default=0.0)))
+        elif max(values, default=0.0) > 0:  # both are ≥ 0: a linear axis starts at 0 (a little below: a line at 0
+            ax.set_ylim(bottom=-0.04 * max(values))  # is not hidden by the spine)
+        else:  # zeros alone: 0 of a possible 1 (a share; an error of 1 is the honest variance)
+            ax.set_ylim(-0.04, 1.0)
+        if metric == "test_accuracy" or noted:
+            ax.legend(**outside)  # outside the axes: a legend inside covered curves (issue 38)
     axes[-1, 0].set_xlabel("round")
     fig.tight_layout()
     return save_figure(fig, path)

@@ -16,6 +16,7 @@ from phalanx.experiments import status, store
 from phalanx.experiments.plots import (
     MARKERS,
     PANELS,
+    ROUNDING_ERROR,
     panel_values,
     plot_curves,
     plot_heatmap,
@@ -85,12 +86,6 @@ def other_keys(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         by_run.setdefault(r["run"], r)
     return sorted(k for k in carried if len({json.dumps(r.get(k), sort_keys=True) for r in by_run.values()}) > 1)
-
-
-ROUNDING_ERROR = 1e-12
-"""An aggregation error ‖Agg − honest mean‖² / honest variance below this is rounding: the rule returned the honest
-mean up to the order of float sums (the mean with no attack gives 4.7e-16, and another digit after any change of
-summation order). Shown as ``< 1e-12``, so that a table quoting it does not change with the order of a sum."""
 
 
 def format_agg_error(value: float | None) -> str:

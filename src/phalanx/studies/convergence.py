@@ -362,6 +362,24 @@ def cells_csv(cells: list[Cell], collected: dict[Cell, Outcome]) -> str:
     return buf.getvalue()
 
 
+def _panel_curves(p: Preset, collected: dict[Cell, Outcome], prob: str, alpha: float, f_big: int
+                  ) -> dict[str, tuple[list[float], list[float]]]:
+    """Per rule of a real problem's panel (its legend label): the seed-averaged floor quantity per round and its
+    bound (``[]`` when ε = 0: no bound), at ``alpha`` and, for a rule whose f matters, ``f_big``."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for spec, f in settings(p.rules, p.fs, p.workers):
+        if f_dependent(spec, p.workers) and f != f_big:
+            continue
+        got = [collected[c] for s in p.seeds if (c := Cell(prob, alpha, spec, f, s)) in collected]
+        if not got:
+            continue
+        free = got[0].epsilon == 0
+        label = spec + (f" f={f}" if f_dependent(spec, p.workers) else "") + (" (ε = 0: no bound)" if free else "")
+        out[label] = (torch.tensor([o.curve for o in got]).mean(dim=0).tolist(),
+                      [] if free else torch.tensor([o.bound_curve for o in got]).mean(dim=0).tolist())
+    return out
+
+
 def plot(p: Preset, collected: dict[Cell, Outcome], path: Path) -> Path:
     """A panel for the construction (the trimmed mean at every f: measured, closed form, limit) and one per real
     problem at the most heterogeneous α and the largest f (every rule's floor quantity per round, seed-averaged, with
@@ -371,6 +389,7 @@ def plot(p: Preset, collected: dict[Cell, Outcome], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from phalanx.experiments.coincide import axis_span, separate
     from phalanx.experiments.plots import save_figure
 
     panels = 1 + len(p.problems)
@@ -396,24 +415,16 @@ def plot(p: Preset, collected: dict[Cell, Outcome], path: Path) -> Path:
     ax.legend(fontsize=7)
     alpha, f_big = min(p.alphas), max(p.fs)
     for ax, prob in zip(flat[1:], p.problems):
-        i = 0
-        for spec, f in settings(p.rules, p.fs, p.workers):
-            if f_dependent(spec, p.workers) and f != f_big:
-                continue
-            got = [collected[Cell(prob, alpha, spec, f, s)] for s in p.seeds if Cell(prob, alpha, spec, f, s) in
-                   collected]
-            if not got:
-                continue
-            curve = torch.tensor([o.curve for o in got]).mean(dim=0)
-            color = f"C{i}"
-            free = got[0].epsilon == 0
-            label = spec + (f" f={f}" if f_dependent(spec, p.workers) else "") + (" (ε = 0: no bound)" if free
-                                                                                    else "")
-            ax.plot(range(len(curve)), curve.clamp_min(1e-300).tolist(), color=color, lw=1.6, label=label)
-            if not free:
-                bound = torch.tensor([o.bound_curve for o in got]).mean(dim=0)
-                ax.plot(range(len(bound)), bound.tolist(), color=color, ls="--", lw=1)
-            i += 1
+        drawn = _panel_curves(p, collected, prob, alpha, f_big)
+        lines = {label: curve for label, (curve, _) in drawn.items()}
+        bounds = [v for _, bound in drawn.values() if bound for v in bound]
+        span = axis_span([*(v for c in lines.values() for v in c), *bounds], log=True)
+        looks = separate(lines, log=True, linewidth=1.6, span=span, terms=len(p.seeds))  # cwmed lay under krum
+        for i, (label, (curve, bound)) in enumerate(drawn.items()):
+            ax.plot(range(len(curve)), [max(v, 1e-300) for v in curve], color=f"C{i}", lw=looks[label].linewidth,
+                    label=looks[label].label(label))
+            if bound:
+                ax.plot(range(len(bound)), bound, color=f"C{i}", ls="--", lw=1)
         ax.plot([], [], color="grey", ls="--", lw=1, label="its bound εζ²/(2μ)" if prob != "mlp" else "its bound εζ²")
         ax.set_yscale("log")
         ax.set_xlabel("round")

@@ -42,7 +42,7 @@ from typing import Any
 
 from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
 from phalanx.errors import ConfigError
-from phalanx.experiments.plots import save_figure
+from phalanx.experiments.plots import clipped_errors, save_figure
 from phalanx.experiments.validrun import ValidRun
 from phalanx.studies import raw
 from phalanx.studies.registry import register
@@ -394,55 +394,74 @@ def _rule(p: Preset, rule: str) -> int:
     return p.rules.index(rule) % len(_STYLES)
 
 
+def bar_errors(est: dict[Key, Estimate], keys: list[Key]) -> list[list[float]]:
+    """The bars' error-bar lengths (``yerr``: below, above), in points, of each key's 95 % Student-t interval
+    clipped to [0, 100] for drawing (:func:`phalanx.experiments.plots.clipped_errors`; one seed's unbounded interval
+    spans the whole range) — the tables keep the interval as computed, which may pass 100 %."""
+    means = [100 * est[k].mean for k in keys]
+    return clipped_errors(means, [100 * est[k].low for k in keys], [100 * est[k].high for k in keys])
+
+
 def plot(finals: dict[Cell, Final], est: dict[Key, Estimate], p: Preset, path: Path) -> Path:
-    """Three panels: final accuracy of every arm without and with the attack (95 % intervals), and the accuracy
-    against the round under attack (mean over the seeds, the attacked rounds marked). Colour: the arm; line style
-    and hatch: the rule."""
+    """Top: final accuracy of every arm without and with the attack, bars grouped by rule (95 % Student-t intervals,
+    clipped to 0 … 100 % for drawing only: :func:`bar_errors`). Below: one panel per rule, the accuracy against the
+    round under attack (mean over the seeds, its band the interval clipped alike, the attacked rounds marked) — a
+    panel per rule, not one of every curve, where twelve curves and their bands overlapped (issue 38). Colour: the
+    arm, in every panel; hatch: the rule; one legend, outside the panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
-    arms: list[Arm] = [(r, o) for r in p.rules for o in p.arms]
-    fig, axes = plt.subplots(1, 3, figsize=(18, 5.2), gridspec_kw={"width_ratios": [1, 1, 1.4]})
+    from phalanx.experiments.coincide import separate
+
+    fig = plt.figure(figsize=(max(16.0, 6.0 * len(p.rules) + 3), 10.5), layout="constrained")
+    halves: Any = fig.subfigures(2, 1, height_ratios=[1.05, 1])  # an array of two (typed as one or an array)
+    top, bottom = halves
+    bars = top.subplots(1, 2, sharey=True)
     k = corrupted(p)
-    for ax, attacked in zip(axes[:2], (False, True)):
-        for i, (rule, opt) in enumerate(arms):
-            e = est.get((rule, opt, attacked))
-            if e is None:
-                continue
-            err = 100 * e.half_width if math.isfinite(e.half_width) else 0.0
-            ax.bar(i, 100 * e.mean, yerr=err, capsize=3, color=_colour(opt), hatch=_HATCHES[_rule(p, rule)],
-                   edgecolor="white", label=f"{rule} + {opt}")
-        ax.set_xticks(range(len(arms)), [f"{r}\n{o}" for r, o in arms], fontsize=7, rotation=60)
+    for ax, attacked in zip(bars, (False, True)):
+        keys = [(r, o, attacked) for r in p.rules for o in p.arms if (r, o, attacked) in est]
+        xs = [p.rules.index(r) * (len(p.arms) + 1) + p.arms.index(o) for r, o, _ in keys]
+        ax.bar(xs, [100 * est[key].mean for key in keys], yerr=bar_errors(est, keys), capsize=3,
+               color=[_colour(o) for _, o, _ in keys], hatch=[_HATCHES[_rule(p, r)] for r, _, _ in keys],
+               edgecolor="white")
+        for i, rule in enumerate(p.rules):
+            ax.text(i * (len(p.arms) + 1) + (len(p.arms) - 1) / 2, -0.04, f"behind {rule}", ha="center", va="top",
+                    transform=ax.get_xaxis_transform(), fontsize=9)
+        ax.set_xticks([])
         ax.set_title(f"{p.attack} in {k} of {p.rounds} rounds" if attacked else "no attack")
-        ax.set_ylim(0, 100)
+        ax.set_ylim(-2, 103)  # a cap clipped at 0 or 100 % shows, off the spine
         ax.grid(alpha=0.3, axis="y")
-    axes[0].set_ylabel("final test accuracy %")
-    ax = axes[2]
-    for t in range(p.rounds):
-        if active(p, t):
-            ax.axvline(t, color="r", alpha=0.15, lw=2)
-    for rule, opt in arms:
-        pts = _curves(finals, (rule, opt, True))
-        if not pts:
-            continue
-        xs, means = [r for r, _ in pts], [100 * e.mean for _, e in pts]
-        lo = [100 * (e.low if math.isfinite(e.low) else e.mean) for _, e in pts]
-        hi = [100 * (e.high if math.isfinite(e.high) else e.mean) for _, e in pts]
-        ax.plot(xs, means, marker="o", ms=3, color=_colour(opt), ls=_STYLES[_rule(p, rule)],
-                label=f"{rule} + {opt}")
-        ax.fill_between(xs, lo, hi, color=_colour(opt), alpha=0.15)
-    ax.set_xlabel("round (red: attacked rounds)")
-    ax.set_ylabel("test accuracy %")
-    ax.set_title("under attack, by round")
-    ax.set_ylim(0, 100)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    bars[0].set_ylabel("final test accuracy %")
+    curves = bottom.subplots(1, len(p.rules), sharey=True, squeeze=False)[0]
+    for ax, rule in zip(curves, p.rules):
+        for t in range(p.rounds):
+            if active(p, t):
+                ax.axvline(t, color="r", alpha=0.15, lw=2)
+        drawn = {o: pts for o in p.arms if (pts := _curves(finals, (rule, o, True)))}
+        looks = separate({o: [100 * e.mean for _, e in pts] for o, pts in drawn.items()}, log=False, linewidth=1.5,
+                         span=100.0)
+        for opt, pts in drawn.items():
+            xs, means = [r for r, _ in pts], [100 * e.mean for _, e in pts]
+            lo, hi = clipped_errors(means, [100 * e.low for _, e in pts], [100 * e.high for _, e in pts])
+            ax.plot(xs, means, marker="o", ms=3, color=_colour(opt), ls=_STYLES[_rule(p, rule)],
+                    lw=looks[opt].linewidth, label=looks[opt].label(opt))
+            ax.fill_between(xs, [m - d for m, d in zip(means, lo)], [m + u for m, u in zip(means, hi)],
+                            color=_colour(opt), alpha=0.12)
+        ax.set_xlabel("round (red: attacked rounds)")
+        ax.set_title(f"under attack, behind {rule}, by round")
+        ax.set_ylim(-2, 103)  # a cap clipped at 0 or 100 % shows, off the spine
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)  # below: covers no curve
+    curves[0].set_ylabel("test accuracy %")
+    top.legend(handles=[Patch(color=_colour(o), label=o) for o in p.arms], title="arm (colour; hatch: the rule)",
+               loc="outside right upper", fontsize=8, title_fontsize=8)
     fig.suptitle(f"{p.model} on {p.dataset}, n = {p.workers}, b = {p.byzantine}; robust-online: told k = {budget(p)}, "
                  f"G = {p.gradient_bound:g}, ε = {p.online_scale:g}; SGD lr {p.lr:g}; clipped-sgd: clip G, lr "
-                 f"{p.clipped_lr:g}; {len(p.seeds)} seeds (95 % intervals)")
-    fig.tight_layout()
+                 f"{p.clipped_lr:g}; {len(p.seeds)} seeds: 95 % t-intervals, clipped to 0–100 % for drawing (the "
+                 "tables keep them)")
     return save_figure(fig, path, dpi=110)
 
 
