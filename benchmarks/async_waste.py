@@ -1,11 +1,12 @@
 """How much of the workers' honest computation the real asynchronous server aggregates, and what it holds meanwhile.
 
     PYTHONPATH=src .venv/bin/python benchmarks/async_waste.py [--workers 16] [--buffer 4] [--staleness 4]
-        [--steps 40] [--out DIR]
+        [--steps 40] [--concurrency C] [--out DIR]
 
 Setting (issue 36, "Speed"): ``phalanx launch`` of FedBuff on real processes — rank 0 the server, ``--workers``
 worker ranks, no Byzantine worker, the embedded ``digits`` data and ``logreg``, K = ``--buffer``, S =
-``--staleness``, ``--steps`` server steps, seed 0, the store transport (no keys; ``--keys``: the sealed links, keys
+``--staleness``, ``--steps`` server steps, ``--concurrency`` C (``algorithm_params.concurrency``: at most C credits
+outstanding; absent, every worker), seed 0, the store transport (no keys; ``--keys``: the sealed links, keys
 made in the output folder). Every update a worker computes reaches rank 0 unless the run stops first, where it is
 either aggregated or dropped with a reason (counted: :attr:`phalanx.distributed.async_buffer.Buffer.dropped`). Printed:
 the honest updates computed (the workers' closing lines ``computed k updates``; "not reported" by code without them),
@@ -33,6 +34,7 @@ def main() -> None:
     ap.add_argument("--buffer", type=int, default=4)
     ap.add_argument("--staleness", type=int, default=4)
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--concurrency", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--keys", action="store_true")
     ap.add_argument("--repeat", type=int, default=1)
@@ -51,7 +53,8 @@ def once(args: argparse.Namespace, out: Path) -> None:
                         str(args.workers + 1)], capture_output=True, check=True)
         keys = ["--keys", str(out / "keys")]
     load_before = os.getloadavg()[0]
-    params = f"{{buffer_size = {args.buffer}, max_staleness = {args.staleness}}}"
+    conc = "" if args.concurrency is None else f", concurrency = {args.concurrency}"
+    params = f"{{buffer_size = {args.buffer}, max_staleness = {args.staleness}{conc}}}"
     cmd = [sys.executable, "-m", "phalanx.cli", "launch", "--workers", str(args.workers + 1),
            "--set", "dataset=digits", "--set", "model=logreg", "--set", "byzantine=0", "--set", "attack=none",
            "--set", "algorithm=fedbuff", "--set", f"algorithm_params={params}", "--set", "aggregator=mean",
@@ -79,7 +82,7 @@ def once(args: argparse.Namespace, out: Path) -> None:
     aggregated = int(row["updates"])
     arrived = aggregated + sum(dropped.values())
     print(f"workers {args.workers}, K = {args.buffer}, S = {args.staleness}, {args.steps} steps"
-          f"{', keys' if args.keys else ''}")
+          f"{', keys' if args.keys else ''}{'' if args.concurrency is None else f', C = {args.concurrency}'}")
     print(f"honest computed {computed}, arrived {arrived}, aggregated {aggregated}: share aggregated "
           f"{aggregated / max(arrived, 1):.2f}")
     print("dropped: " + (", ".join(f"{k} {v}" for k, v in dropped.items()) or "none"))
