@@ -11,9 +11,10 @@ made in the output folder). Every update a worker computes reaches rank 0 unless
 either aggregated or dropped with a reason (counted: :attr:`phalanx.distributed.async_buffer.Buffer.dropped`). Printed:
 the honest updates computed (the workers' closing lines ``computed k updates``; "not reported" by code without them),
 aggregated (the run's ``updates`` metric), dropped per reason (rank 0's closing line ``updates dropped: …``), the
-credits (rank 0's ``credits: …`` line, :mod:`phalanx.distributed.async_credit`), the last step's mean staleness, the
-test accuracy, rank 0's peak RSS and median step (``distributed.json``) and the 1-minute load average before and
-after. ``--repeat`` runs it that many times. A measured value of runs on the machine they ran on, not a timed test.
+credits (rank 0's ``credits: …`` line, :mod:`phalanx.distributed.async_credit`), the mean staleness over the steps,
+the test accuracy, rank 0's wall seconds at the last step (the metric ``sim_time`` of a real run), rank 0's peak RSS
+and median step (``distributed.json``) and the 1-minute load average before and after. ``--repeat`` runs it that
+many times. A measured value of runs on the machine they ran on, not a timed test.
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def once(args: argparse.Namespace, out: Path) -> None:
     print("dropped: " + (", ".join(f"{k} {v}" for k, v in dropped.items()) or "none"))
     print(f"credits: {credits.group(1) if credits else 'none (no flow control)'}")
     print(f"rank 0 peak RSS {summary['max_rss_mib']:.0f} MiB, median step {1000 * summary['median_round_s']:.1f} ms, "
-          f"mean staleness {staleness:.2f} (eval every step), test accuracy {row.get('test_accuracy', -1.0):.3f}")
+          f"mean staleness {staleness:.2f} (eval every step), test accuracy {row.get('test_accuracy', -1.0):.3f}, "
+          f"rank 0's seconds at the last step {row['sim_time']:.2f} (sim_time)")
     print(f"1-minute load {load_before:.2f} before, {load_after:.2f} after")
 
 
