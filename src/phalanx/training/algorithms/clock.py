@@ -33,11 +33,11 @@ after step t the d ≥ K that delivered leave, and d are started from the n − 
 version t + 1 are in step t + 1's delivery order with s = 0 ≤ S, so the order holds at least d ≥ K acceptable
 updates and FedBuff's buffer fills. ``at_bound``'s held Byzantine workers do not change this: a held worker is still
 in the order (after every honest delivery, :meth:`Clock.held`) and its update, held at s ≤ S, is acceptable — when the
-honest ones in flight cannot fill the buffer, the held ones are taken (delivered early), so at most they cost a step
-that is theirs; ``last_slot`` and ``always_first`` only reorder deliveries that exist. So no configuration with
-K ≤ C ≤ n stalls, and none is refused beyond that range. BASGD (each of B buffers needs a worker in flight hashed to
-it) and the filtering algorithms (whose zero step on processes waits for every live worker) refuse C < n
-(:meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.check_concurrency`).
+honest ones in flight cannot fill the buffer, the held ones are taken (delivered before their bound: the attacker
+loses its timing, the clock goes on); ``last_slot`` and ``always_first`` only reorder deliveries that exist. So no
+configuration with K ≤ C ≤ n stalls, and none is refused beyond that range. BASGD (each of B buffers needs a worker
+in flight hashed to it) and the filtering algorithms (whose zero step on processes waits for every live worker)
+refuse the key: they always run every worker (:meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.check_concurrency`).
 
 Versions in flight: an update whose version is older than t − S will be dropped, so only versions t − S … t are
 ever computed on — the algorithm keeps S + 1 model versions, a ring indexed by v mod (S + 1).
