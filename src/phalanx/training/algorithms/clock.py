@@ -37,7 +37,8 @@ honest ones in flight cannot fill the buffer, the held ones are taken (delivered
 loses its timing, the clock goes on); ``last_slot`` and ``always_first`` only reorder deliveries that exist. So no
 configuration with K ≤ C ≤ n stalls, and none is refused beyond that range. BASGD (each of B buffers needs a worker
 in flight hashed to it) and the filtering algorithms (whose zero step on processes waits for every live worker)
-refuse the key: they always run every worker (:meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.check_concurrency`).
+refuse the key: they always run every worker
+(:meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.check_concurrency`).
 
 Versions in flight: an update whose version is older than t − S will be dropped, so only versions t − S … t are
 ever computed on — the algorithm keeps S + 1 model versions, a ring indexed by v mod (S + 1).
