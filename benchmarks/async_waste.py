@@ -1,18 +1,20 @@
 """How much of the workers' honest computation the real asynchronous server aggregates, and what it holds meanwhile.
 
     PYTHONPATH=src .venv/bin/python benchmarks/async_waste.py [--workers 16] [--buffer 4] [--staleness 4]
-        [--steps 40] [--out DIR]
+        [--steps 40] [--concurrency C] [--out DIR]
 
 Setting (issue 36, "Speed"): ``phalanx launch`` of FedBuff on real processes — rank 0 the server, ``--workers``
 worker ranks, no Byzantine worker, the embedded ``digits`` data and ``logreg``, K = ``--buffer``, S =
-``--staleness``, ``--steps`` server steps, seed 0, the store transport (no keys; ``--keys``: the sealed links, keys
+``--staleness``, ``--steps`` server steps, ``--concurrency`` C (``algorithm_params.concurrency``: at most C credits
+outstanding; absent, every worker), seed 0, the store transport (no keys; ``--keys``: the sealed links, keys
 made in the output folder). Every update a worker computes reaches rank 0 unless the run stops first, where it is
 either aggregated or dropped with a reason (counted: :attr:`phalanx.distributed.async_buffer.Buffer.dropped`). Printed:
 the honest updates computed (the workers' closing lines ``computed k updates``; "not reported" by code without them),
 aggregated (the run's ``updates`` metric), dropped per reason (rank 0's closing line ``updates dropped: …``), the
-credits (rank 0's ``credits: …`` line, :mod:`phalanx.distributed.async_credit`), the last step's mean staleness, the
-test accuracy, rank 0's peak RSS and median step (``distributed.json``) and the 1-minute load average before and
-after. ``--repeat`` runs it that many times. A measured value of runs on the machine they ran on, not a timed test.
+credits (rank 0's ``credits: …`` line, :mod:`phalanx.distributed.async_credit`), the mean staleness over the steps,
+the test accuracy, rank 0's wall seconds at the last step (the metric ``sim_time`` of a real run), rank 0's peak RSS
+and median step (``distributed.json``) and the 1-minute load average before and after. ``--repeat`` runs it that
+many times. A measured value of runs on the machine they ran on, not a timed test.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def main() -> None:
     ap.add_argument("--buffer", type=int, default=4)
     ap.add_argument("--staleness", type=int, default=4)
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--concurrency", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--keys", action="store_true")
     ap.add_argument("--repeat", type=int, default=1)
@@ -51,7 +54,8 @@ def once(args: argparse.Namespace, out: Path) -> None:
                         str(args.workers + 1)], capture_output=True, check=True)
         keys = ["--keys", str(out / "keys")]
     load_before = os.getloadavg()[0]
-    params = f"{{buffer_size = {args.buffer}, max_staleness = {args.staleness}}}"
+    conc = "" if args.concurrency is None else f", concurrency = {args.concurrency}"
+    params = f"{{buffer_size = {args.buffer}, max_staleness = {args.staleness}{conc}}}"
     cmd = [sys.executable, "-m", "phalanx.cli", "launch", "--workers", str(args.workers + 1),
            "--set", "dataset=digits", "--set", "model=logreg", "--set", "byzantine=0", "--set", "attack=none",
            "--set", "algorithm=fedbuff", "--set", f"algorithm_params={params}", "--set", "aggregator=mean",
@@ -79,13 +83,14 @@ def once(args: argparse.Namespace, out: Path) -> None:
     aggregated = int(row["updates"])
     arrived = aggregated + sum(dropped.values())
     print(f"workers {args.workers}, K = {args.buffer}, S = {args.staleness}, {args.steps} steps"
-          f"{', keys' if args.keys else ''}")
+          f"{', keys' if args.keys else ''}{'' if args.concurrency is None else f', C = {args.concurrency}'}")
     print(f"honest computed {computed}, arrived {arrived}, aggregated {aggregated}: share aggregated "
           f"{aggregated / max(arrived, 1):.2f}")
     print("dropped: " + (", ".join(f"{k} {v}" for k, v in dropped.items()) or "none"))
     print(f"credits: {credits.group(1) if credits else 'none (no flow control)'}")
     print(f"rank 0 peak RSS {summary['max_rss_mib']:.0f} MiB, median step {1000 * summary['median_round_s']:.1f} ms, "
-          f"mean staleness {staleness:.2f} (eval every step), test accuracy {row.get('test_accuracy', -1.0):.3f}")
+          f"mean staleness {staleness:.2f} (eval every step), test accuracy {row.get('test_accuracy', -1.0):.3f}, "
+          f"rank 0's seconds at the last step {row['sim_time']:.2f} (sim_time)")
     print(f"1-minute load {load_before:.2f} before, {load_after:.2f} after")
 
 

@@ -23,8 +23,9 @@ from phalanx.experiments.build import from_config
 class Workers(Scripted):
     """Simulated honest workers over the real server's messages. Worker w is free from the step after it delivered;
     a free worker reads each version's message as it is published and, when it may compute (its credit, or no flow
-    control), computes there; its update arrives during step version + ``delay[w]``, unless ``lost`` names it (it
-    vanishes: counted as computed, never delivered). ``silent`` workers never compute (crashed)."""
+    control), computes there; its update arrives during step version + ``delay[w]`` (or, when no update is due in a
+    step, as the next to arrive: :meth:`next`), unless ``lost`` names it (it vanishes: counted as computed, never
+    delivered). ``silent`` workers never compute (crashed)."""
 
     def __init__(self, delay: dict[int, int], dim: int, ranks: int, silent: frozenset[int] = frozenset(),
                  lost: frozenset[tuple[int, int]] = frozenset()) -> None:
@@ -34,6 +35,7 @@ class Workers(Scripted):
         self.computed: Counter[int] = Counter()
         self.due: dict[int, list[tuple[int, int, bytes]]] = {}
         self.messages: list[bytes] = []
+        self.t = 0
 
     def publish(self, t: int, msg: bytes, credit: bytes = b"") -> None:
         self.messages.append(msg + credit)
@@ -49,16 +51,29 @@ class Workers(Scripted):
                 g = torch.Generator().manual_seed(100 * w + t)
                 self.due.setdefault(arrives, []).append((w, t, wire.tensor_bytes(torch.randn(self.dim, generator=g))))
         self.items = self.due.pop(t, [])
+        self.t = t
+
+    def next(self, timeout: float) -> tuple[int, int, bytes] | None:
+        """The next arrival; when none is due in this step the server waits for the earliest one scheduled later
+        (time moves on to it: its worker is free from the next version; with every worker in flight one is always
+        due, with few in flight — concurrency — all of them may be slow)."""
+        if not self.items and self.due:
+            self.items = self.due.pop(min(self.due))
+            for w, _, _ in self.items:
+                self.free_from[w] = self.t + 1
+        return super().next(timeout)
 
 
 def run(workers: Workers, steps: int, flow: bool = True, k: int = 2, s: int = 4,
-        credits: Credits | None = None) -> tuple[AsyncServer, Counter[int]]:
-    """``steps`` steps of the real FedBuff server (K = ``k``, S = ``s``) fed by ``workers``; the server and the
-    updates each rank had aggregated."""
+        credits: Credits | None = None, concurrency: int | None = None) -> tuple[AsyncServer, Counter[int]]:
+    """``steps`` steps of the real FedBuff server (K = ``k``, S = ``s``, ``concurrency`` C) fed by ``workers``; the
+    server and the updates each rank had aggregated."""
+    params: dict[str, int] = {"buffer_size": k, "max_staleness": s}
+    if concurrency is not None:
+        params["concurrency"] = concurrency
     cfg = make_config({"dataset": "digits", "model": "logreg", "workers": workers.ranks, "byzantine": 0,
                        "attack": "none", "aggregator": "mean", "f": 0, "algorithm": "fedbuff",
-                       "algorithm_params": {"buffer_size": k, "max_staleness": s}, "engine": "torchrun",
-                       "round_timeout": 1.0})
+                       "algorithm_params": params, "engine": "torchrun", "round_timeout": 1.0})
     exp = from_config(cfg)
     theta = exp.problem.initial_theta()
     exp.algorithm.load_state(exp, exp.algorithm.initial_state(exp, theta))
@@ -209,3 +224,62 @@ def test_the_filtering_algorithms_send_no_credit() -> None:
     fedbuff = Workers(DELAYS, dim=64 * 10 + 10, ranks=9)
     run(fedbuff, 1)
     assert split(fedbuff.messages[0], (64 * 10 + 10) * 4, 9)[1] == [0] + [1] * 8  # type: ignore[index]
+
+
+class Outstanding(Credits):
+    """The ledger, recording how many credits are outstanding after each version's grants."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.seen: list[int] = []
+
+    def publish(self, t: int, pending: set[int]) -> list[int]:
+        out = super().publish(t, pending)
+        self.seen.append(len(self.owed))
+        return out
+
+
+class IgnoresC(Outstanding):
+    """The mutant: a grant loop that ignores C (every worker without a credit gets one)."""
+
+    def publish(self, t: int, pending: set[int]) -> list[int]:
+        c, self.concurrency = self.concurrency, None
+        try:
+            return super().publish(t, pending)
+        finally:
+            self.concurrency = c
+
+
+@pytest.mark.parametrize("c", [2, 3, 5])
+def test_with_concurrency_at_most_c_credits_are_outstanding_and_the_work_is_accounted(c: int) -> None:
+    """FedBuff's concurrency on the real server (``algorithm_params.concurrency`` = C < n − 1 = 8, K = 2, S = 4, the
+    workers of three speeds, 30 steps): after every version's grants at most C credits are outstanding (exactly C
+    here: nothing is lost), every computed update is aggregated, dropped with its reason or in flight, and the work
+    computed is at most aggregated + stale drops + C; the longest-waiting order lets every worker compute. The
+    server builds its ledger from the config (its closing line says the most outstanding). The mutant grant loop that
+    ignores C is caught: 8 outstanding."""
+    for ledger in (Outstanding, IgnoresC):
+        workers = Workers(DELAYS, dim=64 * 10 + 10, ranks=9)
+        credits = ledger(9, 4, concurrency=c)
+        srv, used = run(workers, 30, credits=credits, concurrency=c)
+        assert srv.credits is credits
+        if ledger is IgnoresC:
+            assert max(credits.seen) == 8
+            continue
+        assert max(credits.seen) == c and credits.most == c and credits.expired == 0
+        dropped = srv.dropped()
+        computed, aggregated = sum(workers.computed.values()), sum(used.values())
+        in_flight = sum(len(v) for v in workers.due.values()) + len(srv.buffer.step) + len(srv.buffer.held)
+        assert computed == aggregated + sum(dropped.values()) + in_flight and aggregated == 2 * 30
+        assert computed <= aggregated + dropped["stale"] + c and dropped["superseded"] == 0
+        assert all(workers.computed[w] > 0 for w in DELAYS)
+
+
+def test_the_server_builds_its_ledger_with_the_configs_concurrency() -> None:
+    """Without an injected ledger the server's own is built from ``algorithm_params.concurrency``: at C = 3 the
+    messages give 3 first credits (ranks 1–3: a tie at version 0 goes by rank), without the key one to every rank."""
+    for c, first in ((3, [0, 1, 1, 1, 0, 0, 0, 0, 0]), (None, [0] + [1] * 8)):
+        workers = Workers(DELAYS, dim=64 * 10 + 10, ranks=9)
+        srv, _ = run(workers, 5, concurrency=c)
+        assert srv.credits is not None and srv.credits.concurrency == c
+        assert split(workers.messages[0], (64 * 10 + 10) * 4, 9)[1] == first  # type: ignore[index]

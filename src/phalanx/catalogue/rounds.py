@@ -287,6 +287,7 @@ ALGORITHMS: dict[str, _Algorithm] = {
          'max_staleness: int = 4 (algorithm_params.max_staleness)',
          "speeds: Any = 'lognormal(1.0)' (algorithm_params.speeds)",
          "byzantine_timing: str = 'honest' (algorithm_params.byzantine_timing)",
+         'concurrency: int | None = None (algorithm_params.concurrency)',
          'buffer_size: int = 1 (algorithm_params.buffer_size)',
          'lam: float = 1.5 (algorithm_params.lam)',
          'trusted_size: int = 32 (algorithm_params.trusted_size)'),
@@ -309,6 +310,7 @@ ALGORITHMS: dict[str, _Algorithm] = {
          'max_staleness: int = 4 (algorithm_params.max_staleness)',
          "speeds: Any = 'lognormal(1.0)' (algorithm_params.speeds)",
          "byzantine_timing: str = 'honest' (algorithm_params.byzantine_timing)",
+         'concurrency: int | None = None (algorithm_params.concurrency)',
          'buffers: int = 5 (algorithm_params.buffers)'),
         'Yang & Li, BASGD: Buffered Asynchronous SGD for Byzantine Learning, ICML 2021, Alg. 1'),
     'dsgd': _Algorithm(
@@ -344,9 +346,10 @@ ALGORITHMS: dict[str, _Algorithm] = {
          'max_staleness: int = 4 (algorithm_params.max_staleness)',
          "speeds: Any = 'lognormal(1.0)' (algorithm_params.speeds)",
          "byzantine_timing: str = 'honest' (algorithm_params.byzantine_timing)",
+         'concurrency: int | None = None (algorithm_params.concurrency)',
          'buffer_size: int = 10 (algorithm_params.buffer_size)'),
         ('Nguyen et al., Federated Learning with Buffered Asynchronous Aggregation, AISTATS 2022, Alg. 1 (staleness '
-         'scaling 1/sqrt(1+s))')),
+         'scaling 1/sqrt(1+s); concurrency C: algorithm_params.concurrency)')),
     'gossip': _Algorithm(
         'phalanx.training.algorithms.gossip:Gossip',
         'its config keys',
@@ -366,6 +369,7 @@ ALGORITHMS: dict[str, _Algorithm] = {
          'max_staleness: int = 4 (algorithm_params.max_staleness)',
          "speeds: Any = 'lognormal(1.0)' (algorithm_params.speeds)",
          "byzantine_timing: str = 'honest' (algorithm_params.byzantine_timing)",
+         'concurrency: int | None = None (algorithm_params.concurrency)',
          'buffer_size: int = 1 (algorithm_params.buffer_size)',
          'filter_f: int = 1 (algorithm_params.filter_f)',
          'beta: float = 0.5 (algorithm_params.beta)',
@@ -395,6 +399,7 @@ ALGORITHMS: dict[str, _Algorithm] = {
          'max_staleness: int = 4 (algorithm_params.max_staleness)',
          "speeds: Any = 'lognormal(1.0)' (algorithm_params.speeds)",
          "byzantine_timing: str = 'honest' (algorithm_params.byzantine_timing)",
+         'concurrency: int | None = None (algorithm_params.concurrency)',
          'buffer_size: int = 1 (algorithm_params.buffer_size)',
          'rho: float = 0.001 (algorithm_params.rho)',
          'epsilon: float = 0.0 (algorithm_params.epsilon)',

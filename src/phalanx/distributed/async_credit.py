@@ -15,7 +15,20 @@ Version t's message carries the counts of every rank. A worker that has sent c u
 message gives it ``granted[w] > c``, else it waits for the next version. So an honest worker has at most one update
 in flight (two when it read a version after its credit expired), and the honest updates computed are at most
 
-    aggregated + dropped (each with its reason) + n − 1 (in flight when the run stops) + expired credits.
+    aggregated + dropped (each with its reason) + n − 1 (in flight when the run stops; C with concurrency) + expired
+    credits.
+
+**Concurrency** (``algorithm_params.concurrency`` C, FedBuff only: K ≤ C ≤ n − 1). Without it every worker without an
+outstanding credit is granted one, so n − 1 are in flight and the staleness is about (n − 1)/K − 1 (Little's law).
+With it, after settling and expiring, rank 0 grants only C − (outstanding) credits, so **at most C are outstanding at
+once**, to the workers without one in a deterministic fair order: the ones that have waited longest first —
+a worker waits from the version its last credit was settled or given up at (version 0 for one never granted) — ties by
+rank. A worker that just delivered therefore goes behind every worker already waiting, and the credits turn over the
+workers like a queue. Liveness: a step takes K updates of C ≥ K credited workers; publishing the next version
+settles those K and grants K again, so C stay outstanding. A lost update or a crashed worker holds its credit until it
+expires (S versions), during which the server steps on the other C − 1 — it tolerates C − K such credits within a
+step (n − 1 − K without concurrency); more, and the step waits until ``round_timeout`` (the loop stops with a
+checkpoint, as for any silent step).
 
 **Deadlock freedom.** The counts are cumulative and re-sent with every version: a lost message is made good by the
 next one; a lost update or a crashed worker costs that worker S + 1 versions, never the server, which waits on the
@@ -77,6 +90,12 @@ class Credits:
     """Each worker's newest version that arrived (whatever became of it)."""
     expired: int = 0
     """Credits given up after S versions (and granted again)."""
+    concurrency: int | None = None
+    """C: at most this many credits outstanding at once (None: one for every worker)."""
+    waiting: dict[int, int] = field(default_factory=dict)
+    """With C: the version each worker without a credit has waited since (its last credit settled or given up)."""
+    most: int = 0
+    """The most credits outstanding at once so far (after a grant)."""
 
     def __post_init__(self) -> None:
         self.granted = [0] * self.workers
@@ -94,12 +113,21 @@ class Credits:
             if g is not None and w not in pending:
                 if self.answered.get(w, -1) >= g:
                     del self.owed[w]
+                    self.waiting[w] = t
                 elif t - g > self.max_staleness:
                     del self.owed[w]
+                    self.waiting[w] = t
                     self.expired += 1
-            if w not in self.owed:
+            if self.concurrency is None and w not in self.owed:
                 self.granted[w] += 1
                 self.owed[w] = t
+        if self.concurrency is not None:
+            free = sorted((self.waiting.get(w, 0), w) for w in range(1, self.workers) if w not in self.owed)
+            for _, w in free[:max(0, self.concurrency - len(self.owed))]:
+                self.granted[w] += 1
+                self.owed[w] = t
+                self.waiting.pop(w, None)
+        self.most = max(self.most, len(self.owed))
         return list(self.granted)
 
 

@@ -255,7 +255,8 @@ class AsyncServer(Transport):
         self.filter = ProcessFilter(experiment, start.state.own) if self.algo.screens else None
         if self.filter is not None:  # (Kardam's, Zeno++'s, AFLGuard's: from the start's state — a resume's checkpoint)
             self.buffer.judge = self.filter.judge
-        self.credits = Credits(n, self.algo.max_staleness) if self.flow and self.filter is None else None
+        self.credits = Credits(n, self.algo.max_staleness, concurrency=self.algo.concurrency) \
+            if self.flow and self.filter is None else None
         self.next_round = start.state.round
         self.links.offer({"config": self.digest, "round": start.state.round, "streams": {}, "momentum": None})
         joined = self.links.joined(n)
@@ -414,7 +415,8 @@ class AsyncServer(Transport):
             self.say(summary(self.zero, self.steps))
         if self.credits is not None:
             self.say(f"credits: {sum(self.credits.granted)} granted, {self.credits.expired} given up after "
-                     f"max_staleness = {self.credits.max_staleness} versions")
+                     f"max_staleness = {self.credits.max_staleness} versions, at most {self.credits.most} "
+                     "outstanding at once")
 
 
 class AsyncWorker:

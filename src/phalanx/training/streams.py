@@ -19,6 +19,10 @@ that stage: ``dp`` (the Gaussian noise every computing worker adds to its clippe
 client-level differential privacy, :mod:`phalanx.training.stages.privacy`), ``projection`` (the server projection's
 draws after every step: CRFL's parameter noise, server side, :mod:`phalanx.training.stages.crfl`).
 
+The simulated clock of an asynchronous run draws from ``clock`` (the workers' speeds, once) and, with FedBuff's
+``concurrency``, from ``concurrency:<v>`` (which idle workers start on version v: a function of the seed and v, so
+nothing to checkpoint; :mod:`phalanx.training.algorithms.clock`).
+
 The per-round streams' states go into every checkpoint, so a resumed run draws exactly what an uninterrupted one
 would. Every stream is a CPU generator whatever the run's ``device``: on CUDA the draws are made on the CPU and then
 moved (:mod:`phalanx.training.devices`), so a run makes the same draws on either device.

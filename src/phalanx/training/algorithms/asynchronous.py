@@ -123,12 +123,15 @@ class Asynchronous(RoundAlgorithm):
     """The base of a buffered asynchronous algorithm (see the module's docstring). ``batch_size``: samples per
     update; ``max_staleness``: S, the oldest version an aggregated update may start from is t − S; ``speeds``: the
     workers' speed distribution (:class:`~phalanx.training.algorithms.clock.Speeds`); ``byzantine_timing``: the
-    Byzantine workers' clock, ``"honest"`` or ``"always_first"``."""
+    Byzantine workers' clock, ``"honest"`` or ``"always_first"``; ``concurrency``: C, how many workers compute at
+    once (FedBuff's concurrency, Nguyen et al., AISTATS 2022, Alg. 1; None: every worker —
+    :mod:`~phalanx.training.algorithms.clock`; on processes :mod:`phalanx.distributed.async_credit`)."""
 
     batch_size: int = 32
     max_staleness: int = 4
     speeds: Any = "lognormal(1.0)"
     byzantine_timing: str = "honest"
+    concurrency: int | None = None
 
     missing_word = "workers"
     knowledge: ClassVar[tuple[str, ...]] = ("omniscient",)
@@ -145,6 +148,8 @@ class Asynchronous(RoundAlgorithm):
         if self.byzantine_timing not in TIMINGS:
             raise ConfigError("algorithm_params.byzantine_timing", self.byzantine_timing,
                               "one of " + ", ".join(TIMINGS))
+        if self.concurrency is not None:
+            check_int("algorithm_params.concurrency", self.concurrency, low=1)
 
     # --- what an asynchronous algorithm declares -------------------------------------------------------------------
 
@@ -164,6 +169,25 @@ class Asynchronous(RoundAlgorithm):
 
     def population(self, workers: int) -> str:
         return self.population_key
+
+    concurrent: ClassVar[bool] = False
+    """It takes ``concurrency`` (C workers in flight): FedBuff only, not a filtering subclass — BASGD's B buffers could
+    each lack a worker in flight (a stall), and a filtering algorithm's zero step on processes waits for every live
+    worker (:mod:`~phalanx.distributed.async_zero`), which fewer workers in flight never all send."""
+
+    def check_concurrency(self, workers: int, where: str = "workers") -> None:
+        """C in K..n (n: ``workers``, the computing workers — on processes n − 1), refused in one line otherwise;
+        with an algorithm that is not :attr:`concurrent` (or filters) the key must be absent."""
+        c = self.concurrency
+        if c is None:
+            return
+        if not self.concurrent or self.screens:
+            raise ConfigError("algorithm_params.concurrency", c, f"none (every worker) with algorithm {self.name!r} "
+                              "(fewer workers in flight could starve its buffers or its zero step; fedbuff takes it)")
+        k = self.per_round(workers)
+        if not k <= c <= workers:
+            raise ConfigError("algorithm_params.concurrency", c, f"an integer in {k}..{workers} (buffer_size K <= "
+                              f"concurrency <= {where})")
 
     # --- an optional filter on each update (Kardam, Zeno++) -------------------------------------------------------
 
@@ -195,7 +219,7 @@ class Asynchronous(RoundAlgorithm):
 
     def clock(self, run: Run) -> Clock:
         return Clock(workers=run.workers, byzantine=run.byzantine, max_staleness=self.max_staleness,
-                     timing=self.byzantine_timing)
+                     timing=self.byzantine_timing, concurrency=self.concurrency, seed=run.seed)
 
     def initial_state(self, run: Run, theta: Tensor) -> dict[str, Tensor]:
         """Time 0: every worker starts on θ₀; the ring holds θ₀ in every slot (only slot 0 is ever read before it is
@@ -256,6 +280,7 @@ class Asynchronous(RoundAlgorithm):
         """The population fits (:meth:`per_round` refuses a buffer larger than it), the listed speeds are one per
         worker, and the attack is one an asynchronous worker can play."""
         self.per_round(run.workers)
+        self.check_concurrency(run.workers)
         Speeds.parse(self.speeds).check(run.workers)
         check_attack(run.attack, self.name)
 
@@ -265,6 +290,8 @@ class Asynchronous(RoundAlgorithm):
         if getattr(cfg, "engine", "simulated") != "simulated":
             self.check_processes(cfg, attack)
         self.per_round(cfg.workers)
+        if getattr(cfg, "engine", "simulated") == "simulated":
+            self.check_concurrency(cfg.workers)
         Speeds.parse(self.speeds).check(cfg.workers)
         check_attack(attack, self.name)
         super().check_config(cfg, rule, attack)
@@ -294,6 +321,7 @@ class Asynchronous(RoundAlgorithm):
             raise ConfigError("workers", cfg.workers, ">= 2 with engine 'torchrun' (rank 0 serves, ranks 1 … n−1 "
                               "compute)")
         self.per_round(cfg.workers - 1)
+        self.check_concurrency(cfg.workers - 1, "workers - 1, the worker ranks")
 
     @classmethod
     def processes(cls, cfg: Any) -> int:

@@ -16,6 +16,30 @@ Why the steps never stall: the ≥ K workers that delivered in step t − 1 all 
 s = 0 ≤ S, so FedBuff always finds K acceptable updates; for BASGD every buffer got an update in step t − 1, whose
 worker starts on version t and arrives in step t with s = 0.
 
+Concurrency (``concurrency`` C, FedBuff's "concurrency" — Nguyen et al., AISTATS 2022, Alg. 1 and §3: the server
+keeps C clients training at once and starts a newly sampled one whenever an update comes back). Without it (C = n)
+every worker is always computing, as above. With K ≤ C < n: at time 0, C workers sampled uniformly without
+replacement start on θ₀ and the other n − C are *idle* (arrival = +∞: never in the delivery order). When step t
+closes, every worker that delivered in it (accepted or dropped) becomes idle, and the server samples uniformly
+without replacement, from all idle workers (those that just delivered included), as many as bring the number in
+flight back to C; they start on version t + 1 at the step's time. The sample that starts workers on version v is
+drawn from its own stream ``concurrency:<v>`` of the run's seed (:func:`~phalanx.training.streams.generator`: a
+function of the seed and v alone, so a resumed run draws what the uninterrupted one drew, and no other stream moves).
+Byzantine workers are sampled like everyone (a server admits only the clients it started); a time attack is played by
+the Byzantine workers in flight. Staleness then scales like C/K rather than n/K (docs/async.md, "Concurrency").
+
+Why the steps never stall, with C: exactly C workers are in flight after every step (at time 0 by construction;
+after step t the d ≥ K that delivered leave, and d are started from the n − C + d idle ones). The d started on
+version t + 1 are in step t + 1's delivery order with s = 0 ≤ S, so the order holds at least d ≥ K acceptable
+updates and FedBuff's buffer fills. ``at_bound``'s held Byzantine workers do not change this: a held worker is still
+in the order (after every honest delivery, :meth:`Clock.held`) and its update, held at s ≤ S, is acceptable — when the
+honest ones in flight cannot fill the buffer, the held ones are taken (delivered before their bound: the attacker
+loses its timing, the clock goes on); ``last_slot`` and ``always_first`` only reorder deliveries that exist. So no
+configuration with K ≤ C ≤ n stalls, and none is refused beyond that range. BASGD (each of B buffers needs a worker
+in flight hashed to it) and the filtering algorithms (whose zero step on processes waits for every live worker)
+refuse the key: they always run every worker
+(:meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.check_concurrency`).
+
 Versions in flight: an update whose version is older than t − S will be dropped, so only versions t − S … t are
 ever computed on — the algorithm keeps S + 1 model versions, a ring indexed by v mod (S + 1).
 
@@ -34,7 +58,8 @@ steps earlier (older than the bound), re-sent as the worker's fresh update
 (:class:`~phalanx.training.algorithms.asynchronous.AsyncWorkers`). The staleness the server records is the version
 it sent the worker, never a tag the update carries: the replay is recorded as fresh, and the bound does not see it.
 
-Everything is tensors (checkpointed with the run, :meth:`Clock.state`): ``speed (n,)``, ``arrival (n,)`` float64,
+Everything is tensors (checkpointed with the run, :meth:`Clock.state`): ``speed (n,)``, ``arrival (n,)`` float64
+(+∞: an idle worker, only with C < n — exactly n − C of them),
 ``version (n,)`` int64, and ``stats`` float64 — a resumed run's clock is the uninterrupted one's, bit for bit. A
 step's work on them runs in NumPy on zero-copy views (a few small operations on n entries cost less there than as
 torch calls), the torch computation's result bit for bit (tests/test_async_clock.py).
@@ -145,10 +170,16 @@ class Clock:
     over the state tensors ``speed``, ``arrival``, ``version`` (never changed in place: :meth:`advance` returns new
     ones)."""
 
-    def __init__(self, *, workers: int, byzantine: int, max_staleness: int, timing: str) -> None:
+    def __init__(self, *, workers: int, byzantine: int, max_staleness: int, timing: str,
+                 concurrency: int | None = None, seed: int = 0) -> None:
         if timing not in TIMINGS:
             raise ConfigError("algorithm_params.byzantine_timing", timing, "one of " + ", ".join(TIMINGS))
         self.n, self.b, self.bound, self.timing = workers, byzantine, max_staleness, timing
+        self.c = workers if concurrency is None else concurrency
+        """C, the workers in flight at once (n: every worker, the clock without concurrency)."""
+        if not 1 <= self.c <= workers:
+            raise ConfigError("algorithm_params.concurrency", concurrency, f"an integer in 1..{workers} (workers)")
+        self.seed = seed
         self.byz = torch.zeros(workers, dtype=torch.bool)
         self.byz[workers - byzantine:] = byzantine > 0
         self.instant = self.byz & (timing != "honest")  # a time attacker takes no time: it chooses when to deliver
@@ -170,19 +201,30 @@ class Clock:
         return torch.where(self.instant, torch.zeros_like(speed), 1.0 / speed)
 
     def start(self, speed: Tensor) -> dict[str, Tensor]:
-        """Time 0: every worker starts on version 0."""
+        """Time 0: every worker starts on version 0 — with C < n, C of them sampled (:meth:`sample`), the rest idle
+        (arrival +∞)."""
         stats = torch.zeros(len(STATS), dtype=torch.float64)
-        return {"speed": speed, "arrival": self.durations(speed), "version": torch.zeros(self.n, dtype=torch.int64),
-                "stats": stats}
+        arrival = self.durations(speed)
+        if self.c < self.n:
+            idle = np.ones(self.n, dtype=bool)
+            idle[self.sample(np.arange(self.n), self.c, 0)] = False
+            arrival = arrival.masked_fill(torch.from_numpy(idle), math.inf)
+        return {"speed": speed, "arrival": arrival, "version": torch.zeros(self.n, dtype=torch.int64), "stats": stats}
+
+    def sample(self, idle: np.ndarray, need: int, version: int) -> np.ndarray:
+        """``need`` of the ``idle`` workers (ascending indices), uniformly without replacement: the ones started on
+        ``version``, drawn from the stream ``concurrency:<version>`` of the run's seed (the module's docstring)."""
+        perm = torch.randperm(idle.size, generator=generator(self.seed, f"concurrency:{version}")).numpy()
+        return np.asarray(idle[perm[:need]])
 
     def order(self, arrival: Tensor) -> Tensor:
         """The workers in delivery order: by arrival time, then always-first ones, then by index (a stable lexical
-        sort, so the order is a function of the state alone)."""
+        sort, so the order is a function of the state alone; an idle worker's +∞ sorts last)."""
         return torch.from_numpy(self._order(_np(arrival)))
 
     def _order(self, arrival: np.ndarray) -> np.ndarray:
         """:meth:`order` on a NumPy view: a stable sort is one permutation whatever sorts it (no NaN: a state's
-        arrival times are finite, :meth:`check_state`)."""
+        arrival times are finite or +∞, :meth:`check_state`)."""
         if self._ahead is None:  # nobody is served first at a tie: one sort, the same order
             return np.argsort(arrival, kind="stable")
         return self._ahead[np.argsort(arrival[self._ahead], kind="stable")]
@@ -198,8 +240,9 @@ class Clock:
         alone (:meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.full`), so a part that fills it gives
         the whole order's answer, and one that does not (0) is followed by the whole order."""
         arrival, version = _np(state["arrival"]), _np(state["version"])
+        live = self.c  # in flight: the first C of the order (an idle worker's +∞ sorts last, never taken)
         order: np.ndarray | None = None
-        if self._head < self.n and self.timing not in ("last_slot", "at_bound"):
+        if self._head < live and self.timing not in ("last_slot", "at_bound"):
             order = self._leading(arrival, self._head)
             versions = version[order]
             staleness = t - versions
@@ -209,6 +252,8 @@ class Clock:
                 order = None
         if order is None:
             order = self._order(arrival)
+            if live < self.n:
+                order = order[:live]
             if self.timing == "last_slot":
                 order = _np(self.before_last(torch.from_numpy(order), torch.from_numpy(t - version), full))
             elif self.timing == "at_bound":
@@ -217,7 +262,7 @@ class Clock:
             staleness = t - versions
             accepted = staleness <= self.bound
             end = int(full(torch.from_numpy(order), torch.from_numpy(accepted)))
-        if not 0 < end <= self.n:  # cannot happen (the module's docstring argues why): a defect, said so
+        if not 0 < end <= live:  # cannot happen (the module's docstring argues why): a defect, said so
             raise RuntimeError(f"the simulated clock found no full buffer at step {t}")
         self._head = max(16, 2 * end)
         taken, ok = order[:end], accepted[:end]
@@ -232,7 +277,8 @@ class Clock:
 
     def _leading(self, arrival: np.ndarray, m: int) -> np.ndarray:
         """The leading part of :meth:`_order`: every worker due no later than the m-th earliest arrival (ties
-        included, so it is a prefix of the whole order), in the same order."""
+        included, so it is a prefix of the whole order), in the same order. m < C: the m-th earliest is finite, so
+        no idle worker (+∞) is in it."""
         due = np.flatnonzero(arrival <= np.partition(arrival, m - 1)[m - 1])  # ascending index
         if self._ahead is not None:  # the always-first ones ahead, each side by index
             due = due[np.argsort(~self._first[due], kind="stable")]
@@ -260,10 +306,16 @@ class Clock:
 
     def advance(self, state: dict[str, Tensor], t: int, step: Step, byzantine_rows: int) -> dict[str, Tensor]:
         """The state after step t: every worker that delivered starts on version t + 1 at the step's time, taking
-        1/vᵢ (0 for a time attacker: :meth:`durations`); the stats updated (the totals, and the step's own)."""
+        1/vᵢ (0 for a time attacker: :meth:`durations`) — with C < n, every worker that delivered becomes idle and
+        as many as it took are sampled from all the idle ones (:meth:`sample`); the stats updated (the totals, and
+        the step's own)."""
         arrival, version = _np(state["arrival"]).copy(), _np(state["version"]).copy()
         ids, dropped = _np(step.ids), _np(step.dropped)
         went = np.concatenate([ids, dropped]) if dropped.size else ids
+        if self.c < self.n:
+            arrival[went] = math.inf
+            idle = np.flatnonzero(np.isinf(arrival))
+            went = self.sample(idle, self.c - (self.n - idle.size), t + 1)
         arrival[went] = step.time + np.where(self._instant[went], 0.0, 1.0 / _np(state["speed"])[went])
         version[went] = t + 1
         old = _np(state["stats"]).tolist()
@@ -287,9 +339,15 @@ class Clock:
                 raise ConfigError("start", f"a clock state with {key} of shape "
                                   f"{None if got is None else tuple(got.shape)}", f"the clock of {self.n} workers, "
                                   f"{key} of shape {shape}")
-        if not (bool(torch.isfinite(state["arrival"]).all()) and bool((state["speed"] > 0).all())):
-            raise ConfigError("start", "a clock state with a non-finite arrival or a speed <= 0",
-                              "finite arrival times and speeds > 0")
+        arrival = state["arrival"]
+        idle = int(torch.isposinf(arrival).sum())
+        if not (bool((torch.isfinite(arrival) | torch.isposinf(arrival)).all()) and bool((state["speed"] > 0).all())):
+            raise ConfigError("start", "a clock state with a NaN or -inf arrival or a speed <= 0",
+                              "finite arrival times (+inf: an idle worker) and speeds > 0")
+        if idle != self.n - self.c:
+            raise ConfigError("start", f"a clock state with {idle} idle workers (arrival +inf)",
+                              f"n - concurrency = {self.n - self.c} idle workers (concurrency {self.c} of "
+                              f"{self.n} workers)")
 
 
 def _np(x: Tensor) -> np.ndarray:

@@ -14,9 +14,15 @@ rule over one buffer bounds only the Byzantine *rows of that buffer*: an attacke
 local training with one local step — buffered asynchronous SGD); the run's ``lr`` is η_g. Staleness assumption:
 none for the scaling itself; updates older than ``max_staleness`` versions are dropped (counted, never aggregated).
 
+Concurrency (the paper's concurrency, its Alg. 1 and §3 as the issue reads them — a fixed number of clients
+training at once, a newly sampled one started when an update comes back; the exact text was not retrieved here):
+``concurrency = C`` with K ≤ C ≤ n keeps C workers in flight — on the simulated clock C sampled uniformly among the
+idle ones after each step (:mod:`~phalanx.training.algorithms.clock`), on processes C credits outstanding
+(:mod:`phalanx.distributed.async_credit`); absent, every worker computes. Staleness then scales like C/K.
+
 Config: ``algorithm = "fedbuff"``, ``algorithm_params = {buffer_size = K, max_staleness = S, speeds = "...",
-byzantine_timing = "honest" | "always_first", batch_size = B}`` (:mod:`~phalanx.training.algorithms.asynchronous`,
-:mod:`~phalanx.training.algorithms.clock`).
+byzantine_timing = "honest" | "always_first", concurrency = C, batch_size = B}``
+(:mod:`~phalanx.training.algorithms.asynchronous`, :mod:`~phalanx.training.algorithms.clock`).
 """
 
 from __future__ import annotations
@@ -47,8 +53,9 @@ class FedBuff(Asynchronous):
     name = "fedbuff"
     population_key = "algorithm_params.buffer_size"
     real_processes = True
+    concurrent = True
     reference = ("Nguyen et al., Federated Learning with Buffered Asynchronous Aggregation, AISTATS 2022, Alg. 1 "
-                 "(staleness scaling 1/sqrt(1+s))")
+                 "(staleness scaling 1/sqrt(1+s); concurrency C: algorithm_params.concurrency)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
