@@ -213,3 +213,18 @@ def test_prices_and_rescues_are_one_holm_family() -> None:
     p, r = t.price.estimate.p_value(), t.rescue.estimate.p_value()
     assert p is not None and r is not None
     assert t.price.estimate.p_adjusted == pytest.approx(max(min(1.0, 2 * min(p, r)), min(1.0, max(p, r))))
+
+
+@pytest.mark.parametrize(("seeds", "said"), [([0], "over 1 seed\n"), ([0, 1, 2], "over 3 seeds\n")])
+def test_the_tradeoff_plot_says_how_many_seeds_in_words(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                        seeds: list[int], said: str) -> None:
+    """A newcomer read "over 1 seeds" in ``tradeoff.png``'s title: one seed is "1 seed". Mutant: the old title."""
+    titles: list[str] = []
+
+    def capture(fig: Any, path: Path, dpi: int = 100) -> Path:
+        titles.append(fig._suptitle.get_text())
+        return path
+
+    monkeypatch.setattr(report, "save_figure", capture)
+    report.plot_tradeoff(report.tradeoff(_grid(seeds)), tmp_path / "t.png")
+    assert said in titles[0]

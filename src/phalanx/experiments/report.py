@@ -384,8 +384,8 @@ def plot_tradeoff(tradeoffs: list[TradeOff], path: Path, colours: dict[str, str]
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     seeds = sorted({len(t.seeds) for t in tradeoffs})
-    n = f"{seeds[0]}" if len(seeds) == 1 else f"{seeds[0]}–{seeds[-1]}"
-    fig.suptitle(f"Robust rules against the mean (the origin), paired by seed over {n} seeds\n"
+    n = (f"{seeds[0]} seed" + ("s" if seeds[0] != 1 else "")) if len(seeds) == 1 else f"{seeds[0]}–{seeds[-1]} seeds"
+    fig.suptitle(f"Robust rules against the mean (the origin), paired by seed over {n}\n"
                  "up: keeps accuracy under the attack; right: costs accuracy without one\n"
                  "bars: 95 % intervals" + ("; hollow: no interval (too few seeds or zero width)" if hollow else ""),
                  fontsize=9)
