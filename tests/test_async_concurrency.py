@@ -197,6 +197,7 @@ BASE = {"dataset": "digits", "model": "logreg", "workers": 6, "aggregator": "mea
     ({"buffer_size": 3, "concurrency": 0}, "fedbuff", {}, r">= 1"),
     ({"buffer_size": 3, "concurrency": True}, "fedbuff", {}, "integer"),
     ({"buffer_size": 3, "concurrency": 6}, "fedbuff", {"engine": "torchrun"}, r"in 3\.\.5"),
+    ({"buffer_size": 2, "concurrency": 2}, "fedbuff", {"engine": "torchrun", "f": 1}, r"in 3\.\.5.*never deliver"),
     ({"buffers": 3, "concurrency": 4}, "basgd", {}, "none"),
     ({"buffers": 3, "concurrency": 6}, "basgd", {}, "none"),
     ({"buffer_size": 2, "concurrency": 4}, "aflguard", {}, "none"),

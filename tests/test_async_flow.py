@@ -18,6 +18,7 @@ from phalanx.distributed.async_credit import Credits, may_compute, split, traile
 from phalanx.distributed.async_server import AsyncServer
 from phalanx.experiments import make_config
 from phalanx.experiments.build import from_config
+from phalanx.training.state import RoundAborted
 
 
 class Workers(Scripted):
@@ -283,3 +284,21 @@ def test_the_server_builds_its_ledger_with_the_configs_concurrency() -> None:
         srv, _ = run(workers, 5, concurrency=c)
         assert srv.credits is not None and srv.credits.concurrency == c
         assert split(workers.messages[0], (64 * 10 + 10) * 4, 9)[1] == first  # type: ignore[index]
+
+
+def test_f_silent_credit_holders_cannot_stop_the_server_when_c_leaves_them_room() -> None:
+    """A Byzantine rank with its own valid key (or a crashed one) can take its credit and never deliver. With C
+    credits outstanding and K deliveries needed a step, the server tolerates C − K silent holders; so on processes
+    C ≥ K + f is required (``algorithm_params.concurrency`` below it is refused in one line,
+    ``tests/test_async_concurrency.py::test_a_bad_concurrency_is_refused_in_one_line``). Rank 1 — the first credited
+    at version 0 — is silent: at C = K + 1 = 3 the server ends all 30 steps on the others, and rank 1's credit is
+    given up every S + 1 versions and granted again when its turn comes (it stays silent); the mutant ledger at
+    C = K = 2 (the bound without f) is stopped at step 0 — no update within round_timeout, the loop's checkpoint and
+    exit."""
+    workers = Workers(DELAYS, dim=64 * 10 + 10, ranks=9, silent=frozenset({1}))
+    credits = Outstanding(9, 4, concurrency=3)
+    _, used = run(workers, 30, credits=credits, concurrency=3)
+    assert sum(used.values()) == 60 and used[1] == 0 and max(credits.seen) == 3 and credits.expired >= 1
+    mutant = Workers(DELAYS, dim=64 * 10 + 10, ranks=9, silent=frozenset({1}))
+    with pytest.raises(RoundAborted, match="server step 0"):
+        run(mutant, 30, credits=Outstanding(9, 4, concurrency=2), concurrency=2)

@@ -18,7 +18,8 @@ in flight (two when it read a version after its credit expired), and the honest 
     aggregated + dropped (each with its reason) + n − 1 (in flight when the run stops; C with concurrency) + expired
     credits.
 
-**Concurrency** (``algorithm_params.concurrency`` C, FedBuff only: K ≤ C ≤ n − 1). Without it every worker without an
+**Concurrency** (``algorithm_params.concurrency`` C, FedBuff only: K + f ≤ C ≤ n − 1 — f silent credit holders,
+Byzantine ranks with their own keys or crashed ones, must leave K that deliver). Without it every worker without an
 outstanding credit is granted one, so n − 1 are in flight and the staleness is about (n − 1)/K − 1 (Little's law).
 With it, after settling and expiring, rank 0 grants only C − (outstanding) credits, so **at most C are outstanding at
 once**, to the workers without one in a deterministic fair order: the ones that have waited longest first —

@@ -175,9 +175,15 @@ class Asynchronous(RoundAlgorithm):
     each lack a worker in flight (a stall), and a filtering algorithm's zero step on processes waits for every live
     worker (:mod:`~phalanx.distributed.async_zero`), which fewer workers in flight never all send."""
 
-    def check_concurrency(self, workers: int, where: str = "workers") -> None:
-        """C in K..n (n: ``workers``, the computing workers — on processes n − 1), refused in one line otherwise;
-        with an algorithm that is not :attr:`concurrent` (or filters) the key must be absent."""
+    def check_concurrency(self, workers: int, where: str = "workers", silent: int = 0) -> None:
+        """C in K + ``silent``..n (n: ``workers``, the computing workers — on processes n − 1), refused in one line
+        otherwise; with an algorithm that is not :attr:`concurrent` (or filters) the key must be absent.
+
+        ``silent``: how many credit holders may never deliver — on processes the configured f, since a Byzantine
+        rank with its own valid key can take its credit and stay silent (so can a crashed one). A step needs K
+        deliveries from the C credited workers, so with C < K + f the f silent ones stall it until
+        ``round_timeout`` and stop the job (``tests/test_async_flow.py::
+        test_f_silent_credit_holders_cannot_stop_the_server_when_c_leaves_them_room``)."""
         c = self.concurrency
         if c is None:
             return
@@ -185,9 +191,11 @@ class Asynchronous(RoundAlgorithm):
             raise ConfigError("algorithm_params.concurrency", c, f"none (every worker) with algorithm {self.name!r} "
                               "(fewer workers in flight could starve its buffers or its zero step; fedbuff takes it)")
         k = self.per_round(workers)
-        if not k <= c <= workers:
-            raise ConfigError("algorithm_params.concurrency", c, f"an integer in {k}..{workers} (buffer_size K <= "
-                              f"concurrency <= {where})")
+        if not k + silent <= c <= workers:
+            spare = (f" + f = {k + silent}: f = {silent} Byzantine or crashed ranks may hold a credit and never "
+                     "deliver, and a step needs K deliveries") if silent else ""
+            raise ConfigError("algorithm_params.concurrency", c, f"an integer in {k + silent}..{workers} (buffer_size "
+                              f"K{spare} <= concurrency <= {where})")
 
     # --- an optional filter on each update (Kardam, Zeno++) -------------------------------------------------------
 
@@ -321,7 +329,7 @@ class Asynchronous(RoundAlgorithm):
             raise ConfigError("workers", cfg.workers, ">= 2 with engine 'torchrun' (rank 0 serves, ranks 1 … n−1 "
                               "compute)")
         self.per_round(cfg.workers - 1)
-        self.check_concurrency(cfg.workers - 1, "workers - 1, the worker ranks")
+        self.check_concurrency(cfg.workers - 1, "workers - 1, the worker ranks", silent=int(cfg.f))
 
     @classmethod
     def processes(cls, cfg: Any) -> int:
