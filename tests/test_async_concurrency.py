@@ -211,6 +211,19 @@ def test_a_bad_concurrency_is_refused_in_one_line(params: dict[str, Any], algori
     assert "\n" not in str(info.value) and re.search(says, str(info.value))
 
 
+def test_on_processes_a_buffer_leaves_room_for_f_silent_ranks() -> None:
+    """Without concurrency every worker rank holds a credit, so the server tolerates n − 1 − K silent ones: a
+    buffer K > n − 1 − f is refused on processes (f Byzantine ranks with their own keys may never deliver; the
+    server that needs every rank is stopped by one: ``tests/test_async_processes.py::
+    test_the_same_faults_stop_a_server_that_waits_for_every_worker``); K = n − 1 − f is taken, and the simulator
+    (no silent worker) keeps K ≤ n."""
+    with pytest.raises(ConfigError, match=r"^algorithm_params\.buffer_size=5 .*<= workers - 1 - f = 4") as info:
+        make_config({**BASE, "f": 1, "engine": "torchrun", "algorithm": "fedbuff", "algorithm_params": {"buffer_size": 5}})
+    assert "\n" not in str(info.value)
+    make_config({**BASE, "f": 1, "engine": "torchrun", "algorithm": "fedbuff", "algorithm_params": {"buffer_size": 4}})
+    make_config({**BASE, "f": 1, "algorithm": "fedbuff", "algorithm_params": {"buffer_size": 6}})
+
+
 def test_the_api_refuses_what_the_config_does() -> None:
     for make in (lambda: experiment(FedBuff(buffer_size=3, concurrency=11)),
                  lambda: experiment(FedBuff(buffer_size=3, concurrency=2)),

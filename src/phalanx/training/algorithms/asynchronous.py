@@ -328,7 +328,12 @@ class Asynchronous(RoundAlgorithm):
         if cfg.workers < 2:
             raise ConfigError("workers", cfg.workers, ">= 2 with engine 'torchrun' (rank 0 serves, ranks 1 … n−1 "
                               "compute)")
-        self.per_round(cfg.workers - 1)
+        k = self.per_round(cfg.workers - 1)
+        if self.concurrent and self.concurrency is None and k + int(cfg.f) > cfg.workers - 1:
+            # every worker rank holds a credit: f silent ones (Byzantine with their own keys, or crashed) must leave K
+            raise ConfigError(self.population_key, k, f"<= workers - 1 - f = {cfg.workers - 1 - int(cfg.f)} with "
+                              "engine 'torchrun' (f Byzantine or crashed ranks may never deliver, and a step needs K "
+                              "deliveries)")
         self.check_concurrency(cfg.workers - 1, "workers - 1, the worker ranks", silent=int(cfg.f))
 
     @classmethod
