@@ -218,7 +218,8 @@ def test_on_processes_a_buffer_leaves_room_for_f_silent_ranks() -> None:
     test_the_same_faults_stop_a_server_that_waits_for_every_worker``); K = n − 1 − f is taken, and the simulator
     (no silent worker) keeps K ≤ n."""
     with pytest.raises(ConfigError, match=r"^algorithm_params\.buffer_size=5 .*<= workers - 1 - f = 4") as info:
-        make_config({**BASE, "f": 1, "engine": "torchrun", "algorithm": "fedbuff", "algorithm_params": {"buffer_size": 5}})
+        make_config({**BASE, "f": 1, "engine": "torchrun", "algorithm": "fedbuff",
+                     "algorithm_params": {"buffer_size": 5}})
     assert "\n" not in str(info.value)
     make_config({**BASE, "f": 1, "engine": "torchrun", "algorithm": "fedbuff", "algorithm_params": {"buffer_size": 4}})
     make_config({**BASE, "f": 1, "algorithm": "fedbuff", "algorithm_params": {"buffer_size": 6}})
