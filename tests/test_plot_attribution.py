@@ -345,3 +345,57 @@ def test_an_exact_zero_error_is_drawn_on_the_log_axis_edge(tmp_path: Path, monke
     monkeypatch.setattr(plots, "error_axis", lambda values: (False, None))  # mutant 2: linear, as before
     report.write_report(tmp_path)
     assert seen["accuracy.png"][1].get_yscale() != "log"  # what the first assertion rejects
+
+
+def test_a_rule_has_the_same_colour_in_every_figure() -> None:
+    """A newcomer saw orange stand for geomed, cwtm and the mean in three figures: colours were handed out by sorted
+    position within each figure. Now a rule keeps its colour across figures with different rule sets (the README's
+    five, the planner's, a gossip run's), and a figure of ≤ 10 rules still gives each its own. Mutant: the
+    positional assignment."""
+    sets = [["mean", "cwtm", "geomed", "krum", "nnm>cwtm"], ["cwtm", "geomed", "cwmed"], ["mean", "cwtm", "nnm>cwtm"],
+            ["cwtm", "my.plugin:rule", "mean", "clip>krum"]]
+
+    def positional(rules: list[str]) -> dict[str, str]:
+        return {r: f"C{i % 10}" for i, r in enumerate(sorted(set(rules)))}
+
+    for assign, consistent in ((plots.rule_colours, True), (positional, False)):
+        seen: dict[str, set[str]] = {}
+        for rules in sets:
+            colours = assign(rules)
+            assert len(set(colours.values())) == len(rules)  # distinct within a figure
+            for r, c in colours.items():
+                seen.setdefault(r, set()).add(c)
+        assert all(len(c) == 1 for c in seen.values()) is consistent, seen
+    many = [f"rule{i}" for i in range(12)]
+    assert set(plots.rule_colours(many).values()) == {f"C{i}" for i in range(10)}  # beyond 10 they repeat
+
+
+def test_the_planners_plot_draws_each_rule_in_its_colour(tmp_path: Path) -> None:
+    """``plan.png`` draws cwtm and geomed in their colours, as every other figure does (the mean: a black star).
+    Mutant: the planner's former positional ``C{i}``."""
+    from types import SimpleNamespace
+
+    import matplotlib.pyplot as plt
+
+    from phalanx.studies import planner
+
+    drawn: dict[str, str] = {}
+
+    def capture(fig: Any, path: Path, dpi: int = 100) -> Path:
+        drawn.update({str(line.get_label()): str(line.get_color()) for ax in fig.axes for line in ax.get_lines()})
+        plt.close(fig)
+        return path
+
+    rows = [planner.Row(rule=r, f=f, no_attack=a, cost=0.0, agg_error=None, under_attack={"alie": w}, worst=w,
+                        worst_attack="alie") for r, f, a, w in
+            (("mean", 0, 0.95, 0.1), ("geomed", 2, 0.93, 0.85), ("cwtm", 2, 0.94, 0.9))]
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(planner, "save_figure", capture)
+    try:
+        planner.plot(rows, SimpleNamespace(expect=2), SimpleNamespace(rule="cwtm", f=2),  # type: ignore[arg-type]
+                     tmp_path / "plan.png")
+    finally:
+        monkey.undo()
+    colours = plots.rule_colours(["cwtm", "geomed", "cwmed"])  # another figure's set
+    assert drawn["cwtm"] == colours["cwtm"] and drawn["geomed"] == colours["geomed"]
+    assert drawn["mean (no defence)"] == "k"

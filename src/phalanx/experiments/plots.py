@@ -82,10 +82,28 @@ def panel_values(rows: list[dict[str, Any]], keys: list[str], metric: str) -> di
     return curves
 
 
+PREFERRED_COLOURS = {"cwtm": 0, "geomed": 1, "cwmed": 2, "mean": 3, "krum": 4, "multikrum": 5, "nnm>cwtm": 6,
+                     "mda": 7, "meamed": 8, "cc": 9}
+"""The colour (``C<i>``) each common rule takes wherever it is drawn; any other rule prefers ``C<crc32(name) mod
+10>``. A newcomer saw orange stand for geomed, cwtm and the mean in three figures, when colours were handed out by
+sorted position within each figure."""
+
+
 def rule_colours(rules: list[str]) -> dict[str, str]:
-    """One matplotlib colour per rule (``C0`` … ``C9``, by sorted name, the mean included): the same rule has the
-    same colour in every plot of a report."""
-    return {r: f"C{i % 10}" for i, r in enumerate(sorted(set(rules)))}
+    """One matplotlib colour per rule (``C0`` … ``C9``, the mean included): the same rule has the same colour in
+    every figure — its preferred colour (:data:`PREFERRED_COLOURS`) — unless two rules of one figure prefer the same
+    colour, when the later (the common rules first, then by name) takes the next free one. Distinct within a figure
+    of at most 10 rules; beyond 10 colours repeat (the legend tells the rules apart)."""
+    import zlib
+
+    chosen: dict[str, str] = {}
+    used: set[int] = set()
+    for rule in sorted(set(rules), key=lambda r: (r not in PREFERRED_COLOURS, r)):
+        want = PREFERRED_COLOURS.get(rule, zlib.crc32(rule.encode()) % 10)
+        free = next(((want + k) % 10 for k in range(10) if (want + k) % 10 not in used), want)
+        used.add(free)
+        chosen[rule] = f"C{free}"
+    return chosen
 
 
 CHANNELS = ("color", "linestyle", "marker", "fillstyle")

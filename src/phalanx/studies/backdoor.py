@@ -43,7 +43,7 @@ from typing import Any
 
 from phalanx.analysis.stats import MIN_SEEDS, Estimate, holm, mean_ci, slope
 from phalanx.errors import ConfigError
-from phalanx.experiments.plots import save_figure
+from phalanx.experiments.plots import rule_colours, save_figure
 from phalanx.experiments.validrun import ValidRun
 from phalanx.studies import raw
 from phalanx.studies.registry import register
@@ -484,7 +484,7 @@ def plot(table: Table, p: Preset, path: Path) -> Path:
                 if got:
                     ax.errorbar([x for x, _ in got], [100 * e.mean for _, e in got],
                                 yerr=_bars([e for _, e in got], True), marker="o" if metric == "success" else "x",
-                                ls=style, capsize=3, color=f"C{i}", label=label)
+                                ls=style, capsize=3, color=rule_colours(list(p.rules))[rule], label=label)
         ax.set_title(f"{attack_label(p, attack)}, b = {p.byzantine}", fontsize=9)
         ax.set_ylabel("attack success %")
         ax.set_ylim(-5, 105)
@@ -496,7 +496,7 @@ def plot(table: Table, p: Preset, path: Path) -> Path:
         got = [(x + shift, e) for x, a in zip(xs, alphas) if (e := paired(table, rule, NONE, a, "accuracy"))]
         if got:
             ax.errorbar([x for x, _ in got], [100 * e.mean for _, e in got], yerr=_bars([e for _, e in got], False),
-                        marker="o", capsize=3, color=f"C{i}", label=rule)
+                        marker="o", capsize=3, color=rule_colours(list(p.rules))[rule], label=rule)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_title(f"price with no attack (round {p.stop_round})", fontsize=9)
     ax.set_ylabel("mean − rule clean accuracy, points")
@@ -507,7 +507,8 @@ def plot(table: Table, p: Preset, path: Path) -> Path:
     # one legend under the panels (inside one it hid that panel's points): a colour per rule, then the two styles
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], color=f"C{i}", marker="o", label=rule) for i, rule in enumerate(p.rules)]
+    colours = rule_colours(list(p.rules))
+    handles = [Line2D([], [], color=colours[rule], marker="o", label=rule) for rule in p.rules]
     handles += [Line2D([], [], color="0.3", ls="-", marker="o", label=f"round {p.stop_round} (attackers stop)"),
                 Line2D([], [], color="0.3", ls="--", marker="x",
                        label=f"{p.after} round{'s' if p.after != 1 else ''} later (durability)")]

@@ -54,7 +54,7 @@ from typing import Any
 from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.plots import save_figure
+from phalanx.experiments.plots import rule_colours, save_figure
 from phalanx.experiments.validrun import ValidRun
 from phalanx.studies import raw
 from phalanx.studies.registry import register
@@ -423,7 +423,7 @@ def plot(finals: dict[Cell, Final], p: Preset, path: Path) -> Path:
                     xs.append(j + (i - (len(p.rules) - 1) / 2) * width)
                     ys.append(100 * e.mean)
                     errs.append(100 * e.half_width if math.isfinite(e.half_width) else 0.0)
-            ax.bar(xs, ys, width, yerr=errs, capsize=2, label=rule, color=f"C{i}")
+            ax.bar(xs, ys, width, yerr=errs, capsize=2, label=rule, color=rule_colours(list(p.rules))[rule])
         ax.set_xticks(range(len(p.modes)), list(p.modes))
         ax.set_title(title)
         ax.grid(alpha=0.3, axis="y")

@@ -44,7 +44,7 @@ from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.experiments import grid, store
 from phalanx.experiments.config import RunConfig, make_config
-from phalanx.experiments.plots import save_figure
+from phalanx.experiments.plots import rule_colours, save_figure
 from phalanx.experiments.report import format_agg_error
 
 DEFAULT_RULES = ("cwtm", "nnm>cwtm", "multikrum", "geomed")
@@ -455,17 +455,18 @@ def plot(rows: list[Row], plan: Plan, rec: Recommendation, path: Path) -> Path |
 
     fig, ax = plt.subplots(figsize=(7.5, 5.5))
     rules = list(dict.fromkeys(r.rule for r in rows))
-    for i, rule in enumerate(rules):
+    colours = rule_colours(rules)  # each rule's colour in every figure (the mean: a black star here)
+    for rule in rules:
         pts = [r for r in rows if r.rule == rule and r.worst is not None]
         baseline = rule == "mean"  # the no-defence reference: a star drawn on top
         ax.plot([100 * r.no_attack for r in pts], [100 * (r.worst or 0) for r in pts],
                 marker="*" if baseline else "o", markersize=14 if baseline else 6, zorder=5 if baseline else 2,
-                linestyle="-" if len(pts) > 1 else "none", color="k" if baseline else f"C{i}",
+                linestyle="-" if len(pts) > 1 else "none", color="k" if baseline else colours[rule],
                 label="mean (no defence)" if baseline else rule)
         for r in pts:
             if r.no_attack_ci is not None and r.worst_ci is not None:
                 ax.errorbar([100 * r.no_attack], [100 * (r.worst or 0)], xerr=[100 * r.no_attack_ci.half_width],
-                            yerr=[100 * r.worst_ci.half_width], fmt="none", ecolor="k" if baseline else f"C{i}",
+                            yerr=[100 * r.worst_ci.half_width], fmt="none", ecolor="k" if baseline else colours[rule],
                             alpha=0.5, capsize=2)
     for x, y, text in point_labels(rows):
         ax.annotate(text, (x, y), fontsize=7, textcoords="offset points", xytext=(4, 3))

@@ -31,7 +31,7 @@ from phalanx.analysis import privacy as accounting
 from phalanx.analysis.stats import MIN_SEEDS, Estimate, mean_ci
 from phalanx.errors import ConfigError
 from phalanx.experiments import legacy
-from phalanx.experiments.plots import save_figure
+from phalanx.experiments.plots import rule_colours, save_figure
 from phalanx.experiments.validrun import ValidRun
 from phalanx.studies import raw
 from phalanx.studies.registry import register
@@ -278,7 +278,7 @@ def plot(est: dict[Key, Estimate], gs: list[Growth], p: Preset, path: Path) -> P
             means = [100 * e.mean for _, e in pts]
             errs = [[100 * e.half_width if math.isfinite(e.half_width) else 0.0 for _, e in pts]] * 2
             ax.errorbar([x * shift for x, _ in pts], means, yerr=errs, marker="o", capsize=3, label=rule,
-                        color=f"C{i}")
+                        color=rule_colours(list(p.rules))[rule])
         ax.set_xscale("log")
         ticks = [xs[s] for s in noisy] + [right]
         ax.set_xticks(ticks, [f"{eps[s]:.3g}\n(σ={s:g})" for s in noisy] + ["∞\n(no DP)"])
@@ -289,7 +289,7 @@ def plot(est: dict[Key, Estimate], gs: list[Growth], p: Preset, path: Path) -> P
     axes[0].set_ylabel("final test accuracy %")
     axes[0].legend()
     ax = axes[2]
-    for i, rule in enumerate(p.rules):
+    for rule in p.rules:
         if rule == MEAN:
             continue
         rows = [g for g in gs if g.rule == rule]
@@ -298,7 +298,7 @@ def plot(est: dict[Key, Estimate], gs: list[Growth], p: Preset, path: Path) -> P
         zero = rows[0].price.mean - rows[0].change.mean  # the price at σ = 0, as the paired change implies
         bars = [0.0] + [100 * g.price.half_width if math.isfinite(g.price.half_width) else 0.0 for g in rows]
         ax.errorbar([0.0] + [g.noise for g in rows], [100 * zero] + [100 * g.price.mean for g in rows], yerr=bars,
-                    marker="o", capsize=3, label=rule, color=f"C{i}")
+                    marker="o", capsize=3, label=rule, color=rule_colours(list(p.rules))[rule])
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xlabel("noise multiplier σ (0: no DP)")
     ax.set_ylabel("price of robustness: mean − rule, points")
