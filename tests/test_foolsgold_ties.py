@@ -108,11 +108,18 @@ def without_the_tie_rule(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("without_the_tie_rule")
 def test_the_mutant_without_the_tie_rule_decides_by_the_last_bit() -> None:
-    """Three identical rows [1, 1]: their Gram entries are exactly 2, and 2 / (√2·√2) = 1 − 2⁻⁵² — every weight 1;
-    three rows [1, 0] (Gram 1, cosine 1) — every weight 0. And the same three identical random rows give every weight
-    1 or every weight 0 depending on the order the Gram matrix summed their columns in (found among 200 seeds)."""
+    """Three identical rows [1, 1]: their Gram entries are exactly 2, and 2 / (√2·√2) is 1 − 2⁻⁵² in IEEE
+    arithmetic op by op — every weight 1 — but exactly 1 where torch's vector kernels round otherwise (seen on an
+    AVX-512 machine) — every weight 0: the mutant's answer follows the machine's last bit, whichever it is. Three
+    rows [1, 0] (Gram 1, cosine exactly 1 everywhere) — every weight 0. And the same three identical random rows give
+    every weight 1 or every weight 0 depending on the order the Gram matrix summed their columns in (found among 200
+    seeds, on both kinds of machine)."""
     ones = torch.ones(3, dtype=torch.bool)
-    assert torch.equal(foolsgold_weights(torch.tensor([[1.0, 1.0]] * 3), ones), torch.ones(3, dtype=torch.float64))
+    twins = torch.tensor([[1.0, 1.0]] * 3)
+    cos = float(cosine_matrix(float64_gram(twins, ones), ones)[0][0, 1])
+    assert cos in (1.0, 1.0 - 2.0**-52)
+    expected = torch.zeros(3, dtype=torch.float64) if cos == 1.0 else torch.ones(3, dtype=torch.float64)
+    assert torch.equal(foolsgold_weights(twins, ones), expected)
     assert torch.equal(foolsgold_weights(torch.tensor([[1.0, 0.0]] * 3), ones), torch.zeros(3, dtype=torch.float64))
     for seed in range(200):
         row = torch.randn(1, 1000, generator=torch.Generator().manual_seed(seed)).expand(3, -1)
