@@ -84,7 +84,7 @@ class TorchClock(Clock):
         s = step.staleness.to(torch.float64)
         stats = torch.tensor([step.time, old[1] + step.dropped.numel(), old[2] + k, old[3] + byz,
                               float(s.mean()) if k else 0.0, float(s.max()) if k else 0.0, byz / k if k else 0.0,
-                              float(step.dropped.numel()), float(byzantine_rows)], dtype=torch.float64)
+                              float(step.dropped.numel()), float(byzantine_rows), old[9]], dtype=torch.float64)
         return {"speed": state["speed"], "arrival": arrival, "version": version, "stats": stats}
 
 
@@ -286,7 +286,7 @@ def test_runs_end_where_the_torch_clock_ended_them(name: str) -> None:
     loop = Loop(experiment(make(), rounds=20, seed=3))
     loop.run()
     assert summary(loop.state.theta) == pytest.approx(pinned, rel=THETA_RTOL)
-    assert loop.state.own["stats"].tolist() == stats
+    assert loop.state.own["stats"].tolist() == [*stats, 0.0]  # (unavailable: none lost, every worker always online)
 
 
 THETA_RTOL = 1e-4

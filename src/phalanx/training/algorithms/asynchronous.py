@@ -45,6 +45,7 @@ from torch import Tensor
 from phalanx.aggregators.base import Aggregator
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.errors import ConfigError
+from phalanx.training.algorithms import availability as online
 from phalanx.training.algorithms.base import RoundAlgorithm, Run
 from phalanx.training.algorithms.clock import STATS, TIMINGS, Clock, Speeds, columns
 from phalanx.training.algorithms.dsgd import poison_rows
@@ -125,13 +126,17 @@ class Asynchronous(RoundAlgorithm):
     workers' speed distribution (:class:`~phalanx.training.algorithms.clock.Speeds`); ``byzantine_timing``: the
     Byzantine workers' clock, ``"honest"`` or ``"always_first"``; ``concurrency``: C, how many workers compute at
     once (FedBuff's concurrency, Nguyen et al., AISTATS 2022, Alg. 1; None: every worker —
-    :mod:`~phalanx.training.algorithms.clock`; on processes :mod:`phalanx.distributed.async_credit`)."""
+    :mod:`~phalanx.training.algorithms.clock`; on processes :mod:`phalanx.distributed.async_credit`);
+    ``availability``: when each worker is online (``"always"``, or a FedScale client behaviour trace, with
+    ``availability_scale`` trace seconds per simulated unit — :mod:`~phalanx.training.algorithms.availability`)."""
 
     batch_size: int = 32
     max_staleness: int = 4
     speeds: Any = "lognormal(1.0)"
     byzantine_timing: str = "honest"
     concurrency: int | None = None
+    availability: str = "always"
+    availability_scale: float = online.SCALE
 
     missing_word = "workers"
     knowledge: ClassVar[tuple[str, ...]] = ("omniscient",)
@@ -150,6 +155,19 @@ class Asynchronous(RoundAlgorithm):
                               "one of " + ", ".join(TIMINGS))
         if self.concurrency is not None:
             check_int("algorithm_params.concurrency", self.concurrency, low=1)
+        online.check_spec(self.availability, self.availability_scale)
+
+    def online(self, workers: int, byzantine: int, seed: int) -> online.Availability | None:
+        """The workers' availability (None: always), refused in one line when the trace has fewer clients than
+        workers, is defective, or leaves a worker no window long enough for its update (a time attacker's takes no
+        time) — the clock would stall (:mod:`~phalanx.training.algorithms.availability`)."""
+        avail = online.parse(self.availability, self.availability_scale, workers)
+        if avail is not None:
+            speed = Speeds.parse(self.speeds).draw(workers, seed)
+            instant = torch.arange(workers) >= workers - byzantine if self.byzantine_timing != "honest" else None
+            d = 1.0 / speed
+            avail.check((d if instant is None else d.masked_fill(instant, 0.0)).tolist())
+        return avail
 
     # --- what an asynchronous algorithm declares -------------------------------------------------------------------
 
@@ -227,7 +245,8 @@ class Asynchronous(RoundAlgorithm):
 
     def clock(self, run: Run) -> Clock:
         return Clock(workers=run.workers, byzantine=run.byzantine, max_staleness=self.max_staleness,
-                     timing=self.byzantine_timing, concurrency=self.concurrency, seed=run.seed)
+                     timing=self.byzantine_timing, concurrency=self.concurrency, seed=run.seed,
+                     availability=self.online(run.workers, run.byzantine, run.seed))
 
     def initial_state(self, run: Run, theta: Tensor) -> dict[str, Tensor]:
         """Time 0: every worker starts on θ₀; the ring holds θ₀ in every slot (only slot 0 is ever read before it is
@@ -290,6 +309,7 @@ class Asynchronous(RoundAlgorithm):
         self.per_round(run.workers)
         self.check_concurrency(run.workers)
         Speeds.parse(self.speeds).check(run.workers)
+        self.online(run.workers, run.byzantine, run.seed)
         check_attack(run.attack, self.name)
 
     def check_config(self, cfg: Any, rule: Aggregator, attack: Attack | DataAttack) -> None:
@@ -301,6 +321,8 @@ class Asynchronous(RoundAlgorithm):
         if getattr(cfg, "engine", "simulated") == "simulated":
             self.check_concurrency(cfg.workers)
         Speeds.parse(self.speeds).check(cfg.workers)
+        if getattr(cfg, "engine", "simulated") == "simulated":  # the file and its clients (the windows' lengths
+            online.parse(self.availability, self.availability_scale, cfg.workers)  # against the speeds: check(run))
         check_attack(attack, self.name)
         super().check_config(cfg, rule, attack)
 
@@ -323,6 +345,9 @@ class Asynchronous(RoundAlgorithm):
             raise ConfigError("algorithm_params.byzantine_timing", self.byzantine_timing, "'honest' with engine "
                               "'torchrun' (the processes' own pace is their timing)")
         check_process_attack(attack)
+        if self.availability != "always":
+            raise ConfigError("algorithm_params.availability", self.availability, "'always' with engine 'torchrun' "
+                              "(a trace's availability is the simulated clock's; processes are online as they run)")
         if getattr(cfg, "topology", "server") != "server":
             raise ConfigError("topology", cfg.topology, "'server' with an asynchronous algorithm")
         if cfg.workers < 2:

@@ -40,6 +40,15 @@ in flight hashed to it) and the filtering algorithms (whose zero step on process
 refuse the key: they always run every worker
 (:meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.check_concurrency`).
 
+Availability (``availability``, :mod:`~phalanx.training.algorithms.availability`: FedScale's client behaviour
+trace): a worker starts an update only while online — one asked to start (at time 0, after a step, or sampled under
+concurrency) while offline starts at its next online instant — and an update whose computation leaves its online
+window is lost (counted in ``unavailable``, never aggregated) and computed again from the next window's start on the
+same version. Its arrival is the delivering attempt's end, so the clock's order and steps are as above; the
+argument against a stall holds because every worker has a window long enough for its update (refused before the
+run otherwise), so every arrival in flight is finite. Availability is a pure function of (worker, time): the state
+holds nothing more, and ``"always"`` (the default) is the clock above, bit for bit.
+
 Versions in flight: an update whose version is older than t − S will be dropped, so only versions t − S … t are
 ever computed on — the algorithm keeps S + 1 model versions, a ring indexed by v mod (S + 1).
 
@@ -79,17 +88,20 @@ from torch import Tensor
 
 from phalanx.errors import ConfigError
 from phalanx.training.algorithms import traces
+from phalanx.training.algorithms.availability import Availability
 from phalanx.training.streams import generator
 
 TIMINGS = ("honest", "always_first", "last_slot", "at_bound", "replay")
 """The values of ``byzantine_timing``: the Byzantine workers' clock (the module's docstring)."""
 
 STATS = ("sim_time", "dropped", "updates", "byzantine_updates", "staleness_mean", "staleness_max",
-         "byzantine_buffer_share", "dropped_step", "byzantine_rows")
+         "byzantine_buffer_share", "dropped_step", "byzantine_rows", "unavailable")
 """The entries of the clock's ``stats`` vector: the simulated time of the last step; totals over the run (dropped,
 aggregated and Byzantine aggregated updates); the last step's staleness mean and max over its aggregated updates,
 the Byzantine share of its buffer, the updates it dropped, and how many rows of the rule's input a Byzantine update
-touched (FedBuff: its Byzantine updates; BASGD: its Byzantine-touched buffers)."""
+touched (FedBuff: its Byzantine updates; BASGD: its Byzantine-touched buffers); and the total of updates lost to a
+worker going offline while computing (:mod:`~phalanx.training.algorithms.availability`; counted when the worker is
+started: the attempts it will lose before the update it delivers)."""
 
 _SPEC = re.compile(r"^\s*(constant|lognormal)\s*(?:\(\s*([^)]*?)\s*\))?\s*$")
 SPEEDS_ALLOWED = ("'constant', 'lognormal(sigma)' with sigma > 0 (speed = exp(sigma·z), z ~ N(0, 1)), "
@@ -171,7 +183,7 @@ class Clock:
     ones)."""
 
     def __init__(self, *, workers: int, byzantine: int, max_staleness: int, timing: str,
-                 concurrency: int | None = None, seed: int = 0) -> None:
+                 concurrency: int | None = None, seed: int = 0, availability: Availability | None = None) -> None:
         if timing not in TIMINGS:
             raise ConfigError("algorithm_params.byzantine_timing", timing, "one of " + ", ".join(TIMINGS))
         self.n, self.b, self.bound, self.timing = workers, byzantine, max_staleness, timing
@@ -180,6 +192,8 @@ class Clock:
         if not 1 <= self.c <= workers:
             raise ConfigError("algorithm_params.concurrency", concurrency, f"an integer in 1..{workers} (workers)")
         self.seed = seed
+        self.availability = availability
+        """When each worker is online (None: always, :mod:`~phalanx.training.algorithms.availability`)."""
         self.byz = torch.zeros(workers, dtype=torch.bool)
         self.byz[workers - byzantine:] = byzantine > 0
         self.instant = self.byz & (timing != "honest")  # a time attacker takes no time: it chooses when to deliver
@@ -205,11 +219,29 @@ class Clock:
         (arrival +∞)."""
         stats = torch.zeros(len(STATS), dtype=torch.float64)
         arrival = self.durations(speed)
+        idle = np.zeros(self.n, dtype=bool)
         if self.c < self.n:
-            idle = np.ones(self.n, dtype=bool)
+            idle[:] = True
             idle[self.sample(np.arange(self.n), self.c, 0)] = False
             arrival = arrival.masked_fill(torch.from_numpy(idle), math.inf)
+        if self.availability is not None:
+            went = np.flatnonzero(~idle)
+            times, lost = self.online(went, 0.0, _np(arrival)[went])
+            arrival = arrival.clone()
+            arrival[torch.from_numpy(went)] = times
+            stats[-1] = lost
         return {"speed": speed, "arrival": arrival, "version": torch.zeros(self.n, dtype=torch.int64), "stats": stats}
+
+    def online(self, went: np.ndarray, now: float, d: np.ndarray) -> tuple[Tensor, int]:
+        """The arrival times of the workers ``went`` asked to start at ``now`` on updates taking ``d``, each started
+        at its next available instant and again after each attempt lost to going offline, and how many are lost
+        (:meth:`~phalanx.training.algorithms.availability.Windows.schedule`)."""
+        assert self.availability is not None
+        out, lost = np.empty(went.size, dtype=np.float64), 0
+        for m, (i, di) in enumerate(zip(went.tolist(), d.tolist())):
+            s, gone = self.availability.schedule(i, now, di)
+            out[m], lost = s + di, lost + gone
+        return torch.from_numpy(out), lost
 
     def sample(self, idle: np.ndarray, need: int, version: int) -> np.ndarray:
         """``need`` of the ``idle`` workers (ascending indices), uniformly without replacement: the ones started on
@@ -316,17 +348,23 @@ class Clock:
             arrival[went] = math.inf
             idle = np.flatnonzero(np.isinf(arrival))
             went = self.sample(idle, self.c - (self.n - idle.size), t + 1)
-        arrival[went] = step.time + np.where(self._instant[went], 0.0, 1.0 / _np(state["speed"])[went])
-        version[went] = t + 1
+        d = np.where(self._instant[went], 0.0, 1.0 / _np(state["speed"])[went])
         old = _np(state["stats"]).tolist()
+        lost = 0
+        if self.availability is None:
+            arrival[went] = step.time + d
+        else:
+            times, lost = self.online(went, step.time, d)
+            arrival[went] = times.numpy()
+        version[went] = t + 1
         k = int(ids.size)
         byz = int(np.count_nonzero(ids >= self.n - self.b)) if self.b else 0
         s = _np(step.staleness)
         # staleness is integral: its sum is exact, so sum / k is the float64 mean, correctly rounded
         stats = torch.from_numpy(np.array([step.time, old[1] + dropped.size, old[2] + k, old[3] + byz,
                                            int(s.sum()) / k if k else 0.0, float(s.max()) if k else 0.0,
-                                           byz / k if k else 0.0, float(dropped.size), float(byzantine_rows)],
-                                          dtype=np.float64))
+                                           byz / k if k else 0.0, float(dropped.size), float(byzantine_rows),
+                                           old[9] + lost], dtype=np.float64))
         return {"speed": state["speed"], "arrival": torch.from_numpy(arrival), "version": torch.from_numpy(version),
                 "stats": stats}
 

@@ -6,8 +6,8 @@ FedScale's device-capacity trace is a pickled dict ``{client_id: {"computation":
 slower) and ``communication`` its bandwidth. Here client i of the trace, in increasing ``client_id`` order, is
 worker i, and its speed is ``median(computation) / computation_i`` (median speed 1, the scale of the other
 distributions of :mod:`~phalanx.training.algorithms.clock`); the bandwidth is not used (an update's time is its
-computation). FedScale's availability trace (``client_behave_trace``: active/inactive intervals) is not read:
-workers are always available.
+computation). FedScale's availability trace (``client_behave_trace``: active/inactive intervals) is read by
+:mod:`~phalanx.training.algorithms.availability` (``algorithm_params.availability``).
 
 A trace is a hostile file until read: it is at most :data:`MAX_BYTES`, and it is unpickled with no globals at all
 (the standard library's "restricting globals" pattern with an empty allow-list: a pickle that names any class or
