@@ -375,3 +375,20 @@ def test_only_the_runs_own_last_state_skips_the_clock_checks() -> None:
         algo.load_state(exp, bad)
     algo.load_state(exp, made)
     assert stage.own is made
+
+
+def test_a_checkpoint_from_before_the_unavailable_stat_resumes() -> None:
+    """The clock's last statistic, ``unavailable``, came with availability traces: a checkpoint written before it
+    holds one statistic fewer. It resumes with that count 0 (every worker was always available then); a clock state
+    missing more is still refused in one line."""
+    from phalanx.training.algorithms.asynchronous import clock_stage
+
+    exp = experiment(FedBuff(buffer_size=3), rounds=3)
+    run(exp)
+    own = clock_stage(exp).own
+    assert own is not None
+    full = own["stats"].clone()
+    exp.algorithm.load_state(exp, {**own, "stats": full[:-1].clone()})
+    assert torch.equal(clock_stage(exp).own["stats"], torch.cat([full[:-1], full.new_zeros(1)]))
+    with pytest.raises(ConfigError, match=r"^start="):
+        exp.algorithm.load_state(exp, {**own, "stats": full[:-2].clone()})

@@ -269,6 +269,10 @@ class Asynchronous(RoundAlgorithm):
         if own is stage.made:
             stage.own = own
             return
+        stats = own.get("stats")
+        if stats is not None and tuple(stats.shape) == (len(STATS) - 1,):
+            # written before the clock counted ``unavailable`` (its last entry): every worker was always available
+            own = {**own, "stats": torch.cat([stats, stats.new_zeros(1)])}
         self.clock(run).check_state(own)
         ring = own.get(RING)
         shape = (self.max_staleness + 1, run.problem.dim)
