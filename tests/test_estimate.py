@@ -62,6 +62,27 @@ def test_the_estimate_is_the_steady_round_times_the_rounds_left(tmp_path: Path,
         assert mutant.seconds > 2.4 * one.seconds  # the overstatement issue 38 found
 
 
+def test_fast_rounds_are_timed_for_a_second_and_averaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A newcomer's README job on a loaded machine at 2 threads: rounds of 0.7 ms or 80 ms as the other processes ran,
+    and the three timed rounds' median said 76 ms where the runs averaged 25 ms (estimates 3–10× too long). Fast
+    rounds are now timed for PROBE_SECONDS (up to the run's last round) and averaged: the fake rounds here — two
+    warm-up rounds, then 80, 80 and six 0.7 ms rounds, repeating (mean 20.5 ms) — give their mean within the
+    pattern's granularity. Mutant: the three-round median (PROBE_SECONDS = 0) says 80 ms, 3.9× too long."""
+    cfg = make_config({**SMALL, "rounds": 120})
+    todo = [(cfg, tmp_path / grid.run_id(cfg))]
+    pattern = [0.08, 0.08] + [0.0007] * 6
+    costs = [1.0, 1.0] + pattern * 40
+    mean = sum(pattern) / len(pattern)
+    est = estimate.estimate(todo, jobs=1, clock=_FakeRounds(costs, monkeypatch))
+    assert est is not None and est.timed >= estimate.MEAN_FROM
+    timed = costs[2:2 + est.timed]
+    assert est.per_round == pytest.approx(sum(timed) / len(timed)) and abs(est.per_round - mean) < 0.2 * mean
+    assert f"the mean of {est.timed} after 2 warm-up rounds" in est.text()
+    monkeypatch.setattr(estimate, "PROBE_SECONDS", 0.0)
+    mutant = estimate.estimate(todo, jobs=1, clock=_FakeRounds(costs, monkeypatch))
+    assert mutant is not None and mutant.per_round == pytest.approx(0.08) and mutant.per_round > 3 * est.per_round
+
+
 def test_a_larger_model_counts_more_and_a_tiny_grid_is_not_timed(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     small = make_config(SMALL)

@@ -36,6 +36,16 @@ WARMUP_ROUNDS = 2
 kernel, each worker's first batch, memory first touched — that a run pays once, not every round. Issue 38: with one
 warm-up round and the mean of three, step 2 of docs/start.md measured 15 s, 8.3 s, then 1.1–1.6 s a round at load
 6–8; the second round alone made the mean 4.3 s, three times the steady 1.5 s (tests/test_estimate.py)."""
+PROBE_SECONDS = 1.0
+"""A fast round is timed for at least this long (beyond :data:`PROBE_ROUNDS`): on a loaded 2-core machine a round of
+the README's job at 2 threads took 0.7 ms or 80 ms as the other processes happened to run, so three rounds' median
+said 76 ms where the runs averaged 25 ms — a newcomer's estimates 3–10× too long (issue 38)."""
+PROBE_MAX = 400
+"""At most this many rounds are timed (a round of 2.5 ms reaches :data:`PROBE_SECONDS` at 400)."""
+MEAN_FROM = 10
+"""From this many timed rounds on, the round is their mean — what a run pays is the sum of its rounds, stalls
+included at their frequency — and below it their median (:func:`steady`): with a few slow rounds a single stall
+would weigh a third of the estimate."""
 MIN_ROUNDS = 20
 """Below this many rounds left in the whole grid no estimate is made: timing them would cost a noticeable share."""
 
@@ -53,13 +63,15 @@ class Estimate:
     parallel: int
     setup: float = 0.0
     """Seconds the probed run's set-up took (its data, model and experiment built), counted once per run."""
+    timed: int = PROBE_ROUNDS
+    """How many rounds the probe timed (:func:`time_rounds`)."""
 
     def text(self) -> str:
         """One clause: the estimate and what it rests on."""
         return (f"about {duration(self.seconds)} for {self.rounds:,} rounds of {self.runs} run(s) on {self.parallel} "
-                f"process(es) — a round of {self.probed} took {self.per_round:.3g} s here, now (the median of "
-                f"{PROBE_ROUNDS} after {WARMUP_ROUNDS} warm-up rounds; its set-up {self.setup:.2g} s, counted once a "
-                "run; evaluations and checkpoints come on top)")
+                f"process(es) — a round of {self.probed} took {self.per_round:.3g} s here, now "
+                f"({statistic(self.timed)} after {WARMUP_ROUNDS} warm-up rounds; its set-up {self.setup:.2g} s, "
+                "counted once a run; evaluations and checkpoints come on top)")
 
 
 def duration(seconds: float) -> str:
@@ -78,6 +90,14 @@ def _left(rounds: int, run_dir: Path) -> int:
     return max(0, rounds - (done or 0))
 
 
+def _dimension(cfg: RunConfig, input_shape: tuple[int, ...], num_classes: int) -> int | None:
+    """The model's parameter count d (None when it cannot be counted before it is built)."""
+    try:
+        return models.planned_parameters(cfg.model, input_shape, num_classes, **cfg.model_params)
+    except Exception:  # an estimate never stops a grid: the run says what is wrong itself
+        return None
+
+
 def _size(cfg: RunConfig, input_shape: tuple[int, ...], num_classes: int) -> float | None:
     """workers × parameters of ``cfg``'s model (None when it cannot be counted before it is built)."""
     try:
@@ -87,20 +107,56 @@ def _size(cfg: RunConfig, input_shape: tuple[int, ...], num_classes: int) -> flo
     return None if d is None else float(d * cfg.workers)
 
 
+RULE_SECONDS = 0.05
+"""Each distinct rule of a grid is timed on rows of its shape for at least this long (:func:`rule_cost`)."""
+
+
+def rule_cost(run: ValidRun | RunConfig, d: int | None, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds ``run``'s rule takes on one round's rows here: its own rule (a copy: a stateful one keeps its state),
+    on ``(m, d)`` float32 normal rows — m the vectors its algorithm aggregates a round, d the model's parameters —
+    after one untimed call, the mean of calls over :data:`RULE_SECONDS` (at least 3). 0 where it cannot be timed (a
+    config not yet validated, a model whose size is not known before it is built): the probed round then speaks for
+    every rule. A newcomer's README job of five rules was estimated at 4 s from its mean / none round; it took 11 s."""
+    if not isinstance(run, ValidRun) or d is None:
+        return 0.0
+    import copy
+
+    try:
+        rule = copy.deepcopy(run.parts.rule)
+        m = run.parts.algorithm.per_round(run.cfg.workers)
+        rows = torch.randn(m, d, generator=torch.Generator().manual_seed(0))
+        rule(rows)
+        calls, begin = 0, clock()
+        while calls < 3 or (clock() - begin < RULE_SECONDS and calls < PROBE_MAX):
+            rule(rows)
+            calls += 1
+        return (clock() - begin) / calls
+    except Exception:  # an estimate never stops a grid: the run says what is wrong itself
+        return 0.0
+
+
 def steady(seconds: Sequence[float]) -> float:
-    """What a round costs once the run is under way: the median of the timed rounds ``seconds`` (the warm-up rounds
-    are not among them). A median, not a mean: a round that another process on a loaded machine slowed tenfold moves
-    it by one rank, not by a tenth of its time."""
-    return float(np.median(np.asarray(seconds, dtype=float)))
+    """What a round costs once the run is under way, from the timed rounds ``seconds`` (the warm-up rounds are not
+    among them): their median when fewer than :data:`MEAN_FROM` — a round that another process slowed tenfold moves
+    it by one rank, not by a third of its time — and their mean from :data:`MEAN_FROM` on, when a second's worth of
+    fast rounds holds the machine's stalls at their frequency and the mean is what the runs will pay."""
+    values = np.asarray(seconds, dtype=float)
+    return float(values.mean() if values.size >= MEAN_FROM else np.median(values))
+
+
+def statistic(timed: int) -> str:
+    """What :func:`steady` took of ``timed`` rounds, in words."""
+    return f"the {'mean' if timed >= MEAN_FROM else 'median'} of {timed}"
 
 
 def time_rounds(run: ValidRun | RunConfig, rounds: int = PROBE_ROUNDS,
                 clock: Callable[[], float] = time.perf_counter,
-                threads: int | None = None) -> tuple[float, tuple[int, ...], int, float]:
-    """Seconds a round of ``run`` takes here (:func:`steady` of ``rounds`` rounds timed one by one after
-    :data:`WARMUP_ROUNDS` warm-up rounds), the seconds its set-up took (loading the data, building the experiment:
-    what every run pays once), with its data
-    set's input shape and class count. Built with components of its own (those validating ``run`` built stay the
+                threads: int | None = None) -> tuple[float, tuple[int, ...], int, float, int]:
+    """Seconds a round of ``run`` takes here (:func:`steady` of at least ``rounds`` rounds timed one by one after
+    :data:`WARMUP_ROUNDS` warm-up rounds, and of more while they took less than :data:`PROBE_SECONDS`, up to
+    :data:`PROBE_MAX` and the run's last round; how many is the last value returned), the seconds its set-up
+    took (loading the data, building the experiment: what every run pays once), with its data set's input shape
+    and class count. Built with components of its own (those validating ``run`` built stay the
     run's), nothing written, torch's and numpy's global random state restored. A RunConfig is validated first.
     ``threads``: torch's intra-op threads during the probe (the count the runs will train with; this process's own
     count restored after), None: this process's count as it is."""
@@ -123,17 +179,19 @@ def time_rounds(run: ValidRun | RunConfig, rounds: int = PROBE_ROUNDS,
             setup = clock() - begin
             for _ in range(min(WARMUP_ROUNDS, max(0, loop.experiment.rounds - rounds))):
                 loop.step()  # warm-up: one-time costs (WARMUP_ROUNDS), not timed
-            times = []
-            for _ in range(rounds):
+            times: list[float] = []
+            room = max(rounds, min(PROBE_MAX, loop.experiment.rounds - loop.state.round))  # never past the run's end
+            while len(times) < rounds or (sum(times) < PROBE_SECONDS and len(times) < room):
                 start = clock()
                 loop.step()
                 times.append(clock() - start)
             per_round = steady(times)
+            timed = len(times)
     finally:
         np.random.set_state(state)
         if threads is not None:
             torch.set_num_threads(before)
-    return per_round, tuple(ds.input_shape), int(ds.num_classes), setup
+    return per_round, tuple(ds.input_shape), int(ds.num_classes), setup, timed
 
 
 def estimate(todo: Sequence[tuple[ValidRun | RunConfig, Path]], jobs: int, label: Callable[[RunConfig], str] = str,
@@ -154,15 +212,34 @@ def estimate(todo: Sequence[tuple[ValidRun | RunConfig, Path]], jobs: int, label
     run, first = left[0][0], left[0][1]
     try:
         timed = min(PROBE_ROUNDS, max(1, first.rounds - WARMUP_ROUNDS))
-        per_round, shape, classes, setup = time_rounds(run, timed, clock, threads)
+        per_round, shape, classes, setup, timed = time_rounds(run, timed, clock, threads)
     except Exception:  # an estimate never stops a grid: the run says what is wrong itself
         return None
     base = _size(first, shape, classes)
+    costs: dict[tuple[str, int, int, int | None], float] = {}
+
+    def cost(r: ValidRun | RunConfig, cfg: RunConfig) -> float:
+        key = (str(cfg.aggregator), int(cfg.f), int(cfg.workers), _dimension(cfg, shape, classes))
+        if key not in costs:
+            costs[key] = rule_cost(r, key[3], clock)
+        return costs[key]
+
+    before = torch.get_num_threads()
+    try:
+        if threads is not None:
+            torch.set_num_threads(threads)  # the rules are timed at the runs' thread count, as the round was
+        own = cost(run, first)
+        for r, cfg, _ in left:
+            cost(r, cfg)
+    finally:
+        torch.set_num_threads(before)
     work = 0.0
-    for _, cfg, k in left:
+    for r, cfg, k in left:
         size = _size(cfg, shape, classes)
-        work += k * (size / base if size is not None and base else 1.0)
+        ratio = size / base if size is not None and base else 1.0
+        # the probed round scaled by the model's size, with the probed rule's cost swapped for this run's own
+        work += k * max(0.5 * per_round * ratio, per_round * ratio + cost(r, cfg) - own * ratio)
     parallel = max(1, min(jobs, len(left)))
-    seconds = (per_round * work + setup * len(left)) / parallel
+    seconds = (work + setup * len(left)) / parallel
     return Estimate(seconds if math.isfinite(seconds) else math.inf, per_round, label(first), total, len(left),
-                    parallel, setup)
+                    parallel, setup, timed)
