@@ -83,6 +83,30 @@ def test_fast_rounds_are_timed_for_a_second_and_averaged(tmp_path: Path, monkeyp
     assert mutant is not None and mutant.per_round == pytest.approx(0.08) and mutant.per_round > 3 * est.per_round
 
 
+def test_each_runs_own_rule_cost_replaces_the_probed_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe times a round of the first run (its rule: cwtm here); a run with a costlier rule pays the difference
+    each round. Rule costs injected (cwtm 1 s, geomed 4 s a round; the probe's round 10 s): a cwtm run and a geomed
+    run of 40 rounds → 40 × 10 + 40 × (10 − 1 + 4) = 920 s. Mutant: the probed round for every run (800 s). And the
+    real timing gives a rule on (m, d) rows a positive cost (an unvalidated config: 0, the probe speaks for it)."""
+    from phalanx.experiments.validrun import ValidRun
+
+    cfgs = [make_config({**SMALL, "aggregator": a}) for a in ("cwtm", "geomed")]
+    todo = [(c, tmp_path / grid.run_id(c)) for c in cfgs]
+    rules = {"cwtm": 1.0, "geomed": 4.0}
+    monkeypatch.setattr(estimate, "rule_cost", lambda run, d, clock: rules[str(getattr(run, "cfg", run).aggregator)])
+    est = estimate.estimate(todo, jobs=1, clock=_FakeRounds([10.0], monkeypatch))
+    assert est is not None and est.seconds == pytest.approx(40 * 10 + 40 * (10 - 1 + 4))
+    monkeypatch.setattr(estimate, "rule_cost", lambda run, d, clock: 0.0)
+    mutant = estimate.estimate(todo, jobs=1, clock=_FakeRounds([10.0], monkeypatch))
+    assert mutant is not None and mutant.seconds == pytest.approx(800.0)
+    monkeypatch.undo()
+    from phalanx.experiments.config import validate
+
+    valid = validate(cfgs[1])
+    assert isinstance(valid, ValidRun) and estimate.rule_cost(valid, 650) > 0
+    assert estimate.rule_cost(cfgs[1], 650) == 0.0
+
+
 def test_a_larger_model_counts_more_and_a_tiny_grid_is_not_timed(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     small = make_config(SMALL)
