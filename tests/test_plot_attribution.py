@@ -399,3 +399,39 @@ def test_the_planners_plot_draws_each_rule_in_its_colour(tmp_path: Path) -> None
     colours = plots.rule_colours(["cwtm", "geomed", "cwmed"])  # another figure's set
     assert drawn["cwtm"] == colours["cwtm"] and drawn["geomed"] == colours["geomed"]
     assert drawn["mean (no defence)"] == "k"
+
+
+def test_a_large_group_of_coincident_curves_is_noted_not_cased() -> None:
+    """Six accuracy curves that all reach ~95 % coincide: casing them made the first 12.6 pt wide, a band over the
+    panel (the README job's accuracy.png). Groups of more than MOST_CASED are only noted in the legend; a pair is
+    still cased. Mutant: casing every group (MOST_CASED unbounded)."""
+    from phalanx.experiments import coincide
+
+    six = {f"rule{i}": [10.0, 60.0, 90.0, 95.0, 95.0 + 0.01 * i] for i in range(6)}
+    pair = {"a": [1.0, 2.0, 3.0], "b": [1.0, 2.0, 3.0], "c": [30.0, 20.0, 10.0]}
+    for most, bounded in ((coincide.MOST_CASED, True), (10**6, False)):
+        got = {k: v for k, v in coincide.__dict__.items() if k == "MOST_CASED"}
+        assert got
+        coincide.MOST_CASED = most
+        try:
+            sep = coincide.separate(six, log=False, linewidth=1.6)
+            two = coincide.separate(pair, log=False, linewidth=1.6)
+        finally:
+            coincide.MOST_CASED = got["MOST_CASED"]
+        assert (max(s.linewidth for s in sep.values()) == 1.6) is bounded
+        assert sum(bool(s.note) for s in sep.values()) == 5
+        assert two["a"].linewidth > two["b"].linewidth == two["c"].linewidth == 1.6 and "drawn over it" in two["b"].note
+
+
+def test_a_curve_of_one_point_hides_nothing() -> None:
+    """The README job's mean under ``inf`` diverged at round 1: its one drawn point (round 0, where every run starts)
+    was read as lying under cwtm's whole curve, and the legend said so. A curve coincides only at most of the longer
+    curve's points, and at two at least. Mutant: the share over the points both draw (one: 100 %)."""
+    from phalanx.experiments import coincide
+
+    nan = float("nan")
+    full = [8.0, 70.0, 90.0, 94.0, 95.0]
+    stub = [8.0, nan, nan, nan, nan]
+    assert not coincide.coincide(full, stub, log=False, span=100.0)
+    assert coincide.coincide(full, [8.0, 70.5, 90.0, 94.0, 95.2], log=False, span=100.0)
+    assert not coincide.coincide([8.0, nan], [8.0, nan], log=False, span=100.0)  # one point each: nothing hidden

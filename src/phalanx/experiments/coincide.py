@@ -28,6 +28,10 @@ its first rounds is still hidden for the rest)."""
 CASING = 2.2
 """How much wider (points) each curve of a group is drawn than the one drawn over it."""
 
+MOST_CASED = 3
+"""Groups of more curves are not cased, only noted in the legend: six accuracy curves that all reach 95 % cased
+made the first 12.6 pt wide, a band that hid the panel (the README job's ``accuracy.png``, seen after the change)."""
+
 
 def axis_units(value: float, log: bool) -> float | None:
     """Where ``value`` lies on the axis: log10 on a log axis (None where it cannot be drawn: ≤ 0, or not finite)."""
@@ -52,13 +56,13 @@ def equal_to_rounding(a: Sequence[float], b: Sequence[float], terms: int = 1) ->
 
 def coincide(a: Sequence[float], b: Sequence[float], *, log: bool, span: float) -> bool:
     """Whether curves ``a`` and ``b`` (values at the same x) are drawn within :data:`LINE_SHARE` of an axis of height
-    ``span`` (axis units) of each other at :data:`SHARE_OF_POINTS` of the points both can draw, or more."""
+    ``span`` (axis units) of each other at :data:`SHARE_OF_POINTS` of the points the longer of them draws, or more,
+    and at two points at least — a run that diverged at its first round draws one point, and hides no curve."""
     pairs = [(u, v) for x, y in zip(a, b) if (u := axis_units(x, log)) is not None
              and (v := axis_units(y, log)) is not None]
-    if not pairs:
-        return False
+    drawn = max(sum(axis_units(x, log) is not None for x in a), sum(axis_units(y, log) is not None for y in b))
     close = sum(abs(u - v) <= LINE_SHARE * span for u, v in pairs)
-    return close >= SHARE_OF_POINTS * len(pairs)
+    return close >= 2 and close >= SHARE_OF_POINTS * drawn
 
 
 @dataclass(frozen=True)
@@ -79,8 +83,9 @@ def separate(series: Mapping[str, Sequence[float]], *, log: bool, linewidth: flo
              terms: int = 1) -> dict[str, Separation]:
     """Per label of ``series`` (in drawing order; values at the same x): its line width and legend note. Curves that
     coincide (:func:`coincide` on an axis of height ``span``, by default the span of every value of ``series``)
-    form groups; in a group of g the k-th drawn (k = 0 … g − 1) gets ``linewidth + CASING · (g − 1 − k)`` and, from
-    the second on, the note ``≈ first, drawn over it`` (``=`` when equal to rounding over ``terms``
+    form groups; in a group of g ≤ :data:`MOST_CASED` the k-th drawn (k = 0 … g − 1) gets ``linewidth + CASING ·
+    (g − 1 − k)`` (a larger group keeps ``linewidth``) and, from the second on, the note ``≈ first, drawn over
+    it`` (``=`` when equal to rounding over ``terms``
     summed values, :func:`equal_to_rounding`). A curve that coincides with none keeps ``linewidth`` and no note."""
     labels = list(series)
     height = axis_span((v for vs in series.values() for v in vs), log) if span is None else span
@@ -99,5 +104,6 @@ def separate(series: Mapping[str, Sequence[float]], *, log: bool, linewidth: flo
         for k, label in enumerate(ms):
             note = "" if k == 0 else (
                 f"{'=' if equal_to_rounding(series[first], series[label], terms) else '≈'} {first}, drawn over it")
-            out[label] = Separation(linewidth + CASING * (len(ms) - 1 - k), note)
+            cased = len(ms) <= MOST_CASED
+            out[label] = Separation(linewidth + (CASING * (len(ms) - 1 - k) if cased else 0.0), note)
     return out
