@@ -202,3 +202,18 @@ def test_phalanx_run_twice_under_different_loads_same_count_same_result(tmp_path
     monkeypatch.setattr(th, "choose", lambda **kw: _reads_the_load(cores=2))
     mutant_busy = _run_under(12.0, tmp_path / "c", monkeypatch)
     assert mutant_busy[2] == 1 and mutant_busy[1] != quiet[1]
+
+
+def test_more_threads_must_be_clearly_faster() -> None:
+    """A newcomer's quiet-moment measurement: 0.765 ms a round on 1 thread, 0.568 on 2 (1.35×) — 2 were chosen, and
+    under load a round on 2 threads took 80 ms against 0.70 on 1. More threads are kept only when 1.5× faster.
+    Mutant: the former 10 % margin chooses 2."""
+    newcomer = {1: 0.765e-3, 2: 0.568e-3}
+    assert th.fastest(newcomer) == 1
+    assert th.fastest({1: 1.0e-3, 2: 0.6e-3}) == 2 and th.fastest({1: 1.0, 2: 0.9, 4: 0.5}) == 4
+    tie = th.TIE
+    try:
+        th.TIE = 1.10
+        assert th.fastest(newcomer) == 2
+    finally:
+        th.TIE = tie
