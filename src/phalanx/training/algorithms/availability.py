@@ -50,15 +50,14 @@ from __future__ import annotations
 
 import bisect
 import functools
-import io
 import itertools
 import math
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from phalanx.errors import ConfigError
+from phalanx.training.algorithms import traces
 
 PARAMETER = "algorithm_params.availability"
 PREFIX = "fedscale:"
@@ -113,11 +112,6 @@ def sample_table(clients: int = 32, seed: int = 36) -> dict[int, dict[str, Any]]
         table[cid] = {"duration": sum(e - a for a, e in zip(active, inactive)), "inactive": inactive,
                       "finish_time": period, "active": active, "model": "synthetic"}
     return table
-
-
-class _NoGlobals(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"the pickle names {module}.{name}; a trace holds only dicts, numbers and strings")
 
 
 def _number(x: Any) -> bool:
@@ -242,24 +236,8 @@ def _load(path: str, scale: float) -> tuple[Windows, ...]:
 
 def read(path: Path) -> list[tuple[list[float], list[float], float]]:
     """Every client's (active, inactive, finish_time) of the trace at ``path``, checked (the module's docstring)."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise trace_error(path, f"{size} bytes, more than {MAX_BYTES}")
-        raw = path.read_bytes()[: MAX_BYTES + 1]
-    except OSError as exc:
-        raise trace_error(path, f"cannot be read: {exc.strerror or exc}") from None
-    try:
-        table = _NoGlobals(io.BytesIO(raw)).load()
-    except Exception as exc:  # any defect of a hostile file is one line, never a traceback
-        raise trace_error(path, f"not a pickle of plain data: {type(exc).__name__}") from None
-    if not isinstance(table, dict) or not table:
-        raise trace_error(path, "not a non-empty dict {client_id: {'active': [...], 'inactive': [...], "
-                          "'finish_time': ...}}")
-    try:
-        ids = sorted(table)
-    except TypeError:
-        raise trace_error(path, "client ids of mixed types") from None
+    table, ids = traces.read_table(path, MAX_BYTES, "{client_id: {'active': [...], 'inactive': [...], "
+                                   "'finish_time': ...}}", trace_error)
     out = []
     for cid in ids:
         entry = table[cid]

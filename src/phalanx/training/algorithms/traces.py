@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import math
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,26 +63,36 @@ def path_of(spec: str) -> Path:
     return SAMPLE if rest == "sample" else Path(rest)
 
 
-def load(spec: str) -> tuple[float, ...]:
-    """The speeds of every client of the trace ``spec`` names, in increasing client-id order."""
-    path = path_of(spec)
+def read_table(path: Path, max_bytes: int, shape: str,
+               error: Callable[[Path, str], ConfigError]) -> tuple[dict[Any, Any], list[Any]]:
+    """A FedScale trace file at ``path`` as a hostile file: at most ``max_bytes`` (refused from its size before it is
+    read), unpickled with no globals, a non-empty dict (``shape`` names its expected form in the error), and its
+    client ids in increasing order; any defect is ``error(path, problem)`` — one line naming the file. Shared by the
+    device-capacity trace (here) and the behaviour trace (:mod:`~phalanx.training.algorithms.availability`)."""
     try:
         size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise trace_error(path, f"{size} bytes, more than {MAX_BYTES}")
-        raw = path.read_bytes()[: MAX_BYTES + 1]
+        if size > max_bytes:
+            raise error(path, f"{size} bytes, more than {max_bytes}")
+        raw = path.read_bytes()[: max_bytes + 1]
     except OSError as exc:
-        raise trace_error(path, f"cannot be read: {exc.strerror or exc}") from None
+        raise error(path, f"cannot be read: {exc.strerror or exc}") from None
     try:
         table = _NoGlobals(io.BytesIO(raw)).load()
     except Exception as exc:  # any defect of a hostile file is one line, never a traceback
-        raise trace_error(path, f"not a pickle of plain data: {type(exc).__name__}") from None
+        raise error(path, f"not a pickle of plain data: {type(exc).__name__}") from None
     if not isinstance(table, dict) or not table:
-        raise trace_error(path, "not a non-empty dict {client_id: {'computation': ..., 'communication': ...}}")
+        raise error(path, f"not a non-empty dict {shape}")
     try:
         ids = sorted(table)
     except TypeError:
-        raise trace_error(path, "client ids of mixed types") from None
+        raise error(path, "client ids of mixed types") from None
+    return table, ids
+
+
+def load(spec: str) -> tuple[float, ...]:
+    """The speeds of every client of the trace ``spec`` names, in increasing client-id order."""
+    path = path_of(spec)
+    table, ids = read_table(path, MAX_BYTES, "{client_id: {'computation': ..., 'communication': ...}}", trace_error)
     latency = []
     for cid in ids:
         entry = table[cid]
