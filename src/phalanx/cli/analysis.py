@@ -246,6 +246,12 @@ def tension_theory(
     specs = [r.strip() for r in rules.split(",") if r.strip()]
     progress = None
     if measure:
+        import torch
+
+        # the searches' tensors are tiny (n·d numbers): a second intra-op thread only waits, and on a busy 2-core
+        # machine CMA-ES's eigh spun 10-50× slower at 2 threads than at 1 (issue 38); small tensors sum alike at any
+        # thread count, and the docs' tables were made at 1 (scripts/docs_check.py)
+        torch.set_num_threads(1)
         progress = _TheoryProgress(tension.cells(workers, specs))
         progress.echo(f"Measuring ε ({trials} random inputs, then {budget} rule evaluations of CMA-ES) and a certified "
                       f"lower bound on κ ({kappa_budget} rule evaluations) for {len(specs)} rule(s) × every f at "
