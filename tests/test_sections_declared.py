@@ -351,7 +351,7 @@ def _listed_ranges() -> dict[str, set[str]]:
     import io
 
     out: dict[str, set[str]] = {}
-    for row in csv.DictReader(io.StringIO(_listing())):
+    for row in csv.DictReader(io.StringIO(_listing().partition("\n")[2])):  # after the "# title" line
         out.setdefault(row["flat key"], set()).add(row["allowed"])
     return out
 

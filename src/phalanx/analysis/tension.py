@@ -12,6 +12,8 @@ at the input found, shown as ``≥ value``. The κ column is the proven bound
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -66,8 +68,9 @@ def theory_table(
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise ConfigError("workers", n, "an integer >= 2")
     rows: list[TheoryRow] = []
+    for spec in rules:  # an unknown spec is an error up front, before any rule is measured
+        aggregators.make(spec, f=0)
     for spec in rules:
-        aggregators.make(spec, f=0)  # an unknown spec is an error up front
         for f in range(0, (n - 1) // 2 + 1):
             lb = lower_bound(n, f)
             try:
@@ -107,6 +110,78 @@ def theory_table(
 def cells(n: int, rules: tuple[str, ...] | list[str]) -> int:
     """How many (rule, f) pairs :func:`theory_table` goes through: every rule × f = 0 … ⌊(n−1)/2⌋."""
     return len(rules) * ((n - 1) // 2 + 1)
+
+
+PROBE_SHARE = 0.1
+"""The share of a (rule, f)'s searches — its random inputs, CMA-ES and κ evaluations — that :func:`cell_costs` times
+once per rule."""
+
+
+@dataclass
+class CostEstimate:
+    """What :func:`cell_costs` predicts: ``costs[i]`` seconds for the i-th (rule, f) of :func:`theory_table`, in its
+    order (0 for a pair the table notes as not measurable), and ``probed``: each measurable rule's predicted seconds
+    for one pair (its probe's time divided by ``share``)."""
+
+    costs: list[float]
+    probed: dict[str, float]
+    share: float = PROBE_SHARE
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.costs)
+
+    @property
+    def slowest(self) -> str | None:
+        """The rule whose probe took longest (None: no rule was measurable)."""
+        return max(self.probed, key=lambda r: self.probed[r], default=None)
+
+
+def _measurable(spec: str, f: int, n: int) -> aggregators.Aggregator | None:
+    """The rule ``spec`` with ``f``, or None where :func:`theory_table` notes the pair instead of measuring it."""
+    try:
+        rule = aggregators.make(spec, f=f)
+    except PhalanxError:
+        return None
+    return None if n < rule.min_workers() else rule
+
+
+def cell_costs(
+    n: int, rules: tuple[str, ...] | list[str], *, d: int = 8, trials: int = 100, seed: int = 0,
+    kappa_budget: int = 300, budget: int = DEFAULT_BUDGET, share: float = PROBE_SHARE,
+    clock: Callable[[], float] = time.perf_counter,
+) -> CostEstimate:
+    """The seconds each (rule, f) of ``theory_table(n, rules, measure=True, …)`` should take here, now: for each rule,
+    one pair (its middle measurable f) measured with ``share`` of every budget — ⌈share·trials⌉ random inputs,
+    ⌈share·budget⌉ CMA-ES and ⌈share·kappa_budget⌉ κ evaluations — timed by ``clock`` and divided by ``share``.
+
+    A rule's evaluations cost the same at every f to within noise (at n = 16, d = 8: 0.57–0.72 s a pair for geomed,
+    0.54–0.68 s for multikrum, 0.07 s for cwtm), but the rules differ tenfold, so the first pairs alone — cwtm's —
+    predicted a tenth of the whole (issue 38: an ETA of 37 s for 5 min 14 s). Time is not quite proportional to the
+    budgets (a share of 0.1 took an eighth to a seventh of a whole pair here): the estimate is an order of magnitude
+    on the high side, which the progress line corrects once pairs are done (:mod:`phalanx.cli.analysis`). The
+    probes cost about ``share`` / (⌊(n−1)/2⌋ + 1) of the whole."""
+    for spec in rules:
+        aggregators.make(spec, f=0)  # an unknown spec: the one-line error before anything is timed
+    fs = range(0, (n - 1) // 2 + 1)
+    costs: list[float] = []
+    probed: dict[str, float] = {}
+    for spec in rules:
+        runnable = [f for f in fs if _measurable(spec, f, n) is not None]
+        per = 0.0
+        rule = _measurable(spec, runnable[len(runnable) // 2], n) if runnable else None
+        if rule is not None:
+            start = clock()
+            try:
+                epsilon(rule, n, d=d, trials=math.ceil(share * trials), seed=seed, budget=math.ceil(share * budget))
+                kappa(rule, n, d=d, budget=max(1, math.ceil(share * kappa_budget)), seed=seed)
+            except PhalanxError:  # not measurable (the table says why): it costs nothing
+                runnable = []
+            else:
+                per = (clock() - start) / share
+                probed[spec] = per
+        costs += [per if f in runnable else 0.0 for f in fs]
+    return CostEstimate(costs, probed, share)
 
 
 def kappa_source(rule: aggregators.Aggregator, n: int, kap: float | None) -> str:

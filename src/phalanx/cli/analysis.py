@@ -6,15 +6,15 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable
-from typing import Annotated
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any
 
 import typer
 
 from phalanx import __version__
 from phalanx.cli.common import _STDERR, _fmt, app, console
 from phalanx.cli.output import FormatOption, Tabular, check_format, emit
-from phalanx.cli.runs import _duration
+from phalanx.cli.runs import _budget, _duration, _forewarn
 from phalanx.cli.studies import tension_app
 from phalanx.errors import PhalanxError
 
@@ -23,7 +23,7 @@ from phalanx.errors import PhalanxError
 def demo(
     workers: Annotated[int, typer.Option("--workers", "-n", min=3, help="Number of workers n.")] = 20,
     byzantine: Annotated[int, typer.Option("--byzantine", "-b", min=0, help="Workers that actually attack.")] = 4,
-    f: Annotated[int, typer.Option("--f", min=0, help="Byzantine workers the rules are configured for.")] = 4,
+    f: Annotated[int, typer.Option("--f", "-f", min=0, help="Byzantine workers the rules are configured for.")] = 4,
     dim: Annotated[int, typer.Option("--dim", "-d", min=1, help="Vector dimension d.")] = 100_000,
     seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
     fmt: FormatOption = "table",
@@ -84,7 +84,7 @@ def demo(
 def epsilon_cmd(
     spec: Annotated[str, typer.Argument(help="Aggregator spec, e.g. cwtm or nnm>krum.")],
     workers: Annotated[int, typer.Option("--workers", "-n", min=1, help="Number of workers n.")] = 16,
-    f: Annotated[int, typer.Option("--f", min=0, help="Byzantine workers tolerated.")] = 3,
+    f: Annotated[int, typer.Option("--f", "-f", min=0, help="Byzantine workers tolerated.")] = 3,
     trials: Annotated[int, typer.Option("--trials", min=0, help="Random inputs to try.")] = 200,
     budget: Annotated[int, typer.Option("--budget", min=0, help="Rule evaluations of the CMA-ES search.")] = 2000,
     dim: Annotated[int, typer.Option("--dim", "-d", min=1, help="Dimension of the inputs.")] = 8,
@@ -172,43 +172,62 @@ _ECHO_ERR = functools.partial(typer.echo, err=True)
 
 class _TheoryProgress:
     """``tension theory --measure``'s progress on stderr (stdout holds the table alone): after each (rule, f) one
-    line — ``krum f=3: 12/32 (rule, f) measured in 0:01:05, ETA 0:01:48`` — the ETA extrapolating the pairs done
-    over the pairs left. Every pair has the same budgets of rule evaluations, but rules differ in what an evaluation
-    costs (at n = 16, d = 8 cwtm's 8 pairs took 2 s in all, geomed's and krum's far more): while a cheap rule's pairs
-    are done the ETA is low, an order of magnitude, not a bound. After the first pair, when that
-    extrapolation is over the budget (``PHALANX_BUDGET_MINUTES``, :func:`phalanx.cli.runs._budget`), one line says
-    so, as a grid's does before its first run (issue 38: the command printed nothing for 6 minutes). ``clock``
-    gives seconds (monotonic), ``echo`` prints a line."""
+    line — ``krum f=3: 12/32 (rule, f) measured in 0:01:05, ETA 0:01:48``. With ``costs`` (each pair's predicted
+    seconds, :func:`phalanx.analysis.tension.cell_costs`) the ETA is the pairs left's predicted seconds, scaled by
+    how the pairs done compare with theirs (the load now, the probe's error); without, the pairs done extrapolated
+    over the pairs left. Rules differ tenfold in what a pair costs (at n = 16, d = 8 cwtm's took 0.07 s, geomed's
+    0.6 s), so extrapolating cwtm's first pairs said 0:00:37 for a 5 min 14 s table (issue 38). ``clock`` gives
+    seconds (monotonic), ``echo`` prints a line."""
 
     def __init__(self, total: int, *, clock: Callable[[], float] = time.monotonic,
-                 echo: Callable[[str], None] = _ECHO_ERR) -> None:
-        self.total, self.clock, self.echo = max(1, total), clock, echo
+                 echo: Callable[[str], None] = _ECHO_ERR, costs: Sequence[float] | None = None) -> None:
+        self.total, self.clock, self.echo, self.costs = max(1, total), clock, echo, costs
         self.done = 0
         self.start = clock()
 
-    def __call__(self, rule: str, f: int) -> None:
-        from phalanx.cli.runs import BUDGET_ENV, _budget
-        from phalanx.experiments.estimate import duration
+    def left(self, elapsed: float) -> float:
+        """Seconds the pairs left should take, after ``elapsed`` seconds for the :attr:`done` first ones."""
+        if self.costs is None:
+            return elapsed / self.done * (self.total - self.done)
+        done, left = sum(self.costs[:self.done]), sum(self.costs[self.done:])
+        return left * elapsed / done if done > 0 else left
 
+    def __call__(self, rule: str, f: int) -> None:
         self.done += 1
         elapsed = self.clock() - self.start
-        left = elapsed / self.done * (self.total - self.done)
-        eta = "" if self.done >= self.total else f", ETA {_duration(left)}"
+        eta = "" if self.done >= self.total else f", ETA {_duration(self.left(elapsed))}"
         self.echo(f"{rule} f={f}: {self.done}/{self.total} (rule, f) measured in {_duration(elapsed)}{eta}")
-        budget = _budget() if self.done == 1 else None
-        if budget is not None and elapsed + left > 60 * budget:
-            self.echo(f"This measurement should take about {duration(elapsed + left)} (its first (rule, f) took "
-                      f"{elapsed:.3g} s here, now) — over the {budget:g} min budget ({BUDGET_ENV}). To make it "
-                      "smaller: fewer rules (--rules), a smaller --kappa-budget, --budget or --trials, a smaller n; "
-                      "Ctrl-C stops it")
+
+
+THEORY_RULES = ("cwtm", "cwmed", "geomed", "krum", "multikrum", "meamed", "nnm>cwtm")
+"""``tension theory``'s rules by default (:data:`phalanx.analysis.tension.DEFAULT_RULES`, without importing torch)."""
+
+THEORY_SMALLER = ("fewer rules (--rules), a smaller n (-n), a smaller --budget, --kappa-budget or --trials; Ctrl-C "
+                  "stops it")
+"""How to make ``tension theory --measure`` smaller, said with its estimate over the budget."""
+
+
+def _theory_estimate(cost: Any) -> Any:
+    """``cost`` (a :class:`phalanx.analysis.tension.CostEstimate`) as :func:`phalanx.cli.runs._forewarn` reads an
+    estimate: ``seconds`` and ``text()`` — ``about 4.1 min for 56 (rule, f) (…)``."""
+    from types import SimpleNamespace
+
+    from phalanx.experiments.estimate import duration
+
+    slowest = cost.slowest
+    source = "" if slowest is None else (f"; the slowest rule, {slowest}, {cost.probed[slowest]:.2g} s a pair, from "
+                                         f"{cost.probed[slowest] * cost.share:.2g} s for a {cost.share:g} share of one")
+    text = (f"about {duration(cost.seconds)} for {len(cost.costs)} (rule, f) — each rule's {cost.share:g} share of "
+            f"one (rule, f) timed here, now, and scaled up{source}")
+    return SimpleNamespace(seconds=cost.seconds, text=lambda: text)
 
 
 @tension_app.command("theory")
 def tension_theory(
     workers: Annotated[int, typer.Option("--workers", "-n", min=2, help="Number of workers n.")] = 16,
-    rules: Annotated[str, typer.Option("--rules", help="Comma-separated aggregator specs.")] = ",".join(
-        ("cwtm", "cwmed", "geomed", "krum", "multikrum", "meamed", "nnm>cwtm")
-    ),
+    rules: Annotated[str, typer.Option(
+        "--rules", show_default=False,  # the default in the help's words: as a default it was cropped (issue 38)
+        help="Comma-separated aggregator specs (default: " + ", ".join(THEORY_RULES) + ").")] = ",".join(THEORY_RULES),
     measure: Annotated[bool, typer.Option("--measure", help="Also measure ε (worst cases + random search) and a "
                                           "certified lower bound on κ (phalanx kappa).")] = False,
     trials: Annotated[int, typer.Option("--trials", min=0, help="Random inputs per (rule, f) when measuring.")] = 100,
@@ -227,10 +246,31 @@ def tension_theory(
     specs = [r.strip() for r in rules.split(",") if r.strip()]
     progress = None
     if measure:
+        import torch
+
+        # the searches' tensors are tiny (n·d numbers): a second intra-op thread only waits, and on a busy 2-core
+        # machine CMA-ES's eigh spun 10-50× slower at 2 threads than at 1 (issue 38); small tensors sum alike at any
+        # thread count, and the docs' tables were made at 1 (scripts/docs_check.py)
+        torch.set_num_threads(1)
         progress = _TheoryProgress(tension.cells(workers, specs))
         progress.echo(f"Measuring ε ({trials} random inputs, then {budget} rule evaluations of CMA-ES) and a certified "
                       f"lower bound on κ ({kappa_budget} rule evaluations) for {len(specs)} rule(s) × every f at "
                       f"n = {workers}, d = {dim}: {progress.total} (rule, f), a line after each; Ctrl-C stops it")
+        estimates: list[Any] = []
+
+        def guess() -> Any:  # each rule's share of a pair, timed: the total, and the ETA's weights
+            cost = tension.cell_costs(workers, specs, d=dim, trials=trials, budget=budget, kappa_budget=kappa_budget)
+            progress.costs = cost.costs
+            estimates.append(_theory_estimate(cost))
+            return estimates[-1]
+
+        _forewarn("measurement", f"a {tension.PROBE_SHARE:g} share of one (rule, f) of each rule", guess,
+                  THEORY_SMALLER, err=True)
+        limit = _budget()
+        if estimates and limit is not None and estimates[0].seconds <= 60 * limit:  # under the budget: said, dim
+            _STDERR.print(f"[dim]This measurement should take {estimates[0].text()}[/dim]", soft_wrap=True,
+                          highlight=False)
+        progress.start = progress.clock()  # the pairs' time, without the probe's
     try:
         rows = tension.theory_table(workers, specs, measure=measure, trials=trials, kappa_budget=kappa_budget,
                                     d=dim, budget=budget, progress=progress)
@@ -241,16 +281,6 @@ def tension_theory(
                       f"{_duration(progress.clock() - progress.start)}: no table (fewer --rules, a smaller "
                       "--kappa-budget or --trials make it shorter)")
         raise typer.Exit(130) from None
-    if fmt == "md":  # the analysis's own Markdown (its columns and notes), as the docs quote it
-        console.print(tension.to_markdown(rows, workers), markup=False, highlight=False, soft_wrap=True)
-        return
-    if fmt in ("csv", "json"):  # the analysis's own columns, every value (the terminal table rounds them)
-        import csv
-        import io
-
-        data = list(csv.reader(io.StringIO(tension.to_csv(rows))))
-        emit(Tabular(f"Price of robustness at n = {workers}", data[0], data[1:]), fmt, console)
-        return
     cols = ["rule", "f", "bound f/(n−f)", "ε proven"]
     cols += (["ε measured", "worst input", "κ bound f/(n−2f)", "κ proven", "κ measured"] if measure else
              ["κ proven"])
@@ -266,4 +296,4 @@ def tension_theory(
         table.add(*cells)
     table.notes.append("Measured values (≥) are certified lower bounds. Proven values:")
     table.notes.extend(f"  {line}" for line in tension.sources(rows))
-    emit(table, fmt, console)
+    emit(table, fmt, console)  # every format the terminal's table (issue 38: md dropped a column, csv had others)

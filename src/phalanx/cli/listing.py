@@ -33,7 +33,7 @@ def list_aggregators(
                 for name, kind, requirement, eps, kappa, ref in declared]
     _references(table, rows, fmt)
     table.notes.append(f"ε, κ: the values the literature proves (— where none; describe() names each statement). "
-                       f"`phalanx epsilon SPEC -n {workers} --f {f}` and `phalanx kappa SPEC -n {workers} -f {f}` "
+                       f"`phalanx epsilon SPEC -n {workers} -f {f}` and `phalanx kappa SPEC -n {workers} -f {f}` "
                        "measure certified lower bounds.")
     emit(table, fmt, console)
 

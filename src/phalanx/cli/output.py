@@ -119,16 +119,19 @@ def emit_all(tables: Sequence[Tabular], fmt: str, console: Console) -> None:
     for i, t in enumerate(tables):
         if fmt == "csv":
             typer.echo(("\n" if i else "") + f"# {t.title}")
-        elif fmt == "md" and i:
+            typer.echo(render(t, fmt), nl=False)
+            continue
+        if fmt == "md" and i:
             typer.echo("")
         emit(t, fmt, console)
 
 
 def emit(t: Tabular, fmt: str, console: Console) -> None:
     """Print ``t`` in ``fmt``: on the terminal a table that loses nothing (:func:`_terminal`) and its notes; in
-    ``json`` the one shape every command prints, ``{"tables": [{title, columns, rows}]}`` (:func:`emit_all`); else
-    :func:`render`'s text as it is."""
-    if fmt == "json":
+    ``json`` and ``csv`` the one shape every command prints, one table as several (:func:`emit_all`: json
+    ``{"tables": [{title, columns, rows}]}``, csv a ``# title`` line then the table — issue 38: a single table's csv
+    had no title line); in ``md`` :func:`render`'s text as it is."""
+    if fmt in ("json", "csv"):
         emit_all([t], fmt, console)
         return
     if fmt != "table":

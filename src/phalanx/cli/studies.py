@@ -223,7 +223,7 @@ def tension_plan(
     config: Annotated[Path | None, typer.Argument(help="Your run config (TOML; default: the built-in job).")] = None,
     expect: Annotated[int, typer.Option("--expect-byzantine", "-k", min=0, help="Byzantine workers you expect.")] = 1,
     rules: Annotated[str | None, typer.Option("--rules", help="Comma-separated aggregator specs.")] = None,
-    fs: Annotated[str | None, typer.Option("--f", help="Comma-separated f values (default: K/2, K, 2K).")] = None,
+    fs: Annotated[str | None, typer.Option("--f", "-f", help="Comma-separated f values (default: K/2, K, 2K).")] = None,
     attacks_: Annotated[str | None, typer.Option("--attacks", help="Comma-separated attacks.")] = None,
     tolerance: Annotated[float | None, typer.Option(
         "--tolerance", min=0, max=50, help="Accuracy points within which worst cases count as equal (default: one "

@@ -18,6 +18,7 @@ from typing import Any, Protocol, TypeVar
 from phalanx.analysis.stats import Estimate, holm
 from phalanx.errors import ConfigError
 from phalanx.experiments import runstate, store
+from phalanx.validate import suggest
 
 
 class PresetLike(Protocol):
@@ -45,13 +46,14 @@ P = TypeVar("P", bound=PresetLike)
 def pick_preset(presets: dict[str, P], name: str, changes: dict[str, Any], lists: tuple[str, ...]) -> P:
     """``presets[name]`` with fields replaced, checked: a known name and fields, non-empty ``lists``, at least two
     distinct seeds (the intervals need them). Shared by the study presets."""
-    if name not in presets:
-        raise ConfigError("preset", name, "one of " + ", ".join(presets))
+    if name not in presets:  # the closest names too (issue 38: ``--preset quik`` listed them with no "did you mean")
+        raise ConfigError("preset", name, "one of " + ", ".join(presets), suggest(name, presets))
     base = presets[name]
     fields = base.__dataclass_fields__  # type: ignore[attr-defined]
     unknown = sorted(set(changes) - set(fields))
     if unknown:
-        raise ConfigError("preset field", unknown, f"fields of {type(base).__name__}: " + ", ".join(fields))
+        raise ConfigError("preset field", unknown, f"fields of {type(base).__name__}: " + ", ".join(fields),
+                          suggest(unknown[0], fields) if len(unknown) == 1 else None)
     p = replace(base, **changes)  # type: ignore[type-var]
     for key in lists:
         if not getattr(p, key):
