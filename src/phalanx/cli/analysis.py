@@ -80,6 +80,16 @@ def demo(
     emit(table, fmt, console)
 
 
+def _search_threads() -> None:
+    """The ε and κ searches run at one intra-op thread: their tensors are tiny (n·d numbers), a second thread only
+    waits, and on a busy 2-core machine CMA-ES's eigh spun 10-50× slower at 2 threads than at 1 (issue 38). One fixed
+    count also makes a search's result the same on every machine (a large --dim would otherwise sum per thread), and
+    the docs' tables were made at 1 (scripts/docs_check.py)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @app.command("epsilon")
 def epsilon_cmd(
     spec: Annotated[str, typer.Argument(help="Aggregator spec, e.g. cwtm or nnm>krum.")],
@@ -96,6 +106,7 @@ def epsilon_cmd(
     from phalanx import aggregators
     from phalanx.analysis import epsilon
 
+    _search_threads()
     est = epsilon(aggregators.make(spec, f=f), workers, d=dim, trials=trials, seed=seed, budget=budget)
     proven = (f"ε = {est.theory:.4g} — {est.theory_source}" if est.theory is not None else
               f"nothing; ε ≤ {est.upper:.4g} — {est.upper_source}" if est.upper is not None else
@@ -145,6 +156,7 @@ def kappa_cmd(
     from phalanx.analysis.kappa import check_setting
 
     check_setting(workers, f, dim, budget, seed)  # before the rule is built: an unknown rule comes after
+    _search_threads()
     est = kappa(aggregators.make(spec, f=f), workers, d=dim, budget=budget, seed=seed)
     upper = "unknown" if est.upper_bound is None else f"{est.upper_bound:.4g}"
     measured = (f"unbounded (the ratio reaches {est.value:.3g} and grows with the Byzantine rows' distance)"
@@ -246,12 +258,7 @@ def tension_theory(
     specs = [r.strip() for r in rules.split(",") if r.strip()]
     progress = None
     if measure:
-        import torch
-
-        # the searches' tensors are tiny (n·d numbers): a second intra-op thread only waits, and on a busy 2-core
-        # machine CMA-ES's eigh spun 10-50× slower at 2 threads than at 1 (issue 38); small tensors sum alike at any
-        # thread count, and the docs' tables were made at 1 (scripts/docs_check.py)
-        torch.set_num_threads(1)
+        _search_threads()
         progress = _TheoryProgress(tension.cells(workers, specs))
         progress.echo(f"Measuring ε ({trials} random inputs, then {budget} rule evaluations of CMA-ES) and a certified "
                       f"lower bound on κ ({kappa_budget} rule evaluations) for {len(specs)} rule(s) × every f at "
