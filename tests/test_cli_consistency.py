@@ -198,3 +198,21 @@ def test_a_misspelt_preset_field_gets_a_did_you_mean() -> None:
 
     with pytest.raises(ConfigError, match=r"did you mean rules\?"):
         pick_preset(hbn.PRESETS, "quick", {"rulez": ["cwtm"]}, ())
+
+
+@pytest.mark.parametrize("args", [["epsilon", "cwtm", "-n", "6", "-f", "1", "--trials", "5", "--budget", "20"],
+                                  ["kappa", "cwtm", "-n", "6", "-f", "1", "--budget", "20"]])
+def test_the_searches_run_at_one_thread(args: list[str]) -> None:
+    """``epsilon`` and ``kappa`` search at one intra-op thread (tiny tensors; at two threads a busy machine stalled
+    them 25–50×, and one fixed count gives one result everywhere). Mutant: a command that keeps the process's
+    count leaves 2 here."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        result = CliRunner().invoke(cli.app, args)
+        assert result.exit_code == 0, result.output
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
