@@ -204,15 +204,27 @@ def test_a_misspelt_preset_field_gets_a_did_you_mean() -> None:
                                   ["kappa", "cwtm", "-n", "6", "-f", "1", "--budget", "20"]])
 def test_the_searches_run_at_one_thread(args: list[str]) -> None:
     """``epsilon`` and ``kappa`` search at one intra-op thread (tiny tensors; at two threads a busy machine stalled
-    them 25–50×, and one fixed count gives one result everywhere). Mutant: a command that keeps the process's
-    count leaves 2 here."""
+    them 25–50×, and one fixed count gives one result everywhere), and give the process its count back when they
+    end. Mutant: a command that keeps the process's count searches at 2."""
     import torch
 
+    import phalanx.analysis
+
+    seen: list[int] = []
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        result = CliRunner().invoke(cli.app, args)
+        with pytest.MonkeyPatch.context() as patch:
+            name = args[0]  # the CLI imports the search from phalanx.analysis when it runs
+            real = getattr(phalanx.analysis, name)
+
+            def spy(*a: object, **k: object) -> object:
+                seen.append(torch.get_num_threads())
+                return real(*a, **k)
+
+            patch.setattr(phalanx.analysis, name, spy)
+            result = CliRunner().invoke(cli.app, args)
         assert result.exit_code == 0, result.output
-        assert torch.get_num_threads() == 1
+        assert seen == [1] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

@@ -84,10 +84,16 @@ def _search_threads() -> None:
     """The ε and κ searches run at one intra-op thread: their tensors are tiny (n·d numbers), a second thread only
     waits, and on a busy 2-core machine CMA-ES's eigh spun 10-50× slower at 2 threads than at 1 (issue 38). One fixed
     count also makes a search's result the same on every machine (a large --dim would otherwise sum per thread), and
-    the docs' tables were made at 1 (scripts/docs_check.py)."""
+    the docs' tables were made at 1 (scripts/docs_check.py). The count the process had comes back when the command
+    ends (a caller running commands in process, a test among them, keeps its own)."""
+    import click
     import torch
 
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
+    context = click.get_current_context(silent=True)
+    if context is not None:
+        context.call_on_close(lambda: torch.set_num_threads(before))
 
 
 @app.command("epsilon")
