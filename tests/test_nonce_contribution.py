@@ -166,7 +166,9 @@ def test_a_reconnection_resends_the_same_contribution_and_a_new_session_draws_ne
     assert isinstance(w1, SealedWorkerLinks)
     share = w1.share
     w1.ready()  # the uplink's hello carries the same bytes: let in
-    assert server.shares[1] == share and 1 in server.up
+    with server.cond:  # the server registers the uplink just after its ACK, which ready() returned on: wait for it
+        assert server.cond.wait_for(lambda: 1 in server.up, 20.0)
+    assert server.shares[1] == share
     assert SealedWorkerLinks(ident(keydir, 1), "127.0.0.1", server.port, DIGEST, ROW, N).share != share
     # rank 2's key opening its uplink with other bytes than its downlink gave: refused
     w2 = joined[2]
