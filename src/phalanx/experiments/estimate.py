@@ -100,10 +100,7 @@ def _dimension(cfg: RunConfig, input_shape: tuple[int, ...], num_classes: int) -
 
 def _size(cfg: RunConfig, input_shape: tuple[int, ...], num_classes: int) -> float | None:
     """workers × parameters of ``cfg``'s model (None when it cannot be counted before it is built)."""
-    try:
-        d = models.planned_parameters(cfg.model, input_shape, num_classes, **cfg.model_params)
-    except Exception:  # an estimate never stops a grid: the run says what is wrong itself
-        return None
+    d = _dimension(cfg, input_shape, num_classes)
     return None if d is None else float(d * cfg.workers)
 
 
