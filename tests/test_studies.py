@@ -144,6 +144,18 @@ def test_set_keys_that_are_preset_fields_change_the_preset_the_others_are_run_ke
         parallelism.Parallelism().configure("quick", 1, [])
 
 
+def test_a_misspelled_set_key_is_one_line_with_did_you_mean_over_preset_fields_and_run_keys() -> None:
+    """``--set rulez=1``: the run keys' own check suggests among run keys only (nothing near "rulez"); the study
+    suggests the preset's ``rules``, and a run key's misspelling still gets its run key. The mutant (no study-level
+    check) raises the run keys' error, which names no preset field."""
+    for study, key, meant in ((hbn.HBN(), "rulez", "rules"), (tension.Tension(), "momentun", "momentum"),
+                              (hbn.HBN(), "checkpoint_evry", "checkpoint_every")):
+        with pytest.raises(ConfigError) as exc:
+            study.configure("quick", 2, [f"{key}=1", "dataset=digits"])
+        text = str(exc.value)
+        assert "\n" not in text and text.startswith(f"--set={key!r} is invalid") and f"did you mean {meant}" in text
+
+
 def test_the_preset_falls_back_to_data_that_is_here(monkeypatch: pytest.MonkeyPatch) -> None:
     from phalanx import data
     from phalanx.data.base import DatasetNotFoundError

@@ -68,6 +68,21 @@ def _tuples(value: Any) -> Any:
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
+def _refuse_unknown(overrides: dict[str, Any], fields: Any) -> None:
+    """A ``--set`` key that is neither a preset field nor a run key, as one line with "did you mean" over both
+    (issue 38: ``--set rulez=1`` on a study listed the fields and suggested nothing, since the run keys' check
+    only looks among run keys)."""
+    from phalanx.errors import ConfigError
+    from phalanx.experiments.schema import RunConfig
+    from phalanx.validate import suggest
+
+    unknown = sorted(k for k in overrides if k not in RunConfig.model_fields)
+    if unknown:
+        known = [*fields, *RunConfig.model_fields]
+        raise ConfigError("--set", unknown[0], "a field of the preset (" + ", ".join(fields) + ") or a run key "
+                          "(`phalanx config show --flat` lists them)", suggest(unknown[0], known))
+
+
 class Timed(Protocol):
     """An estimate of how long a study's own work takes here (:meth:`Study.estimate`)."""
 
@@ -135,6 +150,7 @@ class Study(ABC, Generic[P, C, V]):
 
         fields = self.preset_type.__dataclass_fields__  # type: ignore[attr-defined]
         changes = {k: _tuples(overrides.pop(k)) for k in list(overrides) if k in fields}
+        _refuse_unknown(overrides, fields)
         p = self.preset(name, **{"seeds": tuple(range(seeds)), **changes})
         self.data_note = None
         if "dataset" not in changes:
