@@ -243,3 +243,30 @@ def test_the_more_f_trends_are_holm_corrected(done) -> None:  # type: ignore[no-
     uncorrected = dataclasses.replace(five[0], log_ratio=dataclasses.replace(five[0].log_ratio, p_adjusted=None))
     assert uncorrected.verdict() == "holds"
     assert {t.verdict() for t in five} == {"inconclusive"}
+
+
+def test_the_real_problem_panels_draw_each_rule_in_its_colour(done, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+                                                             tmp_path: Path) -> None:
+    """The mean was blue and cwtm orange here while every other figure draws cwtm blue and the mean red
+    (``plots.rule_colours``); each rule's curve and its dashed bound now take the rule's colour. Mutant: the former
+    positional ``C{i}`` (the first rule drawn, the mean, in C0 — cwtm's colour)."""
+    import matplotlib.pyplot as plt
+
+    from phalanx.experiments import plots
+
+    _, _, collected, _, _ = done
+    drawn: list[tuple[str, str]] = []
+
+    def capture(fig: Any, path: Path, dpi: int = 100) -> Path:
+        drawn.extend((str(line.get_label()), str(line.get_color())) for ax in fig.axes[1:] for line in ax.get_lines())
+        plt.close(fig)
+        return path
+
+    monkeypatch.setattr(plots, "save_figure", capture)
+    cs.plot(SMALL, collected, tmp_path / "c.png")
+    colours = plots.rule_colours(list(SMALL.rules))
+    curves = [(label.split()[0], colour) for label, colour in drawn if not label.startswith("_") and label.split()[0]
+              in colours]
+    assert {rule for rule, _ in curves} == set(SMALL.rules)
+    assert all(colour == colours[rule] for rule, colour in curves), curves
+    assert colours["mean"] != "C0"  # the mutant's colour for the first rule drawn

@@ -435,3 +435,33 @@ def test_a_curve_of_one_point_hides_nothing() -> None:
     assert not coincide.coincide(full, stub, log=False, span=100.0)
     assert coincide.coincide(full, [8.0, 70.5, 90.0, 94.0, 95.2], log=False, span=100.0)
     assert not coincide.coincide([8.0, nan], [8.0, nan], log=False, span=100.0)  # one point each: nothing hidden
+
+
+def test_the_neighbours_plot_draws_each_rule_in_its_colour(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Byzantine-neighbours figure drew the mean blue and cwtm orange (positional colours) while every other
+    figure draws cwtm blue and the mean red; from the committed raw results (nothing trained). Mutant: no
+    ``color=`` (matplotlib's cycle, the mean first in C0)."""
+    import matplotlib.pyplot as plt
+    from typer.testing import CliRunner
+
+    from phalanx import cli
+    from phalanx.studies import neighbours
+
+    drawn: dict[str, str] = {}
+
+    def capture(fig: Any, path: Path, dpi: int = 100) -> Path:
+        for ax in fig.axes:
+            handles, labels = ax.get_legend_handles_labels()
+            for handle, label in zip(handles, labels):
+                drawn[label] = str(handle[0].get_color())  # an errorbar's container: its line first
+        plt.close(fig)
+        return path
+
+    monkeypatch.setattr(neighbours, "save_figure", capture)
+    results = Path(__file__).resolve().parents[1] / "docs" / "results" / "neighbours_quick_runs.csv"
+    res = CliRunner().invoke(cli.app, ["experiment", "byzantine-neighbours", "--preset", "quick", "--results",
+                                       str(results), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    colours = plots.rule_colours(list(drawn))
+    assert {"mean", "cwtm"} <= set(drawn) and drawn == colours, drawn
+    assert colours["mean"] != "C0"  # the cycle's first colour, the mutant's for the mean

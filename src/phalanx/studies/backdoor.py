@@ -509,8 +509,8 @@ def plot(table: Table, p: Preset, path: Path) -> Path:
 
     colours = rule_colours(list(p.rules))
     handles = [Line2D([], [], color=colours[rule], marker="o", label=rule) for rule in p.rules]
-    handles += [Line2D([], [], color="0.3", ls="-", marker="o", label=f"round {p.stop_round} (attackers stop)"),
-                Line2D([], [], color="0.3", ls="--", marker="x",
+    handles += [Line2D([], [], color="k", ls="-", marker="o", label=f"round {p.stop_round} (attackers stop)"),
+                Line2D([], [], color="k", ls="--", marker="x",
                        label=f"{p.after} round{'s' if p.after != 1 else ''} later (durability)")]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, handlelength=3)
     fig.suptitle(f"{p.model} on {p.dataset}, FedAvg, n = {p.workers}, f = {p.f}, {len(p.seeds)} seeds (95 % "

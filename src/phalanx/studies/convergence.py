@@ -390,7 +390,7 @@ def plot(p: Preset, collected: dict[Cell, Outcome], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     from phalanx.experiments.coincide import axis_span, separate
-    from phalanx.experiments.plots import save_figure
+    from phalanx.experiments.plots import rule_colours, save_figure
 
     panels = 1 + len(p.problems)
     cols = 2 if panels > 1 else 1
@@ -400,14 +400,14 @@ def plot(p: Preset, collected: dict[Cell, Outcome], path: Path) -> Path:
     ax = flat[0]
     cons = [(c, o) for c, o in _cells(collected, CONSTRUCTION) if c.rule == "cwtm"] or \
         _cells(collected, CONSTRUCTION)[:4]
-    for i, (c, o) in enumerate(cons):
-        color = f"C{i}"
+    for i, (c, o) in enumerate(cons):  # one rule, f growing: a sequential colour map, not the rules' colours
+        color = plt.get_cmap("viridis")(0.85 * i / max(len(cons) - 1, 1))
         t = range(len(o.curve))
         ax.plot(t, o.curve, color=color, lw=2.2, alpha=0.6, label=f"{c.rule} f={c.f}: GD, real rule")
         ax.plot(t, o.bound_curve, color="k", ls=":", lw=1)
         ax.axhline(o.limit, color=color, ls="--", lw=1)
     ax.plot([], [], color="k", ls=":", lw=1, label="closed form (on top)")
-    ax.plot([], [], color="grey", ls="--", lw=1, label="limit ρζ²/(2μ)")
+    ax.plot([], [], color="k", ls="--", lw=1, label="limit ρζ²/(2μ)")
     ax.set_yscale("log")
     ax.set_xlabel("round")
     ax.set_ylabel("F(w) − F*")
@@ -420,12 +420,14 @@ def plot(p: Preset, collected: dict[Cell, Outcome], path: Path) -> Path:
         bounds = [v for _, bound in drawn.values() if bound for v in bound]
         span = axis_span([*(v for c in lines.values() for v in c), *bounds], log=True)
         looks = separate(lines, log=True, linewidth=1.6, span=span, terms=len(p.seeds))  # cwmed lay under krum
-        for i, (label, (curve, bound)) in enumerate(drawn.items()):
-            ax.plot(range(len(curve)), [max(v, 1e-300) for v in curve], color=f"C{i}", lw=looks[label].linewidth,
+        colours = rule_colours([label.split()[0] for label in drawn])  # each rule's colour in every figure
+        for label, (curve, bound) in drawn.items():
+            colour = colours[label.split()[0]]
+            ax.plot(range(len(curve)), [max(v, 1e-300) for v in curve], color=colour, lw=looks[label].linewidth,
                     label=looks[label].label(label))
             if bound:
-                ax.plot(range(len(bound)), bound, color=f"C{i}", ls="--", lw=1)
-        ax.plot([], [], color="grey", ls="--", lw=1, label="its bound εζ²/(2μ)" if prob != "mlp" else "its bound εζ²")
+                ax.plot(range(len(bound)), bound, color=colour, ls="--", lw=1)
+        ax.plot([], [], color="k", ls="--", lw=1, label="its bound εζ²/(2μ)" if prob != "mlp" else "its bound εζ²")
         ax.set_yscale("log")
         ax.set_xlabel("round")
         ax.set_ylabel("F(θ) − F*" if prob != "mlp" else "‖∇F(θ)‖²")

@@ -25,7 +25,7 @@ from typing import Any
 
 from phalanx.analysis.stats import Estimate, mean_ci
 from phalanx.errors import ConfigError
-from phalanx.experiments.plots import clipped_errors, save_figure
+from phalanx.experiments.plots import clipped_errors, rule_colours, save_figure
 from phalanx.experiments.validrun import ValidRun
 from phalanx.studies import raw
 from phalanx.studies.registry import register
@@ -235,6 +235,7 @@ def plot(results: dict[tuple[str, str, int], Result], p: Preset, path: Path) -> 
 
     fig, axes = plt.subplots(1, len(p.attacks), figsize=(4.6 * len(p.attacks), 3.8), squeeze=False, sharey=True)
     bs = sorted(p.byzantine)
+    colours = rule_colours(list(p.rules))  # each rule's colour in every figure
     for ax, attack in zip(axes[0], p.attacks):
         for i, rule in enumerate(p.rules):
             pts = [(b, results[(rule, attack, b)]) for b in bs if (rule, attack, b) in results]
@@ -243,7 +244,8 @@ def plot(results: dict[tuple[str, str, int], Result], p: Preset, path: Path) -> 
             shift = 0.06 * (i - (len(p.rules) - 1) / 2)  # side by side, so that the intervals do not hide each other
             means = [100 * r.mean.mean for _, r in pts]
             errs = clipped_errors(means, [100 * r.mean.low for _, r in pts], [100 * r.mean.high for _, r in pts])
-            ax.errorbar([b + shift for b, _ in pts], means, yerr=errs, marker="o", capsize=3, label=rule)
+            ax.errorbar([b + shift for b, _ in pts], means, yerr=errs, marker="o", capsize=3, label=rule,
+                        color=colours[rule])
         ax.set_xticks(bs, [str(b) for b in bs])
         ax.set_xlabel("Byzantine neighbours per honest node (b = f)")
         ax.set_title("no attack (price)" if attack == "none" else attack)
