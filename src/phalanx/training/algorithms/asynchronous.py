@@ -46,6 +46,7 @@ from phalanx.aggregators.base import Aggregator
 from phalanx.attacks.base import Attack, DataAttack
 from phalanx.errors import ConfigError
 from phalanx.training.algorithms import availability as online
+from phalanx.training.algorithms import traces
 from phalanx.training.algorithms.base import RoundAlgorithm, Run
 from phalanx.training.algorithms.clock import STATS, TIMINGS, Clock, Speeds, columns
 from phalanx.training.algorithms.dsgd import poison_rows
@@ -119,6 +120,16 @@ def clock_stage(run: Run) -> AsyncClock:
     raise ConfigError("stages", "a run without its async_clock stage", "the stages an asynchronous algorithm brings")
 
 
+def _dimension(run: Any) -> int:
+    """The model's number of parameters, d: the run's problem's, or before it is built (the run's checks come first)
+    its model's (a ``Problem`` or a module)."""
+    problem: Any = getattr(run, "problem", None) or getattr(run, "model", None)
+    dim = getattr(problem, "dim", None)
+    if dim is None:
+        dim = sum(p.numel() for p in problem.parameters()) if hasattr(problem, "parameters") else 0
+    return int(dim)
+
+
 @dataclass(frozen=True)
 class Asynchronous(RoundAlgorithm):
     """The base of a buffered asynchronous algorithm (see the module's docstring). ``batch_size``: samples per
@@ -128,7 +139,10 @@ class Asynchronous(RoundAlgorithm):
     once (FedBuff's concurrency, Nguyen et al., AISTATS 2022, Alg. 1; None: every worker —
     :mod:`~phalanx.training.algorithms.clock`; on processes :mod:`phalanx.distributed.async_credit`);
     ``availability``: when each worker is online (``"always"``, or a FedScale client behaviour trace, with
-    ``availability_scale`` trace seconds per simulated unit — :mod:`~phalanx.training.algorithms.availability`)."""
+    ``availability_scale`` trace seconds per simulated unit — :mod:`~phalanx.training.algorithms.availability`);
+    ``trace_bandwidth``: with a device-capacity trace for ``speeds``, an update's time is FedScale's completion time,
+    computation plus the model's upload and download over the client's bandwidth
+    (:func:`~phalanx.training.algorithms.traces.load_with_bandwidth`; default: the computation alone)."""
 
     batch_size: int = 32
     max_staleness: int = 4
@@ -137,6 +151,7 @@ class Asynchronous(RoundAlgorithm):
     concurrency: int | None = None
     availability: str = "always"
     availability_scale: float = online.SCALE
+    trace_bandwidth: bool = False
 
     missing_word = "workers"
     knowledge: ClassVar[tuple[str, ...]] = ("omniscient",)
@@ -156,14 +171,27 @@ class Asynchronous(RoundAlgorithm):
         if self.concurrency is not None:
             check_int("algorithm_params.concurrency", self.concurrency, low=1)
         online.check_spec(self.availability, self.availability_scale)
+        if not isinstance(self.trace_bandwidth, bool):
+            raise ConfigError("algorithm_params.trace_bandwidth", self.trace_bandwidth, "true or false")
+        if self.trace_bandwidth and not (isinstance(self.speeds, str) and self.speeds.startswith(traces.PREFIX)):
+            raise ConfigError("algorithm_params.trace_bandwidth", True, "true only with speeds = 'fedscale:PATH' (a "
+                              "device-capacity trace holds the bandwidths)", f"speeds is {self.speeds!r}")
 
-    def online(self, workers: int, byzantine: int, seed: int) -> online.Availability | None:
+    def worker_speeds(self, workers: int, seed: int, dim: int) -> Tensor:
+        """The n workers' speeds (float64): the ``speeds`` distribution's draw, or with ``trace_bandwidth`` the
+        trace's completion-time speeds for a model of ``dim`` parameters and this ``batch_size``."""
+        if self.trace_bandwidth:
+            speeds = Speeds("trace", listed=traces.load_with_bandwidth(str(self.speeds), dim, self.batch_size))
+            return speeds.draw(workers, seed)
+        return Speeds.parse(self.speeds).draw(workers, seed)
+
+    def online(self, workers: int, byzantine: int, seed: int, dim: int) -> online.Availability | None:
         """The workers' availability (None: always), refused in one line when the trace has fewer clients than
         workers, is defective, or leaves a worker no window long enough for its update (a time attacker's takes no
         time) — the clock would stall (:mod:`~phalanx.training.algorithms.availability`)."""
         avail = online.parse(self.availability, self.availability_scale, workers)
         if avail is not None:
-            speed = Speeds.parse(self.speeds).draw(workers, seed)
+            speed = self.worker_speeds(workers, seed, dim)
             instant = torch.arange(workers) >= workers - byzantine if self.byzantine_timing != "honest" else None
             d = 1.0 / speed
             avail.check((d if instant is None else d.masked_fill(instant, 0.0)).tolist())
@@ -246,12 +274,12 @@ class Asynchronous(RoundAlgorithm):
     def clock(self, run: Run) -> Clock:
         return Clock(workers=run.workers, byzantine=run.byzantine, max_staleness=self.max_staleness,
                      timing=self.byzantine_timing, concurrency=self.concurrency, seed=run.seed,
-                     availability=self.online(run.workers, run.byzantine, run.seed))
+                     availability=self.online(run.workers, run.byzantine, run.seed, run.problem.dim))
 
     def initial_state(self, run: Run, theta: Tensor) -> dict[str, Tensor]:
         """Time 0: every worker starts on θ₀; the ring holds θ₀ in every slot (only slot 0 is ever read before it is
         rewritten)."""
-        speed = Speeds.parse(self.speeds).draw(run.workers, run.seed)
+        speed = self.worker_speeds(run.workers, run.seed, run.problem.dim)
         ring = theta.detach().clone()[None].repeat(self.max_staleness + 1, 1)
         touched = torch.zeros(self.per_round(run.workers), dtype=torch.bool)
         extra = {SCREENED: torch.zeros(len(SCREEN), dtype=torch.float64), **self.screen_state(run, theta)} \
@@ -313,7 +341,9 @@ class Asynchronous(RoundAlgorithm):
         self.per_round(run.workers)
         self.check_concurrency(run.workers)
         Speeds.parse(self.speeds).check(run.workers)
-        self.online(run.workers, run.byzantine, run.seed)
+        dim = _dimension(run)
+        self.online(run.workers, run.byzantine, run.seed, dim)
+        self.worker_speeds(run.workers, run.seed, dim)  # a trace's bandwidths read (and checked) now
         check_attack(run.attack, self.name)
 
     def check_config(self, cfg: Any, rule: Aggregator, attack: Attack | DataAttack) -> None:
@@ -352,6 +382,9 @@ class Asynchronous(RoundAlgorithm):
         if self.availability != "always":
             raise ConfigError("algorithm_params.availability", self.availability, "'always' with engine 'torchrun' "
                               "(a trace's availability is the simulated clock's; processes are online as they run)")
+        if self.trace_bandwidth:
+            raise ConfigError("algorithm_params.trace_bandwidth", True, "false with engine 'torchrun' (a trace's "
+                              "bandwidth is the simulated clock's; processes send over their real links)")
         if getattr(cfg, "topology", "server") != "server":
             raise ConfigError("topology", cfg.topology, "'server' with an asynchronous algorithm")
         if cfg.workers < 2:

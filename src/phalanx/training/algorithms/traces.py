@@ -5,9 +5,21 @@ FedScale's device-capacity trace is a pickled dict ``{client_id: {"computation":
 ``computation`` is the client's compute latency (FedScale's simulated completion time grows linearly in it: higher is
 slower) and ``communication`` its bandwidth. Here client i of the trace, in increasing ``client_id`` order, is
 worker i, and its speed is ``median(computation) / computation_i`` (median speed 1, the scale of the other
-distributions of :mod:`~phalanx.training.algorithms.clock`); the bandwidth is not used (an update's time is its
-computation). FedScale's availability trace (``client_behave_trace``: active/inactive intervals) is read by
-:mod:`~phalanx.training.algorithms.availability` (``algorithm_params.availability``).
+distributions of :mod:`~phalanx.training.algorithms.clock`): an update's time is its computation.
+
+With ``algorithm_params.trace_bandwidth = true`` (:func:`load_with_bandwidth`) an update's time is FedScale's
+completion time, computation plus communication, as its client reports it (``Client.getCompletionTime`` in FedScale's
+``fedscale/cloud/internal/client_metadata.py``, read, not copied)::
+
+    Tᵢ = 3 · B · Q · latencyᵢ / 1000  +  (upload + download) / bandwidthᵢ        (seconds)
+
+with FedScale's augmentation factor 3, B the batch size, Q = 1 local step (an update here is one minibatch
+gradient), latencyᵢ the trace's ``computation``, upload = download = the model's size in kbit (FedScale measures
+the pickled model, ``bytes / 1024 · 8``; here 4 bytes per float32 parameter: d / 32 kbit) and bandwidthᵢ the
+trace's ``communication`` in kbit/s. The speed is then ``median(T) / Tᵢ`` over the trace's clients, so that the
+median update still takes one simulated time unit: a client with a fast processor on a slow link becomes slow, the
+more so the larger the model. FedScale's availability trace (``client_behave_trace``: active/inactive intervals)
+is read by :mod:`~phalanx.training.algorithms.availability` (``algorithm_params.availability``).
 
 A trace is a hostile file until read: it is at most :data:`MAX_BYTES`, and it is unpickled with no globals at all
 (the standard library's "restricting globals" pattern with an empty allow-list: a pickle that names any class or
@@ -93,12 +105,37 @@ def load(spec: str) -> tuple[float, ...]:
     """The speeds of every client of the trace ``spec`` names, in increasing client-id order."""
     path = path_of(spec)
     table, ids = read_table(path, MAX_BYTES, "{client_id: {'computation': ..., 'communication': ...}}", trace_error)
-    latency = []
-    for cid in ids:
-        entry = table[cid]
-        value = entry.get("computation") if isinstance(entry, dict) else None
-        if not (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0):
-            raise trace_error(path, f"client {cid!r}: 'computation' must be a finite number > 0, got {value!r}")
-        latency.append(float(value))
+    latency = [_positive(path, cid, table[cid], "computation") for cid in ids]
     middle = sorted(latency)[len(latency) // 2]
     return tuple(middle / v for v in latency)
+
+
+AUGMENTATION = 3.0
+"""FedScale's ``augmentation_factor`` (its client's default): the computation term's constant."""
+
+
+def _positive(path: Path, cid: Any, entry: Any, key: str) -> float:
+    """``entry[key]`` as a finite number > 0, else one line naming the file and the client."""
+    value = entry.get(key) if isinstance(entry, dict) else None
+    if not (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0):
+        raise trace_error(path, f"client {cid!r}: {key!r} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def completion_seconds(latency: float, bandwidth: float, dim: int, batch_size: int) -> float:
+    """FedScale's completion time of one update (the module's docstring): ``3·B·latency/1000 + 2·(d/32)/bandwidth``
+    seconds for one local step of batch ``batch_size`` on a model of ``dim`` float32 parameters."""
+    return AUGMENTATION * batch_size * latency / 1000.0 + 2.0 * (dim / 32.0) / bandwidth
+
+
+def load_with_bandwidth(spec: str, dim: int, batch_size: int) -> tuple[float, ...]:
+    """The speeds of every client of the trace ``spec`` names with its bandwidth counted: ``median(T) / Tᵢ`` for
+    FedScale's completion time Tᵢ (:func:`completion_seconds`), in increasing client-id order; both fields of every
+    entry checked (finite, > 0) — a trace without ``communication`` is refused in one line."""
+    path = path_of(spec)
+    table, ids = read_table(path, MAX_BYTES, "{client_id: {'computation': ..., 'communication': ...}}", trace_error)
+    seconds = [completion_seconds(_positive(path, cid, table[cid], "computation"),
+                                  _positive(path, cid, table[cid], "communication"), dim, batch_size) for cid in ids]
+    middle = sorted(seconds)[len(seconds) // 2]
+    return tuple(middle / t for t in seconds)
+
