@@ -14,36 +14,27 @@ the configs, the trace and the seeds.
 from __future__ import annotations
 
 import argparse
-import json
-from collections import defaultdict
+import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _async_runs import accuracy_at, read, up_to
 from phalanx.analysis.stats import mean_ci
-
-
-def read(runs: Path) -> dict[str, list[list[dict[str, Any]]]]:
-    """Each availability's runs (their evaluation rows)."""
-    out: dict[str, list[list[dict[str, Any]]]] = defaultdict(list)
-    for metrics in sorted(runs.glob("**/metrics.jsonl")):
-        cfg = json.loads((metrics.parent / "config.json").read_text())
-        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-        out[str(cfg.get("algorithm_params", {}).get("availability", "always"))].append(
-            [r for r in rows if "sim_time" in r])
-    return out
 
 
 def cells(rows: list[dict[str, Any]], step: int, time: float) -> list[float | None]:
     """One run's simulated time, lost and dropped updates, staleness (mean up to ``step``) and accuracy at ``step``,
     and accuracy at ``time`` (None: the run ended before it)."""
-    upto = [r for r in rows if 0 < r["round"] <= step and r["staleness_mean"] is not None]
-    if not upto or upto[-1]["round"] != step:
-        raise SystemExit(f"a run has no evaluation at step {step} (eval_every must divide it, rounds reach it)")
+    upto = up_to(rows, step)
     last = upto[-1]
-    before = [r for r in rows if (r["sim_time"] or 0.0) <= time]  # (round 0: time 0, θ₀)
-    at_time = before[-1]["test_accuracy"] if before and rows[-1]["sim_time"] >= time else None
     return [last["sim_time"], last["unavailable"], last["dropped"],
-            sum(r["staleness_mean"] for r in upto) / len(upto), last["test_accuracy"], at_time]
+            sum(r["staleness_mean"] for r in upto) / len(upto), last["test_accuracy"], accuracy_at(rows, time)]
+
+
+def availability(cfg: dict[str, Any]) -> str:
+    """The config's ``algorithm_params.availability`` (absent: ``"always"``)."""
+    return str(cfg.get("algorithm_params", {}).get("availability", "always"))
 
 
 def main() -> None:
@@ -57,7 +48,7 @@ def main() -> None:
           f"staleness mean to step {s} | test accuracy % at step {s} | test accuracy % at simulated time "
           f"{args.time:g} | seeds |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, runs in sorted(read(args.runs).items()):
+    for name, runs in sorted(read(args.runs, availability).items()):
         got = [cells(rows, s, args.time) for rows in runs]
         col = [[g[i] for g in got] for i in range(6)]
         timed = mean_ci(col[5]).show(100, 1) if None not in col[5] else "— (a run ended before it)"

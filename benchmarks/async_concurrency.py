@@ -14,34 +14,25 @@ Nothing is timed: the numbers are functions of the configs and seeds.
 from __future__ import annotations
 
 import argparse
-import json
-from collections import defaultdict
+import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _async_runs import accuracy_at, read, up_to
 from phalanx.analysis.stats import mean_ci
-
-
-def read(runs: Path) -> dict[int, list[list[dict[str, Any]]]]:
-    """Each C's runs (their evaluation rows), C the config's ``algorithm_params.concurrency`` (absent: the workers)."""
-    out: dict[int, list[list[dict[str, Any]]]] = defaultdict(list)
-    for metrics in sorted(runs.glob("**/metrics.jsonl")):
-        cfg = json.loads((metrics.parent / "config.json").read_text())
-        c = cfg.get("algorithm_params", {}).get("concurrency") or cfg["workers"]
-        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-        out[int(c)].append([r for r in rows if "sim_time" in r])
-    return out
 
 
 def cells(rows: list[dict[str, Any]], step: int, time: float) -> tuple[float, float, float, float | None]:
     """One run's staleness (mean up to ``step``), simulated time and accuracy at ``step``, accuracy at ``time``."""
-    upto = [r for r in rows if 0 < r["round"] <= step and r["staleness_mean"] is not None]
-    if not upto or upto[-1]["round"] != step:
-        raise SystemExit(f"a run has no evaluation at step {step} (eval_every must divide it, rounds reach it)")
-    before = [r for r in rows if (r["sim_time"] or 0.0) <= time]  # (round 0: time 0, θ₀)
-    at_time = before[-1]["test_accuracy"] if before and rows[-1]["sim_time"] >= time else None
+    upto = up_to(rows, step)
     return (sum(r["staleness_mean"] for r in upto) / len(upto), upto[-1]["sim_time"], upto[-1]["test_accuracy"],
-            at_time)
+            accuracy_at(rows, time))
+
+
+def concurrency(cfg: dict[str, Any]) -> int:
+    """C, the config's ``algorithm_params.concurrency`` (absent: every worker)."""
+    return int(cfg.get("algorithm_params", {}).get("concurrency") or cfg["workers"])
 
 
 def main() -> None:
@@ -53,7 +44,7 @@ def main() -> None:
     print(f"| C | staleness mean to step {args.step} | simulated time at step {args.step} | test accuracy % at step "
           f"{args.step} | test accuracy % at simulated time {args.time:g} | seeds |")
     print("|---|---|---|---|---|---|")
-    for c, runs in sorted(read(args.runs).items()):
+    for c, runs in sorted(read(args.runs, concurrency).items()):
         got = [cells(rows, args.step, args.time) for rows in runs]
         at_time = [g[3] for g in got if g[3] is not None]
         timed = mean_ci(at_time).show(100, 1) if len(at_time) == len(got) else "— (a run ended before it)"
