@@ -395,7 +395,7 @@ def plot(p: Preset, collected: dict[Cell, Outcome], path: Path) -> Path:
     panels = 1 + len(p.problems)
     cols = 2 if panels > 1 else 1
     rows_ = math.ceil(panels / cols)
-    fig, axes = plt.subplots(rows_, cols, figsize=(6.2 * cols, 4.2 * rows_), squeeze=False)
+    fig, axes = plt.subplots(rows_, cols, figsize=(8.4 * cols, 4.2 * rows_), squeeze=False)
     flat = [ax for row in axes for ax in row]
     ax = flat[0]
     cons = [(c, o) for c, o in _cells(collected, CONSTRUCTION) if c.rule == "cwtm"] or \
@@ -412,7 +412,7 @@ def plot(p: Preset, collected: dict[Cell, Outcome], path: Path) -> Path:
     ax.set_xlabel("round")
     ax.set_ylabel("F(w) − F*")
     ax.set_title(f"Proposition 3 (Phalanx's own), n = {p.workers}, ημ = {p.construction_lr:g}")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: never over a curve
     alpha, f_big = min(p.alphas), max(p.fs)
     for ax, prob in zip(flat[1:], p.problems):
         drawn = _panel_curves(p, collected, prob, alpha, f_big)
@@ -433,7 +433,7 @@ def plot(p: Preset, collected: dict[Cell, Outcome], path: Path) -> Path:
         ax.set_ylabel("F(θ) − F*" if prob != "mlp" else "‖∇F(θ)‖²")
         ax.set_title(f"{prob}, α = {alpha:g}, f = {f_big} where f matters ({len(p.seeds)} seeds averaged)",
                      fontsize=10)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     for ax in flat[panels:]:
         ax.set_visible(False)
     for ax in flat[:panels]:
