@@ -155,5 +155,5 @@ def test_bad_parameters_are_refused_in_one_line(params: dict[str, Any], paramete
 
 
 def test_a_context_refuses_a_screen_that_is_not_callable() -> None:
-    with pytest.raises(ConfigError, match="^screen="):
+    with pytest.raises(ConfigError, match=r"^screen="):
         _ctx(torch.ones(2, 3, dtype=torch.float64), 1, screen=3)

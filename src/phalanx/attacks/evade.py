@@ -7,8 +7,8 @@ last accepted update and θ for Kardam, the validation gradient v for Zeno++, th
 Phalanx gives it the test as an oracle (``AttackContext.screen``: candidate rows → accepted or not, judged as the
 server judges this step's updates after its honest ones, nothing committed). Phalanx's own attack (not a published
 one; the idea — search the largest perturbation the defence still accepts — is min-max's, Shejwalkar & Houmansadr,
-NDSS 2021, and AFLGuard's and Zeno++'s own adaptive-attack experiments): walk from the honest mean ḡ (which the
-filter accepts as an honest update) towards a harmful target y,
+NDSS 2021): walk from the honest mean ḡ (an honest-looking update, which the filter usually accepts) towards a
+harmful target y,
 
     g(α) = (1 − α) ḡ + α y,    α ∈ [0, 1],
 
