@@ -13,7 +13,8 @@ The loop's round is a *server step*: one aggregation of a full buffer. Server st
 3. every accepted update is computed in **one batched call** (:meth:`~phalanx.training.problem.Problem.grads_each`:
    row i is worker i's minibatch gradient at θ of the version it started from) — the honest workers' on their own
    batches; a data attack's Byzantine workers' on poisoned batches; a vector attack's Byzantine updates are what the
-   attack makes of the step's honest updates (omniscient: it sees them, and the server's rule);
+   attack makes of the step's honest updates (omniscient: it sees them, the server's rule and, with a filter, the
+   filter as an oracle — :func:`screen_oracle`);
 4. an algorithm that filters (``screens``: Kardam, Zeno++) judges each update; a rejected one becomes a zero row,
    counted in its statistics (:data:`SCREEN`);
 5. the algorithm turns the updates into the rows its rule aggregates (:meth:`Asynchronous.assemble`: FedBuff's
