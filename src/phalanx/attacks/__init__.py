@@ -17,6 +17,7 @@ from phalanx.attacks import (  # noqa: F401
     backdoor,
     dba,
     edgecase,
+    evade,
     fang,
     honest,
     intermittent,
@@ -36,6 +37,7 @@ from phalanx.attacks.backdoor import Backdoor
 from phalanx.attacks.base import KNOWLEDGE, Attack, AttackContext, DataAttack
 from phalanx.attacks.dba import DBA
 from phalanx.attacks.edgecase import EdgeCase
+from phalanx.attacks.evade import Evade
 from phalanx.attacks.fang import Fang
 from phalanx.attacks.intermittent import Intermittent
 from phalanx.attacks.labelflip import LabelFlip
@@ -58,6 +60,7 @@ __all__ = [
     "Backdoor",
     "DataAttack",
     "EdgeCase",
+    "Evade",
     "FallOfEmpires",
     "Fang",
     "Gaussian",

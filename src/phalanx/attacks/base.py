@@ -52,6 +52,11 @@ class AttackContext:
     knowledge: what ``honest`` is: ``"omniscient"`` (every honest worker's vector of the round) or ``"colluders"``
     (the vectors the Byzantine workers would have sent had they been honest, computed on their own data; Baruch et
     al., NeurIPS 2019, §3: the attackers estimate the honest mean and spread from their own samples).
+    screen: the server's filter on each update, as an oracle: candidate Byzantine rows ``(b, d)`` → which of them it
+    would accept ``(b,)`` bool, judged at the server's state of this step after its honest updates (Kardam's
+    Lipschitz quantile, Zeno++'s validation score, AFLGuard's ball: :meth:`Asynchronous.screen
+    <phalanx.training.algorithms.asynchronous.Asynchronous.screen>`), nothing committed; ``None`` where the
+    server has no filter (every other algorithm). An attack that adapts to the filter reads it (``evade``).
     """
 
     honest: Tensor
@@ -62,6 +67,7 @@ class AttackContext:
     round: int = 0
     workers: int | None = None
     knowledge: str = "omniscient"
+    screen: Callable[[Tensor], Tensor] | None = None
 
     def __post_init__(self) -> None:
         x = self.honest
@@ -86,6 +92,8 @@ class AttackContext:
             raise ConfigError("workers", self.workers, f"an integer >= n_byzantine + 1 = {self.n_byzantine + 1}")
         if self.aggregator is not None and not callable(self.aggregator):
             raise ConfigError("aggregator", self.aggregator, "a callable (n, d) -> (d,) or None")
+        if self.screen is not None and not callable(self.screen):
+            raise ConfigError("screen", self.screen, "a callable (b, d) -> (b,) bool or None")
         if not isinstance(self.generator, torch.Generator):
             raise ConfigError("generator", self.generator, "a torch.Generator (seeded, on the CPU)")
         if self.generator.device.type != "cpu":

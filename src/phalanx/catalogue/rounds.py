@@ -125,6 +125,16 @@ ATTACKS: dict[str, _Attack] = {
          'stop_round: int | None = None (attack_params.stop_round)'),
         ("H. Wang et al., 'Attack of the Tails: Yes, You Really Can Backdoor Federated Learning', NeurIPS 2020, §3 "
          '(edge-case examples: the tail of one class, mislabelled)')),
+    'evade': _Attack(
+        'phalanx.attacks.evade:Evade',
+        'vector: sends rows',
+        ("target: str = 'signflip' (attack_params.target)",
+         'scale: float = 10.0 (attack_params.scale)',
+         'steps: int = 12 (attack_params.steps)',
+         'seed: int = 0 (attack_params.seed)'),
+        ("Phalanx's filter-adaptive attack (its own): a bisection towards a sign flip or a fixed drift against the "
+         "asynchronous filter's test as an oracle; the search idea of V. Shejwalkar, A. Houmansadr, 'Manipulating the "
+         "Byzantine', NDSS 2021 (min-max)")),
     'fang': _Attack(
         'phalanx.attacks.fang:Fang',
         'vector: sends rows',

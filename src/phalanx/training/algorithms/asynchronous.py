@@ -13,7 +13,8 @@ The loop's round is a *server step*: one aggregation of a full buffer. Server st
 3. every accepted update is computed in **one batched call** (:meth:`~phalanx.training.problem.Problem.grads_each`:
    row i is worker i's minibatch gradient at θ of the version it started from) — the honest workers' on their own
    batches; a data attack's Byzantine workers' on poisoned batches; a vector attack's Byzantine updates are what the
-   attack makes of the step's honest updates (omniscient: it sees them, and the server's rule);
+   attack makes of the step's honest updates (omniscient: it sees them, the server's rule and, with a filter, the
+   filter as an oracle — :func:`screen_oracle`);
 4. an algorithm that filters (``screens``: Kardam, Zeno++) judges each update; a rejected one becomes a zero row,
    counted in its statistics (:data:`SCREEN`);
 5. the algorithm turns the updates into the rows its rule aggregates (:meth:`Asynchronous.assemble`: FedBuff's
@@ -484,10 +485,11 @@ class AsyncWorkers:
                                      attackers=(byz - self.honest_n).tolist())
             thetas = ring[(versions[: computing.numel()] % slots).to(ring.device)]
             updates = run.problem.grads_each(thetas, xb, yb)
-        if self.vector_attack and byz.numel():
-            rows = attack_rows(run, updates, int(byz.numel()), rule, self.attack_gen, t)
-            updates = torch.cat([updates, rows.to(updates)])
         ids = torch.cat([honest, byz])
+        if self.vector_attack and byz.numel():
+            oracle = screen_oracle(algo, run, own, theta, t, ids, updates, versions, ring) if algo.screens else None
+            rows = attack_rows(run, updates, int(byz.numel()), rule, self.attack_gen, t, screen=oracle)
+            updates = torch.cat([updates, rows.to(updates)])
         extra: dict[str, Tensor] = {}
         if algo.byzantine_timing == "replay":
             updates, extra = replayed(own, updates, int(honest.numel()), int(byz.numel()), t, slots)
@@ -499,6 +501,21 @@ class AsyncWorkers:
         after = {RING: ring, TOUCHED: touched, **self.clock.advance(state, t, step, int(touched.sum())), **extra}
         self.stage.made = after
         return Received(vectors, rows=rows_of, state_rows=False, own=after)
+
+
+def screen_oracle(algo: Asynchronous, run: Run, own: dict[str, Tensor], theta: Tensor, t: int, ids: Tensor,
+                  honest: Tensor, versions: Tensor, ring: Tensor) -> Callable[[Tensor], Tensor]:
+    """The filter of step t as an oracle for an attack that adapts to it (``AttackContext.screen``): candidate
+    Byzantine rows ``(b, d)`` → which of them :meth:`Asynchronous.screen` would accept, judged exactly as the step
+    judges them — after the step's ``honest`` updates, from the state ``own`` — with nothing committed (``screen``
+    returns a new state; ``own`` is not changed)."""
+    h = int(honest.shape[0])
+
+    def oracle(rows: Tensor) -> Tensor:
+        _, keep, _ = algo.screen(run, own, theta, t, ids, torch.cat([honest, rows.to(honest)]), versions, ring)
+        return keep[h:]
+
+    return oracle
 
 
 def replayed(own: dict[str, Tensor], updates: Tensor, honest: int, byz: int, t: int, slots: int

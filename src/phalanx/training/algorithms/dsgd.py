@@ -183,13 +183,15 @@ def staged_momentum(
 def byzantine_vectors(
     attack: Attack, honest: Tensor, *, byzantine: int, f: int, rule: Callable[[Tensor], Tensor],
     attack_gen: torch.Generator, round: int, workers: int | None = None, knowledge: str = "omniscient",
+    screen: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """The ``(byzantine, d)`` vectors of a vector attack, given the honest vectors it may see and the server's rule
     (bound to the server's context). With ``knowledge = "colluders"``, ``honest`` holds the Byzantine workers' own
-    honest computations and ``workers`` the number of vectors the server receives."""
+    honest computations and ``workers`` the number of vectors the server receives; ``screen``: an asynchronous
+    server's filter as an oracle (:class:`~phalanx.attacks.base.AttackContext`)."""
     ctx = AttackContext(
         honest=honest, n_byzantine=byzantine, f=f, aggregator=rule, generator=attack_gen, round=round,
-        workers=workers if knowledge == "colluders" else None, knowledge=knowledge,
+        workers=workers if knowledge == "colluders" else None, knowledge=knowledge, screen=screen,
     )
     return attack(ctx)
 

@@ -464,15 +464,16 @@ class FedAvgClients(_Clients):
 def attack_rows(
     exp: Run, honest: Tensor, byzantine: int, rule: Callable[[Tensor], Tensor], attack_gen: torch.Generator,
     t: int, workers: int | None = None, knowledge: str = "omniscient",
+    screen: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """The sampled Byzantine clients' vectors of a vector attack: zeros (no draw) when no honest client was sampled
     — the attackers have nothing to look at. Colluders: ``honest`` is their own honest rows and ``workers`` the
-    round's number of vectors."""
+    round's number of vectors; ``screen``: an asynchronous server's filter as an oracle."""
     if honest.shape[0] == 0:
         return honest.new_zeros(byzantine, honest.shape[1])
     assert isinstance(exp.attack, Attack)
     return byzantine_vectors(exp.attack, honest, byzantine=byzantine, f=exp.f, rule=rule, attack_gen=attack_gen,
-                             round=t, workers=workers, knowledge=knowledge)
+                             round=t, workers=workers, knowledge=knowledge, screen=screen)
 
 
 def previous_aggregate(rule: Callable[[Tensor], Tensor]) -> Tensor | None:
