@@ -120,3 +120,21 @@ def test_a_misspelled_norm_is_refused_by_its_key_with_a_guess_before_any_point_i
 
     with pytest.raises(ConfigError, match=r"^model_params\.norm='btach' is invalid: .*'batch'.*did you mean batch\?"):
         validate(apply_overrides({}, ["model=cnn", 'model_params={norm="btach"}']))
+
+
+def test_a_value_given_to_a_sections_name_says_which_key_was_meant() -> None:
+    """``--set rule=cwtm`` (a newcomer's): ``rule`` is the section ``[rule]``, not a key; the one line names the
+    section's key and its flat spelling (the mutant, the bare "a table of the keys of [rule]", names neither)."""
+    with pytest.raises(ConfigError) as info:
+        make_config({"rule": "cwtm"})
+    text = str(info.value)
+    assert "\n" not in text and text.startswith("[rule]='cwtm' is invalid")
+    assert "did you mean --set rule.spec=cwtm or --set aggregator=cwtm?" in text
+
+
+def test_an_unknown_key_is_a_short_line_with_its_suggestion() -> None:
+    """The ~60 known keys are not listed (an 817-character line hid the hint at its end); a near miss is named."""
+    with pytest.raises(ConfigError) as info:
+        make_config({"rouns": 3})
+    text = str(info.value)
+    assert "\n" not in text and len(text) < 200 and text.endswith("(unknown key; did you mean rounds?)")

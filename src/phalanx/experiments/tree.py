@@ -239,6 +239,19 @@ def is_tree(table: Any) -> bool:
         isinstance(tie, dict) and any(_section_of(k, v) for k, v in tie.items() if k != legacy.TREE))
 
 
+def _section_hint(name: str, value: Any) -> str | None:
+    """What a value given to a section's name meant (``--set rule=cwtm``): the section's keys with their flat
+    spellings, the first one as an example (None for a name no section has)."""
+    from phalanx.experiments import section_registry
+
+    section = next((s for s in section_registry.sections() if s.name == name), None)
+    if section is None or not section.keys:
+        return None
+    first = section.keys[0]
+    keys = ", ".join(k.key if k.key == k.flat else f"{k.key} (flat: {k.flat})" for k in section.keys[:8])
+    return f"did you mean --set {name}.{first.key}={value} or --set {first.flat}={value}? [{name}]'s keys: {keys}"
+
+
 def _sections(table: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The sections of ``table`` by name (``server`` opened to ``server.optimizer``)."""
     out: dict[str, dict[str, Any]] = {}
@@ -251,7 +264,7 @@ def _sections(table: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 raise ConfigError("[server]", extra, "only the table [server.optimizer] (name, lr, schedule, …)")
             key, value = "server.optimizer", value.get("optimizer", {})
         if not isinstance(value, dict):
-            raise ConfigError(f"[{key}]", value, f"a table of the keys of [{key}]")
+            raise ConfigError(f"[{key}]", value, f"a table of the keys of [{key}]", _section_hint(key, value))
         out[key] = value
     return out
 

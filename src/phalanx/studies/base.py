@@ -80,7 +80,7 @@ def _refuse_unknown(overrides: dict[str, Any], fields: Any) -> None:
     if unknown:
         known = [*fields, *RunConfig.model_fields]
         raise ConfigError("--set", unknown[0], "a field of the preset (" + ", ".join(fields) + ") or a run key "
-                          "(`phalanx config show --flat` lists them)", suggest(unknown[0], known))
+                          "(docs/config.md lists them)", suggest(unknown[0], known))
 
 
 class Timed(Protocol):

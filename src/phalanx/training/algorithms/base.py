@@ -307,7 +307,8 @@ def check_honest(workers: int, byzantine: int) -> None:
     nothing to learn from). Written once, run by a config's validation (:func:`phalanx.experiments.components.build`,
     before any component is built) and by an experiment of objects (:func:`check_population`)."""
     if byzantine >= workers:
-        raise ConfigError("byzantine", byzantine, f"< workers = {workers} (at least one honest worker)")
+        raise ConfigError("byzantine", byzantine, f"< workers = {workers} (at least one honest worker)",
+                          f"e.g. --set byzantine={max(0, (workers - 1) // 3)} --set f={max(0, (workers - 1) // 3)}")
 
 
 def check_population(algorithm: RoundAlgorithm, workers: int, byzantine: int, rule: Aggregator, key: str,
