@@ -35,7 +35,7 @@ ALLOWED: dict[str, set[str]] = {
                  "plugins", "validate"},
     "experiments": {"training", "aggregators", "attacks", "data", "models", "analysis", "errors", "plugins", "signing",
                     "files", "decentralized", "hub",
-                    "validate", "__init__"},
+                    "validate", "__init__", "_spawned"},
     "studies": {"experiments", "aggregators", "attacks", "analysis", "data", "decentralized", "errors", "hub",
                 "plugins", "validate"},  # attacks, hub: the LoRA study checks its attack names and reads its tokenizer
     "distributed": {"experiments", "training", "aggregators", "attacks", "data", "models", "decentralized", "errors",
@@ -48,6 +48,7 @@ ALLOWED: dict[str, set[str]] = {
     "flower": {"aggregators", "attacks", "errors", "files", "validate"},
     "decentralized": {"aggregators", "attacks", "errors", "validate", "plugins"},
     "__init__": {"errors"},
+    "_spawned": set(),  # a spawned child's first import: ignores SIGINT before torch (names its initializer)
 }
 """What each subpackage (or top-level module) may import from the others."""
 

@@ -225,3 +225,26 @@ def test_the_cropping_renderer_loses_the_committed_plans_cells_at_80_columns() -
     assert _missing(t, _render(t, 80, _old_emit))
     out = _render(t, 80)
     assert " rule " not in out and out.count("nnm>cwtm") == 3 and "─" in out, out
+
+
+def test_a_studys_markdown_tables_keep_their_columns_on_a_narrow_terminal() -> None:
+    """A study's terminal output holds Markdown pipe tables (``phalanx experiment corrupted-rounds`` printed
+    170-character ``| … |`` rows in 60 columns): on the terminal each becomes a table that folds or falls back to one
+    block per row — no line wider than the terminal, every header and cell still there. Mutant: the text echoed as it
+    is (the former ``typer.echo``)."""
+    from phalanx.cli.output import emit_terminal
+
+    wide = ("Verdicts, paired by seed:\n\n| question | a | b | a − b (points) | 95 % interval | p (Holm) | verdict |\n"
+            "|---|---|---|---|---|---|---|\n"
+            "| second line, attacked | mean + robust-online (attacked) | mean + sgd (attacked) | +83.6 | "
+            "[+80.0, +87.2] | 5.4e-06 | a is better |\n\nThe end.")
+    buf = io.StringIO()
+    emit_terminal([wide], Console(file=buf, width=60, color_system=None, legacy_windows=False))
+    out = buf.getvalue()
+    assert max(len(line) for line in out.splitlines()) <= 60, out
+    for text in ("Verdicts, paired by seed:", "95 % interval", "mean + robust-online (attacked)", "[+80.0, +87.2]",
+                 "a is better", "The end."):
+        assert text in out, text
+    assert "|---|" not in out
+    mutant = wide  # what typer.echo printed
+    assert max(len(line) for line in mutant.splitlines()) > 60

@@ -22,6 +22,7 @@ def main() -> None:
 
     from rich.markup import escape
 
+    _light_main()
     try:
         app()
     except PhalanxError as exc:
@@ -38,6 +39,22 @@ def main() -> None:
         console.print(f"interrupted by {signal.Signals(exc.signum).name}: run the same command again to go on "
                       "(finished runs are skipped)", soft_wrap=True, highlight=False)
         raise SystemExit(128 + exc.signum) from None
+
+
+def _light_main() -> None:
+    """Name ``phalanx._spawned`` as the main module a grid's spawned process re-imports. Multiprocessing's ``spawn``
+    re-imports the parent's main module before anything else, and the console script's is ``from phalanx.cli import
+    main`` — the whole command line, typer and rich: for about a second a Ctrl-C to the process group (a terminal's)
+    ended a starting worker there with a traceback, and the grid said "Aborted." (issue 38). ``phalanx._spawned``
+    imports nothing heavy and ignores SIGINT at once in a spawned child; the console script defines nothing a child
+    needs (:func:`main` is all it holds)."""
+    import importlib.util
+    import sys
+
+    main_module = sys.modules.get("__main__")
+    spec = importlib.util.find_spec("phalanx._spawned")
+    if main_module is not None and spec is not None:
+        main_module.__spec__ = spec
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -266,23 +266,24 @@ def _title(line: str) -> str:
     return line.strip().lstrip("#").strip().strip("*").strip()
 
 
-def tables_of(items: Sequence[object]) -> tuple[list[Tabular], list[str]]:
-    """The tables in a study's terminal output (:class:`phalanx.studies.base.Report`), as :class:`Tabular`, and the
-    text around them: a rich ``Table`` becomes one table (its title, headers and cells as plain text); a string is
-    read for Markdown pipe tables — a header row, a ``|---|`` separator, the rows — each titled by the nearest line of
-    prose above it; the rest of the text is returned as lines, in order. So every study's tables print in every
-    ``--format`` from what its report already writes, with no second copy of each table."""
-    tables: list[Tabular] = []
-    text: list[str] = []
+def pieces(items: Sequence[object]) -> list[object]:
+    """A study's terminal output (:class:`phalanx.studies.base.Report`) in order, its tables as :class:`Tabular`: a
+    rich ``Table`` becomes one table (its title, headers and cells as plain text); a string is read for Markdown pipe
+    tables — a header row, a ``|---|`` separator, the rows — each titled by the nearest line of prose above it; every
+    other line of text stays a string (one per line), any other renderable as it is."""
+    out: list[object] = []
     for item in items:
         if isinstance(item, Table):
             columns = [_plain(c.header) for c in item.columns]
             t = Tabular(_plain(item.title) if item.title is not None else "", columns)
             for row in zip(*[list(c.cells) for c in item.columns], strict=True):
                 t.add(*map(_plain, row))
-            tables.append(t)
+            out.append(t)
             continue
-        lines = str(item).splitlines()
+        if not isinstance(item, str):
+            out.append(item)
+            continue
+        lines = item.splitlines()
         i, title = 0, ""
         while i < len(lines):
             line = lines[i]
@@ -293,14 +294,38 @@ def tables_of(items: Sequence[object]) -> tuple[list[Tabular], list[str]]:
                     cells = _md_cells(lines[i])
                     t.add(*(cells + [""] * (len(t.columns) - len(cells)))[:len(t.columns)])
                     i += 1
-                tables.append(t)
+                out.append(t)
                 title = ""
                 continue
+            out.append(line)
             if line.strip():
-                text.append(line)
                 title = _title(line)
             i += 1
-    return tables, text
+    return out
+
+
+def tables_of(items: Sequence[object]) -> tuple[list[Tabular], list[str]]:
+    """The tables in a study's terminal output, as :class:`Tabular` (:func:`pieces`), and the non-empty lines of
+    text around them, in order. So every study's tables print in every ``--format`` from what its report already
+    writes, with no second copy of each table."""
+    got = pieces(items)
+    return ([p for p in got if isinstance(p, Tabular)],
+            [p for p in got if isinstance(p, str) and p.strip()])
+
+
+def emit_terminal(items: Sequence[object], console: Console) -> None:
+    """A study's terminal output on the terminal: its text as it is, each Markdown or rich table as a terminal table
+    that keeps its columns (:func:`emit`: folded, or one block per row — never a pipe row wider than the terminal;
+    issue 38: ``phalanx experiment corrupted-rounds`` printed 170-character ``| … |`` rows in 60 columns). A table
+    titled by the prose line above it is printed without repeating that line."""
+    for piece in pieces(items):
+        if isinstance(piece, Tabular):
+            piece.title = ""  # its title is the line of text just printed
+            emit(piece, "table", console)
+        elif isinstance(piece, str):
+            console.print(piece, soft_wrap=True, highlight=False, markup=False)  # as it is, on the tables' stream
+        else:
+            console.print(piece)
 
 
 def _plain(renderable: object) -> str:

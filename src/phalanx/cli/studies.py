@@ -16,7 +16,7 @@ from typer.core import TyperGroup
 from phalanx import catalogue
 from phalanx.cli.common import _STDERR, app, console
 from phalanx.cli.common import console as _console
-from phalanx.cli.output import FormatOption, Tabular, check_format, emit, emit_all, tables_of
+from phalanx.cli.output import FormatOption, Tabular, check_format, emit, emit_all, emit_terminal, tables_of
 from phalanx.cli.runs import _forewarn, _load_grid, _split_slurm, _train, smaller_preset, study_smaller
 from phalanx.executor_cli import ExecutorChoice, executor_options
 
@@ -207,11 +207,8 @@ def _run_study(
     if fmt != "table":
         tables, _ = tables_of(report.terminal)
         emit_all(tables, fmt, _console)
-    for item in report.terminal if fmt == "table" else ():
-        if isinstance(item, str):
-            typer.echo(item)
-        else:
-            console.print(item)
+    if fmt == "table":
+        emit_terminal(report.terminal, console)
     if note is not None:
         console.print(f"[bold yellow]warning:[/bold yellow] {note}", soft_wrap=True)
     console.print("written: " + ", ".join(str(w) for w in report.files))

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from phalanx import _spawned
 from phalanx.experiments import signals
 from phalanx.experiments.config import RunConfig, ValidRun
 from phalanx.experiments.executor import Hooks, Outcome, dataset_for
@@ -51,9 +52,8 @@ def _worker_init() -> None:
     nanobind printed a "Critical nanobind error" with a traceback instead of the grid's one line."""
     import duckdb  # noqa: F401 - imported for its side effect: initialised before any signal can interrupt it
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (phalanx._spawned did already, at the child's first import)
     signal.signal(signal.SIGTERM, _worker_sigterm)
-    signals.unblock()
     signals.exit_with_parent()
 
 
@@ -61,7 +61,6 @@ def _manager_init() -> None:
     """Initializer of the progress queue's manager process: deaf to the terminal's SIGINT (the grid shuts it down),
     and it ends when the grid does."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signals.unblock()
     signals.exit_with_parent()
 
 
@@ -154,15 +153,14 @@ class LocalExecutor:
         ctx = multiprocessing.get_context("spawn")
         by_dir = {str(d): c for c, d in todo}
         manager = SyncManager(ctx=ctx)
-        with signals.blocked():
-            manager.start(_manager_init)  # the progress queue's server: a process that ends with the grid, too
-        with manager, ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx, initializer=_worker_init) as pool:
+        # the initializers are phalanx._spawned's: a child imports that module first, and it ignores SIGINT
+        manager.start(_spawned.run, (f"{__name__}:_manager_init",))  # the progress queue's server: it ends with
+        with manager, ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx,  # the grid, too
+                                          initializer=_spawned.run, initargs=(f"{__name__}:_worker_init",)) as pool:
             rounds_queue = manager.Queue() if hooks.on_round is not None else None
-            with signals.blocked():  # the worker processes start here
-                futures: dict[Future[str], tuple[RunConfig, Path]] = {
-                    pool.submit(_run_one, c, str(d), threads, self.wait, rounds_queue): (c, d)
-                    for c, d in todo
-                }
+            futures: dict[Future[str], tuple[RunConfig, Path]] = {  # the worker processes start here
+                pool.submit(_run_one, c, str(d), threads, self.wait, rounds_queue): (c, d) for c, d in todo
+            }
             pending = set(futures)
             done_dirs: set[str] = set()
             while pending and not hooks.stopped:

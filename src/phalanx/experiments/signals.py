@@ -94,27 +94,6 @@ def recording(stopped: list[int]) -> Iterator[None]:
         yield
 
 
-@contextmanager
-def blocked() -> Iterator[None]:
-    """Block SIGINT and SIGTERM in this thread: a process started inside the block inherits the mask, and so cannot
-    be ended by the terminal's Ctrl-C before its initializer has set its own handlers (the parent's signal arrives
-    when the block ends)."""
-    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not POSIX
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def unblock() -> None:
-    """Undo :func:`blocked`'s mask in a process that inherited it."""
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-
-
 def exit_with_parent() -> None:
     """Make a child process of a grid end when the process that started it ends (killed, Ctrl-C): its run resumes
     from its last checkpoint next time, instead of going on unseen (a pool worker outlives a parent killed by a
