@@ -28,20 +28,40 @@ byzantine_timing = "honest" | "always_first", concurrency = C, batch_size = B}``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from phalanx.errors import ConfigError
 from phalanx.training.algorithms.asynchronous import Asynchronous
 from phalanx.training.algorithms.base import Run, register
+from phalanx.training.algorithms.clock import as_numpy
 from phalanx.validate import check_int
 
 
 def staleness_weight(staleness: Tensor) -> Tensor:
     """FedBuff's staleness scaling w(s) = 1/√(1 + s) (Nguyen et al., AISTATS 2022, §5), float64."""
     return 1.0 / torch.sqrt(1.0 + staleness.to(torch.float64))
+
+
+@lru_cache(maxsize=64)
+def weight_table(bound: int, dtype: torch.dtype) -> tuple[float, ...]:
+    """w(0) … w(S) (S = ``bound``) as :func:`staleness_weight` computes them, cast to ``dtype``: each a Python float
+    equal to the ``dtype`` value, so ``torch.tensor(table[s] …, dtype=dtype)`` rebuilds the cast weights exactly
+    (an elementwise function: the value of w(s) does not depend on the vector it is computed in)."""
+    return tuple(staleness_weight(torch.arange(bound + 1)).to(dtype).tolist())
+
+
+def staleness_weights(staleness: Tensor, bound: int, like: Tensor) -> Tensor:
+    """``staleness_weight(staleness).to(like)``, bit for bit, from the cached :func:`weight_table` when every
+    staleness is in 0..``bound`` (the accepted updates of a step: one small tensor made from Python floats, not four
+    tensor operations a step), computed otherwise (tests/test_async_speed.py)."""
+    values = staleness.tolist()
+    if values and 0 <= min(values) and max(values) <= bound:
+        table = weight_table(bound, like.dtype)
+        return torch.tensor([table[s] for s in values], dtype=like.dtype, device=like.device)
+    return staleness_weight(staleness).to(like)
 
 
 @register
@@ -72,10 +92,10 @@ class FedBuff(Asynchronous):
         """The first K accepted deliveries (and the dropped ones among them): one past the K-th accepted position, 0
         when fewer than K are accepted (in NumPy on the CPU mask's view: a per-step cost,
         :mod:`~phalanx.training.algorithms.clock`)."""
-        where = np.flatnonzero(accepted.detach().cpu().numpy())
+        where = as_numpy(accepted).nonzero()[0]
         return int(where[self.buffer_size - 1]) + 1 if where.size >= self.buffer_size else 0
 
     def assemble(self, run: Run, ids: Tensor, updates: Tensor, staleness: Tensor) -> tuple[Tensor, list[int], Tensor]:
         """Row i is w(sᵢ)·Δᵢ, worker ``ids[i]``'s; the Byzantine rows are its Byzantine updates."""
-        w = staleness_weight(staleness).to(updates)
+        w = staleness_weights(staleness, self.max_staleness, updates)
         return updates * w[:, None], ids.tolist(), ids >= run.workers - run.byzantine
