@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -50,7 +51,7 @@ from phalanx.errors import ConfigError
 from phalanx.training.algorithms import availability as online
 from phalanx.training.algorithms import traces
 from phalanx.training.algorithms.base import RoundAlgorithm, Run
-from phalanx.training.algorithms.clock import STATS, TIMINGS, Clock, Speeds, columns
+from phalanx.training.algorithms.clock import STATS, TIMINGS, Clock, Speeds, as_numpy, columns
 from phalanx.training.algorithms.dsgd import poison_rows
 from phalanx.training.algorithms.fedavg import attack_rows
 from phalanx.training.server import RoundResult, Server, detection_auc, honest_error
@@ -501,7 +502,7 @@ class AsyncWorkers:
             updates = torch.where(keep.to(updates.device)[:, None], updates, updates.new_zeros(()))
             extra.update(filtered, **{SCREENED: screen_stats(own[SCREENED], keep, ids >= self.honest_n)})
         vectors, rows_of, touched = algo.assemble(run, ids, updates, stale)
-        after = {RING: ring, TOUCHED: touched, **self.clock.advance(own, t, step, int(touched.sum())), **extra}
+        after = {RING: ring, TOUCHED: touched, **self.clock.advance(own, t, step, int(np.count_nonzero(as_numpy(touched)))), **extra}
         self.stage.made = after
         return Received(vectors, rows=rows_of, state_rows=False, own=after)
 

@@ -168,13 +168,17 @@ class Speeds:
 @dataclass
 class Step:
     """One server step's deliveries, in arrival order: the worker, the version its update started from and its
-    staleness, for the accepted (``ids``) and the dropped (``dropped``) ones; ``time`` the step's simulated time."""
+    staleness, for the accepted (``ids``) and the dropped (``dropped``) ones; ``time`` the step's simulated time;
+    ``delivered`` (optional) every worker that delivered, accepted or dropped, in delivery order — the workers
+    :meth:`Clock.advance` restarts, kept so that it need not concatenate ``ids`` and ``dropped`` again (None: it
+    does)."""
 
     ids: Tensor
     versions: Tensor
     staleness: Tensor
     dropped: Tensor
     time: float
+    delivered: Tensor | None = None
 
 
 class Clock:
@@ -313,7 +317,7 @@ class Clock:
                         torch.from_numpy(taken[:0]), time)
         versions = versions[kept]
         return Step(torch.from_numpy(taken[kept]), torch.from_numpy(versions), torch.from_numpy(t - versions),
-                    torch.from_numpy(taken[~ok]), time)
+                    torch.from_numpy(taken[~ok]), time, torch.from_numpy(taken))
 
     def _leading(self, arrival: np.ndarray, m: int) -> np.ndarray:
         """The leading part of :meth:`_order`: every worker due no later than the m-th earliest arrival (ties
@@ -351,7 +355,9 @@ class Clock:
         the step's own)."""
         arrival, version = as_numpy(state["arrival"]).copy(), as_numpy(state["version"]).copy()
         ids, dropped = as_numpy(step.ids), as_numpy(step.dropped)
-        went = np.concatenate([ids, dropped]) if dropped.size else ids
+        # (the order of the workers restarted does not matter: each one's new arrival is its own)
+        went = ids if not dropped.size else np.concatenate([ids, dropped]) if step.delivered is None else \
+            as_numpy(step.delivered)
         if self.c < self.n:
             arrival[went] = math.inf
             idle = np.flatnonzero(np.isinf(arrival))

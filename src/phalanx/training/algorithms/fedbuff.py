@@ -98,4 +98,4 @@ class FedBuff(Asynchronous):
     def assemble(self, run: Run, ids: Tensor, updates: Tensor, staleness: Tensor) -> tuple[Tensor, list[int], Tensor]:
         """Row i is w(sᵢ)·Δᵢ, worker ``ids[i]``'s; the Byzantine rows are its Byzantine updates."""
         w = staleness_weights(staleness, self.max_staleness, updates)
-        return updates * w[:, None], ids.tolist(), ids >= run.workers - run.byzantine
+        return updates.mul_(w[:, None]), ids.tolist(), ids >= run.workers - run.byzantine
