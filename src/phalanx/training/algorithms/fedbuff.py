@@ -46,22 +46,21 @@ def staleness_weight(staleness: Tensor) -> Tensor:
 
 
 @lru_cache(maxsize=64)
-def weight_table(bound: int, dtype: torch.dtype) -> tuple[float, ...]:
-    """w(0) … w(S) (S = ``bound``) as :func:`staleness_weight` computes them, cast to ``dtype``: each a Python float
-    equal to the ``dtype`` value, so ``torch.tensor(table[s] …, dtype=dtype)`` rebuilds the cast weights exactly
-    (an elementwise function: the value of w(s) does not depend on the vector it is computed in)."""
-    return tuple(staleness_weight(torch.arange(bound + 1)).to(dtype).tolist())
+def weight_table(bound: int, dtype: torch.dtype) -> Tensor:
+    """w(0) … w(S) (S = ``bound``) as :func:`staleness_weight` computes them, cast to ``dtype``, on the CPU (an
+    elementwise function: the value of w(s) does not depend on the vector it is computed in). Never written."""
+    return staleness_weight(torch.arange(bound + 1)).to(dtype)
 
 
 def staleness_weights(staleness: Tensor, bound: int, like: Tensor) -> Tensor:
-    """``staleness_weight(staleness).to(like)``, bit for bit, from the cached :func:`weight_table` when every
-    staleness is in 0..``bound`` (the accepted updates of a step: one small tensor made from Python floats, not four
-    tensor operations a step), computed otherwise (tests/test_async_speed.py)."""
-    values = staleness.tolist()
-    if values and 0 <= min(values) and max(values) <= bound:
-        table = weight_table(bound, like.dtype)
-        return torch.tensor([table[s] for s in values], dtype=like.dtype, device=like.device)
-    return staleness_weight(staleness).to(like)
+    """``staleness_weight(staleness).to(like)``, bit for bit: the rows of the cached :func:`weight_table` when every
+    staleness (a CPU index tensor) is in 0..``bound`` — the accepted updates of a step; one gather instead of four
+    tensor operations a step — computed otherwise (tests/test_async_speed.py)."""
+    try:
+        w = weight_table(bound, like.dtype).index_select(0, staleness)
+    except (IndexError, RuntimeError):  # a staleness outside 0..S, or not an index tensor on the CPU: computed
+        return staleness_weight(staleness).to(like)
+    return w if like.is_cpu else w.to(like.device)
 
 
 @register
