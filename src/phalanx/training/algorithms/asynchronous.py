@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -51,7 +50,7 @@ from phalanx.errors import ConfigError
 from phalanx.training.algorithms import availability as online
 from phalanx.training.algorithms import traces
 from phalanx.training.algorithms.base import RoundAlgorithm, Run
-from phalanx.training.algorithms.clock import STATS, TIMINGS, Clock, Speeds, as_numpy, columns
+from phalanx.training.algorithms.clock import STATS, TIMINGS, Clock, Speeds, columns
 from phalanx.training.algorithms.dsgd import poison_rows
 from phalanx.training.algorithms.fedavg import attack_rows
 from phalanx.training.server import RoundResult, Server, detection_auc, honest_error
@@ -482,7 +481,7 @@ class AsyncWorkers:
         if computing.numel():
             xb, yb = sample_batches_of(run.data, computing, algo.batch_size, self.batch_gen)
             attack = run.attack
-            if isinstance(attack, DataAttack) and byz.numel() and attack.active(t):
+            if byz.numel() and isinstance(attack, DataAttack) and attack.active(t):
                 xb, yb = poison_rows(attack, xb, yb, int(honest.numel()), run.data.num_classes, self.attack_gen,
                                      attackers=(byz - self.honest_n).tolist())
             # each update's θ from the ring: one index_select (the same rows as advanced indexing, cheaper)
@@ -502,7 +501,8 @@ class AsyncWorkers:
             updates = torch.where(keep.to(updates.device)[:, None], updates, updates.new_zeros(()))
             extra.update(filtered, **{SCREENED: screen_stats(own[SCREENED], keep, ids >= self.honest_n)})
         vectors, rows_of, touched = algo.assemble(run, ids, updates, stale)
-        after = {RING: ring, TOUCHED: touched, **self.clock.advance(own, t, step, int(np.count_nonzero(as_numpy(touched)))), **extra}
+        rows = touched.tolist().count(True)  # (a few booleans: cheaper in Python than a tensor reduction)
+        after = {RING: ring, TOUCHED: touched, **self.clock.advance(own, t, step, rows), **extra}
         self.stage.made = after
         return Received(vectors, rows=rows_of, state_rows=False, own=after)
 

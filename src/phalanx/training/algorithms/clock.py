@@ -375,9 +375,10 @@ class Clock:
         byz = int(np.count_nonzero(ids >= self.n - self.b)) if self.b else 0
         s = step.staleness.tolist()  # a step's few integers: Python's sum and max, exact
         # staleness is integral: its sum is exact, so sum / k is the float64 mean, correctly rounded
-        stats = torch.from_numpy(np.array([step.time, old[1] + dropped.size, old[2] + k, old[3] + byz, sum(s) / k if k else 0.0,
-                              float(max(s)) if k else 0.0, byz / k if k else 0.0, float(dropped.size),
-                              float(byzantine_rows), old[9] + lost], dtype=np.float64))
+        stats = torch.from_numpy(np.array([step.time, old[1] + dropped.size, old[2] + k, old[3] + byz,
+                                           sum(s) / k if k else 0.0, float(max(s)) if k else 0.0,
+                                           byz / k if k else 0.0, float(dropped.size), float(byzantine_rows),
+                                           old[9] + lost], dtype=np.float64))
         return {"speed": state["speed"], "arrival": torch.from_numpy(arrival), "version": torch.from_numpy(version),
                 "stats": stats}
 
