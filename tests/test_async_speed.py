@@ -21,7 +21,7 @@ from phalanx.attacks.base import DataAttack
 from phalanx.training import Loop
 from phalanx.training.algorithms import availability as av
 from phalanx.training.algorithms import fedbuff as fb
-from phalanx.training.algorithms.asynchronous import RING, TOUCHED, AsyncWorkers, Asynchronous, replayed
+from phalanx.training.algorithms.asynchronous import RING, TOUCHED, Asynchronous, AsyncWorkers, replayed
 from phalanx.training.algorithms.basgd import BASGD
 from phalanx.training.algorithms.clock import TIMINGS, Clock, Step
 from phalanx.training.algorithms.dsgd import poison_rows
@@ -137,7 +137,7 @@ def test_the_durations_follow_the_states_speeds(kind: type[Clock], caught: bool)
     assert all(same(got[k], want[k]) for k in want) != caught
 
 
-# --- a whole server step against the step as written before ------------------------------------------------------------
+# --- a whole server step against the step as written before ---------------------------------------------------------
 
 
 def reference_round(workers: AsyncWorkers, theta: Tensor, t: int, rule: Any) -> Received:

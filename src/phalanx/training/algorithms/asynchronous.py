@@ -213,7 +213,9 @@ class Asynchronous(RoundAlgorithm):
                                                                                          Tensor]:
         """The step's rows for the rule from its accepted updates (row i: worker ``ids[i]``, staleness
         ``staleness[i]``): the rows, the worker each row is (None: not one worker's), and which rows a Byzantine
-        update touched (``(m,)`` bool, on the CPU)."""
+        update touched (``(m,)`` bool, on the CPU). ``updates`` is the caller's own, made for this call (every
+        caller stacks or computes it afresh): an algorithm may return it scaled in place (FedBuff does — no second
+        ``(m, d)`` tensor a step)."""
 
     def population(self, workers: int) -> str:
         return self.population_key
@@ -501,8 +503,8 @@ class AsyncWorkers:
             updates = torch.where(keep.to(updates.device)[:, None], updates, updates.new_zeros(()))
             extra.update(filtered, **{SCREENED: screen_stats(own[SCREENED], keep, ids >= self.honest_n)})
         vectors, rows_of, touched = algo.assemble(run, ids, updates, stale)
-        rows = touched.tolist().count(True)  # (a few booleans: cheaper in Python than a tensor reduction)
-        after = {RING: ring, TOUCHED: touched, **self.clock.advance(own, t, step, rows), **extra}
+        byzantine_rows = touched.tolist().count(True)  # (a few booleans: cheaper in Python than a tensor reduction)
+        after = {RING: ring, TOUCHED: touched, **self.clock.advance(own, t, step, byzantine_rows), **extra}
         self.stage.made = after
         return Received(vectors, rows=rows_of, state_rows=False, own=after)
 

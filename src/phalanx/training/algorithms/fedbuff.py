@@ -27,6 +27,7 @@ byzantine_timing = "honest" | "always_first", concurrency = C, batch_size = B}``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -46,10 +47,12 @@ def staleness_weight(staleness: Tensor) -> Tensor:
 
 
 @lru_cache(maxsize=64)
-def weight_table(bound: int, dtype: torch.dtype) -> Tensor:
-    """w(0) … w(S) (S = ``bound``) as :func:`staleness_weight` computes them, cast to ``dtype``, on the CPU (an
-    elementwise function: the value of w(s) does not depend on the vector it is computed in). Never written."""
-    return staleness_weight(torch.arange(bound + 1)).to(dtype)
+def weight_table(bound: int, dtype: torch.dtype, weight: Callable[[Tensor], Tensor] = staleness_weight) -> Tensor:
+    """w(0) … w(S) (S = ``bound``) as ``weight`` (:func:`staleness_weight`) computes them, cast to ``dtype``, on the
+    CPU (an elementwise function: the value of w(s) does not depend on the vector it is computed in). Never
+    written. Keyed by the function too, so that a replaced :func:`staleness_weight` (a test's mutant) is what
+    the table holds."""
+    return weight(torch.arange(bound + 1)).to(dtype)
 
 
 def staleness_weights(staleness: Tensor, bound: int, like: Tensor) -> Tensor:
@@ -57,7 +60,7 @@ def staleness_weights(staleness: Tensor, bound: int, like: Tensor) -> Tensor:
     staleness (a CPU index tensor) is in 0..``bound`` — the accepted updates of a step; one gather instead of four
     tensor operations a step — computed otherwise (tests/test_async_speed.py)."""
     try:
-        w = weight_table(bound, like.dtype).index_select(0, staleness)
+        w = weight_table(bound, like.dtype, staleness_weight).index_select(0, staleness)
     except (IndexError, RuntimeError):  # a staleness outside 0..S, or not an index tensor on the CPU: computed
         return staleness_weight(staleness).to(like)
     return w if like.is_cpu else w.to(like.device)
@@ -95,6 +98,7 @@ class FedBuff(Asynchronous):
         return int(where[self.buffer_size - 1]) + 1 if where.size >= self.buffer_size else 0
 
     def assemble(self, run: Run, ids: Tensor, updates: Tensor, staleness: Tensor) -> tuple[Tensor, list[int], Tensor]:
-        """Row i is w(sᵢ)·Δᵢ, worker ``ids[i]``'s; the Byzantine rows are its Byzantine updates."""
+        """Row i is w(sᵢ)·Δᵢ, worker ``ids[i]``'s (``updates`` scaled in place: the caller's own,
+        :meth:`Asynchronous.assemble`); the Byzantine rows are its Byzantine updates."""
         w = staleness_weights(staleness, self.max_staleness, updates)
         return updates.mul_(w[:, None]), ids.tolist(), ids >= run.workers - run.byzantine
