@@ -38,6 +38,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -212,7 +213,9 @@ class Asynchronous(RoundAlgorithm):
                                                                                          Tensor]:
         """The step's rows for the rule from its accepted updates (row i: worker ``ids[i]``, staleness
         ``staleness[i]``): the rows, the worker each row is (None: not one worker's), and which rows a Byzantine
-        update touched (``(m,)`` bool, on the CPU)."""
+        update touched (``(m,)`` bool, on the CPU). ``updates`` is the caller's own, made for this call (every
+        caller stacks or computes it afresh): an algorithm may return it scaled in place (FedBuff does — no second
+        ``(m, d)`` tensor a step)."""
 
     def population(self, workers: int) -> str:
         return self.population_key
@@ -453,6 +456,8 @@ class AsyncWorkers:
         self.batch_gen = restored(streams["batches"])
         self.attack_gen = restored(streams["attack"])
         self.stage = clock_stage(run)
+        self.full = partial(algo.full, self.n)
+        """The algorithm's :meth:`Asynchronous.full` for this population, as the clock calls it."""
 
     def streams(self) -> dict[str, Tensor]:
         return {"batches": self.batch_gen.get_state(), "attack": self.attack_gen.get_state()}
@@ -465,8 +470,7 @@ class AsyncWorkers:
         slots = algo.max_staleness + 1
         ring = own[RING].clone()
         ring[t % slots] = theta.detach()
-        state = {k: own[k] for k in CLOCK_KEYS}
-        step = self.clock.collect(state, t, lambda order, ok: algo.full(self.n, order, ok))
+        step = self.clock.collect(own, t, self.full)  # the clock reads its own keys (CLOCK_KEYS) of the state
         byz_mask = step.ids >= self.honest_n if self.b else None
         if byz_mask is not None and bool(byz_mask.any()):  # the honest updates first, then the Byzantine ones
             honest, byz = step.ids[~byz_mask], step.ids[byz_mask]
@@ -474,18 +478,19 @@ class AsyncWorkers:
             versions = torch.cat([step.versions[~byz_mask], step.versions[byz_mask]])
         else:  # no Byzantine update in the step: the step's order as it is, no masked copies
             honest, byz, stale, versions = step.ids, step.ids[:0], step.staleness, step.versions
-        computing = torch.cat([honest, byz]) if self.data_attack else honest
-        dim = run.problem.dim
-        updates = theta.new_zeros(0, dim)
+        ids = torch.cat([honest, byz]) if byz.numel() else honest
+        computing = ids if self.data_attack else honest
         if computing.numel():
             xb, yb = sample_batches_of(run.data, computing, algo.batch_size, self.batch_gen)
             attack = run.attack
-            if isinstance(attack, DataAttack) and byz.numel() and attack.active(t):
+            if byz.numel() and isinstance(attack, DataAttack) and attack.active(t):
                 xb, yb = poison_rows(attack, xb, yb, int(honest.numel()), run.data.num_classes, self.attack_gen,
                                      attackers=(byz - self.honest_n).tolist())
-            thetas = ring[(versions[: computing.numel()] % slots).to(ring.device)]
+            # each update's θ from the ring: one index_select (the same rows as advanced indexing, cheaper)
+            thetas = ring.index_select(0, (versions[: computing.numel()] % slots).to(ring.device))
             updates = run.problem.grads_each(thetas, xb, yb)
-        ids = torch.cat([honest, byz])
+        else:
+            updates = theta.new_zeros(0, run.problem.dim)
         if self.vector_attack and byz.numel():
             oracle = screen_oracle(algo, run, own, theta, t, ids, updates, versions, ring) if algo.screens else None
             rows = attack_rows(run, updates, int(byz.numel()), rule, self.attack_gen, t, screen=oracle)
@@ -498,7 +503,8 @@ class AsyncWorkers:
             updates = torch.where(keep.to(updates.device)[:, None], updates, updates.new_zeros(()))
             extra.update(filtered, **{SCREENED: screen_stats(own[SCREENED], keep, ids >= self.honest_n)})
         vectors, rows_of, touched = algo.assemble(run, ids, updates, stale)
-        after = {RING: ring, TOUCHED: touched, **self.clock.advance(state, t, step, int(touched.sum())), **extra}
+        byzantine_rows = touched.tolist().count(True)  # (a few booleans: cheaper in Python than a tensor reduction)
+        after = {RING: ring, TOUCHED: touched, **self.clock.advance(own, t, step, byzantine_rows), **extra}
         self.stage.made = after
         return Received(vectors, rows=rows_of, state_rows=False, own=after)
 

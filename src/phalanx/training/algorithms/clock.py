@@ -168,13 +168,17 @@ class Speeds:
 @dataclass
 class Step:
     """One server step's deliveries, in arrival order: the worker, the version its update started from and its
-    staleness, for the accepted (``ids``) and the dropped (``dropped``) ones; ``time`` the step's simulated time."""
+    staleness, for the accepted (``ids``) and the dropped (``dropped``) ones; ``time`` the step's simulated time;
+    ``delivered`` (optional) every worker that delivered, accepted or dropped, in delivery order — the workers
+    :meth:`Clock.advance` restarts, kept so that it need not concatenate ``ids`` and ``dropped`` again (None: it
+    does)."""
 
     ids: Tensor
     versions: Tensor
     staleness: Tensor
     dropped: Tensor
     time: float
+    delivered: Tensor | None = None
 
 
 class Clock:
@@ -209,6 +213,10 @@ class Clock:
         result)."""
         if byzantine and bool(self.first.any()):
             self._ahead = np.argsort((~self.first).numpy().astype(np.int8), kind="stable")
+        self._speed: Tensor | None = None
+        self._d = np.zeros(0)
+        """The durations of :meth:`durations` for the state's ``speed`` tensor (the same object from step to step:
+        :meth:`advance` passes it on), as an array — computed again for any other tensor (a resumed state)."""
 
     def durations(self, speed: Tensor) -> Tensor:
         """How long each worker's update takes: 1/vᵢ (0 for a Byzantine worker that attacks the clock)."""
@@ -226,7 +234,7 @@ class Clock:
             arrival = arrival.masked_fill(torch.from_numpy(idle), math.inf)
         if self.availability is not None:
             went = np.flatnonzero(~idle)
-            times, lost = self.online(went, 0.0, _np(arrival)[went])
+            times, lost = self.online(went, 0.0, as_numpy(arrival)[went])
             arrival = arrival.clone()
             arrival[torch.from_numpy(went)] = times
             stats[-1] = lost
@@ -252,14 +260,14 @@ class Clock:
     def order(self, arrival: Tensor) -> Tensor:
         """The workers in delivery order: by arrival time, then always-first ones, then by index (a stable lexical
         sort, so the order is a function of the state alone; an idle worker's +∞ sorts last)."""
-        return torch.from_numpy(self._order(_np(arrival)))
+        return torch.from_numpy(self._order(as_numpy(arrival)))
 
     def _order(self, arrival: np.ndarray) -> np.ndarray:
         """:meth:`order` on a NumPy view: a stable sort is one permutation whatever sorts it (no NaN: a state's
         arrival times are finite or +∞, :meth:`check_state`)."""
         if self._ahead is None:  # nobody is served first at a tie: one sort, the same order
-            return np.argsort(arrival, kind="stable")
-        return self._ahead[np.argsort(arrival[self._ahead], kind="stable")]
+            return arrival.argsort(kind="stable")
+        return self._ahead[arrival[self._ahead].argsort(kind="stable")]
 
     def collect(self, state: dict[str, Tensor], t: int, full: Any) -> Step:
         """The deliveries of server step t: in delivery order, up to the first prefix whose accepted updates make the
@@ -271,14 +279,15 @@ class Clock:
         twice the last step's prefix — and ``full`` sees that part: the buffer's prefix is a function of the prefix
         alone (:meth:`~phalanx.training.algorithms.asynchronous.Asynchronous.full`), so a part that fills it gives
         the whole order's answer, and one that does not (0) is followed by the whole order."""
-        arrival, version = _np(state["arrival"]), _np(state["version"])
+        arrival, version = as_numpy(state["arrival"]), as_numpy(state["version"])
         live = self.c  # in flight: the first C of the order (an idle worker's +∞ sorts last, never taken)
+        oldest = t - self.bound  # accepted: staleness t − v <= S, i.e. v >= t − S (integers: the same test)
         order: np.ndarray | None = None
-        if self._head < live and self.timing not in ("last_slot", "at_bound"):
+        by_arrival = self.timing not in ("last_slot", "at_bound")
+        if self._head < live and by_arrival:
             order = self._leading(arrival, self._head)
             versions = version[order]
-            staleness = t - versions
-            accepted = staleness <= self.bound
+            accepted = versions >= oldest
             end = int(full(torch.from_numpy(order), torch.from_numpy(accepted)))
             if not 0 < end <= order.size:
                 order = None
@@ -287,43 +296,46 @@ class Clock:
             if live < self.n:
                 order = order[:live]
             if self.timing == "last_slot":
-                order = _np(self.before_last(torch.from_numpy(order), torch.from_numpy(t - version), full))
+                order = as_numpy(self.before_last(torch.from_numpy(order), torch.from_numpy(t - version), full))
             elif self.timing == "at_bound":
-                order = _np(self.held(torch.from_numpy(order), torch.from_numpy(t - version)))
+                order = as_numpy(self.held(torch.from_numpy(order), torch.from_numpy(t - version)))
             versions = version[order]
-            staleness = t - versions
-            accepted = staleness <= self.bound
+            accepted = versions >= oldest
             end = int(full(torch.from_numpy(order), torch.from_numpy(accepted)))
         if not 0 < end <= live:  # cannot happen (the module's docstring argues why): a defect, said so
             raise RuntimeError(f"the simulated clock found no full buffer at step {t}")
         self._head = max(16, 2 * end)
-        taken, ok = order[:end], accepted[:end]
+        taken, ok, versions = order[:end], accepted[:end], versions[:end]
         # The latest delivery taken, not the last in order: a time attacker's order (last_slot, at_bound) puts an
-        # instant Byzantine delivery after honest ones that arrive later — time must not run back to it.
-        time = max(float(_np(state["stats"])[0]), float(arrival[taken].max()))
-        if bool(ok.all()):  # nothing dropped (the usual step): the prefix as it is, no masked copies
-            return Step(torch.from_numpy(taken), torch.from_numpy(versions[:end]), torch.from_numpy(staleness[:end]),
+        # instant Byzantine delivery after honest ones that arrive later — time must not run back to it. In an
+        # order by arrival alone the last one taken is the latest (ascending, ties equal).
+        latest = float(arrival[taken[-1]]) if by_arrival else float(arrival[taken].max())
+        time = max(float(as_numpy(state["stats"])[0]), latest)
+        kept = ok.nonzero()[0]
+        if kept.size == end:  # nothing dropped: the prefix as it is, no copies
+            return Step(torch.from_numpy(taken), torch.from_numpy(versions), torch.from_numpy(t - versions),
                         torch.from_numpy(taken[:0]), time)
-        return Step(torch.from_numpy(taken[ok]), torch.from_numpy(versions[:end][ok]),
-                    torch.from_numpy(staleness[:end][ok]), torch.from_numpy(taken[~ok]), time)
+        versions = versions[kept]
+        return Step(torch.from_numpy(taken[kept]), torch.from_numpy(versions), torch.from_numpy(t - versions),
+                    torch.from_numpy(taken[~ok]), time, torch.from_numpy(taken))
 
     def _leading(self, arrival: np.ndarray, m: int) -> np.ndarray:
         """The leading part of :meth:`_order`: every worker due no later than the m-th earliest arrival (ties
         included, so it is a prefix of the whole order), in the same order. m < C: the m-th earliest is finite, so
         no idle worker (+∞) is in it."""
-        due = np.flatnonzero(arrival <= np.partition(arrival, m - 1)[m - 1])  # ascending index
+        due = (arrival <= np.partition(arrival, m - 1)[m - 1]).nonzero()[0]  # ascending index
         if self._ahead is not None:  # the always-first ones ahead, each side by index
-            due = due[np.argsort(~self._first[due], kind="stable")]
-        return due[np.argsort(arrival[due], kind="stable")]
+            due = due[(~self._first[due]).argsort(kind="stable")]
+        return due[arrival[due].argsort(kind="stable")]
 
     def before_last(self, order: Tensor, staleness: Tensor, full: Any) -> Tensor:
         """``last_slot``: the deliveries that fill the buffer with the Byzantine ones served last — the honest ones but
         the last, then the Byzantine ones, then the rest: the buffer's last place goes to a Byzantine update."""
-        o = _np(order)
+        o = as_numpy(order)
         is_b = self._byz[o]
         honest, byz = o[~is_b], o[is_b]
         merged = np.concatenate([honest, byz])
-        end = int(full(torch.from_numpy(merged), torch.from_numpy(_np(staleness)[merged] <= self.bound)))
+        end = int(full(torch.from_numpy(merged), torch.from_numpy(as_numpy(staleness)[merged] <= self.bound)))
         if not byz.size or not 0 < end <= honest.size:  # the buffer needs them anyway (or cannot fill)
             return torch.from_numpy(merged)
         return torch.from_numpy(np.concatenate([honest[: end - 1], byz, honest[end - 1:]]))
@@ -331,9 +343,9 @@ class Clock:
     def held(self, order: Tensor, staleness: Tensor) -> Tensor:
         """``at_bound``: the Byzantine updates exactly S versions old (or older) first, then the honest deliveries,
         then the Byzantine updates still being held."""
-        o = _np(order)
+        o = as_numpy(order)
         is_b = self._byz[o]
-        ready = is_b & (_np(staleness)[o] >= self.bound)
+        ready = is_b & (as_numpy(staleness)[o] >= self.bound)
         return torch.from_numpy(np.concatenate([o[ready], o[~is_b], o[is_b & ~ready]]))
 
     def advance(self, state: dict[str, Tensor], t: int, step: Step, byzantine_rows: int) -> dict[str, Tensor]:
@@ -341,15 +353,17 @@ class Clock:
         1/vᵢ (0 for a time attacker: :meth:`durations`) — with C < n, every worker that delivered becomes idle and
         as many as it took are sampled from all the idle ones (:meth:`sample`); the stats updated (the totals, and
         the step's own)."""
-        arrival, version = _np(state["arrival"]).copy(), _np(state["version"]).copy()
-        ids, dropped = _np(step.ids), _np(step.dropped)
-        went = np.concatenate([ids, dropped]) if dropped.size else ids
+        arrival, version = as_numpy(state["arrival"]).copy(), as_numpy(state["version"]).copy()
+        ids, dropped = as_numpy(step.ids), as_numpy(step.dropped)
+        # (the order of the workers restarted does not matter: each one's new arrival is its own)
+        went = ids if not dropped.size else np.concatenate([ids, dropped]) if step.delivered is None else \
+            as_numpy(step.delivered)
         if self.c < self.n:
             arrival[went] = math.inf
             idle = np.flatnonzero(np.isinf(arrival))
             went = self.sample(idle, self.c - (self.n - idle.size), t + 1)
-        d = np.where(self._instant[went], 0.0, 1.0 / _np(state["speed"])[went])
-        old = _np(state["stats"]).tolist()
+        d = self._durations(state["speed"])[went]
+        old = state["stats"].tolist()
         lost = 0
         if self.availability is None:
             arrival[went] = step.time + d
@@ -359,14 +373,22 @@ class Clock:
         version[went] = t + 1
         k = int(ids.size)
         byz = int(np.count_nonzero(ids >= self.n - self.b)) if self.b else 0
-        s = _np(step.staleness)
+        s = step.staleness.tolist()  # a step's few integers: Python's sum and max, exact
         # staleness is integral: its sum is exact, so sum / k is the float64 mean, correctly rounded
         stats = torch.from_numpy(np.array([step.time, old[1] + dropped.size, old[2] + k, old[3] + byz,
-                                           int(s.sum()) / k if k else 0.0, float(s.max()) if k else 0.0,
+                                           sum(s) / k if k else 0.0, float(max(s)) if k else 0.0,
                                            byz / k if k else 0.0, float(dropped.size), float(byzantine_rows),
                                            old[9] + lost], dtype=np.float64))
         return {"speed": state["speed"], "arrival": torch.from_numpy(arrival), "version": torch.from_numpy(version),
                 "stats": stats}
+
+    def _durations(self, speed: Tensor) -> np.ndarray:
+        """:meth:`durations` as an array, kept for the ``speed`` tensor it was computed for (elementwise: indexing it
+        gives what computing the workers' own entries gives)."""
+        if speed is not self._speed:
+            self._d = np.where(self._instant, 0.0, 1.0 / as_numpy(speed))
+            self._speed = speed
+        return self._d
 
     def check_state(self, state: dict[str, Tensor]) -> None:
         """Refuse a clock state this clock cannot continue from (another population, a corrupted time)."""
@@ -388,7 +410,7 @@ class Clock:
                               f"{self.n} workers)")
 
 
-def _np(x: Tensor) -> np.ndarray:
+def as_numpy(x: Tensor) -> np.ndarray:
     """A CPU tensor's NumPy view (no copy); another device's, copied to the CPU."""
     try:
         return x.numpy()

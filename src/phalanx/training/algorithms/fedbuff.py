@@ -27,21 +27,43 @@ byzantine_timing = "honest" | "always_first", concurrency = C, batch_size = B}``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from phalanx.errors import ConfigError
 from phalanx.training.algorithms.asynchronous import Asynchronous
 from phalanx.training.algorithms.base import Run, register
+from phalanx.training.algorithms.clock import as_numpy
 from phalanx.validate import check_int
 
 
 def staleness_weight(staleness: Tensor) -> Tensor:
     """FedBuff's staleness scaling w(s) = 1/√(1 + s) (Nguyen et al., AISTATS 2022, §5), float64."""
     return 1.0 / torch.sqrt(1.0 + staleness.to(torch.float64))
+
+
+@lru_cache(maxsize=64)
+def weight_table(bound: int, dtype: torch.dtype, weight: Callable[[Tensor], Tensor] = staleness_weight) -> Tensor:
+    """w(0) … w(S) (S = ``bound``) as ``weight`` (:func:`staleness_weight`) computes them, cast to ``dtype``, on the
+    CPU (an elementwise function: the value of w(s) does not depend on the vector it is computed in). Never
+    written. Keyed by the function too, so that a replaced :func:`staleness_weight` (a test's mutant) is what
+    the table holds."""
+    return weight(torch.arange(bound + 1)).to(dtype)
+
+
+def staleness_weights(staleness: Tensor, bound: int, like: Tensor) -> Tensor:
+    """``staleness_weight(staleness).to(like)``, bit for bit: the rows of the cached :func:`weight_table` when every
+    staleness (a CPU index tensor) is in 0..``bound`` — the accepted updates of a step; one gather instead of four
+    tensor operations a step — computed otherwise (tests/test_async_speed.py)."""
+    try:
+        w = weight_table(bound, like.dtype, staleness_weight).index_select(0, staleness)
+    except (IndexError, RuntimeError):  # a staleness outside 0..S, or not an index tensor on the CPU: computed
+        return staleness_weight(staleness).to(like)
+    return w if like.is_cpu else w.to(like.device)
 
 
 @register
@@ -72,10 +94,11 @@ class FedBuff(Asynchronous):
         """The first K accepted deliveries (and the dropped ones among them): one past the K-th accepted position, 0
         when fewer than K are accepted (in NumPy on the CPU mask's view: a per-step cost,
         :mod:`~phalanx.training.algorithms.clock`)."""
-        where = np.flatnonzero(accepted.detach().cpu().numpy())
+        where = as_numpy(accepted).nonzero()[0]
         return int(where[self.buffer_size - 1]) + 1 if where.size >= self.buffer_size else 0
 
     def assemble(self, run: Run, ids: Tensor, updates: Tensor, staleness: Tensor) -> tuple[Tensor, list[int], Tensor]:
-        """Row i is w(sᵢ)·Δᵢ, worker ``ids[i]``'s; the Byzantine rows are its Byzantine updates."""
-        w = staleness_weight(staleness).to(updates)
-        return updates * w[:, None], ids.tolist(), ids >= run.workers - run.byzantine
+        """Row i is w(sᵢ)·Δᵢ, worker ``ids[i]``'s (``updates`` scaled in place: the caller's own,
+        :meth:`Asynchronous.assemble`); the Byzantine rows are its Byzantine updates."""
+        w = staleness_weights(staleness, self.max_staleness, updates)
+        return updates.mul_(w[:, None]), ids.tolist(), ids >= run.workers - run.byzantine
