@@ -23,6 +23,7 @@
 #include <Python.h>
 #include <math.h>
 #include <stdlib.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -34,7 +35,7 @@
 #define BUFFER_BYTES (320 * 1024)
 
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
-#define MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#define MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define MULTIVERSION
 #endif
@@ -47,6 +48,14 @@
 #else
 #define FINITE_MATH
 #endif
+/* Selects between computed values (`c ? a : 0.0`) vectorise only if the compiler may evaluate the comparison for
+ * every lane; the default -ftrapping-math forbids that for ordered comparisons (they raise FE_INVALID on NaN), and
+ * the loop stays scalar. No code here reads the floating-point exception flags, and the flag changes no value. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define SELECTS __attribute__((optimize("no-trapping-math")))
+#else
+#define SELECTS
+#endif
 #define MIN_f32 fminf
 #define MAX_f32 fmaxf
 #define MIN_f64 fmin
@@ -57,39 +66,41 @@
 #define MAX_f64_small fmax
 
 #define DEFINE_KERNEL(T, SUFFIX, BLK)                                                                                   \
-    /* Window start of every lane of a sorted block. MeaMed: among the trim + 1 windows of `length` consecutive    */ \
-    /* sorted values, the one whose farthest value from the median is nearest (the first on ties): that window  */ \
-    /* holds the n - trim values closest to the median. Branch-free across lanes.                               */ \
-    static void window_starts_##SUFFIX(const T *buf, Py_ssize_t n, int mode, int trim, int length, int *st) {     \
+    /* Window start of every lane of a sorted block, as a T (a small integer, exact). MeaMed: among the trim + 1 */ \
+    /* windows of `length` consecutive sorted values, the one whose farthest value from the median is nearest   */ \
+    /* (the first on ties): that window holds the n - trim values closest to the median. Branch-free across      */ \
+    /* lanes; every array has the lane type T so that the compiler vectorises the selects.                        */ \
+    static inline __attribute__((always_inline)) void window_starts_##SUFFIX(const T *buf, Py_ssize_t n, int mode, int trim, int length, T *st) {       \
         if (mode != 2) {                                                                                           \
-            int s0 = mode == 0 ? trim : (int)((n - 1) / 2);                                                        \
-            for (int j = 0; j < BLK; j++) st[j] = s0;                                                            \
+            T s0 = (T)(mode == 0 ? trim : (int)((n - 1) / 2));                                                     \
+            for (int j = 0; j < BLK; j++) st[j] = s0;                                                              \
             return;                                                                                                \
         }                                                                                                          \
-        T med[BLK], best[BLK];                                                                                 \
-        const T *m1 = buf + (n / 2) * BLK, *m0 = buf + ((n - 1) / 2) * BLK;                                    \
-        for (int j = 0; j < BLK; j++) {                                                                          \
+        T med[BLK], best[BLK];                                                                                     \
+        const T *m1 = buf + (n / 2) * BLK, *m0 = buf + ((n - 1) / 2) * BLK;                                        \
+        for (int j = 0; j < BLK; j++) {                                                                            \
             med[j] = (T)(0.5 * m0[j] + 0.5 * m1[j]);                                                               \
             best[j] = (T)INFINITY;                                                                                 \
             st[j] = 0;                                                                                             \
         }                                                                                                          \
         for (int s = 0; s <= trim; s++) {                                                                          \
-            const T *lo = buf + s * BLK, *hi = buf + (s + length - 1) * BLK;                                   \
-            for (int j = 0; j < BLK; j++) {                                                                      \
+            const T *lo = buf + s * BLK, *hi = buf + (s + length - 1) * BLK;                                       \
+            T sv = (T)s;                                                                                           \
+            for (int j = 0; j < BLK; j++) {                                                                        \
                 T a = med[j] - lo[j], b = hi[j] - med[j];                                                          \
                 T cost = a > b ? a : b;                                                                            \
                 int better = cost < best[j];                                                                       \
                 best[j] = better ? cost : best[j];                                                                 \
-                st[j] = better ? s : st[j];                                                                        \
+                st[j] = better ? sv : st[j];                                                                       \
             }                                                                                                      \
         }                                                                                                          \
     }                                                                                                              \
                                                                                                                    \
-    MULTIVERSION FINITE_MATH static void network_##SUFFIX(T *buf, const long long *pairs, Py_ssize_t npairs) {                 \
+    MULTIVERSION FINITE_MATH static void network_##SUFFIX(T *buf, const long long *pairs, Py_ssize_t npairs) {     \
         for (Py_ssize_t p = 0; p < npairs; p++) {                                                                  \
-            T *restrict a = buf + pairs[2 * p] * BLK;                                                            \
-            T *restrict b = buf + pairs[2 * p + 1] * BLK;                                                        \
-            for (int j = 0; j < BLK; j++) {                                                                      \
+            T *restrict a = buf + pairs[2 * p] * BLK;                                                              \
+            T *restrict b = buf + pairs[2 * p + 1] * BLK;                                                          \
+            for (int j = 0; j < BLK; j++) {                                                                        \
                 T u = a[j], v = b[j];                                                                              \
                 a[j] = MIN_##SUFFIX(u, v);                                                                         \
                 b[j] = MAX_##SUFFIX(u, v);                                                                         \
@@ -97,88 +108,121 @@
         }                                                                                                          \
     }                                                                                                              \
                                                                                                                    \
-    static void window_##SUFFIX(const T *x, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j0, Py_ssize_t j1,              \
-                                const long long *pairs, Py_ssize_t npairs, int mode, int trim, int length,         \
-                                T *out, double *contrib, T *buf, double *rowacc) {                                 \
+    /* One sorted block of BLK columns -> its w outputs. The window's values are added in sorted-position order, */ \
+    /* in double, starting from +0.0 (MeaMed: the rows outside a lane's window add +0.0, which changes nothing). */ \
+    MULTIVERSION SELECTS static void finish_##SUFFIX(const T *buf, Py_ssize_t n, int mode, int trim, int length, double inv, \
+                                             T *out, Py_ssize_t w) {                                               \
+        double acc[BLK];                                                                                           \
+        if (mode == 1) { /* median: the middle value, or the midpoint of the two middle values */                \
+            const T *m0 = buf + ((n - 1) / 2) * BLK, *m1 = buf + (n / 2) * BLK;                                    \
+            for (Py_ssize_t j = 0; j < w; j++) out[j] = (T)(0.5 * (double)m0[j] + 0.5 * (double)m1[j]);            \
+            return;                                                                                                \
+        }                                                                                                          \
+        for (int j = 0; j < BLK; j++) acc[j] = 0.0;                                                                \
+        if (mode == 0) {                                                                                           \
+            for (Py_ssize_t r = trim; r < trim + length; r++) {                                                    \
+                const T *row = buf + r * BLK;                                                                      \
+                for (int j = 0; j < BLK; j++) acc[j] += (double)row[j];                                            \
+            }                                                                                                      \
+        } else { /* window [st, st + length), st in [0, trim]: rows [trim, length) are in every lane's window */   \
+            T st[BLK], en[BLK];                                                                                    \
+            window_starts_##SUFFIX(buf, n, mode, trim, length, st);                                                \
+            for (int j = 0; j < BLK; j++) en[j] = st[j] + (T)length;                                               \
+            for (Py_ssize_t r = 0; r < n; r++) {                                                                   \
+                const T *row = buf + r * BLK;                                                                      \
+                T rv = (T)r;                                                                                       \
+                if (r < trim) {                                                                                    \
+                    for (int j = 0; j < BLK; j++) acc[j] += rv >= st[j] ? (double)row[j] : 0.0;                    \
+                } else if (r < length) {                                                                           \
+                    for (int j = 0; j < BLK; j++) acc[j] += (double)row[j];                                        \
+                } else {                                                                                           \
+                    for (int j = 0; j < BLK; j++) acc[j] += rv < en[j] ? (double)row[j] : 0.0;                     \
+                }                                                                                                  \
+            }                                                                                                      \
+        }                                                                                                          \
+        for (Py_ssize_t j = 0; j < w; j++) out[j] = (T)(acc[j] * inv);                                             \
+    }                                                                                                              \
+                                                                                                                   \
+    /* Row weights of one sorted block (see `contributions` below the macro), added to rowacc's lanes. */          \
+    MULTIVERSION SELECTS static void contrib_##SUFFIX(const T *x, Py_ssize_t n, Py_ssize_t d, Py_ssize_t s, Py_ssize_t w,               \
+                                 const T *buf, int mode, int trim, int length, double inv, double *rowacc) {       \
+        /* Row weight: 1/length strictly inside the window; a value tied with a window boundary gets the */        \
+        /* boundary value's window slots shared equally among all rows holding that value. Vectorised   */        \
+        /* across the block's columns; O(n) per column.                                                 */        \
+        T lo[BLK], hi[BLK], stf[BLK];                                                                              \
+        int st[BLK];                                                                                               \
+        double lo_tot[BLK], lo_in[BLK], hi_tot[BLK], hi_in[BLK], lo_w[BLK], hi_w[BLK];                             \
+        window_starts_##SUFFIX(buf, n, mode, trim, length, stf);                                                   \
+        for (int j = 0; j < BLK; j++) {                                                                            \
+            st[j] = (int)stf[j];                                                                                   \
+            lo[j] = buf[st[j] * BLK + j];                                                                          \
+            hi[j] = buf[(st[j] + length - 1) * BLK + j];                                                           \
+            lo_tot[j] = lo_in[j] = hi_tot[j] = hi_in[j] = 0.0;                                                     \
+        }                                                                                                          \
+        for (Py_ssize_t r = 0; r < n; r++) {                                                                       \
+            const T *row = buf + r * BLK;                                                                          \
+            for (int j = 0; j < BLK; j++) {                                                                        \
+                double inside = (r >= st[j] && r < st[j] + length) ? 1.0 : 0.0;                                    \
+                double eq_lo = row[j] == lo[j] ? 1.0 : 0.0, eq_hi = row[j] == hi[j] ? 1.0 : 0.0;                  \
+                lo_tot[j] += eq_lo; lo_in[j] += eq_lo * inside;                                                    \
+                hi_tot[j] += eq_hi; hi_in[j] += eq_hi * inside;                                                    \
+            }                                                                                                      \
+        }                                                                                                          \
+        for (int j = 0; j < BLK; j++) {                                                                            \
+            lo_w[j] = lo_in[j] / (lo_tot[j] * length);                                                             \
+            hi_w[j] = hi_in[j] / (hi_tot[j] * length);                                                             \
+        }                                                                                                          \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                                       \
+            const T *src = x + i * d + s;                                                                          \
+            double *acc = rowacc + i * BLK; /* per-lane sums: vectorisable, reduced once at the end */             \
+            for (Py_ssize_t j = 0; j < w; j++) {                                                                   \
+                T v = src[j];                                                                                      \
+                v = (v != v) ? (T)INFINITY : v;                                                                    \
+                double wt = (v > lo[j] && v < hi[j]) ? inv                                                         \
+                          : (v == lo[j] ? lo_w[j] : (v == hi[j] ? hi_w[j] : 0.0));                                 \
+                acc[j] += wt;                                                                                      \
+            }                                                                                                      \
+        }                                                                                                          \
+    }                                                                                                              \
+                                                                                                                   \
+    /* Columns [j0, j1) in panels of `panel` blocks: each row's run of panel * BLK columns is read in one         */ \
+    /* contiguous pass (long runs the hardware prefetcher follows, instead of n short streams per block) into    */ \
+    /* block-major storage -- block b's (n, BLK) rows at buf + b * n * BLK -- then each block is sorted and      */ \
+    /* finished while it is in the L1/L2 cache. The blocks, and so the results, do not depend on `panel`.         */ \
+    MULTIVERSION static void window_##SUFFIX(const T *x, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j0, Py_ssize_t j1, \
+                                             const long long *pairs, Py_ssize_t npairs, int mode, int trim,        \
+                                             int length, T *out, double *contrib, T *buf, double *rowacc,          \
+                                             Py_ssize_t panel) {                                                   \
         double inv = 1.0 / (double)length;                                                                         \
-        int st[BLK];                                                                                             \
-        for (Py_ssize_t s = j0; s < j1; s += BLK) {                                                              \
-            Py_ssize_t w = (j1 - s) < BLK ? (j1 - s) : BLK;                                                    \
+        for (Py_ssize_t p0 = j0; p0 < j1; p0 += panel * BLK) {                                                     \
+            Py_ssize_t pw = (j1 - p0) < panel * BLK ? (j1 - p0) : panel * BLK;                                     \
+            Py_ssize_t nb = (pw + BLK - 1) / BLK;                                                                  \
             for (Py_ssize_t i = 0; i < n; i++) {                                                                   \
-                const T *src = x + i * d + s;                                                                      \
-                if (s + BLK < j1) { /* many row streams at once: prefetch this row's next block by hand */      \
-                    for (int c = 0; c < BLK * (int)sizeof(T); c += 64)                                           \
-                        __builtin_prefetch((const char *)(src + BLK) + c, 0, 0);                                 \
-                }                                                                                                  \
-                T *dst = buf + i * BLK;                                                                          \
-                for (Py_ssize_t j = 0; j < w; j++) { T v = src[j]; dst[j] = (v != v) ? (T)INFINITY : v; }          \
-                for (Py_ssize_t j = w; j < BLK; j++) dst[j] = (T)INFINITY;                                       \
-            }                                                                                                      \
-            network_##SUFFIX(buf, pairs, npairs);                                                                  \
-            if (mode == 0) {                                                                                       \
-                double acc[BLK];                                                                                 \
-                for (int j = 0; j < BLK; j++) acc[j] = 0.0;                                                      \
-                for (Py_ssize_t r = trim; r < trim + length; r++) {                                                \
-                    const T *row = buf + r * BLK;                                                                \
-                    for (int j = 0; j < BLK; j++) acc[j] += (double)row[j];                                      \
-                }                                                                                                  \
-                for (Py_ssize_t j = 0; j < w; j++) out[s + j] = (T)(acc[j] * inv);                                 \
-            } else if (mode == 1) { /* median: the middle value, or the midpoint of the two middle values */     \
-                const T *m0 = buf + ((n - 1) / 2) * BLK, *m1 = buf + (n / 2) * BLK;                           \
-                for (Py_ssize_t j = 0; j < w; j++) out[s + j] = (T)(0.5 * (double)m0[j] + 0.5 * (double)m1[j]);   \
-            } else {                                                                                               \
-                double acc[BLK];                                                                                 \
-                window_starts_##SUFFIX(buf, n, mode, trim, length, st);                                            \
-                for (int j = 0; j < BLK; j++) acc[j] = 0.0;                                                      \
-                for (Py_ssize_t r = 0; r < n; r++) {                                                               \
-                    const T *row = buf + r * BLK;                                                                \
-                    for (int j = 0; j < BLK; j++)                                                                \
-                        acc[j] += (r >= st[j] && r < st[j] + length) ? (double)row[j] : 0.0;                       \
-                }                                                                                                  \
-                for (Py_ssize_t j = 0; j < w; j++) out[s + j] = (T)(acc[j] * inv);                                 \
-            }                                                                                                      \
-            if (contrib) {                                                                                         \
-                /* Row weight: 1/length strictly inside the window; a value tied with a window boundary gets the */ \
-                /* boundary value's window slots shared equally among all rows holding that value. Vectorised   */ \
-                /* across the block's columns; O(n) per column.                                                 */ \
-                T lo[BLK], hi[BLK];                                                                            \
-                double lo_tot[BLK], lo_in[BLK], hi_tot[BLK], hi_in[BLK], lo_w[BLK], hi_w[BLK];       \
-                window_starts_##SUFFIX(buf, n, mode, trim, length, st);                                            \
-                for (int j = 0; j < BLK; j++) {                                                                  \
-                    lo[j] = buf[st[j] * BLK + j];                                                                \
-                    hi[j] = buf[(st[j] + length - 1) * BLK + j];                                                 \
-                    lo_tot[j] = lo_in[j] = hi_tot[j] = hi_in[j] = 0.0;                                             \
-                }                                                                                                  \
-                for (Py_ssize_t r = 0; r < n; r++) {                                                               \
-                    const T *row = buf + r * BLK;                                                                \
-                    for (int j = 0; j < BLK; j++) {                                                              \
-                        double inside = (r >= st[j] && r < st[j] + length) ? 1.0 : 0.0;                            \
-                        double eq_lo = row[j] == lo[j] ? 1.0 : 0.0, eq_hi = row[j] == hi[j] ? 1.0 : 0.0;          \
-                        lo_tot[j] += eq_lo; lo_in[j] += eq_lo * inside;                                            \
-                        hi_tot[j] += eq_hi; hi_in[j] += eq_hi * inside;                                            \
+                const T *src = x + i * d + p0;                                                                     \
+                for (Py_ssize_t b = 0; b < nb; b++) {                                                              \
+                    T *dst = buf + (b * n + i) * BLK;                                                              \
+                    const T *sb = src + b * BLK;                                                                   \
+                    Py_ssize_t w = (pw - b * BLK) < BLK ? (pw - b * BLK) : BLK;                                    \
+                    if (w == BLK) {                                                                                \
+                        for (int j = 0; j < BLK; j++) { T v = sb[j]; dst[j] = (v != v) ? (T)INFINITY : v; }        \
+                    } else {                                                                                       \
+                        for (Py_ssize_t j = 0; j < w; j++) { T v = sb[j]; dst[j] = (v != v) ? (T)INFINITY : v; }   \
+                        for (Py_ssize_t j = w; j < BLK; j++) dst[j] = (T)INFINITY;                                 \
                     }                                                                                              \
                 }                                                                                                  \
-                for (int j = 0; j < BLK; j++) {                                                                  \
-                    lo_w[j] = lo_in[j] / (lo_tot[j] * length);                                                     \
-                    hi_w[j] = hi_in[j] / (hi_tot[j] * length);                                                     \
-                }                                                                                                  \
-                for (Py_ssize_t i = 0; i < n; i++) {                                                               \
-                    const T *src = x + i * d + s;                                                                  \
-                    double *acc = rowacc + i * BLK; /* per-lane sums: vectorisable, reduced once at the end */  \
-                    for (Py_ssize_t j = 0; j < w; j++) {                                                           \
-                        T v = src[j];                                                                              \
-                        v = (v != v) ? (T)INFINITY : v;                                                            \
-                        double wt = (v > lo[j] && v < hi[j]) ? inv                                                 \
-                                  : (v == lo[j] ? lo_w[j] : (v == hi[j] ? hi_w[j] : 0.0));                         \
-                        acc[j] += wt;                                                                              \
-                    }                                                                                              \
-                }                                                                                                  \
+            }                                                                                                      \
+            for (Py_ssize_t b = 0; b < nb; b++) {                                                                  \
+                T *blk = buf + b * n * BLK;                                                                        \
+                Py_ssize_t s = p0 + b * BLK, w = (pw - b * BLK) < BLK ? (pw - b * BLK) : BLK;                      \
+                network_##SUFFIX(blk, pairs, npairs);                                                              \
+                finish_##SUFFIX(blk, n, mode, trim, length, inv, out + s, w);                                      \
+                if (contrib) contrib_##SUFFIX(x, n, d, s, w, blk, mode, trim, length, inv, rowacc);                \
             }                                                                                                      \
         }                                                                                                          \
         if (contrib) {                                                                                             \
             for (Py_ssize_t i = 0; i < n; i++) {                                                                   \
                 double total = 0.0;                                                                                \
-                for (int j = 0; j < BLK; j++) total += rowacc[i * BLK + j];                                    \
+                for (int j = 0; j < BLK; j++) total += rowacc[i * BLK + j];                                        \
                 contrib[i] += total;                                                                               \
             }                                                                                                      \
         }                                                                                                          \
@@ -198,22 +242,63 @@ static Py_ssize_t block_for(Py_ssize_t n, int is_double) {
     return (size_t)n * BLOCK * elem <= BUFFER_BYTES ? BLOCK : SMALL_BLOCK;
 }
 
+/* Blocks per panel: as many (n, block) buffers as fill PANEL_SHARE of this core's L2 cache (sysconf, read once;
+ * 512 KiB where the system does not say), at least one, at most MAX_PANEL. Only the order of memory reads
+ * depends on it, never a result. */
+#define PANEL_SHARE 4 /* a quarter of L2: the rest holds the rows streaming in and the block being sorted */
+#define MAX_PANEL 64
+static long l2_bytes(void) {
+    static long cached = 0;
+    if (cached == 0) {
+        long v = -1;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+        v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+        cached = v > 0 ? v : 512 * 1024;
+    }
+    return cached;
+}
+
+static Py_ssize_t panel_for(Py_ssize_t n, Py_ssize_t blk, int is_double) {
+    const char *env = getenv("PHALANX_CW_PANEL"); /* TUNING ONLY */
+    if (env && atoi(env) > 0) return atoi(env);
+    size_t elem = is_double ? sizeof(double) : sizeof(float);
+    Py_ssize_t p = (Py_ssize_t)((size_t)l2_bytes() / PANEL_SHARE / ((size_t)n * blk * elem));
+    return p < 1 ? 1 : (p > MAX_PANEL ? MAX_PANEL : p);
+}
+
 static void window_any(int is_double, Py_ssize_t blk, Py_ssize_t xp, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j0,
                        Py_ssize_t j1, Py_ssize_t pp, Py_ssize_t npairs, int mode, int trim, int length, Py_ssize_t op,
-                       double *contrib, void *buf, double *rowacc) {
+                       double *contrib, void *buf, double *rowacc, Py_ssize_t panel) {
     const long long *pairs = (const long long *)pp;
     if (is_double && blk == BLOCK)
         window_f64((const double *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (double *)op, contrib,
-                   (double *)buf, rowacc);
+                   (double *)buf, rowacc, panel);
     else if (is_double)
         window_f64_small((const double *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (double *)op, contrib,
-                         (double *)buf, rowacc);
+                         (double *)buf, rowacc, panel);
     else if (blk == BLOCK)
         window_f32((const float *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (float *)op, contrib,
-                   (float *)buf, rowacc);
+                   (float *)buf, rowacc, panel);
     else
         window_f32_small((const float *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (float *)op, contrib,
-                         (float *)buf, rowacc);
+                         (float *)buf, rowacc, panel);
+}
+
+/* The panel buffer (panel blocks of (n, blk)) and, with contributions, the per-lane row sums; NULL if out of memory.
+ * 64-byte aligned so that every block row starts on a cache line. */
+static void *alloc_buffers(Py_ssize_t n, Py_ssize_t blk, Py_ssize_t panel, int is_double, int want, double **rowacc) {
+    size_t elem = is_double ? sizeof(double) : sizeof(float);
+    size_t bytes = ((size_t)n * blk * panel * elem + 63) / 64 * 64;
+    void *buf = aligned_alloc(64, bytes);
+    *rowacc = want ? (double *)calloc((size_t)n * blk, sizeof(double)) : NULL;
+    if (!buf || (want && !*rowacc)) {
+        free(buf);
+        free(*rowacc);
+        *rowacc = NULL;
+        return NULL;
+    }
+    return buf;
 }
 
 /* window(x_ptr, n, d, j0, j1, pairs_ptr, npairs, mode, trim, length, out_ptr, contrib_ptr_or_0, is_double) */
@@ -227,17 +312,12 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "_cwkernel.window: invalid arguments");
         return NULL;
     }
-    size_t elem = is_double ? sizeof(double) : sizeof(float);
-    Py_ssize_t blk = block_for(n, is_double);
-    void *buf = malloc((size_t)n * blk * elem);
-    double *rowacc = cp ? (double *)calloc((size_t)n * blk, sizeof(double)) : NULL;
-    if (!buf || (cp && !rowacc)) {
-        free(buf);
-        free(rowacc);
-        return PyErr_NoMemory();
-    }
+    Py_ssize_t blk = block_for(n, is_double), panel = panel_for(n, blk, is_double);
+    double *rowacc;
+    void *buf = alloc_buffers(n, blk, panel, is_double, cp != 0, &rowacc);
+    if (!buf) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
-    window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, (double *)cp, buf, rowacc);
+    window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, (double *)cp, buf, rowacc, panel);
     Py_END_ALLOW_THREADS
     free(buf);
     free(rowacc);
@@ -262,11 +342,10 @@ static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "_cwkernel.window_parallel: invalid arguments");
         return NULL;
     }
-    Py_ssize_t blk = block_for(n, is_double);
+    Py_ssize_t blk = block_for(n, is_double), panel = panel_for(n, blk, is_double);
     Py_ssize_t blocks = (d + blk - 1) / blk;
     int chunks = threads > blocks ? (int)blocks : threads;
     Py_ssize_t per = (blocks + chunks - 1) / chunks * blk; /* columns per chunk, a multiple of the block */
-    size_t elem = is_double ? sizeof(double) : sizeof(float);
     int failed = 0;
     Py_BEGIN_ALLOW_THREADS
 #ifdef _OPENMP
@@ -275,13 +354,14 @@ static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
     for (int k = 0; k < chunks; k++) {
         Py_ssize_t j0 = (Py_ssize_t)k * per, j1 = j0 + per < d ? j0 + per : d;
         if (j0 < j1) {
-            void *buf = malloc((size_t)n * blk * elem);
-            double *rowacc = cp ? (double *)calloc((size_t)n * blk, sizeof(double)) : NULL;
-            if (!buf || (cp && !rowacc)) {
+            double *rowacc;
+            void *buf = alloc_buffers(n, blk, panel, is_double, cp != 0, &rowacc);
+            if (!buf) {
                 failed = 1;
             } else {
                 double *crow = cp ? (double *)cp + (size_t)k * n : NULL;
-                window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, crow, buf, rowacc);
+                window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, crow, buf, rowacc,
+                           panel);
             }
             free(buf);
             free(rowacc);
