@@ -10,6 +10,7 @@ times, alternating in one process, ``x.sum(0)`` (issue 37's floor for coordinate
 warm-up) and its ratio to the floor's median. With ``--baseline`` it also loads another build of the kernel
 (e.g. the previous commit's ``.so`` copied aside) and times it in the same rounds with the same arguments, and
 checks that both builds' outputs are identical bit for bit (they must be: same network, same summation order).
+``--clock cpu`` times this thread's CPU time instead of wall time (for tuning on a shared machine; 1 thread only).
 Targets (issue 37): ≤ 3× the floor at n ≤ 64, ≤ 6× at n = 1,000. Nothing is asserted: it prints.
 """
 
@@ -65,16 +66,16 @@ def _kernel_call(mod: Any, x: torch.Tensor, mode: int, trim: int) -> Callable[[]
     return call
 
 
-def _rounds(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
+def _rounds(fns: dict[str, Callable[[], Any]], reps: int, clock: Callable[[], float]) -> dict[str, float]:
     """Median seconds of each function, the functions alternating within each round (same load for all)."""
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(reps):
         for k, fn in fns.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
-            times[k].append(time.perf_counter() - t0)
+            times[k].append(clock() - t0)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -89,13 +90,16 @@ def main() -> None:
     ap.add_argument("--sizes", help="n:d pairs, e.g. 16:65536,50:1e6 (default: n 16…1000 × d 65,536 and 10⁶)")
     ap.add_argument("--reps", type=int, default=7, help="timed calls per measurement (median; default 7)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="wall: time.perf_counter (default); cpu: this thread's CPU time (time.thread_time), which "
+                         "a busy machine's preemptions do not inflate (memory contention still does)")
     ap.add_argument("--baseline", help="path of another build of _cwkernel*.so to time beside this one")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if not coordinatewise.HAVE_KERNEL:
         print("the C kernel is not built: timing the torch.sort path")
     base = _load(args.baseline) if args.baseline else None
-    print(f"threads {args.threads} · reps {args.reps} · load {os.getloadavg()[0]:.2f} · kernel "
+    print(f"threads {args.threads} · reps {args.reps} · clock {args.clock} · load {os.getloadavg()[0]:.2f} · kernel "
           f"{getattr(coordinatewise._cwkernel, '__file__', None)}")
     head = "| n | d | floor `x.sum(0)` | " + " | ".join(
         f"{r} × floor" + (" (baseline)" if base else "") for r in MODES) + (" | identical |" if base else " |")
@@ -113,7 +117,7 @@ def main() -> None:
                 fns[rule + "_base"] = _kernel_call(base, x, code, f)
                 mine = coordinatewise.coordinate_window_mean(x, mode, f, False)[0]  # type: ignore[arg-type]
                 same.append(torch.equal(mine, fns[rule + "_base"]()))
-        t = _rounds(fns, args.reps)
+        t = _rounds(fns, args.reps, time.perf_counter if args.clock == "wall" else time.thread_time)
         cells = [f"{t[r] / t['floor']:.1f}" + (f" ({t[r + '_base'] / t['floor']:.1f})" if base else "")
                  for r in MODES]
         tail = f" | {'yes' if all(same) else 'NO'} |" if base else " |"

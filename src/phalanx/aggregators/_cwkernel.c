@@ -267,6 +267,35 @@ static Py_ssize_t panel_for(Py_ssize_t n, Py_ssize_t blk, int is_double) {
     return p < 1 ? 1 : (p > MAX_PANEL ? MAX_PANEL : p);
 }
 
+/* Rows of a block per L1 tile, for the order of the compare-exchanges (_sortnet.cache_order): the largest power
+ * of two whose rows of one block fill at most two thirds of this core's L1 data cache (sysconf; 32 KiB where the
+ * system does not say), at least 2. Only the order of the compare-exchanges depends on it, never a value. */
+static long l1_bytes(void) {
+    static long cached = 0;
+    if (cached == 0) {
+        long v = -1;
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+        v = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+#endif
+        cached = v > 0 ? v : 32 * 1024;
+    }
+    return cached;
+}
+
+static PyObject *py_tile_rows(PyObject *self, PyObject *args) {
+    Py_ssize_t n;
+    int is_double;
+    if (!PyArg_ParseTuple(args, "np", &n, &is_double)) return NULL;
+    if (n < 1) {
+        PyErr_SetString(PyExc_ValueError, "_cwkernel.tile_rows: n must be >= 1");
+        return NULL;
+    }
+    size_t row = (size_t)block_for(n, is_double) * (is_double ? sizeof(double) : sizeof(float));
+    long rows = 2;
+    while ((size_t)rows * 2 * row <= (size_t)l1_bytes() * 2 / 3) rows *= 2;
+    return PyLong_FromLong(rows);
+}
+
 static void window_any(int is_double, Py_ssize_t blk, Py_ssize_t xp, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j0,
                        Py_ssize_t j1, Py_ssize_t pp, Py_ssize_t npairs, int mode, int trim, int length, Py_ssize_t op,
                        double *contrib, void *buf, double *rowacc, Py_ssize_t panel) {
@@ -384,6 +413,7 @@ static PyMethodDef methods[] = {
     {"window", py_window, METH_VARARGS, "Coordinate-wise window mean over a column range (see module source)."},
     {"window_parallel", py_window_parallel, METH_VARARGS,
      "Coordinate-wise window mean over all columns, split between the threads of an OpenMP team."},
+    {"tile_rows", py_tile_rows, METH_VARARGS, "Rows of a block per L1 tile (the order of the compare-exchanges)."},
     {"has_openmp", py_has_openmp, METH_NOARGS, "Whether window_parallel runs on an OpenMP team."},
     {NULL, NULL, 0, NULL},
 };
