@@ -50,11 +50,13 @@ def _kernel_call(mod: Any, x: torch.Tensor, mode: int, trim: int) -> Callable[[]
     """What ``coordinatewise._cw_kernel`` does without contributions, on the kernel module ``mod``."""
     n, d = x.shape
     trim_, length = _sortnet.window_params(n, mode, trim)
+    # a build with tile_rows gets the compare-exchanges in its cache order, an older one in Batcher's order
+    tile = int(mod.tile_rows(n, x.dtype == torch.float64)) if hasattr(mod, "tile_rows") else 0
     if mode == _sortnet.MODE_MEAMED:
-        pairs = _sortnet.batcher_pairs(n)
+        pairs = _sortnet.kernel_network(n, None, tile)
     else:
         start = trim_ if mode == _sortnet.MODE_TRIMMED else (n - 1) // 2
-        pairs = _sortnet.window_pairs(n, start, length)
+        pairs = _sortnet.kernel_network(n, (start, length), tile)
     threads = torch.get_num_threads()
 
     def call() -> torch.Tensor:

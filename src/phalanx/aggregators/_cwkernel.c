@@ -23,7 +23,9 @@
 #include <Python.h>
 #include <math.h>
 #include <stdlib.h>
-#include <unistd.h>
+#ifndef _WIN32
+#include <unistd.h> /* sysconf: the L1 cache size */
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -185,39 +187,27 @@
         }                                                                                                          \
     }                                                                                                              \
                                                                                                                    \
-    /* Columns [j0, j1) in panels of `panel` blocks: each row's run of panel * BLK columns is read in one         */ \
-    /* contiguous pass (long runs the hardware prefetcher follows, instead of n short streams per block) into    */ \
-    /* block-major storage -- block b's (n, BLK) rows at buf + b * n * BLK -- then each block is sorted and      */ \
-    /* finished while it is in the L1/L2 cache. The blocks, and so the results, do not depend on `panel`.         */ \
+    /* Columns [j0, j1), one block of BLK columns at a time: copy the block's n rows into buf (NaN -> +Inf, the  */ \
+    /* columns past j1 padded with +Inf, which never move), sort it, write its window means.                     */ \
     MULTIVERSION static void window_##SUFFIX(const T *x, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j0, Py_ssize_t j1, \
                                              const long long *pairs, Py_ssize_t npairs, int mode, int trim,        \
-                                             int length, T *out, double *contrib, T *buf, double *rowacc,          \
-                                             Py_ssize_t panel) {                                                   \
+                                             int length, T *out, double *contrib, T *buf, double *rowacc) {        \
         double inv = 1.0 / (double)length;                                                                         \
-        for (Py_ssize_t p0 = j0; p0 < j1; p0 += panel * BLK) {                                                     \
-            Py_ssize_t pw = (j1 - p0) < panel * BLK ? (j1 - p0) : panel * BLK;                                     \
-            Py_ssize_t nb = (pw + BLK - 1) / BLK;                                                                  \
+        for (Py_ssize_t s = j0; s < j1; s += BLK) {                                                                \
+            Py_ssize_t w = (j1 - s) < BLK ? (j1 - s) : BLK;                                                        \
             for (Py_ssize_t i = 0; i < n; i++) {                                                                   \
-                const T *src = x + i * d + p0;                                                                     \
-                for (Py_ssize_t b = 0; b < nb; b++) {                                                              \
-                    T *dst = buf + (b * n + i) * BLK;                                                              \
-                    const T *sb = src + b * BLK;                                                                   \
-                    Py_ssize_t w = (pw - b * BLK) < BLK ? (pw - b * BLK) : BLK;                                    \
-                    if (w == BLK) {                                                                                \
-                        for (int j = 0; j < BLK; j++) { T v = sb[j]; dst[j] = (v != v) ? (T)INFINITY : v; }        \
-                    } else {                                                                                       \
-                        for (Py_ssize_t j = 0; j < w; j++) { T v = sb[j]; dst[j] = (v != v) ? (T)INFINITY : v; }   \
-                        for (Py_ssize_t j = w; j < BLK; j++) dst[j] = (T)INFINITY;                                 \
-                    }                                                                                              \
+                const T *src = x + i * d + s;                                                                      \
+                T *dst = buf + i * BLK;                                                                            \
+                if (w == BLK) {                                                                                    \
+                    for (int j = 0; j < BLK; j++) { T v = src[j]; dst[j] = (v != v) ? (T)INFINITY : v; }          \
+                } else {                                                                                           \
+                    for (Py_ssize_t j = 0; j < w; j++) { T v = src[j]; dst[j] = (v != v) ? (T)INFINITY : v; }     \
+                    for (Py_ssize_t j = w; j < BLK; j++) dst[j] = (T)INFINITY;                                     \
                 }                                                                                                  \
             }                                                                                                      \
-            for (Py_ssize_t b = 0; b < nb; b++) {                                                                  \
-                T *blk = buf + b * n * BLK;                                                                        \
-                Py_ssize_t s = p0 + b * BLK, w = (pw - b * BLK) < BLK ? (pw - b * BLK) : BLK;                      \
-                network_##SUFFIX(blk, pairs, npairs);                                                              \
-                finish_##SUFFIX(blk, n, mode, trim, length, inv, out + s, w);                                      \
-                if (contrib) contrib_##SUFFIX(x, n, d, s, w, blk, mode, trim, length, inv, rowacc);                \
-            }                                                                                                      \
+            network_##SUFFIX(buf, pairs, npairs);                                                                  \
+            finish_##SUFFIX(buf, n, mode, trim, length, inv, out + s, w);                                          \
+            if (contrib) contrib_##SUFFIX(x, n, d, s, w, buf, mode, trim, length, inv, rowacc);                    \
         }                                                                                                          \
         if (contrib) {                                                                                             \
             for (Py_ssize_t i = 0; i < n; i++) {                                                                   \
@@ -240,31 +230,6 @@ DEFINE_KERNEL(double, f64_small, SMALL_BLOCK)
 static Py_ssize_t block_for(Py_ssize_t n, int is_double) {
     size_t elem = is_double ? sizeof(double) : sizeof(float);
     return (size_t)n * BLOCK * elem <= BUFFER_BYTES ? BLOCK : SMALL_BLOCK;
-}
-
-/* Blocks per panel: as many (n, block) buffers as fill PANEL_SHARE of this core's L2 cache (sysconf, read once;
- * 512 KiB where the system does not say), at least one, at most MAX_PANEL. Only the order of memory reads
- * depends on it, never a result. */
-#define PANEL_SHARE 4 /* a quarter of L2: the rest holds the rows streaming in and the block being sorted */
-#define MAX_PANEL 64
-static long l2_bytes(void) {
-    static long cached = 0;
-    if (cached == 0) {
-        long v = -1;
-#ifdef _SC_LEVEL2_CACHE_SIZE
-        v = sysconf(_SC_LEVEL2_CACHE_SIZE);
-#endif
-        cached = v > 0 ? v : 512 * 1024;
-    }
-    return cached;
-}
-
-static Py_ssize_t panel_for(Py_ssize_t n, Py_ssize_t blk, int is_double) {
-    const char *env = getenv("PHALANX_CW_PANEL"); /* TUNING ONLY */
-    if (env && atoi(env) > 0) return atoi(env);
-    size_t elem = is_double ? sizeof(double) : sizeof(float);
-    Py_ssize_t p = (Py_ssize_t)((size_t)l2_bytes() / PANEL_SHARE / ((size_t)n * blk * elem));
-    return p < 1 ? 1 : (p > MAX_PANEL ? MAX_PANEL : p);
 }
 
 /* Rows of a block per L1 tile, for the order of the compare-exchanges (_sortnet.cache_order): the largest power
@@ -298,36 +263,36 @@ static PyObject *py_tile_rows(PyObject *self, PyObject *args) {
 
 static void window_any(int is_double, Py_ssize_t blk, Py_ssize_t xp, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j0,
                        Py_ssize_t j1, Py_ssize_t pp, Py_ssize_t npairs, int mode, int trim, int length, Py_ssize_t op,
-                       double *contrib, void *buf, double *rowacc, Py_ssize_t panel) {
+                       double *contrib, void *buf, double *rowacc) {
     const long long *pairs = (const long long *)pp;
     if (is_double && blk == BLOCK)
         window_f64((const double *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (double *)op, contrib,
-                   (double *)buf, rowacc, panel);
+                   (double *)buf, rowacc);
     else if (is_double)
         window_f64_small((const double *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (double *)op, contrib,
-                         (double *)buf, rowacc, panel);
+                         (double *)buf, rowacc);
     else if (blk == BLOCK)
         window_f32((const float *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (float *)op, contrib,
-                   (float *)buf, rowacc, panel);
+                   (float *)buf, rowacc);
     else
         window_f32_small((const float *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (float *)op, contrib,
-                         (float *)buf, rowacc, panel);
+                         (float *)buf, rowacc);
 }
 
-/* The panel buffer (panel blocks of (n, blk)) and, with contributions, the per-lane row sums; NULL if out of memory.
- * 64-byte aligned so that every block row starts on a cache line. */
-static void *alloc_buffers(Py_ssize_t n, Py_ssize_t blk, Py_ssize_t panel, int is_double, int want, double **rowacc) {
+/* The (n, blk) block buffer, its first row on a 64-byte boundary (*raw is what to free), and, with contributions,
+ * the per-lane row sums; NULL if out of memory (then nothing is left allocated). */
+static void *alloc_buffers(Py_ssize_t n, Py_ssize_t blk, int is_double, int want, void **raw, double **rowacc) {
     size_t elem = is_double ? sizeof(double) : sizeof(float);
-    size_t bytes = ((size_t)n * blk * panel * elem + 63) / 64 * 64;
-    void *buf = aligned_alloc(64, bytes);
+    *raw = malloc((size_t)n * blk * elem + 64);
     *rowacc = want ? (double *)calloc((size_t)n * blk, sizeof(double)) : NULL;
-    if (!buf || (want && !*rowacc)) {
-        free(buf);
+    if (!*raw || (want && !*rowacc)) {
+        free(*raw);
         free(*rowacc);
+        *raw = NULL;
         *rowacc = NULL;
         return NULL;
     }
-    return buf;
+    return (void *)(((size_t)*raw + 63) / 64 * 64);
 }
 
 /* window(x_ptr, n, d, j0, j1, pairs_ptr, npairs, mode, trim, length, out_ptr, contrib_ptr_or_0, is_double) */
@@ -341,14 +306,15 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "_cwkernel.window: invalid arguments");
         return NULL;
     }
-    Py_ssize_t blk = block_for(n, is_double), panel = panel_for(n, blk, is_double);
+    Py_ssize_t blk = block_for(n, is_double);
+    void *raw;
     double *rowacc;
-    void *buf = alloc_buffers(n, blk, panel, is_double, cp != 0, &rowacc);
+    void *buf = alloc_buffers(n, blk, is_double, cp != 0, &raw, &rowacc);
     if (!buf) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
-    window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, (double *)cp, buf, rowacc, panel);
+    window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, (double *)cp, buf, rowacc);
     Py_END_ALLOW_THREADS
-    free(buf);
+    free(raw);
     free(rowacc);
     Py_RETURN_NONE;
 }
@@ -371,7 +337,7 @@ static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "_cwkernel.window_parallel: invalid arguments");
         return NULL;
     }
-    Py_ssize_t blk = block_for(n, is_double), panel = panel_for(n, blk, is_double);
+    Py_ssize_t blk = block_for(n, is_double);
     Py_ssize_t blocks = (d + blk - 1) / blk;
     int chunks = threads > blocks ? (int)blocks : threads;
     Py_ssize_t per = (blocks + chunks - 1) / chunks * blk; /* columns per chunk, a multiple of the block */
@@ -383,16 +349,16 @@ static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
     for (int k = 0; k < chunks; k++) {
         Py_ssize_t j0 = (Py_ssize_t)k * per, j1 = j0 + per < d ? j0 + per : d;
         if (j0 < j1) {
+            void *raw;
             double *rowacc;
-            void *buf = alloc_buffers(n, blk, panel, is_double, cp != 0, &rowacc);
+            void *buf = alloc_buffers(n, blk, is_double, cp != 0, &raw, &rowacc);
             if (!buf) {
                 failed = 1;
             } else {
                 double *crow = cp ? (double *)cp + (size_t)k * n : NULL;
-                window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, crow, buf, rowacc,
-                           panel);
+                window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, crow, buf, rowacc);
             }
-            free(buf);
+            free(raw);
             free(rowacc);
         }
     }
