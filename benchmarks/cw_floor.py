@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from phalanx.aggregators import _sortnet, coordinatewise  # noqa: E402
+from phalanx.aggregators import _sortnet, coordinatewise
 
 DEFAULT_SIZES = [(n, d) for d in (65_536, 10**6) for n in (16, 50, 64, 200, 1000)]
 MODES = {"cwmed": "median", "cwtm": "trimmed", "meamed": "meamed"}
@@ -110,11 +110,11 @@ def main() -> None:
     for n, d in _sizes(args.sizes):
         x = torch.randn(n, d, generator=torch.Generator().manual_seed(n * 7919 + d))
         f = n // 5
-        fns: dict[str, Callable[[], Any]] = {"floor": lambda: x.sum(0)}
+        fns: dict[str, Callable[[], Any]] = {"floor": lambda x=x: x.sum(0)}
         same = []
         for rule, mode in MODES.items():
             code = coordinatewise._MODES[mode]
-            fns[rule] = lambda m=mode: coordinatewise.coordinate_window_mean(x, m, f, False)  # type: ignore[misc]
+            fns[rule] = lambda m=mode, x=x, f=f: coordinatewise.coordinate_window_mean(x, m, f, False)  # type: ignore[misc]
             if base is not None:
                 fns[rule + "_base"] = _kernel_call(base, x, code, f)
                 mine = coordinatewise.coordinate_window_mean(x, mode, f, False)[0]  # type: ignore[arg-type]
