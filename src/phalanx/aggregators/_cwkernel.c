@@ -11,6 +11,13 @@
  *                          consecutive sorted values, the one whose farthest value from the median is nearest.
  * Optionally each row's contribution (its share of the window, ties sharing their slots equally) is accumulated.
  *
+ * Speed (issue 37: within a few passes of x.sum(0)). The Python side hands the network over in a cache order
+ * (_sortnet.cache_order, `tile_rows` below): runs of compare-exchanges stay inside tiles of rows that fit the L1
+ * cache, instead of one sweep of the whole (n, B) buffer per stage -- the same comparators, each wire's in order,
+ * so the same values. The hot functions are cloned for AVX-512F, AVX2 and the baseline ISA (target_clones, chosen
+ * at load time; no -march). Every clone computes the same bits: min/max are exact, the window sums add the same
+ * doubles in the same order, and -std=c99 (setup.py) keeps GCC from contracting a*b+c into an FMA.
+ *
  * Threads: `window_parallel` splits the columns into a fixed number of contiguous chunks, shared out over an OpenMP
  * team (the result does not depend on how many threads the team actually has). Built with
  * -fopenmp and imported after torch, the extension resolves libgomp.so.1 to the copy torch already loaded, so the
@@ -223,10 +230,11 @@ DEFINE_KERNEL(double, f64, BLOCK)
 DEFINE_KERNEL(float, f32_small, SMALL_BLOCK)
 DEFINE_KERNEL(double, f64_small, SMALL_BLOCK)
 
-/* Columns per block: the (n, block) buffer the network sorts must stay in the core's L2 cache. Measured here
- * (float32, d = 79,510, trimmed mean, one thread; L2 = 512 KB): BLOCK = 128 is faster up to n = 500 (256 KB buffer;
- * 32-column blocks take 1.1-1.7x longer there), SMALL_BLOCK = 32 from n = 750 (384 KB: 1.4x faster) and at n = 1000
- * (512 KB: 1.1-1.4x faster). */
+/* Columns per block: the (n, block) buffer the network sorts must stay in the core's L2 cache. Measured on an AMD
+ * EPYC (float32, d = 79,510, trimmed mean, one thread; L2 = 512 KB), before the L1 tiles: BLOCK = 128 is faster up
+ * to n = 500 (256 KB buffer; 32-column blocks take 1.1-1.7x longer there), SMALL_BLOCK = 32 from n = 750 (384 KB:
+ * 1.4x faster) and at n = 1000 (512 KB: 1.1-1.4x faster). Kept as it was: the block also fixes the order in which
+ * the contributions' per-lane sums are added, so changing it would change their last bits. */
 static Py_ssize_t block_for(Py_ssize_t n, int is_double) {
     size_t elem = is_double ? sizeof(double) : sizeof(float);
     return (size_t)n * BLOCK * elem <= BUFFER_BYTES ? BLOCK : SMALL_BLOCK;
