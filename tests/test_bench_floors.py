@@ -71,3 +71,16 @@ def test_report_prints_the_floor_kind_beside_each_ratio() -> None:
     rows = build_rows([(setting, cases)])[0]
     assert [r.floor for r in rows] == ["2.0× (gemm)", "2.0× (passes(3))", "2.0× (pass (undeclared))"]
     assert rows[0].setting.endswith("pass 1 ms")  # the one-pass time stays in the setting cell
+
+
+@pytest.mark.parametrize(("n", "ratio", "met"), [(50, 2.9, True), (50, 4.0, False), (1000, 4.0, True),
+                                                 (1000, 6.5, False)])
+def test_coordinatewise_floor_target_is_issue_37s(n: int, ratio: float, met: bool) -> None:
+    """Issue 37: coordinate-wise rules ≤ 3× one pass at n ≤ 64, ≤ 6× at n = 1,000. A single constant target (the
+    former 5×) would pass n = 50 at 4× and fail n = 1,000 at 4× alike: the middle rows catch it."""
+    setting = {"n": n, "d": 10**4, "f": n // 5, "threads": 1}
+    cases = [{"rule": "cwtm", "status": "ok", "phalanx": {"time": ratio * 1e-3}, "peers": [], "floor": 1e-3,
+              "floor_kind": "pass", "floor_parts": {"pass": 1e-3, "floor": 1e-3}, "coordinatewise": True}]
+    row = build_rows([(setting, cases)])[0][0]
+    assert row.target_ok is met
+    assert row.target == ("yes" if met else "no") + " (floor only)"

@@ -197,3 +197,71 @@ def test_epsilon_and_kappa_metadata() -> None:
     assert med.epsilon(16) == pytest.approx(7 / 9)
     assert med.epsilon(15) == pytest.approx(7 / 8)
     assert aggregators.make("meamed", f=1).epsilon(10) is None
+
+
+def _wire_sequences(pairs: list[tuple[int, int]]) -> dict[int, list[tuple[int, int]]]:
+    """For every wire, the compare-exchanges touching it, in list order (what decides the wire's values)."""
+    seq: dict[int, list[tuple[int, int]]] = {}
+    for a, b in pairs:
+        seq.setdefault(a, []).append((a, b))
+        seq.setdefault(b, []).append((a, b))
+    return seq
+
+
+def _by_tile(pairs: list[tuple[int, int]], tile: int) -> list[tuple[int, int]]:
+    """Mutant of cache_order: every within-tile compare-exchange first (tile by tile), the crossing ones after —
+    ignoring that a within-tile one may need a crossing one before it."""
+    def key(p: tuple[int, int]) -> tuple[int, int]:
+        return (0, p[0] // tile) if p[0] // tile == p[1] // tile else (1, 0)
+    return sorted(pairs, key=key)
+
+
+@pytest.mark.parametrize("n", [5, 16, 50, 64, 200, 1000])
+@pytest.mark.parametrize("tile", [2, 8, 64, 256])
+def test_cache_order_keeps_every_wires_sequence(n: int, tile: int) -> None:
+    """cache_order is a permutation of the network that keeps each wire's compare-exchanges in order (so every
+    wire ends with the same value), for the whole network and a pruned one; the by-tile mutant breaks it."""
+    for pairs in (_sortnet.batcher_pairs(n), _sortnet.window_pairs(n, n // 5, n - 2 * (n // 5))):
+        orig = [(int(a), int(b)) for a, b in pairs.tolist()]
+        got = _sortnet.cache_order(orig, tile)
+        assert sorted(got) == sorted(orig)
+        assert _wire_sequences(got) == _wire_sequences(orig)
+        if tile >= 8 and n >= 4 * tile:
+            assert _wire_sequences(_by_tile(orig, tile)) != _wire_sequences(orig)  # the mutant is caught
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [50, 200, 1000])
+def test_kernel_in_cache_order_equals_batchers_order_bit_for_bit(dtype: torch.dtype, n: int) -> None:
+    """The kernel fed the network in cache order gives Batcher's order's outputs bit for bit (ties, NaN, ±inf);
+    fed the by-tile mutant's order it does not sort (its median leaves torch.sort's)."""
+    if not coordinatewise.HAVE_KERNEL or not hasattr(coordinatewise._cwkernel, "tile_rows"):
+        pytest.skip("C kernel not built")
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randn(n, 300, generator=gen, dtype=dtype)
+    x[torch.rand(n, 300, generator=gen) < 0.1] = 0.5
+    x[torch.rand(n, 300, generator=gen) < 0.02] = float("nan")
+    x[torch.rand(n, 300, generator=gen) < 0.02] = -float("inf")
+    tile = int(coordinatewise._cwkernel.tile_rows(n, dtype == torch.float64))
+    assert tile >= 2 and tile & (tile - 1) == 0
+
+    def run(pairs: torch.Tensor, mode: int, trim: int, length: int) -> torch.Tensor:
+        out = torch.empty(300, dtype=dtype)
+        coordinatewise._cwkernel.window_parallel(x.data_ptr(), n, 300, pairs.data_ptr(), pairs.shape[0], mode, trim,
+                                                 length, out.data_ptr(), 0, dtype == torch.float64, 1)
+        return out
+
+    f = n // 5
+    for mode, window in ((_sortnet.MODE_TRIMMED, (f, n - 2 * f)), (_sortnet.MODE_MEDIAN, ((n - 1) // 2, 2 - n % 2)),
+                         (_sortnet.MODE_MEAMED, None)):
+        trim, length = _sortnet.window_params(n, mode, f)
+        plain = _sortnet.batcher_pairs(n) if window is None else _sortnet.window_pairs(n, *window)
+        ordered = _sortnet.kernel_network(n, window, tile)
+        assert torch.equal(ordered, plain) == (n <= tile)  # one tile holds every wire: nothing to reorder
+        assert torch.equal(run(ordered, mode, trim, length), run(plain, mode, trim, length))
+    if n > tile:  # the mutant order (the same compare-exchanges) no longer sorts: the median is wrong
+        full = [(int(a), int(b)) for a, b in _sortnet.batcher_pairs(n).tolist()]
+        mutant = torch.tensor(_by_tile(full, tile), dtype=torch.int64)
+        ref, _ = coordinatewise._cw_torch(x, _sortnet.MODE_MEDIAN, 0, False)
+        assert torch.equal(run(_sortnet.batcher_pairs(n), _sortnet.MODE_MEDIAN, 0, 2 - n % 2), ref)
+        assert not torch.equal(run(mutant, _sortnet.MODE_MEDIAN, 0, 2 - n % 2), ref)

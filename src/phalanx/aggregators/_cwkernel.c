@@ -11,6 +11,13 @@
  *                          consecutive sorted values, the one whose farthest value from the median is nearest.
  * Optionally each row's contribution (its share of the window, ties sharing their slots equally) is accumulated.
  *
+ * Speed (issue 37: within a few passes of x.sum(0)). The Python side hands the network over in a cache order
+ * (_sortnet.cache_order, `tile_rows` below): runs of compare-exchanges stay inside tiles of rows that fit the L1
+ * cache, instead of one sweep of the whole (n, B) buffer per stage -- the same comparators, each wire's in order,
+ * so the same values. The hot functions are cloned for AVX-512F, AVX2 and the baseline ISA (target_clones, chosen
+ * at load time; no -march). Every clone computes the same bits: min/max are exact, the window sums add the same
+ * doubles in the same order, and -std=c99 (setup.py) keeps GCC from contracting a*b+c into an FMA.
+ *
  * Threads: `window_parallel` splits the columns into a fixed number of contiguous chunks, shared out over an OpenMP
  * team (the result does not depend on how many threads the team actually has). Built with
  * -fopenmp and imported after torch, the extension resolves libgomp.so.1 to the copy torch already loaded, so the
@@ -23,6 +30,9 @@
 #include <Python.h>
 #include <math.h>
 #include <stdlib.h>
+#ifndef _WIN32
+#include <unistd.h> /* sysconf: the L1 cache size */
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -34,7 +44,7 @@
 #define BUFFER_BYTES (320 * 1024)
 
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
-#define MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#define MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define MULTIVERSION
 #endif
@@ -47,6 +57,14 @@
 #else
 #define FINITE_MATH
 #endif
+/* Selects between computed values (`c ? a : 0.0`) vectorise only if the compiler may evaluate the comparison for
+ * every lane; the default -ftrapping-math forbids that for ordered comparisons (they raise FE_INVALID on NaN), and
+ * the loop stays scalar. No code here reads the floating-point exception flags, and the flag changes no value. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define SELECTS __attribute__((optimize("no-trapping-math")))
+#else
+#define SELECTS
+#endif
 #define MIN_f32 fminf
 #define MAX_f32 fmaxf
 #define MIN_f64 fmin
@@ -57,39 +75,41 @@
 #define MAX_f64_small fmax
 
 #define DEFINE_KERNEL(T, SUFFIX, BLK)                                                                                   \
-    /* Window start of every lane of a sorted block. MeaMed: among the trim + 1 windows of `length` consecutive    */ \
-    /* sorted values, the one whose farthest value from the median is nearest (the first on ties): that window  */ \
-    /* holds the n - trim values closest to the median. Branch-free across lanes.                               */ \
-    static void window_starts_##SUFFIX(const T *buf, Py_ssize_t n, int mode, int trim, int length, int *st) {     \
+    /* Window start of every lane of a sorted block, as a T (a small integer, exact). MeaMed: among the trim + 1 */ \
+    /* windows of `length` consecutive sorted values, the one whose farthest value from the median is nearest   */ \
+    /* (the first on ties): that window holds the n - trim values closest to the median. Branch-free across      */ \
+    /* lanes; every array has the lane type T so that the compiler vectorises the selects.                        */ \
+    static inline __attribute__((always_inline)) void window_starts_##SUFFIX(const T *buf, Py_ssize_t n, int mode, int trim, int length, T *st) {       \
         if (mode != 2) {                                                                                           \
-            int s0 = mode == 0 ? trim : (int)((n - 1) / 2);                                                        \
-            for (int j = 0; j < BLK; j++) st[j] = s0;                                                            \
+            T s0 = (T)(mode == 0 ? trim : (int)((n - 1) / 2));                                                     \
+            for (int j = 0; j < BLK; j++) st[j] = s0;                                                              \
             return;                                                                                                \
         }                                                                                                          \
-        T med[BLK], best[BLK];                                                                                 \
-        const T *m1 = buf + (n / 2) * BLK, *m0 = buf + ((n - 1) / 2) * BLK;                                    \
-        for (int j = 0; j < BLK; j++) {                                                                          \
+        T med[BLK], best[BLK];                                                                                     \
+        const T *m1 = buf + (n / 2) * BLK, *m0 = buf + ((n - 1) / 2) * BLK;                                        \
+        for (int j = 0; j < BLK; j++) {                                                                            \
             med[j] = (T)(0.5 * m0[j] + 0.5 * m1[j]);                                                               \
             best[j] = (T)INFINITY;                                                                                 \
             st[j] = 0;                                                                                             \
         }                                                                                                          \
         for (int s = 0; s <= trim; s++) {                                                                          \
-            const T *lo = buf + s * BLK, *hi = buf + (s + length - 1) * BLK;                                   \
-            for (int j = 0; j < BLK; j++) {                                                                      \
+            const T *lo = buf + s * BLK, *hi = buf + (s + length - 1) * BLK;                                       \
+            T sv = (T)s;                                                                                           \
+            for (int j = 0; j < BLK; j++) {                                                                        \
                 T a = med[j] - lo[j], b = hi[j] - med[j];                                                          \
                 T cost = a > b ? a : b;                                                                            \
                 int better = cost < best[j];                                                                       \
                 best[j] = better ? cost : best[j];                                                                 \
-                st[j] = better ? s : st[j];                                                                        \
+                st[j] = better ? sv : st[j];                                                                       \
             }                                                                                                      \
         }                                                                                                          \
     }                                                                                                              \
                                                                                                                    \
-    MULTIVERSION FINITE_MATH static void network_##SUFFIX(T *buf, const long long *pairs, Py_ssize_t npairs) {                 \
+    MULTIVERSION FINITE_MATH static void network_##SUFFIX(T *buf, const long long *pairs, Py_ssize_t npairs) {     \
         for (Py_ssize_t p = 0; p < npairs; p++) {                                                                  \
-            T *restrict a = buf + pairs[2 * p] * BLK;                                                            \
-            T *restrict b = buf + pairs[2 * p + 1] * BLK;                                                        \
-            for (int j = 0; j < BLK; j++) {                                                                      \
+            T *restrict a = buf + pairs[2 * p] * BLK;                                                              \
+            T *restrict b = buf + pairs[2 * p + 1] * BLK;                                                          \
+            for (int j = 0; j < BLK; j++) {                                                                        \
                 T u = a[j], v = b[j];                                                                              \
                 a[j] = MIN_##SUFFIX(u, v);                                                                         \
                 b[j] = MAX_##SUFFIX(u, v);                                                                         \
@@ -97,88 +117,109 @@
         }                                                                                                          \
     }                                                                                                              \
                                                                                                                    \
-    static void window_##SUFFIX(const T *x, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j0, Py_ssize_t j1,              \
-                                const long long *pairs, Py_ssize_t npairs, int mode, int trim, int length,         \
-                                T *out, double *contrib, T *buf, double *rowacc) {                                 \
+    /* One sorted block of BLK columns -> its w outputs. The window's values are added in sorted-position order, */ \
+    /* in double, starting from +0.0 (MeaMed: the rows outside a lane's window add +0.0, which changes nothing). */ \
+    MULTIVERSION SELECTS static void finish_##SUFFIX(const T *buf, Py_ssize_t n, int mode, int trim, int length, double inv, \
+                                             T *out, Py_ssize_t w) {                                               \
+        double acc[BLK];                                                                                           \
+        if (mode == 1) { /* median: the middle value, or the midpoint of the two middle values */                \
+            const T *m0 = buf + ((n - 1) / 2) * BLK, *m1 = buf + (n / 2) * BLK;                                    \
+            for (Py_ssize_t j = 0; j < w; j++) out[j] = (T)(0.5 * (double)m0[j] + 0.5 * (double)m1[j]);            \
+            return;                                                                                                \
+        }                                                                                                          \
+        for (int j = 0; j < BLK; j++) acc[j] = 0.0;                                                                \
+        if (mode == 0) {                                                                                           \
+            for (Py_ssize_t r = trim; r < trim + length; r++) {                                                    \
+                const T *row = buf + r * BLK;                                                                      \
+                for (int j = 0; j < BLK; j++) acc[j] += (double)row[j];                                            \
+            }                                                                                                      \
+        } else { /* window [st, st + length), st in [0, trim]: rows [trim, length) are in every lane's window */   \
+            T st[BLK], en[BLK];                                                                                    \
+            window_starts_##SUFFIX(buf, n, mode, trim, length, st);                                                \
+            for (int j = 0; j < BLK; j++) en[j] = st[j] + (T)length;                                               \
+            for (Py_ssize_t r = 0; r < n; r++) {                                                                   \
+                const T *row = buf + r * BLK;                                                                      \
+                T rv = (T)r;                                                                                       \
+                if (r < trim) {                                                                                    \
+                    for (int j = 0; j < BLK; j++) acc[j] += rv >= st[j] ? (double)row[j] : 0.0;                    \
+                } else if (r < length) {                                                                           \
+                    for (int j = 0; j < BLK; j++) acc[j] += (double)row[j];                                        \
+                } else {                                                                                           \
+                    for (int j = 0; j < BLK; j++) acc[j] += rv < en[j] ? (double)row[j] : 0.0;                     \
+                }                                                                                                  \
+            }                                                                                                      \
+        }                                                                                                          \
+        for (Py_ssize_t j = 0; j < w; j++) out[j] = (T)(acc[j] * inv);                                             \
+    }                                                                                                              \
+                                                                                                                   \
+    /* Row weights of one sorted block (see `contributions` below the macro), added to rowacc's lanes. */          \
+    MULTIVERSION SELECTS static void contrib_##SUFFIX(const T *x, Py_ssize_t n, Py_ssize_t d, Py_ssize_t s, Py_ssize_t w,               \
+                                 const T *buf, int mode, int trim, int length, double inv, double *rowacc) {       \
+        /* Row weight: 1/length strictly inside the window; a value tied with a window boundary gets the */        \
+        /* boundary value's window slots shared equally among all rows holding that value. Vectorised   */        \
+        /* across the block's columns; O(n) per column.                                                 */        \
+        T lo[BLK], hi[BLK], stf[BLK];                                                                              \
+        int st[BLK];                                                                                               \
+        double lo_tot[BLK], lo_in[BLK], hi_tot[BLK], hi_in[BLK], lo_w[BLK], hi_w[BLK];                             \
+        window_starts_##SUFFIX(buf, n, mode, trim, length, stf);                                                   \
+        for (int j = 0; j < BLK; j++) {                                                                            \
+            st[j] = (int)stf[j];                                                                                   \
+            lo[j] = buf[st[j] * BLK + j];                                                                          \
+            hi[j] = buf[(st[j] + length - 1) * BLK + j];                                                           \
+            lo_tot[j] = lo_in[j] = hi_tot[j] = hi_in[j] = 0.0;                                                     \
+        }                                                                                                          \
+        for (Py_ssize_t r = 0; r < n; r++) {                                                                       \
+            const T *row = buf + r * BLK;                                                                          \
+            for (int j = 0; j < BLK; j++) {                                                                        \
+                double inside = (r >= st[j] && r < st[j] + length) ? 1.0 : 0.0;                                    \
+                double eq_lo = row[j] == lo[j] ? 1.0 : 0.0, eq_hi = row[j] == hi[j] ? 1.0 : 0.0;                  \
+                lo_tot[j] += eq_lo; lo_in[j] += eq_lo * inside;                                                    \
+                hi_tot[j] += eq_hi; hi_in[j] += eq_hi * inside;                                                    \
+            }                                                                                                      \
+        }                                                                                                          \
+        for (int j = 0; j < BLK; j++) {                                                                            \
+            lo_w[j] = lo_in[j] / (lo_tot[j] * length);                                                             \
+            hi_w[j] = hi_in[j] / (hi_tot[j] * length);                                                             \
+        }                                                                                                          \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                                       \
+            const T *src = x + i * d + s;                                                                          \
+            double *acc = rowacc + i * BLK; /* per-lane sums: vectorisable, reduced once at the end */             \
+            for (Py_ssize_t j = 0; j < w; j++) {                                                                   \
+                T v = src[j];                                                                                      \
+                v = (v != v) ? (T)INFINITY : v;                                                                    \
+                double wt = (v > lo[j] && v < hi[j]) ? inv                                                         \
+                          : (v == lo[j] ? lo_w[j] : (v == hi[j] ? hi_w[j] : 0.0));                                 \
+                acc[j] += wt;                                                                                      \
+            }                                                                                                      \
+        }                                                                                                          \
+    }                                                                                                              \
+                                                                                                                   \
+    /* Columns [j0, j1), one block of BLK columns at a time: copy the block's n rows into buf (NaN -> +Inf, the  */ \
+    /* columns past j1 padded with +Inf, which never move), sort it, write its window means.                     */ \
+    MULTIVERSION static void window_##SUFFIX(const T *x, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j0, Py_ssize_t j1, \
+                                             const long long *pairs, Py_ssize_t npairs, int mode, int trim,        \
+                                             int length, T *out, double *contrib, T *buf, double *rowacc) {        \
         double inv = 1.0 / (double)length;                                                                         \
-        int st[BLK];                                                                                             \
-        for (Py_ssize_t s = j0; s < j1; s += BLK) {                                                              \
-            Py_ssize_t w = (j1 - s) < BLK ? (j1 - s) : BLK;                                                    \
+        for (Py_ssize_t s = j0; s < j1; s += BLK) {                                                                \
+            Py_ssize_t w = (j1 - s) < BLK ? (j1 - s) : BLK;                                                        \
             for (Py_ssize_t i = 0; i < n; i++) {                                                                   \
                 const T *src = x + i * d + s;                                                                      \
-                if (s + BLK < j1) { /* many row streams at once: prefetch this row's next block by hand */      \
-                    for (int c = 0; c < BLK * (int)sizeof(T); c += 64)                                           \
-                        __builtin_prefetch((const char *)(src + BLK) + c, 0, 0);                                 \
+                T *dst = buf + i * BLK;                                                                            \
+                if (w == BLK) {                                                                                    \
+                    for (int j = 0; j < BLK; j++) { T v = src[j]; dst[j] = (v != v) ? (T)INFINITY : v; }          \
+                } else {                                                                                           \
+                    for (Py_ssize_t j = 0; j < w; j++) { T v = src[j]; dst[j] = (v != v) ? (T)INFINITY : v; }     \
+                    for (Py_ssize_t j = w; j < BLK; j++) dst[j] = (T)INFINITY;                                     \
                 }                                                                                                  \
-                T *dst = buf + i * BLK;                                                                          \
-                for (Py_ssize_t j = 0; j < w; j++) { T v = src[j]; dst[j] = (v != v) ? (T)INFINITY : v; }          \
-                for (Py_ssize_t j = w; j < BLK; j++) dst[j] = (T)INFINITY;                                       \
             }                                                                                                      \
             network_##SUFFIX(buf, pairs, npairs);                                                                  \
-            if (mode == 0) {                                                                                       \
-                double acc[BLK];                                                                                 \
-                for (int j = 0; j < BLK; j++) acc[j] = 0.0;                                                      \
-                for (Py_ssize_t r = trim; r < trim + length; r++) {                                                \
-                    const T *row = buf + r * BLK;                                                                \
-                    for (int j = 0; j < BLK; j++) acc[j] += (double)row[j];                                      \
-                }                                                                                                  \
-                for (Py_ssize_t j = 0; j < w; j++) out[s + j] = (T)(acc[j] * inv);                                 \
-            } else if (mode == 1) { /* median: the middle value, or the midpoint of the two middle values */     \
-                const T *m0 = buf + ((n - 1) / 2) * BLK, *m1 = buf + (n / 2) * BLK;                           \
-                for (Py_ssize_t j = 0; j < w; j++) out[s + j] = (T)(0.5 * (double)m0[j] + 0.5 * (double)m1[j]);   \
-            } else {                                                                                               \
-                double acc[BLK];                                                                                 \
-                window_starts_##SUFFIX(buf, n, mode, trim, length, st);                                            \
-                for (int j = 0; j < BLK; j++) acc[j] = 0.0;                                                      \
-                for (Py_ssize_t r = 0; r < n; r++) {                                                               \
-                    const T *row = buf + r * BLK;                                                                \
-                    for (int j = 0; j < BLK; j++)                                                                \
-                        acc[j] += (r >= st[j] && r < st[j] + length) ? (double)row[j] : 0.0;                       \
-                }                                                                                                  \
-                for (Py_ssize_t j = 0; j < w; j++) out[s + j] = (T)(acc[j] * inv);                                 \
-            }                                                                                                      \
-            if (contrib) {                                                                                         \
-                /* Row weight: 1/length strictly inside the window; a value tied with a window boundary gets the */ \
-                /* boundary value's window slots shared equally among all rows holding that value. Vectorised   */ \
-                /* across the block's columns; O(n) per column.                                                 */ \
-                T lo[BLK], hi[BLK];                                                                            \
-                double lo_tot[BLK], lo_in[BLK], hi_tot[BLK], hi_in[BLK], lo_w[BLK], hi_w[BLK];       \
-                window_starts_##SUFFIX(buf, n, mode, trim, length, st);                                            \
-                for (int j = 0; j < BLK; j++) {                                                                  \
-                    lo[j] = buf[st[j] * BLK + j];                                                                \
-                    hi[j] = buf[(st[j] + length - 1) * BLK + j];                                                 \
-                    lo_tot[j] = lo_in[j] = hi_tot[j] = hi_in[j] = 0.0;                                             \
-                }                                                                                                  \
-                for (Py_ssize_t r = 0; r < n; r++) {                                                               \
-                    const T *row = buf + r * BLK;                                                                \
-                    for (int j = 0; j < BLK; j++) {                                                              \
-                        double inside = (r >= st[j] && r < st[j] + length) ? 1.0 : 0.0;                            \
-                        double eq_lo = row[j] == lo[j] ? 1.0 : 0.0, eq_hi = row[j] == hi[j] ? 1.0 : 0.0;          \
-                        lo_tot[j] += eq_lo; lo_in[j] += eq_lo * inside;                                            \
-                        hi_tot[j] += eq_hi; hi_in[j] += eq_hi * inside;                                            \
-                    }                                                                                              \
-                }                                                                                                  \
-                for (int j = 0; j < BLK; j++) {                                                                  \
-                    lo_w[j] = lo_in[j] / (lo_tot[j] * length);                                                     \
-                    hi_w[j] = hi_in[j] / (hi_tot[j] * length);                                                     \
-                }                                                                                                  \
-                for (Py_ssize_t i = 0; i < n; i++) {                                                               \
-                    const T *src = x + i * d + s;                                                                  \
-                    double *acc = rowacc + i * BLK; /* per-lane sums: vectorisable, reduced once at the end */  \
-                    for (Py_ssize_t j = 0; j < w; j++) {                                                           \
-                        T v = src[j];                                                                              \
-                        v = (v != v) ? (T)INFINITY : v;                                                            \
-                        double wt = (v > lo[j] && v < hi[j]) ? inv                                                 \
-                                  : (v == lo[j] ? lo_w[j] : (v == hi[j] ? hi_w[j] : 0.0));                         \
-                        acc[j] += wt;                                                                              \
-                    }                                                                                              \
-                }                                                                                                  \
-            }                                                                                                      \
+            finish_##SUFFIX(buf, n, mode, trim, length, inv, out + s, w);                                          \
+            if (contrib) contrib_##SUFFIX(x, n, d, s, w, buf, mode, trim, length, inv, rowacc);                    \
         }                                                                                                          \
         if (contrib) {                                                                                             \
             for (Py_ssize_t i = 0; i < n; i++) {                                                                   \
                 double total = 0.0;                                                                                \
-                for (int j = 0; j < BLK; j++) total += rowacc[i * BLK + j];                                    \
+                for (int j = 0; j < BLK; j++) total += rowacc[i * BLK + j];                                        \
                 contrib[i] += total;                                                                               \
             }                                                                                                      \
         }                                                                                                          \
@@ -189,13 +230,43 @@ DEFINE_KERNEL(double, f64, BLOCK)
 DEFINE_KERNEL(float, f32_small, SMALL_BLOCK)
 DEFINE_KERNEL(double, f64_small, SMALL_BLOCK)
 
-/* Columns per block: the (n, block) buffer the network sorts must stay in the core's L2 cache. Measured here
- * (float32, d = 79,510, trimmed mean, one thread; L2 = 512 KB): BLOCK = 128 is faster up to n = 500 (256 KB buffer;
- * 32-column blocks take 1.1-1.7x longer there), SMALL_BLOCK = 32 from n = 750 (384 KB: 1.4x faster) and at n = 1000
- * (512 KB: 1.1-1.4x faster). */
+/* Columns per block: the (n, block) buffer the network sorts must stay in the core's L2 cache. Measured on an AMD
+ * EPYC (float32, d = 79,510, trimmed mean, one thread; L2 = 512 KB), before the L1 tiles: BLOCK = 128 is faster up
+ * to n = 500 (256 KB buffer; 32-column blocks take 1.1-1.7x longer there), SMALL_BLOCK = 32 from n = 750 (384 KB:
+ * 1.4x faster) and at n = 1000 (512 KB: 1.1-1.4x faster). Kept as it was: the block also fixes the order in which
+ * the contributions' per-lane sums are added, so changing it would change their last bits. */
 static Py_ssize_t block_for(Py_ssize_t n, int is_double) {
     size_t elem = is_double ? sizeof(double) : sizeof(float);
     return (size_t)n * BLOCK * elem <= BUFFER_BYTES ? BLOCK : SMALL_BLOCK;
+}
+
+/* Rows of a block per L1 tile, for the order of the compare-exchanges (_sortnet.cache_order): the largest power
+ * of two whose rows of one block fill at most two thirds of this core's L1 data cache (sysconf; 32 KiB where the
+ * system does not say), at least 2. Only the order of the compare-exchanges depends on it, never a value. */
+static long l1_bytes(void) {
+    static long cached = 0;
+    if (cached == 0) {
+        long v = -1;
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+        v = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+#endif
+        cached = v > 0 ? v : 32 * 1024;
+    }
+    return cached;
+}
+
+static PyObject *py_tile_rows(PyObject *self, PyObject *args) {
+    Py_ssize_t n;
+    int is_double;
+    if (!PyArg_ParseTuple(args, "np", &n, &is_double)) return NULL;
+    if (n < 1) {
+        PyErr_SetString(PyExc_ValueError, "_cwkernel.tile_rows: n must be >= 1");
+        return NULL;
+    }
+    size_t row = (size_t)block_for(n, is_double) * (is_double ? sizeof(double) : sizeof(float));
+    long rows = 2;
+    while ((size_t)rows * 2 * row <= (size_t)l1_bytes() * 2 / 3) rows *= 2;
+    return PyLong_FromLong(rows);
 }
 
 static void window_any(int is_double, Py_ssize_t blk, Py_ssize_t xp, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j0,
@@ -216,6 +287,22 @@ static void window_any(int is_double, Py_ssize_t blk, Py_ssize_t xp, Py_ssize_t 
                          (float *)buf, rowacc);
 }
 
+/* The (n, blk) block buffer, its first row on a 64-byte boundary (*raw is what to free), and, with contributions,
+ * the per-lane row sums; NULL if out of memory (then nothing is left allocated). */
+static void *alloc_buffers(Py_ssize_t n, Py_ssize_t blk, int is_double, int want, void **raw, double **rowacc) {
+    size_t elem = is_double ? sizeof(double) : sizeof(float);
+    *raw = malloc((size_t)n * blk * elem + 64);
+    *rowacc = want ? (double *)calloc((size_t)n * blk, sizeof(double)) : NULL;
+    if (!*raw || (want && !*rowacc)) {
+        free(*raw);
+        free(*rowacc);
+        *raw = NULL;
+        *rowacc = NULL;
+        return NULL;
+    }
+    return (void *)(((size_t)*raw + 63) / 64 * 64);
+}
+
 /* window(x_ptr, n, d, j0, j1, pairs_ptr, npairs, mode, trim, length, out_ptr, contrib_ptr_or_0, is_double) */
 static PyObject *py_window(PyObject *self, PyObject *args) {
     Py_ssize_t xp, n, d, j0, j1, pp, npairs, op, cp;
@@ -227,19 +314,15 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "_cwkernel.window: invalid arguments");
         return NULL;
     }
-    size_t elem = is_double ? sizeof(double) : sizeof(float);
     Py_ssize_t blk = block_for(n, is_double);
-    void *buf = malloc((size_t)n * blk * elem);
-    double *rowacc = cp ? (double *)calloc((size_t)n * blk, sizeof(double)) : NULL;
-    if (!buf || (cp && !rowacc)) {
-        free(buf);
-        free(rowacc);
-        return PyErr_NoMemory();
-    }
+    void *raw;
+    double *rowacc;
+    void *buf = alloc_buffers(n, blk, is_double, cp != 0, &raw, &rowacc);
+    if (!buf) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
     window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, (double *)cp, buf, rowacc);
     Py_END_ALLOW_THREADS
-    free(buf);
+    free(raw);
     free(rowacc);
     Py_RETURN_NONE;
 }
@@ -266,7 +349,6 @@ static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
     Py_ssize_t blocks = (d + blk - 1) / blk;
     int chunks = threads > blocks ? (int)blocks : threads;
     Py_ssize_t per = (blocks + chunks - 1) / chunks * blk; /* columns per chunk, a multiple of the block */
-    size_t elem = is_double ? sizeof(double) : sizeof(float);
     int failed = 0;
     Py_BEGIN_ALLOW_THREADS
 #ifdef _OPENMP
@@ -275,15 +357,16 @@ static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
     for (int k = 0; k < chunks; k++) {
         Py_ssize_t j0 = (Py_ssize_t)k * per, j1 = j0 + per < d ? j0 + per : d;
         if (j0 < j1) {
-            void *buf = malloc((size_t)n * blk * elem);
-            double *rowacc = cp ? (double *)calloc((size_t)n * blk, sizeof(double)) : NULL;
-            if (!buf || (cp && !rowacc)) {
+            void *raw;
+            double *rowacc;
+            void *buf = alloc_buffers(n, blk, is_double, cp != 0, &raw, &rowacc);
+            if (!buf) {
                 failed = 1;
             } else {
                 double *crow = cp ? (double *)cp + (size_t)k * n : NULL;
                 window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, crow, buf, rowacc);
             }
-            free(buf);
+            free(raw);
             free(rowacc);
         }
     }
@@ -304,6 +387,7 @@ static PyMethodDef methods[] = {
     {"window", py_window, METH_VARARGS, "Coordinate-wise window mean over a column range (see module source)."},
     {"window_parallel", py_window_parallel, METH_VARARGS,
      "Coordinate-wise window mean over all columns, split between the threads of an OpenMP team."},
+    {"tile_rows", py_tile_rows, METH_VARARGS, "Rows of a block per L1 tile (the order of the compare-exchanges)."},
     {"has_openmp", py_has_openmp, METH_NOARGS, "Whether window_parallel runs on an OpenMP team."},
     {NULL, NULL, 0, NULL},
 };

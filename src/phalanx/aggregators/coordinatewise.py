@@ -58,14 +58,16 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Ten
     x = x.contiguous()
     n, d = x.shape
     trim_, length = _sortnet.window_params(n, mode, trim)
+    is_double = x.dtype == torch.float64
+    # the order of the compare-exchanges for the kernel's L1 tiles (the same values: _sortnet.cache_order)
+    tile = int(_cwkernel.tile_rows(n, is_double)) if hasattr(_cwkernel, "tile_rows") else 0
     if want or mode == _sortnet.MODE_MEAMED:  # contributions and MeaMed read sorted positions: the whole network
-        pairs = _sortnet.batcher_pairs(n)
+        pairs = _sortnet.kernel_network(n, None, tile)
     else:  # the trimmed mean and the median only sum a window: the pruned network
         start = trim_ if mode == _sortnet.MODE_TRIMMED else (n - 1) // 2
-        pairs = _sortnet.window_pairs(n, start, length)
+        pairs = _sortnet.kernel_network(n, (start, length), tile)
     out = torch.empty(d, dtype=x.dtype)
     threads = max(1, min(torch.get_num_threads(), (d + _BLOCK - 1) // _BLOCK))
-    is_double = x.dtype == torch.float64
     if _KERNEL_ONE_CALL and (_KERNEL_OPENMP or threads == 1):
         # one call; with OpenMP the columns are cut into `threads` fixed chunks shared out over torch's own thread
         # team inside the kernel: the result does not depend on how many threads the team actually has
