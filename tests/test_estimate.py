@@ -209,3 +209,40 @@ def test_the_advice_names_only_what_applies() -> None:
     own = ConvergenceStudy.smaller
     assert "(--preset quick);" in own.replace("{preset}", smaller_preset("full", "quick"))
     assert "--preset" not in own.replace("{preset}", smaller_preset("quick", "quick"))
+
+
+def test_the_evaluations_left_are_counted() -> None:
+    """Round 0's evaluation when a run has not started, every ``eval_every``-th round and the last
+    (``Experiment.evaluates``), counted against the experiment's own rule on every (rounds, left, every)."""
+    from phalanx.experiments.estimate import evaluations
+
+    for rounds in range(1, 30):
+        for every in range(1, 12):
+            for left in range(0, rounds + 1):
+                start = rounds - left
+                made = sum((t + 1) % every == 0 or t + 1 == rounds for t in range(start, rounds)) + (start == 0)
+                assert evaluations(rounds, left, every) == made, (rounds, left, every)
+
+
+def test_an_evaluation_is_timed_and_counted_at_every_evaluation_left(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A newcomer's study estimates were short by up to 1.75× of CPU: the evaluations were left out. The probe
+    times one (a fake 30 s here, on the fake clock) and counts it at each evaluation left: two runs of 40 rounds
+    evaluating at rounds 0, 20 and 40 → 6 evaluations, 180 s on top of the rounds' 800 s. Mutant: the evaluation
+    not counted (the estimate before)."""
+    from phalanx.training.loop import Evaluate
+
+    cfgs = [make_config({**SMALL, "seed": s}) for s in (0, 1)]
+    todo = [(c, tmp_path / grid.run_id(c)) for c in cfgs]
+    fake = _FakeRounds([100.0, 50.0, 10.0, 10.0, 10.0], monkeypatch)
+    row = Evaluate.row
+
+    def slow(loop: object, result: object) -> object:
+        fake.now += 30.0
+        return row(loop, result)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Evaluate, "row", staticmethod(slow))
+    est = estimate.estimate(todo, jobs=1, clock=fake)
+    assert est is not None and est.evaluation == pytest.approx(30.0) and est.evaluations == 6
+    assert est.seconds == pytest.approx(800.0 + 6 * 30.0) and "6 evaluations at 30 s each counted" in est.text()
+    assert est.seconds - 6 * est.evaluation == pytest.approx(800.0)  # the mutant's figure: 18 % short here

@@ -8,8 +8,8 @@ of the first unfinished run, and takes their median (:func:`steady`) —
 built from a copy of its config in this process, nothing written, the global random state restored, so the runs
 themselves are bit for bit what they would have been (``tests/test_estimate.py``) — and multiplies by every round
 the unfinished runs have left, scaled per run by workers × parameters where the model's size can be counted before
-it is built, plus the probed run's set-up once per run, divided among the worker processes. It counts rounds and
-set-up only (evaluation and checkpoints add to it) and
+it is built, plus the probed run's set-up once per run and one evaluation's time for every evaluation left, divided
+among the worker processes. It counts rounds, set-up and evaluations (checkpoints add to it) and
 measures the machine as it is now (a loaded machine gives a longer estimate): an order of magnitude, said as such.
 """
 
@@ -65,13 +65,33 @@ class Estimate:
     """Seconds the probed run's set-up took (its data, model and experiment built), counted once per run."""
     timed: int = PROBE_ROUNDS
     """How many rounds the probe timed (:func:`time_rounds`)."""
+    evaluation: float = 0.0
+    """Seconds one evaluation of the probed run took (its test set at θ), counted at every evaluation left."""
+    evaluations: int = 0
+    """Evaluations left over every run (:func:`evaluations`)."""
 
     def text(self) -> str:
         """One clause: the estimate and what it rests on."""
+        evals = (f"{self.evaluations:,} evaluations at {self.evaluation:.2g} s each counted; "
+                 if self.evaluations else "")
         return (f"about {duration(self.seconds)} for {self.rounds:,} rounds of {self.runs} run(s) on {self.parallel} "
                 f"process(es) — a round of {self.probed} took {self.per_round:.3g} s here, now "
                 f"({statistic(self.timed)} after {WARMUP_ROUNDS} warm-up rounds; its set-up {self.setup:.2g} s, "
-                "counted once a run; evaluations and checkpoints come on top)")
+                f"counted once a run; {evals}checkpoints come on top)")
+
+
+def evaluations(rounds: int, left: int, every: int) -> int:
+    """How many evaluations a run of ``rounds`` rounds with ``left`` of them to go still makes: round 0's when it has
+    not started, then every round t with (t + 1) a multiple of ``every``, and the last
+    (:meth:`phalanx.training.experiment.Experiment.evaluates`)."""
+    if left <= 0:
+        return 0
+    start = rounds - left
+    every = max(1, every)
+    count = rounds // every - start // every  # multiples of `every` in (start, rounds]
+    if rounds % every:
+        count += 1  # the last round
+    return count + (1 if start == 0 else 0)
 
 
 def duration(seconds: float) -> str:
@@ -148,13 +168,15 @@ def statistic(timed: int) -> str:
 
 def time_rounds(run: ValidRun | RunConfig, rounds: int = PROBE_ROUNDS,
                 clock: Callable[[], float] = time.perf_counter,
-                threads: int | None = None) -> tuple[float, tuple[int, ...], int, float, int]:
+                threads: int | None = None) -> tuple[float, tuple[int, ...], int, float, int, float]:
     """Seconds a round of ``run`` takes here (:func:`steady` of at least ``rounds`` rounds timed one by one after
     :data:`WARMUP_ROUNDS` warm-up rounds, and of more while they took less than :data:`PROBE_SECONDS`, up to
-    :data:`PROBE_MAX` and the run's last round; how many is the last value returned), the seconds its set-up
+    :data:`PROBE_MAX` and the run's last round; how many is the fifth value returned), the seconds its set-up
     took (loading the data, building the experiment: what every run pays once), with its data set's input shape
-    and class count. Built with components of its own (those validating ``run`` built stay the
-    run's), nothing written, torch's and numpy's global random state restored. A RunConfig is validated first.
+    and class count, and last the seconds one evaluation took (the test set at θ, as a run's metric row: a newcomer's
+    study estimates left them out and were short by up to 1.75× of CPU, issue 38). Built with components of its
+    own (those validating ``run`` built stay the run's), nothing written, torch's and numpy's global random state
+    restored. A RunConfig is validated first.
     ``threads``: torch's intra-op threads during the probe (the count the runs will train with; this process's own
     count restored after), None: this process's count as it is."""
     from phalanx.experiments.build import from_config
@@ -184,11 +206,16 @@ def time_rounds(run: ValidRun | RunConfig, rounds: int = PROBE_ROUNDS,
                 times.append(clock() - start)
             per_round = steady(times)
             timed = len(times)
+            from phalanx.training.loop import Evaluate
+
+            start = clock()
+            Evaluate.row(loop, None)  # one evaluation, as a run makes at round 0 and every eval_every rounds
+            evaluation = clock() - start
     finally:
         np.random.set_state(state)
         if threads is not None:
             torch.set_num_threads(before)
-    return per_round, tuple(ds.input_shape), int(ds.num_classes), setup, timed
+    return per_round, tuple(ds.input_shape), int(ds.num_classes), setup, timed, evaluation
 
 
 def estimate(todo: Sequence[tuple[ValidRun | RunConfig, Path]], jobs: int, label: Callable[[RunConfig], str] = str,
@@ -209,7 +236,7 @@ def estimate(todo: Sequence[tuple[ValidRun | RunConfig, Path]], jobs: int, label
     run, first = left[0][0], left[0][1]
     try:
         timed = min(PROBE_ROUNDS, max(1, first.rounds - WARMUP_ROUNDS))
-        per_round, shape, classes, setup, timed = time_rounds(run, timed, clock, threads)
+        per_round, shape, classes, setup, timed, evaluation = time_rounds(run, timed, clock, threads)
     except Exception:  # an estimate never stops a grid: the run says what is wrong itself
         return None
     base = _size(first, shape, classes)
@@ -236,7 +263,8 @@ def estimate(todo: Sequence[tuple[ValidRun | RunConfig, Path]], jobs: int, label
         ratio = size / base if size is not None and base else 1.0
         # the probed round scaled by the model's size, with the probed rule's cost swapped for this run's own
         work += k * max(0.5 * per_round * ratio, per_round * ratio + cost(r, cfg) - own * ratio)
+    evals = sum(evaluations(cfg.rounds, k, int(cfg.eval_every)) for _, cfg, k in left)
     parallel = max(1, min(jobs, len(left)))
-    seconds = (work + setup * len(left)) / parallel
+    seconds = (work + setup * len(left) + evaluation * evals) / parallel
     return Estimate(seconds if math.isfinite(seconds) else math.inf, per_round, label(first), total, len(left),
-                    parallel, setup, timed)
+                    parallel, setup, timed, evaluation, evals)
