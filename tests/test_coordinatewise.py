@@ -265,3 +265,19 @@ def test_kernel_in_cache_order_equals_batchers_order_bit_for_bit(dtype: torch.dt
         ref, _ = coordinatewise._cw_torch(x, _sortnet.MODE_MEDIAN, 0, False)
         assert torch.equal(run(_sortnet.batcher_pairs(n), _sortnet.MODE_MEDIAN, 0, 2 - n % 2), ref)
         assert not torch.equal(run(mutant, _sortnet.MODE_MEDIAN, 0, 2 - n % 2), ref)
+
+
+def test_a_meamed_window_shorter_than_its_trim_sums_only_its_rows() -> None:
+    """Bulyan asks the kernel for MeaMed's window with trim = 2f > n / 2 (θ = n − 2f rows, a window of θ − 2f): the
+    window [st, st + length) must bound the rows below ``trim`` too. The cache-ordered kernel's first build added
+    every row from st on (11 identical rows, f = 2: Bulyan returned 4/3 of the row — found by the property tests
+    under the CI profile); checked on identical rows for every (n, trim) and both float dtypes."""
+    from phalanx.aggregators.coordinatewise import coordinate_window_mean
+
+    for dtype in (torch.float32, torch.float64):
+        for n in range(2, 14):
+            for trim in range(0, n):
+                x = torch.full((n, 130), 1.541, dtype=dtype)
+                out, _ = coordinate_window_mean(x, mode="meamed", trim=trim, want_contributions=False)
+                tol = 2 * n * torch.finfo(dtype).eps * 1.541  # a mean of ≤ n equal values: rounding only
+                assert float((out - x[0]).abs().max()) <= tol, (dtype, n, trim, out[:3])

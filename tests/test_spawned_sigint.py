@@ -13,7 +13,8 @@ import pytest
 
 from phalanx import _spawned
 
-PROBE = ("import signal, sys; {flag}import phalanx._spawned; "
+# Python's own handler first: a suite started in the background (``cmd &``) inherits SIGINT ignored
+PROBE = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); {flag}import phalanx._spawned; "
          "print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN, 'torch' in sys.modules, "
          "'phalanx.experiments' in sys.modules)")
 
@@ -76,14 +77,22 @@ def test_the_pool_and_the_manager_get_the_light_initializers(monkeypatch: pytest
 
 def test_the_command_lines_children_re_import_the_light_module_as_their_main(tmp_path: Path) -> None:
     """Spawn re-imports the parent's main module first of all: the console script's is the whole command line
-    (typer, rich; about a second in which a Ctrl-C ended a starting worker with a traceback). After the entry point's
-    ``_light_main`` a child re-imports ``phalanx._spawned`` instead. Mutant: the script as it is (its path)."""
-    script = tmp_path / "phalanx_script.py"
-    script.write_text("import multiprocessing.spawn as s, sys\nfrom phalanx import cli\n"
-                      "light = len(sys.argv) > 1\nif light:\n    cli._light_main()\n"
-                      "d = s.get_preparation_data('probe')\n"
-                      "print(d.get('init_main_from_name'), bool(d.get('init_main_from_path')))\n")
-    light = subprocess.run([sys.executable, str(script), "light"], capture_output=True, text=True, check=True)
-    assert light.stdout.split() == ["phalanx._spawned", "False"]
-    mutant = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
-    assert mutant.stdout.split() == ["None", "True"]
+    (typer, rich; about a second in which a Ctrl-C ended a starting worker with a traceback). For pip's wrapper
+    (``re``, ``sys``, ``main`` and nothing else) the entry point's ``_light_main`` names ``phalanx._spawned`` instead;
+    a script of one's own that sets something up before calling ``main`` keeps its main module (its workers
+    re-import it, as a test harness's instrumentation needs). Mutant: the wrapper left as it is (its path)."""
+    wrapper = ("import re\nimport sys\nfrom phalanx.cli import main\n{own}"
+               "if len(sys.argv) > 1:\n    sys.modules['phalanx.cli']._light_main()\n"
+               "__import__('multiprocessing.spawn')\n"
+               "print(sys.modules['multiprocessing.spawn'].get_preparation_data('probe').get('init_main_from_name'), "
+               "bool(sys.modules['multiprocessing.spawn'].get_preparation_data('probe').get('init_main_from_path')))\n")
+
+    def prepared(own: str, *args: str) -> list[str]:
+        script = tmp_path / "phalanx"
+        script.write_text(wrapper.format(own=own))
+        return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
+                              check=True).stdout.split()
+
+    assert prepared("", "light") == ["phalanx._spawned", "False"]
+    assert prepared("") == ["None", "True"]  # the mutant: no _light_main
+    assert prepared("RULES = ['mine']\n", "light") == ["None", "True"]  # a script of one's own keeps its main

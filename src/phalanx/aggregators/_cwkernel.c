@@ -140,12 +140,11 @@
             for (Py_ssize_t r = 0; r < n; r++) {                                                                   \
                 const T *row = buf + r * BLK;                                                                      \
                 T rv = (T)r;                                                                                       \
-                if (r < trim) {                                                                                    \
-                    for (int j = 0; j < BLK; j++) acc[j] += rv >= st[j] ? (double)row[j] : 0.0;                    \
-                } else if (r < length) {                                                                           \
+                if (r >= trim && r < length) { /* in every lane's window (none when trim >= length: Bulyan) */ \
                     for (int j = 0; j < BLK; j++) acc[j] += (double)row[j];                                        \
                 } else {                                                                                           \
-                    for (int j = 0; j < BLK; j++) acc[j] += rv < en[j] ? (double)row[j] : 0.0;                     \
+                    for (int j = 0; j < BLK; j++)                                                                  \
+                        acc[j] += (rv >= st[j] && rv < en[j]) ? (double)row[j] : 0.0;                              \
                 }                                                                                                  \
             }                                                                                                      \
         }                                                                                                          \

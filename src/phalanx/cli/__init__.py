@@ -46,14 +46,19 @@ def _light_main() -> None:
     re-imports the parent's main module before anything else, and the console script's is ``from phalanx.cli import
     main`` — the whole command line, typer and rich: for about a second a Ctrl-C to the process group (a terminal's)
     ended a starting worker there with a traceback, and the grid said "Aborted." (issue 38). ``phalanx._spawned``
-    imports nothing heavy and ignores SIGINT at once in a spawned child; the console script defines nothing a child
-    needs (:func:`main` is all it holds)."""
+    imports nothing heavy and ignores SIGINT at once in a spawned child. Only for the console script itself — a
+    main module that holds :func:`main` and nothing of its own (pip's wrapper: ``re``, ``sys``, ``main``): a script
+    of a user's (or a test harness's) that sets things up and then calls :func:`main` keeps its main module, which
+    its workers re-import as before."""
     import importlib.util
     import sys
 
     main_module = sys.modules.get("__main__")
+    if main_module is None or getattr(main_module, "main", None) is not main:
+        return
+    own = {k for k in vars(main_module) if not k.startswith("__")}
     spec = importlib.util.find_spec("phalanx._spawned")
-    if main_module is not None and spec is not None:
+    if own <= {"re", "sys", "main"} and spec is not None:
         main_module.__spec__ = spec
 
 
