@@ -35,6 +35,7 @@ from phalanx import aggregators, attacks, catalogue, cli, data, models, studies
 from phalanx.catalogue import rounds, stage_files
 from phalanx.cli import listing
 from phalanx.decentralized import gossip_attacks, robust_gossip
+from phalanx.errors import PhalanxError
 from phalanx.plugins import import_spec
 from phalanx.training.algorithms import base, builtin
 from phalanx.training.stages import registry as stage_registry
@@ -376,3 +377,20 @@ def test_a_new_stage_file_is_listed_without_a_catalogue_line(tmp_path: Path, mon
     assert computed != NEW_STAGE
     (tmp_path / "zz_noise.py").write_text(computed)
     assert rounds.stage_rows() is None
+
+
+def test_no_coefficient_is_listed_where_its_rule_cannot_run() -> None:
+    """A table that prints ε or κ at an (n, f) where the rule refuses n (Krum at n = 2f + 1, 2f + 2: κ = 18 was
+    printed at n = 10, f = 4) states a property of a call that cannot happen. Mutant: Krum's κ guarded by n > 2f
+    only (its Table-1 condition) fails from (1, 0) on."""
+    for f in range(0, 5):
+        for n in range(2 * f + 1, 2 * f + 8):
+            for name, entry in catalogue.AGGREGATORS.items():
+                try:
+                    rule = aggregators.get_class(name)(f=f)
+                except PhalanxError:
+                    continue
+                if n < rule.min_workers():
+                    assert entry.epsilon(n, f) is None and entry.kappa(n, f) is None, (name, n, f)
+                    info = rule.describe(n)
+                    assert info.get("epsilon") is None and info.get("kappa") is None, (name, n, f)

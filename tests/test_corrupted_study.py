@@ -114,7 +114,8 @@ def test_the_runs_of_the_earlier_two_arm_grid_keep_their_ids() -> None:
     ({"rules": ("cwtm", "cwmed")}, "rules"), ({"f": 1}, "f"), ({"seeds": (0,)}, "seeds"),
     ({"gradient_bound": 0.0}, "gradient_bound"), ({"online_scale": float("inf")}, "online_scale"),
     ({"start": 150}, "start"), ({"corruptions": -1}, "corruptions"),
-    ({"every": 0}, "every"), ({"start": -1}, "start"), ({"arms": ("sgd", "adam")}, "arms"),
+    ({"every": 0}, "every"), ({"start": -1}, "start"), ({"rounds": -5}, "rounds"), ({"rounds": 0}, "rounds"),
+    ({"arms": ("sgd", "adam")}, "arms"),
     ({"arms": ("clipped-sgd", "robust-online")}, "arms"), ({"clipped_lr": 0.0}, "clipped_lr"),
     ({"undefended_scale": float("nan")}, "undefended_scale"), ({"undefended_bound": True}, "undefended_bound"),
 ])

@@ -92,7 +92,9 @@ class Krum(Aggregator):
         return 2 * self.f + 3
 
     def kappa(self, n: int) -> float | None:
-        if n <= 2 * self.f:
+        """Table 1's κ = 6(1 + f/(n − 2f)), stated for n > 2f; None below :meth:`min_workers` too, where the rule
+        itself refuses to run (a coefficient of a rule that cannot be called would mislead a table)."""
+        if n < self.min_workers():
             return None
         return 6.0 * (1.0 + self.f / (n - 2 * self.f))
 

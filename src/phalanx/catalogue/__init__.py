@@ -69,7 +69,7 @@ def _median_kappa(n: int, f: int) -> float | None:
 
 
 def _krum_kappa(n: int, f: int) -> float | None:
-    return None if n <= 2 * f else 6.0 * (1.0 + f / (n - 2 * f))
+    return None if n <= 2 * f + 2 else 6.0 * (1.0 + f / (n - 2 * f))  # none where Krum cannot run (n > 2f + 2)
 
 
 @dataclass(frozen=True)

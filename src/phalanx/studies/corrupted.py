@@ -152,7 +152,7 @@ def preset(name: str, **changes: Any) -> Preset:
         raise ConfigError("gradient_bound", p.gradient_bound, "a finite number > 0 (the robust learner's G)")
     if not (isinstance(p.online_scale, int | float) and math.isfinite(p.online_scale) and p.online_scale > 0):
         raise ConfigError("online_scale", p.online_scale, "a finite number > 0 (the robust learner's scale ε)")
-    for key, low in (("every", 1), ("start", 0)):
+    for key, low in (("rounds", 1), ("every", 1), ("start", 0)):
         value = getattr(p, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ConfigError(key, value, f"an integer >= {low}")
