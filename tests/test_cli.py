@@ -207,3 +207,40 @@ def test_a_grid_prints_its_tables_alone_on_stdout_with_format_json(tmp_path: pyt
 def test_an_unknown_format_is_one_line_naming_the_option() -> None:
     res = runner.invoke(cli.app, ["list", "models", "--format", "xml"])
     assert res.exit_code != 0 and "--format='xml': allowed table, md, csv, json" in res.output
+
+
+@pytest.mark.parametrize(("argv", "names"), [
+    (["list", "aggregators", "-n", "0"], "'--workers' / '-n': 0 is not in the range x>=1"),
+    (["demo", "--seed", "-1"], "'--seed': -1 is not in the range 0<=x<=9223372036854775807"),
+    (["epsilon", "cwtm", "--seed", "-1"], "'--seed': -1"),
+    (["kappa", "cwtm", "--seed", str(2**64)], "'--seed': 18446744073709551616 is not in the range"),
+    (["run", "--bogus"], "No such option '--bogus'"),
+    (["epsilon"], "Missing argument 'SPEC'"),
+    (["nonsense"], "No such command 'nonsense'"),
+])
+def test_a_usage_error_is_one_line_naming_the_parameter_and_its_range(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str], names: str) -> None:
+    """Issue 38: click's usage error was a usage line, a hint and a three-line box; a negative seed was accepted by
+    ``demo``/``epsilon`` and one above 2⁶³ − 1 ended ``kappa`` in a traceback. Now one line, exit code 2, naming the
+    parameter, its range and the command's help. (Mutant: ``app()`` standing alone prints the box: 5 lines.)"""
+    monkeypatch.setattr("sys.argv", ["phalanx", *argv])
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 2
+    said = capsys.readouterr()
+    lines = [line for line in (said.out + said.err).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and names in lines[0], lines
+    assert "--help`)" in lines[0]
+
+
+@pytest.mark.parametrize(("argv", "code"), [(["--help"], 0), (["list", "--help"], 0), (["--version"], 0),
+                                            (["list"], 2), ([], 2)])
+def test_help_version_and_a_bare_group_keep_clicks_exit_codes(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str], code: int) -> None:
+    monkeypatch.setattr("sys.argv", ["phalanx", *argv])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == code
+    said = capsys.readouterr()
+    assert "Usage" in said.out + said.err or "phalanx " in said.out

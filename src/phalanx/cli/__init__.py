@@ -24,7 +24,7 @@ def main() -> None:
 
     _light_main()
     try:
-        app()
+        status = _run_app()
     except PhalanxError as exc:
         # one line, as the error says it: no wrapping at the terminal's width, no markup read from the message
         code = getattr(exc, "exit_code", None)
@@ -39,6 +39,34 @@ def main() -> None:
         console.print(f"interrupted by {signal.Signals(exc.signum).name}: run the same command again to go on "
                       "(finished runs are skipped)", soft_wrap=True, highlight=False)
         raise SystemExit(128 + exc.signum) from None
+    raise SystemExit(status)
+
+
+def _run_app() -> int:
+    """Run the app as click would stand alone, except that a usage error — an out-of-range option, an unknown option
+    or command, a missing argument — is one line naming the parameter, its allowed range and where help is, exit
+    code 2 (click's own is a usage line, a hint line and a three-line box: issue 38). Help, ``--version``,
+    ``typer.Exit`` and Ctrl-C keep click's exit codes; every command returns None, so a returned value is one."""
+    import click
+    from rich.markup import escape
+
+    try:
+        code = app(standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:  # a bare group: its help, as click prints it alone
+        from typer import rich_utils
+
+        rich_utils.rich_format_error(exc)
+        return exc.exit_code
+    except click.ClickException as exc:
+        message = " ".join(exc.format_message().split())
+        context = getattr(exc, "ctx", None)
+        where = f" (`{context.command_path} --help`)" if context is not None else ""
+        console.print(f"[red]error:[/red] {escape(message)}{escape(where)}", soft_wrap=True, highlight=False)
+        return exc.exit_code
+    except click.Abort:
+        console.print("Aborted!", highlight=False)
+        return 1
+    return code if isinstance(code, int) else 0
 
 
 def _light_main() -> None:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from phalanx import __version__
-from phalanx.cli.common import _STDERR, _fmt, app, console
+from phalanx.cli.common import _STDERR, SeedOption, _fmt, app, console
 from phalanx.cli.output import FormatOption, Tabular, check_format, emit
 from phalanx.cli.runs import _budget, _duration, _forewarn
 from phalanx.cli.studies import tension_app
@@ -25,7 +25,7 @@ def demo(
     byzantine: Annotated[int, typer.Option("--byzantine", "-b", min=0, help="Workers that actually attack.")] = 4,
     f: Annotated[int, typer.Option("--f", "-f", min=0, help="Byzantine workers the rules are configured for.")] = 4,
     dim: Annotated[int, typer.Option("--dim", "-d", min=1, help="Vector dimension d.")] = 100_000,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    seed: SeedOption = 0,
     fmt: FormatOption = "table",
 ) -> None:
     """Aggregation demo: every rule on the same honest vectors, with no attack, an ALIE attack and NaN rows.
@@ -104,7 +104,7 @@ def epsilon_cmd(
     trials: Annotated[int, typer.Option("--trials", min=0, help="Random inputs to try.")] = 200,
     budget: Annotated[int, typer.Option("--budget", min=0, help="Rule evaluations of the CMA-ES search.")] = 2000,
     dim: Annotated[int, typer.Option("--dim", "-d", min=1, help="Dimension of the inputs.")] = 8,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    seed: SeedOption = 0,
 ) -> None:
     """A certified lower bound on a rule's no-attack aggregation error factor ε (known constructions, random inputs
     and a CMA-ES search, the best input recomputed exactly), beside its proven ε or upper bound; exit status 1 when
@@ -152,7 +152,7 @@ def kappa_cmd(
     workers: Annotated[int, typer.Option("--workers", "-n", help="Number of workers n.")] = 10,
     f: Annotated[int, typer.Option("--f", "-f", help="Byzantine workers f (0 <= f < n/2).")] = 2,
     dim: Annotated[int, typer.Option("--dim", "-d", help="Dimension d of the inputs.")] = 10,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    seed: SeedOption = 0,
     budget: Annotated[int, typer.Option("--budget", help="Rule evaluations the search may spend.")] = 2000,
 ) -> None:
     """Measure a certified lower bound on a rule's (f, κ)-robustness coefficient (Allouah et al., AISTATS 2023):

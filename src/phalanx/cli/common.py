@@ -19,6 +19,12 @@ if TYPE_CHECKING:
 
 
 
+SEED_MAX = 2**63 - 1
+"""The largest seed: a run's config keeps ``seed`` as a 64-bit TOML integer >= 0, and the analysis commands take the
+same range (a negative seed was accepted by ``demo`` and ``epsilon``; one above 2⁶³ − 1 ended ``kappa`` in a
+traceback)."""
+SeedOption = Annotated[int, typer.Option("--seed", min=0, max=SEED_MAX, help="Random seed (0 … 2^63 − 1).")]
+
 app = typer.Typer(
     name="phalanx", help="Byzantine-robust distributed learning: robust aggregators, attacks, price of robustness.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
