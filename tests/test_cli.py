@@ -183,8 +183,13 @@ def test_every_table_prints_as_csv_json_and_markdown(command: list[str]) -> None
     as_csv = runner.invoke(cli.app, [*command, "--format", "csv"])
     title, _, body = as_csv.stdout.partition("\n")
     assert title == f"# {doc['title']}"  # one table's csv has its title line too (issue 38: demo's had none)
-    parsed = list(csv.reader(io.StringIO(body)))
+    notes = [line[2:] for line in body.splitlines() if line.startswith("# ")]
+    table = "".join(line + "\n" for line in body.splitlines() if not line.startswith("# "))
+    parsed = list(csv.reader(io.StringIO(table)))
     assert parsed[0] == doc["columns"] and len(parsed) == len(doc["rows"]) + 1
+    # the notes under the table in every format (issue 38: csv and json dropped what a verdict or a bound means)
+    said = [line for note in doc["notes"] for line in note.splitlines()]
+    assert notes == said and (doc["notes"] or command[:2] != ["list", "aggregators"])
     md = runner.invoke(cli.app, [*command, "--format", "md"]).stdout
     body = [line for line in md.splitlines() if line.startswith("| ")]
     assert len(body) == len(doc["rows"]) + 1  # the header and every row

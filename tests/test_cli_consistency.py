@@ -62,7 +62,8 @@ def _as_printed(args: list[str], fmt: str) -> list[tuple[str, list[str], int]]:
     for block in res.stdout.split("\n\n"):  # a blank line between tables, each after its "# title" line
         title, _, body = block.partition("\n")
         assert title.startswith("# "), res.stdout  # the csv of one table had no title line (issue 38)
-        rows = list(csv.reader(io.StringIO(body)))
+        table = "\n".join(line for line in body.splitlines() if not line.startswith("# "))  # its notes: "# " lines
+        rows = list(csv.reader(io.StringIO(table)))
         found.append((title[2:], rows[0], len(rows) - 1))
     return found
 

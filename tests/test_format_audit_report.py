@@ -29,7 +29,8 @@ def _csv_blocks(stdout: str) -> dict[str, list[list[str]]]:
     for block in stdout.split("\n\n"):
         title, _, body = block.partition("\n")
         assert title.startswith("# "), block
-        out[title[2:]] = list(csv.reader(io.StringIO(body)))
+        rows = "\n".join(line for line in body.splitlines() if not line.startswith("# "))  # its notes: "# " lines
+        out[title[2:]] = list(csv.reader(io.StringIO(rows)))
     return out
 
 

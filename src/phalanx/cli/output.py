@@ -2,10 +2,12 @@
 for a pipe, a file, a notebook or another program.
 
 Every table-printing command builds a :class:`Tabular` (title, columns, rows of strings, notes printed under it)
-and hands it to :func:`emit` (several: :func:`emit_all`); nothing else decides how it looks. ``csv`` and ``json``
-print the table alone (its notes are words for a reader, not data); ``md`` prints the title in bold, the Markdown
-table and the notes. ``json`` has one shape for every command, one table or several: ``{"tables": [{"title",
-"columns", "rows"}]}`` (docs/start.md; ``tests/test_cli.py::test_every_table_prints_as_csv_json_and_markdown``).
+and hands it to :func:`emit` (several: :func:`emit_all`); nothing else decides how it looks. Every format keeps
+the notes — what a verdict means, how many runs diverged, which statement a bound is — since a number without them
+can be misread (issue 38: csv and json dropped them): ``csv`` as ``# `` comment lines after the rows (as its title
+line before them), ``json`` as a ``notes`` list; ``md`` prints the title in bold, the Markdown table and the notes.
+``json`` has one shape for every command, one table or several: ``{"tables": [{"title", "columns", "rows",
+"notes"}]}`` (docs/start.md; ``tests/test_cli.py::test_every_table_prints_as_csv_json_and_markdown``).
 
 On the terminal nothing is ever cropped, cut or ellipsised (issue 38: at 80 columns ``+7.0`` printed as ``+7.``,
 ``any`` as ``an``, a header as ``cos``; at 60 a column vanished). The layout, for a terminal ``W`` cells wide (a pipe
@@ -64,9 +66,9 @@ def check_format(fmt: str) -> str:
 
 @dataclass
 class Tabular:
-    """A table as data: ``columns`` names, ``rows`` of cells (strings), ``notes`` printed under it (not in csv or
-    json), ``right``: the columns aligned right on the terminal, ``whole``: the columns never folded there (names
-    one greps for)."""
+    """A table as data: ``columns`` names, ``rows`` of cells (strings), ``notes`` printed under it (in csv as
+    ``# `` comment lines, in json as a list), ``right``: the columns aligned right on the terminal, ``whole``: the
+    columns never folded there (names one greps for)."""
 
     title: str
     columns: Sequence[str]
@@ -96,10 +98,11 @@ def render(t: Tabular, fmt: str) -> str:
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(t.columns)
         writer.writerows(t.rows)
-        return buf.getvalue()
+        return buf.getvalue() + "".join(f"# {line}\n" for note in t.notes for line in note.splitlines())
     if fmt == "json":
         return json.dumps({"title": t.title, "columns": list(t.columns),
-                           "rows": [dict(zip(t.columns, r)) for r in t.rows]}, ensure_ascii=False, indent=1) + "\n"
+                           "rows": [dict(zip(t.columns, r)) for r in t.rows], "notes": list(t.notes)},
+                          ensure_ascii=False, indent=1) + "\n"
     if fmt == "md":
         title = [f"**{_cell_md(t.title)}**", ""] if t.title.strip() else []  # an untitled table: no empty "****"
         lines = [*title, "| " + " | ".join(map(_cell_md, t.columns)) + " |",

@@ -150,7 +150,7 @@ def markdown_table(summary: list[dict[str, Any]], keys: list[str]) -> str:
     """The summary as a Markdown table (accuracy in %; a ``diverged`` column when some run diverged: its final
     accuracy counts as 0)."""
     diverged = any(s.get("diverged") for s in summary)
-    head = [*keys, "final acc. (%)", "best acc. (%)", "agg. error", "Byz. share", "seeds"] + (
+    head = [*keys, "final %", "best %", "agg. error", "Byz. share", "seeds"] + (  # the printed table's, + best
         ["diverged"] if diverged else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in sorted(summary, key=lambda s: -s["final_accuracy"]):
@@ -302,9 +302,11 @@ def sorted_tradeoffs(tradeoffs: list[TradeOff]) -> list[TradeOff]:
     return sorted(tradeoffs, key=lambda t: (json.dumps(t.context), t.attack, t.rule))
 
 
-TRADEOFF_HEAD = ("rule", "attack", "price (points)", "95 % interval", "Holm p", "rescue (points)", "95 % interval",
-                 "Holm p", "seeds", "verdict")
-"""The columns of the trade-off table (after ``rule``, the setting keys that vary)."""
+TRADEOFF_HEAD = ("rule", "attack", "price (pts)", "95 % interval", "p (price)", "rescue (pts)", "95 % interval",
+                 "p (rescue)", "seeds", "verdict")
+"""The columns of the trade-off table (after ``rule``, the setting keys that vary): the terminal's (``phalanx run``,
+``phalanx report``, any ``--format``) with each interval in a column of its own (issue 38: report.md's headers differed
+from the printed table's)."""
 
 TRADEOFF_MEANING = (
     "*Price* = accuracy of the mean with no attack − the rule's: what the rule costs when nobody attacks; *rescue* = "
