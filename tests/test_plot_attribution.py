@@ -347,6 +347,31 @@ def test_an_exact_zero_error_is_drawn_on_the_log_axis_edge(tmp_path: Path, monke
     assert seen["accuracy.png"][1].get_yscale() != "log"  # what the first assertion rejects
 
 
+def test_the_byzantine_share_is_a_fraction_on_a_linear_axis_from_zero(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A share is part of the aggregate, in [0, 1]: one share of 0 turned the panel logarithmic and put 0 at the
+    bottom edge, 0.017, where it read as 1.7 % (issue 38). Now linear from 0: every share where its value is, 0 at
+    0, the largest inside the axes. Mutant: the error's axis rule for the share too (a log axis)."""
+    seen = _axes_of(monkeypatch)
+    for agg, share in {"mean": 0.2, "cwtm": 0.0, "krum": 0.017}.items():
+        d = tmp_path / agg
+        cfg = {"aggregator": agg, "attack": "alie"}
+        store.prepare_run_dir(d, cfg, 0, "synthetic")
+        store.finish_run(d, [{**cfg, "round": t, "test_accuracy": 0.2 * t, "agg_error": 0.1 * t, "byz_share": share}
+                             for t in range(1, 5)])
+    report.write_report(tmp_path)
+    shares = seen["accuracy.png"][2]
+    assert shares.get_yscale() == "linear" and _lost(shares) == []
+    low, high = shares.get_ylim()
+    assert low <= 0.0 < 0.2 <= high <= 0.25
+    drawn = {ln.get_label().split(" (")[0]: set(ln.get_ydata()) for ln in shares.get_lines()}
+    assert drawn == {"mean": {0.2}, "cwtm": {0.0}, "krum": {0.017}}  # each at its value: 0 at 0
+    monkeypatch.setattr(plots, "panel_axis", lambda metric, values: (  # the mutant: the rule before
+        plots.error_axis(values) if metric != "test_accuracy" else (False, None)))
+    report.write_report(tmp_path)
+    assert seen["accuracy.png"][2].get_yscale() == "log"  # what the first assertion rejects
+
+
 def test_a_rule_has_the_same_colour_in_every_figure() -> None:
     """A newcomer saw orange stand for geomed, cwtm and the mean in three figures: colours were handed out by sorted
     position within each figure. Now a rule keeps its colour across figures with different rule sets (the README's

@@ -201,6 +201,13 @@ def error_axis(values: list[float]) -> tuple[bool, float | None]:
     return True, max(cut, shown / 10)
 
 
+def panel_axis(metric: str, values: list[float]) -> tuple[bool, float | None]:
+    """(log scale?, floor) of ``accuracy.png``'s panel of ``metric``: the aggregation error's as :func:`error_axis`
+    says (it spans decades); accuracy and the Byzantine share linear — a share is a fraction of the aggregate, and on
+    a log axis one share of 0 put the bottom edge at 0.017, where it read as 1.7 % (issue 38)."""
+    return error_axis(values) if metric == "agg_error" else (False, None)
+
+
 def _on_floor(label: str, ys: list[float], floor: float | None) -> tuple[list[float], str, bool]:
     """A curve's values as drawn, its legend name and whether it lies wholly on the bottom edge: on a log axis
     (``floor``) values under the floor are drawn on it — a curve wholly there named ``= 0`` (exactly zero) or
@@ -226,7 +233,8 @@ def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path
     ``tradeoff.png``, dash the attack's, marker the next key's), named in the legend's title; the legends lie outside
     the axes, so that none covers a curve; when the attack does not vary, the title names it. The aggregation error
     is drawn as :func:`error_axis` says: values a log axis cannot show (0, rounding) on its bottom edge, ▼, and named
-    "= 0" or "≈ 0" in the legend (:func:`_on_floor`), never dropped. Curves drawn on top of each other are cased and
+    "= 0" or "≈ 0" in the legend (:func:`_on_floor`), never dropped; the Byzantine share — a fraction — on a linear
+    axis from 0. Curves drawn on top of each other are cased and
     named in the legend (:func:`phalanx.experiments.coincide.separate`). A setting whose runs diverged says so in
     the legend ("diverged k/n at round t") and its curve ends in ✕."""
     import matplotlib
@@ -248,7 +256,7 @@ def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path
     for ax, (metric, ylabel, title, curves) in zip(axes[:, 0], panels):
         scale = 100.0 if metric == "test_accuracy" else 1.0
         values = [v for pts in curves.values() for vs in pts.values() for v in vs]
-        log, floor = error_axis(values) if metric != "test_accuracy" else (False, None)
+        log, floor = panel_axis(metric, values)
         rounds = sorted({x for pts in curves.values() for x in pts})
         drawn: dict[str, tuple[list[int], list[float], str, bool]] = {}
         for label, pts in sorted(curves.items()):
@@ -281,7 +289,7 @@ def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path
             if floor is not None:
                 ax.set_ylim(bottom=floor / 2)
         elif max(values, default=0.0) > 0:  # both are ≥ 0: a linear axis starts at 0 (a little below: a line at 0
-            ax.set_ylim(bottom=-0.04 * max(values))  # is not hidden by the spine)
+            ax.set_ylim(-0.04 * max(values), 1.08 * max(values))  # is not hidden by the spine)
         else:  # zeros alone: 0 of a possible 1 (a share; an error of 1 is the honest variance)
             ax.set_ylim(-0.04, 1.0)
         if metric == "test_accuracy" or noted:
