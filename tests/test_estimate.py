@@ -246,3 +246,18 @@ def test_an_evaluation_is_timed_and_counted_at_every_evaluation_left(tmp_path: P
     assert est is not None and est.evaluation == pytest.approx(30.0) and est.evaluations == 6
     assert est.seconds == pytest.approx(800.0 + 6 * 30.0) and "6 evaluations at 30 s each counted" in est.text()
     assert est.seconds - 6 * est.evaluation == pytest.approx(800.0)  # the mutant's figure: 18 % short here
+
+
+def test_an_estimate_says_the_load_it_was_made_at() -> None:
+    """Issue 38: an estimate made at load 1 and one made at load 8 read alike, and a newcomer could not tell why the
+    same step was announced at 5 min one day and took 40 the next. The line names the 1-minute load and the cores
+    it was measured at (none where the system keeps no load average). Mutant: a text without the load."""
+    import os
+
+    from phalanx.experiments.estimate import Estimate
+
+    est = Estimate(600.0, 1.5, "cwtm / none", 400, 2, 1, load=7.25)
+    assert f"at load 7.2 on {os.cpu_count()} cores: more if the machine gets busier" in est.text()
+    assert "at load" not in Estimate(600.0, 1.5, "cwtm / none", 400, 2, 1, load=None).text()
+    fresh = Estimate(600.0, 1.5, "cwtm / none", 400, 2, 1)
+    assert fresh.load is not None and fresh.load >= 0.0  # made now: this machine's load average

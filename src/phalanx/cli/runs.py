@@ -336,7 +336,10 @@ def _forewarn(what: str, timing: str, guess: Callable[[], Any], smaller: str, *,
     est = guess()
     if est is None or est.seconds <= 60 * budget:
         return
-    say.print(f"[yellow]This {what} should take {est.text()}[/yellow] — over the {budget:g} min budget "
+    text = est.text()
+    if "at load" not in text and hasattr(os, "getloadavg"):  # a study's estimate: the load it was made at too
+        text += f", at load {os.getloadavg()[0]:.1f} on {os.cpu_count() or 1} cores: more if the machine gets busier"
+    say.print(f"[yellow]This {what} should take {text}[/yellow] — over the {budget:g} min budget "
               f"({BUDGET_ENV}). To make it smaller: {smaller}", soft_wrap=True, highlight=False)
 
 

@@ -16,9 +16,10 @@ measures the machine as it is now (a loaded machine gives a longer estimate): an
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +70,10 @@ class Estimate:
     """Seconds one evaluation of the probed run took (its test set at θ), counted at every evaluation left."""
     evaluations: int = 0
     """Evaluations left over every run (:func:`evaluations`)."""
+    load: float | None = field(default_factory=lambda: load_now())
+    """The 1-minute load average when the estimate was made (None where the system has none): the estimate holds at
+    that load, and a machine that grows busier makes the runs slower (issue 38: a newcomer could not tell an estimate
+    made at load 1 from one at load 8)."""
 
     def text(self) -> str:
         """One clause: the estimate and what it rests on."""
@@ -77,7 +82,22 @@ class Estimate:
         return (f"about {duration(self.seconds)} for {self.rounds:,} rounds of {self.runs} run(s) on {self.parallel} "
                 f"process(es) — a round of {self.probed} took {self.per_round:.3g} s here, now "
                 f"({statistic(self.timed)} after {WARMUP_ROUNDS} warm-up rounds; its set-up {self.setup:.2g} s, "
-                f"counted once a run; {evals}checkpoints come on top)")
+                f"counted once a run; {evals}checkpoints come on top){at_load(self.load)}")
+
+
+def load_now() -> float | None:
+    """The 1-minute load average (``os.getloadavg``), or None where the system keeps none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def at_load(load: float | None) -> str:
+    """`` at load 3.2 on 2 cores: more if the machine gets busier`` — what an estimate made now assumes."""
+    if load is None:
+        return ""
+    return f", at load {load:.1f} on {os.cpu_count() or 1} cores: more if the machine gets busier"
 
 
 def evaluations(rounds: int, left: int, every: int) -> int:
