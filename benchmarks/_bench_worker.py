@@ -18,13 +18,14 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 import _bench_floors
+from _bench_alternate import Contender, measure_alternating
 from _bench_peers import INPLACE, Peer, Setting, build_peers, peer_versions
 
 CAP_S = 20.0
@@ -227,41 +228,6 @@ def _limited(fn: Callable[[Any], Any], arg: Any, limit: float) -> tuple[Any, flo
     return out, dt
 
 
-@dataclass
-class Timing:
-    time: float
-    times: list[float]
-    single: bool
-    warmup: float
-    note: str = ""
-    output: Any = field(default=None, repr=False)
-
-
-def measure(
-    fn: Callable[[Any], Any], make_arg: Callable[[], Any], reps: int, big: bool, limit: float,
-) -> Timing:
-    """Warm up once, then the median of ``reps`` timed calls (3 when ``big`` and slow; 1 past :data:`CAP_S`).
-
-    ``make_arg`` runs before each call, outside the timed region.
-    """
-    out, warm = _limited(fn, make_arg(), limit)
-    if warm > CAP_S:
-        return Timing(warm, [warm], True, warm, f"one call: the warm-up took > {CAP_S:.0f} s", out)
-    k = min(reps, 3) if big and warm > SLOW_S else reps
-    times: list[float] = []
-    for _ in range(k):
-        arg = make_arg()
-        out = None
-        out, dt = _limited(fn, arg, limit)
-        del arg
-        times.append(dt)
-        if dt > CAP_S:
-            break
-    single = len(times) == 1 and k > 1
-    note = f"one call: it took > {CAP_S:.0f} s" if single else ""
-    return Timing(statistics.median(times), times, single, warm, note, out)
-
-
 def agreement(ph: np.ndarray, peer: np.ndarray) -> tuple[float | None, float | None, str]:
     """Max abs difference and its size relative to max|Phalanx output|."""
     if ph.shape != peer.shape:
@@ -299,8 +265,14 @@ def _err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:300]
 
 
+def phalanx_input(case: Case, s: Setting) -> Callable[[], torch.Tensor]:
+    """Phalanx's argument per call: a copy of the input made before the clock for the in-place form (``mix_``
+    gives its rows up), else the shared input itself."""
+    return (lambda: s.x.clone()) if case.inplace else (lambda: s.x)
+
+
 def run_case(case: Case, s: Setting, x_ref: torch.Tensor, reps: int, peers_on: bool, limit: float) -> dict[str, Any]:
-    """Time one rule (Phalanx and its peers) and compare outputs."""
+    """Time one rule — Phalanx and its peers call by call in turn (:mod:`_bench_alternate`) — and compare outputs."""
     big = s.d >= 10**6
     rec: dict[str, Any] = {"rule": case.key, "spec": case.spec, "kind": case.kind,
                            "coordinatewise": case.coordinatewise, "peers": [], "notes": []}
@@ -319,9 +291,7 @@ def run_case(case: Case, s: Setting, x_ref: torch.Tensor, reps: int, peers_on: b
     ctx, cnote = phalanx_context(obj, s)
     if cnote:
         rec["notes"].append(cnote)
-
-    def make_arg() -> torch.Tensor:
-        return s.x.clone() if case.inplace else s.x  # the clone: before the clock (measure)
+    make_arg = phalanx_input(case, s)
 
     if case.inplace:
         def ph_call(v: torch.Tensor) -> Any:
@@ -338,30 +308,31 @@ def run_case(case: Case, s: Setting, x_ref: torch.Tensor, reps: int, peers_on: b
         for _ in range(case.warm_rounds):
             obj(s.x + 0.01 * torch.randn(s.x.shape, generator=gen), **ctx)
         rec["notes"].append(f"timed after {case.warm_rounds} rounds on perturbed copies (a full history)")
-    try:
-        t = measure(ph_call, make_arg, reps, big, limit)
-    except Exception as exc:
-        rec["status"] = f"error: {_err(exc)}"
-        if not isinstance(exc, CallTimeout):
-            rec["traceback"] = traceback.format_exc(limit=4)
+    mine = Contender(ph_call, lambda base: make_arg(), [lambda: None])
+    peers: list[Peer] = []
+    if peers_on:
+        try:
+            peers = build_peers(case.key, s, pparams)
+        except Exception as exc:
+            rec["notes"].append(f"peers could not be built: {_err(exc)}")
+    theirs = {id(p): _contender(p) for p in peers if not p.skip}
+    measure_alternating([mine, *theirs.values()], s.x, x_ref, reps, big, limit, CAP_S, SLOW_S, _limited,
+                        CallTimeout)
+    if mine.error is not None:
+        rec["status"] = f"error: {_err(mine.error)}"
+        if not isinstance(mine.error, CallTimeout):
+            rec["traceback"] = "".join(traceback.format_exception(mine.error, limit=4))
         return rec
     rec["status"] = "ok"
     rec["floor_plan"] = _bench_floors.plan(case.spec, pparams, lambda: ph_call(make_arg()))
-    rec["phalanx"] = {"time": t.time, "times": t.times, "single": t.single, "warmup": t.warmup, "note": t.note}
-    if not torch.equal(s.x, x_ref):
+    rec["phalanx"] = {"time": mine.median, "times": mine.times, "single": mine.single, "warmup": mine.warm,
+                      "note": mine.note}
+    if mine.changed_input:
         rec["notes"].append("Phalanx MODIFIED ITS INPUT")
-        s.x.copy_(x_ref)
-    ph_out = t.output.detach().cpu().double().numpy()
-    del t
-    if not peers_on:
-        return rec
-    try:
-        peers = build_peers(case.key, s, pparams)
-    except Exception as exc:
-        rec["notes"].append(f"peers could not be built: {_err(exc)}")
-        peers = []
+    ph_out = mine.output.detach().cpu().double().numpy()
+    mine.output = None
     for p in peers:
-        rec["peers"].append(run_peer(p, s, x_ref, ph_out, reps, big, limit))
+        rec["peers"].append(peer_record(p, theirs.get(id(p)), ph_out))
         if big:
             gc.collect()  # peers' (n, d) temporaries; skipped on small inputs, where one collection costs ~0.1 s
     flagged = [r for r in rec["peers"] if r.get("flag") and r.get("compare") == "output" and "out64" in r]
@@ -370,6 +341,14 @@ def run_case(case: Case, s: Setting, x_ref: torch.Tensor, reps: int, peers_on: b
     for r in rec["peers"]:
         r.pop("out64", None)
     return rec
+
+
+def _contender(p: Peer) -> Contender:
+    """A peer as a contender: its prepared input (its fallback after a failed first call), a fresh copy of it per
+    call where the peer changes or consumes its input (``p.fresh``, made before the clock)."""
+    fresh = p.fresh
+    return Contender(p.call, (lambda base: fresh(base)) if fresh else (lambda base: base),
+                     [p.prepare] + ([p.fallback] if p.fallback is not None else []), fallback_note=p.fallback_note)
 
 
 def float64_check(
@@ -407,43 +386,23 @@ def float64_check(
         r["f64"] = {"phalanx_rel": ph_rel, "peer_rel": peer_rel, "verdict": verdict}
 
 
-def run_peer(
-    p: Peer, s: Setting, x_ref: torch.Tensor, ph_out: np.ndarray, reps: int, big: bool, limit: float,
-) -> dict[str, Any]:
-    """Time one peer implementation and compare its output with Phalanx's."""
+def peer_record(p: Peer, c: Contender | None, ph_out: np.ndarray) -> dict[str, Any]:
+    """A peer's cell: its time (from its contender ``c``; None: skipped) and its output compared with Phalanx's."""
     r: dict[str, Any] = {"column": p.column, "variant": p.variant, "timed": p.timed, "approx": p.approx,
                          "known": p.known, "notes": list(p.notes)}
-    if p.skip:
+    if p.skip or c is None:
         r["status"] = p.skip
         return r
-
-    def attempt(prep: Callable[[], Any]) -> Timing:
-        base = prep()
-        make_arg = (lambda: p.fresh(base)) if p.fresh else (lambda: base)
-        return measure(p.call, make_arg, reps, big, limit)
-
-    try:
-        try:
-            t = attempt(p.prepare)
-        except CallTimeout:
-            raise
-        except Exception as exc:
-            if p.fallback is None:
-                raise
-            r["notes"].append(p.fallback_note.format(err=_err(exc)))
-            t = attempt(p.fallback)
-    except Exception as exc:
-        r["status"] = f"error: {_err(exc)}"
-        if not torch.equal(s.x, x_ref):
-            s.x.copy_(x_ref)
+    r["notes"] += c.notes
+    if c.changed_input:
+        r["notes"].append("it modified its input (restored; timed after the others, alone)")
+    if c.error is not None:
+        r["status"] = f"error: {_err(c.error)}"
         return r
     r["status"] = "ok"
-    r.update(time=t.time, times=t.times, single=t.single, warmup=t.warmup, note=t.note)
-    if not torch.equal(s.x, x_ref):
-        r["notes"].append("it modified its input (restored)")
-        s.x.copy_(x_ref)
+    r.update(time=c.median, times=c.times, single=c.single, warmup=c.warm, note=c.note)
     try:
-        out = p.output(t.output)
+        out = p.output(c.output)
         ph = ph_out
         if p.compare == "rowmean":
             out = out.mean(axis=0) if out.ndim == 2 else out
@@ -455,6 +414,7 @@ def run_peer(
             r["size"] = int(ph.size)
     except Exception as exc:
         maxabs, rel, why = None, None, f"comparison failed: {_err(exc)}"
+    c.output = None
     flag = bool(why) or (rel is not None and rel > AGREE_REL)
     r.update(maxabs=maxabs, rel=rel, compare=p.compare, compare_note=why, flag=flag)
     if flag and p.compare == "output" and not why:

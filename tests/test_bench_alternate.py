@@ -1,0 +1,84 @@
+"""``make bench`` times Phalanx and its peers call by call in turn (``benchmarks/_bench_alternate.py``): a load swing
+between two blocks of calls fell on one side only (issue 37: one cell read 1.21×, 0.52×, 1.38× in three runs). No
+timing is asserted: the order of the calls, the repetition counts, the fallback and the input checks are."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from _scripts import load_script
+
+load_script("benchmarks/aggregators.py", "phalanx_bench_aggregators")  # puts benchmarks/ on sys.path
+
+from _bench_alternate import Contender, measure_alternating  # noqa: E402
+
+
+class Timeout(Exception):
+    pass
+
+
+def _run(contenders: list[Contender], x: torch.Tensor, reps: int = 4, clock: list[float] | None = None) -> list[str]:
+    calls: list[str] = []
+
+    def limited(fn: Any, arg: Any, limit: float) -> tuple[Any, float]:
+        out = fn(arg)
+        calls.append(out[0] if isinstance(out, tuple) else "?")
+        return out, (clock.pop(0) if clock else 0.001)
+
+    measure_alternating(contenders, x, x.clone(), reps, False, 60.0, 20.0, 1.0, limited, Timeout)
+    return calls
+
+
+def _named(name: str) -> Contender:
+    return Contender(lambda arg: (name, arg), lambda base: base, [lambda: 0])
+
+
+def test_calls_alternate_with_a_rotating_order() -> None:
+    """Mutant: the block order (every call of one, then the next) gives a, a, a, a, a, b, … and fails."""
+    x = torch.zeros(3, 4)
+    calls = _run([_named("a"), _named("b"), _named("c")], x)
+    assert calls[:3] == ["a", "b", "c"]  # the warm-ups
+    assert calls[3:] == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
+
+
+def test_a_contender_that_changes_the_input_is_timed_alone_after_the_others() -> None:
+    x = torch.zeros(3, 4)
+
+    def writer(arg: Any) -> tuple[str, Any]:
+        x.add_(1.0)
+        return "w", arg
+
+    w = Contender(writer, lambda base: base, [lambda: 0])
+    a = _named("a")
+    calls = _run([w, a], x, reps=2)
+    assert calls == ["w", "a", "a", "a", "w", "w"] and w.changed_input and not a.changed_input
+    assert torch.equal(x, torch.zeros(3, 4))  # restored after every call of the writer
+
+
+def test_a_failing_first_input_falls_back_and_a_slow_call_stops_its_repetitions() -> None:
+    x = torch.zeros(2, 2)
+
+    def picky(arg: Any) -> tuple[str, Any]:
+        if arg == "first":
+            raise ValueError("too large for torch.quantile")
+        return "p", arg
+
+    p = Contender(picky, lambda base: base, [lambda: "first", lambda: "numpy"], fallback_note="fallback: {err}")
+    slow = _named("s")
+    # clock: p's warm-up, s's warm-up, then the timed calls: s's first over the cap (20 s) ends its timing
+    calls = _run([p, slow], x, reps=3, clock=[0.1, 0.1, 0.1, 25.0, 0.1, 0.1])
+    assert p.base == "numpy" and p.notes == ["fallback: ValueError: too large for torch.quantile"]
+    assert len(p.times) == 3 and slow.times == [25.0] and slow.single and "took > 20 s" in slow.note
+    assert calls.count("s") == 2  # its warm-up and one timed call
+
+
+def test_an_error_is_kept_not_raised() -> None:
+    def broken(arg: Any) -> Any:
+        raise RuntimeError("boom")
+
+    b = Contender(broken, lambda base: base, [lambda: 0])
+    a = _named("a")
+    _run([b, a], torch.zeros(1, 1), reps=2)
+    assert isinstance(b.error, RuntimeError) and not b.times and len(a.times) == 2
