@@ -229,24 +229,36 @@ def table(recs: list[dict[str, Any]], labels: dict[str, str]) -> list[str]:
     return lines
 
 
+ROUNDS = ("resnet20", "mlp1000", "lora")
+WORKLOADS = (*ROUNDS, "rules", "population")
+DEFAULT = ("resnet20", "mlp1000", "rules", "population")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=TITLE)
     ap.add_argument("--device", nargs="+", default=None,
                     help="devices to time, in order (default: cuda and cpu when CUDA is available, else cpu)")
-    ap.add_argument("--workload", nargs="+", choices=["resnet20", "mlp1000", "lora"], default=["resnet20", "mlp1000"],
+    ap.add_argument("--workload", nargs="+", choices=WORKLOADS, default=list(DEFAULT),
                     help="lora (the LoRA study's gpu round) only when named")
-    ap.add_argument("--rounds", type=int, default=20, help="timed rounds per workload and device")
+    ap.add_argument("--rounds", type=int, default=20, help="timed rounds per workload and device (rules: calls)")
     ap.add_argument("--warmup", type=int, default=3, help="rounds run before timing")
+    ap.add_argument("--call-timeout", type=float, default=60.0,
+                    help="seconds one call of a rule may take (rules workload) before it is reported as a timeout")
     ap.add_argument("--quick", action="store_true", help="toy sizes (a smoke test)")
     ap.add_argument("--markdown", default=None, help="write the table as Markdown to this file")
     ap.add_argument("--json", default=None, help="write the records as JSON to this file")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.warmup < 0:
         ap.error("--rounds must be >= 1 and --warmup >= 0")
+    if not args.call_timeout > 0:
+        ap.error("--call-timeout must be > 0")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
+    import _gpu_population
+    import _gpu_rules
+
     args = parse_args(argv)
     devices = args.device or (["cuda", "cpu"] if torch.cuda.is_available() else ["cpu"])
     chosen = [w for w in workloads(args.quick) if w.name in args.workload]
@@ -266,14 +278,27 @@ def main(argv: list[str] | None = None) -> int:
             recs.append(rec)
             print(f"  {w.name} on {rec['device']}: {fmt_time(rec['median_s'])} a round, "
                   f"{rec['rounds_per_s']:.2f} rounds/s", flush=True)
-    lines = table(recs, {w.name: w.label for w in chosen})
-    print("\n".join(["", *lines, "", *notes]))
+    lines = table(recs, {w.name: w.label for w in chosen}) if chosen else []
+    rules = [_gpu_rules.run(d, args.quick, args.rounds, args.call_timeout, say=lambda m: print(m, flush=True))
+             for d in devices] if "rules" in args.workload else []
+    population = [_gpu_population.run(d, args.quick) for d in devices] if "population" in args.workload else []
+    problems: list[str] = []
+    if rules:
+        rule_lines = _gpu_rules.table(rules)
+        problems = _gpu_rules.check(rules, rule_lines)
+        lines += ["", *rule_lines]
+        notes += _gpu_rules.notes(rules)
+    if population:
+        lines += ["", *_gpu_population.table(population)]
+        notes += _gpu_population.notes(population)
+    print("\n".join(["", *lines, "", *notes, *(f"CHECK FAILED: {p}" for p in problems)]))
     if args.markdown:
         Path(args.markdown).write_text("\n".join([f"Command: `{command.strip()}`", "", *lines, "", *notes]) + "\n")
     if args.json:
-        Path(args.json).write_text(json.dumps({"command": command.strip(), "records": recs, "notes": notes},
-                                              indent=1))
-    return 0 if recs and all(r["finite"] for r in recs) else 1
+        Path(args.json).write_text(json.dumps({"command": command.strip(), "records": recs, "rules": rules,
+                                               "population": population, "notes": notes}, indent=1))
+    ok = all(r["finite"] for r in recs) and not problems and not any("error" in p for p in population)
+    return 0 if ok and (recs or rules or population) else 1
 
 
 if __name__ == "__main__":
