@@ -8,7 +8,7 @@ FedProx's synthetic(0.5, 0.5) population, 10 % Byzantine under ALIE, C = 100 cli
 round, 2 timed, 1 local step (scale.py's own smoke test, tests/test_population.py).
 
 Reported per device and N: the median round time (min, max), the peak memory — on CUDA the peak the allocator held
-(``torch.cuda.max_memory_allocated``), on the CPU the process's peak RSS (``ru_maxrss``, interpreter and torch
+(``torch.cuda.max_memory_allocated``), on the CPU the process's peak RSS (``scale.peak_rss``, interpreter and torch
 included), both recorded on either — and per device the two ratios, N = 10⁶ ÷ N = 10³, that docs/federated.md
 targets at ≤ 1.5× each.
 """

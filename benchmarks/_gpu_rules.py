@@ -207,18 +207,19 @@ def _ratio(x: float) -> str:
 
 def table(results: list[dict[str, Any]]) -> list[str]:
     """Markdown lines: a header line per device (its copy bandwidth and floor), then one row per rule."""
-    lines = [md_row(["rule", "device", "median", "floor n·d·4 ÷ BW", "× floor", "x.sum(0)", "× sum", "declared",
-                     "× declared"]),
-             md_row(["---", "---", "---:", "---:", "---:", "---:", "---:", "---", "---:"])]
+    lines = [md_row(["rule", "device", "median", "calls", "floor n·d·4 ÷ BW", "× floor", "x.sum(0)", "× sum",
+                     "declared", "× declared"]),
+             md_row(["---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---", "---:"])]
     for res in results:
         dev = res["device"] + (f" ({res['gpu']})" if res["gpu"] else "")
         for r in res["rules"]:
             if r["status"] != "ok":
-                lines.append(md_row([r["spec"], dev, r["status"], fmt_time(res["floor_s"]), "—",
+                lines.append(md_row([r["spec"], dev, r["status"], "—", fmt_time(res["floor_s"]), "—",
                                      fmt_time(res["pass_s"]), "—", "—", "—"]))
                 continue
             t = r["time_s"]
-            lines.append(md_row([r["spec"], dev, fmt_time(t), fmt_time(res["floor_s"]), _ratio(t / res["floor_s"]),
+            lines.append(md_row([r["spec"], dev, fmt_time(t), str(len(r["times_s"])), fmt_time(res["floor_s"]),
+                                 _ratio(t / res["floor_s"]),
                                  fmt_time(res["pass_s"]), _ratio(t / res["pass_s"]), r["floor_kind"],
                                  _ratio(t / r["declared_s"])]))
     return lines
@@ -228,11 +229,10 @@ def notes(results: list[dict[str, Any]]) -> list[str]:
     """One line per device (bandwidth, sizes, timed calls) and per rule note."""
     out = []
     for res in results:
-        counts = sorted({len(r["times_s"]) for r in res["rules"] if "times_s" in r})
         out.append(f"rules on {res['device']}: n = {res['n']}, d = {res['d']:,}, f = {res['f']}, float32; copy "
                    f"bandwidth {res['bandwidth_Bps'] / 1e9:.1f} GB/s (dst.copy_(src) of "
-                   f"{res['copy_bytes'] / 2**20:.0f} MiB, 2·S ÷ {fmt_time(res['copy_s'])}); median of "
-                   f"{'–'.join(map(str, counts)) or 0} timed calls after one warm-up")
+                   f"{res['copy_bytes'] / 2**20:.0f} MiB, 2·S ÷ {fmt_time(res['copy_s'])}); median of 'calls' timed "
+                   f"calls after one warm-up (up to --rounds, stopped after {RULE_BUDGET_S:g} s of them)")
         out += [f"  {r['spec']}: {'; '.join(r['notes'])}" for r in res["rules"] if r["notes"]]
     return out
 
@@ -244,6 +244,7 @@ def check(results: list[dict[str, Any]], lines: list[str]) -> list[str]:
     the copy must have moved bytes in a positive time.
     """
     problems = []
+    at = [c.strip() for c in lines[0].strip().strip("|").split("|")].index("× floor")
     rows = lines[2:]
     k = 0
     for res in results:
@@ -259,9 +260,9 @@ def check(results: list[dict[str, Any]], lines: list[str]) -> list[str]:
                 continue
             want = r["time_s"] / floor
             try:
-                got = float(cells[4].rstrip("×"))
+                got = float(cells[at].rstrip("×"))
             except ValueError:
-                problems.append(f"{r['spec']} on {res['device']}: × floor printed as {cells[4]!r}")
+                problems.append(f"{r['spec']} on {res['device']}: × floor printed as {cells[at]!r}")
                 continue
             if abs(got - want) > 0.5 * 10 ** (math.floor(math.log10(want)) - 2) * 1.0001:
                 problems.append(f"{r['spec']} on {res['device']}: × floor printed {got:g}, recomputed {want:.4g}")

@@ -1,9 +1,20 @@
-"""Rounds per second of the simulated engine on CUDA and on the CPU, side by side, in one command.
+"""Rounds per second of the simulated engine on CUDA and on the CPU, side by side, in one command; every robust rule
+and the million-client run on the same devices, each figure beside that device's bandwidth floor.
 
-    .venv/bin/python benchmarks/gpu.py [--device cuda cpu] [--rounds 20] [--warmup 3] [--markdown PATH] [--json PATH]
+    .venv/bin/python benchmarks/gpu.py [--device cuda cpu] [--workload resnet20 mlp1000 rules population]
+                                       [--rounds 20] [--warmup 3] [--call-timeout 60] [--markdown PATH] [--json PATH]
 
-Two workloads, each the round as ``phalanx run`` runs it (``phalanx.experiments.from_config``, then
-``phalanx.training.Loop.step`` with the in-process transport; no round of the timed ones evaluates or measures):
+**One short run on a lent GPU** (no argument: CUDA and the CPU, the four default workloads) is meant to fill the
+table of docs/benchmarks.md "CUDA vs CPU rounds" in about 5 minutes on an H100 machine (16 cores). That is an
+estimate, not a measurement: on the 2-core development machine (load 3–5) the CPU side of ``rules`` took 127 s at 3
+timed calls a rule (FLDetector's 12 warm rounds 54 s of it; the per-rule budget is now 2 s of timed calls), the CPU
+rounds 2.8 s (ResNet-20) and 1.2 s (MLP) each, and ``population`` about 13 rounds of 0.3–0.5 s per size; scaled to 16
+cores that is about 2 minutes for the CPU side, and the CUDA side (an H100 reads the rules' 256 MiB input in about
+0.1 ms) well under one. Each workload alone: ``--workload NAME``.
+
+Five workloads; ``resnet20``, ``mlp1000`` and ``lora`` are each a round as ``phalanx run`` runs it
+(``phalanx.experiments.from_config``, then ``phalanx.training.Loop.step`` with the in-process transport; no round of
+the timed ones evaluates or measures):
 
 * **resnet20** — the ``paper`` preset's round (``phalanx tension paper --preset paper``; Yang, Shi & Li, ICML 2025,
   Section 6): ResNet-20 (GroupNorm) on CIFAR-10, n = 16 workers, batch 16 per worker, worker momentum 0.9, a
@@ -11,6 +22,12 @@ Two workloads, each the round as ``phalanx run`` runs it (``phalanx.experiments.
   ``phalanx.studies.tension.config_for``).
 * **mlp1000** — the 1,000-worker MLP round of ``benchmarks/training.py``: Fashion-MNIST, the 784-100-10 ReLU MLP,
   batch 32, IID, b = 100 workers sending sign-flipped vectors, trimmed mean with f = 100.
+* **rules** — every robust rule of the registry and every pre-aggregator before the trimmed mean, on the device
+  at n = 64, d = 2²⁰ float32, f = 12, each beside the device's bandwidth floor (n·d·4 bytes ÷ its measured copy
+  bandwidth), ``x.sum(0)`` and its declared floor (``benchmarks/_gpu_rules.py``); ``--quick``: n = 11, d = 4,096, f = 2.
+* **population** — ``benchmarks/scale.py``'s federated run over 10³ and 10⁶ clients on the device: median round,
+  peak memory (CUDA: ``torch.cuda.max_memory_allocated``; CPU: peak RSS) and their ratios
+  (``benchmarks/_gpu_population.py``); ``--quick``: 100 and 10⁵ clients.
 * **lora** (only when asked: ``--workload lora``) — the round of ``phalanx experiment lora --preset gpu``
   (``phalanx.studies.lora``, docs/lora.md) in its costliest mode: BERT-base with LoRA r = 8 on query and value,
   mode ``update`` (a truncated SVD per adapted layer), n = 30 clients, texts of 64 tokens, ``cwtm`` f = 6 under
@@ -26,8 +43,10 @@ Each (workload, device) pair builds its run afresh on that device (``device`` in
 every round's tensors live there; random draws stay on the CPU, docs/cluster.md), runs ``--warmup`` rounds, then
 ``--rounds`` timed rounds; on CUDA every round ends with ``torch.cuda.synchronize`` so that the time is the round's,
 not its launch. Reported: the median round time, rounds per second (1 / median), and per workload the ratio of CUDA's
-rounds per second to the CPU's. ``--quick`` (a smoke test on the CPU): the same two rounds at toy sizes (n = 4 with
-3×16×16 images; n = 20 with 1×8×8).
+rounds per second to the CPU's. ``--quick`` (a smoke test on the CPU): the same rounds at toy sizes (n = 4 with
+3×16×16 images; n = 20 with 1×8×8). The exit status is 1 when a round's θ is not finite, a population run failed,
+or a printed ``× floor`` is not what the raw times give (``_gpu_rules.check``); a rule that fails or runs past
+``--call-timeout`` is a row saying so, not a failure of the script.
 
 A full CPU measurement of the ResNet-20 round takes seconds per round on a few cores: on a CPU-only machine run
 ``--device cpu --rounds 2``.

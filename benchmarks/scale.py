@@ -7,7 +7,7 @@ Each population size runs in a fresh interpreter (so that one's peak resident me
 synthetic(0.5, 0.5) population (``phalanx.data.population.SyntheticPopulation``, 100 evaluation clients), 10 % of
 it Byzantine running ALIE, ``--per-round`` clients a round, ``--local-steps`` local steps of batch 10, multinomial
 logistic regression, the trimmed mean for f = 10 % of the round. It runs ``--warm-up`` rounds, then ``--rounds``
-rounds timed one by one (the median is printed), then reads its peak resident set size (``ru_maxrss``: the whole
+rounds timed one by one (the median is printed), then reads its peak resident set size (:func:`peak_rss`: the whole
 process, the interpreter and torch included). The two ratios printed — peak RSS at the largest population ÷ at the
 smallest, median round time likewise — are the scaling claims of docs/federated.md (target ≤ 1.5× each).
 
@@ -31,6 +31,21 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _subprocess import run_worker
+
+
+def peak_rss() -> int:
+    """Bytes of this process's peak resident set: ``VmHWM`` of ``/proc/self/status`` where there is one, else
+    ``ru_maxrss``. Not ``ru_maxrss`` first: Linux carries it across ``fork`` and ``exec``, so a child started by a
+    large parent (``benchmarks/gpu.py`` after its rules workload: 2.9 GiB) reported the parent's peak as its own;
+    ``VmHWM`` belongs to the memory map that ``exec`` made afresh."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
 
 
 def child(population: int, per_round: int, rounds: int, warm_up: int, local_steps: int, out: str,
@@ -70,7 +85,7 @@ def child(population: int, per_round: int, rounds: int, warm_up: int, local_step
     )
     clock = Clock()
     Loop(exp, None, [Evaluate(), clock]).run()
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+    rss = peak_rss()
     peak = torch.cuda.max_memory_allocated(exp.device) if cuda else None
     Path(out).write_text(json.dumps({"population": population, "rss": rss, "median": statistics.median(times),
                                      "min": min(times), "max": max(times), "held": exp.data.held,

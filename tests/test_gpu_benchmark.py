@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +46,7 @@ def test_rules_and_population_run_on_the_cpu(tmp_path: Path, capsys: pytest.Capt
     assert [r["spec"] for r in res["rules"]] == specs and all(r["status"] == "ok" for r in res["rules"])
     rows = {_cells(line)[0]: _cells(line) for line in text.splitlines() if line.startswith("| ")}
     for spec in specs:
-        ratio = rows[spec][4]
+        ratio = rows[spec][5]
         assert ratio.endswith("×") and math.isfinite(float(ratio[:-1])) and float(ratio[:-1]) > 0, rows[spec]
     assert (res["n"], res["d"], res["f"]) == _gpu_rules.QUICK and res["bandwidth_Bps"] > 0
     assert "CHECK FAILED" not in text
@@ -119,3 +122,17 @@ def test_rules_on_the_emulated_cuda_device(monkeypatch: pytest.MonkeyPatch) -> N
     assert {r["spec"]: r["status"] for r in res["rules"]} == dict.fromkeys(_gpu_rules.specs(), "ok")
     lines = _gpu_rules.table([res])
     assert "| cwtm | cuda:0 (Emulated GPU) |" in "\n".join(lines) and _gpu_rules.check([res], lines) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/self/status (Linux)")
+def test_a_population_child_reports_its_own_peak_not_its_parents() -> None:
+    """scale.py's child reads VmHWM, not ``ru_maxrss``: Linux carries the latter across fork and exec, so a child of a
+    large parent (gpu.py after its rules workload) reported the parent's peak. Mutant: ``ru_maxrss`` read in the same
+    child, which the bound rejects."""
+    big = torch.ones(2**26)  # 256 MiB resident in this (the parent) process before the child starts
+    code = ("import resource, scale; print(scale.peak_rss(), "
+            "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    env = {**os.environ, "PYTHONPATH": str(Path(_gpu_rules.__file__).parent)}
+    own, inherited = map(int, subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                             check=True, timeout=120).stdout.split())
+    assert own < 2**27 <= big.numel() * 4 <= inherited  # the child holds no torch: far below 128 MiB
