@@ -6,11 +6,13 @@ and the million-client run on the same devices, each figure beside that device's
 
 **One short run on a lent GPU** (no argument: CUDA and the CPU, the four default workloads) is meant to fill the
 table of docs/benchmarks.md "CUDA vs CPU rounds" in about 5 minutes on an H100 machine (16 cores). That is an
-estimate, not a measurement: on the 2-core development machine (load 3–5) the CPU side of ``rules`` took 127 s at 3
-timed calls a rule (FLDetector's 12 warm rounds 54 s of it; the per-rule budget is now 2 s of timed calls), the CPU
-rounds 2.8 s (ResNet-20) and 1.2 s (MLP) each, and ``population`` about 13 rounds of 0.3–0.5 s per size; scaled to 16
-cores that is about 2 minutes for the CPU side, and the CUDA side (an H100 reads the rules' 256 MiB input in about
-0.1 ms) well under one. Each workload alone: ``--workload NAME``.
+estimate from the CPU timings and the sizes, not a measurement: on the 2-core development machine (load 4) the CPU
+side of ``rules`` and ``population`` took 87 s in all (``--device cpu --workload rules population``: 76 s of rules,
+each stopped after 2 s of timed calls), and the two CPU rounds 2.75 s (ResNet-20) and 1.17 s (MLP) each, 23 rounds
+of each in 90 s; 16 cores take the CPU side to about 2 minutes or less. On CUDA every rule reads its 256 MiB input in
+about 0.1 ms at an H100's 3 TB/s, so the rules' CUDA side is their warm-ups and the 64×2²⁰ input drawn on the CPU
+(about 2 s), and the population's two CUDA interpreters start in seconds: under a minute. Each workload alone:
+``--workload NAME``.
 
 Five workloads; ``resnet20``, ``mlp1000`` and ``lora`` are each a round as ``phalanx run`` runs it
 (``phalanx.experiments.from_config``, then ``phalanx.training.Loop.step`` with the in-process transport; no round of
