@@ -83,25 +83,33 @@ def label(floor_plan: list[tuple[str, int]]) -> str:
     return "+".join(f"passes({k})" if kind == "passes" else kind for kind, k in floor_plan)
 
 
-def _median_time(fn: Callable[[], Any], reps: int) -> float:
+def _nothing() -> None:
+    pass
+
+
+def _median_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None] = _nothing) -> float:
     fn()
+    sync()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def measure(x: torch.Tensor, floor_plan: list[tuple[str, int]], reps: int = 10) -> dict[str, float]:
+def measure(x: torch.Tensor, floor_plan: list[tuple[str, int]], reps: int = 10,
+            sync: Callable[[], None] = _nothing) -> dict[str, float]:
     """Seconds of the floor of ``floor_plan`` on ``x``, with its parts: ``{"floor", "pass", "gemm"?}``.
 
     ``pass`` is the median of ``reps`` calls of ``x.sum(0)``; ``gemm`` the median of ``max(3, reps // 3)`` calls of
-    ``torch.mm(x, x.T)`` (timed only when a component needs it); ``passes(k)`` is ``k`` × pass.
+    ``torch.mm(x, x.T)`` (timed only when a component needs it); ``passes(k)`` is ``k`` × pass. ``sync`` ends every
+    call (``torch.cuda.synchronize`` for a CUDA ``x``: the time is the kernel's, not its launch).
     """
-    parts = {"pass": _median_time(lambda: x.sum(0), reps)}
+    parts = {"pass": _median_time(lambda: x.sum(0), reps, sync)}
     if any(kind == "gemm" for kind, _ in floor_plan):
-        parts["gemm"] = _median_time(lambda: torch.mm(x, x.T), max(3, reps // 3))
+        parts["gemm"] = _median_time(lambda: torch.mm(x, x.T), max(3, reps // 3), sync)
     total = 0.0
     for kind, k in floor_plan:
         total += parts["gemm"] if kind == "gemm" else k * parts["pass"]

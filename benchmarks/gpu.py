@@ -1,9 +1,22 @@
-"""Rounds per second of the simulated engine on CUDA and on the CPU, side by side, in one command.
+"""Rounds per second of the simulated engine on CUDA and on the CPU, side by side, in one command; every robust rule
+and the million-client run on the same devices, each figure beside that device's bandwidth floor.
 
-    .venv/bin/python benchmarks/gpu.py [--device cuda cpu] [--rounds 20] [--warmup 3] [--markdown PATH] [--json PATH]
+    .venv/bin/python benchmarks/gpu.py [--device cuda cpu] [--workload resnet20 mlp1000 rules population]
+                                       [--rounds 20] [--warmup 3] [--call-timeout 60] [--markdown PATH] [--json PATH]
 
-Two workloads, each the round as ``phalanx run`` runs it (``phalanx.experiments.from_config``, then
-``phalanx.training.Loop.step`` with the in-process transport; no round of the timed ones evaluates or measures):
+**One short run on a lent GPU** (no argument: CUDA and the CPU, the four default workloads) is meant to fill the
+table of docs/benchmarks.md "CUDA vs CPU rounds" in about 5 minutes on an H100 machine (16 cores). That is an
+estimate from the CPU timings and the sizes, not a measurement: on the 2-core development machine (load 4) the CPU
+side of ``rules`` and ``population`` took 87 s in all (``--device cpu --workload rules population``: 76 s of rules,
+each stopped after 2 s of timed calls), and the two CPU rounds 2.75 s (ResNet-20) and 1.17 s (MLP) each, 23 rounds
+of each in 90 s; 16 cores take the CPU side to about 2 minutes or less. On CUDA every rule reads its 256 MiB input in
+about 0.1 ms at an H100's 3 TB/s, so the rules' CUDA side is their warm-ups and the 64×2²⁰ input drawn on the CPU
+(about 2 s), and the population's two CUDA interpreters start in seconds: under a minute. Each workload alone:
+``--workload NAME``.
+
+Five workloads; ``resnet20``, ``mlp1000`` and ``lora`` are each a round as ``phalanx run`` runs it
+(``phalanx.experiments.from_config``, then ``phalanx.training.Loop.step`` with the in-process transport; no round of
+the timed ones evaluates or measures):
 
 * **resnet20** — the ``paper`` preset's round (``phalanx tension paper --preset paper``; Yang, Shi & Li, ICML 2025,
   Section 6): ResNet-20 (GroupNorm) on CIFAR-10, n = 16 workers, batch 16 per worker, worker momentum 0.9, a
@@ -11,6 +24,12 @@ Two workloads, each the round as ``phalanx run`` runs it (``phalanx.experiments.
   ``phalanx.studies.tension.config_for``).
 * **mlp1000** — the 1,000-worker MLP round of ``benchmarks/training.py``: Fashion-MNIST, the 784-100-10 ReLU MLP,
   batch 32, IID, b = 100 workers sending sign-flipped vectors, trimmed mean with f = 100.
+* **rules** — every robust rule of the registry and every pre-aggregator before the trimmed mean, on the device
+  at n = 64, d = 2²⁰ float32, f = 12, each beside the device's bandwidth floor (n·d·4 bytes ÷ its measured copy
+  bandwidth), ``x.sum(0)`` and its declared floor (``benchmarks/_gpu_rules.py``); ``--quick``: n = 11, d = 4,096, f = 2.
+* **population** — ``benchmarks/scale.py``'s federated run over 10³ and 10⁶ clients on the device: median round,
+  peak memory (CUDA: ``torch.cuda.max_memory_allocated``; CPU: peak RSS) and their ratios
+  (``benchmarks/_gpu_population.py``); ``--quick``: 100 and 10⁵ clients.
 * **lora** (only when asked: ``--workload lora``) — the round of ``phalanx experiment lora --preset gpu``
   (``phalanx.studies.lora``, docs/lora.md) in its costliest mode: BERT-base with LoRA r = 8 on query and value,
   mode ``update`` (a truncated SVD per adapted layer), n = 30 clients, texts of 64 tokens, ``cwtm`` f = 6 under
@@ -26,8 +45,10 @@ Each (workload, device) pair builds its run afresh on that device (``device`` in
 every round's tensors live there; random draws stay on the CPU, docs/cluster.md), runs ``--warmup`` rounds, then
 ``--rounds`` timed rounds; on CUDA every round ends with ``torch.cuda.synchronize`` so that the time is the round's,
 not its launch. Reported: the median round time, rounds per second (1 / median), and per workload the ratio of CUDA's
-rounds per second to the CPU's. ``--quick`` (a smoke test on the CPU): the same two rounds at toy sizes (n = 4 with
-3×16×16 images; n = 20 with 1×8×8).
+rounds per second to the CPU's. ``--quick`` (a smoke test on the CPU): the same rounds at toy sizes (n = 4 with
+3×16×16 images; n = 20 with 1×8×8). The exit status is 1 when a round's θ is not finite, a population run failed,
+or a printed ``× floor`` is not what the raw times give (``_gpu_rules.check``); a rule that fails or runs past
+``--call-timeout`` is a row saying so, not a failure of the script.
 
 A full CPU measurement of the ResNet-20 round takes seconds per round on a few cores: on a CPU-only machine run
 ``--device cpu --rounds 2``.
@@ -229,24 +250,36 @@ def table(recs: list[dict[str, Any]], labels: dict[str, str]) -> list[str]:
     return lines
 
 
+ROUNDS = ("resnet20", "mlp1000", "lora")
+WORKLOADS = (*ROUNDS, "rules", "population")
+DEFAULT = ("resnet20", "mlp1000", "rules", "population")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=TITLE)
     ap.add_argument("--device", nargs="+", default=None,
                     help="devices to time, in order (default: cuda and cpu when CUDA is available, else cpu)")
-    ap.add_argument("--workload", nargs="+", choices=["resnet20", "mlp1000", "lora"], default=["resnet20", "mlp1000"],
+    ap.add_argument("--workload", nargs="+", choices=WORKLOADS, default=list(DEFAULT),
                     help="lora (the LoRA study's gpu round) only when named")
-    ap.add_argument("--rounds", type=int, default=20, help="timed rounds per workload and device")
+    ap.add_argument("--rounds", type=int, default=20, help="timed rounds per workload and device (rules: calls)")
     ap.add_argument("--warmup", type=int, default=3, help="rounds run before timing")
+    ap.add_argument("--call-timeout", type=float, default=60.0,
+                    help="seconds one call of a rule may take (rules workload) before it is reported as a timeout")
     ap.add_argument("--quick", action="store_true", help="toy sizes (a smoke test)")
     ap.add_argument("--markdown", default=None, help="write the table as Markdown to this file")
     ap.add_argument("--json", default=None, help="write the records as JSON to this file")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.warmup < 0:
         ap.error("--rounds must be >= 1 and --warmup >= 0")
+    if not args.call_timeout > 0:
+        ap.error("--call-timeout must be > 0")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
+    import _gpu_population
+    import _gpu_rules
+
     args = parse_args(argv)
     devices = args.device or (["cuda", "cpu"] if torch.cuda.is_available() else ["cpu"])
     chosen = [w for w in workloads(args.quick) if w.name in args.workload]
@@ -266,14 +299,27 @@ def main(argv: list[str] | None = None) -> int:
             recs.append(rec)
             print(f"  {w.name} on {rec['device']}: {fmt_time(rec['median_s'])} a round, "
                   f"{rec['rounds_per_s']:.2f} rounds/s", flush=True)
-    lines = table(recs, {w.name: w.label for w in chosen})
-    print("\n".join(["", *lines, "", *notes]))
+    lines = table(recs, {w.name: w.label for w in chosen}) if chosen else []
+    rules = [_gpu_rules.run(d, args.quick, args.rounds, args.call_timeout, say=lambda m: print(m, flush=True))
+             for d in devices] if "rules" in args.workload else []
+    population = [_gpu_population.run(d, args.quick) for d in devices] if "population" in args.workload else []
+    problems: list[str] = []
+    if rules:
+        rule_lines = _gpu_rules.table(rules)
+        problems = _gpu_rules.check(rules, rule_lines)
+        lines += ["", *rule_lines]
+        notes += _gpu_rules.notes(rules)
+    if population:
+        lines += ["", *_gpu_population.table(population)]
+        notes += _gpu_population.notes(population)
+    print("\n".join(["", *lines, "", *notes, *(f"CHECK FAILED: {p}" for p in problems)]))
     if args.markdown:
         Path(args.markdown).write_text("\n".join([f"Command: `{command.strip()}`", "", *lines, "", *notes]) + "\n")
     if args.json:
-        Path(args.json).write_text(json.dumps({"command": command.strip(), "records": recs, "notes": notes},
-                                              indent=1))
-    return 0 if recs and all(r["finite"] for r in recs) else 1
+        Path(args.json).write_text(json.dumps({"command": command.strip(), "records": recs, "rules": rules,
+                                               "population": population, "notes": notes}, indent=1))
+    ok = all(r["finite"] for r in recs) and not problems and not any("error" in p for p in population)
+    return 0 if ok and (recs or rules or population) else 1
 
 
 if __name__ == "__main__":

@@ -282,7 +282,8 @@ def test_gpus_per_task_flag() -> None:
 def test_gpu_benchmark_runs_on_the_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bench = load_script("benchmarks/gpu.py", "phalanx_bench_gpu")
     out = tmp_path / "gpu.json"
-    assert bench.main(["--device", "cpu", "--quick", "--rounds", "2", "--warmup", "0", "--json", str(out)]) == 0
+    assert bench.main(["--device", "cpu", "--quick", "--workload", "resnet20", "mlp1000", "--rounds", "2", "--warmup",
+                       "0", "--json", str(out)]) == 0  # rules and population: tests/test_gpu_benchmark.py
     text = capsys.readouterr().out
     assert bench.TITLE in text and "| ResNet-20 (GroupNorm), n = 4" in text and "| MLP 64-100-10, n = 20" in text
     recs = json.loads(out.read_text())["records"]

@@ -222,7 +222,9 @@ class FLDetector(Aggregator):
         if have < need:
             extra = need - have
             for k in ("last", "lag"):
-                out[k] = torch.cat([out[k], out[k].new_zeros(extra, d)])
+                # the device named, not new_zeros of the (maybe empty) table: an empty tensor has no storage, and
+                # the emulated CUDA device of tests/test_device.py cannot tell where it lives
+                out[k] = torch.cat([out[k], torch.zeros(extra, d, dtype=out[k].dtype, device=device)])
             for k in ("seen", "flagged"):
                 out[k] = torch.cat([out[k], torch.zeros(extra, dtype=torch.bool)])
             out["scores"] = torch.cat([out["scores"], torch.zeros(extra, self.window, dtype=torch.float64)])
