@@ -372,6 +372,40 @@ def test_the_byzantine_share_is_a_fraction_on_a_linear_axis_from_zero(tmp_path: 
     assert seen["accuracy.png"][2].get_yscale() == "log"  # what the first assertion rejects
 
 
+def test_a_long_legend_is_inside_the_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder of 40 settings: every legend entry lies inside the PNG written (a newcomer's planner folder of 55
+    ran off the right and bottom edges, entries cut to "cwtm, f…", issue 38). The legends take columns of at most
+    ``LEGEND_ROWS`` entries, beside the axes; the image is the figure's tight box. Mutant: the figure's own box
+    (``savefig`` without ``bbox_inches``) cuts them."""
+    import matplotlib.image
+
+    for i in range(40):
+        d = tmp_path / f"r{i}"
+        cfg = {"aggregator": ["cwtm", "geomed", "krum", "mean"][i % 4], "attack": ["none", "alie"][i // 4 % 2],
+               "f": i // 8}
+        store.prepare_run_dir(d, cfg, 0, "synthetic")
+        store.finish_run(d, [{**cfg, "round": t, "test_accuracy": 0.02 * i + 0.1 * t, "agg_error": 0.01 * (i + 1),
+                              "byz_share": 0.005 * i} for t in range(1, 4)])
+    right: list[float] = []
+    real = plots.save_figure
+
+    def measured(fig: Any, path: Path, dpi: int = 100) -> Path:
+        if path.name != "accuracy.png":
+            return real(fig, path, dpi)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        left = fig.get_tightbbox(renderer).x0 * fig.dpi  # inches → pixels at the figure's dpi
+        legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+        assert legends and max(len(lg.get_texts()) for lg in legends) == 40
+        right.append((max(lg.get_window_extent(renderer).x1 for lg in legends) - left) * dpi / fig.dpi)
+        return real(fig, path, dpi)
+
+    monkeypatch.setattr(plots, "save_figure", measured)
+    report.write_report(tmp_path)
+    width = matplotlib.image.imread(tmp_path / "accuracy.png").shape[1]
+    assert right and width >= right[0], (width, right)
+
+
 def test_a_rule_has_the_same_colour_in_every_figure() -> None:
     """A newcomer saw orange stand for geomed, cwtm and the mean in three figures: colours were handed out by sorted
     position within each figure. Now a rule keeps its colour across figures with different rule sets (the README's

@@ -45,12 +45,20 @@ LOG_DECADES = 6
 rule's 10⁻¹⁶, rounding) are drawn at the bottom edge as ▼ and named in the legend."""
 
 
+LEGEND_ROWS = 24
+"""At most this many entries in a column of an ``accuracy.png`` legend (about a panel's height at 7 pt): more settings
+take more columns."""
+
+
 def save_figure(fig: Any, path: Path, dpi: int = 100) -> Path:
-    """Write a matplotlib figure as PNG atomically (a reader never sees half a file) and close it."""
+    """Write a matplotlib figure as PNG atomically (a reader never sees half a file) and close it. The image is the
+    figure's tight bounding box: every artist in it, a legend beside or below the axes included — a legend of 55
+    settings ran off the right and bottom edges, its entries cut to "cwtm, f…" (issue 38;
+    ``tests/test_plot_attribution.py::test_a_long_legend_is_inside_the_image``)."""
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", pad_inches=0.1)
     plt.close(fig)
     store.atomic_write_bytes(path, buf.getvalue())  # creates the directory; an OutputError if it cannot
     return path
@@ -253,6 +261,7 @@ def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path
                              squeeze=False)
     attacks = sorted({str(r.get("attack")) for r in rows if r.get("attack") is not None})
     fixed = f" — attack: {attacks[0]}" if "attack" not in keys and len(attacks) == 1 else ""
+    legends: list[tuple[Any, dict[str, Any]]] = []
     for ax, (metric, ylabel, title, curves) in zip(axes[:, 0], panels):
         scale = 100.0 if metric == "test_accuracy" else 1.0
         values = [v for pts in curves.values() for vs in pts.values() for v in vs]
@@ -293,9 +302,13 @@ def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path
         else:  # zeros alone: 0 of a possible 1 (a share; an error of 1 is the honest variance)
             ax.set_ylim(-0.04, 1.0)
         if metric == "test_accuracy" or noted:
-            ax.legend(**outside)  # outside the axes: a legend inside covered curves (issue 38)
+            # outside the axes: a legend inside covered curves (issue 38); in columns of at most LEGEND_ROWS entries,
+            # added after the layout (the axes keep their size; the saved image grows to hold them: save_figure)
+            legends.append((ax, {**outside, "ncols": max(1, math.ceil(len(drawn) / LEGEND_ROWS))}))
     axes[-1, 0].set_xlabel("round")
     fig.tight_layout()
+    for ax, kwargs in legends:
+        ax.legend(**kwargs)
     return save_figure(fig, path)
 
 
