@@ -405,7 +405,6 @@ def _run_grid(
     (``--executor slurm``), or — ``engine = "torchrun"`` — one process per worker, exactly as ``phalanx launch``
     does."""
     from phalanx.errors import ConfigError
-    from phalanx.experiments import report
 
     _, slurm_table, runs = _validated_grid(config, overrides)  # every point validated, once, before anything runs
     _check_out(out)
@@ -415,6 +414,7 @@ def _run_grid(
             raise ConfigError("--executor", executor.executor, "local for engine = \"torchrun\" (one job per run: "
                               "`phalanx launch` inside your own sbatch script)")
         distributed_cli.launch(config=config, workers=None, set_=overrides, out=out)
+        print_report(out, fmt)
         return
     if len(engines) > 1:
         raise ConfigError("engine", sorted(engines), "one engine for the whole grid (run the torchrun points with "
@@ -423,6 +423,15 @@ def _run_grid(
     say.print(f"[bold]{len(runs)} run(s)[/bold] → {out} on {_devices(runs, executor)}")
     _train(runs, out, jobs, executor, slurm_table, plain=fmt != "table", threads=threads,
            choose_threads=True)
+    print_report(out, fmt)
+
+
+def print_report(out: Path, fmt: str = "table") -> None:
+    """Write ``out``'s report and plots and print its tables — what ``phalanx run``, ``sweep`` and ``launch`` end
+    with."""
+    from phalanx.experiments import report
+
+    say = console if fmt == "table" else _STDERR  # with --format, stdout holds the tables alone
     result = report.write_report(out)
     emit_all(_grid_tables(result), fmt, console)
     say.print(f"report: {out / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
