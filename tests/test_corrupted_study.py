@@ -166,6 +166,8 @@ def test_cli_runs_a_tiny_grid_and_writes_the_report(tmp_path: Path) -> None:
            "--set", 'arms=["sgd", "clipped-sgd", "robust-online"]']
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)  # a hang guard: 24 runs, loaded machine
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    # the printed accuracy table has its title, which says what ± is (issue 38: it had none)
+    assert "Final test accuracy % (mean ± 95 % Student-t half-width over 2 seeds" in proc.stdout
     report = (out / "report.md").read_text()
     assert "| mean | sgd |" in report and "| cwtm | robust-online |" in report and "| mean | clipped-sgd |" in report
     assert "signflip in 2 of 4 rounds (b = 1)" in report and "no verdict (2 seeds, 3 needed)" in report

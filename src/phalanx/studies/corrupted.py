@@ -329,6 +329,13 @@ def accuracy_markdown(est: dict[Key, Estimate], p: Preset) -> str:
     return "\n".join(lines)
 
 
+def accuracy_title(p: Preset) -> str:
+    """The printed accuracy table's title: what a cell is (a newcomer read "71.5 ± 112.1" with nothing to say that
+    ± is a 95 % interval over three seeds, not a spread; issue 38)."""
+    return (f"Final test accuracy % (mean ± 95 % Student-t half-width over {len(p.seeds)} seeds; an interval past "
+            "0 or 100 is the t-interval's width, not a possible accuracy)")
+
+
 def comparisons_markdown(cs: list[Comparison]) -> str:
     """One line per paired difference: a − b in points, its 95 % interval (unadjusted), its p-value adjusted by Holm
     over every line that decides something, the verdict (from the adjusted p-value), and the sentence that says so."""
@@ -524,4 +531,5 @@ class CorruptedRounds(GridStudy[Preset, Cell, Final]):
         return Document(report_markdown(est, cs, p, command=command, wall_seconds=wall_seconds, runs=runs),
                         cells_csv(table), "corrupted-rounds.png", "accuracy with and without corrupted rounds",
                         lambda path: plot(collected, est, p, path),
-                        [accuracy_markdown(est, p) + "\n\n" + comparisons_markdown(cs) + "\n\n" + readout(cs, p)])
+                        [accuracy_title(p) + "\n\n" + accuracy_markdown(est, p) + "\n\n" + comparisons_markdown(cs)
+                         + "\n\n" + readout(cs, p)])
