@@ -137,6 +137,8 @@ def test_run_dir_refuses_another_config(tmp_path: Path) -> None:
         ({"weight_decay": float("inf")}, "weight_decay=inf is invalid: allowed a finite number"),
         ({"momentum": float("nan")}, "momentum=nan is invalid"),
         ({"partition": "random"}, "partition"),
+        ({"partition": "diriclet"}, r"partition='diriclet' is invalid: .*\(did you mean dirichlet\?\)"),  # issue 38
+        ({"engine": "torchrn"}, r"\(did you mean torchrun\?\)"),
     ],
 )
 def test_config_errors(change: dict[str, object], match: str) -> None:

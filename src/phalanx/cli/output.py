@@ -108,7 +108,8 @@ def render(t: Tabular, fmt: str) -> str:
         lines = [*title, "| " + " | ".join(map(_cell_md, t.columns)) + " |",
                  "|" + "".join("---:|" if c in t.right else "---|" for c in t.columns)]
         lines += ["| " + " | ".join(map(_cell_md, r)) + " |" for r in t.rows]
-        return "\n".join(lines + (["", *t.notes] if t.notes else [])) + "\n"
+        notes = [line for note in t.notes for line in ("", note)]  # each its own paragraph: [1] … [30] ran together
+        return "\n".join(lines + notes) + "\n"
     raise ValueError(fmt)  # pragma: no cover
 
 

@@ -12,6 +12,7 @@ declared by its class, not listed here.
 
 from __future__ import annotations
 
+import re
 import sys
 import typing
 from pathlib import Path
@@ -89,6 +90,9 @@ def _friendly(exc: ValidationError) -> ConfigError:
         return ConfigError(loc, value, "one of the known keys (docs/config.md lists them)",
                            "unknown key" + (f"; {close}" if close else ""))
     allowed = _PLAIN.get(err["type"]) or err["msg"].removeprefix("Value error, ").removeprefix("Input should be ")
+    if err["type"] == "literal_error" and isinstance(value, str):  # a misspelt choice: partition = "diriclet"
+        choices = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+        return ConfigError(loc, value, allowed, suggest(value, choices))
     return ConfigError(loc, value, allowed)
 
 
