@@ -599,7 +599,9 @@ def status_cmd(
         table.add(r.run, r.status, where, r.detail)
     counts = status.counts(rows)
     order = ("done", "diverged", "running", "queued", "stopped", "failed", "pending")
-    table.notes.append(", ".join(f"{counts[k]} {k}" for k in order if counts.get(k)))
+    done = counts.get("done", 0)
+    table.notes.append(", ".join(f"{counts[k]} {k}" for k in order if counts.get(k))
+                       + (f" (the {done} done not listed: --all lists them)" if done and not all_runs else ""))
     if queued is None:
         table.notes.append("(the Slurm queue could not be read: queued runs show as pending)")
     emit(table, fmt, console)
