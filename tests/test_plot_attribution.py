@@ -524,3 +524,21 @@ def test_the_neighbours_plot_draws_each_rule_in_its_colour(tmp_path: Path, monke
     colours = plots.rule_colours(list(drawn))
     assert {"mean", "cwtm"} <= set(drawn) and drawn == colours, drawn
     assert colours["mean"] != "C0"  # the cycle's first colour, the mutant's for the mean
+
+
+def test_a_rule_has_the_same_marker_in_every_trade_off_figure() -> None:
+    """The trade-off plot's markers go with the rule, as its colours do (the mean was ◆ in one folder's figure and
+    ■ — geomed's in the other — in another). Mutant: markers by sorted position within a figure."""
+    sets = [["mean", "cwtm", "geomed", "krum", "nnm>cwtm"], ["mean", "cwtm", "nnm>cwtm"], ["mean", "geomed", "cwmed"]]
+
+    def positional(rules: list[str]) -> dict[str, str]:
+        return {r: plots.MARKERS[i] for i, r in enumerate(sorted(set(rules)))}
+
+    for assign, consistent in ((plots.rule_markers, True), (positional, False)):
+        seen: dict[str, set[str]] = {}
+        for rules in sets:
+            markers = assign(rules)
+            assert len(set(markers.values())) == len(rules)
+            for r, m in markers.items():
+                seen.setdefault(r, set()).add(m)
+        assert all(len(m) == 1 for m in seen.values()) is consistent, seen

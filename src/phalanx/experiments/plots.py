@@ -97,21 +97,33 @@ PREFERRED_COLOURS = {"cwtm": 0, "geomed": 1, "cwmed": 2, "mean": 3, "krum": 4, "
 sorted position within each figure."""
 
 
-def rule_colours(rules: list[str]) -> dict[str, str]:
-    """One matplotlib colour per rule (``C0`` … ``C9``, the mean included): the same rule has the same colour in
-    every figure — its preferred colour (:data:`PREFERRED_COLOURS`) — unless two rules of one figure prefer the same
-    colour, when the later (the common rules first, then by name) takes the next free one. Distinct within a figure
-    of at most 10 rules; beyond 10 colours repeat (the legend tells the rules apart)."""
+def rule_slots(rules: list[str]) -> dict[str, int]:
+    """One slot 0 … 9 per rule (the mean included): the same rule has the same slot in every figure — its preferred
+    one (:data:`PREFERRED_COLOURS`; any other rule ``crc32(name) mod 10``) — unless two rules of one figure prefer
+    the same slot, when the later (the common rules first, then by name) takes the next free one. Distinct within a
+    figure of at most 10 rules; beyond 10 they repeat (the legend tells the rules apart)."""
     import zlib
 
-    chosen: dict[str, str] = {}
+    chosen: dict[str, int] = {}
     used: set[int] = set()
     for rule in sorted(set(rules), key=lambda r: (r not in PREFERRED_COLOURS, r)):
         want = PREFERRED_COLOURS.get(rule, zlib.crc32(rule.encode()) % 10)
         free = next(((want + k) % 10 for k in range(10) if (want + k) % 10 not in used), want)
         used.add(free)
-        chosen[rule] = f"C{free}"
+        chosen[rule] = free
     return chosen
+
+
+def rule_colours(rules: list[str]) -> dict[str, str]:
+    """One matplotlib colour per rule, ``C<slot>`` (:func:`rule_slots`): a rule's colour in every figure."""
+    return {rule: f"C{slot}" for rule, slot in rule_slots(rules).items()}
+
+
+def rule_markers(rules: list[str]) -> dict[str, str]:
+    """One marker per rule, ``MARKERS[slot]`` (:func:`rule_slots`): a rule keeps its marker across figures as it
+    keeps its colour (a newcomer saw the mean drawn ◆ in one ``tradeoff.png`` and ■ — geomed's before — in another,
+    when markers went by sorted position)."""
+    return {rule: MARKERS[slot % len(MARKERS)] for rule, slot in rule_slots(rules).items()}
 
 
 CHANNELS = ("color", "linestyle", "marker", "fillstyle")

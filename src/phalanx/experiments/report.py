@@ -14,13 +14,13 @@ from phalanx.analysis.stats import MIN_SEEDS, Estimate, holm, mean_ci
 from phalanx.errors import ConfigError, OutputError
 from phalanx.experiments import status, store
 from phalanx.experiments.plots import (
-    MARKERS,
     PANELS,
     ROUNDING_ERROR,
     panel_values,
     plot_curves,
     plot_heatmap,
     rule_colours,
+    rule_markers,
     save_figure,
 )
 from phalanx.experiments.schema import RESULT_NEUTRAL_KEYS, RunConfig
@@ -352,7 +352,7 @@ def plot_tradeoff(tradeoffs: list[TradeOff], path: Path, colours: dict[str, str]
     import matplotlib.pyplot as plt
 
     colours = colours or rule_colours([MEAN, *(t.rule for t in tradeoffs)])
-    markers = {r: MARKERS[i % len(MARKERS)] for i, r in enumerate(sorted({MEAN, *(t.rule for t in tradeoffs)}))}
+    markers = rule_markers([MEAN, *(t.rule for t in tradeoffs)])  # a rule's marker in every figure
     keys = tradeoff_keys(tradeoffs)
     panels: dict[tuple[str, str], list[TradeOff]] = defaultdict(list)
     for t in sorted_tradeoffs(tradeoffs):
