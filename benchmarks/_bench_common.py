@@ -43,3 +43,25 @@ def fmt_time(t: float | None) -> str:
 
 def md_row(cells: list[str] | tuple[str, ...]) -> str:
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def sizes_main(run: Any, default_sizes: str, doc: str | None, argv: list[str] | None) -> int:
+    """The command line of an alternating script (``clip_arc_modes.py``, ``cge_cc_modes.py``): ``--threads``,
+    ``--reps`` and ``--sizes n:d:f,…``; ``run(n, d, f, reps)`` gives each setting's lines, printed between the load
+    averages at the start and the end."""
+    import argparse
+
+    import torch
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--sizes", default=default_sizes, help="n:d:f settings, comma-separated")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"load average at start {os.getloadavg()[0]:.1f}", flush=True)
+    for item in args.sizes.split(","):
+        n, d, f = item.split(":")
+        print("\n".join(run(int(n), int(float(d)), int(f), args.reps)), flush=True)
+    print(f"load average at end {os.getloadavg()[0]:.1f}")
+    return 0

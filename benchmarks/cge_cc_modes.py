@@ -21,8 +21,6 @@ with Phalanx's (max |Δ| relative to max |Phalanx output|), and the 1-minute loa
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import sys
 import time
@@ -34,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _bench_common import sizes_main
 from _bench_peers import load_byzfl, load_byzpy
 
 ITERATIONS = 3
@@ -91,18 +90,7 @@ def run(n: int, d: int, f: int, reps: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--sizes", default="50:1e6:10,200:1e5:40", help="n:d:f settings, comma-separated")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    print(f"load average at start {os.getloadavg()[0]:.1f}", flush=True)
-    for item in args.sizes.split(","):
-        n, d, f = item.split(":")
-        print("\n".join(run(int(n), int(float(d)), int(f), args.reps)), flush=True)
-    print(f"load average at end {os.getloadavg()[0]:.1f}")
-    return 0
+    return sizes_main(run, "50:1e6:10,200:1e5:40", __doc__, argv)
 
 
 if __name__ == "__main__":
