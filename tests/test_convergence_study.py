@@ -270,3 +270,32 @@ def test_the_real_problem_panels_draw_each_rule_in_its_colour(done, monkeypatch:
     assert {rule for rule, _ in curves} == set(SMALL.rules)
     assert all(colour == colours[rule] for rule, colour in curves), curves
     assert colours["mean"] != "C0"  # the mutant's colour for the first rule drawn
+
+
+def test_the_construction_panel_draws_cwtm_in_shades_of_its_blue(done, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+                                                                  tmp_path: Path) -> None:
+    """The construction panel's curves are cwtm at growing f: each a shade of cwtm's colour (same hue), light to
+    dark, distinct. Mutant: the viridis map it used (cwtm f = 1 in krum's purple) fails the hue check."""
+    import colorsys
+
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
+
+    from phalanx.experiments import plots
+
+    _, _, collected, _, _ = done
+    seen: list[Any] = []
+
+    def capture(fig: Any, path: Path, dpi: int = 100) -> Path:
+        seen.extend(line.get_color() for line in fig.axes[0].get_lines()
+                    if str(line.get_label()).startswith("cwtm f="))
+        plt.close(fig)
+        return path
+
+    monkeypatch.setattr(plots, "save_figure", capture)
+    cs.plot(SMALL, collected, tmp_path / "c.png")
+    assert len(seen) >= 2 and len({tuple(to_rgb(c)) for c in seen}) == len(seen)
+    hue = colorsys.rgb_to_hsv(*to_rgb(plots.rule_colours(["cwtm"])["cwtm"]))[0]
+    assert all(abs(colorsys.rgb_to_hsv(*to_rgb(c))[0] - hue) < 0.01 for c in seen), seen
+    viridis_first = colorsys.rgb_to_hsv(*plt.get_cmap("viridis")(0.0)[:3])[0]
+    assert abs(viridis_first - hue) > 0.05  # what the check rejects: the map's first colour is not cwtm's hue

@@ -119,6 +119,20 @@ def rule_colours(rules: list[str]) -> dict[str, str]:
     return {rule: f"C{slot}" for rule, slot in rule_slots(rules).items()}
 
 
+def shade(colour: str, t: float) -> tuple[float, float, float]:
+    """``colour`` from light (``t`` = 0: 45 % of the way to white) through itself (0.5) to dark (1: 55 % of its
+    value): one rule's curves told apart by a parameter (cwtm at f = 1 … 7) while keeping the rule's hue — a
+    sequential colour map gave cwtm f = 1 the purple of krum in the next panel (issue 38)."""
+    from matplotlib.colors import to_rgb
+
+    base = to_rgb(colour)
+    if t <= 0.5:
+        w = 0.45 * (1 - 2 * t)  # the share of white
+        return (base[0] + w * (1 - base[0]), base[1] + w * (1 - base[1]), base[2] + w * (1 - base[2]))
+    k = 1 - 0.45 * (2 * t - 1)
+    return (base[0] * k, base[1] * k, base[2] * k)
+
+
 def rule_markers(rules: list[str]) -> dict[str, str]:
     """One marker per rule, ``MARKERS[slot]`` (:func:`rule_slots`): a rule keeps its marker across figures as it
     keeps its colour (a newcomer saw the mean drawn ◆ in one ``tradeoff.png`` and ■ — geomed's before — in another,

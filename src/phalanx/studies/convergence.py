@@ -390,7 +390,7 @@ def plot(p: Preset, collected: dict[Cell, Outcome], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     from phalanx.experiments.coincide import axis_span, separate
-    from phalanx.experiments.plots import rule_colours, save_figure
+    from phalanx.experiments.plots import rule_colours, save_figure, shade
 
     panels = 1 + len(p.problems)
     cols = 2 if panels > 1 else 1
@@ -400,8 +400,8 @@ def plot(p: Preset, collected: dict[Cell, Outcome], path: Path) -> Path:
     ax = flat[0]
     cons = [(c, o) for c, o in _cells(collected, CONSTRUCTION) if c.rule == "cwtm"] or \
         _cells(collected, CONSTRUCTION)[:4]
-    for i, (c, o) in enumerate(cons):  # one rule, f growing: a sequential colour map, not the rules' colours
-        color = plt.get_cmap("viridis")(0.85 * i / max(len(cons) - 1, 1))
+    for i, (c, o) in enumerate(cons):  # one rule, f growing: shades of the rule's own colour, light to dark (viridis
+        color = shade(rule_colours([c.rule])[c.rule], i / max(len(cons) - 1, 1))  # drew cwtm f=1 in krum's purple)
         t = range(len(o.curve))
         ax.plot(t, o.curve, color=color, lw=2.2, alpha=0.6, label=f"{c.rule} f={c.f}: GD, real rule")
         ax.plot(t, o.bound_curve, color="k", ls=":", lw=1)
