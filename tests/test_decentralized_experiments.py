@@ -141,7 +141,9 @@ def test_neighbours_prices_are_paired_differences_against_plain_gossip() -> None
     results = neighbours.tabulate(finals)
     assert results[("mean", "spectral", 1)].diverged == 2
     (price,) = neighbours.prices(results, p)
-    assert price.estimate.mean == pytest.approx(-0.0233333, rel=1e-4) and price.verdict == "costs accuracy"
+    # mean − rule, as every price table states it: a cost is positive (it was rule − mean here: issue 38)
+    assert price.estimate.mean == pytest.approx(+0.0233333, rel=1e-4) and price.verdict == "costs accuracy"
+    assert "price: mean − rule" in neighbours.prices_markdown([price])
     text = neighbours.table_markdown(results, p)
     assert "(2/3 diverged)" in text and "| cwtm |" in text
 

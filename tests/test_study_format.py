@@ -86,3 +86,32 @@ def test_an_aggregation_error_at_rounding_level_is_shown_as_such() -> None:
 
     assert [format_agg_error(v) for v in (4.75e-16, 0.0, 4.72e-16)] == ["< 1e-12"] * 3
     assert [format_agg_error(v) for v in (0.00774, 2e-12, None, float("inf"))] == ["0.00774", "2e-12", "—", "∞"]
+
+
+def test_an_untitled_study_table_takes_the_reports_heading_and_says_what_its_cells_are() -> None:
+    """Issue 38: backdoor's, privacy's and the neighbours' first tables printed untitled, so "92.2 ± 2.2" never said
+    it was a 95 % half-width; tension paper's rich tables lost their titles on the terminal. Now an untitled table
+    takes the heading above the same header row in report.md, and the report's "Cells: …" sentence as its note; a
+    rich table keeps its own title. Mutants: ``pieces`` alone (no title, no note); blanking every title."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from phalanx.cli import output
+
+    report = ("# A study\n\nSetup: n = 20. Cells: final test accuracy %, mean ± 95 % Student-t half-width over the "
+              "seeds. Seeds [0, 1, 2].\n\n## Final test accuracy %\n\n"
+              "| rule | no DP |\n|---|---|\n| cwtm | 94.6 ± 1.2 |\n")
+    terminal = ["| rule | no DP |\n|---|---|\n| cwtm | 94.6 ± 1.2 |"]
+    (got,) = [p for p in output.titled(terminal, report) if isinstance(p, output.Tabular)]
+    assert got.title == "Final test accuracy %"
+    assert got.notes == ["Cells: final test accuracy %, mean ± 95 % Student-t half-width over the seeds."]
+    (bare,) = [p for p in output.pieces(terminal) if isinstance(p, output.Tabular)]
+    assert bare.title == "" and not bare.notes  # what the check rejects
+    rich = Table(title="T3 — Multi-Krum, f = 0 … 7")
+    rich.add_column("f")
+    rich.add_row("0")
+    buf = io.StringIO()
+    output.emit_terminal(output.titled([rich], ""), Console(file=buf, width=100))
+    assert "T3 — Multi-Krum" in buf.getvalue()

@@ -80,6 +80,9 @@ class Tabular:
     """On the terminal: no vertical rules and no padding at the edges (a wide table of numbers that fits 80 columns);
     every column but those in ``wrap`` kept on one line."""
     wrap: Sequence[str] = ()
+    title_printed: bool = False
+    """A study's Markdown table titled by the line of prose printed just above it (:func:`pieces`): the terminal
+    does not print that title twice."""
 
     def add(self, *cells: object) -> None:
         if len(cells) != len(self.columns):  # pragma: no cover - a programming error in a command
@@ -292,7 +295,7 @@ def pieces(items: Sequence[object]) -> list[object]:
         while i < len(lines):
             line = lines[i]
             if line.lstrip().startswith("|") and i + 1 < len(lines) and _SEPARATOR.match(lines[i + 1].strip()):
-                t = Tabular(title, _md_cells(line))
+                t = Tabular(title, _md_cells(line), title_printed=bool(title))
                 i += 2
                 while i < len(lines) and lines[i].lstrip().startswith("|"):
                     cells = _md_cells(lines[i])
@@ -306,6 +309,27 @@ def pieces(items: Sequence[object]) -> list[object]:
                 title = _title(line)
             i += 1
     return out
+
+
+def titled(items: Sequence[object], reference: str) -> list[object]:
+    """:func:`pieces` of a study's terminal output, each table with no title of its own titled as the study's report
+    (``reference``, its Markdown) titles the same table — the heading or line of prose above the row of the same
+    headers there. Issue 38: backdoor's, privacy's and the neighbours' first tables printed untitled, so "92.2 ± 2.2"
+    never said it was a 95 % half-width, which the report's heading above it does."""
+    lines = reference.splitlines()
+    cells = re.search(r"\b[Cc]ells: (.*?\.)(?= [A-Z(]|$)", reference, flags=re.M)
+    got = pieces(items)
+    for piece in got:
+        if not isinstance(piece, Tabular) or piece.title:
+            continue
+        for i, line in enumerate(lines):
+            if line.lstrip().startswith("|") and _md_cells(line) == list(piece.columns):
+                above = [_title(x) for x in lines[:i] if x.strip() and not x.lstrip().startswith("|")]
+                piece.title = above[-1] if above else ""
+                break
+        if cells and not piece.notes and any("±" in c for row in piece.rows for c in row):
+            piece.notes.append(f"Cells: {cells.group(1)}")  # what ± is, as the report's setup says it
+    return got
 
 
 def tables_of(items: Sequence[object]) -> tuple[list[Tabular], list[str]]:
@@ -322,9 +346,10 @@ def emit_terminal(items: Sequence[object], console: Console) -> None:
     that keeps its columns (:func:`emit`: folded, or one block per row — never a pipe row wider than the terminal;
     issue 38: ``phalanx experiment corrupted-rounds`` printed 170-character ``| … |`` rows in 60 columns). A table
     titled by the prose line above it is printed without repeating that line."""
-    for piece in pieces(items):
+    for piece in pieces(items):  # items already in pieces (:func:`titled`) pass through as they are
         if isinstance(piece, Tabular):
-            piece.title = ""  # its title is the line of text just printed
+            if piece.title_printed:
+                piece.title = ""  # its title is the line of text just printed
             emit(piece, "table", console)
         elif isinstance(piece, str):
             console.print(piece, soft_wrap=True, highlight=False, markup=False)  # as it is, on the tables' stream

@@ -16,7 +16,7 @@ from typer.core import TyperGroup
 from phalanx import catalogue
 from phalanx.cli.common import _STDERR, app, console
 from phalanx.cli.common import console as _console
-from phalanx.cli.output import FormatOption, Tabular, check_format, emit, emit_all, emit_terminal, tables_of
+from phalanx.cli.output import FormatOption, Tabular, check_format, emit, emit_all, emit_terminal, titled
 from phalanx.cli.runs import _forewarn, _load_grid, _split_slurm, _train, smaller_preset, study_smaller
 from phalanx.executor_cli import ExecutorChoice, executor_options
 
@@ -204,11 +204,12 @@ def _run_study(
         if md.exists():
             title, _, rest = md.read_text().partition("\n")
             atomic_write_text(md, f"{title}\n\n> **Warning: {note}.**\n{rest}")
+    written = out / "report.md"
+    items = titled(report.terminal, written.read_text() if written.exists() else "")  # untitled tables: the report's
     if fmt != "table":
-        tables, _ = tables_of(report.terminal)
-        emit_all(tables, fmt, _console)
+        emit_all([t for t in items if isinstance(t, Tabular)], fmt, _console)
     if fmt == "table":
-        emit_terminal(report.terminal, console)
+        emit_terminal(items, console)
     if note is not None:
         console.print(f"[bold yellow]warning:[/bold yellow] {note}", soft_wrap=True)
     console.print("written: " + ", ".join(str(w) for w in report.files))
