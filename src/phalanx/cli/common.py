@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import functools
 import os
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -52,18 +50,6 @@ console = _console()
 _STDERR = Console(stderr=True, width=None if Console(stderr=True).is_terminal else PIPE_WIDTH)
 """Where a command's progress and notes go when ``--format`` asks for its tables alone on stdout."""
 
-
-@functools.wraps(distributed_cli.launch)
-def _launch(*args: Any, **kwargs: Any) -> None:
-    """``phalanx launch``: the job (:func:`phalanx.distributed.cli.launch`), then the comparison of ``--out`` as
-    ``phalanx run`` prints it — a newcomer's launch ended without a table, and ``phalanx report`` had to be found."""
-    distributed_cli.launch(*args, **kwargs)
-    from phalanx.cli import runs  # at the call: runs imports this module
-
-    runs.print_report(Path(kwargs.get("out") or "runs/default"))
-
-
-app.command("launch")(_launch)
 app.add_typer(distributed_cli.keys_app, name="keys")
 app.command("audit")(audit_command.audit)
 

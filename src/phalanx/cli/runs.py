@@ -426,6 +426,15 @@ def _run_grid(
     print_report(out, fmt)
 
 
+@app.command("launch")
+@functools.wraps(distributed_cli.launch)
+def launch(*args: Any, **kwargs: Any) -> None:
+    """``phalanx launch``: the job (:func:`phalanx.distributed.cli.launch`), then the comparison of ``--out`` as
+    ``phalanx run`` prints it — a newcomer's launch ended without a table, and ``phalanx report`` had to be found."""
+    distributed_cli.launch(*args, **kwargs)
+    print_report(Path(kwargs.get("out") or "runs/default"))
+
+
 def print_report(out: Path, fmt: str = "table") -> None:
     """Write ``out``'s report and plots and print its tables — what ``phalanx run``, ``sweep`` and ``launch`` end
     with."""
