@@ -44,8 +44,8 @@ def audit(
         return
     rejected = sum(report.rejected.values())
     console.print(f"{run_dir}: {report.rounds} rounds, {report.accepted} accepted vectors, each signature checked "
-                  f"against {report.allow_list}; {report.rounds_with_missing} rounds with missing ranks (at most "
-                  f"{report.most_missing}); {rejected} rejected messages or connections", soft_wrap=True,
+                  f"against {report.allow_list}; {report.rounds_with_missing} rounds with missing ranks (the most in "
+                  f"one round: {report.most_missing}); {rejected} rejected messages or connections", soft_wrap=True,
                   markup=False)
     for kind, count in sorted(report.rejected.items(), key=lambda kv: -kv[1]):
         console.print(f"  rejected ×{count}: {kind}", soft_wrap=True, markup=False, highlight=False)
