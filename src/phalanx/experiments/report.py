@@ -339,6 +339,34 @@ def tradeoff_markdown(tradeoffs: list[TradeOff]) -> str:
 
 
 
+HIDDEN_SHARE = 0.02
+"""Two points of a trade-off panel closer than this share of the axes' span in x and in y are drawn one over the
+other (markers are about 2 % of a panel wide)."""
+
+
+def hidden_pairs(placed: list[tuple[str, float, float]], xspan: float, yspan: float) -> list[tuple[str, str]]:
+    """(under, over) for every point drawn before another that covers it: within :data:`HIDDEN_SHARE` of the spans
+    in both coordinates (the later one is drawn on top)."""
+    out = []
+    for i, (a, xa, ya) in enumerate(placed):
+        over = [b for b, xb, yb in placed[i + 1:]
+                if abs(xa - xb) <= HIDDEN_SHARE * xspan and abs(ya - yb) <= HIDDEN_SHARE * yspan]
+        if over:
+            out.append((a, over[-1]))
+    return out
+
+
+def label_hidden(ax: Any, placed: list[tuple[str, float, float]], colours: dict[str, str]) -> None:
+    """Name each point another covers, beside it ("geomed under nnm>cwtm"): a newcomer found geomed (+0.2, +81.3)
+    wholly under nnm>cwtm (+0.2, +81.4) with nothing to say so (issue 38; accuracy.png names such curves "drawn
+    over it")."""
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    at = {rule: (x, y) for rule, x, y in placed}
+    for k, (under, over) in enumerate(hidden_pairs(placed, x1 - x0, y1 - y0)):
+        ax.annotate(f"{under} under {over}", at[under], xytext=(8, -12 - 10 * k), textcoords="offset points",
+                    fontsize=7, color=colours.get(under, "k"))
+
+
 def plot_tradeoff(tradeoffs: list[TradeOff], path: Path, colours: dict[str, str] | None = None) -> Path | None:
     """Price (x: accuracy points a rule loses with no attack) against rescue (y: points it keeps under the attack),
     both against the mean, one panel per attack (and setting), one labelled point per rule with its 95 % interval
@@ -367,8 +395,10 @@ def plot_tradeoff(tradeoffs: list[TradeOff], path: Path, colours: dict[str, str]
         ax.axhline(0, color="0.6", lw=0.8, zorder=0)
         ax.axvline(0, color="0.6", lw=0.8, zorder=0)
         ax.plot([0], [0], marker=markers[MEAN], color=colours.get(MEAN, "k"), ms=8, ls="none", label=MEAN)
+        placed: list[tuple[str, float, float]] = [(MEAN, 0.0, 0.0)]
         for t in ts:
             x, y = 100 * t.price.estimate.mean, 100 * t.rescue.estimate.mean
+            placed.append((t.rule, x, y))
             c = colours[t.rule]
             px = None if t.price.why_no_interval else [[x - 100 * t.price.estimate.low],
                                                         [100 * t.price.estimate.high - x]]
@@ -383,6 +413,7 @@ def plot_tradeoff(tradeoffs: list[TradeOff], path: Path, colours: dict[str, str]
         ax.set_ylabel("rescue: points kept under the attack ↑")
         ax.grid(alpha=0.3)
         ax.margins(0.15)
+        label_hidden(ax, placed, colours)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     seeds = sorted({len(t.seeds) for t in tradeoffs})
