@@ -54,6 +54,12 @@ class Contender:
 Limited = Callable[[Callable[[Any], Any], Any, float], tuple[Any, float]]
 
 
+def describe(exc: BaseException) -> str:
+    """An error as a table cell or note says it: its type and the first line of its message, at most 300 characters."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
 def _warm_up(c: Contender, limited: Limited, limit: float, timeout: type[BaseException]) -> None:
     """Prepare ``c``'s input (its fallback when the first one's call raises, not when it times out) and call it
     once, untimed; an error is kept in ``c.error``."""
@@ -69,8 +75,7 @@ def _warm_up(c: Contender, limited: Limited, limit: float, timeout: type[BaseExc
             if i + 1 == len(c.prepares):
                 c.error = exc
                 return
-            c.notes.append(c.fallback_note.format(err=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-                                                  if str(exc) else type(exc).__name__))
+            c.notes.append(c.fallback_note.format(err=describe(exc)))
 
 
 def measure_alternating(contenders: list[Contender], x: torch.Tensor, x_ref: torch.Tensor, reps: int, big: bool,

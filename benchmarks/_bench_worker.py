@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 import _bench_floors
-from _bench_alternate import Contender, measure_alternating
+from _bench_alternate import Contender, describe, measure_alternating
 from _bench_peers import INPLACE, Peer, Setting, build_peers, peer_versions
 
 CAP_S = 20.0
@@ -259,10 +259,7 @@ def _log(msg: str) -> None:
 
 
 def _err(exc: BaseException) -> str:
-    if isinstance(exc, CallTimeout):
-        return "timeout"
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}"[:300]
+    return "timeout" if isinstance(exc, CallTimeout) else describe(exc)
 
 
 def phalanx_input(case: Case, s: Setting) -> Callable[[], torch.Tensor]:

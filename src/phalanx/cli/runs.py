@@ -337,8 +337,10 @@ def _forewarn(what: str, timing: str, guess: Callable[[], Any], smaller: str, *,
     if est is None or est.seconds <= 60 * budget:
         return
     text = est.text()
-    if "at load" not in text and hasattr(os, "getloadavg"):  # a study's estimate: the load it was made at too
-        text += f", at load {os.getloadavg()[0]:.1f} on {os.cpu_count() or 1} cores: more if the machine gets busier"
+    if not hasattr(est, "load"):  # a study's or a measurement's estimate: the load now, as a grid's names its own
+        from phalanx.experiments.estimate import at_load, load_now  # (torch is loaded: the guess above needed it)
+
+        text += at_load(load_now())
     say.print(f"[yellow]This {what} should take {text}[/yellow] — over the {budget:g} min budget "
               f"({BUDGET_ENV}). To make it smaller: {smaller}", soft_wrap=True, highlight=False)
 
@@ -432,7 +434,7 @@ def launch(*args: Any, **kwargs: Any) -> None:
     """``phalanx launch``: the job (:func:`phalanx.distributed.cli.launch`), then the comparison of ``--out`` as
     ``phalanx run`` prints it — a newcomer's launch ended without a table, and ``phalanx report`` had to be found."""
     distributed_cli.launch(*args, **kwargs)
-    print_report(Path(kwargs.get("out") or "runs/default"))
+    print_report(kwargs["out"])  # typer passes every option by name, --out's default included
 
 
 def print_report(out: Path, fmt: str = "table") -> None:
