@@ -101,11 +101,26 @@ def clean(topology: str, keys: Path, tmp: Path) -> Path:
     return _CLEAN[topology]
 
 
+def timing(out: Path) -> list[str]:
+    """What waiting decided in a run, from its transcript: each gathering's silent ranks and each node's missed
+    messages by round (a timeout that fired on a loaded machine shows here)."""
+    lines = []
+    for entry in transcript(out)["rounds"]:
+        lines.append(f"gathering after round {entry['round']}: silent {entry.get('silent')}")
+        for node in entry.get("nodes", []):
+            missed = {r["round"]: r["missing"] for r in node.get("rounds") or [] if r.get("missing")}
+            lines.append(f"  node {node['node']} missed {missed}")
+    return lines
+
+
 def same_bits(a: Path, b: Path) -> None:
     x, y = final(a), final(b)
     assert set(x) == set(y)
     for key in x:
-        assert torch.equal(x[key], y[key]), key
+        if not torch.equal(x[key], y[key]):
+            rows = [i for i in range(x[key].shape[0]) if not torch.equal(x[key][i], y[key][i])] if x[key].dim() else []
+            why = "\n".join([f"{key} differs in rows {rows}", f"{a}:", *timing(a), f"{b}:", *timing(b)])
+            raise AssertionError(why)
     rows = [json.loads(r) for r in (run_dir(a) / "metrics.jsonl").read_text().splitlines()]
     assert rows == [json.loads(r) for r in (run_dir(b) / "metrics.jsonl").read_text().splitlines()]
 

@@ -530,6 +530,49 @@ def test_a_rank_that_stalls_rank_0s_dial_back_delays_the_start_boundedly(
             m.close(wait_for=set(), timeout=1.0)
 
 
+@pytest.mark.parametrize("policy", ["kept", "mutant"])
+def test_a_rank_that_left_before_a_peer_dialled_it_is_given_up_at_the_first_refusal(
+    keydir: Path, policy: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 3 is in the book (rank 0 reached it) and leaves before rank 1 dials it: the refused connection is final
+    at the first try — rank 1 does not retry until its deadline (the join timeout in a job), which held a gossip node
+    out of round 0 for 120 s when a rank it sends to died, long enough for its own neighbours to miss its first
+    message. Mutant: the former policy (retry a refusal) keeps dialling the closed port until the deadline."""
+    from phalanx.distributed import admission
+
+    tries: list[int] = []
+    connect = admission.socket.create_connection
+
+    def counted(address: tuple[str, int], *args: Any, **kwargs: Any) -> socket.socket:
+        tries.append(address[1])
+        return connect(address, *args, **kwargs)
+
+    monkeypatch.setattr(admission.socket, "create_connection", counted)
+    if policy == "mutant":
+        dial = mesh_module.dial
+        monkeypatch.setattr(mesh_module, "dial", lambda *a, **k: dial(*a, **{**k, "gone_if_refused": False}))
+    meshes = [mesh(keydir, r, "gossip") for r in range(N)]
+    try:
+        for m in meshes[1:]:
+            m.join(*meshes[0].address)
+        assert meshes[0].wait_joins(set(range(1, N)), 20.0) == set(range(1, N))
+        meshes[0].offer({"config": DIGEST, "round": 0})
+        for m in meshes[1:]:
+            assert m.receive_init(20.0) == {"config": DIGEST, "round": 0}
+        port = meshes[1].book[3][1]
+        meshes[3].close(wait_for=set(), timeout=1.0)
+        tries.clear()
+        failed = meshes[1].connect({3}, time.monotonic() + 2.0)
+        assert set(failed) == {3}
+        if policy == "kept":
+            assert tries.count(port) == 1 and "nothing listens" in failed[3], (tries, failed)
+        else:
+            assert tries.count(port) > 1 and "in time" in failed[3], (tries, failed)
+    finally:
+        for m in meshes:
+            m.close(wait_for=set(), timeout=1.0)
+
+
 @pytest.mark.parametrize("cap", ["kept", "mutant"])
 def test_a_listed_rank_holds_at_most_two_admissions_at_once(
     keydir: Path, cap: str, monkeypatch: pytest.MonkeyPatch,

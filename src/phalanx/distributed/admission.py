@@ -169,13 +169,19 @@ def _refused_key(exc: ssl.SSLError) -> bool:
 
 
 def dial(host: str, port: int, ctx: ssl.SSLContext, deadline: float, introduce: Callable[[ssl.SSLSocket], T], *,
-         who: str, timeout: float, source: str | None = None) -> T:
+         who: str, timeout: float, source: str | None = None, gone_if_refused: bool = False) -> T:
     """Connect to ``host:port``, finish the TLS handshake and ``introduce(tls)`` (send the introduction, read the
     answer; it raises :class:`Shed`, ``OSError`` or ``ssl.SSLError`` when the connection ended first), trying again
     after :func:`retry_delays` until ``deadline`` (monotonic) while the other end refuses the TCP connection, sheds it
     or resets it — what a listener under attack, or not yet listening, does. A listener whose certificate is not on
     the allow-list, or that refuses this end's, is :class:`~phalanx.errors.PhalanxError` at once (``who``: this
-    rank, for the message); so is running out of time. ``source``: the local address to connect from."""
+    rank, for the message); so is running out of time. ``source``: the local address to connect from.
+
+    ``gone_if_refused``: the address is known to have listened (a rank's address from the book, which rank 0
+    reached), so a refused TCP connection means its listener closed — the rank left — and is final at once. A
+    listener under a flood drops or sheds connections; it does not refuse them (Linux answers a full backlog by
+    dropping the SYN). Retrying until ``deadline`` held a node out of round 0 for the whole join timeout when a
+    rank it sends to had died, and its own neighbours, waiting as long for its first message, could miss it."""
     where = f"{host}:{port}"
     last = "nothing answered"
     for delay in retry_delays():
@@ -184,6 +190,9 @@ def dial(host: str, port: int, ctx: ssl.SSLContext, deadline: float, introduce: 
                                            source_address=None if source is None else (source, 0))
         except OSError as exc:
             last = f"the connection failed ({exc.strerror or type(exc).__name__})"
+            if gone_if_refused and isinstance(exc, ConnectionRefusedError):
+                raise PhalanxError(f"{who}: nothing listens at {where} any more (the connection was refused: the "
+                                   "rank left)") from None
         else:
             try:
                 tls = ctx.wrap_socket(raw)

@@ -406,10 +406,9 @@ class Mesh:
     # -- connecting ------------------------------------------------------------------------------------------------
 
     def _connect(self, peer: int, host: str, port: int, extra: dict[str, Any], deadline: float,
-                 source: str | None = None) -> _Out:
-        """This rank's connection to ``peer`` at ``host:port`` (:func:`~phalanx.distributed.admission.dial`: tried
-        again while the listener sheds it, until ``deadline``), introduced and let in; :class:`PhalanxError` if the
-        listener is not ``peer`` or refuses this rank."""
+                 source: str | None = None, listened: bool = False) -> _Out:
+        """This rank's connection to ``peer`` at ``host:port`` (:func:`~phalanx.distributed.admission.dial`, with
+        ``gone_if_refused=listened``), introduced and let in; :class:`PhalanxError` if it is not ``peer``'s."""
         who, where = f"rank {self.rank}", f"{host}:{port}"
         hello = json.dumps({"rank": self.rank, "config": self.digest, **extra}).encode()
 
@@ -433,7 +432,7 @@ class Mesh:
             return tls
 
         tls = dial(host, port, self.client_ctx, deadline, introduce, who=who, timeout=HANDSHAKE_TIMEOUT_S,
-                   source=source)
+                   source=source, gone_if_refused=listened)
         out = _Out(peer, tls)
         with self.cond:
             self.out[peer] = out
@@ -441,10 +440,11 @@ class Mesh:
         return out
 
     def _connect_all(self, targets: dict[int, tuple[str, int]], extra: dict[str, Any],
-                     deadline: float) -> dict[int, str]:
-        """:meth:`_connect` to every peer of ``targets`` at once (a peer that stalls delays only its own
-        connection, never the others', and none beyond ``deadline``); the peers it failed for, and why."""
-        return at_once(targets, lambda p, a: self._connect(p, a[0], a[1], extra, deadline), f"rank {self.rank}")
+                     deadline: float, listened: bool = False) -> dict[int, str]:
+        """:meth:`_connect` to every peer of ``targets`` at once (one that stalls delays only itself, and not beyond
+        ``deadline``); the peers it failed for, and why."""
+        connect = self._connect
+        return at_once(targets, lambda p, a: connect(p, *a, extra, deadline, listened=listened), f"rank {self.rank}")
 
     def _write(self, out: _Out) -> None:
         while (item := out.mailbox.get()) is not None:
@@ -520,7 +520,7 @@ class Mesh:
         assert self.nonce is not None
         absent = {p: "it did not join the job" for p in peers if p not in self.out and p not in self.book}
         targets = {p: self.book[p] for p in peers if p not in self.out and p in self.book}
-        failed = self._connect_all(targets, {"nonce": self.nonce.hex()}, deadline)
+        failed = self._connect_all(targets, {"nonce": self.nonce.hex()}, deadline, listened=True)
         for p, reason in failed.items():
             self.reject(p, reason)
         return dict(sorted({**absent, **failed}.items()))
