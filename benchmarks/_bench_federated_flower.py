@@ -41,7 +41,7 @@ from phalanx import data, models  # noqa: E402
 from phalanx.training.streams import generator, stream_seed  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------------------
-# The task (shared with the equivalence check of federated.py, in _bench_federated_runners.py, which runs it without Flower)
+# The task (shared with the equivalence check in _bench_federated_runners.py, which runs it without Flower)
 # ---------------------------------------------------------------------------------------------------------------
 
 
