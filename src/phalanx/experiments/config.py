@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from phalanx import data, hub, models, signing
 from phalanx.errors import ConfigError
-from phalanx.experiments import components, concerns, declare, legacy, specs, spelling, tracking, tree
+from phalanx.experiments import components, concerns, declare, legacy, specs, spelling, tracking, tree, tree_override
 from phalanx.experiments.components import processes
 from phalanx.experiments.schema import (
     DISTRIBUTED_KEYS,
@@ -490,7 +490,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             raise ConfigError("--set", item, "key=value")
         key, text = item.split("=", 1)
         key = key.strip()
-        made = tree.flat_override(out, key, lambda flat, text=text, key=key: _parse(text, flat, key))
+        made = tree_override.flat_override(out, key, lambda flat, text=text, key=key: _parse(text, flat, key))
         if made is not None:  # a key of the config tree: rule.f=3, 'rule={spec="cwtm", f=3}'
             out = made
         elif "." in key:

@@ -1,0 +1,73 @@
+"""What ``phalanx run``, ``sweep``, ``launch`` and ``report`` print of a grid's report: its final accuracy per
+setting and the price and rescue of every robust rule against the mean, each a :class:`~phalanx.cli.output.Tabular`
+(so that ``--format`` writes them as csv, json or markdown too)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from phalanx.cli.common import _STDERR, _fmt, console
+from phalanx.cli.output import Tabular, emit_all
+
+
+def print_report(out: Path, fmt: str = "table") -> None:
+    """Write ``out``'s report and plots and print its tables — what ``phalanx run``, ``sweep`` and ``launch`` end
+    with."""
+    from phalanx.experiments import report
+
+    say = console if fmt == "table" else _STDERR  # with --format, stdout holds the tables alone
+    result = report.write_report(out)
+    emit_all(grid_tables(result), fmt, console)
+    say.print(f"report: {out / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
+
+
+def grid_tables(result: dict[str, Any]) -> list[Tabular]:
+    """What ``run``, ``sweep`` and ``report`` print of a grid's report (:func:`report.write_report`'s result): the
+    final accuracies and, when there is a mean to compare with, the price and rescue of every robust rule."""
+    from phalanx.experiments import report
+
+    tables = [_summary_table(result)]
+    if result["tradeoff"]:
+        tables.append(_tradeoff_table(result["tradeoff"]))
+    if result.get("mixed"):
+        tables[0].notes.append(report.mixed_line(result["mixed"]).replace("**", ""))
+    return tables
+
+
+def _summary_table(result: dict[str, Any]) -> Tabular:
+    """A grid's final accuracy per setting (seeds pooled), best first, from :func:`report.write_report`'s result."""
+    from phalanx.experiments.report import format_agg_error  # (not at import: it loads torch)
+
+    several = any(s["seeds"] > 1 for s in result["summary"])
+    keys = result["keys"]
+    diverged = sum(s.get("diverged", 0) for s in result["summary"])
+    cols = [*keys, "final %", "agg. error", "Byz. share", "seeds"] + (["diverged"] if diverged else [])
+    title = "Final test accuracy (seeds pooled" + ("; ± the standard deviation over seeds)" if several else ")")
+    table = Tabular(title, cols, right=cols[len(keys):], compact=True)
+    for s in sorted(result["summary"], key=lambda s: -s["final_accuracy"]):
+        acc = f"{100 * s['final_accuracy']:.1f}" + (f" ± {100 * s['final_accuracy_std']:.1f}" if s["seeds"] > 1 else "")
+        table.add(*[str(s.get(k)) for k in keys], acc, format_agg_error(s["agg_error"]), _fmt(s["byz_share"], 2),
+                  s["seeds"], *([f"{s.get('diverged', 0)}/{s['seeds']}"] if diverged else []))
+    if diverged:
+        table.notes.append(f"{diverged} run(s) diverged (the model became non-finite; final accuracy counted as 0; "
+                           "`phalanx status` says at which round)")
+    return table
+
+
+def _tradeoff_table(tradeoffs: list[Any]) -> Tabular:
+    """The price and rescue of every robust rule against the mean (:func:`phalanx.experiments.report.tradeoff`),
+    each ± its half-width with its Holm-adjusted p, and the sentence saying what they are."""
+    from phalanx.experiments import report
+
+    keys = report.tradeoff_keys(tradeoffs)
+    cols = ["rule", *keys, "attack", "price (pts)", "p (price)", "rescue (pts)", "p (rescue)", "seeds", "verdict"]
+    table = Tabular("The price and rescue of robustness (vs mean, paired by seed)", cols, compact=True,
+                    right=("price (pts)", "p (price)", "rescue (pts)", "p (rescue)", "seeds"), wrap=("verdict",))
+    for t in report.sorted_tradeoffs(tradeoffs):
+        ctx = dict(t.context)
+        table.add(t.rule, *(str(ctx[k]) for k in keys), t.attack, report.points_pm(t.price),
+                  t.price.estimate.holm_text(), report.points_pm(t.rescue), t.rescue.estimate.holm_text(),
+                  len(t.seeds), t.verdict)
+    table.notes.append(report.TRADEOFF_MEANING.replace("*", ""))
+    return table
