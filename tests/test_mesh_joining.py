@@ -1,7 +1,7 @@
 """Joining the sealed mesh, attacked: rank 0 dials a rank back only at the address it connected from, a rank that
-stalls the dial-back delays the start boundedly, a rank that left before a peer dialled it is given up at the first
-refused connection, and a listed rank holds at most two admissions at once. Real
-:class:`~phalanx.distributed.mesh.Mesh` objects on loopback, as in ``tests/test_mesh.py`` (whose helpers these
+stalls the dial-back delays the start boundedly, a rank that left — before rank 0 dialled it back, or before a peer
+dialled it — is given up at the first refused connection, and a listed rank holds at most two admissions at once.
+Real :class:`~phalanx.distributed.mesh.Mesh` objects on loopback, as in ``tests/test_mesh.py`` (whose helpers these
 use)."""
 
 from __future__ import annotations
@@ -76,14 +76,9 @@ def test_a_rank_that_stalls_rank_0s_dial_back_delays_the_start_boundedly(
             m.close(wait_for=set(), timeout=1.0)
 
 
-@pytest.mark.parametrize("policy", ["kept", "mutant"])
-def test_a_rank_that_left_before_a_peer_dialled_it_is_given_up_at_the_first_refusal(
-    keydir: Path, policy: str, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Rank 3 is in the book (rank 0 reached it) and leaves before rank 1 dials it: the refused connection is final
-    at the first try — rank 1 does not retry until its deadline (the join timeout in a job), which held a gossip node
-    out of round 0 for 120 s when a rank it sends to died, long enough for its own neighbours to miss its first
-    message. Mutant: the former policy (retry a refusal) keeps dialling the closed port until the deadline."""
+def counted_dials(monkeypatch: pytest.MonkeyPatch, policy: str) -> list[int]:
+    """The ports every TCP connection of the mesh's dials goes to, in order (the list fills as they happen); with
+    ``policy == "mutant"`` the mesh dials as before this was fixed: a refused connection is tried again."""
     from phalanx.distributed import admission
 
     tries: list[int] = []
@@ -97,6 +92,50 @@ def test_a_rank_that_left_before_a_peer_dialled_it_is_given_up_at_the_first_refu
     if policy == "mutant":
         dial = mesh_module.dial
         monkeypatch.setattr(mesh_module, "dial", lambda *a, **k: dial(*a, **{**k, "gone_if_refused": False}))
+    return tries
+
+
+@pytest.mark.parametrize("policy", ["kept", "mutant"])
+def test_rank_0_gives_up_a_joined_rank_whose_listener_closed_at_the_first_refusal(
+    keydir: Path, policy: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 2 joins, saying it listens on a port whose listener has since closed: rank 0's dial-back is refused and
+    rank 2 is out of the book at that first refusal (it listened there when it joined: nothing there now means it
+    left), not retried for DIAL_BACK_S while ranks 1 and 3 wait for their start. Mutant: the former retrying."""
+    monkeypatch.setattr(mesh_module, "DIAL_BACK_S", 2.0)
+    tries = counted_dials(monkeypatch, policy)
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    m0, m1, m3 = mesh(keydir, 0), mesh(keydir, 1), mesh(keydir, 3)
+    tls = client_context(ident(keydir, 2)).wrap_socket(socket.create_connection(m0.address))
+    try:
+        assert _hello(tls, {"rank": 2, "config": DIGEST, "listen": ["127.0.0.1", port], "share": "ab" * 32}) == "ACK"
+        m1.join(*m0.address)
+        m3.join(*m0.address)
+        assert m0.wait_joins({1, 2, 3}, 20.0) == {1, 2, 3}
+        m0.offer({"config": DIGEST, "round": 0})
+        assert set(m0.book) == {0, 1, 3}
+        said = [r.reason for r in m0.rejections if r.rank == 2]
+        if policy == "kept":
+            assert tries.count(port) == 1 and any("nothing listens" in r for r in said), (tries, said)
+        else:
+            assert tries.count(port) > 1 and any("in time" in r for r in said), (tries, said)
+    finally:
+        tls.close()
+        for m in (m0, m1, m3):
+            m.close(wait_for=set(), timeout=1.0)
+
+
+@pytest.mark.parametrize("policy", ["kept", "mutant"])
+def test_a_rank_that_left_before_a_peer_dialled_it_is_given_up_at_the_first_refusal(
+    keydir: Path, policy: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 3 is in the book (rank 0 reached it) and leaves before rank 1 dials it: the refused connection is final
+    at the first try — rank 1 does not retry until its deadline (the join timeout in a job), which held a gossip node
+    out of round 0 for 120 s when a rank it sends to died, long enough for its own neighbours to miss its first
+    message. Mutant: the former policy (retry a refusal) keeps dialling the closed port until the deadline."""
+    tries = counted_dials(monkeypatch, policy)
     meshes = [mesh(keydir, r, "gossip") for r in range(N)]
     try:
         for m in meshes[1:]:

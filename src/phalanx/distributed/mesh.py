@@ -93,8 +93,8 @@ EVERYONE = 0xFFFFFFFF
 REPORT_BYTES = 1 << 16
 CLOSE_WAIT_S = 10.0
 DIAL_BACK_S = 15.0
-"""How long rank 0 tries to reach a rank that joined at the address it gave (all of them at once): the most a rank
-that does not answer there delays the start of the others."""
+"""How long rank 0 tries to reach a rank that joined at the address it gave (all at once; a refusal is final: it
+listened there when it joined): the most a rank that does not answer there delays the start of the others."""
 
 
 def mesh_message(topology: str, nonce: bytes, config: str, kind: Kind, phase: int, t: int, sender: int, to: int,
@@ -488,7 +488,7 @@ class Mesh:
         with self.cond:
             joined = dict(self.joined)
             self.contributions, self.nonce = _test_hooks.nonce_mutant(*fix(self.share, self.shares, self.n))
-        failed = self._connect_all(joined, {}, time.monotonic() + DIAL_BACK_S)
+        failed = self._connect_all(joined, {}, time.monotonic() + DIAL_BACK_S, listened=True)
         for r, reason in failed.items():
             self.reject(r, reason)
             self._gone(r, reason)
