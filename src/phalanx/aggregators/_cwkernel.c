@@ -65,6 +65,35 @@
 #else
 #define SELECTS
 #endif
+/* Load-time sort of whole groups of rows (issue 37). Batcher's network on 8 or 16 wires, straight-line in registers:
+ * each wire is a local variable, so a group's 19 or 63 compare-exchanges cost one load and one store per wire instead
+ * of two of each per compare-exchange. The lists are batcher_pairs(8) and batcher_pairs(16) (_sortnet; the module
+ * exports them, `load_sort_network`, and the Python side only hands a group over after checking that those are
+ * exactly the first compare-exchanges of each of its wires in the network it was asked to run: the same per-wire
+ * order, so the same values). A compare-exchange keeps the network's semantics exactly: min = u < w ? u : w and
+ * max = u > w ? u : w, which are what vminps/vmaxps compute (the second operand on ties and +-0). */
+#define BATCHER8(X) X(0, 1) X(2, 3) X(4, 5) X(6, 7) X(0, 2) X(1, 3) X(4, 6) X(5, 7) X(1, 2) X(5, 6) X(0, 4) X(1, 5) \
+    X(2, 6) X(3, 7) X(2, 4) X(3, 5) X(1, 2) X(3, 4) X(5, 6)
+#define BATCHER16(X) X(0, 1) X(2, 3) X(4, 5) X(6, 7) X(8, 9) X(10, 11) X(12, 13) X(14, 15) X(0, 2) X(1, 3) X(4, 6)    \
+    X(5, 7) X(8, 10) X(9, 11) X(12, 14) X(13, 15) X(1, 2) X(5, 6) X(9, 10) X(13, 14) X(0, 4) X(1, 5) X(2, 6) X(3, 7) \
+    X(8, 12) X(9, 13) X(10, 14) X(11, 15) X(2, 4) X(3, 5) X(10, 12) X(11, 13) X(1, 2) X(3, 4) X(5, 6) X(9, 10)       \
+    X(11, 12) X(13, 14) X(0, 8) X(1, 9) X(2, 10) X(3, 11) X(4, 12) X(5, 13) X(6, 14) X(7, 15) X(4, 8) X(5, 9)       \
+    X(6, 10) X(7, 11) X(2, 4) X(3, 5) X(6, 8) X(7, 9) X(10, 12) X(11, 13) X(1, 2) X(3, 4) X(5, 6) X(7, 8) X(9, 10)   \
+    X(11, 12) X(13, 14)
+#define ROWS8(Y, A) Y(0, A) Y(1, A) Y(2, A) Y(3, A) Y(4, A) Y(5, A) Y(6, A) Y(7, A)
+#define ROWS16(Y, A) ROWS8(Y, A) Y(8, A) Y(9, A) Y(10, A) Y(11, A) Y(12, A) Y(13, A) Y(14, A) Y(15, A)
+#define LS_DECL(i, A) v##i,
+#define LS_LOAD(i, A) v##i = s##i[j]; v##i = (v##i != v##i) ? INFINITY : v##i;
+#define LS_CX(i, k) u_ = v##i; w_ = v##k; v##i = u_ < w_ ? u_ : w_; v##k = u_ > w_ ? u_ : w_;
+#define LS_STORE(i, A) d##i[j] = v##i;
+/* Every row its own restrict pointer (a helper's parameters): pointers computed inside the function as src + i * ss
+ * leave GCC unable to vectorise the lane loop. */
+#define LS_SPARAM(i, T) const T *restrict s##i,
+#define LS_DPARAM(i, T) T *restrict d##i,
+#define LS_SARG(i, A) src + (i) * ss,
+#define LS_DARG(i, A) dst + (i) * ds,
+#define LOAD_SORT_MAX 16
+
 #define MIN_f32 fminf
 #define MAX_f32 fmaxf
 #define MIN_f64 fmin
@@ -103,6 +132,27 @@
                 st[j] = better ? sv : st[j];                                                                       \
             }                                                                                                      \
         }                                                                                                          \
+    }                                                                                                              \
+                                                                                                                   \
+    /* Rows [0, 8) or [0, 16) of src (row stride ss; NaN -> +Inf) sorted by Batcher's network into dst (stride ds). */ \
+    static inline __attribute__((always_inline)) void ls8_rows_##SUFFIX(ROWS8(LS_SPARAM, T) ROWS8(LS_DPARAM, T) int lanes) { \
+        for (int j = 0; j < lanes; j++) {                                                                          \
+            T ROWS8(LS_DECL, _) u_, w_;                                                                               \
+            ROWS8(LS_LOAD, _) BATCHER8(LS_CX) ROWS8(LS_STORE, _)                                                         \
+        }                                                                                                          \
+    }                                                                                                              \
+    static inline __attribute__((always_inline)) void ls16_rows_##SUFFIX(ROWS16(LS_SPARAM, T) ROWS16(LS_DPARAM, T)      \
+                                                                       int lanes) {                                \
+        for (int j = 0; j < lanes; j++) {                                                                          \
+            T ROWS16(LS_DECL, _) u_, w_;                                                                              \
+            ROWS16(LS_LOAD, _) BATCHER16(LS_CX) ROWS16(LS_STORE, _)                                                      \
+        }                                                                                                          \
+    }                                                                                                              \
+    MULTIVERSION SELECTS static void loadsort8_##SUFFIX(const T *src, Py_ssize_t ss, T *dst, Py_ssize_t ds) {     \
+        ls8_rows_##SUFFIX(ROWS8(LS_SARG, _) ROWS8(LS_DARG, _) BLK);                                                      \
+    }                                                                                                              \
+    MULTIVERSION SELECTS static void loadsort16_##SUFFIX(const T *src, Py_ssize_t ss, T *dst, Py_ssize_t ds) {    \
+        ls16_rows_##SUFFIX(ROWS16(LS_SARG, _) ROWS16(LS_DARG, _) BLK);                                                   \
     }                                                                                                              \
                                                                                                                    \
     MULTIVERSION FINITE_MATH static void network_##SUFFIX(T *buf, const long long *pairs, Py_ssize_t npairs) {     \
@@ -197,11 +247,29 @@
     /* columns past j1 padded with +Inf, which never move), sort it, write its window means.                     */ \
     MULTIVERSION static void window_##SUFFIX(const T *x, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j0, Py_ssize_t j1, \
                                              const long long *pairs, Py_ssize_t npairs, int mode, int trim,        \
-                                             int length, T *out, double *contrib, T *buf, double *rowacc) {        \
+                                             int length, T *out, double *contrib, T *buf, double *rowacc,          \
+                                             int lrows, Py_ssize_t groups) {                                       \
         double inv = 1.0 / (double)length;                                                                         \
+        T *scratch = buf + n * BLK; /* lrows rows past the block: a partial block's groups are padded there */    \
         for (Py_ssize_t s = j0; s < j1; s += BLK) {                                                                \
             Py_ssize_t w = (j1 - s) < BLK ? (j1 - s) : BLK;                                                        \
-            for (Py_ssize_t i = 0; i < n; i++) {                                                                   \
+            Py_ssize_t first = 0; /* rows [0, groups * lrows): sorted by groups as they are loaded */             \
+            for (Py_ssize_t g = 0; g < groups; g++) {                                                              \
+                const T *src = x + g * lrows * d + s;                                                              \
+                Py_ssize_t ss = d;                                                                                 \
+                if (w < BLK) {                                                                                     \
+                    for (int i = 0; i < lrows; i++) {                                                              \
+                        for (Py_ssize_t j = 0; j < w; j++) scratch[i * BLK + j] = src[i * d + j];                  \
+                        for (Py_ssize_t j = w; j < BLK; j++) scratch[i * BLK + j] = (T)INFINITY;                   \
+                    }                                                                                              \
+                    src = scratch;                                                                                 \
+                    ss = BLK;                                                                                      \
+                }                                                                                                  \
+                if (lrows == 16) loadsort16_##SUFFIX(src, ss, buf + g * 16 * BLK, BLK);                            \
+                else loadsort8_##SUFFIX(src, ss, buf + g * 8 * BLK, BLK);                                          \
+                first += lrows;                                                                                    \
+            }                                                                                                      \
+            for (Py_ssize_t i = first; i < n; i++) {                                                               \
                 const T *src = x + i * d + s;                                                                      \
                 T *dst = buf + i * BLK;                                                                            \
                 if (w == BLK) {                                                                                    \
@@ -270,27 +338,27 @@ static PyObject *py_tile_rows(PyObject *self, PyObject *args) {
 
 static void window_any(int is_double, Py_ssize_t blk, Py_ssize_t xp, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j0,
                        Py_ssize_t j1, Py_ssize_t pp, Py_ssize_t npairs, int mode, int trim, int length, Py_ssize_t op,
-                       double *contrib, void *buf, double *rowacc) {
+                       double *contrib, void *buf, double *rowacc, int lrows, Py_ssize_t groups) {
     const long long *pairs = (const long long *)pp;
     if (is_double && blk == BLOCK)
         window_f64((const double *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (double *)op, contrib,
-                   (double *)buf, rowacc);
+                   (double *)buf, rowacc, lrows, groups);
     else if (is_double)
         window_f64_small((const double *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (double *)op, contrib,
-                         (double *)buf, rowacc);
+                         (double *)buf, rowacc, lrows, groups);
     else if (blk == BLOCK)
         window_f32((const float *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (float *)op, contrib,
-                   (float *)buf, rowacc);
+                   (float *)buf, rowacc, lrows, groups);
     else
         window_f32_small((const float *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (float *)op, contrib,
-                         (float *)buf, rowacc);
+                         (float *)buf, rowacc, lrows, groups);
 }
 
 /* The (n, blk) block buffer, its first row on a 64-byte boundary (*raw is what to free), and, with contributions,
  * the per-lane row sums; NULL if out of memory (then nothing is left allocated). */
 static void *alloc_buffers(Py_ssize_t n, Py_ssize_t blk, int is_double, int want, void **raw, double **rowacc) {
     size_t elem = is_double ? sizeof(double) : sizeof(float);
-    *raw = malloc((size_t)n * blk * elem + 64);
+    *raw = malloc(((size_t)n + LOAD_SORT_MAX) * blk * elem + 64); /* + the load sort's scratch rows */
     *rowacc = want ? (double *)calloc((size_t)n * blk, sizeof(double)) : NULL;
     if (!*raw || (want && !*rowacc)) {
         free(*raw);
@@ -302,14 +370,22 @@ static void *alloc_buffers(Py_ssize_t n, Py_ssize_t blk, int is_double, int want
     return (void *)(((size_t)*raw + 63) / 64 * 64);
 }
 
-/* window(x_ptr, n, d, j0, j1, pairs_ptr, npairs, mode, trim, length, out_ptr, contrib_ptr_or_0, is_double) */
+/* Rows [0, groups * load_rows) sorted at load, `groups` groups of load_rows (0, 8 or 16) rows: valid arguments? */
+static int load_sort_ok(Py_ssize_t n, int lrows, Py_ssize_t groups) {
+    if (lrows == 0) return groups == 0;
+    return (lrows == 8 || lrows == 16) && groups >= 0 && groups * lrows <= n;
+}
+
+/* window(x_ptr, n, d, j0, j1, pairs_ptr, npairs, mode, trim, length, out_ptr, contrib_ptr_or_0, is_double
+ *        [, load_rows, groups]) */
 static PyObject *py_window(PyObject *self, PyObject *args) {
-    Py_ssize_t xp, n, d, j0, j1, pp, npairs, op, cp;
-    int mode, trim, length, is_double;
-    if (!PyArg_ParseTuple(args, "nnnnnnniiinnp", &xp, &n, &d, &j0, &j1, &pp, &npairs, &mode, &trim, &length, &op,
-                          &cp, &is_double))
+    Py_ssize_t xp, n, d, j0, j1, pp, npairs, op, cp, groups = 0;
+    int mode, trim, length, is_double, lrows = 0;
+    if (!PyArg_ParseTuple(args, "nnnnnnniiinnp|in", &xp, &n, &d, &j0, &j1, &pp, &npairs, &mode, &trim, &length, &op,
+                          &cp, &is_double, &lrows, &groups))
         return NULL;
-    if (n < 1 || d < 1 || j0 < 0 || j1 > d || j0 > j1 || length < 1 || mode < 0 || mode > 2) {
+    if (n < 1 || d < 1 || j0 < 0 || j1 > d || j0 > j1 || length < 1 || mode < 0 || mode > 2 ||
+        !load_sort_ok(n, lrows, groups)) {
         PyErr_SetString(PyExc_ValueError, "_cwkernel.window: invalid arguments");
         return NULL;
     }
@@ -319,7 +395,8 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
     void *buf = alloc_buffers(n, blk, is_double, cp != 0, &raw, &rowacc);
     if (!buf) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
-    window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, (double *)cp, buf, rowacc);
+    window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, (double *)cp, buf, rowacc, lrows,
+               groups);
     Py_END_ALLOW_THREADS
     free(raw);
     free(rowacc);
@@ -327,7 +404,7 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
 }
 
 /* window_parallel(x_ptr, n, d, pairs_ptr, npairs, mode, trim, length, out_ptr, contrib_ptr_or_0, is_double,
- *                 threads) -> chunks. The columns are cut into `chunks` = min(threads, blocks) equal runs of whole
+ *                 threads[, load_rows, groups]) -> chunks. The columns are cut into `chunks` = min(threads, blocks) equal runs of whole
  * blocks, fixed by the arguments alone; contrib, when given, has `chunks` rows of n: row k gets the sums of chunk k's
  * columns (the caller adds the rows, in order). The chunks are shared out over an OpenMP team of at most `threads`
  * (a static loop), so every chunk is computed, by whichever thread, whatever team the runtime actually grants: a
@@ -335,12 +412,12 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
  * threads, and the output and the contributions are the same bit for bit (tests/test_determinism.py). Splitting by
  * omp_get_thread_num() instead left the columns of threads that never ran unwritten. */
 static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
-    Py_ssize_t xp, n, d, pp, npairs, op, cp;
-    int mode, trim, length, is_double, threads;
-    if (!PyArg_ParseTuple(args, "nnnnniiinnpi", &xp, &n, &d, &pp, &npairs, &mode, &trim, &length, &op, &cp,
-                          &is_double, &threads))
+    Py_ssize_t xp, n, d, pp, npairs, op, cp, groups = 0;
+    int mode, trim, length, is_double, threads, lrows = 0;
+    if (!PyArg_ParseTuple(args, "nnnnniiinnpi|in", &xp, &n, &d, &pp, &npairs, &mode, &trim, &length, &op, &cp,
+                          &is_double, &threads, &lrows, &groups))
         return NULL;
-    if (n < 1 || d < 1 || length < 1 || mode < 0 || mode > 2 || threads < 1) {
+    if (n < 1 || d < 1 || length < 1 || mode < 0 || mode > 2 || threads < 1 || !load_sort_ok(n, lrows, groups)) {
         PyErr_SetString(PyExc_ValueError, "_cwkernel.window_parallel: invalid arguments");
         return NULL;
     }
@@ -363,7 +440,8 @@ static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
                 failed = 1;
             } else {
                 double *crow = cp ? (double *)cp + (size_t)k * n : NULL;
-                window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, crow, buf, rowacc);
+                window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, crow, buf, rowacc,
+                           lrows, groups);
             }
             free(raw);
             free(rowacc);
@@ -372,6 +450,25 @@ static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     if (failed) return PyErr_NoMemory();
     return PyLong_FromLong(chunks);
+}
+
+/* load_sort_network(rows) -> [(a, b), ...]: the compare-exchanges a load-time group of `rows` (8 or 16) runs. */
+#define LS_PAIR(a, b) if (ok) { PyObject *t = Py_BuildValue("(ii)", a, b); ok = t && PyList_Append(list, t) == 0; Py_XDECREF(t); }
+static PyObject *py_load_sort_network(PyObject *self, PyObject *args) {
+    int rows, ok = 1;
+    if (!PyArg_ParseTuple(args, "i", &rows)) return NULL;
+    if (rows != 8 && rows != 16) {
+        PyErr_SetString(PyExc_ValueError, "_cwkernel.load_sort_network: rows must be 8 or 16");
+        return NULL;
+    }
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    if (rows == 8) { BATCHER8(LS_PAIR) } else { BATCHER16(LS_PAIR) }
+    if (!ok) {
+        Py_DECREF(list);
+        return NULL;
+    }
+    return list;
 }
 
 static PyObject *py_has_openmp(PyObject *self, PyObject *noargs) {
@@ -388,6 +485,8 @@ static PyMethodDef methods[] = {
      "Coordinate-wise window mean over all columns, split between the threads of an OpenMP team."},
     {"tile_rows", py_tile_rows, METH_VARARGS, "Rows of a block per L1 tile (the order of the compare-exchanges)."},
     {"has_openmp", py_has_openmp, METH_NOARGS, "Whether window_parallel runs on an OpenMP team."},
+    {"load_sort_network", py_load_sort_network, METH_VARARGS,
+     "The compare-exchanges a group of 8 or 16 rows runs as it is loaded (Batcher's network)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -141,3 +141,64 @@ def kernel_network(n: int, window: tuple[int, int] | None, tile: int) -> torch.T
     pairs = batcher_pairs(n) if window is None else window_pairs(n, *window)
     ordered = cache_order([(int(a), int(b)) for a, b in pairs.tolist()], tile)
     return torch.tensor(ordered, dtype=torch.int64).reshape(-1, 2).contiguous()
+
+
+def load_groups(pairs: list[tuple[int, int]], n: int, rows: int,
+                group: list[tuple[int, int]]) -> tuple[int, list[int]]:
+    """How many leading groups of ``rows`` wires the kernel may sort as it loads them (issue 37), and the indices of
+    the compare-exchanges that then remain to run, in their order.
+
+    ``group`` is the network the kernel runs on each group's wires in registers (``_cwkernel.load_sort_network``).
+    Group ``g`` (wires ``[g·rows, (g+1)·rows)``) qualifies when, on each of its wires, the network's first
+    compare-exchanges are exactly ``group``'s (shifted by ``g·rows``) on that wire, the same instances in the same
+    order. Running those first and every other compare-exchange after, in its order, keeps each wire's sequence of
+    compare-exchanges — the argument of :func:`cache_order` — so every wire ends with the same value bit for bit.
+    Groups are taken from the first on and stop at the first that does not qualify (a pruned network may have
+    dropped one of its compare-exchanges). Our construction (not from a paper).
+    """
+    taken: set[int] = set()
+    groups = 0
+    for g in range(n // rows):
+        lo = g * rows
+        want = [(a + lo, b + lo) for a, b in group]
+        expect: dict[int, list[int]] = {w: [] for w in range(lo, lo + rows)}
+        for k, (a, b) in enumerate(want):
+            expect[a].append(k)
+            expect[b].append(k)
+        seen = dict.fromkeys(expect, 0)
+        mine: list[int] = []
+        ok = True
+        for i, (a, b) in enumerate(pairs):
+            pending = [w for w in (a, b) if w in expect and seen[w] < len(expect[w])]
+            if not pending:
+                continue
+            if (len(pending) < 2 or expect[a][seen[a]] != expect[b][seen[b]]
+                    or want[expect[a][seen[a]]] != (a, b)):
+                ok = False
+                break
+            seen[a] += 1
+            seen[b] += 1
+            mine.append(i)
+        if not ok or any(seen[w] < len(expect[w]) for w in expect):
+            break
+        taken.update(mine)
+        groups += 1
+    return groups, [i for i in range(len(pairs)) if i not in taken]
+
+
+@functools.lru_cache(maxsize=64)
+def kernel_program(n: int, window: tuple[int, int] | None, tile: int,
+                   nets: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]) -> tuple[int, int, torch.Tensor]:
+    """``(rows, groups, pairs)`` for the C kernel: the leading ``groups`` groups of ``rows`` wires are sorted as they
+    are loaded (by the kernel's own network for ``rows``, one of ``nets``: ``(rows, pairs)``; :func:`load_groups`),
+    then ``pairs`` — what remains of :func:`kernel_network`'s compare-exchanges — run in :func:`cache_order`. The
+    ``rows`` that moves the most compare-exchanges into the load wins; none (``0, 0``) when no group qualifies."""
+    base = [(int(a), int(b)) for a, b in (batcher_pairs(n) if window is None else window_pairs(n, *window)).tolist()]
+    best = (0, 0, list(range(len(base))))
+    for rows, group in nets:
+        groups, rest = load_groups(base, n, rows, [(int(a), int(b)) for a, b in group])
+        if groups and len(rest) < len(best[2]):
+            best = (rows, groups, rest)
+    rows, groups, rest = best
+    ordered = cache_order([base[i] for i in rest], tile)
+    return rows, groups, torch.tensor(ordered, dtype=torch.int64).reshape(-1, 2).contiguous()
