@@ -1,0 +1,148 @@
+"""The C kernel's load-time sort (issue 37): groups of 8 or 16 rows sorted in registers as they are loaded, the rest of
+the network after. It must change no output bit: the split keeps every wire's sequence of compare-exchanges, and the
+kernel's outputs equal those of the plain pair loop (the previous build's path) bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from phalanx.aggregators import _sortnet, coordinatewise
+
+NEEDS_KERNEL = pytest.mark.skipif(
+    not coordinatewise.HAVE_KERNEL or not hasattr(coordinatewise._cwkernel, "load_sort_network"),
+    reason="C kernel (with the load sort) not built",
+)
+NETS = tuple((r, tuple((a, b) for a, b in _sortnet.batcher_pairs(r).tolist())) for r in (16, 8))
+
+
+def _windows(n: int) -> list[tuple[int, tuple[int, int] | None]]:
+    """(trim, window) for every trim of the trimmed mean, the median and the whole network (MeaMed, contributions)."""
+    out: list[tuple[int, tuple[int, int] | None]] = [(t, (t, n - 2 * t)) for t in range(0, (n + 1) // 2)]
+    return out + [(0, ((n - 1) // 2, 2 - n % 2)), (0, None)]
+
+
+def _base(n: int, window: tuple[int, int] | None) -> list[tuple[int, int]]:
+    pairs = _sortnet.batcher_pairs(n) if window is None else _sortnet.window_pairs(n, *window)
+    return [(int(a), int(b)) for a, b in pairs.tolist()]
+
+
+def _sequences(pairs: list[tuple[int, int]]) -> dict[int, list[tuple[int, int]]]:
+    seq: dict[int, list[tuple[int, int]]] = {}
+    for a, b in pairs:
+        seq.setdefault(a, []).append((a, b))
+        seq.setdefault(b, []).append((a, b))
+    return seq
+
+
+def _as_run(pairs: list[tuple[int, int]], rows: int, groups: int) -> list[tuple[int, int]]:
+    """What the kernel runs: the group network on each loaded group, then the remaining pairs."""
+    group = dict(NETS)[rows] if rows else ()
+    return [(a + g * rows, b + g * rows) for g in range(groups) for a, b in group] + pairs
+
+
+def _naive_groups(n: int, rows: int) -> int:
+    """Mutant of load_groups: every whole group of rows, without checking the network's compare-exchanges."""
+    return n // rows
+
+
+@NEEDS_KERNEL
+def test_the_kernels_group_networks_are_batchers() -> None:
+    for rows in (8, 16):
+        assert coordinatewise._cwkernel.load_sort_network(rows) == [tuple(p) for p in _sortnet.batcher_pairs(rows).tolist()]
+    with pytest.raises(ValueError):
+        coordinatewise._cwkernel.load_sort_network(12)
+
+
+@pytest.mark.parametrize("n", list(range(2, 71)))
+def test_load_groups_keep_every_wires_sequence(n: int) -> None:
+    """For every n in 2..70 and every window: group networks + the rest run every wire's compare-exchanges in the
+    network's order; the unchecked mutant (every whole group) breaks that for a pruned network."""
+    caught = False
+    for _, window in _windows(n):
+        base = _base(n, window)
+        rows, groups, rest = _sortnet.kernel_program(n, window, 0, NETS)
+        run = _as_run([(int(a), int(b)) for a, b in rest.tolist()], rows, groups)
+        assert _sequences(run) == _sequences(base), (n, window)
+        if window is None and n >= 16:
+            assert (rows, groups) == (16, n // 16)  # the whole network: every whole group of 16
+        for r, group in NETS:  # the mutant: take every whole group, drop those pairs from the network
+            k = _naive_groups(n, r)
+            taken = {(a + g * r, b + g * r) for g in range(k) for a, b in group}
+            mutant = _as_run([p for p in base if p not in taken], r, k)
+            caught |= _sequences(mutant) != _sequences(base)
+    if n >= 8:
+        assert caught, n
+
+
+def _data(n: int, d: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=gen, dtype=dtype)
+    for value, p in ((0.5, 0.1), (0.0, 0.05), (-0.0, 0.05), (float("nan"), 0.02), (float("inf"), 0.02),
+                     (-float("inf"), 0.02)):
+        x[torch.rand(n, d, generator=gen) < p] = value
+    return x
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int64 if t.dtype == torch.float64 else torch.int32)
+
+
+def _kernel(x: torch.Tensor, mode: int, trim: int, length: int, pairs: torch.Tensor, load: tuple[int, ...]) -> torch.Tensor:
+    n, d = x.shape
+    out = torch.empty(d, dtype=x.dtype)
+    coordinatewise._cwkernel.window_parallel(x.data_ptr(), n, d, pairs.data_ptr(), pairs.shape[0], mode, trim, length,
+                                             out.data_ptr(), 0, x.dtype == torch.float64, 1, *load)
+    return out
+
+
+@NEEDS_KERNEL
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", list(range(2, 71)))
+def test_load_sort_gives_the_pair_loops_bits(dtype: torch.dtype, n: int) -> None:
+    """Every n in 2..70, every trim, the three modes: the kernel with the load sort equals, bit for bit, the kernel
+    running the whole network as pairs (the previous build's path), on ties, ±0, NaN and ±inf, with a partial last
+    block (d = 300). A program missing one compare-exchange (the last of the rest, or one group's) is caught."""
+    d = 300
+    x = _data(n, d, dtype, n)
+    tile = int(coordinatewise._cwkernel.tile_rows(n, dtype == torch.float64))
+    nets = coordinatewise._load_sort_nets()
+    for trim, window in _windows(n):
+        modes = [_sortnet.MODE_MEAMED] if window is None else (
+            [_sortnet.MODE_TRIMMED] if window[0] == trim and window[1] == n - 2 * trim else [_sortnet.MODE_MEDIAN])
+        for mode in modes:
+            trims = range(0, n) if mode == _sortnet.MODE_MEAMED else [trim]
+            for t in trims:
+                tr, length = _sortnet.window_params(n, mode, t)
+                if length < 1:
+                    continue
+                plain = _sortnet.kernel_network(n, window, tile)
+                ref = _kernel(x, mode, tr, length, plain, ())
+                rows, groups, rest = _sortnet.kernel_program(n, window, tile, nets)
+                got = _kernel(x, mode, tr, length, rest, (rows, groups) if rows else ())
+                assert torch.equal(_bits(got), _bits(ref)), (n, mode, t)
+
+
+@NEEDS_KERNEL
+def test_a_program_missing_a_compare_exchange_is_caught() -> None:
+    """The mutants of the check above: the load-sorted program with one compare-exchange dropped (the last of the
+    rest; one of the pairs a group would have needed had it not been load-sorted, run without the group) differs."""
+    n, d = 50, 300
+    x = _data(n, d, torch.float32, 7)
+    tile = int(coordinatewise._cwkernel.tile_rows(n, False))
+    rows, groups, rest = _sortnet.kernel_program(n, None, tile, coordinatewise._load_sort_nets())
+    trim, length = _sortnet.window_params(n, _sortnet.MODE_MEAMED, 10)
+    ref = _kernel(x, _sortnet.MODE_MEAMED, trim, length, _sortnet.kernel_network(n, None, tile), ())
+    assert torch.equal(_bits(_kernel(x, _sortnet.MODE_MEAMED, trim, length, rest, (rows, groups))), _bits(ref))
+    for mutant, load in ((rest[:-1], (rows, groups)), (rest, (rows, groups - 1))):
+        got = _kernel(x, _sortnet.MODE_MEAMED, trim, length, mutant.contiguous(), load)
+        assert not torch.equal(_bits(got), _bits(ref))
+
+
+@NEEDS_KERNEL
+def test_bad_load_arguments_are_refused() -> None:
+    x = torch.randn(20, 10)
+    pairs = _sortnet.batcher_pairs(20)
+    for load in ((12, 1), (16, 2), (8, -1), (0, 1)):
+        with pytest.raises(ValueError):
+            _kernel(x, _sortnet.MODE_MEAMED, 2, 18, pairs, load)
