@@ -19,7 +19,7 @@ NETS = tuple((r, tuple((a, b) for a, b in _sortnet.batcher_pairs(r).tolist())) f
 def _windows(n: int) -> list[tuple[int, tuple[int, int] | None]]:
     """(trim, window) for every trim of the trimmed mean, the median and the whole network (MeaMed, contributions)."""
     out: list[tuple[int, tuple[int, int] | None]] = [(t, (t, n - 2 * t)) for t in range(0, (n + 1) // 2)]
-    return out + [(0, ((n - 1) // 2, 2 - n % 2)), (0, None)]
+    return [*out, (0, ((n - 1) // 2, 2 - n % 2)), (0, None)]
 
 
 def _base(n: int, window: tuple[int, int] | None) -> list[tuple[int, int]]:
@@ -49,7 +49,8 @@ def _naive_groups(n: int, rows: int) -> int:
 @NEEDS_KERNEL
 def test_the_kernels_group_networks_are_batchers() -> None:
     for rows in (8, 16):
-        assert coordinatewise._cwkernel.load_sort_network(rows) == [tuple(p) for p in _sortnet.batcher_pairs(rows).tolist()]
+        want = [tuple(p) for p in _sortnet.batcher_pairs(rows).tolist()]
+        assert coordinatewise._cwkernel.load_sort_network(rows) == want
     with pytest.raises(ValueError):
         coordinatewise._cwkernel.load_sort_network(12)
 
@@ -88,7 +89,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int64 if t.dtype == torch.float64 else torch.int32)
 
 
-def _kernel(x: torch.Tensor, mode: int, trim: int, length: int, pairs: torch.Tensor, load: tuple[int, ...]) -> torch.Tensor:
+def _kernel(x: torch.Tensor, mode: int, trim: int, length: int, pairs: torch.Tensor,
+            load: tuple[int, ...]) -> torch.Tensor:
     n, d = x.shape
     out = torch.empty(d, dtype=x.dtype)
     coordinatewise._cwkernel.window_parallel(x.data_ptr(), n, d, pairs.data_ptr(), pairs.shape[0], mode, trim, length,
