@@ -1,6 +1,6 @@
-"""The C kernel's load-time sort (issue 37): groups of 8 or 16 rows sorted in registers as they are loaded, the rest of
-the network after. It must change no output bit: the split keeps every wire's sequence of compare-exchanges, and the
-kernel's outputs equal those of the plain pair loop (the previous build's path) bit for bit."""
+"""The C kernel's load-time sort (issue 37): groups of 32, 16 or 8 rows sorted in registers as they are loaded, the
+rest of the network after. It must change no output bit: the split keeps every wire's sequence of compare-exchanges,
+and the kernel's outputs equal those of the plain pair loop (the previous build's path) bit for bit."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ NEEDS_KERNEL = pytest.mark.skipif(
     not coordinatewise.HAVE_KERNEL or not hasattr(coordinatewise._cwkernel, "load_sort_network"),
     reason="C kernel (with the load sort) not built",
 )
-NETS = tuple((r, tuple((a, b) for a, b in _sortnet.batcher_pairs(r).tolist())) for r in (16, 8))
+NETS = tuple((r, tuple((a, b) for a, b in _sortnet.batcher_pairs(r).tolist())) for r in (32, 16, 8))
 
 
 def _windows(n: int) -> list[tuple[int, tuple[int, int] | None]]:
@@ -35,20 +35,25 @@ def _sequences(pairs: list[tuple[int, int]]) -> dict[int, list[tuple[int, int]]]
     return seq
 
 
-def _as_run(pairs: list[tuple[int, int]], rows: int, groups: int) -> list[tuple[int, int]]:
-    """What the kernel runs: the group network on each loaded group, then the remaining pairs."""
-    group = dict(NETS)[rows] if rows else ()
-    return [(a + g * rows, b + g * rows) for g in range(groups) for a, b in group] + pairs
+def _as_run(pairs: list[tuple[int, int]], plan: tuple[int, ...]) -> list[tuple[int, int]]:
+    """What the kernel runs: the group network on each group of the plan as it is loaded, then the remaining pairs."""
+    run: list[tuple[int, int]] = []
+    lo = 0
+    for (rows, group), count in zip(NETS, plan):
+        for _ in range(count):
+            run += [(a + lo, b + lo) for a, b in group]
+            lo += rows
+    return run + pairs
 
 
-def _naive_groups(n: int, rows: int) -> int:
-    """Mutant of load_groups: every whole group of rows, without checking the network's compare-exchanges."""
-    return n // rows
+def _naive_plan(n: int, rows: int) -> tuple[int, ...]:
+    """Mutant of load_plan: every whole group of ``rows``, without checking the network's compare-exchanges."""
+    return tuple(n // rows if r == rows else 0 for r, _ in NETS)
 
 
 @NEEDS_KERNEL
 def test_the_kernels_group_networks_are_batchers() -> None:
-    for rows in (8, 16):
+    for rows in (8, 16, 32):
         want = [tuple(p) for p in _sortnet.batcher_pairs(rows).tolist()]
         assert coordinatewise._cwkernel.load_sort_network(rows) == want
     with pytest.raises(ValueError):
@@ -62,15 +67,15 @@ def test_load_groups_keep_every_wires_sequence(n: int) -> None:
     caught = False
     for _, window in _windows(n):
         base = _base(n, window)
-        rows, groups, rest = _sortnet.kernel_program(n, window, 0, NETS)
-        run = _as_run([(int(a), int(b)) for a, b in rest.tolist()], rows, groups)
+        plan, rest = _sortnet.kernel_program(n, window, 0, NETS)
+        run = _as_run([(int(a), int(b)) for a, b in rest.tolist()], plan)
         assert _sequences(run) == _sequences(base), (n, window)
-        if window is None and n >= 16:
-            assert (rows, groups) == (16, n // 16)  # the whole network: every whole group of 16
-        for r, group in NETS:  # the mutant: take every whole group, drop those pairs from the network
-            k = _naive_groups(n, r)
+        if window is None:  # the whole network: every whole group, the largest first
+            assert plan == (n // 32, n % 32 // 16, n % 16 // 8), (n, plan)
+        for r, group in NETS:  # the mutant: every whole group of r, those pairs dropped from the network
+            k = n // r
             taken = {(a + g * r, b + g * r) for g in range(k) for a, b in group}
-            mutant = _as_run([p for p in base if p not in taken], r, k)
+            mutant = _as_run([p for p in base if p not in taken], _naive_plan(n, r))
             caught |= _sequences(mutant) != _sequences(base)
     if n >= 8:
         assert caught, n
@@ -120,23 +125,25 @@ def test_load_sort_gives_the_pair_loops_bits(dtype: torch.dtype, n: int) -> None
                     continue
                 plain = _sortnet.kernel_network(n, window, tile)
                 ref = _kernel(x, mode, tr, length, plain, ())
-                rows, groups, rest = _sortnet.kernel_program(n, window, tile, nets)
-                got = _kernel(x, mode, tr, length, rest, (rows, groups) if rows else ())
+                plan, rest = _sortnet.kernel_program(n, window, tile, nets)
+                got = _kernel(x, mode, tr, length, rest, plan)
                 assert torch.equal(_bits(got), _bits(ref)), (n, mode, t)
 
 
 @NEEDS_KERNEL
 def test_a_program_missing_a_compare_exchange_is_caught() -> None:
-    """The mutants of the check above: the load-sorted program with one compare-exchange dropped (the last of the
-    rest; one of the pairs a group would have needed had it not been load-sorted, run without the group) differs."""
+    """The mutants of the check above, on n = 50's whole network: the last compare-exchange of the rest dropped; the
+    group of 16 not load-sorted (its compare-exchanges then run nowhere); rows 0-31 as two groups of 16 (Batcher(32)'s
+    last stages, which the plan replaced, never run) — each changes the output."""
     n, d = 50, 300
     x = _data(n, d, torch.float32, 7)
     tile = int(coordinatewise._cwkernel.tile_rows(n, False))
-    rows, groups, rest = _sortnet.kernel_program(n, None, tile, coordinatewise._load_sort_nets())
+    plan, rest = _sortnet.kernel_program(n, None, tile, coordinatewise._load_sort_nets())
+    assert plan == (1, 1, 0)  # rows 0-31 and 32-47
     trim, length = _sortnet.window_params(n, _sortnet.MODE_MEAMED, 10)
     ref = _kernel(x, _sortnet.MODE_MEAMED, trim, length, _sortnet.kernel_network(n, None, tile), ())
-    assert torch.equal(_bits(_kernel(x, _sortnet.MODE_MEAMED, trim, length, rest, (rows, groups))), _bits(ref))
-    for mutant, load in ((rest[:-1], (rows, groups)), (rest, (rows, groups - 1))):
+    assert torch.equal(_bits(_kernel(x, _sortnet.MODE_MEAMED, trim, length, rest, plan)), _bits(ref))
+    for mutant, load in ((rest[:-1], plan), (rest, (1, 0, 0)), (rest, (0, 3, 0))):
         got = _kernel(x, _sortnet.MODE_MEAMED, trim, length, mutant.contiguous(), load)
         assert not torch.equal(_bits(got), _bits(ref))
 
@@ -145,6 +152,6 @@ def test_a_program_missing_a_compare_exchange_is_caught() -> None:
 def test_bad_load_arguments_are_refused() -> None:
     x = torch.randn(20, 10)
     pairs = _sortnet.batcher_pairs(20)
-    for load in ((12, 1), (16, 2), (8, -1), (0, 1)):
+    for load in ((1, 0, 0), (0, 2, 0), (0, 0, -1), (0, 1, 1)):
         with pytest.raises(ValueError):
             _kernel(x, _sortnet.MODE_MEAMED, 2, 18, pairs, load)

@@ -80,8 +80,27 @@
     X(11, 12) X(13, 14) X(0, 8) X(1, 9) X(2, 10) X(3, 11) X(4, 12) X(5, 13) X(6, 14) X(7, 15) X(4, 8) X(5, 9)       \
     X(6, 10) X(7, 11) X(2, 4) X(3, 5) X(6, 8) X(7, 9) X(10, 12) X(11, 13) X(1, 2) X(3, 4) X(5, 6) X(7, 8) X(9, 10)   \
     X(11, 12) X(13, 14)
+#define BATCHER32(X) X(0, 1) X(2, 3) X(4, 5) X(6, 7) X(8, 9) X(10, 11) X(12, 13) X(14, 15) X(16, 17) X(18, 19)      \
+    X(20, 21) X(22, 23) X(24, 25) X(26, 27) X(28, 29) X(30, 31) X(0, 2) X(1, 3) X(4, 6) X(5, 7) X(8, 10) X(9, 11)   \
+    X(12, 14) X(13, 15) X(16, 18) X(17, 19) X(20, 22) X(21, 23) X(24, 26) X(25, 27) X(28, 30) X(29, 31) X(1, 2)     \
+    X(5, 6) X(9, 10) X(13, 14) X(17, 18) X(21, 22) X(25, 26) X(29, 30) X(0, 4) X(1, 5) X(2, 6) X(3, 7) X(8, 12)     \
+    X(9, 13) X(10, 14) X(11, 15) X(16, 20) X(17, 21) X(18, 22) X(19, 23) X(24, 28) X(25, 29) X(26, 30) X(27, 31)    \
+    X(2, 4) X(3, 5) X(10, 12) X(11, 13) X(18, 20) X(19, 21) X(26, 28) X(27, 29) X(1, 2) X(3, 4) X(5, 6) X(9, 10)    \
+    X(11, 12) X(13, 14) X(17, 18) X(19, 20) X(21, 22) X(25, 26) X(27, 28) X(29, 30) X(0, 8) X(1, 9) X(2, 10)        \
+    X(3, 11) X(4, 12) X(5, 13) X(6, 14) X(7, 15) X(16, 24) X(17, 25) X(18, 26) X(19, 27) X(20, 28) X(21, 29)        \
+    X(22, 30) X(23, 31) X(4, 8) X(5, 9) X(6, 10) X(7, 11) X(20, 24) X(21, 25) X(22, 26) X(23, 27) X(2, 4) X(3, 5)   \
+    X(6, 8) X(7, 9) X(10, 12) X(11, 13) X(18, 20) X(19, 21) X(22, 24) X(23, 25) X(26, 28) X(27, 29) X(1, 2)         \
+    X(3, 4) X(5, 6) X(7, 8) X(9, 10) X(11, 12) X(13, 14) X(17, 18) X(19, 20) X(21, 22) X(23, 24) X(25, 26)          \
+    X(27, 28) X(29, 30) X(0, 16) X(1, 17) X(2, 18) X(3, 19) X(4, 20) X(5, 21) X(6, 22) X(7, 23) X(8, 24) X(9, 25)   \
+    X(10, 26) X(11, 27) X(12, 28) X(13, 29) X(14, 30) X(15, 31) X(8, 16) X(9, 17) X(10, 18) X(11, 19) X(12, 20)     \
+    X(13, 21) X(14, 22) X(15, 23) X(4, 8) X(5, 9) X(6, 10) X(7, 11) X(12, 16) X(13, 17) X(14, 18) X(15, 19)         \
+    X(20, 24) X(21, 25) X(22, 26) X(23, 27) X(2, 4) X(3, 5) X(6, 8) X(7, 9) X(10, 12) X(11, 13) X(14, 16)           \
+    X(15, 17) X(18, 20) X(19, 21) X(22, 24) X(23, 25) X(26, 28) X(27, 29) X(1, 2) X(3, 4) X(5, 6) X(7, 8) X(9, 10)  \
+    X(11, 12) X(13, 14) X(15, 16) X(17, 18) X(19, 20) X(21, 22) X(23, 24) X(25, 26) X(27, 28) X(29, 30)
 #define ROWS8(Y, A) Y(0, A) Y(1, A) Y(2, A) Y(3, A) Y(4, A) Y(5, A) Y(6, A) Y(7, A)
 #define ROWS16(Y, A) ROWS8(Y, A) Y(8, A) Y(9, A) Y(10, A) Y(11, A) Y(12, A) Y(13, A) Y(14, A) Y(15, A)
+#define ROWS32(Y, A) ROWS16(Y, A) Y(16, A) Y(17, A) Y(18, A) Y(19, A) Y(20, A) Y(21, A) Y(22, A) Y(23, A) Y(24, A)  \
+    Y(25, A) Y(26, A) Y(27, A) Y(28, A) Y(29, A) Y(30, A) Y(31, A)
 #define LS_DECL(i, A) v##i,
 #define LS_LOAD(i, A) v##i = s##i[j]; v##i = (v##i != v##i) ? INFINITY : v##i;
 #define LS_CX(i, k) u_ = v##i; w_ = v##k; v##i = u_ < w_ ? u_ : w_; v##k = u_ > w_ ? u_ : w_;
@@ -92,7 +111,7 @@
 #define LS_DPARAM(i, T) T *restrict d##i,
 #define LS_SARG(i, A) src + (i) * ss,
 #define LS_DARG(i, A) dst + (i) * ds,
-#define LOAD_SORT_MAX 16
+#define LOAD_SORT_MAX 32
 
 #define MIN_f32 fminf
 #define MAX_f32 fmaxf
@@ -147,6 +166,16 @@
             T ROWS16(LS_DECL, _) u_, w_;                                                                              \
             ROWS16(LS_LOAD, _) BATCHER16(LS_CX) ROWS16(LS_STORE, _)                                                      \
         }                                                                                                          \
+    }                                                                                                              \
+    static inline __attribute__((always_inline)) void ls32_rows_##SUFFIX(ROWS32(LS_SPARAM, T) ROWS32(LS_DPARAM, T)      \
+                                                                       int lanes) {                                \
+        for (int j = 0; j < lanes; j++) {                                                                          \
+            T ROWS32(LS_DECL, _) u_, w_;                                                                              \
+            ROWS32(LS_LOAD, _) BATCHER32(LS_CX) ROWS32(LS_STORE, _)                                                      \
+        }                                                                                                          \
+    }                                                                                                              \
+    MULTIVERSION SELECTS static void loadsort32_##SUFFIX(const T *src, Py_ssize_t ss, T *dst, Py_ssize_t ds) {    \
+        ls32_rows_##SUFFIX(ROWS32(LS_SARG, _) ROWS32(LS_DARG, _) BLK);                                                   \
     }                                                                                                              \
     MULTIVERSION SELECTS static void loadsort8_##SUFFIX(const T *src, Py_ssize_t ss, T *dst, Py_ssize_t ds) {     \
         ls8_rows_##SUFFIX(ROWS8(LS_SARG, _) ROWS8(LS_DARG, _) BLK);                                                      \
@@ -248,26 +277,29 @@
     MULTIVERSION static void window_##SUFFIX(const T *x, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j0, Py_ssize_t j1, \
                                              const long long *pairs, Py_ssize_t npairs, int mode, int trim,        \
                                              int length, T *out, double *contrib, T *buf, double *rowacc,          \
-                                             int lrows, Py_ssize_t groups) {                                       \
+                                             const Py_ssize_t *plan) {                                             \
         double inv = 1.0 / (double)length;                                                                         \
-        T *scratch = buf + n * BLK; /* lrows rows past the block: a partial block's groups are padded there */    \
+        T *scratch = buf + n * BLK; /* LOAD_SORT_MAX rows past the block: a partial block's groups are padded there */ \
         for (Py_ssize_t s = j0; s < j1; s += BLK) {                                                                \
             Py_ssize_t w = (j1 - s) < BLK ? (j1 - s) : BLK;                                                        \
-            Py_ssize_t first = 0; /* rows [0, groups * lrows): sorted by groups as they are loaded */             \
-            for (Py_ssize_t g = 0; g < groups; g++) {                                                              \
-                const T *src = x + g * lrows * d + s;                                                              \
-                Py_ssize_t ss = d;                                                                                 \
-                if (w < BLK) {                                                                                     \
-                    for (int i = 0; i < lrows; i++) {                                                              \
-                        for (Py_ssize_t j = 0; j < w; j++) scratch[i * BLK + j] = src[i * d + j];                  \
-                        for (Py_ssize_t j = w; j < BLK; j++) scratch[i * BLK + j] = (T)INFINITY;                   \
+            Py_ssize_t first = 0; /* plan[k] groups of 32 >> k rows, from row 0: sorted as they are loaded */     \
+            for (int k = 0; k < 3; k++) {                                                                          \
+                int rows = 32 >> k;                                                                                \
+                for (Py_ssize_t g = 0; g < plan[k]; g++, first += rows) {                                          \
+                    const T *src = x + first * d + s;                                                              \
+                    Py_ssize_t ss = d;                                                                             \
+                    if (w < BLK) {                                                                                 \
+                        for (int i = 0; i < rows; i++) {                                                           \
+                            for (Py_ssize_t j = 0; j < w; j++) scratch[i * BLK + j] = src[i * d + j];              \
+                            for (Py_ssize_t j = w; j < BLK; j++) scratch[i * BLK + j] = (T)INFINITY;               \
+                        }                                                                                          \
+                        src = scratch;                                                                             \
+                        ss = BLK;                                                                                  \
                     }                                                                                              \
-                    src = scratch;                                                                                 \
-                    ss = BLK;                                                                                      \
+                    if (rows == 32) loadsort32_##SUFFIX(src, ss, buf + first * BLK, BLK);                          \
+                    else if (rows == 16) loadsort16_##SUFFIX(src, ss, buf + first * BLK, BLK);                     \
+                    else loadsort8_##SUFFIX(src, ss, buf + first * BLK, BLK);                                      \
                 }                                                                                                  \
-                if (lrows == 16) loadsort16_##SUFFIX(src, ss, buf + g * 16 * BLK, BLK);                            \
-                else loadsort8_##SUFFIX(src, ss, buf + g * 8 * BLK, BLK);                                          \
-                first += lrows;                                                                                    \
             }                                                                                                      \
             for (Py_ssize_t i = first; i < n; i++) {                                                               \
                 const T *src = x + i * d + s;                                                                      \
@@ -338,20 +370,20 @@ static PyObject *py_tile_rows(PyObject *self, PyObject *args) {
 
 static void window_any(int is_double, Py_ssize_t blk, Py_ssize_t xp, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j0,
                        Py_ssize_t j1, Py_ssize_t pp, Py_ssize_t npairs, int mode, int trim, int length, Py_ssize_t op,
-                       double *contrib, void *buf, double *rowacc, int lrows, Py_ssize_t groups) {
+                       double *contrib, void *buf, double *rowacc, const Py_ssize_t *plan) {
     const long long *pairs = (const long long *)pp;
     if (is_double && blk == BLOCK)
         window_f64((const double *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (double *)op, contrib,
-                   (double *)buf, rowacc, lrows, groups);
+                   (double *)buf, rowacc, plan);
     else if (is_double)
         window_f64_small((const double *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (double *)op, contrib,
-                         (double *)buf, rowacc, lrows, groups);
+                         (double *)buf, rowacc, plan);
     else if (blk == BLOCK)
         window_f32((const float *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (float *)op, contrib,
-                   (float *)buf, rowacc, lrows, groups);
+                   (float *)buf, rowacc, plan);
     else
         window_f32_small((const float *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (float *)op, contrib,
-                         (float *)buf, rowacc, lrows, groups);
+                         (float *)buf, rowacc, plan);
 }
 
 /* The (n, blk) block buffer, its first row on a 64-byte boundary (*raw is what to free), and, with contributions,
@@ -370,22 +402,26 @@ static void *alloc_buffers(Py_ssize_t n, Py_ssize_t blk, int is_double, int want
     return (void *)(((size_t)*raw + 63) / 64 * 64);
 }
 
-/* Rows [0, groups * load_rows) sorted at load, `groups` groups of load_rows (0, 8 or 16) rows: valid arguments? */
-static int load_sort_ok(Py_ssize_t n, int lrows, Py_ssize_t groups) {
-    if (lrows == 0) return groups == 0;
-    return (lrows == 8 || lrows == 16) && groups >= 0 && groups * lrows <= n;
+/* The load plan: plan[k] groups of 32 >> k rows (32, 16, 8), from row 0 on, sorted as they are loaded. Valid? */
+static int plan_ok(Py_ssize_t n, const Py_ssize_t *plan) {
+    Py_ssize_t rows = 0;
+    for (int k = 0; k < 3; k++) {
+        if (plan[k] < 0 || plan[k] > n) return 0;
+        rows += plan[k] * (32 >> k);
+    }
+    return rows <= n;
 }
 
 /* window(x_ptr, n, d, j0, j1, pairs_ptr, npairs, mode, trim, length, out_ptr, contrib_ptr_or_0, is_double
- *        [, load_rows, groups]) */
+ *        [, groups32, groups16, groups8]) */
 static PyObject *py_window(PyObject *self, PyObject *args) {
-    Py_ssize_t xp, n, d, j0, j1, pp, npairs, op, cp, groups = 0;
-    int mode, trim, length, is_double, lrows = 0;
-    if (!PyArg_ParseTuple(args, "nnnnnnniiinnp|in", &xp, &n, &d, &j0, &j1, &pp, &npairs, &mode, &trim, &length, &op,
-                          &cp, &is_double, &lrows, &groups))
+    Py_ssize_t xp, n, d, j0, j1, pp, npairs, op, cp, plan[3] = {0, 0, 0};
+    int mode, trim, length, is_double;
+    if (!PyArg_ParseTuple(args, "nnnnnnniiinnp|nnn", &xp, &n, &d, &j0, &j1, &pp, &npairs, &mode, &trim, &length, &op,
+                          &cp, &is_double, &plan[0], &plan[1], &plan[2]))
         return NULL;
     if (n < 1 || d < 1 || j0 < 0 || j1 > d || j0 > j1 || length < 1 || mode < 0 || mode > 2 ||
-        !load_sort_ok(n, lrows, groups)) {
+        !plan_ok(n, plan)) {
         PyErr_SetString(PyExc_ValueError, "_cwkernel.window: invalid arguments");
         return NULL;
     }
@@ -395,8 +431,7 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
     void *buf = alloc_buffers(n, blk, is_double, cp != 0, &raw, &rowacc);
     if (!buf) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
-    window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, (double *)cp, buf, rowacc, lrows,
-               groups);
+    window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, (double *)cp, buf, rowacc, plan);
     Py_END_ALLOW_THREADS
     free(raw);
     free(rowacc);
@@ -404,7 +439,7 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
 }
 
 /* window_parallel(x_ptr, n, d, pairs_ptr, npairs, mode, trim, length, out_ptr, contrib_ptr_or_0, is_double,
- *                 threads[, load_rows, groups]) -> chunks. The columns are cut into `chunks` = min(threads, blocks) equal runs of whole
+ *                 threads[, groups32, groups16, groups8]) -> chunks. The columns are cut into `chunks` = min(threads, blocks) equal runs of whole
  * blocks, fixed by the arguments alone; contrib, when given, has `chunks` rows of n: row k gets the sums of chunk k's
  * columns (the caller adds the rows, in order). The chunks are shared out over an OpenMP team of at most `threads`
  * (a static loop), so every chunk is computed, by whichever thread, whatever team the runtime actually grants: a
@@ -412,12 +447,12 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
  * threads, and the output and the contributions are the same bit for bit (tests/test_determinism.py). Splitting by
  * omp_get_thread_num() instead left the columns of threads that never ran unwritten. */
 static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
-    Py_ssize_t xp, n, d, pp, npairs, op, cp, groups = 0;
-    int mode, trim, length, is_double, threads, lrows = 0;
-    if (!PyArg_ParseTuple(args, "nnnnniiinnpi|in", &xp, &n, &d, &pp, &npairs, &mode, &trim, &length, &op, &cp,
-                          &is_double, &threads, &lrows, &groups))
+    Py_ssize_t xp, n, d, pp, npairs, op, cp, plan[3] = {0, 0, 0};
+    int mode, trim, length, is_double, threads;
+    if (!PyArg_ParseTuple(args, "nnnnniiinnpi|nnn", &xp, &n, &d, &pp, &npairs, &mode, &trim, &length, &op, &cp,
+                          &is_double, &threads, &plan[0], &plan[1], &plan[2]))
         return NULL;
-    if (n < 1 || d < 1 || length < 1 || mode < 0 || mode > 2 || threads < 1 || !load_sort_ok(n, lrows, groups)) {
+    if (n < 1 || d < 1 || length < 1 || mode < 0 || mode > 2 || threads < 1 || !plan_ok(n, plan)) {
         PyErr_SetString(PyExc_ValueError, "_cwkernel.window_parallel: invalid arguments");
         return NULL;
     }
@@ -441,7 +476,7 @@ static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
             } else {
                 double *crow = cp ? (double *)cp + (size_t)k * n : NULL;
                 window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, crow, buf, rowacc,
-                           lrows, groups);
+                           plan);
             }
             free(raw);
             free(rowacc);
@@ -457,13 +492,13 @@ static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
 static PyObject *py_load_sort_network(PyObject *self, PyObject *args) {
     int rows, ok = 1;
     if (!PyArg_ParseTuple(args, "i", &rows)) return NULL;
-    if (rows != 8 && rows != 16) {
-        PyErr_SetString(PyExc_ValueError, "_cwkernel.load_sort_network: rows must be 8 or 16");
+    if (rows != 8 && rows != 16 && rows != 32) {
+        PyErr_SetString(PyExc_ValueError, "_cwkernel.load_sort_network: rows must be 8, 16 or 32");
         return NULL;
     }
     PyObject *list = PyList_New(0);
     if (!list) return NULL;
-    if (rows == 8) { BATCHER8(LS_PAIR) } else { BATCHER16(LS_PAIR) }
+    if (rows == 8) { BATCHER8(LS_PAIR) } else if (rows == 16) { BATCHER16(LS_PAIR) } else { BATCHER32(LS_PAIR) }
     if (!ok) {
         Py_DECREF(list);
         return NULL;

@@ -143,62 +143,65 @@ def kernel_network(n: int, window: tuple[int, int] | None, tile: int) -> torch.T
     return torch.tensor(ordered, dtype=torch.int64).reshape(-1, 2).contiguous()
 
 
-def load_groups(pairs: list[tuple[int, int]], n: int, rows: int,
-                group: list[tuple[int, int]]) -> tuple[int, list[int]]:
-    """How many leading groups of ``rows`` wires the kernel may sort as it loads them (issue 37), and the indices of
-    the compare-exchanges that then remain to run, in their order.
+def group_prefix(pairs: list[tuple[int, int]], lo: int, group: list[tuple[int, int]]) -> list[int] | None:
+    """The indices of ``pairs`` that a group network run on wires ``[lo, lo + rows)`` as they are loaded replaces,
+    or None if it may not (issue 37: the kernel sorts such groups in registers, see ``_cwkernel.load_sort_network``).
 
-    ``group`` is the network the kernel runs on each group's wires in registers (``_cwkernel.load_sort_network``).
-    Group ``g`` (wires ``[g·rows, (g+1)·rows)``) qualifies when, on each of its wires, the network's first
-    compare-exchanges are exactly ``group``'s (shifted by ``g·rows``) on that wire, the same instances in the same
-    order. Running those first and every other compare-exchange after, in its order, keeps each wire's sequence of
-    compare-exchanges — the argument of :func:`cache_order` — so every wire ends with the same value bit for bit.
-    Groups are taken from the first on and stop at the first that does not qualify (a pruned network may have
-    dropped one of its compare-exchanges). Our construction (not from a paper).
+    The group qualifies when, on each of its wires, the network's first compare-exchanges are exactly ``group``'s
+    (shifted by ``lo``) on that wire: the same instances in the same order. Running those first and every other
+    compare-exchange after, in its order, keeps each wire's sequence of compare-exchanges — the argument of
+    :func:`cache_order` — so every wire ends with the same value bit for bit. A pruned network that dropped one of
+    the group's compare-exchanges does not qualify. Our construction (not from a paper).
     """
+    rows = 1 + max(max(a, b) for a, b in group)
+    want = [(a + lo, b + lo) for a, b in group]
+    expect: dict[int, list[int]] = {w: [] for w in range(lo, lo + rows)}
+    for k, (a, b) in enumerate(want):
+        expect[a].append(k)
+        expect[b].append(k)
+    seen = dict.fromkeys(expect, 0)
+    mine: list[int] = []
+    for i, (a, b) in enumerate(pairs):
+        pending = [w for w in (a, b) if w in expect and seen[w] < len(expect[w])]
+        if not pending:
+            continue
+        if len(pending) < 2 or expect[a][seen[a]] != expect[b][seen[b]] or want[expect[a][seen[a]]] != (a, b):
+            return None
+        seen[a] += 1
+        seen[b] += 1
+        mine.append(i)
+    return mine if all(seen[w] == len(expect[w]) for w in expect) else None
+
+
+def load_plan(pairs: list[tuple[int, int]], n: int,
+              nets: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]) -> tuple[tuple[int, ...], list[int]]:
+    """The kernel's load plan for a network on ``n`` wires: how many groups of each size in ``nets`` (``(rows,
+    pairs)``, largest first) are sorted as they are loaded, from row 0 on in that order, and the indices of the
+    compare-exchanges left to run after. From row 0, each step takes the largest group size not above the last
+    one taken that :func:`group_prefix` accepts at that row (sizes are powers of two; a group starts at a multiple
+    of its size); it stops where none does."""
+    counts = [0] * len(nets)
     taken: set[int] = set()
-    groups = 0
-    for g in range(n // rows):
-        lo = g * rows
-        want = [(a + lo, b + lo) for a, b in group]
-        expect: dict[int, list[int]] = {w: [] for w in range(lo, lo + rows)}
-        for k, (a, b) in enumerate(want):
-            expect[a].append(k)
-            expect[b].append(k)
-        seen = dict.fromkeys(expect, 0)
-        mine: list[int] = []
-        ok = True
-        for i, (a, b) in enumerate(pairs):
-            pending = [w for w in (a, b) if w in expect and seen[w] < len(expect[w])]
-            if not pending:
-                continue
-            if (len(pending) < 2 or expect[a][seen[a]] != expect[b][seen[b]]
-                    or want[expect[a][seen[a]]] != (a, b)):
-                ok = False
-                break
-            seen[a] += 1
-            seen[b] += 1
-            mine.append(i)
-        if not ok or any(seen[w] < len(expect[w]) for w in expect):
-            break
+    row, k = 0, 0
+    while k < len(nets):
+        rows, group = nets[k]
+        mine = group_prefix(pairs, row, list(group)) if row % rows == 0 and row + rows <= n else None
+        if mine is None:
+            k += 1
+            continue
         taken.update(mine)
-        groups += 1
-    return groups, [i for i in range(len(pairs)) if i not in taken]
+        counts[k] += 1
+        row += rows
+    return tuple(counts), [i for i in range(len(pairs)) if i not in taken]
 
 
 @functools.lru_cache(maxsize=64)
 def kernel_program(n: int, window: tuple[int, int] | None, tile: int,
-                   nets: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]) -> tuple[int, int, torch.Tensor]:
-    """``(rows, groups, pairs)`` for the C kernel: the leading ``groups`` groups of ``rows`` wires are sorted as they
-    are loaded (by the kernel's own network for ``rows``, one of ``nets``: ``(rows, pairs)``; :func:`load_groups`),
-    then ``pairs`` — what remains of :func:`kernel_network`'s compare-exchanges — run in :func:`cache_order`. The
-    ``rows`` that moves the most compare-exchanges into the load wins; none (``0, 0``) when no group qualifies."""
+                   nets: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]) -> tuple[tuple[int, ...], torch.Tensor]:
+    """``(plan, pairs)`` for the C kernel: ``plan`` (:func:`load_plan`) counts the groups of each size in ``nets``
+    sorted as they are loaded, then ``pairs`` — what remains of :func:`kernel_network`'s compare-exchanges — run
+    in :func:`cache_order`. With no ``nets`` (an older build) it is :func:`kernel_network`'s, with an empty plan."""
     base = [(int(a), int(b)) for a, b in (batcher_pairs(n) if window is None else window_pairs(n, *window)).tolist()]
-    best = (0, 0, list(range(len(base))))
-    for rows, group in nets:
-        groups, rest = load_groups(base, n, rows, [(int(a), int(b)) for a, b in group])
-        if groups and len(rest) < len(best[2]):
-            best = (rows, groups, rest)
-    rows, groups, rest = best
+    plan, rest = load_plan(base, n, nets)
     ordered = cache_order([base[i] for i in rest], tile)
-    return rows, groups, torch.tensor(ordered, dtype=torch.int64).reshape(-1, 2).contiguous()
+    return plan, torch.tensor(ordered, dtype=torch.int64).reshape(-1, 2).contiguous()

@@ -52,10 +52,11 @@ def _pool() -> ThreadPoolExecutor:
 
 @functools.lru_cache(maxsize=1)
 def _load_sort_nets() -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
-    """The networks the kernel can run on groups of rows as it loads them, ``(rows, pairs)``; none in older builds."""
+    """The networks the kernel runs on groups of rows as it loads them, ``(rows, pairs)`` for 32, 16 and 8 rows (its
+    plan arguments' order); none in older builds."""
     if not hasattr(_cwkernel, "load_sort_network"):
         return ()
-    return tuple((rows, tuple(_cwkernel.load_sort_network(rows))) for rows in (16, 8))
+    return tuple((rows, tuple(_cwkernel.load_sort_network(rows))) for rows in (32, 16, 8))
 
 
 def _use_kernel(x: Tensor) -> bool:
@@ -74,8 +75,7 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Ten
     if not want and mode != _sortnet.MODE_MEAMED:  # the trimmed mean and the median only sum a window: pruned
         window = (trim_ if mode == _sortnet.MODE_TRIMMED else (n - 1) // 2, length)
     # leading groups of rows sorted as the kernel loads them, the rest of the network after (same values)
-    rows, groups, pairs = _sortnet.kernel_program(n, window, tile, _load_sort_nets())
-    load = (rows, groups) if rows else ()
+    load, pairs = _sortnet.kernel_program(n, window, tile, _load_sort_nets())
     out = torch.empty(d, dtype=x.dtype)
     threads = max(1, min(torch.get_num_threads(), (d + _BLOCK - 1) // _BLOCK))
     if _KERNEL_ONE_CALL and (_KERNEL_OPENMP or threads == 1):
