@@ -155,3 +155,56 @@ def test_bad_load_arguments_are_refused() -> None:
     for load in ((1, 0, 0), (0, 2, 0), (0, 0, -1), (0, 1, 1)):
         with pytest.raises(ValueError):
             _kernel(x, _sortnet.MODE_MEAMED, 2, 18, pairs, load)
+
+
+def _exact_reference(x: torch.Tensor, mode: int, trim: int, shift: int = 0) -> torch.Tensor:
+    """The kernel's formula on torch.sort: (T)(Σ window · (1/length)) in float64, the median (T)(½m0 + ½m1). On
+    values whose sums are exact (halves, small integers, ±inf) the order of the sum cannot matter, so the kernel
+    must match it bit for bit. ``shift`` > 0 is the mutant: each window starts ``shift`` rows late, one row short."""
+    n = x.shape[0]
+    tr, length = _sortnet.window_params(n, mode, trim)
+    xt = torch.sort(torch.where(torch.isnan(x), float("inf"), x), dim=0).values
+    xs = xt.double()
+    if mode == _sortnet.MODE_MEDIAN:
+        return (0.5 * xs[(n - 1) // 2] + 0.5 * xs[n // 2]).to(x.dtype)
+    start = torch.full((x.shape[1],), tr)
+    if mode == _sortnet.MODE_MEAMED:  # the kernel's rule, in its dtype: cost = a > b ? a : b, strictly better only
+        med = (0.5 * xs[(n - 1) // 2] + 0.5 * xs[n // 2]).to(x.dtype)
+        a, b = med[None] - xt[: tr + 1], xt[length - 1: length + tr] - med[None]
+        cost = torch.where(a > b, a, b)
+        start = torch.where(torch.isnan(cost), float("inf"), cost).argmin(dim=0)  # the first of the smallest
+    rows = start[None, :] + torch.arange(shift, length, device=x.device)[:, None]
+    return (xs.gather(0, rows).sum(dim=0) * (1.0 / length)).to(x.dtype)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit, NaN as NaN and -0.0 as +0.0: which wire a network leaves a -0.0 on among tied zeros is its own
+    (a median of zeros may keep either sign; the window sums start from +0.0 and never give -0.0)."""
+    a, b = a + 0.0, b + 0.0
+    nan = torch.isnan(a)
+    return torch.equal(nan, torch.isnan(b)) and torch.equal(_bits(a[~nan]), _bits(b[~nan]))
+
+
+@NEEDS_KERNEL
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_mode_and_trim_matches_the_exact_reference(dtype: torch.dtype) -> None:
+    """n in 2..70, trims from 0 to n - 1 (Bulyan's trim >= length among them), the three modes, on values whose
+    window sums are exact: the kernel (load sort, pair loop, MeaMed's three row loops or the general one) equals the
+    reference bit for bit; the mutant reference whose windows start one row late differs for every MeaMed and trimmed
+    mean window of two or more rows."""
+    values = torch.tensor([-4.0, -2.0, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 2.0, 3.0, float("inf"), -float("inf"),
+                           float("nan")], dtype=dtype)
+    for n in range(2, 71):
+        gen = torch.Generator().manual_seed(1000 + n)
+        x = values[torch.randint(0, 10, (n, 130), generator=gen)]
+        x[torch.rand(n, 130, generator=gen) < 0.02] = values[10 + torch.randint(0, 3, (1,), generator=gen)]
+        for mode in (_sortnet.MODE_TRIMMED, _sortnet.MODE_MEDIAN, _sortnet.MODE_MEAMED):
+            for trim in sorted({t for t in (0, 1, n // 5, (n - 1) // 3, (n - 1) // 2, n // 2 + 1, n - 1) if t < n}):
+                length = _sortnet.window_params(n, mode, trim)[1]
+                if length < 1 or (mode == _sortnet.MODE_MEDIAN and trim > 0):
+                    continue
+                name = {0: "trimmed", 1: "median", 2: "meamed"}[mode]
+                got, _ = coordinatewise.coordinate_window_mean(x, name, trim, False)  # type: ignore[arg-type]
+                assert _same(got, _exact_reference(x, mode, trim)), (n, name, trim)
+                if mode != _sortnet.MODE_MEDIAN and length >= 2:
+                    assert not _same(got, _exact_reference(x, mode, trim, shift=1)), (n, name, trim)

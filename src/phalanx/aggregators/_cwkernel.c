@@ -216,15 +216,25 @@
             T st[BLK], en[BLK];                                                                                    \
             window_starts_##SUFFIX(buf, n, mode, trim, length, st);                                                \
             for (int j = 0; j < BLK; j++) en[j] = st[j] + (T)length;                                               \
-            for (Py_ssize_t r = 0; r < n; r++) {                                                                   \
+            if (trim < length) { /* rows r < trim: in iff r >= st; [trim, length): always; r >= length: iff r < en */ \
+                for (Py_ssize_t r = 0; r < trim; r++) { /* one comparison a row: acc stays in registers */        \
+                    const T *row = buf + r * BLK;                                                                  \
+                    T rv = (T)r;                                                                                   \
+                    for (int j = 0; j < BLK; j++) acc[j] += rv >= st[j] ? (double)row[j] : 0.0;                    \
+                }                                                                                                  \
+                for (Py_ssize_t r = trim; r < length; r++) {                                                       \
+                    const T *row = buf + r * BLK;                                                                  \
+                    for (int j = 0; j < BLK; j++) acc[j] += (double)row[j];                                        \
+                }                                                                                                  \
+                for (Py_ssize_t r = length; r < n; r++) {                                                          \
+                    const T *row = buf + r * BLK;                                                                  \
+                    T rv = (T)r;                                                                                   \
+                    for (int j = 0; j < BLK; j++) acc[j] += rv < en[j] ? (double)row[j] : 0.0;                     \
+                }                                                                                                  \
+            } else for (Py_ssize_t r = 0; r < n; r++) { /* Bulyan's trim >= length: no row in every window */     \
                 const T *row = buf + r * BLK;                                                                      \
                 T rv = (T)r;                                                                                       \
-                if (r >= trim && r < length) { /* in every lane's window (none when trim >= length: Bulyan) */ \
-                    for (int j = 0; j < BLK; j++) acc[j] += (double)row[j];                                        \
-                } else {                                                                                           \
-                    for (int j = 0; j < BLK; j++)                                                                  \
-                        acc[j] += (rv >= st[j] && rv < en[j]) ? (double)row[j] : 0.0;                              \
-                }                                                                                                  \
+                for (int j = 0; j < BLK; j++) acc[j] += (rv >= st[j] && rv < en[j]) ? (double)row[j] : 0.0;       \
             }                                                                                                      \
         }                                                                                                          \
         for (Py_ssize_t j = 0; j < w; j++) out[j] = (T)(acc[j] * inv);                                             \
