@@ -18,6 +18,16 @@
  * at load time; no -march). Every clone computes the same bits: min/max are exact, the window sums add the same
  * doubles in the same order, and -std=c99 (setup.py) keeps GCC from contracting a*b+c into an FMA.
  *
+ * Load-time sort (issue 37): the pair loop is bound by its memory operations (two row loads and two row stores per
+ * compare-exchange). Batcher's first stages never leave aligned groups of 32 (16, 8) wires, so the Python side
+ * (_sortnet.load_plan) hands over a plan -- how many groups of 32, then 16, then 8 rows, from row 0 on -- and the
+ * kernel loads each group's rows straight into registers, runs Batcher's network on them there (191, 63 or 19
+ * compare-exchanges; one load and one store per wire) and stores them sorted; the pair loop then runs the rest. A
+ * group is only planned where the network's first compare-exchanges on each of its wires are exactly the group
+ * network's, so every wire keeps its sequence of compare-exchanges and its value bit for bit (cache_order's
+ * argument). n = 64: 382 of the 543 compare-exchanges run at load. MeaMed's window sum, when trim < length, adds
+ * its rows in three loops with one comparison a row (the same additions in the same order).
+ *
  * Threads: `window_parallel` splits the columns into a fixed number of contiguous chunks, shared out over an OpenMP
  * team (the result does not depend on how many threads the team actually has). Built with
  * -fopenmp and imported after torch, the extension resolves libgomp.so.1 to the copy torch already loaded, so the
@@ -65,13 +75,14 @@
 #else
 #define SELECTS
 #endif
-/* Load-time sort of whole groups of rows (issue 37). Batcher's network on 8 or 16 wires, straight-line in registers:
- * each wire is a local variable, so a group's 19 or 63 compare-exchanges cost one load and one store per wire instead
- * of two of each per compare-exchange. The lists are batcher_pairs(8) and batcher_pairs(16) (_sortnet; the module
- * exports them, `load_sort_network`, and the Python side only hands a group over after checking that those are
- * exactly the first compare-exchanges of each of its wires in the network it was asked to run: the same per-wire
- * order, so the same values). A compare-exchange keeps the network's semantics exactly: min = u < w ? u : w and
- * max = u > w ? u : w, which are what vminps/vmaxps compute (the second operand on ties and +-0). */
+/* Load-time sort of whole groups of rows (issue 37). Batcher's network on 8, 16 or 32 wires, straight-line in
+ * registers: each wire is a local variable, so a group's 19, 63 or 191 compare-exchanges cost one load and one store
+ * per wire instead of two of each per compare-exchange (GCC spills a few of 32 wires). The lists are
+ * batcher_pairs(8), (16) and (32) (_sortnet; the module exports them, `load_sort_network`, and the Python side only
+ * hands a group over after checking that those are exactly the first compare-exchanges of each of its wires in the
+ * network it was asked to run: the same per-wire order, so the same values). A compare-exchange keeps the pair
+ * loop's semantics exactly: min = u < w ? u : w and max = u > w ? u : w, what its vminps/vmaxps compute (the second
+ * operand on ties, +-0 included; tests/test_cw_loadsort.py compares the two bit for bit on +-0, NaN and +-inf). */
 #define BATCHER8(X) X(0, 1) X(2, 3) X(4, 5) X(6, 7) X(0, 2) X(1, 3) X(4, 6) X(5, 7) X(1, 2) X(5, 6) X(0, 4) X(1, 5) \
     X(2, 6) X(3, 7) X(2, 4) X(3, 5) X(1, 2) X(3, 4) X(5, 6)
 #define BATCHER16(X) X(0, 1) X(2, 3) X(4, 5) X(6, 7) X(8, 9) X(10, 11) X(12, 13) X(14, 15) X(0, 2) X(1, 3) X(4, 6)    \

@@ -18,6 +18,11 @@ The kernel runs the compare-exchanges in a cache-friendly order (:func:`cache_or
 wire's in its original order, so every wire ends with the same value bit for bit; tiles of rows that fit the L1
 cache are finished before the network moves on, instead of sweeping the whole ``(n, block)`` buffer once per stage.
 
+Before the pair loop, the kernel sorts leading groups of 32, 16 or 8 rows in registers as it loads them
+(:func:`load_plan`, :func:`kernel_program`): Batcher's first stages stay inside such groups, and a group is only
+handed over where the network's first compare-exchanges on each of its wires are exactly the group network's, so
+again every wire ends with the same value bit for bit.
+
 NaN is mapped to +∞ before sorting (a NaN is the most extreme value there is), so with at most ``t`` non-finite
 values per coordinate on each side the window holds only finite values.
 """
