@@ -51,6 +51,14 @@ def _naive_plan(n: int, rows: int) -> tuple[int, ...]:
     return tuple(n // rows if r == rows else 0 for r, _ in NETS)
 
 
+def test_load_plans_of_the_benchmarked_sizes() -> None:
+    """docs/benchmarks.md: n = 50's whole network runs 254 of its 403 compare-exchanges at load (rows 0-31, 32-47),
+    n = 64's 382 of 543 (two groups of 32)."""
+    for n, plan, total, rest in ((50, (1, 1, 0), 403, 149), (64, (2, 0, 0), 543, 161)):
+        got_plan, pairs = _sortnet.kernel_program(n, None, 0, NETS)
+        assert (got_plan, len(_base(n, None)), pairs.shape[0]) == (plan, total, rest)
+
+
 @NEEDS_KERNEL
 def test_the_kernels_group_networks_are_batchers() -> None:
     for rows in (8, 16, 32):
