@@ -216,3 +216,39 @@ def test_every_mode_and_trim_matches_the_exact_reference(dtype: torch.dtype) -> 
                 assert _same(got, _exact_reference(x, mode, trim)), (n, name, trim)
                 if mode != _sortnet.MODE_MEDIAN and length >= 2:
                     assert not _same(got, _exact_reference(x, mode, trim, shift=1)), (n, name, trim)
+
+
+def _unchecked_chain_order(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Mutant of chain_order: moves up the next compare-exchange on a wire without checking its other wire."""
+    out: list[int] = []
+    done = [False] * len(pairs)
+    for i in range(len(pairs)):
+        if done[i]:
+            continue
+        out.append(i)
+        done[i] = True
+        for j in range(i + 1, len(pairs)):
+            if not done[j] and len(set(pairs[i]) & set(pairs[j])) == 1:
+                out.append(j)
+                done[j] = True
+                break
+    return [pairs[i] for i in out]
+
+
+@pytest.mark.parametrize("n", [5, 16, 33, 50, 64, 100])
+def test_chain_order_keeps_every_wires_sequence(n: int) -> None:
+    """chain_order pairs up compare-exchanges sharing a wire (most of them: the kernel then runs each pair of them on
+    three rows in registers) and keeps every wire's sequence; the mutant without the check on the other wire does
+    not."""
+    for window in (None, (n // 5, n - 2 * (n // 5))):
+        base = _sortnet.cache_order(_base(n, window), 8)
+        got = _sortnet.chain_order(base)
+        assert sorted(got) == sorted(base) and _sequences(got) == _sequences(base), (n, window)
+        i = chained = 0
+        while i + 1 < len(got):  # the kernel's scan: two consecutive sharing exactly one wire run as one
+            step = 2 if len(set(got[i]) & set(got[i + 1])) == 1 else 1
+            chained += step == 2
+            i += step
+        if n >= 16:
+            assert 2 * chained >= len(got) // 2, (n, window, chained)  # at least half of them run in chains
+            assert _sequences(_unchecked_chain_order(base)) != _sequences(base), (n, window)

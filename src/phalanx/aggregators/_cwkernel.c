@@ -25,8 +25,12 @@
  * compare-exchanges; one load and one store per wire) and stores them sorted; the pair loop then runs the rest. A
  * group is only planned where the network's first compare-exchanges on each of its wires are exactly the group
  * network's, so every wire keeps its sequence of compare-exchanges and its value bit for bit (cache_order's
- * argument). n = 64: 382 of the 543 compare-exchanges run at load. MeaMed's window sum, when trim < length, adds
- * its rows in three loops with one comparison a row (the same additions in the same order).
+ * argument). n = 64: 382 of the 543 compare-exchanges run at load. In the pair loop, two consecutive
+ * compare-exchanges that share exactly one wire run as one on three rows in registers (`chain_`: three row loads and
+ * stores instead of four); _sortnet.chain_order makes most of them consecutive without changing any wire's sequence.
+ * The pair loop writes min = u < w ? u : w and max = u > w ? u : w itself (no finite-math fmin/fmax): GCC emits
+ * vminps/vmaxps for them, the semantics of the fminf/fmaxf build before it, ties and +-0 included. MeaMed's window
+ * sum, when trim < length, adds its rows in three loops with one comparison a row (the same additions, same order).
  *
  * Threads: `window_parallel` splits the columns into a fixed number of contiguous chunks, shared out over an OpenMP
  * team (the result does not depend on how many threads the team actually has). Built with
@@ -59,14 +63,13 @@
 #define MULTIVERSION
 #endif
 
-/* The network must compile to branch-free SIMD min/max. Written as `a = u < v ? u : v`, GCC turns the store of the
- * unchanged value into a conditional store (a branch per vector), which mispredicts on real data and costs 3x.
- * fmin/fmax are branch-free; NaN never reaches them (mapped to +Inf on load), so finite-math semantics are exact. */
-#if defined(__GNUC__) && !defined(__clang__)
-#define FINITE_MATH __attribute__((optimize("finite-math-only", "no-signed-zeros")))
-#else
-#define FINITE_MATH
-#endif
+/* The network must compile to branch-free SIMD min/max. Written as `a[j] = u < v ? u : v` straight into memory,
+ * GCC turned the store of the unchanged value into a conditional store (a branch per vector), which mispredicts on
+ * real data and cost 3x; the previous build used fmin/fmax under finite-math-only instead. Every compare-exchange
+ * now reads both values into locals and stores both results unconditionally: min = u < w ? u : w and
+ * max = u > w ? u : w, which GCC emits as vminps/vmaxps (min/maxps, min/maxpd) -- the semantics the fmin/fmax build
+ * compiled to, the second operand on ties and +-0 (tests/test_cw_loadsort.py and the previous build compared bit for
+ * bit on +-0, NaN and +-inf). NaN never reaches them (mapped to +Inf on load). */
 /* Selects between computed values (`c ? a : 0.0`) vectorise only if the compiler may evaluate the comparison for
  * every lane; the default -ftrapping-math forbids that for ordered comparisons (they raise FE_INVALID on NaN), and
  * the loop stays scalar. No code here reads the floating-point exception flags, and the flag changes no value. */
@@ -123,15 +126,6 @@
 #define LS_SARG(i, A) src + (i) * ss,
 #define LS_DARG(i, A) dst + (i) * ds,
 #define LOAD_SORT_MAX 32
-
-#define MIN_f32 fminf
-#define MAX_f32 fmaxf
-#define MIN_f64 fmin
-#define MAX_f64 fmax
-#define MIN_f32_small fminf
-#define MAX_f32_small fmaxf
-#define MIN_f64_small fmin
-#define MAX_f64_small fmax
 
 #define DEFINE_KERNEL(T, SUFFIX, BLK)                                                                                   \
     /* Window start of every lane of a sorted block, as a T (a small integer, exact). MeaMed: among the trim + 1 */ \
@@ -195,14 +189,46 @@
         ls16_rows_##SUFFIX(ROWS16(LS_SARG, _) ROWS16(LS_DARG, _) BLK);                                                   \
     }                                                                                                              \
                                                                                                                    \
-    MULTIVERSION FINITE_MATH static void network_##SUFFIX(T *buf, const long long *pairs, Py_ssize_t npairs) {     \
+    /* Two consecutive compare-exchanges sharing a wire, on three rows x, y, z, in registers: (x, y) then (x, z)  */ \
+    /* (shape 1), (y, z) (2), (z, x) (3) or (z, y) (4). The same operations in the same order: 3 rows loaded and  */ \
+    /* stored instead of 4.                                                                                       */ \
+    static inline __attribute__((always_inline)) void chain_##SUFFIX(T *restrict x, T *restrict y, T *restrict z,   \
+                                                                     int shape) {                                  \
+        for (int j = 0; j < BLK; j++) {                                                                            \
+            T u_, w_, vx = x[j], vy = y[j], vz = z[j];                                                             \
+            LS_CX(x, y)                                                                                            \
+            if (shape == 1) { LS_CX(x, z) }                                                                        \
+            else if (shape == 2) { LS_CX(y, z) }                                                                   \
+            else if (shape == 3) { LS_CX(z, x) }                                                                   \
+            else { LS_CX(z, y) }                                                                                   \
+            x[j] = vx; y[j] = vy; z[j] = vz;                                                                       \
+        }                                                                                                          \
+    }                                                                                                              \
+    MULTIVERSION SELECTS static void network_##SUFFIX(T *buf, const long long *pairs, Py_ssize_t npairs) {         \
         for (Py_ssize_t p = 0; p < npairs; p++) {                                                                  \
-            T *restrict a = buf + pairs[2 * p] * BLK;                                                              \
-            T *restrict b = buf + pairs[2 * p + 1] * BLK;                                                          \
+            long long a = pairs[2 * p], b = pairs[2 * p + 1];                                                      \
+            if (p + 1 < npairs) {                                                                                  \
+                long long c = pairs[2 * p + 2], e = pairs[2 * p + 3];                                              \
+                T *x = buf + a * BLK, *y = buf + b * BLK;                                                          \
+                int shape = c == a ? (e == b ? 0 : 1) : c == b ? 2 : e == a ? 3 : e == b ? 4 : 0;                \
+                if (shape) {                                                                                       \
+                    T *z = buf + (shape == 1 || shape == 2 ? e : c) * BLK;                                         \
+                    switch (shape) {                                                                               \
+                        case 1: chain_##SUFFIX(x, y, z, 1); break;                                                 \
+                        case 2: chain_##SUFFIX(x, y, z, 2); break;                                                 \
+                        case 3: chain_##SUFFIX(x, y, z, 3); break;                                                 \
+                        default: chain_##SUFFIX(x, y, z, 4); break;                                                \
+                    }                                                                                              \
+                    p++;                                                                                           \
+                    continue;                                                                                      \
+                }                                                                                                  \
+            }                                                                                                      \
+            T *restrict ra = buf + a * BLK;                                                                        \
+            T *restrict rb = buf + b * BLK;                                                                        \
             for (int j = 0; j < BLK; j++) {                                                                        \
-                T u = a[j], v = b[j];                                                                              \
-                a[j] = MIN_##SUFFIX(u, v);                                                                         \
-                b[j] = MAX_##SUFFIX(u, v);                                                                         \
+                T u_ = ra[j], w_ = rb[j];                                                                          \
+                ra[j] = u_ < w_ ? u_ : w_;                                                                         \
+                rb[j] = u_ > w_ ? u_ : w_;                                                                         \
             }                                                                                                      \
         }                                                                                                          \
     }                                                                                                              \

@@ -200,13 +200,53 @@ def load_plan(pairs: list[tuple[int, int]], n: int,
     return tuple(counts), [i for i in range(len(pairs)) if i not in taken]
 
 
+def chain_order(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The same compare-exchanges, each followed where possible by one that shares exactly one of its wires.
+
+    The kernel runs two consecutive compare-exchanges that share one wire on three rows in registers (three row
+    loads and stores instead of four). Walking the list in order, after emitting a compare-exchange this moves up
+    the next pending one on either of its wires if that one is also the next pending on its other wire — nothing
+    still to run touches its wires before it — so every wire keeps its sequence of compare-exchanges (the argument
+    of :func:`cache_order`) and its value bit for bit. Our construction (not from a paper)."""
+    on: dict[int, list[int]] = {}
+    for i, (a, b) in enumerate(pairs):
+        on.setdefault(a, []).append(i)
+        on.setdefault(b, []).append(i)
+    nxt = dict.fromkeys(on, 0)
+    done = [False] * len(pairs)
+    out: list[int] = []
+
+    def emit(i: int) -> None:
+        out.append(i)
+        done[i] = True
+        for w in pairs[i]:
+            nxt[w] += 1
+
+    def ready(j: int) -> bool:
+        return all(nxt[w] < len(on[w]) and on[w][nxt[w]] == j for w in pairs[j])
+
+    for i in range(len(pairs)):
+        if done[i]:
+            continue
+        emit(i)
+        for w in pairs[i]:
+            j = on[w][nxt[w]] if nxt[w] < len(on[w]) else -1
+            if j >= 0 and ready(j) and len(set(pairs[i]) & set(pairs[j])) == 1:
+                emit(j)
+                break
+    return [pairs[i] for i in out]
+
+
 @functools.lru_cache(maxsize=64)
 def kernel_program(n: int, window: tuple[int, int] | None, tile: int,
                    nets: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]) -> tuple[tuple[int, ...], torch.Tensor]:
     """``(plan, pairs)`` for the C kernel: ``plan`` (:func:`load_plan`) counts the groups of each size in ``nets``
     sorted as they are loaded, then ``pairs`` — what remains of :func:`kernel_network`'s compare-exchanges — run
-    in :func:`cache_order`. With no ``nets`` (an older build) it is :func:`kernel_network`'s, with an empty plan."""
+    in :func:`cache_order`, then :func:`chain_order`. With no ``nets`` (an older build) it is
+    :func:`kernel_network`'s, with an empty plan."""
     base = [(int(a), int(b)) for a, b in (batcher_pairs(n) if window is None else window_pairs(n, *window)).tolist()]
     plan, rest = load_plan(base, n, nets)
     ordered = cache_order([base[i] for i in rest], tile)
+    if nets:  # a build with the load sort also runs two compare-exchanges sharing a wire as one (chain_order)
+        ordered = chain_order(ordered)
     return plan, torch.tensor(ordered, dtype=torch.int64).reshape(-1, 2).contiguous()
