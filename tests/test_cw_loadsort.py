@@ -52,11 +52,18 @@ def _naive_plan(n: int, rows: int) -> tuple[int, ...]:
 
 
 def test_load_plans_of_the_benchmarked_sizes() -> None:
-    """docs/benchmarks.md: n = 50's whole network runs 254 of its 403 compare-exchanges at load (rows 0-31, 32-47),
-    n = 64's 382 of 543 (two groups of 32)."""
+    """docs/benchmarks.md: n = 50's whole network runs 254 of its 403 compare-exchanges at load (rows 0-31, 32-47)
+    and 132 of the other 149 in chains of two, n = 64's 382 of 543 at load (two groups of 32)."""
     for n, plan, total, rest in ((50, (1, 1, 0), 403, 149), (64, (2, 0, 0), 543, 161)):
         got_plan, pairs = _sortnet.kernel_program(n, None, 0, NETS)
         assert (got_plan, len(_base(n, None)), pairs.shape[0]) == (plan, total, rest)
+    got = [tuple(p) for p in _sortnet.kernel_program(50, None, 0, NETS)[1].tolist()]
+    i = chained = 0
+    while i + 1 < len(got):  # the kernel's scan
+        step = 2 if len(set(got[i]) & set(got[i + 1])) == 1 else 1
+        chained += step == 2
+        i += step
+    assert 2 * chained == 132
 
 
 @NEEDS_KERNEL
