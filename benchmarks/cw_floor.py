@@ -50,19 +50,20 @@ def _kernel_call(mod: Any, x: torch.Tensor, mode: int, trim: int) -> Callable[[]
     """What ``coordinatewise._cw_kernel`` does without contributions, on the kernel module ``mod``."""
     n, d = x.shape
     trim_, length = _sortnet.window_params(n, mode, trim)
-    # a build with tile_rows gets the compare-exchanges in its cache order, an older one in Batcher's order
+    # a build with tile_rows gets the compare-exchanges in its cache order, an older one in Batcher's order; one with
+    # load_sort_network its load plan (groups of rows sorted as they are loaded), an older one the whole network
     tile = int(mod.tile_rows(n, x.dtype == torch.float64)) if hasattr(mod, "tile_rows") else 0
-    if mode == _sortnet.MODE_MEAMED:
-        pairs = _sortnet.kernel_network(n, None, tile)
-    else:
-        start = trim_ if mode == _sortnet.MODE_TRIMMED else (n - 1) // 2
-        pairs = _sortnet.kernel_network(n, (start, length), tile)
+    nets = tuple((r, tuple(mod.load_sort_network(r))) for r in (32, 16, 8)) if hasattr(mod, "load_sort_network") else ()
+    window = None
+    if mode != _sortnet.MODE_MEAMED:
+        window = (trim_ if mode == _sortnet.MODE_TRIMMED else (n - 1) // 2, length)
+    plan, pairs = _sortnet.kernel_program(n, window, tile, nets)
     threads = torch.get_num_threads()
 
     def call() -> torch.Tensor:
         out = torch.empty(d, dtype=x.dtype)
         mod.window_parallel(x.data_ptr(), n, d, pairs.data_ptr(), pairs.shape[0], mode, trim_, length,
-                            out.data_ptr(), 0, x.dtype == torch.float64, threads)
+                            out.data_ptr(), 0, x.dtype == torch.float64, threads, *plan)
         return out
 
     return call

@@ -18,6 +18,20 @@
  * at load time; no -march). Every clone computes the same bits: min/max are exact, the window sums add the same
  * doubles in the same order, and -std=c99 (setup.py) keeps GCC from contracting a*b+c into an FMA.
  *
+ * Load-time sort (issue 37): the pair loop is bound by its memory operations (two row loads and two row stores per
+ * compare-exchange). Batcher's first stages never leave aligned groups of 32 (16, 8) wires, so the Python side
+ * (_sortnet.load_plan) hands over a plan -- how many groups of 32, then 16, then 8 rows, from row 0 on -- and the
+ * kernel loads each group's rows straight into registers, runs Batcher's network on them there (191, 63 or 19
+ * compare-exchanges; one load and one store per wire) and stores them sorted; the pair loop then runs the rest. A
+ * group is only planned where the network's first compare-exchanges on each of its wires are exactly the group
+ * network's, so every wire keeps its sequence of compare-exchanges and its value bit for bit (cache_order's
+ * argument). n = 64: 382 of the 543 compare-exchanges run at load. In the pair loop, two consecutive
+ * compare-exchanges that share exactly one wire run as one on three rows in registers (`chain_`: three row loads and
+ * stores instead of four); _sortnet.chain_order makes most of them consecutive without changing any wire's sequence.
+ * The pair loop writes min = u < w ? u : w and max = u > w ? u : w itself (no finite-math fmin/fmax): GCC emits
+ * vminps/vmaxps for them, the semantics of the fminf/fmaxf build before it, ties and +-0 included. MeaMed's window
+ * sum, when trim < length, adds its rows in three loops with one comparison a row (the same additions, same order).
+ *
  * Threads: `window_parallel` splits the columns into a fixed number of contiguous chunks, shared out over an OpenMP
  * team (the result does not depend on how many threads the team actually has). Built with
  * -fopenmp and imported after torch, the extension resolves libgomp.so.1 to the copy torch already loaded, so the
@@ -49,14 +63,13 @@
 #define MULTIVERSION
 #endif
 
-/* The network must compile to branch-free SIMD min/max. Written as `a = u < v ? u : v`, GCC turns the store of the
- * unchanged value into a conditional store (a branch per vector), which mispredicts on real data and costs 3x.
- * fmin/fmax are branch-free; NaN never reaches them (mapped to +Inf on load), so finite-math semantics are exact. */
-#if defined(__GNUC__) && !defined(__clang__)
-#define FINITE_MATH __attribute__((optimize("finite-math-only", "no-signed-zeros")))
-#else
-#define FINITE_MATH
-#endif
+/* The network must compile to branch-free SIMD min/max. Written as `a[j] = u < v ? u : v` straight into memory,
+ * GCC turned the store of the unchanged value into a conditional store (a branch per vector), which mispredicts on
+ * real data and cost 3x; the previous build used fmin/fmax under finite-math-only instead. Every compare-exchange
+ * now reads both values into locals and stores both results unconditionally: min = u < w ? u : w and
+ * max = u > w ? u : w, which GCC emits as vminps/vmaxps (min/maxps, min/maxpd) -- the semantics the fmin/fmax build
+ * compiled to, the second operand on ties and +-0 (tests/test_cw_loadsort.py and the previous build compared bit for
+ * bit on +-0, NaN and +-inf). NaN never reaches them (mapped to +Inf on load). */
 /* Selects between computed values (`c ? a : 0.0`) vectorise only if the compiler may evaluate the comparison for
  * every lane; the default -ftrapping-math forbids that for ordered comparisons (they raise FE_INVALID on NaN), and
  * the loop stays scalar. No code here reads the floating-point exception flags, and the flag changes no value. */
@@ -65,14 +78,54 @@
 #else
 #define SELECTS
 #endif
-#define MIN_f32 fminf
-#define MAX_f32 fmaxf
-#define MIN_f64 fmin
-#define MAX_f64 fmax
-#define MIN_f32_small fminf
-#define MAX_f32_small fmaxf
-#define MIN_f64_small fmin
-#define MAX_f64_small fmax
+/* Load-time sort of whole groups of rows (issue 37). Batcher's network on 8, 16 or 32 wires, straight-line in
+ * registers: each wire is a local variable, so a group's 19, 63 or 191 compare-exchanges cost one load and one store
+ * per wire instead of two of each per compare-exchange (GCC spills a few of 32 wires). The lists are
+ * batcher_pairs(8), (16) and (32) (_sortnet; the module exports them, `load_sort_network`, and the Python side only
+ * hands a group over after checking that those are exactly the first compare-exchanges of each of its wires in the
+ * network it was asked to run: the same per-wire order, so the same values). A compare-exchange keeps the pair
+ * loop's semantics exactly: min = u < w ? u : w and max = u > w ? u : w, what its vminps/vmaxps compute (the second
+ * operand on ties, +-0 included; tests/test_cw_loadsort.py compares the two bit for bit on +-0, NaN and +-inf). */
+#define BATCHER8(X) X(0, 1) X(2, 3) X(4, 5) X(6, 7) X(0, 2) X(1, 3) X(4, 6) X(5, 7) X(1, 2) X(5, 6) X(0, 4) X(1, 5) \
+    X(2, 6) X(3, 7) X(2, 4) X(3, 5) X(1, 2) X(3, 4) X(5, 6)
+#define BATCHER16(X) X(0, 1) X(2, 3) X(4, 5) X(6, 7) X(8, 9) X(10, 11) X(12, 13) X(14, 15) X(0, 2) X(1, 3) X(4, 6)    \
+    X(5, 7) X(8, 10) X(9, 11) X(12, 14) X(13, 15) X(1, 2) X(5, 6) X(9, 10) X(13, 14) X(0, 4) X(1, 5) X(2, 6) X(3, 7) \
+    X(8, 12) X(9, 13) X(10, 14) X(11, 15) X(2, 4) X(3, 5) X(10, 12) X(11, 13) X(1, 2) X(3, 4) X(5, 6) X(9, 10)       \
+    X(11, 12) X(13, 14) X(0, 8) X(1, 9) X(2, 10) X(3, 11) X(4, 12) X(5, 13) X(6, 14) X(7, 15) X(4, 8) X(5, 9)       \
+    X(6, 10) X(7, 11) X(2, 4) X(3, 5) X(6, 8) X(7, 9) X(10, 12) X(11, 13) X(1, 2) X(3, 4) X(5, 6) X(7, 8) X(9, 10)   \
+    X(11, 12) X(13, 14)
+#define BATCHER32(X) X(0, 1) X(2, 3) X(4, 5) X(6, 7) X(8, 9) X(10, 11) X(12, 13) X(14, 15) X(16, 17) X(18, 19)      \
+    X(20, 21) X(22, 23) X(24, 25) X(26, 27) X(28, 29) X(30, 31) X(0, 2) X(1, 3) X(4, 6) X(5, 7) X(8, 10) X(9, 11)   \
+    X(12, 14) X(13, 15) X(16, 18) X(17, 19) X(20, 22) X(21, 23) X(24, 26) X(25, 27) X(28, 30) X(29, 31) X(1, 2)     \
+    X(5, 6) X(9, 10) X(13, 14) X(17, 18) X(21, 22) X(25, 26) X(29, 30) X(0, 4) X(1, 5) X(2, 6) X(3, 7) X(8, 12)     \
+    X(9, 13) X(10, 14) X(11, 15) X(16, 20) X(17, 21) X(18, 22) X(19, 23) X(24, 28) X(25, 29) X(26, 30) X(27, 31)    \
+    X(2, 4) X(3, 5) X(10, 12) X(11, 13) X(18, 20) X(19, 21) X(26, 28) X(27, 29) X(1, 2) X(3, 4) X(5, 6) X(9, 10)    \
+    X(11, 12) X(13, 14) X(17, 18) X(19, 20) X(21, 22) X(25, 26) X(27, 28) X(29, 30) X(0, 8) X(1, 9) X(2, 10)        \
+    X(3, 11) X(4, 12) X(5, 13) X(6, 14) X(7, 15) X(16, 24) X(17, 25) X(18, 26) X(19, 27) X(20, 28) X(21, 29)        \
+    X(22, 30) X(23, 31) X(4, 8) X(5, 9) X(6, 10) X(7, 11) X(20, 24) X(21, 25) X(22, 26) X(23, 27) X(2, 4) X(3, 5)   \
+    X(6, 8) X(7, 9) X(10, 12) X(11, 13) X(18, 20) X(19, 21) X(22, 24) X(23, 25) X(26, 28) X(27, 29) X(1, 2)         \
+    X(3, 4) X(5, 6) X(7, 8) X(9, 10) X(11, 12) X(13, 14) X(17, 18) X(19, 20) X(21, 22) X(23, 24) X(25, 26)          \
+    X(27, 28) X(29, 30) X(0, 16) X(1, 17) X(2, 18) X(3, 19) X(4, 20) X(5, 21) X(6, 22) X(7, 23) X(8, 24) X(9, 25)   \
+    X(10, 26) X(11, 27) X(12, 28) X(13, 29) X(14, 30) X(15, 31) X(8, 16) X(9, 17) X(10, 18) X(11, 19) X(12, 20)     \
+    X(13, 21) X(14, 22) X(15, 23) X(4, 8) X(5, 9) X(6, 10) X(7, 11) X(12, 16) X(13, 17) X(14, 18) X(15, 19)         \
+    X(20, 24) X(21, 25) X(22, 26) X(23, 27) X(2, 4) X(3, 5) X(6, 8) X(7, 9) X(10, 12) X(11, 13) X(14, 16)           \
+    X(15, 17) X(18, 20) X(19, 21) X(22, 24) X(23, 25) X(26, 28) X(27, 29) X(1, 2) X(3, 4) X(5, 6) X(7, 8) X(9, 10)  \
+    X(11, 12) X(13, 14) X(15, 16) X(17, 18) X(19, 20) X(21, 22) X(23, 24) X(25, 26) X(27, 28) X(29, 30)
+#define ROWS8(Y, A) Y(0, A) Y(1, A) Y(2, A) Y(3, A) Y(4, A) Y(5, A) Y(6, A) Y(7, A)
+#define ROWS16(Y, A) ROWS8(Y, A) Y(8, A) Y(9, A) Y(10, A) Y(11, A) Y(12, A) Y(13, A) Y(14, A) Y(15, A)
+#define ROWS32(Y, A) ROWS16(Y, A) Y(16, A) Y(17, A) Y(18, A) Y(19, A) Y(20, A) Y(21, A) Y(22, A) Y(23, A) Y(24, A)  \
+    Y(25, A) Y(26, A) Y(27, A) Y(28, A) Y(29, A) Y(30, A) Y(31, A)
+#define LS_DECL(i, A) v##i,
+#define LS_LOAD(i, A) v##i = s##i[j]; v##i = (v##i != v##i) ? INFINITY : v##i;
+#define LS_CX(i, k) u_ = v##i; w_ = v##k; v##i = u_ < w_ ? u_ : w_; v##k = u_ > w_ ? u_ : w_;
+#define LS_STORE(i, A) d##i[j] = v##i;
+/* Every row its own restrict pointer (a helper's parameters): pointers computed inside the function as src + i * ss
+ * leave GCC unable to vectorise the lane loop. */
+#define LS_SPARAM(i, T) const T *restrict s##i,
+#define LS_DPARAM(i, T) T *restrict d##i,
+#define LS_SARG(i, A) src + (i) * ss,
+#define LS_DARG(i, A) dst + (i) * ds,
+#define LOAD_SORT_MAX 32
 
 #define DEFINE_KERNEL(T, SUFFIX, BLK)                                                                                   \
     /* Window start of every lane of a sorted block, as a T (a small integer, exact). MeaMed: among the trim + 1 */ \
@@ -105,14 +158,77 @@
         }                                                                                                          \
     }                                                                                                              \
                                                                                                                    \
-    MULTIVERSION FINITE_MATH static void network_##SUFFIX(T *buf, const long long *pairs, Py_ssize_t npairs) {     \
+    /* Rows [0, 8) or [0, 16) of src (row stride ss; NaN -> +Inf) sorted by Batcher's network into dst (stride ds). */ \
+    static inline __attribute__((always_inline)) void ls8_rows_##SUFFIX(ROWS8(LS_SPARAM, T) ROWS8(LS_DPARAM, T) int lanes) { \
+        for (int j = 0; j < lanes; j++) {                                                                          \
+            T ROWS8(LS_DECL, _) u_, w_;                                                                               \
+            ROWS8(LS_LOAD, _) BATCHER8(LS_CX) ROWS8(LS_STORE, _)                                                         \
+        }                                                                                                          \
+    }                                                                                                              \
+    static inline __attribute__((always_inline)) void ls16_rows_##SUFFIX(ROWS16(LS_SPARAM, T) ROWS16(LS_DPARAM, T)      \
+                                                                       int lanes) {                                \
+        for (int j = 0; j < lanes; j++) {                                                                          \
+            T ROWS16(LS_DECL, _) u_, w_;                                                                              \
+            ROWS16(LS_LOAD, _) BATCHER16(LS_CX) ROWS16(LS_STORE, _)                                                      \
+        }                                                                                                          \
+    }                                                                                                              \
+    static inline __attribute__((always_inline)) void ls32_rows_##SUFFIX(ROWS32(LS_SPARAM, T) ROWS32(LS_DPARAM, T)      \
+                                                                       int lanes) {                                \
+        for (int j = 0; j < lanes; j++) {                                                                          \
+            T ROWS32(LS_DECL, _) u_, w_;                                                                              \
+            ROWS32(LS_LOAD, _) BATCHER32(LS_CX) ROWS32(LS_STORE, _)                                                      \
+        }                                                                                                          \
+    }                                                                                                              \
+    MULTIVERSION SELECTS static void loadsort32_##SUFFIX(const T *src, Py_ssize_t ss, T *dst, Py_ssize_t ds) {    \
+        ls32_rows_##SUFFIX(ROWS32(LS_SARG, _) ROWS32(LS_DARG, _) BLK);                                                   \
+    }                                                                                                              \
+    MULTIVERSION SELECTS static void loadsort8_##SUFFIX(const T *src, Py_ssize_t ss, T *dst, Py_ssize_t ds) {     \
+        ls8_rows_##SUFFIX(ROWS8(LS_SARG, _) ROWS8(LS_DARG, _) BLK);                                                      \
+    }                                                                                                              \
+    MULTIVERSION SELECTS static void loadsort16_##SUFFIX(const T *src, Py_ssize_t ss, T *dst, Py_ssize_t ds) {    \
+        ls16_rows_##SUFFIX(ROWS16(LS_SARG, _) ROWS16(LS_DARG, _) BLK);                                                   \
+    }                                                                                                              \
+                                                                                                                   \
+    /* Two consecutive compare-exchanges sharing a wire, on three rows x, y, z, in registers: (x, y) then (x, z)  */ \
+    /* (shape 1), (y, z) (2), (z, x) (3) or (z, y) (4). The same operations in the same order: 3 rows loaded and  */ \
+    /* stored instead of 4.                                                                                       */ \
+    static inline __attribute__((always_inline)) void chain_##SUFFIX(T *restrict x, T *restrict y, T *restrict z,   \
+                                                                     int shape) {                                  \
+        for (int j = 0; j < BLK; j++) {                                                                            \
+            T u_, w_, vx = x[j], vy = y[j], vz = z[j];                                                             \
+            LS_CX(x, y)                                                                                            \
+            if (shape == 1) { LS_CX(x, z) }                                                                        \
+            else if (shape == 2) { LS_CX(y, z) }                                                                   \
+            else if (shape == 3) { LS_CX(z, x) }                                                                   \
+            else { LS_CX(z, y) }                                                                                   \
+            x[j] = vx; y[j] = vy; z[j] = vz;                                                                       \
+        }                                                                                                          \
+    }                                                                                                              \
+    MULTIVERSION SELECTS static void network_##SUFFIX(T *buf, const long long *pairs, Py_ssize_t npairs) {         \
         for (Py_ssize_t p = 0; p < npairs; p++) {                                                                  \
-            T *restrict a = buf + pairs[2 * p] * BLK;                                                              \
-            T *restrict b = buf + pairs[2 * p + 1] * BLK;                                                          \
+            long long a = pairs[2 * p], b = pairs[2 * p + 1];                                                      \
+            if (p + 1 < npairs) {                                                                                  \
+                long long c = pairs[2 * p + 2], e = pairs[2 * p + 3];                                              \
+                T *x = buf + a * BLK, *y = buf + b * BLK;                                                          \
+                int shape = c == a ? (e == b ? 0 : 1) : c == b ? 2 : e == a ? 3 : e == b ? 4 : 0;                \
+                if (shape) {                                                                                       \
+                    T *z = buf + (shape == 1 || shape == 2 ? e : c) * BLK;                                         \
+                    switch (shape) {                                                                               \
+                        case 1: chain_##SUFFIX(x, y, z, 1); break;                                                 \
+                        case 2: chain_##SUFFIX(x, y, z, 2); break;                                                 \
+                        case 3: chain_##SUFFIX(x, y, z, 3); break;                                                 \
+                        default: chain_##SUFFIX(x, y, z, 4); break;                                                \
+                    }                                                                                              \
+                    p++;                                                                                           \
+                    continue;                                                                                      \
+                }                                                                                                  \
+            }                                                                                                      \
+            T *restrict ra = buf + a * BLK;                                                                        \
+            T *restrict rb = buf + b * BLK;                                                                        \
             for (int j = 0; j < BLK; j++) {                                                                        \
-                T u = a[j], v = b[j];                                                                              \
-                a[j] = MIN_##SUFFIX(u, v);                                                                         \
-                b[j] = MAX_##SUFFIX(u, v);                                                                         \
+                T u_ = ra[j], w_ = rb[j];                                                                          \
+                ra[j] = u_ < w_ ? u_ : w_;                                                                         \
+                rb[j] = u_ > w_ ? u_ : w_;                                                                         \
             }                                                                                                      \
         }                                                                                                          \
     }                                                                                                              \
@@ -137,15 +253,25 @@
             T st[BLK], en[BLK];                                                                                    \
             window_starts_##SUFFIX(buf, n, mode, trim, length, st);                                                \
             for (int j = 0; j < BLK; j++) en[j] = st[j] + (T)length;                                               \
-            for (Py_ssize_t r = 0; r < n; r++) {                                                                   \
+            if (trim < length) { /* rows r < trim: in iff r >= st; [trim, length): always; r >= length: iff r < en */ \
+                for (Py_ssize_t r = 0; r < trim; r++) { /* one comparison a row: acc stays in registers */        \
+                    const T *row = buf + r * BLK;                                                                  \
+                    T rv = (T)r;                                                                                   \
+                    for (int j = 0; j < BLK; j++) acc[j] += rv >= st[j] ? (double)row[j] : 0.0;                    \
+                }                                                                                                  \
+                for (Py_ssize_t r = trim; r < length; r++) {                                                       \
+                    const T *row = buf + r * BLK;                                                                  \
+                    for (int j = 0; j < BLK; j++) acc[j] += (double)row[j];                                        \
+                }                                                                                                  \
+                for (Py_ssize_t r = length; r < n; r++) {                                                          \
+                    const T *row = buf + r * BLK;                                                                  \
+                    T rv = (T)r;                                                                                   \
+                    for (int j = 0; j < BLK; j++) acc[j] += rv < en[j] ? (double)row[j] : 0.0;                     \
+                }                                                                                                  \
+            } else for (Py_ssize_t r = 0; r < n; r++) { /* Bulyan's trim >= length: no row in every window */     \
                 const T *row = buf + r * BLK;                                                                      \
                 T rv = (T)r;                                                                                       \
-                if (r >= trim && r < length) { /* in every lane's window (none when trim >= length: Bulyan) */ \
-                    for (int j = 0; j < BLK; j++) acc[j] += (double)row[j];                                        \
-                } else {                                                                                           \
-                    for (int j = 0; j < BLK; j++)                                                                  \
-                        acc[j] += (rv >= st[j] && rv < en[j]) ? (double)row[j] : 0.0;                              \
-                }                                                                                                  \
+                for (int j = 0; j < BLK; j++) acc[j] += (rv >= st[j] && rv < en[j]) ? (double)row[j] : 0.0;       \
             }                                                                                                      \
         }                                                                                                          \
         for (Py_ssize_t j = 0; j < w; j++) out[j] = (T)(acc[j] * inv);                                             \
@@ -197,11 +323,32 @@
     /* columns past j1 padded with +Inf, which never move), sort it, write its window means.                     */ \
     MULTIVERSION static void window_##SUFFIX(const T *x, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j0, Py_ssize_t j1, \
                                              const long long *pairs, Py_ssize_t npairs, int mode, int trim,        \
-                                             int length, T *out, double *contrib, T *buf, double *rowacc) {        \
+                                             int length, T *out, double *contrib, T *buf, double *rowacc,          \
+                                             const Py_ssize_t *plan) {                                             \
         double inv = 1.0 / (double)length;                                                                         \
+        T *scratch = buf + n * BLK; /* LOAD_SORT_MAX rows past the block: a partial block's groups are padded there */ \
         for (Py_ssize_t s = j0; s < j1; s += BLK) {                                                                \
             Py_ssize_t w = (j1 - s) < BLK ? (j1 - s) : BLK;                                                        \
-            for (Py_ssize_t i = 0; i < n; i++) {                                                                   \
+            Py_ssize_t first = 0; /* plan[k] groups of 32 >> k rows, from row 0: sorted as they are loaded */     \
+            for (int k = 0; k < 3; k++) {                                                                          \
+                int rows = 32 >> k;                                                                                \
+                for (Py_ssize_t g = 0; g < plan[k]; g++, first += rows) {                                          \
+                    const T *src = x + first * d + s;                                                              \
+                    Py_ssize_t ss = d;                                                                             \
+                    if (w < BLK) {                                                                                 \
+                        for (int i = 0; i < rows; i++) {                                                           \
+                            for (Py_ssize_t j = 0; j < w; j++) scratch[i * BLK + j] = src[i * d + j];              \
+                            for (Py_ssize_t j = w; j < BLK; j++) scratch[i * BLK + j] = (T)INFINITY;               \
+                        }                                                                                          \
+                        src = scratch;                                                                             \
+                        ss = BLK;                                                                                  \
+                    }                                                                                              \
+                    if (rows == 32) loadsort32_##SUFFIX(src, ss, buf + first * BLK, BLK);                          \
+                    else if (rows == 16) loadsort16_##SUFFIX(src, ss, buf + first * BLK, BLK);                     \
+                    else loadsort8_##SUFFIX(src, ss, buf + first * BLK, BLK);                                      \
+                }                                                                                                  \
+            }                                                                                                      \
+            for (Py_ssize_t i = first; i < n; i++) {                                                               \
                 const T *src = x + i * d + s;                                                                      \
                 T *dst = buf + i * BLK;                                                                            \
                 if (w == BLK) {                                                                                    \
@@ -270,27 +417,27 @@ static PyObject *py_tile_rows(PyObject *self, PyObject *args) {
 
 static void window_any(int is_double, Py_ssize_t blk, Py_ssize_t xp, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j0,
                        Py_ssize_t j1, Py_ssize_t pp, Py_ssize_t npairs, int mode, int trim, int length, Py_ssize_t op,
-                       double *contrib, void *buf, double *rowacc) {
+                       double *contrib, void *buf, double *rowacc, const Py_ssize_t *plan) {
     const long long *pairs = (const long long *)pp;
     if (is_double && blk == BLOCK)
         window_f64((const double *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (double *)op, contrib,
-                   (double *)buf, rowacc);
+                   (double *)buf, rowacc, plan);
     else if (is_double)
         window_f64_small((const double *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (double *)op, contrib,
-                         (double *)buf, rowacc);
+                         (double *)buf, rowacc, plan);
     else if (blk == BLOCK)
         window_f32((const float *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (float *)op, contrib,
-                   (float *)buf, rowacc);
+                   (float *)buf, rowacc, plan);
     else
         window_f32_small((const float *)xp, n, d, j0, j1, pairs, npairs, mode, trim, length, (float *)op, contrib,
-                         (float *)buf, rowacc);
+                         (float *)buf, rowacc, plan);
 }
 
 /* The (n, blk) block buffer, its first row on a 64-byte boundary (*raw is what to free), and, with contributions,
  * the per-lane row sums; NULL if out of memory (then nothing is left allocated). */
 static void *alloc_buffers(Py_ssize_t n, Py_ssize_t blk, int is_double, int want, void **raw, double **rowacc) {
     size_t elem = is_double ? sizeof(double) : sizeof(float);
-    *raw = malloc((size_t)n * blk * elem + 64);
+    *raw = malloc(((size_t)n + LOAD_SORT_MAX) * blk * elem + 64); /* + the load sort's scratch rows */
     *rowacc = want ? (double *)calloc((size_t)n * blk, sizeof(double)) : NULL;
     if (!*raw || (want && !*rowacc)) {
         free(*raw);
@@ -302,14 +449,26 @@ static void *alloc_buffers(Py_ssize_t n, Py_ssize_t blk, int is_double, int want
     return (void *)(((size_t)*raw + 63) / 64 * 64);
 }
 
-/* window(x_ptr, n, d, j0, j1, pairs_ptr, npairs, mode, trim, length, out_ptr, contrib_ptr_or_0, is_double) */
+/* The load plan: plan[k] groups of 32 >> k rows (32, 16, 8), from row 0 on, sorted as they are loaded. Valid? */
+static int plan_ok(Py_ssize_t n, const Py_ssize_t *plan) {
+    Py_ssize_t rows = 0;
+    for (int k = 0; k < 3; k++) {
+        if (plan[k] < 0 || plan[k] > n) return 0;
+        rows += plan[k] * (32 >> k);
+    }
+    return rows <= n;
+}
+
+/* window(x_ptr, n, d, j0, j1, pairs_ptr, npairs, mode, trim, length, out_ptr, contrib_ptr_or_0, is_double
+ *        [, groups32, groups16, groups8]) */
 static PyObject *py_window(PyObject *self, PyObject *args) {
-    Py_ssize_t xp, n, d, j0, j1, pp, npairs, op, cp;
+    Py_ssize_t xp, n, d, j0, j1, pp, npairs, op, cp, plan[3] = {0, 0, 0};
     int mode, trim, length, is_double;
-    if (!PyArg_ParseTuple(args, "nnnnnnniiinnp", &xp, &n, &d, &j0, &j1, &pp, &npairs, &mode, &trim, &length, &op,
-                          &cp, &is_double))
+    if (!PyArg_ParseTuple(args, "nnnnnnniiinnp|nnn", &xp, &n, &d, &j0, &j1, &pp, &npairs, &mode, &trim, &length, &op,
+                          &cp, &is_double, &plan[0], &plan[1], &plan[2]))
         return NULL;
-    if (n < 1 || d < 1 || j0 < 0 || j1 > d || j0 > j1 || length < 1 || mode < 0 || mode > 2) {
+    if (n < 1 || d < 1 || j0 < 0 || j1 > d || j0 > j1 || length < 1 || mode < 0 || mode > 2 ||
+        !plan_ok(n, plan)) {
         PyErr_SetString(PyExc_ValueError, "_cwkernel.window: invalid arguments");
         return NULL;
     }
@@ -319,7 +478,7 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
     void *buf = alloc_buffers(n, blk, is_double, cp != 0, &raw, &rowacc);
     if (!buf) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
-    window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, (double *)cp, buf, rowacc);
+    window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, (double *)cp, buf, rowacc, plan);
     Py_END_ALLOW_THREADS
     free(raw);
     free(rowacc);
@@ -327,7 +486,7 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
 }
 
 /* window_parallel(x_ptr, n, d, pairs_ptr, npairs, mode, trim, length, out_ptr, contrib_ptr_or_0, is_double,
- *                 threads) -> chunks. The columns are cut into `chunks` = min(threads, blocks) equal runs of whole
+ *                 threads[, groups32, groups16, groups8]) -> chunks. The columns are cut into `chunks` = min(threads, blocks) equal runs of whole
  * blocks, fixed by the arguments alone; contrib, when given, has `chunks` rows of n: row k gets the sums of chunk k's
  * columns (the caller adds the rows, in order). The chunks are shared out over an OpenMP team of at most `threads`
  * (a static loop), so every chunk is computed, by whichever thread, whatever team the runtime actually grants: a
@@ -335,12 +494,12 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
  * threads, and the output and the contributions are the same bit for bit (tests/test_determinism.py). Splitting by
  * omp_get_thread_num() instead left the columns of threads that never ran unwritten. */
 static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
-    Py_ssize_t xp, n, d, pp, npairs, op, cp;
+    Py_ssize_t xp, n, d, pp, npairs, op, cp, plan[3] = {0, 0, 0};
     int mode, trim, length, is_double, threads;
-    if (!PyArg_ParseTuple(args, "nnnnniiinnpi", &xp, &n, &d, &pp, &npairs, &mode, &trim, &length, &op, &cp,
-                          &is_double, &threads))
+    if (!PyArg_ParseTuple(args, "nnnnniiinnpi|nnn", &xp, &n, &d, &pp, &npairs, &mode, &trim, &length, &op, &cp,
+                          &is_double, &threads, &plan[0], &plan[1], &plan[2]))
         return NULL;
-    if (n < 1 || d < 1 || length < 1 || mode < 0 || mode > 2 || threads < 1) {
+    if (n < 1 || d < 1 || length < 1 || mode < 0 || mode > 2 || threads < 1 || !plan_ok(n, plan)) {
         PyErr_SetString(PyExc_ValueError, "_cwkernel.window_parallel: invalid arguments");
         return NULL;
     }
@@ -363,7 +522,8 @@ static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
                 failed = 1;
             } else {
                 double *crow = cp ? (double *)cp + (size_t)k * n : NULL;
-                window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, crow, buf, rowacc);
+                window_any(is_double, blk, xp, n, d, j0, j1, pp, npairs, mode, trim, length, op, crow, buf, rowacc,
+                           plan);
             }
             free(raw);
             free(rowacc);
@@ -372,6 +532,25 @@ static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     if (failed) return PyErr_NoMemory();
     return PyLong_FromLong(chunks);
+}
+
+/* load_sort_network(rows) -> [(a, b), ...]: the compare-exchanges a load-time group of `rows` (8 or 16) runs. */
+#define LS_PAIR(a, b) if (ok) { PyObject *t = Py_BuildValue("(ii)", a, b); ok = t && PyList_Append(list, t) == 0; Py_XDECREF(t); }
+static PyObject *py_load_sort_network(PyObject *self, PyObject *args) {
+    int rows, ok = 1;
+    if (!PyArg_ParseTuple(args, "i", &rows)) return NULL;
+    if (rows != 8 && rows != 16 && rows != 32) {
+        PyErr_SetString(PyExc_ValueError, "_cwkernel.load_sort_network: rows must be 8, 16 or 32");
+        return NULL;
+    }
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    if (rows == 8) { BATCHER8(LS_PAIR) } else if (rows == 16) { BATCHER16(LS_PAIR) } else { BATCHER32(LS_PAIR) }
+    if (!ok) {
+        Py_DECREF(list);
+        return NULL;
+    }
+    return list;
 }
 
 static PyObject *py_has_openmp(PyObject *self, PyObject *noargs) {
@@ -388,6 +567,8 @@ static PyMethodDef methods[] = {
      "Coordinate-wise window mean over all columns, split between the threads of an OpenMP team."},
     {"tile_rows", py_tile_rows, METH_VARARGS, "Rows of a block per L1 tile (the order of the compare-exchanges)."},
     {"has_openmp", py_has_openmp, METH_NOARGS, "Whether window_parallel runs on an OpenMP team."},
+    {"load_sort_network", py_load_sort_network, METH_VARARGS,
+     "The compare-exchanges a group of 8 or 16 rows runs as it is loaded (Batcher's network)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,6 +18,11 @@ The kernel runs the compare-exchanges in a cache-friendly order (:func:`cache_or
 wire's in its original order, so every wire ends with the same value bit for bit; tiles of rows that fit the L1
 cache are finished before the network moves on, instead of sweeping the whole ``(n, block)`` buffer once per stage.
 
+Before the pair loop, the kernel sorts leading groups of 32, 16 or 8 rows in registers as it loads them
+(:func:`load_plan`, :func:`kernel_program`): Batcher's first stages stay inside such groups, and a group is only
+handed over where the network's first compare-exchanges on each of its wires are exactly the group network's, so
+again every wire ends with the same value bit for bit.
+
 NaN is mapped to +∞ before sorting (a NaN is the most extreme value there is), so with at most ``t`` non-finite
 values per coordinate on each side the window holds only finite values.
 """
@@ -141,3 +146,107 @@ def kernel_network(n: int, window: tuple[int, int] | None, tile: int) -> torch.T
     pairs = batcher_pairs(n) if window is None else window_pairs(n, *window)
     ordered = cache_order([(int(a), int(b)) for a, b in pairs.tolist()], tile)
     return torch.tensor(ordered, dtype=torch.int64).reshape(-1, 2).contiguous()
+
+
+def group_prefix(pairs: list[tuple[int, int]], lo: int, group: list[tuple[int, int]]) -> list[int] | None:
+    """The indices of ``pairs`` that a group network run on wires ``[lo, lo + rows)`` as they are loaded replaces,
+    or None if it may not (issue 37: the kernel sorts such groups in registers, see ``_cwkernel.load_sort_network``).
+
+    The group qualifies when, on each of its wires, the network's first compare-exchanges are exactly ``group``'s
+    (shifted by ``lo``) on that wire: the same instances in the same order. Running those first and every other
+    compare-exchange after, in its order, keeps each wire's sequence of compare-exchanges — the argument of
+    :func:`cache_order` — so every wire ends with the same value bit for bit. A pruned network that dropped one of
+    the group's compare-exchanges does not qualify. Our construction (not from a paper).
+    """
+    rows = 1 + max(max(a, b) for a, b in group)
+    want = [(a + lo, b + lo) for a, b in group]
+    expect: dict[int, list[int]] = {w: [] for w in range(lo, lo + rows)}
+    for k, (a, b) in enumerate(want):
+        expect[a].append(k)
+        expect[b].append(k)
+    seen = dict.fromkeys(expect, 0)
+    mine: list[int] = []
+    for i, (a, b) in enumerate(pairs):
+        pending = [w for w in (a, b) if w in expect and seen[w] < len(expect[w])]
+        if not pending:
+            continue
+        if len(pending) < 2 or expect[a][seen[a]] != expect[b][seen[b]] or want[expect[a][seen[a]]] != (a, b):
+            return None
+        seen[a] += 1
+        seen[b] += 1
+        mine.append(i)
+    return mine if all(seen[w] == len(expect[w]) for w in expect) else None
+
+
+def load_plan(pairs: list[tuple[int, int]], n: int,
+              nets: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]) -> tuple[tuple[int, ...], list[int]]:
+    """The kernel's load plan for a network on ``n`` wires: how many groups of each size in ``nets`` (``(rows,
+    pairs)``, largest first) are sorted as they are loaded, from row 0 on in that order, and the indices of the
+    compare-exchanges left to run after. From row 0, each step takes the largest group size not above the last
+    one taken that :func:`group_prefix` accepts at that row (sizes are powers of two; a group starts at a multiple
+    of its size); it stops where none does."""
+    counts = [0] * len(nets)
+    taken: set[int] = set()
+    row, k = 0, 0
+    while k < len(nets):
+        rows, group = nets[k]
+        mine = group_prefix(pairs, row, list(group)) if row % rows == 0 and row + rows <= n else None
+        if mine is None:
+            k += 1
+            continue
+        taken.update(mine)
+        counts[k] += 1
+        row += rows
+    return tuple(counts), [i for i in range(len(pairs)) if i not in taken]
+
+
+def chain_order(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The same compare-exchanges, each followed where possible by one that shares exactly one of its wires.
+
+    The kernel runs two consecutive compare-exchanges that share one wire on three rows in registers (three row
+    loads and stores instead of four). Walking the list in order, after emitting a compare-exchange this moves up
+    the next pending one on either of its wires if that one is also the next pending on its other wire — nothing
+    still to run touches its wires before it — so every wire keeps its sequence of compare-exchanges (the argument
+    of :func:`cache_order`) and its value bit for bit. Our construction (not from a paper)."""
+    on: dict[int, list[int]] = {}
+    for i, (a, b) in enumerate(pairs):
+        on.setdefault(a, []).append(i)
+        on.setdefault(b, []).append(i)
+    nxt = dict.fromkeys(on, 0)
+    done = [False] * len(pairs)
+    out: list[int] = []
+
+    def emit(i: int) -> None:
+        out.append(i)
+        done[i] = True
+        for w in pairs[i]:
+            nxt[w] += 1
+
+    def ready(j: int) -> bool:
+        return all(nxt[w] < len(on[w]) and on[w][nxt[w]] == j for w in pairs[j])
+
+    for i in range(len(pairs)):
+        if done[i]:
+            continue
+        emit(i)
+        for w in pairs[i]:
+            j = on[w][nxt[w]] if nxt[w] < len(on[w]) else -1
+            if j >= 0 and ready(j) and len(set(pairs[i]) & set(pairs[j])) == 1:
+                emit(j)
+                break
+    return [pairs[i] for i in out]
+
+
+@functools.lru_cache(maxsize=64)
+def kernel_program(n: int, window: tuple[int, int] | None, tile: int,
+                   nets: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]) -> tuple[tuple[int, ...], torch.Tensor]:
+    """``(plan, pairs)`` for the C kernel: ``plan`` (:func:`load_plan`) counts the groups of each size in ``nets``
+    sorted as they are loaded, then ``pairs`` — what remains of :func:`kernel_network`'s compare-exchanges — run
+    in :func:`cache_order`, then :func:`chain_order`. With no ``nets`` (an older build) it is
+    :func:`kernel_network`'s, with an empty plan."""
+    base = [(int(a), int(b)) for a, b in (batcher_pairs(n) if window is None else window_pairs(n, *window)).tolist()]
+    plan, rest = load_plan(base, n, nets)
+    ordered = cache_order([base[i] for i in rest], tile)
+    if nets:  # a build with the load sort also runs two compare-exchanges sharing a wire as one (chain_order)
+        ordered = chain_order(ordered)
+    return plan, torch.tensor(ordered, dtype=torch.int64).reshape(-1, 2).contiguous()

@@ -7,6 +7,7 @@ does it; on other devices or dtypes a ``torch.sort`` along dim 0 gives the same 
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, Literal
@@ -49,6 +50,15 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL
 
 
+@functools.lru_cache(maxsize=1)
+def _load_sort_nets() -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
+    """The networks the kernel runs on groups of rows as it loads them, ``(rows, pairs)`` for 32, 16 and 8 rows (its
+    plan arguments' order); none in older builds."""
+    if not hasattr(_cwkernel, "load_sort_network"):
+        return ()
+    return tuple((rows, tuple(_cwkernel.load_sort_network(rows))) for rows in (32, 16, 8))
+
+
 def _use_kernel(x: Tensor) -> bool:
     return HAVE_KERNEL and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.shape[0] > 1
 
@@ -61,11 +71,11 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Ten
     is_double = x.dtype == torch.float64
     # the order of the compare-exchanges for the kernel's L1 tiles (the same values: _sortnet.cache_order)
     tile = int(_cwkernel.tile_rows(n, is_double)) if hasattr(_cwkernel, "tile_rows") else 0
-    if want or mode == _sortnet.MODE_MEAMED:  # contributions and MeaMed read sorted positions: the whole network
-        pairs = _sortnet.kernel_network(n, None, tile)
-    else:  # the trimmed mean and the median only sum a window: the pruned network
-        start = trim_ if mode == _sortnet.MODE_TRIMMED else (n - 1) // 2
-        pairs = _sortnet.kernel_network(n, (start, length), tile)
+    window: tuple[int, int] | None = None  # contributions and MeaMed read sorted positions: the whole network
+    if not want and mode != _sortnet.MODE_MEAMED:  # the trimmed mean and the median only sum a window: pruned
+        window = (trim_ if mode == _sortnet.MODE_TRIMMED else (n - 1) // 2, length)
+    # leading groups of rows sorted as the kernel loads them, the rest of the network after (same values)
+    load, pairs = _sortnet.kernel_program(n, window, tile, _load_sort_nets())
     out = torch.empty(d, dtype=x.dtype)
     threads = max(1, min(torch.get_num_threads(), (d + _BLOCK - 1) // _BLOCK))
     if _KERNEL_ONE_CALL and (_KERNEL_OPENMP or threads == 1):
@@ -74,7 +84,7 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Ten
         contrib = torch.zeros((threads, n), dtype=torch.float64) if want else None
         _cwkernel.window_parallel(
             x.data_ptr(), n, d, pairs.data_ptr(), pairs.shape[0], mode, trim_, length, out.data_ptr(),
-            contrib.data_ptr() if contrib is not None else 0, is_double, threads,
+            contrib.data_ptr() if contrib is not None else 0, is_double, threads, *load,
         )
         return out, (contrib.sum(dim=0) / d if contrib is not None else None)
     # no OpenMP in the build: split the columns between Python threads (the GIL is released inside)
@@ -87,7 +97,7 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Ten
         cptr = contrib[k].data_ptr() if contrib is not None else 0
         _cwkernel.window(
             x.data_ptr(), n, d, j0, j1, pairs.data_ptr(), pairs.shape[0], mode, trim_, length, out.data_ptr(),
-            cptr, is_double,
+            cptr, is_double, *load,
         )
 
     list(_pool().map(work, range(len(ranges))))
