@@ -55,14 +55,19 @@ def mesh(keydir: Path, rank: int, topology: str = "serverless", job: str = "job"
                 init_limit=1 << 20, monitor_limit=1 << 16)
 
 
-def assemble(meshes: list[Mesh], edit: Callable[[list[Mesh]], None] = lambda m: None) -> None:
-    """The rendezvous and the connections of a job, every rank to every other (``edit``: change the books first)."""
+def rendezvous(meshes: list[Mesh]) -> None:
+    """The rendezvous of a job: every rank joins rank 0 and gets the start snapshot with the book."""
     for m in meshes[1:]:
         m.join(*meshes[0].address)
     assert meshes[0].wait_joins(set(range(1, N)), 20.0) == set(range(1, N))
     meshes[0].offer({"config": DIGEST, "round": 0})
     for m in meshes[1:]:
         assert m.receive_init(20.0) == {"config": DIGEST, "round": 0}
+
+
+def assemble(meshes: list[Mesh], edit: Callable[[list[Mesh]], None] = lambda m: None) -> None:
+    """The rendezvous and the connections of a job, every rank to every other (``edit``: change the books first)."""
+    rendezvous(meshes)
     edit(meshes)
     deadline = time.monotonic() + 20.0
     for m in meshes:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.test_mesh import DIGEST, N, _hello, ident, keydir, mesh, reasons, wait_until
+from tests.test_mesh import DIGEST, N, _hello, ident, keydir, mesh, reasons, rendezvous, wait_until
 
 from phalanx.distributed import mesh as mesh_module
 from phalanx.distributed.channel import Kind, client_context, send_phased
@@ -138,12 +138,7 @@ def test_a_rank_that_left_before_a_peer_dialled_it_is_given_up_at_the_first_refu
     tries = counted_dials(monkeypatch, policy)
     meshes = [mesh(keydir, r, "gossip") for r in range(N)]
     try:
-        for m in meshes[1:]:
-            m.join(*meshes[0].address)
-        assert meshes[0].wait_joins(set(range(1, N)), 20.0) == set(range(1, N))
-        meshes[0].offer({"config": DIGEST, "round": 0})
-        for m in meshes[1:]:
-            assert m.receive_init(20.0) == {"config": DIGEST, "round": 0}
+        rendezvous(meshes)
         port = meshes[1].book[3][1]
         meshes[3].close(wait_for=set(), timeout=1.0)
         tries.clear()
