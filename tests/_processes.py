@@ -3,9 +3,16 @@ an event, not a race with the machine's speed), and the live children of a proce
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+
+JOB_TIMEOUT_S = float(os.environ.get("PHALANX_TEST_JOB_TIMEOUT", "400"))
+"""A process job's hard bound in the tests (a hung job fails at it; a passing one never waits for it). Above the code's
+own ``JOIN_TIMEOUT_S`` (120 s) plus a run: on the 2-core machine under load, starting 4–5 processes alone took 80 s,
+and at the former 120 s a slow start was killed before the code's own wait for a late rank could report it."""
+
 
 HOLD = """
 import os

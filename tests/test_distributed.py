@@ -22,14 +22,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from _processes import supervised
+from _processes import JOB_TIMEOUT_S, supervised
 from phalanx.distributed import launch, wire, worker
 from phalanx.distributed.env import RankEnv, free_port, open_store
 from phalanx.errors import ConfigError
 from phalanx.experiments import grid, make_config, train
 
-JOB_TIMEOUT_S = float(os.environ.get("PHALANX_TEST_JOB_TIMEOUT", "120"))
-"""A job's hard timeout (raise it on a machine shared with other work: PHALANX_TEST_JOB_TIMEOUT=600)."""
 BASE: dict[str, Any] = {
     "dataset": "digits", "model": "mlp", "workers": 4, "byzantine": 1, "f": 1, "aggregator": "cwtm",
     "attack": "alie", "partition": "dirichlet", "alpha": 1.0, "rounds": 10, "batch_size": 16, "lr": 0.1,

@@ -25,6 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from _processes import JOB_TIMEOUT_S
 from phalanx.distributed import wire
 from phalanx.distributed.channel import Kind, Violation
 from phalanx.distributed.keys import init_keys, load_identity
@@ -32,9 +33,6 @@ from phalanx.distributed.sealed import SIGNATURE_BYTES, SealedLinks, signed_mess
 from phalanx.experiments import store
 from phalanx.training.stages.base import WorkerUpdate
 from phalanx.training.stages.update_clip import UpdateClip
-
-JOB_TIMEOUT_S = float(os.environ.get("PHALANX_TEST_JOB_TIMEOUT", "120"))
-"""The launch's hard timeout (raise it on a machine shared with other work: PHALANX_TEST_JOB_TIMEOUT=600)."""
 
 
 def _stage(rows: torch.Tensor, c: float = 1.0, workers: int = 4) -> UpdateClip:

@@ -25,12 +25,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from _processes import JOB_TIMEOUT_S
 from phalanx.distributed.audit import audit
 from phalanx.distributed.keys import init_keys
 from phalanx.experiments import make_config, store, train
-
-JOB_TIMEOUT_S = float(os.environ.get("PHALANX_TEST_JOB_TIMEOUT", "120"))
-"""The launch's hard timeout (raise it on a machine shared with other work: PHALANX_TEST_JOB_TIMEOUT=600)."""
 
 RUN: dict[str, Any] = {
     "dataset": "digits", "workers": 4, "byzantine": 1, "f": 1, "aggregator": "cwtm", "attack": "signflip",

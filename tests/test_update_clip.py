@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from torch import Tensor
 from typer.testing import CliRunner
 
 from _interrupt import train_interrupted
+from _processes import JOB_TIMEOUT_S
 from phalanx import aggregators, attacks, cli, data, models
 from phalanx.errors import ConfigError
 from phalanx.experiments import grid, make_config, store, train
@@ -253,8 +253,6 @@ def test_a_resumed_run_equals_an_uninterrupted_one_bit_for_bit(tmp_path: Path) -
     assert store.read_rows(full) == store.read_rows(part)
 
 
-JOB_TIMEOUT_S = float(os.environ.get("PHALANX_TEST_JOB_TIMEOUT", "120"))
-"""The launch's hard timeout (raise it on a machine shared with other work: PHALANX_TEST_JOB_TIMEOUT=600)."""
 
 
 def test_under_phalanx_launch_the_rows_count_every_worker_and_the_run_is_the_simulated_one(
