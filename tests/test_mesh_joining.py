@@ -144,6 +144,8 @@ def test_a_rank_that_left_before_a_peer_dialled_it_is_given_up_at_the_first_refu
         tries.clear()
         failed = meshes[1].connect({3}, time.monotonic() + 2.0)
         assert set(failed) == {3}
+        # gone: rank 1 does not wait for rank 3's own connection either (it held the node as long as the refusals)
+        assert not meshes[1].alive(3) and meshes[1].wait_incoming({3}, time.monotonic() + 600.0) == set()
         if policy == "kept":
             assert tries.count(port) == 1 and "nothing listens" in failed[3], (tries, failed)
         else:

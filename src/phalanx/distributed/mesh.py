@@ -441,8 +441,7 @@ class Mesh:
 
     def _connect_all(self, targets: dict[int, tuple[str, int]], extra: dict[str, Any],
                      deadline: float, listened: bool = False) -> dict[int, str]:
-        """:meth:`_connect` to every peer of ``targets`` at once (one that stalls delays only itself, and not beyond
-        ``deadline``); the peers it failed for, and why."""
+        """:meth:`_connect` to every peer of ``targets`` at once (one that stalls delays only itself): who failed."""
         connect = self._connect
         return at_once(targets, lambda p, a: connect(p, *a, extra, deadline, listened=listened), f"rank {self.rank}")
 
@@ -516,13 +515,14 @@ class Mesh:
 
     def connect(self, peers: set[int], deadline: float) -> dict[int, str]:
         """Open this rank's connection to each of ``peers`` it has none to yet, through the address book; the peers
-        it could not reach, and why."""
+        it could not reach, and why — gone, so that :meth:`wait_incoming` does not wait for them either."""
         assert self.nonce is not None
         absent = {p: "it did not join the job" for p in peers if p not in self.out and p not in self.book}
         targets = {p: self.book[p] for p in peers if p not in self.out and p in self.book}
         failed = self._connect_all(targets, {"nonce": self.nonce.hex()}, deadline, listened=True)
         for p, reason in failed.items():
             self.reject(p, reason)
+            self._gone(p, reason)
         return dict(sorted({**absent, **failed}.items()))
 
     def wait_incoming(self, peers: set[int], deadline: float) -> set[int]:
