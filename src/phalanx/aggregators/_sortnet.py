@@ -148,7 +148,17 @@ def kernel_network(n: int, window: tuple[int, int] | None, tile: int) -> torch.T
     return torch.tensor(ordered, dtype=torch.int64).reshape(-1, 2).contiguous()
 
 
-def group_prefix(pairs: list[tuple[int, int]], lo: int, group: list[tuple[int, int]]) -> list[int] | None:
+def wires_index(pairs: list[tuple[int, int]]) -> dict[int, list[int]]:
+    """For each wire, the indices of ``pairs`` that touch it, in order (built once per network: O(len(pairs)))."""
+    on: dict[int, list[int]] = {}
+    for i, (a, b) in enumerate(pairs):
+        on.setdefault(a, []).append(i)
+        on.setdefault(b, []).append(i)
+    return on
+
+
+def group_prefix(pairs: list[tuple[int, int]], lo: int, group: list[tuple[int, int]],
+                 on: dict[int, list[int]] | None = None) -> list[int] | None:
     """The indices of ``pairs`` that a group network run on wires ``[lo, lo + rows)`` as they are loaded replaces,
     or None if it may not (issue 37: the kernel sorts such groups in registers, see ``_cwkernel.load_sort_network``).
 
@@ -156,26 +166,23 @@ def group_prefix(pairs: list[tuple[int, int]], lo: int, group: list[tuple[int, i
     (shifted by ``lo``) on that wire: the same instances in the same order. Running those first and every other
     compare-exchange after, in its order, keeps each wire's sequence of compare-exchanges — the argument of
     :func:`cache_order` — so every wire ends with the same value bit for bit. A pruned network that dropped one of
-    the group's compare-exchanges does not qualify. Our construction (not from a paper).
+    the group's compare-exchanges does not qualify. ``on``: :func:`wires_index` of ``pairs`` (built here if not
+    given); the check reads only the group's own wires' first compare-exchanges, so a plan over a network of n
+    wires costs O(len(pairs)), not O(n · len(pairs)). Our construction (not from a paper).
     """
-    rows = 1 + max(max(a, b) for a, b in group)
+    on = wires_index(pairs) if on is None else on
     want = [(a + lo, b + lo) for a, b in group]
-    expect: dict[int, list[int]] = {w: [] for w in range(lo, lo + rows)}
+    found: list[int | None] = [None] * len(want)  # the index in pairs of each of the group's compare-exchanges
+    position: dict[int, int] = {}
     for k, (a, b) in enumerate(want):
-        expect[a].append(k)
-        expect[b].append(k)
-    seen = dict.fromkeys(expect, 0)
-    mine: list[int] = []
-    for i, (a, b) in enumerate(pairs):
-        pending = [w for w in (a, b) if w in expect and seen[w] < len(expect[w])]
-        if not pending:
-            continue
-        if len(pending) < 2 or expect[a][seen[a]] != expect[b][seen[b]] or want[expect[a][seen[a]]] != (a, b):
-            return None
-        seen[a] += 1
-        seen[b] += 1
-        mine.append(i)
-    return mine if all(seen[w] == len(expect[w]) for w in expect) else None
+        for w in (a, b):
+            seq = on.get(w, [])
+            j = position.get(w, 0)
+            if j >= len(seq) or pairs[seq[j]] != (a, b) or found[k] not in (None, seq[j]):
+                return None
+            found[k] = seq[j]
+            position[w] = j + 1
+    return sorted(i for i in found if i is not None)
 
 
 def load_plan(pairs: list[tuple[int, int]], n: int,
@@ -187,10 +194,11 @@ def load_plan(pairs: list[tuple[int, int]], n: int,
     of its size); it stops where none does."""
     counts = [0] * len(nets)
     taken: set[int] = set()
+    on = wires_index(pairs)
     row, k = 0, 0
     while k < len(nets):
         rows, group = nets[k]
-        mine = group_prefix(pairs, row, list(group)) if row % rows == 0 and row + rows <= n else None
+        mine = group_prefix(pairs, row, list(group), on) if row % rows == 0 and row + rows <= n else None
         if mine is None:
             k += 1
             continue
