@@ -158,7 +158,7 @@
         }                                                                                                          \
     }                                                                                                              \
                                                                                                                    \
-    /* Rows [0, 8) or [0, 16) of src (row stride ss; NaN -> +Inf) sorted by Batcher's network into dst (stride ds). */ \
+    /* Rows [0, 8), [0, 16) or [0, 32) of src (row stride ss; NaN -> +Inf) sorted by Batcher's network into dst. */ \
     static inline __attribute__((always_inline)) void ls8_rows_##SUFFIX(ROWS8(LS_SPARAM, T) ROWS8(LS_DPARAM, T) int lanes) { \
         for (int j = 0; j < lanes; j++) {                                                                          \
             T ROWS8(LS_DECL, _) u_, w_;                                                                               \

@@ -216,10 +216,7 @@ def chain_order(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
     the next pending one on either of its wires if that one is also the next pending on its other wire — nothing
     still to run touches its wires before it — so every wire keeps its sequence of compare-exchanges (the argument
     of :func:`cache_order`) and its value bit for bit. Our construction (not from a paper)."""
-    on: dict[int, list[int]] = {}
-    for i, (a, b) in enumerate(pairs):
-        on.setdefault(a, []).append(i)
-        on.setdefault(b, []).append(i)
+    on = wires_index(pairs)
     nxt = dict.fromkeys(on, 0)
     done = [False] * len(pairs)
     out: list[int] = []
