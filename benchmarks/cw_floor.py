@@ -53,11 +53,8 @@ def _kernel_call(mod: Any, x: torch.Tensor, mode: int, trim: int) -> Callable[[]
     # a build with tile_rows gets the compare-exchanges in its cache order, an older one in Batcher's order; one with
     # load_sort_network its load plan (groups of rows sorted as they are loaded), an older one the whole network
     tile = int(mod.tile_rows(n, x.dtype == torch.float64)) if hasattr(mod, "tile_rows") else 0
-    nets = tuple((r, tuple(mod.load_sort_network(r))) for r in (32, 16, 8)) if hasattr(mod, "load_sort_network") else ()
-    window = None
-    if mode != _sortnet.MODE_MEAMED:
-        window = (trim_ if mode == _sortnet.MODE_TRIMMED else (n - 1) // 2, length)
-    plan, pairs = _sortnet.kernel_program(n, window, tile, nets)
+    nets = _sortnet.load_sort_nets(mod)
+    plan, pairs = _sortnet.kernel_program(n, _sortnet.network_window(n, mode, trim_, length), tile, nets)
     threads = torch.get_num_threads()
 
     def call() -> torch.Tensor:

@@ -30,6 +30,7 @@ values per coordinate on each side the window holds only finite values.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
@@ -240,6 +241,22 @@ def chain_order(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
                 emit(j)
                 break
     return [pairs[i] for i in out]
+
+
+def network_window(n: int, mode: int, trim: int, length: int) -> tuple[int, int] | None:
+    """The window of sorted positions a mode's pruned network must produce (``(start, length)``), or None where the
+    whole network runs: MeaMed reads every sorted position (so do contributions, which the caller decides)."""
+    if mode == MODE_MEAMED:
+        return None
+    return (trim if mode == MODE_TRIMMED else (n - 1) // 2, length)
+
+
+def load_sort_nets(kernel: Any) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
+    """The networks a kernel build runs on groups of rows as it loads them, ``(rows, pairs)`` for 32, 16 and 8 rows
+    (its plan arguments' order); none for an older build without ``load_sort_network``."""
+    if not hasattr(kernel, "load_sort_network"):
+        return ()
+    return tuple((rows, tuple(kernel.load_sort_network(rows))) for rows in (32, 16, 8))
 
 
 @functools.lru_cache(maxsize=64)

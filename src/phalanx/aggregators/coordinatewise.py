@@ -54,9 +54,7 @@ def _pool() -> ThreadPoolExecutor:
 def _load_sort_nets() -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
     """The networks the kernel runs on groups of rows as it loads them, ``(rows, pairs)`` for 32, 16 and 8 rows (its
     plan arguments' order); none in older builds."""
-    if not hasattr(_cwkernel, "load_sort_network"):
-        return ()
-    return tuple((rows, tuple(_cwkernel.load_sort_network(rows))) for rows in (32, 16, 8))
+    return _sortnet.load_sort_nets(_cwkernel)
 
 
 def _use_kernel(x: Tensor) -> bool:
@@ -71,9 +69,8 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Ten
     is_double = x.dtype == torch.float64
     # the order of the compare-exchanges for the kernel's L1 tiles (the same values: _sortnet.cache_order)
     tile = int(_cwkernel.tile_rows(n, is_double)) if hasattr(_cwkernel, "tile_rows") else 0
-    window: tuple[int, int] | None = None  # contributions and MeaMed read sorted positions: the whole network
-    if not want and mode != _sortnet.MODE_MEAMED:  # the trimmed mean and the median only sum a window: pruned
-        window = (trim_ if mode == _sortnet.MODE_TRIMMED else (n - 1) // 2, length)
+    # the trimmed mean and the median only sum a window: the pruned network; contributions read every position
+    window = None if want else _sortnet.network_window(n, mode, trim_, length)
     # leading groups of rows sorted as the kernel loads them, the rest of the network after (same values)
     load, pairs = _sortnet.kernel_program(n, window, tile, _load_sort_nets())
     out = torch.empty(d, dtype=x.dtype)
