@@ -3,9 +3,14 @@
 A rule's ``× floor`` is its time over the time of the work its definition cannot avoid on an ``(n, d)`` float32
 input, measured in the same process under the same load:
 
-* ``pass`` — one streaming pass, ``x.sum(0)``: coordinate-wise rules (cwmed, cwtm, meamed, signmaj, rlr), norm and
-  clipping rules (clip, arc, cge, signguard, fltrust), averaging pre-aggregators (bucketing), and rules whose
-  extra work is on a small subsample or history (dnc, fldetector);
+* ``pass`` — one streaming pass, ``x.sum(0)``: coordinate-wise rules (cwmed, cwtm, meamed, signmaj, rlr), norm
+  rules (cge, signguard, fltrust), averaging pre-aggregators (bucketing), rules whose extra work is on a small
+  subsample or history (dnc, fldetector), and the clipping pre-aggregators run in place (``clip in place``,
+  ``arc in place``: ``mix_`` reads every row and rewrites only what it changes);
+* ``copy`` — one read of ``x`` and one write of a fresh ``(n, d)`` output, ``new_rows(x.shape, x).copy_(x)``
+  (``_rowops.new_rows``, the allocation the rules use): the clipping pre-aggregators called as ``pre(x)`` (clip,
+  arc), which keep ``x`` and return ``n`` new rows. Writing fresh memory costs more than reading it (the kernel
+  zeroes every new page before the rule writes it), so one pass is not a floor such a call can approach;
 * ``passes(k)`` — ``k`` passes for ``k``-iteration rules: ``cc`` (``k`` = its ``iterations``) and ``geomed``
   (``k`` = the Weiszfeld iterations the call ran, counted once outside the timing: each iteration takes one
   ``torch.dot``, counted under a ``TorchFunctionMode``);
@@ -29,8 +34,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 FLOOR_KINDS: dict[str, str] = {
-    **dict.fromkeys(["mean", "cwmed", "cwtm", "meamed", "signmaj", "rlr", "fltrust", "signguard", "cge", "clip",
-                     "arc", "bucketing", "dnc", "fldetector"], "pass"),
+    **dict.fromkeys(["mean", "cwmed", "cwtm", "meamed", "signmaj", "rlr", "fltrust", "signguard", "cge", "bucketing",
+                     "dnc", "fldetector"], "pass"),
+    **dict.fromkeys(["clip", "arc"], "copy"),
     **dict.fromkeys(["cc", "geomed"], "passes"),
     **dict.fromkeys(["krum", "multikrum", "mda", "bulyan", "nnm", "monna", "clippedclustering", "flame", "foolsgold",
                      "caf", "smea"], "gemm"),
@@ -58,15 +64,19 @@ def components(spec: str) -> list[str]:
     return [part.split("(")[0].split(":")[0].strip() for part in spec.split(">")]
 
 
-def plan(spec: str, params: dict[str, Any], call: Callable[[], Any] | None = None) -> list[tuple[str, int]]:
+def plan(spec: str, params: dict[str, Any], call: Callable[[], Any] | None = None,
+         inplace: bool = False) -> list[tuple[str, int]]:
     """The floor of ``spec`` as ``[(kind, k), ...]`` (summed), ``k`` the number of passes of a ``passes`` kind.
 
     ``params`` are the rule's flattened parameters (``iterations`` of cc); ``call`` runs the rule once (untimed) to
-    count geomed's iterations.
+    count geomed's iterations; ``inplace``: the case times ``mix_`` on rows the caller gives up, so a ``copy``
+    floor is one ``pass`` (no fresh output).
     """
     out = []
     for name in components(spec):
         kind = FLOOR_KINDS.get(name, UNDECLARED)
+        if inplace and kind == "copy":
+            kind = "pass"
         k = 1
         if name == "cc":
             k = int(params.get("iterations", 1))
@@ -101,16 +111,24 @@ def _median_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None] = _n
 
 def measure(x: torch.Tensor, floor_plan: list[tuple[str, int]], reps: int = 10,
             sync: Callable[[], None] = _nothing) -> dict[str, float]:
-    """Seconds of the floor of ``floor_plan`` on ``x``, with its parts: ``{"floor", "pass", "gemm"?}``.
+    """Seconds of the floor of ``floor_plan`` on ``x``, with its parts: ``{"floor", "pass", "gemm"?, "copy"?}``.
 
     ``pass`` is the median of ``reps`` calls of ``x.sum(0)``; ``gemm`` the median of ``max(3, reps // 3)`` calls of
-    ``torch.mm(x, x.T)`` (timed only when a component needs it); ``passes(k)`` is ``k`` × pass. ``sync`` ends every
-    call (``torch.cuda.synchronize`` for a CUDA ``x``: the time is the kernel's, not its launch).
+    ``torch.mm(x, x.T)`` and ``copy`` the median of ``reps`` fresh copies ``new_rows(x.shape, x).copy_(x)`` (each
+    timed only when a component needs it); ``passes(k)`` is ``k`` × pass. ``sync`` ends every call
+    (``torch.cuda.synchronize`` for a CUDA ``x``: the time is the kernel's, not its launch).
     """
     parts = {"pass": _median_time(lambda: x.sum(0), reps, sync)}
     if any(kind == "gemm" for kind, _ in floor_plan):
         parts["gemm"] = _median_time(lambda: torch.mm(x, x.T), max(3, reps // 3), sync)
-    total = 0.0
-    for kind, k in floor_plan:
-        total += parts["gemm"] if kind == "gemm" else k * parts["pass"]
-    return {"floor": total, **parts}
+    if any(kind == "copy" for kind, _ in floor_plan):
+        from phalanx.aggregators._rowops import new_rows
+
+        parts["copy"] = _median_time(lambda: new_rows(tuple(x.shape), x).copy_(x), reps, sync)
+    return {"floor": declared(floor_plan, parts), **parts}
+
+
+def declared(floor_plan: list[tuple[str, int]], parts: dict[str, float]) -> float:
+    """Seconds of the floor of ``floor_plan`` from measured ``parts`` (``pass``, and ``gemm`` / ``copy`` where the
+    plan has them): ``gemm`` and ``copy`` once, ``k`` passes for ``passes(k)``, one pass for any other kind."""
+    return sum(parts[kind] if kind in ("gemm", "copy") else k * parts["pass"] for kind, k in floor_plan)

@@ -321,7 +321,7 @@ def run_case(case: Case, s: Setting, x_ref: torch.Tensor, reps: int, peers_on: b
             rec["traceback"] = "".join(traceback.format_exception(mine.error, limit=4))
         return rec
     rec["status"] = "ok"
-    rec["floor_plan"] = _bench_floors.plan(case.spec, pparams, lambda: ph_call(make_arg()))
+    rec["floor_plan"] = _bench_floors.plan(case.spec, pparams, lambda: ph_call(make_arg()), case.inplace)
     rec["phalanx"] = {"time": mine.median, "times": mine.times, "single": mine.single, "warmup": mine.warm,
                       "note": mine.note}
     if mine.changed_input:
@@ -470,7 +470,7 @@ def run_setting(
         t0 = time.perf_counter()
         rec = run_case(case, s, x_ref, reps, peers_on, limit)
         rec["type"] = "case"
-        floor_plan = rec.get("floor_plan") or _bench_floors.plan(case.spec, {})
+        floor_plan = rec.get("floor_plan") or _bench_floors.plan(case.spec, {}, inplace=case.inplace)
         rec["floor_kind"] = _bench_floors.label(floor_plan)
         rec["floor_parts"] = _bench_floors.measure(s.x, floor_plan)
         rec["floor"] = rec["floor_parts"]["floor"]

@@ -21,7 +21,7 @@ The floors, measured on the same device in the same process:
   and S written). ``× floor`` = the rule's time ÷ B/W. It is a bound on no rule (a small input read from cache can
   beat a copy bandwidth measured over 64 MiB); it says how far a rule is from streaming its input once.
 * **x.sum(0)** — one streaming pass on the device, the ``pass`` floor of ``benchmarks/_bench_floors.py``; and the
-  rule's declared floor there (``pass``, ``passes(k)``, ``gemm``, sums along a chain), timed on the device.
+  rule's declared floor there (``pass``, ``passes(k)``, ``gemm``, ``copy``, sums along a chain), timed on the device.
 
 :func:`check` recomputes every printed ratio from the recorded raw times (the copy's bytes and seconds, n, d, the
 rule's median) with its own arithmetic: a floor computed against another byte count, or from a wrong bandwidth,
@@ -180,7 +180,7 @@ def run(device: str, quick: bool, rounds: int, limit: float, only: list[str] | N
     del cpu
     x_ref = s.x.clone()
     copy_bytes, copy_s = measure_copy(dev, n * d * ITEMSIZE, 10, sync)
-    parts = _bench_floors.measure(s.x, [("gemm", 1)], reps=10, sync=sync)
+    parts = _bench_floors.measure(s.x, [("gemm", 1), ("copy", 1)], reps=10, sync=sync)
     bw = bandwidth(copy_bytes, copy_s)
     say(f"  rules on {dev}: copy {copy_bytes / 2**20:.0f} MiB in {fmt_time(copy_s)} = {bw / 1e9:.1f} GB/s; floor of "
         f"{n}×{d} float32 = {fmt_time(floor_s(n, d, bw))}; x.sum(0) {fmt_time(parts['pass'])}")
@@ -189,8 +189,7 @@ def run(device: str, quick: bool, rounds: int, limit: float, only: list[str] | N
         t0 = time.perf_counter()
         rec = time_rule(spec, s, x_ref, rounds, limit, sync)
         if rec["status"] == "ok":
-            rec["declared_s"] = sum(parts["gemm"] if kind == "gemm" else k * parts["pass"]
-                                    for kind, k in rec["floor_plan"])
+            rec["declared_s"] = _bench_floors.declared(rec["floor_plan"], parts)
         recs.append(rec)
         _release(dev)
         say(f"    {spec}: {fmt_time(rec['time_s']) if 'time_s' in rec else rec['status']} "

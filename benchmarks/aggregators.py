@@ -17,8 +17,9 @@ than 1 s; a single call when the warm-up or the first timed call takes more than
 
 Columns: speed-up = fastest peer time / Phalanx time (≥ 2: Phalanx at least twice as fast); × floor (kind) = Phalanx
 time / the time of that rule's own floor, measured just after it in the same process (``_bench_floors``: ``pass``
-= one ``x.sum(0)``, ``passes(k)`` = k passes for k-iteration rules, ``gemm`` = ``x·xᵀ`` for distance rules; a
-rule without a declared kind gets ``pass (undeclared)``); max |Δ| = max abs difference
+= one ``x.sum(0)``, ``passes(k)`` = k passes for k-iteration rules, ``gemm`` = ``x·xᵀ`` for distance rules,
+``copy`` = a fresh ``(n, d)`` copy of x for the clipping pre-aggregators that return new rows; a rule without a
+declared kind gets ``pass (undeclared)``); max |Δ| = max abs difference
 between Phalanx's output and the peer's (⚠ above 1e-4 relative to max |Phalanx output|, explained below the table,
 with a float64 re-run of Phalanx that tells a float32 near-tie from a different definition); target met =
 speed-up ≥ 2, and for the coordinate-wise rules (cwmed, cwtm, meamed) also × floor ≤ 3 at n ≤ 64, ≤ 6 above

@@ -25,7 +25,7 @@ def undeclared(kinds: dict[str, str]) -> list[str]:
 
 def test_every_registered_rule_has_a_floor_kind() -> None:
     assert undeclared(_bench_floors.FLOOR_KINDS) == []
-    assert set(_bench_floors.FLOOR_KINDS.values()) <= {"pass", "passes", "gemm"}
+    assert set(_bench_floors.FLOOR_KINDS.values()) <= {"pass", "passes", "gemm", "copy"}
 
 
 def test_a_rule_left_out_of_the_table_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -45,6 +45,10 @@ def test_plans_of_the_benchmarked_cases() -> None:
     assert plans["cc"] == "passes(3)"
     assert plans["nnm>mean"] == "gemm+pass"
     assert not any("undeclared" in p for p in plans.values())
+    inplace = {case.key: _bench_floors.label(_bench_floors.plan(case.spec, {}, inplace=case.inplace))
+               for case in CASES}
+    assert inplace["clip"] == inplace["arc"] == "copy"  # pre(x) keeps x and writes n fresh rows
+    assert inplace["clip in place"] == inplace["arc in place"] == "pass"  # mix_ rewrites the rows it was given
 
 
 def test_geomed_passes_are_its_weiszfeld_iterations() -> None:
@@ -61,6 +65,26 @@ def test_measure_sums_the_parts() -> None:
     m = _bench_floors.measure(x, [("gemm", 1), ("passes", 3)], reps=3)
     assert m["floor"] == m["gemm"] + 3 * m["pass"]
     assert "gemm" not in _bench_floors.measure(x, [("pass", 1)], reps=3)
+    c = _bench_floors.measure(x, [("copy", 1)], reps=3)
+    assert c["floor"] == c["copy"] and "gemm" not in c
+    assert "copy" not in m
+
+
+def test_the_copy_floor_times_a_fresh_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``copy`` floor allocates its output on every call, as ``pre(x)`` does (``_rowops.new_rows``); a mutant
+    that copied into one buffer made once would time no allocation and understate the floor."""
+    from phalanx.aggregators import _rowops
+
+    made: list[tuple[int, ...]] = []
+    real = _rowops.new_rows
+
+    def counting(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        made.append(shape)
+        return real(shape, like)
+
+    monkeypatch.setattr(_rowops, "new_rows", counting)
+    _bench_floors.measure(torch.randn(3, 50), [("copy", 1)], reps=4)
+    assert made == [(3, 50)] * 5  # the warm-up and every timed call
 
 
 def test_report_prints_the_floor_kind_beside_each_ratio() -> None:
