@@ -129,3 +129,59 @@ def test_rows_at_the_cut_cost_at_most_their_own_float64_norms(monkeypatch: pytes
     _, share = aggregators.make("cge", f=9).aggregate(x)
     assert seen and max(seen) <= 3
     assert share[10] == share[19] == pytest.approx(1 / 22)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+def test_float64_norms_through_one_buffer_equal_the_chunk_expression(dtype: torch.dtype) -> None:
+    """``float64_row_norms`` reuses one float64 buffer; its norms are those of the expression it replaced,
+    ``chunk.to(float64).square().sum(dim=1)`` summed over the column chunks, bit for bit — for widths below, at,
+    across and far past a chunk, a strided input, and bad rows."""
+    chunk = _rowops.COLUMN_CHUNK
+    g = torch.Generator().manual_seed(0)
+
+    def reference(x: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+        total = torch.zeros(x.shape[0], dtype=torch.float64)
+        for s in range(0, x.shape[1], chunk):
+            total += x[:, s : s + chunk].to(torch.float64).square().sum(dim=1)
+        return torch.where(bad, torch.full_like(total, float("inf")), total.sqrt())
+
+    for n, d in [(1, 7), (3, chunk), (2, chunk + 1), (4, 3 * chunk - 5), (1, 1)]:
+        x = (torch.randn(n, d, generator=g) * 10 ** torch.randint(-3, 4, (n, 1), generator=g)).to(dtype)
+        bad = _rowops.row_norms(x.float())[1]
+        assert torch.equal(_rowops.float64_row_norms(x, bad), reference(x, bad)), (n, d)
+    wide = torch.randn(2 * chunk + 3, 3, generator=g).to(dtype).T  # rows with a stride: a transposed view
+    x = torch.cat([wide, torch.full((1, wide.shape[1]), float("nan"), dtype=dtype)])
+    bad = _rowops.row_norms(x.float())[1]
+    assert bool(bad[-1]) and torch.equal(_rowops.float64_row_norms(wide, bad[:-1]), reference(wide, bad[:-1]))
+    assert torch.equal(_rowops.float64_row_norms(x, bad), reference(x, bad))
+
+
+def test_a_lone_row_at_the_cut_needs_no_float64_norm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CGE only compares keys: when one row alone may be the (n − f)-th shortest, it is, and nothing ties with it,
+    so no float64 norm is computed and the weights are those of float64 norms. Mutant: every uncertain row keyed by
+    its estimate (the float64 step skipped whatever the count) — rows tied in float64 but rounded apart in float32
+    then no longer share their places."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(20, 5000, generator=g) * torch.linspace(1, 2, 20)[:, None]  # norms far apart
+    seen: list[int] = []
+    real = _rowops.float64_row_norms
+
+    def counting(x: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+        seen.append(x.shape[0])
+        return real(x, bad)
+
+    monkeypatch.setattr(_rowops, "float64_row_norms", counting)
+    for f in (0, 3, 9):
+        assert torch.equal(aggregators.make("cge", f=f).aggregate(x)[1], _float64_decision(x, f))
+    assert seen == [20, 20, 20]  # only _float64_decision's own calls
+    v = torch.randint(2**15, 2**16, (1000,), generator=torch.Generator().manual_seed(3)).float() / 2**16
+    tied = torch.stack([0.5 * v, v, v.flip(0), v[torch.randperm(1000, generator=g)], 2 * v])
+    want = _float64_decision(tied, 2)
+    assert torch.equal(aggregators.make("cge", f=2).aggregate(tied)[1], want)
+
+    def estimates(x: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+        est, _, _, _ = _rowops.row_sqnorm_estimates(x)
+        return torch.where(bad, torch.full_like(est, float("inf")), est.sqrt())
+
+    monkeypatch.setattr(_rowops, "float64_row_norms", estimates)
+    assert not torch.equal(aggregators.make("cge", f=2).aggregate(tied)[1], want)

@@ -54,11 +54,20 @@ def float64_row_norms(x: Tensor, bad: Tensor) -> Tensor:
 
     The squares of float16/32 values are exact in float64, so the same values give the same norms whatever the
     input's dtype: a decision taken on norms (a filter's bound met with equality in exact arithmetic) is then the
-    same for a float32 and a float64 copy of the input. Column chunk by column chunk (no float64 copy of ``x``).
+    same for a float32 and a float64 copy of the input. Column chunk by column chunk (no float64 copy of ``x``),
+    through one float64 buffer of a chunk, reused: each chunk is copied into it and squared there, the same values
+    and the same ``sum(dim=1)`` as ``chunk.to(float64).square().sum(dim=1)`` (bit for bit,
+    ``tests/test_cge.py::test_float64_norms_through_one_buffer_equal_the_chunk_expression``), without two fresh
+    allocations a chunk (0.93 → 0.67 ms for one row of 10⁶ float32 on the development machine).
     """
-    total = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
-    for s in range(0, x.shape[1], COLUMN_CHUNK):
-        total += x[:, s : s + COLUMN_CHUNK].to(torch.float64).square().sum(dim=1)
+    n, d = x.shape
+    total = torch.zeros(n, dtype=torch.float64, device=x.device)
+    buf = torch.empty((n, min(d, COLUMN_CHUNK)), dtype=torch.float64, device=x.device)
+    for s in range(0, d, COLUMN_CHUNK):
+        chunk = x[:, s : s + COLUMN_CHUNK]
+        b = buf[:, : chunk.shape[1]]
+        b.copy_(chunk)
+        total += b.square_().sum(dim=1)
     return torch.where(bad, torch.full_like(total, float("inf")), total.sqrt())
 
 
@@ -106,7 +115,7 @@ def row_sqnorm_estimates(x: Tensor) -> tuple[Tensor, Tensor, float, float]:
     return est, bad, delta, eta
 
 
-def smallest_norms_keys(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def smallest_norms_keys(x: Tensor, k: int, exact_cut: bool = True) -> tuple[Tensor, Tensor]:
     """Keys that put the rows of ``x`` in the order of :func:`float64_row_norms` around the ``k``-th smallest, and the
     bad rows: float64 ``(n,)``, the exact float64 norm on the rows that could be the ``k``-th smallest, ``-inf`` on
     rows surely below it, ``+inf`` on rows surely above it and on bad rows.
@@ -119,6 +128,12 @@ def smallest_norms_keys(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     are surely below and at most ``n − k`` surely above, so the ``k``-th smallest key is the exact value of a row in
     between). An attacker who places rows in the uncertain band pays for their exact norms, at most what computing
     every norm in float64 costs; when bad rows reach the ``k``-th place every norm is computed in float64.
+
+    ``exact_cut=False`` (for a caller that only compares keys, as CGE does): when a single row is uncertain it is the
+    ``k``-th smallest (at most ``k − 1`` rows are surely below, at least ``k`` rows are not surely above), and no other
+    row can tie with it (a tie would put that row's interval in ``[L, H]`` too), so its key is its estimate — finite,
+    between the ``−inf`` and ``+inf`` keys — and no float64 norm is computed. The order of the keys, and so every
+    comparison, is that of the exact norms.
     """
     est, bad, delta, eta = row_sqnorm_estimates(x)
     lo = torch.where(bad, est, est * (1.0 - 2.0 * delta) - eta)
@@ -131,6 +146,9 @@ def smallest_norms_keys(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     unsure = ~below & ~(lo > high_cut) & ~bad
     keys = torch.where(below, torch.full_like(est, float("-inf")), torch.full_like(est, float("inf")))
     idx = unsure.nonzero().flatten()
+    if not exact_cut and idx.numel() == 1:
+        keys[idx] = est[idx].sqrt()
+        return keys, bad
     keys[idx] = float64_row_norms(x.index_select(0, idx.to(x.device)), torch.zeros_like(idx, dtype=torch.bool)).to(
         keys.device
     )

@@ -70,7 +70,7 @@ class CGE(Aggregator):
 
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
         xc = as_compute_dtype(x)
-        keys, bad = smallest_norms_keys(xc, x.shape[0] - self.f)
+        keys, bad = smallest_norms_keys(xc, x.shape[0] - self.f, exact_cut=False)  # only compared
         weights = cge_weights(keys, self.f)
         out = weighted_sum(weights, xc, bad)
         return out.to(x.dtype), (weights if want_contributions else None)
