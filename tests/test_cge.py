@@ -121,9 +121,9 @@ def test_rows_at_the_cut_cost_at_most_their_own_float64_norms(monkeypatch: pytes
     seen: list[int] = []
     real = _rowops.float64_row_norms
 
-    def counting(x: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
-        seen.append(x.shape[0])
-        return real(x, bad)
+    def counting(x: torch.Tensor, bad: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        seen.append(x.shape[0] if rows is None else rows.numel())
+        return real(x, bad, rows)
 
     monkeypatch.setattr(_rowops, "float64_row_norms", counting)
     _, share = aggregators.make("cge", f=9).aggregate(x)
@@ -154,6 +154,11 @@ def test_float64_norms_through_one_buffer_equal_the_chunk_expression(dtype: torc
     bad = _rowops.row_norms(x.float())[1]
     assert bool(bad[-1]) and torch.equal(_rowops.float64_row_norms(wide, bad[:-1]), reference(wide, bad[:-1]))
     assert torch.equal(_rowops.float64_row_norms(x, bad), reference(x, bad))
+    for pick in ([2], [0, 3], [3, 1, 0], []):  # a subset: the norms of x.index_select(0, rows), without that copy
+        rows = torch.tensor(pick, dtype=torch.long)
+        sub_bad = bad.index_select(0, rows)
+        assert torch.equal(_rowops.float64_row_norms(x, sub_bad, rows=rows),
+                           reference(x.index_select(0, rows), sub_bad)), pick
 
 
 def test_a_lone_row_at_the_cut_needs_no_float64_norm(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -166,9 +171,9 @@ def test_a_lone_row_at_the_cut_needs_no_float64_norm(monkeypatch: pytest.MonkeyP
     seen: list[int] = []
     real = _rowops.float64_row_norms
 
-    def counting(x: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
-        seen.append(x.shape[0])
-        return real(x, bad)
+    def counting(x: torch.Tensor, bad: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        seen.append(x.shape[0] if rows is None else rows.numel())
+        return real(x, bad, rows)
 
     monkeypatch.setattr(_rowops, "float64_row_norms", counting)
     for f in (0, 3, 9):
@@ -179,8 +184,8 @@ def test_a_lone_row_at_the_cut_needs_no_float64_norm(monkeypatch: pytest.MonkeyP
     want = _float64_decision(tied, 2)
     assert torch.equal(aggregators.make("cge", f=2).aggregate(tied)[1], want)
 
-    def estimates(x: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
-        est, _, _, _ = _rowops.row_sqnorm_estimates(x)
+    def estimates(x: torch.Tensor, bad: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        est, _, _, _ = _rowops.row_sqnorm_estimates(x if rows is None else x.index_select(0, rows))
         return torch.where(bad, torch.full_like(est, float("inf")), est.sqrt())
 
     monkeypatch.setattr(_rowops, "float64_row_norms", estimates)

@@ -40,8 +40,8 @@ class _Exact:
     def need(self, rows: Tensor) -> None:
         idx = (rows.cpu() & ~self.known).nonzero().flatten()
         if idx.numel():
-            sub = self.x.index_select(0, idx.to(self.x.device))
-            vals = float64_row_norms(sub, torch.zeros(idx.numel(), dtype=torch.bool, device=sub.device)).cpu()
+            vals = float64_row_norms(self.x, torch.zeros(idx.numel(), dtype=torch.bool, device=self.x.device),
+                                     rows=idx).cpu()
             # out of place: earlier decisions (and autograd) keep the tensors they used
             self.norms = self.norms.index_put((idx,), vals)
             self.known = self.known.index_put((idx,), torch.ones_like(idx, dtype=torch.bool))
