@@ -58,7 +58,8 @@ def float64_row_norms(x: Tensor, bad: Tensor, rows: Tensor | None = None) -> Ten
     through one float64 buffer of a chunk, reused: each chunk is copied into it and squared there, the same values
     and the same ``sum(dim=1)`` as ``chunk.to(float64).square().sum(dim=1)`` (bit for bit,
     ``tests/test_cge.py::test_float64_norms_through_one_buffer_equal_the_chunk_expression``), without two fresh
-    allocations a chunk (0.93 → 0.67 ms for one row of 10⁶ float32 on the development machine).
+    allocations a chunk: every norm of 50 × 10⁶ float32 in 88–92 ms instead of 393–398 ms
+    (``benchmarks/signguard_norms.py``, docs/benchmarks.md).
 
     ``rows`` (indices, ``(k,)``): the norms of ``x[rows]`` only (``bad`` then has ``k`` entries), gathered chunk by
     chunk into the buffer — the same values as on ``x.index_select(0, rows)``, without that ``(k, d)`` copy.
