@@ -190,3 +190,31 @@ def test_a_lone_row_at_the_cut_needs_no_float64_norm(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(_rowops, "float64_row_norms", estimates)
     assert not torch.equal(aggregators.make("cge", f=2).aggregate(tied)[1], want)
+
+
+def test_the_gradient_through_float64_norms_survives_the_reused_buffer() -> None:
+    """SignGuard's clipping factors carry the gradient of the float64 norms; with the chunk buffer reused (copied
+    into and squared in place, chunk after chunk) the output and the gradient are those of the former expression,
+    bit for bit, across several chunks."""
+    from phalanx.aggregators import signguard
+
+    chunk = _rowops.COLUMN_CHUNK
+
+    def former(x: torch.Tensor, bad: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        x = x if rows is None else x.index_select(0, rows)
+        total = torch.zeros(x.shape[0], dtype=torch.float64)
+        for s in range(0, x.shape[1], chunk):
+            total += x[:, s : s + chunk].to(torch.float64).square().sum(dim=1)
+        return torch.where(bad, torch.full_like(total, float("inf")), total.sqrt())
+
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(9, 2 * chunk + 77, generator=g) + 0.5).requires_grad_()
+    results = []
+    for norms in (_rowops.float64_row_norms, former):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(signguard, "float64_row_norms", norms)
+            out = signguard.SignGuard(subsample=1.0)(x)
+            (grad,) = torch.autograd.grad(out.sum(), x)
+        results.append((out, grad))
+    (out, grad), (ref_out, ref_grad) = results
+    assert torch.equal(out, ref_out) and torch.equal(grad, ref_grad) and bool(grad.abs().sum() > 0)
