@@ -112,12 +112,8 @@ def test_a_bound_that_ignores_rounding_is_caught(monkeypatch: pytest.MonkeyPatch
     assert not torch.equal(aggregators.make("cge", f=2).aggregate(x)[1], want)
 
 
-def test_rows_at_the_cut_cost_at_most_their_own_float64_norms(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Availability: a Byzantine row placed exactly at the cut only makes the rows near the cut take the float64
-    # path; well separated rows never do.
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(20, 5000, generator=g) * torch.linspace(1, 2, 20)[:, None]
-    x[19] = x[10]  # an attacker's copy of the row at the cut
+def count_float64_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make ``_rowops.float64_row_norms`` record how many rows each call takes; returns the record."""
     seen: list[int] = []
     real = _rowops.float64_row_norms
 
@@ -126,6 +122,16 @@ def test_rows_at_the_cut_cost_at_most_their_own_float64_norms(monkeypatch: pytes
         return real(x, bad, rows)
 
     monkeypatch.setattr(_rowops, "float64_row_norms", counting)
+    return seen
+
+
+def test_rows_at_the_cut_cost_at_most_their_own_float64_norms(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Availability: a Byzantine row placed exactly at the cut only makes the rows near the cut take the float64
+    # path; well separated rows never do.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(20, 5000, generator=g) * torch.linspace(1, 2, 20)[:, None]
+    x[19] = x[10]  # an attacker's copy of the row at the cut
+    seen = count_float64_rows(monkeypatch)
     _, share = aggregators.make("cge", f=9).aggregate(x)
     assert seen and max(seen) <= 3
     assert share[10] == share[19] == pytest.approx(1 / 22)
@@ -168,14 +174,7 @@ def test_a_lone_row_at_the_cut_needs_no_float64_norm(monkeypatch: pytest.MonkeyP
     then no longer share their places."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(20, 5000, generator=g) * torch.linspace(1, 2, 20)[:, None]  # norms far apart
-    seen: list[int] = []
-    real = _rowops.float64_row_norms
-
-    def counting(x: torch.Tensor, bad: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        seen.append(x.shape[0] if rows is None else rows.numel())
-        return real(x, bad, rows)
-
-    monkeypatch.setattr(_rowops, "float64_row_norms", counting)
+    seen = count_float64_rows(monkeypatch)
     for f in (0, 3, 9):
         assert torch.equal(aggregators.make("cge", f=f).aggregate(x)[1], _float64_decision(x, f))
     assert seen == [20, 20, 20]  # only _float64_decision's own calls
