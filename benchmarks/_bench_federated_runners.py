@@ -71,7 +71,7 @@ class ByzflRunner:
         import torch
         from torch.utils.data import DataLoader, TensorDataset
 
-        from _bench_training_runners import load_byzfl
+        from _bench_peers import load_byzfl
         from phalanx import models
 
         byzfl = load_byzfl()

@@ -5,14 +5,13 @@ per-worker or ``vmap`` gradients (:class:`PhalanxRunner`) and the DSGD branch of
 from __future__ import annotations
 
 import math
-import sys
 import time
-import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from _bench_peers import load_byzfl
 from _bench_training_setting import BATCH, HIDDEN, LR, MOMENTUM, SEED, byzantine_of
 
 
@@ -147,42 +146,8 @@ class PhalanxRunner:
 # ByzFL
 # ---------------------------------------------------------------------------------------------------------------
 
-STUBBED: list[str] = []
-_BYZFL_IMPORT_ONLY = (  # imported by `import byzfl` (its benchmark and plotting modules), unused by its round
-    ("torchvision", ("datasets", "transforms")),
-    ("seaborn", ()),
-    ("matplotlib", ("pyplot",)),
-    ("scipy", ("spatial", "spatial.distance")),
-)
-
-
-def _stub_attr(name: str) -> Any:
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return lambda *args, **kwargs: None
-
-
-def load_byzfl() -> Any:
-    """``import byzfl``, with each of its import-time-only dependencies that is not installed stubbed in sys.modules.
-
-    ``byzfl.benchmark.train`` builds torchvision transforms at import time; torchvision is not installed here (it
-    would pull another torch). The stubs are empty modules whose attributes are no-op callables (:data:`STUBBED`).
-    """
-    import importlib.util
-
-    for top, subs in _BYZFL_IMPORT_ONLY:
-        if top not in sys.modules and importlib.util.find_spec(top) is None:
-            for name in (top, *(f"{top}.{s}" for s in subs)):
-                mod = types.ModuleType(name)
-                mod.__getattr__ = _stub_attr  # type: ignore[method-assign]
-                sys.modules[name] = mod
-                parent, _, child = name.rpartition(".")
-                if parent:
-                    setattr(sys.modules[parent], child, mod)
-            STUBBED.append(top)
-    import byzfl
-
-    return byzfl
+# ``load_byzfl`` comes from ``_bench_peers`` (one loader for every benchmark: it stubs ByzFL's import-time-only
+# dependencies — torchvision, seaborn, matplotlib, scipy — where they are absent, and lists them in ``STUBBED``).
 
 
 class ByzflRunner:

@@ -58,10 +58,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import all_threads, emit
+from _bench_peers import STUBBED, load_byzfl
 from _bench_training_report import TITLE as TITLE  # re-exported: the tests read it on this module
 from _bench_training_report import build_rows, notes, print_report, setting_line, write_markdown
 from _bench_training_report import fmt_ratio as fmt_ratio  # re-exported: the tests read it on this module
-from _bench_training_runners import STUBBED, ByzflRunner, PhalanxRunner, check_equivalence, load_byzfl
+from _bench_training_runners import ByzflRunner, PhalanxRunner, check_equivalence
 from _bench_training_setting import BIG_N, BIG_N_BUDGET_S, FULL_NS, IMPLS, QUICK_N, byzantine_of
 from _subprocess import run_worker
 
