@@ -118,7 +118,7 @@ def main() -> None:
                 mine = coordinatewise.coordinate_window_mean(x, mode, f, False)[0]  # type: ignore[arg-type]
                 same.append(torch.equal(mine, fns[rule + "_base"]()))
         t = _rounds(fns, args.reps, time.perf_counter if args.clock == "wall" else time.thread_time)
-        cells = [f"{t[r] / t['floor']:.1f}" + (f" ({t[r + '_base'] / t['floor']:.1f})" if base else "")
+        cells = [f"{t[r] / t['floor']:.2f}" + (f" ({t[r + '_base'] / t['floor']:.2f})" if base else "")
                  for r in MODES]
         tail = f" | {'yes' if all(same) else 'NO'} |" if base else " |"
         print(f"| {n} | {d:,} | {t['floor'] * 1e3:.2f} ms | " + " | ".join(cells) + tail, flush=True)
