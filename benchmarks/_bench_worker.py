@@ -47,6 +47,8 @@ class Case:
     params: Callable[[Setting], dict[str, Any]] = lambda s: {}
     """Preferred parameters of the Phalanx rule (Phalanx defaults are used if the rule rejects them)."""
     coordinatewise: bool = False
+    norm: bool = False
+    """A norm rule (issue 37: within 2.5× its own floor: one pass, or a fresh copy for ``pre(x)``)."""
     optional: bool = False
     """Shown only when Phalanx registers it (ByzFL-only rules: MoNNA, CAF, SMEA)."""
     inplace: bool = False
@@ -76,10 +78,11 @@ CASES: list[Case] = [
     Case("cc", "cc", params=lambda s: {"tau": _median_norm(s), "iterations": 3}),
     Case("nnm>mean", "nnm>mean"),
     Case("bucketing", "bucketing", kind="pre", params=lambda s: {"s": 2}),
-    Case("clip", "clip", kind="pre", params=lambda s: {"threshold": _median_norm(s)}),
-    Case("arc", "arc", kind="pre"),
-    Case(INPLACE.format("clip"), "clip", kind="pre", params=lambda s: {"threshold": _median_norm(s)}, inplace=True),
-    Case(INPLACE.format("arc"), "arc", kind="pre", inplace=True),
+    Case("clip", "clip", kind="pre", params=lambda s: {"threshold": _median_norm(s)}, norm=True),
+    Case("arc", "arc", kind="pre", norm=True),
+    Case(INPLACE.format("clip"), "clip", kind="pre", params=lambda s: {"threshold": _median_norm(s)}, inplace=True,
+         norm=True),
+    Case(INPLACE.format("arc"), "arc", kind="pre", inplace=True, norm=True),
     Case("signmaj", "signmaj"),
     Case("fltrust", "fltrust"),
     Case("dnc", "dnc"),
@@ -88,7 +91,7 @@ CASES: list[Case] = [
     Case("monna", "monna", optional=True),
     Case("caf", "caf", optional=True),
     Case("smea", "smea", optional=True),
-    Case("cge", "cge", optional=True),
+    Case("cge", "cge", optional=True, norm=True),
     Case("fldetector", "fldetector", optional=True, warm_rounds=12),
 ]
 
@@ -272,7 +275,8 @@ def run_case(case: Case, s: Setting, x_ref: torch.Tensor, reps: int, peers_on: b
     """Time one rule — Phalanx and its peers call by call in turn (:mod:`_bench_alternate`) — and compare outputs."""
     big = s.d >= 10**6
     rec: dict[str, Any] = {"rule": case.key, "spec": case.spec, "kind": case.kind,
-                           "coordinatewise": case.coordinatewise, "peers": [], "notes": []}
+                           "coordinatewise": case.coordinatewise, "norm": case.norm, "peers": [],
+                           "notes": []}
     if not phalanx_known(case.spec):
         rec["status"] = "not implemented yet"
         return rec

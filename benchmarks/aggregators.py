@@ -23,7 +23,8 @@ declared kind gets ``pass (undeclared)``); max |Δ| = max abs difference
 between Phalanx's output and the peer's (⚠ above 1e-4 relative to max |Phalanx output|, explained below the table,
 with a float64 re-run of Phalanx that tells a float32 near-tie from a different definition); target met =
 speed-up ≥ 2, and for the coordinate-wise rules (cwmed, cwtm, meamed) also × floor ≤ 3 at n ≤ 64, ≤ 6 above
-(issue 37; ``_bench_report.floor_target``).
+(issue 37; ``_bench_report.floor_target``), for the norm rules (cge, clip, arc, in place or not) × their own floor
+≤ 2.5 (``_bench_report.NORM_FLOOR_TARGET``).
 """
 
 from __future__ import annotations

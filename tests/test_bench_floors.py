@@ -108,3 +108,20 @@ def test_coordinatewise_floor_target_is_issue_37s(n: int, ratio: float, met: boo
     row = build_rows([(setting, cases)])[0][0]
     assert row.target_ok is met
     assert row.target == ("yes" if met else "no") + " (floor only)"
+
+
+NORM_ROWS = [("cge", "pass", 2.4, True), ("cge", "pass", 2.6, False), ("clip", "copy", 2.4, True),
+             ("clip in place", "pass", 3.0, False)]
+
+
+@pytest.mark.parametrize(("rule", "kind", "ratio", "met"), NORM_ROWS)
+def test_norm_rules_floor_target_is_issue_37s(rule: str, kind: str, ratio: float, met: bool) -> None:
+    """Issue 37: norm rules within 2.5× their own floor (a fresh copy for clip called as pre(x)). Mutant: a report
+    that checks only the coordinate-wise rules' floor says "yes" at 2.6× (the speed-up alone passes)."""
+    setting = {"n": 50, "d": 10**4, "f": 10, "threads": 1}
+    peer = {"column": "ByzPy", "variant": "", "status": "ok", "time": 10 * ratio * 1e-3, "maxabs": 0.0}
+    case = {"rule": rule, "status": "ok", "phalanx": {"time": ratio * 1e-3}, "peers": [peer], "floor": 1e-3,
+            "floor_kind": kind, "floor_parts": {"pass": 1e-3, "floor": 1e-3}, "norm": True}
+    row = build_rows([(setting, [case])])[0][0]
+    assert row.target_ok is met and row.target == ("yes" if met else "no")
+    assert build_rows([(setting, [{**case, "norm": False}])])[0][0].target == "yes"  # the mutant's verdict
