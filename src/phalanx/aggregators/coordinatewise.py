@@ -28,7 +28,7 @@ _MODES: dict[str, int] = {
 __all__ = ["CoordinateWiseMedian", "CoordinateWiseTrimmedMean", "MeaMed", "coordinate_window_mean"]
 
 
-try:  # the optional C kernel (setup.py); without it the torch.sort path gives the same results, slower.
+try:  # the optional C kernel (setup.py); without it the torch.sort path gives the same values on the CPU, slower.
     from phalanx.aggregators import _cwkernel  # type: ignore[attr-defined]
 
     HAVE_KERNEL = os.environ.get("PHALANX_NO_KERNEL", "") == ""
@@ -108,12 +108,33 @@ def _window_start_torch(xs: Tensor, mode: int, trim: int, length: int) -> Tensor
     if mode == _sortnet.MODE_MEDIAN:
         return torch.full((d,), (n - 1) // 2, dtype=torch.long, device=xs.device)
     # MeaMed: of the trim + 1 windows of `length` sorted values, the one whose farthest value from the median is
-    # nearest (the first on ties) — the same rule as the C kernel.
-    med = 0.5 * xs[(n - 1) // 2] + 0.5 * xs[n // 2]
-    lo = xs[: trim + 1]
-    hi = xs[length - 1 : length + trim]
-    cost = torch.maximum(med[None] - lo, hi - med[None])
-    return torch.nan_to_num(cost, nan=float("inf")).argmin(dim=0)
+    # nearest — the C kernel's rule (window_starts_), infinities included: the median's halves added in float64,
+    # cost = a > b ? a : b (NaN, from inf − inf, compares false), and a window replaces the best so far only on a
+    # strictly smaller cost, the best starting at +inf. So the start is the first window of least cost among the
+    # costs that are not NaN, and 0 when that least cost is +inf (no window ever replaced the first).
+    med = (0.5 * xs[(n - 1) // 2].double() + 0.5 * xs[n // 2].double()).to(xs.dtype)
+    a, b = med[None] - xs[: trim + 1], xs[length - 1 : length + trim] - med[None]
+    cost = torch.where(a > b, a, b)
+    key = torch.where(cost.isnan(), torch.full_like(cost, float("inf")), cost)
+    least, first = key.min(dim=0)  # the first index of the least value (torch.min's ties: the first)
+    return torch.where(least == float("inf"), torch.zeros_like(first), first)
+
+
+def _window_mean_torch(xs: Tensor, mode: int, start: Tensor, length: int) -> Tensor:
+    """The kernel's ``finish_`` on sorted columns, float64 ``(d,)``: the median's halves added in float64, or the
+    window's values added one sorted position after another from +0.0 and multiplied by ``1/length`` — on the CPU
+    the same additions in the same order as the kernel, bit for bit (a cascade sum cancels −3e38 and 3e38 before it
+    adds 1 and 2.5, where the kernel's sequential sum has lost them: ``tests/test_cw_fallback.py``)."""
+    n = xs.shape[0]
+    if mode == _sortnet.MODE_MEDIAN:
+        return 0.5 * xs[(n - 1) // 2].double() + 0.5 * xs[n // 2].double()
+    if xs.device.type != "cpu":  # on a device, one gather and one reduction (a cascade: last bits may differ)
+        rows = start[None, :] + torch.arange(length, device=xs.device)[:, None]
+        return xs.gather(0, rows).sum(dim=0, dtype=torch.float64) * (1.0 / length)
+    acc = torch.zeros(xs.shape[1], dtype=torch.float64)
+    for r in range(length):
+        acc += xs.gather(0, (start + r)[None])[0]
+    return acc * (1.0 / length)
 
 
 def _cw_torch(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Tensor | None]:
@@ -123,8 +144,7 @@ def _cw_torch(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Tens
     clean = torch.where(torch.isnan(x), torch.full((), float("inf"), dtype=x.dtype, device=x.device), x)
     xs, order = torch.sort(clean, dim=0, stable=True)
     start = _window_start_torch(xs, mode, trim_, length)
-    rows = start[None, :] + torch.arange(length, device=x.device)[:, None]
-    out = (xs.gather(0, rows).sum(dim=0, dtype=torch.float64) / length).to(x.dtype)
+    out = _window_mean_torch(xs, mode, start, length).to(x.dtype)
     if not want:
         return out, None
     # Weight of each sorted slot: 1/length inside the window; ties share their slots' weights equally.
