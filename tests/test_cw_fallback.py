@@ -46,7 +46,8 @@ def test_the_fallback_gives_the_kernels_values_on_infinite_and_nan_inputs(mode: 
     for trim in trims:
         kernel, kc = coordinatewise.coordinate_window_mean(x, mode, trim, True)  # type: ignore[arg-type]
         fallback, fc = coordinatewise._cw_torch(x, coordinatewise._MODES[mode], trim, True)
-        assert _same(kernel, fallback), (n, trim)
+        alone, _ = coordinatewise.coordinate_window_mean(x, mode, trim, False)  # type: ignore[arg-type]
+        assert _same(kernel, fallback) and _same(alone, fallback), (n, trim)
         assert kc is not None and fc is not None and torch.allclose(kc, fc, atol=1e-12), (n, trim)
 
 
@@ -83,3 +84,36 @@ def test_the_former_fallback_took_another_window() -> None:
     assert coordinatewise._cw_torch(x, _sortnet.MODE_MEAMED, 1, False)[0].item() == float("-inf")
     if coordinatewise.HAVE_KERNEL:
         assert coordinatewise.coordinate_window_mean(x, "meamed", 1, False)[0].item() == float("-inf")
+
+
+def _wide(n: int, d: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """Values whose magnitudes span 2⁻⁴⁰ … 2⁴⁰ within a column: float64 sums of them depend on the order."""
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.pow(2.0, torch.randint(-40, 41, (n, d), generator=g).to(torch.float64))
+    return (torch.randn(n, d, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mode", ["trimmed", "median", "meamed"])
+def test_asking_for_contributions_changes_no_output_bit(mode: str, dtype: torch.dtype,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The training loop asks for contributions on its evaluation rounds only; the aggregate must not depend on it
+    (else evaluating more often would change the run). Mutant: the trimmed mean on the pruned network again (the
+    right values in its window, not in order), whose float64 sum then differs from the sorted one."""
+    for n in (7, 16, 50, 130):
+        x = _wide(n, 3000, n, dtype)
+        for trim in sorted({0, 1, (n - 1) // 3, (n - 1) // 2}):
+            asked, _ = coordinatewise.coordinate_window_mean(x, mode, trim, True)  # type: ignore[arg-type]
+            plain, _ = coordinatewise.coordinate_window_mean(x, mode, trim, False)  # type: ignore[arg-type]
+            assert torch.equal(asked, plain), (n, trim)
+    if mode != "trimmed" or dtype != torch.float64 or not coordinatewise.HAVE_KERNEL:
+        return
+    monkeypatch.setattr(_sortnet, "network_window", lambda n, mode, trim, length: (trim, length))
+    _sortnet.kernel_program.cache_clear()
+    try:
+        x = _wide(50, 3000, 50, dtype)
+        asked, _ = coordinatewise.coordinate_window_mean(x, "trimmed", 10, True)
+        plain, _ = coordinatewise.coordinate_window_mean(x, "trimmed", 10, False)
+        assert not torch.equal(asked, plain)
+    finally:
+        _sortnet.kernel_program.cache_clear()

@@ -245,10 +245,16 @@ def chain_order(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def network_window(n: int, mode: int, trim: int, length: int) -> tuple[int, int] | None:
     """The window of sorted positions a mode's pruned network must produce (``(start, length)``), or None where the
-    whole network runs: MeaMed reads every sorted position (so do contributions, which the caller decides)."""
-    if mode == MODE_MEAMED:
+    whole network runs: MeaMed reads every sorted position (so do contributions, which the caller decides), and so
+    does the trimmed mean, whose window is *added* in sorted order: a pruned network leaves the right values in the
+    window but not in order, and float64 additions in another order give other last bits — so the trimmed mean of
+    a round that records contributions (every evaluation round) differed from one that does not, and from the
+    ``torch.sort`` fallback (float64 inputs often, float32 ones whose values span more than ~2²⁹; what the whole
+    network costs: docs/benchmarks.md, ``benchmarks/cw_floor.py``). The median keeps its pruned network: it reads
+    the one or two middle positions, whose halves it adds in either order alike."""
+    if mode in (MODE_MEAMED, MODE_TRIMMED):
         return None
-    return (trim if mode == MODE_TRIMMED else (n - 1) // 2, length)
+    return ((n - 1) // 2, length)
 
 
 def load_sort_nets(kernel: Any) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:

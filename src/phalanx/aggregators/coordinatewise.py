@@ -69,7 +69,8 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Ten
     is_double = x.dtype == torch.float64
     # the order of the compare-exchanges for the kernel's L1 tiles (the same values: _sortnet.cache_order)
     tile = int(_cwkernel.tile_rows(n, is_double)) if hasattr(_cwkernel, "tile_rows") else 0
-    # the trimmed mean and the median only sum a window: the pruned network; contributions read every position
+    # the median reads one or two positions: the pruned network; the trimmed mean and MeaMed add their window in
+    # sorted order, and contributions read every position: the whole network (_sortnet.network_window)
     window = None if want else _sortnet.network_window(n, mode, trim_, length)
     # leading groups of rows sorted as the kernel loads them, the rest of the network after (same values)
     load, pairs = _sortnet.kernel_program(n, window, tile, _load_sort_nets())
