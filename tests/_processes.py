@@ -13,6 +13,20 @@ JOB_TIMEOUT_S = float(os.environ.get("PHALANX_TEST_JOB_TIMEOUT", "400"))
 own ``JOIN_TIMEOUT_S`` (120 s) plus a run: on the 2-core machine under load, starting 4–5 processes alone took 80 s,
 and at the former 120 s a slow start was killed before the code's own wait for a late rank could report it."""
 
+HONEST_ROUND_TIMEOUT_S = 20.0
+"""``round_timeout`` of a process test whose verdict needs every honest rank in every round it asserts on (which ranks
+were missing, that none was, the round a run stopped at, a resumed run equal to the simulated one). CI runs the suite
+on 2 cores at load 5–14: a rank there can stall for seconds (descheduled, paging in, its evaluation), and at the
+former 1.0–1.5 s one such stall made an honest rank "missing" and changed the verdict. 20 s is what this suite's
+honest-only runs already rely on (``FED_JOB``, the serverless mesh, gossip). A rank a test means to be SILENT sleeps
+on a file the test creates once rank 0 has declared it missing (``PHALANX_TEST_SLEEP=RANK:ROUND:FILE``), so such a
+test pays this timeout once per silent round and never depends on how fast the machine runs."""
+
+HONEST_STALL_S = 3.0
+"""The adversary "a loaded machine": an honest rank stalled this long (``PHALANX_TEST_SLEEP=RANK:ROUND:3``) in a round
+the test asserts on. Longer than every ``round_timeout`` the fault tests had before (1.0–1.5 s), so it fails them;
+far below :data:`HONEST_ROUND_TIMEOUT_S`, so the tests that carry it keep their verdict."""
+
 
 HOLD = """
 import os

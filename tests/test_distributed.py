@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from _processes import JOB_TIMEOUT_S, supervised
+from _processes import HONEST_ROUND_TIMEOUT_S, HONEST_STALL_S, JOB_TIMEOUT_S, supervised
 from phalanx.distributed import launch, wire, worker
 from phalanx.distributed.env import RankEnv, free_port, open_store
 from phalanx.errors import ConfigError
@@ -80,14 +80,30 @@ def assert_same_run(dist_dir: Path, sim: dict[str, torch.Tensor], sim_dir: Path)
 
 
 def wait_for(text: str, errs: Path, rank0: subprocess.Popen[bytes]) -> None:
-    """Wait until ``text`` is in the ranks' stderr (the job must still run)."""
+    """Wait until ``text`` is in the ranks' stderr; fail if the job (rank 0) ended without it. Rank 0's state is read
+    before the file, so a last line it printed just before it ended (a stop message) is found, not raced."""
     deadline = time.monotonic() + JOB_TIMEOUT_S
-    while text not in errs.read_text():
-        assert time.monotonic() < deadline and rank0.poll() is None, f"never saw {text!r}: " + errs.read_text()[-3000:]
+    while True:
+        ended = rank0.poll() is not None
+        if text in errs.read_text():
+            return
+        assert not ended and time.monotonic() < deadline, f"never saw {text!r}: " + errs.read_text()[-3000:]
         time.sleep(0.02)
 
 
 Script = Callable[[list[subprocess.Popen[bytes]], Path, Any], None]
+
+
+def wake_when(*steps: tuple[str, Path]) -> Script:
+    """A script that, for each (text, file) in turn, waits until rank 0's stderr says ``text`` and then creates
+    ``file``: a rank sleeping on that file (``PHALANX_TEST_SLEEP=RANK:ROUND:FILE``) stays silent exactly until the
+    server has declared it missing — an event, whatever the machine's speed — and then wakes, so the test pays
+    ``round_timeout`` once for that round and not a fixed sleep that must outlast it."""
+    def script(procs: list[subprocess.Popen[bytes]], errs: Path, store: Any) -> None:
+        for text, path in steps:
+            wait_for(text, errs, procs[0])
+            path.touch()
+    return script
 
 
 def run_job(
@@ -180,7 +196,7 @@ def test_launch_matches_simulated_with_a_byzantine_rank(tmp_path: Path) -> None:
     out = tmp_path / "dist"
     proc = subprocess.run(
         [sys.executable, "-m", "phalanx.cli", "launch", "--workers", "4", str(cfg_path), "--out", str(out),
-         "--set", "round_timeout=20"],
+         "--set", f"round_timeout={HONEST_ROUND_TIMEOUT_S:g}"],
         capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -195,7 +211,8 @@ def test_launch_matches_simulated_with_a_byzantine_rank(tmp_path: Path) -> None:
 
 FED_JOB: dict[str, Any] = {
     **BASE, "algorithm": "fedavg", "workers": 6, "clients_per_round": 3, "byzantine": 3, "f": 1, "local_steps": 3,
-    "rounds": 8, "eval_every": 1, "checkpoint_every": 4, "engine": "torchrun", "round_timeout": 20.0, "seed": 10,
+    "rounds": 8, "eval_every": 1, "checkpoint_every": 4, "engine": "torchrun", "round_timeout": HONEST_ROUND_TIMEOUT_S,
+    "seed": 10,
 }
 """Seed 10 samples 2, 1, 3, 2, 2, 0, 1, 2 Byzantine clients in rounds 0–7: rounds with no honest client and with
 rank 0's own slot Byzantine are among them."""
@@ -231,7 +248,8 @@ def test_adaptive_attack_gets_the_servers_context_on_every_topology(topology: st
     server's centre and the server's aggregator stream (sent with the honest vectors, or every rank's own in the
     serverless topology): the run equals the simulated one, random streams included."""
     data = {**BASE, "workers": 5, "aggregator": "bucketing(s=2)>cc", "attack": "optimal",
-            "attack_params": {"evaluations": 4}, "topology": topology, "engine": "torchrun", "round_timeout": 20.0}
+            "attack_params": {"evaluations": 4}, "topology": topology, "engine": "torchrun",
+            "round_timeout": HONEST_ROUND_TIMEOUT_S}
     code, err = run_job(data, tmp_path / "dist", tmp_path)
     assert code == 0, err[-3000:]
     d = run_dir(tmp_path / "dist")
@@ -252,12 +270,16 @@ def test_serverless_matches_simulated(tmp_path: Path) -> None:
 
 def test_serverless_stops_cleanly_when_a_rank_is_silent(tmp_path: Path) -> None:
     """The server-free topology needs every rank: a rank silent past round_timeout makes the all-gather fail, and
-    the run stops with WorkersLostError after rank 0 checkpointed the last finished round."""
-    data = {**BASE, "workers": 3, "topology": "serverless", "engine": "torchrun", "round_timeout": 1.5,
-            "rounds": 6, "eval_every": 2, "checkpoint_every": 6}
-    code, err = run_job(data, tmp_path / "dist", tmp_path, env={"PHALANX_TEST_SLEEP": "1:3:3"})
+    the run stops with WorkersLostError after rank 0 checkpointed the last finished round. Rank 1 sleeps in round 3
+    until the failure is reported; rank 2 stalls (HONEST_STALL_S) in round 1, shorter than round_timeout: a loaded
+    machine's stall, which must not stop the run early (it did at the former round_timeout of 1.5 s)."""
+    data = {**BASE, "workers": 3, "topology": "serverless", "engine": "torchrun",
+            "round_timeout": HONEST_ROUND_TIMEOUT_S, "rounds": 6, "eval_every": 2, "checkpoint_every": 6}
+    wake, said = tmp_path / "wake", "round 3: a rank failed or stayed silent longer than round_timeout"
+    env = {"PHALANX_TEST_SLEEP": f"2:1:{HONEST_STALL_S:g},1:3:{wake}"}
+    code, err = run_job(data, tmp_path / "dist", tmp_path, env=env, script=wake_when((said, wake)))
     assert code == 3, err[-3000:]
-    assert "round 3: a rank failed or stayed silent longer than round_timeout=1.5 s" in err
+    assert f"{said}={HONEST_ROUND_TIMEOUT_S:g} s" in err
     assert "serverless topology needs every rank alive" in err and "Traceback" not in err
     from safetensors import safe_open
 
@@ -271,8 +293,11 @@ def test_serverless_stops_cleanly_when_a_rank_is_silent(tmp_path: Path) -> None:
 
 FAULTS: dict[str, Any] = {
     **BASE, "workers": 3, "byzantine": 0, "attack": "none", "engine": "torchrun", "rounds": 30, "eval_every": 10,
-    "checkpoint_every": 5, "round_timeout": 1.0,
+    "checkpoint_every": 5, "round_timeout": HONEST_ROUND_TIMEOUT_S,
 }
+"""Every fault test asserts which ranks were missing in which round: honest ranks get HONEST_ROUND_TIMEOUT_S, and a
+rank meant to be silent sleeps on a file the test creates once the server has declared it missing (:func:`wake_when`).
+"""
 
 
 def test_sleeping_worker_is_left_out_then_rejoins_and_a_sigkilled_one_does_not_stop_training(tmp_path: Path) -> None:
@@ -280,7 +305,8 @@ def test_sleeping_worker_is_left_out_then_rejoins_and_a_sigkilled_one_does_not_s
     wakes it skips ahead and is aggregated again. Then rank 3 is SIGKILLed: training goes on without it to the end.
 
     Every step waits on an event (test hooks: rank 2 sleeps until a file exists, the server holds before rounds 20
-    and 300 until a file exists), so the outcome does not depend on how fast this machine runs the rounds."""
+    and 300 until a file exists), so the outcome does not depend on how fast this machine runs the rounds; rank 1
+    stalls for HONEST_STALL_S in round 2 (a loaded machine) and is not missing."""
     data = {**FAULTS, "workers": 4, "rounds": 450, "eval_every": 50, "checkpoint_every": 50}
     out = tmp_path / "dist"
     wake, go20, go300 = tmp_path / "wake", tmp_path / "go20", tmp_path / "go300"
@@ -298,7 +324,7 @@ def test_sleeping_worker_is_left_out_then_rejoins_and_a_sigkilled_one_does_not_s
         procs[3].wait()
         go300.touch()
 
-    env = {"PHALANX_TEST_SLEEP": f"2:5:{wake}", "PHALANX_TEST_HOLD": f"20:{go20},300:{go300}"}
+    env = {"PHALANX_TEST_SLEEP": f"1:2:{HONEST_STALL_S:g},2:5:{wake}", "PHALANX_TEST_HOLD": f"20:{go20},300:{go300}"}
     code, err = run_job(data, out, tmp_path, env=env, script=script)
     assert code == 0, err[-3000:]
     d = run_dir(out)
@@ -316,9 +342,13 @@ def test_sleeping_worker_is_left_out_then_rejoins_and_a_sigkilled_one_does_not_s
 def test_fedavg_slot_missing_is_a_missing_client_and_too_many_stop_the_run(tmp_path: Path) -> None:
     """A client slot silent in round 2 (f = 1): the round is aggregated without the client that slot played, named
     by its client id; with two slots silent in round 5 the run stops with a checkpoint of round 5 that names the
-    missing clients (and any client slot 1 played while it was catching up)."""
-    data = {**FED_JOB, "attack": "none", "byzantine": 0, "rounds": 8, "round_timeout": 1.5, "checkpoint_every": 1}
-    code, err = run_job(data, tmp_path / "dist", tmp_path, env={"PHALANX_TEST_SLEEP": "1:2:2.5,1:5:2.5,2:5:2.5"})
+    missing clients (and any client slot 1 played while it was catching up). The silent slots sleep until rank 0 has
+    declared them missing; slot 2 stalls (HONEST_STALL_S) in round 1, a loaded machine's stall, and is not missing."""
+    data = {**FED_JOB, "attack": "none", "byzantine": 0, "rounds": 8, "checkpoint_every": 1}
+    wake2, wake5 = tmp_path / "wake2", tmp_path / "wake5"
+    env = {"PHALANX_TEST_SLEEP": f"2:1:{HONEST_STALL_S:g},1:2:{wake2},1:5:{wake5},2:5:{wake5}"}
+    script = wake_when(("round 2: clients [", wake2), ("round 5: 2 worker(s) missing", wake5))
+    code, err = run_job(data, tmp_path / "dist", tmp_path, env=env, script=script)
     assert code == 3, err[-3000:]
     d = run_dir(tmp_path / "dist")
     sim_rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
@@ -333,12 +363,15 @@ def test_fedavg_slot_missing_is_a_missing_client_and_too_many_stop_the_run(tmp_p
 def test_too_many_missing_stops_with_a_checkpoint_that_resumes(tmp_path: Path) -> None:
     """Ranks 1 and 2 silent in round 7 with f = 1: a clear error naming round_timeout, the round and the ranks,
     a checkpoint of round 7; the same job started again resumes and ends where the simulated engine ends
-    (rank 2 is a label-flipping Byzantine rank: a data attack)."""
-    data = {**FAULTS, "rounds": 12, "eval_every": 4, "byzantine": 1, "attack": "labelflip", "round_timeout": 1.5}
-    out = tmp_path / "dist"
-    code, err = run_job(data, out, tmp_path, env={"PHALANX_TEST_SLEEP": "1:7:2.5,2:7:2.5"})
+    (rank 2 is a label-flipping Byzantine rank: a data attack). Ranks 1 and 2 sleep until rank 0 has declared them
+    missing; rank 1 stalls (HONEST_STALL_S) in round 2, a loaded machine's stall: not missing, or the resumed run would
+    not end where the simulated one ends."""
+    data = {**FAULTS, "rounds": 12, "eval_every": 4, "byzantine": 1, "attack": "labelflip"}
+    out, wake = tmp_path / "dist", tmp_path / "wake"
+    env = {"PHALANX_TEST_SLEEP": f"1:2:{HONEST_STALL_S:g},1:7:{wake},2:7:{wake}"}
+    code, err = run_job(data, out, tmp_path, env=env, script=wake_when(("round 7: 2 worker(s) missing", wake)))
     assert code == 3, err[-3000:]
-    assert "round 7: 2 worker(s) missing (ranks 1, 2)" in err and "round_timeout=1.5" in err
+    assert "round 7: 2 worker(s) missing (ranks 1, 2)" in err and f"round_timeout={HONEST_ROUND_TIMEOUT_S:g}" in err
     assert "resume" in err
     d = run_dir(out)
     ckpt = load_file(str(d / "checkpoint.safetensors"))

@@ -27,6 +27,7 @@ import pytest
 from tests.test_distributed import JOB_TIMEOUT_S, run_dir, wait_for, write_toml
 from tests.test_distributed_sealed import SEALED, job
 
+from _processes import HONEST_ROUND_TIMEOUT_S
 from phalanx.distributed import launch
 from phalanx.distributed.audit import audit
 from phalanx.distributed.channel import HEADER, MAGIC, MAX_VIOLATIONS, PHASED_HEADER, PHASED_MAGIC, Kind
@@ -263,7 +264,10 @@ def test_a_flooding_byzantine_rank_and_outsiders_leave_a_bounded_record(keys: Pa
     replaced, without the violation limit: 303 → 657 MiB and a 30.8 MB transcript); the honest transcript audits."""
     if sys.platform != "linux":
         pytest.skip("reads rank 0's peak memory from Linux's /proc")
-    data = {**SEALED, "keys": str(keys / "job4"), "byzantine": 0, "attack": "none", "round_timeout": 2.0}
+    # ranks 1 and 2 must be in every round (missing == [3]): HONEST_ROUND_TIMEOUT_S, paid once, in round 0, for rank 3
+    # (the test: it sends no vector, and is a suspect, not waited for, from round 1 on)
+    data = {**SEALED, "keys": str(keys / "job4"), "byzantine": 0, "attack": "none",
+            "round_timeout": HONEST_ROUND_TIMEOUT_S}
     cfg = write_toml(tmp_path / "job.toml", data)
     digest = config_digest(resolve_config(str(cfg), []).identity())
     port, hold, errs, out = free_port(), tmp_path / "go", tmp_path / "stderr.txt", tmp_path / "out"
