@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from _processes import HONEST_ROUND_TIMEOUT_S, HONEST_STALL_S
 from phalanx import aggregators, attacks, data, models
 from phalanx.decentralized import gossip_attacks, robust_gossip, topology
 from phalanx.errors import ConfigError
@@ -161,7 +162,7 @@ JOB: dict[str, Any] = {
     "algorithm": "gossip", "engine": "torchrun", "graph": "ring", "dataset": "digits", "model": "mlp",
     "model_params": {"hidden": [16]}, "workers": 4, "byzantine": 0, "f": 0, "aggregator": "mean", "attack": "none",
     "batch_size": 8, "lr": 0.1, "momentum": 0.9, "rounds": 6, "eval_every": 3, "checkpoint_every": 3, "seed": 1,
-    "round_timeout": 20.0,
+    "round_timeout": HONEST_ROUND_TIMEOUT_S,
 }
 
 
@@ -232,9 +233,14 @@ def test_a_neighbour_that_dies_mid_run_costs_its_messages_and_the_others_finish(
     """Four ranks on a ring; rank 3 dies at the start of round 3 (a test hook: the process exits, its sockets
     close). Its neighbours (ranks 0 and 2) take their own local step in place of its message from round 3 on; the run
     finishes, and the metric rows count the missing messages (2 per round); rank 0's distributed.json names rank 3
-    from round 3 on."""
-    data = {**JOB, "rounds": 8, "eval_every": 4, "checkpoint_every": 4, "round_timeout": 5.0}
-    code, err = run_job(data, tmp_path / "dist", tmp_path, env={"PHALANX_TEST_SLEEP": "3:3:exit"})
+    from round 3 on. Honest nodes get HONEST_ROUND_TIMEOUT_S: rank 1 stalls (HONEST_STALL_S) in round 5, a loaded
+    machine's stall, and is missed by nobody — at the former round_timeout of 5 s its neighbours missed it there. The
+    death is seen at once (gloo reports the closed links) and costs no round a wait; only the end of the run waits
+    round_timeout for ranks 0 and 2 (measured: ``Neighbours.close`` joins the sending thread of the lost link, which
+    was never sent its last message)."""
+    data = {**JOB, "rounds": 8, "eval_every": 4, "checkpoint_every": 4}
+    env = {"PHALANX_TEST_SLEEP": f"1:5:{HONEST_STALL_S:g},3:3:exit"}
+    code, err = run_job(data, tmp_path / "dist", tmp_path, env=env)
     assert code == 0, err[-3000:]
     assert "[phalanx rank 0] lost the link to rank 3" in err and "[phalanx rank 2] lost the link to rank 3" in err
     assert err.count("lost the link") == 2, err[-3000:]  # no other link: the others kept each other
@@ -250,25 +256,30 @@ def test_a_neighbour_that_dies_mid_run_costs_its_messages_and_the_others_finish(
 
 def test_a_silent_neighbour_is_left_out_then_skips_ahead_and_rejoins(tmp_path: Path) -> None:
     """Four ranks on a ring; rank 1 (a neighbour of rank 0) stops answering in round 3 until the test wakes it,
-    which it does once rank 0 has reported round 10 (its neighbours gave rank 1 up after round_timeout and went on
-    without waiting for it). Rank 1 then sits the rounds it fell behind out and rejoins: rank 0 takes its messages
-    again, and the run finishes."""
-    data = {**JOB, "rounds": 30, "eval_every": 10, "checkpoint_every": 30, "round_timeout": 4.0}
-    wake = tmp_path / "wake"
+    which it does once rank 0 has finished round 6 and holds before round 7 (a test hook; its neighbours gave rank 1
+    up after round_timeout and went on without waiting for it, and have sent their messages of round 5 = 3 + 2 at
+    least). Rank 1 then sits the rounds it fell behind out and rejoins: rank 0 takes its messages again, and the run
+    finishes. Honest nodes get HONEST_ROUND_TIMEOUT_S: rank 1 stalls (HONEST_STALL_S) in round 1, a loaded machine's
+    stall, and is not missing there — at the former round_timeout of 4 s it was. The silence costs one
+    round_timeout and a quarter of it for each of rounds 4–6."""
+    data = {**JOB, "rounds": 30, "eval_every": 10, "checkpoint_every": 30}
+    wake, go7 = tmp_path / "wake", tmp_path / "go7"
 
     def wake_1(procs: list[subprocess.Popen[bytes]], errs: Path, store: Any) -> None:
         wait_for("sleeping until the test wakes it in round 3", errs, procs[0])
-        wait_for("round 10/30", errs, procs[0])
+        wait_for("holding round 7", errs, procs[0])
         wake.touch()
+        go7.touch()
 
-    code, err = run_job(data, tmp_path / "dist", tmp_path, env={"PHALANX_TEST_SLEEP": f"1:3:{wake}"}, script=wake_1)
+    env = {"PHALANX_TEST_SLEEP": f"1:1:{HONEST_STALL_S:g},1:3:{wake}", "PHALANX_TEST_HOLD": f"7:{go7}"}
+    code, err = run_job(data, tmp_path / "dist", tmp_path, env=env, script=wake_1)
     assert code == 0, err[-3000:]
     assert "lost the link" not in err and "Traceback" not in err and "terminate" not in err
     assert "round 3: no message in time from neighbours [1" in err  # [1] — or [1, 3] if a loaded machine made 3 late
     d = run_dir(tmp_path / "dist")
     log = json.loads((d / "distributed.json").read_text())["rounds"]
     assert [1 in r["missing"] for r in log[:4]] == [False, False, False, True]
-    assert all(1 in r["missing"] for r in log[3:10])  # asleep until rank 0 had finished round 10
-    assert any(r["missing"] == [] for r in log[10:])  # back: its messages arrive in time again
+    assert all(1 in r["missing"] for r in log[3:7])  # asleep until rank 0 had finished round 6
+    assert any(r["missing"] == [] for r in log[7:])  # back: its messages arrive in time again
     rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
     assert rows[1]["missing_messages"] > 0 and (d / "DONE").exists()

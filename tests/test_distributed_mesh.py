@@ -29,6 +29,7 @@ from tests.test_distributed_gossip import JOB as GOSSIP_JOB
 from tests.test_distributed_sealed import final, job, rewrite, transcript
 from typer.testing import CliRunner
 
+from _processes import HONEST_ROUND_TIMEOUT_S, HONEST_STALL_S
 from phalanx.cli import app
 from phalanx.distributed.audit import audit
 from phalanx.distributed.channel import (
@@ -50,7 +51,7 @@ from phalanx.distributed.worker import resolve_config
 from phalanx.errors import ConfigError
 from phalanx.experiments import make_config
 
-SERVERLESS = {**BASE, "topology": "serverless", "engine": "torchrun", "round_timeout": 20.0}
+SERVERLESS = {**BASE, "topology": "serverless", "engine": "torchrun", "round_timeout": HONEST_ROUND_TIMEOUT_S}
 """4 ranks, rank 3 Byzantine running ALIE (a vector attack: a second, Byzantine phase every round)."""
 GOSSIP = {**GOSSIP_JOB, "workers": 5, "byzantine": 1, "f": 1, "aggregator": "cwtm", "attack": "alie"}
 """A ring of 5 nodes, node 4 Byzantine running ALIE on the rows it is sent, the trimmed mean at every node."""
@@ -392,9 +393,12 @@ def test_a_keyed_gossip_neighbour_that_dies_costs_its_messages_and_the_others_fi
                                                                                      tmp_path: Path) -> None:
     """As without keys (tests/test_distributed_gossip.py): rank 3 of a ring of 4 dies in round 3; ranks 0 and 2
     lose its link (its connections end), take their own steps in its place, count the missing messages, finish; the
-    journals in the transcript say whom each node missed, and the run audits."""
-    data = {**GOSSIP_JOB, "rounds": 8, "eval_every": 4, "checkpoint_every": 4, "round_timeout": 5.0}
-    code, errs, _ = job(keyed(data, keys), tmp_path / "out", tmp_path, env={"PHALANX_TEST_SLEEP": "3:3:exit"})
+    journals in the transcript say whom each node missed, and the run audits. The death is seen at once, so honest
+    nodes get HONEST_ROUND_TIMEOUT_S at no cost; rank 1 stalls (HONEST_STALL_S) in round 5, a loaded machine's stall,
+    and is missed by nobody — at the former round_timeout of 5 s its neighbours missed it there."""
+    data = {**GOSSIP_JOB, "rounds": 8, "eval_every": 4, "checkpoint_every": 4, "round_timeout": HONEST_ROUND_TIMEOUT_S}
+    env = {"PHALANX_TEST_SLEEP": f"1:5:{HONEST_STALL_S:g},3:3:exit"}
+    code, errs, _ = job(keyed(data, keys), tmp_path / "out", tmp_path, env=env)
     assert code == 0, errs[-3000:]
     assert "[phalanx rank 0] lost the link to rank 3" in errs and "[phalanx rank 2] lost the link to rank 3" in errs
     assert errs.count("lost the link") == 2, errs[-3000:]

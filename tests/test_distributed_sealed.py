@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from tests.test_distributed import BASE, JOB_TIMEOUT_S, run_dir, wait_for, write_toml
 from typer.testing import CliRunner
 
-from _processes import HONEST_ROUND_TIMEOUT_S, supervised
+from _processes import HONEST_ROUND_TIMEOUT_S, HONEST_STALL_S, supervised
 from phalanx.cli import app
 from phalanx.distributed import launch
 from phalanx.distributed.audit import audit
@@ -80,9 +80,12 @@ def rewrite(run: Path, doc: dict[str, Any], signer: Any = None) -> None:
 
 @pytest.fixture(scope="module")
 def clean(keys: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The keyed job, nobody attacking it but its own Byzantine rank (ALIE, as itself)."""
+    """The keyed job, nobody attacking it but its own Byzantine rank (ALIE, as itself). Rank 1 stalls
+    (HONEST_STALL_S) in round 4, a loaded machine's stall: it is not missing (the transcript test), and the bits equal
+    the plain run's and the impostor campaign's — at the former round_timeout of 5 s it was missing there."""
     tmp = tmp_path_factory.mktemp("clean")
-    code, errs, _ = job({**SEALED, "keys": str(keys / "job")}, tmp / "out", tmp)
+    code, errs, _ = job({**SEALED, "keys": str(keys / "job")}, tmp / "out", tmp,
+                        env={"PHALANX_TEST_SLEEP": f"1:4:{HONEST_STALL_S:g}"})
     assert code == 0, errs[-3000:]
     assert "sealed links: mutual TLS" in errs
     return tmp / "out"
