@@ -235,9 +235,9 @@ def test_a_neighbour_that_dies_mid_run_costs_its_messages_and_the_others_finish(
     finishes, and the metric rows count the missing messages (2 per round); rank 0's distributed.json names rank 3
     from round 3 on. Honest nodes get HONEST_ROUND_TIMEOUT_S: rank 1 stalls (HONEST_STALL_S) in round 5, a loaded
     machine's stall, and is missed by nobody — at the former round_timeout of 5 s its neighbours missed it there. The
-    death is seen at once (gloo reports the closed links) and costs no round a wait; only the end of the run waits
-    round_timeout for ranks 0 and 2 (measured: ``Neighbours.close`` joins the sending thread of the lost link, which
-    was never sent its last message)."""
+    death is seen at once (gloo reports the closed links) and costs no round a wait, nor the end of the run:
+    ``Neighbours.close`` ends the sending thread of a lost link instead of waiting round_timeout for it (it used to:
+    this test took 41 s at round_timeout 20 s, 18.5 s since)."""
     data = {**JOB, "rounds": 8, "eval_every": 4, "checkpoint_every": 4}
     env = {"PHALANX_TEST_SLEEP": f"1:5:{HONEST_STALL_S:g},3:3:exit"}
     code, err = run_job(data, tmp_path / "dist", tmp_path, env=env)

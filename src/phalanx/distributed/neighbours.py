@@ -493,7 +493,11 @@ class Neighbours(Transport, Callback):
             self.links = {}
             return
         for k, link in self.links.items():
-            if k not in self.lost and isinstance(link, Link):
+            if not isinstance(link, Link):
+                continue
+            if k in self.lost:  # no last message to a rank given up (it may be dead): end the sending thread only,
+                link.outbox.put(None)  # or the join below waits round_timeout for a thread blocked on its queue
+            else:
                 link.finish()
         # both ends of a link end their threads on each other's last message: no gloo call may return into a
         # Python that is shutting down (a thread that does aborts the process: "terminate called ...")
