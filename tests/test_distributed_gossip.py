@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from _processes import HONEST_ROUND_TIMEOUT_S, HONEST_STALL_S
+from _processes import HONEST_ROUND_TIMEOUT_S, HONEST_STALL_S, JOB_TIMEOUT_S
 from phalanx import aggregators, attacks, data, models
 from phalanx.decentralized import gossip_attacks, robust_gossip, topology
 from phalanx.errors import ConfigError
@@ -236,9 +236,10 @@ def test_a_neighbour_that_dies_mid_run_costs_its_messages_and_the_others_finish(
     from round 3 on. Honest nodes get HONEST_ROUND_TIMEOUT_S: rank 1 stalls (HONEST_STALL_S) in round 5, a loaded
     machine's stall, and is missed by nobody — at the former round_timeout of 5 s its neighbours missed it there. The
     death is seen at once (gloo reports the closed links) and costs no round a wait, nor the end of the run:
-    ``Neighbours.close`` ends the sending thread of a lost link instead of waiting round_timeout for it (it used to:
-    this test took 41 s at round_timeout 20 s, 18.5 s since)."""
-    data = {**JOB, "rounds": 8, "eval_every": 4, "checkpoint_every": 4}
+    ``Neighbours.close`` ends the sending thread of a lost link instead of waiting round_timeout for it. So
+    round_timeout here is twice the job's hard bound (JOB_TIMEOUT_S): any wait for the dead rank — in a round, at a
+    gathering, at the end — kills the job (the former close did: this test took 41 s at round_timeout 20 s)."""
+    data = {**JOB, "rounds": 8, "eval_every": 4, "checkpoint_every": 4, "round_timeout": 2 * JOB_TIMEOUT_S}
     env = {"PHALANX_TEST_SLEEP": f"1:5:{HONEST_STALL_S:g},3:3:exit"}
     code, err = run_job(data, tmp_path / "dist", tmp_path, env=env)
     assert code == 0, err[-3000:]
