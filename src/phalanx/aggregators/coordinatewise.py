@@ -102,6 +102,13 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Ten
     return out, (contrib.sum(dim=0) / d if contrib is not None else None)
 
 
+def _median_of_sorted(xs: Tensor) -> Tensor:
+    """The median of sorted columns as the kernel computes it, float64 ``(d,)``: the halves of the two middle values
+    (the one middle value twice for odd n) added in float64."""
+    n = xs.shape[0]
+    return 0.5 * xs[(n - 1) // 2].double() + 0.5 * xs[n // 2].double()
+
+
 def _window_start_torch(xs: Tensor, mode: int, trim: int, length: int) -> Tensor:
     n, d = xs.shape
     if mode == _sortnet.MODE_TRIMMED:
@@ -113,7 +120,7 @@ def _window_start_torch(xs: Tensor, mode: int, trim: int, length: int) -> Tensor
     # cost = a > b ? a : b (NaN, from inf − inf, compares false), and a window replaces the best so far only on a
     # strictly smaller cost, the best starting at +inf. So the start is the first window of least cost among the
     # costs that are not NaN, and 0 when that least cost is +inf (no window ever replaced the first).
-    med = (0.5 * xs[(n - 1) // 2].double() + 0.5 * xs[n // 2].double()).to(xs.dtype)
+    med = _median_of_sorted(xs).to(xs.dtype)
     a, b = med[None] - xs[: trim + 1], xs[length - 1 : length + trim] - med[None]
     cost = torch.where(a > b, a, b)
     key = torch.where(cost.isnan(), torch.full_like(cost, float("inf")), cost)
@@ -126,9 +133,8 @@ def _window_mean_torch(xs: Tensor, mode: int, start: Tensor, length: int) -> Ten
     window's values added one sorted position after another from +0.0 and multiplied by ``1/length`` — on the CPU
     the same additions in the same order as the kernel, bit for bit (a cascade sum cancels −3e38 and 3e38 before it
     adds 1 and 2.5, where the kernel's sequential sum has lost them: ``tests/test_cw_fallback.py``)."""
-    n = xs.shape[0]
     if mode == _sortnet.MODE_MEDIAN:
-        return 0.5 * xs[(n - 1) // 2].double() + 0.5 * xs[n // 2].double()
+        return _median_of_sorted(xs)
     if xs.device.type != "cpu":  # on a device, one gather and one reduction (a cascade: last bits may differ)
         rows = start[None, :] + torch.arange(length, device=xs.device)[:, None]
         return xs.gather(0, rows).sum(dim=0, dtype=torch.float64) * (1.0 / length)
