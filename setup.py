@@ -1,7 +1,9 @@
-"""Build the optional C kernel of the coordinate-wise rules (everything else is in pyproject.toml).
+"""Build the optional C kernels (everything else is in pyproject.toml): the coordinate-wise rules' sorting network
+(``_cwkernel.c``) and the one-pass float64 squared row norms of the norm rules (``_normkernel.c``).
 
-The extension is optional: if it cannot be compiled (no C compiler), the package still installs and the
-coordinate-wise rules fall back to torch.sort (slower, same results). On Linux it is built with OpenMP (-fopenmp,
+Both extensions are optional: if they cannot be compiled (no C compiler), the package still installs; the
+coordinate-wise rules fall back to torch.sort (slower, same results) and the norm estimates to torch's blocked
+norms (slower, a wider bound, the same decisions). On Linux it is built with OpenMP (-fopenmp,
 GCC's libgomp — the runtime torch's CPU wheels ship, which the extension then shares with torch: one team of
 threads, not two competing); if that fails it is built again without OpenMP (one thread per call).
 """
@@ -41,6 +43,12 @@ setup(
             ["src/phalanx/aggregators/_cwkernel.c"],
             extra_compile_args=extra,
             optional=True,
-        )
+        ),
+        Extension(
+            "phalanx.aggregators._normkernel",
+            ["src/phalanx/aggregators/_normkernel.c"],
+            extra_compile_args=extra,
+            optional=True,
+        ),
     ],
 )

@@ -83,10 +83,23 @@ def _inputs(seed: int) -> list[tuple[torch.Tensor, int]]:
     return out
 
 
+ESTIMATE_PATHS = ["kernel", "torch blocks"]
+
+
+def use_estimates(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``row_sqnorm_estimates`` take ``path``: the C kernel's float64 sums or torch's float32 block norms (the
+    path of other devices and of a build without the kernel)."""
+    if path == "kernel" and _rowops._normkernel is None:
+        pytest.skip("the C norm kernel is not built")
+    monkeypatch.setattr(_rowops, "HAVE_NORM_KERNEL", path == "kernel")
+
+
+@pytest.mark.parametrize("path", ESTIMATE_PATHS)
 @pytest.mark.parametrize("seed", range(20))
-def test_one_pass_norms_decide_like_float64_norms(seed: int) -> None:
-    # The fast path (float32 block norms with an error bound, float64 norms only for rows that may sit at the cut)
+def test_one_pass_norms_decide_like_float64_norms(seed: int, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fast path (one-pass estimates with an error bound, float64 norms only for rows that may sit at the cut)
     # gives exactly the weights of every norm summed in float64, ties included.
+    use_estimates(path, monkeypatch)
     for x, f in _inputs(seed):
         _, share = aggregators.make("cge", f=f).aggregate(x)
         assert torch.equal(share, _float64_decision(x, f)), (x.dtype, x.shape, f)
@@ -95,7 +108,9 @@ def test_one_pass_norms_decide_like_float64_norms(seed: int) -> None:
 def test_a_bound_that_ignores_rounding_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     # Mutant: the block estimates taken as exact (δ = η = 0). Rows that are permutations of one another have the
     # same float64 norm (a tie: they share the places left) but float32 rounds their block norms apart; the mutant
-    # then keeps one and drops the other.
+    # then keeps one and drops the other. (The kernel's float64 sums of these squares are exact: its own mutant is
+    # test_kernel_estimates_keep_their_bound.)
+    use_estimates("torch blocks", monkeypatch)
     g = torch.Generator().manual_seed(3)
     v = torch.randint(2**15, 2**16, (1000,), generator=g).float() / 2**16
     x = torch.stack([0.5 * v, v, v.flip(0), v[torch.randperm(1000, generator=g)], 2 * v])
@@ -125,9 +140,11 @@ def count_float64_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return seen
 
 
-def test_rows_at_the_cut_cost_at_most_their_own_float64_norms(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("path", ESTIMATE_PATHS)
+def test_rows_at_the_cut_cost_at_most_their_own_float64_norms(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Availability: a Byzantine row placed exactly at the cut only makes the rows near the cut take the float64
     # path; well separated rows never do.
+    use_estimates(path, monkeypatch)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(20, 5000, generator=g) * torch.linspace(1, 2, 20)[:, None]
     x[19] = x[10]  # an attacker's copy of the row at the cut
@@ -167,17 +184,20 @@ def test_float64_norms_through_one_buffer_equal_the_chunk_expression(dtype: torc
                            reference(x.index_select(0, rows), sub_bad)), pick
 
 
-def test_a_lone_row_at_the_cut_needs_no_float64_norm(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("path", ESTIMATE_PATHS)
+def test_a_lone_row_at_the_cut_needs_no_float64_norm(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """CGE only compares keys: when one row alone may be the (n − f)-th shortest, it is, and nothing ties with it,
     so no float64 norm is computed and the weights are those of float64 norms. Mutant: every uncertain row keyed by
     its estimate (the float64 step skipped whatever the count) — rows tied in float64 but rounded apart in float32
     then no longer share their places."""
+    use_estimates(path, monkeypatch)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(20, 5000, generator=g) * torch.linspace(1, 2, 20)[:, None]  # norms far apart
     seen = count_float64_rows(monkeypatch)
     for f in (0, 3, 9):
         assert torch.equal(aggregators.make("cge", f=f).aggregate(x)[1], _float64_decision(x, f))
     assert seen == [20, 20, 20]  # only _float64_decision's own calls
+    use_estimates("torch blocks", monkeypatch)  # the float32 block norms round the tied rows apart
     v = torch.randint(2**15, 2**16, (1000,), generator=torch.Generator().manual_seed(3)).float() / 2**16
     tied = torch.stack([0.5 * v, v, v.flip(0), v[torch.randperm(1000, generator=g)], 2 * v])
     want = _float64_decision(tied, 2)

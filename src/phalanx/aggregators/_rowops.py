@@ -8,11 +8,21 @@ copy of the input), instead of building a cleaned copy of the whole input.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 from torch import Tensor
 
 from phalanx.aggregators._numerics import COLUMN_CHUNK
+
+try:  # the optional C kernel (setup.py; imported after torch, so that it shares torch's OpenMP runtime)
+    from phalanx.aggregators import _normkernel  # type: ignore[attr-defined]
+
+    HAVE_NORM_KERNEL = os.environ.get("PHALANX_NO_KERNEL", "") == ""
+except ImportError:  # pragma: no cover - exercised only where the extension could not be built
+    _normkernel = None
+    HAVE_NORM_KERNEL = False
 
 __all__ = [
     "clip_scales", "clipped_mean", "column_mean", "cosine_matrix", "float64_gram", "float64_row_norms", "median_norm",
@@ -87,8 +97,11 @@ def row_sqnorm_estimates(x: Tensor) -> tuple[Tensor, Tensor, float, float]:
     r"""One streaming pass: estimates of the squared row norms that :func:`float64_row_norms` would square, with a
     rigorous error bound, and the bad rows (as :func:`row_norms` flags them).
 
-    The columns are cut into blocks of :data:`NORM_BLOCK`; each block's norm is taken in the dtype of ``x`` (no
-    ``(n, d)`` temporary, no float64 copy) and the squares of the ``m ≈ d/B`` block norms are summed in float64.
+    On the CPU, for float32/float64 rows with contiguous columns, the C kernel adds the float64 squares in one pass
+    (:func:`_kernel_sqnorms`: δ ≈ 2·2d·u₆₄). Elsewhere (other devices or dtypes, a build without the kernel,
+    ``PHALANX_NO_KERNEL=1``, an input that requires grad) the columns are cut into blocks of :data:`NORM_BLOCK`;
+    each block's norm is taken in the dtype of ``x`` (no ``(n, d)`` temporary, no float64 copy) and the squares of
+    the ``m ≈ d/B`` block norms are summed in float64.
     Summing ``B`` non-negative terms in any order errs by at most :math:`\gamma_{B-1} \le (B-1)u` relatively
     (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §4.2, Eq. 4.4 — it holds for every order,
     hence for whatever torch's kernel does); the squares, the block square root, its float64 square and the float64
@@ -98,11 +111,14 @@ def row_sqnorm_estimates(x: Tensor) -> tuple[Tensor, Tensor, float, float]:
     :math:`|\hat S_i - S_i| \le \delta \hat S_i + \eta` (for δ < 0.1). Returns ``(estimates float64 (n,), bad,
     δ, η)``; bad rows have estimate ``+inf``.
 
-    Bad rows: a NaN/Inf entry makes its block's norm non-finite. A row whose squared norm might overflow the dtype
-    (estimate above a quarter of its largest value) gets its norm from :func:`row_norms`, so that ``bad`` is
-    exactly what :func:`row_norms` says.
+    Bad rows: a NaN entry makes the estimate NaN, an Inf entry makes it infinite. A row whose squared norm might
+    overflow the dtype (estimate above a quarter of its largest value, infinite ones included) gets its norm from
+    :func:`row_norms`, so that ``bad`` is exactly what :func:`row_norms` says (:func:`_finish_estimates`).
     """
     n, d = x.shape
+    if _kernel_sqnorms_apply(x):
+        est, delta = _kernel_sqnorms(x)
+        return _finish_estimates(x, est, delta)
     m = d // NORM_BLOCK
     parts = []
     if m:
@@ -111,14 +127,48 @@ def row_sqnorm_estimates(x: Tensor) -> tuple[Tensor, Tensor, float, float]:
         parts.append(torch.linalg.vector_norm(x[:, m * NORM_BLOCK :], dim=1, keepdim=True))
     blocks = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
     est = blocks.to(torch.float64).square().sum(dim=1)
-    bad = ~torch.isfinite(est)
+    u, u64 = torch.finfo(x.dtype).eps / 2, torch.finfo(torch.float64).eps / 2
+    return _finish_estimates(x, est, 2.0 * ((NORM_BLOCK + 4) * u + (blocks.shape[1] + d + 8) * u64))
+
+
+def _kernel_sqnorms_apply(x: Tensor) -> bool:
+    return (
+        HAVE_NORM_KERNEL and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+        and x.dim() == 2 and x.shape[0] > 0 and x.shape[1] > 0 and x.stride(1) == 1
+        and (x.stride(0) >= x.shape[1] or x.shape[0] == 1)  # not an expanded (stride 0) or overlapping layout
+        and not (x.requires_grad and torch.is_grad_enabled())
+    )
+
+
+def _kernel_sqnorms(x: Tensor) -> tuple[Tensor, float]:
+    r"""The squared row norms from the C kernel (``_normkernel.c``), float64 ``(n,)``, and their relative bound δ.
+
+    The kernel adds the exact float64 squares of float32 values (rounded ones for float64, ``u₆₄`` each) in a fixed
+    order; so does :func:`float64_row_norms`, in another. Both sums of ``d`` non-negative terms err by at most
+    :math:`\gamma_{d-1} S` (Higham, §4.2, Eq. 4.4), so they differ by at most :math:`2\gamma_d S`:
+    :math:`\delta = 2\cdot 2 (d + 4) u_{64}` (factor 2 of slack) — about 4.4·10⁻¹⁰ at d = 10⁶, where the blocked
+    torch estimate's δ is 1.6·10⁻⁵, so rows are uncertain only when their norms nearly tie.
+    """
+    n, d = x.shape
+    out = torch.empty(n, dtype=torch.float64)
+    _normkernel.sqnorms(
+        x.data_ptr(), n, d, max(x.stride(0), d), x.dtype == torch.float64, out.data_ptr(),
+        max(1, torch.get_num_threads()),
+    )
+    return out, 4.0 * (d + 4) * (torch.finfo(torch.float64).eps / 2)
+
+
+def _finish_estimates(x: Tensor, est: Tensor, delta: float) -> tuple[Tensor, Tensor, float, float]:
+    """Bad rows exactly as :func:`row_norms` flags them (a NaN estimate, or an estimate so large that the squared
+    norm may overflow the dtype of ``x``: those rows' norms are taken by :func:`row_norms`), ``+inf`` estimates on
+    them, and the absolute term ``η`` for squares that underflow."""
+    d = x.shape[1]
     info = torch.finfo(x.dtype)
+    bad = torch.isnan(est)
     suspect = (~bad & (est > info.max / 4)).nonzero().flatten()
     if suspect.numel():
         bad[suspect] = row_norms(x.index_select(0, suspect.to(x.device)))[1].to(bad.device)
     est = torch.where(bad, torch.full_like(est, float("inf")), est)
-    u, u64 = info.eps / 2, torch.finfo(torch.float64).eps / 2
-    delta = 2.0 * ((NORM_BLOCK + 4) * u + (blocks.shape[1] + d + 8) * u64)
     eta = 4.0 * d * (info.smallest_normal + torch.finfo(torch.float64).smallest_normal)
     return est, bad, delta, eta
 
