@@ -41,6 +41,8 @@ class Contender:
     changed_input: bool = False
     note: str = ""
     """Why it was timed once (its warm-up, or its first timed call, took longer than the cap), else empty."""
+    max_reps: int | None = None
+    """At most this many timed calls (a floor's GEMM at large n: a few suffice), else the rotation's count."""
 
     @property
     def median(self) -> float:
@@ -97,6 +99,8 @@ def measure_alternating(contenders: list[Contender], x: torch.Tensor, x_ref: tor
             c.times, c.reps, c.note = [c.warm], 1, f"one call: the warm-up took > {cap:.0f} s"
             continue
         c.reps = min(reps, 3) if big and c.warm > slow else reps
+        if c.max_reps is not None:
+            c.reps = min(c.reps, c.max_reps)
         (alone if c.changed_input else alternating).append(c)
 
     def once(c: Contender) -> bool:

@@ -1,7 +1,8 @@
 """Each rule's own floor: the least memory traffic (or arithmetic) its definition needs, timed in the worker.
 
 A rule's ``× floor`` is its time over the time of the work its definition cannot avoid on an ``(n, d)`` float32
-input, measured in the same process under the same load:
+input, measured in the same process under the same load — in ``make bench``, each part a contender of the rule's
+rotation (``_bench_worker.floor_contenders``), so that it finds the caches as the rule and its peers leave them:
 
 * ``pass`` — one streaming pass, ``x.sum(0)``: coordinate-wise rules (cwmed, cwtm, meamed, signmaj, rlr), norm
   rules (cge, signguard, fltrust), averaging pre-aggregators (bucketing), rules whose extra work is on a small
@@ -118,14 +119,26 @@ def measure(x: torch.Tensor, floor_plan: list[tuple[str, int]], reps: int = 10,
     timed only when a component needs it); ``passes(k)`` is ``k`` × pass. ``sync`` ends every call
     (``torch.cuda.synchronize`` for a CUDA ``x``: the time is the kernel's, not its launch).
     """
-    parts = {"pass": _median_time(lambda: x.sum(0), reps, sync)}
+    parts = {kind: _median_time(call, part_reps(kind, reps), sync) for kind, call in part_calls(x, floor_plan).items()}
+    return {"floor": declared(floor_plan, parts), **parts}
+
+
+def part_calls(x: torch.Tensor, floor_plan: list[tuple[str, int]]) -> dict[str, Callable[[], Any]]:
+    """The calls that time the parts ``floor_plan`` needs: ``pass`` always (``x.sum(0)``), ``gemm``
+    (``torch.mm(x, x.T)``) and ``copy`` (``new_rows(x.shape, x).copy_(x)``) where a component has that kind."""
+    calls: dict[str, Callable[[], Any]] = {"pass": lambda: x.sum(0)}
     if any(kind == "gemm" for kind, _ in floor_plan):
-        parts["gemm"] = _median_time(lambda: torch.mm(x, x.T), max(3, reps // 3), sync)
+        calls["gemm"] = lambda: torch.mm(x, x.T)
     if any(kind == "copy" for kind, _ in floor_plan):
         from phalanx.aggregators._rowops import new_rows
 
-        parts["copy"] = _median_time(lambda: new_rows(tuple(x.shape), x).copy_(x), reps, sync)
-    return {"floor": declared(floor_plan, parts), **parts}
+        calls["copy"] = lambda: new_rows(tuple(x.shape), x).copy_(x)
+    return calls
+
+
+def part_reps(kind: str, reps: int) -> int:
+    """Timed calls of a part: ``reps``, but ``max(3, reps // 3)`` for the GEMM (seconds a call at n = 1,000)."""
+    return max(3, reps // 3) if kind == "gemm" else reps
 
 
 def declared(floor_plan: list[tuple[str, int]], parts: dict[str, float]) -> float:

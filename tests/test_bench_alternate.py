@@ -82,3 +82,35 @@ def test_an_error_is_kept_not_raised() -> None:
     a = _named("a")
     _run([b, a], torch.zeros(1, 1), reps=2)
     assert isinstance(b.error, RuntimeError) and not b.times and len(a.times) == 2
+
+
+def test_a_contender_with_max_reps_stops_there() -> None:
+    """Mutant: ``max_reps`` ignored — the capped contender gets the rotation's 4 calls."""
+    x = torch.zeros(3, 4)
+    capped = Contender(lambda arg: ("g", arg), lambda base: base, [lambda: 0], max_reps=2)
+    calls = _run([_named("a"), capped], x, reps=4)
+    assert calls.count("g") == 1 + 2 and calls.count("a") == 1 + 4  # warm-ups and timed calls
+    assert capped.reps == 2 and len(capped.times) == 2
+
+
+def test_a_rules_floor_is_timed_between_the_same_calls_as_the_rule() -> None:
+    """The floor's parts (one pass, the GEMM) join the rule's rotation, so they find the caches as the rule and its
+    peers leave them. Mutant: the floor timed alone after the rotation (the rule's calls all come first)."""
+    from _bench_worker import floor_contenders
+
+    x = torch.randn(5, 8)
+    floors = floor_contenders(x, [("gemm", 1), ("pass", 1)], reps=9)
+    assert set(floors) == {"gemm", "pass"} and floors["gemm"].max_reps == 3 and floors["pass"].max_reps == 9
+    names = {id(floors["gemm"].call): "gemm", id(floors["pass"].call): "pass"}
+    rule = _named("rule")
+    order: list[str] = []
+
+    def limited(fn: Any, arg: Any, limit: float) -> tuple[Any, float]:
+        order.append(names.get(id(fn), "rule"))
+        return fn(arg), 0.001
+
+    measure_alternating([rule, *floors.values()], x, x.clone(), 9, False, 60.0, 20.0, 1.0, limited, Timeout)
+    timed = order[3:]  # after the three warm-ups
+    assert timed.count("rule") == 9 and timed.count("pass") == 9 and timed.count("gemm") == 3
+    assert timed[:6] == ["rule", "pass", "gemm", "pass", "gemm", "rule"]
+    assert torch.equal(floors["gemm"].output, x @ x.T) and torch.equal(floors["pass"].output, x.sum(0))
