@@ -125,3 +125,21 @@ def test_norm_rules_floor_target_is_issue_37s(rule: str, kind: str, ratio: float
     row = build_rows([(setting, [case])])[0][0]
     assert row.target_ok is met and row.target == ("yes" if met else "no")
     assert build_rows([(setting, [{**case, "norm": False}])])[0][0].target == "yes"  # the mutant's verdict
+
+
+def test_the_norm_floor_table_prints_each_ratio_from_the_json() -> None:
+    """``benchmarks/norm_floor_table.py`` (docs/benchmarks.md's norm table): a copying clip against its copy floor,
+    one pass and the pass timed alone; a rule without peers has no speed-up; medians of the setting's parts."""
+    table = load_script("benchmarks/norm_floor_table.py", "phalanx_norm_floor_table").table
+    parts = {"pass": 2e-3, "pass_alone": 1e-3, "copy": 5e-3}
+    clip = {"rule": "clip", "status": "ok", "phalanx": {"time": 10e-3}, "floor": 5e-3, "floor_kind": "copy",
+            "floor_parts": {**parts, "floor": 5e-3}, "peers": [{"status": "ok", "time": 30e-3},
+                                                            {"status": "error"}]}
+    cge = {"rule": "cge", "status": "ok", "phalanx": {"time": 4e-3}, "floor": 4e-3 / 1.5, "floor_kind": "pass",
+           "floor_parts": {"pass": 4e-3 / 1.5, "pass_alone": 1e-3, "floor": 4e-3 / 1.5}, "peers": []}
+    text = table([{"setting": {"n": 10, "d": 10**6, "threads": 1}, "cases": [clip, cge]}])
+    row = text.splitlines()[2]
+    assert row.startswith("| 10, 10⁶ | 1 | 2.33 ms · 1 ms · 5 ms |")
+    assert "| 10 ms · 3.00× · 2.0 (copy) · 5.0 (pass) · 10.0 (pass alone) |" in row
+    assert "| 4 ms · 1.5 (pass) · 4.0 (pass alone) |" in row
+    assert row.count("| — ") == 4  # arc and the in-place rows were not run

@@ -101,3 +101,31 @@ def test_the_kernel_refuses_invalid_arguments() -> None:
     for args in [(0, 3, 3), (2, 0, 3), (2, 3, 2)]:  # no rows, no columns, a row stride shorter than a row
         with pytest.raises(ValueError, match=r"_normkernel\.sqnorms"):
             _rowops._normkernel.sqnorms(x.data_ptr(), *args, False, out.data_ptr(), 1)
+
+
+def test_the_narrow_band_spares_float64_norms_on_gaussian_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten Gaussian rows of width 10⁵ (seeds 0–5), CGE's keys at the 8th norm: the block norms' band (≈ 1.6·10⁻⁶
+    relatively at this width) leaves two rows of seed 4 uncertain, whose float64 norms are then computed; the
+    kernel's (≈ 4.4·10⁻¹¹) leaves none. Mutant: the kernel path given the block path's δ — its band holds them."""
+    counted: list[int] = []
+    real = _rowops.float64_row_norms
+
+    def counting(x: torch.Tensor, bad: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        counted.append(x.shape[0] if rows is None else rows.numel())
+        return real(x, bad, rows)
+
+    monkeypatch.setattr(_rowops, "float64_row_norms", counting)
+    xs = [torch.randn(10, 100_000, generator=torch.Generator().manual_seed(seed)) for seed in range(6)]
+
+    def rows_paid(kernel: bool) -> int:
+        monkeypatch.setattr(_rowops, "HAVE_NORM_KERNEL", kernel)
+        counted.clear()
+        for x in xs:
+            _rowops.smallest_norms_keys(x, 8, exact_cut=False)
+        return sum(counted)
+
+    assert rows_paid(kernel=False) == 2 and rows_paid(kernel=True) == 0
+    wide = 2.0 * ((_rowops.NORM_BLOCK + 4) * torch.finfo(torch.float32).eps / 2)
+    real_kernel = _rowops._kernel_sqnorms
+    monkeypatch.setattr(_rowops, "_kernel_sqnorms", lambda x: (real_kernel(x)[0], wide))
+    assert rows_paid(kernel=True) > 0
