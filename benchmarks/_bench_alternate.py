@@ -43,6 +43,9 @@ class Contender:
     """Why it was timed once (its warm-up, or its first timed call, took longer than the cap), else empty."""
     max_reps: int | None = None
     """At most this many timed calls (a floor's GEMM at large n: a few suffice), else the rotation's count."""
+    before: Callable[[], Any] | None = None
+    """Run untimed just before each timed call, after its argument is made (a cache scrub, so that Phalanx and its
+    floor start every call from the same state)."""
 
     @property
     def median(self) -> float:
@@ -105,6 +108,8 @@ def measure_alternating(contenders: list[Contender], x: torch.Tensor, x_ref: tor
 
     def once(c: Contender) -> bool:
         arg = c.arg(c.base)
+        if c.before is not None:
+            c.before()
         try:
             c.output, dt = limited(c.call, arg, limit)
         except Exception as exc:

@@ -2,7 +2,8 @@
 
 A rule's ``× floor`` is its time over the time of the work its definition cannot avoid on an ``(n, d)`` float32
 input, measured in the same process under the same load — in ``make bench``, each part a contender of the rule's
-rotation (``_bench_worker.floor_contenders``), so that it finds the caches as the rule and its peers leave them:
+rotation, each of its calls and Phalanx's after the same cache scrub (``_bench_worker.floor_contenders``), so that
+the rule and its floor start from the same state:
 
 * ``pass`` — one streaming pass, ``x.sum(0)``: coordinate-wise rules (cwmed, cwtm, meamed, signmaj, rlr), norm
   rules (cge, signguard, fltrust), averaging pre-aggregators (bucketing), rules whose extra work is on a small

@@ -309,7 +309,8 @@ def run_case(case: Case, s: Setting, x_ref: torch.Tensor, reps: int, peers_on: b
         for _ in range(case.warm_rounds):
             obj(s.x + 0.01 * torch.randn(s.x.shape, generator=gen), **ctx)
         rec["notes"].append(f"timed after {case.warm_rounds} rounds on perturbed copies (a full history)")
-    mine = Contender(ph_call, lambda base: make_arg(), [lambda: None])
+    scrub = cache_scrub(s)
+    mine = Contender(ph_call, lambda base: make_arg(), [lambda: None], before=scrub)
     peers: list[Peer] = []
     if peers_on:
         try:
@@ -317,7 +318,7 @@ def run_case(case: Case, s: Setting, x_ref: torch.Tensor, reps: int, peers_on: b
         except Exception as exc:
             rec["notes"].append(f"peers could not be built: {_err(exc)}")
     theirs = {id(p): _contender(p) for p in peers if not p.skip}
-    floors = floor_contenders(s.x, _bench_floors.plan(case.spec, pparams, None, case.inplace), reps)
+    floors = floor_contenders(s.x, _bench_floors.plan(case.spec, pparams, None, case.inplace), reps, scrub)
     measure_alternating([mine, *theirs.values(), *floors.values()], s.x, x_ref, reps, big, limit, CAP_S, SLOW_S,
                         _limited, CallTimeout)
     if mine.error is not None:
@@ -427,13 +428,29 @@ def peer_record(p: Peer, c: Contender | None, ph_out: np.ndarray) -> dict[str, A
     return r
 
 
-def floor_contenders(x: torch.Tensor, floor_plan: list[tuple[str, int]], reps: int) -> dict[str, Contender]:
-    """The parts of a rule's floor (``_bench_floors.part_calls``) as contenders of its rotation: each part is timed
-    between the same calls as the rule and its peers, so it finds the caches as they leave them. Timed apart, after
-    the rotation, a pass at n = 10, d = 10⁶ read x from the last-level cache (2.0 ms) while CGE, called after a
-    peer that had filled the cache with its own temporaries, read it from memory."""
+SCRUB_MIN_BYTES = 64 << 20
+
+
+def cache_scrub(s: Setting) -> Callable[[], Any]:
+    """Overwrite a buffer of ``max(2·x.nbytes, 64 MiB)`` (made once per setting): run before each timed call of
+    Phalanx and of its floor's parts, it pushes x out of the caches and absorbs what the previous call left behind
+    (a peer's freed gigabytes), so the rule and its floor start from the same state."""
+    if "scrub" not in s._cache:
+        nbytes = max(2 * s.x.numel() * s.x.element_size(), SCRUB_MIN_BYTES)
+        s._cache["scrub"] = torch.zeros(nbytes // 4, dtype=torch.float32)
+    buf = s._cache["scrub"]
+    return lambda: buf.fill_(1.0)
+
+
+def floor_contenders(x: torch.Tensor, floor_plan: list[tuple[str, int]], reps: int,
+                     before: Callable[[], Any] | None = None) -> dict[str, Contender]:
+    """The parts of a rule's floor (``_bench_floors.part_calls``) as contenders of its rotation, each call after
+    ``before`` (:func:`cache_scrub`, as Phalanx's calls). Timed alone after the rotation, a pass at n = 10, d = 10⁶
+    read x from the last-level cache while Phalanx, called after a peer whose temporaries had pushed x out, read it
+    from memory; timed in the rotation without the scrub, the pass followed the peers (and what their freed
+    gigabytes cost) while Phalanx followed the pass and found x warm."""
     return {kind: Contender(lambda _arg, call=call: call(), lambda base: None, [lambda: None],
-                            max_reps=_bench_floors.part_reps(kind, reps))
+                            max_reps=_bench_floors.part_reps(kind, reps), before=before)
             for kind, call in _bench_floors.part_calls(x, floor_plan).items()}
 
 

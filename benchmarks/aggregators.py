@@ -16,8 +16,8 @@ warm-up call (numba compiles on first call) then the median of k calls (k=5; k=3
 than 1 s; a single call when the warm-up or the first timed call takes more than 20 s, marked †).
 
 Columns: speed-up = fastest peer time / Phalanx time (≥ 2: Phalanx at least twice as fast); × floor (kind) = Phalanx
-time / the time of that rule's own floor, timed in the rule's own rotation, between the same calls as Phalanx and its
-peers (``_bench_worker.floor_contenders``; ``_bench_floors``: ``pass``
+time / the time of that rule's own floor, timed in the rule's own rotation, each call of Phalanx and of the floor
+after the same cache scrub (``_bench_worker.floor_contenders``, ``cache_scrub``; ``_bench_floors``: ``pass``
 = one ``x.sum(0)``, ``passes(k)`` = k passes for k-iteration rules, ``gemm`` = ``x·xᵀ`` for distance rules,
 ``copy`` = a fresh ``(n, d)`` copy of x for the clipping pre-aggregators that return new rows; a rule without a
 declared kind gets ``pass (undeclared)``); max |Δ| = max abs difference

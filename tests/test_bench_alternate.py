@@ -94,23 +94,27 @@ def test_a_contender_with_max_reps_stops_there() -> None:
 
 
 def test_a_rules_floor_is_timed_between_the_same_calls_as_the_rule() -> None:
-    """The floor's parts (one pass, the GEMM) join the rule's rotation, so they find the caches as the rule and its
-    peers leave them. Mutant: the floor timed alone after the rotation (the rule's calls all come first)."""
+    """The floor's parts (one pass, the GEMM) join the rule's rotation, each timed call after the same cache scrub
+    as the rule's, so that both start from the same state whatever call came before. Mutants: the floor timed
+    alone after the rotation (the rule's calls all come first); the scrub left out before the floor's calls."""
     from _bench_worker import floor_contenders
 
     x = torch.randn(5, 8)
-    floors = floor_contenders(x, [("gemm", 1), ("pass", 1)], reps=9)
+    order: list[str] = []
+    floors = floor_contenders(x, [("gemm", 1), ("pass", 1)], reps=9, before=lambda: order.append("scrub"))
     assert set(floors) == {"gemm", "pass"} and floors["gemm"].max_reps == 3 and floors["pass"].max_reps == 9
     names = {id(floors["gemm"].call): "gemm", id(floors["pass"].call): "pass"}
-    rule = _named("rule")
-    order: list[str] = []
+    rule = Contender(lambda arg: ("rule", arg), lambda base: base, [lambda: 0], before=lambda: order.append("scrub"))
 
     def limited(fn: Any, arg: Any, limit: float) -> tuple[Any, float]:
         order.append(names.get(id(fn), "rule"))
         return fn(arg), 0.001
 
     measure_alternating([rule, *floors.values()], x, x.clone(), 9, False, 60.0, 20.0, 1.0, limited, Timeout)
-    timed = order[3:]  # after the three warm-ups
-    assert timed.count("rule") == 9 and timed.count("pass") == 9 and timed.count("gemm") == 3
-    assert timed[:6] == ["rule", "pass", "gemm", "pass", "gemm", "rule"]
+    assert order[:3] == ["rule", "pass", "gemm"]  # the warm-ups, unscrubbed
+    timed = order[3:]
+    assert [c for c in timed if c != "scrub"][:6] == ["rule", "pass", "gemm", "pass", "gemm", "rule"]
+    calls = [c for c in timed if c != "scrub"]
+    assert calls.count("rule") == 9 and calls.count("pass") == 9 and calls.count("gemm") == 3
+    assert all(timed[i - 1] == "scrub" for i, c in enumerate(timed) if c != "scrub")  # every timed call scrubbed
     assert torch.equal(floors["gemm"].output, x @ x.T) and torch.equal(floors["pass"].output, x.sum(0))
