@@ -317,7 +317,7 @@ def run_case(case: Case, s: Setting, x_ref: torch.Tensor, reps: int, peers_on: b
             peers = build_peers(case.key, s, pparams)
         except Exception as exc:
             rec["notes"].append(f"peers could not be built: {_err(exc)}")
-    theirs = {id(p): _contender(p) for p in peers if not p.skip}
+    theirs = {id(p): _contender(p, scrub) for p in peers if not p.skip}
     floors = floor_contenders(s.x, _bench_floors.plan(case.spec, pparams, None, case.inplace), reps, scrub)
     measure_alternating([mine, *theirs.values(), *floors.values()], s.x, x_ref, reps, big, limit, CAP_S, SLOW_S,
                         _limited, CallTimeout)
@@ -349,12 +349,14 @@ def run_case(case: Case, s: Setting, x_ref: torch.Tensor, reps: int, peers_on: b
     return rec
 
 
-def _contender(p: Peer) -> Contender:
+def _contender(p: Peer, before: Callable[[], Any] | None = None) -> Contender:
     """A peer as a contender: its prepared input (its fallback after a failed first call), a fresh copy of it per
-    call where the peer changes or consumes its input (``p.fresh``, made before the clock)."""
+    call where the peer changes or consumes its input (``p.fresh``, made before the clock); ``before`` runs before
+    each timed call (:func:`cache_scrub`, as for Phalanx and the floor)."""
     fresh = p.fresh
     return Contender(p.call, (lambda base: fresh(base)) if fresh else (lambda base: base),
-                     [p.prepare] + ([p.fallback] if p.fallback is not None else []), fallback_note=p.fallback_note)
+                     [p.prepare] + ([p.fallback] if p.fallback is not None else []), fallback_note=p.fallback_note,
+                     before=before)
 
 
 def float64_check(
@@ -433,8 +435,9 @@ SCRUB_MIN_BYTES = 64 << 20
 
 def cache_scrub(s: Setting) -> Callable[[], Any]:
     """Overwrite a buffer of ``max(2·x.nbytes, 64 MiB)`` (made once per setting): run before each timed call of
-    Phalanx and of its floor's parts, it pushes x out of the caches and absorbs what the previous call left behind
-    (a peer's freed gigabytes), so the rule and its floor start from the same state."""
+    Phalanx, of its peers and of its floor's parts, it pushes x (and the peer's own copy of it) out of the caches and
+    absorbs what the previous call left behind (a peer's freed gigabytes), so every call starts from the same state
+    — not a peer from the warm x Phalanx's call just read, nor Phalanx from the floor's."""
     if "scrub" not in s._cache:
         nbytes = max(2 * s.x.numel() * s.x.element_size(), SCRUB_MIN_BYTES)
         s._cache["scrub"] = torch.zeros(nbytes // 4, dtype=torch.float32)

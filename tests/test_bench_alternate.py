@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from _scripts import load_script
@@ -118,3 +119,34 @@ def test_a_rules_floor_is_timed_between_the_same_calls_as_the_rule() -> None:
     assert calls.count("rule") == 9 and calls.count("pass") == 9 and calls.count("gemm") == 3
     assert all(timed[i - 1] == "scrub" for i, c in enumerate(timed) if c != "scrub")  # every timed call scrubbed
     assert torch.equal(floors["gemm"].output, x @ x.T) and torch.equal(floors["pass"].output, x.sum(0))
+
+
+def test_every_timed_call_of_a_case_starts_after_the_scrub(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run_case`` scrubs the caches before each timed call of Phalanx, of every peer and of every floor part, so
+    that no contender reads x warm from the call before it. Mutant: the peers left unscrubbed (a peer then follows
+    Phalanx's read of x)."""
+    import _bench_worker
+    from _bench_peers import Peer
+
+    events: list[str] = []
+    setting = _bench_worker.make_setting(6, 64, 1, seed=0)
+    monkeypatch.setattr(_bench_worker, "cache_scrub", lambda s: lambda: events.append("scrub"))
+    real_limited = _bench_worker._limited
+
+    def limited(fn: Any, arg: Any, limit: float) -> tuple[Any, float]:
+        events.append("call")  # any contender's call: Phalanx's, the peer's, a floor part's
+        return real_limited(fn, arg, limit)
+
+    monkeypatch.setattr(_bench_worker, "_limited", limited)
+    peer = Peer(column="ByzFL", timed="fake", prepare=lambda: setting.x,
+                call=lambda v: events.append("peer") or v.mean(0))
+    monkeypatch.setattr(_bench_worker, "build_peers", lambda key, s, params: [peer])
+    case = next(c for c in _bench_worker.CASES if c.key == "mean")
+    rec = _bench_worker.run_case(case, setting, setting.x.clone(), 3, True, 60.0)
+    assert rec["status"] == "ok" and set(rec["floor_parts"]) >= {"pass", "floor"}
+    peer_calls = [i for i, e in enumerate(events) if e == "peer"]
+    assert len(peer_calls) == 1 + 3  # its warm-up, then three timed calls
+    assert all(events[i - 2 : i] == ["scrub", "call"] for i in peer_calls[1:])
+    calls = [i for i, e in enumerate(events) if e == "call"]
+    assert len(calls) == 3 * (1 + 3)  # Phalanx, the peer and the pass: a warm-up and three timed calls each
+    assert all(events[i - 1] == "scrub" for i in calls[3:])

@@ -10,9 +10,10 @@
  * ed., 4.2, Eq. 4.4), which is what _rowops states as the bound; the order is fixed only so that the same input
  * gives the same bits whatever the number of threads.
  *
- * Threads: the (group of four rows, block) tasks are shared out over an OpenMP team of at most `threads` (a static loop), each
- * writing its own partial sum; the partials are then added per row in block order -- the same bits whatever team
- * the runtime grants. Built without OpenMP, the loop runs on the calling thread. The GIL is released meanwhile.
+ * Threads: the (group of four rows, block) tasks are shared out over an OpenMP team of at most `threads` (a static
+ * loop), each writing its own partial sums; the partials are then added per row in block order -- the same bits
+ * whatever team the runtime grants. Built without OpenMP, the loop runs on the calling thread. The GIL is released
+ * meanwhile.
  * The float64 arithmetic is plain C99 (-std=c99: no contraction into FMA), so the AVX-512F, AVX2 and baseline
  * clones add the same values in the same order and give the same bits. */
 
