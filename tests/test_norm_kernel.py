@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from phalanx.aggregators import _rowops
+from test_cge import count_float64_rows
 
 pytestmark = pytest.mark.skipif(_rowops._normkernel is None, reason="the C norm kernel is not built")
 
@@ -107,14 +108,7 @@ def test_the_narrow_band_spares_float64_norms_on_gaussian_rows(monkeypatch: pyte
     """Ten Gaussian rows of width 10⁵ (seeds 0–5), CGE's keys at the 8th norm: the block norms' band (≈ 1.6·10⁻⁶
     relatively at this width) leaves two rows of seed 4 uncertain, whose float64 norms are then computed; the
     kernel's (≈ 4.4·10⁻¹¹) leaves none. Mutant: the kernel path given the block path's δ — its band holds them."""
-    counted: list[int] = []
-    real = _rowops.float64_row_norms
-
-    def counting(x: torch.Tensor, bad: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        counted.append(x.shape[0] if rows is None else rows.numel())
-        return real(x, bad, rows)
-
-    monkeypatch.setattr(_rowops, "float64_row_norms", counting)
+    counted = count_float64_rows(monkeypatch)
     xs = [torch.randn(10, 100_000, generator=torch.Generator().manual_seed(seed)) for seed in range(6)]
 
     def rows_paid(kernel: bool) -> int:

@@ -117,17 +117,8 @@ static PyObject *py_sqnorms(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_has_openmp(PyObject *self, PyObject *noargs) {
-#ifdef _OPENMP
-    Py_RETURN_TRUE;
-#else
-    Py_RETURN_FALSE;
-#endif
-}
-
 static PyMethodDef methods[] = {
     {"sqnorms", py_sqnorms, METH_VARARGS, "Squared row norms summed in float64, one pass (see module source)."},
-    {"has_openmp", py_has_openmp, METH_NOARGS, "Whether sqnorms shares its rows' blocks over an OpenMP team."},
     {NULL, NULL, 0, NULL},
 };
 
