@@ -44,8 +44,8 @@ class Contender:
     max_reps: int | None = None
     """At most this many timed calls (a floor's GEMM at large n: a few suffice), else the rotation's count."""
     before: Callable[[], Any] | None = None
-    """Run untimed just before each timed call, after its argument is made (a cache scrub, so that Phalanx and its
-    floor start every call from the same state)."""
+    """Run untimed just before each timed call, after its argument is made (``make bench``: a cache scrub, so that
+    every call of Phalanx, of its peers and of its floor starts from the same state)."""
 
     @property
     def median(self) -> float:
