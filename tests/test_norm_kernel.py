@@ -104,22 +104,24 @@ def test_the_kernel_refuses_invalid_arguments() -> None:
             _rowops._normkernel.sqnorms(x.data_ptr(), *args, False, out.data_ptr(), 1)
 
 
-def test_the_narrow_band_spares_float64_norms_on_gaussian_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ten Gaussian rows of width 10⁵ (seeds 0–5), CGE's keys at the 8th norm: the block norms' band (≈ 1.6·10⁻⁶
-    relatively at this width) leaves two rows of seed 4 uncertain, whose float64 norms are then computed; the
-    kernel's (≈ 4.4·10⁻¹¹) leaves none. Mutant: the kernel path given the block path's δ — its band holds them."""
+def test_the_narrow_band_spares_float64_norms_on_near_ties(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten float32 rows of width 10⁵ whose squared norms are 1e5 + 0.1·k (k = 0 … 9: 10⁻⁶ apart relatively), CGE's
+    keys at the 8th norm: the block norms' band (δ ≈ 1.6·10⁻⁵) holds every row, whose float64 norms are then
+    computed; the kernel's (δ ≈ 4.4·10⁻¹¹) separates them, and none is (the one row left at the cut is keyed by its
+    estimate). Built, not drawn, so that no CPU's rounding moves a row across a band. Mutant: the kernel path given
+    the block path's δ — its band holds them again."""
     counted = count_float64_rows(monkeypatch)
-    xs = [torch.randn(10, 100_000, generator=torch.Generator().manual_seed(seed)) for seed in range(6)]
+    x = torch.ones(10, 100_000)
+    x[:, 0] = torch.sqrt(1.0 + 0.1 * torch.arange(10, dtype=torch.float64)).float()
 
     def rows_paid(kernel: bool) -> int:
         monkeypatch.setattr(_rowops, "HAVE_NORM_KERNEL", kernel)
         counted.clear()
-        for x in xs:
-            _rowops.smallest_norms_keys(x, 8, exact_cut=False)
+        _rowops.smallest_norms_keys(x, 8, exact_cut=False)
         return sum(counted)
 
-    assert rows_paid(kernel=False) == 2 and rows_paid(kernel=True) == 0
+    assert rows_paid(kernel=False) == 10 and rows_paid(kernel=True) == 0
     wide = 2.0 * ((_rowops.NORM_BLOCK + 4) * torch.finfo(torch.float32).eps / 2)
     real_kernel = _rowops._kernel_sqnorms
     monkeypatch.setattr(_rowops, "_kernel_sqnorms", lambda x: (real_kernel(x)[0], wide))
-    assert rows_paid(kernel=True) > 0
+    assert rows_paid(kernel=True) == 10
