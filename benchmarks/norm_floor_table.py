@@ -67,8 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("json", help="the file aggregators.py --json wrote")
     args = ap.parse_args(argv)
-    with open(args.json) as fh:
-        print(table(json.load(fh)))
+    try:
+        with open(args.json) as fh:
+            results = json.load(fh)
+        text = table(results)
+    except (OSError, ValueError) as exc:
+        ap.error(f"json: {args.json}: {type(exc).__name__}: {exc}")
+    except (KeyError, TypeError, IndexError) as exc:
+        ap.error(f"json: {args.json} is not a list of settings as aggregators.py --json writes ({exc!r})")
+    print(text)
     return 0
 
 

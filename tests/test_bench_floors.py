@@ -5,6 +5,8 @@ No timing is asserted: the tests check which floor every rule gets and that the 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -143,3 +145,18 @@ def test_the_norm_floor_table_prints_each_ratio_from_the_json() -> None:
     assert "| 10 ms · 3.00× · 2.0 (copy) · 5.0 (pass) · 10.0 (pass alone) |" in row
     assert "| 4 ms · 1.5 (pass) · 4.0 (pass alone) |" in row
     assert row.count("| — ") == 4  # arc and the in-place rows were not run
+
+
+def test_the_norm_floor_table_refuses_a_bad_file_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A missing file, one that is not JSON, and JSON of another shape: a one-line usage error naming the file."""
+    main = load_script("benchmarks/norm_floor_table.py", "phalanx_norm_floor_table").main
+    (tmp_path / "text.json").write_text("not json")
+    (tmp_path / "other.json").write_text('{"setting": 1}')
+    for name in ("missing.json", "text.json", "other.json"):
+        with pytest.raises(SystemExit) as stop:
+            main([str(tmp_path / name)])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert ": error: json: " in err and name in err
