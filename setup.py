@@ -1,5 +1,6 @@
 """Build the optional C kernels (everything else is in pyproject.toml): the coordinate-wise rules' sorting network
-(``_cwkernel.c``) and the one-pass float64 squared row norms of the norm rules (``_normkernel.c``).
+(``_cwkernel.c``) and the float64 squared row norms of the norm rules, estimated in one pass and exact
+(``_normkernel.c``).
 
 Both extensions are optional: if they cannot be compiled (no C compiler), the package still installs; the
 coordinate-wise rules fall back to torch.sort (slower, same results) and the norm estimates to torch's blocked

@@ -119,8 +119,10 @@ def test_a_bound_that_ignores_rounding_is_caught(monkeypatch: pytest.MonkeyPatch
     assert want[1] == want[2] == want[3] == pytest.approx(2 / 9)  # three tied rows share two places
     real = _rowops.row_sqnorm_estimates
 
-    def no_slack(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float, float]:
-        est, bad, _, _ = real(x)
+    def no_slack(
+        x: torch.Tensor, max_squares: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+        est, bad, _, _ = real(x, max_squares)
         return est, bad, 0.0, 0.0
 
     monkeypatch.setattr(_rowops, "row_sqnorm_estimates", no_slack)
@@ -132,9 +134,11 @@ def count_float64_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
     real = _rowops.float64_row_norms
 
-    def counting(x: torch.Tensor, bad: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def counting(
+        x: torch.Tensor, bad: torch.Tensor, rows: torch.Tensor | None = None, max_squares: torch.Tensor | None = None
+    ) -> torch.Tensor:
         seen.append(x.shape[0] if rows is None else rows.numel())
-        return real(x, bad, rows)
+        return real(x, bad, rows, max_squares)
 
     monkeypatch.setattr(_rowops, "float64_row_norms", counting)
     return seen
@@ -152,36 +156,6 @@ def test_rows_at_the_cut_cost_at_most_their_own_float64_norms(path: str, monkeyp
     _, share = aggregators.make("cge", f=9).aggregate(x)
     assert seen and max(seen) <= 3
     assert share[10] == share[19] == pytest.approx(1 / 22)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
-def test_float64_norms_through_one_buffer_equal_the_chunk_expression(dtype: torch.dtype) -> None:
-    """``float64_row_norms`` reuses one float64 buffer; its norms are those of the expression it replaced,
-    ``chunk.to(float64).square().sum(dim=1)`` summed over the column chunks, bit for bit — for widths below, at,
-    across and far past a chunk, a strided input, and bad rows."""
-    chunk = _rowops.COLUMN_CHUNK
-    g = torch.Generator().manual_seed(0)
-
-    def reference(x: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
-        total = torch.zeros(x.shape[0], dtype=torch.float64)
-        for s in range(0, x.shape[1], chunk):
-            total += x[:, s : s + chunk].to(torch.float64).square().sum(dim=1)
-        return torch.where(bad, torch.full_like(total, float("inf")), total.sqrt())
-
-    for n, d in [(1, 7), (3, chunk), (2, chunk + 1), (4, 3 * chunk - 5), (1, 1)]:
-        x = (torch.randn(n, d, generator=g) * 10 ** torch.randint(-3, 4, (n, 1), generator=g)).to(dtype)
-        bad = _rowops.row_norms(x.float())[1]
-        assert torch.equal(_rowops.float64_row_norms(x, bad), reference(x, bad)), (n, d)
-    wide = torch.randn(2 * chunk + 3, 3, generator=g).to(dtype).T  # rows with a stride: a transposed view
-    x = torch.cat([wide, torch.full((1, wide.shape[1]), float("nan"), dtype=dtype)])
-    bad = _rowops.row_norms(x.float())[1]
-    assert bool(bad[-1]) and torch.equal(_rowops.float64_row_norms(wide, bad[:-1]), reference(wide, bad[:-1]))
-    assert torch.equal(_rowops.float64_row_norms(x, bad), reference(x, bad))
-    for pick in ([2], [0, 3], [3, 1, 0], []):  # a subset: the norms of x.index_select(0, rows), without that copy
-        rows = torch.tensor(pick, dtype=torch.long)
-        sub_bad = bad.index_select(0, rows)
-        assert torch.equal(_rowops.float64_row_norms(x, sub_bad, rows=rows),
-                           reference(x.index_select(0, rows), sub_bad)), pick
 
 
 @pytest.mark.parametrize("path", ESTIMATE_PATHS)
@@ -203,37 +177,11 @@ def test_a_lone_row_at_the_cut_needs_no_float64_norm(path: str, monkeypatch: pyt
     want = _float64_decision(tied, 2)
     assert torch.equal(aggregators.make("cge", f=2).aggregate(tied)[1], want)
 
-    def estimates(x: torch.Tensor, bad: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def estimates(
+        x: torch.Tensor, bad: torch.Tensor, rows: torch.Tensor | None = None, max_squares: torch.Tensor | None = None
+    ) -> torch.Tensor:
         est, _, _, _ = _rowops.row_sqnorm_estimates(x if rows is None else x.index_select(0, rows))
         return torch.where(bad, torch.full_like(est, float("inf")), est.sqrt())
 
     monkeypatch.setattr(_rowops, "float64_row_norms", estimates)
     assert not torch.equal(aggregators.make("cge", f=2).aggregate(tied)[1], want)
-
-
-def test_the_gradient_through_float64_norms_survives_the_reused_buffer() -> None:
-    """SignGuard's clipping factors carry the gradient of the float64 norms; with the chunk buffer reused (copied
-    into and squared in place, chunk after chunk) the output and the gradient are those of the former expression,
-    bit for bit, across several chunks."""
-    from phalanx.aggregators import signguard
-
-    chunk = _rowops.COLUMN_CHUNK
-
-    def former(x: torch.Tensor, bad: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        x = x if rows is None else x.index_select(0, rows)
-        total = torch.zeros(x.shape[0], dtype=torch.float64)
-        for s in range(0, x.shape[1], chunk):
-            total += x[:, s : s + chunk].to(torch.float64).square().sum(dim=1)
-        return torch.where(bad, torch.full_like(total, float("inf")), total.sqrt())
-
-    g = torch.Generator().manual_seed(5)
-    x = (torch.randn(9, 2 * chunk + 77, generator=g) + 0.5).requires_grad_()
-    results = []
-    for norms in (_rowops.float64_row_norms, former):
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(signguard, "float64_row_norms", norms)
-            out = signguard.SignGuard(subsample=1.0)(x)
-            (grad,) = torch.autograd.grad(out.sum(), x)
-        results.append((out, grad))
-    (out, grad), (ref_out, ref_grad) = results
-    assert torch.equal(out, ref_out) and torch.equal(grad, ref_grad) and bool(grad.abs().sum() > 0)

@@ -13,6 +13,12 @@ from test_cge import count_float64_rows
 pytestmark = pytest.mark.skipif(_rowops._normkernel is None, reason="the C norm kernel is not built")
 
 
+@pytest.fixture(autouse=True)
+def _kernel_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel is built: these tests use it even where ``PHALANX_NO_KERNEL=1`` turned it off for the rest."""
+    monkeypatch.setattr(_rowops, "HAVE_NORM_KERNEL", True)
+
+
 def _reference(x: torch.Tensor) -> torch.Tensor:
     """The squared norms the estimates must be close to: ``float64_row_norms`` squared (before its ``+inf``)."""
     return _rowops.float64_row_norms(x, torch.zeros(x.shape[0], dtype=torch.bool)).square()
@@ -123,5 +129,5 @@ def test_the_narrow_band_spares_float64_norms_on_near_ties(monkeypatch: pytest.M
     assert rows_paid(kernel=False) == 10 and rows_paid(kernel=True) == 0
     wide = 2.0 * ((_rowops.NORM_BLOCK + 4) * torch.finfo(torch.float32).eps / 2)
     real_kernel = _rowops._kernel_sqnorms
-    monkeypatch.setattr(_rowops, "_kernel_sqnorms", lambda x: (real_kernel(x)[0], wide))
+    monkeypatch.setattr(_rowops, "_kernel_sqnorms", lambda x, largest=None: (real_kernel(x, largest)[0], wide))
     assert rows_paid(kernel=True) == 10

@@ -260,11 +260,14 @@ def test_exact_norms_only_where_needed(monkeypatch: pytest.MonkeyPatch) -> None:
     rows: list[int] = []
     real = signguard.float64_row_norms
 
-    def counting(x: torch.Tensor, bad: torch.Tensor, rows_: torch.Tensor | None = None) -> torch.Tensor:
+    def counting(
+        x: torch.Tensor, bad: torch.Tensor, rows_: torch.Tensor | None = None, largest: torch.Tensor | None = None
+    ) -> torch.Tensor:
         rows.append(x.shape[0] if rows_ is None else rows_.numel())
-        return real(x, bad, rows_)
+        return real(x, bad, rows_, largest)
 
-    monkeypatch.setattr(signguard, "float64_row_norms", lambda x, bad, rows=None: counting(x, bad, rows))
+    monkeypatch.setattr(signguard, "float64_row_norms",
+                        lambda x, bad, rows=None, max_squares=None: counting(x, bad, rows, max_squares))
     g = torch.Generator().manual_seed(3)
     x = torch.randn(40, 20_000, generator=g) * 0.5 + 1.0
     SignGuard().aggregate(x)

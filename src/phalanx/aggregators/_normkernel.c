@@ -1,9 +1,11 @@
-/* Squared Euclidean row norms summed in float64, one streaming pass over a float32 or float64 matrix.
+/* Squared Euclidean row norms of a float32 or float64 matrix, in float64: estimates in one streaming pass
+ * (sqnorms), and the definition itself (exact_sqnorms, below).
  *
- * Used by phalanx.aggregators._rowops.row_sqnorm_estimates (issue 37: the norm rules within 2.5x one memory pass):
- * the values are *estimates* with a rigorous error bound, never the definition of a norm (that is
- * _rowops.float64_row_norms). Every square of a float32 value is exact in float64; the squares are added in
- * float64 in a fixed order: each row is cut into column blocks of NORM_COLUMNS, a block is summed in LANES4
+ * sqnorms is used by phalanx.aggregators._rowops.row_sqnorm_estimates (issue 37: the norm rules within 2.5x one
+ * memory pass): its values are *estimates* with a rigorous error bound, never the definition of a norm (that is
+ * _rowops.float64_row_norms, which exact_sqnorms computes). Every square of a float32 value is exact in float64;
+ * the squares are added in float64 in a fixed order: each row is cut into column blocks of NORM_COLUMNS, a block is
+ * summed in LANES4
  * interleaved partial sums (lane k takes columns k, k + LANES4, ...), the lanes are added in order, the tail
  * sequentially, and the blocks' sums are added in order. Summing d non-negative terms in any order errs by at
  * most gamma_{d-1} = (d-1)u/(1-(d-1)u) relatively (Higham, Accuracy and Stability of Numerical Algorithms, 2nd
@@ -15,11 +17,15 @@
  * whatever team the runtime grants. Built without OpenMP, the loop runs on the calling thread. The GIL is released
  * meanwhile.
  * The float64 arithmetic is plain C99 (-std=c99: no contraction into FMA), so the AVX-512F, AVX2 and baseline
- * clones add the same values in the same order and give the same bits. */
+ * clones add the same values in the same order and give the same bits. The loops use GCC/Clang vector extensions;
+ * another compiler fails to build the module, which is optional: torch then computes the same exact norms. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -33,59 +39,126 @@
 #define MULTIVERSION
 #endif
 
+/* GCC/Clang vector extensions: sixteen lanes of float32 (v16f) widened to float64 (v16d); each
+ * target_clones clone lowers them to its own registers (the scalar loops did not auto-vectorize inside the clones,
+ * and sixteen-lane conversions compile to whole-register ones). Lanes only reorder exact additions (the folds) or
+ * a maximum, or are the fixed lanes of the estimates, so they change no bit between clones. */
+typedef float v16f __attribute__((vector_size(64)));
+typedef double v16d __attribute__((vector_size(128)));
+typedef int v16i __attribute__((vector_size(64)));
+typedef long long v8l __attribute__((vector_size(64)));
+
+#define WIDEN_f32(dst, src)                                                                                           \
+    do {                                                                                                              \
+        v16f f_;                                                                                                      \
+        memcpy(&f_, (src), sizeof f_);                                                                                \
+        (dst) = __builtin_convertvector(f_, v16d);                                                                    \
+    } while (0)
+#define WIDEN_f64(dst, src) memcpy(&(dst), (src), sizeof(v16d))
+
+/* Largest magnitude by the bits: |x| of an IEEE number, read as a signed integer of its width, orders as the number
+ * does, and a NaN reads above +inf; so the result is the largest |x|, or a NaN if the row holds one (as torch's amax
+ * of the squares says). IMAX_f32/f64 fold one vector of a row into the running maximum `a`. */
+#define IMAX_f32(a, src)                                                                                              \
+    do {                                                                                                              \
+        v16i b_;                                                                                                      \
+        memcpy(&b_, (src), sizeof b_);                                                                                \
+        b_ &= 0x7fffffff;                                                                                             \
+        v16i m_ = b_ > (a);                                                                                           \
+        (a) = (b_ & m_) | ((a) & ~m_);                                                                                \
+    } while (0)
+#define IMAX_f64(a, src)                                                                                              \
+    do {                                                                                                              \
+        v8l b_, c_;                                                                                                   \
+        memcpy(&b_, (src), sizeof b_);                                                                                \
+        memcpy(&c_, (const double *)(src) + 8, sizeof c_);                                                            \
+        b_ &= 0x7fffffffffffffffLL;                                                                                   \
+        c_ &= 0x7fffffffffffffffLL;                                                                                   \
+        v8l m_ = b_ > c_;                                                                                             \
+        b_ = (b_ & m_) | (c_ & ~m_);                                                                                  \
+        m_ = b_ > (a);                                                                                                \
+        (a) = (b_ & m_) | ((a) & ~m_);                                                                                \
+    } while (0)
+typedef v16i imax_f32_t;
+typedef v8l imax_f64_t;
+
+/* The largest |x| of a tail and of the running vector maximum, as a double (see IMAX_f32/f64). */
+static double finish_max_f32(v16i a, const float *tail, Py_ssize_t len) {
+    int best = 0;
+    for (int k = 0; k < 16; k++) best = a[k] > best ? a[k] : best;
+    for (Py_ssize_t j = 0; j < len; j++) {
+        int b;
+        memcpy(&b, tail + j, sizeof b);
+        b &= 0x7fffffff;
+        best = b > best ? b : best;
+    }
+    float v;
+    memcpy(&v, &best, sizeof v);
+    return (double)v;
+}
+static double finish_max_f64(v8l a, const double *tail, Py_ssize_t len) {
+    long long best = 0;
+    for (int k = 0; k < 8; k++) best = a[k] > best ? a[k] : best;
+    for (Py_ssize_t j = 0; j < len; j++) {
+        long long b;
+        memcpy(&b, tail + j, sizeof b);
+        b &= 0x7fffffffffffffffLL;
+        best = b > best ? b : best;
+    }
+    double v;
+    memcpy(&v, &best, sizeof v);
+    return v;
+}
+
 /* Four rows at once (four streams in flight, as a column sum has); each row's sum depends on that row alone: its
- * LANES4 lanes, then the lanes added in order, then the tail in order. A group of fewer than four rows repeats its
- * last row's pointer (the repeated sums are dropped), so a row's bits do not depend on its neighbours. */
+ * LANES4 = 16 lanes (lane k takes columns k, k + 16, ...), then the lanes added in order,
+ * then the tail in order. A group of fewer than four rows repeats its last row's pointer (the repeated sums are
+ * dropped), so a row's bits do not depend on its neighbours. Each row's largest |x| comes out too (mx[4]: exact,
+ * or a NaN; IMAX_f32/f64). */
 #define DEFINE_SUMSQ4(T, SUFFIX)                                                                                      \
     MULTIVERSION static void sumsq4_##SUFFIX(const T *restrict p0, const T *restrict p1, const T *restrict p2,      \
-                                             const T *restrict p3, Py_ssize_t len, double *out) {                  \
-        double a0[LANES4] = {0}, a1[LANES4] = {0}, a2[LANES4] = {0}, a3[LANES4] = {0};                                \
+                                             const T *restrict p3, Py_ssize_t len, double *out, double *mx) {      \
+        const T *restrict p[4] = {p0, p1, p2, p3};                                                                    \
+        v16d acc[4] = {{0}, {0}, {0}, {0}};                                                                           \
+        imax_##SUFFIX##_t big[4] = {{0}, {0}, {0}, {0}};                                                              \
         Py_ssize_t j = 0;                                                                                             \
         for (; j + LANES4 <= len; j += LANES4)                                                                        \
-            for (int k = 0; k < LANES4; k++) {                                                                        \
-                double v0 = (double)p0[j + k], v1 = (double)p1[j + k], v2 = (double)p2[j + k],                        \
-                       v3 = (double)p3[j + k];                                                                        \
-                a0[k] += v0 * v0;                                                                                     \
-                a1[k] += v1 * v1;                                                                                     \
-                a2[k] += v2 * v2;                                                                                     \
-                a3[k] += v3 * v3;                                                                                     \
+            for (int r = 0; r < 4; r++) {                                                                             \
+                v16d v;                                                                                               \
+                WIDEN_##SUFFIX(v, p[r] + j);                                                                          \
+                acc[r] += v * v;                                                                                      \
+                IMAX_##SUFFIX(big[r], p[r] + j);                                                                      \
             }                                                                                                         \
-        double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;                                                                \
-        for (int k = 0; k < LANES4; k++) {                                                                            \
-            s0 += a0[k];                                                                                              \
-            s1 += a1[k];                                                                                              \
-            s2 += a2[k];                                                                                              \
-            s3 += a3[k];                                                                                              \
+        for (int r = 0; r < 4; r++) {                                                                                 \
+            double s = 0.0;                                                                                           \
+            for (int k = 0; k < LANES4; k++) s += acc[r][k];                                                          \
+            for (Py_ssize_t i = j; i < len; i++) {                                                                    \
+                double v = (double)p[r][i];                                                                           \
+                s += v * v;                                                                                           \
+            }                                                                                                         \
+            out[r] = s;                                                                                               \
+            mx[r] = finish_max_##SUFFIX(big[r], p[r] + j, len - j);                                                   \
         }                                                                                                             \
-        for (; j < len; j++) {                                                                                        \
-            double v0 = (double)p0[j], v1 = (double)p1[j], v2 = (double)p2[j], v3 = (double)p3[j];                    \
-            s0 += v0 * v0;                                                                                            \
-            s1 += v1 * v1;                                                                                            \
-            s2 += v2 * v2;                                                                                            \
-            s3 += v3 * v3;                                                                                            \
-        }                                                                                                             \
-        out[0] = s0;                                                                                                  \
-        out[1] = s1;                                                                                                  \
-        out[2] = s2;                                                                                                  \
-        out[3] = s3;                                                                                                  \
     }
 
 DEFINE_SUMSQ4(float, f32)
 DEFINE_SUMSQ4(double, f64)
 
-/* sqnorms(x_ptr, n, d, row_stride, is_double, out_ptr, threads): out[i] = sum_j x[i, j]^2 in float64 (n doubles);
- * row_stride in elements, the columns contiguous. */
+/* sqnorms(x_ptr, n, d, row_stride, is_double, out_ptr, threads[, max_ptr]): out[i] = sum_j x[i, j]^2 in float64
+ * (n doubles); row_stride in elements, the columns contiguous. With max_ptr, also max[i] = max_j x[i, j]^2 in
+ * float64, exactly (found in the same pass). */
 static PyObject *py_sqnorms(PyObject *self, PyObject *args) {
-    Py_ssize_t xp, n, d, stride, op;
+    Py_ssize_t xp, n, d, stride, op, mp = 0;
     int is_double, threads;
-    if (!PyArg_ParseTuple(args, "nnnnpni", &xp, &n, &d, &stride, &is_double, &op, &threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "nnnnpni|n", &xp, &n, &d, &stride, &is_double, &op, &threads, &mp)) return NULL;
     if (n < 1 || d < 1 || stride < d || threads < 1 || !xp || !op) {
         PyErr_SetString(PyExc_ValueError, "_normkernel.sqnorms: invalid arguments");
         return NULL;
     }
     Py_ssize_t blocks = (d + NORM_COLUMNS - 1) / NORM_COLUMNS;
-    double *part = (double *)malloc((size_t)n * (size_t)blocks * sizeof(double));
+    double *part = (double *)malloc((size_t)n * (size_t)blocks * sizeof(double) * (mp ? 2 : 1));
     if (!part) return PyErr_NoMemory();
+    double *part_max = mp ? part + (size_t)n * (size_t)blocks : NULL, *max_out = (double *)mp;
     double *out = (double *)op;
     Py_ssize_t groups = (n + 3) / 4, tasks = groups * blocks;
     Py_BEGIN_ALLOW_THREADS
@@ -96,29 +169,181 @@ static PyObject *py_sqnorms(PyObject *self, PyObject *args) {
         Py_ssize_t g = t / blocks, b = t % blocks;
         Py_ssize_t j0 = b * NORM_COLUMNS, len = d - j0 < NORM_COLUMNS ? d - j0 : NORM_COLUMNS;
         Py_ssize_t r[4];
-        double s4[4];
+        double s4[4], m4[4];
         for (int k = 0; k < 4; k++) r[k] = 4 * g + k < n ? 4 * g + k : n - 1;
         if (is_double) {
             const double *x = (const double *)xp + j0;
-            sumsq4_f64(x + r[0] * stride, x + r[1] * stride, x + r[2] * stride, x + r[3] * stride, len, s4);
+            sumsq4_f64(x + r[0] * stride, x + r[1] * stride, x + r[2] * stride, x + r[3] * stride, len, s4, m4);
         } else {
             const float *x = (const float *)xp + j0;
-            sumsq4_f32(x + r[0] * stride, x + r[1] * stride, x + r[2] * stride, x + r[3] * stride, len, s4);
+            sumsq4_f32(x + r[0] * stride, x + r[1] * stride, x + r[2] * stride, x + r[3] * stride, len, s4, m4);
         }
-        for (int k = 0; k < 4 && 4 * g + k < n; k++) part[(4 * g + k) * blocks + b] = s4[k];
+        for (int k = 0; k < 4 && 4 * g + k < n; k++) {
+            part[(4 * g + k) * blocks + b] = s4[k];
+            if (part_max) part_max[(4 * g + k) * blocks + b] = m4[k];
+        }
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        double s = 0.0;
+        double s = 0.0, m = 0.0;
         for (Py_ssize_t b = 0; b < blocks; b++) s += part[i * blocks + b];
         out[i] = s;
+        for (Py_ssize_t b = 0; part_max && b < blocks && m == m; b++) { /* a NaN block makes the row's NaN */
+            double pm = part_max[i * blocks + b];
+            m = (pm != pm || pm > m) ? pm : m;
+        }
+        if (max_out) max_out[i] = m * m;
     }
     Py_END_ALLOW_THREADS
     free(part);
     Py_RETURN_NONE;
 }
 
+/* ---- The definition of a float64 row norm: exact sums on pre-rounded grids (no order, no thread count) ----
+ *
+ * exact_sqnorms computes, bit for bit, what _rowops.float64_row_norms computes with torch (see its docstring for
+ * the statement and the proof): with s_j = x_j^2 in float64, m = max_j s_j = f 2^e (frexp, f in [1/2, 1)), L the
+ * headroom bits (d <= 2^L) and K folds, fold k pre-rounds the remainder onto the grid of M_k = 1.5 * 2^P_k
+ * (P_1 = e + L + 1, P_k = P_{k-1} + L - 51, each at least GRID_FLOOR): r = (s + M_k) - M_k, s -= r, A_k += r.
+ * Every r of fold k is a multiple of 2^(P_k - 52) and the |A_k| stay below 2^(P_k - 1), so each A_k is exact
+ * whatever the order of its additions (Demmel & Nguyen, "Fast reproducible floating-point summation", ARITH 2013,
+ * the pre-rounding idea). The squared norm is the float64 sum A_1 + ... + A_K in that order; a row with
+ * P_1 > 1023 (or a non-finite m) gets +inf (NaN for NaN). */
+#define GRID_FLOOR (-1000)
+#define MAX_FOLDS 8
+
+/* The largest |x_j| of a row as a double, or a NaN (see IMAX_f32/f64). */
+#define DEFINE_ROW_MAX(T, SUFFIX)                                                                                     \
+    MULTIVERSION static double rowmax_##SUFFIX(const T *restrict p, Py_ssize_t len) {                                 \
+        imax_##SUFFIX##_t a = {0};                                                                                    \
+        Py_ssize_t j = 0;                                                                                             \
+        for (; j + 16 <= len; j += 16) IMAX_##SUFFIX(a, p + j);                                                       \
+        return finish_max_##SUFFIX(a, p + j, len - j);                                                                \
+    }
+
+DEFINE_ROW_MAX(float, f32)
+DEFINE_ROW_MAX(double, f64)
+
+/* Two folds (d <= 2^24): sixteen lanes per accumulator, then the tail element by element (exact sums, any order). */
+#define DEFINE_FOLD2(T, SUFFIX)                                                                                       \
+    MULTIVERSION static void fold2_##SUFFIX(const T *restrict p, Py_ssize_t len, double m1, double m2, double *acc) { \
+        const v16d g1 = (v16d){0} + m1, g2 = (v16d){0} + m2;                                                          \
+        v16d a1 = {0}, a2 = {0};                                                                                      \
+        Py_ssize_t j = 0;                                                                                             \
+        for (; j + 16 <= len; j += 16) {                                                                              \
+            v16d v;                                                                                                   \
+            WIDEN_##SUFFIX(v, p + j);                                                                                 \
+            v16d s = v * v;                                                                                           \
+            v16d r = (s + g1) - g1;                                                                                   \
+            a1 += r;                                                                                                  \
+            s = s - r;                                                                                                \
+            a2 += (s + g2) - g2;                                                                                      \
+        }                                                                                                             \
+        double s1 = 0.0, s2 = 0.0;                                                                                    \
+        for (int k = 0; k < 16; k++) {                                                                                \
+            s1 += a1[k];                                                                                              \
+            s2 += a2[k];                                                                                              \
+        }                                                                                                             \
+        for (; j < len; j++) {                                                                                        \
+            double v = (double)p[j];                                                                                  \
+            double s = v * v;                                                                                         \
+            double r = (s + m1) - m1;                                                                                 \
+            s1 += r;                                                                                                  \
+            s = s - r;                                                                                                \
+            s2 += (s + m2) - m2;                                                                                      \
+        }                                                                                                             \
+        acc[0] = s1;                                                                                                  \
+        acc[1] = s2;                                                                                                  \
+    }
+
+/* Any number of folds (d > 2^24), element by element. */
+#define DEFINE_FOLDK(T, SUFFIX)                                                                                       \
+    static void foldk_##SUFFIX(const T *restrict p, Py_ssize_t len, const double *m, int folds, double *acc) {        \
+        for (int k = 0; k < folds; k++) acc[k] = 0.0;                                                                 \
+        for (Py_ssize_t j = 0; j < len; j++) {                                                                        \
+            double v = (double)p[j];                                                                                  \
+            double s = v * v;                                                                                         \
+            for (int k = 0; k < folds; k++) {                                                                         \
+                double r = (s + m[k]) - m[k];                                                                         \
+                acc[k] += r;                                                                                          \
+                s = s - r;                                                                                            \
+            }                                                                                                         \
+        }                                                                                                             \
+    }
+
+DEFINE_FOLD2(float, f32)
+DEFINE_FOLD2(double, f64)
+DEFINE_FOLDK(float, f32)
+DEFINE_FOLDK(double, f64)
+
+static double exact_row(const void *row, int is_double, Py_ssize_t d, int headroom, int folds, double known_max) {
+    double m = known_max;
+    if (!(m >= 0.0)) { /* not given (or NaN, which it finds again): find it */
+        m = is_double ? rowmax_f64((const double *)row, d) : rowmax_f32((const float *)row, d);
+        m = m * m;
+    }
+    if (m != m) return m; /* the row holds a NaN */
+    if (m > DBL_MAX) return (double)INFINITY;
+    int e;
+    frexp(m, &e);
+    int p = e + headroom + 1;
+    if (p > 1023) return (double)INFINITY;
+    double grid[MAX_FOLDS], acc[MAX_FOLDS];
+    for (int k = 0; k < folds; k++) {
+        if (p < GRID_FLOOR) p = GRID_FLOOR;
+        grid[k] = ldexp(1.5, p);
+        p += headroom - 51;
+    }
+    if (folds == 2) {
+        if (is_double) fold2_f64((const double *)row, d, grid[0], grid[1], acc);
+        else fold2_f32((const float *)row, d, grid[0], grid[1], acc);
+    } else if (is_double) {
+        foldk_f64((const double *)row, d, grid, folds, acc);
+    } else {
+        foldk_f32((const float *)row, d, grid, folds, acc);
+    }
+    double total = acc[0];
+    for (int k = 1; k < folds; k++) total += acc[k];
+    return total;
+}
+
+/* exact_sqnorms(x_ptr, n, d, row_stride, is_double, rows_ptr, n_rows, headroom, folds, out_ptr, threads[, max_ptr]):
+ * out[i] = the defined squared norm of row rows[i] (rows_ptr: int64 indices, or 0 for rows 0..n-1); max_ptr: the
+ * rows' largest squares as sqnorms gives them (n_rows doubles, exact), which saves the pass that finds them. */
+static PyObject *py_exact_sqnorms(PyObject *self, PyObject *args) {
+    Py_ssize_t xp, n, d, stride, rp, n_rows, op, mp = 0;
+    int is_double, headroom, folds, threads;
+    if (!PyArg_ParseTuple(args, "nnnnpnniini|n", &xp, &n, &d, &stride, &is_double, &rp, &n_rows, &headroom, &folds,
+                          &op, &threads, &mp))
+        return NULL;
+    if (n < 1 || d < 1 || stride < d || n_rows < 0 || threads < 1 || !xp || !op || headroom < 1 || headroom > 40 ||
+        ((Py_ssize_t)1 << headroom) < d || folds < 2 || folds > MAX_FOLDS) {
+        PyErr_SetString(PyExc_ValueError, "_normkernel.exact_sqnorms: invalid arguments");
+        return NULL;
+    }
+    const long long *rows = (const long long *)rp;
+    for (Py_ssize_t i = 0; rows && i < n_rows; i++)
+        if (rows[i] < 0 || rows[i] >= n) {
+            PyErr_SetString(PyExc_ValueError, "_normkernel.exact_sqnorms: row index out of range");
+            return NULL;
+        }
+    double *out = (double *)op;
+    size_t width = is_double ? sizeof(double) : sizeof(float);
+    Py_BEGIN_ALLOW_THREADS
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+#endif
+    for (Py_ssize_t i = 0; i < n_rows; i++) {
+        Py_ssize_t r = rows ? (Py_ssize_t)rows[i] : i;
+        out[i] = exact_row((const char *)xp + (size_t)r * (size_t)stride * width, is_double, d, headroom, folds,
+                           mp ? ((const double *)mp)[i] : -1.0);
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"sqnorms", py_sqnorms, METH_VARARGS, "Squared row norms summed in float64, one pass (see module source)."},
+    {"exact_sqnorms", py_exact_sqnorms, METH_VARARGS, "The defined float64 squared row norms (see module source)."},
     {NULL, NULL, 0, NULL},
 };
 

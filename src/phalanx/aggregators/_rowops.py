@@ -9,6 +9,7 @@ copy of the input), instead of building a cleaned copy of the whole input.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -59,41 +60,149 @@ def row_norms(x: Tensor) -> tuple[Tensor, Tensor]:
     return norms, ~torch.isfinite(norms)
 
 
-def float64_row_norms(x: Tensor, bad: Tensor, rows: Tensor | None = None) -> Tensor:
-    """Euclidean norm of each row summed in float64 (float64 ``(n,)``), ``+inf`` on the ``bad`` rows.
+def float64_row_norms(
+    x: Tensor, bad: Tensor, rows: Tensor | None = None, max_squares: Tensor | None = None
+) -> Tensor:
+    r"""Euclidean norm of each row, its square summed exactly on float64 grids (float64 ``(n,)``), ``+inf`` on the
+    ``bad`` rows. The result does not depend on the order of the additions, the number of threads or the path.
 
-    The squares of float16/32 values are exact in float64, so the same values give the same norms whatever the
-    input's dtype: a decision taken on norms (a filter's bound met with equality in exact arithmetic) is then the
-    same for a float32 and a float64 copy of the input. Column chunk by column chunk (no float64 copy of ``x``),
-    through one float64 buffer of a chunk, reused: each chunk is copied into it and squared there, the same values
-    and the same ``sum(dim=1)`` as ``chunk.to(float64).square().sum(dim=1)`` (bit for bit,
-    ``tests/test_cge.py::test_float64_norms_through_one_buffer_equal_the_chunk_expression``), without two fresh
-    allocations a chunk: every norm of 50 × 10⁶ float32 in 88–92 ms instead of 393–398 ms
-    (``benchmarks/signguard_norms.py``, docs/benchmarks.md).
+    The squares :math:`s_j = x_j^2` are taken in float64 (exact for float16/32 values, so a float32 and a float64
+    copy of the same input get the same norms, and a decision taken on norms is the same for both). Their sum is
+    the *pre-rounded* sum of Demmel & Nguyen ("Fast reproducible floating-point summation", ARITH 2013): with
+    :math:`m = \max_j s_j = f\,2^e` (``frexp``), :math:`d \le 2^L` and :math:`K` folds
+    (:func:`exact_sum_folds`), fold :math:`k` rounds what is left of each square onto the grid of
+    :math:`M_k = 1.5\cdot 2^{P_k}` — :math:`r = (s + M_k) - M_k`, :math:`s \leftarrow s - r`,
+    :math:`A_k \mathrel{+}= r` — with :math:`P_1 = e + L + 1`, :math:`P_{k+1} = P_k + L - 51`, each at least
+    :data:`GRID_FLOOR`. *Claim (ours, the argument of that paper):* each :math:`r` of fold ``k`` is a multiple of
+    :math:`2^{P_k - 52}` and of magnitude below :math:`2^{P_k - L - 1}`, so every partial sum of :math:`A_k` is a
+    multiple of :math:`2^{P_k-52}` below :math:`2^{P_k-1}`: exact in float64 whatever the order. The squared norm
+    is :math:`\mathrm{fl}(\dots(A_1 + A_2) + \dots + A_K)`; it differs from the exact sum of squares by at most
+    :math:`2^{2L-51+(K-1)(L-51)}\,S + u_{64} S + d\,2^{G-53}` (the dropped last remainders, the final roundings,
+    the grid floor ``G``), which :func:`exact_sum_folds` keeps within :math:`(d + 1)u_{64}S` plus an absolute
+    :math:`d\,2^{-1053}` — no worse than a float64 sum in one fixed order (:math:`\gamma_{d-1}`, Higham §4.2).
+    A row whose :math:`P_1` exceeds 1023 (a square of at least :math:`2^{1022-L}`, only float64 inputs) or whose
+    largest square is ``+inf`` gets ``+inf``; a row holding a NaN gets NaN (``bad`` rows get ``+inf`` anyway).
 
-    ``rows`` (indices, ``(k,)``): the norms of ``x[rows]`` only (``bad`` then has ``k`` entries), gathered chunk by
-    chunk into the buffer — the same values as on ``x.index_select(0, rows)``, without that ``(k, d)`` copy.
+    On the CPU for float32/float64 rows with contiguous columns the C kernel computes it (``_normkernel.c``:
+    two streaming passes per row, rows shared over threads); elsewhere torch does, column chunk by column chunk
+    through one float64 buffer (no float64 copy of ``x``). Both give the same bits
+    (``tests/test_exact_norms.py``). ``rows`` (indices, ``(k,)``): the norms of ``x[rows]`` only (``bad`` then has
+    ``k`` entries), without an ``(k, d)`` copy. ``max_squares`` (float64, one per row taken): each row's largest
+    float64 square as :func:`row_sqnorm_estimates` found it (exact), which saves the pass that finds it; a wrong
+    value breaks the exactness, so only that function's output may be passed.
     """
-    d = x.shape[1]
-    n = x.shape[0] if rows is None else rows.numel()
-    idx = None if rows is None else rows.to(x.device)
-    total = torch.zeros(n, dtype=torch.float64, device=x.device)
-    buf = torch.empty((n, min(d, COLUMN_CHUNK)), dtype=torch.float64, device=x.device)
-    for s in range(0, d, COLUMN_CHUNK):
-        chunk = x[:, s : s + COLUMN_CHUNK]
-        if idx is not None:
-            chunk = chunk.index_select(0, idx)
-        b = buf[:, : chunk.shape[1]]
-        b.copy_(chunk)
-        total += b.square_().sum(dim=1)
+    n, d = x.shape
+    headroom, folds = exact_sum_folds(d)
+    if _kernel_sqnorms_apply(x):
+        idx = None if rows is None else rows.to(device="cpu", dtype=torch.int64).contiguous()
+        total = torch.empty(n if idx is None else idx.numel(), dtype=torch.float64)
+        known = None if max_squares is None else max_squares.to(device="cpu", dtype=torch.float64).contiguous()
+        if total.numel():
+            _normkernel.exact_sqnorms(
+                x.data_ptr(), n, d, max(x.stride(0), d), x.dtype == torch.float64, 0 if idx is None else idx.data_ptr(),
+                total.numel(), headroom, folds, total.data_ptr(), max(1, torch.get_num_threads()),
+                0 if known is None else known.data_ptr(),
+            )
+    else:
+        total = _torch_exact_sqnorms(x, rows, headroom, folds, max_squares)
+    bad = bad.to(total.device)
     return torch.where(bad, torch.full_like(total, float("inf")), total.sqrt())
+
+
+GRID_FLOOR = -1000
+"""Lowest grid exponent ``P_k`` of :func:`float64_row_norms` (keeps every ``M_k`` a normal float64)."""
+
+EXACT_CHUNK_BYTES = 1 << 20
+"""Float64 bytes per chunk of the torch path of :func:`float64_row_norms` (a cache's worth)."""
+
+
+def exact_sum_folds(d: int) -> tuple[int, int]:
+    r"""Headroom bits ``L`` (``d ≤ 2^L``, at least 1) and folds ``K`` of :func:`float64_row_norms` for rows of ``d``.
+
+    ``K`` is the least number of folds with :math:`2^{2L-51+(K-1)(L-51)} \le 2^{L-54} \le d\,u_{64}`, i.e.
+    :math:`K = 1 + \lceil (L + 3)/(51 - L) \rceil`: 2 folds up to :math:`d = 2^{24}`, 3 up to :math:`2^{33}`.
+    Rows longer than :math:`2^{40}` are refused (``ValueError``).
+    """
+    if d < 1 or d > 2**40:
+        raise ValueError(f"row length d={d} out of range [1, 2**40] for float64_row_norms")
+    headroom = max(1, (d - 1).bit_length())
+    return headroom, 1 + -(-(headroom + 3) // (51 - headroom))
+
+
+def _grid_constants(m: Tensor, headroom: int, folds: int) -> tuple[list[Tensor], Tensor]:
+    """``M_k = 1.5·2^{P_k}`` per row (float64, built from their bits: exact) and the rows whose ``P_1 > 1023``."""
+    finite = torch.isfinite(m)
+    exponent = torch.frexp(torch.where(finite, m, torch.zeros_like(m)))[1].to(torch.int64)
+    p = exponent + headroom + 1
+    over = p > 1023
+    grids = []
+    for _ in range(folds):
+        p = p.clamp(GRID_FLOOR, 1023)
+        grids.append((((p + 1023) << 52) | (1 << 51)).view(torch.float64))
+        p = p + headroom - 51
+    return grids, over
+
+
+def _torch_exact_sqnorms(
+    x: Tensor, rows: Tensor | None, headroom: int, folds: int, max_squares: Tensor | None = None
+) -> Tensor:
+    """:func:`float64_row_norms`'s squared norms with torch ops: one chunked pass for the largest squares (in the
+    dtype of ``x``: the largest ``|x|``, squared in float64, is the largest float64 square), one for the folds
+    (the same elementwise float64 operations as the C kernel; exact sums, so any reduction order). Chunks of
+    about 1 MiB of float64 (:data:`EXACT_CHUNK_BYTES`), so that the fold's few passes over a chunk stay in cache."""
+    d = x.shape[1]
+    idx = None if rows is None else rows.to(x.device)
+    n = x.shape[0] if idx is None else idx.numel()
+    width = max(4096, min(COLUMN_CHUNK, EXACT_CHUNK_BYTES // (8 * max(n, 1))))
+
+    def chunks() -> Iterator[Tensor]:
+        for s in range(0, d, width):
+            chunk = x[:, s : s + width]
+            yield chunk if idx is None else chunk.index_select(0, idx)
+
+    if max_squares is not None and not bool(torch.isnan(max_squares).any()):
+        m = max_squares.to(device=x.device, dtype=torch.float64)
+    else:
+        top = torch.zeros(n, dtype=x.dtype, device=x.device)
+        with torch.no_grad():
+            for chunk in chunks():
+                top = torch.maximum(top, chunk.abs().amax(dim=1))
+        m = top.to(torch.float64).square()
+    grids, over = _grid_constants(m, headroom, folds)
+    acc = torch.zeros((folds, n), dtype=torch.float64, device=x.device)
+    if torch.is_grad_enabled() and x.requires_grad:  # out of place; d(total)/ds = 1 (each fold is (s + M) - M)
+        for chunk in chunks():
+            b = chunk.to(torch.float64).square()
+            for k, grid in enumerate(grids):
+                t = (b + grid[:, None]) - grid[:, None]
+                acc = acc.index_add(0, torch.tensor([k], device=x.device), t.sum(dim=1)[None])
+                b = b - t
+    else:
+        buf = torch.empty((n, min(d, width)), dtype=torch.float64, device=x.device)
+        tmp = torch.empty_like(buf)
+        for chunk in chunks():
+            b, t = buf[:, : chunk.shape[1]], tmp[:, : chunk.shape[1]]
+            b.copy_(chunk)
+            b.square_()
+            for k, grid in enumerate(grids):
+                g = grid[:, None]
+                torch.add(b, g, out=t)
+                t.sub_(g)
+                acc[k] += t.sum(dim=1)
+                if k + 1 < folds:
+                    b.sub_(t)
+    total = acc[0]
+    for k in range(1, folds):
+        total = total + acc[k]
+    total = torch.where(over | torch.isinf(m), torch.full_like(total, float("inf")), total)
+    return torch.where(torch.isnan(m), m, total)
 
 
 NORM_BLOCK = 128
 """Columns per float32 partial norm in :func:`row_sqnorm_estimates` (its error bound grows with the block)."""
 
 
-def row_sqnorm_estimates(x: Tensor) -> tuple[Tensor, Tensor, float, float]:
+def row_sqnorm_estimates(x: Tensor, max_squares: Tensor | None = None) -> tuple[Tensor, Tensor, float, float]:
     r"""One streaming pass: estimates of the squared row norms that :func:`float64_row_norms` would square, with a
     rigorous error bound, and the bad rows (as :func:`row_norms` flags them).
 
@@ -105,7 +214,7 @@ def row_sqnorm_estimates(x: Tensor) -> tuple[Tensor, Tensor, float, float]:
     Summing ``B`` non-negative terms in any order errs by at most :math:`\gamma_{B-1} \le (B-1)u` relatively
     (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §4.2, Eq. 4.4 — it holds for every order,
     hence for whatever torch's kernel does); the squares, the block square root, its float64 square and the float64
-    sum of ``m`` terms add a few ``u`` and ``m·u₆₄``; the float64 reference itself errs by ``d·u₆₄``. With
+    sum of ``m`` terms add a few ``u`` and ``m·u₆₄``; the float64 reference itself errs by ``(d + 1)·u₆₄``. With
     :math:`\delta = 2\big((B + 4)u + (m + d + 8)u_{64}\big)` (factor 2 of slack) and an absolute term ``η`` for
     squares that underflow, the value :math:`S_i` that :func:`float64_row_norms` squares satisfies
     :math:`|\hat S_i - S_i| \le \delta \hat S_i + \eta` (for δ < 0.1). Returns ``(estimates float64 (n,), bad,
@@ -114,11 +223,17 @@ def row_sqnorm_estimates(x: Tensor) -> tuple[Tensor, Tensor, float, float]:
     Bad rows: a NaN entry makes the estimate NaN, an Inf entry makes it infinite. A row whose squared norm might
     overflow the dtype (estimate above a quarter of its largest value, infinite ones included) gets its norm from
     :func:`row_norms`, so that ``bad`` is exactly what :func:`row_norms` says (:func:`_finish_estimates`).
+
+    ``max_squares`` (float64 ``(n,)`` on the CPU), if given, receives each row's largest float64 square, exactly,
+    for :func:`float64_row_norms`: the kernel finds it in the same pass (each block read again from the cache);
+    elsewhere it is ``NaN`` (not known: :func:`float64_row_norms` then finds it itself).
     """
     n, d = x.shape
     if _kernel_sqnorms_apply(x):
-        est, delta = _kernel_sqnorms(x)
+        est, delta = _kernel_sqnorms(x, max_squares)
         return _finish_estimates(x, est, delta)
+    if max_squares is not None:
+        max_squares.fill_(float("nan"))
     m = d // NORM_BLOCK
     parts = []
     if m:
@@ -140,12 +255,13 @@ def _kernel_sqnorms_apply(x: Tensor) -> bool:
     )
 
 
-def _kernel_sqnorms(x: Tensor) -> tuple[Tensor, float]:
+def _kernel_sqnorms(x: Tensor, max_squares: Tensor | None = None) -> tuple[Tensor, float]:
     r"""The squared row norms from the C kernel (``_normkernel.c``), float64 ``(n,)``, and their relative bound δ.
 
     The kernel adds the exact float64 squares of float32 values (rounded ones for float64, ``u₆₄`` each) in a fixed
-    order; so does :func:`float64_row_norms`, in another. Both sums of ``d`` non-negative terms err by at most
-    :math:`\gamma_{d-1} S` (Higham, §4.2, Eq. 4.4), so they differ by at most :math:`2\gamma_d S`:
+    order: a sum of ``d`` non-negative terms in any order errs by at most :math:`\gamma_{d-1} S` (Higham, §4.2,
+    Eq. 4.4). :func:`float64_row_norms` (exact sums on grids) is within :math:`(d + 1)u_{64} S` of the exact sum, plus
+    an absolute :math:`d\,2^{-1053}` that ``η`` covers; so they differ by at most about :math:`2(d + 1)u_{64} S`:
     :math:`\delta = 2\cdot 2 (d + 4) u_{64}` (factor 2 of slack) — about 4.4·10⁻¹⁰ at d = 10⁶, where the blocked
     torch estimate's δ is 1.6·10⁻⁵, so rows are uncertain only when their norms nearly tie.
     """
@@ -153,7 +269,7 @@ def _kernel_sqnorms(x: Tensor) -> tuple[Tensor, float]:
     out = torch.empty(n, dtype=torch.float64)
     _normkernel.sqnorms(
         x.data_ptr(), n, d, max(x.stride(0), d), x.dtype == torch.float64, out.data_ptr(),
-        max(1, torch.get_num_threads()),
+        max(1, torch.get_num_threads()), 0 if max_squares is None else max_squares.data_ptr(),
     )
     return out, 4.0 * (d + 4) * (torch.finfo(torch.float64).eps / 2)
 
@@ -161,7 +277,11 @@ def _kernel_sqnorms(x: Tensor) -> tuple[Tensor, float]:
 def _finish_estimates(x: Tensor, est: Tensor, delta: float) -> tuple[Tensor, Tensor, float, float]:
     """Bad rows exactly as :func:`row_norms` flags them (a NaN estimate, or an estimate so large that the squared
     norm may overflow the dtype of ``x``: those rows' norms are taken by :func:`row_norms`), ``+inf`` estimates on
-    them, and the absolute term ``η`` for squares that underflow."""
+    them, and the absolute term ``η`` for squares that underflow.
+
+    Rows whose :func:`float64_row_norms` is ``+inf`` without being bad (a float64 square of at least
+    ``2^(1022 − L)``: its grid would overflow) get a ``+inf`` estimate too, so that the bound holds on them: a row
+    whose estimate exceeds ``2^(1021 − L)`` (below any such row's, δ < 0.1) has its largest square looked up."""
     d = x.shape[1]
     info = torch.finfo(x.dtype)
     bad = torch.isnan(est)
@@ -169,6 +289,13 @@ def _finish_estimates(x: Tensor, est: Tensor, delta: float) -> tuple[Tensor, Ten
     if suspect.numel():
         bad[suspect] = row_norms(x.index_select(0, suspect.to(x.device)))[1].to(bad.device)
     est = torch.where(bad, torch.full_like(est, float("inf")), est)
+    headroom, _ = exact_sum_folds(d)
+    huge = (~bad & (est > 2.0 ** (1021 - headroom))).nonzero().flatten()
+    if huge.numel():
+        with torch.no_grad():
+            top = x.index_select(0, huge.to(x.device)).abs().amax(dim=1).to(torch.float64).square()
+        over = _grid_constants(top.cpu(), headroom, 1)[1] | torch.isinf(top.cpu())
+        est[huge[over]] = float("inf")
     eta = 4.0 * d * (info.smallest_normal + torch.finfo(torch.float64).smallest_normal)
     return est, bad, delta, eta
 
@@ -193,13 +320,14 @@ def smallest_norms_keys(x: Tensor, k: int, exact_cut: bool = True) -> tuple[Tens
     between the ``−inf`` and ``+inf`` keys — and no float64 norm is computed. The order of the keys, and so every
     comparison, is that of the exact norms.
     """
-    est, bad, delta, eta = row_sqnorm_estimates(x)
+    largest = torch.empty(x.shape[0], dtype=torch.float64)
+    est, bad, delta, eta = row_sqnorm_estimates(x, largest)
     lo = torch.where(bad, est, est * (1.0 - 2.0 * delta) - eta)
     hi = torch.where(bad, est, est * (1.0 + 2.0 * delta) + eta)
     low_cut = torch.kthvalue(lo, k).values
     high_cut = torch.kthvalue(hi, k).values
     if not bool(torch.isfinite(high_cut)):
-        return float64_row_norms(x, bad), bad
+        return float64_row_norms(x, bad, max_squares=largest), bad
     below = hi < low_cut
     unsure = ~below & ~(lo > high_cut) & ~bad
     keys = torch.where(below, torch.full_like(est, float("-inf")), torch.full_like(est, float("inf")))
@@ -207,7 +335,9 @@ def smallest_norms_keys(x: Tensor, k: int, exact_cut: bool = True) -> tuple[Tens
     if not exact_cut and idx.numel() == 1:
         keys[idx] = est[idx].sqrt()
         return keys, bad
-    keys[idx] = float64_row_norms(x, torch.zeros_like(idx, dtype=torch.bool), rows=idx).to(keys.device)
+    keys[idx] = float64_row_norms(
+        x, torch.zeros_like(idx, dtype=torch.bool), rows=idx, max_squares=largest[idx.cpu()]
+    ).to(keys.device)
     return keys, bad
 
 

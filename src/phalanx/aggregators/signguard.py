@@ -30,8 +30,10 @@ class _Exact:
     """The float64 norms of :func:`~phalanx.aggregators._rowops.float64_row_norms`, computed on demand, row by row
     subset, and remembered (``known`` marks the rows computed so far)."""
 
-    def __init__(self, x: Tensor) -> None:
+    def __init__(self, x: Tensor, largest: Tensor | None = None) -> None:
         self.x = x
+        self.largest = largest
+        """Each row's largest float64 square from the estimates' pass (saves :func:`float64_row_norms` a pass)."""
         self.norms = torch.zeros(x.shape[0], dtype=torch.float64)
         self.known = torch.zeros(x.shape[0], dtype=torch.bool)
         self.hi = torch.full((x.shape[0],), float("inf"), dtype=torch.float64)
@@ -40,8 +42,10 @@ class _Exact:
     def need(self, rows: Tensor) -> None:
         idx = (rows.cpu() & ~self.known).nonzero().flatten()
         if idx.numel():
-            vals = float64_row_norms(self.x, torch.zeros(idx.numel(), dtype=torch.bool, device=self.x.device),
-                                     rows=idx).cpu()
+            vals = float64_row_norms(
+                self.x, torch.zeros(idx.numel(), dtype=torch.bool, device=self.x.device), rows=idx,
+                max_squares=None if self.largest is None else self.largest[idx],
+            ).cpu()
             # out of place: earlier decisions (and autograd) keep the tensors they used
             self.norms = self.norms.index_put((idx,), vals)
             self.known = self.known.index_put((idx,), torch.ones_like(idx, dtype=torch.bool))
@@ -75,7 +79,8 @@ def norm_filter(x: Tensor, lower: float, upper: float) -> tuple[Tensor, Tensor, 
     norms: at most the cost of computing every norm in float64.
     """
     n = x.shape[0]
-    est, bad, delta, eta = row_sqnorm_estimates(x)
+    largest = torch.empty(n, dtype=torch.float64)
+    est, bad, delta, eta = row_sqnorm_estimates(x, largest)
     est, bad = est.detach().cpu(), bad.cpu()  # decisions only: no gradient flows through the estimates
     lo = torch.where(bad, est, est * (1.0 - 2.0 * delta) - eta)
     hi = torch.where(bad, est, est * (1.0 + 2.0 * delta) + eta)
@@ -86,7 +91,7 @@ def norm_filter(x: Tensor, lower: float, upper: float) -> tuple[Tensor, Tensor, 
         if not bool(torch.isfinite(high_cut)):
             return None
         cuts.append((k, low_cut, high_cut))
-    exact = _Exact(x)
+    exact = _Exact(x, largest)
     for _, low_cut, high_cut in cuts:
         exact.need(~bad & ~(hi < low_cut) & ~(lo > high_cut))
     values = []
