@@ -1,15 +1,18 @@
 """SignGuard's norm phase: every norm in float64 (the previous path) against the one-pass norm filter.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/signguard_norms.py
+    PYTHONPATH=src .venv/bin/python benchmarks/signguard_norms.py [--threads 2]
 
-1 thread, Gaussian rows around a common random mean (float32, seed 0), n = 20, d = 10⁵ and n = 50, d = 10⁶; the
-previous path, the new one and one pass ``x.sum(0)`` alternated 7 times, medians. The new path is timed with every
-row of S₁ treated as kept (its clipping needs the exact norm of every kept row above the median: the worst case).
+1 thread (or ``--threads``), Gaussian rows around a common random mean (float32, seed 0), n = 20, d = 10⁵ and
+n = 50, d = 10⁶; every norm exactly (``row_norms`` for the bad rows and ``float64_row_norms`` on every row: the path
+before the one-pass filter), the one-pass filter and one pass ``x.sum(0)`` alternated 7 times, medians. The filter
+is timed with every row of S₁ treated as kept (its clipping needs the exact norm of every kept row above the
+median: the worst case).
 Times are measured lower bounds under whatever load the machine has; print ``uptime`` beside them.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -20,7 +23,12 @@ from phalanx.aggregators.signguard import norm_filter
 
 
 def main() -> None:
-    torch.set_num_threads(1)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1, choices=range(1, 65), metavar="N",
+                        help="torch threads, 1..64 (default 1)")
+    threads = parser.parse_args().threads
+    torch.set_num_threads(threads)
+    print(f"{threads} thread(s)")
     for n, d in [(20, 10**5), (50, 10**6)]:
         g = torch.Generator().manual_seed(0)
         x = torch.randn(d, generator=g) + torch.randn(n, d, generator=g)
