@@ -284,19 +284,22 @@ def _finish_estimates(x: Tensor, est: Tensor, delta: float) -> tuple[Tensor, Ten
     whose estimate exceeds ``2^(1021 − L)`` (below any such row's, δ < 0.1) has its largest square looked up."""
     d = x.shape[1]
     info = torch.finfo(x.dtype)
+    headroom, _ = exact_sum_folds(d)
+    eta = 4.0 * d * (info.smallest_normal + torch.finfo(torch.float64).smallest_normal)
+    top = float(est.detach().max()) if est.numel() else 0.0  # NaN if any estimate is NaN
+    if top <= min(info.max / 4, 2.0 ** (1021 - headroom)):  # the usual case: no row is bad or huge
+        return est, torch.zeros(est.shape, dtype=torch.bool, device=est.device), delta, eta
     bad = torch.isnan(est)
     suspect = (~bad & (est > info.max / 4)).nonzero().flatten()
     if suspect.numel():
         bad[suspect] = row_norms(x.index_select(0, suspect.to(x.device)))[1].to(bad.device)
     est = torch.where(bad, torch.full_like(est, float("inf")), est)
-    headroom, _ = exact_sum_folds(d)
     huge = (~bad & (est > 2.0 ** (1021 - headroom))).nonzero().flatten()
     if huge.numel():
         with torch.no_grad():
-            top = x.index_select(0, huge.to(x.device)).abs().amax(dim=1).to(torch.float64).square()
-        over = _grid_constants(top.cpu(), headroom, 1)[1] | torch.isinf(top.cpu())
+            largest = x.index_select(0, huge.to(x.device)).abs().amax(dim=1).to(torch.float64).square().cpu()
+        over = _grid_constants(largest, headroom, 1)[1] | torch.isinf(largest)
         est[huge[over]] = float("inf")
-    eta = 4.0 * d * (info.smallest_normal + torch.finfo(torch.float64).smallest_normal)
     return est, bad, delta, eta
 
 
