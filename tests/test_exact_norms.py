@@ -218,6 +218,8 @@ def test_the_kernel_refuses_invalid_arguments() -> None:
             _normkernel.exact_sqnorms(*args)
     with pytest.raises(ValueError, match="out of range"):
         _normkernel.exact_sqnorms(x.data_ptr(), 3, 8, 8, False, rows.data_ptr(), 2, 3, 2, out.data_ptr(), 1)
+    with pytest.raises(ValueError, match="max_squares has shape"):  # the kernel would read past a short one
+        _rowops.float64_row_norms(x, torch.zeros(3, dtype=torch.bool), max_squares=torch.ones(2, dtype=torch.float64))
 
 
 def test_the_gradient_flows_through_the_folds() -> None:

@@ -97,6 +97,8 @@ def float64_row_norms(
         idx = None if rows is None else rows.to(device="cpu", dtype=torch.int64).contiguous()
         total = torch.empty(n if idx is None else idx.numel(), dtype=torch.float64)
         known = None if max_squares is None else max_squares.to(device="cpu", dtype=torch.float64).contiguous()
+        if known is not None and known.shape != total.shape:  # the kernel reads one per row taken
+            raise ValueError(f"max_squares has shape {tuple(known.shape)}, expected {tuple(total.shape)}")
         if total.numel():
             _normkernel.exact_sqnorms(
                 x.data_ptr(), n, d, max(x.stride(0), d), x.dtype == torch.float64, 0 if idx is None else idx.data_ptr(),
