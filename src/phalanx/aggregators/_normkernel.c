@@ -54,7 +54,23 @@ typedef long long v8l __attribute__((vector_size(64)));
         memcpy(&f_, (src), sizeof f_);                                                                                \
         (dst) = __builtin_convertvector(f_, v16d);                                                                    \
     } while (0)
-#define WIDEN_f64(dst, src) memcpy(&(dst), (src), sizeof(v16d))
+#define WIDEN_f64(dst, src)                                                                                           \
+    do {                                                                                                              \
+        v16u b_;                                                                                                      \
+        memcpy(&b_, (src), sizeof b_);                                                                                \
+        v16u keep_ = ((((b_ >> 52) & 0x7ff) + (2048 - 543)) >> 11) & 1; /* 1 iff the exponent field >= 543 */         \
+        (dst) = (v16d)(b_ & (0 - keep_));                                                                             \
+    } while (0)
+
+/* Float64 entries below TINY in magnitude count as 0 (both here and in _rowops): their squares would be subnormal,
+ * and subnormal arithmetic is ~10x slower on x86 -- a Byzantine row of 1e-160s made the norm passes 10x slower.
+ * Decided on the exponent bits with integer shifts (no floating-point comparison, which the clones did not
+ * vectorize, and no arithmetic on a subnormal); with them gone every square is at least 2^-960, and every
+ * fold's remainder a multiple of 2^-1012: normal. Float32 entries are never that small (2^-149 at least). */
+typedef unsigned long long v16u __attribute__((vector_size(128)));
+static inline double flush_tiny1(double v) { return fabs(v) < 0x1p-480 ? 0.0 : v; }
+#define SCALAR_f32(v) ((double)(v))
+#define SCALAR_f64(v) flush_tiny1(v)
 
 /* Largest magnitude by the bits: |x| of an IEEE number, read as a signed integer of its width, orders as the number
  * does, and a NaN reads above +inf; so the result is the largest |x|, or a NaN if the row holds one (as torch's amax
@@ -133,7 +149,7 @@ static double finish_max_f64(v8l a, const double *tail, Py_ssize_t len) {
             double s = 0.0;                                                                                           \
             for (int k = 0; k < LANES4; k++) s += acc[r][k];                                                          \
             for (Py_ssize_t i = j; i < len; i++) {                                                                    \
-                double v = (double)p[r][i];                                                                           \
+                double v = SCALAR_##SUFFIX(p[r][i]);                                                                  \
                 s += v * v;                                                                                           \
             }                                                                                                         \
             out[r] = s;                                                                                               \
@@ -244,7 +260,7 @@ DEFINE_ROW_MAX(double, f64)
             s2 += a2[k];                                                                                              \
         }                                                                                                             \
         for (; j < len; j++) {                                                                                        \
-            double v = (double)p[j];                                                                                  \
+            double v = SCALAR_##SUFFIX(p[j]);                                                                         \
             double s = v * v;                                                                                         \
             double r = (s + m1) - m1;                                                                                 \
             s1 += r;                                                                                                  \
@@ -260,7 +276,7 @@ DEFINE_ROW_MAX(double, f64)
     static void foldk_##SUFFIX(const T *restrict p, Py_ssize_t len, const double *m, int folds, double *acc) {        \
         for (int k = 0; k < folds; k++) acc[k] = 0.0;                                                                 \
         for (Py_ssize_t j = 0; j < len; j++) {                                                                        \
-            double v = (double)p[j];                                                                                  \
+            double v = SCALAR_##SUFFIX(p[j]);                                                                         \
             double s = v * v;                                                                                         \
             for (int k = 0; k < folds; k++) {                                                                         \
                 double r = (s + m[k]) - m[k];                                                                         \

@@ -79,17 +79,19 @@ def float64_row_norms(
     is :math:`\mathrm{fl}(\dots(A_1 + A_2) + \dots + A_K)`; it differs from the exact sum of squares by at most
     :math:`2^{2L-51+(K-1)(L-51)}\,S + u_{64} S + d\,2^{G-53}` (the dropped last remainders, the final roundings,
     the grid floor ``G``), which :func:`exact_sum_folds` keeps within :math:`(d + 1)u_{64}S` plus an absolute
-    :math:`d\,2^{-1053}` — no worse than a float64 sum in one fixed order (:math:`\gamma_{d-1}`, Higham §4.2).
-    A row whose :math:`P_1` exceeds 1023 (a square of at least :math:`2^{1022-L}`, only float64 inputs) or whose
+    :math:`d\,2^{-960}` (with the entries below :data:`TINY`) — no worse than a float64 sum in one fixed order
+    (:math:`\gamma_{d-1}`, Higham §4.2). Float64 entries below :data:`TINY` (``2^-480``) count as 0 (their squares
+    are below ``2^-960``; it keeps subnormal arithmetic, 10× slower, out of reach of a Byzantine row). A row whose
+    :math:`P_1` exceeds 1023 (a square of at least :math:`2^{1022-L}`, only float64 inputs) or whose
     largest square is ``+inf`` gets ``+inf``; a row holding a NaN gets NaN (``bad`` rows get ``+inf`` anyway).
 
-    On the CPU for float32/float64 rows with contiguous columns the C kernel computes it (``_normkernel.c``:
-    two streaming passes per row, rows shared over threads); elsewhere torch does, column chunk by column chunk
-    through one float64 buffer (no float64 copy of ``x``). Both give the same bits
-    (``tests/test_exact_norms.py``). ``rows`` (indices, ``(k,)``): the norms of ``x[rows]`` only (``bad`` then has
-    ``k`` entries), without an ``(k, d)`` copy. ``max_squares`` (float64, one per row taken): each row's largest
-    float64 square as :func:`row_sqnorm_estimates` found it (exact), which saves the pass that finds it; a wrong
-    value breaks the exactness, so only that function's output may be passed.
+    On the CPU for float32/float64 rows with contiguous columns the C kernel computes it (``_normkernel.c``: two
+    streaming passes per row, one when the estimates' pass gave ``max_squares``; rows shared over threads);
+    elsewhere torch does, column chunk by column chunk through one float64 buffer (no float64 copy of ``x``). Both
+    give the same bits (``tests/test_exact_norms.py``). ``rows`` (indices, ``(k,)``): the norms of ``x[rows]`` only
+    (``bad`` then has ``k`` entries), without an ``(k, d)`` copy. ``max_squares`` (float64, one per row taken): each
+    row's largest float64 square as :func:`row_sqnorm_estimates` found it (exact), which saves the pass that finds
+    it; a wrong value breaks the exactness, so only that function's output may be passed.
     """
     n, d = x.shape
     headroom, folds = exact_sum_folds(d)
@@ -113,6 +115,12 @@ def float64_row_norms(
 
 GRID_FLOOR = -1000
 """Lowest grid exponent ``P_k`` of :func:`float64_row_norms` (keeps every ``M_k`` a normal float64)."""
+
+TINY = 2.0**-480
+"""Float64 entries smaller than this in magnitude count as 0 in :func:`float64_row_norms` and the kernel's estimates:
+their squares would be subnormal, and subnormal arithmetic is about 10× slower on x86 (a Byzantine row of 1e-160s
+made both passes 10× slower). Without them every square is at least ``2^-960`` and every fold's remainder a multiple
+of ``2^-1012``: normal. Float16/32 entries are never that small."""
 
 EXACT_CHUNK_BYTES = 1 << 20
 """Float64 bytes per chunk of the torch path of :func:`float64_row_norms` (a cache's worth)."""
@@ -174,7 +182,8 @@ def _torch_exact_sqnorms(
     acc = torch.zeros((folds, n), dtype=torch.float64, device=x.device)
     if torch.is_grad_enabled() and x.requires_grad:  # out of place; d(total)/ds = 1 (each fold is (s + M) - M)
         for chunk in chunks():
-            b = chunk.to(torch.float64).square()
+            b = chunk.to(torch.float64)
+            b = torch.where(b.abs() < TINY, torch.zeros_like(b), b).square()
             for k, grid in enumerate(grids):
                 t = (b + grid[:, None]) - grid[:, None]
                 acc = acc.index_add(0, torch.tensor([k], device=x.device), t.sum(dim=1)[None])
@@ -185,6 +194,8 @@ def _torch_exact_sqnorms(
         for chunk in chunks():
             b, t = buf[:, : chunk.shape[1]], tmp[:, : chunk.shape[1]]
             b.copy_(chunk)
+            if x.dtype == torch.float64:
+                b.masked_fill_(b.abs() < TINY, 0.0)
             b.square_()
             for k, grid in enumerate(grids):
                 g = grid[:, None]
@@ -263,7 +274,7 @@ def _kernel_sqnorms(x: Tensor, max_squares: Tensor | None = None) -> tuple[Tenso
     The kernel adds the exact float64 squares of float32 values (rounded ones for float64, ``u₆₄`` each) in a fixed
     order: a sum of ``d`` non-negative terms in any order errs by at most :math:`\gamma_{d-1} S` (Higham, §4.2,
     Eq. 4.4). :func:`float64_row_norms` (exact sums on grids) is within :math:`(d + 1)u_{64} S` of the exact sum, plus
-    an absolute :math:`d\,2^{-1053}` that ``η`` covers; so they differ by at most about :math:`2(d + 1)u_{64} S`:
+    an absolute :math:`d\,2^{-960}` that ``η`` covers; so they differ by at most about :math:`2(d + 1)u_{64} S`:
     :math:`\delta = 2\cdot 2 (d + 4) u_{64}` (factor 2 of slack) — about 4.4·10⁻¹⁰ at d = 10⁶, where the blocked
     torch estimate's δ is 1.6·10⁻⁵, so rows are uncertain only when their norms nearly tie.
     """
@@ -287,7 +298,7 @@ def _finish_estimates(x: Tensor, est: Tensor, delta: float) -> tuple[Tensor, Ten
     d = x.shape[1]
     info = torch.finfo(x.dtype)
     headroom, _ = exact_sum_folds(d)
-    eta = 4.0 * d * (info.smallest_normal + torch.finfo(torch.float64).smallest_normal)
+    eta = 4.0 * d * (info.smallest_normal + TINY**2)  # squares that underflow, or of entries below TINY
     top = float(est.detach().max()) if est.numel() else 0.0  # NaN if any estimate is NaN
     if top <= min(info.max / 4, 2.0 ** (1021 - headroom)):  # the usual case: no row is bad or huge
         return est, torch.zeros(est.shape, dtype=torch.bool, device=est.device), delta, eta
