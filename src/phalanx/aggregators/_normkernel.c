@@ -223,7 +223,8 @@ static PyObject *py_sqnorms(PyObject *self, PyObject *args) {
  * Every r of fold k is a multiple of 2^(P_k - 52) and the |A_k| stay below 2^(P_k - 1), so each A_k is exact
  * whatever the order of its additions (Demmel & Nguyen, "Fast reproducible floating-point summation", ARITH 2013,
  * the pre-rounding idea). The squared norm is the float64 sum A_1 + ... + A_K in that order; a row with
- * P_1 > 1023 (or a non-finite m) gets +inf (NaN for NaN). */
+ * P_1 > 1023 (or a non-finite m) gets +inf (NaN for NaN). Float64 entries below 2^-480 count as 0 (WIDEN_f64,
+ * SCALAR_f64); m is taken from the row as it is, on both paths. */
 #define GRID_FLOOR (-1000)
 #define MAX_FOLDS 8
 
