@@ -220,6 +220,11 @@ def test_the_kernel_refuses_invalid_arguments() -> None:
         _normkernel.exact_sqnorms(x.data_ptr(), 3, 8, 8, False, rows.data_ptr(), 2, 3, 2, out.data_ptr(), 1)
     with pytest.raises(ValueError, match="max_squares has shape"):  # the kernel would read past a short one
         _rowops.float64_row_norms(x, torch.zeros(3, dtype=torch.bool), max_squares=torch.ones(2, dtype=torch.float64))
+    for wrong in (torch.empty(3), torch.empty(2, dtype=torch.float64), torch.empty(6, dtype=torch.float64)[::2]):
+        with pytest.raises(ValueError, match="max_squares must be"):  # the kernel would write past it
+            _rowops.row_sqnorm_estimates(x, wrong)
+    with pytest.raises(TypeError, match="rows must be"):  # a mask read as indices 0/1 would take the wrong rows
+        _rowops.float64_row_norms(x, torch.zeros(1, dtype=torch.bool), rows=torch.tensor([False, False, True]))
 
 
 def test_the_gradient_flows_through_the_folds() -> None:

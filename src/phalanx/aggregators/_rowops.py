@@ -74,8 +74,9 @@ def float64_row_norms(
     :math:`M_k = 1.5\cdot 2^{P_k}` — :math:`r = (s + M_k) - M_k`, :math:`s \leftarrow s - r`,
     :math:`A_k \mathrel{+}= r` — with :math:`P_1 = e + L + 1`, :math:`P_{k+1} = P_k + L - 51`, each at least
     :data:`GRID_FLOOR`. *Claim (ours, the argument of that paper):* each :math:`r` of fold ``k`` is a multiple of
-    :math:`2^{P_k - 52}` and of magnitude below :math:`2^{P_k - L - 1}`, so every partial sum of :math:`A_k` is a
-    multiple of :math:`2^{P_k-52}` below :math:`2^{P_k-1}`: exact in float64 whatever the order. The squared norm
+    :math:`2^{P_k - 52}` and of magnitude at most :math:`2^{P_k - L - 1}` (a square just under :math:`2^e` may round
+    up to it), so every partial sum of :math:`A_k` is a multiple of :math:`2^{P_k-52}` of magnitude at most
+    :math:`2^{P_k-1}`, below :math:`2^{P_k+1}`: exact in float64 whatever the order. The squared norm
     is :math:`\mathrm{fl}(\dots(A_1 + A_2) + \dots + A_K)`; it differs from the exact sum of squares by at most
     :math:`2^{2L-51+(K-1)(L-51)}\,S + u_{64} S + d\,2^{G-53}` (the dropped last remainders, the final roundings,
     the grid floor ``G``), which :func:`exact_sum_folds` keeps within :math:`(d + 1)u_{64}S` plus an absolute
@@ -95,6 +96,8 @@ def float64_row_norms(
     """
     n, d = x.shape
     headroom, folds = exact_sum_folds(d)
+    if rows is not None and (rows.dtype.is_floating_point or rows.dtype == torch.bool or rows.dim() != 1):
+        raise TypeError(f"rows must be a 1-d tensor of integer indices, got {rows.dtype} of shape {tuple(rows.shape)}")
     if _kernel_sqnorms_apply(x):
         idx = None if rows is None else rows.to(device="cpu", dtype=torch.int64).contiguous()
         total = torch.empty(n if idx is None else idx.numel(), dtype=torch.float64)
@@ -242,6 +245,12 @@ def row_sqnorm_estimates(x: Tensor, max_squares: Tensor | None = None) -> tuple[
     elsewhere it is ``NaN`` (not known: :func:`float64_row_norms` then finds it itself).
     """
     n, d = x.shape
+    if max_squares is not None and not (
+        max_squares.dtype == torch.float64 and max_squares.device.type == "cpu" and max_squares.shape == (n,)
+        and max_squares.is_contiguous()
+    ):  # the kernel writes n doubles there
+        raise ValueError(f"max_squares must be a contiguous float64 CPU tensor of shape ({n},), got "
+                         f"{max_squares.dtype} {tuple(max_squares.shape)} on {max_squares.device}")
     if _kernel_sqnorms_apply(x):
         est, delta = _kernel_sqnorms(x, max_squares)
         return _finish_estimates(x, est, delta)
