@@ -240,7 +240,22 @@ static PyObject *py_sqnorms(PyObject *self, PyObject *args) {
 DEFINE_ROW_MAX(float, f32)
 DEFINE_ROW_MAX(double, f64)
 
-/* Two folds (d <= 2^24): sixteen lanes per accumulator, then the tail element by element (exact sums, any order). */
+/* Any number of folds (d > 2^24, and fold2's tail), element by element. */
+#define DEFINE_FOLDK(T, SUFFIX)                                                                                       \
+    static void foldk_##SUFFIX(const T *restrict p, Py_ssize_t len, const double *m, int folds, double *acc) {        \
+        for (int k = 0; k < folds; k++) acc[k] = 0.0;                                                                 \
+        for (Py_ssize_t j = 0; j < len; j++) {                                                                        \
+            double v = SCALAR_##SUFFIX(p[j]);                                                                         \
+            double s = v * v;                                                                                         \
+            for (int k = 0; k < folds; k++) {                                                                         \
+                double r = (s + m[k]) - m[k];                                                                         \
+                acc[k] += r;                                                                                          \
+                s = s - r;                                                                                            \
+            }                                                                                                         \
+        }                                                                                                             \
+    }
+
+/* Two folds (d <= 2^24): sixteen lanes per accumulator, then the tail by foldk (exact sums, any order). */
 #define DEFINE_FOLD2(T, SUFFIX)                                                                                       \
     MULTIVERSION static void fold2_##SUFFIX(const T *restrict p, Py_ssize_t len, double m1, double m2, double *acc) { \
         const v16d g1 = (v16d){0} + m1, g2 = (v16d){0} + m2;                                                          \
@@ -260,37 +275,17 @@ DEFINE_ROW_MAX(double, f64)
             s1 += a1[k];                                                                                              \
             s2 += a2[k];                                                                                              \
         }                                                                                                             \
-        for (; j < len; j++) {                                                                                        \
-            double v = SCALAR_##SUFFIX(p[j]);                                                                         \
-            double s = v * v;                                                                                         \
-            double r = (s + m1) - m1;                                                                                 \
-            s1 += r;                                                                                                  \
-            s = s - r;                                                                                                \
-            s2 += (s + m2) - m2;                                                                                      \
-        }                                                                                                             \
-        acc[0] = s1;                                                                                                  \
-        acc[1] = s2;                                                                                                  \
+        const double grid[2] = {m1, m2};                                                                              \
+        double tail[2];                                                                                               \
+        foldk_##SUFFIX(p + j, len - j, grid, 2, tail);                                                                \
+        acc[0] = s1 + tail[0];                                                                                        \
+        acc[1] = s2 + tail[1];                                                                                        \
     }
 
-/* Any number of folds (d > 2^24), element by element. */
-#define DEFINE_FOLDK(T, SUFFIX)                                                                                       \
-    static void foldk_##SUFFIX(const T *restrict p, Py_ssize_t len, const double *m, int folds, double *acc) {        \
-        for (int k = 0; k < folds; k++) acc[k] = 0.0;                                                                 \
-        for (Py_ssize_t j = 0; j < len; j++) {                                                                        \
-            double v = SCALAR_##SUFFIX(p[j]);                                                                         \
-            double s = v * v;                                                                                         \
-            for (int k = 0; k < folds; k++) {                                                                         \
-                double r = (s + m[k]) - m[k];                                                                         \
-                acc[k] += r;                                                                                          \
-                s = s - r;                                                                                            \
-            }                                                                                                         \
-        }                                                                                                             \
-    }
-
-DEFINE_FOLD2(float, f32)
-DEFINE_FOLD2(double, f64)
 DEFINE_FOLDK(float, f32)
 DEFINE_FOLDK(double, f64)
+DEFINE_FOLD2(float, f32)
+DEFINE_FOLD2(double, f64)
 
 static double exact_row(const void *row, int is_double, Py_ssize_t d, int headroom, int folds, double known_max) {
     double m = known_max;
