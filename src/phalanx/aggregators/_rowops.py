@@ -241,7 +241,7 @@ def row_sqnorm_estimates(x: Tensor, max_squares: Tensor | None = None) -> tuple[
     :func:`row_norms`, so that ``bad`` is exactly what :func:`row_norms` says (:func:`_finish_estimates`).
 
     ``max_squares`` (float64 ``(n,)`` on the CPU), if given, receives each row's largest float64 square, exactly,
-    for :func:`float64_row_norms`: the kernel finds it in the same pass (each block read again from the cache);
+    for :func:`float64_row_norms`: the kernel finds it in the same pass (on the bits, NaN for a row holding one);
     elsewhere it is ``NaN`` (not known: :func:`float64_row_norms` then finds it itself).
     """
     n, d = x.shape
@@ -321,7 +321,7 @@ def _finish_estimates(x: Tensor, est: Tensor, delta: float) -> tuple[Tensor, Ten
         with torch.no_grad():
             largest = x.index_select(0, huge.to(x.device)).abs().amax(dim=1).to(torch.float64).square().cpu()
         over = _grid_constants(largest, headroom, 1)[1] | torch.isinf(largest)
-        est[huge[over]] = float("inf")
+        est[huge[over.to(huge.device)]] = float("inf")  # (over is on the CPU, huge where est is)
     return est, bad, delta, eta
 
 
