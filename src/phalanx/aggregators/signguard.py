@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -28,38 +29,41 @@ above the float64 rounding of ``sqrt`` and of the bound itself (a few ``u₆₄`
 
 class _Exact:
     """The float64 norms of :func:`~phalanx.aggregators._rowops.float64_row_norms`, computed on demand, row by row
-    subset, and remembered (``known`` marks the rows computed so far)."""
+    subset, and remembered (``known`` marks the rows computed so far). The decisions are taken on NumPy copies of
+    the ``n`` estimates (a few microseconds each, where a torch op on ``n`` numbers costs several); the norms stay a
+    torch tensor, so the gradient through the clipping factors is the float64 norms' one."""
 
-    def __init__(self, x: Tensor, largest: Tensor | None = None) -> None:
+    def __init__(self, x: Tensor, largest: Tensor | None, hi: np.ndarray) -> None:
         self.x = x
         self.largest = largest
         """Each row's largest float64 square from the estimates' pass (saves :func:`float64_row_norms` a pass)."""
         self.norms = torch.zeros(x.shape[0], dtype=torch.float64)
-        self.known = torch.zeros(x.shape[0], dtype=torch.bool)
-        self.hi = torch.full((x.shape[0],), float("inf"), dtype=torch.float64)
+        self.known = np.zeros(x.shape[0], dtype=bool)
+        self.hi = hi
         """Upper ends of the squared-norm intervals (set by :func:`norm_filter`)."""
 
-    def need(self, rows: Tensor) -> None:
-        idx = (rows.cpu() & ~self.known).nonzero().flatten()
-        if idx.numel():
+    def need(self, rows: np.ndarray) -> None:
+        idx = np.flatnonzero(rows & ~self.known)
+        if idx.size:
+            taken = torch.from_numpy(idx)
             vals = float64_row_norms(
-                self.x, torch.zeros(idx.numel(), dtype=torch.bool, device=self.x.device), rows=idx,
-                max_squares=None if self.largest is None else self.largest[idx],
+                self.x, torch.zeros(idx.size, dtype=torch.bool, device=self.x.device), rows=taken,
+                max_squares=None if self.largest is None else self.largest[taken],
             ).cpu()
             # out of place: earlier decisions (and autograd) keep the tensors they used
-            self.norms = self.norms.index_put((idx,), vals)
-            self.known = self.known.index_put((idx,), torch.ones_like(idx, dtype=torch.bool))
+            self.norms = self.norms.index_put((taken,), vals)
+            self.known[idx] = True
 
     def clip_norms(self, kept: Tensor, med: Tensor) -> Tensor:
         """Norms for :func:`~phalanx.aggregators._rowops.clipped_mean`: exact on every kept row that may exceed
         ``med`` (its clipping factor ``med/‖gᵢ‖`` needs it), 0 on rows known to be at most ``med`` or not kept
         (factor 1, or a zero share)."""
         m2 = float(med.detach()) ** 2
-        self.need(kept.cpu() & ~(self.hi < m2 * (1 - MARGIN)))
-        return torch.where(self.known, self.norms, torch.zeros_like(self.norms))
+        self.need(kept.cpu().numpy() & ~(self.hi < m2 * (1 - MARGIN)))
+        return torch.where(torch.from_numpy(self.known), self.norms, torch.zeros_like(self.norms))
 
 
-def norm_filter(x: Tensor, lower: float, upper: float) -> tuple[Tensor, Tensor, Tensor, _Exact] | None:
+def norm_filter(x: Tensor, lower: float, upper: float) -> tuple[Tensor, Tensor, Tensor, _Exact]:
     r"""SignGuard's norm decisions from one streaming pass, exactly as the float64 norms would take them.
 
     :func:`~phalanx.aggregators._rowops.row_sqnorm_estimates` gives every squared norm :math:`S_i` within
@@ -74,41 +78,39 @@ def norm_filter(x: Tensor, lower: float, upper: float) -> tuple[Tensor, Tensor, 
       (1+\epsilon)]` (``MARGIN`` = ε);
     * the clipping (:meth:`clip_norms`): kept rows not surely at most :math:`M`.
 
-    Returns ``(median M, bad, S₁, exact)``, or ``None`` when bad rows reach a median rank (the caller then takes
-    every norm in float64, as before). An attacker who places rows in the uncertain bands pays for their exact
-    norms: at most the cost of computing every norm in float64.
+    Returns ``(median M, bad, S₁, exact)``. When bad rows reach a median rank (:math:`M = +\infty`) every norm is
+    taken in float64 in one call, as the float64 path does. An attacker who places rows in the uncertain bands pays
+    for their exact norms: at most the cost of computing every norm in float64.
     """
     n = x.shape[0]
     largest = torch.empty(n, dtype=torch.float64)
-    est, bad, delta, eta = row_sqnorm_estimates(x, largest)
-    est, bad = est.detach().cpu(), bad.cpu()  # decisions only: no gradient flows through the estimates
-    lo = torch.where(bad, est, est * (1.0 - 2.0 * delta) - eta)
-    hi = torch.where(bad, est, est * (1.0 + 2.0 * delta) + eta)
+    est_t, bad_t, delta, eta = row_sqnorm_estimates(x, largest)
+    # decisions only: no gradient flows through the estimates
+    bad_t = bad_t.cpu()
+    est, bad = est_t.detach().cpu().numpy(), bad_t.numpy()
+    lo = np.where(bad, est, est * (1.0 - 2.0 * delta) - eta)
+    hi = np.where(bad, est, est * (1.0 + 2.0 * delta) + eta)
+    exact = _Exact(x, largest, hi)
     ranks = [(n + 1) // 2] if n % 2 else [n // 2, n // 2 + 1]
-    cuts = []
-    for k in ranks:
-        low_cut, high_cut = torch.kthvalue(lo, k).values, torch.kthvalue(hi, k).values
-        if not bool(torch.isfinite(high_cut)):
-            return None
-        cuts.append((k, low_cut, high_cut))
-    exact = _Exact(x, largest)
-    for _, low_cut, high_cut in cuts:
-        exact.need(~bad & ~(hi < low_cut) & ~(lo > high_cut))
+    cuts = [(k, np.partition(lo, k - 1)[k - 1], np.partition(hi, k - 1)[k - 1]) for k in ranks]
+    if not all(np.isfinite(high_cut) for _, _, high_cut in cuts):  # bad rows reach the median: M = +inf
+        exact.need(np.ones(n, dtype=bool))
+        exact.norms = torch.where(bad_t, torch.full_like(exact.norms, float("inf")), exact.norms)
+        med = median_norm(exact.norms, bad_t)
+        return med, bad_t, ~bad_t & (exact.norms >= lower * med) & (exact.norms <= upper * med), exact
+    exact.need(np.logical_or.reduce([~bad & ~(hi < low) & ~(lo > high) for _, low, high in cuts]))
+    known = torch.from_numpy(exact.known)
     values = []
     for k, low_cut, _ in cuts:
-        below = torch.full_like(est, float("-inf"))
-        above = torch.full_like(est, float("inf"))
-        keys = torch.where(exact.known, exact.norms, torch.where(~bad & (hi < low_cut), below, above))
+        keys = torch.where(known, exact.norms, torch.from_numpy(np.where(~bad & (hi < low_cut), -np.inf, np.inf)))
         values.append(torch.kthvalue(keys, k).values)
     med = values[0] if n % 2 else 0.5 * (values[0] + values[1])
     bounds = [float((c * med).detach()) ** 2 for c in (lower, upper)]
-    for b2 in bounds:
-        exact.need(~bad & (lo <= b2 * (1 + MARGIN)) & (hi >= b2 * (1 - MARGIN)))
+    exact.need(np.logical_or.reduce([~bad & (lo <= b2 * (1 + MARGIN)) & (hi >= b2 * (1 - MARGIN)) for b2 in bounds]))
     surely_in = (lo > bounds[0] * (1 + MARGIN)) & (hi < bounds[1] * (1 - MARGIN))
-    exact_in = (exact.norms >= lower * med) & (exact.norms <= upper * med)
-    s1 = ~bad & torch.where(exact.known, exact_in, surely_in)
-    exact.hi = hi
-    return med, bad, s1, exact
+    norms, m = exact.norms.detach().numpy(), float(med.detach())
+    s1 = ~bad & np.where(exact.known, (norms >= lower * m) & (norms <= upper * m), surely_in)
+    return med, bad_t, torch.from_numpy(s1), exact
 
 
 def sign_features(sub: Tensor) -> Tensor:
@@ -251,14 +253,7 @@ class SignGuard(Aggregator):
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
         d = x.shape[1]
         xc = as_compute_dtype(x)
-        decided = norm_filter(xc, self.lower, self.upper)
-        if decided is None:  # bad rows reach the median: every norm in float64 (the median is +inf)
-            bad = row_sqnorm_estimates(xc)[1]
-            full = float64_row_norms(xc, bad)
-            med = median_norm(full, bad)
-            s1 = ~bad & (full >= self.lower * med) & (full <= self.upper * med)
-        else:
-            med, bad, s1, exact = decided
+        med, bad, s1, exact = norm_filter(xc, self.lower, self.upper)
         bad, s1 = bad.to(x.device), s1.to(x.device)
         k = max(1, int(self.subsample * d))
         if k < d:
@@ -272,6 +267,6 @@ class SignGuard(Aggregator):
         kept = s1 & s2
         if not bool(kept.any()):
             kept = s1
-        norms = full if decided is None else exact.clip_norms(kept, med).to(x.device)
+        norms = exact.clip_norms(kept, med).to(x.device)
         out, share = clipped_mean(xc, kept, norms, bad, med)
         return out.to(x.dtype), (share if want_contributions else None)
