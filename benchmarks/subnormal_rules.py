@@ -1,6 +1,7 @@
 """Every rule and pre-aggregator on Byzantine rows of subnormal or tiny values, against honest rows.
 
     PYTHONPATH=src .venv/bin/python benchmarks/subnormal_rules.py [--threads 1] [--n 20] [--d 50000] [--reps 5]
+        [--rules krum,nnm,...] [--flagged]
 
 On x86 CPUs arithmetic on subnormal numbers (non-zero, below the dtype's smallest normal: 1.2e-38 in float32) goes
 through a microcode assist, tens of times slower. A Byzantine worker can send such rows at no cost to itself. This
@@ -44,6 +45,8 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=50_000, choices=range(16, 10**7 + 1), metavar="D",
                         help="columns, 16..10^7")
     parser.add_argument("--reps", type=int, default=5, choices=range(1, 101), metavar="R", help="1..100 (default 5)")
+    parser.add_argument("--rules", default="", help="comma-separated registry names (default: all)")
+    parser.add_argument("--flagged", action="store_true", help="only the components that count subnormals as 0")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     n, d, f = args.n, args.d, args.n // 5
@@ -56,7 +59,13 @@ def main() -> None:
     inputs = {"honest": honest, "subnormal": subnormal, "tiny": tiny}
     print(f"{args.threads} thread(s), n = {n}, d = {d}, f = {f}, float32, medians of {args.reps}")
     print(f"{'rule':28s} {'honest':>10s} {'subnormal rows':>22s} {'tiny rows':>22s}  subnormals as 0 (cost)")
-    for name in registry.names():
+    chosen = [r.strip() for r in args.rules.split(",") if r.strip()] or registry.names()
+    unknown = sorted(set(chosen) - set(registry.names()))
+    if unknown:
+        parser.error(f"--rules: unknown {', '.join(unknown)}; allowed: {', '.join(registry.names())}")
+    if args.flagged:
+        chosen = [r for r in chosen if registry.get_class(r).subnormals_as_zero]
+    for name in chosen:
         spec = name if name in registry.names("rule") else f"{name}>cwtm"
         rule = registry.make(spec, f)
         context: dict[str, torch.Tensor] = {"reference": honest[f:].mean(0)} if "reference" in rule.context_keys else {}

@@ -410,10 +410,55 @@ static PyObject *py_subnormal_rows(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(count);
 }
 
+/* flush_copy(src_ptr, n, d, src_stride, is_double, dst_ptr, threads): dst (n x d, contiguous) = src with every
+ * subnormal entry replaced by +0, in one pass (the same test on the bits as subnormal_rows). */
+#define DEFINE_FLUSH_COPY(T, SUFFIX, V, LANES, ABS, TOP)                                                              \
+    MULTIVERSION static void flush_copy_##SUFFIX(const T *restrict src, T *restrict dst, Py_ssize_t len) {            \
+        Py_ssize_t j = 0;                                                                                             \
+        for (; j + LANES <= len; j += LANES) {                                                                        \
+            V b;                                                                                                      \
+            memcpy(&b, src + j, sizeof b);                                                                            \
+            b &= ~(V)(((b & ABS) - 1) < TOP);                                                                         \
+            memcpy(dst + j, &b, sizeof b);                                                                            \
+        }                                                                                                             \
+        for (; j < len; j++) {                                                                                        \
+            V b = {0};                                                                                                \
+            memcpy(&b, src + j, sizeof(T));                                                                           \
+            if (((b[0] & ABS) - 1) < TOP) b[0] = 0;                                                                   \
+            memcpy(dst + j, &b, sizeof(T));                                                                           \
+        }                                                                                                             \
+    }
+
+DEFINE_FLUSH_COPY(float, f32, v16w, 16, 0x7fffffffu, 0x007fffffu)
+DEFINE_FLUSH_COPY(double, f64, v8w, 8, 0x7fffffffffffffffull, 0x000fffffffffffffull)
+
+static PyObject *py_flush_copy(PyObject *self, PyObject *args) {
+    Py_ssize_t sp, n, d, stride, dp;
+    int is_double, threads;
+    if (!PyArg_ParseTuple(args, "nnnnpni", &sp, &n, &d, &stride, &is_double, &dp, &threads)) return NULL;
+    if (n < 1 || d < 1 || stride < d || threads < 1 || !sp || !dp) {
+        PyErr_SetString(PyExc_ValueError, "_normkernel.flush_copy: invalid arguments");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (is_double)
+            flush_copy_f64((const double *)sp + (size_t)i * (size_t)stride, (double *)dp + (size_t)i * (size_t)d, d);
+        else
+            flush_copy_f32((const float *)sp + (size_t)i * (size_t)stride, (float *)dp + (size_t)i * (size_t)d, d);
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"sqnorms", py_sqnorms, METH_VARARGS, "Squared row norms summed in float64, one pass (see module source)."},
     {"exact_sqnorms", py_exact_sqnorms, METH_VARARGS, "The defined float64 squared row norms (see module source)."},
     {"subnormal_rows", py_subnormal_rows, METH_VARARGS, "Which rows hold a subnormal entry (see module source)."},
+    {"flush_copy", py_flush_copy, METH_VARARGS, "A copy with subnormal entries set to +0 (see module source)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,7 +14,8 @@ convention changes an output only where an input holds a subnormal entry, by les
 in each such entry.
 
 Cost without a subnormal entry: one read of ``x`` (on the CPU the C kernel ``subnormal_rows`` of ``_normkernel.c``
-decides on the bits, at memory speed), no copy. With one: a copy of ``x`` whose flagged rows are rewritten.
+decides on the bits, at memory speed), no copy. With one: a copy of ``x`` with those entries zeroed (on the CPU one
+pass of the kernel's ``flush_copy``; elsewhere a copy whose flagged rows are rewritten).
 Float16 is left alone: CPUs compute it in float32, where its subnormals are normal numbers.
 """
 
@@ -43,36 +44,48 @@ def _kernel_applies(x: Tensor) -> bool:
 def subnormal_rows(x: Tensor) -> Tensor:
     """Boolean ``(n,)`` mask (on ``x``'s device) of the rows of ``x`` (``(n, d)``) holding a subnormal entry; all
     ``False`` for dtypes outside :data:`FLUSHED_DTYPES`. NaN, ±Inf and ±0 are not subnormal."""
+    return _scan(x)[0]
+
+
+def _scan(x: Tensor) -> tuple[Tensor, int]:
+    """:func:`subnormal_rows` and how many rows hold one (the kernel counts them in the same pass)."""
     n, d = x.shape
     if x.dtype not in FLUSHED_DTYPES or n == 0 or d == 0:
-        return torch.zeros(n, dtype=torch.bool, device=x.device)
+        return torch.zeros(n, dtype=torch.bool, device=x.device), 0
     if _kernel_applies(x):
         flags = torch.empty(n, dtype=torch.uint8)
-        _rowops._normkernel.subnormal_rows(
+        count = _rowops._normkernel.subnormal_rows(
             x.data_ptr(), n, d, max(x.stride(0), d), x.dtype == torch.float64, flags.data_ptr(),
             max(1, torch.get_num_threads()),
         )
-        return flags.bool()
+        return flags.view(torch.bool), count
     tiny = torch.finfo(x.dtype).tiny
     found = torch.zeros(n, dtype=torch.bool, device=x.device)
     with torch.no_grad():
         for s in range(0, d, COLUMN_CHUNK):  # no (n, d) temporary
             chunk = x[:, s : s + COLUMN_CHUNK]
             found |= ((chunk.abs() < tiny) & (chunk != 0)).any(dim=1)
-    return found
+    return found, int(found.sum())
 
 
 def flush_subnormals(x: Tensor) -> Tensor:
     """``x`` itself when no entry is subnormal (:func:`subnormal_rows`); otherwise a copy in which every subnormal
     entry is ``+0`` (only the rows holding one are rewritten). Differentiable: a flushed entry gets gradient 0."""
-    rows = subnormal_rows(x)
-    if not bool(rows.any()):
+    rows, count = _scan(x)
+    if not count:
         return x
     tiny = torch.finfo(x.dtype).tiny
     if torch.is_grad_enabled() and x.requires_grad:
-        return torch.where(x.abs() < tiny, torch.zeros((), dtype=x.dtype, device=x.device), x)
+        return torch.where((x.abs() < tiny) & (x != 0), torch.zeros((), dtype=x.dtype, device=x.device), x)
+    if _kernel_applies(x):  # one pass: copy, zeroing on the bits
+        out = torch.empty(x.shape, dtype=x.dtype)
+        _rowops._normkernel.flush_copy(
+            x.data_ptr(), x.shape[0], x.shape[1], max(x.stride(0), x.shape[1]), x.dtype == torch.float64,
+            out.data_ptr(), max(1, torch.get_num_threads()),
+        )
+        return out
     idx = rows.nonzero().flatten()
     out = x.clone()
     sub = out.index_select(0, idx)
-    out[idx] = torch.where(sub.abs() < tiny, torch.zeros((), dtype=x.dtype, device=x.device), sub)
+    out[idx] = torch.where((sub.abs() < tiny) & (sub != 0), torch.zeros((), dtype=x.dtype, device=x.device), sub)
     return out
