@@ -4,8 +4,8 @@ A *subnormal* (denormal) number is a non-zero value below the dtype's smallest n
 :math:`2^{-126} \approx 1.2\cdot 10^{-38}` in float32 and bfloat16, below :math:`2^{-1022}` in float64. x86 CPUs
 handle arithmetic on them through a microcode assist, tens of times slower than on normal numbers. So a Byzantine
 worker that sends a row of them makes every product over that row slow: measured on a 2-core Xeon
-(``benchmarks/subnormal_rows.py``), four such rows among twenty made float32 ``x @ x.T`` 64× slower and Krum 36×
-slower, at no cost to the worker. GPUs do subnormal arithmetic at full speed.
+(``benchmarks/subnormal_rules.py``), four such float32 rows among twenty made Krum 33× slower and eight other
+components 4–28× slower, at no cost to the workers. GPUs do subnormal arithmetic at full speed.
 
 The components whose products over such rows measured far slower set ``subnormals_as_zero`` (on
 :class:`~phalanx.aggregators.base.Aggregator` and pre-aggregators); their input then goes through
@@ -70,7 +70,8 @@ def _scan(x: Tensor) -> tuple[Tensor, int]:
 
 def flush_subnormals(x: Tensor) -> Tensor:
     """``x`` itself when no entry is subnormal (:func:`subnormal_rows`); otherwise a copy in which every subnormal
-    entry is ``+0`` (only the rows holding one are rewritten). Differentiable: a flushed entry gets gradient 0."""
+    entry is ``+0`` and every other entry keeps its bits (NaN payloads and ``-0`` included). Differentiable: a
+    flushed entry gets gradient 0."""
     rows, count = _scan(x)
     if not count:
         return x
