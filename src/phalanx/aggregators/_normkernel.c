@@ -353,112 +353,64 @@ static PyObject *py_exact_sqnorms(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* ---- Subnormal entries: which rows hold one ----
+/* ---- Denormals are zero, on every thread of the OpenMP team (the one torch and its BLAS run on) ----
  *
- * subnormal_rows(x_ptr, n, d, row_stride, is_double, out_ptr, threads) -> count: out[i] = 1 if row i holds an entry
- * whose exponent field is 0 and whose significand is not (a subnormal), else 0 (n bytes); returns how many rows hold
- * one. Decided on the bits (|x| read as an unsigned integer of its width is in 1 .. 2^23 - 1, or 1 .. 2^52 - 1), so
- * no arithmetic touches a subnormal: on x86 such arithmetic is 20-60x slower (a matrix product over rows of them),
- * which is why rules built on Gram matrices count them as 0 (_rowops.flush_subnormals). Rows are shared over an
- * OpenMP team of at most `threads`; the GIL is released meanwhile. */
-typedef unsigned int v16w __attribute__((vector_size(64)));
-typedef unsigned long long v8w __attribute__((vector_size(64)));
+ * denormals_zero(on, threads) -> previous: sets (on = 1) or clears (on = 0) the x86 MXCSR bits FTZ (results that
+ * would be subnormal are 0) and DAZ (subnormal operands read as 0) on the calling thread and on every thread of an
+ * OpenMP team of `threads`: the pool torch's intra-op loops and MKL's products run on (this module is imported after
+ * torch, so it shares torch's libgomp). Returns 1 if the calling thread had both bits set before, else 0.
+ * denormals_zero_threads(threads) -> how many threads of such a team have both bits set (for the tests).
+ * Elsewhere than x86-64 both do nothing and return 0. */
+#if defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>
+#define MXCSR_FTZ_DAZ 0x8040u
+static void set_ftz_daz(int on) {
+    unsigned int c = _mm_getcsr();
+    _mm_setcsr(on ? (c | MXCSR_FTZ_DAZ) : (c & ~MXCSR_FTZ_DAZ));
+}
+static int has_ftz_daz(void) { return (_mm_getcsr() & MXCSR_FTZ_DAZ) == MXCSR_FTZ_DAZ; }
+#else
+static void set_ftz_daz(int on) { (void)on; }
+static int has_ftz_daz(void) { return 0; }
+#endif
 
-#define DEFINE_HAS_SUBNORMAL(T, SUFFIX, V, LANES, ABS, TOP)                                                           \
-    MULTIVERSION static int has_subnormal_##SUFFIX(const T *restrict p, Py_ssize_t len) {                            \
-        V hit = {0};                                                                                                  \
-        Py_ssize_t j = 0;                                                                                             \
-        for (; j + LANES <= len; j += LANES) {                                                                        \
-            V b;                                                                                                      \
-            memcpy(&b, p + j, sizeof b);                                                                              \
-            hit |= ((b & ABS) - 1) < TOP; /* 1 .. TOP as |x|'s bits: 0 - 1 wraps above TOP */                        \
-        }                                                                                                             \
-        int found = 0;                                                                                                \
-        for (int k = 0; k < LANES; k++) found |= hit[k] != 0;                                                         \
-        for (; j < len; j++) {                                                                                        \
-            V b = {0};                                                                                                \
-            memcpy(&b, p + j, sizeof(T));                                                                             \
-            found |= ((b[0] & ABS) - 1) < TOP;                                                                        \
-        }                                                                                                             \
-        return found;                                                                                                 \
-    }
-
-DEFINE_HAS_SUBNORMAL(float, f32, v16w, 16, 0x7fffffffu, 0x007fffffu)
-DEFINE_HAS_SUBNORMAL(double, f64, v8w, 8, 0x7fffffffffffffffull, 0x000fffffffffffffull)
-
-static PyObject *py_subnormal_rows(PyObject *self, PyObject *args) {
-    Py_ssize_t xp, n, d, stride, op;
-    int is_double, threads;
-    if (!PyArg_ParseTuple(args, "nnnnpni", &xp, &n, &d, &stride, &is_double, &op, &threads)) return NULL;
-    if (n < 1 || d < 1 || stride < d || threads < 1 || !xp || !op) {
-        PyErr_SetString(PyExc_ValueError, "_normkernel.subnormal_rows: invalid arguments");
+static PyObject *py_denormals_zero(PyObject *self, PyObject *args) {
+    int on, threads;
+    if (!PyArg_ParseTuple(args, "pi", &on, &threads)) return NULL;
+    if (threads < 1) {
+        PyErr_SetString(PyExc_ValueError, "_normkernel.denormals_zero: invalid arguments");
         return NULL;
     }
-    unsigned char *out = (unsigned char *)op;
-    Py_ssize_t count = 0;
-    Py_BEGIN_ALLOW_THREADS
+    int before = has_ftz_daz();
+    set_ftz_daz(on);
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : count)
+#pragma omp parallel num_threads(threads)
+    set_ftz_daz(on);
 #endif
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int found = is_double ? has_subnormal_f64((const double *)xp + (size_t)i * (size_t)stride, d)
-                              : has_subnormal_f32((const float *)xp + (size_t)i * (size_t)stride, d);
-        out[i] = (unsigned char)found;
-        count += found;
-    }
-    Py_END_ALLOW_THREADS
-    return PyLong_FromSsize_t(count);
+    return PyLong_FromLong(before);
 }
 
-/* flush_copy(src_ptr, n, d, src_stride, is_double, dst_ptr, threads): dst (n x d, contiguous) = src with every
- * subnormal entry replaced by +0, in one pass (the same test on the bits as subnormal_rows). */
-#define DEFINE_FLUSH_COPY(T, SUFFIX, V, LANES, ABS, TOP)                                                              \
-    MULTIVERSION static void flush_copy_##SUFFIX(const T *restrict src, T *restrict dst, Py_ssize_t len) {            \
-        Py_ssize_t j = 0;                                                                                             \
-        for (; j + LANES <= len; j += LANES) {                                                                        \
-            V b;                                                                                                      \
-            memcpy(&b, src + j, sizeof b);                                                                            \
-            b &= ~(V)(((b & ABS) - 1) < TOP);                                                                         \
-            memcpy(dst + j, &b, sizeof b);                                                                            \
-        }                                                                                                             \
-        for (; j < len; j++) {                                                                                        \
-            V b = {0};                                                                                                \
-            memcpy(&b, src + j, sizeof(T));                                                                           \
-            if (((b[0] & ABS) - 1) < TOP) b[0] = 0;                                                                   \
-            memcpy(dst + j, &b, sizeof(T));                                                                           \
-        }                                                                                                             \
-    }
-
-DEFINE_FLUSH_COPY(float, f32, v16w, 16, 0x7fffffffu, 0x007fffffu)
-DEFINE_FLUSH_COPY(double, f64, v8w, 8, 0x7fffffffffffffffull, 0x000fffffffffffffull)
-
-static PyObject *py_flush_copy(PyObject *self, PyObject *args) {
-    Py_ssize_t sp, n, d, stride, dp;
-    int is_double, threads;
-    if (!PyArg_ParseTuple(args, "nnnnpni", &sp, &n, &d, &stride, &is_double, &dp, &threads)) return NULL;
-    if (n < 1 || d < 1 || stride < d || threads < 1 || !sp || !dp) {
-        PyErr_SetString(PyExc_ValueError, "_normkernel.flush_copy: invalid arguments");
+static PyObject *py_denormals_zero_threads(PyObject *self, PyObject *args) {
+    int threads, count = 0;
+    if (!PyArg_ParseTuple(args, "i", &threads)) return NULL;
+    if (threads < 1) {
+        PyErr_SetString(PyExc_ValueError, "_normkernel.denormals_zero_threads: invalid arguments");
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel num_threads(threads) reduction(+ : count)
+    count += has_ftz_daz();
+#else
+    count = has_ftz_daz();
 #endif
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (is_double)
-            flush_copy_f64((const double *)sp + (size_t)i * (size_t)stride, (double *)dp + (size_t)i * (size_t)d, d);
-        else
-            flush_copy_f32((const float *)sp + (size_t)i * (size_t)stride, (float *)dp + (size_t)i * (size_t)d, d);
-    }
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
+    return PyLong_FromLong(count);
 }
 
 static PyMethodDef methods[] = {
     {"sqnorms", py_sqnorms, METH_VARARGS, "Squared row norms summed in float64, one pass (see module source)."},
     {"exact_sqnorms", py_exact_sqnorms, METH_VARARGS, "The defined float64 squared row norms (see module source)."},
-    {"subnormal_rows", py_subnormal_rows, METH_VARARGS, "Which rows hold a subnormal entry (see module source)."},
-    {"flush_copy", py_flush_copy, METH_VARARGS, "A copy with subnormal entries set to +0 (see module source)."},
+    {"denormals_zero", py_denormals_zero, METH_VARARGS, "Set or clear FTZ/DAZ on the OpenMP team (see source)."},
+    {"denormals_zero_threads", py_denormals_zero_threads, METH_VARARGS, "Threads with FTZ/DAZ set (see source)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,92 +1,65 @@
-r"""Subnormal input entries count as 0 in the rules that multiply rows together.
+r"""Flush-to-zero arithmetic for the components that multiply rows together (on the CPU).
 
 A *subnormal* (denormal) number is a non-zero value below the dtype's smallest normal magnitude: below
 :math:`2^{-126} \approx 1.2\cdot 10^{-38}` in float32 and bfloat16, below :math:`2^{-1022}` in float64. x86 CPUs
-handle arithmetic on them through a microcode assist, tens of times slower than on normal numbers. So a Byzantine
-worker that sends a row of them makes every product over that row slow: measured on a 2-core Xeon
-(``benchmarks/subnormal_rules.py``), four such float32 rows among twenty made Krum 33× slower and eight other
-components 4–28× slower, at no cost to the workers. GPUs do subnormal arithmetic at full speed.
+handle an operation that reads or produces one through a microcode assist, tens of times slower. So a Byzantine
+worker can slow a rule at no cost to itself, with rows of subnormals, or with *normal* rows whose products with
+the honest values fall below the smallest normal (rows of ±1.5·10⁻³⁸ against honest entries below 1, or of ±10⁻²²
+against each other). Measured on a 2-core Xeon (``benchmarks/subnormal_rules.py``): four float32 rows of
+subnormals among twenty made Krum 33× slower, and eight other components 4–28× slower.
 
-The components whose products over such rows measured far slower set ``subnormals_as_zero`` (on
-:class:`~phalanx.aggregators.base.Aggregator` and pre-aggregators); their input then goes through
-:func:`flush_subnormals`, on every device, so the same input gives the same decisions on a CPU and a GPU. The
-convention changes an output only where an input holds a subnormal entry, by less than the dtype's smallest normal
-in each such entry.
+The components that measured far slower set ``subnormals_as_zero``; on the CPU their arithmetic then runs inside
+:func:`denormals_are_zero`: the x86 MXCSR modes FTZ (a result that would be subnormal is 0) and DAZ (a subnormal
+operand reads as 0) on the calling thread and on every thread of the OpenMP team that torch's loops and MKL's
+products run on (the C kernel ``denormals_zero`` of ``_normkernel.c``, which shares torch's libgomp), and the
+previous modes back afterwards. Each call costs two OpenMP parallel regions, microseconds. The convention: in
+these components' arithmetic on the CPU, every value below the smallest normal — an input, an intermediate, a
+result — counts as 0. An input row is still returned bit for bit where a rule selects it (Krum). On GPUs, which
+compute subnormals at full speed, IEEE gradual underflow stays: results there may differ, by less than the
+smallest normal in each operation.
 
-Cost without a subnormal entry: one read of ``x`` (on the CPU the C kernel ``subnormal_rows`` of ``_normkernel.c``
-decides on the bits, at memory speed), no copy. With one: a copy of ``x`` with those entries zeroed (on the CPU one
-pass of the kernel's ``flush_copy``; elsewhere a copy whose flagged rows are rewritten).
-Float16 is left alone: CPUs compute it in float32, where its subnormals are normal numbers.
+Without the kernel (a build without a C compiler) only the calling thread gets the modes, through
+``torch.set_flush_denormal``: one thread is protected, a multi-threaded product is not. ``PHALANX_NO_KERNEL=1``
+(which sends the norm passes down their torch paths) leaves this to the kernel.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
-from torch import Tensor
 
 from phalanx.aggregators import _rowops
-from phalanx.aggregators._numerics import COLUMN_CHUNK
 
-__all__ = ["FLUSHED_DTYPES", "flush_subnormals", "subnormal_rows"]
-
-FLUSHED_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
-"""Dtypes whose subnormal entries :func:`flush_subnormals` sets to 0."""
+__all__ = ["denormals_are_zero", "denormals_zero_threads"]
 
 
-def _kernel_applies(x: Tensor) -> bool:
-    return (
-        _rowops.HAVE_NORM_KERNEL and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-        and x.dim() == 2 and x.shape[0] > 0 and x.shape[1] > 0 and x.stride(1) == 1
-        and (x.stride(0) >= x.shape[1] or x.shape[0] == 1)
-    )
+@contextmanager
+def denormals_are_zero(device: torch.device) -> Iterator[None]:
+    """Run the block with FTZ and DAZ on (see the module docstring) when ``device`` is a CPU; on other devices, as
+    it is. The modes the calling thread had before come back afterwards, also when the block raises."""
+    if device.type != "cpu":
+        yield
+        return
+    if _rowops._normkernel is not None:
+        threads = max(1, torch.get_num_threads())
+        before = _rowops._normkernel.denormals_zero(True, threads)
+        try:
+            yield
+        finally:
+            if not before:
+                _rowops._normkernel.denormals_zero(False, threads)
+        return
+    torch.set_flush_denormal(True)  # the calling thread only; torch offers no way to read the mode back
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
 
 
-def subnormal_rows(x: Tensor) -> Tensor:
-    """Boolean ``(n,)`` mask (on ``x``'s device) of the rows of ``x`` (``(n, d)``) holding a subnormal entry; all
-    ``False`` for dtypes outside :data:`FLUSHED_DTYPES`. NaN, ±Inf and ±0 are not subnormal."""
-    return _scan(x)[0]
-
-
-def _scan(x: Tensor) -> tuple[Tensor, int]:
-    """:func:`subnormal_rows` and how many rows hold one (the kernel counts them in the same pass)."""
-    n, d = x.shape
-    if x.dtype not in FLUSHED_DTYPES or n == 0 or d == 0:
-        return torch.zeros(n, dtype=torch.bool, device=x.device), 0
-    if _kernel_applies(x):
-        flags = torch.empty(n, dtype=torch.uint8)
-        count = _rowops._normkernel.subnormal_rows(
-            x.data_ptr(), n, d, max(x.stride(0), d), x.dtype == torch.float64, flags.data_ptr(),
-            max(1, torch.get_num_threads()),
-        )
-        return flags.view(torch.bool), count
-    tiny = torch.finfo(x.dtype).tiny
-    found = torch.zeros(n, dtype=torch.bool, device=x.device)
-    with torch.no_grad():
-        for s in range(0, d, COLUMN_CHUNK):  # no (n, d) temporary
-            chunk = x[:, s : s + COLUMN_CHUNK]
-            found |= ((chunk.abs() < tiny) & (chunk != 0)).any(dim=1)
-    return found, int(found.sum())
-
-
-def flush_subnormals(x: Tensor) -> Tensor:
-    """``x`` itself when no entry is subnormal (:func:`subnormal_rows`); otherwise a copy in which every subnormal
-    entry is ``+0`` and every other entry keeps its bits (NaN payloads and ``-0`` included). Differentiable: a
-    flushed entry gets gradient 0."""
-    rows, count = _scan(x)
-    if not count:
-        return x
-    tiny = torch.finfo(x.dtype).tiny
-    if torch.is_grad_enabled() and x.requires_grad:
-        return torch.where((x.abs() < tiny) & (x != 0), torch.zeros((), dtype=x.dtype, device=x.device), x)
-    if _kernel_applies(x):  # one pass: copy, zeroing on the bits
-        out = torch.empty(x.shape, dtype=x.dtype)
-        _rowops._normkernel.flush_copy(
-            x.data_ptr(), x.shape[0], x.shape[1], max(x.stride(0), x.shape[1]), x.dtype == torch.float64,
-            out.data_ptr(), max(1, torch.get_num_threads()),
-        )
-        return out
-    idx = rows.nonzero().flatten()
-    out = x.clone()
-    sub = out.index_select(0, idx)
-    out[idx] = torch.where((sub.abs() < tiny) & (sub != 0), torch.zeros((), dtype=x.dtype, device=x.device), sub)
-    return out
+def denormals_zero_threads(threads: int) -> int:
+    """How many threads of an OpenMP team of ``threads`` have FTZ and DAZ on (0 without the kernel)."""
+    if _rowops._normkernel is None:
+        return 0
+    return int(_rowops._normkernel.denormals_zero_threads(threads))

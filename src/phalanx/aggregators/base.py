@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from phalanx.aggregators._subnormals import flush_subnormals
+from phalanx.aggregators._subnormals import denormals_are_zero
 from phalanx.errors import ConfigError, InputError
 from phalanx.plugins import Component
 from phalanx.validate import check_int, check_real
@@ -248,11 +249,17 @@ class _Component(Component, ABC):
     """What it claims (:class:`RuleTags`; read with :func:`phalanx.aggregators.get_tags`): the full contract unless
     the class says otherwise."""
     subnormals_as_zero: bool = False
-    """Input entries below the dtype's smallest normal count as 0 (:mod:`phalanx.aggregators._subnormals`): set by the
-    components whose products over a Byzantine row of subnormals would run tens of times slower on a CPU."""
+    """On the CPU, run the arithmetic with flush-to-zero: every value below the dtype's smallest normal counts as 0
+    (:mod:`phalanx.aggregators._subnormals`). Set by the components whose products over Byzantine rows of subnormal
+    or near-subnormal values ran tens of times slower."""
 
     def __init__(self, f: int = 0) -> None:
         self.f = check_f(f)
+
+    def _arithmetic(self, x: Tensor) -> AbstractContextManager[None]:
+        """Where :meth:`_run` computes: with flush-to-zero on the CPU for a component that sets
+        :attr:`subnormals_as_zero`, as it is otherwise."""
+        return denormals_are_zero(x.device) if self.subnormals_as_zero else nullcontext()
 
     def min_workers(self) -> int:
         """Smallest number of input rows for which the component is defined with this ``f``."""
@@ -334,12 +341,14 @@ class Aggregator(_Component):
     def __call__(self, x: Rows, **context: Any) -> Tensor:
         """Aggregate the rows of ``x`` (shape ``(n, d)``; see :func:`as_input`) into one vector of shape ``(d,)``."""
         x = self._prepare(x, context)
-        return self._run(x, False, **context)[0]
+        with self._arithmetic(x):
+            return self._run(x, False, **context)[0]
 
     def aggregate(self, x: Rows, **context: Any) -> tuple[Tensor, Tensor]:
         """Aggregate and report who was trusted: return ``(output (d,), contributions (n,))``."""
         x = self._prepare(x, context)
-        out, contrib = self._run(x, True, **context)
+        with self._arithmetic(x):
+            out, contrib = self._run(x, True, **context)
         assert contrib is not None
         return out, contrib
 
@@ -357,7 +366,7 @@ class Aggregator(_Component):
         x = check_input(x, self.name)
         self._check_rows(x.shape[0])
         self._check_context(context)
-        return flush_subnormals(x) if self.subnormals_as_zero else x
+        return x
 
     def epsilon(self, n: int) -> float | None:
         """The **proven** no-attack aggregation error factor ε (Yang, Shi & Li, ICML 2025, Definition 2.2) — exact,
@@ -410,7 +419,8 @@ class PreAggregator(_Component):
         x = check_input(x, self.name)
         self._check_rows(x.shape[0])
         self._check_context(context)
-        return self._run(flush_subnormals(x) if self.subnormals_as_zero else x, **context)
+        with self._arithmetic(x):
+            return self._run(x, **context)
 
     def mix_(self, x: Tensor, **context: Any) -> tuple[Tensor, Tensor]:
         """:meth:`mix` for a caller that owns ``x`` and gives it up: the values of ``x`` may be overwritten (``y`` may
@@ -425,11 +435,10 @@ class PreAggregator(_Component):
         x = check_input(x, self.name)
         self._check_rows(x.shape[0])
         self._check_context(context)
-        if self.subnormals_as_zero:
-            x = flush_subnormals(x)  # a copy only where one is subnormal: then the rule's own, to overwrite
-        if torch.is_grad_enabled() and x.requires_grad:
-            return self._run(x, **context)  # autograd forbids overwriting a tensor it needs
-        return self._run_(x, **context)
+        with self._arithmetic(x):
+            if torch.is_grad_enabled() and x.requires_grad:
+                return self._run(x, **context)  # autograd forbids overwriting a tensor it needs
+            return self._run_(x, **context)
 
     def _run_(self, x: Tensor, **context: Any) -> tuple[Tensor, Tensor]:
         """:meth:`_run` allowed to overwrite ``x`` (see :meth:`mix_`); by default :meth:`_run` itself."""

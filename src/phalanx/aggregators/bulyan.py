@@ -86,7 +86,7 @@ class Bulyan(Aggregator):
     κ and ε: not verified for Bulyan in Allouah et al. (AISTATS 2023) or Yang, Shi & Li (ICML 2025): ``None``.
     """
 
-    subnormals_as_zero = True  # products over a row of subnormals: 20-60x slower on a CPU (_subnormals)
+    subnormals_as_zero = True  # subnormal arithmetic made it tens of times slower on a CPU: flush to zero (_subnormals)
     name: ClassVar[str] = "bulyan"
     pairwise_matrices = 5
     reference: ClassVar[str] = (

@@ -122,7 +122,7 @@ class CAF(Aggregator):
     known; ``None``.
     """
 
-    subnormals_as_zero = True  # products over a row of subnormals: 20-60x slower on a CPU (_subnormals)
+    subnormals_as_zero = True  # subnormal arithmetic made it tens of times slower on a CPU: flush to zero (_subnormals)
     name: ClassVar[str] = "caf"
     reference: ClassVar[str] = (
         "Y. Allouah, R. Guerraoui, J. Stephan, 'Towards trustworthy federated learning with untrusted "

@@ -39,7 +39,7 @@ class CenteredClipping(Aggregator):
     returns the :math:`a_i` (their sum is below 1 by the centre's share :math:`a_0`).
     """
 
-    subnormals_as_zero = True  # products over a row of subnormals: 20-60x slower on a CPU (_subnormals)
+    subnormals_as_zero = True  # subnormal arithmetic made it tens of times slower on a CPU: flush to zero (_subnormals)
     name: ClassVar[str] = "cc"
     reference: ClassVar[str] = (
         "Karimireddy, He & Jaggi, Learning from history for Byzantine robust optimization, ICML 2021 (Eq. 3)"

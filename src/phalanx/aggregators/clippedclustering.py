@@ -128,7 +128,7 @@ class ClippedClustering(Aggregator):
     Yang, Shi & Li (ICML 2025) or Allouah et al. (AISTATS 2023); ``None``.
     """
 
-    subnormals_as_zero = True  # products over a row of subnormals: 20-60x slower on a CPU (_subnormals)
+    subnormals_as_zero = True  # subnormal arithmetic made it tens of times slower on a CPU: flush to zero (_subnormals)
     name: ClassVar[str] = "clippedclustering"
     pairwise_matrices = 10  # its average linkage holds more (measured 9.5)
     reference: ClassVar[str] = (

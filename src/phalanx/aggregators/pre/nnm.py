@@ -54,7 +54,7 @@ class NNM(PreAggregator):
     weight.
     """
 
-    subnormals_as_zero = True  # products over a row of subnormals: 20-60x slower on a CPU (_subnormals)
+    subnormals_as_zero = True  # subnormal arithmetic made it tens of times slower on a CPU: flush to zero (_subnormals)
     name: ClassVar[str] = "nnm"
     pairwise_matrices = 5
     reference: ClassVar[str] = (
