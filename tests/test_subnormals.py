@@ -9,6 +9,7 @@ each with a mutant that fails.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -24,6 +25,8 @@ FLAGGED = ["bulyan", "caf", "cc", "clippedclustering", "fldetector", "geomed", "
 measured 4-33x their time on honest rows (docs/aggregators.md, "Behaviour under attack")."""
 
 TINY32 = torch.finfo(torch.float32).tiny
+BIG = torch.empty(4, _subnormals.GRAIN)
+"""An input large enough for torch to share its loops over the team (small ones stay on the calling thread)."""
 
 
 def _subnormal_product() -> float:
@@ -43,14 +46,14 @@ def test_the_modes_reach_every_thread_of_the_team_and_come_back(threads: int) ->
     try:
         assert _subnormals.denormals_zero_threads(threads) == 0
         assert _subnormal_product() > 0.0 and _subnormal_operand() > 0.0
-        with _subnormals.denormals_are_zero(torch.device("cpu")):
+        with _subnormals.denormals_are_zero(BIG):
             assert _subnormals.denormals_zero_threads(threads) == threads
             assert _subnormal_product() == 0.0 and _subnormal_operand() == 0.0
-            with _subnormals.denormals_are_zero(torch.device("cpu")):  # nested (a chain): still on inside
+            with _subnormals.denormals_are_zero(BIG):  # nested (a chain): still on inside
                 assert _subnormals.denormals_zero_threads(threads) == threads
             assert _subnormals.denormals_zero_threads(threads) == threads  # the outer block keeps them
         assert _subnormals.denormals_zero_threads(threads) == 0
-        with pytest.raises(RuntimeError), _subnormals.denormals_are_zero(torch.device("cpu")):
+        with pytest.raises(RuntimeError), _subnormals.denormals_are_zero(BIG):
             raise RuntimeError("a failing rule")
         assert _subnormals.denormals_zero_threads(threads) == 0 and _subnormal_product() > 0.0
     finally:
@@ -63,7 +66,7 @@ def test_mutant_without_the_team_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
     torch.set_num_threads(2)
     try:
         monkeypatch.setattr(_rowops, "_normkernel", None)
-        with _subnormals.denormals_are_zero(torch.device("cpu")):
+        with _subnormals.denormals_are_zero(BIG):
             monkeypatch.undo()
             assert _subnormals.denormals_zero_threads(2) == 1  # the calling thread alone
         assert _subnormals.denormals_zero_threads(2) == 0
@@ -71,8 +74,54 @@ def test_mutant_without_the_team_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
         torch.set_num_threads(1)
 
 
+def test_a_caller_with_the_modes_keeps_them_and_the_team_gets_its_own_back() -> None:
+    """The calling thread had FTZ/DAZ (``torch.set_flush_denormal(True)``: that thread only), the pool threads did
+    not: after a flagged rule each has what it had. Mutant (the first version): deciding from the calling thread
+    alone left the pool threads flushing after the caller turned its mode off — half of every later 2-thread
+    product flushed (found by an attacker's review)."""
+    torch.set_num_threads(2)
+    try:
+        _subnormals.denormals_zero_threads(2)  # the pool exists
+        torch.set_flush_denormal(True)
+        assert _subnormals.denormals_zero_threads(2) == 1
+        registry.make("krum", 2)(torch.randn(11, _subnormals.GRAIN))
+        assert _subnormals.denormals_zero_threads(2) == 1 and _subnormal_product() == 0.0
+        torch.set_flush_denormal(False)
+        assert _subnormals.denormals_zero_threads(2) == 0
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(1)
+
+
+def test_a_small_call_opens_no_team_so_a_fork_child_still_runs(tmp_path: Any) -> None:
+    """GNU libgomp cannot use a thread team inherited through ``os.fork``: the child's first parallel region hangs.
+    A flagged rule on a small input must not start a team where torch itself would not (it did, found by an
+    attacker's review): in a fresh interpreter, Krum on 16 columns, then a fork whose child runs a 2-thread
+    product. The parent waits for the child's exit (the alarm only ends a hung child)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, signal, torch\n"
+        "from phalanx.aggregators import registry\n"
+        "torch.set_num_threads(2)\n"
+        "registry.make('krum', 1)(torch.randn(5, 16))\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    signal.alarm(120)\n"
+        "    x = torch.randn(4_000_000)\n"
+        "    (x * x).sum()\n"
+        "    os._exit(0)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "raise SystemExit(os.waitstatus_to_exitcode(status))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, timeout=600)
+    assert done.returncode == 0
+
+
 def test_other_devices_are_left_as_they_are() -> None:
-    with _subnormals.denormals_are_zero(torch.device("meta")):
+    with _subnormals.denormals_are_zero(torch.empty(4, 10**5, device="meta")):
         assert _subnormals.denormals_zero_threads(1) == 0
 
 
@@ -98,10 +147,10 @@ def _modes_seen_by_run(name: str, x: torch.Tensor, threads: int, monkeypatch: py
 
 
 def _byzantine_rows(dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Nine honest rows and two Byzantine rows of subnormal values."""
+    """Nine honest rows and two Byzantine rows of subnormal values, 11 × 3,000 (above :data:`_subnormals.GRAIN`)."""
     g = torch.Generator().manual_seed(9)
-    x = torch.randn(11, 300, generator=g).to(dtype)
-    x[:2] = (torch.rand(2, 300, generator=g) * torch.finfo(dtype).tiny).to(dtype)
+    x = torch.randn(11, 3000, generator=g).to(dtype)
+    x[:2] = (torch.rand(2, 3000, generator=g) * torch.finfo(dtype).tiny).to(dtype)
     return x
 
 

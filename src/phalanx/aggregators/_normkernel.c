@@ -355,46 +355,86 @@ static PyObject *py_exact_sqnorms(PyObject *self, PyObject *args) {
 
 /* ---- Denormals are zero, on every thread of the OpenMP team (the one torch and its BLAS run on) ----
  *
- * denormals_zero(on, threads) -> previous: sets (on = 1) or clears (on = 0) the x86 MXCSR bits FTZ (results that
- * would be subnormal are 0) and DAZ (subnormal operands read as 0) on the calling thread and on every thread of an
- * OpenMP team of `threads`: the pool torch's intra-op loops and MKL's products run on (this module is imported after
- * torch, so it shares torch's libgomp). Returns 1 if the calling thread had both bits set before, else 0.
- * denormals_zero_threads(threads) -> how many threads of such a team have both bits set (for the tests).
- * Elsewhere than x86-64 both do nothing and return 0. */
+ * denormals_zero(threads) -> saved: sets the x86 MXCSR bits FTZ (results that would be subnormal are 0) and DAZ
+ * (subnormal operands read as 0) on every thread of an OpenMP team of `threads` -- the calling thread is thread 0,
+ * the others are the pool torch's intra-op loops and MKL's products run on (this module is imported after torch, so
+ * it shares torch's libgomp) -- and returns each thread's previous FTZ/DAZ bits, indexed by thread number, as bytes.
+ * denormals_restore(saved) puts them back, thread by thread (libgomp gives a team of the same size the same pool
+ * threads in the same order). denormals_zero_threads(threads) -> how many threads of such a team have both bits set
+ * (for the tests). Elsewhere than x86-64 they do nothing (saved is empty; the count is 0). */
+#define MAX_TEAM 1024
 #if defined(__x86_64__) || defined(_M_X64)
 #include <xmmintrin.h>
 #define MXCSR_FTZ_DAZ 0x8040u
-static void set_ftz_daz(int on) {
+static unsigned int swap_ftz_daz(unsigned int bits) {
     unsigned int c = _mm_getcsr();
-    _mm_setcsr(on ? (c | MXCSR_FTZ_DAZ) : (c & ~MXCSR_FTZ_DAZ));
+    _mm_setcsr((c & ~MXCSR_FTZ_DAZ) | (bits & MXCSR_FTZ_DAZ));
+    return c & MXCSR_FTZ_DAZ;
 }
 static int has_ftz_daz(void) { return (_mm_getcsr() & MXCSR_FTZ_DAZ) == MXCSR_FTZ_DAZ; }
+#define HAVE_MXCSR 1
 #else
-static void set_ftz_daz(int on) { (void)on; }
+static unsigned int swap_ftz_daz(unsigned int bits) { (void)bits; return 0; }
 static int has_ftz_daz(void) { return 0; }
+#define HAVE_MXCSR 0
 #endif
 
 static PyObject *py_denormals_zero(PyObject *self, PyObject *args) {
-    int on, threads;
-    if (!PyArg_ParseTuple(args, "pi", &on, &threads)) return NULL;
-    if (threads < 1) {
-        PyErr_SetString(PyExc_ValueError, "_normkernel.denormals_zero: invalid arguments");
+    int threads;
+    if (!PyArg_ParseTuple(args, "i", &threads)) return NULL;
+    if (threads < 1 || threads > MAX_TEAM) {
+        PyErr_SetString(PyExc_ValueError, "_normkernel.denormals_zero: threads must be in 1..1024");
         return NULL;
     }
-    int before = has_ftz_daz();
-    set_ftz_daz(on);
+    if (!HAVE_MXCSR) return PyBytes_FromStringAndSize(NULL, 0);
+    unsigned short saved[MAX_TEAM];
+    int team = 1;
+    saved[0] = (unsigned short)swap_ftz_daz(MXCSR_FTZ_DAZ);
 #ifdef _OPENMP
+    if (threads > 1) {
 #pragma omp parallel num_threads(threads)
-    set_ftz_daz(on);
+        {
+            int i = omp_get_thread_num();
+            unsigned int prev = swap_ftz_daz(MXCSR_FTZ_DAZ);
+            if (i > 0) saved[i] = (unsigned short)prev; /* thread 0 is the caller: saved above */
+#pragma omp single
+            team = omp_get_num_threads();
+        }
+    }
 #endif
-    return PyLong_FromLong(before);
+    return PyBytes_FromStringAndSize((const char *)saved, (Py_ssize_t)team * (Py_ssize_t)sizeof(unsigned short));
+}
+
+static PyObject *py_denormals_restore(PyObject *self, PyObject *args) {
+    const char *buf;
+    Py_ssize_t len;
+    if (!PyArg_ParseTuple(args, "y#", &buf, &len)) return NULL;
+    if (len % (Py_ssize_t)sizeof(unsigned short) || len / (Py_ssize_t)sizeof(unsigned short) > MAX_TEAM) {
+        PyErr_SetString(PyExc_ValueError, "_normkernel.denormals_restore: not a saved state");
+        return NULL;
+    }
+    int team = (int)(len / (Py_ssize_t)sizeof(unsigned short));
+    if (team == 0) Py_RETURN_NONE;
+    unsigned short saved[MAX_TEAM];
+    memcpy(saved, buf, (size_t)len);
+    swap_ftz_daz(saved[0]);
+#ifdef _OPENMP
+    if (team > 1) {
+#pragma omp parallel num_threads(team)
+        {
+            int i = omp_get_thread_num();
+            if (i > 0 && i < team) swap_ftz_daz(saved[i]);
+        }
+    }
+#endif
+    Py_RETURN_NONE;
 }
 
 static PyObject *py_denormals_zero_threads(PyObject *self, PyObject *args) {
     int threads, count = 0;
     if (!PyArg_ParseTuple(args, "i", &threads)) return NULL;
-    if (threads < 1) {
-        PyErr_SetString(PyExc_ValueError, "_normkernel.denormals_zero_threads: invalid arguments");
+    if (threads < 1 || threads > MAX_TEAM) {
+        PyErr_SetString(PyExc_ValueError, "_normkernel.denormals_zero_threads: threads must be in 1..1024");
         return NULL;
     }
 #ifdef _OPENMP
@@ -409,7 +449,8 @@ static PyObject *py_denormals_zero_threads(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"sqnorms", py_sqnorms, METH_VARARGS, "Squared row norms summed in float64, one pass (see module source)."},
     {"exact_sqnorms", py_exact_sqnorms, METH_VARARGS, "The defined float64 squared row norms (see module source)."},
-    {"denormals_zero", py_denormals_zero, METH_VARARGS, "Set or clear FTZ/DAZ on the OpenMP team (see source)."},
+    {"denormals_zero", py_denormals_zero, METH_VARARGS, "Set FTZ/DAZ on the OpenMP team, return its state (source)."},
+    {"denormals_restore", py_denormals_restore, METH_VARARGS, "Put the team's FTZ/DAZ state back (see source)."},
     {"denormals_zero_threads", py_denormals_zero_threads, METH_VARARGS, "Threads with FTZ/DAZ set (see source)."},
     {NULL, NULL, 0, NULL},
 };

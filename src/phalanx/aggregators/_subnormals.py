@@ -11,16 +11,17 @@ subnormals among twenty made Krum 33× slower, and eight other components 4–28
 The components that measured far slower set ``subnormals_as_zero``; on the CPU their arithmetic then runs inside
 :func:`denormals_are_zero`: the x86 MXCSR modes FTZ (a result that would be subnormal is 0) and DAZ (a subnormal
 operand reads as 0) on the calling thread and on every thread of the OpenMP team that torch's loops and MKL's
-products run on (the C kernel ``denormals_zero`` of ``_normkernel.c``, which shares torch's libgomp), and the
-previous modes back afterwards. Each call costs two OpenMP parallel regions, microseconds. The convention: in
+products run on (the C kernel ``denormals_zero`` of ``_normkernel.c``, which shares torch's libgomp), and each
+thread's previous bits back afterwards (``denormals_restore``). Each call costs two OpenMP parallel regions,
+microseconds. The convention: in
 these components' arithmetic on the CPU, every value below the smallest normal — an input, an intermediate, a
 result — counts as 0. An input row is still returned bit for bit where a rule selects it (Krum). On GPUs, which
 compute subnormals at full speed, IEEE gradual underflow stays: results there may differ, by less than the
 smallest normal in each operation.
 
 Without the kernel (a build without a C compiler) only the calling thread gets the modes, through
-``torch.set_flush_denormal``: one thread is protected, a multi-threaded product is not. ``PHALANX_NO_KERNEL=1``
-(which sends the norm passes down their torch paths) leaves this to the kernel.
+``torch.set_flush_denormal``, and loses them afterwards: one thread is protected, a multi-threaded product is not.
+``PHALANX_NO_KERNEL=1`` (which sends the norm passes down their torch paths) leaves this to the kernel.
 """
 
 from __future__ import annotations
@@ -35,21 +36,27 @@ from phalanx.aggregators import _rowops
 __all__ = ["denormals_are_zero", "denormals_zero_threads"]
 
 
+GRAIN = 32_768
+"""Elements below which torch runs an elementwise loop on the calling thread (``at::internal::GRAIN_SIZE``): a
+smaller input sets the modes on the calling thread only, and opens no OpenMP team — a team's threads, once
+started, make a later ``os.fork`` child hang in its first parallel region (GNU libgomp), which a small call must not
+cause where torch itself would not."""
+
+
 @contextmanager
-def denormals_are_zero(device: torch.device) -> Iterator[None]:
-    """Run the block with FTZ and DAZ on (see the module docstring) when ``device`` is a CPU; on other devices, as
-    it is. The modes the calling thread had before come back afterwards, also when the block raises."""
-    if device.type != "cpu":
+def denormals_are_zero(x: torch.Tensor) -> Iterator[None]:
+    """Run the block with FTZ and DAZ on (see the module docstring) when ``x`` is on a CPU; on other devices, as it
+    is. Every thread of the team gets back the FTZ and DAZ bits it had, also when the block raises."""
+    if x.device.type != "cpu":
         yield
         return
     if _rowops._normkernel is not None:
-        threads = max(1, torch.get_num_threads())
-        before = _rowops._normkernel.denormals_zero(True, threads)
+        threads = max(1, torch.get_num_threads()) if x.numel() >= GRAIN else 1
+        saved = _rowops._normkernel.denormals_zero(threads)
         try:
             yield
         finally:
-            if not before:
-                _rowops._normkernel.denormals_zero(False, threads)
+            _rowops._normkernel.denormals_restore(saved)
         return
     torch.set_flush_denormal(True)  # the calling thread only; torch offers no way to read the mode back
     try:

@@ -259,7 +259,7 @@ class _Component(Component, ABC):
     def _arithmetic(self, x: Tensor) -> AbstractContextManager[None]:
         """Where :meth:`_run` computes: with flush-to-zero on the CPU for a component that sets
         :attr:`subnormals_as_zero`, as it is otherwise."""
-        return denormals_are_zero(x.device) if self.subnormals_as_zero else nullcontext()
+        return denormals_are_zero(x) if self.subnormals_as_zero else nullcontext()
 
     def min_workers(self) -> int:
         """Smallest number of input rows for which the component is defined with this ``f``."""
