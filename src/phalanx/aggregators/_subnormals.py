@@ -5,19 +5,19 @@ A *subnormal* (denormal) number is a non-zero value below the dtype's smallest n
 handle an operation that reads or produces one through a microcode assist, tens of times slower. So a Byzantine
 worker can slow a rule at no cost to itself, with rows of subnormals, or with *normal* rows whose products with
 the honest values fall below the smallest normal (rows of ±1.5·10⁻³⁸ against honest entries below 1, or of ±10⁻²²
-against each other). Measured on a 2-core Xeon (``benchmarks/subnormal_rules.py``): four float32 rows of
-subnormals among twenty made Krum 33× slower, and eight other components 4–28× slower.
+against each other). Measured on a 2-core Xeon (``benchmarks/subnormal_rules.py --off``): four float32 rows of
+subnormals among twenty made Krum 28× slower and eight other components 3.6–25× slower; rows of ±1.5·10⁻³⁸ made
+them up to 13× slower.
 
 The components that measured far slower set ``subnormals_as_zero``; on the CPU their arithmetic then runs inside
 :func:`denormals_are_zero`: the x86 MXCSR modes FTZ (a result that would be subnormal is 0) and DAZ (a subnormal
 operand reads as 0) on the calling thread and on every thread of the OpenMP team that torch's loops and MKL's
 products run on (the C kernel ``denormals_zero`` of ``_normkernel.c``, which shares torch's libgomp), and each
 thread's previous bits back afterwards (``denormals_restore``). Each call costs two OpenMP parallel regions,
-microseconds. The convention: in
-these components' arithmetic on the CPU, every value below the smallest normal — an input, an intermediate, a
-result — counts as 0. An input row is still returned bit for bit where a rule selects it (Krum). On GPUs, which
-compute subnormals at full speed, IEEE gradual underflow stays: results there may differ, by less than the
-smallest normal in each operation.
+microseconds. The convention: in these components' arithmetic on the CPU, every value below the smallest normal —
+an input, an intermediate, a result — counts as 0. An input row is still returned bit for bit where a rule selects
+it (Krum). On GPUs, which compute subnormals at full speed, IEEE gradual underflow stays: results there may differ,
+by less than the smallest normal in each operation.
 
 Without the kernel (a build without a C compiler) only the calling thread gets the modes, through
 ``torch.set_flush_denormal``, and loses them afterwards: one thread is protected, a multi-threaded product is not.
