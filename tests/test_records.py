@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 import socket
 import ssl
 import subprocess
@@ -22,6 +23,7 @@ import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.test_distributed import JOB_TIMEOUT_S, run_dir, wait_for, write_toml
@@ -239,6 +241,45 @@ def test_a_journal_is_checked_before_it_is_kept(keys: Path) -> None:
     ]:
         got = check_items(items, 1, 4, [7])
         assert got is not None and reason in got, (reason, got)
+
+
+def test_a_phase_that_is_not_an_int_is_refused_not_raised(keys: Path, tmp_path: Path) -> None:
+    """A Byzantine node signs, with its own key, a journal whose accepted entry has phase 0.0: equal to 0, so a
+    membership test let it through and the message it names then raised TypeError — rank 0 died at its first
+    gathering, and `phalanx audit` on a serverless transcript with such an entry printed a traceback (an attacker's
+    review). Now a refusal, and one problem line per entry; the code before this test raised in both places."""
+    from phalanx.distributed.mesh import mesh_message
+
+    allow = AllowList.load(keys / "job4" / "allow-list.json")
+    pub = {r: allow.public_key(r) for r in range(4)}
+    byzantine = load_identity(keys / "job4", 3, 4)
+    nonce, config = b"\x01" * 32, "c" * 64
+    for phase in (0.0, 1.0, True, 2, "0"):
+        items = [{"round": 7, "accepted": [{"rank": 2, "phase": phase, "sha256": "00" * 32, "signature": "00" * 64}],
+                  "missing": []}]
+        text, sig = sign_journal(byzantine, nonce, config, 7, items)
+        got = read_journal(text, sig, 3, 4, [7], pub, nonce, config, 7)
+        assert isinstance(got, str) and "no valid phase" in got, (phase, got)
+    with pytest.raises(ValueError, match="phase"):
+        mesh_message("gossip", nonce, config, Kind.ROW, 0.0, 7, 2, 3, b"\x00" * 32)  # type: ignore[arg-type]
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(keys / "job4" / "allow-list.json", run / "allow-list.json")
+
+    def line(doc: dict[str, Any]) -> str:
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n"
+
+    (run / "transcript.jsonl").write_text("".join([
+        line({"type": "header", "format": "phalanx-transcript/3", "topology": "serverless", "config": "ab" * 32,
+              "allow_list": allow.digest, "workers": 4, "f": 0, "total_rounds": 1, "signer": 0}),
+        line({"type": "session", "nonce": "11" * 32, "from_round": 0}),
+        line({"type": "round", "round": 0, "missing": [],
+              "accepted": [{"rank": r, "phase": 0.0, "sha256": "00" * 32, "signature": "00" * 64} for r in range(4)]}),
+        line({"type": "signature", "sha256": "00" * 32, "signature": "00" * 64}),
+    ]))
+    report = audit(run)
+    assert not report.ok
+    assert sum("has no valid phase" in p for p in report.problems) == 4, report.problems
 
 
 # -- on real processes ----------------------------------------------------------------------------------------

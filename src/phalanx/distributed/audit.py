@@ -558,7 +558,7 @@ class _Audit:
             if not _int(rank, 0, self.n - 1) or rank not in self.keys:
                 self.problem(f"{where}: accepted rank {str(rank)[:20]!r}, which is not on the allow-list")
                 continue
-            if phase not in ((0,) if self.topology == "server" else (0, 1)) or isinstance(phase, bool):
+            if not _int(phase, 0, 0 if self.topology == "server" else 1):  # an int, not 0.0 (it would pass `in`)
                 self.problem(f"{where}: rank {rank}'s entry has no valid phase")
                 continue
             if rank in heard.get(phase, []):

@@ -95,7 +95,7 @@ def check_items(items: Any, node: int, workers: int, rounds: list[int]) -> str |
             rank, phase = entry["rank"], entry["phase"]
             if not _int(rank, 0, workers - 1) or rank == node:
                 return f"round {u}: accepted rank {str(rank)[:20]!r} is not another rank of the job"
-            if phase not in (0, 1) or isinstance(phase, bool):
+            if not _int(phase, 0, 1):  # an int: 0.0 == 0 would pass a membership test, then break the message
                 return f"round {u}: rank {rank}'s entry has no valid phase"
             if not (isinstance(entry["sha256"], str) and _HEX64.fullmatch(entry["sha256"])
                     and isinstance(entry["signature"], str) and _HEX128.fullmatch(entry["signature"])):
