@@ -221,6 +221,27 @@ def test_a_keyed_run_that_lost_too_many_workers_resumes_and_audits(keys: Path, t
     assert report.uncontributed == 0
 
 
+def test_a_byzantine_ranks_attack_state_that_no_generator_takes_is_refused(keys: Path, tmp_path: Path) -> None:
+    """Byzantine rank 3 (alie, its own key) sends 0xff bytes in place of its attack stream's state with every vector
+    (``PHALANX_TEST_STATE``). Rank 0 kept them: the checkpoint's attack stream took them and every resume of the run
+    failed in ``set_state`` (an attacker's review). Now each such vector is refused — a rejection in the transcript,
+    rank 3 missing, counted against f — the run finishes, its checkpoint holds a generator's state, and it audits."""
+    code, errs, _ = job({**SEALED, "keys": str(keys / "job")}, tmp_path / "out", tmp_path,
+                        env={"PHALANX_TEST_STATE": "3"})
+    assert code == 0, errs[-3000:]
+    assert "PHALANX_TEST_STATE" in errs
+    doc = transcript(tmp_path / "out")
+    reasons = " | ".join(s for entry in doc["rounds"] for g in entry["rejected"] for s in g["samples"])
+    assert "attack-stream state no random generator takes" in reasons, reasons
+    assert all(3 not in [a["rank"] for a in entry["accepted"]] for entry in doc["rounds"])
+    states = {k: v for k, v in final(tmp_path / "out").items() if "attack" in k}
+    assert states, "the checkpoint keeps the attack stream"
+    for state in states.values():
+        torch.Generator().set_state(state)  # raised "Invalid mt19937 state" on the checkpoint it replaces
+    report = audit(run_dir(tmp_path / "out"))
+    assert report.ok, report.problems
+
+
 @pytest.mark.parametrize(("mutant", "refusing"), [("reuse:" + "ab" * 32, {1, 2, 3}), ("drop:2", {2})])
 def test_a_rank_0_that_reuses_a_nonce_or_drops_a_contribution_is_refused(
     keys: Path, tmp_path: Path, mutant: str, refusing: set[int],

@@ -116,3 +116,17 @@ def test_reports_are_read_with_their_vectors_and_a_rank_without_one_is_not_waite
         janitor.round_started(t)
     janitor.close()
     assert not store.check([wire.key_report(0, 1)])
+
+
+def test_an_attack_state_is_kept_only_if_a_generator_takes_it() -> None:
+    """What rank 0 keeps of a Byzantine rank's attack-stream state (parameter server, serverless, gossip): a
+    generator's state, bytes or tensor; 0xff bytes of the right length, a state cut short, or nothing are refused
+    (kept, they made every resume fail in ``set_state``)."""
+    import torch
+
+    state = torch.Generator().manual_seed(7).get_state()
+    kept = wire.generator_state(wire.tensor_bytes(state))
+    assert kept is not None and torch.equal(kept, state)
+    assert wire.generator_state(state) is not None
+    for bad in (b"\xff" * state.numel(), wire.tensor_bytes(state)[:-1], b"", state[:100]):
+        assert wire.generator_state(bad) is None

@@ -52,6 +52,7 @@ from phalanx.distributed.sealed import SealedWorkerLinks
 from phalanx.distributed.serverless import RowBox
 from phalanx.distributed.transcript import TRANSCRIPT, load, size_bound
 from phalanx.distributed.worker import resolve_config
+from phalanx.experiments import make_config
 
 
 @pytest.fixture(scope="module")
@@ -282,6 +283,34 @@ def test_a_phase_that_is_not_an_int_is_refused_not_raised(keys: Path, tmp_path: 
     assert sum("has no valid phase" in p for p in report.problems) == 4, report.problems
 
 
+def test_rank_0_keeps_a_nodes_monitoring_messages_for_the_gathering_rounds_ahead_only() -> None:
+    """A Byzantine gossip node (its own key) posted rank 0 a signed monitoring message of the largest size for every
+    round within KEEP_ROUNDS of rank 0's, one more each round: rank 0 held 36 of 16.6 MiB at its first gathering of
+    a d = 1,024 model (an attacker's review). Now it keeps them only for gathering rounds not yet gathered — three
+    here, where it gathers every fifth round — and a message is at most an honest one's size plus 1 MiB. The code
+    before this test kept all 17."""
+    from types import SimpleNamespace
+
+    from phalanx.distributed.gossip_links import KEEP_ROUNDS, MeshInbox
+    from phalanx.distributed.worker import monitor_limit
+
+    mesh = SimpleNamespace(round=0)
+    node = SimpleNamespace(mesh=mesh, exp=SimpleNamespace(rounds=1000), gathers=lambda t: (t + 1) % 5 == 0)
+    sink = MeshInbox(node)  # type: ignore[arg-type]
+    answers = {t: sink.signed(3, Kind.MONITOR, 0, t, bytearray(8), b"", b"") for t in range(KEEP_ROUNDS + 2)}
+    assert sorted(sink.monitor) == [(4, 3), (9, 3), (14, 3)]
+    assert all(answers[t] is None for t in (4, 9, 14))
+    assert all("does not gather" in str(answers[t]) for t in range(KEEP_ROUNDS + 1) if (t + 1) % 5)
+    assert "far from round 0" in str(answers[KEEP_ROUNDS + 1])
+    mesh.round = 10  # rank 0 gathered rounds 4 and 9: a late message of round 9 is dropped, not kept
+    assert sink.collect(9, [3], set(), 0.0) == {3: bytearray(8)}
+    sink.monitor.pop((14, 3))
+    assert sink.signed(3, Kind.MONITOR, 0, 4, bytearray(8), b"", b"") is None and not sink.monitor
+    cfg = make_config({"dataset": "digits", "model": "mlp", "workers": 4, "rounds": 100, "eval_every": 20})
+    row_limit = 2 * 4096 + (1 << 16) + 64  # d = 1,024 float32 (worker.open_mesh)
+    assert monitor_limit(cfg, 4, row_limit) < (3 << 20) // 2  # under 1.5 MiB: it was 16.6 MiB
+
+
 # -- on real processes ----------------------------------------------------------------------------------------
 
 def vm_hwm_mib(pid: int) -> float:
@@ -372,10 +401,11 @@ def test_a_flooding_byzantine_rank_and_outsiders_leave_a_bounded_record(keys: Pa
 
 
 def test_a_byzantine_gossip_nodes_junk_journals_are_refused_and_the_run_audits(keys: Path, tmp_path: Path) -> None:
-    """Node 4 (Byzantine, its own key) sends rank 0, at successive gatherings, a junk journal, a 1,200-deep one, an
-    8 MiB one, an unsigned one, one claiming messages their senders never signed, one of other rounds, then its
-    own: each of the six is refused with its reason and counted against rank 4 (node 4 is silent at that
-    gathering), none lands in the transcript, the run finishes, and the honest transcript audits."""
+    """Node 4 (Byzantine, its own key) sends rank 0, at successive gatherings, a junk journal, a 1,200-deep one, a
+    512 KiB one (over a journal's limit, within the monitoring frame's), an unsigned one, one claiming messages
+    their senders never signed, one of other rounds, then its own: each of the six is refused with its reason and
+    counted against rank 4 (node 4 is silent at that gathering), none lands in the transcript, the run finishes,
+    and the honest transcript audits."""
     from tests.test_distributed_mesh import GOSSIP
 
     data = {**GOSSIP, "keys": str(keys / "job5"), "rounds": 7, "eval_every": 1, "checkpoint_every": 7}
@@ -390,10 +420,10 @@ def test_a_byzantine_gossip_nodes_junk_journals_are_refused_and_the_run_audits(k
     assert all(r["gathered"] == [0, 1, 2, 3] for r in doc["rounds"][:6])
     refused = [g for r in doc["rounds"] for g in r["rejected"] if g["rank"] == 4 and "journal" in g["kind"]]
     reasons = " | ".join(s for g in refused for s in g["samples"])
-    for reason in ("it covers rounds", "not JSON (RecursionError)", "a journal of 8388608 characters",
+    for reason in ("it covers rounds", "not JSON (RecursionError)", "a journal of 524288 characters",
                    "its signature does not verify with rank 4's key", "message does not verify with its key"):
         assert reason in reasons, reasons
     assert sum(g["count"] for g in refused) == 6
-    assert (d / TRANSCRIPT).stat().st_size < 256 << 10  # no 8 MiB journal in it
+    assert (d / TRANSCRIPT).stat().st_size < 256 << 10  # no 512 KiB journal in it
     report = audit(d)
     assert report.ok, report.problems

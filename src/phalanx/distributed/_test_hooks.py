@@ -13,7 +13,7 @@ at a known point (every live worker is waiting for that θ) instead of racing th
 
 ``PHALANX_TEST_JOURNAL="RANK:KIND[+KIND…]"`` makes gossip node RANK (keyed) send rank 0, at its successive gathering
 rounds, a journal of each KIND in turn instead of its own: ``junk`` (a list of non-entries, signed), ``deep`` (1,200
-nested lists), ``huge`` (8 MiB), ``unsigned`` (its journal with a signature that is not one), ``forged`` (its
+nested lists), ``huge`` (512 KiB), ``unsigned`` (its journal with a signature that is not one), ``forged`` (its
 journal, signed, each message it took with a signature its sender never made), ``other`` (its journal, signed, of
 other rounds); ``own`` sends its own.
 
@@ -23,6 +23,10 @@ rank, keyed or not) send, with its successive vectors, a worker-stage report of 
 ``huge`` (every number 1e300), ``nan`` (NaN and −∞), ``short`` (its report less one byte), ``other`` (its report
 under another tag: a peer of another release), ``lie`` (every number 1: a claim within any count's bounds);
 ``own`` sends its own.
+
+``PHALANX_TEST_STATE="RANK[,RANK…]"`` makes parameter-server worker RANK, where it plays a Byzantine worker of a
+vector attack, send 0xff bytes of the right length in place of its attack stream's state (which no random generator
+takes: rank 0 must not keep it, or every resume of the run fails).
 
 ``PHALANX_TEST_NONCE="KIND:ARG"`` makes keyed rank 0 (parameter server or sealed mesh) a mutant at the session nonce
 (what :func:`phalanx.distributed.contribution.fix` gave): ``reuse:HEX`` sends the nonce HEX (another run's) with the
@@ -45,6 +49,7 @@ HOLD_VAR = "PHALANX_TEST_HOLD"
 JOURNAL_VAR = "PHALANX_TEST_JOURNAL"
 REPORT_VAR = "PHALANX_TEST_REPORT"
 NONCE_VAR = "PHALANX_TEST_NONCE"
+STATE_VAR = "PHALANX_TEST_STATE"
 
 
 def _entries(var: str, fields: int) -> list[list[str]]:
@@ -56,6 +61,7 @@ _SLEEP = {(int(r), int(t)): what for r, t, what in _entries(VAR, 3)}
 _HOLD = {int(t): path for t, path in _entries(HOLD_VAR, 2)}
 _JOURNAL = {int(r): kinds.split("+") for r, kinds in _entries(JOURNAL_VAR, 2)}
 _REPORT = {int(r): kinds.split("+") for r, kinds in _entries(REPORT_VAR, 2)}
+_STATE = {int(r[0]) for r in _entries(STATE_VAR, 1)}
 
 
 def _wait_for(path: str) -> None:
@@ -115,7 +121,7 @@ def journal(rank: int, items: list[dict[str, Any]],
     if kind == "deep":
         return "[" * 1200 + "]" * 1200, signature
     if kind == "huge":
-        return "x" * (8 << 20), signature
+        return "x" * (512 << 10), signature  # over a journal's limit, within the monitoring frame's (worker.py)
     if kind == "unsigned":
         return text, "00" * 64
     if kind == "forged":  # every message it took, with a signature its sender never made
@@ -147,6 +153,16 @@ def report(rank: int, payload: bytes) -> bytes:
     if kind == "lie":
         return tag + struct.pack(f"<{n}d", *[1.0] * n)
     return payload
+
+
+def attack_state(rank: int, state: bytes) -> bytes:
+    """A Byzantine rank's attack-stream state as it sends it: ``state``, or 0xff bytes of its length where the test
+    plan says so (see the module's docstring)."""
+    if rank not in _STATE:
+        return state
+    print(f"[phalanx rank {rank}] {STATE_VAR}: an attack state no generator takes (test hook)", file=sys.stderr,
+          flush=True)
+    return b"\xff" * len(state)
 
 
 def nonce_mutant(shares: list[bytes | None], nonce: bytes) -> tuple[list[bytes | None], bytes]:

@@ -231,6 +231,9 @@ class Node(Protocol):
     exp: Any
     """The experiment (its ``rounds``)."""
 
+    def gathers(self, t: int) -> bool:
+        """Whether rank 0 gathers every node's rows after round t."""
+
 
 class MeshInbox:
     """The sealed gossip rank's :class:`~phalanx.distributed.mesh.Sink`: verified messages of its inputs (local
@@ -245,10 +248,14 @@ class MeshInbox:
     def signed(self, sender: int, kind: Kind, phase: int, t: int, body: bytearray, digest: bytes,
                signature: bytes) -> str | None:
         nb = self.nb
-        if kind == Kind.MONITOR:
-            now = nb.mesh.round if nb.mesh is not None else t
+        if kind == Kind.MONITOR:  # kept only for the gathering rounds from rank 0's on: what a node makes rank 0
+            now = nb.mesh.round if nb.mesh is not None else t  # hold is a few messages, each an honest one's size
             if abs(t - now) > KEEP_ROUNDS:
                 return f"rank {sender} sent monitoring rows of round {t}, far from round {now}"
+            if not nb.gathers(t):
+                return f"rank {sender} sent monitoring rows of round {t}, which rank 0 does not gather"
+            if t < now:  # rank 0 gathered that round already: too late to use (a slow node's, not a violation)
+                return None
             with self.cond:
                 if (t, sender) in self.monitor:
                     return f"rank {sender} sent its monitoring rows of round {t} twice"

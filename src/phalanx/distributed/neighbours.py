@@ -461,8 +461,10 @@ class Neighbours(Transport, Callback):
             try:
                 msg = wire.unpack(bytes(data))
                 journal = {"journal": msg.pop("journal", None), "signature": msg.pop("journal_signature", None)}
-                assert isinstance(msg["missing"], int)
+                missing = msg["missing"]  # messages the node missed since the last gathering: two per link a round
+                assert type(missing) is int and 0 <= missing <= 2 * self.n * (t + 1)
                 assert isinstance(msg["attack"], Tensor) and msg["attack"].dtype == torch.uint8
+                assert wire.generator_state(msg["attack"]) is not None  # kept unchecked, it broke every resume
                 for name in STATE:
                     known = self.known[name]
                     x = msg.get(name)

@@ -326,15 +326,23 @@ class ParameterServer(Transport):
                 self.attack_state = self.me.attack_gen.get_state()
             got = links.collect(t, others, self.suspects, self.timeout)
             state_bytes = self.attack_state.numel()
+            bad_states: list[int] = []
             for r, data in got.items():
                 received += len(data)
                 if not fits(len(data), row_bytes, state_bytes):
                     misfits[r] = len(data)
                     continue
+                state = wire.generator_state(data[row_bytes:]) if len(data) > row_bytes else None
+                if len(data) > row_bytes and state is None:  # kept, it would break every resume: not used
+                    bad_states.append(r)
+                    continue
                 rows[r] = wire.bytes_tensor(data[:row_bytes], theta.dtype)
                 used[r] = data
-                if len(data) > row_bytes:
-                    self.attack_state = wire.bytes_tensor(data[row_bytes:], torch.uint8)
+                if state is not None:
+                    self.attack_state = state
+            for r in bad_states:
+                self.links.refuse(t, r, f"rank {r} sent a round-{t} vector whose attack-stream state no random "
+                                        "generator takes: not used")
         self._misfits(t, misfits, row_bytes)
         if self.reporting:  # the other computing ranks' worker-stage measurements, for rank 0's columns (claims)
             wire.absorb_reports(self.reporting, links.reports(t, [r for r in plan.computing if r != 0 and r in used]))
@@ -483,5 +491,6 @@ class ParameterServerWorker:
                     if attack_state is not None:  # the Byzantine slots change from round to round: the server's
                         me.attack_gen.set_state(attack_state)
                     v = me.attack_vector(honest, BoundRule.from_payload(exp.rule, payload), t)
-                    links.send_vector(t, wire.tensor_bytes(v) + wire.tensor_bytes(me.attack_gen.get_state()))
+                    state = _test_hooks.attack_state(rank, wire.tensor_bytes(me.attack_gen.get_state()))
+                    links.send_vector(t, wire.tensor_bytes(v) + state)
             t += 1

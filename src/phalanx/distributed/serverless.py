@@ -299,6 +299,9 @@ class AllGather(Transport):
                         raise _CollectiveFailed(self._refuse(mesh, r, f"rank {r}'s round-{t} Byzantine row has "
                                                              f"{len(acc.body)} bytes, not "
                                                              f"{row_bytes + state_u8.numel()}"))
+                    if wire.generator_state(acc.body[row_bytes:]) is None:  # kept, it would break every resume
+                        raise _CollectiveFailed(self._refuse(mesh, r, f"rank {r}'s round-{t} Byzantine row carries "
+                                                             "an attack-stream state no random generator takes"))
                     used[(r, BYZANTINE)] = acc
                     received += len(acc.body)
                 byz = [used[(r, BYZANTINE)].body for r in byzantine]

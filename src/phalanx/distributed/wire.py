@@ -179,6 +179,18 @@ def bytes_tensor(data: bytes | bytearray | memoryview, dtype: torch.dtype, shape
     return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
 
 
+def generator_state(data: bytes | bytearray | memoryview | Tensor) -> Tensor | None:
+    """``data`` as the uint8 state of a CPU :class:`torch.Generator` (an attack stream's, sent by a Byzantine rank
+    for rank 0 to keep and checkpoint), or None where no generator takes it: stored unchecked, such bytes made
+    every resume of the run fail in ``set_state`` (an attacker's review)."""
+    state = data.detach().to("cpu", torch.uint8) if isinstance(data, Tensor) else bytes_tensor(data, torch.uint8)
+    try:
+        torch.Generator().set_state(state)
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    return state
+
+
 def pack(obj: Any) -> bytes:
     """``torch.save`` to bytes (the start state; small, once per run)."""
     buf = io.BytesIO()

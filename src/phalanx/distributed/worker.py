@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from phalanx.distributed import rendezvous, topologies, wire
 from phalanx.distributed.env import RankEnv, open_store
+from phalanx.distributed.journal import journal_limit
 from phalanx.distributed.keys import Identity, load_identity
 from phalanx.distributed.mesh import Mesh
 from phalanx.distributed.parameter_server import JOIN_TIMEOUT_S, config_digest
@@ -129,6 +130,16 @@ def run_rank(run: ValidRun, out: Path | None) -> None:
                    tracking=tracking.of(cfg, run.run_id) if measured else None)
 
 
+def monitor_limit(cfg: RunConfig, n: int, row_limit: int) -> int:
+    """The most bytes of a gossip node's monitoring message to rank 0 (its rows after a gathering round, signed):
+    three rows — θ, momentum, previous — each within ``row_limit``, its journal of the rounds since it last
+    reported (at most the gap between gathering rounds, :meth:`~phalanx.distributed.neighbours.Neighbours.gathers`),
+    and 1 MiB for the pickle around them. Rank 0 keeps such messages for the gathering rounds ahead of it, so this
+    bounds what a Byzantine node can make it hold (it was 8 rows + 16 MiB a frame: an attacker's review)."""
+    gap = min(cfg.eval_every, cfg.checkpoint_every, cfg.rounds)
+    return 3 * row_limit + journal_limit(n, gap) + (1 << 20)
+
+
 def open_mesh(cfg: RunConfig, renv: RankEnv, exp: Experiment, identity: Identity, digest: str) -> Mesh:
     """This rank's end of the sealed mesh (:mod:`phalanx.distributed.mesh`), listening, and — a rank other than 0 —
     introduced to rank 0.
@@ -158,7 +169,7 @@ def open_mesh(cfg: RunConfig, renv: RankEnv, exp: Experiment, identity: Identity
     else:
         listen = (host, 0)
     mesh = Mesh(identity, cfg.topology, digest, n, listen, row_limit=row_limit,
-                init_limit=8 * n * row_limit + (64 << 20), monitor_limit=8 * row_limit + (16 << 20))
+                init_limit=8 * n * row_limit + (64 << 20), monitor_limit=monitor_limit(cfg, n, row_limit))
     print(f"[phalanx rank {renv.rank}] sealed mesh: listening on {mesh.address[0]}:{mesh.address[1]}",
           file=sys.stderr, flush=True)
     if renv.rank == 0:
