@@ -32,7 +32,7 @@ def test_names_and_kinds() -> None:
     expected = {
         "none", "signflip", "labelflip", "gaussian", "alie", "ipm", "foe", "mimic", "inf", "nan", "minmax",
         "minsum", "fang", "optimal", "backdoor", "dba", "edgecase", "neurotoxin", "replacement", "honest",
-        "intermittent", "phrase-backdoor", "evade",
+        "intermittent", "phrase-backdoor", "evade", "subnormal",
     }
     data = ["backdoor", "dba", "edgecase", "honest", "labelflip", "neurotoxin", "phrase-backdoor", "replacement"]
     assert set(attacks.names()) == expected

@@ -31,6 +31,7 @@ from phalanx.attacks import (  # noqa: F401
     phrase,
     replacement,
     scaling,
+    subnormal,
 )
 from phalanx.attacks.alie import ALIE, alie_z_max
 from phalanx.attacks.backdoor import Backdoor
@@ -50,6 +51,7 @@ from phalanx.attacks.optimal import Optimal, OptimalSearch
 from phalanx.attacks.registry import get_class, make, names, register
 from phalanx.attacks.replacement import ModelReplacement
 from phalanx.attacks.scaling import FallOfEmpires, InnerProductManipulation, SignFlip
+from phalanx.attacks.subnormal import Subnormal
 
 __all__ = [
     "ALIE",
@@ -78,6 +80,7 @@ __all__ = [
     "Optimal",
     "OptimalSearch",
     "SignFlip",
+    "Subnormal",
     "alie_z_max",
     "get_class",
     "make",
