@@ -291,3 +291,17 @@ def test_float64_entries_below_tiny_count_as_zero_on_both_paths() -> None:
     finally:
         _rowops.TINY = real
     assert float(unflushed[0]) > 0.0
+
+
+def test_the_mean_is_one_matrix_vector_product_divided_in_place_with_the_same_bits() -> None:
+    """``column_mean``: (1ᵀX)/n from one BLAS product, divided in place (no second fresh (d,) tensor): the bits of
+    the product divided out of place, float32 and float64, and a gradient that flows to X as the mean's does."""
+    from phalanx.aggregators._rowops import column_mean
+
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(7, 1000, generator=torch.Generator().manual_seed(3), dtype=dtype)
+        expected = (torch.ones(1, 7, dtype=dtype) @ x).squeeze(0) / 7
+        assert torch.equal(column_mean(x), expected)
+    leaf = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
+    column_mean(leaf).sum().backward()
+    assert leaf.grad is not None and torch.allclose(leaf.grad, torch.full((5, 8), 0.2, dtype=torch.float64))
