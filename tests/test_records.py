@@ -400,6 +400,56 @@ def test_a_flooding_byzantine_rank_and_outsiders_leave_a_bounded_record(keys: Pa
     assert any("does not verify with rank 0's key" in p for p in erased.problems), erased.problems
 
 
+def test_a_byzantine_gossip_nodes_unusable_monitoring_rows_are_refused(keys: Path, tmp_path: Path) -> None:
+    """Node 4 (Byzantine, its own key) sends rank 0, at successive gatherings, monitoring rows whose θ is None, a
+    meta tensor (no data) and a sparse tensor, each of the right dtype and shape, then its own. The check let all
+    three through and rank 0 raised later, outside it, stopping the keyed job (an attacker's review); now each is
+    malformed — refused, node 4 silent at that gathering — and the run finishes and audits."""
+    from tests.test_distributed_mesh import GOSSIP
+
+    data = {**GOSSIP, "keys": str(keys / "job5"), "rounds": 4, "eval_every": 1, "checkpoint_every": 4}
+    code, errs, _ = job(data, tmp_path / "out", tmp_path, env={"PHALANX_TEST_ROWS": "4:none+meta+sparse+own"})
+    assert code == 0, errs[-3000:]
+    assert "Traceback" not in errs
+    d = run_dir(tmp_path / "out")
+    doc = load(d / TRANSCRIPT)
+    assert [4 in r["silent"] for r in doc["rounds"]] == [True, True, True, False]
+    refused = " | ".join(s for r in doc["rounds"] for g in r["rejected"] if g["rank"] == 4 for s in g["samples"])
+    assert refused.count("monitoring rows of round") == 3, refused
+    report = audit(d)
+    assert report.ok, report.problems
+
+
+def test_a_hand_made_journal_line_of_a_far_round_is_one_problem_not_a_memory_error(keys: Path, tmp_path: Path) -> None:
+    """A gossip transcript (no key needed to write one) whose journal line names gathering round 2⁶²: the audit
+    built the list of every round the journal must cover before reading it — MemoryError, and gigabytes for rounds
+    of 10⁸ (an attacker's review). Now one problem line: a journal of c characters covers at most c // 39 rounds."""
+    from phalanx.distributed.audit import audit as audit_run
+
+    allow = AllowList.load(keys / "job4" / "allow-list.json")
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(keys / "job4" / "allow-list.json", run / "allow-list.json")
+
+    def line(doc: dict[str, Any]) -> str:
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n"
+
+    for g in (1 << 62, 10**8):
+        (run / "transcript.jsonl").write_text("".join([
+            line({"type": "header", "format": "phalanx-transcript/3", "topology": "gossip", "config": "ab" * 32,
+                  "allow_list": allow.digest, "workers": 4, "f": 0, "total_rounds": 1, "signer": 0}),
+            line({"type": "session", "nonce": "11" * 32, "from_round": 0}),
+            line({"type": "journal", "round": g, "node": 1, "rounds": [], "signature": "00" * 64}),
+            line({"type": "signature", "sha256": "00" * 32, "signature": "00" * 64}),
+        ]))
+        tracemalloc.start()
+        report = audit_run(run)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert any(f"cannot cover the {g + 1} rounds" in p for p in report.problems), report.problems
+        assert peak < 64 << 20, peak
+
+
 def test_a_byzantine_gossip_nodes_junk_journals_are_refused_and_the_run_audits(keys: Path, tmp_path: Path) -> None:
     """Node 4 (Byzantine, its own key) sends rank 0, at successive gatherings, a junk journal, a 1,200-deep one, a
     512 KiB one (over a journal's limit, within the monitoring frame's), an unsigned one, one claiming messages

@@ -24,6 +24,11 @@ rank, keyed or not) send, with its successive vectors, a worker-stage report of 
 under another tag: a peer of another release), ``lie`` (every number 1: a claim within any count's bounds);
 ``own`` sends its own.
 
+``PHALANX_TEST_ROWS="RANK:KIND[+KIND…]"`` makes gossip node RANK (keyed) send rank 0, at its successive gathering
+rounds, monitoring rows of each KIND in turn instead of its own: ``none`` (θ is None), ``meta`` (θ a tensor of the
+right dtype and shape with no data), ``sparse`` (θ a sparse tensor of the right dtype and shape); ``own`` sends its
+own.
+
 ``PHALANX_TEST_STATE="RANK[,RANK…]"`` makes parameter-server worker RANK, where it plays a Byzantine worker of a
 vector attack, send 0xff bytes of the right length in place of its attack stream's state (which no random generator
 takes: rank 0 must not keep it, or every resume of the run fails).
@@ -50,6 +55,7 @@ JOURNAL_VAR = "PHALANX_TEST_JOURNAL"
 REPORT_VAR = "PHALANX_TEST_REPORT"
 NONCE_VAR = "PHALANX_TEST_NONCE"
 STATE_VAR = "PHALANX_TEST_STATE"
+ROWS_VAR = "PHALANX_TEST_ROWS"
 
 
 def _entries(var: str, fields: int) -> list[list[str]]:
@@ -62,6 +68,7 @@ _HOLD = {int(t): path for t, path in _entries(HOLD_VAR, 2)}
 _JOURNAL = {int(r): kinds.split("+") for r, kinds in _entries(JOURNAL_VAR, 2)}
 _REPORT = {int(r): kinds.split("+") for r, kinds in _entries(REPORT_VAR, 2)}
 _STATE = {int(r[0]) for r in _entries(STATE_VAR, 1)}
+_ROWS = {int(r): kinds.split("+") for r, kinds in _entries(ROWS_VAR, 2)}
 
 
 def _wait_for(path: str) -> None:
@@ -152,6 +159,27 @@ def report(rank: int, payload: bytes) -> bytes:
         return b"R0" + payload[2:]
     if kind == "lie":
         return tag + struct.pack(f"<{n}d", *[1.0] * n)
+    return payload
+
+
+def monitoring_rows(rank: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """A gossip node's monitoring rows as it sends them to rank 0: ``payload``, unless the test plan makes this rank
+    send another kind (see the module's docstring)."""
+    plan = _ROWS.get(rank)
+    if not plan:
+        return payload
+    kind = plan.pop(0)
+    plan.append(kind)
+    print(f"[phalanx rank {rank}] {ROWS_VAR}: {kind} monitoring rows (test hook)", file=sys.stderr, flush=True)
+    import torch
+
+    theta = payload["theta"]
+    if kind == "none":
+        return {**payload, "theta": None}
+    if kind == "meta":
+        return {**payload, "theta": torch.empty(theta.shape, dtype=theta.dtype, device="meta")}
+    if kind == "sparse":
+        return {**payload, "theta": theta.to_sparse()}
     return payload
 
 

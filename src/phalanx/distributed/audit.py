@@ -63,7 +63,7 @@ from phalanx.distributed.async_transcript import STEP_KEYS, ZERO_STEP_KEYS, Step
 from phalanx.distributed.chain import Chain, MarkCheck
 from phalanx.distributed.channel import Kind
 from phalanx.distributed.contribution import session_problem
-from phalanx.distributed.journal import canonical, read_journal
+from phalanx.distributed.journal import JOURNAL_ITEM_CHARS, canonical, read_journal
 from phalanx.distributed.keys import ALLOW_LIST, AllowList
 from phalanx.distributed.mesh import EVERYONE, mesh_message
 from phalanx.distributed.rejections import GROUPS_PER_ROUND, KIND_CHARS, MAX_COUNT, PEER_CHARS, REASON_CHARS, SAMPLES
@@ -474,9 +474,13 @@ class _Audit:
         assert self.session is not None
         start, nonce = self.session
         since = max(start - 1, -1 if self.last is None else self.last)
+        text = canonical(rec["rounds"])
+        if g - since > len(text) // JOURNAL_ITEM_CHARS:  # before a list of the rounds it must cover is built
+            self.problem(f"round {g}, node {node}: a journal of {len(text)} characters cannot cover the {g - since} "
+                         f"rounds since round {since}")
+            return
         expected = list(range(since + 1, g + 1))
-        items = read_journal(canonical(rec["rounds"]), rec["signature"], node, self.n, expected, self.keys, nonce,
-                             self.config, g)
+        items = read_journal(text, rec["signature"], node, self.n, expected, self.keys, nonce, self.config, g)
         if isinstance(items, str):
             self.problem(f"round {g}, node {node}: {items}")
             return

@@ -47,6 +47,11 @@ def journal_message(nonce: bytes, config: str, t: int, node: int, digest: bytes)
     return DOMAIN + nonce + config.encode() + t.to_bytes(8, "big") + node.to_bytes(4, "big") + digest
 
 
+JOURNAL_ITEM_CHARS = len('{"accepted":[],"missing":[],"round":0},')
+"""The fewest characters one round's entry takes in a journal's canonical JSON (with its comma): a journal of c
+characters covers at most c // JOURNAL_ITEM_CHARS rounds."""
+
+
 def canonical(items: Any) -> str:
     """The canonical JSON of a journal (what is signed)."""
     return json.dumps(items, sort_keys=True, separators=(",", ":"))

@@ -419,7 +419,7 @@ class Neighbours(Transport, Callback):
             self.rank, self.journal, lambda items: sign_journal(mesh.identity, nonce, self.digest, t, items))
         self.journal = []
         if mesh.alive(0):
-            mesh.send([0], Kind.MONITOR, 0, t, wire.pack(payload))
+            mesh.send([0], Kind.MONITOR, 0, t, wire.pack(_test_hooks.monitoring_rows(self.rank, payload)))
         self.missed = 0
         reason = mesh.stopped
         if reason is not None and reason != "finished":
@@ -465,11 +465,11 @@ class Neighbours(Transport, Callback):
                 assert type(missing) is int and 0 <= missing <= 2 * self.n * (t + 1)
                 assert isinstance(msg["attack"], Tensor) and msg["attack"].dtype == torch.uint8
                 assert wire.generator_state(msg["attack"]) is not None  # kept unchecked, it broke every resume
-                for name in STATE:
-                    known = self.known[name]
-                    x = msg.get(name)
-                    assert x is None or (isinstance(x, Tensor) and x.dtype == self.dtype
-                                         and (known is None or x.shape == known.shape[1:]))
+                for name in (name for name in STATE if name in msg):  # a row as an honest node sends it, copied
+                    known, x = self.known[name], msg[name]  # (dense, on the CPU: a meta, sparse or None row raised
+                    assert isinstance(x, Tensor) and x.dtype == self.dtype and x.dim() == 1  # later, outside this)
+                    assert known is None or x.shape == known.shape[1:]
+                    msg[name] = torch.empty(x.shape, dtype=self.dtype).copy_(x)
             except Exception as exc:  # whatever a broken or hostile message makes torch.load or the checks raise
                 mesh.reject(p, f"rank {p}'s monitoring rows of round {t} are malformed ({type(exc).__name__})")
                 self.silent.add(p)
