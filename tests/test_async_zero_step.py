@@ -238,8 +238,19 @@ def _theta_moved(keys: Path, resign: bool) -> Any:
     return edit
 
 
+def _judged_nan(keys: Path) -> Any:
+    """Rank 0 records zero step 2 on the strength of a worker's NaN update (signed by that worker)."""
+
+    def edit(doc: dict[str, Any]) -> None:
+        u = doc["rounds"][2]["judged"][0]
+        nan = wire.tensor_bytes(torch.full((len(base64.b64decode(u["body"])) // 4,), float("nan")))
+        _resign(doc, keys, u, nan, u["theta"])
+
+    return edit
+
+
 @pytest.mark.parametrize("case", ["copy", "updates-in-zero", "accepted-as-rejected", "theta-moved",
-                                  "theta-not-theirs", "judged-twice"])
+                                  "theta-not-theirs", "judged-twice", "updates-not-a-list", "judged-nan"])
 def test_each_forged_zero_step_is_refused(case: str, rejected: tuple[Path, Path, str], tmp_path: Path) -> None:
     """Each mutant of a zero step, signed by rank 0 (and by the workers where the forgery needs their honest
     signature), fails the audit with its own line; the copy re-rendered without an edit passes (the loader and
@@ -255,6 +266,10 @@ def test_each_forged_zero_step_is_refused(case: str, rejected: tuple[Path, Path,
         "theta-not-theirs": (_theta_moved(keys, False), "not at the recorded θ"),
         "judged-twice": (lambda d: d["rounds"][2]["judged"].__setitem__(1, d["rounds"][2]["judged"][0]),
                          "two rejected updates of rank"),
+        # an attacker's review: `updates` of another type made the audit raise TypeError (a traceback, not a line)
+        "updates-not-a-list": (lambda d: d["rounds"][2].update(updates=1), "a zero step's 'updates' is not a list"),
+        # ... and a worker's NaN update, which the server drops before its filter, passed as the zero step's reason
+        "judged-nan": (_judged_nan(keys), "rejected update is not finite"),
     }
     edit, expected = plans[case]
     report = audit(forge(run, tmp_path, edit, load_identity(keys, 0, 5)))

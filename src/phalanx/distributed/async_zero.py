@@ -145,9 +145,11 @@ class ZeroCheck:
         if not getattr(steps.algo, "screens", False):
             return [f"{where}: a zero step in a run of {steps.algo.name}, which filters nothing (its server never "
                     "takes one)"]
-        if rec["updates"]:
-            return [f"{where}: a zero step with {len(rec['updates'])} accepted update(s) (a zero step aggregates "
-                    "none)"]
+        updates = rec["updates"]
+        if not isinstance(updates, list):  # (a hostile line: 1, true, …; len() of it raised)
+            return [f"{where}: a zero step's 'updates' is not a list"]
+        if updates:
+            return [f"{where}: a zero step with {len(updates)} accepted update(s) (a zero step aggregates none)"]
         judged, raw = rec["judged"], rec["theta"]
         if not isinstance(judged, list) or not 1 <= len(judged) < steps.workers:
             return [f"{where}: a zero step's 'judged' is not 1 … n − 1 rejected updates"]
@@ -178,6 +180,9 @@ class ZeroCheck:
                                 f"recorded θ ({sha[:12]}…)")
             ranks.append(rank)
             if row is not None:
+                if not bool(torch.isfinite(row).all()):  # the server drops such a row before any filter judges it
+                    problems.append(f"{where}: rank {rank}'s rejected update is not finite: the server drops such "
+                                    "an update before its filter judges it, so it cannot make a zero step")
                 rows.append(row)
         if problems:
             return problems
