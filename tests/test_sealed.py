@@ -564,3 +564,33 @@ def test_an_honest_rank_whose_uplink_drops_mid_frame_reconnects_and_is_never_bar
     w1.ready()
     w1.send_vector(0, row(1))
     wait(lambda: (0, 1) in server.inbox, server)
+
+
+def test_a_late_vector_replayed_is_a_violation_and_a_slow_workers_next_late_one_is_not(tmp_path: Path) -> None:
+    """A vector older than the window is dropped as late. A listed rank replaying one such signed vector forever
+    cost rank 0 a SHA-256 and a signature check each, never a violation, so its link stayed open (an attacker's
+    review: 2,000 replays, 0 violations). Now a late vector not newer than the rank's last late one is a violation;
+    a slow honest worker, whose versions only grow, is still just late."""
+    import hashlib
+
+    init_keys(tmp_path / "keys", 4)
+    links = SealedLinks(load_identity(tmp_path / "keys", 0, 4), "127.0.0.1", 0, "cfg", 8, 4)
+    who = load_identity(tmp_path / "keys", 3, 4)
+    try:
+        links.nonce, links.round = b"n" * 32, 20
+        public = links.identity.allow.public_key(3)
+
+        def frame(t: int) -> bytearray:
+            body = bytes(range(8))
+            return bytearray(who.sign(signed_message(links.nonce, links.digest, t, 3, hashlib.sha256(body).digest()))
+                             + body)
+
+        assert links._take_vector(3, public, 2, frame(2)) is None  # late: dropped, counted
+        assert links._take_vector(3, public, 5, frame(5)) is None  # a slow worker's next version: late again
+        assert links.late[3] == 2
+        for t in (5, 2):
+            problem = links._take_vector(3, public, t, frame(t))
+            assert problem is not None and "a late vector of round" in problem, problem
+        assert links.late[3] == 2 and not links.inbox
+    finally:
+        links.close()

@@ -154,6 +154,9 @@ class SealedLinks:
         """The asynchronous server's arrival order: (round, rank) of each vector kept, when not None."""
         self.late: Counter[int] = Counter()
         """Vectors older than the window, per rank (dropped, never kept)."""
+        self.late_newest: dict[int, int] = {}
+        """Each rank's newest late vector's round: a late one not newer is a replay, a violation (replayed forever, it
+        cost rank 0 a signature check each, never closing the link: an attacker's review)."""
         self.rejections = RejectionLog()  # bounded: counted per (round, rank or peer, kind)
         self.down: dict[int, _Down] = {}
         self.up: dict[int, ssl.SSLSocket] = {}
@@ -388,7 +391,10 @@ class SealedLinks:
                 if self.fresh is not None:
                     self.fresh.append((t, rank))
                 self.cond.notify_all()
+            elif t <= self.late_newest.get(rank, -1):  # an honest worker's versions only grow: a replay
+                return f"rank {rank} sent a late vector of round {t} after one of round {self.late_newest[rank]}"
             else:
+                self.late_newest[rank] = t
                 self.late[rank] += 1
         return None
 
