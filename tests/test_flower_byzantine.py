@@ -240,6 +240,8 @@ def test_the_solo_flag_is_what_the_attacks_compute() -> None:
     (dict(attack="fang"), "attack", "honest updates other than"),
     (dict(attack="mimic"), "attack", "honest updates other than"),
     (dict(attack="optimal"), "attack", "server's aggregator"),
+    # its rows round away in the reply's weights w + y: the reply was the global model (an attacker's review)
+    (dict(attack="subnormal"), "attack", "round away"),
     (dict(attack="nosuchattack"), "attack", ""),
     (dict(attack="signflip", params={"scale": -1.0}), "scale", ""),
     (dict(attack="signflip", params={"sclae": 1.0}), "signflip parameter", ""),

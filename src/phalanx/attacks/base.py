@@ -149,6 +149,9 @@ class Attack(_Configurable):
     finite: ClassVar[bool] = True
     """Whether its vectors are finite when the honest ones are; False for an attack that sends NaN or ±Inf on
     purpose."""
+    through_weights: ClassVar[bool] = True
+    """Whether its vectors survive being sent as model weights w + y, as a Flower client replies
+    (:mod:`phalanx.flower.byzantine`); False for rows that round away there (``subnormal``: w + y = w)."""
     reads_honest: bool = True
     """Whether its vectors depend on ``ctx.honest``: only then does ``attack_knowledge = "colluders"`` (the
     Byzantine workers' own honest computations instead of every honest vector) change anything; a run refuses it

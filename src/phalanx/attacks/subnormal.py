@@ -52,6 +52,7 @@ class Subnormal(Attack):
     )
     threat: ClassVar[str] = "none needed"
     stochastic: ClassVar[bool] = True
+    through_weights: ClassVar[bool] = False  # a Flower client replies w + y: every such y rounds away (w + y = w)
     reads_honest = False
     solo = True
 

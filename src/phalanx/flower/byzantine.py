@@ -32,8 +32,9 @@ What the client knows decides which attacks it can run (each attack's metadata, 
   needs k ≥ 2.
 
 Refused with a one-line :class:`~phalanx.errors.ConfigError` naming the attack and why: an attack that calls the
-server's rule (``optimal``: a client does not run the server's aggregator), a non-``solo`` attack without colluders,
-and a rendezvous for an attack that reads no honest vector (what the colluders know changes nothing, as
+server's rule (``optimal``: a client does not run the server's aggregator), one whose rows round away in the reply's
+weights w + y (``subnormal``: ``Attack.through_weights``), a non-``solo`` attack without colluders, and a
+rendezvous for an attack that reads no honest vector (what the colluders know changes nothing, as
 ``attack_knowledge = "colluders"`` is refused for it in a Phalanx run). A data attack poisons the client's own data
 — its training code calls :func:`poison` — and the mod applies the attack's update step (``boost``…) to what that
 training produced.
@@ -113,6 +114,9 @@ def _check_attack(attack: Attack | DataAttack, colluders: int) -> None:
             raise ConfigError("rendezvous", attack.name, "none for a data attack (each client poisons its own data; "
                               "what the others computed changes nothing)")
         return
+    if not type(attack).through_weights:
+        raise ConfigError("attack", attack.name, "an attack whose rows survive being sent as weights w + y (these "
+                          "round away: the reply would be the global model, an update of zeros)")
     if type(attack).needs_aggregator or attack.describe().get("needs_aggregator"):
         raise ConfigError("attack", attack.name, "an attack that does not call the server's aggregator (a Flower "
                           "client does not run the server's rule)")
