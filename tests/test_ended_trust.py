@@ -246,3 +246,25 @@ def test_a_row_appended_after_the_final_checkpoint_is_refused_on_an_unsigned_run
     monkeypatch.setattr(provenance, "rows_beyond", lambda run_dir, round_: None)  # mutant: rows_upto(…, round_)
     run_grid([cfg], tmp_path)
     assert reported(tmp_path, 0) == 0.99 != honest
+
+
+def test_a_finished_run_planted_while_the_grid_runs_is_checked_before_its_rows_are_used(
+        tmp_path: Path, keys: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run the grid found unfinished when it started, finished and unsigned with forged rows by the time its
+    engine opens it (planted while the grid trained another run: an attacker's review reported 94.6 = mean(89.3,
+    99.9) under verify_key with no warning). The engine now holds a run it finds finished to the grid's checks.
+    Planted here before the grid starts, with the grid's own check skipped, so that the engine finds it; mutant: the
+    engine without the check reports the forged rows."""
+    src = tmp_path / "src"
+    (unsigned,) = run_grid([_cfg(None, seed=0)], src)
+    out = tmp_path / "out"
+    (run,) = _copy((unsigned,), out)
+    forge_rows(run, 0.99)
+    rehash(run)
+    monkeypatch.setattr(runstate, "is_final", lambda d: False)  # as if planted after the grid's own checks
+    with pytest.raises(signing.SignatureError) as info:
+        run_grid([_cfg(keys, sign=False, seed=0)], out)
+    one_line(info.value, str(run), "signature")
+    monkeypatch.setattr(ended, "check_ended", lambda *a: None)  # mutant: the engine trusts what it finds finished
+    run_grid([_cfg(keys, sign=False, seed=0)], out)
+    assert reported(out, 0) == 0.99

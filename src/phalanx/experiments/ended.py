@@ -24,6 +24,7 @@ Without a key all of it is an unkeyed checksum (docs/security.md, "Without a key
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from phalanx import signing
 from phalanx.experiments import provenance, store
@@ -44,16 +45,23 @@ def check(run_dir: Path, cfg: RunConfig) -> None:
     """Before a grid skips the ended run in ``run_dir`` as the run ``cfg``: the checks of the module's docstring;
     one-line errors (:class:`~phalanx.errors.ConfigError`, :class:`~phalanx.errors.IntegrityError`,
     :class:`~phalanx.signing.SignatureError`, :class:`ProvenanceError`) naming the file or directory."""
-    refuse_diverged_under_key(run_dir, cfg.verify_key)
+    check_ended(run_dir, cfg.identity(), cfg.verify_key)
+
+
+def check_ended(run_dir: Path, identity: dict[str, Any], verify_key: str | None) -> None:
+    """:func:`check` for the run of configuration ``identity``: also what a run's engine calls on a directory it
+    opens to train and finds finished — by a process it waited for, or by whoever can write the output directory
+    while the grid ran (before, such a run was reported unchecked under ``verify_key``: an attacker's review)."""
+    refuse_diverged_under_key(run_dir, verify_key)
     digests = None
-    if cfg.verify_key is not None:  # its results will be used: the signed files, trained under the key
-        digests = signing.verify(run_dir, cfg.verify_key)
-    store.check_finished(run_dir, cfg.identity())  # trusted by what it recorded, not by its name
+    if verify_key is not None:  # its results will be used: the signed files, trained under the key
+        digests = signing.verify(run_dir, verify_key)
+    store.check_finished(run_dir, identity)  # trusted by what it recorded, not by its name
     if not store.is_finished(run_dir):
         store.is_diverged(run_dir)  # a DIVERGED marker the manifest does not record is refused
-    provenance.check_recorded(run_dir, cfg.identity())  # its checkpoint's own record names this run and matches it
-    if cfg.verify_key is not None and digests is not None:
-        provenance.require(run_dir, Path(cfg.verify_key))
+    provenance.check_recorded(run_dir, identity)  # its checkpoint's own record names this run and matches it
+    if verify_key is not None and digests is not None:
+        provenance.require(run_dir, Path(verify_key))
         store.pin(run_dir, digests)
 
 

@@ -148,7 +148,8 @@ def opened(
     directory = RunDirectory.of(path, identity, exp, checkpoint_every, sign_key=sign_key, verify_key=verify_key)
     with runstate.locked(directory.path, wait=wait), runstate.recording_failure(directory.path):
         start = directory.open()
-        if store.is_finished(directory.path):  # finished (perhaps by the process this one waited for)
+        if store.is_finished(directory.path):  # finished (perhaps by the process this one waited for): checked
+            ended.check_ended(directory.path, identity, verify_key)  # as a run the grid skips is, before its rows
             yield OpenedRun(directory, start, store.read_rows(directory.path))
             return
         ended.refuse_diverged_under_key(directory.path, verify_key)  # never signed: nothing to verify
