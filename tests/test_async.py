@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import os
 import pickle
 import re
 from pathlib import Path
@@ -333,7 +334,9 @@ class _Named:
     (pickle.dumps({1: {"computation": float("nan")}}), "'computation' must be"),
     (pickle.dumps({1: {"computation": True}}), "'computation' must be"),
     (pickle.dumps({1: {"communication": 3.0}}), "'computation' must be"),
-    (pickle.dumps({1: {"computation": 1.0}, "a": {"computation": 1.0}}), "mixed types"),
+    (pickle.dumps({1: {"computation": 1.0}, "a": {"computation": 1.0}}), "mixed"),
+    # an attacker's review: a value nested 200,000 deep made the error's repr raise RecursionError (a traceback)
+    (b"\x80\x04}K\x01}\x8c\x0bcomputation" + b"]" * 200_001 + b"a" * 200_000 + b"ss.", "'computation' must be"),
 ])
 def test_a_hostile_trace_is_refused_in_one_line(tmp_path: Path, payload: bytes, says: str) -> None:
     """A trace is unpickled with no globals (a pickle that names any class — the only way one runs code — is refused,
@@ -350,6 +353,11 @@ def test_a_hostile_trace_is_refused_in_one_line(tmp_path: Path, payload: bytes, 
 def test_a_trace_too_large_missing_or_too_short_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="cannot be read"):
         FedBuff(speeds=f"fedscale:{tmp_path / 'absent.pkl'}")
+    fifo = tmp_path / "trace.fifo"  # a FIFO blocked the read for ever, /dev/zero was read until memory ran out
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero")):
+        with pytest.raises(ConfigError, match="not a regular file"):
+            FedBuff(speeds=f"fedscale:{path}")
     monkeypatch.setattr(traces, "MAX_BYTES", 100)
     with pytest.raises(ConfigError, match="more than 100"):
         FedBuff(speeds="fedscale:sample")

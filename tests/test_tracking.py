@@ -425,3 +425,23 @@ def test_a_quick_resume_waits_for_a_second_of_its_own_so_wandb_does_not_overwrit
     _wait_for_a_fresh_second(folder, "abc")
     assert datetime.now().strftime("%Y%m%d_%H%M%S") > stamp
     _wait_for_a_fresh_second(folder, "other")  # another run's id: nothing to wait for
+
+
+def test_a_hostile_kept_file_keeps_nothing_and_never_raises(tmp_path: Path) -> None:
+    """``tracking.json`` is not in the manifest: whoever can write the run directory can plant one. 200,000 nested
+    brackets made a resume raise RecursionError, and a link to /dev/zero was read whole (an attacker's review); now
+    a file that is not a small JSON object in a regular file keeps nothing."""
+    import os
+
+    from phalanx.experiments.tracking.callback import KEPT_BYTES, read_kept
+
+    kept = tmp_path / KEPT
+    for text in ("[" * 200_000, "[1, 2]", "{" + " " * KEPT_BYTES + "}", "not json"):
+        kept.write_text(text)
+        assert read_kept(tmp_path) == {}
+    kept.unlink()
+    os.symlink("/dev/zero", kept)
+    assert read_kept(tmp_path) == {}
+    kept.unlink()
+    kept.write_text('{"tensorboard": {"id": "r1", "through": 4}, "x": 2}')
+    assert read_kept(tmp_path) == {"tensorboard": {"id": "r1", "through": 4}}

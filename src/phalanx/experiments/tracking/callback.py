@@ -25,7 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from phalanx.experiments import store
+from phalanx.errors import PhalanxError
+from phalanx.experiments import runfiles, store
 from phalanx.experiments.tracking import Tracking
 from phalanx.experiments.tracking.base import TrackedRun, TrackerLike, numbers
 from phalanx.training.divergence import Diverged
@@ -35,17 +36,19 @@ log = logging.getLogger("phalanx.tracking")
 
 KEPT = "tracking.json"
 """The run directory's file of what each tracker keeps between sessions of the run."""
+KEPT_BYTES = 1 << 20
+"""The most bytes of it read (a few identifiers per tracker are kept): a larger one keeps nothing."""
 
 
 def read_kept(run_dir: Path | None) -> dict[str, dict[str, Any]]:
     """What the trackers kept in ``run_dir`` ({} when nothing, or no run directory)."""
-    if run_dir is None or not (run_dir / KEPT).is_file():
+    if run_dir is None:
         return {}
-    try:
-        data = json.loads((run_dir / KEPT).read_text())
-    except (OSError, ValueError):
+    try:  # a hostile file (200,000 nested brackets raised RecursionError: an attacker's review) keeps nothing
+        data = runfiles.read_json_object(run_dir / KEPT, KEPT_BYTES)
+    except (OSError, PhalanxError):
         return {}
-    return {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+    return {k: v for k, v in data.items() if isinstance(v, dict)}
 
 
 class Tracked(Callback):

@@ -242,16 +242,19 @@ def read(path: Path) -> list[tuple[list[float], list[float], float]]:
     for cid in ids:
         entry = table[cid]
         if not isinstance(entry, dict):
-            raise trace_error(path, f"client {cid!r}: not a dict")
+            raise trace_error(path, f"client {traces.shown(cid)}: not a dict")
         active, inactive, finish = entry.get("active"), entry.get("inactive"), entry.get("finish_time")
         if not (_number(finish) and finish > 0):  # type: ignore[operator]
-            raise trace_error(path, f"client {cid!r}: 'finish_time' must be a finite number > 0, got {finish!r}")
+            raise trace_error(path, f"client {traces.shown(cid)}: 'finish_time' must be a finite number > 0, got "
+                              f"{traces.shown(finish)}")
         if not (isinstance(active, list) and isinstance(inactive, list) and len(active) == len(inactive)):
-            raise trace_error(path, f"client {cid!r}: 'active' and 'inactive' must be lists of the same length")
+            raise trace_error(path, f"client {traces.shown(cid)}: 'active' and 'inactive' must be lists of the same "
+                              "length")
         times = [x for pair in zip(active, inactive) for x in pair]
         if not all(_number(x) and x >= 0 for x in times):
-            raise trace_error(path, f"client {cid!r}: times must be finite numbers >= 0")
+            raise trace_error(path, f"client {traces.shown(cid)}: times must be finite numbers >= 0")
         if any(b < a for a, b in itertools.pairwise(times)):
-            raise trace_error(path, f"client {cid!r}: active/inactive times must alternate in increasing order")
+            raise trace_error(path, f"client {traces.shown(cid)}: active/inactive times must alternate in "
+                              "increasing order")
         out.append(([float(x) for x in active], [float(x) for x in inactive], float(finish)))  # type: ignore[arg-type]
     return out

@@ -32,7 +32,10 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import pickle
+import reprlib
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -81,11 +84,14 @@ def read_table(path: Path, max_bytes: int, shape: str,
     read), unpickled with no globals, a non-empty dict (``shape`` names its expected form in the error), and its
     client ids in increasing order; any defect is ``error(path, problem)`` — one line naming the file. Shared by the
     device-capacity trace (here) and the behaviour trace (:mod:`~phalanx.training.algorithms.availability`)."""
-    try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise error(path, f"{size} bytes, more than {max_bytes}")
-        raw = path.read_bytes()[: max_bytes + 1]
+    try:  # opened without blocking (a FIFO in its place), then checked on the descriptor read: a regular file
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)), "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):  # /dev/zero was read until memory ran out; a FIFO blocked for ever
+                raise error(path, "not a regular file (a device, a FIFO or a directory)")
+            if st.st_size > max_bytes:
+                raise error(path, f"{st.st_size} bytes, more than {max_bytes}")
+            raw = fh.read(max_bytes + 1)
     except OSError as exc:
         raise error(path, f"cannot be read: {exc.strerror or exc}") from None
     try:
@@ -96,9 +102,22 @@ def read_table(path: Path, max_bytes: int, shape: str,
         raise error(path, f"not a non-empty dict {shape}")
     try:
         ids = sorted(table)
-    except TypeError:
-        raise error(path, "client ids of mixed types") from None
+    except (TypeError, RecursionError):
+        raise error(path, "client ids of mixed types or nested too deeply") from None
     return table, ids
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 2, 40, 40
+
+
+def shown(value: Any) -> str:
+    """A value read from a hostile file, for a one-line error: its repr cut short (a list nested 200,000 deep made
+    ``repr`` raise ``RecursionError``: an attacker's review)."""
+    try:
+        return _SHOWN.repr(value)
+    except RecursionError:
+        return type(value).__name__
 
 
 def load(spec: str) -> tuple[float, ...]:
@@ -118,7 +137,7 @@ def _positive(path: Path, cid: Any, entry: Any, key: str) -> float:
     """``entry[key]`` as a finite number > 0, else one line naming the file and the client."""
     value = entry.get(key) if isinstance(entry, dict) else None
     if not (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0):
-        raise trace_error(path, f"client {cid!r}: {key!r} must be a finite number > 0, got {value!r}")
+        raise trace_error(path, f"client {shown(cid)}: {key!r} must be a finite number > 0, got {shown(value)}")
     return float(value)
 
 
