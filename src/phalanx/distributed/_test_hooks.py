@@ -112,16 +112,24 @@ def maybe_hold(round_: int) -> None:
     _wait_for(path)
 
 
+def _next_kind(plans: dict[int, list[str]], rank: int, var: str, what: str) -> str | None:
+    """The next KIND of ``rank``'s plan (the plan rotates), said on stderr as ``what`` names it; None without one."""
+    plan = plans.get(rank)
+    if not plan:
+        return None
+    kind = plan.pop(0)
+    plan.append(kind)
+    print(f"[phalanx rank {rank}] {var}: {what.format(kind)} (test hook)", file=sys.stderr, flush=True)
+    return kind
+
+
 def journal(rank: int, items: list[dict[str, Any]],
             sign: Callable[[list[dict[str, Any]]], tuple[str, str]]) -> tuple[str, str]:
     """A gossip node's journal and signature as it sends them to rank 0: ``sign(items)``, unless the test plan makes
     this rank send another kind (see the module's docstring)."""
-    plan = _JOURNAL.get(rank)
-    if not plan:
+    kind = _next_kind(_JOURNAL, rank, JOURNAL_VAR, "a {} journal")
+    if kind is None:
         return sign(items)
-    kind = plan.pop(0)
-    plan.append(kind)
-    print(f"[phalanx rank {rank}] {JOURNAL_VAR}: a {kind} journal (test hook)", file=sys.stderr, flush=True)
     text, signature = sign(items)
     if kind == "junk":
         return sign([1, "x", {"round": "a"}, None])  # type: ignore[list-item]
@@ -142,12 +150,9 @@ def journal(rank: int, items: list[dict[str, Any]],
 def report(rank: int, payload: bytes) -> bytes:
     """A rank's worker-stage report as it sends it: ``payload``, unless the test plan makes this rank send another
     kind (see the module's docstring)."""
-    plan = _REPORT.get(rank)
-    if not plan:
+    kind = _next_kind(_REPORT, rank, REPORT_VAR, "a {} report")
+    if kind is None:
         return payload
-    kind = plan.pop(0)
-    plan.append(kind)
-    print(f"[phalanx rank {rank}] {REPORT_VAR}: a {kind} report (test hook)", file=sys.stderr, flush=True)
     tag, n = payload[:2], (len(payload) - 2) // 8
     if kind == "huge":
         return tag + struct.pack(f"<{n}d", *[1e300] * n)
@@ -165,12 +170,9 @@ def report(rank: int, payload: bytes) -> bytes:
 def monitoring_rows(rank: int, payload: dict[str, Any]) -> dict[str, Any]:
     """A gossip node's monitoring rows as it sends them to rank 0: ``payload``, unless the test plan makes this rank
     send another kind (see the module's docstring)."""
-    plan = _ROWS.get(rank)
-    if not plan:
+    kind = _next_kind(_ROWS, rank, ROWS_VAR, "{} monitoring rows")
+    if kind is None:
         return payload
-    kind = plan.pop(0)
-    plan.append(kind)
-    print(f"[phalanx rank {rank}] {ROWS_VAR}: {kind} monitoring rows (test hook)", file=sys.stderr, flush=True)
     import torch
 
     theta = payload["theta"]
