@@ -156,9 +156,11 @@ def test_a_misfit_adapter_is_a_missing_rank_counted_against_f_and_its_mutants_fa
     assert len([s for s in said if "not of the model's length" in s]) == 1
 
     monkeypatch.setattr(parameter_server, "fits", lambda size, row, state=None: size >= row)  # the old phase 2
-    if job is BYZANTINE_PHASE:
-        _, seen, _, _ = _rank_zero(job)
-        assert seen.missing == [[4]] * job["rounds"], "the truncating mutant lets the rank-(r + 2) adapter in"
+    if job is BYZANTINE_PHASE:  # the truncating mutant reads the rank-(r + 2) adapter as a row and its tail as the
+        _, seen, mutant_links, _ = _rank_zero(job)  # attack stream's state: only the state check keeps it out now
+        reasons = [reason for _, r, reason in mutant_links.refused if r == 3]
+        assert len(reasons) == job["rounds"] and all("attack-stream state" in reason for reason in reasons), \
+            "the truncating mutant lets the rank-(r + 2) adapter past the length check"
     else:
         with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
             _rank_zero(job)

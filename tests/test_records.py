@@ -261,7 +261,7 @@ def test_a_phase_that_is_not_an_int_is_refused_not_raised(keys: Path, tmp_path: 
         text, sig = sign_journal(byzantine, nonce, config, 7, items)
         got = read_journal(text, sig, 3, 4, [7], pub, nonce, config, 7)
         assert isinstance(got, str) and "no valid phase" in got, (phase, got)
-    with pytest.raises(ValueError, match="phase"):
+    with pytest.raises(TypeError):  # what the message of such an entry does: why the checks above must refuse it
         mesh_message("gossip", nonce, config, Kind.ROW, 0.0, 7, 2, 3, b"\x00" * 32)  # type: ignore[arg-type]
     run = tmp_path / "run"
     run.mkdir()

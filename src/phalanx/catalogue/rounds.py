@@ -272,6 +272,12 @@ ATTACKS: dict[str, _Attack] = {
         ('scale: float = 1.0 (attack_params.scale)',),
         ("Z. Allen-Zhu, F. Ebrahimian, J. Li, D. Alistarh, 'Byzantine-Resilient Non-Convex Stochastic Gradient "
          "Descent', ICLR 2021 (sign-flipping attack); ByzFL SignFlipping")),
+    'subnormal': _Attack(
+        'phalanx.attacks.subnormal:Subnormal',
+        'vector: sends rows',
+        ("values: str = 'subnormal' (attack_params.values)",),
+        ("Phalanx's own availability attack through subnormal arithmetic (M. Andrysco, D. Kohlbrenner, K. Mowery, "
+         "R. Jhala, S. Lerner, H. Shacham, 'On Subnormal Floating Point and Abnormal Timing', IEEE S&P 2015)")),
 }
 """The built-in vector and data attacks (:func:`phalanx.attacks.names`)."""
 ATTACK_GROUP = Group("phalanx.attacks", "phalanx.attacks.registry")

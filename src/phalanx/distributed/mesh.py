@@ -99,11 +99,7 @@ listened there when it joined): the most a rank that does not answer there delay
 
 def mesh_message(topology: str, nonce: bytes, config: str, kind: Kind, phase: int, t: int, sender: int, to: int,
                  digest: bytes) -> bytes:
-    """What a mesh signature covers (every field of fixed length: the nonce 32 bytes, the config digest 64 hex).
-    A phase that is not an int of one byte (a frame's header field) is a ``ValueError``: it names no message — a
-    float read from a file, such as 0.0, is not one."""
-    if type(phase) is not int or not 0 <= phase <= 255:
-        raise ValueError(f"mesh_message: phase {phase!r} is not an int 0..255")
+    """What a mesh signature covers (every field of fixed length: the nonce 32 bytes, the config digest 64 hex)."""
     return (DOMAINS[topology] + nonce + config.encode() + bytes([int(kind), phase]) + t.to_bytes(8, "big")
             + sender.to_bytes(4, "big") + to.to_bytes(4, "big") + digest)
 

@@ -11,26 +11,23 @@ accepts θ only from rank 0's key. Every vector carries an Ed25519 signature ove
 rank, SHA-256 of the payload)``, checked before the vector is used, and kept in the run's transcript
 (:mod:`phalanx.distributed.transcript`) so that anyone holding the allow-list can check later who was heard.
 
-The run nonce is not rank 0's alone (:mod:`phalanx.distributed.contribution`): each worker sends 32 fresh random
-bytes in the hello of its links, rank 0 waits for every expected worker's (at most
-:data:`~phalanx.distributed.parameter_server.JOIN_TIMEOUT_S`) before it sends any start snapshot, and the nonce is
-SHA-256 of the domain and every contribution in rank order; the start snapshot carries the contributions, and a
-worker whose own is not there unchanged, or whose nonce does not follow, stops in one line. A worker that comes after
-the nonce was fixed is refused at its handshake (its contribution could no longer count): it is missing this session.
+The run nonce is not rank 0's alone (:mod:`phalanx.distributed.contribution`): SHA-256 of the domain and the 32 fresh
+random bytes every worker sends in its hello, which rank 0 waits for (at most ``JOIN_TIMEOUT_S``) before any start
+snapshot; a worker whose own is not in it unchanged stops in one line, and one that comes later is refused.
 
 Rank 0's listener admits connections through :class:`~phalanx.distributed.admission.Admission` (one thread,
 handshake deadlines, caps per source: an outsider holding connections cannot keep a worker out); a worker whose
 connection was shed tries again until :data:`~phalanx.distributed.parameter_server.JOIN_TIMEOUT_S`, and the server
 answers its uplink with ``ACK`` (its downlink with the start snapshot), so it knows it was let in.
 
-What is never used: a frame over its kind's size (refused before it is read, and the connection closed), a frame of
-a kind the server does not take, a vector whose signature does not verify, a second vector of one rank in one round,
-a vector of a round that has not begun, and anything from a connection that failed TLS (an unknown key, a flipped or
-cut byte, a replay of recorded traffic). Each is a *rejection*, recorded with the round, the rank (None for an
-unknown key) and the reason; the rank's row is then missing from the round and counts against f, exactly as a
-silent worker's does. An uplink is closed at its ``MAX_VIOLATIONS``-th vector that must not be used or its first wrong
-header (``channel.Malformed``), and the rank refused a new uplink for the session (a link closed, reset or cut mid-frame
-may be opened again): a listed rank cannot make the server check bad frames forever, nor reconnect for more.
+What is never used: a frame over its kind's size (refused before it is read, and the connection closed), a frame of a
+kind the server does not take, a vector whose signature does not verify, a second vector of one rank in one round, a
+vector of a round that has not begun, a late one replayed, and anything from a connection that failed TLS (an unknown
+key, a flipped or cut byte, a replay of recorded traffic). Each is a *rejection*, recorded with the round, the rank
+(None for an unknown key) and the reason; the rank's row is then missing from the round and counts against f, exactly
+as a silent worker's does. An uplink is closed at its ``MAX_VIOLATIONS``-th vector that must not be used or its first
+wrong header (``channel.Malformed``), and the rank refused a new uplink for the session (a link closed, reset or cut
+mid-frame may be opened again): a listed rank cannot make the server check bad frames forever, nor reconnect for more.
 
 The server never blocks on a worker: each downlink has its own writer thread with a mailbox in which a newer round's
 θ replaces messages of older rounds that have not been sent yet (a worker that fell behind receives the newest θ and
@@ -154,9 +151,7 @@ class SealedLinks:
         """The asynchronous server's arrival order: (round, rank) of each vector kept, when not None."""
         self.late: Counter[int] = Counter()
         """Vectors older than the window, per rank (dropped, never kept)."""
-        self.late_newest: dict[int, int] = {}
-        """Each rank's newest late vector's round: a late one not newer is a replay, a violation (replayed forever, it
-        cost rank 0 a signature check each, never closing the link: an attacker's review)."""
+        self.late_newest: dict[int, int] = {}  # each rank's newest late round: one not newer is a replay (violation)
         self.rejections = RejectionLog()  # bounded: counted per (round, rank or peer, kind)
         self.down: dict[int, _Down] = {}
         self.up: dict[int, ssl.SSLSocket] = {}
@@ -394,8 +389,7 @@ class SealedLinks:
             elif t <= self.late_newest.get(rank, -1):  # an honest worker's versions only grow: a replay
                 return f"rank {rank} sent a late vector of round {t} after one of round {self.late_newest[rank]}"
             else:
-                self.late_newest[rank] = t
-                self.late[rank] += 1
+                self.late_newest[rank], self.late[rank] = t, self.late[rank] + 1
         return None
 
     # -- ServerLinks -----------------------------------------------------------------------------------------------
