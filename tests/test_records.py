@@ -413,7 +413,9 @@ def test_a_byzantine_gossip_nodes_unusable_monitoring_rows_are_refused(keys: Pat
     assert "Traceback" not in errs
     d = run_dir(tmp_path / "out")
     doc = load(d / TRANSCRIPT)
-    assert [4 in r["silent"] for r in doc["rounds"]] == [True, True, True, False]
+    # (at round 3 node 4 sends its own rows, but a node silent at the last gathering is not waited for at the next:
+    # they count only if they are there in time, which the load decides — so only the three refusals are asserted)
+    assert [4 in r["silent"] for r in doc["rounds"][:3]] == [True, True, True]
     refused = " | ".join(s for r in doc["rounds"] for g in r["rejected"] if g["rank"] == 4 for s in g["samples"])
     assert refused.count("monitoring rows of round") == 3, refused
     report = audit(d)
