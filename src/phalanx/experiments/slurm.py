@@ -36,6 +36,7 @@ from phalanx.errors import ConfigError, PhalanxError
 from phalanx.experiments import runstate, signals, status
 from phalanx.experiments.config import RunConfig, ValidRun, validate
 from phalanx.experiments.executor import Hooks, Outcome, dataset_for
+from phalanx.experiments.private_folder import private_folder
 from phalanx.training.divergence import Diverged
 from phalanx.validate import check_int, check_real
 
@@ -82,7 +83,9 @@ class SlurmOptions:
     ``setup``: shell lines run before each task (``module load …``, activating the environment). ``python``: the
     interpreter on the nodes (default: this one — the same environment on a shared file system). ``sbatch``: any
     other ``sbatch`` option, ``{"exclude": "node3"}``. ``folder``: the tasks' logs and submitit's files (default
-    ``OUT/slurm``). ``poll_seconds``: how often the waiting command looks at the run directories and the queue.
+    ``OUT/slurm``; it must be a folder only you can write, in directories only you can change: the nodes unpickle
+    what it holds, :mod:`phalanx.experiments.private_folder`). ``poll_seconds``: how often the waiting command
+    looks at the run directories and the queue.
     ``detach``: return once submitted.
     """
 
@@ -288,7 +291,8 @@ class SlurmExecutor:
         submitit = _submitit()
         if shutil.which("sbatch") is None:
             raise SlurmUnavailableError("--executor slurm: sbatch is not on the PATH (run on a Slurm login node)")
-        folder = self.folder = Path(self.options.folder) if self.options.folder else out / "slurm"
+        folder = self.folder = private_folder("slurm.folder", Path(self.options.folder) if self.options.folder
+                                              else out / "slurm")
         ex = submitit.SlurmExecutor(folder=str(folder / "%j"), max_num_timeout=self.options.max_requeues,
                                     python=self.options.python)
         ex.update_parameters(**self.options.submitit_parameters(f"phalanx-{out.name}"[:64]))
