@@ -28,7 +28,7 @@ from phalanx.experiments import provenance, runfiles, store
 
 ROOT = Path(__file__).resolve().parent.parent
 BOUND_MIB = 64
-"""How much the reading process's peak memory may grow (a line of metrics.jsonl may be 16 MiB; read once)."""
+"""How much the reading process's peak memory may grow (a line of metrics.jsonl may be 1 MiB; read once)."""
 CLAIM = 1 << 30
 """What a huge file claims (its size): 16 times the bound."""
 
@@ -74,9 +74,9 @@ CASES: dict[str, tuple[Any, str, str, str]] = {
         "nested too deeply", "store.check_identity(d, {})"),
     "metrics.jsonl: one line of 1 GiB": (lambda d: (legacy(d), _sparse(d / "metrics.jsonl", CLAIM, b'{"round": ')),
                                          "metrics.jsonl", "longer than", "store.read_rows(d)"),
-    "metrics.jsonl: a row nested 1 million deep": (
-        lambda d: (legacy(d), (d / "metrics.jsonl").write_bytes(_nested(1_000_000) + b"\n")), "metrics.jsonl",
-        "nested too deeply", "store.read_rows(d)"),
+    "metrics.jsonl: a row nested 400,000 deep (within the line's 1 MiB)": (
+        lambda d: (legacy(d), (d / "metrics.jsonl").write_bytes(_nested(400_000) + b"\n")), "metrics.jsonl",
+        "more { and [ than a metric row can", "store.read_rows(d)"),
     "metrics.jsonl of 5 GiB": (lambda d: (legacy(d), _sparse(d / "metrics.jsonl", 5 << 30)), "metrics.jsonl",
                                "not read", "store.read_rows(d)"),
     "phalanx.sig of 1 GiB": (lambda d: _sparse(d / "phalanx.sig", CLAIM), "phalanx.sig", "not read",

@@ -14,7 +14,7 @@ file                   bound                      what an honest one holds
                        most as deep as Python's
                        parser allows
 ``metrics.jsonl``      :data:`MAX_ROW_BYTES` a    a few hundred bytes a row (the row carries the config's
-                       line (16 MiB), at most     columns), at most :data:`~phalanx.experiments.schema.MAX_ROWS`
+                       line (1 MiB), at most      columns), at most :data:`~phalanx.experiments.schema.MAX_ROWS`
                        ``MAX_ROWS + 1`` rows,     rows (+ round 0)
                        :data:`MAX_METRICS_BYTES`
                        (4 GiB) in all
@@ -59,8 +59,9 @@ MAX_JSON_BYTES = 4 << 20
 """The largest ``manifest.json`` / ``config.json`` read back."""
 MAX_MARKER_BYTES = 64 << 10
 """The largest ``FAILED`` / ``DIVERGED`` marker or lock file read back."""
-MAX_ROW_BYTES = 16 << 20
-"""The longest line of ``metrics.jsonl`` read back."""
+MAX_ROW_BYTES = 1 << 20
+"""The longest line of ``metrics.jsonl`` read back (a row holds at most 256 scalars of at most 256 characters:
+:mod:`phalanx.training.metric_rows`; an honest one a few hundred bytes)."""
 MAX_METRICS_BYTES = 4 << 30
 """The largest ``metrics.jsonl`` read back (streamed: memory is bounded by the rows kept, not by this)."""
 MAX_HEADER_BYTES = 8 << 20

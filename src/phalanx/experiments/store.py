@@ -59,6 +59,7 @@ from phalanx.experiments.runfiles import damaged
 from phalanx.experiments.runfiles import reason as _reason
 from phalanx.experiments.schema import MAX_ROWS, RESULT_NEUTRAL_KEYS
 from phalanx.files import file_mode, temporary, write_atomic
+from phalanx.training import metric_rows
 from phalanx.training.state import Snapshot
 
 
@@ -537,11 +538,13 @@ def rows_upto(path: Path, round_: int | None) -> tuple[list[dict[str, Any]], str
     if (path / MANIFEST).exists() or (path / "config.json").exists():
         verify(path, ("metrics.jsonl",))
     rows: list[dict[str, Any]] = []
-    h, whole = hashlib.sha256(), hashlib.sha256()
+    h, whole, shared = hashlib.sha256(), hashlib.sha256(), metric_rows.Interner()
     for number, line in runfiles.jsonl_lines(metrics):
         whole.update(line)
         if not line.strip():
             continue
+        if metric_rows.crowded(line):
+            raise damaged(metrics, f"line {number} holds more {{ and [ than a metric row can (not parsed)")
         try:
             row = json.loads(line.decode("utf-8"))
         except UnicodeDecodeError as exc:
@@ -553,12 +556,15 @@ def rows_upto(path: Path, round_: int | None) -> tuple[list[dict[str, Any]], str
             raise damaged(metrics, f"line {number} is JSON nested too deeply") from None
         except ValueError:  # an integer of more than 4,300 digits (sys.get_int_max_str_digits)
             raise damaged(metrics, f"line {number} holds a number too long to read") from None
-        if not isinstance(row, dict) or isinstance(row.get("round"), bool) or not isinstance(row.get("round"), int):
-            raise damaged(metrics, f"line {number} is not a metric row (a JSON object with an integer 'round')")
+        if (why := metric_rows.problem(row)) is not None:
+            raise damaged(metrics, f"line {number} is not a metric row: {why}")
         if round_ is None or row["round"] <= round_:
             if len(rows) > MAX_ROWS:
                 raise damaged(metrics, f"more than {MAX_ROWS + 1:,} metric rows (the most a run writes)")
-            rows.append(row)
+            try:
+                rows.append(shared.row(row))
+            except ValueError as exc:
+                raise damaged(metrics, f"line {number} is not a metric row: {exc}") from None
             h.update(line)
     if signed is not None and whole.hexdigest() != signed:  # these bytes, not the file verified: the pin's reason
         raise IntegrityError(str(metrics), "changed since its signature was verified (its SHA-256 differs from the "

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from phalanx.attacks.base import DataAttack
 from phalanx.errors import ConfigError, WorkersLostError
+from phalanx.training import metric_rows
 from phalanx.training.experiment import Experiment
 from phalanx.training.server import BoundRule, RoundResult, Server
 from phalanx.training.stages.base import STATE_PREFIX, Evaluation, ServerRound
@@ -130,7 +131,7 @@ class Evaluate(Callback):
         if stop is not None:  # durability: attack_success k rounds after the attackers stopped (docs/attacks.md)
             row["rounds_since_stop"] = loop.state.round - stop if loop.state.round >= stop else None
         row.update(exp.columns)
-        return row
+        return metric_rows.written(row)
 
 
 class OnRound(Callback):
