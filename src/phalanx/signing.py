@@ -45,6 +45,7 @@ from typing import Any
 
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.files import write_atomic
+from phalanx.walk import walk
 
 __all__ = [
     "CURVES",
@@ -141,7 +142,7 @@ def _run_dir(run_dir: PathLike) -> Path:
 
 def _transient(run: Path) -> list[str]:
     return sorted(
-        p.relative_to(run).as_posix() for p in run.rglob("*")
+        p.relative_to(run).as_posix() for p in walk(run, "run_dir")
         if p.name.endswith(TRANSIENT_SUFFIXES) and not p.is_symlink() and p.is_file()
     )
 
@@ -152,7 +153,7 @@ def covered_files(run_dir: PathLike) -> list[str]:
     run = _run_dir(run_dir)
     skip = {SIGNATURE, *_transient(run)}
     return sorted(
-        rel for p in run.rglob("*") if (p.is_file() or p.is_symlink())
+        rel for p in walk(run, "run_dir") if (p.is_file() or p.is_symlink())
         and (rel := p.relative_to(run).as_posix()) not in skip
     )
 

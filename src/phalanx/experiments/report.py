@@ -24,6 +24,7 @@ from phalanx.experiments.plots import (
     save_figure,
 )
 from phalanx.experiments.schema import RESULT_NEUTRAL_KEYS, RunConfig
+from phalanx.walk import walk
 
 SETTING_KEYS = ("aggregator", "f", "attack", "byzantine", "partition", "alpha", "dataset", "model", "workers",
                 "algorithm", "graph", "lr", "momentum", "local_steps", "clients_per_round")
@@ -37,7 +38,7 @@ def collect(root: Path) -> list[dict[str, Any]]:
     its run's values of those keys too, so that runs differing in them are never pooled as seeds of one setting."""
     rows: list[dict[str, Any]] = []
     configs: dict[str, dict[str, Any]] = {}
-    for cfg_path in sorted(root.rglob("config.json")):
+    for cfg_path in sorted(p for p in walk(root, "DIR") if p.name == "config.json"):
         run_dir = cfg_path.parent
         run_rows = []
         diverged = store.is_diverged(run_dir)  # a marker the manifest records, not one planted
