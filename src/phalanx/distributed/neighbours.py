@@ -139,7 +139,8 @@ class Neighbours(Transport, Callback):
         self.misses: dict[int, int] = {}  # rounds in a row a peer's message did not come
         self.missed = 0  # messages this rank did not get since its last report to rank 0
         self.pending_missing = 0  # rank 0: every rank's missed messages since the last metric row
-        self.silent: set[int] = set()  # rank 0: ranks whose rows did not come at the last gathering
+        self.silent: set[int] = set()  # rank 0: ranks whose rows did not come at the last gathering (a node whose
+        # rows came and were refused answered: it is waited for at the next one, so a refusal's round is an event)
 
     # ------------------------------------------------------------------------------------------------ start
 
@@ -430,7 +431,8 @@ class Neighbours(Transport, Callback):
 
     def _collect(self, t: int) -> dict[int, dict[str, Any]]:
         """Rank 0: the other ranks' rows after round t, waiting at most ``GATHER_SHARE × round_timeout`` (a rank
-        silent at the last gathering is not waited for, only taken if its rows are there)."""
+        silent at the last gathering is not waited for, only taken if its rows are there; one whose rows came and were
+        refused is waited for)."""
         keys = {p: key_rows(t, p) for p in range(1, self.n)}
         gone = self.silent | self.lost | set(self.inbox.closed_links())  # not waited for: only taken if there
         if self.mesh is not None:
@@ -472,7 +474,6 @@ class Neighbours(Transport, Callback):
                     msg[name] = torch.empty(x.shape, dtype=self.dtype).copy_(x)
             except Exception as exc:  # whatever a broken or hostile message makes torch.load or the checks raise
                 mesh.reject(p, f"rank {p}'s monitoring rows of round {t} are malformed ({type(exc).__name__})")
-                self.silent.add(p)
                 continue
             got[p] = msg
             nodes.append({"node": p, **journal})  # checked (size, schema, its signature) by the transcript
