@@ -31,7 +31,9 @@ With a filter (Kardam's, Zeno++'s, AFLGuard's), when every live worker's update 
 buffer is empty, step t is a zero step (:mod:`phalanx.distributed.async_zero`: θ not moved, version t + 1 published).
 If no update at all arrives for ``round_timeout`` seconds the step is given up (:class:`RoundAborted`: the loop
 writes a checkpoint and stops with :class:`~phalanx.errors.WorkersLostError`); a silent or crashed worker alone never
-holds a step up while others deliver.
+holds a step up while others deliver. Only an arrival from a worker rank restarts that clock: a skipped ticket or a
+notice that names no rank does not, so a store client that draws N tickets without notices (``store.add("async/n",
+N)``, possible without keys) holds a step for one ``round_timeout``, not N of them (an attacker's review).
 
 Transports. Without keys the c10d store (:class:`StoreArrivals`): θ as ``s/<t>`` and ``latest`` (the synchronous
 server's keys), an update as ``v/<version>/<rank>`` followed by a *notice*: the worker draws a ticket
@@ -289,12 +291,15 @@ class AsyncServer(Transport):
                 break
             received += self._offer(*ready, t)
         take = self._full()
+        deadline = time.monotonic() + self.wait_s  # reset by real arrivals only (not a skipped ticket, a junk notice)
         while not take and not self._exhausted():
-            got = self.arrivals.next(self.wait_s)
+            got = self.arrivals.next(max(deadline - time.monotonic(), 0.0))
             if got is None:
                 raise RoundAborted(sorted({u.rank for u in buf.step} ^ set(range(1, self.exp.workers))),
                                    f"server step {t}: no update arrived within round_timeout="
                                    f"{self.wait_s:g} s")
+            if got[0] >= 0:
+                deadline = time.monotonic() + self.wait_s
             received += self._offer(*got, t)
             take = self._full()
         groups = self.arrivals.rejections()
