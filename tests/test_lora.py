@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -372,3 +373,16 @@ def test_the_cli_lists_hf_models_and_the_example_grid_is_valid() -> None:
     check_points(cfgs)
     assert sorted({c.model_params["aggregation"] for c in cfgs}) == ["factors", "shared", "update"]
     assert all(hub.is_hf(c.model) and c.dataset_params["tokenizer"] == c.model for c in cfgs)
+
+
+def test_a_checkpoint_whose_config_claims_a_model_larger_than_memory_is_one_line(tmp_path: Path) -> None:
+    """A handed-over folder: the embedded model's files with a config.json claiming a vocabulary of 2·10¹⁰ (10 TB of
+    embeddings in float32). Refused on the meta-device skeleton, before transformers allocates the missing weights
+    (before: a traceback from the allocator, or the machine's memory)."""
+    folder = tmp_path / "huge"
+    shutil.copytree(hub.resolve(TINY), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": 20_000_000_000}))
+    with pytest.raises(ConfigError, match="a checkpoint that fits in memory") as info:
+        models.make(f"hf:{folder}", (LENGTH,), 2)
+    assert "\n" not in str(info.value)

@@ -27,7 +27,8 @@ are one ``torch.func.vmap`` call. Dropout is set to 0 (it would draw from a rand
 ``vmap``); attention is the plain ("eager") implementation, which ``vmap`` batches.
 
 Bad parameters are one line naming them, checked on a ``meta``-device copy before any weight is loaded: an input
-longer than the model's positions, an unknown target module, a rank above a layer's smaller side.
+longer than the model's positions, an unknown target module, a rank above a layer's smaller side, a model larger
+than the memory left.
 """
 
 from __future__ import annotations
@@ -116,6 +117,20 @@ def _targets(layers: dict[str, tuple[int, int]], target_modules: Any, model_type
     return list(target_modules)
 
 
+def _check_fits(spec: str, skeleton: nn.Module) -> None:
+    """Refuse, before any weight is loaded, a checkpoint whose ``config.json`` makes a model larger than the memory
+    this process can still get (:data:`~phalanx.analysis.epsilon.MEMORY_SHARE` of it): the weights a file lacks are
+    allocated and initialised at the sizes the config names, so a handed-over folder claiming a vocabulary of 2·10¹⁰
+    would otherwise fail inside ``transformers`` with a traceback (or take the machine's memory)."""
+    from phalanx.analysis.epsilon import MEMORY_SHARE, available_memory
+
+    need = sum(p.numel() * p.element_size() for p in skeleton.parameters())
+    avail = available_memory()
+    if avail is not None and need > MEMORY_SHARE * avail:
+        raise ConfigError("model", spec, f"a checkpoint that fits in memory: its config.json makes a model of "
+                          f"{need / 1e9:,.1f} GB, and {avail / 1e9:.1f} GB are available")
+
+
 def build(
     spec: str, input_shape: tuple[int, ...], num_classes: int, r: int = 8, alpha: float | None = None,
     target_modules: list[str] | None = None, aggregation: str = "factors",
@@ -148,6 +163,7 @@ def build(
     config._attn_implementation = "eager"  # vmap batches it; SDPA's CPU kernels have no batching rule
     with torch.device("meta"):
         skeleton = AutoModelForSequenceClassification.from_config(config)
+    _check_fits(spec, skeleton)
     layers = linear_layers(skeleton)
     targets = _targets(layers, target_modules, str(config.model_type))
     chosen = {n: s for n, s in layers.items() if n.rsplit(".", 1)[-1] in targets}
