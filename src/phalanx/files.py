@@ -169,15 +169,15 @@ def size_of(path: Path, follow: bool = False, error: Refusal = refused) -> int:
 def read_regular(path: Path, limit: int, follow: bool = False, error: Refusal = refused) -> bytes:
     """The bytes of the regular file ``path``, from one descriptor (:func:`open_regular`): refused with
     ``error(path, problem)`` when ``fstat`` says it holds more than ``limit`` bytes (nothing read; a sparse file of
-    gigabytes costs nothing), and read with ``read(limit + 1)``, so that a file growing meanwhile is refused too, never
-    read whole. :class:`OSError` when it cannot be opened or read."""
+    gigabytes costs nothing), and read with ``read(size + 1)``, so that a file growing meanwhile is refused too, never
+    read whole (nor a buffer of ``limit`` bytes asked for). :class:`OSError` when it cannot be opened or read."""
     with open_regular(path, follow, error) as fh:
         size = os.fstat(fh.fileno()).st_size
         if size > limit:
             raise error(path, too_large(size, limit))
-        raw = fh.read(limit + 1)
-    if len(raw) > limit:  # it grew between the fstat and the read
-        raise error(path, too_large(len(raw), limit))
+        raw = fh.read(size + 1)  # what fstat said, and one byte more: never a buffer of the cap's size
+    if len(raw) > size:  # it grew between the fstat and the read
+        raise error(path, f"it grew while it was read (from {size:,} bytes)")
     return raw
 
 
