@@ -140,3 +140,27 @@ def test_a_fifo_in_place_of_an_idx_file_is_refused_without_blocking(tmp_path: Pa
     except subprocess.TimeoutExpired:
         pytest.fail("still blocked on the FIFO after 60 s")
     assert run.stdout == f"DataFormatError {fifo}: not a regular file\n", (run.stdout, run.stderr[-2000:])
+
+
+def _population(root: Path, users: list[str]) -> Path:
+    for split in ("train", "test"):
+        (root / split).mkdir(parents=True, exist_ok=True)
+        (root / split / "a.json").write_text(json.dumps(_doc(users)))
+    return root / "train" / "a.json"
+
+
+@pytest.mark.parametrize("rewrite", [["w0"], ["x0", "x1", "x2"]], ids=["fewer-writers", "same-count-other-data"])
+def test_a_leaf_file_rewritten_under_a_lazy_population_is_refused_in_one_line(tmp_path: Path,
+                                                                              rewrite: list[str]) -> None:
+    """A ``train/`` file rewritten after the population opened: with fewer writers it was an IndexError traceback at
+    the next request, with as many it silently gave other data; either is now one line naming the file."""
+    from phalanx.data.leaf_population import LeafPopulation
+
+    train = _population(tmp_path, ["w0", "w1", "w2"])
+    pop = LeafPopulation(tmp_path, eval_clients=1)
+    assert [x.shape[0] for x, _ in pop.clients([2])] == [1]
+    train.write_text(json.dumps(_doc(rewrite)))
+    with pytest.raises(DataFormatError) as caught:
+        pop.clients([2])
+    message = str(caught.value)
+    assert message.startswith(f"{train}: changed since the population opened (SHA-256 ") and "\n" not in message

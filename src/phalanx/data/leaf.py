@@ -40,7 +40,8 @@ from phalanx.data.limits import short
 __all__ = [
     "EXPANSION", "EXPANSION_SLACK", "FEMNIST_CLASSES", "LEAF_LETTERS", "MAX_DEPTH", "MAX_FILE_BYTES",
     "MAX_STRING_BYTES", "OOV",
-    "LeafSplit", "encode_text", "femnist_pixels", "has_leaf_files", "read_leaf_dir", "read_leaf_json",
+    "LeafSplit", "encode_text", "femnist_pixels", "has_leaf_files", "parse_leaf_json", "read_leaf_bytes",
+    "read_leaf_dir", "read_leaf_json",
     "sent140_text", "shakespeare_text", "text_labels",
 ]
 
@@ -126,14 +127,24 @@ def read_leaf_json(path: Path) -> Any:
     block; ``fstat`` on that descriptor, so a device or a link to ``/dev/zero`` is refused, as is a file over the
     cap, from its size) and its bytes are read once: the scan and the parse see the same bytes, whatever happens to
     the name meanwhile."""
-    where = str(path)
+    return parse_leaf_json(read_leaf_bytes(path), str(path))
+
+
+def read_leaf_bytes(path: Path) -> bytes:
+    """The bytes of the LEAF file ``path``, read once from one regular-file descriptor of at most
+    :data:`MAX_FILE_BYTES` (:func:`read_leaf_json`); a one-line :class:`DataFormatError` naming it otherwise."""
     try:
-        raw = files.read_regular(path, MAX_FILE_BYTES, follow=True, error=_refused)
+        return files.read_regular(path, MAX_FILE_BYTES, follow=True, error=_refused)
     except OSError as exc:
-        raise DataFormatError(where, f"cannot read: {exc.strerror or exc}") from None
+        raise DataFormatError(str(path), f"cannot read: {exc.strerror or exc}") from None
     except MemoryError:
-        raise DataFormatError(where, "not enough memory to read it",
+        raise DataFormatError(str(path), "not enough memory to read it",
                               allowed=f"at most {MAX_FILE_BYTES:,} bytes and the memory to read them") from None
+
+
+def parse_leaf_json(raw: bytes, where: str) -> Any:
+    """``raw``, the bytes read from the file ``where``, parsed as JSON once the scan of these very bytes has shown it
+    affordable (:func:`read_leaf_json`)."""
     cost = jsonscan.scan(raw, MAX_STRING_BYTES, MAX_DEPTH, where)
     budget = EXPANSION * cost.size + EXPANSION_SLACK
     if cost.estimate() > budget:
