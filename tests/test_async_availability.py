@@ -116,7 +116,7 @@ def test_a_missing_or_too_large_file_is_refused(tmp_path: Path, monkeypatch: pyt
     spec = write(tmp_path, {1: {"active": [0], "inactive": [5], "finish_time": 9}})
     monkeypatch.setattr(av, "MAX_BYTES", 8)
     av._load.cache_clear()
-    with pytest.raises(ConfigError, match="more than 8"):
+    with pytest.raises(ConfigError, match="more than the 8 "):
         av.parse(spec, 60.0, 1)
 
 

@@ -99,3 +99,28 @@ def test_the_temporary_is_removed_whatever_happens_to_it(tmp_path: Path) -> None
     with pytest.raises(ValueError), files.temporary(target) as tmp:
         raise ValueError
     assert not tmp.exists()
+
+
+def test_the_bounded_read_takes_one_regular_file_and_no_more_than_its_cap(tmp_path: Path) -> None:
+    """:func:`files.read_regular`: a FIFO is refused without blocking (opened ``O_NONBLOCK``, checked with ``fstat``),
+    a link is refused unless followed, a sparse file over the cap is refused from its size (nothing read), and
+    every refusal is the caller's own error naming the file."""
+    def error(path: Path, problem: str) -> Exception:
+        return LookupError(f"{path}: {problem}")
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(LookupError, match="not a regular file"):
+        files.read_regular(fifo, 10, follow=True, error=error)
+    (tmp_path / "ok").write_bytes(b"12345")
+    (tmp_path / "link").symlink_to(tmp_path / "ok")
+    with pytest.raises(LookupError, match="symbolic link"):
+        files.read_regular(tmp_path / "link", 10, error=error)
+    assert files.read_regular(tmp_path / "link", 10, follow=True, error=error) == b"12345"
+    with open(tmp_path / "sparse", "wb") as fh:
+        fh.truncate(3 << 30)
+    with pytest.raises(LookupError, match="3,221,225,472 bytes, more than the 10 "):
+        files.read_regular(tmp_path / "sparse", 10, error=error)
+    assert files.size_of(tmp_path / "ok") == 5
+    with pytest.raises(ValueError, match="symbolic link"):
+        files.size_of(tmp_path / "link")

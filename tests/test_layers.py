@@ -25,14 +25,14 @@ ALLOWED: dict[str, set[str]] = {
     "attacks": {"aggregators", "errors", "plugins", "validate"},
     "hub": {"errors"},
     "catalogue": set(),  # what the registries hold, declared without torch: read by the command line's listings
-    "data": {"errors", "plugins", "validate", "hub"},
+    "data": {"errors", "files", "plugins", "validate", "hub"},  # files: a data file opened once, checked regular
     "models": {"errors", "plugins", "validate", "hub"},
     "analysis": {"aggregators", "errors", "validate"},
     "testing": {"aggregators", "attacks", "errors"},
     "signing": {"errors", "files"},
     "online": {"errors", "files", "validate"},  # files: the check's raw results and report
-    "training": {"aggregators", "attacks", "data", "models", "analysis", "decentralized", "errors", "online",
-                 "plugins", "validate"},
+    "training": {"aggregators", "attacks", "data", "models", "analysis", "decentralized", "errors", "files",
+                 "online", "plugins", "validate"},  # files: a trace file opened once, checked regular
     "experiments": {"training", "aggregators", "attacks", "data", "models", "analysis", "errors", "plugins", "signing",
                     "files", "decentralized", "hub",
                     "validate", "__init__", "_spawned"},

@@ -325,8 +325,8 @@ def test_the_leaf_population_reads_writers_lazily(tmp_path: Path, monkeypatch: p
     pop = LeafPopulation(folder, eval_clients=2)
     assert pop.size == 5 and pop.test_y.numel() == 2 * len(pop.eval_ids(2))
     parsed: list[str] = []
-    real = leaf.read_leaf_json
-    monkeypatch.setattr(leaf, "read_leaf_json", lambda p: parsed.append(Path(p).name) or real(p))
+    real = leaf.read_leaf_bytes  # each file read once (then hashed against the opening's digest, and parsed)
+    monkeypatch.setattr(leaf, "read_leaf_bytes", lambda p: parsed.append(Path(p).name) or real(p))
     got = pop.clients([4, 3])
     assert len(parsed) == 1 and parsed[0].startswith("all_data_2")
     doc = json.loads((folder / "train" / "all_data_2_niid_0_keep_0_train_9.json").read_text())

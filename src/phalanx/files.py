@@ -12,18 +12,37 @@ A link planted at the target is replaced, never followed (``os.replace`` renames
 most the temporary file, which :func:`phalanx.experiments.store.remove_temporaries` clears.
 The one kind of file written in place, not replaced, is a lock file: it is opened ``O_NOFOLLOW`` and checked to be a
 regular file of one link before anything is written to it (:func:`phalanx.experiments.store.open_lock`).
+
+Reading a file that someone else may write goes through :func:`open_regular` (or :func:`read_regular` for its bytes,
+bounded): one ``open`` with ``O_NONBLOCK`` (a FIFO put in its place does not block) and, unless the user named the
+file, ``O_NOFOLLOW``, then ``fstat`` on that descriptor — a regular file, checked on the very file that is read (no
+swap between a check by name and the read). Its refusals are ``error(path, problem)``, so that each caller raises its
+own one-line error (a run directory's :class:`~phalanx.errors.ConfigError`, a data file's
+:class:`~phalanx.data.base.DataFormatError`); this module imports nothing of Phalanx.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["file_mode", "temporary", "write_atomic"]
+__all__ = ["Refusal", "file_mode", "open_regular", "read_regular", "size_of", "temporary", "write_atomic"]
+
+Refusal = Callable[[Path, str], Exception]
+"""How a reader words a refusal: ``error(path, problem)`` is the exception raised (one line naming the file)."""
+LINK = "a symbolic link, not followed (whoever can write the run directory could point it at any file)"
+"""The problem of a symbolic link where ``follow`` is off."""
+
+
+def refused(path: Path, problem: str) -> Exception:
+    """The default refusal: a :class:`ValueError` ``"<path>: <problem>"``."""
+    return ValueError(f"{path}: {problem}")
 
 
 def _proc_umask() -> int | None:
@@ -108,3 +127,60 @@ def write_atomic(path: Path, payload: bytes | Callable[[BinaryIO], object], mode
             if path.exists():
                 raise FileExistsError(str(path)) from None
             os.replace(tmp, path)
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def open_regular(path: Path, follow: bool = False, error: Refusal = refused) -> BinaryIO:
+    """``path`` opened for reading, only if it is a regular file: opened ``O_NONBLOCK`` (a FIFO put in its place does
+    not block the open) and ``O_NOFOLLOW`` (a symbolic link planted in a run directory is refused, never followed;
+    ``follow``: a file the user named, such as a public key or a config, may be a link), then checked with ``fstat``
+    on the descriptor read (no swap between a check and the open); ``error(path, problem)`` otherwise,
+    :class:`FileNotFoundError` (an :class:`OSError`) if it is missing."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else _NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if not follow and exc.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):  # EMLINK: FreeBSD
+            raise error(path, LINK) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise error(path, "not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def size_of(path: Path, follow: bool = False, error: Refusal = refused) -> int:
+    """The size of ``path`` in bytes; :class:`FileNotFoundError` if it does not exist; ``error(path, problem)`` if it
+    is a symbolic link (``lstat``: not followed unless ``follow``) or not a regular file (a directory, a FIFO that
+    would block a read, a device)."""
+    st = os.stat(path) if follow else os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise error(path, LINK)
+    if not stat.S_ISREG(st.st_mode):
+        raise error(path, "not a regular file")
+    return st.st_size
+
+
+def read_regular(path: Path, limit: int, follow: bool = False, error: Refusal = refused) -> bytes:
+    """The bytes of the regular file ``path``, from one descriptor (:func:`open_regular`): refused with
+    ``error(path, problem)`` when ``fstat`` says it holds more than ``limit`` bytes (nothing read; a sparse file of
+    gigabytes costs nothing), and read with ``read(size + 1)``, so that a file growing meanwhile is refused too, never
+    read whole (nor a buffer of ``limit`` bytes asked for). :class:`OSError` when it cannot be opened or read."""
+    with open_regular(path, follow, error) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > limit:
+            raise error(path, too_large(size, limit))
+        raw = fh.read(size + 1)  # what fstat said, and one byte more: never a buffer of the cap's size
+    if len(raw) > size:  # it grew between the fstat and the read
+        raise error(path, f"it grew while it was read (from {size:,} bytes)")
+    return raw
+
+
+def too_large(size: int, limit: int) -> str:
+    """The problem of a file of ``size`` bytes where at most ``limit`` are read."""
+    return f"{size:,} bytes, more than the {limit:,} such a file may have (not read)"

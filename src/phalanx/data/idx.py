@@ -6,7 +6,8 @@ big-endian. Type codes: 0x08 uint8, 0x09 int8, 0x0B int16, 0x0C int32, 0x0D floa
 
 The header is read first and the array it declares, ``4 + 4k + ∏ dims · itemsize`` bytes, is checked against what
 the file can hold (:mod:`phalanx.data.limits`) before anything is allocated: a plain file must be exactly that size,
-a ``.gz`` file of ``s`` bytes can hold at most ``1032·s`` (deflate's largest expansion). The values are then
+a ``.gz`` file of ``s`` bytes can hold at most ``1032·s`` (deflate's largest expansion), and no file may declare
+more than :data:`MAX_BYTES`. The values are then
 decompressed straight into the array, and one byte more is asked for: a file holding more than its header declares
 is refused without decompressing the rest.
 """
@@ -16,17 +17,24 @@ from __future__ import annotations
 import gzip
 import io
 import math
+import os
 import struct
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
+from phalanx import files
 from phalanx.data.base import DataFormatError
-from phalanx.data.limits import GZIP_MAGIC, GZIP_MAX_RATIO, file_size, read_exactly
+from phalanx.data.limits import GZIP_MAGIC, GZIP_MAX_RATIO, read_exactly
 
-__all__ = ["read_idx"]
+__all__ = ["MAX_BYTES", "read_idx"]
+
+MAX_BYTES = 1 << 31
+"""The largest array an IDX file may declare (2 GiB), whatever the file's size: a sparse file of gigabytes costs a
+few KiB of disk and matches a header that declares it. The largest honest one is far below: MNIST's and
+Fashion-MNIST's training images are 47 MB (60,000 × 28 × 28 bytes); EMNIST's largest split, 'byclass', 0.55 GB."""
 
 _TYPES: dict[int, str] = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
@@ -47,6 +55,10 @@ def _read_header(stream: io.BufferedIOBase, where: str) -> tuple[tuple[int, ...]
     return struct.unpack(f">{ndim}I", raw), np.dtype(_TYPES[code]), 4 + 4 * ndim
 
 
+def _refused(path: Path, problem: str) -> DataFormatError:
+    return DataFormatError(str(path), problem)
+
+
 def read_idx(path: str | Path) -> np.ndarray[Any, Any]:
     """Read one IDX file (``.gz`` or plain, detected from the content) into a writable array in native byte order.
 
@@ -57,12 +69,16 @@ def read_idx(path: str | Path) -> np.ndarray[Any, Any]:
     """
     p = Path(path)
     where = str(p)
-    size = file_size(p)
+    try:  # one descriptor: a regular file (a FIFO does not block the open), its size from fstat on it
+        fh = files.open_regular(p, follow=True, error=_refused)
+    except OSError as exc:
+        raise DataFormatError(where, f"cannot read: {exc.strerror or exc}") from None
     try:
-        with open(p, "rb") as fh:
+        with fh:
+            size = os.fstat(fh.fileno()).st_size
             gz = fh.read(2) == GZIP_MAGIC  # by content, not by file name
             fh.seek(0)
-            stream: io.BufferedIOBase = gzip.GzipFile(fileobj=fh, mode="rb") if gz else fh
+            stream = gzip.GzipFile(fileobj=fh, mode="rb") if gz else cast(io.BufferedIOBase, fh)
             dims, dtype, header = _read_header(stream, where)
             n = math.prod(dims) * dtype.itemsize  # exact: Python integers
             expected = header + n
@@ -75,9 +91,14 @@ def read_idx(path: str | Path) -> np.ndarray[Any, Any]:
                     "can hold", allowed=f"at most {GZIP_MAX_RATIO} × the compressed size = "
                     f"{GZIP_MAX_RATIO * size:,} bytes (deflate's largest expansion)",
                 )
+            if n > MAX_BYTES:
+                raise DataFormatError(where, f"the header declares {what} ({n:,} bytes)",
+                                      allowed=f"arrays of at most {MAX_BYTES:,} bytes (phalanx.data.idx.MAX_BYTES)")
             buf, more = read_exactly(stream, n)
     except DataFormatError:
         raise
+    except MemoryError:
+        raise DataFormatError(where, f"not enough memory for {what} ({n:,} bytes)") from None
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
         raise DataFormatError(where, f"cannot decompress: {exc}") from None
     if buf.shape[0] < n:

@@ -3,7 +3,9 @@
 ``json.loads`` has no limits: one string of 400 MB with a single astral character in it becomes a 1.6 GB ``str``
 (CPython stores every character of a string at the width of its widest), and ``[[],[],…]`` makes a 56-byte list
 object out of every 3 bytes. :func:`scan` reads the file in chunks of :data:`CHUNK` bytes (so it holds one chunk,
-never the file) and tokenises it with numpy just far enough to know, for every byte, whether it lies inside a string
+never the file) — or walks, chunk by chunk, the bytes already read from it, the very bytes then parsed (LEAF's
+reader: no swap of the file between the scan and the parse) — and tokenises it with numpy just far enough to know,
+for every byte, whether it lies inside a string
 — quotes toggle, a backslash run of odd length escapes the byte after it, exactly as JSON's grammar (RFC 8259 §7)
 says — and counts
 
@@ -21,6 +23,7 @@ accepts, so an invalid file — which ``json`` rejects part-way — costs no mor
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,71 +69,85 @@ class JsonCost:
         )
 
 
-def scan(path: Path, max_string: int, max_depth: int) -> JsonCost:
-    """Count ``path``'s JSON tokens in chunks (module docstring); a :class:`DataFormatError` naming the file and
-    the byte offset for a string longer than ``max_string`` bytes or nesting deeper than ``max_depth``."""
-    where = str(path)
-    cost = JsonCost()
-    in_string = False  # the state after the previous chunk
-    escaped_next = False  # the previous chunk ended with an odd run of backslashes
-    opened = -1  # where the open string's quote is (absolute offset)
-    depth = 0
+def _chunks(source: Path | bytes, where: str) -> Iterator[bytes | memoryview]:
+    """``source`` in chunks of :data:`CHUNK` bytes: the bytes given, or the file read (a one-line error if it cannot
+    be)."""
+    if isinstance(source, bytes | bytearray | memoryview):
+        view = memoryview(source)
+        for at in range(0, len(view), CHUNK):
+            yield view[at: at + CHUNK]
+        return
     try:
-        fh = open(path, "rb")
+        fh = open(source, "rb")
     except OSError as exc:
         raise DataFormatError(where, f"cannot read: {exc.strerror or exc}") from None
     with fh:
-        offset = 0
         while True:
             try:
                 chunk = fh.read(CHUNK)
             except OSError as exc:
                 raise DataFormatError(where, f"cannot read: {exc.strerror or exc}") from None
             if not chunk:
-                break
-            b = np.frombuffer(chunk, dtype=np.uint8)
-            n = b.shape[0]
-            if cost.ascii and int(b.max()) >= 0x80:
-                cost.ascii = False
-            escaped, escaped_next = _escaped(b, escaped_next)
-            quotes = (b == _QUOTE) & ~escaped
-            parity = np.cumsum(quotes, dtype=np.uint8) & 1  # wraps mod 256: only the parity is used
-            inside = parity.astype(bool) ^ in_string  # after each byte: inside a string?
-            outside = ~inside & ~quotes
-            qpos = np.flatnonzero(quotes) + offset
-            if in_string:  # the first quote of this chunk closes the string opened earlier
-                qpos = np.concatenate([[opened], qpos])
-            closed = qpos.shape[0] // 2
-            lengths = qpos[1: 2 * closed: 2] - qpos[0: 2 * closed: 2] - 1
-            cost.strings += closed
-            cost.string_bytes += int(lengths.sum())
-            if closed and int(lengths.max()) > max_string:
-                k = int(np.argmax(lengths > max_string))
-                raise _long(where, int(qpos[2 * k]), max_string)
-            in_string = bool(qpos.shape[0] % 2)
-            if in_string:
-                opened = int(qpos[-1])
-                if offset + n - opened - 1 > max_string:
-                    raise _long(where, opened, max_string)
-            if not cost.escapes and bool((b == _BACKSLASH).any()):
-                cost.escapes = True
-            opens = outside & ((b == _OPEN[0]) | (b == _OPEN[1]))
-            closes = outside & ((b == _CLOSE[0]) | (b == _CLOSE[1]))
-            cost.containers += int(opens.sum())
-            cost.commas += int((outside & (b == _COMMA)).sum())
-            cost.colons += int((outside & (b == _COLON)).sum())
-            if opens.any():
-                level = np.cumsum(opens.view(np.int8) - closes.view(np.int8), dtype=np.int32) + depth
-                deepest = int(level.max())
-                if deepest > max_depth:
-                    at = offset + int(np.argmax(level > max_depth))
-                    raise DataFormatError(where, f"JSON nested more than {max_depth} levels deep at byte {at:,}",
-                                          allowed=f"at most {max_depth} levels")
-                depth = int(level[-1])
-                cost.depth = max(cost.depth, deepest)
-            else:
-                depth -= int(closes.sum())
-            offset += n
+                return
+            yield chunk
+
+
+def scan(source: Path | bytes, max_string: int, max_depth: int, where: str | None = None) -> JsonCost:
+    """Count the JSON tokens of ``source`` — a file, or the bytes already read from one (then the very bytes that
+    will be parsed: nothing can change between the scan and the parse) — in chunks (module docstring); a
+    :class:`DataFormatError` naming the file (``where``, default ``source`` when it is a path) and the byte offset
+    for a string longer than ``max_string`` bytes or nesting deeper than ``max_depth``."""
+    where = str(source) if where is None and isinstance(source, Path) else str(where)
+    cost = JsonCost()
+    in_string = False  # the state after the previous chunk
+    escaped_next = False  # the previous chunk ended with an odd run of backslashes
+    opened = -1  # where the open string's quote is (absolute offset)
+    depth = 0
+    offset = 0
+    for chunk in _chunks(source, where):
+        b = np.frombuffer(chunk, dtype=np.uint8)
+        n = b.shape[0]
+        if cost.ascii and int(b.max()) >= 0x80:
+            cost.ascii = False
+        escaped, escaped_next = _escaped(b, escaped_next)
+        quotes = (b == _QUOTE) & ~escaped
+        parity = np.cumsum(quotes, dtype=np.uint8) & 1  # wraps mod 256: only the parity is used
+        inside = parity.astype(bool) ^ in_string  # after each byte: inside a string?
+        outside = ~inside & ~quotes
+        qpos = np.flatnonzero(quotes) + offset
+        if in_string:  # the first quote of this chunk closes the string opened earlier
+            qpos = np.concatenate([[opened], qpos])
+        closed = qpos.shape[0] // 2
+        lengths = qpos[1: 2 * closed: 2] - qpos[0: 2 * closed: 2] - 1
+        cost.strings += closed
+        cost.string_bytes += int(lengths.sum())
+        if closed and int(lengths.max()) > max_string:
+            k = int(np.argmax(lengths > max_string))
+            raise _long(where, int(qpos[2 * k]), max_string)
+        in_string = bool(qpos.shape[0] % 2)
+        if in_string:
+            opened = int(qpos[-1])
+            if offset + n - opened - 1 > max_string:
+                raise _long(where, opened, max_string)
+        if not cost.escapes and bool((b == _BACKSLASH).any()):
+            cost.escapes = True
+        opens = outside & ((b == _OPEN[0]) | (b == _OPEN[1]))
+        closes = outside & ((b == _CLOSE[0]) | (b == _CLOSE[1]))
+        cost.containers += int(opens.sum())
+        cost.commas += int((outside & (b == _COMMA)).sum())
+        cost.colons += int((outside & (b == _COLON)).sum())
+        if opens.any():
+            level = np.cumsum(opens.view(np.int8) - closes.view(np.int8), dtype=np.int32) + depth
+            deepest = int(level.max())
+            if deepest > max_depth:
+                at = offset + int(np.argmax(level > max_depth))
+                raise DataFormatError(where, f"JSON nested more than {max_depth} levels deep at byte {at:,}",
+                                      allowed=f"at most {max_depth} levels")
+            depth = int(level[-1])
+            cost.depth = max(cost.depth, deepest)
+        else:
+            depth -= int(closes.sum())
+        offset += n
     cost.size = offset
     return cost
 

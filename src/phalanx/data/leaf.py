@@ -32,13 +32,16 @@ from typing import Any
 
 import numpy as np
 
+from phalanx import files
 from phalanx.data import jsonscan
 from phalanx.data.base import DataFormatError
 from phalanx.data.limits import short
 
 __all__ = [
-    "EXPANSION", "EXPANSION_SLACK", "FEMNIST_CLASSES", "LEAF_LETTERS", "MAX_DEPTH", "MAX_STRING_BYTES", "OOV",
-    "LeafSplit", "encode_text", "femnist_pixels", "has_leaf_files", "read_leaf_dir", "read_leaf_json",
+    "EXPANSION", "EXPANSION_SLACK", "FEMNIST_CLASSES", "LEAF_LETTERS", "MAX_DEPTH", "MAX_FILE_BYTES",
+    "MAX_STRING_BYTES", "OOV",
+    "LeafSplit", "encode_text", "femnist_pixels", "has_leaf_files", "parse_leaf_json", "read_leaf_bytes",
+    "read_leaf_dir", "read_leaf_json",
     "sent140_text", "shakespeare_text", "text_labels",
 ]
 
@@ -67,6 +70,12 @@ EXPANSION = 16
 must stay within ``EXPANSION`` × its size + :data:`EXPANSION_SLACK` (LEAF's three formats, as its scripts write
 them, are estimated at most 14 ×: tests/test_data_bombs.py)."""
 EXPANSION_SLACK = 1 << 20
+MAX_FILE_BYTES = 1 << 30
+"""The largest LEAF file read (1 GiB), whatever its estimate, refused from its size before a byte is read: parsing
+one may cost up to :data:`EXPANSION` × its size, so this also caps one parse at 16 GiB + :data:`EXPANSION_SLACK`.
+LEAF's largest files are well below it (estimated from their sample counts, not measured here): FEMNIST's
+``all_data_*.json`` hold about 100 writers each (~0.1 GB), Shakespeare's training split ~4.2 million samples of 80
+characters (~0.4 GB)."""
 
 
 @dataclass
@@ -104,12 +113,39 @@ def has_leaf_files(folder: Path) -> bool:
     return all((folder / s).is_dir() and _json_files(folder / s) for s in ("train", "test"))
 
 
+def _refused(path: Path, problem: str) -> DataFormatError:
+    return DataFormatError(str(path), problem)
+
+
 def read_leaf_json(path: Path) -> Any:
-    """``path`` parsed as JSON once :func:`~phalanx.data.jsonscan.scan` has shown it affordable: no string longer
-    than :data:`MAX_STRING_BYTES`, no nesting deeper than :data:`MAX_DEPTH`, and an estimated cost within
-    :data:`EXPANSION` × the file's size; a one-line :class:`DataFormatError` naming the file otherwise."""
-    where = str(path)
-    cost = jsonscan.scan(path, MAX_STRING_BYTES, MAX_DEPTH)
+    """``path`` parsed as JSON once :func:`~phalanx.data.jsonscan.scan` has shown it affordable: a regular file of at
+    most :data:`MAX_FILE_BYTES`, no string longer than :data:`MAX_STRING_BYTES`, no nesting deeper than
+    :data:`MAX_DEPTH`, and an estimated cost within :data:`EXPANSION` × the file's size; a one-line
+    :class:`DataFormatError` naming the file otherwise.
+
+    The file is opened once (:func:`phalanx.files.read_regular`: ``O_NONBLOCK``, so a FIFO in its place does not
+    block; ``fstat`` on that descriptor, so a device or a link to ``/dev/zero`` is refused, as is a file over the
+    cap, from its size) and its bytes are read once: the scan and the parse see the same bytes, whatever happens to
+    the name meanwhile."""
+    return parse_leaf_json(read_leaf_bytes(path), str(path))
+
+
+def read_leaf_bytes(path: Path) -> bytes:
+    """The bytes of the LEAF file ``path``, read once from one regular-file descriptor of at most
+    :data:`MAX_FILE_BYTES` (:func:`read_leaf_json`); a one-line :class:`DataFormatError` naming it otherwise."""
+    try:
+        return files.read_regular(path, MAX_FILE_BYTES, follow=True, error=_refused)
+    except OSError as exc:
+        raise DataFormatError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    except MemoryError:
+        raise DataFormatError(str(path), "not enough memory to read it",
+                              allowed=f"at most {MAX_FILE_BYTES:,} bytes and the memory to read them") from None
+
+
+def parse_leaf_json(raw: bytes, where: str) -> Any:
+    """``raw``, the bytes read from the file ``where``, parsed as JSON once the scan of these very bytes has shown it
+    affordable (:func:`read_leaf_json`)."""
+    cost = jsonscan.scan(raw, MAX_STRING_BYTES, MAX_DEPTH, where)
     budget = EXPANSION * cost.size + EXPANSION_SLACK
     if cost.estimate() > budget:
         raise DataFormatError(where, f"parsing it would take up to {cost.estimate():,} bytes ({cost.containers:,} "
@@ -117,10 +153,12 @@ def read_leaf_json(path: Path) -> Any:
                               allowed=f"at most {EXPANSION} × the file's size + {EXPANSION_SLACK:,} = {budget:,} "
                               "bytes; LEAF's own formats need at most 14 ×")
     try:
-        text = path.read_bytes().decode("utf-8")
-        return json.loads(text)
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise DataFormatError(where, f"not a LEAF JSON file ({type(exc).__name__}: {exc})") from None
+    except MemoryError:
+        raise DataFormatError(where, f"not enough memory to parse its {len(raw):,} bytes (up to "
+                              f"{cost.estimate():,} bytes estimated)") from None
 
 
 def _count(value: Any) -> bool:

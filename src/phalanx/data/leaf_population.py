@@ -6,14 +6,16 @@ LEAF (Caldas et al., "LEAF: A Benchmark for Federated Settings", arXiv:1812.0109
 {user: {"x": [...], "y": [...]}}}`` (:mod:`phalanx.data.leaf`). Its files hold a bounded number of writers each
 (FEMNIST's ``all_data_*.json``: about 100), so the population is read a file at a time:
 
-* **opening** parses each ``train/`` file once, in name order, and keeps its path and its number of writers only —
-  memory O(files), the peak one file's parse; client ``k`` is the ``k``-th writer entry in that order (a writer
-  listed in two files would be two clients: LEAF never writes one so);
+* **opening** parses each ``train/`` file once, in name order, and keeps its path, its number of writers and the
+  SHA-256 of its bytes only — memory O(files), the peak one file's parse; client ``k`` is the ``k``-th writer
+  entry in that order (a writer listed in two files would be two clients: LEAF never writes one so);
 * **a request** for clients ``ids`` groups them by file and parses each file it needs once (the checks of
   :func:`phalanx.data.leaf.read_leaf_json` and the structure checks of the eager reader: a hostile file is a one-line
   :class:`~phalanx.data.base.DataFormatError` naming it, before its parse is allowed to cost more than
   :data:`~phalanx.data.leaf.EXPANSION` × its size), so its peak is one file plus the clients asked for, whatever the
-  number of files;
+  number of files; a file whose bytes are no longer those hashed at the opening (rewritten while the run trains:
+  fewer writers, or the same number with other data) is a one-line :class:`~phalanx.data.base.DataFormatError`
+  naming it, never an ``IndexError`` nor other data trained on silently;
 * the **evaluation clients** (``eval_clients`` evenly spaced writers) give the pixels' standardisation (their training
   pixels' mean and standard deviation, :func:`phalanx.data.base.standardise`), the server's pooled training sample and
   the run's test set: their entries of ``test/``.
@@ -22,6 +24,7 @@ LEAF (Caldas et al., "LEAF: A Benchmark for Federated Settings", arXiv:1812.0109
 from __future__ import annotations
 
 import bisect
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,9 +43,17 @@ from phalanx.validate import check_int
 __all__ = ["LeafPopulation"]
 
 
-def _entries(path: Path) -> list[tuple[str, list[Any], list[Any]]]:
-    """The checked ``(writer, x, y)`` entries of one LEAF file (bounded parse, then structure)."""
-    return leaf._user_entries(leaf.read_leaf_json(path), str(path))
+def _entries(path: Path, digest: str | None = None) -> tuple[list[tuple[str, list[Any], list[Any]]], str]:
+    """The checked ``(writer, x, y)`` entries of one LEAF file (bounded parse, then structure), and the SHA-256 of the
+    bytes they were parsed from; with ``digest`` (what the file held when the population opened), a one-line
+    :class:`DataFormatError` if the file no longer holds those bytes, before it is parsed."""
+    raw = leaf.read_leaf_bytes(path)
+    now = hashlib.sha256(raw).hexdigest()
+    if digest is not None and now != digest:
+        raise DataFormatError(str(path), f"changed since the population opened (SHA-256 {now[:16]}…, was "
+                              f"{digest[:16]}…): its writers are not the clients the run numbered",
+                              allowed="the file as it was when the run started; start the run again to read it anew")
+    return leaf._user_entries(leaf.parse_leaf_json(raw, str(path)), str(path)), now
 
 
 def _pixels(path: Path, user: str, x: list[Any], y: list[Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -65,7 +76,9 @@ class LeafPopulation(Population):
         self.num_classes = len(leaf.FEMNIST_CLASSES)
         self.input_shape = (1, 28, 28)
         self.files = leaf._json_files(self.folder / "train")
-        counts = [self._checked(p) for p in self.files]  # one file parsed at a time; its count kept
+        checked = [self._checked(p) for p in self.files]  # one file parsed at a time; its count and digest kept
+        counts = [n for n, _ in checked]
+        self.digests = [d for _, d in checked]  # a request re-reads a file only if it still holds these bytes
         self.ends = np.cumsum(counts, dtype=np.int64).tolist()
         self.writers = int(self.ends[-1]) if self.ends else 0
         self.size = self.writers
@@ -76,7 +89,7 @@ class LeafPopulation(Population):
         wanted = set(users)
         tests: dict[str, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = {}
         for path in leaf._json_files(self.folder / "test"):
-            for user, x, y in _entries(path):
+            for user, x, y in _entries(path)[0]:
                 if user in wanted:
                     px, py = _pixels(path, user, x, y)
                     old = tests.get(user)
@@ -91,16 +104,17 @@ class LeafPopulation(Population):
         self._table = self._lookup()
 
     @staticmethod
-    def _checked(path: Path) -> int:
+    def _checked(path: Path) -> tuple[int, str]:
         """The number of writers of one ``train/`` file, every entry checked as a request will read it (its pixels
-        and labels; at least one sample): a bad file is refused when the population opens, not in round 1,000."""
-        entries = _entries(path)
+        and labels; at least one sample): a bad file is refused when the population opens, not in round 1,000; and the
+        SHA-256 of its bytes, which every later read must find again."""
+        entries, digest = _entries(path)
         for user, x, y in entries:
             if not y:
                 raise DataFormatError(str(path), f"writer {short(user)} has no samples",
                                       field=leaf._user_field(user), allowed="at least one sample per writer")
             _pixels(path, user, x, y)
-        return len(entries)
+        return len(entries), digest
 
     def _lookup(self) -> Tensor:
         """The float32 value of each pixel 0…255 under the evaluation clients' standardisation."""
@@ -124,8 +138,10 @@ class LeafPopulation(Population):
         users: list[str] = [""] * len(ids)
         for f, wanted in by_file.items():
             path = self.files[f]
-            entries = _entries(path)
+            entries, _ = _entries(path, self.digests[f])
             for j, pos in wanted:
+                if pos >= len(entries):  # unreachable while the digest holds; never an IndexError
+                    raise DataFormatError(str(path), f"{len(entries)} writers, client {ids[j]} is its writer {pos}")
                 user, x, y = entries[pos]
                 out[j], users[j] = _pixels(path, user, x, y), user
         return out, users

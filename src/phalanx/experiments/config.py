@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from phalanx import data, hub, models, signing
+from phalanx import data, files, hub, models, signing
 from phalanx.errors import ConfigError
 from phalanx.experiments import components, concerns, declare, legacy, specs, spelling, tracking, tree, tree_override
 from phalanx.experiments.components import processes
@@ -518,6 +518,9 @@ def _set_nested(table: dict[str, Any], parts: list[str], value: Any, key: str) -
     return {**table, outer: _set_nested(dict(current or {}), rest, value, key)}
 
 
+MAX_CONFIG_BYTES = 16 << 20
+"""The largest config file read (16 MiB), refused from its size before a byte is read; the shipped configs are
+about 1 kB (``configs/default.toml``: 1.4 kB), and a grid of a thousand values of each of ten keys is some 100 kB."""
 _UTF8_BOM = b"\xef\xbb\xbf"
 _OTHER_BOMS = {b"\xff\xfe": "UTF-16", b"\xfe\xff": "UTF-16"}
 
@@ -525,7 +528,9 @@ _OTHER_BOMS = {b"\xff\xfe": "UTF-16", b"\xfe\xff": "UTF-16"}
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML config file into a dict (a clear error if it is missing, unreadable or malformed).
 
-    The file must be UTF-8, as TOML requires; a leading UTF-8 byte-order mark (as some Windows editors write) is
+    The file is opened once (:func:`phalanx.files.read_regular`: a link is followed — the user named it — but a FIFO,
+    a device or a directory is refused without blocking) and is at most :data:`MAX_CONFIG_BYTES`. It must be UTF-8,
+    as TOML requires; a leading UTF-8 byte-order mark (as some Windows editors write) is
     skipped. Any other encoding is a :class:`ConfigError` naming the file and the first byte that is not UTF-8.
     """
     p = Path(path)
@@ -535,8 +540,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError("config", str(p), "a readable TOML file", exc.strerror or type(exc).__name__) from None
     if not found:
         raise ConfigError("config", str(p), "an existing TOML file")
-    try:
-        raw = p.read_bytes()
+    try:  # one descriptor: O_NONBLOCK (a FIFO swapped in does not block), fstat regular, sized before it is read
+        raw = files.read_regular(p, MAX_CONFIG_BYTES, follow=True, error=_config_refused)
     except OSError as exc:
         raise ConfigError("config", str(p), "a readable TOML file", exc.strerror or type(exc).__name__) from None
     raw = raw.removeprefix(_UTF8_BOM)
@@ -554,6 +559,12 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError("config", str(p), f"valid TOML ({exc})") from None
     except TomlLimitError as exc:
         raise ConfigError("config", str(p), exc.allowed) from None
+    except MemoryError:
+        raise ConfigError("config", str(p), "a TOML file this process has the memory to parse") from None
+
+
+def _config_refused(path: Path, problem: str) -> ConfigError:
+    return ConfigError("config", str(path), f"a regular file of at most {MAX_CONFIG_BYTES:,} bytes", problem)
 
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.toml"

@@ -40,11 +40,8 @@ training session wrote, while the record itself lives in that file's metadata.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
-import os
-import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,6 +50,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from phalanx import files
 from phalanx.errors import ConfigError
 
 MAX_JSON_BYTES = 4 << 20
@@ -100,50 +98,21 @@ def reason(exc: BaseException) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-
-
-def _link(path: Path) -> ConfigError:
-    return damaged(path, "a symbolic link, not followed (whoever can write the run directory could point it at any "
-                   "file)")
-
-
 def open_regular(path: Path, follow: bool = False) -> BinaryIO:
-    """``path`` opened for reading, only if it is a regular file: opened ``O_NONBLOCK`` (a FIFO put in its place does
-    not block the open) and ``O_NOFOLLOW`` (a symbolic link planted in a run directory is refused, never followed;
-    ``follow``: a file the user named, such as a public key, may be a link), then checked with ``fstat`` on the
-    descriptor read (no swap between a check and the open); a :func:`damaged` error otherwise,
+    """``path`` opened for reading, only if it is a regular file (:func:`phalanx.files.open_regular`: ``O_NONBLOCK``,
+    ``O_NOFOLLOW`` unless ``follow``, ``fstat`` on the descriptor read); a :func:`damaged` error otherwise,
     :class:`FileNotFoundError` if it is missing."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else _NOFOLLOW)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if not follow and exc.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):  # EMLINK: FreeBSD
-            raise _link(path) from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise damaged(path, "not a regular file")
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+    return files.open_regular(path, follow, damaged)
 
 
 def size_of(path: Path, follow: bool = False) -> int:
-    """The size of ``path`` in bytes; :class:`FileNotFoundError` if it does not exist; a :func:`damaged` error if it is
-    a symbolic link (``lstat``: not followed unless ``follow``) or not a regular file (a directory, a FIFO that would
-    block a read, a device)."""
-    st = os.stat(path) if follow else os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        raise _link(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise damaged(path, "not a regular file")
-    return st.st_size
+    """The size of ``path`` in bytes (:func:`phalanx.files.size_of`); a :func:`damaged` error if it is a symbolic
+    link (not followed unless ``follow``) or not a regular file."""
+    return files.size_of(path, follow, damaged)
 
 
 def _too_large(path: Path, size: int, limit: int) -> ConfigError:
-    return damaged(path, f"{size:,} bytes, more than the {limit:,} such a file may have (not read)")
+    return damaged(path, files.too_large(size, limit))
 
 
 def loads(path: Path, raw: bytes) -> Any:

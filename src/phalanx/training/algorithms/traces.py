@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import pickle
 import reprlib
-import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from phalanx import files
 from phalanx.errors import ConfigError
 
 PREFIX = "fedscale:"
@@ -78,20 +77,24 @@ def path_of(spec: str) -> Path:
     return SAMPLE if rest == "sample" else Path(rest)
 
 
+def _not_regular(error: Callable[[Path, str], ConfigError]) -> Callable[[Path, str], ConfigError]:
+    """``error``, with :func:`phalanx.files.open_regular`'s "not a regular file" worded for a trace's reader."""
+    def refuse(path: Path, problem: str) -> ConfigError:
+        if problem == "not a regular file":
+            problem = "not a regular file (a device, a FIFO or a directory)"
+        return error(path, problem)
+    return refuse
+
+
 def read_table(path: Path, max_bytes: int, shape: str,
                error: Callable[[Path, str], ConfigError]) -> tuple[dict[Any, Any], list[Any]]:
     """A FedScale trace file at ``path`` as a hostile file: at most ``max_bytes`` (refused from its size before it is
     read), unpickled with no globals, a non-empty dict (``shape`` names its expected form in the error), and its
     client ids in increasing order; any defect is ``error(path, problem)`` — one line naming the file. Shared by the
     device-capacity trace (here) and the behaviour trace (:mod:`~phalanx.training.algorithms.availability`)."""
-    try:  # opened without blocking (a FIFO in its place), then checked on the descriptor read: a regular file
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)), "rb") as fh:
-            st = os.fstat(fh.fileno())
-            if not stat.S_ISREG(st.st_mode):  # /dev/zero was read until memory ran out; a FIFO blocked for ever
-                raise error(path, "not a regular file (a device, a FIFO or a directory)")
-            if st.st_size > max_bytes:
-                raise error(path, f"{st.st_size} bytes, more than {max_bytes}")
-            raw = fh.read(max_bytes + 1)
+    try:  # one descriptor, opened without blocking (a FIFO in its place), checked with fstat: a regular file of at
+        # most max_bytes (/dev/zero was read until memory ran out; a FIFO blocked for ever), read with max_bytes + 1
+        raw = files.read_regular(path, max_bytes, follow=True, error=_not_regular(error))
     except OSError as exc:
         raise error(path, f"cannot be read: {exc.strerror or exc}") from None
     try:
