@@ -121,3 +121,32 @@ def test_agrees_with_byzfl_where_the_definitions_agree() -> None:
         theirs = torch.as_tensor(byzfl.CAF(f)(x.clone())).double()
         torch.testing.assert_close(aggregators.make("caf", f=f)(x), theirs, rtol=1e-6, atol=1e-6)  # float32 there
     assert compared >= 20
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("size", [1e8, 1e38, 1e80, 1e150, 1e300])
+def test_huge_finite_attackers_get_no_weight_in_either_dtype(dtype: torch.dtype, size: float) -> None:
+    """An attacker's review: in float64, rows of 10⁸⁰ made every τ infinite and every weight NaN, so the loop stopped
+    at its first step — the plain mean, moved by 10⁷⁹. Now the Gram matrix is brought down by a power of two first
+    (the weights are scale-free): the f huge rows get weight 0 and the output is within rounding of the honest rows'
+    weighted mean, at every size the dtype holds."""
+    if size > torch.finfo(dtype).max:
+        pytest.skip("not a finite value of this dtype")
+    n, f, d = 11, 2, 6
+    honest = torch.randn(n - f, d, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype)
+    x = torch.cat([torch.full((f, d), size, dtype=dtype), honest])
+    out, w = aggregators.make("caf", f).aggregate(x)
+    assert float(w[:f].abs().sum()) == 0.0
+    assert torch.isfinite(out).all()
+    spread = float((honest.double() - honest.double().mean(0)).abs().max())
+    assert float((out.double() - honest.double().mean(0)).abs().max()) <= spread  # within the honest rows' range
+
+
+def test_bits_are_unchanged_below_the_scaling_bound() -> None:
+    """Inputs whose Gram diagonal stays under ``SCALE_ABOVE`` take the filter as it was (the same tensor)."""
+    from phalanx.aggregators.caf import SCALE_ABOVE, _in_range, row_gram
+
+    x = torch.randn(9, 40, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 1e30
+    g = row_gram(x, torch.zeros(9, dtype=torch.bool))
+    assert float(g.diagonal().max()) < SCALE_ABOVE and _in_range(g) is g
+    assert float(_in_range(g * 1e60).diagonal().max()) <= 2.0  # above it: brought down by a power of two

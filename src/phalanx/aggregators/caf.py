@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import torch
@@ -41,6 +42,23 @@ def centred_gram(gram: Tensor, w: Tensor) -> Tensor:
     return 0.5 * (k + k.T)
 
 
+SCALE_ABOVE = 2.0 ** 256
+"""A Gram diagonal beyond this is brought down by a power of two before the filter (:func:`_in_range`)."""
+
+
+def _in_range(gram: Tensor) -> Tensor:
+    """``gram`` divided by the power of two nearest its largest diagonal entry, when that entry exceeds
+    :data:`SCALE_ABOVE`; as it is otherwise. τ squares Gram-sized values, so rows of squared norm above about 10¹⁵⁴
+    made every τ infinite, every weight NaN and the loop stop at its first step: the plain mean, with attackers'
+    rows of 10⁸⁰ in float64 moving it by 10⁷⁹ (an attacker's review). The filter's weights do not change when every
+    row is scaled by one constant, and a power of two scales every product exactly, so inputs whose diagonal stays
+    under the bound keep their bits."""
+    top = float(gram.diagonal().max()) if gram.numel() else 0.0
+    if not top > SCALE_ABOVE:
+        return gram
+    return torch.ldexp(gram, torch.tensor(-math.frexp(top)[1], device=gram.device))
+
+
 def caf_weights(gram: Tensor, bad: Tensor, f: int) -> Tensor:
     r"""CAF's output weights, float64 ``(n,)`` adding up to 1, from the rows' Gram matrix (float64 ``(n, n)``).
 
@@ -61,6 +79,7 @@ def caf_weights(gram: Tensor, bad: Tensor, f: int) -> Tensor:
     n = gram.shape[0]
     bad = gram_bad_rows(gram, bad)
     g = torch.where(bad[:, None] | bad[None, :], torch.zeros((), dtype=gram.dtype, device=gram.device), gram)
+    g = _in_range(g)
     c = (~bad).to(torch.float64)
     best: Tensor | None = None
     best_lam = float("inf")
@@ -79,11 +98,14 @@ def caf_weights(gram: Tensor, bad: Tensor, f: int) -> Tensor:
             best, best_lam = w, lam
         if lam <= 0.0:
             break
-        tau = (k @ (r * evecs[:, -1])).square() / lam
+        tau = torch.nan_to_num((k @ (r * evecs[:, -1])).square() / lam, nan=float("inf"))
         active = c > 0
         top = float(tau[active].max())
         if not top > 0.0:
             break
+        if top == float("inf"):  # (the step's limit: the rows infinitely far along v go to 0, the others stay)
+            c = torch.where(tau == top, torch.zeros_like(c), c)
+            continue
         c = torch.where(active, c * (1.0 - tau / top), torch.zeros_like(c)).clamp_min(0.0)
     return best if best is not None else torch.zeros(n, dtype=torch.float64, device=gram.device)
 
