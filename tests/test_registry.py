@@ -71,3 +71,16 @@ def test_describe() -> None:
     assert info["epsilon"] == pytest.approx(2 / 8)
     assert "Yin" in info["reference"]
     assert info["requirement"] == "n > 2f"
+
+
+@pytest.mark.parametrize("name", aggregators.names())
+def test_no_rule_claims_an_epsilon_or_kappa_below_its_minimum_n(name: str) -> None:
+    """ε and κ are properties of the rule configured for f on n inputs it accepts: below ``min_workers`` the rule
+    refuses its input, so neither is defined (an attacker's review found cwmed's ε(4) = 0.33 and geomed's ε(1) = 1
+    claimed at f = 2, where κ was already None)."""
+    try:
+        rule = aggregators.make(name, 2)
+    except (ConfigError, TypeError):
+        pytest.skip(f"{name} takes no f = 2 without more parameters")
+    for n in range(1, rule.min_workers()):
+        assert rule.epsilon(n) is None and rule.kappa(n) is None, (name, n)

@@ -263,7 +263,7 @@ class CoordinateWiseMedian(Aggregator):
         return coordinate_window_mean(x, "median", 0, want_contributions)
 
     def epsilon(self, n: int) -> float | None:
-        return trimmed_mean_epsilon(n, (n - 1) // 2)
+        return trimmed_mean_epsilon(n, (n - 1) // 2) if n >= self.min_workers() else None  # (undefined below it)
 
     def kappa(self, n: int) -> float | None:
         if n <= 2 * self.f:

@@ -92,7 +92,7 @@ class GeometricMedian(Aggregator):
         return z.to(x.dtype), beta
 
     def epsilon(self, n: int) -> float | None:
-        return 1.0
+        return 1.0 if n >= self.min_workers() else None  # (undefined below it, as κ is)
 
     def kappa(self, n: int) -> float | None:
         if n <= 2 * self.f:
