@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from phalanx import aggregators, cli
-from phalanx.aggregators.coordinatewise import CoordinateWiseMedian
+from phalanx.aggregators.coordinatewise import CoordinateWiseMedian, CoordinateWiseTrimmedMean
 from phalanx.analysis import kappa, proven_upper_bound, robustness_ratio, tension, universal_lower_bound
 from phalanx.analysis.kappa import FAR, exact_ratio
 from phalanx.errors import ConfigError
@@ -125,6 +125,29 @@ class _Overclaiming(CoordinateWiseMedian):
 def test_a_measured_value_above_the_claimed_bound_is_flagged() -> None:
     est = kappa(_Overclaiming(f=1), 7, d=2, budget=150)
     assert est.above_upper and est.verdict.startswith("BUG")
+
+
+class _NanOnFarRows(CoordinateWiseTrimmedMean):
+    """The trimmed mean (proven κ) with an overflow bug: NaN once a row is far (the reviewer's mutant)."""
+
+    name = "nan-tm"
+
+    def _run(self, x: torch.Tensor, want: bool, **ctx: Any) -> Any:
+        out, c = super()._run(x, want, **ctx)
+        if float(x.abs().max()) > 1e3:
+            out = torch.full_like(out, float("nan"))
+        return out, c
+
+
+def test_a_non_finite_output_of_a_rule_with_a_proven_kappa_is_a_bug(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NaN output gave value = slack = +inf, so ``inf > upper + inf`` was False: 'unbounded', exit 0, for a rule
+    that claims a finite κ. It is a bug, named as a non-finite output (not a ratio that grows)."""
+    est = kappa(_NanOnFarRows(f=1), 7, d=2, budget=300)
+    assert est.upper_bound is not None and math.isfinite(est.upper_bound)
+    assert est.above_upper and not est.output_finite and est.verdict == "BUG: non-finite output"
+    monkeypatch.setattr(aggregators, "make", lambda spec, f: _NanOnFarRows(f=f))
+    res = CliRunner().invoke(cli.app, ["kappa", "nan-tm", "-n", "7", "-f", "1", "-d", "2", "--budget", "300"])
+    assert res.exit_code == 1 and "non-finite output" in res.output and "not finite" in res.output, res.output
 
 
 def test_deterministic_for_a_seed() -> None:

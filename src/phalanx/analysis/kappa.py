@@ -34,7 +34,8 @@ columns). The reported value is then **recomputed exactly** at the best input �
 input as rational numbers (:func:`exact_ratio`), rounded down — so it is certified: a real input attains it.
 
 A measured value above the proven upper bound (by more than the float64 rounding of the computation,
-:func:`rounding_slack`) is a bug of the rule, its bound or its metadata, and is flagged (``above_upper``). A rule
+:func:`rounding_slack`) is a bug of the rule, its bound or its metadata, and is flagged (``above_upper``); so is a
+non-finite output of a rule that has a proven κ (verdict ``BUG: non-finite output``). A rule
 whose ratio grows without bound as the Byzantine rows move away — the mean — is reported ``unbounded``
 (:data:`FAR`: on the line, the ratio at the farthest distance t of the Byzantine point passes t — measured in ‖u‖,
 the separation of the honest rows — and grew at least linearly in t over the last two decades).
@@ -149,7 +150,8 @@ class KappaEstimate:
     unbounded: bool
     """The ratio grows without bound as the Byzantine rows move away (the rule is (f, κ)-robust for no κ)."""
     above_upper: bool
-    """The value exceeds the proven upper bound by more than :attr:`slack`: a bug."""
+    """The value exceeds the proven upper bound by more than :attr:`slack`, or the rule's output was not finite
+    (:attr:`output_finite`) though it has a proven κ: a bug."""
     slack: float
     """The float64 rounding allowed at the input (:func:`rounding_slack`)."""
     exact: bool
@@ -165,6 +167,10 @@ class KappaEstimate:
     by_distance: dict[float, float] = field(default_factory=dict)
     """The best ratio on the line at each far distance of the Byzantine point (:data:`FAR`)."""
 
+    output_finite: bool = True
+    """The rule's output at :attr:`input` is finite (a NaN or an infinity from a rule with a proven κ is a bug, not a
+    ratio that grows)."""
+
     unbounded_tested: bool = True
     """Whether the budget reached the far points of the line that decide :attr:`unbounded` (the last three
     distances of one split whose honest rows spread); when not, a finite value says nothing of whether the ratio is
@@ -172,9 +178,10 @@ class KappaEstimate:
 
     @property
     def verdict(self) -> str:
-        """``unbounded``, ``BUG: above the proven bound``, ``rounding`` or ``certified``."""
+        """``unbounded``, ``BUG: above the proven bound``, ``BUG: non-finite output``, ``rounding`` or
+        ``certified``."""
         if self.above_upper:
-            return "BUG: above the proven bound"
+            return "BUG: above the proven bound" if self.output_finite else "BUG: non-finite output"
         if self.unbounded:
             return "unbounded"
         return "rounding" if self.rounding else "certified"
@@ -417,12 +424,15 @@ def _finish(search: _Search, rule: Aggregator, n: int, f: int, d: int, seed: int
     slack = rounding_slack(out, x, honest, value) if math.isfinite(value) else float("inf")
     tested, grows = _growth(far_points, m)
     unbounded = not math.isfinite(value) or grows
-    above = upper is not None and value > upper + slack
+    finite_out = bool(torch.isfinite(out).all())
+    # a rule with a proven (finite) κ: an infinite ratio contradicts it whatever the slack (inf > upper + inf is False)
+    above = upper is not None and (not math.isfinite(value) or value > upper + slack)
     return KappaEstimate(
         rule=spec, n=n, f=f, d=d, value=value, worst_input=search.best_name, input=x.clone(), honest=honest,
         lower_bound=universal_lower_bound(n, f), upper_bound=upper, unbounded=unbounded, above_upper=above,
         slack=slack, exact=exact, rounding=value <= slack, evaluations=search.used, seed=seed,
-        per_family=dict(search.per_family), by_distance=by_distance, unbounded_tested=unbounded or tested,
+        per_family=dict(search.per_family), by_distance=by_distance, output_finite=finite_out,
+        unbounded_tested=unbounded or tested,
     )
 
 
