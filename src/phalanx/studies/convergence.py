@@ -113,6 +113,8 @@ class Row:
     """The realised aggregation error at θ_T."""
     epsilon: float
     epsilon_source: str
+    seeds: tuple[int, ...] = ()
+    """The seeds of :attr:`share`'s samples, in order (empty: not known; the verdict then names the sample's index)."""
 
     @property
     def bounded(self) -> bool:
@@ -124,6 +126,11 @@ class Row:
             return "no proven ε: no bound"
         if self.epsilon == 0:
             return "ε = 0: no bound"
+        above = [i for i, v in enumerate(self.share.samples) if v > 0.0]  # floor > bound on that seed
+        if above:  # the bound is proven for every seed: one seed above it is a counterexample, whatever the mean says
+            i = above[0]
+            which = f"seed {self.seeds[i]}" if i < len(self.seeds) else f"the seed at index {i}"
+            return f"above the bound ({which})"
         why = self.share.why_no_verdict("ratio")
         if why is not None:
             return f"no verdict ({why})"
@@ -143,11 +150,13 @@ def rows(p: Preset, collected: dict[Cell, Outcome]) -> list[Row]:
                     continue
                 share = [math.log(o.floor / o.bound) if o.bound > 0 and o.floor > 0 else math.inf for o in got
                          if math.isfinite(o.bound)]
+                seeds = tuple(s for s in p.seeds if Cell(prob, float(a), spec, f, s) in collected
+                              and math.isfinite(collected[Cell(prob, float(a), spec, f, s)].bound))
                 out.append(Row(prob, float(a), spec, f, mean_ci([o.floor for o in got]),
                                mean_ci([o.bound for o in got]),
                                mean_ci(share) if share and all(map(math.isfinite, share)) else
                                Estimate(math.inf, math.inf, math.inf, len(got)),
-                               mean_ci([o.ratio for o in got]), got[0].epsilon, got[0].epsilon_source))
+                               mean_ci([o.ratio for o in got]), got[0].epsilon, got[0].epsilon_source, seeds))
     # the rows with a bound are read together: one Holm family (the others decide nothing)
     bounded = [i for i, r in enumerate(out) if r.bounded and math.isfinite(r.share.mean)]
     for i, r in zip(bounded, holm_family([out[i] for i in bounded], "share")):
