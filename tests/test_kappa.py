@@ -13,6 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from phalanx import aggregators, cli
+from phalanx.aggregators.base import Aggregator
 from phalanx.aggregators.coordinatewise import CoordinateWiseMedian, CoordinateWiseTrimmedMean
 from phalanx.analysis import kappa, proven_upper_bound, robustness_ratio, tension, universal_lower_bound
 from phalanx.analysis.kappa import FAR, exact_ratio
@@ -259,3 +260,26 @@ def test_a_budget_that_ends_before_the_far_inputs_says_boundedness_was_not_teste
     enough = kappa(aggregators.make("mean", f=3), 10, d=10, budget=80)
     assert enough.unbounded and enough.unbounded_tested
     assert kappa(aggregators.make("cwtm", f=3), 10, d=10, budget=200).unbounded_tested
+
+
+class _TopTrim(Aggregator):
+    """The reviewer's mutant: trims the 2f largest values per coordinate and none of the smallest — unbounded towards
+    −u only."""
+
+    name = "toptrim"
+    requirement = "n > 2f"
+
+    def min_workers(self) -> int:
+        return 2 * self.f + 1
+
+    def _run(self, x: torch.Tensor, want: bool, **ctx: Any) -> Any:
+        return x.sort(dim=0).values[: x.shape[0] - 2 * self.f].mean(dim=0), None
+
+
+def test_a_rule_unbounded_on_one_side_only_is_unbounded() -> None:
+    """The far sweep moved the Byzantine point to +t·u only: this rule was 'certified' with unbounded_tested, though a
+    row at −10⁶·e₁ gives a ratio of 1.6·10¹¹. Both sides are swept, and boundedness needs both."""
+    est = kappa(_TopTrim(f=1), 7, d=2, budget=300)
+    assert est.unbounded and est.verdict == "unbounded", (est.verdict, est.value)
+    assert est.by_distance[-FAR[-1]] > est.by_distance[-FAR[0]] * 1e7  # it grows as t² on the negative side
+    assert kappa_module._growth({("e1", 1, t): 1.0 for t in FAR}, 3) == (False, False)  # one side: not tested

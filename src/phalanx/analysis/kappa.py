@@ -17,8 +17,9 @@ The definition is a "for all", so **one** input and one set S give a lower bound
 :func:`kappa` searches for the input that maximises it:
 
 1. *Structured inputs* known to be worst for the families of rules: on a line, k honest rows at u and n − f − k at
-   0 with the f Byzantine rows at one point t·u for a sweep of distances t (u = e₁, and u ∝ 1 for coordinate-wise
-   rules) — it contains the construction behind κ ≥ f/(n−2f) and the far-away attack that the mean cannot survive;
+   0 with the f Byzantine rows at one point t·u for a sweep of distances t, the far ones on both sides (u = e₁, and
+   u ∝ 1 for coordinate-wise rules) — it contains the construction behind κ ≥ f/(n−2f) and the far-away attack
+   that the mean cannot survive;
    ALIE-like placements (the Byzantine rows at the honest mean plus z honest standard deviations, coordinate by
    coordinate: Baruch, Baruch & Goldberg, NeurIPS 2019); mimicry (the Byzantine rows copy, or extrapolate, the honest
    row farthest from the honest mean).
@@ -37,8 +38,8 @@ A measured value above the proven upper bound (by more than the float64 rounding
 :func:`rounding_slack`) is a bug of the rule, its bound or its metadata, and is flagged (``above_upper``); so is a
 non-finite output of a rule that has a proven κ (verdict ``BUG: non-finite output``). A rule
 whose ratio grows without bound as the Byzantine rows move away — the mean — is reported ``unbounded``
-(:data:`FAR`: on the line, the ratio at the farthest distance t of the Byzantine point passes t — measured in ‖u‖,
-the separation of the honest rows — and grew at least linearly in t over the last two decades).
+(:data:`FAR`: on the line, on either side, the ratio at the farthest distance t of the Byzantine point passes t —
+measured in ‖u‖, the separation of the honest rows — and grew at least linearly in t over the last two decades).
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ __all__ = [
 NEAR = (-4.0, -2.0, -1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 """Distances t (in units of the honest rows' separation) of the colluding Byzantine point t·u on the line."""
 FAR = (1e2, 1e3, 1e4, 1e5, 1e6)
-"""The far distances of the same sweep; the ratio at the last two decades decides ``unbounded``."""
+"""The far distances of the same sweep, swept on both sides (t·u and −t·u); the ratio at the last two decades decides
+``unbounded``."""
 SUBSETS_MAX = 512
 """Every set S of n − f rows is scored when there are at most this many; else the heuristic sets only."""
 BATCH_ELEMENTS = 1 << 21
@@ -207,14 +209,14 @@ Far = tuple[str, int, float]
 
 
 def _line(n: int, m: int, d: int, u: Tensor, axis: str) -> Iterator[tuple[str, str, Tensor, Far | None]]:
-    distances = (*NEAR, *FAR) if m < n else (0.0,)
+    distances = (*NEAR, *FAR, *(-t for t in FAR)) if m < n else (0.0,)
     for k in line_splits(n, m):
         for t in distances:
             x = torch.zeros(n, d, dtype=torch.float64)
             x[:k] = u
             x[m:] = t * u
             yield (f"line: {k} honest at u, {m - k} at 0, Byzantine at {t:g}·u", "line", x,
-                   (axis, k, t) if t in FAR else None)
+                   (axis, k, t) if abs(t) in FAR else None)
 
 
 def _constructions(n: int, m: int, d: int, gen: torch.Generator, columnwise: bool
@@ -389,19 +391,22 @@ def _random_start(n: int, m: int, d: int, gen: torch.Generator) -> Tensor:
 
 def _growth(far: dict[Far, float], m: int) -> tuple[bool, bool]:
     """From the far points of the line: (tested, unbounded). A split (axis, k) with 0 < k < m (the m honest rows
-    not all at one point: they spread) is tested when its ratio at the last three distances was scored and is
-    positive at the first of them; the ratio is unbounded when on some tested split it reaches the last distance
-    and grows by at least the distances' ratio over the last two decades (it grows without bound as the Byzantine
-    rows move away)."""
+    not all at one point: they spread) is tested on one side (the Byzantine point at +t·u, or at −t·u) when its
+    ratio at the last three distances of that side was scored and is positive at the first of them; the ratio is
+    unbounded when on some tested split and side it reaches the last distance and grows by at least the distances'
+    ratio over the last two decades (it grows without bound as the Byzantine rows move away). Boundedness is tested
+    only when both sides were (a rule that trims only the largest values is unbounded towards −u alone)."""
     last = FAR[-3:]
-    tested = unbounded = False
+    sides: set[float] = set()
+    unbounded = False
     for axis, k in {(a, k) for a, k, _ in far if 0 < k < m}:
-        r = [far.get((axis, k, t)) for t in last]
-        if any(v is None for v in r) or not r[0]:
-            continue
-        tested = True
-        unbounded |= r[-1] >= FAR[-1] and r[-1] >= (last[-1] / last[0]) * r[0]  # type: ignore[operator]
-    return tested, unbounded
+        for side in (1.0, -1.0):
+            r = [far.get((axis, k, side * t)) for t in last]
+            if any(v is None for v in r) or not r[0]:
+                continue
+            sides.add(side)
+            unbounded |= r[-1] >= FAR[-1] and r[-1] >= (last[-1] / last[0]) * r[0]  # type: ignore[operator]
+    return len(sides) == 2, unbounded
 
 
 def _finish(search: _Search, rule: Aggregator, n: int, f: int, d: int, seed: int, spec: str,
