@@ -13,7 +13,8 @@ import torch
 from typer.testing import CliRunner
 
 from phalanx import aggregators, cli
-from phalanx.aggregators.coordinatewise import CoordinateWiseMedian
+from phalanx.aggregators.base import Aggregator
+from phalanx.aggregators.coordinatewise import CoordinateWiseMedian, CoordinateWiseTrimmedMean
 from phalanx.analysis import kappa, proven_upper_bound, robustness_ratio, tension, universal_lower_bound
 from phalanx.analysis.kappa import FAR, exact_ratio
 from phalanx.errors import ConfigError
@@ -127,6 +128,29 @@ def test_a_measured_value_above_the_claimed_bound_is_flagged() -> None:
     assert est.above_upper and est.verdict.startswith("BUG")
 
 
+class _NanOnFarRows(CoordinateWiseTrimmedMean):
+    """The trimmed mean (proven κ) with an overflow bug: NaN once a row is far (the reviewer's mutant)."""
+
+    name = "nan-tm"
+
+    def _run(self, x: torch.Tensor, want: bool, **ctx: Any) -> Any:
+        out, c = super()._run(x, want, **ctx)
+        if float(x.abs().max()) > 1e3:
+            out = torch.full_like(out, float("nan"))
+        return out, c
+
+
+def test_a_non_finite_output_of_a_rule_with_a_proven_kappa_is_a_bug(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NaN output gave value = slack = +inf, so ``inf > upper + inf`` was False: 'unbounded', exit 0, for a rule
+    that claims a finite κ. It is a bug, named as a non-finite output (not a ratio that grows)."""
+    est = kappa(_NanOnFarRows(f=1), 7, d=2, budget=300)
+    assert est.upper_bound is not None and math.isfinite(est.upper_bound)
+    assert est.above_upper and not est.output_finite and est.verdict == "BUG: non-finite output"
+    monkeypatch.setattr(aggregators, "make", lambda spec, f: _NanOnFarRows(f=f))
+    res = CliRunner().invoke(cli.app, ["kappa", "nan-tm", "-n", "7", "-f", "1", "-d", "2", "--budget", "300"])
+    assert res.exit_code == 1 and "non-finite output" in res.output and "not finite" in res.output, res.output
+
+
 def test_deterministic_for_a_seed() -> None:
     a = kappa(aggregators.make("krum", f=1), 7, d=3, budget=300, seed=5)
     b = kappa(aggregators.make("krum", f=1), 7, d=3, budget=300, seed=5)
@@ -236,3 +260,26 @@ def test_a_budget_that_ends_before_the_far_inputs_says_boundedness_was_not_teste
     enough = kappa(aggregators.make("mean", f=3), 10, d=10, budget=80)
     assert enough.unbounded and enough.unbounded_tested
     assert kappa(aggregators.make("cwtm", f=3), 10, d=10, budget=200).unbounded_tested
+
+
+class _TopTrim(Aggregator):
+    """The reviewer's mutant: trims the 2f largest values per coordinate and none of the smallest — unbounded towards
+    −u only."""
+
+    name = "toptrim"
+    requirement = "n > 2f"
+
+    def min_workers(self) -> int:
+        return 2 * self.f + 1
+
+    def _run(self, x: torch.Tensor, want: bool, **ctx: Any) -> Any:
+        return x.sort(dim=0).values[: x.shape[0] - 2 * self.f].mean(dim=0), None
+
+
+def test_a_rule_unbounded_on_one_side_only_is_unbounded() -> None:
+    """The far sweep moved the Byzantine point to +t·u only: this rule was 'certified' with unbounded_tested, though a
+    row at −10⁶·e₁ gives a ratio of 1.6·10¹¹. Both sides are swept, and boundedness needs both."""
+    est = kappa(_TopTrim(f=1), 7, d=2, budget=300)
+    assert est.unbounded and est.verdict == "unbounded", (est.verdict, est.value)
+    assert est.by_distance[-FAR[-1]] > est.by_distance[-FAR[0]] * 1e7  # it grows as t² on the negative side
+    assert kappa_module._growth({("e1", 1, t): 1.0 for t in FAR}, 3) == (False, False)  # one side: not tested

@@ -169,3 +169,29 @@ def test_corrected_verdicts_skip_what_decides_nothing_and_keep_direction() -> No
     assert out[0] is not None and out[0].family == 3 and out[0].verdict("positive") == "holds"
     assert out[4] is not None and out[4].verdict("positive") == "contradicted"
     assert out[4].side("below", "above") == "below"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_seed_is_named_not_called_zero_width(bad: float) -> None:
+    """A NaN or infinite seed was reported as "zero width: every seed gives the same value" — the wrong reason."""
+    e = mean_ci([bad, 1.0, 2.0])
+    why = e.why_no_verdict()
+    assert why is not None and "not finite" in why and "zero width" not in why
+    assert e.side("below", "above").startswith("no verdict (1 seed not finite")
+
+
+def test_zero_width_is_relative_to_the_samples_own_size() -> None:
+    """Clearly different tiny samples have an interval (an absolute floor of 8·eps called them zero width); equal
+    samples of any size still have none."""
+    assert mean_ci([1e-16, 2e-16, 3e-16, 2e-16]).side("below", "above") == "above"
+    assert mean_ci([1e-300, 1.1e-300, 1.2e-300]).side("below", "above") == "above"
+    for v in (5.0, 1e-300, 0.0):
+        assert "zero width" in (mean_ci([v, v, v]).why_no_verdict() or "")
+
+
+def test_huge_samples_do_not_overflow() -> None:
+    """The deviations are centred and scaled before squaring: (1e300)² raised OverflowError."""
+    e = mean_ci([1e300, 1.1e300, 1.2e300])
+    ref = mean_ci([1.0, 1.1, 1.2])
+    assert e.mean == pytest.approx(1.1e300) and e.half_width == pytest.approx(ref.half_width * 1e300, rel=1e-12)
+    assert e.side("below", "above") == "above"

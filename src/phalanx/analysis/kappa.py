@@ -17,8 +17,9 @@ The definition is a "for all", so **one** input and one set S give a lower bound
 :func:`kappa` searches for the input that maximises it:
 
 1. *Structured inputs* known to be worst for the families of rules: on a line, k honest rows at u and n − f − k at
-   0 with the f Byzantine rows at one point t·u for a sweep of distances t (u = e₁, and u ∝ 1 for coordinate-wise
-   rules) — it contains the construction behind κ ≥ f/(n−2f) and the far-away attack that the mean cannot survive;
+   0 with the f Byzantine rows at one point t·u for a sweep of distances t, the far ones on both sides (u = e₁, and
+   u ∝ 1 for coordinate-wise rules) — it contains the construction behind κ ≥ f/(n−2f) and the far-away attack
+   that the mean cannot survive;
    ALIE-like placements (the Byzantine rows at the honest mean plus z honest standard deviations, coordinate by
    coordinate: Baruch, Baruch & Goldberg, NeurIPS 2019); mimicry (the Byzantine rows copy, or extrapolate, the honest
    row farthest from the honest mean).
@@ -34,10 +35,11 @@ columns). The reported value is then **recomputed exactly** at the best input �
 input as rational numbers (:func:`exact_ratio`), rounded down — so it is certified: a real input attains it.
 
 A measured value above the proven upper bound (by more than the float64 rounding of the computation,
-:func:`rounding_slack`) is a bug of the rule, its bound or its metadata, and is flagged (``above_upper``). A rule
+:func:`rounding_slack`) is a bug of the rule, its bound or its metadata, and is flagged (``above_upper``); so is a
+non-finite output of a rule that has a proven κ (verdict ``BUG: non-finite output``). A rule
 whose ratio grows without bound as the Byzantine rows move away — the mean — is reported ``unbounded``
-(:data:`FAR`: on the line, the ratio at the farthest distance t of the Byzantine point passes t — measured in ‖u‖,
-the separation of the honest rows — and grew at least linearly in t over the last two decades).
+(:data:`FAR`: on the line, on either side, the ratio at the farthest distance t of the Byzantine point passes t —
+measured in ‖u‖, the separation of the honest rows — and grew at least linearly in t over the last two decades).
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ __all__ = [
 NEAR = (-4.0, -2.0, -1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 """Distances t (in units of the honest rows' separation) of the colluding Byzantine point t·u on the line."""
 FAR = (1e2, 1e3, 1e4, 1e5, 1e6)
-"""The far distances of the same sweep; the ratio at the last two decades decides ``unbounded``."""
+"""The far distances of the same sweep, swept on both sides (t·u and −t·u); the ratio at the last two decades decides
+``unbounded``."""
 SUBSETS_MAX = 512
 """Every set S of n − f rows is scored when there are at most this many; else the heuristic sets only."""
 BATCH_ELEMENTS = 1 << 21
@@ -149,7 +152,8 @@ class KappaEstimate:
     unbounded: bool
     """The ratio grows without bound as the Byzantine rows move away (the rule is (f, κ)-robust for no κ)."""
     above_upper: bool
-    """The value exceeds the proven upper bound by more than :attr:`slack`: a bug."""
+    """The value exceeds the proven upper bound by more than :attr:`slack`, or the rule's output was not finite
+    (:attr:`output_finite`) though it has a proven κ: a bug."""
     slack: float
     """The float64 rounding allowed at the input (:func:`rounding_slack`)."""
     exact: bool
@@ -165,6 +169,10 @@ class KappaEstimate:
     by_distance: dict[float, float] = field(default_factory=dict)
     """The best ratio on the line at each far distance of the Byzantine point (:data:`FAR`)."""
 
+    output_finite: bool = True
+    """The rule's output at :attr:`input` is finite (a NaN or an infinity from a rule with a proven κ is a bug, not a
+    ratio that grows)."""
+
     unbounded_tested: bool = True
     """Whether the budget reached the far points of the line that decide :attr:`unbounded` (the last three
     distances of one split whose honest rows spread); when not, a finite value says nothing of whether the ratio is
@@ -172,9 +180,10 @@ class KappaEstimate:
 
     @property
     def verdict(self) -> str:
-        """``unbounded``, ``BUG: above the proven bound``, ``rounding`` or ``certified``."""
+        """``unbounded``, ``BUG: above the proven bound``, ``BUG: non-finite output``, ``rounding`` or
+        ``certified``."""
         if self.above_upper:
-            return "BUG: above the proven bound"
+            return "BUG: above the proven bound" if self.output_finite else "BUG: non-finite output"
         if self.unbounded:
             return "unbounded"
         return "rounding" if self.rounding else "certified"
@@ -200,14 +209,14 @@ Far = tuple[str, int, float]
 
 
 def _line(n: int, m: int, d: int, u: Tensor, axis: str) -> Iterator[tuple[str, str, Tensor, Far | None]]:
-    distances = (*NEAR, *FAR) if m < n else (0.0,)
+    distances = (*NEAR, *FAR, *(-t for t in FAR)) if m < n else (0.0,)
     for k in line_splits(n, m):
         for t in distances:
             x = torch.zeros(n, d, dtype=torch.float64)
             x[:k] = u
             x[m:] = t * u
             yield (f"line: {k} honest at u, {m - k} at 0, Byzantine at {t:g}·u", "line", x,
-                   (axis, k, t) if t in FAR else None)
+                   (axis, k, t) if abs(t) in FAR else None)
 
 
 def _constructions(n: int, m: int, d: int, gen: torch.Generator, columnwise: bool
@@ -382,19 +391,22 @@ def _random_start(n: int, m: int, d: int, gen: torch.Generator) -> Tensor:
 
 def _growth(far: dict[Far, float], m: int) -> tuple[bool, bool]:
     """From the far points of the line: (tested, unbounded). A split (axis, k) with 0 < k < m (the m honest rows
-    not all at one point: they spread) is tested when its ratio at the last three distances was scored and is
-    positive at the first of them; the ratio is unbounded when on some tested split it reaches the last distance
-    and grows by at least the distances' ratio over the last two decades (it grows without bound as the Byzantine
-    rows move away)."""
+    not all at one point: they spread) is tested on one side (the Byzantine point at +t·u, or at −t·u) when its
+    ratio at the last three distances of that side was scored and is positive at the first of them; the ratio is
+    unbounded when on some tested split and side it reaches the last distance and grows by at least the distances'
+    ratio over the last two decades (it grows without bound as the Byzantine rows move away). Boundedness is tested
+    only when both sides were (a rule that trims only the largest values is unbounded towards −u alone)."""
     last = FAR[-3:]
-    tested = unbounded = False
+    sides: set[float] = set()
+    unbounded = False
     for axis, k in {(a, k) for a, k, _ in far if 0 < k < m}:
-        r = [far.get((axis, k, t)) for t in last]
-        if any(v is None for v in r) or not r[0]:
-            continue
-        tested = True
-        unbounded |= r[-1] >= FAR[-1] and r[-1] >= (last[-1] / last[0]) * r[0]  # type: ignore[operator]
-    return tested, unbounded
+        for side in (1.0, -1.0):
+            r = [far.get((axis, k, side * t)) for t in last]
+            if any(v is None for v in r) or not r[0]:
+                continue
+            sides.add(side)
+            unbounded |= r[-1] >= FAR[-1] and r[-1] >= (last[-1] / last[0]) * r[0]  # type: ignore[operator]
+    return len(sides) == 2, unbounded
 
 
 def _finish(search: _Search, rule: Aggregator, n: int, f: int, d: int, seed: int, spec: str,
@@ -417,12 +429,15 @@ def _finish(search: _Search, rule: Aggregator, n: int, f: int, d: int, seed: int
     slack = rounding_slack(out, x, honest, value) if math.isfinite(value) else float("inf")
     tested, grows = _growth(far_points, m)
     unbounded = not math.isfinite(value) or grows
-    above = upper is not None and value > upper + slack
+    finite_out = bool(torch.isfinite(out).all())
+    # a rule with a proven (finite) κ: an infinite ratio contradicts it whatever the slack (inf > upper + inf is False)
+    above = upper is not None and (not math.isfinite(value) or value > upper + slack)
     return KappaEstimate(
         rule=spec, n=n, f=f, d=d, value=value, worst_input=search.best_name, input=x.clone(), honest=honest,
         lower_bound=universal_lower_bound(n, f), upper_bound=upper, unbounded=unbounded, above_upper=above,
         slack=slack, exact=exact, rounding=value <= slack, evaluations=search.used, seed=seed,
-        per_family=dict(search.per_family), by_distance=by_distance, unbounded_tested=unbounded or tested,
+        per_family=dict(search.per_family), by_distance=by_distance, output_finite=finite_out,
+        unbounded_tested=unbounded or tested,
     )
 
 

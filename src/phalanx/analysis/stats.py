@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TypeVar, cast
 
 from phalanx.errors import ConfigError
@@ -62,6 +62,12 @@ class Estimate:
     the verdict is the per-comparison interval's."""
     family: int = 1
     """How many comparisons the family held (1: not corrected)."""
+    scale: float = math.nan
+    """The samples' largest size max|xᵢ| (:func:`mean_ci`; NaN where not known): what "zero width" is relative to."""
+    nonfinite: int = 0
+    """How many samples were NaN or infinite (:func:`mean_ci`): such an estimate decides nothing."""
+    samples: tuple[float, ...] = field(default=(), repr=False)
+    """The samples themselves (:func:`mean_ci`; empty where not known), for a check of each beside the mean's."""
 
     @property
     def half_width(self) -> float:
@@ -91,13 +97,19 @@ class Estimate:
         return shown and self.mean < 0, shown and self.mean > 0
 
     def why_no_verdict(self, what: str = "value", magnitude: float | None = None) -> str | None:
-        """Why this estimate decides nothing — fewer than :data:`MIN_SEEDS` samples, or an interval of zero width
-        (every sample the same ``what``, up to rounding at ``magnitude``, the samples' largest size; default the
-        mean's) — else None."""
+        """Why this estimate decides nothing — a sample that is NaN or infinite, fewer than :data:`MIN_SEEDS`
+        samples, or an interval of zero width (every sample the same ``what`` up to rounding: a half-width of at most
+        8·eps times ``magnitude``, the samples' largest size; default :attr:`scale`, else the mean's) — else None.
+        The zero width is relative to the samples' own size, so [1e-16, 2e-16, 3e-16, 2e-16] has an interval."""
+        if self.nonfinite:
+            return (f"{self.nonfinite} seed{'s' if self.nonfinite != 1 else ''} not finite (NaN or ∞): no mean to "
+                    "test")
         if self.k < MIN_SEEDS:
             return f"{self.k} seed{'s' if self.k != 1 else ''}, {MIN_SEEDS} needed"
-        size = abs(self.mean) if magnitude is None else magnitude
-        if not math.isfinite(self.half_width) or self.half_width <= 8 * sys.float_info.epsilon * max(1.0, size):
+        if not (math.isfinite(self.mean) and math.isfinite(self.half_width)):
+            return f"not finite: the mean {what} or its interval is NaN or ∞"
+        size = magnitude if magnitude is not None else self.scale if math.isfinite(self.scale) else abs(self.mean)
+        if self.half_width <= 8 * sys.float_info.epsilon * size:
             return f"zero width: every seed gives the same {what}"
         return None
 
@@ -160,17 +172,35 @@ def holm(estimates: Sequence[MaybeEstimate]) -> list[MaybeEstimate]:
 
 
 def mean_ci(values: Sequence[float]) -> Estimate:
-    """Mean and 95 % Student-t interval of ``values`` (at least one finite value)."""
+    """Mean and 95 % Student-t interval of ``values`` (at least one value). A NaN or infinite value gives an estimate
+    that decides nothing and says why (:attr:`Estimate.nonfinite`); the deviations are centred and scaled before
+    they are squared, so values near the largest float do not overflow."""
     xs = [float(v) for v in values]
     if not xs:
         raise ConfigError("values", values, "at least one value")
     k = len(xs)
+    bad = sum(not math.isfinite(x) for x in xs)
+    if bad:
+        return Estimate(math.nan, math.nan, math.nan, k, nonfinite=bad, samples=tuple(xs))
+    scale = max(abs(x) for x in xs)
     m = sum(xs) / k
+    if not math.isfinite(m):  # the sum overflowed: average the shares instead
+        m = sum(x / k for x in xs)
     if k == 1:
-        return Estimate(m, -math.inf, math.inf, 1)
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (k - 1))
+        return Estimate(m, -math.inf, math.inf, 1, scale=scale, samples=tuple(xs))
+    top = max(abs(x - m) for x in xs)
+    try:
+        squares = sum((x - m) ** 2 for x in xs)
+    except OverflowError:
+        squares = math.inf
+    if top == 0.0:
+        sd = 0.0
+    elif math.isfinite(squares) and squares > 1e-280:  # the plain sum where it neither overflows nor underflows
+        sd = math.sqrt(squares / (k - 1))
+    else:
+        sd = top * math.sqrt(sum(((x - m) / top) ** 2 for x in xs) / (k - 1))
     h = t_quantile_975(k - 1) * sd / math.sqrt(k)
-    return Estimate(m, m - h, m + h, k)
+    return Estimate(m, m - h, m + h, k, scale=scale, samples=tuple(xs))
 
 
 def slope(xs: Sequence[float], ys: Sequence[float]) -> float:

@@ -55,6 +55,8 @@ class TheoryRow:
     """The statement that proves :attr:`kappa`."""
     above_upper: bool = False
     """The measured ε is above the proven ε or κ: a bug of the rule or its metadata."""
+    kappa_bug: str = ""
+    """The κ search's ``BUG: …`` verdict (above the proven κ, or a non-finite output), else empty."""
 
 
 def theory_table(
@@ -101,6 +103,7 @@ def theory_table(
                     row.measured, row.worst_input, row.above_upper = est.value, est.worst_input, est.above_upper
                     row.epsilon_rounding = 0.0 < est.value <= est.slack
                     row.kappa_measured, row.kappa_unbounded, row.kappa_rounding = k.value, k.unbounded, k.rounding
+                    row.kappa_bug = k.verdict if k.above_upper else ""
                 if progress is not None:
                     progress(spec, f)
             rows.append(row)
@@ -240,7 +243,10 @@ def sources(rows: list[TheoryRow]) -> list[str]:
 
 
 def kappa_cell(r: TheoryRow) -> str:
-    """The measured κ of a row as a table shows it: ``≥ value``, ``unbounded``, ``0 (rounding)`` or a dash."""
+    """The measured κ of a row as a table shows it: ``≥ value``, ``unbounded``, ``0 (rounding)``, a dash, or the
+    search's ``BUG: …`` verdict."""
+    if r.kappa_bug:
+        return r.kappa_bug
     if r.kappa_unbounded:
         return "unbounded"
     if r.kappa_rounding:

@@ -165,7 +165,8 @@ def kappa_cmd(
     _search_threads()
     est = kappa(aggregators.make(spec, f=f), workers, d=dim, budget=budget, seed=seed)
     upper = "unknown" if est.upper_bound is None else f"{est.upper_bound:.4g}"
-    measured = (f"unbounded (the ratio reaches {est.value:.3g} and grows with the Byzantine rows' distance)"
+    measured = ("a non-finite output (the rule returned NaN or ∞)" if not est.output_finite else
+                f"unbounded (the ratio reaches {est.value:.3g} and grows with the Byzantine rows' distance)"
                 if est.unbounded else f"≥ {est.value:.3g} (float64 rounding: no larger error found)" if est.rounding
                 else f"≥ {est.value:.4f} (certified)")
     if not est.unbounded_tested:
@@ -177,6 +178,10 @@ def kappa_cmd(
         f"worst input: {est.worst_input}; set S = rows {_ranges(est.honest)}; "
         f"{'exact' if est.exact else 'float64'}, {est.evaluations} evaluations, seed {seed}",
         soft_wrap=True, highlight=False, markup=False)
+    if est.above_upper and not est.output_finite:
+        console.print(f"[red]BUG:[/red] the rule's output is not finite at the worst input, though its proven κ is "
+                      f"{upper}", soft_wrap=True, highlight=False)
+        raise typer.Exit(1)
     if est.above_upper:
         console.print(f"[red]BUG:[/red] the measured κ exceeds the proven bound {upper} by more than the float64 "
                       f"rounding {est.slack:.3g}", soft_wrap=True, highlight=False)
