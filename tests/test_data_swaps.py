@@ -164,3 +164,20 @@ def test_a_leaf_file_rewritten_under_a_lazy_population_is_refused_in_one_line(tm
         pop.clients([2])
     message = str(caught.value)
     assert message.startswith(f"{train}: changed since the population opened (SHA-256 ") and "\n" not in message
+
+
+def test_a_fifo_or_a_device_in_place_of_a_cifar_batch_is_refused_without_blocking(tmp_path: Path) -> None:
+    """A CIFAR-10 batch was sized by name and opened by name again: a FIFO put in its place blocked the read for
+    ever (a later review of the fixes above). Now one descriptor, as for LEAF and IDX."""
+    fifo, zero = tmp_path / "data_batch_1", tmp_path / "test_batch"
+    os.mkfifo(fifo)
+    zero.symlink_to("/dev/zero")
+    code = ("from phalanx.data import cifar\n"
+            f"for p in {[str(fifo), str(zero)]!r}:\n"
+            "    try: cifar.read_pickle(p)\n"
+            "    except Exception as e: print(type(e).__name__, e)\n")
+    run = _python(code)
+    lines = run.stdout.splitlines()
+    assert run.returncode == 0 and len(lines) == 2, (run.stdout, run.stderr[-2000:])
+    for line, p in zip(lines, (fifo, zero)):
+        assert line.startswith(f"DataFormatError {p}: not a regular file"), line

@@ -37,8 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from phalanx import files
 from phalanx.data.base import DataFormatError
-from phalanx.data.limits import file_size, short
+from phalanx.data.limits import short
 
 __all__ = ["BUDGET_FACTOR", "BUDGET_SLACK", "CLASSES", "MAX_FILE_BYTES", "TEST_FILE", "TRAIN_FILES", "read_batch",
            "read_cifar10", "read_pickle"]
@@ -313,16 +314,16 @@ def read_pickle(path: str | Path) -> Any:
     (module docstring); a :class:`DataFormatError` naming the file for anything else, or for a file that would
     need more than its budget."""
     p = Path(path)
-    size = file_size(p)
-    if size > MAX_FILE_BYTES:
-        raise DataFormatError(str(p), f"{size:,} bytes, too large for a CIFAR-10 batch (about 31 MB)",
-                              allowed=f"at most {MAX_FILE_BYTES:,} bytes")
-    try:
-        with open(p, "rb") as fh:
-            blob = fh.read(size + 1)  # what stat said (a larger read buffer would be allocated whole)
+    try:  # one descriptor, a regular file (a FIFO swapped in does not block), sized by fstat before it is read
+        blob = files.read_regular(p, MAX_FILE_BYTES, follow=True, error=_refused)
     except OSError as exc:
         raise DataFormatError(str(p), f"cannot read: {exc.strerror or exc}") from None
     return _Interpreter(str(p), blob).run()
+
+
+def _refused(path: Path, problem: str) -> DataFormatError:
+    return DataFormatError(str(path), problem, allowed=f"a regular file of at most {MAX_FILE_BYTES:,} bytes (a "
+                           "CIFAR-10 batch is about 31 MB)")
 
 
 def _labels(raw: Any, n: int, where: str) -> np.ndarray[Any, Any]:
