@@ -19,6 +19,8 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "phalanx"
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "files": set(),  # the one atomic write: below everything that writes a file
+    "memory": set(),  # how much memory is left: every plan that allocates may ask
+    "walk": {"errors"},  # a handed-over tree walked without recursion
     "validate": {"errors"},
     "plugins": {"errors", "validate"},
     "aggregators": {"errors", "plugins", "validate"},
@@ -26,15 +28,15 @@ ALLOWED: dict[str, set[str]] = {
     "hub": {"errors"},
     "catalogue": set(),  # what the registries hold, declared without torch: read by the command line's listings
     "data": {"errors", "files", "plugins", "validate", "hub"},  # files: a data file opened once, checked regular
-    "models": {"errors", "plugins", "validate", "hub"},
-    "analysis": {"aggregators", "errors", "validate"},
+    "models": {"errors", "plugins", "validate", "hub", "memory"},
+    "analysis": {"aggregators", "errors", "validate", "memory"},
     "testing": {"aggregators", "attacks", "errors"},
-    "signing": {"errors", "files"},
+    "signing": {"errors", "files", "walk"},
     "online": {"errors", "files", "validate"},  # files: the check's raw results and report
     "training": {"aggregators", "attacks", "data", "models", "analysis", "decentralized", "errors", "files",
-                 "online", "plugins", "validate"},  # files: a trace file opened once, checked regular
+                 "online", "plugins", "validate", "memory"},  # files: a trace file opened once, checked regular
     "experiments": {"training", "aggregators", "attacks", "data", "models", "analysis", "errors", "plugins", "signing",
-                    "files", "decentralized", "hub",
+                    "files", "decentralized", "hub", "memory", "walk",
                     "validate", "__init__", "_spawned"},
     "studies": {"experiments", "aggregators", "attacks", "analysis", "data", "decentralized", "errors", "hub",
                 "plugins", "validate"},  # attacks, hub: the LoRA study checks its attack names and reads its tokenizer

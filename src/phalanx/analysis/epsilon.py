@@ -28,9 +28,7 @@ reported value, so that shows little; a value without a proof is a measured lowe
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from torch import Tensor
 
@@ -38,6 +36,7 @@ from phalanx.aggregators.base import Aggregator, check_positive
 from phalanx.analysis import epsilon_search
 from phalanx.analysis.ratios import EXACT_MAX, RuleCall, exact_ratio, proven_upper_bound, round_down, rounding_slack
 from phalanx.errors import ConfigError
+from phalanx.memory import MEMORY_SHARE, available_memory
 
 SEARCH_TOLERANCE = 0.05
 """The relative margin by which an independent search may beat :func:`epsilon`'s value at the default budget on
@@ -115,36 +114,6 @@ class EpsilonEstimate:
 INPUT_COPIES = 4
 """``(n, d)`` float64 arrays alive at once while one input is aggregated (the input, its compute copy, a rule's
 working copy and the next input)."""
-MEMORY_SHARE = 0.8
-"""The share of the available memory a measurement may plan to use (the rest is the margin)."""
-
-
-def available_memory() -> int | None:
-    """Bytes of memory this process can still get: ``MemAvailable`` of ``/proc/meminfo`` (else the free physical
-    pages), lowered to what the control group's limit leaves; None where neither is known."""
-    avail: int | None = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                avail = int(line.split()[1]) * 1024
-                break
-    except (OSError, ValueError, IndexError):
-        avail = None
-    if avail is None:
-        try:
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (AttributeError, ValueError, OSError):
-            return None
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
-        if limit != "max":
-            avail = min(avail, max(0, int(limit) - used))
-    except (OSError, ValueError):
-        pass
-    return avail
-
-
 def _pairwise_factor(rule: Aggregator) -> int:
     """The largest ``pairwise_matrices`` a rule's components declare (0: none builds an ``(n, n)`` matrix; a
     user's component that declares nothing counts as 0)."""

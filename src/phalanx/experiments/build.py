@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from phalanx import data, models
-from phalanx.analysis.epsilon import MEMORY_SHARE, available_memory
 from phalanx.attacks.base import DataAttack
 from phalanx.data.population import Population
 from phalanx.errors import ConfigError, PhalanxError
@@ -23,6 +22,7 @@ from phalanx.experiments.components import processes  # noqa: F401 - the process
 from phalanx.experiments.schema import RunConfig
 from phalanx.experiments.specs import DataSpec, DeviceSpec, ModelSpec, read
 from phalanx.experiments.validrun import ValidRun
+from phalanx.memory import MEMORY_SHARE, available_memory
 from phalanx.training import adapters, devices, losses
 from phalanx.training.experiment import Experiment
 from phalanx.training.streams import generator, stream_seed

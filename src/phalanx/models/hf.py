@@ -119,10 +119,10 @@ def _targets(layers: dict[str, tuple[int, int]], target_modules: Any, model_type
 
 def _check_fits(spec: str, skeleton: nn.Module) -> None:
     """Refuse, before any weight is loaded, a checkpoint whose ``config.json`` makes a model larger than the memory
-    this process can still get (:data:`~phalanx.analysis.epsilon.MEMORY_SHARE` of it): the weights a file lacks are
+    this process can still get (:data:`~phalanx.memory.MEMORY_SHARE` of it): the weights a file lacks are
     allocated and initialised at the sizes the config names, so a handed-over folder claiming a vocabulary of 2·10¹⁰
     would otherwise fail inside ``transformers`` with a traceback (or take the machine's memory)."""
-    from phalanx.analysis.epsilon import MEMORY_SHARE, available_memory
+    from phalanx.memory import MEMORY_SHARE, available_memory
 
     need = sum(p.numel() * p.element_size() for p in skeleton.parameters())
     avail = available_memory()

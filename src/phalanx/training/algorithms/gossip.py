@@ -73,8 +73,8 @@ n = 4,000 (the densest case; peak resident memory of topology.make + Gossip + Ne
 
 def check_graph_memory(n: int) -> None:
     """Refuse (one line, before anything is built) a decentralized run whose dense n × n graph and mixing matrices
-    would not fit in the memory this process can still get (:func:`phalanx.analysis.epsilon.available_memory`)."""
-    from phalanx.analysis.epsilon import MEMORY_SHARE, available_memory
+    would not fit in the memory this process can still get (:func:`phalanx.memory.available_memory`)."""
+    from phalanx.memory import MEMORY_SHARE, available_memory
 
     need = GRAPH_BYTES_PER_PAIR * n * n
     avail = available_memory()
