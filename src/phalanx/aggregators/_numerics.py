@@ -46,14 +46,17 @@ def pairwise_sqdist(x: Tensor, sqnorms: Tensor | None = None) -> Tensor:
     worst case ``γ_d = d·u/(1 − d·u)``, which for float32 and ``d = 10⁷`` exceeds 0.5 and would send every honest
     step down the slow path. When every row shares a large offset ``c`` (``‖c‖`` ≫ the honest spread) this error
     swamps the honest distances: float32, ``d = 1000``, honest spread 0.01, ``c = 100`` gave errors of 3.8 on
-    distances of 0.2, and Krum, Multi-Krum, Bulyan, MDA and NNM picked attackers 5× farther out.
+    distances of 0.2, and Multi-Krum, Bulyan, MDA and NNM put weight on attackers 13× farther from the honest rows
+    than those are from each other.
 
     So the result is checked once, on the ``(n, n)`` matrix only: with ``G̃`` the (lower) median of the good rows'
     squared norms and ``s`` the smallest, over good rows, of the row's median distance to the other good rows, the
     distances stand when ``(2√d·u + 4u)·2G̃ ≤ s/8`` — the error bound of a typical pair is at most an eighth of
     the typical honest distance. Both are robust to fewer than half Byzantine rows: an honest row's median distance
     is one of its honest distances, so attackers cannot raise ``s`` (they can lower it, which only triggers the
-    check), and ``G̃`` lies between honest squared norms. A computed distance is at most the exact one plus the
+    check), and ``G̃`` lies between honest squared norms. Nor can attackers force the slow path on well-scaled honest
+    rows: an attacker row's median distance is one to an honest row (about half an honest distance at best), and
+    ``G̃`` is at most the largest honest squared norm. A computed distance is at most the exact one plus the
     error, so when the exact honest distances are below 7× the bound, ``s`` is too and the check fires. Otherwise
     (rare on honest updates: float32 fires only when ‖mean‖²/‖spread‖² exceeds about 3,000 at ``d = 10⁵`` and 300
     at ``d = 10⁷``; never on well-scaled data, whose distances keep the formula's bits) the distances are recomputed
@@ -61,10 +64,11 @@ def pairwise_sqdist(x: Tensor, sqnorms: Tensor | None = None) -> Tensor:
     Byzantine rows (the first row is not: it may be an attacker's), ``D = Gᵢᵢ' + Gⱼⱼ' − 2Gᵢⱼ'`` with ``G' = (x −
     m)(x − m)ᵀ`` summed in float64 column chunk by column chunk: its error is relative to the rows' distances from
     ``m``, the honest spread, and it is the same on ``x`` and ``x + c`` up to the rounding of the inputs, so the
-    rules' translation equivariance holds for large offsets (tests/test_fuzz_rules.py,
+    rules' translation equivariance holds for large offsets (tests/test_numerics.py,
     ``test_large_common_offset_does_not_hand_selection_to_attackers``). The lower median is a data value, so
     small-integer inputs stay exact on that path too; bad rows, the zero diagonal, symmetry and the clamp at 0 are
-    kept.
+    kept. Rows of which more than half coincide make ``s = 0`` and take that path: coincident rows then lie at
+    exactly 0.
     """
     if sqnorms is None:
         sqnorms = row_sqnorms(x)
