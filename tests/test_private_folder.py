@@ -84,3 +84,28 @@ def test_a_sweep_onto_a_planted_slurm_folder_submits_nothing(tmp_path: Path) -> 
     assert proc.returncode != 0 and "Traceback" not in text, text
     assert "slurm.folder" in text and "symbolic link" in text
     assert list(attacker.rglob("*")) == []  # no pickle in the attacker's folder
+
+
+def test_submitits_tags_are_refused(tmp_path: Path) -> None:
+    """``folder=/shared/%j``: submitit writes the pickles above the tag — in ``/shared``, where an attacker can
+    pre-create the next job id's folder (ids are sequential; a review of the first version of this check)."""
+    for tag in ("%j", "%A", "x_%a"):
+        _refused(tmp_path / tag, "submitit's tags")
+
+
+def test_under_a_group_friendly_umask_nothing_the_tasks_load_is_within_others_reach(tmp_path: Path) -> None:
+    """umask 002 (a shared cluster's default): the missing directories above the folder are made 0700 one at a time
+    (os.makedirs gave them 0775, and the next check refused the folder it had just accepted), and an existing 0755
+    folder is made 0700, so the 0775 job folders and 0664 pickles submitit creates in it are out of others' reach."""
+    old = os.umask(0o002)
+    try:
+        folder = private_folder("slurm.folder", tmp_path / "new1" / "new2" / "slurm")
+        for d in (tmp_path / "new1", tmp_path / "new1" / "new2", folder):
+            assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+        assert private_folder("slurm.folder", folder) == folder  # accepted again
+        existing = tmp_path / "logs"
+        existing.mkdir(mode=0o755)
+        existing.chmod(0o755)
+        assert stat.S_IMODE(private_folder("slurm.folder", existing).stat().st_mode) == 0o700
+    finally:
+        os.umask(old)
