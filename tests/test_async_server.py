@@ -340,3 +340,63 @@ def test_tickets_drawn_without_notices_hold_a_step_one_round_timeout_not_one_eac
     with pytest.raises(RoundAborted):
         srv.exchange(theta, 0, None)  # type: ignore[arg-type]
     assert holes.calls < 1000
+
+
+def _store_server(wait: float) -> tuple[AsyncServer, Any, torch.Tensor, list[torch.Tensor]]:
+    """A real FedBuff server (K = 2) over real StoreArrivals on a c10d HashStore, grace = round_timeout = ``wait``,
+    as topologies.py builds it."""
+    import torch.distributed as dist
+
+    from phalanx.distributed.async_server import StoreArrivals
+
+    srv, _, theta = server("fedbuff", {"buffer_size": 2, "max_staleness": 2})
+    store = dist.HashStore()
+    srv.arrivals = StoreArrivals(SimpleNamespace(store=store, publish_theta=lambda t, m: None), wait)
+    srv.wait_s = wait
+    return srv, store, theta, updates(3, theta.numel(), 0)
+
+
+def _send(store: Any, ticket: int, rank: int, row: torch.Tensor) -> None:
+    """An honest worker's update of version 0: its vector, then the notice of its ``ticket``."""
+    from phalanx.distributed.async_server import notice_key
+
+    store.set(wire.key_vector(0, rank), wire.tensor_bytes(row))
+    store.set(notice_key(ticket), f"0 {rank}".encode())
+
+
+def test_a_worker_that_died_between_its_ticket_and_its_notice_does_not_hold_the_ones_behind_it() -> None:
+    """Ticket 1 drawn by a worker that crashed, tickets 2 and 3 honest: the step takes 2 and 3 (an attacker's
+    review of the step clock: with the grace compared to a wait that was never whole, the hole was never skipped
+    and the run stopped with the honest notices unread)."""
+    from phalanx.distributed.async_server import NOTICES
+
+    srv, store, theta, u = _store_server(0.5)
+    store.add(NOTICES, 3)
+    _send(store, 2, 1, u[0])
+    _send(store, 3, 2, u[1])
+    assert srv.exchange(theta, 0, None).rows == [1, 2]  # type: ignore[arg-type]
+
+
+def test_a_notice_written_after_its_ticket_was_skipped_is_still_read() -> None:
+    """A worker a moment slower than the next one: its ticket is set aside, not lost."""
+    from phalanx.distributed.async_server import NOTICES
+
+    srv, store, _, u = _store_server(5.0)
+    store.add(NOTICES, 2)
+    _send(store, 2, 2, u[1])
+    assert srv.arrivals.next(0.0) == (-1, -1, b"")  # ticket 1 set aside: ticket 2's notice is there
+    assert srv.arrivals.next(0.0)[0] == 2
+    _send(store, 1, 1, u[0])  # ticket 1's notice, late
+    rank, version, payload = srv.arrivals.next(0.0)
+    assert (rank, version) == (1, 0) and payload == wire.tensor_bytes(u[0])
+
+
+def test_a_store_client_drawing_a_thousand_tickets_stops_the_step_once() -> None:
+    """Without keys anyone who reaches the store can draw tickets: a thousand holes before the honest notices stop
+    the step after one round_timeout (the run checkpoints and stops), not a thousand."""
+    from phalanx.distributed.async_server import NOTICES
+
+    srv, store, theta, _ = _store_server(0.2)
+    store.add(NOTICES, 1000)
+    with pytest.raises(RoundAborted):
+        srv.exchange(theta, 0, None)  # type: ignore[arg-type]

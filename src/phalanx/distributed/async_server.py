@@ -33,14 +33,16 @@ If no update at all arrives for ``round_timeout`` seconds the step is given up (
 writes a checkpoint and stops with :class:`~phalanx.errors.WorkersLostError`); a silent or crashed worker alone never
 holds a step up while others deliver. Only an arrival from a worker rank restarts that clock: a skipped ticket or a
 notice that names no rank does not, so a store client that draws N tickets without notices (``store.add("async/n",
-N)``, possible without keys) holds a step for one ``round_timeout``, not N of them (an attacker's review).
+N)``, possible without keys) holds a step for one ``round_timeout``, not N of them (an attacker's review); a ticket
+whose worker died before its notice is skipped as soon as a later notice is there (:class:`StoreArrivals`).
 
 Transports. Without keys the c10d store (:class:`StoreArrivals`): θ as ``s/<t>`` and ``latest`` (the synchronous
 server's keys), an update as ``v/<version>/<rank>`` followed by a *notice*: the worker draws a ticket
 ``store.add("async/n", 1)`` and writes ``async/a/<ticket>``; the server reads tickets in order, so it waits on
-whichever worker arrives next. A ticket drawn by a worker that died before writing its notice is skipped after
-``round_timeout``. With keys the sealed links (:class:`SealedArrivals`, :mod:`phalanx.distributed.sealed`): every
-update is signed for (run, version, rank), one per worker per version (a second one is a violation of the link; its
+whichever worker arrives next. A ticket drawn by a worker that died before writing its notice is skipped once a
+later notice is there, or after the step's wait; a notice written late is still read. With keys the sealed links
+(:class:`SealedArrivals`, :mod:`phalanx.distributed.sealed`): every update is signed for (run, version, rank), one
+per worker per version (a second one is a violation of the link; its
 eighth closes it), held for the last S + 1 versions only, so the server's memory is bounded by (S + 2)·(n − 1) rows
 whatever a worker sends; rank 0's transcript then records every step's signed updates, rows and result
 (:mod:`phalanx.distributed.async_transcript`: ``phalanx audit`` recomputes them). torch.distributed's collectives
@@ -112,7 +114,19 @@ class Arrivals(Protocol):
 
 
 class StoreArrivals:
-    """Arrivals through the c10d store, without keys (see the module's docstring): nothing says who wrote a key."""
+    """Arrivals through the c10d store, without keys (see the module's docstring): nothing says who wrote a key.
+
+    Tickets are read in order. A ticket drawn but without its notice (its worker died between the two, or is a
+    moment slower than the worker of the next ticket) does not hold the ones behind it: once a later ticket's notice
+    is there — or the whole wait passed — it is set aside (:attr:`skipped`) and looked at again on every later call
+    for :attr:`grace` seconds, so a notice written late is still read, and a dead worker's ticket is forgotten.
+    Skipping is a *hole*: it does not restart the server's step clock (:meth:`AsyncServer.exchange`), so a store
+    client that draws N tickets and writes nothing holds a step one ``round_timeout``, not N of them."""
+
+    LOOK_AHEAD = 8
+    """How many later tickets are looked at for a notice before the current one is waited on."""
+    SKIPPED_MAX = 256
+    """The most tickets set aside at once (the oldest is forgotten first)."""
 
     def __init__(self, links: Any, grace: float) -> None:
         self.links = links  # the synchronous server's StoreLinks (offer, joined, publish_theta, stop, close)
@@ -120,25 +134,55 @@ class StoreArrivals:
         self.ticket = 1
         self.last_proof: tuple[str, str, str] | None = None
         self.grace = grace
-        """A ticket drawn but without its notice after waiting this long is skipped (its worker died mid-send)."""
+        """How long a ticket set aside is looked at again for a late notice."""
+        self.skipped: dict[int, float] = {}
+        """Tickets set aside, with when."""
 
     def publish(self, t: int, msg: bytes, credit: bytes = b"") -> None:
         self.links.publish_theta(t, msg + credit)
 
+    def _skip(self) -> tuple[int, int, bytes]:
+        self.skipped[self.ticket] = time.monotonic()
+        while len(self.skipped) > self.SKIPPED_MAX:
+            del self.skipped[next(iter(self.skipped))]
+        self.ticket += 1
+        return -1, -1, b""
+
+    def _late(self) -> int | None:
+        """A ticket set aside whose notice is there now (forgetting those set aside more than ``grace`` ago)."""
+        now = time.monotonic()
+        for ticket, when in list(self.skipped.items()):
+            if now - when > self.grace:
+                del self.skipped[ticket]
+            elif self.store.check([notice_key(ticket)]):
+                del self.skipped[ticket]
+                return ticket
+        return None
+
+    def _ahead(self) -> bool:
+        """Whether a notice of one of the next :data:`LOOK_AHEAD` tickets already drawn is there."""
+        drawn = int(self.store.add(NOTICES, 0))
+        return any(self.store.check([notice_key(k)]) for k in range(self.ticket + 1,
+                                                                    min(drawn, self.ticket + self.LOOK_AHEAD) + 1))
+
     def next(self, timeout: float) -> tuple[int, int, bytes] | None:
-        key = notice_key(self.ticket)
-        if timeout <= 0 and not self.store.check([key]):
-            return None
-        try:
-            self.store.wait([key], timedelta(seconds=max(timeout, 0.001)))
-        except dist.DistStoreError:
-            if timeout >= self.grace and int(self.store.add(NOTICES, 0)) >= self.ticket:  # drawn, never written
-                self.ticket += 1
-                return -1, -1, b""
-            return None
+        late = self._late() if self.skipped else None
+        key = notice_key(self.ticket if late is None else late)
+        if late is None and not self.store.check([key]):
+            if self._ahead():
+                return self._skip()
+            if timeout <= 0:
+                return None
+            try:
+                self.store.wait([key], timedelta(seconds=max(timeout, 0.001)))
+            except dist.DistStoreError:
+                if int(self.store.add(NOTICES, 0)) >= self.ticket:  # drawn, not written within the wait
+                    return self._skip()
+                return None
         note = bytes(self.store.get(key))
         self.store.delete_key(key)
-        self.ticket += 1
+        if late is None:
+            self.ticket += 1
         try:
             version, rank = (int(x) for x in note.decode().split())
         except (ValueError, UnicodeDecodeError):
