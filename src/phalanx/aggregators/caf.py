@@ -43,20 +43,41 @@ def centred_gram(gram: Tensor, w: Tensor) -> Tensor:
 
 
 SCALE_ABOVE = 2.0 ** 256
-"""A Gram diagonal beyond this is brought down by a power of two before the filter (:func:`_in_range`)."""
+"""The filter brings the Gram matrix back by a power of two when the largest diagonal entry of the rows still
+weighted lies above this or below its inverse (:func:`_in_range`)."""
 
 
-def _in_range(gram: Tensor) -> Tensor:
-    """``gram`` divided by the power of two nearest its largest diagonal entry, when that entry exceeds
-    :data:`SCALE_ABOVE`; as it is otherwise. τ squares Gram-sized values, so rows of squared norm above about 10¹⁵⁴
-    made every τ infinite, every weight NaN and the loop stop at its first step: the plain mean, with attackers'
-    rows of 10⁸⁰ in float64 moving it by 10⁷⁹ (an attacker's review). The filter's weights do not change when every
-    row is scaled by one constant, and a power of two scales every product exactly, so inputs whose diagonal stays
-    under the bound keep their bits."""
-    top = float(gram.diagonal().max()) if gram.numel() else 0.0
-    if not top > SCALE_ABOVE:
-        return gram
-    return torch.ldexp(gram, torch.tensor(-math.frexp(top)[1], device=gram.device))
+def _in_range(gram: Tensor, active: Tensor) -> tuple[Tensor, int]:
+    """``gram`` scaled by the power of two that brings the largest diagonal entry of the ``active`` rows near 1, when
+    that entry lies outside [1/:data:`SCALE_ABOVE`, :data:`SCALE_ABOVE`]; as it is otherwise.
+
+    τ squares Gram-sized values: rows of squared norm above about 10¹⁵⁴ made every τ infinite, every weight NaN and
+    the loop stop at its first step — the plain mean, with attackers' rows of 10⁸⁰ in float64 moving it by 10⁷⁹ (an
+    attacker's review). Scaling once was not enough: once the huge row is zeroed the honest rows' entries lie near
+    10⁻¹⁶⁰ of it, their τ underflowed to 0 and the loop stopped with other Byzantine rows still weighted (a review of
+    that fix). So the scale follows the rows still weighted, at every step. The filter's weights do not change when
+    every row is scaled by one constant, a power of two scales every product exactly, and inputs whose diagonal stays
+    within the bounds keep their bits."""
+    diag = gram.diagonal()[active]
+    top = float(diag.max()) if diag.numel() else 0.0
+    if not top > 0.0 or 1.0 / SCALE_ABOVE <= top <= SCALE_ABOVE:
+        return gram, 0
+    shift = -math.frexp(top)[1]
+    return torch.ldexp(gram, torch.tensor(shift, device=gram.device)), shift
+
+
+def _below(lam: float, shift: int, best: float, best_shift: int) -> bool:
+    """Whether the eigenvalue ``lam`` of a Gram matrix scaled by 2^``shift`` is below ``best`` (scaled by
+    2^``best_shift``): compared as they are when the scales agree (every input within the bounds: its bits),
+    else by their logarithms in the input's own scale."""
+    if shift == best_shift:
+        return lam < best
+    return _log2_unscaled(lam, shift) < _log2_unscaled(best, best_shift)
+
+
+def _log2_unscaled(value: float, shift: int) -> float:
+    """log₂ of ``value`` (an eigenvalue of the Gram matrix scaled by 2^``shift``) in the input's own scale."""
+    return math.log2(value) - shift if value > 0.0 else -math.inf
 
 
 def caf_weights(gram: Tensor, bad: Tensor, f: int) -> Tensor:
@@ -79,10 +100,9 @@ def caf_weights(gram: Tensor, bad: Tensor, f: int) -> Tensor:
     n = gram.shape[0]
     bad = gram_bad_rows(gram, bad)
     g = torch.where(bad[:, None] | bad[None, :], torch.zeros((), dtype=gram.dtype, device=gram.device), gram)
-    g = _in_range(g)
     c = (~bad).to(torch.float64)
     best: Tensor | None = None
-    best_lam = float("inf")
+    best_lam, best_shift, shift = float("inf"), 0, 0
     first = True
     while first or float(c.sum()) > n - 2 * f:
         first = False
@@ -90,12 +110,14 @@ def caf_weights(gram: Tensor, bad: Tensor, f: int) -> Tensor:
         if total <= 0.0:
             break
         w = c / total
+        g, more = _in_range(g, c > 0)
+        shift += more
         k = centred_gram(g, w)
         r = w.sqrt()
         evals, evecs = torch.linalg.eigh(r[:, None] * k * r[None, :])
         lam = max(float(evals[-1]), 0.0)
-        if best is None or lam < best_lam:
-            best, best_lam = w, lam
+        if best is None or _below(lam, shift, best_lam, best_shift):
+            best, best_lam, best_shift = w, lam, shift
         if lam <= 0.0:
             break
         tau = torch.nan_to_num((k @ (r * evecs[:, -1])).square() / lam, nan=float("inf"))
