@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import math
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -324,7 +325,8 @@ def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path
             if floor is not None:
                 ax.set_ylim(bottom=floor / 2)
         elif max(values, default=0.0) > 0:  # both are ≥ 0: a linear axis starts at 0 (a little below: a line at 0
-            ax.set_ylim(-0.04 * max(values), 1.08 * max(values))  # is not hidden by the spine)
+            top = min(max(values), sys.float_info.max / 2)  # (is not hidden by the spine); 1.08 × 1.7e308 is inf
+            ax.set_ylim(-0.04 * top, 1.08 * top)
         else:  # zeros alone: 0 of a possible 1 (a share; an error of 1 is the honest variance)
             ax.set_ylim(-0.04, 1.0)
         if metric == "test_accuracy" or noted:

@@ -21,6 +21,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from phalanx.errors import ConfigError
 from phalanx.experiments import legacy
 from phalanx.experiments.concerns import (  # the values, each with the section it reads (declared there)
     AlgorithmSpec,
@@ -31,6 +32,7 @@ from phalanx.experiments.concerns import (  # the values, each with the section 
     declared,
 )
 from phalanx.experiments.schema import RunConfig
+from phalanx.training import metric_rows
 from phalanx.training.algorithms import builtin
 
 __all__ = ["CONFIG_COLUMNS", "AlgorithmSpec", "DataSpec", "DeviceSpec", "ModelSpec", "RunShape", "Specs", "declared",
@@ -99,6 +101,10 @@ def read(cfg: RunConfig) -> Specs:
     columns = {k: getattr(cfg, k) for k in keys}
     if cfg.attack_knowledge != "omniscient":  # only where set: the rows of every other run are as before
         columns["attack_knowledge"] = cfg.attack_knowledge
+    for key, value in columns.items():  # (every metric row repeats them: refused here, not at round 0)
+        if isinstance(value, str) and len(value) > metric_rows.MAX_TEXT_CHARS:
+            raise ConfigError(key, value, f"at most {metric_rows.MAX_TEXT_CHARS:,} characters (every metric row "
+                              "repeats it)")
     model_params = dict(cfg.model_params)
     return Specs(
         data=DataSpec(cfg.dataset, dict(cfg.dataset_params), cfg.data_root, cfg.download, cfg.workers, cfg.partition,

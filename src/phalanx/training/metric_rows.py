@@ -10,33 +10,42 @@ crash the report (a string accuracy, a round of 4,000 digits, a dict where a set
 nor cost more memory than the densest honest shape:
 
 * at most :data:`MAX_KEYS` keys of at most :data:`MAX_KEY_CHARS` characters; strings of at most
-  :data:`MAX_TEXT_CHARS`; integers within ±2⁶³ (every one converts to a float); the round in 0 … 2⁶²;
+  :data:`MAX_TEXT_CHARS`, with no control character (an escape sequence printed to a terminal); integers within
+  ±2⁶³ (every one converts to a float); the round in 0 … 2⁶²;
 * :data:`NUMERIC` columns are numbers (``NaN`` and infinities included: a diverged run's loss) or ``null``;
 * before a line is parsed, it may hold at most :data:`MAX_BRACKETS` ``{`` and ``[`` (those of its strings): a line of
   ``[{},{},…]`` would otherwise cost 47× its size while ``json.loads`` builds it.
 
 Keys and short strings are shared between the rows of one file (:class:`Interner`): every honest row repeats the
 same names and config values, so a file of a million rows keeps one copy of each; a file naming more than 1,024
-distinct columns is not a run's. Measured (``tests/test_metric_rows.py``), the kept rows of the densest shapes these
-checks let through cost at most 4× what honest rows of the same size do, plus 256 bytes a row (before: a row of
-``[],[],…`` kept 25× its size).
+distinct columns is not a run's, and strings beyond the shared ones may take at most 64 MiB. Measured
+(``tests/test_metric_rows.py``), the kept rows of the densest shapes these checks let through cost at most 4× what
+honest rows of the same size do, plus 256 bytes a row and those 64 MiB (before: a row of ``[],[],…`` kept 25× its
+size).
 """
 
 from __future__ import annotations
 
+import re
+import sys
 from typing import Any
 
 MAX_KEYS = 256
 """The most keys a row may hold (an honest one: 20–60)."""
 MAX_KEY_CHARS = 64
-MAX_TEXT_CHARS = 256
-"""The longest key and string value (an honest row's longest: a rule's or an attack's name, a plug-in's
-``module:attr``)."""
+MAX_TEXT_CHARS = 4096
+"""The longest key and string value (an honest row's longest: a rule's chain or a plug-in's ``module:attr(…)``, a
+model's ``hf:/path``; the config's are refused longer when the run is built, :mod:`phalanx.experiments.specs`). A long
+string costs about one byte a character kept: the per-byte bound below is set by the shortest ones."""
 MAX_INT = 1 << 63
 MAX_ROUND = 1 << 62
-MAX_BRACKETS = 1 + MAX_KEYS * MAX_TEXT_CHARS
-"""The most ``{`` plus ``[`` a line may hold before it is parsed: the row's own brace and every character of its
-strings."""
+MAX_BRACKETS = 1 + 256 * 256
+"""The most ``{`` plus ``[`` a line may hold before it is parsed: the row's own brace and as many in its strings as
+256 strings of 256 brackets (an honest row: one, a plug-in's ``module:attr([…])`` a few more). A line of
+``[{},{},…]`` costs 47× its size while ``json.loads`` builds it; this bounds that to a few MiB."""
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+"""Control characters (C0, DEL, C1): no honest row holds one, and printed by ``phalanx report`` an escape sequence
+would clear the terminal, set its title or forge a line of the report (an attacker's review)."""
 NUMERIC = ("test_accuracy", "test_loss", "agg_error", "byz_share", "detection_auc")
 """The columns that the report and the plots compute with: numbers or ``null``."""
 
@@ -51,7 +60,9 @@ def _scalar_problem(key: str, value: Any) -> str | None:
     if isinstance(value, str):
         if key in NUMERIC:
             return f"column {key!r} is a string, not a number"
-        return None if len(value) <= MAX_TEXT_CHARS else f"column {key!r} is longer than {MAX_TEXT_CHARS} characters"
+        if len(value) > MAX_TEXT_CHARS:
+            return f"column {key!r} is longer than {MAX_TEXT_CHARS} characters"
+        return f"column {key!r} holds a control character" if _CONTROL.search(value) else None
     return f"column {key[:MAX_KEY_CHARS]!r} is a {type(value).__name__}, not a number, string, boolean or null"
 
 
@@ -67,6 +78,8 @@ def problem(row: Any) -> str | None:
     for key, value in row.items():
         if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS:
             return f"a column name of {len(str(key))} characters, not 1 … {MAX_KEY_CHARS}"
+        if _CONTROL.search(key):
+            return "a column name holds a control character"
         if (why := _scalar_problem(key, value)) is not None:
             return why
     return None
@@ -92,16 +105,26 @@ class Interner:
 
     MAX_COLUMNS = 1024
     LIMIT = 4096
+    UNSHARED_MAX = 64 << 20
+    """The most memory (``sys.getsizeof``) the strings kept beyond the :data:`LIMIT` shared ones may take in one
+    file (an honest file: none; a review filled the shared ones with strings used once, then sent 2-character
+    strings, each costing 50 bytes kept for 3 bytes of the file: 5.6× what honest rows cost)."""
 
     def __init__(self) -> None:
         self.columns: dict[str, str] = {}
         self.seen: dict[str, str] = {}
+        self.unshared = 0
 
     def _one(self, text: str) -> str:
         if (kept := self.seen.get(text)) is not None:
             return kept
         if len(self.seen) < self.LIMIT:
             self.seen[text] = text
+            return text
+        self.unshared += sys.getsizeof(text)
+        if self.unshared > self.UNSHARED_MAX:
+            raise ValueError(f"more than {self.UNSHARED_MAX >> 20} MiB of strings beyond the {self.LIMIT} a file "
+                             "shares")
         return text
 
     def _column(self, key: str) -> str:
