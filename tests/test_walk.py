@@ -80,3 +80,20 @@ def test_report_and_verify_of_a_run_holding_1100_nested_folders_is_one_line(
     finally:
         _unnest(run)
     assert not (run / "a").exists()
+
+
+def test_a_folder_that_cannot_be_read_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A co-user's folder of mode 000 in a shared directory (a review: rglob skipped it, walk raised PermissionError
+    as a traceback). The refusal is simulated, since root reads every folder."""
+    (tmp_path / "locked").mkdir()
+    real = os.scandir
+
+    def refusing(path: object) -> object:
+        if str(path).endswith("locked"):
+            raise PermissionError(13, "Permission denied")
+        return real(path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "scandir", refusing)
+    with pytest.raises(ConfigError) as info:
+        list(walk(tmp_path, "DIR"))
+    _rundirs.one_line(info.value, "DIR", "locked: Permission denied")

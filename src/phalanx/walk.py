@@ -32,6 +32,9 @@ def walk(root: Path, parameter: str, max_depth: int = MAX_DEPTH) -> Iterator[Pat
                 entries = sorted(it, key=lambda e: e.name)
         except (FileNotFoundError, NotADirectoryError):
             continue
+        except OSError as exc:  # a co-user's folder of mode 000 in a shared directory: one line, not a traceback
+            raise ConfigError(parameter, str(root), "a folder whose every folder can be read",
+                              f"{folder}: {exc.strerror or type(exc).__name__}") from None
         below = []
         for entry in entries:
             path = Path(entry.path)
