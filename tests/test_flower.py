@@ -391,6 +391,44 @@ def test_train_metrics_are_the_unweighted_median() -> None:
     assert "num-examples" not in metrics
 
 
+def test_a_byzantine_nodes_own_metrics_are_not_reported() -> None:
+    """A review of the strategy: one node's keys that no honest node sends (accuracy 1.0, a backdoor's success 0.0,
+    100,000 more keys, a list of 2·10⁶ floats) went straight through the median of one value, and Flower logs and
+    keeps the record every round. A key now needs 2f + 1 clients' finite values; an oversized record is left out."""
+    w = model()
+    replies = [reply(i + 1, m, loss=0.1 * (i + 1)) for i, m in enumerate(honest_models(w, 4))]
+    byz = reply(9, w, accuracy=1.0, **{"backdoor-success": 0.0}, **{f"k{i}": 1.0 for i in range(300)})
+    byz.content["metrics"]["big"] = [1.0] * 5000
+    _, metrics = strategy_for(w, aggregator="cwtm", f=1).aggregate_train(1, [*replies, byz])
+    assert metrics is not None and metrics["loss"] == pytest.approx(0.25)  # the oversized record is left out whole
+    assert not {"accuracy", "backdoor-success", "big", "k0"} & set(metrics.keys())
+    _, lone = strategy_for(w, aggregator="cwtm", f=1).aggregate_train(1, [*replies, reply(9, w, accuracy=1.0)])
+    assert lone is not None and "accuracy" not in lone  # one node's key alone, without the oversized record
+
+
+def test_metrics_that_are_no_finite_float_count_as_missing() -> None:
+    """In-process Flower passes a Python int of 400 digits through (gRPC would not): it raised OverflowError in the
+    median and TypeError in np.isfinite, and the run ended."""
+    w = model()
+    replies = [reply(i + 1, m) for i, m in enumerate(honest_models(w, 4))]
+    byz = reply(9, w)
+    byz.content["metrics"]["loss"] = 10 ** 400
+    byz.content["metrics"]["curve"] = [10 ** 400, 10 ** 400]
+    _, metrics = strategy_for(w, aggregator="cwtm", f=1).aggregate_train(1, [*replies, byz])
+    assert metrics is not None and metrics["loss"] == pytest.approx(0.5)
+
+
+def test_an_integer_array_is_never_rounded_through_the_compute_dtype() -> None:
+    """A float32 model with an int64 buffer of 2²⁴ + 1: the strategy gave back 2²⁴ even on a round that kept the
+    model (float32 rounding; a review of the strategy). Now an integer array is itself plus the rounded change."""
+    w = [*model(), np.array([2 ** 24 + 1, 123_456_789], dtype=np.int64)]
+    replies = [reply(i + 1, [*m[:-1], w[-1]]) for i, m in enumerate(honest_models(w[:-1], 5))]
+    arrays, _ = strategy_for(w, aggregator="cwtm", f=1).aggregate_train(1, replies)
+    assert arrays_of(arrays)[-1].tolist() == [2 ** 24 + 1, 123_456_789]
+    kept, _ = strategy_for(w, aggregator="bulyan", f=1).aggregate_train(1, replies)  # too few replies: kept
+    assert arrays_of(kept)[-1].tolist() == [2 ** 24 + 1, 123_456_789]
+
+
 def test_evaluate_replies_are_aggregated_without_crashing_on_bad_ones() -> None:
     good = [Message(content=RecordDict({"metrics": MetricRecord({"accuracy": a, "num-examples": 10})}),
                     metadata=meta(i + 1)) for i, a in enumerate([0.8, 0.9, 0.85])]

@@ -37,6 +37,10 @@ class Layout:
     dtypes: tuple[np.dtype[Any], ...]
     compute: np.dtype[Any]
     flat: np.ndarray[Any, Any] = field(repr=False)
+    arrays: tuple[np.ndarray[Any, Any], ...] = field(default=(), repr=False)
+    """The broadcast arrays as they were: an integer array is given back as itself plus the rounded change, so that
+    the compute dtype's rounding never reaches it (float32 turned 2²⁴ + 1 into 2²⁴ even on a round that kept the
+    model: a review of the Flower strategy)."""
 
     @classmethod
     def of(cls, record: ArrayRecord) -> Layout:
@@ -47,7 +51,7 @@ class Layout:
         flat = (
             np.concatenate([a.astype(compute).ravel() for a in arrays]) if arrays else np.zeros(0, dtype=compute)
         )
-        return cls(tuple(record.keys()), tuple(tuple(a.shape) for a in arrays), dtypes, compute, flat)
+        return cls(tuple(record.keys()), tuple(tuple(a.shape) for a in arrays), dtypes, compute, flat, tuple(arrays))
 
     @property
     def size(self) -> int:
@@ -59,12 +63,16 @@ class Layout:
         and boolean arrays are rounded back)."""
         out: dict[str, Array] = {}
         start = 0
-        for key, shape, dtype in zip(self.keys, self.shapes, self.dtypes):
+        for i, (key, shape, dtype) in enumerate(zip(self.keys, self.shapes, self.dtypes)):
             size = int(np.prod(shape, dtype=np.int64))
             part = flat[start:start + size].reshape(shape)
-            start += size
-            if dtype.kind in "iub":
+            if dtype.kind in "iu" and i < len(self.arrays):  # itself plus the rounded change, exactly
+                change = np.rint(part.astype(np.float64) - self.flat[start:start + size].reshape(shape))
+                with np.errstate(all="ignore"):
+                    part = self.arrays[i] + np.nan_to_num(change).astype(dtype)
+            elif dtype.kind in "iub":
                 part = np.rint(part)
+            start += size
             out[key] = Array(np.ascontiguousarray(part.astype(dtype)))
         return ArrayRecord(out)
 

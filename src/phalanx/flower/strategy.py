@@ -521,7 +521,7 @@ class PhalanxFedAvg(FedAvg):
             except Exception as exc:  # a client's odd metrics must not end the run
                 log(WARNING, "phalanx: %s_metrics_aggr_fn failed (%s: %s); the per-key median is used instead",
                     what, type(exc).__name__, exc)
-        return median_metrics(records, exclude=(self.weighted_by_key,))
+        return median_metrics(records, exclude=(self.weighted_by_key,), at_least=2 * self.f + 1)
 
     def _log_round(
         self, server_round: int, parsed: list[Reply], records: list[Contribution], f_eff: int, agg: Tensor | None,
