@@ -521,6 +521,9 @@ class PhalanxFedAvg(FedAvg):
             except Exception as exc:  # a client's odd metrics must not end the run
                 log(WARNING, "phalanx: %s_metrics_aggr_fn failed (%s: %s); the per-key median is used instead",
                     what, type(exc).__name__, exc)
+        if records and len(records) < 2 * self.f + 1:
+            log(INFO, "phalanx: %s metrics of %d clients, fewer than 2f + 1 = %d: not reported (f Byzantine ones "
+                "could choose their median)", what, len(records), 2 * self.f + 1)
         return median_metrics(records, exclude=(self.weighted_by_key,), at_least=2 * self.f + 1)
 
     def _log_round(
