@@ -170,3 +170,24 @@ def test_one_huge_row_does_not_hide_the_other_attackers(huge: float) -> None:
     out, w = aggregators.make("caf", f).aggregate(x)
     assert float(w[n - f:].sum()) == 0.0
     assert float((out - h.mean(0)).norm() / h.std(0).norm()) < 1e-3
+
+
+@pytest.mark.parametrize("centre, sigma", [(1e-4, 1e-5), (1e-2, 1e-3), (0.0, 1e-2)])
+def test_small_honest_rows_beside_one_huge_row_keep_their_weight(centre: float, sigma: float) -> None:
+    """A review of the per-step scaling's first version, which scaled the already-scaled matrix: honest entries of
+    gradient size (10⁻⁴) flushed to zero after the first step, the rows 30σ off kept their weight (output 10× the
+    honest value), and without flush-to-zero the zeroed huge row scaled back to infinity made eigh fail. Each step
+    now scales the input's Gram matrix from the rows still weighted; both the public call and the filter itself
+    (no flush-to-zero) are checked."""
+    from phalanx.aggregators.caf import row_gram
+
+    n, f, d = 10, 4, 1000
+    h = centre + sigma * torch.randn(n - f, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    shifted = h.mean(0).clone()
+    shifted[0] += sigma * 30 * d ** 0.5 / 3
+    x = torch.cat([h, shifted.repeat(3, 1), torch.full((1, d), 1.9e151, dtype=torch.float64)])
+    out, w = aggregators.make("caf", f).aggregate(x)
+    assert float(w[n - f:].sum()) == 0.0
+    assert float((out - h.mean(0)).norm()) < sigma * d ** 0.5
+    direct = caf_weights(row_gram(x, torch.zeros(n, dtype=torch.bool)), torch.zeros(n, dtype=torch.bool), f)
+    assert torch.isfinite(direct).all() and float(direct[n - f:].sum()) == 0.0

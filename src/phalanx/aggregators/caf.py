@@ -48,22 +48,26 @@ weighted lies above this or below its inverse (:func:`_in_range`)."""
 
 
 def _in_range(gram: Tensor, active: Tensor) -> tuple[Tensor, int]:
-    """``gram`` scaled by the power of two that brings the largest diagonal entry of the ``active`` rows near 1, when
-    that entry lies outside [1/:data:`SCALE_ABOVE`, :data:`SCALE_ABOVE`]; as it is otherwise.
+    """The input's Gram matrix ``gram`` restricted to the ``active`` rows (the others' rows and columns zeroed) and
+    scaled by the power of two that brings their largest diagonal entry near 1, when that entry lies outside
+    [1/:data:`SCALE_ABOVE`, :data:`SCALE_ABOVE`]; ``gram`` as it is otherwise (and the shift: 0).
 
     τ squares Gram-sized values: rows of squared norm above about 10¹⁵⁴ made every τ infinite, every weight NaN and
     the loop stop at its first step — the plain mean, with attackers' rows of 10⁸⁰ in float64 moving it by 10⁷⁹ (an
     attacker's review). Scaling once was not enough: once the huge row is zeroed the honest rows' entries lie near
     10⁻¹⁶⁰ of it, their τ underflowed to 0 and the loop stopped with other Byzantine rows still weighted (a review of
-    that fix). So the scale follows the rows still weighted, at every step. The filter's weights do not change when
-    every row is scaled by one constant, a power of two scales every product exactly, and inputs whose diagonal stays
-    within the bounds keep their bits."""
+    that fix); scaling the scaled matrix again at each step was not either: honest entries already flushed to zero
+    stay zero, and the zeroed huge row scaled back up was infinite, so eigh got NaN (a review of the second fix). So
+    every step scales the *input's* Gram matrix, from the rows still weighted. The filter's weights do not change
+    when every row is scaled by one constant (and rows of weight 0 take no part), a power of two scales every product
+    exactly, and inputs whose diagonal stays within the bounds keep their bits."""
     diag = gram.diagonal()[active]
     top = float(diag.max()) if diag.numel() else 0.0
     if not top > 0.0 or 1.0 / SCALE_ABOVE <= top <= SCALE_ABOVE:
         return gram, 0
     shift = -math.frexp(top)[1]
-    return torch.ldexp(gram, torch.tensor(shift, device=gram.device)), shift
+    kept = torch.where(active[:, None] & active[None, :], gram, torch.zeros((), dtype=gram.dtype, device=gram.device))
+    return torch.ldexp(kept, torch.tensor(shift, device=gram.device)), shift
 
 
 def _below(lam: float, shift: int, best: float, best_shift: int) -> bool:
@@ -102,7 +106,7 @@ def caf_weights(gram: Tensor, bad: Tensor, f: int) -> Tensor:
     g = torch.where(bad[:, None] | bad[None, :], torch.zeros((), dtype=gram.dtype, device=gram.device), gram)
     c = (~bad).to(torch.float64)
     best: Tensor | None = None
-    best_lam, best_shift, shift = float("inf"), 0, 0
+    best_lam, best_shift = float("inf"), 0
     first = True
     while first or float(c.sum()) > n - 2 * f:
         first = False
@@ -110,9 +114,8 @@ def caf_weights(gram: Tensor, bad: Tensor, f: int) -> Tensor:
         if total <= 0.0:
             break
         w = c / total
-        g, more = _in_range(g, c > 0)
-        shift += more
-        k = centred_gram(g, w)
+        scaled, shift = _in_range(g, c > 0)
+        k = centred_gram(scaled, w)
         r = w.sqrt()
         evals, evecs = torch.linalg.eigh(r[:, None] * k * r[None, :])
         lam = max(float(evals[-1]), 0.0)
