@@ -136,3 +136,20 @@ def test_integer_rows_with_a_large_offset_stay_exact() -> None:
     exact = ((base[:, None, :] - base[None, :, :]) ** 2).sum(dim=2)
     dist = pairwise_sqdist((base + 2.0**20).float())
     assert torch.equal(dist.double(), exact)
+
+
+@pytest.mark.parametrize("n", [9, 11])
+def test_f_copies_of_an_honest_row_do_not_force_the_slow_path(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A review: with n = 2f + 1, f attackers copying one honest row made f + 1 rows coincide, the median distance
+    of those rows 0 and the check fire on every round (MDA 16× slower). The check now reads one distance past the
+    median, which f < n/2 copies cannot make 0."""
+    torch.set_num_threads(1)
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("re-centred path forced by copies of an honest row")
+
+    monkeypatch.setattr(_numerics, "_centred_gram", refuse)
+    f = (n - 1) // 2
+    honest = torch.randn(n - f, 2000, generator=torch.Generator().manual_seed(n))
+    for copies in (honest[0].repeat(f, 1), honest[0] + 1e-6 * torch.randn(f, 2000, generator=torch.Generator())):
+        pairwise_sqdist(torch.cat([honest, copies]))

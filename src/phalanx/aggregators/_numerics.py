@@ -50,8 +50,10 @@ def pairwise_sqdist(x: Tensor, sqnorms: Tensor | None = None) -> Tensor:
     than those are from each other.
 
     So the result is checked once, on the ``(n, n)`` matrix only: with ``G̃`` the (lower) median of the good rows'
-    squared norms and ``s`` the smallest, over good rows, of the row's median distance to the other good rows, the
-    distances stand when ``(2√d·u + 4u)·2G̃ ≤ s/8`` — the error bound of a typical pair is at most an eighth of
+    squared norms and ``s`` the smallest, over good rows, of the row's (⌊n/2⌋ + 1)-th smallest distance to the other
+    rows (the median, one past it: f < n/2 copies of one honest row cannot make it 0 — with the median itself, f =
+    (n − 1)/2 copies forced the slow path on every round, a review), the distances stand when
+    ``(2√d·u + 4u)·2G̃ ≤ s/8`` — the error bound of a typical pair is at most an eighth of
     the typical honest distance. Both are robust to fewer than half Byzantine rows: an honest row's median distance
     is one of its honest distances, so attackers cannot raise ``s`` (they can lower it, which only triggers the
     check), and ``G̃`` lies between honest squared norms. Nor can attackers force the slow path on well-scaled honest
@@ -118,7 +120,9 @@ def _cancellation_possible(dist: Tensor, sq: Tensor, bad: Tensor, d: int, dtype:
     typical_sq = torch.nanmedian(torch.where(good, sq, float("nan")))
     off = dist.clone()
     off.fill_diagonal_(float("inf"))  # bad rows' columns are +inf already
-    row_median = off.kthvalue(n_good // 2, dim=1).values  # ⌈(n_good − 1)/2⌉-th smallest distance to a good row
+    # the (⌊n_good/2⌋ + 1)-th smallest distance to another row: f < n/2 copies of one honest row cannot make it 0 (a
+    # review: with the ⌊n_good/2⌋-th, f = (n − 1)/2 copies forced the slow path on every round, 6–16× slower)
+    row_median = off.kthvalue(min(n_good // 2 + 1, n_good - 1), dim=1).values
     scale = torch.where(good, row_median, float("inf")).min()
     return bool(bound * 2.0 * typical_sq > CANCELLATION_FRACTION * scale)
 
