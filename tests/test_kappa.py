@@ -151,6 +151,23 @@ def test_a_non_finite_output_of_a_rule_with_a_proven_kappa_is_a_bug(monkeypatch:
     assert res.exit_code == 1 and "non-finite output" in res.output and "not finite" in res.output, res.output
 
 
+class _NanEverySecondCall(aggregators.make("cwtm", f=1).__class__):  # type: ignore[misc]
+    """cwtm (proven κ) whose every second call returns NaN: the search saw NaN, but the best input called again
+    gave a finite output, and the verdict was 'unbounded', exit 0 (a review)."""
+
+    calls = 0
+
+    def _run(self, x: torch.Tensor, want: Any, **ctx: Any) -> Any:
+        out, c = super()._run(x, want, **ctx)
+        type(self).calls += 1
+        return (torch.full_like(out, math.nan) if type(self).calls % 2 == 0 else out), c
+
+
+def test_a_rule_with_a_proven_kappa_that_is_ever_non_finite_or_unbounded_is_a_bug() -> None:
+    est = kappa(_NanEverySecondCall(f=2), 7, d=2, budget=300)
+    assert est.above_upper and not est.output_finite and est.verdict == "BUG: non-finite output"
+
+
 def test_deterministic_for_a_seed() -> None:
     a = kappa(aggregators.make("krum", f=1), 7, d=3, budget=300, seed=5)
     b = kappa(aggregators.make("krum", f=1), 7, d=3, budget=300, seed=5)

@@ -269,6 +269,9 @@ class _Search:
         self.best_x = torch.zeros(n, d, dtype=torch.float64)
         self.best_name = "none"
         self.per_family: dict[str, float] = {}
+        self.nonfinite = False
+        """Whether any output of the rule during the search was not finite (a rule returning NaN only sometimes
+        gave a finite output when its best input was called again: a review)."""
 
     def left(self) -> int:
         return self.budget - self.used
@@ -298,6 +301,7 @@ class _Search:
         scale = xb.abs().flatten(1).amax(dim=1)
         floor = (RESOLUTION * (n + d) * EPS * scale).square()
         finite = torch.isfinite(outs).all(dim=1)
+        self.nonfinite |= not bool(finite.all())
         step = max(1, BATCH_ELEMENTS // max(1, b * self.m * d))
         rows = torch.arange(b)[:, None, None]
         for lo in range(0, c, step):
@@ -429,9 +433,10 @@ def _finish(search: _Search, rule: Aggregator, n: int, f: int, d: int, seed: int
     slack = rounding_slack(out, x, honest, value) if math.isfinite(value) else float("inf")
     tested, grows = _growth(far_points, m)
     unbounded = not math.isfinite(value) or grows
-    finite_out = bool(torch.isfinite(out).all())
-    # a rule with a proven (finite) κ: an infinite ratio contradicts it whatever the slack (inf > upper + inf is False)
-    above = upper is not None and (not math.isfinite(value) or value > upper + slack)
+    finite_out = bool(torch.isfinite(out).all()) and not search.nonfinite
+    # a rule with a proven (finite) κ: an infinite ratio, a non-finite output at any point of the search, or a ratio
+    # that grows without bound contradicts it whatever the slack (inf > upper + inf is False)
+    above = upper is not None and (unbounded or not finite_out or not math.isfinite(value) or value > upper + slack)
     return KappaEstimate(
         rule=spec, n=n, f=f, d=d, value=value, worst_input=search.best_name, input=x.clone(), honest=honest,
         lower_bound=universal_lower_bound(n, f), upper_bound=upper, unbounded=unbounded, above_upper=above,
