@@ -322,3 +322,18 @@ def test_one_seed_above_its_proven_bound_is_reported_before_the_mean() -> None:
     assert named.verdict() == "above the bound (seed 7)"
     below = cs.Row("least-squares", 0.1, "cwtm", 2, e, e, cs.mean_ci(shares[:4]), e, 0.1429, "proven")
     assert holm_family([below], "share")[0].verdict() == "below the bound"
+
+
+def test_a_seed_above_its_bound_is_not_hidden_by_a_seed_whose_floor_is_zero(done) -> None:  # type: ignore[no-untyped-def]
+    """A review: a seed whose floor is 0 (or whose bound is 0) made the shares infinite, the row's share an estimate
+    with no samples, and another seed 10 × above its bound was no longer reported. Each seed is now held to its bound
+    before any logarithm."""
+    _, _, collected, _, _ = done
+    first = next(r for r in cs.rows(SMALL, collected) if r.bounded)
+    key = (first.problem, first.alpha, first.rule, first.f)
+    cells = sorted((c for c in collected if (c.problem, c.alpha, c.rule, c.f) == key), key=lambda c: c.seed)
+    forged = dict(collected)
+    forged[cells[0]] = dataclasses.replace(collected[cells[0]], floor=0.0)
+    forged[cells[1]] = dataclasses.replace(collected[cells[1]], floor=10 * collected[cells[1]].bound)
+    row = next(r for r in cs.rows(SMALL, forged) if (r.problem, r.alpha, r.rule, r.f) == key)
+    assert row.verdict() == f"above the bound (seed {cells[1].seed})"

@@ -115,6 +115,9 @@ class Row:
     epsilon_source: str
     seeds: tuple[int, ...] = ()
     """The seeds of :attr:`share`'s samples, in order (empty: not known; the verdict then names the sample's index)."""
+    above_seeds: tuple[int, ...] = ()
+    """The seeds whose floor is above their bound, decided seed by seed before any logarithm (a seed with a floor or a
+    bound of 0 made the shares infinite and hid another seed above its bound: a review)."""
 
     @property
     def bounded(self) -> bool:
@@ -126,6 +129,8 @@ class Row:
             return "no proven ε: no bound"
         if self.epsilon == 0:
             return "ε = 0: no bound"
+        if self.above_seeds:  # the bound is proven for every seed: one seed above it is a counterexample
+            return f"above the bound (seed {self.above_seeds[0]})"
         above = [i for i, v in enumerate(self.share.samples) if v > 0.0]  # floor > bound on that seed
         if above:  # the bound is proven for every seed: one seed above it is a counterexample, whatever the mean says
             i = above[0]
@@ -152,11 +157,14 @@ def rows(p: Preset, collected: dict[Cell, Outcome]) -> list[Row]:
                          if math.isfinite(o.bound)]
                 seeds = tuple(s for s in p.seeds if Cell(prob, float(a), spec, f, s) in collected
                               and math.isfinite(collected[Cell(prob, float(a), spec, f, s)].bound))
+                above = tuple(s for s in p.seeds if (c := Cell(prob, float(a), spec, f, s)) in collected
+                              and math.isfinite(collected[c].bound) and collected[c].floor > collected[c].bound)
                 out.append(Row(prob, float(a), spec, f, mean_ci([o.floor for o in got]),
                                mean_ci([o.bound for o in got]),
                                mean_ci(share) if share and all(map(math.isfinite, share)) else
                                Estimate(math.inf, math.inf, math.inf, len(got)),
-                               mean_ci([o.ratio for o in got]), got[0].epsilon, got[0].epsilon_source, seeds))
+                               mean_ci([o.ratio for o in got]), got[0].epsilon, got[0].epsilon_source, seeds,
+                               above))
     # the rows with a bound are read together: one Holm family (the others decide nothing)
     bounded = [i for i, r in enumerate(out) if r.bounded and math.isfinite(r.share.mean)]
     for i, r in zip(bounded, holm_family([out[i] for i in bounded], "share")):
