@@ -429,6 +429,16 @@ def test_an_integer_array_is_never_rounded_through_the_compute_dtype() -> None:
     assert arrays_of(kept)[-1].tolist() == [2 ** 24 + 1, 123_456_789]
 
 
+def test_an_integer_array_saturates_instead_of_wrapping_around() -> None:
+    """A review: int64 7 + 10³⁰ gave −2⁶³ + 7 and uint8 250 + 10 gave 4 (as before the exact integer path)."""
+    from phalanx.flower.replies import _saturated
+
+    big = np.array([7, 2 ** 62, 7], dtype=np.int64)
+    assert _saturated(big, np.array([1e30, 2.0 ** 62, -1e30])).tolist() == [2 ** 63 - 1, 2 ** 63 - 1, -2 ** 63]
+    assert _saturated(np.array([250, 5], dtype=np.uint8), np.array([10.0, -6.0])).tolist() == [255, 0]
+    assert _saturated(np.array([100], dtype=np.int8), np.array([np.nan])).tolist() == [100]
+
+
 def test_evaluate_replies_are_aggregated_without_crashing_on_bad_ones() -> None:
     good = [Message(content=RecordDict({"metrics": MetricRecord({"accuracy": a, "num-examples": 10})}),
                     metadata=meta(i + 1)) for i, a in enumerate([0.8, 0.9, 0.85])]

@@ -66,15 +66,23 @@ class Layout:
         for i, (key, shape, dtype) in enumerate(zip(self.keys, self.shapes, self.dtypes)):
             size = int(np.prod(shape, dtype=np.int64))
             part = flat[start:start + size].reshape(shape)
-            if dtype.kind in "iu" and i < len(self.arrays):  # itself plus the rounded change, exactly
+            if dtype.kind in "iu" and i < len(self.arrays):  # itself plus the rounded change, exactly, saturated
                 change = np.rint(part.astype(np.float64) - self.flat[start:start + size].reshape(shape))
-                with np.errstate(all="ignore"):
-                    part = self.arrays[i] + np.nan_to_num(change).astype(dtype)
+                part = self.arrays[i] if not change.any() else _saturated(self.arrays[i], change)
             elif dtype.kind in "iub":
                 part = np.rint(part)
             start += size
             out[key] = Array(np.ascontiguousarray(part.astype(dtype)))
         return ArrayRecord(out)
+
+
+def _saturated(values: np.ndarray[Any, Any], change: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``values`` (an integer array) plus the whole-number ``change`` (float64), exactly, held to the dtype's range
+    instead of wrapping around (int64 7 + 10³⁰ gave −2⁶³ + 7; uint8 250 + 10 gave 4: a review)."""
+    info = np.iinfo(values.dtype)
+    bounded = np.clip(np.nan_to_num(change), -(2.0 ** 65), 2.0 ** 65)
+    total = values.astype(object) + np.vectorize(int, otypes=[object])(bounded)
+    return np.clip(total, int(info.min), int(info.max)).astype(values.dtype)
 
 
 @dataclass
