@@ -359,7 +359,7 @@ def test_a_trace_too_large_missing_or_too_short_is_refused(tmp_path: Path, monke
         with pytest.raises(ConfigError, match="not a regular file"):
             FedBuff(speeds=f"fedscale:{path}")
     monkeypatch.setattr(traces, "MAX_BYTES", 100)
-    with pytest.raises(ConfigError, match="more than 100"):
+    with pytest.raises(ConfigError, match="more than the 100 such a file may have"):
         FedBuff(speeds="fedscale:sample")
     monkeypatch.undo()
     with pytest.raises(ConfigError, match="at least as many clients as workers"):
