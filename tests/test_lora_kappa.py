@@ -148,3 +148,17 @@ def test_bad_settings_are_one_line_config_errors() -> None:
     with pytest.raises(ConfigError, match="quantity"):
         lora_kappa(CWTM, "update", quantity="delta")
     assert set(MEASURED_MODES) == {"factors", "update", "update-truncated", "shared"}
+
+
+class _NanOnFarRows(type(CWTM)):  # type: ignore[misc]
+    """cwtm (proven κ) returning NaN when a row is far: the κ search's hole (value = slack = ∞, ∞ > bound + ∞ False)
+    was here too."""
+
+    def _run(self, x: torch.Tensor, want: object, **ctx: object) -> object:
+        out, c = super()._run(x, want, **ctx)
+        return (torch.full_like(out, math.nan) if float(x.abs().max()) > 1e3 else out), c
+
+
+def test_a_non_finite_output_where_a_bound_is_proven_is_a_bug() -> None:
+    k = lora_kappa(CWTM, "shared", n=N, budget=120, wrapper=_NanOnFarRows(f=F))
+    assert k.proven is not None and k.above_proven and k.verdict.startswith("BUG")

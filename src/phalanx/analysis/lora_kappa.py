@@ -36,7 +36,9 @@ in ``shared`` and ``update``, (1 + 2√ε_F)² after the truncation, +∞ in ``f
 rows make one update).
 
 A value above the proven bound by more than the rounding of the computation (:func:`slack`) is flagged
-``above_proven``: a bug of the wrapper, the rule or the argument (the mutant wrapper that ignores f is caught so).
+``above_proven``: a bug of the wrapper, the rule or the argument (the mutant wrapper that ignores f is caught so);
+so is an infinite value where a bound is proven (a NaN output gave value = slack = ∞, and ∞ > bound + ∞ is False:
+the κ search had the same hole). The line's far points lie on both sides, as the κ search's do.
 """
 
 from __future__ import annotations
@@ -191,7 +193,7 @@ def factor_constructions(n: int, f: int, s: Setting, gen: torch.Generator) -> It
 
 def _line(n: int, m: int, d: int, u: Tensor, label: str) -> Iterator[tuple[str, Tensor]]:
     for k in line_splits(n, m):
-        for t in (*NEAR, *FAR) if m < n else (0.0,):
+        for t in (*NEAR, *FAR, *(-t for t in FAR)) if m < n else (0.0,):  # far points on both sides (as kappa's)
             x = torch.zeros(n, d, dtype=torch.float64)
             x[:k] = u
             x[m:] = t * u
@@ -388,7 +390,8 @@ def lora_kappa(rule: Aggregator, mode: str, n: int = 7, budget: int = 400, seed:
     return ModeKappa(
         rule=getattr(rule, "spec", rule.name), mode=mode, quantity=quantity, n=n, f=f, value=value,
         construction=search.best_name, input=search.best_x.clone(), honest=honest, proven=bound, lower_bound=floor,
-        slack=sl, above_proven=bound is not None and value > bound + sl, evaluations=search.used)
+        slack=sl, above_proven=bound is not None and (not math.isfinite(value) or value > bound + sl),
+        evaluations=search.used)
 
 
 def table(rules: list[Aggregator], n: int = 7, budget: int = 400, seed: int = 0, quantity: str = "kappa"
