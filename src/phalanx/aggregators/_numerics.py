@@ -50,18 +50,18 @@ def pairwise_sqdist(x: Tensor, sqnorms: Tensor | None = None) -> Tensor:
     than those are from each other.
 
     So the result is checked once, on the ``(n, n)`` matrix only: with ``G̃`` the (lower) median of the good rows'
-    squared norms and ``s`` the smallest, over good rows, of the row's (⌊n/2⌋ + 1)-th smallest distance to the other
-    rows (the median, one past it: f < n/2 copies of one honest row cannot make it 0 — with the median itself, f =
-    (n − 1)/2 copies forced the slow path on every round, a review), the distances stand when
-    ``(2√d·u + 4u)·2G̃ ≤ s/8`` — the error bound of a typical pair is at most an eighth of
-    the typical honest distance. Both are robust to fewer than half Byzantine rows: an honest row's median distance
+    squared norms and ``s`` the smallest, over good rows, of the row's median distance to the other good rows, the
+    distances stand when ``(2√d·u + 4u)·2G̃ ≤ s/8`` — the error bound of a typical pair is at most an eighth of the
+    typical honest distance. Both are robust to fewer than half Byzantine rows: an honest row's median distance
     is one of its honest distances, so attackers cannot raise ``s`` (they can lower it, which only triggers the
-    check), and ``G̃`` lies between honest squared norms. Nor can attackers force the slow path on well-scaled honest
-    rows: an attacker row's median distance is one to an honest row (about half an honest distance at best), and
-    ``G̃`` is at most the largest honest squared norm. A computed distance is at most the exact one plus the
-    error, so when the exact honest distances are below 7× the bound, ``s`` is too and the check fires. Otherwise
-    (rare on honest updates: float32 fires only when ‖mean‖²/‖spread‖² exceeds about 3,000 at ``d = 10⁵`` and 300
-    at ``d = 10⁷``; never on well-scaled data, whose distances keep the formula's bits) the distances are recomputed
+    check), and ``G̃`` lies between honest squared norms. Attackers *can* force the slow path, by lowering ``s``: at
+    n = 2f + 1, f copies of one honest row make its median distance 0 (a review: MDA 16× slower). That costs time,
+    never a wrong selection; reading one distance past the median instead let f far attackers raise ``s`` and switch
+    the check off at n = 2f + 1 (a review of that change), so the median stays. A computed distance is at most the
+    exact one plus the error, so when the exact honest distances are below 7× the bound, ``s`` is too and the check
+    fires. Otherwise (rare on honest updates: float32 fires only when ‖mean‖²/‖spread‖² exceeds about 3,000 at
+    ``d = 10⁵`` and 300 at ``d = 10⁷``; never on well-scaled data, whose distances keep the formula's bits) the
+    distances are recomputed
     on rows re-centred at the coordinate-wise (lower) median ``m`` of the good rows, robust to fewer than half
     Byzantine rows (the first row is not: it may be an attacker's), ``D = Gᵢᵢ' + Gⱼⱼ' − 2Gᵢⱼ'`` with ``G' = (x −
     m)(x − m)ᵀ`` summed in float64 column chunk by column chunk: its error is relative to the rows' distances from
@@ -120,9 +120,11 @@ def _cancellation_possible(dist: Tensor, sq: Tensor, bad: Tensor, d: int, dtype:
     typical_sq = torch.nanmedian(torch.where(good, sq, float("nan")))
     off = dist.clone()
     off.fill_diagonal_(float("inf"))  # bad rows' columns are +inf already
-    # the (⌊n_good/2⌋ + 1)-th smallest distance to another row: f < n/2 copies of one honest row cannot make it 0 (a
-    # review: with the ⌊n_good/2⌋-th, f = (n − 1)/2 copies forced the slow path on every round, 6–16× slower)
-    row_median = off.kthvalue(min(n_good // 2 + 1, n_good - 1), dim=1).values
+    # the ⌊n_good/2⌋-th smallest distance to another row: always one of an honest row's honest distances, so
+    # attackers cannot raise it (one past it, at n = 2f + 1, is a distance to an attacker: far attackers then switched
+    # the check off — a review of that change); f = (n − 1)/2 copies of an honest row can lower it and force the slow,
+    # exact path (6–16× the distance step): a cost, not a wrong selection
+    row_median = off.kthvalue(n_good // 2, dim=1).values
     scale = torch.where(good, row_median, float("inf")).min()
     return bool(bound * 2.0 * typical_sq > CANCELLATION_FRACTION * scale)
 
