@@ -406,6 +406,26 @@ def test_a_byzantine_nodes_own_metrics_are_not_reported() -> None:
     assert lone is not None and "accuracy" not in lone  # one node's key alone, without the oversized record
 
 
+def test_metrics_follow_the_rounds_own_f_when_a_node_is_counted_against_it() -> None:
+    """A review: with f = 2 and one of five nodes dropped (counted against f), the update's rule ran for f = 1 but the
+    metrics still asked for 2·2 + 1 = 5 clients, so none were reported. They follow the round's f, as its rule does."""
+    w = model()
+    replies = [reply(i + 1, m, loss=0.1 * (i + 1)) for i, m in enumerate(honest_models(w, 4))]
+    replies.append(error_reply(5))
+    s = strategy_for(w, aggregator="cwtm", f=2, count_dropped_against_f=True)
+    _, metrics = s.aggregate_train(1, replies)
+    assert metrics is not None and metrics["loss"] == pytest.approx(0.25)
+
+
+def test_a_0_d_array_comes_back_0_d() -> None:
+    """A review: ``np.ascontiguousarray`` makes a 0-d array 1-d, so a BatchNorm's ``num_batches_tracked`` came back
+    with shape (1,) every round."""
+    w = [*model(), np.array(7, dtype=np.int64), np.array(0.5, dtype=np.float32)]
+    replies = [reply(i + 1, [np.asarray(a) for a in m]) for i, m in enumerate(honest_models(w, 5))]
+    arrays, _ = strategy_for(w, aggregator="cwtm", f=1).aggregate_train(1, replies)
+    assert [a.shape for a in arrays_of(arrays)[-2:]] == [(), ()]
+
+
 def test_metrics_that_are_no_finite_float_count_as_missing() -> None:
     """In-process Flower passes a Python int of 400 digits through (gRPC would not): it raised OverflowError in the
     median and TypeError in np.isfinite, and the run ended."""

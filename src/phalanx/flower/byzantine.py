@@ -261,8 +261,8 @@ def _rebuild(record: ArrayRecord, layout: Layout, flat: np.ndarray[Any, Any]) ->
         if dtype.kind in "iub":
             with np.errstate(all="ignore"):
                 part = np.rint(part)
-        with np.errstate(all="ignore"):
-            out[key] = Array(np.ascontiguousarray(part.astype(dtype)))
+        with np.errstate(all="ignore"):  # (reshaped: ascontiguousarray makes a 0-d array 1-d)
+            out[key] = Array(np.ascontiguousarray(part.astype(dtype)).reshape(record[key].numpy().shape))
     return ArrayRecord(out)
 
 

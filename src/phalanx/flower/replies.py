@@ -72,7 +72,7 @@ class Layout:
             elif dtype.kind in "iub":
                 part = np.rint(part)
             start += size
-            out[key] = Array(np.ascontiguousarray(part.astype(dtype)))
+            out[key] = Array(np.ascontiguousarray(part.astype(dtype)).reshape(shape))  # (a 0-d array stays 0-d)
         return ArrayRecord(out)
 
 

@@ -302,7 +302,7 @@ class PhalanxFedAvg(FedAvg):
         else:
             arrays = layout.record(layout.flat)
         records = self._contributions(server_round, parsed, used, x, agg, share, why_not)
-        metrics = self._train_metrics([messages[i] for i in used], [parsed[i] for i in used])
+        metrics = self._train_metrics([messages[i] for i in used], [parsed[i] for i in used], f_eff)
         metrics["replies-received"] = len(parsed)
         metrics["replies-valid"] = len(used)
         metrics["replies-dropped"] = len(parsed) - len(used)
@@ -505,13 +505,17 @@ class PhalanxFedAvg(FedAvg):
             ))
         return out
 
-    def _train_metrics(self, messages: list[Message], parsed: list[Reply]) -> MetricRecord:
+    def _train_metrics(self, messages: list[Message], parsed: list[Reply], f: int) -> MetricRecord:
         records = [p.metrics for p in parsed if p.metrics is not None]
-        return self._metrics(self._user_train_metrics, messages, records, "train")
+        return self._metrics(self._user_train_metrics, messages, records, "train", f)
 
     def _metrics(
         self, user_fn: MetricsFn | None, messages: list[Message], records: list[MetricRecord], what: str,
+        f: int | None = None,
     ) -> MetricRecord:
+        """The round's metrics: ``user_fn``'s, or the per-key median over at least 2f + 1 clients (``f``: the round's
+        own, lowered by the nodes counted against it — as its update's rule is; the strategy's f otherwise)."""
+        f = self.f if f is None else f
         if user_fn is not None and messages:
             try:
                 result = user_fn([m.content for m in messages], self.weighted_by_key)
@@ -521,10 +525,10 @@ class PhalanxFedAvg(FedAvg):
             except Exception as exc:  # a client's odd metrics must not end the run
                 log(WARNING, "phalanx: %s_metrics_aggr_fn failed (%s: %s); the per-key median is used instead",
                     what, type(exc).__name__, exc)
-        if records and len(records) < 2 * self.f + 1:
+        if records and len(records) < 2 * f + 1:
             log(INFO, "phalanx: %s metrics of %d clients, fewer than 2f + 1 = %d: not reported (f Byzantine ones "
-                "could choose their median)", what, len(records), 2 * self.f + 1)
-        return median_metrics(records, exclude=(self.weighted_by_key,), at_least=2 * self.f + 1)
+                "could choose their median)", what, len(records), 2 * f + 1)
+        return median_metrics(records, exclude=(self.weighted_by_key,), at_least=2 * f + 1)
 
     def _log_round(
         self, server_round: int, parsed: list[Reply], records: list[Contribution], f_eff: int, agg: Tensor | None,
