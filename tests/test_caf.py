@@ -191,3 +191,16 @@ def test_small_honest_rows_beside_one_huge_row_keep_their_weight(centre: float, 
     assert float((out - h.mean(0)).norm()) < sigma * d ** 0.5
     direct = caf_weights(row_gram(x, torch.zeros(n, dtype=torch.bool)), torch.zeros(n, dtype=torch.bool), f)
     assert torch.isfinite(direct).all() and float(direct[n - f:].sum()) == 0.0
+
+
+@pytest.mark.parametrize("dtype, honest, byzantine", [(torch.float32, 1e-21, 1e-19), (torch.float64, 1e-165, 1e-160)])
+def test_tiny_rows_are_filtered_as_their_scaled_copies_are(dtype: torch.dtype, honest: float, byzantine: float) -> None:
+    """A review: honest rows of 10⁻²¹ and attackers of 10⁻¹⁹ in float32 made every Gram entry 0 (subnormals flushed),
+    λ = 0 at the first step and the output the plain mean — 30 honest spreads off. The rows are now brought near 1 by
+    a power of two before the product; the output is what the same rows scaled by 10²⁰ give, scaled back."""
+    n, f, d = 7, 2, 50
+    h = torch.randn(n - f, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    x = torch.cat([h * honest, torch.full((f, d), byzantine, dtype=torch.float64)]).to(dtype)
+    out, w = aggregators.make("caf", f).aggregate(x)
+    assert float(w[n - f:].sum()) == 0.0
+    assert float((out.double() / honest - h.mean(0)).norm()) < 0.01 * float(h.std(0).norm())  # (in units of honest)

@@ -70,6 +70,30 @@ def _in_range(gram: Tensor, active: Tensor) -> tuple[Tensor, int]:
     return torch.ldexp(kept, torch.tensor(shift, device=gram.device)), shift
 
 
+ROWS_IN_RANGE = 2.0 ** 32
+"""The rows are scaled by a power of two before their Gram product when the median of the good rows' largest
+absolute entries lies outside [1/ROWS_IN_RANGE, ROWS_IN_RANGE] (:func:`_rows_in_range`)."""
+
+
+def _rows_in_range(x: Tensor, bad: Tensor) -> Tensor:
+    """``x`` scaled by the power of two that brings the median, over the good rows, of a row's largest absolute entry
+    (set by an honest row: more than half are; no squares, so nothing underflows) near 1, when it lies outside
+    [1/:data:`ROWS_IN_RANGE`, :data:`ROWS_IN_RANGE`]; ``x`` itself otherwise (every input of ordinary size keeps its
+    bits).
+
+    The Gram product runs in the input's dtype with subnormals flushed to zero: honest rows of 10⁻²¹ and attackers of
+    10⁻¹⁹ in float32 made every entry 0, λ = 0 at the first step, and the output the plain mean (a review of the
+    scaling below, which cannot rescale a matrix that is already 0). The filter's weights do not change when every
+    row is scaled by one constant, and the output is the weighted sum of the rows as given."""
+    good = x[~bad] if bool(bad.any()) else x
+    if good.numel() == 0:
+        return x
+    median = float(torch.linalg.vector_norm(good.detach(), ord=math.inf, dim=1).median())  # (no (n, d) temporary)
+    if not median > 0.0 or 1.0 / ROWS_IN_RANGE <= median <= ROWS_IN_RANGE:
+        return x
+    return torch.ldexp(x, torch.tensor(-math.frexp(median)[1], device=x.device))
+
+
 def _below(lam: float, shift: int, best: float, best_shift: int) -> bool:
     """Whether the eigenvalue ``lam`` of a Gram matrix scaled by 2^``shift`` is below ``best`` (scaled by
     2^``best_shift``): compared as they are when the scales agree (every input within the bounds: its bits),
@@ -184,7 +208,10 @@ class CAF(Aggregator):
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
         xc = as_compute_dtype(x)
         bad = row_norms(xc)[1]
-        gram = row_gram(xc.detach(), bad)
+        xs = _rows_in_range(xc, bad)
+        if xs is not xc:
+            bad = row_norms(xs)[1]  # (a row that overflows once scaled is as far as a bad one)
+        gram = row_gram(xs.detach(), bad)
         weights = caf_weights(gram, bad, self.f)
         out = weighted_sum(weights, xc, gram_bad_rows(gram, bad) | bad)
         return out.to(x.dtype), (weights if want_contributions else None)
