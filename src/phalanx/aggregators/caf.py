@@ -47,6 +47,11 @@ SCALE_ABOVE = 2.0 ** 256
 weighted lies above this or below its inverse (:func:`_in_range`)."""
 
 
+def _shift_to_one(value: float) -> int:
+    """The power of two k for which value · 2^k lies in [0.5, 1) (exact scaling: both scalings below use it)."""
+    return -math.frexp(value)[1]
+
+
 def _in_range(gram: Tensor, active: Tensor) -> tuple[Tensor, int]:
     """The input's Gram matrix ``gram`` restricted to the ``active`` rows (the others' rows and columns zeroed) and
     scaled by the power of two that brings their largest diagonal entry near 1, when that entry lies outside
@@ -65,7 +70,7 @@ def _in_range(gram: Tensor, active: Tensor) -> tuple[Tensor, int]:
     top = float(diag.max()) if diag.numel() else 0.0
     if not top > 0.0 or 1.0 / SCALE_ABOVE <= top <= SCALE_ABOVE:
         return gram, 0
-    shift = -math.frexp(top)[1]
+    shift = _shift_to_one(top)
     kept = torch.where(active[:, None] & active[None, :], gram, torch.zeros((), dtype=gram.dtype, device=gram.device))
     return torch.ldexp(kept, torch.tensor(shift, device=gram.device)), shift
 
@@ -91,7 +96,7 @@ def _rows_in_range(x: Tensor, bad: Tensor) -> Tensor:
     median = float(torch.linalg.vector_norm(good.detach(), ord=math.inf, dim=1).median())  # (no (n, d) temporary)
     if not median > 0.0 or 1.0 / ROWS_IN_RANGE <= median <= ROWS_IN_RANGE:
         return x
-    return torch.ldexp(x, torch.tensor(-math.frexp(median)[1], device=x.device))
+    return torch.ldexp(x, torch.tensor(_shift_to_one(median), device=x.device))
 
 
 def _below(lam: float, shift: int, best: float, best_shift: int) -> bool:
