@@ -120,6 +120,36 @@ def test_a_small_call_opens_no_team_so_a_fork_child_still_runs(tmp_path: Any) ->
     assert done.returncode == 0
 
 
+@pytest.mark.parametrize(("name", "columns"), [("krum", 3000), ("geomed", 300), ("cc", 300)])
+def test_the_first_flagged_call_of_a_process_leaves_no_pool_thread_with_the_modes(name: str, columns: int) -> None:
+    """A thread starts with its creator's floating-point state, and the first parallel region of a process creates
+    the OpenMP team. Krum on 11 x 3,000 rows opens the team in ``denormals_zero`` itself (the caller used to set
+    its modes before the region, so the new threads kept them as their "previous" bits); geomed and cc on 11 x 300
+    rows (the single-thread path) open it inside their own arithmetic. Either way, afterwards no thread of the team
+    may flush subnormals. Each case runs in a fresh process: in this one the team exists already."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, torch\n"
+        "from phalanx.aggregators import _subnormals, registry\n"
+        "from phalanx.aggregators.base import Aggregator\n"
+        "torch.set_num_threads(2)\n"
+        "g = torch.Generator().manual_seed(9)\n"
+        f"x = torch.randn(11, {columns}, generator=g)\n"
+        f"x[:2] = torch.rand(2, {columns}, generator=g) * torch.finfo(torch.float32).tiny\n"
+        f"rule = registry.get_class({name!r})(f=2)\n"
+        "rule.aggregate(x) if isinstance(rule, Aggregator) else rule.mix(x)\n"
+        "y = torch.randn(4_000_000)\n"
+        "(y * y).sum()\n"
+        "print(_subnormals.denormals_zero_threads(2))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, timeout=600, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["0"]
+
+
 def test_other_devices_are_left_as_they_are() -> None:
     with _subnormals.denormals_are_zero(torch.empty(4, 10**5, device="meta")):
         assert _subnormals.denormals_zero_threads(1) == 0

@@ -389,19 +389,21 @@ static PyObject *py_denormals_zero(PyObject *self, PyObject *args) {
     if (!HAVE_MXCSR) return PyBytes_FromStringAndSize(NULL, 0);
     unsigned short saved[MAX_TEAM];
     int team = 1;
-    saved[0] = (unsigned short)swap_ftz_daz(MXCSR_FTZ_DAZ);
+    /* The caller's bits change inside the parallel region, not before it: the first region of a process starts the
+     * pool's threads, and a new thread starts with its creator's MXCSR, so a caller that had set the modes first
+     * would hand them to threads that then "saved" them as their previous state and kept them after the restore. */
 #ifdef _OPENMP
     if (threads > 1) {
 #pragma omp parallel num_threads(threads)
         {
-            int i = omp_get_thread_num();
-            unsigned int prev = swap_ftz_daz(MXCSR_FTZ_DAZ);
-            if (i > 0) saved[i] = (unsigned short)prev; /* thread 0 is the caller: saved above */
+            int i = omp_get_thread_num(); /* thread 0 is the caller */
+            saved[i] = (unsigned short)swap_ftz_daz(MXCSR_FTZ_DAZ);
 #pragma omp single
             team = omp_get_num_threads();
         }
-    }
+    } else
 #endif
+        saved[0] = (unsigned short)swap_ftz_daz(MXCSR_FTZ_DAZ);
     return PyBytes_FromStringAndSize((const char *)saved, (Py_ssize_t)team * (Py_ssize_t)sizeof(unsigned short));
 }
 

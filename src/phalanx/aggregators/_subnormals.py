@@ -14,7 +14,10 @@ The components that measured far slower set ``subnormals_as_zero``; on the CPU t
 operand reads as 0) on the calling thread and on every thread of the OpenMP team that torch's loops and MKL's
 products run on (the C kernel ``denormals_zero`` of ``_normkernel.c``, which shares torch's libgomp), and each
 thread's previous bits back afterwards (``denormals_restore``). Each call costs two OpenMP parallel regions,
-microseconds. The convention: in these components' arithmetic on the CPU, every value below the smallest normal —
+microseconds. A thread starts with its creator's floating-point state, so the team's threads, when the block or the
+kernel's first region creates them, get the bits the caller had before the block, not the modes
+(``tests/test_subnormals.py::test_the_first_flagged_call_of_a_process_leaves_no_pool_thread_with_the_modes``).
+The convention: in these components' arithmetic on the CPU, every value below the smallest normal —
 an input, an intermediate, a result — counts as 0. An input row is still returned bit for bit where a rule selects
 it (Krum). On GPUs, which compute subnormals at full speed, IEEE gradual underflow stays: results there may differ,
 by less than the smallest normal in each operation.
@@ -26,6 +29,7 @@ Without the kernel (a build without a C compiler) only the calling thread gets t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -51,18 +55,38 @@ def denormals_are_zero(x: torch.Tensor) -> Iterator[None]:
         yield
         return
     if _rowops._normkernel is not None:
+        kernel = _rowops._normkernel
         threads = max(1, torch.get_num_threads()) if x.numel() >= GRAIN else 1
-        saved = _rowops._normkernel.denormals_zero(threads)
+        started_before = _threads_started() if threads == 1 else None
+        saved = kernel.denormals_zero(threads)
         try:
             yield
         finally:
-            _rowops._normkernel.denormals_restore(saved)
+            kernel.denormals_restore(saved)
+            if started_before is not None and torch.get_num_threads() > 1:
+                started = _threads_started()
+                if started is not None and started > started_before:
+                    # The block started the team (torch parallelised a small input's product): its new threads
+                    # copied the caller's modes when they were created, so they get the caller's previous bits.
+                    kernel.denormals_restore(saved[:2] * torch.get_num_threads())
         return
     torch.set_flush_denormal(True)  # the calling thread only; torch offers no way to read the mode back
     try:
         yield
     finally:
         torch.set_flush_denormal(False)
+
+
+def _threads_started() -> int | None:
+    """The number of threads of this process (Linux ``/proc``), or None where it cannot be read.
+
+    A thread starts with the floating-point state of the thread that creates it. The first OpenMP parallel region of
+    a process creates the team's threads, so a region opened inside the single-thread path of
+    :func:`denormals_are_zero` would hand them the modes for good; a grown count says that happened."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
 
 
 def denormals_zero_threads(threads: int) -> int:
