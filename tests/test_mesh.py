@@ -27,7 +27,7 @@ from tests.test_sealed import Proxy
 
 from phalanx.distributed import mesh as mesh_module
 from phalanx.distributed.channel import PHASED_HEADER, PHASED_MAGIC, Kind, client_context, recv_phased, send_phased
-from phalanx.distributed.gossip_links import STEP, Inbox, MeshInbox
+from phalanx.distributed.gossip_links import ATTACK, KEEP_ROUNDS, STEP, Inbox, MeshInbox
 from phalanx.distributed.keys import Identity, init_keys, load_identity
 from phalanx.distributed.mesh import DOMAINS, EVERYONE, Mesh, mesh_message
 from phalanx.distributed.serverless import GATHER, RowBox, _CollectiveFailed
@@ -542,6 +542,43 @@ def test_one_neighbour_claiming_a_round_far_ahead_does_not_make_a_node_sit_out(
     assert (2, 10**9, STEP) not in inbox.items
     behind = inbox.ahead([1, 2]) >= 5 + 2
     assert behind is (rule == "mutant")
+
+
+@pytest.mark.parametrize("rule", ["all of them", "mutant"])
+def test_a_far_ahead_claim_before_an_honest_peers_first_message_does_not_make_a_node_sit_out(
+    rule: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fresh inbox (round 0, or the first round after a resume): the Byzantine receiver's message tagged far
+    ahead comes before the honest receiver's first one. The honest peer has sent nothing, so it is not ahead, and
+    the node is not behind. The mutant — the minimum over the peers that sent anything, as before — makes the
+    Byzantine claim all of it (a review)."""
+    if rule == "mutant":
+        monkeypatch.setattr(Inbox, "ahead", lambda self, peers: min(
+            (self.newest[k] for k in peers if k in self.newest), default=-1))
+    inbox = Inbox()
+    inbox.advance(0)
+    inbox.put(2, 10_000, ATTACK, torch.zeros(3))
+    assert inbox.behind([1, 2], 0, 1) is (rule == "mutant")
+    inbox.put(1, 0, STEP, torch.zeros(3))  # the honest receiver, in step
+    assert not inbox.behind([1, 2], 0, 1)
+
+
+@pytest.mark.parametrize("rule", ["more than f", "mutant"])
+def test_f_byzantine_receivers_alone_never_keep_a_node_out(rule: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node's honest receiver was lost; its one remaining receiver (f = 1) is Byzantine and claims round
+    t + 16 every round. Fewer than f + 1 peers cannot vouch for the node being behind: it steps every round. The
+    mutant (no count) keeps it out of 20 rounds of 20, as a review measured."""
+    if rule == "mutant":
+        monkeypatch.setattr(Inbox, "behind", lambda self, waiting, t, f: self.ahead(waiting) >= t + 2)
+    inbox = Inbox()
+    sat_out = 0
+    for t in range(20):
+        inbox.advance(t)
+        inbox.put(2, t + KEEP_ROUNDS, ATTACK, torch.zeros(3))
+        sat_out += inbox.behind([2], t, 1)
+    assert sat_out == (20 if rule == "mutant" else 0)
+    # with f = 0 (no Byzantine peer configured) one receiver ahead is enough, as before
+    assert inbox.behind([2], 19, 0)
 
 
 def test_a_gossip_row_beyond_the_runs_last_round_is_a_violation(keydir: Path) -> None:

@@ -112,11 +112,22 @@ class Inbox:
             return dict(self.closed)
 
     def ahead(self, peers: list[int]) -> int:
-        """The round every one of ``peers`` that sent anything has sent a message of, at least (−1: none sent
-        anything): one peer claiming a round far ahead — a Byzantine neighbour signs what it likes — cannot make
-        this node sit rounds out; all of them must be ahead."""
+        """The round every one of ``peers`` has sent a message of, at least (−1: one of them has sent nothing, or
+        ``peers`` is empty): one peer claiming a round far ahead — a Byzantine neighbour signs what it likes —
+        cannot make this node sit rounds out; all of them must be ahead, a silent one included (before an honest
+        peer's first message, a Byzantine one alone used to be all of them). :meth:`behind` also needs more than f
+        of them, so that one honest peer is among them."""
         with self.cond:
-            return min((self.newest[k] for k in peers if k in self.newest), default=-1)
+            if not peers:
+                return -1
+            return min(self.newest.get(k, -1) for k in peers)
+
+    def behind(self, waiting: list[int], t: int, f: int) -> bool:
+        """Whether a node in round t sits it out: the peers ``waiting`` for its messages (those not lost) have all
+        sent messages of round t + 2 or later, and there are more than ``f`` of them — up to f of a node's
+        neighbours may be Byzantine and claim any round, so f of them alone (a node whose honest receivers were
+        lost) never keep it out."""
+        return len(waiting) > f and self.ahead(waiting) >= t + 2
 
 
 class Link:

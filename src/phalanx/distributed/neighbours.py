@@ -270,8 +270,9 @@ class Neighbours(Transport, Callback):
         self.heard: list[dict[str, Any]] = []
         self.inbox.advance(t)
         # the peers that wait for this node's messages gave it up two rounds ago or more: it sits this round out
+        # (when more than f of them say so: Inbox.behind)
         waiting = [k for k in self.receivers + self.targets if k not in self.lost]
-        behind = self.inbox.ahead(waiting) >= t + 2
+        behind = self.inbox.behind(waiting, t, self.exp.f)
         if behind:
             node.skip(t)
             mine = None
