@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from phalanx.distributed import wire
+from phalanx.distributed import async_server, wire
 from phalanx.distributed.async_buffer import REASONS, Buffer
 from phalanx.distributed.async_server import AsyncServer
 from phalanx.errors import ConfigError
@@ -264,6 +264,38 @@ def test_updates_after_a_full_buffer_wait_for_the_next_step() -> None:
     got = srv.exchange(theta, 1, None)  # type: ignore[arg-type]
     assert got.rows == [3, 1]
     torch.testing.assert_close(got.vectors[0], u[2] / math.sqrt(2.0), rtol=1e-6, atol=0)
+
+
+class NoHeldStalenessCheck(Buffer):
+    """Mutant: the held updates start the next step whatever their age (the check of ``publish`` removed)."""
+
+    def publish(self, t: int) -> None:
+        self.version, self.judged = t, []
+        self.seen = {(r, v) for r, v in self.seen if t - v <= self.max_staleness}
+        held, self.held, self.step = self.held, {}, []
+        self.step.extend(held.values())
+
+
+@pytest.mark.parametrize("buffer", [Buffer, NoHeldStalenessCheck])
+def test_a_held_update_that_crosses_the_bound_is_dropped(buffer: type[Buffer], monkeypatch: pytest.MonkeyPatch) -> None:
+    """K = 2, S = 2. In step 3 rank 4 sends its version-1 update (staleness 2 = S, accepted) after ranks 1 and 2
+    filled the buffer, so it is held for step 4 — where its staleness is 3 > S: it is dropped as stale, never
+    aggregated (docs/async.md). The mutant aggregates it at staleness 3 (a review found no test failed on it)."""
+    monkeypatch.setattr(async_server, "Buffer", buffer)
+    srv, arrivals, theta = server("fedbuff", {"buffer_size": 2, "max_staleness": 2})
+    u = updates(5, theta.numel(), 0)
+    b = wire.tensor_bytes
+    for t in range(3):
+        arrivals.items = [(1, t, b(u[0])), (2, t, b(u[1]))]
+        srv.exchange(theta, t, None)  # type: ignore[arg-type]
+    arrivals.items = [(1, 3, b(u[0])), (2, 3, b(u[1])), (4, 1, b(u[4]))]
+    assert srv.exchange(theta, 3, None).rows == [1, 2]  # type: ignore[arg-type]
+    arrivals.items = [(1, 4, b(u[0])), (2, 4, b(u[1]))]
+    got = srv.exchange(theta, 4, None)  # type: ignore[arg-type]
+    if buffer is Buffer:
+        assert got.rows == [1, 2] and srv.dropped()["stale"] == 1
+    else:
+        assert 4 in got.rows and srv.dropped()["stale"] == 0
 
 
 def test_the_staleness_weighting_is_checked_against_a_mutant(monkeypatch: pytest.MonkeyPatch) -> None:
