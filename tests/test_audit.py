@@ -465,6 +465,26 @@ def _resume_at_round_6(run: Path, keys: Path, digest: str) -> dict[str, Any]:
     return load(run / TRANSCRIPT)
 
 
+def test_a_stopped_run_resumes_only_with_the_list_it_was_launched_with_even_after_a_rotation(
+    honest: Path, keys: Path, tmp_path: Path
+) -> None:
+    """docs/security.md, "Rotation": ``phalanx keys rotate`` takes effect for new runs; a stopped run resumed with
+    the rotated list is refused in one line naming the run directory's allow-list (its transcript is checked
+    against the one list it was started with). The old list still resumes it."""
+    from phalanx.distributed.keys import rotate_key
+    from phalanx.errors import ConfigError
+
+    rotated = tmp_path / "keys"
+    shutil.copytree(keys, rotated)
+    rotate_key(rotated, 3)
+    run = tmp_path / "run"
+    shutil.copytree(honest, run)
+    digest = load(honest / TRANSCRIPT)["config"]
+    with pytest.raises(ConfigError, match=r"allow-list.json.*the allow-list this job was launched with"):
+        _resume_at_round_6(run, rotated, digest)
+    assert [s["from_round"] for s in _resume_at_round_6(run, keys, digest)["sessions"]] == [0, 6]
+
+
 def test_a_resumed_run_continues_only_the_transcript_rank_0_signed(honest: Path, keys: Path, tmp_path: Path) -> None:
     """Rank 0 resuming from round 6 keeps the rounds before it as it signed them — and refuses, in one line naming
     the file, a transcript edited while the run was stopped (it would otherwise sign the edit)."""
