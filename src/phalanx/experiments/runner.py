@@ -18,9 +18,11 @@ raises :class:`Interrupted`, which says how many runs finished (the CLI prints i
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from phalanx import code_digest
 from phalanx.experiments import ended, runstate, status, store
 from phalanx.experiments.build import check_points
 from phalanx.experiments.config import RunConfig, ValidRun, validate
@@ -79,6 +81,7 @@ def run_grid(
         if runstate.is_final(d):  # finished or diverged: held to the same checks before it is skipped and reported
             ended.check(d, c)
             hooks.done(c, "skipped (finished)" if store.is_finished(d) else "skipped (diverged)")
+    say_other_code(sorted(set(dirs)))
     if before is not None and todo:
         before(todo)
     try:
@@ -98,3 +101,18 @@ def run_grid(
     for r, d in todo:  # trained here under both keys: verified and pinned as a reused run is, before any report
         ended.check_trained(d, r.cfg)
     return dirs
+
+
+def say_other_code(dirs: list[Path]) -> int:
+    """One line on stderr when some of ``dirs`` — runs this grid reuses (ended) or goes on with (started) — were
+    started by other code than this installation's (their manifest's ``code`` differs from
+    :func:`phalanx.code_digest`, or predates it): their rows are reused as they are, so a reader knows a grid may mix
+    code versions (``__version__`` does not change with every commit that changes results). Returns how many."""
+    started = [d for d in dirs if (d / store.MANIFEST).exists()]
+    other = [d for d in started if store.recorded_fingerprint(d, "code") != code_digest()]
+    if other:
+        print(f"phalanx: {len(other)} of the {len(started)} run(s) found in {other[0].parent} were started by other "
+              f"code than this installation's (their manifest.json records another 'code' digest, or none), e.g. "
+              f"{other[0].name}; their results are reused as they are — train them again with this code in a new "
+              "--out (or after deleting their directories)", file=sys.stderr, flush=True)
+    return len(other)

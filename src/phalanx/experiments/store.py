@@ -52,7 +52,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from phalanx import __version__
+from phalanx import __version__, code_digest
 from phalanx.errors import ConfigError, IntegrityError, OutputError
 from phalanx.experiments import checkpoint, dirfd, runfiles
 from phalanx.experiments.runfiles import damaged
@@ -148,11 +148,12 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def recorded_fingerprint(out: Path) -> str | None:
-    """The data set's fingerprint the run directory's manifest records (``None``: no manifest, or none recorded)."""
+def recorded_fingerprint(out: Path, key: str = "data_fingerprint") -> str | None:
+    """The data set's fingerprint the run directory's manifest records (``None``: no manifest, or none recorded);
+    ``key="code"``: the digest of the code that started the run (:func:`phalanx.code_digest`)."""
     if not (Path(out) / MANIFEST).exists():
         return None
-    value = _read_manifest(Path(out)).get("data_fingerprint")
+    value = _read_manifest(Path(out)).get(key)
     return value if isinstance(value, str) else None
 
 
@@ -373,7 +374,7 @@ def prepare_run_dir(
         check_identity(out, identity)
         return
     manifest = {
-        "phalanx": __version__, "torch": torch.__version__, "python": platform.python_version(),
+        "phalanx": __version__, "code": code_digest(), "torch": torch.__version__, "python": platform.python_version(),
         "platform": platform.platform(), "seed": seed, "data_fingerprint": data_fingerprint,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "integrity": INTEGRITY_VERSION, "artifacts": {},
         "threads": torch.get_num_threads(),  # a float result depends on it (phalanx.training.threads)
