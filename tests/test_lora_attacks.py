@@ -2,8 +2,9 @@
 adapters"): it runs on the rows the server receives in that mode, it changes the mean's aggregate, and the trimmed
 mean configured for f ≥ b keeps its (f, κ)-robustness bound where that bound is stated —
 
-* ``factors`` and ``shared``: on the flat rows the rule sees (factor space; in ``shared`` that is B, and B ↦ BA is c
-  times an isometry, so the bound carries to the layers' updates unchanged);
+* ``factors`` and ``shared``: on the flat rows the rule sees (factor space; in ``shared`` that is B and the head,
+  and cwtm's inequality holds coordinate by coordinate, so the bound carries unchanged to the block-wise scaled
+  updates: docs/lora.md);
 * ``update``: on each adapted layer's update ΔWᵢ = BᵢAᵢ − BA and on the head's rows, before the truncation
   (``AdapterUpdates`` applies the rule block by block);
 

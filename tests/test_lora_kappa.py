@@ -6,6 +6,7 @@ Budgets are small (tens of evaluations on 7 clients, two layers of rank 2): seco
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -13,7 +14,15 @@ import torch
 
 from phalanx import aggregators
 from phalanx.aggregators.lora import AdapterUpdates, updates_of
-from phalanx.analysis.lora_kappa import MEASURED_MODES, factor_constructions, lora_kappa, proven, setting
+from phalanx.analysis.lora_kappa import (
+    MEASURED_MODES,
+    factor_constructions,
+    lora_kappa,
+    proven,
+    setting,
+    shared_bound,
+    shared_scales,
+)
 from phalanx.errors import ConfigError
 
 N, F = 7, 2
@@ -162,3 +171,92 @@ class _NanOnFarRows(type(CWTM)):  # type: ignore[misc]
 def test_a_non_finite_output_where_a_bound_is_proven_is_a_bug() -> None:
     k = lora_kappa(CWTM, "shared", n=N, budget=120, wrapper=_NanOnFarRows(f=F))
     assert k.proven is not None and k.above_proven and k.verdict.startswith("BUG")
+
+
+def _ratios(x: torch.Tensor, out: torch.Tensor, weights: torch.Tensor) -> list[float]:
+    """‖out − x̄_S‖²_w / spread_S,w(x) for every set S of n − f rows, coordinates weighted by ``weights`` (c_b² on
+    block b: the update space of a block-wise scaled map; ones: the rule's rows)."""
+    n = x.shape[0]
+    out_r = []
+    for s in itertools.combinations(range(n), n - F):
+        xs = x[list(s)]
+        m = xs.mean(0)
+        out_r.append(float((weights * (out - m) ** 2).sum() / (weights * (xs - m) ** 2).sum(1).mean()))
+    return out_r
+
+
+def test_shared_mode_with_blockwise_scales_carries_kappa_times_the_scale_ratio() -> None:
+    """Mode ``shared`` with per-block scales (each layer's A has its own c_l; the head has 1): Krum's ratio on the
+    updates is at most its ratio on the rows times max c²/min c² (Phalanx's own statement, lora_kappa's docstring),
+    on random inputs and every S. The mutant claim — the ratio (hence κ) unchanged — fails on the reviewer's random
+    construction (two one-coordinate blocks, c = (1, 3)) and, at the level of the constant, on the simplex
+    construction: Krum's ratio on the updates exceeds its own κ_F = 10."""
+    krum = aggregators.make("krum", f=F)
+    c = torch.tensor([1.0, 3.0], dtype=torch.float64)
+    w = c**2
+    factor = float((c.max() / c.min()) ** 2)
+    assert shared_bound(1.0, c.tolist(), blockwise=False) == factor
+    gen = torch.Generator().manual_seed(0)
+    gap = 0.0
+    for _ in range(300):
+        scale = torch.rand(2, dtype=torch.float64, generator=gen) * 3
+        x = torch.randn(N, 2, dtype=torch.float64, generator=gen) * scale
+        out = krum(x)
+        rb, ru = _ratios(x, out, torch.ones(2, dtype=torch.float64)), _ratios(x, out, w)
+        for b, u in zip(rb, ru):
+            assert u <= factor * b * (1 + 1e-12) + 1e-300
+            gap = max(gap, u / b if b > 0 else 0.0)
+    assert gap > 1.5  # the mutant "ratio unchanged on the updates" is false (the reviewer saw up to 4.98 × )
+
+    # the simplex construction: 5 honest rows on a regular simplex of radius 1 in block 1 (4 coordinates), 0 in
+    # block 2; 2 Byzantine rows at the honest mean in block 1 and δ in block 2, δ² = 1.8 < 2
+    simplex = torch.eye(5, dtype=torch.float64) - 1 / 5
+    basis = torch.linalg.svd(simplex)[2][:4]  # the simplex's own 4-dimensional span
+    honest = simplex @ basis.T
+    honest = honest / honest.norm(dim=1, keepdim=True)
+    x = torch.zeros(N, 5, dtype=torch.float64)
+    x[:5, :4] = honest
+    x[5:, 4] = math.sqrt(1.8)
+    out = krum(x)
+    assert torch.equal(out, x[5])  # Krum picks a Byzantine row
+    w = torch.tensor([1.0] * 4 + [9.0], dtype=torch.float64)
+    honest_set = list(itertools.combinations(range(N), N - F)).index((0, 1, 2, 3, 4))
+    rb, ru = _ratios(x, out, torch.ones(5, dtype=torch.float64)), _ratios(x, out, w)
+    kappa_f = krum.kappa(N)
+    assert kappa_f == pytest.approx(10.0)
+    assert rb[honest_set] == pytest.approx(1.8) and max(rb) <= kappa_f  # within κ_F on the rows
+    assert ru[honest_set] == pytest.approx(16.2) and ru[honest_set] > kappa_f  # the unchanged κ: broken
+    assert max(ru) <= shared_bound(kappa_f, [1.0, 3.0], blockwise=False)  # κ_F·9 = 90: holds
+
+
+def test_shared_mode_with_blockwise_scales_keeps_a_coordinatewise_rules_kappa() -> None:
+    """The trimmed mean's inequality holds coordinate by coordinate, so on block-wise scaled updates it keeps its own
+    κ_F (shared_bound with blockwise=True) however unequal the scales."""
+    gen = torch.Generator().manual_seed(1)
+    w = torch.tensor([1.0, 1.0, 1.0, 100.0, 100.0], dtype=torch.float64)  # c = (1, 10) on blocks of 3 and 2
+    bound = shared_bound(CWTM.kappa(N), [1.0, 10.0], blockwise=True)
+    assert bound == CWTM.kappa(N)
+    for _ in range(200):
+        x = torch.randn(N, 5, dtype=torch.float64, generator=gen) * torch.rand(5, dtype=torch.float64, generator=gen)
+        x[N - F:] = x[: N - F].mean(0) + 5 * torch.randn(F, 5, dtype=torch.float64, generator=gen)
+        assert max(_ratios(x, CWTM(x).double(), w)) <= bound
+
+
+def test_the_shared_models_scales_are_per_layer_and_the_head_is_one() -> None:
+    """``phalanx.models.hf`` in mode ``shared`` scales each layer's A by its own c_l (A Aᵀ = c_l² I) and the layer
+    applies (α/r)·ΔB A; the head's coordinates are their own update: the scales differ, and shared_bound's factor
+    for a rule that is not coordinate-wise is above 1."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from phalanx import models
+
+    model = models.make("hf:phalanx-bert-tiny", (16,), 2, generator=torch.Generator().manual_seed(0), r=4,
+                        aggregation="shared")
+    scales = shared_scales(model)
+    lora = {k: v for k, v in scales.items() if ".lora_B." in k}
+    head = {k: v for k, v in scales.items() if ".lora_B." not in k}
+    assert len(lora) >= 2 and head and set(head.values()) == {1.0}
+    assert len({round(v, 6) for v in lora.values()}) > 1  # one c per layer, not one for the model
+    assert shared_bound(10.0, list(scales.values()), blockwise=False) > 10.0
+    with pytest.raises(ConfigError, match="scales"):
+        shared_bound(1.0, [1.0, 0.0], blockwise=False)

@@ -20,8 +20,10 @@ global ones); the server's rule maps the ``(n, d)`` rows to one ``(d,)`` vector.
   instead, which then travels).
 * ``shared`` — A frozen and shared (FFA-LoRA, Sun et al., ICLR 2024): A is not in the vector at all
   (:mod:`phalanx.models.hf` freezes it), the rule acts on B alone, and ΔW = ΔB·A is linear in B: the aggregate is
-  exact. With A's rows orthonormal times c (``A Aᵀ = c² I``, as the model makes them) ``‖ΔB A‖_F = c ‖ΔB‖_F``, so
-  the rule's ε and κ hold unchanged for ΔW.
+  exact. With A's rows orthonormal times c (``A Aᵀ = c² I``, as the model makes them, one c per layer)
+  ``‖ΔB A‖_F = c ‖ΔB‖_F``: the map to the updates is block-wise scaled (the head unscaled), so a coordinate-wise
+  rule's ε and κ hold unchanged for ΔW and any other rule's up to max c²/min c²
+  (:func:`phalanx.analysis.lora_kappa.shared_bound`).
 
 The layout (:class:`LoraLayout`) is read from ``peft``'s parameter names — ``<layer>.lora_A.<adapter>.weight`` and
 ``<layer>.lora_B.<adapter>.weight`` — so it serves a simulated model's θ and a Flower client's ``ArrayRecord`` alike.

@@ -12,8 +12,33 @@ real input attains the reported value. It is **a measured lower bound**, never t
 What is proven, per mode (``proven`` of :class:`ModeKappa`):
 
 * ``shared`` (FFA-LoRA, Sun et al., ICLR 2024): the rows are ΔBᵢ, A is frozen with A Aᵀ = c²I, so ΔWᵢ = ΔBᵢA and
-  the aggregate's ΔW* = F(ΔB)A. B ↦ BA is c times an isometry (‖ΔB A‖_F² = tr(ΔB A Aᵀ ΔBᵀ) = c²‖ΔB‖_F²), so both sides
-  of the inequality scale by c² and **κ carries over**: proven κ_F.
+  the aggregate's ΔW* = F(ΔB)A. B ↦ BA is c times an isometry (‖ΔB A‖_F² = tr(ΔB A Aᵀ ΔBᵀ) = c²‖ΔB‖_F²), so with one
+  c for every layer both sides of the inequality scale by c² and **κ carries over**: proven κ_F. The setting here
+  has that (every A is two Hadamard rows, c = 1, and no head). A real model need not: ``phalanx.models.hf`` scales
+  each layer's A by its own c_l, the layer applies (α/r)·ΔB A, and the head's coordinates (in the same rule call)
+  are their own update (c = 1) — the map from the rule's rows to the updates is then *block-wise* scaled, c_b times
+  an isometry on block b, and :func:`shared_bound` gives what carries over (:func:`shared_scales` reads the c_b of
+  a model).
+
+**Block-wise scaling** (Phalanx's own statement and proof, not a paper's). Let T map a row x = (x¹, …, x^L) to
+(T₁x¹, …, T_Lx^L) with ‖T_b v‖ = c_b‖v‖ (c_b > 0) for every v, T linear — mode ``shared``'s map from B and the head
+to the layers' updates and the head's. Write spread_S(x) = (1/|S|)Σ_{i∈S}‖xᵢ − x̄_S‖²; T commutes with the mean, so
+spread_S(Tx) = Σ_b c_b² spread_S(xᵇ) and ‖T F(x) − mean_S Tx‖² = Σ_b c_b²‖Fᵇ(x) − x̄ᵇ_S‖².
+
+1. *Any rule* that is (f, κ_F)-robust on the rows is (f, κ_F·c_max²/c_min²)-robust on the updates:
+   Σ_b c_b²‖Fᵇ − x̄ᵇ_S‖² ≤ c_max²‖F − x̄_S‖² ≤ c_max² κ_F spread_S(x) ≤ (c_max²/c_min²) κ_F spread_S(Tx). The
+   factor is needed for distance-based rules: Krum (and Multi-Krum, the geometric median …) compares rows by
+   distances that weigh the blocks 1 : 1, while the updates weigh them c_b² — with c = (1, 3), honest rows on a
+   regular simplex in block 1 and equal in block 2, and f = 2 equal Byzantine rows at the honest mean in block 1
+   and δ off in block 2 (δ² < 2ρ², ρ the honest rows' distance to their mean), Krum picks a Byzantine row and the
+   ratio on the updates is 9δ²/ρ², above Krum's κ_F = 10 at n = 7 for δ² > 10ρ²/9
+   (``tests/test_lora_kappa.py::test_shared_mode_with_blockwise_scales_carries_kappa_times_the_scale_ratio``).
+2. *A rule whose inequality holds block by block* — ‖Fᵇ(x) − x̄ᵇ_S‖² ≤ κ_F spread_S(xᵇ) for every block b with the
+   same S, as for coordinate-wise rules whose κ is proven coordinate by coordinate (the trimmed mean and the median
+   of Allouah et al., AISTATS 2023, Prop. 2 and 3: their proofs bound each coordinate and sum) — keeps κ_F:
+   multiply block b's inequality by c_b² and sum.
+
+The same holds for ε with S = every row.
 * ``update`` before the truncation (FlexLoRA, Bai et al., NeurIPS 2024): the rule acts on each layer's rows ΔWᵢ, so
   each block obeys ‖ΔW*_l − mean_S ΔW_l‖² ≤ κ_F·spread_S(ΔW_l) with one S for all blocks; summing over the blocks
   gives the same inequality on the concatenation: proven κ_F (for every rule, Krum included: the definition holds per
@@ -45,7 +70,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -60,6 +85,7 @@ from phalanx.errors import ConfigError
 from phalanx.validate import check_int
 
 __all__ = ["MEASURED_MODES", "QUANTITIES", "ModeKappa", "factor_constructions", "lora_kappa", "proven", "setting",
+           "shared_bound", "shared_scales",
            "table"]
 
 MEASURED_MODES = ("factors", "update", "update-truncated", "shared")
@@ -110,6 +136,38 @@ def proven(rule: Aggregator, mode: str, n: int, quantity: str = "kappa") -> floa
     if own is None or mode == "factors":
         return None
     return (1.0 + 2.0 * math.sqrt(own)) ** 2 if mode == "update-truncated" else float(own)
+
+
+def shared_bound(own: float, scales: Sequence[float], blockwise: bool) -> float:
+    """The κ (or ε) on the updates in mode ``shared`` from the rule's own ``own`` when the map from the rule's rows
+    to the updates is c_b times an isometry on block b (``scales``: the c_b > 0; module docstring, "Block-wise
+    scaling", Phalanx's own statement): ``own`` for a rule whose inequality holds block by block (``blockwise``:
+    coordinate-wise rules proven coordinate by coordinate), else ``own``·max c_b²/min c_b²."""
+    cs = [float(c) for c in scales]
+    if not cs or not all(math.isfinite(c) and c > 0 for c in cs):
+        raise ConfigError("scales", cs, "one or more finite numbers > 0")
+    return float(own) if blockwise else float(own) * (max(cs) / min(cs)) ** 2
+
+
+def shared_scales(model: torch.nn.Module) -> dict[str, float]:
+    """The c_b of a model in mode ``shared`` (``phalanx.models.hf``), per trainable tensor: a layer's B gets
+    (α/r)·c_l, c_l² the mean of A Aᵀ's diagonal (A Aᵀ = c_l² I: ‖(α/r)ΔB A‖_F = (α/r)c_l‖ΔB‖_F); every other trainable
+    tensor (the head) 1 — its coordinates are their own update."""
+    modules = dict(model.named_modules())
+    out: dict[str, float] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if ".lora_B." not in name:
+            out[name] = 1.0
+            continue
+        layer, _, rest = name.partition(".lora_B.")
+        adapter = rest.split(".")[0]
+        module = modules[layer]
+        a = module.lora_A[adapter].weight.detach().double()
+        scaling = float(module.scaling[adapter])
+        out[name] = scaling * math.sqrt(float((a @ a.T).diagonal().mean()))
+    return out
 
 
 def _wrapped(rule: Aggregator, mode: str, s: Setting) -> Aggregator:

@@ -17,9 +17,10 @@ and each client's row is its update ``Δᵢ = θᵢ − θ`` (Flower's sign, ``+
 * ``shared`` — A frozen and shared (FFA-LoRA, Sun et al., ICLR 2024, §3): :class:`SharedA` applies the rule to
   every coordinate but the A's (the B's and the head) and leaves A where it is. ΔW = ΔB·A is linear in B, so the
   aggregate is exact in ΔW for any rule; with ``A Aᵀ = c² I`` (as ``phalanx.models.make(..., aggregation="shared")``
-  makes A, and :func:`shared_a` makes a record's) ``‖ΔB A‖_F = c‖ΔB‖_F`` and the rule keeps its ε and κ on the
-  layers' updates; :attr:`AdapterPlan.skewed` names a layer whose A is not so (the strategy warns). A client must
-  send A back unchanged (bit for bit: a frozen tensor is).
+  makes A, and :func:`shared_a` makes a record's, one c per layer) ``‖ΔB A‖_F = c‖ΔB‖_F``: a coordinate-wise rule
+  keeps its ε and κ on the layers' updates, any other up to max c²/min c² over the blocks
+  (:func:`phalanx.analysis.lora_kappa.shared_bound`); :attr:`AdapterPlan.skewed` names a layer whose A is not so
+  (the strategy warns). A client must send A back unchanged (bit for bit: a frozen tensor is).
 
 **An adapter that does not fit is a void vote** (:meth:`AdapterPlan.check`): a reply whose adapter arrays have
 other names (other layers adapted), another shape (another rank r′, another width), or — in mode ``shared`` — an A

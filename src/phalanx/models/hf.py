@@ -17,8 +17,10 @@ adapters (:mod:`phalanx.aggregators.lora`):
 * ``"update"`` — the rule on each adapted layer's update ΔWᵢ = BᵢAᵢ − BA, re-factorised to rank r by a truncated
   SVD (FlexLoRA-style; Bai et al., NeurIPS 2024);
 * ``"shared"`` — A frozen and shared by every client, B alone trained (FFA-LoRA: Sun et al., ICLR 2024): ΔW = ΔB·A
-  is linear in B, so every rule on B is exact in ΔW. Here A's rows are made orthonormal (times a constant c), so
-  B ↦ BA is c times an isometry and a rule's ε and κ on B hold unchanged on ΔW (docs/lora.md).
+  is linear in B, so every rule on B is exact in ΔW. Here each A's rows are made orthonormal times that A's own
+  root-mean-square row norm c_l, so each layer's B ↦ (α/r)·BA is (α/r)·c_l times an isometry; the head is its own
+  update (c = 1). The map is block-wise scaled: a coordinate-wise rule's ε and κ on B hold unchanged on the
+  updates, any other rule's up to max c²/min c² (:func:`phalanx.analysis.lora_kappa.shared_bound`; docs/lora.md).
 
 Inputs are token ids ``(B, L)`` (float32, exact integers, as a Phalanx data set stores them; the tokenizer shipped
 with the checkpoint makes them: ``dataset_params.tokenizer``). The attention mask is built from the padding token as
@@ -196,7 +198,7 @@ _CAUSAL = frozenset({"gpt2", "gpt_neo", "gpt_neox", "llama", "mistral", "qwen2",
 
 def _with_adapters(net: nn.Module, r: int, alpha: float, targets: list[str], aggregation: str) -> nn.Module:
     """``peft``'s LoRA on ``targets`` (dropout 0, no bias, the head trained); with ``"shared"``, every A frozen with
-    orthonormal rows scaled to its own root-mean-square row norm c (A Aᵀ = c² I)."""
+    orthonormal rows scaled to its own root-mean-square row norm c (A Aᵀ = c² I; c differs between layers)."""
     from peft import LoraConfig, TaskType, get_peft_model
 
     lora = LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none",  # type: ignore[arg-type]
