@@ -141,6 +141,10 @@ def test_a_diverged_run_planted_without_a_key_is_refused_by_the_unkeyed_checks(
     one_line(swapped.value, "differs in seed")
     monkeypatch.setattr(ended, "check", _old_check)  # mutant: skipped as diverged, seed 1's forged rows reported
     run_grid([victim], tmp_path)
+    with pytest.raises(ConfigError) as misnamed:  # … but by now the report refuses a folder named as another run's
+        reported(tmp_path, 1)
+    one_line(misnamed.value, str(a), "named by the run id")
+    monkeypatch.setattr(report, "_check_run", lambda *args: None)  # and without that check too: reported
     assert reported(tmp_path, 1) == 0.99
 
 

@@ -386,3 +386,33 @@ def test_a_checkpoint_whose_config_claims_a_model_larger_than_memory_is_one_line
     with pytest.raises(ConfigError, match="a checkpoint that fits in memory") as info:
         models.make(f"hf:{folder}", (LENGTH,), 2)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "tokenizer_config.json"])
+def test_a_huge_small_file_of_a_checkpoint_is_refused_from_its_size_before_transformers_reads_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """A handed-over folder whose ``config.json`` (or tokenizer file) is a sparse file one byte over its cap: one
+    line naming the file and the cap, from its size — transformers never opens it (a review: a 1 GiB config.json
+    was read whole, 2.2 GiB of memory, before its JSON error)."""
+    import transformers
+
+    from phalanx.data import tokens
+
+    folder = tmp_path / "big"
+    shutil.copytree(hub.resolve(TINY), folder)
+    cap = hub.SMALL_FILES[name]
+    with open(folder / name, "r+b") as fh:
+        fh.truncate(cap + 1)
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("transformers read the folder")
+
+    for auto in ("AutoConfig", "AutoTokenizer", "AutoModelForSequenceClassification"):
+        monkeypatch.setattr(getattr(transformers, auto), "from_pretrained", never)
+    for parameter, make in (("model", lambda: models.make(f"hf:{folder}", (LENGTH,), 2)),
+                            ("dataset_params.tokenizer", lambda: tokens.tokenizer(f"hf:{folder}", LENGTH))):
+        with pytest.raises(ConfigError) as info:
+            make()
+        text = str(info.value)
+        assert "\n" not in text and text.startswith(f"{parameter}=") and f"{name} is a regular file of at most " \
+            f"{cap:,} bytes" in text and str(folder / name) in text, text

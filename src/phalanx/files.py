@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["Refusal", "file_mode", "open_regular", "read_regular", "size_of", "temporary", "write_atomic"]
+__all__ = ["Refusal", "file_mode", "open_regular", "read_regular", "size_of", "temporary", "too_large", "write_atomic"]
 
 Refusal = Callable[[Path, str], Exception]
 """How a reader words a refusal: ``error(path, problem)`` is the exception raised (one line naming the file)."""

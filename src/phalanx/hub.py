@@ -10,7 +10,10 @@
    ``local_files_only=True``: ``hf:sentence-transformers/all-MiniLM-L6-v2`` once ``hf download`` has fetched it.
 
 Anything else is one :class:`~phalanx.errors.ConfigError` naming the parameter (``model``, or the data set's
-``tokenizer``) before anything is loaded. ``transformers`` and ``peft`` are the optional extra ``phalanx[lora]``;
+``tokenizer``) before anything is loaded. So is a folder whose small files — those ``transformers`` reads whole
+(``config.json``, the tokenizer's files …: :data:`SMALL_FILES`) — are larger than their cap, or not regular files:
+checked from their size before ``transformers`` reads them (a 1 GiB ``config.json`` was read whole, 2.2 GiB of
+memory, before it was refused). ``transformers`` and ``peft`` are the optional extra ``phalanx[lora]``;
 a missing install is one line naming it.
 """
 
@@ -20,14 +23,32 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
+from phalanx import files
 from phalanx.errors import ConfigError
 
-__all__ = ["EMBEDDED", "PREFIX", "is_hf", "require", "resolve"]
+__all__ = ["EMBEDDED", "PREFIX", "SMALL_FILES", "is_hf", "require", "resolve"]
 
 PREFIX = "hf:"
 """How a config names a pre-trained Hugging Face model: ``model = "hf:NAME"``."""
 EMBEDDED = {"phalanx-bert-tiny": Path(__file__).resolve().parent / "_hub" / "phalanx-bert-tiny"}
 """The models shipped inside the package, by name."""
+
+MAX_SETTINGS_BYTES = 16 << 20
+"""The largest settings file of a checkpoint (``config.json``, ``tokenizer_config.json`` …) read: a few kB in the
+checkpoints measured, about 1 MB with a large ``added_tokens_decoder`` (Gemma 3's); the cap of a Phalanx config."""
+MAX_VOCABULARY_BYTES = 64 << 20
+"""The largest vocabulary file (``tokenizer.json``, ``vocab.txt``, ``merges.txt``, a sentencepiece model) read:
+33 MB is the largest measured (Gemma 3's ``tokenizer.json``)."""
+SMALL_FILES = {
+    **dict.fromkeys(("config.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                     "generation_config.json", "adapter_config.json", "preprocessor_config.json",
+                     "chat_template.json", "chat_template.jinja", "model.safetensors.index.json",
+                     "pytorch_model.bin.index.json"), MAX_SETTINGS_BYTES),
+    **dict.fromkeys(("tokenizer.json", "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model",
+                     "sentencepiece.bpe.model"), MAX_VOCABULARY_BYTES),
+}
+"""The files of a checkpoint folder that ``transformers`` reads whole (its config, the tokenizer's and the sharded
+weights' index), each with the most bytes it may have: checked before it reads them (:func:`check_files`)."""
 
 
 def is_hf(name: object) -> bool:
@@ -59,7 +80,7 @@ def resolve(spec: str, parameter: str = "model") -> Path:
         if not (path / "config.json").is_file():
             raise ConfigError(parameter, spec, f"a directory holding a transformers checkpoint (no config.json in "
                               f"{path})")
-        return path
+        return check_files(path, spec, parameter)
     found = _cached(name)
     if found is None:
         raise ConfigError(
@@ -67,7 +88,28 @@ def resolve(spec: str, parameter: str = "model") -> Path:
             "with config.json, or a model already in the Hugging Face cache (nothing is downloaded at run time)",
             f"fetch it once (hf download {name}) or pass its directory",
         )
-    return found
+    return check_files(found, spec, parameter)
+
+
+def check_files(path: Path, spec: str, parameter: str = "model") -> Path:
+    """``path``, once each of its :data:`SMALL_FILES` that exists is a regular file (links followed: the Hugging
+    Face cache links its snapshots' files to blobs) of at most its cap — read from its size, nothing read; else one
+    :class:`ConfigError` naming ``parameter``, the file and the cap."""
+    for name, cap in SMALL_FILES.items():
+        try:
+            size = files.size_of(path / name, follow=True, error=_refused(spec, parameter, cap))
+        except FileNotFoundError:
+            continue
+        if size > cap:
+            raise _refused(spec, parameter, cap)(path / name, files.too_large(size, cap))
+    return path
+
+
+def _refused(spec: str, parameter: str, cap: int) -> files.Refusal:
+    def refuse(path: Path, problem: str) -> Exception:
+        return ConfigError(parameter, spec, f"a checkpoint whose {path.name} is a regular file of at most {cap:,} "
+                           f"bytes", f"{path}: {problem}")
+    return refuse
 
 
 def _cached(repo: str) -> Path | None:

@@ -4,6 +4,7 @@ setting and the price and rescue of every robust rule against the mean, each a :
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -11,14 +12,18 @@ from phalanx.cli.common import _STDERR, _fmt, console
 from phalanx.cli.output import Tabular, emit_all
 
 
-def print_report(out: Path, fmt: str = "table") -> None:
+def print_report(out: Path, fmt: str = "table", runs: Collection[str] | None = None) -> None:
     """Write ``out``'s report and plots and print its tables — what ``phalanx run``, ``sweep`` and ``launch`` end
-    with."""
+    with: of the grid's runs (``runs``, its run ids) alone, and a line counting the other run folders in ``out``
+    (under ``verify_key`` the grid verified its own runs only: a folder planted there is not reported as one)."""
     from phalanx.experiments import report
 
     say = console if fmt == "table" else _STDERR  # with --format, stdout holds the tables alone
-    result = report.write_report(out)
+    result = report.write_report(out, runs=runs)
     emit_all(grid_tables(result), fmt, console)
+    if result.get("left_out"):
+        say.print(f"[yellow]{report.left_out_line(out, result['left_out'])}[/yellow]", soft_wrap=True,
+                  highlight=False)
     say.print(f"report: {out / 'report.md'}; plots: " + ", ".join(str(p) for p in result["plots"]))
 
 

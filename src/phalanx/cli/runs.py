@@ -417,7 +417,7 @@ def _run_grid(
             raise ConfigError("--executor", executor.executor, "local for engine = \"torchrun\" (one job per run: "
                               "`phalanx launch` inside your own sbatch script)")
         distributed_cli.launch(config=config, workers=None, set_=overrides, out=out)
-        print_report(out, fmt)
+        print_report(out, fmt, [r.run_id for r in runs])
         return
     if len(engines) > 1:
         raise ConfigError("engine", sorted(engines), "one engine for the whole grid (run the torchrun points with "
@@ -426,7 +426,7 @@ def _run_grid(
     say.print(f"[bold]{len(runs)} run(s)[/bold] → {out} on {_devices(runs, executor)}")
     _train(runs, out, jobs, executor, slurm_table, plain=fmt != "table", threads=threads,
            choose_threads=True)
-    print_report(out, fmt)
+    print_report(out, fmt, [r.run_id for r in runs])
 
 
 @app.command("launch")
@@ -434,8 +434,8 @@ def _run_grid(
 def launch(*args: Any, **kwargs: Any) -> None:
     """``phalanx launch``: the job (:func:`phalanx.distributed.cli.launch`), then the comparison of ``--out`` as
     ``phalanx run`` prints it — a newcomer's launch ended without a table, and ``phalanx report`` had to be found."""
-    distributed_cli.launch(*args, **kwargs)
-    print_report(kwargs["out"])  # typer passes every option by name, --out's default included
+    ran = distributed_cli.launch(*args, **kwargs)
+    print_report(kwargs["out"], runs=ran)  # typer passes every option by name, --out's default included
 
 
 FORCE_HELP = "Use run-directory files whose SHA-256 differs from their manifest's (changed since written)."

@@ -67,8 +67,9 @@ def verify_cmd(
 
     signing.verify(run_dir, key, certificate_chain=None if chain is None else tuple(chain), identity=identity,
                    oidc_issuer=issuer)
+    named = _named(run_dir)  # the signed config.json: which run the folder holds, its name checked against it
     console.print(f"{run_dir}: signature verified ({len(signing.covered_files(run_dir))} files): they are the files "
-                  "that were signed", soft_wrap=True, highlight=False)
+                  f"that were signed{named}", soft_wrap=True, highlight=False, markup=False)
     if key is None:
         console.print("provenance: not checked (each training session is signed with the run's sign_key: check it "
                       "with --key PUB.pem)", soft_wrap=True, highlight=False)
@@ -78,3 +79,18 @@ def verify_cmd(
         console.print(line, soft_wrap=True, highlight=False, markup=False)
     if not found.proven:
         raise typer.Exit(1)
+
+
+def _named(run_dir: Path) -> str:
+    """What ``phalanx verify`` says of the run a signed folder holds: ``, of the run RUN_ID (seed N)`` from its
+    ``config.json`` ("" where there is none, or it is not a run config's); a folder named as another run's id (two
+    seeds' folders swapped: each signature holds) is a one-line ConfigError naming it
+    (:func:`~phalanx.experiments.validrun.check_named`)."""
+    from phalanx.experiments import runfiles
+    from phalanx.experiments.validrun import check_named
+
+    if not (run_dir / "config.json").is_file():
+        return ""
+    recorded = runfiles.read_json_object(run_dir / "config.json")
+    named = check_named(run_dir, recorded)
+    return "" if named is None else f", of the run {named} (seed {str(recorded.get('seed'))[:20]})"

@@ -74,7 +74,7 @@ def launch(
         list[str] | None, typer.Option("--track", help="Also send the run to a tracker: tensorboard, mlflow, wandb, "
                                                        "or NAME=URI (repeatable; docs/tracking.md).")
     ] = None,
-) -> None:
+) -> list[str]:
     """Train with engine = torchrun: one process per worker on this machine — per client slot (`clients_per_round`)
     with algorithm = "fedavg" (docs/distributed.md).
 
@@ -121,3 +121,4 @@ def launch(
         if code != 0:
             console.print(f"[red]rank 0 exited with status {code}[/red]")
             raise typer.Exit(code)
+    return [grid.run_id(cfg) for cfg in cfgs]  # the run ids it trained: what its report covers

@@ -20,7 +20,7 @@ from phalanx.errors import ConfigError, PhalanxError
 from phalanx.experiments import validrun
 from phalanx.experiments.components import processes  # noqa: F401 - the process count of a config, as before
 from phalanx.experiments.schema import RunConfig
-from phalanx.experiments.specs import DataSpec, DeviceSpec, ModelSpec, read
+from phalanx.experiments.specs import DataSpec, DeviceSpec, ModelSpec, Specs, read
 from phalanx.experiments.validrun import ValidRun
 from phalanx.memory import MEMORY_SHARE, available_memory
 from phalanx.training import adapters, devices, losses
@@ -65,6 +65,7 @@ def from_config(
     cfg, specs = run.cfg, run.specs
     device = resolve_device(specs.device, local_rank)
     ds = dataset if dataset is not None else load_data(specs.data)
+    check_batch_memory(specs, ds, device)
     parts = validrun.components(run)  # the objects validating it built, else (a second run) its own
     checked = parts.built_on is ds  # the one-run grid's check split the data and built the model on ds already
     shards = parts.shards if checked and parts.shards is not None else _split(specs.data, ds)
@@ -133,6 +134,37 @@ def check_model_memory(cfg: ModelSpec | RunConfig, ds: data.Dataset | Population
         )
 
 
+DRAW_BYTES_PER_SAMPLE = 24
+"""What drawing one sample of a batch holds in this process's memory whatever the device: its uniform draw
+(float64), its position in the shard and its index (int64 each) — :func:`phalanx.training.shards.sample_batches`.
+On the CPU the sample's float32 input and its label (int64, 8 bytes) are gathered there too."""
+
+
+def check_batch_memory(specs: Specs, ds: data.Dataset | Population, device: torch.device | None = None) -> None:
+    """Refuse (one line naming ``batch_size``, before anything is drawn) a batch size whose round's batches cannot
+    fit in the memory this process can still get: each honest worker of a round (the run's processes less its
+    Byzantine ones, at least one) draws ``batch_size`` samples at once, with replacement, each holding at least
+    :data:`DRAW_BYTES_PER_SAMPLE` and — on the CPU ``device`` (None: not known here, not counted) — its float32
+    input and label: a lower bound, as the model's is (:func:`check_model_memory`). ``batch_size = 10¹²`` passed
+    validation and failed at the first round in the allocator, naming no key (a review)."""
+    avail = available_memory()
+    if avail is None:
+        return
+    rows = max(1, specs.shape.processes - specs.algorithm.byzantine)
+    inputs = 1
+    for side in ds.input_shape:
+        inputs *= int(side)
+    on_cpu = device is not None and device.type == "cpu"
+    per_sample = DRAW_BYTES_PER_SAMPLE + (4 * inputs + 8 if on_cpu else 0)
+    most = int(MEMORY_SHARE * avail) // (rows * per_sample)
+    batch = specs.algorithm.batch_size
+    if batch > most:
+        held = f"a {tuple(ds.input_shape)} float32 input, its label and draw" if on_cpu else "its draw"
+        raise ConfigError("batch_size", batch, f"1..{most:,}: each round {rows} honest worker(s) draw batch_size "
+                          f"samples at once, at least {per_sample:,} bytes each in memory ({held}), and "
+                          f"{avail / 1e9:.1f} GB are available")
+
+
 def _model(cfg: ModelSpec, ds: data.Dataset | Population) -> torch.nn.Module:
     """The initial model of ``cfg`` (the run's :class:`~phalanx.experiments.specs.ModelSpec`) on ``ds``'s inputs
     (drawn from the ``init`` stream), once its memory is checked (:func:`check_model_memory`)."""
@@ -164,9 +196,9 @@ def check_points(
     read_runs = [r.specs if isinstance(r, ValidRun) else read(r) for r in runs]  # each run's values, read once
     for i, (cfg, specs) in enumerate(zip(cfgs, read_runs)):
         try:
-            if here:
-                resolve_device(specs.device)
+            device = resolve_device(specs.device) if here else None
             ds = load(specs.data)
+            check_batch_memory(specs, ds, device)
             split = specs.data.split_key()
             one = runs[0] if len(runs) == 1 else None  # one run: it trains what is checked here
             parts = one.parts if isinstance(one, ValidRun) and not one._taken else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from phalanx.experiments.plots import (
     save_figure,
 )
 from phalanx.experiments.schema import RESULT_NEUTRAL_KEYS, RunConfig
+from phalanx.experiments.validrun import check_named
 from phalanx.walk import walk
 
 SETTING_KEYS = ("aggregator", "f", "attack", "byzantine", "partition", "alpha", "dataset", "model", "workers",
@@ -32,14 +34,39 @@ SETTING_KEYS = ("aggregator", "f", "attack", "byzantine", "partition", "alpha", 
 of the tables, :func:`varying`)."""
 
 
-def collect(root: Path) -> list[dict[str, Any]]:
-    """Every metric row of every run directory under ``root`` (recursively). When the runs' configs differ in keys
-    the rows do not carry (``eval_every``, ``local_steps``, ``attack_params`` …: :func:`other_keys`), each row gets
-    its run's values of those keys too, so that runs differing in them are never pooled as seeds of one setting."""
+def run_dirs(root: Path, runs: Collection[str] | None = None) -> list[Path]:
+    """The run directories under ``root`` (recursively: every folder holding a ``config.json``), in name order; with
+    ``runs``, only the folders of ``root`` itself named by them (a grid's run ids: what its report covers)."""
+    found = sorted(p.parent for p in walk(root, "DIR") if p.name == "config.json")
+    return found if runs is None else [d for d in found if d.parent == Path(root) and d.name in runs]
+
+
+def _check_run(run_dir: Path, cfg: dict[str, Any], seen: dict[str, Path]) -> None:
+    """A :class:`ConfigError` naming the folders when ``run_dir`` holds another run than its name says
+    (:func:`~phalanx.experiments.validrun.check_named`: swapped or renamed), or the same run as a folder already read
+    (a copy: it would count as another seed)."""
+    if not cfg:
+        return
+    named = check_named(run_dir, cfg)
+    key = json.dumps(cfg, sort_keys=True)
+    if key in seen:
+        raise ConfigError("DIR", str(run_dir), "one folder per run (each run counts as one seed)",
+                          f"it holds the same run as {seen[key]} ({named or 'the same config.json'}): a copy would "
+                          "count as another seed; delete one, or report them apart")
+    seen[key] = run_dir
+
+
+def collect(root: Path, runs: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """Every metric row of every run directory under ``root`` (recursively; with ``runs``, of the folders of
+    ``root`` named by them alone: :func:`run_dirs`). When the runs' configs differ in keys the rows do not carry
+    (``eval_every``, ``local_steps``, ``attack_params`` …: :func:`other_keys`), each row gets its run's values of
+    those keys too, so that runs differing in them are never pooled as seeds of one setting. A folder named as a
+    run id that holds another run, and two folders of one run, are a :class:`ConfigError` naming them
+    (:func:`_check_run`): each run is one seed."""
     rows: list[dict[str, Any]] = []
     configs: dict[str, dict[str, Any]] = {}
-    for cfg_path in sorted(p for p in walk(root, "DIR") if p.name == "config.json"):
-        run_dir = cfg_path.parent
+    seen: dict[str, Path] = {}
+    for run_dir in run_dirs(root, runs):
         run_rows = []
         diverged = store.is_diverged(run_dir)  # a marker the manifest records, not one planted
         for r in store.read_rows(run_dir):
@@ -54,6 +81,7 @@ def collect(root: Path) -> list[dict[str, Any]]:
             run_rows.append(r)
         if run_rows:
             configs[run_dir.name] = status.recorded_config(run_dir)
+            _check_run(run_dir, configs[run_dir.name], seen)
             rows += run_rows
     extra = _differing(configs)
     for r in rows:
@@ -429,19 +457,21 @@ def plot_tradeoff(tradeoffs: list[TradeOff], path: Path, colours: dict[str, str]
     return save_figure(fig, path)
 
 
-def write_report(root: Path, out: Path | None = None) -> dict[str, Any]:
+def write_report(root: Path, out: Path | None = None, runs: Collection[str] | None = None) -> dict[str, Any]:
     """Write ``report.md``, ``accuracy.png`` (per round: test accuracy, and the aggregation error and Byzantine
     share where the runs logged them), (if useful) ``heatmap.png`` and — when the grid has the mean and another rule
     with no attack and under an attack (:func:`tradeoff`) — the trade-off table and ``tradeoff.png``, for the runs
     under ``root``; returns the summary, the varying keys, the trade-offs (``tradeoff``, maybe []) and the plots
-    written (``plots``), each embedded in ``report.md``.
+    written (``plots``), each embedded in ``report.md``. With ``runs`` (a grid's run ids: what ``phalanx run`` and
+    ``sweep`` report), the runs of ``root`` named by them alone; ``left_out`` counts the other run folders found
+    there (reported by ``phalanx report``, not as this grid's: under ``verify_key`` they were never verified).
 
     A run whose metrics cannot be read is a :class:`ConfigError` naming its file; a directory the report cannot be
     written to an :class:`OutputError` naming the file.
     """
     out = out or root
     try:
-        return _write_report(root, out)
+        return _write_report(root, out, runs)
     except OutputError as exc:
         if exc.what not in ("permission denied", "read-only file system"):
             raise
@@ -454,12 +484,14 @@ def _caption(rows: list[dict[str, Any]]) -> str:
     return ", ".join(["test accuracy"] + [y for m, y, _ in PANELS[1:] if panel_values(rows, [], m)]) + " per round"
 
 
-def completeness_line(root: Path, rows: list[dict[str, Any]]) -> str | None:
+def completeness_line(root: Path, rows: list[dict[str, Any]], runs: Collection[str] | None = None) -> str | None:
     """What a report of ``root`` leaves out, in one sentence — runs still unfinished (their last rows are in the
-    table), and runs of the grid (``grid.json``) with no rows yet — or None when every run of the grid has finished."""
+    table), and runs of the grid (``runs``, else ``grid.json``'s) with no rows yet — or None when every run of the
+    grid has finished."""
     present = {r["run"] for r in rows}
     unfinished = len(present - {r["run"] for r in rows if r.get("finished") or r.get("run_diverged")})
-    missing = len([run for run in status.runs_of(root) if run not in present]) if root.is_dir() else 0
+    grid = list(runs) if runs is not None else status.runs_of(root) if root.is_dir() else []
+    missing = len([run for run in grid if run not in present])
     if not unfinished and not missing:
         return None
     parts = ([f"{unfinished} of them not finished (their last evaluated round is what the table shows)"]
@@ -476,8 +508,15 @@ def mixed_line(extra: list[str]) -> str:
             "one setting.")
 
 
-def _write_report(root: Path, out: Path) -> dict[str, Any]:
-    rows = collect(root)
+def left_out_line(root: Path, left_out: int) -> str:
+    """What a grid's report says of the run folders in its directory that are not its runs."""
+    return (f"{left_out} other run folder(s) under {root} are not runs of this grid: left out of its report "
+            f"(`phalanx report {root}` reports every run there)")
+
+
+def _write_report(root: Path, out: Path, runs: Collection[str] | None) -> dict[str, Any]:
+    rows = collect(root, runs)
+    left_out = 0 if runs is None else len(run_dirs(root)) - len(run_dirs(root, runs))
     if not rows:
         raise ConfigError("DIR", str(root), "a directory holding run directories (config.json + metrics.jsonl)")
     extra = other_keys(rows)
@@ -487,11 +526,13 @@ def _write_report(root: Path, out: Path) -> dict[str, Any]:
     heat = plot_heatmap(summary, out / "heatmap.png", keys)
     trades = tradeoff(rows, extra)
     trade_plot = plot_tradeoff(trades, out / "tradeoff.png")
-    completeness = completeness_line(root, rows)
+    completeness = completeness_line(root, rows, runs)
     md = ["# Phalanx report", "", f"Runs under `{root}`: {len({r['run'] for r in rows})}." + (
         f" **{completeness}**" if completeness else ""), ""]
     if extra:
         md += [mixed_line(extra), ""]
+    if left_out:
+        md += [left_out_line(root, left_out) + ".", ""]
     md += [markdown_table(summary, keys)]
     if trades:
         md += ["", "## The price and rescue of robustness", "", tradeoff_markdown(trades).rstrip("\n")]
@@ -505,4 +546,4 @@ def _write_report(root: Path, out: Path) -> dict[str, Any]:
         md += ["", f"![heatmap]({heat.name})"]
     store.atomic_write_text(out / "report.md", "\n".join(md) + "\n")
     return {"summary": summary, "keys": keys, "tradeoff": trades, "incomplete": completeness, "mixed": extra,
-            "plots": [p for p in (curves, heat, trade_plot) if p is not None]}
+            "left_out": left_out, "plots": [p for p in (curves, heat, trade_plot) if p is not None]}

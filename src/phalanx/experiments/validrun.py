@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from phalanx.experiments import components as parts_of
@@ -27,7 +29,8 @@ from phalanx.experiments.components import Components
 from phalanx.experiments.schema import RunConfig
 from phalanx.experiments.specs import CONFIG_COLUMNS, Specs
 
-__all__ = ["CONFIG_COLUMNS", "RUN_ID_MAX", "ValidRun", "components", "config_columns", "name_of", "run_id"]
+__all__ = ["CONFIG_COLUMNS", "RUN_ID_MAX", "ValidRun", "check_named", "components", "config_columns", "name_of",
+           "run_id"]
 
 
 def config_columns(cfg: RunConfig) -> dict[str, Any]:
@@ -70,6 +73,30 @@ def name_of(identity: dict[str, Any]) -> str:
     if room >= 16:
         return f"{agg[:room]}{rest}_{digest}"
     return f"{(agg + rest)[: RUN_ID_MAX - len(digest) - 1]}_{digest}"
+
+
+RUN_ID_FORM = re.compile(r".+_[0-9a-f]{10}")
+"""The form of a run id (:func:`name_of`: it ends with ``_`` and 10 hex digits of the configuration's hash): a folder
+named so claims to hold that run."""
+
+
+def check_named(run_dir: Path, recorded: dict[str, Any]) -> str | None:
+    """The run id of the config a run directory recorded (its ``config.json``, ``recorded``), or None where it is not
+    a run config's identity (a run built from objects: ``train(experiment, dir)``). A :class:`ConfigError` naming
+    ``run_dir`` when its name has the form of a run id (:data:`RUN_ID_FORM`) and is another one: a grid's folder
+    renamed or swapped with another, which would report (or verify) one seed's run as another's. A folder of another
+    name (``train(cfg, "runs/base")``) claims no run."""
+    from phalanx.errors import ConfigError
+
+    try:
+        named = name_of(recorded)
+    except (KeyError, TypeError, AttributeError, ValueError):  # not a RunConfig's identity: an Experiment's
+        return None
+    if run_dir.name != named and RUN_ID_FORM.fullmatch(run_dir.name):
+        raise ConfigError("DIR", str(run_dir), "a run directory named by the run id of the config.json it holds",
+                          f"its config.json is the run {named} (seed {str(recorded.get('seed'))[:20]}): a folder "
+                          "renamed or swapped with another; give it back its name, or delete it")
+    return named
 
 
 @dataclass(frozen=True)
