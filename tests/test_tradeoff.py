@@ -215,6 +215,19 @@ def test_prices_and_rescues_are_one_holm_family() -> None:
     assert t.price.estimate.p_adjusted == pytest.approx(max(min(1.0, 2 * min(p, r)), min(1.0, max(p, r))))
 
 
+def test_a_rules_price_is_one_test_however_many_attacks_it_is_shown_beside() -> None:
+    """A grid with two attacks shows cwtm's price twice (one row per attack), but it is one comparison — the same
+    no-attack runs — so the family holds one price and two rescues: 3 tests, not 4 (counting it per attack made a
+    first-hour review's Krum price p 0.0147 × 12 instead of × 9). The mutant family of 4 is told apart."""
+    rows = _grid([0, 1, 2])
+    rows += [{**r, "attack": "signflip", "run": r["run"].replace("alie", "signflip"),
+              "test_accuracy": r["test_accuracy"] * 0.9} for r in rows if r["attack"] == "alie"]
+    alie, signflip = sorted(report.tradeoff(rows), key=lambda t: t.attack)
+    assert alie.price.estimate == signflip.price.estimate  # one test, shown twice
+    assert {t.price.estimate.family for t in (alie, signflip)} == {3}
+    assert {t.rescue.estimate.family for t in (alie, signflip)} == {3}
+
+
 @pytest.mark.parametrize(("seeds", "said"), [([0], "over 1 seed\n"), ([0, 1, 2], "over 3 seeds\n")])
 def test_the_tradeoff_plot_says_how_many_seeds_in_words(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                         seeds: list[int], said: str) -> None:

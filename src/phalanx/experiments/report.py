@@ -193,6 +193,16 @@ def markdown_table(summary: list[dict[str, Any]], keys: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+SUMMARY_CAPTION = (
+    "*final %*: the test accuracy at a run's last evaluation, mean ± standard deviation over the seeds (not an "
+    "interval); *best %*: its best evaluation's, mean over the seeds; *agg. error*: ‖aggregate − honest mean‖² / the "
+    "honest vectors' mean squared distance to their mean, averaged over a run's evaluated rounds, then over the "
+    "seeds; *Byz. share*: the share of the aggregate that came from Byzantine workers, averaged alike. Each run's "
+    "exact configuration is its folder's `config.json`."
+)
+"""The first table's caption in report.md: what each column and ± mean (a first-hour review found them ambiguous)."""
+
+
 # --- the price and rescue of robustness ----------------------------------------------------------------------------
 
 MEAN = "mean"
@@ -298,11 +308,20 @@ def tradeoff(rows: list[dict[str, Any]], extra: list[str] | tuple[str, ...] = ()
 
 
 def _holm(tradeoffs: list[TradeOff]) -> list[TradeOff]:
-    """Every price and rescue of a report as one Holm family (:func:`phalanx.analysis.stats.holm`): the report reads
-    their verdicts all at once."""
-    adjusted = holm([e for t in tradeoffs for e in (t.price.estimate, t.rescue.estimate)])
-    return [replace(t, price=replace(t.price, estimate=adjusted[2 * i]),
-                    rescue=replace(t.rescue, estimate=adjusted[2 * i + 1])) for i, t in enumerate(tradeoffs)]
+    """Every distinct price and rescue of a report as one Holm family (:func:`phalanx.analysis.stats.holm`): the
+    report reads their verdicts all at once. A rule's price is one test however many attacks it is shown beside —
+    the same setting, rule and per-seed differences are the same comparison (counted once per attack, a grid with
+    two attacks corrected each price twice over: a first-hour review)."""
+    tests: dict[tuple[Any, ...], Estimate] = {}
+    keys = []
+    for i, t in enumerate(tradeoffs):
+        price_key = ("price", t.context, t.rule, tuple(sorted(t.price.per_seed.items())))
+        for key, est in ((price_key, t.price.estimate), (("rescue", i), t.rescue.estimate)):
+            tests.setdefault(key, est)
+        keys.append((price_key, ("rescue", i)))
+    adjusted = dict(zip(tests, holm(list(tests.values()))))
+    return [replace(t, price=replace(t.price, estimate=adjusted[pk]), rescue=replace(t.rescue, estimate=adjusted[rk]))
+            for t, (pk, rk) in zip(tradeoffs, keys)]
 
 
 def tradeoff_keys(tradeoffs: list[TradeOff]) -> list[str]:
@@ -341,7 +360,8 @@ TRADEOFF_MEANING = (
     "*Price* = accuracy of the mean with no attack − the rule's: what the rule costs when nobody attacks; *rescue* = "
     "the rule's accuracy under the attack − the mean's: what it keeps. Final test accuracy in points, paired by seed, "
     f"mean over seeds with a 95 % Student-t interval (none from fewer than {MIN_SEEDS} seeds). Verdicts: every price "
-    "and rescue of the table is one family, each decided by its Holm-adjusted p < 0.05 (family-wise error ≤ 5 %)."
+    "and rescue of the table is one family, each decided by its Holm-adjusted p < 0.05 (family-wise error ≤ 5 %); a "
+    "rule's price shown beside several attacks is one test."
 )
 """The sentence under the trade-off table saying what price and rescue are."""
 
@@ -533,7 +553,7 @@ def _write_report(root: Path, out: Path, runs: Collection[str] | None) -> dict[s
         md += [mixed_line(extra), ""]
     if left_out:
         md += [left_out_line(root, left_out) + ".", ""]
-    md += [markdown_table(summary, keys)]
+    md += [markdown_table(summary, keys), SUMMARY_CAPTION]
     if trades:
         md += ["", "## The price and rescue of robustness", "", tradeoff_markdown(trades).rstrip("\n")]
         unfinished = len({r["run"] for r in rows}) - len(_final_runs(rows))
