@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from phalanx import cli
 from phalanx.errors import ConfigError
-from phalanx.experiments import grid, store, tracking
+from phalanx.experiments import grid, signals, store, tracking
 from phalanx.experiments.config import apply_overrides, make_config
 from phalanx.experiments.tracking import TrackedRun, Tracker, flatten
 from phalanx.experiments.tracking.callback import KEPT
@@ -381,6 +381,90 @@ def test_a_tracker_that_cannot_start_refuses_the_run_before_it_trains(tmp_path: 
     with pytest.raises(ConnectionError, match="unreachable"):
         train(cfg, run)
     assert not store.is_finished(run) and not (run / "checkpoint.safetensors").exists()
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ of the tracker's exception fails too")
+
+
+class Failing(Tracker):
+    """A tracker whose ``log`` from round ``at`` on and ``finish`` raise ``raise_`` (a review's trackers: an
+    exception whose message cannot be printed, a client library's ``sys.exit``)."""
+
+    name = "failing"
+
+    def __init__(self, raise_: type[BaseException], at: int = 2) -> None:
+        super().__init__(None)
+        self.raise_, self.at = raise_, at
+        self.logged: list[int] = []
+
+    def start(self, run: TrackedRun) -> Mapping[str, Any]:
+        return {}
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        if step >= self.at:
+            raise self.raise_()
+        self.logged.append(step)
+
+    def finish(self, end: str) -> None:
+        raise self.raise_()
+
+
+@pytest.mark.parametrize(("raise_", "said"), [(Unprintable, "Unprintable, whose message cannot be printed"),
+                                              (SystemExit, "SystemExit")])
+def test_a_tracker_whose_error_cannot_be_printed_or_that_exits_is_dropped_and_the_run_finishes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, raise_: type[BaseException], said: str,
+) -> None:
+    """Before, ``_one_line`` raised on the first and ``SystemExit`` went through ``except Exception``: the run was
+    lost (its directory FAILED, no metrics)."""
+    from phalanx.experiments.build import from_config
+
+    mine, run = Failing(raise_), tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="phalanx.tracking"):
+        train(from_config(make_config({**TINY, "rounds": 4})), run, tracking=[mine])
+    assert store.is_finished(run) and [r["round"] for r in rows_of(run)] == [0, 1, 2, 3, 4]
+    assert mine.logged == [0, 1]
+    (record,) = [r for r in caplog.records if r.name == "phalanx.tracking"]
+    assert "failed at round 2" in record.getMessage() and f"({said})" in record.getMessage()
+    caplog.clear()
+    ends = Failing(raise_, at=99)  # logs every row, fails to finish
+    with caplog.at_level(logging.WARNING, logger="phalanx.tracking"):
+        train(from_config(make_config({**TINY, "rounds": 4})), tmp_path / "ends", tracking=[ends])
+    assert store.is_finished(tmp_path / "ends") and ends.logged == [0, 1, 2, 3, 4]
+    (record,) = [r for r in caplog.records if r.name == "phalanx.tracking"]
+    assert "could not finish its run" in record.getMessage() and f"({said})" in record.getMessage()
+
+
+@pytest.mark.parametrize("raise_", [KeyboardInterrupt, signals.StopRequested])
+def test_a_tracker_interrupted_by_a_signal_still_stops_the_run(tmp_path: Path, raise_: type[BaseException]) -> None:
+    """Ctrl-C or the grid's stop arriving while a tracker logs is the process being stopped, not the tracker
+    failing: it ends the run, which resumes from its checkpoint."""
+    from phalanx.experiments.build import from_config
+
+    class Stopped(Failing):
+        def log(self, step: int, metrics: Mapping[str, float]) -> None:
+            if step >= 2:
+                raise raise_(2) if raise_ is signals.StopRequested else raise_()
+
+        def finish(self, end: str) -> None:
+            pass
+
+    run = tmp_path / "run"
+    with pytest.raises(raise_):
+        train(from_config(make_config({**TINY, "rounds": 4})), run, tracking=[Stopped(raise_)])
+    assert not store.is_finished(run)
+
+
+def test_a_tracker_that_exits_while_starting_refuses_the_run_with_one_error(tmp_path: Path) -> None:
+    from phalanx.experiments.build import from_config
+
+    class ExitsAtStart(Failing):
+        def start(self, run: TrackedRun) -> Mapping[str, Any]:
+            raise SystemExit(3)
+
+    with pytest.raises(RuntimeError, match=r"^tracker .* exited while starting its run \(SystemExit: 3\)$"):
+        train(from_config(make_config({**TINY, "rounds": 4})), tmp_path / "run", tracking=[ExitsAtStart(SystemExit)])
 
 
 def test_trackers_for_a_run_built_from_objects(tmp_path: Path) -> None:

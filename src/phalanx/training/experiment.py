@@ -32,7 +32,7 @@ from phalanx.attacks.none import NoAttack
 from phalanx.data.partition import partition
 from phalanx.data.population import Population
 from phalanx.errors import ConfigError
-from phalanx.training import devices
+from phalanx.training import devices, metric_rows
 from phalanx.training.algorithms.base import RoundAlgorithm, check_knowledge, check_population, check_stop
 from phalanx.training.algorithms.dsgd import DSGD
 from phalanx.training.algorithms.fedbn import local_norms
@@ -222,7 +222,7 @@ class Experiment:
         plan = self.plan()
         names: set[str] = set()
         streams: set[str] = set(RESERVED)
-        columns: dict[str, str] = {}
+        columns = {**dict.fromkeys(self.columns, "the config"), **dict.fromkeys(metric_rows.CORE, "the metric row")}
         for stage in out:
             if stage.name in names or streams & set(stage.streams):
                 raise ConfigError("stages", repr(stage), "stages of distinct names, each drawing from streams of its "

@@ -125,8 +125,13 @@ class Evaluate(Callback):
             row["byzantine_sampled"] = result.sampled_byzantine
         row.update(attack)
         ev = Evaluation(exp, loop.state.round, theta, global_model)
-        for stage in exp.stages:
-            row.update(stage.columns(ev))
+        claimed = {**dict.fromkeys(exp.columns, "the config"), **dict.fromkeys(metric_rows.CORE, "the loop"),
+                   **{c: f"stage {stage.name!r}" for stage in exp.stages for c in stage.column_names()}}
+        for stage in exp.stages:  # a stage's columns may overwrite none of the row's (metric_rows.stage_columns)
+            declared = stage.column_names()
+            taken = {**dict.fromkeys(row, "the algorithm, the attack or an earlier stage"),
+                     **{k: who for k, who in claimed.items() if k not in declared}}
+            row.update(metric_rows.stage_columns(stage.name, declared, stage.columns(ev), taken))
         stop = exp.attack.stop_round if isinstance(exp.attack, DataAttack) else None
         if stop is not None:  # durability: attack_success k rounds after the attackers stopped (docs/attacks.md)
             row["rounds_since_stop"] = loop.state.round - stop if loop.state.round >= stop else None

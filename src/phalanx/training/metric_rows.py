@@ -48,6 +48,9 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 would clear the terminal, set its title or forge a line of the report (an attacker's review)."""
 NUMERIC = ("test_accuracy", "test_loss", "agg_error", "byz_share", "detection_auc")
 """The columns that the report and the plots compute with: numbers or ``null``."""
+CORE = ("round", *NUMERIC, "byzantine_sampled", "rounds_since_stop")
+"""The columns the loop itself fills on a metric row (:meth:`phalanx.training.loop.Evaluate.row`), beside the
+algorithm's, the attack's and the config's own: a stage that declares one is refused when the run is built."""
 
 
 def _scalar_problem(key: str, value: Any) -> str | None:
@@ -96,6 +99,24 @@ def written(row: dict[str, Any]) -> dict[str, Any]:
     if (why := problem(row)) is not None:
         raise ValueError(f"a metric row that cannot be written: {why} (docs/extending.md, a stage's metric columns)")
     return row
+
+
+def stage_columns(name: str, declared: tuple[str, ...], returned: dict[str, Any],
+                  taken: dict[str, str]) -> dict[str, Any]:
+    """``returned``, the metric columns stage ``name`` filled on a row, checked: each one it declares
+    (``column_names()``) or named ``<name>_…`` (one that depends on the run: CRFL's ``crfl_attack_success``), and none
+    in ``taken`` (column → who fills it: the row's columns so far, the loop's own (:data:`CORE`), the config's and
+    the other stages' declared ones), which it would silently overwrite or be overwritten by on every row; else a
+    :class:`ValueError` naming the stage and the column, at the first row (a plug-in's bug: not a run that finishes
+    with another column's numbers)."""
+    for key in returned:
+        if key in taken:
+            raise ValueError(f"stage {name!r} fills metric column {key!r}, which {taken[key]} fills (docs/extending.md,"
+                             " a stage's metric columns)")
+        if key not in declared and not (isinstance(key, str) and key.startswith(f"{name}_")):
+            raise ValueError(f"stage {name!r} fills metric column {key!r}, which its column_names() does not "
+                             f"declare (declare it, or name it {name}_…: docs/extending.md, a stage's metric columns)")
+    return returned
 
 
 class Interner:

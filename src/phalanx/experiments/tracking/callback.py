@@ -7,6 +7,10 @@ directory is signed).
   (round 0's; on a resume, none twice).
 - ``on_round``: every metric row, as it is made, to every tracker still working. A tracker that fails mid-run is
   dropped with one warning line (logger ``phalanx.tracking``): the run trains on and its own results are written.
+  Failing is raising an :class:`Exception` — one whose message cannot be printed included — or
+  :class:`SystemExit` (a client library that calls ``sys.exit``): :data:`FAILS`. What stops the process itself
+  (``KeyboardInterrupt``, the grid's :class:`~phalanx.experiments.signals.StopRequested` and a worker's SIGTERM)
+  still stops the run where it is, as anywhere else in a run.
 - the end: ``finished`` after the last round (in ``on_finish``), or ``diverged`` / ``failed`` / ``interrupted``
   when the run stops early (:meth:`Tracked.closing`).
 
@@ -38,6 +42,10 @@ KEPT = "tracking.json"
 """The run directory's file of what each tracker keeps between sessions of the run."""
 KEPT_BYTES = 1 << 20
 """The most bytes of it read (a few identifiers per tracker are kept): a larger one keeps nothing."""
+FAILS = (Exception, SystemExit)
+"""What a tracker's call may raise without ending the run (the module's docstring): an error, or ``sys.exit`` in
+its client library (a review: a tracker raising ``SystemExit`` ended the run, its directory without metrics). Not
+``KeyboardInterrupt`` or the signals' exceptions (``BaseException``s): those are the process being stopped."""
 
 
 def read_kept(run_dir: Path | None) -> dict[str, dict[str, Any]]:
@@ -73,7 +81,10 @@ class Tracked(Callback):
             kept = dict(self.kept.get(key, {}))
             run = TrackedRun(name, dict(self.tracking.params), run_dir, None if run_dir is None else run_dir.parent,
                              {k: v for k, v in kept.items() if k != "through"}, loop.resumed)
-            info = tracker.start(run)  # an error: the run is refused before it trains
+            try:
+                info = tracker.start(run)  # an error: the run is refused before it trains
+            except SystemExit as exc:  # ... as one error, not the process's exit
+                raise RuntimeError(f"tracker {key} exited while starting its run ({_one_line(exc)})") from exc
             self.active[key] = tracker
             through = kept.get("through")
             self.through[key] = through if isinstance(through, int) and not isinstance(through, bool) else -1
@@ -115,7 +126,7 @@ class Tracked(Callback):
             tracker = self.active.pop(key)
             try:
                 tracker.finish(end)
-            except Exception as exc:
+            except FAILS as exc:
                 log.warning("tracker %s could not finish its run (%s); the run's own results are not affected", key,
                             _one_line(exc))
 
@@ -132,7 +143,7 @@ class Tracked(Callback):
                     continue
                 try:
                     self.active[key].log(step, metrics)
-                except Exception as exc:
+                except FAILS as exc:
                     log.warning("tracker %s failed at round %d (%s): it is dropped for the rest of this run, which "
                                 "trains on (its metrics are written to its run directory as always)", key, step,
                                 _one_line(exc))
@@ -149,7 +160,7 @@ class Tracked(Callback):
         tracker = self.active.pop(key)
         try:
             tracker.finish("failed")
-        except Exception:  # it failed already: one warning was said
+        except FAILS:  # it failed already: one warning was said
             pass
 
     def _save(self) -> None:
@@ -164,5 +175,14 @@ class Tracked(Callback):
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    """``exc``'s message on one line of at most 300 characters; never raises (a tracker's exception whose
+    ``__str__`` fails is named by its type: a review's such tracker lost the run)."""
+    name = type(exc).__name__
+    try:
+        text = " ".join(str(exc).split())
+    except FAILS:
+        return f"{name}, whose message cannot be printed"
+    if isinstance(exc, SystemExit):
+        text = f"{name}: {text}" if text else name
+    text = text or name
     return text if len(text) <= 300 else text[:297] + "..."
