@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from _fifo import unblocked
 from phalanx.distributed import audit as audit_mod
 from phalanx.distributed import keys as keys_mod
 from phalanx.distributed import runfacts
@@ -168,6 +169,25 @@ def test_the_mutants_follow_the_link_out_of_the_directory(keys: Path, tmp_path: 
     report = audit(d)
     assert not any("config.json cannot be read" in p for p in report.problems), report.problems
     assert report.allow_list.endswith("allow-list.json (the run directory's copy)")
+
+
+@pytest.mark.parametrize("how", ["fifo", "link"])
+def test_a_checkpoint_planted_as_a_fifo_or_a_link_to_one_is_unreadable_without_blocking(
+        keys: Path, tmp_path: Path, how: str) -> None:
+    """``checkpoint.safetensors`` a FIFO (or a link to one outside the directory): the audit's reading of the
+    checkpoint's metadata (and the resume's, :func:`~phalanx.distributed.binding.checkpoint_metadata`) says it is
+    unreadable at once; before the fix it opened the file by name and blocked for ever (a writer from this side
+    unblocks it: :func:`_fifo.unblocked`)."""
+    d = run_dir(tmp_path, keys)
+    fifo = tmp_path / "elsewhere" if how == "link" else d / "checkpoint.safetensors"
+    os.mkfifo(fifo)
+    if how == "link":
+        os.symlink(fifo, d / "checkpoint.safetensors")
+    facts, blocked = unblocked(lambda: runfacts.RunFacts.read(d, audit_mod.AuditReport()), fifo)
+    assert not blocked, "reading the checkpoint's metadata blocked on the FIFO"
+    assert facts.reached is None and facts.binding == "an unreadable checkpoint", facts
+    report, blocked = unblocked(lambda: audit(d), fifo)
+    assert not blocked and isinstance(report, audit_mod.AuditReport), report
 
 
 # -- 3. the transcript's size is checked before it is hashed -----------------------------------------------------
