@@ -211,6 +211,27 @@ def test_a_huge_sparse_transcript_the_manifest_records_is_refused_by_size_unhash
     assert hashed == [1] and f"{TRANSCRIPT} is not the file the manifest records" in report.problems[0]
 
 
+@pytest.mark.parametrize("rounds", ["10", None, 0, -3, True, 1.5], ids=repr)
+def test_a_huge_sparse_transcript_is_refused_unhashed_when_the_config_names_no_valid_rounds(
+        keys: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rounds: object) -> None:
+    """``config.json``'s ``rounds`` not a valid count (nothing to bound the transcript by): the 1 TiB sparse file is
+    refused by an absolute cap, one line, never hashed (before, the size check was skipped and the audit hashed the
+    whole file: hours of CPU). The spy counts the hashes; the file's first chunk of zeros is all a line read costs."""
+    d = run_dir(tmp_path, keys, {"rounds": rounds, "topology": "server", "workers": 4})
+    (d / "manifest.json").write_text(json.dumps({"artifacts": {TRANSCRIPT: {"sha256": "00"}}}))
+    hashed: list[int] = []
+    monkeypatch.setattr(audit_mod, "_digest", lambda fh: hashed.append(1) or "not hashed")
+    os.truncate(d / TRANSCRIPT, 1 << 40)
+    report = audit(d)
+    assert hashed == [], "the transcript was hashed before its size was bounded"
+    cap = audit_mod.NO_ROUNDS_BYTES
+    assert report.problems == [f"{TRANSCRIPT} has {1 << 40} bytes, more than the {cap} the audit reads when the run's "
+                               "config.json names no valid rounds: not read"], report.problems
+    os.truncate(d / TRANSCRIPT, 14)  # within the cap: hashed (and the spy's digest is not the manifest's)
+    audit(d)
+    assert hashed == [1]
+
+
 # -- 4. a line of the limit the directory chose costs one chunk ---------------------------------------------------
 
 class Counting(io.BytesIO):
