@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from _fifo import unblocked
 from phalanx.distributed import audit as audit_mod
 from phalanx.distributed import keys as keys_mod
 from phalanx.distributed import runfacts
@@ -170,6 +171,25 @@ def test_the_mutants_follow_the_link_out_of_the_directory(keys: Path, tmp_path: 
     assert report.allow_list.endswith("allow-list.json (the run directory's copy)")
 
 
+@pytest.mark.parametrize("how", ["fifo", "link"])
+def test_a_checkpoint_planted_as_a_fifo_or_a_link_to_one_is_unreadable_without_blocking(
+        keys: Path, tmp_path: Path, how: str) -> None:
+    """``checkpoint.safetensors`` a FIFO (or a link to one outside the directory): the audit's reading of the
+    checkpoint's metadata (and the resume's, :func:`~phalanx.distributed.binding.checkpoint_metadata`) says it is
+    unreadable at once; before the fix it opened the file by name and blocked for ever (a writer from this side
+    unblocks it: :func:`_fifo.unblocked`)."""
+    d = run_dir(tmp_path, keys)
+    fifo = tmp_path / "elsewhere" if how == "link" else d / "checkpoint.safetensors"
+    os.mkfifo(fifo)
+    if how == "link":
+        os.symlink(fifo, d / "checkpoint.safetensors")
+    facts, blocked = unblocked(lambda: runfacts.RunFacts.read(d, audit_mod.AuditReport()), fifo)
+    assert not blocked, "reading the checkpoint's metadata blocked on the FIFO"
+    assert facts.reached is None and facts.binding == "an unreadable checkpoint", facts
+    report, blocked = unblocked(lambda: audit(d), fifo)
+    assert not blocked and isinstance(report, audit_mod.AuditReport), report
+
+
 # -- 3. the transcript's size is checked before it is hashed -----------------------------------------------------
 
 def test_a_huge_sparse_transcript_the_manifest_records_is_refused_by_size_unhashed(
@@ -189,6 +209,27 @@ def test_a_huge_sparse_transcript_the_manifest_records_is_refused_by_size_unhash
     os.truncate(d / TRANSCRIPT, 14)
     report = audit(d)
     assert hashed == [1] and f"{TRANSCRIPT} is not the file the manifest records" in report.problems[0]
+
+
+@pytest.mark.parametrize("rounds", ["10", None, 0, -3, True, 1.5], ids=repr)
+def test_a_huge_sparse_transcript_is_refused_unhashed_when_the_config_names_no_valid_rounds(
+        keys: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rounds: object) -> None:
+    """``config.json``'s ``rounds`` not a valid count (nothing to bound the transcript by): the 1 TiB sparse file is
+    refused by an absolute cap, one line, never hashed (before, the size check was skipped and the audit hashed the
+    whole file: hours of CPU). The spy counts the hashes; the file's first chunk of zeros is all a line read costs."""
+    d = run_dir(tmp_path, keys, {"rounds": rounds, "topology": "server", "workers": 4})
+    (d / "manifest.json").write_text(json.dumps({"artifacts": {TRANSCRIPT: {"sha256": "00"}}}))
+    hashed: list[int] = []
+    monkeypatch.setattr(audit_mod, "_digest", lambda fh: hashed.append(1) or "not hashed")
+    os.truncate(d / TRANSCRIPT, 1 << 40)
+    report = audit(d)
+    assert hashed == [], "the transcript was hashed before its size was bounded"
+    cap = audit_mod.NO_ROUNDS_BYTES
+    assert report.problems == [f"{TRANSCRIPT} has {1 << 40} bytes, more than the {cap} the audit reads when the run's "
+                               "config.json names no valid rounds: not read"], report.problems
+    os.truncate(d / TRANSCRIPT, 14)  # within the cap: hashed (and the spy's digest is not the manifest's)
+    audit(d)
+    assert hashed == [1]
 
 
 # -- 4. a line of the limit the directory chose costs one chunk ---------------------------------------------------

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from _fifo import unblocked
 from phalanx.cli import app
 from phalanx.distributed.keys import ALLOW_LIST, AllowList, init_keys, key_file, load_identity, rotate_key
 from phalanx.errors import ConfigError
@@ -104,6 +107,47 @@ def test_bad_key_directories_are_one_line_errors_naming_the_file(tmp_path: Path,
     with pytest.raises(ConfigError, match=message) as info:
         load_identity(d, 1, size)
     assert "\n" not in str(info.value)
+
+
+def test_a_key_file_planted_as_a_fifo_is_refused_in_one_line_without_blocking(tmp_path: Path) -> None:
+    """Before, ``stat`` (size 0) then ``read_bytes`` by name: the load blocked for ever on the FIFO (a writer from the
+    test side unblocks a regressed reader: :func:`_fifo.unblocked`)."""
+    init_keys(tmp_path / "k", 3)
+    key = tmp_path / "k" / key_file(1)
+    key.unlink()
+    os.mkfifo(key, 0o600)
+    got, blocked = unblocked(lambda: load_identity(tmp_path / "k", 1, 3), key)
+    assert not blocked, "loading the key blocked on the FIFO"
+    assert isinstance(got, ConfigError) and str(key) in str(got) and "not a regular file" in str(got), got
+    assert "\n" not in str(got)
+
+
+ZERO_KEY = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # (the old reader: a MemoryError, not the machine's RAM)
+from phalanx.distributed.keys import load_identity
+from phalanx.errors import ConfigError
+try:
+    load_identity(sys.argv[1], 1, 3)
+except ConfigError as exc:
+    print(exc)
+"""
+
+
+def test_a_key_file_that_links_to_dev_zero_is_refused_unread(tmp_path: Path) -> None:
+    """A link is followed (the user named the directory), and its target checked on the descriptor read: a device
+    is refused in one line, unread. Before, ``stat`` said 0 bytes and ``read_bytes`` read ``/dev/zero`` until memory
+    ran out (played in a child under a 1 GiB address-space limit and a timeout)."""
+    init_keys(tmp_path / "k", 3)
+    key = tmp_path / "k" / key_file(1)
+    key.unlink()
+    os.symlink("/dev/zero", key)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", ZERO_KEY, str(tmp_path / "k")], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0 and out.stdout.count("\n") == 1, (out.returncode, out.stdout, out.stderr[-2000:])
+    assert str(key) in out.stdout and "not a regular file" in out.stdout, out.stdout
 
 
 def test_launch_refuses_a_bad_key_before_any_process_starts(tmp_path: Path) -> None:

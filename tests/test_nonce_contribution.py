@@ -233,6 +233,48 @@ def test_a_worker_after_the_nonce_was_fixed_is_refused_in_one_line(keydir: Path)
         links.close()
 
 
+def test_an_uplink_before_the_nonce_is_fixed_is_refused_and_no_vector_signed_over_no_nonce_is_kept(
+        keydir: Path) -> None:
+    """Rank 3 (Byzantine: its own key) opens its downlink, then its uplink while rank 0 still waits for rank 1's
+    contribution, and sends a vector signed over the *empty* nonce — valid in every run, and not under the session's
+    nonce the audit checks (rank 0's transcript would fail). The uplink is refused before the nonce is fixed; once it
+    is fixed (rank 1 joins), the same rank's uplink is let in (the honest order), and nothing of rank 3 was kept."""
+    links = SealedLinks(ident(keydir, 0), "127.0.0.1", 0, DIGEST, ROW, N)
+    links.offer({"config": DIGEST, "round": 0, "streams": {}, "momentum": None}, expected={1, 3})
+    ctx, share = client_context(ident(keydir, 3)), contribution.draw().hex()
+    answers = Limits({Kind.ACK: 0, Kind.REFUSED: 1 << 16, Kind.INIT: 1 << 20})
+
+    def link(name: str) -> ssl.SSLSocket:
+        tls = ctx.wrap_socket(socket.create_connection(("127.0.0.1", links.port), timeout=20.0))
+        send_frame(tls, Kind.HELLO, 0, json.dumps({"rank": 3, "link": name, "config": DIGEST, "share": share}).encode())
+        return tls
+
+    try:
+        down = link("down")
+        with links.cond:
+            assert links.cond.wait_for(lambda: 3 in links.down, 20.0)
+        early = link("up")
+        kind, _, answer = recv_frame(early, answers)
+        assert kind == Kind.REFUSED and b"before the session nonce was fixed" in answer, (kind, bytes(answer))
+        body = bytes(ROW)
+        signature = ident(keydir, 3).sign(sealed.signed_message(b"", DIGEST, 0, 3, hashlib.sha256(body).digest()))
+        try:  # (the old code took this vector)
+            send_frame(early, Kind.VECTOR, 0, signature + body)
+        except OSError:
+            pass
+        early.close()
+        SealedWorkerLinks(ident(keydir, 1), "127.0.0.1", links.port, DIGEST, ROW, N).init()
+        assert links.contributions is not None and recv_frame(down, answers)[0] == Kind.INIT
+        late = link("up")
+        assert recv_frame(late, answers)[0] == Kind.ACK  # after the nonce: let in
+        late.close()
+        down.close()
+        assert links.accepted(0, 3) is None and "before the session nonce was fixed" in str(links.rejections.drain())
+    finally:
+        links.closed = True
+        links.close()
+
+
 @pytest.mark.parametrize(("contributions", "why"), [
     (None, "does not list the 4 ranks' contributions"),
     (["ab" * 32] * 3, "does not list the 4 ranks' contributions"),

@@ -9,6 +9,7 @@ import pytest
 
 from phalanx.distributed import env as env_module
 from phalanx.distributed import rendezvous
+from phalanx.distributed.admission import listen_on
 from phalanx.distributed.env import RankEnv, address_here, check_one_machine, free_port, open_store
 from phalanx.distributed.errors import TransportError
 from phalanx.distributed.worker import check_identity
@@ -63,8 +64,12 @@ def test_the_sealed_port_variable_is_checked(monkeypatch: pytest.MonkeyPatch) ->
             rendezvous.port_override()
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "::", "0:0::0", ""])
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "0:0::0", "", "0", "0.0", "0x0", "000.000.000.000",
+                                  "::ffff:0.0.0.0"])
 def test_listeners_never_bind_a_wildcard(host: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every spelling of the wildcard, the C resolver's too (``0``, ``0.0``, ``0x0``, ``000.000.000.000`` are
+    ``INADDR_ANY`` to ``inet_aton``, not addresses to :mod:`ipaddress`: they were taken as host names and bound every
+    interface); the listener itself refuses a wildcard it was given (its bound address checked)."""
     with pytest.raises(ConfigError):
         rendezvous.check_bind_address(rendezvous.ADDR_VAR, host)
     monkeypatch.setenv(rendezvous.ADDR_VAR, host or " ")
@@ -72,7 +77,11 @@ def test_listeners_never_bind_a_wildcard(host: str, monkeypatch: pytest.MonkeyPa
     if host:
         with pytest.raises(ConfigError, match="not a wildcard"):
             rendezvous.bind_host(one)
+    if host and ":" not in host:
+        with pytest.raises(ConfigError, match="not a wildcard"):
+            listen_on(host, 0).close()
     assert rendezvous.check_bind_address("MASTER_ADDR", "127.0.0.1") == "127.0.0.1"
+    assert rendezvous.check_bind_address("MASTER_ADDR", "localhost") == "localhost"
 
 
 def test_the_claimed_listen_address_is_the_connections_own() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from tests.test_audit import honest, honest_lines, keys, load_identity_public, plant  # noqa: F401 (fixtures)
 
+from _fifo import unblocked
 from phalanx.distributed import audit as audit_module
 from phalanx.distributed import chain as chain_module
 from phalanx.distributed.audit import AuditReport, audit
@@ -221,6 +223,31 @@ def test_a_resume_refuses_a_transcript_its_mark_does_not_sign(honest: Path, keys
     _meta(run, **{END: mark_json([offset, head.hex(), forged.hex()])})
     with pytest.raises(ConfigError, match=r"transcript.jsonl.*mark of it does not verify with rank 0's key"):
         _resume(run, keys, config)
+
+
+@pytest.mark.parametrize("plant", ["fifo", "link", "fifo-without-a-mark"])
+def test_a_resume_refuses_a_transcript_planted_as_a_fifo_or_a_link_in_one_line(
+        honest: Path, keys: Path, tmp_path: Path, plant: str) -> None:  # noqa: F811
+    """Whoever can write the run directory between two sessions replaces ``transcript.jsonl`` by a FIFO (rank 0
+    blocked for ever in its ``open``, before), or by a link to the genuine file elsewhere (followed, before): the
+    resume refuses it in one line naming the file, without blocking — on the marked path and on the former writer's
+    (a checkpoint without a mark: the transcript read whole). A regressed reader is unblocked by
+    :func:`_fifo.unblocked`, and the test fails."""
+    config = load(honest / TRANSCRIPT)["config"]
+    run, _ = _stopped_at_round_6(honest, keys, tmp_path)
+    if plant == "fifo-without-a-mark":
+        _meta(run, **{END: None})
+    outside = tmp_path / "elsewhere"
+    (run / TRANSCRIPT).rename(outside)
+    if plant == "link":
+        (run / TRANSCRIPT).symlink_to(outside)
+    else:
+        os.mkfifo(run / TRANSCRIPT)
+    got, blocked = unblocked(lambda: _resume(run, keys, config), run / TRANSCRIPT)
+    assert not blocked, "the resume blocked on the FIFO"
+    what = "a symbolic link, not followed" if plant == "link" else "not a regular file"
+    assert isinstance(got, ConfigError) and str(run / TRANSCRIPT) in str(got) and what in str(got), got
+    assert "\n" not in str(got)
 
 
 def test_a_checkpoint_without_a_mark_is_read_as_before(honest: Path, tmp_path: Path) -> None:  # noqa: F811

@@ -84,12 +84,19 @@ def source_of(addr: str) -> str:
 
 def listen_on(host: str, port: int) -> socket.socket:
     """A TCP listener on ``host:port`` only (port 0: a free one); a one-line error if this machine cannot."""
+    from phalanx.distributed.rendezvous import wildcard
+
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        return socket.create_server((host, port), family=family, backlog=1024)
+        listener = socket.create_server((host, port), family=family, backlog=1024)
     except OSError as exc:
         raise ConfigError("listen address", f"{host}:{port}", "an address of this machine and a free port",
                           exc.strerror or type(exc).__name__) from None
+    if wildcard(str(listener.getsockname()[0])):  # (a spelling of the wildcard the checks before did not read)
+        listener.close()
+        raise ConfigError("listen address", f"{host}:{port}", "one address of this machine, not a wildcard",
+                          "a wildcard listens on every network of the machine")
+    return listener
 
 
 def open_fds() -> int:

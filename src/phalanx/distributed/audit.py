@@ -34,7 +34,7 @@ What a passing audit proves, and against whom:
   :mod:`phalanx.distributed.lines`), nests at most :data:`~phalanx.distributed.transcript.MAX_DEPTH` levels, and
   has its type's fields with their types and ranges; the file is at most
   :func:`~phalanx.distributed.transcript.size_bound` bytes for the config's rounds and n (checked before it is
-  read). A file that breaks this is one problem line.
+  read; :data:`NO_ROUNDS_BYTES` when the config names no valid rounds). A file that breaks this is one problem line.
 - **It is the record the checkpoint marked** (:mod:`phalanx.distributed.chain`): a line ends at the offset the
   checkpoint's mark names, the bytes before it hash to the mark's digest, signed by rank 0; nothing unsigned follows
   it (a run not done may end exactly there: it stopped without closing its record).
@@ -90,6 +90,8 @@ MAX_PROBLEMS = 200
 MAX_KINDS = 64
 """Kinds of rejection tallied by name; the others are tallied together."""
 MANIFEST_BYTES = 16 << 20
+NO_ROUNDS_BYTES = 4 << 30
+"""The largest transcript read (hashed) when the run's ``config.json`` names no valid ``rounds`` to bound it by."""
 TRACKED = 1 << 16
 """(round, recording rank) pairs whose groups the audit counts at most (a hostile file of many rounds: the rest are
 not counted; a transcript rank 0 wrote has at most rounds × n)."""
@@ -180,6 +182,10 @@ def audit(run_dir: Path, allow_list: Path | None = None) -> AuditReport:
         size = os.fstat(fh.fileno()).st_size
         n = run.workers or allow.size
         dim = 0 if check is None else check.dim
+        if run.rounds is None and size > NO_ROUNDS_BYTES:  # (nothing to bound it by: a cap, never the whole file)
+            report.problem(f"{TRANSCRIPT} has {size} bytes, more than the {NO_ROUNDS_BYTES} the audit reads when the "
+                           "run's config.json names no valid rounds: not read")
+            return report
         bound = size_bound(run.rounds or 0, n, (run.rounds or 0) + 1, run.topology or "serverless", dim)
         if run.rounds is not None and size > bound:
             report.problem(f"{TRANSCRIPT} has {size} bytes, more than the {bound} a transcript of {run.rounds} rounds "

@@ -29,18 +29,19 @@ def _int(value: object) -> bool:
 
 
 def checkpoint_metadata(run_dir: Path) -> dict[str, str] | None:
-    """The checkpoint's metadata ({}: no checkpoint; None: unreadable)."""
-    from safetensors import SafetensorError, safe_open
+    """The checkpoint's metadata ({}: no checkpoint; None: unreadable — a symbolic link, a FIFO or anything not a
+    regular file included, refused without following it or blocking: :func:`~phalanx.experiments.runfiles.
+    checkpoint_header`, whose header is read bounded and checked before its metadata is used)."""
+    from phalanx.errors import ConfigError
+    from phalanx.experiments.runfiles import checkpoint_header
 
     ckpt = run_dir / "checkpoint.safetensors"
-    if not ckpt.exists():
+    if not ckpt.is_symlink() and not ckpt.exists():
         return {}
     try:
-        with safe_open(str(ckpt), framework="pt") as fh:
-            meta = fh.metadata() or {}
-    except (SafetensorError, OSError, ValueError, RuntimeError):
+        return checkpoint_header(ckpt).metadata
+    except (ConfigError, OSError, ValueError):
         return None
-    return meta if isinstance(meta, dict) else None
 
 
 def checkpoint_round(meta: dict[str, str] | None) -> int | None:

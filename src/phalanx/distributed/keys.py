@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from phalanx import files
 from phalanx.errors import ConfigError
 from phalanx.experiments.runfiles import open_regular, problem_of
 from phalanx.experiments.store import atomic_write_bytes
@@ -38,6 +39,8 @@ ALLOW_LIST = "allow-list.json"
 FORMAT = "phalanx-allow-list/1"
 MAX_ALLOW_LIST_BYTES = 16 << 20
 """An allow-list larger than this is refused before it is read (≈ 30,000 ranks)."""
+KEY_BYTES = 1 << 16
+"""A key file larger than this is refused before it is read (an Ed25519 PKCS#8 PEM key: 119 bytes)."""
 
 
 def key_file(rank: int) -> str:
@@ -323,12 +326,13 @@ def load_identity(directory: str | Path, rank: int, world_size: int | None = Non
         return ConfigError("key", str(path), f"rank {rank}'s private key (PKCS#8 PEM, mode 0600)",
                            problem + (f"; {hint}" if hint else ""))
 
-    try:
-        info = path.stat()
-        blob = path.read_bytes() if info.st_size <= 1 << 16 else b""
+    try:  # a link is followed (the user named the directory); a FIFO or a device is refused unread, without blocking
+        with files.open_regular(path, follow=True, error=lambda _, problem: bad(problem)) as fh:
+            info = os.fstat(fh.fileno())
+            blob = fh.read(KEY_BYTES + 1) if info.st_size <= KEY_BYTES else b""
     except OSError as exc:
         raise bad(f"cannot be read ({exc.strerror or type(exc).__name__})") from None
-    if not blob:
+    if not blob or len(blob) > KEY_BYTES:
         raise bad("empty or larger than a key can be")
     if b"PUBLIC KEY" in blob or b"CERTIFICATE" in blob:
         raise bad("holds a public key or a certificate, not a private key")

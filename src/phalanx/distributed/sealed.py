@@ -15,10 +15,9 @@ The run nonce is not rank 0's alone (:mod:`phalanx.distributed.contribution`): S
 random bytes every worker sends in its hello, which rank 0 waits for (at most ``JOIN_TIMEOUT_S``) before any start
 snapshot; a worker whose own is not in it unchanged stops in one line, and one that comes later is refused.
 
-Rank 0's listener admits connections through :class:`~phalanx.distributed.admission.Admission` (one thread,
-handshake deadlines, caps per source: an outsider holding connections cannot keep a worker out); a worker whose
-connection was shed tries again until :data:`~phalanx.distributed.parameter_server.JOIN_TIMEOUT_S`, and the server
-answers its uplink with ``ACK`` (its downlink with the start snapshot), so it knows it was let in.
+Rank 0 admits connections through :class:`~phalanx.distributed.admission.Admission` (deadlines, caps per source; a
+shed worker tries again until ``JOIN_TIMEOUT_S``), answers a downlink with the start snapshot, then its uplink with
+``ACK`` — an uplink before the nonce is fixed is refused (a vector signed over no nonce binds to no run).
 
 What is never used: a frame over its kind's size (refused before it is read, and the connection closed), a frame of a
 kind the server does not take, a vector whose signature does not verify, a second vector of one rank in one round, a
@@ -211,8 +210,9 @@ class SealedLinks:
                 problem = f"rank {rank} is already connected ({link}): one key used twice"
             if problem is None and link == "up" and rank in self.barred:
                 problem = f"rank {rank}'s uplink was closed for violations: it is missing for the rest of the session"
-            if problem is None and link == "up" and (rank not in self.down or not self.down[rank].alive):
-                problem = f"rank {rank} opened its uplink before its downlink"
+            if problem is None and link == "up" and (rank not in self.down or not self.down[rank].alive
+                                                     or self.contributions is None):  # (a vector over no nonce)
+                problem = f"rank {rank} opened its uplink before its downlink or before the session nonce was fixed"
             if problem is None:
                 problem = self._contribute(rank, link, share)
             if problem is None and link == "down":  # (registered under the lock: the nonce is fixed under it too)

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,7 @@ from phalanx.distributed.lines import Lines, Unreadable
 from phalanx.distributed.recording import WrittenWithCheckpoints
 from phalanx.distributed.rejections import GROUP_BYTES, GROUPS_PER_ROUND
 from phalanx.experiments.store import write_artifact
+from phalanx.files import open_regular
 from phalanx.training.loop import Loop, RoundInfo
 from phalanx.training.state import Snapshot
 
@@ -132,6 +134,11 @@ def header_dim(header: dict[str, Any]) -> int:
     return d
 
 
+def unreadable(path: Path, problem: str) -> Unreadable:
+    """:func:`phalanx.files.open_regular`'s refusal of a transcript (a link, not a regular file), as Unreadable."""
+    return Unreadable(problem)
+
+
 def load(path: Path, public_key: Any = None) -> dict[str, Any]:
     """A transcript as one document — the header's fields, ``sessions`` (each with the ``after`` rejections of its
     end), ``rounds`` (each with the ``rejected`` groups before it; gossip: ``nodes``, the journals) and
@@ -140,7 +147,7 @@ def load(path: Path, public_key: Any = None) -> dict[str, Any]:
     digest = hashlib.sha256()
     doc: dict[str, Any] = {"sessions": [], "rounds": []}
     pending: list[dict[str, Any]] = []
-    with Path(path).open("rb") as fh:
+    with open_regular(Path(path), error=unreadable) as fh:  # (a link is refused, a FIFO not waited on)
         lines = Lines(fh)
         first = lines.next(64 << 10)
         if first is None:
@@ -310,7 +317,7 @@ class Transcript(WrittenWithCheckpoints):
             write_artifact(self.run_dir, ALLOW_LIST, allow.path.read_bytes())
         elif loop.resumed:
             self._same_allow_list()
-        if loop.resumed and path.exists():  # the rounds before the checkpoint, as rank 0 signed them
+        if loop.resumed and os.path.lexists(path):  # the rounds before the checkpoint, as rank 0 signed them
             self.out = self._resumed(path, r)
         else:
             header = {"format": FORMAT, "topology": self.topology, "config": self.config, "allow_list": allow.digest,
@@ -375,7 +382,7 @@ class Transcript(WrittenWithCheckpoints):
             raise self._refuse(path, r, "the checkpoint's mark of it does not verify with rank 0's key")
         chain, whole, seen = Chain(), hashlib.sha256(), 0
         try:
-            with path.open("rb") as fh:
+            with open_regular(path, error=unreadable) as fh:  # a link planted is refused, a FIFO not waited on
                 lines = Lines(fh)
                 while seen < offset and (got := lines.next(64 << 10 if seen == 0 else self._limit)) is not None:
                     raw, rec = got
