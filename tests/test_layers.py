@@ -41,7 +41,7 @@ ALLOWED: dict[str, set[str]] = {
     "studies": {"experiments", "aggregators", "attacks", "analysis", "data", "decentralized", "errors", "hub",
                 "plugins", "validate"},  # attacks, hub: the LoRA study checks its attack names and reads its tokenizer
     "distributed": {"experiments", "training", "aggregators", "attacks", "data", "models", "decentralized", "errors",
-                    "plugins", "validate"},
+                    "files", "plugins", "validate"},  # files: key files and transcripts opened once, checked regular
     "cli": {"catalogue", "distributed", "studies", "experiments", "training", "aggregators", "attacks", "data",
             "models", "analysis", "signing", "hub", "errors", "plugins", "validate", "executor_cli", "decentralized",
             "__init__"},
