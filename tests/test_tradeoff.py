@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from phalanx import cli
 from phalanx.analysis.stats import mean_ci
+from phalanx.cli.grid_tables import grid_tables
 from phalanx.experiments import plots, report, store
 
 EPS = sys.float_info.epsilon  # the accuracies are Python floats (float64)
@@ -158,7 +159,11 @@ def test_report_md_has_the_table_and_the_plot_only_when_there_is_a_tradeoff(tmp_
     _write_runs(tmp_path / "without", [r for r in _grid([0, 1, 2]) if r["attack"] != "none"])
     result = report.write_report(tmp_path / "without")
     assert result["tradeoff"] == [] and not (tmp_path / "without" / "tradeoff.png").exists()
-    assert "price and rescue" not in (tmp_path / "without" / "report.md").read_text()
+    assert "## The price and rescue" not in (tmp_path / "without" / "report.md").read_text()
+    # several settings and no comparison: the terminal and report.md say what would make one
+    assert report.NO_COMPARISON in (tmp_path / "without" / "report.md").read_text()
+    assert report.NO_COMPARISON in grid_tables(result)[0].notes
+    assert report.NO_COMPARISON not in grid_tables(report.write_report(tmp_path / "with"))[0].notes
 
 
 def test_a_rule_has_one_colour_in_every_plot(tmp_path: Path) -> None:

@@ -35,6 +35,8 @@ def grid_tables(result: dict[str, Any]) -> list[Tabular]:
     tables = [_summary_table(result)]
     if result["tradeoff"]:
         tables.append(_tradeoff_table(result["tradeoff"]))
+    elif len(result["summary"]) > 1:  # several settings, no comparison: say why (a first-hour review)
+        tables[0].notes.append(report.NO_COMPARISON)
     if result.get("mixed"):
         tables[0].notes.append(report.mixed_line(result["mixed"]).replace("**", ""))
     return tables

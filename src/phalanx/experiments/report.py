@@ -193,6 +193,11 @@ def markdown_table(summary: list[dict[str, Any]], keys: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+NO_COMPARISON = ("no paired comparison (price and rescue, with intervals and verdicts): it needs the aggregator "
+                 "'mean' and the attack 'none' in the grid beside an attack and a robust rule, run with the same seeds")
+"""Said under the summary of a grid of several settings that has no trade-off table (terminal and report.md): the
+accuracies ± their standard deviations are not a comparison, and what would make one (a first-hour review)."""
+
 SUMMARY_CAPTION = (
     "*final %*: the test accuracy at a run's last evaluation, mean ± standard deviation over the seeds (not an "
     "interval); *best %*: its best evaluation's, mean over the seeds; *agg. error*: ‖aggregate − honest mean‖² / the "
@@ -561,6 +566,8 @@ def _write_report(root: Path, out: Path, runs: Collection[str] | None) -> dict[s
             md += ["", f"({unfinished} run(s) still unfinished are left out of this comparison.)"]
         if trade_plot is not None:
             md += ["", f"![price against rescue per rule, against the mean]({trade_plot.name})"]
+    elif len(summary) > 1:
+        md += ["", f"({NO_COMPARISON}.)"]
     md += ["", f"![{_caption(rows)}]({curves.name})"]
     if heat is not None:
         md += ["", f"![heatmap]({heat.name})"]
