@@ -158,6 +158,30 @@ def test_no_help_crops_a_line_at_80_columns() -> None:
     assert found == {}
 
 
+RST = re.compile(r":(func|class|mod|meth|attr|data):`|``")
+"""reStructuredText markup (a docstring's cross-reference or literal) that a --help page would show as it is."""
+
+
+def _markup(app: typer.Typer | click.Command, args: list[str]) -> list[str]:
+    res = runner.invoke(app, [*args, "--help"], env={"COLUMNS": "100", "TERMINAL_WIDTH": "100"})
+    assert res.exit_code == 0, res.output
+    return [line.strip() for line in res.output.splitlines() if RST.search(line)]
+
+
+def test_no_help_shows_source_markup() -> None:
+    """A first-hour review: ``audit --help`` showed ":func:`audit_tables`", ``list``, ``config show`` double
+    backticks. No command's help shows reStructuredText markup; the mutant (a docstring with ``--tree``) is caught."""
+    found = {" ".join(path): lines for path, _ in _commands() if (lines := _markup(cli.app, path))}
+    assert found == {}
+    app = typer.Typer()
+
+    @app.command()
+    def show(flat: bool = False) -> None:  # pragma: no cover - never run
+        """Print the config: its tree (``--tree``) or its flat keys."""
+
+    assert _markup(app, []) != []
+
+
 def test_a_cropped_default_is_caught() -> None:
     """The mutant: the old ``--rules``, its long default shown as a default."""
     from phalanx.cli.analysis import THEORY_RULES

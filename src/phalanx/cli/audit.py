@@ -26,10 +26,10 @@ def audit(
     fmt: Annotated[str, typer.Option("--format", help="table (the terminal's), md, csv or json.")] = "table",
 ) -> None:
     """Check who was heard: the transcript signed by rank 0's key and bound to this run (its config.json, n, f, the
-    rounds it reached, the allow-list); every round's accepted and missing ranks together every rank, each once,
+    rounds it reached, the allow-list); every round's accepted and missing ranks are together every rank, each once,
     missing ≤ f (server, serverless); every accepted vector signed by its rank's key for this run, round and phase;
     every gossip journal by its node. Exit 0 if all hold, else one line per problem and exit 1. With --format md,
-    csv or json: the same as four tables on stdout (:func:`audit_tables`), the exit code the same."""
+    csv or json: the same as four tables on stdout, the exit code the same."""
     from rich.console import Console
 
     from phalanx.distributed.audit import audit as check

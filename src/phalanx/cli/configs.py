@@ -22,8 +22,8 @@ def show(
     flat: Annotated[bool, typer.Option("--flat/--tree", help="The flat keys (what the run id is computed from) "
                                        "instead of the tree (the default).")] = False,
 ) -> None:
-    """Print the config as TOML: its tree of sections (``--tree``, the default) or its flat keys (``--flat``).
-    Either reads back as the same runs with the same run ids. A config ``phalanx run`` refuses is refused here, by
+    """Print the config as TOML: its tree of sections (--tree, the default) or its flat keys (--flat).
+    Either reads back as the same runs with the same run ids. A config 'phalanx run' refuses is refused here, by
     the same one validation, with the same one line."""
     from phalanx.cli.runs import _validated_grid
     from phalanx.experiments import spelling, tree, treetext

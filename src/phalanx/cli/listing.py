@@ -63,7 +63,7 @@ def _built_rows(workers: int, f: int) -> list[tuple[list[str], str]]:
 @list_app.command("attacks")
 def list_attacks(fmt: FormatOption = "table") -> None:
     """Attacks with their kind, their config section (the constructor's parameters, each set by
-    ``attack_params.<p>``) and their reference."""
+    attack_params.<p>) and their reference."""
     fmt = check_format(fmt)
     table = Tabular("Phalanx attacks", ("name", "kind", "section: its parameters", "ref."), whole=("name",))
     declared = rounds.attack_rows()  # torch-free: the declared built-ins (None: a plug-in is installed)
@@ -98,7 +98,7 @@ def attack_rows() -> list[tuple[list[str], str]]:
 
 @list_app.command("algorithms")
 def list_algorithms(fmt: FormatOption = "table") -> None:
-    """The round algorithms a config's ``algorithm`` names: how each is configured, its config section (its
+    """The round algorithms a config's 'algorithm' names: how each is configured, its config section (its
     constructor's parameters, each with its type, default and the key that sets it) and what it is (its reference
     where it declares one, else its docstring's first line)."""
     fmt = check_format(fmt)
@@ -161,7 +161,7 @@ def list_datasets(fmt: FormatOption = "table") -> None:
 
 @list_app.command("models")
 def list_models(fmt: FormatOption = "table") -> None:
-    """Models Phalanx can build: the registry's, then the pre-trained transformers with LoRA adapters (``hf:NAME``:
+    """Models Phalanx can build: the registry's, then the pre-trained transformers with LoRA adapters (hf:NAME:
     the embedded ones, or a local directory / a model in the Hugging Face cache; docs/lora.md)."""
     from phalanx import hub
 
