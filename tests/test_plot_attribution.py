@@ -335,7 +335,10 @@ def test_an_exact_zero_error_is_drawn_on_the_log_axis_edge(tmp_path: Path, monke
     assert errors.get_yscale() == "log" and _lost(errors) == []
     assert "mean (= 0: on the bottom edge)" in [t.get_text() for t in errors.get_legend().get_texts()]
     [mean] = [ln for ln in errors.get_lines() if ln.get_label().startswith("mean")]
-    assert set(mean.get_ydata()) == {plots.error_axis([v(t) for v in EXACT.values() for t in range(1, 5)])[1]}
+    floor = plots.error_axis([v(t) for v in EXACT.values() for t in range(1, 5)])[1]
+    assert set(mean.get_ydata()) == {floor}
+    assert floor is not None and errors.get_ylim()[0] == pytest.approx(floor / plots.FLOOR_MARGIN)  # on the edge
+    assert plots.FLOOR_MARGIN < 1.5  # not floor / 2, where the curve floated a third of a decade above the edge
     assert plots.error_axis([0.0, 1e-5, 0.3]) == (True, pytest.approx(1e-6))
     assert plots.error_axis([0.0, 0.05, 0.09]) == (True, pytest.approx(0.005))  # zero and a narrow range: log too
     assert plots.error_axis([0.0, 0.0]) == (False, None) and plots.error_axis([0.1, 0.3]) == (False, None)
@@ -542,3 +545,12 @@ def test_a_rule_has_the_same_marker_in_every_trade_off_figure() -> None:
             for r, m in markers.items():
                 seen.setdefault(r, set()).add(m)
         assert all(len(m) == 1 for m in seen.values()) is consistent, seen
+
+
+def test_the_accuracy_title_says_each_curve_is_a_mean_over_its_seeds() -> None:
+    """A first-hour review read the accuracy curves as single runs: the title says how many seeds each averages."""
+    rows = [{"aggregator": a, "attack": "none", "seed": s} for a in ("cwtm", "mean") for s in range(3)]
+    assert plots.seeds_phrase(rows, ["aggregator"]) == " (each curve the mean over its 3 seeds)"
+    rows.append({"aggregator": "krum", "attack": "none", "seed": 0})
+    assert plots.seeds_phrase(rows, ["aggregator"]) == " (each curve the mean over its 1–3 seeds)"
+    assert plots.seeds_phrase([{"aggregator": "cwtm"}], ["aggregator"]) == ""

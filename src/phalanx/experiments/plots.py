@@ -14,6 +14,7 @@ the colour that contrasts with their cell.
 from __future__ import annotations
 
 import io
+import json
 import math
 import sys
 from collections import defaultdict
@@ -219,6 +220,25 @@ def diverged_settings(rows: list[dict[str, Any]], keys: list[str]) -> dict[str, 
     return out
 
 
+def seeds_phrase(rows: list[dict[str, Any]], keys: list[str]) -> str:
+    """`` (mean over 5 seeds)`` — or ``(mean over 3–5 seeds)`` when settings differ — for the accuracy panel's title:
+    each curve is a mean over its setting's seeds (a first-hour review missed it); empty without seeds."""
+    seeds: dict[tuple[str, ...], set[Any]] = defaultdict(set)
+    for r in rows:
+        if r.get("seed") is not None:
+            seeds[tuple(json.dumps(r.get(k)) for k in keys)].add(r.get("seed"))
+    counts = sorted({len(v) for v in seeds.values()})
+    if not counts:
+        return ""
+    span = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    return f" (each curve the mean over its {span} seed{'s' if counts[-1] > 1 else ''})"
+
+
+FLOOR_MARGIN = 1.1
+"""A log axis with a floor starts this factor under it: the curves drawn on the floor lie on the bottom edge, as
+their legend says, their markers clear of the spine (a first-hour review read 1.4e-4 over a bottom of 7e-5)."""
+
+
 def error_axis(values: list[float]) -> tuple[bool, float | None]:
     """How to draw the aggregation errors ``values`` (all ≥ 0): (log scale?, the floor — the bottom edge, where the
     values too small for the axis are drawn — or None). The axis is logarithmic when the positive values span more
@@ -288,6 +308,7 @@ def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path
                              squeeze=False)
     attacks = sorted({str(r.get("attack")) for r in rows if r.get("attack") is not None})
     fixed = f" — attack: {attacks[0]}" if "attack" not in keys and len(attacks) == 1 else ""
+    fixed += seeds_phrase(rows, keys)
     legends: list[tuple[Any, dict[str, Any]]] = []
     for ax, (metric, ylabel, title, curves) in zip(axes[:, 0], panels):
         scale = 100.0 if metric == "test_accuracy" else 1.0
@@ -322,8 +343,8 @@ def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path
             ax.set_ylim(-2, 102)
         elif log:
             ax.set_yscale("log")
-            if floor is not None:
-                ax.set_ylim(bottom=floor / 2)
+            if floor is not None:  # the floor is the bottom edge: a curve drawn there sits on the spine (at
+                ax.set_ylim(bottom=floor / FLOOR_MARGIN)  # floor / 2 it floated a third of a decade above it)
         elif max(values, default=0.0) > 0:  # both are ≥ 0: a linear axis starts at 0 (a little below: a line at 0
             top = min(max(values), sys.float_info.max / 2)  # (is not hidden by the spine); 1.08 × 1.7e308 is inf
             ax.set_ylim(-0.04 * top, 1.08 * top)
