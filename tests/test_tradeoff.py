@@ -251,7 +251,7 @@ def test_the_tradeoff_plot_says_how_many_seeds_in_words(monkeypatch: pytest.Monk
 def test_a_point_drawn_under_another_is_named_beside_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Issue 38: geomed (+0.2, +81.3) lay wholly under nnm>cwtm (+0.2, +81.4) in a newcomer's tradeoff.png with
     nothing to say so. krum here has cwtm's accuracies to the digit: its point covers cwtm's, and the panel says
-    "cwtm under krum". Mutant: no label (``label_hidden`` a no-op) leaves the pair unnamed."""
+    "cwtm hidden under krum". Mutant: no label (``label_hidden`` a no-op) leaves the pair unnamed."""
     rows = _grid([0, 1, 2]) + [{**r, "aggregator": "krum", "run": r["run"].replace("cwtm", "krum")}
                                for r in _grid([0, 1, 2]) if r["aggregator"] == "cwtm"]
     said: list[str] = []
@@ -262,7 +262,7 @@ def test_a_point_drawn_under_another_is_named_beside_it(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(report, "save_figure", capture)
     report.plot_tradeoff(report.tradeoff(rows), tmp_path / "t.png")
-    assert said == ["cwtm under krum"]
+    assert said == ["cwtm hidden under krum"]
     assert report.hidden_pairs([("mean", 0.0, 0.0), ("a", 5.0, 50.0), ("b", 40.0, 90.0)], 40.0, 90.0) == []
     assert report.hidden_pairs([("mean", 0.0, 0.0), ("a", 0.3, 0.5)], 40.0, 90.0) == [("mean", "a")]
     said.clear()

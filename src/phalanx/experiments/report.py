@@ -417,7 +417,7 @@ def label_hidden(ax: Any, placed: list[tuple[str, float, float]], colours: dict[
     (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
     at = {rule: (x, y) for rule, x, y in placed}
     for k, (under, over) in enumerate(hidden_pairs(placed, x1 - x0, y1 - y0)):
-        ax.annotate(f"{under} under {over}", at[under], xytext=(8, -12 - 10 * k), textcoords="offset points",
+        ax.annotate(f"{under} hidden under {over}", at[under], xytext=(8, -12 - 10 * k), textcoords="offset points",
                     fontsize=7, color=colours.get(under, "k"))
 
 
@@ -473,9 +473,9 @@ def plot_tradeoff(tradeoffs: list[TradeOff], path: Path, colours: dict[str, str]
     seeds = sorted({len(t.seeds) for t in tradeoffs})
     n = (f"{seeds[0]} seed" + ("s" if seeds[0] != 1 else "")) if len(seeds) == 1 else f"{seeds[0]}–{seeds[-1]} seeds"
     fig.suptitle(f"Robust rules against the mean (the origin), paired by seed over {n}\n"
-                 "up: keeps accuracy under the attack; right: costs accuracy without one\n"
-                 "bars: 95 % intervals" + ("; hollow: no interval (too few seeds or zero width)" if hollow else ""),
-                 fontsize=9)
+                 "up: keeps accuracy under the attack; right: costs accuracy when no one attacks\n"
+                 "bars: 95 % intervals, each on its own (verdicts: the table's Holm-adjusted p)"
+                 + ("; hollow: no interval (too few seeds or zero width)" if hollow else ""), fontsize=9)
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.06 if rows_ == 1 else 0.03, 1, 1))
