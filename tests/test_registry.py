@@ -30,6 +30,12 @@ def test_parse_spec() -> None:
     for bad in ("", "cwtm(", "a>(x=1)", "cwtm(x)"):
         with pytest.raises(ConfigError):
             aggregators.parse_spec(bad)
+    # a comma list is a grid's spelling gone wrong: the error shows the list form (a first-hour review)
+    with pytest.raises(ConfigError, match=r"several rules to compare are a list"):
+        aggregators.parse_spec("cwtm,krum")
+    with pytest.raises(ConfigError) as err:
+        aggregators.parse_spec("cwtm(")
+    assert "several rules" not in str(err.value)
 
 
 def test_params_routing_and_errors() -> None:

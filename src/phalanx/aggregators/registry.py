@@ -157,7 +157,10 @@ def parse_spec(spec: str) -> list[tuple[str, dict[str, Any]]]:
     items: list[tuple[str, dict[str, Any]]] = []
     for part in spec.split(">"):
         if CALL.match(part) is None:
-            raise ConfigError("aggregator", spec, "elements of the form name or name(key=value, ...) joined by '>'")
+            several = "," in part and "(" not in part  # "cwtm,krum": a grid over rules is a list, not a chain
+            raise ConfigError("aggregator", spec, "elements of the form name or name(key=value, ...) joined by '>'"
+                              + ("; several rules to compare are a list: --set 'aggregator=[\"cwtm\", \"krum\"]'"
+                                 if several else ""))
         try:
             name, params = split_call(part, "aggregator")
         except ConfigError as exc:
