@@ -1,10 +1,12 @@
 """Client-level DP on the run path, end to end (docs/privacy.md): the honest rows a Byzantine spy receives are the
 same workers' clipped updates plus N(0, σ²C²) per coordinate — the noise measured against an ``update_clip``-only
-run, within a tolerance fixed from the sample size before looking at the data — and a FedAvg run's metric rows
-carry the budget of its real population N and sample m (q = m/N), not another sampling rate."""
+run, within a tolerance fixed from the sample size before looking at the data —, a FedAvg run's metric rows carry
+the budget of its real population N and sample m (q = m/N), not another sampling rate, and the DP stage acts before
+every other worker stage in every spelling of a run (docs/design.md, "Stages")."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,11 @@ import torch
 
 import _dp_spy
 from phalanx.analysis import privacy as accounting
+from phalanx.errors import ConfigError
 from phalanx.experiments import make_config, train
+from phalanx.experiments.build import from_config
+from phalanx.training.stages.privacy import ClientDP
+from phalanx.training.stages.update_clip import UpdateClip
 
 pytest.importorskip("dp_accounting")
 
@@ -62,3 +68,34 @@ def test_a_fedavg_run_reports_the_budget_of_its_population_and_sample() -> None:
         assert r["dp_epsilon"] < r["dp_epsilon_local"] == accounting.budget(SIGMA, 1e-5, r["round"], 10, 10).epsilon
         for other in (1, 2, 10):  # q = 1/N, 2/N, 1: the accounting of another run
             assert r["dp_epsilon"] != pytest.approx(accounting.budget(SIGMA, 1e-5, r["round"], 10, other).epsilon)
+
+
+ORDER: dict[str, Any] = {"dataset": "digits", "model": "logreg", "workers": 5, "rounds": 2, "eval_every": 1,
+                         "momentum": 0.0, "seed": 0}
+"""docs/design.md "Stages": the differentially private stage acts first among the worker stages in every spelling."""
+
+
+def _columns(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [(r["round"], r.get("update_clip_max_norm"), r["test_loss"], r.get("dp_epsilon")) for r in rows]
+
+
+def test_dp_acts_before_every_other_worker_stage_in_every_spelling() -> None:
+    """``privacy=ClientDP`` beside ``stages=[UpdateClip]`` and ``stages=[ClientDP, UpdateClip]`` are the config's
+    run (``dp_noise`` with ``[stages.update_clip]``), row for row: update_clip measures the noised update, never the
+    raw one (its largest norm, published on every row, is at least the noise's)."""
+    config = train(make_config({**ORDER, "dp_noise": 1.0, "dp_clip": 1.0, "stages": {"update_clip": {"c": 100.0}}}))
+    plain = from_config(make_config(ORDER))
+    sugar = dataclasses.replace(plain, stages=[UpdateClip(c=100.0)], privacy=ClientDP(clip=1.0, noise=1.0))
+    listed = dataclasses.replace(plain, stages=[ClientDP(clip=1.0, noise=1.0), UpdateClip(c=100.0)])
+    assert [s.name for s in sugar.stages] == [s.name for s in listed.stages] == ["dp", "update_clip"]
+    for exp in (sugar, listed):
+        assert _columns(train(exp)) == _columns(config)
+    noise_norm = math.sqrt(650)  # σC√d: a row's noise alone; the raw updates here are far shorter
+    assert all(r["update_clip_max_norm"] > 0.8 * noise_norm for r in config[1:])
+
+
+def test_a_worker_stage_listed_before_dp_is_refused_naming_it() -> None:
+    plain = from_config(make_config(ORDER))
+    with pytest.raises(ConfigError, match="update_clip would see every raw update") as exc:
+        dataclasses.replace(plain, stages=[UpdateClip(c=100.0), ClientDP(clip=1.0, noise=1.0)])
+    assert "\n" not in str(exc.value) and exc.value.parameter == "stages"

@@ -237,6 +237,10 @@ class WorkerStage(Stage):
     fills metric columns, labelled as reported, and is never read by a decision (a rule, a stage's hook, a stop)."""
 
     side: ClassVar[str] = "worker"
+    privatizes: ClassVar[bool] = False
+    """Whether it makes the update differentially private (client-level DP): it then acts first among the worker
+    stages in every spelling of a run, so that no other stage sees a raw update (:class:`Experiment` refuses it
+    elsewhere)."""
     reports: ClassVar[int] = 0
     """How many float64 numbers :meth:`report` holds (0: the stage reports nothing to rank 0)."""
 

@@ -80,6 +80,7 @@ class ClientDP(WorkerStage):
     delta: float = 1e-5
     source: str = "seed"
     name: ClassVar[str] = "dp"
+    privatizes: ClassVar[bool] = True
     streams: ClassVar[tuple[str, ...]] = (STREAM,)
     reference: ClassVar[str] = ("M. Abadi et al., 'Deep learning with differential privacy', CCS 2016, Algorithm 1; "
                                 "H. B. McMahan, D. Ramage, K. Talwar, L. Zhang, 'Learning differentially private "
