@@ -419,12 +419,28 @@ def test_a_stateful_rule_keeps_its_history_on_every_topology(case: str, tmp_path
 
 @pytest.mark.parametrize("topology", ["server", "serverless"])
 def test_client_level_dp_on_torchrun_is_the_simulated_run(topology: str, tmp_path: Path) -> None:
-    """Differential privacy at every rank (docs/privacy.md): each rank draws the round's whole noise matrix from the
+    """Differential privacy at every rank with ``dp_noise_source = "seed"`` asked for (docs/privacy.md; torchrun's
+    default is secret noise, tests/test_privacy_source.py): each rank draws the round's whole noise matrix from the
     ``dp`` stream and keeps its own row — the same run as the simulated engine, the dp stream's state included."""
     pytest.importorskip("dp_accounting")
-    data = {**BASE, "topology": topology, "engine": "torchrun", "dp_noise": 0.5, "dp_clip": 1.0}
+    data = {**BASE, "topology": topology, "engine": "torchrun", "dp_noise": 0.5, "dp_clip": 1.0,
+            "dp_noise_source": "seed"}
     code, err = run_job(data, tmp_path / "dist", tmp_path)
     assert code == 0, err[-3000:]
     sim = simulated(data, tmp_path / "sim")
     assert "rng.dp" in sim
     assert_same_run(run_dir(tmp_path / "dist"), sim, tmp_path / "sim")
+
+
+def test_client_level_dp_on_torchrun_draws_secret_noise_by_default(tmp_path: Path) -> None:
+    """Unset ``dp_noise_source`` on torchrun is secret noise (docs/privacy.md): rank 0 says in one line that the run
+    is not bit-for-bit resumable, no checkpoint holds a ``dp`` stream, and the model is not the seed-noise run's."""
+    pytest.importorskip("dp_accounting")
+    data = {**BASE, "topology": "server", "engine": "torchrun", "dp_noise": 0.5, "dp_clip": 1.0, "rounds": 5}
+    code, err = run_job(data, tmp_path / "dist", tmp_path)
+    assert code == 0, err[-3000:]
+    assert err.count("not bit-for-bit resumable") == 1
+    got = load_file(str(run_dir(tmp_path / "dist") / "checkpoint.safetensors"))
+    sim = simulated(data, tmp_path / "sim")
+    assert "rng.dp" in sim and "rng.dp" not in got and set(got) == set(sim) - {"rng.dp"}
+    assert float((got["theta"] - sim["theta"]).abs().max()) > 1e-2

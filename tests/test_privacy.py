@@ -100,11 +100,11 @@ def test_the_privacy_section_and_its_flat_keys_are_one_mapping() -> None:
     flat = legacy.flat_keys("dp", section)
     assert flat == {"dp_noise": 0.8, "dp_clip": 1.5, "dp_delta": 1e-6}
     (dp,) = legacy.stage_sections(make_config({**SMALL, **flat}), lambda: [])
-    assert (dp.name, dp.params, dp.key) == ("dp", section, "dp_noise")
-    assert [dp.name_of(p) for p in section] == ["dp_noise", "dp_clip", "dp_delta"]
+    assert (dp.name, dp.params, dp.key) == ("dp", {**section, "source": "seed"}, "dp_noise")  # simulated: seed
+    assert [dp.name_of(p) for p in (*section, "source")] == ["dp_noise", "dp_clip", "dp_delta", "dp_noise_source"]
     with pytest.raises(ConfigError) as exc:
         legacy.flat_keys("dp", {"sigma": 1.0})
-    assert exc.value.parameter == "sigma" and "noise, clip, delta" in str(exc.value)
+    assert exc.value.parameter == "sigma" and "noise, clip, delta, source" in str(exc.value)
     assert legacy.flat_keys("crfl", {"clip": 2.0}) == {"server_projection": "crfl",
                                                        "server_projection_params": {"clip": 2.0}}
     with pytest.raises(ConfigError, match="stage='fail_closed'"):

@@ -469,7 +469,9 @@ STAGES: dict[str, _Stage] = {
         'dp_noise',
         ("clip: C > 0: every computing worker's update is clipped to norm C",
          'noise: σ > 0: the noise multiplier; each worker adds N(0, σ²C²·I) itself',
-         'delta: 0 < δ < 1: the δ of the reported budget (ε, δ) (default 1e-5)'),
+         'delta: 0 < δ < 1: the δ of the reported budget (ε, δ) (default 1e-5)',
+         "source: 'seed' (the run's seed: reproducible, removable by whoever knows it) or 'secret' (a per-session "
+         "secret seed of each process: not resumable bit for bit) (default 'seed'; a torchrun config: 'secret')"),
         ("M. Abadi et al., 'Deep learning with differential privacy', CCS 2016, Algorithm 1; H. B. McMahan, D. "
          "Ramage, K. Talwar, L. Zhang, 'Learning differentially private recurrent language models', ICLR 2018, "
          'Algorithm 1 (per client, noise at the client)')),

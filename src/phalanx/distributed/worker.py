@@ -41,6 +41,7 @@ from phalanx.training.algorithms.asynchronous import Asynchronous
 from phalanx.training.experiment import Experiment
 from phalanx.training.loop import Callback
 from phalanx.training.memory import tune_allocator
+from phalanx.training.stages.privacy import run_note
 
 
 def resolve_config(config: str | None, overrides: list[str], point: int | None = None) -> RunConfig:
@@ -105,6 +106,9 @@ def run_rank(run: ValidRun, out: Path | None) -> None:
                     f"{mesh.address[0]}:{mesh.address[1]}, allow-list {identity.allow.path}")
         elif part.banner is not None:
             log.say(part.banner)
+        said = run_note(exp.stages)
+        if said is not None:
+            log.say(said)
 
     def recorders(directory: RunDirectory) -> list[Callback]:
         """What rank 0 writes beside the run directory: distributed.json, and with keys the transcript."""

@@ -20,7 +20,7 @@ from phalanx.experiments.schema import RunConfig
 from phalanx.plugins import accepted_params
 from phalanx.training import optim
 from phalanx.training.algorithms import builtin
-from phalanx.training.stages.privacy import ClientDP
+from phalanx.training.stages.privacy import ClientDP, resolved_source
 
 __all__ = ["TREE", "Flat", "Section", "client_keys", "flat_keys", "optimizer", "read", "row_columns", "stage_sections"]
 
@@ -34,6 +34,9 @@ DP = ClientDP.config_section.table()
 """The flat key of each parameter of the privacy stage's section (``noise``: ``dp_noise``, ``clip``, ``delta``),
 as the stage declares them (``ClientDP.config_section``, :mod:`phalanx.training.stages.privacy`)."""
 PRIVACY = tuple(DP.values())
+ROW_PRIVACY = ("dp_noise", "dp_clip", "dp_delta")
+"""The privacy keys a DP run's metric rows repeat (its numbers; not ``dp_noise_source``, added later: the rows of a
+DP run are what they were)."""
 SGD = optim.SGD.config_section.table()
 """The flat key of each parameter of the SGD server optimizer's section that has one (``momentum``:
 ``server_momentum``, ``weight_decay``), as the optimizer declares them (``SGD.config_section``)."""
@@ -70,6 +73,8 @@ class Flat:
     server_momentum: float
     server_weight_decay: float
     stages: dict[str, Any]
+    dp_noise_source: str | None = None
+    engine: str = "simulated"
 
 
 def read(cfg: RunConfig) -> Flat:
@@ -77,7 +82,7 @@ def read(cfg: RunConfig) -> Flat:
     :func:`optimizer`, :func:`stage_sections`)."""
     return Flat(cfg.algorithm, cfg.server_projection, dict(cfg.server_projection_params), cfg.dp_noise, cfg.dp_clip,
                 cfg.dp_delta, cfg.server_optimizer, dict(cfg.server_optimizer_params), cfg.server_momentum,
-                cfg.server_weight_decay, dict(getattr(cfg, TREE)))
+                cfg.server_weight_decay, dict(getattr(cfg, TREE)), cfg.dp_noise_source, cfg.engine)
 
 
 def _flat(cfg: Flat | RunConfig) -> Flat:
@@ -123,7 +128,8 @@ def client_keys(table: dict[str, Any]) -> dict[str, Any]:
 def stage_sections(cfg: Flat | RunConfig, projections: Callable[[], list[str]]) -> list[Section]:
     """The stages ``cfg`` (its flat keys: :func:`read`) turns on, in the order they act: the server projection
     (``server_projection`` with ``server_projection_params``: one of ``projections()``), client-level differential
-    privacy (``dp_noise``, ``dp_clip``, ``dp_delta``), then every ``[stages.<name>]`` section in the order written."""
+    privacy (``dp_noise``, ``dp_clip``, ``dp_delta``, ``dp_noise_source``: unset, the engine's default), then every
+    ``[stages.<name>]`` section in the order written."""
     cfg = _flat(cfg)
     out: list[Section] = []
     name, params = cfg.server_projection, dict(cfg.server_projection_params)
@@ -141,11 +147,14 @@ def stage_sections(cfg: Flat | RunConfig, projections: Callable[[], list[str]]) 
                               "differential privacy)")
         if cfg.dp_delta != _default("dp_delta"):
             raise ConfigError("dp_delta", cfg.dp_delta, "its default (1e-05) unless dp_noise is set")
+        if cfg.dp_noise_source is not None:
+            raise ConfigError("dp_noise_source", cfg.dp_noise_source, "unset unless dp_noise is set")
     else:
         if cfg.dp_clip is None:
             raise ConfigError("dp_clip", None, "a clipping norm > 0 with dp_noise set (the noise is σ times it)")
-        out.append(Section("dp", {"clip": cfg.dp_clip, "noise": cfg.dp_noise, "delta": cfg.dp_delta}, "dp_noise",
-                           lambda p: DP.get(p, p)))
+        source = resolved_source(cfg.dp_noise_source, cfg.engine)  # unset: the engine's (torchrun: secret)
+        out.append(Section("dp", {"clip": cfg.dp_clip, "noise": cfg.dp_noise, "delta": cfg.dp_delta,
+                                  "source": source}, "dp_noise", lambda p: DP.get(p, p)))
     for stage, section in cfg.stages.items():
         if stage in FLAT_STAGES:
             raise ConfigError(f"{TREE}.{stage}", section, f"unset: {stage} is turned on by {FLAT_STAGES[stage]} "
@@ -177,7 +186,7 @@ def _under(prefix: str) -> Callable[[str], str]:
 
 def row_columns(cfg: Flat | RunConfig) -> tuple[str, ...]:
     """The flat keys a run repeats on its metric rows because of a stage they turn on: the privacy keys."""
-    return PRIVACY if _flat(cfg).dp_noise is not None else ()
+    return ROW_PRIVACY if _flat(cfg).dp_noise is not None else ()
 
 
 def optimizer(cfg: Flat | RunConfig, decentralized: bool) -> tuple[str, dict[str, Any], Callable[[str], str]]:

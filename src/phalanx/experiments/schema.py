@@ -26,7 +26,7 @@ price-of-robustness experiments measure (Yang, Shi & Li, ICML 2025).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
@@ -53,7 +53,7 @@ from phalanx.training.algorithms.base import RoundAlgorithm
 from phalanx.training.algorithms.fedavg import FedAvg
 from phalanx.training.algorithms.gossip import Gossip
 from phalanx.training.optim import SGD
-from phalanx.training.stages.privacy import ClientDP
+from phalanx.training.stages.privacy import ClientDP, resolved_source
 
 FEDAVG, GOSSIP, SERVER_SGD, DP = (FedAvg.config_section, Gossip.config_section, SGD.config_section,
                                   ClientDP.config_section)
@@ -159,6 +159,7 @@ class RunConfig(BaseModel):
     dp_noise: float | None = DP.field("noise")
     dp_clip: float | None = DP.field("clip")
     dp_delta: float = DP.field("delta")
+    dp_noise_source: Literal["seed", "secret"] | None = DP.field("source")
     step_every: int = SERVER_OPTIMIZER.field("step_every")
     seed: int = RUN.field("seed")
     eval_every: int = RUN.field("eval_every")
@@ -213,6 +214,8 @@ class RunConfig(BaseModel):
         for key in LATER_KEYS:
             if key in out and out[key] == type(self).model_fields[key].get_default(call_default_factory=True):
                 out.pop(key)
+        if out.get("dp_noise_source") == resolved_source(None, self.engine):  # its engine's default, spelled out:
+            out.pop("dp_noise_source")  # the same run as unset, one run id
         return out
 
     def identity(self) -> dict[str, Any]:

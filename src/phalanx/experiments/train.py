@@ -3,6 +3,7 @@ objects, optionally into a run directory that a killed run resumes from."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from phalanx.experiments.wiring import Recording, run_experiment
 from phalanx.training.experiment import Experiment
 from phalanx.training.loop import Callback, OnRound, Progress
 from phalanx.training.memory import tune_allocator
+from phalanx.training.stages.privacy import run_note
 
 
 def train(
@@ -54,6 +56,9 @@ def train(
         exp = run
         if run_dir is not None:
             recording = Recording(Path(run_dir), run.describe(), checkpoint_every or 100, wait=wait)
+    said = run_note(exp.stages)
+    if said is not None:
+        print(f"[phalanx] {said}", file=sys.stderr, flush=True)
     cbs = [] if progress is None else [OnRound(progress)]
     if isinstance(run, ValidRun):  # what names and describes the run, and the trackers its config names
         named, params, own = run.run_id, run.cfg.described(), run.specs.tracking

@@ -99,8 +99,11 @@ class Experiment:
     :class:`~phalanx.training.stages.fail_closed.FailClosed`), each checked against the run when it is built. The
     algorithm may bring its own (federated averaging's pooling of BatchNorm statistics): ``self.stages`` then lists
     every stage of the run, in the order they act.
-    privacy: a worker stage added after ``stages`` — the earlier spelling of client-level differential privacy
-    (``privacy=ClientDP(...)``), kept; ``stages=[ClientDP(...)]`` is the same run.
+    privacy: a worker stage placed first — the earlier spelling of client-level differential privacy
+    (``privacy=ClientDP(...)``), kept; ``stages=[ClientDP(...), …]`` is the same run, and so is a config's
+    ``dp_noise``. A stage that makes the update private (:attr:`~phalanx.training.stages.base.WorkerStage.privatizes`)
+    acts first among the worker stages in every spelling: ``stages=[UpdateClip(...), ClientDP(...)]`` is refused
+    (update_clip would see, and publish, the raw update).
     projection: a server stage added after ``stages`` — the earlier spelling of CRFL (``projection=CRFL(...)``),
     kept; ``stages=[CRFL(...)]`` is the same run.
     """
@@ -204,13 +207,15 @@ class Experiment:
         population.check_size(self.workers)
 
     def _stages(self) -> tuple[Stage, ...]:
-        """Every stage of the run in the order they act: ``stages``, then ``projection`` and ``privacy`` (the earlier
-        spellings), then the algorithm's own; each of its kind, with its own name and streams, checked against the
-        run (:meth:`~phalanx.training.stages.base.Stage.check`)."""
+        """Every stage of the run in the order they act: ``privacy`` (the earlier spelling: first, as a config's
+        ``dp_noise`` is), ``stages``, then ``projection`` (the earlier spelling), then the algorithm's own; each of
+        its kind, with its own name and streams, checked against the run
+        (:meth:`~phalanx.training.stages.base.Stage.check`), a worker stage that privatizes the update before every
+        other worker stage."""
         self.given_stages = tuple(self.stages)
         """The stages given as ``stages`` (the identity of a run directory of objects names them)."""
-        given: list[tuple[str, Any, type]] = [("stages", s, Stage) for s in self.given_stages]
-        given += [("projection", self.projection, ServerStage), ("privacy", self.privacy, WorkerStage)]
+        given: list[tuple[str, Any, type]] = [("privacy", self.privacy, WorkerStage)]
+        given += [("stages", s, Stage) for s in self.given_stages] + [("projection", self.projection, ServerStage)]
         out: list[Stage] = []
         for key, stage, kind in given:
             if stage is None:
@@ -219,6 +224,7 @@ class Experiment:
                 raise ConfigError(key, stage, f"a {kind.__name__} (phalanx.training.stages) or None")
             out.append(stage)
         out += self.algorithm.stages(self)
+        _private_first(out)
         plan = self.plan()
         names: set[str] = set()
         streams: set[str] = set(RESERVED)
@@ -311,3 +317,14 @@ def _move(problem: Problem, device: torch.device) -> None:
         return
     model.to(device)
     problem.buffers = dict(model.named_buffers())
+
+
+def _private_first(stages: Sequence[Stage]) -> None:
+    """Refuse a worker stage that privatizes the update (client-level DP) after another worker stage: that one would
+    see each raw update, and its columns (update_clip's largest norm) would publish what it measured of it."""
+    workers = [s for s in stages if isinstance(s, WorkerStage)]
+    for i, stage in enumerate(workers):
+        if stage.privatizes and i > 0:
+            raise ConfigError("stages", repr(stage), f"first among the worker stages ({workers[0].name} would see "
+                              "every raw update before its noise, and publish what it measured of it; "
+                              "Experiment(privacy=...) puts it first)")

@@ -150,11 +150,13 @@ class OnRound(Callback):
 
 
 def fresh_start(exp: Experiment) -> Snapshot:
-    """Round 0: θ₀ from the model, the per-round streams (the stages' own too) seeded from the experiment's seed; the
-    stages' fresh states (none: each keeps what it starts with)."""
+    """Round 0: θ₀ from the model, the per-round streams (the stages' own too, but their secret ones: each worker side
+    draws those itself) seeded from the experiment's seed; the stages' fresh states (none: each keeps what it starts
+    with)."""
     theta = exp.problem.initial_theta()
     state = RoundState(theta=theta, momentum=None, previous=None, round=0, own=exp.algorithm.initial_state(exp, theta))
-    names = (*ROUND_STREAMS, *(name for stage in exp.stages for name in stage.streams))
+    names = (*ROUND_STREAMS, *(name for stage in exp.stages for name in stage.streams
+                               if name not in stage.secret_streams()))
     streams = {name: generator(exp.seed, name).get_state() for name in names}
     return Snapshot(state, streams)
 

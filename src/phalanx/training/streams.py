@@ -16,7 +16,8 @@ model), so every consumer draws from its own stream, seeded from the run's seed 
 
 and every stage's own (:attr:`phalanx.training.stages.base.Stage.streams`), in a checkpoint only for a run with
 that stage: ``dp`` (the Gaussian noise every computing worker adds to its clipped update, every round, worker side:
-client-level differential privacy, :mod:`phalanx.training.stages.privacy`), ``projection`` (the server projection's
+client-level differential privacy, :mod:`phalanx.training.stages.privacy`; with its ``source = "secret"`` not a
+stream of the seed at all but :func:`secret_generator`, and in no checkpoint), ``projection`` (the server projection's
 draws after every step: CRFL's parameter noise, server side, :mod:`phalanx.training.stages.crfl`).
 
 The simulated clock of an asynchronous run draws from ``clock`` (the workers' speeds, once) and, with FedBuff's
@@ -31,6 +32,7 @@ moved (:mod:`phalanx.training.devices`), so a run makes the same draws on either
 from __future__ import annotations
 
 import hashlib
+import secrets
 
 import torch
 
@@ -50,6 +52,13 @@ def stream_seed(seed: int, stream: str) -> int:
 def generator(seed: int, stream: str) -> torch.Generator:
     """A CPU generator for one named stream."""
     return torch.Generator().manual_seed(stream_seed(seed, stream))
+
+
+def secret_generator() -> torch.Generator:
+    """A CPU generator seeded from 64 bits of the operating system's randomness (:func:`secrets.randbits`): derived
+    from nothing of the run, so no one else can regenerate its draws. torch's CPU generator (MT19937) is not a
+    cryptographic one: the secret is the 64-bit seed, held in this process's memory only."""
+    return torch.Generator().manual_seed(secrets.randbits(64))
 
 
 def restored(state: torch.Tensor) -> torch.Generator:

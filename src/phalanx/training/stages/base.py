@@ -43,7 +43,7 @@ from phalanx.errors import ConfigError
 from phalanx.plugins import accepted_params
 from phalanx.training.server import RoundResult
 from phalanx.training.state import Received
-from phalanx.training.streams import generator, restored
+from phalanx.training.streams import generator, restored, secret_generator
 
 __all__ = ["Evaluation", "Plan", "ServerRound", "ServerStage", "Stage", "WorkerStage", "WorkerStages",
            "WorkerUpdate"]
@@ -136,6 +136,12 @@ class Stage(ABC):  # noqa: B024 - every method is an optional hook with a defaul
     def check(self, plan: Plan) -> None:  # noqa: B027 - optional hook
         """Refuse (one-line :class:`~phalanx.errors.ConfigError` naming :meth:`parameter`) a run this stage cannot
         be part of."""
+
+    def secret_streams(self) -> tuple[str, ...]:
+        """Those of its :attr:`streams` drawn from a per-session secret instead of the run's seed
+        (:func:`~phalanx.training.streams.secret_generator`): never seeded from the seed, never checkpointed, never
+        sent to another process; none by default (client-level DP's ``dp`` with secret noise)."""
+        return ()
 
     def parameter(self, default: str) -> str:
         """The name its errors give it: how the run turned it on, else ``default`` (the API's name)."""
@@ -231,6 +237,10 @@ class WorkerStage(Stage):
     fills metric columns, labelled as reported, and is never read by a decision (a rule, a stage's hook, a stop)."""
 
     side: ClassVar[str] = "worker"
+    privatizes: ClassVar[bool] = False
+    """Whether it makes the update differentially private (client-level DP): it then acts first among the worker
+    stages in every spelling of a run, so that no other stage sees a raw update (:class:`Experiment` refuses it
+    elsewhere)."""
     reports: ClassVar[int] = 0
     """How many float64 numbers :meth:`report` holds (0: the stage reports nothing to rank 0)."""
 
@@ -258,12 +268,14 @@ class WorkerStage(Stage):
 
 class WorkerStages:
     """The run's worker-side stages as one worker side runs them: their streams (restored from the start snapshot's
-    states, else seeded from the run's seed) and every update through each stage in order."""
+    states, else seeded from the run's seed; a secret stream, :meth:`Stage.secret_streams`, from a fresh secret of
+    this process, whatever the snapshot holds) and every update through each stage in order."""
 
     def __init__(self, stages: Iterable[Stage], streams: Mapping[str, Tensor], seed: int) -> None:
         self.stages = tuple(s for s in stages if isinstance(s, WorkerStage))
-        self.generators = {name: restored(streams[name]) if name in streams else generator(seed, name)
-                           for s in self.stages for name in s.streams}
+        self.secret = frozenset(name for s in self.stages for name in s.secret_streams())
+        self.generators = {name: secret_generator() if name in self.secret else restored(streams[name])
+                           if name in streams else generator(seed, name) for s in self.stages for name in s.streams}
 
     def __bool__(self) -> bool:
         return bool(self.stages)
@@ -276,5 +288,5 @@ class WorkerStages:
         return rows
 
     def streams(self) -> dict[str, Tensor]:
-        """The stages' stream states now (for a checkpoint)."""
-        return {name: g.get_state() for name, g in self.generators.items()}
+        """The stages' stream states now (for a checkpoint), the secret ones left out."""
+        return {name: g.get_state() for name, g in self.generators.items() if name not in self.secret}

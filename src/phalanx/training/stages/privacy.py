@@ -18,28 +18,52 @@ which follow the protocol on poisoned data (a boosted backdoor scales its privat
 is not bound by the clipping). A vector attack's rows are whatever the attack makes; it sees the honest rows after
 their noise.
 
-The noise comes from the run's ``dp`` stream (:mod:`phalanx.training.streams`), one ``(W, d)`` draw a round for the W
-computing workers in index order, on the CPU; a process that runs one worker draws the whole matrix and keeps its own
-row, so that it adds what the in-process run adds to that worker, and the stream's state is checkpointed with the
-others (a resumed run is the uninterrupted one bit for bit).
+Where the noise comes from is ``source`` (the config's ``dp_noise_source``):
+
+* ``"seed"`` — the run's ``dp`` stream (:mod:`phalanx.training.streams`), derived from the run's seed: one ``(W, d)``
+  draw a round for the W computing workers in index order, on the CPU; a process that runs one worker draws the whole
+  matrix and keeps its own row, so that it adds what the in-process run adds to that worker, and the stream's state is
+  checkpointed with the others (a resumed run is the uninterrupted one bit for bit). Anyone who knows the seed (the
+  server, every worker, a reader of the config or of the run id) regenerates the noise and removes it: the ε is the
+  mechanism's, measured — not a protection of this run. For simulation studies; the simulated engine's default.
+* ``"secret"`` — a generator seeded per process and session from 64 bits of the operating system's randomness
+  (:func:`phalanx.training.streams.secret_generator`), drawing only the rows of the workers this process runs: on the
+  ``torchrun`` engine each rank its own worker's noise, which no other rank, the server or any file of the run
+  (checkpoint, run files, manifest, tracker) ever holds. A resumed session draws new seeds, so a run with secret noise
+  is not bit-for-bit resumable. The real-process engine's default.
+
+A config that leaves ``dp_noise_source`` unset gets its engine's default (:func:`resolved_source`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
 
 from phalanx.analysis import privacy as accounting
 from phalanx.errors import ConfigError
-from phalanx.training.stages.base import Evaluation, Plan, WorkerStage, WorkerUpdate
+from phalanx.training.stages.base import Evaluation, Plan, Stage, WorkerStage, WorkerUpdate
 from phalanx.validate import Key, Section, check_real
 
 STREAM = "dp"
 """The named random stream the noise is drawn from."""
+
+SOURCES = ("seed", "secret")
+"""Where the noise comes from: the run's seed (reproducible, public) or a per-session secret (see the module)."""
+
+
+def resolved_source(source: str | None, engine: str) -> str:
+    """The noise source of a config: ``dp_noise_source`` when set, else its engine's default — ``"secret"`` on the
+    real-process ``torchrun`` engine (every rank a real worker whose noise must stay its own), ``"seed"`` on the
+    simulated engine (a run is a measurement of the mechanism, reproducible bit for bit)."""
+    if source is not None:
+        return source
+    return "secret" if engine == "torchrun" else "seed"
+
 
 
 COLUMNS = ("dp_epsilon", "dp_epsilon_local")
@@ -54,7 +78,9 @@ class ClientDP(WorkerStage):
     clip: float
     noise: float
     delta: float = 1e-5
+    source: str = "seed"
     name: ClassVar[str] = "dp"
+    privatizes: ClassVar[bool] = True
     streams: ClassVar[tuple[str, ...]] = (STREAM,)
     reference: ClassVar[str] = ("M. Abadi et al., 'Deep learning with differential privacy', CCS 2016, Algorithm 1; "
                                 "H. B. McMahan, D. Ramage, K. Talwar, L. Zhang, 'Learning differentially private "
@@ -67,6 +93,10 @@ class ClientDP(WorkerStage):
         Key("clip", "dp_clip", float | None, None, "differential privacy: the clipping norm C of every worker's update "
             "(set with dp_noise)", gt=0),
         Key("delta", "dp_delta", float, 1e-5, "differential privacy: the δ of the reported (ε, δ)", gt=0, lt=1),
+        Key("source", "dp_noise_source", Literal["seed", "secret"] | None, None, "differential privacy: where each "
+            "worker's noise comes from — 'seed' (the run's seed: reproducible, and anyone who knows the seed removes "
+            "it; for simulation studies) or 'secret' (a per-session secret seed of each process, written nowhere; not "
+            "bit-for-bit resumable); unset: 'seed' on the simulated engine, 'secret' on torchrun (docs/privacy.md)"),
     ), "client-level differential privacy, turned on by the flat dp_noise")
     """The flat keys of earlier releases that configure it (``[stages.dp] noise`` is ``dp_noise``: the adapter,
     :data:`phalanx.experiments.legacy.DP`), each with its type, default, range and description: the run config's
@@ -76,6 +106,9 @@ class ClientDP(WorkerStage):
         "clip": "C > 0: every computing worker's update is clipped to norm C",
         "noise": "σ > 0: the noise multiplier; each worker adds N(0, σ²C²·I) itself",
         "delta": "0 < δ < 1: the δ of the reported budget (ε, δ) (default 1e-5)",
+        "source": "'seed' (the run's seed: reproducible, removable by whoever knows it) or 'secret' (a per-session "
+                  "secret seed of each process: not resumable bit for bit) (default 'seed'; a torchrun config: "
+                  "'secret')",
     }
 
     def __post_init__(self) -> None:
@@ -85,9 +118,16 @@ class ClientDP(WorkerStage):
         object.__setattr__(self, "noise", check_real("noise", self.noise, low=0.0, low_open=True))
         object.__setattr__(self, "delta", check_real("delta", self.delta, low=0.0, low_open=True, high=1.0,
                                                      high_open=True))
+        if self.source not in SOURCES:
+            raise ConfigError("source", self.source, "'seed' or 'secret'")
 
     def params(self) -> dict[str, Any]:
-        return {"clip": self.clip, "noise": self.noise, "delta": self.delta}
+        return {"clip": self.clip, "noise": self.noise, "delta": self.delta, "source": self.source}
+
+    def secret_streams(self) -> tuple[str, ...]:
+        """With secret noise, the ``dp`` stream is a per-session secret generator: never seeded from the run's seed,
+        never checkpointed."""
+        return (STREAM,) if self.source == "secret" else ()
 
     def check(self, plan: Plan) -> None:
         """An algorithm whose workers pass every update they send through the worker stages, a model whose
@@ -104,7 +144,10 @@ class ClientDP(WorkerStage):
         accounting.require(self.parameter("privacy"))
 
     def update(self, rows: Tensor, u: WorkerUpdate) -> Tensor:
-        """Clip and noise the rows (:meth:`privatize`), from the run's ``dp`` stream."""
+        """Clip and noise the rows (:meth:`privatize`), from the run's ``dp`` stream; with secret noise, from this
+        process's secret generator, drawing only the rows it has (no other worker's noise)."""
+        if self.source == "secret":
+            return self.privatize(rows, rows.shape[0], u.generators[STREAM])
         return self.privatize(rows, u.workers, u.generators[STREAM], u.positions)
 
     def clip_rows(self, rows: Tensor) -> Tensor:
@@ -142,3 +185,13 @@ class ClientDP(WorkerStage):
         run = ev.run
         b = self.budget(ev.round, run.workers, run.algorithm.per_round(run.workers))
         return {"dp_epsilon": b.epsilon, "dp_epsilon_local": b.epsilon_local}
+
+
+def run_note(stages: Iterable[Stage]) -> str | None:
+    """The one line a run with secret DP noise prints when it starts (None for any other run): where its noise comes
+    from, and that it is not bit-for-bit resumable."""
+    if not any(isinstance(s, ClientDP) and s.source == "secret" for s in stages):
+        return None
+    return ("differential privacy: every worker's noise is drawn from a secret seed of its own process, written "
+            "nowhere; a resumed run draws new noise, so this run is not bit-for-bit resumable "
+            "(dp_noise_source = 'secret', docs/privacy.md)")
