@@ -48,3 +48,16 @@ def test_a_grid_says_when_it_reuses_runs_other_code_trained(tmp_path: Path, caps
     run_grid(configs, tmp_path / "out")
     err = capsys.readouterr().err
     assert "2 of the 2 run(s)" in err and "started by other code" in err and err.count("\n") == 1
+
+
+def test_an_unreadable_manifest_is_unknown_code_not_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The line informs; it never stops a grid. A review found one run directory with a damaged manifest stopping
+    every run of the grid here, before anything trained (the run's own resume reports the damage, or --force passes
+    it)."""
+    damaged = tmp_path / "run_a"
+    damaged.mkdir()
+    (damaged / "manifest.json").write_text("garbage")
+    assert runner.say_other_code([damaged]) == 1
+    assert "1 of the 1 run(s)" in capsys.readouterr().err

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from phalanx import code_digest
+from phalanx import PhalanxError, code_digest
 from phalanx.experiments import ended, runstate, status, store
 from phalanx.experiments.build import check_points
 from phalanx.experiments.config import RunConfig, ValidRun, validate
@@ -109,10 +109,20 @@ def say_other_code(dirs: list[Path]) -> int:
     :func:`phalanx.code_digest`, or predates it): their rows are reused as they are, so a reader knows a grid may mix
     code versions (``__version__`` does not change with every commit that changes results). Returns how many."""
     started = [d for d in dirs if (d / store.MANIFEST).exists()]
-    other = [d for d in started if store.recorded_fingerprint(d, "code") != code_digest()]
+    other = [d for d in started if _recorded_code(d) != code_digest()]
     if other:
         print(f"phalanx: {len(other)} of the {len(started)} run(s) found in {other[0].parent} were started by other "
               f"code than this installation's (their manifest.json records another 'code' digest, or none), e.g. "
               f"{other[0].name}; their results are reused as they are — train them again with this code in a new "
               "--out (or after deleting their directories)", file=sys.stderr, flush=True)
     return len(other)
+
+
+def _recorded_code(run_dir: Path) -> str | None:
+    """The code digest ``run_dir``'s manifest records; None where none is recorded or the manifest cannot be read —
+    this line informs, it never stops a grid (a damaged manifest is the run's own error, or ``--force``'s to pass:
+    a review found one unreadable manifest stopping every run of the grid here)."""
+    try:
+        return store.recorded_fingerprint(run_dir, "code")
+    except (PhalanxError, OSError, ValueError):
+        return None
