@@ -80,6 +80,8 @@ def test_listeners_never_bind_a_wildcard(host: str, monkeypatch: pytest.MonkeyPa
     if host and ":" not in host:
         with pytest.raises(ConfigError, match="not a wildcard"):
             listen_on(host, 0).close()
+        with pytest.raises(ConfigError, match="not a wildcard"):  # the keyless job's c10d store (a review)
+            env_module.listen(host, 0).close()
     assert rendezvous.check_bind_address("MASTER_ADDR", "127.0.0.1") == "127.0.0.1"
     assert rendezvous.check_bind_address("MASTER_ADDR", "localhost") == "localhost"
 

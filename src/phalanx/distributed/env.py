@@ -172,12 +172,20 @@ _LISTENERS: list[socket.socket] = []
 def listen(host: str, port: int) -> socket.socket:
     """A TCP socket listening on ``host:port`` only — not on every interface, which is what the c10d store does when
     it binds by itself (a store for ``MASTER_ADDR=127.0.0.1`` would otherwise be reachable from the network)."""
+    from phalanx.distributed.rendezvous import check_bind_address, wildcard  # (rendezvous imports this module)
+
+    check_bind_address("MASTER_ADDR", host)  # '0', '0x0', … : the keyless store would speak for any rank to anyone
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        return socket.create_server((host, port), family=family, backlog=4096)
+        server = socket.create_server((host, port), family=family, backlog=4096)
     except OSError as exc:
         raise ConfigError("MASTER_ADDR:MASTER_PORT", f"{host}:{port}", "an address of this machine and a free port",
                           exc.strerror or type(exc).__name__) from None
+    if wildcard(str(server.getsockname()[0])):  # a spelling of the wildcard the check before did not read
+        server.close()
+        raise ConfigError("MASTER_ADDR", host, "one address of this machine, not a wildcard",
+                          "a wildcard listens on every network of the machine")
+    return server
 
 
 def resolve_backend(requested: str) -> str:
