@@ -388,20 +388,22 @@ def test_a_checkpoint_whose_config_claims_a_model_larger_than_memory_is_one_line
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "tokenizer_config.json"])
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "tokenizer_config.json", "spm.model",
+                                  "source.spm", "any.model"])
 def test_a_huge_small_file_of_a_checkpoint_is_refused_from_its_size_before_transformers_reads_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """A handed-over folder whose ``config.json`` (or tokenizer file) is a sparse file one byte over its cap: one
     line naming the file and the cap, from its size — transformers never opens it (a review: a 1 GiB config.json
-    was read whole, 2.2 GiB of memory, before its JSON error)."""
+    was read whole, 2.2 GiB of memory, before its JSON error; a second review: DeBERTa's ``spm.model`` and Marian's
+    ``source.spm`` were outside the caps — any file with a tokenizer's suffix is capped now)."""
     import transformers
 
     from phalanx.data import tokens
 
     folder = tmp_path / "big"
     shutil.copytree(hub.resolve(TINY), folder)
-    cap = hub.SMALL_FILES[name]
-    with open(folder / name, "r+b") as fh:
+    cap = hub.SMALL_FILES.get(name, hub.MAX_VOCABULARY_BYTES)  # a tokenizer's suffix: capped as a vocabulary
+    with open(folder / name, "a+b") as fh:  # (a file the folder lacks is made: DeBERTa's, Marian's)
         fh.truncate(cap + 1)
 
     def never(*args: object, **kwargs: object) -> None:

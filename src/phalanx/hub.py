@@ -19,6 +19,7 @@ a missing install is one line naming it.
 
 from __future__ import annotations
 
+import os
 from importlib import import_module
 from pathlib import Path
 from typing import Any
@@ -45,10 +46,17 @@ SMALL_FILES = {
                      "chat_template.json", "chat_template.jinja", "model.safetensors.index.json",
                      "pytorch_model.bin.index.json"), MAX_SETTINGS_BYTES),
     **dict.fromkeys(("tokenizer.json", "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model",
-                     "sentencepiece.bpe.model"), MAX_VOCABULARY_BYTES),
+                     "sentencepiece.bpe.model", "spm.model", "source.spm", "target.spm", "vocab.bpe", "bpe.codes",
+                     "tokenizer.tiktoken", "qwen.tiktoken"), MAX_VOCABULARY_BYTES),
 }
 """The files of a checkpoint folder that ``transformers`` reads whole (its config, the tokenizer's and the sharded
-weights' index), each with the most bytes it may have: checked before it reads them (:func:`check_files`)."""
+weights' index), each with the most bytes it may have: checked before it reads them (:func:`check_files`), with
+every other file whose suffix is a tokenizer's (:data:`VOCABULARY_SUFFIXES`)."""
+VOCABULARY_SUFFIXES = (".model", ".spm", ".tiktoken", ".bpe")
+"""Suffixes of tokenizer files that some tokenizer reads whole whatever their name (DeBERTa's ``spm.model``,
+Marian's ``source.spm``: a review found them outside the caps): capped as vocabularies."""
+MAX_LISTED = 4096
+"""The most entries of a checkpoint folder looked at for :data:`VOCABULARY_SUFFIXES` (a folder of more is refused)."""
 
 
 def is_hf(name: object) -> bool:
@@ -95,7 +103,7 @@ def check_files(path: Path, spec: str, parameter: str = "model") -> Path:
     """``path``, once each of its :data:`SMALL_FILES` that exists is a regular file (links followed: the Hugging
     Face cache links its snapshots' files to blobs) of at most its cap — read from its size, nothing read; else one
     :class:`ConfigError` naming ``parameter``, the file and the cap."""
-    for name, cap in SMALL_FILES.items():
+    for name, cap in {**SMALL_FILES, **_tokenizer_files(path, spec, parameter)}.items():
         try:
             size = files.size_of(path / name, follow=True, error=_refused(spec, parameter, cap))
         except FileNotFoundError:
@@ -103,6 +111,23 @@ def check_files(path: Path, spec: str, parameter: str = "model") -> Path:
         if size > cap:
             raise _refused(spec, parameter, cap)(path / name, files.too_large(size, cap))
     return path
+
+
+def _tokenizer_files(path: Path, spec: str, parameter: str) -> dict[str, int]:
+    """The folder's other files with a tokenizer's suffix, each capped as a vocabulary (at most :data:`MAX_LISTED`
+    entries looked at; a folder of more is one :class:`ConfigError`)."""
+    found: dict[str, int] = {}
+    try:
+        with os.scandir(path) as entries:
+            for k, entry in enumerate(entries):
+                if k >= MAX_LISTED:
+                    raise ConfigError(parameter, spec, f"a checkpoint folder of at most {MAX_LISTED:,} entries",
+                                      f"{path} holds more")
+                if entry.name.endswith(VOCABULARY_SUFFIXES) and entry.name not in SMALL_FILES:
+                    found[entry.name] = MAX_VOCABULARY_BYTES
+    except OSError:  # (not a folder, or unreadable: transformers says so in its own words)
+        return {}
+    return found
 
 
 def _refused(spec: str, parameter: str, cap: int) -> files.Refusal:
