@@ -150,6 +150,72 @@ def test_the_first_flagged_call_of_a_process_leaves_no_pool_thread_with_the_mode
     assert done.stdout.split() == ["0"]
 
 
+CHURN = (
+    "import os, signal, sys, threading, time, torch\n"
+    "from phalanx.aggregators import _subnormals, registry\n"
+    "torch.set_num_threads(2)\n"
+    "stop = threading.Event()\n"
+    "def churn():\n"
+    "    while not stop.is_set():\n"
+    "        {start}\n"
+    "worker = threading.Thread(target=churn, daemon=True)\n"
+    "worker.start()\n"
+    "time.sleep(0.05)\n"
+)
+"""A process in which another Python thread keeps starting threads while flagged rules run (a review of the first
+fix: it read "the block started the team" from the number of the process's threads)."""
+
+
+def _run_script(script: str) -> str:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, timeout=600, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_a_team_started_in_a_small_call_is_restored_while_other_threads_come_and_go() -> None:
+    """geomed on 11 x 300 rows (the single-thread path) opens the team in its own arithmetic, while another Python
+    thread starts and joins short-lived threads: a thread that ended meanwhile hid the team's new one from a count
+    (5 of 12 fresh processes kept FTZ/DAZ on pool thread 1). Thread ids see it: 0 threads with the modes, in each
+    of three fresh processes."""
+    script = CHURN.format(start="t = threading.Thread(target=lambda: None); t.start(); t.join()") + (
+        "g = torch.Generator().manual_seed(9)\n"
+        "x = torch.randn(11, 300, generator=g)\n"
+        "x[:2] = torch.rand(2, 300, generator=g) * torch.finfo(torch.float32).tiny\n"
+        "registry.get_class('geomed')(f=2).aggregate(x)\n"
+        "stop.set()\n"
+        "print(_subnormals.denormals_zero_threads(2))\n"
+    )
+    assert [_run_script(script).split() for _ in range(3)] == [["0"]] * 3
+
+
+def test_small_calls_beside_python_threads_starting_open_no_team_so_a_fork_child_still_runs() -> None:
+    """300 Krum calls on 5 x 16 rows (no team) while another Python thread starts a thread every half millisecond:
+    those threads are Python's, not a team's, so no restore opens a region — the first fix opened one, and the
+    forked child then hung in its first parallel region (libgomp), as the alarm shows (exit -14)."""
+    script = CHURN.format(start="threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); "
+                                "time.sleep(0.0005)") + (
+        "krum = registry.make('krum', 1)\n"
+        "x = torch.randn(5, 16)\n"
+        "for _ in range(300):\n"
+        "    krum(x)\n"
+        "stop.set()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    signal.alarm(60)\n"
+        "    y = torch.randn(4_000_000)\n"
+        "    (y * y).sum()\n"
+        "    os._exit(0)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(os.waitstatus_to_exitcode(status))\n"
+        "os._exit(0)\n"
+    )
+    assert _run_script(script).split() == ["0"]
+
+
 def test_other_devices_are_left_as_they_are() -> None:
     with _subnormals.denormals_are_zero(torch.empty(4, 10**5, device="meta")):
         assert _subnormals.denormals_zero_threads(1) == 0

@@ -30,6 +30,8 @@ Without the kernel (a build without a C compiler) only the calling thread gets t
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -57,18 +59,16 @@ def denormals_are_zero(x: torch.Tensor) -> Iterator[None]:
     if _rowops._normkernel is not None:
         kernel = _rowops._normkernel
         threads = max(1, torch.get_num_threads()) if x.numel() >= GRAIN else 1
-        started_before = _threads_started() if threads == 1 else None
+        before = _thread_ids() if threads == 1 else None
         saved = kernel.denormals_zero(threads)
         try:
             yield
         finally:
             kernel.denormals_restore(saved)
-            if started_before is not None and torch.get_num_threads() > 1:
-                started = _threads_started()
-                if started is not None and started > started_before:
-                    # The block started the team (torch parallelised a small input's product): its new threads
-                    # copied the caller's modes when they were created, so they get the caller's previous bits.
-                    kernel.denormals_restore(saved[:2] * torch.get_num_threads())
+            if before is not None and torch.get_num_threads() > 1 and _native_threads_started(before):
+                # The block started the team (torch parallelised a small input's product): its new threads
+                # copied the caller's modes when they were created, so they get the caller's previous bits.
+                kernel.denormals_restore(saved[:2] * torch.get_num_threads())
         return
     torch.set_flush_denormal(True)  # the calling thread only; torch offers no way to read the mode back
     try:
@@ -77,16 +77,35 @@ def denormals_are_zero(x: torch.Tensor) -> Iterator[None]:
         torch.set_flush_denormal(False)
 
 
-def _threads_started() -> int | None:
-    """The number of threads of this process (Linux ``/proc``), or None where it cannot be read.
+def _thread_ids() -> frozenset[int] | None:
+    """The ids of this process's threads (Linux ``/proc``), or None where they cannot be read."""
+    try:
+        return frozenset(int(t) for t in os.listdir("/proc/self/task"))
+    except (OSError, ValueError):
+        return None
+
+
+def _native_threads_started(before: frozenset[int]) -> bool:
+    """Whether threads that are not Python's started since ``before`` and still run.
 
     A thread starts with the floating-point state of the thread that creates it. The first OpenMP parallel region of
     a process creates the team's threads, so a region opened inside the single-thread path of
-    :func:`denormals_are_zero` would hand them the modes for good; a grown count says that happened."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return None
+    :func:`denormals_are_zero` would hand them the modes for good. Thread ids, not their number (a thread that ended
+    meanwhile hid the team's new one from a count), and Python's own threads left out (another Python thread
+    starting threads made the restore open a team that torch never opened, and a later ``os.fork`` child hung):
+    both found by a review. A new thread is looked for among Python's three times over about 10 ms (it registers
+    itself a moment after it starts); one still unregistered after that is taken for a native one."""
+    now = _thread_ids()
+    if now is None or not now - before:
+        return False
+    candidates = set(now - before)
+    for wait in (0.0, 0.001, 0.01):  # a Python thread registers itself in threading a moment after it starts
+        time.sleep(wait)
+        candidates &= _thread_ids() or frozenset()
+        candidates -= {t.native_id for t in threading.enumerate()}
+        if not candidates:
+            return False
+    return True
 
 
 def denormals_zero_threads(threads: int) -> int:
