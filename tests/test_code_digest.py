@@ -29,10 +29,12 @@ def test_the_digest_covers_every_source_file_and_changes_with_one(tmp_path: Path
     exec(compile((copy / "__init__.py").read_text(), "copy", "exec"), namespace)
     same = namespace["code_digest"]()  # type: ignore[operator]
     assert same == digest
-    target = copy / "aggregators" / "mean.py"
-    target.write_text(target.read_text() + "\n")
-    namespace["code_digest"].cache_clear()  # type: ignore[attr-defined]
-    assert namespace["code_digest"]() != digest  # type: ignore[operator]
+    for target in (copy / "aggregators" / "mean.py", copy / "configs" / "default.toml"):  # source, and data
+        saved = target.read_bytes()
+        target.write_bytes(saved + b"\n")
+        namespace["code_digest"].cache_clear()  # type: ignore[attr-defined]
+        assert namespace["code_digest"]() != digest  # type: ignore[operator]
+        target.write_bytes(saved)
 
 
 def test_a_grid_says_when_it_reuses_runs_other_code_trained(tmp_path: Path, capsys: pytest.CaptureFixture[str],
