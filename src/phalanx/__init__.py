@@ -17,9 +17,9 @@ def code_digest() -> str:
     """SHA-256 (hex) of this installation's source and data: every file of the package but compiled ones
     (``__pycache__``, ``.pyc``, ``.so``: the ``.c`` they come from counts), each by its path relative to the package
     and its bytes, in sorted order — the default config and the embedded data and model included (about 4.6 MB).
-    ``__version__`` stays the same across commits that change
-    results; a run's manifest records this digest (``code``), so a grid that reuses or resumes a run trained by
-    other code can say so (:func:`phalanx.experiments.store.code_differs`)."""
+    ``__version__`` stays the same across commits that change results; a run's manifest records this digest
+    (``code``), so a grid that reuses or resumes a run trained by other code says so
+    (:func:`phalanx.experiments.runner.say_other_code`)."""
     import hashlib
     from pathlib import Path
 
