@@ -97,18 +97,23 @@ def test_copies_of_one_run_are_refused_not_counted_as_seeds(tmp_path: Path, fini
 FREE = _rundirs.FINISHED
 
 
-def test_a_folder_named_as_another_runs_id_is_refused_in_report_and_verify(
-        tmp_path: Path, keys: dict[str, Path], signed: tuple[Path, Path]) -> None:
-    """review: t_dup.sh / t_verify_swap.sh — seed 0's run under seed 1's run id (a copy, or two folders swapped)
-    was reported as seed 1's; each folder named as a run id must hold that run."""
-    out = tmp_path / "swap"
+def _swapped(signed: tuple[Path, Path], out: Path) -> tuple[Path, Path]:
+    """Copies of the two signed runs in ``out``, each under the other's run id (two folders swapped)."""
     out.mkdir()
     a, b = _copy(signed, out)
     a.rename(out / "tmp")
     b.rename(a)
     (out / "tmp").rename(b)
+    return a, b
+
+
+def test_a_folder_named_as_another_runs_id_is_refused_in_report_and_verify(
+        tmp_path: Path, keys: dict[str, Path], signed: tuple[Path, Path]) -> None:
+    """review: t_dup.sh / t_verify_swap.sh — seed 0's run under seed 1's run id (a copy, or two folders swapped)
+    was reported as seed 1's; each folder named as a run id must hold that run."""
+    a, b = _swapped(signed, tmp_path / "swap")
     with pytest.raises(ConfigError) as info:
-        report.collect(out)
+        report.collect(tmp_path / "swap")
     one_line(info.value, str(a), b.name, "seed 1", "named by the run id")
 
 
@@ -120,12 +125,7 @@ def test_verify_names_the_run_and_refuses_a_swapped_folder(
     res = runner.invoke(cli.app, ["verify", str(signed[0]), "--key", str(keys["pub"])])
     assert res.exit_code == 0, res.output
     assert f"of the run {signed[0].name} (seed 0)" in res.output, res.output
-    out = tmp_path / "vswap"
-    out.mkdir()
-    a, b = _copy(signed, out)
-    a.rename(out / "tmp")
-    b.rename(a)
-    (out / "tmp").rename(b)
+    a, b = _swapped(signed, tmp_path / "vswap")
     res = runner.invoke(cli.app, ["verify", str(a), "--key", str(keys["pub"])])
     assert isinstance(res.exception, ConfigError), res.output
     one_line(res.exception, str(a), b.name, "seed 1")
