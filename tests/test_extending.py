@@ -209,3 +209,17 @@ def test_the_docs_stage_checks_its_parameter_and_keeps_its_count() -> None:
     again = Forgetful(c=0.5)
     again.load_state_dict(lost.state_dict())
     assert again.clipped != 3
+
+
+def test_a_plain_class_attacks_parameters_reach_the_listing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``phalanx list attacks`` showed "—" for a plug-in attack that is a plain class (mylab's ``shift``): the listing
+    read the registry's wrapper, whose constructor takes ``**params``. The wrapper carries the user's signature."""
+    from phalanx.attacks.registry import user_attack
+    from phalanx.experiments.sections import _parameters
+
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    from mylab.attacks import Shift
+
+    wrapped = user_attack(Shift, "shift")
+    assert list(_parameters(wrapped)) == [("offset", "float", 3.0)]
+    assert wrapped(offset=2.0).params() == {"offset": 2.0}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, ClassVar, TypeVar
 
 from torch import Tensor
@@ -84,6 +85,10 @@ def user_attack(obj: Any, spec: str) -> type[Attack]:
             return out
 
     UserAttack.__name__ = UserAttack.__qualname__ = f"UserAttack[{spec}]"
+    try:  # the user's constructor's parameters, for the listings (the wrapper's own are ``**params``)
+        UserAttack.__signature__ = inspect.signature(obj)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        pass
     return UserAttack
 
 
