@@ -68,3 +68,32 @@ def test_the_new_group_wins_over_the_old_for_one_name(tmp_path: Path, monkeypatc
         warnings.simplefilter("error")
         graph = graphs.get("labring")(6)
     assert graph.degrees.tolist() == [2] * 6  # the ring, not the complete graph
+
+
+def test_an_entry_point_shadowed_by_a_built_in_is_said_once() -> None:
+    """An installed entry point named like a built-in is never used (the built-in comes first): said once, with the
+    spec that reaches it (an extension author's review: ``cwtm = xlab.rules:Reputation`` ran the built-in silently).
+    Phalanx's own entry points and one of the module that registers the name are not warned about."""
+    import warnings
+    from importlib.metadata import EntryPoint
+
+    from phalanx.plugins import Registry
+
+    class Builtin:
+        pass
+
+    reg: Registry[type] = Registry("aggregator", "phalanx.aggregators")
+    reg.register(Builtin, name="cwtm")
+    reg.register(Builtin, name="same")
+    reg.register(Builtin, name="own")
+    reg._entry_points = {
+        "cwtm": EntryPoint("cwtm", "xlab.rules:Reputation", "phalanx.aggregators"),
+        "same": EntryPoint("same", f"{Builtin.__module__}:Builtin", "phalanx.aggregators"),
+        "own": EntryPoint("own", "phalanx.aggregators.cwtm:Trimmed", "phalanx.aggregators"),
+    }
+    with pytest.warns(UserWarning, match=r"'cwtm'.*xlab\.rules:Reputation.*shadowed by the built-in"):
+        assert reg.get("cwtm") is Builtin
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert reg.get("cwtm") is Builtin  # once
+        assert reg.get("same") is Builtin and reg.get("own") is Builtin

@@ -213,6 +213,7 @@ class Registry(Generic[T]):
         self._accept = accept
         self._entries: dict[str, T] = {}
         self._entry_points: dict[str, EntryPoint] | None = None
+        self._shadowed: set[str] = set()  # names whose shadowed entry point was already said
 
     @overload
     def register(self, obj: Obj, *, name: str | None = None) -> Obj: ...
@@ -243,6 +244,20 @@ class Registry(Generic[T]):
             self._entry_points = old | {ep.name: ep for ep in entry_points(group=self.group)}
         return self._entry_points
 
+    def _warn_shadowed(self, name: str) -> None:
+        """Once per name: an installed entry point of this group named like a registered entry is never used (the
+        registered one comes first), which a plug-in's author would not see (an extension author's review)."""
+        ep = self._eps().get(name)
+        if ep is None or name in self._shadowed:
+            return
+        self._shadowed.add(name)
+        registered = self._entries[name]
+        if ep.module == getattr(registered, "__module__", None) or ep.module.split(".")[0] == "phalanx":
+            return  # the same object (an entry point of a module that also registers it), or Phalanx's own
+        warnings.warn(f"{self.kind} {name!r}: the installed entry point {name} = {ep.value} ({ep.group}) is "
+                      f"shadowed by the built-in of that name and never used — name it otherwise, or give the spec "
+                      f"{ep.value!r}", UserWarning, stacklevel=3)
+
     def names(self) -> list[str]:
         """Every name :meth:`get` knows without a spec: registered ones and installed entry points, sorted."""
         return sorted(set(self._entries) | set(self._eps()))
@@ -260,6 +275,7 @@ class Registry(Generic[T]):
         """The object for ``name`` (a registered name, a ``module:attr`` spec or an entry point's name)."""
         parameter = parameter or self.kind
         if isinstance(name, str) and name in self._entries:
+            self._warn_shadowed(name)
             return self._entries[name]
         if isinstance(name, str) and is_spec(name):
             obj = import_spec(name, parameter)
