@@ -106,7 +106,8 @@ def _study_options(study: type[Study[Any, Any, Any]]) -> list[inspect.Parameter]
     options: dict[str, tuple[Any, Any]] = {
         "preset_name": (Annotated[str, typer.Option("--preset", help=help_preset)], study.default_preset),
         "out": (Annotated[Path, typer.Option("--out", help="Output directory.")], Path(study.out)),
-        "seeds": (Annotated[int, typer.Option("--seeds", min=2, help="Seeds per cell (0 … seeds−1).")], 3),
+        "seeds": (Annotated[int, typer.Option("--seeds", min=2, help="Seeds per cell (0 … seeds−1; they replace "
+                                                  "the preset's own seeds).")], 3),
         "jobs": (Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Processes (default: cores).")], None),
         "set_": (Annotated[list[str] | None, typer.Option("--set", help="Override a preset field or run key: --set "
                                                           f"{study.set_example}.")], None),
