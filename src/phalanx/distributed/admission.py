@@ -84,7 +84,7 @@ def source_of(addr: str) -> str:
 
 def listen_on(host: str, port: int) -> socket.socket:
     """A TCP listener on ``host:port`` only (port 0: a free one); a one-line error if this machine cannot."""
-    from phalanx.distributed.rendezvous import wildcard
+    from phalanx.distributed.env import wildcard
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:

@@ -18,11 +18,10 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import socket
 from datetime import timedelta
 from typing import Any
 
-from phalanx.distributed.env import RankEnv
+from phalanx.distributed.env import RankEnv, check_bind_address
 from phalanx.distributed.errors import TransportError
 from phalanx.errors import ConfigError
 
@@ -38,34 +37,6 @@ PORT_KEY = "sealed/port"
 """Under torchrun's agent, the parameter server publishes its TLS listener's port here."""
 STORE_VALUE_BYTES = 300
 """A store value longer than this is not a port or an address (refused unread beyond it)."""
-
-
-def wildcard(address: str) -> bool:
-    """Whether ``address`` (an IP address as the resolver gives it) is a wildcard: ``0.0.0.0``, ``::`` or
-    ``::ffff:0.0.0.0``."""
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return False
-    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
-    return ip.is_unspecified or (mapped is not None and mapped.is_unspecified)
-
-
-def check_bind_address(name: str, host: str) -> str:
-    """``host`` if a listener may bind it: a host name or an address of one interface — not a wildcard (``0.0.0.0``,
-    ``::``), which would listen on every network of the machine, in any spelling the resolver reads as one (``0``,
-    ``0.0``, ``0x0``, ``000.000.000.000``, a name that resolves to it): the host is resolved and refused if any of its
-    addresses is a wildcard (:func:`~phalanx.distributed.admission.listen_on` checks the bound address again)."""
-    if not host or len(host) > 253 or any(c.isspace() for c in host):
-        raise ConfigError(name, host, "an address or host name of this machine")
-    try:
-        found = [str(info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)]
-    except (OSError, UnicodeError):  # (a name that does not resolve: the bind says so)
-        found = []
-    if wildcard(host) or any(wildcard(a) for a in found):
-        raise ConfigError(name, host, "one address of this machine, not a wildcard",
-                          "a wildcard listens on every network of the machine")
-    return host
 
 
 def bind_host(renv: RankEnv) -> str:
