@@ -432,3 +432,57 @@ def test_a_store_client_drawing_a_thousand_tickets_stops_the_step_once() -> None
     store.add(NOTICES, 1000)
     with pytest.raises(RoundAborted):
         srv.exchange(theta, 0, None)  # type: ignore[arg-type]
+
+
+class _WritesDuringWait:
+    """A c10d store whose first ``wait`` lets a slow worker write its notice before the wait begins (the event the
+    server cannot see coming: it is already waiting on the next ticket)."""
+
+    def __init__(self, store: Any, late: Any) -> None:
+        self.store, self.late = store, late
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def wait(self, keys: list[str], timeout: Any) -> None:
+        if self.late is not None:
+            self.late, late = None, self.late
+            late()
+        self.store.wait(keys, timeout)
+
+
+def test_a_late_notice_is_read_while_the_server_waits_on_the_next_ticket() -> None:
+    """Ticket 1's worker draws, ticket 2's writes first (1 set aside, 2 read); then every worker waits for its credit,
+    so no ticket 3 is ever drawn, and ticket 1's notice comes while the server waits on ticket 3. Before, that wait
+    looked only at ticket 3: the notice lay unread for the whole round_timeout and the step was given up (CI, stop 56:
+    FedBuff K = 4 on five processes, "1 worker(s) missing … no update arrived within round_timeout=20 s")."""
+    from phalanx.distributed.async_server import NOTICES
+
+    srv, store, _, u = _store_server(30.0)
+    store.add(NOTICES, 2)
+    _send(store, 2, 2, u[1])
+    assert srv.arrivals.next(0.0) == (-1, -1, b"")  # ticket 1 set aside: ticket 2's notice is there
+    assert srv.arrivals.next(0.0)[0] == 2
+    srv.arrivals.store = _WritesDuringWait(store, lambda: _send(store, 1, 1, u[0]))
+    got = srv.arrivals.next(30.0)
+    assert got is not None and got[:2] == (1, 0) and got[2] == wire.tensor_bytes(u[0])
+
+
+def test_a_ticket_set_aside_is_not_counted_lost_until_it_is_forgotten() -> None:
+    """Ticket 1 set aside while tickets 2 and 3 fill the step: nothing was lost (before, every skip was counted as a
+    lost update of rank −1: the CI log of stop 56 said "lost 3" of a run that lost none). A ticket forgotten after its
+    grace is reported once as lost."""
+    from phalanx.distributed.async_server import LOST, NOTICES, StoreArrivals
+
+    srv, store, theta, u = _store_server(5.0)
+    store.add(NOTICES, 3)
+    _send(store, 2, 1, u[0])
+    _send(store, 3, 2, u[1])
+    assert srv.exchange(theta, 0, None).rows == [1, 2]  # type: ignore[arg-type]
+    assert srv.dropped().get("lost", 0) == 0
+    arrivals = StoreArrivals(SimpleNamespace(store=store, publish_theta=lambda t, m: None), -1.0)  # grace: none
+    store.add(NOTICES, 2)  # tickets 4 and 5: 4 never written, 5 written
+    _send(store, 5, 3, u[2])
+    arrivals.ticket = 4
+    assert arrivals.next(0.0) == (-1, -1, b"")
+    assert arrivals.next(0.0)[0] == 3 and arrivals.next(0.0) == LOST and arrivals.next(0.0) is None

@@ -40,7 +40,8 @@ Transports. Without keys the c10d store (:class:`StoreArrivals`): θ as ``s/<t>`
 server's keys), an update as ``v/<version>/<rank>`` followed by a *notice*: the worker draws a ticket
 ``store.add("async/n", 1)`` and writes ``async/a/<ticket>``; the server reads tickets in order, so it waits on
 whichever worker arrives next. A ticket drawn by a worker that died before writing its notice is skipped once a
-later notice is there, or after the step's wait; a notice written late is still read. With keys the sealed links
+later notice is there, or after the step's wait; a notice written late is still read, also while the server waits on
+the next ticket. With keys the sealed links
 (:class:`SealedArrivals`, :mod:`phalanx.distributed.sealed`): every update is signed for (run, version, rank), one
 per worker per version (a second one is a violation of the link; its
 eighth closes it), held for the last S + 1 versions only, so the server's memory is bounded by (S + 2)·(n − 1) rows
@@ -87,6 +88,12 @@ if TYPE_CHECKING:
 
 NOTICES = "async/n"
 
+HOLE = (-1, -1, b"")
+"""What :meth:`Arrivals.next` returns for a ticket set aside (its notice not there yet): no arrival, nothing lost."""
+LOST = (-1, 0, b"")
+"""What :meth:`Arrivals.next` returns for an update announced and gone, of no known rank (a notice that names none, a
+ticket set aside and forgotten): counted as ``lost``."""
+
 
 def notice_key(ticket: int) -> str:
     """The store key of the ``ticket``-th arrival notice (without keys)."""
@@ -104,7 +111,8 @@ class Arrivals(Protocol):
         :func:`~phalanx.distributed.async_credit.trailer`) to every worker."""
 
     def next(self, timeout: float) -> tuple[int, int, bytes] | None:
-        """The next update to arrive, from any worker: (rank, version, payload); None when none within ``timeout``."""
+        """The next update to arrive, from any worker: (rank, version, payload); None when none within ``timeout``;
+        :data:`HOLE` when a ticket was set aside, :data:`LOST` for an update announced and gone."""
 
     def stale(self) -> Counter[int]:
         """Updates the links themselves dropped as older than the bound, per rank, since the last call."""
@@ -127,6 +135,8 @@ class StoreArrivals:
     """How many later tickets are looked at for a notice before the current one is waited on."""
     SKIPPED_MAX = 256
     """The most tickets set aside at once (the oldest is forgotten first)."""
+    POLL_S = 0.05
+    """While tickets are set aside, how long one wait on the next ticket lasts before they are looked at again."""
 
     def __init__(self, links: Any, grace: float) -> None:
         self.links = links  # the synchronous server's StoreLinks (offer, joined, publish_theta, stop, close)
@@ -137,6 +147,9 @@ class StoreArrivals:
         """How long a ticket set aside is looked at again for a late notice."""
         self.skipped: dict[int, float] = {}
         """Tickets set aside, with when."""
+        self.forgotten = 0
+        """Tickets forgotten (set aside longer than ``grace``, or the oldest past :data:`SKIPPED_MAX`) not yet
+        reported: each is reported once by :meth:`next` as a lost update of no known rank."""
 
     def publish(self, t: int, msg: bytes, credit: bytes = b"") -> None:
         self.links.publish_theta(t, msg + credit)
@@ -145,8 +158,9 @@ class StoreArrivals:
         self.skipped[self.ticket] = time.monotonic()
         while len(self.skipped) > self.SKIPPED_MAX:
             del self.skipped[next(iter(self.skipped))]
+            self.forgotten += 1
         self.ticket += 1
-        return -1, -1, b""
+        return HOLE
 
     def _late(self) -> int | None:
         """A ticket set aside whose notice is there now (forgetting those set aside more than ``grace`` ago)."""
@@ -154,6 +168,7 @@ class StoreArrivals:
         for ticket, when in list(self.skipped.items()):
             if now - when > self.grace:
                 del self.skipped[ticket]
+                self.forgotten += 1
             elif self.store.check([notice_key(ticket)]):
                 del self.skipped[ticket]
                 return ticket
@@ -166,27 +181,44 @@ class StoreArrivals:
                                                                     min(drawn, self.ticket + self.LOOK_AHEAD) + 1))
 
     def next(self, timeout: float) -> tuple[int, int, bytes] | None:
-        late = self._late() if self.skipped else None
-        key = notice_key(self.ticket if late is None else late)
-        if late is None and not self.store.check([key]):
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            if self.forgotten:
+                self.forgotten -= 1
+                return LOST
+            late = self._late() if self.skipped else None
+            if late is not None:
+                return self._read(late)
+            key = notice_key(self.ticket)
+            if self.store.check([key]):
+                self.ticket += 1
+                return self._read(self.ticket - 1)
             if self._ahead():
                 return self._skip()
-            if timeout <= 0:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 return None
+            # with tickets set aside, wait in slices and look at them again: their notices may come while this one
+            # is waited on (and no later ticket may ever be drawn: every worker waits for its credit)
+            wait = min(remaining, self.POLL_S) if self.skipped else remaining
             try:
-                self.store.wait([key], timedelta(seconds=max(timeout, 0.001)))
+                self.store.wait([key], timedelta(seconds=max(wait, 0.001)))
             except dist.DistStoreError:
+                if wait < remaining:
+                    continue
                 if int(self.store.add(NOTICES, 0)) >= self.ticket:  # drawn, not written within the wait
                     return self._skip()
                 return None
+
+    def _read(self, ticket: int) -> tuple[int, int, bytes]:
+        """The update ticket's notice names (its notice and vector removed from the store)."""
+        key = notice_key(ticket)
         note = bytes(self.store.get(key))
         self.store.delete_key(key)
-        if late is None:
-            self.ticket += 1
         try:
             version, rank = (int(x) for x in note.decode().split())
         except (ValueError, UnicodeDecodeError):
-            return -1, 0, b""
+            return LOST
         vkey = wire.key_vector(version, rank)
         if not self.store.check([vkey]):
             return rank, version, b""
@@ -396,8 +428,11 @@ class AsyncServer(Transport):
                      "published; further ones are counted only")
 
     def _offer(self, rank: int, version: int, payload: bytes, t: int) -> int:
-        """Offer one arrival to the buffer, record why it was dropped (if it was); its size."""
+        """Offer one arrival to the buffer, record why it was dropped (if it was); its size. A :data:`HOLE` is no
+        arrival: nothing is counted (a ticket set aside is read later, or reported :data:`LOST` once forgotten)."""
         buf = self.buffer
+        if (rank, version, payload) == HOLE:
+            return 0
         if version == t and 1 <= rank < self.exp.workers:  # (its update of the newest version came, whatever it is)
             self.delivered.add(rank)
         if self.credits is not None and version <= t:  # (a version not yet published settles nothing)
