@@ -103,11 +103,14 @@ def _params(params: Mapping[str, Any], name: str) -> dict[str, Any]:
 @dataclass
 class Tracking:
     """The trackers of one run and what they are told: the run's ``params`` (flattened) and, optionally, its
-    ``name`` (default: the run directory's name)."""
+    ``name`` (default: the run directory's name); ``timeout``: how long one call is waited for."""
 
     trackers: dict[str, TrackerLike]
     params: dict[str, Any] = field(default_factory=dict)
     name: str | None = None
+    timeout: float | None = None
+    """How long one call of a tracker is waited for before it is dropped (None:
+    :data:`~phalanx.experiments.tracking.calls.CALL_TIMEOUT_S`)."""
 
     @classmethod
     def of_names(cls, names: Sequence[str | TrackerLike], params: Mapping[str, Any] | None = None,
@@ -116,7 +119,10 @@ class Tracking:
         trackers: dict[str, TrackerLike] = {}
         for item in names:
             tracker = build(item) if isinstance(item, str) else item
-            trackers[item if isinstance(item, str) else getattr(item, "name", type(item).__name__)] = tracker
+            key = item if isinstance(item, str) else getattr(item, "name", type(item).__name__)
+            if key in trackers:  # (a second one of a name would replace the first, which would hear nothing)
+                raise ConfigError("tracking", key, "each tracker named once (give a tracker object its own `name`)")
+            trackers[key] = tracker
         return cls(trackers, flatten(params or {}), name)
 
 

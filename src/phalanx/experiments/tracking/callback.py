@@ -10,7 +10,10 @@ directory is signed).
   Failing is raising an :class:`Exception` — one whose message cannot be printed included — or
   :class:`SystemExit` (a client library that calls ``sys.exit``): :data:`FAILS`. What stops the process itself
   (``KeyboardInterrupt``, the grid's :class:`~phalanx.experiments.signals.StopRequested` and a worker's SIGTERM)
-  still stops the run where it is, as anywhere else in a run.
+  still stops the run where it is, as anywhere else in a run. A tracker whose call does not return within
+  :data:`~phalanx.experiments.tracking.calls.CALL_TIMEOUT_S` (a server that never answers) is dropped the same way
+  and never called again (:mod:`phalanx.experiments.tracking.calls`: every call of a tracker runs on a thread of its
+  own); one that does not answer while starting refuses the run.
 - the end: ``finished`` after the last round (in ``on_finish``), or ``diverged`` / ``failed`` / ``interrupted``
   when the run stops early (:meth:`Tracked.closing`).
 
@@ -31,7 +34,7 @@ from typing import Any
 
 from phalanx.errors import PhalanxError
 from phalanx.experiments import runfiles, store
-from phalanx.experiments.tracking import Tracking
+from phalanx.experiments.tracking import Tracking, calls
 from phalanx.experiments.tracking.base import TrackedRun, TrackerLike, numbers
 from phalanx.training.divergence import Diverged
 from phalanx.training.loop import Callback, Loop, RoundInfo
@@ -68,6 +71,7 @@ class Tracked(Callback):
         self.run_dir = run_dir
         self.kept = read_kept(run_dir)
         self.active: dict[str, TrackerLike] = {}
+        self.threads: dict[str, calls.OwnThread] = {}
         self.through: dict[str, int] = {}
         self.loop: Loop | None = None
         self.skip: frozenset[str] = frozenset()
@@ -81,11 +85,19 @@ class Tracked(Callback):
             kept = dict(self.kept.get(key, {}))
             run = TrackedRun(name, dict(self.tracking.params), run_dir, None if run_dir is None else run_dir.parent,
                              {k: v for k, v in kept.items() if k != "through"}, loop.resumed)
+            thread = calls.OwnThread(key, self._timeout())
             try:
-                info = tracker.start(run)  # an error: the run is refused before it trains
+                info = thread.call(tracker.start, run)  # an error: the run is refused before it trains
             except SystemExit as exc:  # ... as one error, not the process's exit
+                thread.stop()
                 raise RuntimeError(f"tracker {key} exited while starting its run ({_one_line(exc)})") from exc
+            except calls.Hung as exc:
+                raise RuntimeError(f"tracker {key} did not start its run ({exc})") from None
+            except BaseException:
+                thread.stop()
+                raise
             self.active[key] = tracker
+            self.threads[key] = thread
             through = kept.get("through")
             self.through[key] = through if isinstance(through, int) and not isinstance(through, bool) else -1
             self.kept[key] = {**dict(info or {}), "through": self.through[key]}
@@ -123,12 +135,14 @@ class Tracked(Callback):
         """Finish every tracker still working (a failure is a warning line: the run's results are written
         anyway)."""
         for key in list(self.active):
-            tracker = self.active.pop(key)
+            tracker, thread = self.active.pop(key), self.threads.pop(key)
             try:
-                tracker.finish(end)
+                thread.call(tracker.finish, end)
             except FAILS as exc:
                 log.warning("tracker %s could not finish its run (%s); the run's own results are not affected", key,
                             _one_line(exc))
+            finally:
+                thread.stop()
 
     def _send(self, rows: list[dict[str, Any]]) -> None:
         """Every row a tracker has not logged yet, to that tracker; a tracker that fails is dropped."""
@@ -142,7 +156,7 @@ class Tracked(Callback):
                 if self.through[key] >= step:
                     continue
                 try:
-                    self.active[key].log(step, metrics)
+                    self.threads[key].call(self.active[key].log, step, metrics)
                 except FAILS as exc:
                     log.warning("tracker %s failed at round %d (%s): it is dropped for the rest of this run, which "
                                 "trains on (its metrics are written to its run directory as always)", key, step,
@@ -157,11 +171,19 @@ class Tracked(Callback):
 
     def _drop(self, key: str) -> None:
         """Stop sending to a tracker that failed; it is told the run failed, as far as it still can be."""
-        tracker = self.active.pop(key)
+        tracker, thread = self.active.pop(key), self.threads.pop(key)
         try:
-            tracker.finish("failed")
+            if not thread.hung:  # (a hung tracker is never called again)
+                thread.call(tracker.finish, "failed")
         except FAILS:  # it failed already: one warning was said
             pass
+        finally:
+            thread.stop()
+
+    def _timeout(self) -> float:
+        """How long one call of a tracker is waited for (:attr:`Tracking.timeout`, or the module's default)."""
+        timeout = self.tracking.timeout
+        return calls.CALL_TIMEOUT_S if timeout is None else timeout
 
     def _save(self) -> None:
         """``tracking.json`` in the run directory (nothing without one)."""

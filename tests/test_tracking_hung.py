@@ -1,0 +1,140 @@
+"""A tracker whose call never returns (a server that accepts and never answers) is dropped after the timeout and the run
+finishes; one that never answers while starting refuses the run (:mod:`phalanx.experiments.tracking.calls`).
+
+Each run is driven from a thread of the test and waited for on its own end (a watchdog of 120 s): the code before,
+which called the tracker on the run's thread, never ends — the watchdog then frees the tracker and the test fails."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from phalanx.experiments import store
+from phalanx.experiments.build import from_config
+from phalanx.experiments.config import make_config
+from phalanx.experiments.tracking import TrackedRun, Tracker, calls
+from phalanx.experiments.train import train
+
+TINY: dict[str, Any] = {"dataset": "digits", "model": "logreg", "workers": 5, "byzantine": 1, "f": 1,
+                        "aggregator": "cwtm", "attack": "signflip", "rounds": 4, "eval_every": 1, "batch_size": 8}
+TIMEOUT_S = 3.0
+"""The tracker timeout in these tests: a call of the trackers below that answers takes microseconds (3 s leaves a
+loaded machine six orders of magnitude)."""
+WATCHDOG_S = 120.0
+
+
+class Hangs(Tracker):
+    """Answers until round ``at``, then blocks on ``release`` (never set until the test ends); ``hang_start``: blocks
+    in ``start``."""
+
+    name = "hangs"
+
+    def __init__(self, release: threading.Event, at: int = 2, hang_start: bool = False, name: str = "hangs") -> None:
+        super().__init__(None)
+        self.name = name
+        self.release, self.at, self.hang_start = release, at, hang_start
+        self.logged: list[int] = []
+        self.finished: list[str] = []
+        self.threads: set[str] = set()
+
+    def start(self, run: TrackedRun) -> Mapping[str, Any]:
+        self.threads.add(threading.current_thread().name)
+        if self.hang_start:
+            self.release.wait()
+        return {}
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.threads.add(threading.current_thread().name)
+        if step >= self.at:
+            self.release.wait()
+        self.logged.append(step)
+
+    def finish(self, end: str) -> None:
+        self.finished.append(end)
+
+
+def _watched(run: Callable[[], None], release: threading.Event) -> BaseException | None:
+    """Run ``run`` on a thread; what it raised (None); fails the test if it has not ended within the watchdog."""
+    box: dict[str, BaseException] = {}
+
+    def target() -> None:
+        try:
+            run()
+        except BaseException as exc:  # handed to the test
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(WATCHDOG_S)
+    if thread.is_alive():
+        release.set()
+        thread.join(WATCHDOG_S)
+        pytest.fail("the run waited on a tracker that never answers")
+    return box.get("error")
+
+
+def test_a_tracker_that_never_answers_is_dropped_and_the_run_finishes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(calls, "CALL_TIMEOUT_S", TIMEOUT_S)
+    release = threading.Event()
+    hangs, other, run = Hangs(release), Hangs(release, at=99, name="answers"), tmp_path / "run"
+    exp = from_config(make_config(TINY))
+    try:
+        with caplog.at_level(logging.WARNING, logger="phalanx.tracking"):
+            error = _watched(lambda: train(exp, run, tracking=[hangs, other]), release)
+    finally:
+        release.set()
+    assert error is None, error
+    assert store.is_finished(run) and [r["round"] for r in store.read_rows(run)] == [0, 1, 2, 3, 4]
+    assert hangs.logged == [0, 1] and hangs.finished == []  # (dropped at round 2; a hung tracker is not called again)
+    assert other.logged == [0, 1, 2, 3, 4] and other.finished == ["finished"]  # the other tracker: every row
+    assert all(name.startswith("phalanx-tracker-") for name in hangs.threads | other.threads)
+    (record,) = [r for r in caplog.records if r.name == "phalanx.tracking"]
+    assert "failed at round 2" in record.getMessage() and f"no answer within {TIMEOUT_S:g} s" in record.getMessage()
+
+
+def test_a_tracker_that_never_answers_while_starting_refuses_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(calls, "CALL_TIMEOUT_S", TIMEOUT_S)
+    release = threading.Event()
+    hangs, run = Hangs(release, hang_start=True), tmp_path / "run"
+    exp = from_config(make_config(TINY))
+    try:
+        error = _watched(lambda: train(exp, run, tracking=[hangs]), release)
+    finally:
+        release.set()
+    assert isinstance(error, RuntimeError)
+    assert str(error) == f"tracker hangs did not start its run (no answer within {TIMEOUT_S:g} s)"
+    assert not store.is_finished(run) and hangs.logged == []
+
+
+def test_what_a_tracker_raises_on_its_thread_is_raised_on_the_runs() -> None:
+    """A stop (Ctrl-C, the grid's) raised inside a tracker's call reaches the run's thread as itself."""
+    thread = calls.OwnThread("t", TIMEOUT_S)
+
+    def stops() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        thread.call(stops)
+    assert thread.call(lambda x: x + 1, 1) == 2  # (the thread serves the next call)
+    thread.stop()
+    thread.thread.join(WATCHDOG_S)
+    assert not thread.thread.is_alive()
+
+
+def test_two_tracker_objects_of_one_name_are_refused() -> None:
+    """Before, the second replaced the first, which heard nothing (this file's first test met it)."""
+    from phalanx.errors import ConfigError
+    from phalanx.experiments.tracking import Tracking
+
+    release = threading.Event()
+    with pytest.raises(ConfigError, match="each tracker named once"):
+        Tracking.of_names([Hangs(release), Hangs(release)])
