@@ -486,3 +486,47 @@ def test_a_ticket_set_aside_is_not_counted_lost_until_it_is_forgotten() -> None:
     arrivals.ticket = 4
     assert arrivals.next(0.0) == (-1, -1, b"")
     assert arrivals.next(0.0)[0] == 3 and arrivals.next(0.0) == LOST and arrivals.next(0.0) is None
+
+
+def test_an_update_older_than_the_janitors_window_but_within_the_bound_is_read() -> None:
+    """S = 20: a slow worker's update of version 0 is read at t = 16, within the bound. Before, the asynchronous
+    server without keys kept the synchronous server's janitor, which deleted ``v/<t − 16>/*`` as version t was
+    published: the update was counted lost (and a delete between the server's check and its read held the read for
+    the store's own timeout, 3600 s on rank 0 — a review). The keyless asynchronous topology's links are built so."""
+    import torch.distributed as dist
+
+    from phalanx.distributed import topologies
+    from phalanx.distributed.async_server import NOTICES, StoreArrivals, notice_key
+    from phalanx.distributed.parameter_server import StoreLinks
+
+    store = dist.HashStore()
+    built: list[StoreLinks] = []
+
+    class Recorded(StoreLinks):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    exp = SimpleNamespace(algorithm=SimpleNamespace(max_staleness=20), workers=2)
+    rank = SimpleNamespace(renv=SimpleNamespace(rank=0), exp=exp, digest="d", cfg=SimpleNamespace(round_timeout=30.0),
+                           identity=None, log=SimpleNamespace(say=print))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(topologies, "_store", lambda r: store)
+        mp.setattr(topologies, "StoreLinks", Recorded)
+        mp.setattr(topologies, "AsyncServer", lambda links, arrivals, *a: arrivals)
+        mp.setattr(topologies, "Part", lambda server: server)
+        arrivals = topologies.start_async(rank)  # type: ignore[arg-type]
+    assert isinstance(arrivals, StoreArrivals) and built == [arrivals.links]
+    links = built[0]
+    store.set("ready/1", b"1")
+    links.joined(2)
+    row = wire.tensor_bytes(torch.arange(4, dtype=torch.float32))
+    arrivals.publish(0, b"T")
+    store.set(wire.key_vector(0, 1), row)  # the slow worker's vector of version 0 ...
+    for t in range(1, 17):  # ... while versions 1 … 16 are published
+        arrivals.publish(t, b"T")
+    assert links.janitor is not None
+    links.janitor.close()  # (its queued deletions done)
+    store.add(NOTICES, 1)
+    store.set(notice_key(1), b"0 1")  # ... and only then its notice
+    assert arrivals.next(0.0) == (1, 0, row)

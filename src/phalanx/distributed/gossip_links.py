@@ -148,6 +148,7 @@ class Link:
         self.outbox: queue.SimpleQueue[Tensor | None] = queue.SimpleQueue()
         self.sending = threading.Condition()
         self.pending = 0  # messages queued and not yet taken by the peer
+        self.dead = False  # the sending thread ended on an error: nothing queued will be taken
         self.sender = threading.Thread(target=self._send, name=f"phalanx-send-{peer}", daemon=True)
         self.receiver = threading.Thread(target=self._receive, name=f"phalanx-recv-{peer}", daemon=True)
         self.sender.start()
@@ -168,7 +169,8 @@ class Link:
     def flush(self, deadline: float) -> None:
         """Wait until the peer has taken every queued message, at most until ``deadline`` (monotonic)."""
         with self.sending:
-            self.sending.wait_for(lambda: self.pending == 0, timeout=max(0.0, deadline - time.monotonic()))
+            self.sending.wait_for(lambda: self.pending == 0 or self.dead,
+                                  timeout=max(0.0, deadline - time.monotonic()))
 
     def finish(self) -> None:
         """Queue the last message (after what is queued): the peer's receiving thread ends on it."""
@@ -182,6 +184,9 @@ class Link:
                 self.pg.send([msg], self.other, 0).wait(FOREVER)  # type: ignore[attr-defined]  # (not in the stubs)
             except (RuntimeError, dist.DistError) as exc:
                 self.inbox.close(self.peer, str(exc).splitlines()[0][:160])
+                with self.sending:  # a flush waiting on this link ends now, not at its deadline (a review)
+                    self.dead = True
+                    self.sending.notify_all()
                 return
             with self.sending:
                 self.pending -= 1

@@ -96,12 +96,15 @@ class Janitor:
     path.
 
     ``v/`` and ``h/`` keys are deleted; ``s/<t>`` becomes the tombstone ``LAPSED`` (a worker that far behind gets an
-    answer at once, reads ``latest`` and skips ahead).
+    answer at once, reads ``latest`` and skips ahead). ``vectors=False`` (the asynchronous server, which deletes each
+    vector as it reads it): ``v/`` keys are left alone — a version older than ``KEEP_ROUNDS`` may still be within its
+    staleness bound, and a delete between the server's check and its read would hold the read for the store's
+    timeout (a review).
     """
 
-    def __init__(self, store: dist.Store, n: int) -> None:
+    def __init__(self, store: dist.Store, n: int, vectors: bool = True) -> None:
         self.store = store.clone()  # type: ignore[attr-defined]  # a new connection (missing from the stubs)
-        self.n = n
+        self.n, self.vectors = n, vectors
         self.reports = False
         """Whether the run's workers send worker-stage reports (``m/`` keys to delete too)."""
         self.rounds: queue.SimpleQueue[int | None] = queue.SimpleQueue()
@@ -118,7 +121,8 @@ class Janitor:
             try:
                 self.store.set(wire.key_server(old), wire.LAPSED)
                 reports = [wire.key_report(old, r) for r in range(self.n)] if self.reports else []
-                for key in (wire.key_honest(old), *(wire.key_vector(old, r) for r in range(self.n)), *reports):
+                vectors = [wire.key_vector(old, r) for r in range(self.n)] if self.vectors else []
+                for key in (wire.key_honest(old), *vectors, *reports):
                     self.store.delete_key(key)
             except (dist.DistError, ConnectionError, RuntimeError):  # the store went away: the job is ending
                 return
@@ -184,11 +188,13 @@ class ServerLinks(Protocol):
 
 class StoreLinks:
     """The parameter server's links through the c10d store (see :mod:`phalanx.distributed.wire`): anyone who reaches
-    the store can read and write every key, so nothing here says who wrote a vector (docs/security.md)."""
+    the store can read and write every key, so nothing here says who wrote a vector (docs/security.md).
+    ``vectors_read_once``: the reader deletes each vector it reads, and the janitor none (:class:`Janitor`)."""
 
-    def __init__(self, store: dist.Store) -> None:
+    def __init__(self, store: dist.Store, vectors_read_once: bool = False) -> None:
         self.store = store
         self.janitor: Janitor | None = None
+        self.vectors_read_once = vectors_read_once
 
     def offer(self, init: dict[str, Any]) -> None:
         wire.put(self.store, "init", wire.pack(init))
@@ -196,7 +202,7 @@ class StoreLinks:
 
     def joined(self, n: int) -> set[int]:
         joined = collect(self.store, {r: f"ready/{r}" for r in range(1, n)}, set(), JOIN_TIMEOUT_S)
-        self.janitor = Janitor(self.store, n)
+        self.janitor = Janitor(self.store, n, vectors=not self.vectors_read_once)
         return set(joined)
 
     def publish_theta(self, t: int, msg: bytes) -> None:

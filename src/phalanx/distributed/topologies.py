@@ -179,7 +179,7 @@ def start_async(rank: Rank) -> Part | None:
             AsyncWorker(exp, StoreWorkerLinks(store, renv.rank), renv.rank, digest,
                         notify=store_notifier(store, renv.rank)).run()
             return None
-        links = StoreLinks(store)
+        links = StoreLinks(store, vectors_read_once=True)  # (a version within the bound may be older than 16)
         arrivals = StoreArrivals(links, cfg.round_timeout)
         return Part(AsyncServer(links, arrivals, digest, cfg.round_timeout, rank.log.say))
     if renv.agent_store:
