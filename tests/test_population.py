@@ -395,3 +395,29 @@ def test_per_client_state_and_the_torchrun_engine_are_refused() -> None:
     exp = _experiment(10**6)
     with pytest.raises(ConfigError, match="torchrun"):
         exp.algorithm.one_worker(exp, 0, {}, None)
+
+
+def test_the_recorded_count_is_the_number_of_attack_rows_each_round() -> None:
+    """The record against what the attack was asked for: every round, the number of Byzantine rows the engine had
+    the attack make equals the stage's count (0: no call). The test above replays the stage's own formula and could
+    not see the engine disagree with it: a review's mutant (client N − B trained honestly, ``ids <= honest_n``)
+    passed every test here while its runs attacked with one client fewer than they recorded. N = 20, B = 10, C = 10:
+    client 10 is in about half the rounds."""
+    exp = _experiment(20, byzantine=10, c=10, f=4, rounds=12)
+    asked: dict[int, int] = {}
+    inner = exp.attack
+    assert isinstance(inner, attacks.Attack)
+
+    class Counting(type(inner)):  # type: ignore[misc]
+        def __call__(self, ctx: Any) -> torch.Tensor:
+            asked[int(ctx.round)] = asked.get(int(ctx.round), 0) + int(ctx.n_byzantine)
+            return inner(ctx)
+
+    counting = Counting.__new__(Counting)
+    counting.__dict__.update(inner.__dict__)
+    exp.attack = counting
+    run(exp)
+    stage = exp.stage(ByzantineCount)
+    assert stage is not None and len(stage.history) == 12
+    assert [asked.get(t, 0) for t in range(12)] == stage.history
+    assert 0 < sum(stage.history) and any(0 < x < 10 for x in stage.history)
