@@ -196,19 +196,17 @@ class StoreArrivals:
             if self._ahead():
                 return self._skip()
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            # with tickets set aside, wait in slices and look at them again: their notices may come while this one
-            # is waited on (and no later ticket may ever be drawn: every worker waits for its credit)
-            wait = min(remaining, self.POLL_S) if self.skipped else remaining
-            try:
-                self.store.wait([key], timedelta(seconds=max(wait, 0.001)))
-            except dist.DistStoreError:
-                if wait < remaining:
-                    continue
-                if int(self.store.add(NOTICES, 0)) >= self.ticket:  # drawn, not written within the wait
+            if remaining <= 0:  # (a ticket drawn and not written within a whole wait is set aside)
+                if timeout > 0 and int(self.store.add(NOTICES, 0)) >= self.ticket:
                     return self._skip()
                 return None
+            if self.skipped:  # look at them again while this one is waited on: their notices may come first, and no
+                time.sleep(min(remaining, self.POLL_S))  # later ticket may ever be drawn (every worker waits for its
+                continue  # credit); a sleep, not a short store wait: each of those that times out logs two lines
+            try:
+                self.store.wait([key], timedelta(seconds=max(remaining, 0.001)))
+            except dist.DistStoreError:
+                continue
 
     def _read(self, ticket: int) -> tuple[int, int, bytes]:
         """The update ticket's notice names (its notice and vector removed from the store)."""
