@@ -88,11 +88,12 @@ def test_a_tracker_that_never_answers_is_dropped_and_the_run_finishes(
     try:
         with caplog.at_level(logging.WARNING, logger="phalanx.tracking"):
             error = _watched(lambda: train(exp, run, tracking=[hangs, other]), release)
+        logged, finished = list(hangs.logged), list(hangs.finished)  # (before its call is released)
     finally:
         release.set()
     assert error is None, error
     assert store.is_finished(run) and [r["round"] for r in store.read_rows(run)] == [0, 1, 2, 3, 4]
-    assert hangs.logged == [0, 1] and hangs.finished == []  # (dropped at round 2; a hung tracker is not called again)
+    assert logged == [0, 1] and finished == []  # (dropped at round 2; a hung tracker is not called again)
     assert other.logged == [0, 1, 2, 3, 4] and other.finished == ["finished"]  # the other tracker: every row
     assert all(name.startswith("phalanx-tracker-") for name in hangs.threads | other.threads)
     (record,) = [r for r in caplog.records if r.name == "phalanx.tracking"]
@@ -138,3 +139,35 @@ def test_two_tracker_objects_of_one_name_are_refused() -> None:
     release = threading.Event()
     with pytest.raises(ConfigError, match="each tracker named once"):
         Tracking.of_names([Hangs(release), Hangs(release)])
+
+
+def test_a_stop_while_a_tracker_call_runs_is_not_held_by_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (here SIGINT sent to the main thread from inside the tracker's call) reaches the run while a tracker's
+    ``log`` is still running: the run stops with ``KeyboardInterrupt`` without waiting for the call — its ``finish``
+    is waited for the stop's grace only. A review of the thread's first version: the stop waited out the call (a
+    slow server's 20 s; a hung one's whole timeout, 300 s). The call is released by a watchdog after 60 s; the stop
+    must have reached the test before."""
+    import signal
+
+    monkeypatch.setattr(calls, "CALL_TIMEOUT_S", 120.0)
+    monkeypatch.setattr(calls, "STOP_GRACE_S", 0.5)
+    release = threading.Event()
+
+    class Interrupted(Hangs):
+        def log(self, step: int, metrics: Mapping[str, float]) -> None:
+            if step >= 2:
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+            super().log(step, metrics)
+
+    watchdog = threading.Timer(60.0, release.set)
+    watchdog.start()
+    mine = Interrupted(release)
+    exp = from_config(make_config(TINY))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(exp, None, tracking=[mine])
+        assert not release.is_set(), "the stop waited for the tracker's call"
+        assert mine.logged == [0, 1] and mine.finished == []
+    finally:
+        watchdog.cancel()
+        release.set()

@@ -7,7 +7,8 @@ client library sees one thread, as before) while the run's thread waits for each
 that does not return in time raises :class:`Hung`, the tracker is dropped like one that fails
 (:mod:`phalanx.experiments.tracking.callback`) and never called again — its thread is left to the process's end. What
 a call raises is raised again in the run's thread, ``KeyboardInterrupt`` and the grid's stop included, and a signal
-still reaches the run's thread while it waits (``Event.wait`` is interruptible).
+still reaches the run's thread while it waits (``Event.wait`` is interruptible): the run stops at once, and the
+tracker's ``finish`` — queued behind the call still running — is waited for :data:`STOP_GRACE_S` at most.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from typing import Any
 CALL_TIMEOUT_S = 300.0
 """How long the run waits for one call of a tracker. MLflow's own HTTP client gives up on a request after 120 s and
 retries with back-off, so a server that is down is normally reported by the tracker itself well within this."""
+STOP_GRACE_S = 5.0
+"""Once a wait for a call was cut short by a stop (Ctrl-C, the grid's stop, SIGTERM), how long each later call of
+that tracker — its ``finish("interrupted")``, queued behind the call still running — is waited for: a stop is not
+held for :data:`CALL_TIMEOUT_S` (a review: it waited out a slow tracker's call, a hung one's for 300 s)."""
 
 
 class Hung(Exception):
@@ -34,6 +39,8 @@ class OwnThread:
         self.jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], threading.Event, dict[str, Any]]
                                      | None] = queue.SimpleQueue()
         self.hung = False
+        self.stopped = False
+        """A wait for one of its calls was cut short by a stop: later calls are waited for :data:`STOP_GRACE_S`."""
         self.thread = threading.Thread(target=self._serve, name=f"phalanx-tracker-{name}", daemon=True)
         self.thread.start()
 
@@ -43,9 +50,15 @@ class OwnThread:
             raise Hung(f"an earlier call of tracker {self.name} has not returned")
         done, box = threading.Event(), dict[str, Any]()
         self.jobs.put((fn, args, done, box))
-        if not done.wait(self.timeout):
+        timeout = min(self.timeout, STOP_GRACE_S) if self.stopped else self.timeout
+        try:
+            answered = done.wait(timeout)
+        except BaseException:  # a stop reached the run's thread while the call runs on
+            self.stopped = True
+            raise
+        if not answered:
             self.hung = True
-            raise Hung(f"no answer within {self.timeout:g} s")
+            raise Hung(f"no answer within {timeout:g} s" + (" while the run stops" if self.stopped else ""))
         if "error" in box:
             raise box["error"]
         return box.get("value")
