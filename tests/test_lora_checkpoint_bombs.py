@@ -8,6 +8,7 @@ that fails the test, so a refusal that comes too late (or never) is seen without
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -127,3 +128,45 @@ def test_honest_chat_templates_and_a_linked_template_folder_still_load(tmp_path:
     (folder / "chat_template.jinja").write_text("{{ messages }}")
     assert hub.resolve(f"hf:{folder}") == folder
     assert tokens.tokenizer(f"hf:{folder}", LENGTH) is not None
+
+
+@pytest.mark.parametrize(("key", "value", "cap"), [
+    ("num_hidden_layers", 1_000_000, 1024),
+    ("text_config.num_hidden_layers", 1_000_000, 1024),
+    ("n_layer", 20_000, 1024),
+    ("vision_config.depths", [2, 2, 1_000_000, 2], 1024),
+    ("num_attention_heads", 100_000, 1024),
+    ("num_experts", 1_000_000, 4096),
+    ("num_hidden_layers", 1e300, 1024),
+])
+def test_a_config_with_a_huge_count_of_layers_heads_or_experts_is_one_line_before_transformers_parses_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, value: object, cap: int) -> None:
+    """The attacker hands over a 612-byte ``config.json`` claiming 10⁶ layers of width 2 (or as many heads or
+    experts, or the count in a nested ``text_config``/``vision_config``): almost no parameters, so the memory check on
+    the skeleton passed, but building the meta-device skeleton took 153 s and 1.7 GB at 20,000 layers before
+    failing, and Qwen2-like configs list their layers' types inside ``AutoConfig`` (29 s, 1.4 GB at 10⁷). The old
+    code parsed the config and built the skeleton; now the model and the tokenizer are one line naming the file, the
+    key and the allowed range, before transformers reads the folder."""
+    folder = _folder(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    outer, _, inner = key.rpartition(".")
+    (config.setdefault(outer, {}) if outer else config)[inner] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    _never_loaded(monkeypatch)
+    for parameter, make in _makers(folder):
+        with pytest.raises(ConfigError) as info:
+            make()
+        text = str(info.value)
+        assert "\n" not in text and text.startswith(f"{parameter}=") and \
+            f"config.json has {key} at most {cap:,}" in text and str(folder / "config.json") in text, text
+
+
+def test_counts_as_large_as_the_largest_published_models_pass_the_structure_check(tmp_path: Path) -> None:
+    """The caps refuse no real checkpoint: 126 layers (Llama 3.1 405B), 232 heads (Falcon-180B), 2,048 experts
+    (Switch-C), a negative layer index (LLaVA's ``vision_feature_layer``) and a list of layer indices pass."""
+    folder = _folder(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(text_config={"num_hidden_layers": 126, "num_attention_heads": 232, "num_local_experts": 2048},
+                  vision_feature_layer=-2, mlp_only_layers=list(range(126)))
+    (folder / "config.json").write_text(json.dumps(config))
+    assert hub.resolve(f"hf:{folder}") == folder

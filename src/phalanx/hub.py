@@ -19,6 +19,7 @@ whole, 2.2 GiB of memory, before it was refused; a 1 GiB ``additional_chat_templ
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from importlib import import_module
@@ -91,6 +92,20 @@ MAX_LISTED = 4096
 more is refused)."""
 
 
+STRUCTURE_CAPS = ((re.compile(r"(?:^|_)(?:layers?|blocks|depths?)$"), 1024),
+                  (re.compile(r"(?:^|_)heads?$"), 1024),
+                  (re.compile(r"(?:^|_)experts?$"), 4096))
+"""The most a ``config.json`` count of layers (``num_hidden_layers``, ``n_layer``, ``decoder_layers``, ``depth`` …),
+attention heads (``num_attention_heads``, ``n_head``, ``num_key_value_heads`` …) or experts (``num_experts``,
+``num_local_experts``, ``n_routed_experts`` …) may be, at any depth of the file (``text_config``,
+``vision_config`` …; a list under such a key: its length and each entry). The largest published models are far
+below: 126 layers (Llama 3.1 405B; PaLM 540B 118, GPT-3 96), 232 heads (Falcon-180B; Llama 3.1 405B 128), 2,048
+experts (Switch-C; DeepSeek-V3 256). A review: a 612-byte config.json of 20,000 layers of width 2 (almost no
+parameters, so under the memory check) took 153 s and 1.7 GB building the meta-device skeleton, and config classes
+that list their layers' types (Qwen2, Gemma …) spent 29 s and 1.4 GB on 10⁷ layers inside ``AutoConfig`` itself:
+the counts are checked on the file's JSON before ``transformers`` parses it."""
+
+
 def is_hf(name: object) -> bool:
     """Whether ``name`` is an ``hf:NAME`` spec."""
     return isinstance(name, str) and name.startswith(PREFIX)
@@ -152,7 +167,40 @@ def check_files(path: Path, spec: str, parameter: str = "model") -> Path:
             raise ConfigError(parameter, spec, f"a checkpoint whose {TEMPLATES}/ holds at most "
                               f"{MAX_TEMPLATES_BYTES:,} bytes in all", f"{path / TEMPLATES / name}: "
                               f"{total:,} bytes with the files before it (not read)")
+    _check_structure(path / "config.json", spec, parameter)
     return path
+
+
+def _check_structure(config: Path, spec: str, parameter: str) -> None:
+    """Refuse a ``config.json`` naming more layers, heads or experts than :data:`STRUCTURE_CAPS` allow, at any depth:
+    one :class:`ConfigError` naming ``parameter``, the file, the key's path and the range. The file is read once,
+    within its cap (already checked); one that is not JSON is left to ``transformers`` to refuse in its own words."""
+    try:
+        document = json.loads(files.read_regular(config, MAX_SETTINGS_BYTES, follow=True,
+                                                 error=_refused(spec, parameter, MAX_SETTINGS_BYTES)))
+    except (OSError, ValueError, RecursionError):  # missing, unreadable, not JSON: transformers says so
+        return
+    stack: list[tuple[str, Any]] = [("", document)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, list):
+            stack.extend((f"{where}[{k}]", item) for k, item in enumerate(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            at = f"{where}.{key}" if where else str(key)
+            cap = next((c for pattern, c in STRUCTURE_CAPS if pattern.search(str(key))), None)
+            if cap is not None:
+                counts = value if isinstance(value, list) else [value]
+                too_many = len(counts) > cap or any(
+                    isinstance(n, (int, float)) and not isinstance(n, bool) and n > cap for n in counts)
+                if too_many:
+                    shown = f"a list of {len(counts):,}" if isinstance(value, list) else f"{value!r:.40}"
+                    raise ConfigError(parameter, spec, f"a checkpoint whose config.json has {at} at most {cap:,} "
+                                      f"(a list: at most {cap:,} entries of at most {cap:,})",
+                                      f"{config}: {at} = {shown}")
+            stack.append((at, value))
 
 
 def _named_files(path: Path, spec: str, parameter: str) -> dict[str, int]:
