@@ -11,15 +11,17 @@
 
 Anything else is one :class:`~phalanx.errors.ConfigError` naming the parameter (``model``, or the data set's
 ``tokenizer``) before anything is loaded. So is a folder whose small files — those ``transformers`` reads whole
-(``config.json``, the tokenizer's files …: :data:`SMALL_FILES`) — are larger than their cap, or not regular files:
-checked from their size before ``transformers`` reads them (a 1 GiB ``config.json`` was read whole, 2.2 GiB of
-memory, before it was refused). ``transformers`` and ``peft`` are the optional extra ``phalanx[lora]``;
-a missing install is one line naming it.
+(``config.json``, the tokenizer's files, its chat templates …: :func:`check_files`) — are larger than their cap, or
+not regular files: checked from their size before ``transformers`` reads them (a 1 GiB ``config.json`` was read
+whole, 2.2 GiB of memory, before it was refused; a 1 GiB ``additional_chat_templates/evil.jinja``, 2.3 GiB).
+``transformers`` and ``peft`` are the optional extra ``phalanx[lora]``; a missing install is one line naming it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from importlib import import_module
 from pathlib import Path
 from typing import Any
@@ -43,20 +45,65 @@ MAX_VOCABULARY_BYTES = 64 << 20
 SMALL_FILES = {
     **dict.fromkeys(("config.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                      "generation_config.json", "adapter_config.json", "preprocessor_config.json",
-                     "chat_template.json", "chat_template.jinja", "model.safetensors.index.json",
+                     "processor_config.json", "video_preprocessor_config.json", "audio_tokenizer_config.json",
+                     "modelcard.json", "chat_template.json", "chat_template.jinja", "model.safetensors.index.json",
                      "pytorch_model.bin.index.json"), MAX_SETTINGS_BYTES),
     **dict.fromkeys(("tokenizer.json", "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model",
                      "sentencepiece.bpe.model", "spm.model", "source.spm", "target.spm", "vocab.bpe", "bpe.codes",
-                     "tokenizer.tiktoken", "qwen.tiktoken"), MAX_VOCABULARY_BYTES),
+                     "tokenizer.tiktoken", "qwen.tiktoken", "tekken.json",
+                     # read whole by one model's tokenizer each (LUKE, Jukebox, FSMT, GPT-NeoX-Japanese, ProphetNet …)
+                     "entity_vocab.json", "target_vocab.json", "vocab-src.json", "vocab-tgt.json", "emoji.json",
+                     "normalizer.json", "byte_maps.json", "word_shape.json", "word_pronunciation.json", "dict.txt",
+                     "prophetnet.tokenizer",
+                     # the file ids that transformers' search for a Mistral tokenizer (a folder without
+                     # tokenizer.json) can take as a file's name: a file so named is read as the vocabulary
+                     "vocab", "vocab_file", "merges_file", "tokenizer_file", "spm_file", "source_spm", "target_spm",
+                     "src_vocab_file", "tgt_vocab_file", "target_vocab_file", "entity_vocab_file", "emoji_file",
+                     "monolingual_vocab_file", "normalizer_file", "word_shape_file", "word_pronunciation_file",
+                     "tokenizer_config_file"), MAX_VOCABULARY_BYTES),
 }
-"""The files of a checkpoint folder that ``transformers`` reads whole (its config, the tokenizer's and the sharded
-weights' index), each with the most bytes it may have: checked before it reads them (:func:`check_files`), with
-every other file whose suffix is a tokenizer's (:data:`VOCABULARY_SUFFIXES`)."""
+"""The files of a checkpoint folder that ``transformers`` reads whole (its config, the processor's, the tokenizer's,
+the chat template and the sharded weights' index), each with the most bytes it may have: checked before it reads
+them (:func:`check_files`), with every other file whose name is a tokenizer's (:data:`VOCABULARY_SUFFIXES`,
+:data:`VOCABULARY_PREFIXES`, :data:`VERSIONED_TOKENIZER`) or a chat template's (:data:`TEMPLATE_SUFFIX`,
+:data:`TEMPLATES`)."""
 VOCABULARY_SUFFIXES = (".model", ".spm", ".tiktoken", ".bpe")
 """Suffixes of tokenizer files that some tokenizer reads whole whatever their name (DeBERTa's ``spm.model``,
 Marian's ``source.spm``: a review found them outside the caps): capped as vocabularies."""
+VOCABULARY_PREFIXES = ("tokenizer.model",)
+"""Prefixes of tokenizer files read whole whatever follows (Mistral's ``tokenizer.model.v3``, which transformers'
+search for a Mistral tokenizer picks up): capped as vocabularies."""
+VERSIONED_TOKENIZER = re.compile(r"tokenizer\..*\.json")
+"""The versioned ``tokenizer.json`` a ``tokenizer_config.json`` may name (``fast_tokenizer_files``, transformers'
+``_re_tokenizer_file``): any file of the folder so named is capped as a vocabulary."""
+TEMPLATE_SUFFIX = ".jinja"
+"""Chat templates, read whole (``chat_template.jinja``; a review: any ``*.jinja`` was outside the caps): every file
+of the folder with this suffix is capped as a settings file."""
+TEMPLATES = "additional_chat_templates"
+"""The subfolder whose every ``*.jinja`` ``transformers`` reads whole as a named chat template (a review: a 1 GiB
+sparse ``evil.jinja`` there passed, and the tokenizer's load peaked at 2.3 GiB). Every file in it is capped as a
+settings file, and all of them together at :data:`MAX_TEMPLATES_BYTES`."""
+MAX_TEMPLATES_BYTES = MAX_SETTINGS_BYTES
+"""The most bytes all the files of :data:`TEMPLATES` may hold together (the templates measured are a few kB each, a
+handful per model: Cohere's ``rag`` and ``tool_use``): up to :data:`MAX_LISTED` files of a settings file's cap each
+would otherwise be 64 GiB."""
 MAX_LISTED = 4096
-"""The most entries of a checkpoint folder looked at for :data:`VOCABULARY_SUFFIXES` (a folder of more is refused)."""
+"""The most entries of a checkpoint folder (and of its :data:`TEMPLATES`) looked at for the files above (a folder of
+more is refused)."""
+
+
+STRUCTURE_CAPS = ((re.compile(r"(?:^|_)(?:layers?|blocks|depths?)$"), 1024),
+                  (re.compile(r"(?:^|_)heads?$"), 1024),
+                  (re.compile(r"(?:^|_)experts?$"), 4096))
+"""The most a ``config.json`` count of layers (``num_hidden_layers``, ``n_layer``, ``decoder_layers``, ``depth`` …),
+attention heads (``num_attention_heads``, ``n_head``, ``num_key_value_heads`` …) or experts (``num_experts``,
+``num_local_experts``, ``n_routed_experts`` …) may be, at any depth of the file (``text_config``,
+``vision_config`` …; a list under such a key: its length and each entry). The largest published models are far
+below: 126 layers (Llama 3.1 405B; PaLM 540B 118, GPT-3 96), 232 heads (Falcon-180B; Llama 3.1 405B 128), 2,048
+experts (Switch-C; DeepSeek-V3 256). A review: a 612-byte config.json of 20,000 layers of width 2 (almost no
+parameters, so under the memory check) took 153 s and 1.7 GB building the meta-device skeleton, and config classes
+that list their layers' types (Qwen2, Gemma …) spent 29 s and 1.4 GB on 10⁷ layers inside ``AutoConfig`` itself:
+the counts are checked on the file's JSON before ``transformers`` parses it."""
 
 
 def is_hf(name: object) -> bool:
@@ -100,34 +147,93 @@ def resolve(spec: str, parameter: str = "model") -> Path:
 
 
 def check_files(path: Path, spec: str, parameter: str = "model") -> Path:
-    """``path``, once each of its :data:`SMALL_FILES` that exists is a regular file (links followed: the Hugging
-    Face cache links its snapshots' files to blobs) of at most its cap — read from its size, nothing read; else one
-    :class:`ConfigError` naming ``parameter``, the file and the cap."""
-    for name, cap in {**SMALL_FILES, **_tokenizer_files(path, spec, parameter)}.items():
+    """``path``, once each file of it that ``transformers`` reads whole (:data:`SMALL_FILES`, the other files named
+    as a tokenizer's or a chat template's, every file of :data:`TEMPLATES`) that exists is a regular file (links
+    followed: the Hugging Face cache links its snapshots' files to blobs; a FIFO, a device or a folder is refused) of
+    at most its cap — read from its size, nothing read — and :data:`TEMPLATES` holds at most
+    :data:`MAX_TEMPLATES_BYTES` in all; else one :class:`ConfigError` naming ``parameter``, the file and the cap."""
+    for name, cap in {**SMALL_FILES, **_named_files(path, spec, parameter)}.items():
         try:
             size = files.size_of(path / name, follow=True, error=_refused(spec, parameter, cap))
         except FileNotFoundError:
             continue
         if size > cap:
             raise _refused(spec, parameter, cap)(path / name, files.too_large(size, cap))
+    total = 0
+    for name in _listed(path / TEMPLATES, spec, parameter):
+        total += files.size_of(path / TEMPLATES / name, follow=True,
+                               error=_refused(spec, parameter, MAX_SETTINGS_BYTES))
+        if total > MAX_TEMPLATES_BYTES:
+            raise ConfigError(parameter, spec, f"a checkpoint whose {TEMPLATES}/ holds at most "
+                              f"{MAX_TEMPLATES_BYTES:,} bytes in all", f"{path / TEMPLATES / name}: "
+                              f"{total:,} bytes with the files before it (not read)")
+    _check_structure(path / "config.json", spec, parameter)
     return path
 
 
-def _tokenizer_files(path: Path, spec: str, parameter: str) -> dict[str, int]:
-    """The folder's other files with a tokenizer's suffix, each capped as a vocabulary (at most :data:`MAX_LISTED`
-    entries looked at; a folder of more is one :class:`ConfigError`)."""
-    found: dict[str, int] = {}
+def _check_structure(config: Path, spec: str, parameter: str) -> None:
+    """Refuse a ``config.json`` naming more layers, heads or experts than :data:`STRUCTURE_CAPS` allow, at any depth:
+    one :class:`ConfigError` naming ``parameter``, the file, the key's path and the range. The file is read once,
+    within its cap (already checked); one that is not JSON is left to ``transformers`` to refuse in its own words."""
     try:
-        with os.scandir(path) as entries:
-            for k, entry in enumerate(entries):
-                if k >= MAX_LISTED:
-                    raise ConfigError(parameter, spec, f"a checkpoint folder of at most {MAX_LISTED:,} entries",
-                                      f"{path} holds more")
-                if entry.name.endswith(VOCABULARY_SUFFIXES) and entry.name not in SMALL_FILES:
-                    found[entry.name] = MAX_VOCABULARY_BYTES
-    except OSError:  # (not a folder, or unreadable: transformers says so in its own words)
-        return {}
+        document = json.loads(files.read_regular(config, MAX_SETTINGS_BYTES, follow=True,
+                                                 error=_refused(spec, parameter, MAX_SETTINGS_BYTES)))
+    except (OSError, ValueError, RecursionError):  # missing, unreadable, not JSON: transformers says so
+        return
+    stack: list[tuple[str, Any]] = [("", document)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, list):
+            stack.extend((f"{where}[{k}]", item) for k, item in enumerate(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            at = f"{where}.{key}" if where else str(key)
+            cap = next((c for pattern, c in STRUCTURE_CAPS if pattern.search(str(key))), None)
+            if cap is not None:
+                counts = value if isinstance(value, list) else [value]
+                too_many = len(counts) > cap or any(
+                    isinstance(n, (int, float)) and not isinstance(n, bool) and n > cap for n in counts)
+                if too_many:
+                    shown = f"a list of {len(counts):,}" if isinstance(value, list) else f"{value!r:.40}"
+                    raise ConfigError(parameter, spec, f"a checkpoint whose config.json has {at} at most {cap:,} "
+                                      f"(a list: at most {cap:,} entries of at most {cap:,})",
+                                      f"{config}: {at} = {shown}")
+            stack.append((at, value))
+
+
+def _named_files(path: Path, spec: str, parameter: str) -> dict[str, int]:
+    """The folder's other files named as a tokenizer's (capped as vocabularies) or a chat template's (as settings),
+    and every file of its :data:`TEMPLATES` (as settings): their paths relative to ``path``."""
+    found: dict[str, int] = {}
+    for name in _listed(path, spec, parameter):
+        if name in SMALL_FILES:
+            continue
+        if name.endswith(VOCABULARY_SUFFIXES) or name.startswith(VOCABULARY_PREFIXES) \
+                or VERSIONED_TOKENIZER.fullmatch(name):
+            found[name] = MAX_VOCABULARY_BYTES
+        elif name.endswith(TEMPLATE_SUFFIX):
+            found[name] = MAX_SETTINGS_BYTES
+    for name in _listed(path / TEMPLATES, spec, parameter):
+        found[f"{TEMPLATES}/{name}"] = MAX_SETTINGS_BYTES
     return found
+
+
+def _listed(folder: Path, spec: str, parameter: str) -> list[str]:
+    """The names in ``folder`` (at most :data:`MAX_LISTED`: a folder of more is one :class:`ConfigError`); none when
+    it is not a folder or cannot be read (transformers then says so in its own words, or does not look in it)."""
+    names: list[str] = []
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if len(names) >= MAX_LISTED:
+                    raise ConfigError(parameter, spec, f"a checkpoint folder of at most {MAX_LISTED:,} entries",
+                                      f"{folder} holds more")
+                names.append(entry.name)
+    except OSError:
+        return []
+    return names
 
 
 def _refused(spec: str, parameter: str, cap: int) -> files.Refusal:

@@ -30,7 +30,9 @@ are one ``torch.func.vmap`` call. Dropout is set to 0 (it would draw from a rand
 
 Bad parameters are one line naming them, checked on a ``meta``-device copy before any weight is loaded: an input
 longer than the model's positions, an unknown target module, a rank above a layer's smaller side, a model larger
-than the memory left.
+than the memory left. Before that, :func:`phalanx.hub.resolve` has refused a ``config.json`` counting more layers,
+heads or experts than :data:`phalanx.hub.STRUCTURE_CAPS` allow (at any depth of the file): a few hundred bytes naming
+10⁶ layers of width 2 pass the memory check, yet the skeleton alone would take the machine's memory.
 """
 
 from __future__ import annotations
