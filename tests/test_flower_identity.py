@@ -371,6 +371,36 @@ def test_the_superlinks_error_for_a_lost_reply_counts_for_the_node_whose_reply_i
     assert by_node(s)[BAD] == [("error", "dropped: error reply (code 3): unavailable")]
 
 
+def test_a_reply_with_content_claiming_the_superlinks_id_is_no_nodes_vote() -> None:
+    """Only the SuperLink's *error* reply speaks for the node whose reply it lost: a reply with an update (+10³)
+    claiming src_node_id 1 on silent node 101's instruction is unsampled and never aggregated. A mutant that took
+    any id-1 reply as the instruction's node's vote used it as node 101's update."""
+    w = model(np.float64)
+    models = honest_models(w, 4)
+    s = PhalanxFedAvg(aggregator="cwtm", f=1, min_available_nodes=5)
+    ins = start_round(s, FakeGrid(NODES), w)
+    claim = forged(ins[101], SUPERLINK_NODE_ID, arrays=shifted(w, 1e3))
+    got, metrics = step(s, 1, [answer(ins[n], m) for n, m in zip(NODES[1:], models)] + [claim], w)
+    assert (metrics["replies-valid"], metrics["replies-unsampled"], metrics["nodes-dropped"]) == (4, 1, 1)
+    assert 101 not in by_node(s)
+    np.testing.assert_allclose(got, rule_step("cwtm", 0, w, models), rtol=1e-12, atol=1e-14)
+
+
+def test_at_most_twenty_warning_lines_a_round_for_dropped_replies(caplog: pytest.LogCaptureFixture) -> None:
+    """100 replies under 100 unsampled ids: 20 lines, one per node, then one line for the 80 more (the rest is in
+    the contributions). A mutant without the cap logged 100 lines a round."""
+    w = model(np.float64)
+    s = PhalanxFedAvg(aggregator="cwtm", f=1, min_available_nodes=5)
+    ins = start_round(s, FakeGrid(NODES), w)
+    spam = [forged(ins[101], 1000 + i, arrays=w) for i in range(100)]
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        s.aggregate_train(1, [answer(ins[n], m) for n, m in zip(NODES, honest_models(w, 5))] + spam)
+    lines = warnings_of(caplog)
+    assert len(lines) == 21 and sum("(unsampled)" in line for line in lines) == 20
+    assert lines[-1] == "phalanx: round 1: replies of 80 more nodes dropped (see the contributions)"
+    assert len(s.contributions) == 105
+
+
 def test_without_message_ids_the_sample_and_the_round_are_still_checked(caplog: pytest.LogCaptureFixture) -> None:
     """Instructions that were never pushed have no message_id: the check falls back to the sampled nodes and the
     round's group_id (and says so); an impostor is then not detectable — documented."""
