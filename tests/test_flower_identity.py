@@ -371,6 +371,40 @@ def test_the_superlinks_error_for_a_lost_reply_counts_for_the_node_whose_reply_i
     assert by_node(s)[BAD] == [("error", "dropped: error reply (code 3): unavailable")]
 
 
+def test_a_forged_superlink_error_never_cancels_an_honest_nodes_vote() -> None:
+    """An error reply claiming the SuperLink's id 1 on each honest node's instruction, next to those nodes' own
+    replies (cwtm, f = 1, a Byzantine +100 from node 105): it only ever says the named node is silent, so every node
+    keeps its vote and the round is the rule over all five. The old code took it as the node's own vote: each honest
+    node had two, all four were void (replies-duplicate 8) and the round aggregated nothing."""
+    w = model(np.float64)
+    models = honest_models(w, 4)
+    s = PhalanxFedAvg(aggregator="cwtm", f=1, min_available_nodes=5)
+    ins = start_round(s, FakeGrid(NODES), w)
+    replies = [answer(ins[n], m) for n, m in zip(NODES, models)] + [answer(ins[BAD], shifted(w, 100.0))]
+    lost = Error(code=ErrorCode.MESSAGE_UNAVAILABLE, reason="unavailable")
+    forgeries = [forged(ins[n], SUPERLINK_NODE_ID, error=lost) for n in NODES[:4]]
+    got, metrics = step(s, 1, replies + forgeries, w)
+    assert (metrics["replies-valid"], metrics["replies-duplicate"], metrics["nodes-void"]) == (5, 0, 0)
+    assert (metrics["nodes-dropped"], metrics["aggregated"]) == (0, 1)
+    np.testing.assert_allclose(got, rule_step("cwtm", 1, w, [*models, shifted(w, 100.0)]), rtol=1e-12, atol=1e-14)
+    assert ("used", "used") in by_node(s)[101]
+
+
+def test_a_forged_superlink_error_never_counts_in_the_secaggplus_tally() -> None:
+    """f = 2: the two Byzantine nodes reply with secaggplus_mod's error and forge the same error as the SuperLink's
+    (id 1) on silent honest node 103's instruction. Only a node's own reply counts towards the refusal: two, not
+    more than f, and the run goes on. The old code counted the forgery as node 103's and ended the run."""
+    w = model(np.float64)
+    models = honest_models(w, 2)
+    s = PhalanxFedAvg(aggregator="cwtm", f=2, min_available_nodes=5)
+    ins = start_round(s, FakeGrid(NODES), w)
+    fakes = secagg_client_replies([ins[104], ins[BAD]])
+    forgery = forged(ins[103], SUPERLINK_NODE_ID, error=fakes[0].error)
+    got, metrics = step(s, 1, [answer(ins[n], m) for n, m in zip(NODES, models)] + fakes + [forgery], w)
+    assert (metrics["aggregated"], metrics["nodes-dropped"], metrics["replies-duplicate"]) == (1, 3, 0)
+    np.testing.assert_allclose(got, rule_step("cwtm", 0, w, models), rtol=1e-12, atol=1e-14)
+
+
 def test_a_reply_with_content_claiming_the_superlinks_id_is_no_nodes_vote() -> None:
     """Only the SuperLink's *error* reply speaks for the node whose reply it lost: a reply with an update (+10³)
     claiming src_node_id 1 on silent node 101's instruction is unsampled and never aggregated. A mutant that took

@@ -21,7 +21,11 @@ but not counted against f either, since the second reply in its name may be an i
 (``phalanx.flower.strategy._lost_votes``).
 
 Flower's error reply for a reply whose objects the SuperLink could not pull (``src_node_id`` = the SuperLink's id,
-``reply_to_message_id`` = the instruction) is that instruction's node's vote, dropped as an error reply.
+``reply_to_message_id`` = the instruction) only ever says that the instruction's node is silent: it is reported under
+that node and read as an error reply, but it is *no vote* (:attr:`Screened.is_vote` is False) — it never cancels the
+node's own reply, never counts as a second reply in its name, never counts towards the SecAgg+ refusal. Anyone can
+send a reply claiming id 1: taken as the node's vote, a forged one voided every honest node's vote (each then had
+two) and, with secaggplus_mod's error text, counted towards the refusal that ends the run (an attacker's review).
 
 While the instructions have no ``message_id`` (they were not pushed through a Grid that sets it in place), a reply is
 checked against the sampled nodes and the round's ``group_id`` only: an impostor is then not detected. Without the
@@ -87,8 +91,9 @@ class Screened:
     ``node_id``: the node it is reported under (its ``src_node_id``; for the SuperLink's error reply, the node whose
     reply was lost). ``voter``: the sampled node whose vote it is or was (a node id, or a unique key for a reply
     without one when the sample is unknown; kept for a duplicate, whose node lost its vote), None when it is no vote
-    of the round (unsampled, stale, impostor). ``reason``: None when it passed, else one of :data:`REASONS`;
-    ``detail`` says why in words.
+    of the round (unsampled, stale, impostor, and the SuperLink's error reply, which passes — it is read, as an error
+    reply — without being a vote). ``reason``: None when it passed, else one of :data:`REASONS`; ``detail`` says why
+    in words.
     """
 
     node_id: int | None
@@ -100,6 +105,11 @@ class Screened:
     def passed(self) -> bool:
         """True when the reply is its node's only vote of the round (it may still be dropped for its content)."""
         return self.reason is None
+
+    @property
+    def is_vote(self) -> bool:
+        """True when the reply passed and is a node's own vote (the SuperLink's error reply passes but is none)."""
+        return self.reason is None and self.voter is not None
 
 
 def _src(msg: Any) -> int | None:
@@ -128,8 +138,8 @@ def _judge(index: int, msg: Message, sent: Sent | None, instructions: dict[str, 
     reply_to, group_id = _field(msg, "reply_to_message_id"), _field(msg, "group_id")
     answered = None if instructions is None else instructions.get(reply_to)
     if src == SUPERLINK_NODE_ID and answered is not None and msg.has_error():
-        owner = int(answered.dst_node_id)  # the SuperLink's error for a reply it could not pull: that node's vote
-        return Screened(owner, owner)
+        owner = int(answered.dst_node_id)  # the SuperLink's error for a reply it could not pull: node silent
+        return Screened(owner, None)  # reported under that node, but no vote (anyone can claim id 1)
     if src is None or src not in sent.sampled:
         who = "no readable node id" if src is None else f"node {src} was not sampled"
         return Screened(src, None, "unsampled", f"unsampled: {who} in round {sent.server_round}")
@@ -151,10 +161,10 @@ def screen(messages: Iterable[Message], sent: Sent | None) -> list[Screened]:
     """One :class:`Screened` per reply, in order (see the module's docstring). Never raises on a reply."""
     instructions = None if sent is None else sent.by_message_id()
     verdicts = [_judge(i, m, sent, instructions) for i, m in enumerate(messages)]
-    votes = Counter(v.voter for v in verdicts if v.passed)
+    votes = Counter(v.voter for v in verdicts if v.is_vote)
     out: list[Screened] = []
     for v in verdicts:
-        count = votes[v.voter] if v.passed else 0
+        count = votes[v.voter] if v.is_vote else 0
         if count > 1:
             where = "" if sent is None else f" in round {sent.server_round}"
             v = Screened(v.node_id, v.voter, "duplicate",

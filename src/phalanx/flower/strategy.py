@@ -392,7 +392,7 @@ class PhalanxFedAvg(FedAvg):
     ) -> None:
         """Raise when more than f sampled nodes replied with ``secaggplus_mod``'s error (see :meth:`aggregate_train`):
         f Byzantine clients alone cannot end the run this way."""
-        nodes = {v.voter for m, v in zip(messages, screened) if v.passed and is_secagg_error(m)}
+        nodes = {v.voter for m, v in zip(messages, screened) if v.is_vote and is_secagg_error(m)}
         if len(nodes) > self.f:
             raise ConfigError(
                 "mods", "secaggplus_mod", "a ClientApp without Flower's secure aggregation mods (secaggplus_mod, "
