@@ -435,6 +435,39 @@ def test_at_most_twenty_warning_lines_a_round_for_dropped_replies(caplog: pytest
     assert len(s.contributions) == 105
 
 
+def test_a_node_id_outside_uint64_is_unreadable_and_never_ends_the_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """In-process Flower's Metadata takes any int as src_node_id (a node id is a uint64 on the wire). A reply
+    claiming an id of 5,001 digits on node 101's instruction, another of −1, and one with an error code of 5,001
+    digits from node 105: the two ids are unreadable (unsampled, node_id null), and every log line and JSON line
+    stays short and one line. The old code formatted the id into its 'unsampled' text — Python refuses int → str
+    beyond 4,300 digits — and aggregate_train raised; without the sample the JSON lines raised the same way."""
+    w = model(np.float64)
+    models = honest_models(w, 4)
+    huge = 10 ** 5000
+    log_path = tmp_path / "c.jsonl"
+    s = PhalanxFedAvg(aggregator="cwtm", f=1, min_available_nodes=5, log_path=str(log_path))
+    ins = start_round(s, FakeGrid(NODES), w)
+    junk = [forged(ins[101], huge, arrays=shifted(w, 1e3)), forged(ins[101], -1, arrays=shifted(w, 1e3))]
+    odd = forged(ins[BAD], BAD, error=Error(code=huge, reason="x\n" * 10_000))
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        got, metrics = step(s, 1, [answer(ins[n], m) for n, m in zip(NODES, models)] + junk + [odd], w)
+    assert (metrics["replies-unsampled"], metrics["replies-valid"], metrics["nodes-dropped"]) == (2, 4, 1)
+    np.testing.assert_allclose(got, rule_step("cwtm", 0, w, models), rtol=1e-12, atol=1e-14)
+    assert [c["status"] for c in s.contributions if c["node_id"] is None] == \
+        ["dropped: unsampled: no readable node id in round 1"] * 2
+    assert all(len(r.getMessage()) < 1000 and "\n" not in r.getMessage() for r in caplog.records)
+    lines = log_path.read_text().splitlines()
+    assert len(lines) == 7 and all(len(line) < 1000 for line in lines)
+
+    bare = PhalanxFedAvg(aggregator="cwtm", f=1, log_path=str(log_path))  # the sample unknown: remember_global only
+    bare.remember_global(1, ArrayRecord(w))
+    _, metrics = bare.aggregate_train(1, [answer(ins[n], m) for n, m in zip(NODES, models)] + junk[:1])
+    assert metrics is not None and bare.contributions[-1]["node_id"] is None
+    assert all(len(line) < 1000 for line in log_path.read_text().splitlines())
+
+
 def test_without_message_ids_the_sample_and_the_round_are_still_checked(caplog: pytest.LogCaptureFixture) -> None:
     """Instructions that were never pushed have no message_id: the check falls back to the sampled nodes and the
     round's group_id (and says so); an impostor is then not detectable — documented."""

@@ -5,7 +5,7 @@ as :class:`Sent`: the live ``Metadata`` objects, because the Grid gives each ins
 when it pushes it, *after* ``configure_train`` has returned (``InMemoryGrid`` and the deployment grid both do).
 :func:`screen` then judges each reply of the round, in order:
 
-``unsampled``  its ``src_node_id`` is not a node the round sampled (or is unreadable);
+``unsampled``  its ``src_node_id`` is not a node the round sampled (or is unreadable: no int, outside uint64);
 ``stale``      it answers no instruction of this round: its ``reply_to_message_id`` is none of the round's
                instructions' ids, or its ``group_id`` is not the round's (a reply of an earlier round, a replay);
 ``impostor``   it answers an instruction of this round sent to *another* node (its ``src_node_id`` is not that
@@ -44,7 +44,11 @@ from typing import Any
 from flwr.app import Message, Metadata
 from flwr.common.constant import SUPERLINK_NODE_ID
 
-__all__ = ["REASONS", "Screened", "Sent", "screen"]
+__all__ = ["REASONS", "Screened", "Sent", "node_id_of", "screen"]
+
+_UINT64 = 2 ** 64
+"""Node ids are uint64 on the wire; in-process Flower's ``Metadata`` takes any int (one of 5,000 digits ended the run
+where it was formatted: Python refuses int → str beyond 4,300 digits — an attacker's review)."""
 
 REASONS = ("duplicate", "unsampled", "stale", "impostor")
 """Why a reply is not a vote of the round, in the order the train metrics report them (``replies-<reason>``)."""
@@ -112,9 +116,13 @@ class Screened:
         return self.reason is None and self.voter is not None
 
 
-def _src(msg: Any) -> int | None:
+def node_id_of(msg: Any) -> int | None:
+    """The reply's ``src_node_id``; None when it is unreadable — no int, or outside uint64. Never raises."""
     try:
-        return int(msg.metadata.src_node_id)
+        value = msg.metadata.src_node_id
+        if isinstance(value, bool) or not isinstance(value, int):
+            value = int(value)
+        return value if 0 <= value < _UINT64 else None
     except Exception:  # a reply without readable metadata is judged, never a crash
         return None
 
@@ -132,7 +140,7 @@ def _short(text: str, limit: int = 40) -> str:
 
 def _judge(index: int, msg: Message, sent: Sent | None, instructions: dict[str, Metadata] | None) -> Screened:
     """The reply's verdict before duplicates are looked for."""
-    src = _src(msg)
+    src = node_id_of(msg)
     if sent is None:
         return Screened(src, src if src is not None else ("reply", index))
     reply_to, group_id = _field(msg, "reply_to_message_id"), _field(msg, "group_id")
