@@ -438,6 +438,20 @@ def test_metrics_that_are_no_finite_float_count_as_missing() -> None:
     assert metrics is not None and metrics["loss"] == pytest.approx(0.5)
 
 
+def test_a_num_examples_too_large_for_a_float_is_missing_and_the_update_is_kept() -> None:
+    """num-examples = 10⁴⁰⁰ (in-process Flower passes it through): the reply is used and its num_examples is null,
+    as for a missing one. The old code's float() raised OverflowError, and the whole valid update was dropped as an
+    'unreadable reply' and counted against f."""
+    w = model(np.float64)
+    models = honest_models(w, 5)
+    replies = [reply(i + 1, m) for i, m in enumerate(models)]
+    replies[4].content["metrics"]["num-examples"] = 10 ** 400
+    s = strategy_for(w, aggregator="cwtm", f=1)
+    _, metrics = s.aggregate_train(1, replies)
+    assert metrics is not None and (metrics["replies-valid"], metrics["nodes-dropped"]) == (5, 0)
+    assert s.contributions[4]["status"] == "used" and s.contributions[4]["num_examples"] is None
+
+
 def test_an_integer_array_is_never_rounded_through_the_compute_dtype() -> None:
     """A float32 model with an int64 buffer of 2²⁴ + 1: the strategy gave back 2²⁴ even on a round that kept the
     model (float32 rounding; a review of the strategy). Now an integer array is itself plus the rounded change."""

@@ -12,6 +12,7 @@ Records and messages: Flower's Message API (https://flower.ai/docs/framework/ref
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
 from phalanx.flower.identity import node_id_of
+from phalanx.flower.metrics import _as_float
 
 __all__ = ["Layout", "Reply", "metrics_of", "read_reply", "shorten"]
 
@@ -152,12 +154,12 @@ def _flatten(record: ArrayRecord, layout: Layout) -> tuple[np.ndarray[Any, Any] 
 
 
 def _num_examples(metrics: MetricRecord | None, key: str) -> float | None:
+    """The claimed number of examples, None when missing or no float (a bool, a string, an int too large for a float:
+    10⁴⁰⁰ raised OverflowError and its whole valid update was dropped as unreadable — an attacker's review)."""
     if metrics is None or key not in metrics:
         return None
-    value = metrics[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
+    value = _as_float(metrics[key])
+    return None if math.isnan(value) else value
 
 
 def read_reply(msg: Message, layout: Layout, arrayrecord_key: str, weighted_by_key: str) -> Reply:
