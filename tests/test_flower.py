@@ -438,6 +438,20 @@ def test_metrics_that_are_no_finite_float_count_as_missing() -> None:
     assert metrics is not None and metrics["loss"] == pytest.approx(0.5)
 
 
+def test_a_num_examples_too_large_for_a_float_is_missing_and_the_update_is_kept() -> None:
+    """num-examples = 10⁴⁰⁰ (in-process Flower passes it through): the reply is used and its num_examples is null,
+    as for a missing one. The old code's float() raised OverflowError, and the whole valid update was dropped as an
+    'unreadable reply' and counted against f."""
+    w = model(np.float64)
+    models = honest_models(w, 5)
+    replies = [reply(i + 1, m) for i, m in enumerate(models)]
+    replies[4].content["metrics"]["num-examples"] = 10 ** 400
+    s = strategy_for(w, aggregator="cwtm", f=1)
+    _, metrics = s.aggregate_train(1, replies)
+    assert metrics is not None and (metrics["replies-valid"], metrics["nodes-dropped"]) == (5, 0)
+    assert s.contributions[4]["status"] == "used" and s.contributions[4]["num_examples"] is None
+
+
 def test_an_integer_array_is_never_rounded_through_the_compute_dtype() -> None:
     """A float32 model with an int64 buffer of 2²⁴ + 1: the strategy gave back 2²⁴ even on a round that kept the
     model (float32 rounding; a review of the strategy). Now an integer array is itself plus the rounded change."""
@@ -469,6 +483,73 @@ def test_evaluate_replies_are_aggregated_without_crashing_on_bad_ones() -> None:
     assert metrics is not None and metrics["accuracy"] == pytest.approx(0.875)
     with pytest.raises(Exception):  # noqa: B017 - Flower's own FedAvg stops the run on the same replies
         FedAvg().aggregate_evaluate(1, good + bad)
+
+
+def test_a_byzantine_nodes_own_evaluate_key_is_not_reported() -> None:
+    """Evaluation metrics need 2f + 1 clients' values per key, as the train metrics do: with f = 1, two honest nodes
+    and one Byzantine node adding ``backdoor-accuracy`` (and claiming accuracy 1.0), the key is left out and the
+    accuracy is the median 0.82. A mutant that asked the evaluate median for f = 0 reported the Byzantine key."""
+    values = [{"accuracy": 0.8}, {"accuracy": 0.82}, {"accuracy": 1.0, "backdoor-accuracy": 0.0}]
+    replies = [Message(content=RecordDict({"metrics": MetricRecord(v)}), metadata=meta(i + 1))
+               for i, v in enumerate(values)]
+    metrics = PhalanxFedAvg(aggregator="cwtm", f=1).aggregate_evaluate(1, replies)
+    assert metrics is not None and dict(metrics) == {"accuracy": pytest.approx(0.82)}
+
+
+def test_a_metrics_function_that_raises_anything_falls_back_to_the_median() -> None:
+    """Flower's own weighted average as ``train_metrics_aggr_fn``, and one reply without ``num-examples``: it raises
+    KeyError; the round is still aggregated, its metrics the per-key median. A mutant that caught only
+    ZeroDivisionError let the KeyError end the run."""
+    from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+
+    w = model()
+    models = honest_models(w, 5)
+    replies = [reply(i + 1, m, None if i == 4 else 10, loss=0.1 * (i + 1)) for i, m in enumerate(models)]
+    s = strategy_for(w, aggregator="cwtm", f=1, train_metrics_aggr_fn=aggregate_metricrecords)
+    _, metrics = s.aggregate_train(1, replies)
+    assert metrics is not None and metrics["aggregated"] == 1 and metrics["loss"] == pytest.approx(0.3)
+
+
+def test_a_declared_shape_that_does_not_fit_is_dropped_before_its_bytes_are_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reply whose array declares shape (10⁹,) over bytes of the right (4, 3) array: dropped as a wrong shape
+    without ``Array.numpy`` being called on it (a huge declared array is never deserialised). A mutant that skipped
+    the declared check read the bytes, found (4, 3) and used the reply."""
+    w = model()
+    calls: list[tuple[int, ...]] = []
+    numpy = Array.numpy
+
+    def spy(self: Array) -> np.ndarray:
+        calls.append(tuple(self.shape))
+        return numpy(self)
+
+    good = Array(w[0])
+    lying = Array(dtype=good.dtype, shape=(10 ** 9,), stype=good.stype, data=good.data)
+    s = strategy_for(w, aggregator="mean")
+    monkeypatch.setattr(Array, "numpy", spy)  # after the broadcast model was read
+    s.aggregate_train(1, [reply(7, ArrayRecord({"0": lying, "1": Array(w[1])}))])
+    assert s.contributions[-1]["status"] == "dropped: wrong shape of '0': got (1000000000,), expected (4, 3)"
+    assert calls == []
+
+
+def test_centered_clipping_is_centred_on_the_previous_rounds_aggregate() -> None:
+    """cc (τ = 0.01, one iteration) over two rounds: round 1's updates are about +1, round 2's about +5. Centred on
+    round 1's aggregate, round 2 moves at most τ from it (the rule called with that centre); a mutant that never
+    passed the centre started from the median and stepped about +5."""
+    w = model(np.float64)
+    s = strategy_for(w, aggregator=aggregators.make("cc", f=1, tau=0.01))
+    first = [[a + 1.0 for a in m] for m in honest_models(w, 5)]
+    out1 = arrays_of(s.aggregate_train(1, [reply(i + 1, m) for i, m in enumerate(first)])[0])
+    prev = np.concatenate([a.ravel() for a in out1]) - np.concatenate([a.ravel() for a in w])
+    s.remember_global(2, ArrayRecord(out1))
+    second = [[a + 5.0 for a in m] for m in honest_models(out1, 5, seed=2)]
+    out2 = arrays_of(s.aggregate_train(2, [reply(i + 1, m, server_round=2) for i, m in enumerate(second)])[0])
+    got = np.concatenate([a.ravel() for a in out2]) - np.concatenate([a.ravel() for a in out1])
+    x = torch.tensor(np.stack([np.concatenate([(m[k] - out1[k]).ravel() for k in range(2)]) for m in second]))
+    expected, _ = aggregators.make("cc", f=1, tau=0.01).aggregate(x, center=torch.tensor(prev))
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-9, atol=1e-12)
+    assert np.linalg.norm(got - prev) <= 0.01 + 1e-9
 
 
 def test_a_round_without_replies_keeps_the_model_as_fedavg_does() -> None:

@@ -45,7 +45,7 @@ from torch import Tensor
 from phalanx.aggregators.base import Aggregator, RuleTags
 from phalanx.aggregators.lora import MODES, AdapterUpdates, LoraLayout
 from phalanx.errors import ConfigError
-from phalanx.flower.replies import Layout, Reply, _one, _short
+from phalanx.flower.replies import Layout, Reply, _one, shorten
 
 __all__ = ["ADAPTER", "MODES", "ORTHONORMAL_TOL", "AdapterPlan", "SharedA", "is_adapter", "shared_a"]
 
@@ -206,11 +206,11 @@ class AdapterPlan:
             if got != set(self.shapes):
                 missing = sorted(set(self.shapes) - got)[:3]
                 extra = sorted(got - set(self.shapes))[:3]
-                return _short(f"other adapters: missing {missing}, unexpected {extra}")
+                return shorten(f"other adapters: missing {missing}, unexpected {extra}")
             for key, shape in self.shapes.items():
                 declared = tuple(getattr(record[key], "shape", ()))
                 if declared != shape:
-                    return _short(f"adapter {key!r} of shape {declared}, expected {shape}")
+                    return shorten(f"adapter {key!r} of shape {shorten(declared, 60)}, expected {shape}")
         except Exception:  # an unreadable reply stays "malformed"
             return None
         return None

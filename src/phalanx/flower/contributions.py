@@ -35,7 +35,12 @@ class Contribution(TypedDict):
 
 
 def _strict(value: Any) -> Any:
-    return None if isinstance(value, float) and not math.isfinite(value) else value
+    """A non-finite float, or an int outside ±2⁶⁴ (no node id or count is; json refuses 4,301 digits), as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2 ** 64) < value < 2 ** 64:
+        return None
+    return value
 
 
 def append_jsonl(path: str | Path, records: Sequence[Contribution]) -> None:

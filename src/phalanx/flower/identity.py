@@ -5,7 +5,7 @@ as :class:`Sent`: the live ``Metadata`` objects, because the Grid gives each ins
 when it pushes it, *after* ``configure_train`` has returned (``InMemoryGrid`` and the deployment grid both do).
 :func:`screen` then judges each reply of the round, in order:
 
-``unsampled``  its ``src_node_id`` is not a node the round sampled (or is unreadable);
+``unsampled``  its ``src_node_id`` is not a node the round sampled (or is unreadable: no int, outside uint64);
 ``stale``      it answers no instruction of this round: its ``reply_to_message_id`` is none of the round's
                instructions' ids, or its ``group_id`` is not the round's (a reply of an earlier round, a replay);
 ``impostor``   it answers an instruction of this round sent to *another* node (its ``src_node_id`` is not that
@@ -21,7 +21,11 @@ but not counted against f either, since the second reply in its name may be an i
 (``phalanx.flower.strategy._lost_votes``).
 
 Flower's error reply for a reply whose objects the SuperLink could not pull (``src_node_id`` = the SuperLink's id,
-``reply_to_message_id`` = the instruction) is that instruction's node's vote, dropped as an error reply.
+``reply_to_message_id`` = the instruction) only ever says that the instruction's node is silent: it is reported under
+that node and read as an error reply, but it is *no vote* (:attr:`Screened.is_vote` is False) — it never cancels the
+node's own reply, never counts as a second reply in its name, never counts towards the SecAgg+ refusal. Anyone can
+send a reply claiming id 1: taken as the node's vote, a forged one voided every honest node's vote (each then had
+two) and, with secaggplus_mod's error text, counted towards the refusal that ends the run (an attacker's review).
 
 While the instructions have no ``message_id`` (they were not pushed through a Grid that sets it in place), a reply is
 checked against the sampled nodes and the round's ``group_id`` only: an impostor is then not detected. Without the
@@ -40,7 +44,11 @@ from typing import Any
 from flwr.app import Message, Metadata
 from flwr.common.constant import SUPERLINK_NODE_ID
 
-__all__ = ["REASONS", "Screened", "Sent", "screen"]
+__all__ = ["REASONS", "Screened", "Sent", "node_id_of", "screen"]
+
+_UINT64 = 2 ** 64
+"""Node ids are uint64 on the wire; in-process Flower's ``Metadata`` takes any int (one of 5,000 digits ended the run
+where it was formatted: Python refuses int → str beyond 4,300 digits — an attacker's review)."""
 
 REASONS = ("duplicate", "unsampled", "stale", "impostor")
 """Why a reply is not a vote of the round, in the order the train metrics report them (``replies-<reason>``)."""
@@ -87,8 +95,9 @@ class Screened:
     ``node_id``: the node it is reported under (its ``src_node_id``; for the SuperLink's error reply, the node whose
     reply was lost). ``voter``: the sampled node whose vote it is or was (a node id, or a unique key for a reply
     without one when the sample is unknown; kept for a duplicate, whose node lost its vote), None when it is no vote
-    of the round (unsampled, stale, impostor). ``reason``: None when it passed, else one of :data:`REASONS`;
-    ``detail`` says why in words.
+    of the round (unsampled, stale, impostor, and the SuperLink's error reply, which passes — it is read, as an error
+    reply — without being a vote). ``reason``: None when it passed, else one of :data:`REASONS`; ``detail`` says why
+    in words.
     """
 
     node_id: int | None
@@ -101,10 +110,19 @@ class Screened:
         """True when the reply is its node's only vote of the round (it may still be dropped for its content)."""
         return self.reason is None
 
+    @property
+    def is_vote(self) -> bool:
+        """True when the reply passed and is a node's own vote (the SuperLink's error reply passes but is none)."""
+        return self.reason is None and self.voter is not None
 
-def _src(msg: Any) -> int | None:
+
+def node_id_of(msg: Any) -> int | None:
+    """The reply's ``src_node_id``; None when it is unreadable — no int, or outside uint64. Never raises."""
     try:
-        return int(msg.metadata.src_node_id)
+        value = msg.metadata.src_node_id
+        if isinstance(value, bool) or not isinstance(value, int):
+            value = int(value)
+        return value if 0 <= value < _UINT64 else None
     except Exception:  # a reply without readable metadata is judged, never a crash
         return None
 
@@ -122,14 +140,14 @@ def _short(text: str, limit: int = 40) -> str:
 
 def _judge(index: int, msg: Message, sent: Sent | None, instructions: dict[str, Metadata] | None) -> Screened:
     """The reply's verdict before duplicates are looked for."""
-    src = _src(msg)
+    src = node_id_of(msg)
     if sent is None:
         return Screened(src, src if src is not None else ("reply", index))
     reply_to, group_id = _field(msg, "reply_to_message_id"), _field(msg, "group_id")
     answered = None if instructions is None else instructions.get(reply_to)
     if src == SUPERLINK_NODE_ID and answered is not None and msg.has_error():
-        owner = int(answered.dst_node_id)  # the SuperLink's error for a reply it could not pull: that node's vote
-        return Screened(owner, owner)
+        owner = int(answered.dst_node_id)  # the SuperLink's error for a reply it could not pull: node silent
+        return Screened(owner, None)  # reported under that node, but no vote (anyone can claim id 1)
     if src is None or src not in sent.sampled:
         who = "no readable node id" if src is None else f"node {src} was not sampled"
         return Screened(src, None, "unsampled", f"unsampled: {who} in round {sent.server_round}")
@@ -151,10 +169,10 @@ def screen(messages: Iterable[Message], sent: Sent | None) -> list[Screened]:
     """One :class:`Screened` per reply, in order (see the module's docstring). Never raises on a reply."""
     instructions = None if sent is None else sent.by_message_id()
     verdicts = [_judge(i, m, sent, instructions) for i, m in enumerate(messages)]
-    votes = Counter(v.voter for v in verdicts if v.passed)
+    votes = Counter(v.voter for v in verdicts if v.is_vote)
     out: list[Screened] = []
     for v in verdicts:
-        count = votes[v.voter] if v.passed else 0
+        count = votes[v.voter] if v.is_vote else 0
         if count > 1:
             where = "" if sent is None else f" in round {sent.server_round}"
             v = Screened(v.node_id, v.voter, "duplicate",

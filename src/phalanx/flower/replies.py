@@ -12,13 +12,17 @@ Records and messages: Flower's Message API (https://flower.ai/docs/framework/ref
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
-__all__ = ["Layout", "Reply", "metrics_of", "read_reply"]
+from phalanx.flower.identity import node_id_of
+from phalanx.flower.metrics import _as_float
+
+__all__ = ["Layout", "Reply", "metrics_of", "read_reply", "shorten"]
 
 _REAL_KINDS = "biuf"  # bool, signed and unsigned integers, floats: what can be cast to a float update
 
@@ -101,13 +105,6 @@ class Reply:
     reason: str | None = None
 
 
-def _node_id(msg: Any) -> int | None:
-    try:
-        return int(msg.metadata.src_node_id)
-    except Exception:  # a reply without readable metadata is still a reply to report
-        return None
-
-
 def _one(records: Any, key: str) -> Any:
     """The record under ``key``, else the only record of its kind, else None."""
     if key in records:
@@ -117,8 +114,13 @@ def _one(records: Any, key: str) -> Any:
     return None
 
 
-def _short(text: str, limit: int = 160) -> str:
-    text = " ".join(str(text).split())
+def shorten(text: Any, limit: int = 160) -> str:
+    """``text`` on one line, at most ``limit`` characters: a reply's own words go into logs and JSON only so."""
+    try:
+        text = str(text)
+    except Exception:  # an int of more than 4,300 digits, an object whose __str__ raises
+        return "(unprintable)"
+    text = " ".join(text[: 4 * limit].split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -130,21 +132,21 @@ def _flatten(record: ArrayRecord, layout: Layout) -> tuple[np.ndarray[Any, Any] 
         missing = sorted(want - got)
         extra = sorted(got - want)
         why = ([f"missing {missing[:5]}"] if missing else []) + ([f"unexpected {extra[:5]}"] if extra else [])
-        return None, _short("wrong keys: " + ", ".join(why))
+        return None, shorten("wrong keys: " + ", ".join(why))
     parts: list[np.ndarray[Any, Any]] = []
     for key, shape in zip(layout.keys, layout.shapes):
         array = record[key]
         declared = tuple(getattr(array, "shape", ()))
         if declared != shape:  # checked before deserialising: a huge declared array is not read
-            return None, f"wrong shape of {key!r}: got {declared}, expected {shape}"
+            return None, f"wrong shape of {key!r}: got {shorten(declared, 60)}, expected {shape}"
         try:
             value = array.numpy()
         except Exception as exc:  # any unreadable payload is a dropped reply, never a crash
-            return None, _short(f"unreadable array {key!r}: {type(exc).__name__}: {exc}")
+            return None, shorten(f"unreadable array {key!r}: {type(exc).__name__}: {exc}")
         if tuple(value.shape) != shape:
             return None, f"wrong shape of {key!r}: got {tuple(value.shape)}, expected {shape}"
         if value.dtype.kind not in _REAL_KINDS:
-            return None, f"wrong dtype of {key!r}: {value.dtype} is not a real number type"
+            return None, f"wrong dtype of {key!r}: {shorten(value.dtype, 60)} is not a real number type"
         parts.append(value.astype(layout.compute, copy=False).ravel())
     flat = np.concatenate(parts) if parts else np.zeros(0, dtype=layout.compute)
     with np.errstate(all="ignore"):  # inf − inf, overflow: values for the robust rule, not errors
@@ -152,21 +154,21 @@ def _flatten(record: ArrayRecord, layout: Layout) -> tuple[np.ndarray[Any, Any] 
 
 
 def _num_examples(metrics: MetricRecord | None, key: str) -> float | None:
+    """The claimed number of examples, None when missing or no float (a bool, a string, an int too large for a float:
+    10⁴⁰⁰ raised OverflowError and its whole valid update was dropped as unreadable — an attacker's review)."""
     if metrics is None or key not in metrics:
         return None
-    value = metrics[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
+    value = _as_float(metrics[key])
+    return None if math.isnan(value) else value
 
 
 def read_reply(msg: Message, layout: Layout, arrayrecord_key: str, weighted_by_key: str) -> Reply:
     """Turn one reply into a :class:`Reply`: its update ``Δᵢ = wᵢ − w`` or why it is dropped. Never raises."""
-    reply = Reply(node_id=_node_id(msg))
+    reply = Reply(node_id=node_id_of(msg))
     try:
         if msg.has_error():
             err = msg.error
-            reply.dropped = _short(f"error reply (code {err.code}): {err.reason}")
+            reply.dropped = f"error reply (code {shorten(err.code, 20)}): {shorten(err.reason, 120)}"
             reply.reason = "error"
             return reply
         if not msg.has_content():
@@ -185,7 +187,7 @@ def read_reply(msg: Message, layout: Layout, arrayrecord_key: str, weighted_by_k
         reply.update, reply.dropped = _flatten(record, layout)
     except Exception as exc:  # a malformed reply must never end the run
         reply.update = None
-        reply.dropped = _short(f"unreadable reply: {type(exc).__name__}: {exc}")
+        reply.dropped = shorten(f"unreadable reply: {type(exc).__name__}: {exc}")
     if reply.dropped is not None and reply.reason is None:
         reply.reason = "malformed"
     return reply

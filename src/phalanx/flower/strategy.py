@@ -56,7 +56,7 @@ from phalanx.flower.adapters import ADAPTER, MODES, AdapterPlan
 from phalanx.flower.contributions import Contribution, append_jsonl
 from phalanx.flower.identity import REASONS, Screened, Sent, screen
 from phalanx.flower.metrics import median_metrics
-from phalanx.flower.replies import Layout, Reply, metrics_of, read_reply
+from phalanx.flower.replies import Layout, Reply, metrics_of, read_reply, shorten
 from phalanx.flower.secagg import RECORD_KEY_CONFIGS, SECAGG, is_secagg_error, legacy_refusal
 from phalanx.validate import check_int, check_real
 
@@ -392,7 +392,7 @@ class PhalanxFedAvg(FedAvg):
     ) -> None:
         """Raise when more than f sampled nodes replied with ``secaggplus_mod``'s error (see :meth:`aggregate_train`):
         f Byzantine clients alone cannot end the run this way."""
-        nodes = {v.voter for m, v in zip(messages, screened) if v.passed and is_secagg_error(m)}
+        nodes = {v.voter for m, v in zip(messages, screened) if v.is_vote and is_secagg_error(m)}
         if len(nodes) > self.f:
             raise ConfigError(
                 "mods", "secaggplus_mod", "a ClientApp without Flower's secure aggregation mods (secaggplus_mod, "
@@ -524,7 +524,7 @@ class PhalanxFedAvg(FedAvg):
                 return result
             except Exception as exc:  # a client's odd metrics must not end the run
                 log(WARNING, "phalanx: %s_metrics_aggr_fn failed (%s: %s); the per-key median is used instead",
-                    what, type(exc).__name__, exc)
+                    what, type(exc).__name__, shorten(exc))  # its text may quote a client's keys or values
         if records and len(records) < 2 * f + 1:
             log(INFO, "phalanx: %s metrics of %d clients, fewer than 2f + 1 = %d: not reported (f Byzantine ones "
                 "could choose their median)", what, len(records), 2 * f + 1)
