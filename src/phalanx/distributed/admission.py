@@ -64,6 +64,9 @@ ADMITTING_PER_RANK = 2
 """Introduced connections of one rank being admitted at once (the parameter server's two links)."""
 ACCEPTS_PER_WAKE = 64
 """Connections accepted per readiness of the listener before the pending ones get their turn."""
+PAUSE_S = (0.1, 1.0)
+"""Out of file descriptors with no pending connection to shed: the listener is left unwatched for the first, doubling
+up to the second, so the loop does not spin on a listener that stays readable (a review: a full core)."""
 FD_RESERVE = 64
 """File descriptors left to the process's files (checkpoints, the transcript, metrics) beyond those it holds and its
 links will hold, when :data:`TOTAL` is sized to the file limit."""
@@ -279,6 +282,9 @@ class Admission:
         self.closed = False
         self.shed = 0
         """Connections closed to make room (for the tests and the record)."""
+        self.paused_until: float | None = None
+        """While out of file descriptors with nothing to shed: when the listener is watched again."""
+        self.pause_s = PAUSE_S[0]
         self.selector = selectors.DefaultSelector()
         self.wake_r, self.wake_w = socket.socketpair()
         self.wake_r.setblocking(False)
@@ -295,6 +301,9 @@ class Admission:
             while not self.closed:
                 oldest = next(iter(self.pending.values()), None)
                 timeout = None if oldest is None else max(0.0, oldest.deadline - time.monotonic())
+                if self.paused_until is not None:
+                    wait = max(0.0, self.paused_until - time.monotonic())
+                    timeout = wait if timeout is None else min(timeout, wait)
                 for key, _ in self.selector.select(timeout):
                     if key.data is None:
                         try:
@@ -306,6 +315,9 @@ class Admission:
                     else:
                         self._advance(key.data)
                 self._expire()
+                if self.paused_until is not None and time.monotonic() >= self.paused_until:
+                    self.paused_until = None
+                    self.selector.register(self.listener, selectors.EVENT_READ, None)
         finally:
             for p in list(self.pending.values()):
                 self._drop(p, None)
@@ -337,9 +349,11 @@ class Admission:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self._shed_busiest("this process has no file descriptor left")  # room for the next accept
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM) and \
+                        not self._shed_busiest("this process has no file descriptor left"):  # room for the next
+                    self._pause()
                 return  # (the listener was closed, or another error: the loop goes on; close() ends it)
+            self.pause_s = PAUSE_S[0]
             addr = str(address[0])
             source = source_of(addr)
             if not self._room_for(source):
@@ -387,7 +401,16 @@ class Admission:
                 self._drop(p, f"a connection from {p.addr} shed: {why}")
                 return
 
-    def _shed_busiest(self, why: str) -> None:
+    def _pause(self) -> None:
+        """Out of descriptors and nothing pending to shed: leave the listener unwatched for a while (doubling)."""
+        try:
+            self.selector.unregister(self.listener)
+        except (KeyError, ValueError):
+            return
+        self.paused_until = time.monotonic() + self.pause_s
+        self.pause_s = min(2 * self.pause_s, PAUSE_S[1])
+
+    def _shed_busiest(self, why: str) -> bool:
         """At the cap of all: the source holding the most pending connections sheds one; among sources holding as
         many (say, an attacker with as many addresses as connections), the one whose next to go — idle before busy —
         is the oldest, so a newcomer outlives the connections that came before it."""
@@ -396,7 +419,7 @@ class Admission:
             for source, items in table.items():
                 counts[source] = counts.get(source, 0) + len(items)
         if not counts:
-            return
+            return False
         top = max(counts.values())
         order: dict[str, tuple[int, float]] = {}
         for source in (s for s, c in counts.items() if c == top):
@@ -404,6 +427,7 @@ class Admission:
             first = next(iter(idle.values())) if idle else next(iter(self.busy[source].values()))
             order[source] = (0 if idle else 1, first.deadline)
         self._shed(min(order, key=lambda s: order[s]), why)
+        return True
 
     def _drop(self, p: _Pending, reason: str | None) -> None:
         self._forget(p)
