@@ -59,7 +59,7 @@ def name_mismatches(declared: tuple[str, ...], registered: Mapping[str, Any]) ->
 
 def rule_mismatches(declared: Mapping[str, Any]) -> list[str]:
     """Every difference between the declared rules and the aggregator registry's classes: names, targets, kind,
-    requirement and reference (at f = 1 and every f of the grid), ε and κ over the grid."""
+    requirement and reference (at f = 1 and every f of the grid), ε, κ and the smallest n over the grid."""
     registered = aggregators.registry._REGISTRY.registered()
     out = name_mismatches(tuple(declared), registered)
     for name, entry in declared.items():
@@ -70,8 +70,10 @@ def rule_mismatches(declared: Mapping[str, Any]) -> list[str]:
             out.append(f"{name}: target {entry.target} is not {cls.__module__}:{cls.__qualname__}")
         for n, f in GRID:
             info = cls(f=f).describe(n)
-            got = (entry.kind, entry.requirement, entry.reference, entry.epsilon(n, f), entry.kappa(n, f))
-            want = (info["kind"], info["requirement"], info["reference"], info.get("epsilon"), info.get("kappa"))
+            got = (entry.kind, entry.requirement, entry.reference, entry.epsilon(n, f), entry.kappa(n, f),
+                   entry.min_workers(f))
+            want = (info["kind"], info["requirement"], info["reference"], info.get("epsilon"), info.get("kappa"),
+                    cls(f=f).min_workers())
             if got != want:
                 out.append(f"{name} at n={n}, f={f}: declared {got}, the class says {want}")
                 break
@@ -192,6 +194,7 @@ MUTANTS: list[tuple[str, Callable[[], list[str]]]] = [
     ("another default's requirement", lambda: rule_mismatches(
         _edit(RULES, "smea", requirement="n > 2f and C(n, f) <= max_subsets = 100000"))),
     ("a pre-aggregator listed as a rule", lambda: rule_mismatches(_edit(RULES, "clip", kind="rule"))),
+    ("a smallest n that ignores f", lambda: rule_mismatches(_edit(RULES, "krum", min_workers=lambda f: 3))),
     ("a target naming another class", lambda: rule_mismatches(
         _edit(RULES, "multikrum", target="phalanx.aggregators.krum:Krum"))),
     ("a rule left out", lambda: rule_mismatches(_without(RULES, "bulyan"))),
@@ -394,3 +397,18 @@ def test_no_coefficient_is_listed_where_its_rule_cannot_run() -> None:
                     assert entry.epsilon(n, f) is None and entry.kappa(n, f) is None, (name, n, f)
                     info = rule.describe(n)
                     assert info.get("epsilon") is None and info.get("kappa") is None, (name, n, f)
+
+
+def test_list_aggregators_marks_the_rules_not_defined_at_its_n_and_f() -> None:
+    """At n = 10, f = 4 Bulyan (n ≥ 4f + 3), Krum and Multi-Krum (n > 2f + 2) are marked and a note says what the
+    mark means; at n = 19, f = 4 none is (an extension author's review: the listing showed ε and κ at (n, f) beside
+    rules a run there refuses)."""
+    out = CliRunner().invoke(cli.app, ["list", "aggregators", "-n", "10", "-f", "4", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    table = json.loads(out.output)["tables"][0]
+    marked = sorted(row["name"] for row in table["rows"] if row["requirement"].startswith(listing.UNMET))
+    assert marked == ["bulyan", "krum", "multikrum"]
+    assert any("not defined at n = 10 with f = 4" in note for note in table["notes"])
+    wide = json.loads(CliRunner().invoke(cli.app, ["list", "aggregators", "-n", "19", "-f", "4", "--format",
+                                                   "json"]).output)["tables"][0]
+    assert not [row for row in wide["rows"] if row["requirement"].startswith(listing.UNMET)]

@@ -72,6 +72,22 @@ def _krum_kappa(n: int, f: int) -> float | None:
     return None if n <= 2 * f + 2 else 6.0 * (1.0 + f / (n - 2 * f))  # none where Krum cannot run (n > 2f + 2)
 
 
+def _majority(f: int) -> int:
+    return 2 * f + 1
+
+
+def _any_n(f: int) -> int:
+    return 1
+
+
+def _krum_n(f: int) -> int:
+    return 2 * f + 3
+
+
+def _bulyan_n(f: int) -> int:
+    return 4 * f + 3
+
+
 @dataclass(frozen=True)
 class _Rule:
     """A rule or pre-aggregator as ``phalanx list aggregators`` shows it, configured with its default parameters."""
@@ -84,6 +100,8 @@ class _Rule:
     reference: str
     epsilon: Bound = _none
     kappa: Bound = _none
+    min_workers: Callable[[int], int] = _majority
+    """The smallest n it is defined at for f (its class's ``min_workers``, with its default parameters)."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +145,8 @@ AGGREGATORS: dict[str, _Rule] = {
         "phalanx.aggregators.bulyan:Bulyan", "rule",
         'n >= 4f + 3',
         ("E. M. El Mhamdi, R. Guerraoui, S. Rouault, 'The Hidden Vulnerability of Distributed Learning in "
-         "Byzantium', ICML 2018, Section 4 (Bulyan over Krum)")),
+         "Byzantium', ICML 2018, Section 4 (Bulyan over Krum)"),
+        min_workers=_bulyan_n),
     'caf': _Rule(
         "phalanx.aggregators.caf:CAF", "rule",
         'n > 2f',
@@ -180,12 +199,14 @@ AGGREGATORS: dict[str, _Rule] = {
         "phalanx.aggregators.fltrust:FLTrust", "rule",
         'any n >= 1; needs a trusted reference gradient g0 per call (reference=g0); f is not used',
         ("X. Cao, M. Fang, J. Liu, N. Z. Gong, 'FLTrust: Byzantine-robust federated learning via trust "
-         "bootstrapping', NDSS 2021, Eqs. (1)-(4)")),
+         "bootstrapping', NDSS 2021, Eqs. (1)-(4)"),
+        min_workers=_any_n),
     'foolsgold': _Rule(
         "phalanx.aggregators.foolsgold:FoolsGold", "rule",
         'any n >= 1 (f is not used: no bound on the number of sybils); keeps a history per client',
         ("C. Fung, C. J. M. Yoon, I. Beschastnikh, 'The limitations of federated learning in sybil settings', RAID "
-         '2020, Algorithm 1')),
+         '2020, Algorithm 1'),
+        min_workers=_any_n),
     'geomed': _Rule(
         "phalanx.aggregators.geomed:GeometricMedian", "rule",
         'n > 2f',
@@ -197,7 +218,8 @@ AGGREGATORS: dict[str, _Rule] = {
         'n > 2f + 2',
         ("P. Blanchard, E. M. El Mhamdi, R. Guerraoui, J. Stainer, 'Machine Learning with Adversaries: Byzantine "
          "Tolerant Gradient Descent', NeurIPS 2017, Section 4 (the Krum function, Proposition 1)"),
-        kappa=_krum_kappa),
+        kappa=_krum_kappa,
+        min_workers=_krum_n),
     'mda': _Rule(
         "phalanx.aggregators.mda:MDA", "rule",
         'n > 2f',
@@ -212,12 +234,14 @@ AGGREGATORS: dict[str, _Rule] = {
         "phalanx.aggregators.mean:Mean", "rule",
         'n >= 1; tolerates no Byzantine worker',
         'arithmetic mean (federated averaging, McMahan et al., AISTATS 2017)',
-        epsilon=_zero),
+        epsilon=_zero,
+        min_workers=_any_n),
     'multikrum': _Rule(
         "phalanx.aggregators.krum:MultiKrum", "rule",
         'n > 2f + 2 and 1 <= m <= n (default m = n - f)',
         ("P. Blanchard, E. M. El Mhamdi, R. Guerraoui, J. Stainer, 'Machine Learning with Adversaries: Byzantine "
-         "Tolerant Gradient Descent', NeurIPS 2017, Section 4 (Krum) and Section 5 (the Multi-Krum variant)")),
+         "Tolerant Gradient Descent', NeurIPS 2017, Section 4 (Krum) and Section 5 (the Multi-Krum variant)"),
+        min_workers=_krum_n),
     'rlr': _Rule(
         "phalanx.aggregators.rlr:RobustLR", "rule",
         'n >= max(2f + 1, θ); θ = f + 1 by default (more agreeing signs than the f Byzantine rows can cast)',
@@ -247,13 +271,15 @@ AGGREGATORS: dict[str, _Rule] = {
         "phalanx.aggregators.pre.bucketing:Bucketing", "pre",
         'n >= 1; the rule after it sees ceil(n/s) rows, at most f of them influenced by Byzantine rows',
         ("S. P. Karimireddy, L. He, M. Jaggi, 'Byzantine-robust learning on heterogeneous datasets via bucketing', "
-         'ICLR 2022, Algorithm 1')),
+         'ICLR 2022, Algorithm 1'),
+        min_workers=_any_n),
     'clip': _Rule(
         "phalanx.aggregators.pre.clip:Clip", "pre",
         'n >= 1',
         ("static clipping; see Y. Allouah, R. Guerraoui, N. Gupta, A. Jellouli, G. Rizk, J. Stephan, 'Adaptive "
          "gradient clipping for robust federated learning', ICLR 2025 (arXiv 2405.14432), the static clipping "
-         'baseline')),
+         'baseline'),
+        min_workers=_any_n),
     'nnm': _Rule(
         "phalanx.aggregators.pre.nnm:NNM", "pre",
         'n > 2f',

@@ -29,13 +29,26 @@ def list_aggregators(
     if declared is None:
         rows = _built_rows(workers, f)
     else:
-        rows = [([name, kind, requirement, *(("", "") if kind == "gossip" else (_fmt(eps), _fmt(kappa)))], ref)
+        rows = [([name, kind, _marked(requirement, kind != "gossip" and
+                                      workers < catalogue.AGGREGATORS[name].min_workers(f)),
+                  *(("", "") if kind == "gossip" else (_fmt(eps), _fmt(kappa)))], ref)
                 for name, kind, requirement, eps, kappa, ref in declared]
     _references(table, rows, fmt)
+    if any(row[2].startswith(UNMET) for row, _ in rows):
+        table.notes.append(f"{UNMET.strip()}: not defined at n = {workers} with f = {f} (its requirement is unmet: a "
+                           "run with it there is refused before it starts).")
     table.notes.append(f"ε, κ: the values the literature proves (— where none; describe() names each statement). "
                        f"`phalanx epsilon SPEC -n {workers} -f {f}` and `phalanx kappa SPEC -n {workers} -f {f}` "
                        "measure certified lower bounds.")
     emit(table, fmt, console)
+
+
+UNMET = "✗ "
+"""What a requirement cell begins with when the rule is not defined at the listing's n and f."""
+
+
+def _marked(requirement: str, unmet: bool) -> str:
+    return UNMET + requirement if unmet else requirement
 
 
 def _built_rows(workers: int, f: int) -> list[tuple[list[str], str]]:
@@ -53,8 +66,8 @@ def _built_rows(workers: int, f: int) -> list[tuple[list[str], str]]:
             rows.append(([name, "?", str(exc), "", ""], cls.reference))
             continue
         info = comp.describe(workers)
-        rows.append(([name, info["kind"], info["requirement"], _fmt(info.get("epsilon")), _fmt(info.get("kappa"))],
-                     info["reference"]))
+        rows.append(([name, info["kind"], _marked(info["requirement"], workers < comp.min_workers()),
+                      _fmt(info.get("epsilon")), _fmt(info.get("kappa"))], info["reference"]))
     for name in robust_gossip.names():  # a node's rule over its graph neighbourhood
         rows.append(([name, "gossip", catalogue.GOSSIP_REQUIREMENT, "", ""], robust_gossip.get_class(name).reference))
     return rows
