@@ -30,7 +30,7 @@ LIGHT = (["--help"], ["--version"], ["list", "--help"], ["run", "--help"], ["swe
          ["launch", "--help"], ["status", "/nonexistent-phalanx-dir"], ["report", "/nonexistent-phalanx-dir"],
          ["list", "datasets"], ["list", "models"], ["list", "aggregators"],
          ["list", "aggregators", "-n", "7", "-f", "3", "--format", "json"], ["list", "attacks"], ["list", "algorithms"],
-         ["list", "stages"], ["list", "stages", "--format", "csv"],
+         ["list", "stages"], ["list", "stages", "--format", "csv"], ["list", "trackers"],
          ["tension", "--help"], ["experiment", "--help"], ["tension"], ["experiment"])
 """Commands that compute nothing: none may import torch."""
 
@@ -89,8 +89,10 @@ def test_the_check_catches_an_eager_import_of_torch(tmp_path: Path) -> None:
      "from dataclasses import dataclass\n\nimport torch  # noqa: F401\n", ["list", "stages"]),
     ("cli/listing.py", "    declared = rounds.attack_rows()", "    declared = None", ["list", "attacks"]),
     ("cli/listing.py", "    declared = rounds.algorithm_rows()", "    declared = None", ["list", "algorithms"]),
+    ("cli/listing.py", "    declared = trackers.tracker_rows()", "    declared = None", ["list", "trackers"]),
 ], ids=["torch-in-the-catalogue", "listing-asks-the-registry", "help-builds-each-study",
-        "torch-in-the-rounds-catalogue", "attacks-ask-the-registry", "algorithms-ask-the-registry"])
+        "torch-in-the-rounds-catalogue", "attacks-ask-the-registry", "algorithms-ask-the-registry",
+        "trackers-ask-the-registry"])
 def test_the_check_catches_a_listing_or_help_page_that_imports_torch(tmp_path: Path, module: str, old: str, new: str,
                                                                     args: list[str]) -> None:
     """Mutants of the torch-free listings and help pages, each in a copy of the package: the catalogue importing

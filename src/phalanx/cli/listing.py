@@ -165,6 +165,43 @@ def stage_rows() -> list[tuple[list[str], str]]:
     return rows
 
 
+@list_app.command("trackers")
+def list_trackers(fmt: FormatOption = "table") -> None:
+    """Experiment trackers a config's 'tracking' names (docs/tracking.md): the extra that installs each, whether it
+    is installed here, its parameters (each set by tracking_params.NAME.P) and what it records."""
+    from phalanx.catalogue import trackers
+
+    fmt = check_format(fmt)
+    table = Tabular("Phalanx trackers", ("name", "extra", "installed", "parameters", "records"), whole=("name",))
+    declared = trackers.tracker_rows()  # torch-free, as attacks (None: a plug-in tracker is installed)
+    for row in tracker_rows() if declared is None else declared:
+        table.add(*row)
+    table.notes.append("`--track NAME` (or `--track NAME=URI`) on run, sweep and launch adds one; "
+                       "pip install 'phalanx[tracking]' installs all three built-ins.")
+    emit(table, fmt, console)
+
+
+def tracker_rows() -> list[list[str]]:
+    """``list trackers``' rows from the registry's classes (torch imported), as :func:`attack_rows`: name, extra,
+    installed, parameters, what it records (``summary``, else the docstring's first line)."""
+    import inspect
+
+    from phalanx.catalogue import trackers
+    from phalanx.experiments import tracking
+
+    rows = []
+    for name in tracking.names():
+        cls = tracking.TRACKERS.get(name, "tracking")
+        extra = getattr(cls, "extra", None)
+        params = tuple(trackers.parameter(p.name, p.annotation, p.default)
+                       for p in list(inspect.signature(cls.__init__).parameters.values())[1:]
+                       if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD)
+        doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+        rows.append([name, f"phalanx[{extra}]" if extra else "—", trackers.installed(getattr(cls, "package", None)),
+                     trackers.section(name, params), getattr(cls, "summary", "") or doc or "—"])
+    return rows
+
+
 @list_app.command("datasets")
 def list_datasets(fmt: FormatOption = "table") -> None:
     """Data sets Phalanx can load."""

@@ -38,7 +38,7 @@ from phalanx.plugins import Registry, check_params
 
 __all__ = [
     "ENDS", "TRACKERS", "MLflow", "TensorBoard", "TrackedRun", "Tracker", "TrackerLike", "Tracking", "WandB",
-    "build", "check", "flatten", "numbers", "of", "register", "track_overrides",
+    "build", "check", "flatten", "names", "numbers", "of", "register", "track_overrides",
 ]
 
 
@@ -56,6 +56,8 @@ points."""
 for _cls in (TensorBoard, MLflow, WandB):
     TRACKERS.register(_cls)
 register = TRACKERS.register
+names = TRACKERS.names
+"""The trackers' names (the built-ins, registered ones, installed entry points)."""
 
 
 def build(name: str, params: Mapping[str, Any] | None = None) -> TrackerLike:

@@ -63,14 +63,17 @@ class TrackerLike(Protocol):
 class Tracker:
     """A tracker the run sends its parameters and metric rows to (subclass it, or provide the same methods).
 
-    Class attributes: ``name`` (the name a config gives it), ``package`` (the module that must be importable) and
-    ``extra`` (Phalanx's optional extra that installs it: a missing package is a one-line error naming it). The
+    Class attributes: ``name`` (the name a config gives it), ``package`` (the module that must be importable),
+    ``extra`` (Phalanx's optional extra that installs it: a missing package is a one-line error naming it) and
+    ``summary`` (what it records, for ``phalanx list trackers``). The
     constructor takes the tracker's ``tracking_params`` table as keywords; ``uri`` is where it writes (its meaning is
     the tracker's)."""
 
     name: ClassVar[str] = ""
     package: ClassVar[str | None] = None
     extra: ClassVar[str | None] = None
+    summary: ClassVar[str] = ""
+    """What it records, in a few words (``phalanx list trackers``; default: the docstring's first line)."""
 
     def __init__(self, uri: str | None = None) -> None:
         self.uri = text_param(self.name, "uri", uri)

@@ -48,6 +48,7 @@ class MLflow(Tracker):
     """One MLflow run per Phalanx run, in experiment ``experiment`` of the store or server at ``uri``."""
 
     name = "mlflow"
+    summary = "one MLflow run per run: parameters, every metric row, how it ended"
     package = "mlflow"
     extra = "mlflow"
 

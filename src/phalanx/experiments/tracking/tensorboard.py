@@ -21,6 +21,7 @@ class TensorBoard(Tracker):
     """Scalars per round (``test_accuracy``, ``agg_error``, …, step = round), the config as hyper-parameters."""
 
     name = "tensorboard"
+    summary = "event files: a scalar per metric and round, the config as hyper-parameters"
     package = "tensorboard"
     extra = "tensorboard"
 

@@ -47,6 +47,7 @@ class WandB(Tracker):
     """One W&B run per Phalanx run (see the module's docstring)."""
 
     name = "wandb"
+    summary = "one W&B run per run (offline by default: no network)"
     package = "wandb"
     extra = "wandb"
 
