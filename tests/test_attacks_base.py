@@ -32,9 +32,10 @@ def test_names_and_kinds() -> None:
     expected = {
         "none", "signflip", "labelflip", "gaussian", "alie", "ipm", "foe", "mimic", "inf", "nan", "minmax",
         "minsum", "fang", "optimal", "backdoor", "dba", "edgecase", "neurotoxin", "replacement", "honest",
-        "intermittent", "phrase-backdoor", "evade", "subnormal",
+        "intermittent", "phrase-backdoor", "evade", "subnormal", "targetflip",
     }
-    data = ["backdoor", "dba", "edgecase", "honest", "labelflip", "neurotoxin", "phrase-backdoor", "replacement"]
+    data = ["backdoor", "dba", "edgecase", "honest", "labelflip", "neurotoxin", "phrase-backdoor", "replacement",
+            "targetflip"]
     assert set(attacks.names()) == expected
     assert attacks.names("data") == data
     assert set(attacks.names("vector")) == expected - set(data)

@@ -120,6 +120,21 @@ def test_mimic_picks_the_row_along_the_top_principal_direction() -> None:
     assert mimic_target(-honest) == 3
 
 
+def test_mimic_picks_the_largest_absolute_projection_whatever_the_eigenvectors_sign() -> None:
+    """On 20 seeded honest sets with one row far out on a lopsided spread, ``i*`` is the row of largest
+    |⟨v, x_i − ḡ⟩| with v the top right singular vector of the centred rows (an SVD: independent of the
+    eigen-solver's sign). A review's mutant — the signed argmax of the eigenvector — agrees on some sets and not on
+    others, depending on the sign the solver returns; the signed choice is the paper's, the absolute one Phalanx's."""
+    for seed in range(20):
+        g = torch.Generator().manual_seed(seed)
+        honest = torch.randn(7, 5, generator=g, dtype=torch.float64)
+        honest[int(torch.randint(7, (1,), generator=g))] += 6.0 * torch.randn(5, generator=g, dtype=torch.float64)
+        centred = honest - honest.mean(0)
+        v = torch.linalg.svd(centred, full_matrices=False).Vh[0]
+        assert mimic_target(honest) == int(torch.argmax((centred @ v).abs())), seed
+        assert mimic_target(-honest) == mimic_target(honest), seed
+
+
 def test_mimic_fixed_target() -> None:
     out = attacks.make("mimic", target=1)(_ctx(X, 2))
     torch.testing.assert_close(out, X[[1, 1]])

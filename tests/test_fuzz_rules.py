@@ -428,7 +428,8 @@ def test_attack_values(name: str, dtype: torch.dtype, data: st.DataObject) -> No
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 @pytest.mark.parametrize("name", attacks.names("data"))
 def test_data_attacks_leave_the_batch_alone(name: str, dtype: torch.dtype) -> None:
-    small = {"edgecase": {"source": 1, "target": 0}, "dba": {"size": 1}}  # three classes, eight features
+    small = {"edgecase": {"source": 1, "target": 0}, "dba": {"size": 1},  # three classes, eight features
+             "targetflip": {"source": 2, "target": 0}}
     attack = attacks.make(name, **small.get(name, {}))
     assert isinstance(attack, DataAttack)
     x = _random(6, 8, dtype=dtype)

@@ -32,6 +32,7 @@ from phalanx.attacks import (  # noqa: F401
     replacement,
     scaling,
     subnormal,
+    targetflip,
 )
 from phalanx.attacks.alie import ALIE, alie_z_max
 from phalanx.attacks.backdoor import Backdoor
@@ -52,6 +53,7 @@ from phalanx.attacks.registry import get_class, make, names, register
 from phalanx.attacks.replacement import ModelReplacement
 from phalanx.attacks.scaling import FallOfEmpires, InnerProductManipulation, SignFlip
 from phalanx.attacks.subnormal import Subnormal
+from phalanx.attacks.targetflip import TargetFlip
 
 __all__ = [
     "ALIE",
@@ -81,6 +83,7 @@ __all__ = [
     "OptimalSearch",
     "SignFlip",
     "Subnormal",
+    "TargetFlip",
     "alie_z_max",
     "get_class",
     "make",

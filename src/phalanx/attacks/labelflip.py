@@ -20,16 +20,16 @@ class LabelFlip(DataAttack):
     .. math:: y' = (C - 1) - y, \qquad x' = x,
 
     for ``C = num_classes`` classes (on 10 classes: 0↔9, 1↔8, …). The worker then computes an ordinary gradient on
-    ``(x, y')``, so its vector looks honest to the server. Tolpegin, Truex, Gursoy & Liu, "Data Poisoning Attacks
-    Against Federated Learning Systems", ESORICS 2020 (label flipping); the ``C − 1 − y`` map is the one of
-    Allen-Zhu et al. (ICLR 2021) and Karimireddy et al. (ICML 2021), and ByzFL's ``LabelFlipping``.
+    ``(x, y')``, so its vector looks honest to the server. The ``C − 1 − y`` map is the one of Allen-Zhu et al.
+    (ICLR 2021) and Karimireddy et al. (ICML 2021), and ByzFL's ``LabelFlipping``; it is not Tolpegin et al.'s
+    (ESORICS 2020), who flip one source class to one target class: that attack is ``targetflip``.
     ``x`` is returned as is (not copied); ``y'`` is a new tensor.
     """
 
     name: ClassVar[str] = "labelflip"
     reference: ClassVar[str] = (
-        "V. Tolpegin, S. Truex, M. E. Gursoy, L. Liu, 'Data Poisoning Attacks Against Federated Learning Systems', "
-        "ESORICS 2020; y -> C - 1 - y as in Allen-Zhu et al. ICLR 2021 and ByzFL LabelFlipping"
+        "Z. Allen-Zhu, F. Ebrahimian, J. Li, D. Alistarh, 'Byzantine-Resilient Non-Convex Stochastic Gradient "
+        "Descent', ICLR 2021 and Karimireddy et al. ICML 2021 (label flipping y -> C - 1 - y); ByzFL LabelFlipping"
     )
 
     def _transform(

@@ -42,18 +42,20 @@ def mimic_target(honest: Tensor) -> int:
 class Mimic(Attack):
     r"""Mimic: all Byzantine workers send a copy of one honest worker's vector, ``y_i = x_{i*}``.
 
-    Karimireddy, He & Jaggi (ICLR 2022, the "mimic" attack) show that on heterogeneous data, over-representing
-    one honest worker biases robust rules while every Byzantine vector looks perfectly honest. Their attacker picks
-    ``i*`` maximising the variance direction, estimated online over the first rounds; Phalanx uses a *stateless*
-    variant: each round, ``i*`` is the honest row with the largest projection on the top principal direction of
-    that round's honest vectors (:func:`mimic_target`). With ``target=k`` the attackers always copy honest row ``k``
-    (ByzFL's ``Mimic(epsilon=k)``); ``k`` must be below ``h`` at call time.
+    Karimireddy, He & Jaggi (ICLR 2022, the "mimic" attack) show that on heterogeneous data, over-representing one
+    honest worker biases robust rules while every Byzantine vector looks perfectly honest. Their attacker estimates
+    the top variance direction z online over a warm-up, picks ``i* = argmax_i ⟨z, g_i⟩`` (the *signed* projection)
+    and then keeps copying that worker for the rest of training. Phalanx's own variant is *stateless*: each round,
+    ``i*`` is the honest row with the largest *absolute* projection on the top principal direction of that round's
+    centred honest vectors (:func:`mimic_target`) — a principal direction has no sign of its own, so the signed
+    choice would depend on which of ±z the eigen-solver returns. With ``target=k`` the attackers always copy honest
+    row ``k`` (ByzFL's ``Mimic(epsilon=k)``); ``k`` must be below ``h`` at call time.
     """
 
     name: ClassVar[str] = "mimic"
     reference: ClassVar[str] = (
         "S. P. Karimireddy, L. He, M. Jaggi, 'Byzantine-Robust Learning on Heterogeneous Datasets via Bucketing', "
-        "ICLR 2022 (mimic attack; stateless top-principal-direction variant)"
+        "ICLR 2022 (mimic attack); Phalanx's stateless variant: each round's largest |projection|"
     )
 
     def __init__(self, target: int | None = None) -> None:

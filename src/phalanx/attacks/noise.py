@@ -25,14 +25,16 @@ class Gaussian(Attack):
     unbiased worker). Defaults ``mu = 0``, ``sigma = 1``. Every row is different; the samples come from
     ``ctx.generator`` (drawn on the CPU in float64, so the same seed gives the same vectors on any device).
 
-    Reference: the Gaussian attack of Blanchard et al., NeurIPS 2017 (Section 5, "Gaussian Byzantine workers"),
-    and of ByzFL.
+    Reference: the Gaussian attack of Blanchard et al., NeurIPS 2017 (Section 5, "Gaussian Byzantine workers":
+    mean zero and standard deviation 200 there — ``attack_params.sigma = 200``), and of ByzFL (whose default,
+    σ = 1, is the default here).
     """
 
     name: ClassVar[str] = "gaussian"
     reference: ClassVar[str] = (
         "P. Blanchard, E. M. El Mhamdi, R. Guerraoui, J. Stainer, 'Machine Learning with Adversaries: Byzantine "
-        "Tolerant Gradient Descent', NeurIPS 2017 (Section 5, Gaussian Byzantine workers); ByzFL Gaussian"
+        "Tolerant Gradient Descent', NeurIPS 2017 (Section 5, Gaussian Byzantine workers: sigma = 200 there); ByzFL "
+        "Gaussian (sigma = 1, the default)"
     )
     threat: ClassVar[str] = "none needed (center='zero'); honest mean (center='mean')"
     stochastic: ClassVar[bool] = True

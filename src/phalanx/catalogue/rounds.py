@@ -155,7 +155,8 @@ ATTACKS: dict[str, _Attack] = {
          'mu: float = 0.0 (attack_params.mu)',
          "center: str = 'zero' (attack_params.center)"),
         ("P. Blanchard, E. M. El Mhamdi, R. Guerraoui, J. Stainer, 'Machine Learning with Adversaries: Byzantine "
-         "Tolerant Gradient Descent', NeurIPS 2017 (Section 5, Gaussian Byzantine workers); ByzFL Gaussian")),
+         "Tolerant Gradient Descent', NeurIPS 2017 (Section 5, Gaussian Byzantine workers: sigma = 200 there); ByzFL "
+         "Gaussian (sigma = 1, the default)")),
     'honest': _Attack(
         'phalanx.attacks.honest:Honest',
         'baseline: no attack (real gradients on own data)',
@@ -186,14 +187,14 @@ ATTACKS: dict[str, _Attack] = {
         'phalanx.attacks.labelflip:LabelFlip',
         'data: poisons its batches',
         (),
-        ("V. Tolpegin, S. Truex, M. E. Gursoy, L. Liu, 'Data Poisoning Attacks Against Federated Learning Systems', "
-         'ESORICS 2020; y -> C - 1 - y as in Allen-Zhu et al. ICLR 2021 and ByzFL LabelFlipping')),
+        ("Z. Allen-Zhu, F. Ebrahimian, J. Li, D. Alistarh, 'Byzantine-Resilient Non-Convex Stochastic Gradient "
+         "Descent', ICLR 2021 and Karimireddy et al. ICML 2021 (label flipping y -> C - 1 - y); ByzFL LabelFlipping")),
     'mimic': _Attack(
         'phalanx.attacks.mimic:Mimic',
         'vector: sends rows',
         ('target: int | None = None (attack_params.target)',),
         ("S. P. Karimireddy, L. He, M. Jaggi, 'Byzantine-Robust Learning on Heterogeneous Datasets via Bucketing', "
-         'ICLR 2022 (mimic attack; stateless top-principal-direction variant)')),
+         "ICLR 2022 (mimic attack); Phalanx's stateless variant: each round's largest |projection|")),
     'minmax': _Attack(
         'phalanx.attacks.minmax:MinMax',
         'vector: sends rows',
@@ -278,6 +279,13 @@ ATTACKS: dict[str, _Attack] = {
         ("values: str = 'subnormal' (attack_params.values)",),
         ("Phalanx's own availability attack through subnormal arithmetic (M. Andrysco, D. Kohlbrenner, K. Mowery, "
          "R. Jhala, S. Lerner, H. Shacham, 'On Subnormal Floating Point and Abnormal Timing', IEEE S&P 2015)")),
+    'targetflip': _Attack(
+        'phalanx.attacks.targetflip:TargetFlip',
+        'data: poisons its batches',
+        ('source: int = 5 (attack_params.source)',
+         'target: int = 3 (attack_params.target)'),
+        ("V. Tolpegin, S. Truex, M. E. Gursoy, L. Liu, 'Data Poisoning Attacks Against Federated Learning Systems', "
+         'ESORICS 2020 (label flipping from a source class to a target class)')),
 }
 """The built-in vector and data attacks (:func:`phalanx.attacks.names`)."""
 ATTACK_GROUP = Group("phalanx.attacks", "phalanx.attacks.registry")
