@@ -620,3 +620,22 @@ def test_f_byzantine_clients_faking_the_secaggplus_error_cannot_end_the_run() ->
     got, metrics = step(s, 1, [answer(ins[n], m) for n, m in zip(NODES[:3], models)] + fakes + spam, w)
     assert metrics["aggregated"] == 1 and metrics["nodes-dropped"] == 2 and metrics["replies-unsampled"] == 5
     np.testing.assert_allclose(got, rule_step("cwtm", 0, w, models), rtol=1e-12, atol=1e-14)
+
+
+def test_an_error_reply_with_a_long_multiline_reason_is_one_short_log_and_json_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A sampled node answers with an error reply of an ordinary code (3) whose reason is ``"x\\n"`` 10,000 times:
+    a code without the shortening of the reason (a review's mutant of ``read_reply``) logged a 20,148-character
+    message of 10,000 lines and wrote a 30,181-character JSON line, and this file's tests all passed on it. Every
+    log message and every JSON line of the round is one line of at most 400 characters."""
+    w = model(np.float64)
+    path = tmp_path / "contributions.jsonl"
+    s = PhalanxFedAvg(aggregator="cwtm", f=1, min_available_nodes=5, log_path=path)
+    ins = start_round(s, FakeGrid(NODES), w)
+    odd = forged(ins[BAD], BAD, error=Error(code=3, reason="x\n" * 10_000))
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        step(s, 1, [answer(ins[n], m) for n, m in zip(NODES, honest_models(w, 4))] + [odd], w)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("error reply (code 3)" in m for m in messages), messages
+    for text in messages + path.read_text().splitlines():
+        assert "\n" not in text and len(text) <= 400, (len(text), text[:200])

@@ -136,8 +136,17 @@ def test_honest_chat_templates_and_a_linked_template_folder_still_load(tmp_path:
     ("n_layer", 20_000, 1024),
     ("vision_config.depths", [2, 2, 1_000_000, 2], 1024),
     ("num_attention_heads", 100_000, 1024),
-    ("num_experts", 1_000_000, 4096),
+    ("num_experts", 1_000_000, 65536),
     ("num_hidden_layers", 1e300, 1024),
+    ("inner_group_num", 2000, 1024),
+    ("num_hidden_groups", 2000, 1024),
+    ("num_feedforward_networks", 2000, 1024),
+    ("num_hash_functions", 2000, 1024),
+    ("num_self_attends_per_block", 2000, 1024),
+    ("block_sizes", [1000, 1000], 1024),
+    ("vision_config.depths", [1024] * 1024, 1024),
+    ("vision_config.depths", [1] * 2000, 1024),
+    ("text_config.mlp_only_layers", [1] * 2000, 1024),
 ])
 def test_a_config_with_a_huge_count_of_layers_heads_or_experts_is_one_line_before_transformers_parses_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, value: object, cap: int) -> None:
@@ -146,7 +155,11 @@ def test_a_config_with_a_huge_count_of_layers_heads_or_experts_is_one_line_befor
     the skeleton passed, but building the meta-device skeleton took 153 s and 1.7 GB at 20,000 layers before
     failing, and Qwen2-like configs list their layers' types inside ``AutoConfig`` (29 s, 1.4 GB at 10⁷). The old
     code parsed the config and built the skeleton; now the model and the tokenizer are one line naming the file, the
-    key and the allowed range, before transformers reads the folder."""
+    key and the allowed range, before transformers reads the folder. A second review: ALBERT's ``inner_group_num``
+    and ``num_hidden_groups``, Funnel's ``block_sizes``, MobileBERT's ``num_feedforward_networks``, Canine's
+    ``num_hash_functions``, Perceiver's ``num_self_attends_per_block`` and ``depths = [1024] * 1024`` (10⁶ blocks,
+    each entry under the cap) passed the old names and caps (10,000 modules: 20–30 s, 800 MiB), and a list of 2,000
+    ones under ``depths`` passed a mutant that ignored a list's length."""
     folder = _folder(tmp_path)
     config = json.loads((folder / "config.json").read_text())
     outer, _, inner = key.rpartition(".")
@@ -170,3 +183,172 @@ def test_counts_as_large_as_the_largest_published_models_pass_the_structure_chec
                   vision_feature_layer=-2, mlp_only_layers=list(range(126)))
     (folder / "config.json").write_text(json.dumps(config))
     assert hub.resolve(f"hf:{folder}") == folder
+
+
+def test_every_transformers_config_class_at_its_defaults_passes_the_structure_check(tmp_path: Path) -> None:
+    """No attacker: ``save_pretrained`` of any ``transformers`` config class at its defaults writes what this walks
+    (``to_json_string(use_diff=False)``). The old experts' cap (4,096) refused every Doge checkpoint: DogeConfig
+    defaults ``num_experts`` to 16,384 in a dense model (product-key experts, rows of one embedding). About 10 s:
+    every class is checked, none sampled."""
+    import warnings
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    refused, checked = [], 0
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for model_type in sorted(CONFIG_MAPPING.keys()):
+                try:
+                    text = CONFIG_MAPPING[model_type]().to_json_string(use_diff=False)
+                except Exception:  # two classes need arguments: nothing to save at defaults
+                    continue
+                (tmp_path / "config.json").write_text(text)
+                checked += 1
+                try:
+                    hub._check_structure(tmp_path / "config.json", f"hf:{model_type}", "model")
+                except ConfigError as exc:
+                    refused.append(f"{model_type}: {exc}")
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    assert checked > 500 and not refused, refused
+
+
+def test_a_long_key_above_many_entries_is_walked_in_bounded_memory_or_refused_as_one_line(tmp_path: Path) -> None:
+    """The attacker writes a 9.9 MiB ``config.json`` whose one key of 8 MiB holds 10⁶ entries (and a honest-sized
+    variant: a key at the 4,096-character cap above 240,000 entries). The old walk kept each entry's full path on its
+    stack — 7.8 TiB of strings for the first, 0.9 GiB for the second — and died of MemoryError (a traceback, or the
+    OOM killer). Now the first is one line refusing the key's length, the second passes in a child whose address
+    space is capped at 1 GiB above its start."""
+    import subprocess
+    import sys
+
+    big, wide = tmp_path / "big", tmp_path / "wide"
+    for folder, key, entries in ((big, "k" * (8 << 20), 1_000_000), (wide, "k" * hub.MAX_KEY_CHARS, 240_000)):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": "bert", key: [0] * entries},
+                                                       separators=(",", ":")))
+    script = (
+        "import resource, sys\n"
+        "from pathlib import Path\n"
+        "from phalanx import hub\n"
+        "from phalanx.errors import ConfigError\n"
+        "vm = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), resource.getrlimit(resource.RLIMIT_AS)[1]))\n"
+        "for folder in sys.argv[1:]:\n"
+        "    try:\n"
+        "        hub.check_files(Path(folder), 'hf:' + folder)\n"
+        "        print('passed')\n"
+        "    except ConfigError as exc:\n"
+        "        print('refused', exc)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", script, str(big), str(wide)], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and lines[1] == "passed", done.stdout[:2000]
+    assert lines[0].startswith("refused model=") and f"keys of at most {hub.MAX_KEY_CHARS:,} characters" in lines[0] \
+        and str(big / "config.json") in lines[0], lines[0]
+
+
+def test_running_out_of_memory_on_a_config_is_one_line_naming_the_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attacker's ``config.json`` (within its 16 MiB cap) exhausts memory while it is parsed: the old code let
+    the MemoryError through, a traceback. Now it is one line naming the file."""
+    folder = _folder(tmp_path)
+    (folder / "tokenizer_config.json").unlink()  # parsed first (its fast_tokenizer_files): config.json alone here
+
+    def exhausted(*args: object, **kwargs: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(json, "loads", exhausted)
+    with pytest.raises(ConfigError) as info:
+        hub.check_files(folder, f"hf:{folder}")
+    text = str(info.value)
+    assert "\n" not in text and "out of memory" in text and str(folder / "config.json") in text, text
+
+
+def test_a_config_listing_a_million_layer_types_is_one_line_before_autoconfig_parses_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attacker hands over a Qwen2-type ``config.json`` listing 300,000 layer types under ``layer_types`` (no
+    capped name; 2.4 MiB, within the file's cap): ``AutoConfig`` turns every entry into an object (10⁷: 29 s, 1.4
+    GB). The old code let it through to ``AutoConfig``; now the model and the tokenizer are one line naming the
+    file and :data:`phalanx.hub.MAX_CONFIG_VALUES`, before transformers reads the folder."""
+    folder = _folder(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="qwen2", layer_types=["full_attention"] * 300_000)
+    (folder / "config.json").write_text(json.dumps(config))
+    _never_loaded(monkeypatch)
+    for parameter, make in _makers(folder):
+        with pytest.raises(ConfigError) as info:
+            make()
+        text = str(info.value)
+        assert "\n" not in text and text.startswith(f"{parameter}=") and \
+            f"at most {hub.MAX_CONFIG_VALUES:,} JSON values" in text and str(folder / "config.json") in text, text
+
+
+@pytest.mark.parametrize("entry", ["sub/tokenizer.1.0.json", "../tokenizer.1.0.json", "my_tokenizer.1.0.json"])
+def test_a_huge_fast_tokenizer_file_named_by_tokenizer_config_is_refused_before_transformers_reads_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entry: str) -> None:
+    """The attacker lists ``fast_tokenizer_files: ["sub/tokenizer.1.0.json"]`` in ``tokenizer_config.json`` and puts
+    a 256 MiB sparse file there (or next to the folder, or under a name the folder's caps miss but transformers'
+    pattern, which searches rather than matches, takes): transformers reads it whole (the review: 292 MiB read,
+    +521 MiB) — the old caps looked at the folder's own files only. Now a path is refused and a file name is capped
+    as a vocabulary, one line before transformers reads the folder."""
+    folder = _folder(tmp_path)
+    target = (folder / entry).resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "wb") as fh:
+        fh.truncate(4 * hub.MAX_VOCABULARY_BYTES)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings["fast_tokenizer_files"] = [entry]
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    _never_loaded(monkeypatch)
+    for parameter, make in _makers(folder):
+        with pytest.raises(ConfigError) as info:
+            make()
+        text = str(info.value)
+        assert "\n" not in text and text.startswith(f"{parameter}="), text
+        assert ("fast_tokenizer_files" in text) if "/" in entry else (f"{hub.MAX_VOCABULARY_BYTES:,}" in text), text
+
+
+def test_a_skeleton_of_too_many_modules_stops_while_it_is_built_and_leaves_no_hook(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attacker multiplies counts each under its name's cap (ALBERT: 8 groups of 64 layers, 512 layers of 14
+    modules; 1,000 of 1,000 would be 10⁶ layers), or uses a name the caps do not know: the old code built the whole
+    meta-device skeleton (10,000 layers: 20–30 s, 800 MiB) before anything was refused. Now the build stops once
+    :data:`phalanx.models.hf.MAX_SKELETON_MODULES` modules are registered (lowered here to keep the test cheap): one
+    line, and torch's global registration hook is gone afterwards."""
+    from torch.nn.modules import module as torch_module
+
+    from phalanx.models import hf
+
+    folder = _folder(tmp_path)
+    (folder / "config.json").write_text(json.dumps(dict(
+        model_type="albert", hidden_size=4, num_attention_heads=1, intermediate_size=4, embedding_size=4,
+        max_position_embeddings=LENGTH, vocab_size=16, num_hidden_layers=8, num_hidden_groups=8,
+        inner_group_num=64)))
+    monkeypatch.setattr(hf, "MAX_SKELETON_MODULES", 2000, raising=False)
+    hooks = dict(torch_module._global_module_registration_hooks)
+    with pytest.raises(ConfigError) as info:
+        models.make(f"hf:{folder}", (LENGTH,), 2)
+    text = str(info.value)
+    assert "\n" not in text and text.startswith("model=") and "at most 2,000 modules" in text, text
+    assert dict(torch_module._global_module_registration_hooks) == hooks
+
+
+def test_the_largest_published_decoder_depth_builds_far_below_the_module_cap() -> None:
+    """No attacker: a Llama of 126 layers (Llama 3.1 405B's depth, at a tiny width) builds its meta-device skeleton
+    through the bounded builder, with a tenth of :data:`phalanx.models.hf.MAX_SKELETON_MODULES` to spare."""
+    from transformers import AutoModelForSequenceClassification, LlamaConfig
+
+    from phalanx.models import hf
+
+    config = LlamaConfig(num_hidden_layers=126, hidden_size=8, intermediate_size=8, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=4, vocab_size=16, num_labels=2)
+    skeleton = hf._skeleton("hf:llama", config, AutoModelForSequenceClassification.from_config)
+    assert sum(1 for _ in skeleton.modules()) * 10 < hf.MAX_SKELETON_MODULES

@@ -19,9 +19,11 @@ whole, 2.2 GiB of memory, before it was refused; a 1 GiB ``additional_chat_templ
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
+from collections.abc import Callable
 from importlib import import_module
 from pathlib import Path
 from typing import Any
@@ -92,18 +94,37 @@ MAX_LISTED = 4096
 more is refused)."""
 
 
-STRUCTURE_CAPS = ((re.compile(r"(?:^|_)(?:layers?|blocks|depths?)$"), 1024),
-                  (re.compile(r"(?:^|_)heads?$"), 1024),
-                  (re.compile(r"(?:^|_)experts?$"), 4096))
-"""The most a ``config.json`` count of layers (``num_hidden_layers``, ``n_layer``, ``decoder_layers``, ``depth`` …),
-attention heads (``num_attention_heads``, ``n_head``, ``num_key_value_heads`` …) or experts (``num_experts``,
-``num_local_experts``, ``n_routed_experts`` …) may be, at any depth of the file (``text_config``,
-``vision_config`` …; a list under such a key: its length and each entry). The largest published models are far
-below: 126 layers (Llama 3.1 405B; PaLM 540B 118, GPT-3 96), 232 heads (Falcon-180B; Llama 3.1 405B 128), 2,048
-experts (Switch-C; DeepSeek-V3 256). A review: a 612-byte config.json of 20,000 layers of width 2 (almost no
-parameters, so under the memory check) took 153 s and 1.7 GB building the meta-device skeleton, and config classes
-that list their layers' types (Qwen2, Gemma …) spent 29 s and 1.4 GB on 10⁷ layers inside ``AutoConfig`` itself:
-the counts are checked on the file's JSON before ``transformers`` parses it."""
+STRUCTURE_CAPS = (
+    (re.compile(r"(?:^|_)(?:depths?|blocks|block_sizes)$"), 1024, True),
+    (re.compile(r"(?:^|_)(?:layers?|groups?|group_num|feedforward_networks|hash_functions|self_attends_per_block)$"),
+     1024, False),
+    (re.compile(r"(?:^|_)heads?$"), 1024, False),
+    (re.compile(r"(?:^|_)experts?$"), 65536, False))
+"""The most a ``config.json`` count of layers (``num_hidden_layers``, ``n_layer``, ``decoder_layers``, ``depth``,
+ALBERT's ``num_hidden_groups`` and ``inner_group_num``, MobileBERT's ``num_feedforward_networks``, Canine's
+``num_hash_functions``, Perceiver's ``num_self_attends_per_block`` …), attention heads (``num_attention_heads``,
+``n_head``, ``num_key_value_heads`` …) or experts (``num_experts``, ``num_local_experts``, ``n_routed_experts`` …)
+may be, at any depth of the file (``text_config``, ``vision_config`` …; a list under such a key: its length and each
+entry; and, under a key that counts blocks per stage — ``depths``, Funnel's ``block_sizes``, ``*_blocks`` — their
+sum: ``depths = [1024] * 1024`` is 10⁶ blocks). The third field says whether a list's sum is capped (a list of
+layer *indices*, ``mlp_only_layers``, ``kv_source_layers``, sums past 1,024 in honest configs). The largest
+published models are far below: 126 layers (Llama 3.1 405B; PaLM 540B 118, GPT-3 96), 232 heads (Falcon-180B;
+Llama 3.1 405B 128), 2,048 experts (Switch-C; DeepSeek-V3 256). The experts' cap is 65,536: Doge's default
+``num_experts`` is 16,384 (product-key experts, rows of an embedding, in a dense model), and ``transformers`` ≥ 5
+builds a layer's experts as one fused module whatever their count. A review: a 612-byte config.json of 20,000
+layers of width 2 (almost no parameters, so under the memory check) took 153 s and 1.7 GB building the meta-device
+skeleton, and config classes that list their layers' types (Qwen2, Gemma …) spent 29 s and 1.4 GB on 10⁷ layers
+inside ``AutoConfig`` itself: the counts are checked on the file's JSON before ``transformers`` parses it. This is
+the fast first line: counts under other names, or products of counts, are bounded while the skeleton is built
+(:data:`phalanx.models.hf.MAX_SKELETON_MODULES`)."""
+MAX_CONFIG_VALUES = 250_000
+"""The most JSON values (objects, lists, strings, numbers …, at any depth) a ``config.json`` may hold: at most 501
+in every ``transformers`` 5.24 config class at its defaults, about 44,000 with ImageNet-21k's ``id2label`` and
+``label2id``. ``AutoConfig`` turns every one into Python objects (a Qwen2-type config listing 10⁷ layer types: 29 s,
+1.4 GB), and the structure check walks them: more is one line before either."""
+MAX_KEY_CHARS = 4096
+"""The longest key of a ``config.json`` (names of a few dozen characters; label names in ``label2id`` a few
+hundred at most)."""
 
 
 def is_hf(name: object) -> bool:
@@ -167,40 +188,113 @@ def check_files(path: Path, spec: str, parameter: str = "model") -> Path:
             raise ConfigError(parameter, spec, f"a checkpoint whose {TEMPLATES}/ holds at most "
                               f"{MAX_TEMPLATES_BYTES:,} bytes in all", f"{path / TEMPLATES / name}: "
                               f"{total:,} bytes with the files before it (not read)")
+    _check_fast_tokenizer_files(path, spec, parameter)
     _check_structure(path / "config.json", spec, parameter)
     return path
 
 
 def _check_structure(config: Path, spec: str, parameter: str) -> None:
-    """Refuse a ``config.json`` naming more layers, heads or experts than :data:`STRUCTURE_CAPS` allow, at any depth:
-    one :class:`ConfigError` naming ``parameter``, the file, the key's path and the range. The file is read once,
-    within its cap (already checked); one that is not JSON is left to ``transformers`` to refuse in its own words."""
+    """Refuse a ``config.json`` naming more layers, heads or experts than :data:`STRUCTURE_CAPS` allow, at any depth,
+    holding more than :data:`MAX_CONFIG_VALUES` values or a key longer than :data:`MAX_KEY_CHARS`: one
+    :class:`ConfigError` naming ``parameter``, the file, the key's path and the range. The file is read once, within
+    its cap (already checked); one that is not JSON is left to ``transformers`` to refuse in its own words; running
+    out of memory on it is a refusal too."""
     try:
         document = json.loads(files.read_regular(config, MAX_SETTINGS_BYTES, follow=True,
                                                  error=_refused(spec, parameter, MAX_SETTINGS_BYTES)))
     except (OSError, ValueError, RecursionError):  # missing, unreadable, not JSON: transformers says so
         return
-    stack: list[tuple[str, Any]] = [("", document)]
+    except MemoryError:
+        raise ConfigError(parameter, spec, "a checkpoint whose config.json parses within the memory left",
+                          f"{config}: out of memory parsing it (not loaded)") from None
+    try:
+        _walk(document, config, spec, parameter)
+    except MemoryError:
+        raise ConfigError(parameter, spec, "a checkpoint whose config.json is checked within the memory left",
+                          f"{config}: out of memory walking it (not loaded)") from None
+
+
+def _walk(document: Any, config: Path, spec: str, parameter: str) -> None:
+    """:func:`_check_structure`'s walk. Each container on the stack carries the index of its parent's link and its
+    own key, never its path: a review's 8 MiB key above 10⁶ entries made the old path strings need 7.8 TiB. A path
+    is built (and shortened) only for a refusal."""
+    links: list[tuple[int, str | int]] = [(-1, "")]  # a container's parent link and key (or index)
+
+    def path(link: int, key: str | int) -> str:
+        parts: list[str] = []
+        while link >= 0:
+            parts.append(f"[{key}]" if isinstance(key, int) else f".{key:.40}" + ("…" if len(key) > 40 else ""))
+            link, key = links[link]
+        return "".join(reversed(parts)).lstrip(".")
+
+    if not isinstance(document, (list, dict)):
+        return
+    stack: list[tuple[int, Any]] = [(0, document)]
+    walked = 1
     while stack:
-        where, node = stack.pop()
-        if isinstance(node, list):
-            stack.extend((f"{where}[{k}]", item) for k, item in enumerate(node))
+        link, node = stack.pop()
+        items = enumerate(node) if isinstance(node, list) else node.items()
+        walked += len(node)
+        if walked > MAX_CONFIG_VALUES:
+            raise ConfigError(parameter, spec, f"a checkpoint whose config.json holds at most "
+                              f"{MAX_CONFIG_VALUES:,} JSON values", f"{config}: more (not parsed by transformers)")
+        for key, value in items:
+            if isinstance(key, str):
+                if len(key) > MAX_KEY_CHARS:
+                    raise ConfigError(parameter, spec, f"a checkpoint whose config.json has keys of at most "
+                                      f"{MAX_KEY_CHARS:,} characters", f"{config}: a key of {len(key):,} characters "
+                                      f"at {path(link, key) or 'the top'}")
+                _check_count(key, value, functools.partial(path, link, key), config, spec, parameter)
+            if isinstance(value, (list, dict)) and value:
+                links.append((link, key))
+                stack.append((len(links) - 1, value))
+
+
+def _check_count(key: str, value: Any, at: Callable[[], str], config: Path, spec: str, parameter: str) -> None:
+    """Refuse ``value`` when ``key`` names a count of :data:`STRUCTURE_CAPS` beyond its cap (``at()``: the key's
+    path, built only then)."""
+    cap, summed = next(((c, s) for pattern, c, s in STRUCTURE_CAPS if pattern.search(key)), (None, False))
+    if cap is None:
+        return
+    counts = value if isinstance(value, list) else [value]
+    numbers = [n for n in counts if isinstance(n, (int, float)) and not isinstance(n, bool)]
+    if len(counts) > cap or any(n > cap for n in numbers) or (summed and sum(numbers) > cap):
+        shown = f"a list of {len(counts):,} summing to {sum(numbers):.4g}" if isinstance(value, list) \
+            else f"{value!r:.40}"
+        where = at()
+        raise ConfigError(parameter, spec, f"a checkpoint whose config.json has {where} at most {cap:,} (a list: "
+                          f"at most {cap:,} entries of at most {cap:,}" + (f", {cap:,} in all" if summed else "")
+                          + ")", f"{config}: {where} = {shown}")
+
+
+def _check_fast_tokenizer_files(path: Path, spec: str, parameter: str) -> None:
+    """Cap every file ``tokenizer_config.json``'s ``fast_tokenizer_files`` names as a vocabulary: ``transformers``
+    reads the one for its version whole, and its pattern takes a path (a review: ``sub/tokenizer.1.0.json`` of
+    256 MiB passed the caps, which look at the folder's own files). An entry naming a path — ``/``, ``\\``, ``..``
+    or absolute — is refused; the file was already capped as a settings file, so this read is bounded."""
+    try:
+        settings = json.loads(files.read_regular(path / "tokenizer_config.json", MAX_SETTINGS_BYTES, follow=True,
+                                                 error=_refused(spec, parameter, MAX_SETTINGS_BYTES)))
+    except (OSError, ValueError, RecursionError):  # missing, unreadable, not JSON: transformers says so
+        return
+    except MemoryError:
+        raise ConfigError(parameter, spec, "a checkpoint whose tokenizer_config.json parses within the memory left",
+                          f"{path / 'tokenizer_config.json'}: out of memory parsing it (not loaded)") from None
+    named = settings.get("fast_tokenizer_files") if isinstance(settings, dict) else None
+    for name in named if isinstance(named, list) else []:
+        if not isinstance(name, str):
             continue
-        if not isinstance(node, dict):
+        if "/" in name or "\\" in name or ".." in name or not name or Path(name).is_absolute():
+            raise ConfigError(parameter, spec, "a checkpoint whose tokenizer_config.json names fast_tokenizer_files "
+                              "in its own folder (a file name: no /, \\ or ..)",
+                              f"{path / 'tokenizer_config.json'}: {name!r:.80}")
+        try:
+            size = files.size_of(path / name, follow=True, error=_refused(spec, parameter, MAX_VOCABULARY_BYTES))
+        except FileNotFoundError:
             continue
-        for key, value in node.items():
-            at = f"{where}.{key}" if where else str(key)
-            cap = next((c for pattern, c in STRUCTURE_CAPS if pattern.search(str(key))), None)
-            if cap is not None:
-                counts = value if isinstance(value, list) else [value]
-                too_many = len(counts) > cap or any(
-                    isinstance(n, (int, float)) and not isinstance(n, bool) and n > cap for n in counts)
-                if too_many:
-                    shown = f"a list of {len(counts):,}" if isinstance(value, list) else f"{value!r:.40}"
-                    raise ConfigError(parameter, spec, f"a checkpoint whose config.json has {at} at most {cap:,} "
-                                      f"(a list: at most {cap:,} entries of at most {cap:,})",
-                                      f"{config}: {at} = {shown}")
-            stack.append((at, value))
+        if size > MAX_VOCABULARY_BYTES:
+            raise _refused(spec, parameter, MAX_VOCABULARY_BYTES)(path / name, files.too_large(size,
+                                                                                             MAX_VOCABULARY_BYTES))
 
 
 def _named_files(path: Path, spec: str, parameter: str) -> dict[str, int]:

@@ -32,11 +32,14 @@ Bad parameters are one line naming them, checked on a ``meta``-device copy befor
 longer than the model's positions, an unknown target module, a rank above a layer's smaller side, a model larger
 than the memory left. Before that, :func:`phalanx.hub.resolve` has refused a ``config.json`` counting more layers,
 heads or experts than :data:`phalanx.hub.STRUCTURE_CAPS` allow (at any depth of the file): a few hundred bytes naming
-10⁶ layers of width 2 pass the memory check, yet the skeleton alone would take the machine's memory.
+10⁶ layers of width 2 pass the memory check, yet the skeleton alone would take the machine's memory. The skeleton
+itself is bounded too while it is built (:data:`MAX_SKELETON_MODULES`): counts under other names, or products of
+counts each under its cap, stop there.
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -135,6 +138,50 @@ def _check_fits(spec: str, skeleton: nn.Module) -> None:
                           f"{need / 1e9:,.1f} GB, and {avail / 1e9:.1f} GB are available")
 
 
+MAX_SKELETON_MODULES = 32_768
+"""The most submodules the meta-device skeleton of a ``config.json`` may register while it is built. Measured with
+transformers 5.24: the embedded ``phalanx-bert-tiny`` has 51 modules; a Llama decoder layer 13 (Llama 3.1 405B's 126
+layers: about 1,650), Qwen3-MoE's 14 and DeepSeek-V3's 20 (their experts are one fused module per layer, whatever
+their count: DeepSeek-V3's 61 layers, about 1,230) — the cap leaves a margin of about 20 over the largest. Past it the
+build stops at once, one line: the counts under names :data:`phalanx.hub.STRUCTURE_CAPS` does not know, or their
+products (ALBERT's 1,000 groups of 1,000 layers each, every count under its cap), made a review's 10,000 layers cost
+20–30 s and 800 MiB before anything was refused; at the cap, a refused ALBERT of 64 groups of 64 layers took 11 s
+and a 480 MiB peak for the whole process (a busy 2-core machine)."""
+
+
+class _TooManyModules(Exception):
+    """Raised by the registration hook of :func:`_skeleton` past :data:`MAX_SKELETON_MODULES`."""
+
+
+def _skeleton(spec: str, config: Any, from_config: Any) -> nn.Module:
+    """``from_config(config)`` on the ``meta`` device, counting the submodules registered by this thread while it runs
+    (``torch``'s global module-registration hook, removed in a ``finally``; another thread's modules are not
+    counted): past :data:`MAX_SKELETON_MODULES`, or out of memory, one :class:`ConfigError` naming the model."""
+    from torch.nn.modules.module import register_module_module_registration_hook
+
+    builder, count = threading.get_ident(), [0]
+
+    def counted(module: nn.Module, name: str, submodule: nn.Module | None) -> None:
+        if submodule is not None and threading.get_ident() == builder:
+            count[0] += 1
+            if count[0] > MAX_SKELETON_MODULES:
+                raise _TooManyModules
+
+    handle = register_module_module_registration_hook(counted)
+    try:
+        with torch.device("meta"):
+            skeleton: nn.Module = from_config(config)
+    except _TooManyModules:
+        raise ConfigError("model", spec, f"a checkpoint whose config.json makes a model of at most "
+                          f"{MAX_SKELETON_MODULES:,} modules", "more: its skeleton was not built") from None
+    except MemoryError:
+        raise ConfigError("model", spec, "a checkpoint whose config.json makes a model whose skeleton fits in "
+                          "memory", "out of memory building it on the meta device") from None
+    finally:
+        handle.remove()
+    return skeleton
+
+
 def build(
     spec: str, input_shape: tuple[int, ...], num_classes: int, r: int = 8, alpha: float | None = None,
     target_modules: list[str] | None = None, aggregation: str = "factors",
@@ -165,8 +212,7 @@ def build(
                           "the data set's length")
     _no_dropout(config)
     config._attn_implementation = "eager"  # vmap batches it; SDPA's CPU kernels have no batching rule
-    with torch.device("meta"):
-        skeleton = AutoModelForSequenceClassification.from_config(config)
+    skeleton = _skeleton(spec, config, AutoModelForSequenceClassification.from_config)
     _check_fits(spec, skeleton)
     layers = linear_layers(skeleton)
     targets = _targets(layers, target_modules, str(config.model_type))
