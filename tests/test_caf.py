@@ -62,6 +62,39 @@ def test_the_gram_matrix_filter_is_the_d_dimensional_one(seed: int) -> None:
     torch.testing.assert_close(aggregators.make("caf", f=f)(x), reference(x, f), rtol=1e-10, atol=1e-10)
 
 
+def test_the_output_is_the_step_of_smallest_top_eigenvalue_not_the_last() -> None:
+    """Algorithm 2 returns μ_c of the step whose λ_max is the smallest met, not the last step's. On 200 inputs with
+    two shifted rows (n = 7, f = 2, d = 5) the filter is the transcription above on each, and on at least one the
+    smallest λ_max is not the last step's: a review's mutant returning the last step's weights passed every test of
+    this file, which met no such input (it differs on about 1 in 200)."""
+    g = torch.Generator().manual_seed(0)
+    not_last = 0
+    for _ in range(200):
+        x = torch.randn(7, 5, generator=g, dtype=torch.float64)
+        x[:2] += 3.0 * torch.randn(5, generator=g, dtype=torch.float64)
+        torch.testing.assert_close(aggregators.make("caf", f=2)(x), reference(x, 2), rtol=1e-10, atol=1e-10)
+        not_last += int(not torch.allclose(reference(x, 2), _last_step(x, 2), rtol=1e-10, atol=1e-10))
+    assert not_last >= 1
+
+
+def _last_step(x: torch.Tensor, f: int) -> torch.Tensor:
+    """The transcription's μ_c at its last step (the mutant's output)."""
+    n = x.shape[0]
+    c = torch.ones(n, dtype=torch.float64)
+    mu = x.mean(0)
+    first = True
+    while first or float(c.sum()) > n - 2 * f:
+        first = False
+        mu = (c[:, None] * x).sum(0) / c.sum()
+        dev = x - mu
+        cov = (c[:, None, None] * dev[:, :, None] * dev[:, None, :]).sum(0) / c.sum()
+        evecs = torch.linalg.eigh(cov)[1]
+        tau = (dev @ evecs[:, -1]) ** 2
+        active = c > 0
+        c = torch.where(active, c * (1 - tau / tau[active].max()), torch.zeros_like(c)).clamp_min(0)
+    return mu
+
+
 def test_byzfl_documented_example() -> None:
     x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
     torch.testing.assert_close(aggregators.make("caf", f=1)(x), torch.tensor([4.0, 5.0, 6.0]))

@@ -122,6 +122,20 @@ def test_subsample_at_least_d_uses_all_coordinates() -> None:
     torch.testing.assert_close(DnC(f=1, subsample=6, seed=1)(x), DnC(f=1, subsample=10_000, seed=2)(x))
 
 
+def test_each_iteration_scores_a_random_subset_of_b_coordinates() -> None:
+    """Algorithm 3 scores each iteration on b random coordinates. With the attackers out on 5 of 200 coordinates, the
+    kept set at b = 20 depends on the seed (a subset may miss those coordinates) and differs from scoring every
+    coordinate for some seeds. A review's mutant that ignored ``subsample`` (b = d) passed every other test here:
+    it keeps one set whatever the seed."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(10, 200, generator=g, dtype=torch.float64)
+    x[:2, :5] += 8.0
+    every = DnC(f=2, subsample=200, seed=0).contributions(x)
+    kept = [DnC(f=2, subsample=20, seed=seed).contributions(x) for seed in range(20)]
+    assert any(not torch.equal(k, every) for k in kept)
+    assert any(not torch.equal(k, kept[0]) for k in kept[1:])
+
+
 def test_input_not_modified() -> None:
     x = _honest(8, 50, 10)
     x[0] = float("nan")

@@ -71,9 +71,10 @@ class Bulyan(Aggregator):
 
     The selection is the paper's *iterative* one: each step recomputes Krum scores on the remaining rows (from one
     Gram matrix). It differs from a single Multi-Krum pass that keeps the θ best scores of the full set (Flower's
-    Message-API Bulyan). In the last two steps ``r − f − 2 < 1`` (the remaining set shrinks to ``2f + 1`` rows);
-    there the score uses 1 neighbour, as Flower's legacy ``aggregate_krum`` does (``max(1, r − f − 2)``), so an
-    isolated row is still not picked by index alone. Equal scores are resolved by the next-nearest distances before
+    Message-API Bulyan). The remaining set shrinks to ``r = 2f + 1`` rows at the last step, below Krum's own
+    requirement ``r ≥ 2f + 3`` in the last two steps (as in the paper's iteration); where ``r − f − 2 < 1`` — the last
+    step when f ≤ 1, the last two when f = 0 — the score uses 1 neighbour, as Flower's legacy ``aggregate_krum``
+    does (``max(1, r − f − 2)``), so an isolated row is still not picked by index alone. Equal scores are resolved by the next-nearest distances before
     the index (see :func:`bulyan_selection`), so the result does not depend on the order of the workers. The
     coordinate-wise stage is
     :func:`~phalanx.aggregators.coordinatewise.coordinate_window_mean` in ``"meamed"`` mode with ``trim = 2f``
