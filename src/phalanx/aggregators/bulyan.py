@@ -74,9 +74,9 @@ class Bulyan(Aggregator):
     Message-API Bulyan). The remaining set shrinks to ``r = 2f + 1`` rows at the last step, below Krum's own
     requirement ``r ≥ 2f + 3`` in the last two steps (as in the paper's iteration); where ``r − f − 2 < 1`` — the last
     step when f ≤ 1, the last two when f = 0 — the score uses 1 neighbour, as Flower's legacy ``aggregate_krum``
-    does (``max(1, r − f − 2)``), so an isolated row is still not picked by index alone. Equal scores are resolved by the next-nearest distances before
-    the index (see :func:`bulyan_selection`), so the result does not depend on the order of the workers. The
-    coordinate-wise stage is
+    does (``max(1, r − f − 2)``), so an isolated row is still not picked by index alone. Equal scores are resolved
+    by the next-nearest distances before the index (see :func:`bulyan_selection`), so the result does not depend on
+    the order of the workers. The coordinate-wise stage is
     :func:`~phalanx.aggregators.coordinatewise.coordinate_window_mean` in ``"meamed"`` mode with ``trim = 2f``
     (median of an even count: the midpoint of the two middle values).
 
