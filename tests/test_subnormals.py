@@ -10,6 +10,8 @@ each with a mutant that fails.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -214,6 +216,38 @@ def test_small_calls_beside_python_threads_starting_open_no_team_so_a_fork_child
         "os._exit(0)\n"
     )
     assert _run_script(script).split() == ["0"]
+
+
+def test_a_python_thread_slow_to_record_its_id_is_not_taken_for_a_team_thread() -> None:
+    """A Python thread whose OS thread runs but has not recorded its id yet (``native_id`` None, as on a loaded
+    machine between its start and its registration), started by another thread, is waited for, not counted as
+    native: the check before gave a new thread 11 ms, and a flaky-test review saw the restore then open a team under
+    load (a forked child hung). Its registration is held until 0.2 s after the check began; the check must not
+    answer before it."""
+    release = threading.Event()
+
+    class SlowToRegister(threading.Thread):
+        def _set_native_id(self) -> None:
+            release.wait()
+            super()._set_native_id()  # type: ignore[misc]
+
+    before = _subnormals._thread_ids()
+    assert before is not None
+    slow = SlowToRegister(target=time.sleep, args=(0.5,), daemon=True)
+    starter = threading.Thread(target=slow.start, daemon=True)  # (start() returns once the thread registered)
+    starter.start()
+    while slow.ident is None:  # its OS thread runs (ident is set before native_id): an event, polled
+        time.sleep(0.001)
+    timer = threading.Timer(0.2, release.set)
+    timer.start()
+    try:
+        assert not _subnormals._native_threads_started(before)
+        assert release.is_set()  # (the answer came after the thread recorded its id)
+    finally:
+        release.set()
+        timer.cancel()
+        starter.join(10.0)
+        slow.join(10.0)
 
 
 def test_other_devices_are_left_as_they_are() -> None:

@@ -42,6 +42,8 @@ from phalanx.aggregators import _rowops
 __all__ = ["denormals_are_zero", "denormals_zero_threads"]
 
 
+PYTHON_THREAD_WAIT_S = 5.0
+"""How long :func:`_native_threads_started` waits for a Python thread being started to record its id."""
 GRAIN = 32_768
 """Elements below which torch runs an elementwise loop on the calling thread (``at::internal::GRAIN_SIZE``): a
 smaller input sets the modes on the calling thread only, and opens no OpenMP team — a team's threads, once
@@ -93,19 +95,24 @@ def _native_threads_started(before: frozenset[int]) -> bool:
     :func:`denormals_are_zero` would hand them the modes for good. Thread ids, not their number (a thread that ended
     meanwhile hid the team's new one from a count), and Python's own threads left out (another Python thread
     starting threads made the restore open a team that torch never opened, and a later ``os.fork`` child hung):
-    both found by a review. A new thread is looked for among Python's three times over about 10 ms (it registers
-    itself a moment after it starts); one still unregistered after that is taken for a native one."""
+    both found by a review. A Python thread being started is listed by ``threading`` before its OS thread has
+    recorded its id (``native_id`` None until it does); while one is, a new id may be that thread's, so the check
+    waits for it — for :data:`PYTHON_THREAD_WAIT_S` at most — instead of a fixed 11 ms, which a loaded machine
+    outlasted (a flaky-test review: the restore then opened a team, and a forked child hung)."""
     now = _thread_ids()
     if now is None or not now - before:
         return False
     candidates = set(now - before)
-    for wait in (0.0, 0.001, 0.01):  # a Python thread registers itself in threading a moment after it starts
-        time.sleep(wait)
+    deadline = time.monotonic() + PYTHON_THREAD_WAIT_S
+    while True:
         candidates &= _thread_ids() or frozenset()
-        candidates -= {t.native_id for t in threading.enumerate()}
+        python = threading.enumerate()
+        candidates -= {t.native_id for t in python}
         if not candidates:
             return False
-    return True
+        if all(t.native_id is not None for t in python) or time.monotonic() >= deadline:
+            return True
+        time.sleep(0.001)
 
 
 def denormals_zero_threads(threads: int) -> int:
