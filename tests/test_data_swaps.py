@@ -28,7 +28,12 @@ def _doc(users: list[str]) -> dict[str, Any]:
             "user_data": {u: {"x": [[0.5] * 784], "y": [i % 62]} for i, u in enumerate(users)}}
 
 
-def _python(code: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+CHILD_TIMEOUT_S = 300.0
+"""How long a child Python may take (it imports torch first: 25–30 s at load 16–20, a flaky-test review); a read
+blocked on a FIFO never returns, so any bound finds it."""
+
+
+def _python(code: str, timeout: float = CHILD_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     """``code`` run in a child Python (killed if it outlives ``timeout``: a read blocked on a FIFO fails the test, it
     does not hang it)."""
     env = {**os.environ, "PYTHONPATH": str(SRC)}
@@ -141,10 +146,10 @@ def test_a_fifo_in_place_of_an_idx_file_is_refused_without_blocking(tmp_path: Pa
             "except Exception as e: print(type(e).__name__, e)\n")
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     try:
-        run = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=60,
-                             env=env)
+        run = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True,
+                             timeout=CHILD_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:
-        pytest.fail("still blocked on the FIFO after 60 s")
+        pytest.fail(f"still blocked on the FIFO after {CHILD_TIMEOUT_S:g} s")
     assert run.stdout == f"DataFormatError {fifo}: not a regular file\n", (run.stdout, run.stderr[-2000:])
 
 

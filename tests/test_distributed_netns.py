@@ -21,11 +21,13 @@ from safetensors.torch import load_file
 from phalanx.distributed.launch import rank_env, worker_args
 from phalanx.experiments import make_config, train
 
-TIMEOUT_S = 120.0
+TIMEOUT_S = 400.0
+"""The job's hard bound (``_processes.JOB_TIMEOUT_S``'s value: starting the processes under CI's load took up to
+80 s; a passing job never waits for it)."""
 DATA: dict[str, Any] = {
     "dataset": "digits", "model": "mlp", "workers": 3, "byzantine": 1, "f": 1, "aggregator": "cwtm",
     "attack": "alie", "partition": "iid", "rounds": 8, "batch_size": 16, "lr": 0.1, "seed": 11,
-    "eval_every": 4, "checkpoint_every": 4, "round_timeout": 10.0, "engine": "torchrun",
+    "eval_every": 4, "checkpoint_every": 4, "round_timeout": 20.0, "engine": "torchrun",
 }
 
 
