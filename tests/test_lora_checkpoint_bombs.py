@@ -49,6 +49,20 @@ def _makers(folder: Path) -> list[tuple[str, Callable[[], object]]]:
             ("dataset_params.tokenizer", lambda: tokens.tokenizer(f"hf:{folder}", LENGTH))]
 
 
+def _refused_by_both(folder: Path, monkeypatch: pytest.MonkeyPatch, *phrases: str) -> list[str]:
+    """The model's and the tokenizer's refusal of ``folder``, each one line naming its parameter and holding every
+    phrase, with transformers' loaders replaced by ones that fail the test; the texts."""
+    _never_loaded(monkeypatch)
+    texts = []
+    for parameter, make in _makers(folder):
+        with pytest.raises(ConfigError) as info:
+            make()
+        text = str(info.value)
+        assert "\n" not in text and text.startswith(f"{parameter}=") and all(p in text for p in phrases), text
+        texts.append(text)
+    return texts
+
+
 @pytest.mark.parametrize(("name", "cap"), [
     ("additional_chat_templates/evil.jinja", hub.MAX_SETTINGS_BYTES),
     ("additional_chat_templates/notes.txt", hub.MAX_SETTINGS_BYTES),
@@ -73,13 +87,8 @@ def test_a_huge_chat_template_or_other_file_transformers_reads_whole_is_refused_
     (folder / name).parent.mkdir(exist_ok=True)
     with open(folder / name, "wb") as fh:
         fh.truncate(cap + 1)
-    _never_loaded(monkeypatch)
-    for parameter, make in _makers(folder):
-        with pytest.raises(ConfigError) as info:
-            make()
-        text = str(info.value)
-        assert "\n" not in text and text.startswith(f"{parameter}=") and \
-            f"{Path(name).name} is a regular file of at most {cap:,} bytes" in text and str(folder / name) in text, text
+    _refused_by_both(folder, monkeypatch, f"{Path(name).name} is a regular file of at most {cap:,} bytes",
+                     str(folder / name))
 
 
 def test_many_chat_templates_each_under_its_cap_are_refused_by_their_total(
@@ -165,13 +174,7 @@ def test_a_config_with_a_huge_count_of_layers_heads_or_experts_is_one_line_befor
     outer, _, inner = key.rpartition(".")
     (config.setdefault(outer, {}) if outer else config)[inner] = value
     (folder / "config.json").write_text(json.dumps(config))
-    _never_loaded(monkeypatch)
-    for parameter, make in _makers(folder):
-        with pytest.raises(ConfigError) as info:
-            make()
-        text = str(info.value)
-        assert "\n" not in text and text.startswith(f"{parameter}=") and \
-            f"config.json has {key} at most {cap:,}" in text and str(folder / "config.json") in text, text
+    _refused_by_both(folder, monkeypatch, f"config.json has {key} at most {cap:,}", str(folder / "config.json"))
 
 
 def test_counts_as_large_as_the_largest_published_models_pass_the_structure_check(tmp_path: Path) -> None:
@@ -282,13 +285,7 @@ def test_a_config_listing_a_million_layer_types_is_one_line_before_autoconfig_pa
     config = json.loads((folder / "config.json").read_text())
     config.update(model_type="qwen2", layer_types=["full_attention"] * 300_000)
     (folder / "config.json").write_text(json.dumps(config))
-    _never_loaded(monkeypatch)
-    for parameter, make in _makers(folder):
-        with pytest.raises(ConfigError) as info:
-            make()
-        text = str(info.value)
-        assert "\n" not in text and text.startswith(f"{parameter}=") and \
-            f"at most {hub.MAX_CONFIG_VALUES:,} JSON values" in text and str(folder / "config.json") in text, text
+    _refused_by_both(folder, monkeypatch, f"at most {hub.MAX_CONFIG_VALUES:,} JSON values", str(folder / "config.json"))
 
 
 @pytest.mark.parametrize("entry", ["sub/tokenizer.1.0.json", "../tokenizer.1.0.json", "my_tokenizer.1.0.json"])
@@ -307,13 +304,8 @@ def test_a_huge_fast_tokenizer_file_named_by_tokenizer_config_is_refused_before_
     settings = json.loads((folder / "tokenizer_config.json").read_text())
     settings["fast_tokenizer_files"] = [entry]
     (folder / "tokenizer_config.json").write_text(json.dumps(settings))
-    _never_loaded(monkeypatch)
-    for parameter, make in _makers(folder):
-        with pytest.raises(ConfigError) as info:
-            make()
-        text = str(info.value)
-        assert "\n" not in text and text.startswith(f"{parameter}="), text
-        assert ("fast_tokenizer_files" in text) if "/" in entry else (f"{hub.MAX_VOCABULARY_BYTES:,}" in text), text
+    _refused_by_both(folder, monkeypatch,
+                     "fast_tokenizer_files" if "/" in entry else f"{hub.MAX_VOCABULARY_BYTES:,}")
 
 
 def test_a_skeleton_of_too_many_modules_stops_while_it_is_built_and_leaves_no_hook(

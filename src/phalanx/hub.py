@@ -199,19 +199,28 @@ def _check_structure(config: Path, spec: str, parameter: str) -> None:
     :class:`ConfigError` naming ``parameter``, the file, the key's path and the range. The file is read once, within
     its cap (already checked); one that is not JSON is left to ``transformers`` to refuse in its own words; running
     out of memory on it is a refusal too."""
-    try:
-        document = json.loads(files.read_regular(config, MAX_SETTINGS_BYTES, follow=True,
-                                                 error=_refused(spec, parameter, MAX_SETTINGS_BYTES)))
-    except (OSError, ValueError, RecursionError):  # missing, unreadable, not JSON: transformers says so
+    document = _settings(config, spec, parameter)
+    if document is None:
         return
-    except MemoryError:
-        raise ConfigError(parameter, spec, "a checkpoint whose config.json parses within the memory left",
-                          f"{config}: out of memory parsing it (not loaded)") from None
     try:
         _walk(document, config, spec, parameter)
     except MemoryError:
         raise ConfigError(parameter, spec, "a checkpoint whose config.json is checked within the memory left",
                           f"{config}: out of memory walking it (not loaded)") from None
+
+
+def _settings(file: Path, spec: str, parameter: str) -> Any:
+    """A settings file of the folder parsed (within :data:`MAX_SETTINGS_BYTES`, already checked); None when it is
+    missing, unreadable or not JSON (``transformers`` says so in its own words); running out of memory parsing it is
+    a refusal naming it."""
+    try:
+        return json.loads(files.read_regular(file, MAX_SETTINGS_BYTES, follow=True,
+                                             error=_refused(spec, parameter, MAX_SETTINGS_BYTES)))
+    except (OSError, ValueError, RecursionError):
+        return None
+    except MemoryError:
+        raise ConfigError(parameter, spec, f"a checkpoint whose {file.name} parses within the memory left",
+                          f"{file}: out of memory parsing it (not loaded)") from None
 
 
 def _walk(document: Any, config: Path, spec: str, parameter: str) -> None:
@@ -272,14 +281,7 @@ def _check_fast_tokenizer_files(path: Path, spec: str, parameter: str) -> None:
     reads the one for its version whole, and its pattern takes a path (a review: ``sub/tokenizer.1.0.json`` of
     256 MiB passed the caps, which look at the folder's own files). An entry naming a path — ``/``, ``\\``, ``..``
     or absolute — is refused; the file was already capped as a settings file, so this read is bounded."""
-    try:
-        settings = json.loads(files.read_regular(path / "tokenizer_config.json", MAX_SETTINGS_BYTES, follow=True,
-                                                 error=_refused(spec, parameter, MAX_SETTINGS_BYTES)))
-    except (OSError, ValueError, RecursionError):  # missing, unreadable, not JSON: transformers says so
-        return
-    except MemoryError:
-        raise ConfigError(parameter, spec, "a checkpoint whose tokenizer_config.json parses within the memory left",
-                          f"{path / 'tokenizer_config.json'}: out of memory parsing it (not loaded)") from None
+    settings = _settings(path / "tokenizer_config.json", spec, parameter)
     named = settings.get("fast_tokenizer_files") if isinstance(settings, dict) else None
     for name in named if isinstance(named, list) else []:
         if not isinstance(name, str):
