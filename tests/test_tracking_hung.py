@@ -159,6 +159,7 @@ def test_a_stop_while_a_tracker_call_runs_is_not_held_by_it(monkeypatch: pytest.
                 signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
             super().log(step, metrics)
 
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # (a test before may have left another)
     watchdog = threading.Timer(60.0, release.set)
     watchdog.start()
     mine = Interrupted(release)
@@ -171,3 +172,4 @@ def test_a_stop_while_a_tracker_call_runs_is_not_held_by_it(monkeypatch: pytest.
     finally:
         watchdog.cancel()
         release.set()
+        signal.signal(signal.SIGINT, previous)
