@@ -173,24 +173,33 @@ def check_files(path: Path, spec: str, parameter: str = "model") -> Path:
     followed: the Hugging Face cache links its snapshots' files to blobs; a FIFO, a device or a folder is refused) of
     at most its cap — read from its size, nothing read — and :data:`TEMPLATES` holds at most
     :data:`MAX_TEMPLATES_BYTES` in all; else one :class:`ConfigError` naming ``parameter``, the file and the cap."""
-    for name, cap in {**SMALL_FILES, **_named_files(path, spec, parameter)}.items():
-        try:
-            size = files.size_of(path / name, follow=True, error=_refused(spec, parameter, cap))
-        except FileNotFoundError:
-            continue
-        if size > cap:
-            raise _refused(spec, parameter, cap)(path / name, files.too_large(size, cap))
+    sizes = {name: _size_within(path / name, cap, spec, parameter)
+             for name, cap in {**SMALL_FILES, **_named_files(path, spec, parameter)}.items()}
     total = 0
-    for name in _listed(path / TEMPLATES, spec, parameter):
-        total += files.size_of(path / TEMPLATES / name, follow=True,
-                               error=_refused(spec, parameter, MAX_SETTINGS_BYTES))
+    for name, size in sizes.items():  # (in the templates folder's listing order)
+        if size is None or not name.startswith(f"{TEMPLATES}/"):
+            continue
+        total += size
         if total > MAX_TEMPLATES_BYTES:
             raise ConfigError(parameter, spec, f"a checkpoint whose {TEMPLATES}/ holds at most "
-                              f"{MAX_TEMPLATES_BYTES:,} bytes in all", f"{path / TEMPLATES / name}: "
+                              f"{MAX_TEMPLATES_BYTES:,} bytes in all", f"{path / name}: "
                               f"{total:,} bytes with the files before it (not read)")
     _check_fast_tokenizer_files(path, spec, parameter)
     _check_structure(path / "config.json", spec, parameter)
     return path
+
+
+def _size_within(file: Path, cap: int, spec: str, parameter: str) -> int | None:
+    """``file``'s size (None when it does not exist), once it is a regular file (links followed) of at most ``cap``
+    bytes — read from its size, nothing read; else one :class:`ConfigError` naming ``parameter``, the file and the
+    cap."""
+    try:
+        size = files.size_of(file, follow=True, error=_refused(spec, parameter, cap))
+    except FileNotFoundError:
+        return None
+    if size > cap:
+        raise _refused(spec, parameter, cap)(file, files.too_large(size, cap))
+    return size
 
 
 def _check_structure(config: Path, spec: str, parameter: str) -> None:
@@ -290,13 +299,7 @@ def _check_fast_tokenizer_files(path: Path, spec: str, parameter: str) -> None:
             raise ConfigError(parameter, spec, "a checkpoint whose tokenizer_config.json names fast_tokenizer_files "
                               "in its own folder (a file name: no /, \\ or ..)",
                               f"{path / 'tokenizer_config.json'}: {name!r:.80}")
-        try:
-            size = files.size_of(path / name, follow=True, error=_refused(spec, parameter, MAX_VOCABULARY_BYTES))
-        except FileNotFoundError:
-            continue
-        if size > MAX_VOCABULARY_BYTES:
-            raise _refused(spec, parameter, MAX_VOCABULARY_BYTES)(path / name, files.too_large(size,
-                                                                                             MAX_VOCABULARY_BYTES))
+        _size_within(path / name, MAX_VOCABULARY_BYTES, spec, parameter)
 
 
 def _named_files(path: Path, spec: str, parameter: str) -> dict[str, int]:
