@@ -70,8 +70,8 @@ class Tracked(Callback):
         self.tracking = tracking
         self.run_dir = run_dir
         self.kept = read_kept(run_dir)
-        self.active: dict[str, TrackerLike] = {}
-        self.threads: dict[str, calls.OwnThread] = {}
+        self.active: dict[str, tuple[TrackerLike, calls.OwnThread]] = {}
+        """The trackers still working, each with the thread its calls run on."""
         self.through: dict[str, int] = {}
         self.loop: Loop | None = None
         self.skip: frozenset[str] = frozenset()
@@ -96,8 +96,7 @@ class Tracked(Callback):
             except BaseException:
                 thread.stop()
                 raise
-            self.active[key] = tracker
-            self.threads[key] = thread
+            self.active[key] = (tracker, thread)
             through = kept.get("through")
             self.through[key] = through if isinstance(through, int) and not isinstance(through, bool) else -1
             self.kept[key] = {**dict(info or {}), "through": self.through[key]}
@@ -135,7 +134,7 @@ class Tracked(Callback):
         """Finish every tracker still working (a failure is a warning line: the run's results are written
         anyway)."""
         for key in list(self.active):
-            tracker, thread = self.active.pop(key), self.threads.pop(key)
+            tracker, thread = self.active.pop(key)
             try:
                 thread.call(tracker.finish, end)
             except FAILS as exc:
@@ -156,7 +155,8 @@ class Tracked(Callback):
                 if self.through[key] >= step:
                     continue
                 try:
-                    self.threads[key].call(self.active[key].log, step, metrics)
+                    tracker, thread = self.active[key]
+                    thread.call(tracker.log, step, metrics)
                 except FAILS as exc:
                     log.warning("tracker %s failed at round %d (%s): it is dropped for the rest of this run, which "
                                 "trains on (its metrics are written to its run directory as always)", key, step,
@@ -171,7 +171,7 @@ class Tracked(Callback):
 
     def _drop(self, key: str) -> None:
         """Stop sending to a tracker that failed; it is told the run failed, as far as it still can be."""
-        tracker, thread = self.active.pop(key), self.threads.pop(key)
+        tracker, thread = self.active.pop(key)
         try:
             if not thread.hung:  # (a hung tracker is never called again)
                 thread.call(tracker.finish, "failed")
