@@ -12,6 +12,66 @@ from phalanx.aggregators.base import Aggregator, RuleTags, as_compute_dtype, che
 from phalanx.aggregators.coordinatewise import coordinate_window_mean
 from phalanx.aggregators.registry import register
 
+KUHN_CHUNK_ELEMENTS = 1 << 20  # rows of the test's differences taken at once: about 4 MB of float32, never n × d
+# Kuhn's test runs only when the iterate is this much nearer one row than the farthest: Weiszfeld heads for a median
+# at a row, so a far iterate means none (the test costs about three passes; skipping it never changes a result
+# that the test would have confirmed, only leaves the iterate where it stopped).
+KUHN_GATE = 0.1
+
+
+def kuhn_margin(rows: int, dtype: torch.dtype) -> float:
+    """How far below ``η`` the norm of the summed unit vectors must be for the data-point median to be taken.
+
+    Each unit vector is rounded to a few units of ``dtype``'s roundoff, so the sum of ``rows`` of them is off by at
+    most ``rows`` times that: 8·rows·eps leaves a factor of two above it. Closer to ``η`` than that, rounding could
+    decide, so the Weiszfeld iterate is kept.
+    """
+    return 8.0 * rows * torch.finfo(dtype).eps
+
+
+def kuhn_data_point(xr: Tensor, k: int) -> tuple[float, int, Tensor]:
+    """Kuhn's test for row ``k`` of ``xr``: ``(‖Σ unit vectors from x_k to the other rows‖, η_k, coincident)``.
+
+    ``coincident`` is the boolean mask of the rows equal to row ``k`` (its own included; exact equality of the
+    differences). Works through the rows in chunks, so the extra memory is bounded by :data:`KUHN_CHUNK_ELEMENTS`.
+    """
+    xr = xr.detach()  # a decision, not part of the output's graph
+    m, d = xr.shape
+    anchor = xr[k]
+    total = torch.zeros(d, dtype=torch.float64, device=xr.device)
+    coincident = torch.zeros(m, dtype=torch.bool, device=xr.device)
+    step = max(1, KUHN_CHUNK_ELEMENTS // max(d, 1))
+    for lo in range(0, m, step):
+        diff = xr[lo:lo + step] - anchor
+        sq = row_sqnorms(diff).to(torch.float64)
+        same = sq == 0
+        coincident[lo:lo + step] = same
+        weights = torch.where(same, torch.zeros_like(sq), sq.clamp_min(torch.finfo(torch.float64).tiny).rsqrt())
+        total += (weights.to(diff.dtype) @ diff).to(torch.float64)
+    return float(torch.linalg.vector_norm(total)), int(coincident.sum()), coincident
+
+
+def collinear(xr: Tensor, k: int, margin: float) -> bool:
+    """Whether every row of ``xr`` lies on one line through row ``k``, up to a relative ``margin`` on the squared
+    distance from that line; by chunks like :func:`kuhn_data_point`. The line runs to the row farthest from row k."""
+    xr = xr.detach()
+    m, d = xr.shape
+    anchor = xr[k]
+    step = max(1, KUHN_CHUNK_ELEMENTS // max(d, 1))
+    spans = torch.cat([row_sqnorms(xr[lo:lo + step] - anchor).to(torch.float64) for lo in range(0, m, step)])
+    far = int(torch.argmax(spans))
+    if float(spans[far]) == 0.0:
+        return True  # every row coincides with row k
+    line = (xr[far] - anchor).to(torch.float64)
+    line = line / torch.linalg.vector_norm(line)
+    for lo in range(0, m, step):
+        diff = (xr[lo:lo + step] - anchor).to(torch.float64)
+        length_sq = diff.square().sum(dim=1)
+        off_line_sq = (length_sq - (diff @ line).square()).clamp_min(0.0)
+        if bool((off_line_sq > margin * length_sq).any()):
+            return False
+    return True
+
 
 @register
 class GeometricMedian(Aggregator):
@@ -26,6 +86,21 @@ class GeometricMedian(Aggregator):
     iterations — not a fixed 3 iterations (ByzFL's default, which is not converged). ``nu`` is the smoothing that
     keeps a point that coincides with an input finite. The start is the coordinate-wise median, which is robust
     (the mean would start from wherever a Byzantine row pulled it).
+
+    **Medians at an input (Phalanx's addition, not in RFA).** Weiszfeld converges only sublinearly to a median that
+    sits on an input row — the case of duplicated rows, e.g. f colluders sending one vector — and the stopping rule
+    then halts it short of the point (1e-2 off on small integer inputs in float32). After the iterations the input
+    row :math:`x_k` nearest the iterate is tested with Kuhn's exact optimality condition (Kuhn, "A note on Fermat's
+    problem", Math. Programming 1973; Vardi & Zhang, PNAS 2000, Eq. 2.3): with :math:`\eta_k` the number of rows equal
+    to :math:`x_k`,
+
+    .. math:: x_k \text{ is a geometric median} \iff
+        \Big\|\sum_{i:\,x_i \ne x_k} \frac{x_i - x_k}{\|x_i - x_k\|}\Big\| \le \eta_k ,
+
+    When it holds with a margin for rounding (:func:`kuhn_margin`) the output is exactly :math:`x_k`, the unique
+    median. Within the margin of equality :math:`x_k` is taken only if the rows are not collinear: the objective is
+    then strictly convex, so :math:`x_k` is the unique median up to rounding. Collinear rows at equality are a tie —
+    n/2 rows at 0 and n/2 at 1, where every point between is a median — and the Weiszfeld iterate stands.
 
     Bad rows (non-finite squared norm) are infinitely far from every z, so their Weiszfeld weight is 0 — the limit
     of the formula; they never enter the weighted sum. Requirement n > 2f (breakdown point 1/2).
@@ -75,6 +150,7 @@ class GeometricMedian(Aggregator):
         sqr = row_sqnorms(xr).to(torch.float64)
         u = torch.zeros_like(start)
         prev = None
+        dist = sqr.sqrt()
         wg = torch.full((xg.shape[0],), 1.0 / xg.shape[0], dtype=torch.float64, device=x.device)
         for _ in range(self.max_iter):
             dots = (xr @ u).to(torch.float64)
@@ -87,6 +163,15 @@ class GeometricMedian(Aggregator):
             w = 1.0 / dist.clamp_min(self.nu)
             wg = w / w.sum()
             u = wg.to(xr.dtype) @ xr  # xr holds good rows only
+        # dist: the distances of the last iterate tested (the one before u when max_iter ran out)
+        last = dist.detach()
+        nearest = int(torch.argmin(last))
+        if float(last[nearest]) <= KUHN_GATE * float(last.max()):
+            pull, eta, coincident = kuhn_data_point(xr, nearest)
+            margin = kuhn_margin(xr.shape[0], xr.dtype)
+            if pull <= eta - margin or (pull <= eta + margin and not collinear(xr, nearest, margin)):
+                beta[good] = coincident.to(torch.float64) / eta
+                return xg[nearest].to(x.dtype), beta
         z = start + u
         beta[good] = wg
         return z.to(x.dtype), beta
