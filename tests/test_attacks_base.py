@@ -31,7 +31,7 @@ def _honest(h: int, d: int, seed: int = 0, dtype: torch.dtype = torch.float64) -
 def test_names_and_kinds() -> None:
     expected = {
         "none", "signflip", "labelflip", "gaussian", "alie", "ipm", "foe", "mimic", "inf", "nan", "minmax",
-        "minsum", "fang", "optimal", "backdoor", "dba", "edgecase", "neurotoxin", "replacement", "honest",
+        "minsum", "fang", "fangkrum", "optimal", "backdoor", "dba", "edgecase", "neurotoxin", "replacement", "honest",
         "intermittent", "phrase-backdoor", "evade", "subnormal", "targetflip",
     }
     data = ["backdoor", "dba", "edgecase", "honest", "labelflip", "neurotoxin", "phrase-backdoor", "replacement",

@@ -19,6 +19,7 @@ from phalanx.attacks import (  # noqa: F401
     edgecase,
     evade,
     fang,
+    fangkrum,
     honest,
     intermittent,
     labelflip,
@@ -41,6 +42,7 @@ from phalanx.attacks.dba import DBA
 from phalanx.attacks.edgecase import EdgeCase
 from phalanx.attacks.evade import Evade
 from phalanx.attacks.fang import Fang
+from phalanx.attacks.fangkrum import FangKrum
 from phalanx.attacks.intermittent import Intermittent
 from phalanx.attacks.labelflip import LabelFlip
 from phalanx.attacks.mimic import Mimic
@@ -67,6 +69,7 @@ __all__ = [
     "Evade",
     "FallOfEmpires",
     "Fang",
+    "FangKrum",
     "Gaussian",
     "Infinity",
     "InnerProductManipulation",

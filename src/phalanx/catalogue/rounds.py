@@ -141,6 +141,13 @@ ATTACKS: dict[str, _Attack] = {
         ('b: float = 2.0 (attack_params.b)',),
         ("M. Fang, X. Cao, J. Jia, N. Gong, 'Local Model Poisoning Attacks to Byzantine-Robust Federated Learning', "
          'USENIX Security 2020, Section 4 (full-knowledge attack on trimmed mean / median)')),
+    'fangkrum': _Attack(
+        'phalanx.attacks.fangkrum:FangKrum',
+        'vector: sends rows',
+        ('threshold: float = 1e-05 (attack_params.threshold)',),
+        ("M. Fang, X. Cao, J. Jia, N. Gong, 'Local Model Poisoning Attacks to Byzantine-Robust Federated Learning', "
+         'USENIX Security 2020, Section 4 (full-knowledge attack on Krum: w_Re - lambda s, lambda halved from its '
+         'upper bound until Krum selects it, threshold 1e-5)')),
     'foe': _Attack(
         'phalanx.attacks.scaling:FallOfEmpires',
         'vector: sends rows',
