@@ -131,3 +131,16 @@ def test_installed_plug_ins_are_still_listed(tmp_path: Path) -> None:
         assert name in listed and builtin in listed, (args, out[-500:])
     loaded, out = _run(["list", "stages", "--format", "csv"], extra=(site, PLUGINS))  # no plug-in stage: torch-free
     assert "torch" not in loaded and "update_clip" in out
+
+
+def test_python_dash_m_phalanx_is_the_phalanx_command() -> None:
+    """``python -m phalanx`` runs the same command line as the ``phalanx`` script (``src/phalanx/__main__.py``),
+    torch-free for a listing like the script."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+           "COLUMNS": "100"}
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "phalanx", "list", "attacks"], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "fangkrum" in proc.stdout and "alie" in proc.stdout
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "torch" not in imported
