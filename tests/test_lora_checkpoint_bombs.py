@@ -344,3 +344,39 @@ def test_the_largest_published_decoder_depth_builds_far_below_the_module_cap() -
                          num_key_value_heads=1, head_dim=4, vocab_size=16, num_labels=2)
     skeleton = hf._skeleton("hf:llama", config, AutoModelForSequenceClassification.from_config)
     assert sum(1 for _ in skeleton.modules()) * 10 < hf.MAX_SKELETON_MODULES
+
+
+def test_a_skeleton_counts_only_its_own_threads_modules_and_never_breaks_another_thread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's registration hook is global: while one thread builds a skeleton, another thread (a tracker, a data
+    loader, a second model) registers modules too. Those are not counted against the skeleton's cap, and the cap
+    never raises inside the other thread — a mutant hook that counts every thread's modules fails both checks."""
+    import threading
+
+    from torch import nn
+
+    from phalanx.models import hf
+
+    monkeypatch.setattr(hf, "MAX_SKELETON_MODULES", 50, raising=False)
+    other_may_build, other_built = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def other_thread() -> None:
+        other_may_build.wait(timeout=600)
+        try:
+            outcome["modules"] = sum(1 for _ in nn.Sequential(*[nn.ReLU() for _ in range(200)]).modules())
+        except BaseException as error:  # the check is that nothing at all escapes into this thread
+            outcome["error"] = repr(error)
+        other_built.set()
+
+    def from_config(config: object) -> nn.Module:
+        other_may_build.set()
+        assert other_built.wait(timeout=600), "the other thread did not finish"
+        return nn.Sequential(*[nn.ReLU() for _ in range(10)])
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    skeleton = hf._skeleton("hf:test", None, from_config)
+    worker.join(timeout=600)
+    assert outcome == {"modules": 201}
+    assert sum(1 for _ in skeleton.modules()) == 11
