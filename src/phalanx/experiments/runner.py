@@ -80,6 +80,7 @@ def run_grid(
     for c, d in zip((r.cfg for r in runs), dirs):
         if runstate.is_final(d):  # finished or diverged: held to the same checks before it is skipped and reported
             ended.check(d, c)
+            check_same_data(d, dataset_for(c))
             hooks.done(c, "skipped (finished)" if store.is_finished(d) else "skipped (diverged)")
     say_other_code(sorted(set(dirs)))
     if before is not None and todo:
@@ -101,6 +102,27 @@ def run_grid(
     for r, d in todo:  # trained here under both keys: verified and pinned as a reused run is, before any report
         ended.check_trained(d, r.cfg)
     return dirs
+
+
+def check_same_data(run_dir: Path, dataset: object) -> None:
+    """Before a grid skips the ended run in ``run_dir``: the data set its manifest records is ``dataset`` (the one
+    this grid loaded for its config, already in the process's cache: hashed once per data set, as a resume does).
+    A run is named by its configuration, not by its data, so a run under the same ``data_root`` whose files changed
+    since was reused as it was, its rows reported as this grid's (an earlier note). A :class:`ProvenanceError`
+    naming the run and both fingerprints; ``PHALANX_FORCE=1`` (``--force``) reuses it anyway. Lazily read
+    populations record no fingerprint and are not compared."""
+    from phalanx.data.base import Dataset
+    from phalanx.experiments.provenance import ProvenanceError
+
+    recorded = store.recorded_fingerprint(run_dir)
+    if recorded is None or not isinstance(dataset, Dataset) or store.forced():
+        return
+    current = dataset.fingerprint()
+    if recorded != current:
+        raise ProvenanceError(str(run_dir), f"it was trained on the data set of fingerprint {recorded[:12]}…, and "
+                              f"this grid's data set has fingerprint {current[:12]}… (its files changed since, or "
+                              "another copy was found)", f"delete {run_dir} to train it again on this data, give "
+                              "another --out, or pass --force (PHALANX_FORCE=1) to reuse it as it is")
 
 
 def say_other_code(dirs: list[Path]) -> int:
