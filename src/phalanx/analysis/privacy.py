@@ -9,7 +9,9 @@ its own update (a DSGD worker's gradient, a FedAvg client's pseudo-gradient) cli
 of standard deviation σC added *by the client itself* (the local, distributed-noise variant of DP-FedAvg: McMahan,
 Ramage, Talwar & Zhang, "Learning differentially private recurrent language models", ICLR 2018, Algorithm 1, with
 the noise moved to the clients). Everything else — the attack's vectors, the robust rule, the server optimizer, the
-model — is post-processing of those releases.
+model — is post-processing of those releases, as long as nothing else of the clients' data reaches the server: a rule
+with a server-side gradient on training data (FLTrust's ``reference``, its root samples drawn from the clients' data)
+is refused with DP (:meth:`phalanx.training.privacy.ClientDP.check`).
 
 Neighbouring data sets: one client's whole local data set *replaced* by any other (``REPLACE_ONE``), so the
 L2 sensitivity of ``clip_C(uᵢ)`` is 2C and the Gaussian's noise multiplier relative to it is z = σC / 2C = σ/2.

@@ -131,7 +131,9 @@ class ClientDP(WorkerStage):
 
     def check(self, plan: Plan) -> None:
         """An algorithm whose workers pass every update they send through the worker stages, a model whose
-        normalisation statistics stay with the clients, and the accountant (the ``privacy`` extra) installed."""
+        normalisation statistics stay with the clients, a rule that reads no server-side gradient of training data
+        (FLTrust's ``reference``: an unnoised statistic of the clients' raw data would reach the released model), and
+        the accountant (the ``privacy`` extra) installed."""
         algorithm = plan.algorithm
         if not getattr(type(algorithm), "runs_worker_stages", False):
             raise ConfigError(self.parameter("privacy"), self.noise, f"unset with algorithm {algorithm.name!r} "
@@ -141,6 +143,13 @@ class ClientDP(WorkerStage):
             raise ConfigError(plan.norm_key, plan.norm_value, "a model without BatchNorm / Hybrid BN / FedBN layers "
                               "('group' or 'none') with differential privacy (the clients' normalisation statistics "
                               "would leave them without noise)")
+        if "reference" in getattr(plan.rule, "context_keys", ()):
+            spec = getattr(plan.rule, "spec", getattr(plan.rule, "name", repr(plan.rule)))  # a chain's is 'nnm>fltrust'
+            raise ConfigError("aggregator", spec, "a rule that reads no "
+                              "server-side gradient with differential privacy (not fltrust: its reference gradient is "
+                              "computed, unclipped and unnoised, on root samples drawn from the clients' training "
+                              "data, so the released model is no longer post-processing of the noisy updates and no "
+                              "ε holds)")
         accounting.require(self.parameter("privacy"))
 
     def update(self, rows: Tensor, u: WorkerUpdate) -> Tensor:
