@@ -99,3 +99,21 @@ def test_a_worker_stage_listed_before_dp_is_refused_naming_it() -> None:
     with pytest.raises(ConfigError, match="update_clip would see every raw update") as exc:
         dataclasses.replace(plain, stages=[UpdateClip(c=100.0), ClientDP(clip=1.0, noise=1.0)])
     assert "\n" not in str(exc.value) and exc.value.parameter == "stages"
+
+
+@pytest.mark.parametrize("rule", ["foolsgold", "fldetector", "nnm>foolsgold", "mean"])
+def test_a_rule_reading_client_ids_reports_no_amplification_by_sampling(rule: str) -> None:
+    """A rule keyed on who sent each row (``ids``: FoolsGold's history, FLDetector's per-client L-BFGS) makes the
+    released models depend on who was sampled, so the secret-sample amplification (Wang, Balle & Kasiviswanathan)
+    does not hold for it: its ``dp_epsilon`` is the local budget on every row (docs/privacy.md); the mean's stays the
+    amplified one, below the local (q = 4/20)."""
+    cfg = {"dataset": "digits", "model": "logreg", "algorithm": "fedavg", "workers": 20, "clients_per_round": 4,
+           "local_steps": 1, "rounds": 4, "eval_every": 2, "dp_noise": 8.0, "dp_clip": 1.0, "seed": 0,
+           "aggregator": rule, "f": 1 if rule.startswith("nnm") else 0}
+    rows = train(make_config(cfg))
+    assert [r["round"] for r in rows] == [0, 2, 4]
+    for r in rows[1:]:
+        b = accounting.budget(8.0, 1e-5, r["round"], 20, 4)
+        assert r["dp_epsilon_local"] == b.epsilon_local
+        assert b.epsilon < b.epsilon_local  # the amplified budget would be smaller: the rule must not claim it
+        assert r["dp_epsilon"] == (b.epsilon if rule == "mean" else b.epsilon_local)

@@ -30,7 +30,8 @@ Abadi et al., "Deep learning with differential privacy", CCS 2016, the moments a
   Rényi differential privacy and analytical moments accountant", AISTATS 2019), or ``epsilon_local`` when that is
   smaller (the models are post-processing of the releases; with m = n, as in DSGD, both are the same). The
   amplification assumes the rule treats the round's vectors alike (a rule that reads which client sent a row,
-  FoolsGold's history, reveals who was sampled: read ``epsilon_local`` there).
+  FoolsGold's history or FLDetector's, reveals who was sampled: the metric rows of such a run carry
+  ``epsilon_local`` as their ``dp_epsilon``, :meth:`phalanx.training.privacy.ClientDP.columns`).
 
 ``dp-accounting`` is an optional extra (``pip install 'phalanx[privacy]'``): :func:`require` is a one-line
 :class:`~phalanx.errors.ConfigError` naming it when it is missing.

@@ -190,10 +190,20 @@ class ClientDP(WorkerStage):
 
     def columns(self, ev: Evaluation) -> dict[str, Any]:
         """The budget after the row's round: ``dp_epsilon`` (the released models) and ``dp_epsilon_local``
-        (against the server and the other clients)."""
+        (against the server and the other clients). A rule that reads which client sent each row (``ids`` in its
+        context keys: FoolsGold, FLDetector, a chain or wrapper of either) makes the released models depend on who
+        was sampled, which the amplification by a secret sample assumes they do not: its ``dp_epsilon`` is the local
+        budget, without amplification."""
         run = ev.run
         b = self.budget(ev.round, run.workers, run.algorithm.per_round(run.workers))
-        return {"dp_epsilon": b.epsilon, "dp_epsilon_local": b.epsilon_local}
+        released = b.epsilon_local if reads_ids(run.rule) else b.epsilon
+        return {"dp_epsilon": released, "dp_epsilon_local": b.epsilon_local}
+
+
+def reads_ids(rule: Any) -> bool:
+    """Whether a rule's output depends on which clients sent its rows (``ids`` among its context keys): then the
+    round's sample is not hidden from an observer of the released models, and no amplification by sampling holds."""
+    return "ids" in getattr(rule, "context_keys", ())
 
 
 def run_note(stages: Iterable[Stage]) -> str | None:
