@@ -173,6 +173,9 @@ def test_a_missing_accountant_is_one_line_naming_the_extra(monkeypatch: pytest.M
     # FLTrust's unnoised reference gradient on root samples drawn from the clients' data: no ε holds
     ({"aggregator": "fltrust"}, "aggregator"), ({"aggregator": "nnm>fltrust"}, "aggregator"),
     ({"aggregator": "fltrust", "algorithm": "fedavg", "clients_per_round": 4}, "aggregator"),
+    # the edge-case pool holds honest clients' samples: one client's data would enter the Byzantine releases too
+    ({"attack": "edgecase"}, "attack"),
+    ({"attack": "edgecase", "algorithm": "fedavg", "clients_per_round": 4}, "attack"),
 ])
 def test_bad_config_is_one_line_naming_the_key_at_validation(changes: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as exc:

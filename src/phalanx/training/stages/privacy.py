@@ -132,8 +132,9 @@ class ClientDP(WorkerStage):
     def check(self, plan: Plan) -> None:
         """An algorithm whose workers pass every update they send through the worker stages, a model whose
         normalisation statistics stay with the clients, a rule that reads no server-side gradient of training data
-        (FLTrust's ``reference``: an unnoised statistic of the clients' raw data would reach the released model), and
-        the accountant (the ``privacy`` extra) installed."""
+        (FLTrust's ``reference``: an unnoised statistic of the clients' raw data would reach the released model), an
+        attack that trains on its own shards (not the edge-case pool drawn from every client's data), and the
+        accountant (the ``privacy`` extra) installed."""
         algorithm = plan.algorithm
         if not getattr(type(algorithm), "runs_worker_stages", False):
             raise ConfigError(self.parameter("privacy"), self.noise, f"unset with algorithm {algorithm.name!r} "
@@ -150,6 +151,12 @@ class ClientDP(WorkerStage):
                               "computed, unclipped and unnoised, on root samples drawn from the clients' training "
                               "data, so the released model is no longer post-processing of the noisy updates and no "
                               "ε holds)")
+        if getattr(plan.attack, "samples_others_data", False):
+            raise ConfigError("attack", getattr(plan.attack, "name", repr(plan.attack)), "an attack whose Byzantine "
+                              "workers train on their own shards with differential privacy (not edgecase: its pool "
+                              "is drawn from the whole training set, honest clients' samples included, so one "
+                              "client's data would enter other clients' releases and the accounted sensitivity 2C "
+                              "would not hold)")
         accounting.require(self.parameter("privacy"))
 
     def update(self, rows: Tensor, u: WorkerUpdate) -> Tensor:
