@@ -24,8 +24,9 @@ Where the noise comes from is ``source`` (the config's ``dp_noise_source``):
   draw a round for the W computing workers in index order, on the CPU; a process that runs one worker draws the whole
   matrix and keeps its own row, so that it adds what the in-process run adds to that worker, and the stream's state is
   checkpointed with the others (a resumed run is the uninterrupted one bit for bit). Anyone who knows the seed (the
-  server, every worker, a reader of the config or of the run id) regenerates the noise and removes it: the ε is the
-  mechanism's, measured — not a protection of this run. For simulation studies; the simulated engine's default.
+  server, every worker, a reader of the config or of the run id) regenerates the noise and removes it: the ε is an
+  upper bound on the mechanism's (the RDP accountant's), not a protection of this run. For simulation studies; the
+  simulated engine's default.
 * ``"secret"`` — a generator seeded per process and session from 64 bits of the operating system's randomness
   (:func:`phalanx.training.streams.secret_generator`), drawing only the rows of the workers this process runs: on the
   ``torchrun`` engine each rank its own worker's noise, which no other rank, the server or any file of the run
@@ -59,7 +60,7 @@ SOURCES = ("seed", "secret")
 def resolved_source(source: str | None, engine: str) -> str:
     """The noise source of a config: ``dp_noise_source`` when set, else its engine's default — ``"secret"`` on the
     real-process ``torchrun`` engine (every rank a real worker whose noise must stay its own), ``"seed"`` on the
-    simulated engine (a run is a measurement of the mechanism, reproducible bit for bit)."""
+    simulated engine (a run is a reproducible instance of the mechanism, bit for bit)."""
     if source is not None:
         return source
     return "secret" if engine == "torchrun" else "seed"
