@@ -6,8 +6,10 @@ The question. Yang, Shi & Li (ICML 2025, Definition 2.2 and Theorem 3.1; docs/te
 tolerating f of n Byzantine workers is at best ε-accurate with ε ≥ f/(n − f), ‖Agg(x) − x̄‖² ≤ ε · (1/n) Σᵢ ‖xᵢ − x̄‖²:
 what it costs when nobody attacks (the *price of robustness*) is ε times the honest vectors' spread, and gradient
 descent with it stalls in a neighbourhood of size ~εG². Client-level DP at the worker (:mod:`phalanx.training.privacy`:
-every honest update clipped to C, N(0, σ²C²·I) added by the worker) adds about d·σ²C² to that spread: does the price
-grow with σ, as the bound predicts?
+every honest update clipped to C, N(0, σ²C²·I) added by the worker) adds to that spread: d·σ²C² to each noised
+gradient, and about d·σ²C²·(1 − β)/(1 + β) (≈ 0.05·d·σ²C² at worker momentum β = 0.9) to each momentum row
+m ← βm + (1 − β)g̃ the rule receives after the first rounds (tests/test_privacy_noise.py): does the price grow with
+σ, as the bound predicts?
 
 Grid: noise multiplier σ ∈ ``noises`` (0 = no DP) × rule ∈ ``rules`` (the mean with f = 0, robust rules with
 f = ``f``) × attack ∈ {none, ``attack`` with ``byzantine`` attackers} × seeds; distributed SGD with worker momentum
