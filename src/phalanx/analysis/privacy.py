@@ -23,7 +23,8 @@ Abadi et al., "Deep learning with differential privacy", CCS 2016, the moments a
 
 * ``epsilon_local`` — against anyone who sees every client's release and knows who was sampled (the server, the
   Byzantine workers, whose omniscient attacks read the honest vectors): T Gaussian mechanisms of multiplier z
-  (``GaussianDpEvent(z)`` self-composed T times; a client sampled in fewer rounds loses less);
+  (``GaussianDpEvent(z)`` self-composed T times; a client sampled in fewer rounds loses less) — as long as that
+  adversary holds no client's raw data (on torchrun every rank loads every shard today: docs/privacy.md);
 * ``epsilon`` — against an observer of the released models θ₁ … θ_T only, the clients of each round being a
   secret uniform sample of m of the n without replacement: T subsampled Gaussian mechanisms
   (``SampledWithoutReplacementDpEvent(n, m, GaussianDpEvent(z))``: Wang, Balle & Kasiviswanathan, "Subsampled
