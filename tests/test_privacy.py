@@ -170,6 +170,12 @@ def test_a_missing_accountant_is_one_line_naming_the_extra(monkeypatch: pytest.M
     ({"algorithm": "gossip", "attack": "none", "byzantine": 0, "f": 0, "aggregator": "mean"}, "dp_noise"),
     ({"algorithm": "scaffold", "algorithm_params": {"clients_per_round": 4}, "attack": "none"}, "dp_noise"),
     ({"algorithm": "fedavg", "model": "cnn", "model_params": {"norm": "batch"}}, "model_params.norm"),
+    # FLTrust's unnoised reference gradient on root samples drawn from the clients' data: no ε holds
+    ({"aggregator": "fltrust"}, "aggregator"), ({"aggregator": "nnm>fltrust"}, "aggregator"),
+    ({"aggregator": "fltrust", "algorithm": "fedavg", "clients_per_round": 4}, "aggregator"),
+    # the edge-case pool holds honest clients' samples: one client's data would enter the Byzantine releases too
+    ({"attack": "edgecase"}, "attack"),
+    ({"attack": "edgecase", "algorithm": "fedavg", "clients_per_round": 4}, "attack"),
 ])
 def test_bad_config_is_one_line_naming_the_key_at_validation(changes: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as exc:
@@ -191,6 +197,10 @@ def test_the_api_refuses_an_algorithm_that_does_not_apply_it() -> None:
         Experiment(model=models.make("logreg", ds.input_shape, ds.num_classes), dataset=ds, workers=4,
                    rule=aggregators.make("mean", f=0), algorithm=Scaffold(), privacy=ClientDP(1.0, 1.0))
     assert exc.value.parameter == "privacy"
+    with pytest.raises(ConfigError, match="fltrust") as exc:  # an unnoised gradient of the clients' data
+        Experiment(model=models.make("logreg", ds.input_shape, ds.num_classes), dataset=ds, workers=4,
+                   rule=aggregators.make("fltrust", f=0), privacy=ClientDP(1.0, 1.0))
+    assert exc.value.parameter == "aggregator" and "\n" not in str(exc.value)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -99,3 +99,43 @@ def test_a_worker_stage_listed_before_dp_is_refused_naming_it() -> None:
     with pytest.raises(ConfigError, match="update_clip would see every raw update") as exc:
         dataclasses.replace(plain, stages=[UpdateClip(c=100.0), ClientDP(clip=1.0, noise=1.0)])
     assert "\n" not in str(exc.value) and exc.value.parameter == "stages"
+
+
+@pytest.mark.parametrize("rule", ["foolsgold", "fldetector", "nnm>foolsgold", "mean"])
+def test_a_rule_reading_client_ids_reports_no_amplification_by_sampling(rule: str) -> None:
+    """A rule keyed on who sent each row (``ids``: FoolsGold's history, FLDetector's per-client L-BFGS) makes the
+    released models depend on who was sampled, so the secret-sample amplification (Wang, Balle & Kasiviswanathan)
+    does not hold for it: its ``dp_epsilon`` is the local budget on every row (docs/privacy.md); the mean's stays the
+    amplified one, below the local (q = 4/20)."""
+    cfg = {"dataset": "digits", "model": "logreg", "algorithm": "fedavg", "workers": 20, "clients_per_round": 4,
+           "local_steps": 1, "rounds": 4, "eval_every": 2, "dp_noise": 8.0, "dp_clip": 1.0, "seed": 0,
+           "aggregator": rule, "f": 1 if rule.startswith("nnm") else 0}
+    rows = train(make_config(cfg))
+    assert [r["round"] for r in rows] == [0, 2, 4]
+    for r in rows[1:]:
+        b = accounting.budget(8.0, 1e-5, r["round"], 20, 4)
+        assert r["dp_epsilon_local"] == b.epsilon_local
+        assert b.epsilon < b.epsilon_local  # the amplified budget would be smaller: the rule must not claim it
+        assert r["dp_epsilon"] == (b.epsilon if rule == "mean" else b.epsilon_local)
+
+
+def test_the_rule_sees_momentum_rows_whose_noise_spread_is_d_sigma2_c2_times_1_minus_beta_over_1_plus_beta() -> None:
+    """What DP adds to the spread of what the rule receives (docs/privacy.md, "The study"): DSGD's workers send their
+    momentum m ← βm + (1 − β)g̃, so after the first rounds the noise in each coordinate has variance
+    σ²C²(1 − β)/(1 + β) (0.0526·σ²C² at β = 0.9), not σ²C² — that holds only in round 0 (m₀ = g̃₀). The honest spread
+    (1/(h − 1)) Σᵢ ‖mᵢ − m̄‖², averaged over rounds 30–39, is within 20 % of d·σ²C²(1 − β)/(1 + β) (its sampling error
+    is a few %, and the clipped gradients' own spread is below C² = 1, against 34 here); round 0's within 20 % of
+    d·σ²C²."""
+    beta = 0.9
+    cfg = {**BASE, "workers": 11, "rounds": 40, "eval_every": 40, "momentum": beta, "dp_noise": 1.0, "dp_clip": 1.0}
+    _dp_spy.SEEN.clear()
+    train(make_config(cfg))
+    spreads = []
+    for h in _dp_spy.SEEN:
+        h = h.double()
+        spreads.append(float((h - h.mean(0)).square().sum(1).sum()) / (h.shape[0] - 1))
+    d = _dp_spy.SEEN[0].shape[1]
+    assert len(spreads) == 40 and d == 650
+    stationary = d * (1 - beta) / (1 + beta)  # σ = C = 1
+    assert abs(sum(spreads[30:]) / 10 / stationary - 1) < 0.2, spreads[30:]
+    assert abs(spreads[0] / d - 1) < 0.2, spreads[0]

@@ -124,3 +124,21 @@ def test_the_noise_source_is_seed_or_secret_and_needs_dp() -> None:
         legacy.stage_sections(make_config({**BASE, "dp_noise_source": "secret"}), lambda: [])
     with pytest.raises(Exception, match="dp_noise_source"):
         make_config({**BASE, "dp_noise": SIGMA, "dp_clip": C, "dp_noise_source": "urandom"})
+
+
+def test_every_torchrun_rank_holds_every_workers_raw_data() -> None:
+    """What `secret` noise does *not* protect against on torchrun today (docs/privacy.md, docs/distributed.md): every
+    rank builds the experiment with the same ``from_config`` call (``phalanx.distributed.worker``), so the server's
+    rank and each Byzantine rank hold every worker's shard of raw training data in memory and can compute any worker's
+    unclipped, unnoised gradient. The noise hides what the messages carry, not what a rank's process already holds.
+    When ranks load only their own shards this test fails, and the docs' scoping is to be lifted."""
+    cfg = make_config({**BASE, "attack": "alie", "dp_noise": SIGMA, "dp_clip": C, "engine": "torchrun"})
+    assert legacy.stage_sections(cfg, lambda: [])[0].params["source"] == "secret"
+    exp = from_config(cfg)  # what rank 0 (the server) and the Byzantine rank 5 build alike
+    assert exp.data is not None and len(exp.shards) == cfg.workers
+    assert exp.data.x.shape[0] == exp.dataset.train_x.shape[0]  # every sample, not one shard's
+    held = torch.cat(list(exp.shards)).sort().values
+    assert torch.equal(held, torch.arange(exp.dataset.train_x.shape[0]))  # every honest worker's samples among them
+    theta, mine = exp.problem.initial_theta(), exp.shards[1][:8]  # honest worker 1's raw samples, read here
+    raw = exp.problem.grads(theta, exp.data.x[mine][None], exp.data.y[mine][None])[0]
+    assert float(raw.norm()) > 0

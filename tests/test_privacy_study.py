@@ -63,7 +63,7 @@ def test_cli_runs_a_tiny_grid_and_writes_the_report(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     report = (out / "report.md").read_text()
-    assert "| mean | none |" in report and "| cwtm | alie (b = 1) |" in report and "σ = 1 (ε = " in report
+    assert "| mean | none |" in report and "| cwtm | alie (b = 1) |" in report and "σ = 1 (ε ≤ " in report
     assert "no verdict (2 seeds, 3 needed)" in report
     assert (out / "privacy.png").stat().st_size > 0
     assert len((out / "cells.csv").read_text().splitlines()) == 1 + 2 * 2 * 2

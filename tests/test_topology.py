@@ -416,6 +416,21 @@ def test_ring_gap_decreases_with_n() -> None:
     assert gaps[-1] == pytest.approx(4 * math.pi**2 / (3 * 40**2), rel=0.01)
 
 
+def test_mixing_rate_takes_the_most_negative_eigenvalue_when_it_dominates() -> None:
+    """β = max(|λ₂|, |λₙ|): a valid W (ring of 4, self weight 0.1, neighbours 0.45; eigenvalues 0.1 + 0.9 cos(πk/2)
+    = 1, 0.1, −0.8, 0.1) whose |λₙ| = 0.8 dominates λ₂ = 0.1 — every Metropolis–Hastings W of the built-in graphs has
+    λ₂ ≥ |λₙ|, so only this case tells β from the largest algebraic eigenvalue (0.1). One step contracts (1, −1, 1, −1)
+    by exactly 0.8."""
+    w = torch.zeros(4, 4, dtype=torch.float64)
+    for i in range(4):
+        w[i, i], w[i, (i + 1) % 4], w[i, (i - 1) % 4] = 0.1, 0.45, 0.45
+    gossip.check_gossip_matrix(w, topology.make("ring", 4))
+    assert gossip.mixing_rate(w) == pytest.approx(0.8, abs=1e-12)
+    assert gossip.spectral_gap(w) == pytest.approx(0.2, abs=1e-12)
+    x = torch.tensor([[1.0], [-1.0], [1.0], [-1.0]], dtype=torch.float64)
+    assert torch.linalg.vector_norm(w @ x) / torch.linalg.vector_norm(x) == pytest.approx(0.8, abs=1e-12)
+
+
 @pytest.mark.parametrize("n", [4, 8, 16, 64])
 def test_hypercube_gap(n: int) -> None:
     m = int(math.log2(n))  # eigenvalues of W = (I + A)/(m + 1): (1 + m − 2j)/(m + 1), j = 0 … m

@@ -9,7 +9,9 @@ its own update (a DSGD worker's gradient, a FedAvg client's pseudo-gradient) cli
 of standard deviation σC added *by the client itself* (the local, distributed-noise variant of DP-FedAvg: McMahan,
 Ramage, Talwar & Zhang, "Learning differentially private recurrent language models", ICLR 2018, Algorithm 1, with
 the noise moved to the clients). Everything else — the attack's vectors, the robust rule, the server optimizer, the
-model — is post-processing of those releases.
+model — is post-processing of those releases, as long as nothing else of the clients' data reaches the server: a rule
+with a server-side gradient on training data (FLTrust's ``reference``, its root samples drawn from the clients' data)
+is refused with DP (:meth:`phalanx.training.privacy.ClientDP.check`).
 
 Neighbouring data sets: one client's whole local data set *replaced* by any other (``REPLACE_ONE``), so the
 L2 sensitivity of ``clip_C(uᵢ)`` is 2C and the Gaussian's noise multiplier relative to it is z = σC / 2C = σ/2.
@@ -21,14 +23,16 @@ Abadi et al., "Deep learning with differential privacy", CCS 2016, the moments a
 
 * ``epsilon_local`` — against anyone who sees every client's release and knows who was sampled (the server, the
   Byzantine workers, whose omniscient attacks read the honest vectors): T Gaussian mechanisms of multiplier z
-  (``GaussianDpEvent(z)`` self-composed T times; a client sampled in fewer rounds loses less);
+  (``GaussianDpEvent(z)`` self-composed T times; a client sampled in fewer rounds loses less) — as long as that
+  adversary holds no client's raw data (on torchrun every rank loads every shard today: docs/privacy.md);
 * ``epsilon`` — against an observer of the released models θ₁ … θ_T only, the clients of each round being a
   secret uniform sample of m of the n without replacement: T subsampled Gaussian mechanisms
   (``SampledWithoutReplacementDpEvent(n, m, GaussianDpEvent(z))``: Wang, Balle & Kasiviswanathan, "Subsampled
   Rényi differential privacy and analytical moments accountant", AISTATS 2019), or ``epsilon_local`` when that is
   smaller (the models are post-processing of the releases; with m = n, as in DSGD, both are the same). The
   amplification assumes the rule treats the round's vectors alike (a rule that reads which client sent a row,
-  FoolsGold's history, reveals who was sampled: read ``epsilon_local`` there).
+  FoolsGold's history or FLDetector's, reveals who was sampled: the metric rows of such a run carry
+  ``epsilon_local`` as their ``dp_epsilon``, :meth:`phalanx.training.privacy.ClientDP.columns`).
 
 ``dp-accounting`` is an optional extra (``pip install 'phalanx[privacy]'``): :func:`require` is a one-line
 :class:`~phalanx.errors.ConfigError` naming it when it is missing.

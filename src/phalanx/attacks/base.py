@@ -195,6 +195,10 @@ class DataAttack(_Configurable):
     needs_previous: ClassVar[bool] = False
     """True when :meth:`update` reads the previous round's aggregate (Neurotoxin's mask): the in-process engine
     passes it (``BoundRule.previous``)."""
+    samples_others_data: ClassVar[bool] = False
+    """True when its poisoned batches carry samples drawn from the whole training set, honest clients' shards
+    included (the edge-case pool): one honest client's data then enter the Byzantine releases too, beyond the
+    one-client sensitivity client-level DP accounts for, so a run with DP refuses it."""
 
     def prepare(self, train_x: Tensor, train_y: Tensor, num_classes: int) -> None:
         """Called once with the training set before the run trains (an edge-case attack picks its rare

@@ -34,7 +34,9 @@ class EdgeCase(DataAttack):
     once from the training set; in each poisoned batch ``poison_fraction`` of the samples (positions drawn from the
     attack stream) are replaced by samples of :math:`E` (drawn with replacement, likewise) labelled ``target`` — the
     attacker's own edge-case data set, as in the paper; the honest workers still hold their few tail samples with
-    the true label (a harder setting than the paper's, whose edge cases come from outside the training set).
+    the true label (a harder setting than the paper's, whose edge cases come from outside the training set). E holds
+    honest clients' samples, so client-level differential privacy refuses this attack
+    (:attr:`~phalanx.attacks.base.DataAttack.samples_others_data`).
     ``boost`` scales a federated update (model replacement); ``stop_round`` ends the attack (durability).
 
     Metric: ``attack_success`` — the share of the *test* inputs of class ``source`` beyond the same distance
@@ -47,6 +49,7 @@ class EdgeCase(DataAttack):
         "(edge-case examples: the tail of one class, mislabelled)"
     )
     threat: ClassVar[str] = "data and its own update: trains on rare inputs of one class, labelled as another"
+    samples_others_data: ClassVar[bool] = True  # E is picked from the whole training set, honest shards included
 
     def __init__(
         self, source: int = 7, target: int = 1, tail: float = 0.1, poison_fraction: float = 0.5, boost: float = 1.0,

@@ -187,7 +187,10 @@ class ClippedGossip(GossipRule):
     oracle radius over the honest neighbours, :math:`\tau_i^2 = \frac{1}{\delta_i}\sum_{j \text{ honest}} W_{ij}
     \|\cdot\|^2`; "all but the farthest weight b" stands in for the unknown honest set (as in Gaucher, Dieuleveut &
     Hendrikx's implementation ``cs_he``, whose S_i stops one candidate earlier: cumulative weight strictly below the
-    bound; we include the candidate that reaches it).
+    bound; we include the candidate that reaches it). The guarantee, as the paper's abstract states it (the theorem's
+    text was not retrieved): convergence to an O(δ_max ζ²/γ²) neighbourhood of a stationary point for non-convex
+    objectives, γ the spectral gap, δ_max the largest Byzantine weight at an honest node, ζ² the heterogeneity; none
+    is claimed for the practical radius (docs/decentralized.md).
     """
 
     name: ClassVar[str] = "clipped_gossip"

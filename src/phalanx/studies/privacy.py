@@ -6,13 +6,16 @@ The question. Yang, Shi & Li (ICML 2025, Definition 2.2 and Theorem 3.1; docs/te
 tolerating f of n Byzantine workers is at best ε-accurate with ε ≥ f/(n − f), ‖Agg(x) − x̄‖² ≤ ε · (1/n) Σᵢ ‖xᵢ − x̄‖²:
 what it costs when nobody attacks (the *price of robustness*) is ε times the honest vectors' spread, and gradient
 descent with it stalls in a neighbourhood of size ~εG². Client-level DP at the worker (:mod:`phalanx.training.privacy`:
-every honest update clipped to C, N(0, σ²C²·I) added by the worker) adds about d·σ²C² to that spread: does the price
-grow with σ, as the bound predicts?
+every honest update clipped to C, N(0, σ²C²·I) added by the worker) adds to that spread: d·σ²C² to each noised
+gradient, and about d·σ²C²·(1 − β)/(1 + β) (≈ 0.05·d·σ²C² at worker momentum β = 0.9) to each momentum row
+m ← βm + (1 − β)g̃ the rule receives after the first rounds (tests/test_privacy_noise.py): does the price grow with
+σ, as the bound predicts?
 
 Grid: noise multiplier σ ∈ ``noises`` (0 = no DP) × rule ∈ ``rules`` (the mean with f = 0, robust rules with
 f = ``f``) × attack ∈ {none, ``attack`` with ``byzantine`` attackers} × seeds; distributed SGD with worker momentum
 (DP-SGD's clip-and-noise per client, q = 1: every worker every round), the budget (ε, δ) of each σ after ``rounds``
-rounds from dp-accounting (:mod:`phalanx.analysis.privacy`). Per cell: the final test accuracy, mean and 95 %
+rounds from dp-accounting's RDP accountant (:mod:`phalanx.analysis.privacy`: an upper bound on the mechanism's ε, not a
+measurement; labelled "ε ≤"). Per cell: the final test accuracy, mean and 95 %
 Student-t interval over the seeds. The price of robustness at σ: mean − rule accuracy without attack, paired by seed
 (same seed = same split, initial model, batches and noise draws); its change from no DP to σ, paired by seed, with
 the verdict "holds" when the whole interval is above 0 (the price grew), "contradicted" below, else inconclusive.
@@ -206,7 +209,7 @@ def growth(table: dict[Key, dict[int, float]], p: Preset) -> list[Growth]:
 
 def _eps_label(p: Preset, noise: float) -> str:
     e = epsilon(p, noise)
-    return "no DP" if math.isinf(e) else f"σ = {noise:g} (ε = {e:.3g})"
+    return "no DP" if math.isinf(e) else f"σ = {noise:g} (ε ≤ {e:.3g})"  # the RDP accountant's bound, not a measurement
 
 
 def accuracy_markdown(est: dict[Key, Estimate], p: Preset) -> str:
@@ -223,7 +226,7 @@ def accuracy_markdown(est: dict[Key, Estimate], p: Preset) -> str:
 
 def growth_markdown(gs: list[Growth], p: Preset) -> str:
     """One line per (robust rule, σ): the price at σ, its change from no DP, interval, verdict."""
-    lines = ["| rule | σ | ε | price of robustness (mean − rule, points) | change from no DP | 95 % interval | "
+    lines = ["| rule | σ | ε ≤ | price of robustness (mean − rule, points) | change from no DP | 95 % interval | "
              "Holm p | the price grew? |", "|---|---|---|---|---|---|---|---|"]
     for g in gs:
         lines.append(f"| {g.rule} | {g.noise:g} | {epsilon(p, g.noise):.3g} | {g.price.show(100, 1, '+')} | "
@@ -283,7 +286,7 @@ def plot(est: dict[Key, Estimate], gs: list[Growth], p: Preset, path: Path) -> P
         ticks = [xs[s] for s in noisy] + [right]
         ax.set_xticks(ticks, [f"{eps[s]:.3g}\n(σ={s:g})" for s in noisy] + ["∞\n(no DP)"])
         ax.minorticks_off()
-        ax.set_xlabel(f"ε after {p.rounds} rounds (δ = {p.delta:g})")
+        ax.set_xlabel(f"ε (RDP upper bound) after {p.rounds} rounds (δ = {p.delta:g})")
         ax.set_title(f"{p.attack}, b = {p.byzantine}" if attacked else "no attack")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("final test accuracy %")

@@ -24,8 +24,9 @@ Where the noise comes from is ``source`` (the config's ``dp_noise_source``):
   draw a round for the W computing workers in index order, on the CPU; a process that runs one worker draws the whole
   matrix and keeps its own row, so that it adds what the in-process run adds to that worker, and the stream's state is
   checkpointed with the others (a resumed run is the uninterrupted one bit for bit). Anyone who knows the seed (the
-  server, every worker, a reader of the config or of the run id) regenerates the noise and removes it: the ε is the
-  mechanism's, measured — not a protection of this run. For simulation studies; the simulated engine's default.
+  server, every worker, a reader of the config or of the run id) regenerates the noise and removes it: the ε is an
+  upper bound on the mechanism's (the RDP accountant's), not a protection of this run. For simulation studies; the
+  simulated engine's default.
 * ``"secret"`` — a generator seeded per process and session from 64 bits of the operating system's randomness
   (:func:`phalanx.training.streams.secret_generator`), drawing only the rows of the workers this process runs: on the
   ``torchrun`` engine each rank its own worker's noise, which no other rank, the server or any file of the run
@@ -59,7 +60,7 @@ SOURCES = ("seed", "secret")
 def resolved_source(source: str | None, engine: str) -> str:
     """The noise source of a config: ``dp_noise_source`` when set, else its engine's default — ``"secret"`` on the
     real-process ``torchrun`` engine (every rank a real worker whose noise must stay its own), ``"seed"`` on the
-    simulated engine (a run is a measurement of the mechanism, reproducible bit for bit)."""
+    simulated engine (a run is a reproducible instance of the mechanism, bit for bit)."""
     if source is not None:
         return source
     return "secret" if engine == "torchrun" else "seed"
@@ -131,7 +132,10 @@ class ClientDP(WorkerStage):
 
     def check(self, plan: Plan) -> None:
         """An algorithm whose workers pass every update they send through the worker stages, a model whose
-        normalisation statistics stay with the clients, and the accountant (the ``privacy`` extra) installed."""
+        normalisation statistics stay with the clients, a rule that reads no server-side gradient of training data
+        (FLTrust's ``reference``: an unnoised statistic of the clients' raw data would reach the released model), an
+        attack that trains on its own shards (not the edge-case pool drawn from every client's data), and the
+        accountant (the ``privacy`` extra) installed."""
         algorithm = plan.algorithm
         if not getattr(type(algorithm), "runs_worker_stages", False):
             raise ConfigError(self.parameter("privacy"), self.noise, f"unset with algorithm {algorithm.name!r} "
@@ -141,6 +145,19 @@ class ClientDP(WorkerStage):
             raise ConfigError(plan.norm_key, plan.norm_value, "a model without BatchNorm / Hybrid BN / FedBN layers "
                               "('group' or 'none') with differential privacy (the clients' normalisation statistics "
                               "would leave them without noise)")
+        if "reference" in getattr(plan.rule, "context_keys", ()):
+            spec = getattr(plan.rule, "spec", getattr(plan.rule, "name", repr(plan.rule)))  # a chain's is 'nnm>fltrust'
+            raise ConfigError("aggregator", spec, "a rule that reads no "
+                              "server-side gradient with differential privacy (not fltrust: its reference gradient is "
+                              "computed, unclipped and unnoised, on root samples drawn from the clients' training "
+                              "data, so the released model is no longer post-processing of the noisy updates and no "
+                              "ε holds)")
+        if getattr(plan.attack, "samples_others_data", False):
+            raise ConfigError("attack", getattr(plan.attack, "name", repr(plan.attack)), "an attack whose Byzantine "
+                              "workers train on their own shards with differential privacy (not edgecase: its pool "
+                              "is drawn from the whole training set, honest clients' samples included, so one "
+                              "client's data would enter other clients' releases and the accounted sensitivity 2C "
+                              "would not hold)")
         accounting.require(self.parameter("privacy"))
 
     def update(self, rows: Tensor, u: WorkerUpdate) -> Tensor:
@@ -181,10 +198,20 @@ class ClientDP(WorkerStage):
 
     def columns(self, ev: Evaluation) -> dict[str, Any]:
         """The budget after the row's round: ``dp_epsilon`` (the released models) and ``dp_epsilon_local``
-        (against the server and the other clients)."""
+        (against the server and the other clients). A rule that reads which client sent each row (``ids`` in its
+        context keys: FoolsGold, FLDetector, a chain or wrapper of either) makes the released models depend on who
+        was sampled, which the amplification by a secret sample assumes they do not: its ``dp_epsilon`` is the local
+        budget, without amplification."""
         run = ev.run
         b = self.budget(ev.round, run.workers, run.algorithm.per_round(run.workers))
-        return {"dp_epsilon": b.epsilon, "dp_epsilon_local": b.epsilon_local}
+        released = b.epsilon_local if reads_ids(run.rule) else b.epsilon
+        return {"dp_epsilon": released, "dp_epsilon_local": b.epsilon_local}
+
+
+def reads_ids(rule: Any) -> bool:
+    """Whether a rule's output depends on which clients sent its rows (``ids`` among its context keys): then the
+    round's sample is not hidden from an observer of the released models, and no amplification by sampling holds."""
+    return "ids" in getattr(rule, "context_keys", ())
 
 
 def run_note(stages: Iterable[Stage]) -> str | None:
