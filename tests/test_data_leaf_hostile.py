@@ -1,0 +1,112 @@
+"""Hostile LEAF trees, from an attacker's review of the LEAF loaders (the eager ``data.load`` and the lazy
+``LeafPopulation``): each finding's input is written into ``tmp_path`` here, small, and must give data or a typed
+one-line ``DataFormatError`` naming the file — never another exception, never data silently changed
+(docs/data.md, "What a data file may cost" and "Natural federated data")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from phalanx import data
+from phalanx.data import leaf, loaders
+from phalanx.data.base import DataFormatError
+from phalanx.data.leaf_population import LeafPopulation
+
+ROW = [0.5] * 784
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("PHALANX_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    monkeypatch.setattr(loaders, "_SYSTEM_DIR", tmp_path / "system-datasets")
+
+
+def _doc(users: dict[str, Any]) -> dict[str, Any]:
+    return {"users": list(users), "num_samples": [len(u["y"]) for u in users.values()], "user_data": users}
+
+
+def _tree(root: Path, users: dict[str, Any], test: dict[str, Any] | None = None) -> Path:
+    """A LEAF tree: ``train/a.json`` holding ``users``, ``test/a.json`` holding ``test`` (one honest sample)."""
+    for s in ("train", "test"):
+        (root / s).mkdir(parents=True, exist_ok=True)
+    (root / "train" / "a.json").write_text(json.dumps(_doc(users)))
+    (root / "test" / "a.json").write_text(json.dumps(_doc(test or {"t": {"x": [ROW], "y": [1]}})))
+    return root
+
+
+def _one_line(exc: BaseException, path: Path) -> None:
+    assert isinstance(exc, DataFormatError), f"{type(exc).__name__}: {exc}"
+    assert str(exc).startswith(str(path)) and "\n" not in str(exc), str(exc)
+
+
+def _both_refuse(root: Path, path: Path) -> None:
+    """The eager reader and the lazy population each refuse the tree in one line naming ``path``."""
+    for load in (lambda: data.load("femnist", root=root), lambda: LeafPopulation(root, eval_clients=1)):
+        with pytest.raises(Exception) as info:
+            load()
+        _one_line(info.value, path)
+
+
+# --- F1: one image and one label per sample -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("users", [{"w": {"x": [[[0.5, 0.5]] * 784] * 2, "y": [1, 2]}},
+                                   {"w": {"x": [[[]] * 784] * 2, "y": [1, 2]}},
+                                   {"w": {"x": [ROW] * 2, "y": [[1], [2]]}},
+                                   {"w": {"x": [ROW], "y": [[1, 99]]}},
+                                   {"w": {"x": [ROW], "y": [[]]}}],
+                         ids=["pixel-pairs", "empty-pixels", "boxed-labels", "label-list", "empty-label"])
+def test_non_scalar_pixels_or_labels_are_refused_naming_the_file(tmp_path: Path, users: dict[str, Any]) -> None:
+    """A row of 784 pairs was 2 images under one label (the lazy population then trained every later client of the
+    round on its neighbour's images); labels ``[[1]]`` were an (N, 1) array. Each pixel and each label a number."""
+    alone = _tree(tmp_path / "alone", users)  # the eager reader: only the hostile writer
+    with pytest.raises(Exception) as info:
+        data.load("femnist", root=alone)
+    _one_line(info.value, alone / "train" / "a.json")
+    beside = _tree(tmp_path / "beside", {"e": {"x": [ROW], "y": [0]}, **users})  # lazily: not an evaluation client
+    with pytest.raises(Exception) as info:
+        LeafPopulation(beside, eval_clients=1)
+    _one_line(info.value, beside / "train" / "a.json")
+    assert '"w"' in str(info.value)  # the writer's field, user_data["w"].x[k] or .y[k]
+
+
+# --- F2: rows that convert one by one but not together ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("users", [{"w": {"x": [ROW, [[0.5]] * 784], "y": [1, 2]}},
+                                   {"w": {"x": [ROW, ROW], "y": [1, [2]]}}], ids=["pixels", "labels"])
+def test_rows_ragged_only_together_are_one_line(tmp_path: Path, users: dict[str, Any]) -> None:
+    """The culprit search was ``next()`` without a default: rows that each convert alone but not together ended in
+    a bare ``StopIteration`` traceback (``phalanx run`` too)."""
+    root = _tree(tmp_path, users)
+    _both_refuse(root, root / "train" / "a.json")
+
+
+# --- F5: exact JSON types ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("x", "y"), [(ROW, 3.9), (ROW, 61.999), (ROW, "5"), (ROW, True), (["0.5"] * 784, 1),
+                                      ([True] + [0.5] * 783, 1), ([" 1e-0 "] * 784, 1), ([10 ** 400] * 784, 1)],
+                         ids=["float-label", "float-label-61", "string-label", "bool-label", "string-pixels",
+                              "bool-pixel", "spaced-string-pixels", "huge-int-pixels"])
+def test_femnist_values_of_the_wrong_json_type_are_refused(tmp_path: Path, x: Any, y: Any) -> None:
+    """``3.9`` was label 3, ``"5"`` label 5, ``true`` label 1, ``"0.5"`` a pixel: a label is a JSON integer (not a
+    bool), a pixel a JSON number; refused naming the file and the sample, in both readers."""
+    root = _tree(tmp_path, {"w": {"x": [x], "y": [y]}})
+    _both_refuse(root, root / "train" / "a.json")
+
+
+def test_honest_femnist_values_still_load_exactly(tmp_path: Path) -> None:
+    """Integer pixels 0 and 1 and float ones load as round(255·x); integer labels as given."""
+    root = _tree(tmp_path, {"w": {"x": [[0] * 783 + [1], [(i % 256) / 255 for i in range(784)]], "y": [0, 61]}})
+    ds = data.load("femnist", root=root)
+    assert ds.train_y.tolist() == [0, 61]
+    split = leaf.read_leaf_dir(root / "train")
+    px, _ = leaf.femnist_pixels(split, "w")
+    assert px[0].reshape(-1).tolist() == [0] * 783 + [255]
+    assert px[1].reshape(-1).tolist() == [i % 256 for i in range(784)]
