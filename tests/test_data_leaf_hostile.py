@@ -6,6 +6,9 @@ one-line ``DataFormatError`` naming the file — never another exception, never 
 from __future__ import annotations
 
 import json
+import os
+import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +113,50 @@ def test_honest_femnist_values_still_load_exactly(tmp_path: Path) -> None:
     px, _ = leaf.femnist_pixels(split, "w")
     assert px[0].reshape(-1).tolist() == [0] * 783 + [255]
     assert px[1].reshape(-1).tolist() == [i % 256 for i in range(784)]
+
+
+# --- F3, F10: every *.json entry of a split is a regular file, or the split is refused ----------------------------
+
+
+def _loop(p: Path) -> None:
+    os.symlink(p.name, p)
+
+
+PLANTS: dict[str, Callable[[Path], None]] = {
+    "fifo": os.mkfifo,
+    "link-to-dev-zero": lambda p: os.symlink("/dev/zero", p),
+    "dangling-link": lambda p: os.symlink("nowhere", p),
+    "link-loop": _loop,
+    "directory": lambda p: p.mkdir(),
+    "unlookupable-link": lambda p: os.symlink("n" * 300, p),  # ENAMETOOLONG: Path.is_file() let it through, bare
+}
+
+
+@pytest.mark.parametrize("kind", list(PLANTS))
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_a_json_entry_that_is_not_a_regular_file_is_refused_not_skipped(tmp_path: Path, kind: str, split: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A FIFO, a link to /dev/zero, a dangling link, a link loop or a directory named ``b.json`` was skipped without
+    a word (the split loaded as less data than it holds; docs/data.md said refused), and a link whose target cannot
+    be looked up (a 300-byte name: ENAMETOOLONG) was a bare ``OSError`` traceback. Each is one line naming it, in
+    both readers, from the listing: no file is read first, and the FIFO is never opened (the alarm would fire)."""
+    root = _tree(tmp_path, {"w": {"x": [ROW], "y": [1]}})
+    planted = root / split / "b.json"
+    PLANTS[kind](planted)
+    read: list[Path] = []
+    real = leaf.read_leaf_bytes
+    monkeypatch.setattr(leaf, "read_leaf_bytes", lambda p: read.append(p) or real(p))
+
+    def blocked(*_: Any) -> None:
+        raise TimeoutError("blocked on the FIFO")
+
+    old = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(60)
+    try:
+        _both_refuse(root, planted)
+        with pytest.raises(DataFormatError, match=r"b\.json"):
+            leaf.has_leaf_files(root)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert read == []  # refused from the listings of train/ and test/, before either reader reads a file

@@ -27,6 +27,8 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,12 +107,41 @@ def _user_field(user: str) -> str:
     return f"user_data[{json.dumps(user[:60])}{'…' if len(user) > 60 else ''}]"
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
 def _json_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.glob("*.json") if p.is_file())
+    """Every ``*.json`` entry of ``folder`` (any name ending ``.json``, hidden ones too), sorted by name, each a
+    regular file or a link to one: its kind is read with ``os.stat`` and nothing is opened here (a FIFO cannot
+    block). Anything else — a FIFO, a device or a link to one, a directory, a dangling link, a link loop, a link
+    whose target cannot be looked up — is a one-line :class:`DataFormatError` naming it, not skipped: a split with
+    one of its files silently left out would load as less data than it holds. The readers then open each file once
+    more, ``O_NONBLOCK``, and check it with ``fstat`` (:func:`read_leaf_bytes`): a file swapped meanwhile is refused
+    too."""
+    try:
+        with os.scandir(folder) as entries:
+            names = sorted(e.name for e in entries if e.name.endswith(".json"))
+    except OSError as exc:
+        raise DataFormatError(str(folder), f"cannot list: {exc.strerror or exc}") from None
+    allowed = "regular .json files (or links to them) only"
+    for name in names:
+        path = folder / name
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as exc:
+            what = "a link whose target" if os.path.islink(path) else "an entry that"
+            raise DataFormatError(str(path), f"{what} cannot be looked up: {exc.strerror or exc}",
+                                  allowed=allowed) from None
+        if not stat.S_ISREG(mode):
+            kind = next((k for test, k in _KINDS if test(mode)), "not a regular file")
+            raise DataFormatError(str(path), f"{kind}, not a regular file", allowed=allowed)
+    return [folder / name for name in names]
 
 
 def has_leaf_files(folder: Path) -> bool:
-    """Whether ``folder`` holds LEAF's layout: ``train/`` and ``test/`` with at least one ``.json`` file each."""
+    """Whether ``folder`` holds LEAF's layout: ``train/`` and ``test/`` with at least one ``.json`` file each (a
+    :class:`DataFormatError` naming any ``*.json`` entry there that is not a regular file: :func:`_json_files`)."""
     return all((folder / s).is_dir() and _json_files(folder / s) for s in ("train", "test"))
 
 
