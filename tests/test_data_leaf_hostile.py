@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -160,3 +161,79 @@ def test_a_json_entry_that_is_not_a_regular_file_is_refused_not_skipped(tmp_path
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
     assert read == []  # refused from the listings of train/ and test/, before either reader reads a file
+
+
+# --- F4: what turning text into codes may allocate ---------------------------------------------------------------
+
+
+def _text_tree(root: Path, name: str, chars: int, n: int, files: int) -> int:
+    """A text tree of ``files`` training files of ``n`` samples each, every input ``chars`` characters long
+    (compact JSON: the fewest bytes a sample can take); its files' total size."""
+    x: Any = "a" * chars if name == "shakespeare" else [0, 0, 0, 0, "a" * chars]
+    y: Any = "a" if name == "shakespeare" else 0
+    for s in ("train", "test"):
+        (root / s).mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        doc = _doc({f"u{f}": {"x": [x] * n, "y": [y] * n}})
+        (root / "train" / f"{f:03d}.json").write_text(json.dumps(doc, separators=(",", ":")))
+    (root / "test" / "a.json").write_text(json.dumps(_doc({"t": {"x": [x], "y": [y]}}), separators=(",", ":")))
+    return sum(p.stat().st_size for p in root.rglob("*.json"))
+
+
+def _peak(load: Callable[[], Any]) -> int:
+    tracemalloc.start()
+    try:
+        load()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+TEXT_BOUND = 24
+"""docs/data.md: loading a text set whose conversion the check accepts peaks within 24 × its files' size + 2 MiB."""
+
+
+@pytest.mark.parametrize(("name", "n", "files", "chars"), [
+    ("shakespeare", 20_000, 1, 19), ("shakespeare", 1_000, 20, 19), ("sent140", 20_000, 1, 31),
+    ("sent140", 1_000, 20, 31)])
+def test_text_codes_stay_within_a_documented_multiple_of_the_files(tmp_path: Path, name: str, n: int, files: int,
+                                                                   chars: int) -> None:
+    """The worst text tree the conversion check accepts — the shortest inputs it lets through, ``chars`` characters
+    (each padded to 80 or 144 codes), in one file or spread over 20 — loads within ``TEXT_BOUND`` × its files' size
+    + 2 MiB (tracemalloc's peak); one character shorter is refused in one line before a code is allocated. Before:
+    int64 codes and no check, 56 × (Shakespeare) and 49 × (Sent140) for one file, 106 × over 200 small files."""
+    size = _text_tree(tmp_path / "edge", name, chars, n, files)
+    peak = _peak(lambda: data.load(name, root=tmp_path / "edge"))
+    assert peak <= TEXT_BOUND * size + 2 * leaf.EXPANSION_SLACK, f"{peak / size:.1f} × the files"
+    shorter = tmp_path / "shorter"
+    _text_tree(shorter, name, chars - 1, n, files)
+    with pytest.raises(DataFormatError) as info:
+        data.load(name, root=shorter)
+    _one_line(info.value, shorter / "train")
+    assert "codes would take" in str(info.value)
+
+
+def test_the_bound_fails_without_the_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant: the conversion check switched off. 40 small files of 3-character lines (each file within the
+    parse's budget of 16 × its size + 1 MiB) then cost about twice ``TEXT_BOUND`` × their size."""
+    size = _text_tree(tmp_path, "shakespeare", 3, 1_500, 40)
+    monkeypatch.setattr(leaf, "check_text_cost", lambda *_: None)
+    peak = _peak(lambda: data.load("shakespeare", root=tmp_path))
+    assert peak > TEXT_BOUND * size + 2 * leaf.EXPANSION_SLACK, f"{peak / size:.1f} × the files"
+
+
+def test_out_of_memory_while_encoding_text_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No memory left for the codes (within the bounds, on a small machine) was a bare ``MemoryError``; now one line
+    naming the data directory."""
+    _text_tree(tmp_path, "shakespeare", 5, 3, 1)
+    real = leaf.np.empty
+
+    def no_memory(shape: Any, *a: Any, **k: Any) -> Any:
+        if isinstance(shape, tuple) and len(shape) == 2 and shape[1] == loaders.SHAKESPEARE_LENGTH:
+            raise MemoryError
+        return real(shape, *a, **k)
+
+    monkeypatch.setattr(leaf.np, "empty", no_memory)
+    with pytest.raises(DataFormatError, match="not enough memory") as info:
+        data.load("shakespeare", root=tmp_path)
+    _one_line(info.value, tmp_path)

@@ -42,9 +42,9 @@ from phalanx.data.limits import short
 
 __all__ = [
     "EXPANSION", "EXPANSION_SLACK", "FEMNIST_CLASSES", "LEAF_LETTERS", "MAX_DEPTH", "MAX_FILE_BYTES",
-    "MAX_STRING_BYTES", "OOV",
-    "LeafSplit", "encode_text", "femnist_pixels", "has_leaf_files", "parse_leaf_json", "read_leaf_bytes",
-    "read_leaf_dir", "read_leaf_json",
+    "MAX_STRING_BYTES", "OOV", "TEXT_EXPANSION", "TEXT_SAMPLE_BYTES",
+    "LeafSplit", "check_text_cost", "encode_text", "femnist_pixels", "has_leaf_files", "parse_leaf_json",
+    "read_leaf_bytes", "read_leaf_dir", "read_leaf_json",
     "sent140_text", "shakespeare_text", "text_labels",
 ]
 
@@ -57,7 +57,7 @@ LEAF_LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghi
 OOV = len(LEAF_LETTERS)
 """The code of a character outside :data:`LEAF_LETTERS` (LEAF maps it to −1; here it is one more symbol, 80)."""
 
-_CODES = np.full(256, OOV, dtype=np.int64)  # code of each Latin-1 character; other code points are OOV
+_CODES = np.full(256, OOV, dtype=np.uint8)  # code of each Latin-1 character; other code points are OOV
 for _i, _c in enumerate(LEAF_LETTERS):
     _CODES[ord(_c)] = _i
 
@@ -84,7 +84,8 @@ characters (~0.4 GB)."""
 @dataclass
 class LeafSplit:
     """One split (``train/`` or ``test/``) of a LEAF data set: the users in file order, and each sample's ``x``,
-    ``y`` and user (an index into ``users``); ``starts[k]``: the first sample read from ``files[k]``."""
+    ``y`` and user (an index into ``users``); ``starts[k]``: the first sample read from ``files[k]``; ``size``: the
+    bytes read from its files (what :func:`check_text_cost` weighs the conversion against)."""
 
     users: list[str]
     x: list[Any]
@@ -92,6 +93,7 @@ class LeafSplit:
     user_of: np.ndarray[Any, Any]
     files: list[Path]
     starts: list[int] = field(default_factory=list)
+    size: int = 0
 
     def locate(self, i: int) -> tuple[str, str]:
         """The file that sample ``i`` was read from, and the field that holds it
@@ -255,8 +257,12 @@ def read_leaf_dir(folder: Path) -> LeafSplit:
     owner: list[int] = []
     starts: list[int] = []
     files = _json_files(folder)
+    size = 0
     for path in files:
-        entries = _user_entries(read_leaf_json(path), str(path))
+        raw = read_leaf_bytes(path)
+        size += len(raw)
+        entries = _user_entries(parse_leaf_json(raw, str(path)), str(path))
+        del raw
         starts.append(len(ys))
         for user, x, y in entries:
             u = index.setdefault(user, len(users))
@@ -265,7 +271,7 @@ def read_leaf_dir(folder: Path) -> LeafSplit:
             xs.extend(x)
             ys.extend(y)
             owner.extend([u] * len(y))
-    return LeafSplit(users, xs, ys, np.asarray(owner, dtype=np.int64), files, starts)
+    return LeafSplit(users, xs, ys, np.asarray(owner, dtype=np.int64), files, starts, size)
 
 
 def _bad(split: LeafSplit, i: int, where: str, part: str, problem: str, allowed: str) -> DataFormatError:
@@ -333,16 +339,48 @@ def _converts(values: Any, dtype: type) -> bool:
 
 
 def encode_text(texts: list[str], length: int, where: str) -> np.ndarray[Any, Any]:
-    """Strings as int64 codes ``(N, length)`` in :data:`LEAF_LETTERS` (a character outside it: :data:`OOV`). A
-    string shorter than ``length`` is left-padded with spaces, a longer one keeps its last ``length`` characters."""
-    out = np.empty((len(texts), length), dtype=np.int64)
-    for i, s in enumerate(texts):
-        if not isinstance(s, str):
-            raise DataFormatError(where, f"sample {i}: expected a string, got {type(s).__name__}")
-        s = s[-length:].rjust(length)
-        b = np.frombuffer(s.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.int64)
-        out[i] = np.where(b < 256, _CODES[np.minimum(b, 255)], OOV)
+    """Strings as uint8 codes ``(N, length)`` in :data:`LEAF_LETTERS` (a character outside it: :data:`OOV`; 81
+    symbols, so one byte each — int64 took 8). A string shorter than ``length`` is left-padded with spaces, a longer
+    one keeps its last ``length`` characters. Encoded :data:`_TEXT_CHUNK` strings at a time: what it holds besides
+    the codes is bounded by one chunk, whatever ``N``."""
+    out = np.empty((len(texts), length), dtype=np.uint8)
+    for lo in range(0, len(texts), _TEXT_CHUNK):
+        part = texts[lo:lo + _TEXT_CHUNK]
+        bad = next((k for k, s in enumerate(part) if not isinstance(s, str)), None)
+        if bad is not None:
+            raise DataFormatError(where, f"sample {lo + bad}: expected a string, got {type(part[bad]).__name__}")
+        joined = "".join(s[-length:].rjust(length) for s in part)
+        b = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        out[lo:lo + len(part)] = np.where(b < 256, _CODES[np.minimum(b, 255)], OOV).reshape(len(part), length)
     return out
+
+
+_TEXT_CHUNK = 512
+"""Strings encoded at a time by :func:`encode_text` (at 144 characters: ~1 MiB of temporaries)."""
+
+
+TEXT_EXPANSION = 16
+"""What turning a text split (Shakespeare, Sent140) into arrays may allocate, per byte of the split's files:
+:func:`check_text_cost`'s ``N × (length × 5 +`` :data:`TEXT_SAMPLE_BYTES` ``)`` must stay within ``TEXT_EXPANSION``
+× the files' size + :data:`EXPANSION_SLACK`, checked before anything is allocated. LEAF's own files need at most
+about 6 × (Shakespeare's 80-character lines: 5.2 ×)."""
+TEXT_SAMPLE_BYTES = 64
+"""What one text sample costs besides its codes, in bytes: its label and user id as int64 and their copies, and its
+slots in the lists the split is read into (docs/data.md, "What a data file may cost")."""
+
+
+def check_text_cost(split: LeafSplit, length: int, where: str) -> None:
+    """Refuse, in one line naming ``where``, a text split whose conversion — ``length`` uint8 codes a sample and their
+    float32 copy (5 bytes a character) and :data:`TEXT_SAMPLE_BYTES` a sample — would allocate more than
+    :data:`TEXT_EXPANSION` × the bytes of its files + :data:`EXPANSION_SLACK`: a file of short strings (each padded
+    to ``length``) or of many small files cost up to 106 × its size before this check."""
+    n = len(split.x)
+    need = n * (length * 5 + TEXT_SAMPLE_BYTES)
+    budget = TEXT_EXPANSION * split.size + EXPANSION_SLACK
+    if need > budget:
+        raise DataFormatError(where, f"{n:,} samples of {length} codes would take {need:,} bytes to hold (from "
+                              f"{split.size:,} bytes of files)", allowed=f"at most {TEXT_EXPANSION} × the files' "
+                              f"size + {EXPANSION_SLACK:,} = {budget:,} bytes; LEAF's own files need at most 6 ×")
 
 
 def shakespeare_text(split: LeafSplit, where: str) -> list[str]:
@@ -361,7 +399,7 @@ def text_labels(split: LeafSplit, where: str) -> np.ndarray[Any, Any]:
         if not isinstance(c, str) or len(c) != 1:
             raise _bad(split, i, where, "y", f"a Shakespeare label is one character, got {short(c)}",
                        "one character")
-    return encode_text([str(c) for c in split.y], 1, where)[:, 0]
+    return encode_text([str(c) for c in split.y], 1, where)[:, 0].astype(np.int64)
 
 
 def sent140_text(split: LeafSplit, where: str) -> tuple[list[str], np.ndarray[Any, Any]]:
