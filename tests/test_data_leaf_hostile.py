@@ -237,3 +237,22 @@ def test_out_of_memory_while_encoding_text_is_one_line(tmp_path: Path, monkeypat
     with pytest.raises(DataFormatError, match="not enough memory") as info:
         data.load("shakespeare", root=tmp_path)
     _one_line(info.value, tmp_path)
+
+
+SENT_ROW = ["1467810369", "Mon Apr 06 22:19:45 PDT 2009", "NO_QUERY", "someone", "a tweet"]
+
+
+@pytest.mark.parametrize("y", [0.9, 1.5, "1", " 0 ", "\u0661", True, False, [1], None],
+                         ids=["0.9", "1.5", "string-1", "spaced-0", "arabic-indic-1", "true", "false", "list", "null"])
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_sent140_labels_of_the_wrong_json_type_are_refused(tmp_path: Path, y: Any, split: str) -> None:
+    """``int(v)`` took 0.9 as 0, 1.5 as 1, ``"1"``, ``" 0 "``, ARABIC-INDIC DIGIT ONE and ``true`` as labels: a
+    Sent140 label is the JSON integer 0 or 1, refused otherwise in one line naming the file and the sample."""
+    bad, good = {"w": {"x": [SENT_ROW], "y": [y]}}, {"w": {"x": [SENT_ROW], "y": [1]}}
+    root = _tree(tmp_path, bad if split == "train" else good, bad if split == "test" else good)
+    with pytest.raises(DataFormatError) as info:
+        data.load("sent140", root=root)
+    _one_line(info.value, root / split / "a.json")
+    assert 'user_data["w"].y[0]' in str(info.value)
+    ok = _tree(tmp_path / "ok", {"w": {"x": [SENT_ROW] * 2, "y": [0, 1]}}, good)
+    assert data.load("sent140", root=ok).train_y.tolist() == [0, 1]

@@ -403,20 +403,14 @@ def text_labels(split: LeafSplit, where: str) -> np.ndarray[Any, Any]:
 
 
 def sent140_text(split: LeafSplit, where: str) -> tuple[list[str], np.ndarray[Any, Any]]:
-    """Sent140's tweets (the 5th field of each ``x``) and their labels (0 or 1)."""
+    """Sent140's tweets (the 5th field of each ``x``) and their labels, each the JSON integer 0 or 1."""
     texts: list[str] = []
     for i, row in enumerate(split.x):
         if not isinstance(row, list) or len(row) < 5 or not isinstance(row[4], str):
             raise _bad(split, i, where, "x", "a Sent140 input is [id, date, query, user, text]",
                        "a list whose 5th item is the tweet's text")
         texts.append(row[4])
-    labels: list[int] = []
-    for i, v in enumerate(split.y):
-        try:
-            label = int(v)
-        except (TypeError, ValueError, OverflowError):
-            label = -1
-        if label not in (0, 1):
-            raise _bad(split, i, where, "y", f"Sent140 labels must be 0 or 1, got {short(v)}", "0 or 1")
-        labels.append(label)
-    return texts, np.asarray(labels, dtype=np.int64)
+    for i, v in enumerate(split.y):  # the JSON integers 0 and 1: not 0.9, "1", " 0 ", true (int() took them all)
+        if type(v) is not int or v not in (0, 1):
+            raise _bad(split, i, where, "y", f"Sent140 labels must be the integer 0 or 1, got {short(v)}", "0 or 1")
+    return texts, np.asarray(split.y, dtype=np.int64).reshape(len(split.y))
