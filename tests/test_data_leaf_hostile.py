@@ -256,3 +256,22 @@ def test_sent140_labels_of_the_wrong_json_type_are_refused(tmp_path: Path, y: An
     assert 'user_data["w"].y[0]' in str(info.value)
     ok = _tree(tmp_path / "ok", {"w": {"x": [SENT_ROW] * 2, "y": [0, 1]}}, good)
     assert data.load("sent140", root=ok).train_y.tolist() == [0, 1]
+
+
+# --- F6: the text of an error is bounded, whatever the file holds -------------------------------------------------
+
+
+@pytest.mark.parametrize("char", ["\u0085", "\U000e0001", "x"], ids=["nel", "astral-tag", "ascii"])
+def test_the_missing_keys_error_shortens_the_keys(tmp_path: Path, char: str) -> None:
+    """Six keys of 64 KiB each (U+0085: 2 bytes in the file, 4 characters in a repr) made a 786,373-character error
+    line, printed whole by ``phalanx run``; the keys are shown shortened, the first six of them, in file order."""
+    (tmp_path / "train").mkdir()
+    key = char * (leaf.MAX_STRING_BYTES // len(char.encode()) - 8)
+    text = "{" + ",".join(f'"{i}{key}": 0' for i in range(8)) + "}"
+    (tmp_path / "train" / "a.json").write_text(text, encoding="utf-8")
+    with pytest.raises(DataFormatError) as info:
+        leaf.read_leaf_dir(tmp_path / "train")
+    _one_line(info.value, tmp_path / "train" / "a.json")
+    message = str(info.value)
+    assert len(message) - len(str(tmp_path)) < 600, len(message)
+    assert "an object of 8 keys: '0" in message and "'5" in message and "'6" not in message

@@ -199,13 +199,23 @@ def _count(value: Any) -> bool:
     return type(value) is int and value >= 0
 
 
+def _shown_key(key: Any) -> str:
+    """A key of the file for an error message: :func:`~phalanx.data.limits.short`'s ``repr`` of its first 16
+    characters, itself cut to 60 (a non-printable character's escape is up to 10 characters long)."""
+    text = short(key, 16)
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
 def _user_entries(doc: Any, where: str) -> list[tuple[str, list[Any], list[Any]]]:
     """The ``(user, x, y)`` of one LEAF file's document, in the order of ``users``, with its structure checked:
     ``users`` a list of distinct strings, ``num_samples`` (when present) one count per user, equal to the data's,
     ``user_data[user]`` an object with lists ``x`` and ``y`` of one length. A :class:`DataFormatError` naming the
     file and the field otherwise."""
-    if not isinstance(doc, dict) or not {"users", "user_data"} <= set(doc):
-        got = sorted(map(str, doc))[:6] if isinstance(doc, dict) else type(doc).__name__
+    if not isinstance(doc, dict) or "users" not in doc or "user_data" not in doc:
+        got = f"a {type(doc).__name__}"
+        if isinstance(doc, dict):  # the file's first keys, each shortened: a key may hold 64 KiB of anything
+            keys = [_shown_key(k) for k in itertools.islice(doc, 6)]
+            got = f"an object of {len(doc):,} keys: {', '.join(keys)}{', …' if len(doc) > 6 else ''}"
         raise DataFormatError(where, f"expected a JSON object with 'users', 'num_samples' and 'user_data', got {got}")
     listed, data, counts = doc["users"], doc["user_data"], doc.get("num_samples")
     if not isinstance(listed, list):
