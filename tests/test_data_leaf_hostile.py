@@ -275,3 +275,24 @@ def test_the_missing_keys_error_shortens_the_keys(tmp_path: Path, char: str) -> 
     message = str(info.value)
     assert len(message) - len(str(tmp_path)) < 600, len(message)
     assert "an object of 8 keys: '0" in message and "'5" in message and "'6" not in message
+
+
+@pytest.mark.parametrize("name", ["a.json\n\x1b[1;32mphalanx: all 100 runs finished OK\x1b[0m\n.json",
+                                  "a\r\x1b[2Jb.json", "a\u2028b\x85\tc.json", b"a\xff\xfe.json"],
+                         ids=["forged-line", "clear-screen", "separators", "not-utf-8"])
+def test_a_file_name_with_control_characters_is_still_one_line(tmp_path: Path, name: str | bytes) -> None:
+    """Whoever can write the data directory chooses the names listed: ``a.json\\n\\x1b[1;32mphalanx: all 100 runs
+    finished OK…`` printed a forged green line after ``phalanx run``'s ``error:``. The name is shown escaped, on the
+    one line (every character printable); the error's ``path`` keeps it as it is, for programs."""
+    train = tmp_path / "train"
+    train.mkdir()
+    with open(os.path.join(os.fsencode(train), os.fsencode(name)), "wb") as fh:
+        fh.write(b"{not json")
+    with pytest.raises(DataFormatError) as info:
+        leaf.read_leaf_dir(train)
+    message = str(info.value)
+    assert message.isprintable(), repr(message)
+    path = os.path.join(str(train), os.fsdecode(name))
+    escaped = "".join(c if c.isprintable() else repr(c)[1:-1] for c in path)  # \n, \x1b, \udcff
+    assert info.value.path == path and message.startswith(escaped + ": not a LEAF JSON file")
+    assert "\\x1b" in message or "\\x85" in message or "\\udcff" in message
