@@ -296,3 +296,28 @@ def test_a_file_name_with_control_characters_is_still_one_line(tmp_path: Path, n
     escaped = "".join(c if c.isprintable() else repr(c)[1:-1] for c in path)  # \n, \x1b, \udcff
     assert info.value.path == path and message.startswith(escaped + ": not a LEAF JSON file")
     assert "\\x1b" in message or "\\x85" in message or "\\udcff" in message
+
+
+# --- F8: a key given twice ---------------------------------------------------------------------------------------
+
+
+def _entry(y: int) -> str:
+    return json.dumps({"x": [ROW], "y": [y]})
+
+
+@pytest.mark.parametrize("text", [
+    '{"users": ["w"], "num_samples": [1], "user_data": {"w": ' + _entry(1) + ', "w": ' + _entry(9) + "}}",
+    '{"users": ["w"], "users": [], "num_samples": [1], "user_data": {"w": ' + _entry(1) + "}}",
+    '{"users": ["w"], "num_samples": [1], "user_data": {"w": {"x": [' + json.dumps(ROW) + '], "y": [1], "y": [2]}}}',
+], ids=["writer-twice", "users-twice", "labels-twice"])
+def test_a_key_given_twice_is_refused(tmp_path: Path, text: str) -> None:
+    """``json.loads`` keeps the last of two equal keys: writer ``"w"`` given twice loaded its second data (a
+    reviewer, or a first-wins reader, sees the first), and a second, empty ``"users"`` hid the first as "no
+    training samples". A key given twice in any object is one line naming the file and the key, in both readers."""
+    root = _tree(tmp_path, {"t": {"x": [ROW], "y": [1]}})
+    (root / "train" / "a.json").write_text(text)
+    for load in (lambda: data.load("femnist", root=root), lambda: LeafPopulation(root, eval_clients=1)):
+        with pytest.raises(DataFormatError) as info:
+            load()
+        _one_line(info.value, root / "train" / "a.json")
+        assert "is given twice in one object" in str(info.value)

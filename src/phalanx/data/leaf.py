@@ -187,12 +187,37 @@ def parse_leaf_json(raw: bytes, where: str) -> Any:
                               allowed=f"at most {EXPANSION} × the file's size + {EXPANSION_SLACK:,} = {budget:,} "
                               "bytes; LEAF's own formats need at most 14 ×")
     try:
-        return json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=_unique)
+    except _DuplicateKey as exc:
+        raise DataFormatError(where, f"the key {_shown_key(exc.key)} is given twice in one object",
+                              allowed="each key once per object (json keeps the last, another reader the first: "
+                              "two readers would see two data sets)") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise DataFormatError(where, f"not a LEAF JSON file ({type(exc).__name__}: {exc})") from None
     except MemoryError:
         raise DataFormatError(where, f"not enough memory to parse its {len(raw):,} bytes (up to "
                               f"{cost.estimate():,} bytes estimated)") from None
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """One JSON object's pairs as a dict, refused (:class:`_DuplicateKey`) when a key is given twice — ``json.loads``
+    alone keeps the last ``"w"`` of ``{"w": …, "w": …}``, so a file could show a reviewer (or a first-wins reader)
+    one writer's data and train Phalanx on another's, or hide a whole ``users`` list. Linear: one dict, and a set
+    only for a file that has a repeated key."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return out
 
 
 def _count(value: Any) -> bool:
