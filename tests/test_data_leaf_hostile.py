@@ -13,7 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
 from phalanx import data
 from phalanx.data import leaf, loaders
@@ -321,3 +323,50 @@ def test_a_key_given_twice_is_refused(tmp_path: Path, text: str) -> None:
             load()
         _one_line(info.value, root / "train" / "a.json")
         assert "is given twice in one object" in str(info.value)
+
+
+# --- F9: a writer listed in several files is one client, in both readers ----------------------------------------
+
+
+def test_a_writer_in_two_files_does_not_double_its_test_samples(tmp_path: Path) -> None:
+    """Writer ``a`` in ``train/a.json`` and ``train/b.json`` was two lazy clients, both evaluation clients, so its 3
+    test samples were 6 in the run's test set (the eager reader: 3). Now it is one client holding both entries."""
+    root = _tree(tmp_path, {"a": {"x": [ROW], "y": [1]}}, {"a": {"x": [ROW] * 3, "y": [4, 5, 6]}})
+    (root / "train" / "b.json").write_text(json.dumps(_doc({"a": {"x": [ROW], "y": [2]}})))
+    pop = LeafPopulation(root, eval_clients=2)
+    assert pop.size == 1 and pop.test_y.tolist() == [4, 5, 6] == data.load("femnist", root=root).test_y.tolist()
+    assert pop.clients([0])[0][1].tolist() == [1, 2]
+
+
+def _raw(x: torch.Tensor, mean: float, std: float) -> list[int]:
+    """Standardised FEMNIST pixels back to their stored values 0..255."""
+    return torch.round((x.double() * std + mean) * 255).long().reshape(-1).tolist()
+
+
+def test_the_lazy_population_and_the_eager_reader_agree(tmp_path: Path) -> None:
+    """The same tree through both readers: the same writers, numbered alike (first appearance over the sorted
+    train files), each holding the same training samples in the same order — a writer listed in two files merged
+    in file order — and the evaluation clients' test samples equal to the eager reader's test samples of those
+    writers, each counted once."""
+    rng = np.random.default_rng(0)
+
+    def writer(n: int) -> dict[str, Any]:
+        return {"x": (rng.integers(0, 256, (n, 784)) / 255).tolist(), "y": rng.integers(0, 62, n).tolist()}
+
+    for s in ("train", "test"):
+        (tmp_path / s).mkdir()
+    files = {"train/1.json": {"b": writer(2), "a": writer(3)}, "train/2.json": {"c": writer(1), "a": writer(2)},
+             "train/3.json": {"d": writer(2), "b": writer(1)}, "test/1.json": {"a": writer(2), "c": writer(1)},
+             "test/2.json": {"a": writer(1), "d": writer(2), "b": writer(1)}}
+    for name, users in files.items():
+        (tmp_path / name).write_text(json.dumps(_doc(users)))
+    ds = data.load("femnist", root=tmp_path)
+    pop = LeafPopulation(tmp_path, eval_clients=4)
+    assert pop.size == len(ds.users) == 4 and list(ds.users) == ["b", "a", "c", "d"]
+    mean, std = float(ds.mean[0]), float(ds.std[0])
+    for k, (x, y) in enumerate(pop.clients(range(4))):
+        mine = ds.train_users == k
+        assert y.tolist() == ds.train_y[mine].tolist()
+        assert _raw(x, pop.mean[0], pop.std[0]) == _raw(ds.train_x[mine], mean, std)
+    want = torch.cat([ds.test_y[ds.test_users == k] for k in pop.eval_ids(4)])
+    assert pop.test_y.tolist() == want.tolist() and len(want) == len(ds.test_y)
