@@ -145,6 +145,26 @@ def test_a_run_holds_only_the_sampled_clients() -> None:
             assert value.shape[0] <= 10 * 200
 
 
+@pytest.mark.parametrize("extra", [1, -1])
+def test_a_client_with_more_inputs_than_labels_is_one_line(monkeypatch: pytest.MonkeyPatch, extra: int) -> None:
+    """The held clients' inputs are one flat tensor sliced by their label counts: a client whose inputs and labels
+    differ in number (a LEAF writer's 784 pixel pairs were 2 images a sample) would shift every later client's
+    images onto another's labels. Refused, naming the client, before anything is sliced."""
+    pop = SyntheticPopulation(0.5, 0.5, seed=3, max_samples=200, eval_clients=4)
+    real = pop.clients
+
+    def skewed(ids: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        out = real(ids)
+        x, y = out[0]
+        out[0] = (torch.cat([x, x[:1]]) if extra > 0 else x, y if extra > 0 else y[:, None])
+        return out
+
+    monkeypatch.setattr(pop, "clients", skewed)
+    with pytest.raises(ConfigError, match="one label per input") as info:
+        PopulationData(pop, 100).sizes(torch.tensor([3, 7]))
+    assert info.value.parameter == "dataset" and "client 3" in str(info.value)
+
+
 def test_the_permutation_sampler_mutant_cannot_run_a_trillion_clients(monkeypatch: pytest.MonkeyPatch) -> None:
     """The mutant: the round sampled by a permutation of all N clients (``randperm(N)``) — O(N) memory, which at
     10¹² clients is refused by the allocator."""

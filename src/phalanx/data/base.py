@@ -16,7 +16,8 @@ from torch import Tensor
 
 from phalanx.errors import ConfigError, PhalanxError
 
-__all__ = ["DataFormatError", "Dataset", "DatasetNotFoundError", "DownloadError", "standardise", "user_ids"]
+__all__ = ["DataFormatError", "Dataset", "DatasetNotFoundError", "DownloadError", "printable", "standardise",
+           "user_ids"]
 
 
 class DatasetNotFoundError(ConfigError):
@@ -44,9 +45,12 @@ class DataFormatError(PhalanxError, ValueError):
 
     One line: ``"<path>: [<field>: ]<problem>[ (allowed: <allowed>)]"``, naming the file, the field of it that is
     wrong (when the format has fields: a LEAF JSON key, a pickle's dict key) and the allowed range. Raised before
-    anything large is allocated (docs/data.md, "What a data file may cost").
+    anything large is allocated (docs/data.md, "What a data file may cost"). Each part is written with
+    :func:`printable`: a file named ``"a.json\\n\\x1b[1;32mall runs finished OK"`` (whoever can write the data
+    directory chooses the names listed) shows as that escaped text, on the one line, never as a second, forged line
+    nor as an escape sequence a terminal acts on.
 
-    Attributes: ``path``, ``problem``, ``field`` (or None), ``allowed`` (or None).
+    Attributes: ``path`` (as given, for programs), ``problem``, ``field`` (or None), ``allowed`` (or None).
     """
 
     def __init__(self, path: str, problem: str, *, field: str | None = None, allowed: str | None = None) -> None:
@@ -54,10 +58,21 @@ class DataFormatError(PhalanxError, ValueError):
         self.problem = " ".join(str(problem).splitlines())  # one line, whatever a parser's message held
         self.field = field
         self.allowed = allowed
-        message = f"{path}: {field}: {self.problem}" if field else f"{path}: {self.problem}"
+        where = printable(str(path))
+        message = f"{where}: {printable(field)}: " if field else f"{where}: "
+        message += printable(self.problem)
         if allowed:
-            message += f" (allowed: {allowed})"
+            message += f" (allowed: {printable(' '.join(str(allowed).splitlines()))})"
         super().__init__(message)
+
+
+def printable(text: str) -> str:
+    """``text`` with each character that is not printable — a line break, a carriage return, ESC, any other control
+    or separator character, a surrogate standing for a byte of an undecodable file name — written as its Python
+    escape (``\\n``, ``\\x1b``, ``\\udcff``, at most 10 characters each): one line, nothing a terminal acts on."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class DownloadError(PhalanxError, OSError):

@@ -141,7 +141,7 @@ def _labels(values: list[Any], names: list[str] | None, text: bool, where: str) 
     a text set in LEAF's vocabulary (next-character prediction), other strings numbered in sorted order."""
     if values and isinstance(values[0], str):
         if text and all(len(v) == 1 for v in values):
-            return leaf.encode_text(values, 1, where)[:, 0], (*leaf.LEAF_LETTERS, "<oov>")
+            return leaf.encode_text(values, 1, where)[:, 0].astype(np.int64), (*leaf.LEAF_LETTERS, "<oov>")
         classes = sorted(set(values))
         index = {c: i for i, c in enumerate(classes)}
         return np.asarray([index[v] for v in values], dtype=np.int64), tuple(classes)

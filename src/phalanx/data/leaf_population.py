@@ -6,9 +6,12 @@ LEAF (Caldas et al., "LEAF: A Benchmark for Federated Settings", arXiv:1812.0109
 {user: {"x": [...], "y": [...]}}}`` (:mod:`phalanx.data.leaf`). Its files hold a bounded number of writers each
 (FEMNIST's ``all_data_*.json``: about 100), so the population is read a file at a time:
 
-* **opening** parses each ``train/`` file once, in name order, and keeps its path, its number of writers and the
-  SHA-256 of its bytes only — memory O(files), the peak one file's parse; client ``k`` is the ``k``-th writer
-  entry in that order (a writer listed in two files would be two clients: LEAF never writes one so);
+* **opening** parses each ``train/`` file once, in name order, and keeps its path and the SHA-256 of its bytes,
+  and for each writer where its entries are (two integers; more only for a writer listed in several files) —
+  memory O(files + writers), the peak one file's parse; client ``k`` is the ``k``-th distinct writer in that order,
+  as the eager reader numbers them, and a writer listed in several files is one client holding its entries of every
+  file in file order, as the eager reader appends them (it was one client per entry: such a writer chosen for
+  evaluation put its test samples into the run's test set twice);
 * **a request** for clients ``ids`` groups them by file and parses each file it needs once (the checks of
   :func:`phalanx.data.leaf.read_leaf_json` and the structure checks of the eager reader: a hostile file is a one-line
   :class:`~phalanx.data.base.DataFormatError` naming it, before its parse is allowed to cost more than
@@ -23,7 +26,6 @@ LEAF (Caldas et al., "LEAF: A Benchmark for Federated Settings", arXiv:1812.0109
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -76,11 +78,8 @@ class LeafPopulation(Population):
         self.num_classes = len(leaf.FEMNIST_CLASSES)
         self.input_shape = (1, 28, 28)
         self.files = leaf._json_files(self.folder / "train")
-        checked = [self._checked(p) for p in self.files]  # one file parsed at a time; its count and digest kept
-        counts = [n for n, _ in checked]
-        self.digests = [d for _, d in checked]  # a request re-reads a file only if it still holds these bytes
-        self.ends = np.cumsum(counts, dtype=np.int64).tolist()
-        self.writers = int(self.ends[-1]) if self.ends else 0
+        self.digests: list[str] = []  # a request re-reads a file only if it still holds these bytes
+        self._open()
         self.size = self.writers
         if self.writers == 0:
             raise DataFormatError(str(self.folder / "train"), "no writers", allowed="at least one writer")
@@ -103,47 +102,63 @@ class LeafPopulation(Population):
         self.test_y = torch.from_numpy(np.concatenate([tests.get(u, empty)[1] for u in users]))
         self._table = self._lookup()
 
-    @staticmethod
-    def _checked(path: Path) -> tuple[int, str]:
-        """The number of writers of one ``train/`` file, every entry checked as a request will read it (its pixels
-        and labels; at least one sample): a bad file is refused when the population opens, not in round 1,000; and the
-        SHA-256 of its bytes, which every later read must find again."""
-        entries, digest = _entries(path)
-        for user, x, y in entries:
-            if not y:
-                raise DataFormatError(str(path), f"writer {short(user)} has no samples",
-                                      field=leaf._user_field(user), allowed="at least one sample per writer")
-            _pixels(path, user, x, y)
-        return len(entries), digest
+    def _open(self) -> None:
+        """Parse each ``train/`` file once, in name order: every entry checked as a request will read it (its pixels
+        and labels; at least one sample), so that a bad file is refused when the population opens, not in round
+        1,000; keep each file's SHA-256, which every later read must find again, and each distinct writer's first
+        entry (``_first``: file and position) and its further entries in later files (``_more``)."""
+        number: dict[bytes, int] = {}  # a writer's name (its SHA-256: 32 bytes, whatever its length) -> client
+        first_file: list[int] = []
+        first_pos: list[int] = []
+        self._more: dict[int, list[tuple[int, int]]] = {}
+        for f, path in enumerate(self.files):
+            entries, digest = _entries(path)
+            self.digests.append(digest)
+            for pos, (user, x, y) in enumerate(entries):
+                if not y:
+                    raise DataFormatError(str(path), f"writer {short(user)} has no samples",
+                                          field=leaf._user_field(user), allowed="at least one sample per writer")
+                _pixels(path, user, x, y)
+                k = number.setdefault(hashlib.sha256(user.encode("utf-8", "surrogatepass")).digest(), len(number))
+                if k == len(first_file):
+                    first_file.append(f)
+                    first_pos.append(pos)
+                else:  # listed in an earlier file too: the same client, as the eager reader has it
+                    self._more.setdefault(k, []).append((f, pos))
+        self._first = np.asarray([first_file, first_pos], dtype=np.int64).reshape(2, -1)
+        self.writers = len(first_file)
 
     def _lookup(self) -> Tensor:
         """The float32 value of each pixel 0…255 under the evaluation clients' standardisation."""
         v = torch.arange(256, dtype=torch.float64) / 255.0
         return ((v - self.mean[0]) / (self.std[0] or 1.0)).float()
 
-    def _file_of(self, k: int) -> tuple[int, int]:
-        """The file holding client ``k``, and ``k``'s position among that file's writers."""
+    def _parts(self, k: int) -> list[tuple[int, int]]:
+        """Client ``k``'s entries, ``(file, position among that file's writers)``, in file order."""
         if not 0 <= k < self.writers:
             raise ConfigError("client", k, f"0..{self.writers - 1} (the writers of {self.folder})")
-        f = bisect.bisect_right(self.ends, k)
-        return f, k - (self.ends[f - 1] if f else 0)
+        return [(int(self._first[0, k]), int(self._first[1, k])), *self._more.get(k, [])]
 
     def _read(self, ids: Sequence[int]) -> tuple[list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]], list[str]]:
         """The raw pixels and labels of the clients ``ids``, in order, each file parsed once; and their writers."""
-        by_file: dict[int, list[tuple[int, int]]] = {}
+        by_file: dict[int, list[tuple[int, int, int]]] = {}
+        pieces: list[list[Any]] = []
         for j, k in enumerate(ids):
-            f, pos = self._file_of(int(k))
-            by_file.setdefault(f, []).append((j, pos))
-        out: list[Any] = [None] * len(ids)
+            parts = self._parts(int(k))
+            pieces.append([None] * len(parts))
+            for i, (f, pos) in enumerate(parts):
+                by_file.setdefault(f, []).append((j, i, pos))
         users: list[str] = [""] * len(ids)
         for f, wanted in by_file.items():
             path = self.files[f]
             entries, _ = _entries(path, self.digests[f])
-            for j, pos in wanted:
+            for j, i, pos in wanted:
                 if pos >= len(entries):  # unreachable while the digest holds; never an IndexError
                     raise DataFormatError(str(path), f"{len(entries)} writers, client {ids[j]} is its writer {pos}")
                 user, x, y = entries[pos]
-                out[j], users[j] = _pixels(path, user, x, y), user
+                pieces[j][i], users[j] = _pixels(path, user, x, y), user
+        out = [p[0] if len(p) == 1 else (np.concatenate([q[0] for q in p]), np.concatenate([q[1] for q in p]))
+               for p in pieces]
         return out, users
 
     def clients(self, ids: Sequence[int]) -> list[tuple[Tensor, Tensor]]:

@@ -281,16 +281,19 @@ Tokens = Callable[[list[str], str], np.ndarray[Any, Any]]
 def _leaf_arrays(
     name: str, split: leaf.LeafSplit, where: str, tokens: Tokens | None = None,
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """A LEAF split's inputs (uint8 images for femnist, int64 character codes for the text sets, or a pre-trained
+    """A LEAF split's inputs (uint8 images for femnist, uint8 character codes for the text sets — the codes'
+    conversion weighed against the split's size first, :func:`phalanx.data.leaf.check_text_cost` — or a pre-trained
     model's token ids for Sent140 with ``tokens``) and labels."""
     if name == "femnist":
         return leaf.femnist_pixels(split, where)
     if name == "shakespeare":
         texts = leaf.shakespeare_text(split, where)
+        leaf.check_text_cost(split, SHAKESPEARE_LENGTH, where)
         return leaf.encode_text(texts, SHAKESPEARE_LENGTH, where), leaf.text_labels(split, where)
     texts, y = leaf.sent140_text(split, where)
     if tokens is not None:
         return tokens(texts, where), y
+    leaf.check_text_cost(split, SENT140_LENGTH, where)
     return leaf.encode_text(texts, SENT140_LENGTH, where), y
 
 
@@ -362,9 +365,14 @@ def _load_leaf(name: str, root: str | Path | None, download_: bool, tokenizer: s
             index[u] = len(users)
             users.append(u)
     test_ids = np.asarray([index[test.users[k]] for k in test.user_of], dtype=np.int64)
-    tx, ty = _leaf_arrays(name, train, str(folder / "train"), tokens)
-    vx, vy = _leaf_arrays(name, test, str(folder / "test"), tokens)
-    return leaf_dataset(name, (tx, ty, train.user_of), (vx, vy, test_ids), users, str(folder))
+    try:
+        tx, ty = _leaf_arrays(name, train, str(folder / "train"), tokens)
+        vx, vy = _leaf_arrays(name, test, str(folder / "test"), tokens)
+        return leaf_dataset(name, (tx, ty, train.user_of), (vx, vy, test_ids), users, str(folder))
+    except MemoryError:  # within the checked bounds, but more than this machine has
+        n = len(train.y) + len(test.y)
+        raise DataFormatError(str(folder), f"{name}: not enough memory to turn its {n:,} samples into arrays",
+                              allowed=f"{name} samples this machine has the memory for") from None
 
 
 for _leaf_name in ("femnist", "shakespeare"):

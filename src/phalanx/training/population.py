@@ -82,6 +82,10 @@ class PopulationData(WorkerData):
         got = dict(zip(missing, self.population.clients(missing), strict=True))
         self._held = {k: self._held[k] if k in self._held else got[k] for k in dict.fromkeys(key)}
         parts = [self._held[k] for k in key]
+        for k, (x, y) in zip(key, parts, strict=True):  # one flat x sliced by the y sizes: never misaligned
+            if y.ndim != 1 or x.shape[0] != y.shape[0]:
+                raise ConfigError("dataset", self.population.name, f"a population whose clients hold one label per "
+                                  f"input (client {k}: {x.shape[0]} inputs, labels of shape {tuple(y.shape)})")
         sizes = torch.tensor([int(p[1].numel()) for p in parts], dtype=torch.long)
         if bool((sizes == 0).any()):
             empty = key[int((sizes == 0).nonzero()[0])]
