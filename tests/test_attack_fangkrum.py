@@ -143,7 +143,7 @@ def test_the_checks_reject_their_mutants(seed: int, shift: float) -> None:
     assert not _byzantine_selected(honest, _sent(honest, found.bound), F)
     assert not _byzantine_selected(honest, _sent(honest, 2.0 * found.lam), F)
     assert not _moves_against_the_mean(honest, _sent(honest, 0.0), F)
-    for lam in (found.bound, 2.0 * found.lam, 0.0, 0.9e-5):
+    for lam in (found.bound, 2.0 * found.lam, 0.0, 0.9e-5 * found.bound):
         assert not _the_attack_holds(honest, _sent(honest, lam), F), lam
     assert _the_attack_holds(honest, _sent(honest, found.lam), F)  # the attack's own λ, for contrast
 
@@ -177,15 +177,15 @@ def test_the_searchs_krum_choice_is_the_real_krums(case: int) -> None:
 def test_a_mean_far_from_the_zero_update_makes_it_give_up_below_the_threshold() -> None:
     """Its rows lie near the zero update (the paper's unchanged global model): honest rows whose mean is large
     against their spread are closer to each other than to it, Krum never selects it, and the search gives up with
-    the first λ below the threshold — after ⌈log₂(λ₀/τ)⌉ + 1 evaluations, no more."""
+    the first λ below the threshold (relative: τ·λ₀) — after ⌊log₂(1/τ)⌋ + 2 evaluations, that λ included."""
     honest = _honest(seed=0, shift=3.0)
     attack = FangKrum()
     found, _ = attack.search(_ctx(honest))
-    assert not found.accepted and 0.0 < found.lam < 1e-5 <= 2.0 * found.lam
-    assert found.evaluations == math.floor(math.log2(found.bound / 1e-5)) + 1
+    assert not found.accepted and 0.0 < found.lam < 1e-5 * found.bound <= 2.0 * found.lam
+    assert found.evaluations == math.floor(math.log2(1e5)) + 2 == 18
     assert not _byzantine_selected(honest, attack(_ctx(honest)), F)
     coarse, _ = FangKrum(threshold=0.1).search(_ctx(honest))
-    assert 0.05 <= coarse.lam < 0.1 and coarse.evaluations < found.evaluations
+    assert 0.05 * coarse.bound <= coarse.lam < 0.1 * coarse.bound and coarse.evaluations == 5
 
 
 def test_the_colluders_search_runs_on_the_rows_they_see() -> None:
@@ -227,7 +227,7 @@ def test_the_bound_is_the_papers_upper_bound(h: int, c: int, d: int) -> None:
 def test_identical_honest_rows_give_finite_rows_and_a_given_up_search() -> None:
     honest = torch.full((8, 6), 0.5, dtype=torch.float64)
     found, s = FangKrum().search(_ctx(honest, b=2, f=2))
-    assert not found.accepted and found.lam < 1e-5  # copies of one row score 0: Krum keeps an honest one
+    assert not found.accepted and found.lam < 1e-5 * found.bound  # copies of one row score 0: Krum keeps an honest one
     out = FangKrum()(_ctx(honest, b=2, f=2))
     assert torch.isfinite(out).all() and torch.equal(out, (s * -found.lam).expand(2, -1))
 
@@ -253,13 +253,16 @@ def test_tiny_shapes_and_an_f_krum_would_refuse_run_to_finite_rows(h: int, b: in
     assert out.shape == (b, d) and torch.isfinite(out).all()
 
 
-def test_huge_honest_values_keep_the_search_bounded() -> None:
-    """λ₀ ≈ 10³¹ and a threshold of 10⁻⁵: the search gives up after ⌊log₂(λ₀/τ)⌋ + 1 ≈ 120 evaluations."""
-    honest = _honest(seed=1, shift=3.0) * 1e30
-    found, _ = FangKrum().search(_ctx(honest))
-    assert not found.accepted and found.bound > 1e30
-    assert found.evaluations == math.floor(math.log2(found.bound / 1e-5)) + 1 < 130
-    assert torch.isfinite(FangKrum()(_ctx(honest))).all()
+@pytest.mark.parametrize(("scale", "dtype"), [(1e30, torch.float32), (1e150, torch.float64), (1e300, torch.float64)])
+@pytest.mark.parametrize("threshold", [1e-5, 2.0 ** -10, 0.1])
+def test_huge_honest_values_keep_the_search_bounded(scale: float, dtype: torch.dtype, threshold: float) -> None:
+    """Huge honest norms and a mean far from the zero update (it gives up): at most ⌈log₂(1/τ)⌉ + 2 Krum checks,
+    whatever λ₀ (an absolute τ = 10⁻⁵ made 518 at norms near 10¹⁵⁰, each O(n²))."""
+    honest = (_honest(seed=1, shift=3.0) * scale).to(dtype)
+    found, _ = FangKrum(threshold).search(_ctx(honest))
+    assert not found.accepted and found.bound > scale
+    assert 0 < found.evaluations <= math.ceil(math.log2(1.0 / threshold)) + 2
+    assert torch.isfinite(FangKrum(threshold)(_ctx(honest))).all()
 
 
 def test_half_precision_that_would_overflow_is_skipped_not_sent() -> None:
@@ -276,6 +279,48 @@ def test_a_non_finite_honest_row_does_not_raise() -> None:
     honest[2, 1] = float("inf")
     found, _ = FangKrum().search(_ctx(honest, b=2, f=1))
     assert found.evaluations == 0 and not found.accepted
+
+
+# --- the review's findings: scale, overflow, ties ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale", [1e-4, 1e-5, 1e-6, 1e-12, 1e12])
+def test_the_attack_is_the_same_at_every_gradient_scale(scale: float) -> None:
+    """The threshold is relative to λ₀: the standard setting scaled by c gives λ scaled by c, accepted by Krum (an
+    absolute 10⁻⁵ checked nothing at c = 10⁻⁶ and sent λ₀, which Krum rejects, and at c = 10⁻⁵ reported
+    ``accepted=False`` for a row Krum selects)."""
+    base = _honest()
+    reference, _ = FangKrum().search(_ctx(base))
+    honest = base * scale
+    found, _ = FangKrum().search(_ctx(honest))
+    rows = FangKrum()(_ctx(honest))
+    assert found.accepted and _byzantine_selected(honest, rows, F)
+    assert found.evaluations == reference.evaluations
+    assert found.lam == pytest.approx(reference.lam * scale, rel=1e-12)
+
+
+def test_finite_float64_rows_whose_squares_overflow_are_searched() -> None:
+    """Rows of norm ≈ 10¹⁶¹: their squared distances overflow float64 (the server's Krum sees every row as bad and
+    keeps row 0), the search's scaled ones do not — a finite λ₀, a search, finite rows, and ``accepted`` what the
+    server's Krum does with them (an unscaled bound was ``inf``, and zeros were sent unsearched)."""
+    honest = _honest() * 1e160
+    found, _ = FangKrum().search(_ctx(honest))
+    assert math.isfinite(found.bound) and found.bound == pytest.approx(fang_krum_bound(_honest(), B) * 1e160)
+    assert found.evaluations > 0 and found.lam > 0.0
+    rows = FangKrum()(_ctx(honest))
+    assert torch.isfinite(rows).all() and _byzantine_selected(honest, rows, F) == found.accepted
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_accepted_is_the_servers_choice_on_an_exact_tie(dtype: torch.dtype) -> None:
+    """Six identical honest rows and b = h = 6 copies, f = 3: both clusters score the same in exact arithmetic, and
+    Krum's index tie-break keeps an honest row. The search's expanded distances round the other way; what it
+    reports is what the server's Krum does with the rows sent."""
+    g = torch.Generator().manual_seed(4338)
+    honest = ((torch.randn(1, 60, generator=g, dtype=torch.float64) + 3.0) * 26572.9).repeat(6, 1).to(dtype)
+    found, _ = FangKrum().search(_ctx(honest, b=6, f=3))
+    rows = FangKrum()(_ctx(honest, b=6, f=3))
+    assert _byzantine_selected(honest, rows, 3) == found.accepted
 
 
 # --- its parameter ---------------------------------------------------------------------------------------------------
