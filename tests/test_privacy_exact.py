@@ -14,7 +14,6 @@ import math
 from collections.abc import Callable
 
 import pytest
-from scipy.optimize import brentq
 from scipy.stats import norm
 
 from phalanx.analysis import privacy as accounting
@@ -26,13 +25,7 @@ CASES = [(0.5, 150), (1.0, 150), (1.5, 150), (2.0, 100), (4.0, 500), (8.0, 10)]
 """(σ, T): the privacy study's quick preset (σ = 0.5, 1, 1.5 over 150 rounds) and three others."""
 
 
-def exact_epsilon(mu: float, delta: float) -> float:
-    """The exact ε(δ) of μ-GDP: the root in ε of Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) − δ (both terms in logs)."""
-    def excess(e: float) -> float:
-        a = float(norm.logcdf(-e / mu + mu / 2))
-        b = e + float(norm.logcdf(-e / mu - mu / 2))
-        return math.exp(a) * -math.expm1(b - a) - delta
-    return float(brentq(excess, 0.0, 10 * mu * mu + 100, xtol=1e-12, rtol=1e-12))
+exact_epsilon = accounting.exact_gdp_epsilon
 
 
 def _outside(budget: Callable[..., accounting.Budget]) -> list[tuple[float, int, float, float]]:

@@ -41,6 +41,7 @@ Abadi et al., "Deep learning with differential privacy", CCS 2016, the moments a
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -100,3 +101,24 @@ def budget(noise: float, delta: float, rounds: int, population: int, sampled: in
         amplified.compose(dpa.SampledWithoutReplacementDpEvent(population, sampled, dpa.GaussianDpEvent(z)), rounds)
         eps = min(eps, float(amplified.get_epsilon(delta)))
     return Budget(eps, eps_local, delta, rounds)
+
+
+def exact_gdp_epsilon(mu: float, delta: float) -> float:
+    r"""The exact ε(δ) of a μ-GDP mechanism, computed without dp-accounting: the root in ε of
+
+    .. math:: \delta = \Phi(-\varepsilon/\mu + \mu/2) - e^{\varepsilon}\,\Phi(-\varepsilon/\mu - \mu/2)
+
+    (Balle & Wang, "Improving the Gaussian mechanism for differential privacy", ICML 2018, Thm 8), both terms taken
+    in logs (scipy's normal log-CDF) and the root found by Brent's method. With every worker every round (q = 1), a
+    client's T releases of noise σC on an update of replace-one sensitivity 2C are exactly μ-GDP with
+    μ = √T/(σ/2) (Dong, Roth & Su, "Gaussian differential privacy", JRSS-B 2022, Cor. 3.3): the independent check
+    :func:`budget` is held to (``tests/test_privacy_exact.py``; ``scripts/privacy_exact.py`` prints both)."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    def excess(e: float) -> float:
+        a = float(norm.logcdf(-e / mu + mu / 2))
+        b = e + float(norm.logcdf(-e / mu - mu / 2))
+        return math.exp(a) * -math.expm1(b - a) - delta
+
+    return float(brentq(excess, 0.0, 10 * mu * mu + 100, xtol=1e-12, rtol=1e-12))
