@@ -46,6 +46,7 @@ ALLOWED: dict[str, set[str]] = {
             "models", "analysis", "signing", "hub", "errors", "plugins", "validate", "executor_cli", "decentralized",
             "__init__"},
     "executor_cli": {"experiments", "errors"},
+    "__main__": {"cli"},  # python -m phalanx: the command line, nothing else
     # attacks: the Byzantine clients (flower/byzantine.py); files: their exchange of updates
     "flower": {"aggregators", "attacks", "errors", "files", "validate"},
     "decentralized": {"aggregators", "attacks", "errors", "validate", "plugins"},
