@@ -33,16 +33,16 @@ def kuhn_margin(rows: int, dtype: torch.dtype) -> float:
     return 8.0 * rows * torch.finfo(dtype).eps
 
 
-def _scaled_differences(xr: Tensor, anchor: Tensor, lo: int, step: int) -> tuple[Tensor, Tensor]:
-    """Rows ``lo:lo + step`` of ``xr`` minus ``anchor``, each divided by its own largest ``|entry|``, and the mask of
-    the rows equal to ``anchor`` (exact: a largest ``|entry|`` of 0; those stay 0). Scaled rows have norms in
-    ``[1, √d]``, so their squares neither underflow (rows 10⁻³⁰ apart all counted equal to row 0) nor overflow
-    (float32 rows near 10¹⁹ dropped from the sum) — both found by an attacker's review. A difference that overflows
-    the dtype gives NaN, which fails every comparison: the Weiszfeld iterate stands."""
+def _scaled_differences(xr: Tensor, anchor: Tensor, lo: int, step: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Rows ``lo:lo + step`` of ``xr`` minus ``anchor``, each divided by its own largest ``|entry|``, the mask of
+    the rows equal to ``anchor`` (exact: a largest ``|entry|`` of 0; those stay 0) and those largest entries.
+    Scaled rows have norms in ``[1, √d]``, so their squares neither underflow (rows 10⁻³⁰ apart all counted equal
+    to row 0) nor overflow (float32 rows near 10¹⁹ dropped from the sum) — both found by an attacker's review. A
+    difference that overflows the dtype gives NaN, which fails every comparison: the Weiszfeld iterate stands."""
     diff = xr[lo:lo + step] - anchor
     top = diff.abs().amax(dim=1)
     same = top == 0
-    return diff / torch.where(same, torch.ones_like(top), top)[:, None], same
+    return diff / torch.where(same, torch.ones_like(top), top)[:, None], same, top
 
 
 def kuhn_data_point(xr: Tensor, k: int) -> tuple[float, int, Tensor, Tensor]:
@@ -60,7 +60,7 @@ def kuhn_data_point(xr: Tensor, k: int) -> tuple[float, int, Tensor, Tensor]:
     coincident = torch.zeros(m, dtype=torch.bool, device=xr.device)
     step = max(1, KUHN_CHUNK_ELEMENTS // max(d, 1))
     for lo in range(0, m, step):
-        scaled, same = _scaled_differences(xr, anchor, lo, step)
+        scaled, same, _ = _scaled_differences(xr, anchor, lo, step)
         coincident[lo:lo + step] = same
         norms = row_sqnorms(scaled).to(torch.float64).sqrt()
         weights = torch.where(same, torch.zeros_like(norms), 1.0 / torch.where(same, torch.ones_like(norms), norms))
@@ -79,15 +79,14 @@ def curvature_along(xr: Tensor, k: int, direction: Tensor) -> tuple[float, float
     step = max(1, KUHN_CHUNK_ELEMENTS // max(d, 1))
     curvature, nearest = 0.0, float("inf")
     for lo in range(0, m, step):
-        diff = xr[lo:lo + step] - anchor
-        top = diff.abs().amax(dim=1).to(torch.float64)
-        keep = top > 0
+        scaled, same, top = _scaled_differences(xr, anchor, lo, step)
+        keep = ~same
         if not bool(keep.any()):
             continue
-        scaled = _scaled_differences(xr, anchor, lo, step)[0].to(torch.float64)[keep]
+        scaled = scaled.to(torch.float64)[keep]
         norms = torch.linalg.vector_norm(scaled, dim=1)
         cosine = (scaled @ direction) / norms
-        distance = norms * top[keep]
+        distance = norms * top.to(torch.float64)[keep]
         curvature += float(((1.0 - cosine.square()).clamp_min(0.0) / distance).sum())
         nearest = min(nearest, float(distance.min()))
     return curvature, nearest
