@@ -111,6 +111,18 @@ def test_what_it_refuses_in_one_line() -> None:
                    algorithm=Scaffold(**PARAMS))
 
 
+@pytest.mark.parametrize("spec", ["fltrust", "nnm>fldetector"])
+def test_a_refusal_names_the_rule_as_the_config_wrote_it(spec: str) -> None:
+    """The user wrote ``aggregator = "nnm>fldetector"``: the one line says that, not the rule object's repr
+    (``Chain(NNM(f=1) > FLDetector(f=1, window=10, …))``), which the user never wrote."""
+    from phalanx.experiments import from_config
+
+    with pytest.raises(ConfigError) as caught:
+        from_config(make_config({"dataset": "digits", "model": "logreg", "workers": 6, "byzantine": 1, "f": 1,
+                                 "algorithm": "scaffold", "aggregator": spec, "rounds": 1}))
+    assert str(caught.value).startswith(f"aggregator={spec!r} is invalid"), str(caught.value)
+
+
 def test_the_short_name_comes_from_the_packages_entry_point() -> None:
     from phalanx.experiments import from_config
     from phalanx.training.algorithms.base import names

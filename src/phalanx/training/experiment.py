@@ -143,9 +143,9 @@ class Experiment:
         if not isinstance(algo, RoundAlgorithm):
             raise ConfigError("algorithm", algo,
                               "a round algorithm (a phalanx.training.algorithms.base.RoundAlgorithm)")
-        check_population(algo, n, self.byzantine, self.rule, algo.population(n), repr(self.rule))
+        check_population(algo, n, self.byzantine, self.rule, algo.population(n), self.rule_named)
         if getattr(self.rule, "stateful", False) and algo.decentralized:
-            raise ConfigError("aggregator", repr(self.rule), f"a rule that keeps no state across rounds with "
+            raise ConfigError("aggregator", self.rule_named, f"a rule that keeps no state across rounds with "
                               f"{type(algo).__name__} (every node aggregates its own neighbours: there is no one "
                               "server to keep the rule's history)")
         if isinstance(self.dataset, Population):
@@ -267,6 +267,13 @@ class Experiment:
     def stage(self, kind: type[S]) -> S | None:
         """The run's first stage of class ``kind`` (a subclass too), or None."""
         return next((s for s in self.stages if isinstance(s, kind)), None)
+
+    @property
+    def rule_named(self) -> str:
+        """The rule as the user named it: the config's ``aggregator`` spec (``"nnm>fldetector"``) for a run built
+        from a config, else the rule object's repr (an API run passes the object)."""
+        spec = self.columns.get("aggregator")
+        return spec if isinstance(spec, str) else repr(self.rule)
 
     @property
     def f(self) -> int:

@@ -58,11 +58,11 @@ class Scaffold(FedAvg):
         """Refuse rules whose server context (a centre, a reference gradient) belongs to model updates only."""
         needs = set(getattr(run.rule, "context_keys", ())) & {"center", "reference"}
         if needs:
-            raise ConfigError("aggregator", repr(run.rule), "a rule without a server centre or reference gradient "
+            raise ConfigError("aggregator", run.rule_named, "a rule without a server centre or reference gradient "
                               f"with algorithm scaffold (it takes {', '.join(sorted(needs))}, which a control variate "
                               "has no counterpart of)")
         if getattr(run.rule, "stateful", False):  # it aggregates twice a round: updates, then control variates
-            raise ConfigError("aggregator", repr(run.rule), "a rule that keeps no state across rounds with "
+            raise ConfigError("aggregator", run.rule_named, "a rule that keeps no state across rounds with "
                               "algorithm scaffold (the rule aggregates the control variates too)")
 
     def all_workers(self, run: Any, streams: dict[str, Tensor], carried: Tensor | None) -> ScaffoldClients:
