@@ -139,3 +139,17 @@ def test_the_rule_sees_momentum_rows_whose_noise_spread_is_d_sigma2_c2_times_1_m
     stationary = d * (1 - beta) / (1 + beta)  # σ = C = 1
     assert abs(sum(spreads[30:]) / 10 / stationary - 1) < 0.2, spreads[30:]
     assert abs(spreads[0] / d - 1) < 0.2, spreads[0]
+
+
+def test_fail_closed_reveals_the_sample_so_no_amplification_is_reported() -> None:
+    """``fail_closed`` stops the run (and names the suspected clients) from a history of flags *per client*, so
+    whether the run goes on depends on who was sampled: with it the rows' ``dp_epsilon`` is the local budget, as for a
+    rule reading ids (docs/privacy.md); a stage that does not read ids (``update_clip`` after DP) changes nothing."""
+    cfg = {"dataset": "digits", "model": "logreg", "algorithm": "fedavg", "workers": 20, "clients_per_round": 4,
+           "local_steps": 1, "rounds": 2, "eval_every": 2, "dp_noise": 8.0, "dp_clip": 1.0, "seed": 0,
+           "aggregator": "mean", "f": 0}
+    b = accounting.budget(8.0, 1e-5, 2, 20, 4)
+    closed = train(make_config({**cfg, "stages": {"fail_closed": {"bound": 4}}}))[-1]
+    assert closed["dp_epsilon"] == closed["dp_epsilon_local"] == b.epsilon_local > b.epsilon
+    plain = train(make_config(cfg))[-1]
+    assert plain["dp_epsilon"] == b.epsilon < plain["dp_epsilon_local"]

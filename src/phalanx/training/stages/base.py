@@ -203,6 +203,11 @@ class ServerStage(Stage):
     needs_contributions: ClassVar[bool] = False
     """It reads the rule's contributions every round (the server then measures every round, not only at
     evaluations)."""
+    reads_ids: ClassVar[bool] = False
+    """What it does to the run (the aggregate, θ, whether the run goes on, what it names) depends on which clients
+    sent the round's rows (``ServerRound.ids``). Client-level DP then reports no amplification by a secret sample
+    (:meth:`phalanx.training.stages.privacy.ClientDP.columns`). A stage that reads ids for a diagnostic column only,
+    leaving the run as it is, leaves this False."""
 
     def aggregated(self, agg: Tensor, r: ServerRound) -> Tensor:
         """The aggregate the step takes (a new tensor); by default ``agg`` as it is."""

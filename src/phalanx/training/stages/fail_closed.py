@@ -63,6 +63,7 @@ class FailClosed(ServerStage):
     """Stop the run when more than ``bound`` workers are suspected (the module's docstring)."""
 
     name: ClassVar[str] = "fail_closed"
+    reads_ids: ClassVar[bool] = True  # whether the run stops, and whom it names, depends on who was sampled
     reference: ClassVar[str] = ("Saltzer & Schroeder, 'The protection of information in computer systems', Proc. "
                                 "IEEE 1975 (fail-safe defaults); flagged = the rule's contributions (Phalanx's "
                                 "Aggregator.contributions)")

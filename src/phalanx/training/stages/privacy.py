@@ -199,12 +199,13 @@ class ClientDP(WorkerStage):
     def columns(self, ev: Evaluation) -> dict[str, Any]:
         """The budget after the row's round: ``dp_epsilon`` (the released models) and ``dp_epsilon_local``
         (against the server and the other clients). A rule that reads which client sent each row (``ids`` in its
-        context keys: FoolsGold, FLDetector, a chain or wrapper of either) makes the released models depend on who
-        was sampled, which the amplification by a secret sample assumes they do not: its ``dp_epsilon`` is the local
-        budget, without amplification."""
+        context keys: FoolsGold, FLDetector, a chain or wrapper of either), or a server stage whose effect on the run
+        does (``reads_ids``: ``fail_closed``, which stops the run naming the suspected clients), makes what is
+        released depend on who was sampled, which the amplification by a secret sample assumes it does not: its
+        ``dp_epsilon`` is the local budget, without amplification."""
         run = ev.run
         b = self.budget(ev.round, run.workers, run.algorithm.per_round(run.workers))
-        released = b.epsilon_local if reads_ids(run.rule) else b.epsilon
+        released = b.epsilon_local if reveals_sample(run) else b.epsilon
         return {"dp_epsilon": released, "dp_epsilon_local": b.epsilon_local}
 
 
@@ -212,6 +213,11 @@ def reads_ids(rule: Any) -> bool:
     """Whether a rule's output depends on which clients sent its rows (``ids`` among its context keys): then the
     round's sample is not hidden from an observer of the released models, and no amplification by sampling holds."""
     return "ids" in getattr(rule, "context_keys", ())
+
+
+def reveals_sample(run: Any) -> bool:
+    """Whether the run's rule or one of its server stages (``reads_ids``) acts on who was sampled."""
+    return reads_ids(run.rule) or any(getattr(s, "reads_ids", False) for s in run.server_stages)
 
 
 def run_note(stages: Iterable[Stage]) -> str | None:
