@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from phalanx.errors import ConfigError
-from phalanx.experiments import grid, make_config
+from phalanx.experiments import from_config, grid, make_config
 from phalanx.experiments.config import load_grid
 
 FED = {"algorithm": "fedavg", "workers": 10, "aggregator": "cwtm", "f": 1}
@@ -138,3 +138,24 @@ def test_an_unknown_key_is_a_short_line_with_its_suggestion() -> None:
         make_config({"rouns": 3})
     text = str(info.value)
     assert "\n" not in text and len(text) < 200 and text.endswith("(unknown key; did you mean rounds?)")
+
+
+SPEC_STAGE = "phalanx.training.stages.update_clip:UpdateClip"
+
+
+def test_set_reaches_a_stage_named_by_a_module_attr_spec() -> None:
+    """``--set 'stages."mylab.stages:Clip".c=0.5'`` is the TOML dotted key of a stage named by its spec: its quoted
+    part is one name, not split at its dots (before, the quotes stayed in the name and the stage was not found); a
+    bad value names the parameter, and a broken key is one line naming --set."""
+    from phalanx.experiments.config import apply_overrides
+
+    made = apply_overrides({}, [f'stages."{SPEC_STAGE}".c=0.5'])
+    assert made["stages"] == {SPEC_STAGE: {"c": 0.5}}
+    assert apply_overrides({}, ["stages.'update_clip'.c=2"])["stages"] == {"update_clip": {"c": 2}}
+    data = {"dataset": "digits", "model": "logreg", "workers": 6, "byzantine": 1, "f": 1, "rounds": 1}
+    stages = from_config(make_config({**data, **made})).worker_stages
+    assert [(type(s).__name__, s.c) for s in stages] == [("UpdateClip", 0.5)]  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"stages\.phalanx\.training\.stages\.update_clip:UpdateClip\.c=-1"):
+        make_config({**data, **apply_overrides({}, [f'stages."{SPEC_STAGE}".c=-1'])})
+    with pytest.raises(ConfigError, match=r"^--set=.*is invalid: allowed a TOML key"):
+        apply_overrides({}, [f'stages."{SPEC_STAGE}.c=1'])

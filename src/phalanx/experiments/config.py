@@ -490,6 +490,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             raise ConfigError("--set", item, "key=value")
         key, text = item.split("=", 1)
         key = key.strip()
+        if '"' in key or "'" in key:  # a quoted part: stages."mylab.stages:ClipAggregate".c, as TOML writes it
+            out = _set_nested(out, toml_key_parts(key), _parse(text, None, key), key)
+            continue
         made = tree_override.flat_override(out, key, lambda flat, text=text, key=key: _parse(text, flat, key))
         if made is not None:  # a key of the config tree: rule.f=3, 'rule={spec="cwtm", f=3}'
             out = made
@@ -502,6 +505,21 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                     out.pop(spelling, None)
             out[key] = _parse(text, key, key or "--set")
     return out
+
+
+def toml_key_parts(key: str) -> list[str]:
+    """The parts of a TOML dotted key, quoted parts unquoted (``stages."mylab.stages:Clip".c`` → ``["stages",
+    "mylab.stages:Clip", "c"]``), read by TOML's own parser."""
+    try:
+        table: Any = tomllib.loads(f"{key} = 0")
+    except tomllib.TOMLDecodeError:
+        raise ConfigError("--set", key, 'a TOML key: parts joined by ".", a part with other characters than '
+                          'letters, digits, "_" and "-" in quotes (stages."mylab.stages:Clip".c=0.5)') from None
+    parts = []
+    while isinstance(table, dict):
+        (part, table), = table.items()
+        parts.append(part)
+    return parts
 
 
 def _set_nested(table: dict[str, Any], parts: list[str], value: Any, key: str) -> dict[str, Any]:
