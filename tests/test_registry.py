@@ -90,3 +90,18 @@ def test_no_rule_claims_an_epsilon_or_kappa_below_its_minimum_n(name: str) -> No
         pytest.skip(f"{name} takes no f = 2 without more parameters")
     for n in range(1, rule.min_workers()):
         assert rule.epsilon(n) is None and rule.kappa(n) is None, (name, n)
+
+
+@pytest.mark.parametrize(("spec", "params", "named"), [
+    ("cc(tau=-1)", {}, "aggregator.cc.tau=-1"),
+    ("nnm>cc(tau=-1)", {}, "aggregator.cc.tau=-1"),
+    ("cc", {"tau": -1.0}, "aggregator.cc.tau=-1.0"),
+    ("bucketing(s=0)>cwtm", {}, "aggregator.bucketing.s=0"),
+])
+def test_a_refused_element_parameter_names_its_element(spec: str, params: dict[str, float], named: str) -> None:
+    """A value a rule's constructor refuses is named with the element that took it: a bare ``tau=-1`` could be any
+    element's parameter, in a chain or in a grid of specs."""
+    with pytest.raises(ConfigError) as caught:
+        aggregators.make(spec, f=1, **params)
+    assert str(caught.value).startswith(f"{named} is invalid: allowed "), str(caught.value)
+    assert "\n" not in str(caught.value)

@@ -169,14 +169,22 @@ def parse_spec(spec: str) -> list[tuple[str, dict[str, Any]]]:
     return items
 
 
-def _construct(cls: type[_Component], f: int, params: dict[str, Any]) -> Any:
+def _construct(cls: type[_Component], f: int, params: dict[str, Any], written: str) -> Any:
+    """The element ``written`` of a spec (``cc`` in ``"nnm>cc(tau=-1)"``), built; a parameter its constructor
+    refuses is named ``aggregator.<element>.<parameter>`` (``aggregator.cc.tau=-1 is invalid: …``), not by its bare
+    name, which could be any element's."""
     # An element may carry its own f ("nnm(f=2)>cwtm"): NNM's f and the rule's f are separate choices
     # (Yang, Shi & Li, ICML 2025, Tables 5-6 vary f_NNM under a rule configured for f = 7).
     params = dict(params)
     own_f = params.pop("f", f)
     check_f(own_f)
     check_params(cls.name, cls.__init__, params, skip=("f",))
-    return cls(f=own_f, **params)
+    try:
+        return cls(f=own_f, **params)
+    except ConfigError as exc:
+        if exc.parameter not in params:
+            raise
+        raise ConfigError(f"aggregator.{written}.{exc.parameter}", exc.value, exc.allowed, exc.hint) from None
 
 
 def make(spec: str, f: int, **params: Any) -> Aggregator:
@@ -213,8 +221,8 @@ def make(spec: str, f: int, **params: Any) -> Aggregator:
                     p[sub] = value
         else:
             rule_params[key] = value
-    pre = [_construct(classes[name], f, p) for name, p in pre_items]
-    rule = _construct(classes[rule_name], f, rule_params)
+    pre = [_construct(classes[name], f, p, name) for name, p in pre_items]
+    rule = _construct(classes[rule_name], f, rule_params, rule_name)
     if not pre:
         return rule
     return Chain(pre, rule)
