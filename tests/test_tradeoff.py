@@ -269,3 +269,32 @@ def test_a_point_drawn_under_another_is_named_beside_it(monkeypatch: pytest.Monk
     monkeypatch.setattr(report, "label_hidden", lambda ax, placed, colours: None)
     report.plot_tradeoff(report.tradeoff(rows), tmp_path / "t.png")
     assert said == []  # what the first assertion rejects
+
+
+def test_the_price_stands_on_honest_runs_where_the_grid_has_them() -> None:
+    """The all-honest baseline (``honest``: the would-be Byzantine workers train on their own data) is Yang, Shi &
+    Li's "nobody attacks"; ``none`` replays copies of honest rows, which Krum picks (a first-hour review measured the
+    default job's Krum price at +10.3 points on ``none`` runs, +4.8 on ``honest`` ones). A grid with both measures
+    the price on ``honest`` and reads neither as an attack; a grid with only ``none`` uses it and says so under the
+    table. Mutants: ``none`` preferred, or ``honest`` read as an attack, fail it."""
+    honest = [{**r, "attack": "honest", "run": r["run"].replace("none", "honest"),
+               "test_accuracy": r["test_accuracy"] + (0.01 if r["aggregator"] == "cwtm" else 0.0)}
+              for r in _grid([0, 1, 2]) if r["attack"] == "none"]
+    (t,) = report.tradeoff(_grid([0, 1, 2]) + honest)
+    assert (t.attack, t.baseline) == ("alie", "honest")
+    for s in (0, 1, 2):
+        assert _close(t.price.per_seed[s], ACC[s][0] - (ACC[s][1] + 0.01))
+    assert report.REPLAYED_BASELINE not in report.tradeoff_markdown([t])
+    (old,) = report.tradeoff(_grid([0, 1, 2]))
+    assert old.baseline == "none" and _close(old.price.per_seed[0], ACC[0][0] - ACC[0][1])
+    assert report.REPLAYED_BASELINE in report.tradeoff_markdown([old])
+    (_, table) = grid_tables({"summary": [], "keys": [], "tradeoff": [old]})
+    assert report.REPLAYED_BASELINE.replace("`", "") in table.notes[-1]
+
+
+def test_the_default_job_measures_its_price_on_all_honest_runs() -> None:
+    from phalanx.experiments import grid
+    from phalanx.experiments.config import load_grid
+
+    attacks = {c.attack for c in grid.configs(load_grid(None, []))}
+    assert "honest" in attacks and "none" not in attacks

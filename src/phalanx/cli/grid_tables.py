@@ -76,5 +76,5 @@ def _tradeoff_table(tradeoffs: list[Any]) -> Tabular:
         table.add(t.rule, *(str(ctx[k]) for k in keys), t.attack, report.points_pm(t.price),
                   t.price.estimate.holm_text(), report.points_pm(t.rescue), t.rescue.estimate.holm_text(),
                   len(t.seeds), t.verdict)
-    table.notes.append(report.TRADEOFF_MEANING.replace("*", ""))
+    table.notes.append(report.tradeoff_meaning(tradeoffs).replace("*", "").replace("`", ""))
     return table
