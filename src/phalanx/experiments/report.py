@@ -305,8 +305,9 @@ def tradeoff(rows: list[dict[str, Any]], extra: list[str] | tuple[str, ...] = ()
         acc = {cell: {s: v[0] for s, v in per_seed.items() if len(v) == 1} for cell, per_seed in by_cell.items()}
         rules = sorted({a for a, _ in acc} - {MEAN})
         base = next((a for a in NO_ATTACKS if (MEAN, a) in acc), None)
-        attacks = sorted({t for _, t in acc} - set(NO_ATTACKS)) if base is not None else []
-        for attack in attacks:
+        if base is None:
+            continue
+        for attack in sorted({t for _, t in acc} - set(NO_ATTACKS)):
             for rule in rules:
                 four = [(MEAN, base), (rule, base), (MEAN, attack), (rule, attack)]
                 if not all(c in acc for c in four):
@@ -316,7 +317,7 @@ def tradeoff(rows: list[dict[str, Any]], extra: list[str] | tuple[str, ...] = ()
                     continue
                 price = paired({s: acc[(MEAN, base)][s] - acc[(rule, base)][s] for s in seeds})
                 rescue = paired({s: acc[(rule, attack)][s] - acc[(MEAN, attack)][s] for s in seeds})
-                out.append(TradeOff(tuple(zip(context_keys, context)), rule, attack, price, rescue, str(base)))
+                out.append(TradeOff(tuple(zip(context_keys, context)), rule, attack, price, rescue, base))
     return _holm(out)
 
 
