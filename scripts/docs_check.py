@@ -182,7 +182,7 @@ def compare(claim: Claim, output: str) -> list[str]:
 def argv(command: str, out: str) -> list[str]:
     """The command as an argument vector: ``{out}`` and ``{python}`` (this interpreter) filled in, ``phalanx`` as this
     interpreter's module."""
-    words = shlex.split(command.replace("{out}", out).replace("{python}", shlex.quote(sys.executable)))
+    words = shlex.split(command.replace("{out}", shlex.quote(out)).replace("{python}", shlex.quote(sys.executable)))
     if words and words[0] == "phalanx":
         words = [sys.executable, "-m", "phalanx.cli", *words[1:]]
     return words

@@ -6,6 +6,7 @@ with nothing to compare, a command that fails — each is reported (the mutants 
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def _command(tmp_path: Path, body: str) -> str:
     """A command that runs ``body`` (a marker's command may not hold ';': it separates the options)."""
     script = tmp_path / f"cmd{len(list(tmp_path.glob('cmd*.py')))}.py"
     script.write_text(body)
-    return f"{sys.executable} {script}"
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}"  # a folder name may hold a space
 
 
 @pytest.fixture
@@ -139,3 +140,14 @@ def test_a_documented_command_runs_on_one_thread_whatever_the_machine_chose(tmp_
                     "print('|', os.environ['PHALANX_THREADS'], '|', os.environ['OMP_NUM_THREADS'], '|')\n")
     (claim,) = dc.claims(_page(tmp_path, f"<!-- regenerate: {show} -->\n| 1 | 1 |\n"))
     assert dc.compare(claim, dc.run(claim)) == []
+
+
+def test_a_folder_name_with_a_space_stays_one_word(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite runs in any folder: an interpreter or an output folder whose path holds a space is one argument
+    (a first-hour review's clone in "my folder/phalanx copy" failed seven tests of this file). Mutant: ``{out}``
+    filled in unquoted splits it."""
+    monkeypatch.setattr(sys, "executable", "/opt/my env/bin/python")
+    assert dc.argv("{python} -c pass --out {out}/runs", "/tmp/a b") == [
+        "/opt/my env/bin/python", "-c", "pass", "--out", "/tmp/a b/runs"]
+    assert dc.argv('sh -c "{python} x.py {out}/leaf"', "/tmp/a b") == [
+        "sh", "-c", "'/opt/my env/bin/python' x.py '/tmp/a b'/leaf"]
