@@ -159,3 +159,19 @@ def test_set_reaches_a_stage_named_by_a_module_attr_spec() -> None:
         make_config({**data, **apply_overrides({}, [f'stages."{SPEC_STAGE}".c=-1'])})
     with pytest.raises(ConfigError, match=r"^--set=.*is invalid: allowed a TOML key"):
         apply_overrides({}, [f'stages."{SPEC_STAGE}.c=1'])
+
+
+def test_an_attack_written_as_a_call_says_where_its_parameters_go() -> None:
+    """``attack='alie(z=1)'`` — the call form aggregator specs take — is refused saying where the parameters go,
+    not "did you mean alie?" (a first-hour review); a table whose value is not TOML (``{z=abc}``: a string without
+    quotes) says so, not "allowed a table" of what is a table."""
+    from phalanx.experiments.config import apply_overrides
+
+    with pytest.raises(ConfigError) as caught:
+        make_config(apply_overrides({}, ["attack=alie(z=1.5)"]))
+    assert "--set attack=alie --set 'attack_params={z = 1.5}'" in str(caught.value)
+    assert make_config({"attack": "alie", "attack_params": {"z": 1.5}}).attack == "alie"  # what it says works
+    with pytest.raises(ConfigError, match=r"attack_params='\{z=abc\}' is invalid: allowed a TOML inline table"):
+        apply_overrides({}, ["attack_params={z=abc}"])
+    with pytest.raises(ConfigError, match="did you mean alie"):  # a plain misspelling keeps its suggestion
+        make_config({"attack": "alei"})

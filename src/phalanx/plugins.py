@@ -295,5 +295,16 @@ class Registry(Generic[T]):
             return accepted
         raise ConfigError(
             parameter, name, "one of " + ", ".join(self.names()) + " or a 'module:attr' spec",
-            suggest(name, self.names()),
+            _params_hint(parameter, name, self.names()) or suggest(name, self.names()),
         )
+
+
+def _params_hint(parameter: str, name: Any, known: list[str]) -> str | None:
+    """For ``attack='alie(z=1)'`` — the call form aggregator specs take — where the parameters go instead:
+    ``--set attack=alie --set 'attack_params={z = 1}'``; None for any other name."""
+    call = re.fullmatch(r"\s*([\w.-]+)\s*\((.*)\)\s*", name) if isinstance(name, str) else None
+    if call is None or call[1] not in known:
+        return None
+    table = ", ".join(part.strip().replace("=", " = ", 1) for part in call[2].split(",") if part.strip())
+    return (f"the {parameter}'s parameters go in {parameter}_params, not in parentheses: --set {parameter}={call[1]} "
+            f"--set '{parameter}_params={{{table}}}'")

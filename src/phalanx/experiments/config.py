@@ -412,6 +412,10 @@ def _parse(text: str, key: str | None, name: str) -> Any:
     if kind == "str":
         return t[1:-1] if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"" else t
     value = _toml(t, t, name)
+    if value is t and t.startswith("{"):  # {z=abc}: a table whose value is not TOML (a string needs quotes)
+        raise ConfigError(key_text(name), t if len(t) <= 60 else t[:57] + "...", "a TOML inline table",
+                          "strings in quotes, the whole argument in single quotes for the shell: "
+                          f"--set '{name}={{z = 1.5, mode = \"x\"}}'")
     if kind in ("int", "float") and isinstance(value, bool):
         return t
     return value
@@ -491,7 +495,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key, text = item.split("=", 1)
         key = key.strip()
         if '"' in key or "'" in key:  # a quoted part: stages."mylab.stages:ClipAggregate".c, as TOML writes it
-            out = _set_nested(out, toml_key_parts(key), _parse(text, None, key), key)
+            out = _set_nested(out, tree_override.toml_key_parts(key), _parse(text, None, key), key)
             continue
         made = tree_override.flat_override(out, key, lambda flat, text=text, key=key: _parse(text, flat, key))
         if made is not None:  # a key of the config tree: rule.f=3, 'rule={spec="cwtm", f=3}'
@@ -505,21 +509,6 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                     out.pop(spelling, None)
             out[key] = _parse(text, key, key or "--set")
     return out
-
-
-def toml_key_parts(key: str) -> list[str]:
-    """The parts of a TOML dotted key, quoted parts unquoted (``stages."mylab.stages:Clip".c`` → ``["stages",
-    "mylab.stages:Clip", "c"]``), read by TOML's own parser."""
-    try:
-        table: Any = tomllib.loads(f"{key} = 0")
-    except tomllib.TOMLDecodeError:
-        raise ConfigError("--set", key, 'a TOML key: parts joined by ".", a part with other characters than '
-                          'letters, digits, "_" and "-" in quotes (stages."mylab.stages:Clip".c=0.5)') from None
-    parts = []
-    while isinstance(table, dict):
-        (part, table), = table.items()
-        parts.append(part)
-    return parts
 
 
 def _set_nested(table: dict[str, Any], parts: list[str], value: Any, key: str) -> dict[str, Any]:

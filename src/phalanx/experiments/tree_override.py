@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from phalanx.errors import ConfigError
@@ -11,6 +12,11 @@ from phalanx.experiments import legacy
 from phalanx.experiments.schema import RunConfig
 from phalanx.experiments.tree import OPEN, SECTIONS, _names, _refuse, _tied, section_keys, to_flat
 from phalanx.training.algorithms import builtin
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 __all__ = ["flat_override"]
 
@@ -84,4 +90,16 @@ def _nest(section: str, value: Any, table: dict[str, Any]) -> dict[str, Any]:
     return {**context, section: value}
 
 
-
+def toml_key_parts(key: str) -> list[str]:
+    """The parts of a TOML dotted key, quoted parts unquoted (``stages."mylab.stages:Clip".c`` → ``["stages",
+    "mylab.stages:Clip", "c"]``), read by TOML's own parser."""
+    try:
+        table: Any = tomllib.loads(f"{key} = 0")
+    except tomllib.TOMLDecodeError:
+        raise ConfigError("--set", key, 'a TOML key: parts joined by ".", a part with other characters than '
+                          'letters, digits, "_" and "-" in quotes (stages."mylab.stages:Clip".c=0.5)') from None
+    parts = []
+    while isinstance(table, dict):
+        (part, table), = table.items()
+        parts.append(part)
+    return parts
