@@ -298,3 +298,17 @@ def test_the_default_job_measures_its_price_on_all_honest_runs() -> None:
 
     attacks = {c.attack for c in grid.configs(load_grid(None, []))}
     assert "honest" in attacks and "none" not in attacks
+
+
+def test_a_later_grid_in_the_same_folder_leaves_no_plot_of_the_earlier_one(tmp_path: Path) -> None:
+    """``phalanx run --set …`` without ``--out`` reports into the default job's folder: a grid with no trade-off and
+    one setting must not leave the earlier grid's ``tradeoff.png`` and ``heatmap.png`` beside its report, where they
+    read as its own (a first-hour review). Mutant: plots only ever added."""
+    _write_runs(tmp_path / "all", _grid([0, 1, 2]))
+    report.write_report(tmp_path / "all")
+    assert (tmp_path / "all" / "tradeoff.png").is_file()
+    (tmp_path / "all" / "heatmap.png").write_bytes(b"an earlier grid's heatmap")
+    only_cwtm = [r["run"] for r in _grid([0, 1, 2]) if (r["aggregator"], r["attack"]) == ("cwtm", "alie")]
+    result = report.write_report(tmp_path / "all", runs=only_cwtm)
+    assert result["tradeoff"] == [] and [p.name for p in result["plots"]] == ["accuracy.png"]
+    assert sorted(p.name for p in (tmp_path / "all").glob("*.png")) == ["accuracy.png"]

@@ -572,6 +572,8 @@ def _write_report(root: Path, out: Path, runs: Collection[str] | None) -> dict[s
     heat = plot_heatmap(summary, out / "heatmap.png", keys)
     trades = tradeoff(rows, extra)
     trade_plot = plot_tradeoff(trades, out / "tradeoff.png")
+    for stale in {"heatmap.png", "tradeoff.png"} - {p.name for p in (heat, trade_plot) if p is not None}:
+        (out / stale).unlink(missing_ok=True)  # an earlier grid's plot in this folder would read as this one's
     completeness = completeness_line(root, rows, runs)
     md = ["# Phalanx report", "", f"Runs under `{root}`: {len({r['run'] for r in rows})}." + (
         f" **{completeness}**" if completeness else ""), ""]
