@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -54,6 +55,15 @@ def test_demo_small() -> None:
     # (the earlier banner, "Lower bound on any f-robust rule's no-attack error ε ≥ f/(n−f) = 0.286", fails this)
     said = " ".join(res.output.split())
     assert "The errors below are on one random input" in said and "a bound on that worst case" in said
+    assert "ms (median of 5)" in said  # one call's time read anything from 1 to 44 ms for the mean (a review)
+
+
+def test_the_demo_times_a_rule_by_its_median_call() -> None:
+    """The median of the calls, not one call: a slow call among five does not move it. Mutant: the first call."""
+    from phalanx.cli import analysis
+
+    slow = iter([0.05, 0.0, 0.0, 0.0, 0.0])
+    assert analysis._median_ms(lambda: time.sleep(next(slow)), 5) < 25.0
 
 
 def test_config_error_is_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
