@@ -312,3 +312,17 @@ def test_a_later_grid_in_the_same_folder_leaves_no_plot_of_the_earlier_one(tmp_p
     result = report.write_report(tmp_path / "all", runs=only_cwtm)
     assert result["tradeoff"] == [] and [p.name for p in result["plots"]] == ["accuracy.png"]
     assert sorted(p.name for p in (tmp_path / "all").glob("*.png")) == ["accuracy.png"]
+
+
+def test_the_report_says_what_every_run_shares(tmp_path: Path) -> None:
+    """The tables show only the keys that vary, so a grid run with ``--set attack=alie --set rounds=30`` printed
+    neither (a first-hour review): one line names the keys every run shares, and the seeds, in report.md and under
+    the terminal's first table. Mutants: a varying key in the line, or no line, fail it."""
+    _write_runs(tmp_path / "g", _grid([0, 1, 2]))
+    result = report.write_report(tmp_path / "g")
+    line = result["setup"]
+    assert line.startswith("Setup (every run): ") and line.endswith("; seeds 0, 1, 2")
+    assert "f = 2" in line and "alpha = 1.0" in line
+    assert "aggregator =" not in line and "attack =" not in line  # they vary: the tables' columns
+    assert line + "." in (tmp_path / "g" / "report.md").read_text()
+    assert grid_tables(result)[0].notes[0] == line

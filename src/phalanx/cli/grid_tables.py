@@ -33,6 +33,8 @@ def grid_tables(result: dict[str, Any]) -> list[Tabular]:
     from phalanx.experiments import report
 
     tables = [_summary_table(result)]
+    if result.get("setup"):  # what every run shares: the tables show only the keys that vary (a first-hour review)
+        tables[0].notes.insert(0, result["setup"])
     if result["tradeoff"]:
         tables.append(_tradeoff_table(result["tradeoff"]))
     elif len(result["summary"]) > 1:  # several settings, no comparison: say why (a first-hour review)

@@ -25,6 +25,7 @@ from phalanx.experiments.plots import (
     save_figure,
 )
 from phalanx.experiments.schema import RESULT_NEUTRAL_KEYS, RunConfig
+from phalanx.experiments.setup_line import setup_line
 from phalanx.experiments.validrun import check_named
 from phalanx.walk import walk
 
@@ -217,8 +218,7 @@ NO_ATTACKS = ("honest", "none")
 Byzantine workers compute real gradients on their own data: an all-honest run of n workers, Yang, Shi & Li's "nobody
 attacks"), else ``none`` (they replay copies of honest rows, so the rule sees b duplicated rows: a rule that favours
 rows with a near neighbour, Krum, picks a copy, and its price is then not the all-honest one; the table says so)."""
-NO_ATTACK = NO_ATTACKS[0]
-"""The no-attack baseline of the default job."""
+NO_ATTACK = NO_ATTACKS[0]  # the no-attack baseline of the default job
 TRADEOFF_KEYS = (*(k for k in SETTING_KEYS if k not in ("aggregator", "attack")), "rounds", "batch_size", "schedule")
 """What else must be equal for two runs to be compared in the trade-off: they differ in aggregator and attack alone
 (and are paired by seed)."""
@@ -576,7 +576,7 @@ def _write_report(root: Path, out: Path, runs: Collection[str] | None) -> dict[s
         (out / stale).unlink(missing_ok=True)  # an earlier grid's plot in this folder would read as this one's
     completeness = completeness_line(root, rows, runs)
     md = ["# Phalanx report", "", f"Runs under `{root}`: {len({r['run'] for r in rows})}." + (
-        f" **{completeness}**" if completeness else ""), ""]
+        f" **{completeness}**" if completeness else ""), "", setup_line(rows) + ".", ""]
     if extra:
         md += [mixed_line(extra), ""]
     if left_out:
@@ -596,4 +596,5 @@ def _write_report(root: Path, out: Path, runs: Collection[str] | None) -> dict[s
         md += ["", f"![heatmap]({heat.name})"]
     store.atomic_write_text(out / "report.md", "\n".join(md) + "\n")
     return {"summary": summary, "keys": keys, "tradeoff": trades, "incomplete": completeness, "mixed": extra,
-            "left_out": left_out, "plots": [p for p in (curves, heat, trade_plot) if p is not None]}
+            "left_out": left_out, "plots": [p for p in (curves, heat, trade_plot) if p is not None],
+            "setup": setup_line(rows)}
