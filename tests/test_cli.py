@@ -259,3 +259,10 @@ def test_help_version_and_a_bare_group_keep_clicks_exit_codes(
     assert exc.value.code == code
     said = capsys.readouterr()
     assert "Usage" in said.out + said.err or "phalanx " in said.out
+
+
+def test_an_arguments_help_is_shown() -> None:
+    """``phalanx run --help`` describes its CONFIG argument: with click 8.5 and the Typer Flower allows (≤ 0.20) the
+    argument's help was reset to None and the panel showed a bare ``config [CONFIG]`` (a first-hour review)."""
+    said = " ".join(runner.invoke(cli.app, ["run", "--help"]).output.split())
+    assert "TOML config (default: the built-in default job)." in said
