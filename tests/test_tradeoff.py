@@ -102,8 +102,8 @@ def test_no_interval_and_no_verdict_from_fewer_than_three_seeds() -> None:
     assert t.price.why_no_interval == "2 seeds, 3 needed" == t.rescue.why_no_interval
     assert t.verdict == "no interval (2 seeds, 3 needed)"  # said once, not twice (a newcomer's 139-column row)
     head, (line,) = report.tradeoff_table([t])
-    assert head == ["rule", "attack", "price (pts)", "95 % interval", "p (price)", "rescue (pts)", "95 % interval",
-                    "p (rescue)", "seeds", "verdict"]
+    assert head == ["rule", "attack", "price (pts)", "95 % interval", "Holm p (price)", "rescue (pts)",
+                    "95 % interval", "Holm p (rescue)", "seeds", "verdict"]
     assert line[2] == f"{100 * (ACC[0][0] - ACC[0][1] + ACC[1][0] - ACC[1][1]) / 2:+.1f}"  # the numbers, printed
     assert line[3] == line[4] == line[6] == line[7] == "—" and line[8] == "2"  # and no interval, no p
     assert report.points_pm(t.price) == line[2] and "±" not in report.points_pm(t.rescue)
@@ -150,7 +150,8 @@ def test_report_md_has_the_table_and_the_plot_only_when_there_is_a_tradeoff(tmp_
     result = report.write_report(tmp_path / "with")
     md = (tmp_path / "with" / "report.md").read_text()
     assert "## The price and rescue of robustness" in md and report.TRADEOFF_MEANING in md
-    head = "| rule | attack | price (pts) | 95 % interval | p (price) | rescue (pts) | 95 % interval | p (rescue) |"
+    head = ("| rule | attack | price (pts) | 95 % interval | Holm p (price) | rescue (pts) | 95 % interval | "
+            "Holm p (rescue) |")
     assert head in md
     assert ("| cwtm | alie | +2.0 | [-0.5, +4.5] | 0.074 | +48.7 | [+44.9, +52.5] | 0.00066 | 3 | no cost shown; "
             "rescues |") in md

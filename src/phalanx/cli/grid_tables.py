@@ -70,9 +70,10 @@ def _tradeoff_table(tradeoffs: list[Any]) -> Tabular:
     from phalanx.experiments import report
 
     keys = report.tradeoff_keys(tradeoffs)
-    cols = ["rule", *keys, "attack", "price (pts)", "p (price)", "rescue (pts)", "p (rescue)", "seeds", "verdict"]
-    table = Tabular("The price and rescue of robustness (vs mean, paired by seed)", cols, compact=True,
-                    right=("price (pts)", "p (price)", "rescue (pts)", "p (rescue)", "seeds"), wrap=("verdict",))
+    head = ("price (pts)", "p (price)", "rescue (pts)", "p (rescue)", "seeds")
+    cols = ["rule", *keys, "attack", *head, "verdict"]
+    title = "The price and rescue of robustness (vs mean, paired by seed; ± = 95 % half-width, not the SD; p: Holm)"
+    table = Tabular(title, cols, compact=True, right=head, wrap=("verdict",))
     for t in report.sorted_tradeoffs(tradeoffs):
         ctx = dict(t.context)
         table.add(t.rule, *(str(ctx[k]) for k in keys), t.attack, report.points_pm(t.price),

@@ -364,8 +364,8 @@ def sorted_tradeoffs(tradeoffs: list[TradeOff]) -> list[TradeOff]:
     return sorted(tradeoffs, key=lambda t: (json.dumps(t.context), t.attack, t.rule))
 
 
-TRADEOFF_HEAD = ("rule", "attack", "price (pts)", "95 % interval", "p (price)", "rescue (pts)", "95 % interval",
-                 "p (rescue)", "seeds", "verdict")
+TRADEOFF_HEAD = ("rule", "attack", "price (pts)", "95 % interval", "Holm p (price)", "rescue (pts)", "95 % interval",
+                 "Holm p (rescue)", "seeds", "verdict")
 """The columns of the trade-off table (after ``rule``, the setting keys that vary): the terminal's (``phalanx run``,
 ``phalanx report``, any ``--format``) with each interval in a column of its own (issue 38: report.md's headers differed
 from the printed table's)."""
