@@ -175,3 +175,17 @@ def test_an_attack_written_as_a_call_says_where_its_parameters_go() -> None:
         apply_overrides({}, ["attack_params={z=abc}"])
     with pytest.raises(ConfigError, match="did you mean alie"):  # a plain misspelling keeps its suggestion
         make_config({"attack": "alei"})
+
+
+def test_a_grid_with_more_attackers_than_f_says_so_in_one_line() -> None:
+    """``byzantine = 8`` with ``f = 4`` is a legitimate study of a rule beyond its budget, and a newcomer's typo:
+    either way ``phalanx run`` says before training that the rules' guarantees do not cover those runs (a first-hour
+    review); the mean, which tolerates no attacker whatever its f, is not counted. Mutant: no line."""
+    from phalanx.cli.runs import over_budget_line
+    from phalanx.experiments.config import apply_overrides
+
+    base = {"dataset": "digits", "model": "logreg", "workers": 20, "attack": "alie", "aggregator": ["mean", "cwtm"]}
+    over = grid.runs(apply_overrides(base, ["byzantine=8", "f=4"]))
+    assert over_budget_line(over) == ("note: 1 run(s) have more attacking workers than their rule is configured for "
+                                      "(e.g. byzantine = 8 > f = 4): the rules' guarantees do not cover them")
+    assert over_budget_line(grid.runs(apply_overrides(base, ["byzantine=4", "f=4"]))) is None

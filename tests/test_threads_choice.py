@@ -72,6 +72,8 @@ def test_measured_once_then_read_back(tmp_path: Path) -> None:
     again = th.choose(jobs=1, env={}, cores=2, measure=measure, path=path)
     assert first.threads == again.threads == 1 and calls == [1, 2]
     assert "measured now" in first.why and "stored in" in again.why
+    for why in (first.why, again.why):  # "of the default job 1: 10 ms" read as a job numbered 1 (a review)
+        assert "per round of the default job: 1 thread 10 ms, 2 threads 9.9 ms" in why
     entry = json.loads(path.read_text())[th.machine_key(2)]
     assert entry == {"threads": 1, "timings": {"1": 0.010, "2": 0.0099}}
 

@@ -424,9 +424,23 @@ def _run_grid(
                           "`phalanx launch`)")
     say = console if fmt == "table" else _STDERR  # with --format, stdout holds the tables alone
     say.print(f"[bold]{len(runs)} run(s)[/bold] → {out} on {_devices(runs, executor)}")
+    if over := over_budget_line(runs):
+        say.print(over)
     _train(runs, out, jobs, executor, slurm_table, plain=fmt != "table", threads=threads,
            choose_threads=True)
     print_report(out, fmt, [r.run_id for r in runs])
+
+
+def over_budget_line(runs: list[Any]) -> str | None:
+    """One line when robust runs of the grid face more attackers than their rule is configured for (``byzantine >
+    f``, the mean left out: it tolerates none whatever its f) — a study may want that, but a newcomer's typo runs
+    silently outside every guarantee the rules state (a first-hour review); None otherwise."""
+    over = [r.cfg for r in runs if r.cfg.aggregator != "mean" and r.cfg.byzantine > r.cfg.f]
+    if not over:
+        return None
+    b, f = max((c.byzantine, c.f) for c in over)
+    return (f"note: {len(over)} run(s) have more attacking workers than their rule is configured for (e.g. byzantine "
+            f"= {b} > f = {f}): the rules' guarantees do not cover them")
 
 
 @app.command("launch")
