@@ -327,3 +327,32 @@ def test_the_report_says_what_every_run_shares(tmp_path: Path) -> None:
     assert "aggregator =" not in line and "attack =" not in line  # they vary: the tables' columns
     assert line + "." in (tmp_path / "g" / "report.md").read_text()
     assert grid_tables(result)[0].notes[0] == line
+
+
+def test_the_report_as_json_carries_its_numbers(tmp_path: Path) -> None:
+    """``phalanx report --format json`` gives a program numbers beside the printed cells (``values``): the final
+    accuracy, the aggregation error, each price and rescue with its interval and Holm p — not ``"+2.0 ± 2.5"`` or
+    ``"< 1e-12"`` to parse (a first-hour review); a value the table shows as ``—`` is ``null``, never JSON's
+    missing ``NaN``. Mutant: values dropped from the json."""
+    _write_runs(tmp_path / "g", _grid([0, 1, 2]))
+    result = report.write_report(tmp_path / "g")
+    res = CliRunner().invoke(cli.app, ["report", str(tmp_path / "g"), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    summary, trade = json.loads(res.stdout, parse_constant=lambda c: pytest.fail(f"{c} in the json"))["tables"]
+    assert len(summary["values"]) == len(summary["rows"]) and len(trade["values"]) == 1
+    cwtm = next(v for v in summary["values"] if (v["aggregator"], v["attack"]) == ("cwtm", "alie"))
+    assert _close(cwtm["final_pct"], 100 * sum(ACC[s][3] for s in (0, 1, 2)) / 3)
+    (t,) = result["tradeoff"]
+    v = trade["values"][0]
+    assert (v["rule"], v["attack"], v["baseline"], v["seeds"]) == ("cwtm", "alie", "none", 3)
+    assert _close(v["price_pts"], 100 * t.price.estimate.mean)
+    assert _close(v["rescue_low_pts"], 100 * t.rescue.estimate.low)
+    assert v["price_p_holm"] == t.price.estimate.p_adjusted and isinstance(v["rescue_p_holm"], float)
+
+
+def test_a_value_json_cannot_hold_is_null() -> None:
+    from phalanx.cli.output import Tabular, render
+
+    t = Tabular("t", ["rule", "agg. error"])
+    t.add("mean", "—", values={"rule": "mean", "agg_error": math.nan, "inf": math.inf, "ok": 0.5})
+    assert json.loads(render(t, "json"))["values"] == [{"rule": "mean", "agg_error": None, "inf": None, "ok": 0.5}]

@@ -4,6 +4,7 @@ setting and the price and rescue of every robust rule against the mean, each a :
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,10 @@ def _summary_table(result: dict[str, Any]) -> Tabular:
     for s in sorted(result["summary"], key=lambda s: -s["final_accuracy"]):
         acc = f"{100 * s['final_accuracy']:.1f}" + (f" ± {100 * s['final_accuracy_std']:.1f}" if s["seeds"] > 1 else "")
         table.add(*[str(s.get(k)) for k in keys], acc, format_agg_error(s["agg_error"]), _fmt(s["byz_share"], 2),
-                  s["seeds"], *([f"{s.get('diverged', 0)}/{s['seeds']}"] if diverged else []))
+                  s["seeds"], *([f"{s.get('diverged', 0)}/{s['seeds']}"] if diverged else []),
+                  values={**{k: s.get(k) for k in keys}, "final_pct": 100 * s["final_accuracy"],
+                          "final_pct_std": 100 * s.get("final_accuracy_std", math.nan), "agg_error": s["agg_error"],
+                          "byz_share": s["byz_share"], "seeds": s["seeds"], "diverged": s.get("diverged", 0)})
     if diverged:
         table.notes.append(f"{diverged} run(s) diverged (the model became non-finite; final accuracy counted as 0; "
                            "`phalanx status` says at which round)")
@@ -78,6 +82,17 @@ def _tradeoff_table(tradeoffs: list[Any]) -> Tabular:
         ctx = dict(t.context)
         table.add(t.rule, *(str(ctx[k]) for k in keys), t.attack, report.points_pm(t.price),
                   t.price.estimate.holm_text(), report.points_pm(t.rescue), t.rescue.estimate.holm_text(),
-                  len(t.seeds), t.verdict)
+                  len(t.seeds), t.verdict,
+                  values={"rule": t.rule, **{k: ctx[k] for k in keys}, "attack": t.attack,
+                          **_paired_values("price", t.price), **_paired_values("rescue", t.rescue),
+                          "seeds": len(t.seeds), "baseline": t.baseline, "verdict": t.verdict})
     table.notes.append(report.tradeoff_meaning(tradeoffs).replace("*", "").replace("`", ""))
     return table
+
+
+def _paired_values(name: str, p: Any) -> dict[str, Any]:
+    """A paired difference as numbers, in accuracy points like the table: its mean, its 95 % interval (``None`` where
+    the table shows none: fewer than 3 seeds, or seeds that agree exactly) and its Holm-adjusted p."""
+    e, none = p.estimate, p.why_no_interval is not None
+    return {f"{name}_pts": 100 * e.mean, f"{name}_low_pts": None if none else 100 * e.low,
+            f"{name}_high_pts": None if none else 100 * e.high, f"{name}_p_holm": None if none else e.p_adjusted}

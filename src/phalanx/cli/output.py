@@ -33,10 +33,11 @@ import csv
 import functools
 import io
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich import box
@@ -83,11 +84,17 @@ class Tabular:
     title_printed: bool = False
     """A study's Markdown table titled by the line of prose printed just above it (:func:`pieces`): the terminal
     does not print that title twice."""
+    values: list[dict[str, Any]] = field(default_factory=list)
+    """Per row, the numbers its cells print (``None`` where a cell shows ``—``), for ``--format json``'s
+    ``"values"``: a program reads 0.0119, not ``"0.0119"`` or ``"< 1e-12"`` (a first-hour review). Empty: the
+    table has none beyond its cells."""
 
-    def add(self, *cells: object) -> None:
+    def add(self, *cells: object, values: dict[str, Any] | None = None) -> None:
         if len(cells) != len(self.columns):  # pragma: no cover - a programming error in a command
             raise ValueError(f"{len(cells)} cells for {len(self.columns)} columns")
         self.rows.append(["" if c is None else str(c) for c in cells])
+        if values is not None:
+            self.values.append(values)
 
 
 def _cell_md(text: str) -> str:
@@ -103,9 +110,11 @@ def render(t: Tabular, fmt: str) -> str:
         writer.writerows(t.rows)
         return buf.getvalue() + "".join(f"# {line}\n" for note in t.notes for line in note.splitlines())
     if fmt == "json":
-        return json.dumps({"title": t.title, "columns": list(t.columns),
-                           "rows": [dict(zip(t.columns, r)) for r in t.rows], "notes": list(t.notes)},
-                          ensure_ascii=False, indent=1) + "\n"
+        doc: dict[str, Any] = {"title": t.title, "columns": list(t.columns),
+                               "rows": [dict(zip(t.columns, r)) for r in t.rows], "notes": list(t.notes)}
+        if t.values:
+            doc["values"] = [{k: _finite(v) for k, v in row.items()} for row in t.values]
+        return json.dumps(doc, ensure_ascii=False, indent=1) + "\n"
     if fmt == "md":
         title = [f"**{_cell_md(t.title)}**", ""] if t.title.strip() else []  # an untitled table: no empty "****"
         lines = [*title, "| " + " | ".join(map(_cell_md, t.columns)) + " |",
@@ -360,3 +369,9 @@ def emit_terminal(items: Sequence[object], console: Console) -> None:
 def _plain(renderable: object) -> str:
     plain = getattr(renderable, "plain", None)
     return plain if isinstance(plain, str) else str(renderable)
+
+
+def _finite(value: Any) -> Any:
+    """A JSON value: a NaN or infinite float becomes ``null`` (JSON has no NaN; Python's ``json`` would write
+    ``NaN``, which strict readers refuse)."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
