@@ -134,6 +134,20 @@ class Group:
 DATASETS: tuple[str, ...] = ("cifar10", "digits", "fashion-mnist", "femnist", "femnist-population", "mnist",
                              "sent140", "sent140-sample", "shakespeare", "synthetic")
 """The built-in data sets (:func:`phalanx.data.names`)."""
+DATASET_SOURCES: dict[str, str] = {
+    "cifar10": "your files (data_root), or download = true",
+    "digits": "built in: shipped inside Phalanx, no network",
+    "fashion-mnist": "your files, the Debian package dataset-fashion-mnist, or download = true",
+    "femnist": "LEAF's JSON files, or download = true (phalanx[hf])",
+    "femnist-population": "LEAF's JSON files, read a writer at a time (path = …)",
+    "mnist": "your files (data_root), or download = true",
+    "sent140": "LEAF's JSON files",
+    "sent140-sample": "built in: a small Sent140 sample shipped inside Phalanx, no network",
+    "shakespeare": "LEAF's JSON files, or download = true (phalanx[hf])",
+    "synthetic": "built in: generated per client (FedProx's synthetic(α, β)), no network",
+}
+"""Where each built-in data set comes from, for ``phalanx list datasets`` (docs/data.md's table): which load with
+no file and no network (a first-hour review could not tell)."""
 DATASET_GROUP = Group("phalanx.datasets", "phalanx.data.loaders")
 
 MODELS: tuple[str, ...] = ("char-lstm", "cnn", "logreg", "mlp", "resnet20")

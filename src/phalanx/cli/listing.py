@@ -206,7 +206,9 @@ def tracker_rows() -> list[list[str]]:
 def list_datasets(fmt: FormatOption = "table") -> None:
     """Data sets Phalanx can load."""
     names = catalogue.names(catalogue.DATASETS, catalogue.DATASET_GROUP)  # torch-free: plug-ins by name, unloaded
-    emit(Tabular("Phalanx data sets", ("name",), [[name] for name in names]), check_format(fmt), console)
+    rows = [[name, catalogue.DATASET_SOURCES.get(name, "a plug-in (its package's entry point)")] for name in names]
+    emit(Tabular("Phalanx data sets", ("name", "where it comes from"), rows, whole=("name",)), check_format(fmt),
+         console)
 
 
 @list_app.command("models")
