@@ -324,10 +324,11 @@ def _budget() -> float | None:
 
 
 def _forewarn(what: str, timing: str, guess: Callable[[], Any], smaller: str, *, err: bool) -> None:
-    """The one line every grid and study prints before its first run when its estimate is over the budget
+    """The line every grid and study prints before its first run, its estimate against the budget
     (:func:`_budget`): first that ``timing`` (what the probe times) is under way — under load that is minutes — then
-    ``guess()`` (an estimate with ``seconds`` and ``text()``, or None: none made) and, when over, ``smaller`` (how
-    to make it smaller). ``what`` is ``grid`` or ``study``. It stops nothing (a script's long run is no mistake)."""
+    ``guess()`` (an estimate with ``seconds`` and ``text()``, or None: none made), within the budget or, when over,
+    with ``smaller`` (how to make it smaller). ``what`` is ``grid`` or ``study``. It stops nothing (a script's long
+    run is no mistake)."""
     budget = _budget()
     if budget is None:
         return
@@ -335,13 +336,17 @@ def _forewarn(what: str, timing: str, guess: Callable[[], Any], smaller: str, *,
     say.print(f"[dim]Timing {timing} to estimate the {what} ({BUDGET_ENV}=off skips this)…[/dim]", soft_wrap=True,
               highlight=False)
     est = guess()
-    if est is None or est.seconds <= 60 * budget:
+    if est is None:
         return
     text = est.text()
     if not hasattr(est, "load"):  # a study's or a measurement's estimate: the load now, as a grid's names its own
         from phalanx.experiments.estimate import at_load, load_now  # (torch is loaded: the guess above needed it)
 
         text += at_load(load_now())
+    if est.seconds <= 60 * budget:  # said too: "Timing …" with no estimate after it read as lost (a first-hour review)
+        say.print(f"[dim]This {what} should take {text}, within the {budget:g} min budget.[/dim]", soft_wrap=True,
+                  highlight=False)
+        return
     say.print(f"[yellow]This {what} should take {text}[/yellow] — over the {budget:g} min budget "
               f"({BUDGET_ENV}). To make it smaller: {smaller}", soft_wrap=True, highlight=False)
 
