@@ -296,3 +296,24 @@ def test_a_checkpoint_changed_after_its_checks_is_never_the_one_loaded(
     else:
         assert loaded is not None and loaded.tensors == genuine.tensors, "a file other than the checked one loaded"
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < BOUND_MIB * 1024
+
+
+def test_a_file_that_grows_between_its_stat_and_its_read_is_refused_having_read_no_more_than_its_cap(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``read_bounded`` sizes a file, then reads at most its cap + 1 bytes and checks again: a file that grew after
+    the stat (here the stat is made to see 0 bytes of a file of 16 MiB, capped at 1 MiB) is one line naming it, and
+    the read allocated about the cap, not the file (traced: under 2 MiB)."""
+    import tracemalloc
+
+    path = tmp_path / "config.json"
+    path.write_bytes(b" " * (16 << 20))
+    monkeypatch.setattr(runfiles, "size_of", lambda *args, **kwargs: 0)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError) as info:
+            runfiles.read_bounded(path, 1 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(path) in str(info.value) and "\n" not in str(info.value), str(info.value)
+    assert peak < 2 << 20, f"the read allocated {peak / (1 << 20):.1f} MiB"
