@@ -346,7 +346,7 @@ def read_tensors(path: Path, fh: BinaryIO, header: Header) -> tuple[dict[str, to
             raise damaged(path, f"tensor {name[:60]!r} has dtype {e.dtype}, which this torch cannot hold")
         t = torch.empty(e.shape, dtype=dtype)
         if t.numel():
-            buf, got = memoryview(t.reshape(-1).view(torch.uint8).numpy()), 0
+            buf, got = t.reshape(-1).view(torch.uint8).numpy().data, 0
             while got < len(buf):
                 read = fh.readinto(buf[got:])  # type: ignore[attr-defined]
                 if not read:
