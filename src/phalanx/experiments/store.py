@@ -268,7 +268,7 @@ def _finish_first_write(out: Path, name: str, entry: dict[str, Any]) -> bool:
 
 
 def remove_temporaries(out: Path) -> int:
-    """Delete the temporary files that killed writes left in a run directory (``.NAME.XXXXXXXX.tmp``: never read);
+    """Delete the temporary files that killed writes left in a run directory (``.NAME.XXXXXXXX.tmp``: not read here);
     call it only while holding the run's lock, after the checkpoint is loaded (:func:`verify` may finish a first
     write from one). Returns how many were removed."""
     removed = 0
