@@ -30,7 +30,9 @@ The safetensors format (Hugging Face, https://github.com/huggingface/safetensors
 64-bit length N, then N bytes of JSON (``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__":
 {str: str}}``), then the tensors' bytes; offsets are relative to the end of the header. :func:`checkpoint_header`
 checks N against the file's size before it reads the header, and every tensor's offsets against the rest of the
-file and its dtype and shape, before any tensor is read.
+file and its dtype and shape, before any tensor is read. :func:`load_checked` does all of it on one descriptor — the
+manifest's digest, the header, then the tensors (:func:`read_tensors`) — so that the file checked is the file loaded
+(a file renamed over the checkpoint between a check and the load is never read).
 
 :func:`tensors_digest` / :func:`tensors_digest_of_file`: one SHA-256 of a checkpoint's *tensors* (names, dtypes,
 shapes and bytes, not its metadata), the same whether computed from the tensors in memory before they are written or
