@@ -157,6 +157,16 @@ def _rank_1_both(doc: dict[str, Any]) -> None:
     doc["rounds"][2]["missing"] = [1]
 
 
+def _missing(doc: dict[str, Any], at: int, ranks: list[int]) -> None:
+    doc["rounds"][at]["accepted"] = [a for a in doc["rounds"][at]["accepted"] if a["rank"] not in ranks]
+    doc["rounds"][at]["missing"] = ranks
+
+
+def _rank_2_twice(doc: dict[str, Any]) -> None:
+    accepted = doc["rounds"][3]["accepted"]
+    accepted.append(dict(next(a for a in accepted if a["rank"] == 2)))  # its genuine signed entry, listed again
+
+
 def _no_rounds(doc: dict[str, Any]) -> None:
     doc["rounds"] = []
 
@@ -176,6 +186,8 @@ def _rejections_erased(doc: dict[str, Any]) -> None:
 # signature can tell — what rank 0 itself records about refusals is its own word)
 CASES: dict[str, tuple[Edit, str | None]] = {
     "f-raised": (_f_raised, "round 4: 3 ranks missing, more than f = 1"),
+    "f-plus-one-missing": (lambda doc: _missing(doc, 4, [2, 3]), "round 4: 2 ranks missing, more than f = 1"),
+    "rank-2-heard-twice": (_rank_2_twice, "round 3: rank 2 was heard twice"),
     "rank-1-deleted-from-every-round": (_rank_1_deleted, "round 9: ranks [1] are neither accepted nor missing"),
     "rank-1-accepted-and-missing": (_rank_1_both, "round 2: ranks [1] are both accepted and missing"),
     "zero-rounds": (_no_rounds, "the transcript records no round; the run reached round 10 (it is DONE)"),
@@ -212,6 +224,13 @@ def test_a_forged_transcript_fails_even_re_signed_by_rank_0(honest: Path, keys: 
         assert len(report.problems) == 10  # one line per round, each naming the round
     res = CliRunner().invoke(app, ["audit", str(tmp_path / "run")])
     assert res.exit_code == 1 and line in res.output and "audit failed" in res.output, res.output
+
+
+def test_exactly_f_missing_in_a_round_audits(honest: Path, keys: Path, tmp_path: Path) -> None:
+    """The other side of "missing ≤ f": a round missing exactly f = 1 rank (here the transcript re-signed by rank 0)
+    passes, while f + 1 fails (``CASES["f-plus-one-missing"]``); a bound off by one either way fails one of them."""
+    report = audit(forge(honest, tmp_path, lambda doc: _missing(doc, 4, [3]), load_identity(keys, 0, 4)))
+    assert report.ok, report.problems
 
 
 def test_a_transcript_written_by_the_byzantine_rank_alone_fails(honest: Path, keys: Path, tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -124,3 +126,74 @@ def test_the_bounded_read_takes_one_regular_file_and_no_more_than_its_cap(tmp_pa
     assert files.size_of(tmp_path / "ok") == 5
     with pytest.raises(ValueError, match="symbolic link"):
         files.size_of(tmp_path / "link")
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, int]]:
+    """Record, in order, every ``fsync`` (of a regular file or a directory, by inode) and every rename or link."""
+    events: list[tuple[str, str, int]] = []
+    real_fsync, real_replace, real_link = os.fsync, os.replace, os.link
+
+    def fsync(fd: int) -> None:
+        st = os.fstat(fd)
+        events.append(("fsync", "dir" if stat.S_ISDIR(st.st_mode) else "file", st.st_ino))
+        real_fsync(fd)
+
+    def replace(*args: object, **kwargs: object) -> None:
+        real_replace(*args, **kwargs)  # type: ignore[arg-type]
+        events.append(("rename", "", 0))
+
+    def link(*args: object, **kwargs: object) -> None:
+        real_link(*args, **kwargs)  # type: ignore[arg-type]
+        events.append(("rename", "", 0))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "link", link)
+    return events
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def _durable(events: list[tuple[str, str, int]], target: Path) -> None:
+    """The file that took ``target``'s name was fsynced before the rename, and ``target``'s directory after it."""
+    kinds = [(e[0], e[1]) for e in events]
+    assert kinds.count(("rename", "")) == 1, events
+    at = kinds.index(("rename", ""))
+    assert ("fsync", "file") in kinds[:at], f"the file was not fsynced before its rename: {events}"
+    after = [e for e in events[at + 1:] if e[:2] == ("fsync", "dir")]
+    assert any(e[2] == target.parent.stat().st_ino for e in after), f"its directory was not fsynced: {events}"
+
+
+@pytest.mark.parametrize("how", ["write_atomic", "exclusive", "held write", "held install", "install"])
+def test_a_write_returns_only_once_the_file_and_its_directory_entry_are_on_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """docs/reliability.md, "Nothing is lost" (a power cut): the temporary file is fsynced before its rename, and the
+    directory after it — a file's own fsync does not write the name that the rename gave it. Each way a file
+    appears: :func:`phalanx.files.write_atomic` (replacing, or ``exclusive``: a hard link), and a run directory's
+    :func:`phalanx.experiments.dirfd.write` and :func:`~phalanx.experiments.dirfd.install` (held by its descriptor
+    or not)."""
+    from phalanx.experiments import dirfd
+
+    d = tmp_path / "run"
+    d.mkdir()
+    target = d / "f.bin"
+    if how in ("held install", "install"):
+        with dirfd.held(d) if how == "held install" else _nothing():
+            tmp = dirfd.scratch(d) / ".f.bin.0000.tmp"
+            tmp.write_bytes(b"new")
+            with open(tmp, "rb+") as fh:  # the writer's own step (store: checkpoint.check_written, DuckDB's file)
+                events = _spy(monkeypatch)
+                os.fsync(fh.fileno())
+            dirfd.install(d, tmp, target.name)
+    else:
+        events = _spy(monkeypatch)
+        if how == "held write":
+            with dirfd.held(d):
+                dirfd.write(d, target.name, b"new")
+        else:
+            files.write_atomic(target, b"new", exclusive=how == "exclusive")
+    assert target.read_bytes() == b"new"
+    _durable(events, target)

@@ -63,6 +63,17 @@ def _edit_allow_list(directory: Path, edit: object) -> None:
     path.write_text(json.dumps(raw))
 
 
+@pytest.mark.parametrize("mode", [0o640, 0o620, 0o604, 0o610])
+def test_a_private_key_group_or_others_may_use_is_refused(tmp_path: Path, mode: int) -> None:
+    """docs/security.md, Keys: private keys are refused if group or others may read them, not only world-readable
+    ones (0644, the case above): any group or other bit is a one-line refusal that says how to fix it."""
+    init_keys(tmp_path / "k", 3)
+    os.chmod(tmp_path / "k" / key_file(1), mode)
+    with pytest.raises(ConfigError, match=f"readable by other users \\(mode {mode:04o}\\)") as info:
+        load_identity(tmp_path / "k", 1, 3)
+    assert "\n" not in str(info.value) and "chmod 600" in str(info.value)
+
+
 @pytest.mark.parametrize(("damage", "message"), [
     ("missing_key", "rank-1.key.*cannot be read"),
     ("public_in_place_of_private", "holds a public key or a certificate"),

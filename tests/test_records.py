@@ -103,6 +103,19 @@ def test_a_flood_of_rejections_takes_bounded_memory_and_is_counted_exactly() -> 
     assert log.drain() == []  # drained once
 
 
+def test_a_rounds_refusal_groups_stay_within_18_across_drains() -> None:
+    """docs/security.md: at most 18 groups per round and recording rank, whatever arrives. A round's group budget
+    outlives a drain: a flood of new kinds in one round, drained three times, opens no more than GROUPS_PER_ROUND
+    groups in all (+ the overflow group each drain that had one). A drain that forgot the budget (the mutant: 48)
+    would let an outsider fill the record past what the audit accepts of an honest run."""
+    log, kept = RejectionLog(), 0
+    for drain in range(3):
+        for k in range(GROUPS_PER_ROUND):
+            log.append(Rejection(5, 1, f"kind {chr(97 + k)}{'x' * drain}"))
+        kept += sum(g["round"] == 5 for g in log.drain())
+    assert kept <= GROUPS_PER_ROUND + 2, kept
+
+
 def test_one_kind_from_one_peer_is_one_group_whatever_its_ports_and_rounds_say() -> None:
     log = RejectionLog()
     for i in range(1000):

@@ -246,3 +246,74 @@ def test_a_checkpoint_beyond_the_runs_last_round_and_too_many_rows_are_refused(
     monkeypatch.setattr(store, "MAX_ROWS", 1)
     with pytest.raises(ConfigError, match="more than 2 metric rows"):
         store.read_rows(d)
+
+
+def _swap_in_hostile(ckpt: Path) -> None:
+    """A valid safetensors file of one 256 MiB tensor (sparse: no disk used) renamed over ``ckpt``."""
+    size = 256 << 20
+    table = json.dumps({"theta": {"dtype": "F32", "shape": [size // 4], "data_offsets": [0, size]}}).encode()
+    hostile = ckpt.with_name("hostile.safetensors")
+    _sparse(hostile, 8 + len(table) + size, struct.pack("<Q", len(table)) + table)
+    os.replace(hostile, ckpt)
+
+
+def _rewrite_last_byte(ckpt: Path) -> None:
+    with open(ckpt, "r+b") as fh:
+        fh.seek(-1, os.SEEK_END)
+        last = fh.read(1)
+        fh.seek(-1, os.SEEK_END)
+        fh.write(bytes([last[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize("attack", [_swap_in_hostile, _rewrite_last_byte], ids=["renamed over", "changed in place"])
+def test_a_checkpoint_changed_after_its_checks_is_never_the_one_loaded(
+        attack: Any, finished: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkpoint is hashed, its header checked and its tensors read from one descriptor: a file renamed over it
+    right after the header check (an attacker racing the reader; here the race is won deterministically) is never
+    read, and one changed in place is refused by the digest of the bytes read. Before, it was opened by name three
+    times and the swapped-in file was loaded unchecked (256 MiB of memory for a file the header check never saw)."""
+    import resource
+
+    d = Path(shutil.copytree(finished, tmp_path / "run"))
+    ckpt = d / "checkpoint.safetensors"
+    genuine = store.open_checkpoint(d)
+    assert genuine is not None
+    real = runfiles.checkpoint_header
+
+    def checked_then_attacked(path: Path, *args: Any, **kwargs: Any) -> runfiles.Header:
+        header = real(path, *args, **kwargs)
+        if Path(path) == ckpt:
+            monkeypatch.setattr(runfiles, "checkpoint_header", real)  # once
+            attack(ckpt)
+        return header
+
+    monkeypatch.setattr(runfiles, "checkpoint_header", checked_then_attacked)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        loaded = store.open_checkpoint(d)
+    except (ConfigError, IntegrityError) as exc:
+        assert "\n" not in str(exc) and str(ckpt) in str(exc), str(exc)
+    else:
+        assert loaded is not None and loaded.tensors == genuine.tensors, "a file other than the checked one loaded"
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < BOUND_MIB * 1024
+
+
+def test_a_file_that_grows_between_its_stat_and_its_read_is_refused_having_read_no_more_than_its_cap(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``read_bounded`` sizes a file, then reads at most its cap + 1 bytes and checks again: a file that grew after
+    the stat (here the stat is made to see 0 bytes of a file of 16 MiB, capped at 1 MiB) is one line naming it, and
+    the read allocated about the cap, not the file (traced: under 2 MiB)."""
+    import tracemalloc
+
+    path = tmp_path / "config.json"
+    path.write_bytes(b" " * (16 << 20))
+    monkeypatch.setattr(runfiles, "size_of", lambda *args, **kwargs: 0)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError) as info:
+            runfiles.read_bounded(path, 1 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(path) in str(info.value) and "\n" not in str(info.value), str(info.value)
+    assert peak < 2 << 20, f"the read allocated {peak / (1 << 20):.1f} MiB"

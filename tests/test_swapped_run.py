@@ -17,14 +17,18 @@ from phalanx.experiments.runner import run_grid
 BASE = {"dataset": "digits", "model": "mlp", "workers": 6, "f": 1, "aggregator": "cwtm", "rounds": 4, "eval_every": 2}
 
 
-def test_a_finished_run_copied_under_another_runs_name_is_refused(tmp_path: Path) -> None:
-    a, b = make_config({**BASE, "seed": 0}), make_config({**BASE, "seed": 1})
+@pytest.mark.parametrize(("other", "key"), [({"seed": 1}, "seed"), ({"aggregator": "cwmed"}, "aggregator")],
+                         ids=["seed", "aggregator"])
+def test_a_finished_run_copied_under_another_runs_name_is_refused(tmp_path: Path, other: dict[str, object],
+                                                                  key: str) -> None:
+    """Unsigned (no extra needed): another seed's, or another rule's, finished run under this run's name."""
+    a, b = make_config({**BASE, "seed": 0}), make_config({**BASE, "seed": 0, **other})
     out = tmp_path / "grid"
     da, db = run_grid([a, b], out)
     shutil.rmtree(da)
-    shutil.copytree(db, da)  # seed 1's finished run under seed 0's name
+    shutil.copytree(db, da)  # the other run, finished, under a's name
     assert store.is_finished(da)
-    with pytest.raises(ConfigError, match=r"a finished run of the same configuration \(differs in seed\)") as info:
+    with pytest.raises(ConfigError, match=rf"a finished run of the same configuration \(differs in {key}\)") as info:
         run_grid([a, b], out)
     assert "\n" not in str(info.value)
 

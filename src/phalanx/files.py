@@ -4,8 +4,9 @@ Every file Phalanx writes goes through :func:`temporary` (a fresh file beside th
 mode 0600 by :func:`tempfile.mkstemp`, removed on every way out unless it was moved into place) and, for a payload
 in memory, :func:`write_atomic` (write, ``fsync``, set the permissions, an optional step before the file appears —
 the run directory's manifest records its digest there — then ``os.replace``, or with ``exclusive`` a hard link that
-fails when the target already exists). A library that writes its own file (safetensors, DuckDB) is handed the
-temporary path. The permissions default to what ``open(path, "w")`` would give (:func:`file_mode`); a private key
+fails when the target already exists, then ``fsync`` of the directory: :func:`sync_directory`). A library that
+writes its own file (safetensors, DuckDB) is handed the temporary path. The permissions default to what
+``open(path, "w")`` would give (:func:`file_mode`); a private key
 asks for 0o600, which it has from the start: the temporary file is never readable by others.
 
 A link planted at the target is replaced, never followed (``os.replace`` renames over the name); a crash leaves at
@@ -118,15 +119,42 @@ def write_atomic(path: Path, payload: bytes | Callable[[BinaryIO], object], mode
             before_replace(tmp)
         if not exclusive:
             os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)  # atomic, and fails if the file appeared meanwhile
+            except FileExistsError:
+                raise
+            except OSError:  # a file system without hard links
+                if path.exists():
+                    raise FileExistsError(str(path)) from None
+                os.replace(tmp, path)
+        if sync:
+            sync_directory(path.parent)
+
+
+_UNSYNCABLE = {errno.EINVAL, getattr(errno, "ENOTSUP", errno.EINVAL), getattr(errno, "EOPNOTSUPP", errno.EINVAL)}
+
+
+def sync_directory(path: Path | None = None, fd: int | None = None) -> None:
+    """``fsync`` the directory ``path`` (or the open directory descriptor ``fd``), so that a rename or a new name in
+    it survives a power cut: the file's own ``fsync`` does not write its directory entry (POSIX ``fsync(2)``).
+    Skipped where directories cannot be opened (Windows) or synced (a file system that answers ``EINVAL`` /
+    ``ENOTSUP``); any other error is raised."""
+    if fd is None:
+        if os.name != "posix":
             return
+        own = os.open(path if path is not None else ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                      | getattr(os, "O_CLOEXEC", 0))
         try:
-            os.link(tmp, path)  # atomic, and fails if the file appeared meanwhile
-        except FileExistsError:
+            sync_directory(fd=own)
+        finally:
+            os.close(own)
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in _UNSYNCABLE:
             raise
-        except OSError:  # a file system without hard links
-            if path.exists():
-                raise FileExistsError(str(path)) from None
-            os.replace(tmp, path)
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

@@ -14,7 +14,8 @@ relative to the descriptor:
 
 * :func:`write`: a payload in memory (the manifest, ``config.json``, metric rows, markers), written as
   :func:`phalanx.files.write_atomic` writes it — a fresh temporary file created ``O_EXCL | O_NOFOLLOW``, ``fsync``,
-  permissions, an optional step before it appears (the manifest records its digest), then ``renameat``;
+  permissions, an optional step before it appears (the manifest records its digest), then ``renameat``, then
+  ``fsync`` of the held directory (:func:`phalanx.files.sync_directory`: the rename survives a power cut);
 * :func:`scratch` and :func:`install`: a file a library writes by path (safetensors' checkpoint, DuckDB's Parquet)
   is written under :func:`scratch` — on Linux ``/proc/self/fd/N``, the directory as the descriptor names it — and
   renamed into place relative to the descriptor; where ``/proc`` is missing the temporary file goes by name and the
@@ -37,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from phalanx.errors import OutputError
-from phalanx.files import file_mode, write_atomic
+from phalanx.files import file_mode, sync_directory, write_atomic
 
 _HELD: dict[str, list[int]] = {}
 """Run directory (its absolute path) → [descriptor, how many blocks hold it]."""
@@ -115,8 +116,10 @@ def install(path: Path, tmp: Path, name: str) -> None:
     fd = fd_of(path)
     if fd is None:
         os.replace(tmp, Path(path) / name)
+        sync_directory(Path(path))
     else:
         os.replace(tmp.name, name, src_dir_fd=fd, dst_dir_fd=fd)
+        sync_directory(fd=fd)  # the rename survives a power cut (the file was synced before: its writer's step)
 
 
 def write(path: Path, name: str, payload: bytes, mode: int | None = None, *,
@@ -140,6 +143,7 @@ def write(path: Path, name: str, payload: bytes, mode: int | None = None, *,
         if before_replace is not None:
             before_replace(scratch(path) / tmp)
         os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        sync_directory(fd=fd)  # the new name survives a power cut, not only the bytes
     finally:
         try:
             os.unlink(tmp, dir_fd=fd)

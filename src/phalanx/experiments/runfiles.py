@@ -30,7 +30,9 @@ The safetensors format (Hugging Face, https://github.com/huggingface/safetensors
 64-bit length N, then N bytes of JSON (``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__":
 {str: str}}``), then the tensors' bytes; offsets are relative to the end of the header. :func:`checkpoint_header`
 checks N against the file's size before it reads the header, and every tensor's offsets against the rest of the
-file and its dtype and shape, before any tensor is read.
+file and its dtype and shape, before any tensor is read. :func:`load_checked` does all of it on one descriptor — the
+manifest's digest, the header, then the tensors (:func:`read_tensors`) — so that the file checked is the file loaded
+(a file renamed over the checkpoint between a check and the load is never read).
 
 :func:`tensors_digest` / :func:`tensors_digest_of_file`: one SHA-256 of a checkpoint's *tensors* (names, dtypes,
 shapes and bytes, not its metadata), the same whether computed from the tensors in memory before they are written or
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,7 +54,7 @@ from typing import Any, BinaryIO
 import torch
 
 from phalanx import files
-from phalanx.errors import ConfigError
+from phalanx.errors import ConfigError, IntegrityError
 
 MAX_JSON_BYTES = 4 << 20
 """The largest ``manifest.json`` / ``config.json`` read back."""
@@ -65,6 +68,8 @@ MAX_METRICS_BYTES = 4 << 30
 MAX_HEADER_BYTES = 8 << 20
 """The largest safetensors header of a checkpoint read back."""
 MAX_TENSORS = 4096
+CHANGED = "changed or truncated since it was written (its SHA-256 differs from manifest.json's)"
+"""The problem an :class:`~phalanx.errors.IntegrityError` names for a file whose digest is not the recorded one."""
 """The most tensors a checkpoint may hold."""
 
 DTYPES: dict[str, tuple[torch.dtype | None, int]] = {
@@ -219,22 +224,30 @@ def _entry(path: Path, name: str, raw: Any, data_size: int) -> TensorEntry:
     return TensorEntry(dtype, tuple(shape), begin, end)
 
 
-def checkpoint_header(path: Path, limit: int = MAX_HEADER_BYTES) -> Header:
+def checkpoint_header(path: Path, limit: int = MAX_HEADER_BYTES, fh: BinaryIO | None = None) -> Header:
     """The checked header of the safetensors file ``path`` (see the module's docstring); a :func:`damaged` error
-    naming it otherwise, raised having read at most ``limit`` + 8 bytes."""
-    size = size_of(path)
-    with open_regular(path) as fh:
-        head = fh.read(8)
-        if len(head) < 8:
-            raise damaged(path, f"{size} bytes: shorter than a safetensors header")
-        (n,) = struct.unpack("<Q", head)
-        if n > size - 8:
-            raise damaged(path, f"its header claims {n:,} bytes, but the file has {size - 8:,} after the length "
-                          "(its header lies about sizes)")
-        if n > limit:
-            raise damaged(path, f"its header claims {n:,} bytes, more than the {limit:,} a checkpoint's may have "
-                          "(not read)")
-        raw = fh.read(n)
+    naming it otherwise, raised having read at most ``limit`` + 8 bytes. Given ``fh`` (``path`` opened with
+    :func:`open_regular`), read from that descriptor, sized by ``fstat`` on it: the file checked is the file read."""
+    if fh is None:
+        size = size_of(path)
+        with open_regular(path) as opened:
+            return _header_of(path, opened, size, limit)
+    fh.seek(0)
+    return _header_of(path, fh, os.fstat(fh.fileno()).st_size, limit)
+
+
+def _header_of(path: Path, fh: BinaryIO, size: int, limit: int) -> Header:
+    head = fh.read(8)
+    if len(head) < 8:
+        raise damaged(path, f"{size} bytes: shorter than a safetensors header")
+    (n,) = struct.unpack("<Q", head)
+    if n > size - 8:
+        raise damaged(path, f"its header claims {n:,} bytes, but the file has {size - 8:,} after the length "
+                      "(its header lies about sizes)")
+    if n > limit:
+        raise damaged(path, f"its header claims {n:,} bytes, more than the {limit:,} a checkpoint's may have "
+                      "(not read)")
+    raw = fh.read(n)
     table = loads(path, raw)
     if not isinstance(table, dict):
         raise damaged(path, "its header is not a JSON object")
@@ -298,3 +311,74 @@ def tensors_digest_of_file(path: Path, header: Header | None = None) -> str:
                 h.update(block)
                 left -= len(block)
     return h.hexdigest()
+
+
+def digest_of(path: Path, fh: BinaryIO) -> str:
+    """SHA-256 (hex) of the file ``fh`` (``path`` opened with :func:`open_regular`), streamed in blocks of 1 MiB from
+    its start to the size ``fstat`` gives; a :func:`damaged` error if it grew meanwhile."""
+    size, h = os.fstat(fh.fileno()).st_size, hashlib.sha256()
+    fh.seek(0)
+    while size:
+        block = fh.read(min(size, 1 << 20))
+        if not block:
+            break
+        h.update(block)
+        size -= len(block)
+    if fh.read(1):
+        raise damaged(path, "it grew while it was read")
+    return h.hexdigest()
+
+
+def read_tensors(path: Path, fh: BinaryIO, header: Header) -> tuple[dict[str, torch.Tensor], str]:
+    """The tensors of the checkpoint ``fh`` (``path`` opened with :func:`open_regular`) whose checked header is
+    ``header`` (:func:`checkpoint_header` of the same ``fh``), read into tensors allocated from that header (at most
+    the file's size, checked against it), and the SHA-256 of every byte read, the header's included: equal to
+    :func:`digest_of` the file when nothing changed it while it was read. The one descriptor is read from its start
+    to its end, once; a file cut short or grown meanwhile is a :func:`damaged` error."""
+    h = hashlib.sha256()
+    fh.seek(0)
+    head = fh.read(header.data_start)
+    if len(head) != header.data_start:
+        raise damaged(path, "cut short inside its header")
+    h.update(head)
+    tensors = {}
+    for name, e in sorted(header.tensors.items(), key=lambda item: item[1].begin):
+        dtype = DTYPES[e.dtype][0]
+        if dtype is None:
+            raise damaged(path, f"tensor {name[:60]!r} has dtype {e.dtype}, which this torch cannot hold")
+        t = torch.empty(e.shape, dtype=dtype)
+        if t.numel():
+            buf, got = t.reshape(-1).view(torch.uint8).numpy().data, 0
+            while got < len(buf):
+                read = fh.readinto(buf[got:])  # type: ignore[attr-defined]
+                if not read:
+                    raise damaged(path, f"cut short inside tensor {name[:60]!r}")
+                got += read
+            h.update(buf)
+        tensors[name] = t
+    if fh.read(1):
+        raise damaged(path, "it grew while it was read")
+    return tensors, h.hexdigest()
+
+
+def load_checked(path: Path, accepted: tuple[Any, ...] | None) -> tuple[Header, dict[str, torch.Tensor]] | None:
+    """The checkpoint ``path``, opened once (None if it is missing): hashed (given the digests ``accepted``, one of
+    them it must have: an :class:`~phalanx.errors.IntegrityError` otherwise, before anything of its size is
+    allocated), its header checked (:func:`checkpoint_header`), then its tensors read (:func:`read_tensors`), all
+    from that one descriptor: a file put in its place meanwhile is never read, and one changed in place while read is
+    refused by the digest of what was read."""
+    try:
+        fh = open_regular(path)
+    except FileNotFoundError:
+        return None
+    with fh:
+        if accepted is not None and digest_of(path, fh) not in accepted:
+            raise IntegrityError(str(path), CHANGED)
+        header = checkpoint_header(path, fh=fh)
+        try:
+            tensors, read = read_tensors(path, fh, header)
+        except (OSError, RuntimeError) as exc:
+            raise damaged(path, f"truncated or not a safetensors file ({reason(exc)})") from None
+    if accepted is not None and read not in accepted:
+        raise IntegrityError(str(path), CHANGED)
+    return header, tensors

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from phalanx import __version__, code_digest
 from phalanx.errors import ConfigError, IntegrityError, OutputError
@@ -268,7 +268,7 @@ def _finish_first_write(out: Path, name: str, entry: dict[str, Any]) -> bool:
 
 
 def remove_temporaries(out: Path) -> int:
-    """Delete the temporary files that killed writes left in a run directory (``.NAME.XXXXXXXX.tmp``: never read);
+    """Delete the temporary files that killed writes left in a run directory (``.NAME.XXXXXXXX.tmp``: not read here);
     call it only while holding the run's lock, after the checkpoint is loaded (:func:`verify` may finish a first
     write from one). Returns how many were removed."""
     removed = 0
@@ -290,21 +290,25 @@ def verify(out: Path, names: tuple[str, ...]) -> None:
     manifest = _read_manifest(out)
     if manifest.get("integrity") is None:
         return
-    artifacts = manifest.get("artifacts", {})
     for name in names:
-        entry = artifacts.get(name)
-        path = out / name
-        if entry is None:
-            if path.exists():
-                raise IntegrityError(str(path), "not recorded in manifest.json (a file this run never wrote)")
-            continue
-        if not path.exists() and not _finish_first_write(out, name, entry):
-            raise IntegrityError(str(path), "missing (manifest.json records it)")
-        runfiles.size_of(path)  # a regular file: a FIFO or device put in its place would block or never end
-        digest = file_digest(path)
-        if digest not in (entry.get("sha256"), entry.get("previous")):
-            raise IntegrityError(str(path), "changed or truncated since it was written (its SHA-256 differs from "
-                                 "manifest.json's)")
+        if (accepted := _accepted(out, name, manifest)) is not None:
+            runfiles.size_of(out / name)  # a regular file: a FIFO or device put in its place would block or never end
+            if file_digest(out / name) not in accepted:
+                raise IntegrityError(str(out / name), runfiles.CHANGED)
+
+
+def _accepted(out: Path, name: str, manifest: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The digests ``manifest`` accepts for ``out/name`` (None: not recorded, and absent); an :class:`IntegrityError`
+    if it is recorded but missing (a killed first write is finished first) or present but never recorded."""
+    entry = manifest.get("artifacts", {}).get(name)
+    path = out / name
+    if entry is None:
+        if path.exists():
+            raise IntegrityError(str(path), "not recorded in manifest.json (a file this run never wrote)")
+        return None
+    if not path.exists() and not _finish_first_write(out, name, entry):
+        raise IntegrityError(str(path), "missing (manifest.json records it)")
+    return entry.get("sha256"), entry.get("previous")
 
 
 def check_identity(out: Path, identity: dict[str, Any], finished: bool = False) -> None:
@@ -453,17 +457,17 @@ def load_checkpoint(out: Path) -> Snapshot | None:
 
 def open_checkpoint(out: Path, rounds: int | None = None) -> Loaded | None:
     """The last checkpoint of a run directory (of a run of ``rounds`` rounds, when given), with the metric rows up
-    to it; None if there is none. Its header is checked against the file's size before anything is loaded
-    (:func:`phalanx.experiments.runfiles.checkpoint_header`)."""
+    to it; None if there is none. It is opened once, hashed against the manifest, its header checked against its size
+    before anything is loaded, then read: one descriptor (:func:`~phalanx.experiments.runfiles.load_checked`)."""
     ckpt = out / "checkpoint.safetensors"
-    verify(out, ("config.json", "checkpoint.safetensors", "metrics.jsonl"))
-    if not ckpt.exists():
+    verify(out, ("config.json",))
+    manifest = {} if forced() else _read_manifest(out)
+    loaded = runfiles.load_checked(ckpt, _accepted(out, ckpt.name, manifest) if manifest.get("integrity") else None)
+    verify(out, ("metrics.jsonl",))
+    if loaded is None:
         return None
-    meta = runfiles.checkpoint_header(ckpt).metadata
-    try:
-        tensors = load_file(str(ckpt))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise damaged(ckpt, f"truncated or not a safetensors file ({_reason(exc)})") from None
+    header, tensors = loaded
+    meta = header.metadata
     try:
         round_ = int(meta["round"])
         n_rows = int(meta["rows"]) if "rows" in meta else None
