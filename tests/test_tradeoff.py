@@ -356,3 +356,18 @@ def test_a_value_json_cannot_hold_is_null() -> None:
     t = Tabular("t", ["rule", "agg. error"])
     t.add("mean", "—", values={"rule": "mean", "agg_error": math.nan, "inf": math.inf, "ok": 0.5})
     assert json.loads(render(t, "json"))["values"] == [{"rule": "mean", "agg_error": None, "inf": None, "ok": 0.5}]
+
+
+def test_the_summary_groups_rows_by_setting_best_first_within_one(tmp_path: Path) -> None:
+    """Sorted by accuracy alone, the rows with no attack and under an attack were interleaved (a first-hour review):
+    the rows come grouped by the varying keys other than the rule — the no-attack baseline first — best first within
+    a group, in report.md and on the terminal alike. Mutant: accuracy alone."""
+    rows = [{**r, "test_accuracy": 0.99} if (r["aggregator"], r["attack"]) == ("cwtm", "alie") else r
+            for r in _grid([0, 1, 2])]  # the best row is one under attack: accuracy alone would put it first
+    _write_runs(tmp_path / "g", rows)
+    result = report.write_report(tmp_path / "g")
+    printed = [(r[0], r[1]) for r in grid_tables(result)[0].rows]
+    assert printed == [("mean", "none"), ("cwtm", "none"), ("cwtm", "alie"), ("mean", "alie")]
+    md = [line.split(" | ")[:2] for line in (tmp_path / "g" / "report.md").read_text().splitlines()
+          if line.startswith("| mean |") or line.startswith("| cwtm |")]
+    assert [(a.strip("| "), b) for a, b in md][:4] == printed

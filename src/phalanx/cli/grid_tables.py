@@ -48,6 +48,7 @@ def grid_tables(result: dict[str, Any]) -> list[Tabular]:
 def _summary_table(result: dict[str, Any]) -> Tabular:
     """A grid's final accuracy per setting (seeds pooled), best first, from :func:`report.write_report`'s result."""
     from phalanx.experiments.report import format_agg_error  # (not at import: it loads torch)
+    from phalanx.experiments.summary_text import summary_order
 
     several = any(s["seeds"] > 1 for s in result["summary"])
     keys = result["keys"]
@@ -55,7 +56,7 @@ def _summary_table(result: dict[str, Any]) -> Tabular:
     cols = [*keys, "final %", "agg. error", "Byz. share", "seeds"] + (["diverged"] if diverged else [])
     title = "Final test accuracy (seeds pooled" + ("; ± the standard deviation over seeds)" if several else ")")
     table = Tabular(title, cols, right=cols[len(keys):], compact=True)
-    for s in sorted(result["summary"], key=lambda s: -s["final_accuracy"]):
+    for s in summary_order(result["summary"], keys):
         acc = f"{100 * s['final_accuracy']:.1f}" + (f" ± {100 * s['final_accuracy_std']:.1f}" if s["seeds"] > 1 else "")
         table.add(*[str(s.get(k)) for k in keys], acc, format_agg_error(s["agg_error"]), _fmt(s["byz_share"], 2),
                   s["seeds"], *([f"{s.get('diverged', 0)}/{s['seeds']}"] if diverged else []),

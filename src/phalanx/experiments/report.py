@@ -25,7 +25,7 @@ from phalanx.experiments.plots import (
     save_figure,
 )
 from phalanx.experiments.schema import RESULT_NEUTRAL_KEYS, RunConfig
-from phalanx.experiments.setup_line import setup_line
+from phalanx.experiments.summary_text import setup_line, summary_order
 from phalanx.experiments.validrun import check_named
 from phalanx.walk import walk
 
@@ -183,7 +183,7 @@ def markdown_table(summary: list[dict[str, Any]], keys: list[str]) -> str:
     head = [*keys, "final %", "best %", "agg. error", "Byz. share", "seeds"] + (  # the printed table's, + best
         ["diverged"] if diverged else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for s in sorted(summary, key=lambda s: -s["final_accuracy"]):
+    for s in summary_order(summary, keys):
         acc = f"{100 * s['final_accuracy']:.1f}" + (f" ± {100 * s['final_accuracy_std']:.1f}" if s["seeds"] > 1 else "")
         cells = [str(s.get(k)) for k in keys] + [
             acc, f"{100 * s['best_accuracy']:.1f}",
