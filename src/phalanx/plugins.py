@@ -19,19 +19,21 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import pkgutil
 import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from importlib.metadata import EntryPoint, entry_points
+from types import ModuleType
 from typing import Any, ClassVar, Generic, TypeVar, overload
 
 from phalanx.errors import ConfigError
 from phalanx.validate import suggest
 
-__all__ = ["Component", "Registry", "accepted_params", "check_params", "import_spec", "is_spec", "no_spec_imports",
-           "parse_value", "split_call"]
+__all__ = ["Component", "Registry", "accepted_params", "check_params", "import_modules", "import_spec", "is_spec",
+           "no_spec_imports", "parse_value", "split_call"]
 
 T = TypeVar("T")
 Obj = TypeVar("Obj")
@@ -76,6 +78,24 @@ def constructor_params(obj: object) -> dict[str, Any]:
 
 
 _MISSING = object()
+
+
+def import_modules(package: str, path: Iterable[str]) -> list[ModuleType]:
+    """Import every public module of ``package`` (whose ``__path__`` is ``path``), then every module of its public
+    subpackages, each level in name order, and return them in that order: how a package of built-ins (rules,
+    attacks, round algorithms) finds its members by itself — importing a module registers what it defines, so a new
+    built-in is one file there, with no list of imports to extend. A name starting with ``_`` (a helper, a compiled
+    kernel) is left out. The order is fixed (sorted), so registration is the same in every process."""
+    found = sorted(pkgutil.iter_modules(list(path)), key=lambda m: (m.ispkg, m.name))
+    modules: list[ModuleType] = []
+    for info in found:
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{package}.{info.name}")
+        modules.append(module)
+        if info.ispkg:
+            modules += import_modules(module.__name__, module.__path__)
+    return modules
 
 
 def is_spec(name: str) -> bool:
