@@ -232,6 +232,7 @@ class Registry(Generic[T]):
         self.legacy_group = legacy_group
         self._accept = accept
         self._entries: dict[str, T] = {}
+        self._loaded: dict[str, T] = {}  # entry points loaded, by name: kept apart, as they shadow nothing
         self._entry_points: dict[str, EntryPoint] | None = None
         self._shadowed: set[str] = set()  # names whose shadowed entry point was already said
 
@@ -300,6 +301,8 @@ class Registry(Generic[T]):
         if isinstance(name, str) and is_spec(name):
             obj = import_spec(name, parameter)
             return self._accept(obj, name) if self._accept else obj
+        if isinstance(name, str) and name in self._loaded:  # an entry point loaded before: the same object again
+            return self._loaded[name]
         ep = self._eps().get(name) if isinstance(name, str) else None
         if ep is not None:
             if ep.group != self.group:
@@ -311,7 +314,9 @@ class Registry(Generic[T]):
             except Exception as exc:  # a broken plug-in: say which one
                 raise ConfigError(parameter, name, f"an entry point of {ep.group} that loads ({exc!r})") from None
             accepted = self._accept(obj, name) if self._accept else obj
-            self._entries[name] = accepted
+            # cached apart from the registered entries: cached among them, its next lookup took it for a registered
+            # name that shadows the entry point, and warned that the plug-in in use was "never used" (audit F5)
+            self._loaded[name] = accepted
             return accepted
         raise ConfigError(
             parameter, name, "one of " + ", ".join(self.names()) + " or a 'module:attr' spec",
