@@ -20,8 +20,9 @@ the rule and its floor start from the same state:
   (krum, multikrum, mda, bulyan, nnm, monna — a benchmark case shown when registered —, clippedclustering, flame,
   foolsgold, caf, smea).
 
-A chain (``nnm>mean``) has the sum of its components' floors (``gemm+pass``). A rule not in :data:`FLOOR_KINDS`
-(a plug-in, a new rule) gets one pass and is labelled ``pass (undeclared)``. A floor is a declared lower bound of
+A chain (``nnm>mean``) has the sum of its components' floors (``gemm+pass``). Each rule declares its kind on its
+class (``floor``; one pass by default, so a new rule is still its one file); a case that is no registered rule gets
+one pass and is labelled ``pass (undeclared)``. A floor is a declared lower bound of
 the work, not a claim that the rule could reach it.
 """
 
@@ -35,17 +36,27 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-FLOOR_KINDS: dict[str, str] = {
-    **dict.fromkeys(["mean", "cwmed", "cwtm", "meamed", "signmaj", "rlr", "fltrust", "signguard", "cge", "bucketing",
-                     "dnc", "fldetector"], "pass"),
-    **dict.fromkeys(["clip", "arc"], "copy"),
-    **dict.fromkeys(["cc", "geomed"], "passes"),
-    **dict.fromkeys(["krum", "multikrum", "mda", "bulyan", "nnm", "monna", "clippedclustering", "flame", "foolsgold",
-                     "caf", "smea"], "gemm"),
-}
-"""Floor kind of every registered rule and pre-aggregator (``tests/test_bench_floors.py`` checks the registry)."""
+from phalanx.aggregators import registry
+
+KINDS = ("pass", "copy", "passes", "gemm")
+"""The floor kinds a rule may declare (:attr:`phalanx.aggregators.base._Component.floor`)."""
+
+PEERS: dict[str, str] = {"monna": "gemm"}
+"""Floor kinds of the benchmark cases that are no Phalanx rule (``monna``: shown when registered)."""
+
+
+def floor_kinds() -> dict[str, str]:
+    """Floor kind of every registered rule and pre-aggregator, as its class declares it (its ``floor``: one pass
+    unless the class says otherwise, so a new rule needs no entry here), and of :data:`PEERS`."""
+    declared = {name: str(getattr(registry.get_class(name), "floor", UNDECLARED)) for name in registry.names()}
+    return declared | PEERS
+
 
 UNDECLARED = "pass (undeclared)"
+
+FLOOR_KINDS: dict[str, str] = floor_kinds()
+"""Floor kind of every registered rule and pre-aggregator (``tests/test_bench_floors.py`` checks each is one of
+:data:`KINDS`)."""
 
 
 class _CountDots(TorchFunctionMode):

@@ -280,7 +280,11 @@ ROUND_LISTINGS = {"attacks": "attack_rows", "algorithms": "algorithm_rows", "sta
 
 def _phalanx_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """The registries as a fresh process has them: entries registered by other tests of this process (a user's
-    algorithm in tests/test_sections.py) set aside for this test."""
+    algorithm in tests/test_sections.py) set aside for this test. The algorithms and stages are found first (their
+    registries import their packages at the first look-up): found inside the test, they would be registered in the
+    set-aside copy and lost with it."""
+    base.names()
+    stage_registry.names()
     for reg in (attacks.registry._REGISTRY, gossip_attacks._REGISTRY, base._REGISTRY, stage_registry._REGISTRY):
         monkeypatch.setattr(reg, "_entries", {k: v for k, v in reg._entries.items()
                                               if getattr(v, "__module__", "").startswith("phalanx.")})

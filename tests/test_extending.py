@@ -223,3 +223,19 @@ def test_a_plain_class_attacks_parameters_reach_the_listing(monkeypatch: pytest.
     wrapped = user_attack(Shift, "shift")
     assert list(_parameters(wrapped)) == [("offset", "float", 3.0)]
     assert wrapped(offset=2.0).params() == {"offset": 2.0}
+
+
+def test_a_plain_class_s_docstring_is_the_wrapper_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plug-in rule or attack that is a plain class keeps its docstring through Phalanx's wrapper (extension
+    audit F4: ``UserAttack[shift]().__doc__`` was None, so a documented plug-in failed the attack tests' check of
+    its description)."""
+    from phalanx.aggregators.registry import user_rule
+    from phalanx.attacks.registry import user_attack
+
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    from mylab.attacks import Shift
+    from mylab.rules import MedianOfMeans
+
+    assert Shift.__doc__ and MedianOfMeans.__doc__
+    assert user_attack(Shift, "shift")().__doc__ == Shift.__doc__
+    assert user_rule(MedianOfMeans, "median-of-means").__doc__ == MedianOfMeans.__doc__

@@ -220,7 +220,10 @@ def test_the_solo_flag_is_what_the_attacks_compute() -> None:
         return attacks.make(name)(ctx)
 
     solo = {n for n in attacks.names("vector") if getattr(attacks.get_class(n), "solo", False)}
-    assert solo == {"foe", "gaussian", "inf", "ipm", "nan", "none", "signflip", "subnormal"}
+    # read from the classes' own flags (a new attack needs no edit here), each checked below against what it computes;
+    # the ones the loop cannot check by computing are named: none replays an honest row, optimal and evade read the
+    # server's rule
+    assert "none" in solo and not {"optimal", "evade"} & solo and {"signflip", "gaussian"} <= solo
     # evade: a function of the mean only where no filter is shown to it; it reads the server's filter (an oracle a
     # lone worker does not have), so it is not solo
     for name in sorted(set(attacks.names("vector")) - {"optimal", "intermittent", "none", "evade"}):

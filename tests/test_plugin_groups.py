@@ -97,3 +97,27 @@ def test_an_entry_point_shadowed_by_a_built_in_is_said_once() -> None:
         warnings.simplefilter("error")
         assert reg.get("cwtm") is Builtin  # once
         assert reg.get("same") is Builtin and reg.get("own") is Builtin
+
+
+def test_a_loaded_entry_point_is_not_said_to_be_shadowed_by_itself(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An installed plain-class rule (wrapped by Phalanx, so the object handed out is of another module) is loaded
+    once and used: later lookups give the same class, say nothing of shadowing, and it stays out of the entries
+    registered in this process (extension audit F5: the second lookup warned that the plug-in in use was "shadowed
+    by the built-in … and never used")."""
+    from phalanx.aggregators import registry as rules
+
+    pkg = tmp_path / "f5lab"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "rules.py").write_text("import torch\n\n\nclass Plain:\n    def __init__(self, f=0):\n        self.f = f\n\n"
+                                  "    def __call__(self, x):\n        return x.mean(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(_site(tmp_path, {"phalanx.aggregators": {"f5-plain": "f5lab.rules:Plain"}})))
+    reg = Registry("aggregator", "phalanx.aggregators", rules._accept)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = reg.get("f5-plain")
+        assert first.__module__ == "phalanx.aggregators.registry"  # the wrapper: not the entry point's module
+        assert reg.get("f5-plain") is first and reg.names().count("f5-plain") == 1
+    assert "f5-plain" not in reg.registered()

@@ -124,6 +124,17 @@ def test_track_options_become_overrides() -> None:
         tracking.track_overrides({}, ["=x"])
 
 
+def test_a_tracker_named_by_its_spec_takes_its_uri_from_track() -> None:
+    """``--track SPEC=URI`` with a ``module:attr`` spec: its URI is keyed by the whole spec in ``tracking_params`` (the
+    key the config reads a spec tracker's parameters under), not split at the spec's dots (extension audit F6:
+    ``tracking_params='extaudit' is invalid``); a URI's own ``=`` stays in the URI."""
+    spec = "mylab.trackers:CSVTracker"
+    sets = tracking.track_overrides({}, [f"{spec}=runs/csv", "mlflow=http://host/?a=b"])
+    data = apply_overrides({}, sets)
+    assert data["tracking"] == [spec, "mlflow"]
+    assert data["tracking_params"] == {spec: {"uri": "runs/csv"}, "mlflow": {"uri": "http://host/?a=b"}}
+
+
 # --- TensorBoard -------------------------------------------------------------------------------------------
 
 

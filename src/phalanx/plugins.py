@@ -19,19 +19,21 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import pkgutil
 import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from importlib.metadata import EntryPoint, entry_points
+from types import ModuleType
 from typing import Any, ClassVar, Generic, TypeVar, overload
 
 from phalanx.errors import ConfigError
 from phalanx.validate import suggest
 
-__all__ = ["Component", "Registry", "accepted_params", "check_params", "import_spec", "is_spec", "no_spec_imports",
-           "parse_value", "split_call"]
+__all__ = ["Component", "Registry", "accepted_params", "check_params", "import_modules", "import_spec", "is_spec",
+           "no_spec_imports", "parse_value", "split_call"]
 
 T = TypeVar("T")
 Obj = TypeVar("Obj")
@@ -76,6 +78,24 @@ def constructor_params(obj: object) -> dict[str, Any]:
 
 
 _MISSING = object()
+
+
+def import_modules(package: str, path: Iterable[str]) -> list[ModuleType]:
+    """Import every public module of ``package`` (whose ``__path__`` is ``path``), then every module of its public
+    subpackages, each level in name order, and return them in that order: how a package of built-ins (rules,
+    attacks, round algorithms) finds its members by itself — importing a module registers what it defines, so a new
+    built-in is one file there, with no list of imports to extend. A name starting with ``_`` (a helper, a compiled
+    kernel) is left out. The order is fixed (sorted), so registration is the same in every process."""
+    found = sorted(pkgutil.iter_modules(list(path)), key=lambda m: (m.ispkg, m.name))
+    modules: list[ModuleType] = []
+    for info in found:
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{package}.{info.name}")
+        modules.append(module)
+        if info.ispkg:
+            modules += import_modules(module.__name__, module.__path__)
+    return modules
 
 
 def is_spec(name: str) -> bool:
@@ -212,6 +232,7 @@ class Registry(Generic[T]):
         self.legacy_group = legacy_group
         self._accept = accept
         self._entries: dict[str, T] = {}
+        self._loaded: dict[str, T] = {}  # entry points loaded, by name: kept apart, as they shadow nothing
         self._entry_points: dict[str, EntryPoint] | None = None
         self._shadowed: set[str] = set()  # names whose shadowed entry point was already said
 
@@ -280,6 +301,8 @@ class Registry(Generic[T]):
         if isinstance(name, str) and is_spec(name):
             obj = import_spec(name, parameter)
             return self._accept(obj, name) if self._accept else obj
+        if isinstance(name, str) and name in self._loaded:  # an entry point loaded before: the same object again
+            return self._loaded[name]
         ep = self._eps().get(name) if isinstance(name, str) else None
         if ep is not None:
             if ep.group != self.group:
@@ -291,7 +314,9 @@ class Registry(Generic[T]):
             except Exception as exc:  # a broken plug-in: say which one
                 raise ConfigError(parameter, name, f"an entry point of {ep.group} that loads ({exc!r})") from None
             accepted = self._accept(obj, name) if self._accept else obj
-            self._entries[name] = accepted
+            # cached apart from the registered entries: cached among them, its next lookup took it for a registered
+            # name that shadows the entry point, and warned that the plug-in in use was "never used" (audit F5)
+            self._loaded[name] = accepted
             return accepted
         raise ConfigError(
             parameter, name, "one of " + ", ".join(self.names()) + " or a 'module:attr' spec",

@@ -11,32 +11,14 @@ reference, its requirement on n and f, (where the literature gives them) ε and 
 (:class:`RuleTags`, read with :func:`get_tags`). See docs/aggregators.md.
 """
 
-# Importing a module registers its rules with make()/names().
-from phalanx.aggregators import (  # noqa: F401
-    bulyan,
-    caf,
-    cc,
-    cge,
-    clippedclustering,
-    coordinatewise,
-    dnc,
-    flame,
-    fldetector,
-    fltrust,
-    foolsgold,
-    geomed,
-    krum,
-    mda,
-    mean,
-    rlr,
-    signguard,
-    signmaj,
-    smea,
-)
 from phalanx.aggregators.base import Aggregator, PreAggregator, RuleTags
 from phalanx.aggregators.chain import Chain
-from phalanx.aggregators.pre import arc, bucketing, clip, nnm  # noqa: F401
 from phalanx.aggregators.registry import get_class, get_tags, make, names, parse_spec, register
+from phalanx.plugins import import_modules
+
+# Every module of this package (and of pre/) is imported here, in name order, and importing one registers its rules
+# with make()/names(): a new rule is its file, with no import to add (tests/test_builtin_discovery.py).
+import_modules(__name__, __path__)
 
 __all__ = [
     "Aggregator", "Chain", "PreAggregator", "RuleTags", "get_class", "get_tags", "make", "names", "parse_spec",

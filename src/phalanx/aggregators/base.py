@@ -245,6 +245,11 @@ class _Component(Component, ABC):
     """How many ``(n, n)`` float64 matrices (pairwise distances, a Gram matrix) its peak memory holds; 0 when it
     builds none. Memory estimates (``phalanx epsilon``) read it (measured: the Gram product, its symmetrised copy,
     the distances and the sort of a row, about 4.2–5 for most distance-based rules)."""
+    floor: str = "pass"
+    """The least work its definition needs on an ``(n, d)`` input, which ``make bench`` times beside it (its ``×
+    floor``, benchmarks/_bench_floors.py): ``"pass"`` (one streaming pass, the default), ``"copy"`` (a fresh
+    ``(n, d)`` output), ``"passes"`` (one pass per iteration) or ``"gemm"`` (the Gram matrix, for a rule defined on
+    every pairwise distance). Declared here, on the class, so that a new rule is its one file."""
     tags: RuleTags = RuleTags()
     """What it claims (:class:`RuleTags`; read with :func:`phalanx.aggregators.get_tags`): the full contract unless
     the class says otherwise."""

@@ -89,6 +89,7 @@ class Bulyan(Aggregator):
 
     subnormals_as_zero = True  # subnormal arithmetic made it tens of times slower on a CPU: flush to zero (_subnormals)
     name: ClassVar[str] = "bulyan"
+    floor = "gemm"
     pairwise_matrices = 5
     reference: ClassVar[str] = (
         "E. M. El Mhamdi, R. Guerraoui, S. Rouault, 'The Hidden Vulnerability of Distributed Learning in Byzantium', "

@@ -200,6 +200,7 @@ class CAF(Aggregator):
 
     subnormals_as_zero = True  # subnormal arithmetic made it tens of times slower on a CPU: flush to zero (_subnormals)
     name: ClassVar[str] = "caf"
+    floor = "gemm"
     reference: ClassVar[str] = (
         "Y. Allouah, R. Guerraoui, J. Stephan, 'Towards trustworthy federated learning with untrusted "
         "participants', ICML 2025, Algorithm 2 (CAF)"

@@ -41,6 +41,7 @@ class CenteredClipping(Aggregator):
 
     subnormals_as_zero = True  # subnormal arithmetic made it tens of times slower on a CPU: flush to zero (_subnormals)
     name: ClassVar[str] = "cc"
+    floor = "passes"
     reference: ClassVar[str] = (
         "Karimireddy, He & Jaggi, Learning from history for Byzantine robust optimization, ICML 2021 (Eq. 3)"
     )

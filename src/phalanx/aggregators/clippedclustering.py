@@ -130,6 +130,7 @@ class ClippedClustering(Aggregator):
 
     subnormals_as_zero = True  # subnormal arithmetic made it tens of times slower on a CPU: flush to zero (_subnormals)
     name: ClassVar[str] = "clippedclustering"
+    floor = "gemm"
     pairwise_matrices = 10  # its average linkage holds more (measured 9.5)
     reference: ClassVar[str] = (
         "S. Li, E. C.-H. Ngai, T. Voigt, 'An experimental study of Byzantine-robust aggregation schemes in "

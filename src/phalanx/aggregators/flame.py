@@ -184,6 +184,7 @@ class FLAME(Aggregator):
     """
 
     name: ClassVar[str] = "flame"
+    floor = "gemm"
     reference: ClassVar[str] = (
         "T. D. Nguyen, P. Rieger, H. Chen, H. Yalame, H. Möllering, H. Fereidooni, S. Marchal, M. Miettinen, "
         "A. Mirhoseini, S. Zeitouni, F. Koushanfar, A.-R. Sadeghi, T. Schneider, 'FLAME: Taming backdoors in "

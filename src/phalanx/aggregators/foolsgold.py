@@ -138,6 +138,7 @@ class FoolsGold(Aggregator):
     """
 
     name: ClassVar[str] = "foolsgold"
+    floor = "gemm"
     reference: ClassVar[str] = (
         "C. Fung, C. J. M. Yoon, I. Beschastnikh, 'The limitations of federated learning in sybil settings', "
         "RAID 2020, Algorithm 1"

@@ -161,6 +161,7 @@ class GeometricMedian(Aggregator):
 
     subnormals_as_zero = True  # subnormal arithmetic made it tens of times slower on a CPU: flush to zero (_subnormals)
     name: ClassVar[str] = "geomed"
+    floor = "passes"
     reference: ClassVar[str] = (
         "Pillutla, Kakade & Harchaoui, Robust aggregation for federated learning, IEEE TSP 2022 (RFA, smoothed "
         "Weiszfeld, Algorithm 3)"

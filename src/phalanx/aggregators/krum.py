@@ -84,6 +84,7 @@ class Krum(Aggregator):
 
     subnormals_as_zero = True  # subnormal arithmetic made it tens of times slower on a CPU: flush to zero (_subnormals)
     name: ClassVar[str] = "krum"
+    floor = "gemm"
     pairwise_matrices = 5
     reference: ClassVar[str] = _REFERENCE + ", Section 4 (the Krum function, Proposition 1)"
     requirement = "n > 2f + 2"
@@ -138,6 +139,7 @@ class MultiKrum(Aggregator):
 
     subnormals_as_zero = True  # subnormal arithmetic made it tens of times slower on a CPU: flush to zero (_subnormals)
     name: ClassVar[str] = "multikrum"
+    floor = "gemm"
     pairwise_matrices = 5
     reference: ClassVar[str] = _REFERENCE + ", Section 4 (Krum) and Section 5 (the Multi-Krum variant)"
 

@@ -217,6 +217,7 @@ class MDA(Aggregator):
 
     subnormals_as_zero = True  # subnormal arithmetic made it tens of times slower on a CPU: flush to zero (_subnormals)
     name: ClassVar[str] = "mda"
+    floor = "gemm"
     pairwise_matrices = 5
     reference: ClassVar[str] = (
         "E. M. El Mhamdi, R. Guerraoui, S. Rouault, 'The Hidden Vulnerability of Distributed Learning in Byzantium', "

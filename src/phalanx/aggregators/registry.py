@@ -147,6 +147,7 @@ def user_rule(obj: Any, spec: str) -> type[Aggregator]:
             return out, torch.full((x.shape[0],), float("nan"), dtype=torch.float64, device=x.device)
 
     UserRule.__name__ = UserRule.__qualname__ = f"UserRule[{spec}]"
+    UserRule.__doc__ = getattr(obj, "__doc__", None)  # the user's description, for help and the listings
     return UserRule
 
 

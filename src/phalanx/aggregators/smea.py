@@ -105,6 +105,7 @@ class SMEA(Aggregator):
     """
 
     name: ClassVar[str] = "smea"
+    floor = "gemm"
     reference: ClassVar[str] = (
         "Y. Allouah, R. Guerraoui, N. Gupta, R. Pinot, J. Stephan, 'On the privacy-robustness-utility trilemma "
         "in distributed learning', ICML 2023 (SMEA)"

@@ -85,6 +85,7 @@ def user_attack(obj: Any, spec: str) -> type[Attack]:
             return out
 
     UserAttack.__name__ = UserAttack.__qualname__ = f"UserAttack[{spec}]"
+    UserAttack.__doc__ = getattr(obj, "__doc__", None)  # the user's description, for help and the listings
     try:  # the user's constructor's parameters, for the listings (the wrapper's own are ``**params``)
         UserAttack.__signature__ = inspect.signature(obj)  # type: ignore[attr-defined]
     except (TypeError, ValueError):

@@ -43,6 +43,7 @@ class ARC(PreAggregator):
     """
 
     name: ClassVar[str] = "arc"
+    floor = "copy"
     reference: ClassVar[str] = (
         "Y. Allouah, R. Guerraoui, N. Gupta, A. Jellouli, G. Rizk, J. Stephan, 'Adaptive gradient clipping for "
         "robust federated learning', ICLR 2025 (arXiv 2405.14432), Algorithm 1 (ARC)"

@@ -31,6 +31,7 @@ class Clip(PreAggregator):
     """
 
     name: ClassVar[str] = "clip"
+    floor = "copy"
     reference: ClassVar[str] = (
         "static clipping; see Y. Allouah, R. Guerraoui, N. Gupta, A. Jellouli, G. Rizk, J. Stephan, 'Adaptive "
         "gradient clipping for robust federated learning', ICLR 2025 (arXiv 2405.14432), the static clipping baseline"

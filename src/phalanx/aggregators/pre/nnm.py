@@ -56,6 +56,7 @@ class NNM(PreAggregator):
 
     subnormals_as_zero = True  # subnormal arithmetic made it tens of times slower on a CPU: flush to zero (_subnormals)
     name: ClassVar[str] = "nnm"
+    floor = "gemm"
     pairwise_matrices = 5
     reference: ClassVar[str] = (
         "Y. Allouah, S. Farhadkhani, R. Guerraoui, N. Gupta, R. Pinot, J. Stephan, 'Fixing by Mixing: A Recipe for "

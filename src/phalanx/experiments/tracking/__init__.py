@@ -17,6 +17,7 @@ validated.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,7 +147,8 @@ def of_keys(names: list[str], params: dict[str, Any], config: dict[str, Any],
 
 def track_overrides(data: Mapping[str, Any], tracks: Sequence[str]) -> list[str]:
     """``--track NAME`` / ``--track NAME=URI`` (repeatable) as ``--set`` overrides of the config ``data``: the names
-    added to its ``tracking``, each URI as ``tracking_params.NAME.uri``."""
+    added to its ``tracking``, each URI as ``tracking_params.NAME.uri`` (a tracker named by its ``module:attr`` spec:
+    ``tracking_params."SPEC".uri``, the spec one key). NAME ends at the first ``=``: a URI may hold more."""
     current = data.get("tracking", [])
     names = [current] if isinstance(current, str) else list(current) if isinstance(current, list) else []
     out: list[str] = []
@@ -157,7 +159,8 @@ def track_overrides(data: Mapping[str, Any], tracks: Sequence[str]) -> list[str]
             raise ConfigError("--track", item, "NAME or NAME=URI (tensorboard, mlflow, wandb)")
         if name not in names:
             names.append(name)
-        if sep:
-            out.append(f"tracking_params.{name}.uri={json.dumps(uri)}")
+        if sep:  # a spec's dots and colon are one key part of --set's path: written quoted, as TOML does
+            key = name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
+            out.append(f"tracking_params.{key}.uri={json.dumps(uri)}")
     return [f"tracking={json.dumps(names)}", *out]
 

@@ -45,6 +45,7 @@ imports them.
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -58,7 +59,7 @@ from phalanx.attacks.base import KNOWLEDGE, Attack, DataAttack
 from phalanx.decentralized.gossip_attacks import is_gossip_attack
 from phalanx.decentralized.robust_gossip import is_gossip_rule
 from phalanx.errors import ConfigError
-from phalanx.plugins import Registry, check_params, is_spec
+from phalanx.plugins import Registry, check_params, import_modules, is_spec
 from phalanx.training.problem import Problem
 from phalanx.training.server import Server
 from phalanx.training.shards import WorkerData
@@ -379,6 +380,22 @@ BUILT_IN = ("dsgd", "fedavg", "gossip", "anytime")
 ``local_steps``, ``graph``, …); every other name is looked up in the registry and built from ``algorithm_params``."""
 
 
+_found = False
+
+
+def _discover() -> None:
+    """Import every module of this package once (:func:`phalanx.plugins.import_modules`): a module that defines a
+    ``@register``-ed algorithm registers it as it is imported, so a new built-in algorithm is one file here, with no
+    import or entry point to add (tests/test_builtin_discovery.py). Lazy — on the first name looked up, not when this
+    module is imported — as the algorithm modules import this one."""
+    global _found
+    if _found:
+        return
+    _found = True
+    package = __package__ or "phalanx.training.algorithms"
+    import_modules(package, importlib.import_module(package).__path__)
+
+
 def register(cls: type[RoundAlgorithm]) -> type[RoundAlgorithm]:
     """Class decorator: make a round algorithm known to configs under ``cls.name``."""
     _REGISTRY.register(cls)
@@ -387,11 +404,13 @@ def register(cls: type[RoundAlgorithm]) -> type[RoundAlgorithm]:
 
 def names() -> list[str]:
     """The names a config's ``algorithm`` accepts (and a ``module:attr`` spec)."""
+    _discover()
     return sorted({*BUILT_IN, *_REGISTRY.names()})
 
 
 def resolve(name: str) -> type[RoundAlgorithm]:
     """The class of a registered name, a ``module:attr`` spec or a ``phalanx.algorithms`` entry point."""
+    _discover()
     if not is_spec(name) and name not in _REGISTRY:
         known = names()
         raise ConfigError("algorithm", name, "one of " + ", ".join(known) + " or a 'module:attr' spec of a "

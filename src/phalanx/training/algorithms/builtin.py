@@ -5,20 +5,14 @@ each one reads, whose learning rate ``lr`` is, which run on a device, which run 
 from __future__ import annotations
 
 from phalanx.errors import ConfigError
-from phalanx.training.algorithms.aflguard import AFLGuard  # noqa: F401 - registers 'aflguard'
 from phalanx.training.algorithms.base import BUILT_IN as NAMES
 from phalanx.training.algorithms.base import RoundAlgorithm, resolve
-from phalanx.training.algorithms.basgd import BASGD  # noqa: F401 - registers 'basgd' (see below)
 from phalanx.training.algorithms.dsgd import DSGD
 from phalanx.training.algorithms.fedavg import FedAvg
-from phalanx.training.algorithms.fedbuff import FedBuff  # noqa: F401 - registers 'fedbuff'
 from phalanx.training.algorithms.gossip import AnytimeGossip, Gossip
-from phalanx.training.algorithms.kardam import Kardam  # noqa: F401 - registers 'kardam'
-from phalanx.training.algorithms.zenopp import ZenoPP  # noqa: F401 - registers 'zenopp'
 
-# FedBuff, BASGD, Kardam, Zeno++ and AFLGuard are entry points too (pyproject.toml); they are imported above (each
-# registers itself) so that their short names work from a checkout whose installed metadata predates them (an editable
-# install's entry points are not re-read until it is reinstalled).
+# Every other built-in algorithm (FedBuff, BASGD, Kardam, Zeno++, AFLGuard, SCAFFOLD, …) is one module of this package
+# with @register, found by base.resolve() itself (base._discover): nothing to import here.
 
 BUILT_IN: dict[str, type[RoundAlgorithm]] = {cls.name: cls for cls in (DSGD, FedAvg, Gossip, AnytimeGossip)}
 """``algorithm = NAME`` → its class, for the algorithms a config configures with its own keys."""

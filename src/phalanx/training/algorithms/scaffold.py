@@ -36,11 +36,13 @@ import torch
 from torch import Tensor
 
 from phalanx.errors import ConfigError
+from phalanx.training.algorithms.base import register
 from phalanx.training.algorithms.fedavg import FedAvg, FedAvgClients, attack_rows, previous_aggregate
 from phalanx.training.server import RoundResult, Server
 from phalanx.training.state import Received
 
 
+@register
 @dataclass(frozen=True)
 class Scaffold(FedAvg):
     """SCAFFOLD (see the module's docstring): FedAvg's clients with control variates, both halves aggregated by the
