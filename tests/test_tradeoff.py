@@ -371,3 +371,31 @@ def test_the_summary_groups_rows_by_setting_best_first_within_one(tmp_path: Path
     md = [line.split(" | ")[:2] for line in (tmp_path / "g" / "report.md").read_text().splitlines()
           if line.startswith("| mean |") or line.startswith("| cwtm |")]
     assert [(a.strip("| "), b) for a, b in md][:4] == printed
+
+
+def test_a_rule_with_only_none_runs_keeps_its_price_beside_a_mean_with_honest_ones() -> None:
+    """The default job's folder holds the mean's ``honest`` runs; a later grid of one rule with ``none`` and an attack
+    run into it must still give that rule's price, on ``none`` (the baseline both have), not drop its row (an
+    attacker's review of this session: the baseline was chosen from the mean's runs alone)."""
+    rows = _grid([0, 1, 2])
+    rows += [{**r, "attack": "honest", "run": r["run"].replace("none", "honest")}
+             for r in _grid([0, 1, 2]) if (r["aggregator"], r["attack"]) == ("mean", "none")]
+    (t,) = report.tradeoff(rows)
+    assert (t.rule, t.attack, t.baseline) == ("cwtm", "alie", "none")
+
+
+def test_a_table_whose_rows_stand_on_different_baselines_says_which_row_stands_on_which() -> None:
+    """One setting with ``honest`` runs and another with ``none`` only: the tables get a "no-attack runs" column, so
+    the note about ``none`` is read against the rows it concerns (an attacker's review: the note covered every row)."""
+    rows = _grid([0, 1, 2], alpha=1.0)
+    rows += [{**r, "attack": "honest", "run": r["run"].replace("none", "honest")}
+             for r in _grid([0, 1, 2], alpha=0.1) if r["attack"] == "none"]
+    rows += [r for r in _grid([0, 1, 2], alpha=0.1) if r["attack"] != "none"]
+    trades = report.tradeoff(rows)
+    head, lines = report.tradeoff_table(trades)
+    assert "no-attack runs" in head and "alpha" in head
+    by_alpha = {line[head.index("alpha")]: line[head.index("no-attack runs")] for line in lines}
+    assert by_alpha == {"0.1": "honest", "1.0": "none"}
+    (_, terminal) = grid_tables({"summary": [], "keys": [], "tradeoff": trades})
+    assert "no-attack runs" in terminal.columns
+    assert report.tradeoff_table(report.tradeoff(_grid([0, 1, 2])))[0] == list(report.TRADEOFF_HEAD)  # one: none

@@ -304,11 +304,9 @@ def tradeoff(rows: list[dict[str, Any]], extra: list[str] | tuple[str, ...] = ()
     for context, by_cell in cells.items():
         acc = {cell: {s: v[0] for s, v in per_seed.items() if len(v) == 1} for cell, per_seed in by_cell.items()}
         rules = sorted({a for a, _ in acc} - {MEAN})
-        base = next((a for a in NO_ATTACKS if (MEAN, a) in acc), None)
-        if base is None:
-            continue
         for attack in sorted({t for _, t in acc} - set(NO_ATTACKS)):
-            for rule in rules:
+            for rule in rules:  # the first baseline both the mean and the rule have (a rule with none-runs only)
+                base = next((b for b in NO_ATTACKS if (MEAN, b) in acc and (rule, b) in acc), NO_ATTACK)
                 four = [(MEAN, base), (rule, base), (MEAN, attack), (rule, attack)]
                 if not all(c in acc for c in four):
                     continue
@@ -317,7 +315,8 @@ def tradeoff(rows: list[dict[str, Any]], extra: list[str] | tuple[str, ...] = ()
                     continue
                 price = paired({s: acc[(MEAN, base)][s] - acc[(rule, base)][s] for s in seeds})
                 rescue = paired({s: acc[(rule, attack)][s] - acc[(MEAN, attack)][s] for s in seeds})
-                out.append(TradeOff(tuple(zip(context_keys, context)), rule, attack, price, rescue, base))
+                where = (*zip(context_keys, context), ("no-attack runs", base))  # a column where it varies
+                out.append(TradeOff(where, rule, attack, price, rescue, base))
     return _holm(out)
 
 
@@ -380,8 +379,8 @@ TRADEOFF_MEANING = (
 """The sentence under the trade-off table saying what price and rescue are."""
 
 REPLAYED_BASELINE = (
-    "No attack here is `none`: the Byzantine workers replay copies of honest rows, so the rule sees duplicated rows, "
-    "which a rule that favours near neighbours (Krum) picks; the all-honest baseline is `honest` (attack = \"honest\")."
+    "Where the no-attack runs are `none`, the Byzantine workers replay copies of honest rows, so the rule sees "
+    "duplicated rows, which a rule that favours near neighbours (Krum) picks; the all-honest baseline is `honest`."
 )
 """Said under the table when a price is measured on ``none`` runs (a grid without ``honest`` ones)."""
 
