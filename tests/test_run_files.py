@@ -211,6 +211,9 @@ HEADERS: dict[str, tuple[dict[str, Any], int, str]] = {
     "a negative size": ({"theta": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}}, 16, "not a list"),
     "a shape of 9 dimensions": ({"theta": {"dtype": "F32", "shape": [1] * 9, "data_offsets": [0, 4]}}, 4,
                                 "at most 8 sizes"),
+    # 0 elements, so its byte count checks out, but torch.empty raised TypeError: a traceback (an attacker's review)
+    "a size of 2**63 beside a 0": (_table(evil={"dtype": "F32", "shape": [0, 2**63], "data_offsets": [16, 16]}), 16,
+                                   "below 2**63"),
     "offsets that are not a pair": ({"theta": {"dtype": "F32", "shape": [4], "data_offsets": [0]}}, 16,
                                     "not [begin, end]"),
     "a size that is not its shape's": ({"theta": {"dtype": "F32", "shape": [5], "data_offsets": [0, 16]}}, 16,

@@ -209,8 +209,10 @@ def _entry(path: Path, name: str, raw: Any, data_size: int) -> TensorEntry:
     if dtype not in DTYPES:
         raise damaged(path, f"tensor {name[:60]!r} has dtype {str(dtype)[:20]!r}, not one safetensors knows")
     if (not isinstance(shape, list) or len(shape) > 8
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
-        raise damaged(path, f"tensor {name[:60]!r} has shape {str(shape)[:60]}, not a list of at most 8 sizes")
+            or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**63 for s in shape)):
+        # (a size of 2**63 with another of 0 is 0 elements, which passes the size check: torch cannot hold it)
+        raise damaged(path, f"tensor {name[:60]!r} has shape {str(shape)[:60]}, not a list of at most 8 sizes "
+                      "below 2**63")
     if (not isinstance(offsets, list) or len(offsets) != 2
             or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
         raise damaged(path, f"tensor {name[:60]!r} has data offsets {str(offsets)[:60]}, not [begin, end]")
@@ -377,7 +379,7 @@ def load_checked(path: Path, accepted: tuple[Any, ...] | None) -> tuple[Header, 
         header = checkpoint_header(path, fh=fh)
         try:
             tensors, read = read_tensors(path, fh, header)
-        except (OSError, RuntimeError) as exc:
+        except (OSError, RuntimeError, TypeError, OverflowError) as exc:  # (a shape torch cannot hold included)
             raise damaged(path, f"truncated or not a safetensors file ({reason(exc)})") from None
     if accepted is not None and read not in accepted:
         raise IntegrityError(str(path), CHANGED)
