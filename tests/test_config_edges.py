@@ -189,3 +189,28 @@ def test_a_grid_with_more_attackers_than_f_says_so_in_one_line() -> None:
     assert over_budget_line(over) == ("note: 1 run(s) have more attacking workers than their rule is configured for "
                                       "(e.g. byzantine = 8 > f = 4): the rules' guarantees do not cover them")
     assert over_budget_line(grid.runs(apply_overrides(base, ["byzantine=4", "f=4"]))) is None
+
+
+@pytest.mark.parametrize("key", ['[x."a"]\n#', "[[aggregator_params]]\n\"a\"", ".".join(['"a"'] * 2000),
+                                 'stages."a"."b"' + "." + ".".join(["c"] * 40)])
+def test_a_hostile_quoted_set_key_is_one_line_naming_set(key: str) -> None:
+    """A table header, a comment, a line break or thousands of parts in a ``--set`` key are refused in one line naming
+    --set, before TOML or the nesting recurses (an attacker's review: 2,000 parts ended in a RecursionError, a
+    header in an unpacking ValueError)."""
+    from phalanx.experiments.config import apply_overrides
+
+    with pytest.raises(ConfigError) as caught:
+        apply_overrides({}, [f"{key}=1"])
+    assert caught.value.parameter == "--set" and "\n" not in str(caught.value) and len(str(caught.value)) < 400
+
+
+def test_a_quoted_part_without_a_dot_is_the_bare_key() -> None:
+    """In TOML ``"workers"`` and ``workers`` are one key: ``--set run."workers"=5`` and ``rule."f"=3`` set what the
+    bare spellings set (they were refused as two spellings of one key)."""
+    from phalanx.experiments.config import apply_overrides
+
+    for quoted, bare in (('"workers"=5', "workers=5"), ('rule."f"=3', "rule.f=3"), ('"attack".name=alie', None)):
+        if bare is None:
+            assert apply_overrides({}, [quoted])["attack"] == "alie"
+        else:
+            assert apply_overrides({}, [quoted]) == apply_overrides({}, [bare])

@@ -495,8 +495,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key, text = item.split("=", 1)
         key = key.strip()
         if '"' in key or "'" in key:  # a quoted part: stages."mylab.stages:ClipAggregate".c, as TOML writes it
-            out = _set_nested(out, tree_override.toml_key_parts(key), _parse(text, None, key), key)
-            continue
+            parts = tree_override.toml_key_parts(key)
+            if any("." in part for part in parts):
+                out = _set_nested(out, parts, _parse(text, None, key), key)
+                continue
+            key = ".".join(parts)  # run."workers" is run.workers: quotes change only the spelling
         made = tree_override.flat_override(out, key, lambda flat, text=text, key=key: _parse(text, flat, key))
         if made is not None:  # a key of the config tree: rule.f=3, 'rule={spec="cwtm", f=3}'
             out = made

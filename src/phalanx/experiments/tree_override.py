@@ -92,14 +92,24 @@ def _nest(section: str, value: Any, table: dict[str, Any]) -> dict[str, Any]:
 
 def toml_key_parts(key: str) -> list[str]:
     """The parts of a TOML dotted key, quoted parts unquoted (``stages."mylab.stages:Clip".c`` → ``["stages",
-    "mylab.stages:Clip", "c"]``), read by TOML's own parser."""
+    "mylab.stages:Clip", "c"]``), read by TOML's own parser: one key of at most :data:`MAX_KEY_PARTS` parts and
+    nothing else (a line break, a table header or a comment in it is refused before it is parsed)."""
+    allowed = ('a TOML key: parts joined by ".", a part with other characters than letters, digits, "_" and "-" in '
+               f'quotes (stages."mylab.stages:Clip".c=0.5), at most {MAX_KEY_PARTS} parts')
+    if any(c in key for c in "\n\r[]#=") or len(key) > 4096:
+        raise ConfigError("--set", key[:80], allowed)
     try:
         table: Any = tomllib.loads(f"{key} = 0")
-    except tomllib.TOMLDecodeError:
-        raise ConfigError("--set", key, 'a TOML key: parts joined by ".", a part with other characters than '
-                          'letters, digits, "_" and "-" in quotes (stages."mylab.stages:Clip".c=0.5)') from None
+    except (tomllib.TOMLDecodeError, RecursionError):
+        raise ConfigError("--set", key[:80], allowed) from None
     parts = []
-    while isinstance(table, dict):
+    while isinstance(table, dict) and len(table) == 1:
         (part, table), = table.items()
         parts.append(part)
+    if table != 0 or not 1 <= len(parts) <= MAX_KEY_PARTS:
+        raise ConfigError("--set", key[:80], allowed)
     return parts
+
+
+MAX_KEY_PARTS = 32
+"""The most parts a ``--set`` key may have (the deepest config key has 4: ``tracking_params.mlflow.uri`` …)."""
