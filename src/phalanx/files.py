@@ -132,19 +132,24 @@ def write_atomic(path: Path, payload: bytes | Callable[[BinaryIO], object], mode
             sync_directory(path.parent)
 
 
-_UNSYNCABLE = {errno.EINVAL, getattr(errno, "ENOTSUP", errno.EINVAL), getattr(errno, "EOPNOTSUPP", errno.EINVAL)}
+_UNSYNCABLE = {errno.EINVAL, errno.EBADF, errno.ENOSYS, getattr(errno, "ENOTSUP", errno.EINVAL),
+               getattr(errno, "EOPNOTSUPP", errno.EINVAL)}
 
 
 def sync_directory(path: Path | None = None, fd: int | None = None) -> None:
     """``fsync`` the directory ``path`` (or the open directory descriptor ``fd``), so that a rename or a new name in
     it survives a power cut: the file's own ``fsync`` does not write its directory entry (POSIX ``fsync(2)``).
-    Skipped where directories cannot be opened (Windows) or synced (a file system that answers ``EINVAL`` /
-    ``ENOTSUP``); any other error is raised."""
+    Skipped where directories cannot be opened (Windows, or a directory this user may write but not read) or synced
+    (a file system that answers ``EINVAL`` / ``ENOTSUP`` / ``EBADF`` / ``ENOSYS``); any other error is raised —
+    after the rename, so the caller's file is already the new one."""
     if fd is None:
         if os.name != "posix":
             return
-        own = os.open(path if path is not None else ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
-                      | getattr(os, "O_CLOEXEC", 0))
+        try:
+            own = os.open(path if path is not None else ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                          | getattr(os, "O_CLOEXEC", 0))
+        except PermissionError:  # a write-only directory (mode 0o300): its entry cannot be synced, the write stands
+            return
         try:
             sync_directory(fd=own)
         finally:
