@@ -400,3 +400,17 @@ def test_a_checkpoint_from_before_the_unavailable_stat_resumes() -> None:
     assert torch.equal(clock_stage(exp).own["stats"], torch.cat([full[:-1], full.new_zeros(1)]))
     with pytest.raises(ConfigError, match=r"^start="):
         exp.algorithm.load_state(exp, {**own, "stats": full[:-2].clone()})
+
+
+def test_the_honest_baseline_arrives_as_honest_workers_do() -> None:
+    """``attack = "honest"`` is the price's all-honest baseline; with ``byzantine_timing = "always_first"`` its
+    workers would deliver instantly and first, so the run is not all-honest yet a report would read it as one (an
+    attacker's review): refused in one line naming the key. The same timing under a real attack is accepted."""
+    from phalanx.experiments import from_config
+
+    base = {"dataset": "digits", "model": "logreg", "workers": 10, "byzantine": 2, "f": 0, "aggregator": "mean",
+            "algorithm": "fedbuff", "algorithm_params": {"buffer_size": 4, "byzantine_timing": "always_first"},
+            "rounds": 2}
+    with pytest.raises(ConfigError, match=r"^algorithm_params\.byzantine_timing='always_first' is invalid"):
+        from_config(make_config({**base, "attack": "honest"}))
+    assert from_config(make_config({**base, "attack": "signflip"})) is not None

@@ -349,6 +349,10 @@ class Asynchronous(RoundAlgorithm):
         self.online(run.workers, run.byzantine, run.seed, dim)
         self.worker_speeds(run.workers, run.seed, dim)  # a trace's bandwidths read (and checked) now
         check_attack(run.attack, self.name)
+        if self.byzantine_timing != "honest" and run.byzantine and getattr(run.attack, "name", "") == "honest":
+            raise ConfigError("algorithm_params.byzantine_timing", self.byzantine_timing, "'honest' with attack = "
+                              "'honest' (the all-honest baseline: its workers must arrive as honest ones do, not "
+                              "first or replayed)")
 
     def check_config(self, cfg: Any, rule: Aggregator, attack: Attack | DataAttack) -> None:
         """The seam's checks (f and the rule's requirement against :meth:`per_round`, named by
