@@ -97,6 +97,7 @@ def test_no_rule_claims_an_epsilon_or_kappa_below_its_minimum_n(name: str) -> No
     ("nnm>cc(tau=-1)", {}, "aggregator.cc.tau=-1"),
     ("cc", {"tau": -1.0}, "aggregator.cc.tau=-1.0"),
     ("bucketing(s=0)>cwtm", {}, "aggregator.bucketing.s=0"),
+    ("nnm(f=-1)>cwtm", {}, "aggregator.nnm.f=-1"),
 ])
 def test_a_refused_element_parameter_names_its_element(spec: str, params: dict[str, float], named: str) -> None:
     """A value a rule's constructor refuses is named with the element that took it: a bare ``tau=-1`` could be any

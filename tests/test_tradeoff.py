@@ -354,8 +354,10 @@ def test_a_value_json_cannot_hold_is_null() -> None:
     from phalanx.cli.output import Tabular, render
 
     t = Tabular("t", ["rule", "agg. error"])
-    t.add("mean", "—", values={"rule": "mean", "agg_error": math.nan, "inf": math.inf, "ok": 0.5})
-    assert json.loads(render(t, "json"))["values"] == [{"rule": "mean", "agg_error": None, "inf": None, "ok": 0.5}]
+    t.add("mean", "nan", values={"rule": "mean", "agg_error": math.nan, "inf": math.inf, "none": None, "ok": 0.5,
+                                 "inside": [-math.inf, 1.0]})
+    assert json.loads(render(t, "json"))["values"] == [{"rule": "mean", "agg_error": "nan", "inf": "inf", "none": None,
+                                                        "ok": 0.5, "inside": ["-inf", 1.0]}]
 
 
 def test_the_summary_groups_rows_by_setting_best_first_within_one(tmp_path: Path) -> None:

@@ -177,13 +177,14 @@ def _construct(cls: type[_Component], f: int, params: dict[str, Any], written: s
     # An element may carry its own f ("nnm(f=2)>cwtm"): NNM's f and the rule's f are separate choices
     # (Yang, Shi & Li, ICML 2025, Tables 5-6 vary f_NNM under a rule configured for f = 7).
     params = dict(params)
+    own = "f" in params  # the element's own f (nnm(f=2)): a bad one is named as the element's too
     own_f = params.pop("f", f)
-    check_f(own_f)
     check_params(cls.name, cls.__init__, params, skip=("f",))
     try:
+        check_f(own_f)
         return cls(f=own_f, **params)
     except ConfigError as exc:
-        if exc.parameter not in params:
+        if exc.parameter not in params and not (own and exc.parameter == "f"):
             raise
         raise ConfigError(f"aggregator.{written}.{exc.parameter}", exc.value, exc.allowed, exc.hint) from None
 

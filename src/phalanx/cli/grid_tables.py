@@ -4,7 +4,6 @@ setting and the price and rescue of every robust rule against the mean, each a :
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -61,8 +60,9 @@ def _summary_table(result: dict[str, Any]) -> Tabular:
         table.add(*[str(s.get(k)) for k in keys], acc, format_agg_error(s["agg_error"]), _fmt(s["byz_share"], 2),
                   s["seeds"], *([f"{s.get('diverged', 0)}/{s['seeds']}"] if diverged else []),
                   values={**{k: s.get(k) for k in keys}, "final_pct": 100 * s["final_accuracy"],
-                          "final_pct_std": 100 * s.get("final_accuracy_std", math.nan), "agg_error": s["agg_error"],
-                          "byz_share": s["byz_share"], "seeds": s["seeds"], "diverged": s.get("diverged", 0)})
+                          "final_pct_std": 100 * s["final_accuracy_std"] if s["seeds"] > 1 else None,
+                          "agg_error": s["agg_error"], "byz_share": s["byz_share"], "seeds": s["seeds"],
+                          "diverged": s.get("diverged", 0)})
     if diverged:
         table.notes.append(f"{diverged} run(s) diverged (the model became non-finite; final accuracy counted as 0; "
                            "`phalanx status` says at which round)")

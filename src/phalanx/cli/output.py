@@ -372,6 +372,13 @@ def _plain(renderable: object) -> str:
 
 
 def _finite(value: Any) -> Any:
-    """A JSON value: a NaN or infinite float becomes ``null`` (JSON has no NaN; Python's ``json`` would write
-    ``NaN``, which strict readers refuse)."""
-    return None if isinstance(value, float) and not math.isfinite(value) else value
+    """A JSON value: a NaN or infinite float becomes the string ``"nan"``, ``"inf"`` or ``"-inf"`` (JSON has no NaN;
+    Python's ``json`` would write ``NaN``, which strict readers refuse), so that it stays apart from ``null``, a
+    value not measured (the table's ``—``); lists and tables inside are converted alike."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value

@@ -575,7 +575,7 @@ def _write_report(root: Path, out: Path, runs: Collection[str] | None) -> dict[s
         (out / stale).unlink(missing_ok=True)  # an earlier grid's plot in this folder would read as this one's
     completeness = completeness_line(root, rows, runs)
     md = ["# Phalanx report", "", f"Runs under `{root}`: {len({r['run'] for r in rows})}." + (
-        f" **{completeness}**" if completeness else ""), "", setup_line(rows) + ".", ""]
+        f" **{completeness}**" if completeness else ""), "", (setup_line(rows) or "No setting is shared") + ".", ""]
     if extra:
         md += [mixed_line(extra), ""]
     if left_out:

@@ -19,7 +19,7 @@ SHOWN = ("dataset", "model", "workers", "byzantine", "f", "aggregator", "attack"
 def setup_line(rows: list[dict[str, Any]]) -> str:
     """``Setup (every run): dataset = digits, model = mlp, …; seeds 0, 1, 2`` — the keys of :data:`SHOWN` that
     every row of ``rows`` (metric rows carrying their run's config keys) has with one value, and the seeds; empty
-    for no rows. A key that varies is the tables' column, not this line's."""
+    when there is nothing to say. A key that varies is the tables' column, not this line's."""
     if not rows:
         return ""
     shared = []
@@ -28,8 +28,10 @@ def setup_line(rows: list[dict[str, Any]]) -> str:
         if len(values) == 1 and rows[0].get(key) is not None:
             shared.append(f"{key} = {rows[0][key]}")
     seeds = sorted({r["seed"] for r in rows if isinstance(r.get("seed"), int)})
-    tail = f"; seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))}" if seeds else ""
-    return "Setup (every run): " + ", ".join(shared) + tail
+    said = [", ".join(shared)] if shared else []
+    if seeds:
+        said.append(f"seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))}")
+    return "Setup (every run): " + "; ".join(said) if said else ""
 
 
 def _sortable(key: str, value: Any) -> tuple[int, float, str]:
