@@ -68,9 +68,9 @@ MAX_METRICS_BYTES = 4 << 30
 MAX_HEADER_BYTES = 8 << 20
 """The largest safetensors header of a checkpoint read back."""
 MAX_TENSORS = 4096
+"""The most tensors a checkpoint may hold."""
 CHANGED = "changed or truncated since it was written (its SHA-256 differs from manifest.json's)"
 """The problem an :class:`~phalanx.errors.IntegrityError` names for a file whose digest is not the recorded one."""
-"""The most tensors a checkpoint may hold."""
 
 DTYPES: dict[str, tuple[torch.dtype | None, int]] = {
     "F64": (torch.float64, 8), "F32": (torch.float32, 4), "F16": (torch.float16, 2), "BF16": (torch.bfloat16, 2),
