@@ -46,9 +46,15 @@ GRID = [(n, f) for n in range(1, 25) for f in range((n + 1) // 2)] + [
 n (a formula copied with a slip that shows only at large n — an n² where the class has n — fails there)."""
 
 
+def _is_own(obj: Any) -> bool:
+    """Whether ``obj`` is Phalanx's own: defined in a ``phalanx.`` module, and not Phalanx's wrapper around a user's
+    plain class (``wraps``: an installed plug-in's rule or attack is the user's, not a built-in to declare)."""
+    return getattr(getattr(obj, "wraps", obj), "__module__", "").startswith("phalanx.")
+
+
 def _own(registered: Mapping[str, Any]) -> set[str]:
     """The names registered by Phalanx's own modules (a test's in-process registrations left out)."""
-    return {name for name, obj in registered.items() if getattr(obj, "__module__", "").startswith("phalanx.")}
+    return {name for name, obj in registered.items() if _is_own(obj)}
 
 
 def name_mismatches(declared: tuple[str, ...], registered: Mapping[str, Any]) -> list[str]:
@@ -111,7 +117,7 @@ def row_mismatches(declared: Mapping[str, tuple[str, Fields]], rows: list[tuple[
     listed = {}
     for cells, reference in rows:
         cls = get_class(cells[0])
-        if cls.__module__.startswith("phalanx."):
+        if _is_own(cls):
             listed[cells[0]] = (cls, (*cells[1:], reference))
     out = ([f"{n}: declared, not registered" for n in sorted(set(declared) - set(listed))]
            + [f"{n}: registered, not declared" for n in sorted(set(listed) - set(declared))])
@@ -286,8 +292,7 @@ def _phalanx_only(monkeypatch: pytest.MonkeyPatch) -> None:
     base.names()
     stage_registry.names()
     for reg in (attacks.registry._REGISTRY, gossip_attacks._REGISTRY, base._REGISTRY, stage_registry._REGISTRY):
-        monkeypatch.setattr(reg, "_entries", {k: v for k, v in reg._entries.items()
-                                              if getattr(v, "__module__", "").startswith("phalanx.")})
+        monkeypatch.setattr(reg, "_entries", {k: v for k, v in reg._entries.items() if _is_own(v)})
 
 
 @pytest.mark.parametrize("what", list(ROUND_LISTINGS))

@@ -14,7 +14,7 @@ Keyword arguments of :func:`make` go to the final rule; ``name__param=value`` se
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import Tensor
@@ -106,6 +106,7 @@ def user_rule(obj: Any, spec: str) -> type[Aggregator]:
         context_keys = keys
         tags = declared
         stateful = bool(getattr(obj, "stateful", False))
+        wraps: ClassVar[Any] = obj  # the user's own class or function (whose module says whose rule it is)
 
         def __init__(self, f: int = 0, **params: Any) -> None:
             super().__init__(f)

@@ -64,6 +64,7 @@ def user_attack(obj: Any, spec: str) -> type[Attack]:
         stochastic: ClassVar[bool] = bool(getattr(obj, "stochastic", False))
         finite: ClassVar[bool] = bool(getattr(obj, "finite", True))
         solo = bool(getattr(obj, "solo", False))
+        wraps: ClassVar[Any] = obj  # the user's own class or function (whose module says whose attack it is)
 
         def __init__(self, **params: Any) -> None:
             check_params(spec, obj, params)
