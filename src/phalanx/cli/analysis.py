@@ -14,7 +14,7 @@ import typer
 from phalanx import __version__
 from phalanx.cli.common import _STDERR, SeedOption, _fmt, app, console
 from phalanx.cli.output import FormatOption, Tabular, check_format, emit
-from phalanx.cli.runs import _budget, _duration, _forewarn
+from phalanx.cli.runs import _duration, _forewarn
 from phalanx.cli.studies import tension_app
 from phalanx.errors import PhalanxError
 
@@ -298,11 +298,7 @@ def tension_theory(
             return estimates[-1]
 
         _forewarn("measurement", f"a {tension.PROBE_SHARE:g} share of one (rule, f) of each rule", guess,
-                  THEORY_SMALLER, err=True)
-        limit = _budget()
-        if estimates and limit is not None and estimates[0].seconds <= 60 * limit:  # under the budget: said, dim
-            _STDERR.print(f"[dim]This measurement should take {estimates[0].text()}[/dim]", soft_wrap=True,
-                          highlight=False)
+                  THEORY_SMALLER, err=True)  # (under the budget too: one dim line with the total)
         progress.start = progress.clock()  # the pairs' time, without the probe's
     try:
         rows = tension.theory_table(workers, specs, measure=measure, trials=trials, kappa_budget=kappa_budget,
