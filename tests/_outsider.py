@@ -37,8 +37,13 @@ class Outsider:
         except OSError:  # nothing listens yet (or any more): not a flood of refused connects
             self.stop.wait(0.1)
             return None
-        if s.getsockname() == s.getpeername():  # TCP connected to itself (its port was the listener's, not yet
-            s.close()  # bound): it would hold the port the job is about to listen on — let it go at once
+        try:
+            itself = s.getsockname() == s.getpeername()
+        except OSError:  # the listener closed it between the connect and this look (ENOTCONN): try again later —
+            s.close()  # raised here, it ended this attacker's thread and the test went on with a weaker outsider
+            return None
+        if itself:  # TCP connected to itself (its port was the listener's, not yet bound): it would hold the port
+            s.close()  # the job is about to listen on — let it go at once
             return None
         self.opened += 1
         return s
