@@ -25,7 +25,7 @@ from phalanx.experiments.plots import (
     save_figure,
 )
 from phalanx.experiments.schema import RESULT_NEUTRAL_KEYS, RunConfig
-from phalanx.experiments.summary_text import setup_line, summary_order
+from phalanx.experiments.summary_text import NO_ATTACKS, setup_line, summary_order
 from phalanx.experiments.validrun import check_named
 from phalanx.walk import walk
 
@@ -213,11 +213,6 @@ SUMMARY_CAPTION = (
 
 MEAN = "mean"
 """The rule every robust rule is compared with in the trade-off: no defence."""
-NO_ATTACKS = ("honest", "none")
-"""The attacks whose runs measure the price of robustness, the first a setting has preferred: ``honest`` (the would-be
-Byzantine workers compute real gradients on their own data: an all-honest run of n workers, Yang, Shi & Li's "nobody
-attacks"), else ``none`` (they replay copies of honest rows, so the rule sees b duplicated rows: a rule that favours
-rows with a near neighbour, Krum, picks a copy, and its price is then not the all-honest one; the table says so)."""
 NO_ATTACK = NO_ATTACKS[0]  # the no-attack baseline of the default job
 TRADEOFF_KEYS = (*(k for k in SETTING_KEYS if k not in ("aggregator", "attack")), "rounds", "batch_size", "schedule")
 """What else must be equal for two runs to be compared in the trade-off: they differ in aggregator and attack alone

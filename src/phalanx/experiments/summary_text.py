@@ -8,8 +8,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-NO_ATTACK_FIRST = ("honest", "none")
-"""Attacks listed before the others in a group order: the no-attack baselines."""
+NO_ATTACKS = ("honest", "none")
+"""The attacks whose runs measure the price of robustness (:func:`phalanx.experiments.report.tradeoff`), the first
+both the mean and a rule have preferred, and listed first in the summary's groups: ``honest`` (the would-be
+Byzantine workers compute real gradients on their own data: an all-honest run of n workers, Yang, Shi & Li's "nobody
+attacks"), else ``none`` (they replay copies of honest rows, so the rule sees b duplicated rows: a rule that favours
+rows with a near neighbour, Krum, picks a copy, and its price is then not the all-honest one; the table says so)."""
 
 SHOWN = ("dataset", "model", "workers", "byzantine", "f", "aggregator", "attack", "partition", "alpha", "algorithm",
          "graph", "rounds", "batch_size", "lr", "momentum", "schedule", "local_steps", "clients_per_round")
@@ -38,8 +42,8 @@ def _sortable(key: str, value: Any) -> tuple[int, float, str]:
     """A value's place in its key's order: numbers by size, the no-attack baselines first, other text by name."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return (1, float(value), "")
-    if key == "attack" and value in NO_ATTACK_FIRST:
-        return (0, float(NO_ATTACK_FIRST.index(value)), "")
+    if key == "attack" and value in NO_ATTACKS:
+        return (0, float(NO_ATTACKS.index(value)), "")
     return (2, 0.0, json.dumps(value, sort_keys=True))
 
 
