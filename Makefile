@@ -13,7 +13,8 @@ $(BIN)/python:
 # torch first: its exact version takes the CPU wheel that is on local disk (DEVELOPERS.md); the package's own
 # requirement is a range that this version satisfies, so pip installs nothing more for it. A changed C kernel
 # (or setup.py) reinstalls, which rebuilds the extension in place: a stale build would run the old kernel.
-$(STAMP): $(BIN)/python pyproject.toml setup.py src/phalanx/aggregators/_cwkernel.c src/phalanx/aggregators/_normkernel.c
+$(STAMP): $(BIN)/python pyproject.toml setup.py src/phalanx/aggregators/_cwkernel.c src/phalanx/aggregators/_normkernel.c \
+		src/phalanx/aggregators/_sumkernel.c
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)

@@ -1,10 +1,11 @@
 """Build the optional C kernels (everything else is in pyproject.toml): the coordinate-wise rules' sorting network
-(``_cwkernel.c``) and the float64 squared row norms of the norm rules, estimated in one pass and exact
-(``_normkernel.c``).
+(``_cwkernel.c``), the float64 squared row norms of the norm rules, estimated in one pass and exact
+(``_normkernel.c``), and the column sums of ``mean``, the rows added in row order (``_sumkernel.c``).
 
-Both extensions are optional: if they cannot be compiled (no C compiler), the package still installs; the
-coordinate-wise rules fall back to torch.sort (slower, same results) and the norm estimates to torch's blocked
-norms (slower, a wider bound, the same decisions). On Linux it is built with OpenMP (-fopenmp,
+The extensions are optional: if they cannot be compiled (no C compiler), the package still installs; the
+coordinate-wise rules fall back to torch.sort (slower, same results), the norm estimates to torch's blocked
+norms (slower, a wider bound, the same decisions) and the column sums to torch's additions one row at a time
+(slower, the same bits). On Linux it is built with OpenMP (-fopenmp,
 GCC's libgomp — the runtime torch's CPU wheels ship, which the extension then shares with torch: one team of
 threads, not two competing); if that fails it is built again without OpenMP (one thread per call).
 """
@@ -48,6 +49,12 @@ setup(
         Extension(
             "phalanx.aggregators._normkernel",
             ["src/phalanx/aggregators/_normkernel.c"],
+            extra_compile_args=extra,
+            optional=True,
+        ),
+        Extension(
+            "phalanx.aggregators._sumkernel",
+            ["src/phalanx/aggregators/_sumkernel.c"],
             extra_compile_args=extra,
             optional=True,
         ),

@@ -25,10 +25,18 @@ except ImportError:  # pragma: no cover - exercised only where the extension cou
     _normkernel = None
     HAVE_NORM_KERNEL = False
 
+try:  # the optional C kernel of the column sums (setup.py), imported after torch as the one above
+    from phalanx.aggregators import _sumkernel  # type: ignore[attr-defined]
+
+    HAVE_SUM_KERNEL = os.environ.get("PHALANX_NO_KERNEL", "") == ""
+except ImportError:  # pragma: no cover - exercised only where the extension could not be built
+    _sumkernel = None
+    HAVE_SUM_KERNEL = False
+
 __all__ = [
     "clip_scales", "clipped_mean", "column_mean", "cosine_matrix", "float64_gram", "float64_row_norms", "median_norm",
-    "mix_rows", "new_rows", "row_norms", "row_sqnorm_estimates", "scale_rows", "scale_rows_", "smallest_norms_keys",
-    "weighted_sum",
+    "mix_rows", "new_rows", "row_norms", "row_order_sum", "row_sqnorm_estimates", "scale_rows", "scale_rows_",
+    "smallest_norms_keys", "weighted_sum",
 ]
 
 HUGE_OUTPUT_BYTES = 2 << 20
@@ -38,17 +46,44 @@ _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.flo
 
 
 def column_mean(x: Tensor) -> Tensor:
-    """The mean of the rows of ``x (n, d)``, shape ``(d,)``: ``(1/n)·1ᵀX`` as one BLAS matrix-vector product.
+    r"""The mean of the rows of ``x (n, d)``, shape ``(d,)``: :math:`\bar x_j = s_j / n` with
+    :math:`s_j = (\dots((x_{0j} + x_{1j}) + x_{2j}) + \dots) + x_{n-1,j}`, each addition and the division rounded in
+    the dtype of ``x``: the rows added in row order, whatever the threads or the machine.
 
-    One streaming pass over X instead of ``x.mean(dim=0)``'s strided column reduction (timings:
-    docs/benchmarks.md), the same sum up to rounding and the same NaN / Inf propagation. Other dtypes than
-    float32 / float64 use ``mean(dim=0)``.
+    On the CPU (float32/float64, contiguous columns, no gradient wanted) the C kernel ``_sumkernel.c`` computes it in
+    one streaming pass, dividing each block of columns while it is in the cache; elsewhere on the CPU torch adds the
+    rows one at a time (the same bits, ``tests/test_column_sums.py``; a gradient flows to ``x``). On other devices it
+    is the BLAS product :math:`(1^\top X)/n` of that device, whose order of additions is its library's. On the
+    development machine MKL's product added the rows in row order too (the same bits in every case of
+    docs/benchmarks.md's comparison), so the kernel changed no result. Other dtypes than float32 / float64 use
+    ``mean(dim=0)``. NaN and Inf propagate as in any sum.
     """
     if x.dtype not in (torch.float32, torch.float64):
         return x.mean(dim=0)
-    n = x.shape[0]
-    # divided in place: the same bits as ``/ n`` without a second fresh (d,) tensor (0.83-0.98x the time at d = 10^6)
-    return (torch.ones(1, n, dtype=x.dtype, device=x.device) @ x).squeeze(0).div_(n)
+    n, d = x.shape
+    if x.device.type != "cpu":  # the device's BLAS; divided in place, the same bits as ``/ n``
+        return (torch.ones(1, n, dtype=x.dtype, device=x.device) @ x).squeeze(0).div_(n)
+    wants_grad = x.requires_grad and torch.is_grad_enabled()
+    row_stride = x.stride(0) if n > 1 else d
+    if HAVE_SUM_KERNEL and not wants_grad and n >= 1 and d >= 1 and (x.stride(1) == 1 or d == 1) and row_stride >= d:
+        out = torch.empty(d, dtype=x.dtype)
+        _sumkernel.column_sums(
+            x.data_ptr(), n, d, row_stride, x.dtype == torch.float64, float(n), out.data_ptr(),
+            max(1, torch.get_num_threads()),
+        )
+        return out
+    return row_order_sum(x).div_(n)
+
+
+def row_order_sum(x: Tensor) -> Tensor:
+    """The column sums of ``x (n, d)``, its rows added in row order by torch, one row at a time: the definition that
+    ``_sumkernel.c`` computes (n operations on the ``(d,)`` sum; the fallback and the tests' reference)."""
+    if x.shape[0] == 0:
+        return torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
+    total = x[0].clone()
+    for i in range(1, x.shape[0]):
+        total.add_(x[i])
+    return total
 
 
 def row_norms(x: Tensor) -> tuple[Tensor, Tensor]:

@@ -29,7 +29,7 @@ class Mean(Aggregator):
 
     def _run(self, x: Tensor, want_contributions: bool, **context: Any) -> tuple[Tensor, Tensor | None]:
         n = x.shape[0]
-        out = column_mean(x)  # one matrix-vector product (docs/benchmarks.md)
+        out = column_mean(x)  # the rows added in row order, one pass (docs/benchmarks.md)
         contrib = torch.full((n,), 1.0 / n, dtype=torch.float64, device=x.device) if want_contributions else None
         return out, contrib
 

@@ -30,8 +30,8 @@ def work_dtype(x: Tensor) -> torch.dtype:
 
 
 def honest_mean(x: Tensor) -> Tensor:
-    """Coordinate-wise mean ``ḡ`` of the honest rows, shape ``(d,)``, in :func:`work_dtype` (one matrix-vector
-    product, :func:`~phalanx.aggregators._rowops.column_mean`)."""
+    """Coordinate-wise mean ``ḡ`` of the honest rows, shape ``(d,)``, in :func:`work_dtype` (the rows added in
+    row order in one pass, :func:`~phalanx.aggregators._rowops.column_mean`)."""
     return column_mean(x.detach().to(work_dtype(x)))
 
 
@@ -40,7 +40,7 @@ def coordinate_std(x: Tensor) -> Tensor:
 
     The sample (unbiased-variance) form is the one ByzFL and Shejwalkar & Houmansadr's code use
     (``torch.std``). With a single row it is defined as 0 (there is no spread to hide in). Computed in two passes,
-    σ² = (1/(h − 1)) Σᵢ (xᵢ − x̄)², each column sum a matrix-vector product
+    σ² = (1/(h − 1)) Σᵢ (xᵢ − x̄)², each column sum one pass over the rows
     (:func:`~phalanx.aggregators._rowops.column_mean`): ``torch.std(dim=0)`` reduces along the strided axis and was
     the slowest step of an ALIE round (docs/benchmarks.md).
     """
