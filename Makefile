@@ -14,7 +14,7 @@ $(BIN)/python:
 # requirement is a range that this version satisfies, so pip installs nothing more for it. A changed C kernel
 # (or setup.py) reinstalls, which rebuilds the extension in place: a stale build would run the old kernel.
 $(STAMP): $(BIN)/python pyproject.toml setup.py src/phalanx/aggregators/_cwkernel.c src/phalanx/aggregators/_normkernel.c \
-		src/phalanx/aggregators/_sumkernel.c
+		src/phalanx/aggregators/_normkernel_narrow.h src/phalanx/aggregators/_sumkernel.c
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)

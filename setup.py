@@ -49,6 +49,7 @@ setup(
         Extension(
             "phalanx.aggregators._normkernel",
             ["src/phalanx/aggregators/_normkernel.c"],
+            depends=["src/phalanx/aggregators/_normkernel_narrow.h"],
             extra_compile_args=extra,
             optional=True,
         ),

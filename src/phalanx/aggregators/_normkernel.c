@@ -72,6 +72,21 @@ static inline double flush_tiny1(double v) { return fabs(v) < 0x1p-480 ? 0.0 : v
 #define SCALAR_f32(v) ((double)(v))
 #define SCALAR_f64(v) flush_tiny1(v)
 
+#include "_normkernel_narrow.h"
+
+/* Which functions run: 1, the sixteen-lane ones below (AVX-512: one register per vector); 0, the four-lane ones
+ * of _normkernel_narrow.h (AVX2 and the rest). The same bits either way. Set at import from the CPU; tests switch
+ * it with vector_width(). */
+static int wide_vectors = 0;
+static int cpu_has_wide_vectors(void) {
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+#else
+    return 0;
+#endif
+}
+
 /* Largest magnitude by the bits: |x| of an IEEE number, read as a signed integer of its width, orders as the number
  * does, and a NaN reads above +inf; so the result is the largest |x|, or a NaN if the row holds one (as torch's amax
  * of the squares says). IMAX_f32/f64 fold one vector of a row into the running maximum `a`. */
@@ -159,6 +174,8 @@ static double finish_max_f64(v8l a, const double *tail, Py_ssize_t len) {
 
 DEFINE_SUMSQ4(float, f32)
 DEFINE_SUMSQ4(double, f64)
+DEFINE_SUMSQ1(float, f32)
+DEFINE_SUMSQ1(double, f64)
 
 /* sqnorms(x_ptr, n, d, row_stride, is_double, out_ptr, threads[, max_ptr]): out[i] = sum_j x[i, j]^2 in float64
  * (n doubles); row_stride in elements, the columns contiguous. With max_ptr, also max[i] = max_j x[i, j]^2 in
@@ -187,7 +204,12 @@ static PyObject *py_sqnorms(PyObject *self, PyObject *args) {
         Py_ssize_t r[4];
         double s4[4], m4[4];
         for (int k = 0; k < 4; k++) r[k] = 4 * g + k < n ? 4 * g + k : n - 1;
-        if (is_double) {
+        if (!wide_vectors) { /* one row at a time (_normkernel_narrow.h) */
+            for (int k = 0; k < 4 && 4 * g + k < n; k++) {
+                if (is_double) sumsq1_f64((const double *)xp + j0 + r[k] * stride, len, s4 + k, m4 + k);
+                else sumsq1_f32((const float *)xp + j0 + r[k] * stride, len, s4 + k, m4 + k);
+            }
+        } else if (is_double) {
             const double *x = (const double *)xp + j0;
             sumsq4_f64(x + r[0] * stride, x + r[1] * stride, x + r[2] * stride, x + r[3] * stride, len, s4, m4);
         } else {
@@ -239,6 +261,8 @@ static PyObject *py_sqnorms(PyObject *self, PyObject *args) {
 
 DEFINE_ROW_MAX(float, f32)
 DEFINE_ROW_MAX(double, f64)
+DEFINE_NARROW_ROW_MAX(float, f32)
+DEFINE_NARROW_ROW_MAX(double, f64)
 
 /* Any number of folds (d > 2^24, and fold2's tail), element by element. */
 #define DEFINE_FOLDK(T, SUFFIX)                                                                                       \
@@ -286,11 +310,14 @@ DEFINE_FOLDK(float, f32)
 DEFINE_FOLDK(double, f64)
 DEFINE_FOLD2(float, f32)
 DEFINE_FOLD2(double, f64)
+DEFINE_NARROW_FOLD2(float, f32)
+DEFINE_NARROW_FOLD2(double, f64)
 
 static double exact_row(const void *row, int is_double, Py_ssize_t d, int headroom, int folds, double known_max) {
     double m = known_max;
     if (!(m >= 0.0)) { /* not given (or NaN, which it finds again): find it */
-        m = is_double ? rowmax_f64((const double *)row, d) : rowmax_f32((const float *)row, d);
+        if (wide_vectors) m = is_double ? rowmax_f64((const double *)row, d) : rowmax_f32((const float *)row, d);
+        else m = is_double ? rowmax_narrow_f64((const double *)row, d) : rowmax_narrow_f32((const float *)row, d);
         m = m * m;
     }
     if (m != m) return m; /* the row holds a NaN */
@@ -305,7 +332,10 @@ static double exact_row(const void *row, int is_double, Py_ssize_t d, int headro
         grid[k] = ldexp(1.5, p);
         p += headroom - 51;
     }
-    if (folds == 2) {
+    if (folds == 2 && !wide_vectors) {
+        if (is_double) fold2_narrow_f64((const double *)row, d, grid[0], grid[1], acc);
+        else fold2_narrow_f32((const float *)row, d, grid[0], grid[1], acc);
+    } else if (folds == 2) {
         if (is_double) fold2_f64((const double *)row, d, grid[0], grid[1], acc);
         else fold2_f32((const float *)row, d, grid[0], grid[1], acc);
     } else if (is_double) {
@@ -448,16 +478,37 @@ static PyObject *py_denormals_zero_threads(PyObject *self, PyObject *args) {
     return PyLong_FromLong(count);
 }
 
+/* vector_width(w=0) -> the width in use before the call (16 or 4 float64 lanes per vector); w = 4 or 16 switches
+ * (16 only where the CPU has AVX-512: ValueError elsewhere). The bits are the same either way (for the tests). */
+static PyObject *py_vector_width(PyObject *self, PyObject *args) {
+    int w = 0, before = wide_vectors ? 16 : 4;
+    if (!PyArg_ParseTuple(args, "|i", &w)) return NULL;
+    if (w == 16 && !cpu_has_wide_vectors()) {
+        PyErr_SetString(PyExc_ValueError, "_normkernel.vector_width: 16 needs AVX-512F, which this CPU lacks");
+        return NULL;
+    }
+    if (w != 0 && w != 4 && w != 16) {
+        PyErr_SetString(PyExc_ValueError, "_normkernel.vector_width: w must be 0 (ask), 4 or 16");
+        return NULL;
+    }
+    if (w) wide_vectors = w == 16;
+    return PyLong_FromLong(before);
+}
+
 static PyMethodDef methods[] = {
     {"sqnorms", py_sqnorms, METH_VARARGS, "Squared row norms summed in float64, one pass (see module source)."},
     {"exact_sqnorms", py_exact_sqnorms, METH_VARARGS, "The defined float64 squared row norms (see module source)."},
     {"denormals_zero", py_denormals_zero, METH_VARARGS, "Set FTZ/DAZ on the OpenMP team, return its state (source)."},
     {"denormals_restore", py_denormals_restore, METH_VARARGS, "Put the team's FTZ/DAZ state back (see source)."},
     {"denormals_zero_threads", py_denormals_zero_threads, METH_VARARGS, "Threads with FTZ/DAZ set (see source)."},
+    {"vector_width", py_vector_width, METH_VARARGS, "The float64 lanes per vector in use; switch them (source)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_normkernel", "Float64 squared row norms in one pass.",
                                     -1, methods};
 
-PyMODINIT_FUNC PyInit__normkernel(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__normkernel(void) {
+    wide_vectors = cpu_has_wide_vectors();
+    return PyModule_Create(&module);
+}
