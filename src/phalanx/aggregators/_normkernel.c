@@ -193,8 +193,20 @@ static PyObject *py_sqnorms(PyObject *self, PyObject *args) {
     if (!part) return PyErr_NoMemory();
     double *part_max = mp ? part + (size_t)n * (size_t)blocks : NULL, *max_out = (double *)mp;
     double *out = (double *)op;
-    Py_ssize_t groups = (n + 3) / 4, tasks = groups * blocks;
+    Py_ssize_t groups = (n + 3) / 4, tasks = (wide_vectors ? groups : n) * blocks;
     Py_BEGIN_ALLOW_THREADS
+    if (!wide_vectors) { /* (row, block) tasks in memory order: each thread streams one contiguous range */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+        for (Py_ssize_t t = 0; t < tasks; t++) {
+            Py_ssize_t i = t / blocks, b = t % blocks;
+            Py_ssize_t j0 = b * NORM_COLUMNS, len = d - j0 < NORM_COLUMNS ? d - j0 : NORM_COLUMNS;
+            double ignored, *pm = part_max ? part_max + t : &ignored;
+            if (is_double) sumsq1_f64((const double *)xp + i * stride + j0, len, part + t, pm);
+            else sumsq1_f32((const float *)xp + i * stride + j0, len, part + t, pm);
+        }
+    } else {
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static)
 #endif
@@ -204,12 +216,7 @@ static PyObject *py_sqnorms(PyObject *self, PyObject *args) {
         Py_ssize_t r[4];
         double s4[4], m4[4];
         for (int k = 0; k < 4; k++) r[k] = 4 * g + k < n ? 4 * g + k : n - 1;
-        if (!wide_vectors) { /* one row at a time (_normkernel_narrow.h) */
-            for (int k = 0; k < 4 && 4 * g + k < n; k++) {
-                if (is_double) sumsq1_f64((const double *)xp + j0 + r[k] * stride, len, s4 + k, m4 + k);
-                else sumsq1_f32((const float *)xp + j0 + r[k] * stride, len, s4 + k, m4 + k);
-            }
-        } else if (is_double) {
+        if (is_double) {
             const double *x = (const double *)xp + j0;
             sumsq4_f64(x + r[0] * stride, x + r[1] * stride, x + r[2] * stride, x + r[3] * stride, len, s4, m4);
         } else {
@@ -220,6 +227,7 @@ static PyObject *py_sqnorms(PyObject *self, PyObject *args) {
             part[(4 * g + k) * blocks + b] = s4[k];
             if (part_max) part_max[(4 * g + k) * blocks + b] = m4[k];
         }
+    }
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         double s = 0.0, m = 0.0;

@@ -22,11 +22,11 @@ typedef long long v4l __attribute__((vector_size(32)));
 typedef unsigned long long v4u __attribute__((vector_size(32)));
 
 /* Four entries widened to float64; float64 entries below 2^-480 in magnitude read as 0 (as WIDEN_f64). */
-#define NARROW_f32(dst, src)                                                                                          \
+#define NARROW_f32(dst, src) /* element by element: GCC 12 splits __builtin_convertvector(v4f, v4d) in two */      \
     do {                                                                                                              \
         v4f f_;                                                                                                       \
         memcpy(&f_, (src), sizeof f_);                                                                                \
-        (dst) = __builtin_convertvector(f_, v4d);                                                                     \
+        (dst) = (v4d){f_[0], f_[1], f_[2], f_[3]};                                                                    \
     } while (0)
 #define NARROW_f64(dst, src)                                                                                          \
     do {                                                                                                              \
