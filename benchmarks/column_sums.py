@@ -1,11 +1,13 @@
 """`mean`'s column sums (``_sumkernel.c``) against the BLAS product it replaced, ByzFL's ``torch.mean`` and one pass.
 
     PYTHONPATH=src .venv/bin/python benchmarks/column_sums.py [--threads 2] [--sizes 10:1e5,50:1e6] [--reps 41]
+    PYTHONPATH=src .venv/bin/python benchmarks/column_sums.py --grid
 
 For each size, Gaussian rows (float32, seed 0; float64 too for the bits):
-- **bits**: how many of the d coordinates of ``column_mean(x)`` (the rows added in row order, divided by n) differ
-  from the BLAS product ``(1ᵀX)/n`` that ``mean`` computed before, and from ``x.sum(0)/n`` (torch's reduction, whose
-  additions come in another order). 0 against the product means the kernel changed no result on this machine;
+- **bits**: how many of the d coordinates of ``column_mean(x)`` (the rows added in row order, divided by n)
+  differ, bit for bit, from the BLAS product ``(1ᵀX)/n`` that ``mean`` computed before, and from ``x.sum(0)/n``
+  (torch's reduction, whose additions come in another order). 0 against the product means the kernel changed no
+  result on this machine for row-major inputs;
 - **time**: ``column_mean``, the product, ``torch.mean(x, dim=0)`` (what ByzFL's ``Average`` calls) and one pass
   ``x.sum(0)``, called in turn, the order rotating each repetition; medians, and ``column_mean``'s speed-up over
   ``torch.mean`` and its time over the pass.
@@ -46,7 +48,29 @@ def _product(x: torch.Tensor) -> torch.Tensor:
 
 
 def _differing(a: torch.Tensor, b: torch.Tensor) -> int:
-    return int((a != b).sum())
+    """Coordinates whose bits differ (``!=`` would take -0.0 for +0.0)."""
+    as_int = torch.int64 if a.dtype == torch.float64 else torch.int32
+    return int((a.view(as_int) != b.view(as_int)).sum())
+
+
+def _grid() -> None:
+    """The wider bit check: every n in 1..64 and a range up to 3,000, d from 1 to 100,003, rows scaled over eight
+    orders of magnitude, float32 and float64, 1 and 2 threads, and strided rows; prints the differing count."""
+    torch.manual_seed(1)
+    differing = cases = 0
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        for dtype in (torch.float32, torch.float64):
+            for n in [*range(1, 65), 100, 200, 513, 1000, 3000]:
+                for d in (1, 5, 4095, 4096, 4097, 100_003) if n <= 200 else (1, 4097, 20_000):
+                    scales = torch.logspace(-4, 4, n, dtype=dtype)[torch.randperm(n)].unsqueeze(1)
+                    x = torch.randn(n, d, dtype=dtype) * scales
+                    differing += _differing(column_mean(x), _product(x))
+                    cases += 1
+            wide = torch.randn(30, 5000, dtype=dtype)[:, :4001]
+            differing += _differing(column_mean(wide), _product(wide))
+            cases += 1
+    print(f"grid: {cases} inputs, {differing} coordinates whose bits differ from the BLAS product")
 
 
 def _medians(x: torch.Tensor, reps: int) -> dict[str, float]:
@@ -72,7 +96,11 @@ def main() -> None:
     parser.add_argument("--sizes", default=SIZES, help=f"n:d pairs, comma-separated (default {SIZES})")
     parser.add_argument("--reps", type=int, default=41, choices=range(1, 1001), metavar="R",
                         help="calls of each, 1..1000 (default 41)")
+    parser.add_argument("--grid", action="store_true", help="only the wider bit check (n = 1 ... 3,000; minutes)")
     args = parser.parse_args()
+    if args.grid:
+        _grid()
+        return
     sizes = _sizes(args.sizes)
     torch.set_num_threads(args.threads)
     print(f"{args.threads} thread(s), medians of {args.reps}")

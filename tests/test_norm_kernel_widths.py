@@ -5,7 +5,8 @@ The estimates are not exact, so their bits are defined by their order: each row 
 in a block, lane k (k < 16) adds the float64 squares of columns k, k + 16, … in order, the lanes are added in
 order, then the tail (the last len mod 16 columns) in order; the blocks' sums are added in order. A NumPy
 reference below computes exactly that; both widths must give its bits, and so must the row maxima and the exact
-norms. A reference with another lane count is shown to differ (the comparison can fail).
+norms. A reference with another lane count is shown to differ (the comparison can fail), and rows on both sides of the
+flush boundary 2⁻⁴⁸⁰ pin where the sums start counting an entry.
 """
 
 from __future__ import annotations
@@ -66,8 +67,12 @@ def _rows() -> list[torch.Tensor]:
         scale = 10.0 ** torch.randint(-20, 16, (n, 1), generator=g).double()
         for dtype in (torch.float32, torch.float64):
             out.append((torch.randn(n, d, generator=g, dtype=torch.float64) * scale).to(dtype))
-    tiny = torch.randn(2, 100, generator=g, dtype=torch.float64)
-    tiny[0, ::3] = 1e-150  # below 2^-480: read as 0
+    tiny = torch.randn(4, 100, generator=g, dtype=torch.float64)
+    tiny[0, ::3] = 1e-150  # below 2^-480: read as 0 in the sums
+    tiny[1] = TINY  # on the boundary: kept
+    tiny[2] = float(np.nextafter(TINY, 0.0))  # just below it, the whole row: sums 0, its maximum as it is
+    tiny[3, ::2] = TINY
+    tiny[3, 1::2] = float(np.nextafter(TINY, 0.0))  # both sides of the boundary
     out.append(tiny)
     out.append(torch.randn(7, 5000, generator=g)[:, 3:4003])  # strided rows
     return out
@@ -97,8 +102,8 @@ def test_every_width_gives_the_stated_order_and_the_same_maxima_and_exact_norms(
         est, maxima = _estimates(x)
         rows = x.numpy()
         assert [float(e) for e in est] == [_reference_row(r) for r in rows], (x.dtype, tuple(x.shape))
-        flushed = np.where(np.abs(rows) < TINY, 0.0, rows.astype(np.float64))
-        assert np.array_equal(maxima, np.abs(flushed).max(axis=1) ** 2)
+        # the largest square of the row as it is (the flush applies to the sums, not to the maximum)
+        assert np.array_equal(maxima, np.abs(rows.astype(np.float64)).max(axis=1) ** 2)
         bad = torch.zeros(x.shape[0], dtype=torch.bool)
         kernel = _rowops.float64_row_norms(x, bad)
         assert torch.equal(kernel, _rowops._torch_exact_sqnorms(x, None, *_rowops.exact_sum_folds(x.shape[1])).sqrt())

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from phalanx.aggregators import _rowops, _subnormals, registry
+from phalanx.aggregators import _rowops, _subnormals, _teams, registry
 from phalanx.aggregators.base import Aggregator, PreAggregator
 
 pytestmark = pytest.mark.skipif(_rowops._normkernel is None, reason="the C kernel is not built here")
@@ -27,7 +27,7 @@ FLAGGED = ["bulyan", "caf", "cc", "clippedclustering", "fldetector", "geomed", "
 measured 4-33x their time on honest rows (docs/aggregators.md, "Behaviour under attack")."""
 
 TINY32 = torch.finfo(torch.float32).tiny
-BIG = torch.empty(4, _subnormals.GRAIN)
+BIG = torch.empty(4, _teams.GRAIN)
 """An input large enough for torch to share its loops over the team (small ones stay on the calling thread)."""
 
 
@@ -86,7 +86,7 @@ def test_a_caller_with_the_modes_keeps_them_and_the_team_gets_its_own_back() -> 
         _subnormals.denormals_zero_threads(2)  # the pool exists
         torch.set_flush_denormal(True)
         assert _subnormals.denormals_zero_threads(2) == 1
-        registry.make("krum", 2)(torch.randn(11, _subnormals.GRAIN))
+        registry.make("krum", 2)(torch.randn(11, _teams.GRAIN))
         assert _subnormals.denormals_zero_threads(2) == 1 and _subnormal_product() == 0.0
         torch.set_flush_denormal(False)
         assert _subnormals.denormals_zero_threads(2) == 0
@@ -277,7 +277,7 @@ def _modes_seen_by_run(name: str, x: torch.Tensor, threads: int, monkeypatch: py
 
 
 def _byzantine_rows(dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Nine honest rows and two Byzantine rows of subnormal values, 11 × 3,000 (above :data:`_subnormals.GRAIN`)."""
+    """Nine honest rows and two Byzantine rows of subnormal values, 11 × 3,000 (above :data:`_teams.GRAIN`)."""
     g = torch.Generator().manual_seed(9)
     x = torch.randn(11, 3000, generator=g).to(dtype)
     x[:2] = (torch.rand(2, 3000, generator=g) * torch.finfo(dtype).tiny).to(dtype)

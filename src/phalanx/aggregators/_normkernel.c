@@ -193,9 +193,10 @@ static PyObject *py_sqnorms(PyObject *self, PyObject *args) {
     if (!part) return PyErr_NoMemory();
     double *part_max = mp ? part + (size_t)n * (size_t)blocks : NULL, *max_out = (double *)mp;
     double *out = (double *)op;
-    Py_ssize_t groups = (n + 3) / 4, tasks = (wide_vectors ? groups : n) * blocks;
+    const int wide = wide_vectors; /* read once: vector_width() may switch it from another Python thread */
+    Py_ssize_t groups = (n + 3) / 4, tasks = (wide ? groups : n) * blocks;
     Py_BEGIN_ALLOW_THREADS
-    if (!wide_vectors) { /* (row, block) tasks in memory order: each thread streams one contiguous range */
+    if (!wide) { /* (row, block) tasks in memory order: each thread streams one contiguous range */
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static)
 #endif

@@ -7,7 +7,8 @@
  * lane k of a sum is element k % 4 of vector k / 4, each lane adds the same values in the same order, and the lanes
  * are added in the same order at the end, so every sum has the bits of the wide function. The maxima compare the
  * same integers (any grouping gives the same maximum), and the exact folds are exact in any order anyway.
- * tests/test_norm_kernel.py and tests/test_exact_norms.py run the kernel both ways where the CPU has AVX-512. */
+ * tests/test_norm_kernel_widths.py runs both widths where the CPU has AVX-512 (this path alone elsewhere); the
+ * other suites (test_norm_kernel.py, test_exact_norms.py, test_cge.py) run the width the CPU picks. */
 
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
 #define MULTIVERSION_NARROW __attribute__((target_clones("avx2", "default")))

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators._numerics import COLUMN_CHUNK
+from phalanx.aggregators._teams import team_threads
 
 try:  # the optional C kernel (setup.py; imported after torch, so that it shares torch's OpenMP runtime)
     from phalanx.aggregators import _normkernel  # type: ignore[attr-defined]
@@ -34,9 +35,9 @@ except ImportError:  # pragma: no cover - exercised only where the extension cou
     HAVE_SUM_KERNEL = False
 
 __all__ = [
-    "clip_scales", "clipped_mean", "column_mean", "cosine_matrix", "float64_gram", "float64_row_norms", "median_norm",
-    "mix_rows", "new_rows", "row_norms", "row_order_sum", "row_sqnorm_estimates", "scale_rows", "scale_rows_",
-    "smallest_norms_keys", "weighted_sum",
+    "clip_scales", "clipped_mean", "column_mean", "cosine_matrix", "float64_gram", "float64_row_norms",
+    "kernel_readable", "median_norm", "mix_rows", "new_rows", "row_norms", "row_order_sum", "row_sqnorm_estimates",
+    "scale_rows", "scale_rows_", "smallest_norms_keys", "weighted_sum",
 ]
 
 HUGE_OUTPUT_BYTES = 2 << 20
@@ -45,17 +46,32 @@ HUGE_OUTPUT_BYTES = 2 << 20
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
 
 
+def kernel_readable(x: Tensor) -> bool:
+    """Whether a C kernel may read ``x`` through its data pointer: a plain strided CPU tensor (not a subclass such
+    as a FakeTensor, not wrapped by ``torch.func``'s vmap or grad) whose memory holds the values it reads (no
+    negative or conjugate bit: ``z.conj().imag`` is a view of negated memory)."""
+    if type(x) is not torch.Tensor or x.device.type != "cpu" or x.layout != torch.strided:
+        return False
+    if x.is_neg() or x.is_conj():
+        return False
+    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+    return not (wrapped is not None and wrapped(x))
+
+
 def column_mean(x: Tensor) -> Tensor:
     r"""The mean of the rows of ``x (n, d)``, shape ``(d,)``: :math:`\bar x_j = s_j / n` with
-    :math:`s_j = (\dots((x_{0j} + x_{1j}) + x_{2j}) + \dots) + x_{n-1,j}`, each addition and the division rounded in
-    the dtype of ``x``: the rows added in row order, whatever the threads or the machine.
+    :math:`s_j = (\dots(((0 + x_{0j}) + x_{1j}) + x_{2j}) + \dots) + x_{n-1,j}`, each addition and the division
+    rounded in the dtype of ``x`` (the leading ``0 +`` only turns a sum of ``-0.0`` into ``+0.0``, as a BLAS product
+    and ``torch.mean`` give): the rows added in row order, whatever the number of threads or the CPU, provided every
+    thread computes in the same floating-point mode (``torch.set_flush_denormal`` sets the calling thread's only).
 
-    On the CPU (float32/float64, contiguous columns, no gradient wanted) the C kernel ``_sumkernel.c`` computes it in
-    one streaming pass, dividing each block of columns while it is in the cache; elsewhere on the CPU torch adds the
-    rows one at a time (the same bits, ``tests/test_column_sums.py``; a gradient flows to ``x``). On other devices it
-    is the BLAS product :math:`(1^\top X)/n` of that device, whose order of additions is its library's. On the
-    development machine MKL's product added the rows in row order too (the same bits in every case of
-    docs/benchmarks.md's comparison), so the kernel changed no result. Other dtypes than float32 / float64 use
+    On the CPU (float32/float64, no gradient wanted) the C kernel ``_sumkernel.c`` computes it in one streaming pass
+    over a row-major copy if ``x`` is not row-major, dividing each block of columns while it is in the cache;
+    otherwise torch adds the rows one at a time (the same bits, ``tests/test_column_sums.py``; a gradient flows to
+    ``x``). On other devices it is the BLAS product :math:`(1^\top X)/n` of that device, whose order of additions
+    is its library's. For row-major inputs, MKL's product on the development machine added the rows in this order
+    too (``benchmarks/column_sums.py`` counts the differing bits: none), so the kernel changed no result there;
+    a column-major input's product added them in another order. Other dtypes than float32 / float64 use
     ``mean(dim=0)``. NaN and Inf propagate as in any sum.
     """
     if x.dtype not in (torch.float32, torch.float64):
@@ -64,25 +80,25 @@ def column_mean(x: Tensor) -> Tensor:
     if x.device.type != "cpu":  # the device's BLAS; divided in place, the same bits as ``/ n``
         return (torch.ones(1, n, dtype=x.dtype, device=x.device) @ x).squeeze(0).div_(n)
     wants_grad = x.requires_grad and torch.is_grad_enabled()
-    row_stride = x.stride(0) if n > 1 else d
-    if HAVE_SUM_KERNEL and not wants_grad and n >= 1 and d >= 1 and (x.stride(1) == 1 or d == 1) and row_stride >= d:
+    if HAVE_SUM_KERNEL and not wants_grad and n >= 1 and d >= 1 and kernel_readable(x):
+        if not ((x.stride(1) == 1 or d == 1) and (x.stride(0) >= d or n == 1)):
+            x = x.contiguous()  # the order of the additions is the definition: the same bits from a copy
         out = torch.empty(d, dtype=x.dtype)
         _sumkernel.column_sums(
-            x.data_ptr(), n, d, row_stride, x.dtype == torch.float64, float(n), out.data_ptr(),
-            max(1, torch.get_num_threads()),
+            x.data_ptr(), n, d, x.stride(0) if n > 1 else d, x.dtype == torch.float64, float(n), out.data_ptr(),
+            team_threads(n * d),
         )
         return out
     return row_order_sum(x).div_(n)
 
 
 def row_order_sum(x: Tensor) -> Tensor:
-    """The column sums of ``x (n, d)``, its rows added in row order by torch, one row at a time: the definition that
-    ``_sumkernel.c`` computes (n operations on the ``(d,)`` sum; the fallback and the tests' reference)."""
-    if x.shape[0] == 0:
-        return torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
-    total = x[0].clone()
-    for i in range(1, x.shape[0]):
-        total.add_(x[i])
+    """The column sums of ``x (n, d)`` as :func:`column_mean` defines them (``0 +`` the rows in row order), by
+    torch one row at a time: the fallback and the tests' reference (n operations on the ``(d,)`` sum; the rows
+    taken by ``unbind``, so a gradient costs one pass, not one ``(n, d)`` tensor per row)."""
+    total = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
+    for row in x.unbind(0):
+        total = total + row
     return total
 
 
@@ -143,7 +159,7 @@ def float64_row_norms(
         if total.numel():
             _normkernel.exact_sqnorms(
                 x.data_ptr(), n, d, max(x.stride(0), d), x.dtype == torch.float64, 0 if idx is None else idx.data_ptr(),
-                total.numel(), headroom, folds, total.data_ptr(), max(1, torch.get_num_threads()),
+                total.numel(), headroom, folds, total.data_ptr(), team_threads(total.numel() * d),
                 0 if known is None else known.data_ptr(),
             )
     else:
@@ -306,7 +322,7 @@ def row_sqnorm_estimates(x: Tensor, max_squares: Tensor | None = None) -> tuple[
 
 def _kernel_sqnorms_apply(x: Tensor) -> bool:
     return (
-        HAVE_NORM_KERNEL and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+        HAVE_NORM_KERNEL and kernel_readable(x) and x.dtype in (torch.float32, torch.float64)
         and x.dim() == 2 and x.shape[0] > 0 and x.shape[1] > 0 and x.stride(1) == 1
         and (x.stride(0) >= x.shape[1] or x.shape[0] == 1)  # not an expanded (stride 0) or overlapping layout
         and not (x.requires_grad and torch.is_grad_enabled())
@@ -327,7 +343,7 @@ def _kernel_sqnorms(x: Tensor, max_squares: Tensor | None = None) -> tuple[Tenso
     out = torch.empty(n, dtype=torch.float64)
     _normkernel.sqnorms(
         x.data_ptr(), n, d, max(x.stride(0), d), x.dtype == torch.float64, out.data_ptr(),
-        max(1, torch.get_num_threads()), 0 if max_squares is None else max_squares.data_ptr(),
+        team_threads(n * d), 0 if max_squares is None else max_squares.data_ptr(),
     )
     return out, 4.0 * (d + 4) * (torch.finfo(torch.float64).eps / 2)
 

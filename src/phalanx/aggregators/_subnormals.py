@@ -38,19 +38,13 @@ from contextlib import contextmanager
 import torch
 
 from phalanx.aggregators import _rowops
+from phalanx.aggregators._teams import team_threads
 
 __all__ = ["denormals_are_zero", "denormals_zero_threads"]
 
 
 PYTHON_THREAD_WAIT_S = 5.0
 """How long :func:`_native_threads_started` waits for a Python thread being started to record its id."""
-GRAIN = 32_768
-"""Elements below which torch runs an elementwise loop on the calling thread (``at::internal::GRAIN_SIZE``): a
-smaller input sets the modes on the calling thread only, and opens no OpenMP team — a team's threads, once
-started, make a later ``os.fork`` child hang in its first parallel region (GNU libgomp), which a small call must not
-cause where torch itself would not."""
-
-
 @contextmanager
 def denormals_are_zero(x: torch.Tensor) -> Iterator[None]:
     """Run the block with FTZ and DAZ on (see the module docstring) when ``x`` is on a CPU; on other devices, as it
@@ -60,7 +54,7 @@ def denormals_are_zero(x: torch.Tensor) -> Iterator[None]:
         return
     if _rowops._normkernel is not None:
         kernel = _rowops._normkernel
-        threads = max(1, torch.get_num_threads()) if x.numel() >= GRAIN else 1
+        threads = team_threads(x.numel())  # a smaller input opens no OpenMP team (_teams)
         before = _thread_ids() if threads == 1 else None
         saved = kernel.denormals_zero(threads)
         try:

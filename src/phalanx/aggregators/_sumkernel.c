@@ -1,5 +1,6 @@
-/* Column sums of a float32 or float64 matrix, its rows added in row order: out[j] = (...((x[0,j] + x[1,j]) +
- * x[2,j]) + ...) + x[n-1,j], each addition rounded in the input's dtype (IEEE 754 round to nearest).
+/* Column sums of a float32 or float64 matrix, its rows added in row order: out[j] = (...(((0 + x[0,j]) + x[1,j]) +
+ * x[2,j]) + ...) + x[n-1,j], each addition rounded in the input's dtype (IEEE 754 round to nearest; the leading
+ * 0 + only turns a column of -0.0 into +0.0, as a BLAS product gives).
  *
  * Used by phalanx.aggregators._rowops.column_mean (the `mean` rule and the attacks' honest mean; issue 37: `mean`
  * within one memory pass). The order is the definition: the same input gives the same bits whatever the number of
@@ -14,7 +15,8 @@
  * changes no bit. Plain C99 (-std=c99, no -ffast-math): the compiler may not reassociate.
  *
  * Threads: the column blocks are shared out over an OpenMP team of at most `threads` (a static loop); each block
- * is summed by one thread, so the result does not depend on the team the runtime grants. Built without OpenMP,
+ * is summed by one thread, so the result does not depend on the team the runtime grants (as long as every thread
+ * computes in the same floating-point mode: torch.set_flush_denormal sets the calling thread's only). Built without OpenMP,
  * the loop runs on the calling thread. The GIL is released meanwhile. */
 
 #define PY_SSIZE_T_CLEAN
@@ -45,7 +47,7 @@
         const T *restrict r5 = x + (g > 5) * 5 * stride, *restrict r6 = x + (g > 6) * 6 * stride;                     \
         const T *restrict r7 = x + (g > 7) * 7 * stride;                                                              \
         for (Py_ssize_t j = 0; j < len; j++) {                                                                        \
-            T s = first ? r0[j] : out[j] + r0[j];                                                                     \
+            T s = (first ? (T)0 : out[j]) + r0[j]; /* 0 + x0: a column of -0.0 sums to +0.0 */                                                                     \
             if (g > 1) s = s + r1[j];                                                                                 \
             if (g > 2) s = s + r2[j];                                                                                 \
             if (g > 3) s = s + r3[j];                                                                                 \
@@ -105,10 +107,12 @@ static PyObject *py_column_sums(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "_sumkernel.column_sums: invalid arguments");
         return NULL;
     }
+    if (cols > d) cols = d; /* one block at most (and no overflow of d + cols - 1 below) */
     if (cols == 0) { /* the block size changes no bit (each column is summed whole by one thread): speed only */
         cols = n < SUM_TALL ? SUM_COLUMNS : SUM_COLUMNS_TALL;
         Py_ssize_t share = (d / (4 * (Py_ssize_t)threads) + 63) / 64 * 64; /* >= 4 blocks per thread when split */
         if (threads > 1 && share < cols) cols = share > SUM_COLUMNS ? share : SUM_COLUMNS;
+        if (cols > d) cols = d;
     }
     Py_ssize_t blocks = (d + cols - 1) / cols;
     if (threads > blocks) threads = (int)blocks;

@@ -16,6 +16,8 @@ import torch
 from torch import Tensor
 
 from phalanx.aggregators import _sortnet
+from phalanx.aggregators._rowops import kernel_readable
+from phalanx.aggregators._teams import team_threads
 from phalanx.aggregators.base import Aggregator, as_compute_dtype
 from phalanx.aggregators.registry import register
 from phalanx.errors import ConfigError
@@ -58,7 +60,10 @@ def _load_sort_nets() -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
 
 
 def _use_kernel(x: Tensor) -> bool:
-    return HAVE_KERNEL and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.shape[0] > 1
+    return (
+        HAVE_KERNEL and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.shape[0] > 1
+        and kernel_readable(x)  # a negative-bit view (``z.conj().imag``) reads negated memory: torch's path
+    )
 
 
 def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Tensor | None]:
@@ -75,7 +80,7 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Ten
     # leading groups of rows sorted as the kernel loads them, the rest of the network after (same values)
     load, pairs = _sortnet.kernel_program(n, window, tile, _load_sort_nets())
     out = torch.empty(d, dtype=x.dtype)
-    threads = max(1, min(torch.get_num_threads(), (d + _BLOCK - 1) // _BLOCK))
+    threads = max(1, min(team_threads(n * d), (d + _BLOCK - 1) // _BLOCK))  # no team below torch's grain
     if _KERNEL_ONE_CALL and (_KERNEL_OPENMP or threads == 1):
         # one call; with OpenMP the columns are cut into `threads` fixed chunks shared out over torch's own thread
         # team inside the kernel: the result does not depend on how many threads the team actually has
