@@ -72,6 +72,34 @@ static inline double flush_tiny1(double v) { return fabs(v) < 0x1p-480 ? 0.0 : v
 #define SCALAR_f32(v) ((double)(v))
 #define SCALAR_f64(v) flush_tiny1(v)
 
+/* The largest of `count` magnitudes' bits and of a tail's, as the float it encodes (widened to a double). */
+static double max_bits_f32(const int *lanes, int count, const float *tail, Py_ssize_t len) {
+    int best = 0;
+    for (int k = 0; k < count; k++) best = lanes[k] > best ? lanes[k] : best;
+    for (Py_ssize_t j = 0; j < len; j++) {
+        int b;
+        memcpy(&b, tail + j, sizeof b);
+        b &= 0x7fffffff;
+        best = b > best ? b : best;
+    }
+    float v;
+    memcpy(&v, &best, sizeof v);
+    return (double)v;
+}
+static double max_bits_f64(const long long *lanes, int count, const double *tail, Py_ssize_t len) {
+    long long best = 0;
+    for (int k = 0; k < count; k++) best = lanes[k] > best ? lanes[k] : best;
+    for (Py_ssize_t j = 0; j < len; j++) {
+        long long b;
+        memcpy(&b, tail + j, sizeof b);
+        b &= 0x7fffffffffffffffLL;
+        best = b > best ? b : best;
+    }
+    double v;
+    memcpy(&v, &best, sizeof v);
+    return v;
+}
+
 #include "_normkernel_narrow.h"
 
 /* Which functions run: 1, the sixteen-lane ones below (AVX-512: one register per vector); 0, the four-lane ones
@@ -115,30 +143,14 @@ typedef v8l imax_f64_t;
 
 /* The largest |x| of a tail and of the running vector maximum, as a double (see IMAX_f32/f64). */
 static double finish_max_f32(v16i a, const float *tail, Py_ssize_t len) {
-    int best = 0;
-    for (int k = 0; k < 16; k++) best = a[k] > best ? a[k] : best;
-    for (Py_ssize_t j = 0; j < len; j++) {
-        int b;
-        memcpy(&b, tail + j, sizeof b);
-        b &= 0x7fffffff;
-        best = b > best ? b : best;
-    }
-    float v;
-    memcpy(&v, &best, sizeof v);
-    return (double)v;
+    int lanes[16];
+    memcpy(lanes, &a, sizeof lanes);
+    return max_bits_f32(lanes, 16, tail, len);
 }
 static double finish_max_f64(v8l a, const double *tail, Py_ssize_t len) {
-    long long best = 0;
-    for (int k = 0; k < 8; k++) best = a[k] > best ? a[k] : best;
-    for (Py_ssize_t j = 0; j < len; j++) {
-        long long b;
-        memcpy(&b, tail + j, sizeof b);
-        b &= 0x7fffffffffffffffLL;
-        best = b > best ? b : best;
-    }
-    double v;
-    memcpy(&v, &best, sizeof v);
-    return v;
+    long long lanes[8];
+    memcpy(lanes, &a, sizeof lanes);
+    return max_bits_f64(lanes, 8, tail, len);
 }
 
 /* Four rows at once (four streams in flight, as a column sum has); each row's sum depends on that row alone: its

@@ -68,37 +68,26 @@ typedef v4l nmax_f64_t;
 
 /* The largest |x| of the two running maxima and a tail, as a double (as finish_max_f32/f64). */
 static double finish_nmax_f32(v8i m0, v8i m1, const float *tail, Py_ssize_t len) {
-    int best = 0;
-    for (int k = 0; k < 8; k++) {
-        best = m0[k] > best ? m0[k] : best;
-        best = m1[k] > best ? m1[k] : best;
-    }
-    for (Py_ssize_t j = 0; j < len; j++) {
-        int b;
-        memcpy(&b, tail + j, sizeof b);
-        b &= 0x7fffffff;
-        best = b > best ? b : best;
-    }
-    float v;
-    memcpy(&v, &best, sizeof v);
-    return (double)v;
+    int lanes[16];
+    memcpy(lanes, &m0, sizeof m0);
+    memcpy(lanes + 8, &m1, sizeof m1);
+    return max_bits_f32(lanes, 16, tail, len);
 }
 static double finish_nmax_f64(v4l m0, v4l m1, const double *tail, Py_ssize_t len) {
-    long long best = 0;
-    for (int k = 0; k < 4; k++) {
-        best = m0[k] > best ? m0[k] : best;
-        best = m1[k] > best ? m1[k] : best;
-    }
-    for (Py_ssize_t j = 0; j < len; j++) {
-        long long b;
-        memcpy(&b, tail + j, sizeof b);
-        b &= 0x7fffffffffffffffLL;
-        best = b > best ? b : best;
-    }
-    double v;
-    memcpy(&v, &best, sizeof v);
-    return v;
+    long long lanes[8];
+    memcpy(lanes, &m0, sizeof m0);
+    memcpy(lanes + 4, &m1, sizeof m1);
+    return max_bits_f64(lanes, 8, tail, len);
 }
+
+/* Sixteen entries from src as four vectors of four float64 (lanes 0-3, 4-7, 8-11, 12-15). */
+#define NARROW16(SUFFIX, v0, v1, v2, v3, src)                                                                         \
+    do {                                                                                                              \
+        NARROW_##SUFFIX(v0, (src));                                                                                   \
+        NARROW_##SUFFIX(v1, (src) + 4);                                                                               \
+        NARROW_##SUFFIX(v2, (src) + 8);                                                                               \
+        NARROW_##SUFFIX(v3, (src) + 12);                                                                              \
+    } while (0)
 
 /* The sixteen lanes a0..a3 added in lane order onto s (as the wide functions' `for k < 16: s += acc[k]`). */
 static inline double add_lanes(double s, v4d a0, v4d a1, v4d a2, v4d a3) {
@@ -118,10 +107,7 @@ static inline double add_lanes(double s, v4d a0, v4d a1, v4d a2, v4d a3) {
         Py_ssize_t j = 0;                                                                                             \
         for (; j + 16 <= len; j += 16) {                                                                              \
             v4d v0, v1, v2, v3;                                                                                       \
-            NARROW_##SUFFIX(v0, p + j);                                                                               \
-            NARROW_##SUFFIX(v1, p + j + 4);                                                                           \
-            NARROW_##SUFFIX(v2, p + j + 8);                                                                           \
-            NARROW_##SUFFIX(v3, p + j + 12);                                                                          \
+            NARROW16(SUFFIX, v0, v1, v2, v3, p + j);                                                                  \
             a0 += v0 * v0;                                                                                            \
             a1 += v1 * v1;                                                                                            \
             a2 += v2 * v2;                                                                                            \
@@ -163,10 +149,7 @@ static inline double add_lanes(double s, v4d a0, v4d a1, v4d a2, v4d a3) {
         Py_ssize_t j = 0;                                                                                             \
         for (; j + 16 <= len; j += 16) {                                                                              \
             v4d v0, v1, v2, v3;                                                                                       \
-            NARROW_##SUFFIX(v0, p + j);                                                                               \
-            NARROW_##SUFFIX(v1, p + j + 4);                                                                           \
-            NARROW_##SUFFIX(v2, p + j + 8);                                                                           \
-            NARROW_##SUFFIX(v3, p + j + 12);                                                                          \
+            NARROW16(SUFFIX, v0, v1, v2, v3, p + j);                                                                  \
             NARROW_FOLD(v0, a0, b0);                                                                                  \
             NARROW_FOLD(v1, a1, b1);                                                                                  \
             NARROW_FOLD(v2, a2, b2);                                                                                  \
