@@ -206,10 +206,13 @@ def test_small_honest_rows_beside_one_huge_row_keep_their_weight(centre: float, 
     shifted[0] += sigma * 30 * d ** 0.5 / 3
     x = torch.cat([h, shifted.repeat(3, 1), torch.full((1, d), 1.9e151, dtype=torch.float64)])
     out, w = aggregators.make("caf", f).aggregate(x)
-    assert float(w[n - f:].sum()) == 0.0
+    # 0 up to the rounding of n float64 weight updates (the first version gave these rows their full weight; on an
+    # AVX2 CPU MKL's eigensolver leaves 2.2e-16 where the AVX-512 Xeon left exactly 0)
+    rounding = n * torch.finfo(torch.float64).eps
+    assert float(w[n - f:].sum()) <= rounding
     assert float((out - h.mean(0)).norm()) < sigma * d ** 0.5
     direct = caf_weights(row_gram(x, torch.zeros(n, dtype=torch.bool)), torch.zeros(n, dtype=torch.bool), f)
-    assert torch.isfinite(direct).all() and float(direct[n - f:].sum()) == 0.0
+    assert torch.isfinite(direct).all() and float(direct[n - f:].sum()) <= rounding
 
 
 @pytest.mark.parametrize("dtype, honest, byzantine", [(torch.float32, 1e-21, 1e-19), (torch.float64, 1e-165, 1e-160)])
