@@ -223,24 +223,24 @@ static PyObject *py_sqnorms(PyObject *self, PyObject *args) {
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static)
 #endif
-    for (Py_ssize_t t = 0; t < tasks; t++) {
-        Py_ssize_t g = t / blocks, b = t % blocks;
-        Py_ssize_t j0 = b * NORM_COLUMNS, len = d - j0 < NORM_COLUMNS ? d - j0 : NORM_COLUMNS;
-        Py_ssize_t r[4];
-        double s4[4], m4[4];
-        for (int k = 0; k < 4; k++) r[k] = 4 * g + k < n ? 4 * g + k : n - 1;
-        if (is_double) {
-            const double *x = (const double *)xp + j0;
-            sumsq4_f64(x + r[0] * stride, x + r[1] * stride, x + r[2] * stride, x + r[3] * stride, len, s4, m4);
-        } else {
-            const float *x = (const float *)xp + j0;
-            sumsq4_f32(x + r[0] * stride, x + r[1] * stride, x + r[2] * stride, x + r[3] * stride, len, s4, m4);
+        for (Py_ssize_t t = 0; t < tasks; t++) {
+            Py_ssize_t g = t / blocks, b = t % blocks;
+            Py_ssize_t j0 = b * NORM_COLUMNS, len = d - j0 < NORM_COLUMNS ? d - j0 : NORM_COLUMNS;
+            Py_ssize_t r[4];
+            double s4[4], m4[4];
+            for (int k = 0; k < 4; k++) r[k] = 4 * g + k < n ? 4 * g + k : n - 1;
+            if (is_double) {
+                const double *x = (const double *)xp + j0;
+                sumsq4_f64(x + r[0] * stride, x + r[1] * stride, x + r[2] * stride, x + r[3] * stride, len, s4, m4);
+            } else {
+                const float *x = (const float *)xp + j0;
+                sumsq4_f32(x + r[0] * stride, x + r[1] * stride, x + r[2] * stride, x + r[3] * stride, len, s4, m4);
+            }
+            for (int k = 0; k < 4 && 4 * g + k < n; k++) {
+                part[(4 * g + k) * blocks + b] = s4[k];
+                if (part_max) part_max[(4 * g + k) * blocks + b] = m4[k];
+            }
         }
-        for (int k = 0; k < 4 && 4 * g + k < n; k++) {
-            part[(4 * g + k) * blocks + b] = s4[k];
-            if (part_max) part_max[(4 * g + k) * blocks + b] = m4[k];
-        }
-    }
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         double s = 0.0, m = 0.0;

@@ -45,6 +45,8 @@ __all__ = ["denormals_are_zero", "denormals_zero_threads"]
 
 PYTHON_THREAD_WAIT_S = 5.0
 """How long :func:`_native_threads_started` waits for a Python thread being started to record its id."""
+
+
 @contextmanager
 def denormals_are_zero(x: torch.Tensor) -> Iterator[None]:
     """Run the block with FTZ and DAZ on (see the module docstring) when ``x`` is on a CPU; on other devices, as it
