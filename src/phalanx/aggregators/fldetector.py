@@ -44,6 +44,10 @@ def lbfgs_product(s: Tensor, y: Tensor, v: Tensor) -> Tensor:
     is unchanged when every ``s_k`` and ``v`` are scaled by one constant, so the pairs may be given in any fixed unit
     of the model's steps.
     """
+    # Fresh copies: the CPU BLAS picks its kernel by the operands' address alignment, and a pair table that is
+    # a slice of a larger one (or a tensor read from a checkpoint) sits at another alignment than a fresh one, so
+    # the last bits would depend on how the operands came to be, not on their values (a resumed run would drift).
+    s, y, v = s.clone(), y.clone(), v.clone()
     sy = (s @ y.T).to(torch.float64)  # the (m, m) and (2m, k) matrices in float64, the (·, d) ones as given
     ss = (s @ s.T).to(torch.float64)
     last = float(ss[-1, -1])
