@@ -31,7 +31,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 test: lint typecheck
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=40
 
 # Every output the README and docs/ quote under a `regenerate` marker, produced again and compared — the full tier
 # too (studies and grids: long). The quick tier runs in `make test` (tests/test_docs_check.py).
