@@ -12,6 +12,14 @@ warm-up) and its ratio to the floor's median. With ``--baseline`` it also loads 
 checks that both builds' outputs are identical bit for bit (they must be: same network, same summation order).
 ``--clock cpu`` times this thread's CPU time instead of wall time (for tuning on a shared machine; 1 thread only).
 Targets (issue 37): ≤ 3× the floor at n ≤ 64, ≤ 6× at n = 1,000. Nothing is asserted: it prints.
+
+A second floor, the network's own: the kernel's compare-exchange run in registers on its own lanes
+(``_cwkernel.compare_exchange_spin``: eight passes of Batcher's 8-wire network between one load and one store of
+each wire, whichever instruction set the CPU runs) gives the time of one compare-exchange on one column; times the
+compare-exchanges the rule's network has (Batcher's whole network for the trimmed mean and MeaMed, the one pruned to
+the middle for the median) and d, it is the least the sort can take on this CPU however the memory is used. Each
+rule's cell then reads ``a× / b×``: its time over the pass, and over that network floor (the larger of the two
+floors is the one that binds).
 """
 
 from __future__ import annotations
@@ -79,6 +87,30 @@ def _rounds(fns: dict[str, Callable[[], Any]], reps: int, clock: Callable[[], fl
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def compare_exchange_seconds(mod: Any, reps: int) -> float | None:
+    """Seconds per compare-exchange and column in registers (the median of ``reps`` runs of about 20 ms each), or
+    None for a build without ``compare_exchange_spin``."""
+    if not hasattr(mod, "compare_exchange_spin"):
+        return None
+    t0 = time.perf_counter()
+    count = mod.compare_exchange_spin(100, False)
+    spins = max(1, int(100 * 0.02 / max(time.perf_counter() - t0, 1e-6)))
+    rates = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        count = mod.compare_exchange_spin(spins, False)
+        rates.append((time.perf_counter() - t0) / count)
+    return statistics.median(rates)
+
+
+def network_size(n: int, mode: str, f: int) -> int:
+    """The compare-exchanges of the network the kernel runs for ``mode`` on n rows (load-time groups included)."""
+    code = coordinatewise._MODES[mode]
+    trim, length = _sortnet.window_params(n, code, f)
+    window = _sortnet.network_window(n, code, trim, length)
+    return int((_sortnet.batcher_pairs(n) if window is None else _sortnet.window_pairs(n, *window)).shape[0])
+
+
 def _sizes(spec: str | None) -> list[tuple[int, int]]:
     if not spec:
         return DEFAULT_SIZES
@@ -101,8 +133,12 @@ def main() -> None:
     base = _load(args.baseline) if args.baseline else None
     print(f"threads {args.threads} · reps {args.reps} · clock {args.clock} · load {os.getloadavg()[0]:.2f} · kernel "
           f"{getattr(coordinatewise._cwkernel, '__file__', None)}")
+    per_cx = compare_exchange_seconds(coordinatewise._cwkernel, args.reps) if coordinatewise.HAVE_KERNEL else None
+    if per_cx is not None:
+        print(f"network floor: {per_cx * 1e12:.1f} ps per compare-exchange and column in registers (float32)")
     head = "| n | d | floor `x.sum(0)` | " + " | ".join(
-        f"{r} × floor" + (" (baseline)" if base else "") for r in MODES) + (" | identical |" if base else " |")
+        f"{r} × floor" + (" / × network floor" if per_cx else "") + (" (baseline)" if base else "")
+        for r in MODES) + (" | identical |" if base else " |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for n, d in _sizes(args.sizes):
@@ -118,8 +154,10 @@ def main() -> None:
                 mine = coordinatewise.coordinate_window_mean(x, mode, f, False)[0]  # type: ignore[arg-type]
                 same.append(torch.equal(mine, fns[rule + "_base"]()))
         t = _rounds(fns, args.reps, time.perf_counter if args.clock == "wall" else time.thread_time)
-        cells = [f"{t[r] / t['floor']:.2f}" + (f" ({t[r + '_base'] / t['floor']:.2f})" if base else "")
-                 for r in MODES]
+        cells = [f"{t[r] / t['floor']:.2f}"
+                 + (f" / {t[r] / (per_cx * network_size(n, mode, f) * d):.2f}" if per_cx else "")
+                 + (f" ({t[r + '_base'] / t['floor']:.2f})" if base else "")
+                 for r, mode in MODES.items()]
         tail = f" | {'yes' if all(same) else 'NO'} |" if base else " |"
         print(f"| {n} | {d:,} | {t['floor'] * 1e3:.2f} ms | " + " | ".join(cells) + tail, flush=True)
     print(f"load after: {os.getloadavg()[0]:.2f}")

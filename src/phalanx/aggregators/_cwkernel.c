@@ -376,6 +376,54 @@ DEFINE_KERNEL(double, f64, BLOCK)
 DEFINE_KERNEL(float, f32_small, SMALL_BLOCK)
 DEFINE_KERNEL(double, f64_small, SMALL_BLOCK)
 
+/* The network's compute floor (issue 37 item 3; benchmarks/cw_floor.py): compare-exchanges in registers, the kernel's
+ * own compare-exchange on the kernel's lanes (a block of BLOCK columns, whichever clone the CPU runs), eight passes
+ * of Batcher's 8-wire network between one load and one store of each wire. Its time per compare-exchange and column
+ * is the least the network can cost on this CPU: what is left above it is memory traffic. */
+#define SPIN_PASS(i, A) BATCHER8(LS_CX)
+#define DEFINE_SPIN(T, SUFFIX)                                                                                     \
+    MULTIVERSION SELECTS static void spin_##SUFFIX(T *buf, long reps) {                                           \
+        for (long r = 0; r < reps; r++) {                                                                          \
+            for (int j = 0; j < BLOCK; j++) {                                                                      \
+                T ROWS8(LS_DECL, _) u_, w_;                                                                        \
+                v0 = buf[j]; v1 = buf[BLOCK + j]; v2 = buf[2 * BLOCK + j]; v3 = buf[3 * BLOCK + j];               \
+                v4 = buf[4 * BLOCK + j]; v5 = buf[5 * BLOCK + j]; v6 = buf[6 * BLOCK + j]; v7 = buf[7 * BLOCK + j]; \
+                ROWS8(SPIN_PASS, _)                                                                                \
+                buf[j] = v7; buf[BLOCK + j] = v6; buf[2 * BLOCK + j] = v5; buf[3 * BLOCK + j] = v4;               \
+                buf[4 * BLOCK + j] = v3; buf[5 * BLOCK + j] = v2; buf[6 * BLOCK + j] = v1; buf[7 * BLOCK + j] = v0; \
+            }                                                                                                      \
+        }                                                                                                          \
+    }
+DEFINE_SPIN(float, f32)
+DEFINE_SPIN(double, f64)
+
+/* compare_exchange_spin(reps, is_double) -> compare-exchanges x columns done (reps x 8 passes x 19 x BLOCK). The
+ * stores reverse the wires, so every pass sorts values that are not yet in order. */
+static PyObject *py_compare_exchange_spin(PyObject *self, PyObject *args) {
+    long reps;
+    int is_double;
+    if (!PyArg_ParseTuple(args, "lp", &reps, &is_double)) return NULL;
+    if (reps < 1) {
+        PyErr_SetString(PyExc_ValueError, "_cwkernel.compare_exchange_spin: reps must be >= 1");
+        return NULL;
+    }
+    size_t elem = is_double ? sizeof(double) : sizeof(float);
+    void *raw = malloc(8 * BLOCK * elem + 64);
+    if (!raw) return PyErr_NoMemory();
+    void *buf = (void *)(((size_t)raw + 63) / 64 * 64);
+    for (int i = 0; i < 8 * BLOCK; i++) {
+        double v = (double)((i * 7919) % 8191) - 4095.0;
+        if (is_double) ((double *)buf)[i] = v;
+        else ((float *)buf)[i] = (float)v;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (is_double) spin_f64((double *)buf, reps);
+    else spin_f32((float *)buf, reps);
+    Py_END_ALLOW_THREADS
+    free(raw);
+    return PyLong_FromLongLong((long long)reps * 8 * 19 * BLOCK);
+}
+
 /* Columns per block: the (n, block) buffer the network sorts must stay in the core's L2 cache. Measured on an AMD
  * EPYC (float32, d = 79,510, trimmed mean, one thread; L2 = 512 KB), before the L1 tiles: BLOCK = 128 is faster up
  * to n = 500 (256 KB buffer; 32-column blocks take 1.1-1.7x longer there), SMALL_BLOCK = 32 from n = 750 (384 KB:
@@ -567,6 +615,8 @@ static PyMethodDef methods[] = {
      "Coordinate-wise window mean over all columns, split between the threads of an OpenMP team."},
     {"tile_rows", py_tile_rows, METH_VARARGS, "Rows of a block per L1 tile (the order of the compare-exchanges)."},
     {"has_openmp", py_has_openmp, METH_NOARGS, "Whether window_parallel runs on an OpenMP team."},
+    {"compare_exchange_spin", py_compare_exchange_spin, METH_VARARGS,
+     "Compare-exchanges in registers, the network's compute floor (benchmarks/cw_floor.py)."},
     {"load_sort_network", py_load_sort_network, METH_VARARGS,
      "The compare-exchanges a group of 8 or 16 rows runs as it is loaded (Batcher's network)."},
     {NULL, NULL, 0, NULL},
