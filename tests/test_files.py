@@ -228,3 +228,24 @@ def test_a_directory_that_cannot_be_synced_does_not_fail_the_write(tmp_path: Pat
     monkeypatch.setattr(os, "fsync", syncing)
     files.write_atomic(target, b"new")
     assert target.read_bytes() == b"new"
+
+
+@pytest.mark.parametrize("in_run_directory", [True, False])
+def test_a_parquet_file_is_on_disk_before_its_name_and_its_name_after(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_run_directory: bool) -> None:
+    """``store.write_parquet`` (a finished run's ``metrics.parquet``): DuckDB closes the file it writes without an
+    fsync (strace shows none), so the store syncs it before the rename, and the directory after — in a run directory
+    (its manifest records the file) and outside one. Before, neither was synced outside a run directory, and the
+    file's bytes were not inside one: a power cut could leave the new name on an empty file."""
+    from phalanx.experiments import store
+
+    d = tmp_path / "run"
+    d.mkdir()
+    if in_run_directory:
+        store._write_manifest(d, {"artifacts": {}})  # a run directory: its manifest exists
+    events = _spy(monkeypatch)
+    store.write_parquet(d / "metrics.parquet", [{"round": 0, "loss": 1.5}])
+    ino = (d / "metrics.parquet").stat().st_ino
+    last = max(i for i, e in enumerate(events) if e[0] == "rename")
+    assert ("fsync", "file", ino) in events[:last], events
+    assert ("fsync", "dir", d.stat().st_ino) in events[last + 1:], events

@@ -34,7 +34,7 @@ def test_the_stateful_rules_are_found() -> None:
 
 
 @pytest.mark.parametrize("name", STATEFUL)
-@pytest.mark.parametrize("offset", [1, 2, 3, 5])
+@pytest.mark.parametrize("offset", [1, 2, 3])
 def test_state_loaded_at_any_offset_gives_the_same_rounds(name: str, offset: int) -> None:
     n, d, clients = 10, 1210, 14
     gen = torch.Generator().manual_seed(offset)

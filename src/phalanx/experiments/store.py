@@ -58,7 +58,7 @@ from phalanx.experiments import checkpoint, dirfd, runfiles
 from phalanx.experiments.runfiles import damaged
 from phalanx.experiments.runfiles import reason as _reason
 from phalanx.experiments.schema import MAX_ROWS, RESULT_NEUTRAL_KEYS
-from phalanx.files import file_mode, temporary, write_atomic
+from phalanx.files import file_mode, sync_directory, temporary, write_atomic
 from phalanx.training import metric_rows
 from phalanx.training.state import Snapshot
 
@@ -497,7 +497,8 @@ def is_finished(out: Path) -> bool:
 
 
 def write_parquet(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Write rows to Parquet through DuckDB (atomically: a temporary file, then a rename)."""
+    """Write rows to Parquet through DuckDB, atomically and durably: a temporary file, synced, then a rename, then
+    the directory synced (DuckDB syncs nothing itself; tests/test_files.py)."""
     import duckdb
 
     at = dirfd.scratch(path.parent) / path.name  # in a held run directory: the one checked (phalanx.experiments.dirfd)
@@ -514,11 +515,14 @@ def write_parquet(path: Path, rows: list[dict[str, Any]]) -> None:
                               "command again") from None
         finally:
             con.close()
+        with open(tmp, "rb") as fh:  # DuckDB closes its file without fsync (strace: no fsync, no fdatasync)
+            os.fsync(fh.fileno())
         if (path.parent / MANIFEST).exists():  # a run directory's: recorded like every file it writes
             _install(path.parent, path.name, str(tmp))
         else:
             os.chmod(tmp, file_mode())
             os.replace(tmp, path)
+            sync_directory(path.parent)  # the new name survives a power cut, not only the bytes
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
