@@ -249,3 +249,16 @@ def test_a_parquet_file_is_on_disk_before_its_name_and_its_name_after(
     last = max(i for i, e in enumerate(events) if e[0] == "rename")
     assert ("fsync", "file", ino) in events[:last], events
     assert ("fsync", "dir", d.stat().st_ino) in events[last + 1:], events
+
+
+def test_the_online_learners_constants_are_written_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``online.bound.save`` (the fitted constants a check reads back): a temporary file synced, renamed, its directory
+    synced. Before, ``write_text`` in place: a crash mid-write left half a JSON file where the constants were."""
+    from phalanx.online import bound
+
+    target = tmp_path / "constants.json"
+    target.write_text("{}")
+    events = _spy(monkeypatch)
+    bound.save(bound.Constants(0.5, 0.25, 1.5, {"seeds": [1]}, "a test"), target)
+    _durable(events, target)
+    assert bound.load(target).margin == 1.5

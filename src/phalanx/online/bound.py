@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.errors import ConfigError
+from phalanx.files import write_atomic
 from phalanx.validate import check_int, check_real
 
 __all__ = ["CONSTANTS_FILE", "Constants", "bound", "fit", "load", "log_term", "power", "save", "zero_term"]
@@ -189,5 +190,5 @@ def save(constants: Constants, path: str | Path) -> Path:
            "calibration": d["calibration"], "command": d["command"]}
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+    write_atomic(p, (json.dumps(out, indent=2) + "\n").encode())  # a crash leaves the old file or the new, never half
     return p
