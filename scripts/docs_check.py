@@ -210,8 +210,9 @@ def _run(claim: Claim, timeout: float | None, *, full: bool) -> str:
     with tempfile.TemporaryDirectory(prefix="docs-check-") as out:
         # one thread: torch's (OMP_NUM_THREADS) and the count a run would choose itself (PHALANX_THREADS; without it
         # a single run takes the count stored for the machine, and a result depends on the count)
+        # and Phalanx's own components only (PHALANX_NO_PLUGINS): a plug-in installed here is not in what docs/ quotes
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PHALANX_THREADS": "1", "COLUMNS": "200", "NO_COLOR": "1",
-               "TERM": "dumb"}
+               "TERM": "dumb", "PHALANX_NO_PLUGINS": "1"}
         words = argv(claim.command, out)
         if claim.results is not None and not full:
             words += ["--results", str(ROOT / claim.results)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -21,3 +22,11 @@ os.environ.setdefault("PHALANX_BUDGET_MINUTES", "off")
 # `phalanx run` keeps torch's own thread count here, as before it chose one (tests/test_threads_choice.py turns the
 # choice on where it is tested): no test measures the machine or writes to the user's cache.
 os.environ.setdefault("PHALANX_THREADS", "torch")
+
+
+@pytest.fixture
+def built_ins_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installed plug-ins ignored (``PHALANX_NO_PLUGINS``, :mod:`phalanx.plugins`) for a test that compares what
+    Phalanx itself declares with what it builds: with a plug-in on the path those listings rightly hold one more
+    name."""
+    monkeypatch.setenv("PHALANX_NO_PLUGINS", "1")

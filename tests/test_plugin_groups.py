@@ -121,3 +121,25 @@ def test_a_loaded_entry_point_is_not_said_to_be_shadowed_by_itself(tmp_path: Pat
         assert first.__module__ == "phalanx.aggregators.registry"  # the wrapper: not the entry point's module
         assert reg.get("f5-plain") is first and reg.names().count("f5-plain") == 1
     assert "f5-plain" not in reg.registered()
+
+
+def test_phalanx_no_plugins_hides_installed_entry_points_and_nothing_else(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PHALANX_NO_PLUGINS=1``: an installed entry point is neither listed nor found by name — in a registry, in the
+    catalogue's names beyond its table, in the sections read — while a ``module:attr`` spec still loads; unset (or
+    ``0``), it is read again, with no cache left from the hidden read."""
+    from phalanx import catalogue
+    from phalanx.plugins import NO_PLUGINS, installed_entry_points
+
+    monkeypatch.syspath_prepend(str(_site(tmp_path, {"phalanx.graphs": {"labring": TARGET},
+                                                     "phalanx.aggregators": {"zz-rule": "mylab_zz:Rule"}})))
+    graphs = Registry("topology", "phalanx.graphs")  # a registry of its own: the process's are left as they are
+    where = catalogue.Group("phalanx.aggregators", "not_imported_here")  # the entry points alone, nothing loaded
+    monkeypatch.setenv(NO_PLUGINS, "1")
+    assert "labring" not in graphs.names() and "labring" not in graphs
+    assert installed_entry_points("phalanx.graphs") == []
+    assert "zz-rule" not in catalogue.extra_names((), where)
+    assert graphs.get(TARGET)(4).n == 4  # named, not discovered
+    monkeypatch.setenv(NO_PLUGINS, "0")
+    assert "labring" in graphs.names() and graphs.get("labring")(4).n == 4
+    assert "zz-rule" in catalogue.extra_names((), where)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import pkgutil
 import re
 import warnings
@@ -32,8 +33,23 @@ from typing import Any, ClassVar, Generic, TypeVar, overload
 from phalanx.errors import ConfigError
 from phalanx.validate import suggest
 
-__all__ = ["Component", "Registry", "accepted_params", "check_params", "import_modules", "import_spec", "is_spec",
-           "no_spec_imports", "parse_value", "split_call"]
+__all__ = ["NO_PLUGINS", "Component", "Registry", "accepted_params", "check_params", "import_modules", "import_spec",
+           "installed_entry_points", "is_spec", "no_spec_imports", "parse_value", "plugins_disabled", "split_call"]
+
+NO_PLUGINS = "PHALANX_NO_PLUGINS"
+"""Set (to anything but ``0``), installed plug-ins are ignored: Phalanx's own components only, whatever is installed
+(the outputs docs/ quotes are regenerated so, and the tests that compare Phalanx's declarations with its classes run
+so). A component given by a ``module:attr`` spec still loads: it is named, not discovered."""
+
+
+def plugins_disabled() -> bool:
+    """Whether :data:`NO_PLUGINS` is set (read at each call, not cached)."""
+    return os.environ.get(NO_PLUGINS, "") not in ("", "0")
+
+
+def installed_entry_points(group: str) -> list[EntryPoint]:
+    """The installed entry points of ``group``, or none while :func:`plugins_disabled`."""
+    return [] if plugins_disabled() else list(entry_points(group=group))
 
 T = TypeVar("T")
 Obj = TypeVar("Obj")
@@ -260,6 +276,8 @@ class Registry(Generic[T]):
         return deco if obj is None else deco(obj)
 
     def _eps(self) -> dict[str, EntryPoint]:
+        if plugins_disabled():
+            return {}
         if self._entry_points is None:
             old = {ep.name: ep for ep in entry_points(group=self.legacy_group)} if self.legacy_group else {}
             self._entry_points = old | {ep.name: ep for ep in entry_points(group=self.group)}

@@ -24,10 +24,11 @@ The ε and κ formulas are those the rules' :meth:`~phalanx.aggregators.base.Agg
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 
 __all__ = ["AGGREGATORS", "DATASETS", "GOSSIP_REQUIREMENT", "GOSSIP_RULES", "MODELS", "STUDIES", "Group",
            "extra_names", "names", "rule_rows"]
@@ -393,13 +394,21 @@ STUDIES: dict[str, _Study] = {
 STUDY_GROUP = Group("phalanx.studies", "phalanx.studies.registry")
 
 
+def _installed(group: str) -> list[EntryPoint]:
+    """The installed entry points of ``group``, none while ``PHALANX_NO_PLUGINS`` is set to anything but ``0``
+    (:func:`phalanx.plugins.plugins_disabled`'s rule, repeated here: this layer imports nothing of Phalanx's)."""
+    if os.environ.get("PHALANX_NO_PLUGINS", "") not in ("", "0"):
+        return []
+    return list(entry_points(group=group))
+
+
 def extra_names(declared: Iterable[str], where: Group) -> set[str]:
     """The names the registry of ``where`` knows beyond ``declared``: installed entry points of its group (and of its
     legacy group), read from the installed packages' metadata with nothing loaded, and, when the registry's module
     is already imported, the names its ``names()`` gives (entries registered in this process)."""
-    known = {ep.name for ep in entry_points(group=where.group)}
+    known = {ep.name for ep in _installed(where.group)}
     if where.legacy_group:
-        known |= {ep.name for ep in entry_points(group=where.legacy_group)}
+        known |= {ep.name for ep in _installed(where.legacy_group)}
     module = sys.modules.get(where.module)
     if module is not None:
         known |= set(module.names())

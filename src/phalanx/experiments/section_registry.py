@@ -24,11 +24,11 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Iterator, Sequence
-from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Any, TypeVar
 
 from phalanx.errors import ConfigError
+from phalanx.plugins import installed_entry_points, plugins_disabled
 from phalanx.validate import Section
 
 __all__ = ["GROUP", "Names", "SectionRegistry", "declared", "names", "register", "sections"]
@@ -109,10 +109,10 @@ class SectionRegistry:
         """Read the entry points of :attr:`group` once: each one's module is imported (a module that registers
         its section itself), and a :class:`Section` or holder it names is registered unless it already was. A
         broken plug-in is a one-line :class:`ConfigError` naming its entry point."""
-        if self._found:
+        if self._found or plugins_disabled():  # disabled: nothing read, so a later call without it still reads
             return
         self._found = True
-        for ep in sorted(entry_points(group=self.group), key=lambda e: (e.name, e.value)):
+        for ep in sorted(installed_entry_points(self.group), key=lambda e: (e.name, e.value)):
             try:
                 obj = ep.load()
             except ConfigError:
