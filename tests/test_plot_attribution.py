@@ -550,7 +550,41 @@ def test_a_rule_has_the_same_marker_in_every_trade_off_figure() -> None:
 def test_the_accuracy_title_says_each_curve_is_a_mean_over_its_seeds() -> None:
     """A first-hour review read the accuracy curves as single runs: the title says how many seeds each averages."""
     rows = [{"aggregator": a, "attack": "none", "seed": s} for a in ("cwtm", "mean") for s in range(3)]
-    assert plots.seeds_phrase(rows, ["aggregator"]) == " (each curve the mean over its 3 seeds)"
+    assert plots.seeds_phrase(rows, ["aggregator"]) == " (each curve the mean over its 3 seeds, shaded: their range)"
     rows.append({"aggregator": "krum", "attack": "none", "seed": 0})
-    assert plots.seeds_phrase(rows, ["aggregator"]) == " (each curve the mean over its 1–3 seeds)"
+    assert plots.seeds_phrase(rows, ["aggregator"]) == " (each curve the mean over its 1–3 seeds, shaded: their range)"
+    assert plots.seeds_phrase(rows[-1:], ["aggregator"]) == " (each curve the mean over its 1 seed)"
     assert plots.seeds_phrase([{"aggregator": "cwtm"}], ["aggregator"]) == ""
+
+
+def test_the_accuracy_panel_shades_each_settings_range_over_its_seeds(tmp_path: Path) -> None:
+    """The curve is the mean; the band behind it is the seeds' smallest to largest accuracy at each round (a mean
+    alone hid a seed that failed). A setting with one seed, or a round only one seed reached, has no band; a seed's
+    NaN is left out of the range."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    assert plots.seed_range({1: [0.5, 0.7, float("nan")], 2: [0.9], 3: [0.2, 0.4]}, 100.0) == (
+        [1, 3], [50.0, 20.0], [70.0, 40.0])
+    assert plots.seed_range({1: [0.5]}, 100.0) is None
+    rows = [{"aggregator": a, "attack": "none", "seed": s, "run": f"{a}-{s}", "round": r, "test_accuracy": acc}
+            for a, seeds in (("cwtm", (0, 1, 2)), ("krum", (0,))) for s in seeds
+            for r, acc in ((1, 0.2 + 0.1 * s), (2, 0.5 + 0.1 * s))]
+    shaded: list[Any] = []
+    real = matplotlib.axes.Axes.fill_between
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        shaded.append((list(args[0]), list(args[1]), list(args[2])))
+        return real(self, *args, **kwargs)
+
+    matplotlib.axes.Axes.fill_between = spy  # type: ignore[method-assign]
+    try:
+        plots.plot_curves(rows, ["aggregator"], tmp_path / "accuracy.png")
+    finally:
+        matplotlib.axes.Axes.fill_between = real  # type: ignore[method-assign]
+        plt.close("all")
+    assert len(shaded) == 1  # cwtm's three seeds; krum's one seed has none
+    xs, lows, highs = shaded[0]
+    assert xs == [1, 2] and lows == pytest.approx([20.0, 50.0]) and highs == pytest.approx([40.0, 70.0])

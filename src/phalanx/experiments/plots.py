@@ -231,7 +231,21 @@ def seeds_phrase(rows: list[dict[str, Any]], keys: list[str]) -> str:
     if not counts:
         return ""
     span = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
-    return f" (each curve the mean over its {span} seed{'s' if counts[-1] > 1 else ''})"
+    shaded = ", shaded: their range" if counts[-1] > 1 else ""
+    return f" (each curve the mean over its {span} seed{'s' if counts[-1] > 1 else ''}{shaded})"
+
+
+def seed_range(points: dict[int, list[float]], scale: float) -> tuple[list[int], list[float], list[float]] | None:
+    """``(rounds, lows, highs)``: per round, the smallest and largest finite value over a setting's seeds (times
+    ``scale``), at the rounds where at least two seeds have one; None where no round has two (nothing to shade)."""
+    xs, lows, highs = [], [], []
+    for x in sorted(points):
+        finite = [v for v in points[x] if math.isfinite(v)]
+        if len(finite) >= 2:
+            xs.append(x)
+            lows.append(scale * min(finite))
+            highs.append(scale * max(finite))
+    return (xs, lows, highs) if xs else None
 
 
 FLOOR_MARGIN = 1.1
@@ -333,6 +347,10 @@ def plot_curves(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path
                 ax.plot([xs[-1]], [ys[-1]], marker="X", markersize=9, color=style["color"], ls="none")
             noted = noted or name != label
             ax.plot(xs, ys, markersize=3.5, label=name, lw=looks[label].linewidth, **style)
+            if metric == "test_accuracy":  # the spread behind the mean: the seeds' range, where there are two or more
+                band = seed_range(curves[label], scale)
+                if band is not None:
+                    ax.fill_between(*band, color=style["color"], alpha=0.15, lw=0)
         ax.set_ylabel(ylabel)
         ax.set_title(title + fixed if metric == "test_accuracy" else title, fontsize=10)
         ax.grid(alpha=0.3)
