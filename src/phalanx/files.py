@@ -33,7 +33,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["Refusal", "file_mode", "open_regular", "read_regular", "size_of", "temporary", "too_large", "write_atomic"]
+__all__ = ["Refusal", "file_mode", "open_regular", "read_regular", "size_of", "sync_file", "temporary", "too_large",
+           "write_atomic"]
 
 Refusal = Callable[[Path, str], Exception]
 """How a reader words a refusal: ``error(path, problem)`` is the exception raised (one line naming the file)."""
@@ -134,6 +135,12 @@ def write_atomic(path: Path, payload: bytes | Callable[[BinaryIO], object], mode
 
 _UNSYNCABLE = {errno.EINVAL, errno.EBADF, errno.ENOSYS, getattr(errno, "ENOTSUP", errno.EINVAL),
                getattr(errno, "EOPNOTSUPP", errno.EINVAL)}
+
+
+def sync_file(path: Path) -> None:
+    """``fsync`` the file ``path``: one a library wrote and closed without syncing it (DuckDB's Parquet file)."""
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
 
 
 def sync_directory(path: Path | None = None, fd: int | None = None) -> None:

@@ -23,14 +23,14 @@ skips a finished run, every file it wrote is checked (:func:`check_finished`). E
 memory (:mod:`phalanx.experiments.runfiles`).
 
 Errors: a write that fails (permission denied, disk full, ``--out`` naming a file) is an
-:class:`~phalanx.errors.OutputError` naming the path; the file it was replacing is left as it was, and no temporary
-file stays behind. A file that cannot be read back as Phalanx wrote it (truncated, garbage, a tensor of the wrong
-shape) is a :class:`~phalanx.errors.ConfigError` naming it and the run directory to delete — this is what catches
-damage in directories written before digests were recorded, and in ones used with ``--force``.
+:class:`~phalanx.errors.OutputError` naming the path; the file it was replacing is left as it was, and no temporary file
+stays behind. A file that cannot be read back as Phalanx wrote it (truncated, garbage, a tensor of the wrong shape) is a
+:class:`~phalanx.errors.ConfigError` naming it and the run directory to delete — this is what catches damage in
+directories written before digests were recorded, and in ones used with ``--force``.
 
-Permissions: every file written here gets the mode a plain ``open(path, "w")`` would give it, ``0o666 & ~umask``
-(0644 under the usual umask 022, 0600 under 077) — not the 0600 of the temporary file it starts as
-(:func:`file_mode`). Private keys are written elsewhere (:mod:`phalanx.signing`, always 0600).
+Permissions: every file written here gets the mode a plain ``open(path, "w")`` would give it, ``0o666 & ~umask`` (0644
+under the usual umask 022, 0600 under 077) — not the 0600 of the temporary file it starts as (:func:`file_mode`).
+Private keys are written elsewhere (:mod:`phalanx.signing`, always 0600).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from phalanx.experiments import checkpoint, dirfd, runfiles
 from phalanx.experiments.runfiles import damaged
 from phalanx.experiments.runfiles import reason as _reason
 from phalanx.experiments.schema import MAX_ROWS, RESULT_NEUTRAL_KEYS
-from phalanx.files import file_mode, sync_directory, temporary, write_atomic
+from phalanx.files import file_mode, sync_file, temporary, write_atomic
 from phalanx.training import metric_rows
 from phalanx.training.state import Snapshot
 
@@ -497,8 +497,7 @@ def is_finished(out: Path) -> bool:
 
 
 def write_parquet(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Write rows to Parquet through DuckDB, atomically and durably: a temporary file, synced, then a rename, then
-    the directory synced (DuckDB syncs nothing itself; tests/test_files.py)."""
+    """Write rows to Parquet through DuckDB, atomically and durably (temporary file, fsync, rename, directory fsync)."""
     import duckdb
 
     at = dirfd.scratch(path.parent) / path.name  # in a held run directory: the one checked (phalanx.experiments.dirfd)
@@ -515,14 +514,12 @@ def write_parquet(path: Path, rows: list[dict[str, Any]]) -> None:
                               "command again") from None
         finally:
             con.close()
-        with open(tmp, "rb") as fh:  # DuckDB closes its file without fsync (strace: no fsync, no fdatasync)
-            os.fsync(fh.fileno())
+        sync_file(tmp)  # DuckDB closes its file without an fsync (strace: no fsync, no fdatasync)
         if (path.parent / MANIFEST).exists():  # a run directory's: recorded like every file it writes
             _install(path.parent, path.name, str(tmp))
         else:
             os.chmod(tmp, file_mode())
-            os.replace(tmp, path)
-            sync_directory(path.parent)  # the new name survives a power cut, not only the bytes
+            dirfd.install(path.parent, tmp, path.name)  # the rename, then its directory synced
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
