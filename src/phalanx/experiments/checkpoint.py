@@ -21,6 +21,7 @@ from safetensors import SafetensorError, safe_open
 
 from phalanx.errors import OutputError
 from phalanx.experiments.runfiles import damaged
+from phalanx.files import sync_file
 from phalanx.training.state import RoundState, Snapshot
 
 LEGACY_ALGORITHM_STATE = ("local_norms",)
@@ -115,8 +116,7 @@ def os_error(exc: SafetensorError) -> BaseException:
 def check_written(path: Path, tmp: str, names: set[str]) -> None:
     """Flush the checkpoint just written to ``tmp`` to disk and read its header back: the library that writes it
     can drop a failed write silently (a full disk), and such a file must not replace the last good checkpoint."""
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
+    sync_file(Path(tmp))
     try:
         with safe_open(tmp, framework="pt") as fh:
             complete = set(fh.keys()) == names

@@ -23,14 +23,14 @@ skips a finished run, every file it wrote is checked (:func:`check_finished`). E
 memory (:mod:`phalanx.experiments.runfiles`).
 
 Errors: a write that fails (permission denied, disk full, ``--out`` naming a file) is an
-:class:`~phalanx.errors.OutputError` naming the path; the file it was replacing is left as it was, and no temporary file
-stays behind. A file that cannot be read back as Phalanx wrote it (truncated, garbage, a tensor of the wrong shape) is a
-:class:`~phalanx.errors.ConfigError` naming it and the run directory to delete — this is what catches damage in
-directories written before digests were recorded, and in ones used with ``--force``.
+:class:`~phalanx.errors.OutputError` naming the path; the file it was replacing is left as it was, and no temporary
+file stays behind. A file that cannot be read back as Phalanx wrote it (truncated, garbage, a tensor of the wrong
+shape) is a :class:`~phalanx.errors.ConfigError` naming it and the run directory to delete — this is what catches
+damage in directories written before digests were recorded, and in ones used with ``--force``.
 
-Permissions: every file written here gets the mode a plain ``open(path, "w")`` would give it, ``0o666 & ~umask`` (0644
-under the usual umask 022, 0600 under 077) — not the 0600 of the temporary file it starts as (:func:`file_mode`).
-Private keys are written elsewhere (:mod:`phalanx.signing`, always 0600).
+Permissions: every file written here gets the mode a plain ``open(path, "w")`` would give it, ``0o666 & ~umask``
+(0644 under the usual umask 022, 0600 under 077) — not the 0600 of the temporary file it starts as
+(:func:`file_mode`). Private keys are written elsewhere (:mod:`phalanx.signing`, always 0600).
 """
 
 from __future__ import annotations
