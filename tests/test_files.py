@@ -262,3 +262,24 @@ def test_the_online_learners_constants_are_written_atomically(tmp_path: Path, mo
     bound.save(bound.Constants(0.5, 0.25, 1.5, {"seeds": [1]}, "a test"), target)
     _durable(events, target)
     assert bound.load(target).margin == 1.5
+
+
+def test_a_downloaded_data_file_is_on_disk_before_its_name_and_its_name_after(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``data.download.fetch`` (a data set's cache, ``load(..., download=True)``): the ``.part`` file whose MD5
+    matched is fsynced before it takes its name, and the folder after. Before, a bare rename: a power cut could leave
+    the real name on a torn file, which the next load without ``download`` reads."""
+    import hashlib
+
+    from phalanx.data import download
+
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (mirror / "f.gz").write_bytes(b"x" * 5000)
+    md5 = hashlib.md5(b"x" * 5000, usedforsecurity=False).hexdigest()
+    target = tmp_path / "cache" / "f.gz"
+    target.parent.mkdir()
+    events = _spy(monkeypatch)
+    download.fetch([(mirror / "f.gz").as_uri()], target, md5)
+    _durable(events, target)
+    assert target.read_bytes() == b"x" * 5000

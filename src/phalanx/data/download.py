@@ -2,8 +2,9 @@
 
 This is the only module of :mod:`phalanx.data` that touches the network, and only when a user asks for it. The
 URLs and MD5 digests are the published ones (the same that torchvision uses; no torchvision code is used). A file
-is first written to ``<name>.part`` and renamed only once its MD5 matches; a mirror that fails or serves a file
-with the wrong digest is skipped and the next one is tried.
+is first written to ``<name>.part``, synced, and renamed only once its MD5 matches, then its folder is synced (a
+power cut leaves the old state or the whole file, never a torn one under the real name); a mirror that fails or
+serves a file with the wrong digest is skipped and the next one is tried.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 from phalanx.data.base import DownloadError
+from phalanx.files import sync_directory, sync_file
 
 __all__ = ["CIFAR10_ARCHIVE", "IDX_FILES", "MIRRORS", "download_cifar10", "download_idx", "fetch"]
 
@@ -54,6 +56,13 @@ def _md5(path: Path) -> str:
     return h.hexdigest()
 
 
+def _install(part: Path, dest: Path) -> None:
+    """Give the written file ``part`` the name ``dest`` durably: its bytes synced, the rename, its folder synced."""
+    sync_file(part)
+    os.replace(part, dest)
+    sync_directory(dest.parent)
+
+
 def fetch(urls: tuple[str, ...] | list[str], dest: Path, md5: str) -> Path:
     """Download ``dest`` from the first of ``urls`` that serves a file with the given MD5; return ``dest``.
 
@@ -79,7 +88,7 @@ def fetch(urls: tuple[str, ...] | list[str], dest: Path, md5: str) -> Path:
             problems.append(f"{url}: MD5 {got}, expected {md5}")
             part.unlink(missing_ok=True)
             continue
-        os.replace(part, dest)
+        _install(part, dest)
         return dest
     raise DownloadError(f"could not download {dest.name}:\n" + "\n".join(f"  - {p}" for p in problems))
 
@@ -112,5 +121,5 @@ def download_cifar10(folder: Path) -> Path:
             part = target / (parts[1] + ".part")
             with src, open(part, "wb") as out:
                 shutil.copyfileobj(src, out, 1 << 20)
-            os.replace(part, target / parts[1])
+            _install(part, target / parts[1])
     return target
