@@ -16,7 +16,13 @@ settings.register_profile(
     "ci", deadline=None, max_examples=60, derandomize=True, suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "phalanx"))
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# `make test` runs one pytest worker per core (pytest-xdist): each takes its share of the cores, so that two workers'
+# OpenMP teams do not wait on each other's descheduled threads. A test that needs more threads sets them itself.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, torch.get_num_threads() // _WORKERS)))
+# The CLI honours COLUMNS (phalanx.cli.common._console), and the assertions on its output read unwrapped lines:
+# pytest-xdist's workers set COLUMNS=80, and so may a developer's shell. Subprocesses inherit its absence.
+os.environ.pop("COLUMNS", None)
 # No grid times its first rounds to estimate its length (tests/test_estimate.py turns it on where it is tested).
 os.environ.setdefault("PHALANX_BUDGET_MINUTES", "off")
 # `phalanx run` keeps torch's own thread count here, as before it chose one (tests/test_threads_choice.py turns the
@@ -30,3 +36,29 @@ def built_ins_only(monkeypatch: pytest.MonkeyPatch) -> None:
     Phalanx itself declares with what it builds: with a plug-in on the path those listings rightly hold one more
     name."""
     monkeypatch.setenv("PHALANX_NO_PLUGINS", "1")
+
+
+# Files whose tests start real processes (torchrun jobs, Flower federations, killed and resumed sweeps), the longest
+# first: pytest-xdist hands whole files to its workers in collection order (`--dist loadfile`), so these start first
+# and the short files fill in around them, instead of one long file running alone at the end. Order only: a file
+# missing here runs after them, and a stale entry changes nothing else.
+LONG_FILES = (
+    "test_distributed.py", "test_fault_campaign.py", "test_distributed_mesh.py", "test_stage_reports_engines.py",
+    "test_distributed_sealed.py", "test_distributed_availability.py", "test_flower_federation.py", "test_records.py",
+    "test_extending.py", "test_async_resume.py", "test_async_processes.py", "test_distributed_gossip.py",
+    "test_own_algorithm.py", "test_tension_paper.py", "test_metric_rows.py", "test_async_attacks.py",
+    "test_slurm.py", "test_sweep_kill.py", "test_user_errors.py", "test_async_zero_step.py", "test_async_audit.py",
+    "test_distributed_lora.py", "test_stage_reports.py", "test_lora_study.py", "test_federated_benchmark_smoke.py",
+    "test_async_process_filters.py", "test_flower.py", "test_flower_byzantine.py", "test_gpu_benchmark.py",
+    "test_clone_folder.py", "test_update_clip.py", "test_lora_benchmark_smoke.py",
+    "test_distributed_benchmark_smoke.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, the files of ``LONG_FILES`` first, in its order; every other file after them, in pytest's
+    order. Each file's tests keep their own order (a module's fixture is built once, on one worker)."""
+    if _WORKERS <= 1 and not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))

@@ -57,21 +57,24 @@ def record(cfg: dict[str, Any], out: Path) -> tuple[str, dict[str, bytes]]:
 @pytest.mark.parametrize("cfg", [ISSUE, WIDE], ids=["issue", "wide"])
 def test_the_same_run_is_bit_for_bit_while_another_process_keeps_a_core_busy(cfg: dict[str, Any],
                                                                                tmp_path: Path) -> None:
-    with busy_core():
-        rows_a, theta_a = record(cfg, tmp_path / "a")
-        rows_b, theta_b = record(cfg, tmp_path / "b")
-    assert rows_a == rows_b
-    assert theta_a.keys() == theta_b.keys() and "theta" in theta_a
-    assert all(theta_a[k] == theta_b[k] for k in theta_a)
-    if cfg is WIDE and torch.get_num_threads() > 1:
-        # The comparison has teeth: the same run on one thread (what a team shrunk by the load would be) differs.
-        old = torch.get_num_threads()
-        try:
+    """Two threads where the machine has two cores, whatever the suite's default (one per pytest-xdist worker): a
+    team that the busy core could shrink is what this test is about."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    try:
+        with busy_core():
+            rows_a, theta_a = record(cfg, tmp_path / "a")
+            rows_b, theta_b = record(cfg, tmp_path / "b")
+        assert rows_a == rows_b
+        assert theta_a.keys() == theta_b.keys() and "theta" in theta_a
+        assert all(theta_a[k] == theta_b[k] for k in theta_a)
+        if cfg is WIDE and torch.get_num_threads() > 1:
+            # The comparison has teeth: the same run on one thread (what a team shrunk by the load would be) differs.
             torch.set_num_threads(1)
             _, theta_c = record(cfg, tmp_path / "c")
-        finally:
-            torch.set_num_threads(old)
-        assert theta_c["theta"] != theta_a["theta"]
+            assert theta_c["theta"] != theta_a["theta"]
+    finally:
+        torch.set_num_threads(old)
 
 
 PROBE = """
