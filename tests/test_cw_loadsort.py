@@ -315,3 +315,30 @@ def test_a_groups_check_reads_only_its_own_wires(impl: str) -> None:
         assert pairs.reads <= 2 * len(group), pairs.reads
     else:
         assert pairs.reads > 2 * len(group) and pairs.reads >= len(pairs), pairs.reads
+
+
+def _sequences(pairs: list[tuple[int, int]]) -> dict[int, list[tuple[int, int]]]:
+    """Each wire's compare-exchanges, in order: two orders of one network with the same sequences compute the same
+    values, bit for bit (each compare-exchange's inputs are its two wires' previous outputs)."""
+    seq: dict[int, list[tuple[int, int]]] = {}
+    for a, b in pairs:
+        seq.setdefault(a, []).append((a, b))
+        seq.setdefault(b, []).append((a, b))
+    return seq
+
+
+@NEEDS_KERNEL
+def test_the_32_row_load_sort_runs_batchers_network_in_an_order_that_keeps_every_wires_sequence() -> None:
+    """The 32-row load sort runs in pieces that fit 16 vector registers (two halves of 16, four blocks of 8 rows, a
+    stream of the last two stages; ``_cwkernel.c``, M32_BLOCK): the order it runs (``load_sort_schedule``, read from
+    the same macros) holds Batcher's 191 compare-exchanges with every wire's sequence unchanged. Mutant: two
+    compare-exchanges of one wire swapped (the first block's k = 8 and k = 4 steps on its wire 2) is caught."""
+    kernel = coordinatewise._cwkernel
+    batcher = [tuple(p) for p in kernel.load_sort_network(32)]
+    schedule = [tuple(p) for p in kernel.load_sort_schedule()]
+    assert len(schedule) == len(batcher) == 191
+    assert _sequences(schedule) == _sequences(batcher)
+    mutant = list(schedule)
+    i, j = mutant.index((8, 16)), mutant.index((4, 8))
+    mutant[i], mutant[j] = mutant[j], mutant[i]
+    assert sorted(mutant) == sorted(batcher) and _sequences(mutant) != _sequences(batcher)

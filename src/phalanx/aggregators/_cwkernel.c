@@ -22,7 +22,8 @@
  * compare-exchange). Batcher's first stages never leave aligned groups of 32 (16, 8) wires, so the Python side
  * (_sortnet.load_plan) hands over a plan -- how many groups of 32, then 16, then 8 rows, from row 0 on -- and the
  * kernel loads each group's rows straight into registers, runs Batcher's network on them there (191, 63 or 19
- * compare-exchanges; one load and one store per wire) and stores them sorted; the pair loop then runs the rest. A
+ * compare-exchanges; one load and one store per wire for 16 and 8; a group of 32 as two of 16, then its merge in
+ * pieces of at most 8 rows, see M32_BLOCK) and stores them sorted; the pair loop then runs the rest. A
  * group is only planned where the network's first compare-exchanges on each of its wires are exactly the group
  * network's, so every wire keeps its sequence of compare-exchanges and its value bit for bit (cache_order's
  * argument). n = 64: 382 of the 543 compare-exchanges run at load. In the pair loop, two consecutive
@@ -126,6 +127,20 @@
 #define LS_SARG(i, A) src + (i) * ss,
 #define LS_DARG(i, A) dst + (i) * ds,
 #define LOAD_SORT_MAX 32
+/* The 32-row load sort in pieces that fit AVX2's 16 vector registers (32 wires at once did not: GCC moved a vector
+ * to or from the stack 429 times for its 191 compare-exchanges). Batcher's network on 32 wires is its network on
+ * each half of 16, then its p = 16 merge stages k = 16, 8, 4, 2, 1. Those with k >= 4 never leave the 8 rows
+ * r, r + 4, ..., r + 28 (r = 0 ... 3): M32_BLOCK is their order on such a block's local wires 0 ... 7. The k = 2
+ * and k = 1 stages run as a stream over the rows in order (M32_TAIL: rows a ... e = 4m + 1 ... 4m + 5, row a loaded
+ * by the step before), each row loaded once and stored once. Every wire keeps its sequence of compare-exchanges
+ * (tests/test_cw_loadsort.py checks the schedule against BATCHER32), so every value keeps its bits. */
+#define M32_BLOCK(X) X(0, 4) X(1, 5) X(2, 6) X(3, 7) X(2, 4) X(3, 5) X(1, 2) X(3, 4) X(5, 6)
+#define LS_LD(i) v##i = d##i[j];
+#define LS_ST(i) d##i[j] = v##i;
+#define M32_TAIL(L, X, S, a, b, c, d, e) L(b) L(c) L(d) L(e) X(b, d) X(c, e) X(a, b) X(c, d) S(a) S(b) S(c) S(d)
+#define M32_STREAM(L, X, S) L(1) M32_TAIL(L, X, S, 1, 2, 3, 4, 5) M32_TAIL(L, X, S, 5, 6, 7, 8, 9)                     \
+    M32_TAIL(L, X, S, 9, 10, 11, 12, 13) M32_TAIL(L, X, S, 13, 14, 15, 16, 17) M32_TAIL(L, X, S, 17, 18, 19, 20, 21) \
+    M32_TAIL(L, X, S, 21, 22, 23, 24, 25) M32_TAIL(L, X, S, 25, 26, 27, 28, 29) L(30) X(29, 30) S(29) S(30)
 
 #define DEFINE_KERNEL(T, SUFFIX, BLK)                                                                                   \
     /* Window start of every lane of a sorted block, as a T (a small integer, exact). MeaMed: among the trim + 1 */ \
@@ -172,21 +187,38 @@
             ROWS16(LS_LOAD, _) BATCHER16(LS_CX) ROWS16(LS_STORE, _)                                                      \
         }                                                                                                          \
     }                                                                                                              \
-    static inline __attribute__((always_inline)) void ls32_rows_##SUFFIX(ROWS32(LS_SPARAM, T) ROWS32(LS_DPARAM, T)      \
-                                                                       int lanes) {                                \
+    /* Batcher's 32-row network on rows sorted by halves of 16 (see M32_BLOCK): four blocks of 8, then the stream. */ \
+    static inline __attribute__((always_inline)) void m32_block_##SUFFIX(ROWS8(LS_DPARAM, T) int lanes) {        \
         for (int j = 0; j < lanes; j++) {                                                                          \
-            T ROWS32(LS_DECL, _) u_, w_;                                                                              \
-            ROWS32(LS_LOAD, _) BATCHER32(LS_CX) ROWS32(LS_STORE, _)                                                      \
+            T ROWS8(LS_DECL, _) u_, w_;                                                                               \
+            LS_LD(0) LS_LD(1) LS_LD(2) LS_LD(3) LS_LD(4) LS_LD(5) LS_LD(6) LS_LD(7)                                \
+            M32_BLOCK(LS_CX) ROWS8(LS_STORE, _)                                                                     \
         }                                                                                                          \
     }                                                                                                              \
+    static inline __attribute__((always_inline)) void m32_stream_##SUFFIX(ROWS32(LS_DPARAM, T) int lanes) {      \
+        for (int j = 0; j < lanes; j++) {                                                                          \
+            __attribute__((unused)) T ROWS32(LS_DECL, _) u_, w_; /* rows 0 and 31 are not in these stages */         \
+            M32_STREAM(LS_LD, LS_CX, LS_ST)                                                                        \
+        }                                                                                                          \
+    }                                                                                                              \
+    static inline __attribute__((always_inline)) void ls16_at_##SUFFIX(const T *src, Py_ssize_t ss, T *dst,      \
+                                                                      Py_ssize_t ds) {                             \
+        ls16_rows_##SUFFIX(ROWS16(LS_SARG, _) ROWS16(LS_DARG, _) BLK);                                                   \
+    }                                                                                                              \
+    static inline __attribute__((always_inline)) void m32_block_at_##SUFFIX(T *dst, Py_ssize_t ds) {             \
+        m32_block_##SUFFIX(ROWS8(LS_DARG, _) BLK);                                                                   \
+    }                                                                                                              \
     MULTIVERSION SELECTS static void loadsort32_##SUFFIX(const T *src, Py_ssize_t ss, T *dst, Py_ssize_t ds) {    \
-        ls32_rows_##SUFFIX(ROWS32(LS_SARG, _) ROWS32(LS_DARG, _) BLK);                                                   \
+        ls16_at_##SUFFIX(src, ss, dst, ds);                                                                        \
+        ls16_at_##SUFFIX(src + 16 * ss, ss, dst + 16 * ds, ds);                                                    \
+        for (int r = 0; r < 4; r++) m32_block_at_##SUFFIX(dst + r * ds, 4 * ds);                                   \
+        m32_stream_##SUFFIX(ROWS32(LS_DARG, _) BLK);                                                                 \
     }                                                                                                              \
     MULTIVERSION SELECTS static void loadsort8_##SUFFIX(const T *src, Py_ssize_t ss, T *dst, Py_ssize_t ds) {     \
         ls8_rows_##SUFFIX(ROWS8(LS_SARG, _) ROWS8(LS_DARG, _) BLK);                                                      \
     }                                                                                                              \
     MULTIVERSION SELECTS static void loadsort16_##SUFFIX(const T *src, Py_ssize_t ss, T *dst, Py_ssize_t ds) {    \
-        ls16_rows_##SUFFIX(ROWS16(LS_SARG, _) ROWS16(LS_DARG, _) BLK);                                                   \
+        ls16_at_##SUFFIX(src, ss, dst, ds);                                                                        \
     }                                                                                                              \
                                                                                                                    \
     /* Two consecutive compare-exchanges sharing a wire, on three rows x, y, z, in registers: (x, y) then (x, z)  */ \
@@ -601,6 +633,25 @@ static PyObject *py_load_sort_network(PyObject *self, PyObject *args) {
     return list;
 }
 
+/* load_sort_schedule() -> the 32-row load sort's compare-exchanges in the order the kernel runs them (the pieces
+ * above M32_BLOCK): tests/test_cw_loadsort.py checks that every wire has BATCHER32's sequence. */
+#define LS_NONE(i)
+#define LS_PAIR_HI(a, b) LS_PAIR((a) + 16, (b) + 16)
+#define LS_PAIR_BLOCK(a, b) LS_PAIR(r + 4 * (a), r + 4 * (b))
+static PyObject *py_load_sort_schedule(PyObject *self, PyObject *noargs) {
+    int ok = 1;
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    BATCHER16(LS_PAIR) BATCHER16(LS_PAIR_HI)
+    for (int r = 0; r < 4; r++) { M32_BLOCK(LS_PAIR_BLOCK) }
+    M32_STREAM(LS_NONE, LS_PAIR, LS_NONE)
+    if (!ok) {
+        Py_DECREF(list);
+        return NULL;
+    }
+    return list;
+}
+
 static PyObject *py_has_openmp(PyObject *self, PyObject *noargs) {
 #ifdef _OPENMP
     Py_RETURN_TRUE;
@@ -618,7 +669,9 @@ static PyMethodDef methods[] = {
     {"compare_exchange_spin", py_compare_exchange_spin, METH_VARARGS,
      "Compare-exchanges in registers, the network's compute floor (benchmarks/cw_floor.py)."},
     {"load_sort_network", py_load_sort_network, METH_VARARGS,
-     "The compare-exchanges a group of 8 or 16 rows runs as it is loaded (Batcher's network)."},
+     "The compare-exchanges a group of 8, 16 or 32 rows runs as it is loaded (Batcher's network)."},
+    {"load_sort_schedule", py_load_sort_schedule, METH_NOARGS,
+     "The 32-row load sort's compare-exchanges in the order the kernel runs them."},
     {NULL, NULL, 0, NULL},
 };
 
