@@ -31,9 +31,10 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # One pytest worker per core, at most four (pytest-xdist), each test file on one worker: a module's fixture (often a
-# real run) is built once. The files that start real processes go first (tests/conftest.py, LONG_FILES).
+# real run) is built once. The files that start real processes go first (tests/conftest.py, LONG_FILES; xdist would
+# otherwise order the files by their number of tests, which put them last).
 test: lint typecheck
-	$(BIN)/python -m pytest -q --durations=40 -n auto --maxprocesses 4 --dist loadfile
+	$(BIN)/python -m pytest -q --durations=40 -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 
 # Every output the README and docs/ quote under a `regenerate` marker, produced again and compared — the full tier
 # too (studies and grids: long). The quick tier runs in `make test` (tests/test_docs_check.py).

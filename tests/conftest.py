@@ -39,7 +39,8 @@ def built_ins_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # Files whose tests start real processes (torchrun jobs, Flower federations, killed and resumed sweeps), the longest
-# first: pytest-xdist hands whole files to its workers in collection order (`--dist loadfile`), so these start first
+# first: pytest-xdist hands whole files to its workers in collection order (`--dist loadfile --no-loadscope-reorder`:
+# without it, xdist orders the files by their number of tests, which put these last), so these start first
 # and the short files fill in around them, instead of one long file running alone at the end. Order only: a file
 # missing here runs after them, and a stale entry changes nothing else.
 LONG_FILES = (
