@@ -30,11 +30,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# One pytest worker per core, at most four (pytest-xdist), each test file on one worker: a module's fixture (often a
-# real run) is built once. The files that start real processes go first (tests/conftest.py, LONG_FILES; xdist would
-# otherwise order the files by their number of tests, which put them last).
+# TEST_WORKERS=2 (or more): pytest-xdist workers, each test file on one worker (a module's fixture, often a real run,
+# is built once), the files that start real processes first (tests/conftest.py, LONG_FILES; xdist would otherwise
+# order the files by their number of tests). One worker, the default, is the run CI has landed with.
+TEST_WORKERS ?= 1
+XDIST := $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder,)
 test: lint typecheck
-	$(BIN)/python -m pytest -q --durations=40 -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q --durations=40 $(XDIST)
 
 # Every output the README and docs/ quote under a `regenerate` marker, produced again and compared — the full tier
 # too (studies and grids: long). The quick tier runs in `make test` (tests/test_docs_check.py).

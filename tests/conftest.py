@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -16,13 +17,18 @@ settings.register_profile(
     "ci", deadline=None, max_examples=60, derandomize=True, suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "phalanx"))
-# `make test` runs one pytest worker per core (pytest-xdist): each takes its share of the cores, so that two workers'
-# OpenMP teams do not wait on each other's descheduled threads. A test that needs more threads sets them itself.
+# `make test TEST_WORKERS=2` runs two pytest workers (pytest-xdist): each takes its share of the cores, so that two
+# workers' OpenMP teams do not wait on each other's descheduled threads. A test that needs more threads sets them
+# itself.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, torch.get_num_threads() // _WORKERS)))
 # The CLI honours COLUMNS (phalanx.cli.common._console), and the assertions on its output read unwrapped lines:
 # pytest-xdist's workers set COLUMNS=80, and so may a developer's shell. Subprocesses inherit its absence.
 os.environ.pop("COLUMNS", None)
+# Typer reads TERMINAL_WIDTH once, when typer.rich_utils is first imported: a test that sets it for one invocation
+# (tests/test_cli_consistency.py) must not fix every later --help's width in its process. Imported here, unset.
+os.environ.pop("TERMINAL_WIDTH", None)
+importlib.import_module("typer.rich_utils")
 # No grid times its first rounds to estimate its length (tests/test_estimate.py turns it on where it is tested).
 os.environ.setdefault("PHALANX_BUDGET_MINUTES", "off")
 # `phalanx run` keeps torch's own thread count here, as before it chose one (tests/test_threads_choice.py turns the
