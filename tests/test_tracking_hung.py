@@ -145,8 +145,9 @@ def test_a_stop_while_a_tracker_call_runs_is_not_held_by_it(monkeypatch: pytest.
     """Ctrl-C (here SIGINT sent to the main thread from inside the tracker's call) reaches the run while a tracker's
     ``log`` is still running: the run stops with ``KeyboardInterrupt`` without waiting for the call — its ``finish``
     is waited for the stop's grace only. A review of the thread's first version: the stop waited out the call (a
-    slow server's 20 s; a hung one's whole timeout, 300 s). The call is released by a watchdog after 60 s; the stop
-    must have reached the test before."""
+    slow server's 20 s; a hung one's whole timeout, 300 s). The call is released by a watchdog 60 s after the stop is
+    sent (not after the test's start: under two test workers' load the run's first rounds are not the test's clock);
+    the stop must have reached the test before."""
     import signal
 
     monkeypatch.setattr(calls, "CALL_TIMEOUT_S", 120.0)
@@ -156,12 +157,12 @@ def test_a_stop_while_a_tracker_call_runs_is_not_held_by_it(monkeypatch: pytest.
     class Interrupted(Hangs):
         def log(self, step: int, metrics: Mapping[str, float]) -> None:
             if step >= 2:
+                watchdog.start()
                 signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
             super().log(step, metrics)
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # (a test before may have left another)
     watchdog = threading.Timer(60.0, release.set)
-    watchdog.start()
     mine = Interrupted(release)
     exp = from_config(make_config(TINY))
     try:
@@ -173,3 +174,46 @@ def test_a_stop_while_a_tracker_call_runs_is_not_held_by_it(monkeypatch: pytest.
         watchdog.cancel()
         release.set()
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_stop_that_lands_while_the_call_is_queued_still_shortens_the_later_waits() -> None:
+    """The window the end-to-end test above met under two test workers' load (its watchdog fired): the tracker's thread
+    took its job and sent the stop before the run's thread had begun to wait for the answer. The stop then came out of
+    the queueing, outside the ``except`` that marks the stop, and the ``finish`` that followed waited the whole call
+    timeout behind the call still running. Here the queue itself holds the run's thread until the signal is sent, so
+    the stop lands there every time."""
+    import queue
+    import signal
+
+    release, sent = threading.Event(), threading.Event()
+    thread = calls.OwnThread("t", WATCHDOG_S)
+    jobs = thread.jobs
+
+    class HeldWhileTheJobRuns:
+        """The tracker's queue; ``put`` returns only once the job has sent its stop (which lands in this wait)."""
+
+        def put(self, job: Any) -> None:
+            jobs.put(job)
+            sent.wait(WATCHDOG_S)
+
+        def get(self) -> Any:
+            return jobs.get()
+
+    def stops_then_hangs() -> None:
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+        sent.set()
+        release.wait(WATCHDOG_S)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    thread.jobs = HeldWhileTheJobRuns()  # type: ignore[assignment]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            thread.call(stops_then_hangs)
+        assert sent.is_set() and not release.is_set()
+        assert thread.stopped, "a stop that lands as the call is queued was not marked: the finish would wait it out"
+    finally:
+        release.set()
+        signal.signal(signal.SIGINT, previous)
+        thread.jobs = jobs
+        thread.stop()
+    assert isinstance(jobs, queue.SimpleQueue)

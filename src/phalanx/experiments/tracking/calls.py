@@ -49,9 +49,9 @@ class OwnThread:
         if self.hung:
             raise Hung(f"an earlier call of tracker {self.name} has not returned")
         done, box = threading.Event(), dict[str, Any]()
-        self.jobs.put((fn, args, done, box))
         timeout = min(self.timeout, STOP_GRACE_S) if self.stopped else self.timeout
-        try:
+        try:  # (the queueing inside: the call may start, and a stop land, before the wait has begun)
+            self.jobs.put((fn, args, done, box))
             answered = done.wait(timeout)
         except BaseException:  # a stop reached the run's thread while the call runs on
             self.stopped = True
