@@ -56,6 +56,7 @@
 #define BLOCK 128
 #endif
 #define SMALL_BLOCK 32
+#define FINISH_LANES 16 /* lanes whose window sums stay in registers (finish_): 4 AVX2 vectors of double */
 #define BUFFER_BYTES (320 * 1024)
 
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
@@ -275,35 +276,50 @@
             for (Py_ssize_t j = 0; j < w; j++) out[j] = (T)(0.5 * (double)m0[j] + 0.5 * (double)m1[j]);            \
             return;                                                                                                \
         }                                                                                                          \
-        for (int j = 0; j < BLK; j++) acc[j] = 0.0;                                                                \
+        /* Lanes FINISH_LANES at a time, their sums in registers across the rows (a whole block's 128 sums in      \
+         * memory cost a load and a store of the sum per row and vector); each lane adds the same rows in the same \
+         * order as before, so the same bits. */                                                                   \
         if (mode == 0) {                                                                                           \
-            for (Py_ssize_t r = trim; r < trim + length; r++) {                                                    \
-                const T *row = buf + r * BLK;                                                                      \
-                for (int j = 0; j < BLK; j++) acc[j] += (double)row[j];                                            \
+            for (int j0 = 0; j0 < BLK; j0 += FINISH_LANES) {                                                       \
+                double a[FINISH_LANES];                                                                            \
+                for (int j = 0; j < FINISH_LANES; j++) a[j] = 0.0;                                                 \
+                for (Py_ssize_t r = trim; r < trim + length; r++) {                                                \
+                    const T *row = buf + r * BLK + j0;                                                             \
+                    for (int j = 0; j < FINISH_LANES; j++) a[j] += (double)row[j];                                 \
+                }                                                                                                  \
+                for (int j = 0; j < FINISH_LANES; j++) acc[j0 + j] = a[j];                                         \
             }                                                                                                      \
         } else { /* window [st, st + length), st in [0, trim]: rows [trim, length) are in every lane's window */   \
             T st[BLK], en[BLK];                                                                                    \
             window_starts_##SUFFIX(buf, n, mode, trim, length, st);                                                \
-            for (int j = 0; j < BLK; j++) en[j] = st[j] + (T)length;                                               \
+            for (int j = 0; j < BLK; j++) {                                                                        \
+                en[j] = st[j] + (T)length;                                                                         \
+                acc[j] = 0.0;                                                                                      \
+            }                                                                                                      \
             if (trim < length) { /* rows r < trim: in iff r >= st; [trim, length): always; r >= length: iff r < en */ \
-                for (Py_ssize_t r = 0; r < trim; r++) { /* one comparison a row: acc stays in registers */        \
+                for (Py_ssize_t r = 0; r < trim; r++) { /* (selects: the whole block, its sums in memory) */       \
                     const T *row = buf + r * BLK;                                                                  \
                     T rv = (T)r;                                                                                   \
                     for (int j = 0; j < BLK; j++) acc[j] += rv >= st[j] ? (double)row[j] : 0.0;                    \
                 }                                                                                                  \
-                for (Py_ssize_t r = trim; r < length; r++) {                                                       \
-                    const T *row = buf + r * BLK;                                                                  \
-                    for (int j = 0; j < BLK; j++) acc[j] += (double)row[j];                                        \
+                for (int j0 = 0; j0 < BLK; j0 += FINISH_LANES) { /* the rows every window holds: in registers */   \
+                    double a[FINISH_LANES];                                                                        \
+                    for (int j = 0; j < FINISH_LANES; j++) a[j] = acc[j0 + j];                                     \
+                    for (Py_ssize_t r = trim; r < length; r++) {                                                   \
+                        const T *row = buf + r * BLK + j0;                                                         \
+                        for (int j = 0; j < FINISH_LANES; j++) a[j] += (double)row[j];                             \
+                    }                                                                                              \
+                    for (int j = 0; j < FINISH_LANES; j++) acc[j0 + j] = a[j];                                     \
                 }                                                                                                  \
                 for (Py_ssize_t r = length; r < n; r++) {                                                          \
                     const T *row = buf + r * BLK;                                                                  \
                     T rv = (T)r;                                                                                   \
                     for (int j = 0; j < BLK; j++) acc[j] += rv < en[j] ? (double)row[j] : 0.0;                     \
                 }                                                                                                  \
-            } else for (Py_ssize_t r = 0; r < n; r++) { /* Bulyan's trim >= length: no row in every window */     \
+            } else for (Py_ssize_t r = 0; r < n; r++) { /* Bulyan's trim >= length: no row in every window */      \
                 const T *row = buf + r * BLK;                                                                      \
                 T rv = (T)r;                                                                                       \
-                for (int j = 0; j < BLK; j++) acc[j] += (rv >= st[j] && rv < en[j]) ? (double)row[j] : 0.0;       \
+                for (int j = 0; j < BLK; j++) acc[j] += (rv >= st[j] && rv < en[j]) ? (double)row[j] : 0.0;        \
             }                                                                                                      \
         }                                                                                                          \
         for (Py_ssize_t j = 0; j < w; j++) out[j] = (T)(acc[j] * inv);                                             \
