@@ -117,6 +117,9 @@
 #define ROWS16(Y, A) ROWS8(Y, A) Y(8, A) Y(9, A) Y(10, A) Y(11, A) Y(12, A) Y(13, A) Y(14, A) Y(15, A)
 #define ROWS32(Y, A) ROWS16(Y, A) Y(16, A) Y(17, A) Y(18, A) Y(19, A) Y(20, A) Y(21, A) Y(22, A) Y(23, A) Y(24, A)  \
     Y(25, A) Y(26, A) Y(27, A) Y(28, A) Y(29, A) Y(30, A) Y(31, A)
+#define ROWS64(Y, A) ROWS32(Y, A) Y(32, A) Y(33, A) Y(34, A) Y(35, A) Y(36, A) Y(37, A) Y(38, A) Y(39, A) Y(40, A)  \
+    Y(41, A) Y(42, A) Y(43, A) Y(44, A) Y(45, A) Y(46, A) Y(47, A) Y(48, A) Y(49, A) Y(50, A) Y(51, A) Y(52, A)       \
+    Y(53, A) Y(54, A) Y(55, A) Y(56, A) Y(57, A) Y(58, A) Y(59, A) Y(60, A) Y(61, A) Y(62, A) Y(63, A)
 #define LS_DECL(i, A) v##i,
 #define LS_LOAD(i, A) v##i = s##i[j]; v##i = (v##i != v##i) ? INFINITY : v##i;
 #define LS_CX(i, k) u_ = v##i; w_ = v##k; v##i = u_ < w_ ? u_ : w_; v##k = u_ > w_ ? u_ : w_;
@@ -127,7 +130,8 @@
 #define LS_DPARAM(i, T) T *restrict d##i,
 #define LS_SARG(i, A) src + (i) * ss,
 #define LS_DARG(i, A) dst + (i) * ds,
-#define LOAD_SORT_MAX 32
+#define LOAD_SORT_MAX 64
+#define LOAD_SIZES 4 /* groups of 64, 32, 16 and 8 rows: the plan's slots, in that order */
 /* The 32-row load sort in pieces that fit AVX2's 16 vector registers (32 wires at once did not: GCC moved a vector
  * to or from the stack 429 times for its 191 compare-exchanges). Batcher's network on 32 wires is its network on
  * each half of 16, then its p = 16 merge stages k = 16, 8, 4, 2, 1. Those with k >= 4 never leave the 8 rows
@@ -142,6 +146,28 @@
 #define M32_STREAM(L, X, S) L(1) M32_TAIL(L, X, S, 1, 2, 3, 4, 5) M32_TAIL(L, X, S, 5, 6, 7, 8, 9)                     \
     M32_TAIL(L, X, S, 9, 10, 11, 12, 13) M32_TAIL(L, X, S, 13, 14, 15, 16, 17) M32_TAIL(L, X, S, 17, 18, 19, 20, 21) \
     M32_TAIL(L, X, S, 21, 22, 23, 24, 25) M32_TAIL(L, X, S, 25, 26, 27, 28, 29) L(30) X(29, 30) S(29) S(30)
+
+/* The 64-row load sort (issue 37): the 32-row load sort on each half, then Batcher's p = 32 merge, whose stages
+ * k = 32, 16, 8 never leave the 8 rows r, r + 8, ..., r + 56 (r = 0 ... 7: M32_BLOCK again, on a stride of 8) and
+ * whose stages k = 4, 2, 1 run as M64_STREAM: each of rows 1 ... 62 loaded once and stored once, at most 5 rows live.
+ * The stream's order was generated (a greedy walk: of the compare-exchanges next on both their wires, the one with
+ * the lowest wires first); tests/test_cw_loadsort.py checks the whole 64-row schedule against Batcher's network wire
+ * by wire, so every value keeps its bits. */
+#define M64_STREAM(L, X, S) L(4) L(8) X(4, 8) L(2) X(2, 4) L(1) X(1, 2) S(1) S(2) L(5) L(9) X(5, 9) L(3) X(3, 5)   \
+    X(3, 4) S(3) S(4) L(6) L(10) X(6, 10) X(6, 8) X(5, 6) S(5) S(6) L(7) L(11) X(7, 11) X(7, 9) X(7, 8) S(7) S(8)  \
+    L(12) L(16) X(12, 16) X(10, 12) X(9, 10) S(9) S(10) L(13) L(17) X(13, 17) X(11, 13) X(11, 12) S(11) S(12)      \
+    L(14) L(18) X(14, 18) X(14, 16) X(13, 14) S(13) S(14) L(15) L(19) X(15, 19) X(15, 17) X(15, 16) S(15) S(16)    \
+    L(20) L(24) X(20, 24) X(18, 20) X(17, 18) S(17) S(18) L(21) L(25) X(21, 25) X(19, 21) X(19, 20) S(19) S(20)    \
+    L(22) L(26) X(22, 26) X(22, 24) X(21, 22) S(21) S(22) L(23) L(27) X(23, 27) X(23, 25) X(23, 24) S(23) S(24)    \
+    L(28) L(32) X(28, 32) X(26, 28) X(25, 26) S(25) S(26) L(29) L(33) X(29, 33) X(27, 29) X(27, 28) S(27) S(28)    \
+    L(30) L(34) X(30, 34) X(30, 32) X(29, 30) S(29) S(30) L(31) L(35) X(31, 35) X(31, 33) X(31, 32) S(31) S(32)    \
+    L(36) L(40) X(36, 40) X(34, 36) X(33, 34) S(33) S(34) L(37) L(41) X(37, 41) X(35, 37) X(35, 36) S(35) S(36)    \
+    L(38) L(42) X(38, 42) X(38, 40) X(37, 38) S(37) S(38) L(39) L(43) X(39, 43) X(39, 41) X(39, 40) S(39) S(40)    \
+    L(44) L(48) X(44, 48) X(42, 44) X(41, 42) S(41) S(42) L(45) L(49) X(45, 49) X(43, 45) X(43, 44) S(43) S(44)    \
+    L(46) L(50) X(46, 50) X(46, 48) X(45, 46) S(45) S(46) L(47) L(51) X(47, 51) X(47, 49) X(47, 48) S(47) S(48)    \
+    L(52) L(56) X(52, 56) X(50, 52) X(49, 50) S(49) S(50) L(53) L(57) X(53, 57) X(51, 53) X(51, 52) S(51) S(52)    \
+    L(54) L(58) X(54, 58) X(54, 56) X(53, 54) S(53) S(54) L(55) L(59) X(55, 59) X(55, 57) X(55, 56) S(55) S(56)    \
+    L(60) X(58, 60) X(57, 58) S(57) S(58) L(61) X(59, 61) X(59, 60) S(59) S(60) L(62) X(61, 62) S(61) S(62)
 
 #define DEFINE_KERNEL(T, SUFFIX, BLK)                                                                                   \
     /* Window start of every lane of a sorted block, as a T (a small integer, exact). MeaMed: among the trim + 1 */ \
@@ -209,11 +235,27 @@
     static inline __attribute__((always_inline)) void m32_block_at_##SUFFIX(T *dst, Py_ssize_t ds) {             \
         m32_block_##SUFFIX(ROWS8(LS_DARG, _) BLK);                                                                   \
     }                                                                                                              \
-    MULTIVERSION SELECTS static void loadsort32_##SUFFIX(const T *src, Py_ssize_t ss, T *dst, Py_ssize_t ds) {    \
+    static inline __attribute__((always_inline)) void ls32_at_##SUFFIX(const T *src, Py_ssize_t ss, T *dst,      \
+                                                                      Py_ssize_t ds) {                             \
         ls16_at_##SUFFIX(src, ss, dst, ds);                                                                        \
         ls16_at_##SUFFIX(src + 16 * ss, ss, dst + 16 * ds, ds);                                                    \
         for (int r = 0; r < 4; r++) m32_block_at_##SUFFIX(dst + r * ds, 4 * ds);                                   \
         m32_stream_##SUFFIX(ROWS32(LS_DARG, _) BLK);                                                                 \
+    }                                                                                                              \
+    static inline __attribute__((always_inline)) void m64_stream_##SUFFIX(ROWS64(LS_DPARAM, T) int lanes) {      \
+        for (int j = 0; j < lanes; j++) {                                                                          \
+            __attribute__((unused)) T ROWS64(LS_DECL, _) u_, w_; /* rows 0 and 63 are not in these stages */         \
+            M64_STREAM(LS_LD, LS_CX, LS_ST)                                                                        \
+        }                                                                                                          \
+    }                                                                                                              \
+    MULTIVERSION SELECTS static void loadsort32_##SUFFIX(const T *src, Py_ssize_t ss, T *dst, Py_ssize_t ds) {    \
+        ls32_at_##SUFFIX(src, ss, dst, ds);                                                                        \
+    }                                                                                                              \
+    MULTIVERSION SELECTS static void loadsort64_##SUFFIX(const T *src, Py_ssize_t ss, T *dst, Py_ssize_t ds) {    \
+        ls32_at_##SUFFIX(src, ss, dst, ds);                                                                        \
+        ls32_at_##SUFFIX(src + 32 * ss, ss, dst + 32 * ds, ds);                                                    \
+        for (int r = 0; r < 8; r++) m32_block_at_##SUFFIX(dst + r * ds, 8 * ds);                                   \
+        m64_stream_##SUFFIX(ROWS64(LS_DARG, _) BLK);                                                                 \
     }                                                                                                              \
     MULTIVERSION SELECTS static void loadsort8_##SUFFIX(const T *src, Py_ssize_t ss, T *dst, Py_ssize_t ds) {     \
         ls8_rows_##SUFFIX(ROWS8(LS_SARG, _) ROWS8(LS_DARG, _) BLK);                                                      \
@@ -377,9 +419,9 @@
         T *scratch = buf + n * BLK; /* LOAD_SORT_MAX rows past the block: a partial block's groups are padded there */ \
         for (Py_ssize_t s = j0; s < j1; s += BLK) {                                                                \
             Py_ssize_t w = (j1 - s) < BLK ? (j1 - s) : BLK;                                                        \
-            Py_ssize_t first = 0; /* plan[k] groups of 32 >> k rows, from row 0: sorted as they are loaded */     \
-            for (int k = 0; k < 3; k++) {                                                                          \
-                int rows = 32 >> k;                                                                                \
+            Py_ssize_t first = 0; /* plan[k] groups of 64 >> k rows, from row 0: sorted as they are loaded */     \
+            for (int k = 0; k < LOAD_SIZES; k++) {                                                                 \
+                int rows = LOAD_SORT_MAX >> k;                                                                     \
                 for (Py_ssize_t g = 0; g < plan[k]; g++, first += rows) {                                          \
                     const T *src = x + first * d + s;                                                              \
                     Py_ssize_t ss = d;                                                                             \
@@ -391,7 +433,8 @@
                         src = scratch;                                                                             \
                         ss = BLK;                                                                                  \
                     }                                                                                              \
-                    if (rows == 32) loadsort32_##SUFFIX(src, ss, buf + first * BLK, BLK);                          \
+                    if (rows == 64) loadsort64_##SUFFIX(src, ss, buf + first * BLK, BLK);                          \
+                    else if (rows == 32) loadsort32_##SUFFIX(src, ss, buf + first * BLK, BLK);                     \
                     else if (rows == 16) loadsort16_##SUFFIX(src, ss, buf + first * BLK, BLK);                     \
                     else loadsort8_##SUFFIX(src, ss, buf + first * BLK, BLK);                                      \
                 }                                                                                                  \
@@ -545,23 +588,23 @@ static void *alloc_buffers(Py_ssize_t n, Py_ssize_t blk, int is_double, int want
     return (void *)(((size_t)*raw + 63) / 64 * 64);
 }
 
-/* The load plan: plan[k] groups of 32 >> k rows (32, 16, 8), from row 0 on, sorted as they are loaded. Valid? */
+/* The load plan: plan[k] groups of 64 >> k rows (64, 32, 16, 8), from row 0 on, sorted as they are loaded. Valid? */
 static int plan_ok(Py_ssize_t n, const Py_ssize_t *plan) {
     Py_ssize_t rows = 0;
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < LOAD_SIZES; k++) {
         if (plan[k] < 0 || plan[k] > n) return 0;
-        rows += plan[k] * (32 >> k);
+        rows += plan[k] * (LOAD_SORT_MAX >> k);
     }
     return rows <= n;
 }
 
 /* window(x_ptr, n, d, j0, j1, pairs_ptr, npairs, mode, trim, length, out_ptr, contrib_ptr_or_0, is_double
- *        [, groups32, groups16, groups8]) */
+ *        [, groups64, groups32, groups16, groups8]) */
 static PyObject *py_window(PyObject *self, PyObject *args) {
-    Py_ssize_t xp, n, d, j0, j1, pp, npairs, op, cp, plan[3] = {0, 0, 0};
+    Py_ssize_t xp, n, d, j0, j1, pp, npairs, op, cp, plan[LOAD_SIZES] = {0, 0, 0, 0};
     int mode, trim, length, is_double;
-    if (!PyArg_ParseTuple(args, "nnnnnnniiinnp|nnn", &xp, &n, &d, &j0, &j1, &pp, &npairs, &mode, &trim, &length, &op,
-                          &cp, &is_double, &plan[0], &plan[1], &plan[2]))
+    if (!PyArg_ParseTuple(args, "nnnnnnniiinnp|nnnn", &xp, &n, &d, &j0, &j1, &pp, &npairs, &mode, &trim, &length, &op,
+                          &cp, &is_double, &plan[0], &plan[1], &plan[2], &plan[3]))
         return NULL;
     if (n < 1 || d < 1 || j0 < 0 || j1 > d || j0 > j1 || length < 1 || mode < 0 || mode > 2 ||
         !plan_ok(n, plan)) {
@@ -582,7 +625,7 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
 }
 
 /* window_parallel(x_ptr, n, d, pairs_ptr, npairs, mode, trim, length, out_ptr, contrib_ptr_or_0, is_double,
- *                 threads[, groups32, groups16, groups8]) -> chunks. The columns are cut into `chunks` = min(threads, blocks) equal runs of whole
+ *                 threads[, groups64, groups32, groups16, groups8]) -> chunks. The columns are cut into `chunks` = min(threads, blocks) equal runs of whole
  * blocks, fixed by the arguments alone; contrib, when given, has `chunks` rows of n: row k gets the sums of chunk k's
  * columns (the caller adds the rows, in order). The chunks are shared out over an OpenMP team of at most `threads`
  * (a static loop), so every chunk is computed, by whichever thread, whatever team the runtime actually grants: a
@@ -590,10 +633,10 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
  * threads, and the output and the contributions are the same bit for bit (tests/test_determinism.py). Splitting by
  * omp_get_thread_num() instead left the columns of threads that never ran unwritten. */
 static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
-    Py_ssize_t xp, n, d, pp, npairs, op, cp, plan[3] = {0, 0, 0};
+    Py_ssize_t xp, n, d, pp, npairs, op, cp, plan[LOAD_SIZES] = {0, 0, 0, 0};
     int mode, trim, length, is_double, threads;
-    if (!PyArg_ParseTuple(args, "nnnnniiinnpi|nnn", &xp, &n, &d, &pp, &npairs, &mode, &trim, &length, &op, &cp,
-                          &is_double, &threads, &plan[0], &plan[1], &plan[2]))
+    if (!PyArg_ParseTuple(args, "nnnnniiinnpi|nnnn", &xp, &n, &d, &pp, &npairs, &mode, &trim, &length, &op, &cp,
+                          &is_double, &threads, &plan[0], &plan[1], &plan[2], &plan[3]))
         return NULL;
     if (n < 1 || d < 1 || length < 1 || mode < 0 || mode > 2 || threads < 1 || !plan_ok(n, plan)) {
         PyErr_SetString(PyExc_ValueError, "_cwkernel.window_parallel: invalid arguments");
@@ -630,18 +673,44 @@ static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
     return PyLong_FromLong(chunks);
 }
 
-/* load_sort_network(rows) -> [(a, b), ...]: the compare-exchanges a load-time group of `rows` (8 or 16) runs. */
+/* load_sort_schedule([rows]) -> a load-time group's compare-exchanges in the order the kernel runs them (rows 32, the
+ * default, or 64: the pieces above M32_BLOCK and M64_STREAM); tests/test_cw_loadsort.py checks that every wire has
+ * Batcher's sequence. load_sort_network(rows) -> the compare-exchanges a group of `rows` (8, 16, 32 or 64) runs as it
+ * is loaded: Batcher's list for 8, 16 and 32; the schedule for 64 (the same compare-exchanges and the same sequence
+ * on every wire, which is what the Python side's plan checks). load_sort_sizes() -> the plan's group sizes, in the
+ * order of window's plan arguments. */
 #define LS_PAIR(a, b) if (ok) { PyObject *t = Py_BuildValue("(ii)", a, b); ok = t && PyList_Append(list, t) == 0; Py_XDECREF(t); }
-static PyObject *py_load_sort_network(PyObject *self, PyObject *args) {
-    int rows, ok = 1;
-    if (!PyArg_ParseTuple(args, "i", &rows)) return NULL;
-    if (rows != 8 && rows != 16 && rows != 32) {
-        PyErr_SetString(PyExc_ValueError, "_cwkernel.load_sort_network: rows must be 8, 16 or 32");
+#define LS_NONE(i)
+#define LS_PAIR_OFF(a, b) LS_PAIR(off + (a), off + (b))
+#define LS_PAIR_BLOCK(a, b) LS_PAIR(off + r + stride * (a), off + r + stride * (b))
+static int schedule32(PyObject *list, int off) {
+    int ok = 1, stride = 4, base = off;
+    BATCHER16(LS_PAIR_OFF)
+    off = base + 16;
+    BATCHER16(LS_PAIR_OFF)
+    off = base;
+    for (int r = 0; r < 4; r++) { M32_BLOCK(LS_PAIR_BLOCK) }
+    M32_STREAM(LS_NONE, LS_PAIR_OFF, LS_NONE)
+    return ok;
+}
+
+static int schedule64(PyObject *list) {
+    int ok = schedule32(list, 0) && schedule32(list, 32), off = 0, stride = 8;
+    for (int r = 0; r < 8; r++) { M32_BLOCK(LS_PAIR_BLOCK) }
+    M64_STREAM(LS_NONE, LS_PAIR, LS_NONE)
+    return ok;
+}
+
+static PyObject *py_load_sort_schedule(PyObject *self, PyObject *args) {
+    int rows = 32, ok;
+    if (!PyArg_ParseTuple(args, "|i", &rows)) return NULL;
+    if (rows != 32 && rows != 64) {
+        PyErr_SetString(PyExc_ValueError, "_cwkernel.load_sort_schedule: rows must be 32 or 64");
         return NULL;
     }
     PyObject *list = PyList_New(0);
     if (!list) return NULL;
-    if (rows == 8) { BATCHER8(LS_PAIR) } else if (rows == 16) { BATCHER16(LS_PAIR) } else { BATCHER32(LS_PAIR) }
+    ok = rows == 32 ? schedule32(list, 0) : schedule64(list);
     if (!ok) {
         Py_DECREF(list);
         return NULL;
@@ -649,23 +718,36 @@ static PyObject *py_load_sort_network(PyObject *self, PyObject *args) {
     return list;
 }
 
-/* load_sort_schedule() -> the 32-row load sort's compare-exchanges in the order the kernel runs them (the pieces
- * above M32_BLOCK): tests/test_cw_loadsort.py checks that every wire has BATCHER32's sequence. */
-#define LS_NONE(i)
-#define LS_PAIR_HI(a, b) LS_PAIR((a) + 16, (b) + 16)
-#define LS_PAIR_BLOCK(a, b) LS_PAIR(r + 4 * (a), r + 4 * (b))
-static PyObject *py_load_sort_schedule(PyObject *self, PyObject *noargs) {
-    int ok = 1;
+static PyObject *py_load_sort_network(PyObject *self, PyObject *args) {
+    int rows, ok = 1;
+    if (!PyArg_ParseTuple(args, "i", &rows)) return NULL;
+    if (rows != 8 && rows != 16 && rows != 32 && rows != 64) {
+        PyErr_SetString(PyExc_ValueError, "_cwkernel.load_sort_network: rows must be 8, 16, 32 or 64");
+        return NULL;
+    }
     PyObject *list = PyList_New(0);
     if (!list) return NULL;
-    BATCHER16(LS_PAIR) BATCHER16(LS_PAIR_HI)
-    for (int r = 0; r < 4; r++) { M32_BLOCK(LS_PAIR_BLOCK) }
-    M32_STREAM(LS_NONE, LS_PAIR, LS_NONE)
+    if (rows == 8) { BATCHER8(LS_PAIR) } else if (rows == 16) { BATCHER16(LS_PAIR) }
+    else if (rows == 32) { BATCHER32(LS_PAIR) } else { ok = schedule64(list); }
     if (!ok) {
         Py_DECREF(list);
         return NULL;
     }
     return list;
+}
+
+static PyObject *py_load_sort_sizes(PyObject *self, PyObject *noargs) {
+    PyObject *sizes = PyTuple_New(LOAD_SIZES);
+    if (!sizes) return NULL;
+    for (int k = 0; k < LOAD_SIZES; k++) {
+        PyObject *v = PyLong_FromLong(LOAD_SORT_MAX >> k);
+        if (!v) {
+            Py_DECREF(sizes);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(sizes, k, v);
+    }
+    return sizes;
 }
 
 static PyObject *py_has_openmp(PyObject *self, PyObject *noargs) {
@@ -685,9 +767,10 @@ static PyMethodDef methods[] = {
     {"compare_exchange_spin", py_compare_exchange_spin, METH_VARARGS,
      "Compare-exchanges in registers, the network's compute floor (benchmarks/cw_floor.py)."},
     {"load_sort_network", py_load_sort_network, METH_VARARGS,
-     "The compare-exchanges a group of 8, 16 or 32 rows runs as it is loaded (Batcher's network)."},
-    {"load_sort_schedule", py_load_sort_schedule, METH_NOARGS,
-     "The 32-row load sort's compare-exchanges in the order the kernel runs them."},
+     "The compare-exchanges a group of 8, 16, 32 or 64 rows runs as it is loaded (Batcher's network)."},
+    {"load_sort_schedule", py_load_sort_schedule, METH_VARARGS,
+     "The 32- or 64-row load sort's compare-exchanges in the order the kernel runs them."},
+    {"load_sort_sizes", py_load_sort_sizes, METH_NOARGS, "The load plan's group sizes, in its arguments' order."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -258,11 +258,13 @@ def network_window(n: int, mode: int, trim: int, length: int) -> tuple[int, int]
 
 
 def load_sort_nets(kernel: Any) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
-    """The networks a kernel build runs on groups of rows as it loads them, ``(rows, pairs)`` for 32, 16 and 8 rows
-    (its plan arguments' order); none for an older build without ``load_sort_network``."""
+    """The networks a kernel build runs on groups of rows as it loads them, ``(rows, pairs)`` in its plan arguments'
+    order: 64, 32, 16 and 8 rows (``load_sort_sizes``), or 32, 16 and 8 for a build before the 64-row group; none
+    for an older build without ``load_sort_network``."""
     if not hasattr(kernel, "load_sort_network"):
         return ()
-    return tuple((rows, tuple(kernel.load_sort_network(rows))) for rows in (32, 16, 8))
+    sizes = tuple(kernel.load_sort_sizes()) if hasattr(kernel, "load_sort_sizes") else (32, 16, 8)
+    return tuple((rows, tuple(tuple(p) for p in kernel.load_sort_network(rows))) for rows in sizes)
 
 
 @functools.lru_cache(maxsize=64)
