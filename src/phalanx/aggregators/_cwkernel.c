@@ -19,16 +19,18 @@
  * doubles in the same order, and -std=c99 (setup.py) keeps GCC from contracting a*b+c into an FMA.
  *
  * Load-time sort (issue 37): the pair loop is bound by its memory operations (two row loads and two row stores per
- * compare-exchange). Batcher's first stages never leave aligned groups of 32 (16, 8) wires, so the Python side
- * (_sortnet.load_plan) hands over a plan -- how many groups of 32, then 16, then 8 rows, from row 0 on -- and the
- * kernel loads each group's rows straight into registers, runs Batcher's network on them there (191, 63 or 19
+ * compare-exchange). Batcher's first stages never leave aligned groups of 64 (32, 16, 8) wires, so the Python side
+ * (_sortnet.load_plan) hands over a plan -- how many groups of 64, 32, 16, then 8 rows, from row 0 on -- and the
+ * kernel loads each group's rows straight into registers, runs Batcher's network on them there (543, 191, 63 or 19
  * compare-exchanges; one load and one store per wire for 16 and 8; a group of 32 as two of 16, then its merge in
- * pieces of at most 8 rows, see M32_BLOCK) and stores them sorted; the pair loop then runs the rest. A
- * group is only planned where the network's first compare-exchanges on each of its wires are exactly the group
- * network's, so every wire keeps its sequence of compare-exchanges and its value bit for bit (cache_order's
- * argument). n = 64: 382 of the 543 compare-exchanges run at load. In the pair loop, two consecutive
- * compare-exchanges that share exactly one wire run as one on three rows in registers (`chain_`: three row loads and
- * stores instead of four); _sortnet.chain_order makes most of them consecutive without changing any wire's sequence.
+ * pieces of at most 8 rows, see M32_BLOCK; a group of 64 as two of 32, then its merge, see M64_STREAM) and stores
+ * them sorted; the pair loop then runs the rest. A group is only planned where the network's first
+ * compare-exchanges on each of its wires are exactly the group network's, so every wire keeps its sequence of
+ * compare-exchanges and its value bit for bit (cache_order's argument); one group alone may cover all n rows
+ * padded with +Inf rows (`pad`, plan_ok). n = 64: all 543 compare-exchanges run at load. In the pair loop, two
+ * consecutive compare-exchanges that share exactly one wire run as one on three rows in registers (`chain_`: three
+ * row loads and stores instead of four); _sortnet.chain_order makes most of them consecutive without changing any
+ * wire's sequence.
  * The pair loop writes min = u < w ? u : w and max = u > w ? u : w itself (no finite-math fmin/fmax): GCC emits
  * vminps/vmaxps for them, the semantics of the fminf/fmaxf build before it, ties and +-0 included. MeaMed's window
  * sum, when trim < length, adds its rows in three loops with one comparison a row (the same additions, same order).
@@ -128,7 +130,7 @@
  * leave GCC unable to vectorise the lane loop. */
 #define LS_SPARAM(i, T) const T *restrict s##i,
 #define LS_DPARAM(i, T) T *restrict d##i,
-#define LS_SARG(i, A) src + (i) * ss,
+#define LS_SARG(i, A) ((i) < real ? src + (i) * ss : pad), /* a padded group's rows from `real` on: +Inf */
 #define LS_DARG(i, A) dst + (i) * ds,
 #define LOAD_SORT_MAX 64
 #define LOAD_SIZES 4 /* groups of 64, 32, 16 and 8 rows: the plan's slots, in that order */
@@ -228,40 +230,46 @@
             M32_STREAM(LS_LD, LS_CX, LS_ST)                                                                        \
         }                                                                                                          \
     }                                                                                                              \
-    static inline __attribute__((always_inline)) void ls16_at_##SUFFIX(const T *src, Py_ssize_t ss, T *dst,      \
-                                                                      Py_ssize_t ds) {                             \
-        ls16_rows_##SUFFIX(ROWS16(LS_SARG, _) ROWS16(LS_DARG, _) BLK);                                                   \
+    /* src: the group's first row (row stride ss); rows from `real` on are read from `pad`, a row of +Inf (a group \
+     * padded past the last row). dst: where the sorted rows go (row stride ds). */                                \
+    static inline __attribute__((always_inline)) void ls16_at_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, \
+                                                                      const T *pad, T *dst, Py_ssize_t ds) {       \
+        ls16_rows_##SUFFIX(ROWS16(LS_SARG, _) ROWS16(LS_DARG, _) BLK);                                             \
     }                                                                                                              \
-    static inline __attribute__((always_inline)) void m32_block_at_##SUFFIX(T *dst, Py_ssize_t ds) {             \
-        m32_block_##SUFFIX(ROWS8(LS_DARG, _) BLK);                                                                   \
+    static inline __attribute__((always_inline)) void m32_block_at_##SUFFIX(T *dst, Py_ssize_t ds) {               \
+        m32_block_##SUFFIX(ROWS8(LS_DARG, _) BLK);                                                                 \
     }                                                                                                              \
-    static inline __attribute__((always_inline)) void ls32_at_##SUFFIX(const T *src, Py_ssize_t ss, T *dst,      \
-                                                                      Py_ssize_t ds) {                             \
-        ls16_at_##SUFFIX(src, ss, dst, ds);                                                                        \
-        ls16_at_##SUFFIX(src + 16 * ss, ss, dst + 16 * ds, ds);                                                    \
+    static inline __attribute__((always_inline)) void ls32_at_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, \
+                                                                      const T *pad, T *dst, Py_ssize_t ds) {       \
+        ls16_at_##SUFFIX(src, ss, real, pad, dst, ds);                                                             \
+        ls16_at_##SUFFIX(real > 16 ? src + 16 * ss : pad, ss, real - 16, pad, dst + 16 * ds, ds);                  \
         for (int r = 0; r < 4; r++) m32_block_at_##SUFFIX(dst + r * ds, 4 * ds);                                   \
-        m32_stream_##SUFFIX(ROWS32(LS_DARG, _) BLK);                                                                 \
+        m32_stream_##SUFFIX(ROWS32(LS_DARG, _) BLK);                                                               \
     }                                                                                                              \
-    static inline __attribute__((always_inline)) void m64_stream_##SUFFIX(ROWS64(LS_DPARAM, T) int lanes) {      \
+    static inline __attribute__((always_inline)) void m64_stream_##SUFFIX(ROWS64(LS_DPARAM, T) int lanes) {        \
         for (int j = 0; j < lanes; j++) {                                                                          \
-            __attribute__((unused)) T ROWS64(LS_DECL, _) u_, w_; /* rows 0 and 63 are not in these stages */         \
+            __attribute__((unused)) T ROWS64(LS_DECL, _) u_, w_; /* rows 0 and 63 are not in these stages */       \
             M64_STREAM(LS_LD, LS_CX, LS_ST)                                                                        \
         }                                                                                                          \
     }                                                                                                              \
-    MULTIVERSION SELECTS static void loadsort32_##SUFFIX(const T *src, Py_ssize_t ss, T *dst, Py_ssize_t ds) {    \
-        ls32_at_##SUFFIX(src, ss, dst, ds);                                                                        \
-    }                                                                                                              \
-    MULTIVERSION SELECTS static void loadsort64_##SUFFIX(const T *src, Py_ssize_t ss, T *dst, Py_ssize_t ds) {    \
-        ls32_at_##SUFFIX(src, ss, dst, ds);                                                                        \
-        ls32_at_##SUFFIX(src + 32 * ss, ss, dst + 32 * ds, ds);                                                    \
+    MULTIVERSION SELECTS static void loadsort64_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, const T *pad, \
+                                                         T *dst, Py_ssize_t ds) {                                  \
+        ls32_at_##SUFFIX(src, ss, real, pad, dst, ds);                                                             \
+        ls32_at_##SUFFIX(real > 32 ? src + 32 * ss : pad, ss, real - 32, pad, dst + 32 * ds, ds);                  \
         for (int r = 0; r < 8; r++) m32_block_at_##SUFFIX(dst + r * ds, 8 * ds);                                   \
-        m64_stream_##SUFFIX(ROWS64(LS_DARG, _) BLK);                                                                 \
+        m64_stream_##SUFFIX(ROWS64(LS_DARG, _) BLK);                                                               \
     }                                                                                                              \
-    MULTIVERSION SELECTS static void loadsort8_##SUFFIX(const T *src, Py_ssize_t ss, T *dst, Py_ssize_t ds) {     \
-        ls8_rows_##SUFFIX(ROWS8(LS_SARG, _) ROWS8(LS_DARG, _) BLK);                                                      \
+    MULTIVERSION SELECTS static void loadsort32_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, const T *pad, \
+                                                         T *dst, Py_ssize_t ds) {                                  \
+        ls32_at_##SUFFIX(src, ss, real, pad, dst, ds);                                                             \
     }                                                                                                              \
-    MULTIVERSION SELECTS static void loadsort16_##SUFFIX(const T *src, Py_ssize_t ss, T *dst, Py_ssize_t ds) {    \
-        ls16_at_##SUFFIX(src, ss, dst, ds);                                                                        \
+    MULTIVERSION SELECTS static void loadsort16_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, const T *pad, \
+                                                         T *dst, Py_ssize_t ds) {                                  \
+        ls16_at_##SUFFIX(src, ss, real, pad, dst, ds);                                                             \
+    }                                                                                                              \
+    MULTIVERSION SELECTS static void loadsort8_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, const T *pad,\
+                                                        T *dst, Py_ssize_t ds) {                                   \
+        ls8_rows_##SUFFIX(ROWS8(LS_SARG, _) ROWS8(LS_DARG, _) BLK);                                                \
     }                                                                                                              \
                                                                                                                    \
     /* Two consecutive compare-exchanges sharing a wire, on three rows x, y, z, in registers: (x, y) then (x, z)  */ \
@@ -416,7 +424,10 @@
                                              int length, T *out, double *contrib, T *buf, double *rowacc,          \
                                              const Py_ssize_t *plan) {                                             \
         double inv = 1.0 / (double)length;                                                                         \
-        T *scratch = buf + n * BLK; /* LOAD_SORT_MAX rows past the block: a partial block's groups are padded there */ \
+        /* Past the block's n rows: LOAD_SORT_MAX rows a padded group's sorted +Inf rows land in, LOAD_SORT_MAX rows \
+         * a partial block's group is copied to (its columns padded with +Inf), and a row of +Inf (`pad`). */      \
+        T *scratch = buf + (n + LOAD_SORT_MAX) * BLK, *pad = buf + (n + 2 * LOAD_SORT_MAX) * BLK;                  \
+        for (int j = 0; j < BLK; j++) pad[j] = (T)INFINITY;                                                        \
         for (Py_ssize_t s = j0; s < j1; s += BLK) {                                                                \
             Py_ssize_t w = (j1 - s) < BLK ? (j1 - s) : BLK;                                                        \
             Py_ssize_t first = 0; /* plan[k] groups of 64 >> k rows, from row 0: sorted as they are loaded */     \
@@ -424,19 +435,20 @@
                 int rows = LOAD_SORT_MAX >> k;                                                                     \
                 for (Py_ssize_t g = 0; g < plan[k]; g++, first += rows) {                                          \
                     const T *src = x + first * d + s;                                                              \
+                    Py_ssize_t real = n - first < rows ? n - first : rows; /* a single group padded past row n */  \
                     Py_ssize_t ss = d;                                                                             \
                     if (w < BLK) {                                                                                 \
-                        for (int i = 0; i < rows; i++) {                                                           \
+                        for (Py_ssize_t i = 0; i < real; i++) {                                                    \
                             for (Py_ssize_t j = 0; j < w; j++) scratch[i * BLK + j] = src[i * d + j];              \
                             for (Py_ssize_t j = w; j < BLK; j++) scratch[i * BLK + j] = (T)INFINITY;               \
                         }                                                                                          \
                         src = scratch;                                                                             \
                         ss = BLK;                                                                                  \
                     }                                                                                              \
-                    if (rows == 64) loadsort64_##SUFFIX(src, ss, buf + first * BLK, BLK);                          \
-                    else if (rows == 32) loadsort32_##SUFFIX(src, ss, buf + first * BLK, BLK);                     \
-                    else if (rows == 16) loadsort16_##SUFFIX(src, ss, buf + first * BLK, BLK);                     \
-                    else loadsort8_##SUFFIX(src, ss, buf + first * BLK, BLK);                                      \
+                    if (rows == 64) loadsort64_##SUFFIX(src, ss, real, pad, buf + first * BLK, BLK);                          \
+                    else if (rows == 32) loadsort32_##SUFFIX(src, ss, real, pad, buf + first * BLK, BLK);                     \
+                    else if (rows == 16) loadsort16_##SUFFIX(src, ss, real, pad, buf + first * BLK, BLK);                     \
+                    else loadsort8_##SUFFIX(src, ss, real, pad, buf + first * BLK, BLK);                                      \
                 }                                                                                                  \
             }                                                                                                      \
             for (Py_ssize_t i = first; i < n; i++) {                                                               \
@@ -576,7 +588,7 @@ static void window_any(int is_double, Py_ssize_t blk, Py_ssize_t xp, Py_ssize_t 
  * the per-lane row sums; NULL if out of memory (then nothing is left allocated). */
 static void *alloc_buffers(Py_ssize_t n, Py_ssize_t blk, int is_double, int want, void **raw, double **rowacc) {
     size_t elem = is_double ? sizeof(double) : sizeof(float);
-    *raw = malloc(((size_t)n + LOAD_SORT_MAX) * blk * elem + 64); /* + the load sort's scratch rows */
+    *raw = malloc(((size_t)n + 2 * LOAD_SORT_MAX + 1) * blk * elem + 64); /* + the load sort's rows (window_) */
     *rowacc = want ? (double *)calloc((size_t)n * blk, sizeof(double)) : NULL;
     if (!*raw || (want && !*rowacc)) {
         free(*raw);
@@ -588,14 +600,18 @@ static void *alloc_buffers(Py_ssize_t n, Py_ssize_t blk, int is_double, int want
     return (void *)(((size_t)*raw + 63) / 64 * 64);
 }
 
-/* The load plan: plan[k] groups of 64 >> k rows (64, 32, 16, 8), from row 0 on, sorted as they are loaded. Valid? */
+/* The load plan: plan[k] groups of 64 >> k rows (64, 32, 16, 8), from row 0 on, sorted as they are loaded: whole
+ * groups within the n rows, or one group alone that covers them all, padded (rows / 2 < n < rows: the rows past n
+ * hold +Inf, which never moves, so every real wire ends as in Batcher's network on n wires). Valid? */
 static int plan_ok(Py_ssize_t n, const Py_ssize_t *plan) {
-    Py_ssize_t rows = 0;
+    Py_ssize_t rows = 0, groups = 0, largest = 0;
     for (int k = 0; k < LOAD_SIZES; k++) {
         if (plan[k] < 0 || plan[k] > n) return 0;
         rows += plan[k] * (LOAD_SORT_MAX >> k);
+        groups += plan[k];
+        if (plan[k] && !largest) largest = LOAD_SORT_MAX >> k;
     }
-    return rows <= n;
+    return rows <= n || (groups == 1 && 2 * n > largest);
 }
 
 /* window(x_ptr, n, d, j0, j1, pairs_ptr, npairs, mode, trim, length, out_ptr, contrib_ptr_or_0, is_double
