@@ -72,9 +72,10 @@ def test_the_kernels_group_networks_are_batchers() -> None:
     for rows in (8, 16, 32):
         want = [tuple(p) for p in _sortnet.batcher_pairs(rows).tolist()]
         assert coordinatewise._cwkernel.load_sort_network(rows) == want
-    assert coordinatewise._cwkernel.load_sort_sizes() == (64, 32, 16, 8)
-    sixty_four = [tuple(p) for p in coordinatewise._cwkernel.load_sort_network(64)]  # its schedule: tested below
-    assert sorted(sixty_four) == sorted(tuple(p) for p in _sortnet.batcher_pairs(64).tolist())
+    assert coordinatewise._cwkernel.load_sort_sizes() == (128, 64, 32, 16, 8)
+    for rows in (64, 128):  # their schedules: tested below
+        got = [tuple(p) for p in coordinatewise._cwkernel.load_sort_network(rows)]
+        assert sorted(got) == sorted(tuple(p) for p in _sortnet.batcher_pairs(rows).tolist())
     with pytest.raises(ValueError):
         coordinatewise._cwkernel.load_sort_network(12)
 
@@ -160,11 +161,11 @@ def test_a_program_missing_a_compare_exchange_is_caught() -> None:
     x = _data(n, d, torch.float32, 7)
     tile = int(coordinatewise._cwkernel.tile_rows(n, False))
     plan, rest = _sortnet.kernel_program(n, None, tile, coordinatewise._load_sort_nets())
-    assert plan == (0, 1, 1, 0)  # rows 0-31 and 32-47 (no group of 64)
+    assert plan == (0, 0, 1, 1, 0)  # rows 0-31 and 32-47 (no group of 128 or 64)
     trim, length = _sortnet.window_params(n, _sortnet.MODE_MEAMED, 10)
     ref = _kernel(x, _sortnet.MODE_MEAMED, trim, length, _sortnet.kernel_network(n, None, tile), ())
     assert torch.equal(_bits(_kernel(x, _sortnet.MODE_MEAMED, trim, length, rest, plan)), _bits(ref))
-    for mutant, load in ((rest[:-1], plan), (rest, (0, 1, 0, 0)), (rest, (0, 0, 3, 0))):
+    for mutant, load in ((rest[:-1], plan), (rest, (0, 0, 1, 0, 0)), (rest, (0, 0, 0, 3, 0))):
         got = _kernel(x, _sortnet.MODE_MEAMED, trim, length, mutant.contiguous(), load)
         assert not torch.equal(_bits(got), _bits(ref))
 
@@ -173,7 +174,8 @@ def test_a_program_missing_a_compare_exchange_is_caught() -> None:
 def test_bad_load_arguments_are_refused() -> None:
     x = torch.randn(20, 10)
     pairs = _sortnet.batcher_pairs(20)
-    for load in ((1, 0, 0, 0), (0, 1, 1, 0), (0, 0, 2, 0), (0, 0, 0, -1), (0, 0, 1, 1), (0, 0, 0, 3)):
+    for load in ((0, 1, 0, 0, 0), (0, 0, 1, 1, 0), (0, 0, 0, 2, 0), (0, 0, 0, 0, -1), (0, 0, 0, 1, 1),
+                 (0, 0, 0, 0, 3), (1, 0, 0, 0, 0)):
         with pytest.raises(ValueError):
             _kernel(x, _sortnet.MODE_MEAMED, 2, 18, pairs, load)
 
@@ -351,15 +353,18 @@ def test_the_32_row_load_sort_runs_batchers_network_in_an_order_that_keeps_every
 
 
 @NEEDS_KERNEL
-def test_the_64_row_load_sort_runs_batchers_network_in_an_order_that_keeps_every_wires_sequence() -> None:
+@pytest.mark.parametrize("rows", [64, 128])
+def test_the_64_and_128_row_load_sorts_run_batchers_network_in_an_order_that_keeps_every_wires_sequence(
+        rows: int) -> None:
     """The 64-row load sort (``_cwkernel.c``, M64_STREAM): the 32-row one on each half, the p = 32 merge's stages
-    k = 32, 16, 8 as eight blocks of 8 rows on a stride of 8, its stages k = 4, 2, 1 as a generated stream. The order
-    it runs holds Batcher's 543 compare-exchanges with every wire's sequence unchanged. Mutants: two steps of one wire
-    swapped in the stream (its k = 2 and k = 1 steps on wire 4) and the stream's first step moved before the blocks."""
+    k = 32, 16, 8 as eight blocks of 8 rows on a stride of 8, its stages k = 4, 2, 1 as a generated stream; the
+    128-row one likewise from two of 64 (M128_STREAM). The order each runs holds Batcher's 543 (1,471)
+    compare-exchanges with every wire's sequence unchanged. Mutants: two steps of one wire swapped in the 64-row
+    stream (its k = 2 and k = 1 steps on wire 4) and that stream's first step moved before its blocks."""
     kernel = coordinatewise._cwkernel
-    batcher = [tuple(p) for p in _sortnet.batcher_pairs(64).tolist()]
-    schedule = [tuple(p) for p in kernel.load_sort_schedule(64)]
-    assert len(schedule) == len(batcher) == 543
+    batcher = [tuple(p) for p in _sortnet.batcher_pairs(rows).tolist()]
+    schedule = [tuple(p) for p in kernel.load_sort_schedule(rows)]
+    assert len(schedule) == len(batcher) == {64: 543, 128: 1471}[rows]
     assert _sequences(schedule) == _sequences(batcher)
     swapped = list(schedule)
     i, j = swapped.index((2, 4)), swapped.index((3, 4))
@@ -372,20 +377,24 @@ def test_the_64_row_load_sort_runs_batchers_network_in_an_order_that_keeps_every
 
 
 @NEEDS_KERNEL
-def test_a_64_row_group_changes_no_bit_and_its_mutants_are_caught() -> None:
-    """n = 64, 100, 200 (one, one and three groups of 64 at load): the kernel's output equals the whole network run
-    as pairs, bit for bit, in the three modes; run as two groups of 32 instead (the p = 32 merge, which the plan
-    replaced, never runs), the output changes."""
+def test_the_64_and_128_row_groups_change_no_bit_and_their_mutants_are_caught() -> None:
+    """n = 64, 100, 128, 200, 300 (groups of 128 and 64 at load, a padded 128 at n = 120): the kernel's output equals
+    the whole network run as pairs, bit for bit, in the three modes; with the largest group run as two halves
+    instead (its last merge, which the plan replaced, never runs), the output changes."""
     nets = coordinatewise._load_sort_nets()
-    for n in (64, 100, 200):
+    sizes = [rows for rows, _ in nets]
+    for n in (64, 100, 120, 128, 200, 300):
         x = _data(n, 300, torch.float32, n)
         tile = int(coordinatewise._cwkernel.tile_rows(n, False))
         plan, rest = _sortnet.kernel_program(n, None, tile, nets)
-        assert plan[0] == n // 64, (n, plan)
+        k = next(i for i, count in enumerate(plan) if count)
+        assert sizes[k] >= 64, (n, plan)
+        halves = list(plan)
+        halves[k] -= 1
+        halves[k + 1] += 2
         for mode, t in ((_sortnet.MODE_TRIMMED, n // 5), (_sortnet.MODE_MEDIAN, 0), (_sortnet.MODE_MEAMED, n // 5)):
             tr, length = _sortnet.window_params(n, mode, t)
             ref = _kernel(x, mode, tr, length, _sortnet.kernel_network(n, None, tile), ())
             assert torch.equal(_bits(_kernel(x, mode, tr, length, rest, plan)), _bits(ref)), (n, mode)
-            if mode == _sortnet.MODE_TRIMMED:
-                halves = (0, plan[1] + 2 * plan[0], *plan[2:])
-                assert not torch.equal(_bits(_kernel(x, mode, tr, length, rest, halves)), _bits(ref)), n
+            if mode == _sortnet.MODE_TRIMMED and sizes[k] <= n:
+                assert not torch.equal(_bits(_kernel(x, mode, tr, length, rest, tuple(halves))), _bits(ref)), n
