@@ -45,6 +45,7 @@ setup(
         Extension(
             "phalanx.aggregators._cwkernel",
             ["src/phalanx/aggregators/_cwkernel.c"],
+            depends=["src/phalanx/aggregators/_cwkernel_streams.h"],
             extra_compile_args=extra,
             optional=True,
         ),

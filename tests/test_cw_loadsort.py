@@ -398,3 +398,19 @@ def test_the_64_and_128_row_groups_change_no_bit_and_their_mutants_are_caught() 
             assert torch.equal(_bits(_kernel(x, mode, tr, length, rest, plan)), _bits(ref)), (n, mode)
             if mode == _sortnet.MODE_TRIMMED and sizes[k] <= n:
                 assert not torch.equal(_bits(_kernel(x, mode, tr, length, rest, tuple(halves))), _bits(ref)), n
+
+
+def test_the_stream_header_is_what_its_generator_writes() -> None:
+    """``_cwkernel_streams.h`` is generated (``scripts/gen_cw_streams.py``): an edit by hand, or a generator changed
+    without regenerating, fails here (the schedule tests above then check what the header holds)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "scripts" / "gen_cw_streams.py"), "--check"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    header = root / "src" / "phalanx" / "aggregators" / "_cwkernel_streams.h"
+    text = header.read_text()
+    assert "at most 5 rows live" in text and "at most 9 rows live" in text

@@ -119,15 +119,7 @@
 #define ROWS16(Y, A) ROWS8(Y, A) Y(8, A) Y(9, A) Y(10, A) Y(11, A) Y(12, A) Y(13, A) Y(14, A) Y(15, A)
 #define ROWS32(Y, A) ROWS16(Y, A) Y(16, A) Y(17, A) Y(18, A) Y(19, A) Y(20, A) Y(21, A) Y(22, A) Y(23, A) Y(24, A)  \
     Y(25, A) Y(26, A) Y(27, A) Y(28, A) Y(29, A) Y(30, A) Y(31, A)
-#define ROWS64(Y, A) ROWS32(Y, A) Y(32, A) Y(33, A) Y(34, A) Y(35, A) Y(36, A) Y(37, A) Y(38, A) Y(39, A) Y(40, A)  \
-    Y(41, A) Y(42, A) Y(43, A) Y(44, A) Y(45, A) Y(46, A) Y(47, A) Y(48, A) Y(49, A) Y(50, A) Y(51, A) Y(52, A)       \
-    Y(53, A) Y(54, A) Y(55, A) Y(56, A) Y(57, A) Y(58, A) Y(59, A) Y(60, A) Y(61, A) Y(62, A) Y(63, A)
-#define ROWS128(Y, A) ROWS64(Y, A) Y(64, A) Y(65, A) Y(66, A) Y(67, A) Y(68, A) Y(69, A) Y(70, A) Y(71, A)         \
-    Y(72, A) Y(73, A) Y(74, A) Y(75, A) Y(76, A) Y(77, A) Y(78, A) Y(79, A) Y(80, A) Y(81, A) Y(82, A) Y(83, A)    \
-    Y(84, A) Y(85, A) Y(86, A) Y(87, A) Y(88, A) Y(89, A) Y(90, A) Y(91, A) Y(92, A) Y(93, A) Y(94, A) Y(95, A)    \
-    Y(96, A) Y(97, A) Y(98, A) Y(99, A) Y(100, A) Y(101, A) Y(102, A) Y(103, A) Y(104, A) Y(105, A) Y(106, A)      \
-    Y(107, A) Y(108, A) Y(109, A) Y(110, A) Y(111, A) Y(112, A) Y(113, A) Y(114, A) Y(115, A) Y(116, A) Y(117, A)  \
-    Y(118, A) Y(119, A) Y(120, A) Y(121, A) Y(122, A) Y(123, A) Y(124, A) Y(125, A) Y(126, A) Y(127, A)
+#include "_cwkernel_streams.h" /* ROWS64, ROWS128 and the merges' streams (scripts/gen_cw_streams.py) */
 #define LS_DECL(i, A) v##i,
 #define LS_LOAD(i, A) v##i = s##i[j]; v##i = (v##i != v##i) ? INFINITY : v##i;
 #define LS_CX(i, k) u_ = v##i; w_ = v##k; v##i = u_ < w_ ? u_ : w_; v##k = u_ > w_ ? u_ : w_;
@@ -155,72 +147,107 @@
     M32_TAIL(L, X, S, 9, 10, 11, 12, 13) M32_TAIL(L, X, S, 13, 14, 15, 16, 17) M32_TAIL(L, X, S, 17, 18, 19, 20, 21) \
     M32_TAIL(L, X, S, 21, 22, 23, 24, 25) M32_TAIL(L, X, S, 25, 26, 27, 28, 29) L(30) X(29, 30) S(29) S(30)
 
-/* The 64-row load sort (issue 37): the 32-row load sort on each half, then Batcher's p = 32 merge, whose stages
- * k = 32, 16, 8 never leave the 8 rows r, r + 8, ..., r + 56 (r = 0 ... 7: M32_BLOCK again, on a stride of 8) and
- * whose stages k = 4, 2, 1 run as M64_STREAM: each of rows 1 ... 62 loaded once and stored once, at most 5 rows live.
- * The stream's order was generated (a greedy walk: of the compare-exchanges next on both their wires, the one with
- * the lowest wires first); tests/test_cw_loadsort.py checks the whole 64-row schedule against Batcher's network wire
- * by wire, so every value keeps its bits. */
-#define M64_STREAM(L, X, S) L(4) L(8) X(4, 8) L(2) X(2, 4) L(1) X(1, 2) S(1) S(2) L(5) L(9) X(5, 9) L(3) X(3, 5)   \
-    X(3, 4) S(3) S(4) L(6) L(10) X(6, 10) X(6, 8) X(5, 6) S(5) S(6) L(7) L(11) X(7, 11) X(7, 9) X(7, 8) S(7) S(8)  \
-    L(12) L(16) X(12, 16) X(10, 12) X(9, 10) S(9) S(10) L(13) L(17) X(13, 17) X(11, 13) X(11, 12) S(11) S(12)      \
-    L(14) L(18) X(14, 18) X(14, 16) X(13, 14) S(13) S(14) L(15) L(19) X(15, 19) X(15, 17) X(15, 16) S(15) S(16)    \
-    L(20) L(24) X(20, 24) X(18, 20) X(17, 18) S(17) S(18) L(21) L(25) X(21, 25) X(19, 21) X(19, 20) S(19) S(20)    \
-    L(22) L(26) X(22, 26) X(22, 24) X(21, 22) S(21) S(22) L(23) L(27) X(23, 27) X(23, 25) X(23, 24) S(23) S(24)    \
-    L(28) L(32) X(28, 32) X(26, 28) X(25, 26) S(25) S(26) L(29) L(33) X(29, 33) X(27, 29) X(27, 28) S(27) S(28)    \
-    L(30) L(34) X(30, 34) X(30, 32) X(29, 30) S(29) S(30) L(31) L(35) X(31, 35) X(31, 33) X(31, 32) S(31) S(32)    \
-    L(36) L(40) X(36, 40) X(34, 36) X(33, 34) S(33) S(34) L(37) L(41) X(37, 41) X(35, 37) X(35, 36) S(35) S(36)    \
-    L(38) L(42) X(38, 42) X(38, 40) X(37, 38) S(37) S(38) L(39) L(43) X(39, 43) X(39, 41) X(39, 40) S(39) S(40)    \
-    L(44) L(48) X(44, 48) X(42, 44) X(41, 42) S(41) S(42) L(45) L(49) X(45, 49) X(43, 45) X(43, 44) S(43) S(44)    \
-    L(46) L(50) X(46, 50) X(46, 48) X(45, 46) S(45) S(46) L(47) L(51) X(47, 51) X(47, 49) X(47, 48) S(47) S(48)    \
-    L(52) L(56) X(52, 56) X(50, 52) X(49, 50) S(49) S(50) L(53) L(57) X(53, 57) X(51, 53) X(51, 52) S(51) S(52)    \
-    L(54) L(58) X(54, 58) X(54, 56) X(53, 54) S(53) S(54) L(55) L(59) X(55, 59) X(55, 57) X(55, 56) S(55) S(56)    \
-    L(60) X(58, 60) X(57, 58) S(57) S(58) L(61) X(59, 61) X(59, 60) S(59) S(60) L(62) X(61, 62) S(61) S(62)
+/* The 64- and 128-row load sorts (issue 37): the load sort of half the rows on each half, then Batcher's merge of
+ * level p = 32 or 64, whose stages k = p, p/2, p/4 never leave the 8 rows r, r + p/4, ..., r + 7p/4 (r < p/4:
+ * M32_BLOCK again, on a stride of p/4) and whose later stages run as streams (M64_STREAM, M128_STREAM): each row
+ * loaded once and stored once, at most 5 and 9 rows live. The streams were generated (scripts/gen_cw_streams.py
+ * writes _cwkernel_streams.h); tests/test_cw_loadsort.py checks each whole schedule against Batcher's network wire by
+ * wire, so every value keeps its bits. A 256-row group built the same way (two streams) gained nothing at n = 256
+ * or 1,000 over groups of 128 (its 128 KB no longer fit the L1 cache the pair loop's tiles do) and took minutes to
+ * compile: not built. */
 
-/* The 128-row load sort, built the same way: the 64-row one on each half, then the p = 64 merge, whose stages
- * k = 64, 32, 16 never leave the 8 rows r, r + 16, ..., r + 112 (r = 0 ... 15: M32_BLOCK on a stride of 16) and
- * whose stages k = 8, 4, 2, 1 run as M128_STREAM (generated the same way; at most 9 rows live). */
-#define M128_STREAM(L, X, S) L(8) L(16) X(8, 16) L(4) X(4, 8) L(2) X(2, 4) L(1) X(1, 2) S(1) S(2) L(9) L(17)       \
-    X(9, 17) L(5) X(5, 9) L(3) X(3, 5) X(3, 4) S(3) S(4) L(10) L(18) X(10, 18) L(6) X(6, 10) X(6, 8) X(5, 6) S(5)  \
-    S(6) L(11) L(19) X(11, 19) L(7) X(7, 11) X(7, 9) X(7, 8) S(7) S(8) L(12) L(20) X(12, 20) X(12, 16) X(10, 12)   \
-    X(9, 10) S(9) S(10) L(13) L(21) X(13, 21) X(13, 17) X(11, 13) X(11, 12) S(11) S(12) L(14) L(22) X(14, 22)      \
-    X(14, 18) X(14, 16) X(13, 14) S(13) S(14) L(15) L(23) X(15, 23) X(15, 19) X(15, 17) X(15, 16) S(15) S(16)      \
-    L(24) L(32) X(24, 32) X(20, 24) X(18, 20) X(17, 18) S(17) S(18) L(25) L(33) X(25, 33) X(21, 25) X(19, 21)      \
-    X(19, 20) S(19) S(20) L(26) L(34) X(26, 34) X(22, 26) X(22, 24) X(21, 22) S(21) S(22) L(27) L(35) X(27, 35)    \
-    X(23, 27) X(23, 25) X(23, 24) S(23) S(24) L(28) L(36) X(28, 36) X(28, 32) X(26, 28) X(25, 26) S(25) S(26)      \
-    L(29) L(37) X(29, 37) X(29, 33) X(27, 29) X(27, 28) S(27) S(28) L(30) L(38) X(30, 38) X(30, 34) X(30, 32)      \
-    X(29, 30) S(29) S(30) L(31) L(39) X(31, 39) X(31, 35) X(31, 33) X(31, 32) S(31) S(32) L(40) L(48) X(40, 48)    \
-    X(36, 40) X(34, 36) X(33, 34) S(33) S(34) L(41) L(49) X(41, 49) X(37, 41) X(35, 37) X(35, 36) S(35) S(36)      \
-    L(42) L(50) X(42, 50) X(38, 42) X(38, 40) X(37, 38) S(37) S(38) L(43) L(51) X(43, 51) X(39, 43) X(39, 41)      \
-    X(39, 40) S(39) S(40) L(44) L(52) X(44, 52) X(44, 48) X(42, 44) X(41, 42) S(41) S(42) L(45) L(53) X(45, 53)    \
-    X(45, 49) X(43, 45) X(43, 44) S(43) S(44) L(46) L(54) X(46, 54) X(46, 50) X(46, 48) X(45, 46) S(45) S(46)      \
-    L(47) L(55) X(47, 55) X(47, 51) X(47, 49) X(47, 48) S(47) S(48) L(56) L(64) X(56, 64) X(52, 56) X(50, 52)      \
-    X(49, 50) S(49) S(50) L(57) L(65) X(57, 65) X(53, 57) X(51, 53) X(51, 52) S(51) S(52) L(58) L(66) X(58, 66)    \
-    X(54, 58) X(54, 56) X(53, 54) S(53) S(54) L(59) L(67) X(59, 67) X(55, 59) X(55, 57) X(55, 56) S(55) S(56)      \
-    L(60) L(68) X(60, 68) X(60, 64) X(58, 60) X(57, 58) S(57) S(58) L(61) L(69) X(61, 69) X(61, 65) X(59, 61)      \
-    X(59, 60) S(59) S(60) L(62) L(70) X(62, 70) X(62, 66) X(62, 64) X(61, 62) S(61) S(62) L(63) L(71) X(63, 71)    \
-    X(63, 67) X(63, 65) X(63, 64) S(63) S(64) L(72) L(80) X(72, 80) X(68, 72) X(66, 68) X(65, 66) S(65) S(66)      \
-    L(73) L(81) X(73, 81) X(69, 73) X(67, 69) X(67, 68) S(67) S(68) L(74) L(82) X(74, 82) X(70, 74) X(70, 72)      \
-    X(69, 70) S(69) S(70) L(75) L(83) X(75, 83) X(71, 75) X(71, 73) X(71, 72) S(71) S(72) L(76) L(84) X(76, 84)    \
-    X(76, 80) X(74, 76) X(73, 74) S(73) S(74) L(77) L(85) X(77, 85) X(77, 81) X(75, 77) X(75, 76) S(75) S(76)      \
-    L(78) L(86) X(78, 86) X(78, 82) X(78, 80) X(77, 78) S(77) S(78) L(79) L(87) X(79, 87) X(79, 83) X(79, 81)      \
-    X(79, 80) S(79) S(80) L(88) L(96) X(88, 96) X(84, 88) X(82, 84) X(81, 82) S(81) S(82) L(89) L(97) X(89, 97)    \
-    X(85, 89) X(83, 85) X(83, 84) S(83) S(84) L(90) L(98) X(90, 98) X(86, 90) X(86, 88) X(85, 86) S(85) S(86)      \
-    L(91) L(99) X(91, 99) X(87, 91) X(87, 89) X(87, 88) S(87) S(88) L(92) L(100) X(92, 100) X(92, 96) X(90, 92)    \
-    X(89, 90) S(89) S(90) L(93) L(101) X(93, 101) X(93, 97) X(91, 93) X(91, 92) S(91) S(92) L(94) L(102)           \
-    X(94, 102) X(94, 98) X(94, 96) X(93, 94) S(93) S(94) L(95) L(103) X(95, 103) X(95, 99) X(95, 97) X(95, 96)     \
-    S(95) S(96) L(104) L(112) X(104, 112) X(100, 104) X(98, 100) X(97, 98) S(97) S(98) L(105) L(113) X(105, 113)   \
-    X(101, 105) X(99, 101) X(99, 100) S(99) S(100) L(106) L(114) X(106, 114) X(102, 106) X(102, 104) X(101, 102)   \
-    S(101) S(102) L(107) L(115) X(107, 115) X(103, 107) X(103, 105) X(103, 104) S(103) S(104) L(108) L(116)        \
-    X(108, 116) X(108, 112) X(106, 108) X(105, 106) S(105) S(106) L(109) L(117) X(109, 117) X(109, 113)            \
-    X(107, 109) X(107, 108) S(107) S(108) L(110) L(118) X(110, 118) X(110, 114) X(110, 112) X(109, 110) S(109)     \
-    S(110) L(111) L(119) X(111, 119) X(111, 115) X(111, 113) X(111, 112) S(111) S(112) L(120) X(116, 120)          \
-    X(114, 116) X(113, 114) S(113) S(114) L(121) X(117, 121) X(115, 117) X(115, 116) S(115) S(116) L(122)          \
-    X(118, 122) X(118, 120) X(117, 118) S(117) S(118) L(123) X(119, 123) X(119, 121) X(119, 120) S(119) S(120)     \
-    L(124) X(122, 124) X(121, 122) S(121) S(122) L(125) X(123, 125) X(123, 124) S(123) S(124) L(126) X(125, 126)   \
-    S(125) S(126)
+/* The load sorts, one copy per element type (the lanes a call runs, BLOCK or SMALL_BLOCK, an argument: a copy per
+ * block size as well doubled the build's time for nothing measurable). */
+#define DEFINE_LOADSORT(T, SUFFIX)                                                                                 \
+    /* Rows [0, 8), [0, 16) or [0, 32) of src (row stride ss; NaN -> +Inf) sorted by Batcher's network into dst. */ \
+    static inline __attribute__((always_inline)) void ls8_rows_##SUFFIX(ROWS8(LS_SPARAM, T) ROWS8(LS_DPARAM, T) int lanes) { \
+        for (int j = 0; j < lanes; j++) {                                                                          \
+            T ROWS8(LS_DECL, _) u_, w_;                                                                            \
+            ROWS8(LS_LOAD, _) BATCHER8(LS_CX) ROWS8(LS_STORE, _)                                                   \
+        }                                                                                                          \
+    }                                                                                                              \
+    static inline __attribute__((always_inline)) void ls16_rows_##SUFFIX(ROWS16(LS_SPARAM, T) ROWS16(LS_DPARAM, T) \
+                                                                       int lanes) {                                \
+        for (int j = 0; j < lanes; j++) {                                                                          \
+            T ROWS16(LS_DECL, _) u_, w_;                                                                           \
+            ROWS16(LS_LOAD, _) BATCHER16(LS_CX) ROWS16(LS_STORE, _)                                                \
+        }                                                                                                          \
+    }                                                                                                              \
+    /* Batcher's 32-row network on rows sorted by halves of 16 (see M32_BLOCK): four blocks of 8, then the stream. */ \
+    static inline __attribute__((always_inline)) void m32_block_##SUFFIX(ROWS8(LS_DPARAM, T) int lanes) {          \
+        for (int j = 0; j < lanes; j++) {                                                                          \
+            T ROWS8(LS_DECL, _) u_, w_;                                                                            \
+            LS_LD(0) LS_LD(1) LS_LD(2) LS_LD(3) LS_LD(4) LS_LD(5) LS_LD(6) LS_LD(7)                                \
+            M32_BLOCK(LS_CX) ROWS8(LS_STORE, _)                                                                    \
+        }                                                                                                          \
+    }                                                                                                              \
+    static inline __attribute__((always_inline)) void m32_stream_##SUFFIX(ROWS32(LS_DPARAM, T) int lanes) {        \
+        for (int j = 0; j < lanes; j++) {                                                                          \
+            __attribute__((unused)) T ROWS32(LS_DECL, _) u_, w_; /* rows 0 and 31 are not in these stages */       \
+            M32_STREAM(LS_LD, LS_CX, LS_ST)                                                                        \
+        }                                                                                                          \
+    }                                                                                                              \
+    /* src: the group's first row (row stride ss); rows from `real` on are read from `pad`, a row of +Inf (a group \
+     * padded past the last row). dst: where the sorted rows go (row stride ds). */                                \
+    static inline __attribute__((always_inline)) void ls16_at_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, \
+                                                                      const T *pad, T *dst, Py_ssize_t ds, int lanes) { \
+        ls16_rows_##SUFFIX(ROWS16(LS_SARG, _) ROWS16(LS_DARG, _) lanes);                                           \
+    }                                                                                                              \
+    static inline __attribute__((always_inline)) void m32_block_at_##SUFFIX(T *dst, Py_ssize_t ds, int lanes) {    \
+        m32_block_##SUFFIX(ROWS8(LS_DARG, _) lanes);                                                               \
+    }                                                                                                              \
+    static inline __attribute__((always_inline)) void ls32_at_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, \
+                                                                      const T *pad, T *dst, Py_ssize_t ds, int lanes) { \
+        ls16_at_##SUFFIX(src, ss, real, pad, dst, ds, lanes);                                                      \
+        ls16_at_##SUFFIX(real > 16 ? src + 16 * ss : pad, ss, real - 16, pad, dst + 16 * ds, ds, lanes);           \
+        for (int r = 0; r < 4; r++) m32_block_at_##SUFFIX(dst + r * ds, 4 * ds, lanes);                            \
+        m32_stream_##SUFFIX(ROWS32(LS_DARG, _) lanes);                                                             \
+    }                                                                                                              \
+    static inline __attribute__((always_inline)) void m64_stream_##SUFFIX(ROWS64(LS_DPARAM, T) int lanes) {        \
+        for (int j = 0; j < lanes; j++) {                                                                          \
+            __attribute__((unused)) T ROWS64(LS_DECL, _) u_, w_; /* rows 0 and 63 are not in these stages */       \
+            M64_STREAM(LS_LD, LS_CX, LS_ST)                                                                        \
+        }                                                                                                          \
+    }                                                                                                              \
+    static inline __attribute__((always_inline)) void m128_stream_##SUFFIX(ROWS128(LS_DPARAM, T) int lanes) {      \
+        for (int j = 0; j < lanes; j++) {                                                                          \
+            __attribute__((unused)) T ROWS128(LS_DECL, _) u_, w_; /* rows 0 and 127 are not in these stages */     \
+            M128_STREAM(LS_LD, LS_CX, LS_ST)                                                                       \
+        }                                                                                                          \
+    }                                                                                                              \
+    MULTIVERSION SELECTS static void loadsort8_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, const T *pad, \
+                                                        T *dst, Py_ssize_t ds, int lanes) {                        \
+        ls8_rows_##SUFFIX(ROWS8(LS_SARG, _) ROWS8(LS_DARG, _) lanes);                                              \
+    }                                                                                                              \
+    MULTIVERSION SELECTS static void loadsort16_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, const T *pad, \
+                                                         T *dst, Py_ssize_t ds, int lanes) {                       \
+        ls16_at_##SUFFIX(src, ss, real, pad, dst, ds, lanes);                                                      \
+    }                                                                                                              \
+    MULTIVERSION SELECTS static void loadsort32_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, const T *pad, \
+                                                         T *dst, Py_ssize_t ds, int lanes) {                       \
+        ls32_at_##SUFFIX(src, ss, real, pad, dst, ds, lanes);                                                      \
+    }                                                                                                              \
+    /* 64 and 128 rows: the halves by calls (inlined, every size's body in the larger ones took the build from     \
+     * under 1 to over 2 minutes), then the merge. */                                                              \
+    MULTIVERSION SELECTS static void loadsort64_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, const T *pad, \
+                                                         T *dst, Py_ssize_t ds, int lanes) {                       \
+        loadsort32_##SUFFIX(src, ss, real, pad, dst, ds, lanes);                                                   \
+        loadsort32_##SUFFIX(real > 32 ? src + 32 * ss : pad, ss, real - 32, pad, dst + 32 * ds, ds, lanes);        \
+        for (int r = 0; r < 8; r++) m32_block_at_##SUFFIX(dst + r * ds, 8 * ds, lanes);                            \
+        m64_stream_##SUFFIX(ROWS64(LS_DARG, _) lanes);                                                             \
+    }                                                                                                              \
+    MULTIVERSION SELECTS static void loadsort128_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, const T *pad, \
+                                                          T *dst, Py_ssize_t ds, int lanes) {                      \
+        loadsort64_##SUFFIX(src, ss, real, pad, dst, ds, lanes);                                                   \
+        loadsort64_##SUFFIX(real > 64 ? src + 64 * ss : pad, ss, real - 64, pad, dst + 64 * ds, ds, lanes);        \
+        for (int r = 0; r < 16; r++) m32_block_at_##SUFFIX(dst + r * ds, 16 * ds, lanes);                          \
+        m128_stream_##SUFFIX(ROWS128(LS_DARG, _) lanes);                                                           \
+    }
 
-#define DEFINE_KERNEL(T, SUFFIX, BLK)                                                                                   \
+DEFINE_LOADSORT(float, f32)
+DEFINE_LOADSORT(double, f64)
+
+#define DEFINE_KERNEL(T, SUFFIX, BLK, TS)                                                                          \
     /* Window start of every lane of a sorted block, as a T (a small integer, exact). MeaMed: among the trim + 1 */ \
     /* windows of `length` consecutive sorted values, the one whose farthest value from the median is nearest   */ \
     /* (the first on ties): that window holds the n - trim values closest to the median. Branch-free across      */ \
@@ -249,93 +276,6 @@
                 st[j] = better ? sv : st[j];                                                                       \
             }                                                                                                      \
         }                                                                                                          \
-    }                                                                                                              \
-                                                                                                                   \
-    /* Rows [0, 8), [0, 16) or [0, 32) of src (row stride ss; NaN -> +Inf) sorted by Batcher's network into dst. */ \
-    static inline __attribute__((always_inline)) void ls8_rows_##SUFFIX(ROWS8(LS_SPARAM, T) ROWS8(LS_DPARAM, T) int lanes) { \
-        for (int j = 0; j < lanes; j++) {                                                                          \
-            T ROWS8(LS_DECL, _) u_, w_;                                                                               \
-            ROWS8(LS_LOAD, _) BATCHER8(LS_CX) ROWS8(LS_STORE, _)                                                         \
-        }                                                                                                          \
-    }                                                                                                              \
-    static inline __attribute__((always_inline)) void ls16_rows_##SUFFIX(ROWS16(LS_SPARAM, T) ROWS16(LS_DPARAM, T)      \
-                                                                       int lanes) {                                \
-        for (int j = 0; j < lanes; j++) {                                                                          \
-            T ROWS16(LS_DECL, _) u_, w_;                                                                              \
-            ROWS16(LS_LOAD, _) BATCHER16(LS_CX) ROWS16(LS_STORE, _)                                                      \
-        }                                                                                                          \
-    }                                                                                                              \
-    /* Batcher's 32-row network on rows sorted by halves of 16 (see M32_BLOCK): four blocks of 8, then the stream. */ \
-    static inline __attribute__((always_inline)) void m32_block_##SUFFIX(ROWS8(LS_DPARAM, T) int lanes) {        \
-        for (int j = 0; j < lanes; j++) {                                                                          \
-            T ROWS8(LS_DECL, _) u_, w_;                                                                               \
-            LS_LD(0) LS_LD(1) LS_LD(2) LS_LD(3) LS_LD(4) LS_LD(5) LS_LD(6) LS_LD(7)                                \
-            M32_BLOCK(LS_CX) ROWS8(LS_STORE, _)                                                                     \
-        }                                                                                                          \
-    }                                                                                                              \
-    static inline __attribute__((always_inline)) void m32_stream_##SUFFIX(ROWS32(LS_DPARAM, T) int lanes) {      \
-        for (int j = 0; j < lanes; j++) {                                                                          \
-            __attribute__((unused)) T ROWS32(LS_DECL, _) u_, w_; /* rows 0 and 31 are not in these stages */         \
-            M32_STREAM(LS_LD, LS_CX, LS_ST)                                                                        \
-        }                                                                                                          \
-    }                                                                                                              \
-    /* src: the group's first row (row stride ss); rows from `real` on are read from `pad`, a row of +Inf (a group \
-     * padded past the last row). dst: where the sorted rows go (row stride ds). */                                \
-    static inline __attribute__((always_inline)) void ls16_at_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, \
-                                                                      const T *pad, T *dst, Py_ssize_t ds) {       \
-        ls16_rows_##SUFFIX(ROWS16(LS_SARG, _) ROWS16(LS_DARG, _) BLK);                                             \
-    }                                                                                                              \
-    static inline __attribute__((always_inline)) void m32_block_at_##SUFFIX(T *dst, Py_ssize_t ds) {               \
-        m32_block_##SUFFIX(ROWS8(LS_DARG, _) BLK);                                                                 \
-    }                                                                                                              \
-    static inline __attribute__((always_inline)) void ls32_at_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, \
-                                                                      const T *pad, T *dst, Py_ssize_t ds) {       \
-        ls16_at_##SUFFIX(src, ss, real, pad, dst, ds);                                                             \
-        ls16_at_##SUFFIX(real > 16 ? src + 16 * ss : pad, ss, real - 16, pad, dst + 16 * ds, ds);                  \
-        for (int r = 0; r < 4; r++) m32_block_at_##SUFFIX(dst + r * ds, 4 * ds);                                   \
-        m32_stream_##SUFFIX(ROWS32(LS_DARG, _) BLK);                                                               \
-    }                                                                                                              \
-    static inline __attribute__((always_inline)) void m64_stream_##SUFFIX(ROWS64(LS_DPARAM, T) int lanes) {        \
-        for (int j = 0; j < lanes; j++) {                                                                          \
-            __attribute__((unused)) T ROWS64(LS_DECL, _) u_, w_; /* rows 0 and 63 are not in these stages */       \
-            M64_STREAM(LS_LD, LS_CX, LS_ST)                                                                        \
-        }                                                                                                          \
-    }                                                                                                              \
-    static inline __attribute__((always_inline)) void ls64_at_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, \
-                                                                      const T *pad, T *dst, Py_ssize_t ds) {       \
-        ls32_at_##SUFFIX(src, ss, real, pad, dst, ds);                                                             \
-        ls32_at_##SUFFIX(real > 32 ? src + 32 * ss : pad, ss, real - 32, pad, dst + 32 * ds, ds);                  \
-        for (int r = 0; r < 8; r++) m32_block_at_##SUFFIX(dst + r * ds, 8 * ds);                                   \
-        m64_stream_##SUFFIX(ROWS64(LS_DARG, _) BLK);                                                               \
-    }                                                                                                              \
-    static inline __attribute__((always_inline)) void m128_stream_##SUFFIX(ROWS128(LS_DPARAM, T) int lanes) {      \
-        for (int j = 0; j < lanes; j++) {                                                                          \
-            __attribute__((unused)) T ROWS128(LS_DECL, _) u_, w_; /* rows 0 and 127 are not in these stages */     \
-            M128_STREAM(LS_LD, LS_CX, LS_ST)                                                                       \
-        }                                                                                                          \
-    }                                                                                                              \
-    MULTIVERSION SELECTS static void loadsort128_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, const T *pad, \
-                                                          T *dst, Py_ssize_t ds) {                                 \
-        ls64_at_##SUFFIX(src, ss, real, pad, dst, ds);                                                             \
-        ls64_at_##SUFFIX(real > 64 ? src + 64 * ss : pad, ss, real - 64, pad, dst + 64 * ds, ds);                  \
-        for (int r = 0; r < 16; r++) m32_block_at_##SUFFIX(dst + r * ds, 16 * ds);                                 \
-        m128_stream_##SUFFIX(ROWS128(LS_DARG, _) BLK);                                                             \
-    }                                                                                                              \
-    MULTIVERSION SELECTS static void loadsort64_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, const T *pad, \
-                                                         T *dst, Py_ssize_t ds) {                                  \
-        ls64_at_##SUFFIX(src, ss, real, pad, dst, ds);                                                             \
-    }                                                                                                              \
-    MULTIVERSION SELECTS static void loadsort32_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, const T *pad, \
-                                                         T *dst, Py_ssize_t ds) {                                  \
-        ls32_at_##SUFFIX(src, ss, real, pad, dst, ds);                                                             \
-    }                                                                                                              \
-    MULTIVERSION SELECTS static void loadsort16_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, const T *pad, \
-                                                         T *dst, Py_ssize_t ds) {                                  \
-        ls16_at_##SUFFIX(src, ss, real, pad, dst, ds);                                                             \
-    }                                                                                                              \
-    MULTIVERSION SELECTS static void loadsort8_##SUFFIX(const T *src, Py_ssize_t ss, Py_ssize_t real, const T *pad,\
-                                                        T *dst, Py_ssize_t ds) {                                   \
-        ls8_rows_##SUFFIX(ROWS8(LS_SARG, _) ROWS8(LS_DARG, _) BLK);                                                \
     }                                                                                                              \
                                                                                                                    \
     /* Two consecutive compare-exchanges sharing a wire, on three rows x, y, z, in registers: (x, y) then (x, z)  */ \
@@ -511,11 +451,11 @@
                         src = scratch;                                                                             \
                         ss = BLK;                                                                                  \
                     }                                                                                              \
-                    if (rows == 128) loadsort128_##SUFFIX(src, ss, real, pad, buf + first * BLK, BLK);                \
-                    else if (rows == 64) loadsort64_##SUFFIX(src, ss, real, pad, buf + first * BLK, BLK);                          \
-                    else if (rows == 32) loadsort32_##SUFFIX(src, ss, real, pad, buf + first * BLK, BLK);                     \
-                    else if (rows == 16) loadsort16_##SUFFIX(src, ss, real, pad, buf + first * BLK, BLK);                     \
-                    else loadsort8_##SUFFIX(src, ss, real, pad, buf + first * BLK, BLK);                                      \
+                    if (rows == 128) loadsort128_##TS(src, ss, real, pad, buf + first * BLK, BLK, BLK);            \
+                    else if (rows == 64) loadsort64_##TS(src, ss, real, pad, buf + first * BLK, BLK, BLK);         \
+                    else if (rows == 32) loadsort32_##TS(src, ss, real, pad, buf + first * BLK, BLK, BLK);         \
+                    else if (rows == 16) loadsort16_##TS(src, ss, real, pad, buf + first * BLK, BLK, BLK);         \
+                    else loadsort8_##TS(src, ss, real, pad, buf + first * BLK, BLK, BLK);                          \
                 }                                                                                                  \
             }                                                                                                      \
             for (Py_ssize_t i = first; i < n; i++) {                                                               \
@@ -541,10 +481,10 @@
         }                                                                                                          \
     }
 
-DEFINE_KERNEL(float, f32, BLOCK)
-DEFINE_KERNEL(double, f64, BLOCK)
-DEFINE_KERNEL(float, f32_small, SMALL_BLOCK)
-DEFINE_KERNEL(double, f64_small, SMALL_BLOCK)
+DEFINE_KERNEL(float, f32, BLOCK, f32)
+DEFINE_KERNEL(double, f64, BLOCK, f64)
+DEFINE_KERNEL(float, f32_small, SMALL_BLOCK, f32)
+DEFINE_KERNEL(double, f64_small, SMALL_BLOCK, f64)
 
 /* The network's compute floor (issue 37 item 3; benchmarks/cw_floor.py): compare-exchanges in registers, the kernel's
  * own compare-exchange on the kernel's lanes (a block of BLOCK columns, whichever clone the CPU runs), eight passes
@@ -757,7 +697,7 @@ static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
 }
 
 /* load_sort_schedule([rows]) -> a load-time group's compare-exchanges in the order the kernel runs them (rows 32, the
- * default, 64 or 128: the pieces above M32_BLOCK, M64_STREAM and M128_STREAM); tests/test_cw_loadsort.py checks that every wire has
+ * default, 64 or 128: the pieces above M32_BLOCK and the streams of _cwkernel_streams.h); tests/test_cw_loadsort.py checks that every wire has
  * Batcher's sequence. load_sort_network(rows) -> the compare-exchanges a group of `rows` (8, 16, 32 or 64) runs as it
  * is loaded: Batcher's list for 8, 16 and 32; the schedule for 64 and 128 (the same compare-exchanges and the same sequence
  * on every wire, which is what the Python side's plan checks). load_sort_sizes() -> the plan's group sizes, in the
