@@ -30,10 +30,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# TEST_WORKERS=2 (or more): pytest-xdist workers, each test file on one worker (a module's fixture, often a real run,
-# is built once), the files that start real processes first (tests/conftest.py, LONG_FILES; xdist would otherwise
-# order the files by their number of tests). One worker, the default, is the run CI has landed with.
-TEST_WORKERS ?= 1
+# TEST_WORKERS: pytest-xdist workers, each test file on one worker (a module's fixture, often a real run, is built
+# once), the files that start real processes first (tests/conftest.py, LONG_FILES; xdist would otherwise order the
+# files by their number of tests). Two where the machine has two cores or more, else one (a serial run: pytest
+# alone); TEST_WORKERS=1 for a serial run anywhere.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ "$$n" -ge 2 ] && echo 2 || echo 1)
 XDIST := $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder,)
 test: lint typecheck
 	$(BIN)/python -m pytest -q --durations=40 $(XDIST)

@@ -17,9 +17,9 @@ settings.register_profile(
     "ci", deadline=None, max_examples=60, derandomize=True, suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "phalanx"))
-# `make test TEST_WORKERS=2` runs two pytest workers (pytest-xdist): each takes its share of the cores, so that two
-# workers' OpenMP teams do not wait on each other's descheduled threads. A test that needs more threads sets them
-# itself.
+# `make test` runs two pytest workers on a machine of two cores or more (pytest-xdist): each takes its share of the
+# cores, so that two workers' OpenMP teams do not wait on each other's descheduled threads. A test that needs more
+# threads sets them itself.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, torch.get_num_threads() // _WORKERS)))
 # The CLI honours COLUMNS (phalanx.cli.common._console), and the assertions on its output read unwrapped lines:
