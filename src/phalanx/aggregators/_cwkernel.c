@@ -82,6 +82,15 @@
 #else
 #define SELECTS
 #endif
+/* MeaMed's window search keeps, per lane, the best window so far: best[j] = better ? cost : best[j]. GCC may not
+ * invent a store where the source stores conditionally (another thread could own the location), so it made that a
+ * masked store behind a branch per vector (perf: about a quarter of MeaMed's finish at n = 16, mispredicted).
+ * Those arrays are the function's own locals: allowing such stores there lets it store every lane. */
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10
+#define SELECTS_LOCAL_STORES __attribute__((optimize("no-trapping-math", "allow-store-data-races")))
+#else
+#define SELECTS_LOCAL_STORES SELECTS
+#endif
 /* Load-time sort of whole groups of rows (issue 37). Batcher's network on 8, 16 or 32 wires, straight-line in
  * registers: each wire is a local variable, so a group's 19, 63 or 191 compare-exchanges cost one load and one store
  * per wire instead of two of each per compare-exchange (GCC spills a few of 32 wires). The lists are
@@ -271,7 +280,7 @@ DEFINE_LOADSORT(double, f64)
             for (int j = 0; j < BLK; j++) {                                                                        \
                 T a = med[j] - lo[j], b = hi[j] - med[j];                                                          \
                 T cost = a > b ? a : b;                                                                            \
-                int better = cost < best[j];                                                                       \
+                int better = cost < best[j]; /* (SELECTS_LOCAL_STORES: every lane stored) */                       \
                 best[j] = better ? cost : best[j];                                                                 \
                 st[j] = better ? sv : st[j];                                                                       \
             }                                                                                                      \
@@ -324,7 +333,7 @@ DEFINE_LOADSORT(double, f64)
                                                                                                                    \
     /* One sorted block of BLK columns -> its w outputs. The window's values are added in sorted-position order, */ \
     /* in double, starting from +0.0 (MeaMed: the rows outside a lane's window add +0.0, which changes nothing). */ \
-    MULTIVERSION SELECTS static void finish_##SUFFIX(const T *buf, Py_ssize_t n, int mode, int trim, int length, double inv, \
+    MULTIVERSION SELECTS_LOCAL_STORES static void finish_##SUFFIX(const T *buf, Py_ssize_t n, int mode, int trim, int length, double inv, \
                                              T *out, Py_ssize_t w) {                                               \
         double acc[BLK];                                                                                           \
         if (mode == 1) { /* median: the middle value, or the midpoint of the two middle values */                \
@@ -382,7 +391,7 @@ DEFINE_LOADSORT(double, f64)
     }                                                                                                              \
                                                                                                                    \
     /* Row weights of one sorted block (see `contributions` below the macro), added to rowacc's lanes. */          \
-    MULTIVERSION SELECTS static void contrib_##SUFFIX(const T *x, Py_ssize_t n, Py_ssize_t d, Py_ssize_t s, Py_ssize_t w,               \
+    MULTIVERSION SELECTS_LOCAL_STORES static void contrib_##SUFFIX(const T *x, Py_ssize_t n, Py_ssize_t d, Py_ssize_t s, Py_ssize_t w,               \
                                  const T *buf, int mode, int trim, int length, double inv, double *rowacc) {       \
         /* Row weight: 1/length strictly inside the window; a value tied with a window boundary gets the */        \
         /* boundary value's window slots shared equally among all rows holding that value. Vectorised   */        \
