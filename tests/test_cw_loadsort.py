@@ -414,3 +414,19 @@ def test_the_stream_header_is_what_its_generator_writes() -> None:
     header = root / "src" / "phalanx" / "aggregators" / "_cwkernel_streams.h"
     text = header.read_text()
     assert "at most 5 rows live" in text and "at most 9 rows live" in text
+
+
+@NEEDS_KERNEL
+def test_the_kernels_program_is_cached_on_small_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule's call finds its (plan, pairs) in a cache keyed by (n, window, tile): ``_sortnet.kernel_program``'s
+    own key holds the load sorts' pairs, which a tuple hashes anew on every call (about 40-70 µs; a review found it
+    once the groups of 64 and 128 rows made that tuple 2,287 pairs long). Mutant: calling kernel_program directly."""
+    x = torch.randn(16, 300, generator=torch.Generator().manual_seed(3))
+    first, _ = coordinatewise._cw_kernel(x, _sortnet.MODE_TRIMMED, 3, False)
+
+    def rebuilt(*args: object, **kwargs: object) -> None:
+        raise AssertionError("kernel_program was called again for the same (n, window, tile)")
+
+    monkeypatch.setattr(_sortnet, "kernel_program", rebuilt)
+    again, _ = coordinatewise._cw_kernel(x, _sortnet.MODE_TRIMMED, 3, False)
+    assert torch.equal(first, again)

@@ -19,13 +19,13 @@
  * doubles in the same order, and -std=c99 (setup.py) keeps GCC from contracting a*b+c into an FMA.
  *
  * Load-time sort (issue 37): the pair loop is bound by its memory operations (two row loads and two row stores per
- * compare-exchange). Batcher's first stages never leave aligned groups of 64 (32, 16, 8) wires, so the Python side
- * (_sortnet.load_plan) hands over a plan -- how many groups of 64, 32, 16, then 8 rows, from row 0 on -- and the
- * kernel loads each group's rows straight into registers, runs Batcher's network on them there (543, 191, 63 or 19
- * compare-exchanges; one load and one store per wire for 16 and 8; a group of 32 as two of 16, then its merge in
- * pieces of at most 8 rows, see M32_BLOCK; a group of 64 as two of 32, then its merge, see M64_STREAM) and stores
- * them sorted; the pair loop then runs the rest. A group is only planned where the network's first
- * compare-exchanges on each of its wires are exactly the group network's, so every wire keeps its sequence of
+ * compare-exchange). Batcher's first stages never leave aligned groups of 128 (64, 32, 16, 8) wires, so the Python
+ * side (_sortnet.load_plan) hands over a plan -- how many groups of 128, 64, 32, 16, then 8 rows, from row 0 on -- and
+ * the kernel loads each group's rows straight into registers, runs Batcher's network on them there (1471, 543, 191,
+ * 63 or 19 compare-exchanges; one load and one store per wire for 16 and 8; a group of 32 as two of 16, then its
+ * merge in pieces of at most 8 rows, see M32_BLOCK; a group of 64 or 128 as two halves, then its merge, see
+ * M64_STREAM) and stores them sorted; the pair loop then runs the rest. A group is only planned where the network's
+ * first compare-exchanges on each of its wires are exactly the group network's, so every wire keeps its sequence of
  * compare-exchanges and its value bit for bit (cache_order's argument); one group alone may cover all n rows
  * padded with +Inf rows (`pad`, plan_ok). n = 64: all 543 compare-exchanges run at load. In the pair loop, two
  * consecutive compare-exchanges that share exactly one wire run as one on three rows in registers (`chain_`: three
@@ -168,7 +168,7 @@
 /* The load sorts, one copy per element type (the lanes a call runs, BLOCK or SMALL_BLOCK, an argument: a copy per
  * block size as well doubled the build's time for nothing measurable). */
 #define DEFINE_LOADSORT(T, SUFFIX)                                                                                 \
-    /* Rows [0, 8), [0, 16) or [0, 32) of src (row stride ss; NaN -> +Inf) sorted by Batcher's network into dst. */ \
+    /* Rows [0, 8) or [0, 16) of src (row stride ss; NaN -> +Inf) sorted by Batcher's network into dst.         */ \
     static inline __attribute__((always_inline)) void ls8_rows_##SUFFIX(ROWS8(LS_SPARAM, T) ROWS8(LS_DPARAM, T) int lanes) { \
         for (int j = 0; j < lanes; j++) {                                                                          \
             T ROWS8(LS_DECL, _) u_, w_;                                                                            \
@@ -445,7 +445,7 @@ DEFINE_LOADSORT(double, f64)
         for (int j = 0; j < BLK; j++) pad[j] = (T)INFINITY;                                                        \
         for (Py_ssize_t s = j0; s < j1; s += BLK) {                                                                \
             Py_ssize_t w = (j1 - s) < BLK ? (j1 - s) : BLK;                                                        \
-            Py_ssize_t first = 0; /* plan[k] groups of 64 >> k rows, from row 0: sorted as they are loaded */     \
+            Py_ssize_t first = 0; /* plan[k] groups of 128 >> k rows, from row 0: sorted as they are loaded */    \
             for (int k = 0; k < LOAD_SIZES; k++) {                                                                 \
                 int rows = LOAD_SORT_MAX >> k;                                                                     \
                 for (Py_ssize_t g = 0; g < plan[k]; g++, first += rows) {                                          \
@@ -616,8 +616,8 @@ static void *alloc_buffers(Py_ssize_t n, Py_ssize_t blk, int is_double, int want
     return (void *)(((size_t)*raw + 63) / 64 * 64);
 }
 
-/* The load plan: plan[k] groups of 64 >> k rows (64, 32, 16, 8), from row 0 on, sorted as they are loaded: whole
- * groups within the n rows, or one group alone that covers them all, padded (rows / 2 < n < rows: the rows past n
+/* The load plan: plan[k] groups of 128 >> k rows (128, 64, 32, 16, 8), from row 0 on, sorted as they are loaded:
+ * whole groups within the n rows, or one group alone that covers them all, padded (rows / 2 < n < rows: the rows past n
  * hold +Inf, which never moves, so every real wire ends as in Batcher's network on n wires). Valid? */
 static int plan_ok(Py_ssize_t n, const Py_ssize_t *plan) {
     Py_ssize_t rows = 0, groups = 0, largest = 0;
@@ -707,7 +707,7 @@ static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
 
 /* load_sort_schedule([rows]) -> a load-time group's compare-exchanges in the order the kernel runs them (rows 32, the
  * default, 64 or 128: the pieces above M32_BLOCK and the streams of _cwkernel_streams.h); tests/test_cw_loadsort.py checks that every wire has
- * Batcher's sequence. load_sort_network(rows) -> the compare-exchanges a group of `rows` (8, 16, 32 or 64) runs as it
+ * Batcher's sequence. load_sort_network(rows) -> the compare-exchanges a group of `rows` (8 ... 128) runs as it
  * is loaded: Batcher's list for 8, 16 and 32; the schedule for 64 and 128 (the same compare-exchanges and the same sequence
  * on every wire, which is what the Python side's plan checks). load_sort_sizes() -> the plan's group sizes, in the
  * order of window's plan arguments. */

@@ -18,7 +18,7 @@ The kernel runs the compare-exchanges in a cache-friendly order (:func:`cache_or
 wire's in its original order, so every wire ends with the same value bit for bit; tiles of rows that fit the L1
 cache are finished before the network moves on, instead of sweeping the whole ``(n, block)`` buffer once per stage.
 
-Before the pair loop, the kernel sorts leading groups of 64, 32, 16 or 8 rows in registers as it loads them
+Before the pair loop, the kernel sorts leading groups of 128, 64, 32, 16 or 8 rows in registers as it loads them
 (:func:`load_plan`, :func:`kernel_program`): Batcher's first stages stay inside such groups, and a group is only
 handed over where the network's first compare-exchanges on each of its wires are exactly the group network's, so
 again every wire ends with the same value bit for bit. Where n is just under a group size (7/8 of it or more), one
@@ -276,7 +276,7 @@ def network_window(n: int, mode: int, trim: int, length: int) -> tuple[int, int]
 
 def load_sort_nets(kernel: Any) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
     """The networks a kernel build runs on groups of rows as it loads them, ``(rows, pairs)`` in its plan arguments'
-    order: 64, 32, 16 and 8 rows (``load_sort_sizes``), or 32, 16 and 8 for a build before the 64-row group; none
+    order: 128, 64, 32, 16 and 8 rows (``load_sort_sizes``), or 32, 16 and 8 for a build before those groups; none
     for an older build without ``load_sort_network``."""
     if not hasattr(kernel, "load_sort_network"):
         return ()

@@ -54,9 +54,17 @@ def _pool() -> ThreadPoolExecutor:
 
 @functools.lru_cache(maxsize=1)
 def _load_sort_nets() -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
-    """The networks the kernel runs on groups of rows as it loads them, ``(rows, pairs)`` for 32, 16 and 8 rows (its
-    plan arguments' order); none in older builds."""
+    """The networks the kernel runs on groups of rows as it loads them, ``(rows, pairs)`` for 128, 64, 32, 16 and 8
+    rows (its plan arguments' order, ``_cwkernel.load_sort_sizes``); fewer, or none, in older builds."""
     return _sortnet.load_sort_nets(_cwkernel)
+
+
+@functools.lru_cache(maxsize=64)
+def _program(n: int, window: tuple[int, int] | None, tile: int) -> tuple[tuple[int, ...], Tensor]:
+    """:func:`_sortnet.kernel_program` for this build's load sorts, cached on small keys: its own cache's key holds
+    the load sorts' 2,287 pairs, which a tuple hashes anew on every call (about 70 µs a call, an attacker's review
+    measured; a pass over n = 16, d = 65,536 takes 0.17 ms)."""
+    return _sortnet.kernel_program(n, window, tile, _load_sort_nets())
 
 
 def _use_kernel(x: Tensor) -> bool:
@@ -78,7 +86,7 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Ten
     # sorted order, and contributions read every position: the whole network (_sortnet.network_window)
     window = None if want else _sortnet.network_window(n, mode, trim_, length)
     # leading groups of rows sorted as the kernel loads them, the rest of the network after (same values)
-    load, pairs = _sortnet.kernel_program(n, window, tile, _load_sort_nets())
+    load, pairs = _program(n, window, tile)
     out = torch.empty(d, dtype=x.dtype)
     threads = max(1, min(team_threads(n * d), (d + _BLOCK - 1) // _BLOCK))  # no team below torch's grain
     if _KERNEL_ONE_CALL and (_KERNEL_OPENMP or threads == 1):
