@@ -20,6 +20,10 @@ import argparse
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from phalanx.aggregators._sortnet import batcher_pairs
+
 HEADER = Path(__file__).resolve().parents[1] / "src" / "phalanx" / "aggregators" / "_cwkernel_streams.h"
 WIDTH = 115
 STREAMS = (  # macro, wires, merge level p, stages
@@ -29,15 +33,13 @@ STREAMS = (  # macro, wires, merge level p, stages
 
 
 def merge_stages(wires: int, p: int, stages: tuple[int, ...]) -> list[tuple[int, int]]:
-    """The compare-exchanges of Batcher's merge of level ``p`` at the given stages, on ``wires`` wires, in the
-    network's order (``phalanx.aggregators._sortnet.batcher_pairs``' loop, restricted to them)."""
-    out = []
-    for k in stages:
-        for j in range(k % p, wires - k, 2 * k):
-            for i in range(min(k, wires - j - k)):
-                if (i + j) // (2 * p) == (i + j + k) // (2 * p):
-                    out.append((i + j, i + j + k))
-    return out
+    """The compare-exchanges of Batcher's last merge (level ``p = wires / 2``) at the given stages, in the network's
+    order: what :func:`phalanx.aggregators._sortnet.batcher_pairs` lists after sorting the two halves, those whose
+    wires are ``k`` apart for a ``k`` in ``stages`` (stage k's compare-exchanges are exactly those)."""
+    assert 2 * p == wires
+    whole = [(int(a), int(b)) for a, b in batcher_pairs(wires).tolist()]
+    merge = whole[2 * len(batcher_pairs(p)):]
+    return [(a, b) for a, b in merge if b - a in stages]
 
 
 def stream(pairs: list[tuple[int, int]]) -> tuple[list[str], int]:
