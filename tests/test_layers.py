@@ -20,6 +20,7 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "files": set(),  # the one atomic write: below everything that writes a file
     "memory": set(),  # how much memory is left: every plan that allocates may ask
+    "waits": set(),  # the waits a stop still ends (sliced): the tracker's calls, the torchrun transports
     "walk": {"errors"},  # a handed-over tree walked without recursion
     "validate": {"errors"},
     "plugins": {"errors", "validate"},
@@ -37,11 +38,12 @@ ALLOWED: dict[str, set[str]] = {
                  "online", "plugins", "validate", "memory"},  # files: a trace file opened once, checked regular
     "experiments": {"training", "aggregators", "attacks", "data", "models", "analysis", "errors", "plugins", "signing",
                     "files", "decentralized", "hub", "memory", "walk",
-                    "validate", "__init__", "_spawned"},
+                    "validate", "waits", "__init__", "_spawned"},
     "studies": {"experiments", "aggregators", "attacks", "analysis", "data", "decentralized", "errors", "hub",
                 "plugins", "validate"},  # attacks, hub: the LoRA study checks its attack names and reads its tokenizer
     "distributed": {"experiments", "training", "aggregators", "attacks", "data", "models", "decentralized", "errors",
-                    "files", "plugins", "validate"},  # files: key files and transcripts opened once, checked regular
+                    "files", "plugins", "validate",
+                    "waits"},  # files: key files and transcripts opened once, checked regular
     "cli": {"catalogue", "distributed", "studies", "experiments", "training", "aggregators", "attacks", "data",
             "models", "analysis", "signing", "hub", "errors", "plugins", "validate", "executor_cli", "decentralized",
             "__init__"},

@@ -217,3 +217,34 @@ def test_a_stop_that_lands_while_the_call_is_queued_still_shortens_the_later_wai
         thread.jobs = jobs
         thread.stop()
     assert isinstance(jobs, queue.SimpleQueue)
+
+
+def test_a_stop_whose_signal_the_wait_missed_is_seen_within_a_slice() -> None:
+    """CPython's lock wait is not woken by a signal whose C handler ran after the thread released the GIL and before
+    it entered the wait (127 of 3,000 signals sent as a call starts, on a quiet machine): that Ctrl-C waited out the
+    tracker's call, which CI met twice in the end-to-end test above. ``_thread.interrupt_main`` makes that state on
+    purpose — the signal is pending and no wait is interrupted — so the run's thread must look for it between slices
+    of its wait. One long wait (the code before) returns only when the watchdog frees the call 60 s later."""
+    import _thread
+    import signal
+
+    release = threading.Event()
+    watchdog = threading.Timer(60.0, release.set)
+    thread = calls.OwnThread("t", WATCHDOG_S)
+
+    def pending_stop_then_hangs() -> None:
+        watchdog.start()
+        _thread.interrupt_main(signal.SIGINT)
+        release.wait()
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            thread.call(pending_stop_then_hangs)
+        assert not release.is_set(), "the stop waited for the tracker's call"
+        assert thread.stopped
+    finally:
+        watchdog.cancel()
+        release.set()
+        signal.signal(signal.SIGINT, previous)
+        thread.stop()

@@ -66,6 +66,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from phalanx import waits
 from phalanx.attacks import Attack, AttackContext
 from phalanx.attacks.base import DataAttack
 from phalanx.distributed import _test_hooks, wire
@@ -266,7 +267,7 @@ class SealedArrivals:
     def next(self, timeout: float) -> tuple[int, int, bytes] | None:
         links = self.links
         with links.cond:
-            if not links.cond.wait_for(lambda: bool(links.fresh), timeout):
+            if not waits.wait_for(links.cond, lambda: bool(links.fresh), timeout):
                 return None
             version, rank = links.fresh.pop(0)
             got = links.inbox.get((version, rank))

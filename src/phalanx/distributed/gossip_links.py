@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from phalanx import waits
 from phalanx.distributed import wire
 from phalanx.distributed.channel import Kind
 from phalanx.distributed.mesh import Mesh
@@ -87,8 +88,9 @@ class Inbox:
     def wait(self, keys: list[tuple[int, int, int]], deadline: float) -> None:
         """Until every key has arrived (or its link closed), at most until ``deadline`` (monotonic)."""
         with self.cond:
-            self.cond.wait_for(lambda: all(k in self.items or k in self.refused or k[0] in self.closed for k in keys),
-                               timeout=max(0.0, deadline - time.monotonic()))
+            waits.wait_for(self.cond,
+                           lambda: all(k in self.items or k in self.refused or k[0] in self.closed for k in keys),
+                           max(0.0, deadline - time.monotonic()))
 
     def take(self, key: tuple[int, int, int]) -> tuple[Tensor | None, Any]:
         """The message of ``key`` (None: not here) and its ``meta``."""
@@ -169,7 +171,7 @@ class Link:
     def flush(self, deadline: float) -> None:
         """Wait until the peer has taken every queued message, at most until ``deadline`` (monotonic)."""
         with self.sending:
-            self.sending.wait_for(lambda: self.pending == 0 or self.dead,
+            waits.wait_for(self.sending, lambda: self.pending == 0 or self.dead,
                                   timeout=max(0.0, deadline - time.monotonic()))
 
     def finish(self) -> None:
@@ -306,7 +308,7 @@ class MeshInbox:
     def collect(self, t: int, ranks: list[int], gone: set[int], timeout: float) -> dict[int, bytearray]:
         """Rank 0: the monitoring rows of round t of ``ranks`` within ``timeout`` (``gone``: not waited for)."""
         with self.cond:
-            self.cond.wait_for(lambda: all((t, p) in self.monitor for p in ranks if p not in gone), timeout)
+            waits.wait_for(self.cond, lambda: all((t, p) in self.monitor for p in ranks if p not in gone), timeout)
             got = {p: self.monitor.pop((t, p)) for p in ranks if (t, p) in self.monitor}
             for key in [k for k in self.monitor if k[0] < t]:
                 del self.monitor[key]

@@ -56,6 +56,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from phalanx import waits
 from phalanx.distributed import _test_hooks, wire
 from phalanx.distributed.admission import Admission, Shed, at_once, dial, listen_on
 from phalanx.distributed.channel import (
@@ -271,7 +272,7 @@ class Mesh:
         if rank == 0:  # rank 0's connection brings the nonce
             return None
         with self.cond:  # a peer may connect before this rank has its start snapshot (and the nonce)
-            self.cond.wait_for(lambda: self.nonce is not None or self.closing, JOIN_TIMEOUT_S)
+            waits.wait_for(self.cond, lambda: self.nonce is not None or self.closing, JOIN_TIMEOUT_S)
             nonce = self.nonce
         if nonce is None or hello.get("nonce") != nonce.hex():
             return "it runs another start of the job (its nonce is not this run's)"
@@ -477,7 +478,7 @@ class Mesh:
     def wait_joins(self, ranks: set[int], timeout: float) -> set[int]:
         """Rank 0: the ranks of ``ranks`` that joined within ``timeout`` seconds."""
         with self.cond:
-            self.cond.wait_for(lambda: ranks <= set(self.joined), timeout)
+            waits.wait_for(self.cond, lambda: ranks <= set(self.joined), timeout)
             return ranks & set(self.joined)
 
     def offer(self, init: dict[str, Any]) -> bytes:
@@ -504,7 +505,7 @@ class Mesh:
     def receive_init(self, timeout: float) -> dict[str, Any]:
         """A rank other than 0: rank 0's start snapshot (the nonce and address book taken out of it)."""
         with self.cond:
-            self.cond.wait_for(lambda: self.init_bytes is not None or 0 in self.dead, timeout)
+            waits.wait_for(self.cond, lambda: self.init_bytes is not None or 0 in self.dead, timeout)
             init, error = self.init, self.init_error
         if self.init_bytes is None:
             raise PhalanxError(f"rank {self.rank}: no start snapshot from rank 0 within {timeout:g} s "
@@ -528,7 +529,7 @@ class Mesh:
     def wait_incoming(self, peers: set[int], deadline: float) -> set[int]:
         """The ranks of ``peers`` whose connections to this rank are in, waiting until ``deadline`` (monotonic)."""
         with self.cond:
-            self.cond.wait_for(lambda: all(p in self.heard_from or p in self.dead for p in peers),
+            waits.wait_for(self.cond, lambda: all(p in self.heard_from or p in self.dead for p in peers),
                                max(0.0, deadline - time.monotonic()))
             return peers & self.heard_from
 
@@ -564,7 +565,7 @@ class Mesh:
         if out is None:
             return
         with out.cond:
-            out.cond.wait_for(lambda: out.pending == 0 or out.done, max(0.0, deadline - time.monotonic()))
+            waits.wait_for(out.cond, lambda: out.pending == 0 or out.done, max(0.0, deadline - time.monotonic()))
 
     def stop(self, reason: str) -> None:
         """Rank 0: tell every rank it reaches that the run ended (``"finished"``, or why it stopped)."""
@@ -584,10 +585,10 @@ class Mesh:
             out.mailbox.put(None)
         for out in outs:
             with out.cond:
-                out.cond.wait_for(lambda o=out: o.done, max(0.0, deadline - time.monotonic()))  # type: ignore[misc]
+                waits.wait_for(out.cond, lambda o=out: o.done, max(0.0, deadline - time.monotonic()))  # type: ignore[misc]
         waited = set(self.heard_from) if wait_for is None else wait_for
         with self.cond:
-            self.cond.wait_for(lambda: not (waited & set(self.incoming)), max(0.0, deadline - time.monotonic()))
+            waits.wait_for(self.cond, lambda: not (waited & set(self.incoming)), max(0.0, deadline - time.monotonic()))
         self.closing = True
         self.ready.set()
         with self.cond:

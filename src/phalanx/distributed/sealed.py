@@ -56,6 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from phalanx import waits
 from phalanx.distributed import _test_hooks, wire
 from phalanx.distributed.admission import Admission, Shed, dial, listen_on
 from phalanx.distributed.channel import (
@@ -414,12 +415,13 @@ class SealedLinks:
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         with self.cond:
             # the nonce first: every expected worker's contribution, or those that came by the join deadline
-            self.cond.wait_for(lambda: self.contributions is not None, max(0.0, self.deadline - time.monotonic()))
+            waits.wait_for(self.cond, lambda: self.contributions is not None,
+                           max(0.0, self.deadline - time.monotonic()))
             if self.contributions is None:
                 self._fix()
             # every rank that opened its uplink has joined, even if it has left again since (a rank whose run has no
             # round left connects, finds nothing to do and closes at once)
-            self.cond.wait_for(lambda: len(self.ever_up) >= n - 1, max(0.0, deadline - time.monotonic()))
+            waits.wait_for(self.cond, lambda: len(self.ever_up) >= n - 1, max(0.0, deadline - time.monotonic()))
             return set(self.ever_up)
 
     def publish_theta(self, t: int, msg: bytes) -> None:
@@ -440,7 +442,7 @@ class SealedLinks:
     def collect(self, t: int, ranks: list[int], suspects: set[int], timeout: float) -> dict[int, bytes]:
         waited = [r for r in ranks if r not in suspects]
         with self.cond:
-            self.cond.wait_for(lambda: all((t, r) in self.inbox or r not in self.up for r in waited), timeout)
+            waits.wait_for(self.cond, lambda: all((t, r) in self.inbox or r not in self.up for r in waited), timeout)
             return {r: self.inbox[(t, r)].body for r in ranks if (t, r) in self.inbox}  # type: ignore[misc]
 
     def publish_honest(self, t: int, msg: bytes, ranks: list[int]) -> None:

@@ -58,6 +58,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from phalanx import waits
 from phalanx.distributed import _test_hooks, wire
 from phalanx.distributed.channel import Kind
 from phalanx.distributed.env import RankEnv, resolve_backend
@@ -455,7 +456,7 @@ class RowBox:
             return any(k in self.refusals or (k not in self.rows and s in self.left) for s, k in keys.items())
 
         with self.cond:
-            self.cond.wait_for(lambda: failed() or all(k in self.rows for k in keys.values()), timeout)
+            waits.wait_for(self.cond, lambda: failed() or all(k in self.rows for k in keys.values()), timeout)
             for s, key in keys.items():
                 if key in self.refusals:
                     raise _CollectiveFailed(f"rank {s}'s row of round {t} was rejected: {self.refusals[key]}")

@@ -7,8 +7,11 @@ client library sees one thread, as before) while the run's thread waits for each
 that does not return in time raises :class:`Hung`, the tracker is dropped like one that fails
 (:mod:`phalanx.experiments.tracking.callback`) and never called again — its thread is left to the process's end. What
 a call raises is raised again in the run's thread, ``KeyboardInterrupt`` and the grid's stop included, and a signal
-still reaches the run's thread while it waits (``Event.wait`` is interruptible): the run stops at once, and the
-tracker's ``finish`` — queued behind the call still running — is waited for :data:`STOP_GRACE_S` at most.
+still reaches the run's thread while it waits: the run stops at once, and the tracker's ``finish`` — queued behind
+the call still running — is waited for :data:`STOP_GRACE_S` at most.
+
+The run's thread waits in slices (:func:`phalanx.waits.wait_event`): one wait of the whole timeout missed a Ctrl-C
+whose signal landed as the wait began, and waited out the tracker's call (CI met it twice).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import queue
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from phalanx.waits import wait_event
 
 CALL_TIMEOUT_S = 300.0
 """How long the run waits for one call of a tracker. MLflow's own HTTP client gives up on a request after 120 s and
@@ -52,7 +57,7 @@ class OwnThread:
         timeout = min(self.timeout, STOP_GRACE_S) if self.stopped else self.timeout
         try:  # (the queueing inside: the call may start, and a stop land, before the wait has begun)
             self.jobs.put((fn, args, done, box))
-            answered = done.wait(timeout)
+            answered = wait_event(done, timeout)
         except BaseException:  # a stop reached the run's thread while the call runs on
             self.stopped = True
             raise
@@ -76,3 +81,4 @@ class OwnThread:
                 box["error"] = exc
             finally:
                 done.set()
+
