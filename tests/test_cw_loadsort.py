@@ -180,6 +180,24 @@ def test_bad_load_arguments_are_refused() -> None:
             _kernel(x, _sortnet.MODE_MEAMED, 2, 18, pairs, load)
 
 
+@NEEDS_KERNEL
+def test_a_window_past_the_rows_is_refused() -> None:
+    """Every window the three modes allow at n = 20 runs; one that reads past row n (trim + length > n, the median's
+    length 3, a negative trim, an unknown mode) is refused before the kernel reads anything — it would have summed
+    the load sort's scratch rows, or memory past the buffer (an attacker's review of the kernel's arguments)."""
+    x = torch.randn(20, 10)
+    pairs = _sortnet.batcher_pairs(20)
+    for mode, trim, length in ((0, 0, 20), (0, 9, 2), (1, 0, 2), (2, 10, 10), (2, 0, 20), (2, 15, 5)):
+        _kernel(x, mode, trim, length, pairs, ())
+    for mode, trim, length in ((0, 1, 20), (0, 10, 11), (1, 0, 3), (2, 1, 20), (2, 16, 5), (0, -1, 2), (0, 2, 0),
+                               (3, 0, 1), (-1, 0, 1)):
+        with pytest.raises(ValueError, match="invalid arguments"):
+            _kernel(x, mode, trim, length, pairs, ())
+        with pytest.raises(ValueError, match="invalid arguments"):
+            coordinatewise._cwkernel.window(x.data_ptr(), 20, 10, 0, 10, pairs.data_ptr(), pairs.shape[0], mode, trim,
+                                            length, torch.empty(10).data_ptr(), 0, False)
+
+
 def _exact_reference(x: torch.Tensor, mode: int, trim: int, shift: int = 0) -> torch.Tensor:
     """The kernel's formula on torch.sort: (T)(Σ window · (1/length)) in float64, the median (T)(½m0 + ½m1). On
     values whose sums are exact (halves, small integers, ±inf) the order of the sum cannot matter, so the kernel

@@ -630,6 +630,15 @@ static int plan_ok(Py_ssize_t n, const Py_ssize_t *plan) {
     return rows <= n || (groups == 1 && 2 * n > largest);
 }
 
+/* The window lies within the n sorted rows: [trim, trim + length) (mode 0), the median's one (odd n) or two (even n)
+ * positions from (n - 1) / 2 (mode 1), each of MeaMed's trim + 1 windows [s, s + length), s <= trim (mode 2). Read
+ * past row n, a window would add the load sort's scratch rows, or memory past the buffer. */
+static int window_ok(Py_ssize_t n, int mode, int trim, int length) {
+    if (mode < 0 || mode > 2 || trim < 0 || length < 1) return 0;
+    if (mode == 1) return length == (n % 2 ? 1 : 2);
+    return (Py_ssize_t)trim + length <= n;
+}
+
 /* window(x_ptr, n, d, j0, j1, pairs_ptr, npairs, mode, trim, length, out_ptr, contrib_ptr_or_0, is_double
  *        [, groups128, groups64, groups32, groups16, groups8]) */
 static PyObject *py_window(PyObject *self, PyObject *args) {
@@ -638,8 +647,7 @@ static PyObject *py_window(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "nnnnnnniiinnp|nnnnn", &xp, &n, &d, &j0, &j1, &pp, &npairs, &mode, &trim, &length, &op,
                           &cp, &is_double, &plan[0], &plan[1], &plan[2], &plan[3], &plan[4]))
         return NULL;
-    if (n < 1 || d < 1 || j0 < 0 || j1 > d || j0 > j1 || length < 1 || mode < 0 || mode > 2 ||
-        !plan_ok(n, plan)) {
+    if (n < 1 || d < 1 || j0 < 0 || j1 > d || j0 > j1 || !window_ok(n, mode, trim, length) || !plan_ok(n, plan)) {
         PyErr_SetString(PyExc_ValueError, "_cwkernel.window: invalid arguments");
         return NULL;
     }
@@ -670,7 +678,7 @@ static PyObject *py_window_parallel(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "nnnnniiinnpi|nnnnn", &xp, &n, &d, &pp, &npairs, &mode, &trim, &length, &op, &cp,
                           &is_double, &threads, &plan[0], &plan[1], &plan[2], &plan[3], &plan[4]))
         return NULL;
-    if (n < 1 || d < 1 || length < 1 || mode < 0 || mode > 2 || threads < 1 || !plan_ok(n, plan)) {
+    if (n < 1 || d < 1 || !window_ok(n, mode, trim, length) || threads < 1 || !plan_ok(n, plan)) {
         PyErr_SetString(PyExc_ValueError, "_cwkernel.window_parallel: invalid arguments");
         return NULL;
     }
