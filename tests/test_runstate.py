@@ -76,6 +76,78 @@ def test_wait_waits_for_the_holder(tmp_path: Path) -> None:
     assert result and store.is_finished(run)
 
 
+def _held_elsewhere(run: Path, release: threading.Event) -> threading.Thread:
+    """The run's lock held by a thread of this process (its own open file, as another process would) until
+    ``release``."""
+    held = threading.Event()
+
+    def hold() -> None:
+        with runstate.locked(run):
+            held.set()
+            release.wait()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert held.wait(60)
+    return thread
+
+
+def test_a_ctrl_c_ends_a_wait_for_the_lock(tmp_path: Path) -> None:
+    """A SIGINT left pending as the wait begins (``_thread.interrupt_main``: the state a signal leaves when it lands
+    just before a blocking ``flock``, which then waits for the holder): the wait ends with ``KeyboardInterrupt`` within
+    a slice of :mod:`phalanx.waits`. A blocking ``flock`` (the code before) ended only when the holder let go, here a
+    watchdog 30 s later."""
+    import _thread
+    import signal
+
+    run, release = tmp_path / "run", threading.Event()
+    holder = _held_elsewhere(run, release)
+    watchdog = threading.Timer(30.0, release.set)
+    pending = threading.Timer(0.05, lambda: (watchdog.start(), _thread.interrupt_main(signal.SIGINT)))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        pending.start()
+        with pytest.raises(KeyboardInterrupt):
+            with runstate.locked(run, wait=True):
+                pass
+        assert not release.is_set(), "the wait for the lock held the Ctrl-C until the holder let go"
+    finally:
+        pending.join()
+        watchdog.cancel()
+        release.set()
+        signal.signal(signal.SIGINT, previous)
+        holder.join(60)
+    with runstate.locked(run):  # (the lock is free again: the interrupted wait took nothing)
+        pass
+
+
+def test_a_grid_lock_held_for_ever_is_an_error_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anyone who can open ``OUT/.grid.lock`` (a co-user of a shared folder) can hold it: recording a grid waits
+    :data:`~phalanx.experiments.status.GRID_LOCK_TIMEOUT_S` (here 0.5 s), then fails in one line naming the file. The
+    code before waited for the holder (here released after 30 s, after which this test fails)."""
+    import fcntl
+
+    from phalanx.errors import OutputError
+
+    monkeypatch.setattr(status, "GRID_LOCK_TIMEOUT_S", 0.5)
+    out = tmp_path / "out"
+    out.mkdir()
+    status.record_grid(out, [out / "a"], "local")
+    fd = os.open(out / ".grid.lock", os.O_RDONLY)  # (read access is enough to hold a flock)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    timer = threading.Timer(30.0, lambda: os.close(fd))
+    timer.start()
+    try:
+        with pytest.raises(OutputError, match=r"\.grid\.lock was held by another process for 0\.5 s"):
+            status.record_grid(out, [out / "b"], "local")
+    finally:
+        if timer.is_alive():
+            timer.cancel()
+            os.close(fd)
+    status.record_grid(out, [out / "b"], "local")
+    assert status.read_grid(out)["runs"] == ["a", "b"]
+
+
 def test_failed_marker_written_and_cleared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = make_config(SMALL)
     run = train_interrupted(cfg, tmp_path / "run", 4)

@@ -12,6 +12,7 @@ import _thread
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +97,20 @@ def test_the_waits_answer_as_the_ones_they_replace() -> None:
     threading.Timer(0.05, later).start()
     with cond:
         assert waits.wait_for(cond, lambda: box, LONG_S) is True
+
+
+def test_flock_takes_a_free_lock_and_gives_up_on_a_held_one(tmp_path: Path) -> None:
+    import fcntl
+    import os
+
+    path = tmp_path / "lock"
+    path.write_bytes(b"")
+    mine, other = os.open(path, os.O_RDONLY), os.open(path, os.O_RDONLY)
+    try:
+        assert waits.flock(mine, fcntl.LOCK_EX, 0.0)
+        assert not waits.flock(other, fcntl.LOCK_EX, 0.0) and not waits.flock(other, fcntl.LOCK_SH, 0.05)
+        threading.Timer(0.05, lambda: fcntl.flock(mine, fcntl.LOCK_UN)).start()
+        assert waits.flock(other, fcntl.LOCK_EX, LONG_S)
+    finally:
+        os.close(mine)
+        os.close(other)

@@ -8,7 +8,9 @@ ends — measured on this project's machine, 127 of 3,000 SIGINTs sent as a trac
 when the call returned; ``_thread.interrupt_main`` (a signal simulated in the process) never interrupts a wait at all.
 One wait of a long timeout then holds a Ctrl-C (or torchrun's SIGTERM) for that whole timeout. So the waits here are
 taken in slices of at most :data:`SLICE_S`: the Python handler of a pending signal runs at the first bytecode after a
-slice, and a stop is seen within one slice.
+slice, and a stop is seen within one slice. A blocking ``flock`` has the same window, and nothing else ends it but the
+lock's holder — a co-user of a shared folder can hold a lock file for ever — so :func:`flock` polls the lock without
+blocking, and gives up after its timeout.
 
 ``tests/test_waits.py`` makes the missed signal on purpose (``_thread.interrupt_main``) and checks that every wait
 here ends within seconds; one unsliced wait of the same timeout (its mutant) waits out the whole timeout.
@@ -16,6 +18,7 @@ here ends within seconds; one unsliced wait of the same timeout (its mutant) wai
 
 from __future__ import annotations
 
+import fcntl
 import threading
 import time
 from collections.abc import Callable
@@ -47,3 +50,22 @@ def wait_for(cond: threading.Condition, predicate: Callable[[], object], timeout
             break
         cond.wait(min(left, SLICE_S))
     return bool(ok)
+
+
+def flock(fd: int, operation: int, timeout: float | None) -> bool:
+    """``fcntl.flock(fd, operation)`` (``LOCK_EX`` or ``LOCK_SH``) tried without blocking, again after waits growing
+    from 1 ms to :data:`SLICE_S` (see the module's docstring); whether the lock was taken within ``timeout`` seconds
+    (``None``: no limit)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        left = SLICE_S if deadline is None else deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(left, pause))
+        pause = min(2 * pause, SLICE_S)

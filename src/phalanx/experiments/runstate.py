@@ -5,10 +5,10 @@
 long as it trains (the operating system drops it when the process ends, however it ends — a crash or SIGKILL leaves
 no stale lock). A second process on the same directory — a second ``phalanx run``, a sweep re-submitted while the
 first array still runs, a torchrun job started twice — is refused with :class:`RunInUse`, which says who holds it
-(host, process, Slurm job); asked to wait (``wait=True``), it blocks until the first one is done, then sees the run
-finished and has nothing left to do. The lock file also records its holder, for ``phalanx status``. ``flock`` is
-honoured across the machines of a cluster on NFSv4 and Lustre (with ``flock`` mount option); on file systems without
-it, the lock is per machine.
+(host, process, Slurm job); asked to wait (``wait=True``), it waits until the first one is done (polling the lock: a
+Ctrl-C ends the wait at once, :mod:`phalanx.waits`), then sees the run finished and has nothing left to do. The lock
+file also records its holder, for ``phalanx status``. ``flock`` is honoured across the machines of a cluster on NFSv4
+and Lustre (with ``flock`` mount option); on file systems without it, the lock is per machine.
 
 **Failures.** A run that stops on an error (not a signal) leaves ``FAILED``: the error's type and message, when and
 where; it is cleared when the run starts again. A sweep goes on with its other runs and lists the failed ones at the
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from phalanx import waits
 from phalanx.errors import PhalanxError
 from phalanx.experiments import dirfd, runfiles, store
 from phalanx.training.divergence import Diverged
@@ -92,7 +93,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 @contextmanager
 def locked(run_dir: Path, *, wait: bool = False) -> Iterator[None]:
     """Hold the run directory's lock inside the block (see the module's docstring); :class:`RunInUse` if another
-    process holds it, or, with ``wait``, block until it is free."""
+    process holds it, or, with ``wait``, wait until it is free (a stop ends the wait)."""
     run_dir = Path(run_dir)
     with dirfd.held(run_dir), _lock(run_dir, wait):  # the directory checked by its descriptor, held while it is used
         yield
@@ -103,10 +104,8 @@ def _lock(run_dir: Path, wait: bool) -> Iterator[None]:
     path = run_dir / LOCK
     fd = store.open_lock(path)  # a link, FIFO or hard link planted there is refused, never written through
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            raise RunInUse(run_dir, _read_json(path)) from None
+        if not waits.flock(fd, fcntl.LOCK_EX, None if wait else 0.0):  # (a Ctrl-C ends the wait: phalanx.waits)
+            raise RunInUse(run_dir, _read_json(path))
         me = {"pid": os.getpid(), "host": socket.gethostname(), "slurm_job": _slurm_job(), "since": _now()}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)

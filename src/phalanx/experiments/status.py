@@ -19,17 +19,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from phalanx import waits
+from phalanx.errors import OutputError
 from phalanx.experiments import runfiles, runstate, store
 
 GRID = "grid.json"
+GRID_LOCK_TIMEOUT_S = 60.0
+"""How long a command waits for ``OUT/.grid.lock``: its holders keep it for one read and one atomic write."""
 
 
 @contextmanager
 def _grid_lock(out: Path) -> Iterator[None]:
-    """Serialise read-modify-write of ``grid.json`` between commands writing into the same ``OUT``."""
-    fd = store.open_lock(out / ".grid.lock")  # a link, FIFO or hard link planted there is refused, never followed
+    """Serialise read-modify-write of ``grid.json`` between commands writing into the same ``OUT``; a lock held past
+    :data:`GRID_LOCK_TIMEOUT_S` (another command holds it for milliseconds; anyone who can open the file in a shared
+    ``OUT`` can hold it for ever) is an :class:`~phalanx.errors.OutputError` naming the file."""
+    path = out / ".grid.lock"
+    fd = store.open_lock(path)  # a link, FIFO or hard link planted there is refused, never followed
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        if not waits.flock(fd, fcntl.LOCK_EX, GRID_LOCK_TIMEOUT_S):
+            raise OutputError(str(out / GRID), f"{path} was held by another process for {GRID_LOCK_TIMEOUT_S:g} s",
+                              "find the process that holds it (fuser or lsof on the file) and end it, then run the "
+                              "command again")
         yield
     finally:
         os.close(fd)
