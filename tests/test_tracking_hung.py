@@ -248,3 +248,16 @@ def test_a_stop_whose_signal_the_wait_missed_is_seen_within_a_slice() -> None:
         release.set()
         signal.signal(signal.SIGINT, previous)
         thread.stop()
+
+
+def test_a_tracker_timeout_that_is_not_a_positive_finite_number_is_refused() -> None:
+    """NaN would have made the run's sliced waits spin (``Event.wait(nan)`` returned at once: a call dropped at
+    once); 0, a negative number, inf, a bool or a string: a one-line error naming ``tracking.timeout``."""
+    from phalanx.errors import ConfigError
+    from phalanx.experiments.tracking import Tracking
+
+    release = threading.Event()
+    for bad in (float("nan"), float("inf"), 0, -1.0, True, "10"):
+        with pytest.raises(ConfigError, match=r"tracking\.timeout"):
+            Tracking({"hangs": Hangs(release)}, timeout=bad)  # type: ignore[arg-type]
+    assert Tracking({"hangs": Hangs(release)}, timeout=2.5).timeout == 2.5

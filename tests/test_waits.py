@@ -2,13 +2,13 @@
 
 ``_thread.interrupt_main`` leaves a SIGINT pending in the main thread without interrupting any wait — the state a real
 signal leaves when its C handler runs after the thread released the GIL and before it entered its wait (CPython's
-lock wait then misses it). Each wait below is of 60 s on something that a helper thread sets only once the test is
+lock wait then misses it); ``tests/_pending_sigint.py`` trips it only once the main thread is blocked in the wait.
+Each wait below is of 60 s on something that a helper thread sets only once the test is
 over (or by a watchdog, 30 s after the interrupt, well within the wait's own timeout): a sliced wait raises
 ``KeyboardInterrupt`` within a slice; a plain wait (the mutant) waits out the watchdog."""
 
 from __future__ import annotations
 
-import _thread
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from _pending_sigint import in_lock_wait, interrupt_once_in
 from phalanx import waits
 
 LONG_S = 60.0
@@ -36,8 +37,9 @@ def sigint() -> Iterator[None]:
 
 def _interrupted(wait: Callable[[threading.Event, threading.Condition], object],
                  watchdog_s: float = WATCHDOG_S) -> bool:
-    """Run ``wait(event, cond)`` with a SIGINT left pending 50 ms into it (never set, never notified, unless the
-    watchdog fires ``watchdog_s`` later); whether the wait ended by ``KeyboardInterrupt`` before the watchdog."""
+    """Run ``wait(event, cond)`` with a SIGINT left pending once it is blocked in its lock wait (never set, never
+    notified, unless the watchdog fires ``watchdog_s`` later); whether the wait ended by ``KeyboardInterrupt`` before
+    the watchdog."""
     event, cond, fired = threading.Event(), threading.Condition(), threading.Event()
 
     def watchdog() -> None:
@@ -47,15 +49,19 @@ def _interrupted(wait: Callable[[threading.Event, threading.Condition], object],
             cond.notify_all()
 
     timer = threading.Timer(watchdog_s, watchdog)
-    pending = threading.Timer(0.05, lambda: (timer.start(), _thread.interrupt_main(signal.SIGINT)))
-    pending.start()
+    backstop = threading.Timer(WATCHDOG_S + LONG_S, watchdog)  # (no interrupt ever sent: the test fails, never hangs)
+    backstop.start()
+    watcher = None
     try:
+        watcher = interrupt_once_in(in_lock_wait, before=timer.start)
         wait(event, cond)
     except KeyboardInterrupt:
         return not fired.is_set()
     finally:
-        pending.join()
+        if watcher is not None:
+            watcher.join()
         timer.cancel()
+        backstop.cancel()
     return False
 
 
@@ -114,3 +120,27 @@ def test_flock_takes_a_free_lock_and_gives_up_on_a_held_one(tmp_path: Path) -> N
     finally:
         os.close(mine)
         os.close(other)
+
+
+def test_a_timeout_that_is_not_a_finite_number_is_refused() -> None:
+    """``Event.wait(nan)`` returned at once; a sliced wait of NaN would have spun until the event was set."""
+    event, cond = threading.Event(), threading.Condition()
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="not a finite number"):
+            waits.wait_event(event, bad)
+        with cond, pytest.raises(ValueError, match="not a finite number"):
+            waits.wait_for(cond, lambda: False, bad)
+
+
+def test_every_condition_wait_of_the_transports_is_sliced() -> None:
+    """The torchrun transports' waits on a run's thread go through :func:`phalanx.waits.wait_for`: a plain
+    ``Condition.wait_for`` reintroduced at any of them (each a mutant this scan rejects) would miss a stop again. The
+    one left is a link's sender thread, which no stop reaches (it waits for its queue, and ends on the link's
+    close)."""
+    import re
+
+    src = Path(__file__).resolve().parent.parent / "src" / "phalanx"
+    plain = {f"{path.relative_to(src)}: {line.strip()}" for path in sorted(src.rglob("*.py"))
+             for line in path.read_text().splitlines() if re.search(r"(?<!waits)\.wait_for\(", line)
+             and "def wait_for" not in line and "``cond.wait_for" not in line}
+    assert plain == {"distributed/sealed.py: down.cond.wait_for(lambda: bool(down.pending))"}

@@ -172,7 +172,7 @@ class Link:
         """Wait until the peer has taken every queued message, at most until ``deadline`` (monotonic)."""
         with self.sending:
             waits.wait_for(self.sending, lambda: self.pending == 0 or self.dead,
-                                  timeout=max(0.0, deadline - time.monotonic()))
+                           max(0.0, deadline - time.monotonic()))
 
     def finish(self) -> None:
         """Queue the last message (after what is queued): the peer's receiving thread ends on it."""

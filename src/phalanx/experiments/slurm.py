@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from phalanx.errors import ConfigError, PhalanxError
+from phalanx.errors import ConfigError, OutputError, PhalanxError
 from phalanx.experiments import runstate, signals, status
 from phalanx.experiments.config import RunConfig, ValidRun, validate
 from phalanx.experiments.executor import Hooks, Outcome, dataset_for
@@ -300,10 +300,14 @@ class SlurmExecutor:
         args = [[(c.model_dump(mode="json"), str(d)) for c, d in g] for g in groups]
         jobs = ex.map_array(_task_callable(submitit), args, [self.options.cpus_per_task] * len(args))
         self.job_id = str(jobs[0].job_id).split("_")[0]
-        status.record_slurm_job(out, self.job_id, [[d.name for _, d in g] for g in groups], str(folder))
         follow = f"`phalanx status {out}` follows it, `scancel {self.job_id}` stops it"
         print(f"submitted Slurm job array {self.job_id}: {len(groups)} task(s), {len(todo)} run(s); logs in "
               f"{folder}; {follow}", flush=True)
+        try:  # (after the submission: an error here must not read as "run the command again", which submits twice)
+            status.record_slurm_job(out, self.job_id, [[d.name for _, d in g] for g in groups], str(folder))
+        except OutputError as exc:
+            print(f"[phalanx] warning: Slurm job array {self.job_id} was submitted and runs, but {out / status.GRID} "
+                  f"does not list it ({exc}); `squeue -j {self.job_id}` follows it", file=sys.stderr, flush=True)
         if self.options.detach:
             outcome.submitted = {d: self.job_id for _, d in todo}
             return outcome

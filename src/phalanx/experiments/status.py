@@ -37,9 +37,9 @@ def _grid_lock(out: Path) -> Iterator[None]:
     fd = store.open_lock(path)  # a link, FIFO or hard link planted there is refused, never followed
     try:
         if not waits.flock(fd, fcntl.LOCK_EX, GRID_LOCK_TIMEOUT_S):
-            raise OutputError(str(out / GRID), f"{path} was held by another process for {GRID_LOCK_TIMEOUT_S:g} s",
-                              "find the process that holds it (fuser or lsof on the file) and end it, then run the "
-                              "command again")
+            raise OutputError(str(out / GRID), f"{path} was held by other processes for {GRID_LOCK_TIMEOUT_S:g} s",
+                              "a process on this machine or another sharing the folder holds it (fuser or lsof on the "
+                              "file finds one on this machine); end it, then run the command again")
         yield
     finally:
         os.close(fd)

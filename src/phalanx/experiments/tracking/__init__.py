@@ -17,6 +17,7 @@ validated.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -114,6 +115,12 @@ class Tracking:
     timeout: float | None = None
     """How long one call of a tracker is waited for before it is dropped (None:
     :data:`~phalanx.experiments.tracking.calls.CALL_TIMEOUT_S`)."""
+
+    def __post_init__(self) -> None:
+        timeout = self.timeout
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not math.isfinite(timeout) or timeout <= 0):
+            raise ConfigError("tracking.timeout", timeout, "a finite number of seconds > 0, or None")
 
     @classmethod
     def of_names(cls, names: Sequence[str | TrackerLike], params: Mapping[str, Any] | None = None,

@@ -81,4 +81,3 @@ class OwnThread:
                 box["error"] = exc
             finally:
                 done.set()
-
