@@ -537,8 +537,7 @@ class Mesh:
 
     def send(self, peers: list[int], kind: Kind, phase: int, t: int, body: bytes) -> tuple[bytes, dict[int, bytes]]:
         """Sign ``body`` and queue it to each of ``peers`` (serverless rows: one signature for everyone; otherwise
-        one per recipient); the body's SHA-256 and the signature each peer was sent (:data:`EVERYONE` for a
-        broadcast)."""
+        one per recipient); the body's SHA-256 and each peer's signature (:data:`EVERYONE`: a broadcast)."""
         assert self.nonce is not None
         digest = hashlib.sha256(body).digest()
         broadcast = self.topology == "serverless" and kind == Kind.ROW

@@ -360,8 +360,7 @@ class SealedLinks:
         close_quietly(tls)
 
     def _take_vector(self, rank: int, public: Any, t: int, payload: bytearray, reported: bool = False) -> str | None:
-        """Keep a vector of ``rank`` if it passes every check (``reported``: with its enclosed report, cut off here);
-        else why not (a violation)."""
+        """Keep a vector of ``rank`` if it passes every check (``reported``: with its report, cut off), else why."""
         from cryptography.exceptions import InvalidSignature
         if len(payload) < SIGNATURE_BYTES:
             return f"rank {rank} sent a round-{t} vector without a signature"
@@ -397,8 +396,7 @@ class SealedLinks:
 
     def offer(self, init: dict[str, Any], expected: set[int] | None = None) -> None:
         """Start admitting the workers; the start snapshot ``init`` goes to each once the nonce is fixed — when every
-        rank of ``expected`` (default: every worker) has sent its contribution, or at the join deadline
-        (:meth:`joined`)."""
+        rank of ``expected`` (default: every worker) has sent its contribution, or at the join deadline (`joined`)."""
         self.init_payload = init
         self.round = int(init["round"])
         self.deadline = time.monotonic() + JOIN_TIMEOUT_S
