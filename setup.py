@@ -50,6 +50,12 @@ setup(
             optional=True,
         ),
         Extension(
+            "phalanx.aggregators._cwselect",
+            ["src/phalanx/aggregators/_cwselect.c"],
+            extra_compile_args=extra,
+            optional=True,
+        ),
+        Extension(
             "phalanx.aggregators._normkernel",
             ["src/phalanx/aggregators/_normkernel.c"],
             depends=["src/phalanx/aggregators/_normkernel_narrow.h"],

@@ -2,7 +2,9 @@
 
 All three sort each coordinate's ``n`` values and average a window of the sorted values (see
 :mod:`phalanx.aggregators._sortnet`). On CPU with float32/float64 the C sorting-network kernel (``_cwkernel.c``)
-does it; on other devices or dtypes a ``torch.sort`` along dim 0 gives the same result.
+does it; on other devices or dtypes a ``torch.sort`` along dim 0 gives the same result. For float32 with many rows the
+median and the trimmed mean select their window instead of sorting (``_cwselect.c``, issue 37), with the same bits:
+columns that selection cannot prove equal are handed to the network.
 """
 
 from __future__ import annotations
@@ -41,7 +43,19 @@ except ImportError:  # pragma: no cover - exercised only where the extension cou
     _cwkernel = None
     HAVE_KERNEL = _KERNEL_ONE_CALL = _KERNEL_OPENMP = False
 
+try:  # selection for the median and the trimmed mean of float32 columns (setup.py; x86-64 with AVX2)
+    from phalanx.aggregators import _cwselect  # type: ignore[attr-defined]
+
+    HAVE_SELECT = HAVE_KERNEL and bool(_cwselect.available())
+except ImportError:  # pragma: no cover - exercised only where the extension could not be built
+    _cwselect = None
+    HAVE_SELECT = False
+
 _BLOCK = 128  # columns per block in the C kernel; thread chunks are multiples of it
+# Rows from which selection beats the network (float32, 1 thread, benchmarks/cw_select.py: at n = 500 the network
+# is faster -- 512 rows suit Batcher's network -- at n = 700 either, from 850 on selection; docs/benchmarks.md
+# "Selection at large n").
+SELECT_MIN_ROWS = 800
 _POOL: ThreadPoolExecutor | None = None
 
 
@@ -74,11 +88,47 @@ def _use_kernel(x: Tensor) -> bool:
     )
 
 
-def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Tensor | None]:
+def _use_select(x: Tensor, mode: int, length: int, want: bool) -> bool:
+    """Selection for the float32 median, and the trimmed mean whose window is at least a quarter of the rows (its
+    two rank brackets then never meet), from :data:`SELECT_MIN_ROWS` rows; contributions need the sorted order."""
+    n = x.shape[0]
+    return (
+        HAVE_SELECT and not want and x.dtype == torch.float32 and n >= SELECT_MIN_ROWS
+        and (mode == _sortnet.MODE_MEDIAN or (mode == _sortnet.MODE_TRIMMED and 4 * length >= n))
+    )
+
+
+def _cw_select(x: Tensor, mode: int, trim: int, length: int) -> Tensor:
+    """Selection over column ranges in parallel threads (GIL released inside), then the network on the columns it
+    flagged (a rank outside its bracket, or a sum it cannot prove equal to the network's): the same bits."""
+    n, d = x.shape
+    out = torch.empty(d, dtype=x.dtype)
+    flags = torch.zeros(d, dtype=torch.uint8)
+    threads = max(1, min(team_threads(n * d), (d + _BLOCK - 1) // _BLOCK))
+    chunk = ((d + threads - 1) // threads + _BLOCK - 1) // _BLOCK * _BLOCK
+    ranges = [(s, min(d, s + chunk)) for s in range(0, d, chunk)]
+
+    def work(k: int) -> None:
+        j0, j1 = ranges[k]
+        _cwselect.select(x.data_ptr(), n, d, j0, j1, mode, trim, length, out.data_ptr(), flags.data_ptr())
+
+    if len(ranges) == 1:
+        work(0)
+    else:
+        list(_pool().map(work, range(len(ranges))))
+    flagged = flags.nonzero().flatten()
+    if flagged.numel():
+        out[flagged] = _cw_kernel(x[:, flagged], mode, trim, False, select=False)[0]
+    return out
+
+
+def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool, select: bool = True) -> tuple[Tensor, Tensor | None]:
     """Run the C kernel over column ranges in parallel threads (GIL released inside)."""
     x = x.contiguous()
     n, d = x.shape
     trim_, length = _sortnet.window_params(n, mode, trim)
+    if select and _use_select(x, mode, length, want):
+        return _cw_select(x, mode, trim_, length), None
     is_double = x.dtype == torch.float64
     # the order of the compare-exchanges for the kernel's L1 tiles (the same values: _sortnet.cache_order)
     tile = int(_cwkernel.tile_rows(n, is_double)) if hasattr(_cwkernel, "tile_rows") else 0

@@ -1,0 +1,75 @@
+"""Selection against the sorting network for the float32 median and trimmed mean, side by side in one process.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/cw_select.py [--sizes 500:2e5,700:1.4e5,1000:1e5,2000:5e4] [--reps 5]
+
+For each ``(n, d)`` (float32 Gaussian rows, seeded; f = n // 5) it times, alternating in one process on one thread,
+the floor ``x.sum(0)`` (one memory pass, issue 37's floor for coordinate-wise rules) and ``cwmed`` / ``cwtm`` through
+``coordinate_window_mean`` twice: with selection (``_cwselect.c``, its flagged columns through the network, as the
+rule runs it) and with the network alone (``SELECT_MIN_ROWS`` set past n). It prints each median over the floor's
+median, the share of columns selection flagged, and whether the two outputs are equal (they must be). Nothing is
+asserted: it prints. The rule switches to selection from ``coordinatewise.SELECT_MIN_ROWS`` rows on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from phalanx.aggregators import _sortnet, coordinatewise
+
+
+def _flagged(x: torch.Tensor, mode: int, trim: int) -> float:
+    n, d = x.shape
+    trim_, length = _sortnet.window_params(n, mode, trim)
+    out, flags = torch.empty(d), torch.zeros(d, dtype=torch.uint8)
+    coordinatewise._cwselect.select(x.data_ptr(), n, d, 0, d, mode, trim_, length, out.data_ptr(), flags.data_ptr())
+    return float(flags.float().mean())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="500:2e5,700:1.4e5,1000:1e5,2000:5e4")
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    if not coordinatewise.HAVE_SELECT:
+        raise SystemExit("selection is not built for this CPU (x86-64 with AVX2)")
+    torch.set_num_threads(1)
+    saved = coordinatewise.SELECT_MIN_ROWS
+    print(f"threads 1 · reps {args.reps} · load {os.getloadavg()[0]:.2f} · rule's switch at n = {saved}")
+    print("| n | d | floor `x.sum(0)` | rule | selection × floor | network × floor | network / selection "
+          "| flagged | equal |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for item in args.sizes.split(","):
+        n, d = int(item.split(":")[0]), int(float(item.split(":")[1]))
+        x = torch.randn(n, d, generator=torch.Generator().manual_seed(n))
+        for name, mode in (("cwmed", _sortnet.MODE_MEDIAN), ("cwtm", _sortnet.MODE_TRIMMED)):
+            rule = "median" if mode == _sortnet.MODE_MEDIAN else "trimmed"
+            times: dict[str, list[float]] = {"floor": [], "selection": [], "network": []}
+            outs: dict[str, torch.Tensor] = {}
+            for _ in range(args.reps + 1):  # the first round warms up
+                start = time.perf_counter()
+                x.sum(0)
+                times["floor"].append(time.perf_counter() - start)
+                for path, rows in (("selection", 0), ("network", n + 1)):
+                    coordinatewise.SELECT_MIN_ROWS = rows
+                    start = time.perf_counter()
+                    outs[path] = coordinatewise.coordinate_window_mean(x, rule, n // 5, False)[0]
+                    times[path].append(time.perf_counter() - start)
+            coordinatewise.SELECT_MIN_ROWS = saved
+            med = {k: statistics.median(v[1:]) for k, v in times.items()}
+            print(f"| {n:,} | {d:,} | {med['floor'] * 1e3:.1f} ms | `{name}` | {med['selection'] / med['floor']:.2f}× "
+                  f"| {med['network'] / med['floor']:.2f}× | {med['network'] / med['selection']:.2f}× "
+                  f"| {100 * _flagged(x, mode, n // 5):.2f} % | {torch.equal(outs['selection'], outs['network'])} |")
+    print(f"load after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

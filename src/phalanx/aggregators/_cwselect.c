@@ -1,0 +1,508 @@
+/*
+ * Coordinate-wise median and trimmed mean of float32 columns by selection, not a sort (issue 37: "selection, not a
+ * full sort, where n is large") -- the same bits as the sorting network (_cwkernel.c), or a flag asking for it.
+ *
+ * Per column of n values (NaN -> +Inf, as the network loads them):
+ *   1. a sample of S = 64 values at rows floor(i n / S), ranked by counting (ties by row), gives for each wanted
+ *      rank k a bracket [pL, pH]: the sample values D = 8 sample ranks below and above k's expected sample rank;
+ *   2. one pass over the column counts the values below each bracket, copies the values inside each bracket to a
+ *      scratch array (AVX2 compaction: one permutation of eight lanes), and -- trimmed mean -- adds the values
+ *      strictly between the two brackets, which are all inside the window;
+ *   3. quickselect in each bracket's few values finds the rank's value (lo, hi); the window's values inside the
+ *      brackets are those above lo (below hi) plus as many copies of lo (hi) as the window has slots for them.
+ * A rank outside its bracket, overlapping brackets, an infinite bound of the window or a quickselect that does not
+ * converge within its step budget sets the column's flag instead, and the caller runs the network on those columns.
+ *
+ * Same bits. The median is the value(s) at its rank(s), combined as the network does (0.5 a + 0.5 b in double). The
+ * trimmed mean is the window's values added in double: the network adds them one sorted position after another from
+ * +0.0, this file in another order (eight lanes, then the brackets' parts). Both are the exact sum -- hence equal --
+ * whenever every partial sum is exact, which holds when
+ *     ceil(log2 L) + e_max - e_min + 24 <= 53
+ * (L the window's length; e_max the biased exponent of the window's largest |value|, max(|lo|, |hi|); e_min the
+ * biased exponent, at least 1, of the column's smallest non-zero |value|): every float32 value is a multiple of
+ * 2^(e_min - 150), every partial sum of at most L of them is below L 2^(e_max - 126) in magnitude, so it is an
+ * integer multiple of 2^(e_min - 150) below 2^53 of them -- a double holds it exactly. Copies of lo added as c lo are
+ * such a partial sum too. A zero sum is +0.0 either way (both start from +0.0, and x + (-x) = +0.0). A column that
+ * fails the condition is flagged: 68 of 100,000 Gaussian columns at n = 1,000, f = 200 (measured; the condition
+ * then fails because the column's smallest |value| is below 2^-19 of the window's largest).
+ *
+ * Cost: one pass, a sample and two selections in about a quarter of the column each, against the network's
+ * n log^2 n / 4 compare-exchanges. Worst case, every column flagged, the network's time plus this pass.
+ * Built for AVX2 (target attribute, chosen at run time by `available`); elsewhere `available` is False.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#define HAVE_SELECT 1
+#include <immintrin.h>
+#define AVX2 __attribute__((target("avx2,popcnt")))
+#else
+#define HAVE_SELECT 0
+#endif
+
+#define SAMPLE 64
+#define SPREAD 8      /* sample ranks on each side of a wanted rank's expected sample rank */
+#define COLS 128      /* columns transposed at a time */
+/* Counting loops over floats vectorise only if the compiler may compare every lane (no -ftrapping-math; no code
+ * here reads the floating-point exception flags). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define COUNTS __attribute__((optimize("no-trapping-math")))
+#else
+#define COUNTS
+#endif
+#define SMALL 32      /* quickselect below this: rank by counting */
+#define MAX_STEPS 64  /* quickselect partitions before giving up (flag) */
+
+#if HAVE_SELECT
+static int32_t compact_lut[256][8]; /* lanes whose bit is set first (in order), then the others */
+
+static int sample_pairs[SAMPLE * 16][2]; /* Batcher's odd-even merge sort on SAMPLE wires: 543 compare-exchanges */
+static int sample_pair_count;
+
+/* K. E. Batcher, "Sorting networks and their applications", AFIPS 1968: the odd-even merge sort's compare-exchanges
+ * for a power of two of wires, in order. */
+static void init_sample_network(void) {
+    const int n = SAMPLE;
+    sample_pair_count = 0;
+    for (int p = 1; p < n; p <<= 1)
+        for (int k = p; k >= 1; k >>= 1)
+            for (int j = k % p; j + k < n; j += 2 * k)
+                for (int i = 0; i < k && i + j + k < n; i++)
+                    if ((i + j) / (2 * p) == (i + j + k) / (2 * p)) {
+                        sample_pairs[sample_pair_count][0] = i + j;
+                        sample_pairs[sample_pair_count][1] = i + j + k;
+                        sample_pair_count++;
+                    }
+}
+
+static void init_lut(void) {
+    for (int m = 0; m < 256; m++) {
+        int idx[8], c = 0;
+        for (int i = 0; i < 8; i++)
+            if (m >> i & 1) idx[c++] = i;
+        for (int i = 0; i < 8; i++)
+            if (!(m >> i & 1)) idx[c++] = i;
+        for (int i = 0; i < 8; i++) compact_lut[m][i] = idx[i];
+    }
+}
+
+AVX2 static inline __m256i lut(int mask) { return _mm256_loadu_si256((const __m256i *)compact_lut[mask]); }
+
+/* 8 rows x 8 columns of x (row stride ld) into 8 columns x 8 rows of t (column stride tld), NaN -> +Inf. */
+AVX2 static inline void transpose8(const float *src, Py_ssize_t ld, float *dst, Py_ssize_t tld) {
+    __m256 r[8], t[8], u[8];
+    const __m256 inf = _mm256_set1_ps(INFINITY);
+    for (int i = 0; i < 8; i++) {
+        __m256 v = _mm256_loadu_ps(src + i * ld);
+        r[i] = _mm256_blendv_ps(v, inf, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; h++) {
+        u[4 * h + 0] = _mm256_shuffle_ps(t[4 * h + 0], t[4 * h + 2], 0x44);
+        u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h + 0], t[4 * h + 2], 0xEE);
+        u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+        u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        _mm256_storeu_ps(dst + i * tld, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (i + 4) * tld, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+    }
+}
+
+static inline float nan_to_inf(float v) { return v != v ? INFINITY : v; }
+
+/* Columns [j0, j0 + w) of rows [0, n) into t (column c at t + c * tld). */
+AVX2 static void load_columns(const float *x, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j0, int w, float *t,
+                              Py_ssize_t tld) {
+    Py_ssize_t i = 0;
+    int c8 = w / 8 * 8;
+    for (; i + 8 <= n; i += 8)
+        for (int c = 0; c < c8; c += 8) transpose8(x + i * d + j0 + c, d, t + c * tld + i, tld);
+    for (Py_ssize_t r = i; r < n; r++)
+        for (int c = 0; c < c8; c++) t[c * tld + r] = nan_to_inf(x[r * d + j0 + c]);
+    for (int c = c8; c < w; c++)
+        for (Py_ssize_t r = 0; r < n; r++) t[c * tld + r] = nan_to_inf(x[r * d + j0 + c]);
+}
+
+/* src[0, m) into dst: values < p (le = 0) or <= p (le = 1) first, the others after; returns how many came first. */
+AVX2 static Py_ssize_t partition(const float *src, float *dst, Py_ssize_t m, float p, int le) {
+    Py_ssize_t lo = 0, hi = m, i = 0;
+    const __m256 vp = _mm256_set1_ps(p);
+    for (; m - i >= 16; i += 8) { /* 16: the two stores below never cover each other's kept lanes */
+        __m256 v = _mm256_loadu_ps(src + i);
+        __m256 c = le ? _mm256_cmp_ps(v, vp, _CMP_LE_OQ) : _mm256_cmp_ps(v, vp, _CMP_LT_OQ);
+        int mask = _mm256_movemask_ps(c), count = __builtin_popcount((unsigned)mask);
+        __m256 w = _mm256_permutevar8x32_ps(v, lut(mask));
+        _mm256_storeu_ps(dst + hi - 8, w);
+        _mm256_storeu_ps(dst + lo, w);
+        lo += count;
+        hi -= 8 - count;
+    }
+    for (; i < m; i++) { /* branch-free: both slots are in the free range [lo, hi); the one not kept is overwritten */
+        float v = src[i];
+        int first = le ? v <= p : v < p;
+        dst[lo] = v;
+        dst[hi - 1] = v;
+        lo += first;
+        hi -= !first;
+    }
+    return lo;
+}
+
+static inline float median3(float a, float b, float c) {
+    float lo = a < b ? a : b, hi = a < b ? b : a, m = hi < c ? hi : c;
+    return lo > m ? lo : m;
+}
+
+/* The value of rank k (0-based) of a[0, m), by counting: the value with #(< v) <= k < #(<= v). */
+COUNTS static float rank_by_count(const float *a, Py_ssize_t m, Py_ssize_t k) {
+    for (Py_ssize_t i = 0; i < m; i++) {
+        float v = a[i];
+        Py_ssize_t lt = 0, le = 0;
+        for (Py_ssize_t j = 0; j < m; j++) {
+            lt += a[j] < v;
+            le += a[j] <= v;
+        }
+        if (lt <= k && k < le) return v;
+    }
+    return NAN; /* unreachable for 0 <= k < m: the k-th smallest value satisfies it */
+}
+
+/* The value of rank k of a[0, m) (a and b: scratch of m + 16 floats, a holds the values; both clobbered). Returns 0
+ * and sets *out, or -1 after MAX_STEPS partitions (an input crafted against the pivots). */
+AVX2 static int select_rank(float *a, float *b, Py_ssize_t m, Py_ssize_t k, float *out) {
+    for (int step = 0; m > SMALL; step++) {
+        if (step == MAX_STEPS) return -1;
+        float p = median3(median3(a[0], a[m / 8], a[m / 4]), median3(a[3 * m / 8], a[m / 2], a[5 * m / 8]),
+                          median3(a[3 * m / 4], a[7 * m / 8], a[m - 1]));
+        Py_ssize_t below = partition(a, b, m, p, 0);
+        float *t = a;
+        a = b;
+        b = t;
+        if (k < below) {
+            m = below;
+        } else if (below == 0) { /* p is the least value: split off the values equal to it */
+            Py_ssize_t at_most = partition(a, b, m, p, 1);
+            if (k < at_most) {
+                *out = p;
+                return 0;
+            }
+            t = a;
+            a = b + at_most;
+            b = t;
+            m -= at_most;
+            k -= at_most;
+        } else {
+            a += below;
+            m -= below;
+            k -= below;
+        }
+    }
+    *out = rank_by_count(a, m, k);
+    return 0;
+}
+
+/* The sample's values in order (ties by row: the rank of i is #(s_j < s_i) + #(s_j == s_i, j < i)). */
+COUNTS static void sorted_sample(const float *col, Py_ssize_t n, float *sorted) {
+    float s[SAMPLE];
+    for (int i = 0; i < SAMPLE; i++) s[i] = col[(Py_ssize_t)i * n / SAMPLE];
+    for (int i = 0; i < SAMPLE; i++) {
+        float v = s[i];
+        int r = 0;
+        for (int j = 0; j < i; j++) r += s[j] <= v;
+        for (int j = i + 1; j < SAMPLE; j++) r += s[j] < v;
+        sorted[r] = v;
+    }
+}
+
+/* The samples of 8 columns [j, j + 8) sorted together, one column per lane (NaN -> +Inf): sorted[c * SAMPLE + r]. */
+AVX2 static void sorted_samples8(const float *x, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j, float *sorted) {
+    __m256 v[SAMPLE];
+    const __m256 inf = _mm256_set1_ps(INFINITY);
+    for (int i = 0; i < SAMPLE; i++) {
+        __m256 u = _mm256_loadu_ps(x + (Py_ssize_t)i * n / SAMPLE * d + j);
+        v[i] = _mm256_blendv_ps(u, inf, _mm256_cmp_ps(u, u, _CMP_UNORD_Q));
+    }
+    for (int q = 0; q < sample_pair_count; q++) {
+        __m256 a = v[sample_pairs[q][0]], b = v[sample_pairs[q][1]];
+        v[sample_pairs[q][0]] = _mm256_min_ps(a, b);
+        v[sample_pairs[q][1]] = _mm256_max_ps(a, b);
+    }
+    float lanes[8];
+    for (int i = 0; i < SAMPLE; i++) {
+        _mm256_storeu_ps(lanes, v[i]);
+        for (int c = 0; c < 8; c++) sorted[c * SAMPLE + i] = lanes[c];
+    }
+}
+
+/* The bracket [*lo, *hi] of sample values around ranks [ka, kb] of n (-inf / +inf past the sample's ends). */
+static void bracket(const float *sorted, Py_ssize_t n, Py_ssize_t ka, Py_ssize_t kb, float *lo, float *hi) {
+    double ra = (ka + 0.5) * SAMPLE / (double)n - 0.5, rb = (kb + 0.5) * SAMPLE / (double)n - 0.5;
+    int a = (int)floor(ra - SPREAD), b = (int)ceil(rb + SPREAD);
+    *lo = a < 0 ? -INFINITY : sorted[a];
+    *hi = b >= SAMPLE ? INFINITY : sorted[b];
+}
+
+AVX2 static inline double hsum(__m256d a, __m256d b) {
+    double t[4], u[4];
+    _mm256_storeu_pd(t, a);
+    _mm256_storeu_pd(u, b);
+    return (t[0] + t[1]) + (t[2] + t[3]) + ((u[0] + u[1]) + (u[2] + u[3]));
+}
+
+typedef struct {
+    Py_ssize_t below1, in1, below2, in2; /* values below / inside each bracket */
+    double between;                      /* sum of the values strictly between the brackets */
+    uint32_t min_abs_bits;               /* smallest non-zero |value|'s bits, minus 1 (0xffffffff: none) */
+} pass_result;
+
+/* One pass: counts, the brackets' values copied to in1 / in2, the sum between them (trimmed mean only), and the
+ * smallest non-zero |value|. Bracket 2 unused (in2 == NULL) for the median. */
+AVX2 static pass_result bracket_pass(const float *col, Py_ssize_t n, float l1, float h1, float l2, float h2,
+                                     float *in1, float *in2) {
+    const __m256 vl1 = _mm256_set1_ps(l1), vh1 = _mm256_set1_ps(h1), vl2 = _mm256_set1_ps(l2);
+    const __m256 vh2 = _mm256_set1_ps(h2);
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), one = _mm256_set1_epi32(1);
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    __m256i below1 = _mm256_setzero_si256(), below2 = below1, min_abs = _mm256_set1_epi32(-1);
+    Py_ssize_t c1 = 0, c2 = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(col + i);
+        __m256 lt1 = _mm256_cmp_ps(v, vl1, _CMP_LT_OQ), le1 = _mm256_cmp_ps(v, vh1, _CMP_LE_OQ);
+        below1 = _mm256_sub_epi32(below1, _mm256_castps_si256(lt1));
+        int m1 = _mm256_movemask_ps(_mm256_andnot_ps(lt1, le1));
+        _mm256_storeu_ps(in1 + c1, _mm256_permutevar8x32_ps(v, lut(m1)));
+        c1 += __builtin_popcount((unsigned)m1);
+        __m256i bits = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(v), abs_mask), one);
+        min_abs = _mm256_min_epu32(min_abs, bits);
+        if (in2 != NULL) {
+            __m256 lt2 = _mm256_cmp_ps(v, vl2, _CMP_LT_OQ), le2 = _mm256_cmp_ps(v, vh2, _CMP_LE_OQ);
+            below2 = _mm256_sub_epi32(below2, _mm256_castps_si256(lt2));
+            int m2 = _mm256_movemask_ps(_mm256_andnot_ps(lt2, le2));
+            _mm256_storeu_ps(in2 + c2, _mm256_permutevar8x32_ps(v, lut(m2)));
+            c2 += __builtin_popcount((unsigned)m2);
+            __m256 w = _mm256_and_ps(v, _mm256_andnot_ps(le1, lt2));
+            s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
+            s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1)));
+        }
+    }
+    pass_result r;
+    uint32_t b1[8], b2[8], ma[8];
+    _mm256_storeu_si256((__m256i *)b1, below1);
+    _mm256_storeu_si256((__m256i *)b2, below2);
+    _mm256_storeu_si256((__m256i *)ma, min_abs);
+    r.below1 = r.below2 = 0;
+    r.min_abs_bits = 0xffffffffu;
+    for (int j = 0; j < 8; j++) {
+        r.below1 += b1[j];
+        r.below2 += b2[j];
+        if (ma[j] < r.min_abs_bits) r.min_abs_bits = ma[j];
+    }
+    r.between = hsum(s0, s1);
+    for (; i < n; i++) {
+        float v = col[i];
+        uint32_t bits;
+        memcpy(&bits, &v, 4);
+        bits = (bits & 0x7fffffffu) - 1u;
+        if (bits < r.min_abs_bits) r.min_abs_bits = bits;
+        r.below1 += v < l1;
+        if (v >= l1 && v <= h1) in1[c1++] = v;
+        if (in2 != NULL) {
+            r.below2 += v < l2;
+            if (v >= l2 && v <= h2) in2[c2++] = v;
+            if (v > h1 && v < l2) r.between += v;
+        }
+    }
+    r.in1 = c1;
+    r.in2 = c2;
+    return r;
+}
+
+/* Sum of a[0, m) above t (above = 1) or below t (above = 0), in double; and how many are <= t (>= t). */
+AVX2 static double sum_beyond(const float *a, Py_ssize_t m, float t, int above, Py_ssize_t *at_or_short) {
+    const __m256 vt = _mm256_set1_ps(t);
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    Py_ssize_t i = 0, beyond = 0;
+    for (; i + 8 <= m; i += 8) {
+        __m256 v = _mm256_loadu_ps(a + i);
+        __m256 c = above ? _mm256_cmp_ps(v, vt, _CMP_GT_OQ) : _mm256_cmp_ps(v, vt, _CMP_LT_OQ);
+        beyond += __builtin_popcount((unsigned)_mm256_movemask_ps(c));
+        __m256 w = _mm256_and_ps(v, c);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1)));
+    }
+    double s = hsum(s0, s1);
+    for (; i < m; i++) {
+        float v = a[i];
+        if (above ? v > t : v < t) {
+            s += v;
+            beyond++;
+        }
+    }
+    *at_or_short = m - beyond;
+    return s;
+}
+
+static inline int biased_exponent(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, 4);
+    int e = (int)((bits >> 23) & 0xff);
+    return e < 1 ? 1 : e;
+}
+
+static int ceil_log2(Py_ssize_t v) {
+    int b = 0;
+    while (((Py_ssize_t)1 << b) < v) b++;
+    return b;
+}
+
+/* One column: *out and 0, or 1 (flag: the caller runs the network). scratch: 4 arrays of n + 16 floats. */
+AVX2 static int column(const float *col, Py_ssize_t n, int mode, Py_ssize_t trim, Py_ssize_t length, int check_exact,
+                       const float *sorted, float *scratch, float *out) {
+    Py_ssize_t stride = n + 16;
+    float *in1 = scratch, *in2 = scratch + stride, *a = scratch + 2 * stride, *b = scratch + 3 * stride;
+    if (mode == 1) {
+        Py_ssize_t ka = (n - 1) / 2, kb = n / 2;
+        float l, h, va, vb;
+        bracket(sorted, n, ka, kb, &l, &h);
+        pass_result p = bracket_pass(col, n, l, h, 0.0f, 0.0f, in1, NULL);
+        Py_ssize_t qa = ka - p.below1, qb = kb - p.below1;
+        if (qa < 0 || qb >= p.in1) return 1;
+        memcpy(a, in1, (size_t)p.in1 * sizeof(float));
+        if (select_rank(a, b, p.in1, qa, &va) != 0) return 1;
+        if (qb == qa) {
+            vb = va;
+        } else {
+            memcpy(a, in1, (size_t)p.in1 * sizeof(float));
+            if (select_rank(a, b, p.in1, qb, &vb) != 0) return 1;
+        }
+        *out = (float)(0.5 * (double)va + 0.5 * (double)vb);
+        return 0;
+    }
+    Py_ssize_t k1 = trim, k2 = trim + length - 1;
+    float l1, h1, l2, h2, lo, hi;
+    bracket(sorted, n, k1, k1, &l1, &h1);
+    bracket(sorted, n, k2, k2, &l2, &h2);
+    if (!(h1 < l2)) return 1; /* the brackets meet: a short window, the network's case */
+    pass_result p = bracket_pass(col, n, l1, h1, l2, h2, in1, in2);
+    Py_ssize_t q1 = k1 - p.below1, q2 = k2 - p.below2;
+    if (q1 < 0 || q1 >= p.in1 || q2 < 0 || q2 >= p.in2) return 1;
+    memcpy(a, in1, (size_t)p.in1 * sizeof(float));
+    if (select_rank(a, b, p.in1, q1, &lo) != 0) return 1;
+    memcpy(a, in2, (size_t)p.in2 * sizeof(float));
+    if (select_rank(a, b, p.in2, q2, &hi) != 0) return 1;
+    if (isinf(lo) || isinf(hi)) return 1;
+    float top = fabsf(lo) > fabsf(hi) ? fabsf(lo) : fabsf(hi);
+    if (check_exact && top != 0.0f && p.min_abs_bits != 0xffffffffu) {
+        uint32_t least_bits = p.min_abs_bits + 1u;
+        float least;
+        memcpy(&least, &least_bits, 4);
+        if (ceil_log2(length) + biased_exponent(top) - biased_exponent(least) + 24 > 53) return 1;
+    }
+    Py_ssize_t at_most_lo, at_least_hi;
+    double sum = p.between;
+    sum += sum_beyond(in1, p.in1, lo, 1, &at_most_lo); /* in1's values above lo; at_most_lo of them are <= lo */
+    sum += sum_beyond(in2, p.in2, hi, 0, &at_least_hi);
+    Py_ssize_t copies_lo = at_most_lo - q1, copies_hi = q2 + 1 - (p.in2 - at_least_hi);
+    if (copies_lo > 0) sum += (double)copies_lo * (double)lo;
+    if (copies_hi > 0) sum += (double)copies_hi * (double)hi;
+    *out = (float)(sum * (1.0 / (double)length));
+    return 0;
+}
+
+AVX2 static void select_columns(const float *x, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j0, Py_ssize_t j1, int mode,
+                                Py_ssize_t trim, Py_ssize_t length, int check_exact, float *out, unsigned char *flags,
+                                float *t, float *scratch) {
+    Py_ssize_t tld = n + 16;
+    float sorted[8 * SAMPLE];
+    for (Py_ssize_t c0 = j0; c0 < j1; c0 += COLS) {
+        int w = (int)(j1 - c0 < COLS ? j1 - c0 : COLS);
+        load_columns(x, n, d, c0, w, t, tld);
+        for (int c = 0; c < w; c++) {
+            if (c % 8 == 0 && c + 8 <= w) sorted_samples8(x, n, d, c0 + c, sorted);
+            const float *mine = sorted + (c % 8) * SAMPLE;
+            if (c >= w / 8 * 8) {
+                sorted_sample(t + c * tld, n, sorted);
+                mine = sorted;
+            }
+            flags[c0 + c] = (unsigned char)column(t + c * tld, n, mode, trim, length, check_exact, mine, scratch,
+                                                  out + c0 + c);
+        }
+    }
+}
+#endif
+
+static PyObject *py_available(PyObject *self, PyObject *noargs) {
+#if HAVE_SELECT
+    __builtin_cpu_init();
+    return PyBool_FromLong(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt"));
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
+/* select(x_ptr, n, d, j0, j1, mode, trim, length, out_ptr, flags_ptr[, check_exact=1]): float32 x (n, d)
+ * contiguous; columns [j0, j1); mode 0 (trimmed mean, window [trim, trim + length)) or 1 (median). Writes out[j] or
+ * sets flags[j]. check_exact=0 skips the exactness condition: the tests' mutant, never the rule's call. */
+static PyObject *py_select(PyObject *self, PyObject *args) {
+    unsigned long long xp, op, fp;
+    Py_ssize_t n, d, j0, j1, trim, length;
+    int mode, check_exact = 1;
+    if (!PyArg_ParseTuple(args, "KnnnninnKK|i", &xp, &n, &d, &j0, &j1, &mode, &trim, &length, &op, &fp, &check_exact))
+        return NULL;
+#if HAVE_SELECT
+    if (n < SAMPLE || d < 1 || j0 < 0 || j1 > d || j0 > j1 || (mode != 0 && mode != 1)) {
+        PyErr_SetString(PyExc_ValueError, "select: n >= 64, 0 <= j0 <= j1 <= d and mode 0 or 1");
+        return NULL;
+    }
+    if (mode == 0 && (trim < 0 || length < 1 || trim + length > n)) {
+        PyErr_SetString(PyExc_ValueError, "select: the window [trim, trim + length) must lie in [0, n)");
+        return NULL;
+    }
+    if (!__builtin_cpu_supports("avx2")) {
+        PyErr_SetString(PyExc_RuntimeError, "select: this CPU has no AVX2");
+        return NULL;
+    }
+    size_t tld = (size_t)n + 16;
+    float *t = malloc(sizeof(float) * tld * COLS), *scratch = malloc(sizeof(float) * tld * 4);
+    if (t == NULL || scratch == NULL) {
+        free(t);
+        free(scratch);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    select_columns((const float *)(uintptr_t)xp, n, d, j0, j1, mode, trim, length, check_exact, (float *)(uintptr_t)op,
+                   (unsigned char *)(uintptr_t)fp, t, scratch);
+    Py_END_ALLOW_THREADS
+    free(t);
+    free(scratch);
+    Py_RETURN_NONE;
+#else
+    PyErr_SetString(PyExc_RuntimeError, "select: not built for this CPU");
+    return NULL;
+#endif
+}
+
+static PyMethodDef methods[] = {
+    {"available", py_available, METH_NOARGS, "Whether select runs on this CPU (x86-64 with AVX2)."},
+    {"select", py_select, METH_VARARGS, "Coordinate-wise median / trimmed mean of float32 columns by selection."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cwselect", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__cwselect(void) {
+#if HAVE_SELECT
+    init_lut();
+    init_sample_network();
+#endif
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,140 @@
+"""Selection for the float32 median and trimmed mean (``_cwselect.c``): the same bits as the sorting network, or a
+flag that hands the column to it.
+
+Each case compares the rule's output with selection against the network (``select=False``) with ``torch.equal``
+(value equality: ``-0.0 == +0.0``; which zero a median of tied zeros returns is not
+part of either path's contract). The mutant: the exactness condition switched off (``check_exact=0``) must give a
+different sum on a column built to make the order of additions matter, which the real call flags instead.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from phalanx.aggregators import _sortnet, coordinatewise
+
+pytestmark = pytest.mark.skipif(not coordinatewise.HAVE_SELECT, reason="selection needs x86-64 with AVX2")
+
+
+def _select(x: torch.Tensor, mode: int, trim: int, check_exact: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    n, d = x.shape
+    trim_, length = _sortnet.window_params(n, mode, trim)
+    out = torch.full((d,), float("nan"))
+    flags = torch.zeros(d, dtype=torch.uint8)
+    coordinatewise._cwselect.select(
+        x.data_ptr(), n, d, 0, d, mode, trim_, length, out.data_ptr(), flags.data_ptr(), check_exact
+    )
+    return out, flags
+
+
+def _network(x: torch.Tensor, mode: int, trim: int) -> torch.Tensor:
+    return coordinatewise._cw_kernel(x.contiguous(), mode, trim, False, select=False)[0]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(torch.equal(a.nan_to_num(nan=1.5e38), b.nan_to_num(nan=1.5e38)))
+
+
+def _inputs() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    n, d = 1000, 203  # d not a multiple of 8: the transpose's and the samples' scalar edges
+    cases = {
+        "gaussian": torch.randn(n, d, generator=g),
+        "ties": torch.randint(-3, 4, (n, d), generator=g).float(),
+        "zeros": torch.where(torch.rand(n, d, generator=g) < 0.5, 0.0, -0.0),
+        "sorted": torch.randn(n, d, generator=g).sort(dim=0).values,
+        "reversed": torch.randn(n, d, generator=g).sort(dim=0, descending=True).values,
+        "one value": torch.full((n, d), 2.5),
+        "wide exponents": torch.randn(n, d, generator=g) * torch.exp2(torch.randint(-60, 60, (n, d), generator=g)),
+        "subnormals": torch.randn(n, d, generator=g) * 1e-40,
+    }
+    special = torch.randn(n, d, generator=g)
+    pick = torch.rand(n, d, generator=g)
+    special[pick < 0.15] = float("nan")
+    special[(pick >= 0.15) & (pick < 0.25)] = float("inf")
+    special[(pick >= 0.25) & (pick < 0.35)] = float("-inf")
+    cases["nan and infinities"] = special
+    # the sample's rows (i n / 64) hold the column's extremes: the brackets miss the ranks they aim at
+    crafted = torch.randn(n, d, generator=g)
+    rows = torch.tensor([i * n // 64 for i in range(64)])
+    crafted[rows] = torch.where(torch.arange(64)[:, None] % 2 == 0, 1e6, -1e6).float().expand(64, d)
+    cases["crafted sample"] = crafted
+    return cases
+
+
+@pytest.mark.parametrize("case", list(_inputs()))
+@pytest.mark.parametrize("mode", [_sortnet.MODE_MEDIAN, _sortnet.MODE_TRIMMED])
+def test_selection_matches_the_network_or_flags_the_column(case: str, mode: int) -> None:
+    x = _inputs()[case]
+    out, flags = _select(x, mode, 200)
+    kept = flags == 0
+    assert _same(out[kept], _network(x, mode, 200)[kept]), case
+    # the rule with selection (flagged columns through the network) against the network and torch's reference
+    coordinatewise.SELECT_MIN_ROWS, saved = 0, coordinatewise.SELECT_MIN_ROWS
+    try:
+        name = "median" if mode == _sortnet.MODE_MEDIAN else "trimmed"
+        got = coordinatewise.coordinate_window_mean(x, name, 200, False)[0]
+    finally:
+        coordinatewise.SELECT_MIN_ROWS = saved
+    assert _same(got, _network(x, mode, 200))
+    assert _same(got, coordinatewise._cw_torch(x, mode, 200, False)[0])
+
+
+@pytest.mark.parametrize("n", [64, 65, 127, 700, 1001])
+def test_row_counts_odd_and_even(n: int) -> None:
+    x = torch.randn(n, 77, generator=torch.Generator().manual_seed(n))
+    for mode in (_sortnet.MODE_MEDIAN, _sortnet.MODE_TRIMMED):
+        out, flags = _select(x, mode, n // 5)
+        kept = flags == 0
+        assert kept.float().mean() > 0.5  # Gaussian columns are selection's case, not the fallback's
+        assert _same(out[kept], _network(x, mode, n // 5)[kept])
+
+
+def _order_sensitive_column(n: int = 1000) -> torch.Tensor:
+    """A column whose window sum depends on the order of the additions in double: ±2^40 cancel, and 100 values of
+    2^-20 are lost when added to 2^40 first (the sorted order adds -2^40 first), not when added to each other."""
+    col = torch.zeros(n)
+    col[:200] = -1e30  # trimmed
+    col[800:] = 1e30  # trimmed
+    col[200] = -(2.0**40)
+    col[799] = 2.0**40
+    col[300:400] = 2.0**-20
+    col[400:799] = 1.0
+    return col[torch.randperm(n, generator=torch.Generator().manual_seed(3))][:, None].contiguous()
+
+
+def test_the_exactness_condition_flags_an_order_sensitive_sum_and_its_mutant_does_not() -> None:
+    x = _order_sensitive_column()
+    network = _network(x, _sortnet.MODE_TRIMMED, 200)
+    _, flags = _select(x, _sortnet.MODE_TRIMMED, 200)
+    assert flags.tolist() == [1]  # the real call hands it to the network
+    mutant, mutant_flags = _select(x, _sortnet.MODE_TRIMMED, 200, check_exact=0)
+    assert mutant_flags.tolist() == [0]
+    assert not _same(mutant, network), "the order of additions must matter on this column, or the test proves nothing"
+
+
+def test_bad_arguments_are_refused_before_any_work() -> None:
+    x = torch.randn(100, 8)
+    out = torch.empty(8)
+    flags = torch.zeros(8, dtype=torch.uint8)
+    sel = coordinatewise._cwselect.select
+    with pytest.raises(ValueError, match="n >= 64"):
+        sel(x.data_ptr(), 63, 8, 0, 8, 1, 0, 1, out.data_ptr(), flags.data_ptr())
+    with pytest.raises(ValueError, match="j0 <= j1 <= d"):
+        sel(x.data_ptr(), 100, 8, 0, 9, 1, 0, 1, out.data_ptr(), flags.data_ptr())
+    with pytest.raises(ValueError, match="mode 0 or 1"):
+        sel(x.data_ptr(), 100, 8, 0, 8, 2, 0, 1, out.data_ptr(), flags.data_ptr())
+    with pytest.raises(ValueError, match="window"):
+        sel(x.data_ptr(), 100, 8, 0, 8, 0, 60, 50, out.data_ptr(), flags.data_ptr())
+
+
+def test_the_rule_uses_selection_only_where_it_is_the_same_computation() -> None:
+    x = torch.randn(coordinatewise.SELECT_MIN_ROWS, 4)
+    assert coordinatewise._use_select(x, _sortnet.MODE_MEDIAN, 2, False)
+    assert not coordinatewise._use_select(x, _sortnet.MODE_MEDIAN, 2, True)  # contributions: the sorted order
+    assert not coordinatewise._use_select(x.double(), _sortnet.MODE_MEDIAN, 2, False)  # float64: not exact sums
+    assert not coordinatewise._use_select(x, _sortnet.MODE_MEAMED, 500, False)
+    assert not coordinatewise._use_select(x[:-1], _sortnet.MODE_MEDIAN, 2, False)
+    n = x.shape[0]
+    assert not coordinatewise._use_select(x, _sortnet.MODE_TRIMMED, n // 4 - 1, False)  # brackets would meet
