@@ -55,12 +55,20 @@ def _inputs() -> dict[str, torch.Tensor]:
     special[(pick >= 0.15) & (pick < 0.25)] = float("inf")
     special[(pick >= 0.25) & (pick < 0.35)] = float("-inf")
     cases["nan and infinities"] = special
-    # the sample's rows (i n / 64) hold the column's extremes: the brackets miss the ranks they aim at
-    crafted = torch.randn(n, d, generator=g)
-    rows = torch.tensor([i * n // 64 for i in range(64)])
-    crafted[rows] = torch.where(torch.arange(64)[:, None] % 2 == 0, 1e6, -1e6).float().expand(64, d)
-    cases["crafted sample"] = crafted
+    # the sample's rows (i n / 64) hold the column's extremes: the brackets miss the ranks they aim at, and the
+    # whole-column quickselect's first pivots (rows j n / 8) are among them too
+    cases["crafted sample"] = _crafted(n, d, g, spare_pivot_rows=False)
     return cases
+
+
+def _crafted(n: int, d: int, g: torch.Generator, spare_pivot_rows: bool) -> torch.Tensor:
+    x = torch.randn(n, d, generator=g)
+    rows = [i * n // 64 for i in range(64)]
+    if spare_pivot_rows:
+        rows = [r for r in rows if r % (n // 8) != 0]
+    sign = torch.tensor([1e6 if k % 2 == 0 else -1e6 for k in range(len(rows))])
+    x[torch.tensor(rows)] = sign[:, None].expand(len(rows), d)
+    return x
 
 
 @pytest.mark.parametrize("case", list(_inputs()))
@@ -91,6 +99,28 @@ def test_row_counts_odd_and_even(n: int) -> None:
         assert _same(out[kept], _network(x, mode, n // 5)[kept])
 
 
+def test_a_rank_outside_its_bracket_is_found_in_the_kernel_not_flagged() -> None:
+    x = _crafted(1000, 203, torch.Generator().manual_seed(5), spare_pivot_rows=True)
+    for mode in (_sortnet.MODE_MEDIAN, _sortnet.MODE_TRIMMED):
+        out, flags = _select(x, mode, 200)
+        assert int(flags.sum()) == 0
+        assert _same(out, _network(x, mode, 200))
+
+
+def test_threads_split_the_columns_and_change_no_value() -> None:
+    x = torch.randn(coordinatewise.SELECT_MIN_ROWS, 3000, generator=torch.Generator().manual_seed(11))
+    saved = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            results.append(coordinatewise.coordinate_window_mean(x, "trimmed", x.shape[0] // 5, False)[0])
+    finally:
+        torch.set_num_threads(saved)
+    assert all(torch.equal(r, results[0]) for r in results)
+    assert _same(results[0], _network(x, _sortnet.MODE_TRIMMED, x.shape[0] // 5))
+
+
 def _order_sensitive_column(n: int = 1000) -> torch.Tensor:
     """A column whose window sum depends on the order of the additions in double: ±2^40 cancel, and 100 values of
     2^-20 are lost when added to 2^40 first (the sorted order adds -2^40 first), not when added to each other."""
@@ -119,7 +149,7 @@ def test_bad_arguments_are_refused_before_any_work() -> None:
     out = torch.empty(8)
     flags = torch.zeros(8, dtype=torch.uint8)
     sel = coordinatewise._cwselect.select
-    with pytest.raises(ValueError, match="n >= 64"):
+    with pytest.raises(ValueError, match="64 <= n"):
         sel(x.data_ptr(), 63, 8, 0, 8, 1, 0, 1, out.data_ptr(), flags.data_ptr())
     with pytest.raises(ValueError, match="j0 <= j1 <= d"):
         sel(x.data_ptr(), 100, 8, 0, 9, 1, 0, 1, out.data_ptr(), flags.data_ptr())

@@ -53,9 +53,8 @@ except ImportError:  # pragma: no cover - exercised only where the extension cou
 
 _BLOCK = 128  # columns per block in the C kernel; thread chunks are multiples of it
 # Rows from which selection beats the network (float32, 1 thread, benchmarks/cw_select.py: at n = 500 the network
-# is faster -- 512 rows suit Batcher's network -- at n = 700 either, from 850 on selection; docs/benchmarks.md
-# "Selection at large n").
-SELECT_MIN_ROWS = 800
+# is faster -- 512 rows suit Batcher's network -- from 600 on selection; docs/benchmarks.md "Selection at large n").
+SELECT_MIN_ROWS = 600
 _POOL: ThreadPoolExecutor | None = None
 
 
@@ -93,7 +92,7 @@ def _use_select(x: Tensor, mode: int, length: int, want: bool) -> bool:
     two rank brackets then never meet), from :data:`SELECT_MIN_ROWS` rows; contributions need the sorted order."""
     n = x.shape[0]
     return (
-        HAVE_SELECT and not want and x.dtype == torch.float32 and n >= SELECT_MIN_ROWS
+        HAVE_SELECT and not want and x.dtype == torch.float32 and SELECT_MIN_ROWS <= n <= 2**24
         and (mode == _sortnet.MODE_MEDIAN or (mode == _sortnet.MODE_TRIMMED and 4 * length >= n))
     )
 
