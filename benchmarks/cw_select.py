@@ -1,7 +1,7 @@
 """Selection against the sorting network for the float32 median and trimmed mean, side by side in one process.
 
     PYTHONPATH=src .venv/bin/python benchmarks/cw_select.py [--sizes 500:2e5,600:1.7e5,1000:1e5,2000:5e4] [--reps 5]
-                                                            [--crafted]
+                                                            [--tiny-every K]
 
 For each ``(n, d)`` (float32 Gaussian rows, seeded; f = n // 5) it times, alternating in one process on one thread,
 the floor ``x.sum(0)`` (one memory pass, issue 37's floor for coordinate-wise rules) and ``cwmed`` / ``cwtm`` through
@@ -10,15 +10,18 @@ rule runs it) and with the network alone (``SELECT_MIN_ROWS`` set past n). It pr
 median, the share of columns selection flagged, and whether the two outputs are equal (they must be). Nothing is
 asserted: it prints. The rule switches to selection from ``coordinatewise.SELECT_MIN_ROWS`` rows on.
 
-``--crafted`` plays the attacker who knows the algorithm: the rows selection samples (``i n / 64``, which include the
-whole-column quickselect's first pivots) hold ±10⁶ in every column, so every bracket misses its rank — the worst
-case this file knows for selection, timed against the network on the same rows.
+``--tiny-every K`` plays the attacker who knows the algorithm but not the call's seed (it draws the sampled rows and
+the pivots): one row holds 1e-45 in every K-th column, which fails the exactness condition there, so those columns
+are flagged and recomputed by the network — K = 1 flags everything (selection backs off block by block), K = 32 one
+column per network block (gathered rather than recomputed by whole blocks) — timed against the network on the same
+rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import statistics
 import sys
 import time
@@ -35,7 +38,9 @@ def _flagged(x: torch.Tensor, mode: int, trim: int) -> float:
     n, d = x.shape
     trim_, length = _sortnet.window_params(n, mode, trim)
     out, flags = torch.empty(d), torch.zeros(d, dtype=torch.uint8)
-    coordinatewise._cwselect.select(x.data_ptr(), n, d, 0, d, mode, trim_, length, out.data_ptr(), flags.data_ptr())
+    coordinatewise._cwselect.select(
+        x.data_ptr(), n, d, 0, d, mode, trim_, length, out.data_ptr(), flags.data_ptr(), secrets.randbits(64)
+    )
     return float(flags.float().mean())
 
 
@@ -43,25 +48,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="500:2e5,600:1.7e5,1000:1e5,2000:5e4")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--crafted", action="store_true", help="the sampled rows hold ±1e6 (selection's worst case)")
+    parser.add_argument("--tiny-every", type=int, default=0, help="1e-45 in one row, every K-th column (0: none)")
     args = parser.parse_args()
     if not coordinatewise.HAVE_SELECT:
         raise SystemExit("selection is not built for this CPU (x86-64 with AVX2)")
     torch.set_num_threads(1)
     saved = coordinatewise.SELECT_MIN_ROWS
     print(f"threads 1 · reps {args.reps} · load {os.getloadavg()[0]:.2f} · rule's switch at n = {saved}"
-          + (" · rows i n / 64 crafted to ±1e6" if args.crafted else ""))
+          + (f" · row n / 2 holds 1e-45 in every {args.tiny_every}. column" if args.tiny_every else ""))
     print("| n | d | floor `x.sum(0)` | rule | selection × floor | network × floor | network / selection "
           "| flagged | equal |")
     print("|---|---|---|---|---|---|---|---|---|")
     for item in args.sizes.split(","):
         n, d = int(item.split(":")[0]), int(float(item.split(":")[1]))
         x = torch.randn(n, d, generator=torch.Generator().manual_seed(n))
-        if args.crafted:
-            rows = torch.tensor([i * n // 64 for i in range(64)])
-            x[rows] = torch.tensor([1e6 if i % 2 == 0 else -1e6 for i in range(64)])[:, None].expand(64, d)
+        if args.tiny_every:
+            x[n // 2, :: args.tiny_every] = 1e-45
         for name, mode in (("cwmed", _sortnet.MODE_MEDIAN), ("cwtm", _sortnet.MODE_TRIMMED)):
-            rule = "median" if mode == _sortnet.MODE_MEDIAN else "trimmed"
+            rule: coordinatewise.Mode = "median" if mode == _sortnet.MODE_MEDIAN else "trimmed"
             times: dict[str, list[float]] = {"floor": [], "selection": [], "network": []}
             outs: dict[str, torch.Tensor] = {}
             for _ in range(args.reps + 1):  # the first round warms up

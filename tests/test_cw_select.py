@@ -1,10 +1,10 @@
 """Selection for the float32 median and trimmed mean (``_cwselect.c``): the same bits as the sorting network, or a
 flag that hands the column to it.
 
-Each case compares the rule's output with selection against the network (``select=False``) with ``torch.equal``
-(value equality: ``-0.0 == +0.0``; which zero a median of tied zeros returns is not
-part of either path's contract). The mutant: the exactness condition switched off (``check_exact=0``) must give a
-different sum on a column built to make the order of additions matter, which the real call flags instead.
+Each case compares the rule's output with selection against the network (``select=False``) bit for bit (the int32
+patterns, so ``-0.0`` and ``+0.0`` differ; NaN outputs compared as NaN). The mutant: the exactness condition switched
+off (``check_exact=0``) must give a different sum on a column built to make the order of additions matter, which the
+real call flags instead.
 """
 
 from __future__ import annotations
@@ -17,13 +17,15 @@ from phalanx.aggregators import _sortnet, coordinatewise
 pytestmark = pytest.mark.skipif(not coordinatewise.HAVE_SELECT, reason="selection needs x86-64 with AVX2")
 
 
-def _select(x: torch.Tensor, mode: int, trim: int, check_exact: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def _select(
+    x: torch.Tensor, mode: int, trim: int, check_exact: int = 1, seed: int = 12345
+) -> tuple[torch.Tensor, torch.Tensor]:
     n, d = x.shape
     trim_, length = _sortnet.window_params(n, mode, trim)
     out = torch.full((d,), float("nan"))
     flags = torch.zeros(d, dtype=torch.uint8)
     coordinatewise._cwselect.select(
-        x.data_ptr(), n, d, 0, d, mode, trim_, length, out.data_ptr(), flags.data_ptr(), check_exact
+        x.data_ptr(), n, d, 0, d, mode, trim_, length, out.data_ptr(), flags.data_ptr(), seed, check_exact
     )
     return out, flags
 
@@ -33,7 +35,10 @@ def _network(x: torch.Tensor, mode: int, trim: int) -> torch.Tensor:
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return bool(torch.equal(a.nan_to_num(nan=1.5e38), b.nan_to_num(nan=1.5e38)))
+    """Bit for bit (signed zeros apart), every NaN alike."""
+    nan = torch.full_like(a, float("nan"))
+    a, b = torch.where(a.isnan(), nan, a), torch.where(b.isnan(), nan, b)
+    return bool(torch.equal(a.view(torch.int32), b.view(torch.int32)))
 
 
 def _inputs() -> dict[str, torch.Tensor]:
@@ -43,6 +48,8 @@ def _inputs() -> dict[str, torch.Tensor]:
         "gaussian": torch.randn(n, d, generator=g),
         "ties": torch.randint(-3, 4, (n, d), generator=g).float(),
         "zeros": torch.where(torch.rand(n, d, generator=g) < 0.5, 0.0, -0.0),
+        "negative zeros": torch.full((n, d), -0.0),
+        "zeros and values": torch.where(torch.rand(n, d, generator=g) < 0.6, 0.0, torch.randn(n, d, generator=g)),
         "sorted": torch.randn(n, d, generator=g).sort(dim=0).values,
         "reversed": torch.randn(n, d, generator=g).sort(dim=0, descending=True).values,
         "one value": torch.full((n, d), 2.5),
@@ -55,17 +62,17 @@ def _inputs() -> dict[str, torch.Tensor]:
     special[(pick >= 0.15) & (pick < 0.25)] = float("inf")
     special[(pick >= 0.25) & (pick < 0.35)] = float("-inf")
     cases["nan and infinities"] = special
-    # the sample's rows (i n / 64) hold the column's extremes: the brackets miss the ranks they aim at, and the
-    # whole-column quickselect's first pivots (rows j n / 8) are among them too
-    cases["crafted sample"] = _crafted(n, d, g, spare_pivot_rows=False)
+    tiny = torch.randn(n, d, generator=g)
+    tiny[n // 2] = 1e-45  # one Byzantine row defeats the exactness condition in every column
+    cases["one tiny row"] = tiny
+    # rows i n / 64 (a fixed sample would take them) hold the column's extremes
+    cases["crafted rows"] = _crafted(n, d, g)
     return cases
 
 
-def _crafted(n: int, d: int, g: torch.Generator, spare_pivot_rows: bool) -> torch.Tensor:
+def _crafted(n: int, d: int, g: torch.Generator) -> torch.Tensor:
     x = torch.randn(n, d, generator=g)
     rows = [i * n // 64 for i in range(64)]
-    if spare_pivot_rows:
-        rows = [r for r in rows if r % (n // 8) != 0]
     sign = torch.tensor([1e6 if k % 2 == 0 else -1e6 for k in range(len(rows))])
     x[torch.tensor(rows)] = sign[:, None].expand(len(rows), d)
     return x
@@ -86,7 +93,9 @@ def test_selection_matches_the_network_or_flags_the_column(case: str, mode: int)
     finally:
         coordinatewise.SELECT_MIN_ROWS = saved
     assert _same(got, _network(x, mode, 200))
-    assert _same(got, coordinatewise._cw_torch(x, mode, 200, False)[0])
+    # torch's stable sort places signed zeros in row order, the network by its compare-exchanges: values alike
+    reference = coordinatewise._cw_torch(x, mode, 200, False)[0]
+    assert torch.equal(got.nan_to_num(nan=1.5e38), reference.nan_to_num(nan=1.5e38))
 
 
 @pytest.mark.parametrize("n", [64, 65, 127, 700, 1001])
@@ -99,12 +108,87 @@ def test_row_counts_odd_and_even(n: int) -> None:
         assert _same(out[kept], _network(x, mode, n // 5)[kept])
 
 
-def test_a_rank_outside_its_bracket_is_found_in_the_kernel_not_flagged() -> None:
-    x = _crafted(1000, 203, torch.Generator().manual_seed(5), spare_pivot_rows=True)
+def test_brackets_that_meet_are_left_for_quickselect_on_the_whole_column_not_flagged() -> None:
+    # trim 400 of 1,000: the brackets around ranks 400 and 599 overlap, so every column takes the whole-column path
+    x = torch.randn(1000, 203, generator=torch.Generator().manual_seed(5))
+    out, flags = _select(x, _sortnet.MODE_TRIMMED, 400)
+    assert float(flags.float().mean()) < 0.05  # only sums not proven exact
+    kept = flags == 0
+    assert _same(out[kept], _network(x, _sortnet.MODE_TRIMMED, 400)[kept])
+
+
+def test_blocks_after_a_flagged_block_are_flagged_untried_until_a_good_block() -> None:
+    x = torch.randn(1000, 128 * 6, generator=torch.Generator().manual_seed(9))
+    x[500, :128] = 1e-45  # the first block of 128 columns fails the exactness condition everywhere
+    x[500, 300] = 1e-45  # one column of the third block: under a quarter, no back-off
+    out, flags = _select(x, _sortnet.MODE_TRIMMED, 200)
+    assert bool(flags[:256].all())  # the bad block, then one block flagged without being tried
+    assert float(flags[256:].float().mean()) < 0.05  # the third block is tried, is good, and ends the back-off
+    kept = flags == 0
+    assert _same(out[kept], _network(x, _sortnet.MODE_TRIMMED, 200)[kept])
+    got = coordinatewise._cw_select(x, _sortnet.MODE_TRIMMED, 200, 600)  # flagged columns: the network, in place
+    assert _same(got, _network(x, _sortnet.MODE_TRIMMED, 200))
+
+
+def test_flagged_columns_split_into_long_runs_in_place_and_the_rest_gathered() -> None:
+    flags = torch.zeros(1000, dtype=torch.uint8)
+    flags[[3, 40, 41, 999]] = 1
+    flags[100:300] = 1  # a run of 200 >= 128 columns
+    runs, scattered = coordinatewise._flagged_runs(flags)
+    assert runs == [(100, 300)]
+    assert scattered.tolist() == [3, 40, 41, 999]
+    assert coordinatewise._flagged_runs(torch.zeros(5, dtype=torch.uint8))[0] == []
+
+
+def test_spaced_flags_cost_the_network_only_their_columns() -> None:
+    # one flagged column every 32 (an attacker's tiny value there): gathered, not recomputed by whole blocks in place
+    x = torch.randn(640, 4096, generator=torch.Generator().manual_seed(4))
+    x[5, ::32] = 1e-45
+    flags = torch.zeros(4096, dtype=torch.uint8)
+    flags[::32] = 1
+    runs, scattered = coordinatewise._flagged_runs(flags)
+    assert runs == [] and scattered.numel() == 128
+    coordinatewise.SELECT_MIN_ROWS, saved = 0, coordinatewise.SELECT_MIN_ROWS
+    try:
+        got = coordinatewise.coordinate_window_mean(x, "trimmed", 128, False)[0]
+    finally:
+        coordinatewise.SELECT_MIN_ROWS = saved
+    assert _same(got, _network(x, _sortnet.MODE_TRIMMED, 128))
+
+
+def test_no_columns() -> None:
+    x = torch.randn(700, 0)
+    for name in ("median", "trimmed"):
+        assert coordinatewise.coordinate_window_mean(x, name, 100, False)[0].shape == (0,)
+
+
+def test_the_seed_changes_no_value() -> None:
+    x = _inputs()["gaussian"]
     for mode in (_sortnet.MODE_MEDIAN, _sortnet.MODE_TRIMMED):
-        out, flags = _select(x, mode, 200)
-        assert int(flags.sum()) == 0
-        assert _same(out, _network(x, mode, 200))
+        network = _network(x, mode, 200)
+        for seed in (0, 1, 2**64 - 1, 987654321):
+            out, flags = _select(x, mode, 200, seed=seed)
+            kept = flags == 0
+            assert _same(out[kept], network[kept])
+
+
+def test_a_zero_median_among_zeros_of_both_signs_is_the_networks() -> None:
+    # which zero sits at the median rank is the network's order, not a value: selection flags such columns
+    x = torch.where(torch.rand(801, 40, generator=torch.Generator().manual_seed(2)) < 0.5, 0.0, -0.0)
+    out, flags = _select(x, _sortnet.MODE_MEDIAN, 0)
+    assert bool(flags.all())
+    same_sign = torch.full((801, 40), -0.0)
+    out, flags = _select(same_sign, _sortnet.MODE_MEDIAN, 0)
+    assert not bool(flags.any())
+    assert _same(out, _network(same_sign, _sortnet.MODE_MEDIAN, 0))
+
+
+def test_a_trimmed_mean_of_negative_zeros_is_positive_zero_as_the_networks() -> None:
+    x = torch.full((600, 3), -0.0)
+    out, flags = _select(x, _sortnet.MODE_TRIMMED, 120)
+    assert not bool(flags.any())
+    assert out.view(torch.int32).tolist() == [0, 0, 0]  # +0.0: the network adds from +0.0
+    assert _same(out, _network(x, _sortnet.MODE_TRIMMED, 120))
 
 
 def test_threads_split_the_columns_and_change_no_value() -> None:
@@ -150,13 +234,13 @@ def test_bad_arguments_are_refused_before_any_work() -> None:
     flags = torch.zeros(8, dtype=torch.uint8)
     sel = coordinatewise._cwselect.select
     with pytest.raises(ValueError, match="64 <= n"):
-        sel(x.data_ptr(), 63, 8, 0, 8, 1, 0, 1, out.data_ptr(), flags.data_ptr())
+        sel(x.data_ptr(), 63, 8, 0, 8, 1, 0, 1, out.data_ptr(), flags.data_ptr(), 1)
     with pytest.raises(ValueError, match="j0 <= j1 <= d"):
-        sel(x.data_ptr(), 100, 8, 0, 9, 1, 0, 1, out.data_ptr(), flags.data_ptr())
+        sel(x.data_ptr(), 100, 8, 0, 9, 1, 0, 1, out.data_ptr(), flags.data_ptr(), 1)
     with pytest.raises(ValueError, match="mode 0 or 1"):
-        sel(x.data_ptr(), 100, 8, 0, 8, 2, 0, 1, out.data_ptr(), flags.data_ptr())
+        sel(x.data_ptr(), 100, 8, 0, 8, 2, 0, 1, out.data_ptr(), flags.data_ptr(), 1)
     with pytest.raises(ValueError, match="window"):
-        sel(x.data_ptr(), 100, 8, 0, 8, 0, 60, 50, out.data_ptr(), flags.data_ptr())
+        sel(x.data_ptr(), 100, 8, 0, 8, 0, 60, 50, out.data_ptr(), flags.data_ptr(), 1)
 
 
 def test_the_rule_uses_selection_only_where_it_is_the_same_computation() -> None:
@@ -166,5 +250,10 @@ def test_the_rule_uses_selection_only_where_it_is_the_same_computation() -> None
     assert not coordinatewise._use_select(x.double(), _sortnet.MODE_MEDIAN, 2, False)  # float64: not exact sums
     assert not coordinatewise._use_select(x, _sortnet.MODE_MEAMED, 500, False)
     assert not coordinatewise._use_select(x[:-1], _sortnet.MODE_MEDIAN, 2, False)
+    coordinatewise.SELECT_MIN_ROWS, saved = 0, coordinatewise.SELECT_MIN_ROWS
+    try:  # below the kernel's 64-row sample: the network, whatever the switch says
+        assert not coordinatewise._use_select(x[:63], _sortnet.MODE_MEDIAN, 2, False)
+    finally:
+        coordinatewise.SELECT_MIN_ROWS = saved
     n = x.shape[0]
     assert not coordinatewise._use_select(x, _sortnet.MODE_TRIMMED, n // 4 - 1, False)  # brackets would meet

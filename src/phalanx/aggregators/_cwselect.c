@@ -3,18 +3,23 @@
  * full sort, where n is large") -- the same bits as the sorting network (_cwkernel.c), or a flag asking for it.
  *
  * Per column of n values (NaN -> +Inf, as the network loads them):
- *   1. a sample of S = 64 values at rows floor(i n / S), sorted for eight columns at once by Batcher's network
- *      across lanes (by counting, ties by row, for the last columns of a range), gives for each wanted rank k a
- *      bracket [pL, pH]: the sample values SPREAD = 8 sample ranks below and above k's expected sample rank;
+ *   1. a sample of S = 64 values at rows drawn from the call's seed (the same rows for every column), sorted for
+ *      eight columns at once by Batcher's network across lanes (by counting, ties by row, for the last columns of a
+ *      range), gives for each wanted rank k a bracket [pL, pH]: the sample values SPREAD = 8 sample ranks below and
+ *      above k's expected sample rank;
  *   2. one pass over the column counts the values below each bracket, copies the values inside each bracket to a
  *      scratch array (AVX2 compaction: one permutation of eight lanes), and -- trimmed mean -- adds the values
  *      strictly between the two brackets, which are all inside the window;
- *   3. quickselect in each bracket's few values finds the rank's value (lo, hi); the window's values inside the
+ *   3. quickselect (pivots: a median of nine values at drawn positions) in each bracket's values finds the rank's
+ *      value (lo, hi); the window's values inside the
  *      brackets are those above lo (below hi) plus as many copies of lo (hi) as the window has slots for them.
  * A rank outside its bracket, or brackets that meet, sends the column to quickselect on all its values
- * (whole_column). An infinite bound of the window, a sum not proven exact (below) or a quickselect that meets more
- * than BAD_STEPS partitions keeping over 3/4 of their values sets the column's flag instead, and the caller runs the
- * network on those columns.
+ * (whole_column). An infinite bound of the window, a sum not proven exact (below), a zero median in a column with
+ * zeros of both signs (which zero the network leaves at the rank is its order, not a value) or a quickselect that
+ * meets more than BAD_STEPS partitions keeping over 3/4 of their values sets the column's flag instead, and the
+ * caller runs the network on those columns. The seed (a fresh one per call from the caller) changes no value: only
+ * which rows are sampled, which pivots are taken, the time and the flags -- so a Byzantine row cannot be placed where
+ * the sample or the pivots will be.
  *
  * Same bits. The median is the value(s) at its rank(s), combined as the network does (0.5 a + 0.5 b in double). The
  * trimmed mean is the window's values added in double: the network adds them one sorted position after another from
@@ -26,13 +31,15 @@
  * 2^(e_min - 150), every partial sum of at most L of them is below L 2^(e_max - 126) in magnitude, so it is an
  * integer multiple of 2^(e_min - 150) below 2^53 of them -- a double holds it exactly. Copies of lo added as c lo are
  * such a partial sum too. A zero sum is +0.0 either way (both start from +0.0, and x + (-x) = +0.0). A column that
- * fails the condition is flagged: 68 of 100,000 Gaussian columns at n = 1,000, f = 200 (measured; the condition
- * then fails because the column's smallest |value| is below 2^-19 of the window's largest).
+ * fails the condition is flagged: about 0.07 % of Gaussian columns at n = 1,000, f = 200 (benchmarks/cw_select.py,
+ * "flagged"; the condition then fails because the column's smallest |value| is below 2^-19 of the window's largest).
  *
  * Cost: one pass, a sample and two selections in about a quarter of the column each, against the network's
- * n log^2 n / 4 compare-exchanges (benchmarks/cw_select.py: n = 1,000, 1.8-1.9x faster than the network). Worst
- * case: rows crafted so that every bracket misses (--crafted there) cost a pass and two whole-column quickselects,
- * measured 1.0x the network at n = 1,000 and 1.5x at n = 600; a column flagged on top adds the network's.
+ * n log^2 n / 4 compare-exchanges (benchmarks/cw_select.py). The worst case an attacker can force without the seed
+ * is flags -- one row of 1e-45 fails the exactness condition in every column it reaches (--tiny-every there): the
+ * condition is tested on the brackets' bounds before any selection, a block a quarter flagged starts the back-off in
+ * select_columns, and the caller gathers scattered flagged columns. Measured: all columns flagged, the network's
+ * time; a fifth, at most 1.1x it (n = 640).
  * Built for AVX2 (target attribute, chosen at run time by `available`); elsewhere `available` is False.
  */
 #define PY_SSIZE_T_CLEAN
@@ -168,6 +175,19 @@ static inline float median3(float a, float b, float c) {
     return lo > m ? lo : m;
 }
 
+/* SplitMix64 (Steele, Lea & Flood, OOPSLA 2014): the call's stream of sample rows and pivot positions. */
+static inline uint64_t splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* A position in [0, m) (m < 2^32), from the top 32 bits of the stream. */
+static inline Py_ssize_t draw_below(uint64_t *state, Py_ssize_t m) {
+    return (Py_ssize_t)(((splitmix64(state) >> 32) * (uint64_t)m) >> 32);
+}
+
 /* The value of rank k (0-based) of a[0, m), by counting: the value with #(< v) <= k < #(<= v). */
 COUNTS static float rank_by_count(const float *a, Py_ssize_t m, Py_ssize_t k) {
     for (Py_ssize_t i = 0; i < m; i++) {
@@ -182,17 +202,20 @@ COUNTS static float rank_by_count(const float *a, Py_ssize_t m, Py_ssize_t k) {
     return NAN; /* unreachable for 0 <= k < m: the k-th smallest value satisfies it */
 }
 
-/* The value of rank k of a[0, m) (a and b: scratch of m + 16 floats, a holds the values; both clobbered). Returns 0
+/* The value of rank k of a[0, m) (a and b: scratch of m + 16 floats, a holds the values; both clobbered), the pivot
+ * the median of three medians of three values at positions drawn from rng (an attacker who does not know the call's
+ * seed cannot place values where the pivots are taken: expected linear work on any input). Returns 0
  * and sets *out, or -1 at the (BAD_STEPS + 1)-th partition that kept more than 3/4 of its values (an input crafted
  * against the pivots; steps on at most 64 values are not counted). Every step keeps fewer values than it had (the
  * pivot is one of them), and reads them at most twice, so at most 2 (4 + BAD_STEPS + 1) m + 64^2 values are read:
  * the good steps' sizes shrink geometrically (sum below 4 m), the bad ones are at most m each. */
-AVX2 static int select_rank(float *a, float *b, Py_ssize_t m, Py_ssize_t k, float *out) {
+AVX2 static int select_rank(float *a, float *b, Py_ssize_t m, Py_ssize_t k, uint64_t *rng, float *out) {
     int bad = 0;
     while (m > SMALL) {
         Py_ssize_t before = m;
-        float p = median3(median3(a[0], a[m / 8], a[m / 4]), median3(a[3 * m / 8], a[m / 2], a[5 * m / 8]),
-                          median3(a[3 * m / 4], a[7 * m / 8], a[m - 1]));
+        float v[9];
+        for (int q = 0; q < 9; q++) v[q] = a[draw_below(rng, m)];
+        float p = median3(median3(v[0], v[1], v[2]), median3(v[3], v[4], v[5]), median3(v[6], v[7], v[8]));
         Py_ssize_t below = partition(a, b, m, p, 0);
         float *t = a;
         a = b;
@@ -222,9 +245,9 @@ AVX2 static int select_rank(float *a, float *b, Py_ssize_t m, Py_ssize_t k, floa
 }
 
 /* The sample's values in order (ties by row: the rank of i is #(s_j < s_i) + #(s_j == s_i, j < i)). */
-COUNTS static void sorted_sample(const float *col, Py_ssize_t n, float *sorted) {
+COUNTS static void sorted_sample(const float *col, const Py_ssize_t *rows, float *sorted) {
     float s[SAMPLE];
-    for (int i = 0; i < SAMPLE; i++) s[i] = col[(Py_ssize_t)i * n / SAMPLE];
+    for (int i = 0; i < SAMPLE; i++) s[i] = col[rows[i]];
     for (int i = 0; i < SAMPLE; i++) {
         float v = s[i];
         int r = 0;
@@ -235,11 +258,11 @@ COUNTS static void sorted_sample(const float *col, Py_ssize_t n, float *sorted) 
 }
 
 /* The samples of 8 columns [j, j + 8) sorted together, one column per lane (NaN -> +Inf): sorted[c * SAMPLE + r]. */
-AVX2 static void sorted_samples8(const float *x, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j, float *sorted) {
+AVX2 static void sorted_samples8(const float *x, const Py_ssize_t *rows, Py_ssize_t d, Py_ssize_t j, float *sorted) {
     __m256 v[SAMPLE];
     const __m256 inf = _mm256_set1_ps(INFINITY);
     for (int i = 0; i < SAMPLE; i++) {
-        __m256 u = _mm256_loadu_ps(x + (Py_ssize_t)i * n / SAMPLE * d + j);
+        __m256 u = _mm256_loadu_ps(x + rows[i] * d + j);
         v[i] = _mm256_blendv_ps(u, inf, _mm256_cmp_ps(u, u, _CMP_UNORD_Q));
     }
     for (int q = 0; q < sample_pair_count; q++) {
@@ -434,22 +457,38 @@ AVX2 static double window_sum(const float *col, Py_ssize_t n, Py_ssize_t k1, Py_
     return sum;
 }
 
+/* The median from the values at its ranks, 0.5 a + 0.5 b in double as the network combines them; flagged (1) when
+ * it is zero and the column holds zeros of both signs: which zero sits at a rank is then the network's order, not a
+ * value, and selection does not reproduce it. */
+static int median_of(const float *col, Py_ssize_t n, float va, float vb, float *out) {
+    double m = 0.5 * (double)va + 0.5 * (double)vb;
+    if (m == 0.0) {
+        int negative = 0, positive = 0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (col[i] == 0.0f) {
+                if (signbit(col[i])) negative = 1;
+                else positive = 1;
+            }
+        if (negative && positive) return 1;
+    }
+    *out = (float)m;
+    return 0;
+}
+
 /* A column whose rank fell outside its bracket (or whose brackets meet): quickselect on the whole column. */
 AVX2 static int whole_column(const float *col, Py_ssize_t n, int mode, Py_ssize_t k1, Py_ssize_t k2,
-                             Py_ssize_t length, int check_exact, float *a, float *b, float *out) {
+                             Py_ssize_t length, int check_exact, float *a, float *b, uint64_t *rng, float *out) {
     float lo, hi;
     memcpy(a, col, (size_t)n * sizeof(float));
-    if (select_rank(a, b, n, k1, &lo) != 0) return 1;
+    if (select_rank(a, b, n, k1, rng, &lo) != 0) return 1;
     memcpy(a, col, (size_t)n * sizeof(float));
     if (k2 == k1) hi = lo;
-    else if (select_rank(a, b, n, k2, &hi) != 0) return 1;
-    if (mode == 1) {
-        *out = (float)(0.5 * (double)lo + 0.5 * (double)hi);
-        return 0;
-    }
+    else if (select_rank(a, b, n, k2, rng, &hi) != 0) return 1;
+    if (mode == 1) return median_of(col, n, lo, hi, out);
     if (isinf(lo) || isinf(hi)) return 1;
-    if (!(lo < hi)) { /* lo == hi: the window is `length` copies of lo, an exact product */
-        *out = (float)((double)length * (double)lo * (1.0 / (double)length));
+    if (!(lo < hi)) { /* lo == hi: the window is `length` copies of lo, an exact product; +0.0 + makes a zero +0.0,
+                       * as the network's sum from +0.0 does */
+        *out = (float)((0.0 + (double)length * (double)lo) * (1.0 / (double)length));
         return 0;
     }
     uint32_t min_abs_bits;
@@ -461,7 +500,7 @@ AVX2 static int whole_column(const float *col, Py_ssize_t n, int mode, Py_ssize_
 
 /* One column: *out and 0, or 1 (flag: the caller runs the network). scratch: 4 arrays of n + 16 floats. */
 AVX2 static int column(const float *col, Py_ssize_t n, int mode, Py_ssize_t trim, Py_ssize_t length, int check_exact,
-                       const float *sorted, float *scratch, float *out) {
+                       const float *sorted, float *scratch, uint64_t *rng, float *out) {
     Py_ssize_t stride = n + 16;
     float *in1 = scratch, *in2 = scratch + stride, *a = scratch + 2 * stride, *b = scratch + 3 * stride;
     if (mode == 1) {
@@ -470,31 +509,35 @@ AVX2 static int column(const float *col, Py_ssize_t n, int mode, Py_ssize_t trim
         bracket(sorted, n, ka, kb, &l, &h);
         pass_result p = bracket_pass(col, n, l, h, 0.0f, 0.0f, in1, NULL);
         Py_ssize_t qa = ka - p.below1, qb = kb - p.below1;
-        if (qa < 0 || qb >= p.in1) return whole_column(col, n, mode, ka, kb, length, check_exact, a, b, out);
+        if (qa < 0 || qb >= p.in1) return whole_column(col, n, mode, ka, kb, length, check_exact, a, b, rng, out);
         memcpy(a, in1, (size_t)p.in1 * sizeof(float));
-        if (select_rank(a, b, p.in1, qa, &va) != 0) return 1;
+        if (select_rank(a, b, p.in1, qa, rng, &va) != 0) return 1;
         if (qb == qa) {
             vb = va;
         } else {
             memcpy(a, in1, (size_t)p.in1 * sizeof(float));
-            if (select_rank(a, b, p.in1, qb, &vb) != 0) return 1;
+            if (select_rank(a, b, p.in1, qb, rng, &vb) != 0) return 1;
         }
-        *out = (float)(0.5 * (double)va + 0.5 * (double)vb);
-        return 0;
+        return median_of(col, n, va, vb, out);
     }
     Py_ssize_t k1 = trim, k2 = trim + length - 1;
     float l1, h1, l2, h2, lo, hi;
     bracket(sorted, n, k1, k1, &l1, &h1);
     bracket(sorted, n, k2, k2, &l2, &h2);
-    if (!(h1 < l2)) return whole_column(col, n, mode, k1, k2, length, check_exact, a, b, out); /* brackets meet */
+    if (!(h1 < l2)) return whole_column(col, n, mode, k1, k2, length, check_exact, a, b, rng, out); /* brackets meet */
     pass_result p = bracket_pass(col, n, l1, h1, l2, h2, in1, in2);
     Py_ssize_t q1 = k1 - p.below1, q2 = k2 - p.below2;
+    /* |lo| and |hi| are at least the brackets' distances from 0: a sum the condition already rejects with those is
+     * flagged before any selection (one tiny value in a column would otherwise cost both selections too) */
+    float near1 = l1 > 0.0f ? l1 : (h1 < 0.0f ? -h1 : 0.0f), near2 = l2 > 0.0f ? l2 : (h2 < 0.0f ? -h2 : 0.0f);
+    if (check_exact && !isinf(near1) && !isinf(near2) && !exact_in_any_order(length, near1, near2, p.min_abs_bits))
+        return 1;
     if (q1 < 0 || q1 >= p.in1 || q2 < 0 || q2 >= p.in2)
-        return whole_column(col, n, mode, k1, k2, length, check_exact, a, b, out);
+        return whole_column(col, n, mode, k1, k2, length, check_exact, a, b, rng, out);
     memcpy(a, in1, (size_t)p.in1 * sizeof(float));
-    if (select_rank(a, b, p.in1, q1, &lo) != 0) return 1;
+    if (select_rank(a, b, p.in1, q1, rng, &lo) != 0) return 1;
     memcpy(a, in2, (size_t)p.in2 * sizeof(float));
-    if (select_rank(a, b, p.in2, q2, &hi) != 0) return 1;
+    if (select_rank(a, b, p.in2, q2, rng, &hi) != 0) return 1;
     if (isinf(lo) || isinf(hi)) return 1;
     if (check_exact && !exact_in_any_order(length, lo, hi, p.min_abs_bits)) return 1;
     Py_ssize_t at_most_lo, at_least_hi;
@@ -509,22 +552,48 @@ AVX2 static int column(const float *col, Py_ssize_t n, int mode, Py_ssize_t trim
 }
 
 AVX2 static void select_columns(const float *x, Py_ssize_t n, Py_ssize_t d, Py_ssize_t j0, Py_ssize_t j1, int mode,
-                                Py_ssize_t trim, Py_ssize_t length, int check_exact, float *out, unsigned char *flags,
-                                float *t, float *scratch) {
-    Py_ssize_t tld = n + 16;
+                                Py_ssize_t trim, Py_ssize_t length, int check_exact, uint64_t seed, float *out,
+                                unsigned char *flags, float *t, float *scratch) {
+    Py_ssize_t tld = n + 16, rows[SAMPLE];
     float sorted[8 * SAMPLE];
+    uint64_t draws = seed;
+    for (int i = 0; i < SAMPLE; i++) rows[i] = draw_below(&draws, n); /* the same rows for every range of the call */
+    for (int i = 1; i < SAMPLE; i++) /* in memory order */
+        for (int j = i; j > 0 && rows[j - 1] > rows[j]; j--) {
+            Py_ssize_t r = rows[j];
+            rows[j] = rows[j - 1];
+            rows[j - 1] = r;
+        }
+    /* Back-off: after a block with at least a quarter of its columns flagged (rows that defeat the exactness
+     * condition, as one row of 1e-45 does everywhere), the next 1, 2, 4, ... 64 blocks are flagged without being
+     * tried, so such rows cost about the network's time, not selection's and then the network's; a good block ends
+     * the back-off. Honest Gaussian rows flag about 0.07 % of columns. */
+    int skip = 0, backoff = 0;
     for (Py_ssize_t c0 = j0; c0 < j1; c0 += COLS) {
-        int w = (int)(j1 - c0 < COLS ? j1 - c0 : COLS);
+        int w = (int)(j1 - c0 < COLS ? j1 - c0 : COLS), flagged = 0;
+        if (skip > 0) {
+            memset(flags + c0, 1, (size_t)w);
+            skip--;
+            continue;
+        }
         load_columns(x, n, d, c0, w, t, tld);
         for (int c = 0; c < w; c++) {
-            if (c % 8 == 0 && c + 8 <= w) sorted_samples8(x, n, d, c0 + c, sorted);
+            if (c % 8 == 0 && c + 8 <= w) sorted_samples8(x, rows, d, c0 + c, sorted);
             const float *mine = sorted + (c % 8) * SAMPLE;
             if (c >= w / 8 * 8) {
-                sorted_sample(t + c * tld, n, sorted);
+                sorted_sample(t + c * tld, rows, sorted);
                 mine = sorted;
             }
-            flags[c0 + c] = (unsigned char)column(t + c * tld, n, mode, trim, length, check_exact, mine, scratch,
+            uint64_t rng = seed ^ (0xd1b54a32d192ed03ull * (uint64_t)(c0 + c + 1)); /* the column's own stream */
+            flags[c0 + c] = (unsigned char)column(t + c * tld, n, mode, trim, length, check_exact, mine, scratch, &rng,
                                                   out + c0 + c);
+            flagged += flags[c0 + c];
+        }
+        if (4 * flagged >= w) {
+            backoff = backoff == 0 ? 1 : (backoff < 64 ? 2 * backoff : 64);
+            skip = backoff;
+        } else {
+            backoff = 0;
         }
     }
 }
@@ -539,14 +608,17 @@ static PyObject *py_available(PyObject *self, PyObject *noargs) {
 #endif
 }
 
-/* select(x_ptr, n, d, j0, j1, mode, trim, length, out_ptr, flags_ptr[, check_exact=1]): float32 x (n, d)
+/* select(x_ptr, n, d, j0, j1, mode, trim, length, out_ptr, flags_ptr, seed[, check_exact=1]): float32 x (n, d)
  * contiguous; columns [j0, j1); mode 0 (trimmed mean, window [trim, trim + length)) or 1 (median). Writes out[j] or
- * sets flags[j]. check_exact=0 skips the exactness condition: the tests' mutant, never the rule's call. */
+ * sets flags[j]. The seed draws the sampled rows and the pivots: the values written do not depend on it (they are
+ * the network's), only the time and which columns are flagged. check_exact=0 skips the exactness condition: the
+ * tests' mutant, never the rule's call. */
 static PyObject *py_select(PyObject *self, PyObject *args) {
-    unsigned long long xp, op, fp;
+    unsigned long long xp, op, fp, seed;
     Py_ssize_t n, d, j0, j1, trim, length;
     int mode, check_exact = 1;
-    if (!PyArg_ParseTuple(args, "KnnnninnKK|i", &xp, &n, &d, &j0, &j1, &mode, &trim, &length, &op, &fp, &check_exact))
+    if (!PyArg_ParseTuple(args, "KnnnninnKKK|i", &xp, &n, &d, &j0, &j1, &mode, &trim, &length, &op, &fp, &seed,
+                          &check_exact))
         return NULL;
 #if HAVE_SELECT
     if (n < SAMPLE || n > MAX_ROWS || d < 1 || j0 < 0 || j1 > d || j0 > j1 || (mode != 0 && mode != 1)) {
@@ -569,7 +641,8 @@ static PyObject *py_select(PyObject *self, PyObject *args) {
         return PyErr_NoMemory();
     }
     Py_BEGIN_ALLOW_THREADS
-    select_columns((const float *)(uintptr_t)xp, n, d, j0, j1, mode, trim, length, check_exact, (float *)(uintptr_t)op,
+    select_columns((const float *)(uintptr_t)xp, n, d, j0, j1, mode, trim, length, check_exact, (uint64_t)seed,
+                   (float *)(uintptr_t)op,
                    (unsigned char *)(uintptr_t)fp, t, scratch);
     Py_END_ALLOW_THREADS
     free(t);

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import secrets
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, Literal
 
@@ -55,6 +56,7 @@ _BLOCK = 128  # columns per block in the C kernel; thread chunks are multiples o
 # Rows from which selection beats the network (float32, 1 thread, benchmarks/cw_select.py: at n = 500 the network
 # is faster -- 512 rows suit Batcher's network -- from 600 on selection; docs/benchmarks.md "Selection at large n").
 SELECT_MIN_ROWS = 600
+_GATHER_FLOATS = 1 << 22  # flagged columns are copied for the network at most this many values at a time (16 MB)
 _POOL: ThreadPoolExecutor | None = None
 
 
@@ -88,36 +90,86 @@ def _use_kernel(x: Tensor) -> bool:
 
 
 def _use_select(x: Tensor, mode: int, length: int, want: bool) -> bool:
-    """Selection for the float32 median, and the trimmed mean whose window is at least a quarter of the rows (its
-    two rank brackets then never meet), from :data:`SELECT_MIN_ROWS` rows; contributions need the sorted order."""
+    """Selection for the float32 median, and the trimmed mean whose window is at least a quarter of the rows (shorter
+    windows' two rank brackets would always meet, leaving every column to whole-column quickselect), from
+    :data:`SELECT_MIN_ROWS` rows (and 64, the kernel's sample); contributions need the sorted order."""
     n = x.shape[0]
     return (
-        HAVE_SELECT and not want and x.dtype == torch.float32 and SELECT_MIN_ROWS <= n <= 2**24
+        HAVE_SELECT and not want and x.dtype == torch.float32 and max(SELECT_MIN_ROWS, 64) <= n <= 2**24
         and (mode == _sortnet.MODE_MEDIAN or (mode == _sortnet.MODE_TRIMMED and 4 * length >= n))
     )
 
 
+def _flagged_runs(flags: Tensor) -> tuple[list[tuple[int, int]], Tensor]:
+    """The flagged columns split into runs of at least :data:`_BLOCK` consecutive columns ``[(start, end), ...]``
+    (the network recomputes them in place) and the other flagged columns' indices (gathered: the network pads a
+    range to its block, so scattered columns in place would cost it whole blocks)."""
+    idx = flags.nonzero().flatten()
+    if idx.numel() == 0:
+        return [], idx
+    starts = torch.ones(idx.numel(), dtype=torch.bool)
+    starts[1:] = idx[1:] != idx[:-1] + 1
+    run = starts.cumsum(0) - 1
+    length = torch.bincount(run)
+    long = length[run] >= _BLOCK
+    firsts = idx[starts & long].tolist()
+    runs = [(j, j + int(length[int(run[k])])) for j, k in zip(firsts, (starts & long).nonzero().flatten().tolist())]
+    return runs, idx[~long]
+
+
+def _network_in_place(x: Tensor, mode: int, trim: int, length: int, runs: list[tuple[int, int]], out: Tensor) -> None:
+    """The network on column ranges of ``x``, written into ``out`` (long ranges cut for the threads)."""
+    n, d = x.shape
+    load, pairs = _program(n, _sortnet.network_window(n, mode, trim, length), int(_cwkernel.tile_rows(n, False)))
+    total = sum(j1 - j0 for j0, j1 in runs)
+    cut = max(_BLOCK, (total + team_threads(n * total) - 1) // team_threads(n * total))
+    pieces = [(s, min(j1, s + cut)) for j0, j1 in runs for s in range(j0, j1, cut)]
+
+    def work(k: int) -> None:
+        j0, j1 = pieces[k]
+        _cwkernel.window(
+            x.data_ptr(), n, d, j0, j1, pairs.data_ptr(), pairs.shape[0], mode, trim, length, out.data_ptr(), 0,
+            False, *load,
+        )
+
+    list(_pool().map(work, range(len(pieces))))
+
+
+def _network_on_flagged(x: Tensor, mode: int, trim: int, length: int, flags: Tensor, out: Tensor) -> None:
+    """The network on the columns selection flagged: long runs in place, the rest gathered :data:`_GATHER_FLOATS`
+    values at a time (the extra memory is bounded whatever an attacker flags)."""
+    runs, scattered = _flagged_runs(flags)
+    if runs:
+        _network_in_place(x, mode, trim, length, runs, out)
+    step = max(_BLOCK, _GATHER_FLOATS // x.shape[0])
+    for s in range(0, scattered.numel(), step):
+        cols = scattered[s : s + step]
+        out[cols] = _cw_kernel(x.index_select(1, cols), mode, trim, False, select=False)[0]
+
+
 def _cw_select(x: Tensor, mode: int, trim: int, length: int) -> Tensor:
     """Selection over column ranges in parallel threads (GIL released inside), then the network on the columns it
-    flagged (a rank outside its bracket, or a sum it cannot prove equal to the network's): the same bits."""
+    flagged (a sum it cannot prove equal to the network's, a zero median among zeros of both signs, a quickselect
+    that gave up, a block in back-off): the same bits. A fresh seed per call draws the sampled rows and the pivots,
+    so rows cannot be crafted against them; the values do not depend on it."""
     n, d = x.shape
     out = torch.empty(d, dtype=x.dtype)
     flags = torch.zeros(d, dtype=torch.uint8)
+    seed = secrets.randbits(64)
     threads = max(1, min(team_threads(n * d), (d + _BLOCK - 1) // _BLOCK))
     chunk = ((d + threads - 1) // threads + _BLOCK - 1) // _BLOCK * _BLOCK
     ranges = [(s, min(d, s + chunk)) for s in range(0, d, chunk)]
 
     def work(k: int) -> None:
         j0, j1 = ranges[k]
-        _cwselect.select(x.data_ptr(), n, d, j0, j1, mode, trim, length, out.data_ptr(), flags.data_ptr())
+        _cwselect.select(x.data_ptr(), n, d, j0, j1, mode, trim, length, out.data_ptr(), flags.data_ptr(), seed)
 
     if len(ranges) == 1:
         work(0)
     else:
         list(_pool().map(work, range(len(ranges))))
-    flagged = flags.nonzero().flatten()
-    if flagged.numel():
-        out[flagged] = _cw_kernel(x[:, flagged], mode, trim, False, select=False)[0]
+    if bool(flags.any()):
+        _network_on_flagged(x, mode, trim, length, flags, out)
     return out
 
 
@@ -126,6 +178,8 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool, select: bool = True)
     x = x.contiguous()
     n, d = x.shape
     trim_, length = _sortnet.window_params(n, mode, trim)
+    if d == 0:
+        return torch.empty(0, dtype=x.dtype), (torch.zeros(n, dtype=torch.float64) if want else None)
     if select and _use_select(x, mode, length, want):
         return _cw_select(x, mode, trim_, length), None
     is_double = x.dtype == torch.float64
