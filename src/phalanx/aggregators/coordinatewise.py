@@ -89,6 +89,17 @@ def _use_kernel(x: Tensor) -> bool:
     )
 
 
+def _team(n: int, d: int) -> int:
+    """Threads for a call over ``d`` columns of ``n`` rows: torch's from its grain on, at most one per block."""
+    return max(1, min(team_threads(n * d), (d + _BLOCK - 1) // _BLOCK))
+
+
+def _column_ranges(d: int, threads: int) -> list[tuple[int, int]]:
+    """``d`` columns cut into ``threads`` ranges of whole blocks (the last one shorter)."""
+    chunk = ((d + threads - 1) // threads + _BLOCK - 1) // _BLOCK * _BLOCK
+    return [(s, min(d, s + chunk)) for s in range(0, d, chunk)]
+
+
 def _use_select(x: Tensor, mode: int, length: int, want: bool) -> bool:
     """Selection for the float32 median, and the trimmed mean whose window is at least a quarter of the rows (shorter
     windows' two rank brackets would always meet, leaving every column to whole-column quickselect), from
@@ -110,11 +121,10 @@ def _flagged_runs(flags: Tensor) -> tuple[list[tuple[int, int]], Tensor]:
     starts = torch.ones(idx.numel(), dtype=torch.bool)
     starts[1:] = idx[1:] != idx[:-1] + 1
     run = starts.cumsum(0) - 1
-    length = torch.bincount(run)
-    long = length[run] >= _BLOCK
-    firsts = idx[starts & long].tolist()
-    runs = [(j, j + int(length[int(run[k])])) for j, k in zip(firsts, (starts & long).nonzero().flatten().tolist())]
-    return runs, idx[~long]
+    length = torch.bincount(run)[run]  # each flagged column's run length
+    long = length >= _BLOCK
+    first = starts & long
+    return list(zip(idx[first].tolist(), (idx[first] + length[first]).tolist())), idx[~long]
 
 
 def _network_in_place(x: Tensor, mode: int, trim: int, length: int, runs: list[tuple[int, int]], out: Tensor) -> None:
@@ -122,7 +132,8 @@ def _network_in_place(x: Tensor, mode: int, trim: int, length: int, runs: list[t
     n, d = x.shape
     load, pairs = _program(n, _sortnet.network_window(n, mode, trim, length), int(_cwkernel.tile_rows(n, False)))
     total = sum(j1 - j0 for j0, j1 in runs)
-    cut = max(_BLOCK, (total + team_threads(n * total) - 1) // team_threads(n * total))
+    threads = team_threads(n * total)
+    cut = max(_BLOCK, (total + threads - 1) // threads)
     pieces = [(s, min(j1, s + cut)) for j0, j1 in runs for s in range(j0, j1, cut)]
 
     def work(k: int) -> None:
@@ -156,9 +167,7 @@ def _cw_select(x: Tensor, mode: int, trim: int, length: int) -> Tensor:
     out = torch.empty(d, dtype=x.dtype)
     flags = torch.zeros(d, dtype=torch.uint8)
     seed = secrets.randbits(64)
-    threads = max(1, min(team_threads(n * d), (d + _BLOCK - 1) // _BLOCK))
-    chunk = ((d + threads - 1) // threads + _BLOCK - 1) // _BLOCK * _BLOCK
-    ranges = [(s, min(d, s + chunk)) for s in range(0, d, chunk)]
+    ranges = _column_ranges(d, _team(n, d))
 
     def work(k: int) -> None:
         j0, j1 = ranges[k]
@@ -191,7 +200,7 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool, select: bool = True)
     # leading groups of rows sorted as the kernel loads them, the rest of the network after (same values)
     load, pairs = _program(n, window, tile)
     out = torch.empty(d, dtype=x.dtype)
-    threads = max(1, min(team_threads(n * d), (d + _BLOCK - 1) // _BLOCK))  # no team below torch's grain
+    threads = _team(n, d)  # no team below torch's grain
     if _KERNEL_ONE_CALL and (_KERNEL_OPENMP or threads == 1):
         # one call; with OpenMP the columns are cut into `threads` fixed chunks shared out over torch's own thread
         # team inside the kernel: the result does not depend on how many threads the team actually has
@@ -202,8 +211,7 @@ def _cw_kernel(x: Tensor, mode: int, trim: int, want: bool, select: bool = True)
         )
         return out, (contrib.sum(dim=0) / d if contrib is not None else None)
     # no OpenMP in the build: split the columns between Python threads (the GIL is released inside)
-    chunk = ((d + threads - 1) // threads + _BLOCK - 1) // _BLOCK * _BLOCK
-    ranges = [(s, min(d, s + chunk)) for s in range(0, d, chunk)]
+    ranges = _column_ranges(d, threads)
     contrib = torch.zeros((len(ranges), n), dtype=torch.float64) if want else None
 
     def work(k: int) -> None:
