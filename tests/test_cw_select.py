@@ -156,6 +156,25 @@ def test_spaced_flags_cost_the_network_only_their_columns() -> None:
     assert _same(got, _network(x, _sortnet.MODE_TRIMMED, 128))
 
 
+def test_scattered_flags_are_gathered_a_bounded_number_of_values_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    n = 640
+    x = torch.randn(n, 4096, generator=torch.Generator().manual_seed(6))
+    x[5, ::5] = 1e-45  # a fifth of the columns flagged (under the back-off's quarter), none in a run of 128
+    monkeypatch.setattr(coordinatewise, "_GATHER_FLOATS", n * 128)
+    monkeypatch.setattr(coordinatewise, "SELECT_MIN_ROWS", 0)
+    real, widths = coordinatewise._cw_kernel, []
+
+    def spy(y: torch.Tensor, *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if kwargs.get("select") is False:
+            widths.append(y.shape[1])
+        return real(y, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(coordinatewise, "_cw_kernel", spy)
+    got = coordinatewise._cw_select(x, _sortnet.MODE_TRIMMED, 128, n - 256)
+    assert widths and max(widths) <= 128 and sum(widths) >= 4096 // 5
+    assert _same(got, real(x, _sortnet.MODE_TRIMMED, 128, False, select=False)[0])
+
+
 def test_no_columns() -> None:
     x = torch.randn(700, 0)
     for name in ("median", "trimmed"):
