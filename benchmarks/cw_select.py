@@ -1,14 +1,14 @@
-"""Selection against the sorting network for the float32 median and trimmed mean, side by side in one process.
+"""Selection against the sorting network for the float32 median, trimmed mean and MeaMed, side by side in one process.
 
     PYTHONPATH=src .venv/bin/python benchmarks/cw_select.py [--sizes 500:2e5,600:1.7e5,1000:1e5,2000:5e4] [--reps 5]
-                                                            [--tiny-every K]
+                                                            [--rules cwmed,cwtm,meamed] [--tiny-every K]
 
 For each ``(n, d)`` (float32 Gaussian rows, seeded; f = n // 5) it times, alternating in one process on one thread,
-the floor ``x.sum(0)`` (one memory pass, issue 37's floor for coordinate-wise rules) and ``cwmed`` / ``cwtm`` through
-``coordinate_window_mean`` twice: with selection (``_cwselect.c``, its flagged columns through the network, as the
-rule runs it) and with the network alone (``SELECT_MIN_ROWS`` set past n). It prints each median over the floor's
-median, the share of columns selection flagged, and whether the two outputs are equal (they must be). Nothing is
-asserted: it prints. The rule switches to selection from ``coordinatewise.SELECT_MIN_ROWS`` rows on.
+the floor ``x.sum(0)`` (one memory pass, issue 37's floor for coordinate-wise rules) and ``cwmed`` / ``cwtm`` /
+``meamed`` through ``coordinate_window_mean`` twice: with selection (``_cwselect.c``, its flagged columns through the
+network, as the rule runs it) and with the network alone (``SELECT_MIN_ROWS`` set past n). It prints each median over
+the floor's median, the share of columns selection flagged, and whether the two outputs are equal (they must be).
+Nothing is asserted: it prints. The rule switches to selection from ``coordinatewise.SELECT_MIN_ROWS`` rows on.
 
 ``--tiny-every K`` plays the attacker who knows the algorithm but not the call's seed (it draws the sampled rows and
 the pivots): one row holds 1e-45 in every K-th column, which fails the exactness condition there, so those columns
@@ -48,6 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="500:2e5,600:1.7e5,1000:1e5,2000:5e4")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--rules", default="cwmed,cwtm,meamed", help="comma-separated subset")
     parser.add_argument("--tiny-every", type=int, default=0, help="1e-45 in one row, every K-th column (0: none)")
     args = parser.parse_args()
     if not coordinatewise.HAVE_SELECT:
@@ -64,8 +65,10 @@ def main() -> None:
         x = torch.randn(n, d, generator=torch.Generator().manual_seed(n))
         if args.tiny_every:
             x[n // 2, :: args.tiny_every] = 1e-45
-        for name, mode in (("cwmed", _sortnet.MODE_MEDIAN), ("cwtm", _sortnet.MODE_TRIMMED)):
-            rule: coordinatewise.Mode = "median" if mode == _sortnet.MODE_MEDIAN else "trimmed"
+        for name, rule in (("cwmed", "median"), ("cwtm", "trimmed"), ("meamed", "meamed")):
+            if name not in args.rules.split(","):
+                continue
+            mode = coordinatewise._MODES[rule]
             times: dict[str, list[float]] = {"floor": [], "selection": [], "network": []}
             outs: dict[str, torch.Tensor] = {}
             for _ in range(args.reps + 1):  # the first round warms up

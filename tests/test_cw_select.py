@@ -1,10 +1,10 @@
-"""Selection for the float32 median and trimmed mean (``_cwselect.c``): the same bits as the sorting network, or a
-flag that hands the column to it.
+"""Selection for the float32 median, trimmed mean and MeaMed (``_cwselect.c``, ``_cwselect_meamed.h``): the same bits
+as the sorting network, or a flag that hands the column to it.
 
 Each case compares the rule's output with selection against the network (``select=False``) bit for bit (the int32
 patterns, so ``-0.0`` and ``+0.0`` differ; NaN outputs compared as NaN). The mutant: the exactness condition switched
 off (``check_exact=0``) must give a different sum on a column built to make the order of additions matter, which the
-real call flags instead.
+real call flags instead (one column for the trimmed mean, one for MeaMed).
 """
 
 from __future__ import annotations
@@ -78,8 +78,13 @@ def _crafted(n: int, d: int, g: torch.Generator) -> torch.Tensor:
     return x
 
 
+_NAMES: dict[int, coordinatewise.Mode] = {
+    _sortnet.MODE_MEDIAN: "median", _sortnet.MODE_TRIMMED: "trimmed", _sortnet.MODE_MEAMED: "meamed"
+}
+
+
 @pytest.mark.parametrize("case", list(_inputs()))
-@pytest.mark.parametrize("mode", [_sortnet.MODE_MEDIAN, _sortnet.MODE_TRIMMED])
+@pytest.mark.parametrize("mode", list(_NAMES))
 def test_selection_matches_the_network_or_flags_the_column(case: str, mode: int) -> None:
     x = _inputs()[case]
     out, flags = _select(x, mode, 200)
@@ -88,8 +93,7 @@ def test_selection_matches_the_network_or_flags_the_column(case: str, mode: int)
     # the rule with selection (flagged columns through the network) against the network and torch's reference
     coordinatewise.SELECT_MIN_ROWS, saved = 0, coordinatewise.SELECT_MIN_ROWS
     try:
-        name = "median" if mode == _sortnet.MODE_MEDIAN else "trimmed"
-        got = coordinatewise.coordinate_window_mean(x, name, 200, False)[0]
+        got = coordinatewise.coordinate_window_mean(x, _NAMES[mode], 200, False)[0]
     finally:
         coordinatewise.SELECT_MIN_ROWS = saved
     assert _same(got, _network(x, mode, 200))
@@ -177,13 +181,13 @@ def test_scattered_flags_are_gathered_a_bounded_number_of_values_at_a_time(monke
 
 def test_no_columns() -> None:
     x = torch.randn(700, 0)
-    for name in ("median", "trimmed"):
+    for name in _NAMES.values():
         assert coordinatewise.coordinate_window_mean(x, name, 100, False)[0].shape == (0,)
 
 
 def test_the_seed_changes_no_value() -> None:
     x = _inputs()["gaussian"]
-    for mode in (_sortnet.MODE_MEDIAN, _sortnet.MODE_TRIMMED):
+    for mode in _NAMES:
         network = _network(x, mode, 200)
         for seed in (0, 1, 2**64 - 1, 987654321):
             out, flags = _select(x, mode, 200, seed=seed)
@@ -256,8 +260,12 @@ def test_bad_arguments_are_refused_before_any_work() -> None:
         sel(x.data_ptr(), 63, 8, 0, 8, 1, 0, 1, out.data_ptr(), flags.data_ptr(), 1)
     with pytest.raises(ValueError, match="j0 <= j1 <= d"):
         sel(x.data_ptr(), 100, 8, 0, 9, 1, 0, 1, out.data_ptr(), flags.data_ptr(), 1)
-    with pytest.raises(ValueError, match="mode 0 or 1"):
-        sel(x.data_ptr(), 100, 8, 0, 8, 2, 0, 1, out.data_ptr(), flags.data_ptr(), 1)
+    with pytest.raises(ValueError, match="mode 0, 1 or 2"):
+        sel(x.data_ptr(), 100, 8, 0, 8, 3, 0, 1, out.data_ptr(), flags.data_ptr(), 1)
+    with pytest.raises(ValueError, match="MeaMed needs"):  # trim past (n - 1) / 2: windows without the median
+        sel(x.data_ptr(), 100, 8, 0, 8, 2, 50, 50, out.data_ptr(), flags.data_ptr(), 1)
+    with pytest.raises(ValueError, match="MeaMed needs"):
+        sel(x.data_ptr(), 100, 8, 0, 8, 2, 10, 80, out.data_ptr(), flags.data_ptr(), 1)
     with pytest.raises(ValueError, match="window"):
         sel(x.data_ptr(), 100, 8, 0, 8, 0, 60, 50, out.data_ptr(), flags.data_ptr(), 1)
 
@@ -267,12 +275,70 @@ def test_the_rule_uses_selection_only_where_it_is_the_same_computation() -> None
     assert coordinatewise._use_select(x, _sortnet.MODE_MEDIAN, 2, False)
     assert not coordinatewise._use_select(x, _sortnet.MODE_MEDIAN, 2, True)  # contributions: the sorted order
     assert not coordinatewise._use_select(x.double(), _sortnet.MODE_MEDIAN, 2, False)  # float64: not exact sums
-    assert not coordinatewise._use_select(x, _sortnet.MODE_MEAMED, 500, False)
+    n = x.shape[0]
+    assert coordinatewise._use_select(x, _sortnet.MODE_MEAMED, n - (n - 1) // 2, False)
+    assert not coordinatewise._use_select(x, _sortnet.MODE_MEAMED, n - (n - 1) // 2 - 1, False)  # n > 2 trim
     assert not coordinatewise._use_select(x[:-1], _sortnet.MODE_MEDIAN, 2, False)
     coordinatewise.SELECT_MIN_ROWS, saved = 0, coordinatewise.SELECT_MIN_ROWS
     try:  # below the kernel's 64-row sample: the network, whatever the switch says
         assert not coordinatewise._use_select(x[:63], _sortnet.MODE_MEDIAN, 2, False)
     finally:
         coordinatewise.SELECT_MIN_ROWS = saved
-    n = x.shape[0]
     assert not coordinatewise._use_select(x, _sortnet.MODE_TRIMMED, n // 4 - 1, False)  # brackets would meet
+
+
+def _meamed_order_sensitive_column(n: int = 1000) -> torch.Tensor:
+    """MeaMed's window (trim 200: the 1e30s left out) holds -2^40 and 2^40, which cancel, and 100 values of 2^-14,
+    each lost when added to -2^40 (half an ulp, rounded to even) -- as the sorted order adds them -- but kept when
+    added to each other first."""
+    col = torch.ones(n)
+    col[:200] = 1e30
+    col[200], col[201] = -(2.0**40), 2.0**40
+    col[202:302] = 2.0**-14
+    return col[torch.randperm(n, generator=torch.Generator().manual_seed(0))][:, None].contiguous()
+
+
+def test_the_exactness_condition_flags_meameds_order_sensitive_sum_and_its_mutant_does_not() -> None:
+    x = _meamed_order_sensitive_column()
+    network = _network(x, _sortnet.MODE_MEAMED, 200)
+    for seed in (1, 2, 3):
+        _, flags = _select(x, _sortnet.MODE_MEAMED, 200, seed=seed)
+        assert flags.tolist() == [1]
+        mutant, mutant_flags = _select(x, _sortnet.MODE_MEAMED, 200, check_exact=0, seed=seed)
+        assert mutant_flags.tolist() == [0]
+        assert not _same(mutant, network), "the order of additions must matter on this column"
+
+
+def test_a_meamed_window_that_cuts_the_values_nearer_than_its_end_is_the_networks() -> None:
+    # sorted: 300 x -2, 100 x 0, 200 x 1, 100 x 9 (n = 700, trim = 300, L = 400): the median is 0, the 400th
+    # distance r* = 2, and every window from start 0 to 200 costs 2 -- the network keeps the first: 300 x -2 and
+    # 100 x 0, leaving out the 1s although they are nearer the median than -2 (A + B = 600 > L)
+    col = torch.tensor([-2.0] * 300 + [0.0] * 100 + [1.0] * 200 + [9.0] * 100)
+    g = torch.Generator().manual_seed(4)
+    x = torch.stack([col[torch.randperm(700, generator=g)] for _ in range(24)], dim=1).contiguous()
+    out, flags = _select(x, _sortnet.MODE_MEAMED, 300)
+    assert not bool(flags.any())
+    assert out.tolist() == [-1.5] * 24
+    assert _same(out, _network(x, _sortnet.MODE_MEAMED, 300))
+
+
+def test_a_meamed_window_of_copies_of_the_median_is_its_product_not_a_flag() -> None:
+    # 90 % zeros of both signs: r* = 0 and more than L values equal the median; the network's sum from +0.0 is +0.0
+    g = torch.Generator().manual_seed(5)
+    x = torch.where(torch.rand(800, 64, generator=g) < 0.9, 0.0, torch.randn(800, 64, generator=g))
+    x = torch.where(torch.rand(800, 64, generator=g) < 0.5, x, -x)
+    out, flags = _select(x, _sortnet.MODE_MEAMED, 160)
+    assert not bool(flags.any())
+    assert out.view(torch.int32).tolist() == [0] * 64
+    assert _same(out, _network(x, _sortnet.MODE_MEAMED, 160))
+
+
+@pytest.mark.parametrize("trim", [0, 1, 31, 499])
+def test_meamed_at_every_trim_from_none_to_half(trim: int) -> None:
+    # trim 0: the window is every value; 499 = (n - 1) // 2: the narrowest window that still holds the median
+    g = torch.Generator().manual_seed(trim)
+    x = torch.randn(1000, 67, generator=g) + torch.where(torch.rand(1000, 1, generator=g) < 0.2, 5.0, 0.0)
+    out, flags = _select(x, _sortnet.MODE_MEAMED, trim)
+    kept = flags == 0
+    assert int(kept.sum()) >= 60
+    assert _same(out[kept], _network(x, _sortnet.MODE_MEAMED, trim)[kept])

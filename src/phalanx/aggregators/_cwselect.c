@@ -1,6 +1,7 @@
 /*
  * Coordinate-wise median and trimmed mean of float32 columns by selection, not a sort (issue 37: "selection, not a
  * full sort, where n is large") -- the same bits as the sorting network (_cwkernel.c), or a flag asking for it.
+ * MeaMed, which also needs the median's distances, is in _cwselect_meamed.h.
  *
  * Per column of n values (NaN -> +Inf, as the network loads them):
  *   1. a sample of S = 64 values at rows drawn from the call's seed (the same rows for every column), sorted for
@@ -498,28 +499,75 @@ AVX2 static int whole_column(const float *col, Py_ssize_t n, int mode, Py_ssize_
     return 0;
 }
 
+/* The value of rank k + 1 of a[0, m) given v, the value of rank k (k + 1 < m): v again if more than k + 1 values
+ * are <= v, else the least value above v. */
+AVX2 static float next_rank(const float *a, Py_ssize_t m, Py_ssize_t k, float v) {
+    const __m256 vv = _mm256_set1_ps(v), inf = _mm256_set1_ps(INFINITY);
+    __m256i at_most = _mm256_setzero_si256();
+    __m256 least = inf;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= m; i += 8) {
+        __m256 x = _mm256_loadu_ps(a + i), le = _mm256_cmp_ps(x, vv, _CMP_LE_OQ);
+        at_most = _mm256_sub_epi32(at_most, _mm256_castps_si256(le));
+        least = _mm256_min_ps(least, _mm256_blendv_ps(x, inf, le));
+    }
+    uint32_t c[8];
+    float l[8], above = INFINITY;
+    Py_ssize_t count = 0;
+    _mm256_storeu_si256((__m256i *)c, at_most);
+    _mm256_storeu_ps(l, least);
+    for (int j = 0; j < 8; j++) {
+        count += c[j];
+        if (l[j] < above) above = l[j];
+    }
+    for (; i < m; i++) {
+        if (a[i] <= v) count++;
+        else if (a[i] < above) above = a[i];
+    }
+    return count > k + 1 ? v : above;
+}
+
+/* The values *va, *vb of ranks ka <= kb <= ka + 1 (the median's) and the column's smallest non-zero |value|: one pass with a
+ * bracket around both ranks, quickselect inside it, or in the whole column when a rank fell outside. 0, or 1 when
+ * a quickselect gave up (flag). in1, a, b: scratch of n + 16 floats. */
+AVX2 static int rank_pair(const float *col, Py_ssize_t n, Py_ssize_t ka, Py_ssize_t kb, const float *sorted,
+                          float *in1, float *a, float *b, uint64_t *rng, float *va, float *vb, uint32_t *min_abs_bits) {
+    float l, h;
+    bracket(sorted, n, ka, kb, &l, &h);
+    pass_result p = bracket_pass(col, n, l, h, 0.0f, 0.0f, in1, NULL);
+    *min_abs_bits = p.min_abs_bits;
+    const float *from = in1;
+    Py_ssize_t m = p.in1, qa = ka - p.below1, qb = kb - p.below1;
+    if (qa < 0 || qb >= p.in1) { /* a rank outside the bracket */
+        from = col;
+        m = n;
+        qa = ka;
+        qb = kb;
+    }
+    memcpy(a, from, (size_t)m * sizeof(float));
+    if (select_rank(a, b, m, qa, rng, va) != 0) return 1;
+    if (qb == qa) {
+        *vb = *va;
+        return 0;
+    }
+    *vb = next_rank(from, m, qa, *va); /* qb = qa + 1: one scan, not a second quickselect */
+    return 0;
+}
+
+#include "_cwselect_meamed.h"
+
 /* One column: *out and 0, or 1 (flag: the caller runs the network). scratch: 4 arrays of n + 16 floats. */
 AVX2 static int column(const float *col, Py_ssize_t n, int mode, Py_ssize_t trim, Py_ssize_t length, int check_exact,
                        const float *sorted, float *scratch, uint64_t *rng, float *out) {
     Py_ssize_t stride = n + 16;
     float *in1 = scratch, *in2 = scratch + stride, *a = scratch + 2 * stride, *b = scratch + 3 * stride;
     if (mode == 1) {
-        Py_ssize_t ka = (n - 1) / 2, kb = n / 2;
-        float l, h, va, vb;
-        bracket(sorted, n, ka, kb, &l, &h);
-        pass_result p = bracket_pass(col, n, l, h, 0.0f, 0.0f, in1, NULL);
-        Py_ssize_t qa = ka - p.below1, qb = kb - p.below1;
-        if (qa < 0 || qb >= p.in1) return whole_column(col, n, mode, ka, kb, length, check_exact, a, b, rng, out);
-        memcpy(a, in1, (size_t)p.in1 * sizeof(float));
-        if (select_rank(a, b, p.in1, qa, rng, &va) != 0) return 1;
-        if (qb == qa) {
-            vb = va;
-        } else {
-            memcpy(a, in1, (size_t)p.in1 * sizeof(float));
-            if (select_rank(a, b, p.in1, qb, rng, &vb) != 0) return 1;
-        }
+        float va, vb;
+        uint32_t min_abs_bits;
+        if (rank_pair(col, n, (n - 1) / 2, n / 2, sorted, in1, a, b, rng, &va, &vb, &min_abs_bits) != 0) return 1;
         return median_of(col, n, va, vb, out);
     }
+    if (mode == 2) return meamed_column(col, n, trim, length, check_exact, sorted, scratch, rng, out);
     Py_ssize_t k1 = trim, k2 = trim + length - 1;
     float l1, h1, l2, h2, lo, hi;
     bracket(sorted, n, k1, k1, &l1, &h1);
@@ -609,7 +657,8 @@ static PyObject *py_available(PyObject *self, PyObject *noargs) {
 }
 
 /* select(x_ptr, n, d, j0, j1, mode, trim, length, out_ptr, flags_ptr, seed[, check_exact=1]): float32 x (n, d)
- * contiguous; columns [j0, j1); mode 0 (trimmed mean, window [trim, trim + length)) or 1 (median). Writes out[j] or
+ * contiguous; columns [j0, j1); mode 0 (trimmed mean, window [trim, trim + length)), 1 (median) or 2 (MeaMed, trim
+ * <= (n - 1) / 2, length = n - trim: _cwselect_meamed.h). Writes out[j] or
  * sets flags[j]. The seed draws the sampled rows and the pivots: the values written do not depend on it (they are
  * the network's), only the time and which columns are flagged. check_exact=0 skips the exactness condition: the
  * tests' mutant, never the rule's call. */
@@ -621,12 +670,16 @@ static PyObject *py_select(PyObject *self, PyObject *args) {
                           &check_exact))
         return NULL;
 #if HAVE_SELECT
-    if (n < SAMPLE || n > MAX_ROWS || d < 1 || j0 < 0 || j1 > d || j0 > j1 || (mode != 0 && mode != 1)) {
-        PyErr_SetString(PyExc_ValueError, "select: 64 <= n <= 2^24, 0 <= j0 <= j1 <= d and mode 0 or 1");
+    if (n < SAMPLE || n > MAX_ROWS || d < 1 || j0 < 0 || j1 > d || j0 > j1 || mode < 0 || mode > 2) {
+        PyErr_SetString(PyExc_ValueError, "select: 64 <= n <= 2^24, 0 <= j0 <= j1 <= d and mode 0, 1 or 2");
         return NULL;
     }
     if (mode == 0 && (trim < 0 || length < 1 || trim + length > n)) {
         PyErr_SetString(PyExc_ValueError, "select: the window [trim, trim + length) must lie in [0, n)");
+        return NULL;
+    }
+    if (mode == 2 && (trim < 0 || trim > (n - 1) / 2 || length != n - trim)) {
+        PyErr_SetString(PyExc_ValueError, "select: MeaMed needs 0 <= trim <= (n - 1) / 2 and length = n - trim");
         return NULL;
     }
     if (!__builtin_cpu_supports("avx2")) {
@@ -656,7 +709,7 @@ static PyObject *py_select(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"available", py_available, METH_NOARGS, "Whether select runs on this CPU (x86-64 with AVX2)."},
-    {"select", py_select, METH_VARARGS, "Coordinate-wise median / trimmed mean of float32 columns by selection."},
+    {"select", py_select, METH_VARARGS, "Coordinate-wise median / trimmed mean / MeaMed of float32 columns by selection."},
     {NULL, NULL, 0, NULL},
 };
 

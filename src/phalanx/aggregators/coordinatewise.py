@@ -3,8 +3,8 @@
 All three sort each coordinate's ``n`` values and average a window of the sorted values (see
 :mod:`phalanx.aggregators._sortnet`). On CPU with float32/float64 the C sorting-network kernel (``_cwkernel.c``)
 does it; on other devices or dtypes a ``torch.sort`` along dim 0 gives the same result. For float32 with many rows the
-median and the trimmed mean select their window instead of sorting (``_cwselect.c``, issue 37), with the same bits:
-columns that selection cannot prove equal are handed to the network.
+median, the trimmed mean and MeaMed select their window instead of sorting (``_cwselect.c``, issue 37), with the same
+bits: columns that selection cannot prove equal are handed to the network.
 """
 
 from __future__ import annotations
@@ -101,13 +101,18 @@ def _column_ranges(d: int, threads: int) -> list[tuple[int, int]]:
 
 
 def _use_select(x: Tensor, mode: int, length: int, want: bool) -> bool:
-    """Selection for the float32 median, and the trimmed mean whose window is at least a quarter of the rows (shorter
-    windows' two rank brackets would always meet, leaving every column to whole-column quickselect), from
+    """Selection for the float32 median and MeaMed (n > 2 trim), and the trimmed mean whose window is at least a quarter
+    of the rows (shorter windows' two rank brackets would always meet, leaving every column to whole-column
+    quickselect), from
     :data:`SELECT_MIN_ROWS` rows (and 64, the kernel's sample); contributions need the sorted order."""
     n = x.shape[0]
     return (
         HAVE_SELECT and not want and x.dtype == torch.float32 and max(SELECT_MIN_ROWS, 64) <= n <= 2**24
-        and (mode == _sortnet.MODE_MEDIAN or (mode == _sortnet.MODE_TRIMMED and 4 * length >= n))
+        and (
+            mode == _sortnet.MODE_MEDIAN
+            or (mode == _sortnet.MODE_TRIMMED and 4 * length >= n)
+            or (mode == _sortnet.MODE_MEAMED and 2 * (n - length) <= n - 1)
+        )
     )
 
 
