@@ -53,6 +53,7 @@ setup(
             "phalanx.aggregators._cwselect",
             ["src/phalanx/aggregators/_cwselect.c"],
             extra_compile_args=extra,
+            depends=["src/phalanx/aggregators/_cwselect_meamed.h"],
             optional=True,
         ),
         Extension(
