@@ -342,3 +342,13 @@ def test_meamed_at_every_trim_from_none_to_half(trim: int) -> None:
     kept = flags == 0
     assert int(kept.sum()) >= 60
     assert _same(out[kept], _network(x, _sortnet.MODE_MEAMED, trim)[kept])
+
+
+def test_meamed_on_rounded_updates_at_the_largest_trim_cuts_its_window_without_flags() -> None:
+    # few distinct values and trim (n - 1) // 2: A + B > L with r* = 1 in every column (the attacker review's slow
+    # case before the cut was vectorised); n = 1001 leaves a scalar tail after the 8-lane loop
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(1001, 40, generator=g).round()
+    out, flags = _select(x, _sortnet.MODE_MEAMED, 500)
+    assert not bool(flags.any())
+    assert _same(out, _network(x, _sortnet.MODE_MEAMED, 500))

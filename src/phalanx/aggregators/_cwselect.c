@@ -217,6 +217,7 @@ AVX2 static int select_rank(float *a, float *b, Py_ssize_t m, Py_ssize_t k, uint
         float v[9];
         for (int q = 0; q < 9; q++) v[q] = a[draw_below(rng, m)];
         float p = median3(median3(v[0], v[1], v[2]), median3(v[3], v[4], v[5]), median3(v[6], v[7], v[8]));
+        if (p != p) return -1; /* a NaN would partition nothing off (loads make NaN +Inf: a guard, never met) */
         Py_ssize_t below = partition(a, b, m, p, 0);
         float *t = a;
         a = b;
@@ -686,8 +687,9 @@ static PyObject *py_select(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "select: this CPU has no AVX2");
         return NULL;
     }
-    size_t tld = (size_t)n + 16;
-    float *t = malloc(sizeof(float) * tld * COLS), *scratch = malloc(sizeof(float) * tld * 4);
+    if (j1 == j0) Py_RETURN_NONE;
+    size_t tld = (size_t)n + 16, cols = (size_t)(j1 - j0 < COLS ? j1 - j0 : COLS); /* d = 1 at n = 2^24: one column */
+    float *t = malloc(sizeof(float) * tld * cols), *scratch = malloc(sizeof(float) * tld * 4);
     if (t == NULL || scratch == NULL) {
         free(t);
         free(scratch);

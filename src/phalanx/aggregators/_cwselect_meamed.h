@@ -108,14 +108,43 @@ AVX2 static distance_pass_result distance_pass(const float *col, Py_ssize_t n, f
 
 /* The window when A + B > L and r* > 0 (it cuts the values with D < r*), from the whole column: the A values
  * below the median with D == r* and the smallest L - A of the values with D < r*. (A < L here: those A values are
- * below med, and at most n / 2 < L values are.) buf, a, b: scratch of n + 16 floats. A rare path -- columns of
- * few distinct values, a cluster of equal values at r* -- and scalar. */
+ * below med, and at most n / 2 < L values are.) buf, a, b: scratch of n + 16 floats. The path of columns with few
+ * distinct values (rounded or quantised updates at large trim) and of a cluster of equal values at r*. */
 AVX2 static int cut_window(const float *col, Py_ssize_t n, float med, float r, Py_ssize_t length, int check_exact,
                            uint32_t min_abs_bits, float *buf, float *a, float *b, uint64_t *rng, float *out) {
-    Py_ssize_t ties = 0, c = 0;
-    double sum = 0.0;
-    float largest = 0.0f, least = INFINITY, v;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    const __m256 vmed = _mm256_set1_ps(med), vr = _mm256_set1_ps(r), sign = _mm256_set1_ps(-0.0f);
+    const __m256 inf = _mm256_set1_ps(INFINITY);
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    __m256i tie_count = _mm256_setzero_si256();
+    __m256 top = _mm256_setzero_ps(), low = inf;
+    Py_ssize_t ties = 0, c = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(col + i);
+        __m256 dist = _mm256_andnot_ps(sign, _mm256_sub_ps(x, vmed));
+        __m256 lt = _mm256_cmp_ps(dist, vr, _CMP_LT_OQ);
+        __m256 tie = _mm256_and_ps(_mm256_cmp_ps(dist, vr, _CMP_EQ_OQ), _mm256_cmp_ps(x, vmed, _CMP_LE_OQ));
+        tie_count = _mm256_sub_epi32(tie_count, _mm256_castps_si256(tie));
+        __m256 w = _mm256_and_ps(x, tie);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1)));
+        top = _mm256_max_ps(top, _mm256_andnot_ps(sign, w));
+        low = _mm256_min_ps(low, _mm256_blendv_ps(inf, x, lt));
+        int m = _mm256_movemask_ps(lt);
+        _mm256_storeu_ps(buf + c, _mm256_permutevar8x32_ps(x, lut(m)));
+        c += __builtin_popcount((unsigned)m);
+    }
+    uint32_t tc[8];
+    float tp[8], lw[8], largest = 0.0f, least = INFINITY, v;
+    _mm256_storeu_si256((__m256i *)tc, tie_count);
+    _mm256_storeu_ps(tp, top);
+    _mm256_storeu_ps(lw, low);
+    for (int j = 0; j < 8; j++) {
+        ties += tc[j];
+        if (tp[j] > largest) largest = tp[j];
+        if (lw[j] < least) least = lw[j];
+    }
+    double sum = hsum(s0, s1);
+    for (; i < n; i++) {
         float x = col[i], dist = fabsf(x - med);
         if (dist < r) {
             buf[c++] = x;
