@@ -2,8 +2,10 @@
 
     PYTHONPATH=src .venv/bin/python benchmarks/cw_select.py [--sizes 500:2e5,600:1.7e5,1000:1e5,2000:5e4] [--reps 5]
                                                             [--rules cwmed,cwtm,meamed] [--tiny-every K]
+                                                            [--rounded] [--trim fifth|half]
 
-For each ``(n, d)`` (float32 Gaussian rows, seeded; f = n // 5) it times, alternating in one process on one thread,
+For each ``(n, d)`` (float32 Gaussian rows, seeded, or rounded to integers with ``--rounded``; f = n // 5, or
+(n - 1) // 2 with ``--trim half``) it times, alternating in one process on one thread,
 the floor ``x.sum(0)`` (one memory pass, issue 37's floor for coordinate-wise rules) and ``cwmed`` / ``cwtm`` /
 ``meamed`` through ``coordinate_window_mean`` twice: with selection (``_cwselect.c``, its flagged columns through the
 network, as the rule runs it) and with the network alone (``SELECT_MIN_ROWS`` set past n). It prints each median over
@@ -49,6 +51,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="500:2e5,600:1.7e5,1000:1e5,2000:5e4")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--rules", default="cwmed,cwtm,meamed", help="comma-separated subset")
+    parser.add_argument("--rounded", action="store_true", help="rows rounded to integers (few distinct values)")
+    parser.add_argument("--trim", choices=["fifth", "half"], default="fifth", help="f = n // 5 or (n - 1) // 2")
     parser.add_argument("--tiny-every", type=int, default=0, help="1e-45 in one row, every K-th column (0: none)")
     args = parser.parse_args()
     if not coordinatewise.HAVE_SELECT:
@@ -56,13 +60,18 @@ def main() -> None:
     torch.set_num_threads(1)
     saved = coordinatewise.SELECT_MIN_ROWS
     print(f"threads 1 · reps {args.reps} · load {os.getloadavg()[0]:.2f} · rule's switch at n = {saved}"
-          + (f" · row n / 2 holds 1e-45 in every {args.tiny_every}. column" if args.tiny_every else ""))
+          + (f" · row n / 2 holds 1e-45 in every {args.tiny_every}. column" if args.tiny_every else "")
+          + (" · rows rounded to integers" if args.rounded else "")
+          + f" · f = {'n // 5' if args.trim == 'fifth' else '(n - 1) // 2'}")
     print("| n | d | floor `x.sum(0)` | rule | selection × floor | network × floor | network / selection "
           "| flagged | equal |")
     print("|---|---|---|---|---|---|---|---|---|")
     for item in args.sizes.split(","):
         n, d = int(item.split(":")[0]), int(float(item.split(":")[1]))
         x = torch.randn(n, d, generator=torch.Generator().manual_seed(n))
+        if args.rounded:
+            x = x.round()
+        f = n // 5 if args.trim == "fifth" else (n - 1) // 2
         if args.tiny_every:
             x[n // 2, :: args.tiny_every] = 1e-45
         for name, rule in (("cwmed", "median"), ("cwtm", "trimmed"), ("meamed", "meamed")):
@@ -78,13 +87,13 @@ def main() -> None:
                 for path, rows in (("selection", 0), ("network", n + 1)):
                     coordinatewise.SELECT_MIN_ROWS = rows
                     start = time.perf_counter()
-                    outs[path] = coordinatewise.coordinate_window_mean(x, rule, n // 5, False)[0]
+                    outs[path] = coordinatewise.coordinate_window_mean(x, rule, f, False)[0]
                     times[path].append(time.perf_counter() - start)
             coordinatewise.SELECT_MIN_ROWS = saved
             med = {k: statistics.median(v[1:]) for k, v in times.items()}
             print(f"| {n:,} | {d:,} | {med['floor'] * 1e3:.1f} ms | `{name}` | {med['selection'] / med['floor']:.2f}× "
                   f"| {med['network'] / med['floor']:.2f}× | {med['network'] / med['selection']:.2f}× "
-                  f"| {100 * _flagged(x, mode, n // 5):.2f} % | {torch.equal(outs['selection'], outs['network'])} |")
+                  f"| {100 * _flagged(x, mode, f):.2f} % | {torch.equal(outs['selection'], outs['network'])} |")
     print(f"load after: {os.getloadavg()[0]:.2f}")
 
 
