@@ -2,15 +2,16 @@
 
     PYTHONPATH=src .venv/bin/python benchmarks/cw_select.py [--sizes 500:2e5,600:1.7e5,1000:1e5,2000:5e4] [--reps 5]
                                                             [--rules cwmed,cwtm,meamed] [--tiny-every K]
-                                                            [--rounded] [--trim fifth|half]
+                                                            [--rounded] [--trim fifth|half] [--cluster V]
 
-For each ``(n, d)`` (float32 Gaussian rows, seeded, or rounded to integers with ``--rounded``; f = n // 5, or
-(n - 1) // 2 with ``--trim half``) it times, alternating in one process on one thread,
-the floor ``x.sum(0)`` (one memory pass, issue 37's floor for coordinate-wise rules) and ``cwmed`` / ``cwtm`` /
-``meamed`` through ``coordinate_window_mean`` twice: with selection (``_cwselect.c``, its flagged columns through the
-network, as the rule runs it) and with the network alone (``SELECT_MIN_ROWS`` set past n). It prints each median over
-the floor's median, the share of columns selection flagged, and whether the two outputs are equal (they must be).
-Nothing is asserted: it prints. The rule switches to selection from ``coordinatewise.SELECT_MIN_ROWS`` rows on.
+For each ``(n, d)`` (float32 Gaussian rows, seeded, or rounded to integers with ``--rounded``; f = n // 5, or (n - 1) //
+2 with ``--trim half``; ``--cluster V`` sets the first f rows to V everywhere, identical attackers) it times,
+alternating in one process on one thread, the floor ``x.sum(0)`` (one memory pass, issue 37's floor for coordinate-wise
+rules) and ``cwmed`` / ``cwtm`` / ``meamed`` through ``coordinate_window_mean`` twice: with selection (``_cwselect.c``,
+its flagged columns through the network, as the rule runs it) and with the network alone (``SELECT_MIN_ROWS`` set past
+n). It prints each median over the floor's median, the share of columns selection flagged, and whether the two outputs
+are equal (they must be). Nothing is asserted: it prints. The rule switches to selection from
+``coordinatewise.SELECT_MIN_ROWS`` rows on.
 
 ``--tiny-every K`` plays the attacker who knows the algorithm but not the call's seed (it draws the sampled rows and
 the pivots): one row holds 1e-45 in every K-th column, which fails the exactness condition there, so those columns
@@ -53,6 +54,8 @@ def main() -> None:
     parser.add_argument("--rules", default="cwmed,cwtm,meamed", help="comma-separated subset")
     parser.add_argument("--rounded", action="store_true", help="rows rounded to integers (few distinct values)")
     parser.add_argument("--trim", choices=["fifth", "half"], default="fifth", help="f = n // 5 or (n - 1) // 2")
+    parser.add_argument("--cluster", type=float, default=None,
+                        help="the f Byzantine rows all hold this value in every column (identical attackers)")
     parser.add_argument("--tiny-every", type=int, default=0, help="1e-45 in one row, every K-th column (0: none)")
     args = parser.parse_args()
     if not coordinatewise.HAVE_SELECT:
@@ -62,7 +65,8 @@ def main() -> None:
     print(f"threads 1 · reps {args.reps} · load {os.getloadavg()[0]:.2f} · rule's switch at n = {saved}"
           + (f" · row n / 2 holds 1e-45 in every {args.tiny_every}. column" if args.tiny_every else "")
           + (" · rows rounded to integers" if args.rounded else "")
-          + f" · f = {'n // 5' if args.trim == 'fifth' else '(n - 1) // 2'}")
+          + f" · f = {'n // 5' if args.trim == 'fifth' else '(n - 1) // 2'}"
+          + (f" · f rows hold {args.cluster}" if args.cluster is not None else ""))
     print("| n | d | floor `x.sum(0)` | rule | selection × floor | network × floor | network / selection "
           "| flagged | equal |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -72,6 +76,8 @@ def main() -> None:
         if args.rounded:
             x = x.round()
         f = n // 5 if args.trim == "fifth" else (n - 1) // 2
+        if args.cluster is not None:
+            x[:f] = args.cluster
         if args.tiny_every:
             x[n // 2, :: args.tiny_every] = 1e-45
         for name, rule in (("cwmed", "median"), ("cwtm", "trimmed"), ("meamed", "meamed")):

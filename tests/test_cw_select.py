@@ -309,16 +309,27 @@ def test_the_exactness_condition_flags_meameds_order_sensitive_sum_and_its_mutan
         assert not _same(mutant, network), "the order of additions must matter on this column"
 
 
-def test_a_meamed_window_that_cuts_the_values_nearer_than_its_end_is_the_networks() -> None:
-    # sorted: 300 x -2, 100 x 0, 200 x 1, 100 x 9 (n = 700, trim = 300, L = 400): the median is 0, the 400th
-    # distance r* = 2, and every window from start 0 to 200 costs 2 -- the network keeps the first: 300 x -2 and
-    # 100 x 0, leaving out the 1s although they are nearer the median than -2 (A + B = 600 > L)
-    col = torch.tensor([-2.0] * 300 + [0.0] * 100 + [1.0] * 200 + [9.0] * 100)
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        # 300 x -2, 100 x 0, 200 x 1, 100 x 9 (n = 700, trim = 300, L = 400): the median is 0, the 400th distance
+        # r* = 2, and every window from start 0 to 200 costs 2 -- the network keeps the first: 300 x -2 and 100 x 0
+        # (the window ends in copies of the median), leaving out the 1s although they are nearer than -2
+        ([(-2.0, 300), (0.0, 100), (1.0, 200), (9.0, 100)], -600 / 400),
+        # the same with 60 zeros, then 20 x 0.25 and 40 x 0.5: the window takes the 60 zeros and the 40 smallest
+        # values above the median, 20 x 0.25 and 20 x 0.5 (selected among the values above it)
+        ([(-2.0, 300), (0.0, 60), (0.25, 20), (0.5, 40), (1.0, 180), (9.0, 100)], (-600 + 5 + 10) / 400),
+    ],
+)
+def test_a_meamed_window_that_cuts_the_values_nearer_than_its_end_is_the_networks(
+    values: list[tuple[float, int]], expected: float
+) -> None:
+    col = torch.tensor([v for v, count in values for _ in range(count)])
     g = torch.Generator().manual_seed(4)
     x = torch.stack([col[torch.randperm(700, generator=g)] for _ in range(24)], dim=1).contiguous()
     out, flags = _select(x, _sortnet.MODE_MEAMED, 300)
     assert not bool(flags.any())
-    assert out.tolist() == [-1.5] * 24
+    assert out.tolist() == [torch.tensor(expected, dtype=torch.float32).item()] * 24
     assert _same(out, _network(x, _sortnet.MODE_MEAMED, 300))
 
 

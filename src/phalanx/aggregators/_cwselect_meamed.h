@@ -107,61 +107,75 @@ AVX2 static distance_pass_result distance_pass(const float *col, Py_ssize_t n, f
 }
 
 /* The window when A + B > L and r* > 0 (it cuts the values with D < r*), from the whole column: the A values
- * below the median with D == r* and the smallest L - A of the values with D < r*. (A < L here: those A values are
- * below med, and at most n / 2 < L values are.) buf, a, b: scratch of n + 16 floats. The path of columns with few
- * distinct values (rounded or quantised updates at large trim) and of a cluster of equal values at r*. */
+ * below the median with D == r* and the smallest k = L - A of the values with D < r*. Those below the median
+ * come first and are all kept -- with the A values they are below med, at most n / 2 < L of them -- then the
+ * copies of med, then the values above med: only these are selected, the smallest k' = k - (those below) -
+ * (copies of med) of them when k' > 0, else the window ends in copies of med. buf, a, b: scratch of n + 16 floats.
+ * The path of columns with few distinct values (rounded or quantised updates at a large trim) and of a cluster of
+ * equal values at r*. */
 AVX2 static int cut_window(const float *col, Py_ssize_t n, float med, float r, Py_ssize_t length, int check_exact,
                            uint32_t min_abs_bits, float *buf, float *a, float *b, uint64_t *rng, float *out) {
     const __m256 vmed = _mm256_set1_ps(med), vr = _mm256_set1_ps(r), sign = _mm256_set1_ps(-0.0f);
-    const __m256 inf = _mm256_set1_ps(INFINITY);
     __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
-    __m256i tie_count = _mm256_setzero_si256();
-    __m256 top = _mm256_setzero_ps(), low = inf;
-    Py_ssize_t ties = 0, c = 0, i = 0;
+    __m256i kept_count = _mm256_setzero_si256(), med_count = kept_count;
+    __m256 top = _mm256_setzero_ps();
+    Py_ssize_t kept = 0, at_med = 0, c = 0, i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 x = _mm256_loadu_ps(col + i);
         __m256 dist = _mm256_andnot_ps(sign, _mm256_sub_ps(x, vmed));
-        __m256 lt = _mm256_cmp_ps(dist, vr, _CMP_LT_OQ);
-        __m256 tie = _mm256_and_ps(_mm256_cmp_ps(dist, vr, _CMP_EQ_OQ), _mm256_cmp_ps(x, vmed, _CMP_LE_OQ));
-        tie_count = _mm256_sub_epi32(tie_count, _mm256_castps_si256(tie));
-        __m256 w = _mm256_and_ps(x, tie);
+        __m256 below = _mm256_cmp_ps(x, vmed, _CMP_LT_OQ), above = _mm256_cmp_ps(x, vmed, _CMP_GT_OQ);
+        /* below med with D <= r*: the A values and the nearer ones below, all in the window */
+        __m256 keep = _mm256_and_ps(below, _mm256_cmp_ps(dist, vr, _CMP_LE_OQ));
+        __m256 candidate = _mm256_and_ps(above, _mm256_cmp_ps(dist, vr, _CMP_LT_OQ));
+        kept_count = _mm256_sub_epi32(kept_count, _mm256_castps_si256(keep));
+        med_count = _mm256_sub_epi32(med_count, _mm256_castps_si256(_mm256_cmp_ps(x, vmed, _CMP_EQ_OQ)));
+        __m256 w = _mm256_and_ps(x, keep);
         s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
         s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1)));
         top = _mm256_max_ps(top, _mm256_andnot_ps(sign, w));
-        low = _mm256_min_ps(low, _mm256_blendv_ps(inf, x, lt));
-        int m = _mm256_movemask_ps(lt);
+        int m = _mm256_movemask_ps(candidate);
         _mm256_storeu_ps(buf + c, _mm256_permutevar8x32_ps(x, lut(m)));
         c += __builtin_popcount((unsigned)m);
     }
-    uint32_t tc[8];
-    float tp[8], lw[8], largest = 0.0f, least = INFINITY, v;
-    _mm256_storeu_si256((__m256i *)tc, tie_count);
+    uint32_t kc[8], mc[8];
+    float tp[8], largest = 0.0f, v;
+    _mm256_storeu_si256((__m256i *)kc, kept_count);
+    _mm256_storeu_si256((__m256i *)mc, med_count);
     _mm256_storeu_ps(tp, top);
-    _mm256_storeu_ps(lw, low);
     for (int j = 0; j < 8; j++) {
-        ties += tc[j];
+        kept += kc[j];
+        at_med += mc[j];
         if (tp[j] > largest) largest = tp[j];
-        if (lw[j] < least) least = lw[j];
     }
     double sum = hsum(s0, s1);
     for (; i < n; i++) {
         float x = col[i], dist = fabsf(x - med);
-        if (dist < r) {
-            buf[c++] = x;
-            if (x < least) least = x;
-        } else if (dist == r && x <= med) {
-            ties++;
+        if (x < med && dist <= r) {
+            kept++;
             sum += x;
             if (fabsf(x) > largest) largest = fabsf(x);
+        } else if (x > med && dist < r) {
+            buf[c++] = x;
         }
+        at_med += x == med;
     }
-    Py_ssize_t k = length - ties, at_least; /* 0 < k < c: A < L < A + B */
-    memcpy(a, buf, (size_t)c * sizeof(float));
-    if (select_rank(a, b, c, k - 1, rng, &v) != 0) return 1;
-    sum += sum_beyond(buf, c, v, 0, &at_least);
-    sum += (double)(k - (c - at_least)) * (double)v;
-    if (fabsf(least) > largest) largest = fabsf(least);
-    if (fabsf(v) > largest) largest = fabsf(v);
+    Py_ssize_t copies = length - kept, at_least; /* of med, then values above it: kept < L */
+    if (copies > at_med) copies = at_med;
+    Py_ssize_t rest = length - kept - copies; /* the smallest `rest` values above med */
+    if (copies > 0) {
+        sum += (double)copies * (double)med;
+        if (fabsf(med) > largest) largest = fabsf(med);
+    }
+    if (rest > c) return 1; /* not reached: A + B > L */
+    if (rest > 0) {
+        memcpy(a, buf, (size_t)c * sizeof(float));
+        if (select_rank(a, b, c, rest - 1, rng, &v) != 0) return 1;
+        sum += sum_beyond(buf, c, v, 0, &at_least);
+        sum += (double)(rest - (c - at_least)) * (double)v;
+        if (fabsf(v) > largest) largest = fabsf(v);
+    }
+    /* largest: the window's largest |value|. The selected values above med lie in (med, v]; when med < 0 and no
+     * copy of med is in the window, the median's lower value m0 < med is kept, and |m0| > |x| for x in (med, 0] */
     if (check_exact && !exact_in_any_order(length, largest, largest, min_abs_bits)) return 1;
     *out = (float)(sum * (1.0 / (double)length));
     return 0;
