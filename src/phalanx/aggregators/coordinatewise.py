@@ -44,7 +44,7 @@ except ImportError:  # pragma: no cover - exercised only where the extension cou
     _cwkernel = None
     HAVE_KERNEL = _KERNEL_ONE_CALL = _KERNEL_OPENMP = False
 
-try:  # selection for the median and the trimmed mean of float32 columns (setup.py; x86-64 with AVX2)
+try:  # selection for the median, the trimmed mean and MeaMed of float32 columns (setup.py; x86-64 with AVX2)
     from phalanx.aggregators import _cwselect  # type: ignore[attr-defined]
 
     HAVE_SELECT = HAVE_KERNEL and bool(_cwselect.available())
@@ -54,7 +54,8 @@ except ImportError:  # pragma: no cover - exercised only where the extension cou
 
 _BLOCK = 128  # columns per block in the C kernel; thread chunks are multiples of it
 # Rows from which selection beats the network (float32, 1 thread, benchmarks/cw_select.py: at n = 500 the network
-# is faster -- 512 rows suit Batcher's network -- from 600 on selection; docs/benchmarks.md "Selection at large n").
+# is faster for the trimmed mean and MeaMed -- 512 rows suit Batcher's network --, from 600 on selection for all
+# three; docs/benchmarks.md "Selection at large n" and "MeaMed by selection").
 SELECT_MIN_ROWS = 600
 _GATHER_FLOATS = 1 << 22  # flagged columns are copied for the network at most this many values at a time (16 MB)
 _POOL: ThreadPoolExecutor | None = None
