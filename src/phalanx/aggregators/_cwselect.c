@@ -107,6 +107,18 @@ static void init_lut(void) {
 
 AVX2 static inline __m256i lut(int mask) { return _mm256_loadu_si256((const __m256i *)compact_lut[mask]); }
 
+/* s0, s1 += the eight float32 lanes of w, in double (lanes 0-3 to s0, 4-7 to s1). */
+AVX2 static inline void add_lanes(__m256d *s0, __m256d *s1, __m256 w) {
+    *s0 = _mm256_add_pd(*s0, _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
+    *s1 = _mm256_add_pd(*s1, _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1)));
+}
+
+/* The lanes of v whose bit of mask is set, in order, stored at dst[count] (eight floats written); the new count. */
+AVX2 static inline Py_ssize_t keep_lanes(float *dst, Py_ssize_t count, __m256 v, int mask) {
+    _mm256_storeu_ps(dst + count, _mm256_permutevar8x32_ps(v, lut(mask)));
+    return count + __builtin_popcount((unsigned)mask);
+}
+
 /* 8 rows x 8 columns of x (row stride ld) into 8 columns x 8 rows of t (column stride tld), NaN -> +Inf. */
 AVX2 static inline void transpose8(const float *src, Py_ssize_t ld, float *dst, Py_ssize_t tld) {
     __m256 r[8], t[8], u[8];
@@ -315,19 +327,16 @@ AVX2 static pass_result bracket_pass(const float *col, Py_ssize_t n, float l1, f
         __m256 lt1 = _mm256_cmp_ps(v, vl1, _CMP_LT_OQ), le1 = _mm256_cmp_ps(v, vh1, _CMP_LE_OQ);
         below1 = _mm256_sub_epi32(below1, _mm256_castps_si256(lt1));
         int m1 = _mm256_movemask_ps(_mm256_andnot_ps(lt1, le1));
-        _mm256_storeu_ps(in1 + c1, _mm256_permutevar8x32_ps(v, lut(m1)));
-        c1 += __builtin_popcount((unsigned)m1);
+        c1 = keep_lanes(in1, c1, v, m1);
         __m256i bits = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(v), abs_mask), one);
         min_abs = _mm256_min_epu32(min_abs, bits);
         if (in2 != NULL) {
             __m256 lt2 = _mm256_cmp_ps(v, vl2, _CMP_LT_OQ), le2 = _mm256_cmp_ps(v, vh2, _CMP_LE_OQ);
             below2 = _mm256_sub_epi32(below2, _mm256_castps_si256(lt2));
             int m2 = _mm256_movemask_ps(_mm256_andnot_ps(lt2, le2));
-            _mm256_storeu_ps(in2 + c2, _mm256_permutevar8x32_ps(v, lut(m2)));
-            c2 += __builtin_popcount((unsigned)m2);
+            c2 = keep_lanes(in2, c2, v, m2);
             __m256 w = _mm256_and_ps(v, _mm256_andnot_ps(le1, lt2));
-            s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
-            s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1)));
+            add_lanes(&s0, &s1, w);
         }
     }
     pass_result r;
@@ -372,8 +381,7 @@ AVX2 static double sum_beyond(const float *a, Py_ssize_t m, float t, int above, 
         __m256 c = above ? _mm256_cmp_ps(v, vt, _CMP_GT_OQ) : _mm256_cmp_ps(v, vt, _CMP_LT_OQ);
         beyond += __builtin_popcount((unsigned)_mm256_movemask_ps(c));
         __m256 w = _mm256_and_ps(v, c);
-        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
-        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1)));
+        add_lanes(&s0, &s1, w);
     }
     double s = hsum(s0, s1);
     for (; i < m; i++) {
@@ -425,8 +433,7 @@ AVX2 static double window_sum(const float *col, Py_ssize_t n, Py_ssize_t k1, Py_
         le_lo = _mm256_sub_epi32(le_lo, _mm256_castps_si256(a));
         lt_hi = _mm256_sub_epi32(lt_hi, _mm256_castps_si256(b));
         __m256 w = _mm256_and_ps(v, _mm256_andnot_ps(a, b));
-        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
-        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1)));
+        add_lanes(&s0, &s1, w);
         min_abs = _mm256_min_epu32(min_abs, _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(v), abs_mask), one));
     }
     uint32_t c1[8], c2[8], ma[8];

@@ -73,12 +73,10 @@ AVX2 static distance_pass_result distance_pass(const float *col, Py_ssize_t n, f
         __m256 lt = _mm256_cmp_ps(dist, vlo, _CMP_LT_OQ), le = _mm256_cmp_ps(dist, vhi, _CMP_LE_OQ);
         below = _mm256_sub_epi32(below, _mm256_castps_si256(lt));
         __m256 w = _mm256_and_ps(v, lt);
-        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
-        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1)));
+        add_lanes(&s0, &s1, w);
         top = _mm256_max_ps(top, _mm256_andnot_ps(sign, w));
         int m = _mm256_movemask_ps(_mm256_andnot_ps(lt, le));
-        _mm256_storeu_ps(inside + c, _mm256_permutevar8x32_ps(v, lut(m)));
-        c += __builtin_popcount((unsigned)m);
+        c = keep_lanes(inside, c, v, m);
     }
     distance_pass_result r;
     uint32_t b[8];
@@ -130,12 +128,10 @@ AVX2 static int cut_window(const float *col, Py_ssize_t n, float med, float r, P
         kept_count = _mm256_sub_epi32(kept_count, _mm256_castps_si256(keep));
         med_count = _mm256_sub_epi32(med_count, _mm256_castps_si256(_mm256_cmp_ps(x, vmed, _CMP_EQ_OQ)));
         __m256 w = _mm256_and_ps(x, keep);
-        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
-        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1)));
+        add_lanes(&s0, &s1, w);
         top = _mm256_max_ps(top, _mm256_andnot_ps(sign, w));
         int m = _mm256_movemask_ps(candidate);
-        _mm256_storeu_ps(buf + c, _mm256_permutevar8x32_ps(x, lut(m)));
-        c += __builtin_popcount((unsigned)m);
+        c = keep_lanes(buf, c, x, m);
     }
     uint32_t kc[8], mc[8];
     float tp[8], largest = 0.0f, v;
@@ -210,12 +206,10 @@ AVX2 static int meamed_window(const float *col, Py_ssize_t n, const float *cand,
         __m256 in = _mm256_or_ps(lt, _mm256_and_ps(eq, low));
         taken = _mm256_sub_epi32(taken, _mm256_castps_si256(in));
         __m256 w = _mm256_and_ps(v, in);
-        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
-        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1)));
+        add_lanes(&s0, &s1, w);
         top = _mm256_max_ps(top, _mm256_andnot_ps(sign, w));
         int hm = _mm256_movemask_ps(_mm256_andnot_ps(low, eq));
-        _mm256_storeu_ps(high + c, _mm256_permutevar8x32_ps(v, lut(hm)));
-        c += __builtin_popcount((unsigned)hm);
+        c = keep_lanes(high, c, v, hm);
     }
     uint32_t tk[8];
     float tp[8];
