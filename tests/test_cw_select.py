@@ -181,8 +181,14 @@ def test_scattered_flags_are_gathered_a_bounded_number_of_values_at_a_time(monke
 
 def test_no_columns() -> None:
     x = torch.randn(700, 0)
-    for name in _NAMES.values():
+    for mode, name in _NAMES.items():
         assert coordinatewise.coordinate_window_mean(x, name, 100, False)[0].shape == (0,)
+        # contributions of no coordinates: zeros on the kernel's path and torch's (which divided 0 by 0 before)
+        for out, contrib in (
+            coordinatewise.coordinate_window_mean(x, name, 100, True), coordinatewise._cw_torch(x, mode, 100, True)
+        ):
+            assert out.shape == (0,)
+            assert contrib is not None and torch.equal(contrib, torch.zeros(700, dtype=torch.float64))
 
 
 def test_the_seed_changes_no_value() -> None:

@@ -294,6 +294,8 @@ def _cw_torch(x: Tensor, mode: int, trim: int, want: bool) -> tuple[Tensor, Tens
     counts = torch.zeros_like(slot_w).scatter_add_(0, gid, torch.ones_like(slot_w))
     shared = (sums / counts.clamp_min(1)).gather(0, gid)
     per_row = torch.zeros_like(shared).scatter_add_(0, order, shared)
+    if d == 0:  # no coordinates: no share for anyone, as the kernel answers (not 0 / 0)
+        return out, torch.zeros(n, dtype=torch.float64, device=x.device)
     return out, per_row.sum(dim=1) / d
 
 
