@@ -1,6 +1,7 @@
 """Time Phalanx's simulated training round against ByzFL 0.0.11's own DSGD loop and a per-worker loop, in one command.
 
-    .venv/bin/python benchmarks/training.py [--quick] [--threads 1|all|both] [--no-byzfl] [--markdown PATH]
+    .venv/bin/python benchmarks/training.py [--quick] [--threads 1|all|both] [--no-byzfl] [--network-only]
+                                            [--markdown PATH]
 
 Setting (the same for all three): Fashion-MNIST (``phalanx.data.load("fashion-mnist")``, Debian's
 ``dataset-fashion-mnist``), the 784-100-10 ReLU MLP (ByzFL's ``fc_mnist``; Phalanx's ``mlp`` with
@@ -107,6 +108,11 @@ def run_thread_setting(args: argparse.Namespace, threads: int, out: str) -> None
 
     torch.set_num_threads(threads)
     from phalanx import data
+
+    if args.network_only:
+        from phalanx.aggregators import coordinatewise
+
+        coordinatewise.SELECT_MIN_ROWS = 2**31
 
     dataset = data.load(args.dataset)
     emit(out, {"type": "env", "threads": threads, "torch_threads": torch.get_num_threads(),
@@ -215,6 +221,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help=f"ByzFL and the loop at n > 200: run 2 rounds if extrapolated ≤ {BIG_N_BUDGET_S:.0f} s "
                          "(auto), always (run), or only extrapolate (estimate)")
     ap.add_argument("--dataset", default=None, help="data set (default fashion-mnist; digits with --quick)")
+    ap.add_argument("--network-only", action="store_true",
+                    help="the coordinate-wise rules sort by the network at every n (no selection from "
+                         "coordinatewise.SELECT_MIN_ROWS rows): the A/B for selection's share of the round")
     ap.add_argument("--no-tune-malloc", action="store_true",
                     help="skip the training engine's allocator setting (mallopt; applied by default, process-wide)")
     ap.add_argument("--profile", type=int, metavar="N", help="also profile 3 Phalanx rounds at n=N")
@@ -249,6 +258,8 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
         cmd.append("--no-byzfl")
     if args.no_tune_malloc:
         cmd.append("--no-tune-malloc")
+    if args.network_only:
+        cmd.append("--network-only")
     if args.profile:
         cmd += ["--profile", str(args.profile)]
     return cmd
