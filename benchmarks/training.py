@@ -101,6 +101,14 @@ def _measure(runners: dict[str, Any], warmup: int, rounds: int) -> dict[str, lis
     return times
 
 
+def network_only(on: bool) -> None:
+    """``--network-only``: the coordinate-wise rules sort by the network at every n in this process."""
+    if on:
+        from phalanx.aggregators import coordinatewise
+
+        coordinatewise.SELECT_MIN_ROWS = 2**31
+
+
 def run_thread_setting(args: argparse.Namespace, threads: int, out: str) -> None:
     """Measure every n at ``threads`` threads; write one JSON line per n to ``out``."""
     malloc = "" if args.no_tune_malloc else tune_malloc()
@@ -109,10 +117,7 @@ def run_thread_setting(args: argparse.Namespace, threads: int, out: str) -> None
     torch.set_num_threads(threads)
     from phalanx import data
 
-    if args.network_only:
-        from phalanx.aggregators import coordinatewise
-
-        coordinatewise.SELECT_MIN_ROWS = 2**31
+    network_only(args.network_only)
 
     dataset = data.load(args.dataset)
     emit(out, {"type": "env", "threads": threads, "torch_threads": torch.get_num_threads(),

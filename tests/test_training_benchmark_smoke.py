@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from _scripts import load_script
 
@@ -65,3 +66,18 @@ def test_table_logic_without_running() -> None:
     assert rows[2]["target"] == "✗ (≈)" and rows[2]["loop_cell"] == "2.00 s†"
     assert bench.fmt_ratio(9.98) == "9.98×" and bench.fmt_ratio(10.04) == "10.0×" and bench.fmt_ratio(5.26) == "5.3×"
     assert bench.byzantine_of(10) == 1 and bench.byzantine_of(1000) == 100
+
+
+def test_network_only_reaches_the_worker_and_turns_selection_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--network-only`` is forwarded to each thread setting's subprocess, whose rules then never select."""
+    bench = _load_script()
+    assert "--network-only" in bench._forwarded(bench.parse_args(["--quick", "--network-only"]))
+    assert "--network-only" not in bench._forwarded(bench.parse_args(["--quick"]))
+    from phalanx.aggregators import _sortnet, coordinatewise
+
+    monkeypatch.setattr(coordinatewise, "SELECT_MIN_ROWS", coordinatewise.SELECT_MIN_ROWS)
+    x = torch.zeros(1000, 8)
+    bench.network_only(False)
+    assert coordinatewise._use_select(x, _sortnet.MODE_TRIMMED, 800, False) == coordinatewise.HAVE_SELECT
+    bench.network_only(True)
+    assert not coordinatewise._use_select(x, _sortnet.MODE_TRIMMED, 800, False)
