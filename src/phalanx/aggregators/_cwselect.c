@@ -484,20 +484,37 @@ static int median_of(const float *col, Py_ssize_t n, float va, float vb, float *
     return 0;
 }
 
-/* A column whose rank fell outside its bracket (or whose brackets meet): quickselect on the whole column. */
-AVX2 static int whole_column(const float *col, Py_ssize_t n, int mode, Py_ssize_t k1, Py_ssize_t k2,
-                             Py_ssize_t length, int check_exact, float *a, float *b, uint64_t *rng, float *out) {
+/* The mean of `length` copies of v as the network's sum from +0.0 gives it: L v is an exact product, and +0.0 +
+ * makes a zero +0.0, as that sum does. */
+static inline float mean_of_copies(Py_ssize_t length, float v) {
+    return (float)((0.0 + (double)length * (double)v) * (1.0 / (double)length));
+}
+
+/* The sum of the k smallest values of buf[0, c) (0 < k <= c) into *sum, the k-th of them into *kth: quickselect
+ * (a, b: scratch of c + 16 floats), the values below it, then its copies. 0, or 1 when the quickselect gave up. */
+AVX2 static int sum_smallest(const float *buf, Py_ssize_t c, Py_ssize_t k, float *a, float *b, uint64_t *rng,
+                             double *sum, float *kth) {
+    Py_ssize_t at_least;
+    memcpy(a, buf, (size_t)c * sizeof(float));
+    if (select_rank(a, b, c, k - 1, rng, kth) != 0) return 1;
+    *sum = sum_beyond(buf, c, *kth, 0, &at_least); /* those below the k-th; at_least values are >= it */
+    *sum += (double)(k - (c - at_least)) * (double)*kth;
+    return 0;
+}
+
+/* A trimmed mean's column whose rank fell outside its bracket (or whose brackets meet): quickselect on the whole
+ * column. */
+AVX2 static int whole_column(const float *col, Py_ssize_t n, Py_ssize_t k1, Py_ssize_t k2, Py_ssize_t length,
+                             int check_exact, float *a, float *b, uint64_t *rng, float *out) {
     float lo, hi;
     memcpy(a, col, (size_t)n * sizeof(float));
     if (select_rank(a, b, n, k1, rng, &lo) != 0) return 1;
     memcpy(a, col, (size_t)n * sizeof(float));
     if (k2 == k1) hi = lo;
     else if (select_rank(a, b, n, k2, rng, &hi) != 0) return 1;
-    if (mode == 1) return median_of(col, n, lo, hi, out);
     if (isinf(lo) || isinf(hi)) return 1;
-    if (!(lo < hi)) { /* lo == hi: the window is `length` copies of lo, an exact product; +0.0 + makes a zero +0.0,
-                       * as the network's sum from +0.0 does */
-        *out = (float)((0.0 + (double)length * (double)lo) * (1.0 / (double)length));
+    if (!(lo < hi)) { /* lo == hi: the window is `length` copies of lo */
+        *out = mean_of_copies(length, lo);
         return 0;
     }
     uint32_t min_abs_bits;
@@ -535,9 +552,9 @@ AVX2 static float next_rank(const float *a, Py_ssize_t m, Py_ssize_t k, float v)
     return count > k + 1 ? v : above;
 }
 
-/* The values *va, *vb of ranks ka <= kb <= ka + 1 (the median's) and the column's smallest non-zero |value|: one pass with a
- * bracket around both ranks, quickselect inside it, or in the whole column when a rank fell outside. 0, or 1 when
- * a quickselect gave up (flag). in1, a, b: scratch of n + 16 floats. */
+/* The values *va, *vb of ranks ka <= kb <= ka + 1 (the median's) and the column's smallest non-zero |value|: one
+ * pass with a bracket around both ranks, quickselect inside it, or in the whole column when a rank fell outside.
+ * 0, or 1 when a quickselect gave up (flag). in1, a, b: scratch of n + 16 floats. */
 AVX2 static int rank_pair(const float *col, Py_ssize_t n, Py_ssize_t ka, Py_ssize_t kb, const float *sorted,
                           float *in1, float *a, float *b, uint64_t *rng, float *va, float *vb, uint32_t *min_abs_bits) {
     float l, h;
@@ -575,12 +592,12 @@ AVX2 static int column(const float *col, Py_ssize_t n, int mode, Py_ssize_t trim
         if (rank_pair(col, n, (n - 1) / 2, n / 2, sorted, in1, a, b, rng, &va, &vb, &min_abs_bits) != 0) return 1;
         return median_of(col, n, va, vb, out);
     }
-    if (mode == 2) return meamed_column(col, n, trim, length, check_exact, sorted, scratch, rng, out);
+    if (mode == 2) return meamed_column(col, n, length, check_exact, sorted, scratch, rng, out);
     Py_ssize_t k1 = trim, k2 = trim + length - 1;
     float l1, h1, l2, h2, lo, hi;
     bracket(sorted, n, k1, k1, &l1, &h1);
     bracket(sorted, n, k2, k2, &l2, &h2);
-    if (!(h1 < l2)) return whole_column(col, n, mode, k1, k2, length, check_exact, a, b, rng, out); /* brackets meet */
+    if (!(h1 < l2)) return whole_column(col, n, k1, k2, length, check_exact, a, b, rng, out); /* brackets meet */
     pass_result p = bracket_pass(col, n, l1, h1, l2, h2, in1, in2);
     Py_ssize_t q1 = k1 - p.below1, q2 = k2 - p.below2;
     /* |lo| and |hi| are at least the brackets' distances from 0: a sum the condition already rejects with those is
@@ -589,7 +606,7 @@ AVX2 static int column(const float *col, Py_ssize_t n, int mode, Py_ssize_t trim
     if (check_exact && !isinf(near1) && !isinf(near2) && !exact_in_any_order(length, near1, near2, p.min_abs_bits))
         return 1;
     if (q1 < 0 || q1 >= p.in1 || q2 < 0 || q2 >= p.in2)
-        return whole_column(col, n, mode, k1, k2, length, check_exact, a, b, rng, out);
+        return whole_column(col, n, k1, k2, length, check_exact, a, b, rng, out);
     memcpy(a, in1, (size_t)p.in1 * sizeof(float));
     if (select_rank(a, b, p.in1, q1, rng, &lo) != 0) return 1;
     memcpy(a, in2, (size_t)p.in2 * sizeof(float));

@@ -155,7 +155,7 @@ AVX2 static int cut_window(const float *col, Py_ssize_t n, float med, float r, P
         }
         at_med += x == med;
     }
-    Py_ssize_t copies = length - kept, at_least; /* of med, then values above it: kept < L */
+    Py_ssize_t copies = length - kept; /* of med, then values above it: kept < L */
     if (copies > at_med) copies = at_med;
     Py_ssize_t rest = length - kept - copies; /* the smallest `rest` values above med */
     if (copies > 0) {
@@ -164,10 +164,9 @@ AVX2 static int cut_window(const float *col, Py_ssize_t n, float med, float r, P
     }
     if (rest > c) return 1; /* not reached: A + B > L */
     if (rest > 0) {
-        memcpy(a, buf, (size_t)c * sizeof(float));
-        if (select_rank(a, b, c, rest - 1, rng, &v) != 0) return 1;
-        sum += sum_beyond(buf, c, v, 0, &at_least);
-        sum += (double)(rest - (c - at_least)) * (double)v;
+        double part;
+        if (sum_smallest(buf, c, rest, a, b, rng, &part, &v) != 0) return 1;
+        sum += part;
         if (fabsf(v) > largest) largest = fabsf(v);
     }
     /* largest: the window's largest |value|. The selected values above med lie in (med, v]; when med < 0 and no
@@ -236,19 +235,16 @@ AVX2 static int meamed_window(const float *col, Py_ssize_t n, const float *cand,
     if (in_window > length) { /* A + B > L: the window cuts the ties below the median or the values with D < r* */
         if (r != 0.0f)
             return cut_window(col, n, med, r, length, check_exact, min_abs_bits, high, a, b, rng, out);
-        *out = (float)((0.0 + (double)length * (double)med) * (1.0 / (double)length)); /* L copies of med */
+        *out = mean_of_copies(length, med); /* L copies of med */
         return 0;
     }
     Py_ssize_t need = length - in_window; /* the smallest `need` values above med with D == r* */
     if (need > c) return 1;               /* not reached: A + B + C >= L by r*'s rank */
     if (need > 0) {
+        double part;
         float v;
-        Py_ssize_t at_least;
-        memcpy(a, high, (size_t)c * sizeof(float));
-        if (select_rank(a, b, c, need - 1, rng, &v) != 0) return 1;
-        sum += sum_beyond(high, c, v, 0, &at_least); /* those below v; at_least of them are >= v */
-        Py_ssize_t copies = need - (c - at_least);
-        sum += (double)copies * (double)v;
+        if (sum_smallest(high, c, need, a, b, rng, &part, &v) != 0) return 1;
+        sum += part;
         if (fabsf(v) > largest) largest = fabsf(v);
     }
     if (check_exact && !exact_in_any_order(length, largest, largest, min_abs_bits)) return 1;
@@ -257,13 +253,12 @@ AVX2 static int meamed_window(const float *col, Py_ssize_t n, const float *cand,
 }
 
 /* MeaMed of one column (the header's method): *out and 0, or 1 (flag). scratch: 4 arrays of n + 16 floats. */
-AVX2 static int meamed_column(const float *col, Py_ssize_t n, Py_ssize_t trim, Py_ssize_t length, int check_exact,
-                              const float *sorted, float *scratch, uint64_t *rng, float *out) {
+AVX2 static int meamed_column(const float *col, Py_ssize_t n, Py_ssize_t length, int check_exact, const float *sorted,
+                              float *scratch, uint64_t *rng, float *out) {
     Py_ssize_t stride = n + 16;
     float *in1 = scratch, *in2 = scratch + stride, *a = scratch + 2 * stride, *b = scratch + 3 * stride;
     float m0, m1, lo, hi;
     uint32_t min_abs_bits;
-    (void)trim;
     if (rank_pair(col, n, (n - 1) / 2, n / 2, sorted, in1, a, b, rng, &m0, &m1, &min_abs_bits) != 0) return 1;
     if (isinf(m0) || isinf(m1)) return 1;
     float med = (float)(0.5 * (double)m0 + 0.5 * (double)m1);
